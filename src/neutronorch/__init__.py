@@ -1,0 +1,24 @@
+"""neutronorch: sample-based GNN training on CPU and GPU together (NeutronOrch, PVLDB 2024).
+
+Public API::
+
+    from neutronorch import TrainConfig, train, load_dataset
+    summary = train(TrainConfig(dataset="synthetic:nodes=100000", model="sage", epochs=3))
+"""
+
+import os
+
+# numba's OpenMP threading layer is safe to call from several Python threads (the training loop and the
+# background producer); the default workqueue layer is not. Set before numba compiles anything.
+os.environ.setdefault("NUMBA_THREADING_LAYER", "omp")
+
+from neutronorch.config import TrainConfig  # noqa: E402
+from neutronorch.data import Graph, load_dataset, load_native, save_native  # noqa: E402
+from neutronorch.errors import ConfigError, DataError, NeutronorchError  # noqa: E402
+from neutronorch.nn.models import GNN  # noqa: E402
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, TorchNeighborSampler  # noqa: E402
+from neutronorch.train.trainer import train  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = ["TrainConfig", "train", "load_dataset", "load_native", "save_native", "Graph", "GNN",
+           "NeighborSampler", "TorchNeighborSampler", "NeutronorchError", "ConfigError", "DataError"]

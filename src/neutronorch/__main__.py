@@ -1,0 +1,5 @@
+import sys
+
+from neutronorch.cli import main
+
+sys.exit(main())

@@ -1,0 +1,51 @@
+"""Graph data: the ``Graph`` type, the native format, loaders for common formats, synthetic graphs.
+
+``load_dataset(spec)`` is the single entry point that turns a user's dataset spec into a validated graph.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from neutronorch.data.graph import Graph
+from neutronorch.data.native import is_native_dir, load_native, save_native
+from neutronorch.data.splits import DEFAULT_SPLIT, make_split
+from neutronorch.data.synthetic import SyntheticSpec, generate
+from neutronorch.errors import DataError
+
+__all__ = ["Graph", "load_dataset", "load_native", "save_native", "SyntheticSpec", "generate",
+           "make_split", "DEFAULT_SPLIT", "DATASET_SPEC_HELP"]
+
+DATASET_SPEC_HELP = (
+    "synthetic[:nodes=N,degree=D,features=F,classes=C,seed=S,...] | a native dataset directory "
+    "(meta.json + .npy arrays) | a Planetoid folder (ind.<name>.*) | a GraphGallery/gnn-benchmark .npz | "
+    "a SNAP edge list (.txt or .txt.gz; features and labels are then synthetic)")
+
+
+def load_dataset(spec: str, split: str | None = None, seed: int = 0) -> Graph:
+    """Open the dataset named by ``spec`` (see ``DATASET_SPEC_HELP``).
+
+    ``split`` applies to data that carries no split of its own (synthetic graphs, npz, SNAP); data with a
+    split (Planetoid's public split, native directories) keeps it.
+    """
+    if spec == "synthetic" or spec.startswith("synthetic:"):
+        return generate(SyntheticSpec.parse(spec), split)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise DataError(f"{spec}: no such file or directory. --dataset takes {DATASET_SPEC_HELP}.")
+    if is_native_dir(path):
+        return load_native(path)
+    if path.is_dir():
+        if any(path.glob("ind.*.graph")):
+            from neutronorch.data.planetoid import load_planetoid
+            return load_planetoid(path)
+        raise DataError(f"{path}: directory holds neither meta.json (native format) nor ind.<name>.* files "
+                        f"(Planetoid). --dataset takes {DATASET_SPEC_HELP}.")
+    name = path.name.lower()
+    if name.endswith(".npz"):
+        from neutronorch.data.npz import load_npz
+        return load_npz(path, split or DEFAULT_SPLIT, seed)
+    if name.endswith((".txt", ".txt.gz", ".edges", ".tsv", ".tsv.gz")):
+        from neutronorch.data.snap import load_snap
+        return load_snap(path, split or DEFAULT_SPLIT, seed)
+    raise DataError(f"{path}: unknown file type. --dataset takes {DATASET_SPEC_HELP}.")

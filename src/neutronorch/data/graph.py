@@ -1,0 +1,121 @@
+"""The in-memory graph every other module reads.
+
+A ``Graph`` is topology in CSC form (for each vertex, the ids of its in-neighbours: the vertices whose
+messages it aggregates), node features, labels and a train/val/test split. Arrays may be numpy memory maps,
+so nothing here may copy a whole array without need. ``validate`` is the one place that checks a graph
+coming from outside; the rest of the package trusts a validated graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from neutronorch.errors import DataError
+
+# Checks over arrays that may be larger than RAM run in chunks of this many elements.
+_CHUNK = 1 << 24
+
+
+@dataclass
+class Graph:
+    """A node-classification graph in CSC form.
+
+    ``indptr[v]:indptr[v+1]`` indexes ``indices``, which holds the in-neighbours of ``v``.
+    """
+
+    name: str
+    indptr: np.ndarray
+    indices: np.ndarray
+    features: np.ndarray
+    labels: np.ndarray
+    train_idx: np.ndarray
+    val_idx: np.ndarray
+    test_idx: np.ndarray
+    num_classes: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.indptr.shape[0] - 1)
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.shape[0])
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self.features.shape[1])
+
+    def in_degrees(self) -> np.ndarray:
+        return np.diff(np.asarray(self.indptr))
+
+    def describe(self) -> str:
+        return (f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, "
+                f"{self.feature_dim} features, {self.num_classes} classes, "
+                f"split {len(self.train_idx):,}/{len(self.val_idx):,}/{len(self.test_idx):,}")
+
+    def validate(self, source: str) -> None:
+        """Raise ``DataError`` naming ``source`` if any array is inconsistent; return quietly otherwise."""
+        n = self.num_nodes
+
+        def fail(what: str, fix: str) -> None:
+            raise DataError(f"{source}: {what}. {fix}")
+
+        if self.indptr.ndim != 1 or self.indptr.shape[0] < 2:
+            fail(f"indptr must be a 1-D array of num_nodes+1 offsets, got shape {self.indptr.shape}",
+                 "Write the CSC offsets (length num_nodes+1).")
+        for arr_name, arr in (("indptr", self.indptr), ("indices", self.indices)):
+            if arr.dtype not in (np.int32, np.int64):
+                fail(f"{arr_name} has dtype {arr.dtype}, expected int32 or int64",
+                     f"Save {arr_name} with .astype(np.int64).")
+        if int(self.indptr[0]) != 0 or int(self.indptr[-1]) != self.indices.shape[0]:
+            fail(f"indptr must start at 0 and end at len(indices)={self.indices.shape[0]}, "
+                 f"got {int(self.indptr[0])}..{int(self.indptr[-1])}",
+                 "The file is truncated or indptr and indices come from different graphs.")
+        if self.indices.ndim != 1:
+            fail(f"indices must be 1-D, got shape {self.indices.shape}", "Flatten it.")
+        for start in range(0, n + 1, _CHUNK):
+            chunk = np.asarray(self.indptr[start:start + _CHUNK + 1])
+            if chunk.shape[0] > 1 and np.any(np.diff(chunk) < 0):
+                fail("indptr is not non-decreasing", "Rebuild the CSC offsets with a cumulative sum of degrees.")
+        for start in range(0, self.num_edges, _CHUNK):
+            chunk = np.asarray(self.indices[start:start + _CHUNK])
+            lo, hi = int(chunk.min()), int(chunk.max())
+            if lo < 0 or hi >= n:
+                bad = lo if lo < 0 else hi
+                fail(f"vertex id {bad} in indices is out of range for {n} nodes",
+                     "Vertex ids must be 0..num_nodes-1; relabel the edges or fix num_nodes.")
+        if self.features.ndim != 2 or self.features.shape[0] != n:
+            fail(f"features must have shape (num_nodes={n}, feature_dim), got {self.features.shape}",
+                 "Write one feature row per vertex.")
+        if self.features.dtype not in (np.float32, np.float16):
+            fail(f"features have dtype {self.features.dtype}, expected float32 or float16",
+                 "Convert with .astype(np.float32).")
+        rows = max(1, _CHUNK // max(1, self.feature_dim))
+        for start in range(0, n, rows):
+            chunk = np.asarray(self.features[start:start + rows])
+            if not np.isfinite(chunk).all():
+                bad_row = start + int(np.argwhere(~np.isfinite(chunk))[0][0])
+                fail(f"features contain NaN or inf (first at vertex {bad_row})",
+                     "Replace non-finite values (e.g. np.nan_to_num) before training.")
+        if self.labels.shape != (n,):
+            fail(f"labels must have shape ({n},), got {self.labels.shape}", "Write one label per vertex.")
+        if self.labels.dtype.kind not in "iu":
+            fail(f"labels have dtype {self.labels.dtype}, expected integers", "Convert with .astype(np.int64).")
+        if self.num_classes < 2:
+            fail(f"num_classes is {self.num_classes}", "Node classification needs at least 2 classes.")
+        lab = np.asarray(self.labels)
+        if lab.size and (int(lab.min()) < 0 or int(lab.max()) >= self.num_classes):
+            fail(f"labels range over {int(lab.min())}..{int(lab.max())}, outside 0..{self.num_classes - 1}",
+                 "Labels must be class ids 0..num_classes-1; remap them or fix num_classes.")
+        for split_name in ("train_idx", "val_idx", "test_idx"):
+            idx = getattr(self, split_name)
+            if idx.ndim != 1 or idx.dtype.kind not in "iu":
+                fail(f"{split_name} must be a 1-D integer array, got {idx.dtype} {idx.shape}",
+                     "Save it with .astype(np.int64).")
+            if idx.size == 0:
+                fail(f"{split_name} is empty", "Give every split at least one vertex (see --split).")
+            if int(idx.min()) < 0 or int(idx.max()) >= n:
+                fail(f"{split_name} holds vertex ids outside 0..{n - 1}", "Fix the split or num_nodes.")

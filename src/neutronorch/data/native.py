@@ -1,0 +1,114 @@
+"""The native on-disk format: one directory of ``.npy`` arrays plus ``meta.json``.
+
+Arrays are opened as memory maps, so a graph larger than RAM can be opened and only the rows a
+mini-batch touches are read. This module must never load a whole array eagerly.
+
+Layout (``format_version`` 1)::
+
+    meta.json      name, num_nodes, num_edges, feature_dim, num_classes, format_version[, notes]
+    indptr.npy     int32/int64, num_nodes+1   CSC offsets
+    indices.npy    int32/int64, num_edges     in-neighbour ids
+    features.npy   float32/float16, num_nodes x feature_dim
+    labels.npy     int64, num_nodes
+    train_idx.npy, val_idx.npy, test_idx.npy   int64 vertex ids
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from neutronorch.data.graph import Graph
+from neutronorch.errors import DataError
+
+FORMAT_VERSION = 1
+ARRAYS = ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx")
+META_KEYS = ("name", "num_nodes", "num_edges", "feature_dim", "num_classes", "format_version")
+
+
+def is_native_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "meta.json").is_file()
+
+
+def _open_array(path: Path, mmap: bool) -> np.ndarray:
+    if not path.is_file():
+        raise DataError(f"{path}: file is missing. A native dataset directory needs "
+                        f"{', '.join(a + '.npy' for a in ARRAYS)} and meta.json; "
+                        f"write one with `neutronorch convert`.")
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except ValueError as exc:
+        raise DataError(f"{path}: cannot be read as a .npy array ({exc}). The file is truncated or "
+                        f"not a .npy file; write it again with numpy.save or `neutronorch convert`.") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot be opened ({exc}).") from None
+
+
+def load_native(directory: str | os.PathLike, mmap: bool = True, validate: bool = True) -> Graph:
+    """Open a native dataset directory; arrays are memory-mapped unless ``mmap`` is False."""
+    directory = Path(directory)
+    meta_path = directory / "meta.json"
+    if not meta_path.is_file():
+        raise DataError(f"{meta_path}: file is missing. Is {directory} a dataset written by "
+                        f"`neutronorch convert` or `neutronorch generate`?")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"{meta_path}: not valid JSON ({exc}). Fix or regenerate the file.") from None
+    missing = [k for k in META_KEYS if k not in meta]
+    if missing:
+        raise DataError(f"{meta_path}: missing keys {missing}. It needs {list(META_KEYS)}.")
+    if meta["format_version"] != FORMAT_VERSION:
+        raise DataError(f"{meta_path}: format_version {meta['format_version']} is not supported "
+                        f"(this neutronorch reads version {FORMAT_VERSION}). Convert the data again.")
+    arrays = {name: _open_array(directory / f"{name}.npy", mmap) for name in ARRAYS}
+    graph = Graph(name=str(meta["name"]), num_classes=int(meta["num_classes"]),
+                  notes=list(meta.get("notes", [])), **arrays)
+    expected = {"num_nodes": graph.num_nodes, "num_edges": graph.num_edges}
+    if graph.features.ndim == 2:
+        expected["feature_dim"] = graph.feature_dim
+    for key, actual in expected.items():
+        if int(meta[key]) != actual:
+            raise DataError(f"{directory}: meta.json says {key}={meta[key]} but the arrays hold {actual}. "
+                            f"One of the files is truncated or from another graph; convert the data again.")
+    if validate:
+        graph.validate(str(directory))
+    return graph
+
+
+def save_native(graph: Graph, directory: str | os.PathLike) -> Path:
+    """Write ``graph`` to ``directory`` (created if needed); features keep their dtype."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in ARRAYS:
+        arr = getattr(graph, name)
+        if name in ("labels", "train_idx", "val_idx", "test_idx"):
+            arr = np.asarray(arr, dtype=np.int64)
+        _save_array(directory / f"{name}.npy", arr)
+    meta = {
+        "name": graph.name,
+        "num_nodes": graph.num_nodes,
+        "num_edges": graph.num_edges,
+        "feature_dim": graph.feature_dim,
+        "num_classes": int(graph.num_classes),
+        "format_version": FORMAT_VERSION,
+        "notes": list(graph.notes),
+    }
+    # meta.json goes last: a directory with meta.json is a complete dataset.
+    tmp = directory / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    tmp.replace(directory / "meta.json")
+    return directory
+
+
+def _save_array(path: Path, arr: np.ndarray) -> None:
+    """Write in chunks so a memory-mapped source is never loaded whole."""
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=arr.dtype, shape=arr.shape)
+    step = max(1, (1 << 26) // max(1, int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.itemsize))
+    for start in range(0, arr.shape[0], step):
+        out[start:start + step] = arr[start:start + step]
+    out.flush()
+    del out

@@ -1,0 +1,18 @@
+"""User-facing errors.
+
+Every problem a user can fix (bad file, bad option, missing device) raises a subclass of
+``NeutronorchError`` whose message says what is wrong and how to fix it. The CLI prints these without a
+traceback; anything else escaping is a bug and keeps its traceback.
+"""
+
+
+class NeutronorchError(Exception):
+    """A problem the user can fix; the message says how."""
+
+
+class DataError(NeutronorchError):
+    """A dataset file is missing, truncated or inconsistent."""
+
+
+class ConfigError(NeutronorchError):
+    """An option or a combination of options makes no sense."""

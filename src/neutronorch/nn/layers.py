@@ -1,0 +1,112 @@
+"""GNN layers over blocks: each computes only its destinations' outputs.
+
+Every layer maps ``(block, x_src) -> y_dst`` (pre-activation). SAGE and GCN are *separable*: their output
+is ``transform(x_dst, aggregate(block, x_src))`` with a parameter-free ``aggregate``; NeutronOrch computes
+the bottom layer of hot vertices elsewhere with exactly these two calls. GAT's aggregation depends on its
+weights, so it is not separable and its whole output is computed elsewhere instead.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from neutronorch.nn.aggregation import edge_destinations, mean_aggregate
+from neutronorch.sampling.block import Block
+
+
+class SAGEConv(nn.Module):
+    """GraphSAGE-mean: ``y_v = W_self x_v + W_neigh mean_{u in N(v)} x_u + b``."""
+
+    separable = True
+
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        self.in_dim, self.out_dim = in_dim, out_dim
+        self.lin_self = nn.Linear(in_dim, out_dim)
+        self.lin_neigh = nn.Linear(in_dim, out_dim, bias=False)
+
+    def aggregate(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
+        return mean_aggregate(block, x_src)
+
+    def transform(self, x_dst: torch.Tensor, aggregated: torch.Tensor) -> torch.Tensor:
+        return self.lin_self(x_dst) + self.lin_neigh(aggregated)
+
+    def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
+        x_dst = x_src[:block.num_dst]
+        if _project_first(block, self.in_dim, self.out_dim):
+            # mean(x) W == mean(x W): cheaper when the output is narrower than the input.
+            return self.lin_self(x_dst) + mean_aggregate(block, self.lin_neigh(x_src))
+        return self.transform(x_dst, self.aggregate(block, x_src))
+
+
+class GCNConv(nn.Module):
+    """GCN with mean normalisation over the vertex and its sampled neighbours:
+    ``y_v = W mean({x_v} + {x_u : u in N(v)}) + b``."""
+
+    separable = True
+
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        self.in_dim, self.out_dim = in_dim, out_dim
+        self.lin = nn.Linear(in_dim, out_dim)
+
+    def aggregate(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
+        return mean_aggregate(block, x_src, include_self=True)
+
+    def transform(self, x_dst: torch.Tensor, aggregated: torch.Tensor) -> torch.Tensor:
+        return self.lin(aggregated)
+
+    def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
+        if _project_first(block, self.in_dim, self.out_dim):
+            return mean_aggregate(block, x_src @ self.lin.weight.t(), include_self=True) + self.lin.bias
+        return self.transform(x_src[:block.num_dst], self.aggregate(block, x_src))
+
+
+class GATConv(nn.Module):
+    """Multi-head graph attention over the vertex and its sampled neighbours (Velickovic et al. 2018):
+    ``y_v = ||_h sum_u alpha^h_vu W^h x_u + b``, ``alpha^h_vu = softmax_u LeakyReLU(a_l^h W^h x_u + a_r^h W^h x_v)``.
+    Heads are concatenated."""
+
+    separable = False
+
+    def __init__(self, in_dim: int, out_dim: int, heads: int = 1, negative_slope: float = 0.2):
+        super().__init__()
+        if out_dim % heads:
+            raise ValueError(f"GAT width {out_dim} is not divisible by {heads} heads")
+        self.in_dim, self.out_dim, self.heads = in_dim, out_dim, heads
+        self.head_dim = out_dim // heads
+        self.negative_slope = negative_slope
+        self.lin = nn.Linear(in_dim, out_dim, bias=False)
+        self.attn_src = nn.Parameter(torch.empty(heads, self.head_dim))
+        self.attn_dst = nn.Parameter(torch.empty(heads, self.head_dim))
+        self.bias = nn.Parameter(torch.zeros(out_dim))
+        nn.init.xavier_uniform_(self.attn_src)
+        nn.init.xavier_uniform_(self.attn_dst)
+
+    def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
+        n_dst = block.num_dst
+        z = self.lin(x_src).view(-1, self.heads, self.head_dim)
+        score_src = (z * self.attn_src).sum(-1)
+        score_dst = (z[:n_dst] * self.attn_dst).sum(-1)
+        # Every destination also attends to itself, so no destination is left without inputs.
+        self_loops = torch.arange(n_dst, device=x_src.device)
+        src = torch.cat([block.indices, self_loops])
+        dst = torch.cat([edge_destinations(block), self_loops])
+        logits = F.leaky_relu(score_src[src] + score_dst[dst], self.negative_slope)
+        peak = torch.full((n_dst, self.heads), float("-inf"), dtype=logits.dtype, device=logits.device)
+        peak = peak.scatter_reduce(0, dst.unsqueeze(1).expand_as(logits), logits.detach(), reduce="amax")
+        weights = torch.exp(logits - peak[dst])
+        total = torch.zeros_like(peak).index_add(0, dst, weights)
+        alpha = weights / total[dst]
+        out = torch.zeros((n_dst, self.heads, self.head_dim), dtype=z.dtype, device=z.device)
+        out = out.index_add(0, dst, z[src] * alpha.unsqueeze(-1))
+        return out.reshape(n_dst, self.out_dim) + self.bias
+
+
+def _project_first(block: Block, in_dim: int, out_dim: int) -> bool:
+    """Whether multiplying by the weight before aggregating costs fewer flops than after."""
+    after = block.num_edges * in_dim + block.num_dst * in_dim * out_dim
+    before = block.num_src * in_dim * out_dim + block.num_edges * out_dim
+    return before < after

@@ -1,0 +1,60 @@
+"""Stacks of GNN layers: GraphSAGE, GCN and GAT of any depth.
+
+``GNN.forward(blocks, x)`` runs the usual stack (ReLU and dropout between layers). ``GNN.layer_forward``
+runs a single layer with the activation that follows it, which full-neighbour inference and NeutronOrch's
+split of the bottom layer use.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from neutronorch.nn.layers import GATConv, GCNConv, SAGEConv
+from neutronorch.sampling.block import Block
+
+MODELS = ("sage", "gcn", "gat")
+
+
+class GNN(nn.Module):
+    def __init__(self, kind: str, in_dim: int, hidden: int, num_classes: int, num_layers: int,
+                 dropout: float = 0.5, heads: int = 4):
+        super().__init__()
+        if kind not in MODELS:
+            raise ValueError(f"unknown model {kind!r}; choose one of {MODELS}")
+        self.kind = kind
+        self.num_layers = num_layers
+        self.dropout = dropout
+        dims = [in_dim] + [hidden] * (num_layers - 1) + [num_classes]
+        layers = []
+        for i in range(num_layers):
+            last = i == num_layers - 1
+            if kind == "sage":
+                layers.append(SAGEConv(dims[i], dims[i + 1]))
+            elif kind == "gcn":
+                layers.append(GCNConv(dims[i], dims[i + 1]))
+            else:
+                layers.append(GATConv(dims[i], dims[i + 1], heads=1 if last else heads))
+        self.layers = nn.ModuleList(layers)
+
+    @property
+    def bottom(self) -> nn.Module:
+        """The layer that reads raw features."""
+        return self.layers[0]
+
+    def activate(self, index: int, y: torch.Tensor) -> torch.Tensor:
+        """What follows layer ``index``'s pre-activation output (nothing after the last layer)."""
+        if index == self.num_layers - 1:
+            return y
+        return F.dropout(F.relu(y), self.dropout, self.training)
+
+    def layer_forward(self, index: int, block: Block, x_src: torch.Tensor) -> torch.Tensor:
+        return self.activate(index, self.layers[index](block, x_src))
+
+    def forward(self, blocks: list[Block], x: torch.Tensor) -> torch.Tensor:
+        if len(blocks) != self.num_layers:
+            raise ValueError(f"{len(blocks)} blocks for a {self.num_layers}-layer model")
+        for index, block in enumerate(blocks):
+            x = self.layer_forward(index, block, x)
+        return x

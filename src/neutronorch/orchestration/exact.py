@@ -1,0 +1,99 @@
+"""Mode ``exact``: sample and gather on the host, train on the device, every layer computed exactly.
+
+The stages of one mini-batch, in the producer thread: seed order -> sample (host kernels) -> gather
+features into a reused buffer (pinned on CUDA) -> copy to the device on a side stream. The training thread
+only runs forward/backward/step. A mode is the one place that arranges these stages; the trainer, the
+sampler and the models are shared by every mode.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import numba
+import torch
+
+from neutronorch.config import TrainConfig
+from neutronorch.data.graph import Graph
+from neutronorch.features.store import BufferPool, FeatureStore
+from neutronorch.orchestration.pipeline import Prefetcher
+from neutronorch.sampling.block import MiniBatch
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, mix_key
+
+
+def epoch_order(train_idx: torch.Tensor, seed: int, epoch: int) -> torch.Tensor:
+    """The seed order of one epoch: a permutation derived from (seed, epoch) alone."""
+    generator = torch.Generator()
+    generator.manual_seed(mix_key(seed, epoch) & 0x7FFF_FFFF_FFFF_FFFF)
+    return train_idx[torch.randperm(train_idx.shape[0], generator=generator)]
+
+
+class ExactMode:
+    name = "exact"
+
+    def __init__(self, graph: Graph, config: TrainConfig, device: torch.device, sampler_threads: int):
+        self.graph = graph
+        self.config = config
+        self.device = device
+        self.sampler_threads = sampler_threads
+        self.store = FeatureStore(graph.features, graph.labels)
+        self.train_idx = torch.from_numpy(graph.train_idx.astype("int64", copy=False))
+        self.on_cuda = device.type == "cuda"
+        # Buffers in flight: the queue, one being filled, one being trained on.
+        self.pool = BufferPool(config.prefetch + 2, self.store.width, pin=self.on_cuda)
+        self.copy_stream = torch.cuda.Stream(device) if self.on_cuda else None
+        self._sampler: NeighborSampler | None = None
+
+    @property
+    def num_batches(self) -> int:
+        return -(-self.train_idx.shape[0] // self.config.batch_size)
+
+    def batches(self, epoch: int) -> Prefetcher:
+        """This epoch's mini-batches, produced ahead in a background thread."""
+        return Prefetcher(lambda: self._produce(epoch), depth=self.config.prefetch, name=f"{self.name}-producer",
+                          on_start=lambda: numba.set_num_threads(self.sampler_threads))
+
+    def _produce(self, epoch: int) -> Iterator[MiniBatch]:
+        # A fresh sampler per producer thread: its vertex map is thread-private state.
+        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.config.fanouts)
+        order = epoch_order(self.train_idx, self.config.seed, epoch)
+        for index, seeds in enumerate(torch.split(order, self.config.batch_size)):
+            t0 = time.perf_counter()
+            subgraph = sampler.sample(seeds.numpy(), batch_key(self.config.seed, epoch, index))
+            t1 = time.perf_counter()
+            buffer = self.pool.acquire(subgraph.input_nodes.shape[0])
+            features = self.store.gather_into(subgraph.input_nodes, buffer)
+            labels = self.store.labels[seeds]
+            t2 = time.perf_counter()
+            batch = MiniBatch(epoch, index, subgraph, features, labels,
+                              stage_seconds={"sample": t1 - t0, "gather": t2 - t1})
+            if self.on_cuda:
+                self._copy_to_device(batch, buffer)
+                batch.stage_seconds["copy"] = time.perf_counter() - t2
+            else:
+                batch.release = lambda buffer=buffer: self.pool.release(buffer)
+            yield batch
+
+    def _copy_to_device(self, batch: MiniBatch, buffer: torch.Tensor) -> None:
+        with torch.cuda.stream(self.copy_stream):
+            batch.features = batch.features.to(self.device, non_blocking=True)
+            batch.labels = batch.labels.to(self.device, non_blocking=True)
+            batch.subgraph.blocks = [b.to(self.device, non_blocking=True) for b in batch.blocks]
+            done = torch.cuda.Event()
+            done.record(self.copy_stream)
+        # The pinned buffer may be refilled only once the copy out of it has finished.
+        done.synchronize()
+        self.pool.release(buffer)
+        batch.ready = done
+
+    def prepare(self, batch: MiniBatch) -> None:
+        """Called in the training thread before the step: order the step after the batch's copy."""
+        if self.on_cuda:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(batch.ready)
+            for tensor in [batch.features, batch.labels] + [t for b in batch.blocks for t in (b.indptr, b.indices)]:
+                tensor.record_stream(stream)
+
+    def forward(self, model: torch.nn.Module, batch: MiniBatch) -> torch.Tensor:
+        return model(batch.blocks, batch.features)

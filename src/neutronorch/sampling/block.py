@@ -1,0 +1,74 @@
+"""What a sampler produces: blocks (one bipartite layer each) and the mini-batch that holds them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+
+@dataclass
+class Block:
+    """One layer's sampled bipartite graph in local ids.
+
+    Destination ``i`` (0 <= i < num_dst) aggregates sources ``indices[indptr[i]:indptr[i+1]]``; sources
+    are positions in the layer's source frontier, whose first ``num_dst`` entries are the destinations
+    themselves (so ``x_src[:num_dst]`` are the destinations' own inputs).
+    """
+
+    num_dst: int
+    num_src: int
+    indptr: torch.Tensor
+    indices: torch.Tensor
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.shape[0])
+
+    def in_degrees(self) -> torch.Tensor:
+        return self.indptr[1:] - self.indptr[:-1]
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "Block":
+        return Block(self.num_dst, self.num_src, self.indptr.to(device, non_blocking=non_blocking),
+                     self.indices.to(device, non_blocking=non_blocking))
+
+
+@dataclass
+class SampledSubgraph:
+    """The L-hop sampled computation graph of a set of seeds.
+
+    ``blocks`` are ordered as a model consumes them: the bottom (input) layer first, the seed layer last.
+    ``frontiers[l]`` holds the global ids of block l's source frontier; ``frontiers[-1]`` is the seeds.
+    """
+
+    seeds: torch.Tensor
+    blocks: list[Block]
+    frontiers: list[torch.Tensor]
+
+    @property
+    def input_nodes(self) -> torch.Tensor:
+        return self.frontiers[0]
+
+    @property
+    def num_sampled_edges(self) -> int:
+        return sum(b.num_edges for b in self.blocks)
+
+
+@dataclass
+class MiniBatch:
+    """A sampled subgraph with its gathered inputs, ready for a training step."""
+
+    epoch: int
+    index: int
+    subgraph: SampledSubgraph
+    features: torch.Tensor
+    labels: torch.Tensor
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    # Called once the step no longer needs the host feature buffer.
+    release: Callable[[], None] = field(default=lambda: None)
+    ready: object = None  # on CUDA: the event after which the batch's device copies may be read
+
+    @property
+    def blocks(self) -> list[Block]:
+        return self.subgraph.blocks

@@ -1,0 +1,126 @@
+"""CPU kernels of the neighbour sampler (numba).
+
+Randomness is counter-based: the neighbours drawn for vertex ``v`` in one layer of one mini-batch are a
+pure function of (layer key, v). So a sample does not depend on thread count or scheduling, and another
+component (the NeutronOrch host producer) can reproduce exactly the neighbours the device sampler drew for
+a vertex. These kernels allocate their outputs; they never touch O(num_nodes) memory except the caller's
+``node_map``, whose touched entries are reset before returning.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+@njit(inline="always")
+def _mix(z):
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(inline="always")
+def splitmix_key(a, b):
+    """Combine a 64-bit key and a vertex id into one well-mixed 64-bit key."""
+    return _mix(np.uint64(a) * _GOLDEN + _mix(np.uint64(b) + _GOLDEN))
+
+
+@njit(inline="always")
+def _below(state, bound):
+    """Next value of the stream and a draw uniform in [0, bound) (Lemire's multiply-shift, bias < 2^-32)."""
+    state = state + _GOLDEN
+    r = _mix(state) >> np.uint64(32)
+    return state, np.int64((r * np.uint64(bound)) >> np.uint64(32))
+
+
+@njit(parallel=True, cache=True)
+def sample_neighbors(indptr, indices, dst_nodes, fanout, key):
+    """Uniform sampling without replacement of up to ``fanout`` in-neighbours of each vertex.
+
+    Returns (ptr, nbrs): ``nbrs[ptr[i]:ptr[i+1]]`` are the sampled global ids of ``dst_nodes[i]``; all
+    neighbours when the degree is at most ``fanout`` (or ``fanout`` < 0).
+    """
+    n = dst_nodes.shape[0]
+    counts = np.empty(n + 1, np.int64)
+    counts[0] = 0
+    for i in prange(n):
+        v = dst_nodes[i]
+        deg = indptr[v + 1] - indptr[v]
+        counts[i + 1] = deg if (fanout < 0 or deg <= fanout) else fanout
+    ptr = np.cumsum(counts)
+    nbrs = np.empty(ptr[n], indices.dtype)
+    for i in prange(n):
+        v = dst_nodes[i]
+        start = indptr[v]
+        deg = indptr[v + 1] - start
+        out = ptr[i]
+        k = ptr[i + 1] - out
+        if k == deg:
+            for j in range(deg):
+                nbrs[out + j] = indices[start + j]
+            continue
+        # Floyd's algorithm: a uniform k-subset of range(deg) in k draws. Offsets are kept in nbrs' slot
+        # first, membership checked by a linear scan (k is a small fanout).
+        state = splitmix_key(key, v)
+        filled = 0
+        for top in range(deg - k, deg):
+            state, t = _below(state, top + 1)
+            seen = False
+            for q in range(filled):
+                if nbrs[out + q] == t:
+                    seen = True
+                    break
+            nbrs[out + filled] = top if seen else t
+            filled += 1
+        for j in range(k):
+            nbrs[out + j] = indices[start + nbrs[out + j]]
+    return ptr, nbrs
+
+
+@njit(cache=True)
+def relabel(frontier, num_frontier, nbrs, node_map):
+    """Map sampled global ids to local positions, appending unseen vertices to ``frontier``.
+
+    ``frontier[:num_frontier]`` holds the current destination vertices, already present in ``node_map``
+    at positions 0..num_frontier-1. New vertices are appended in order of first appearance, so every
+    block's source frontier starts with its destinations. Returns (local ids of nbrs, new frontier size).
+    ``frontier`` must have room for num_frontier + len(nbrs) entries.
+    """
+    local = np.empty(nbrs.shape[0], np.int64)
+    size = num_frontier
+    for e in range(nbrs.shape[0]):
+        u = nbrs[e]
+        pos = node_map[u]
+        if pos < 0:
+            pos = size
+            node_map[u] = pos
+            frontier[size] = u
+            size += 1
+        local[e] = pos
+    return local, size
+
+
+@njit(cache=True)
+def map_nodes(nodes, node_map):
+    for i in range(nodes.shape[0]):
+        node_map[nodes[i]] = i
+
+
+@njit(cache=True)
+def reset_map(nodes, node_map):
+    for i in range(nodes.shape[0]):
+        node_map[nodes[i]] = -1
+
+
+@njit(parallel=True, cache=True)
+def gather_rows(source, rows, out):
+    """out[i] = source[rows[i]], converting dtype (e.g. float16 storage to float32)."""
+    for i in prange(rows.shape[0]):
+        r = rows[i]
+        for j in range(source.shape[1]):
+            out[i, j] = source[r, j]

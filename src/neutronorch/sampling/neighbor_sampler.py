@@ -1,0 +1,220 @@
+"""Uniform neighbour sampling: seeds in, one block per layer out.
+
+Two implementations share one contract (uniform without replacement, all neighbours when the degree is at
+most the fanout, destination-first source frontiers, first-appearance order for new vertices):
+
+- ``NeighborSampler``: numba kernels on host arrays (numpy or memory-mapped); multi-threaded.
+- ``TorchNeighborSampler``: vectorised torch ops on tensors of any device; this is the CUDA path, and it
+  runs on CPU tensors too so its logic is tested everywhere.
+
+Randomness derives from ``batch_key(seed, epoch, batch_index)``: the same key always yields the same sample.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+from neutronorch.errors import ConfigError
+from neutronorch.sampling import kernels
+from neutronorch.sampling.block import Block, SampledSubgraph
+
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def mix_key(a: int, b: int) -> int:
+    """Combine two integers into a 64-bit key (the same function as ``kernels.splitmix_key``)."""
+    return _mix((a * 0x9E3779B97F4A7C15 + _mix((b + 0x9E3779B97F4A7C15) & _MASK)) & _MASK)
+
+
+def batch_key(seed: int, epoch: int, batch_index: int) -> int:
+    """The 64-bit key of one mini-batch's randomness."""
+    return mix_key(mix_key(seed & _MASK, epoch), batch_index)
+
+
+def layer_key(key: int, hop: int) -> int:
+    return mix_key(key, hop + 1)
+
+
+def parse_fanouts(text: str | list[int] | tuple[int, ...]) -> list[int]:
+    """``"15,10,5"`` -> [15, 10, 5] (seed hop first). ``-1`` means all neighbours."""
+    try:
+        fanouts = [int(f) for f in (text.split(",") if isinstance(text, str) else text)]
+    except ValueError:
+        raise ConfigError(f"--fanouts {text!r}: expected comma-separated integers such as 15,10,5.") from None
+    if not fanouts or any(f == 0 or f < -1 for f in fanouts):
+        raise ConfigError(f"--fanouts {text!r}: each fanout must be a positive integer, or -1 for all "
+                          f"neighbours; one per layer, seed hop first (e.g. 15,10,5).")
+    return fanouts
+
+
+class NeighborSampler:
+    """Host sampler over a CSC graph (``indptr``, ``indices`` as numpy arrays or memory maps).
+
+    Not thread-safe: one instance per sampling thread (it owns a vertex -> position map).
+    """
+
+    def __init__(self, indptr: np.ndarray, indices: np.ndarray, fanouts: list[int]):
+        self.indptr = indptr
+        self.indices = indices
+        self.fanouts = list(fanouts)
+        num_nodes = indptr.shape[0] - 1
+        self._node_map = np.full(num_nodes, -1, dtype=np.int64)
+        self._owner: int | None = None
+
+    def sample(self, seeds: np.ndarray, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
+        """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first."""
+        self._check_thread()
+        fanouts = self.fanouts if fanouts is None else fanouts
+        seeds = np.ascontiguousarray(seeds, dtype=np.int64)
+        node_map = self._node_map
+        kernels.map_nodes(seeds, node_map)
+        frontier = seeds
+        num_frontier = seeds.shape[0]
+        blocks: list[Block] = []
+        frontiers = [torch.from_numpy(seeds)]
+        try:
+            for hop, fanout in enumerate(fanouts):
+                ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, frontier[:num_frontier],
+                                                     fanout, np.uint64(layer_key(key, hop)))
+                grown = np.empty(num_frontier + nbrs.shape[0], np.int64)
+                grown[:num_frontier] = frontier[:num_frontier]
+                local, size = kernels.relabel(grown, num_frontier, nbrs, node_map)
+                blocks.append(Block(num_frontier, size, torch.from_numpy(ptr), torch.from_numpy(local)))
+                frontier, num_frontier = grown, size
+                frontiers.append(torch.from_numpy(grown[:size]))
+        finally:
+            kernels.reset_map(frontier[:num_frontier], node_map)
+        blocks.reverse()
+        frontiers.reverse()
+        return SampledSubgraph(torch.from_numpy(seeds), blocks, frontiers)
+
+    def _check_thread(self) -> None:
+        me = threading.get_ident()
+        if self._owner is None:
+            self._owner = me
+        elif self._owner != me:
+            # The position map is per-instance state; sharing it across threads corrupts samples.
+            raise RuntimeError("NeighborSampler used from two threads; create one sampler per thread")
+
+
+class TorchNeighborSampler:
+    """The same sampling contract in vectorised torch ops, on the device holding ``indptr``/``indices``."""
+
+    # Degrees up to this multiple of the fanout use a random-key sort over all their edges; above it,
+    # draws with replacement whose duplicates are redrawn (few, since fanout/degree is small).
+    SORT_LIMIT = 4
+
+    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts: list[int]):
+        self.indptr = indptr.long()
+        self.indices = indices
+        self.fanouts = list(fanouts)
+        self.device = indptr.device
+
+    def sample(self, seeds: torch.Tensor, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
+        fanouts = self.fanouts if fanouts is None else fanouts
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(key & 0x7FFF_FFFF_FFFF_FFFF)
+        frontier = seeds.to(self.device, torch.int64)
+        blocks, frontiers = [], [frontier]
+        for fanout in fanouts:
+            ptr, nbrs = self._sample_layer(frontier, fanout, gen)
+            num_dst = frontier.shape[0]
+            local, frontier = self._relabel(frontier, nbrs)
+            blocks.append(Block(num_dst, frontier.shape[0], ptr, local))
+            frontiers.append(frontier)
+        blocks.reverse()
+        frontiers.reverse()
+        return SampledSubgraph(seeds, blocks, frontiers)
+
+    def _sample_layer(self, dst: torch.Tensor, fanout: int, gen: torch.Generator):
+        device = self.device
+        start = self.indptr[dst]
+        deg = self.indptr[dst + 1] - start
+        take = deg if fanout < 0 else deg.clamp(max=fanout)
+        ptr = torch.zeros(dst.shape[0] + 1, dtype=torch.int64, device=device)
+        torch.cumsum(take, 0, out=ptr[1:])
+        total = int(ptr[-1])
+        row = torch.repeat_interleave(torch.arange(dst.shape[0], device=device), take, output_size=total)
+        slot = torch.arange(total, device=device) - ptr[row]
+        offset = slot.clone()  # rows with degree <= fanout take every neighbour in order
+        if fanout > 0:
+            partial = deg > fanout
+            sort_rows = partial & (deg <= self.SORT_LIMIT * fanout)
+            draw_rows = partial & ~sort_rows
+            self._offsets_by_sort(deg, sort_rows, row, slot, offset, fanout, gen)
+            self._offsets_by_redraw(deg, draw_rows, row, offset, gen)
+        nbrs = self.indices[start[row] + offset].long()
+        return ptr, nbrs
+
+    def _offsets_by_sort(self, deg, rows_mask, row, slot, offset, fanout, gen):
+        rows = torch.nonzero(rows_mask).flatten()
+        if rows.numel() == 0:
+            return
+        device = self.device
+        d = deg[rows]
+        seg = torch.zeros(rows.shape[0] + 1, dtype=torch.int64, device=device)
+        torch.cumsum(d, 0, out=seg[1:])
+        n_edges = int(seg[-1])
+        owner = torch.repeat_interleave(torch.arange(rows.shape[0], device=device), d, output_size=n_edges)
+        edge_offset = torch.arange(n_edges, device=device) - seg[owner]
+        # Sorting (owner + uniform key) orders each row's edges randomly: its first `fanout` edges are a
+        # uniform subset.
+        sort_key = owner.double() + torch.rand(n_edges, generator=gen, device=device, dtype=torch.float64)
+        order = torch.argsort(sort_key)
+        rank = torch.arange(n_edges, device=device) - seg[owner]
+        keep = rank < fanout
+        chosen = edge_offset[order][keep]  # rows in order, fanout offsets each
+        target = torch.zeros(deg.shape[0], dtype=torch.bool, device=device)
+        target[rows] = True
+        slots = torch.nonzero(target[row]).flatten()
+        offset[slots] = chosen
+
+    def _offsets_by_redraw(self, deg, rows_mask, row, offset, gen):
+        slots = torch.nonzero(rows_mask[row]).flatten()
+        if slots.numel() == 0:
+            return
+        slot_row = row[slots]
+        slot_deg = deg[slot_row]
+        draw = (torch.rand(slots.shape[0], generator=gen, device=self.device, dtype=torch.float64)
+                * slot_deg).long()
+        span = int(deg.max()) + 1
+        pending = torch.ones_like(draw, dtype=torch.bool)
+        while True:
+            # Keep the first copy of every (row, offset) pair; redraw the others. Symmetric in the
+            # offsets, so the final set is a uniform subset.
+            combined = slot_row * span + draw
+            order = torch.argsort(combined, stable=True)
+            sorted_keys = combined[order]
+            dup_sorted = torch.zeros_like(pending)
+            dup_sorted[1:] = sorted_keys[1:] == sorted_keys[:-1]
+            pending = torch.zeros_like(pending)
+            pending[order] = dup_sorted
+            if not bool(pending.any()):
+                break
+            redo = torch.nonzero(pending).flatten()
+            draw[redo] = (torch.rand(redo.shape[0], generator=gen, device=self.device, dtype=torch.float64)
+                          * slot_deg[redo]).long()
+        offset[slots] = draw
+
+    @staticmethod
+    def _relabel(dst: torch.Tensor, nbrs: torch.Tensor):
+        everything = torch.cat([dst, nbrs])
+        unique, inverse = torch.unique(everything, return_inverse=True)
+        positions = torch.arange(everything.shape[0], device=everything.device)
+        first = torch.full((unique.shape[0],), everything.shape[0], dtype=torch.int64, device=everything.device)
+        first.scatter_reduce_(0, inverse, positions, reduce="amin")
+        order = torch.argsort(first)
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(order.shape[0], device=order.device)
+        local = rank[inverse[dst.shape[0]:]]
+        return local, unique[order]

@@ -1,0 +1,173 @@
+"""The training loop shared by every mode, and the run summary it returns.
+
+A mode produces mini-batches and runs the forward pass; this loop owns the optimizer, the loss, timing,
+progress display, evaluation and the summary. Per-batch work here must not synchronise with the device
+(losses are summed on the device and read once per epoch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numba
+import torch
+from torch.nn import functional as F
+from tqdm import tqdm
+
+from neutronorch.config import TrainConfig
+from neutronorch.data import Graph, load_dataset
+from neutronorch.errors import ConfigError
+from neutronorch.nn.models import GNN
+from neutronorch.orchestration.exact import ExactMode
+from neutronorch.train.evaluate import evaluate
+
+MODE_CLASSES = {"exact": ExactMode}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available to this PyTorch "
+                          f"(torch {torch.__version__}, cuda build: {torch.version.cuda or 'no'}). "
+                          "Use --device cpu, or install a CUDA build of PyTorch on a machine with a GPU.")
+    return torch.device(name)
+
+
+def thread_budget(config: TrainConfig) -> tuple[int, int]:
+    """(training threads, sampler threads), set once so producer and trainer do not fight over cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    train_threads = config.threads or cores
+    sampler_threads = config.sampler_threads or max(1, min(cores, numba.config.NUMBA_NUM_THREADS) // 2)
+    return train_threads, min(sampler_threads, numba.config.NUMBA_NUM_THREADS)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def train(config: TrainConfig, graph: Graph | None = None) -> dict:
+    """Train as ``config`` says and return the run summary (also written to ``config.summary_json``)."""
+    config.validate()
+    device = resolve_device(config.device)
+    train_threads, sampler_threads = thread_budget(config)
+    torch.set_num_threads(train_threads)
+    torch.manual_seed(config.seed)
+    if graph is None:
+        t0 = time.perf_counter()
+        graph = load_dataset(config.dataset, config.split, config.seed)
+        log(f"loaded {graph.describe()} in {time.perf_counter() - t0:.1f}s")
+    for note in graph.notes:
+        log(f"note: {note}")
+
+    model = GNN(config.model, graph.feature_dim, config.hidden, graph.num_classes, len(config.fanouts),
+                dropout=config.dropout, heads=config.heads).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    mode = MODE_CLASSES[config.mode](graph, config, device, sampler_threads)
+    log(f"mode {config.mode}, model {config.model}, fanouts {config.fanouts}, device {device}, "
+        f"threads {train_threads} train / {sampler_threads} sampler, {mode.num_batches} batches per epoch")
+
+    epochs, best = [], {"val_acc": -1.0, "test_acc": float("nan"), "epoch": -1}
+    last_eval: dict[str, float] = {}
+    for epoch in range(config.epochs):
+        record = _train_epoch(model, optimizer, mode, epoch, config)
+        if config.eval_every and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
+            t0 = time.perf_counter()
+            last_eval = evaluate(model, graph, mode.store, device, config.eval_fanouts,
+                                 config.eval_batch_size, config.seed)
+            record.update(last_eval, eval_seconds=time.perf_counter() - t0)
+            if last_eval["val_acc"] > best["val_acc"]:
+                best = {**last_eval, "epoch": epoch}
+        epochs.append(record)
+        log(_epoch_line(record))
+    if config.epochs and not last_eval:
+        last_eval = evaluate(model, graph, mode.store, device, config.eval_fanouts, config.eval_batch_size,
+                             config.seed)
+        best = {**last_eval, "epoch": config.epochs - 1}
+
+    seconds = [e["seconds"] for e in epochs]
+    summary = {
+        "mode": config.mode,
+        "config": config.to_dict(),
+        "dataset": {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
+                    "feature_dim": graph.feature_dim, "classes": graph.num_classes,
+                    "train": int(len(graph.train_idx))},
+        "device": str(device),
+        "threads": {"train": train_threads, "sampler": sampler_threads},
+        "epochs": epochs,
+        "epoch_seconds_median": statistics.median(seconds) if seconds else None,
+        "val_acc": best["val_acc"] if config.epochs else None,
+        "test_acc": best["test_acc"] if config.epochs else None,
+        "best_epoch": best["epoch"] if config.epochs else None,
+        "final_val_acc": last_eval.get("val_acc"),
+        "final_test_acc": last_eval.get("test_acc"),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+    }
+    if config.summary_json:
+        path = Path(config.summary_json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _train_epoch(model: GNN, optimizer: torch.optim.Optimizer, mode, epoch: int, config: TrainConfig) -> dict:
+    model.train()
+    stages = {"sample": 0.0, "gather": 0.0, "copy": 0.0, "train": 0.0}
+    total_loss = torch.zeros((), device=mode.device)
+    num_batches = sampled_edges = input_nodes = 0
+    start = time.perf_counter()
+    bar = tqdm(total=mode.num_batches, desc=f"epoch {epoch}", unit="batch", leave=False,
+               disable=None if config.progress else True, file=sys.stderr)
+    with mode.batches(epoch) as batches:
+        for batch in batches:
+            t0 = time.perf_counter()
+            mode.prepare(batch)
+            logits = mode.forward(model, batch)
+            loss = F.cross_entropy(logits, batch.labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            batch.release()
+            total_loss += loss.detach()
+            stages["train"] += time.perf_counter() - t0
+            for name, value in batch.stage_seconds.items():
+                stages[name] = stages.get(name, 0.0) + value
+            num_batches += 1
+            sampled_edges += batch.subgraph.num_sampled_edges
+            input_nodes += batch.subgraph.input_nodes.shape[0]
+            bar.update(1)
+        waited = batches.wait_seconds
+    if mode.device.type == "cuda":
+        torch.cuda.synchronize(mode.device)
+    seconds = time.perf_counter() - start
+    bar.close()
+    stages["wait"] = waited
+    return {
+        "epoch": epoch,
+        "seconds": seconds,
+        "train_loss": float(total_loss) / max(1, num_batches),
+        "stage_seconds": {k: round(v, 4) for k, v in stages.items()},
+        "batches": num_batches,
+        "sampled_edges": sampled_edges,
+        "input_nodes_per_batch": input_nodes / max(1, num_batches),
+    }
+
+
+def _epoch_line(record: dict) -> str:
+    stages = record["stage_seconds"]
+    parts = [f"epoch {record['epoch']:3d}", f"loss {record['train_loss']:.4f}"]
+    if "val_acc" in record:
+        parts += [f"val {record['val_acc']:.4f}", f"test {record['test_acc']:.4f}"]
+    parts.append(f"time {record['seconds']:.2f}s")
+    parts.append("[" + " ".join(f"{k} {v:.2f}" for k, v in stages.items() if v) + "]")
+    return " | ".join(parts)
