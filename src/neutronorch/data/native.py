@@ -40,7 +40,7 @@ def _open_array(path: Path, mmap: bool) -> np.ndarray:
                         f"write one with `neutronorch convert`.")
     try:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except ValueError as exc:
+    except (ValueError, EOFError) as exc:  # numpy raises EOFError for an empty file
         raise DataError(f"{path}: cannot be read as a .npy array ({exc}). The file is truncated or "
                         f"not a .npy file; write it again with numpy.save or `neutronorch convert`.") from None
     except OSError as exc:

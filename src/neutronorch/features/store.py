@@ -42,7 +42,7 @@ class FeatureStore:
 
     def __init__(self, features: np.ndarray, labels: np.ndarray):
         self.features = features
-        self.labels = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64))
+        self.labels = torch.from_numpy(np.array(labels, dtype=np.int64))  # small; a writable copy
 
     @property
     def width(self) -> int:
@@ -51,7 +51,11 @@ class FeatureStore:
     def gather_into(self, rows: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
         """Copy ``features[rows]`` into the front of ``buffer`` (converted to float32); return that view."""
         out = buffer[:rows.shape[0]]
-        kernels.gather_rows(self.features, rows.numpy(), out.numpy())
+        if self.features.dtype == np.float16:
+            kernels.gather_half_rows(self.features.view(np.uint16), rows.numpy(), kernels.HALF_TO_FLOAT,
+                                     out.numpy())
+        else:
+            kernels.gather_rows(self.features, rows.numpy(), out.numpy())
         return out
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
+from neutronorch.nn.activation import relu_dropout
 from neutronorch.nn.layers import GATConv, GCNConv, SAGEConv
 from neutronorch.sampling.block import Block
 
@@ -47,7 +47,7 @@ class GNN(nn.Module):
         """What follows layer ``index``'s pre-activation output (nothing after the last layer)."""
         if index == self.num_layers - 1:
             return y
-        return F.dropout(F.relu(y), self.dropout, self.training)
+        return relu_dropout(y, self.dropout, self.training)
 
     def layer_forward(self, index: int, block: Block, x_src: torch.Tensor) -> torch.Tensor:
         return self.activate(index, self.layers[index](block, x_src))

@@ -119,8 +119,22 @@ def reset_map(nodes, node_map):
 
 @njit(parallel=True, cache=True)
 def gather_rows(source, rows, out):
-    """out[i] = source[rows[i]], converting dtype (e.g. float16 storage to float32)."""
+    """out[i] = source[rows[i]] (float32 storage)."""
     for i in prange(rows.shape[0]):
         r = rows[i]
         for j in range(source.shape[1]):
             out[i, j] = source[r, j]
+
+
+# numba has no float16 type: half-precision rows are read as their bit patterns and decoded through a
+# table of all 65,536 values (256 KiB, cache-resident).
+HALF_TO_FLOAT = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+
+
+@njit(parallel=True, cache=True)
+def gather_half_rows(source_bits, rows, table, out):
+    """out[i] = float32(source[rows[i]]) for float16 storage viewed as uint16."""
+    for i in prange(rows.shape[0]):
+        r = rows[i]
+        for j in range(source_bits.shape[1]):
+            out[i, j] = table[source_bits[r, j]]

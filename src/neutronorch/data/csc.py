@@ -1,0 +1,66 @@
+"""Building the CSC topology of a ``Graph`` from an edge list.
+
+Every loader and the synthetic generator go through ``edges_to_csc``, so all graphs share one convention:
+column ``v`` of the CSC lists the in-neighbours of ``v`` in ascending order, without self loops and without
+duplicates, and an undirected input becomes two directed entries per edge.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from neutronorch.errors import DataError
+
+# Graphs with fewer vertices than this store neighbour ids as int32, halving the size of ``indices``.
+_INT32_LIMIT = np.iinfo(np.int32).max
+
+
+def edges_to_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, symmetric: bool = True,
+                 source: str = "edge list") -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(indptr, indices)`` of the graph with edges ``src[i] -> dst[i]``.
+
+    With ``symmetric`` every edge is also added in the reverse direction. Self loops and repeated edges are
+    dropped. ``indptr`` is int64; ``indices`` is int32 when ``num_nodes`` fits, else int64. Ids outside
+    ``0..num_nodes-1`` raise ``DataError`` naming ``source`` (the file the edges came from).
+
+    Cost: one sort of the (up to twice as many) int64 edge keys; 20 million input edges take about 3 s on
+    two cores and peak at about 1 GB of temporaries.
+    """
+    src = np.asarray(src).astype(np.int64, copy=False).ravel()
+    dst = np.asarray(dst).astype(np.int64, copy=False).ravel()
+    if src.shape != dst.shape:
+        raise ValueError(f"src and dst differ in length ({src.shape[0]} vs {dst.shape[0]})")
+    for ids in (src, dst):
+        low, high = (int(ids.min()), int(ids.max())) if ids.size else (0, 0)
+        if low < 0 or (ids.size and high >= num_nodes):
+            bad = low if low < 0 else high
+            raise DataError(f"{source}: vertex id {bad} is out of range for {num_nodes} nodes. Vertex ids must "
+                            f"be 0..{num_nodes - 1}; the file is corrupt or belongs to another graph.")
+    keep = src != dst
+    if not keep.all():
+        src, dst = src[keep], dst[keep]
+    del keep
+    # One int64 key per edge, destination first and source second, so sorting the keys gives exactly CSC
+    # order and duplicates end up adjacent. Filled in place: at 20M edges every temporary costs ~0.3 s.
+    num_kept = src.shape[0]
+    keys = np.empty(2 * num_kept if symmetric else num_kept, dtype=np.int64)
+    np.multiply(dst, num_nodes, out=keys[:num_kept])
+    keys[:num_kept] += src
+    if symmetric:
+        np.multiply(src, num_nodes, out=keys[num_kept:])
+        keys[num_kept:] += dst
+    del src, dst
+    keys.sort()
+    if keys.size:
+        first = np.empty(keys.shape[0], dtype=bool)
+        first[0] = True
+        np.not_equal(keys[1:], keys[:-1], out=first[1:])
+        keys = keys[first]
+        del first
+    destinations = keys // num_nodes
+    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(np.bincount(destinations, minlength=num_nodes), out=indptr[1:])
+    destinations *= num_nodes
+    keys -= destinations
+    index_dtype = np.int32 if num_nodes <= _INT32_LIMIT else np.int64
+    return indptr, keys.astype(index_dtype, copy=False)

@@ -1,0 +1,75 @@
+"""ReLU followed by dropout, fused into one pass on CPU.
+
+On CPU, ``F.dropout`` draws a Bernoulli variable per element with torch's generator, which costs more
+than the matrix products of a GraphSAGE layer. The fused kernel hashes (key, element index) into 8 random
+bytes per 64-bit draw (dropout probability resolved to 1/256), and stores one byte per element that
+already combines "kept by dropout" and "positive before ReLU", so the backward pass needs nothing else.
+Randomness comes from a key drawn from torch's generator, so ``torch.manual_seed`` governs it.
+Other devices use the torch ops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit, prange
+from torch.nn import functional as F
+
+from neutronorch.sampling.kernels import splitmix_key
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _forward(y, threshold, scale, key, out, keep):
+    rows, width = y.shape
+    for i in prange(rows):
+        for j0 in range(0, width, 8):
+            bits = splitmix_key(key, i * width + j0)
+            for j in range(j0, min(width, j0 + 8)):
+                byte = (bits >> np.uint64(8 * (j - j0))) & np.uint64(255)
+                value = y[i, j]
+                if byte >= threshold and value > 0:
+                    out[i, j] = value * scale
+                    keep[i, j] = 1
+                else:
+                    out[i, j] = 0.0
+                    keep[i, j] = 0
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _backward(grad_out, keep, scale, grad_in):
+    rows, width = grad_out.shape
+    for i in prange(rows):
+        for j in range(width):
+            grad_in[i, j] = grad_out[i, j] * scale if keep[i, j] else 0.0
+
+
+class _ReluDropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, p):
+        y = y.detach().contiguous()
+        threshold = np.uint64(min(255, round(p * 256)))
+        scale = np.float32(256.0 / (256 - int(threshold)))
+        key = np.uint64(int(torch.randint(0, 2**62, (1,))))
+        out = torch.empty_like(y)
+        keep = torch.empty(y.shape, dtype=torch.uint8)
+        _forward(y.numpy(), threshold, scale, key, out.numpy(), keep.numpy())
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (keep,) = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_in = torch.empty_like(grad_out)
+        _backward(grad_out.numpy(), keep.numpy(), ctx.scale, grad_in.numpy())
+        return grad_in, None
+
+
+def relu_dropout(y: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """``dropout(relu(y), p)`` (an identity dropout outside training)."""
+    if not training or p == 0:
+        return F.relu(y)
+    if y.device.type == "cpu" and y.dtype == torch.float32 and y.dim() == 2:
+        return _ReluDropout.apply(y, p)
+    return F.dropout(F.relu(y), p, training)

@@ -1,0 +1,36 @@
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from neutronorch.data.csc import edges_to_csc
+
+SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_cuda = pytest.mark.skip(reason="no CUDA device")
+    for item in items:
+        if "cuda" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(skip_cuda)
+
+
+def shared_dataset(name: str) -> Path:
+    path = SHARED_DATASETS / name
+    if not path.exists():
+        pytest.skip(f"shared dataset {name} not present")
+    return path
+
+
+@pytest.fixture
+def small_csc():
+    """A random directed graph of 300 vertices with varied in-degrees (0 to 60)."""
+    rng = np.random.default_rng(7)
+    n = 300
+    degrees = rng.integers(0, 60, n)
+    dst = np.repeat(np.arange(n), degrees)
+    src = rng.integers(0, n, dst.shape[0])
+    indptr, indices = edges_to_csc(src, dst, n, symmetric=False)
+    return indptr, indices

@@ -1,0 +1,188 @@
+"""The native format: a saved graph reads back memory-mapped, and every kind of damage gives a DataError
+that names the file and the problem."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from neutronorch.data.graph import Graph
+from neutronorch.data.native import load_native, save_native
+from neutronorch.errors import DataError
+
+
+def small_graph(**overrides) -> Graph:
+    """A 5-vertex ring (both directions) with 3 features and 2 classes."""
+    fields = dict(
+        name="ring",
+        indptr=np.array([0, 2, 4, 6, 8, 10], dtype=np.int64),
+        indices=np.array([1, 4, 0, 2, 1, 3, 2, 4, 3, 0], dtype=np.int32),
+        features=np.arange(15, dtype=np.float32).reshape(5, 3),
+        labels=np.array([0, 1, 0, 1, 0], dtype=np.int64),
+        train_idx=np.array([0, 1], dtype=np.int64),
+        val_idx=np.array([2], dtype=np.int64),
+        test_idx=np.array([3, 4], dtype=np.int64),
+        num_classes=2,
+        notes=["hand-made"],
+    )
+    fields.update(overrides)
+    return Graph(**fields)
+
+
+def test_round_trip_is_memory_mapped(tmp_path):
+    graph = small_graph()
+    save_native(graph, tmp_path / "ring")
+    loaded = load_native(tmp_path / "ring")
+    for name in ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx"):
+        array = getattr(loaded, name)
+        assert isinstance(array, np.memmap), name
+        np.testing.assert_array_equal(array, getattr(graph, name))
+        assert array.dtype == getattr(graph, name).dtype
+    assert (loaded.name, loaded.num_classes, loaded.notes) == ("ring", 2, ["hand-made"])
+    assert loaded.describe() == graph.describe()
+
+
+def test_round_trip_without_mmap_keeps_float16(tmp_path):
+    graph = small_graph(features=np.ones((5, 3), dtype=np.float16))
+    save_native(graph, tmp_path)
+    loaded = load_native(tmp_path, mmap=False)
+    assert not isinstance(loaded.features, np.memmap)
+    assert loaded.features.dtype == np.float16
+
+
+def test_missing_directory(tmp_path):
+    with pytest.raises(DataError, match=r"meta\.json: file is missing"):
+        load_native(tmp_path / "nowhere")
+
+
+def test_missing_array_file(tmp_path):
+    save_native(small_graph(), tmp_path)
+    (tmp_path / "features.npy").unlink()
+    with pytest.raises(DataError, match=r"features\.npy: file is missing"):
+        load_native(tmp_path)
+
+
+@pytest.mark.parametrize("mmap", [True, False])
+@pytest.mark.parametrize("keep_bytes", [0, 60, -8])
+def test_truncated_npy(tmp_path, mmap, keep_bytes):
+    save_native(small_graph(), tmp_path)
+    path = tmp_path / "indices.npy"
+    data = path.read_bytes()
+    path.write_bytes(data[:keep_bytes])
+    with pytest.raises(DataError, match=r"indices\.npy: cannot be read as a \.npy array.*truncated"):
+        load_native(tmp_path, mmap=mmap)
+
+
+def test_invalid_meta_json(tmp_path):
+    save_native(small_graph(), tmp_path)
+    (tmp_path / "meta.json").write_text("{not json")
+    with pytest.raises(DataError, match=r"meta\.json: not valid JSON"):
+        load_native(tmp_path)
+
+
+def rewrite_meta(directory, **changes) -> None:
+    meta_path = directory / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta.update(changes)
+    meta_path.write_text(json.dumps(meta))
+
+
+def test_meta_missing_key(tmp_path):
+    save_native(small_graph(), tmp_path)
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    del meta["num_classes"]
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=r"meta\.json: missing keys \['num_classes'\]"):
+        load_native(tmp_path)
+
+
+def test_meta_wrong_format_version(tmp_path):
+    save_native(small_graph(), tmp_path)
+    rewrite_meta(tmp_path, format_version=99)
+    with pytest.raises(DataError, match="format_version 99 is not supported"):
+        load_native(tmp_path)
+
+
+@pytest.mark.parametrize("key, value", [("num_edges", 11), ("num_nodes", 4), ("feature_dim", 7)])
+def test_meta_disagrees_with_arrays(tmp_path, key, value):
+    save_native(small_graph(), tmp_path)
+    rewrite_meta(tmp_path, **{key: value})
+    with pytest.raises(DataError, match=rf"meta\.json says {key}={value} but the arrays hold"):
+        load_native(tmp_path)
+
+
+@pytest.mark.parametrize("name, array, message", [
+    ("indices", np.array([1, 4, 0, 2, 1, 3, 2, 4, 3, 0], dtype=np.float64), "indices has dtype float64"),
+    ("indptr", np.array([0, 2, 4, 6, 8, 10], dtype=np.uint8), "indptr has dtype uint8"),
+    ("features", np.zeros((5, 3), dtype=np.float64), "features have dtype float64"),
+    ("labels", np.zeros(5, dtype=np.float32), "labels have dtype float32"),
+    ("train_idx", np.array([0.0, 1.0]), "train_idx must be a 1-D integer array"),
+])
+def test_wrong_dtype(tmp_path, name, array, message):
+    save_native(small_graph(), tmp_path)
+    np.save(tmp_path / f"{name}.npy", array)
+    with pytest.raises(DataError, match=message):
+        load_native(tmp_path)
+
+
+def test_object_array_is_refused(tmp_path):
+    save_native(small_graph(), tmp_path)
+    np.save(tmp_path / "labels.npy", np.array([0, 1, 0, 1, None], dtype=object))
+    with pytest.raises(DataError, match=r"labels\.npy: cannot be read as a \.npy array"):
+        load_native(tmp_path)
+
+
+@pytest.mark.parametrize("bad_id", [5, -1])
+def test_vertex_id_out_of_range(tmp_path, bad_id):
+    save_native(small_graph(indices=np.array([1, 4, 0, 2, 1, 3, 2, bad_id, 3, 0], dtype=np.int32)), tmp_path)
+    with pytest.raises(DataError, match=rf"vertex id {bad_id} in indices is out of range for 5 nodes"):
+        load_native(tmp_path)
+
+
+def test_indptr_inconsistent(tmp_path):
+    save_native(small_graph(indptr=np.array([0, 2, 1, 6, 8, 10], dtype=np.int64)), tmp_path)
+    with pytest.raises(DataError, match="indptr is not non-decreasing"):
+        load_native(tmp_path)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_non_finite_features(tmp_path, value):
+    features = np.zeros((5, 3), dtype=np.float32)
+    features[2, 1] = value
+    save_native(small_graph(features=features), tmp_path)
+    with pytest.raises(DataError, match=r"features contain NaN or inf \(first at vertex 2\)"):
+        load_native(tmp_path)
+
+
+@pytest.mark.parametrize("labels", [[0, 1, 0, 2, 0], [0, -1, 0, 1, 0]])
+def test_labels_out_of_range(tmp_path, labels):
+    save_native(small_graph(labels=np.array(labels, dtype=np.int64)), tmp_path)
+    with pytest.raises(DataError, match=r"labels range over .* outside 0\.\.1"):
+        load_native(tmp_path)
+
+
+@pytest.mark.parametrize("split", ["train_idx", "val_idx", "test_idx"])
+def test_empty_split(tmp_path, split):
+    save_native(small_graph(**{split: np.empty(0, dtype=np.int64)}), tmp_path)
+    with pytest.raises(DataError, match=f"{split} is empty"):
+        load_native(tmp_path)
+
+
+def test_split_out_of_range(tmp_path):
+    save_native(small_graph(test_idx=np.array([3, 9], dtype=np.int64)), tmp_path)
+    with pytest.raises(DataError, match="test_idx holds vertex ids outside 0..4"):
+        load_native(tmp_path)
+
+
+def test_error_names_the_directory(tmp_path):
+    save_native(small_graph(labels=np.array([0, 1, 0, 7, 0], dtype=np.int64)), tmp_path / "bad")
+    with pytest.raises(DataError) as caught:
+        load_native(tmp_path / "bad")
+    assert str(tmp_path / "bad") in str(caught.value)
+
+
+def test_validate_can_be_skipped(tmp_path):
+    save_native(small_graph(labels=np.array([0, 1, 0, 7, 0], dtype=np.int64)), tmp_path)
+    assert load_native(tmp_path, validate=False).labels[3] == 7

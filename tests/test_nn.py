@@ -1,0 +1,107 @@
+"""Aggregation, layers, fused activation and models: the math every path shares."""
+
+import numpy as np
+import pytest
+import torch
+
+from neutronorch.nn.activation import relu_dropout
+from neutronorch.nn.aggregation import mean_aggregate, mean_aggregate_torch
+from neutronorch.nn.layers import GATConv, GCNConv, SAGEConv
+from neutronorch.nn.models import GNN
+from neutronorch.sampling.neighbor_sampler import NeighborSampler
+
+
+@pytest.fixture
+def subgraph(small_csc):
+    indptr, indices = small_csc
+    return NeighborSampler(indptr, indices, [6, 4]).sample(np.arange(0, 300, 5), 11)
+
+
+@pytest.mark.parametrize("include_self", [False, True])
+def test_numba_and_torch_aggregation_agree_forward_and_backward(subgraph, include_self):
+    block = subgraph.blocks[0]
+    x = torch.randn(block.num_src, 24, dtype=torch.float64).float()
+    grad = torch.randn(block.num_dst, 24)
+    a = x.clone().requires_grad_()
+    b = x.clone().requires_grad_()
+    out_a = mean_aggregate(block, a, include_self)
+    out_b = mean_aggregate_torch(block, b, include_self)
+    torch.testing.assert_close(out_a, out_b)
+    out_a.backward(grad)
+    out_b.backward(grad)
+    torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_aggregation_is_the_mean_and_zero_for_isolated_rows(subgraph):
+    block = subgraph.blocks[0]
+    x = torch.randn(block.num_src, 3)
+    out = mean_aggregate(block, x)
+    for i in range(block.num_dst):
+        nbrs = block.indices[block.indptr[i]:block.indptr[i + 1]]
+        want = x[nbrs].mean(0) if nbrs.numel() else torch.zeros(3)
+        torch.testing.assert_close(out[i], want)
+
+
+@pytest.mark.parametrize("layer_cls,in_dim,out_dim", [(SAGEConv, 8, 32), (SAGEConv, 32, 4),
+                                                       (GCNConv, 8, 32), (GCNConv, 32, 4)])
+def test_separable_layers_equal_transform_of_aggregate(subgraph, layer_cls, in_dim, out_dim):
+    # Both evaluation orders (aggregate first, project first) must give the split definition's result.
+    block = subgraph.blocks[0]
+    layer = layer_cls(in_dim, out_dim)
+    x = torch.randn(block.num_src, in_dim)
+    want = layer.transform(x[:block.num_dst], layer.aggregate(block, x))
+    torch.testing.assert_close(layer(block, x), want, rtol=1e-4, atol=1e-5)
+
+
+def test_gat_attention_is_a_softmax_over_neighbours_and_self(subgraph):
+    block = subgraph.blocks[0]
+    layer = GATConv(5, 8, heads=2)
+    x = torch.randn(block.num_src, 5)
+    out = layer(block, x)
+    z = layer.lin(x).view(-1, 2, 4)
+    i = 3
+    srcs = torch.cat([block.indices[block.indptr[i]:block.indptr[i + 1]], torch.tensor([i])])
+    logits = torch.nn.functional.leaky_relu((z[srcs] * layer.attn_src).sum(-1)
+                                            + (z[i] * layer.attn_dst).sum(-1), 0.2)
+    alpha = torch.softmax(logits, 0)
+    want = (alpha.unsqueeze(-1) * z[srcs]).sum(0).reshape(-1) + layer.bias
+    torch.testing.assert_close(out[i], want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])
+def test_models_map_blocks_to_seed_logits_and_train(subgraph, kind):
+    torch.manual_seed(0)
+    model = GNN(kind, 6, 32, 3, 2, dropout=0.0, heads=2)
+    x = torch.randn(subgraph.blocks[0].num_src, 6)
+    labels = torch.randint(0, 3, (subgraph.seeds.shape[0],))
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    first = None
+    for _ in range(60):
+        logits = model(subgraph.blocks, x)
+        loss = torch.nn.functional.cross_entropy(logits, labels)
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert logits.shape == (subgraph.seeds.shape[0], 3)
+    assert float(loss) < first * 0.7
+
+
+def test_relu_dropout_matches_its_definition():
+    torch.manual_seed(0)
+    y = torch.randn(400, 64, requires_grad=True)
+    out = relu_dropout(y, 0.5, training=True)
+    kept = out != 0
+    positive = y.detach() > 0
+    assert not bool((kept & ~positive).any())
+    fraction = float(kept[positive].float().mean())
+    assert 0.45 < fraction < 0.55
+    torch.testing.assert_close(out[kept], 2 * y.detach()[kept])
+    out.backward(torch.ones_like(out))
+    torch.testing.assert_close(y.grad, kept.float() * 2)
+    torch.testing.assert_close(relu_dropout(y, 0.5, training=False), torch.relu(y))
+
+
+def test_relu_dropout_masks_differ_between_calls():
+    y = torch.ones(64, 64)
+    assert not torch.equal(relu_dropout(y, 0.5, True), relu_dropout(y, 0.5, True))
