@@ -44,18 +44,21 @@ def _backward(grad_out, keep, scale, grad_in):
 
 
 class _ReluDropout(torch.autograd.Function):
+    """In place: a layer's pre-activation output is needed by nothing else (autograd's version counter
+    would raise if it were), and skipping a fresh output saves its page faults."""
+
     @staticmethod
     def forward(ctx, y, p):
-        y = y.detach().contiguous()
         threshold = np.uint64(min(255, round(p * 256)))
         scale = np.float32(256.0 / (256 - int(threshold)))
         key = np.uint64(int(torch.randint(0, 2**62, (1,))))
-        out = torch.empty_like(y)
         keep = torch.empty(y.shape, dtype=torch.uint8)
-        _forward(y.numpy(), threshold, scale, key, out.numpy(), keep.numpy())
+        values = y.detach().numpy()
+        _forward(values, threshold, scale, key, values, keep.numpy())
+        ctx.mark_dirty(y)
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return out
+        return y
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -67,9 +70,10 @@ class _ReluDropout(torch.autograd.Function):
 
 
 def relu_dropout(y: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """``dropout(relu(y), p)`` (an identity dropout outside training)."""
+    """``dropout(relu(y), p)`` (an identity dropout outside training). On CPU in training this overwrites
+    ``y``, which must be an intermediate result (autograd refuses a leaf that requires grad)."""
     if not training or p == 0:
         return F.relu(y)
-    if y.device.type == "cpu" and y.dtype == torch.float32 and y.dim() == 2:
+    if y.device.type == "cpu" and y.dtype == torch.float32 and y.dim() == 2 and y.is_contiguous():
         return _ReluDropout.apply(y, p)
     return F.dropout(F.relu(y), p, training)

@@ -4,13 +4,13 @@
 in-neighbours (optionally together with the vertex itself)". The training device, the host producer of
 NeutronOrch mode and full-neighbour inference all call it, so their results agree by construction.
 Two implementations exist behind it: numba kernels for float32 CPU tensors (parallel over destinations in
-the forward pass, over column stripes in the backward pass, so no atomics are needed) and plain torch ops
-for every other device and dtype. A test proves both equal.
+the forward pass, over sources of the transposed block in the backward pass, so no atomics are needed)
+and plain torch ops for every other device and dtype. A test proves both equal. ``fused_mean_linear``
+evaluates a whole separable layer (aggregation and weight) in one autograd node on CPU.
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 import torch
 from numba import njit, prange
@@ -19,44 +19,84 @@ from neutronorch.sampling.block import Block
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _mean_forward(indptr, indices, x, include_self, out):
+def _layer_input_forward(indptr, indices, x, self_columns, include_self, out):
+    """out[:, :k] = [x_dst | mean] when ``self_columns``, else the mean alone (k = 2 or 1 times the
+    width); any further column of ``out`` is set to 1 (it carries a bias through the matrix product).
+
+    Rows are handled through 1-D views: indexing the 2-D arrays directly kept LLVM from vectorising.
+    """
     width = x.shape[1]
+    offset = width if self_columns else 0
     for d in prange(out.shape[0]):
+        acc = out[d, offset:offset + width]
+        if include_self:
+            acc[:] = x[d]
+        else:
+            acc[:] = 0.0
+        if self_columns:
+            out[d, :width] = x[d]
+        out[d, offset + width:] = 1.0
         start, end = indptr[d], indptr[d + 1]
-        count = end - start + (1 if include_self else 0)
-        for j in range(width):
-            out[d, j] = x[d, j] if include_self else 0.0
         for e in range(start, end):
-            u = indices[e]
+            row = x[indices[e]]
             for j in range(width):
-                out[d, j] += x[u, j]
+                acc[j] += row[j]
+        count = end - start + (1 if include_self else 0)
         if count > 0:
             inv = np.float32(1.0) / np.float32(count)
             for j in range(width):
-                out[d, j] *= inv
+                acc[j] *= inv
+
+
+@njit(cache=True)
+def _transpose(indptr, indices, num_src):
+    """For each source, the destinations that read it (CSR of the transposed block), in a stable order."""
+    counts = np.zeros(num_src + 1, np.int64)
+    for e in range(indices.shape[0]):
+        counts[indices[e] + 1] += 1
+    src_ptr = np.cumsum(counts)
+    fill = src_ptr[:-1].copy()
+    readers = np.empty(indices.shape[0], np.int64)
+    for d in range(indptr.shape[0] - 1):
+        for e in range(indptr[d], indptr[d + 1]):
+            u = indices[e]
+            readers[fill[u]] = d
+            fill[u] += 1
+    return src_ptr, readers
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _mean_backward(indptr, indices, grad_out, include_self, stripe, grad_x):
-    # Each task owns a stripe of columns for all rows: scatter-adds from different tasks never collide.
-    width = grad_out.shape[1]
-    num_stripes = (width + stripe - 1) // stripe
-    for s in prange(num_stripes):
-        lo = s * stripe
-        hi = min(width, lo + stripe)
-        for d in range(grad_out.shape[0]):
-            start, end = indptr[d], indptr[d + 1]
-            count = end - start + (1 if include_self else 0)
-            if count == 0:
-                continue
-            inv = np.float32(1.0) / np.float32(count)
+def _layer_input_backward(indptr, src_ptr, readers, grad_h, self_columns, include_self, grad_x):
+    """The adjoint of ``_layer_input_forward``. Each source row gathers from the destinations that read
+    it (the transposed block), so rows are written once, in parallel, without atomics."""
+    width = grad_x.shape[1]
+    offset = width if self_columns else 0
+    num_dst = grad_h.shape[0]
+    for u in prange(grad_x.shape[0]):
+        acc = grad_x[u]
+        acc[:] = 0.0
+        if u < num_dst:
+            if self_columns:
+                acc[:] += grad_h[u, :width]
             if include_self:
-                for j in range(lo, hi):
-                    grad_x[d, j] += grad_out[d, j] * inv
-            for e in range(start, end):
-                u = indices[e]
-                for j in range(lo, hi):
-                    grad_x[u, j] += grad_out[d, j] * inv
+                inv = np.float32(1.0) / np.float32(indptr[u + 1] - indptr[u] + 1)
+                g = grad_h[u, offset:offset + width]
+                for j in range(width):
+                    acc[j] += g[j] * inv
+        for t in range(src_ptr[u], src_ptr[u + 1]):
+            d = readers[t]
+            inv = np.float32(1.0) / np.float32(indptr[d + 1] - indptr[d] + (1 if include_self else 0))
+            g = grad_h[d, offset:offset + width]
+            for j in range(width):
+                acc[j] += g[j] * inv
+
+
+def _input_grad(indptr, indices, grad_h, num_src, width, self_columns, include_self):
+    src_ptr, readers = _transpose(indptr.numpy(), indices.numpy(), num_src)
+    grad_x = torch.empty((num_src, width), dtype=grad_h.dtype)
+    _layer_input_backward(indptr.numpy(), src_ptr, readers, grad_h.contiguous().numpy(), self_columns,
+                          include_self, grad_x.numpy())
+    return grad_x
 
 
 class _NumbaMean(torch.autograd.Function):
@@ -64,7 +104,7 @@ class _NumbaMean(torch.autograd.Function):
     def forward(ctx, x_src, indptr, indices, num_dst, include_self):
         x = x_src.detach().contiguous()
         out = torch.empty((num_dst, x.shape[1]), dtype=x.dtype)
-        _mean_forward(indptr.numpy(), indices.numpy(), x.numpy(), include_self, out.numpy())
+        _layer_input_forward(indptr.numpy(), indices.numpy(), x.numpy(), False, include_self, out.numpy())
         ctx.save_for_backward(indptr, indices)
         ctx.num_src = x.shape[0]
         ctx.include_self = include_self
@@ -75,13 +115,48 @@ class _NumbaMean(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None, None, None, None
         indptr, indices = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
-        grad_x = torch.zeros((ctx.num_src, grad_out.shape[1]), dtype=grad_out.dtype)
-        stripes = max(1, numba.get_num_threads())
-        stripe = max(16, -(-grad_out.shape[1] // stripes))
-        _mean_backward(indptr.numpy(), indices.numpy(), grad_out.numpy(), ctx.include_self, stripe,
-                       grad_x.numpy())
+        grad_x = _input_grad(indptr, indices, grad_out, ctx.num_src, grad_out.shape[1], False,
+                             ctx.include_self)
         return grad_x, None, None, None, None
+
+
+class _FusedMeanLinear(torch.autograd.Function):
+    """``h @ weight.T`` with ``h`` = [x_dst | mean | 1] (SAGE) or [mean with self | 1] (GCN), built by one
+    kernel, and ``weight`` = [W_self | W_neigh | bias] (or [W | bias]). The ones column folds the bias
+    into the product (no broadcast copy forward, no column sum backward); the backward pass writes the
+    input gradient in one kernel, so no zero-filled temporaries over the whole frontier are needed."""
+
+    @staticmethod
+    def forward(ctx, x_src, weight, indptr, indices, num_dst, self_columns, include_self):
+        x = x_src.detach().contiguous()
+        h = torch.empty((num_dst, weight.shape[1]), dtype=x.dtype)
+        _layer_input_forward(indptr.numpy(), indices.numpy(), x.numpy(), self_columns, include_self, h.numpy())
+        ctx.save_for_backward(h, weight, indptr, indices)
+        ctx.num_src, ctx.width = x.shape
+        ctx.self_columns, ctx.include_self = self_columns, include_self
+        return h @ weight.t()
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        h, weight, indptr, indices = ctx.saved_tensors
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            inputs = ctx.width * (2 if ctx.self_columns else 1)
+            grad_x = _input_grad(indptr, indices, grad_y @ weight[:, :inputs], ctx.num_src, ctx.width,
+                                 ctx.self_columns, ctx.include_self)
+        grad_weight = grad_y.t() @ h if ctx.needs_input_grad[1] else None
+        return grad_x, grad_weight, None, None, None, None, None
+
+
+def fused_mean_linear(block: Block, x_src: torch.Tensor, weights: list[torch.Tensor], bias: torch.Tensor,
+                      self_columns: bool, include_self: bool) -> torch.Tensor | None:
+    """The fused CPU evaluation of a separable layer, or None where it does not apply (then the caller
+    uses the unfused definition). ``weights`` is [W] or [W_self, W_neigh] with ``self_columns``."""
+    if x_src.device.type != "cpu" or x_src.dtype != torch.float32 or bias.dtype != torch.float32:
+        return None
+    weight = torch.cat(weights + [bias.unsqueeze(1)], dim=1)
+    return _FusedMeanLinear.apply(x_src, weight, block.indptr, block.indices, block.num_dst,
+                                  self_columns, include_self)
 
 
 def mean_aggregate(block: Block, x_src: torch.Tensor, include_self: bool = False) -> torch.Tensor:

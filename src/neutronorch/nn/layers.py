@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from neutronorch.nn.aggregation import edge_destinations, mean_aggregate
+from neutronorch.nn.aggregation import edge_destinations, fused_mean_linear, mean_aggregate
 from neutronorch.sampling.block import Block
 
 
@@ -38,7 +38,9 @@ class SAGEConv(nn.Module):
         if _project_first(block, self.in_dim, self.out_dim):
             # mean(x) W == mean(x W): cheaper when the output is narrower than the input.
             return self.lin_self(x_dst) + mean_aggregate(block, self.lin_neigh(x_src))
-        return self.transform(x_dst, self.aggregate(block, x_src))
+        fused = fused_mean_linear(block, x_src, [self.lin_self.weight, self.lin_neigh.weight], self.lin_self.bias,
+                                  self_columns=True, include_self=False)
+        return fused if fused is not None else self.transform(x_dst, self.aggregate(block, x_src))
 
 
 class GCNConv(nn.Module):
@@ -61,7 +63,9 @@ class GCNConv(nn.Module):
     def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
         if _project_first(block, self.in_dim, self.out_dim):
             return mean_aggregate(block, x_src @ self.lin.weight.t(), include_self=True) + self.lin.bias
-        return self.transform(x_src[:block.num_dst], self.aggregate(block, x_src))
+        fused = fused_mean_linear(block, x_src, [self.lin.weight], self.lin.bias, self_columns=False,
+                                  include_self=True)
+        return fused if fused is not None else self.transform(x_src[:block.num_dst], self.aggregate(block, x_src))
 
 
 class GATConv(nn.Module):
