@@ -13,7 +13,7 @@ from neutronorch.cli import main
 from neutronorch.data import SyntheticSpec, generate
 from neutronorch.orchestration.pipeline import Prefetcher
 
-SMALL = "synthetic:nodes=3000,degree=10,features=16,classes=4,noise=3"
+SMALL = "synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6"
 
 
 def small_config(**overrides):

@@ -29,14 +29,15 @@ class SyntheticSpec:
     classes: int = 8
     power: float = 0.6  # Zipf exponent of vertex weights: larger means heavier hubs
     homophily: float = 0.7
-    noise: float = 4.0  # feature noise standard deviation; class centroids have unit scale
+    noise: float = 0.5  # feature noise standard deviation per dimension; class centroids have unit norm
     train: float = 0.1
     val: float = 0.05
     seed: int = 0
 
     @property
     def name(self) -> str:
-        return f"synthetic-n{self.nodes}-d{self.degree:g}-f{self.features}-c{self.classes}-s{self.seed}"
+        return (f"synthetic-n{self.nodes}-d{self.degree:g}-f{self.features}-c{self.classes}-p{self.power:g}"
+                f"-h{self.homophily:g}-x{self.noise:g}-s{self.seed}")
 
     @classmethod
     def parse(cls, text: str) -> "SyntheticSpec":
@@ -94,7 +95,8 @@ def generate(spec: SyntheticSpec, split: str | None = None) -> Graph:
     second = by_class[_draw(rng, cumulative, lo, hi)]
     indptr, indices = edges_to_csc(first, second, n, symmetric=True)
 
-    centroids = rng.standard_normal((c, spec.features), dtype=np.float32)
+    # Unit-norm centroids (in expectation) make `noise` mean the same for every feature width.
+    centroids = rng.standard_normal((c, spec.features), dtype=np.float32) / np.float32(np.sqrt(spec.features))
     features = rng.standard_normal((n, spec.features), dtype=np.float32)
     features *= np.float32(spec.noise)
     features += centroids[labels]

@@ -1,0 +1,50 @@
+"""Helpers shared by the benchmark scripts: the benchmark graph, running one system in its own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "out"
+PEER_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
+
+
+def ensure_graph(nodes: int, degree: float, features: int, classes: int, seed: int = 0) -> Path:
+    """The native-format synthetic graph of these parameters, generated on first use."""
+    from neutronorch.data import SyntheticSpec
+
+    directory = OUT / SyntheticSpec(nodes=nodes, degree=degree, features=features, classes=classes, seed=seed).name
+    if not (directory / "meta.json").is_file():
+        print(f"generating {directory.name} ...", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-m", "neutronorch", "generate", "synthetic", "--nodes", str(nodes),
+                        "--degree", str(degree), "--features", str(features), "--classes", str(classes),
+                        "--seed", str(seed), "--out", str(directory)], check=True)
+    return directory
+
+
+def dgl_available() -> bool:
+    if not PEER_PYTHON.exists():
+        return False
+    return subprocess.run([str(PEER_PYTHON), "-c", "import dgl"], capture_output=True).returncode == 0
+
+
+def run_json(command: list[str], summary: Path, env_threads: int | None = None) -> dict:
+    """Run one benchmark process that writes ``summary``; return the parsed JSON."""
+    env = dict(os.environ)
+    if env_threads:
+        env["OMP_NUM_THREADS"] = str(env_threads)
+    summary.parent.mkdir(parents=True, exist_ok=True)
+    print("$ " + " ".join(command), file=sys.stderr, flush=True)
+    subprocess.run(command, check=True, env=env)
+    return json.loads(summary.read_text())
+
+
+def steady_median(epoch_seconds: list[float]) -> float:
+    """Median epoch time without the first epoch (JIT compilation, cold page cache) when there are more."""
+    steady = epoch_seconds[1:] if len(epoch_seconds) > 1 else epoch_seconds
+    return statistics.median(steady)

@@ -1,0 +1,91 @@
+"""Exact-mode epoch time and accuracy against DGL 2.1's classic CPU pipeline, side by side.
+
+Both systems train the same model (same layers, widths, dropout, optimizer, fanouts, batch size) on the
+same native-format graph, each in its own process, interleaved A B A B so that a noisy machine affects
+both alike. The first epoch of every run is excluded from the medians (JIT compilation, cold caches).
+
+    python bench/exact_vs_dgl.py                      # 1M vertices / 20M edges, 3-layer SAGE 15,10,5
+    python bench/exact_vs_dgl.py --nodes 200000 --rounds 1 --epochs 2
+
+Without DGL (see bench/peers/README.md) only neutronorch runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+from common import OUT, PEER_PYTHON, ROOT, dgl_available, ensure_graph, run_json, steady_median
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=1_000_000)
+    parser.add_argument("--degree", type=float, default=20)
+    parser.add_argument("--features", type=int, default=100)
+    parser.add_argument("--classes", type=int, default=16)
+    parser.add_argument("--model", default="sage", choices=["sage", "gcn", "gat"])
+    parser.add_argument("--fanouts", default="15,10,5")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--lr", type=float, default=0.003)
+    parser.add_argument("--dropout", type=float, default=0.5)
+    parser.add_argument("--epochs", type=int, default=3, help="epochs per run (the first is excluded)")
+    parser.add_argument("--rounds", type=int, default=2, help="A B rounds")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-dgl", action="store_true")
+    args = parser.parse_args()
+
+    data = ensure_graph(args.nodes, args.degree, args.features, args.classes)
+    common = ["--model", args.model, "--fanouts", args.fanouts, "--hidden", str(args.hidden),
+              "--batch-size", str(args.batch_size), "--epochs", str(args.epochs), "--lr", str(args.lr),
+              "--dropout", str(args.dropout), "--seed", "0"]
+    systems = {"neutronorch-exact": lambda out: (
+        [sys.executable, "-m", "neutronorch", "train", "--dataset", str(data), "--mode", "exact",
+         "--device", "cpu", "--threads", str(args.threads), "--eval-every", "0", "--no-progress",
+         "--summary-json", str(out)] + common)}
+    if not args.no_dgl and dgl_available():
+        systems["dgl-2.1"] = lambda out: (
+            [str(PEER_PYTHON), str(ROOT / "bench" / "peers" / "dgl_train.py"), "--dataset", str(data),
+             "--threads", str(args.threads), "--eval", "full", "--summary-json", str(out)] + common)
+    else:
+        print("DGL not available: running neutronorch only", file=sys.stderr)
+
+    results: dict[str, list[dict]] = {name: [] for name in systems}
+    for round_index in range(args.rounds):
+        for name, command in systems.items():
+            out = OUT / f"exact_vs_dgl-{name}-{round_index}.json"
+            results[name].append(run_json(command(out), out, args.threads))
+
+    rows = {}
+    for name, runs in results.items():
+        epochs = [e for run in runs for e in run["epochs"]]
+        steady = [s for run in runs for s in [e["seconds"] for e in run["epochs"]][1:]] or \
+            [e["seconds"] for e in epochs]
+        stage_names = sorted({k for e in epochs for k in e["stage_seconds"]})
+        rows[name] = {
+            "median": statistics.median(steady),
+            "per_run": [round(steady_median([e["seconds"] for e in r["epochs"]]), 2) for r in runs],
+            "stages": {k: statistics.median(e["stage_seconds"].get(k, 0.0) for e in epochs) for k in stage_names},
+            "test_acc": statistics.mean(r["test_acc"] for r in runs),
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+        }
+
+    print(f"\n{data.name}: model {args.model}, fanouts {args.fanouts}, hidden {args.hidden}, batch "
+          f"{args.batch_size}, dropout {args.dropout}, {args.threads} threads, {args.epochs} epochs x "
+          f"{args.rounds} rounds\n")
+    print("| system | epoch s (median) | per run | stages (median s per epoch) | test acc | peak RSS MB |")
+    print("|---|---:|---|---|---:|---:|")
+    for name, row in rows.items():
+        stages = ", ".join(f"{k} {v:.1f}" for k, v in row["stages"].items() if v)
+        print(f"| {name} | {row['median']:.2f} | {row['per_run']} | {stages} | {row['test_acc']:.4f} | "
+              f"{row['peak_rss_mb']:.0f} |")
+    if "dgl-2.1" in rows:
+        ratio = rows["neutronorch-exact"]["median"] / rows["dgl-2.1"]["median"]
+        print(f"\nepoch time ratio neutronorch-exact / dgl-2.1 = {ratio:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
