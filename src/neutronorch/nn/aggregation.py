@@ -19,7 +19,7 @@ from neutronorch.sampling.block import Block
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _layer_input_forward(indptr, indices, x, self_columns, include_self, out):
+def _layer_input_forward(indptr, indices, x, dst_offset, self_columns, include_self, out):
     """out[:, :k] = [x_dst | mean] when ``self_columns``, else the mean alone (k = 2 or 1 times the
     width); any further column of ``out`` is set to 1 (it carries a bias through the matrix product).
 
@@ -30,11 +30,11 @@ def _layer_input_forward(indptr, indices, x, self_columns, include_self, out):
     for d in prange(out.shape[0]):
         acc = out[d, offset:offset + width]
         if include_self:
-            acc[:] = x[d]
+            acc[:] = x[dst_offset + d]
         else:
             acc[:] = 0.0
         if self_columns:
-            out[d, :width] = x[d]
+            out[d, :width] = x[dst_offset + d]
         out[d, offset + width:] = 1.0
         start, end = indptr[d], indptr[d + 1]
         for e in range(start, end):
@@ -66,7 +66,7 @@ def _transpose(indptr, indices, num_src):
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _layer_input_backward(indptr, src_ptr, readers, grad_h, self_columns, include_self, grad_x):
+def _layer_input_backward(indptr, src_ptr, readers, grad_h, dst_offset, self_columns, include_self, grad_x):
     """The adjoint of ``_layer_input_forward``. Each source row gathers from the destinations that read
     it (the transposed block), so rows are written once, in parallel, without atomics."""
     width = grad_x.shape[1]
@@ -75,12 +75,13 @@ def _layer_input_backward(indptr, src_ptr, readers, grad_h, self_columns, includ
     for u in prange(grad_x.shape[0]):
         acc = grad_x[u]
         acc[:] = 0.0
-        if u < num_dst:
+        own = u - dst_offset
+        if 0 <= own < num_dst:
             if self_columns:
-                acc[:] += grad_h[u, :width]
+                acc[:] += grad_h[own, :width]
             if include_self:
-                inv = np.float32(1.0) / np.float32(indptr[u + 1] - indptr[u] + 1)
-                g = grad_h[u, offset:offset + width]
+                inv = np.float32(1.0) / np.float32(indptr[own + 1] - indptr[own] + 1)
+                g = grad_h[own, offset:offset + width]
                 for j in range(width):
                     acc[j] += g[j] * inv
         for t in range(src_ptr[u], src_ptr[u + 1]):
@@ -91,33 +92,30 @@ def _layer_input_backward(indptr, src_ptr, readers, grad_h, self_columns, includ
                 acc[j] += g[j] * inv
 
 
-def _input_grad(indptr, indices, grad_h, num_src, width, self_columns, include_self):
-    src_ptr, readers = _transpose(indptr.numpy(), indices.numpy(), num_src)
-    grad_x = torch.empty((num_src, width), dtype=grad_h.dtype)
-    _layer_input_backward(indptr.numpy(), src_ptr, readers, grad_h.contiguous().numpy(), self_columns,
-                          include_self, grad_x.numpy())
+def _input_grad(block, grad_h, width, self_columns, include_self):
+    src_ptr, readers = _transpose(block.indptr.numpy(), block.indices.numpy(), block.num_src)
+    grad_x = torch.empty((block.num_src, width), dtype=grad_h.dtype)
+    _layer_input_backward(block.indptr.numpy(), src_ptr, readers, grad_h.contiguous().numpy(), block.dst_offset,
+                          self_columns, include_self, grad_x.numpy())
     return grad_x
 
 
 class _NumbaMean(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x_src, indptr, indices, num_dst, include_self):
+    def forward(ctx, x_src, block, include_self):
         x = x_src.detach().contiguous()
-        out = torch.empty((num_dst, x.shape[1]), dtype=x.dtype)
-        _layer_input_forward(indptr.numpy(), indices.numpy(), x.numpy(), False, include_self, out.numpy())
-        ctx.save_for_backward(indptr, indices)
-        ctx.num_src = x.shape[0]
+        out = torch.empty((block.num_dst, x.shape[1]), dtype=x.dtype)
+        _layer_input_forward(block.indptr.numpy(), block.indices.numpy(), x.numpy(), block.dst_offset, False,
+                             include_self, out.numpy())
+        ctx.block = block
         ctx.include_self = include_self
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         if not ctx.needs_input_grad[0]:
-            return None, None, None, None, None
-        indptr, indices = ctx.saved_tensors
-        grad_x = _input_grad(indptr, indices, grad_out, ctx.num_src, grad_out.shape[1], False,
-                             ctx.include_self)
-        return grad_x, None, None, None, None
+            return None, None, None
+        return _input_grad(ctx.block, grad_out, grad_out.shape[1], False, ctx.include_self), None, None
 
 
 class _FusedMeanLinear(torch.autograd.Function):
@@ -127,25 +125,26 @@ class _FusedMeanLinear(torch.autograd.Function):
     input gradient in one kernel, so no zero-filled temporaries over the whole frontier are needed."""
 
     @staticmethod
-    def forward(ctx, x_src, weight, indptr, indices, num_dst, self_columns, include_self):
+    def forward(ctx, x_src, weight, block, self_columns, include_self):
         x = x_src.detach().contiguous()
-        h = torch.empty((num_dst, weight.shape[1]), dtype=x.dtype)
-        _layer_input_forward(indptr.numpy(), indices.numpy(), x.numpy(), self_columns, include_self, h.numpy())
-        ctx.save_for_backward(h, weight, indptr, indices)
-        ctx.num_src, ctx.width = x.shape
+        h = torch.empty((block.num_dst, weight.shape[1]), dtype=x.dtype)
+        _layer_input_forward(block.indptr.numpy(), block.indices.numpy(), x.numpy(), block.dst_offset,
+                             self_columns, include_self, h.numpy())
+        ctx.save_for_backward(h, weight)
+        ctx.block, ctx.width = block, x.shape[1]
         ctx.self_columns, ctx.include_self = self_columns, include_self
         return h @ weight.t()
 
     @staticmethod
     def backward(ctx, grad_y):
-        h, weight, indptr, indices = ctx.saved_tensors
+        h, weight = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
             inputs = ctx.width * (2 if ctx.self_columns else 1)
-            grad_x = _input_grad(indptr, indices, grad_y @ weight[:, :inputs], ctx.num_src, ctx.width,
-                                 ctx.self_columns, ctx.include_self)
+            grad_x = _input_grad(ctx.block, grad_y @ weight[:, :inputs], ctx.width, ctx.self_columns,
+                                 ctx.include_self)
         grad_weight = grad_y.t() @ h if ctx.needs_input_grad[1] else None
-        return grad_x, grad_weight, None, None, None, None, None
+        return grad_x, grad_weight, None, None, None
 
 
 def fused_mean_linear(block: Block, x_src: torch.Tensor, weights: list[torch.Tensor], bias: torch.Tensor,
@@ -155,15 +154,14 @@ def fused_mean_linear(block: Block, x_src: torch.Tensor, weights: list[torch.Ten
     if x_src.device.type != "cpu" or x_src.dtype != torch.float32 or bias.dtype != torch.float32:
         return None
     weight = torch.cat(weights + [bias.unsqueeze(1)], dim=1)
-    return _FusedMeanLinear.apply(x_src, weight, block.indptr, block.indices, block.num_dst,
-                                  self_columns, include_self)
+    return _FusedMeanLinear.apply(x_src, weight, block, self_columns, include_self)
 
 
 def mean_aggregate(block: Block, x_src: torch.Tensor, include_self: bool = False) -> torch.Tensor:
     """Row ``i`` = mean of ``x_src`` over destination ``i``'s sampled sources (and ``x_src[i]`` itself
     when ``include_self``); zero for a destination with nothing to average."""
     if x_src.device.type == "cpu" and x_src.dtype == torch.float32:
-        return _NumbaMean.apply(x_src, block.indptr, block.indices, block.num_dst, include_self)
+        return _NumbaMean.apply(x_src, block, include_self)
     return mean_aggregate_torch(block, x_src, include_self)
 
 
@@ -175,7 +173,7 @@ def mean_aggregate_torch(block: Block, x_src: torch.Tensor, include_self: bool =
     out = out.index_add(0, dst, x_src[block.indices])
     count = degrees.to(x_src.dtype)
     if include_self:
-        out = out + x_src[:block.num_dst]
+        out = out + block.dst_rows(x_src)
         count = count + 1
     return out / count.clamp(min=1).unsqueeze(1)
 

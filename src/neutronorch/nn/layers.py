@@ -34,7 +34,7 @@ class SAGEConv(nn.Module):
         return self.lin_self(x_dst) + self.lin_neigh(aggregated)
 
     def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
-        x_dst = x_src[:block.num_dst]
+        x_dst = block.dst_rows(x_src)
         if _project_first(block, self.in_dim, self.out_dim):
             # mean(x) W == mean(x W): cheaper when the output is narrower than the input.
             return self.lin_self(x_dst) + mean_aggregate(block, self.lin_neigh(x_src))
@@ -65,7 +65,7 @@ class GCNConv(nn.Module):
             return mean_aggregate(block, x_src @ self.lin.weight.t(), include_self=True) + self.lin.bias
         fused = fused_mean_linear(block, x_src, [self.lin.weight], self.lin.bias, self_columns=False,
                                   include_self=True)
-        return fused if fused is not None else self.transform(x_src[:block.num_dst], self.aggregate(block, x_src))
+        return fused if fused is not None else self.transform(block.dst_rows(x_src), self.aggregate(block, x_src))
 
 
 class GATConv(nn.Module):
@@ -93,10 +93,10 @@ class GATConv(nn.Module):
         n_dst = block.num_dst
         z = self.lin(x_src).view(-1, self.heads, self.head_dim)
         score_src = (z * self.attn_src).sum(-1)
-        score_dst = (z[:n_dst] * self.attn_dst).sum(-1)
+        score_dst = (block.dst_rows(z) * self.attn_dst).sum(-1)
         # Every destination also attends to itself, so no destination is left without inputs.
         self_loops = torch.arange(n_dst, device=x_src.device)
-        src = torch.cat([block.indices, self_loops])
+        src = torch.cat([block.indices.long(), self_loops + block.dst_offset])
         dst = torch.cat([edge_destinations(block), self_loops])
         logits = F.leaky_relu(score_src[src] + score_dst[dst], self.negative_slope)
         peak = torch.full((n_dst, self.heads), float("-inf"), dtype=logits.dtype, device=logits.device)

@@ -13,14 +13,17 @@ class Block:
     """One layer's sampled bipartite graph in local ids.
 
     Destination ``i`` (0 <= i < num_dst) aggregates sources ``indices[indptr[i]:indptr[i+1]]``; sources
-    are positions in the layer's source frontier, whose first ``num_dst`` entries are the destinations
-    themselves (so ``x_src[:num_dst]`` are the destinations' own inputs).
+    are positions in the layer's source frontier. Destination ``i``'s own input is source
+    ``dst_offset + i``: sampled blocks have ``dst_offset`` 0 (the destinations lead the frontier), while
+    full-graph inference uses global vertex ids as source positions and a contiguous range of
+    destinations starting at ``dst_offset``.
     """
 
     num_dst: int
     num_src: int
     indptr: torch.Tensor
     indices: torch.Tensor
+    dst_offset: int = 0
 
     @property
     def num_edges(self) -> int:
@@ -29,9 +32,13 @@ class Block:
     def in_degrees(self) -> torch.Tensor:
         return self.indptr[1:] - self.indptr[:-1]
 
+    def dst_rows(self, x_src: torch.Tensor) -> torch.Tensor:
+        """The destinations' own rows of a source-frontier tensor."""
+        return x_src[self.dst_offset:self.dst_offset + self.num_dst]
+
     def to(self, device: torch.device, non_blocking: bool = False) -> "Block":
         return Block(self.num_dst, self.num_src, self.indptr.to(device, non_blocking=non_blocking),
-                     self.indices.to(device, non_blocking=non_blocking))
+                     self.indices.to(device, non_blocking=non_blocking), self.dst_offset)
 
 
 @dataclass

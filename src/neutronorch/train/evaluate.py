@@ -7,35 +7,59 @@ instead of once per appearance in an L-hop neighbourhood. Evaluation is never st
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
 from neutronorch.data.graph import Graph
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.models import GNN
+from neutronorch.sampling.block import Block
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 
 
 @torch.no_grad()
 def full_neighbor_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor,
                          device: torch.device, chunk_size: int = 4096) -> torch.Tensor:
-    """Logits of ``nodes`` computed from complete neighbourhoods, layer by layer."""
+    """Logits of ``nodes`` computed from complete neighbourhoods, layer by layer.
+
+    The input layer reads features through relabelled chunks (features stay on the host, possibly as a
+    float16 memory map). Later separable layers read the previous layer's embeddings of all vertices in
+    place, with global ids as source positions, so nothing is copied per chunk; non-separable layers
+    (GAT) use relabelled chunks, since their projection must not run over all vertices per chunk.
+    """
     model.eval()
     sampler = NeighborSampler(graph.indptr, graph.indices, [-1])
-    all_nodes = torch.arange(graph.num_nodes)
+    with warnings.catch_warnings():
+        # Read-only memory maps: the tensors are only read, so torch's writability warning does not apply.
+        warnings.simplefilter("ignore", UserWarning)
+        indptr = torch.from_numpy(np.asarray(graph.indptr, dtype=np.int64))
+        indices = torch.from_numpy(np.asarray(graph.indices))
     hidden: torch.Tensor | None = None
     for layer in range(model.num_layers):
         last = layer == model.num_layers - 1
-        targets = nodes if last else all_nodes
-        outputs = []
-        for chunk in torch.split(targets, chunk_size):
-            subgraph = sampler.sample(chunk.numpy(), 0)
-            sources = subgraph.input_nodes
-            x_src = store.gather(sources) if hidden is None else hidden[sources]
-            y = model.layer_forward(layer, subgraph.blocks[0].to(device), x_src.to(device))
-            outputs.append(y.float().cpu())
-        hidden = torch.cat(outputs)
-    return hidden
+        if hidden is not None and model.layers[layer].separable:
+            outputs = []
+            for start in range(0, graph.num_nodes, chunk_size):
+                end = min(graph.num_nodes, start + chunk_size)
+                lo, hi = int(indptr[start]), int(indptr[end])
+                block = Block(end - start, graph.num_nodes, indptr[start:end + 1] - lo, indices[lo:hi], start)
+                outputs.append(model.layer_forward(layer, block.to(device), hidden))
+            hidden = torch.cat(outputs)
+        else:
+            # The last layer's relabelled chunks need only the requested vertices.
+            targets = nodes if last else torch.arange(graph.num_nodes)
+            outputs = []
+            for chunk in torch.split(targets, chunk_size):
+                subgraph = sampler.sample(chunk.numpy(), 0)
+                sources = subgraph.input_nodes
+                x_src = store.gather(sources) if hidden is None else hidden[sources.to(hidden.device)]
+                outputs.append(model.layer_forward(layer, subgraph.blocks[0].to(device), x_src.to(device)))
+            hidden = torch.cat(outputs)
+            if last:
+                return hidden.float().cpu()
+    return hidden[nodes.to(hidden.device)].float().cpu()
 
 
 @torch.no_grad()
