@@ -39,26 +39,28 @@ def full_neighbor_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: t
     hidden: torch.Tensor | None = None
     for layer in range(model.num_layers):
         last = layer == model.num_layers - 1
+        # Chunks write straight into one preallocated output: peak memory stays at two layers' embeddings.
         if hidden is not None and model.layers[layer].separable:
-            outputs = []
+            output = torch.empty((graph.num_nodes, model.layers[layer].out_dim), device=device)
             for start in range(0, graph.num_nodes, chunk_size):
                 end = min(graph.num_nodes, start + chunk_size)
                 lo, hi = int(indptr[start]), int(indptr[end])
                 block = Block(end - start, graph.num_nodes, indptr[start:end + 1] - lo, indices[lo:hi], start)
-                outputs.append(model.layer_forward(layer, block.to(device), hidden))
-            hidden = torch.cat(outputs)
+                output[start:end] = model.layer_forward(layer, block.to(device), hidden)
         else:
             # The last layer's relabelled chunks need only the requested vertices.
             targets = nodes if last else torch.arange(graph.num_nodes)
-            outputs = []
-            for chunk in torch.split(targets, chunk_size):
+            output = torch.empty((targets.shape[0], model.layers[layer].out_dim), device=device)
+            for start in range(0, targets.shape[0], chunk_size):
+                chunk = targets[start:start + chunk_size]
                 subgraph = sampler.sample(chunk.numpy(), 0)
                 sources = subgraph.input_nodes
                 x_src = store.gather(sources) if hidden is None else hidden[sources.to(hidden.device)]
-                outputs.append(model.layer_forward(layer, subgraph.blocks[0].to(device), x_src.to(device)))
-            hidden = torch.cat(outputs)
+                output[start:start + chunk.shape[0]] = model.layer_forward(
+                    layer, subgraph.blocks[0].to(device), x_src.to(device))
             if last:
-                return hidden.float().cpu()
+                return output.float().cpu()
+        hidden = output
     return hidden[nodes.to(hidden.device)].float().cpu()
 
 

@@ -160,6 +160,7 @@ def _train_epoch(model: GNN, optimizer: torch.optim.Optimizer, mode, epoch: int,
         "batches": num_batches,
         "sampled_edges": sampled_edges,
         "input_nodes_per_batch": input_nodes / max(1, num_batches),
+        "peak_rss_mb": round(peak_rss_mb(), 1),  # high-water mark so far, before this epoch's evaluation
     }
 
 
