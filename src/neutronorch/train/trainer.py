@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 import sys
 import time
@@ -26,6 +25,7 @@ from neutronorch.errors import ConfigError
 from neutronorch.nn.models import GNN
 from neutronorch.orchestration.exact import ExactMode
 from neutronorch.train.evaluate import evaluate
+from neutronorch.train.memory import keep_freed_memory, peak_rss_mb
 
 MODE_CLASSES = {"exact": ExactMode}
 
@@ -48,10 +48,6 @@ def thread_budget(config: TrainConfig) -> tuple[int, int]:
     return train_threads, min(sampler_threads, numba.config.NUMBA_NUM_THREADS)
 
 
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -60,6 +56,7 @@ def train(config: TrainConfig, graph: Graph | None = None) -> dict:
     """Train as ``config`` says and return the run summary (also written to ``config.summary_json``)."""
     config.validate()
     device = resolve_device(config.device)
+    keep_freed_memory()
     train_threads, sampler_threads = thread_budget(config)
     torch.set_num_threads(train_threads)
     torch.manual_seed(config.seed)

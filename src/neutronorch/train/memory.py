@@ -1,0 +1,38 @@
+"""Process memory: peak RSS, and keeping freed memory for reuse.
+
+Each training step allocates and frees several tensors of tens to hundreds of MB. glibc serves such
+sizes with fresh ``mmap`` regions and returns them on free, so every step page-faults (and the kernel
+zero-fills) hundreds of MB again: about 90,000 faults and a sixth of the step time for 3-layer GraphSAGE
+on a 1M-vertex graph. ``keep_freed_memory`` tells glibc to serve them from the heap and not to trim it,
+so the next step reuses the same pages. The peak footprint is unchanged (it is the same high-water mark);
+the memory simply stays with the process until it exits. Set ``NEUTRONORCH_SYSTEM_MALLOC=1`` to opt out.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import resource
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def keep_freed_memory() -> bool:
+    """Configure glibc malloc to recycle large blocks; return whether it applied (glibc only)."""
+    if os.environ.get("NEUTRONORCH_SYSTEM_MALLOC") == "1":
+        return False
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False  # not glibc (musl, macOS): nothing to tune
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    # 2**31 - 1 bytes: the largest trim threshold mallopt accepts; the heap is never trimmed in practice.
+    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
