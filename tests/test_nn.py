@@ -147,3 +147,17 @@ def test_full_neighbour_inference_equals_per_vertex_computation(kind):
         sg = sampler.sample(np.array([v]), 0)
         want = model(sg.blocks, store.gather(sg.input_nodes))
         torch.testing.assert_close(got[row], want[0], rtol=1e-4, atol=1e-5)
+
+
+def test_torch_aggregation_accepts_int32_indices_and_offset_destinations(small_csc):
+    # Full-graph inference blocks: global int32 ids as sources, destinations a contiguous range.
+    from neutronorch.sampling.block import Block
+
+    indptr, indices = small_csc
+    start, end = 40, 90
+    lo, hi = int(indptr[start]), int(indptr[end])
+    block = Block(end - start, 300, torch.from_numpy(indptr[start:end + 1] - lo),
+                  torch.from_numpy(indices[lo:hi].astype(np.int32)), start)
+    x = torch.randn(300, 6)
+    for include_self in (False, True):
+        torch.testing.assert_close(mean_aggregate_torch(block, x, include_self), mean_aggregate(block, x, include_self))

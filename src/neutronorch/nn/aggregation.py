@@ -170,7 +170,7 @@ def mean_aggregate_torch(block: Block, x_src: torch.Tensor, include_self: bool =
     degrees = block.in_degrees()
     dst = edge_destinations(block)
     out = torch.zeros((block.num_dst, x_src.shape[1]), dtype=x_src.dtype, device=x_src.device)
-    out = out.index_add(0, dst, x_src[block.indices])
+    out = out.index_add(0, dst, x_src[block.indices.long()])
     count = degrees.to(x_src.dtype)
     if include_self:
         out = out + block.dst_rows(x_src)
