@@ -29,7 +29,7 @@ _HELP = {
     "epochs": "training epochs (default: %(default)s)",
     "lr": "Adam learning rate (default: %(default)s)",
     "weight_decay": "Adam weight decay (default: %(default)s)",
-    "dropout": "dropout after each hidden layer (default: %(default)s)",
+    "dropout": "dropout after each hidden layer; on CPU resolved to steps of 1/256 (default: %(default)s)",
     "seed": "seed of model init, seed order and sampling (default: %(default)s)",
     "device": "training device; auto picks CUDA when available (default: %(default)s)",
     "mode": "placement of the stages (default: %(default)s)",
