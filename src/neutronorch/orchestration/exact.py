@@ -12,6 +12,7 @@ import time
 from typing import Iterator
 
 import numba
+import numpy as np
 import torch
 
 from neutronorch.config import TrainConfig
@@ -38,7 +39,7 @@ class ExactMode:
         self.device = device
         self.sampler_threads = sampler_threads
         self.store = FeatureStore(graph.features, graph.labels)
-        self.train_idx = torch.from_numpy(graph.train_idx.astype("int64", copy=False))
+        self.train_idx = torch.from_numpy(np.array(graph.train_idx, dtype=np.int64))  # small; a writable copy
         self.on_cuda = device.type == "cuda"
         # Buffers in flight: the queue, one being filled, one being trained on.
         self.pool = BufferPool(config.prefetch + 2, self.store.width, pin=self.on_cuda)
