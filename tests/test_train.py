@@ -91,7 +91,7 @@ def test_config_file_sets_options_and_command_line_wins(tmp_path, suffix, text):
 @pytest.mark.parametrize("args,message", [
     (["--fanouts", "10,x"], "fanouts"),
     (["--fanouts", "0,5"], "fanout"),
-    (["--batch-size", "0"], "batch-size"),
+    (["--batch-size", "-1"], "batch-size"),
     (["--dropout", "1.5"], "dropout"),
     (["--model", "gat", "--hidden", "30", "--heads", "4"], "divisible"),
     (["--dataset", "/nonexistent/graph"], "no such file"),
@@ -158,3 +158,12 @@ def test_generate_convert_and_python_dash_m(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "test acc" in result.stdout
+
+
+def test_batch_size_zero_follows_the_training_set_size(tmp_path):
+    from neutronorch.config import auto_batch_size
+
+    assert auto_batch_size(140) == 32 and auto_batch_size(8251) == 257 and auto_batch_size(10**6) == 1024
+    summary = train(small_config(batch_size=0, epochs=1))  # 300 training seeds
+    assert summary["config"]["batch_size"] == 32
+    assert summary["epochs"][0]["batches"] == 10

@@ -25,7 +25,7 @@ _HELP = {
     "fanouts": "neighbours sampled per layer, seed hop first; -1 takes all (default: 10,10)",
     "hidden": "hidden width (default: %(default)s)",
     "heads": "GAT attention heads in hidden layers (default: %(default)s)",
-    "batch_size": "seeds per mini-batch (default: %(default)s)",
+    "batch_size": "seeds per mini-batch; 0 = min(1024, max(32, training seeds // 32)) (default: %(default)s)",
     "epochs": "training epochs (default: %(default)s)",
     "lr": "Adam learning rate (default: %(default)s)",
     "weight_decay": "Adam weight decay (default: %(default)s)",

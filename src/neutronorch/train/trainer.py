@@ -7,6 +7,7 @@ progress display, evaluation and the summary. Per-batch work here must not synch
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -19,7 +20,7 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from neutronorch.config import TrainConfig
+from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, load_dataset
 from neutronorch.errors import ConfigError
 from neutronorch.nn.models import GNN
@@ -54,7 +55,7 @@ def log(message: str) -> None:
 
 def train(config: TrainConfig, graph: Graph | None = None) -> dict:
     """Train as ``config`` says and return the run summary (also written to ``config.summary_json``)."""
-    config.validate()
+    config = dataclasses.replace(config).validate()  # resolved values (batch size) go into a copy
     device = resolve_device(config.device)
     keep_freed_memory()
     train_threads, sampler_threads = thread_budget(config)
@@ -66,13 +67,16 @@ def train(config: TrainConfig, graph: Graph | None = None) -> dict:
         log(f"loaded {graph.describe()} in {time.perf_counter() - t0:.1f}s")
     for note in graph.notes:
         log(f"note: {note}")
+    if config.batch_size == 0:
+        config.batch_size = auto_batch_size(len(graph.train_idx))
 
     model = GNN(config.model, graph.feature_dim, config.hidden, graph.num_classes, len(config.fanouts),
                 dropout=config.dropout, heads=config.heads).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     mode = MODE_CLASSES[config.mode](graph, config, device, sampler_threads)
     log(f"mode {config.mode}, model {config.model}, fanouts {config.fanouts}, device {device}, "
-        f"threads {train_threads} train / {sampler_threads} sampler, {mode.num_batches} batches per epoch")
+        f"batch size {config.batch_size}, threads {train_threads} train / {sampler_threads} sampler, "
+        f"{mode.num_batches} batches per epoch")
 
     epochs, best = [], {"val_acc": -1.0, "test_acc": float("nan"), "epoch": -1}
     last_eval: dict[str, float] = {}
