@@ -27,10 +27,10 @@ class TrainConfig:
     hidden: int = 256
     heads: int = 4
     batch_size: int = 0  # 0: auto_batch_size(number of training seeds)
-    epochs: int = 10
+    epochs: int = 50
     lr: float = 0.003
-    weight_decay: float = 0.0
-    dropout: float = 0.5
+    weight_decay: float = 5e-3
+    dropout: float = 0.7
     seed: int = 0
     device: str = "auto"
     mode: str = "exact"

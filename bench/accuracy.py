@@ -1,0 +1,136 @@
+#!/usr/bin/env python
+"""Accuracy benchmark: test accuracy of GCN / GraphSAGE / GAT on real graphs against published targets.
+
+Runs every (dataset, model) pair that has a target, for several seeds, through ``neutronorch.train``
+(exact mode, full-neighbour evaluation every epoch; the accuracy of a run is its test accuracy at the
+best-validation epoch), and prints a markdown table:
+
+    .venv/bin/python bench/accuracy.py --threads 1 --sampler-threads 1 --out bench/out/accuracy.json
+
+Datasets are read from --datasets-root (default ../shared/datasets next to the repository); missing ones
+are skipped with a message. The settings below are the proposed defaults (docs/accuracy.md says why);
+every one can be overridden on the command line. --batch-size auto = min(1024, max(32, train // 32)).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from neutronorch import TrainConfig, load_dataset, train
+
+REPO = Path(__file__).resolve().parents[1]
+
+# name: (path under the datasets root, split for data without one, {model: target test accuracy})
+DATASETS = {
+    "cora": ("cora", None, {"gcn": 0.79, "sage": 0.795, "gat": 0.81}),
+    "citeseer": ("citeseer", None, {"gcn": 0.68, "sage": 0.683, "gat": 0.705}),
+    "amazon_computers": ("amazon_computers/amazon_cs.npz", "ratio:0.6,0.2", {"sage": 0.88}),
+}
+MODELS = ("gcn", "sage", "gat")
+
+# Proposed defaults: every run uses these unless a flag overrides them.
+SETTINGS = dict(fanouts="10,10", hidden=256, heads=4, batch_size="auto", epochs=50, lr=0.003,
+                weight_decay=5e-3, dropout=0.7)
+
+
+def auto_batch_size(num_train: int) -> int:
+    """At least ~32 steps per epoch on mid-size training sets, 32 seeds at least, 1024 at most."""
+    return min(1024, max(32, num_train // 32))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated subset of %(default)s")
+    p.add_argument("--models", default=None,
+                   help="comma-separated models (default: each dataset's models that have a target); "
+                        "given explicitly, every listed model runs on every dataset")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: %(default)s)")
+    p.add_argument("--datasets-root", default=str(REPO / ".." / "shared" / "datasets"))
+    for key, value in SETTINGS.items():
+        p.add_argument("--" + key.replace("_", "-"), default=value, type=type(value) if key != "batch_size" else str,
+                       help=f"(default: {value})")
+    p.add_argument("--threads", type=int, default=0, help="training threads; 0 = all cores")
+    p.add_argument("--sampler-threads", type=int, default=0, help="sampler threads; 0 = half the cores")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--out", default=None, help="write every run's result and the table rows here (JSON)")
+    p.add_argument("--verbose", action="store_true", help="show the trainer's per-epoch lines")
+    return p.parse_args(argv)
+
+
+def run_pair(args, graph, model: str, seeds: list[int]) -> list[dict]:
+    batch = auto_batch_size(len(graph.train_idx)) if args.batch_size == "auto" else int(args.batch_size)
+    runs = []
+    for seed in seeds:
+        config = TrainConfig(model=model, fanouts=args.fanouts, hidden=args.hidden, heads=args.heads,
+                             batch_size=batch, epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay,
+                             dropout=args.dropout, seed=seed, device=args.device, threads=args.threads,
+                             sampler_threads=args.sampler_threads, progress=False)
+        quiet = contextlib.nullcontext() if args.verbose else contextlib.redirect_stderr(io.StringIO())
+        t0 = time.perf_counter()
+        with quiet:
+            summary = train(config, graph=graph)
+        runs.append({"seed": seed, "batch_size": batch, "test_acc": summary["test_acc"],
+                     "val_acc": summary["val_acc"], "best_epoch": summary["best_epoch"],
+                     "final_test_acc": summary["final_test_acc"],
+                     "epoch_seconds_median": summary["epoch_seconds_median"],
+                     "wall_seconds": round(time.perf_counter() - t0, 2)})
+        print(f"  {graph.name} {model} seed {seed}: test {summary['test_acc']:.4f} (best epoch "
+              f"{summary['best_epoch']}, batch {batch})", file=sys.stderr, flush=True)
+    return runs
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    root = Path(args.datasets_root)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    names = args.datasets.split(",")
+    for name in names:
+        if name not in DATASETS:
+            sys.exit(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
+    rows = []
+    for name in names:
+        rel, split, targets = DATASETS[name]
+        path = root / rel
+        if not path.exists():
+            print(f"skipping {name}: {path} not found", file=sys.stderr)
+            continue
+        # One load per dataset: a ratio split is drawn once (seed 0); seeds vary init, order and sampling.
+        graph = load_dataset(str(path), split, 0)
+        models = args.models.split(",") if args.models else [m for m in MODELS if m in targets]
+        for model in models:
+            runs = run_pair(args, graph, model, seeds)
+            accs = [r["test_acc"] for r in runs]
+            mean = statistics.mean(accs)
+            target = targets.get(model)
+            rows.append({"dataset": name, "model": model, "mean": mean,
+                         "std": statistics.stdev(accs) if len(accs) > 1 else 0.0, "target": target,
+                         "pass": None if target is None else mean >= target,
+                         "epoch_seconds": statistics.median(r["epoch_seconds_median"] for r in runs),
+                         "runs": runs})
+
+    if not rows:
+        print("no dataset found; nothing to report", file=sys.stderr)
+        return 1
+    print(f"| dataset | model | test acc % (mean ± std over {len(seeds)} seeds) | target | pass | median epoch time |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        target = "—" if r["target"] is None else f"{100 * r['target']:.1f}"
+        verdict = "—" if r["pass"] is None else ("pass" if r["pass"] else "FAIL")
+        print(f"| {r['dataset']} | {r['model']} | {100 * r['mean']:.1f} ± {100 * r['std']:.1f} | {target} | "
+              f"{verdict} | {r['epoch_seconds']:.3f} s |")
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        settings = {k: getattr(args, k) for k in (*SETTINGS, "seeds", "threads", "sampler_threads", "device")}
+        out.write_text(json.dumps({"settings": settings, "rows": rows}, indent=2) + "\n")
+    return 0 if all(r["pass"] is not False for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
