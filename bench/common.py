@@ -48,3 +48,16 @@ def steady_median(epoch_seconds: list[float]) -> float:
     """Median epoch time without the first epoch (JIT compilation, cold page cache) when there are more."""
     steady = epoch_seconds[1:] if len(epoch_seconds) > 1 else epoch_seconds
     return statistics.median(steady)
+
+
+def alternate(systems: dict, rounds: int, prefix: str, threads: int) -> dict[str, list[dict]]:
+    """Run every system once per round, in turn (A B A B ...), so a noisy machine affects all alike.
+
+    ``systems`` maps a name to a function of the summary path returning the command line.
+    """
+    results: dict[str, list[dict]] = {name: [] for name in systems}
+    for round_index in range(rounds):
+        for name, command in systems.items():
+            out = OUT / f"{prefix}-{name}-{round_index}.json"
+            results[name].append(run_json(command(out), out, threads))
+    return results

@@ -16,7 +16,7 @@ import argparse
 import statistics
 import sys
 
-from common import OUT, PEER_PYTHON, ROOT, dgl_available, ensure_graph, run_json, steady_median
+from common import PEER_PYTHON, ROOT, alternate, dgl_available, ensure_graph, steady_median
 
 
 def main() -> int:
@@ -52,11 +52,7 @@ def main() -> int:
     else:
         print("DGL not available: running neutronorch only", file=sys.stderr)
 
-    results: dict[str, list[dict]] = {name: [] for name in systems}
-    for round_index in range(args.rounds):
-        for name, command in systems.items():
-            out = OUT / f"exact_vs_dgl-{name}-{round_index}.json"
-            results[name].append(run_json(command(out), out, args.threads))
+    results = alternate(systems, args.rounds, "exact_vs_dgl", args.threads)
 
     rows = {}
     for name, runs in results.items():

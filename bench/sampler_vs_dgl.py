@@ -14,7 +14,7 @@ import statistics
 import sys
 import time
 
-from common import OUT, PEER_PYTHON, ROOT, dgl_available, ensure_graph, run_json
+from common import PEER_PYTHON, ROOT, alternate, dgl_available, ensure_graph
 
 
 def sample_epoch(data: str, fanouts: str, batch_size: int, threads: int, out: str) -> None:
@@ -70,11 +70,8 @@ def main() -> int:
                                           "--epochs", "1", "--summary-json", str(out)]
     else:
         print("DGL not available: measuring neutronorch only", file=sys.stderr)
-    rates: dict[str, list[float]] = {name: [] for name in systems}
-    for round_index in range(args.rounds):
-        for name, command in systems.items():
-            out = OUT / f"sampler-{name}-{round_index}.json"
-            rates[name].append(run_json(command(out), out, args.threads)["sampled_edges_per_second"])
+    rates = {name: [run["sampled_edges_per_second"] for run in runs]
+             for name, runs in alternate(systems, args.rounds, "sampler", args.threads).items()}
 
     print(f"\n{data.name}: fanouts {args.fanouts}, batch {args.batch_size}, {args.threads} threads, "
           f"{args.rounds} rounds\n")
