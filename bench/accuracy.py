@@ -8,8 +8,9 @@ best-validation epoch), and prints a markdown table:
     .venv/bin/python bench/accuracy.py --threads 1 --sampler-threads 1 --out bench/out/accuracy.json
 
 Datasets are read from --datasets-root (default ../shared/datasets next to the repository); missing ones
-are skipped with a message. The settings below are the proposed defaults (docs/accuracy.md says why);
-every one can be overridden on the command line. --batch-size auto = min(1024, max(32, train // 32)).
+are skipped with a message. Every run uses the package's defaults (``TrainConfig``; docs/accuracy.md says
+how they were chosen) except where a flag overrides one; --batch-size 0 is the package's rule
+min(1024, max(32, training seeds // 32)).
 """
 from __future__ import annotations
 
@@ -34,14 +35,11 @@ DATASETS = {
 }
 MODELS = ("gcn", "sage", "gat")
 
-# Proposed defaults: every run uses these unless a flag overrides them.
-SETTINGS = dict(fanouts="10,10", hidden=256, heads=4, batch_size="auto", epochs=50, lr=0.003,
-                weight_decay=5e-3, dropout=0.7)
-
-
-def auto_batch_size(num_train: int) -> int:
-    """At least ~32 steps per epoch on mid-size training sets, 32 seeds at least, 1024 at most."""
-    return min(1024, max(32, num_train // 32))
+# The settings a run takes from the package defaults unless a flag overrides them.
+DEFAULTS = TrainConfig()
+SETTINGS = {key: getattr(DEFAULTS, key) for key in
+            ("fanouts", "hidden", "heads", "batch_size", "epochs", "lr", "weight_decay", "dropout")}
+SETTINGS["fanouts"] = ",".join(map(str, SETTINGS["fanouts"]))
 
 
 def parse_args(argv=None):
@@ -53,8 +51,7 @@ def parse_args(argv=None):
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: %(default)s)")
     p.add_argument("--datasets-root", default=str(REPO / ".." / "shared" / "datasets"))
     for key, value in SETTINGS.items():
-        p.add_argument("--" + key.replace("_", "-"), default=value, type=type(value) if key != "batch_size" else str,
-                       help=f"(default: {value})")
+        p.add_argument("--" + key.replace("_", "-"), default=value, type=type(value), help=f"(default: {value})")
     p.add_argument("--threads", type=int, default=0, help="training threads; 0 = all cores")
     p.add_argument("--sampler-threads", type=int, default=0, help="sampler threads; 0 = half the cores")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -64,17 +61,17 @@ def parse_args(argv=None):
 
 
 def run_pair(args, graph, model: str, seeds: list[int]) -> list[dict]:
-    batch = auto_batch_size(len(graph.train_idx)) if args.batch_size == "auto" else int(args.batch_size)
     runs = []
     for seed in seeds:
         config = TrainConfig(model=model, fanouts=args.fanouts, hidden=args.hidden, heads=args.heads,
-                             batch_size=batch, epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay,
-                             dropout=args.dropout, seed=seed, device=args.device, threads=args.threads,
-                             sampler_threads=args.sampler_threads, progress=False)
+                             batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
+                             weight_decay=args.weight_decay, dropout=args.dropout, seed=seed, device=args.device,
+                             threads=args.threads, sampler_threads=args.sampler_threads, progress=False)
         quiet = contextlib.nullcontext() if args.verbose else contextlib.redirect_stderr(io.StringIO())
         t0 = time.perf_counter()
         with quiet:
             summary = train(config, graph=graph)
+        batch = summary["config"]["batch_size"]  # resolved by the package when 0
         runs.append({"seed": seed, "batch_size": batch, "test_acc": summary["test_acc"],
                      "val_acc": summary["val_acc"], "best_epoch": summary["best_epoch"],
                      "final_test_acc": summary["final_test_acc"],
