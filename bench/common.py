@@ -61,3 +61,11 @@ def alternate(systems: dict, rounds: int, prefix: str, threads: int) -> dict[str
             out = OUT / f"{prefix}-{name}-{round_index}.json"
             results[name].append(run_json(command(out), out, threads))
     return results
+
+
+def add_graph_arguments(parser) -> None:
+    """The synthetic benchmark graph's size options (default: 1M vertices, 20M edges, 100 features)."""
+    parser.add_argument("--nodes", type=int, default=1_000_000)
+    parser.add_argument("--degree", type=float, default=20)
+    parser.add_argument("--features", type=int, default=100)
+    parser.add_argument("--classes", type=int, default=16)

@@ -16,15 +16,12 @@ import argparse
 import statistics
 import sys
 
-from common import PEER_PYTHON, ROOT, alternate, dgl_available, ensure_graph, steady_median
+from common import PEER_PYTHON, ROOT, add_graph_arguments, alternate, dgl_available, ensure_graph, steady_median
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nodes", type=int, default=1_000_000)
-    parser.add_argument("--degree", type=float, default=20)
-    parser.add_argument("--features", type=int, default=100)
-    parser.add_argument("--classes", type=int, default=16)
+    add_graph_arguments(parser)
     parser.add_argument("--model", default="sage", choices=["sage", "gcn", "gat"])
     parser.add_argument("--fanouts", default="15,10,5")
     parser.add_argument("--hidden", type=int, default=256)

@@ -14,7 +14,7 @@ import statistics
 import sys
 import time
 
-from common import PEER_PYTHON, ROOT, alternate, dgl_available, ensure_graph
+from common import PEER_PYTHON, ROOT, add_graph_arguments, alternate, dgl_available, ensure_graph
 
 
 def sample_epoch(data: str, fanouts: str, batch_size: int, threads: int, out: str) -> None:
@@ -45,10 +45,7 @@ def sample_epoch(data: str, fanouts: str, batch_size: int, threads: int, out: st
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nodes", type=int, default=1_000_000)
-    parser.add_argument("--degree", type=float, default=20)
-    parser.add_argument("--features", type=int, default=100)
-    parser.add_argument("--classes", type=int, default=16)
+    add_graph_arguments(parser)
     parser.add_argument("--fanouts", default="15,10,5")
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=2)
