@@ -24,7 +24,7 @@ VPY="$VENV/bin/python"
 PIP=("$VPY" -m pip install --disable-pip-version-check)
 
 # torch: CPU build only. Pin the +cpu local version so pip can never resolve a CUDA build from the index
-# (the CPU wheel is found via find-links, e.g. /opt/wheels). If already installed, nothing is downloaded.
+# (the CPU wheel is found via find-links). If already installed, nothing is downloaded.
 if ! "$VPY" -c "import torch,sys; sys.exit(0 if torch.__version__=='${TORCH_VERSION}+cpu' else 1)" 2>/dev/null; then
     echo "[install_dgl] installing torch==${TORCH_VERSION}+cpu" >&2
     "${PIP[@]}" "torch==${TORCH_VERSION}+cpu"
