@@ -39,7 +39,8 @@ def test_aggregation_and_activation_on_cuda_equal_cpu(small_csc):
 @pytest.mark.parametrize("model", ["sage", "gcn", "gat"])
 def test_exact_training_on_cuda(model, tmp_path):
     summary = train(TrainConfig(dataset="synthetic:nodes=4000,degree=10,features=16,classes=4,noise=0.6",
-                                model=model, fanouts=[5, 5], hidden=32, batch_size=256, epochs=4, lr=0.01,
+                                model=model, fanouts=[5, 5], hidden=32, batch_size=256, lr=0.01, dropout=0.5,
+                                weight_decay=0.0, epochs=12 if model == "gat" else 4,
                                 device="cuda", progress=False, summary_json=str(tmp_path / "s.json")))
     assert summary["device"].startswith("cuda")
     assert summary["epochs"][0]["stage_seconds"]["copy"] > 0

@@ -35,7 +35,7 @@ class GNN(nn.Module):
             elif kind == "gcn":
                 layers.append(GCNConv(dims[i], dims[i + 1]))
             else:
-                layers.append(GATConv(dims[i], dims[i + 1], heads=1 if last else heads))
+                layers.append(GATConv(dims[i], dims[i + 1], heads=1 if last else heads, attention_dropout=dropout))
         self.layers = nn.ModuleList(layers)
 
     @property
