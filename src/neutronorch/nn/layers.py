@@ -71,7 +71,8 @@ class GCNConv(nn.Module):
 class GATConv(nn.Module):
     """Multi-head graph attention over the vertex and its sampled neighbours (Velickovic et al. 2018):
     ``y_v = ||_h sum_u alpha^h_vu W^h x_u + b``, ``alpha^h_vu = softmax_u LeakyReLU(a_l^h W^h x_u + a_r^h W^h x_v)``.
-    Heads are concatenated."""
+    Heads are concatenated; in training, dropout with probability ``attention_dropout`` is applied to the
+    attention coefficients."""
 
     separable = False
 
