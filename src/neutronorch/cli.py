@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import fields
 
-from neutronorch.config import DEVICES, MODES, TrainConfig, load_config_file
+from neutronorch.config import DEVICES, HOT_GRADS, MODES, TrainConfig, load_config_file
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec, generate, load_dataset, save_native
 from neutronorch.errors import NeutronorchError
 from neutronorch.nn.models import MODELS
@@ -32,20 +32,31 @@ _HELP = {
     "dropout": "dropout after each hidden layer; on CPU resolved to steps of 1/256 (default: %(default)s)",
     "seed": "seed of model init, seed order and sampling (default: %(default)s)",
     "device": "training device; auto picks CUDA when available (default: %(default)s)",
-    "mode": "placement of the stages (default: %(default)s)",
+    "mode": "placement of the stages: exact computes every layer of every mini-batch; neutronorch computes "
+            "hot vertices' bottom layer on the host once per super-batch and reuses it (default: %(default)s)",
     "eval_every": "evaluate val/test every N epochs; 0 evaluates only after the last (default: %(default)s)",
     "eval_fanouts": "sampled inference with these fanouts instead of exact full-neighbour inference",
     "eval_batch_size": "destinations per inference chunk (default: %(default)s)",
     "prefetch": "mini-batches prepared ahead of training (default: %(default)s)",
     "threads": "training threads; 0 = all cores (default: %(default)s)",
     "sampler_threads": "sampler/gather threads; 0 = half the cores (default: %(default)s)",
+    "super_batch": "neutronorch: mini-batches per super-batch P; hot embeddings are computed once per "
+                   "super-batch (default: %(default)s)",
+    "hot_ratio": "neutronorch: share of the vertices a super-batch reaches in its bottom layer made hot, "
+                 "or auto to tune it between epochs from measured host and device time (default: %(default)s)",
+    "staleness_bound": "neutronorch: most optimizer steps between the parameters hot embeddings were "
+                       "computed from and their use; at least P-1 (default: 2P-1)",
+    "hot_grad": "neutronorch: stop treats hot rows as constants; cpu adds their bottom-layer gradient, "
+                "computed on the host once per super-batch (default: %(default)s)",
+    "host_threads": "neutronorch: host producer threads; 0 = half the cores (default: %(default)s)",
     "summary_json": "write the run summary (config, per-epoch times and stages, accuracy, memory) here",
 }
 
 
 def _add_train_options(parser: argparse.ArgumentParser) -> None:
     defaults = TrainConfig()
-    choices = {"model": MODELS, "mode": MODES, "device": DEVICES}
+    choices = {"model": MODELS, "mode": MODES, "device": DEVICES, "hot_grad": HOT_GRADS}
+    types = {"staleness_bound": int, "hot_ratio": str}
     for f in fields(TrainConfig):
         if f.name == "progress":
             continue
@@ -54,6 +65,8 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
         kwargs = {"dest": f.name, "default": argparse.SUPPRESS, "help": _HELP[f.name]}
         if f.name in choices:
             kwargs["choices"] = choices[f.name]
+        elif f.name in types:
+            kwargs["type"] = types[f.name]
         elif isinstance(default, bool):
             raise AssertionError(f.name)
         elif isinstance(default, int):

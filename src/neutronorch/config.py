@@ -14,7 +14,8 @@ from neutronorch.errors import ConfigError
 from neutronorch.nn.models import MODELS
 from neutronorch.sampling.neighbor_sampler import parse_fanouts
 
-MODES = ("exact",)
+MODES = ("exact", "neutronorch")
+HOT_GRADS = ("stop", "cpu")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -40,6 +41,12 @@ class TrainConfig:
     prefetch: int = 2
     threads: int = 0
     sampler_threads: int = 0
+    # NeutronOrch mode
+    super_batch: int = 8
+    hot_ratio: str | float = "auto"
+    staleness_bound: int | None = None  # None: 2 * super_batch - 1
+    hot_grad: str = "cpu"
+    host_threads: int = 0
     summary_json: str | None = None
     progress: bool = True
 
@@ -51,6 +58,7 @@ class TrainConfig:
             if len(self.eval_fanouts) != len(self.fanouts):
                 raise ConfigError(f"--eval-fanouts has {len(self.eval_fanouts)} entries but the model has "
                                   f"{len(self.fanouts)} layers (one per --fanouts entry).")
+        self.hot_ratio = _parse_hot_ratio(self.hot_ratio)
         checks = [
             (self.model in MODELS, f"--model {self.model!r}: choose one of {', '.join(MODELS)}."),
             (self.mode in MODES, f"--mode {self.mode!r}: choose one of {', '.join(MODES)}."),
@@ -69,13 +77,26 @@ class TrainConfig:
             (0 <= self.dropout < 1, f"--dropout {self.dropout}: must be in [0, 1)."),
             (self.eval_every >= 0, f"--eval-every {self.eval_every}: must be zero (end only) or more."),
             (self.prefetch >= 1, f"--prefetch {self.prefetch}: must be at least 1."),
-            (self.threads >= 0 and self.sampler_threads >= 0, "--threads/--sampler-threads must be >= 0 "
-             "(0 picks automatically)."),
+            (self.threads >= 0 and self.sampler_threads >= 0 and self.host_threads >= 0,
+             "--threads/--sampler-threads/--host-threads must be >= 0 (0 picks automatically)."),
+            (self.hot_grad in HOT_GRADS, f"--hot-grad {self.hot_grad!r}: choose one of {', '.join(HOT_GRADS)}."),
+            (self.super_batch >= 1, f"--super-batch {self.super_batch}: must be at least 1 mini-batch."),
+            (self.staleness_bound is None or self.staleness_bound >= self.super_batch - 1,
+             f"--staleness-bound {self.staleness_bound} is below --super-batch {self.super_batch} minus 1: the "
+             f"last mini-batch of a super-batch reuses hot embeddings at least P-1 = {self.super_batch - 1} "
+             f"optimizer steps old. Raise --staleness-bound to at least {self.super_batch - 1}, or lower "
+             f"--super-batch."),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
         return self
+
+    @property
+    def resolved_staleness(self) -> int:
+        """The staleness bound in optimizer steps; by default 2P-1, the smallest that lets the host compute
+        super-batch s+1's hot embeddings during all of super-batch s."""
+        return 2 * self.super_batch - 1 if self.staleness_bound is None else self.staleness_bound
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,6 +104,19 @@ class TrainConfig:
     @classmethod
     def keys(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+
+def _parse_hot_ratio(value) -> str | float:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        ratio = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"--hot-ratio {value!r}: expected 'auto' or a fraction in [0, 1] such as 0.1.") from None
+    if not 0 <= ratio <= 1:
+        raise ConfigError(f"--hot-ratio {value!r}: the share of reached bottom-layer vertices made hot must "
+                          f"be in [0, 1] (or 'auto').")
+    return ratio
 
 
 def auto_batch_size(num_train: int) -> int:

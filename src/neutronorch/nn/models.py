@@ -55,6 +55,10 @@ class GNN(nn.Module):
     def forward(self, blocks: list[Block], x: torch.Tensor) -> torch.Tensor:
         if len(blocks) != self.num_layers:
             raise ValueError(f"{len(blocks)} blocks for a {self.num_layers}-layer model")
-        for index, block in enumerate(blocks):
-            x = self.layer_forward(index, block, x)
+        return self.forward_from(0, blocks, x)
+
+    def forward_from(self, start: int, blocks: list[Block], x: torch.Tensor) -> torch.Tensor:
+        """Layers ``start`` and above; ``x`` is the source frontier of ``blocks[start]``."""
+        for index in range(start, self.num_layers):
+            x = self.layer_forward(index, blocks[index], x)
         return x

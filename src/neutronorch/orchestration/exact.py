@@ -46,6 +46,30 @@ class ExactMode:
         self.copy_stream = torch.cuda.Stream(device) if self.on_cuda else None
         self._sampler: NeighborSampler | None = None
 
+    # Hooks the training loop calls; exact mode needs none of them.
+    def start(self, model: torch.nn.Module) -> None:
+        """Before the first epoch."""
+
+    def close(self) -> None:
+        """After the last epoch, or on any error: stop every thread the mode runs."""
+
+    def before_step(self, batch: MiniBatch) -> None:
+        """After the backward pass, before the optimizer step."""
+
+    def after_step(self, batch: MiniBatch) -> None:
+        """After the optimizer step."""
+
+    def take_stage_seconds(self) -> dict[str, float]:
+        """Seconds spent in mode-specific stages since the last call."""
+        return {}
+
+    def end_epoch(self, record: dict) -> None:
+        """After each epoch's training (before evaluation), with the epoch's record."""
+
+    def summary(self) -> dict:
+        """Mode-specific entries of the run summary."""
+        return {}
+
     @property
     def num_batches(self) -> int:
         return -(-self.train_idx.shape[0] // self.config.batch_size)

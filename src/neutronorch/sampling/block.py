@@ -75,6 +75,7 @@ class MiniBatch:
     # Called once the step no longer needs the host feature buffer.
     release: Callable[[], None] = field(default=lambda: None)
     ready: object = None  # on CUDA: the event after which the batch's device copies may be read
+    splice: object = None  # mode-specific: how rows computed elsewhere enter the batch (NeutronOrch)
 
     @property
     def blocks(self) -> list[Block]:

@@ -98,6 +98,27 @@ class NeighborSampler:
         frontiers.reverse()
         return SampledSubgraph(torch.from_numpy(seeds), blocks, frontiers)
 
+    def sample_hop(self, dst: np.ndarray, fanout: int, key: int) -> tuple[Block, np.ndarray]:
+        """One hop on its own: sample ``fanout`` in-neighbours of every vertex of ``dst`` (unique global ids)
+        with the per-vertex randomness of ``key`` (a ``layer_key``). Returns the block and its source
+        frontier (global ids, ``dst`` first). With the same key, each vertex gets exactly the neighbours
+        ``sample`` draws for it in that hop."""
+        self._check_thread()
+        dst = np.ascontiguousarray(dst, dtype=np.int64)
+        node_map = self._node_map
+        kernels.map_nodes(dst, node_map)
+        frontier = dst
+        size = dst.shape[0]
+        try:
+            ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, dst, fanout, np.uint64(key))
+            frontier = np.empty(dst.shape[0] + nbrs.shape[0], np.int64)
+            frontier[:dst.shape[0]] = dst
+            local, size = kernels.relabel(frontier, dst.shape[0], nbrs, node_map)
+        finally:
+            kernels.reset_map(frontier[:size], node_map)
+        block = Block(dst.shape[0], size, torch.from_numpy(ptr), torch.from_numpy(local))
+        return block, frontier[:size]
+
     def _check_thread(self) -> None:
         me = threading.get_ident()
         if self._owner is None:

@@ -25,10 +25,11 @@ from neutronorch.data import Graph, load_dataset
 from neutronorch.errors import ConfigError
 from neutronorch.nn.models import GNN
 from neutronorch.orchestration.exact import ExactMode
+from neutronorch.orchestration.neutronorch import NeutronOrchMode
 from neutronorch.train.evaluate import evaluate
 from neutronorch.train.memory import keep_freed_memory, peak_rss_mb
 
-MODE_CLASSES = {"exact": ExactMode}
+MODE_CLASSES = {"exact": ExactMode, "neutronorch": NeutronOrchMode}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -41,12 +42,17 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def thread_budget(config: TrainConfig) -> tuple[int, int]:
-    """(training threads, sampler threads), set once so producer and trainer do not fight over cores."""
+def thread_budget(config: TrainConfig) -> tuple[int, int, int]:
+    """(training, sampler, host producer) threads, set once so that the stages do not fight over cores.
+    Producers get half the cores each: they do not run all the time, and the trainer waits for neither
+    when they keep ahead."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    numba_max = numba.config.NUMBA_NUM_THREADS
+    half = max(1, min(cores, numba_max) // 2)
     train_threads = config.threads or cores
-    sampler_threads = config.sampler_threads or max(1, min(cores, numba.config.NUMBA_NUM_THREADS) // 2)
-    return train_threads, min(sampler_threads, numba.config.NUMBA_NUM_THREADS)
+    sampler_threads = min(config.sampler_threads or half, numba_max)
+    host_threads = min(config.host_threads or half, numba_max)
+    return train_threads, sampler_threads, host_threads
 
 
 def log(message: str) -> None:
@@ -58,7 +64,7 @@ def train(config: TrainConfig, graph: Graph | None = None) -> dict:
     config = dataclasses.replace(config).validate()  # resolved values (batch size) go into a copy
     device = resolve_device(config.device)
     keep_freed_memory()
-    train_threads, sampler_threads = thread_budget(config)
+    train_threads, sampler_threads, host_threads = thread_budget(config)
     torch.set_num_threads(train_threads)
     torch.manual_seed(config.seed)
     if graph is None:
@@ -73,24 +79,35 @@ def train(config: TrainConfig, graph: Graph | None = None) -> dict:
     model = GNN(config.model, graph.feature_dim, config.hidden, graph.num_classes, len(config.fanouts),
                 dropout=config.dropout, heads=config.heads).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    mode = MODE_CLASSES[config.mode](graph, config, device, sampler_threads)
+    if config.mode == "neutronorch":
+        mode = NeutronOrchMode(graph, config, device, sampler_threads, host_threads)
+        threads = f"{train_threads} train / {sampler_threads} sampler / {host_threads} host"
+        extra = (f", super-batch {config.super_batch}, hot ratio {config.hot_ratio}, staleness bound "
+                 f"{config.resolved_staleness}, hot grad {config.hot_grad}")
+    else:
+        mode = MODE_CLASSES[config.mode](graph, config, device, sampler_threads)
+        threads, extra = f"{train_threads} train / {sampler_threads} sampler", ""
     log(f"mode {config.mode}, model {config.model}, fanouts {config.fanouts}, device {device}, "
-        f"batch size {config.batch_size}, threads {train_threads} train / {sampler_threads} sampler, "
-        f"{mode.num_batches} batches per epoch")
+        f"batch size {config.batch_size}, threads {threads}, {mode.num_batches} batches per epoch{extra}")
 
     epochs, best = [], {"val_acc": -1.0, "test_acc": float("nan"), "epoch": -1}
     last_eval: dict[str, float] = {}
-    for epoch in range(config.epochs):
-        record = _train_epoch(model, optimizer, mode, epoch, config)
-        if config.eval_every and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
-            t0 = time.perf_counter()
-            last_eval = evaluate(model, graph, mode.store, device, config.eval_fanouts,
-                                 config.eval_batch_size, config.seed)
-            record.update(last_eval, eval_seconds=time.perf_counter() - t0)
-            if last_eval["val_acc"] > best["val_acc"]:
-                best = {**last_eval, "epoch": epoch}
-        epochs.append(record)
-        log(_epoch_line(record))
+    mode.start(model)
+    try:
+        for epoch in range(config.epochs):
+            record = _train_epoch(model, optimizer, mode, epoch, config)
+            mode.end_epoch(record)
+            if config.eval_every and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
+                t0 = time.perf_counter()
+                last_eval = evaluate(model, graph, mode.store, device, config.eval_fanouts,
+                                     config.eval_batch_size, config.seed)
+                record.update(last_eval, eval_seconds=time.perf_counter() - t0)
+                if last_eval["val_acc"] > best["val_acc"]:
+                    best = {**last_eval, "epoch": epoch}
+            epochs.append(record)
+            log(_epoch_line(record))
+    finally:
+        mode.close()
     if config.epochs and not last_eval:
         last_eval = evaluate(model, graph, mode.store, device, config.eval_fanouts, config.eval_batch_size,
                              config.seed)
@@ -104,7 +121,8 @@ def train(config: TrainConfig, graph: Graph | None = None) -> dict:
                     "feature_dim": graph.feature_dim, "classes": graph.num_classes,
                     "train": int(len(graph.train_idx))},
         "device": str(device),
-        "threads": {"train": train_threads, "sampler": sampler_threads},
+        "threads": {"train": train_threads, "sampler": sampler_threads,
+                    **({"host": host_threads} if config.mode == "neutronorch" else {})},
         "epochs": epochs,
         "epoch_seconds_median": statistics.median(seconds) if seconds else None,
         "val_acc": best["val_acc"] if config.epochs else None,
@@ -113,6 +131,7 @@ def train(config: TrainConfig, graph: Graph | None = None) -> dict:
         "final_val_acc": last_eval.get("val_acc"),
         "final_test_acc": last_eval.get("test_acc"),
         "peak_rss_mb": round(peak_rss_mb(), 1),
+        **mode.summary(),
     }
     if config.summary_json:
         path = Path(config.summary_json)
@@ -137,7 +156,9 @@ def _train_epoch(model: GNN, optimizer: torch.optim.Optimizer, mode, epoch: int,
             loss = F.cross_entropy(logits, batch.labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            mode.before_step(batch)
             optimizer.step()
+            mode.after_step(batch)
             batch.release()
             total_loss += loss.detach()
             stages["train"] += time.perf_counter() - t0
@@ -153,6 +174,8 @@ def _train_epoch(model: GNN, optimizer: torch.optim.Optimizer, mode, epoch: int,
     seconds = time.perf_counter() - start
     bar.close()
     stages["wait"] = waited
+    for name, value in mode.take_stage_seconds().items():
+        stages[name] = stages.get(name, 0.0) + value
     return {
         "epoch": epoch,
         "seconds": seconds,

@@ -1,0 +1,605 @@
+"""Mode ``neutronorch``: hot vertices' bottom layer on the host, reused under a strictly bounded staleness.
+
+Three threads cooperate; none waits on another except through the bounded hand-offs below.
+
+- **Host producer** (one thread, its own sampler). For each super-batch s (P consecutive mini-batches of
+  the epoch's shuffled seed order) it *plans*: samples the upper hops of the P mini-batches (the same
+  per-vertex randomness as exact mode), counts how often each vertex appears among the bottom-layer
+  destinations, and takes the top ``hot_ratio`` of the vertices reached as the hot set H_s (sorted by
+  count). The plan goes to the device sampler. Then it samples the bottom hop of H_s once and gathers the
+  raw features, waits for the W0 snapshot the schedule assigns to s, and computes H_s's bottom-layer output
+  with exactly the device layer's code: the *hot embeddings* of s. It plans s+1 before it waits, so the
+  device sampler never starves on a plan.
+- **Device sampler** (the exact mode's producer, reused): per mini-batch, samples the bottom hop of the
+  *cold* destinations only (hot ones are never sampled, gathered or transferred), gathers and copies.
+- **Trainer**: per mini-batch, splices the hot rows into the bottom layer's pre-activation output.
+
+Staleness is bounded by construction: the hot embeddings of s are computed from the parameters at version
+``last_step(s) - S`` exactly (version = optimizer steps taken), a snapshot the trainer publishes when it
+reaches that version. Every buffer carries its super-batch id and parameter version, and every use checks
+``version_now - version_snapshot <= S``; a violation raises (it would be a bug). With ``hot_grad="cpu"``
+the hot rows' gradient is accumulated over the super-batch and turned into W0's gradient by the host at
+the super-batch's last step (version difference again at most S).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+import torch
+
+from neutronorch.config import TrainConfig
+from neutronorch.data.graph import Graph
+from neutronorch.orchestration.exact import ExactMode, epoch_order
+from neutronorch.orchestration.pipeline import Prefetcher
+from neutronorch.sampling import kernels
+from neutronorch.sampling.block import MiniBatch, SampledSubgraph
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, layer_key
+from neutronorch.nn.splice import splice
+
+# The hot ratio ``auto`` starts here and is re-tuned between epochs (see ``HotRatioTuner``).
+AUTO_START_RATIO = 0.2
+
+
+class Schedule:
+    """Global numbering of super-batches and optimizer steps across epochs (the pipeline never drains).
+
+    Super-batch ``g`` is number ``g % per_epoch`` of epoch ``g // per_epoch``; the last one of an epoch
+    may hold fewer than P mini-batches. Step ``t`` is the t-th optimizer step of the whole run."""
+
+    def __init__(self, epochs: int, batches_per_epoch: int, super_batch: int, staleness_bound: int):
+        self.epochs = epochs
+        self.batches_per_epoch = batches_per_epoch
+        self.super_batch = super_batch
+        self.staleness_bound = staleness_bound
+        self.per_epoch = -(-batches_per_epoch // super_batch)
+        self.total = epochs * self.per_epoch
+
+    def locate(self, gsid: int) -> tuple[int, int, int]:
+        """(epoch, first mini-batch, end mini-batch) of super-batch ``gsid``."""
+        epoch, index = divmod(gsid, self.per_epoch)
+        first = index * self.super_batch
+        return epoch, first, min(first + self.super_batch, self.batches_per_epoch)
+
+    def first_step(self, gsid: int) -> int:
+        epoch, first, _ = self.locate(gsid)
+        return epoch * self.batches_per_epoch + first
+
+    def last_step(self, gsid: int) -> int:
+        epoch, _, end = self.locate(gsid)
+        return epoch * self.batches_per_epoch + end - 1
+
+    def snapshot_version(self, gsid: int) -> int:
+        """The parameter version the hot embeddings of ``gsid`` are computed from: the oldest that keeps
+        every use (up to its last step) within the bound, so the host gets the most time to compute."""
+        return max(0, self.last_step(gsid) - self.staleness_bound)
+
+    def gsid_of(self, epoch: int, batch: int) -> int:
+        return epoch * self.per_epoch + batch // self.super_batch
+
+
+class _Closed(Exception):
+    """Raised in a pipeline thread waiting on a board that was closed (the run is shutting down)."""
+
+
+class _Board:
+    """Items keyed by super-batch id, handed from one thread to another; waiting wakes on close or failure."""
+
+    def __init__(self):
+        self._items: dict[int, object] = {}
+        self._cond = threading.Condition()
+        self._error: BaseException | None = None
+        self._closed = False
+
+    def put(self, key: int, value) -> None:
+        with self._cond:
+            self._items[key] = value
+            self._cond.notify_all()
+
+    def take(self, key: int, remove: bool) -> tuple[object, float]:
+        """The item under ``key`` (waiting for it) and the seconds waited."""
+        start = time.perf_counter()
+        with self._cond:
+            while key not in self._items:
+                if self._error is not None:
+                    raise self._error
+                if self._closed:
+                    raise _Closed()
+                self._cond.wait(0.5)
+            value = self._items.pop(key) if remove else self._items[key]
+        return value, time.perf_counter() - start
+
+    def drop(self, key: int) -> None:
+        with self._cond:
+            self._items.pop(key, None)
+
+    def fail(self, exc: BaseException) -> None:
+        with self._cond:
+            self._error = exc
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._items.clear()
+            self._cond.notify_all()
+
+
+@dataclass
+class Snapshot:
+    """A copy of the bottom layer's parameters at one parameter version (host memory)."""
+
+    version: int
+    params: list[torch.Tensor]
+    ready: object = None  # on CUDA: the event after which the pinned copies are complete
+
+
+@dataclass
+class HotEmbeddings:
+    """The bottom-layer output of one super-batch's hot set, as the device reads it."""
+
+    gsid: int
+    version: int
+    table: torch.Tensor  # (|H_s|, width) on the training device
+    num_hot: int
+    grad_acc: torch.Tensor | None = None  # hot_grad="cpu": dL/dY summed over the super-batch's steps
+    output: torch.Tensor | None = None  # hot_grad="cpu": the host output, still attached to its graph
+    params: list[torch.Tensor] | None = None  # hot_grad="cpu": the snapshot parameters it was computed from
+    ready: object = None  # on CUDA: the event after which ``table`` holds the data
+    keep: list = field(default_factory=list)  # host buffers that must outlive an asynchronous copy
+
+
+@dataclass
+class _PlannedBatch:
+    index: int
+    key: int
+    upper: SampledSubgraph  # the upper hops; ``upper.frontiers[0]`` are the bottom-layer destinations
+    cold_pos: np.ndarray
+    hot_pos: np.ndarray
+    hot_rows: np.ndarray
+    saved_edges: int  # bottom-hop edges the device does not sample because their destination is hot
+
+
+@dataclass
+class _Plan:
+    gsid: int
+    epoch: int
+    batches: list[_PlannedBatch]
+    hot: np.ndarray  # H_s, hottest first
+    reached: int  # distinct bottom-layer destinations of the super-batch
+    appearances: int  # bottom-layer destination rows over its mini-batches
+    hot_appearances: int  # of which served by hot embeddings
+
+
+@dataclass
+class Splice:
+    """How a mini-batch's bottom-layer output is assembled (see ``neutronorch.nn.splice``)."""
+
+    gsid: int
+    num_rows: int
+    cold_pos: torch.Tensor
+    hot_pos: torch.Tensor
+    hot_rows: torch.Tensor
+    last: bool  # the last mini-batch of its super-batch
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "Splice":
+        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return Splice(self.gsid, self.num_rows, move(self.cold_pos), move(self.hot_pos), move(self.hot_rows),
+                      self.last)
+
+
+class HotRatioTuner:
+    """``hot_ratio="auto"``: choose r between epochs from measured host and device time per super-batch.
+
+    The host producer's busy time grows with r (more hot vertices to sample, gather and compute); the
+    device's shrinks (fewer cold rows). Both are measured per super-batch and modelled as linear in the
+    share of bottom-layer rows served hot; r moves to where the host's time reaches the device's (on CUDA,
+    where they run in parallel), or to where their sum stops falling (on CPU, where they share the cores).
+    """
+
+    def __init__(self, start: float, shared_cores: bool):
+        self.ratio = start
+        self.shared_cores = shared_cores
+        self.history: list[dict] = []
+
+    def update(self, ratio: float, host_seconds: float, device_seconds: float, trainer_waited: float,
+               host_waited: float) -> float:
+        self.history.append({"ratio": ratio, "host_s": host_seconds, "device_s": device_seconds,
+                             "trainer_waited_s": trainer_waited, "host_waited_s": host_waited})
+        if self.shared_cores:
+            # One pool of cores: the total is what counts. Walk r in the direction that lowered it.
+            if len(self.history) < 2:
+                new = ratio * 2 if ratio < 0.4 else ratio / 2
+            else:
+                prev, cur = self.history[-2], self.history[-1]
+                total_prev = prev["host_s"] + prev["device_s"]
+                total_cur = cur["host_s"] + cur["device_s"]
+                step = cur["ratio"] / prev["ratio"] if prev["ratio"] > 0 else 2.0
+                if total_cur <= total_prev:
+                    new = cur["ratio"] * (step ** 0.5 if step != 1 else 1.0)
+                else:
+                    new = prev["ratio"] * (step ** -0.5 if step != 1 else 1.0)
+        else:
+            # Two processors: balance them. The trainer waiting means the host is the bottleneck.
+            balance = device_seconds / max(host_seconds, 1e-9)
+            new = ratio * min(2.0, max(0.5, balance))
+        self.ratio = float(min(0.9, max(0.005, new)))
+        return self.ratio
+
+
+class NeutronOrchMode(ExactMode):
+    name = "neutronorch"
+
+    def __init__(self, graph: Graph, config: TrainConfig, device: torch.device, sampler_threads: int,
+                 host_threads: int = 1):
+        super().__init__(graph, config, device, sampler_threads)
+        self.host_threads = host_threads
+        self.policy = config.hot_grad
+        self.schedule = Schedule(config.epochs, self.num_batches, config.super_batch, config.resolved_staleness)
+        self.auto = config.hot_ratio == "auto"
+        self.ratio = AUTO_START_RATIO if self.auto else float(config.hot_ratio)
+        self.tuner = HotRatioTuner(self.ratio, shared_cores=not self.on_cuda) if self.auto else None
+        self.version = 0
+        self.max_staleness = 0
+        self.hot_stream = torch.cuda.Stream(device) if self.on_cuda else None
+        self._snapshots = _Board()
+        self._hot = _Board()
+        self._next_snapshot = 0
+        self._current: HotEmbeddings | None = None
+        self._stages: dict[str, float] = {}
+        self._stage_lock = threading.Lock()
+        self._totals = {"super_batches": 0, "hot": 0, "reached": 0, "appearances": 0, "hot_appearances": 0,
+                        "saved_edges": 0, "host_edges": 0}
+        self._epoch_marks = {"host_busy": 0.0, "host_waited": 0.0}
+        self._plans: Prefetcher | None = None
+        self._stream: Prefetcher | None = None
+        self.model: torch.nn.Module | None = None
+
+    # ----- lifecycle -------------------------------------------------------------------------------------
+
+    def start(self, model) -> None:
+        self.model = model
+        self._host_template = copy.deepcopy(model.bottom).cpu().eval()
+        self._publish_due()
+        self._plans = Prefetcher(self._host_run, depth=1, name="neutronorch-host")
+        self._stream = Prefetcher(self._device_run, depth=self.config.prefetch, name="neutronorch-sampler",
+                                  on_start=lambda: numba.set_num_threads(self.sampler_threads))
+
+    def close(self) -> None:
+        self._snapshots.close()
+        self._hot.close()
+        for prefetcher in (self._plans, self._stream):
+            if prefetcher is not None:
+                prefetcher.close()
+
+    def batches(self, epoch: int) -> "_EpochView":
+        if self._stream is None:
+            raise RuntimeError("NeutronOrchMode.start(model) must be called before batches()")
+        return _EpochView(self._stream, epoch, self.num_batches)
+
+    # ----- host producer ---------------------------------------------------------------------------------
+
+    def _add_stage(self, name: str, seconds: float) -> None:
+        with self._stage_lock:
+            self._stages[name] = self._stages.get(name, 0.0) + seconds
+
+    def _host_run(self):
+        numba.set_num_threads(self.host_threads)
+        torch.set_num_threads(self.host_threads)
+        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.config.fanouts)
+        counts = np.zeros(self.graph.num_nodes, np.int32)
+        hot_map = np.full(self.graph.num_nodes, -1, np.int64)
+        orders: dict[int, torch.Tensor] = {}
+        try:
+            if self.schedule.total == 0:
+                return
+            plan = self._plan(0, sampler, counts, hot_map, orders)
+            yield plan
+            for gsid in range(self.schedule.total):
+                prepared = self._gather_hot(plan, sampler)
+                next_plan = None
+                if gsid + 1 < self.schedule.total:
+                    next_plan = self._plan(gsid + 1, sampler, counts, hot_map, orders)
+                    yield next_plan
+                self._finish_hot(plan, prepared)
+                plan = next_plan
+        except _Closed:
+            return
+        except BaseException as exc:
+            self._hot.fail(exc)  # wakes a trainer waiting for hot embeddings
+            raise
+
+    def _plan(self, gsid, sampler, counts, hot_map, orders) -> _Plan:
+        t0 = time.perf_counter()
+        epoch, first, end = self.schedule.locate(gsid)
+        if epoch not in orders:
+            orders.clear()
+            orders[epoch] = epoch_order(self.train_idx, self.config.seed, epoch)
+        order = orders[epoch]
+        size = self.config.batch_size
+        upper_fanouts = self.config.fanouts[:-1]
+        bottom_fanout = self.config.fanouts[-1]
+        uppers = []
+        for index in range(first, end):
+            key = batch_key(self.config.seed, epoch, index)
+            seeds = order[index * size:(index + 1) * size].numpy()
+            uppers.append((index, key, sampler.sample(seeds, key, upper_fanouts)))
+        bottoms = [u.frontiers[0].numpy() for _, _, u in uppers]
+        distinct, appear = kernels.count_appearances(np.concatenate(bottoms), counts)
+        num_hot = min(distinct.shape[0], int(round(self.ratio * distinct.shape[0])))
+        hot = distinct[np.argsort(-appear, kind="stable")[:num_hot]]
+        hot_map[hot] = np.arange(num_hot)
+        degrees = self.graph.indptr
+        planned = []
+        hot_appearances = 0
+        try:
+            for (index, key, upper), dst in zip(uppers, bottoms):
+                rows = hot_map[dst]
+                is_hot = rows >= 0
+                hot_pos = np.flatnonzero(is_hot)
+                hot_dst = dst[hot_pos]
+                deg = degrees[hot_dst + 1] - degrees[hot_dst]
+                saved = int(deg.sum() if bottom_fanout < 0 else np.minimum(deg, bottom_fanout).sum())
+                planned.append(_PlannedBatch(index, key, upper, np.flatnonzero(~is_hot), hot_pos, rows[hot_pos],
+                                             saved))
+                hot_appearances += hot_pos.shape[0]
+        finally:
+            hot_map[hot] = -1
+        plan = _Plan(gsid, epoch, planned, hot, int(distinct.shape[0]), int(appear.sum()), hot_appearances)
+        totals = self._totals
+        totals["super_batches"] += 1
+        totals["hot"] += num_hot
+        totals["reached"] += plan.reached
+        totals["appearances"] += plan.appearances
+        totals["hot_appearances"] += hot_appearances
+        totals["saved_edges"] += sum(b.saved_edges for b in planned)
+        self._add_stage("hot_select", time.perf_counter() - t0)
+        return plan
+
+    def _gather_hot(self, plan: _Plan, sampler: NeighborSampler):
+        """The weight-independent part of the hot embeddings: the bottom hop of H_s and its raw features.
+        The bottom hop uses the key of the super-batch's first mini-batch, so with P = 1 the host draws
+        exactly the neighbours the device would have drawn."""
+        t0 = time.perf_counter()
+        bottom_hop = len(self.config.fanouts) - 1
+        key = layer_key(plan.batches[0].key, bottom_hop)
+        block, frontier = sampler.sample_hop(plan.hot, self.config.fanouts[-1], key)
+        self._totals["host_edges"] += block.num_edges
+        t1 = time.perf_counter()
+        x = self.store.gather(torch.from_numpy(frontier))
+        t2 = time.perf_counter()
+        self._add_stage("host_sample", t1 - t0)
+        self._add_stage("host_gather", t2 - t1)
+        self._epoch_marks["host_busy"] += t2 - t0
+        return block, x
+
+    def _finish_hot(self, plan: _Plan, prepared) -> None:
+        block, x = prepared
+        snapshot, waited = self._snapshots.take(plan.gsid, remove=True)
+        self._add_stage("host_wait_weights", waited)
+        self._epoch_marks["host_waited"] += waited
+        t0 = time.perf_counter()
+        if snapshot.ready is not None:
+            snapshot.ready.synchronize()
+        layer = copy.deepcopy(self._host_template)
+        params = list(layer.parameters())
+        track = self.policy == "cpu"
+        with torch.no_grad():
+            for p, value in zip(params, snapshot.params):
+                p.copy_(value)
+        for p in params:
+            p.requires_grad_(track)
+        with torch.set_grad_enabled(track):
+            output = layer(block, x)
+        table = output.detach()
+        hot = HotEmbeddings(plan.gsid, snapshot.version, table, plan.hot.shape[0])
+        if track:
+            hot.output, hot.params = output, params
+        if self.on_cuda:
+            pinned = torch.empty(table.shape, dtype=table.dtype, pin_memory=True)
+            pinned.copy_(table)
+            with torch.cuda.stream(self.hot_stream):
+                hot.table = pinned.to(self.device, non_blocking=True)
+                if track:
+                    hot.grad_acc = torch.zeros_like(hot.table)
+                hot.ready = torch.cuda.Event()
+                hot.ready.record(self.hot_stream)
+            hot.keep.append(pinned)
+        elif track:
+            hot.grad_acc = torch.zeros_like(table)
+        seconds = time.perf_counter() - t0
+        self._add_stage("host_compute", seconds)
+        self._epoch_marks["host_busy"] += seconds
+        self._hot.put(plan.gsid, hot)
+
+    # ----- device sampler --------------------------------------------------------------------------------
+
+    def _device_run(self):
+        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.config.fanouts)
+        bottom_hop = len(self.config.fanouts) - 1
+        fanout = self.config.fanouts[-1]
+        for plan in self._plans:
+            for position, item in enumerate(plan.batches):
+                t0 = time.perf_counter()
+                dst = item.upper.frontiers[0].numpy()
+                block, frontier = sampler.sample_hop(dst[item.cold_pos], fanout, layer_key(item.key, bottom_hop))
+                subgraph = SampledSubgraph(item.upper.seeds, [block] + item.upper.blocks,
+                                           [torch.from_numpy(frontier)] + item.upper.frontiers)
+                t1 = time.perf_counter()
+                buffer = self.pool.acquire(frontier.shape[0])
+                features = self.store.gather_into(subgraph.input_nodes, buffer)
+                labels = self.store.labels[item.upper.seeds]
+                t2 = time.perf_counter()
+                batch = MiniBatch(plan.epoch, item.index, subgraph, features, labels,
+                                  stage_seconds={"sample": t1 - t0, "gather": t2 - t1})
+                batch.splice = Splice(plan.gsid, dst.shape[0], torch.from_numpy(item.cold_pos),
+                                      torch.from_numpy(item.hot_pos), torch.from_numpy(item.hot_rows),
+                                      last=position == len(plan.batches) - 1)
+                if self.on_cuda:
+                    with torch.cuda.stream(self.copy_stream):
+                        batch.splice = batch.splice.to(self.device, non_blocking=True)
+                    self._copy_to_device(batch, buffer)
+                    batch.stage_seconds["copy"] = time.perf_counter() - t2
+                else:
+                    batch.release = lambda buffer=buffer: self.pool.release(buffer)
+                yield batch
+
+    # ----- trainer side ----------------------------------------------------------------------------------
+
+    def _publish_due(self) -> None:
+        """Publish the W0 snapshot to every super-batch whose assigned version is now reached."""
+        snapshot = None
+        while (self._next_snapshot < self.schedule.total
+               and self.schedule.snapshot_version(self._next_snapshot) <= self.version):
+            if snapshot is None:
+                snapshot = self._take_snapshot()
+            self._snapshots.put(self._next_snapshot, snapshot)
+            self._next_snapshot += 1
+
+    def _take_snapshot(self) -> Snapshot:
+        params = [p.detach() for p in self.model.bottom.parameters()]
+        if not self.on_cuda:
+            return Snapshot(self.version, [p.clone() for p in params])
+        host = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in params]
+        for h, p in zip(host, params):
+            h.copy_(p, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return Snapshot(self.version, host, ready)
+
+    def prepare(self, batch: MiniBatch) -> None:
+        super().prepare(batch)
+        gsid = batch.splice.gsid
+        if self._current is None or self._current.gsid != gsid:
+            self._current, waited = self._hot.take(gsid, remove=False)
+            self._add_stage("wait_hot", waited)
+            if self._current.ready is not None:
+                stream = torch.cuda.current_stream(self.device)
+                stream.wait_event(self._current.ready)
+                self._current.table.record_stream(stream)
+                if self._current.grad_acc is not None:
+                    self._current.grad_acc.record_stream(stream)
+            if self.on_cuda:
+                for t in (batch.splice.cold_pos, batch.splice.hot_pos, batch.splice.hot_rows):
+                    t.record_stream(torch.cuda.current_stream(self.device))
+        self._check_staleness(self._current)
+
+    def _check_staleness(self, hot: HotEmbeddings) -> None:
+        staleness = self.version - hot.version
+        if staleness > self.schedule.staleness_bound or staleness < 0:
+            raise RuntimeError(f"staleness bound violated: hot embeddings of super-batch {hot.gsid} were "
+                               f"computed at parameter version {hot.version} and are used at version "
+                               f"{self.version} (bound {self.schedule.staleness_bound}). This is a bug.")
+        if hot.num_hot:
+            self.max_staleness = max(self.max_staleness, staleness)
+
+    def forward(self, model, batch: MiniBatch) -> torch.Tensor:
+        s = batch.splice
+        hot = self._current
+        y_cold = model.layers[0](batch.blocks[0], batch.features)
+        y = splice(y_cold, hot.table, s.num_rows, s.cold_pos, s.hot_pos, s.hot_rows, hot.grad_acc)
+        return model.forward_from(1, batch.blocks, model.activate(0, y))
+
+    def before_step(self, batch: MiniBatch) -> None:
+        """``hot_grad="cpu"``: at the super-batch's last step, add the hot rows' W0 gradient (computed on the
+        host from the accumulated dL/dY) to the bottom layer's gradient."""
+        hot = self._current
+        if not batch.splice.last or hot.output is None or hot.num_hot == 0:
+            return
+        t0 = time.perf_counter()
+        self._check_staleness(hot)
+        grad_y = hot.grad_acc.cpu() if self.on_cuda else hot.grad_acc
+        grads = torch.autograd.grad(hot.output, hot.params, grad_y)
+        for p, g in zip(self.model.bottom.parameters(), grads):
+            g = g.to(p.device, non_blocking=True)
+            if p.grad is None:
+                p.grad = g
+            else:
+                p.grad.add_(g)
+        self._add_stage("hot_grad", time.perf_counter() - t0)
+
+    def after_step(self, batch: MiniBatch) -> None:
+        self.version += 1
+        self._publish_due()
+        if batch.splice.last:
+            self._hot.drop(batch.splice.gsid)
+            self._current = None
+
+    # ----- reporting -------------------------------------------------------------------------------------
+
+    def take_stage_seconds(self) -> dict[str, float]:
+        with self._stage_lock:
+            stages, self._stages = self._stages, {}
+        return stages
+
+    def end_epoch(self, record: dict) -> None:
+        """Record this epoch's hot ratio and, with ``auto``, choose the next one."""
+        record["hot_ratio"] = round(self.ratio, 4)
+        if self.tuner is None:
+            return
+        stages = record["stage_seconds"]
+        per = max(1, self.schedule.per_epoch)
+        host = self._epoch_marks["host_busy"] / per
+        device = (stages.get("train", 0.0) - stages.get("wait_hot", 0.0)) / per
+        self.ratio = self.tuner.update(self.ratio, host, device, stages.get("wait_hot", 0.0),
+                                       self._epoch_marks["host_waited"])
+        self._epoch_marks = {"host_busy": 0.0, "host_waited": 0.0}
+
+    def summary(self) -> dict:
+        t = self._totals
+        n = max(1, t["super_batches"])
+        return {
+            "neutronorch": {"super_batch": self.schedule.super_batch, "hot_grad": self.policy,
+                            "hot_ratio_setting": self.config.hot_ratio,
+                            "auto_history": self.tuner.history if self.tuner else None},
+            "staleness": {"bound": self.schedule.staleness_bound, "max_observed": self.max_staleness},
+            "hot": {
+                "ratio": round(self.ratio, 4),
+                "mean_hot_per_super_batch": t["hot"] / n,
+                "mean_reached_per_super_batch": t["reached"] / n,
+                # Share of bottom-layer destination rows served from hot embeddings instead of computed.
+                "reuse_rate": t["hot_appearances"] / max(1, t["appearances"]),
+                "uses_per_hot_embedding": t["hot_appearances"] / max(1, t["hot"]),
+                "bottom_edges_saved": t["saved_edges"],
+                "host_bottom_edges": t["host_edges"],
+                "super_batches": t["super_batches"],
+            },
+        }
+
+
+class _EpochView:
+    """One epoch's mini-batches out of the mode's persistent stream (closing it does not stop the stream)."""
+
+    def __init__(self, stream: Prefetcher, epoch: int, count: int):
+        self._stream, self._epoch, self._left = stream, epoch, count
+        self._start_wait = stream.wait_seconds
+
+    @property
+    def wait_seconds(self) -> float:
+        return self._stream.wait_seconds - self._start_wait
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> MiniBatch:
+        if self._left == 0:
+            raise StopIteration
+        batch = next(self._stream)
+        if batch.epoch != self._epoch:
+            raise RuntimeError(f"pipeline out of step: got a batch of epoch {batch.epoch} in epoch {self._epoch}")
+        self._left -= 1
+        return batch
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()

@@ -1,0 +1,280 @@
+"""NeutronOrch mode: exactness against exact mode, the staleness bound, the pipeline and its errors."""
+
+import copy
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from neutronorch import ConfigError, TrainConfig, train
+from neutronorch.cli import main
+from neutronorch.data import SyntheticSpec, generate
+from neutronorch.nn.aggregation import mean_aggregate_torch
+from neutronorch.nn.models import GNN
+from neutronorch.orchestration.exact import ExactMode
+from neutronorch.orchestration.neutronorch import NeutronOrchMode, Schedule
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key
+
+SMALL = "synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6"
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return generate(SyntheticSpec(nodes=1500, degree=8, features=12, classes=4, noise=0.6))
+
+
+def config(**overrides):
+    values = dict(dataset="given", fanouts=[4, 3, 3], hidden=16, heads=2, batch_size=64, epochs=2, lr=0.01,
+                  dropout=0.0, weight_decay=1e-3, progress=False, seed=3)
+    values.update(overrides)
+    cfg = TrainConfig(**values).validate()
+    return cfg
+
+
+def lockstep(graph, cfg_a, cfg_b, steps_per_epoch_check=None):
+    """Train two modes side by side from the same initial model; yield per step (batch_a, batch_b, loss_a,
+    loss_b, model_a, model_b) after the backward pass and before the optimizer step."""
+    torch.manual_seed(0)
+    model_a = GNN(cfg_a.model, graph.feature_dim, cfg_a.hidden, graph.num_classes, len(cfg_a.fanouts),
+                  dropout=cfg_a.dropout, heads=cfg_a.heads)
+    model_b = copy.deepcopy(model_a)
+    opt_a = torch.optim.Adam(model_a.parameters(), lr=cfg_a.lr, weight_decay=cfg_a.weight_decay)
+    opt_b = torch.optim.Adam(model_b.parameters(), lr=cfg_b.lr, weight_decay=cfg_b.weight_decay)
+    modes = []
+    for cfg in (cfg_a, cfg_b):
+        cls = NeutronOrchMode if cfg.mode == "neutronorch" else ExactMode
+        modes.append(cls(graph, cfg, torch.device("cpu"), 1, *([1] if cls is NeutronOrchMode else [])))
+    mode_a, mode_b = modes
+    mode_a.start(model_a)
+    mode_b.start(model_b)
+    step = 0
+    try:
+        for epoch in range(cfg_a.epochs):
+            with mode_a.batches(epoch) as stream_a, mode_b.batches(epoch) as stream_b:
+                for batch_a, batch_b in zip(stream_a, stream_b):
+                    losses = []
+                    for mode, model, batch in ((mode_a, model_a, batch_a), (mode_b, model_b, batch_b)):
+                        torch.manual_seed(1000 + step)  # the same dropout masks in both
+                        mode.prepare(batch)
+                        loss = F.cross_entropy(mode.forward(model, batch), batch.labels)
+                        model.zero_grad(set_to_none=True)
+                        loss.backward()
+                        mode.before_step(batch)
+                        losses.append(loss.detach())
+                    yield batch_a, batch_b, losses[0], losses[1], model_a, model_b
+                    for mode, opt, batch in ((mode_a, opt_a, batch_a), (mode_b, opt_b, batch_b)):
+                        opt.step()
+                        mode.after_step(batch)
+                        batch.release()
+                    step += 1
+    finally:
+        mode_a.close()
+        mode_b.close()
+
+
+@pytest.mark.parametrize("model,dropout", [("sage", 0.5), ("gcn", 0.5), ("gat", 0.0)])
+def test_p1_s0_cpu_grad_equals_exact_mode_losses_and_gradients(graph, model, dropout):
+    # GAT's attention dropout draws masks over the edges of the block the device computes, which the hot
+    # rows leave; the ReLU dropout between layers is drawn per row of the full layer output in both modes.
+    exact = config(model=model, mode="exact", dropout=dropout)
+    orch = config(model=model, mode="neutronorch", dropout=dropout, super_batch=1, staleness_bound=0,
+                  hot_grad="cpu", hot_ratio=0.3)
+    steps = hot_rows = 0
+    for batch_a, batch_b, loss_a, loss_b, model_a, model_b in lockstep(graph, exact, orch):
+        assert torch.equal(batch_a.subgraph.seeds, batch_b.subgraph.seeds)
+        # Hot destinations' neighbours are neither sampled nor gathered on the device.
+        assert batch_b.features.shape[0] <= batch_a.features.shape[0]
+        hot_rows += int(batch_b.splice.hot_pos.numel())
+        torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6)
+        for (name, p_a), p_b in zip(model_a.named_parameters(), model_b.parameters()):
+            torch.testing.assert_close(p_b.grad, p_a.grad, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        steps += 1
+    assert steps == 2 * -(-len(graph.train_idx) // 64)
+    assert hot_rows > 0
+
+
+@pytest.mark.parametrize("model", ["sage", "gat"])
+def test_hot_ratio_zero_is_exact_mode_whatever_the_super_batch(graph, model):
+    exact = config(model=model, mode="exact")
+    orch = config(model=model, mode="neutronorch", super_batch=4, hot_ratio=0.0)
+    for batch_a, batch_b, loss_a, loss_b, model_a, model_b in lockstep(graph, exact, orch):
+        assert batch_b.splice.hot_pos.numel() == 0
+        torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6)
+
+
+def test_stop_grad_leaves_hot_rows_out_of_the_bottom_gradient(graph):
+    # P = 1, S = 0: identical forward; the bottom layer's gradient misses exactly the hot rows' share.
+    exact = config(mode="exact")
+    orch = config(mode="neutronorch", super_batch=1, staleness_bound=0, hot_grad="stop", hot_ratio=0.5)
+    for batch_a, batch_b, loss_a, loss_b, model_a, model_b in lockstep(graph, exact, orch):
+        torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6)
+        if batch_b.splice.hot_pos.numel():
+            assert not torch.allclose(model_b.layers[0].lin_neigh.weight.grad, model_a.layers[0].lin_neigh.weight.grad)
+        torch.testing.assert_close(model_b.layers[-1].lin_self.weight.grad, model_a.layers[-1].lin_self.weight.grad,
+                                   rtol=1e-4, atol=1e-6)
+        break
+
+
+@pytest.mark.parametrize("kind", ["sage", "gcn"])
+def test_host_hot_rows_equal_the_device_definition(graph, kind):
+    # The host's hot embeddings use the layer's own code; here they are compared to the plain torch
+    # definition (the aggregation CUDA devices run) over the same sampled neighbours.
+    cfg = config(model=kind, mode="neutronorch", super_batch=2, hot_ratio=0.5, epochs=1)
+    torch.manual_seed(0)
+    model = GNN(kind, graph.feature_dim, cfg.hidden, graph.num_classes, 3)
+    mode = NeutronOrchMode(graph, cfg, torch.device("cpu"), 1, 1)
+    mode.model = model
+    mode._host_template = copy.deepcopy(model.bottom).eval()
+    mode._publish_due()
+    sampler = NeighborSampler(graph.indptr, graph.indices, cfg.fanouts)
+    counts = np.zeros(graph.num_nodes, np.int32)
+    hot_map = np.full(graph.num_nodes, -1, np.int64)
+    plan = mode._plan(0, sampler, counts, hot_map, {})
+    assert (hot_map == -1).all() and (counts == 0).all()  # scratch left clean
+    mode._finish_hot(plan, mode._gather_hot(plan, sampler))
+    hot, _ = mode._hot.take(0, remove=True)
+    block, frontier = NeighborSampler(graph.indptr, graph.indices, cfg.fanouts).sample_hop(
+        plan.hot, cfg.fanouts[-1], layer_key(plan.batches[0].key, 2))
+    x = torch.from_numpy(graph.features[frontier]).float()
+    layer = model.bottom
+    expected = layer.transform(block.dst_rows(x), mean_aggregate_torch(block, x, include_self=kind == "gcn"))
+    torch.testing.assert_close(hot.table, expected.detach(), rtol=1e-5, atol=1e-5)
+    # Hot vertices are the most frequent bottom-layer destinations of the super-batch.
+    bottoms = np.concatenate([b.upper.frontiers[0].numpy() for b in plan.batches])
+    ids, freq = np.unique(bottoms, return_counts=True)
+    by_id = dict(zip(ids.tolist(), freq.tolist()))
+    hot_freq = [by_id[v] for v in plan.hot.tolist()]
+    assert hot_freq == sorted(hot_freq, reverse=True)
+    assert min(hot_freq) >= max([by_id[v] for v in set(ids.tolist()) - set(plan.hot.tolist())], default=0)
+    assert len(plan.hot) == round(0.5 * len(ids))
+    mode.close()
+
+
+def test_schedule_keeps_every_use_within_the_bound():
+    for epochs, batches, p, s in [(2, 10, 4, 7), (3, 5, 4, 3), (1, 1, 8, 7), (2, 9, 1, 0), (2, 12, 3, 10)]:
+        sched = Schedule(epochs, batches, p, s)
+        for g in range(sched.total):
+            v = sched.snapshot_version(g)
+            assert v <= sched.first_step(g)
+            assert sched.last_step(g) - v <= s
+            epoch, first, end = sched.locate(g)
+            assert sched.gsid_of(epoch, first) == g and sched.gsid_of(epoch, end - 1) == g
+
+
+@pytest.mark.parametrize("p,bound", [(4, None), (3, 2)])
+def test_training_reports_observed_staleness_within_the_bound(p, bound):
+    summary = train(TrainConfig(dataset=SMALL, mode="neutronorch", fanouts=[5, 5], hidden=32, batch_size=64,
+                                epochs=2, super_batch=p, staleness_bound=bound, hot_ratio=0.2, progress=False))
+    expected = 2 * p - 1 if bound is None else bound
+    assert summary["staleness"] == {"bound": expected, "max_observed": expected}
+    hot = summary["hot"]
+    assert 0 < hot["reuse_rate"] < 1 and hot["mean_hot_per_super_batch"] > 0 and hot["bottom_edges_saved"] > 0
+    assert hot["uses_per_hot_embedding"] > 1
+
+
+def test_a_staleness_violation_raises(graph):
+    mode = NeutronOrchMode(graph, config(mode="neutronorch", super_batch=2), torch.device("cpu"), 1, 1)
+    from neutronorch.orchestration.neutronorch import HotEmbeddings
+    hot = HotEmbeddings(gsid=0, version=0, table=torch.zeros(1, 1), num_hot=1)
+    mode.version = 3
+    mode._check_staleness(hot)
+    mode.version = 4
+    with pytest.raises(RuntimeError, match="staleness bound violated"):
+        mode._check_staleness(hot)
+
+
+@pytest.mark.parametrize("model", ["gcn", "gat"])
+def test_neutronorch_mode_learns(model):
+    summary = train(TrainConfig(dataset=SMALL, mode="neutronorch", model=model, fanouts=[5, 5], hidden=32,
+                                batch_size=128, epochs=12 if model == "gat" else 3, lr=0.01, dropout=0.5,
+                                weight_decay=0.0, super_batch=4, hot_ratio=0.3, progress=False))
+    assert summary["test_acc"] > 0.8
+
+
+def test_every_destination_hot_and_auto_ratio_run(graph):
+    summary = train(config(mode="neutronorch", hot_ratio=1.0, epochs=1), graph=graph)
+    assert summary["hot"]["reuse_rate"] == 1.0
+    summary = train(config(mode="neutronorch", hot_ratio="auto", epochs=3), graph=graph)
+    ratios = [e["hot_ratio"] for e in summary["epochs"]]
+    assert len(set(ratios)) > 1 and summary["neutronorch"]["auto_history"]
+
+
+def _pipeline_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("neutronorch-")]
+
+
+def test_a_host_error_reaches_the_caller_and_no_thread_is_left(monkeypatch, graph):
+    original = NeutronOrchMode._finish_hot
+
+    def failing(self, plan, prepared):
+        if plan.gsid == 3:
+            raise ValueError("host stage broke")
+        return original(self, plan, prepared)
+
+    monkeypatch.setattr(NeutronOrchMode, "_finish_hot", failing)
+    with pytest.raises(ValueError, match="host stage broke") as info:
+        train(config(mode="neutronorch", super_batch=2, hot_ratio=0.2, epochs=3), graph=graph)
+    assert any(entry.name == "failing" for entry in info.traceback)
+    deadline = time.monotonic() + 5
+    while _pipeline_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _pipeline_threads()
+
+
+def test_a_trainer_error_stops_the_pipeline(monkeypatch, graph):
+    calls = {"n": 0}
+    original = NeutronOrchMode.after_step
+
+    def failing(self, batch):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyError("trainer broke")
+        return original(self, batch)
+
+    monkeypatch.setattr(NeutronOrchMode, "after_step", failing)
+    with pytest.raises(KeyError, match="trainer broke"):
+        train(config(mode="neutronorch", super_batch=2, hot_ratio=0.2, epochs=3), graph=graph)
+    deadline = time.monotonic() + 5
+    while _pipeline_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _pipeline_threads()
+
+
+def test_the_pipeline_runs_on_across_epochs(graph):
+    cfg = config(mode="neutronorch", super_batch=2, hot_ratio=0.2, epochs=2)
+    torch.manual_seed(0)
+    model = GNN("sage", graph.feature_dim, 16, graph.num_classes, 3)
+    mode = NeutronOrchMode(graph, cfg, torch.device("cpu"), 1, 1)
+    mode.start(model)
+    try:
+        stream = mode._stream
+        with mode.batches(0) as batches:
+            for batch in batches:
+                mode.prepare(batch)
+                mode.after_step(batch)
+                batch.release()
+        # Without any call for epoch 1, its first mini-batches are prepared already.
+        deadline = time.monotonic() + 10
+        while stream._queue.empty() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not stream._queue.empty()
+        with mode.batches(1) as batches:
+            assert next(batches).epoch == 1
+        assert mode._stream is stream
+    finally:
+        mode.close()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--mode", "neutronorch", "--super-batch", "4", "--staleness-bound", "2"], "at least 3"),
+    (["--mode", "neutronorch", "--hot-ratio", "1.5"], "--hot-ratio"),
+    (["--mode", "neutronorch", "--hot-ratio", "lots"], "'auto' or a fraction"),
+    (["--mode", "neutronorch", "--super-batch", "0"], "--super-batch 0"),
+])
+def test_bad_neutronorch_options_give_one_clear_error(args, message, capsys):
+    assert main(["train", "--dataset", SMALL, "--epochs", "1"] + args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
