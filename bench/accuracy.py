@@ -52,6 +52,12 @@ def parse_args(argv=None):
     p.add_argument("--datasets-root", default=str(REPO / ".." / "shared" / "datasets"))
     for key, value in SETTINGS.items():
         p.add_argument("--" + key.replace("_", "-"), default=value, type=type(value), help=f"(default: {value})")
+    p.add_argument("--modes", default="exact",
+                   help="comma-separated modes; with two, the table shows both and their difference "
+                        "(default: %(default)s)")
+    for key in ("super_batch", "hot_ratio", "staleness_bound", "hot_grad"):
+        p.add_argument("--" + key.replace("_", "-"), default=None,
+                       help=f"neutronorch mode's {key} (default: the package's, {getattr(DEFAULTS, key)})")
     p.add_argument("--threads", type=int, default=0, help="training threads; 0 = all cores")
     p.add_argument("--sampler-threads", type=int, default=0, help="sampler threads; 0 = half the cores")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -60,13 +66,19 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def run_pair(args, graph, model: str, seeds: list[int]) -> list[dict]:
+def run_pair(args, graph, model: str, seeds: list[int], mode: str = "exact") -> list[dict]:
     runs = []
+    extra = {}
+    if mode == "neutronorch":
+        for key, cast in (("super_batch", int), ("hot_ratio", str), ("staleness_bound", int), ("hot_grad", str)):
+            if getattr(args, key) is not None:
+                extra[key] = cast(getattr(args, key))
     for seed in seeds:
         config = TrainConfig(model=model, fanouts=args.fanouts, hidden=args.hidden, heads=args.heads,
                              batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
                              weight_decay=args.weight_decay, dropout=args.dropout, seed=seed, device=args.device,
-                             threads=args.threads, sampler_threads=args.sampler_threads, progress=False)
+                             threads=args.threads, sampler_threads=args.sampler_threads, progress=False,
+                             mode=mode, **extra)
         quiet = contextlib.nullcontext() if args.verbose else contextlib.redirect_stderr(io.StringIO())
         t0 = time.perf_counter()
         with quiet:
@@ -77,7 +89,9 @@ def run_pair(args, graph, model: str, seeds: list[int]) -> list[dict]:
                      "final_test_acc": summary["final_test_acc"],
                      "epoch_seconds_median": summary["epoch_seconds_median"],
                      "wall_seconds": round(time.perf_counter() - t0, 2)})
-        print(f"  {graph.name} {model} seed {seed}: test {summary['test_acc']:.4f} (best epoch "
+        if mode == "neutronorch":
+            runs[-1].update(hot=summary["hot"], staleness=summary["staleness"])
+        print(f"  {graph.name} {mode} {model} seed {seed}: test {summary['test_acc']:.4f} (best epoch "
               f"{summary['best_epoch']}, batch {batch})", file=sys.stderr, flush=True)
     return runs
 
@@ -87,6 +101,9 @@ def main(argv=None) -> int:
     root = Path(args.datasets_root)
     seeds = [int(s) for s in args.seeds.split(",")]
     names = args.datasets.split(",")
+    modes = args.modes.split(",")
+    if not 1 <= len(modes) <= 2:
+        sys.exit("--modes: give one mode, or two to compare")
     for name in names:
         if name not in DATASETS:
             sys.exit(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
@@ -101,19 +118,22 @@ def main(argv=None) -> int:
         graph = load_dataset(str(path), split, 0)
         models = args.models.split(",") if args.models else [m for m in MODELS if m in targets]
         for model in models:
-            runs = run_pair(args, graph, model, seeds)
-            accs = [r["test_acc"] for r in runs]
-            mean = statistics.mean(accs)
-            target = targets.get(model)
-            rows.append({"dataset": name, "model": model, "mean": mean,
-                         "std": statistics.stdev(accs) if len(accs) > 1 else 0.0, "target": target,
-                         "pass": None if target is None else mean >= target,
-                         "epoch_seconds": statistics.median(r["epoch_seconds_median"] for r in runs),
-                         "runs": runs})
+            for mode in modes:
+                runs = run_pair(args, graph, model, seeds, mode)
+                accs = [r["test_acc"] for r in runs]
+                mean = statistics.mean(accs)
+                target = targets.get(model)
+                rows.append({"dataset": name, "model": model, "mode": mode, "mean": mean,
+                             "std": statistics.stdev(accs) if len(accs) > 1 else 0.0, "target": target,
+                             "pass": None if target is None else mean >= target,
+                             "epoch_seconds": statistics.median(r["epoch_seconds_median"] for r in runs),
+                             "runs": runs})
 
     if not rows:
         print("no dataset found; nothing to report", file=sys.stderr)
         return 1
+    if len(modes) == 2:
+        return _compare_modes(args, rows, modes, seeds)
     print(f"| dataset | model | test acc % (mean ± std over {len(seeds)} seeds) | target | pass | median epoch time |")
     print("|---|---|---|---|---|---|")
     for r in rows:
@@ -127,6 +147,31 @@ def main(argv=None) -> int:
         settings = {k: getattr(args, k) for k in (*SETTINGS, "seeds", "threads", "sampler_threads", "device")}
         out.write_text(json.dumps({"settings": settings, "rows": rows}, indent=2) + "\n")
     return 0 if all(r["pass"] is not False for r in rows) else 1
+
+
+def _compare_modes(args, rows, modes, seeds) -> int:
+    """Two modes side by side; a pair passes when the second is within 1.0 point of the first."""
+    first, second = modes
+    by_key = {(r["dataset"], r["model"], r["mode"]): r for r in rows}
+    pairs = []
+    print(f"| dataset | model | {first} % | {second} % | difference (points) | within 1 point | "
+          f"epoch time {first} / {second} |")
+    print("|---|---|---|---|---|---|---|")
+    for (dataset, model, mode), a in by_key.items():
+        if mode != first:
+            continue
+        b = by_key[(dataset, model, second)]
+        diff = 100 * (b["mean"] - a["mean"])
+        ok = diff >= -1.0
+        pairs.append(ok)
+        print(f"| {dataset} | {model} | {100 * a['mean']:.1f} ± {100 * a['std']:.1f} | "
+              f"{100 * b['mean']:.1f} ± {100 * b['std']:.1f} | {diff:+.1f} | {'pass' if ok else 'FAIL'} | "
+              f"{a['epoch_seconds']:.3f} / {b['epoch_seconds']:.3f} s |")
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"modes": modes, "seeds": seeds, "rows": rows}, indent=2) + "\n")
+    return 0 if all(pairs) else 1
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ def test_p1_s0_cpu_grad_equals_exact_mode_losses_and_gradients(graph, model, dro
         assert torch.equal(batch_a.subgraph.seeds, batch_b.subgraph.seeds)
         # Hot destinations' neighbours are neither sampled nor gathered on the device.
         assert batch_b.features.shape[0] <= batch_a.features.shape[0]
-        hot_rows += int(batch_b.splice.hot_pos.numel())
+        hot_rows += int(batch_b.splice.index.hot_pos.numel())
         torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6)
         for (name, p_a), p_b in zip(model_a.named_parameters(), model_b.parameters()):
             torch.testing.assert_close(p_b.grad, p_a.grad, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
@@ -101,7 +101,7 @@ def test_hot_ratio_zero_is_exact_mode_whatever_the_super_batch(graph, model):
     exact = config(model=model, mode="exact")
     orch = config(model=model, mode="neutronorch", super_batch=4, hot_ratio=0.0)
     for batch_a, batch_b, loss_a, loss_b, model_a, model_b in lockstep(graph, exact, orch):
-        assert batch_b.splice.hot_pos.numel() == 0
+        assert batch_b.splice.index.hot_pos.numel() == 0
         torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6)
 
 
@@ -111,7 +111,7 @@ def test_stop_grad_leaves_hot_rows_out_of_the_bottom_gradient(graph):
     orch = config(mode="neutronorch", super_batch=1, staleness_bound=0, hot_grad="stop", hot_ratio=0.5)
     for batch_a, batch_b, loss_a, loss_b, model_a, model_b in lockstep(graph, exact, orch):
         torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6)
-        if batch_b.splice.hot_pos.numel():
+        if batch_b.splice.index.hot_pos.numel():
             assert not torch.allclose(model_b.layers[0].lin_neigh.weight.grad, model_a.layers[0].lin_neigh.weight.grad)
         torch.testing.assert_close(model_b.layers[-1].lin_self.weight.grad, model_a.layers[-1].lin_self.weight.grad,
                                    rtol=1e-4, atol=1e-6)
@@ -278,3 +278,24 @@ def test_bad_neutronorch_options_give_one_clear_error(args, message, capsys):
     assert main(["train", "--dataset", SMALL, "--epochs", "1"] + args) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_auto_ratio_walks_towards_the_fastest_epoch_on_shared_cores():
+    from neutronorch.orchestration.neutronorch import HotRatioTuner
+
+    tuner = HotRatioTuner(0.2, shared_cores=True)
+    cost = lambda r: (np.log2(r) - np.log2(0.3)) ** 2 + 10  # noqa: E731 - fastest at r = 0.3
+    ratio = tuner.update(99.0, 0, 0)  # warm-up epoch: ignored
+    assert ratio == 0.2
+    for _ in range(12):
+        ratio = tuner.update(cost(ratio), 0, 0)
+    assert abs(np.log2(ratio) - np.log2(0.3)) < 0.5
+
+
+def test_auto_ratio_balances_host_and_device_on_separate_processors():
+    from neutronorch.orchestration.neutronorch import HotRatioTuner
+
+    tuner = HotRatioTuner(0.2, shared_cores=False)
+    tuner.update(1.0, 1.0, 1.0)
+    assert tuner.update(1.0, host_seconds=2.0, device_seconds=1.0) == pytest.approx(0.1)  # host slower: less hot
+    assert tuner.update(1.0, host_seconds=1.0, device_seconds=10.0) == pytest.approx(0.2)  # at most 2x per epoch

@@ -161,3 +161,37 @@ def test_torch_aggregation_accepts_int32_indices_and_offset_destinations(small_c
     x = torch.randn(300, 6)
     for include_self in (False, True):
         torch.testing.assert_close(mean_aggregate_torch(block, x, include_self), mean_aggregate(block, x, include_self))
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5])
+def test_splice_fused_with_relu_dropout_equals_its_definition(p):
+    from neutronorch.nn.splice import SpliceIndex, _splice_torch_reference, splice, splice_relu_dropout
+
+    rng = np.random.default_rng(0)
+    n, width, n_hot_table = 50, 12, 30
+    perm = rng.permutation(n)
+    hot_pos, cold_pos = np.sort(perm[:20]), np.sort(perm[20:])
+    hot_rows = rng.choice(n_hot_table, 20, replace=False)
+    index = SpliceIndex.build(n, cold_pos, hot_pos, hot_rows)
+    y = torch.randn(len(cold_pos), width)
+    table = torch.randn(n_hot_table, width)
+    grad = torch.randn(n, width)
+    results = []
+    for fused in (True, False):
+        leaf = y.clone().requires_grad_()
+        acc = torch.zeros(n_hot_table, width)
+        torch.manual_seed(5)
+        if fused:
+            out = splice_relu_dropout(leaf * 1, table, index, p, training=True, grad_acc=acc)
+        else:
+            out = relu_dropout(_splice_torch_reference(leaf * 1, table, index, acc), p, training=True)
+        out.backward(grad)
+        results.append((out.detach(), leaf.grad, acc))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b)
+    out, _, acc = results[0]
+    assert acc.abs().sum() > 0 and (acc[np.setdiff1d(np.arange(n_hot_table), hot_rows)] == 0).all()
+    # Without an accumulator the hot rows' gradient is dropped, and the plain splice copies rows.
+    plain = splice(y, table, index)
+    torch.testing.assert_close(plain[torch.from_numpy(cold_pos)], y)
+    torch.testing.assert_close(plain[torch.from_numpy(hot_pos)], table[torch.from_numpy(hot_rows)])

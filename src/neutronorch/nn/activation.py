@@ -43,15 +43,25 @@ def _backward(grad_out, keep, scale, grad_in):
             grad_in[i, j] = grad_out[i, j] * scale if keep[i, j] else 0.0
 
 
+def dropout_constants(p: float) -> tuple[np.uint64, np.float32]:
+    """(byte threshold, scale) of dropout probability ``p`` resolved to 1/256."""
+    threshold = np.uint64(min(255, round(p * 256)))
+    return threshold, np.float32(256.0 / (256 - int(threshold)))
+
+
+def draw_key() -> np.uint64:
+    """A dropout key from torch's generator (so ``torch.manual_seed`` governs the masks)."""
+    return np.uint64(int(torch.randint(0, 2**62, (1,))))
+
+
 class _ReluDropout(torch.autograd.Function):
     """In place: a layer's pre-activation output is needed by nothing else (autograd's version counter
     would raise if it were), and skipping a fresh output saves its page faults."""
 
     @staticmethod
     def forward(ctx, y, p):
-        threshold = np.uint64(min(255, round(p * 256)))
-        scale = np.float32(256.0 / (256 - int(threshold)))
-        key = np.uint64(int(torch.randint(0, 2**62, (1,))))
+        threshold, scale = dropout_constants(p)
+        key = draw_key()
         keep = torch.empty(y.shape, dtype=torch.uint8)
         values = y.detach().numpy()
         _forward(values, threshold, scale, key, values, keep.numpy())

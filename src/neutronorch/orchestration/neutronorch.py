@@ -40,7 +40,7 @@ from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.sampling import kernels
 from neutronorch.sampling.block import MiniBatch, SampledSubgraph
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, layer_key
-from neutronorch.nn.splice import splice
+from neutronorch.nn.splice import SpliceIndex, splice, splice_relu_dropout
 
 # The hot ratio ``auto`` starts here and is re-tuned between epochs (see ``HotRatioTuner``).
 AUTO_START_RATIO = 0.2
@@ -178,57 +178,59 @@ class _Plan:
 
 @dataclass
 class Splice:
-    """How a mini-batch's bottom-layer output is assembled (see ``neutronorch.nn.splice``)."""
+    """A mini-batch's place in its super-batch and how its bottom-layer output is assembled."""
 
     gsid: int
-    num_rows: int
-    cold_pos: torch.Tensor
-    hot_pos: torch.Tensor
-    hot_rows: torch.Tensor
+    index: SpliceIndex
     last: bool  # the last mini-batch of its super-batch
-
-    def to(self, device: torch.device, non_blocking: bool = False) -> "Splice":
-        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return Splice(self.gsid, self.num_rows, move(self.cold_pos), move(self.hot_pos), move(self.hot_rows),
-                      self.last)
 
 
 class HotRatioTuner:
-    """``hot_ratio="auto"``: choose r between epochs from measured host and device time per super-batch.
+    """``hot_ratio="auto"``: re-tune r between epochs from measured times.
 
-    The host producer's busy time grows with r (more hot vertices to sample, gather and compute); the
-    device's shrinks (fewer cold rows). Both are measured per super-batch and modelled as linear in the
-    share of bottom-layer rows served hot; r moves to where the host's time reaches the device's (on CUDA,
-    where they run in parallel), or to where their sum stops falling (on CPU, where they share the cores).
+    - **Host and device are different processors** (CUDA): balance them. The host producer's busy time per
+      super-batch grows with r, the device's shrinks; r is scaled by (device time / host time), at most 2x
+      either way per epoch, so that neither side waits for the other for long.
+    - **They share the cores** (device = CPU): the host's work is taken from the device's cores, so the
+      balance point says nothing; what counts is the epoch time. r walks in log steps (x2, then x sqrt 2 once
+      a step made things worse) in the direction that lowered the measured epoch time.
+
+    The first epoch (JIT compilation, cold caches) is not used for decisions.
     """
+
+    LOW, HIGH = 0.01, 0.8
+    MIN_STEP = 0.25  # log2 units: the walk stops refining below a factor of 2 ** 0.25
 
     def __init__(self, start: float, shared_cores: bool):
         self.ratio = start
         self.shared_cores = shared_cores
         self.history: list[dict] = []
+        self._direction, self._step = 1.0, 1.0  # walk in log2(r)
+        self._best: tuple[float, float] | None = None  # (epoch seconds, ratio)
 
-    def update(self, ratio: float, host_seconds: float, device_seconds: float, trainer_waited: float,
-               host_waited: float) -> float:
-        self.history.append({"ratio": ratio, "host_s": host_seconds, "device_s": device_seconds,
-                             "trainer_waited_s": trainer_waited, "host_waited_s": host_waited})
-        if self.shared_cores:
-            # One pool of cores: the total is what counts. Walk r in the direction that lowered it.
-            if len(self.history) < 2:
-                new = ratio * 2 if ratio < 0.4 else ratio / 2
-            else:
-                prev, cur = self.history[-2], self.history[-1]
-                total_prev = prev["host_s"] + prev["device_s"]
-                total_cur = cur["host_s"] + cur["device_s"]
-                step = cur["ratio"] / prev["ratio"] if prev["ratio"] > 0 else 2.0
-                if total_cur <= total_prev:
-                    new = cur["ratio"] * (step ** 0.5 if step != 1 else 1.0)
-                else:
-                    new = prev["ratio"] * (step ** -0.5 if step != 1 else 1.0)
+    def update(self, epoch_seconds: float, host_seconds: float, device_seconds: float) -> float:
+        """Record one epoch at the current ratio; return the ratio for the next epoch."""
+        self.history.append({"ratio": round(self.ratio, 4), "epoch_s": round(epoch_seconds, 3),
+                             "host_s_per_super_batch": round(host_seconds, 4),
+                             "device_s_per_super_batch": round(device_seconds, 4)})
+        if len(self.history) == 1:
+            return self.ratio  # the warm-up epoch decides nothing
+        if not self.shared_cores:
+            factor = min(2.0, max(0.5, device_seconds / max(host_seconds, 1e-9)))
+            return self._set(self.ratio * factor)
+        if self._best is None or epoch_seconds < self._best[0]:
+            self._best = (epoch_seconds, self.ratio)
+            base = self.ratio
         else:
-            # Two processors: balance them. The trainer waiting means the host is the bottleneck.
-            balance = device_seconds / max(host_seconds, 1e-9)
-            new = ratio * min(2.0, max(0.5, balance))
-        self.ratio = float(min(0.9, max(0.005, new)))
+            # Worse: back to the best ratio, turn round, and take smaller steps.
+            self._direction, self._step = -self._direction, self._step / 2
+            base = self._best[1]
+        if self._step < self.MIN_STEP:
+            return self._set(self._best[1])
+        return self._set(base * 2 ** (self._direction * self._step))
+
+    def _set(self, ratio: float) -> float:
+        self.ratio = float(min(self.HIGH, max(self.LOW, ratio)))
         return self.ratio
 
 
@@ -437,12 +439,11 @@ class NeutronOrchMode(ExactMode):
                 t2 = time.perf_counter()
                 batch = MiniBatch(plan.epoch, item.index, subgraph, features, labels,
                                   stage_seconds={"sample": t1 - t0, "gather": t2 - t1})
-                batch.splice = Splice(plan.gsid, dst.shape[0], torch.from_numpy(item.cold_pos),
-                                      torch.from_numpy(item.hot_pos), torch.from_numpy(item.hot_rows),
-                                      last=position == len(plan.batches) - 1)
+                index = SpliceIndex.build(dst.shape[0], item.cold_pos, item.hot_pos, item.hot_rows)
+                batch.splice = Splice(plan.gsid, index, last=position == len(plan.batches) - 1)
                 if self.on_cuda:
                     with torch.cuda.stream(self.copy_stream):
-                        batch.splice = batch.splice.to(self.device, non_blocking=True)
+                        batch.splice.index = index.to(self.device, non_blocking=True)
                     self._copy_to_device(batch, buffer)
                     batch.stage_seconds["copy"] = time.perf_counter() - t2
                 else:
@@ -484,9 +485,9 @@ class NeutronOrchMode(ExactMode):
                 self._current.table.record_stream(stream)
                 if self._current.grad_acc is not None:
                     self._current.grad_acc.record_stream(stream)
-            if self.on_cuda:
-                for t in (batch.splice.cold_pos, batch.splice.hot_pos, batch.splice.hot_rows):
-                    t.record_stream(torch.cuda.current_stream(self.device))
+        if self.on_cuda:
+            for t in batch.splice.index.tensors():
+                t.record_stream(torch.cuda.current_stream(self.device))
         self._check_staleness(self._current)
 
     def _check_staleness(self, hot: HotEmbeddings) -> None:
@@ -499,11 +500,12 @@ class NeutronOrchMode(ExactMode):
             self.max_staleness = max(self.max_staleness, staleness)
 
     def forward(self, model, batch: MiniBatch) -> torch.Tensor:
-        s = batch.splice
         hot = self._current
         y_cold = model.layers[0](batch.blocks[0], batch.features)
-        y = splice(y_cold, hot.table, s.num_rows, s.cold_pos, s.hot_pos, s.hot_rows, hot.grad_acc)
-        return model.forward_from(1, batch.blocks, model.activate(0, y))
+        if model.num_layers == 1:
+            return splice(y_cold, hot.table, batch.splice.index, hot.grad_acc)
+        h = splice_relu_dropout(y_cold, hot.table, batch.splice.index, model.dropout, model.training, hot.grad_acc)
+        return model.forward_from(1, batch.blocks, h)
 
     def before_step(self, batch: MiniBatch) -> None:
         """``hot_grad="cpu"``: at the super-batch's last step, add the hot rows' W0 gradient (computed on the
@@ -546,8 +548,7 @@ class NeutronOrchMode(ExactMode):
         per = max(1, self.schedule.per_epoch)
         host = self._epoch_marks["host_busy"] / per
         device = (stages.get("train", 0.0) - stages.get("wait_hot", 0.0)) / per
-        self.ratio = self.tuner.update(self.ratio, host, device, stages.get("wait_hot", 0.0),
-                                       self._epoch_marks["host_waited"])
+        self.ratio = self.tuner.update(record["seconds"], host, device)
         self._epoch_marks = {"host_busy": 0.0, "host_waited": 0.0}
 
     def summary(self) -> dict:
