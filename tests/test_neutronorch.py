@@ -197,9 +197,31 @@ def test_neutronorch_mode_learns(model):
 def test_every_destination_hot_and_auto_ratio_run(graph):
     summary = train(config(mode="neutronorch", hot_ratio=1.0, epochs=1), graph=graph)
     assert summary["hot"]["reuse_rate"] == 1.0
-    summary = train(config(mode="neutronorch", hot_ratio="auto", epochs=3), graph=graph)
+    # A huge error budget leaves r to the speed tuner, which moves it between epochs.
+    summary = train(config(mode="neutronorch", hot_ratio="auto", hot_error_budget=1e9, epochs=4, super_batch=1),
+                    graph=graph)
     ratios = [e["hot_ratio"] for e in summary["epochs"]]
-    assert len(set(ratios)) > 1 and summary["neutronorch"]["auto_history"]
+    assert len(set(ratios[1:])) > 1 and summary["neutronorch"]["auto_history"]
+    assert summary["hot"]["drift_per_step"] > 0
+
+
+def test_auto_ratio_is_capped_by_the_staleness_error_budget(graph):
+    # lr 0.01 on a tiny graph moves the bottom layer a lot per step: a tight budget keeps nearly every row
+    # exact; nothing is hot before the drift has been measured.
+    tight = train(config(mode="neutronorch", hot_ratio="auto", hot_error_budget=1e-4, epochs=2, super_batch=1),
+                  graph=graph)
+    loose = train(config(mode="neutronorch", hot_ratio="auto", hot_error_budget=1e9, epochs=2, super_batch=1),
+                  graph=graph)
+    assert tight["hot"]["reuse_rate"] < 0.01 < loose["hot"]["reuse_rate"]
+    assert tight["hot"]["error_capped_super_batches"] > 0
+    mode = NeutronOrchMode(graph, config(mode="neutronorch", hot_ratio="auto"), torch.device("cpu"), 1, 1)
+    counts = np.array([8, 4, 2, 1, 1])
+    assert mode._error_cap(counts, 2) == 0  # no drift measured yet
+    # S = 15 (P = 8): a row of a 2-batch super-batch is used at 14.5 steps' staleness on average.
+    mode._drift = torch.tensor(0.001 / 14.5)  # error per use 0.001: every row may be hot
+    assert mode._error_cap(counts, 2) == 5
+    mode._drift = torch.tensor(0.03 / 14.5)  # coverage <= 0.02 / 0.03: the hottest vertex covers 8/16
+    assert mode._error_cap(counts, 2) == 1
 
 
 def _pipeline_threads():

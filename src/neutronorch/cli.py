@@ -34,7 +34,8 @@ _HELP = {
     "device": "training device; auto picks CUDA when available (default: %(default)s)",
     "mode": "placement of the stages: exact computes every layer of every mini-batch; neutronorch computes "
             "hot vertices' bottom layer on the host once per super-batch and reuses it (default: %(default)s)",
-    "eval_every": "evaluate val/test every N epochs; 0 evaluates only after the last (default: %(default)s)",
+    "eval_every": "evaluate val/test every N epochs; 0 evaluates only after the last, -1 never (timing "
+                  "runs) (default: %(default)s)",
     "eval_fanouts": "sampled inference with these fanouts instead of exact full-neighbour inference",
     "eval_batch_size": "destinations per inference chunk (default: %(default)s)",
     "prefetch": "mini-batches prepared ahead of training (default: %(default)s)",
@@ -48,6 +49,9 @@ _HELP = {
                        "computed from and their use; at least P-1 (default: 2P-1)",
     "hot_grad": "neutronorch: stop treats hot rows as constants; cpu adds their bottom-layer gradient, "
                 "computed on the host once per super-batch (default: %(default)s)",
+    "hot_error_budget": "neutronorch with --hot-ratio auto: cap r so that (share of bottom-layer rows served "
+                        "hot) x (measured drift of a row per step x mean staleness) stays below this "
+                        "(default: %(default)s)",
     "host_threads": "neutronorch: host producer threads; 0 = half the cores (default: %(default)s)",
     "summary_json": "write the run summary (config, per-epoch times and stages, accuracy, memory) here",
 }
@@ -124,8 +128,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     values.update({k: v for k, v in vars(args).items() if k not in ("command", "config")})
     config = TrainConfig(**values)
     summary = train(config)
-    print(f"{summary['dataset']['name']}: mode {summary['mode']}, model {config.model}, "
-          f"val acc {summary['val_acc']:.4f}, test acc {summary['test_acc']:.4f}, "
+    accuracy = (f"val acc {summary['val_acc']:.4f}, test acc {summary['test_acc']:.4f}, "
+                if summary["test_acc"] is not None else "not evaluated, ")
+    print(f"{summary['dataset']['name']}: mode {summary['mode']}, model {config.model}, {accuracy}"
           f"epoch time median {summary['epoch_seconds_median']:.2f}s, peak RSS {summary['peak_rss_mb']:.0f} MB"
           if summary["epochs"] else "no epochs run")
     return 0

@@ -46,6 +46,7 @@ class TrainConfig:
     hot_ratio: str | float = "auto"
     staleness_bound: int | None = None  # None: 2 * super_batch - 1
     hot_grad: str = "cpu"
+    hot_error_budget: float = 0.02
     host_threads: int = 0
     summary_json: str | None = None
     progress: bool = True
@@ -75,11 +76,13 @@ class TrainConfig:
             (self.lr > 0, f"--lr {self.lr}: must be positive."),
             (self.weight_decay >= 0, f"--weight-decay {self.weight_decay}: must be zero or more."),
             (0 <= self.dropout < 1, f"--dropout {self.dropout}: must be in [0, 1)."),
-            (self.eval_every >= 0, f"--eval-every {self.eval_every}: must be zero (end only) or more."),
+            (self.eval_every >= -1, f"--eval-every {self.eval_every}: must be -1 (never), 0 (after the last "
+                                    f"epoch only) or more."),
             (self.prefetch >= 1, f"--prefetch {self.prefetch}: must be at least 1."),
             (self.threads >= 0 and self.sampler_threads >= 0 and self.host_threads >= 0,
              "--threads/--sampler-threads/--host-threads must be >= 0 (0 picks automatically)."),
             (self.hot_grad in HOT_GRADS, f"--hot-grad {self.hot_grad!r}: choose one of {', '.join(HOT_GRADS)}."),
+            (self.hot_error_budget > 0, f"--hot-error-budget {self.hot_error_budget}: must be positive."),
             (self.super_batch >= 1, f"--super-batch {self.super_batch}: must be at least 1 mini-batch."),
             (self.staleness_bound is None or self.staleness_bound >= self.super_batch - 1,
              f"--staleness-bound {self.staleness_bound} is below --super-batch {self.super_batch} minus 1: the "

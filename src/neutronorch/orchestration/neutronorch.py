@@ -39,7 +39,7 @@ from neutronorch.orchestration.exact import ExactMode, epoch_order
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.sampling import kernels
 from neutronorch.sampling.block import MiniBatch, SampledSubgraph
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, layer_key
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, layer_key, mix_key
 from neutronorch.nn.splice import SpliceIndex, splice, splice_relu_dropout
 
 # The hot ratio ``auto`` starts here and is re-tuned between epochs (see ``HotRatioTuner``).
@@ -236,6 +236,7 @@ class HotRatioTuner:
 
 class NeutronOrchMode(ExactMode):
     name = "neutronorch"
+    PROBE_ROWS = 256  # vertices whose bottom-layer output measures the per-step drift
 
     def __init__(self, graph: Graph, config: TrainConfig, device: torch.device, sampler_threads: int,
                  host_threads: int = 1):
@@ -256,7 +257,12 @@ class NeutronOrchMode(ExactMode):
         self._stages: dict[str, float] = {}
         self._stage_lock = threading.Lock()
         self._totals = {"super_batches": 0, "hot": 0, "reached": 0, "appearances": 0, "hot_appearances": 0,
-                        "saved_edges": 0, "host_edges": 0}
+                        "saved_edges": 0, "host_edges": 0, "error_capped": 0}
+        self._epoch_ratios: dict[int, list[float]] = {}
+        self._drift: torch.Tensor | None = None
+        self._probe_ids: np.ndarray | None = None
+        self._probe = None
+        self._probe_previous = None
         self._epoch_marks = {"host_busy": 0.0, "host_waited": 0.0}
         self._plans: Prefetcher | None = None
         self._stream: Prefetcher | None = None
@@ -333,8 +339,13 @@ class NeutronOrchMode(ExactMode):
             uppers.append((index, key, sampler.sample(seeds, key, upper_fanouts)))
         bottoms = [u.frontiers[0].numpy() for _, _, u in uppers]
         distinct, appear = kernels.count_appearances(np.concatenate(bottoms), counts)
+        ranked = np.argsort(-appear, kind="stable")
         num_hot = min(distinct.shape[0], int(round(self.ratio * distinct.shape[0])))
-        hot = distinct[np.argsort(-appear, kind="stable")[:num_hot]]
+        if self.auto:
+            num_hot = min(num_hot, self._error_cap(appear[ranked], len(uppers)))
+        hot = distinct[ranked[:num_hot]]
+        if self._probe_ids is None:
+            self._probe_ids = distinct[ranked[:self.PROBE_ROWS]]
         hot_map[hot] = np.arange(num_hot)
         degrees = self.graph.indptr
         planned = []
@@ -353,6 +364,8 @@ class NeutronOrchMode(ExactMode):
         finally:
             hot_map[hot] = -1
         plan = _Plan(gsid, epoch, planned, hot, int(distinct.shape[0]), int(appear.sum()), hot_appearances)
+        ratios = self._epoch_ratios.setdefault(epoch, [])
+        ratios.append(num_hot / max(1, distinct.shape[0]))
         totals = self._totals
         totals["super_batches"] += 1
         totals["hot"] += num_hot
@@ -362,6 +375,24 @@ class NeutronOrchMode(ExactMode):
         totals["saved_edges"] += sum(b.saved_edges for b in planned)
         self._add_stage("hot_select", time.perf_counter() - t0)
         return plan
+
+    def _error_cap(self, ranked_counts: np.ndarray, num_batches: int) -> int:
+        """The most hot vertices (hottest first) whose reuse keeps the expected staleness error within
+        ``hot_error_budget``: (share of bottom-layer rows served hot) x (relative drift of a row over its
+        mean staleness) <= budget. The drift comes from the probe rows (``_measure_drift``); until it has
+        been measured, nothing is hot (the weights move fastest at the start)."""
+        if self.drift_per_step is None:
+            self._totals["error_capped"] += 1
+            return 0
+        mean_staleness = max(0.0, self.schedule.staleness_bound - (num_batches - 1) / 2)
+        error = self.drift_per_step * mean_staleness
+        if error <= 0:
+            return ranked_counts.shape[0]
+        coverage = np.cumsum(ranked_counts) / max(1, ranked_counts.sum())
+        cap = int(np.searchsorted(coverage, self.config.hot_error_budget / error, side="right"))
+        if cap < int(round(self.ratio * ranked_counts.shape[0])):
+            self._totals["error_capped"] += 1
+        return cap
 
     def _gather_hot(self, plan: _Plan, sampler: NeighborSampler):
         """The weight-independent part of the hot embeddings: the bottom hop of H_s and its raw features.
@@ -527,10 +558,42 @@ class NeutronOrchMode(ExactMode):
 
     def after_step(self, batch: MiniBatch) -> None:
         self.version += 1
-        self._publish_due()
         if batch.splice.last:
             self._hot.drop(batch.splice.gsid)
             self._current = None
+            if self.auto:
+                self._measure_drift()  # before the snapshot wakes the host, whose next plan reads it
+        self._publish_due()
+
+    def _measure_drift(self) -> None:
+        """At each super-batch boundary: the relative change per optimizer step of the bottom-layer output
+        of a fixed set of probe vertices (the hottest of the first super-batch) since the last boundary.
+        Kept as a device tensor; the planner reads it (on CUDA that read waits in the host thread only)."""
+        if self._probe is None:
+            if self._probe_ids is None or self._probe_ids.shape[0] == 0:
+                return
+            sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.config.fanouts)
+            key = layer_key(mix_key(self.config.seed, 0x9E37), len(self.config.fanouts) - 1)
+            block, frontier = sampler.sample_hop(self._probe_ids, self.config.fanouts[-1], key)
+            x = self.store.gather(torch.from_numpy(frontier))
+            self._probe = (block.to(self.device), x.to(self.device))
+        bottom = self.model.bottom
+        training = bottom.training
+        bottom.eval()
+        with torch.no_grad():
+            y = bottom(*self._probe)
+        bottom.train(training)
+        previous = self._probe_previous
+        if previous is not None and self.version > previous[1]:
+            change = (y - previous[0]).norm() / y.norm().clamp(min=1e-12)
+            self._drift = change / (self.version - previous[1])
+        self._probe_previous = (y, self.version)
+
+    @property
+    def drift_per_step(self) -> float | None:
+        """The latest measured relative drift of a bottom-layer row per optimizer step."""
+        drift = self._drift
+        return None if drift is None else float(drift)
 
     # ----- reporting -------------------------------------------------------------------------------------
 
@@ -541,7 +604,10 @@ class NeutronOrchMode(ExactMode):
 
     def end_epoch(self, record: dict) -> None:
         """Record this epoch's hot ratio and, with ``auto``, choose the next one."""
-        record["hot_ratio"] = round(self.ratio, 4)
+        ratios = self._epoch_ratios.pop(record["epoch"], [])
+        record["hot_ratio"] = round(sum(ratios) / len(ratios), 4) if ratios else round(self.ratio, 4)
+        if self.drift_per_step is not None:
+            record["drift_per_step"] = round(self.drift_per_step, 6)
         if self.tuner is None:
             return
         stages = record["stage_seconds"]
@@ -569,6 +635,9 @@ class NeutronOrchMode(ExactMode):
                 "bottom_edges_saved": t["saved_edges"],
                 "host_bottom_edges": t["host_edges"],
                 "super_batches": t["super_batches"],
+                "error_budget": self.config.hot_error_budget if self.auto else None,
+                "error_capped_super_batches": t["error_capped"] if self.auto else None,
+                "drift_per_step": self.drift_per_step,
             },
         }
 

@@ -97,7 +97,7 @@ def train(config: TrainConfig, graph: Graph | None = None) -> dict:
         for epoch in range(config.epochs):
             record = _train_epoch(model, optimizer, mode, epoch, config)
             mode.end_epoch(record)
-            if config.eval_every and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
+            if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
                 t0 = time.perf_counter()
                 last_eval = evaluate(model, graph, mode.store, device, config.eval_fanouts,
                                      config.eval_batch_size, config.seed)
@@ -108,7 +108,7 @@ def train(config: TrainConfig, graph: Graph | None = None) -> dict:
             log(_epoch_line(record))
     finally:
         mode.close()
-    if config.epochs and not last_eval:
+    if config.epochs and not last_eval and config.eval_every >= 0:
         last_eval = evaluate(model, graph, mode.store, device, config.eval_fanouts, config.eval_batch_size,
                              config.seed)
         best = {**last_eval, "epoch": config.epochs - 1}
@@ -125,9 +125,9 @@ def train(config: TrainConfig, graph: Graph | None = None) -> dict:
                     **({"host": host_threads} if config.mode == "neutronorch" else {})},
         "epochs": epochs,
         "epoch_seconds_median": statistics.median(seconds) if seconds else None,
-        "val_acc": best["val_acc"] if config.epochs else None,
-        "test_acc": best["test_acc"] if config.epochs else None,
-        "best_epoch": best["epoch"] if config.epochs else None,
+        "val_acc": best["val_acc"] if last_eval else None,
+        "test_acc": best["test_acc"] if last_eval else None,
+        "best_epoch": best["epoch"] if last_eval else None,
         "final_val_acc": last_eval.get("val_acc"),
         "final_test_acc": last_eval.get("test_acc"),
         "peak_rss_mb": round(peak_rss_mb(), 1),
