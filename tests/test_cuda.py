@@ -45,3 +45,34 @@ def test_exact_training_on_cuda(model, tmp_path):
     assert summary["device"].startswith("cuda")
     assert summary["epochs"][0]["stage_seconds"]["copy"] > 0
     assert summary["test_acc"] > 0.75
+
+
+@pytest.mark.parametrize("model,dropout", [("sage", 0.5), ("gcn", 0.5), ("gat", 0.0)])
+def test_neutronorch_p1_s0_cpu_grad_equals_exact_mode_on_cuda(model, dropout):
+    from test_neutronorch import config, lockstep
+
+    from neutronorch.data import SyntheticSpec, generate
+
+    graph = generate(SyntheticSpec(nodes=1500, degree=8, features=12, classes=4, noise=0.6))
+    exact = config(model=model, mode="exact", dropout=dropout)
+    orch = config(model=model, mode="neutronorch", dropout=dropout, super_batch=1, staleness_bound=0,
+                  hot_grad="cpu", hot_ratio=0.3)
+    hot_rows = 0
+    for batch_a, batch_b, loss_a, loss_b, model_a, model_b in lockstep(graph, exact, orch, torch.device("cuda")):
+        assert batch_b.features.is_cuda
+        hot_rows += int(batch_b.splice.index.hot_pos.numel())
+        torch.testing.assert_close(loss_b, loss_a, rtol=1e-4, atol=1e-5)
+        for p_a, p_b in zip(model_a.parameters(), model_b.parameters()):
+            torch.testing.assert_close(p_b.grad, p_a.grad, rtol=1e-3, atol=1e-5)
+    assert hot_rows > 0
+
+
+@pytest.mark.parametrize("hot_grad", ["cpu", "stop"])
+def test_neutronorch_training_on_cuda(hot_grad):
+    summary = train(TrainConfig(dataset="synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6",
+                                mode="neutronorch", device="cuda", fanouts=[5, 5], hidden=32, batch_size=64,
+                                epochs=3, lr=0.01, super_batch=4, hot_ratio=0.3, hot_grad=hot_grad,
+                                progress=False))
+    assert summary["device"].startswith("cuda")
+    assert summary["staleness"]["max_observed"] <= summary["staleness"]["bound"]
+    assert summary["hot"]["reuse_rate"] > 0 and summary["test_acc"] > 0.7

@@ -52,6 +52,9 @@ _HELP = {
     "hot_error_budget": "neutronorch with --hot-ratio auto: cap r so that (share of bottom-layer rows served "
                         "hot) x (measured drift of a row per step x mean staleness) stays below this "
                         "(default: %(default)s)",
+    "snapshot_lead": "neutronorch: optimizer steps between a super-batch's W0 snapshot and its first "
+                     "mini-batch (the host's time to compute its hot rows); capped by S-P+1; default: auto "
+                     "(2, raised while the trainer waits for hot rows)",
     "host_threads": "neutronorch: host producer threads; 0 = half the cores (default: %(default)s)",
     "summary_json": "write the run summary (config, per-epoch times and stages, accuracy, memory) here",
 }
@@ -60,7 +63,7 @@ _HELP = {
 def _add_train_options(parser: argparse.ArgumentParser) -> None:
     defaults = TrainConfig()
     choices = {"model": MODELS, "mode": MODES, "device": DEVICES, "hot_grad": HOT_GRADS}
-    types = {"staleness_bound": int, "hot_ratio": str}
+    types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int}
     for f in fields(TrainConfig):
         if f.name == "progress":
             continue

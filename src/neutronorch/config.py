@@ -47,6 +47,7 @@ class TrainConfig:
     staleness_bound: int | None = None  # None: 2 * super_batch - 1
     hot_grad: str = "cpu"
     hot_error_budget: float = 0.02
+    snapshot_lead: int | None = None  # None: auto (2 steps, more while the trainer waits for hot rows)
     host_threads: int = 0
     summary_json: str | None = None
     progress: bool = True
@@ -82,6 +83,8 @@ class TrainConfig:
             (self.threads >= 0 and self.sampler_threads >= 0 and self.host_threads >= 0,
              "--threads/--sampler-threads/--host-threads must be >= 0 (0 picks automatically)."),
             (self.hot_grad in HOT_GRADS, f"--hot-grad {self.hot_grad!r}: choose one of {', '.join(HOT_GRADS)}."),
+            (self.snapshot_lead is None or self.snapshot_lead >= 0,
+             f"--snapshot-lead {self.snapshot_lead}: must be zero or more optimizer steps."),
             (self.hot_error_budget > 0, f"--hot-error-budget {self.hot_error_budget}: must be positive."),
             (self.super_batch >= 1, f"--super-batch {self.super_batch}: must be at least 1 mini-batch."),
             (self.staleness_bound is None or self.staleness_bound >= self.super_batch - 1,

@@ -74,10 +74,18 @@ class Schedule:
         epoch, _, end = self.locate(gsid)
         return epoch * self.batches_per_epoch + end - 1
 
-    def snapshot_version(self, gsid: int) -> int:
-        """The parameter version the hot embeddings of ``gsid`` are computed from: the oldest that keeps
-        every use (up to its last step) within the bound, so the host gets the most time to compute."""
-        return max(0, self.last_step(gsid) - self.staleness_bound)
+    @property
+    def max_lead(self) -> int:
+        """The most steps a snapshot may precede its super-batch's first step within the bound."""
+        return max(0, self.staleness_bound - self.super_batch + 1)
+
+    def snapshot_version(self, gsid: int, lead: int | None = None) -> int:
+        """The parameter version the hot embeddings of ``gsid`` are computed from: ``lead`` steps before the
+        super-batch's first step (the host's time to compute them), and never older than the bound allows
+        for its last step. ``lead=None`` takes the oldest version the bound allows."""
+        oldest = self.last_step(gsid) - self.staleness_bound
+        version = oldest if lead is None else max(oldest, self.first_step(gsid) - lead)
+        return max(0, version)
 
     def gsid_of(self, epoch: int, batch: int) -> int:
         return epoch * self.per_epoch + batch // self.super_batch
@@ -249,6 +257,10 @@ class NeutronOrchMode(ExactMode):
         self.tuner = HotRatioTuner(self.ratio, shared_cores=not self.on_cuda) if self.auto else None
         self.version = 0
         self.max_staleness = 0
+        self._staleness_sum = self._staleness_uses = 0
+        self.auto_lead = config.snapshot_lead is None
+        self.lead = min(self.schedule.max_lead, 2 if self.auto_lead else config.snapshot_lead)
+        self._leads: list[int] = []
         self.hot_stream = torch.cuda.Stream(device) if self.on_cuda else None
         self._snapshots = _Board()
         self._hot = _Board()
@@ -262,7 +274,8 @@ class NeutronOrchMode(ExactMode):
         self._drift: torch.Tensor | None = None
         self._probe_ids: np.ndarray | None = None
         self._probe = None
-        self._probe_previous = None
+        self._probe_history: list[tuple[torch.Tensor, int]] = []
+        self._stale_error: torch.Tensor | None = None  # relative error of a row at the mean staleness
         self._epoch_marks = {"host_busy": 0.0, "host_waited": 0.0}
         self._plans: Prefetcher | None = None
         self._stream: Prefetcher | None = None
@@ -378,14 +391,14 @@ class NeutronOrchMode(ExactMode):
 
     def _error_cap(self, ranked_counts: np.ndarray, num_batches: int) -> int:
         """The most hot vertices (hottest first) whose reuse keeps the expected staleness error within
-        ``hot_error_budget``: (share of bottom-layer rows served hot) x (relative drift of a row over its
-        mean staleness) <= budget. The drift comes from the probe rows (``_measure_drift``); until it has
+        ``hot_error_budget``: (share of bottom-layer rows served hot) x (relative error of a row at the
+        mean staleness) <= budget. The error comes from the probe rows (``_measure_drift``); until it has
         been measured, nothing is hot (the weights move fastest at the start)."""
-        if self.drift_per_step is None:
+        stale_error = self._stale_error
+        if stale_error is None:
             self._totals["error_capped"] += 1
             return 0
-        mean_staleness = max(0.0, self.schedule.staleness_bound - (num_batches - 1) / 2)
-        error = self.drift_per_step * mean_staleness
+        error = float(stale_error)
         if error <= 0:
             return ranked_counts.shape[0]
         coverage = np.cumsum(ranked_counts) / max(1, ranked_counts.sum())
@@ -487,7 +500,7 @@ class NeutronOrchMode(ExactMode):
         """Publish the W0 snapshot to every super-batch whose assigned version is now reached."""
         snapshot = None
         while (self._next_snapshot < self.schedule.total
-               and self.schedule.snapshot_version(self._next_snapshot) <= self.version):
+               and self.schedule.snapshot_version(self._next_snapshot, self.lead) <= self.version):
             if snapshot is None:
                 snapshot = self._take_snapshot()
             self._snapshots.put(self._next_snapshot, snapshot)
@@ -529,6 +542,8 @@ class NeutronOrchMode(ExactMode):
                                f"{self.version} (bound {self.schedule.staleness_bound}). This is a bug.")
         if hot.num_hot:
             self.max_staleness = max(self.max_staleness, staleness)
+            self._staleness_sum += staleness
+            self._staleness_uses += 1
 
     def forward(self, model, batch: MiniBatch) -> torch.Tensor:
         hot = self._current
@@ -583,11 +598,18 @@ class NeutronOrchMode(ExactMode):
         with torch.no_grad():
             y = bottom(*self._probe)
         bottom.train(training)
-        previous = self._probe_previous
-        if previous is not None and self.version > previous[1]:
-            change = (y - previous[0]).norm() / y.norm().clamp(min=1e-12)
-            self._drift = change / (self.version - previous[1])
-        self._probe_previous = (y, self.version)
+        # Compare with the boundary whose distance in steps is closest to the mean staleness of a reused
+        # row (lead + (P-1)/2): the error measured over about that many steps, scaled to it. (Per-step drift
+        # times the staleness would overstate it: Adam's steps partly cancel over a few steps.)
+        history = [h for h in self._probe_history if h[1] < self.version]
+        if history:
+            target = max(1.0, self.lead + (self.schedule.super_batch - 1) / 2)
+            past, version = min(history, key=lambda h: abs((self.version - h[1]) - target))
+            distance = self.version - version
+            change = (y - past).norm() / y.norm().clamp(min=1e-12)
+            self._drift = change / distance
+            self._stale_error = change * (target / distance)
+        self._probe_history = (self._probe_history + [(y, self.version)])[-4:]
 
     @property
     def drift_per_step(self) -> float | None:
@@ -604,10 +626,15 @@ class NeutronOrchMode(ExactMode):
 
     def end_epoch(self, record: dict) -> None:
         """Record this epoch's hot ratio and, with ``auto``, choose the next one."""
+        record["snapshot_lead"] = self.lead
+        if self.auto_lead and record["stage_seconds"].get("wait_hot", 0.0) > 0.02 * record["seconds"]:
+            # The trainer waited for hot rows: give the host more steps (the bound still caps the lead).
+            self.lead = min(self.schedule.max_lead, self.lead + max(1, self.lead // 2))
         ratios = self._epoch_ratios.pop(record["epoch"], [])
         record["hot_ratio"] = round(sum(ratios) / len(ratios), 4) if ratios else round(self.ratio, 4)
         if self.drift_per_step is not None:
             record["drift_per_step"] = round(self.drift_per_step, 6)
+            record["stale_error"] = round(float(self._stale_error), 5)
         if self.tuner is None:
             return
         stages = record["stage_seconds"]
@@ -624,7 +651,9 @@ class NeutronOrchMode(ExactMode):
             "neutronorch": {"super_batch": self.schedule.super_batch, "hot_grad": self.policy,
                             "hot_ratio_setting": self.config.hot_ratio,
                             "auto_history": self.tuner.history if self.tuner else None},
-            "staleness": {"bound": self.schedule.staleness_bound, "max_observed": self.max_staleness},
+            "staleness": {"bound": self.schedule.staleness_bound, "max_observed": self.max_staleness,
+                          "mean_observed": self._staleness_sum / max(1, self._staleness_uses),
+                          "snapshot_lead": self.lead},
             "hot": {
                 "ratio": round(self.ratio, 4),
                 "mean_hot_per_super_batch": t["hot"] / n,
@@ -638,6 +667,7 @@ class NeutronOrchMode(ExactMode):
                 "error_budget": self.config.hot_error_budget if self.auto else None,
                 "error_capped_super_batches": t["error_capped"] if self.auto else None,
                 "drift_per_step": self.drift_per_step,
+                "stale_error": None if self._stale_error is None else float(self._stale_error),
             },
         }
 

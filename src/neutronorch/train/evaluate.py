@@ -86,8 +86,8 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
 def evaluate(model: GNN, graph: Graph, store: FeatureStore, device: torch.device,
              fanouts: list[int] | None, batch_size: int, seed: int) -> dict[str, float]:
     """Validation and test accuracy in one pass."""
-    val = torch.from_numpy(np.asarray(graph.val_idx, dtype=np.int64))
-    test = torch.from_numpy(np.asarray(graph.test_idx, dtype=np.int64))
+    val = torch.from_numpy(np.array(graph.val_idx, dtype=np.int64))  # small; a writable copy
+    test = torch.from_numpy(np.array(graph.test_idx, dtype=np.int64))
     nodes = torch.cat([val, test])
     if fanouts is None:
         logits = full_neighbor_logits(model, graph, store, nodes, device, batch_size)
