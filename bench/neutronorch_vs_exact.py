@@ -67,7 +67,8 @@ def main() -> int:
                "per_run": [round(steady_median([e["seconds"] for e in r["epochs"]]), 2) for r in runs],
                "test_acc": (statistics.mean(r["test_acc"] for r in runs) if runs[0]["test_acc"] is not None
                             else None),
-               "peak_rss_mb": max(r["peak_rss_mb"] for r in runs)}
+               "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+               "stages": _stage_groups([e for run in runs for e in run["epochs"][1:]])}
         if "hot" in runs[0]:
             last = runs[-1]
             row.update(super_batch=last["neutronorch"]["super_batch"], hot_grad=last["neutronorch"]["hot_grad"],
@@ -84,8 +85,9 @@ def main() -> int:
           f"{args.batch_size}, dropout {args.dropout}, {args.threads} threads, {args.epochs} epochs x "
           f"{args.rounds} rounds\n")
     print("| system | epoch s (median) | / exact | hot ratio (per epoch) | reuse rate | uses per hot row | "
-          "hot per super-batch | input rows per batch | max staleness / bound | test acc | peak RSS MB |")
-    print("|---|---:|---:|---|---:|---:|---:|---:|---|---:|---:|")
+          "hot per super-batch | input rows per batch | max staleness / bound | test acc | peak RSS MB | "
+          "stages s/epoch |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---|")
     for r in rows:
         acc = "—" if r["test_acc"] is None else f"{r['test_acc']:.4f}"
         if "ratio" in r:
@@ -93,13 +95,26 @@ def main() -> int:
                    f"{r['input_nodes']:.0f} | {r['staleness']['max_observed']} / {r['staleness']['bound']}")
         else:
             hot = f"— | — | — | — | {r['input_nodes']:.0f} | —"
+        stages = ", ".join(f"{k} {v:.1f}" for k, v in r["stages"].items() if v >= 0.05)
         print(f"| {r['system']} | {r['epoch_s']:.2f} | {r['epoch_s'] / exact:.3f} | {hot} | {acc} | "
-              f"{r['peak_rss_mb']:.0f} |")
+              f"{r['peak_rss_mb']:.0f} | {stages} |")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"graph": data.name, "args": vars(args), "rows": rows}, f, indent=2)
     print(f"\n(summaries under {OUT})", file=sys.stderr)
     return 0
+
+
+def _stage_groups(epochs: list[dict]) -> dict[str, float]:
+    """Median seconds per epoch of: training (trainer busy), device sampler (sample + gather + copy), host
+    producer (hot selection, host sample / gather / compute), and the trainer's waits."""
+    groups = {"train": ("train",), "sampler": ("sample", "gather", "copy"),
+              "host": ("hot_select", "host_sample", "host_gather", "host_compute"),
+              "wait_hot": ("wait_hot",), "hot_grad": ("hot_grad",)}
+    if not epochs:
+        return {}
+    return {name: statistics.median(sum(e["stage_seconds"].get(k, 0.0) for k in keys) for e in epochs)
+            for name, keys in groups.items()}
 
 
 if __name__ == "__main__":

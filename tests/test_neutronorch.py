@@ -327,3 +327,4 @@ def test_auto_ratio_balances_host_and_device_on_separate_processors():
     tuner.update(1.0, 1.0, 1.0)
     assert tuner.update(1.0, host_seconds=2.0, device_seconds=1.0) == pytest.approx(0.1)  # host slower: less hot
     assert tuner.update(1.0, host_seconds=1.0, device_seconds=10.0) == pytest.approx(0.2)  # at most 2x per epoch
+
