@@ -69,3 +69,13 @@ def add_graph_arguments(parser) -> None:
     parser.add_argument("--degree", type=float, default=20)
     parser.add_argument("--features", type=int, default=100)
     parser.add_argument("--classes", type=int, default=16)
+
+
+def add_model_arguments(parser) -> None:
+    """The benchmark model: 3-layer SAGE, fanouts 15,10,5, hidden 256, batch 1024, as in the issue targets."""
+    parser.add_argument("--model", default="sage", choices=["sage", "gcn", "gat"])
+    parser.add_argument("--fanouts", default="15,10,5")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--lr", type=float, default=0.003)
+    parser.add_argument("--dropout", type=float, default=0.5)

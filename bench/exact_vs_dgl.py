@@ -16,18 +16,14 @@ import argparse
 import statistics
 import sys
 
-from common import PEER_PYTHON, ROOT, add_graph_arguments, alternate, dgl_available, ensure_graph, steady_median
+from common import (PEER_PYTHON, ROOT, add_graph_arguments, add_model_arguments, alternate, dgl_available,
+                    ensure_graph, steady_median)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_graph_arguments(parser)
-    parser.add_argument("--model", default="sage", choices=["sage", "gcn", "gat"])
-    parser.add_argument("--fanouts", default="15,10,5")
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--lr", type=float, default=0.003)
-    parser.add_argument("--dropout", type=float, default=0.5)
+    add_model_arguments(parser)
     parser.add_argument("--epochs", type=int, default=3, help="epochs per run (the first is excluded)")
     parser.add_argument("--rounds", type=int, default=2, help="A B rounds")
     parser.add_argument("--threads", type=int, default=2)

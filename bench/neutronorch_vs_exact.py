@@ -20,18 +20,13 @@ import json
 import statistics
 import sys
 
-from common import OUT, add_graph_arguments, alternate, ensure_graph, steady_median
+from common import OUT, add_graph_arguments, add_model_arguments, alternate, ensure_graph, steady_median
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_graph_arguments(parser)
-    parser.add_argument("--model", default="sage", choices=["sage", "gcn", "gat"])
-    parser.add_argument("--fanouts", default="15,10,5")
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--lr", type=float, default=0.003)
-    parser.add_argument("--dropout", type=float, default=0.5)
+    add_model_arguments(parser)
     parser.add_argument("--super-batch", default="default", help="comma-separated P values (default: package)")
     parser.add_argument("--hot-ratio", default="default", help="comma-separated ratios or auto (default: package)")
     parser.add_argument("--hot-grad", default="default", help="comma-separated stop/cpu (default: package)")

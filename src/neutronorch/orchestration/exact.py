@@ -86,22 +86,30 @@ class ExactMode:
         for index, seeds in enumerate(torch.split(order, self.config.batch_size)):
             t0 = time.perf_counter()
             subgraph = sampler.sample(seeds.numpy(), batch_key(self.config.seed, epoch, index))
-            t1 = time.perf_counter()
-            buffer = self.pool.acquire(subgraph.input_nodes.shape[0])
-            features = self.store.gather_into(subgraph.input_nodes, buffer)
-            labels = self.store.labels[seeds]
-            t2 = time.perf_counter()
-            batch = MiniBatch(epoch, index, subgraph, features, labels,
-                              stage_seconds={"sample": t1 - t0, "gather": t2 - t1})
-            if self.on_cuda:
-                self._copy_to_device(batch, buffer)
-                batch.stage_seconds["copy"] = time.perf_counter() - t2
-            else:
-                batch.release = lambda buffer=buffer: self.pool.release(buffer)
-            yield batch
+            yield self._gather_and_ship(epoch, index, subgraph, time.perf_counter() - t0)
+
+    def _gather_and_ship(self, epoch: int, index: int, subgraph, sample_seconds: float,
+                         splice=None) -> MiniBatch:
+        """Gather a sampled subgraph's features and labels into a pooled buffer and, on CUDA, start the copy
+        to the device (``splice``, if any, an object with ``to(device)``, travels along)."""
+        t0 = time.perf_counter()
+        buffer = self.pool.acquire(subgraph.input_nodes.shape[0])
+        features = self.store.gather_into(subgraph.input_nodes, buffer)
+        labels = self.store.labels[subgraph.seeds]
+        t1 = time.perf_counter()
+        batch = MiniBatch(epoch, index, subgraph, features, labels,
+                          stage_seconds={"sample": sample_seconds, "gather": t1 - t0}, splice=splice)
+        if self.on_cuda:
+            self._copy_to_device(batch, buffer)
+            batch.stage_seconds["copy"] = time.perf_counter() - t1
+        else:
+            batch.release = lambda: self.pool.release(buffer)
+        return batch
 
     def _copy_to_device(self, batch: MiniBatch, buffer: torch.Tensor) -> None:
         with torch.cuda.stream(self.copy_stream):
+            if batch.splice is not None:
+                batch.splice = batch.splice.to(self.device, non_blocking=True)
             batch.features = batch.features.to(self.device, non_blocking=True)
             batch.labels = batch.labels.to(self.device, non_blocking=True)
             batch.subgraph.blocks = [b.to(self.device, non_blocking=True) for b in batch.blocks]

@@ -192,6 +192,9 @@ class Splice:
     index: SpliceIndex
     last: bool  # the last mini-batch of its super-batch
 
+    def to(self, device: torch.device, non_blocking: bool = False) -> "Splice":
+        return Splice(self.gsid, self.index.to(device, non_blocking), self.last)
+
 
 class HotRatioTuner:
     """``hot_ratio="auto"``: re-tune r between epochs from measured times.
@@ -260,7 +263,6 @@ class NeutronOrchMode(ExactMode):
         self._staleness_sum = self._staleness_uses = 0
         self.auto_lead = config.snapshot_lead is None
         self.lead = min(self.schedule.max_lead, 2 if self.auto_lead else config.snapshot_lead)
-        self._leads: list[int] = []
         self.hot_stream = torch.cuda.Stream(device) if self.on_cuda else None
         self._snapshots = _Board()
         self._hot = _Board()
@@ -276,7 +278,7 @@ class NeutronOrchMode(ExactMode):
         self._probe = None
         self._probe_history: list[tuple[torch.Tensor, int]] = []
         self._stale_error: torch.Tensor | None = None  # relative error of a row at the mean staleness
-        self._epoch_marks = {"host_busy": 0.0, "host_waited": 0.0}
+        self._host_busy = 0.0  # host producer seconds this epoch (for the ratio tuner)
         self._plans: Prefetcher | None = None
         self._stream: Prefetcher | None = None
         self.model: torch.nn.Module | None = None
@@ -421,14 +423,13 @@ class NeutronOrchMode(ExactMode):
         t2 = time.perf_counter()
         self._add_stage("host_sample", t1 - t0)
         self._add_stage("host_gather", t2 - t1)
-        self._epoch_marks["host_busy"] += t2 - t0
+        self._host_busy += t2 - t0
         return block, x
 
     def _finish_hot(self, plan: _Plan, prepared) -> None:
         block, x = prepared
         snapshot, waited = self._snapshots.take(plan.gsid, remove=True)
         self._add_stage("host_wait_weights", waited)
-        self._epoch_marks["host_waited"] += waited
         t0 = time.perf_counter()
         if snapshot.ready is not None:
             snapshot.ready.synchronize()
@@ -460,7 +461,7 @@ class NeutronOrchMode(ExactMode):
             hot.grad_acc = torch.zeros_like(table)
         seconds = time.perf_counter() - t0
         self._add_stage("host_compute", seconds)
-        self._epoch_marks["host_busy"] += seconds
+        self._host_busy += seconds
         self._hot.put(plan.gsid, hot)
 
     # ----- device sampler --------------------------------------------------------------------------------
@@ -476,23 +477,10 @@ class NeutronOrchMode(ExactMode):
                 block, frontier = sampler.sample_hop(dst[item.cold_pos], fanout, layer_key(item.key, bottom_hop))
                 subgraph = SampledSubgraph(item.upper.seeds, [block] + item.upper.blocks,
                                            [torch.from_numpy(frontier)] + item.upper.frontiers)
-                t1 = time.perf_counter()
-                buffer = self.pool.acquire(frontier.shape[0])
-                features = self.store.gather_into(subgraph.input_nodes, buffer)
-                labels = self.store.labels[item.upper.seeds]
-                t2 = time.perf_counter()
-                batch = MiniBatch(plan.epoch, item.index, subgraph, features, labels,
-                                  stage_seconds={"sample": t1 - t0, "gather": t2 - t1})
                 index = SpliceIndex.build(dst.shape[0], item.cold_pos, item.hot_pos, item.hot_rows)
-                batch.splice = Splice(plan.gsid, index, last=position == len(plan.batches) - 1)
-                if self.on_cuda:
-                    with torch.cuda.stream(self.copy_stream):
-                        batch.splice.index = index.to(self.device, non_blocking=True)
-                    self._copy_to_device(batch, buffer)
-                    batch.stage_seconds["copy"] = time.perf_counter() - t2
-                else:
-                    batch.release = lambda buffer=buffer: self.pool.release(buffer)
-                yield batch
+                splice_info = Splice(plan.gsid, index, last=position == len(plan.batches) - 1)
+                yield self._gather_and_ship(plan.epoch, item.index, subgraph, time.perf_counter() - t0,
+                                            splice_info)
 
     # ----- trainer side ----------------------------------------------------------------------------------
 
@@ -639,10 +627,10 @@ class NeutronOrchMode(ExactMode):
             return
         stages = record["stage_seconds"]
         per = max(1, self.schedule.per_epoch)
-        host = self._epoch_marks["host_busy"] / per
+        host = self._host_busy / per
         device = (stages.get("train", 0.0) - stages.get("wait_hot", 0.0)) / per
         self.ratio = self.tuner.update(record["seconds"], host, device)
-        self._epoch_marks = {"host_busy": 0.0, "host_waited": 0.0}
+        self._host_busy = 0.0  # host producer seconds this epoch (for the ratio tuner)
 
     def summary(self) -> dict:
         t = self._totals
