@@ -296,6 +296,26 @@ def test_the_pipeline_runs_on_across_epochs(graph):
         mode.close()
 
 
+def test_the_producers_leave_the_trainers_thread_count_alone(monkeypatch, graph):
+    """torch's thread settings are partly process-wide (the BLAS pool): a producer thread that set them for
+    itself would make the trainer's matrix products single-threaded."""
+    callers = []
+    real = torch.set_num_threads
+
+    def spy(n):
+        callers.append(threading.current_thread().name)
+        real(n)
+
+    monkeypatch.setattr(torch, "set_num_threads", spy)
+    before = torch.get_num_threads()
+    try:
+        train(config(mode="neutronorch", super_batch=2, hot_ratio=0.3, epochs=1, eval_every=-1, host_threads=1,
+                     sampler_threads=1), graph)
+    finally:
+        real(before)
+    assert callers and set(callers) == {threading.main_thread().name}
+
+
 @pytest.mark.parametrize("args,message", [
     (["--mode", "neutronorch", "--super-batch", "4", "--staleness-bound", "2"], "at least 3"),
     (["--mode", "neutronorch", "--hot-ratio", "1.5"], "--hot-ratio"),

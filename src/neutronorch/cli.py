@@ -55,7 +55,7 @@ _HELP = {
     "snapshot_lead": "neutronorch: optimizer steps between a super-batch's W0 snapshot and its first "
                      "mini-batch (the host's time to compute its hot rows); capped by S-P+1; default: auto "
                      "(2, raised while the trainer waits for hot rows)",
-    "host_threads": "neutronorch: host producer threads; 0 = half the cores (default: %(default)s)",
+    "host_threads": "neutronorch: threads of the host producer's sampling and aggregation kernels; 0 = half the cores (default: %(default)s)",
     "summary_json": "write the run summary (config, per-epoch times and stages, accuracy, memory) here",
 }
 

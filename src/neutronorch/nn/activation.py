@@ -18,7 +18,7 @@ from torch.nn import functional as F
 from neutronorch.sampling.kernels import splitmix_key
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _forward(y, threshold, scale, key, out, keep):
     rows, width = y.shape
     for i in prange(rows):
@@ -35,7 +35,7 @@ def _forward(y, threshold, scale, key, out, keep):
                     keep[i, j] = 0
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _backward(grad_out, keep, scale, grad_in):
     rows, width = grad_out.shape
     for i in prange(rows):

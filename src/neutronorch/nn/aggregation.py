@@ -18,7 +18,7 @@ from numba import njit, prange
 from neutronorch.sampling.block import Block
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _layer_input_forward(indptr, indices, x, dst_offset, self_columns, include_self, out):
     """out[:, :k] = [x_dst | mean] when ``self_columns``, else the mean alone (k = 2 or 1 times the
     width); any further column of ``out`` is set to 1 (it carries a bias through the matrix product).
@@ -48,7 +48,7 @@ def _layer_input_forward(indptr, indices, x, dst_offset, self_columns, include_s
                 acc[j] *= inv
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _transpose(indptr, indices, num_src):
     """For each source, the destinations that read it (CSR of the transposed block), in a stable order."""
     counts = np.zeros(num_src + 1, np.int64)
@@ -65,7 +65,7 @@ def _transpose(indptr, indices, num_src):
     return src_ptr, readers
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _layer_input_backward(indptr, src_ptr, readers, grad_h, dst_offset, self_columns, include_self, grad_x):
     """The adjoint of ``_layer_input_forward``. Each source row gathers from the destinations that read
     it (the transposed block), so rows are written once, in parallel, without atomics."""

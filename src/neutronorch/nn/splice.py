@@ -52,14 +52,14 @@ class SpliceIndex:
         return [self.cold_pos, self.hot_pos, self.hot_rows, self.origin]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _splice_forward(y_cold, table, origin, out):
     for i in prange(origin.shape[0]):
         o = origin[i]
         out[i] = y_cold[o] if o >= 0 else table[-1 - o]
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _splice_act_forward(y_cold, table, origin, threshold, scale, key, out, keep):
     width = out.shape[1]
     for i in prange(origin.shape[0]):
@@ -78,7 +78,7 @@ def _splice_act_forward(y_cold, table, origin, threshold, scale, key, out, keep)
                     keep[i, j] = 0
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _splice_backward(grad, keep, scale, cold_pos, hot_pos, hot_rows, grad_cold, grad_acc, masked, accumulate):
     """grad_cold[k] = grad[cold_pos[k]] and, if ``accumulate``, grad_acc[hot_rows[k]] += grad[hot_pos[k]];
     with ``masked``, gradients pass only where ``keep`` is set, times ``scale``. A hot vertex occurs at most

@@ -313,7 +313,6 @@ class NeutronOrchMode(ExactMode):
 
     def _host_run(self):
         numba.set_num_threads(self.host_threads)
-        torch.set_num_threads(self.host_threads)
         sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.config.fanouts)
         counts = np.zeros(self.graph.num_nodes, np.int32)
         hot_map = np.full(self.graph.num_nodes, -1, np.int64)

@@ -38,7 +38,7 @@ def _below(state, bound):
     return state, np.int64((r * np.uint64(bound)) >> np.uint64(32))
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def sample_neighbors(indptr, indices, dst_nodes, fanout, key):
     """Uniform sampling without replacement of up to ``fanout`` in-neighbours of each vertex.
 
@@ -82,7 +82,7 @@ def sample_neighbors(indptr, indices, dst_nodes, fanout, key):
     return ptr, nbrs
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def relabel(frontier, num_frontier, nbrs, node_map):
     """Map sampled global ids to local positions, appending unseen vertices to ``frontier``.
 
@@ -105,19 +105,19 @@ def relabel(frontier, num_frontier, nbrs, node_map):
     return local, size
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def map_nodes(nodes, node_map):
     for i in range(nodes.shape[0]):
         node_map[nodes[i]] = i
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def reset_map(nodes, node_map):
     for i in range(nodes.shape[0]):
         node_map[nodes[i]] = -1
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def gather_rows(source, rows, out):
     """out[i] = source[rows[i]] (float32 storage)."""
     for i in prange(rows.shape[0]):
@@ -131,7 +131,7 @@ def gather_rows(source, rows, out):
 HALF_TO_FLOAT = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def gather_half_rows(source_bits, rows, table, out):
     """out[i] = float32(source[rows[i]]) for float16 storage viewed as uint16."""
     for i in prange(rows.shape[0]):
@@ -140,7 +140,7 @@ def gather_half_rows(source_bits, rows, table, out):
             out[i, j] = table[source_bits[r, j]]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def count_appearances(nodes, counts):
     """Count how often each vertex occurs in ``nodes``. ``counts`` (one int32 per vertex of the graph, all
     zero) is used as scratch and left zero again. Returns (distinct vertices in order of first appearance,
