@@ -101,9 +101,10 @@ def main() -> int:
 
 
 def _stage_groups(epochs: list[dict]) -> dict[str, float]:
-    """Median seconds per epoch of: training (trainer busy), device sampler (sample + gather + copy), host
-    producer (hot selection, host sample / gather / compute), and the trainer's waits."""
-    groups = {"train": ("train",), "sampler": ("sample", "gather", "copy"),
+    """Median seconds per epoch of: training (trainer busy, without the hot gradient), device sampler
+    (sample + gather + copy), host producer (hot selection, host sample / gather / compute), the hot
+    gradient, and the trainer's wait for hot rows."""
+    groups = {"train": ("forward", "backward", "step", "publish"), "sampler": ("sample", "gather", "copy"),
               "host": ("hot_select", "host_sample", "host_gather", "host_compute"),
               "wait_hot": ("wait_hot",), "hot_grad": ("hot_grad",)}
     if not epochs:

@@ -76,3 +76,25 @@ def test_neutronorch_training_on_cuda(hot_grad):
     assert summary["device"].startswith("cuda")
     assert summary["staleness"]["max_observed"] <= summary["staleness"]["bound"]
     assert summary["hot"]["reuse_rate"] > 0 and summary["test_acc"] > 0.7
+
+
+def test_device_mode_on_cuda(tmp_path):
+    summary = train(TrainConfig(dataset="synthetic:nodes=4000,degree=10,features=16,classes=4,noise=0.6",
+                                mode="device", device="cuda", fanouts=[5, 5], hidden=32, batch_size=256,
+                                epochs=4, lr=0.01, weight_decay=0.0, progress=False))
+    assert summary["device"].startswith("cuda")
+    assert summary["test_acc"] > 0.75
+    assert summary["epochs"][-1]["stage_seconds"]["sample"] > 0
+
+
+def test_telemetry_on_cuda(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "t.png"
+    summary = train(TrainConfig(dataset="synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6",
+                                mode="neutronorch", device="cuda", fanouts=[5, 5], hidden=32, batch_size=64,
+                                epochs=2, super_batch=4, hot_ratio=0.3, progress=False, eval_every=-1,
+                                timeline=str(png), timeline_steps=8))
+    epoch = summary["epochs"][-1]
+    assert epoch["moved"]["device_bytes"] > epoch["moved"]["feature_bytes"]  # features + blocks + hot rows
+    assert png.read_bytes().startswith(b"\x89PNG")
+    assert "copy" in epoch["lane_busy"]

@@ -70,8 +70,10 @@ def test_summary_json_holds_the_contract_keys(tmp_path):
     assert summary["config"]["seed"] == 3 and summary["config"]["fanouts"] == [5, 5]
     assert set(summary["dataset"]) >= {"name", "nodes", "edges"}
     for epoch in summary["epochs"]:
-        assert set(epoch) >= {"epoch", "seconds", "train_loss", "stage_seconds"}
-        assert set(epoch["stage_seconds"]) >= {"sample", "gather", "train"}
+        assert set(epoch) >= {"epoch", "seconds", "train_loss", "stage_seconds", "lane_busy", "utilisation",
+                              "moved"}
+        assert set(epoch["stage_seconds"]) >= {"sample", "gather", "wait", "forward", "backward", "step"}
+    assert summary["moved"]["feature_rows"] > 0
 
 
 @pytest.mark.parametrize("suffix,text", [

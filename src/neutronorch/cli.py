@@ -32,8 +32,10 @@ _HELP = {
     "dropout": "dropout after each hidden layer; on CPU resolved to steps of 1/256 (default: %(default)s)",
     "seed": "seed of model init, seed order and sampling (default: %(default)s)",
     "device": "training device; auto picks CUDA when available (default: %(default)s)",
-    "mode": "placement of the stages: exact computes every layer of every mini-batch; neutronorch computes "
-            "hot vertices' bottom layer on the host once per super-batch and reuses it (default: %(default)s)",
+    "mode": "placement of the stages: exact samples and gathers on the host and computes every layer of "
+            "every mini-batch on the device; device also samples and gathers on the training device (graph "
+            "and features resident there); neutronorch computes hot vertices' bottom layer on the host once "
+            "per super-batch and reuses it (default: %(default)s)",
     "eval_every": "evaluate val/test every N epochs; 0 evaluates only after the last, -1 never (timing "
                   "runs) (default: %(default)s)",
     "eval_fanouts": "sampled inference with these fanouts instead of exact full-neighbour inference",
@@ -56,7 +58,18 @@ _HELP = {
                      "mini-batch (the host's time to compute its hot rows); capped by S-P+1; default: auto "
                      "(2, raised while the trainer waits for hot rows)",
     "host_threads": "neutronorch: threads of the host producer's sampling and aggregation kernels; 0 = half the cores (default: %(default)s)",
-    "summary_json": "write the run summary (config, per-epoch times and stages, accuracy, memory) here",
+    "summary_json": "write the run summary (config, per-epoch times, stages, utilisation, data moved, "
+                    "accuracy, memory) here",
+    "timeline": "draw the stage timeline (a Gantt chart of the host, sampler, copy and trainer lanes, with "
+                "CPU/GPU utilisation) of a window of steps to this .png; the raw spans go next to it as "
+                ".json (needs matplotlib)",
+    "timeline_steps": "steps in the timeline window, from the start of the second epoch (the first if the "
+                      "run has one epoch) (default: %(default)s)",
+    "log_jsonl": "write step losses and epoch records as JSON lines here",
+    "log_csv": "write step losses and epoch results as CSV here",
+    "tensorboard": "write TensorBoard scalars (loss, epoch time, accuracy, stages, utilisation) to this "
+                   "folder (needs tensorboard)",
+    "log_every": "steps per group of logged step losses, read from the device together (default: %(default)s)",
 }
 
 
@@ -65,7 +78,7 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
     choices = {"model": MODELS, "mode": MODES, "device": DEVICES, "hot_grad": HOT_GRADS}
     types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int}
     for f in fields(TrainConfig):
-        if f.name == "progress":
+        if f.name in ("progress", "stage_table"):
             continue
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
@@ -87,6 +100,8 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
                                          "options given on the command line win")
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=argparse.SUPPRESS,
                         help="no progress bar (the per-epoch lines stay)")
+    parser.add_argument("--no-stage-table", dest="stage_table", action="store_false", default=argparse.SUPPRESS,
+                        help="no per-lane stage breakdown after each epoch line")
 
 
 def build_parser() -> argparse.ArgumentParser:

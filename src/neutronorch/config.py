@@ -14,7 +14,7 @@ from neutronorch.errors import ConfigError
 from neutronorch.nn.models import MODELS
 from neutronorch.sampling.neighbor_sampler import parse_fanouts
 
-MODES = ("exact", "neutronorch")
+MODES = ("exact", "device", "neutronorch")
 HOT_GRADS = ("stop", "cpu")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -49,8 +49,16 @@ class TrainConfig:
     hot_error_budget: float = 0.02
     snapshot_lead: int | None = None  # None: auto (2 steps, more while the trainer waits for hot rows)
     host_threads: int = 0
+    # Observation
     summary_json: str | None = None
+    timeline: str | None = None  # .png; the raw spans go next to it as .json
+    timeline_steps: int = 40
+    log_jsonl: str | None = None
+    log_csv: str | None = None
+    tensorboard: str | None = None
+    log_every: int = 20
     progress: bool = True
+    stage_table: bool = True
 
     def validate(self) -> "TrainConfig":
         """Normalise and check every field; raise ``ConfigError`` saying how to fix the first problem."""
@@ -87,6 +95,8 @@ class TrainConfig:
              f"--snapshot-lead {self.snapshot_lead}: must be zero or more optimizer steps."),
             (self.hot_error_budget > 0, f"--hot-error-budget {self.hot_error_budget}: must be positive."),
             (self.super_batch >= 1, f"--super-batch {self.super_batch}: must be at least 1 mini-batch."),
+            (self.timeline_steps >= 1, f"--timeline-steps {self.timeline_steps}: must be at least 1."),
+            (self.log_every >= 1, f"--log-every {self.log_every}: must be at least 1 step."),
             (self.staleness_bound is None or self.staleness_bound >= self.super_batch - 1,
              f"--staleness-bound {self.staleness_bound} is below --super-batch {self.super_batch} minus 1: the "
              f"last mini-batch of a super-batch reuses hot embeddings at least P-1 = {self.super_batch - 1} "
@@ -96,6 +106,11 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        if self.timeline:
+            from neutronorch.train.telemetry import check_timeline_path  # noqa: PLC0415 - avoids an import cycle
+            check_timeline_path(self.timeline)
+        from neutronorch.train.metrics_log import check_log_paths  # noqa: PLC0415
+        check_log_paths(self)
         return self
 
     @property

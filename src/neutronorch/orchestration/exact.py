@@ -21,6 +21,7 @@ from neutronorch.features.store import BufferPool, FeatureStore
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.sampling.block import MiniBatch
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, mix_key
+from neutronorch.train.telemetry import Spans
 
 
 def epoch_order(train_idx: torch.Tensor, seed: int, epoch: int) -> torch.Tensor:
@@ -45,6 +46,7 @@ class ExactMode:
         self.pool = BufferPool(config.prefetch + 2, self.store.width, pin=self.on_cuda)
         self.copy_stream = torch.cuda.Stream(device) if self.on_cuda else None
         self._sampler: NeighborSampler | None = None
+        self.spans = Spans()  # every stage's time, from every thread (see train/telemetry.py)
 
     # Hooks the training loop calls; exact mode needs none of them.
     def start(self, model: torch.nn.Module) -> None:
@@ -58,10 +60,6 @@ class ExactMode:
 
     def after_step(self, batch: MiniBatch) -> None:
         """After the optimizer step."""
-
-    def take_stage_seconds(self) -> dict[str, float]:
-        """Seconds spent in mode-specific stages since the last call."""
-        return {}
 
     def end_epoch(self, record: dict) -> None:
         """After each epoch's training (before evaluation), with the epoch's record."""
@@ -86,10 +84,10 @@ class ExactMode:
         for index, seeds in enumerate(torch.split(order, self.config.batch_size)):
             t0 = time.perf_counter()
             subgraph = sampler.sample(seeds.numpy(), batch_key(self.config.seed, epoch, index))
-            yield self._gather_and_ship(epoch, index, subgraph, time.perf_counter() - t0)
+            self.spans.add("sample", t0, time.perf_counter())
+            yield self._gather_and_ship(epoch, index, subgraph)
 
-    def _gather_and_ship(self, epoch: int, index: int, subgraph, sample_seconds: float,
-                         splice=None) -> MiniBatch:
+    def _gather_and_ship(self, epoch: int, index: int, subgraph, splice=None) -> MiniBatch:
         """Gather a sampled subgraph's features and labels into a pooled buffer and, on CUDA, start the copy
         to the device (``splice``, if any, an object with ``to(device)``, travels along)."""
         t0 = time.perf_counter()
@@ -97,16 +95,21 @@ class ExactMode:
         features = self.store.gather_into(subgraph.input_nodes, buffer)
         labels = self.store.labels[subgraph.seeds]
         t1 = time.perf_counter()
-        batch = MiniBatch(epoch, index, subgraph, features, labels,
-                          stage_seconds={"sample": sample_seconds, "gather": t1 - t0}, splice=splice)
+        self.spans.add("gather", t0, t1)
+        batch = MiniBatch(epoch, index, subgraph, features, labels, splice=splice)
         if self.on_cuda:
-            self._copy_to_device(batch, buffer)
-            batch.stage_seconds["copy"] = time.perf_counter() - t1
+            batch.device_bytes = self._copy_to_device(batch, buffer)
+            self.spans.add("copy", t1, time.perf_counter())
         else:
             batch.release = lambda: self.pool.release(buffer)
         return batch
 
-    def _copy_to_device(self, batch: MiniBatch, buffer: torch.Tensor) -> None:
+    def _copy_to_device(self, batch: MiniBatch, buffer: torch.Tensor) -> int:
+        """Start the batch's copy to the device; return the bytes copied."""
+        moved = batch.features.nbytes + batch.labels.nbytes
+        moved += sum(t.nbytes for b in batch.blocks for t in (b.indptr, b.indices))
+        if batch.splice is not None:
+            moved += sum(t.nbytes for t in batch.splice.index.tensors())
         with torch.cuda.stream(self.copy_stream):
             if batch.splice is not None:
                 batch.splice = batch.splice.to(self.device, non_blocking=True)
@@ -119,6 +122,7 @@ class ExactMode:
         done.synchronize()
         self.pool.release(buffer)
         batch.ready = done
+        return moved
 
     def prepare(self, batch: MiniBatch) -> None:
         """Called in the training thread before the step: order the step after the batch's copy."""

@@ -41,6 +41,7 @@ from neutronorch.sampling import kernels
 from neutronorch.sampling.block import MiniBatch, SampledSubgraph
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, layer_key, mix_key
 from neutronorch.nn.splice import SpliceIndex, splice, splice_relu_dropout
+from neutronorch.train.telemetry import TRAINER_BUSY
 
 # The hot ratio ``auto`` starts here and is re-tuned between epochs (see ``HotRatioTuner``).
 AUTO_START_RATIO = 0.2
@@ -268,8 +269,6 @@ class NeutronOrchMode(ExactMode):
         self._hot = _Board()
         self._next_snapshot = 0
         self._current: HotEmbeddings | None = None
-        self._stages: dict[str, float] = {}
-        self._stage_lock = threading.Lock()
         self._totals = {"super_batches": 0, "hot": 0, "reached": 0, "appearances": 0, "hot_appearances": 0,
                         "saved_edges": 0, "host_edges": 0, "error_capped": 0}
         self._epoch_ratios: dict[int, list[float]] = {}
@@ -306,10 +305,6 @@ class NeutronOrchMode(ExactMode):
         return _EpochView(self._stream, epoch, self.num_batches)
 
     # ----- host producer ---------------------------------------------------------------------------------
-
-    def _add_stage(self, name: str, seconds: float) -> None:
-        with self._stage_lock:
-            self._stages[name] = self._stages.get(name, 0.0) + seconds
 
     def _host_run(self):
         numba.set_num_threads(self.host_threads)
@@ -387,7 +382,7 @@ class NeutronOrchMode(ExactMode):
         totals["appearances"] += plan.appearances
         totals["hot_appearances"] += hot_appearances
         totals["saved_edges"] += sum(b.saved_edges for b in planned)
-        self._add_stage("hot_select", time.perf_counter() - t0)
+        self.spans.add("hot_select", t0, time.perf_counter())
         return plan
 
     def _error_cap(self, ranked_counts: np.ndarray, num_batches: int) -> int:
@@ -420,16 +415,17 @@ class NeutronOrchMode(ExactMode):
         t1 = time.perf_counter()
         x = self.store.gather(torch.from_numpy(frontier))
         t2 = time.perf_counter()
-        self._add_stage("host_sample", t1 - t0)
-        self._add_stage("host_gather", t2 - t1)
+        self.spans.add("host_sample", t0, t1)
+        self.spans.add("host_gather", t1, t2)
         self._host_busy += t2 - t0
         return block, x
 
     def _finish_hot(self, plan: _Plan, prepared) -> None:
         block, x = prepared
-        snapshot, waited = self._snapshots.take(plan.gsid, remove=True)
-        self._add_stage("host_wait_weights", waited)
+        t_wait = time.perf_counter()
+        snapshot, _ = self._snapshots.take(plan.gsid, remove=True)
         t0 = time.perf_counter()
+        self.spans.add("host_wait_weights", t_wait, t0)
         if snapshot.ready is not None:
             snapshot.ready.synchronize()
         layer = copy.deepcopy(self._host_template)
@@ -456,11 +452,12 @@ class NeutronOrchMode(ExactMode):
                 hot.ready = torch.cuda.Event()
                 hot.ready.record(self.hot_stream)
             hot.keep.append(pinned)
+            self.spans.count("device_bytes", table.nbytes)
         elif track:
             hot.grad_acc = torch.zeros_like(table)
-        seconds = time.perf_counter() - t0
-        self._add_stage("host_compute", seconds)
-        self._host_busy += seconds
+        t1 = time.perf_counter()
+        self.spans.add("host_compute", t0, t1)
+        self._host_busy += t1 - t0
         self._hot.put(plan.gsid, hot)
 
     # ----- device sampler --------------------------------------------------------------------------------
@@ -478,8 +475,8 @@ class NeutronOrchMode(ExactMode):
                                            [torch.from_numpy(frontier)] + item.upper.frontiers)
                 index = SpliceIndex.build(dst.shape[0], item.cold_pos, item.hot_pos, item.hot_rows)
                 splice_info = Splice(plan.gsid, index, last=position == len(plan.batches) - 1)
-                yield self._gather_and_ship(plan.epoch, item.index, subgraph, time.perf_counter() - t0,
-                                            splice_info)
+                self.spans.add("sample", t0, time.perf_counter())
+                yield self._gather_and_ship(plan.epoch, item.index, subgraph, splice_info)
 
     # ----- trainer side ----------------------------------------------------------------------------------
 
@@ -508,8 +505,9 @@ class NeutronOrchMode(ExactMode):
         super().prepare(batch)
         gsid = batch.splice.gsid
         if self._current is None or self._current.gsid != gsid:
-            self._current, waited = self._hot.take(gsid, remove=False)
-            self._add_stage("wait_hot", waited)
+            t0 = time.perf_counter()
+            self._current, _ = self._hot.take(gsid, remove=False)
+            self.spans.add("wait_hot", t0, time.perf_counter())
             if self._current.ready is not None:
                 stream = torch.cuda.current_stream(self.device)
                 stream.wait_event(self._current.ready)
@@ -556,9 +554,10 @@ class NeutronOrchMode(ExactMode):
                 p.grad = g
             else:
                 p.grad.add_(g)
-        self._add_stage("hot_grad", time.perf_counter() - t0)
+        self.spans.add("hot_grad", t0, time.perf_counter())
 
     def after_step(self, batch: MiniBatch) -> None:
+        t0 = time.perf_counter()
         self.version += 1
         if batch.splice.last:
             self._hot.drop(batch.splice.gsid)
@@ -566,6 +565,7 @@ class NeutronOrchMode(ExactMode):
             if self.auto:
                 self._measure_drift()  # before the snapshot wakes the host, whose next plan reads it
         self._publish_due()
+        self.spans.add("publish", t0, time.perf_counter())
 
     def _measure_drift(self) -> None:
         """At each super-batch boundary: the relative change per optimizer step of the bottom-layer output
@@ -606,11 +606,6 @@ class NeutronOrchMode(ExactMode):
 
     # ----- reporting -------------------------------------------------------------------------------------
 
-    def take_stage_seconds(self) -> dict[str, float]:
-        with self._stage_lock:
-            stages, self._stages = self._stages, {}
-        return stages
-
     def end_epoch(self, record: dict) -> None:
         """Record this epoch's hot ratio and, with ``auto``, choose the next one."""
         record["snapshot_lead"] = self.lead
@@ -627,7 +622,7 @@ class NeutronOrchMode(ExactMode):
         stages = record["stage_seconds"]
         per = max(1, self.schedule.per_epoch)
         host = self._host_busy / per
-        device = (stages.get("train", 0.0) - stages.get("wait_hot", 0.0)) / per
+        device = sum(stages.get(name, 0.0) for name in TRAINER_BUSY) / per
         self.ratio = self.tuner.update(record["seconds"], host, device)
         self._host_busy = 0.0  # host producer seconds this epoch (for the ratio tuner)
 
@@ -664,11 +659,6 @@ class _EpochView:
 
     def __init__(self, stream: Prefetcher, epoch: int, count: int):
         self._stream, self._epoch, self._left = stream, epoch, count
-        self._start_wait = stream.wait_seconds
-
-    @property
-    def wait_seconds(self) -> float:
-        return self._stream.wait_seconds - self._start_wait
 
     def __iter__(self):
         return self

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from typing import Callable, Iterator
 
 _DONE = object()
@@ -30,7 +29,6 @@ class Prefetcher:
         self._stop = threading.Event()
         self._produce = produce
         self._on_start = on_start
-        self.wait_seconds = 0.0  # time the consumer spent blocked on an empty queue
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -58,7 +56,6 @@ class Prefetcher:
         return self
 
     def __next__(self):
-        start = time.perf_counter()
         while True:
             try:
                 item = self._queue.get(timeout=0.5)
@@ -66,7 +63,6 @@ class Prefetcher:
             except queue.Empty:
                 if not self._thread.is_alive() and self._queue.empty():
                     raise RuntimeError("prefetch thread ended without a result") from None
-        self.wait_seconds += time.perf_counter() - start
         if item is _DONE:
             self._queue.put(_DONE)  # stay exhausted on further calls
             raise StopIteration

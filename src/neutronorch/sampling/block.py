@@ -71,11 +71,11 @@ class MiniBatch:
     subgraph: SampledSubgraph
     features: torch.Tensor
     labels: torch.Tensor
-    stage_seconds: dict[str, float] = field(default_factory=dict)
     # Called once the step no longer needs the host feature buffer.
     release: Callable[[], None] = field(default=lambda: None)
     ready: object = None  # on CUDA: the event after which the batch's device copies may be read
     splice: object = None  # mode-specific: how rows computed elsewhere enter the batch (NeutronOrch)
+    device_bytes: int = 0  # bytes copied from the host to the device for this batch
 
     @property
     def blocks(self) -> list[Block]:

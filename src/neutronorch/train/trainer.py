@@ -24,12 +24,16 @@ from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, load_dataset
 from neutronorch.errors import ConfigError
 from neutronorch.nn.models import GNN
+from neutronorch.orchestration.device import DeviceMode
 from neutronorch.orchestration.exact import ExactMode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
 from neutronorch.train.evaluate import evaluate
 from neutronorch.train.memory import keep_freed_memory, peak_rss_mb
+from neutronorch.train.metrics_log import MetricLog
+from neutronorch.train.telemetry import (LANES, Spans, Utilisation, epoch_table, lane_busy, lane_of,
+                                         write_timeline)
 
-MODE_CLASSES = {"exact": ExactMode, "neutronorch": NeutronOrchMode}
+MODE_CLASSES = {"exact": ExactMode, "device": DeviceMode, "neutronorch": NeutronOrchMode}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -92,10 +96,14 @@ def train(config: TrainConfig, graph: Graph | None = None) -> dict:
 
     epochs, best = [], {"val_acc": -1.0, "test_acc": float("nan"), "epoch": -1}
     last_eval: dict[str, float] = {}
+    timeline_info = None
+    window = _TimelineWindow(config)
+    metrics = MetricLog(config)
+    util = Utilisation(device)
     mode.start(model)
     try:
         for epoch in range(config.epochs):
-            record = _train_epoch(model, optimizer, mode, epoch, config)
+            record = _train_epoch(model, optimizer, mode, epoch, config, util, metrics, window)
             mode.end_epoch(record)
             if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
                 t0 = time.perf_counter()
@@ -105,9 +113,20 @@ def train(config: TrainConfig, graph: Graph | None = None) -> dict:
                 if last_eval["val_acc"] > best["val_acc"]:
                     best = {**last_eval, "epoch": epoch}
             epochs.append(record)
-            log(_epoch_line(record))
+            metrics.epoch(record)
+            log(_epoch_line(record, stages=not config.stage_table))
+            if config.stage_table:
+                log(epoch_table(record))
+        if config.timeline and mode.spans.events:
+            timeline_info = write_timeline(
+                config.timeline, mode.spans.events, util.samples,
+                f"{config.mode} mode, {config.model}, epoch {window.epoch}, first {config.timeline_steps} steps")
+            log(f"timeline: {timeline_info['png']} ({timeline_info['spans']} spans; raw spans in "
+                f"{timeline_info['json']})")
     finally:
         mode.close()
+        util.close()
+        metrics.close()
     if config.epochs and not last_eval and config.eval_every >= 0:
         last_eval = evaluate(model, graph, mode.store, device, config.eval_fanouts, config.eval_batch_size,
                              config.seed)
@@ -131,6 +150,9 @@ def train(config: TrainConfig, graph: Graph | None = None) -> dict:
         "final_val_acc": last_eval.get("val_acc"),
         "final_test_acc": last_eval.get("test_acc"),
         "peak_rss_mb": round(peak_rss_mb(), 1),
+        "moved": {key: sum(e["moved"][key] for e in epochs) for key in ("feature_rows", "feature_bytes",
+                                                                           "device_bytes")},
+        "timeline": timeline_info,
         **mode.summary(),
     }
     if config.summary_json:
@@ -140,47 +162,76 @@ def train(config: TrainConfig, graph: Graph | None = None) -> dict:
     return summary
 
 
-def _train_epoch(model: GNN, optimizer: torch.optim.Optimizer, mode, epoch: int, config: TrainConfig) -> dict:
+def _train_epoch(model: GNN, optimizer: torch.optim.Optimizer, mode, epoch: int, config: TrainConfig,
+                 util: Utilisation, metrics: MetricLog, timeline: "_TimelineWindow") -> dict:
     model.train()
-    stages = {"sample": 0.0, "gather": 0.0, "copy": 0.0, "train": 0.0}
+    spans = mode.spans
+    spans.take()  # drop what the producers recorded between epochs (evaluation time)
+    util.take()
     total_loss = torch.zeros((), device=mode.device)
-    num_batches = sampled_edges = input_nodes = 0
+    step_losses = []
+    num_batches = sampled_edges = input_nodes = feature_bytes = device_bytes = 0
     start = time.perf_counter()
     bar = tqdm(total=mode.num_batches, desc=f"epoch {epoch}", unit="batch", leave=False,
                disable=None if config.progress else True, file=sys.stderr)
+    timeline.begin_epoch(epoch, spans)
     with mode.batches(epoch) as batches:
-        for batch in batches:
+        batches = iter(batches)
+        while True:
             t0 = time.perf_counter()
+            batch = next(batches, None)
+            t1 = time.perf_counter()
+            spans.add("wait", t0, t1, num_batches)
+            if batch is None:
+                break
             mode.prepare(batch)
+            t1 = time.perf_counter()
             logits = mode.forward(model, batch)
             loss = F.cross_entropy(logits, batch.labels)
+            t2 = time.perf_counter()
+            spans.add("forward", t1, t2, num_batches)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            t3 = time.perf_counter()
+            spans.add("backward", t2, t3, num_batches)
             mode.before_step(batch)
+            t4 = time.perf_counter()
             optimizer.step()
+            spans.add("step", t4, time.perf_counter(), num_batches)
             mode.after_step(batch)
             batch.release()
             total_loss += loss.detach()
-            stages["train"] += time.perf_counter() - t0
-            for name, value in batch.stage_seconds.items():
-                stages[name] = stages.get(name, 0.0) + value
+            if metrics.per_step:
+                step_losses.append(loss.detach())
+                if len(step_losses) == metrics.every:
+                    metrics.steps(epoch, num_batches + 1 - len(step_losses), step_losses)
+                    step_losses = []
             num_batches += 1
             sampled_edges += batch.subgraph.num_sampled_edges
             input_nodes += batch.subgraph.input_nodes.shape[0]
+            feature_bytes += batch.features.nbytes
+            device_bytes += batch.device_bytes
+            timeline.after_step(spans, num_batches)
             bar.update(1)
-        waited = batches.wait_seconds
+    if step_losses:
+        metrics.steps(epoch, num_batches - len(step_losses), step_losses)
     if mode.device.type == "cuda":
         torch.cuda.synchronize(mode.device)
     seconds = time.perf_counter() - start
+    timeline.end_epoch(spans)
     bar.close()
-    stages["wait"] = waited
-    for name, value in mode.take_stage_seconds().items():
-        stages[name] = stages.get(name, 0.0) + value
+    stages, counts = spans.take()
     return {
         "epoch": epoch,
         "seconds": seconds,
         "train_loss": float(total_loss) / max(1, num_batches),
-        "stage_seconds": {k: round(v, 4) for k, v in stages.items()},
+        "stage_seconds": {k: round(v, 4) for k, v in sorted(stages.items(), key=_stage_order)},
+        "lane_busy": lane_busy(stages, seconds),
+        "utilisation": util.take(),
+        # Rows and bytes of the batches trained this epoch; hot tables copied by the host producer count
+        # when their copy starts.
+        "moved": {"feature_rows": input_nodes, "feature_bytes": feature_bytes,
+                  "device_bytes": device_bytes + counts.get("device_bytes", 0)},
         "batches": num_batches,
         "sampled_edges": sampled_edges,
         "input_nodes_per_batch": input_nodes / max(1, num_batches),
@@ -188,11 +239,39 @@ def _train_epoch(model: GNN, optimizer: torch.optim.Optimizer, mode, epoch: int,
     }
 
 
-def _epoch_line(record: dict) -> str:
-    stages = record["stage_seconds"]
+def _stage_order(item):
+    stage = item[0]
+    return LANES.index(lane_of(stage)), stage
+
+
+class _TimelineWindow:
+    """Keeps the raw spans of ``steps`` training steps from the start of one epoch (the second, if there is
+    one: the first includes JIT compilation and cold caches)."""
+
+    def __init__(self, config: TrainConfig):
+        self.path = config.timeline
+        self.epoch = min(1, config.epochs - 1)
+        self.steps = config.timeline_steps
+        self.active = False
+
+    def begin_epoch(self, epoch: int, spans: Spans) -> None:
+        if self.path and epoch == self.epoch:
+            spans.keep = self.active = True
+
+    def after_step(self, spans: Spans, done: int) -> None:
+        if self.active and done >= self.steps:
+            spans.keep = self.active = False
+
+    def end_epoch(self, spans: Spans) -> None:
+        if self.active:
+            spans.keep = self.active = False
+
+
+def _epoch_line(record: dict, stages: bool = True) -> str:
     parts = [f"epoch {record['epoch']:3d}", f"loss {record['train_loss']:.4f}"]
     if "val_acc" in record:
         parts += [f"val {record['val_acc']:.4f}", f"test {record['test_acc']:.4f}"]
     parts.append(f"time {record['seconds']:.2f}s")
-    parts.append("[" + " ".join(f"{k} {v:.2f}" for k, v in stages.items() if v) + "]")
+    if stages:
+        parts.append("[" + " ".join(f"{k} {v:.2f}" for k, v in record["stage_seconds"].items() if v) + "]")
     return " | ".join(parts)

@@ -1,0 +1,97 @@
+"""Optional metric logs: JSONL (every field), CSV (one row per logged step and per epoch) and TensorBoard.
+
+Step losses are read from the device once every ``--log-every`` steps (one synchronisation per group, never
+one per step). Files are written as the run goes and flushed after every epoch, so a run that stops early
+keeps what it logged.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from neutronorch.errors import ConfigError
+
+CSV_COLUMNS = ("kind", "epoch", "step", "loss", "seconds", "val_acc", "test_acc", "elapsed")
+
+
+def check_log_paths(config) -> None:
+    """Fail before training if a log cannot be written."""
+    for flag, path in (("--log-jsonl", config.log_jsonl), ("--log-csv", config.log_csv),
+                       ("--tensorboard", config.tensorboard)):
+        if path and not Path(path).resolve().parent.exists():
+            raise ConfigError(f"{flag} {path}: the folder {Path(path).resolve().parent} does not exist.")
+    if config.tensorboard:
+        try:
+            import tensorboard  # noqa: F401, PLC0415 - optional
+        except ImportError:
+            raise ConfigError("--tensorboard needs the tensorboard package: pip install tensorboard.") from None
+
+
+class MetricLog:
+    def __init__(self, config):
+        self.every = config.log_every
+        self._start = time.perf_counter()
+        self._step = 0
+        self._jsonl = open(config.log_jsonl, "w") if config.log_jsonl else None
+        self._csv_file = open(config.log_csv, "w", newline="") if config.log_csv else None
+        self._csv = csv.writer(self._csv_file) if self._csv_file else None
+        if self._csv:
+            self._csv.writerow(CSV_COLUMNS)
+        self._tb = None
+        if config.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - optional
+            self._tb = SummaryWriter(config.tensorboard)
+        self.per_step = any(x is not None for x in (self._jsonl, self._csv, self._tb))
+
+    def steps(self, epoch: int, first_batch: int, losses: list[torch.Tensor]) -> None:
+        """Log consecutive steps' losses (device tensors; read here in one transfer)."""
+        values = torch.stack(losses).float().cpu().tolist()
+        elapsed = round(time.perf_counter() - self._start, 3)
+        for offset, loss in enumerate(values):
+            step = self._step
+            self._step += 1
+            if self._jsonl:
+                self._jsonl.write(json.dumps({"kind": "step", "epoch": epoch, "batch": first_batch + offset,
+                                              "step": step, "loss": loss, "elapsed": elapsed}) + "\n")
+            if self._csv:
+                self._csv.writerow(["step", epoch, step, loss, "", "", "", elapsed])
+            if self._tb:
+                self._tb.add_scalar("train/loss", loss, step)
+
+    def epoch(self, record: dict) -> None:
+        elapsed = round(time.perf_counter() - self._start, 3)
+        if self._jsonl:
+            self._jsonl.write(json.dumps({"kind": "epoch", "step": self._step, "elapsed": elapsed, **record}) + "\n")
+            self._jsonl.flush()
+        if self._csv:
+            self._csv.writerow(["epoch", record["epoch"], self._step, record["train_loss"], record["seconds"],
+                                record.get("val_acc", ""), record.get("test_acc", ""), elapsed])
+            self._csv_file.flush()
+        if self._tb:
+            tb, epoch = self._tb, record["epoch"]
+            tb.add_scalar("epoch/seconds", record["seconds"], epoch)
+            tb.add_scalar("epoch/train_loss", record["train_loss"], epoch)
+            for key in ("val_acc", "test_acc"):
+                if key in record:
+                    tb.add_scalar(f"epoch/{key}", record[key], epoch)
+            for stage, seconds in record["stage_seconds"].items():
+                tb.add_scalar(f"stage_seconds/{stage}", seconds, epoch)
+            for lane, share in record.get("lane_busy", {}).items():
+                tb.add_scalar(f"busy/{lane}", share, epoch)
+            util = record.get("utilisation") or {}
+            for key in ("process_cores", "machine_share", "gpu_percent"):
+                if util.get(key) is not None:
+                    tb.add_scalar(f"utilisation/{key}", util[key], epoch)
+            tb.flush()
+
+    def close(self) -> None:
+        for f in (self._jsonl, self._csv_file):
+            if f is not None:
+                f.close()
+        if self._tb is not None:
+            self._tb.close()

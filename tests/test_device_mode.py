@@ -1,0 +1,55 @@
+"""Mode ``device``: sampling and gathering on the training device (here: the CPU)."""
+
+import numpy as np
+import pytest
+import torch
+
+from neutronorch import TrainConfig, train
+from neutronorch.cli import main
+from neutronorch.data import SyntheticSpec, generate
+from neutronorch.orchestration.device import DeviceMode
+
+SMALL = "synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6"
+
+
+def small_config(**overrides):
+    values = dict(dataset=SMALL, fanouts=[5, 5], hidden=32, batch_size=128, epochs=3, lr=0.01, dropout=0.5,
+                  weight_decay=0.0, progress=False, mode="device")
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+@pytest.mark.parametrize("model", ["sage", "gcn"])
+def test_device_mode_learns_as_well_as_exact_mode(model):
+    device = train(small_config(model=model))
+    exact = train(small_config(model=model, mode="exact"))
+    assert device["test_acc"] > 0.8
+    assert abs(device["test_acc"] - exact["test_acc"]) < 0.05
+    stages = device["epochs"][-1]["stage_seconds"]
+    assert stages["sample"] > 0 and stages["gather"] > 0
+    assert device["moved"]["feature_rows"] > 0
+
+
+def test_device_mode_batches_hold_the_right_rows_and_labels():
+    graph = generate(SyntheticSpec.parse(SMALL))
+    graph.features = graph.features.astype(np.float16)  # stored at half precision: placed as float32
+    cfg = small_config().validate()
+    mode = DeviceMode(graph, cfg, torch.device("cpu"), 1)
+    with mode.batches(0) as batches:
+        seen = []
+        for batch in batches:
+            nodes = batch.subgraph.input_nodes
+            assert batch.features.dtype == torch.float32
+            torch.testing.assert_close(batch.features, torch.from_numpy(graph.features[nodes.numpy()]).float())
+            assert torch.equal(batch.labels, torch.from_numpy(graph.labels[batch.subgraph.seeds.numpy()]).long())
+            assert torch.equal(nodes[:batch.blocks[0].num_dst], batch.subgraph.frontiers[1])
+            seen.append(batch.subgraph.seeds)
+    seeds = torch.cat(seen)
+    assert sorted(seeds.tolist()) == sorted(np.asarray(graph.train_idx).tolist())
+
+
+def test_device_mode_from_the_command_line(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    assert main(["train", "--dataset", SMALL, "--mode", "device", "--fanouts", "4,4", "--epochs", "1",
+                 "--hidden", "16", "--no-progress", "--summary-json", str(out)]) == 0
+    assert '"mode": "device"' in out.read_text()

@@ -1,0 +1,183 @@
+"""Stage spans, utilisation, data counters, the per-epoch table, the timeline picture and the metric logs."""
+
+import csv
+import json
+import threading
+import time
+
+import pytest
+
+from neutronorch import ConfigError, TrainConfig, train
+from neutronorch.cli import main
+from neutronorch.data import SyntheticSpec, generate
+from neutronorch.train.telemetry import LANES, Spans, Utilisation, epoch_table, lane_busy, lane_of
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return generate(SyntheticSpec(nodes=2000, degree=8, features=12, classes=4, noise=0.6))
+
+
+def config(**overrides):
+    values = dict(dataset="given", fanouts=[4, 3], hidden=16, batch_size=64, epochs=2, lr=0.01, dropout=0.0,
+                  progress=False, seed=1, eval_every=-1)
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def test_spans_sum_per_stage_and_keep_raw_spans_only_while_asked():
+    spans = Spans()
+    spans.add("sample", 1.0, 1.5)
+    spans.keep = True
+    spans.add("sample", 2.0, 2.25, step=0)
+    spans.add("forward", 2.0, 3.0, step=0)
+    spans.keep = False
+    spans.add("forward", 4.0, 4.5)
+    spans.count("feature_rows", 10)
+    spans.count("feature_rows", 5)
+    totals, counts = spans.take()
+    assert totals == {"sample": 0.75, "forward": 1.5}
+    assert counts == {"feature_rows": 15}
+    assert [e[0] for e in spans.events] == ["sample", "forward"]
+    assert spans.take() == ({}, {})
+
+
+def test_spans_from_many_threads_lose_nothing():
+    spans = Spans()
+
+    def work():
+        for _ in range(2000):
+            spans.add("gather", 0.0, 0.001)
+            spans.count("feature_rows", 1)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    totals, counts = spans.take()
+    assert counts["feature_rows"] == 8000
+    assert totals["gather"] == pytest.approx(8.0)
+
+
+def test_lane_busy_counts_work_and_not_waits():
+    busy = lane_busy({"forward": 2.0, "backward": 3.0, "wait": 4.0, "sample": 1.0, "host_wait_weights": 9.0,
+                      "host_compute": 0.5}, wall=10.0)
+    assert busy == {"host": 0.05, "sampler": 0.1, "trainer": 0.5}
+    assert list(busy) == [lane for lane in LANES if lane in busy]
+    assert lane_of("hot_select") == "host" and lane_of("copy") == "copy"
+
+
+def test_utilisation_sees_a_busy_thread():
+    util = Utilisation(interval=0.05)
+    try:
+        util.take()
+        stop = time.perf_counter() + 0.4
+        while time.perf_counter() < stop:
+            sum(range(1000))
+        mean = util.take()
+    finally:
+        util.close()
+    assert mean["process_cores"] > 0.5
+    assert 0 < mean["process_share"] <= 1.5
+    assert mean["gpu_percent"] is None
+    assert util.samples and not util._thread.is_alive()
+
+
+@pytest.mark.parametrize("mode", ["exact", "neutronorch"])
+def test_epoch_record_has_stages_lanes_utilisation_and_rows_moved(graph, mode):
+    extra = dict(mode="neutronorch", super_batch=2, hot_ratio=0.3) if mode == "neutronorch" else {}
+    summary = train(config(fanouts=[4, 3, 3], **extra), graph)
+    for epoch in summary["epochs"]:
+        stages = epoch["stage_seconds"]
+        assert {"sample", "gather", "wait", "forward", "backward", "step"} <= set(stages)
+        assert set(epoch["lane_busy"]) >= {"sampler", "trainer"}
+        assert 0 < epoch["lane_busy"]["trainer"] <= 1.0
+        assert epoch["utilisation"]["process_cores"] > 0
+        assert epoch["moved"]["feature_rows"] == pytest.approx(epoch["input_nodes_per_batch"] * epoch["batches"])
+        assert epoch["moved"]["feature_bytes"] == epoch["moved"]["feature_rows"] * graph.feature_dim * 4
+        assert epoch["moved"]["device_bytes"] == 0  # trained on the CPU: nothing is copied
+        table = epoch_table(epoch)
+        assert "trainer" in table and "busy" in table and "feature rows per batch" in table
+    if mode == "neutronorch":  # the host runs ahead: its spans land in the epoch during which they ran
+        stages = set().union(*(e["stage_seconds"] for e in summary["epochs"]))
+        assert {"hot_select", "host_compute", "publish"} <= stages
+        assert "host" in summary["epochs"][0]["lane_busy"]
+    assert summary["moved"]["feature_rows"] == sum(e["moved"]["feature_rows"] for e in summary["epochs"])
+
+
+@pytest.mark.parametrize("mode", ["exact", "neutronorch"])
+def test_timeline_png_and_raw_spans_of_the_window(tmp_path, graph, mode):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "timeline.png"
+    extra = dict(mode="neutronorch", super_batch=2, hot_ratio=0.3) if mode == "neutronorch" else {}
+    summary = train(config(timeline=str(png), timeline_steps=3, batch_size=32, **extra), graph)
+    data = png.read_bytes()
+    assert data.startswith(PNG_SIGNATURE) and len(data) > 5000
+    raw = json.loads(png.with_suffix(".json").read_text())
+    lanes = {s["lane"] for s in raw["spans"]}
+    assert {"sampler", "trainer"} <= lanes
+    if mode == "neutronorch":
+        assert "host" in lanes
+    steps = {s["step"] for s in raw["spans"] if s["stage"] == "forward"}
+    assert steps == {0, 1, 2}  # the window: the first 3 of the second epoch's 7 steps
+    assert all(0 <= s["start"] <= s["end"] for s in raw["spans"])
+    assert summary["timeline"]["png"] == str(png)
+
+
+def test_metric_logs_jsonl_and_csv(tmp_path, graph):
+    jsonl, table = tmp_path / "m.jsonl", tmp_path / "m.csv"
+    summary = train(config(log_jsonl=str(jsonl), log_csv=str(table), log_every=3, eval_every=1), graph)
+    lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    steps = [x for x in lines if x["kind"] == "step"]
+    epochs = [x for x in lines if x["kind"] == "epoch"]
+    batches = summary["epochs"][0]["batches"]
+    assert [x["step"] for x in steps] == list(range(2 * batches))
+    assert len(epochs) == 2 and "val_acc" in epochs[1] and "stage_seconds" in epochs[1]
+    # The logged step losses average to the epoch's reported loss.
+    first = [x["loss"] for x in steps if x["epoch"] == 0]
+    assert sum(first) / len(first) == pytest.approx(summary["epochs"][0]["train_loss"], rel=1e-5)
+    rows = list(csv.DictReader(table.open()))
+    assert sum(r["kind"] == "step" for r in rows) == 2 * batches
+    assert [float(r["val_acc"]) for r in rows if r["kind"] == "epoch"] == [e["val_acc"] for e in summary["epochs"]]
+
+
+def test_tensorboard_scalars(tmp_path, graph):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train(config(tensorboard=str(tmp_path / "tb")), graph)
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/loss", "epoch/seconds", "stage_seconds/forward", "busy/trainer"} <= tags
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--timeline", "out.svg"], ".png"),
+    (["--timeline", "/no/such/folder/t.png"], "does not exist"),
+    (["--log-jsonl", "/no/such/folder/m.jsonl"], "does not exist"),
+    (["--timeline-steps", "0"], "at least 1"),
+    (["--log-every", "0"], "at least 1"),
+])
+def test_bad_observation_options_give_one_clear_error(args, message, capsys):
+    assert main(["train", "--epochs", "1", "--no-progress"] + args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_timeline_without_matplotlib_fails_before_training(monkeypatch, tmp_path):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    with pytest.raises(ConfigError, match="pip install matplotlib"):
+        config(timeline=str(tmp_path / "t.png")).validate()
