@@ -149,7 +149,7 @@ def systems_for(data: Dataset, model: str, args, peers: dict[str, Path]) -> dict
     """System name -> function of the summary path returning the command line (run through run_one)."""
     common = ["--model", model, "--fanouts", args.fanouts, "--hidden", str(args.hidden),
               "--batch-size", str(args.batch_size), "--epochs", str(args.epochs), "--lr", str(args.lr),
-              "--dropout", str(args.dropout), "--seed", str(args.seed)]
+              "--dropout", str(args.dropout), "--weight-decay", str(args.weight_decay), "--seed", str(args.seed)]
 
     def guarded(command: list[str], out) -> list[str]:
         return [sys.executable, __file__, "--run-one", str(out), "--"] + command
@@ -379,6 +379,8 @@ def main() -> int:
     parser.add_argument("--peers", default="dgl", help="peer systems, bench/peers/<peer>_train.py; '' for none "
                                                        "(default: %(default)s)")
     add_model_arguments(parser)
+    parser.add_argument("--weight-decay", type=float, default=5e-3, help="Adam weight decay, the same for every "
+                        "system (default: ours, 5e-3)")
     parser.add_argument("--epochs", type=int, default=3, help="epochs per run (the first is excluded)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of the interleaved runs")
     parser.add_argument("--threads", type=int, default=2)
