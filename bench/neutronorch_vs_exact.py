@@ -105,7 +105,8 @@ def _stage_groups(epochs: list[dict]) -> dict[str, float]:
     (sample + gather + copy), host producer (hot selection, host sample / gather / compute), the hot
     gradient, and the trainer's wait for hot rows."""
     groups = {"train": ("forward", "backward", "step", "publish"), "sampler": ("sample", "gather", "copy"),
-              "host": ("hot_select", "host_sample", "host_gather", "host_compute"),
+              "host": ("hot_select", "host_sample", "host_gather", "host_aggregate", "host_matmul", "host_compute",
+                       "host_copy"),
               "wait_hot": ("wait_hot",), "hot_grad": ("hot_grad",)}
     if not epochs:
         return {}

@@ -437,11 +437,22 @@ class NeutronOrchMode(ExactMode):
         for p in params:
             p.requires_grad_(track)
         with torch.set_grad_enabled(track):
-            output = layer(block, x)
+            if hasattr(layer, "aggregate"):
+                # Separable layers (SAGE, GCN): the same two calls that define the device layer, timed apart.
+                aggregated = layer.aggregate(block, x)
+                t_mid = time.perf_counter()
+                self.spans.add("host_aggregate", t0, t_mid)
+                output, stage = layer.transform(block.dst_rows(x), aggregated), "host_matmul"
+            else:
+                t_mid = t0
+                output, stage = layer(block, x), "host_compute"
         table = output.detach()
         hot = HotEmbeddings(plan.gsid, snapshot.version, table, plan.hot.shape[0])
         if track:
             hot.output, hot.params = output, params
+        t1 = time.perf_counter()
+        self.spans.add(stage, t_mid, t1)
+        self._host_busy += t1 - t0
         if self.on_cuda:
             pinned = torch.empty(table.shape, dtype=table.dtype, pin_memory=True)
             pinned.copy_(table)
@@ -453,11 +464,11 @@ class NeutronOrchMode(ExactMode):
                 hot.ready.record(self.hot_stream)
             hot.keep.append(pinned)
             self.spans.count("device_bytes", table.nbytes)
+            t2 = time.perf_counter()
+            self.spans.add("host_copy", t1, t2)
+            self._host_busy += t2 - t1
         elif track:
             hot.grad_acc = torch.zeros_like(table)
-        t1 = time.perf_counter()
-        self.spans.add("host_compute", t0, t1)
-        self._host_busy += t1 - t0
         self._hot.put(plan.gsid, hot)
 
     # ----- device sampler --------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ LANES = ("host", "sampler", "copy", "trainer")
 STAGE_LANE = {
     # NeutronOrch host producer
     "hot_select": "host", "host_sample": "host", "host_gather": "host", "host_wait_weights": "host",
-    "host_compute": "host",
+    "host_compute": "host", "host_aggregate": "host", "host_matmul": "host", "host_copy": "host",
     # sampling and gathering of mini-batches (background thread)
     "sample": "sampler", "gather": "sampler",
     # host -> device copies (CUDA)

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The GPU check: run the CUDA tests, then time every mode on a synthetic products-like graph on the GPU.
+#
+#   bash bench/gpu_check.sh                 # uses python3 from PATH (a PyTorch build with CUDA)
+#   PYTHON=/path/to/python bash bench/gpu_check.sh
+#
+# Installs nothing. Prints its progress; writes everything it prints, the summaries and a markdown table
+# to $RESULTS (default docs/results/gpu-<date>-<gpu name>/). Budget: about 8 minutes on one H200.
+#
+# Graph: 2.4M vertices, about 62M edges (degree 26), 100-dim features, 47 classes (the size of
+# ogbn-products). Model: 3-layer SAGE, fanouts 15,10,5, hidden 256, batch 1024; modes exact, device and
+# neutronorch at their defaults; EPOCHS epochs each (default 3; the first is excluded from the median).
+# Not yet covered: runs with the features capped to 25% of GPU memory (needs --gpu-memory-gb, not built).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+EPOCHS=${EPOCHS:-3}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+
+if ! gpu=$("$PYTHON" -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none')"); then
+    echo "gpu_check: $PYTHON cannot import torch; set PYTHON to an interpreter with a CUDA build of PyTorch" >&2
+    exit 2
+fi
+if [ "$gpu" = "none" ]; then
+    echo "gpu_check: torch sees no CUDA device; nothing to check" >&2
+    exit 2
+fi
+stamp=$(date -u +%Y-%m-%d)
+slug=$(echo "$gpu" | tr -cs 'A-Za-z0-9' '-' | sed 's/-$//')
+RESULTS=${RESULTS:-docs/results/gpu-$stamp-$slug}
+mkdir -p "$RESULTS"
+log="$RESULTS/log.txt"
+say() { echo "[gpu_check $(date -u +%H:%M:%S)] $*" | tee -a "$log" >&2; }
+
+say "GPU: $gpu; python: $("$PYTHON" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')"
+say "1/3 cuda tests"
+"$PYTHON" -m pytest -q -m cuda tests/ 2>&1 | tee -a "$log" | tail -15
+say "cuda tests exit status ${PIPESTATUS[0]}"
+
+data=${GRAPH_DIR:-/tmp/neutronorch-products-like}
+if [ ! -f "$data/meta.json" ]; then
+    say "2/3 generating the products-like graph into $data"
+    "$PYTHON" -m neutronorch generate synthetic --nodes 2400000 --degree 26 --features 100 --classes 47 \
+        --out "$data" 2>&1 | tee -a "$log"
+else
+    say "2/3 graph already at $data"
+fi
+
+say "3/3 modes on the GPU ($EPOCHS epochs each)"
+for mode in exact device neutronorch; do
+    say "mode $mode"
+    timeout 240 "$PYTHON" -m neutronorch train --dataset "$data" --device cuda --mode "$mode" --model sage \
+        --fanouts 15,10,5 --hidden 256 --batch-size 1024 --dropout 0.5 --epochs "$EPOCHS" --eval-every 0 \
+        --eval-fanouts 15,10,5 --no-progress --summary-json "$RESULTS/$mode.json" 2>&1 | tee -a "$log" | tail -12
+    say "mode $mode exit status ${PIPESTATUS[0]}"
+done
+
+"$PYTHON" - "$RESULTS" "$gpu" <<'EOF' | tee "$RESULTS/table.md"
+import json, statistics, sys
+from pathlib import Path
+
+results, gpu = Path(sys.argv[1]), sys.argv[2]
+rows = {}
+for mode in ("exact", "device", "neutronorch"):
+    path = results / f"{mode}.json"
+    if path.is_file():
+        rows[mode] = json.loads(path.read_text())
+print(f"GPU: {gpu}\n")
+print("| mode | epoch s (median, first excluded) | / exact | test acc | GPU util % | trainer busy | MiB to device per epoch |")
+print("|---|---:|---:|---:|---:|---:|---:|")
+base = None
+for mode, s in rows.items():
+    epochs = s["epochs"][1:] or s["epochs"]
+    median = statistics.median(e["seconds"] for e in epochs)
+    base = base or (median if mode == "exact" else None)
+    gpu_util = [e["utilisation"]["gpu_percent"] for e in epochs if e["utilisation"].get("gpu_percent") is not None]
+    busy = statistics.median(e["lane_busy"].get("trainer", 0.0) for e in epochs)
+    moved = statistics.median(e["moved"]["device_bytes"] for e in epochs) / 2**20
+    ratio = f"{median / base:.3f}" if base else "-"
+    acc = f"{s['test_acc']:.4f}" if s.get("test_acc") is not None else "-"
+    util = f"{statistics.mean(gpu_util):.0f}" if gpu_util else "n/a (no NVML)"
+    print(f"| {mode} | {median:.3f} | {ratio} | {acc} | {util} | {100 * busy:.0f}% | {moved:,.0f} |")
+EOF
+say "done; results in $RESULTS"
