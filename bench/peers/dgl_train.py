@@ -16,53 +16,15 @@ Stages per batch: sample = waiting on the dataloader iterator (DGL samples in th
 num_workers=0 by default), gather = indexing features/labels for the batch, train = forward + backward +
 optimizer step.
 """
-import argparse
 import json
-import mmap
 import os
-import resource
 import statistics
 import sys
 import time
 
+from peer_common import cpu_seconds, parse_args, peak_rss_mb, read_native
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dataset", required=True, help="native dataset directory (meta.json, indptr.npy, ...)")
-    p.add_argument("--model", choices=["sage", "gcn", "gat"], default="sage")
-    p.add_argument("--fanouts", default="15,10,5", help="per hop, seed hop first (ours); reversed for DGL")
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--lr", type=float, default=0.003)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--dropout", type=float, default=0.5)
-    p.add_argument("--heads", type=int, default=4, help="GAT heads of the hidden layers (last layer: 1)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-workers", type=int, default=0, help="DGL DataLoader worker processes (default 0)")
-    p.add_argument("--summary-json", default=None, help="write the JSON summary here (also printed to stdout)")
-    p.add_argument("--eval", choices=["none", "full"], default="none",
-                   help="full: layer-wise full-neighbour inference for val/test accuracy after training")
-    p.add_argument("--eval-every", type=int, default=0,
-                   help="with --eval full: evaluate after every N epochs (and after the last) and store the "
-                        "accuracy in that epoch's record; 0 = only after training (default: 0)")
-    p.add_argument("--eval-batch-size", type=int, default=4096, help="batch size of layer-wise inference")
-    p.add_argument("--sampler-only", action="store_true",
-                   help="only iterate the dataloader (no gather, no training) and report sampled edges/s")
-    p.add_argument("--max-batches", type=int, default=0, help="stop each epoch after this many batches (0: all)")
-    args = p.parse_args(argv)
-    args.fanouts_list = [int(x) for x in args.fanouts.split(",") if x.strip()]
-    if not args.fanouts_list:
-        p.error("--fanouts needs at least one hop")
-    if args.model == "gat" and args.hidden % args.heads:
-        p.error("--hidden must be divisible by --heads for gat")
-    if args.eval_every < 0:
-        p.error("--eval-every must be 0 or more (use --eval none for no evaluation)")
-    return args
-
-
-ARGS = parse_args()
+ARGS = parse_args(__doc__.split("\n\n")[0], "DGL DataLoader")
 # Thread counts must be fixed before torch / DGL start their OpenMP pools.
 os.environ.setdefault("OMP_NUM_THREADS", str(ARGS.threads))
 os.environ.setdefault("MKL_NUM_THREADS", str(ARGS.threads))
@@ -89,66 +51,11 @@ def log(msg):
     print(f"[dgl_train] {msg}", file=sys.stderr, flush=True)
 
 
-def cpu_seconds():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def peak_rss_mb():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-# ----------------------------------------------------------------------------------------------- data
-
-
-def load_copy(mm, dtype=None, chunk_bytes=64 << 20):
-    """Copy a read-only memmap into a private, writable array, chunk by chunk, dropping each copied chunk's
-    file pages from this process's mapping so the peak RSS is not inflated by the mapping (which counts in
-    ru_maxrss) on top of the copy."""
-    out = np.empty(mm.shape, dtype=dtype or mm.dtype)
-    flat_in = mm.reshape(-1) if mm.ndim else mm
-    flat_out = out.reshape(-1)
-    mmap_obj = getattr(mm, "_mmap", None)
-    base_off = None
-    if mmap_obj is not None and hasattr(mmap_obj, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-        # np.memmap maps from the allocation-granularity-aligned start below its data offset
-        base_off = mm.offset % mmap.ALLOCATIONGRANULARITY
-    step = max(1, chunk_bytes // max(mm.itemsize, 1))
-    for lo in range(0, flat_in.shape[0], step):
-        hi = min(lo + step, flat_in.shape[0])
-        flat_out[lo:hi] = flat_in[lo:hi]
-        if base_off is not None:
-            a = base_off + lo * mm.itemsize
-            b = base_off + hi * mm.itemsize
-            a -= a % mmap.PAGESIZE
-            try:
-                mmap_obj.madvise(mmap.MADV_DONTNEED, a, b - a)
-            except (OSError, ValueError):
-                base_off = None
-    return out
-
-
 def load_dataset(path, model):
-    with open(os.path.join(path, "meta.json")) as f:
-        meta = json.load(f)
-
-    def arr(name):
-        return np.load(os.path.join(path, name), mmap_mode="r")
-
-    indptr = load_copy(arr("indptr.npy"), np.int64)
-    indices = arr("indices.npy")
-    n = int(meta.get("num_nodes", indptr.shape[0] - 1))
-    if indptr.shape[0] != n + 1:
-        raise ValueError(f"indptr has {indptr.shape[0]} entries, expected num_nodes+1 = {n + 1}")
-    m = int(indptr[-1])
-    if indices.shape[0] != m:
-        raise ValueError(f"indices has {indices.shape[0]} entries, indptr[-1] = {m}")
-
-    # CSC: indices[indptr[v]:indptr[v+1]] are the in-neighbours (sources) of v.
-    src = torch.from_numpy(load_copy(indices, np.int64))
-    del indices
+    meta, indptr, src, feats, labels, splits, num_classes = read_native(path)
+    n, m = indptr.shape[0] - 1, int(indptr[-1])
     dst = torch.from_numpy(np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr)))
-    g = dgl.graph((src, dst), num_nodes=n, idtype=torch.int64)
+    g = dgl.graph((torch.from_numpy(src), dst), num_nodes=n, idtype=torch.int64)
     del src, dst
     if model == "gcn":
         # Our GCN averages over the sampled neighbours including the vertex itself: give DGL self-loops.
@@ -156,19 +63,9 @@ def load_dataset(path, model):
     # The sampler samples in-edges: build the CSC once here, not inside the first epoch.
     g = g.formats("csc")
     g.create_formats_()
-
     # Features stay in their stored dtype (float32 or float16) in memory; batches are cast to float32.
-    feats_mm = arr("features.npy")
-    if feats_mm.ndim != 2 or feats_mm.shape[0] != n:
-        raise ValueError(f"features shape {feats_mm.shape} does not match num_nodes {n}")
-    if feats_mm.dtype not in (np.float32, np.float16):
-        raise ValueError(f"features dtype {feats_mm.dtype}: expected float32 or float16")
-    feats = torch.from_numpy(load_copy(feats_mm))
-    del feats_mm
-    labels = torch.from_numpy(load_copy(arr("labels.npy"), np.int64))
-    splits = {k: torch.from_numpy(load_copy(arr(f"{k}_idx.npy"), np.int64)) for k in ("train", "val", "test")}
-    num_classes = int(meta.get("num_classes", int(labels.max()) + 1))
-    return meta, g, m, feats, labels, splits, num_classes
+    return (meta, g, m, torch.from_numpy(feats), torch.from_numpy(labels),
+            {k: torch.from_numpy(v) for k, v in splits.items()}, num_classes)
 
 
 # ----------------------------------------------------------------------------------------------- models
