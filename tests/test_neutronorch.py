@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from neutronorch import ConfigError, TrainConfig, train
+from neutronorch import TrainConfig, train
 from neutronorch.cli import main
 from neutronorch.data import SyntheticSpec, generate
 from neutronorch.nn.aggregation import mean_aggregate_torch
@@ -136,7 +136,7 @@ def test_host_hot_rows_equal_the_device_definition(graph, kind):
     plan = mode._plan(0, sampler, counts, hot_map, {})
     assert (hot_map == -1).all() and (counts == 0).all()  # scratch left clean
     mode._finish_hot(plan, mode._gather_hot(plan, sampler))
-    hot, _ = mode._hot.take(0, remove=True)
+    hot = mode._hot.take(0, remove=True)
     block, frontier = NeighborSampler(graph.indptr, graph.indices, cfg.fanouts).sample_hop(
         plan.hot, cfg.fanouts[-1], layer_key(plan.batches[0].key, 2))
     x = torch.from_numpy(graph.features[frontier]).float()

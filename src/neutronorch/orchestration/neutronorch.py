@@ -41,7 +41,7 @@ from neutronorch.sampling import kernels
 from neutronorch.sampling.block import MiniBatch, SampledSubgraph
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, layer_key, mix_key
 from neutronorch.nn.splice import SpliceIndex, splice, splice_relu_dropout
-from neutronorch.train.telemetry import TRAINER_BUSY
+from neutronorch.train.telemetry import lane_seconds
 
 # The hot ratio ``auto`` starts here and is re-tuned between epochs (see ``HotRatioTuner``).
 AUTO_START_RATIO = 0.2
@@ -110,9 +110,8 @@ class _Board:
             self._items[key] = value
             self._cond.notify_all()
 
-    def take(self, key: int, remove: bool) -> tuple[object, float]:
-        """The item under ``key`` (waiting for it) and the seconds waited."""
-        start = time.perf_counter()
+    def take(self, key: int, remove: bool):
+        """The item under ``key``, waiting for it."""
         with self._cond:
             while key not in self._items:
                 if self._error is not None:
@@ -120,8 +119,7 @@ class _Board:
                 if self._closed:
                     raise _Closed()
                 self._cond.wait(0.5)
-            value = self._items.pop(key) if remove else self._items[key]
-        return value, time.perf_counter() - start
+            return self._items.pop(key) if remove else self._items[key]
 
     def drop(self, key: int) -> None:
         with self._cond:
@@ -277,7 +275,6 @@ class NeutronOrchMode(ExactMode):
         self._probe = None
         self._probe_history: list[tuple[torch.Tensor, int]] = []
         self._stale_error: torch.Tensor | None = None  # relative error of a row at the mean staleness
-        self._host_busy = 0.0  # host producer seconds this epoch (for the ratio tuner)
         self._plans: Prefetcher | None = None
         self._stream: Prefetcher | None = None
         self.model: torch.nn.Module | None = None
@@ -417,13 +414,12 @@ class NeutronOrchMode(ExactMode):
         t2 = time.perf_counter()
         self.spans.add("host_sample", t0, t1)
         self.spans.add("host_gather", t1, t2)
-        self._host_busy += t2 - t0
         return block, x
 
     def _finish_hot(self, plan: _Plan, prepared) -> None:
         block, x = prepared
         t_wait = time.perf_counter()
-        snapshot, _ = self._snapshots.take(plan.gsid, remove=True)
+        snapshot = self._snapshots.take(plan.gsid, remove=True)
         t0 = time.perf_counter()
         self.spans.add("host_wait_weights", t_wait, t0)
         if snapshot.ready is not None:
@@ -452,7 +448,6 @@ class NeutronOrchMode(ExactMode):
             hot.output, hot.params = output, params
         t1 = time.perf_counter()
         self.spans.add(stage, t_mid, t1)
-        self._host_busy += t1 - t0
         if self.on_cuda:
             pinned = torch.empty(table.shape, dtype=table.dtype, pin_memory=True)
             pinned.copy_(table)
@@ -466,7 +461,6 @@ class NeutronOrchMode(ExactMode):
             self.spans.count("device_bytes", table.nbytes)
             t2 = time.perf_counter()
             self.spans.add("host_copy", t1, t2)
-            self._host_busy += t2 - t1
         elif track:
             hot.grad_acc = torch.zeros_like(table)
         self._hot.put(plan.gsid, hot)
@@ -517,7 +511,7 @@ class NeutronOrchMode(ExactMode):
         gsid = batch.splice.gsid
         if self._current is None or self._current.gsid != gsid:
             t0 = time.perf_counter()
-            self._current, _ = self._hot.take(gsid, remove=False)
+            self._current = self._hot.take(gsid, remove=False)
             self.spans.add("wait_hot", t0, time.perf_counter())
             if self._current.ready is not None:
                 stream = torch.cuda.current_stream(self.device)
@@ -630,12 +624,9 @@ class NeutronOrchMode(ExactMode):
             record["stale_error"] = round(float(self._stale_error), 5)
         if self.tuner is None:
             return
-        stages = record["stage_seconds"]
+        busy = lane_seconds(record["stage_seconds"])
         per = max(1, self.schedule.per_epoch)
-        host = self._host_busy / per
-        device = sum(stages.get(name, 0.0) for name in TRAINER_BUSY) / per
-        self.ratio = self.tuner.update(record["seconds"], host, device)
-        self._host_busy = 0.0  # host producer seconds this epoch (for the ratio tuner)
+        self.ratio = self.tuner.update(record["seconds"], busy.get("host", 0.0) / per, busy.get("trainer", 0.0) / per)
 
     def summary(self) -> dict:
         t = self._totals

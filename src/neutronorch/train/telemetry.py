@@ -35,7 +35,6 @@ STAGE_LANE = {
     "step": "trainer", "publish": "trainer",
 }
 WAITS = frozenset({"wait", "wait_hot", "host_wait_weights"})
-TRAINER_BUSY = ("forward", "backward", "hot_grad", "step", "publish")
 
 
 def lane_of(stage: str) -> str:
@@ -73,15 +72,20 @@ class Spans:
         return totals, counts
 
 
-def lane_busy(stage_seconds: dict[str, float], wall: float) -> dict[str, float]:
-    """Share of ``wall`` each lane spent in stages that are not waits (lanes that recorded anything)."""
+def lane_seconds(stage_seconds: dict[str, float]) -> dict[str, float]:
+    """Busy seconds per lane (stages that are not waits), for the lanes that recorded anything."""
     busy: dict[str, float] = {}
     for stage, seconds in stage_seconds.items():
         lane = lane_of(stage)
-        busy.setdefault(lane, 0.0)
-        if stage not in WAITS:
-            busy[lane] += seconds
-    return {lane: round(busy[lane] / wall, 4) for lane in LANES if lane in busy and wall > 0}
+        busy[lane] = busy.get(lane, 0.0) + (0.0 if stage in WAITS else seconds)
+    return {lane: busy[lane] for lane in LANES if lane in busy}
+
+
+def lane_busy(stage_seconds: dict[str, float], wall: float) -> dict[str, float]:
+    """Share of ``wall`` each lane spent in stages that are not waits (lanes that recorded anything)."""
+    if wall <= 0:
+        return {}
+    return {lane: round(seconds / wall, 4) for lane, seconds in lane_seconds(stage_seconds).items()}
 
 
 def _read_system_jiffies() -> tuple[int, int] | None:
@@ -199,7 +203,8 @@ def epoch_table(record: dict) -> str:
         lines.append(f"    {lane:<8} busy {100 * share:5.1f}% | {parts}")
     util = record.get("utilisation")
     if util:
-        line = f"    cpu      {util['process_cores']:.2f} cores busy ({100 * util['process_share']:.0f}% of this process's)"
+        line = (f"    cpu      {util['process_cores']:.2f} cores busy "
+                f"({100 * util['process_share']:.0f}% of this process's)")
         if util.get("machine_share") is not None:
             line += f", machine {100 * util['machine_share']:.0f}% busy"
         if util.get("gpu_percent") is not None:
