@@ -112,8 +112,11 @@ def test_epoch_record_has_stages_lanes_utilisation_and_rows_moved(graph, mode):
 def test_timeline_png_and_raw_spans_of_the_window(tmp_path, graph, mode):
     pytest.importorskip("matplotlib")
     png = tmp_path / "timeline.png"
+    # The host producer runs up to a super-batch ahead, so a short window may fall between its bursts: for
+    # neutronorch the window spans the whole second epoch, whose last super-batches the host must produce.
     extra = dict(mode="neutronorch", super_batch=2, hot_ratio=0.3) if mode == "neutronorch" else {}
-    summary = train(config(timeline=str(png), timeline_steps=3, batch_size=32, **extra), graph)
+    window = 7 if mode == "neutronorch" else 3
+    summary = train(config(timeline=str(png), timeline_steps=window, batch_size=32, **extra), graph)
     data = png.read_bytes()
     assert data.startswith(PNG_SIGNATURE) and len(data) > 5000
     raw = json.loads(png.with_suffix(".json").read_text())
@@ -122,7 +125,7 @@ def test_timeline_png_and_raw_spans_of_the_window(tmp_path, graph, mode):
     if mode == "neutronorch":
         assert "host" in lanes
     steps = {s["step"] for s in raw["spans"] if s["stage"] == "forward"}
-    assert steps == {0, 1, 2}  # the window: the first 3 of the second epoch's 7 steps
+    assert steps == set(range(window))  # the window: the first steps of the second epoch's 7
     assert all(0 <= s["start"] <= s["end"] for s in raw["spans"])
     assert summary["timeline"]["png"] == str(png)
 
