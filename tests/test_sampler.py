@@ -1,5 +1,9 @@
-"""The sampling contract, for the numba sampler and the vectorised torch sampler alike."""
+"""The sampling contract, for the numba sampler and the vectorised torch sampler alike.
 
+The ``_check_*`` helpers take a device; ``test_cuda_sampler.py`` runs them on CUDA.
+"""
+
+import math
 from collections import Counter
 
 import numpy as np
@@ -8,15 +12,16 @@ import torch
 
 from neutronorch.errors import ConfigError
 from neutronorch.sampling.neighbor_sampler import (NeighborSampler, TorchNeighborSampler, batch_key,
-                                                   parse_fanouts)
+                                                   layer_key, parse_fanouts)
 
 SAMPLERS = ["numba", "torch"]
 
 
-def make_sampler(kind, indptr, indices, fanouts):
+def make_sampler(kind, indptr, indices, fanouts, device="cpu"):
     if kind == "numba":
         return NeighborSampler(indptr, indices, fanouts)
-    return TorchNeighborSampler(torch.from_numpy(indptr), torch.from_numpy(indices), fanouts)
+    return TorchNeighborSampler(torch.from_numpy(indptr).to(device), torch.from_numpy(indices).to(device),
+                                fanouts)
 
 
 def sample(sampler, seeds, key, fanouts=None):
@@ -106,6 +111,220 @@ def test_neighbours_are_uniform_without_replacement(kind, degree, fanout):
     chi2 = sum((single[u] - expected) ** 2 / expected for u in range(1, degree + 1))
     assert chi2 < 86, f"inclusion counts far from uniform: chi2={chi2:.1f}"
     assert set(single) == set(range(1, degree + 1))
+
+
+# Two-sample comparison of the samplers. Over `trials` samples each, count per (destination v, in-neighbour u)
+# the samples in which u is among v's sampled neighbours (each pair once per sample, so a sampler drawing with
+# replacement shows fewer inclusions, strongly so for degrees just above the fanout). Without replacement,
+# the inclusion indicators of a row of degree d > k = fanout have variance p(1-p), p = k/d, and covariance
+# -p(1-p)/(d-1); the difference a - b of the two samplers' counts of a row then has covariance
+# 2 T p(1-p) d/(d-1) (I - J/d), so S_row = (d-1)/d * sum_u (a_u - b_u)^2 / (2 T p(1-p)) is asymptotically
+# chi-square with d-1 degrees of freedom, rows are independent, and S = sum of S_row is chi-square with
+# sum(d-1) dof. The test rejects above the chi-square quantile at 1 - 1e-6 (Wilson-Hilferty with z = 4.753,
+# accurate to well under 1% at these ~1000-2000 dof); with T = 300 the smallest expected count T p is 30,
+# so the normal approximation behind it holds. The omnibus chi-square spreads its power over every cell, so
+# a mild preference for low (or high) CSC offsets is also tested directly: with c_u = (offset_u - (d-1)/2)/d
+# (summing to 0 over a row), L = sum_rows sum_u c_u (a_u - b_u) has mean 0 and variance
+# sum_rows 2 T p(1-p) d/(d-1) sum_u c_u^2, and |L| / sd(L) is rejected above 5 (two-sided p = 5.7e-7).
+# Rows with d <= k must include every neighbour every time.
+TWO_SAMPLE_TRIALS = 300
+CHI2_Z = 4.753  # standard normal upper quantile at 1e-6
+MEAN_Z = 5.0  # two-sided p = 5.7e-7 per compared mean
+
+
+def _chi2_quantile(dof, z=CHI2_Z):
+    h = 2.0 / (9.0 * dof)
+    return dof * (1.0 - h + z * math.sqrt(h)) ** 3
+
+
+def _pair_inclusions(block, src, num_nodes):
+    """Indicator (flattened [num_nodes, num_nodes], v * num_nodes + u) of the (destination, neighbour) pairs
+    of one block; repeated pairs count once."""
+    indptr = block.indptr.cpu().numpy()
+    src = src.cpu().numpy() if isinstance(src, torch.Tensor) else src
+    rows = np.repeat(src[:block.num_dst], np.diff(indptr))
+    cells = np.unique(rows * num_nodes + src[block.indices.cpu().numpy()])
+    return np.bincount(cells, minlength=num_nodes * num_nodes)
+
+
+def _assert_same_inclusions(a, b, indptr, indices, dst, fanout, trials):
+    n = indptr.shape[0] - 1
+    edge_cells = np.repeat(np.arange(n), np.diff(indptr)) * n + indices
+    a_rows, b_rows = a.reshape(n, n), b.reshape(n, n)
+    for counts in (a, b):
+        assert counts.sum() == counts[edge_cells].sum(), "sampled a pair that is not an edge"
+    stat, dof, trend, trend_var = 0.0, 0, 0.0, 0.0
+    for v in np.asarray(dst):
+        nbrs = indices[indptr[v]:indptr[v + 1]]
+        d = nbrs.shape[0]
+        if d <= fanout:
+            assert (a_rows[v, nbrs] == trials).all() and (b_rows[v, nbrs] == trials).all(), \
+                f"vertex {v} (degree {d} <= fanout {fanout}) must take every neighbour"
+            continue
+        p = fanout / d
+        var = 2 * trials * p * (1 - p) * d / (d - 1)  # variance of one a_u - b_u
+        diff = a_rows[v, nbrs].astype(np.float64) - b_rows[v, nbrs]
+        stat += float((diff ** 2).sum()) / var
+        dof += d - 1
+        c = (np.arange(d) - (d - 1) / 2) / d
+        trend += float((c * diff).sum())
+        trend_var += var * float((c ** 2).sum())
+    assert dof > 0
+    limit = _chi2_quantile(dof)
+    assert stat < limit, f"inclusion frequencies differ between the samplers: chi2={stat:.0f} on {dof} dof " \
+                         f"(limit {limit:.0f} at 1e-6)"
+    z = trend / math.sqrt(trend_var)
+    assert abs(z) < MEAN_Z, f"the samplers prefer different CSC offsets: trend z={z:.1f} (numba minus torch)"
+
+
+def _assert_same_mean(x, y, what):
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    se = math.sqrt(x.var(ddof=1) / x.shape[0] + y.var(ddof=1) / y.shape[0])
+    assert se > 0, f"{what}: no variation to compare"
+    assert abs(x.mean() - y.mean()) < MEAN_Z * se, \
+        f"{what}: mean {x.mean():.2f} vs {y.mean():.2f} (standard error {se:.2f})"
+
+
+def _seed_set(indptr, fanout):
+    seeds = np.arange(0, indptr.shape[0] - 1, 5)
+    deg = np.diff(indptr)[seeds]
+    # The set needs rows just above the fanout (where drawing with replacement shows most), rows on both
+    # torch paths (random-key sort up to SORT_LIMIT * fanout, redraw above) and rows taking everything.
+    assert ((deg > fanout) & (deg <= 2 * fanout)).sum() >= 2
+    assert (deg > TorchNeighborSampler.SORT_LIMIT * fanout).sum() >= 5 and (deg <= fanout).sum() >= 3
+    return seeds
+
+
+def _check_samplers_agree_in_distribution(small_csc, device):
+    indptr, indices = small_csc
+    n = indptr.shape[0] - 1
+    fanouts = [6, 3]
+    seeds = _seed_set(indptr, fanouts[0])
+    host = NeighborSampler(indptr, indices, fanouts)
+    vec = make_sampler("torch", indptr, indices, fanouts, device)
+    seeds_t = torch.from_numpy(seeds).to(device)
+    counts = {"numba": 0, "torch": 0}
+    sizes = {"numba": [], "torch": []}
+    for t in range(TWO_SAMPLE_TRIALS):
+        key = batch_key(11, 0, t)
+        for kind, sg in (("numba", host.sample(seeds, key)), ("torch", vec.sample(seeds_t, key))):
+            # The first (seed) hop is the last block; its source frontier is frontiers[-2].
+            counts[kind] = counts[kind] + _pair_inclusions(sg.blocks[-1], sg.frontiers[-2], n)
+            sizes[kind].append([f.shape[0] for f in sg.frontiers[:-1]])
+    _assert_same_inclusions(counts["numba"], counts["torch"], indptr, indices, seeds, fanouts[0],
+                            TWO_SAMPLE_TRIALS)
+    for hop in range(len(fanouts)):
+        # frontiers[-2 - hop] is the source frontier of hop `hop` (seed hop 0).
+        column = len(fanouts) - 1 - hop
+        _assert_same_mean([s[column] for s in sizes["numba"]], [s[column] for s in sizes["torch"]],
+                          f"frontier size after hop {hop}")
+
+
+def test_samplers_agree_in_distribution(small_csc):
+    _check_samplers_agree_in_distribution(small_csc, "cpu")
+
+
+def _check_hop(block, dst, frontier, indptr, indices, expected_degrees):
+    """The one-hop contract on host copies: dst lead the frontier, the in-degrees are `expected_degrees`,
+    each row's neighbours are distinct real in-neighbours, and the new vertices are exactly the sampled
+    ones outside dst, in first-appearance order."""
+    n = indptr.shape[0] - 1
+    dst = dst.cpu().numpy()
+    frontier = frontier.cpu().numpy()
+    ptr, local = block.indptr.cpu().numpy(), block.indices.cpu().numpy()
+    assert block.num_dst == dst.shape[0] and block.num_src == frontier.shape[0]
+    assert np.array_equal(frontier[:dst.shape[0]], dst), "destinations must lead the frontier"
+    assert np.unique(frontier).shape[0] == frontier.shape[0], "frontier holds duplicates"
+    assert np.array_equal(np.diff(ptr), expected_degrees), "in-degrees differ from the expected ones"
+    nbrs = frontier[local]
+    cells = np.repeat(dst, np.diff(ptr)) * n + nbrs
+    edge_cells = np.repeat(np.arange(n), np.diff(indptr)) * n + indices
+    assert np.isin(cells, edge_cells).all(), "sampled a non-neighbour"
+    assert np.unique(cells).shape[0] == cells.shape[0], "a row holds a neighbour twice"
+    new = nbrs[~np.isin(nbrs, dst)]
+    _, first = np.unique(new, return_index=True)
+    assert np.array_equal(frontier[dst.shape[0]:], new[np.sort(first)]), \
+        "new vertices not in first-appearance order"
+
+
+def _check_sample_hop(small_csc, device):
+    indptr, indices = small_csc
+    n = indptr.shape[0] - 1
+    fanout = 5
+    # Every vertex (degrees 0 to 57: all-neighbour, sort and redraw rows), shuffled: the frontier must keep
+    # dst's order.
+    dst = np.random.default_rng(1).permutation(n)
+    deg = np.diff(indptr)[dst]
+    host = NeighborSampler(indptr, indices, [fanout])
+    vec = make_sampler("torch", indptr, indices, [fanout], device)
+    dst_t = torch.from_numpy(dst).to(device)
+    counts = {"numba": 0, "torch": 0}
+    for t in range(TWO_SAMPLE_TRIALS):
+        key = layer_key(batch_key(12, 0, t), 0)
+        block, frontier = vec.sample_hop(dst_t, fanout, key)
+        assert frontier.dtype == torch.int64 and frontier.device == dst_t.device
+        assert block.indptr.device == dst_t.device and block.indices.device == dst_t.device
+        if t < 20:
+            _check_hop(block, dst_t, frontier, indptr, indices, np.minimum(deg, fanout))
+        counts["torch"] = counts["torch"] + _pair_inclusions(block, frontier, n)
+        block, frontier = host.sample_hop(dst, fanout, key)
+        counts["numba"] = counts["numba"] + _pair_inclusions(block, frontier, n)
+    _assert_same_inclusions(counts["numba"], counts["torch"], indptr, indices, dst, fanout, TWO_SAMPLE_TRIALS)
+    again, frontier = vec.sample_hop(dst_t, fanout, layer_key(batch_key(12, 0, 0), 0))
+    first, first_frontier = vec.sample_hop(dst_t, fanout, layer_key(batch_key(12, 0, 0), 0))
+    assert torch.equal(frontier, first_frontier) and torch.equal(again.indices, first.indices)
+
+
+def test_torch_sample_hop_follows_the_contract_and_matches_numba(small_csc):
+    _check_sample_hop(small_csc, "cpu")
+
+
+def _check_omit(small_csc, device, fanouts):
+    indptr, indices = small_csc
+    n = indptr.shape[0] - 1
+    deg = np.diff(indptr)
+    sampler = make_sampler("torch", indptr, indices, fanouts, device)
+    seeds = torch.from_numpy(np.arange(0, n, 7)).to(device)
+    omit_host = np.zeros(n, dtype=bool)
+    omit_host[::3] = True
+    omit = torch.from_numpy(omit_host).to(device)
+    for t in range(5):
+        key = batch_key(13, 0, t)
+        full = sampler.sample(seeds, key)
+        sg = sampler.sample(seeds, key, omit=omit)
+        bottom, src, dst = sg.blocks[0], sg.frontiers[0], sg.frontiers[1]
+        dst_host = dst.cpu().numpy()
+        omitted = omit_host[dst_host]
+        assert (omitted & (deg[dst_host] > 0)).sum() >= 3 and (~omitted & (deg[dst_host] > 0)).sum() >= 3
+        # Omitted rows stay destinations with no neighbours; the others keep min(degree, fanout), and the
+        # frontier's new vertices are exactly the neighbours sampled for them.
+        expected = np.where(omitted, 0, np.minimum(deg[dst_host], fanouts[-1]))
+        _check_hop(bottom, dst, src, indptr, indices, expected)
+        # Upper hops are untouched: the same degrees, and (one generator, drawn in hop order) the same blocks.
+        for block, block_src, block_dst, fanout, ref, ref_src in zip(
+                sg.blocks[1:], sg.frontiers[1:-1], sg.frontiers[2:], reversed(fanouts[:-1]), full.blocks[1:],
+                full.frontiers[1:-1]):
+            block_dst = block_dst.cpu().numpy()
+            _check_hop(block, torch.from_numpy(block_dst), block_src, indptr, indices,
+                       np.minimum(deg[block_dst], fanout))
+            assert torch.equal(block.indptr, ref.indptr) and torch.equal(block.indices, ref.indices)
+            assert torch.equal(block_src, ref_src)
+        assert torch.equal(dst, full.frontiers[1])
+    # An all-False mask changes nothing.
+    none_omitted = torch.zeros(n, dtype=torch.bool, device=device)
+    a = sampler.sample(seeds, batch_key(13, 1, 0))
+    b = sampler.sample(seeds, batch_key(13, 1, 0), omit=none_omitted)
+    assert all(torch.equal(x, y) for x, y in zip(a.frontiers, b.frontiers))
+    assert all(torch.equal(x.indices, y.indices) for x, y in zip(a.blocks, b.blocks))
+    with pytest.raises(ValueError, match="omit"):
+        sampler.sample(seeds, 0, omit=omit[:-1])
+    with pytest.raises(ValueError, match="omit"):
+        sampler.sample(seeds, 0, omit=omit.long())
+
+
+@pytest.mark.parametrize("fanouts", [[4], [5, 4], [4, 3, 3]])
+def test_torch_sampler_omits_bottom_hop_neighbours(small_csc, fanouts):
+    _check_omit(small_csc, "cpu", fanouts)
 
 
 def test_all_neighbours_when_fanout_is_minus_one(small_csc):

@@ -7,7 +7,14 @@ most the fanout, destination-first source frontiers, first-appearance order for 
 - ``TorchNeighborSampler``: vectorised torch ops on tensors of any device; this is the CUDA path, and it
   runs on CPU tensors too so its logic is tested everywhere.
 
+Both offer ``sample`` (all hops) and ``sample_hop`` (one hop on its own, returning the block and its source
+frontier); the torch sampler's ``sample_hop`` returns the frontier as an int64 tensor on its device where the
+numba sampler returns a numpy array. The torch sampler's ``sample`` also takes ``omit``, a boolean mask over
+all vertices: in the bottom (last sampled) hop, masked destinations get no neighbours (NeutronOrch mode on
+the GPU omits the bottom-hop neighbours of hot vertices, whose bottom-layer output is computed elsewhere).
+
 Randomness derives from ``batch_key(seed, epoch, batch_index)``: the same key always yields the same sample.
+The two samplers draw from the same distribution but not the same neighbours for a given key.
 """
 
 from __future__ import annotations
@@ -141,14 +148,25 @@ class TorchNeighborSampler:
         self.fanouts = list(fanouts)
         self.device = indptr.device
 
-    def sample(self, seeds: torch.Tensor, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
+    def sample(self, seeds: torch.Tensor, key: int, fanouts: list[int] | None = None,
+               omit: torch.Tensor | None = None) -> SampledSubgraph:
+        """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first.
+
+        ``omit``: optional boolean mask over all graph vertices (shape ``[num_nodes]``, on this sampler's
+        device). In the last hop sampled (the bottom hop, the last fanout), destinations whose mask is True
+        get no neighbours: they remain destinations and lead the bottom source frontier as usual, but
+        nothing is sampled for them, so vertices reached only through them are not in the frontier. Upper
+        hops are unaffected (and, for one key, identical to a sample without ``omit``). Adds no host
+        synchronisation (the mask is applied on the device)."""
         fanouts = self.fanouts if fanouts is None else fanouts
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(key & 0x7FFF_FFFF_FFFF_FFFF)
+        if omit is not None:
+            omit = self._check_omit(omit)
+        gen = self._generator(key)
         frontier = seeds.to(self.device, torch.int64)
         blocks, frontiers = [], [frontier]
-        for fanout in fanouts:
-            ptr, nbrs = self._sample_layer(frontier, fanout, gen)
+        for hop, fanout in enumerate(fanouts):
+            bottom = hop == len(fanouts) - 1
+            ptr, nbrs = self._sample_layer(frontier, fanout, gen, omit if bottom else None)
             num_dst = frontier.shape[0]
             local, frontier = self._relabel(frontier, nbrs)
             blocks.append(Block(num_dst, frontier.shape[0], ptr, local))
@@ -157,10 +175,45 @@ class TorchNeighborSampler:
         frontiers.reverse()
         return SampledSubgraph(seeds, blocks, frontiers)
 
-    def _sample_layer(self, dst: torch.Tensor, fanout: int, gen: torch.Generator):
+    def sample_hop(self, dst: torch.Tensor, fanout: int, key: int) -> tuple[Block, torch.Tensor]:
+        """One hop on its own: sample ``fanout`` in-neighbours of every vertex of ``dst`` (unique global ids).
+
+        Returns the block (tensors on this sampler's device) and its source frontier: global ids, ``dst``
+        first, new vertices in first-appearance order, as an int64 tensor on this sampler's device (the
+        numba sampler's ``sample_hop`` returns a numpy array). The randomness is a generator on this
+        device seeded from ``key``: the same key gives the same result, drawn from the same distribution as
+        the numba sampler's, but unlike the numba sampler it does not reproduce the neighbours ``sample``
+        draws in a hop with that key (the torch sampler draws the hops of ``sample`` from one generator)."""
+        gen = self._generator(key)
+        dst = dst.to(self.device, torch.int64)
+        ptr, nbrs = self._sample_layer(dst, fanout, gen)
+        local, frontier = self._relabel(dst, nbrs)
+        return Block(dst.shape[0], frontier.shape[0], ptr, local), frontier
+
+    def _generator(self, key: int) -> torch.Generator:
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(key & 0x7FFF_FFFF_FFFF_FFFF)
+        return gen
+
+    def _check_omit(self, omit: torch.Tensor) -> torch.Tensor:
+        num_nodes = self.indptr.shape[0] - 1
+        if omit.dtype != torch.bool or omit.shape != (num_nodes,):
+            raise ValueError(f"omit must be a boolean mask of shape [{num_nodes}] (one entry per graph "
+                             f"vertex); got {omit.dtype} of shape {list(omit.shape)}")
+        if omit.device != self.device:
+            # A silent copy would move the mask to the device on every batch; keep it there instead.
+            raise ValueError(f"omit is on {omit.device}, the sampler on {self.device}; move the mask once")
+        return omit
+
+    def _sample_layer(self, dst: torch.Tensor, fanout: int, gen: torch.Generator,
+                      omit: torch.Tensor | None = None):
         device = self.device
         start = self.indptr[dst]
         deg = self.indptr[dst + 1] - start
+        if omit is not None:
+            # Omitted rows count as degree 0: that zeroes their `take` and keeps them out of the sort and
+            # redraw rows, whose slot bookkeeping assumes every partial row takes `fanout` slots. No sync.
+            deg = deg.masked_fill(omit[dst], 0)
         take = deg if fanout < 0 else deg.clamp(max=fanout)
         ptr = torch.zeros(dst.shape[0] + 1, dtype=torch.int64, device=device)
         torch.cumsum(take, 0, out=ptr[1:])
