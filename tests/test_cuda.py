@@ -98,3 +98,133 @@ def test_telemetry_on_cuda(tmp_path):
     assert epoch["moved"]["device_bytes"] > epoch["moved"]["feature_bytes"]  # features + blocks + hot rows
     assert png.read_bytes().startswith(b"\x89PNG")
     assert "copy" in epoch["lane_busy"]
+
+
+# ----- the CUDA data path: placement, cache, UVA, pinned buffers, overlap --------------------------------
+
+SMALL_PLACEMENT = "synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6"
+ROWS_1000 = 1000 * 16 * 4 / 2**30  # --gpu-cache-gb holding the 1000 hottest of 3000 rows
+
+
+def _placement_run(**overrides):
+    values = dict(dataset=SMALL_PLACEMENT, fanouts=[5, 5], hidden=32, batch_size=128, epochs=2, lr=0.01,
+                  dropout=0.0, weight_decay=0.0, progress=False, eval_every=0, device="cuda")
+    values.update(overrides)
+    return train(TrainConfig(**values))
+
+
+def test_pinned_memory_and_uva_views_read_the_host_rows():
+    from neutronorch.features.placement import pin, uva_view
+
+    host = torch.randn(5000, 16)
+    pinned, ok = pin(host, "features")
+    assert ok and pinned.is_pinned()
+    view = uva_view(pinned, torch.device("cuda"))
+    assert view is not None and view.is_cuda
+    rows = torch.randint(0, 5000, (2000,), device="cuda")
+    assert torch.equal(view.index_select(0, rows).cpu(), host[rows.cpu()])
+
+
+@pytest.mark.parametrize("mode", ["exact", "device", "neutronorch"])
+def test_a_partial_cache_on_cuda_serves_hits_and_learns(mode):
+    extra = dict(super_batch=2, hot_ratio=0.3) if mode == "neutronorch" else {}
+    full = _placement_run(mode=mode, epochs=4, eval_every=1, **extra)
+    part = _placement_run(mode=mode, epochs=4, eval_every=1, gpu_cache_gb=ROWS_1000, **extra)
+    assert full["placement"]["features"] == "device" and part["placement"]["features"] == "cache"
+    assert part["placement"]["cache_rows"] == 1000
+    assert 0.4 < part["moved"]["cache_hits"] / part["moved"]["feature_rows"] < 1.0
+    assert part["moved"]["device_bytes"] > full["moved"]["device_bytes"] or mode == "neutronorch"
+    assert part["test_acc"] > 0.8 and abs(part["test_acc"] - full["test_acc"]) < 0.05
+
+
+def test_exact_mode_cache_equals_plain_copies_on_cuda():
+    """Same sampling, same rows: the cache changes only where rows come from."""
+    plain = _placement_run(mode="exact", gpu_cache_gb=0)
+    cached = _placement_run(mode="exact", gpu_cache_gb=ROWS_1000)
+    for a, b in zip(plain["epochs"], cached["epochs"]):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+    assert plain["moved"]["cache_hits"] == 0 and cached["moved"]["cache_hits"] > 0
+
+
+def test_topology_and_features_through_uva_under_a_small_budget():
+    from neutronorch.data import SyntheticSpec, generate
+    from neutronorch.orchestration.device import DeviceMode
+
+    from neutronorch.features.placement import workspace_bytes
+
+    graph = generate(SyntheticSpec.parse(SMALL_PLACEMENT))
+    # A budget 1000 bytes above the training workspace: neither the topology nor most rows fit.
+    workspace = workspace_bytes(graph.num_nodes, graph.feature_dim, 32, graph.num_classes, [5, 5], 128)
+    cfg = TrainConfig(dataset="given", fanouts=[5, 5], hidden=32, batch_size=128, gpu_cache_gb=ROWS_1000,
+                      gpu_memory_gb=(workspace + 1000) / 2**30).validate()
+    mode = DeviceMode(graph, cfg, torch.device("cuda"), 1)
+    assert mode.placement.topology == "uva" and mode.placement.miss_path == "uva"
+    assert mode.placement.cache_rows == 1000 // (4 * graph.feature_dim)
+    with mode.batches(0) as batches:
+        for batch in batches:
+            batch.ready.synchronize()
+            rows = batch.subgraph.input_nodes.cpu().numpy()
+            assert torch.equal(batch.features.cpu(), torch.from_numpy(graph.features[rows]))
+            assert torch.equal(batch.labels.cpu(), torch.from_numpy(graph.labels[batch.subgraph.seeds.cpu().numpy()]))
+
+
+def test_neutronorch_device_sampling_on_cuda_omits_hot_bottom_hops():
+    summary = _placement_run(mode="neutronorch", device_sampling="auto", super_batch=2, hot_ratio=0.3,
+                             epochs=4, eval_every=1)
+    assert summary["placement"]["topology"] == "device"
+    assert summary["hot"]["reuse_rate"] > 0.1 and summary["hot"]["bottom_edges_saved"] > 0
+    assert summary["test_acc"] > 0.8
+
+
+def test_copy_buffers_are_released_after_their_copy_event():
+    from neutronorch.features.store import BufferPool
+
+    pool = BufferPool(2, width=1024, pin=True)
+    stream = torch.cuda.Stream()
+    outs = []
+    for i in range(6):
+        buf = pool.acquire(4096)
+        buf[:4096].fill_(float(i))
+        with torch.cuda.stream(stream):
+            outs.append(buf[:4096].to("cuda", non_blocking=True))
+            done = torch.cuda.Event()
+            done.record(stream)
+        pool.release_after(buf, done)
+    torch.cuda.synchronize()
+    # Had a buffer been refilled before its copy finished, an earlier batch would hold a later value.
+    assert [float(o[0, 0]) for o in outs] == [float(i) for i in range(6)]
+
+
+@pytest.mark.parametrize("mode", ["exact", "device"])
+def test_training_steps_do_not_synchronise_with_the_device(mode):
+    """The trainer's hot path (prepare, forward, backward, step) makes no hidden host-device syncs. The
+    sync check is process-wide, so the epoch's batches are produced first (producers sync on their own
+    streams by design: sizes of sampled frontiers)."""
+    from torch.nn import functional as F
+
+    from neutronorch.data import SyntheticSpec, generate
+    from neutronorch.nn.models import GNN
+    from neutronorch.train.trainer import MODE_CLASSES
+
+    graph = generate(SyntheticSpec.parse(SMALL_PLACEMENT))
+    cfg = TrainConfig(dataset="given", mode=mode, fanouts=[5, 5], hidden=32, batch_size=128, epochs=1,
+                      prefetch=64).validate()
+    device = torch.device("cuda")
+    model = GNN("sage", graph.feature_dim, 32, graph.num_classes, 2, dropout=0.5).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    run = MODE_CLASSES[mode](graph, cfg, device, 1)
+    with run.batches(0) as batches:
+        produced = list(batches)
+    assert len(produced) > 3
+    for i, batch in enumerate(produced):
+        if i > 0:  # the first step initialises Adam's state
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            run.prepare(batch)
+            loss = F.cross_entropy(run.forward(model, batch), batch.labels)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        batch.release()

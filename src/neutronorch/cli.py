@@ -12,7 +12,8 @@ import sys
 import time
 from dataclasses import fields
 
-from neutronorch.config import DEVICES, HOT_GRADS, MODES, TrainConfig, load_config_file
+from neutronorch.config import (CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, MODES, TrainConfig,
+                               load_config_file)
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec, generate, load_dataset, save_native
 from neutronorch.errors import NeutronorchError
 from neutronorch.nn.models import MODELS
@@ -58,6 +59,18 @@ _HELP = {
                      "mini-batch (the host's time to compute its hot rows); capped by S-P+1; default: auto "
                      "(2, raised while the trainer waits for hot rows)",
     "host_threads": "neutronorch: threads of the host producer's sampling and aggregation kernels; 0 = half the cores (default: %(default)s)",
+    "gpu_memory_gb": "device memory this run may use, in GiB: the budget for the training workspace, the "
+                     "topology (where the device samples) and the feature cache; set it below the GPU's "
+                     "size to emulate a smaller GPU (default: the whole device)",
+    "gpu_cache_gb": "GiB of the hottest feature rows kept on the device; rows not cached are read from "
+                    "pinned host memory; auto fills what the budget leaves (every row when they fit), 0 "
+                    "turns the cache off; on a CPU-only run a number builds the cache in host memory "
+                    "(default: %(default)s)",
+    "cache_policy": "how the cache ranks rows: presample counts bottom-frontier appearances over a few "
+                    "sampled mini-batches, degree uses out-degree (default: %(default)s)",
+    "device_sampling": "neutronorch: sample the cold vertices' bottom hop on the device (topology placed "
+                       "there, or read from pinned host memory) instead of on the host; auto = on with "
+                       "CUDA (default: %(default)s)",
     "summary_json": "write the run summary (config, per-epoch times, stages, utilisation, data moved, "
                     "accuracy, memory) here",
     "timeline": "draw the stage timeline (a Gantt chart of the host, sampler, copy and trainer lanes, with "
@@ -75,8 +88,10 @@ _HELP = {
 
 def _add_train_options(parser: argparse.ArgumentParser) -> None:
     defaults = TrainConfig()
-    choices = {"model": MODELS, "mode": MODES, "device": DEVICES, "hot_grad": HOT_GRADS}
-    types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int}
+    choices = {"model": MODELS, "mode": MODES, "device": DEVICES, "hot_grad": HOT_GRADS,
+               "cache_policy": CACHE_POLICIES, "device_sampling": DEVICE_SAMPLING}
+    types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int, "gpu_memory_gb": float,
+             "gpu_cache_gb": str}
     for f in fields(TrainConfig):
         if f.name in ("progress", "stage_table"):
             continue

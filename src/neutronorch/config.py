@@ -17,6 +17,8 @@ from neutronorch.sampling.neighbor_sampler import parse_fanouts
 MODES = ("exact", "device", "neutronorch")
 HOT_GRADS = ("stop", "cpu")
 DEVICES = ("auto", "cpu", "cuda")
+CACHE_POLICIES = ("presample", "degree")
+DEVICE_SAMPLING = ("auto", "on", "off")
 
 
 @dataclass
@@ -49,6 +51,11 @@ class TrainConfig:
     hot_error_budget: float = 0.02
     snapshot_lead: int | None = None  # None: auto (2 steps, more while the trainer waits for hot rows)
     host_threads: int = 0
+    # Placement on the device (CUDA; see features/placement.py)
+    gpu_memory_gb: float | None = None  # None: the device's memory
+    gpu_cache_gb: str | float = "auto"  # auto: as much as the budget holds (CUDA), none on the CPU; 0: none
+    cache_policy: str = "presample"
+    device_sampling: str = "auto"  # neutronorch: bottom hop sampled on the device (auto: on CUDA)
     # Observation
     summary_json: str | None = None
     timeline: str | None = None  # .png; the raw spans go next to it as .json
@@ -69,6 +76,7 @@ class TrainConfig:
                 raise ConfigError(f"--eval-fanouts has {len(self.eval_fanouts)} entries but the model has "
                                   f"{len(self.fanouts)} layers (one per --fanouts entry).")
         self.hot_ratio = _parse_hot_ratio(self.hot_ratio)
+        self.gpu_cache_gb = _parse_cache_size(self.gpu_cache_gb)
         checks = [
             (self.model in MODELS, f"--model {self.model!r}: choose one of {', '.join(MODELS)}."),
             (self.mode in MODES, f"--mode {self.mode!r}: choose one of {', '.join(MODES)}."),
@@ -94,6 +102,13 @@ class TrainConfig:
             (self.snapshot_lead is None or self.snapshot_lead >= 0,
              f"--snapshot-lead {self.snapshot_lead}: must be zero or more optimizer steps."),
             (self.hot_error_budget > 0, f"--hot-error-budget {self.hot_error_budget}: must be positive."),
+            (self.gpu_memory_gb is None or self.gpu_memory_gb > 0,
+             f"--gpu-memory-gb {self.gpu_memory_gb}: must be a positive number of GiB (the device memory "
+             f"this run may use)."),
+            (self.cache_policy in CACHE_POLICIES,
+             f"--cache-policy {self.cache_policy!r}: choose one of {', '.join(CACHE_POLICIES)}."),
+            (self.device_sampling in DEVICE_SAMPLING,
+             f"--device-sampling {self.device_sampling!r}: choose one of {', '.join(DEVICE_SAMPLING)}."),
             (self.super_batch >= 1, f"--super-batch {self.super_batch}: must be at least 1 mini-batch."),
             (self.timeline_steps >= 1, f"--timeline-steps {self.timeline_steps}: must be at least 1."),
             (self.log_every >= 1, f"--log-every {self.log_every}: must be at least 1 step."),
@@ -138,6 +153,19 @@ def _parse_hot_ratio(value) -> str | float:
         raise ConfigError(f"--hot-ratio {value!r}: the share of reached bottom-layer vertices made hot must "
                           f"be in [0, 1] (or 'auto').")
     return ratio
+
+
+def _parse_cache_size(value) -> str | float:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        size = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"--gpu-cache-gb {value!r}: expected 'auto' or a size in GiB such as 2.5 (0 turns "
+                          f"the device feature cache off).") from None
+    if size < 0:
+        raise ConfigError(f"--gpu-cache-gb {value!r}: must be 'auto' or zero or more GiB.")
+    return size
 
 
 def auto_batch_size(num_train: int) -> int:

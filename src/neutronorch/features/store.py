@@ -8,7 +8,9 @@ copy to the device can be asynchronous. This module never copies the whole featu
 
 from __future__ import annotations
 
+import collections
 import queue
+import threading
 
 import numpy as np
 import torch
@@ -17,24 +19,53 @@ from neutronorch.sampling import kernels
 
 
 class BufferPool:
-    """A fixed number of row buffers; ``acquire`` blocks while every buffer is in use."""
+    """A fixed number of row buffers; ``acquire`` blocks while every buffer is in use.
+
+    ``release_after(buffer, event)`` hands a buffer back once ``event`` (a CUDA event recorded after an
+    asynchronous copy out of it) has completed: the producer never waits for its own copy, and a buffer is
+    never refilled while a copy still reads it."""
 
     def __init__(self, count: int, width: int, dtype: torch.dtype = torch.float32, pin: bool = False):
         self.width, self.dtype, self.pin = width, dtype, pin
         self._free: queue.Queue = queue.Queue()
+        self._pending: collections.deque = collections.deque()  # (event, buffer), oldest first
+        self._lock = threading.Lock()
         for _ in range(count):
             self._free.put(torch.empty((0, width), dtype=dtype))
 
     def acquire(self, rows: int) -> torch.Tensor:
-        buffer = self._free.get()
+        buffer = self._take()
         if buffer.shape[0] < rows:
             # Grow with headroom so a slightly larger batch later does not reallocate again.
             capacity = int(rows * 1.25) + 1024
             buffer = torch.empty((capacity, self.width), dtype=self.dtype, pin_memory=self.pin)
         return buffer
 
+    def _take(self) -> torch.Tensor:
+        while True:
+            with self._lock:
+                still = collections.deque()
+                for event, buffer in self._pending:
+                    if event.query():
+                        self._free.put(buffer)
+                    else:
+                        still.append((event, buffer))
+                self._pending = still
+                if self._free.empty() and self._pending:
+                    event, buffer = self._pending.popleft()
+                    event.synchronize()  # every buffer is in flight: wait for the oldest copy only
+                    return buffer
+            try:
+                return self._free.get(timeout=0.05)
+            except queue.Empty:
+                continue  # held by the trainer; a buffer may meanwhile have been handed back after an event
+
     def release(self, buffer: torch.Tensor) -> None:
         self._free.put(buffer)
+
+    def release_after(self, buffer: torch.Tensor, event) -> None:
+        with self._lock:
+            self._pending.append((event, buffer))
 
 
 class FeatureStore:

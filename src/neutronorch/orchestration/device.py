@@ -1,8 +1,11 @@
 """Mode ``device``: sample and gather on the training device, like DGL-UVA and GNNLab.
 
-The topology (CSC) and the features are placed on the training device once; a background thread samples
-with the vectorised torch sampler and gathers rows with ``index_select`` there, on its own CUDA stream, so
-nothing but seed ids crosses the host-device boundary during training. With ``--device cpu`` the same
+The topology (CSC) is placed on the training device, or, when the memory budget does not hold it, kept
+in pinned host memory that the device reads directly (UVA). Features live in the device feature cache
+(every row when they fit; the hottest rows otherwise, the rest read from pinned host memory through UVA,
+or gathered on the host and copied where UVA is unavailable). A background thread samples with the
+vectorised torch sampler and gathers with ``index_select``, on its own CUDA stream, so nothing but seed
+ids and cache misses crosses the host-device boundary during training. With ``--device cpu`` the same
 orchestration runs on host tensors (the stages then share the CPU with training, as every mode does on a
 CPU-only machine).
 
@@ -22,25 +25,98 @@ import torch
 from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.errors import ConfigError
+from neutronorch.features.placement import pin, uva_view
 from neutronorch.orchestration.exact import ExactMode, epoch_order
 from neutronorch.orchestration.pipeline import Prefetcher
-from neutronorch.sampling.block import MiniBatch
+from neutronorch.sampling.block import MiniBatch, SampledSubgraph
 from neutronorch.sampling.neighbor_sampler import TorchNeighborSampler, batch_key
 
 
 def place(array: np.ndarray, device: torch.device, what: str) -> torch.Tensor:
     """A host array as a tensor on ``device`` (zero-copy on the CPU for writable arrays); a clear error when
     the device has no room."""
-    tensor = torch.from_numpy(np.ascontiguousarray(array)) if array.flags.writeable else torch.from_numpy(
-        np.array(array))
+    tensor = host_tensor(array)
     if device.type == "cpu":
         return tensor
     try:
         return tensor.to(device)
     except torch.cuda.OutOfMemoryError:
-        raise ConfigError(f"--mode device: the {what} ({tensor.nbytes / 2**30:.1f} GiB) do not fit in the "
-                          f"memory of {device}. Use --mode neutronorch or --mode exact, which keep them in "
-                          f"host memory.") from None
+        raise ConfigError(f"the {what} ({tensor.nbytes / 2**30:.1f} GiB) do not fit in the memory of {device}. "
+                          f"Lower --gpu-memory-gb so that they are read from pinned host memory instead, or "
+                          f"use --mode neutronorch or --mode exact, which sample on the host.") from None
+
+
+def host_tensor(array: np.ndarray) -> torch.Tensor:
+    """A host array as a tensor, zero-copy when numpy allows it (read-only maps are copied)."""
+    return torch.from_numpy(np.ascontiguousarray(array) if array.flags.writeable else np.array(array))
+
+
+class DeviceReader:
+    """Device-side reads of what the placement left in host memory: pinned tensors, their UVA views, and
+    the staged-copy fallback. Shared by device mode and NeutronOrch's device sampling."""
+
+    def __init__(self, mode: ExactMode):
+        self.mode = mode
+        self.device = mode.device
+        self._keep: list[torch.Tensor] = []  # pinned host tensors that UVA views read
+        placement = mode.placement
+        if placement.topology == "device":
+            self.indptr = place(mode.graph.indptr, self.device, "topology")
+            self.indices = place(mode.graph.indices, self.device, "topology")
+        else:
+            self.indptr = self._host_readable(mode.graph.indptr, "topology (indptr)", required=True)
+            self.indices = self._host_readable(mode.graph.indices, "topology (indices)", required=True)
+        self.host_features = None
+        if mode.cache is not None and not mode.cache.full:
+            self.host_features = self._host_readable(mode.graph.features, "features", required=False)
+        self.labels = mode.store.labels.to(self.device)
+
+    def _host_readable(self, array: np.ndarray, what: str, required: bool) -> torch.Tensor | None:
+        """``array`` as a tensor the device reads in place: the host tensor itself on the CPU, a UVA view of
+        pinned memory on CUDA; None (or, if ``required``, an error) when the platform cannot map it."""
+        tensor = host_tensor(array)
+        if self.device.type == "cpu":
+            return tensor
+        pinned, ok = pin(tensor, what)
+        view = uva_view(pinned, self.device) if ok else None
+        if view is None:
+            if required:
+                raise ConfigError(f"the {what} do not fit the device memory budget and cannot be read from "
+                                  f"pinned host memory here. Raise --gpu-memory-gb, or use --mode neutronorch "
+                                  f"with --device-sampling off, or --mode exact (both sample on the host).")
+            return None
+        self._keep.append(pinned)
+        return view
+
+    def features(self, rows: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+        """``features[rows]`` for device-resident ``rows``: (features, cache hits, bytes copied)."""
+        return self.mode.cache.gather(rows, self.host_features, self.mode.store, self._staged_copy)
+
+    def _staged_copy(self, host_rows: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return host_rows
+        pinned, _ = pin(host_rows, "staged feature rows")
+        return pinned.to(self.device, non_blocking=True)  # the caller's stream orders its use
+
+    def ship(self, epoch: int, index: int, subgraph: SampledSubgraph, splice=None) -> MiniBatch:
+        """A batch whose input frontier is on the device: gather its rows and labels there, move the other
+        blocks over, and mark when it is ready (call on the sampling stream)."""
+        t0 = time.perf_counter()
+        features, hits, moved = self.features(subgraph.input_nodes)
+        labels = self.labels.index_select(0, subgraph.seeds.to(self.device, non_blocking=True))
+        if self.device.type == "cuda":
+            moved += sum(b.indptr.nbytes + b.indices.nbytes for b in subgraph.blocks if not b.indptr.is_cuda)
+            subgraph.blocks = [b.to(self.device, non_blocking=True) for b in subgraph.blocks]
+            if splice is not None:
+                moved += sum(t.nbytes for t in splice.index.tensors())
+                splice = splice.to(self.device, non_blocking=True)
+        batch = MiniBatch(epoch, index, subgraph, features, labels, splice=splice)
+        batch.cache_hits, batch.device_bytes = hits, moved
+        if self.device.type == "cuda":
+            batch.ready = torch.cuda.Event()
+            batch.ready.record()
+        self.mode.spans.add("gather", t0, time.perf_counter())
+        return batch
 
 
 class DeviceMode(ExactMode):
@@ -48,13 +124,7 @@ class DeviceMode(ExactMode):
 
     def __init__(self, graph: Graph, config: TrainConfig, device: torch.device, sampler_threads: int):
         super().__init__(graph, config, device, sampler_threads)
-        self.indptr = place(graph.indptr, device, "topology")
-        self.indices = place(graph.indices, device, "topology")
-        features = graph.features
-        if features.dtype != np.float32:
-            features = features.astype(np.float32)
-        self.features = place(features, device, "features")
-        self.labels = self.store.labels.to(device)
+        self.reader = DeviceReader(self)
         self.sample_stream = torch.cuda.Stream(device) if self.on_cuda else None
 
     def batches(self, epoch: int) -> Prefetcher:
@@ -62,7 +132,7 @@ class DeviceMode(ExactMode):
         return Prefetcher(lambda: self._produce(epoch), depth=self.config.prefetch, name=f"{self.name}-producer")
 
     def _produce(self, epoch: int) -> Iterator[MiniBatch]:
-        sampler = TorchNeighborSampler(self.indptr, self.indices, self.config.fanouts)
+        sampler = TorchNeighborSampler(self.reader.indptr, self.reader.indices, self.config.fanouts)
         order = epoch_order(self.train_idx, self.config.seed, epoch)
         stream_context = torch.cuda.stream(self.sample_stream) if self.on_cuda else nullcontext()
         with stream_context:
@@ -70,16 +140,5 @@ class DeviceMode(ExactMode):
                 t0 = time.perf_counter()
                 seeds = seeds.to(self.device, non_blocking=True)
                 subgraph = sampler.sample(seeds, batch_key(self.config.seed, epoch, index))
-                t1 = time.perf_counter()
-                self.spans.add("sample", t0, t1)
-                rows = subgraph.input_nodes
-                features = self.features.index_select(0, rows)
-                labels = self.labels.index_select(0, subgraph.seeds)
-                batch = MiniBatch(epoch, index, subgraph, features, labels)
-                if self.on_cuda:
-                    batch.ready = torch.cuda.Event()
-                    batch.ready.record(self.sample_stream)
-                t2 = time.perf_counter()
-                self.spans.add("gather", t1, t2)
-                yield batch
-
+                self.spans.add("sample", t0, time.perf_counter())
+                yield self.reader.ship(epoch, index, subgraph)

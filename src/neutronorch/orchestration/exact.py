@@ -17,6 +17,9 @@ import torch
 
 from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
+from neutronorch.errors import ConfigError
+from neutronorch.features.cache import FeatureCache, hotness_order
+from neutronorch.features.placement import placement_for
 from neutronorch.features.store import BufferPool, FeatureStore
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.sampling.block import MiniBatch
@@ -47,6 +50,23 @@ class ExactMode:
         self.copy_stream = torch.cuda.Stream(device) if self.on_cuda else None
         self._sampler: NeighborSampler | None = None
         self.spans = Spans()  # every stage's time, from every thread (see train/telemetry.py)
+        self.placement = placement_for(graph, config, device)
+        self.cache = self._build_cache() if self.placement.features != "host" or self.placement.miss_path == "uva" \
+            else None
+
+    def _build_cache(self) -> FeatureCache:
+        """The device feature cache the placement asks for (every row when they all fit)."""
+        rows = self.placement.cache_rows
+        order = np.empty(0, np.int64)
+        if 0 < rows < self.graph.num_nodes:
+            order = hotness_order(self.graph.indptr, self.graph.indices, self.graph.train_idx, self.config.fanouts,
+                                  self.config.batch_size, self.config.seed, self.config.cache_policy)
+        try:
+            return FeatureCache(self.store, order, rows, self.device)
+        except torch.cuda.OutOfMemoryError:
+            raise ConfigError(f"the device feature cache ({self.placement.cache_bytes / 2**30:.2f} GiB) does not "
+                              f"fit in the memory of {self.device}. Lower --gpu-cache-gb or --gpu-memory-gb "
+                              f"(rows not cached are read from host memory).") from None
 
     # Hooks the training loop calls; exact mode needs none of them.
     def start(self, model: torch.nn.Module) -> None:
@@ -89,38 +109,60 @@ class ExactMode:
 
     def _gather_and_ship(self, epoch: int, index: int, subgraph, splice=None) -> MiniBatch:
         """Gather a sampled subgraph's features and labels into a pooled buffer and, on CUDA, start the copy
-        to the device (``splice``, if any, an object with ``to(device)``, travels along)."""
+        to the device (``splice``, if any, an object with ``to(device)``, travels along). With a device
+        feature cache only the rows it misses are gathered and copied; the device assembles the rest."""
         t0 = time.perf_counter()
-        buffer = self.pool.acquire(subgraph.input_nodes.shape[0])
-        features = self.store.gather_into(subgraph.input_nodes, buffer)
+        rows = subgraph.input_nodes
+        parts = None
+        if self.cache is None:
+            buffer = self.pool.acquire(rows.shape[0])
+            features = self.store.gather_into(rows, buffer)
+            hits = 0
+        else:
+            hit_pos, hit_slots, miss_pos, missed = self.cache.split(rows)
+            buffer = self.pool.acquire(missed.shape[0])
+            features = self.store.gather_into(torch.from_numpy(missed), buffer)
+            parts = [torch.from_numpy(a) for a in (hit_pos, hit_slots, miss_pos)]
+            hits = hit_pos.shape[0]
         labels = self.store.labels[subgraph.seeds]
         t1 = time.perf_counter()
         self.spans.add("gather", t0, t1)
         batch = MiniBatch(epoch, index, subgraph, features, labels, splice=splice)
+        batch.cache_hits = hits
         if self.on_cuda:
-            batch.device_bytes = self._copy_to_device(batch, buffer)
+            batch.device_bytes = self._copy_to_device(batch, buffer, parts)
             self.spans.add("copy", t1, time.perf_counter())
+        elif parts is not None:
+            batch.features = self.cache.assemble(rows.shape[0], *parts, features)  # a copy: the buffer is free
+            self.pool.release(buffer)
         else:
             batch.release = lambda: self.pool.release(buffer)
         return batch
 
-    def _copy_to_device(self, batch: MiniBatch, buffer: torch.Tensor) -> int:
-        """Start the batch's copy to the device; return the bytes copied."""
+    def _copy_to_device(self, batch: MiniBatch, buffer: torch.Tensor, parts: list | None = None) -> int:
+        """Start the batch's copy to the device (on the copy stream, not waited for here); return the bytes
+        copied. With ``parts`` (cache hit positions, their slots, miss positions), ``batch.features`` holds
+        only the missed rows, and the batch's rows are assembled on the device from the cache."""
         moved = batch.features.nbytes + batch.labels.nbytes
         moved += sum(t.nbytes for b in batch.blocks for t in (b.indptr, b.indices))
+        moved += sum(t.nbytes for t in parts) if parts else 0
         if batch.splice is not None:
             moved += sum(t.nbytes for t in batch.splice.index.tensors())
         with torch.cuda.stream(self.copy_stream):
             if batch.splice is not None:
                 batch.splice = batch.splice.to(self.device, non_blocking=True)
-            batch.features = batch.features.to(self.device, non_blocking=True)
+            features = batch.features.to(self.device, non_blocking=True)
+            if parts is not None:
+                parts = [t.to(self.device, non_blocking=True) for t in parts]
+                features = self.cache.assemble(batch.subgraph.input_nodes.shape[0], *parts, features)
+            batch.features = features
             batch.labels = batch.labels.to(self.device, non_blocking=True)
             batch.subgraph.blocks = [b.to(self.device, non_blocking=True) for b in batch.blocks]
             done = torch.cuda.Event()
             done.record(self.copy_stream)
-        # The pinned buffer may be refilled only once the copy out of it has finished.
-        done.synchronize()
-        self.pool.release(buffer)
+        # The pinned buffer is refilled only after the copy out of it has finished: the pool holds it back
+        # until the event completes, without blocking this thread now.
+        self.pool.release_after(buffer, done)
         batch.ready = done
         return moved
 

@@ -12,6 +12,9 @@ Three threads cooperate; none waits on another except through the bounded hand-o
   device sampler never starves on a plan.
 - **Device sampler** (the exact mode's producer, reused): per mini-batch, samples the bottom hop of the
   *cold* destinations only (hot ones are never sampled, gathered or transferred), gathers and copies.
+  With device sampling (``--device-sampling``, on by default with CUDA) that bottom hop is sampled on the
+  device with the torch sampler and its rows come from the device feature cache (misses read from pinned
+  host memory), as in device mode.
 - **Trainer**: per mini-batch, splices the hot rows into the bottom layer's pre-activation output.
 
 Staleness is bounded by construction: the hot embeddings of s are computed from the parameters at version
@@ -27,6 +30,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numba
@@ -35,11 +39,13 @@ import torch
 
 from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
+from neutronorch.orchestration.device import DeviceReader
 from neutronorch.orchestration.exact import ExactMode, epoch_order
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.sampling import kernels
 from neutronorch.sampling.block import MiniBatch, SampledSubgraph
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, layer_key, mix_key
+from neutronorch.sampling.neighbor_sampler import (NeighborSampler, TorchNeighborSampler, batch_key, layer_key,
+                                                   mix_key)
 from neutronorch.nn.splice import SpliceIndex, splice, splice_relu_dropout
 from neutronorch.train.telemetry import lane_seconds
 
@@ -263,6 +269,10 @@ class NeutronOrchMode(ExactMode):
         self.auto_lead = config.snapshot_lead is None
         self.lead = min(self.schedule.max_lead, 2 if self.auto_lead else config.snapshot_lead)
         self.hot_stream = torch.cuda.Stream(device) if self.on_cuda else None
+        # Device sampling: the cold bottom hop is sampled and gathered on the device (its topology placed
+        # there, or read from pinned host memory); otherwise on the host like exact mode.
+        self.reader = DeviceReader(self) if self.placement.topology != "host" else None
+        self.sample_stream = torch.cuda.Stream(device) if self.on_cuda and self.reader is not None else None
         self._snapshots = _Board()
         self._hot = _Board()
         self._next_snapshot = 0
@@ -468,20 +478,35 @@ class NeutronOrchMode(ExactMode):
     # ----- device sampler --------------------------------------------------------------------------------
 
     def _device_run(self):
-        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.config.fanouts)
+        on_device = self.reader is not None
+        if on_device:
+            sampler = TorchNeighborSampler(self.reader.indptr, self.reader.indices, self.config.fanouts)
+        else:
+            sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.config.fanouts)
         bottom_hop = len(self.config.fanouts) - 1
         fanout = self.config.fanouts[-1]
-        for plan in self._plans:
-            for position, item in enumerate(plan.batches):
-                t0 = time.perf_counter()
-                dst = item.upper.frontiers[0].numpy()
-                block, frontier = sampler.sample_hop(dst[item.cold_pos], fanout, layer_key(item.key, bottom_hop))
-                subgraph = SampledSubgraph(item.upper.seeds, [block] + item.upper.blocks,
-                                           [torch.from_numpy(frontier)] + item.upper.frontiers)
-                index = SpliceIndex.build(dst.shape[0], item.cold_pos, item.hot_pos, item.hot_rows)
-                splice_info = Splice(plan.gsid, index, last=position == len(plan.batches) - 1)
-                self.spans.add("sample", t0, time.perf_counter())
-                yield self._gather_and_ship(plan.epoch, item.index, subgraph, splice_info)
+        stream_context = torch.cuda.stream(self.sample_stream) if self.sample_stream is not None else nullcontext()
+        with stream_context:
+            for plan in self._plans:
+                for position, item in enumerate(plan.batches):
+                    t0 = time.perf_counter()
+                    dst = item.upper.frontiers[0].numpy()
+                    cold = dst[item.cold_pos]
+                    key = layer_key(item.key, bottom_hop)
+                    if on_device:
+                        block, frontier = sampler.sample_hop(torch.from_numpy(cold).to(self.device), fanout, key)
+                    else:
+                        block, frontier = sampler.sample_hop(cold, fanout, key)
+                        frontier = torch.from_numpy(frontier)
+                    subgraph = SampledSubgraph(item.upper.seeds, [block] + item.upper.blocks,
+                                               [frontier] + item.upper.frontiers)
+                    index = SpliceIndex.build(dst.shape[0], item.cold_pos, item.hot_pos, item.hot_rows)
+                    splice_info = Splice(plan.gsid, index, last=position == len(plan.batches) - 1)
+                    self.spans.add("sample", t0, time.perf_counter())
+                    if on_device:
+                        yield self.reader.ship(plan.epoch, item.index, subgraph, splice_info)
+                    else:
+                        yield self._gather_and_ship(plan.epoch, item.index, subgraph, splice_info)
 
     # ----- trainer side ----------------------------------------------------------------------------------
 

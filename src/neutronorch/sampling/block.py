@@ -76,6 +76,7 @@ class MiniBatch:
     ready: object = None  # on CUDA: the event after which the batch's device copies may be read
     splice: object = None  # mode-specific: how rows computed elsewhere enter the batch (NeutronOrch)
     device_bytes: int = 0  # bytes copied from the host to the device for this batch
+    cache_hits: int = 0  # input rows served by the device feature cache
 
     @property
     def blocks(self) -> list[Block]:

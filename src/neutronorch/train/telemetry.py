@@ -214,7 +214,9 @@ def epoch_table(record: dict) -> str:
     if moved:
         lines.append(f"    data     {moved['feature_rows'] / max(1, record['batches']):,.0f} feature rows per batch, "
                      f"{moved['feature_bytes'] / 2**20:,.0f} MiB gathered, "
-                     f"{moved['device_bytes'] / 2**20:,.0f} MiB to the device")
+                     f"{moved['device_bytes'] / 2**20:,.0f} MiB to the device"
+                     + (f", cache hit rate {100 * moved['cache_hits'] / max(1, moved['feature_rows']):.0f}%"
+                        if moved.get("cache_hits") else ""))
     return "\n".join(lines)
 
 

@@ -67,6 +67,10 @@ def train(config: TrainConfig, graph: Graph | None = None) -> dict:
     """Train as ``config`` says and return the run summary (also written to ``config.summary_json``)."""
     config = dataclasses.replace(config).validate()  # resolved values (batch size) go into a copy
     device = resolve_device(config.device)
+    if device.type == "cuda" and config.gpu_memory_gb is not None:
+        # Emulate a smaller GPU: the allocator refuses what the budget does not hold.
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, config.gpu_memory_gb * 2**30 / total), device)
     keep_freed_memory()
     train_threads, sampler_threads, host_threads = thread_budget(config)
     torch.set_num_threads(train_threads)
@@ -93,6 +97,10 @@ def train(config: TrainConfig, graph: Graph | None = None) -> dict:
         threads, extra = f"{train_threads} train / {sampler_threads} sampler", ""
     log(f"mode {config.mode}, model {config.model}, fanouts {config.fanouts}, device {device}, "
         f"batch size {config.batch_size}, threads {threads}, {mode.num_batches} batches per epoch{extra}")
+    if device.type == "cuda" or mode.cache is not None:
+        log(f"placement: {mode.placement.describe()}")
+    for note in mode.placement.notes:
+        log(f"note: {note}")
 
     epochs, best = [], {"val_acc": -1.0, "test_acc": float("nan"), "epoch": -1}
     last_eval: dict[str, float] = {}
@@ -151,7 +159,8 @@ def train(config: TrainConfig, graph: Graph | None = None) -> dict:
         "final_test_acc": last_eval.get("test_acc"),
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "moved": {key: sum(e["moved"][key] for e in epochs) for key in ("feature_rows", "feature_bytes",
-                                                                           "device_bytes")},
+                                                                           "device_bytes", "cache_hits")},
+        "placement": mode.placement.to_dict(),
         "timeline": timeline_info,
         **mode.summary(),
     }
@@ -170,7 +179,7 @@ def _train_epoch(model: GNN, optimizer: torch.optim.Optimizer, mode, epoch: int,
     util.take()
     total_loss = torch.zeros((), device=mode.device)
     step_losses = []
-    num_batches = sampled_edges = input_nodes = feature_bytes = device_bytes = 0
+    num_batches = sampled_edges = input_nodes = feature_bytes = device_bytes = cache_hits = 0
     start = time.perf_counter()
     bar = tqdm(total=mode.num_batches, desc=f"epoch {epoch}", unit="batch", leave=False,
                disable=None if config.progress else True, file=sys.stderr)
@@ -210,6 +219,7 @@ def _train_epoch(model: GNN, optimizer: torch.optim.Optimizer, mode, epoch: int,
             sampled_edges += batch.subgraph.num_sampled_edges
             input_nodes += batch.subgraph.input_nodes.shape[0]
             feature_bytes += batch.features.nbytes
+            cache_hits += batch.cache_hits
             device_bytes += batch.device_bytes
             timeline.after_step(spans, num_batches)
             bar.update(1)
@@ -231,7 +241,7 @@ def _train_epoch(model: GNN, optimizer: torch.optim.Optimizer, mode, epoch: int,
         # Rows and bytes of the batches trained this epoch; hot tables copied by the host producer count
         # when their copy starts.
         "moved": {"feature_rows": input_nodes, "feature_bytes": feature_bytes,
-                  "device_bytes": device_bytes + counts.get("device_bytes", 0)},
+                  "device_bytes": device_bytes + counts.get("device_bytes", 0), "cache_hits": cache_hits},
         "batches": num_batches,
         "sampled_edges": sampled_edges,
         "input_nodes_per_batch": input_nodes / max(1, num_batches),

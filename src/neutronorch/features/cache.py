@@ -1,0 +1,138 @@
+"""The device feature cache: the hottest rows on the device, the rest read from the host.
+
+Hotness is measured, not guessed: ``presample`` samples a few mini-batches of the first epoch with the
+training fanouts and counts how often each vertex appears in a bottom frontier (ties, and vertices never
+reached, ordered by out-degree); ``degree`` uses the out-degree alone (how often a vertex can be drawn as
+someone's neighbour). The top rows by hotness fill the cache.
+
+Two ways to serve a mini-batch's rows, both assembling the same ``features[rows]`` on the device:
+
+- ``split`` + ``assemble`` (modes that sample on the host): the host looks up each row's cache slot,
+  gathers only the misses into a pinned buffer, and the device fills the batch from the cache and the
+  copied misses.
+- ``gather`` (modes that sample on the device): the device looks up the slots and reads the misses from
+  host memory directly (a UVA view) or, failing that, through a host gather and a copy.
+
+On the CPU the cache is a host tensor and both paths run unchanged, which is how the tests cover them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from neutronorch.features.store import FeatureStore
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
+
+POLICIES = ("presample", "degree")
+
+
+def out_degrees(indices: np.ndarray, num_nodes: int) -> np.ndarray:
+    """How often each vertex occurs as an in-neighbour in the CSC (its out-degree)."""
+    return np.bincount(np.asarray(indices), minlength=num_nodes)
+
+
+def hotness_order(indptr: np.ndarray, indices: np.ndarray, train_idx: np.ndarray, fanouts: list[int],
+                  batch_size: int, seed: int, policy: str = "presample", batches: int = 8) -> np.ndarray:
+    """Every vertex, hottest first (see the module docstring)."""
+    num_nodes = indptr.shape[0] - 1
+    degree = out_degrees(indices, num_nodes)
+    if policy == "degree" or len(train_idx) == 0:
+        return np.argsort(-degree, kind="stable")
+    sampler = NeighborSampler(indptr, indices, fanouts)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(np.asarray(train_idx, dtype=np.int64))
+    counts = np.zeros(num_nodes, np.int64)
+    for b in range(min(batches, -(-order.shape[0] // batch_size))):
+        seeds = order[b * batch_size:(b + 1) * batch_size]
+        frontier = sampler.sample(seeds, batch_key(seed, -1, b)).input_nodes.numpy()
+        counts[frontier] += 1  # frontiers hold distinct vertices
+    # Sort by (count, degree) descending: counts dominate, degree breaks ties and orders the unreached.
+    return np.lexsort((-degree, -counts))
+
+
+class FeatureCache:
+    """``rows`` hottest vertices' features on ``device``; ``slot_map[v]`` is v's cache row or -1."""
+
+    def __init__(self, store: FeatureStore, hot_order: np.ndarray, rows: int, device: torch.device):
+        num_nodes = store.features.shape[0]
+        self.rows = int(min(rows, num_nodes))
+        self.device = device
+        self.full = self.rows == num_nodes
+        if self.full:
+            # Every row: the features themselves on the device (zero-copy on the CPU); slot = vertex id.
+            self.slot_map = self.device_slot_map = None
+            self.table = _to_device(torch.from_numpy(_writable(as_float_rows(store.features))), device)
+            return
+        cached = np.sort(hot_order[:self.rows])
+        self.slot_map = np.full(num_nodes, -1, np.int64)
+        self.slot_map[cached] = np.arange(self.rows)
+        self.table = _to_device(store.gather(torch.from_numpy(cached)), device)
+        self.device_slot_map = _to_device(torch.from_numpy(self.slot_map), device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.table.nbytes
+
+    def split(self, rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Host side: (positions of hits, their cache slots, positions of misses, the missed vertex ids)."""
+        ids = rows.numpy()
+        if self.full:
+            none = np.empty(0, np.int64)
+            return np.arange(ids.shape[0]), ids, none, none
+        slots = self.slot_map[ids]
+        hit = slots >= 0
+        hit_pos = np.flatnonzero(hit)
+        miss_pos = np.flatnonzero(~hit)
+        return hit_pos, slots[hit_pos], miss_pos, ids[miss_pos]
+
+    def assemble(self, num_rows: int, hit_pos: torch.Tensor, hit_slots: torch.Tensor, miss_pos: torch.Tensor,
+                 misses: torch.Tensor) -> torch.Tensor:
+        """Device side: the batch's feature rows from cache hits and the copied misses (index tensors and
+        ``misses`` on the cache's device)."""
+        if self.full:
+            return self.table.index_select(0, hit_slots)
+        out = torch.empty((num_rows, self.table.shape[1]), dtype=self.table.dtype, device=self.table.device)
+        out.index_copy_(0, hit_pos, self.table.index_select(0, hit_slots))
+        if misses.shape[0]:
+            out.index_copy_(0, miss_pos, misses)
+        return out
+
+    def gather(self, rows: torch.Tensor, host_view: torch.Tensor | None, store: FeatureStore,
+               staging=None) -> tuple[torch.Tensor, int, int]:
+        """Device side, rows on the device: ``features[rows]`` from the cache and, for misses, from
+        ``host_view`` (the host features as the device sees them, UVA) or a host gather copied over
+        (``staging``: a callable that copies a host tensor to the device). Returns (features, hits, bytes
+        copied from the host)."""
+        if self.full:
+            return self.table.index_select(0, rows), rows.shape[0], 0
+        slots = self.device_slot_map.index_select(0, rows)
+        hit = slots >= 0
+        hit_pos = torch.nonzero(hit).flatten()  # sizes are needed: one sync, in the sampler's thread
+        miss_pos = torch.nonzero(~hit).flatten()
+        missed = rows.index_select(0, miss_pos)
+        if host_view is not None:
+            misses = host_view.index_select(0, missed)
+            if misses.dtype != self.table.dtype:
+                misses = misses.to(self.table.dtype)
+            moved = misses.nbytes
+        else:
+            host_rows = store.gather(missed.cpu())
+            misses = staging(host_rows) if staging is not None else host_rows
+            moved = host_rows.nbytes
+        out = self.assemble(rows.shape[0], hit_pos, slots.index_select(0, hit_pos), miss_pos, misses)
+        return out, int(hit_pos.shape[0]), moved
+
+
+def as_float_rows(features: np.ndarray) -> np.ndarray:
+    """Features as float32 rows (half-precision storage is widened; float32 is returned as is)."""
+    return features if features.dtype == np.float32 else features.astype(np.float32)
+
+
+
+def _writable(array: np.ndarray) -> np.ndarray:
+    return array if array.flags.writeable else np.array(array)
+
+
+def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return tensor if device.type == "cpu" else tensor.to(device)

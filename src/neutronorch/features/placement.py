@@ -1,0 +1,231 @@
+"""Where the topology and the features live on a CUDA machine, decided once from a memory budget.
+
+``plan_placement`` is arithmetic only (it runs, and is tested, without a GPU):
+
+- The **budget** is ``--gpu-memory-gb`` (default: the device's memory). It must first hold the training
+  **workspace** (model, optimizer state, the largest mini-batch's activations: ``workspace_bytes``).
+- **Topology** (CSC ``indptr`` + ``indices``) is placed on the device only where the device samples
+  (``device`` mode, and NeutronOrch's bottom hop with ``--device-sampling``); it goes first, since a
+  sampler reading topology through PCIe is slower than one reading features through it. When it does not
+  fit, it stays in pinned host memory and the device reads it directly (zero-copy, UVA).
+- **Features**: what the budget still holds becomes the GPU feature cache (``--gpu-cache-gb`` caps it). A
+  cache that holds every row is simply the features on the device. Rows not cached are read from pinned
+  host memory by the device (UVA, where the device samples) or gathered on the host and copied through
+  pinned staging buffers (where the host samples).
+
+Pinning can fail (a low ``ulimit -l``, too little shared memory in a container): ``pin`` then says so once
+and the data stay in pageable memory, where copies are synchronous but correct. ``uva_view`` gives a CUDA
+tensor over pinned host memory and checks it reads the right values before anything relies on it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from neutronorch.errors import ConfigError
+
+GiB = 2 ** 30
+# Headroom for the CUDA context's own allocations, the allocator's fragmentation and cuBLAS workspaces.
+CONTEXT_RESERVE = GiB // 2
+
+
+@dataclass
+class Placement:
+    """The decision, with the sizes it was made from (bytes)."""
+
+    device: str
+    budget: int | None  # None on the CPU: nothing to budget
+    workspace: int
+    topology: str  # "device" | "uva" (pinned host, read by the device) | "host"
+    features: str  # "device" (every row) | "cache" (hottest rows on the device) | "host"
+    cache_rows: int
+    miss_path: str  # how uncached rows arrive: "uva" | "staged" (host gather, pinned copy) | "none"
+    topology_bytes: int
+    feature_bytes: int
+    cache_bytes: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def cached_share(self) -> float:
+        return self.cache_bytes / self.feature_bytes if self.feature_bytes else 1.0
+
+    def describe(self) -> str:
+        parts = [f"topology {self.topology}"]
+        if self.features == "cache":
+            parts.append(f"features: {self.cache_rows:,} hottest rows cached on the device "
+                         f"({self.cache_bytes / GiB:.2f} of {self.feature_bytes / GiB:.2f} GiB, "
+                         f"{100 * self.cached_share:.0f}%), the rest {self.miss_path}")
+        else:
+            parts.append(f"features {self.features}")
+        if self.budget is not None:
+            parts.append(f"budget {self.budget / GiB:.1f} GiB (workspace {self.workspace / GiB:.2f} GiB)")
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def workspace_bytes(num_nodes: int, feature_dim: int, hidden: int, num_classes: int, fanouts: list[int],
+                    batch_size: int, heads: int = 1) -> int:
+    """An upper estimate of the device memory training needs besides the data: the largest mini-batch's
+    frontiers (at most every vertex) with their features and per-layer activations kept for the backward
+    pass, the sampled edges, and the model with Adam's two moments."""
+    frontier, frontiers, edges = batch_size, [batch_size], 0
+    for fanout in fanouts:
+        fan = fanout if fanout > 0 else 64  # "all neighbours": a generous mean degree
+        edges += frontier * fan
+        frontier = min(num_nodes, frontier * (1 + fan))
+        frontiers.append(frontier)
+    bottom = frontiers[-1]
+    activations = bottom * feature_dim * 4  # the input features
+    # Each layer keeps its aggregated input, pre-activation, dropout mask and output (about 4 tensors of
+    # its width over its destinations); GAT keeps per-edge attention over its heads as well.
+    for dst in frontiers[:-1]:
+        activations += 4 * dst * max(hidden, feature_dim) * 4
+    activations += edges * (16 + 8 * heads)
+    params = (feature_dim + hidden * (len(fanouts) - 1) + num_classes) * hidden * 2 * 4
+    return int(2 * activations + 4 * params + CONTEXT_RESERVE)  # x2: the batch in flight and the next one
+
+
+def plan_placement(*, device: str, mode: str, device_sampling: bool, num_nodes: int, num_edges: int,
+                   indices_itemsize: int, feature_dim: int, workspace: int, device_memory: int | None,
+                   gpu_memory_gb: float | None, gpu_cache_gb: float | str | None) -> Placement:
+    """Decide the placement (see the module docstring). ``device_memory`` is the device's total memory
+    (None on the CPU); ``gpu_cache_gb`` is a number, ``"auto"`` (as large as the budget allows) or None
+    (no cache)."""
+    topology_bytes = 8 * (num_nodes + 1) + indices_itemsize * num_edges
+    row_bytes = 4 * feature_dim
+    samples_on_device = mode == "device" or (mode == "neutronorch" and device_sampling)
+    notes: list[str] = []
+    if device_memory is None:
+        # The "device" is host memory: nothing to budget. Device mode's tensors are the host's; a cache is
+        # made only when asked for explicitly (it then runs the same orchestration as on a GPU, which is how
+        # the CPU tests cover it).
+        rows = num_nodes if mode == "device" else 0
+        if isinstance(gpu_cache_gb, (int, float)):
+            rows = min(num_nodes, int(gpu_cache_gb * GiB) // max(1, row_bytes))
+        if gpu_memory_gb is not None:
+            notes.append("--gpu-memory-gb has no effect without a GPU")
+        return _decide(device, None, 0, "device" if samples_on_device else "host", rows, num_nodes,
+                       samples_on_device, topology_bytes, row_bytes, notes)
+
+    total = device_memory
+    budget = int(gpu_memory_gb * GiB) if gpu_memory_gb is not None else total
+    if gpu_memory_gb is not None and total and budget > total:
+        notes.append(f"--gpu-memory-gb {gpu_memory_gb} is more than the device has "
+                     f"({total / GiB:.1f} GiB); using {total / GiB:.1f} GiB")
+        budget = total
+    free = budget - workspace
+    if free < 0:
+        raise ConfigError(f"--gpu-memory-gb {budget / GiB:.2f}: training alone needs about "
+                          f"{workspace / GiB:.2f} GiB of device memory with this model and batch size "
+                          f"(the largest mini-batch's activations, the model and its optimizer state). Raise "
+                          f"--gpu-memory-gb, or lower --batch-size or --fanouts.")
+    topology = "host"
+    if samples_on_device:
+        if topology_bytes <= free:
+            topology, free = "device", free - topology_bytes
+        else:
+            topology = "uva"
+            notes.append(f"topology ({topology_bytes / GiB:.2f} GiB) exceeds the budget left after the "
+                         f"workspace; the device reads it from pinned host memory")
+    cap_rows = free // max(1, row_bytes)
+    if gpu_cache_gb is None:
+        rows = 0
+    elif gpu_cache_gb == "auto":
+        rows = min(num_nodes, cap_rows)
+    else:
+        asked = int(float(gpu_cache_gb) * GiB) // max(1, row_bytes)
+        rows = min(num_nodes, asked, cap_rows)
+        if asked > cap_rows and cap_rows < num_nodes:
+            notes.append(f"--gpu-cache-gb {gpu_cache_gb} does not fit the budget; the cache holds "
+                         f"{rows * row_bytes / GiB:.2f} GiB")
+    return _decide(device, budget, workspace, topology, rows, num_nodes, samples_on_device, topology_bytes,
+                   row_bytes, notes)
+
+
+def _decide(device, budget, workspace, topology, rows, num_nodes, samples_on_device, topology_bytes,
+            row_bytes, notes) -> Placement:
+    if rows >= num_nodes:
+        features, miss = "device", "none"
+    else:
+        features = "cache" if rows > 0 else "host"
+        miss = "uva" if samples_on_device else "staged"
+    return Placement(device, budget, workspace, topology, features, rows, miss, topology_bytes,
+                     row_bytes * num_nodes, rows * row_bytes, notes)
+
+
+def placement_for(graph, config, device: torch.device) -> Placement:
+    """The placement of one run (``config`` validated, batch size resolved)."""
+    memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    workspace = workspace_bytes(graph.num_nodes, graph.feature_dim, config.hidden, graph.num_classes,
+                                config.fanouts, config.batch_size, config.heads if config.model == "gat" else 1)
+    device_sampling = config.device_sampling == "on" or (config.device_sampling == "auto" and memory is not None)
+    cache = None if config.gpu_cache_gb == 0 else config.gpu_cache_gb
+    return plan_placement(device=device.type, mode=config.mode, device_sampling=device_sampling,
+                          num_nodes=graph.num_nodes, num_edges=graph.num_edges,
+                          indices_itemsize=graph.indices.dtype.itemsize, feature_dim=graph.feature_dim,
+                          workspace=workspace, device_memory=memory, gpu_memory_gb=config.gpu_memory_gb,
+                          gpu_cache_gb=cache)
+
+
+# ----- pinned host memory and zero-copy views ----------------------------------------------------------
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def _pin_copy(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.pin_memory()
+
+
+def pin(tensor: torch.Tensor, what: str, pinner=_pin_copy) -> tuple[torch.Tensor, bool]:
+    """``tensor`` in page-locked memory, or (after one clear warning) the tensor itself when the system
+    refuses to lock that much memory. Returns (tensor, pinned)."""
+    if tensor.is_pinned():
+        return tensor, True
+    try:
+        return pinner(tensor), True
+    except (RuntimeError, OSError) as exc:
+        _warn_once(f"pin:{what}", f"could not pin the {what} ({tensor.nbytes / GiB:.2f} GiB) in host memory "
+                                  f"({str(exc).splitlines()[0]}). Continuing with pageable memory: copies "
+                                  f"from it are synchronous, so expect slower epochs. To fix it, raise the "
+                                  f"locked-memory limit (ulimit -l unlimited; in Docker, --ulimit "
+                                  f"memlock=-1 and a larger --shm-size).")
+        return tensor, False
+
+
+class _CudaArray:
+    """The minimal ``__cuda_array_interface__`` that lets torch wrap a device-readable address."""
+
+    def __init__(self, pointer: int, shape: tuple[int, ...], dtype: torch.dtype):
+        typestr = np.dtype(str(dtype).replace("torch.", "")).str
+        self.__cuda_array_interface__ = {"data": (pointer, False), "shape": shape, "typestr": typestr,
+                                         "strides": None, "version": 2}
+
+
+def uva_view(pinned: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    """A CUDA tensor over the pinned host tensor's memory (the device reads it through PCIe, no copy), or
+    None when this platform cannot map it. Checked: rows read through the view equal the host rows. The
+    caller keeps ``pinned`` alive as long as the view."""
+    if device.type != "cuda" or not pinned.is_pinned() or not pinned.is_contiguous():
+        return None
+    try:
+        view = torch.as_tensor(_CudaArray(pinned.data_ptr(), tuple(pinned.shape), pinned.dtype), device=device)
+        probe = torch.linspace(0, pinned.shape[0] - 1, steps=min(8, pinned.shape[0])).long()
+        if not torch.equal(view.index_select(0, probe.to(device)).cpu(), pinned.index_select(0, probe)):
+            raise RuntimeError("rows read through the mapping differ from the host rows")
+        return view
+    except Exception as exc:  # noqa: BLE001 - any failure falls back to staged copies
+        _warn_once("uva", f"zero-copy access to pinned host memory is not available ({exc}); rows not on "
+                          f"the device are gathered on the host and copied instead.")
+        return None

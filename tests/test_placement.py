@@ -1,0 +1,285 @@
+"""Placement of topology and features, the device feature cache, and the pinned-buffer pool.
+
+The decisions are arithmetic and the cache logic runs on host tensors, so all of it is tested here on the
+CPU; tests/test_cuda.py runs the same paths on a GPU.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from neutronorch import TrainConfig, train
+from neutronorch.cli import main
+from neutronorch.data import SyntheticSpec, generate
+from neutronorch.errors import ConfigError
+from neutronorch.features.cache import FeatureCache, hotness_order, out_degrees
+from neutronorch.features.placement import GiB, pin, plan_placement, uva_view, workspace_bytes
+from neutronorch.features.store import BufferPool, FeatureStore
+
+SMALL = "synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6"
+
+
+def plan(**overrides):
+    values = dict(device="cuda", mode="device", device_sampling=True, num_nodes=10_000_000,
+                  num_edges=200_000_000, indices_itemsize=4, feature_dim=100, workspace=4 * GiB,
+                  device_memory=80 * GiB, gpu_memory_gb=None, gpu_cache_gb="auto")
+    values.update(overrides)
+    return plan_placement(**values)
+
+
+# ----- placement decisions ------------------------------------------------------------------------------
+
+def test_everything_on_a_large_gpu():
+    p = plan()
+    assert (p.topology, p.features, p.miss_path) == ("device", "device", "none")
+    assert p.topology_bytes == 8 * 10_000_001 + 4 * 200_000_000
+    assert p.cache_rows == 10_000_000 and p.cached_share == 1.0
+
+
+def test_budget_leaves_a_cache_of_what_remains_after_workspace_and_topology():
+    p = plan(gpu_memory_gb=7.0)
+    free = 7 * GiB - 4 * GiB - p.topology_bytes
+    assert p.topology == "device" and p.features == "cache" and p.miss_path == "uva"
+    assert p.cache_rows == free // 400
+    assert p.cache_bytes <= free < p.cache_bytes + 400
+
+
+def test_host_samplers_never_place_topology_and_copy_their_misses():
+    p = plan(mode="exact", gpu_memory_gb=5.0)
+    assert p.topology == "host" and p.features == "cache" and p.miss_path == "staged"
+    assert p.cache_rows == (5 * GiB - 4 * GiB) // 400
+    q = plan(mode="neutronorch", device_sampling=False, gpu_memory_gb=5.0)
+    assert q.topology == "host" and q.miss_path == "staged"
+    r = plan(mode="neutronorch", device_sampling=True, gpu_memory_gb=7.0)
+    assert r.topology == "device" and r.miss_path == "uva"
+
+
+def test_topology_beyond_the_budget_is_read_from_pinned_host_memory():
+    p = plan(gpu_memory_gb=4.5)
+    assert p.topology == "uva" and p.features == "cache"
+    assert any("topology" in note for note in p.notes)
+
+
+def test_a_budget_below_the_workspace_is_refused_with_advice():
+    with pytest.raises(ConfigError, match="--gpu-memory-gb.*lower --batch-size"):
+        plan(gpu_memory_gb=3.0)
+
+
+def test_cache_size_is_capped_by_the_budget_and_can_be_turned_off():
+    p = plan(mode="exact", gpu_memory_gb=5.0, gpu_cache_gb=3.0)
+    assert p.cache_rows == (1 * GiB) // 400 and any("--gpu-cache-gb" in n for n in p.notes)
+    q = plan(mode="exact", gpu_cache_gb=0.5)
+    assert q.cache_rows == int(0.5 * GiB) // 400 and not q.notes
+    off = plan(mode="exact", gpu_cache_gb=None)
+    assert off.features == "host" and off.cache_rows == 0
+    big = plan(gpu_memory_gb=1000.0)
+    assert big.budget == 80 * GiB and any("more than the device has" in n for n in big.notes)
+
+
+def test_cpu_runs_place_nothing_unless_a_cache_is_asked_for():
+    cpu = dict(device="cpu", device_memory=None)
+    assert plan(mode="exact", **cpu).features == "host"
+    assert plan(mode="device", **cpu).features == "device"
+    p = plan(mode="exact", gpu_cache_gb=1.0, **cpu)
+    assert p.features == "cache" and p.cache_rows == GiB // 400 and p.miss_path == "staged"
+    q = plan(mode="device", gpu_cache_gb=1.0, **cpu)
+    assert q.features == "cache" and q.miss_path == "uva" and q.topology == "device"
+
+
+def test_workspace_grows_with_the_batch_and_is_bounded_by_the_graph():
+    small = workspace_bytes(100_000, 100, 256, 47, [15, 10, 5], 256)
+    large = workspace_bytes(100_000, 100, 256, 47, [15, 10, 5], 1024)
+    assert small < large
+    # Frontiers never exceed the graph: a tiny graph needs little beyond the context reserve.
+    assert workspace_bytes(1000, 100, 256, 47, [15, 10, 5], 1024) < GiB
+
+
+# ----- hotness and the cache ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def graph():
+    return generate(SyntheticSpec.parse(SMALL))
+
+
+def test_hotness_orders_every_vertex_by_measured_appearances(graph):
+    order = hotness_order(graph.indptr, graph.indices, graph.train_idx, [5, 5], 128, seed=0)
+    assert np.array_equal(np.sort(order), np.arange(graph.num_nodes))
+    degree = out_degrees(graph.indices, graph.num_nodes)
+    top, bottom = order[:300], order[-300:]
+    assert degree[top].mean() > 2 * degree[bottom].mean()
+    by_degree = hotness_order(graph.indptr, graph.indices, graph.train_idx, [5, 5], 128, 0, policy="degree")
+    assert np.all(np.diff(degree[by_degree]) <= 0)
+
+
+@pytest.mark.parametrize("rows", [0, 700, 3000])
+def test_cache_paths_assemble_exactly_the_requested_rows(graph, rows):
+    store = FeatureStore(graph.features, graph.labels)
+    order = hotness_order(graph.indptr, graph.indices, graph.train_idx, [5, 5], 128, seed=0)
+    cache = FeatureCache(store, order, rows, torch.device("cpu"))
+    assert cache.full == (rows == graph.num_nodes)
+    ids = torch.from_numpy(np.random.default_rng(1).choice(graph.num_nodes, 900, replace=False))
+    want = torch.from_numpy(graph.features[ids.numpy()])
+    # Host-sampled path: split on the host, assemble "on the device".
+    hit_pos, hit_slots, miss_pos, missed = cache.split(ids)
+    assert hit_pos.shape[0] + miss_pos.shape[0] == 900
+    misses = store.gather(torch.from_numpy(missed))
+    got = cache.assemble(900, *(torch.from_numpy(a) for a in (hit_pos, hit_slots, miss_pos)), misses)
+    assert torch.equal(got, want)
+    # Device-sampled path, misses read in place (UVA on a GPU) and through a staged copy.
+    for host_view in (torch.from_numpy(graph.features), None):
+        got, hits, moved = cache.gather(ids, host_view, store)
+        assert torch.equal(got, want) and hits == hit_pos.shape[0]
+        assert moved == (900 - hits) * 4 * graph.feature_dim
+    if 0 < rows < graph.num_nodes:
+        # The hottest rows are the cached ones.
+        assert set(np.flatnonzero(cache.slot_map >= 0)) == set(order[:rows])
+
+
+def _run(**overrides):
+    values = dict(dataset=SMALL, fanouts=[5, 5], hidden=32, batch_size=128, epochs=2, lr=0.01, dropout=0.5,
+                  weight_decay=0.0, progress=False, eval_every=0)
+    values.update(overrides)
+    return train(TrainConfig(**values))
+
+
+@pytest.mark.parametrize("mode", ["exact", "device"])
+def test_a_partial_cache_changes_nothing_but_the_data_moved(mode, capsys):
+    plain = _run(mode=mode)
+    cached = _run(mode=mode, gpu_cache_gb=1000 * 16 * 4 / 2**30)  # the 1000 hottest rows of 3000
+    assert [e["train_loss"] for e in cached["epochs"]] == [e["train_loss"] for e in plain["epochs"]]
+    assert cached["test_acc"] == plain["test_acc"]
+    hits, rows = cached["moved"]["cache_hits"], cached["moved"]["feature_rows"]
+    # A third of the vertices, the hottest: they serve well over a third of the rows.
+    assert 0.4 < hits / rows < 1.0
+    assert cached["placement"]["features"] == "cache" and cached["placement"]["cache_rows"] == 1000
+    err = capsys.readouterr().err
+    assert "cache hit rate" in err and "1,000 hottest rows cached" in err
+
+
+def test_neutronorch_samples_its_bottom_hop_on_the_device_when_asked():
+    summary = _run(mode="neutronorch", device_sampling="on", super_batch=2, hot_ratio=0.3, epochs=4,
+                   gpu_cache_gb=1000 * 16 * 4 / 2**30)
+    assert summary["placement"]["topology"] == "device" and summary["placement"]["miss_path"] == "uva"
+    assert summary["hot"]["reuse_rate"] > 0.1
+    assert summary["moved"]["cache_hits"] > 0
+    assert summary["test_acc"] > 0.8
+
+
+# ----- pinned memory and buffers -----------------------------------------------------------------------
+
+def test_pinning_failure_warns_once_with_the_fix_and_falls_back(capsys):
+    def refuse(_):
+        raise RuntimeError("CUDA error: out of memory")
+
+    t = torch.zeros(4, 3)
+    out, pinned = pin(t, "features", pinner=refuse)
+    assert out is t and not pinned
+    err = capsys.readouterr().err
+    assert "could not pin the features" in err and "ulimit -l" in err
+    pin(t, "features", pinner=refuse)
+    assert capsys.readouterr().err == ""  # once
+
+
+def test_uva_views_need_cuda():
+    assert uva_view(torch.zeros(4, 3), torch.device("cpu")) is None
+
+
+class FakeEvent:
+    def __init__(self):
+        self.done = False
+        self.waited = False
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.waited = self.done = True
+
+
+def test_buffers_return_to_the_pool_only_after_their_copy_event():
+    pool = BufferPool(2, width=3)
+    a = pool.acquire(10)
+    b = pool.acquire(10)
+    ea, eb = FakeEvent(), FakeEvent()
+    pool.release_after(a, ea)
+    pool.release_after(b, eb)
+    eb.done = True
+    # b's copy finished, a's has not: b is handed out without waiting.
+    assert pool.acquire(10) is b and not ea.waited
+    # Every buffer in flight: the pool waits for the oldest copy, then reuses its buffer.
+    assert pool.acquire(10) is a and ea.waited
+
+
+# ----- options ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overrides,match", [
+    (dict(gpu_cache_gb="lots"), "--gpu-cache-gb 'lots'"),
+    (dict(gpu_cache_gb=-1), "--gpu-cache-gb"),
+    (dict(gpu_memory_gb=0), "--gpu-memory-gb 0"),
+    (dict(cache_policy="lru"), "--cache-policy 'lru'"),
+    (dict(device_sampling="yes"), "--device-sampling 'yes'"),
+])
+def test_bad_placement_options_are_refused(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        TrainConfig(**overrides).validate()
+
+
+def test_help_lists_the_placement_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--gpu-memory-gb", "--gpu-cache-gb", "--cache-policy", "--device-sampling"):
+        assert flag in out
+
+
+# ----- the GPU check's table and targets ---------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_table_reports_every_run_and_judges_the_targets(tmp_path):
+    spec = importlib.util.spec_from_file_location("gpu_table", ROOT / "bench" / "gpu_table.py")
+    gpu_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_table)
+    base = _run(mode="exact", epochs=2)
+    for cap in ("full", "quarter"):
+        for mode, seconds, acc in (("exact", 3.0, 0.90), ("device", 1.2, 0.905), ("neutronorch", 0.8, 0.899)):
+            s = json.loads(json.dumps(base))
+            for e in s["epochs"]:
+                e["seconds"], e["utilisation"]["gpu_percent"] = seconds, 90.0
+            s["test_acc"] = acc
+            (tmp_path / f"{mode}-{cap}.json").write_text(json.dumps(s))
+    runs = gpu_table.load(tmp_path)
+    lines = gpu_table.table(runs, "Test GPU")
+    assert sum(line.startswith("| ") for line in lines) == 7  # header + 6 runs
+    assert any("25% cached | neutronorch | 0.800 | 0.267 | 0.667" in line for line in lines)
+    verdicts = gpu_table.targets(runs)
+    assert verdicts[0].startswith("- PASS best mode") and "neutronorch 0.800 s" in verdicts[0]
+    assert verdicts[1].startswith("- PASS") and "1.50x" in verdicts[1]
+    assert verdicts[2] == "- PASS 25%: neutronorch at least 3x faster than exact: 3.75x"
+    assert verdicts[3] == "- PASS 25%: equal accuracy (within 1 point): largest gap 0.60 points"
+    assert verdicts[4] == "- PASS 25%: GPU utilisation above 85% in neutronorch mode: 90%"
+    slow = json.loads((tmp_path / "neutronorch-quarter.json").read_text())
+    for e in slow["epochs"]:
+        e["seconds"], e["utilisation"]["gpu_percent"] = 1.0, 60.0
+    (tmp_path / "neutronorch-quarter.json").write_text(json.dumps(slow))
+    verdicts = gpu_table.targets(gpu_table.load(tmp_path))
+    assert verdicts[1] == "- FAIL 25%: neutronorch at least 1.3x faster than device: 1.20x"
+    assert verdicts[4] == "- FAIL 25%: GPU utilisation above 85% in neutronorch mode: 60%"
+    (tmp_path / "exact-quarter.json").unlink()
+    assert any(v.startswith("- MISSING 25%: neutronorch at least 3x") for v in gpu_table.targets(gpu_table.load(tmp_path)))
+
+
+def test_gpu_check_refuses_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the check would run")
+    result = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh")], capture_output=True, text=True,
+                            env={**os.environ, "PYTHON": sys.executable}, timeout=120)
+    assert result.returncode == 2 and "no CUDA device" in result.stderr
