@@ -1,6 +1,6 @@
 """Hit rate of the device feature cache: which rows to cache, and how much of the PCIe traffic it saves.
 
-    python bench/cache_hit_rate.py [--dataset SPEC | --nodes 1000000 --degree 20 --power 0.6]
+    python bench/cache_hit_rate.py [--dataset SPEC [--split S] | --nodes 1000000 --degree 20 --power 0.6]
                                    [--fanouts 15,10,5] [--batch-size 1024] [--shares 0.1,0.25,0.5]
                                    [--policies presample,degree,random] [--epochs 2]
 
@@ -27,6 +27,7 @@ from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, pa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default=None, help="a dataset spec (default: a synthetic graph)")
+    parser.add_argument("--split", default=None, help="split of --dataset (e.g. per-class:20,30)")
     parser.add_argument("--nodes", type=int, default=1_000_000)
     parser.add_argument("--power", type=float, default=0.6)
     parser.add_argument("--degree", type=int, default=20)
@@ -43,7 +44,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     if args.dataset:
-        graph = load_dataset(args.dataset, None, args.seed)
+        graph = load_dataset(args.dataset, args.split, args.seed)
     else:
         graph = generate(SyntheticSpec(nodes=args.nodes, degree=args.degree, power=args.power, features=8,
                                        classes=8))

@@ -1,9 +1,9 @@
 """The device feature cache: the hottest rows on the device, the rest read from the host.
 
-Hotness is measured, not guessed: ``presample`` samples a few mini-batches of the first epoch with the
-training fanouts and counts how often each vertex appears in a bottom frontier (ties, and vertices never
-reached, ordered by out-degree); ``degree`` uses the out-degree alone (how often a vertex can be drawn as
-someone's neighbour). The top rows by hotness fill the cache.
+Hotness is measured, not guessed: ``presample`` samples mini-batches (32 by default) with the training
+fanouts before training and counts how often each vertex appears in an input frontier, smoothed towards
+out-degree; ``degree`` uses the out-degree alone (how often a vertex can be drawn as someone's
+neighbour). The top rows by hotness fill the cache.
 
 Two ways to serve a mini-batch's rows, both assembling the same ``features[rows]`` on the device:
 
@@ -33,22 +33,28 @@ def out_degrees(indices: np.ndarray, num_nodes: int) -> np.ndarray:
 
 
 def hotness_order(indptr: np.ndarray, indices: np.ndarray, train_idx: np.ndarray, fanouts: list[int],
-                  batch_size: int, seed: int, policy: str = "presample", batches: int = 8) -> np.ndarray:
-    """Every vertex, hottest first (see the module docstring)."""
+                  batch_size: int, seed: int, policy: str = "presample", batches: int = 32) -> np.ndarray:
+    """Every vertex, hottest first (see the module docstring).
+
+    ``presample`` scores a vertex by its appearances in the input frontiers of ``batches`` sampled
+    mini-batches plus a degree prior worth the same total (each vertex's share of the appearances if they
+    followed out-degree): a shrinkage estimate, since counts over a few batches are noisy for all but the
+    hottest vertices. Measured (bench/cache_hit_rate.py) it serves at least as many rows as ``degree`` and
+    more where training seeds are not spread evenly over the graph."""
     num_nodes = indptr.shape[0] - 1
-    degree = out_degrees(indices, num_nodes)
+    degree = out_degrees(indices, num_nodes).astype(np.float64)
     if policy == "degree" or len(train_idx) == 0:
         return np.argsort(-degree, kind="stable")
     sampler = NeighborSampler(indptr, indices, fanouts)
     rng = np.random.default_rng(seed)
     order = rng.permutation(np.asarray(train_idx, dtype=np.int64))
-    counts = np.zeros(num_nodes, np.int64)
+    counts = np.zeros(num_nodes, np.float64)
     for b in range(min(batches, -(-order.shape[0] // batch_size))):
         seeds = order[b * batch_size:(b + 1) * batch_size]
         frontier = sampler.sample(seeds, batch_key(seed, -1, b)).input_nodes.numpy()
         counts[frontier] += 1  # frontiers hold distinct vertices
-    # Sort by (count, degree) descending: counts dominate, degree breaks ties and orders the unreached.
-    return np.lexsort((-degree, -counts))
+    prior = degree * (counts.sum() / max(1.0, degree.sum()))
+    return np.argsort(-(counts + prior), kind="stable")
 
 
 class FeatureCache:
