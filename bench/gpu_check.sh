@@ -36,7 +36,7 @@ say() { echo "[gpu_check $(date -u +%H:%M:%S)] $*" | tee -a "$log" >&2; }
 
 say "GPU: $gpu; python: $("$PYTHON" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')"
 say "1/3 cuda tests"
-"$PYTHON" -m pytest -q -m cuda tests/ 2>&1 | tee -a "$log" | tail -15
+timeout "${TEST_LIMIT:-150}" "$PYTHON" -m pytest -q -m cuda tests/ 2>&1 | tee -a "$log" | tail -15
 say "cuda tests exit status ${PIPESTATUS[0]}"
 
 data=${GRAPH_DIR:-/tmp/neutronorch-products-like}
@@ -55,7 +55,7 @@ for cap in full quarter; do
         limit=()
         [ "$cap" = quarter ] && limit=(--gpu-cache-gb "$quarter")
         say "mode $mode, features $cap ${limit[*]}"
-        timeout "${RUN_LIMIT:-70}" "$PYTHON" -m neutronorch train --dataset "$data" --device cuda --mode "$mode" \
+        timeout "${RUN_LIMIT:-60}" "$PYTHON" -m neutronorch train --dataset "$data" --device cuda --mode "$mode" \
             --model sage --fanouts 15,10,5 --hidden 256 --batch-size 1024 --dropout 0.5 --epochs "$EPOCHS" \
             --eval-every 0 --eval-fanouts 15,10,5 --no-progress "${limit[@]}" \
             --summary-json "$RESULTS/$mode-$cap.json" 2>&1 | tee -a "$log" | tail -8

@@ -111,7 +111,8 @@ class DeviceReader:
                 moved += sum(t.nbytes for t in splice.index.tensors())
                 splice = splice.to(self.device, non_blocking=True)
         batch = MiniBatch(epoch, index, subgraph, features, labels, splice=splice)
-        batch.cache_hits, batch.device_bytes = hits, moved
+        batch.cache_hits = hits
+        batch.device_bytes = moved if self.device.type == "cuda" else 0  # nothing crosses a link on the CPU
         if self.device.type == "cuda":
             batch.ready = torch.cuda.Event()
             batch.ready.record()
