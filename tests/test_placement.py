@@ -187,6 +187,52 @@ def test_pinning_failure_warns_once_with_the_fix_and_falls_back(capsys):
     assert capsys.readouterr().err == ""  # once
 
 
+class FakeCudart:
+    def __init__(self, result):
+        self.result, self.registered, self.unregistered = result, [], []
+
+    def cudaHostRegister(self, pointer, size, flags):
+        self.registered.append((pointer, size))
+        return self.result
+
+    def cudaHostUnregister(self, pointer):
+        self.unregistered.append(pointer)
+        return 0
+
+
+def test_large_tensors_are_pinned_in_place_and_unpinned(monkeypatch):
+    from neutronorch.features import placement
+
+    cudart = FakeCudart(0)
+    big = torch.zeros(1000, 16)
+    monkeypatch.setattr(placement, "REGISTER_IN_PLACE", big.nbytes)
+    out = placement._pin_copy(big, cudart)
+    assert out is big and cudart.registered == [(big.data_ptr(), big.nbytes)]
+    placement.REGISTERED.release(big, cudart)
+    placement.REGISTERED.release(big, cudart)  # once only
+    assert cudart.unregistered == [big.data_ptr()]
+
+
+def test_a_refused_registration_falls_back_to_a_pinned_copy(monkeypatch, capsys):
+    from neutronorch.features import placement
+
+    cleared = []
+    monkeypatch.setattr(placement, "REGISTER_IN_PLACE", 0)
+    monkeypatch.setattr(placement, "_clear_cuda_error", lambda: cleared.append(True))
+    monkeypatch.setattr(placement, "_warned", set())
+    t = torch.zeros(10, 4)
+    copies = []
+
+    def copy_pin(tensor):
+        out = placement._pin_copy(tensor, FakeCudart(1))
+        copies.append(out)
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self.clone())
+    out, pinned = pin(t, "features", pinner=copy_pin)
+    assert pinned and out is not t and torch.equal(out, t) and cleared == [True]
+
+
 def test_uva_views_need_cuda():
     assert uva_view(torch.zeros(4, 3), torch.device("cpu")) is None
 

@@ -184,8 +184,54 @@ def _warn_once(key: str, message: str) -> None:
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def _pin_copy(tensor: torch.Tensor) -> torch.Tensor:
+# Above this size, pin by registering the tensor's own pages: PyTorch's pinned allocator rounds every
+# allocation up to a power of two (100 GiB of features would lock 128 GiB) and copies the data.
+REGISTER_IN_PLACE = 256 * 2 ** 20
+
+
+class _Registered:
+    """Host tensors pinned in place with ``cudaHostRegister``; unregistered by ``release``."""
+
+    def __init__(self):
+        self.pointers: set[int] = set()
+
+    def register(self, tensor: torch.Tensor, cudart=None) -> bool:
+        cudart = cudart or torch.cuda.cudart()
+        if int(cudart.cudaHostRegister(tensor.data_ptr(), tensor.nbytes, 0)) != 0:
+            _clear_cuda_error()
+            return False
+        self.pointers.add(tensor.data_ptr())
+        return True
+
+    def release(self, tensor: torch.Tensor, cudart=None) -> None:
+        if tensor.data_ptr() in self.pointers:
+            self.pointers.discard(tensor.data_ptr())
+            (cudart or torch.cuda.cudart()).cudaHostUnregister(tensor.data_ptr())
+
+
+REGISTERED = _Registered()
+
+
+def _clear_cuda_error() -> None:
+    """A failed runtime call leaves its error to be reported by the next kernel launch's check; launch one
+    here so that the stale error surfaces (and is dropped) now, not in an unrelated place later."""
+    try:
+        torch.zeros(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+    except RuntimeError:
+        pass
+
+
+def _pin_copy(tensor: torch.Tensor, cudart=None) -> torch.Tensor:
+    """Pin ``tensor``: in place when it is large, contiguous and owns its memory; else a pinned copy."""
+    if tensor.nbytes >= REGISTER_IN_PLACE and tensor.is_contiguous() and REGISTERED.register(tensor, cudart):
+        return tensor
     return tensor.pin_memory()
+
+
+def unpin(tensor: torch.Tensor) -> None:
+    """Undo an in-place registration (a no-op for pinned copies, which free themselves)."""
+    REGISTERED.release(tensor)
 
 
 def pin(tensor: torch.Tensor, what: str, pinner=_pin_copy) -> tuple[torch.Tensor, bool]:
@@ -214,10 +260,10 @@ class _CudaArray:
 
 
 def uva_view(pinned: torch.Tensor, device: torch.device) -> torch.Tensor | None:
-    """A CUDA tensor over the pinned host tensor's memory (the device reads it through PCIe, no copy), or
-    None when this platform cannot map it. Checked: rows read through the view equal the host rows. The
+    """A CUDA tensor over the pinned (``pin``-ned) host tensor's memory (the device reads it through PCIe,
+    no copy), or None when this platform cannot map it. Checked: rows read through the view equal the host rows. The
     caller keeps ``pinned`` alive as long as the view."""
-    if device.type != "cuda" or not pinned.is_pinned() or not pinned.is_contiguous():
+    if device.type != "cuda" or not pinned.is_contiguous():
         return None
     try:
         view = torch.as_tensor(_CudaArray(pinned.data_ptr(), tuple(pinned.shape), pinned.dtype), device=device)

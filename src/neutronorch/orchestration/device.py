@@ -25,7 +25,7 @@ import torch
 from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.errors import ConfigError
-from neutronorch.features.placement import pin, uva_view
+from neutronorch.features.placement import pin, unpin, uva_view
 from neutronorch.orchestration.exact import ExactMode, epoch_order
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.sampling.block import MiniBatch, SampledSubgraph
@@ -88,6 +88,13 @@ class DeviceReader:
         self._keep.append(pinned)
         return view
 
+    def close(self) -> None:
+        """Unpin what was pinned in place (the views over it must no longer be used)."""
+        for tensor in self._keep:
+            unpin(tensor)
+        self._keep.clear()
+        self.indptr = self.indices = self.host_features = None
+
     def features(self, rows: torch.Tensor) -> tuple[torch.Tensor, int, int]:
         """``features[rows]`` for device-resident ``rows``: (features, cache hits, bytes copied)."""
         return self.mode.cache.gather(rows, self.host_features, self.mode.store, self._staged_copy)
@@ -127,6 +134,10 @@ class DeviceMode(ExactMode):
         super().__init__(graph, config, device, sampler_threads)
         self.reader = DeviceReader(self)
         self.sample_stream = torch.cuda.Stream(device) if self.on_cuda else None
+
+    def close(self) -> None:
+        super().close()
+        self.reader.close()
 
     def batches(self, epoch: int) -> Prefetcher:
         """This epoch's mini-batches, sampled and gathered on the device in a background thread."""

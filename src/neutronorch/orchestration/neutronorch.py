@@ -305,6 +305,8 @@ class NeutronOrchMode(ExactMode):
         for prefetcher in (self._plans, self._stream):
             if prefetcher is not None:
                 prefetcher.close()
+        if self.reader is not None:
+            self.reader.close()
 
     def batches(self, epoch: int) -> "_EpochView":
         if self._stream is None:
