@@ -57,7 +57,7 @@ for cap in full quarter; do
         say "mode $mode, features $cap ${limit[*]}"
         timeout "${RUN_LIMIT:-60}" "$PYTHON" -m neutronorch train --dataset "$data" --device cuda --mode "$mode" \
             --model sage --fanouts 15,10,5 --hidden 256 --batch-size 1024 --dropout 0.5 --epochs "$EPOCHS" \
-            --eval-every 0 --eval-fanouts 15,10,5 --no-progress "${limit[@]}" \
+            --eval-every 0 --eval-fanouts 15,10,5 --eval-max-nodes 50000 --no-progress "${limit[@]}" \
             --summary-json "$RESULTS/$mode-$cap.json" 2>&1 | tee -a "$log" | tail -8
         say "mode $mode, features $cap: exit status ${PIPESTATUS[0]}"
     done

@@ -128,6 +128,26 @@ def test_sampled_inference_option_runs():
         small_config(eval_fanouts=[5]).validate()
 
 
+def test_evaluation_on_a_seeded_sample_of_each_set(monkeypatch):
+    from neutronorch.train import evaluate as evaluation
+
+    seen = []
+    real = evaluation.full_neighbor_logits
+
+    def spy(model, graph, store, nodes, *args):
+        seen.append(nodes.clone())
+        return real(model, graph, store, nodes, *args)
+
+    monkeypatch.setattr(evaluation, "full_neighbor_logits", spy)
+    sampled = train(small_config(epochs=2, eval_max_nodes=100))
+    assert len(seen) == 2 and torch.equal(seen[0], seen[1])  # the same sample at every evaluation
+    assert seen[0].shape[0] == 200 and seen[0].unique().shape[0] == 200
+    full = train(small_config(epochs=2))
+    assert abs(sampled["test_acc"] - full["test_acc"]) < 0.1  # 100 vertices: a rough estimate
+    with pytest.raises(ConfigError, match="--eval-max-nodes"):
+        small_config(eval_max_nodes=-1).validate()
+
+
 def test_producer_errors_reach_the_consumer_with_their_traceback():
     def produce():
         yield 1

@@ -40,6 +40,7 @@ class TrainConfig:
     eval_every: int = 1
     eval_fanouts: list[int] | None = None
     eval_batch_size: int = 4096
+    eval_max_nodes: int = 0  # 0: every validation and test vertex
     prefetch: int = 2
     threads: int = 0
     sampler_threads: int = 0
@@ -84,6 +85,8 @@ class TrainConfig:
             (self.batch_size >= 0, f"--batch-size {self.batch_size}: must be a positive number of seeds "
                                    f"(or 0 to choose from the training-set size)."),
             (self.eval_batch_size >= 1, f"--eval-batch-size {self.eval_batch_size}: must be positive."),
+            (self.eval_max_nodes >= 0, f"--eval-max-nodes {self.eval_max_nodes}: must be 0 (every vertex) or "
+                                       f"a positive number of vertices per set."),
             (self.hidden >= 1, f"--hidden {self.hidden}: must be positive."),
             (self.heads >= 1, f"--heads {self.heads}: must be positive."),
             (self.model != "gat" or self.hidden % self.heads == 0,

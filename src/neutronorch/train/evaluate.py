@@ -84,10 +84,11 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
 
 
 def evaluate(model: GNN, graph: Graph, store: FeatureStore, device: torch.device,
-             fanouts: list[int] | None, batch_size: int, seed: int) -> dict[str, float]:
-    """Validation and test accuracy in one pass."""
-    val = torch.from_numpy(np.array(graph.val_idx, dtype=np.int64))  # small; a writable copy
-    test = torch.from_numpy(np.array(graph.test_idx, dtype=np.int64))
+             fanouts: list[int] | None, batch_size: int, seed: int, max_nodes: int = 0) -> dict[str, float]:
+    """Validation and test accuracy in one pass; with ``max_nodes``, each set is a seeded random sample of
+    at most that many of its vertices (the same sample at every evaluation)."""
+    val = torch.from_numpy(_subset(graph.val_idx, max_nodes, seed))
+    test = torch.from_numpy(_subset(graph.test_idx, max_nodes, seed + 1))
     nodes = torch.cat([val, test])
     if fanouts is None:
         logits = full_neighbor_logits(model, graph, store, nodes, device, batch_size)
@@ -97,3 +98,10 @@ def evaluate(model: GNN, graph: Graph, store: FeatureStore, device: torch.device
     n_val = val.shape[0]
     return {"val_acc": accuracy(logits[:n_val], labels[:n_val]),
             "test_acc": accuracy(logits[n_val:], labels[n_val:])}
+
+
+def _subset(index: np.ndarray, max_nodes: int, seed: int) -> np.ndarray:
+    index = np.array(index, dtype=np.int64)  # small; a writable copy
+    if max_nodes <= 0 or index.shape[0] <= max_nodes:
+        return index
+    return np.sort(np.random.default_rng(seed).choice(index, max_nodes, replace=False))

@@ -116,7 +116,7 @@ def train(config: TrainConfig, graph: Graph | None = None) -> dict:
             if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
                 t0 = time.perf_counter()
                 last_eval = evaluate(model, graph, mode.store, device, config.eval_fanouts,
-                                     config.eval_batch_size, config.seed)
+                                     config.eval_batch_size, config.seed, config.eval_max_nodes)
                 record.update(last_eval, eval_seconds=time.perf_counter() - t0)
                 if last_eval["val_acc"] > best["val_acc"]:
                     best = {**last_eval, "epoch": epoch}
@@ -137,7 +137,7 @@ def train(config: TrainConfig, graph: Graph | None = None) -> dict:
         metrics.close()
     if config.epochs and not last_eval and config.eval_every >= 0:
         last_eval = evaluate(model, graph, mode.store, device, config.eval_fanouts, config.eval_batch_size,
-                             config.seed)
+                             config.seed, config.eval_max_nodes)
         best = {**last_eval, "epoch": config.epochs - 1}
 
     seconds = [e["seconds"] for e in epochs]
