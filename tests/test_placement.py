@@ -161,6 +161,10 @@ def test_a_partial_cache_changes_nothing_but_the_data_moved(mode, capsys):
     assert cached["placement"]["features"] == "cache" and cached["placement"]["cache_rows"] == 1000
     err = capsys.readouterr().err
     assert "cache hit rate" in err and "1,000 hottest rows cached" in err
+    every = _run(mode=mode, gpu_cache_gb=1.0)  # every row cached: only ids travel
+    assert every["placement"]["features"] == "device"
+    assert [e["train_loss"] for e in every["epochs"]] == [e["train_loss"] for e in plain["epochs"]]
+    assert every["moved"]["cache_hits"] == every["moved"]["feature_rows"]
 
 
 def test_neutronorch_samples_its_bottom_hop_on_the_device_when_asked():

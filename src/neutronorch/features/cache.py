@@ -92,10 +92,10 @@ class FeatureCache:
         miss_pos = np.flatnonzero(~hit)
         return hit_pos, slots[hit_pos], miss_pos, ids[miss_pos]
 
-    def assemble(self, num_rows: int, hit_pos: torch.Tensor, hit_slots: torch.Tensor, miss_pos: torch.Tensor,
-                 misses: torch.Tensor) -> torch.Tensor:
+    def assemble(self, num_rows: int, hit_pos: torch.Tensor | None, hit_slots: torch.Tensor,
+                 miss_pos: torch.Tensor | None, misses: torch.Tensor) -> torch.Tensor:
         """Device side: the batch's feature rows from cache hits and the copied misses (index tensors and
-        ``misses`` on the cache's device)."""
+        ``misses`` on the cache's device). A full cache needs only the slots (positions may be None)."""
         if self.full:
             return self.table.index_select(0, hit_slots)
         out = torch.empty((num_rows, self.table.shape[1]), dtype=self.table.dtype, device=self.table.device)

@@ -122,7 +122,9 @@ class ExactMode:
             hit_pos, hit_slots, miss_pos, missed = self.cache.split(rows)
             buffer = self.pool.acquire(missed.shape[0])
             features = self.store.gather_into(torch.from_numpy(missed), buffer)
-            parts = [torch.from_numpy(a) for a in (hit_pos, hit_slots, miss_pos)]
+            # Every row cached: the slots are the vertex ids, and positions need not travel.
+            parts = [None if self.cache.full and a is not hit_slots else torch.from_numpy(a)
+                     for a in (hit_pos, hit_slots, miss_pos)]
             hits = hit_pos.shape[0]
         labels = self.store.labels[subgraph.seeds]
         t1 = time.perf_counter()
@@ -145,7 +147,7 @@ class ExactMode:
         only the missed rows, and the batch's rows are assembled on the device from the cache."""
         moved = batch.features.nbytes + batch.labels.nbytes
         moved += sum(t.nbytes for b in batch.blocks for t in (b.indptr, b.indices))
-        moved += sum(t.nbytes for t in parts) if parts else 0
+        moved += sum(t.nbytes for t in parts if t is not None) if parts else 0
         if batch.splice is not None:
             moved += sum(t.nbytes for t in batch.splice.index.tensors())
         with torch.cuda.stream(self.copy_stream):
@@ -153,7 +155,7 @@ class ExactMode:
                 batch.splice = batch.splice.to(self.device, non_blocking=True)
             features = batch.features.to(self.device, non_blocking=True)
             if parts is not None:
-                parts = [t.to(self.device, non_blocking=True) for t in parts]
+                parts = [None if t is None else t.pin_memory().to(self.device, non_blocking=True) for t in parts]
                 features = self.cache.assemble(batch.subgraph.input_nodes.shape[0], *parts, features)
             batch.features = features
             batch.labels = batch.labels.to(self.device, non_blocking=True)
