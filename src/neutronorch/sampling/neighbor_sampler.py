@@ -138,15 +138,12 @@ class NeighborSampler:
 class TorchNeighborSampler:
     """The same sampling contract in vectorised torch ops, on the device holding ``indptr``/``indices``."""
 
-    # Degrees up to this multiple of the fanout use a random-key sort over all their edges; above it,
-    # draws with replacement whose duplicates are redrawn (few, since fanout/degree is small).
-    SORT_LIMIT = 4
-
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts: list[int]):
         self.indptr = indptr.long()
         self.indices = indices
         self.fanouts = list(fanouts)
         self.device = indptr.device
+        self._node_map: torch.Tensor | None = None  # scratch of _relabel; so one sampler per thread
 
     def sample(self, seeds: torch.Tensor, key: int, fanouts: list[int] | None = None,
                omit: torch.Tensor | None = None) -> SampledSubgraph:
@@ -207,88 +204,60 @@ class TorchNeighborSampler:
 
     def _sample_layer(self, dst: torch.Tensor, fanout: int, gen: torch.Generator,
                       omit: torch.Tensor | None = None):
+        # index_select rather than advanced indexing throughout: the same result, several times faster on
+        # the CPU.
         device = self.device
-        start = self.indptr[dst]
-        deg = self.indptr[dst + 1] - start
+        start = self.indptr.index_select(0, dst)
+        deg = self.indptr.index_select(0, dst + 1) - start
         if omit is not None:
-            # Omitted rows count as degree 0: that zeroes their `take` and keeps them out of the sort and
-            # redraw rows, whose slot bookkeeping assumes every partial row takes `fanout` slots. No sync.
-            deg = deg.masked_fill(omit[dst], 0)
+            # Omitted rows count as degree 0: that zeroes their `take` (and keeps them out of the subset
+            # draw). No sync.
+            deg = deg.masked_fill(omit.index_select(0, dst), 0)
         take = deg if fanout < 0 else deg.clamp(max=fanout)
         ptr = torch.zeros(dst.shape[0] + 1, dtype=torch.int64, device=device)
         torch.cumsum(take, 0, out=ptr[1:])
         total = int(ptr[-1])
         row = torch.repeat_interleave(torch.arange(dst.shape[0], device=device), take, output_size=total)
-        slot = torch.arange(total, device=device) - ptr[row]
-        offset = slot.clone()  # rows with degree <= fanout take every neighbour in order
+        slot = torch.arange(total, device=device) - ptr.index_select(0, row)
         if fanout > 0:
-            partial = deg > fanout
-            sort_rows = partial & (deg <= self.SORT_LIMIT * fanout)
-            draw_rows = partial & ~sort_rows
-            self._offsets_by_sort(deg, sort_rows, row, slot, offset, fanout, gen)
-            self._offsets_by_redraw(deg, draw_rows, row, offset, gen)
-        nbrs = self.indices[start[row] + offset].long()
+            # Rows with degree <= fanout take every neighbour in order; the others take Floyd's subset.
+            picks = self._floyd(deg, fanout, gen).view(-1).index_select(0, row * fanout + slot)
+            offset = torch.where(deg.index_select(0, row) > fanout, picks, slot)
+        else:
+            offset = slot
+        nbrs = self.indices.index_select(0, start.index_select(0, row) + offset).long()
         return ptr, nbrs
 
-    def _offsets_by_sort(self, deg, rows_mask, row, slot, offset, fanout, gen):
-        rows = torch.nonzero(rows_mask).flatten()
-        if rows.numel() == 0:
-            return
-        device = self.device
-        d = deg[rows]
-        seg = torch.zeros(rows.shape[0] + 1, dtype=torch.int64, device=device)
-        torch.cumsum(d, 0, out=seg[1:])
-        n_edges = int(seg[-1])
-        owner = torch.repeat_interleave(torch.arange(rows.shape[0], device=device), d, output_size=n_edges)
-        edge_offset = torch.arange(n_edges, device=device) - seg[owner]
-        # Sorting (owner + uniform key) orders each row's edges randomly: its first `fanout` edges are a
-        # uniform subset.
-        sort_key = owner.double() + torch.rand(n_edges, generator=gen, device=device, dtype=torch.float64)
-        order = torch.argsort(sort_key)
-        rank = torch.arange(n_edges, device=device) - seg[owner]
-        keep = rank < fanout
-        chosen = edge_offset[order][keep]  # rows in order, fanout offsets each
-        target = torch.zeros(deg.shape[0], dtype=torch.bool, device=device)
-        target[rows] = True
-        slots = torch.nonzero(target[row]).flatten()
-        offset[slots] = chosen
+    def _floyd(self, deg: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
+        """A uniform k-subset of offsets [0, deg) for every row at once (Floyd's algorithm, vectorised over
+        rows): step i draws t uniformly from [0, j] with j = deg - k + i and keeps t, or j if t was already
+        kept. k steps of elementwise work over [rows, k]; no sort, no host synchronisation. Entries of rows
+        with degree below k are meaningless (the caller does not use them)."""
+        rows = deg.shape[0]
+        picks = torch.empty((rows, k), dtype=torch.int64, device=self.device)
+        u = torch.rand((rows, k), generator=gen, device=self.device, dtype=torch.float64)
+        for i in range(k):
+            j = (deg - k + i).clamp(min=0)
+            t = (u[:, i] * (j + 1)).long().minimum(j)  # minimum: guard against rounding up to j + 1
+            if i:
+                t = torch.where((picks[:, :i] == t.unsqueeze(1)).any(1), j, t)
+            picks[:, i] = t
+        return picks
 
-    def _offsets_by_redraw(self, deg, rows_mask, row, offset, gen):
-        slots = torch.nonzero(rows_mask[row]).flatten()
-        if slots.numel() == 0:
-            return
-        slot_row = row[slots]
-        slot_deg = deg[slot_row]
-        draw = (torch.rand(slots.shape[0], generator=gen, device=self.device, dtype=torch.float64)
-                * slot_deg).long()
-        span = int(deg.max()) + 1
-        pending = torch.ones_like(draw, dtype=torch.bool)
-        while True:
-            # Keep the first copy of every (row, offset) pair; redraw the others. Symmetric in the
-            # offsets, so the final set is a uniform subset.
-            combined = slot_row * span + draw
-            order = torch.argsort(combined, stable=True)
-            sorted_keys = combined[order]
-            dup_sorted = torch.zeros_like(pending)
-            dup_sorted[1:] = sorted_keys[1:] == sorted_keys[:-1]
-            pending = torch.zeros_like(pending)
-            pending[order] = dup_sorted
-            if not bool(pending.any()):
-                break
-            redo = torch.nonzero(pending).flatten()
-            draw[redo] = (torch.rand(redo.shape[0], generator=gen, device=self.device, dtype=torch.float64)
-                          * slot_deg[redo]).long()
-        offset[slots] = draw
-
-    @staticmethod
-    def _relabel(dst: torch.Tensor, nbrs: torch.Tensor):
+    def _relabel(self, dst: torch.Tensor, nbrs: torch.Tensor):
+        """Local ids of ``nbrs`` in the frontier [dst, new vertices in first-appearance order], through a
+        vertex -> position map over the whole graph (no sort): each vertex's first position among
+        [dst, nbrs] is a scatter-min, first appearances are where that minimum sits, and their running
+        count is their local id. Only the entries touched are written, and they are left as scratch."""
         everything = torch.cat([dst, nbrs])
-        unique, inverse = torch.unique(everything, return_inverse=True)
-        positions = torch.arange(everything.shape[0], device=everything.device)
-        first = torch.full((unique.shape[0],), everything.shape[0], dtype=torch.int64, device=everything.device)
-        first.scatter_reduce_(0, inverse, positions, reduce="amin")
-        order = torch.argsort(first)
-        rank = torch.empty_like(order)
-        rank[order] = torch.arange(order.shape[0], device=order.device)
-        local = rank[inverse[dst.shape[0]:]]
-        return local, unique[order]
+        m = everything.shape[0]
+        node_map = self._node_map
+        if node_map is None:
+            node_map = self._node_map = torch.empty(self.indptr.shape[0] - 1, dtype=torch.int64, device=self.device)
+        positions = torch.arange(m, device=self.device)
+        node_map.index_fill_(0, everything, m)
+        node_map.scatter_reduce_(0, everything, positions, reduce="amin")
+        first = node_map.index_select(0, everything) == positions
+        frontier = everything[first]  # one synchronisation: the frontier's size
+        node_map.index_copy_(0, frontier, torch.arange(frontier.shape[0], device=self.device))
+        return node_map.index_select(0, nbrs), frontier
