@@ -13,21 +13,29 @@
 # once with the features free to fill the GPU and once with the device feature cache capped to 25% of the
 # features (--gpu-cache-gb), the regime NeutronOrch is made for. bench/gpu_table.py prints the table and
 # checks the targets.
+#
+# Rehearsal without a GPU (the same steps with --device cpu, no cuda tests, a small graph, results under
+# /tmp unless RESULTS is set): DEVICE=cpu NODES=20000 bash bench/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 EPOCHS=${EPOCHS:-3}
+DEVICE=${DEVICE:-cuda}
+NODES=${NODES:-2400000}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
 if ! gpu=$("$PYTHON" -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none')"); then
     echo "gpu_check: $PYTHON cannot import torch; set PYTHON to an interpreter with a CUDA build of PyTorch" >&2
     exit 2
 fi
-if [ "$gpu" = "none" ]; then
-    echo "gpu_check: torch sees no CUDA device; nothing to check" >&2
+stamp=$(date -u +%Y-%m-%d)
+if [ "$DEVICE" = cpu ]; then
+    gpu="none (rehearsal on the CPU)"
+    RESULTS=${RESULTS:-/tmp/neutronorch-gpu-check-rehearsal}
+elif [ "$gpu" = "none" ]; then
+    echo "gpu_check: torch sees no CUDA device; nothing to check (DEVICE=cpu rehearses the steps)" >&2
     exit 2
 fi
-stamp=$(date -u +%Y-%m-%d)
 slug=$(echo "$gpu" | tr -cs 'A-Za-z0-9' '-' | sed 's/-$//')
 RESULTS=${RESULTS:-docs/results/gpu-$stamp-$slug}
 mkdir -p "$RESULTS"
@@ -35,27 +43,31 @@ log="$RESULTS/log.txt"
 say() { echo "[gpu_check $(date -u +%H:%M:%S)] $*" | tee -a "$log" >&2; }
 
 say "GPU: $gpu; python: $("$PYTHON" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')"
-say "1/3 cuda tests"
-timeout "${TEST_LIMIT:-150}" "$PYTHON" -m pytest -q -m cuda tests/ 2>&1 | tee -a "$log" | tail -15
-say "cuda tests exit status ${PIPESTATUS[0]}"
+if [ "$DEVICE" = cuda ]; then
+    say "1/3 cuda tests"
+    timeout "${TEST_LIMIT:-150}" "$PYTHON" -m pytest -q -m cuda tests/ 2>&1 | tee -a "$log" | tail -15
+    say "cuda tests exit status ${PIPESTATUS[0]}"
+else
+    say "1/3 cuda tests: skipped (DEVICE=$DEVICE)"
+fi
 
-data=${GRAPH_DIR:-/tmp/neutronorch-products-like}
+data=${GRAPH_DIR:-/tmp/neutronorch-products-like-$NODES}
 if [ ! -f "$data/meta.json" ]; then
-    say "2/3 generating the products-like graph into $data"
-    "$PYTHON" -m neutronorch generate synthetic --nodes 2400000 --degree 26 --features 100 --classes 47 \
+    say "2/3 generating the products-like graph ($NODES vertices) into $data"
+    "$PYTHON" -m neutronorch generate synthetic --nodes "$NODES" --degree 26 --features 100 --classes 47 \
         --out "$data" 2>&1 | tee -a "$log"
 else
     say "2/3 graph already at $data"
 fi
 
-say "3/3 modes on the GPU ($EPOCHS epochs each; features on the device, then capped to 25%)"
+say "3/3 modes on $DEVICE ($EPOCHS epochs each; features on the device, then capped to 25%)"
 quarter=$("$PYTHON" -c "import json,sys; m=json.load(open(sys.argv[1])); print(f\"{0.25 * m['num_nodes'] * m['feature_dim'] * 4 / 2**30:.4f}\")" "$data/meta.json")
 for cap in full quarter; do
     for mode in exact device neutronorch; do
         limit=()
         [ "$cap" = quarter ] && limit=(--gpu-cache-gb "$quarter")
         say "mode $mode, features $cap ${limit[*]}"
-        timeout "${RUN_LIMIT:-60}" "$PYTHON" -m neutronorch train --dataset "$data" --device cuda --mode "$mode" \
+        timeout "${RUN_LIMIT:-60}" "$PYTHON" -m neutronorch train --dataset "$data" --device "$DEVICE" --mode "$mode" \
             --model sage --fanouts 15,10,5 --hidden 256 --batch-size 1024 --dropout 0.5 --epochs "$EPOCHS" \
             --eval-every 0 --eval-fanouts 15,10,5 --eval-max-nodes 50000 --no-progress "${limit[@]}" \
             --summary-json "$RESULTS/$mode-$cap.json" 2>&1 | tee -a "$log" | tail -8

@@ -228,3 +228,10 @@ def test_training_steps_do_not_synchronise_with_the_device(mode):
         finally:
             torch.cuda.set_sync_debug_mode(0)
         batch.release()
+
+
+def test_gpu_utilisation_is_read_through_nvml():
+    from neutronorch.train.telemetry import _Gpu
+
+    value = _Gpu(torch.device("cuda")).percent()
+    assert value is not None and 0 <= value <= 100

@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from neutronorch import ConfigError, TrainConfig, train
 from neutronorch.cli import main
@@ -184,3 +185,41 @@ def test_timeline_without_matplotlib_fails_before_training(monkeypatch, tmp_path
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     with pytest.raises(ConfigError, match="pip install matplotlib"):
         config(timeline=str(tmp_path / "t.png")).validate()
+
+
+class FakeNvml:
+    """The driver library's calls, as ctypes sees them."""
+
+    def __init__(self, pci_ok=True):
+        self.pci_ok, self.asked = pci_ok, []
+
+    def nvmlInit_v2(self):
+        return 0
+
+    def nvmlDeviceGetHandleByPciBusId_v2(self, bus_id, handle_ref):
+        self.asked.append(("pci", bus_id))
+        if not self.pci_ok:
+            return 2
+        handle_ref._obj.value = 1234
+        return 0
+
+    def nvmlDeviceGetHandleByIndex_v2(self, index, handle_ref):
+        self.asked.append(("index", index.value))
+        handle_ref._obj.value = 99
+        return 0
+
+    def nvmlDeviceGetUtilizationRates(self, handle, rates_ref):
+        rates_ref._obj.gpu = 73 if handle.value == 1234 else 41
+        return 0
+
+
+def test_gpu_utilisation_through_the_driver_library_without_pynvml(monkeypatch):
+    from neutronorch.train import telemetry
+
+    monkeypatch.setattr(telemetry, "_pci_bus_id", lambda device: "00000000:17:00.0")
+    gpu = telemetry._Gpu(torch.device("cuda", 0), library=telemetry._NvmlLibrary(FakeNvml()))
+    assert gpu.percent() == 73.0  # the device found by its PCI address
+    lib = FakeNvml(pci_ok=False)
+    gpu = telemetry._Gpu(torch.device("cuda", 0), library=telemetry._NvmlLibrary(lib))
+    assert gpu.percent() == 41.0 and lib.asked == [("pci", b"00000000:17:00.0"), ("index", 0)]
+    assert telemetry._Gpu(torch.device("cpu")).percent() is None

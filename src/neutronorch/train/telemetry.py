@@ -12,6 +12,7 @@ CUDA with NVML available, the GPU's utilisation, a few times a second in a daemo
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import threading
@@ -105,30 +106,92 @@ def _process_cpu_seconds() -> float:
     return t.user + t.system
 
 
-class _Gpu:
-    """GPU utilisation through NVML (``pynvml``/``nvidia-ml-py``), when installed; otherwise unavailable."""
+class _NvmlUtilization(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
 
-    def __init__(self, device):
+
+class _NvmlLibrary:
+    """The three NVML calls we need, straight from the driver's ``libnvidia-ml`` (present wherever the
+    NVIDIA driver is, unlike the ``pynvml`` package)."""
+
+    def __init__(self, lib=None):
+        self.lib = lib if lib is not None else ctypes.CDLL("libnvidia-ml.so.1")
+        if self.lib.nvmlInit_v2() != 0:
+            raise RuntimeError("nvmlInit failed")
+
+    def handle(self, index: int, pci_bus_id: str | None):
+        handle = ctypes.c_void_p()
+        if pci_bus_id and self.lib.nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id.encode(), ctypes.byref(handle)) == 0:
+            return handle
+        if self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)) != 0:
+            raise RuntimeError("no NVML handle for the device")
+        return handle
+
+    def percent(self, handle) -> float | None:
+        rates = _NvmlUtilization()
+        if self.lib.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(rates)) != 0:
+            return None
+        return float(rates.gpu)
+
+
+def _pci_bus_id(device) -> str | None:
+    """The device's PCI address as NVML writes it (so the right GPU is read whatever
+    CUDA_VISIBLE_DEVICES says), when torch reports it."""
+    try:
+        import torch  # noqa: PLC0415
+
+        props = torch.cuda.get_device_properties(device)
+        return f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    except Exception:  # noqa: BLE001 - older torch: fall back to the index
+        return None
+
+
+class _Gpu:
+    """GPU utilisation through NVML: the ``pynvml`` package when installed, else the driver's library
+    through ctypes; unavailable (None) without either."""
+
+    def __init__(self, device, library=None):
         self.handle = None
         if device is None or device.type != "cuda":
             return
-        try:
-            import pynvml  # noqa: PLC0415 - optional
-            pynvml.nvmlInit()
-            import torch  # noqa: PLC0415
-            index = device.index if device.index is not None else torch.cuda.current_device()
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            self._nvml = pynvml
-        except Exception:  # noqa: BLE001 - NVML missing or unusable: utilisation is simply not reported
-            self.handle = None
+        import torch  # noqa: PLC0415
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        for candidate in ([library] if library is not None else [_PynvmlLibrary, _NvmlLibrary]):
+            try:
+                lib = candidate() if isinstance(candidate, type) else candidate
+                self.handle = lib.handle(index, _pci_bus_id(device))
+                self._lib = lib
+                return
+            except Exception:  # noqa: BLE001 - NVML missing or unusable: try the next, else not reported
+                self.handle = None
 
     def percent(self) -> float | None:
         if self.handle is None:
             return None
         try:
-            return float(self._nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)
+            return self._lib.percent(self.handle)
         except Exception:  # noqa: BLE001
             return None
+
+
+class _PynvmlLibrary:
+    def __init__(self):
+        import pynvml  # noqa: PLC0415 - optional
+
+        pynvml.nvmlInit()
+        self.nvml = pynvml
+
+    def handle(self, index: int, pci_bus_id: str | None):
+        if pci_bus_id:
+            try:
+                return self.nvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id)
+            except Exception:  # noqa: BLE001
+                pass
+        return self.nvml.nvmlDeviceGetHandleByIndex(index)
+
+    def percent(self, handle) -> float | None:
+        return float(self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
 
 
 class Utilisation:
