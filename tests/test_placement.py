@@ -7,6 +7,7 @@ CPU; tests/test_cuda.py runs the same paths on a GPU.
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -333,3 +334,18 @@ def test_gpu_check_refuses_without_cuda():
     result = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh")], capture_output=True, text=True,
                             env={**os.environ, "PYTHON": sys.executable}, timeout=120)
     assert result.returncode == 2 and "no CUDA device" in result.stderr
+
+
+def test_gpu_check_rehearses_every_step_on_the_cpu(tmp_path):
+    """The whole script (graph, six runs, table, targets) with --device cpu on a tiny graph: a broken flag
+    or step shows here, not in a scarce GPU window."""
+    env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "NODES": "3000", "EPOCHS": "2",
+           "RESULTS": str(tmp_path / "results"), "GRAPH_DIR": str(tmp_path / "graph")}
+    result = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh")], capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    table = (tmp_path / "results" / "table.md").read_text()
+    assert table.count("| all on the GPU |") == 3 and table.count("| 25% cached |") == 3
+    assert "Targets:" in table and "MISSING" not in table
+    statuses = re.findall(r"exit status (\d+)", (tmp_path / "results" / "log.txt").read_text())
+    assert statuses == ["0"] * 6
