@@ -236,3 +236,52 @@ def test_gpu_utilisation_is_read_through_nvml():
 
     value = _Gpu(torch.device("cuda")).percent()
     assert value is not None and 0 <= value <= 100
+
+
+def test_device_mode_without_uva_stages_feature_misses_and_refuses_unmappable_topology(monkeypatch):
+    from neutronorch.data import SyntheticSpec, generate
+    from neutronorch.errors import ConfigError
+    from neutronorch.orchestration import device as device_module
+    from neutronorch.orchestration.device import DeviceMode
+
+    graph = generate(SyntheticSpec.parse(SMALL_PLACEMENT))
+    monkeypatch.setattr(device_module, "uva_view", lambda pinned, device: None)
+    cfg = TrainConfig(dataset="given", fanouts=[5, 5], hidden=32, batch_size=128, gpu_cache_gb=ROWS_1000).validate()
+    mode = DeviceMode(graph, cfg, torch.device("cuda"), 1)
+    assert mode.reader.host_features is None  # misses go through a host gather and a pinned copy
+    with mode.batches(0) as batches:
+        for batch in batches:
+            batch.ready.synchronize()
+            rows = batch.subgraph.input_nodes.cpu().numpy()
+            assert torch.equal(batch.features.cpu(), torch.from_numpy(graph.features[rows]))
+            assert 0 < batch.cache_hits < rows.shape[0] and batch.device_bytes > 0
+    mode.close()
+    from neutronorch.features.placement import workspace_bytes
+
+    workspace = workspace_bytes(graph.num_nodes, graph.feature_dim, 32, graph.num_classes, [5, 5], 128)
+    tight = TrainConfig(dataset="given", fanouts=[5, 5], hidden=32, batch_size=128,
+                        gpu_memory_gb=(workspace + 1000) / 2**30).validate()
+    with pytest.raises(ConfigError, match="topology.*cannot be read from pinned host memory"):
+        DeviceMode(graph, tight, torch.device("cuda"), 1)
+
+
+def test_large_arrays_are_pinned_in_place_and_read_through_uva(monkeypatch):
+    from neutronorch.features import placement
+
+    monkeypatch.setattr(placement, "REGISTER_IN_PLACE", 0)
+    host = torch.randn(10_000, 8)
+    pinned, ok = placement.pin(host, "features")
+    assert ok and pinned.data_ptr() == host.data_ptr() and host.is_pinned()  # the same pages, now locked
+    view = placement.uva_view(pinned, torch.device("cuda"))
+    assert view is not None and torch.equal(view[123].cpu(), host[123])
+    placement.unpin(host)
+    assert not host.is_pinned()
+
+
+def test_the_memory_budget_caps_the_allocator_for_the_run_only():
+    total = torch.cuda.get_device_properties(0).total_memory
+    summary = _placement_run(mode="device", gpu_memory_gb=2.0)
+    assert summary["placement"]["budget"] == 2 * 2**30
+    # Lifted afterwards: a tensor above the budget can be allocated again.
+    big = torch.empty(int(min(3 * 2**30, 0.5 * total)) // 4, dtype=torch.float32, device="cuda")
+    del big

@@ -7,6 +7,7 @@ progress display, evaluation and the summary. Per-batch work here must not synch
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -67,10 +68,26 @@ def train(config: TrainConfig, graph: Graph | None = None) -> dict:
     """Train as ``config`` says and return the run summary (also written to ``config.summary_json``)."""
     config = dataclasses.replace(config).validate()  # resolved values (batch size) go into a copy
     device = resolve_device(config.device)
-    if device.type == "cuda" and config.gpu_memory_gb is not None:
-        # Emulate a smaller GPU: the allocator refuses what the budget does not hold.
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, config.gpu_memory_gb * 2**30 / total), device)
+    with _memory_budget(device, config.gpu_memory_gb):
+        return _train(config, graph, device)
+
+
+@contextlib.contextmanager
+def _memory_budget(device: torch.device, gigabytes: float | None):
+    """Emulate a smaller GPU for the run: the caching allocator refuses what the budget does not hold.
+    Lifted afterwards, so later runs in the same process get the whole device again."""
+    if device.type != "cuda" or gigabytes is None:
+        yield
+        return
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gigabytes * 2**30 / total), device)
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+def _train(config: TrainConfig, graph: Graph | None, device: torch.device) -> dict:
     keep_freed_memory()
     train_threads, sampler_threads, host_threads = thread_budget(config)
     torch.set_num_threads(train_threads)
