@@ -55,7 +55,7 @@ def parse_args(argv=None):
     p.add_argument("--modes", default="exact",
                    help="comma-separated modes; with two, the table shows both and their difference "
                         "(default: %(default)s)")
-    for key in ("super_batch", "hot_ratio", "staleness_bound", "hot_grad"):
+    for key in ("super_batch", "hot_ratio", "staleness_bound", "hot_grad", "device_sampling"):
         p.add_argument("--" + key.replace("_", "-"), default=None,
                        help=f"neutronorch mode's {key} (default: the package's, {getattr(DEFAULTS, key)})")
     p.add_argument("--threads", type=int, default=0, help="training threads; 0 = all cores")
@@ -70,7 +70,8 @@ def run_pair(args, graph, model: str, seeds: list[int], mode: str = "exact") -> 
     runs = []
     extra = {}
     if mode == "neutronorch":
-        for key, cast in (("super_batch", int), ("hot_ratio", str), ("staleness_bound", int), ("hot_grad", str)):
+        for key, cast in (("super_batch", int), ("hot_ratio", str), ("staleness_bound", int), ("hot_grad", str),
+                          ("device_sampling", str)):
             if getattr(args, key) is not None:
                 extra[key] = cast(getattr(args, key))
     for seed in seeds:

@@ -35,7 +35,7 @@ _HELP = {
     "device": "training device; auto picks CUDA when available (default: %(default)s)",
     "mode": "placement of the stages: exact samples and gathers on the host and computes every layer of "
             "every mini-batch on the device; device also samples and gathers on the training device (graph "
-            "and features resident there); neutronorch computes hot vertices' bottom layer on the host once "
+            "and features resident there, or read from pinned host memory beyond --gpu-memory-gb); neutronorch computes hot vertices' bottom layer on the host once "
             "per super-batch and reuses it (default: %(default)s)",
     "eval_every": "evaluate val/test every N epochs; 0 evaluates only after the last, -1 never (timing "
                   "runs) (default: %(default)s)",
