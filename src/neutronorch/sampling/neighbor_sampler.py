@@ -234,14 +234,14 @@ class TorchNeighborSampler:
         kept. k steps of elementwise work over [rows, k]; no sort, no host synchronisation. Entries of rows
         with degree below k are meaningless (the caller does not use them)."""
         rows = deg.shape[0]
-        picks = torch.empty((rows, k), dtype=torch.int64, device=self.device)
         u = torch.rand((rows, k), generator=gen, device=self.device, dtype=torch.float64)
-        for i in range(k):
-            j = (deg - k + i).clamp(min=0)
-            t = (u[:, i] * (j + 1)).long().minimum(j)  # minimum: guard against rounding up to j + 1
-            if i:
-                t = torch.where((picks[:, :i] == t.unsqueeze(1)).any(1), j, t)
-            picks[:, i] = t
+        # Every step's range and draw at once ([rows, k]); only the duplicate check is sequential. j values
+        # are distinct and exceed every earlier pick, so the fallback j never collides.
+        j = (deg.unsqueeze(1) + torch.arange(-k, 0, device=self.device)).clamp_(min=0)
+        picks = torch.minimum((u * (j + 1)).long(), j)  # minimum: guard against rounding up to j + 1
+        for i in range(1, k):
+            taken = (picks[:, :i] == picks[:, i:i + 1]).any(1)
+            picks[:, i] = torch.where(taken, j[:, i], picks[:, i])
         return picks
 
     def _relabel(self, dst: torch.Tensor, nbrs: torch.Tensor):
