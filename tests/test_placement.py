@@ -135,7 +135,7 @@ def test_cache_paths_assemble_exactly_the_requested_rows(graph, rows):
     assert torch.equal(got, want)
     # Device-sampled path, misses read in place (UVA on a GPU) and through a staged copy.
     for host_view in (torch.from_numpy(graph.features), None):
-        got, hits, moved = cache.gather(ids, host_view, store)
+        got, hits, moved = cache.gather(ids, host_view, store.gather)
         assert torch.equal(got, want) and hits == hit_pos.shape[0]
         assert moved == (900 - hits) * 4 * graph.feature_dim
     if 0 < rows < graph.num_nodes:

@@ -104,12 +104,10 @@ class FeatureCache:
             out.index_copy_(0, miss_pos, misses)
         return out
 
-    def gather(self, rows: torch.Tensor, host_view: torch.Tensor | None, store: FeatureStore,
-               staging=None) -> tuple[torch.Tensor, int, int]:
+    def gather(self, rows: torch.Tensor, host_view: torch.Tensor | None, fetch=None) -> tuple[torch.Tensor, int, int]:
         """Device side, rows on the device: ``features[rows]`` from the cache and, for misses, from
-        ``host_view`` (the host features as the device sees them, UVA) or a host gather copied over
-        (``staging``: a callable that copies a host tensor to the device). Returns (features, hits, bytes
-        copied from the host)."""
+        ``host_view`` (the host features as the device sees them, UVA) or else ``fetch(missed_ids)`` (a host
+        gather copied to the device). Returns (features, hits, bytes read from the host)."""
         if self.full:
             return self.table.index_select(0, rows), rows.shape[0], 0
         slots = self.device_slot_map.index_select(0, rows)
@@ -123,9 +121,8 @@ class FeatureCache:
                 misses = misses.to(self.table.dtype)
             moved = misses.nbytes
         else:
-            host_rows = store.gather(missed.cpu())
-            misses = staging(host_rows) if staging is not None else host_rows
-            moved = host_rows.nbytes
+            misses = fetch(missed)
+            moved = misses.nbytes
         out = self.assemble(rows.shape[0], hit_pos, slots.index_select(0, hit_pos), miss_pos, misses)
         return out, int(hit_pos.shape[0]), moved
 

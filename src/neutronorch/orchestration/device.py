@@ -97,13 +97,21 @@ class DeviceReader:
 
     def features(self, rows: torch.Tensor) -> tuple[torch.Tensor, int, int]:
         """``features[rows]`` for device-resident ``rows``: (features, cache hits, bytes copied)."""
-        return self.mode.cache.gather(rows, self.host_features, self.mode.store, self._staged_copy)
+        return self.mode.cache.gather(rows, self.host_features, self._staged_fetch)
 
-    def _staged_copy(self, host_rows: torch.Tensor) -> torch.Tensor:
+    def _staged_fetch(self, missed: torch.Tensor) -> torch.Tensor:
+        """Rows the device cannot read in place: gathered on the host into a pooled pinned buffer and copied
+        on the current (sampling) stream; the buffer returns to the pool once that copy has completed."""
+        ids = missed.cpu()  # a sync in the sampling thread: the host needs the ids
+        store, pool = self.mode.store, self.mode.pool
         if self.device.type == "cpu":
-            return host_rows
-        pinned, _ = pin(host_rows, "staged feature rows")
-        return pinned.to(self.device, non_blocking=True)  # the caller's stream orders its use
+            return store.gather(ids)
+        buffer = pool.acquire(ids.shape[0])
+        rows = store.gather_into(ids, buffer).to(self.device, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        pool.release_after(buffer, done)
+        return rows
 
     def ship(self, epoch: int, index: int, subgraph: SampledSubgraph, splice=None) -> MiniBatch:
         """A batch whose input frontier is on the device: gather its rows and labels there, move the other
