@@ -154,10 +154,12 @@ def test_topology_and_features_through_uva_under_a_small_budget():
     from neutronorch.features.placement import workspace_bytes
 
     graph = generate(SyntheticSpec.parse(SMALL_PLACEMENT))
-    # A budget 1000 bytes above the training workspace: neither the topology nor most rows fit.
+    # A budget 1000 bytes above the training workspace, the sampler's vertex map (8 bytes a vertex) and
+    # the cache's slot map (4): neither the topology nor most rows fit.
     workspace = workspace_bytes(graph.num_nodes, graph.feature_dim, 32, graph.num_classes, [5, 5], 128)
+    budget = workspace + 12 * graph.num_nodes + 1000
     cfg = TrainConfig(dataset="given", fanouts=[5, 5], hidden=32, batch_size=128, gpu_cache_gb=ROWS_1000,
-                      gpu_memory_gb=(workspace + 1000) / 2**30).validate()
+                      gpu_memory_gb=budget / 2**30).validate()
     mode = DeviceMode(graph, cfg, torch.device("cuda"), 1)
     assert mode.placement.topology == "uva" and mode.placement.miss_path == "uva"
     assert mode.placement.cache_rows == 1000 // (4 * graph.feature_dim)
@@ -260,7 +262,7 @@ def test_device_mode_without_uva_stages_feature_misses_and_refuses_unmappable_to
 
     workspace = workspace_bytes(graph.num_nodes, graph.feature_dim, 32, graph.num_classes, [5, 5], 128)
     tight = TrainConfig(dataset="given", fanouts=[5, 5], hidden=32, batch_size=128,
-                        gpu_memory_gb=(workspace + 1000) / 2**30).validate()
+                        gpu_memory_gb=(workspace + 8 * graph.num_nodes + 1000) / 2**30).validate()
     with pytest.raises(ConfigError, match="topology.*cannot be read from pinned host memory"):
         DeviceMode(graph, tight, torch.device("cuda"), 1)
 

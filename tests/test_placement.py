@@ -46,8 +46,11 @@ def test_everything_on_a_large_gpu():
 
 def test_budget_leaves_a_cache_of_what_remains_after_workspace_and_topology():
     p = plan(gpu_memory_gb=7.0)
-    free = 7 * GiB - 4 * GiB - p.topology_bytes
+    n = 10_000_000
+    # The device sampler's vertex map (8 bytes a vertex) and the cache's slot map (4) live there too.
+    free = 7 * GiB - (4 * GiB + 8 * n) - p.topology_bytes - 4 * n
     assert p.topology == "device" and p.features == "cache" and p.miss_path == "uva"
+    assert p.workspace == 4 * GiB + 8 * n
     assert p.cache_rows == free // 400
     assert p.cache_bytes <= free < p.cache_bytes + 400
 

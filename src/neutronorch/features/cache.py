@@ -60,7 +60,8 @@ def hotness_order(indptr: np.ndarray, indices: np.ndarray, train_idx: np.ndarray
 class FeatureCache:
     """``rows`` hottest vertices' features on ``device``; ``slot_map[v]`` is v's cache row or -1."""
 
-    def __init__(self, store: FeatureStore, hot_order: np.ndarray, rows: int, device: torch.device):
+    def __init__(self, store: FeatureStore, hot_order: np.ndarray, rows: int, device: torch.device,
+                 device_lookup: bool = True):
         num_nodes = store.features.shape[0]
         self.rows = int(min(rows, num_nodes))
         self.device = device
@@ -71,10 +72,11 @@ class FeatureCache:
             self.table = _to_device(torch.from_numpy(_writable(as_float_rows(store.features))), device)
             return
         cached = np.sort(hot_order[:self.rows])
-        self.slot_map = np.full(num_nodes, -1, np.int64)
-        self.slot_map[cached] = np.arange(self.rows)
+        self.slot_map = np.full(num_nodes, -1, np.int32)  # int32: half the memory; slots < 2**31
+        self.slot_map[cached] = np.arange(self.rows, dtype=np.int32)
         self.table = _to_device(store.gather(torch.from_numpy(cached)), device)
-        self.device_slot_map = _to_device(torch.from_numpy(self.slot_map), device)
+        # Only modes that sample on the device look slots up there; the others split on the host.
+        self.device_slot_map = _to_device(torch.from_numpy(self.slot_map), device) if device_lookup else None
 
     @property
     def nbytes(self) -> int:

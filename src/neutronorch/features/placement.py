@@ -119,6 +119,8 @@ def plan_placement(*, device: str, mode: str, device_sampling: bool, num_nodes: 
         notes.append(f"--gpu-memory-gb {gpu_memory_gb} is more than the device has "
                      f"({total / GiB:.1f} GiB); using {total / GiB:.1f} GiB")
         budget = total
+    if samples_on_device:
+        workspace += 8 * num_nodes  # the device sampler's vertex map (int64 per vertex)
     free = budget - workspace
     if free < 0:
         raise ConfigError(f"--gpu-memory-gb {budget / GiB:.2f}: training alone needs about "
@@ -134,6 +136,9 @@ def plan_placement(*, device: str, mode: str, device_sampling: bool, num_nodes: 
             notes.append(f"topology ({topology_bytes / GiB:.2f} GiB) exceeds the budget left after the "
                          f"workspace; the device reads it from pinned host memory")
     cap_rows = free // max(1, row_bytes)
+    if cap_rows < num_nodes and samples_on_device:
+        # A partial cache looked up on the device needs its slot map there (int32 per vertex).
+        cap_rows = max(0, free - 4 * num_nodes) // max(1, row_bytes)
     if gpu_cache_gb is None:
         rows = 0
     elif gpu_cache_gb == "auto":

@@ -62,7 +62,8 @@ class ExactMode:
             order = hotness_order(self.graph.indptr, self.graph.indices, self.graph.train_idx, self.config.fanouts,
                                   self.config.batch_size, self.config.seed, self.config.cache_policy)
         try:
-            return FeatureCache(self.store, order, rows, self.device)
+            return FeatureCache(self.store, order, rows, self.device,
+                                device_lookup=self.placement.topology != "host")
         except torch.cuda.OutOfMemoryError:
             raise ConfigError(f"the device feature cache ({self.placement.cache_bytes / 2**30:.2f} GiB) does not "
                               f"fit in the memory of {self.device}. Lower --gpu-cache-gb or --gpu-memory-gb "
