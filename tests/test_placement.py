@@ -352,3 +352,11 @@ def test_gpu_check_rehearses_every_step_on_the_cpu(tmp_path):
     assert "Targets:" in table and "MISSING" not in table
     statuses = re.findall(r"exit status (\d+)", (tmp_path / "results" / "log.txt").read_text())
     assert statuses == ["0"] * 6
+
+
+def test_info_tells_what_a_graph_takes_on_a_gpu(capsys):
+    assert main(["info", "synthetic:nodes=2000,degree=8,features=16,classes=4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    graph = generate(SyntheticSpec.parse("synthetic:nodes=2000,degree=8,features=16,classes=4"))
+    topology = (graph.indptr.nbytes + graph.indices.nbytes) / 2**30
+    assert out["device_gib"] == {"topology": round(topology, 4), "features": round(2000 * 16 * 4 / 2**30, 4)}

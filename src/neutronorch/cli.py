@@ -200,7 +200,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
                       "feature_dim": graph.feature_dim, "feature_dtype": str(graph.features.dtype),
                       "classes": graph.num_classes, "train": len(graph.train_idx), "val": len(graph.val_idx),
                       "test": len(graph.test_idx), "max_in_degree": int(degrees.max()),
-                      "mean_in_degree": float(degrees.mean()), "notes": graph.notes}, indent=2))
+                      "mean_in_degree": float(degrees.mean()),
+                      # What placing it on a GPU takes (docs/gpu.md): CSC topology, and features as float32.
+                      "device_gib": {"topology": round((graph.indptr.nbytes + graph.indices.nbytes) / 2**30, 4),
+                                     "features": round(graph.num_nodes * graph.feature_dim * 4 / 2**30, 4)},
+                      "notes": graph.notes}, indent=2))
     return 0
 
 
