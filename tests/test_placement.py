@@ -131,15 +131,15 @@ def test_cache_paths_assemble_exactly_the_requested_rows(graph, rows):
     ids = torch.from_numpy(np.random.default_rng(1).choice(graph.num_nodes, 900, replace=False))
     want = torch.from_numpy(graph.features[ids.numpy()])
     # Host-sampled path: split on the host, assemble "on the device".
-    hit_pos, hit_slots, miss_pos, missed = cache.split(ids)
-    assert hit_pos.shape[0] + miss_pos.shape[0] == 900
+    slots, miss_pos, missed = cache.split(ids)
+    assert slots.shape[0] == 900 and np.array_equal(ids.numpy()[miss_pos], missed)
     misses = store.gather(torch.from_numpy(missed))
-    got = cache.assemble(900, *(torch.from_numpy(a) for a in (hit_pos, hit_slots, miss_pos)), misses)
+    got = cache.assemble(torch.from_numpy(slots), torch.from_numpy(miss_pos), misses)
     assert torch.equal(got, want)
     # Device-sampled path, misses read in place (UVA on a GPU) and through a staged copy.
     for host_view in (torch.from_numpy(graph.features), None):
         got, hits, moved = cache.gather(ids, host_view, store.gather)
-        assert torch.equal(got, want) and hits == hit_pos.shape[0]
+        assert torch.equal(got, want) and hits == 900 - miss_pos.shape[0]
         assert moved == (900 - hits) * 4 * graph.feature_dim
     if 0 < rows < graph.num_nodes:
         # The hottest rows are the cached ones.

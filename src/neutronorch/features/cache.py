@@ -8,8 +8,8 @@ neighbour). The top rows by hotness fill the cache.
 Two ways to serve a mini-batch's rows, both assembling the same ``features[rows]`` on the device:
 
 - ``split`` + ``assemble`` (modes that sample on the host): the host looks up each row's cache slot,
-  gathers only the misses into a pinned buffer, and the device fills the batch from the cache and the
-  copied misses.
+  gathers only the misses into a pinned buffer, and the device reads every row from its slot and then
+  overwrites the misses with the copied rows.
 - ``gather`` (modes that sample on the device): the device looks up the slots and reads the misses from
   host memory directly (a UVA view) or, failing that, through a host gather and a copy.
 
@@ -82,26 +82,25 @@ class FeatureCache:
     def nbytes(self) -> int:
         return self.table.nbytes
 
-    def split(self, rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Host side: (positions of hits, their cache slots, positions of misses, the missed vertex ids)."""
+    def split(self, rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Host side: (every row's cache slot, misses clamped to slot 0; positions of the misses; the missed
+        vertex ids). With every row cached the slots are the vertex ids and nothing is missed."""
         ids = rows.numpy()
         if self.full:
             none = np.empty(0, np.int64)
-            return np.arange(ids.shape[0]), ids, none, none
+            return ids, none, none
         slots = self.slot_map[ids]
-        hit = slots >= 0
-        hit_pos = np.flatnonzero(hit)
-        miss_pos = np.flatnonzero(~hit)
-        return hit_pos, slots[hit_pos], miss_pos, ids[miss_pos]
+        miss_pos = np.flatnonzero(slots < 0)
+        missed = ids[miss_pos]
+        slots[miss_pos] = 0
+        return slots, miss_pos, missed
 
-    def assemble(self, num_rows: int, hit_pos: torch.Tensor | None, hit_slots: torch.Tensor,
-                 miss_pos: torch.Tensor | None, misses: torch.Tensor) -> torch.Tensor:
-        """Device side: the batch's feature rows from cache hits and the copied misses (index tensors and
-        ``misses`` on the cache's device). A full cache needs only the slots (positions may be None)."""
-        if self.full:
-            return self.table.index_select(0, hit_slots)
-        out = torch.empty((num_rows, self.table.shape[1]), dtype=self.table.dtype, device=self.table.device)
-        out.index_copy_(0, hit_pos, self.table.index_select(0, hit_slots))
+    def assemble(self, slots: torch.Tensor, miss_pos: torch.Tensor, misses: torch.Tensor) -> torch.Tensor:
+        """Device side: every row read from its cache slot, then the misses' rows overwritten with the
+        copied ones (all on the cache's device)."""
+        if self.rows == 0:
+            return misses  # every row missed, in order
+        out = self.table.index_select(0, slots)
         if misses.shape[0]:
             out.index_copy_(0, miss_pos, misses)
         return out
@@ -113,20 +112,14 @@ class FeatureCache:
         if self.full:
             return self.table.index_select(0, rows), rows.shape[0], 0
         slots = self.device_slot_map.index_select(0, rows)
-        hit = slots >= 0
-        hit_pos = torch.nonzero(hit).flatten()  # sizes are needed: one sync, in the sampler's thread
-        miss_pos = torch.nonzero(~hit).flatten()
+        miss_pos = torch.nonzero(slots < 0).flatten()  # its size is needed: one sync, in the sampler's thread
         missed = rows.index_select(0, miss_pos)
         if host_view is not None:
-            misses = host_view.index_select(0, missed)
-            if misses.dtype != self.table.dtype:
-                misses = misses.to(self.table.dtype)
-            moved = misses.nbytes
+            misses = host_view.index_select(0, missed).to(self.table.dtype)
         else:
             misses = fetch(missed)
-            moved = misses.nbytes
-        out = self.assemble(rows.shape[0], hit_pos, slots.index_select(0, hit_pos), miss_pos, misses)
-        return out, int(hit_pos.shape[0]), moved
+        out = self.assemble(slots.clamp(min=0), miss_pos, misses)
+        return out, rows.shape[0] - miss_pos.shape[0], misses.nbytes
 
 
 def as_float_rows(features: np.ndarray) -> np.ndarray:

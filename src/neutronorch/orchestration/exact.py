@@ -51,8 +51,9 @@ class ExactMode:
         self._sampler: NeighborSampler | None = None
         self.spans = Spans()  # every stage's time, from every thread (see train/telemetry.py)
         self.placement = placement_for(graph, config, device)
-        self.cache = self._build_cache() if self.placement.features != "host" or self.placement.miss_path == "uva" \
-            else None
+        # Where the device samples, its reads go through the cache even when it holds no row.
+        needs_cache = self.placement.features != "host" or self.placement.topology != "host"
+        self.cache = self._build_cache() if needs_cache else None
 
     def _build_cache(self) -> FeatureCache:
         """The device feature cache the placement asks for (every row when they all fit)."""
@@ -120,13 +121,11 @@ class ExactMode:
             features = self.store.gather_into(rows, buffer)
             hits = 0
         else:
-            hit_pos, hit_slots, miss_pos, missed = self.cache.split(rows)
+            slots, miss_pos, missed = self.cache.split(rows)
             buffer = self.pool.acquire(missed.shape[0])
             features = self.store.gather_into(torch.from_numpy(missed), buffer)
-            # Every row cached: the slots are the vertex ids, and positions need not travel.
-            parts = [None if self.cache.full and a is not hit_slots else torch.from_numpy(a)
-                     for a in (hit_pos, hit_slots, miss_pos)]
-            hits = hit_pos.shape[0]
+            parts = [torch.from_numpy(slots), torch.from_numpy(miss_pos)]
+            hits = rows.shape[0] - missed.shape[0]
         labels = self.store.labels[subgraph.seeds]
         t1 = time.perf_counter()
         self.spans.add("gather", t0, t1)
@@ -136,7 +135,7 @@ class ExactMode:
             batch.device_bytes = self._copy_to_device(batch, buffer, parts)
             self.spans.add("copy", t1, time.perf_counter())
         elif parts is not None:
-            batch.features = self.cache.assemble(rows.shape[0], *parts, features)  # a copy: the buffer is free
+            batch.features = self.cache.assemble(*parts, features)  # a copy: the buffer is free
             self.pool.release(buffer)
         else:
             batch.release = lambda: self.pool.release(buffer)
@@ -144,11 +143,11 @@ class ExactMode:
 
     def _copy_to_device(self, batch: MiniBatch, buffer: torch.Tensor, parts: list | None = None) -> int:
         """Start the batch's copy to the device (on the copy stream, not waited for here); return the bytes
-        copied. With ``parts`` (cache hit positions, their slots, miss positions), ``batch.features`` holds
+        copied. With ``parts`` (every row's cache slot, the misses' positions), ``batch.features`` holds
         only the missed rows, and the batch's rows are assembled on the device from the cache."""
         moved = batch.features.nbytes + batch.labels.nbytes
         moved += sum(t.nbytes for b in batch.blocks for t in (b.indptr, b.indices))
-        moved += sum(t.nbytes for t in parts if t is not None) if parts else 0
+        moved += sum(t.nbytes for t in parts) if parts else 0
         if batch.splice is not None:
             moved += sum(t.nbytes for t in batch.splice.index.tensors())
         with torch.cuda.stream(self.copy_stream):
@@ -156,8 +155,8 @@ class ExactMode:
                 batch.splice = batch.splice.to(self.device, non_blocking=True)
             features = batch.features.to(self.device, non_blocking=True)
             if parts is not None:
-                parts = [None if t is None else t.pin_memory().to(self.device, non_blocking=True) for t in parts]
-                features = self.cache.assemble(batch.subgraph.input_nodes.shape[0], *parts, features)
+                parts = [t.pin_memory().to(self.device, non_blocking=True) for t in parts]
+                features = self.cache.assemble(*parts, features)
             batch.features = features
             batch.labels = batch.labels.to(self.device, non_blocking=True)
             batch.subgraph.blocks = [b.to(self.device, non_blocking=True) for b in batch.blocks]
