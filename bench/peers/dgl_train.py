@@ -16,13 +16,12 @@ Stages per batch: sample = waiting on the dataloader iterator (DGL samples in th
 num_workers=0 by default), gather = indexing features/labels for the batch, train = forward + backward +
 optimizer step.
 """
-import json
 import os
 import statistics
 import sys
 import time
 
-from peer_common import cpu_seconds, parse_args, peak_rss_mb, read_native
+from peer_common import parse_args, peak_rss_mb, read_native, train_epochs, write_summary
 
 ARGS = parse_args(__doc__.split("\n\n")[0], "DGL DataLoader")
 # Thread counts must be fixed before torch / DGL start their OpenMP pools.
@@ -166,87 +165,17 @@ def main(args):
                       args.heads)
         opt = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
 
-    epochs = []
-    total_sample_s = 0.0
-    total_edges = 0
-    for epoch in range(args.epochs):
-        if model is not None:
-            model.train()
-        st = {"sample": 0.0, "gather": 0.0, "train": 0.0}
-        edges = 0
-        input_nodes_sum = 0
-        loss_sum = 0.0
-        seen = 0
-        batches = 0
-        t_epoch = time.perf_counter()
-        cpu0 = cpu_seconds()
-        it = iter(loader)
-        while True:
-            t = time.perf_counter()
-            try:
-                input_nodes, output_nodes, blocks = next(it)
-            except StopIteration:
-                st["sample"] += time.perf_counter() - t
-                break
-            st["sample"] += time.perf_counter() - t
-            edges += sum(int(b.num_edges()) for b in blocks)
-            input_nodes_sum += int(input_nodes.shape[0])
-            batches += 1
-            if model is not None:
-                t = time.perf_counter()
-                x = feats[input_nodes].float()
-                y = labels[output_nodes]
-                t2 = time.perf_counter()
-                st["gather"] += t2 - t
-                logits = model(blocks, x)
-                loss = F.cross_entropy(logits, y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                st["train"] += time.perf_counter() - t2
-                loss_sum += float(loss.item()) * int(y.shape[0])
-                seen += int(y.shape[0])
-            if args.max_batches and batches >= args.max_batches:
-                break
-        seconds = time.perf_counter() - t_epoch
-        cpu = cpu_seconds() - cpu0
-        total_sample_s += st["sample"]
-        total_edges += edges
-        rec = {
-            "epoch": epoch,
-            "seconds": seconds,
-            "train_loss": (loss_sum / seen) if seen else None,
-            "stage_seconds": st,
-            # user+sys CPU seconds of this process: well below threads x seconds means the machine was busy
-            "cpu_seconds": cpu,
-            "batches": batches,
-            "sampled_edges": edges,
-            "input_nodes_per_batch": input_nodes_sum / max(batches, 1),
-        }
-        epochs.append(rec)
-        loss_txt = f"loss {rec['train_loss']:.4f} " if rec["train_loss"] is not None else ""
-        log(f"epoch {epoch}: {seconds:.2f} s {loss_txt}(sample {st['sample']:.2f} gather {st['gather']:.2f} "
-            f"train {st['train']:.2f}) {batches} batches, {edges / max(batches, 1):.0f} edges/batch, "
-            f"{edges / max(st['sample'], 1e-9) / 1e6:.2f} M sampled edges/s, CPU {cpu:.1f} s, "
-            f"peak RSS {peak_rss_mb():.0f} MB")
-        if (args.eval == "full" and model is not None and args.eval_every > 0
-                and ((epoch + 1) % args.eval_every == 0 or epoch == args.epochs - 1)):
-            # Outside the epoch's timing: "seconds" stays training time only, as in ours.
-            val_acc, test_acc, eval_s = evaluate(model, g, feats, labels, splits, args.eval_batch_size)
-            rec.update(val_acc=val_acc, test_acc=test_acc, eval_seconds=eval_s)
-            log(f"epoch {epoch} eval (full-neighbour layer-wise): val_acc {val_acc} test_acc {test_acc} "
-                f"in {eval_s:.1f} s")
+    def measure(item):
+        input_nodes, _, blocks = item
+        return sum(int(b.num_edges()) for b in blocks), int(input_nodes.shape[0]), None
 
-    val_acc = test_acc = None
-    eval_seconds = None
-    evaluated = [e for e in epochs if "eval_seconds" in e]
-    if evaluated:
-        # Top level: the last evaluation's accuracy; eval_seconds: all evaluations together.
-        val_acc, test_acc = evaluated[-1]["val_acc"], evaluated[-1]["test_acc"]
-        eval_seconds = sum(e["eval_seconds"] for e in evaluated)
-    elif args.eval == "full" and model is not None:
-        val_acc, test_acc, eval_seconds = evaluate(model, g, feats, labels, splits, args.eval_batch_size)
-        log(f"eval (full-neighbour layer-wise): val_acc {val_acc} test_acc {test_acc} in {eval_seconds:.1f} s")
+    def gather(item, _):
+        input_nodes, output_nodes, blocks = item
+        return feats[input_nodes].float(), labels[output_nodes], lambda m, x: m(blocks, x)
+
+    epochs, edges_per_second, val_acc, test_acc, eval_seconds = train_epochs(
+        args, loader, model, opt, measure, gather,
+        lambda: evaluate(model, g, feats, labels, splits, args.eval_batch_size), log)
 
     cfg = {k: v for k, v in vars(args).items() if k != "fanouts_list"}
     cfg["fanouts"] = args.fanouts_list
@@ -264,20 +193,13 @@ def main(args):
         "epochs": epochs,
         "epoch_seconds_median": statistics.median(e["seconds"] for e in epochs) if epochs else None,
         # Sampled edges (sum of block num_edges) over the time spent waiting on the sampler only.
-        "sampled_edges_per_second": (total_edges / total_sample_s) if total_sample_s > 0 else None,
+        "sampled_edges_per_second": edges_per_second,
         "val_acc": val_acc,
         "test_acc": test_acc,
         "eval_seconds": eval_seconds,
         "peak_rss_mb": peak_rss_mb(),
     }
-    text = json.dumps(summary, indent=2)
-    if args.summary_json:
-        d = os.path.dirname(os.path.abspath(args.summary_json))
-        os.makedirs(d, exist_ok=True)
-        with open(args.summary_json, "w") as f:
-            f.write(text + "\n")
-        log(f"summary written to {args.summary_json}")
-    print(text)
+    write_summary(summary, args, log)
     return summary
 
 
