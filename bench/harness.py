@@ -7,11 +7,25 @@ A B C A B C ... so that a noisy machine affects all alike. It prints one markdow
 model): median epoch time without each run's first epoch, its ratio to every peer's, test accuracy, peak
 RSS and where the epoch's time went.
 
+With --baseline REV it also times an earlier git revision of our own code against the working tree, in the
+same run: the revision is checked out once with `git worktree add --detach` into
+bench/out/baseline-<short-hash> (reused when it is there), and each of our modes gets a second system,
+<mode>@<short-hash>, that runs the same command with PYTHONPATH=<worktree>/src, so that `python -m
+neutronorch` imports that revision's package instead of the installed (editable) one; before any run the
+harness checks which copy each side imports (and when the working tree's package does not import, as midway
+through a refactor, the datasets are named and generated with the baseline's code; the current systems' runs
+then fail and are reported as such). The baseline systems run interleaved with the current ones in every
+round (exact, exact@<hash>, neutronorch, neutronorch@<hash>, ..., peers), and under each table a line per
+mode gives current / baseline: the ratio of the median epoch times, and the per-round ratios with their
+median.
+
     python bench/harness.py                                      # synthetic 1M / 20M edges, all modes, DGL
     python bench/harness.py --datasets synthetic:20000,synthetic:40000 --modes exact,device --epochs 2 \\
         --rounds 1 --eval-every 1 --fanouts 5,5 --hidden 32 --batch-size 256 --plot-dir bench/out/plots
     python bench/harness.py --datasets amazon_computers,synthetic:100000:10 --models sage,gcn \\
         --eval-every 1 --out-md bench/out/harness.md --out-json bench/out/harness.json
+    python bench/harness.py --datasets synthetic:1000000 --epochs 3 --rounds 2 --eval-every -1 --peers '' \\
+        --baseline HEAD~3                                        # this working tree against HEAD~3
 
 --datasets takes a comma list of
   synthetic:NODES[:DEGREE]  a synthetic power-law graph (100 features, 16 classes, degree 20 by default),
@@ -38,6 +52,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -93,6 +108,31 @@ def resolve_dataset(spec: str, args) -> Dataset | None:
     return convert(source, spec, args.split)
 
 
+def resolve_datasets(specs: list[str], args, baseline) -> list[Dataset]:
+    """The datasets to run. Naming and generating synthetic graphs imports our package; when the working
+    tree's does not import (a refactor under way) and a baseline is given, the baseline's code does it."""
+    try:
+        return [d for d in (resolve_dataset(spec, args) for spec in specs) if d]
+    except ImportError as exc:
+        if baseline is None:
+            raise
+        print(f"warning: the working tree's neutronorch does not import ({exc}); naming and generating the "
+              f"datasets with the baseline's code ({baseline.src})", file=sys.stderr, flush=True)
+    for name in [m for m in sys.modules if m == "neutronorch" or m.startswith("neutronorch.")]:
+        del sys.modules[name]
+    saved = os.environ.get("PYTHONPATH")
+    sys.path.insert(0, str(baseline.src))
+    os.environ["PYTHONPATH"] = child_env(str(baseline.src))["PYTHONPATH"]  # for `neutronorch generate/convert`
+    try:
+        return [d for d in (resolve_dataset(spec, args) for spec in specs) if d]
+    finally:
+        sys.path.remove(str(baseline.src))
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
 def shared_source(folder: Path) -> Path | None:
     """What `neutronorch convert` reads in one of ../shared/datasets' folders."""
     npz = sorted(folder.glob("*.npz"))
@@ -124,6 +164,100 @@ def convert(source: Path, name: str, split: str) -> Dataset | None:
     return Dataset(name, target, False)
 
 
+# ------------------------------------------------------------------------------------------------ baseline
+
+
+class Baseline:
+    """An earlier revision of our code, checked out as a git worktree (``rev`` as given, ``commit`` in full)."""
+
+    def __init__(self, rev: str, commit: str, short: str, worktree: Path):
+        self.rev, self.commit, self.short, self.worktree = rev, commit, short, worktree
+        self.src = worktree / "src"
+        self.neutronorch_file = None  # what `import neutronorch` finds with PYTHONPATH=src (check_imports)
+
+    def as_dict(self) -> dict:
+        return {"rev": self.rev, "commit": self.commit, "short": self.short, "worktree": str(self.worktree),
+                "pythonpath": str(self.src), "neutronorch_file": self.neutronorch_file}
+
+
+def git(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=False)
+
+
+def materialise_baseline(rev: str) -> Baseline:
+    """``rev`` checked out (detached) in bench/out/baseline-<short-hash>; an existing checkout there is reused."""
+    found = git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    if found.returncode:
+        sys.exit(f"--baseline: {rev!r} is not a commit of the repository at {ROOT}")
+    commit = found.stdout.strip()
+    short = git("rev-parse", "--short", commit).stdout.strip() or commit[:10]
+    worktree = OUT / f"baseline-{short}"
+    if worktree.exists():
+        # a checkout of its own (not just a folder inside ours, which git would resolve to our repository)
+        top = git("rev-parse", "--show-toplevel", cwd=worktree).stdout.strip()
+        head = git("rev-parse", "HEAD", cwd=worktree).stdout.strip()
+        if not top or Path(top).resolve() != worktree.resolve() or head != commit:
+            sys.exit(f"--baseline: {worktree} exists but is not a worktree of {commit[:12]} (HEAD {head[:12] or '?'})"
+                     f"; remove it (`git worktree remove --force {worktree}`, or delete it and `git worktree "
+                     f"prune`) and run again")
+        changed = git("status", "--porcelain", "--untracked-files=no", cwd=worktree).stdout.strip()
+        if changed:
+            print(f"warning: the baseline worktree {worktree} has local changes to tracked files:\n{changed}",
+                  file=sys.stderr)
+        print(f"baseline {rev} = {short}: reusing {worktree}", file=sys.stderr, flush=True)
+    else:
+        OUT.mkdir(parents=True, exist_ok=True)
+        git("worktree", "prune")  # forget worktrees whose folders were deleted
+        print(f"baseline {rev} = {short}: git worktree add --detach {worktree} {commit}", file=sys.stderr, flush=True)
+        added = git("worktree", "add", "--detach", str(worktree), commit)
+        if added.returncode:
+            sys.exit(f"--baseline: `git worktree add --detach {worktree} {commit}` failed:\n"
+                     f"{added.stderr.strip()}")
+    if not (worktree / "src" / "neutronorch" / "__init__.py").is_file():
+        sys.exit(f"--baseline: {worktree} has no src/neutronorch/__init__.py: {short} is not a revision of this "
+                 f"package's src layout")
+    return Baseline(rev, commit, short, worktree)
+
+
+def child_env(pythonpath: str | None) -> dict:
+    """This process's environment, with ``pythonpath`` put first on PYTHONPATH when given."""
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([pythonpath] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def imported_file(pythonpath: str | None) -> tuple[str | None, str]:
+    """Where `import neutronorch` resolves in a child like the runs (same interpreter, working directory and
+    environment): (the package's __init__.py, or None when it does not import; the error's last line)."""
+    done = subprocess.run([sys.executable, "-c", "import neutronorch; print(neutronorch.__file__)"],
+                          capture_output=True, text=True, env=child_env(pythonpath), check=False)
+    if done.returncode:
+        return None, (done.stderr.strip().splitlines() or ["(no stderr)"])[-1]
+    return done.stdout.strip().splitlines()[-1], ""
+
+
+def check_imports(baseline: Baseline) -> None:
+    """Make sure the baseline systems import the worktree's package, and say which copy each side imports."""
+    path, error = imported_file(str(baseline.src))
+    if path is None:
+        sys.exit(f"--baseline: `import neutronorch` fails with PYTHONPATH={baseline.src}: {error}")
+    if not Path(path).resolve().is_relative_to(baseline.src.resolve()):
+        sys.exit(f"--baseline: with PYTHONPATH={baseline.src}, `import neutronorch` still finds {path}; the "
+                 f"baseline would run the wrong code")
+    baseline.neutronorch_file = path
+    print(f"baseline systems (@{baseline.short}) import {path}", file=sys.stderr)
+    path, error = imported_file(None)
+    if path is None:
+        print(f"warning: current systems: `import neutronorch` fails ({error}); their runs will fail",
+              file=sys.stderr)
+    else:
+        print(f"current systems import {path}", file=sys.stderr)
+        if Path(path).resolve().is_relative_to(baseline.worktree.resolve()) \
+                or not Path(path).resolve().is_relative_to((ROOT / "src").resolve()):
+            print(f"warning: current systems import {path}, not this working tree's src/", file=sys.stderr)
+
+
 # ------------------------------------------------------------------------------------------------ systems
 
 
@@ -145,21 +279,27 @@ def available_peers(names: list[str]) -> tuple[dict[str, Path], list[str]]:
     return runnable, skipped
 
 
-def systems_for(data: Dataset, model: str, args, peers: dict[str, Path]) -> dict:
-    """System name -> function of the summary path returning the command line (run through run_one)."""
+def systems_for(data: Dataset, model: str, args, peers: dict[str, Path], baseline: Baseline | None = None) -> dict:
+    """System name -> function of the summary path returning the command line (run through run_one). With a
+    baseline, each of our modes is followed by <mode>@<short-hash>, the same command on the baseline's code."""
     common = ["--model", model, "--fanouts", args.fanouts, "--hidden", str(args.hidden),
               "--batch-size", str(args.batch_size), "--epochs", str(args.epochs), "--lr", str(args.lr),
               "--dropout", str(args.dropout), "--weight-decay", str(args.weight_decay), "--seed", str(args.seed)]
 
-    def guarded(command: list[str], out) -> list[str]:
-        return [sys.executable, __file__, "--run-one", str(out), "--"] + command
+    def guarded(command: list[str], out, pythonpath: Path | None = None) -> list[str]:
+        env = ["--pythonpath", str(pythonpath)] if pythonpath else []
+        return [sys.executable, __file__, "--run-one", str(out)] + env + ["--"] + command
+
+    def ours(mode: str, out) -> list[str]:
+        return [sys.executable, "-m", "neutronorch", "train", "--dataset", str(data.path), "--mode", mode,
+                "--device", args.device, "--threads", str(args.threads), "--eval-every", str(args.eval_every),
+                "--no-progress", "--no-stage-table", "--summary-json", str(out)] + common
 
     systems = {}
     for mode in args.modes:
-        systems[mode] = lambda out, mode=mode: guarded(
-            [sys.executable, "-m", "neutronorch", "train", "--dataset", str(data.path), "--mode", mode,
-             "--device", args.device, "--threads", str(args.threads), "--eval-every", str(args.eval_every),
-             "--no-progress", "--no-stage-table", "--summary-json", str(out)] + common, out)
+        systems[mode] = lambda out, mode=mode: guarded(ours(mode, out), out)
+        if baseline is not None:
+            systems[f"{mode}@{baseline.short}"] = lambda out, mode=mode: guarded(ours(mode, out), out, baseline.src)
     if args.eval_every < 0:
         peer_eval = ["--eval", "none"]
     else:
@@ -171,14 +311,16 @@ def systems_for(data: Dataset, model: str, args, peers: dict[str, Path]) -> dict
     return systems
 
 
-def run_one(summary: str, command: list[str]) -> int:
-    """Run one system (``command``), its stdout sent to stderr; when it fails, write a summary that says so
-    (exit status, last lines of stderr) instead, so that one failing system does not stop the matrix."""
+def run_one(summary: str, command: list[str], pythonpath: str | None = None) -> int:
+    """Run one system (``command``, with ``pythonpath`` first on PYTHONPATH when given), its stdout sent to
+    stderr; when it fails, write a summary that says so (exit status, last lines of stderr) instead, so that
+    one failing system does not stop the matrix."""
     path = Path(summary)
     path.unlink(missing_ok=True)
     tail = collections.deque(maxlen=12)
     try:
-        proc = subprocess.Popen(command, stdout=sys.stderr, stderr=subprocess.PIPE, text=True, errors="replace")
+        proc = subprocess.Popen(command, stdout=sys.stderr, stderr=subprocess.PIPE, text=True, errors="replace",
+                                env=child_env(pythonpath))
     except OSError as exc:
         returncode, tail = None, [str(exc)]
     else:
@@ -234,7 +376,7 @@ def shares_text(values: dict[str, float], ours: bool) -> str:
 
 
 def summarise(data: Dataset, model: str, results: dict[str, list[dict]], peers: dict, prefix: str,
-              rounds: int) -> list[dict]:
+              rounds: int, baseline: Baseline | None = None) -> list[dict]:
     rows = []
     for name, runs in results.items():
         ours = name not in peers
@@ -261,10 +403,60 @@ def summarise(data: Dataset, model: str, results: dict[str, list[dict]], peers: 
     for row in rows:
         row["ratios"] = {p["system"]: row["epoch_s"] / p["epoch_s"] for p in rows
                          if p["kind"] == "peer" and p.get("epoch_s") and row.get("epoch_s") is not None}
+    if baseline is not None:
+        by_name = {row["system"]: row for row in rows}
+        for row in rows:
+            if row["kind"] == "ours":
+                row["revision"] = baseline.short if row["system"].endswith("@" + baseline.short) else "working tree"
+        for mode in [r["system"] for r in rows if r.get("revision") == "working tree"]:
+            base = f"{mode}@{baseline.short}"
+            if base in by_name:
+                by_name[mode]["vs_baseline"] = versus(mode, base, results, by_name)
     return rows
 
 
-def table(rows: list[dict], model: str, peer_names: list[str]) -> str:
+def versus(current: str, base: str, results: dict[str, list[dict]], by_name: dict[str, dict]) -> dict:
+    """current / baseline: the ratio of the two median epoch times, and per round (the two runs of one round,
+    each its median without the first epoch) with the median of those."""
+    cur, old = by_name[current].get("epoch_s"), by_name[base].get("epoch_s")
+    per_round = []
+    for a, b in zip(results[current], results[base]):
+        if a.get("failed") or b.get("failed") or not a["epochs"] or not b["epochs"]:
+            per_round.append(None)
+            continue
+        per_round.append(steady_median([e["seconds"] for e in a["epochs"]])
+                         / steady_median([e["seconds"] for e in b["epochs"]]))
+    measured = [r for r in per_round if r is not None]
+    return {"baseline": base, "ratio": cur / old if cur is not None and old else None,
+            "per_round": [round(r, 4) if r is not None else None for r in per_round],
+            "per_round_median": statistics.median(measured) if measured else None}
+
+
+def baseline_lines(rows: list[dict], baseline: Baseline) -> list[str]:
+    """One line per mode: current / baseline, e.g. `exact: 1.012x (rounds 1.008x, 1.015x; median 1.012x)`."""
+    lines = []
+    for r in rows:
+        if r.get("revision") != "working tree":
+            continue
+        v = r.get("vs_baseline")
+        if v is None:
+            lines.append(f"- {r['system']}: – (no baseline run)")
+            continue
+        if v["ratio"] is None:
+            failed = [name for name in (r["system"], v["baseline"]) if not any(
+                x["system"] == name and x.get("epoch_s") is not None for x in rows)]
+            lines.append(f"- {r['system']}: – ({' and '.join(failed)} failed)")
+            continue
+        rounds = ", ".join(f"{x:.3f}x" if x is not None else "failed" for x in v["per_round"])
+        median = f"{v['per_round_median']:.3f}x" if v["per_round_median"] is not None else "–"
+        lines.append(f"- {r['system']}: {v['ratio']:.3f}x (rounds {rounds}; median {median})")
+    if not lines:
+        return []
+    return ["", f"current / baseline {baseline.short} ({baseline.rev}), median epoch time (per round; their "
+                f"median):"] + lines
+
+
+def table(rows: list[dict], model: str, peer_names: list[str], baseline: Baseline | None = None) -> str:
     first = next((r for r in rows if "nodes" in r), None)
     size = f" ({first['nodes']:,} vertices, {first['edges']:,} edges)" if first else ""
     peer_columns = [p for p in peer_names if any(r["system"] == p and r.get("epoch_s") for r in rows)]
@@ -282,6 +474,8 @@ def table(rows: list[dict], model: str, peer_names: list[str]) -> str:
         acc = f"{r['test_acc']:.4f}" if r["test_acc"] is not None else "–"
         lines.append(f"| {r['system']} | {r['epoch_s']:.3f} |{ratios} {acc} | {r['peak_rss_mb']:.0f} | "
                      f"{r['shares_text']} |")
+    if baseline is not None:
+        lines.extend(baseline_lines(rows, baseline))
     for r in rows:
         for failure in r["failed"] or []:
             lines.append("")
@@ -298,6 +492,10 @@ NOTES = ("epoch s: median over all rounds' epochs without each run's first (JIT 
          "the last evaluation, mean over rounds; peak RSS includes evaluation; stage shares: ours = share of the "
          "epoch each lane (host, sampler, copy, trainer) was busy, lanes overlap; peers = share of the epoch in "
          "each stage, sequential.")
+BASELINE_NOTE = ("<mode>@<hash>: the same mode run on the baseline revision's code (its git worktree's src/ first "
+                 "on PYTHONPATH), interleaved with the current code in every round; current / baseline: ratio of "
+                 "the median epoch times (above 1 = the working tree is slower), then each round's ratio of the "
+                 "two runs' medians and the median of those.")
 
 
 # ------------------------------------------------------------------------------------------------ plots
@@ -389,6 +587,10 @@ def main() -> int:
                         help="our training device (peers run on the CPU) (default: %(default)s)")
     parser.add_argument("--eval-every", type=int, default=0,
                         help="evaluate every N epochs; 0 = after the last only, -1 = never (default: 0)")
+    parser.add_argument("--baseline", default=None, metavar="REV",
+                        help="also run each of our modes on this git revision (e.g. HEAD~3, a commit hash), "
+                             "checked out into bench/out/baseline-<short-hash>, interleaved with the working "
+                             "tree's, and report current / baseline")
     parser.add_argument("--out-md", default=None, help="write the tables here too (markdown)")
     parser.add_argument("--out-json", default=str(OUT / "harness.json"), help="all rows (default: %(default)s)")
     parser.add_argument("--plot-dir", default=None, help="write the plots here (PNG; needs matplotlib)")
@@ -407,10 +609,16 @@ def main() -> int:
     if args.batch_size < 1:
         parser.error("--batch-size must be at least 1 (every system gets the same explicit batch size)")
 
+    baseline = None
+    if args.baseline:
+        if not args.modes:
+            parser.error("--baseline compares our modes: give at least one in --modes")
+        baseline = materialise_baseline(args.baseline)
+        check_imports(baseline)
     peers, skipped = available_peers(comma_list(args.peers))
     for message in skipped:
         print(message + ": skipped", file=sys.stderr)
-    datasets = [d for d in (resolve_dataset(spec, args) for spec in comma_list(args.datasets)) if d]
+    datasets = resolve_datasets(comma_list(args.datasets), args, baseline)
     if not datasets:
         print("no dataset to run", file=sys.stderr)
         return 1
@@ -420,17 +628,20 @@ def main() -> int:
 
     settings = (f"fanouts {args.fanouts}, hidden {args.hidden}, batch {args.batch_size}, lr {args.lr}, "
                 f"dropout {args.dropout}, seed {args.seed}, {args.threads} threads, our device {args.device}, "
-                f"{args.epochs} epochs x {args.rounds} rounds, eval every {args.eval_every}")
+                f"{args.epochs} epochs x {args.rounds} rounds, eval every {args.eval_every}"
+                + (f", baseline {baseline.short} ({args.baseline})" if baseline else ""))
     rows, tables = [], []
     for data in datasets:
         for model in args.models:
             prefix = f"harness-{data.label}-{model}"
-            results = alternate(systems_for(data, model, args, peers), args.rounds, prefix, args.threads)
-            group = summarise(data, model, results, peers, prefix, args.rounds)
+            results = alternate(systems_for(data, model, args, peers, baseline), args.rounds, prefix,
+                                args.threads)
+            group = summarise(data, model, results, peers, prefix, args.rounds, baseline)
             rows.extend(group)
-            tables.append(table(group, model, list(peers)))
+            tables.append(table(group, model, list(peers), baseline))
 
-    text = "\n".join([settings + "\n"] + tables + [NOTES + "\n"]
+    notes = NOTES + (" " + BASELINE_NOTE if baseline else "")
+    text = "\n".join([settings + "\n"] + tables + [notes + "\n"]
                      + ([f"Skipped: {'; '.join(skipped)}.\n"] if skipped else []))
     print("\n" + text)
     if args.out_md:
@@ -439,7 +650,12 @@ def main() -> int:
     out = Path(args.out_json)
     out.parent.mkdir(parents=True, exist_ok=True)
     config = {k: v for k, v in vars(args).items() if k not in ("out_md", "out_json", "plot_dir")}
-    out.write_text(json.dumps({"settings": config, "skipped": skipped, "rows": rows}, indent=2) + "\n")
+    document = {"settings": config, "skipped": skipped, "rows": rows}
+    if baseline:
+        document["baseline"] = baseline.as_dict()
+        document["vs_baseline"] = [{"dataset": r["dataset"], "model": r["model"], "system": r["system"],
+                                    **r["vs_baseline"]} for r in rows if r.get("vs_baseline")]
+    out.write_text(json.dumps(document, indent=2) + "\n")
     print(f"rows written to {out}", file=sys.stderr)
     if args.plot_dir:
         plot(rows, Path(args.plot_dir))
@@ -448,7 +664,10 @@ def main() -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--run-one"]:  # internal: one system's run, started by alternate (see run_one)
-        if len(sys.argv) < 5 or sys.argv[3] != "--":
-            sys.exit("usage: harness.py --run-one SUMMARY -- COMMAND ...")
-        sys.exit(run_one(sys.argv[2], sys.argv[4:]))
+        argv, pythonpath = sys.argv[2:], None
+        if len(argv) >= 3 and argv[1] == "--pythonpath":
+            pythonpath, argv = argv[2], argv[:1] + argv[3:]
+        if len(argv) < 3 or argv[1] != "--":
+            sys.exit("usage: harness.py --run-one SUMMARY [--pythonpath DIR] -- COMMAND ...")
+        sys.exit(run_one(argv[0], argv[2:], pythonpath))
     sys.exit(main())

@@ -24,7 +24,7 @@ def sample_epoch(data: str, fanouts: str, batch_size: int, threads: int, out: st
     import torch
 
     from neutronorch.data import load_native
-    from neutronorch.orchestration.exact import epoch_order
+    from neutronorch.orchestration.seeds import epoch_order
     from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, parse_fanouts
 
     numba.set_num_threads(threads)

@@ -1,8 +1,9 @@
 """Where a training step's time goes, exact mode against NeutronOrch mode, with producers out of the way.
 
-Mini-batches (and hot rows) are produced first; then each step is timed in parts: bottom layer, splice
-(NeutronOrch) or nothing, ReLU + dropout (fused into the splice in NeutronOrch mode on CPU), upper
-layers, backward pass. Medians over the steps after the first two.
+Mini-batches (and hot rows) are produced first; then each step runs the model's own forward, timed in parts
+by forward hooks on its layers: bottom layer, what lies between the bottom and the next layer (ReLU +
+dropout, and in NeutronOrch mode the splice fused with them on CPU), upper layers, backward pass. Medians
+over the steps after the first two.
 
     python bench/step_profile.py --hot-ratio 0.4 --super-batch 16
 """
@@ -19,12 +20,22 @@ from torch.nn import functional as F
 from common import add_graph_arguments, ensure_graph
 from neutronorch import TrainConfig
 from neutronorch.data import load_dataset
-from neutronorch.features.store import BufferPool
 from neutronorch.nn.models import GNN
-from neutronorch.nn.splice import splice_relu_dropout
-from neutronorch.orchestration.exact import ExactMode
-from neutronorch.orchestration.neutronorch import NeutronOrchMode
+from neutronorch.orchestration.factory import build_mode
 from neutronorch.train.memory import keep_freed_memory
+
+
+class LayerClock:
+    """Timestamps where the bottom layer starts and ends and where the next layer starts (forward hooks)."""
+
+    def __init__(self, model: GNN):
+        self.marks: dict[str, float] = {}
+        model.layers[0].register_forward_pre_hook(lambda *_: self._mark("bottom_start"))
+        model.layers[0].register_forward_hook(lambda *_: self._mark("bottom_end"))
+        model.layers[1].register_forward_pre_hook(lambda *_: self._mark("upper_start"))
+
+    def _mark(self, name: str) -> None:
+        self.marks[name] = time.perf_counter()
 
 
 def profile(graph, mode_name: str, args) -> dict[str, float]:
@@ -34,33 +45,25 @@ def profile(graph, mode_name: str, args) -> dict[str, float]:
     torch.manual_seed(0)
     model = GNN("sage", graph.feature_dim, args.hidden, graph.num_classes, len(config.fanouts), dropout=0.5)
     device = torch.device("cpu")
-    mode = (NeutronOrchMode(graph, config, device, 1, 1) if mode_name == "neutronorch"
-            else ExactMode(graph, config, device, 1))
-    mode.pool = BufferPool(args.steps + 4, mode.store.width)  # hold every batch at once
+    # A prefetch deep enough that the buffer pool holds every batch at once.
+    config.prefetch = args.steps + 2
+    mode = build_mode(config, graph, device)
+    clock = LayerClock(model)
     mode.start(model)
     try:
         with mode.batches(0) as stream:
             batches = [next(stream) for _ in range(args.steps)]
         parts = []
         for batch in batches:
-            mode.prepare(batch)
+            inputs = mode.step_inputs(batch)
             t0 = time.perf_counter()
-            y = model.layers[0](batch.blocks[0], batch.features)
-            t1 = time.perf_counter()
-            if mode_name == "neutronorch":
-                hot = mode._current
-                h = splice_relu_dropout(y, hot.table, batch.splice.index, model.dropout, True, hot.grad_acc)
-                t2 = t3 = time.perf_counter()
-            else:
-                t2 = time.perf_counter()
-                h = model.activate(0, y)
-                t3 = time.perf_counter()
-            out = model.forward_from(1, batch.blocks, h)
+            out = model(*inputs)
             t4 = time.perf_counter()
             F.cross_entropy(out, batch.labels).backward()
             t5 = time.perf_counter()
-            parts.append({"bottom": t1 - t0, "splice+act": t2 - t1 + t3 - t2, "upper": t4 - t3,
-                          "backward": t5 - t4, "step": t5 - t0,
+            m = clock.marks
+            parts.append({"bottom": m["bottom_end"] - m["bottom_start"], "splice+act": m["upper_start"] - m["bottom_end"],
+                          "upper": t4 - m["upper_start"], "backward": t5 - t4, "step": t5 - t0,
                           "input_rows": batch.features.shape[0], "bottom_rows": batch.blocks[0].num_dst})
             model.zero_grad(set_to_none=True)
     finally:

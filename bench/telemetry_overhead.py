@@ -22,9 +22,10 @@ from common import OUT, add_graph_arguments, add_model_arguments, alternate, ens
 
 def _child(argv: list[str]) -> int:
     """Run the CLI with the instrumentation replaced by no-ops."""
-    from neutronorch.train import telemetry
+    from neutronorch.observe import Spans
+    from neutronorch.train import trainer
 
-    class _NoSpans(telemetry.Spans):
+    class _NoSpans(Spans):
         def add(self, stage, start, end, step=-1):
             pass
 
@@ -43,11 +44,7 @@ def _child(argv: list[str]) -> int:
         def close(self):
             pass
 
-    import neutronorch.orchestration.exact as exact
-    import importlib
-
-    trainer = importlib.import_module("neutronorch.train.trainer")
-    exact.Spans = _NoSpans
+    trainer.Spans = _NoSpans
     trainer.Utilisation = _NoUtilisation
     from neutronorch.cli import main
 

@@ -1,12 +1,8 @@
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
 from neutronorch.data.csc import edges_to_csc
-
-SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -14,13 +10,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_cuda)
-
-
-def shared_dataset(name: str) -> Path:
-    path = SHARED_DATASETS / name
-    if not path.exists():
-        pytest.skip(f"shared dataset {name} not present")
-    return path
 
 
 @pytest.fixture

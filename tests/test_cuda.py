@@ -149,18 +149,17 @@ def test_exact_mode_cache_equals_plain_copies_on_cuda():
 
 def test_topology_and_features_through_uva_under_a_small_budget():
     from neutronorch.data import SyntheticSpec, generate
-    from neutronorch.orchestration.device import DeviceMode
-
     from neutronorch.features.placement import workspace_bytes
+    from neutronorch.orchestration.factory import build_mode
 
     graph = generate(SyntheticSpec.parse(SMALL_PLACEMENT))
     # A budget 1000 bytes above the training workspace, the sampler's vertex map (8 bytes a vertex) and
     # the cache's slot map (4): neither the topology nor most rows fit.
     workspace = workspace_bytes(graph.num_nodes, graph.feature_dim, 32, graph.num_classes, [5, 5], 128)
     budget = workspace + 12 * graph.num_nodes + 1000
-    cfg = TrainConfig(dataset="given", fanouts=[5, 5], hidden=32, batch_size=128, gpu_cache_gb=ROWS_1000,
-                      gpu_memory_gb=budget / 2**30).validate()
-    mode = DeviceMode(graph, cfg, torch.device("cuda"), 1)
+    cfg = TrainConfig(dataset="given", mode="device", fanouts=[5, 5], hidden=32, batch_size=128,
+                      gpu_cache_gb=ROWS_1000, gpu_memory_gb=budget / 2**30).validate()
+    mode = build_mode(cfg, graph, torch.device("cuda"))
     assert mode.placement.topology == "uva" and mode.placement.miss_path == "uva"
     assert mode.placement.cache_rows == 1000 // (4 * graph.feature_dim)
     with mode.batches(0) as batches:
@@ -203,11 +202,11 @@ def test_training_steps_do_not_synchronise_with_the_device(mode):
     """The trainer's hot path (prepare, forward, backward, step) makes no hidden host-device syncs. The
     sync check is process-wide, so the epoch's batches are produced first (producers sync on their own
     streams by design: sizes of sampled frontiers)."""
-    from torch.nn import functional as F
 
     from neutronorch.data import SyntheticSpec, generate
     from neutronorch.nn.models import GNN
-    from neutronorch.train.trainer import MODE_CLASSES
+    from neutronorch.orchestration.factory import build_mode
+    from neutronorch.train.step import train_step
 
     graph = generate(SyntheticSpec.parse(SMALL_PLACEMENT))
     cfg = TrainConfig(dataset="given", mode=mode, fanouts=[5, 5], hidden=32, batch_size=128, epochs=1,
@@ -215,7 +214,7 @@ def test_training_steps_do_not_synchronise_with_the_device(mode):
     device = torch.device("cuda")
     model = GNN("sage", graph.feature_dim, 32, graph.num_classes, 2, dropout=0.5).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    run = MODE_CLASSES[mode](graph, cfg, device, 1)
+    run = build_mode(cfg, graph, device)
     with run.batches(0) as batches:
         produced = list(batches)
     assert len(produced) > 3
@@ -223,18 +222,13 @@ def test_training_steps_do_not_synchronise_with_the_device(mode):
         if i > 0:  # the first step initialises Adam's state
             torch.cuda.set_sync_debug_mode("error")
         try:
-            run.prepare(batch)
-            loss = F.cross_entropy(run.forward(model, batch), batch.labels)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            train_step(model, opt, run, batch)
         finally:
             torch.cuda.set_sync_debug_mode(0)
-        batch.release()
 
 
 def test_gpu_utilisation_is_read_through_nvml():
-    from neutronorch.train.telemetry import _Gpu
+    from neutronorch.observe.utilisation import _Gpu
 
     value = _Gpu(torch.device("cuda")).percent()
     assert value is not None and 0 <= value <= 100
@@ -243,13 +237,14 @@ def test_gpu_utilisation_is_read_through_nvml():
 def test_device_mode_without_uva_stages_feature_misses_and_refuses_unmappable_topology(monkeypatch):
     from neutronorch.data import SyntheticSpec, generate
     from neutronorch.errors import ConfigError
-    from neutronorch.orchestration import device as device_module
-    from neutronorch.orchestration.device import DeviceMode
+    from neutronorch.orchestration import device_reader
+    from neutronorch.orchestration.factory import build_mode
 
     graph = generate(SyntheticSpec.parse(SMALL_PLACEMENT))
-    monkeypatch.setattr(device_module, "uva_view", lambda pinned, device: None)
-    cfg = TrainConfig(dataset="given", fanouts=[5, 5], hidden=32, batch_size=128, gpu_cache_gb=ROWS_1000).validate()
-    mode = DeviceMode(graph, cfg, torch.device("cuda"), 1)
+    monkeypatch.setattr(device_reader, "uva_view", lambda pinned, device: None)
+    cfg = TrainConfig(dataset="given", mode="device", fanouts=[5, 5], hidden=32, batch_size=128,
+                      gpu_cache_gb=ROWS_1000).validate()
+    mode = build_mode(cfg, graph, torch.device("cuda"))
     assert mode.reader.host_features is None  # misses go through a host gather and a pinned copy
     with mode.batches(0) as batches:
         for batch in batches:
@@ -261,10 +256,10 @@ def test_device_mode_without_uva_stages_feature_misses_and_refuses_unmappable_to
     from neutronorch.features.placement import workspace_bytes
 
     workspace = workspace_bytes(graph.num_nodes, graph.feature_dim, 32, graph.num_classes, [5, 5], 128)
-    tight = TrainConfig(dataset="given", fanouts=[5, 5], hidden=32, batch_size=128,
+    tight = TrainConfig(dataset="given", mode="device", fanouts=[5, 5], hidden=32, batch_size=128,
                         gpu_memory_gb=(workspace + 8 * graph.num_nodes + 1000) / 2**30).validate()
     with pytest.raises(ConfigError, match="topology.*cannot be read from pinned host memory"):
-        DeviceMode(graph, tight, torch.device("cuda"), 1)
+        build_mode(tight, graph, torch.device("cuda"))
 
 
 def test_large_arrays_are_pinned_in_place_and_read_through_uva(monkeypatch):

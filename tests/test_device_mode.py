@@ -7,7 +7,7 @@ import torch
 from neutronorch import TrainConfig, train
 from neutronorch.cli import main
 from neutronorch.data import SyntheticSpec, generate
-from neutronorch.orchestration.device import DeviceMode
+from neutronorch.orchestration.factory import build_mode
 
 SMALL = "synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6"
 
@@ -34,7 +34,7 @@ def test_device_mode_batches_hold_the_right_rows_and_labels():
     graph = generate(SyntheticSpec.parse(SMALL))
     graph.features = graph.features.astype(np.float16)  # stored at half precision: placed as float32
     cfg = small_config().validate()
-    mode = DeviceMode(graph, cfg, torch.device("cpu"), 1)
+    mode = build_mode(cfg, graph, torch.device("cpu"))
     with mode.batches(0) as batches:
         seen = []
         for batch in batches:

@@ -8,16 +8,22 @@ import time
 import numpy as np
 import pytest
 import torch
-from torch.nn import functional as F
 
 from neutronorch import TrainConfig, train
 from neutronorch.cli import main
 from neutronorch.data import SyntheticSpec, generate
 from neutronorch.nn.aggregation import mean_aggregate_torch
 from neutronorch.nn.models import GNN
-from neutronorch.orchestration.exact import ExactMode
-from neutronorch.orchestration.neutronorch import NeutronOrchMode, Schedule
+from neutronorch.observe import Spans
+from neutronorch.orchestration.channel import Channel
+from neutronorch.orchestration.factory import build_mode
+from neutronorch.orchestration.neutronorch import NeutronOrchMode
+from neutronorch.orchestration.neutronorch.controller import HotRatioTuner, RatioSetting, error_cap
+from neutronorch.orchestration.neutronorch.host_producer import HostProducer
+from neutronorch.orchestration.neutronorch.planner import Planner
+from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot, StalenessCheck
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key
+from neutronorch.train.step import train_step
 
 SMALL = "synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6"
 
@@ -36,19 +42,16 @@ def config(**overrides):
 
 
 def lockstep(graph, cfg_a, cfg_b, device=torch.device("cpu")):
-    """Train two modes side by side from the same initial model; yield per step (batch_a, batch_b, loss_a,
-    loss_b, model_a, model_b) after the backward pass and before the optimizer step."""
+    """Train two modes side by side from the same initial model, one ``train_step`` each per mini-batch;
+    yield per step (batch_a, batch_b, loss_a, loss_b, model_a, model_b), the gradients of the step still
+    in the parameters."""
     torch.manual_seed(0)
     model_a = GNN(cfg_a.model, graph.feature_dim, cfg_a.hidden, graph.num_classes, len(cfg_a.fanouts),
                   dropout=cfg_a.dropout, heads=cfg_a.heads).to(device)
     model_b = copy.deepcopy(model_a)
     opt_a = torch.optim.Adam(model_a.parameters(), lr=cfg_a.lr, weight_decay=cfg_a.weight_decay)
     opt_b = torch.optim.Adam(model_b.parameters(), lr=cfg_b.lr, weight_decay=cfg_b.weight_decay)
-    modes = []
-    for cfg in (cfg_a, cfg_b):
-        cls = NeutronOrchMode if cfg.mode == "neutronorch" else ExactMode
-        modes.append(cls(graph, cfg, device, 1, *([1] if cls is NeutronOrchMode else [])))
-    mode_a, mode_b = modes
+    mode_a, mode_b = build_mode(cfg_a, graph, device), build_mode(cfg_b, graph, device)
     mode_a.start(model_a)
     mode_b.start(model_b)
     step = 0
@@ -56,20 +59,11 @@ def lockstep(graph, cfg_a, cfg_b, device=torch.device("cpu")):
         for epoch in range(cfg_a.epochs):
             with mode_a.batches(epoch) as stream_a, mode_b.batches(epoch) as stream_b:
                 for batch_a, batch_b in zip(stream_a, stream_b):
-                    losses = []
-                    for mode, model, batch in ((mode_a, model_a, batch_a), (mode_b, model_b, batch_b)):
-                        torch.manual_seed(1000 + step)  # the same dropout masks in both
-                        mode.prepare(batch)
-                        loss = F.cross_entropy(mode.forward(model, batch), batch.labels)
-                        model.zero_grad(set_to_none=True)
-                        loss.backward()
-                        mode.before_step(batch)
-                        losses.append(loss.detach())
-                    yield batch_a, batch_b, losses[0], losses[1], model_a, model_b
-                    for mode, opt, batch in ((mode_a, opt_a, batch_a), (mode_b, opt_b, batch_b)):
-                        opt.step()
-                        mode.after_step(batch)
-                        batch.release()
+                    torch.manual_seed(1000 + step)  # the same dropout masks in both
+                    loss_a = train_step(model_a, opt_a, mode_a, batch_a)
+                    torch.manual_seed(1000 + step)
+                    loss_b = train_step(model_b, opt_b, mode_b, batch_b)
+                    yield batch_a, batch_b, loss_a, loss_b, model_a, model_b
                     step += 1
     finally:
         mode_a.close()
@@ -126,32 +120,52 @@ def test_host_hot_rows_equal_the_device_definition(graph, kind):
     cfg = config(model=kind, mode="neutronorch", super_batch=2, hot_ratio=0.5, epochs=1)
     torch.manual_seed(0)
     model = GNN(kind, graph.feature_dim, cfg.hidden, graph.num_classes, 3)
-    mode = NeutronOrchMode(graph, cfg, torch.device("cpu"), 1, 1)
-    mode.model = model
-    mode._host_template = copy.deepcopy(model.bottom).eval()
-    mode._publish_due()
-    sampler = NeighborSampler(graph.indptr, graph.indices, cfg.fanouts)
-    counts = np.zeros(graph.num_nodes, np.int32)
-    hot_map = np.full(graph.num_nodes, -1, np.int64)
-    plan = mode._plan(0, sampler, counts, hot_map, {})
-    assert (hot_map == -1).all() and (counts == 0).all()  # scratch left clean
-    mode._finish_hot(plan, mode._gather_hot(plan, sampler))
-    hot = mode._hot.take(0, remove=True)
+    batches = -(-len(graph.train_idx) // cfg.batch_size)
+    schedule = Schedule(1, batches, 2, cfg.resolved_staleness)
+    snapshots, hot = Channel("snapshots"), Channel("hot")
+    weights = Snapshot(0, [p.detach().clone() for p in model.bottom.parameters()])
+    for gsid in range(schedule.total):
+        snapshots.put(gsid, weights)
+    producer = HostProducer(graph, build_mode(cfg, graph, torch.device("cpu")).store, cfg.sampling, cfg.neutronorch,
+                            schedule, model.bottom, lambda: RatioSetting(0.5), snapshots, hot, Spans(),
+                            torch.device("cpu"), 1)
+    plans = list(producer.run())  # no thread: the producer's loop driven here
+    assert [p.gsid for p in plans] == list(range(schedule.total))
+    plan = plans[0]
+    table = hot.take(0)
     block, frontier = NeighborSampler(graph.indptr, graph.indices, cfg.fanouts).sample_hop(
         plan.hot, cfg.fanouts[-1], layer_key(plan.batches[0].key, 2))
     x = torch.from_numpy(graph.features[frontier]).float()
     layer = model.bottom
     expected = layer.transform(block.dst_rows(x), mean_aggregate_torch(block, x, include_self=kind == "gcn"))
-    torch.testing.assert_close(hot.table, expected.detach(), rtol=1e-5, atol=1e-5)
-    # Hot vertices are the most frequent bottom-layer destinations of the super-batch.
-    bottoms = np.concatenate([b.upper.frontiers[0].numpy() for b in plan.batches])
+    torch.testing.assert_close(table.table, expected.detach(), rtol=1e-5, atol=1e-5)
+    assert table.version == 0 and table.host_edges == block.num_edges
+
+
+def test_the_planner_makes_the_most_frequent_destinations_hot(graph):
+    sampler = NeighborSampler(graph.indptr, graph.indices, [4, 3, 3])
+    uppers = [(i, 100 + i, sampler.sample(np.asarray(graph.train_idx[i * 50:(i + 1) * 50]), 100 + i, [4, 3]))
+              for i in range(3)]
+    planner = Planner(graph.indptr, bottom_fanout=3)
+    plan = planner.plan(7, 0, uppers, ratio=0.5)
+    bottoms = np.concatenate([u.frontiers[0].numpy() for _, _, u in uppers])
     ids, freq = np.unique(bottoms, return_counts=True)
     by_id = dict(zip(ids.tolist(), freq.tolist()))
     hot_freq = [by_id[v] for v in plan.hot.tolist()]
     assert hot_freq == sorted(hot_freq, reverse=True)
     assert min(hot_freq) >= max([by_id[v] for v in set(ids.tolist()) - set(plan.hot.tolist())], default=0)
-    assert len(plan.hot) == round(0.5 * len(ids))
-    mode.close()
+    assert len(plan.hot) == round(0.5 * len(ids)) == plan.stats.hot and plan.stats.reached == len(ids)
+    for item, (_, _, upper) in zip(plan.batches, uppers):
+        dst = upper.frontiers[0].numpy()
+        assert sorted(np.concatenate([item.cold_pos, item.hot_pos]).tolist()) == list(range(dst.shape[0]))
+        assert np.array_equal(plan.hot[item.hot_rows], dst[item.hot_pos])
+        assert not np.isin(dst[item.cold_pos], plan.hot).any()
+    assert plan.stats.hot_appearances == sum(b.hot_pos.shape[0] for b in plan.batches)
+    # Scratch arrays are left clean: a second plan of the same input is the same plan.
+    again = planner.plan(7, 0, uppers, ratio=0.5)
+    assert np.array_equal(again.hot, plan.hot)
+    capped = planner.plan(7, 0, uppers, ratio=0.5, cap=lambda ranked: (3, True))
+    assert len(capped.hot) == 3 and capped.stats.error_capped
 
 
 def test_schedule_keeps_every_use_within_the_bound():
@@ -162,7 +176,7 @@ def test_schedule_keeps_every_use_within_the_bound():
             assert v <= sched.first_step(g)
             assert sched.last_step(g) - v <= s
             epoch, first, end = sched.locate(g)
-            assert sched.gsid_of(epoch, first) == g and sched.gsid_of(epoch, end - 1) == g
+            assert first < end <= batches and (epoch, first) == divmod(sched.first_step(g), batches)
 
 
 @pytest.mark.parametrize("p,bound,lead,worst", [(4, None, 4, 7), (3, 2, None, 2), (4, None, None, 5),
@@ -182,15 +196,15 @@ def test_training_reports_observed_staleness_within_the_bound(p, bound, lead, wo
     assert hot["uses_per_hot_embedding"] > 1
 
 
-def test_a_staleness_violation_raises(graph):
-    mode = NeutronOrchMode(graph, config(mode="neutronorch", super_batch=2), torch.device("cpu"), 1, 1)
-    from neutronorch.orchestration.neutronorch import HotEmbeddings
+def test_a_staleness_violation_raises():
+    check = StalenessCheck(bound=3)
     hot = HotEmbeddings(gsid=0, version=0, table=torch.zeros(1, 1), num_hot=1)
-    mode.version = 3
-    mode._check_staleness(hot)
-    mode.version = 4
+    check.check(hot, 3)
+    assert check.max_observed == 3
     with pytest.raises(RuntimeError, match="staleness bound violated"):
-        mode._check_staleness(hot)
+        check.check(hot, 4)
+    with pytest.raises(RuntimeError, match="staleness bound violated"):
+        check.check(HotEmbeddings(gsid=1, version=5, table=torch.zeros(1, 1), num_hot=1), 4)  # from the future
 
 
 @pytest.mark.parametrize("model", ["gcn", "gat"])
@@ -221,13 +235,14 @@ def test_auto_ratio_is_capped_by_the_staleness_error_budget(graph):
                   graph=graph)
     assert tight["hot"]["reuse_rate"] < 0.01 < loose["hot"]["reuse_rate"]
     assert tight["hot"]["error_capped_super_batches"] > 0
-    mode = NeutronOrchMode(graph, config(mode="neutronorch", hot_ratio="auto"), torch.device("cpu"), 1, 1)
     counts = np.array([8, 4, 2, 1, 1])
-    assert mode._error_cap(counts, 2) == 0  # no drift measured yet
-    mode._stale_error = torch.tensor(0.001)  # coverage <= 0.02 / 0.001: every row may be hot
-    assert mode._error_cap(counts, 2) == 5
-    mode._stale_error = torch.tensor(0.03)  # coverage <= 0.02 / 0.03: only the hottest vertex (8/16)
-    assert mode._error_cap(counts, 2) == 1
+    assert error_cap(counts, RatioSetting(0.2, True)) == (0, True)  # no drift measured yet
+    # coverage <= 0.02 / 0.001: every row may be hot
+    assert error_cap(counts, RatioSetting(0.2, True, torch.tensor(0.001))) == (5, False)
+    # coverage <= 0.02 / 0.03: only the hottest vertex (8/16); that caps a ratio of 0.6 (3 vertices) but
+    # not one of 0.2 (1 vertex)
+    assert error_cap(counts, RatioSetting(0.2, True, torch.tensor(0.03))) == (1, False)
+    assert error_cap(counts, RatioSetting(0.6, True, torch.tensor(0.03))) == (1, True)
 
 
 def _pipeline_threads():
@@ -235,14 +250,14 @@ def _pipeline_threads():
 
 
 def test_a_host_error_reaches_the_caller_and_no_thread_is_left(monkeypatch, graph):
-    original = NeutronOrchMode._finish_hot
+    original = HostProducer._finish_hot
 
-    def failing(self, plan, prepared):
+    def failing(self, plan, *prepared):
         if plan.gsid == 3:
             raise ValueError("host stage broke")
-        return original(self, plan, prepared)
+        return original(self, plan, *prepared)
 
-    monkeypatch.setattr(NeutronOrchMode, "_finish_hot", failing)
+    monkeypatch.setattr(HostProducer, "_finish_hot", failing)
     with pytest.raises(ValueError, match="host stage broke") as info:
         train(config(mode="neutronorch", super_batch=2, hot_ratio=0.2, epochs=3), graph=graph)
     assert any(entry.name == "failing" for entry in info.traceback)
@@ -275,23 +290,20 @@ def test_the_pipeline_runs_on_across_epochs(graph):
     cfg = config(mode="neutronorch", super_batch=2, hot_ratio=0.2, epochs=2)
     torch.manual_seed(0)
     model = GNN("sage", graph.feature_dim, 16, graph.num_classes, 3)
-    mode = NeutronOrchMode(graph, cfg, torch.device("cpu"), 1, 1)
+    optimizer = torch.optim.Adam(model.parameters())
+    mode = build_mode(cfg, graph, torch.device("cpu"))
     mode.start(model)
     try:
-        stream = mode._stream
         with mode.batches(0) as batches:
             for batch in batches:
-                mode.prepare(batch)
-                mode.after_step(batch)
-                batch.release()
+                train_step(model, optimizer, mode, batch)
         # Without any call for epoch 1, its first mini-batches are prepared already.
+        view = mode.batches(1)
         deadline = time.monotonic() + 10
-        while stream._queue.empty() and time.monotonic() < deadline:
+        while view.pending == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not stream._queue.empty()
-        with mode.batches(1) as batches:
-            assert next(batches).epoch == 1
-        assert mode._stream is stream
+        assert view.pending > 0
+        assert next(view).epoch == 1
     finally:
         mode.close()
 
@@ -329,8 +341,6 @@ def test_bad_neutronorch_options_give_one_clear_error(args, message, capsys):
 
 
 def test_auto_ratio_walks_towards_the_fastest_epoch_on_shared_cores():
-    from neutronorch.orchestration.neutronorch import HotRatioTuner
-
     tuner = HotRatioTuner(0.2, shared_cores=True)
     cost = lambda r: (np.log2(r) - np.log2(0.3)) ** 2 + 10  # noqa: E731 - fastest at r = 0.3
     ratio = tuner.update(99.0, 0, 0)  # warm-up epoch: ignored
@@ -341,8 +351,6 @@ def test_auto_ratio_walks_towards_the_fastest_epoch_on_shared_cores():
 
 
 def test_auto_ratio_balances_host_and_device_on_separate_processors():
-    from neutronorch.orchestration.neutronorch import HotRatioTuner
-
     tuner = HotRatioTuner(0.2, shared_cores=False)
     tuner.update(1.0, 1.0, 1.0)
     assert tuner.update(1.0, host_seconds=2.0, device_seconds=1.0) == pytest.approx(0.1)  # host slower: less hot

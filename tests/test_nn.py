@@ -163,9 +163,24 @@ def test_torch_aggregation_accepts_int32_indices_and_offset_destinations(small_c
         torch.testing.assert_close(mean_aggregate_torch(block, x, include_self), mean_aggregate(block, x, include_self))
 
 
+def _splice_torch_reference(y_cold, table, index, grad_acc=None):
+    """The splice's definition in plain torch ops (the kernels are compared against it)."""
+    out = torch.zeros((index.num_rows, table.shape[1]), dtype=y_cold.dtype)
+    out = out.index_copy(0, index.cold_pos, y_cold)
+    hot = table.index_select(0, index.hot_rows)
+    if grad_acc is not None:
+        hot = hot.requires_grad_()
+
+        def accumulate(grad):
+            grad_acc.index_add_(0, index.hot_rows, grad)
+
+        hot.register_hook(accumulate)
+    return out.index_copy(0, index.hot_pos, hot)
+
+
 @pytest.mark.parametrize("p", [0.0, 0.5])
 def test_splice_fused_with_relu_dropout_equals_its_definition(p):
-    from neutronorch.nn.splice import SpliceIndex, _splice_torch_reference, splice, splice_relu_dropout
+    from neutronorch.nn.splice import SpliceIndex, splice, splice_relu_dropout
 
     rng = np.random.default_rng(0)
     n, width, n_hot_table = 50, 12, 30

@@ -27,12 +27,13 @@ from neutronorch.features.store import BufferPool, FeatureStore
 SMALL = "synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6"
 
 
-def plan(**overrides):
-    values = dict(device="cuda", mode="device", device_sampling=True, num_nodes=10_000_000,
-                  num_edges=200_000_000, indices_itemsize=4, feature_dim=100, workspace=4 * GiB,
-                  device_memory=80 * GiB, gpu_memory_gb=None, gpu_cache_gb="auto")
+def plan(mode="device", device_sampling=True, **overrides):
+    """The placement for ``mode`` (the factory decides whether it samples on the device)."""
+    values = dict(device="cuda", num_nodes=10_000_000, num_edges=200_000_000, indices_itemsize=4, feature_dim=100,
+                  workspace=4 * GiB, device_memory=80 * GiB, gpu_memory_gb=None, gpu_cache_gb="auto")
     values.update(overrides)
-    return plan_placement(**values)
+    on_device = mode == "device" or (mode == "neutronorch" and device_sampling)
+    return plan_placement(samples_on_device=on_device, **values)
 
 
 # ----- placement decisions ------------------------------------------------------------------------------
@@ -72,13 +73,13 @@ def test_topology_beyond_the_budget_is_read_from_pinned_host_memory():
 
 
 def test_a_budget_below_the_workspace_is_refused_with_advice():
-    with pytest.raises(ConfigError, match="--gpu-memory-gb.*lower --batch-size"):
+    with pytest.raises(ConfigError, match="`gpu_memory_gb`.*lower `batch_size`"):
         plan(gpu_memory_gb=3.0)
 
 
 def test_cache_size_is_capped_by_the_budget_and_can_be_turned_off():
     p = plan(mode="exact", gpu_memory_gb=5.0, gpu_cache_gb=3.0)
-    assert p.cache_rows == (1 * GiB) // 400 and any("--gpu-cache-gb" in n for n in p.notes)
+    assert p.cache_rows == (1 * GiB) // 400 and any("`gpu_cache_gb`" in n for n in p.notes)
     q = plan(mode="exact", gpu_cache_gb=0.5)
     assert q.cache_rows == int(0.5 * GiB) // 400 and not q.notes
     off = plan(mode="exact", gpu_cache_gb=None)
@@ -154,7 +155,8 @@ def _run(**overrides):
 
 
 @pytest.mark.parametrize("mode", ["exact", "device"])
-def test_a_partial_cache_changes_nothing_but_the_data_moved(mode, capsys):
+def test_a_partial_cache_changes_nothing_but_the_data_moved(mode, caplog):
+    caplog.set_level("INFO", logger="neutronorch")
     plain = _run(mode=mode)
     cached = _run(mode=mode, gpu_cache_gb=1000 * 16 * 4 / 2**30)  # the 1000 hottest rows of 3000
     assert [e["train_loss"] for e in cached["epochs"]] == [e["train_loss"] for e in plain["epochs"]]
@@ -163,8 +165,7 @@ def test_a_partial_cache_changes_nothing_but_the_data_moved(mode, capsys):
     # A third of the vertices, the hottest: they serve well over a third of the rows.
     assert 0.4 < hits / rows < 1.0
     assert cached["placement"]["features"] == "cache" and cached["placement"]["cache_rows"] == 1000
-    err = capsys.readouterr().err
-    assert "cache hit rate" in err and "1,000 hottest rows cached" in err
+    assert "cache hit rate" in caplog.text and "1,000 hottest rows cached" in caplog.text
     every = _run(mode=mode, gpu_cache_gb=1.0)  # every row cached: only ids travel
     assert every["placement"]["features"] == "device"
     assert [e["train_loss"] for e in every["epochs"]] == [e["train_loss"] for e in plain["epochs"]]
@@ -182,17 +183,17 @@ def test_neutronorch_samples_its_bottom_hop_on_the_device_when_asked():
 
 # ----- pinned memory and buffers -----------------------------------------------------------------------
 
-def test_pinning_failure_warns_once_with_the_fix_and_falls_back(capsys):
+def test_pinning_failure_warns_once_with_the_fix_and_falls_back(caplog):
     def refuse(_):
         raise RuntimeError("CUDA error: out of memory")
 
     t = torch.zeros(4, 3)
     out, pinned = pin(t, "features", pinner=refuse)
     assert out is t and not pinned
-    err = capsys.readouterr().err
-    assert "could not pin the features" in err and "ulimit -l" in err
+    assert "could not pin the features" in caplog.text and "ulimit -l" in caplog.text
+    caplog.clear()
     pin(t, "features", pinner=refuse)
-    assert capsys.readouterr().err == ""  # once
+    assert caplog.text == ""  # once
 
 
 class FakeCudart:
@@ -274,11 +275,11 @@ def test_buffers_return_to_the_pool_only_after_their_copy_event():
 # ----- options ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("overrides,match", [
-    (dict(gpu_cache_gb="lots"), "--gpu-cache-gb 'lots'"),
-    (dict(gpu_cache_gb=-1), "--gpu-cache-gb"),
-    (dict(gpu_memory_gb=0), "--gpu-memory-gb 0"),
-    (dict(cache_policy="lru"), "--cache-policy 'lru'"),
-    (dict(device_sampling="yes"), "--device-sampling 'yes'"),
+    (dict(gpu_cache_gb="lots"), "`gpu_cache_gb` 'lots'"),
+    (dict(gpu_cache_gb=-1), "`gpu_cache_gb`"),
+    (dict(gpu_memory_gb=0), "`gpu_memory_gb` 0"),
+    (dict(cache_policy="lru"), "`cache_policy` 'lru'"),
+    (dict(device_sampling="yes"), "`device_sampling` 'yes'"),
 ])
 def test_bad_placement_options_are_refused(overrides, match):
     with pytest.raises(ConfigError, match=match):

@@ -12,7 +12,7 @@ import torch
 
 from neutronorch.errors import ConfigError
 from neutronorch.sampling.neighbor_sampler import (NeighborSampler, TorchNeighborSampler, batch_key,
-                                                   layer_key, parse_fanouts)
+                                                   layer_key, mix_key, parse_fanouts)
 
 SAMPLERS = ["numba", "torch"]
 
@@ -279,52 +279,55 @@ def test_torch_sample_hop_follows_the_contract_and_matches_numba(small_csc):
     _check_sample_hop(small_csc, "cpu")
 
 
-def _check_omit(small_csc, device, fanouts):
-    indptr, indices = small_csc
-    n = indptr.shape[0] - 1
-    deg = np.diff(indptr)
-    sampler = make_sampler("torch", indptr, indices, fanouts, device)
-    seeds = torch.from_numpy(np.arange(0, n, 7)).to(device)
-    omit_host = np.zeros(n, dtype=bool)
-    omit_host[::3] = True
-    omit = torch.from_numpy(omit_host).to(device)
-    for t in range(5):
-        key = batch_key(13, 0, t)
-        full = sampler.sample(seeds, key)
-        sg = sampler.sample(seeds, key, omit=omit)
-        bottom, src, dst = sg.blocks[0], sg.frontiers[0], sg.frontiers[1]
-        dst_host = dst.cpu().numpy()
-        omitted = omit_host[dst_host]
-        assert (omitted & (deg[dst_host] > 0)).sum() >= 3 and (~omitted & (deg[dst_host] > 0)).sum() >= 3
-        # Omitted rows stay destinations with no neighbours; the others keep min(degree, fanout), and the
-        # frontier's new vertices are exactly the neighbours sampled for them.
-        expected = np.where(omitted, 0, np.minimum(deg[dst_host], fanouts[-1]))
-        _check_hop(bottom, dst, src, indptr, indices, expected)
-        # Upper hops are untouched: the same degrees, and (one generator, drawn in hop order) the same blocks.
-        for block, block_src, block_dst, fanout, ref, ref_src in zip(
-                sg.blocks[1:], sg.frontiers[1:-1], sg.frontiers[2:], reversed(fanouts[:-1]), full.blocks[1:],
-                full.frontiers[1:-1]):
-            block_dst = block_dst.cpu().numpy()
-            _check_hop(block, torch.from_numpy(block_dst), block_src, indptr, indices,
-                       np.minimum(deg[block_dst], fanout))
-            assert torch.equal(block.indptr, ref.indptr) and torch.equal(block.indices, ref.indices)
-            assert torch.equal(block_src, ref_src)
-        assert torch.equal(dst, full.frontiers[1])
-    # An all-False mask changes nothing.
-    none_omitted = torch.zeros(n, dtype=torch.bool, device=device)
-    a = sampler.sample(seeds, batch_key(13, 1, 0))
-    b = sampler.sample(seeds, batch_key(13, 1, 0), omit=none_omitted)
-    assert all(torch.equal(x, y) for x, y in zip(a.frontiers, b.frontiers))
-    assert all(torch.equal(x.indices, y.indices) for x, y in zip(a.blocks, b.blocks))
-    with pytest.raises(ValueError, match="omit"):
-        sampler.sample(seeds, 0, omit=omit[:-1])
-    with pytest.raises(ValueError, match="omit"):
-        sampler.sample(seeds, 0, omit=omit.long())
+# Keys computed by the pure-Python key mixing the samplers used before ``mix_key`` called the numba
+# ``splitmix_key`` (commit ddc17b1): the one definition must reproduce them, arguments taken modulo 2**64
+# (negative ones such as epoch -1, and ones wider than 64 bits, included).
+MIX_KEY_CASES = [
+    (0, 0, 5197578548964807871),
+    (1, 2, 7235116703822611636),
+    (0, -1, 4922461756044938104),
+    (-1, 0, 17896504823353187392),
+    (-1, -1, 3314115673469747073),
+    (7, -1, 16052364059188829447),
+    (2**64 - 1, 2**64 - 1, 3314115673469747073),
+    (2**63, 2**63 - 1, 5445495931352378111),
+    (2**64, 0, 5197578548964807871),
+    (0, 2**64, 5197578548964807871),
+    (2**64 + 5, -(2**64) - 5, 15990013116080400592),
+    (-(2**70), 3, 15474746157786732217),
+    (2**100 + 17, -(2**90), 12853815525856324054),
+    (123456789, 987654321, 15972841318695789165),
+    (0x9E3779B97F4A7C15, 0x9E37, 17101269509021589746),
+]
+BATCH_KEY_CASES = [  # (seed, epoch, batch index, key)
+    (0, 0, 0, 18026553637591259843),
+    (0, -1, 0, 4985089119042904421),
+    (1, 2, 3, 16465847740472734853),
+    (-1, -1, 5, 18042875547015252069),
+    (42, -1, 31, 14865463584921924796),
+    (2**64 - 1, 0, 2**40, 7812063481587336588),
+    (2**64 + 9, -3, -7, 610493687137665348),
+    (-(2**65), 1000, 1, 12865329724079239406),
+]
+LAYER_KEY_CASES = [  # (key, hop, key)
+    (0, 0, 15916886550466581944),
+    (15973815936950743105, 0, 4184464057237412030),
+    (2**64 - 1, 2, 14279539996514257902),
+    (5, -1, 14534714757872152763),
+    (5, -2, 9441308842891191896),
+]
 
 
-@pytest.mark.parametrize("fanouts", [[4], [5, 4], [4, 3, 3]])
-def test_torch_sampler_omits_bottom_hop_neighbours(small_csc, fanouts):
-    _check_omit(small_csc, "cpu", fanouts)
+def test_keys_are_unchanged_python_ints():
+    for a, b, want in MIX_KEY_CASES:
+        got = mix_key(a, b)
+        assert type(got) is int and got == want, (a, b)
+    for seed, epoch, index, want in BATCH_KEY_CASES:
+        got = batch_key(seed, epoch, index)
+        assert type(got) is int and got == want, (seed, epoch, index)
+    for key, hop, want in LAYER_KEY_CASES:
+        got = layer_key(key, hop)
+        assert type(got) is int and got == want, (key, hop)
 
 
 def test_all_neighbours_when_fanout_is_minus_one(small_csc):

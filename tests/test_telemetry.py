@@ -11,7 +11,13 @@ import torch
 from neutronorch import ConfigError, TrainConfig, train
 from neutronorch.cli import main
 from neutronorch.data import SyntheticSpec, generate
-from neutronorch.train.telemetry import LANES, Spans, Utilisation, epoch_table, lane_busy, lane_of
+from neutronorch.observe import LANES, Spans, Utilisation, epoch_table
+from neutronorch.observe import utilisation as telemetry
+from neutronorch.orchestration.neutronorch.mode import STAGES as NEUTRONORCH_STAGES
+from neutronorch.train.outputs import check_outputs
+from neutronorch.train.step import TRAINER_STAGES
+
+TABLE = TRAINER_STAGES.merge(NEUTRONORCH_STAGES)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -64,11 +70,20 @@ def test_spans_from_many_threads_lose_nothing():
 
 
 def test_lane_busy_counts_work_and_not_waits():
-    busy = lane_busy({"forward": 2.0, "backward": 3.0, "wait": 4.0, "sample": 1.0, "host_wait_weights": 9.0,
-                      "host_compute": 0.5}, wall=10.0)
+    busy = TABLE.lane_busy({"forward": 2.0, "backward": 3.0, "wait": 4.0, "sample": 1.0, "host_wait_weights": 9.0,
+                            "host_compute": 0.5}, wall=10.0)
     assert busy == {"host": 0.05, "sampler": 0.1, "trainer": 0.5}
     assert list(busy) == [lane for lane in LANES if lane in busy]
-    assert lane_of("hot_select") == "host" and lane_of("copy") == "copy"
+    assert TABLE.lane_of("hot_select") == "host" and TABLE.lane_of("copy") == "copy"
+
+
+def test_a_stage_span_is_recorded_even_when_its_body_raises():
+    spans = Spans()
+    with pytest.raises(KeyError):
+        with spans.stage("gather"):
+            raise KeyError("broke")
+    totals, _ = spans.take()
+    assert set(totals) == {"gather"} and totals["gather"] >= 0
 
 
 def test_utilisation_sees_a_busy_thread():
@@ -100,7 +115,7 @@ def test_epoch_record_has_stages_lanes_utilisation_and_rows_moved(graph, mode):
         assert epoch["moved"]["feature_rows"] == pytest.approx(epoch["input_nodes_per_batch"] * epoch["batches"])
         assert epoch["moved"]["feature_bytes"] == epoch["moved"]["feature_rows"] * graph.feature_dim * 4
         assert epoch["moved"]["device_bytes"] == 0  # trained on the CPU: nothing is copied
-        table = epoch_table(epoch)
+        table = epoch_table(epoch, TABLE)
         assert "trainer" in table and "busy" in table and "feature rows per batch" in table
     if mode == "neutronorch":  # the host runs ahead: its spans land in the epoch during which they ran
         stages = set().union(*(e["stage_seconds"] for e in summary["epochs"]))
@@ -184,7 +199,7 @@ def test_timeline_without_matplotlib_fails_before_training(monkeypatch, tmp_path
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     with pytest.raises(ConfigError, match="pip install matplotlib"):
-        config(timeline=str(tmp_path / "t.png")).validate()
+        check_outputs(config(timeline=str(tmp_path / "t.png")).validate())
 
 
 class FakeNvml:
@@ -214,8 +229,6 @@ class FakeNvml:
 
 
 def test_gpu_utilisation_through_the_driver_library_without_pynvml(monkeypatch):
-    from neutronorch.train import telemetry
-
     monkeypatch.setattr(telemetry, "_pci_bus_id", lambda device: "00000000:17:00.0")
     gpu = telemetry._Gpu(torch.device("cuda", 0), library=telemetry._NvmlLibrary(FakeNvml()))
     assert gpu.percent() == 73.0  # the device found by its PCI address

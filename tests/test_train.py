@@ -114,6 +114,13 @@ def test_device_cuda_without_a_gpu_is_refused_clearly(capsys):
     assert "no CUDA device" in capsys.readouterr().err
 
 
+def test_errors_name_config_fields_in_the_api_and_flags_on_the_command_line(capsys):
+    with pytest.raises(ConfigError, match=r"^`batch_size` -1: must be a positive number"):
+        small_config(batch_size=-1).validate()
+    assert main(["train", "--batch-size", "-1", "--epochs", "1"]) == 2
+    assert "error: --batch-size -1: must be a positive number" in capsys.readouterr().err
+
+
 def test_bad_config_file_key_is_named(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("lerning_rate: 0.1\n")
@@ -124,7 +131,7 @@ def test_bad_config_file_key_is_named(tmp_path, capsys):
 def test_sampled_inference_option_runs():
     summary = train(small_config(epochs=1, eval_fanouts=[5, 5]))
     assert 0 <= summary["test_acc"] <= 1
-    with pytest.raises(ConfigError, match="eval-fanouts"):
+    with pytest.raises(ConfigError, match="`eval_fanouts`"):
         small_config(eval_fanouts=[5]).validate()
 
 
@@ -144,7 +151,7 @@ def test_evaluation_on_a_seeded_sample_of_each_set(monkeypatch):
     assert seen[0].shape[0] == 200 and seen[0].unique().shape[0] == 200
     full = train(small_config(epochs=2))
     assert abs(sampled["test_acc"] - full["test_acc"]) < 0.1  # 100 vertices: a rough estimate
-    with pytest.raises(ConfigError, match="--eval-max-nodes"):
+    with pytest.raises(ConfigError, match="`eval_max_nodes`"):
         small_config(eval_max_nodes=-1).validate()
 
 

@@ -1,16 +1,23 @@
 """Command line: ``neutronorch train | convert | generate | info``.
 
-Options are validated here (through ``TrainConfig.validate``); a ``NeutronorchError`` is printed as one
-clear message without a traceback and exits with status 2.
+The only part of neutronorch that prints. Options are validated here (through ``TrainConfig.validate``); a
+``NeutronorchError`` is printed as one clear message without a traceback and exits with status 2. The
+core names configuration fields in backticks (`batch_size`); here they are shown as the flags a user
+types (--batch-size), in errors and in the run's log alike. The core's log (``logging`` logger
+``neutronorch``) goes to stderr, and a progress bar shows each epoch's steps.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import re
 import sys
 import time
 from dataclasses import fields
+
+from tqdm import tqdm
 
 from neutronorch.config import (CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, MODES, TrainConfig,
                                load_config_file)
@@ -156,13 +163,79 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_FIELD = re.compile(r"(?<!`)`([a-z][a-z0-9_]*)`(?!`)")
+
+
+def as_flags(message: str) -> str:
+    """The core's `field_name` references as the command line's --field-name flags."""
+    known = set(TrainConfig.keys())
+    return _FIELD.sub(lambda m: "--" + m[1].replace("_", "-") if m[1] in known else m[0], message)
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time (it may be replaced after logging is set up)."""
+
+    _neutronorch_cli = True
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+class _FlagFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = as_flags(record.getMessage())
+        return f"warning: {text}" if record.levelno >= logging.WARNING and not text.startswith("note:") else text
+
+
+def _configure_logging() -> None:
+    logger = logging.getLogger("neutronorch")
+    if not any(getattr(h, "_neutronorch_cli", False) for h in logger.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(_FlagFormatter())
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+class _ProgressBar:
+    """A tqdm bar per epoch, fed by the trainer's progress callback (hidden when stderr is no terminal)."""
+
+    def __init__(self):
+        self._bar = None
+
+    def __call__(self, epoch: int, done: int, total: int) -> None:
+        if self._bar is None:
+            self._bar = tqdm(total=total, desc=f"epoch {epoch}", unit="batch", leave=False, disable=None,
+                             file=sys.stderr, initial=done - 1)
+        self._bar.update(1)
+        if done >= total:
+            self.close()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from neutronorch.train.trainer import train
 
     values = load_config_file(args.config) if getattr(args, "config", None) else {}
     values.update({k: v for k, v in vars(args).items() if k not in ("command", "config")})
     config = TrainConfig(**values)
-    summary = train(config)
+    bar = _ProgressBar() if config.progress else None
+    try:
+        summary = train(config, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
     accuracy = (f"val acc {summary['val_acc']:.4f}, test acc {summary['test_acc']:.4f}, "
                 if summary["test_acc"] is not None else "not evaluated, ")
     print(f"{summary['dataset']['name']}: mode {summary['mode']}, model {config.model}, {accuracy}"
@@ -211,10 +284,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"train": _cmd_train, "convert": _cmd_convert, "generate": _cmd_generate, "info": _cmd_info}
+    _configure_logging()
     try:
         return handlers[args.command](args)
     except NeutronorchError as exc:
-        print(f"neutronorch: error: {exc}", file=sys.stderr)
+        print(f"neutronorch: error: {as_flags(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("neutronorch: interrupted", file=sys.stderr)

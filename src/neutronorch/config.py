@@ -74,61 +74,56 @@ class TrainConfig:
         if self.eval_fanouts is not None:
             self.eval_fanouts = parse_fanouts(self.eval_fanouts)
             if len(self.eval_fanouts) != len(self.fanouts):
-                raise ConfigError(f"--eval-fanouts has {len(self.eval_fanouts)} entries but the model has "
-                                  f"{len(self.fanouts)} layers (one per --fanouts entry).")
+                raise ConfigError(f"`eval_fanouts` has {len(self.eval_fanouts)} entries but the model has "
+                                  f"{len(self.fanouts)} layers (one per `fanouts` entry).")
         self.hot_ratio = _parse_hot_ratio(self.hot_ratio)
         self.gpu_cache_gb = _parse_cache_size(self.gpu_cache_gb)
         checks = [
-            (self.model in MODELS, f"--model {self.model!r}: choose one of {', '.join(MODELS)}."),
-            (self.mode in MODES, f"--mode {self.mode!r}: choose one of {', '.join(MODES)}."),
-            (self.device in DEVICES, f"--device {self.device!r}: choose one of {', '.join(DEVICES)}."),
-            (self.batch_size >= 0, f"--batch-size {self.batch_size}: must be a positive number of seeds "
+            (self.model in MODELS, f"`model` {self.model!r}: choose one of {', '.join(MODELS)}."),
+            (self.mode in MODES, f"`mode` {self.mode!r}: choose one of {', '.join(MODES)}."),
+            (self.device in DEVICES, f"`device` {self.device!r}: choose one of {', '.join(DEVICES)}."),
+            (self.batch_size >= 0, f"`batch_size` {self.batch_size}: must be a positive number of seeds "
                                    f"(or 0 to choose from the training-set size)."),
-            (self.eval_batch_size >= 1, f"--eval-batch-size {self.eval_batch_size}: must be positive."),
-            (self.eval_max_nodes >= 0, f"--eval-max-nodes {self.eval_max_nodes}: must be 0 (every vertex) or "
+            (self.eval_batch_size >= 1, f"`eval_batch_size` {self.eval_batch_size}: must be positive."),
+            (self.eval_max_nodes >= 0, f"`eval_max_nodes` {self.eval_max_nodes}: must be 0 (every vertex) or "
                                        f"a positive number of vertices per set."),
-            (self.hidden >= 1, f"--hidden {self.hidden}: must be positive."),
-            (self.heads >= 1, f"--heads {self.heads}: must be positive."),
+            (self.hidden >= 1, f"`hidden` {self.hidden}: must be positive."),
+            (self.heads >= 1, f"`heads` {self.heads}: must be positive."),
             (self.model != "gat" or self.hidden % self.heads == 0,
-             f"--hidden {self.hidden} is not divisible by --heads {self.heads}; GAT splits the hidden width "
+             f"`hidden` {self.hidden} is not divisible by `heads` {self.heads}; GAT splits the hidden width "
              f"evenly across heads."),
-            (self.epochs >= 0, f"--epochs {self.epochs}: must be zero or more."),
-            (self.lr > 0, f"--lr {self.lr}: must be positive."),
-            (self.weight_decay >= 0, f"--weight-decay {self.weight_decay}: must be zero or more."),
-            (0 <= self.dropout < 1, f"--dropout {self.dropout}: must be in [0, 1)."),
-            (self.eval_every >= -1, f"--eval-every {self.eval_every}: must be -1 (never), 0 (after the last "
+            (self.epochs >= 0, f"`epochs` {self.epochs}: must be zero or more."),
+            (self.lr > 0, f"`lr` {self.lr}: must be positive."),
+            (self.weight_decay >= 0, f"`weight_decay` {self.weight_decay}: must be zero or more."),
+            (0 <= self.dropout < 1, f"`dropout` {self.dropout}: must be in [0, 1)."),
+            (self.eval_every >= -1, f"`eval_every` {self.eval_every}: must be -1 (never), 0 (after the last "
                                     f"epoch only) or more."),
-            (self.prefetch >= 1, f"--prefetch {self.prefetch}: must be at least 1."),
+            (self.prefetch >= 1, f"`prefetch` {self.prefetch}: must be at least 1."),
             (self.threads >= 0 and self.sampler_threads >= 0 and self.host_threads >= 0,
-             "--threads/--sampler-threads/--host-threads must be >= 0 (0 picks automatically)."),
-            (self.hot_grad in HOT_GRADS, f"--hot-grad {self.hot_grad!r}: choose one of {', '.join(HOT_GRADS)}."),
+             "`threads`/`sampler_threads`/`host_threads` must be >= 0 (0 picks automatically)."),
+            (self.hot_grad in HOT_GRADS, f"`hot_grad` {self.hot_grad!r}: choose one of {', '.join(HOT_GRADS)}."),
             (self.snapshot_lead is None or self.snapshot_lead >= 0,
-             f"--snapshot-lead {self.snapshot_lead}: must be zero or more optimizer steps."),
-            (self.hot_error_budget > 0, f"--hot-error-budget {self.hot_error_budget}: must be positive."),
+             f"`snapshot_lead` {self.snapshot_lead}: must be zero or more optimizer steps."),
+            (self.hot_error_budget > 0, f"`hot_error_budget` {self.hot_error_budget}: must be positive."),
             (self.gpu_memory_gb is None or self.gpu_memory_gb > 0,
-             f"--gpu-memory-gb {self.gpu_memory_gb}: must be a positive number of GiB (the device memory "
+             f"`gpu_memory_gb` {self.gpu_memory_gb}: must be a positive number of GiB (the device memory "
              f"this run may use)."),
             (self.cache_policy in CACHE_POLICIES,
-             f"--cache-policy {self.cache_policy!r}: choose one of {', '.join(CACHE_POLICIES)}."),
+             f"`cache_policy` {self.cache_policy!r}: choose one of {', '.join(CACHE_POLICIES)}."),
             (self.device_sampling in DEVICE_SAMPLING,
-             f"--device-sampling {self.device_sampling!r}: choose one of {', '.join(DEVICE_SAMPLING)}."),
-            (self.super_batch >= 1, f"--super-batch {self.super_batch}: must be at least 1 mini-batch."),
-            (self.timeline_steps >= 1, f"--timeline-steps {self.timeline_steps}: must be at least 1."),
-            (self.log_every >= 1, f"--log-every {self.log_every}: must be at least 1 step."),
+             f"`device_sampling` {self.device_sampling!r}: choose one of {', '.join(DEVICE_SAMPLING)}."),
+            (self.super_batch >= 1, f"`super_batch` {self.super_batch}: must be at least 1 mini-batch."),
+            (self.timeline_steps >= 1, f"`timeline_steps` {self.timeline_steps}: must be at least 1."),
+            (self.log_every >= 1, f"`log_every` {self.log_every}: must be at least 1 step."),
             (self.staleness_bound is None or self.staleness_bound >= self.super_batch - 1,
-             f"--staleness-bound {self.staleness_bound} is below --super-batch {self.super_batch} minus 1: the "
+             f"`staleness_bound` {self.staleness_bound} is below `super_batch` {self.super_batch} minus 1: the "
              f"last mini-batch of a super-batch reuses hot embeddings at least P-1 = {self.super_batch - 1} "
-             f"optimizer steps old. Raise --staleness-bound to at least {self.super_batch - 1}, or lower "
-             f"--super-batch."),
+             f"optimizer steps old. Raise `staleness_bound` to at least {self.super_batch - 1}, or lower "
+             f"`super_batch`."),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
-        if self.timeline:
-            from neutronorch.train.telemetry import check_timeline_path  # noqa: PLC0415 - avoids an import cycle
-            check_timeline_path(self.timeline)
-        from neutronorch.train.metrics_log import check_log_paths  # noqa: PLC0415
-        check_log_paths(self)
         return self
 
     @property
@@ -140,9 +135,55 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    # Each component takes the part of the configuration it uses.
+    @property
+    def sampling(self) -> "SamplingConfig":
+        return SamplingConfig(list(self.fanouts), self.batch_size, self.seed, self.prefetch)
+
+    @property
+    def neutronorch(self) -> "NeutronOrchConfig":
+        return NeutronOrchConfig(self.super_batch, self.hot_ratio, self.resolved_staleness, self.hot_grad,
+                                 self.hot_error_budget, self.snapshot_lead)
+
+    @property
+    def placement(self) -> "PlacementConfig":
+        return PlacementConfig(self.gpu_memory_gb, self.gpu_cache_gb, self.cache_policy, self.device_sampling)
+
     @classmethod
     def keys(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How mini-batches are drawn: the modes' and the cache ranking's part of the configuration."""
+
+    fanouts: list[int]  # seed hop first
+    batch_size: int  # resolved (never 0)
+    seed: int
+    prefetch: int
+
+
+@dataclass(frozen=True)
+class NeutronOrchConfig:
+    """NeutronOrch mode's part of the configuration (``staleness_bound`` resolved)."""
+
+    super_batch: int
+    hot_ratio: str | float
+    staleness_bound: int
+    hot_grad: str
+    hot_error_budget: float
+    snapshot_lead: int | None
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """Where data lives on a GPU: the placement's part of the configuration."""
+
+    gpu_memory_gb: float | None
+    gpu_cache_gb: str | float
+    cache_policy: str
+    device_sampling: str
 
 
 def _parse_hot_ratio(value) -> str | float:
@@ -151,9 +192,9 @@ def _parse_hot_ratio(value) -> str | float:
     try:
         ratio = float(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"--hot-ratio {value!r}: expected 'auto' or a fraction in [0, 1] such as 0.1.") from None
+        raise ConfigError(f"`hot_ratio` {value!r}: expected 'auto' or a fraction in [0, 1] such as 0.1.") from None
     if not 0 <= ratio <= 1:
-        raise ConfigError(f"--hot-ratio {value!r}: the share of reached bottom-layer vertices made hot must "
+        raise ConfigError(f"`hot_ratio` {value!r}: the share of reached bottom-layer vertices made hot must "
                           f"be in [0, 1] (or 'auto').")
     return ratio
 
@@ -164,10 +205,10 @@ def _parse_cache_size(value) -> str | float:
     try:
         size = float(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"--gpu-cache-gb {value!r}: expected 'auto' or a size in GiB such as 2.5 (0 turns "
+        raise ConfigError(f"`gpu_cache_gb` {value!r}: expected 'auto' or a size in GiB such as 2.5 (0 turns "
                           f"the device feature cache off).") from None
     if size < 0:
-        raise ConfigError(f"--gpu-cache-gb {value!r}: must be 'auto' or zero or more GiB.")
+        raise ConfigError(f"`gpu_cache_gb` {value!r}: must be 'auto' or zero or more GiB.")
     return size
 
 

@@ -32,7 +32,7 @@ def load_dataset(spec: str, split: str | None = None, seed: int = 0) -> Graph:
         return generate(SyntheticSpec.parse(spec), split)
     path = Path(spec).expanduser()
     if not path.exists():
-        raise DataError(f"{spec}: no such file or directory. --dataset takes {DATASET_SPEC_HELP}.")
+        raise DataError(f"{spec}: no such file or directory. `dataset` takes {DATASET_SPEC_HELP}.")
     if is_native_dir(path):
         return load_native(path)
     if path.is_dir():
@@ -40,7 +40,7 @@ def load_dataset(spec: str, split: str | None = None, seed: int = 0) -> Graph:
             from neutronorch.data.planetoid import load_planetoid
             return load_planetoid(path)
         raise DataError(f"{path}: directory holds neither meta.json (native format) nor ind.<name>.* files "
-                        f"(Planetoid). --dataset takes {DATASET_SPEC_HELP}.")
+                        f"(Planetoid). `dataset` takes {DATASET_SPEC_HELP}.")
     name = path.name.lower()
     if name.endswith(".npz"):
         from neutronorch.data.npz import load_npz
@@ -48,4 +48,4 @@ def load_dataset(spec: str, split: str | None = None, seed: int = 0) -> Graph:
     if name.endswith((".txt", ".txt.gz", ".edges", ".tsv", ".tsv.gz")):
         from neutronorch.data.snap import load_snap
         return load_snap(path, split or DEFAULT_SPLIT, seed)
-    raise DataError(f"{path}: unknown file type. --dataset takes {DATASET_SPEC_HELP}.")
+    raise DataError(f"{path}: unknown file type. `dataset` takes {DATASET_SPEC_HELP}.")

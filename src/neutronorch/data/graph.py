@@ -116,6 +116,6 @@ class Graph:
                 fail(f"{split_name} must be a 1-D integer array, got {idx.dtype} {idx.shape}",
                      "Save it with .astype(np.int64).")
             if idx.size == 0:
-                fail(f"{split_name} is empty", "Give every split at least one vertex (see --split).")
+                fail(f"{split_name} is empty", "Give every split at least one vertex (see `split`).")
             if int(idx.min()) < 0 or int(idx.max()) >= n:
                 fail(f"{split_name} holds vertex ids outside 0..{n - 1}", "Fix the split or num_nodes.")

@@ -20,19 +20,19 @@ def parse_split(spec: str) -> tuple[str, float, float]:
     kind, _, rest = spec.partition(":")
     parts = rest.split(",")
     if kind not in ("ratio", "per-class") or len(parts) != 2:
-        raise ConfigError(f"--split {spec!r} is not understood. Use ratio:TRAIN,VAL (e.g. ratio:0.6,0.2) "
+        raise ConfigError(f"`split` {spec!r} is not understood. Use ratio:TRAIN,VAL (e.g. ratio:0.6,0.2) "
                           f"or per-class:TRAIN,VAL (e.g. per-class:20,30).")
     try:
         train, val = float(parts[0]), float(parts[1])
     except ValueError:
-        raise ConfigError(f"--split {spec!r}: TRAIN and VAL must be numbers.") from None
+        raise ConfigError(f"`split` {spec!r}: TRAIN and VAL must be numbers.") from None
     if kind == "ratio":
         if not (0 < train < 1 and 0 < val < 1 and train + val < 1):
-            raise ConfigError(f"--split {spec!r}: fractions must be in (0, 1) and sum to less than 1, "
+            raise ConfigError(f"`split` {spec!r}: fractions must be in (0, 1) and sum to less than 1, "
                               f"leaving vertices for the test set.")
     else:
         if train < 1 or val < 1 or train != int(train) or val != int(val):
-            raise ConfigError(f"--split {spec!r}: per-class counts must be positive integers.")
+            raise ConfigError(f"`split` {spec!r}: per-class counts must be positive integers.")
     return kind, train, val
 
 
@@ -59,6 +59,6 @@ def make_split(labels: np.ndarray, num_classes: int, spec: str, seed: int = 0
     out = tuple(np.sort(p).astype(np.int64) for p in parts)
     for name, idx in zip(("train", "val", "test"), out):
         if idx.size == 0:
-            raise ConfigError(f"--split {spec!r} leaves the {name} set empty on a graph with {n} vertices; "
+            raise ConfigError(f"`split` {spec!r} leaves the {name} set empty on a graph with {n} vertices; "
                               f"choose larger fractions or smaller per-class counts.")
     return out

@@ -24,8 +24,6 @@ import torch
 from neutronorch.features.store import FeatureStore
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 
-POLICIES = ("presample", "degree")
-
 
 def out_degrees(indices: np.ndarray, num_nodes: int) -> np.ndarray:
     """How often each vertex occurs as an in-neighbour in the CSC (its out-degree)."""
@@ -125,7 +123,6 @@ class FeatureCache:
 def as_float_rows(features: np.ndarray) -> np.ndarray:
     """Features as float32 rows (half-precision storage is widened; float32 is returned as is)."""
     return features if features.dtype == np.float32 else features.astype(np.float32)
-
 
 
 def _writable(array: np.ndarray) -> np.ndarray:

@@ -20,13 +20,16 @@ tensor over pinned host memory and checks it reads the right values before anyth
 
 from __future__ import annotations
 
-import sys
+import logging
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 
+from neutronorch.config import PlacementConfig
 from neutronorch.errors import ConfigError
+
+logger = logging.getLogger("neutronorch")
 
 GiB = 2 ** 30
 # Headroom for the CUDA context's own allocations, the allocator's fragmentation and cuBLAS workspaces.
@@ -91,42 +94,42 @@ def workspace_bytes(num_nodes: int, feature_dim: int, hidden: int, num_classes: 
     return int(2 * activations + 4 * params + CONTEXT_RESERVE)  # x2: the batch in flight and the next one
 
 
-def plan_placement(*, device: str, mode: str, device_sampling: bool, num_nodes: int, num_edges: int,
+def plan_placement(*, device: str, samples_on_device: bool, num_nodes: int, num_edges: int,
                    indices_itemsize: int, feature_dim: int, workspace: int, device_memory: int | None,
                    gpu_memory_gb: float | None, gpu_cache_gb: float | str | None) -> Placement:
-    """Decide the placement (see the module docstring). ``device_memory`` is the device's total memory
-    (None on the CPU); ``gpu_cache_gb`` is a number, ``"auto"`` (as large as the budget allows) or None
-    (no cache)."""
+    """Decide the placement (see the module docstring). ``samples_on_device``: whether the mode samples on
+    the training device (device mode; NeutronOrch's bottom hop with device sampling). ``device_memory`` is
+    the device's total memory (None on the CPU); ``gpu_cache_gb`` is a number, ``"auto"`` (as large as the
+    budget allows) or None (no cache)."""
     topology_bytes = 8 * (num_nodes + 1) + indices_itemsize * num_edges
     row_bytes = 4 * feature_dim
-    samples_on_device = mode == "device" or (mode == "neutronorch" and device_sampling)
     notes: list[str] = []
     if device_memory is None:
-        # The "device" is host memory: nothing to budget. Device mode's tensors are the host's; a cache is
-        # made only when asked for explicitly (it then runs the same orchestration as on a GPU, which is how
-        # the CPU tests cover it).
-        rows = num_nodes if mode == "device" else 0
+        # The "device" is host memory: nothing to budget. Where the device samples, its tensors are the
+        # host's (every row "on the device"); a partial cache is made only when asked for explicitly (it
+        # then runs the same orchestration as on a GPU, which is how the CPU tests cover it).
+        rows = num_nodes if samples_on_device else 0
         if isinstance(gpu_cache_gb, (int, float)):
             rows = min(num_nodes, int(gpu_cache_gb * GiB) // max(1, row_bytes))
         if gpu_memory_gb is not None:
-            notes.append("--gpu-memory-gb has no effect without a GPU")
+            notes.append("`gpu_memory_gb` has no effect without a GPU")
         return _decide(device, None, 0, "device" if samples_on_device else "host", rows, num_nodes,
                        samples_on_device, topology_bytes, row_bytes, notes)
 
     total = device_memory
     budget = int(gpu_memory_gb * GiB) if gpu_memory_gb is not None else total
     if gpu_memory_gb is not None and total and budget > total:
-        notes.append(f"--gpu-memory-gb {gpu_memory_gb} is more than the device has "
+        notes.append(f"`gpu_memory_gb` {gpu_memory_gb} is more than the device has "
                      f"({total / GiB:.1f} GiB); using {total / GiB:.1f} GiB")
         budget = total
     if samples_on_device:
         workspace += 8 * num_nodes  # the device sampler's vertex map (int64 per vertex)
     free = budget - workspace
     if free < 0:
-        raise ConfigError(f"--gpu-memory-gb {budget / GiB:.2f}: training alone needs about "
+        raise ConfigError(f"`gpu_memory_gb` {budget / GiB:.2f}: training alone needs about "
                           f"{workspace / GiB:.2f} GiB of device memory with this model and batch size "
                           f"(the largest mini-batch's activations, the model and its optimizer state). Raise "
-                          f"--gpu-memory-gb, or lower --batch-size or --fanouts.")
+                          f"`gpu_memory_gb`, or lower `batch_size` or `fanouts`.")
     topology = "host"
     if samples_on_device:
         if topology_bytes <= free:
@@ -147,7 +150,7 @@ def plan_placement(*, device: str, mode: str, device_sampling: bool, num_nodes: 
         asked = int(float(gpu_cache_gb) * GiB) // max(1, row_bytes)
         rows = min(num_nodes, asked, cap_rows)
         if asked > cap_rows and cap_rows < num_nodes:
-            notes.append(f"--gpu-cache-gb {gpu_cache_gb} does not fit the budget; the cache holds "
+            notes.append(f"`gpu_cache_gb` {gpu_cache_gb} does not fit the budget; the cache holds "
                          f"{rows * row_bytes / GiB:.2f} GiB")
     return _decide(device, budget, workspace, topology, rows, num_nodes, samples_on_device, topology_bytes,
                    row_bytes, notes)
@@ -164,18 +167,15 @@ def _decide(device, budget, workspace, topology, rows, num_nodes, samples_on_dev
                      row_bytes * num_nodes, rows * row_bytes, notes)
 
 
-def placement_for(graph, config, device: torch.device) -> Placement:
-    """The placement of one run (``config`` validated, batch size resolved)."""
+def placement_for(graph, config: PlacementConfig, device: torch.device, samples_on_device: bool,
+                  workspace: int) -> Placement:
+    """The placement of one run: ``workspace`` from ``workspace_bytes``, ``samples_on_device`` the mode's."""
     memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-    workspace = workspace_bytes(graph.num_nodes, graph.feature_dim, config.hidden, graph.num_classes,
-                                config.fanouts, config.batch_size, config.heads if config.model == "gat" else 1)
-    device_sampling = config.device_sampling == "on" or (config.device_sampling == "auto" and memory is not None)
     cache = None if config.gpu_cache_gb == 0 else config.gpu_cache_gb
-    return plan_placement(device=device.type, mode=config.mode, device_sampling=device_sampling,
-                          num_nodes=graph.num_nodes, num_edges=graph.num_edges,
-                          indices_itemsize=graph.indices.dtype.itemsize, feature_dim=graph.feature_dim,
-                          workspace=workspace, device_memory=memory, gpu_memory_gb=config.gpu_memory_gb,
-                          gpu_cache_gb=cache)
+    return plan_placement(device=device.type, samples_on_device=samples_on_device, num_nodes=graph.num_nodes,
+                          num_edges=graph.num_edges, indices_itemsize=graph.indices.dtype.itemsize,
+                          feature_dim=graph.feature_dim, workspace=workspace, device_memory=memory,
+                          gpu_memory_gb=config.gpu_memory_gb, gpu_cache_gb=cache)
 
 
 # ----- pinned host memory and zero-copy views ----------------------------------------------------------
@@ -186,7 +186,7 @@ _warned: set[str] = set()
 def _warn_once(key: str, message: str) -> None:
     if key not in _warned:
         _warned.add(key)
-        print(f"warning: {message}", file=sys.stderr, flush=True)
+        logger.warning(message)
 
 
 # Above this size, pin by registering the tensor's own pages: PyTorch's pinned allocator rounds every

@@ -18,21 +18,33 @@ from torch.nn import functional as F
 from neutronorch.sampling.kernels import splitmix_key
 
 
+@njit(inline="always")
+def relu_dropout_row(src, r, out, keep, i, threshold, scale, key):
+    """Row ``i`` of the fused ReLU + dropout from row ``r`` of ``src``: ``out[i, j]`` is ``src[r, j] * scale``
+    where kept and positive, else 0, and ``keep[i, j]`` is 1 there, else 0. Element ``(i, j)``'s random
+    byte is byte ``j % 8`` of ``splitmix_key(key, i * width + j - j % 8)``: the mask depends only on the
+    key and the position in ``out``, whichever kernel writes the row. ``src`` may be ``out`` (in place).
+
+    The source comes as a 2-d array and a row index, not as a row view: with a view (``src[r]``) numba's
+    code ran 1.4-1.6 times slower on a 100k x 256 tensor (two threads)."""
+    width = out.shape[1]
+    for j0 in range(0, width, 8):
+        bits = splitmix_key(key, i * width + j0)
+        for j in range(j0, min(width, j0 + 8)):
+            byte = (bits >> np.uint64(8 * (j - j0))) & np.uint64(255)
+            value = src[r, j]
+            if byte >= threshold and value > 0:
+                out[i, j] = value * scale
+                keep[i, j] = 1
+            else:
+                out[i, j] = 0.0
+                keep[i, j] = 0
+
+
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _forward(y, threshold, scale, key, out, keep):
-    rows, width = y.shape
-    for i in prange(rows):
-        for j0 in range(0, width, 8):
-            bits = splitmix_key(key, i * width + j0)
-            for j in range(j0, min(width, j0 + 8)):
-                byte = (bits >> np.uint64(8 * (j - j0))) & np.uint64(255)
-                value = y[i, j]
-                if byte >= threshold and value > 0:
-                    out[i, j] = value * scale
-                    keep[i, j] = 1
-                else:
-                    out[i, j] = 0.0
-                    keep[i, j] = 0
+    for i in prange(y.shape[0]):
+        relu_dropout_row(y, i, out, keep, i, threshold, scale, key)
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)

@@ -1,8 +1,10 @@
 """Stacks of GNN layers: GraphSAGE, GCN and GAT of any depth.
 
-``GNN.forward(blocks, x)`` runs the usual stack (ReLU and dropout between layers). ``GNN.layer_forward``
-runs a single layer with the activation that follows it, which full-neighbour inference and NeutronOrch's
-split of the bottom layer use.
+``GNN.forward(blocks, x)`` runs the usual stack (ReLU and dropout between layers). With ``hot`` (NeutronOrch
+mode), the bottom block holds only the destinations computed here, and the bottom layer's output is
+spliced together from them and the hot rows computed elsewhere, before the activation that follows it:
+the model, not a mode, decides how layers and activations compose. ``GNN.layer_forward`` runs a single
+layer with the activation that follows it (full-neighbour inference).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from torch import nn
 
 from neutronorch.nn.activation import relu_dropout
 from neutronorch.nn.layers import GATConv, GCNConv, SAGEConv
+from neutronorch.nn.splice import HotRows, splice, splice_relu_dropout
 from neutronorch.sampling.block import Block
 
 MODELS = ("sage", "gcn", "gat")
@@ -52,10 +55,23 @@ class GNN(nn.Module):
     def layer_forward(self, index: int, block: Block, x_src: torch.Tensor) -> torch.Tensor:
         return self.activate(index, self.layers[index](block, x_src))
 
-    def forward(self, blocks: list[Block], x: torch.Tensor) -> torch.Tensor:
+    def forward(self, blocks: list[Block], x: torch.Tensor, hot: HotRows | None = None) -> torch.Tensor:
+        """Logits of the last block's destinations. ``x`` holds the bottom block's source rows; with
+        ``hot``, ``blocks[0]`` covers only the bottom-layer destinations ``hot.index`` calls cold."""
         if len(blocks) != self.num_layers:
             raise ValueError(f"{len(blocks)} blocks for a {self.num_layers}-layer model")
-        return self.forward_from(0, blocks, x)
+        if hot is None:
+            return self.forward_from(0, blocks, x)
+        index = hot.index
+        if blocks[0].num_dst != index.cold_pos.shape[0] or (
+                self.num_layers > 1 and blocks[1].num_src != index.num_rows):
+            raise ValueError(f"splice mismatch: the bottom block has {blocks[0].num_dst} destinations and the "
+                             f"splice {index.cold_pos.shape[0]} cold of {index.num_rows} rows")
+        y_cold = self.layers[0](blocks[0], x)
+        if self.num_layers == 1:
+            return splice(y_cold, hot.table, index, hot.grad_acc)
+        h = splice_relu_dropout(y_cold, hot.table, index, self.dropout, self.training, hot.grad_acc)
+        return self.forward_from(1, blocks, h)
 
     def forward_from(self, start: int, blocks: list[Block], x: torch.Tensor) -> torch.Tensor:
         """Layers ``start`` and above; ``x`` is the source frontier of ``blocks[start]``."""

@@ -9,7 +9,8 @@ turns into the bottom layer's weight gradient once per super-batch.
 
 On CPU the splice is fused with the ReLU and dropout that follow the bottom layer (one pass over the
 output instead of two, each way); the dropout masks are exactly those ``relu_dropout`` draws for the
-assembled output, so the fused path equals splice-then-activate.
+assembled output (both kernels write a row through ``activation.relu_dropout_row``), so the fused path
+equals splice-then-activate.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from neutronorch.nn.activation import draw_key, dropout_constants, relu_dropout
-from neutronorch.sampling.kernels import splitmix_key
+from neutronorch.nn.activation import draw_key, dropout_constants, relu_dropout, relu_dropout_row
 
 
 @dataclass
@@ -61,21 +61,14 @@ def _splice_forward(y_cold, table, origin, out):
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _splice_act_forward(y_cold, table, origin, threshold, scale, key, out, keep):
-    width = out.shape[1]
     for i in prange(origin.shape[0]):
         o = origin[i]
-        src = y_cold[o] if o >= 0 else table[-1 - o]
-        for j0 in range(0, width, 8):
-            bits = splitmix_key(key, i * width + j0)
-            for j in range(j0, min(width, j0 + 8)):
-                byte = (bits >> np.uint64(8 * (j - j0))) & np.uint64(255)
-                value = src[j]
-                if byte >= threshold and value > 0:
-                    out[i, j] = value * scale
-                    keep[i, j] = 1
-                else:
-                    out[i, j] = 0.0
-                    keep[i, j] = 0
+        # One call per source array, not one on a source chosen at run time (that ran as slowly as a row view;
+        # see relu_dropout_row).
+        if o >= 0:
+            relu_dropout_row(y_cold, o, out, keep, i, threshold, scale, key)
+        else:
+            relu_dropout_row(table, -1 - o, out, keep, i, threshold, scale, key)
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -165,16 +158,12 @@ def splice_relu_dropout(y_cold: torch.Tensor, table: torch.Tensor, index: Splice
     return relu_dropout(splice(y_cold, table, index, grad_acc), p, training)
 
 
-def _splice_torch_reference(y_cold, table, index, grad_acc=None):
-    """The definition in plain torch ops (tests compare the kernels against it)."""
-    out = torch.zeros((index.num_rows, table.shape[1]), dtype=y_cold.dtype)
-    out = out.index_copy(0, index.cold_pos, y_cold)
-    hot = table.index_select(0, index.hot_rows)
-    if grad_acc is not None:
-        hot = hot.requires_grad_()
+@dataclass
+class HotRows:
+    """A mini-batch's bottom-layer output rows computed elsewhere (NeutronOrch's hot rows): ``table``'s rows
+    go where ``index`` says, the bottom block computes the rest; hot-row gradients go into ``grad_acc`` if
+    given, else they are dropped."""
 
-        def accumulate(grad):
-            grad_acc.index_add_(0, index.hot_rows, grad)
-
-        hot.register_hook(accumulate)
-    return out.index_copy(0, index.hot_pos, hot)
+    table: torch.Tensor
+    index: SpliceIndex
+    grad_acc: torch.Tensor | None = None

@@ -52,6 +52,11 @@ class Prefetcher:
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
             self._put(_Failure(exc))
 
+    @property
+    def pending(self) -> int:
+        """Items produced ahead and not yet taken."""
+        return self._queue.qsize()
+
     def __iter__(self):
         return self
 

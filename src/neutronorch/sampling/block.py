@@ -1,9 +1,8 @@
-"""What a sampler produces: blocks (one bipartite layer each) and the mini-batch that holds them."""
+"""What a sampler produces: blocks (one bipartite layer each) and the sampled subgraph that holds them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -60,24 +59,3 @@ class SampledSubgraph:
     @property
     def num_sampled_edges(self) -> int:
         return sum(b.num_edges for b in self.blocks)
-
-
-@dataclass
-class MiniBatch:
-    """A sampled subgraph with its gathered inputs, ready for a training step."""
-
-    epoch: int
-    index: int
-    subgraph: SampledSubgraph
-    features: torch.Tensor
-    labels: torch.Tensor
-    # Called once the step no longer needs the host feature buffer.
-    release: Callable[[], None] = field(default=lambda: None)
-    ready: object = None  # on CUDA: the event after which the batch's device copies may be read
-    splice: object = None  # mode-specific: how rows computed elsewhere enter the batch (NeutronOrch)
-    device_bytes: int = 0  # bytes copied from the host to the device for this batch
-    cache_hits: int = 0  # input rows served by the device feature cache
-
-    @property
-    def blocks(self) -> list[Block]:
-        return self.subgraph.blocks

@@ -24,9 +24,11 @@ def _mix(z):
     return z ^ (z >> np.uint64(31))
 
 
-@njit(inline="always")
+@njit(inline="always", cache=True)
 def splitmix_key(a, b):
-    """Combine a 64-bit key and a vertex id into one well-mixed 64-bit key."""
+    """Combine a 64-bit key and a vertex id into one well-mixed 64-bit key. The one definition of key
+    mixing: ``neighbor_sampler.mix_key`` calls it from Python (``cache=True`` spares that call a compile
+    per process; the kernels inline it)."""
     return _mix(np.uint64(a) * _GOLDEN + _mix(np.uint64(b) + _GOLDEN))
 
 

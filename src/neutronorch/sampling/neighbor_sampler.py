@@ -9,9 +9,7 @@ most the fanout, destination-first source frontiers, first-appearance order for 
 
 Both offer ``sample`` (all hops) and ``sample_hop`` (one hop on its own, returning the block and its source
 frontier); the torch sampler's ``sample_hop`` returns the frontier as an int64 tensor on its device where the
-numba sampler returns a numpy array. The torch sampler's ``sample`` also takes ``omit``, a boolean mask over
-all vertices: in the bottom (last sampled) hop, masked destinations get no neighbours (NeutronOrch mode on
-the GPU omits the bottom-hop neighbours of hot vertices, whose bottom-layer output is computed elsewhere).
+numba sampler returns a numpy array.
 
 Randomness derives from ``batch_key(seed, epoch, batch_index)``: the same key always yields the same sample.
 The two samplers draw from the same distribution but not the same neighbours for a given key.
@@ -32,20 +30,15 @@ from neutronorch.sampling.block import Block, SampledSubgraph
 _MASK = (1 << 64) - 1
 
 
-def _mix(z: int) -> int:
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return z ^ (z >> 31)
-
-
 def mix_key(a: int, b: int) -> int:
-    """Combine two integers into a 64-bit key (the same function as ``kernels.splitmix_key``)."""
-    return _mix((a * 0x9E3779B97F4A7C15 + _mix((b + 0x9E3779B97F4A7C15) & _MASK)) & _MASK)
+    """Combine two integers into a 64-bit key (a Python int): ``kernels.splitmix_key``, the kernels' own
+    function, of ``a`` and ``b`` taken modulo 2**64 (so negative ones, such as epoch -1, wrap)."""
+    return int(kernels.splitmix_key(np.uint64(a & _MASK), np.uint64(b & _MASK)))
 
 
 def batch_key(seed: int, epoch: int, batch_index: int) -> int:
     """The 64-bit key of one mini-batch's randomness."""
-    return mix_key(mix_key(seed & _MASK, epoch), batch_index)
+    return mix_key(mix_key(seed, epoch), batch_index)
 
 
 def layer_key(key: int, hop: int) -> int:
@@ -57,9 +50,9 @@ def parse_fanouts(text: str | list[int] | tuple[int, ...]) -> list[int]:
     try:
         fanouts = [int(f) for f in (text.split(",") if isinstance(text, str) else text)]
     except ValueError:
-        raise ConfigError(f"--fanouts {text!r}: expected comma-separated integers such as 15,10,5.") from None
+        raise ConfigError(f"`fanouts` {text!r}: expected comma-separated integers such as 15,10,5.") from None
     if not fanouts or any(f == 0 or f < -1 for f in fanouts):
-        raise ConfigError(f"--fanouts {text!r}: each fanout must be a positive integer, or -1 for all "
+        raise ConfigError(f"`fanouts` {text!r}: each fanout must be a positive integer, or -1 for all "
                           f"neighbours; one per layer, seed hop first (e.g. 15,10,5).")
     return fanouts
 
@@ -145,25 +138,14 @@ class TorchNeighborSampler:
         self.device = indptr.device
         self._node_map: torch.Tensor | None = None  # scratch of _relabel; so one sampler per thread
 
-    def sample(self, seeds: torch.Tensor, key: int, fanouts: list[int] | None = None,
-               omit: torch.Tensor | None = None) -> SampledSubgraph:
-        """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first.
-
-        ``omit``: optional boolean mask over all graph vertices (shape ``[num_nodes]``, on this sampler's
-        device). In the last hop sampled (the bottom hop, the last fanout), destinations whose mask is True
-        get no neighbours: they remain destinations and lead the bottom source frontier as usual, but
-        nothing is sampled for them, so vertices reached only through them are not in the frontier. Upper
-        hops are unaffected (and, for one key, identical to a sample without ``omit``). Adds no host
-        synchronisation (the mask is applied on the device)."""
+    def sample(self, seeds: torch.Tensor, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
+        """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first."""
         fanouts = self.fanouts if fanouts is None else fanouts
-        if omit is not None:
-            omit = self._check_omit(omit)
         gen = self._generator(key)
         frontier = seeds.to(self.device, torch.int64)
         blocks, frontiers = [], [frontier]
-        for hop, fanout in enumerate(fanouts):
-            bottom = hop == len(fanouts) - 1
-            ptr, nbrs = self._sample_layer(frontier, fanout, gen, omit if bottom else None)
+        for fanout in fanouts:
+            ptr, nbrs = self._sample_layer(frontier, fanout, gen)
             num_dst = frontier.shape[0]
             local, frontier = self._relabel(frontier, nbrs)
             blocks.append(Block(num_dst, frontier.shape[0], ptr, local))
@@ -192,27 +174,12 @@ class TorchNeighborSampler:
         gen.manual_seed(key & 0x7FFF_FFFF_FFFF_FFFF)
         return gen
 
-    def _check_omit(self, omit: torch.Tensor) -> torch.Tensor:
-        num_nodes = self.indptr.shape[0] - 1
-        if omit.dtype != torch.bool or omit.shape != (num_nodes,):
-            raise ValueError(f"omit must be a boolean mask of shape [{num_nodes}] (one entry per graph "
-                             f"vertex); got {omit.dtype} of shape {list(omit.shape)}")
-        if omit.device != self.device:
-            # A silent copy would move the mask to the device on every batch; keep it there instead.
-            raise ValueError(f"omit is on {omit.device}, the sampler on {self.device}; move the mask once")
-        return omit
-
-    def _sample_layer(self, dst: torch.Tensor, fanout: int, gen: torch.Generator,
-                      omit: torch.Tensor | None = None):
+    def _sample_layer(self, dst: torch.Tensor, fanout: int, gen: torch.Generator):
         # index_select rather than advanced indexing throughout: the same result, several times faster on
         # the CPU.
         device = self.device
         start = self.indptr.index_select(0, dst)
         deg = self.indptr.index_select(0, dst + 1) - start
-        if omit is not None:
-            # Omitted rows count as degree 0: that zeroes their `take` (and keeps them out of the subset
-            # draw). No sync.
-            deg = deg.masked_fill(omit.index_select(0, dst), 0)
         take = deg if fanout < 0 else deg.clamp(max=fanout)
         ptr = torch.zeros(dst.shape[0] + 1, dtype=torch.int64, device=device)
         torch.cumsum(take, 0, out=ptr[1:])

@@ -14,22 +14,8 @@ from pathlib import Path
 
 import torch
 
-from neutronorch.errors import ConfigError
 
 CSV_COLUMNS = ("kind", "epoch", "step", "loss", "seconds", "val_acc", "test_acc", "elapsed")
-
-
-def check_log_paths(config) -> None:
-    """Fail before training if a log cannot be written."""
-    for flag, path in (("--log-jsonl", config.log_jsonl), ("--log-csv", config.log_csv),
-                       ("--tensorboard", config.tensorboard)):
-        if path and not Path(path).resolve().parent.exists():
-            raise ConfigError(f"{flag} {path}: the folder {Path(path).resolve().parent} does not exist.")
-    if config.tensorboard:
-        try:
-            import tensorboard  # noqa: F401, PLC0415 - optional
-        except ImportError:
-            raise ConfigError("--tensorboard needs the tensorboard package: pip install tensorboard.") from None
 
 
 class MetricLog:

@@ -1,0 +1,94 @@
+"""What a person reads: the per-epoch stage table and the timeline picture (a Gantt chart of lanes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from neutronorch.observe.spans import LANES, StageTable
+
+
+def epoch_table(record: dict, table: StageTable) -> str:
+    """A compact per-lane breakdown of one epoch: busy share, then seconds per stage."""
+    stages = record["stage_seconds"]
+    lines = []
+    for lane, share in record.get("lane_busy", {}).items():
+        parts = " ".join(f"{s} {v:.2f}" for s, v in stages.items() if table.lane_of(s) == lane and v >= 0.005)
+        lines.append(f"    {lane:<8} busy {100 * share:5.1f}% | {parts}")
+    util = record.get("utilisation")
+    if util:
+        line = (f"    cpu      {util['process_cores']:.2f} cores busy "
+                f"({100 * util['process_share']:.0f}% of this process's)")
+        if util.get("machine_share") is not None:
+            line += f", machine {100 * util['machine_share']:.0f}% busy"
+        if util.get("gpu_percent") is not None:
+            line += f" | gpu {util['gpu_percent']:.0f}%"
+        lines.append(line)
+    moved = record.get("moved")
+    if moved:
+        lines.append(f"    data     {moved['feature_rows'] / max(1, record['batches']):,.0f} feature rows per batch, "
+                     f"{moved['feature_bytes'] / 2**20:,.0f} MiB gathered, "
+                     f"{moved['device_bytes'] / 2**20:,.0f} MiB to the device"
+                     + (f", cache hit rate {100 * moved['cache_hits'] / max(1, moved['feature_rows']):.0f}%"
+                        if moved.get("cache_hits") else ""))
+    return "\n".join(lines)
+
+
+def write_timeline(path: str, events: list, samples: list, title: str, table: StageTable) -> dict:
+    """Draw the spans (and the utilisation samples in their window) as a Gantt chart at ``path`` and write
+    the raw data next to it as ``.json``. Returns what was written."""
+    import matplotlib  # noqa: PLC0415
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    if not events:
+        raise ValueError("no spans recorded in the timeline window")
+    origin = min(e[1] for e in events)
+    end = max(e[2] for e in events)
+    lanes = [lane for lane in LANES if any(table.lane_of(e[0]) == lane for e in events)]
+    window_samples = [s for s in samples if origin <= s[0] <= end]
+    data = {
+        "title": title,
+        "lanes": lanes,
+        "spans": [{"lane": table.lane_of(s), "stage": s, "start": round(a - origin, 6), "end": round(b - origin, 6),
+                   "step": step} for s, a, b, step in events],
+        "utilisation": [{"t": round(t - origin, 3), "process_cores": round(c, 3), "machine_share": m,
+                         "gpu_percent": g} for t, c, m, g in window_samples],
+    }
+    json_path = str(Path(path).with_suffix(".json"))
+    Path(json_path).write_text(json.dumps(data) + "\n")
+
+    stages = sorted({e[0] for e in events}, key=table.display_order)
+    cmap = plt.get_cmap("tab20")
+    colours = {s: cmap(i % 20) for i, s in enumerate(stages)}
+    has_util = bool(window_samples)
+    fig, axes = plt.subplots(2 if has_util else 1, 1, figsize=(14, 4.5 if has_util else 3.2), sharex=True,
+                             gridspec_kw={"height_ratios": [3, 1]} if has_util else None, squeeze=False)
+    ax = axes[0][0]
+    for row, lane in enumerate(reversed(lanes)):
+        for stage in stages:
+            if table.lane_of(stage) != lane:
+                continue
+            bars = [(a - origin, b - a) for s, a, b, _ in events if s == stage]
+            hatch = "//" if stage in table.waits else None
+            ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=colours[stage], edgecolor="none", hatch=hatch,
+                           label=stage + (" (wait)" if stage in table.waits else ""))
+    ax.set_yticks(range(len(lanes)), list(reversed(lanes)))
+    ax.set_xlim(0, end - origin)
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    if has_util:
+        ux = axes[1][0]
+        ux.plot([s[0] - origin for s in window_samples], [s[1] for s in window_samples], label="process cores busy")
+        gpu = [(s[0] - origin, s[3]) for s in window_samples if s[3] is not None]
+        if gpu:
+            ux.plot([g[0] for g in gpu], [g[1] / 100 for g in gpu], label="GPU (fraction)")
+        ux.set_ylim(bottom=0)
+        ux.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+        ux.set_xlabel("seconds")
+    else:
+        ax.set_xlabel("seconds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return {"png": path, "json": json_path, "spans": len(events)}

@@ -1,0 +1,181 @@
+"""Processor utilisation while training: this process's CPU time, the whole machine's, and the GPU's.
+
+``Utilisation`` samples a few times a second in a daemon thread. The GPU's utilisation comes from NVML:
+the ``pynvml`` package when installed, else the driver's ``libnvidia-ml`` through ctypes (present wherever
+the NVIDIA driver is); without either it is not reported.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+
+
+def _read_system_jiffies() -> tuple[int, int] | None:
+    """(busy, total) jiffies of the whole machine from /proc/stat, or None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    total = sum(values[:8])
+    return total - idle, total
+
+
+def _process_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+class _NvmlUtilization(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class _NvmlLibrary:
+    """The three NVML calls we need, straight from the driver's ``libnvidia-ml`` (present wherever the
+    NVIDIA driver is, unlike the ``pynvml`` package)."""
+
+    def __init__(self, lib=None):
+        self.lib = lib if lib is not None else ctypes.CDLL("libnvidia-ml.so.1")
+        if self.lib.nvmlInit_v2() != 0:
+            raise RuntimeError("nvmlInit failed")
+
+    def handle(self, index: int, pci_bus_id: str | None):
+        handle = ctypes.c_void_p()
+        if pci_bus_id and self.lib.nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id.encode(), ctypes.byref(handle)) == 0:
+            return handle
+        if self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)) != 0:
+            raise RuntimeError("no NVML handle for the device")
+        return handle
+
+    def percent(self, handle) -> float | None:
+        rates = _NvmlUtilization()
+        if self.lib.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(rates)) != 0:
+            return None
+        return float(rates.gpu)
+
+
+def _pci_bus_id(device) -> str | None:
+    """The device's PCI address as NVML writes it (so the right GPU is read whatever
+    CUDA_VISIBLE_DEVICES says), when torch reports it."""
+    try:
+        import torch  # noqa: PLC0415
+
+        props = torch.cuda.get_device_properties(device)
+        return f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    except Exception:  # noqa: BLE001 - older torch: fall back to the index
+        return None
+
+
+class _Gpu:
+    """GPU utilisation through NVML: the ``pynvml`` package when installed, else the driver's library
+    through ctypes; unavailable (None) without either."""
+
+    def __init__(self, device, library=None):
+        self.handle = None
+        if device is None or device.type != "cuda":
+            return
+        import torch  # noqa: PLC0415
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        for candidate in ([library] if library is not None else [_PynvmlLibrary, _NvmlLibrary]):
+            try:
+                lib = candidate() if isinstance(candidate, type) else candidate
+                self.handle = lib.handle(index, _pci_bus_id(device))
+                self._lib = lib
+                return
+            except Exception:  # noqa: BLE001 - NVML missing or unusable: try the next, else not reported
+                self.handle = None
+
+    def percent(self) -> float | None:
+        if self.handle is None:
+            return None
+        try:
+            return self._lib.percent(self.handle)
+        except Exception:  # noqa: BLE001
+            return None
+
+
+class _PynvmlLibrary:
+    def __init__(self):
+        import pynvml  # noqa: PLC0415 - optional
+
+        pynvml.nvmlInit()
+        self.nvml = pynvml
+
+    def handle(self, index: int, pci_bus_id: str | None):
+        if pci_bus_id:
+            try:
+                return self.nvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id)
+            except Exception:  # noqa: BLE001
+                pass
+        return self.nvml.nvmlDeviceGetHandleByIndex(index)
+
+    def percent(self, handle) -> float | None:
+        return float(self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+
+
+class Utilisation:
+    """Samples CPU (this process, and the whole machine) and GPU utilisation every ``interval`` seconds.
+
+    ``take()`` gives the means since its last call; ``samples`` keeps the series (time, process cores busy,
+    machine share busy, GPU percent or None) for the timeline.
+    """
+
+    def __init__(self, device=None, interval: float = 0.25):
+        self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.interval = interval
+        self.samples: list[tuple[float, float, float | None, float | None]] = []
+        self._gpu = _Gpu(device)
+        self._gpu_sum = 0.0
+        self._gpu_n = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._mark = self._now()
+        self._thread = threading.Thread(target=self._run, name="neutronorch-utilisation", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _now():
+        return time.perf_counter(), _process_cpu_seconds(), _read_system_jiffies()
+
+    def _run(self) -> None:
+        last = self._now()
+        while not self._stop.wait(self.interval):
+            now = self._now()
+            wall = now[0] - last[0]
+            cores = (now[1] - last[1]) / wall if wall > 0 else 0.0
+            system = None
+            if now[2] is not None and last[2] is not None and now[2][1] > last[2][1]:
+                system = (now[2][0] - last[2][0]) / (now[2][1] - last[2][1])
+            gpu = self._gpu.percent()
+            with self._lock:
+                if len(self.samples) < 100_000:
+                    self.samples.append((now[0], cores, system, gpu))
+                if gpu is not None:
+                    self._gpu_sum += gpu
+                    self._gpu_n += 1
+            last = now
+
+    def take(self) -> dict:
+        """Mean utilisation since the last call: CPU cores this process kept busy (and that as a share of the
+        cores it may use), the machine's busy share (all processes), and the GPU's percent (or None)."""
+        now = self._now()
+        wall = now[0] - self._mark[0]
+        cores = (now[1] - self._mark[1]) / wall if wall > 0 else 0.0
+        system = None
+        if now[2] is not None and self._mark[2] is not None and now[2][1] > self._mark[2][1]:
+            system = round((now[2][0] - self._mark[2][0]) / (now[2][1] - self._mark[2][1]), 4)
+        with self._lock:
+            gpu = round(self._gpu_sum / self._gpu_n, 1) if self._gpu_n else None
+            self._gpu_sum, self._gpu_n = 0.0, 0
+        self._mark = now
+        return {"process_cores": round(cores, 3), "process_share": round(cores / self.cores, 4),
+                "machine_share": system, "gpu_percent": gpu}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -1,0 +1,57 @@
+"""How a run reads feature rows: the host store, the device feature cache, and the pool of gather buffers.
+
+Built once per run from the placement (``features/placement.py``) and shared by the mode's stages: the host
+loader (modes that sample on the host) and the device reader (modes that sample on the device).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from neutronorch.config import SamplingConfig
+from neutronorch.data.graph import Graph
+from neutronorch.errors import ConfigError
+from neutronorch.features.cache import FeatureCache, hotness_order
+from neutronorch.features.placement import Placement
+from neutronorch.features.store import BufferPool, FeatureStore
+
+
+@dataclass
+class FeatureAccess:
+    device: torch.device
+    store: FeatureStore
+    placement: Placement
+    cache: FeatureCache | None  # None: every row is gathered on the host
+    pool: BufferPool  # gather buffers (pinned on CUDA): the queue, one being filled, one being trained on
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+def build_feature_access(graph: Graph, placement: Placement, device: torch.device, sampling: SamplingConfig,
+                         cache_policy: str) -> FeatureAccess:
+    store = FeatureStore(graph.features, graph.labels)
+    pool = BufferPool(sampling.prefetch + 2, store.width, pin=device.type == "cuda")
+    # Where the device samples, its reads go through the cache even when it holds no row.
+    needs_cache = placement.features != "host" or placement.topology != "host"
+    cache = _build_cache(graph, store, placement, device, sampling, cache_policy) if needs_cache else None
+    return FeatureAccess(device, store, placement, cache, pool)
+
+
+def _build_cache(graph, store, placement, device, sampling, cache_policy) -> FeatureCache:
+    """The device feature cache the placement asks for (every row when they all fit)."""
+    rows = placement.cache_rows
+    order = np.empty(0, np.int64)
+    if 0 < rows < graph.num_nodes:
+        order = hotness_order(graph.indptr, graph.indices, graph.train_idx, sampling.fanouts, sampling.batch_size,
+                              sampling.seed, cache_policy)
+    try:
+        return FeatureCache(store, order, rows, device, device_lookup=placement.topology != "host")
+    except torch.cuda.OutOfMemoryError:
+        raise ConfigError(f"the device feature cache ({placement.cache_bytes / 2**30:.2f} GiB) does not fit in "
+                          f"the memory of {device}. Lower `gpu_cache_gb` or `gpu_memory_gb` (rows not cached "
+                          f"are read from host memory).") from None

@@ -1,0 +1,76 @@
+"""The mini-batch a mode hands to the trainer: a sampled subgraph with its gathered inputs.
+
+A batch moves itself: ``to(device)`` copies what is still on the host (asynchronously from pinned memory),
+``transfer_bytes`` says how much that is, ``wait(stream)`` orders a consumer stream after the copy and
+tells the caching allocator that the stream uses the tensors, and ``release`` hands the host buffer its
+features were gathered into back to its pool. Modes that need more (NeutronOrch's spliced batches) extend
+it in their own package; nothing here knows of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from neutronorch.sampling.block import Block, SampledSubgraph
+
+
+def _nothing() -> None:
+    pass
+
+
+@dataclass
+class MiniBatch:
+    epoch: int
+    index: int
+    subgraph: SampledSubgraph
+    features: torch.Tensor  # rows of ``subgraph.input_nodes`` (or only the cache's misses until assembled)
+    labels: torch.Tensor
+    cache_hits: int = 0  # input rows served by the device feature cache
+    device_bytes: int = 0  # bytes copied from the host to the device for this batch
+    ready: object = None  # on CUDA: the event after which the batch's device tensors may be read
+    _release: Callable[[], None] = field(default=_nothing, repr=False)
+
+    @property
+    def blocks(self) -> list[Block]:
+        return self.subgraph.blocks
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor a training step reads."""
+        return [self.features, self.labels] + [t for b in self.blocks for t in (b.indptr, b.indices)]
+
+    def transfer_bytes(self) -> int:
+        """Bytes that ``to`` would copy from host memory to a device."""
+        return sum(t.nbytes for t in self.tensors() if t.device.type == "cpu")
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "MiniBatch":
+        """Move features, labels and blocks to ``device`` (in place; returns the batch)."""
+        self.features = self.features.to(device, non_blocking=non_blocking)
+        self.labels = self.labels.to(device, non_blocking=non_blocking)
+        self.subgraph.blocks = [b.to(device, non_blocking=non_blocking) for b in self.blocks]
+        return self
+
+    def mark_ready(self) -> None:
+        """On CUDA: record the event that ends this batch's work on the current stream."""
+        if self.features.is_cuda:
+            self.ready = torch.cuda.Event()
+            self.ready.record()
+
+    def wait(self, stream=None) -> None:
+        """Order ``stream`` (default: the current one) after the batch's copies; no-op off CUDA."""
+        if self.ready is None:
+            return
+        stream = stream or torch.cuda.current_stream(self.features.device)
+        stream.wait_event(self.ready)
+        for tensor in self.tensors():
+            tensor.record_stream(stream)
+
+    def on_release(self, release: Callable[[], None]) -> None:
+        self._release = release
+
+    def release(self) -> None:
+        """The step no longer needs the host buffer the features were gathered into."""
+        release, self._release = self._release, _nothing
+        release()

@@ -1,0 +1,53 @@
+"""The one place that knows every mode: builds the mode a configuration names, with its placement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from neutronorch.config import TrainConfig
+from neutronorch.data.graph import Graph
+from neutronorch.features.placement import placement_for, workspace_bytes
+from neutronorch.observe import Spans
+from neutronorch.orchestration.access import build_feature_access
+from neutronorch.orchestration.device import DeviceMode
+from neutronorch.orchestration.exact import ExactMode
+from neutronorch.orchestration.mode import Mode
+from neutronorch.orchestration.neutronorch import NeutronOrchMode
+
+
+@dataclass(frozen=True)
+class Threads:
+    """Threads of each stage: the trainer's torch ops, the sampler's and the host producer's kernels."""
+
+    train: int
+    sampler: int
+    host: int
+
+
+def samples_on_device(config: TrainConfig, device: torch.device) -> bool:
+    """Whether the mode samples (NeutronOrch: its cold bottom hop) on the training device."""
+    if config.mode == "device":
+        return True
+    if config.mode == "neutronorch":
+        return config.device_sampling == "on" or (config.device_sampling == "auto" and device.type == "cuda")
+    return False
+
+
+def build_mode(config: TrainConfig, graph: Graph, device: torch.device, threads: Threads | None = None,
+               spans: Spans | None = None) -> Mode:
+    """The mode of ``config`` (validated, batch size resolved) over ``graph`` on ``device``, its stages
+    recording into ``spans`` (default: a recorder of its own) with ``threads`` (default: one per stage)."""
+    threads = threads or Threads(1, 1, 1)
+    spans = spans if spans is not None else Spans()
+    workspace = workspace_bytes(graph.num_nodes, graph.feature_dim, config.hidden, graph.num_classes,
+                                config.fanouts, config.batch_size, config.heads if config.model == "gat" else 1)
+    placement = placement_for(graph, config.placement, device, samples_on_device(config, device), workspace)
+    access = build_feature_access(graph, placement, device, config.sampling, config.cache_policy)
+    if config.mode == "exact":
+        return ExactMode(graph, config.sampling, access, spans, threads.sampler)
+    if config.mode == "device":
+        return DeviceMode(graph, config.sampling, access, spans)
+    return NeutronOrchMode(graph, config.sampling, config.neutronorch, config.epochs, access, spans,
+                           threads.sampler, threads.host)

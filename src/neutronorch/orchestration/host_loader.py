@@ -1,0 +1,68 @@
+"""Loading a host-sampled mini-batch: gather its rows on the host, ship them to the device.
+
+Gather: the batch's input rows go into a pooled buffer (pinned on CUDA); with a device feature cache only
+the rows it misses. Ship (CUDA): the batch copies itself on a side stream, the device assembles the rows
+from the cache and the copied misses, and the buffer returns to the pool once the copy's event has
+completed, without blocking this thread. On the CPU nothing is copied.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from neutronorch.observe import Spans
+from neutronorch.orchestration.access import FeatureAccess
+from neutronorch.orchestration.batch import MiniBatch
+from neutronorch.sampling.block import SampledSubgraph
+
+
+class HostLoader:
+    def __init__(self, access: FeatureAccess, spans: Spans):
+        self.access = access
+        self.spans = spans
+        self.copy_stream = torch.cuda.Stream(access.device) if access.on_cuda else None
+
+    def load(self, epoch: int, index: int, subgraph: SampledSubgraph,
+             make: Callable[..., MiniBatch] = MiniBatch) -> MiniBatch:
+        """The batch of ``subgraph``, built by ``make`` (a ``MiniBatch`` type), its rows gathered and, on
+        CUDA, its copy to the device started (not waited for)."""
+        store, pool, cache = self.access.store, self.access.pool, self.access.cache
+        with self.spans.stage("gather"):
+            rows = subgraph.input_nodes
+            parts = None
+            if cache is None:
+                buffer = pool.acquire(rows.shape[0])
+                features = store.gather_into(rows, buffer)
+                hits = 0
+            else:
+                slots, miss_pos, missed = cache.split(rows)
+                buffer = pool.acquire(missed.shape[0])
+                features = store.gather_into(torch.from_numpy(missed), buffer)
+                parts = [torch.from_numpy(slots), torch.from_numpy(miss_pos)]
+                hits = rows.shape[0] - missed.shape[0]
+            batch = make(epoch, index, subgraph, features, store.labels[subgraph.seeds], cache_hits=hits)
+        if self.access.on_cuda:
+            with self.spans.stage("copy"):
+                self._ship(batch, buffer, parts)
+        elif parts is not None:
+            batch.features = cache.assemble(*parts, features)  # a copy: the buffer is free
+            pool.release(buffer)
+        else:
+            batch.on_release(lambda: pool.release(buffer))
+        return batch
+
+    def _ship(self, batch: MiniBatch, buffer: torch.Tensor, parts: list | None) -> None:
+        """Start the batch's copy on the copy stream. With ``parts`` (every row's cache slot, the misses'
+        positions), ``batch.features`` holds only the missed rows until the device assembles them."""
+        device = self.access.device
+        batch.device_bytes = batch.transfer_bytes() + (sum(t.nbytes for t in parts) if parts else 0)
+        with torch.cuda.stream(self.copy_stream):
+            batch.to(device, non_blocking=True)
+            if parts is not None:
+                slots, miss_pos = (t.pin_memory().to(device, non_blocking=True) for t in parts)
+                batch.features = self.access.cache.assemble(slots, miss_pos, batch.features)
+            batch.mark_ready()
+        # The pinned buffer is refilled only after the copy out of it has finished.
+        self.access.pool.release_after(buffer, batch.ready)

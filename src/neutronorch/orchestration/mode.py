@@ -1,0 +1,91 @@
+"""What the trainer needs from a mode, and nothing more.
+
+A mode arranges the stages of a mini-batch (sample, gather, copy; for NeutronOrch also the host producer)
+on the processors and threads it chooses. The trainer sees only this protocol: modes are siblings that
+implement it, none inherits from another, and nothing outside a mode branches on its name.
+
+One training step, whatever the mode (``train.step.train_step``)::
+
+    inputs = mode.step_inputs(batch)           # orders the step after the batch's copies
+    loss = loss_fn(model(*inputs), batch.labels)
+    loss.backward(); mode.before_step(batch); optimizer.step(); mode.after_step(batch)
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, NamedTuple, Protocol, runtime_checkable
+
+import torch
+
+from neutronorch.features.cache import FeatureCache
+from neutronorch.features.placement import Placement
+from neutronorch.features.store import FeatureStore
+from neutronorch.nn.splice import HotRows
+from neutronorch.observe import StageTable
+from neutronorch.orchestration.batch import MiniBatch
+from neutronorch.sampling.block import Block
+
+
+class StepInputs(NamedTuple):
+    """The model's inputs for one step: ``model(blocks, features, hot)``."""
+
+    blocks: list[Block]
+    features: torch.Tensor
+    hot: HotRows | None = None
+
+
+@runtime_checkable
+class Mode(Protocol):
+    name: str
+    stages: StageTable  # the lane of every stage this mode records
+    store: FeatureStore
+    placement: Placement
+    cache: FeatureCache | None
+    num_batches: int
+    threads: dict[str, int]  # the threads of its own stages' kernels, by stage ("sampler", "host")
+
+    def start(self, model: torch.nn.Module) -> None:
+        """Before the first epoch."""
+
+    def batches(self, epoch: int) -> Iterator[MiniBatch]:
+        """This epoch's mini-batches (an iterator that is also a context manager), produced ahead."""
+
+    def step_inputs(self, batch: MiniBatch) -> StepInputs:
+        """In the training thread, before the step: the model's inputs, ordered after the batch's copies."""
+
+    def before_step(self, batch: MiniBatch) -> None:
+        """After the backward pass, before the optimizer step."""
+
+    def after_step(self, batch: MiniBatch) -> None:
+        """After the optimizer step."""
+
+    def end_epoch(self, record: dict) -> None:
+        """After each epoch's training (before evaluation), with the epoch's record to add to."""
+
+    def summary(self) -> dict:
+        """Mode-specific entries of the run summary."""
+
+    def describe(self) -> str:
+        """One line for the run's log: how the mode is set up."""
+
+    def close(self) -> None:
+        """After the last epoch, or on any error: stop every thread the mode runs, release what it holds."""
+
+
+class StepHooksUnused:
+    """The protocol's hooks for a mode that needs none of them (a mixin of no-ops, not a mode)."""
+
+    def start(self, model: torch.nn.Module) -> None:
+        pass
+
+    def before_step(self, batch: MiniBatch) -> None:
+        pass
+
+    def after_step(self, batch: MiniBatch) -> None:
+        pass
+
+    def end_epoch(self, record: dict) -> None:
+        pass
+
+    def summary(self) -> dict:
+        return {}

@@ -1,0 +1,65 @@
+"""The cold sampler: per mini-batch, the bottom hop of the cold destinations only, then gather and ship.
+
+Runs on its own thread (``neutronorch-sampler``), consuming the host producer's plans in order, and owns
+its sampler. Hot destinations are never sampled, gathered or moved. Without device sampling the bottom
+hop is drawn on the host with the numba sampler (with the mini-batch's own key, so together with the
+planner's upper hops it draws exactly what exact mode draws) and loaded like exact mode's batches; with
+it (``device_sampling``, on by default with CUDA), it is drawn on the device with the torch sampler and
+its rows come from the device feature cache, as in device mode.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Iterable, Iterator
+
+import numba
+import torch
+
+from neutronorch.data.graph import Graph
+from neutronorch.nn.splice import SpliceIndex
+from neutronorch.observe import Spans
+from neutronorch.orchestration.device_reader import DeviceReader
+from neutronorch.orchestration.host_loader import HostLoader
+from neutronorch.orchestration.neutronorch.batch import Splice, SplicedBatch, spliced
+from neutronorch.orchestration.neutronorch.planner import Plan
+from neutronorch.sampling.block import SampledSubgraph
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, TorchNeighborSampler, layer_key
+
+
+class ColdSampler:
+    def __init__(self, graph: Graph, fanouts: list[int], spans: Spans, threads: int, loader: HostLoader | None,
+                 reader: DeviceReader | None):
+        self.graph, self.fanouts, self.spans, self.threads = graph, fanouts, spans, threads
+        self.loader, self.reader = loader, reader
+        on_cuda = reader is not None and reader.device.type == "cuda"
+        self.stream = torch.cuda.Stream(reader.device) if on_cuda else None
+
+    def run(self, plans: Iterable[Plan]) -> Iterator[SplicedBatch]:
+        """The sampler's loop (the body of its thread): one batch per planned mini-batch, in order."""
+        numba.set_num_threads(self.threads)
+        on_device = self.reader is not None
+        if on_device:
+            sampler = TorchNeighborSampler(self.reader.indptr, self.reader.indices, self.fanouts)
+        else:
+            sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.fanouts)
+        bottom_hop, fanout = len(self.fanouts) - 1, self.fanouts[-1]
+        with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
+            for plan in plans:
+                for position, item in enumerate(plan.batches):
+                    with self.spans.stage("sample"):
+                        dst = item.upper.frontiers[0].numpy()
+                        cold = torch.from_numpy(dst[item.cold_pos])
+                        key = layer_key(item.key, bottom_hop)
+                        if on_device:
+                            block, frontier = sampler.sample_hop(cold.to(self.reader.device), fanout, key)
+                        else:
+                            block, frontier = sampler.sample_hop(cold.numpy(), fanout, key)
+                            frontier = torch.from_numpy(frontier)
+                        subgraph = SampledSubgraph(item.upper.seeds, [block] + item.upper.blocks,
+                                                   [frontier] + item.upper.frontiers)
+                        index = SpliceIndex.build(dst.shape[0], item.cold_pos, item.hot_pos, item.hot_rows)
+                        splice = Splice(plan.gsid, index, position == len(plan.batches) - 1, plan.stats,
+                                        plan.probe)
+                    source = self.reader if on_device else self.loader
+                    yield source.load(plan.epoch, item.index, subgraph, make=spliced(splice))

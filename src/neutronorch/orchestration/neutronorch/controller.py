@@ -1,0 +1,205 @@
+"""The ratio controller (``hot_ratio="auto"``): how many vertices are hot, from measured speed and drift.
+
+Two measurements decide r:
+- **speed** (``HotRatioTuner``, between epochs): with host and device on different processors, balance
+  their busy time per super-batch; on shared cores, walk r towards the fastest measured epoch;
+- **staleness error** (``DriftProbe`` at super-batch boundaries, ``error_cap`` at planning): the bottom-
+  layer output of a fixed set of probe vertices is recomputed with the current weights; its relative
+  change over about the mean staleness of a reused row estimates the error of a stale row, and r is capped
+  so that (share of bottom-layer rows served hot) x (that error) stays within ``hot_error_budget``.
+
+Ownership: the controller lives on the trainer thread (it measures there). The host producer, which plans
+on its own thread, reads only ``controller.setting``: an immutable ``RatioSetting`` replaced as a whole, so
+it never sees half an update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+import torch
+
+from neutronorch.config import NeutronOrchConfig
+from neutronorch.observe import StageTable
+from neutronorch.orchestration.neutronorch.versions import Schedule
+
+# The hot ratio ``auto`` starts here and is re-tuned between epochs.
+AUTO_START_RATIO = 0.2
+
+
+@dataclass(frozen=True)
+class RatioSetting:
+    """What the planner reads: the ratio, and (with ``auto``) the measured relative error of a stale row."""
+
+    ratio: float
+    auto: bool = False
+    # None: not measured yet (nothing is hot before it is, with ``auto``). A device tensor: the planner
+    # reads its value on the host thread, so the trainer never waits for that read.
+    stale_error: torch.Tensor | float | None = None
+    error_budget: float = 0.02
+
+
+def error_cap(ranked_counts: np.ndarray, setting: RatioSetting) -> tuple[int, bool]:
+    """The most hot vertices (hottest first) whose reuse keeps the expected staleness error within the
+    budget, and whether that cap is below what the ratio alone gives. Until the error has been measured
+    nothing is hot (the weights move fastest at the start)."""
+    if setting.stale_error is None:
+        return 0, True
+    error = float(setting.stale_error)
+    if error <= 0:
+        return ranked_counts.shape[0], False
+    coverage = np.cumsum(ranked_counts) / max(1, ranked_counts.sum())
+    cap = int(np.searchsorted(coverage, setting.error_budget / error, side="right"))
+    return cap, cap < int(round(setting.ratio * ranked_counts.shape[0]))
+
+
+class HotRatioTuner:
+    """Re-tune r between epochs from measured times.
+
+    - **Host and device are different processors** (CUDA): balance them. The host producer's busy time per
+      super-batch grows with r, the device's shrinks; r is scaled by (device time / host time), at most 2x
+      either way per epoch, so that neither side waits for the other for long.
+    - **They share the cores** (device = CPU): the host's work is taken from the device's cores, so the
+      balance point says nothing; what counts is the epoch time. r walks in log steps (x2, then x sqrt 2 once
+      a step made things worse) in the direction that lowered the measured epoch time.
+
+    The first epoch (JIT compilation, cold caches) is not used for decisions.
+    """
+
+    LOW, HIGH = 0.01, 0.8
+    MIN_STEP = 0.25  # log2 units: the walk stops refining below a factor of 2 ** 0.25
+
+    def __init__(self, start: float, shared_cores: bool):
+        self.ratio = start
+        self.shared_cores = shared_cores
+        self.history: list[dict] = []
+        self._direction, self._step = 1.0, 1.0  # walk in log2(r)
+        self._best: tuple[float, float] | None = None  # (epoch seconds, ratio)
+
+    def update(self, epoch_seconds: float, host_seconds: float, device_seconds: float) -> float:
+        """Record one epoch at the current ratio; return the ratio for the next epoch."""
+        self.history.append({"ratio": round(self.ratio, 4), "epoch_s": round(epoch_seconds, 3),
+                             "host_s_per_super_batch": round(host_seconds, 4),
+                             "device_s_per_super_batch": round(device_seconds, 4)})
+        if len(self.history) == 1:
+            return self.ratio  # the warm-up epoch decides nothing
+        if not self.shared_cores:
+            factor = min(2.0, max(0.5, device_seconds / max(host_seconds, 1e-9)))
+            return self._set(self.ratio * factor)
+        if self._best is None or epoch_seconds < self._best[0]:
+            self._best = (epoch_seconds, self.ratio)
+            base = self.ratio
+        else:
+            # Worse: back to the best ratio, turn round, and take smaller steps.
+            self._direction, self._step = -self._direction, self._step / 2
+            base = self._best[1]
+        if self._step < self.MIN_STEP:
+            return self._set(self._best[1])
+        return self._set(base * 2 ** (self._direction * self._step))
+
+    def _set(self, ratio: float) -> float:
+        self.ratio = float(min(self.HIGH, max(self.LOW, ratio)))
+        return self.ratio
+
+
+class DriftProbe:
+    """The relative change of the bottom-layer output of fixed probe vertices, measured at super-batch
+    boundaries (kept as device tensors; read as numbers only when reported or published)."""
+
+    def __init__(self, inputs):
+        self.inputs = inputs  # (block, features) of the probe vertices, on the training device
+        self.drift: torch.Tensor | None = None  # relative change per optimizer step
+        self.stale_error: torch.Tensor | None = None  # relative change over the mean staleness
+        self._history: list[tuple[torch.Tensor, int]] = []
+
+    def measure(self, bottom: torch.nn.Module, version: int, mean_staleness: float) -> None:
+        training = bottom.training
+        bottom.eval()
+        with torch.no_grad():
+            y = bottom(*self.inputs)
+        bottom.train(training)
+        # Compare with the boundary whose distance in steps is closest to the mean staleness of a reused
+        # row: the error measured over about that many steps, scaled to it. (Per-step drift times the
+        # staleness would overstate it: Adam's steps partly cancel over a few steps.)
+        history = [h for h in self._history if h[1] < version]
+        if history:
+            target = max(1.0, mean_staleness)
+            past, past_version = min(history, key=lambda h: abs((version - h[1]) - target))
+            distance = version - past_version
+            change = (y - past).norm() / y.norm().clamp(min=1e-12)
+            self.drift = change / distance
+            self.stale_error = change * (target / distance)
+        self._history = (self._history + [(y, version)])[-4:]
+
+
+class RatioController:
+    """The hot ratio and the snapshot lead over the run: fixed as configured, or tuned (``auto``).
+
+    Trainer thread only; the host producer reads ``setting``. ``probe_inputs(ids)`` returns the probe
+    vertices' bottom block and features on the training device (sampled once, when first needed).
+    """
+
+    def __init__(self, config: NeutronOrchConfig, schedule: Schedule, shared_cores: bool,
+                 probe_inputs: Callable[[np.ndarray], tuple] | None = None):
+        self.schedule = schedule
+        self.auto = config.hot_ratio == "auto"
+        ratio = AUTO_START_RATIO if self.auto else float(config.hot_ratio)
+        self.setting = RatioSetting(ratio, self.auto, None, config.hot_error_budget)
+        self.tuner = HotRatioTuner(ratio, shared_cores) if self.auto else None
+        self.auto_lead = config.snapshot_lead is None
+        self.lead = min(schedule.max_lead, 2 if self.auto_lead else config.snapshot_lead)
+        self._probe_inputs = probe_inputs
+        self._probe_ids: np.ndarray | None = None
+        self.probe: DriftProbe | None = None
+
+    def saw_plan(self, probe_ids: np.ndarray) -> None:
+        """The first plan's hottest vertices become the drift probe."""
+        if self._probe_ids is None:
+            self._probe_ids = probe_ids
+
+    def at_boundary(self, bottom: torch.nn.Module, version: int) -> None:
+        """At each super-batch boundary (``auto`` only): measure the drift and publish the stale error."""
+        if not self.auto:
+            return
+        if self.probe is None:
+            if self._probe_ids is None or self._probe_ids.shape[0] == 0 or self._probe_inputs is None:
+                return
+            self.probe = DriftProbe(self._probe_inputs(self._probe_ids))
+        # The mean staleness of a reused row: the lead plus half a super-batch.
+        self.probe.measure(bottom, version, self.lead + (self.schedule.super_batch - 1) / 2)
+        if self.probe.stale_error is not None:
+            self.setting = replace(self.setting, stale_error=self.probe.stale_error)
+
+    @property
+    def drift_per_step(self) -> float | None:
+        drift = None if self.probe is None else self.probe.drift
+        return None if drift is None else float(drift)
+
+    @property
+    def stale_error(self) -> float | None:
+        error = None if self.probe is None else self.probe.stale_error
+        return None if error is None else float(error)
+
+    def end_epoch(self, record: dict, epoch_ratio: float | None, stages: StageTable) -> dict:
+        """The epoch's controls for its record; then, with ``auto``, the next epoch's lead and ratio."""
+        out = {"snapshot_lead": self.lead,
+               "hot_ratio": round(epoch_ratio if epoch_ratio is not None else self.setting.ratio, 4)}
+        if self.drift_per_step is not None:
+            out.update(drift_per_step=round(self.drift_per_step, 6), stale_error=round(self.stale_error, 5))
+        if self.auto_lead and record["stage_seconds"].get("wait_hot", 0.0) > 0.02 * record["seconds"]:
+            # The trainer waited for hot rows: give the host more steps (the bound still caps the lead).
+            self.lead = min(self.schedule.max_lead, self.lead + max(1, self.lead // 2))
+        if self.tuner is not None:
+            busy = stages.lane_seconds(record["stage_seconds"])
+            per = max(1, self.schedule.per_epoch)
+            ratio = self.tuner.update(record["seconds"], busy.get("host", 0.0) / per,
+                                      busy.get("trainer", 0.0) / per)
+            self.setting = replace(self.setting, ratio=ratio)
+        return out
+
+    def summary(self) -> dict:
+        return {"ratio": round(self.setting.ratio, 4),
+                "error_budget": self.setting.error_budget if self.auto else None,
+                "drift_per_step": self.drift_per_step, "stale_error": self.stale_error}

@@ -1,0 +1,150 @@
+"""The host producer: plans each super-batch and computes its hot vertices' bottom layer on the host.
+
+Runs on its own thread (``neutronorch-host``) and owns everything it touches there: its sampler, the
+planner's scratch arrays, the epochs' seed orders and its copy of the bottom layer. For each super-batch
+s it
+
+1. samples the upper hops of its P mini-batches (the same per-vertex randomness as exact mode) and plans
+   the hot set H_s (``planner.py``), reading the ratio controller's current setting;
+2. hands the plan on (yields it: the cold sampler's input), samples the bottom hop of H_s once and
+   gathers its raw features;
+3. plans s+1 and hands it on (so the cold sampler never starves on a plan), then waits for the W0
+   snapshot the schedule assigns to s, computes H_s's bottom-layer output with exactly the device
+   layer's code, and puts the hot embeddings on the ``hot`` channel (on CUDA, copied on its own stream).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable, Iterator
+
+import numba
+import numpy as np
+import torch
+
+from neutronorch.config import NeutronOrchConfig, SamplingConfig
+from neutronorch.data.graph import Graph
+from neutronorch.features.store import FeatureStore
+from neutronorch.observe import Spans
+from neutronorch.orchestration.channel import Channel, Closed
+from neutronorch.orchestration.neutronorch.controller import RatioSetting, error_cap
+from neutronorch.orchestration.neutronorch.planner import Plan, Planner
+from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
+from neutronorch.orchestration.seeds import epoch_order
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, layer_key
+
+
+class HostProducer:
+    def __init__(self, graph: Graph, store: FeatureStore, sampling: SamplingConfig, config: NeutronOrchConfig,
+                 schedule: Schedule, bottom: torch.nn.Module, setting: Callable[[], RatioSetting],
+                 snapshots: Channel, hot: Channel, spans: Spans, device: torch.device, threads: int):
+        self.graph, self.store, self.sampling = graph, store, sampling
+        self.track_grad = config.hot_grad == "cpu"
+        self.schedule = schedule
+        self.template = copy.deepcopy(bottom).cpu().eval()  # parameters replaced by each snapshot's
+        self.setting = setting
+        self.snapshots, self.hot = snapshots, hot
+        self.spans = spans
+        self.device = device
+        self.threads = threads
+        self.train_idx = torch.as_tensor(graph.train_idx, dtype=torch.int64).clone()
+        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._orders: dict[int, torch.Tensor] = {}
+
+    def run(self) -> Iterator[Plan]:
+        """The producer's loop (the body of its thread): yields plans in super-batch order."""
+        numba.set_num_threads(self.threads)
+        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts)
+        planner = Planner(self.graph.indptr, self.sampling.fanouts[-1])
+        total = self.schedule.total
+        try:
+            if total == 0:
+                return
+            plan = self._plan(0, sampler, planner)
+            yield plan
+            for gsid in range(total):
+                prepared = self._gather_hot(plan, sampler)
+                next_plan = None
+                if gsid + 1 < total:
+                    next_plan = self._plan(gsid + 1, sampler, planner)
+                    yield next_plan
+                self._finish_hot(plan, *prepared)
+                plan = next_plan
+        except Closed:
+            return
+        except BaseException as exc:
+            self.hot.fail(exc)  # wakes a trainer waiting for hot embeddings
+            raise
+
+    def _plan(self, gsid: int, sampler: NeighborSampler, planner: Planner) -> Plan:
+        with self.spans.stage("hot_select"):
+            epoch, first, end = self.schedule.locate(gsid)
+            if epoch not in self._orders:
+                self._orders = {epoch: epoch_order(self.train_idx, self.sampling.seed, epoch)}
+            order, size = self._orders[epoch], self.sampling.batch_size
+            uppers = []
+            for index in range(first, end):
+                key = batch_key(self.sampling.seed, epoch, index)
+                seeds = order[index * size:(index + 1) * size].numpy()
+                uppers.append((index, key, sampler.sample(seeds, key, self.sampling.fanouts[:-1])))
+            setting = self.setting()
+            cap = (lambda ranked: error_cap(ranked, setting)) if setting.auto else None
+            return planner.plan(gsid, epoch, uppers, setting.ratio, cap)
+
+    def _gather_hot(self, plan: Plan, sampler: NeighborSampler):
+        """The weight-independent part of the hot embeddings: the bottom hop of H_s and its raw features.
+        The bottom hop uses the key of the super-batch's first mini-batch, so with P = 1 the host draws
+        exactly the neighbours the device would have drawn."""
+        with self.spans.stage("host_sample"):
+            key = layer_key(plan.batches[0].key, len(self.sampling.fanouts) - 1)
+            block, frontier = sampler.sample_hop(plan.hot, self.sampling.fanouts[-1], key)
+        with self.spans.stage("host_gather"):
+            x = self.store.gather(torch.from_numpy(frontier))
+        return block, x
+
+    def _finish_hot(self, plan: Plan, block, x: torch.Tensor) -> None:
+        with self.spans.stage("host_wait_weights"):
+            snapshot: Snapshot = self.snapshots.take(plan.gsid)
+            if snapshot.ready is not None:
+                snapshot.ready.synchronize()
+        separable = getattr(self.template, "separable", False)
+        with torch.set_grad_enabled(self.track_grad):
+            # Separable layers (SAGE, GCN): the same two calls that define the device layer, timed apart.
+            with self.spans.stage("host_aggregate" if separable else "host_compute"):
+                layer, params = self._layer_at(snapshot)
+                output = layer.aggregate(block, x) if separable else layer(block, x)
+            if separable:
+                with self.spans.stage("host_matmul"):
+                    output = layer.transform(block.dst_rows(x), output)
+        table = output.detach()
+        hot = HotEmbeddings(plan.gsid, snapshot.version, table, plan.hot.shape[0], host_edges=block.num_edges)
+        if self.track_grad:
+            hot.output, hot.params = output, params
+            hot.grad_acc = torch.zeros_like(table)
+        if self.copy_stream is not None:
+            with self.spans.stage("host_copy"):
+                self._copy_to_device(hot)
+        self.hot.put(plan.gsid, hot)
+
+    def _layer_at(self, snapshot: Snapshot) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+        """A copy of the bottom layer holding the snapshot's parameters (tracked with ``hot_grad="cpu"``)."""
+        layer = copy.deepcopy(self.template)
+        params = list(layer.parameters())
+        with torch.no_grad():
+            for p, value in zip(params, snapshot.params):
+                p.copy_(value)
+        for p in params:
+            p.requires_grad_(self.track_grad)
+        return layer, params
+
+    def _copy_to_device(self, hot: HotEmbeddings) -> None:
+        pinned = torch.empty(hot.table.shape, dtype=hot.table.dtype, pin_memory=True)
+        pinned.copy_(hot.table)
+        with torch.cuda.stream(self.copy_stream):
+            hot.table = pinned.to(self.device, non_blocking=True)
+            if hot.grad_acc is not None:
+                hot.grad_acc = torch.zeros_like(hot.table)
+            hot.ready = torch.cuda.Event()
+            hot.ready.record(self.copy_stream)
+        hot.keep.append(pinned)
+        self.spans.count("device_bytes", pinned.nbytes)

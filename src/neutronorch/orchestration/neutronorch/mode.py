@@ -1,0 +1,240 @@
+"""Mode ``neutronorch``: hot vertices' bottom layer on the host, reused under a strictly bounded staleness.
+
+Three threads, each with its own object; what crosses between them is named here::
+
+    host producer (neutronorch-host)       cold sampler (neutronorch-sampler)      trainer (caller)
+    HostProducer: sampler, planner,        ColdSampler: its sampler                NeutronOrchMode: version,
+      seed orders, bottom-layer copy                                                 staleness check, stats,
+                                                                                     ratio controller
+         | plans (Prefetcher queue) ------------> |                                      |
+         |                                        | SplicedBatch (Prefetcher queue) ---> |
+         | <------------------------------------- W0 snapshots (Channel "snapshots") --- |
+         | hot embeddings (Channel "hot") ---------------------------------------------> |
+         | reads controller.setting (an immutable RatioSetting the trainer replaces) <-- |
+    every thread records spans into the run's Spans (thread-safe)
+
+Staleness is bounded by construction: the hot embeddings of super-batch s are computed from the
+parameters at version ``snapshot_version(s)`` (version = optimizer steps taken), a snapshot the trainer
+publishes when it reaches that version, and every use is checked (``versions.py``). With
+``hot_grad="cpu"`` the hot rows' gradient is accumulated over the super-batch and turned into W0's
+gradient by the host's autograd graph at the super-batch's last step (version difference again within
+the bound). The pipeline runs across epochs without draining.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from neutronorch.config import NeutronOrchConfig, SamplingConfig
+from neutronorch.data.graph import Graph
+from neutronorch.nn.splice import HotRows
+from neutronorch.observe import Spans, StageTable
+from neutronorch.orchestration.access import FeatureAccess
+from neutronorch.orchestration.channel import Channel
+from neutronorch.orchestration.device_reader import DeviceReader
+from neutronorch.orchestration.exact import HOST_SAMPLING_STAGES
+from neutronorch.orchestration.host_loader import HostLoader
+from neutronorch.orchestration.mode import StepInputs
+from neutronorch.orchestration.neutronorch.batch import SplicedBatch
+from neutronorch.orchestration.neutronorch.cold_sampler import ColdSampler
+from neutronorch.orchestration.neutronorch.controller import RatioController
+from neutronorch.orchestration.neutronorch.host_producer import HostProducer
+from neutronorch.orchestration.neutronorch.stats import HotStats
+from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot, StalenessCheck
+from neutronorch.orchestration.pipeline import Prefetcher
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
+
+STAGES = HOST_SAMPLING_STAGES.merge(StageTable(
+    {"hot_select": "host", "host_sample": "host", "host_gather": "host", "host_wait_weights": "host",
+     "host_compute": "host", "host_aggregate": "host", "host_matmul": "host", "host_copy": "host",
+     "wait_hot": "trainer", "hot_grad": "trainer", "publish": "trainer"},
+    waits=frozenset({"wait_hot", "host_wait_weights"})))
+
+
+class NeutronOrchMode:
+    name = "neutronorch"
+    stages = STAGES
+
+    def __init__(self, graph: Graph, sampling: SamplingConfig, config: NeutronOrchConfig, epochs: int,
+                 access: FeatureAccess, spans: Spans, sampler_threads: int, host_threads: int):
+        self.graph, self.sampling, self.config = graph, sampling, config
+        self.access, self.spans = access, spans
+        self.device = access.device
+        self.store, self.placement, self.cache = access.store, access.placement, access.cache
+        self.sampler_threads, self.host_threads = sampler_threads, host_threads
+        self.threads = {"sampler": sampler_threads, "host": host_threads}
+        self.num_batches = -(-len(graph.train_idx) // sampling.batch_size)
+        self.schedule = Schedule(epochs, self.num_batches, config.super_batch, config.staleness_bound)
+        self.staleness = StalenessCheck(config.staleness_bound)
+        self.controller = RatioController(config, self.schedule, shared_cores=not access.on_cuda,
+                                          probe_inputs=self._probe_inputs)
+        self.stats = HotStats()
+        self.version = 0  # optimizer steps taken
+        # Device sampling: the cold bottom hop is sampled and gathered on the device (its topology placed
+        # there, or read from pinned host memory); otherwise on the host like exact mode.
+        self.reader = DeviceReader(graph, access, spans) if access.placement.topology != "host" else None
+        self.loader = HostLoader(access, spans) if self.reader is None else None
+        self.model: torch.nn.Module | None = None
+        self._snapshots, self._hot = Channel("snapshots"), Channel("hot")
+        self._next_snapshot = 0  # the next super-batch to receive its snapshot
+        self._current: HotEmbeddings | None = None
+        self._plans: Prefetcher | None = None
+        self._stream: Prefetcher | None = None
+
+    # ----- lifecycle -------------------------------------------------------------------------------------
+
+    def start(self, model: torch.nn.Module) -> None:
+        self.model = model
+        producer = HostProducer(self.graph, self.store, self.sampling, self.config, self.schedule, model.bottom,
+                                lambda: self.controller.setting, self._snapshots, self._hot, self.spans,
+                                self.device, self.host_threads)
+        sampler = ColdSampler(self.graph, self.sampling.fanouts, self.spans, self.sampler_threads, self.loader,
+                              self.reader)
+        self._publish_due()
+        self._plans = Prefetcher(producer.run, depth=1, name="neutronorch-host")
+        self._stream = Prefetcher(lambda: sampler.run(self._plans), depth=self.sampling.prefetch,
+                                  name="neutronorch-sampler")
+
+    def close(self) -> None:
+        self._snapshots.close()
+        self._hot.close()
+        for prefetcher in (self._plans, self._stream):
+            if prefetcher is not None:
+                prefetcher.close()
+        if self.reader is not None:
+            self.reader.close()
+
+    def batches(self, epoch: int) -> "EpochView":
+        if self._stream is None:
+            raise RuntimeError("NeutronOrchMode.start(model) must be called before batches()")
+        return EpochView(self._stream, epoch, self.num_batches)
+
+    # ----- the trainer's side ----------------------------------------------------------------------------
+
+    def step_inputs(self, batch: SplicedBatch) -> StepInputs:
+        batch.wait()
+        splice = batch.splice
+        if self._current is None or self._current.gsid != splice.gsid:
+            with self.spans.stage("wait_hot"):
+                self._current = self._hot.take(splice.gsid, remove=False)
+            if self._current.ready is not None:
+                self._wait_hot_copy(self._current)
+            self.stats.account(splice.plan, self._current.host_edges)
+            self.controller.saw_plan(splice.probe)
+        self.staleness.check(self._current, self.version)
+        hot = self._current
+        return StepInputs(batch.blocks, batch.features, HotRows(hot.table, splice.index, hot.grad_acc))
+
+    def _probe_inputs(self, ids: np.ndarray) -> tuple:
+        """The drift probe's bottom block and features (a fixed sample of its own key), on the device."""
+        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts)
+        key = layer_key(mix_key(self.sampling.seed, 0x9E37), len(self.sampling.fanouts) - 1)
+        block, frontier = sampler.sample_hop(ids, self.sampling.fanouts[-1], key)
+        return block.to(self.device), self.store.gather(torch.from_numpy(frontier)).to(self.device)
+
+    def _wait_hot_copy(self, hot: HotEmbeddings) -> None:
+        stream = torch.cuda.current_stream(self.device)
+        stream.wait_event(hot.ready)
+        hot.table.record_stream(stream)
+        if hot.grad_acc is not None:
+            hot.grad_acc.record_stream(stream)
+
+    def before_step(self, batch: SplicedBatch) -> None:
+        """``hot_grad="cpu"``: at the super-batch's last step, add the hot rows' W0 gradient (computed on the
+        host from the accumulated dL/dY) to the bottom layer's gradient."""
+        hot = self._current
+        if not batch.splice.last or hot.output is None or hot.num_hot == 0:
+            return
+        with self.spans.stage("hot_grad"):
+            self.staleness.check(hot, self.version)
+            grad_y = hot.grad_acc.cpu() if self.access.on_cuda else hot.grad_acc
+            grads = torch.autograd.grad(hot.output, hot.params, grad_y)
+            for p, g in zip(self.model.bottom.parameters(), grads):
+                g = g.to(p.device, non_blocking=True)
+                if p.grad is None:
+                    p.grad = g
+                else:
+                    p.grad.add_(g)
+
+    def after_step(self, batch: SplicedBatch) -> None:
+        with self.spans.stage("publish"):
+            self.version += 1
+            if batch.splice.last:
+                self._hot.drop(batch.splice.gsid)
+                self._current = None
+                # Before the snapshot wakes the host, whose next plan reads the measured error.
+                self.controller.at_boundary(self.model.bottom, self.version)
+            self._publish_due()
+
+    def _publish_due(self) -> None:
+        """Publish the W0 snapshot to every super-batch whose assigned version is now reached."""
+        snapshot = None
+        while (self._next_snapshot < self.schedule.total
+               and self.schedule.snapshot_version(self._next_snapshot, self.controller.lead) <= self.version):
+            if snapshot is None:
+                snapshot = self._take_snapshot()
+            self._snapshots.put(self._next_snapshot, snapshot)
+            self._next_snapshot += 1
+
+    def _take_snapshot(self) -> Snapshot:
+        params = [p.detach() for p in self.model.bottom.parameters()]
+        if not self.access.on_cuda:
+            return Snapshot(self.version, [p.clone() for p in params])
+        host = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in params]
+        for h, p in zip(host, params):
+            h.copy_(p, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return Snapshot(self.version, host, ready)
+
+    # ----- reporting -------------------------------------------------------------------------------------
+
+    def end_epoch(self, record: dict) -> None:
+        """Record this epoch's hot ratio and staleness controls and, with ``auto``, choose the next ones."""
+        record.update(self.controller.end_epoch(record, self.stats.epoch_ratio(record["epoch"]), self.stages))
+
+    def summary(self) -> dict:
+        return {
+            "neutronorch": {"super_batch": self.schedule.super_batch, "hot_grad": self.config.hot_grad,
+                            "hot_ratio_setting": self.config.hot_ratio,
+                            "auto_history": self.controller.tuner.history if self.controller.tuner else None},
+            "staleness": {"bound": self.schedule.staleness_bound, "max_observed": self.staleness.max_observed,
+                          "mean_observed": self.staleness.mean_observed, "snapshot_lead": self.controller.lead},
+            "hot": {**self.stats.summary(self.controller.auto), **self.controller.summary()},
+        }
+
+    def describe(self) -> str:
+        return (f"sampler threads {self.sampler_threads}, host threads {self.host_threads}, super-batch "
+                f"{self.config.super_batch}, hot ratio {self.config.hot_ratio}, staleness bound "
+                f"{self.config.staleness_bound}, hot grad {self.config.hot_grad}")
+
+
+class EpochView:
+    """One epoch's mini-batches out of the mode's persistent stream (closing it does not stop the stream)."""
+
+    def __init__(self, stream: Prefetcher, epoch: int, count: int):
+        self._stream, self._epoch, self._left = stream, epoch, count
+
+    @property
+    def pending(self) -> int:
+        """Mini-batches the pipeline has produced ahead and not yet handed out (any epoch's)."""
+        return self._stream.pending
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> SplicedBatch:
+        if self._left == 0:
+            raise StopIteration
+        batch = next(self._stream)
+        if batch.epoch != self._epoch:
+            raise RuntimeError(f"pipeline out of step: got a batch of epoch {batch.epoch} in epoch {self._epoch}")
+        self._left -= 1
+        return batch
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        pass

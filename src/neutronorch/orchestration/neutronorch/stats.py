@@ -1,0 +1,43 @@
+"""What the hot sets did over the run, for the epoch records and the summary (trainer thread only)."""
+
+from __future__ import annotations
+
+from neutronorch.orchestration.neutronorch.planner import PlanStats
+
+
+class HotStats:
+    def __init__(self):
+        self.super_batches = self.hot = self.reached = self.appearances = self.hot_appearances = 0
+        self.saved_edges = self.host_edges = self.error_capped = 0
+        self._epoch_shares: dict[int, list[float]] = {}
+
+    def account(self, plan: PlanStats, host_edges: int) -> None:
+        """Once per super-batch, when the trainer reaches it."""
+        self.super_batches += 1
+        self.hot += plan.hot
+        self.reached += plan.reached
+        self.appearances += plan.appearances
+        self.hot_appearances += plan.hot_appearances
+        self.saved_edges += plan.saved_edges
+        self.host_edges += host_edges
+        self.error_capped += int(plan.error_capped)
+        self._epoch_shares.setdefault(plan.epoch, []).append(plan.hot_share)
+
+    def epoch_ratio(self, epoch: int) -> float | None:
+        """The mean hot ratio of the epoch's super-batches (None if it had none)."""
+        shares = self._epoch_shares.pop(epoch, [])
+        return sum(shares) / len(shares) if shares else None
+
+    def summary(self, auto: bool) -> dict:
+        n = max(1, self.super_batches)
+        return {
+            "mean_hot_per_super_batch": self.hot / n,
+            "mean_reached_per_super_batch": self.reached / n,
+            # Share of bottom-layer destination rows served from hot embeddings instead of computed.
+            "reuse_rate": self.hot_appearances / max(1, self.appearances),
+            "uses_per_hot_embedding": self.hot_appearances / max(1, self.hot),
+            "bottom_edges_saved": self.saved_edges,
+            "host_bottom_edges": self.host_edges,
+            "super_batches": self.super_batches,
+            "error_capped_super_batches": self.error_capped if auto else None,
+        }

@@ -1,0 +1,104 @@
+"""Versions: the schedule of W0 snapshots, the versioned buffers, and the staleness bound checked at every use.
+
+Parameter version = optimizer steps taken. Super-batch ``g``'s hot embeddings are computed from the bottom
+layer's parameters at version ``snapshot_version(g)``, fixed in advance, so that its last mini-batch uses
+them at most ``staleness_bound`` steps later: the bound holds by construction, and ``StalenessCheck``
+verifies it at every use anyway (a violation is a bug and raises).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+class Schedule:
+    """Global numbering of super-batches and optimizer steps across epochs (the pipeline never drains).
+
+    Super-batch ``g`` is number ``g % per_epoch`` of epoch ``g // per_epoch``; the last one of an epoch
+    may hold fewer than P mini-batches. Step ``t`` is the t-th optimizer step of the whole run."""
+
+    def __init__(self, epochs: int, batches_per_epoch: int, super_batch: int, staleness_bound: int):
+        self.epochs = epochs
+        self.batches_per_epoch = batches_per_epoch
+        self.super_batch = super_batch
+        self.staleness_bound = staleness_bound
+        self.per_epoch = -(-batches_per_epoch // super_batch)
+        self.total = epochs * self.per_epoch
+
+    def locate(self, gsid: int) -> tuple[int, int, int]:
+        """(epoch, first mini-batch, end mini-batch) of super-batch ``gsid``."""
+        epoch, index = divmod(gsid, self.per_epoch)
+        first = index * self.super_batch
+        return epoch, first, min(first + self.super_batch, self.batches_per_epoch)
+
+    def first_step(self, gsid: int) -> int:
+        epoch, first, _ = self.locate(gsid)
+        return epoch * self.batches_per_epoch + first
+
+    def last_step(self, gsid: int) -> int:
+        epoch, _, end = self.locate(gsid)
+        return epoch * self.batches_per_epoch + end - 1
+
+    @property
+    def max_lead(self) -> int:
+        """The most steps a snapshot may precede its super-batch's first step within the bound."""
+        return max(0, self.staleness_bound - self.super_batch + 1)
+
+    def snapshot_version(self, gsid: int, lead: int | None = None) -> int:
+        """The parameter version the hot embeddings of ``gsid`` are computed from: ``lead`` steps before the
+        super-batch's first step (the host's time to compute them), and never older than the bound allows
+        for its last step. ``lead=None`` takes the oldest version the bound allows."""
+        oldest = self.last_step(gsid) - self.staleness_bound
+        version = oldest if lead is None else max(oldest, self.first_step(gsid) - lead)
+        return max(0, version)
+
+
+@dataclass
+class Snapshot:
+    """A copy of the bottom layer's parameters at one parameter version (host memory)."""
+
+    version: int
+    params: list[torch.Tensor]
+    ready: object = None  # on CUDA: the event after which the pinned copies are complete
+
+
+@dataclass
+class HotEmbeddings:
+    """The bottom-layer output of one super-batch's hot set, as the device reads it."""
+
+    gsid: int
+    version: int
+    table: torch.Tensor  # (|H_s|, width) on the training device
+    num_hot: int
+    host_edges: int = 0  # bottom-hop edges the host sampled for the hot set
+    grad_acc: torch.Tensor | None = None  # hot_grad="cpu": dL/dY summed over the super-batch's steps
+    output: torch.Tensor | None = None  # hot_grad="cpu": the host output, still attached to its graph
+    params: list[torch.Tensor] | None = None  # hot_grad="cpu": the snapshot parameters it was computed from
+    ready: object = None  # on CUDA: the event after which ``table`` holds the data
+    keep: list = field(default_factory=list)  # host buffers that must outlive an asynchronous copy
+
+
+class StalenessCheck:
+    """Checks every use of hot embeddings against the bound and keeps what was observed."""
+
+    def __init__(self, bound: int):
+        self.bound = bound
+        self.max_observed = 0
+        self._sum = self._uses = 0
+
+    def check(self, hot: HotEmbeddings, version: int) -> None:
+        staleness = version - hot.version
+        if staleness > self.bound or staleness < 0:
+            raise RuntimeError(f"staleness bound violated: hot embeddings of super-batch {hot.gsid} were "
+                               f"computed at parameter version {hot.version} and are used at version "
+                               f"{version} (bound {self.bound}). This is a bug.")
+        if hot.num_hot:
+            self.max_observed = max(self.max_observed, staleness)
+            self._sum += staleness
+            self._uses += 1
+
+    @property
+    def mean_observed(self) -> float:
+        return self._sum / max(1, self._uses)

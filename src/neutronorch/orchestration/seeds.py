@@ -1,0 +1,14 @@
+"""The seed order of an epoch, and its mini-batches' keys: a pure function of (seed, epoch)."""
+
+from __future__ import annotations
+
+import torch
+
+from neutronorch.sampling.neighbor_sampler import mix_key
+
+
+def epoch_order(train_idx: torch.Tensor, seed: int, epoch: int) -> torch.Tensor:
+    """The seed order of one epoch: a permutation derived from (seed, epoch) alone."""
+    generator = torch.Generator()
+    generator.manual_seed(mix_key(seed, epoch) & 0x7FFF_FFFF_FFFF_FFFF)
+    return train_idx[torch.randperm(train_idx.shape[0], generator=generator)]

@@ -1,0 +1,106 @@
+"""One epoch of training: batches from the mode, ``train_step`` on each, and the epoch's record.
+
+Per-batch work here must not synchronise with the device: losses are summed on the device and read once
+per epoch (step losses for the metric logs once per ``log_every`` steps).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from neutronorch.observe import Spans, StageTable, Utilisation
+from neutronorch.orchestration.mode import Mode
+from neutronorch.train.memory import peak_rss_mb
+from neutronorch.train.metrics_log import MetricLog
+from neutronorch.train.step import train_step
+
+# progress(epoch, steps done, steps in the epoch): called after every step.
+Progress = Callable[[int, int, int], None]
+
+
+class TimelineWindow:
+    """Keeps the raw spans of ``steps`` training steps from the start of one epoch (the second, if there is
+    one: the first includes JIT compilation and cold caches)."""
+
+    def __init__(self, enabled: bool, epochs: int, steps: int):
+        self.enabled = enabled
+        self.epoch = min(1, epochs - 1)
+        self.steps = steps
+        self.active = False
+
+    def begin_epoch(self, epoch: int, spans: Spans) -> None:
+        if self.enabled and epoch == self.epoch:
+            spans.keep = self.active = True
+
+    def after_step(self, spans: Spans, done: int) -> None:
+        if self.active and done >= self.steps:
+            spans.keep = self.active = False
+
+    def end_epoch(self, spans: Spans) -> None:
+        if self.active:
+            spans.keep = self.active = False
+
+
+def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: Mode, epoch: int, spans: Spans,
+                stages: StageTable, util: Utilisation, metrics: MetricLog, window: TimelineWindow,
+                progress: Progress | None = None) -> dict:
+    """Train one epoch; return its record (without evaluation)."""
+    model.train()
+    spans.take()  # drop what the producers recorded between epochs (evaluation time)
+    util.take()
+    device = next(model.parameters()).device
+    total_loss = torch.zeros((), device=device)
+    step_losses = []
+    num_batches = sampled_edges = input_nodes = feature_bytes = device_bytes = cache_hits = 0
+    start = time.perf_counter()
+    window.begin_epoch(epoch, spans)
+    with mode.batches(epoch) as batches:
+        batches = iter(batches)
+        while True:
+            with spans.stage("wait", num_batches):
+                batch = next(batches, None)
+            if batch is None:
+                break
+            loss = train_step(model, optimizer, mode, batch, spans, num_batches)
+            total_loss += loss
+            if metrics.per_step:
+                step_losses.append(loss)
+                if len(step_losses) == metrics.every:
+                    metrics.steps(epoch, num_batches + 1 - len(step_losses), step_losses)
+                    step_losses = []
+            num_batches += 1
+            sampled_edges += batch.subgraph.num_sampled_edges
+            input_nodes += batch.subgraph.input_nodes.shape[0]
+            feature_bytes += batch.features.nbytes
+            cache_hits += batch.cache_hits
+            device_bytes += batch.device_bytes
+            window.after_step(spans, num_batches)
+            if progress is not None:
+                progress(epoch, num_batches, mode.num_batches)
+    if step_losses:
+        metrics.steps(epoch, num_batches - len(step_losses), step_losses)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    window.end_epoch(spans)
+    stage_seconds, counts = spans.take()
+    return {
+        "epoch": epoch,
+        "seconds": seconds,
+        "train_loss": float(total_loss) / max(1, num_batches),
+        "stage_seconds": {k: round(v, 4) for k, v in sorted(stage_seconds.items(),
+                                                           key=lambda item: stages.display_order(item[0]))},
+        "lane_busy": stages.lane_busy(stage_seconds, seconds),
+        "utilisation": util.take(),
+        # Rows and bytes of the batches trained this epoch; hot tables copied by the host producer count
+        # when their copy starts.
+        "moved": {"feature_rows": input_nodes, "feature_bytes": feature_bytes,
+                  "device_bytes": device_bytes + counts.get("device_bytes", 0), "cache_hits": cache_hits},
+        "batches": num_batches,
+        "sampled_edges": sampled_edges,
+        "input_nodes_per_batch": input_nodes / max(1, num_batches),
+        "peak_rss_mb": round(peak_rss_mb(), 1),  # high-water mark so far, before this epoch's evaluation
+    }

@@ -1,0 +1,67 @@
+"""The files a run writes: checked before any data is loaded, and the summary written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from neutronorch.config import TrainConfig
+from neutronorch.errors import ConfigError
+
+
+def check_outputs(config: TrainConfig) -> None:
+    """Fail before training (never after it) if an output cannot be written."""
+    if config.timeline:
+        _check_timeline(config.timeline)
+    if config.summary_json:
+        _check_creatable("summary_json", config.summary_json)
+    for field, path in (("log_jsonl", config.log_jsonl), ("log_csv", config.log_csv),
+                        ("tensorboard", config.tensorboard)):
+        if path and not Path(path).resolve().parent.exists():
+            raise ConfigError(f"`{field}` {path}: the folder {Path(path).resolve().parent} does not exist.")
+    if config.tensorboard:
+        try:
+            import tensorboard  # noqa: F401, PLC0415 - optional
+        except ImportError:
+            raise ConfigError("`tensorboard` needs the tensorboard package: pip install tensorboard.") from None
+
+
+def _check_creatable(field: str, path: str) -> None:
+    """``path``'s folder exists or can be made: its nearest existing ancestor is a writable folder."""
+    parent = Path(path).resolve().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise ConfigError(f"`{field}` {path}: cannot be written ({parent} is not a writable folder).")
+
+
+def _check_timeline(path: str) -> None:
+    if not path.lower().endswith(".png"):
+        raise ConfigError(f"`timeline` {path}: give a .png path (the raw spans go next to it as .json).")
+    try:
+        import matplotlib  # noqa: F401, PLC0415 - optional
+    except ImportError:
+        raise ConfigError("`timeline` needs matplotlib: pip install matplotlib (or the project's [plot] "
+                          "extra).") from None
+    parent = Path(path).parent
+    if not parent.exists():
+        raise ConfigError(f"`timeline` {path}: the folder {parent} does not exist.")
+
+
+def write_json_atomically(path: str, data: dict) -> None:
+    """Write ``data`` as JSON next to ``path`` (its folder made if needed) and rename it into place: a crash
+    mid-write leaves the previous file (or none), never half of one."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

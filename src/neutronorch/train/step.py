@@ -1,0 +1,42 @@
+"""One training step, the same for every mode, the trainer, the tests and the benchmarks.
+
+It must not synchronise with the device: the loss comes back as a device tensor, read by the caller when it
+chooses (the trainer once per epoch).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from torch.nn import functional as F
+
+from neutronorch.observe import Spans, StageTable
+from neutronorch.orchestration.batch import MiniBatch
+from neutronorch.orchestration.mode import Mode
+
+# The trainer's own stages (the mode's go on their lanes; see each mode's ``stages``).
+TRAINER_STAGES = StageTable({"wait": "trainer", "forward": "trainer", "backward": "trainer", "step": "trainer"},
+                            waits=frozenset({"wait"}))
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: Mode, batch: MiniBatch,
+               spans: Spans | None = None, step: int = -1) -> torch.Tensor:
+    """Forward, loss, backward and optimizer step on ``batch``; returns the (detached) loss. The gradients
+    stay in the parameters until the next step clears them; the batch's host buffer is released."""
+    inputs = mode.step_inputs(batch)
+    with _stage(spans, "forward", step):
+        loss = F.cross_entropy(model(*inputs), batch.labels)
+    with _stage(spans, "backward", step):
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+    mode.before_step(batch)
+    with _stage(spans, "step", step):
+        optimizer.step()
+    mode.after_step(batch)
+    batch.release()
+    return loss.detach()
+
+
+def _stage(spans: Spans | None, name: str, step: int):
+    return nullcontext() if spans is None else spans.stage(name, step)

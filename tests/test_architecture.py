@@ -1,0 +1,130 @@
+"""The house rules of docs/architecture.md, checked on the source: layering, no cycles, sizes, no prints."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from neutronorch.observe import StageTable
+from neutronorch.orchestration.device import DeviceMode
+from neutronorch.orchestration.exact import ExactMode
+from neutronorch.orchestration.mode import Mode
+from neutronorch.orchestration.neutronorch import NeutronOrchMode
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "neutronorch"
+MODULES = sorted(p for p in SRC.rglob("*.py"))
+MODES = (ExactMode, DeviceMode, NeutronOrchMode)
+
+# package -> packages it must never import (docs/architecture.md, "which part may know which")
+FORBIDDEN = {
+    "nn": {"orchestration", "train", "cli"},
+    "sampling": {"nn", "orchestration", "train", "cli"},
+    "data": {"nn", "orchestration", "train", "cli"},
+    "features": {"orchestration", "train", "cli"},
+    "orchestration": {"train", "cli"},
+    "config": {"train", "orchestration", "cli"},
+    "observe": {"nn", "sampling", "data", "features", "orchestration", "train", "config", "errors", "cli"},
+    "train": {"cli"},
+}
+
+
+def package_of(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return parts[0]
+
+
+def imported_packages(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "neutronorch" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+def package_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in MODULES:
+        package = package_of(path)
+        if package in ("__init__", "__main__"):
+            continue  # the public API and the entry point gather everything
+        graph.setdefault(package, set()).update(imported_packages(path) - {package})
+    return graph
+
+
+def test_layering_holds():
+    broken = [f"{package} imports {other}" for package, uses in package_graph().items()
+              for other in uses & FORBIDDEN.get(package, set())]
+    assert not broken
+
+
+def test_no_import_cycle_between_packages():
+    graph = package_graph()
+    state: dict[str, int] = {}
+
+    def visit(node, trail):
+        if state.get(node) == 1:
+            raise AssertionError("import cycle: " + " -> ".join(trail + [node]))
+        if state.get(node) == 2:
+            return
+        state[node] = 1
+        for other in sorted(graph.get(node, ())):
+            visit(other, trail + [node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        visit(node, [])
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SRC)))
+def test_modules_and_classes_stay_small(path):
+    text = path.read_text()
+    assert len(text.splitlines()) <= 400, f"{path.name} has more than 400 lines"
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef):
+            length = node.end_lineno - node.lineno + 1
+            assert length <= 250, f"class {node.name} has {length} lines"
+
+
+def test_only_the_command_line_prints():
+    printing = []
+    for path in MODULES:
+        if path.name == "cli.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+                printing.append(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert not printing
+
+
+def test_modes_are_siblings_behind_one_protocol():
+    for mode in MODES:
+        assert isinstance(mode, type) and not any(issubclass(mode, other) for other in MODES if other is not mode)
+        assert isinstance(getattr(mode, "stages", None), StageTable)
+        missing = [name for name in ("start", "batches", "step_inputs", "before_step", "after_step", "end_epoch",
+                                     "summary", "describe", "close") if not callable(getattr(mode, name, None))]
+        assert not missing, f"{mode.__name__} lacks {missing}"
+        assert mode.name in ("exact", "device", "neutronorch") and mode.stages.lanes
+
+
+def test_nothing_outside_a_mode_branches_on_mode_names():
+    """Only the factory (which builds modes by name) and the modes themselves may compare mode names."""
+    allowed = {"orchestration/factory.py", "config.py", "cli.py"}
+    offenders = []
+    for path in MODULES:
+        rel = str(path.relative_to(SRC))
+        if rel in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                names = {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+                constants = {c.value for c in ast.walk(node) if isinstance(c, ast.Constant)}
+                if names & {"name", "mode"} and constants & {"exact", "device", "neutronorch"}:
+                    offenders.append(f"{rel}:{node.lineno}")
+    assert not offenders
