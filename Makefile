@@ -1,5 +1,5 @@
 # Set-up and the two everyday commands. `make demo` trains on a built-in synthetic graph; `make test`
-# runs the test suite. Both create the virtual environment on first use.
+# runs the test suite (`make test-fast`: the unit tests only). Both create the virtual environment on first use.
 # TORCH_SPEC picks the PyTorch build: the default is the CPU wheel; on a GPU machine use your CUDA build,
 # e.g. `make demo TORCH_SPEC=torch` or an existing environment (VENV=/path/to/venv).
 PYTHON ?= python3
@@ -7,7 +7,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.neutronorch-installed
 
-.PHONY: demo test clean
+.PHONY: demo test test-fast clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
+
+# The unit suite alone: no end-to-end training runs (tests marked slow).
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m "not slow"
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

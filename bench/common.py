@@ -51,13 +51,16 @@ def steady_median(epoch_seconds: list[float]) -> float:
 
 
 def alternate(systems: dict, rounds: int, prefix: str, threads: int) -> dict[str, list[dict]]:
-    """Run every system once per round, in turn (A B A B ...), so a noisy machine affects all alike.
+    """Run every system once per round, in turn, the order reversed every other round (A B C, C B A, ...):
+    a noisy machine affects all alike, and no system always runs first (after a large process has just
+    exited) or last.
 
     ``systems`` maps a name to a function of the summary path returning the command line.
     """
     results: dict[str, list[dict]] = {name: [] for name in systems}
     for round_index in range(rounds):
-        for name, command in systems.items():
+        order = list(systems.items())
+        for name, command in (order if round_index % 2 == 0 else order[::-1]):
             out = OUT / f"{prefix}-{name}-{round_index}.json"
             results[name].append(run_json(command(out), out, threads))
     return results

@@ -3,9 +3,9 @@
 For every (dataset, model) the harness trains each of our modes (exact, neutronorch, device) and each
 installed peer (DGL 2.1's classic CPU pipeline; PyG once bench/peers/pyg_train.py exists) with the same
 model, fanouts, batch size, optimizer, dropout, seed and threads, each run in its own process, interleaved
-A B C A B C ... so that a noisy machine affects all alike. It prints one markdown table per (dataset,
-model): median epoch time without each run's first epoch, its ratio to every peer's, test accuracy, peak
-RSS and where the epoch's time went.
+A B C C B A ... (the order reversed every other round) so that a noisy machine affects all alike. It
+prints one markdown table per (dataset, model): median epoch time without each run's first epoch, its
+ratio to every peer's, test accuracy, peak RSS and where the epoch's time went.
 
 With --baseline REV it also times an earlier git revision of our own code against the working tree, in the
 same run: the revision is checked out once with `git worktree add --detach` into

@@ -1,7 +1,7 @@
 """What the stage instrumentation costs: epoch time with it on against off, side by side in one run.
 
 "Off" runs the same command in a process where the span recorder and the utilisation sampler are replaced
-by no-ops (nothing else changes). Runs alternate on/off (A B A B ...); epoch times are medians without
+by no-ops (nothing else changes). Runs alternate on/off (A B B A ...); epoch times are medians without
 each run's first epoch.
 
     python bench/telemetry_overhead.py                      # exact mode on the 300k-vertex graph, 3 rounds

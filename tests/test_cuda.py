@@ -36,6 +36,7 @@ def test_aggregation_and_activation_on_cuda_equal_cpu(small_csc):
     assert out.is_cuda and bool(((out == 0) | (out == 2 * y.clamp(min=0))).all())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["sage", "gcn", "gat"])
 def test_exact_training_on_cuda(model, tmp_path):
     summary = train(TrainConfig(dataset="synthetic:nodes=4000,degree=10,features=16,classes=4,noise=0.6",
@@ -47,6 +48,7 @@ def test_exact_training_on_cuda(model, tmp_path):
     assert summary["test_acc"] > 0.75
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,dropout", [("sage", 0.5), ("gcn", 0.5), ("gat", 0.0)])
 def test_neutronorch_p1_s0_cpu_grad_equals_exact_mode_on_cuda(model, dropout):
     from test_neutronorch import config, lockstep
@@ -67,6 +69,7 @@ def test_neutronorch_p1_s0_cpu_grad_equals_exact_mode_on_cuda(model, dropout):
     assert hot_rows > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hot_grad", ["cpu", "stop"])
 def test_neutronorch_training_on_cuda(hot_grad):
     summary = train(TrainConfig(dataset="synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6",
@@ -78,6 +81,7 @@ def test_neutronorch_training_on_cuda(hot_grad):
     assert summary["hot"]["reuse_rate"] > 0 and summary["test_acc"] > 0.7
 
 
+@pytest.mark.slow
 def test_device_mode_on_cuda(tmp_path):
     summary = train(TrainConfig(dataset="synthetic:nodes=4000,degree=10,features=16,classes=4,noise=0.6",
                                 mode="device", device="cuda", fanouts=[5, 5], hidden=32, batch_size=256,
@@ -87,6 +91,7 @@ def test_device_mode_on_cuda(tmp_path):
     assert summary["epochs"][-1]["stage_seconds"]["sample"] > 0
 
 
+@pytest.mark.slow
 def test_telemetry_on_cuda(tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "t.png"
@@ -125,6 +130,7 @@ def test_pinned_memory_and_uva_views_read_the_host_rows():
     assert torch.equal(view.index_select(0, rows).cpu(), host[rows.cpu()])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["exact", "device", "neutronorch"])
 def test_a_partial_cache_on_cuda_serves_hits_and_learns(mode):
     extra = dict(super_batch=2, hot_ratio=0.3) if mode == "neutronorch" else {}
@@ -137,6 +143,7 @@ def test_a_partial_cache_on_cuda_serves_hits_and_learns(mode):
     assert part["test_acc"] > 0.8 and abs(part["test_acc"] - full["test_acc"]) < 0.05
 
 
+@pytest.mark.slow
 def test_exact_mode_cache_equals_plain_copies_on_cuda():
     """Same sampling, same rows: the cache changes only where rows come from (losses agree up to the
     nondeterministic order of CUDA's atomic sums)."""
@@ -170,6 +177,7 @@ def test_topology_and_features_through_uva_under_a_small_budget():
             assert torch.equal(batch.labels.cpu(), torch.from_numpy(graph.labels[batch.subgraph.seeds.cpu().numpy()]))
 
 
+@pytest.mark.slow
 def test_neutronorch_device_sampling_on_cuda_omits_hot_bottom_hops():
     summary = _placement_run(mode="neutronorch", device_sampling="auto", super_batch=2, hot_ratio=0.3,
                              epochs=4, eval_every=1)
@@ -275,6 +283,7 @@ def test_large_arrays_are_pinned_in_place_and_read_through_uva(monkeypatch):
     assert not host.is_pinned()
 
 
+@pytest.mark.slow
 def test_the_memory_budget_caps_the_allocator_for_the_run_only():
     total = torch.cuda.get_device_properties(0).total_memory
     summary = _placement_run(mode="device", gpu_memory_gb=2.0)

@@ -19,6 +19,7 @@ def small_config(**overrides):
     return TrainConfig(**values)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["sage", "gcn"])
 def test_device_mode_learns_as_well_as_exact_mode(model):
     device = train(small_config(model=model))
@@ -48,6 +49,7 @@ def test_device_mode_batches_hold_the_right_rows_and_labels():
     assert sorted(seeds.tolist()) == sorted(np.asarray(graph.train_idx).tolist())
 
 
+@pytest.mark.slow
 def test_device_mode_from_the_command_line(tmp_path, capsys):
     out = tmp_path / "s.json"
     assert main(["train", "--dataset", SMALL, "--mode", "device", "--fanouts", "4,4", "--epochs", "1",

@@ -19,6 +19,7 @@ print(applied, max(faults[-4:]))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc tuning")
 def test_freed_blocks_are_reused_without_page_faults():
     applied, faults = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,

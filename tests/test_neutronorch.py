@@ -70,6 +70,7 @@ def lockstep(graph, cfg_a, cfg_b, device=torch.device("cpu")):
         mode_b.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,dropout", [("sage", 0.5), ("gcn", 0.5), ("gat", 0.0)])
 def test_p1_s0_cpu_grad_equals_exact_mode_losses_and_gradients(graph, model, dropout):
     # GAT's attention dropout draws masks over the edges of the block the device computes, which the hot
@@ -91,6 +92,7 @@ def test_p1_s0_cpu_grad_equals_exact_mode_losses_and_gradients(graph, model, dro
     assert hot_rows > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["sage", "gat"])
 def test_hot_ratio_zero_is_exact_mode_whatever_the_super_batch(graph, model):
     exact = config(model=model, mode="exact")
@@ -100,6 +102,7 @@ def test_hot_ratio_zero_is_exact_mode_whatever_the_super_batch(graph, model):
         torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_stop_grad_leaves_hot_rows_out_of_the_bottom_gradient(graph):
     # P = 1, S = 0: identical forward; the bottom layer's gradient misses exactly the hot rows' share.
     exact = config(mode="exact")
@@ -179,6 +182,7 @@ def test_schedule_keeps_every_use_within_the_bound():
             assert first < end <= batches and (epoch, first) == divmod(sched.first_step(g), batches)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("p,bound,lead,worst", [(4, None, 4, 7), (3, 2, None, 2), (4, None, None, 5),
                                                  (4, None, 0, 3)])
 def test_training_reports_observed_staleness_within_the_bound(p, bound, lead, worst):
@@ -207,6 +211,7 @@ def test_a_staleness_violation_raises():
         check.check(HotEmbeddings(gsid=1, version=5, table=torch.zeros(1, 1), num_hot=1), 4)  # from the future
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["gcn", "gat"])
 def test_neutronorch_mode_learns(model):
     summary = train(TrainConfig(dataset=SMALL, mode="neutronorch", model=model, fanouts=[5, 5], hidden=32,
@@ -215,6 +220,7 @@ def test_neutronorch_mode_learns(model):
     assert summary["test_acc"] > 0.8
 
 
+@pytest.mark.slow
 def test_every_destination_hot_and_auto_ratio_run(graph):
     summary = train(config(mode="neutronorch", hot_ratio=1.0, epochs=1), graph=graph)
     assert summary["hot"]["reuse_rate"] == 1.0
@@ -226,6 +232,7 @@ def test_every_destination_hot_and_auto_ratio_run(graph):
     assert summary["hot"]["drift_per_step"] > 0
 
 
+@pytest.mark.slow
 def test_auto_ratio_is_capped_by_the_staleness_error_budget(graph):
     # lr 0.01 on a tiny graph moves the bottom layer a lot per step: a tight budget keeps nearly every row
     # exact; nothing is hot before the drift has been measured.
@@ -249,15 +256,16 @@ def _pipeline_threads():
     return [t for t in threading.enumerate() if t.name.startswith("neutronorch-")]
 
 
+@pytest.mark.slow
 def test_a_host_error_reaches_the_caller_and_no_thread_is_left(monkeypatch, graph):
-    original = HostProducer._finish_hot
+    original = Planner.plan
 
-    def failing(self, plan, *prepared):
-        if plan.gsid == 3:
+    def failing(self, gsid, *args, **kwargs):
+        if gsid == 3:
             raise ValueError("host stage broke")
-        return original(self, plan, *prepared)
+        return original(self, gsid, *args, **kwargs)
 
-    monkeypatch.setattr(HostProducer, "_finish_hot", failing)
+    monkeypatch.setattr(Planner, "plan", failing)
     with pytest.raises(ValueError, match="host stage broke") as info:
         train(config(mode="neutronorch", super_batch=2, hot_ratio=0.2, epochs=3), graph=graph)
     assert any(entry.name == "failing" for entry in info.traceback)
@@ -267,6 +275,7 @@ def test_a_host_error_reaches_the_caller_and_no_thread_is_left(monkeypatch, grap
     assert not _pipeline_threads()
 
 
+@pytest.mark.slow
 def test_a_trainer_error_stops_the_pipeline(monkeypatch, graph):
     calls = {"n": 0}
     original = NeutronOrchMode.after_step
@@ -308,6 +317,7 @@ def test_the_pipeline_runs_on_across_epochs(graph):
         mode.close()
 
 
+@pytest.mark.slow
 def test_the_producers_leave_the_trainers_thread_count_alone(monkeypatch, graph):
     """torch's thread settings are partly process-wide (the BLAS pool): a producer thread that set them for
     itself would make the trainer's matrix products single-threaded."""

@@ -154,6 +154,7 @@ def _run(**overrides):
     return train(TrainConfig(**values))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["exact", "device"])
 def test_a_partial_cache_changes_nothing_but_the_data_moved(mode, caplog):
     caplog.set_level("INFO", logger="neutronorch")
@@ -172,6 +173,7 @@ def test_a_partial_cache_changes_nothing_but_the_data_moved(mode, caplog):
     assert every["moved"]["cache_hits"] == every["moved"]["feature_rows"]
 
 
+@pytest.mark.slow
 def test_neutronorch_samples_its_bottom_hop_on_the_device_when_asked():
     summary = _run(mode="neutronorch", device_sampling="on", super_batch=2, hot_ratio=0.3, epochs=4,
                    gpu_cache_gb=1000 * 16 * 4 / 2**30)
@@ -215,7 +217,7 @@ def test_large_tensors_are_pinned_in_place_and_unpinned(monkeypatch):
     cudart = FakeCudart(0)
     big = torch.zeros(1000, 16)
     monkeypatch.setattr(placement, "REGISTER_IN_PLACE", big.nbytes)
-    out = placement._pin_copy(big, cudart)
+    out = placement.pin_copy(big, cudart)
     assert out is big and cudart.registered == [(big.data_ptr(), big.nbytes)]
     placement.REGISTERED.release(big, cudart)
     placement.REGISTERED.release(big, cudart)  # once only
@@ -233,7 +235,7 @@ def test_a_refused_registration_falls_back_to_a_pinned_copy(monkeypatch, capsys)
     copies = []
 
     def copy_pin(tensor):
-        out = placement._pin_copy(tensor, FakeCudart(1))
+        out = placement.pin_copy(tensor, FakeCudart(1))
         copies.append(out)
         return out
 
@@ -299,6 +301,7 @@ def test_help_lists_the_placement_options(capsys):
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_gpu_table_reports_every_run_and_judges_the_targets(tmp_path):
     spec = importlib.util.spec_from_file_location("gpu_table", ROOT / "bench" / "gpu_table.py")
     gpu_table = importlib.util.module_from_spec(spec)
@@ -332,6 +335,7 @@ def test_gpu_table_reports_every_run_and_judges_the_targets(tmp_path):
     assert any(v.startswith("- MISSING 25%: neutronorch at least 3x") for v in gpu_table.targets(gpu_table.load(tmp_path)))
 
 
+@pytest.mark.slow
 def test_gpu_check_refuses_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the check would run")
@@ -340,6 +344,7 @@ def test_gpu_check_refuses_without_cuda():
     assert result.returncode == 2 and "no CUDA device" in result.stderr
 
 
+@pytest.mark.slow
 def test_gpu_check_rehearses_every_step_on_the_cpu(tmp_path):
     """The whole script (graph, six runs, table, targets) with --device cpu on a tiny graph: a broken flag
     or step shows here, not in a scarce GPU window."""

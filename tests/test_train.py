@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ def small_config(**overrides):
     return TrainConfig(**values)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["sage", "gcn", "gat"])
 def test_training_learns_the_synthetic_graph(model):
     # GAT's attention starts near uniform and needs a few more steps.
@@ -33,6 +35,7 @@ def test_training_learns_the_synthetic_graph(model):
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.slow
 def test_gnn_clearly_beats_a_feature_only_model_on_synthetic_graphs():
     graph = generate(SyntheticSpec.parse(SMALL))
     x = torch.from_numpy(graph.features)
@@ -51,12 +54,14 @@ def test_gnn_clearly_beats_a_feature_only_model_on_synthetic_graphs():
     assert gnn_acc > mlp_acc + 0.15, (gnn_acc, mlp_acc)
 
 
+@pytest.mark.slow
 def test_same_seed_gives_the_same_run():
     a = train(small_config(epochs=2))
     b = train(small_config(epochs=2))
     assert [e["train_loss"] for e in a["epochs"]] == [e["train_loss"] for e in b["epochs"]]
 
 
+@pytest.mark.slow
 def test_summary_json_holds_the_contract_keys(tmp_path):
     out = tmp_path / "summary.json"
     code = main(["train", "--dataset", SMALL, "--model", "sage", "--fanouts", "5,5", "--hidden", "16",
@@ -76,6 +81,7 @@ def test_summary_json_holds_the_contract_keys(tmp_path):
     assert summary["moved"]["feature_rows"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix,text", [
     (".yaml", "model: gcn\nfanouts: [4, 4]\nhidden: 16\nepochs: 1\nbatch-size: 512\n"),
     (".toml", 'model = "gcn"\nfanouts = "4,4"\nhidden = 16\nepochs = 1\nbatch_size = 512\n'),
@@ -128,6 +134,7 @@ def test_bad_config_file_key_is_named(tmp_path, capsys):
     assert "lerning_rate" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_sampled_inference_option_runs():
     summary = train(small_config(epochs=1, eval_fanouts=[5, 5]))
     assert 0 <= summary["test_acc"] <= 1
@@ -135,6 +142,7 @@ def test_sampled_inference_option_runs():
         small_config(eval_fanouts=[5]).validate()
 
 
+@pytest.mark.slow
 def test_evaluation_on_a_seeded_sample_of_each_set(monkeypatch):
     from neutronorch.train import evaluate as evaluation
 
@@ -170,12 +178,13 @@ def test_producer_errors_reach_the_consumer_with_their_traceback():
 def test_closing_the_prefetcher_stops_its_thread():
     import itertools
 
-    prefetcher = Prefetcher(lambda: itertools.count(), depth=2)
+    prefetcher = Prefetcher(lambda: itertools.count(), depth=2, name="counting-prefetcher")
     next(prefetcher)
     prefetcher.close()
-    assert not prefetcher._thread.is_alive()
+    assert not [t for t in threading.enumerate() if t.name == "counting-prefetcher"]
 
 
+@pytest.mark.slow
 def test_generate_convert_and_python_dash_m(tmp_path):
     out = tmp_path / "g"
     assert main(["generate", "synthetic", "--nodes", "500", "--features", "8", "--out", str(out)]) == 0
@@ -190,6 +199,7 @@ def test_generate_convert_and_python_dash_m(tmp_path):
     assert "test acc" in result.stdout
 
 
+@pytest.mark.slow
 def test_batch_size_zero_follows_the_training_set_size(tmp_path):
     from neutronorch.config import auto_batch_size
 

@@ -65,7 +65,7 @@ class TrainConfig:
     log_csv: str | None = None
     tensorboard: str | None = None
     log_every: int = 20
-    progress: bool = True
+    progress: bool = True  # the command line's progress bar (train() reports through its callback instead)
     stage_table: bool = True
 
     def validate(self) -> "TrainConfig":
@@ -146,6 +146,10 @@ class TrainConfig:
                                  self.hot_error_budget, self.snapshot_lead)
 
     @property
+    def logging(self) -> "LogConfig":
+        return LogConfig(self.log_jsonl, self.log_csv, self.tensorboard, self.log_every)
+
+    @property
     def placement(self) -> "PlacementConfig":
         return PlacementConfig(self.gpu_memory_gb, self.gpu_cache_gb, self.cache_policy, self.device_sampling)
 
@@ -184,6 +188,16 @@ class PlacementConfig:
     gpu_cache_gb: str | float
     cache_policy: str
     device_sampling: str
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """The metric logs' part of the configuration."""
+
+    log_jsonl: str | None
+    log_csv: str | None
+    tensorboard: str | None
+    log_every: int
 
 
 def _parse_hot_ratio(value) -> str | float:

@@ -227,7 +227,7 @@ def _clear_cuda_error() -> None:
         pass
 
 
-def _pin_copy(tensor: torch.Tensor, cudart=None) -> torch.Tensor:
+def pin_copy(tensor: torch.Tensor, cudart=None) -> torch.Tensor:
     """Pin ``tensor``: in place when it is large, contiguous and owns its memory; else a pinned copy."""
     if tensor.nbytes >= REGISTER_IN_PLACE and tensor.is_contiguous() and REGISTERED.register(tensor, cudart):
         return tensor
@@ -239,7 +239,7 @@ def unpin(tensor: torch.Tensor) -> None:
     REGISTERED.release(tensor)
 
 
-def pin(tensor: torch.Tensor, what: str, pinner=_pin_copy) -> tuple[torch.Tensor, bool]:
+def pin(tensor: torch.Tensor, what: str, pinner=pin_copy) -> tuple[torch.Tensor, bool]:
     """``tensor`` in page-locked memory, or (after one clear warning) the tensor itself when the system
     refuses to lock that much memory. Returns (tensor, pinned)."""
     if tensor.is_pinned():

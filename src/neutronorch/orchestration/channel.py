@@ -1,8 +1,11 @@
-"""The one way state crosses threads between pipeline stages: a keyed channel that can be closed or failed.
+"""The one way items cross threads between pipeline stages: a keyed channel that can be closed or failed.
 
-A producer ``put``s an item under a key (a super-batch id); a consumer ``take``s it, waiting until it is
-there. ``fail(exc)`` hands an error to every waiting (and later) consumer, ``close()`` wakes them with
-``Closed``: no thread ever waits on a stage that has died or been stopped.
+A producer ``put``s an item under a key (a sequence number, a super-batch id); a consumer ``take``s it,
+waiting until it is there. With a ``capacity``, ``put`` waits while that many items are waiting (a bounded
+queue: the producer runs at most that far ahead). ``fail(exc)`` hands an error to every waiting (and
+later) consumer once the items put before it are taken; ``close()`` wakes every waiter, producers and
+consumers alike, with ``Closed``, and returns the items nobody took. No thread ever waits on a stage that
+has died or been stopped.
 """
 
 from __future__ import annotations
@@ -17,17 +20,26 @@ class Closed(Exception):
 class Channel:
     """Items keyed by an integer, handed from one thread to another."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, capacity: int | None = None):
         self.name = name
+        self.capacity = capacity
         self._items: dict[int, object] = {}
         self._cond = threading.Condition()
         self._error: BaseException | None = None
         self._closed = False
 
-    def put(self, key: int, value) -> None:
+    def __len__(self) -> int:
+        """Items put and not yet taken."""
         with self._cond:
+            return len(self._items)
+
+    def put(self, key: int, value) -> None:
+        """Hand ``value`` over under ``key``; with a capacity, wait for room first (``Closed`` if closed)."""
+        with self._cond:
+            while self.capacity is not None and len(self._items) >= self.capacity and not self._closed:
+                self._cond.wait(0.5)
             if self._closed:
-                return
+                raise Closed(self.name)
             self._items[key] = value
             self._cond.notify_all()
 
@@ -40,19 +52,26 @@ class Channel:
                 if self._closed:
                     raise Closed(self.name)
                 self._cond.wait(0.5)
-            return self._items.pop(key) if remove else self._items[key]
+            if not remove:
+                return self._items[key]
+            self._cond.notify_all()  # room for a waiting producer
+            return self._items.pop(key)
 
     def drop(self, key: int) -> None:
         with self._cond:
             self._items.pop(key, None)
+            self._cond.notify_all()
 
     def fail(self, exc: BaseException) -> None:
         with self._cond:
             self._error = exc
             self._cond.notify_all()
 
-    def close(self) -> None:
+    def close(self) -> list:
+        """Wake every waiter with ``Closed``; return the items nobody took."""
         with self._cond:
             self._closed = True
+            left = list(self._items.values())
             self._items.clear()
             self._cond.notify_all()
+        return left

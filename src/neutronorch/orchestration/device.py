@@ -27,7 +27,7 @@ from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.mode import StepHooksUnused, StepInputs
 from neutronorch.orchestration.pipeline import Prefetcher
-from neutronorch.orchestration.seeds import epoch_order
+from neutronorch.orchestration.seeds import epoch_order, training_seeds
 from neutronorch.sampling.neighbor_sampler import TorchNeighborSampler, batch_key
 
 
@@ -41,7 +41,7 @@ class DeviceMode(StepHooksUnused):
         self.store, self.placement, self.cache = access.store, access.placement, access.cache
         self.spans = spans
         self.threads: dict[str, int] = {}  # its sampler runs torch ops on the training threads
-        self.train_idx = torch.as_tensor(graph.train_idx, dtype=torch.int64).clone()
+        self.train_idx = training_seeds(graph)
         self.num_batches = -(-self.train_idx.shape[0] // sampling.batch_size)
         self.reader = DeviceReader(graph, access, spans)
         self.sample_stream = torch.cuda.Stream(self.device) if access.on_cuda else None

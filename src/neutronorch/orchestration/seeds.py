@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from neutronorch.data.graph import Graph
 from neutronorch.sampling.neighbor_sampler import mix_key
+
+
+def training_seeds(graph: Graph) -> torch.Tensor:
+    """The training vertices as an int64 tensor (a small, writable copy of a possibly read-only map)."""
+    return torch.from_numpy(np.array(graph.train_idx, dtype=np.int64))
 
 
 def epoch_order(train_idx: torch.Tensor, seed: int, epoch: int) -> torch.Tensor:

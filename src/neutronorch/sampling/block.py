@@ -15,7 +15,8 @@ class Block:
     are positions in the layer's source frontier. Destination ``i``'s own input is source
     ``dst_offset + i``: sampled blocks have ``dst_offset`` 0 (the destinations lead the frontier), while
     full-graph inference uses global vertex ids as source positions and a contiguous range of
-    destinations starting at ``dst_offset``.
+    destinations starting at ``dst_offset``. (NeutronOrch's spliced batches are the one exception: their
+    bottom block holds only the cold destinations, and the model's splice restores the rule.)
     """
 
     num_dst: int

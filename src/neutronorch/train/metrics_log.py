@@ -14,12 +14,14 @@ from pathlib import Path
 
 import torch
 
+from neutronorch.config import LogConfig
+
 
 CSV_COLUMNS = ("kind", "epoch", "step", "loss", "seconds", "val_acc", "test_acc", "elapsed")
 
 
 class MetricLog:
-    def __init__(self, config):
+    def __init__(self, config: LogConfig):
         self.every = config.log_every
         self._start = time.perf_counter()
         self._step = 0

@@ -127,7 +127,7 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     for note in mode.placement.notes:
         logger.warning(f"note: {note}")
     util = stack.enter_context(contextlib.closing(Utilisation(device)))
-    metrics = stack.enter_context(contextlib.closing(MetricLog(config)))
+    metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging)))
     return Run(config, graph, device, threads, model, optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
                util, metrics)
 

@@ -30,7 +30,7 @@ from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.controller import RatioSetting, error_cap
 from neutronorch.orchestration.neutronorch.planner import Plan, Planner
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
-from neutronorch.orchestration.seeds import epoch_order
+from neutronorch.orchestration.seeds import epoch_order, training_seeds
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, layer_key
 
 
@@ -47,7 +47,7 @@ class HostProducer:
         self.spans = spans
         self.device = device
         self.threads = threads
-        self.train_idx = torch.as_tensor(graph.train_idx, dtype=torch.int64).clone()
+        self.train_idx = training_seeds(graph)
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._orders: dict[int, torch.Tensor] = {}
 

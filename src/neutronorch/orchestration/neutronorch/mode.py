@@ -6,12 +6,12 @@ Three threads, each with its own object; what crosses between them is named here
     HostProducer: sampler, planner,        ColdSampler: its sampler                NeutronOrchMode: version,
       seed orders, bottom-layer copy                                                 staleness check, stats,
                                                                                      ratio controller
-         | plans (Prefetcher queue) ------------> |                                      |
-         |                                        | SplicedBatch (Prefetcher queue) ---> |
+         | plans (Prefetcher) ------------------> |                                      |
+         |                                        | SplicedBatch (Prefetcher) ---------> |
          | <------------------------------------- W0 snapshots (Channel "snapshots") --- |
          | hot embeddings (Channel "hot") ---------------------------------------------> |
          | reads controller.setting (an immutable RatioSetting the trainer replaces) <-- |
-    every thread records spans into the run's Spans (thread-safe)
+    every thread records spans into the run's Spans (thread-safe); every arrow but the setting is a Channel
 
 Staleness is bounded by construction: the hot embeddings of super-batch s are computed from the
 parameters at version ``snapshot_version(s)`` (version = optimizer steps taken), a snapshot the trainer
