@@ -236,9 +236,9 @@ def test_training_steps_do_not_synchronise_with_the_device(mode):
 
 
 def test_gpu_utilisation_is_read_through_nvml():
-    from neutronorch.observe.utilisation import _Gpu
+    from neutronorch.observe.utilisation import GpuMonitor
 
-    value = _Gpu(torch.device("cuda")).percent()
+    value = GpuMonitor(torch.device("cuda")).percent()
     assert value is not None and 0 <= value <= 100
 
 

@@ -12,7 +12,7 @@ from neutronorch import ConfigError, TrainConfig, train
 from neutronorch.cli import main
 from neutronorch.data import SyntheticSpec, generate
 from neutronorch.observe import LANES, Spans, Utilisation, epoch_table
-from neutronorch.observe import utilisation as telemetry
+from neutronorch.observe import utilisation
 from neutronorch.orchestration.neutronorch.mode import STAGES as NEUTRONORCH_STAGES
 from neutronorch.train.outputs import check_outputs
 from neutronorch.train.step import TRAINER_STAGES
@@ -234,10 +234,10 @@ class FakeNvml:
 
 
 def test_gpu_utilisation_through_the_driver_library_without_pynvml(monkeypatch):
-    monkeypatch.setattr(telemetry, "_pci_bus_id", lambda device: "00000000:17:00.0")
-    gpu = telemetry._Gpu(torch.device("cuda", 0), library=telemetry._NvmlLibrary(FakeNvml()))
+    monkeypatch.setattr(utilisation, "pci_bus_id", lambda device: "00000000:17:00.0")
+    gpu = utilisation.GpuMonitor(torch.device("cuda", 0), library=utilisation.NvmlLibrary(FakeNvml()))
     assert gpu.percent() == 73.0  # the device found by its PCI address
     lib = FakeNvml(pci_ok=False)
-    gpu = telemetry._Gpu(torch.device("cuda", 0), library=telemetry._NvmlLibrary(lib))
+    gpu = utilisation.GpuMonitor(torch.device("cuda", 0), library=utilisation.NvmlLibrary(lib))
     assert gpu.percent() == 41.0 and lib.asked == [("pci", b"00000000:17:00.0"), ("index", 0)]
-    assert telemetry._Gpu(torch.device("cpu")).percent() is None
+    assert utilisation.GpuMonitor(torch.device("cpu")).percent() is None

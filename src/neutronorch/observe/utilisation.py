@@ -34,7 +34,7 @@ class _NvmlUtilization(ctypes.Structure):
     _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
 
 
-class _NvmlLibrary:
+class NvmlLibrary:
     """The three NVML calls we need, straight from the driver's ``libnvidia-ml`` (present wherever the
     NVIDIA driver is, unlike the ``pynvml`` package)."""
 
@@ -58,7 +58,7 @@ class _NvmlLibrary:
         return float(rates.gpu)
 
 
-def _pci_bus_id(device) -> str | None:
+def pci_bus_id(device) -> str | None:
     """The device's PCI address as NVML writes it (so the right GPU is read whatever
     CUDA_VISIBLE_DEVICES says), when torch reports it."""
     try:
@@ -70,7 +70,7 @@ def _pci_bus_id(device) -> str | None:
         return None
 
 
-class _Gpu:
+class GpuMonitor:
     """GPU utilisation through NVML: the ``pynvml`` package when installed, else the driver's library
     through ctypes; unavailable (None) without either."""
 
@@ -81,10 +81,10 @@ class _Gpu:
         import torch  # noqa: PLC0415
 
         index = device.index if device.index is not None else torch.cuda.current_device()
-        for candidate in ([library] if library is not None else [_PynvmlLibrary, _NvmlLibrary]):
+        for candidate in ([library] if library is not None else [PynvmlLibrary, NvmlLibrary]):
             try:
                 lib = candidate() if isinstance(candidate, type) else candidate
-                self.handle = lib.handle(index, _pci_bus_id(device))
+                self.handle = lib.handle(index, pci_bus_id(device))
                 self._lib = lib
                 return
             except Exception:  # noqa: BLE001 - NVML missing or unusable: try the next, else not reported
@@ -99,7 +99,7 @@ class _Gpu:
             return None
 
 
-class _PynvmlLibrary:
+class PynvmlLibrary:
     def __init__(self):
         import pynvml  # noqa: PLC0415 - optional
 
@@ -129,7 +129,7 @@ class Utilisation:
         self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.interval = interval
         self.samples: list[tuple[float, float, float | None, float | None]] = []
-        self._gpu = _Gpu(device)
+        self._gpu = GpuMonitor(device)
         self._gpu_sum = 0.0
         self._gpu_n = 0
         self._stop = threading.Event()
