@@ -92,11 +92,11 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
         stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
         torch.manual_seed(config.seed)
         run = build_run(config, graph, device, threads, stack)
-        epochs, best, last_eval, timeline = run_epochs(run, progress, stack)
-    if config.epochs and not last_eval and config.eval_every >= 0:
-        last_eval = _evaluate(run)
-        best = {**last_eval, "epoch": config.epochs - 1}
-    summary = summarise(run, epochs, best, last_eval, timeline)
+        epochs, best, last_eval, timeline = run_epochs(run, progress)
+        if config.epochs and not last_eval and config.eval_every >= 0:
+            last_eval = _evaluate(run)
+            best = {**last_eval, "epoch": config.epochs - 1}
+        summary = summarise(run, epochs, best, last_eval, timeline)
     if config.summary_json:
         write_json_atomically(config.summary_json, summary)
     return summary
@@ -132,7 +132,7 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
                util, metrics)
 
 
-def run_epochs(run: Run, progress: Progress | None, stack: contextlib.ExitStack):
+def run_epochs(run: Run, progress: Progress | None):
     """Train every epoch, evaluating as configured. Returns (epoch records, best evaluation, last
     evaluation, timeline written or None)."""
     config, mode = run.config, run.mode
