@@ -4,6 +4,7 @@ that names the file and the problem."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -186,3 +187,75 @@ def test_error_names_the_directory(tmp_path):
 def test_validate_can_be_skipped(tmp_path):
     save_native(small_graph(labels=np.array([0, 1, 0, 7, 0], dtype=np.int64)), tmp_path)
     assert load_native(tmp_path, validate=False).labels[3] == 7
+
+
+def test_convert_never_destroys_its_source_and_refuses_unclear_targets(tmp_path, capsys):
+    from neutronorch.cli import main
+
+    source = tmp_path / "g"
+    assert main(["generate", "synthetic", "--nodes", "300", "--features", "4", "--out", str(source)]) == 0
+    before = load_native(source)
+    features = np.array(before.features)
+    # Onto itself: refused, the dataset intact.
+    assert main(["convert", str(source), str(source)]) == 2
+    assert "not empty" in capsys.readouterr().err
+    np.testing.assert_array_equal(load_native(source).features, features)
+    # Onto a file: a clear error, no traceback.
+    (tmp_path / "file").write_text("x")
+    assert main(["convert", str(source), str(tmp_path / "file")]) == 2
+    err = capsys.readouterr().err
+    assert "is a file" in err and "Traceback" not in err
+    # Onto a folder of other files: refused even with --overwrite.
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("keep me")
+    assert main(["convert", str(source), str(tmp_path / "other"), "--overwrite"]) == 2
+    assert (tmp_path / "other" / "notes.txt").read_text() == "keep me"
+    # In place with --overwrite: rewritten from its own memory maps, correctly.
+    assert main(["convert", str(source), str(source), "--float16", "--overwrite"]) == 0
+    after = load_native(source)
+    assert after.features.dtype == np.float16
+    np.testing.assert_allclose(after.features.astype(np.float32), features, rtol=1e-3, atol=1e-3)
+    np.testing.assert_array_equal(after.indices, before.indices)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no partial or old folders left
+
+
+def test_a_failed_write_leaves_the_previous_dataset(tmp_path, monkeypatch):
+    from neutronorch.data import native
+
+    save_native(small_graph(), tmp_path / "d")
+    calls = {"n": 0}
+    real = native._save_array
+
+    def failing(path, arr):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError("disk full")
+        real(path, arr)
+
+    monkeypatch.setattr(native, "_save_array", failing)
+    with pytest.raises(OSError, match="disk full"):
+        save_native(small_graph(labels=np.array([1, 1, 1, 1, 1], dtype=np.int64)), tmp_path / "d", overwrite=True)
+    assert load_native(tmp_path / "d").labels.tolist() == small_graph().labels.tolist()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(train_idx=np.array([0, 1, 1], dtype=np.int64)), "train_idx holds 1 duplicate vertex ids (first: 1)"),
+    (dict(test_idx=np.array([3, 4, 3], dtype=np.int64)), "test_idx holds 1 duplicate"),
+    (dict(val_idx=np.array([1], dtype=np.int64)), "1 training vertices are also in val_idx (first: 1)"),
+    (dict(test_idx=np.array([0, 3], dtype=np.int64)), "also in test_idx (first: 0)"),
+])
+def test_overlapping_or_repeated_splits_are_refused(tmp_path, overrides, message):
+    save_native(small_graph(**overrides), tmp_path / "d")
+    with pytest.raises(DataError, match=re.escape(message)):
+        load_native(tmp_path / "d")
+
+
+def test_a_split_given_for_data_with_its_own_split_is_said_to_be_ignored(tmp_path):
+    from neutronorch.data import load_dataset
+
+    save_native(small_graph(), tmp_path / "d")
+    graph = load_dataset(str(tmp_path / "d"), split="ratio:0.5,0.2")
+    assert graph.train_idx.tolist() == [0, 1]
+    assert any("`split` ratio:0.5,0.2 ignored" in note for note in graph.notes)
+    assert not any("ignored" in note for note in load_dataset(str(tmp_path / "d")).notes)

@@ -207,3 +207,65 @@ def test_batch_size_zero_follows_the_training_set_size(tmp_path):
     summary = train(small_config(batch_size=0, epochs=1))  # 300 training seeds
     assert summary["config"]["batch_size"] == 32
     assert summary["epochs"][0]["batches"] == 10
+
+
+@pytest.mark.parametrize("text,message", [
+    ('epochs: "three"', "`epochs` 'three': expected a whole number"),
+    ('lr: "0.01"', "`lr` '0.01': expected a finite number"),
+    ("hidden: [1, 2]", "`hidden` [1, 2]: expected a whole number"),
+    ("epochs: 2.5", "`epochs` 2.5: expected a whole number"),
+    ("batch_size: 64.7", "`batch_size` 64.7: expected a whole number"),
+    ("fanouts: [10, 2.5]", "`fanouts`"),
+    ("eval_fanouts: [0, 5]", "`eval_fanouts`"),
+    ("model: gat\nheads: 0", "`heads` 0: must be positive"),
+    ("lr: .inf", "`lr` inf: expected a finite number"),
+])
+def test_config_file_values_get_the_same_clear_errors_as_flags(tmp_path, text, message):
+    from neutronorch.config import load_config_file
+
+    path = tmp_path / "c.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(**load_config_file(path)).validate()
+    assert message in str(info.value)
+
+
+def test_config_files_take_the_flags_no_spellings(tmp_path):
+    from neutronorch.config import load_config_file
+
+    path = tmp_path / "c.yaml"
+    path.write_text("no_progress: true\nno-stage-table: true\n")
+    assert load_config_file(path) == {"progress": False, "stage_table": False}
+
+
+def test_a_bad_eval_fanout_is_reported_under_its_own_flag(capsys):
+    assert main(["train", "--eval-fanouts", "0,5", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--eval-fanouts '0,5'" in err and "Traceback" not in err
+
+
+def test_an_unwritable_summary_path_fails_before_any_data_is_loaded(tmp_path, capsys, monkeypatch):
+    from neutronorch.train import trainer
+
+    monkeypatch.setattr(trainer, "load_dataset", lambda *a: pytest.fail("data loaded before the check"))
+    (tmp_path / "file").write_text("x")
+    assert main(["train", "--summary-json", str(tmp_path / "file" / "s.json"), "--epochs", "1"]) == 2
+    assert "cannot be written" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_diverging_run_stops_with_a_clear_error(capsys):
+    # A huge learning rate on unnormalised features: the loss overflows within a few steps.
+    assert main(["train", "--dataset", SMALL, "--fanouts", "5,5", "--hidden", "16", "--lr", "1e30",
+                 "--epochs", "3", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "diverged" in err and "--lr" in err and "Traceback" not in err
+
+
+def test_the_summary_is_strict_json(tmp_path):
+    from neutronorch.train.outputs import write_json_atomically
+
+    write_json_atomically(str(tmp_path / "s.json"), {"a": float("nan"), "b": [float("inf"), 1.5], "c": {"d": 2}})
+    text = (tmp_path / "s.json").read_text()
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard {c}")) == \
+        {"a": None, "b": [None, 1.5], "c": {"d": 2}}

@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--split", default=None, help=_HELP["split"])
     convert.add_argument("--seed", type=int, default=0, help="seed of the split (default: 0)")
     convert.add_argument("--float16", action="store_true", help="store features as float16 (half the disk)")
+    convert.add_argument("--overwrite", action="store_true",
+                         help="replace the native dataset in OUT_DIR (it may be SOURCE itself); without it "
+                              "OUT_DIR must not exist or be empty")
 
     gen = commands.add_parser("generate", help="generate a synthetic graph",
                               description="Write a synthetic power-law graph with learnable labels "
@@ -157,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"(default: {getattr(defaults, f.name)})")
     gen.add_argument("--out", required=True, help="output directory")
     gen.add_argument("--float16", action="store_true", help="store features as float16")
+    gen.add_argument("--overwrite", action="store_true", help="replace the native dataset in --out")
 
     info = commands.add_parser("info", help="describe a dataset")
     info.add_argument("dataset", help=f"dataset spec: {DATASET_SPEC_HELP}")
@@ -249,7 +253,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     graph = load_dataset(args.source, args.split, args.seed)
     if args.float16:
         graph.features = graph.features.astype("float16")
-    save_native(graph, args.out_dir)
+    save_native(graph, args.out_dir, overwrite=args.overwrite)
     print(f"wrote {graph.describe()} to {args.out_dir} in {time.perf_counter() - t0:.1f}s")
     return 0
 
@@ -261,7 +265,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     graph = generate(spec)
     if args.float16:
         graph.features = graph.features.astype("float16")
-    save_native(graph, args.out)
+    save_native(graph, args.out, overwrite=args.overwrite)
     print(f"wrote {graph.describe()} to {args.out} in {time.perf_counter() - t0:.1f}s")
     return 0
 

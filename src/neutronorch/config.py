@@ -6,6 +6,7 @@ The core trusts a ``TrainConfig`` that passed ``validate``; it never re-checks a
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -70,9 +71,10 @@ class TrainConfig:
 
     def validate(self) -> "TrainConfig":
         """Normalise and check every field; raise ``ConfigError`` saying how to fix the first problem."""
+        _check_types(self)
         self.fanouts = parse_fanouts(self.fanouts)
         if self.eval_fanouts is not None:
-            self.eval_fanouts = parse_fanouts(self.eval_fanouts)
+            self.eval_fanouts = parse_fanouts(self.eval_fanouts, field="eval_fanouts")
             if len(self.eval_fanouts) != len(self.fanouts):
                 raise ConfigError(f"`eval_fanouts` has {len(self.eval_fanouts)} entries but the model has "
                                   f"{len(self.fanouts)} layers (one per `fanouts` entry).")
@@ -89,11 +91,11 @@ class TrainConfig:
                                        f"a positive number of vertices per set."),
             (self.hidden >= 1, f"`hidden` {self.hidden}: must be positive."),
             (self.heads >= 1, f"`heads` {self.heads}: must be positive."),
-            (self.model != "gat" or self.hidden % self.heads == 0,
+            (self.model != "gat" or self.heads < 1 or self.hidden % self.heads == 0,
              f"`hidden` {self.hidden} is not divisible by `heads` {self.heads}; GAT splits the hidden width "
              f"evenly across heads."),
             (self.epochs >= 0, f"`epochs` {self.epochs}: must be zero or more."),
-            (self.lr > 0, f"`lr` {self.lr}: must be positive."),
+            (0 < self.lr < math.inf, f"`lr` {self.lr}: must be a finite positive number."),
             (self.weight_decay >= 0, f"`weight_decay` {self.weight_decay}: must be zero or more."),
             (0 <= self.dropout < 1, f"`dropout` {self.dropout}: must be in [0, 1)."),
             (self.eval_every >= -1, f"`eval_every` {self.eval_every}: must be -1 (never), 0 (after the last "
@@ -200,6 +202,35 @@ class LogConfig:
     log_every: int
 
 
+# Fields whose default is None, and the type their value must have when given.
+_OPTIONAL_TYPES = {"split": str, "staleness_bound": int, "snapshot_lead": int, "gpu_memory_gb": float,
+                   "summary_json": str, "timeline": str, "log_jsonl": str, "log_csv": str, "tensorboard": str}
+# Parsed by their own functions, which accept several forms.
+_PARSED = {"fanouts", "eval_fanouts", "hot_ratio", "gpu_cache_gb"}
+
+
+def _check_types(config: TrainConfig) -> None:
+    """Every field holds a value of its type (a config file can give any YAML value): a clear error
+    instead of a ``TypeError`` deep inside the run."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if f.name in _PARSED or (value is None and f.default is None):
+            continue
+        want = _OPTIONAL_TYPES.get(f.name) or type(f.default)
+        if want is bool:
+            ok, what = isinstance(value, bool), "true or false"
+        elif want is int:
+            ok, what = isinstance(value, int) and not isinstance(value, bool), "a whole number"
+        elif want is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            what = "a finite number"
+        else:
+            ok, what = isinstance(value, want), "a string"
+        if not ok:
+            kind = "a non-finite number" if isinstance(value, float) and want is float else f"a {type(value).__name__}"
+            raise ConfigError(f"`{f.name}` {value!r}: expected {what}, not {kind}.")
+
+
 def _parse_hot_ratio(value) -> str | float:
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
@@ -256,6 +287,8 @@ def load_config_file(path: str | os.PathLike) -> dict:
     out = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
+        if name in ("no_progress", "no_stage_table") and isinstance(value, bool):
+            name, value = name[3:], not value  # the flags' spelling: --no-progress, --no-stage-table
         if name not in known:
             raise ConfigError(f"--config {path}: unknown key {key!r}. Known keys: {', '.join(sorted(known))}.")
         out[name] = value

@@ -16,3 +16,7 @@ class DataError(NeutronorchError):
 
 class ConfigError(NeutronorchError):
     """An option or a combination of options makes no sense."""
+
+
+class TrainingError(NeutronorchError):
+    """Training cannot go on (the loss diverged)."""

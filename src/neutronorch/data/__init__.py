@@ -34,11 +34,11 @@ def load_dataset(spec: str, split: str | None = None, seed: int = 0) -> Graph:
     if not path.exists():
         raise DataError(f"{spec}: no such file or directory. `dataset` takes {DATASET_SPEC_HELP}.")
     if is_native_dir(path):
-        return load_native(path)
+        return _own_split(load_native(path), split)
     if path.is_dir():
         if any(path.glob("ind.*.graph")):
             from neutronorch.data.planetoid import load_planetoid
-            return load_planetoid(path)
+            return _own_split(load_planetoid(path), split)
         raise DataError(f"{path}: directory holds neither meta.json (native format) nor ind.<name>.* files "
                         f"(Planetoid). `dataset` takes {DATASET_SPEC_HELP}.")
     name = path.name.lower()
@@ -49,3 +49,10 @@ def load_dataset(spec: str, split: str | None = None, seed: int = 0) -> Graph:
         from neutronorch.data.snap import load_snap
         return load_snap(path, split or DEFAULT_SPLIT, seed)
     raise DataError(f"{path}: unknown file type. `dataset` takes {DATASET_SPEC_HELP}.")
+
+
+def _own_split(graph: Graph, split: str | None) -> Graph:
+    """Data that carries its own split keeps it; a ``split`` given for it is said to be ignored."""
+    if split is not None:
+        graph.notes.append(f"`split` {split} ignored: {graph.name} carries its own split, which is used")
+    return graph

@@ -119,3 +119,19 @@ class Graph:
                 fail(f"{split_name} is empty", "Give every split at least one vertex (see `split`).")
             if int(idx.min()) < 0 or int(idx.max()) >= n:
                 fail(f"{split_name} holds vertex ids outside 0..{n - 1}", "Fix the split or num_nodes.")
+            unique = np.unique(np.asarray(idx))
+            if unique.shape[0] != idx.shape[0]:
+                fail(f"{split_name} holds {idx.shape[0] - unique.shape[0]} duplicate vertex ids (first: "
+                     f"{int(_first_duplicate(np.asarray(idx)))})",
+                     "Each vertex may appear once per split; deduplicate it (np.unique).")
+        train = np.asarray(self.train_idx)
+        for split_name in ("val_idx", "test_idx"):
+            shared = np.intersect1d(train, np.asarray(getattr(self, split_name)))
+            if shared.shape[0]:
+                fail(f"{shared.shape[0]} training vertices are also in {split_name} (first: {int(shared[0])})",
+                     "Evaluation on training vertices overstates accuracy; make the splits disjoint.")
+
+
+def _first_duplicate(ids: np.ndarray) -> int:
+    ordered = np.sort(ids)
+    return ordered[np.flatnonzero(ordered[1:] == ordered[:-1])[0]]

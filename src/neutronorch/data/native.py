@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -79,10 +81,41 @@ def load_native(directory: str | os.PathLike, mmap: bool = True, validate: bool 
     return graph
 
 
-def save_native(graph: Graph, directory: str | os.PathLike) -> Path:
-    """Write ``graph`` to ``directory`` (created if needed); features keep their dtype."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Write ``graph`` to ``directory``; features keep their dtype.
+
+    ``directory`` must not exist or be empty, unless ``overwrite`` (then it must hold a native dataset,
+    which is replaced). The arrays are written into a temporary folder beside it and moved into place at
+    the end, so a failed write leaves what was there before, and a graph memory-mapped from ``directory``
+    itself can be written back over it (its old files stay readable until the swap)."""
+    target = Path(directory)
+    if target.exists() and not target.is_dir():
+        raise DataError(f"{target}: exists and is a file; the native format is a folder. Choose another path.")
+    replace = target.is_dir() and any(target.iterdir())
+    if replace and not overwrite:
+        raise DataError(f"{target}: exists and is not empty. Choose a new folder, or pass --overwrite to "
+                        f"replace the dataset in it.")
+    if replace and not is_native_dir(target):
+        raise DataError(f"{target}: holds files but no native dataset (no meta.json); refusing to replace "
+                        f"it. Choose a new folder.")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    try:
+        _write_arrays(graph, partial)
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            target.replace(old / target.name)
+            partial.replace(target)
+            shutil.rmtree(old)
+        else:
+            partial.replace(target)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return target
+
+
+def _write_arrays(graph: Graph, directory: Path) -> None:
     for name in ARRAYS:
         arr = getattr(graph, name)
         if name in ("labels", "train_idx", "val_idx", "test_idx"):
@@ -97,11 +130,7 @@ def save_native(graph: Graph, directory: str | os.PathLike) -> Path:
         "format_version": FORMAT_VERSION,
         "notes": list(graph.notes),
     }
-    # meta.json goes last: a directory with meta.json is a complete dataset.
-    tmp = directory / "meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=2) + "\n")
-    tmp.replace(directory / "meta.json")
-    return directory
+    (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def _save_array(path: Path, arr: np.ndarray) -> None:

@@ -45,14 +45,17 @@ def layer_key(key: int, hop: int) -> int:
     return mix_key(key, hop + 1)
 
 
-def parse_fanouts(text: str | list[int] | tuple[int, ...]) -> list[int]:
-    """``"15,10,5"`` -> [15, 10, 5] (seed hop first). ``-1`` means all neighbours."""
+def parse_fanouts(text: str | list[int] | tuple[int, ...], field: str = "fanouts") -> list[int]:
+    """``"15,10,5"`` -> [15, 10, 5] (seed hop first). ``-1`` means all neighbours. Errors name ``field``."""
+    items = text.split(",") if isinstance(text, str) else text
     try:
-        fanouts = [int(f) for f in (text.split(",") if isinstance(text, str) else text)]
-    except ValueError:
-        raise ConfigError(f"`fanouts` {text!r}: expected comma-separated integers such as 15,10,5.") from None
+        if isinstance(items, (dict, set)) or any(isinstance(f, (bool, float)) for f in items):
+            raise TypeError
+        fanouts = [int(f) for f in items]
+    except (TypeError, ValueError):
+        raise ConfigError(f"`{field}` {text!r}: expected comma-separated integers such as 15,10,5.") from None
     if not fanouts or any(f == 0 or f < -1 for f in fanouts):
-        raise ConfigError(f"`fanouts` {text!r}: each fanout must be a positive integer, or -1 for all "
+        raise ConfigError(f"`{field}` {text!r}: each fanout must be a positive integer, or -1 for all "
                           f"neighbours; one per layer, seed hop first (e.g. 15,10,5).")
     return fanouts
 

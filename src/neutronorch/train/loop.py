@@ -11,6 +11,7 @@ from typing import Callable
 
 import torch
 
+from neutronorch.errors import TrainingError
 from neutronorch.observe import Spans, StageTable, Utilisation
 from neutronorch.orchestration.mode import Mode
 from neutronorch.train.memory import peak_rss_mb
@@ -19,6 +20,9 @@ from neutronorch.train.step import train_step
 
 # progress(epoch, steps done, steps in the epoch): called after every step.
 Progress = Callable[[int, int, int], None]
+# On CUDA the loss is checked for divergence every this many steps (reading it waits for the device);
+# on the CPU after every step.
+DIVERGENCE_CHECK_STEPS = 16
 
 
 class TimelineWindow:
@@ -44,6 +48,11 @@ class TimelineWindow:
             spans.keep = self.active = False
 
 
+def _diverged(epoch: int, steps: int) -> TrainingError:
+    return TrainingError(f"the training loss became NaN or infinite in epoch {epoch} (within its first {steps} "
+                         f"steps): the run diverged. Lower `lr`, or check the features for extreme values.")
+
+
 def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: Mode, epoch: int, spans: Spans,
                 stages: StageTable, util: Utilisation, metrics: MetricLog, window: TimelineWindow,
                 progress: Progress | None = None) -> dict:
@@ -53,6 +62,8 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
     util.take()
     device = next(model.parameters()).device
     total_loss = torch.zeros((), device=device)
+    finite = torch.ones((), dtype=torch.bool, device=device)
+    check_every = DIVERGENCE_CHECK_STEPS if device.type == "cuda" else 1
     step_losses = []
     num_batches = sampled_edges = input_nodes = feature_bytes = device_bytes = cache_hits = 0
     start = time.perf_counter()
@@ -66,6 +77,9 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
                 break
             loss = train_step(model, optimizer, mode, batch, spans, num_batches)
             total_loss += loss
+            finite &= torch.isfinite(loss)
+            if (num_batches + 1) % check_every == 0 and not bool(finite):
+                raise _diverged(epoch, num_batches + 1)
             if metrics.per_step:
                 step_losses.append(loss)
                 if len(step_losses) == metrics.every:
@@ -84,6 +98,8 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
         metrics.steps(epoch, num_batches - len(step_losses), step_losses)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    if not bool(finite):
+        raise _diverged(epoch, num_batches)
     seconds = time.perf_counter() - start
     window.end_epoch(spans)
     stage_seconds, counts = spans.take()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -50,15 +51,27 @@ def _check_timeline(path: str) -> None:
         raise ConfigError(f"`timeline` {path}: the folder {parent} does not exist.")
 
 
+def _finite(value):
+    """``value`` with every NaN or infinite float replaced by None: strict JSON that every parser reads."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def write_json_atomically(path: str, data: dict) -> None:
-    """Write ``data`` as JSON next to ``path`` (its folder made if needed) and rename it into place: a crash
+    """Write ``data`` as strict JSON (NaN and infinities as null) next to ``path`` (its folder made if needed) and rename it into place: a crash
     mid-write leaves the previous file (or none), never half of one."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(_finite(data), indent=2, allow_nan=False) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(data, indent=2) + "\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
