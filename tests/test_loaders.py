@@ -530,6 +530,19 @@ def test_snap_extra_columns_are_ignored(tmp_path):
     assert load_snap(tmp_path / "signed.txt", num_classes=2).num_edges == 10
 
 
+def test_snap_weighted_lists_keep_their_edges_and_ignore_the_weights(tmp_path):
+    (tmp_path / "weighted.txt").write_text("# src dst weight\n0 1 0.5\n1 2 2.25\n2 3 1e-3\n3 4 7\n4 0 -0.5\n")
+    (tmp_path / "plain.txt").write_text("0 1\n1 2\n2 3\n3 4\n4 0\n")
+    weighted = load_snap(tmp_path / "weighted.txt", num_classes=2)
+    np.testing.assert_array_equal(weighted.indices, load_snap(tmp_path / "plain.txt", num_classes=2).indices)
+
+
+def test_snap_too_small_for_its_synthetic_classes_says_so(tmp_path):
+    (tmp_path / "tiny.txt").write_text("0 1\n1 2\n")
+    with pytest.raises(DataError, match="only 3 vertices. An edge list gets 8 synthetic classes"):
+        load_snap(tmp_path / "tiny.txt")
+
+
 def test_snap_missing_file(tmp_path):
     with pytest.raises(DataError, match=r"absent\.txt: file is missing"):
         load_snap(tmp_path / "absent.txt")
@@ -550,7 +563,9 @@ def test_snap_not_gzip(tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ("# only comments\n", "no edges found"),
-    ("1 2\n3 x\n", "something other than integer vertex ids"),
+    ("1 2\n3 x\n", "line 2 is not an edge: '3 x'"),
+    ("# header\n1 2 0.5\n2 3 0.25\nfoo 3 0.1\n", "line 4 is not an edge: 'foo 3 0.1'"),
+    ("1 2 0.5\n2.5 3 0.25\n", "line 2 is not an edge"),
     ("1 2\n3 4\n5\n", "different numbers of columns"),
     ("1 2\n-3 4\n", "vertex id -3 is negative"),
 ])
@@ -558,12 +573,6 @@ def test_snap_malformed(tmp_path, text, message):
     (tmp_path / "bad.txt").write_text(text)
     with pytest.raises(DataError, match=rf"bad\.txt: .*{message}"):
         load_snap(tmp_path / "bad.txt", num_classes=2)
-
-
-def test_snap_too_few_vertices_for_classes(tmp_path):
-    (tmp_path / "small.txt").write_text("0 1\n1 2\n")
-    with pytest.raises(DataError, match=r"small\.txt: only 3 vertices, fewer than the 8 synthetic classes"):
-        load_snap(tmp_path / "small.txt")
 
 
 def test_snap_labels_follow_communities(tmp_path):

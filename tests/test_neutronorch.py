@@ -366,3 +366,12 @@ def test_auto_ratio_balances_host_and_device_on_separate_processors():
     assert tuner.update(1.0, host_seconds=2.0, device_seconds=1.0) == pytest.approx(0.1)  # host slower: less hot
     assert tuner.update(1.0, host_seconds=1.0, device_seconds=10.0) == pytest.approx(0.2)  # at most 2x per epoch
 
+
+
+@pytest.mark.slow
+def test_neutronorch_runs_repeat_exactly_with_a_fixed_ratio_and_lead(graph):
+    cfg = config(mode="neutronorch", super_batch=2, hot_ratio=0.3, snapshot_lead=1, epochs=3, dropout=0.5,
+                 eval_every=-1)
+    runs = [train(cfg, graph) for _ in range(2)]
+    assert [e["train_loss"] for e in runs[0]["epochs"]] == [e["train_loss"] for e in runs[1]["epochs"]]
+    assert runs[0]["hot"]["reuse_rate"] > 0

@@ -269,3 +269,12 @@ def test_the_summary_is_strict_json(tmp_path):
     text = (tmp_path / "s.json").read_text()
     assert json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard {c}")) == \
         {"a": None, "b": [None, 1.5], "c": {"d": 2}}
+
+
+def test_numbas_workqueue_threading_layer_is_refused_clearly(monkeypatch, capsys):
+    import numba
+
+    monkeypatch.setattr(numba.config, "THREADING_LAYER", "workqueue")
+    assert main(["train", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "NUMBA_THREADING_LAYER=workqueue" in err and "Traceback" not in err

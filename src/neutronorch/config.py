@@ -272,7 +272,10 @@ def load_config_file(path: str | os.PathLike) -> dict:
     suffix = path.suffix.lower()
     try:
         if suffix == ".toml":
-            import tomllib
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10: the same parser as a package (a dependency there)
+                import tomli as tomllib
             data = tomllib.loads(text)
         elif suffix == ".json":
             data = json.loads(text)

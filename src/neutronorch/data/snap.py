@@ -1,8 +1,8 @@
 """Loader for SNAP edge lists, with synthetic features and labels.
 
 A SNAP file (``.txt`` or ``.txt.gz``) is topology only: ``#`` comment lines, then one ``src dst`` pair of
-vertex ids per line (extra columns are ignored). Ids may be sparse; they are relabelled to ``0..n-1`` in
-sorted order. The graph is made undirected.
+vertex ids per line (further numeric columns, such as weights or timestamps, are ignored). Ids may be
+sparse; they are relabelled to ``0..n-1`` in sorted order. The graph is made undirected.
 
 To train on it, labels and features are synthesised so that they are learnable from the structure: random
 seed vertices (a few per class) spread their class over the graph breadth-first, which cuts it into
@@ -45,8 +45,8 @@ def load_snap(path: str | os.PathLike, split: str = DEFAULT_SPLIT, seed: int = 0
                         f"fix the file.")
     num_nodes, ids = _relabel(ids)
     if num_nodes < num_classes:
-        raise DataError(f"{path}: only {num_nodes} vertices, fewer than the {num_classes} synthetic classes. "
-                        f"Use a larger graph or fewer classes.")
+        raise DataError(f"{path}: only {num_nodes} vertices. An edge list gets {num_classes} synthetic classes, "
+                        f"so it needs at least {num_classes} vertices; use a larger graph.")
     indptr, indices = edges_to_csc(ids[:src.shape[0]], ids[src.shape[0]:], num_nodes, source=str(path))
     rng = np.random.default_rng(seed)
     labels = _community_labels(indptr, indices, num_classes, rng)
@@ -73,6 +73,7 @@ def _read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
     except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"{path}: cannot be read ({type(exc).__name__}: {exc}). The file is truncated or not "
                         f"gzip data; fetch it again.") from None
+    raw = data
     if b"#" in data:
         data = _COMMENT_LINES.sub(b"", data)
     first_line = data.lstrip().split(b"\n", 1)[0]
@@ -83,14 +84,55 @@ def _read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         # The C text parser of fromstring is about ten times faster than splitting into Python objects.
         values = np.fromstring(data.decode("ascii"), dtype=np.int64, sep=" ")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: holds something other than integer vertex ids ({exc}). Each line must be "
-                        f"'src dst' (or a '#' comment).") from None
+    except (ValueError, UnicodeDecodeError):
+        values = _integer_id_columns(data, num_columns)
+        if values is None:
+            raise DataError(_first_bad_line(path, raw)) from None
     if values.size % num_columns:
         raise DataError(f"{path}: lines have different numbers of columns (expected {num_columns} like the "
                         f"first line). The file is truncated or malformed; fetch it again.")
     values = values.reshape(-1, num_columns)
     return values[:, 0], values[:, 1]
+
+
+def _integer_id_columns(data: bytes, num_columns: int) -> np.ndarray | None:
+    """A list with more columns than ``src dst`` (weights, timestamps) whose extra columns are not integers:
+    its numbers, when all are numbers and the first two columns are whole; else None."""
+    if num_columns < 3:
+        return None
+    try:
+        values = np.fromstring(data.decode("ascii"), dtype=np.float64, sep=" ")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if values.size % num_columns:
+        return None
+    ids = values.reshape(-1, num_columns)[:, :2]
+    if not (np.all(np.isfinite(ids)) and np.all(ids == np.floor(ids)) and np.abs(ids).max(initial=0) < 2**53):
+        return None
+    out = np.zeros((ids.shape[0], num_columns), np.int64)  # the extra columns are not used
+    out[:, :2] = ids
+    return out.reshape(-1)
+
+
+def _first_bad_line(path: Path, raw: bytes) -> str:
+    """The message for a file that is not an edge list: its first line that is neither a comment nor two
+    integer ids, with its number."""
+    for number, line in enumerate(raw.split(b"\n"), start=1):
+        text = line.decode("utf-8", "replace").strip()
+        if not text or text.startswith("#"):
+            continue
+        fields = text.split()
+        try:
+            if len(fields) >= 2 and int(fields[0]) >= 0 and int(fields[1]) >= 0:
+                for extra in fields[2:]:
+                    float(extra)
+                continue
+        except ValueError:
+            pass
+        return (f"{path}: line {number} is not an edge: {text[:80]!r}. Each line must be 'src dst' with "
+                f"non-negative integer vertex ids (further numeric columns, such as weights, are ignored), "
+                f"or a '#' comment.")
+    return f"{path}: holds something other than integer vertex ids. Each line must be 'src dst' (or a '#' comment)."
 
 
 def _relabel(ids: np.ndarray) -> tuple[int, np.ndarray]:

@@ -61,6 +61,16 @@ def thread_budget(config: TrainConfig) -> Threads:
                    host=min(config.host_threads or half, numba_max))
 
 
+def check_threading_layer() -> None:
+    """The producers and the trainer call numba's parallel kernels from several threads at once, which
+    numba's workqueue layer does not allow (it aborts the process)."""
+    layer = str(numba.config.THREADING_LAYER).lower()
+    if layer == "workqueue":
+        raise ConfigError("NUMBA_THREADING_LAYER=workqueue cannot run numba kernels from several threads at "
+                          "once, as neutronorch's pipeline does (numba would abort the run). Unset it (neutronorch "
+                          "then uses omp) or set it to omp or tbb.")
+
+
 @dataclass
 class Run:
     """Everything one run holds; its resources are released by the ``ExitStack`` it was built in."""
@@ -82,6 +92,7 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
     """Train as ``config`` says and return the run summary (also written to ``config.summary_json``).
     ``progress(epoch, done, total)`` is called after every step."""
     config = dataclasses.replace(config).validate()  # resolved values (batch size) go into a copy
+    check_threading_layer()
     check_outputs(config)
     device = resolve_device(config.device)
     threads = thread_budget(config)

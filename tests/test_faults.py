@@ -1,0 +1,75 @@
+"""A fault in any stage reaches the caller promptly, with its traceback, and no pipeline thread survives."""
+
+import threading
+import time
+
+import pytest
+
+from neutronorch import TrainConfig, train
+from neutronorch.data import SyntheticSpec, generate
+from neutronorch.features.cache import FeatureCache
+from neutronorch.features.store import FeatureStore
+from neutronorch.nn.splice import SpliceIndex
+from neutronorch.orchestration.neutronorch.planner import Planner
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, TorchNeighborSampler
+from neutronorch.train import trainer
+
+PIPELINE_THREADS = ("exact-producer", "device-producer", "neutronorch-")
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return generate(SyntheticSpec(nodes=1500, degree=8, features=12, classes=4, noise=0.6))
+
+
+class Injected(Exception):
+    pass
+
+
+def inject(monkeypatch, owner, name, after_calls, raised_at):
+    """Make ``owner.name`` raise ``Injected`` on its call number ``after_calls + 1`` (in whatever thread)."""
+    real = getattr(owner, name)
+    calls = {"n": 0}
+
+    def faulty(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > after_calls:
+            raised_at.append(time.monotonic())
+            raise Injected(f"{name} broke")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, faulty)
+
+
+STAGES = [
+    ("exact", "sampler", NeighborSampler, "sample", 3),
+    ("exact", "gather", FeatureStore, "gather_into", 3),
+    ("exact", "evaluation", trainer, "evaluate", 0),
+    ("device", "sampler", TorchNeighborSampler, "sample", 3),
+    ("device", "gather", FeatureCache, "gather", 3),
+    ("neutronorch", "host producer", Planner, "plan", 2),
+    ("neutronorch", "host gather", FeatureStore, "gather", 2),
+    ("neutronorch", "cold sampler", SpliceIndex, "build", 5),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,stage,owner,name,after", STAGES, ids=[f"{m}-{s}" for m, s, *_ in STAGES])
+def test_a_fault_in_any_stage_stops_the_run_promptly(monkeypatch, graph, mode, stage, owner, name, after):
+    raised_at = []
+    inject(monkeypatch, owner, name, after, raised_at)
+    config = TrainConfig(dataset="given", mode=mode, fanouts=[4, 3], hidden=16, batch_size=32, epochs=3,
+                         super_batch=2, hot_ratio=0.3, progress=False, eval_every=1)
+    with pytest.raises(Injected, match=f"{name} broke") as info:
+        train(config, graph)
+    caught = time.monotonic()
+    assert raised_at and caught - raised_at[0] < 1.0, "the fault took more than a second to surface"
+    assert any(entry.name == "faulty" for entry in info.traceback)  # the original traceback
+    deadline = time.monotonic() + 5
+    while _pipeline_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _pipeline_threads()
+
+
+def _pipeline_threads():
+    return [t.name for t in threading.enumerate() if t.name.startswith(PIPELINE_THREADS)]
