@@ -42,11 +42,12 @@ def _open_array(path: Path, mmap: bool) -> np.ndarray:
                         f"write one with `neutronorch convert`.")
     try:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except (ValueError, EOFError) as exc:  # numpy raises EOFError for an empty file
-        raise DataError(f"{path}: cannot be read as a .npy array ({exc}). The file is truncated or "
-                        f"not a .npy file; write it again with numpy.save or `neutronorch convert`.") from None
     except OSError as exc:
         raise DataError(f"{path}: cannot be opened ({exc}).") from None
+    except Exception as exc:  # noqa: BLE001 - a damaged header fails in many ways (EOF, tokenizer, syntax)
+        raise DataError(f"{path}: cannot be read as a .npy array ({type(exc).__name__}: {exc}). The file is "
+                        f"truncated or not a .npy file; write it again with numpy.save or `neutronorch "
+                        f"convert`.") from None
 
 
 def load_native(directory: str | os.PathLike, mmap: bool = True, validate: bool = True) -> Graph:
@@ -60,15 +61,24 @@ def load_native(directory: str | os.PathLike, mmap: bool = True, validate: bool 
         meta = json.loads(meta_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"{meta_path}: not valid JSON ({exc}). Fix or regenerate the file.") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{meta_path}: expected a JSON object with the keys {list(META_KEYS)}.")
     missing = [k for k in META_KEYS if k not in meta]
     if missing:
         raise DataError(f"{meta_path}: missing keys {missing}. It needs {list(META_KEYS)}.")
+    for key in META_KEYS[1:]:
+        if not isinstance(meta[key], int) or isinstance(meta[key], bool) or meta[key] < 0:
+            raise DataError(f"{meta_path}: {key} is {meta[key]!r}, expected a whole number >= 0. Fix or "
+                            f"regenerate the file.")
+    notes = meta.get("notes", [])
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise DataError(f"{meta_path}: notes is {notes!r}, expected a list of strings.")
     if meta["format_version"] != FORMAT_VERSION:
         raise DataError(f"{meta_path}: format_version {meta['format_version']} is not supported "
                         f"(this neutronorch reads version {FORMAT_VERSION}). Convert the data again.")
     arrays = {name: _open_array(directory / f"{name}.npy", mmap) for name in ARRAYS}
     graph = Graph(name=str(meta["name"]), num_classes=int(meta["num_classes"]),
-                  notes=list(meta.get("notes", [])), **arrays)
+                  notes=list(notes), **arrays)
     expected = {"num_nodes": graph.num_nodes, "num_edges": graph.num_edges}
     if graph.features.ndim == 2:
         expected["feature_dim"] = graph.feature_dim
