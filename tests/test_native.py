@@ -259,3 +259,14 @@ def test_a_split_given_for_data_with_its_own_split_is_said_to_be_ignored(tmp_pat
     assert graph.train_idx.tolist() == [0, 1]
     assert any("`split` ratio:0.5,0.2 ignored" in note for note in graph.notes)
     assert not any("ignored" in note for note in load_dataset(str(tmp_path / "d")).notes)
+
+
+def test_a_split_given_for_a_synthetic_graph_follows_the_run_seed():
+    from neutronorch.data import load_dataset
+
+    spec = "synthetic:nodes=600,degree=6,features=4,classes=3"
+    a, b = (load_dataset(spec, split="ratio:0.5,0.2", seed=s).train_idx for s in (1, 2))
+    assert not np.array_equal(a, b)
+    assert np.array_equal(a, load_dataset(spec, split="ratio:0.5,0.2", seed=1).train_idx)
+    # The graph's own split is part of the graph: the run seed does not change it.
+    assert np.array_equal(load_dataset(spec, seed=1).train_idx, load_dataset(spec, seed=2).train_idx)

@@ -49,7 +49,9 @@ _HELP = {
     "eval_fanouts": "sampled inference with these fanouts instead of exact full-neighbour inference",
     "eval_batch_size": "destinations per inference chunk (default: %(default)s)",
     "eval_max_nodes": "evaluate on a seeded random sample of at most this many validation and test vertices "
-                      "each, for graphs whose full sets take too long; 0 = all (default: %(default)s)",
+                      "each; with exact inference only the last layer gets cheaper (every layer below runs "
+                      "over all vertices), so pair it with --eval-fanouts to save real time; 0 = all "
+                      "(default: %(default)s)",
     "prefetch": "mini-batches prepared ahead of training (default: %(default)s)",
     "threads": "training threads; 0 = all cores (default: %(default)s)",
     "sampler_threads": "sampler/gather threads; 0 = half the cores (default: %(default)s)",

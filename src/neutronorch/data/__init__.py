@@ -29,7 +29,7 @@ def load_dataset(spec: str, split: str | None = None, seed: int = 0) -> Graph:
     split (Planetoid's public split, native directories) keeps it.
     """
     if spec == "synthetic" or spec.startswith("synthetic:"):
-        return generate(SyntheticSpec.parse(spec), split)
+        return generate(SyntheticSpec.parse(spec), split, seed)
     path = Path(spec).expanduser()
     if not path.exists():
         raise DataError(f"{spec}: no such file or directory. `dataset` takes {DATASET_SPEC_HELP}.")

@@ -73,7 +73,9 @@ class SyntheticSpec:
             raise ConfigError(f"dataset spec {text!r}: " + "; ".join(problems) + ".")
 
 
-def generate(spec: SyntheticSpec, split: str | None = None) -> Graph:
+def generate(spec: SyntheticSpec, split: str | None = None, split_seed: int | None = None) -> Graph:
+    """The graph ``spec`` describes. Its own split (``train``, ``val`` of the spec) is drawn with the spec's
+    seed; a ``split`` given instead is drawn with ``split_seed`` (the run's seed), as for any other data."""
     rng = np.random.default_rng(spec.seed)
     n, c = spec.nodes, spec.classes
     weights = (rng.permutation(n) + 1.0) ** -spec.power
@@ -104,7 +106,8 @@ def generate(spec: SyntheticSpec, split: str | None = None) -> Graph:
     if split is None:
         train_idx, val_idx, test_idx = make_split(labels, c, f"ratio:{spec.train},{spec.val}", spec.seed)
     else:
-        train_idx, val_idx, test_idx = make_split(labels, c, split, spec.seed)
+        seed = spec.seed if split_seed is None else split_seed
+        train_idx, val_idx, test_idx = make_split(labels, c, split, seed)
     return Graph(name=spec.name, indptr=indptr, indices=indices, features=features, labels=labels,
                  train_idx=train_idx, val_idx=val_idx, test_idx=test_idx, num_classes=c,
                  notes=["synthetic graph: degree-weighted block model, features = class centroid + noise"])

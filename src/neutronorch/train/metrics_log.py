@@ -72,7 +72,7 @@ class MetricLog:
             for lane, share in record.get("lane_busy", {}).items():
                 tb.add_scalar(f"busy/{lane}", share, epoch)
             util = record.get("utilisation") or {}
-            for key in ("process_cores", "machine_share", "gpu_percent"):
+            for key in ("process_cores", "process_share", "machine_share", "gpu_percent"):
                 if util.get(key) is not None:
                     tb.add_scalar(f"utilisation/{key}", util[key], epoch)
             tb.flush()
