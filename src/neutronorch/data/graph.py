@@ -56,12 +56,15 @@ class Graph:
                 f"{self.feature_dim} features, {self.num_classes} classes, "
                 f"split {len(self.train_idx):,}/{len(self.val_idx):,}/{len(self.test_idx):,}")
 
-    def validate(self, source: str) -> None:
-        """Raise ``DataError`` naming ``source`` if any array is inconsistent; return quietly otherwise."""
+    def validate(self, source: str, files: dict[str, str] | None = None) -> None:
+        """Raise ``DataError`` naming ``source`` if any array is inconsistent; return quietly otherwise.
+        ``files`` maps array names to the files they came from, named instead of ``source`` when known."""
         n = self.num_nodes
+        files = files or {}
 
         def fail(what: str, fix: str) -> None:
-            raise DataError(f"{source}: {what}. {fix}")
+            array = what.split()[0]  # every message starts with the array it is about
+            raise DataError(f"{files.get(array, source)}: {what}. {fix}")
 
         if self.indptr.ndim != 1 or self.indptr.shape[0] < 2:
             fail(f"indptr must be a 1-D array of num_nodes+1 offsets, got shape {self.indptr.shape}",
@@ -85,7 +88,7 @@ class Graph:
             lo, hi = int(chunk.min()), int(chunk.max())
             if lo < 0 or hi >= n:
                 bad = lo if lo < 0 else hi
-                fail(f"vertex id {bad} in indices is out of range for {n} nodes",
+                fail(f"indices hold vertex id {bad}, out of range for {n} nodes",
                      "Vertex ids must be 0..num_nodes-1; relabel the edges or fix num_nodes.")
         if self.features.ndim != 2 or self.features.shape[0] != n:
             fail(f"features must have shape (num_nodes={n}, feature_dim), got {self.features.shape}",

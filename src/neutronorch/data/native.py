@@ -87,7 +87,8 @@ def load_native(directory: str | os.PathLike, mmap: bool = True, validate: bool 
             raise DataError(f"{directory}: meta.json says {key}={meta[key]} but the arrays hold {actual}. "
                             f"One of the files is truncated or from another graph; convert the data again.")
     if validate:
-        graph.validate(str(directory))
+        files = {name: str(directory / f"{name}.npy") for name in ARRAYS}
+        graph.validate(str(directory), {**files, "num_classes": str(meta_path)})
     return graph
 
 
