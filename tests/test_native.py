@@ -270,3 +270,22 @@ def test_a_split_given_for_a_synthetic_graph_follows_the_run_seed():
     assert np.array_equal(a, load_dataset(spec, split="ratio:0.5,0.2", seed=1).train_idx)
     # The graph's own split is part of the graph: the run seed does not change it.
     assert np.array_equal(load_dataset(spec, seed=1).train_idx, load_dataset(spec, seed=2).train_idx)
+
+
+def test_info_counts_self_loops_repeats_and_one_way_edges_of_a_native_graph(tmp_path, capsys):
+    from neutronorch.cli import main
+
+    clean = small_graph()
+    save_native(clean, tmp_path / "clean")
+    # Vertex 0's in-neighbours 1, 4 become 0 (a self loop), 4, 4 (a repeat); 1 -> 0 loses its reverse.
+    dirty = small_graph(indptr=np.array([0, 3, 5, 7, 9, 11], dtype=np.int64),
+                        indices=np.array([0, 4, 4, 0, 2, 1, 3, 2, 4, 3, 0], dtype=np.int32))
+    save_native(dirty, tmp_path / "dirty")
+    counts = {}
+    for name in ("clean", "dirty"):
+        assert main(["info", str(tmp_path / name)]) == 0
+        info = json.loads(capsys.readouterr().out)
+        counts[name] = (info["self_loops"], info["duplicate_edges"], info["edges_without_reverse"])
+    assert counts["clean"] == (0, 0, 0)
+    # 0 -> 1 (in vertex 1's column) lacks its reverse: 1 is no longer among vertex 0's in-neighbours.
+    assert counts["dirty"] == (1, 1, 1)

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from neutronorch.config import (CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, MODES, TrainConfig,
                                load_config_file)
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec, generate, load_dataset, save_native
+from neutronorch.data.csc import edge_hygiene
 from neutronorch.errors import NeutronorchError
 from neutronorch.nn.models import MODELS
 
@@ -280,6 +281,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
                       "classes": graph.num_classes, "train": len(graph.train_idx), "val": len(graph.val_idx),
                       "test": len(graph.test_idx), "max_in_degree": int(degrees.max()),
                       "mean_in_degree": float(degrees.mean()),
+                      # Loaders clean edge lists; a native directory is read as written, so say what it holds.
+                      **edge_hygiene(graph.indptr, graph.indices),
                       # What placing it on a GPU takes (docs/gpu.md): CSC topology, and features as float32.
                       "device_gib": {"topology": round((graph.indptr.nbytes + graph.indices.nbytes) / 2**30, 4),
                                      "features": round(graph.num_nodes * graph.feature_dim * 4 / 2**30, 4)},

@@ -8,6 +8,7 @@ duplicates, and an undirected input becomes two directed entries per edge.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from neutronorch.errors import DataError
 
@@ -64,3 +65,34 @@ def edges_to_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, symmetric: bo
     keys -= destinations
     index_dtype = np.int32 if num_nodes <= _INT32_LIMIT else np.int64
     return indptr, keys.astype(index_dtype, copy=False)
+
+
+def edge_hygiene(indptr: np.ndarray, indices: np.ndarray) -> dict[str, int]:
+    """What ``edges_to_csc`` would have removed or added, counted in a CSC as stored: self loops,
+    repeated in-neighbours, and edges whose reverse is missing (0 for an undirected graph). Reads the
+    topology once and holds a sorted int64 copy of ``indices`` (8 bytes an edge)."""
+    loops, repeats, one_way = _count_hygiene(np.asarray(indptr, np.int64), np.asarray(indices))
+    return {"self_loops": int(loops), "duplicate_edges": int(repeats), "edges_without_reverse": int(one_way)}
+
+
+@njit(cache=True, nogil=True)
+def _count_hygiene(indptr, indices):
+    num_nodes = indptr.shape[0] - 1
+    ordered = np.empty(indices.shape[0], np.int64)
+    loops = repeats = one_way = 0
+    for v in range(num_nodes):
+        start, end = indptr[v], indptr[v + 1]
+        ordered[start:end] = np.sort(indices[start:end])
+        for k in range(start, end):
+            if ordered[k] == v:
+                loops += 1
+            if k > start and ordered[k] == ordered[k - 1]:
+                repeats += 1
+    for v in range(num_nodes):
+        for k in range(indptr[v], indptr[v + 1]):
+            u = ordered[k]  # the edge u -> v; its reverse v -> u sits in u's column
+            lo, hi = indptr[u], indptr[u + 1]
+            at = lo + np.searchsorted(ordered[lo:hi], v)
+            if at >= hi or ordered[at] != v:
+                one_way += 1
+    return loops, repeats, one_way
