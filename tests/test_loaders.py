@@ -27,13 +27,15 @@ from neutronorch.data.snap import load_snap
 from neutronorch.data.sparse_pickle import SparseMatrix, csr_matrix, load_pickle
 from neutronorch.errors import DataError
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+SHARED = Path(os.environ.get("NEUTRONORCH_DATASETS",
+                            Path(__file__).resolve().parents[1].parent / "shared" / "datasets"))
 
 
 def shared(relative: str) -> Path:
     path = SHARED / relative
     if not path.exists():
-        pytest.skip(f"{path} is absent")
+        pytest.skip(f"{path} is absent: put the real datasets there, or point NEUTRONORCH_DATASETS at the "
+                    f"folder that holds them")
     return path
 
 
