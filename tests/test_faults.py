@@ -73,3 +73,22 @@ def test_a_fault_in_any_stage_stops_the_run_promptly(monkeypatch, graph, mode, s
 
 def _pipeline_threads():
     return [t.name for t in threading.enumerate() if t.name.startswith(PIPELINE_THREADS)]
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["exact", "neutronorch"])
+def test_a_fault_in_the_copy_to_the_device_stops_the_run_promptly(monkeypatch, graph, mode):
+    from neutronorch.orchestration.host_loader import HostLoader
+
+    raised_at = []
+    inject(monkeypatch, HostLoader, "_ship", 3, raised_at)
+    config = TrainConfig(dataset="given", mode=mode, device="cuda", device_sampling="off", fanouts=[4, 3],
+                         hidden=16, batch_size=32, epochs=3, super_batch=2, hot_ratio=0.3, progress=False)
+    with pytest.raises(Injected, match="_ship broke"):
+        train(config, graph)
+    assert raised_at and time.monotonic() - raised_at[0] < 1.0
+    deadline = time.monotonic() + 5
+    while _pipeline_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _pipeline_threads()
