@@ -22,6 +22,21 @@ def graph():
     return generate(SyntheticSpec(nodes=1500, degree=8, features=12, classes=4, noise=0.6))
 
 
+def run_config(mode: str, **overrides) -> TrainConfig:
+    values = dict(dataset="given", mode=mode, fanouts=[4, 3], hidden=16, batch_size=32, epochs=3, super_batch=2,
+                  hot_ratio=0.3, progress=False, eval_every=1)
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+@pytest.fixture(scope="module")
+def compiled(graph):
+    """One short run of each mode first: numba compiles its kernels at their first call (seconds on a fresh
+    checkout), and a step that is compiling is busy, not waiting; the fault must surface while waiting."""
+    for mode in ("exact", "device", "neutronorch"):
+        train(run_config(mode, epochs=1), graph)
+
+
 class Injected(Exception):
     pass
 
@@ -55,13 +70,12 @@ STAGES = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode,stage,owner,name,after", STAGES, ids=[f"{m}-{s}" for m, s, *_ in STAGES])
-def test_a_fault_in_any_stage_stops_the_run_promptly(monkeypatch, graph, mode, stage, owner, name, after):
+def test_a_fault_in_any_stage_stops_the_run_promptly(monkeypatch, graph, compiled, mode, stage, owner, name,
+                                                      after):
     raised_at = []
     inject(monkeypatch, owner, name, after, raised_at)
-    config = TrainConfig(dataset="given", mode=mode, fanouts=[4, 3], hidden=16, batch_size=32, epochs=3,
-                         super_batch=2, hot_ratio=0.3, progress=False, eval_every=1)
     with pytest.raises(Injected, match=f"{name} broke") as info:
-        train(config, graph)
+        train(run_config(mode), graph)
     caught = time.monotonic()
     assert raised_at and caught - raised_at[0] < 1.0, "the fault took more than a second to surface"
     assert any(entry.name == "faulty" for entry in info.traceback)  # the original traceback
@@ -78,15 +92,13 @@ def _pipeline_threads():
 @pytest.mark.cuda
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["exact", "neutronorch"])
-def test_a_fault_in_the_copy_to_the_device_stops_the_run_promptly(monkeypatch, graph, mode):
+def test_a_fault_in_the_copy_to_the_device_stops_the_run_promptly(monkeypatch, graph, compiled, mode):
     from neutronorch.orchestration.host_loader import HostLoader
 
     raised_at = []
     inject(monkeypatch, HostLoader, "_ship", 3, raised_at)
-    config = TrainConfig(dataset="given", mode=mode, device="cuda", device_sampling="off", fanouts=[4, 3],
-                         hidden=16, batch_size=32, epochs=3, super_batch=2, hot_ratio=0.3, progress=False)
     with pytest.raises(Injected, match="_ship broke"):
-        train(config, graph)
+        train(run_config(mode, device="cuda", device_sampling="off"), graph)
     assert raised_at and time.monotonic() - raised_at[0] < 1.0
     deadline = time.monotonic() + 5
     while _pipeline_threads() and time.monotonic() < deadline:
