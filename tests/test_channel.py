@@ -26,6 +26,9 @@ def test_a_bounded_channel_holds_its_producer_back():
 
     thread = threading.Thread(target=produce)
     thread.start()
+    deadline = time.monotonic() + 10
+    while len(put) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     time.sleep(0.2)
     assert put == [0, 1]  # the third put waits for room
     assert [channel.take(i) for i in range(5)] == list(range(5))
