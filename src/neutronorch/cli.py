@@ -94,6 +94,9 @@ _HELP = {
     "log_csv": "write step losses and epoch results as CSV here",
     "tensorboard": "write TensorBoard scalars (loss, epoch time, accuracy, stages, utilisation) to this "
                    "folder (needs tensorboard)",
+    "checkpoint_dir": "write DIR/last.pt after every epoch and DIR/best.pt whenever the validation accuracy "
+                      "improves (model, optimizer, config, dataset fingerprint, history; written atomically); "
+                      "`neutronorch predict` reads them",
     "log_every": "steps per group of logged step losses, read from the device together (default: %(default)s)",
 }
 
@@ -164,6 +167,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", required=True, help="output directory")
     gen.add_argument("--float16", action="store_true", help="store features as float16")
     gen.add_argument("--overwrite", action="store_true", help="replace the native dataset in --out")
+
+    pred = commands.add_parser("predict", help="predict classes with a trained model",
+                               description="Exact full-neighbour inference of a checkpoint's model.")
+    pred.add_argument("--checkpoint", required=True, help="a checkpoint (DIR/best.pt or DIR/last.pt of "
+                                                         "--checkpoint-dir)")
+    pred.add_argument("--dataset", required=True, help=f"dataset spec: {DATASET_SPEC_HELP}")
+    pred.add_argument("--out", required=True, help="write the predictions here (.npy)")
+    pred.add_argument("--nodes", default="test",
+                      help="test, val, train, all, or a .npy file of vertex ids (default: %(default)s)")
+    pred.add_argument("--probabilities", action="store_true",
+                      help="write class probabilities (one float32 row per vertex) instead of classes")
+    pred.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                      help="inference device (default: %(default)s)")
 
     info = commands.add_parser("info", help="describe a dataset")
     info.add_argument("dataset", help=f"dataset spec: {DATASET_SPEC_HELP}")
@@ -273,6 +289,23 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from neutronorch.train.predict import prediction_accuracy, predict, save_array_atomically
+    from neutronorch.train.trainer import resolve_device
+
+    t0 = time.perf_counter()
+    device = resolve_device(args.device)
+    graph = load_dataset(args.dataset)
+    out = predict(args.checkpoint, graph, args.nodes, args.probabilities, str(device))
+    save_array_atomically(args.out, out)
+    line = f"wrote {out.shape[0]:,} predictions of {graph.name} to {args.out} in {time.perf_counter() - t0:.1f}s"
+    if args.nodes in ("test", "val", "train"):
+        classes = out.argmax(1) if args.probabilities else out
+        line += f"; {args.nodes} accuracy {prediction_accuracy(graph, args.nodes, classes):.4f}"
+    print(line)
+    return 0
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     graph = load_dataset(args.dataset)
     degrees = graph.in_degrees()
@@ -292,7 +325,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"train": _cmd_train, "convert": _cmd_convert, "generate": _cmd_generate, "info": _cmd_info}
+    handlers = {"train": _cmd_train, "convert": _cmd_convert, "generate": _cmd_generate, "info": _cmd_info,
+                "predict": _cmd_predict}
     _configure_logging()
     try:
         return handlers[args.command](args)

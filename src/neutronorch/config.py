@@ -66,6 +66,7 @@ class TrainConfig:
     log_csv: str | None = None
     tensorboard: str | None = None
     log_every: int = 20
+    checkpoint_dir: str | None = None  # last.pt after every epoch, best.pt at each better validation score
     progress: bool = True  # the command line's progress bar (train() reports through its callback instead)
     stage_table: bool = True
 
@@ -204,7 +205,8 @@ class LogConfig:
 
 # Fields whose default is None, and the type their value must have when given.
 _OPTIONAL_TYPES = {"split": str, "staleness_bound": int, "snapshot_lead": int, "gpu_memory_gb": float,
-                   "summary_json": str, "timeline": str, "log_jsonl": str, "log_csv": str, "tensorboard": str}
+                   "summary_json": str, "timeline": str, "log_jsonl": str, "log_csv": str, "tensorboard": str,
+                   "checkpoint_dir": str}
 # Parsed by their own functions, which accept several forms.
 _PARSED = {"fanouts", "eval_fanouts", "hot_ratio", "gpu_cache_gb"}
 

@@ -18,5 +18,9 @@ class ConfigError(NeutronorchError):
     """An option or a combination of options makes no sense."""
 
 
+class CheckpointError(NeutronorchError):
+    """A checkpoint is missing, unreadable, from a newer neutronorch, or does not fit the data."""
+
+
 class TrainingError(NeutronorchError):
     """Training cannot go on (the loss diverged)."""

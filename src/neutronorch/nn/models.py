@@ -27,6 +27,9 @@ class GNN(nn.Module):
         if kind not in MODELS:
             raise ValueError(f"unknown model {kind!r}; choose one of {MODELS}")
         self.kind = kind
+        # What rebuilds this model (a checkpoint stores it next to the weights).
+        self.arguments = {"kind": kind, "in_dim": in_dim, "hidden": hidden, "num_classes": num_classes,
+                          "num_layers": num_layers, "dropout": dropout, "heads": heads}
         self.num_layers = num_layers
         self.dropout = dropout
         dims = [in_dim] + [hidden] * (num_layers - 1) + [num_classes]

@@ -7,6 +7,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 from neutronorch.config import TrainConfig
 from neutronorch.errors import ConfigError
@@ -18,6 +19,10 @@ def check_outputs(config: TrainConfig) -> None:
         _check_timeline(config.timeline)
     if config.summary_json:
         _check_creatable("summary_json", config.summary_json)
+    if config.checkpoint_dir:
+        if Path(config.checkpoint_dir).exists() and not Path(config.checkpoint_dir).is_dir():
+            raise ConfigError(f"`checkpoint_dir` {config.checkpoint_dir}: exists and is not a folder.")
+        _check_creatable("checkpoint_dir", str(Path(config.checkpoint_dir) / "last.pt"))
     for field, path in (("log_jsonl", config.log_jsonl), ("log_csv", config.log_csv),
                         ("tensorboard", config.tensorboard)):
         if path and not Path(path).resolve().parent.exists():
@@ -63,18 +68,25 @@ def _finite(value):
 
 
 def write_json_atomically(path: str, data: dict) -> None:
-    """Write ``data`` as strict JSON (NaN and infinities as null) next to ``path`` (its folder made if needed) and rename it into place: a crash
-    mid-write leaves the previous file (or none), never half of one."""
+    """Write ``data`` as strict JSON (NaN and infinities as null) to ``path``, atomically."""
+    text = json.dumps(_finite(data), indent=2, allow_nan=False) + "\n"
+    write_atomically(path, lambda f: f.write(text.encode()))
+
+
+def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
+    """Call ``write`` on a temporary file beside ``path`` (its folder made if needed), flush it to disk and
+    rename it into place: a crash or a full disk mid-write leaves the previous file (or none), never half
+    of one."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_finite(data), indent=2, allow_nan=False) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return target

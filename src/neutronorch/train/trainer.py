@@ -20,6 +20,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numba
 import torch
@@ -35,6 +36,7 @@ from neutronorch.train.evaluate import evaluate
 from neutronorch.train.loop import Progress, TimelineWindow, train_epoch
 from neutronorch.train.memory import keep_freed_memory, peak_rss_mb
 from neutronorch.train.metrics_log import MetricLog
+from neutronorch.train.checkpoint import save_checkpoint
 from neutronorch.train.outputs import check_outputs, write_json_atomically
 from neutronorch.train.step import TRAINER_STAGES
 
@@ -107,6 +109,7 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
         if config.epochs and not last_eval and config.eval_every >= 0:
             last_eval = _evaluate(run)
             best = {**last_eval, "epoch": config.epochs - 1}
+            _checkpoint(run, "best.pt", config.epochs - 1, epochs)
         summary = summarise(run, epochs, best, last_eval, timeline)
     if config.summary_json:
         write_json_atomically(config.summary_json, summary)
@@ -161,6 +164,12 @@ def run_epochs(run: Run, progress: Progress | None):
             if last_eval["val_acc"] > best["val_acc"]:
                 best = {**last_eval, "epoch": epoch}
         epochs.append(record)
+        if config.checkpoint_dir:
+            t0 = time.perf_counter()
+            _checkpoint(run, "last.pt", epoch, epochs)
+            if config.eval_every > 0 and last_eval and best["epoch"] == epoch:
+                _checkpoint(run, "best.pt", epoch, epochs)
+            record["checkpoint_seconds"] = round(time.perf_counter() - t0, 4)
         run.metrics.epoch(record)
         logger.info(_epoch_line(record, stages=not config.stage_table))
         if config.stage_table:
@@ -172,6 +181,12 @@ def run_epochs(run: Run, progress: Progress | None):
                                   f"{config.timeline_steps} steps", run.stages)
         logger.info(f"timeline: {timeline['png']} ({timeline['spans']} spans; raw spans in {timeline['json']})")
     return epochs, best, last_eval, timeline
+
+
+def _checkpoint(run: Run, name: str, epoch: int, epochs: list[dict]) -> None:
+    if run.config.checkpoint_dir:
+        save_checkpoint(Path(run.config.checkpoint_dir) / name, config=run.config, graph=run.graph,
+                        model=run.model, optimizer=run.optimizer, epoch=epoch, history=epochs)
 
 
 def _evaluate(run: Run) -> dict[str, float]:
@@ -203,8 +218,16 @@ def summarise(run: Run, epochs: list[dict], best: dict, last_eval: dict, timelin
                                                                            "device_bytes", "cache_hits")},
         "placement": mode.placement.to_dict(),
         "timeline": timeline,
+        "checkpoints": _checkpoints_written(config.checkpoint_dir),
         **mode.summary(),
     }
+
+
+def _checkpoints_written(directory: str | None) -> dict | None:
+    if not directory:
+        return None
+    return {name: str(Path(directory) / f"{name}.pt") if (Path(directory) / f"{name}.pt").is_file() else None
+            for name in ("last", "best")}
 
 
 @contextlib.contextmanager

@@ -1,0 +1,108 @@
+"""Checkpoints: written atomically during training, read back for prediction, refused when damaged."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from neutronorch import CheckpointError, TrainConfig, load_checkpoint, predict, train
+from neutronorch.cli import main
+from neutronorch.data import SyntheticSpec, generate
+from neutronorch.train import checkpoint as checkpoint_module
+
+SMALL = "synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("run") / "ckpt"
+    summary = train(TrainConfig(dataset=SMALL, fanouts=[5, 5], hidden=32, batch_size=128, epochs=4, lr=0.01,
+                                progress=False, checkpoint_dir=str(directory)))
+    return directory, summary
+
+
+@pytest.mark.slow
+def test_training_writes_last_and_best_and_the_summary_names_them(trained):
+    directory, summary = trained
+    assert summary["checkpoints"] == {"last": str(directory / "last.pt"), "best": str(directory / "best.pt")}
+    last, best = load_checkpoint(directory / "last.pt"), load_checkpoint(directory / "best.pt")
+    assert last.epoch == 3 and best.epoch == summary["best_epoch"]
+    assert [e["epoch"] for e in last.history] == [0, 1, 2, 3]
+    assert last.config.checkpoint_dir == str(directory) and last.dataset["nodes"] == 3000
+    assert all("checkpoint_seconds" in e for e in summary["epochs"])
+    # A plain module: its state dict loads into a freshly built model without any training state.
+    fresh = type(best.model)(**best.model.arguments)
+    fresh.load_state_dict(best.model.state_dict())
+
+
+@pytest.mark.slow
+def test_predicting_the_test_set_reproduces_the_reported_accuracy(trained, tmp_path, capsys):
+    directory, summary = trained
+    graph = generate(SyntheticSpec.parse(SMALL))
+    classes = predict(directory / "best.pt", graph, "test")
+    accuracy = float((classes == graph.labels[graph.test_idx]).mean())
+    assert accuracy == pytest.approx(summary["test_acc"], abs=1e-6)
+    probabilities = predict(directory / "best.pt", graph, "test", probabilities=True)
+    assert probabilities.shape == (len(graph.test_idx), 4) and np.array_equal(probabilities.argmax(1), classes)
+    np.testing.assert_allclose(probabilities.sum(1), 1.0, rtol=1e-5)
+    out = tmp_path / "preds.npy"
+    assert main(["predict", "--checkpoint", str(directory / "best.pt"), "--dataset", SMALL, "--out", str(out),
+                 "--device", "cpu"]) == 0
+    assert np.array_equal(np.load(out), classes)
+    assert f"test accuracy {summary['test_acc']:.4f}" in capsys.readouterr().out
+    ids = tmp_path / "ids.npy"
+    np.save(ids, np.array([5, 0, 2999]))
+    assert predict(directory / "best.pt", graph, str(ids)).shape == (3,)
+
+
+@pytest.mark.slow
+def test_a_model_that_does_not_fit_the_data_is_refused(trained, capsys):
+    directory, _ = trained
+    assert main(["predict", "--checkpoint", str(directory / "best.pt"), "--dataset",
+                 "synthetic:nodes=500,features=8,classes=4", "--out", "unused.npy"]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit this dataset: feature_dim 16 (checkpoint) vs 8 (data)" in err and "Traceback" not in err
+
+
+def test_damaged_foreign_and_newer_checkpoints_are_refused(tmp_path):
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        load_checkpoint(tmp_path / "absent.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CheckpointError, match="cannot be read as a neutronorch checkpoint"):
+        load_checkpoint(tmp_path / "junk.pt")
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "foreign.pt")
+    with pytest.raises(CheckpointError, match="not a neutronorch checkpoint"):
+        load_checkpoint(tmp_path / "foreign.pt")
+    torch.save({"format_version": checkpoint_module.FORMAT_VERSION + 1}, tmp_path / "newer.pt")
+    with pytest.raises(CheckpointError, match="newer neutronorch"):
+        load_checkpoint(tmp_path / "newer.pt")
+
+
+def _save(path, graph, model, epoch):
+    config = TrainConfig(dataset="given").validate()
+    optimizer = torch.optim.Adam(model.parameters())
+    return checkpoint_module.save_checkpoint(path, config=config, graph=graph, model=model, optimizer=optimizer,
+                                             epoch=epoch, history=[])
+
+
+def test_a_truncated_checkpoint_is_refused_and_a_failed_write_keeps_the_previous_one(tmp_path, monkeypatch):
+    from neutronorch.nn.models import GNN
+
+    graph = generate(SyntheticSpec(nodes=300, degree=4, features=4, classes=3))
+    model = GNN("sage", 4, 8, 3, 2)
+    path = _save(tmp_path / "last.pt", graph, model, epoch=1)
+    data = path.read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[:len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated"):
+        load_checkpoint(tmp_path / "cut.pt")
+
+    def full_disk(src, dst):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        _save(tmp_path / "last.pt", graph, model, epoch=2)
+    monkeypatch.undo()
+    assert load_checkpoint(tmp_path / "last.pt").epoch == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.pt", "last.pt"]
