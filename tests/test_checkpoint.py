@@ -106,3 +106,14 @@ def test_a_truncated_checkpoint_is_refused_and_a_failed_write_keeps_the_previous
     monkeypatch.undo()
     assert load_checkpoint(tmp_path / "last.pt").epoch == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.pt", "last.pt"]
+
+
+def test_atomic_writes_get_the_usual_file_permissions(tmp_path):
+    from neutronorch.train.outputs import write_atomically
+
+    mask = os.umask(0o022)
+    try:
+        path = write_atomically(tmp_path / "out.bin", lambda f: f.write(b"x"))
+    finally:
+        os.umask(mask)
+    assert (path.stat().st_mode & 0o777) == 0o644

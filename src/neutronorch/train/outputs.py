@@ -84,9 +84,16 @@ def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], object
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # what open() would have given (mkstemp gives 0600)
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
