@@ -117,3 +117,55 @@ def test_atomic_writes_get_the_usual_file_permissions(tmp_path):
     finally:
         os.umask(mask)
     assert (path.stat().st_mode & 0o777) == 0o644
+
+
+def _run(mode, directory, epochs, resume=False, **overrides):
+    values = dict(dataset=SMALL, mode=mode, fanouts=[5, 5], hidden=32, batch_size=128, epochs=epochs, lr=0.01,
+                  dropout=0.5, progress=False, checkpoint_dir=str(directory), resume=resume)
+    values.update(overrides)
+    return train(TrainConfig(**values))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["exact", "device"])
+def test_a_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path, mode):
+    whole = _run(mode, tmp_path / "whole", epochs=4)
+    _run(mode, tmp_path / "split", epochs=2)
+    resumed = _run(mode, tmp_path / "split", epochs=4, resume=True)
+    assert [e["train_loss"] for e in resumed["epochs"]] == [e["train_loss"] for e in whole["epochs"]]
+    assert [e["epoch"] for e in resumed["epochs"]] == [0, 1, 2, 3]
+    assert (resumed["val_acc"], resumed["test_acc"], resumed["best_epoch"]) == \
+        (whole["val_acc"], whole["test_acc"], whole["best_epoch"])
+    a = load_checkpoint(tmp_path / "whole" / "last.pt").model.state_dict()
+    b = load_checkpoint(tmp_path / "split" / "last.pt").model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_resuming_with_other_settings_or_data_is_refused_with_the_differences(tmp_path, capsys):
+    _run("exact", tmp_path / "d", epochs=1)
+    for args, message in (
+            (["--hidden", "16"], "`hidden` 32 then, 16 now"),
+            (["--lr", "0.02", "--dropout", "0.4"], "--dropout 0.5 then, 0.4 now; --lr 0.01 then, 0.02 now"),
+            (["--dataset", "synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6,seed=5"],
+             "written for another dataset"),
+            (["--mode", "neutronorch"], "--mode 'exact' then, 'neutronorch' now")):
+        base = ["train", "--dataset", SMALL, "--fanouts", "5,5", "--hidden", "32", "--batch-size", "128", "--lr",
+                "0.01", "--dropout", "0.5", "--epochs", "3", "--checkpoint-dir", str(tmp_path / "d"), "--resume",
+                "--no-progress"]
+        assert main(base + args) == 2
+        err = capsys.readouterr().err
+        assert message.replace("`hidden`", "--hidden") in err and "Traceback" not in err, err
+    assert main(["train", "--resume", "--epochs", "1"]) == 2
+    assert "give --checkpoint-dir too" in capsys.readouterr().err
+    assert main(["train", "--resume", "--checkpoint-dir", str(tmp_path / "empty"), "--epochs", "1"]) == 2
+    assert "no checkpoint to resume from" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_resuming_neutronorch_mode_is_refused_until_its_state_is_saved(tmp_path, capsys):
+    _run("neutronorch", tmp_path / "n", epochs=1, hot_ratio=0.2)
+    assert main(["train", "--dataset", SMALL, "--mode", "neutronorch", "--hot-ratio", "0.2", "--fanouts", "5,5",
+                 "--hidden", "32", "--batch-size", "128", "--lr", "0.01", "--dropout", "0.5", "--epochs", "2",
+                 "--checkpoint-dir", str(tmp_path / "n"), "--resume", "--no-progress"]) == 2
+    assert "not yet for neutronorch mode" in capsys.readouterr().err

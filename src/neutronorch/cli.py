@@ -108,7 +108,7 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
     types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int, "gpu_memory_gb": float,
              "gpu_cache_gb": str}
     for f in fields(TrainConfig):
-        if f.name in ("progress", "stage_table"):
+        if f.name in ("progress", "stage_table", "resume"):
             continue
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
@@ -130,6 +130,9 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
                                          "options given on the command line win")
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=argparse.SUPPRESS,
                         help="no progress bar (the per-epoch lines stay)")
+    parser.add_argument("--resume", action="store_true", default=argparse.SUPPRESS,
+                        help="continue the run whose checkpoints are in --checkpoint-dir from its last.pt (raise "
+                             "--epochs to train longer); exact and device mode, at epoch boundaries")
     parser.add_argument("--no-stage-table", dest="stage_table", action="store_false", default=argparse.SUPPRESS,
                         help="no per-lane stage breakdown after each epoch line")
 

@@ -43,6 +43,7 @@ class Mode(Protocol):
     cache: FeatureCache | None
     num_batches: int
     threads: dict[str, int]  # the threads of its own stages' kernels, by stage ("sampler", "host")
+    resumable: bool  # whether a run can continue from a checkpoint's weights, optimizer and random state
 
     def start(self, model: torch.nn.Module) -> None:
         """Before the first epoch."""

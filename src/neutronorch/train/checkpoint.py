@@ -40,9 +40,21 @@ def dataset_fingerprint(graph: Graph) -> dict:
             "topology_crc": sample(graph.indices), "split_crc": sample(graph.train_idx)}
 
 
+# Settings a resumed run may change: where its outputs go, how it reports, how long it trains, how many
+# threads it uses (results do not depend on them) and where it runs. Any other difference changes the
+# model or the training and is refused.
+RESUME_MAY_CHANGE = frozenset({
+    "dataset", "epochs", "eval_every", "eval_fanouts", "eval_batch_size", "eval_max_nodes", "summary_json",
+    "timeline", "timeline_steps", "log_jsonl", "log_csv", "tensorboard", "log_every", "progress", "stage_table",
+    "checkpoint_dir", "resume", "threads", "sampler_threads", "host_threads", "prefetch", "device"})
+
+
 def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Graph, model: GNN,
-                    optimizer: torch.optim.Optimizer, epoch: int, history: list[dict]) -> Path:
-    """Write a checkpoint atomically (temporary file, fsync, rename)."""
+                    optimizer: torch.optim.Optimizer, epoch: int, history: list[dict],
+                    best: dict | None = None) -> Path:
+    """Write a checkpoint atomically (temporary file, fsync, rename). It holds the random state, so a run
+    resumed from it draws the dropout masks the uninterrupted run would have drawn."""
+    device = next(model.parameters()).device
     state = {
         "format_version": FORMAT_VERSION,
         "config": config.to_dict(),
@@ -52,6 +64,9 @@ def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Grap
         "model_args": dict(model.arguments),
         "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
         "optimizer": optimizer.state_dict(),
+        "best": best,
+        "rng": {"torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None},
     }
     return write_atomically(path, lambda f: torch.save(state, f))
 
@@ -68,6 +83,16 @@ class Checkpoint:
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Read a checkpoint written by training: the model (ready for inference) and what produced it."""
+    state = load_state(path)
+    model = GNN(**state["model_args"])
+    model.load_state_dict(state["model"])
+    model.eval()
+    config = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.keys()})
+    return Checkpoint(model, config, int(state["epoch"]), state["dataset"], state["history"], state["optimizer"])
+
+
+def load_state(path: str | os.PathLike) -> dict:
+    """The raw contents of a checkpoint file, checked to be one this neutronorch can read."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file.")
@@ -82,11 +107,24 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     if state["format_version"] > FORMAT_VERSION:
         raise CheckpointError(f"{path}: written in checkpoint format {state['format_version']} by a newer "
                               f"neutronorch; this one reads format {FORMAT_VERSION}. Upgrade neutronorch.")
-    model = GNN(**state["model_args"])
-    model.load_state_dict(state["model"])
-    model.eval()
-    config = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.keys()})
-    return Checkpoint(model, config, int(state["epoch"]), state["dataset"], state["history"], state["optimizer"])
+    return state
+
+
+def check_resumable(state: dict, config: TrainConfig, graph: Graph, source: str) -> None:
+    """A run may continue from ``state`` only on the same data with the same model and training settings."""
+    if state["dataset"] != dataset_fingerprint(graph):
+        differ = [k for k, v in dataset_fingerprint(graph).items() if state["dataset"].get(k) != v]
+        raise CheckpointError(f"{source}: written for another dataset ({', '.join(differ)} differ: "
+                              f"{state['dataset']['name']} then, {graph.name} now); resume on the same data.")
+    saved, now = state["config"], config.to_dict()
+    differ = [f"`{k}` {saved.get(k)!r} then, {now[k]!r} now" for k in sorted(now)
+              if k not in RESUME_MAY_CHANGE and saved.get(k) != now[k]]
+    if differ:
+        raise CheckpointError(f"{source}: the run it continues had other settings: {'; '.join(differ)}. Resume "
+                              f"with the same settings (only outputs, epochs, evaluation, threads and device may "
+                              f"change), or start a new run in another `checkpoint_dir`.")
+    if state.get("rng") is None:
+        raise CheckpointError(f"{source}: holds no random state to resume from.")
 
 
 def check_fits(checkpoint: Checkpoint, graph: Graph, source: str) -> None:

@@ -21,20 +21,27 @@ CSV_COLUMNS = ("kind", "epoch", "step", "loss", "seconds", "val_acc", "test_acc"
 
 
 class MetricLog:
-    def __init__(self, config: LogConfig):
+    def __init__(self, config: LogConfig, append: bool = False):
+        """``append``: a resumed run adds to the logs of the run it continues."""
         self.every = config.log_every
         self._start = time.perf_counter()
         self._step = 0
-        self._jsonl = open(config.log_jsonl, "w") if config.log_jsonl else None
-        self._csv_file = open(config.log_csv, "w", newline="") if config.log_csv else None
+        mode = "a" if append else "w"
+        self._jsonl = open(config.log_jsonl, mode) if config.log_jsonl else None
+        fresh_csv = not (append and config.log_csv and Path(config.log_csv).is_file())
+        self._csv_file = open(config.log_csv, mode, newline="") if config.log_csv else None
         self._csv = csv.writer(self._csv_file) if self._csv_file else None
-        if self._csv:
+        if self._csv and fresh_csv:
             self._csv.writerow(CSV_COLUMNS)
         self._tb = None
         if config.tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - optional
             self._tb = SummaryWriter(config.tensorboard)
         self.per_step = any(x is not None for x in (self._jsonl, self._csv, self._tb))
+
+    def continue_at(self, step: int) -> None:
+        """Number the next logged step ``step`` (a resumed run continues the count)."""
+        self._step = step
 
     def steps(self, epoch: int, first_batch: int, losses: list[torch.Tensor]) -> None:
         """Log consecutive steps' losses (device tensors; read here in one transfer)."""

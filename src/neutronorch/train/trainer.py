@@ -27,7 +27,7 @@ import torch
 
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, load_dataset
-from neutronorch.errors import ConfigError
+from neutronorch.errors import CheckpointError, ConfigError
 from neutronorch.nn.models import GNN
 from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table, write_timeline
 from neutronorch.orchestration.factory import Threads, build_mode
@@ -36,7 +36,7 @@ from neutronorch.train.evaluate import evaluate
 from neutronorch.train.loop import Progress, TimelineWindow, train_epoch
 from neutronorch.train.memory import keep_freed_memory, peak_rss_mb
 from neutronorch.train.metrics_log import MetricLog
-from neutronorch.train.checkpoint import save_checkpoint
+from neutronorch.train.checkpoint import check_resumable, load_state, save_checkpoint
 from neutronorch.train.outputs import check_outputs, write_json_atomically
 from neutronorch.train.step import TRAINER_STAGES
 
@@ -88,6 +88,9 @@ class Run:
     stages: StageTable
     util: Utilisation
     metrics: MetricLog
+    start_epoch: int = 0  # > 0 when resumed
+    history: list | None = None  # the resumed run's epoch records
+    best: dict | None = None  # and its best evaluation
 
 
 def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | None = None) -> dict:
@@ -109,7 +112,7 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
         if config.epochs and not last_eval and config.eval_every >= 0:
             last_eval = _evaluate(run)
             best = {**last_eval, "epoch": config.epochs - 1}
-            _checkpoint(run, "best.pt", config.epochs - 1, epochs)
+            _checkpoint(run, "best.pt", config.epochs - 1, epochs, best)
         summary = summarise(run, epochs, best, last_eval, timeline)
     if config.summary_json:
         write_json_atomically(config.summary_json, summary)
@@ -141,19 +144,45 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     for note in mode.placement.notes:
         logger.warning(f"note: {note}")
     util = stack.enter_context(contextlib.closing(Utilisation(device)))
-    metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging)))
-    return Run(config, graph, device, threads, model, optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
-               util, metrics)
+    metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, append=config.resume)))
+    run = Run(config, graph, device, threads, model, optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
+              util, metrics)
+    if config.resume:
+        _resume(run)
+    return run
+
+
+def _resume(run: Run) -> None:
+    """Continue from ``checkpoint_dir``/last.pt: weights, optimizer, random state, history (epoch
+    boundaries; NeutronOrch's pipeline state is not in a checkpoint yet)."""
+    path = Path(run.config.checkpoint_dir) / "last.pt"
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no checkpoint to resume from; train with `checkpoint_dir` first.")
+    state = load_state(path)
+    check_resumable(state, run.config, run.graph, str(path))
+    if not run.mode.resumable:
+        raise CheckpointError(f"`resume` works for exact and device mode so far, not yet for {run.mode.name} mode "
+                              f"(its pipeline state is not saved in checkpoints yet).")
+    run.model.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"]["torch"])
+    if run.device.type == "cuda" and state["rng"]["cuda"] is not None:
+        torch.cuda.set_rng_state(state["rng"]["cuda"], run.device)
+    run.start_epoch, run.history, run.best = int(state["epoch"]) + 1, list(state["history"]), state["best"]
+    run.metrics.continue_at(run.start_epoch * run.mode.num_batches)
+    logger.info(f"resumed from {path} after epoch {state['epoch']}")
 
 
 def run_epochs(run: Run, progress: Progress | None):
     """Train every epoch, evaluating as configured. Returns (epoch records, best evaluation, last
     evaluation, timeline written or None)."""
     config, mode = run.config, run.mode
-    epochs, best, last_eval = [], {"val_acc": -1.0, "test_acc": float("nan"), "epoch": -1}, {}
+    epochs = list(run.history or [])
+    best = run.best or {"val_acc": -1.0, "test_acc": float("nan"), "epoch": -1}
+    last_eval = next(({k: e[k] for k in ("val_acc", "test_acc")} for e in reversed(epochs) if "val_acc" in e), {})
     window = TimelineWindow(bool(config.timeline), config.epochs, config.timeline_steps)
     mode.start(run.model)
-    for epoch in range(config.epochs):
+    for epoch in range(run.start_epoch, config.epochs):
         record = train_epoch(run.model, run.optimizer, mode, epoch, run.spans, run.stages, run.util, run.metrics,
                              window, progress)
         mode.end_epoch(record)
@@ -166,9 +195,9 @@ def run_epochs(run: Run, progress: Progress | None):
         epochs.append(record)
         if config.checkpoint_dir:
             t0 = time.perf_counter()
-            _checkpoint(run, "last.pt", epoch, epochs)
+            _checkpoint(run, "last.pt", epoch, epochs, best)
             if config.eval_every > 0 and last_eval and best["epoch"] == epoch:
-                _checkpoint(run, "best.pt", epoch, epochs)
+                _checkpoint(run, "best.pt", epoch, epochs, best)
             record["checkpoint_seconds"] = round(time.perf_counter() - t0, 4)
         run.metrics.epoch(record)
         logger.info(_epoch_line(record, stages=not config.stage_table))
@@ -183,10 +212,10 @@ def run_epochs(run: Run, progress: Progress | None):
     return epochs, best, last_eval, timeline
 
 
-def _checkpoint(run: Run, name: str, epoch: int, epochs: list[dict]) -> None:
+def _checkpoint(run: Run, name: str, epoch: int, epochs: list[dict], best: dict) -> None:
     if run.config.checkpoint_dir:
         save_checkpoint(Path(run.config.checkpoint_dir) / name, config=run.config, graph=run.graph,
-                        model=run.model, optimizer=run.optimizer, epoch=epoch, history=epochs)
+                        model=run.model, optimizer=run.optimizer, epoch=epoch, history=epochs, best=best)
 
 
 def _evaluate(run: Run) -> dict[str, float]:

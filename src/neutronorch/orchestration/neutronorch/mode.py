@@ -55,6 +55,7 @@ STAGES = HOST_SAMPLING_STAGES.merge(StageTable(
 class NeutronOrchMode:
     name = "neutronorch"
     stages = STAGES
+    resumable = False  # the hot-row versions, pending snapshots and ratio controller are not checkpointed yet
 
     def __init__(self, graph: Graph, sampling: SamplingConfig, config: NeutronOrchConfig, epochs: int,
                  access: FeatureAccess, spans: Spans, sampler_threads: int, host_threads: int):
