@@ -169,3 +169,82 @@ def test_resuming_neutronorch_mode_is_refused_until_its_state_is_saved(tmp_path,
                  "--hidden", "32", "--batch-size", "128", "--lr", "0.01", "--dropout", "0.5", "--epochs", "2",
                  "--checkpoint-dir", str(tmp_path / "n"), "--resume", "--no-progress"]) == 2
     assert "not yet for neutronorch mode" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["exact", "device"])
+def test_a_run_stopped_mid_epoch_and_resumed_ends_bit_identical(tmp_path, mode):
+    import json
+    import threading
+
+    from neutronorch.errors import Interrupted
+
+    whole = _run(mode, tmp_path / "whole", epochs=3, batch_size=64)
+    stop = threading.Event()
+
+    def progress(epoch, done, total):
+        if (epoch, done) == (1, 2):
+            stop.set()  # as a SIGTERM handler would: the step finishes, last.pt is written, the run stops
+
+    config = TrainConfig(dataset=SMALL, mode=mode, fanouts=[5, 5], hidden=32, batch_size=64, epochs=3, lr=0.01,
+                         dropout=0.5, progress=False, checkpoint_dir=str(tmp_path / "split"),
+                         summary_json=str(tmp_path / "s.json"))
+    with pytest.raises(Interrupted, match="epoch 1 after step 2"):
+        train(config, progress=progress, stop=stop)
+    interrupted = json.loads((tmp_path / "s.json").read_text())
+    assert interrupted["status"] == "interrupted" and len(interrupted["epochs"]) == 1
+    resumed = _run(mode, tmp_path / "split", epochs=3, resume=True, batch_size=64)
+    assert resumed["status"] == "completed"
+    assert [e["train_loss"] for e in resumed["epochs"]] == [e["train_loss"] for e in whole["epochs"]]
+    a = load_checkpoint(tmp_path / "whole" / "last.pt").model.state_dict()
+    b = load_checkpoint(tmp_path / "split" / "last.pt").model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_checkpoint_every_writes_mid_epoch_positions_that_resume_exactly(tmp_path, monkeypatch):
+    whole = _run("exact", tmp_path / "whole", epochs=2, batch_size=64)
+    positions = []
+    real = checkpoint_module.save_checkpoint
+
+    def spy(path, **kwargs):
+        positions.append((kwargs["epoch"], kwargs["position"]["step"]))
+        if (kwargs["epoch"], kwargs["position"]["step"]) == (1, 4):
+            raise KeyboardInterrupt  # killed right after the checkpoint of step 4 of epoch 1 was written
+        return real(path, **kwargs)
+
+    from neutronorch.train import trainer
+    monkeypatch.setattr(trainer, "save_checkpoint", spy)
+    with pytest.raises(KeyboardInterrupt):
+        _run("exact", tmp_path / "split", epochs=2, batch_size=64, checkpoint_every=2)
+    monkeypatch.undo()
+    assert positions[:3] == [(0, 2), (0, 4), (0, 5)] and positions[-1] == (1, 4)
+    resumed = _run("exact", tmp_path / "split", epochs=2, resume=True, batch_size=64, checkpoint_every=2)
+    assert [e["train_loss"] for e in resumed["epochs"]] == [e["train_loss"] for e in whole["epochs"]]
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_step_saves_and_exits_promptly(tmp_path):
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    directory, summary_path = tmp_path / "ckpt", tmp_path / "s.json"
+    command = [sys.executable, "-m", "neutronorch", "train", "--dataset", "synthetic:nodes=20000", "--epochs", "50",
+               "--batch-size", "64", "--checkpoint-dir", str(directory), "--summary-json", str(summary_path),
+               "--no-progress", "--eval-every", "-1"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (directory / "last.pt").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # the first epoch has ended
+    process.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert time.monotonic() - sent < 10
+    assert "interrupted" in err and "--resume" in err and "Traceback" not in err
+    summary = json.loads(summary_path.read_text())
+    assert summary["status"] == "interrupted" and summary["epochs"]
+    assert load_checkpoint(directory / "last.pt").epoch >= 0

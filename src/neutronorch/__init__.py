@@ -14,7 +14,8 @@ os.environ.setdefault("NUMBA_THREADING_LAYER", "omp")
 
 from neutronorch.config import TrainConfig  # noqa: E402
 from neutronorch.data import Graph, load_dataset, load_native, save_native  # noqa: E402
-from neutronorch.errors import CheckpointError, ConfigError, DataError, NeutronorchError, TrainingError  # noqa: E402
+from neutronorch.errors import (CheckpointError, ConfigError, DataError, Interrupted, NeutronorchError,  # noqa: E402
+                                TrainingError)
 from neutronorch.nn.models import GNN  # noqa: E402
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, TorchNeighborSampler  # noqa: E402
 from neutronorch.train.checkpoint import load_checkpoint  # noqa: E402
@@ -23,5 +24,5 @@ from neutronorch.train.trainer import train  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["TrainConfig", "train", "load_dataset", "load_native", "save_native", "Graph", "GNN",
-           "NeighborSampler", "TorchNeighborSampler", "NeutronorchError", "ConfigError", "DataError", "TrainingError", "CheckpointError", "load_checkpoint",
+           "NeighborSampler", "TorchNeighborSampler", "NeutronorchError", "ConfigError", "DataError", "TrainingError", "CheckpointError", "Interrupted", "load_checkpoint",
            "predict"]

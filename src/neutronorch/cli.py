@@ -13,7 +13,9 @@ import argparse
 import json
 import logging
 import re
+import signal
 import sys
+import threading
 import time
 from dataclasses import fields
 
@@ -23,7 +25,7 @@ from neutronorch.config import (CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GR
                                load_config_file)
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec, generate, load_dataset, save_native
 from neutronorch.data.csc import edge_hygiene
-from neutronorch.errors import NeutronorchError
+from neutronorch.errors import Interrupted, NeutronorchError
 from neutronorch.nn.models import MODELS
 
 _HELP = {
@@ -97,6 +99,8 @@ _HELP = {
     "checkpoint_dir": "write DIR/last.pt after every epoch and DIR/best.pt whenever the validation accuracy "
                       "improves (model, optimizer, config, dataset fingerprint, history; written atomically); "
                       "`neutronorch predict` reads them",
+    "checkpoint_every": "also write DIR/last.pt every this many steps, so that a killed run loses at most "
+                        "that many; 0 = at epoch ends only (default: %(default)s)",
     "log_every": "steps per group of logged step losses, read from the device together (default: %(default)s)",
 }
 
@@ -257,9 +261,28 @@ def _cmd_train(args: argparse.Namespace) -> int:
     values.update({k: v for k, v in vars(args).items() if k not in ("command", "config")})
     config = TrainConfig(**values)
     bar = _ProgressBar() if config.progress else None
+    stop, received = threading.Event(), []
+
+    def on_signal(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt  # a second signal: stop at once
+        received.append(signum)
+        stop.set()
+        logging.getLogger("neutronorch").warning(
+            f"{signal.Signals(signum).name}: finishing the current step, then saving and stopping (send it "
+            f"again to stop at once)")
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        summary = train(config, progress=bar)
+        summary = train(config, progress=bar, stop=stop)
+    except Interrupted as exc:
+        saved = ("last.pt is written; continue with --resume" if config.checkpoint_dir
+                 else "nothing was saved (no --checkpoint-dir)")
+        print(f"neutronorch: interrupted: {exc}; {saved}", file=sys.stderr)
+        return 128 + received[0]
     finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
         if bar is not None:
             bar.close()
     accuracy = (f"val acc {summary['val_acc']:.4f}, test acc {summary['test_acc']:.4f}, "

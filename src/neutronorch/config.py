@@ -67,6 +67,7 @@ class TrainConfig:
     tensorboard: str | None = None
     log_every: int = 20
     checkpoint_dir: str | None = None  # last.pt after every epoch, best.pt at each better validation score
+    checkpoint_every: int = 0  # also write last.pt every this many steps (0: at epoch ends only)
     resume: bool = False  # continue from checkpoint_dir/last.pt
     progress: bool = True  # the command line's progress bar (train() reports through its callback instead)
     stage_table: bool = True
@@ -119,6 +120,10 @@ class TrainConfig:
             (self.super_batch >= 1, f"`super_batch` {self.super_batch}: must be at least 1 mini-batch."),
             (self.timeline_steps >= 1, f"`timeline_steps` {self.timeline_steps}: must be at least 1."),
             (self.log_every >= 1, f"`log_every` {self.log_every}: must be at least 1 step."),
+            (self.checkpoint_every >= 0, f"`checkpoint_every` {self.checkpoint_every}: must be 0 (epoch ends "
+                                         f"only) or a number of steps."),
+            (not self.checkpoint_every or bool(self.checkpoint_dir),
+             "`checkpoint_every` writes `checkpoint_dir`/last.pt: give `checkpoint_dir` too."),
             (not self.resume or bool(self.checkpoint_dir),
              "`resume` continues from `checkpoint_dir`/last.pt: give `checkpoint_dir` too."),
             (self.staleness_bound is None or self.staleness_bound >= self.super_batch - 1,

@@ -22,5 +22,9 @@ class CheckpointError(NeutronorchError):
     """A checkpoint is missing, unreadable, from a newer neutronorch, or does not fit the data."""
 
 
+class Interrupted(NeutronorchError):
+    """The run was asked to stop (SIGINT, SIGTERM); its last step was finished and saved."""
+
+
 class TrainingError(NeutronorchError):
     """Training cannot go on (the loss diverged)."""

@@ -47,15 +47,19 @@ class DeviceMode(StepHooksUnused):
         self.reader = DeviceReader(graph, access, spans)
         self.sample_stream = torch.cuda.Stream(self.device) if access.on_cuda else None
 
-    def batches(self, epoch: int) -> Prefetcher:
-        """This epoch's mini-batches, sampled and gathered on the device in a background thread."""
-        return Prefetcher(lambda: self._produce(epoch), depth=self.sampling.prefetch, name=f"{self.name}-producer")
+    def batches(self, epoch: int, start: int = 0) -> Prefetcher:
+        """This epoch's mini-batches from number ``start`` on, sampled and gathered on the device in a
+        background thread."""
+        return Prefetcher(lambda: self._produce(epoch, start), depth=self.sampling.prefetch,
+                          name=f"{self.name}-producer")
 
-    def _produce(self, epoch: int) -> Iterator[MiniBatch]:
+    def _produce(self, epoch: int, start: int) -> Iterator[MiniBatch]:
         sampler = TorchNeighborSampler(self.reader.indptr, self.reader.indices, self.sampling.fanouts)
         order = epoch_order(self.train_idx, self.sampling.seed, epoch)
         with torch.cuda.stream(self.sample_stream) if self.sample_stream is not None else nullcontext():
             for index, seeds in enumerate(torch.split(order, self.sampling.batch_size)):
+                if index < start:
+                    continue
                 with self.spans.stage("sample"):
                     seeds = seeds.to(self.device, non_blocking=True)
                     subgraph = sampler.sample(seeds, batch_key(self.sampling.seed, epoch, index))

@@ -44,16 +44,18 @@ class ExactMode(StepHooksUnused):
         self.num_batches = -(-self.train_idx.shape[0] // sampling.batch_size)
         self.loader = HostLoader(access, spans)
 
-    def batches(self, epoch: int) -> Prefetcher:
-        """This epoch's mini-batches, produced ahead in a background thread."""
-        return Prefetcher(lambda: self._produce(epoch), depth=self.sampling.prefetch, name=f"{self.name}-producer",
-                          on_start=lambda: numba.set_num_threads(self.sampler_threads))
+    def batches(self, epoch: int, start: int = 0) -> Prefetcher:
+        """This epoch's mini-batches from number ``start`` on, produced ahead in a background thread."""
+        return Prefetcher(lambda: self._produce(epoch, start), depth=self.sampling.prefetch,
+                          name=f"{self.name}-producer", on_start=lambda: numba.set_num_threads(self.sampler_threads))
 
-    def _produce(self, epoch: int) -> Iterator[MiniBatch]:
+    def _produce(self, epoch: int, start: int) -> Iterator[MiniBatch]:
         # A fresh sampler per producer thread: its vertex map is thread-private state.
         sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts)
         order = epoch_order(self.train_idx, self.sampling.seed, epoch)
         for index, seeds in enumerate(torch.split(order, self.sampling.batch_size)):
+            if index < start:
+                continue
             with self.spans.stage("sample"):
                 subgraph = sampler.sample(seeds.numpy(), batch_key(self.sampling.seed, epoch, index))
             yield self.loader.load(epoch, index, subgraph)

@@ -48,8 +48,9 @@ class Mode(Protocol):
     def start(self, model: torch.nn.Module) -> None:
         """Before the first epoch."""
 
-    def batches(self, epoch: int) -> Iterator[MiniBatch]:
-        """This epoch's mini-batches (an iterator that is also a context manager), produced ahead."""
+    def batches(self, epoch: int, start: int = 0) -> Iterator[MiniBatch]:
+        """This epoch's mini-batches from number ``start`` on (a resumable mode's; others take 0), as an
+        iterator that is also a context manager, produced ahead."""
 
     def step_inputs(self, batch: MiniBatch) -> StepInputs:
         """In the training thread, before the step: the model's inputs, ordered after the batch's copies."""

@@ -46,12 +46,12 @@ def dataset_fingerprint(graph: Graph) -> dict:
 RESUME_MAY_CHANGE = frozenset({
     "dataset", "epochs", "eval_every", "eval_fanouts", "eval_batch_size", "eval_max_nodes", "summary_json",
     "timeline", "timeline_steps", "log_jsonl", "log_csv", "tensorboard", "log_every", "progress", "stage_table",
-    "checkpoint_dir", "resume", "threads", "sampler_threads", "host_threads", "prefetch", "device"})
+    "checkpoint_dir", "checkpoint_every", "resume", "threads", "sampler_threads", "host_threads", "prefetch", "device"})
 
 
 def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Graph, model: GNN,
                     optimizer: torch.optim.Optimizer, epoch: int, history: list[dict],
-                    best: dict | None = None) -> Path:
+                    best: dict | None = None, position: dict | None = None) -> Path:
     """Write a checkpoint atomically (temporary file, fsync, rename). It holds the random state, so a run
     resumed from it draws the dropout masks the uninterrupted run would have drawn."""
     device = next(model.parameters()).device
@@ -65,6 +65,8 @@ def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Grap
         "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
         "optimizer": optimizer.state_dict(),
         "best": best,
+        # Steps of ``epoch`` done and the float32 sum of their losses; all of them when the epoch is complete.
+        "position": position or {"step": 1 << 62, "loss_sum": 0.0},
         "rng": {"torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None},
     }

@@ -6,12 +6,14 @@ per epoch (step losses for the metric logs once per ``log_every`` steps).
 
 from __future__ import annotations
 
+import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from neutronorch.errors import TrainingError
+from neutronorch.errors import Interrupted, TrainingError
 from neutronorch.observe import Spans, StageTable, Utilisation
 from neutronorch.orchestration.mode import Mode
 from neutronorch.train.memory import peak_rss_mb
@@ -23,6 +25,20 @@ Progress = Callable[[int, int, int], None]
 # On CUDA the loss is checked for divergence every this many steps (reading it waits for the device);
 # on the CPU after every step.
 DIVERGENCE_CHECK_STEPS = 16
+
+
+@dataclass
+class EpochControl:
+    """Where an epoch starts, what it carries over, when it saves and whether it must stop.
+
+    ``save(epoch, steps done, loss sum)`` writes a checkpoint mid-epoch: every ``checkpoint_every`` steps,
+    and when ``stop`` is set (then the epoch raises ``Interrupted`` after the step it was on)."""
+
+    start_step: int = 0
+    loss_sum: float = 0.0  # the float32 sum of the losses of the steps before ``start_step``
+    stop: threading.Event | None = None
+    checkpoint_every: int = 0
+    save: Callable[[int, int, torch.Tensor], None] | None = None
 
 
 class TimelineWindow:
@@ -55,20 +71,23 @@ def _diverged(epoch: int, steps: int) -> TrainingError:
 
 def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: Mode, epoch: int, spans: Spans,
                 stages: StageTable, util: Utilisation, metrics: MetricLog, window: TimelineWindow,
-                progress: Progress | None = None) -> dict:
-    """Train one epoch; return its record (without evaluation)."""
+                progress: Progress | None = None, control: EpochControl | None = None) -> dict:
+    """Train one epoch (from ``control.start_step`` on); return its record (without evaluation). Counters
+    of rows, edges and bytes cover the steps run here; the loss covers the whole epoch."""
+    control = control or EpochControl()
     model.train()
     spans.take()  # drop what the producers recorded between epochs (evaluation time)
     util.take()
     device = next(model.parameters()).device
-    total_loss = torch.zeros((), device=device)
+    total_loss = torch.full((), control.loss_sum, dtype=torch.float32, device=device)
     finite = torch.ones((), dtype=torch.bool, device=device)
     check_every = DIVERGENCE_CHECK_STEPS if device.type == "cuda" else 1
     step_losses = []
-    num_batches = sampled_edges = input_nodes = feature_bytes = device_bytes = cache_hits = 0
+    sampled_edges = input_nodes = feature_bytes = device_bytes = cache_hits = 0
+    num_batches = control.start_step
     start = time.perf_counter()
     window.begin_epoch(epoch, spans)
-    with mode.batches(epoch) as batches:
+    with mode.batches(epoch, control.start_step) as batches:
         batches = iter(batches)
         while True:
             with spans.stage("wait", num_batches):
@@ -94,6 +113,14 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
             window.after_step(spans, num_batches)
             if progress is not None:
                 progress(epoch, num_batches, mode.num_batches)
+            stopping = control.stop is not None and control.stop.is_set()
+            if num_batches < mode.num_batches:  # the epoch's end has its own checkpoint and stop check
+                due = control.checkpoint_every and num_batches % control.checkpoint_every == 0
+                if control.save is not None and (stopping or due):
+                    control.save(epoch, num_batches, total_loss)
+                if stopping:
+                    raise Interrupted(f"stopped on request in epoch {epoch} after step {num_batches} of "
+                                      f"{mode.num_batches}")
     if step_losses:
         metrics.steps(epoch, num_batches - len(step_losses), step_losses)
     if device.type == "cuda":
@@ -117,6 +144,6 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
                   "device_bytes": device_bytes + counts.get("device_bytes", 0), "cache_hits": cache_hits},
         "batches": num_batches,
         "sampled_edges": sampled_edges,
-        "input_nodes_per_batch": input_nodes / max(1, num_batches),
+        "input_nodes_per_batch": input_nodes / max(1, num_batches - control.start_step),
         "peak_rss_mb": round(peak_rss_mb(), 1),  # high-water mark so far, before this epoch's evaluation
     }

@@ -18,8 +18,9 @@ import dataclasses
 import logging
 import os
 import statistics
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numba
@@ -27,13 +28,13 @@ import torch
 
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, load_dataset
-from neutronorch.errors import CheckpointError, ConfigError
+from neutronorch.errors import CheckpointError, ConfigError, Interrupted, TrainingError
 from neutronorch.nn.models import GNN
 from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table, write_timeline
 from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.orchestration.mode import Mode
 from neutronorch.train.evaluate import evaluate
-from neutronorch.train.loop import Progress, TimelineWindow, train_epoch
+from neutronorch.train.loop import EpochControl, Progress, TimelineWindow, train_epoch
 from neutronorch.train.memory import keep_freed_memory, peak_rss_mb
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.checkpoint import check_resumable, load_state, save_checkpoint
@@ -88,14 +89,20 @@ class Run:
     stages: StageTable
     util: Utilisation
     metrics: MetricLog
-    start_epoch: int = 0  # > 0 when resumed
-    history: list | None = None  # the resumed run's epoch records
-    best: dict | None = None  # and its best evaluation
+    history: list = field(default_factory=list)  # the epoch records so far (a resumed run's included)
+    best: dict = field(default_factory=lambda: {"val_acc": -1.0, "test_acc": float("nan"), "epoch": -1})
+    start_epoch: int = 0  # where training starts: > 0, or a mid-epoch start_step, when resumed
+    start_step: int = 0
+    loss_sum: float = 0.0  # the resumed epoch's loss sum over its first start_step steps
+    stop: threading.Event | None = None  # set: finish the step, save, stop (Interrupted)
 
 
-def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | None = None) -> dict:
+def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | None = None,
+          stop: threading.Event | None = None) -> dict:
     """Train as ``config`` says and return the run summary (also written to ``config.summary_json``).
-    ``progress(epoch, done, total)`` is called after every step."""
+    ``progress(epoch, done, total)`` is called after every step. Setting ``stop`` (from a signal handler,
+    another thread) finishes the current step, writes ``last.pt`` (with ``checkpoint_dir``) and the summary
+    marked ``interrupted``, and raises ``Interrupted``."""
     config = dataclasses.replace(config).validate()  # resolved values (batch size) go into a copy
     check_threading_layer()
     check_outputs(config)
@@ -108,12 +115,20 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
         stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
         torch.manual_seed(config.seed)
         run = build_run(config, graph, device, threads, stack)
-        epochs, best, last_eval, timeline = run_epochs(run, progress)
+        run.stop = stop
+        try:
+            last_eval, timeline = run_epochs(run, progress)
+        except (Interrupted, TrainingError) as exc:
+            # Nothing lost: what was trained is summarised (and, stopped on request, saved) before raising.
+            summary = summarise(run, {}, None, "interrupted" if isinstance(exc, Interrupted) else "failed")
+            if config.summary_json:
+                write_json_atomically(config.summary_json, summary)
+            raise
         if config.epochs and not last_eval and config.eval_every >= 0:
             last_eval = _evaluate(run)
-            best = {**last_eval, "epoch": config.epochs - 1}
-            _checkpoint(run, "best.pt", config.epochs - 1, epochs, best)
-        summary = summarise(run, epochs, best, last_eval, timeline)
+            run.best = {**last_eval, "epoch": config.epochs - 1}
+            _checkpoint(run, "best.pt", config.epochs - 1)
+        summary = summarise(run, last_eval, timeline, "completed")
     if config.summary_json:
         write_json_atomically(config.summary_json, summary)
     return summary
@@ -168,54 +183,67 @@ def _resume(run: Run) -> None:
     torch.set_rng_state(state["rng"]["torch"])
     if run.device.type == "cuda" and state["rng"]["cuda"] is not None:
         torch.cuda.set_rng_state(state["rng"]["cuda"], run.device)
-    run.start_epoch, run.history, run.best = int(state["epoch"]) + 1, list(state["history"]), state["best"]
-    run.metrics.continue_at(run.start_epoch * run.mode.num_batches)
-    logger.info(f"resumed from {path} after epoch {state['epoch']}")
+    run.history, run.best = list(state["history"]), state["best"]
+    step, run.loss_sum = state["position"]["step"], state["position"]["loss_sum"]
+    if step < run.mode.num_batches:
+        run.start_epoch, run.start_step = int(state["epoch"]), step
+    else:
+        run.start_epoch = int(state["epoch"]) + 1
+    run.metrics.continue_at(run.start_epoch * run.mode.num_batches + run.start_step)
+    logger.info(f"resumed from {path} at epoch {run.start_epoch}, step {run.start_step}")
 
 
 def run_epochs(run: Run, progress: Progress | None):
-    """Train every epoch, evaluating as configured. Returns (epoch records, best evaluation, last
+    """Train every epoch, evaluating as configured, into ``run.history`` and ``run.best``. Returns (last
     evaluation, timeline written or None)."""
-    config, mode = run.config, run.mode
-    epochs = list(run.history or [])
-    best = run.best or {"val_acc": -1.0, "test_acc": float("nan"), "epoch": -1}
+    config, mode, epochs = run.config, run.mode, run.history
     last_eval = next(({k: e[k] for k in ("val_acc", "test_acc")} for e in reversed(epochs) if "val_acc" in e), {})
     window = TimelineWindow(bool(config.timeline), config.epochs, config.timeline_steps)
     mode.start(run.model)
     for epoch in range(run.start_epoch, config.epochs):
+        resumed = epoch == run.start_epoch
+        control = EpochControl(run.start_step if resumed else 0, run.loss_sum if resumed else 0.0, run.stop,
+                               config.checkpoint_every,
+                               (lambda e, k, loss: _checkpoint(run, "last.pt", e, (k, float(loss))))
+                               if config.checkpoint_dir else None)
         record = train_epoch(run.model, run.optimizer, mode, epoch, run.spans, run.stages, run.util, run.metrics,
-                             window, progress)
+                             window, progress, control)
         mode.end_epoch(record)
         if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
             t0 = time.perf_counter()
             last_eval = _evaluate(run)
             record.update(last_eval, eval_seconds=time.perf_counter() - t0)
-            if last_eval["val_acc"] > best["val_acc"]:
-                best = {**last_eval, "epoch": epoch}
+            if last_eval["val_acc"] > run.best["val_acc"]:
+                run.best = {**last_eval, "epoch": epoch}
         epochs.append(record)
         if config.checkpoint_dir:
             t0 = time.perf_counter()
-            _checkpoint(run, "last.pt", epoch, epochs, best)
-            if config.eval_every > 0 and last_eval and best["epoch"] == epoch:
-                _checkpoint(run, "best.pt", epoch, epochs, best)
+            _checkpoint(run, "last.pt", epoch)
+            if config.eval_every > 0 and last_eval and run.best["epoch"] == epoch:
+                _checkpoint(run, "best.pt", epoch)
             record["checkpoint_seconds"] = round(time.perf_counter() - t0, 4)
         run.metrics.epoch(record)
         logger.info(_epoch_line(record, stages=not config.stage_table))
         if config.stage_table:
             logger.info(epoch_table(record, run.stages))
+        if run.stop is not None and run.stop.is_set() and epoch + 1 < config.epochs:
+            raise Interrupted(f"stopped on request after epoch {epoch}")
     timeline = None
     if config.timeline and run.spans.events:
         timeline = write_timeline(config.timeline, run.spans.events, run.util.samples,
                                   f"{mode.name} mode, {config.model}, epoch {window.epoch}, first "
                                   f"{config.timeline_steps} steps", run.stages)
         logger.info(f"timeline: {timeline['png']} ({timeline['spans']} spans; raw spans in {timeline['json']})")
-    return epochs, best, last_eval, timeline
+    return last_eval, timeline
 
 
-def _checkpoint(run: Run, name: str, epoch: int, epochs: list[dict], best: dict) -> None:
+def _checkpoint(run: Run, name: str, epoch: int, position: tuple[int, float] | None = None) -> None:
+    """Save the run; ``position`` (steps done, their loss sum) when mid-epoch, else the epoch is complete."""
     if run.config.checkpoint_dir:
+        step, loss_sum = position if position is not None else (run.mode.num_batches, 0.0)
         save_checkpoint(Path(run.config.checkpoint_dir) / name, config=run.config, graph=run.graph,
-                        model=run.model, optimizer=run.optimizer, epoch=epoch, history=epochs, best=best)
+                        model=run.model, optimizer=run.optimizer, epoch=epoch, history=run.history,
+                        best=run.best, position={"step": step, "loss_sum": loss_sum})
 
 
 def _evaluate(run: Run) -> dict[str, float]:
@@ -224,10 +252,12 @@ def _evaluate(run: Run) -> dict[str, float]:
                     config.seed, config.eval_max_nodes)
 
 
-def summarise(run: Run, epochs: list[dict], best: dict, last_eval: dict, timeline: dict | None) -> dict:
-    config, graph, mode = run.config, run.graph, run.mode
+def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str) -> dict:
+    """The run summary; ``status`` is completed, interrupted or failed."""
+    config, graph, mode, epochs, best = run.config, run.graph, run.mode, run.history, run.best
     seconds = [e["seconds"] for e in epochs]
     return {
+        "status": status,
         "mode": mode.name,
         "config": config.to_dict(),
         "dataset": {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,

@@ -106,7 +106,9 @@ class NeutronOrchMode:
         if self.reader is not None:
             self.reader.close()
 
-    def batches(self, epoch: int) -> "EpochView":
+    def batches(self, epoch: int, start: int = 0) -> "EpochView":
+        if start:
+            raise ValueError("NeutronOrch mode cannot start an epoch mid-way (it is not resumable)")
         if self._stream is None:
             raise RuntimeError("NeutronOrchMode.start(model) must be called before batches()")
         return EpochView(self._stream, epoch, self.num_batches)
