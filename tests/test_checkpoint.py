@@ -248,3 +248,21 @@ def test_sigterm_finishes_the_step_saves_and_exits_promptly(tmp_path):
     summary = json.loads(summary_path.read_text())
     assert summary["status"] == "interrupted" and summary["epochs"]
     assert load_checkpoint(directory / "last.pt").epoch >= 0
+
+
+@pytest.mark.slow
+def test_patience_stops_a_run_that_no_longer_improves_and_keeps_the_best(tmp_path):
+    # A learning rate too small to change any prediction: the first evaluation stays the best.
+    summary = _run("exact", tmp_path / "p", epochs=10, lr=1e-12, patience=2)
+    assert summary["status"] == "stopped_early"
+    assert [e["epoch"] for e in summary["epochs"]] == [0, 1, 2] and summary["best_epoch"] == 0
+    assert load_checkpoint(tmp_path / "p" / "best.pt").epoch == 0
+    improving = _run("exact", tmp_path / "q", epochs=3, patience=5)
+    assert improving["status"] == "completed" and len(improving["epochs"]) == 3
+
+
+def test_patience_needs_evaluations():
+    from neutronorch import ConfigError
+
+    with pytest.raises(ConfigError, match="give `eval_every` 1 or more"):
+        TrainConfig(patience=3, eval_every=-1).validate()

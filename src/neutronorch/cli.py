@@ -55,6 +55,8 @@ _HELP = {
                       "each; with exact inference only the last layer gets cheaper (every layer below runs "
                       "over all vertices), so pair it with --eval-fanouts to save real time; 0 = all "
                       "(default: %(default)s)",
+    "patience": "stop after this many evaluations without a better validation accuracy (the summary and "
+                "best.pt hold the best epoch); 0 = never stop early (default: %(default)s)",
     "prefetch": "mini-batches prepared ahead of training (default: %(default)s)",
     "threads": "training threads; 0 = all cores (default: %(default)s)",
     "sampler_threads": "sampler/gather threads; 0 = half the cores (default: %(default)s)",

@@ -42,6 +42,7 @@ class TrainConfig:
     eval_fanouts: list[int] | None = None
     eval_batch_size: int = 4096
     eval_max_nodes: int = 0  # 0: every validation and test vertex
+    patience: int = 0  # stop after this many evaluations without a better validation accuracy (0: never)
     prefetch: int = 2
     threads: int = 0
     sampler_threads: int = 0
@@ -104,6 +105,11 @@ class TrainConfig:
             (self.eval_every >= -1, f"`eval_every` {self.eval_every}: must be -1 (never), 0 (after the last "
                                     f"epoch only) or more."),
             (self.prefetch >= 1, f"`prefetch` {self.prefetch}: must be at least 1."),
+            (self.patience >= 0, f"`patience` {self.patience}: must be 0 (never stop early) or a number of "
+                                 f"evaluations."),
+            (not self.patience or self.eval_every > 0,
+             "`patience` counts evaluations without a better validation accuracy: give `eval_every` 1 or "
+             "more."),
             (self.threads >= 0 and self.sampler_threads >= 0 and self.host_threads >= 0,
              "`threads`/`sampler_threads`/`host_threads` must be >= 0 (0 picks automatically)."),
             (self.hot_grad in HOT_GRADS, f"`hot_grad` {self.hot_grad!r}: choose one of {', '.join(HOT_GRADS)}."),

@@ -44,7 +44,7 @@ def dataset_fingerprint(graph: Graph) -> dict:
 # threads it uses (results do not depend on them) and where it runs. Any other difference changes the
 # model or the training and is refused.
 RESUME_MAY_CHANGE = frozenset({
-    "dataset", "epochs", "eval_every", "eval_fanouts", "eval_batch_size", "eval_max_nodes", "summary_json",
+    "dataset", "epochs", "patience", "eval_every", "eval_fanouts", "eval_batch_size", "eval_max_nodes", "summary_json",
     "timeline", "timeline_steps", "log_jsonl", "log_csv", "tensorboard", "log_every", "progress", "stage_table",
     "checkpoint_dir", "checkpoint_every", "resume", "threads", "sampler_threads", "host_threads", "prefetch", "device"})
 

@@ -95,6 +95,7 @@ class Run:
     start_step: int = 0
     loss_sum: float = 0.0  # the resumed epoch's loss sum over its first start_step steps
     stop: threading.Event | None = None  # set: finish the step, save, stop (Interrupted)
+    stopped_early: bool = False  # --patience ran out
 
 
 def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | None = None,
@@ -128,7 +129,7 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
             last_eval = _evaluate(run)
             run.best = {**last_eval, "epoch": config.epochs - 1}
             _checkpoint(run, "best.pt", config.epochs - 1)
-        summary = summarise(run, last_eval, timeline, "completed")
+        summary = summarise(run, last_eval, timeline, "stopped_early" if run.stopped_early else "completed")
     if config.summary_json:
         write_json_atomically(config.summary_json, summary)
     return summary
@@ -228,6 +229,11 @@ def run_epochs(run: Run, progress: Progress | None):
             logger.info(epoch_table(record, run.stages))
         if run.stop is not None and run.stop.is_set() and epoch + 1 < config.epochs:
             raise Interrupted(f"stopped on request after epoch {epoch}")
+        if config.patience and "val_acc" in record and _evaluations_since_best(run) >= config.patience:
+            run.stopped_early = True
+            logger.info(f"stopping early: no better validation accuracy in {config.patience} evaluations "
+                        f"(best {run.best['val_acc']:.4f} at epoch {run.best['epoch']})")
+            break
     timeline = None
     if config.timeline and run.spans.events:
         timeline = write_timeline(config.timeline, run.spans.events, run.util.samples,
@@ -235,6 +241,11 @@ def run_epochs(run: Run, progress: Progress | None):
                                   f"{config.timeline_steps} steps", run.stages)
         logger.info(f"timeline: {timeline['png']} ({timeline['spans']} spans; raw spans in {timeline['json']})")
     return last_eval, timeline
+
+
+def _evaluations_since_best(run: Run) -> int:
+    evaluated = [e["epoch"] for e in run.history if "val_acc" in e]
+    return sum(1 for epoch in evaluated if epoch > run.best["epoch"])
 
 
 def _checkpoint(run: Run, name: str, epoch: int, position: tuple[int, float] | None = None) -> None:
