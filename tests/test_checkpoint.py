@@ -266,3 +266,29 @@ def test_patience_needs_evaluations():
 
     with pytest.raises(ConfigError, match="give `eval_every` 1 or more"):
         TrainConfig(patience=3, eval_every=-1).validate()
+
+
+@pytest.mark.slow
+def test_embeddings_of_each_layer_are_what_the_next_layer_reads(trained, tmp_path, capsys):
+    from neutronorch import embed
+
+    directory, _ = trained
+    graph = generate(SyntheticSpec.parse(SMALL))
+    model = load_checkpoint(directory / "best.pt").model
+    hidden = embed(directory / "best.pt", graph, layer=1)
+    assert hidden.shape == (graph.num_nodes, 32) and hidden.dtype == np.float32 and (hidden >= 0).all()  # ReLU
+    # The last layer applied to the layer-1 embeddings over full neighbourhoods gives the logits.
+    from neutronorch.sampling.block import Block
+
+    block = Block(graph.num_nodes, graph.num_nodes, torch.from_numpy(graph.indptr.astype(np.int64)),
+                  torch.from_numpy(graph.indices.astype(np.int64)))
+    with torch.no_grad():
+        logits = model.layers[1](block, torch.from_numpy(hidden)).numpy()
+    np.testing.assert_allclose(embed(directory / "best.pt", graph, layer=2), logits, rtol=1e-4, atol=1e-4)
+    out = tmp_path / "emb.npy"
+    assert main(["embed", "--checkpoint", str(directory / "best.pt"), "--dataset", SMALL, "--layer", "1",
+                 "--out", str(out), "--nodes", "test", "--device", "cpu"]) == 0
+    np.testing.assert_array_equal(np.load(out), hidden[graph.test_idx])
+    assert main(["embed", "--checkpoint", str(directory / "best.pt"), "--dataset", SMALL, "--layer", "3",
+                 "--out", str(out)]) == 2
+    assert "--layer 3: the model has layers 1..2" in capsys.readouterr().err

@@ -19,10 +19,10 @@ from neutronorch.errors import (CheckpointError, ConfigError, DataError, Interru
 from neutronorch.nn.models import GNN  # noqa: E402
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, TorchNeighborSampler  # noqa: E402
 from neutronorch.train.checkpoint import load_checkpoint  # noqa: E402
-from neutronorch.train.predict import predict  # noqa: E402
+from neutronorch.train.predict import embed, predict  # noqa: E402
 from neutronorch.train.trainer import train  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["TrainConfig", "train", "load_dataset", "load_native", "save_native", "Graph", "GNN",
            "NeighborSampler", "TorchNeighborSampler", "NeutronorchError", "ConfigError", "DataError", "TrainingError", "CheckpointError", "Interrupted", "load_checkpoint",
-           "predict"]
+           "predict", "embed"]

@@ -190,6 +190,19 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                       help="inference device (default: %(default)s)")
 
+    emb = commands.add_parser("embed", help="write a trained model's vertex embeddings",
+                              description="The output of one layer of a checkpoint's model over complete "
+                                          "neighbourhoods (exact layer-wise inference).")
+    emb.add_argument("--checkpoint", required=True, help="a checkpoint (DIR/best.pt or DIR/last.pt)")
+    emb.add_argument("--dataset", required=True, help=f"dataset spec: {DATASET_SPEC_HELP}")
+    emb.add_argument("--layer", type=int, required=True,
+                     help="1 = the bottom layer's output (after its activation) ... the last layer (logits)")
+    emb.add_argument("--out", required=True, help="write the embeddings here (.npy, float32, a row per vertex)")
+    emb.add_argument("--nodes", default="all", help="test, val, train, all, or a .npy file of vertex ids "
+                                                    "(default: %(default)s)")
+    emb.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                     help="inference device (default: %(default)s)")
+
     info = commands.add_parser("info", help="describe a dataset")
     info.add_argument("dataset", help=f"dataset spec: {DATASET_SPEC_HELP}")
     return parser
@@ -200,7 +213,7 @@ _FIELD = re.compile(r"(?<!`)`([a-z][a-z0-9_]*)`(?!`)")
 
 def as_flags(message: str) -> str:
     """The core's `field_name` references as the command line's --field-name flags."""
-    known = set(TrainConfig.keys())
+    known = set(TrainConfig.keys()) | {"layer", "nodes"}  # and the options of predict and embed
     return _FIELD.sub(lambda m: "--" + m[1].replace("_", "-") if m[1] in known else m[0], message)
 
 
@@ -334,6 +347,19 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_embed(args: argparse.Namespace) -> int:
+    from neutronorch.train.predict import embed, save_array_atomically
+    from neutronorch.train.trainer import resolve_device
+
+    t0 = time.perf_counter()
+    graph = load_dataset(args.dataset)
+    out = embed(args.checkpoint, graph, args.layer, args.nodes, str(resolve_device(args.device)))
+    save_array_atomically(args.out, out)
+    print(f"wrote {out.shape[0]:,} x {out.shape[1]} embeddings (layer {args.layer}) of {graph.name} to "
+          f"{args.out} in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     graph = load_dataset(args.dataset)
     degrees = graph.in_degrees()
@@ -354,7 +380,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"train": _cmd_train, "convert": _cmd_convert, "generate": _cmd_generate, "info": _cmd_info,
-                "predict": _cmd_predict}
+                "predict": _cmd_predict, "embed": _cmd_embed}
     _configure_logging()
     try:
         return handlers[args.command](args)

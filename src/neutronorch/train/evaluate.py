@@ -21,8 +21,9 @@ from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 
 @torch.no_grad()
 def full_neighbor_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor,
-                         device: torch.device, chunk_size: int = 4096) -> torch.Tensor:
-    """Logits of ``nodes`` computed from complete neighbourhoods, layer by layer.
+                         device: torch.device, chunk_size: int = 4096, layers: int | None = None) -> torch.Tensor:
+    """Logits of ``nodes`` computed from complete neighbourhoods, layer by layer; with ``layers`` = K, the
+    output of layer K instead (after its activation: an embedding).
 
     The input layer reads features through relabelled chunks (features stay on the host, possibly as a
     float16 memory map). Later separable layers read the previous layer's embeddings of all vertices in
@@ -37,8 +38,9 @@ def full_neighbor_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: t
         indptr = torch.from_numpy(np.asarray(graph.indptr, dtype=np.int64))
         indices = torch.from_numpy(np.asarray(graph.indices))
     hidden: torch.Tensor | None = None
-    for layer in range(model.num_layers):
-        last = layer == model.num_layers - 1
+    upto = model.num_layers if layers is None else layers
+    for layer in range(upto):
+        last = layer == upto - 1
         # Chunks write straight into one preallocated output: peak memory stays at two layers' embeddings.
         if hidden is not None and model.layers[layer].separable:
             output = torch.empty((graph.num_nodes, model.layers[layer].out_dim), device=device)

@@ -57,6 +57,23 @@ def predict(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, nodes: str
     return logits.argmax(1).numpy().astype(np.int64)
 
 
+def embed(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, layer: int, nodes: str = "all",
+          device: str = "cpu", chunk_size: int = 4096) -> np.ndarray:
+    """The output of layer ``layer`` (1 = the bottom layer, after its activation; the last layer gives the
+    logits) of ``nodes``, as float32 rows, over complete neighbourhoods."""
+    if not isinstance(checkpoint, Checkpoint):
+        checkpoint = load_checkpoint(checkpoint)
+    check_fits(checkpoint, graph, graph.name)
+    layers = checkpoint.model.num_layers
+    if not 1 <= layer <= layers:
+        raise ConfigError(f"`layer` {layer}: the model has layers 1..{layers} (1 reads the features).")
+    ids = torch.from_numpy(select_nodes(graph, nodes))
+    target = torch.device(device)
+    out = full_neighbor_logits(checkpoint.model.to(target), graph, FeatureStore(graph.features, graph.labels), ids,
+                               target, chunk_size, layers=layer)
+    return out.numpy()
+
+
 def prediction_accuracy(graph: Graph, nodes: str, predicted: np.ndarray) -> float:
     """Accuracy of predicted classes against the graph's labels of ``nodes``."""
     labels = torch.from_numpy(np.asarray(graph.labels)[select_nodes(graph, nodes)])
