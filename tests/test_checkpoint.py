@@ -163,12 +163,34 @@ def test_resuming_with_other_settings_or_data_is_refused_with_the_differences(tm
 
 
 @pytest.mark.slow
-def test_resuming_neutronorch_mode_is_refused_until_its_state_is_saved(tmp_path, capsys):
-    _run("neutronorch", tmp_path / "n", epochs=1, hot_ratio=0.2)
-    assert main(["train", "--dataset", SMALL, "--mode", "neutronorch", "--hot-ratio", "0.2", "--fanouts", "5,5",
-                 "--hidden", "32", "--batch-size", "128", "--lr", "0.01", "--dropout", "0.5", "--epochs", "2",
-                 "--checkpoint-dir", str(tmp_path / "n"), "--resume", "--no-progress"]) == 2
-    assert "not yet for neutronorch mode" in capsys.readouterr().err
+@pytest.mark.parametrize("hot_grad", ["stop", "cpu"])
+def test_neutronorch_resumes_at_an_epoch_boundary_bit_identical(tmp_path, hot_grad):
+    # A fixed ratio and lead: the automatic ones follow measured times, so no two runs repeat exactly.
+    fixed = dict(hot_ratio=0.3, snapshot_lead=1, super_batch=2, hot_grad=hot_grad, batch_size=64)
+    whole = _run("neutronorch", tmp_path / "whole", epochs=4, **fixed)
+    _run("neutronorch", tmp_path / "split", epochs=2, **fixed)
+    resumed = _run("neutronorch", tmp_path / "split", epochs=4, resume=True, **fixed)
+    assert [e["train_loss"] for e in resumed["epochs"]] == [e["train_loss"] for e in whole["epochs"]]
+    a = load_checkpoint(tmp_path / "whole" / "last.pt").model.state_dict()
+    b = load_checkpoint(tmp_path / "split" / "last.pt").model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed["hot"] == whole["hot"] and resumed["staleness"] == whole["staleness"]
+
+
+@pytest.mark.slow
+def test_neutronorch_with_auto_ratio_resumes_with_its_controller(tmp_path):
+    whole = _run("neutronorch", tmp_path / "a", epochs=2, hot_error_budget=1e9, super_batch=1)
+    resumed = _run("neutronorch", tmp_path / "a", epochs=4, resume=True, hot_error_budget=1e9, super_batch=1)
+    history = resumed["neutronorch"]["auto_history"]
+    assert len(history) == 4 and history[:2] == whole["neutronorch"]["auto_history"]
+    assert resumed["hot"]["super_batches"] == 2 * whole["hot"]["super_batches"]
+
+
+def test_neutronorch_mode_refuses_mid_epoch_checkpoints():
+    from neutronorch import ConfigError
+
+    with pytest.raises(ConfigError, match="checkpoints at epoch ends only"):
+        TrainConfig(mode="neutronorch", checkpoint_dir="d", checkpoint_every=5).validate()
 
 
 @pytest.mark.slow

@@ -138,7 +138,8 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
                         help="no progress bar (the per-epoch lines stay)")
     parser.add_argument("--resume", action="store_true", default=argparse.SUPPRESS,
                         help="continue the run whose checkpoints are in --checkpoint-dir from its last.pt (raise "
-                             "--epochs to train longer); exact and device mode, at epoch boundaries")
+                             "--epochs to train longer); mid-epoch in exact and device mode, at epoch ends in "
+                             "neutronorch mode")
     parser.add_argument("--no-stage-table", dest="stage_table", action="store_false", default=argparse.SUPPRESS,
                         help="no per-lane stage breakdown after each epoch line")
 
@@ -291,7 +292,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     try:
         summary = train(config, progress=bar, stop=stop)
     except Interrupted as exc:
-        saved = ("last.pt is written; continue with --resume" if config.checkpoint_dir
+        saved = (f"continue from {config.checkpoint_dir}/last.pt with --resume" if config.checkpoint_dir
                  else "nothing was saved (no --checkpoint-dir)")
         print(f"neutronorch: interrupted: {exc}; {saved}", file=sys.stderr)
         return 128 + received[0]

@@ -34,7 +34,7 @@ from neutronorch.sampling.neighbor_sampler import TorchNeighborSampler, batch_ke
 class DeviceMode(StepHooksUnused):
     name = "device"
     stages = StageTable({"sample": "sampler", "gather": "sampler"})
-    resumable = True  # its batches depend only on (seed, epoch, batch)
+    resumable = resumable_mid_epoch = True  # its batches depend only on (seed, epoch, batch)
 
     def __init__(self, graph: Graph, sampling: SamplingConfig, access: FeatureAccess, spans: Spans):
         self.sampling = sampling

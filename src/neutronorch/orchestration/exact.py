@@ -29,7 +29,7 @@ HOST_SAMPLING_STAGES = StageTable({"sample": "sampler", "gather": "sampler", "co
 class ExactMode(StepHooksUnused):
     name = "exact"
     stages = HOST_SAMPLING_STAGES
-    resumable = True  # its batches depend only on (seed, epoch, batch)
+    resumable = resumable_mid_epoch = True  # its batches depend only on (seed, epoch, batch)
 
     def __init__(self, graph: Graph, sampling: SamplingConfig, access: FeatureAccess, spans: Spans,
                  sampler_threads: int):

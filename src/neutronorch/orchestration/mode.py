@@ -43,7 +43,8 @@ class Mode(Protocol):
     cache: FeatureCache | None
     num_batches: int
     threads: dict[str, int]  # the threads of its own stages' kernels, by stage ("sampler", "host")
-    resumable: bool  # whether a run can continue from a checkpoint's weights, optimizer and random state
+    resumable: bool  # whether a run can continue from a checkpoint at an epoch boundary
+    resumable_mid_epoch: bool  # and within an epoch (``batches(epoch, start)`` with start > 0)
 
     def start(self, model: torch.nn.Module) -> None:
         """Before the first epoch."""
@@ -70,6 +71,12 @@ class Mode(Protocol):
     def describe(self) -> str:
         """One line for the run's log: how the mode is set up."""
 
+    def state_dict(self) -> dict:
+        """At an epoch boundary: what the mode needs to continue a run exactly (for a checkpoint)."""
+
+    def load_state_dict(self, state: dict) -> None:
+        """Before ``start``: continue from a checkpoint's ``state_dict()``."""
+
     def close(self) -> None:
         """After the last epoch, or on any error: stop every thread the mode runs, release what it holds."""
 
@@ -91,3 +98,9 @@ class StepHooksUnused:
 
     def summary(self) -> dict:
         return {}
+
+    def state_dict(self) -> dict:
+        return {}  # batches depend only on (seed, epoch, batch): nothing to carry over
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

@@ -177,13 +177,13 @@ def _resume(run: Run) -> None:
     state = load_state(path)
     check_resumable(state, run.config, run.graph, str(path))
     if not run.mode.resumable:
-        raise CheckpointError(f"`resume` works for exact and device mode so far, not yet for {run.mode.name} mode "
-                              f"(its pipeline state is not saved in checkpoints yet).")
+        raise CheckpointError(f"{run.mode.name} mode cannot resume from a checkpoint.")
     run.model.load_state_dict(state["model"])
     run.optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"]["torch"])
     if run.device.type == "cuda" and state["rng"]["cuda"] is not None:
         torch.cuda.set_rng_state(state["rng"]["cuda"], run.device)
+    run.mode.load_state_dict(state["mode_state"])
     run.history, run.best = list(state["history"]), state["best"]
     step, run.loss_sum = state["position"]["step"], state["position"]["loss_sum"]
     if step < run.mode.num_batches:
@@ -206,7 +206,7 @@ def run_epochs(run: Run, progress: Progress | None):
         control = EpochControl(run.start_step if resumed else 0, run.loss_sum if resumed else 0.0, run.stop,
                                config.checkpoint_every,
                                (lambda e, k, loss: _checkpoint(run, "last.pt", e, (k, float(loss))))
-                               if config.checkpoint_dir else None)
+                               if config.checkpoint_dir and mode.resumable_mid_epoch else None)
         record = train_epoch(run.model, run.optimizer, mode, epoch, run.spans, run.stages, run.util, run.metrics,
                              window, progress, control)
         mode.end_epoch(record)
@@ -254,7 +254,8 @@ def _checkpoint(run: Run, name: str, epoch: int, position: tuple[int, float] | N
         step, loss_sum = position if position is not None else (run.mode.num_batches, 0.0)
         save_checkpoint(Path(run.config.checkpoint_dir) / name, config=run.config, graph=run.graph,
                         model=run.model, optimizer=run.optimizer, epoch=epoch, history=run.history,
-                        best=run.best, position={"step": step, "loss_sum": loss_sum})
+                        best=run.best, position={"step": step, "loss_sum": loss_sum},
+                        mode_state=run.mode.state_dict() if position is None else {})
 
 
 def _evaluate(run: Run) -> dict[str, float]:

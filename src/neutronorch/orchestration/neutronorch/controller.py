@@ -99,6 +99,14 @@ class HotRatioTuner:
             return self._set(self._best[1])
         return self._set(base * 2 ** (self._direction * self._step))
 
+    def state_dict(self) -> dict:
+        return {"ratio": self.ratio, "history": self.history, "direction": self._direction, "step": self._step,
+                "best": self._best}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ratio, self.history = state["ratio"], state["history"]
+        self._direction, self._step, self._best = state["direction"], state["step"], state["best"]
+
     def _set(self, ratio: float) -> float:
         self.ratio = float(min(self.HIGH, max(self.LOW, ratio)))
         return self.ratio
@@ -198,6 +206,29 @@ class RatioController:
                                       busy.get("trainer", 0.0) / per)
             self.setting = replace(self.setting, ratio=ratio)
         return out
+
+    def state_dict(self) -> dict:
+        """Everything the next epochs' decisions depend on (tensors on the CPU)."""
+        cpu = lambda t: None if t is None else t.detach().cpu()  # noqa: E731
+        probe = self.probe
+        return {"ratio": self.setting.ratio, "stale_error": cpu(self.setting.stale_error), "lead": self.lead,
+                "tuner": self.tuner.state_dict() if self.tuner else None,
+                "probe_ids": None if self._probe_ids is None else torch.from_numpy(self._probe_ids),
+                "probe": None if probe is None else {"drift": cpu(probe.drift), "stale_error": cpu(probe.stale_error),
+                                                     "history": [(cpu(y), v) for y, v in probe._history]}}
+
+    def load_state_dict(self, state: dict, device: torch.device) -> None:
+        on = lambda t: None if t is None else t.to(device)  # noqa: E731
+        self.setting = replace(self.setting, ratio=state["ratio"], stale_error=on(state["stale_error"]))
+        self.lead = state["lead"]
+        if self.tuner is not None and state["tuner"] is not None:
+            self.tuner.load_state_dict(state["tuner"])
+        if state["probe_ids"] is not None:
+            self._probe_ids = state["probe_ids"].numpy()
+        if state["probe"] is not None and self._probe_inputs is not None:
+            self.probe = DriftProbe(self._probe_inputs(self._probe_ids))
+            self.probe.drift, self.probe.stale_error = on(state["probe"]["drift"]), on(state["probe"]["stale_error"])
+            self.probe._history = [(on(y), v) for y, v in state["probe"]["history"]]
 
     def summary(self) -> dict:
         return {"ratio": round(self.setting.ratio, 4),

@@ -51,18 +51,19 @@ class HostProducer:
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._orders: dict[int, torch.Tensor] = {}
 
-    def run(self) -> Iterator[Plan]:
-        """The producer's loop (the body of its thread): yields plans in super-batch order."""
+    def run(self, start: int = 0) -> Iterator[Plan]:
+        """The producer's loop (the body of its thread): yields plans in super-batch order, from super-batch
+        ``start`` on (a resumed run's first)."""
         numba.set_num_threads(self.threads)
         sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts)
         planner = Planner(self.graph.indptr, self.sampling.fanouts[-1])
         total = self.schedule.total
         try:
-            if total == 0:
+            if start >= total:
                 return
-            plan = self._plan(0, sampler, planner)
+            plan = self._plan(start, sampler, planner)
             yield plan
-            for gsid in range(total):
+            for gsid in range(start, total):
                 prepared = self._gather_hot(plan, sampler)
                 next_plan = None
                 if gsid + 1 < total:

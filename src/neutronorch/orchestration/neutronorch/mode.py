@@ -55,7 +55,8 @@ STAGES = HOST_SAMPLING_STAGES.merge(StageTable(
 class NeutronOrchMode:
     name = "neutronorch"
     stages = STAGES
-    resumable = False  # the hot-row versions, pending snapshots and ratio controller are not checkpointed yet
+    resumable = True  # at epoch boundaries: its state_dict holds the pending snapshots and the controller
+    resumable_mid_epoch = False  # a super-batch in progress (its hot rows, their gradient) is not saved
 
     def __init__(self, graph: Graph, sampling: SamplingConfig, config: NeutronOrchConfig, epochs: int,
                  access: FeatureAccess, spans: Spans, sampler_threads: int, host_threads: int):
@@ -79,6 +80,7 @@ class NeutronOrchMode:
         self.model: torch.nn.Module | None = None
         self._snapshots, self._hot = Channel("snapshots"), Channel("hot")
         self._next_snapshot = 0  # the next super-batch to receive its snapshot
+        self._published: dict[int, Snapshot] = {}  # snapshots of super-batches not yet trained
         self._current: HotEmbeddings | None = None
         self._plans: Prefetcher | None = None
         self._stream: Prefetcher | None = None
@@ -92,8 +94,11 @@ class NeutronOrchMode:
                                 self.device, self.host_threads)
         sampler = ColdSampler(self.graph, self.sampling.fanouts, self.spans, self.sampler_threads, self.loader,
                               self.reader)
+        for gsid, snapshot in self._published.items():  # a resumed run's, published before it stopped
+            self._snapshots.put(gsid, snapshot)
         self._publish_due()
-        self._plans = Prefetcher(producer.run, depth=1, name="neutronorch-host")
+        start = (self.version // max(1, self.num_batches)) * self.schedule.per_epoch
+        self._plans = Prefetcher(lambda: producer.run(start), depth=1, name="neutronorch-host")
         self._stream = Prefetcher(lambda: sampler.run(self._plans), depth=self.sampling.prefetch,
                                   name="neutronorch-sampler")
 
@@ -165,19 +170,22 @@ class NeutronOrchMode:
             self.version += 1
             if batch.splice.last:
                 self._hot.drop(batch.splice.gsid)
+                self._published.pop(batch.splice.gsid, None)
                 self._current = None
                 # Before the snapshot wakes the host, whose next plan reads the measured error.
                 self.controller.at_boundary(self.model.bottom, self.version)
             self._publish_due()
 
     def _publish_due(self) -> None:
-        """Publish the W0 snapshot to every super-batch whose assigned version is now reached."""
+        """Publish the W0 snapshot to every super-batch whose assigned version is now reached, those past the
+        run's last epoch included: a checkpoint keeps them, so a run resumed with more epochs uses the very
+        weights the longer run would have used (they cannot be taken again later)."""
         snapshot = None
-        while (self._next_snapshot < self.schedule.total
-               and self.schedule.snapshot_version(self._next_snapshot, self.controller.lead) <= self.version):
+        while self.schedule.snapshot_version(self._next_snapshot, self.controller.lead) <= self.version:
             if snapshot is None:
                 snapshot = self._take_snapshot()
             self._snapshots.put(self._next_snapshot, snapshot)
+            self._published[self._next_snapshot] = snapshot
             self._next_snapshot += 1
 
     def _take_snapshot(self) -> Snapshot:
@@ -190,6 +198,28 @@ class NeutronOrchMode:
         ready = torch.cuda.Event()
         ready.record()
         return Snapshot(self.version, host, ready)
+
+    # ----- checkpoints -----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """At an epoch boundary: the parameter version, the snapshots already published for super-batches
+        not yet trained (taken from weights older than now, so they cannot be taken again), and what the
+        summary and the controller carry over."""
+        snapshots = {}
+        for gsid, snapshot in self._published.items():
+            if snapshot.ready is not None:
+                snapshot.ready.synchronize()
+            snapshots[gsid] = {"version": snapshot.version, "params": [p.clone() for p in snapshot.params]}
+        return {"version": self.version, "next_snapshot": self._next_snapshot, "snapshots": snapshots,
+                "stats": self.stats.state_dict(), "staleness": self.staleness.state_dict(),
+                "controller": self.controller.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.version, self._next_snapshot = state["version"], state["next_snapshot"]
+        self._published = {g: Snapshot(s["version"], s["params"]) for g, s in state["snapshots"].items()}
+        self.stats.load_state_dict(state["stats"])
+        self.staleness.load_state_dict(state["staleness"])
+        self.controller.load_state_dict(state["controller"], self.device)
 
     # ----- reporting -------------------------------------------------------------------------------------
 

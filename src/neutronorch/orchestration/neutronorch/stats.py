@@ -28,6 +28,12 @@ class HotStats:
         shares = self._epoch_shares.pop(epoch, [])
         return sum(shares) / len(shares) if shares else None
 
+    def state_dict(self) -> dict:
+        return {k: v for k, v in vars(self).items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        vars(self).update(state)
+
     def summary(self, auto: bool) -> dict:
         n = max(1, self.super_batches)
         return {

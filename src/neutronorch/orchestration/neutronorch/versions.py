@@ -99,6 +99,12 @@ class StalenessCheck:
             self._sum += staleness
             self._uses += 1
 
+    def state_dict(self) -> dict:
+        return {"max_observed": self.max_observed, "sum": self._sum, "uses": self._uses}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.max_observed, self._sum, self._uses = state["max_observed"], state["sum"], state["uses"]
+
     @property
     def mean_observed(self) -> float:
         return self._sum / max(1, self._uses)
