@@ -83,7 +83,7 @@ def _save(path, graph, model, epoch):
     config = TrainConfig(dataset="given").validate()
     optimizer = torch.optim.Adam(model.parameters())
     return checkpoint_module.save_checkpoint(path, config=config, graph=graph, model=model, optimizer=optimizer,
-                                             epoch=epoch, history=[])
+                                             epoch=epoch, history=[], position={"step": 0, "loss_sum": 0.0})
 
 
 def test_a_truncated_checkpoint_is_refused_and_a_failed_write_keeps_the_previous_one(tmp_path, monkeypatch):

@@ -14,6 +14,11 @@ def training_seeds(graph: Graph) -> torch.Tensor:
     return torch.from_numpy(np.array(graph.train_idx, dtype=np.int64))
 
 
+def batches_per_epoch(graph: Graph, batch_size: int) -> int:
+    """Mini-batches of an epoch: the training seeds in batches of ``batch_size``, the last one partial."""
+    return -(-len(graph.train_idx) // batch_size)
+
+
 def epoch_order(train_idx: torch.Tensor, seed: int, epoch: int) -> torch.Tensor:
     """The seed order of one epoch: a permutation derived from (seed, epoch) alone."""
     generator = torch.Generator()

@@ -51,8 +51,7 @@ RESUME_MAY_CHANGE = frozenset({
 
 def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Graph, model: GNN,
                     optimizer: torch.optim.Optimizer, epoch: int, history: list[dict],
-                    best: dict | None = None, position: dict | None = None,
-                    mode_state: dict | None = None) -> Path:
+                    position: dict, best: dict | None = None, mode_state: dict | None = None) -> Path:
     """Write a checkpoint atomically (temporary file, fsync, rename). It holds the random state, so a run
     resumed from it draws the dropout masks the uninterrupted run would have drawn."""
     device = next(model.parameters()).device
@@ -68,7 +67,7 @@ def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Grap
         "best": best,
         "mode_state": mode_state or {},  # what the mode carries across the boundary (NeutronOrch's snapshots)
         # Steps of ``epoch`` done and the float32 sum of their losses; all of them when the epoch is complete.
-        "position": position or {"step": 1 << 62, "loss_sum": 0.0},
+        "position": position,
         "rng": {"torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None},
     }

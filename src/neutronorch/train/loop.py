@@ -80,7 +80,6 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
     util.take()
     device = next(model.parameters()).device
     total_loss = torch.full((), control.loss_sum, dtype=torch.float32, device=device)
-    finite = torch.ones((), dtype=torch.bool, device=device)
     check_every = DIVERGENCE_CHECK_STEPS if device.type == "cuda" else 1
     step_losses = []
     sampled_edges = input_nodes = feature_bytes = device_bytes = cache_hits = 0
@@ -95,9 +94,8 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
             if batch is None:
                 break
             loss = train_step(model, optimizer, mode, batch, spans, num_batches)
-            total_loss += loss
-            finite &= torch.isfinite(loss)
-            if (num_batches + 1) % check_every == 0 and not bool(finite):
+            total_loss += loss  # NaN and infinities survive the sum: it is finite iff every loss was
+            if (num_batches + 1) % check_every == 0 and not bool(torch.isfinite(total_loss)):
                 raise _diverged(epoch, num_batches + 1)
             if metrics.per_step:
                 step_losses.append(loss)
@@ -125,7 +123,7 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
         metrics.steps(epoch, num_batches - len(step_losses), step_losses)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    if not bool(finite):
+    if not bool(torch.isfinite(total_loss)):
         raise _diverged(epoch, num_batches)
     seconds = time.perf_counter() - start
     window.end_epoch(spans)

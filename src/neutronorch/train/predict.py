@@ -12,7 +12,7 @@ from neutronorch.data.graph import Graph
 from neutronorch.errors import ConfigError
 from neutronorch.features.store import FeatureStore
 from neutronorch.train.checkpoint import Checkpoint, check_fits, load_checkpoint
-from neutronorch.train.evaluate import accuracy, full_neighbor_logits
+from neutronorch.train.evaluate import full_neighbor_logits
 from neutronorch.train.outputs import write_atomically
 
 NODE_SETS = ("test", "val", "train", "all")
@@ -76,9 +76,8 @@ def embed(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, layer: int, 
 
 def prediction_accuracy(graph: Graph, nodes: str, predicted: np.ndarray) -> float:
     """Accuracy of predicted classes against the graph's labels of ``nodes``."""
-    labels = torch.from_numpy(np.asarray(graph.labels)[select_nodes(graph, nodes)])
-    one_hot = torch.nn.functional.one_hot(torch.from_numpy(predicted), graph.num_classes).float()
-    return accuracy(one_hot, labels)
+    labels = np.asarray(graph.labels)[select_nodes(graph, nodes)]
+    return float((predicted == labels).mean()) if labels.size else float("nan")
 
 
 def save_array_atomically(path: str | os.PathLike, array: np.ndarray) -> None:

@@ -49,12 +49,12 @@ class ColdSampler:
                 for position, item in enumerate(plan.batches):
                     with self.spans.stage("sample"):
                         dst = item.upper.frontiers[0].numpy()
-                        cold = torch.from_numpy(dst[item.cold_pos])
+                        cold = dst[item.cold_pos]
                         key = layer_key(item.key, bottom_hop)
                         if on_device:
-                            block, frontier = sampler.sample_hop(cold.to(self.reader.device), fanout, key)
+                            block, frontier = sampler.sample_hop(torch.from_numpy(cold).to(self.reader.device), fanout, key)
                         else:
-                            block, frontier = sampler.sample_hop(cold.numpy(), fanout, key)
+                            block, frontier = sampler.sample_hop(cold, fanout, key)
                             frontier = torch.from_numpy(frontier)
                         subgraph = SampledSubgraph(item.upper.seeds, [block] + item.upper.blocks,
                                                    [frontier] + item.upper.frontiers)

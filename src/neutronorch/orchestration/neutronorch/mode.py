@@ -43,6 +43,7 @@ from neutronorch.orchestration.neutronorch.host_producer import HostProducer
 from neutronorch.orchestration.neutronorch.stats import HotStats
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
+from neutronorch.orchestration.seeds import batches_per_epoch
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
 
 STAGES = HOST_SAMPLING_STAGES.merge(StageTable(
@@ -66,7 +67,7 @@ class NeutronOrchMode:
         self.store, self.placement, self.cache = access.store, access.placement, access.cache
         self.sampler_threads, self.host_threads = sampler_threads, host_threads
         self.threads = {"sampler": sampler_threads, "host": host_threads}
-        self.num_batches = -(-len(graph.train_idx) // sampling.batch_size)
+        self.num_batches = batches_per_epoch(graph, sampling.batch_size)
         self.schedule = Schedule(epochs, self.num_batches, config.super_batch, config.staleness_bound)
         self.staleness = StalenessCheck(config.staleness_bound)
         self.controller = RatioController(config, self.schedule, shared_cores=not access.on_cuda,
