@@ -169,6 +169,10 @@ def test_the_planner_makes_the_most_frequent_destinations_hot(graph):
     assert np.array_equal(again.hot, plan.hot)
     capped = planner.plan(7, 0, uppers, ratio=0.5, cap=lambda ranked: (3, True))
     assert len(capped.hot) == 3 and capped.stats.error_capped
+    # A resumed super-batch is planned with the hot set it started with, whatever the ratio says now.
+    kept = planner.plan(7, 0, uppers, ratio=0.9, hot=capped.hot)
+    assert np.array_equal(kept.hot, capped.hot) and kept.stats.hot == 3
+    assert all(np.array_equal(a.hot_rows, b.hot_rows) for a, b in zip(kept.batches, capped.batches))
 
 
 def test_schedule_keeps_every_use_within_the_bound():
@@ -180,6 +184,8 @@ def test_schedule_keeps_every_use_within_the_bound():
             assert sched.last_step(g) - v <= s
             epoch, first, end = sched.locate(g)
             assert first < end <= batches and (epoch, first) == divmod(sched.first_step(g), batches)
+            for step in range(sched.first_step(g), sched.last_step(g) + 1):
+                assert sched.at(step) == (g, step - sched.first_step(g))
 
 
 @pytest.mark.slow

@@ -138,8 +138,7 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
                         help="no progress bar (the per-epoch lines stay)")
     parser.add_argument("--resume", action="store_true", default=argparse.SUPPRESS,
                         help="continue the run whose checkpoints are in --checkpoint-dir from its last.pt (raise "
-                             "--epochs to train longer); mid-epoch in exact and device mode, at epoch ends in "
-                             "neutronorch mode")
+                             "--epochs to train longer), mid-epoch included, in every mode")
     parser.add_argument("--no-stage-table", dest="stage_table", action="store_false", default=argparse.SUPPRESS,
                         help="no per-lane stage breakdown after each epoch line")
 

@@ -128,9 +128,6 @@ class TrainConfig:
             (self.log_every >= 1, f"`log_every` {self.log_every}: must be at least 1 step."),
             (self.checkpoint_every >= 0, f"`checkpoint_every` {self.checkpoint_every}: must be 0 (epoch ends "
                                          f"only) or a number of steps."),
-            (not self.checkpoint_every or self.mode != "neutronorch",
-             "`checkpoint_every`: NeutronOrch mode checkpoints at epoch ends only (a super-batch in progress, "
-             "its hot rows and their gradient, is not saved); leave `checkpoint_every` at 0."),
             (not self.checkpoint_every or bool(self.checkpoint_dir),
              "`checkpoint_every` writes `checkpoint_dir`/last.pt: give `checkpoint_dir` too."),
             (not self.resume or bool(self.checkpoint_dir),

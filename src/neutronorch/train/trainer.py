@@ -169,8 +169,8 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
 
 
 def _resume(run: Run) -> None:
-    """Continue from ``checkpoint_dir``/last.pt: weights, optimizer, random state, history (epoch
-    boundaries; NeutronOrch's pipeline state is not in a checkpoint yet)."""
+    """Continue from ``checkpoint_dir``/last.pt: weights, optimizer, random state, history, position and the
+    mode's state (NeutronOrch's snapshots, super-batch in progress and controller)."""
     path = Path(run.config.checkpoint_dir) / "last.pt"
     if not path.is_file():
         raise CheckpointError(f"{path}: no checkpoint to resume from; train with `checkpoint_dir` first.")
@@ -255,7 +255,7 @@ def _checkpoint(run: Run, name: str, epoch: int, position: tuple[int, float] | N
         save_checkpoint(Path(run.config.checkpoint_dir) / name, config=run.config, graph=run.graph,
                         model=run.model, optimizer=run.optimizer, epoch=epoch, history=run.history,
                         best=run.best, position={"step": step, "loss_sum": loss_sum},
-                        mode_state=run.mode.state_dict() if position is None else {})
+                        mode_state=run.mode.state_dict())
 
 
 def _evaluate(run: Run) -> dict[str, float]:

@@ -35,8 +35,9 @@ class ColdSampler:
         on_cuda = reader is not None and reader.device.type == "cuda"
         self.stream = torch.cuda.Stream(reader.device) if on_cuda else None
 
-    def run(self, plans: Iterable[Plan]) -> Iterator[SplicedBatch]:
-        """The sampler's loop (the body of its thread): one batch per planned mini-batch, in order."""
+    def run(self, plans: Iterable[Plan], skip: int = 0) -> Iterator[SplicedBatch]:
+        """The sampler's loop (the body of its thread): one batch per planned mini-batch, in order, but for
+        the first ``skip`` mini-batches of the first plan (a resumed super-batch's, trained already)."""
         numba.set_num_threads(self.threads)
         on_device = self.reader is not None
         if on_device:
@@ -47,6 +48,8 @@ class ColdSampler:
         with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
             for plan in plans:
                 for position, item in enumerate(plan.batches):
+                    if position < skip:
+                        continue
                     with self.spans.stage("sample"):
                         dst = item.upper.frontiers[0].numpy()
                         cold = dst[item.cold_pos]
@@ -63,3 +66,4 @@ class ColdSampler:
                                         plan.probe)
                     source = self.reader if on_device else self.loader
                     yield source.load(plan.epoch, item.index, subgraph, make=spliced(splice))
+                skip = 0

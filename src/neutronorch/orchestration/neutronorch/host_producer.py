@@ -51,9 +51,9 @@ class HostProducer:
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._orders: dict[int, torch.Tensor] = {}
 
-    def run(self, start: int = 0) -> Iterator[Plan]:
+    def run(self, start: int = 0, hot: np.ndarray | None = None) -> Iterator[Plan]:
         """The producer's loop (the body of its thread): yields plans in super-batch order, from super-batch
-        ``start`` on (a resumed run's first)."""
+        ``start`` on (a resumed run's first; ``hot``: its hot set, when it was in progress)."""
         numba.set_num_threads(self.threads)
         sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts)
         planner = Planner(self.graph.indptr, self.sampling.fanouts[-1])
@@ -61,7 +61,7 @@ class HostProducer:
         try:
             if start >= total:
                 return
-            plan = self._plan(start, sampler, planner)
+            plan = self._plan(start, sampler, planner, hot)
             yield plan
             for gsid in range(start, total):
                 prepared = self._gather_hot(plan, sampler)
@@ -77,7 +77,7 @@ class HostProducer:
             self.hot.fail(exc)  # wakes a trainer waiting for hot embeddings
             raise
 
-    def _plan(self, gsid: int, sampler: NeighborSampler, planner: Planner) -> Plan:
+    def _plan(self, gsid: int, sampler: NeighborSampler, planner: Planner, hot: np.ndarray | None = None) -> Plan:
         with self.spans.stage("hot_select"):
             epoch, first, end = self.schedule.locate(gsid)
             if epoch not in self._orders:
@@ -90,7 +90,7 @@ class HostProducer:
                 uppers.append((index, key, sampler.sample(seeds, key, self.sampling.fanouts[:-1])))
             setting = self.setting()
             cap = (lambda ranked: error_cap(ranked, setting)) if setting.auto else None
-            return planner.plan(gsid, epoch, uppers, setting.ratio, cap)
+            return planner.plan(gsid, epoch, uppers, setting.ratio, cap, hot)
 
     def _gather_hot(self, plan: Plan, sampler: NeighborSampler):
         """The weight-independent part of the hot embeddings: the bottom hop of H_s and its raw features.
@@ -118,7 +118,8 @@ class HostProducer:
                 with self.spans.stage("host_matmul"):
                     output = layer.transform(block.dst_rows(x), output)
         table = output.detach()
-        hot = HotEmbeddings(plan.gsid, snapshot.version, table, plan.hot.shape[0], host_edges=block.num_edges)
+        hot = HotEmbeddings(plan.gsid, snapshot.version, table, plan.hot.shape[0], plan.hot,
+                            host_edges=block.num_edges)
         if self.track_grad:
             hot.output, hot.params = output, params
             hot.grad_acc = torch.zeros_like(table)

@@ -56,8 +56,9 @@ STAGES = HOST_SAMPLING_STAGES.merge(StageTable(
 class NeutronOrchMode:
     name = "neutronorch"
     stages = STAGES
-    resumable = True  # at epoch boundaries: its state_dict holds the pending snapshots and the controller
-    resumable_mid_epoch = False  # a super-batch in progress (its hot rows, their gradient) is not saved
+    # Anywhere: its state_dict holds the pending snapshots, the controller, and the super-batch in progress
+    # (its hot set and accumulated hot gradient; its hot rows are recomputed from its saved snapshot).
+    resumable = resumable_mid_epoch = True
 
     def __init__(self, graph: Graph, sampling: SamplingConfig, config: NeutronOrchConfig, epochs: int,
                  access: FeatureAccess, spans: Spans, sampler_threads: int, host_threads: int):
@@ -83,6 +84,7 @@ class NeutronOrchMode:
         self._next_snapshot = 0  # the next super-batch to receive its snapshot
         self._published: dict[int, Snapshot] = {}  # snapshots of super-batches not yet trained
         self._current: HotEmbeddings | None = None
+        self._resumed: dict | None = None  # the super-batch in progress when the loaded checkpoint was written
         self._plans: Prefetcher | None = None
         self._stream: Prefetcher | None = None
 
@@ -98,9 +100,14 @@ class NeutronOrchMode:
         for gsid, snapshot in self._published.items():  # a resumed run's, published before it stopped
             self._snapshots.put(gsid, snapshot)
         self._publish_due()
-        start = (self.version // max(1, self.num_batches)) * self.schedule.per_epoch
-        self._plans = Prefetcher(lambda: producer.run(start), depth=1, name="neutronorch-host")
-        self._stream = Prefetcher(lambda: sampler.run(self._plans), depth=self.sampling.prefetch,
+        start, position = self.schedule.at(self.version)
+        hot = None
+        if position:  # resumed within a super-batch: plan it with the hot set its first steps used
+            if self._resumed is None or self._resumed["gsid"] != start:
+                raise RuntimeError(f"resumed at step {position} of super-batch {start} without its saved state")
+            hot = self._resumed["vertices"]
+        self._plans = Prefetcher(lambda: producer.run(start, hot), depth=1, name="neutronorch-host")
+        self._stream = Prefetcher(lambda: sampler.run(self._plans, position), depth=self.sampling.prefetch,
                                   name="neutronorch-sampler")
 
     def close(self) -> None:
@@ -113,11 +120,12 @@ class NeutronOrchMode:
             self.reader.close()
 
     def batches(self, epoch: int, start: int = 0) -> "EpochView":
-        if start:
-            raise ValueError("NeutronOrch mode cannot start an epoch mid-way (it is not resumable)")
         if self._stream is None:
             raise RuntimeError("NeutronOrchMode.start(model) must be called before batches()")
-        return EpochView(self._stream, epoch, self.num_batches)
+        if epoch * self.num_batches + start != self.version:
+            raise RuntimeError(f"NeutronOrch's pipeline is at parameter version {self.version}, not at step {start} "
+                               f"of epoch {epoch}: epochs run in order, from where the run (or its resume) is")
+        return EpochView(self._stream, epoch, self.num_batches - start)
 
     # ----- the trainer's side ----------------------------------------------------------------------------
 
@@ -129,11 +137,22 @@ class NeutronOrchMode:
                 self._current = self._hot.take(splice.gsid, remove=False)
             if self._current.ready is not None:
                 self._wait_hot_copy(self._current)
-            self.stats.account(splice.plan, self._current.host_edges)
-            self.controller.saw_plan(splice.probe)
+            if self._resumed is not None and self._resumed["gsid"] == splice.gsid:
+                self._continue(self._current)  # counted before the checkpoint
+            else:
+                self.stats.account(splice.plan, self._current.host_edges)
+                self.controller.saw_plan(splice.probe)
         self.staleness.check(self._current, self.version)
         hot = self._current
         return StepInputs(batch.blocks, batch.features, HotRows(hot.table, splice.index, hot.grad_acc))
+
+    def _continue(self, hot: HotEmbeddings) -> None:
+        """The resumed super-batch's hot rows, recomputed from its saved snapshot: same set, same gradient."""
+        resumed, self._resumed = self._resumed, None
+        if not np.array_equal(hot.vertices, resumed["vertices"]):
+            raise RuntimeError(f"super-batch {hot.gsid} was resumed with another hot set than it started with")
+        if hot.grad_acc is not None:
+            hot.grad_acc.copy_(resumed["grad_acc"])
 
     def _probe_inputs(self, ids: np.ndarray) -> tuple:
         """The drift probe's bottom block and features (a fixed sample of its own key), on the device."""
@@ -203,21 +222,28 @@ class NeutronOrchMode:
     # ----- checkpoints -----------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """At an epoch boundary: the parameter version, the snapshots already published for super-batches
-        not yet trained (taken from weights older than now, so they cannot be taken again), and what the
-        summary and the controller carry over."""
+        """After any step: the parameter version, the snapshots already published for super-batches not yet
+        finished (taken from weights older than now, so they cannot be taken again), the super-batch in
+        progress (its hot set and accumulated hot gradient), and what the summary and the controller carry
+        over."""
         snapshots = {}
         for gsid, snapshot in self._published.items():
             if snapshot.ready is not None:
                 snapshot.ready.synchronize()
             snapshots[gsid] = {"version": snapshot.version, "params": [p.clone() for p in snapshot.params]}
+        current = self._current
+        in_progress = None if current is None else {
+            "gsid": current.gsid, "vertices": torch.from_numpy(current.vertices),
+            "grad_acc": None if current.grad_acc is None else current.grad_acc.detach().cpu().clone()}
         return {"version": self.version, "next_snapshot": self._next_snapshot, "snapshots": snapshots,
-                "stats": self.stats.state_dict(), "staleness": self.staleness.state_dict(),
-                "controller": self.controller.state_dict()}
+                "in_progress": in_progress, "stats": self.stats.state_dict(),
+                "staleness": self.staleness.state_dict(), "controller": self.controller.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.version, self._next_snapshot = state["version"], state["next_snapshot"]
         self._published = {g: Snapshot(s["version"], s["params"]) for g, s in state["snapshots"].items()}
+        in_progress = state.get("in_progress")
+        self._resumed = None if in_progress is None else {**in_progress, "vertices": in_progress["vertices"].numpy()}
         self.stats.load_state_dict(state["stats"])
         self.staleness.load_state_dict(state["staleness"])
         self.controller.load_state_dict(state["controller"], self.device)

@@ -70,17 +70,20 @@ class Planner:
         self._hot_map = np.full(num_nodes, -1, np.int64)  # vertex -> hot row during one plan, left -1
 
     def plan(self, gsid: int, epoch: int, uppers: list[tuple[int, int, SampledSubgraph]], ratio: float,
-             cap: Callable[[np.ndarray], tuple[int, bool]] | None = None) -> Plan:
-        """``uppers``: (mini-batch index, key, upper-hop sample) of each mini-batch of the super-batch."""
+             cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot: np.ndarray | None = None) -> Plan:
+        """``uppers``: (mini-batch index, key, upper-hop sample) of each mini-batch of the super-batch.
+        ``hot``: the hot set, already chosen (a resumed super-batch's), instead of ranking by ``ratio``."""
         bottoms = [upper.frontiers[0].numpy() for _, _, upper in uppers]
         distinct, appear = kernels.count_appearances(np.concatenate(bottoms), self._counts)
         ranked = np.argsort(-appear, kind="stable")
-        num_hot = min(distinct.shape[0], int(round(ratio * distinct.shape[0])))
         capped = False
-        if cap is not None:
-            limit, capped = cap(appear[ranked])
-            num_hot = min(num_hot, limit)
-        hot = distinct[ranked[:num_hot]]
+        if hot is None:
+            num_hot = min(distinct.shape[0], int(round(ratio * distinct.shape[0])))
+            if cap is not None:
+                limit, capped = cap(appear[ranked])
+                num_hot = min(num_hot, limit)
+            hot = distinct[ranked[:num_hot]]
+        num_hot = hot.shape[0]
         hot_map = self._hot_map
         hot_map[hot] = np.arange(num_hot)
         planned, hot_appearances = [], 0

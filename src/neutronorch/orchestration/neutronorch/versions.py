@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -32,6 +33,11 @@ class Schedule:
         epoch, index = divmod(gsid, self.per_epoch)
         first = index * self.super_batch
         return epoch, first, min(first + self.super_batch, self.batches_per_epoch)
+
+    def at(self, step: int) -> tuple[int, int]:
+        """(super-batch, position in it) of global step ``step``."""
+        epoch, index = divmod(step, self.batches_per_epoch)
+        return epoch * self.per_epoch + index // self.super_batch, index % self.super_batch
 
     def first_step(self, gsid: int) -> int:
         epoch, first, _ = self.locate(gsid)
@@ -72,6 +78,7 @@ class HotEmbeddings:
     version: int
     table: torch.Tensor  # (|H_s|, width) on the training device
     num_hot: int
+    vertices: np.ndarray | None = None  # H_s, the vertex of each table row
     host_edges: int = 0  # bottom-hop edges the host sampled for the hot set
     grad_acc: torch.Tensor | None = None  # hot_grad="cpu": dL/dY summed over the super-batch's steps
     output: torch.Tensor | None = None  # hot_grad="cpu": the host output, still attached to its graph
