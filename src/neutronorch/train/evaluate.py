@@ -1,13 +1,7 @@
-"""Exact evaluation: full-neighbour layer-wise inference, or sampled inference for huge graphs.
-
-Layer-wise inference computes layer l for every vertex that a later layer needs, from all of its
-in-neighbours, one chunk of destinations at a time: each vertex's embedding is computed once per layer,
-instead of once per appearance in an L-hop neighbourhood. Evaluation is never stale, in every mode.
-"""
+"""Exact evaluation: full-neighbour layer-wise inference (``layerwise.py``), or sampled inference for huge
+graphs. Evaluation is never stale, in every mode."""
 
 from __future__ import annotations
-
-import warnings
 
 import numpy as np
 import torch
@@ -15,55 +9,15 @@ import torch
 from neutronorch.data.graph import Graph
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.models import GNN
-from neutronorch.sampling.block import Block
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
+from neutronorch.train.layerwise import layerwise
 
 
-@torch.no_grad()
 def full_neighbor_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor,
                          device: torch.device, chunk_size: int = 4096, layers: int | None = None) -> torch.Tensor:
-    """Logits of ``nodes`` computed from complete neighbourhoods, layer by layer; with ``layers`` = K, the
-    output of layer K instead (after its activation: an embedding).
-
-    The input layer reads features through relabelled chunks (features stay on the host, possibly as a
-    float16 memory map). Later separable layers read the previous layer's embeddings of all vertices in
-    place, with global ids as source positions, so nothing is copied per chunk; non-separable layers
-    (GAT) use relabelled chunks, since their projection must not run over all vertices per chunk.
-    """
-    model.eval()
-    sampler = NeighborSampler(graph.indptr, graph.indices, [-1])
-    with warnings.catch_warnings():
-        # Read-only memory maps: the tensors are only read, so torch's writability warning does not apply.
-        warnings.simplefilter("ignore", UserWarning)
-        indptr = torch.from_numpy(np.asarray(graph.indptr, dtype=np.int64))
-        indices = torch.from_numpy(np.asarray(graph.indices))
-    hidden: torch.Tensor | None = None
-    upto = model.num_layers if layers is None else layers
-    for layer in range(upto):
-        last = layer == upto - 1
-        # Chunks write straight into one preallocated output: peak memory stays at two layers' embeddings.
-        if hidden is not None and model.layers[layer].separable:
-            output = torch.empty((graph.num_nodes, model.layers[layer].out_dim), device=device)
-            for start in range(0, graph.num_nodes, chunk_size):
-                end = min(graph.num_nodes, start + chunk_size)
-                lo, hi = int(indptr[start]), int(indptr[end])
-                block = Block(end - start, graph.num_nodes, indptr[start:end + 1] - lo, indices[lo:hi], start)
-                output[start:end] = model.layer_forward(layer, block.to(device), hidden)
-        else:
-            # The last layer's relabelled chunks need only the requested vertices.
-            targets = nodes if last else torch.arange(graph.num_nodes)
-            output = torch.empty((targets.shape[0], model.layers[layer].out_dim), device=device)
-            for start in range(0, targets.shape[0], chunk_size):
-                chunk = targets[start:start + chunk_size]
-                subgraph = sampler.sample(chunk.numpy(), 0)
-                sources = subgraph.input_nodes
-                x_src = store.gather(sources) if hidden is None else hidden[sources.to(hidden.device)]
-                output[start:start + chunk.shape[0]] = model.layer_forward(
-                    layer, subgraph.blocks[0].to(device), x_src.to(device))
-            if last:
-                return output.float().cpu()
-        hidden = output
-    return hidden[nodes.to(hidden.device)].float().cpu()
+    """Logits of ``nodes`` computed from complete neighbourhoods, layer by layer, in memory (``layerwise``);
+    with ``layers`` = K, the output of layer K instead (after its activation: an embedding)."""
+    return layerwise(model, graph, store, nodes, device, chunk_size, layers)
 
 
 @torch.no_grad()

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import tempfile
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Iterator
+
+import numpy as np
 
 from neutronorch.config import TrainConfig
 from neutronorch.errors import ConfigError
@@ -18,11 +21,11 @@ def check_outputs(config: TrainConfig) -> None:
     if config.timeline:
         _check_timeline(config.timeline)
     if config.summary_json:
-        _check_creatable("summary_json", config.summary_json)
+        check_creatable("summary_json", config.summary_json)
     if config.checkpoint_dir:
         if Path(config.checkpoint_dir).exists() and not Path(config.checkpoint_dir).is_dir():
             raise ConfigError(f"`checkpoint_dir` {config.checkpoint_dir}: exists and is not a folder.")
-        _check_creatable("checkpoint_dir", str(Path(config.checkpoint_dir) / "last.pt"))
+        check_creatable("checkpoint_dir", str(Path(config.checkpoint_dir) / "last.pt"))
     for field, path in (("log_jsonl", config.log_jsonl), ("log_csv", config.log_csv),
                         ("tensorboard", config.tensorboard)):
         if path and not Path(path).resolve().parent.exists():
@@ -34,7 +37,7 @@ def check_outputs(config: TrainConfig) -> None:
             raise ConfigError("`tensorboard` needs the tensorboard package: pip install tensorboard.") from None
 
 
-def _check_creatable(field: str, path: str) -> None:
+def check_creatable(field: str, path: str | os.PathLike) -> None:
     """``path``'s folder exists or can be made: its nearest existing ancestor is a writable folder."""
     parent = Path(path).resolve().parent
     while not parent.exists():
@@ -91,6 +94,35 @@ def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], object
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+@contextlib.contextmanager
+def open_array_atomically(path: str | os.PathLike, shape: tuple[int, ...], dtype) -> Iterator[np.ndarray]:
+    """A ``.npy`` file of ``shape`` and ``dtype`` to fill in place, memory-mapped (never held whole in
+    memory): written beside ``path``, flushed to disk and renamed into place when the block ends without
+    an error; on an error the previous file (or none) stays."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    os.close(fd)
+    try:
+        if int(np.prod(shape)) == 0:  # an empty file cannot be mapped
+            array = np.empty(shape, dtype)
+            yield array
+            with open(tmp, "wb") as f:
+                np.save(f, array)
+        else:
+            array = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
+            yield array
+            array.flush()
+            del array
+        with open(tmp, "rb+") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _umask() -> int:

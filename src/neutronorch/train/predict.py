@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +13,9 @@ from neutronorch.data.graph import Graph
 from neutronorch.errors import ConfigError
 from neutronorch.features.store import FeatureStore
 from neutronorch.train.checkpoint import Checkpoint, check_fits, load_checkpoint
-from neutronorch.train.evaluate import full_neighbor_logits
-from neutronorch.train.outputs import write_atomically
+from neutronorch.train.layerwise import LayerProgress, layerwise
+from neutronorch.train.memory import available_memory_bytes
+from neutronorch.train.outputs import check_creatable, open_array_atomically
 
 NODE_SETS = ("test", "val", "train", "all")
 
@@ -41,37 +43,85 @@ def select_nodes(graph: Graph, nodes: str) -> np.ndarray:
 
 
 def predict(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, nodes: str = "test",
-            probabilities: bool = False, device: str = "cpu", chunk_size: int = 4096) -> np.ndarray:
+            probabilities: bool = False, device: str = "cpu", chunk_size: int = 4096, *,
+            out: str | os.PathLike | None = None, scratch: str | None = "auto",
+            progress: LayerProgress | None = None) -> np.ndarray:
     """Predicted classes (int64) of ``nodes``, or with ``probabilities`` their class probabilities
-    (float32, one row per vertex), from the checkpoint's model over complete neighbourhoods."""
-    if not isinstance(checkpoint, Checkpoint):
-        checkpoint = load_checkpoint(checkpoint)
-    check_fits(checkpoint, graph, graph.name)
-    ids = select_nodes(graph, nodes)
-    target = torch.device(device)
-    model = checkpoint.model.to(target)
-    logits = full_neighbor_logits(model, graph, FeatureStore(graph.features, graph.labels), torch.from_numpy(ids),
-                                  target, chunk_size)
+    (float32, one row per vertex), from the checkpoint's model over complete neighbourhoods.
+
+    With ``out`` (a ``.npy`` path) the rows are written there chunk by chunk through a memory map (atomically)
+    and the file is returned opened read-only; ``scratch`` is where the intermediate layers' embeddings are
+    memory-mapped: ``"auto"`` (in memory when they fit in half the available memory, else beside ``out``
+    or in the system's temporary folder), a folder, or None (in memory). ``progress(layer, done, total)``
+    is called after every chunk."""
+    checkpoint = _checkpoint(checkpoint, graph)
+    classes = checkpoint.model.layers[-1].out_dim
     if probabilities:
-        return torch.softmax(logits.float(), dim=1).numpy()
-    return logits.argmax(1).numpy().astype(np.int64)
+        shape, dtype, transform = (classes,), np.float32, lambda logits: torch.softmax(logits, dim=1)
+    else:
+        shape, dtype, transform = (), np.int64, lambda logits: logits.argmax(1)
+    return _infer(checkpoint, graph, nodes, None, shape, dtype, transform, device, chunk_size, out, scratch, progress)
 
 
 def embed(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, layer: int, nodes: str = "all",
-          device: str = "cpu", chunk_size: int = 4096) -> np.ndarray:
+          device: str = "cpu", chunk_size: int = 4096, *, out: str | os.PathLike | None = None,
+          scratch: str | None = "auto", progress: LayerProgress | None = None) -> np.ndarray:
     """The output of layer ``layer`` (1 = the bottom layer, after its activation; the last layer gives the
-    logits) of ``nodes``, as float32 rows, over complete neighbourhoods."""
-    if not isinstance(checkpoint, Checkpoint):
-        checkpoint = load_checkpoint(checkpoint)
-    check_fits(checkpoint, graph, graph.name)
+    logits) of ``nodes``, as float32 rows, over complete neighbourhoods; ``out``, ``scratch`` and
+    ``progress`` as for ``predict``."""
+    checkpoint = _checkpoint(checkpoint, graph)
     layers = checkpoint.model.num_layers
     if not 1 <= layer <= layers:
         raise ConfigError(f"`layer` {layer}: the model has layers 1..{layers} (1 reads the features).")
+    width = checkpoint.model.layers[layer - 1].out_dim
+    return _infer(checkpoint, graph, nodes, layer, (width,), np.float32, None, device, chunk_size, out, scratch,
+                  progress)
+
+
+def _checkpoint(checkpoint: Checkpoint | str | os.PathLike, graph: Graph) -> Checkpoint:
+    if not isinstance(checkpoint, Checkpoint):
+        checkpoint = load_checkpoint(checkpoint)
+    check_fits(checkpoint, graph, graph.name)
+    return checkpoint
+
+
+def _infer(checkpoint: Checkpoint, graph: Graph, nodes: str, layers: int | None, row_shape: tuple, dtype,
+           transform, device: str, chunk_size: int, out, scratch, progress) -> np.ndarray:
     ids = torch.from_numpy(select_nodes(graph, nodes))
     target = torch.device(device)
-    out = full_neighbor_logits(checkpoint.model.to(target), graph, FeatureStore(graph.features, graph.labels), ids,
-                               target, chunk_size, layers=layer)
-    return out.numpy()
+    model = checkpoint.model.to(target)
+    folder = scratch_folder(model, graph, layers or model.num_layers, scratch, out)
+    run = lambda array: layerwise(model, graph, FeatureStore(graph.features, graph.labels), ids, target,  # noqa: E731
+                                  chunk_size, layers, out=array, transform=transform, scratch=folder,
+                                  progress=progress)
+    if out is None:
+        return run(np.empty((ids.shape[0], *row_shape), dtype))
+    with open_array_atomically(out, (ids.shape[0], *row_shape), dtype) as array:
+        run(array)
+    return np.load(out, mmap_mode="r")
+
+
+def check_output_path(out: str | os.PathLike, scratch: str | None = "auto") -> None:
+    """Fail before any data is loaded if the output or the scratch folder cannot be written."""
+    if Path(out).is_dir():
+        raise ConfigError(f"`out` {out}: is a folder; give the path of the .npy file to write.")
+    check_creatable("out", out)
+    if scratch not in ("auto", None) and not (Path(scratch).is_dir() and os.access(scratch, os.W_OK)):
+        raise ConfigError(f"`scratch_dir` {scratch}: not a writable folder (or give auto, or memory).")
+
+
+def scratch_folder(model: torch.nn.Module, graph: Graph, layers: int, scratch: str | None,
+                   out: str | os.PathLike | None) -> str | None:
+    """Where the intermediate layers' embeddings go: None (memory) or a folder (memory maps)."""
+    if scratch != "auto":
+        return scratch
+    widths = [model.layers[i].out_dim for i in range(layers - 1)]
+    # Two layers' rows of every vertex are alive at once (the one read and the one written).
+    needed = 2 * graph.num_nodes * max(widths, default=0) * 4
+    available = available_memory_bytes()
+    if not widths or available is None or needed <= available // 2:
+        return None
+    return str(Path(out).resolve().parent) if out is not None else tempfile.gettempdir()
 
 
 def prediction_accuracy(graph: Graph, nodes: str, predicted: np.ndarray) -> float:
@@ -79,6 +129,3 @@ def prediction_accuracy(graph: Graph, nodes: str, predicted: np.ndarray) -> floa
     labels = np.asarray(graph.labels)[select_nodes(graph, nodes)]
     return float((predicted == labels).mean()) if labels.size else float("nan")
 
-
-def save_array_atomically(path: str | os.PathLike, array: np.ndarray) -> None:
-    write_atomically(path, lambda f: np.save(f, array))

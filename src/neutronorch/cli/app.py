@@ -1,0 +1,221 @@
+"""The commands: what each one runs and prints, the log handler and the progress bar."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import signal
+import sys
+import threading
+import time
+from dataclasses import fields
+
+from tqdm import tqdm
+
+from neutronorch.cli.options import build_parser
+from neutronorch.config import TrainConfig, load_config_file
+from neutronorch.data import SyntheticSpec, generate, load_dataset, save_native
+from neutronorch.data.csc import edge_hygiene
+from neutronorch.errors import Interrupted, NeutronorchError
+
+
+_FIELD = re.compile(r"(?<!`)`([a-z][a-z0-9_]*)`(?!`)")
+
+
+def as_flags(message: str) -> str:
+    """The core's `field_name` references as the command line's --field-name flags."""
+    known = set(TrainConfig.keys()) | {"layer", "nodes", "out", "scratch_dir"}  # and predict's and embed's
+    return _FIELD.sub(lambda m: "--" + m[1].replace("_", "-") if m[1] in known else m[0], message)
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time (it may be replaced after logging is set up)."""
+
+    _neutronorch_cli = True
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+class _FlagFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = as_flags(record.getMessage())
+        return f"warning: {text}" if record.levelno >= logging.WARNING and not text.startswith("note:") else text
+
+
+def _configure_logging() -> None:
+    logger = logging.getLogger("neutronorch")
+    if not any(getattr(h, "_neutronorch_cli", False) for h in logger.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(_FlagFormatter())
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+class _ProgressBar:
+    """A tqdm bar per epoch (or per layer of inference), fed by a ``progress(part, done, total)`` callback;
+    hidden when stderr is no terminal."""
+
+    def __init__(self, label: str = "epoch", unit: str = "batch"):
+        self._bar = None
+        self._label, self._unit = label, unit
+
+    def __call__(self, part: int, done: int, total: int) -> None:
+        if self._bar is None:
+            self._bar = tqdm(total=total, desc=f"{self._label} {part}", unit=self._unit, leave=False, disable=None,
+                             file=sys.stderr, initial=done - 1 if self._unit == "batch" else 0,
+                             unit_scale=self._unit != "batch")
+        self._bar.update(done - self._bar.n)
+        if done >= total:
+            self.close()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from neutronorch.train.trainer import train
+
+    values = load_config_file(args.config) if getattr(args, "config", None) else {}
+    values.update({k: v for k, v in vars(args).items() if k not in ("command", "config")})
+    config = TrainConfig(**values)
+    bar = _ProgressBar() if config.progress else None
+    stop, received = threading.Event(), []
+
+    def on_signal(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt  # a second signal: stop at once
+        received.append(signum)
+        stop.set()
+        logging.getLogger("neutronorch").warning(
+            f"{signal.Signals(signum).name}: finishing the current step, then saving and stopping (send it "
+            f"again to stop at once)")
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        summary = train(config, progress=bar, stop=stop)
+    except Interrupted as exc:
+        saved = (f"continue from {config.checkpoint_dir}/last.pt with --resume" if config.checkpoint_dir
+                 else "nothing was saved (no --checkpoint-dir)")
+        print(f"neutronorch: interrupted: {exc}; {saved}", file=sys.stderr)
+        return 128 + received[0]
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if bar is not None:
+            bar.close()
+    accuracy = (f"val acc {summary['val_acc']:.4f}, test acc {summary['test_acc']:.4f}, "
+                if summary["test_acc"] is not None else "not evaluated, ")
+    print(f"{summary['dataset']['name']}: mode {summary['mode']}, model {config.model}, {accuracy}"
+          f"epoch time median {summary['epoch_seconds_median']:.2f}s, peak RSS {summary['peak_rss_mb']:.0f} MB"
+          if summary["epochs"] else "no epochs run")
+    return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    graph = load_dataset(args.source, args.split, args.seed)
+    if args.float16:
+        graph.features = graph.features.astype("float16")
+    save_native(graph, args.out_dir, overwrite=args.overwrite)
+    print(f"wrote {graph.describe()} to {args.out_dir} in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    spec = SyntheticSpec(**{f.name: getattr(args, f.name) for f in fields(SyntheticSpec)})
+    spec.check("generate synthetic")
+    graph = generate(spec)
+    if args.float16:
+        graph.features = graph.features.astype("float16")
+    save_native(graph, args.out, overwrite=args.overwrite)
+    print(f"wrote {graph.describe()} to {args.out} in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+def _inference(args: argparse.Namespace) -> tuple:
+    """predict's and embed's shared part: outputs checked, then the data loaded; their keywords (device,
+    where the rows go, scratch folder, progress bar)."""
+    from neutronorch.train.predict import check_output_path
+    from neutronorch.train.trainer import resolve_device
+
+    device = resolve_device(args.device)
+    scratch = None if args.scratch_dir == "memory" else args.scratch_dir
+    check_output_path(args.out, scratch)
+    graph = load_dataset(args.dataset)
+    return graph, {"device": str(device), "out": args.out, "scratch": scratch,
+                   "progress": _ProgressBar("layer", "vertex") if args.progress else None}
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from neutronorch.train.predict import prediction_accuracy, predict
+
+    t0 = time.perf_counter()
+    graph, options = _inference(args)
+    out = predict(args.checkpoint, graph, args.nodes, args.probabilities, **options)
+    line = f"wrote {out.shape[0]:,} predictions of {graph.name} to {args.out} in {time.perf_counter() - t0:.1f}s"
+    if args.nodes in ("test", "val", "train"):
+        classes = out.argmax(1) if args.probabilities else out
+        line += f"; {args.nodes} accuracy {prediction_accuracy(graph, args.nodes, classes):.4f}"
+    print(line)
+    return 0
+
+
+def _cmd_embed(args: argparse.Namespace) -> int:
+    from neutronorch.train.predict import embed
+
+    t0 = time.perf_counter()
+    graph, options = _inference(args)
+    out = embed(args.checkpoint, graph, args.layer, args.nodes, **options)
+    print(f"wrote {out.shape[0]:,} x {out.shape[1]} embeddings (layer {args.layer}) of {graph.name} to "
+          f"{args.out} in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    graph = load_dataset(args.dataset)
+    degrees = graph.in_degrees()
+    print(json.dumps({"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
+                      "feature_dim": graph.feature_dim, "feature_dtype": str(graph.features.dtype),
+                      "classes": graph.num_classes, "train": len(graph.train_idx), "val": len(graph.val_idx),
+                      "test": len(graph.test_idx), "max_in_degree": int(degrees.max()),
+                      "mean_in_degree": float(degrees.mean()),
+                      # Loaders clean edge lists; a native directory is read as written, so say what it holds.
+                      **edge_hygiene(graph.indptr, graph.indices),
+                      # What placing it on a GPU takes (docs/gpu.md): CSC topology, and features as float32.
+                      "device_gib": {"topology": round((graph.indptr.nbytes + graph.indices.nbytes) / 2**30, 4),
+                                     "features": round(graph.num_nodes * graph.feature_dim * 4 / 2**30, 4)},
+                      "notes": graph.notes}, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"train": _cmd_train, "convert": _cmd_convert, "generate": _cmd_generate, "info": _cmd_info,
+                "predict": _cmd_predict, "embed": _cmd_embed}
+    _configure_logging()
+    try:
+        return handlers[args.command](args)
+    except NeutronorchError as exc:
+        print(f"neutronorch: error: {as_flags(str(exc))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("neutronorch: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Exact layer-wise inference over complete neighbourhoods, in bounded memory.
+
+Layer l is computed for every vertex that a later layer needs, from all of its in-neighbours, one chunk
+of destinations at a time: each vertex's embedding is computed once per layer, instead of once per
+appearance in an L-hop neighbourhood. Where the rows go is the caller's choice:
+
+- the intermediate layers' embeddings (one row per vertex) are kept in memory, or memory-mapped in a
+  ``scratch`` folder when they would not fit (then anonymous memory stays at a few chunks);
+- the requested rows of the last layer are written chunk by chunk into ``out``: a tensor, or a numpy
+  array such as a memory-mapped ``.npy`` file (``outputs.open_array_atomically``), after an optional
+  per-chunk ``transform`` (class probabilities, predicted classes), so a result larger than memory is
+  never held whole.
+
+The input layer reads features through relabelled chunks (features stay on the host, possibly as a
+float16 memory map). Later separable layers read the previous layer's embeddings in place, with global
+ids as source positions, so nothing is copied per chunk; non-separable layers (GAT), and a previous layer
+that lives on the host while the model runs on a GPU, use relabelled chunks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import warnings
+from typing import Callable
+
+import numpy as np
+import torch
+
+from neutronorch.data.graph import Graph
+from neutronorch.features.store import FeatureStore
+from neutronorch.nn.models import GNN
+from neutronorch.sampling.block import Block
+from neutronorch.sampling.neighbor_sampler import NeighborSampler
+
+# progress(layer 1.., rows done, rows of that layer): called after every chunk.
+LayerProgress = Callable[[int, int, int], None]
+Transform = Callable[[torch.Tensor], torch.Tensor]
+
+
+@torch.no_grad()
+def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,
+              chunk_size: int = 4096, layers: int | None = None, *, out: torch.Tensor | np.ndarray | None = None,
+              transform: Transform | None = None, scratch: str | None = None,
+              progress: LayerProgress | None = None) -> torch.Tensor | np.ndarray:
+    """The output of layer ``layers`` (default: the last, the logits; after its activation otherwise) of
+    ``nodes``, written into ``out`` (one row per requested vertex, in their order; a new CPU float32
+    tensor when None) after ``transform`` of each chunk's float32 CPU rows. Returns ``out``."""
+    model.eval()
+    upto = model.num_layers if layers is None else layers
+    if out is None:
+        if transform is not None:
+            raise ValueError("layerwise: give `out` with a `transform` (its rows' type and width)")
+        out = torch.empty((nodes.shape[0], model.layers[upto - 1].out_dim))
+    run = _Run(model, graph, store, device, chunk_size, progress)
+    hidden = None
+    with tempfile.TemporaryDirectory(dir=scratch) if scratch is not None else contextlib.nullcontext() as folder:
+        for layer in range(upto):
+            if layer == upto - 1:
+                return run.last(layer, hidden, nodes, out, transform)
+            buffer = _buffer((graph.num_nodes, model.layers[layer].out_dim), device, folder, layer)
+            run.all_rows(layer, hidden, buffer)
+            hidden = buffer
+    raise ValueError("`layers` must be at least 1")
+
+
+class _Run:
+    def __init__(self, model: GNN, graph: Graph, store: FeatureStore, device: torch.device, chunk_size: int,
+                 progress: LayerProgress | None):
+        self.model, self.graph, self.store, self.device = model, graph, store, device
+        self.chunk_size, self.progress = chunk_size, progress
+        self.sampler = NeighborSampler(graph.indptr, graph.indices, [-1])
+        with warnings.catch_warnings():
+            # Read-only memory maps: the tensors are only read, so torch's writability warning does not apply.
+            warnings.simplefilter("ignore", UserWarning)
+            self.indptr = torch.from_numpy(np.asarray(graph.indptr, dtype=np.int64))
+            self.indices = torch.from_numpy(np.asarray(graph.indices))
+
+    def in_place(self, layer: int, hidden: torch.Tensor | None) -> bool:
+        """Layer ``layer`` reads the previous layer's rows in place (global ids as source positions)."""
+        return hidden is not None and self.model.layers[layer].separable and hidden.device == self.device
+
+    def contiguous(self, layer: int, hidden: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """Layer ``layer`` of vertices start..end-1, reading ``hidden`` in place."""
+        lo, hi = int(self.indptr[start]), int(self.indptr[end])
+        block = Block(end - start, self.graph.num_nodes, self.indptr[start:end + 1] - lo, self.indices[lo:hi], start)
+        return self.model.layer_forward(layer, block.to(self.device), hidden)
+
+    def relabelled(self, layer: int, hidden: torch.Tensor | None, targets: torch.Tensor) -> torch.Tensor:
+        """Layer ``layer`` of ``targets``, through a block over their neighbourhoods' rows only."""
+        subgraph = self.sampler.sample(targets.numpy(), 0)
+        sources = subgraph.input_nodes
+        x_src = self.store.gather(sources) if hidden is None else hidden[sources.to(hidden.device)]
+        return self.model.layer_forward(layer, subgraph.blocks[0].to(self.device), x_src.to(self.device))
+
+    def all_rows(self, layer: int, hidden: torch.Tensor | None, buffer: torch.Tensor) -> None:
+        n, step = self.graph.num_nodes, self.chunk_size
+        for start in range(0, n, step):
+            end = min(n, start + step)
+            if self.in_place(layer, hidden):
+                rows = self.contiguous(layer, hidden, start, end)
+            else:
+                rows = self.relabelled(layer, hidden, torch.arange(start, end))
+            buffer[start:end] = rows.to(buffer.device)
+            self._report(layer, end, n)
+
+    def last(self, layer: int, hidden: torch.Tensor | None, nodes: torch.Tensor, out, transform) -> object:
+        """The requested rows of the last layer, chunk by chunk into ``out``."""
+        emit = _Emitter(out, transform)
+        if self.in_place(layer, hidden):
+            # Contiguous chunks of vertices, only those holding requested ones; rows scattered to their places.
+            order = torch.argsort(nodes, stable=True)
+            ranked = nodes[order]
+            n, step = self.graph.num_nodes, self.chunk_size
+            cuts = torch.searchsorted(ranked, torch.arange(0, n + step, step).clamp(max=n)).tolist()
+            for index, start in enumerate(range(0, n, step)):
+                lo, hi = cuts[index], cuts[index + 1]
+                if lo < hi:
+                    rows = self.contiguous(layer, hidden, start, min(n, start + step))
+                    emit(order[lo:hi], rows[(ranked[lo:hi] - start).to(rows.device)])
+                self._report(layer, hi, nodes.shape[0])
+        else:
+            for start in range(0, nodes.shape[0], self.chunk_size):
+                chunk = nodes[start:start + self.chunk_size]
+                emit(slice(start, start + chunk.shape[0]), self.relabelled(layer, hidden, chunk))
+                self._report(layer, start + chunk.shape[0], nodes.shape[0])
+        return out
+
+    def _report(self, layer: int, done: int, total: int) -> None:
+        if self.progress is not None:
+            self.progress(layer + 1, done, total)
+
+
+class _Emitter:
+    """Writes chunks of final rows (float32 on the CPU, then ``transform``ed) into ``out``."""
+
+    def __init__(self, out, transform: Transform | None):
+        self.out, self.transform = out, transform
+
+    def __call__(self, positions, values: torch.Tensor) -> None:
+        values = values.float().cpu()
+        if self.transform is not None:
+            values = self.transform(values)
+        if isinstance(self.out, np.ndarray):
+            positions = positions if isinstance(positions, slice) else positions.numpy()
+            self.out[positions] = values.numpy()
+        else:
+            self.out[positions] = values
+
+
+def _buffer(shape: tuple[int, int], device: torch.device, folder: str | None, layer: int) -> torch.Tensor:
+    """One layer's rows of every vertex: on the device, or a float32 memory map in ``folder``."""
+    if folder is None:
+        return torch.empty(shape, device=device)
+    mapped = np.lib.format.open_memmap(f"{folder}/layer{layer + 1}.npy", mode="w+", dtype=np.float32, shape=shape)
+    return torch.from_numpy(mapped)
+

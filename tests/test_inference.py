@@ -1,0 +1,105 @@
+"""Layer-wise inference in bounded memory: intermediate layers memory-mapped, results written as memory maps."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from neutronorch import ConfigError, TrainConfig, embed, predict
+from neutronorch.cli import main
+from neutronorch.data import SyntheticSpec, generate
+from neutronorch.features.store import FeatureStore
+from neutronorch.nn.models import GNN
+from neutronorch.train import predict as predict_module
+from neutronorch.train.checkpoint import Checkpoint, dataset_fingerprint, save_checkpoint
+from neutronorch.train.layerwise import layerwise
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return generate(SyntheticSpec(nodes=700, degree=6, features=5, classes=3))
+
+
+def _checkpoint(graph, kind="sage"):
+    torch.manual_seed(0)
+    model = GNN(kind, graph.feature_dim, 8, graph.num_classes, 3, heads=2).eval()
+    return Checkpoint(model, TrainConfig(model=kind), 0, dataset_fingerprint(graph), [], {})
+
+
+@pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])
+def test_memory_mapped_layers_give_the_in_memory_result(graph, tmp_path, kind):
+    model = _checkpoint(graph, kind).model
+    store = FeatureStore(graph.features, graph.labels)
+    nodes = torch.tensor([699, 3, 3, 250, 0, 512])  # unsorted, repeated
+    seen = []
+    want = layerwise(model, graph, store, nodes, CPU, chunk_size=64)
+    got = layerwise(model, graph, store, nodes, CPU, chunk_size=64, scratch=str(tmp_path),
+                    progress=lambda *args: seen.append(args))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert os.listdir(tmp_path) == []  # the scratch maps are removed
+    assert seen[-1] == (3, 6, 6) and (1, 700, 700) in seen and (2, 700, 700) in seen
+    every = layerwise(model, graph, store, torch.arange(700), CPU, chunk_size=64)
+    torch.testing.assert_close(every[nodes], want, rtol=0, atol=0)
+
+
+def test_predictions_and_embeddings_are_written_through_a_memory_map(graph, tmp_path, monkeypatch):
+    checkpoint = _checkpoint(graph)
+    classes = predict(checkpoint, graph, "all")
+    probabilities = predict(checkpoint, graph, "test", probabilities=True)
+    hidden = embed(checkpoint, graph, layer=2)
+    # Too little memory for two layers of every vertex: the intermediate layers go to a scratch folder.
+    monkeypatch.setattr(predict_module, "available_memory_bytes", lambda: 1000)
+    folders = []
+    real = predict_module.layerwise
+    monkeypatch.setattr(predict_module, "layerwise", lambda *a, **k: folders.append(k["scratch"]) or real(*a, **k))
+    assert predict_module.scratch_folder(checkpoint.model, graph, 3, "auto", tmp_path / "x.npy") == str(tmp_path)
+    assert predict_module.scratch_folder(checkpoint.model, graph, 1, "auto", None) is None  # no intermediate layer
+    written = predict(checkpoint, graph, "all", out=tmp_path / "classes.npy")
+    assert isinstance(written, np.memmap) and not written.flags.writeable
+    np.testing.assert_array_equal(written, classes)
+    assert written.dtype == np.int64
+    written = predict(checkpoint, graph, "test", probabilities=True, out=tmp_path / "p.npy")
+    np.testing.assert_array_equal(written, probabilities)
+    np.testing.assert_array_equal(embed(checkpoint, graph, layer=2, out=tmp_path / "e.npy"), hidden)
+    assert folders == [str(tmp_path)] * 3
+    assert sorted(os.listdir(tmp_path)) == ["classes.npy", "e.npy", "p.npy"]  # no scratch or temporary left
+
+
+def test_a_failure_mid_inference_leaves_the_previous_output(graph, tmp_path):
+    checkpoint = _checkpoint(graph)
+    out = tmp_path / "classes.npy"
+    np.save(out, np.arange(3))
+
+    def fail(layer, done, total):
+        if layer == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        predict(checkpoint, graph, "all", out=out, progress=fail)
+    np.testing.assert_array_equal(np.load(out), np.arange(3))
+    assert os.listdir(tmp_path) == ["classes.npy"]
+    ids = tmp_path / "none.npy"
+    np.save(ids, np.zeros(0, np.int64))
+    assert predict(checkpoint, graph, str(ids), out=tmp_path / "empty.npy").shape == (0,)
+
+
+def test_inference_outputs_are_checked_before_the_data_is_read(graph, tmp_path, capsys):
+    path = tmp_path / "model.pt"
+    checkpoint = _checkpoint(graph)
+    save_checkpoint(path, config=checkpoint.config, graph=graph, model=checkpoint.model,
+                    optimizer=torch.optim.Adam(checkpoint.model.parameters()), epoch=0, history=[],
+                    position={"step": 0, "loss_sum": 0.0})
+    base = ["predict", "--checkpoint", str(path), "--dataset", "synthetic:nodes=700,degree=6,features=5,classes=3",
+            "--device", "cpu", "--no-progress"]
+    assert main(base + ["--out", str(tmp_path)]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert main(base + ["--out", str(tmp_path / "p.npy"), "--scratch-dir", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert "--scratch-dir" in err and "not a writable folder" in err and "Traceback" not in err
+    assert main(base + ["--out", str(tmp_path / "p.npy"), "--scratch-dir", str(tmp_path), "--nodes", "all"]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "p.npy"), predict(checkpoint, graph, "all"))
+    with pytest.raises(ConfigError, match="not a writable folder"):
+        predict_module.check_output_path(tmp_path / "q.npy", str(tmp_path / "missing"))
