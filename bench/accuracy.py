@@ -38,7 +38,7 @@ MODELS = ("gcn", "sage", "gat")
 # The settings a run takes from the package defaults unless a flag overrides them.
 DEFAULTS = TrainConfig()
 SETTINGS = {key: getattr(DEFAULTS, key) for key in
-            ("fanouts", "hidden", "heads", "batch_size", "epochs", "lr", "weight_decay", "dropout")}
+            ("fanouts", "hidden", "heads", "gcn_norm", "batch_size", "epochs", "lr", "weight_decay", "dropout")}
 SETTINGS["fanouts"] = ",".join(map(str, SETTINGS["fanouts"]))
 
 
@@ -76,6 +76,7 @@ def run_pair(args, graph, model: str, seeds: list[int], mode: str = "exact") -> 
                 extra[key] = cast(getattr(args, key))
     for seed in seeds:
         config = TrainConfig(model=model, fanouts=args.fanouts, hidden=args.hidden, heads=args.heads,
+                             gcn_norm=args.gcn_norm,
                              batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
                              weight_decay=args.weight_decay, dropout=args.dropout, seed=seed, device=args.device,
                              threads=args.threads, sampler_threads=args.sampler_threads, progress=False,

@@ -22,8 +22,9 @@ def small_config(**overrides):
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["sage", "gcn"])
 def test_device_mode_learns_as_well_as_exact_mode(model):
-    device = train(small_config(model=model))
-    exact = train(small_config(model=model, mode="exact"))
+    # Six epochs: both are past the steep part of the curve, where a step's difference would count.
+    device = train(small_config(model=model, epochs=6))
+    exact = train(small_config(model=model, mode="exact", epochs=6))
     assert device["test_acc"] > 0.8
     assert abs(device["test_acc"] - exact["test_acc"]) < 0.05
     stages = device["epochs"][-1]["stage_seconds"]

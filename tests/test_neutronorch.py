@@ -116,13 +116,26 @@ def test_stop_grad_leaves_hot_rows_out_of_the_bottom_gradient(graph):
         break
 
 
-@pytest.mark.parametrize("kind", ["sage", "gcn"])
-def test_host_hot_rows_equal_the_device_definition(graph, kind):
+def _symmetric_reference(graph, block, frontier, x):
+    """GCN's symmetric aggregation written out per destination, with graph degrees (D = in-degree + 1)."""
+    degree = torch.from_numpy(np.diff(graph.indptr)[frontier]).float()
+    rows = []
+    for v in range(block.num_dst):
+        nbrs = block.indices[block.indptr[v]:block.indptr[v + 1]].long()
+        dv = degree[v] + 1
+        total = sum((x[u] / torch.sqrt((degree[u] + 1) * dv) for u in nbrs.tolist()), torch.zeros(x.shape[1]))
+        scale = degree[v] / max(1, nbrs.shape[0])
+        rows.append(x[v] / dv + scale * total)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("kind, norm", [("sage", None), ("gcn", "mean"), ("gcn", "symmetric")])
+def test_host_hot_rows_equal_the_device_definition(graph, kind, norm):
     # The host's hot embeddings use the layer's own code; here they are compared to the plain torch
     # definition (the aggregation CUDA devices run) over the same sampled neighbours.
-    cfg = config(model=kind, mode="neutronorch", super_batch=2, hot_ratio=0.5, epochs=1)
+    cfg = config(model=kind, mode="neutronorch", super_batch=2, hot_ratio=0.5, epochs=1, gcn_norm=norm or "symmetric")
     torch.manual_seed(0)
-    model = GNN(kind, graph.feature_dim, cfg.hidden, graph.num_classes, 3)
+    model = GNN(kind, graph.feature_dim, cfg.hidden, graph.num_classes, 3, gcn_norm=cfg.gcn_norm)
     batches = -(-len(graph.train_idx) // cfg.batch_size)
     schedule = Schedule(1, batches, 2, cfg.resolved_staleness)
     snapshots, hot = Channel("snapshots"), Channel("hot")
@@ -140,7 +153,11 @@ def test_host_hot_rows_equal_the_device_definition(graph, kind):
         plan.hot, cfg.fanouts[-1], layer_key(plan.batches[0].key, 2))
     x = torch.from_numpy(graph.features[frontier]).float()
     layer = model.bottom
-    expected = layer.transform(block.dst_rows(x), mean_aggregate_torch(block, x, include_self=kind == "gcn"))
+    if norm == "symmetric":
+        aggregated = _symmetric_reference(graph, block, frontier, x)
+    else:
+        aggregated = mean_aggregate_torch(block, x, include_self=kind == "gcn")
+    expected = layer.transform(block.dst_rows(x), aggregated)
     torch.testing.assert_close(table.table, expected.detach(), rtol=1e-5, atol=1e-5)
     assert table.version == 0 and table.host_edges == block.num_edges
 

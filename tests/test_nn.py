@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from neutronorch.nn.activation import relu_dropout
-from neutronorch.nn.aggregation import mean_aggregate, mean_aggregate_torch
+from neutronorch.nn.aggregation import mean_aggregate, mean_aggregate_torch, weighted_aggregate
 from neutronorch.nn.layers import GATConv, GCNConv, SAGEConv
 from neutronorch.nn.models import GNN
 from neutronorch.sampling.neighbor_sampler import NeighborSampler
@@ -14,7 +14,8 @@ from neutronorch.sampling.neighbor_sampler import NeighborSampler
 @pytest.fixture
 def subgraph(small_csc):
     indptr, indices = small_csc
-    return NeighborSampler(indptr, indices, [6, 4]).sample(np.arange(0, 300, 5), 11)
+    # With the sources' graph degrees (symmetric GCN reads them; the other layers ignore them).
+    return NeighborSampler(indptr, indices, [6, 4], degrees=True).sample(np.arange(0, 300, 5), 11)
 
 
 @pytest.mark.parametrize("include_self", [False, True])
@@ -32,6 +33,46 @@ def test_numba_and_torch_aggregation_agree_forward_and_backward(subgraph, includ
     torch.testing.assert_close(a.grad, b.grad)
 
 
+@pytest.mark.parametrize("offset", [0, 7])
+def test_numba_and_torch_weighted_aggregation_agree_forward_and_backward(subgraph, offset):
+    from dataclasses import replace
+
+    block = replace(subgraph.blocks[0], dst_offset=offset, num_dst=subgraph.blocks[0].num_dst - offset)
+    block.indptr = block.indptr[offset:] - block.indptr[offset]
+    block.indices = subgraph.blocks[0].indices[int(subgraph.blocks[0].indptr[offset]):]
+    x = torch.randn(block.num_src, 24)
+    weight, self_coef, neigh_coef = torch.rand(block.num_src), torch.rand(block.num_dst), torch.rand(block.num_dst)
+    grad = torch.randn(block.num_dst, 24)
+    a = x.clone().requires_grad_()
+    b = x.double().requires_grad_()
+    out_a = weighted_aggregate(block, a, weight, self_coef, neigh_coef)
+    # The torch path (CUDA's), in float64.
+    out_b = weighted_aggregate(block, b, weight.double(), self_coef.double(), neigh_coef.double())
+    torch.testing.assert_close(out_a.double(), out_b, rtol=1e-5, atol=1e-6)
+    out_a.backward(grad)
+    out_b.backward(grad.double())
+    torch.testing.assert_close(a.grad.double(), b.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_sampled_symmetric_aggregation_estimates_the_full_one_without_bias(small_csc):
+    from neutronorch.nn.aggregation import symmetric_aggregate
+
+    indptr, indices = small_csc
+    dst = np.arange(0, 300, 3)
+    x = torch.randn(300, 4)
+    full, frontier = NeighborSampler(indptr, indices, [-1], degrees=True).sample_hop(dst, -1, 0)
+    want = symmetric_aggregate(full, x[torch.from_numpy(frontier)])
+    sampler = NeighborSampler(indptr, indices, [2], degrees=True)
+    draws = torch.stack([symmetric_aggregate(block, x[torch.from_numpy(frontier)])
+                         for block, frontier in (sampler.sample_hop(dst, 2, key) for key in range(2000))])
+    assert (np.diff(indptr)[dst] > 2).mean() > 0.5  # most rows are really sampled
+    # The mean of the draws is the full neighbourhood's value up to its standard error (z-scores of 400
+    # entries: a bias of a tenth of a draw's spread would give z of about 4.5 here).
+    error = draws.mean(0) - want
+    z = error / (draws.std(0) / len(draws) ** 0.5).clamp(min=1e-6)
+    assert z.abs().max() < 4.5 and abs(float(z.mean())) < 0.3, (z.abs().max(), z.mean())
+
+
 def test_aggregation_is_the_mean_and_zero_for_isolated_rows(subgraph):
     block = subgraph.blocks[0]
     x = torch.randn(block.num_src, 3)
@@ -42,8 +83,11 @@ def test_aggregation_is_the_mean_and_zero_for_isolated_rows(subgraph):
         torch.testing.assert_close(out[i], want)
 
 
-@pytest.mark.parametrize("layer_cls,in_dim,out_dim", [(SAGEConv, 8, 32), (SAGEConv, 32, 4),
-                                                       (GCNConv, 8, 32), (GCNConv, 32, 4)])
+GCN_MEAN = lambda i, o: GCNConv(i, o, norm="mean")  # noqa: E731
+
+
+@pytest.mark.parametrize("layer_cls,in_dim,out_dim", [(SAGEConv, 8, 32), (SAGEConv, 32, 4), (GCNConv, 8, 32),
+                                                       (GCNConv, 32, 4), (GCN_MEAN, 8, 32), (GCN_MEAN, 32, 4)])
 def test_separable_layers_equal_transform_of_aggregate(subgraph, layer_cls, in_dim, out_dim):
     # Both evaluation orders (aggregate first, project first) must give the split definition's result.
     block = subgraph.blocks[0]
@@ -68,10 +112,11 @@ def test_gat_attention_is_a_softmax_over_neighbours_and_self(subgraph):
     torch.testing.assert_close(out[i], want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])
-def test_models_map_blocks_to_seed_logits_and_train(subgraph, kind):
+@pytest.mark.parametrize("kind, norm", [("sage", "symmetric"), ("gcn", "symmetric"), ("gcn", "mean"),
+                                        ("gat", "symmetric")])
+def test_models_map_blocks_to_seed_logits_and_train(subgraph, kind, norm):
     torch.manual_seed(0)
-    model = GNN(kind, 6, 32, 3, 2, dropout=0.0, heads=2)
+    model = GNN(kind, 6, 32, 3, 2, dropout=0.0, heads=2, gcn_norm=norm)
     x = torch.randn(subgraph.blocks[0].num_src, 6)
     labels = torch.randint(0, 3, (subgraph.seeds.shape[0],))
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
@@ -108,9 +153,9 @@ def test_relu_dropout_masks_differ_between_calls():
     assert not torch.equal(relu_dropout(y.clone(), 0.5, True), relu_dropout(y.clone(), 0.5, True))
 
 
-@pytest.mark.parametrize("layer_cls", [SAGEConv, GCNConv])
+@pytest.mark.parametrize("layer_cls", [SAGEConv, GCNConv, GCN_MEAN])
 def test_fused_cpu_layer_equals_the_torch_definition_with_gradients(subgraph, layer_cls):
-    # The fused numba path (CPU float32) against the same layer evaluated in float64 by plain torch ops.
+    # The numba path (CPU float32) against the same layer evaluated in float64 by plain torch ops.
     block = subgraph.blocks[1]
     layer = layer_cls(12, 40)
     x = torch.randn(block.num_src, 12)
@@ -129,7 +174,7 @@ def test_fused_cpu_layer_equals_the_torch_definition_with_gradients(subgraph, la
         torch.testing.assert_close(p32.grad.double(), p64.grad, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])
+@pytest.mark.parametrize("kind", ["sage", "gcn", "gcn-mean", "gat"])
 def test_full_neighbour_inference_equals_per_vertex_computation(kind):
     from neutronorch.data import SyntheticSpec, generate
     from neutronorch.features.store import FeatureStore
@@ -137,12 +182,12 @@ def test_full_neighbour_inference_equals_per_vertex_computation(kind):
 
     graph = generate(SyntheticSpec(nodes=400, degree=6, features=5, classes=3))
     torch.manual_seed(0)
-    model = GNN(kind, 5, 8, 3, 3, heads=2).eval()
+    model = GNN(kind.split("-")[0], 5, 8, 3, 3, heads=2, gcn_norm="mean" if kind == "gcn-mean" else "symmetric").eval()
     store = FeatureStore(graph.features, graph.labels)
     nodes = torch.tensor([0, 17, 399, 5])
     got = full_neighbor_logits(model, graph, store, nodes, torch.device("cpu"), chunk_size=64)
     # Reference: each vertex's L-hop computation graph with every neighbour, one vertex at a time.
-    sampler = NeighborSampler(graph.indptr, graph.indices, [-1, -1, -1])
+    sampler = NeighborSampler(graph.indptr, graph.indices, [-1, -1, -1], degrees=model.needs_degrees)
     for row, v in enumerate(nodes.tolist()):
         sg = sampler.sample(np.array([v]), 0)
         want = model(sg.blocks, store.gather(sg.input_nodes))

@@ -17,6 +17,7 @@ from neutronorch.data import Graph, load_dataset, load_native, save_native  # no
 from neutronorch.errors import (CheckpointError, ConfigError, DataError, Interrupted, NeutronorchError,  # noqa: E402
                                 TrainingError)
 from neutronorch.nn.models import GNN  # noqa: E402
+from neutronorch.nn.pyg import to_pyg_model  # noqa: E402
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, TorchNeighborSampler  # noqa: E402
 from neutronorch.train.checkpoint import load_checkpoint  # noqa: E402
 from neutronorch.train.predict import embed, predict  # noqa: E402
@@ -25,4 +26,4 @@ from neutronorch.train.trainer import train  # noqa: E402
 __version__ = "0.1.0"
 __all__ = ["TrainConfig", "train", "load_dataset", "load_native", "save_native", "Graph", "GNN",
            "NeighborSampler", "TorchNeighborSampler", "NeutronorchError", "ConfigError", "DataError", "TrainingError", "CheckpointError", "Interrupted", "load_checkpoint",
-           "predict", "embed"]
+           "predict", "embed", "to_pyg_model"]

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from neutronorch.errors import ConfigError
-from neutronorch.nn.models import MODELS
+from neutronorch.nn.models import GCN_NORMS, MODELS, needs_degrees
 from neutronorch.sampling.neighbor_sampler import parse_fanouts
 
 MODES = ("exact", "device", "neutronorch")
@@ -30,6 +30,7 @@ class TrainConfig:
     fanouts: list[int] = field(default_factory=lambda: [10, 10])
     hidden: int = 256
     heads: int = 4
+    gcn_norm: str = "symmetric"
     batch_size: int = 0  # 0: auto_batch_size(number of training seeds)
     epochs: int = 50
     lr: float = 0.003
@@ -95,6 +96,7 @@ class TrainConfig:
                                        f"a positive number of vertices per set."),
             (self.hidden >= 1, f"`hidden` {self.hidden}: must be positive."),
             (self.heads >= 1, f"`heads` {self.heads}: must be positive."),
+            (self.gcn_norm in GCN_NORMS, f"`gcn_norm` {self.gcn_norm!r}: choose one of {', '.join(GCN_NORMS)}."),
             (self.model != "gat" or self.heads < 1 or self.hidden % self.heads == 0,
              f"`hidden` {self.hidden} is not divisible by `heads` {self.heads}; GAT splits the hidden width "
              f"evenly across heads."),
@@ -155,7 +157,8 @@ class TrainConfig:
     # Each component takes the part of the configuration it uses.
     @property
     def sampling(self) -> "SamplingConfig":
-        return SamplingConfig(list(self.fanouts), self.batch_size, self.seed, self.prefetch)
+        return SamplingConfig(list(self.fanouts), self.batch_size, self.seed, self.prefetch,
+                              needs_degrees(self.model, self.gcn_norm))
 
     @property
     def neutronorch(self) -> "NeutronOrchConfig":
@@ -183,6 +186,7 @@ class SamplingConfig:
     batch_size: int  # resolved (never 0)
     seed: int
     prefetch: int
+    degrees: bool = False  # blocks carry their sources' graph degrees (the model normalises by them)
 
 
 @dataclass(frozen=True)

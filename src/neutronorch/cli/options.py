@@ -7,7 +7,7 @@ from dataclasses import fields
 
 from neutronorch.config import CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, MODES, TrainConfig
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec
-from neutronorch.nn.models import MODELS
+from neutronorch.nn.models import GCN_NORMS, MODELS
 
 _HELP = {
     "dataset": f"dataset spec: {DATASET_SPEC_HELP} (default: %(default)s)",
@@ -17,6 +17,9 @@ _HELP = {
     "fanouts": "neighbours sampled per layer, seed hop first; -1 takes all (default: 10,10)",
     "hidden": "hidden width (default: %(default)s)",
     "heads": "GAT attention heads in hidden layers (default: %(default)s)",
+    "gcn_norm": "GCN normalisation: symmetric = Kipf & Welling's D^-1/2 (A+I) D^-1/2 by graph degrees (PyG's "
+                "GCNConv, DGL's GraphConv), mean = the mean over the vertex and its sampled neighbours "
+                "(default: %(default)s)",
     "batch_size": "seeds per mini-batch; 0 = min(1024, max(32, training seeds // 32)) (default: %(default)s)",
     "epochs": "training epochs (default: %(default)s)",
     "lr": "Adam learning rate (default: %(default)s)",
@@ -91,7 +94,7 @@ _HELP = {
 def _add_train_options(parser: argparse.ArgumentParser) -> None:
     defaults = TrainConfig()
     choices = {"model": MODELS, "mode": MODES, "device": DEVICES, "hot_grad": HOT_GRADS,
-               "cache_policy": CACHE_POLICIES, "device_sampling": DEVICE_SAMPLING}
+               "cache_policy": CACHE_POLICIES, "device_sampling": DEVICE_SAMPLING, "gcn_norm": GCN_NORMS}
     types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int, "gpu_memory_gb": float,
              "gpu_cache_gb": str}
     for f in fields(TrainConfig):

@@ -178,6 +178,101 @@ def mean_aggregate_torch(block: Block, x_src: torch.Tensor, include_self: bool =
     return out / count.clamp(min=1).unsqueeze(1)
 
 
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def _weighted_forward(indptr, indices, x, weight, dst_offset, self_coef, neigh_coef, out):
+    """out[d] = neigh_coef[d] * sum_e weight[u_e] x[u_e] + self_coef[d] * x[dst_offset + d]."""
+    width = x.shape[1]
+    for d in prange(out.shape[0]):
+        acc = out[d]
+        acc[:] = 0.0
+        for e in range(indptr[d], indptr[d + 1]):
+            u = indices[e]
+            row = x[u]
+            w = weight[u]
+            for j in range(width):
+                acc[j] += w * row[j]
+        a, b = neigh_coef[d], self_coef[d]
+        own = x[dst_offset + d]
+        for j in range(width):
+            acc[j] = a * acc[j] + b * own[j]
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def _weighted_backward(src_ptr, readers, grad, weight, dst_offset, self_coef, neigh_coef, grad_x):
+    """The adjoint of ``_weighted_forward``, one source row at a time over the transposed block."""
+    width = grad_x.shape[1]
+    num_dst = grad.shape[0]
+    for u in prange(grad_x.shape[0]):
+        acc = grad_x[u]
+        acc[:] = 0.0
+        for t in range(src_ptr[u], src_ptr[u + 1]):
+            d = readers[t]
+            c = neigh_coef[d]
+            g = grad[d]
+            for j in range(width):
+                acc[j] += c * g[j]
+        w = weight[u]
+        for j in range(width):
+            acc[j] *= w
+        own = u - dst_offset
+        if 0 <= own < num_dst:
+            c = self_coef[own]
+            g = grad[own]
+            for j in range(width):
+                acc[j] += c * g[j]
+
+
+class _NumbaWeighted(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x_src, block, weight, self_coef, neigh_coef):
+        x = x_src.detach().contiguous()
+        out = torch.empty((block.num_dst, x.shape[1]), dtype=x.dtype)
+        _weighted_forward(block.indptr.numpy(), block.indices.numpy(), x.numpy(), weight.numpy(), block.dst_offset,
+                          self_coef.numpy(), neigh_coef.numpy(), out.numpy())
+        ctx.block, ctx.coefs = block, (weight, self_coef, neigh_coef)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None, None
+        block = ctx.block
+        weight, self_coef, neigh_coef = ctx.coefs
+        src_ptr, readers = _transpose(block.indptr.numpy(), block.indices.numpy(), block.num_src)
+        grad_x = torch.empty((block.num_src, grad_out.shape[1]), dtype=grad_out.dtype)
+        _weighted_backward(src_ptr, readers, grad_out.contiguous().numpy(), weight.numpy(), block.dst_offset,
+                           self_coef.numpy(), neigh_coef.numpy(), grad_x.numpy())
+        return grad_x, None, None, None, None
+
+
+def weighted_aggregate(block: Block, x_src: torch.Tensor, weight: torch.Tensor, self_coef: torch.Tensor,
+                       neigh_coef: torch.Tensor) -> torch.Tensor:
+    """Row ``d`` = ``neigh_coef[d]`` x (sum over d's sources u of ``weight[u]`` x_src[u]) + ``self_coef[d]``
+    x d's own row: a parameter-free linear aggregation with per-source and per-destination weights."""
+    if x_src.device.type == "cpu" and x_src.dtype == torch.float32:
+        return _NumbaWeighted.apply(x_src, block, weight.float().contiguous(), self_coef.float().contiguous(),
+                                    neigh_coef.float().contiguous())
+    indices = block.indices.long()
+    messages = x_src[indices] * weight[indices].to(x_src.dtype).unsqueeze(1)
+    out = torch.zeros((block.num_dst, x_src.shape[1]), dtype=x_src.dtype, device=x_src.device)
+    out = out.index_add(0, edge_destinations(block), messages)
+    return (out * neigh_coef.to(x_src.dtype).unsqueeze(1)
+            + block.dst_rows(x_src) * self_coef.to(x_src.dtype).unsqueeze(1))
+
+
+def symmetric_aggregate(block: Block, x_src: torch.Tensor) -> torch.Tensor:
+    """GCN's symmetric normalisation with a self loop, by graph degrees (D = in-degree + 1):
+    row v = x_v / D_v + (|N(v)| / |S(v)|) sum_{u in S(v)} x_u / sqrt(D_u D_v) over the sampled
+    in-neighbours S(v): an unbiased estimate of the sum over all of N(v), and exactly it when S(v) = N(v)."""
+    if block.src_degree is None:
+        raise ValueError("symmetric normalisation needs the graph degrees of the block's sources: sample with "
+                         "degrees=True")
+    inv_sqrt = (block.src_degree + 1).rsqrt()
+    own = block.dst_rows(inv_sqrt)
+    sampled = block.in_degrees().to(inv_sqrt.dtype).clamp(min=1)
+    return weighted_aggregate(block, x_src, inv_sqrt, own * own, own * block.dst_rows(block.src_degree) / sampled)
+
+
 def edge_destinations(block: Block) -> torch.Tensor:
     """The destination of every edge of ``block`` (CSR rows expanded)."""
     return torch.repeat_interleave(torch.arange(block.num_dst, device=block.indptr.device),

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from neutronorch.nn.aggregation import edge_destinations, fused_mean_linear, mean_aggregate
+from neutronorch.nn.aggregation import edge_destinations, fused_mean_linear, mean_aggregate, symmetric_aggregate
 from neutronorch.sampling.block import Block
 
 
@@ -20,6 +20,7 @@ class SAGEConv(nn.Module):
     """GraphSAGE-mean: ``y_v = W_self x_v + W_neigh mean_{u in N(v)} x_u + b``."""
 
     separable = True
+    needs_degrees = False
 
     def __init__(self, in_dim: int, out_dim: int):
         super().__init__()
@@ -43,18 +44,38 @@ class SAGEConv(nn.Module):
         return fused if fused is not None else self.transform(x_dst, self.aggregate(block, x_src))
 
 
+GCN_NORMS = ("symmetric", "mean")
+
+
 class GCNConv(nn.Module):
-    """GCN with mean normalisation over the vertex and its sampled neighbours:
-    ``y_v = W mean({x_v} + {x_u : u in N(v)}) + b``."""
+    """Graph convolution with a self loop (Kipf & Welling, ICLR 2017), normalised one of two ways:
+
+    - ``norm="symmetric"`` (the default; PyG's ``GCNConv``, DGL's ``GraphConv(norm="both")`` on a graph
+      with self loops): ``y_v = W (x_v / D_v + sum_{u in N(v)} x_u / sqrt(D_u D_v)) + b`` with D the
+      in-degree in the graph plus one. On a sampled block the sum over N(v) is estimated without bias from
+      the sampled neighbours (scaled by |N(v)| / |S(v)|; exact when every neighbour is sampled), so
+      training estimates the very layer that full-neighbour inference computes; blocks must carry their
+      sources' graph degrees (``Block.src_degree``);
+    - ``norm="mean"``: ``y_v = W mean({x_v} + {x_u : u in S(v)}) + b`` (the GraphSAGE paper's GCN
+      aggregator, random-walk normalisation over the sampled neighbours).
+    """
 
     separable = True
 
-    def __init__(self, in_dim: int, out_dim: int):
+    def __init__(self, in_dim: int, out_dim: int, norm: str = "symmetric"):
         super().__init__()
-        self.in_dim, self.out_dim = in_dim, out_dim
+        if norm not in GCN_NORMS:
+            raise ValueError(f"unknown GCN normalisation {norm!r}; choose one of {GCN_NORMS}")
+        self.in_dim, self.out_dim, self.norm = in_dim, out_dim, norm
         self.lin = nn.Linear(in_dim, out_dim)
 
+    @property
+    def needs_degrees(self) -> bool:
+        return self.norm == "symmetric"
+
     def aggregate(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
+        if self.norm == "symmetric":
+            return symmetric_aggregate(block, x_src)
         return mean_aggregate(block, x_src, include_self=True)
 
     def transform(self, x_dst: torch.Tensor, aggregated: torch.Tensor) -> torch.Tensor:
@@ -62,10 +83,14 @@ class GCNConv(nn.Module):
 
     def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
         if _project_first(block, self.in_dim, self.out_dim):
-            return mean_aggregate(block, x_src @ self.lin.weight.t(), include_self=True) + self.lin.bias
-        fused = fused_mean_linear(block, x_src, [self.lin.weight], self.lin.bias, self_columns=False,
-                                  include_self=True)
-        return fused if fused is not None else self.transform(block.dst_rows(x_src), self.aggregate(block, x_src))
+            # The aggregation is linear and row-wise: aggregating x W equals (aggregating x) W.
+            return self.aggregate(block, x_src @ self.lin.weight.t()) + self.lin.bias
+        if self.norm == "mean":
+            fused = fused_mean_linear(block, x_src, [self.lin.weight], self.lin.bias, self_columns=False,
+                                      include_self=True)
+            if fused is not None:
+                return fused
+        return self.transform(block.dst_rows(x_src), self.aggregate(block, x_src))
 
 
 class GATConv(nn.Module):
@@ -75,6 +100,7 @@ class GATConv(nn.Module):
     attention coefficients."""
 
     separable = False
+    needs_degrees = False
 
     def __init__(self, in_dim: int, out_dim: int, heads: int = 1, negative_slope: float = 0.2,
                  attention_dropout: float = 0.0):

@@ -13,23 +13,30 @@ import torch
 from torch import nn
 
 from neutronorch.nn.activation import relu_dropout
-from neutronorch.nn.layers import GATConv, GCNConv, SAGEConv
+from neutronorch.nn.layers import GCN_NORMS, GATConv, GCNConv, SAGEConv
 from neutronorch.nn.splice import HotRows, splice, splice_relu_dropout
 from neutronorch.sampling.block import Block
 
 MODELS = ("sage", "gcn", "gat")
+__all__ = ["GCN_NORMS", "GNN", "MODELS", "needs_degrees"]
+
+
+def needs_degrees(kind: str, gcn_norm: str = "symmetric") -> bool:
+    """Whether a model's blocks must carry their sources' graph degrees (``GNN.needs_degrees`` before it
+    is built: what the samplers are told)."""
+    return kind == "gcn" and gcn_norm == "symmetric"
 
 
 class GNN(nn.Module):
     def __init__(self, kind: str, in_dim: int, hidden: int, num_classes: int, num_layers: int,
-                 dropout: float = 0.5, heads: int = 4):
+                 dropout: float = 0.5, heads: int = 4, gcn_norm: str = "symmetric"):
         super().__init__()
         if kind not in MODELS:
             raise ValueError(f"unknown model {kind!r}; choose one of {MODELS}")
         self.kind = kind
         # What rebuilds this model (a checkpoint stores it next to the weights).
         self.arguments = {"kind": kind, "in_dim": in_dim, "hidden": hidden, "num_classes": num_classes,
-                          "num_layers": num_layers, "dropout": dropout, "heads": heads}
+                          "num_layers": num_layers, "dropout": dropout, "heads": heads, "gcn_norm": gcn_norm}
         self.num_layers = num_layers
         self.dropout = dropout
         dims = [in_dim] + [hidden] * (num_layers - 1) + [num_classes]
@@ -39,10 +46,15 @@ class GNN(nn.Module):
             if kind == "sage":
                 layers.append(SAGEConv(dims[i], dims[i + 1]))
             elif kind == "gcn":
-                layers.append(GCNConv(dims[i], dims[i + 1]))
+                layers.append(GCNConv(dims[i], dims[i + 1], norm=gcn_norm))
             else:
                 layers.append(GATConv(dims[i], dims[i + 1], heads=1 if last else heads, attention_dropout=dropout))
         self.layers = nn.ModuleList(layers)
+
+    @property
+    def needs_degrees(self) -> bool:
+        """Whether its blocks must carry their sources' graph degrees (``Block.src_degree``)."""
+        return any(layer.needs_degrees for layer in self.layers)
 
     @property
     def bottom(self) -> nn.Module:

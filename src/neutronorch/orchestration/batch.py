@@ -39,7 +39,7 @@ class MiniBatch:
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor a training step reads."""
-        return [self.features, self.labels] + [t for b in self.blocks for t in (b.indptr, b.indices)]
+        return [self.features, self.labels] + [t for b in self.blocks for t in b.tensors()]
 
     def transfer_bytes(self) -> int:
         """Bytes that ``to`` would copy from host memory to a device."""

@@ -54,7 +54,8 @@ class DeviceMode(StepHooksUnused):
                           name=f"{self.name}-producer")
 
     def _produce(self, epoch: int, start: int) -> Iterator[MiniBatch]:
-        sampler = TorchNeighborSampler(self.reader.indptr, self.reader.indices, self.sampling.fanouts)
+        sampler = TorchNeighborSampler(self.reader.indptr, self.reader.indices, self.sampling.fanouts,
+                                       self.sampling.degrees)
         order = epoch_order(self.train_idx, self.sampling.seed, epoch)
         with torch.cuda.stream(self.sample_stream) if self.sample_stream is not None else nullcontext():
             for index, seeds in enumerate(torch.split(order, self.sampling.batch_size)):

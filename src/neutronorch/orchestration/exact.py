@@ -51,7 +51,7 @@ class ExactMode(StepHooksUnused):
 
     def _produce(self, epoch: int, start: int) -> Iterator[MiniBatch]:
         # A fresh sampler per producer thread: its vertex map is thread-private state.
-        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts)
+        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees)
         order = epoch_order(self.train_idx, self.sampling.seed, epoch)
         for index, seeds in enumerate(torch.split(order, self.sampling.batch_size)):
             if index < start:

@@ -17,6 +17,9 @@ class Block:
     full-graph inference uses global vertex ids as source positions and a contiguous range of
     destinations starting at ``dst_offset``. (NeutronOrch's spliced batches are the one exception: their
     bottom block holds only the cold destinations, and the model's splice restores the rule.)
+
+    ``src_degree``, when the sampler was asked for it, holds each source row's in-degree in the whole
+    graph (float32), not in the block: what a normalisation by graph degrees (symmetric GCN) reads.
     """
 
     num_dst: int
@@ -24,6 +27,7 @@ class Block:
     indptr: torch.Tensor
     indices: torch.Tensor
     dst_offset: int = 0
+    src_degree: torch.Tensor | None = None
 
     @property
     def num_edges(self) -> int:
@@ -36,9 +40,13 @@ class Block:
         """The destinations' own rows of a source-frontier tensor."""
         return x_src[self.dst_offset:self.dst_offset + self.num_dst]
 
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.indptr, self.indices] + ([self.src_degree] if self.src_degree is not None else [])
+
     def to(self, device: torch.device, non_blocking: bool = False) -> "Block":
+        degree = None if self.src_degree is None else self.src_degree.to(device, non_blocking=non_blocking)
         return Block(self.num_dst, self.num_src, self.indptr.to(device, non_blocking=non_blocking),
-                     self.indices.to(device, non_blocking=non_blocking), self.dst_offset)
+                     self.indices.to(device, non_blocking=non_blocking), self.dst_offset, degree)
 
 
 @dataclass

@@ -120,6 +120,16 @@ def reset_map(nodes, node_map):
 
 
 @njit(parallel=True, cache=True, nogil=True)
+def in_degrees(indptr, nodes):
+    """The in-degree (float32) of each of ``nodes`` in the CSC graph of ``indptr``."""
+    out = np.empty(nodes.shape[0], np.float32)
+    for i in prange(nodes.shape[0]):
+        v = nodes[i]
+        out[i] = indptr[v + 1] - indptr[v]
+    return out
+
+
+@njit(parallel=True, cache=True, nogil=True)
 def gather_rows(source, rows, out):
     """out[i] = source[rows[i]] (float32 storage)."""
     for i in prange(rows.shape[0]):

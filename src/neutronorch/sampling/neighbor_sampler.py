@@ -61,15 +61,17 @@ def parse_fanouts(text: str | list[int] | tuple[int, ...], field: str = "fanouts
 
 
 class NeighborSampler:
-    """Host sampler over a CSC graph (``indptr``, ``indices`` as numpy arrays or memory maps).
+    """Host sampler over a CSC graph (``indptr``, ``indices`` as numpy arrays or memory maps). With
+    ``degrees``, every block carries its source rows' in-degrees in the graph (``Block.src_degree``).
 
     Not thread-safe: one instance per sampling thread (it owns a vertex -> position map).
     """
 
-    def __init__(self, indptr: np.ndarray, indices: np.ndarray, fanouts: list[int]):
+    def __init__(self, indptr: np.ndarray, indices: np.ndarray, fanouts: list[int], degrees: bool = False):
         self.indptr = indptr
         self.indices = indices
         self.fanouts = list(fanouts)
+        self.degrees = degrees
         num_nodes = indptr.shape[0] - 1
         self._node_map = np.full(num_nodes, -1, dtype=np.int64)
         self._owner: int | None = None
@@ -92,7 +94,8 @@ class NeighborSampler:
                 grown = np.empty(num_frontier + nbrs.shape[0], np.int64)
                 grown[:num_frontier] = frontier[:num_frontier]
                 local, size = kernels.relabel(grown, num_frontier, nbrs, node_map)
-                blocks.append(Block(num_frontier, size, torch.from_numpy(ptr), torch.from_numpy(local)))
+                blocks.append(Block(num_frontier, size, torch.from_numpy(ptr), torch.from_numpy(local),
+                                    src_degree=self._degrees(grown[:size])))
                 frontier, num_frontier = grown, size
                 frontiers.append(torch.from_numpy(grown[:size]))
         finally:
@@ -119,8 +122,12 @@ class NeighborSampler:
             local, size = kernels.relabel(frontier, dst.shape[0], nbrs, node_map)
         finally:
             kernels.reset_map(frontier[:size], node_map)
-        block = Block(dst.shape[0], size, torch.from_numpy(ptr), torch.from_numpy(local))
+        block = Block(dst.shape[0], size, torch.from_numpy(ptr), torch.from_numpy(local),
+                      src_degree=self._degrees(frontier[:size]))
         return block, frontier[:size]
+
+    def _degrees(self, sources: np.ndarray) -> torch.Tensor | None:
+        return torch.from_numpy(kernels.in_degrees(self.indptr, sources)) if self.degrees else None
 
     def _check_thread(self) -> None:
         me = threading.get_ident()
@@ -134,10 +141,11 @@ class NeighborSampler:
 class TorchNeighborSampler:
     """The same sampling contract in vectorised torch ops, on the device holding ``indptr``/``indices``."""
 
-    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts: list[int]):
+    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts: list[int], degrees: bool = False):
         self.indptr = indptr.long()
         self.indices = indices
         self.fanouts = list(fanouts)
+        self.degrees = degrees
         self.device = indptr.device
         self._node_map: torch.Tensor | None = None  # scratch of _relabel; so one sampler per thread
 
@@ -151,7 +159,7 @@ class TorchNeighborSampler:
             ptr, nbrs = self._sample_layer(frontier, fanout, gen)
             num_dst = frontier.shape[0]
             local, frontier = self._relabel(frontier, nbrs)
-            blocks.append(Block(num_dst, frontier.shape[0], ptr, local))
+            blocks.append(Block(num_dst, frontier.shape[0], ptr, local, src_degree=self._degrees(frontier)))
             frontiers.append(frontier)
         blocks.reverse()
         frontiers.reverse()
@@ -170,7 +178,12 @@ class TorchNeighborSampler:
         dst = dst.to(self.device, torch.int64)
         ptr, nbrs = self._sample_layer(dst, fanout, gen)
         local, frontier = self._relabel(dst, nbrs)
-        return Block(dst.shape[0], frontier.shape[0], ptr, local), frontier
+        return Block(dst.shape[0], frontier.shape[0], ptr, local, src_degree=self._degrees(frontier)), frontier
+
+    def _degrees(self, sources: torch.Tensor) -> torch.Tensor | None:
+        if not self.degrees:
+            return None
+        return (self.indptr.index_select(0, sources + 1) - self.indptr.index_select(0, sources)).float()
 
     def _generator(self, key: int) -> torch.Generator:
         gen = torch.Generator(device=self.device)

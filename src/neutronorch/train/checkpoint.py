@@ -25,7 +25,8 @@ from neutronorch.errors import CheckpointError
 from neutronorch.nn.models import GNN
 from neutronorch.train.outputs import write_atomically
 
-FORMAT_VERSION = 1
+# 2: GCN's normalisation became a setting (``gcn_norm``, default symmetric); format 1 files trained the mean.
+FORMAT_VERSION = 2
 
 
 def dataset_fingerprint(graph: Graph) -> dict:
@@ -110,6 +111,9 @@ def load_state(path: str | os.PathLike) -> dict:
     if state["format_version"] > FORMAT_VERSION:
         raise CheckpointError(f"{path}: written in checkpoint format {state['format_version']} by a newer "
                               f"neutronorch; this one reads format {FORMAT_VERSION}. Upgrade neutronorch.")
+    if state["format_version"] < 2:  # before the setting existed, GCN normalised by the mean
+        state["model_args"].setdefault("gcn_norm", "mean")
+        state["config"].setdefault("gcn_norm", "mean")
     return state
 
 

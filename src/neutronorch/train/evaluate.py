@@ -25,7 +25,7 @@ def sampled_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.T
                    device: torch.device, batch_size: int, seed: int) -> torch.Tensor:
     """Logits of ``nodes`` from sampled neighbourhoods (cheaper on huge graphs, slightly noisy)."""
     model.eval()
-    sampler = NeighborSampler(graph.indptr, graph.indices, fanouts)
+    sampler = NeighborSampler(graph.indptr, graph.indices, fanouts, model.needs_degrees)
     outputs = []
     for index, chunk in enumerate(torch.split(nodes, batch_size)):
         subgraph = sampler.sample(chunk.numpy(), batch_key(seed, -1, index))

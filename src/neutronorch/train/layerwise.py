@@ -69,12 +69,14 @@ class _Run:
                  progress: LayerProgress | None):
         self.model, self.graph, self.store, self.device = model, graph, store, device
         self.chunk_size, self.progress = chunk_size, progress
-        self.sampler = NeighborSampler(graph.indptr, graph.indices, [-1])
+        self.sampler = NeighborSampler(graph.indptr, graph.indices, [-1], model.needs_degrees)
         with warnings.catch_warnings():
             # Read-only memory maps: the tensors are only read, so torch's writability warning does not apply.
             warnings.simplefilter("ignore", UserWarning)
             self.indptr = torch.from_numpy(np.asarray(graph.indptr, dtype=np.int64))
             self.indices = torch.from_numpy(np.asarray(graph.indices))
+        # Every vertex's graph in-degree, the sources' of the in-place blocks (when the model reads them).
+        self.degrees = (self.indptr[1:] - self.indptr[:-1]).float().to(device) if model.needs_degrees else None
 
     def in_place(self, layer: int, hidden: torch.Tensor | None) -> bool:
         """Layer ``layer`` reads the previous layer's rows in place (global ids as source positions)."""
@@ -83,7 +85,8 @@ class _Run:
     def contiguous(self, layer: int, hidden: torch.Tensor, start: int, end: int) -> torch.Tensor:
         """Layer ``layer`` of vertices start..end-1, reading ``hidden`` in place."""
         lo, hi = int(self.indptr[start]), int(self.indptr[end])
-        block = Block(end - start, self.graph.num_nodes, self.indptr[start:end + 1] - lo, self.indices[lo:hi], start)
+        block = Block(end - start, self.graph.num_nodes, self.indptr[start:end + 1] - lo, self.indices[lo:hi], start,
+                      self.degrees)
         return self.model.layer_forward(layer, block.to(self.device), hidden)
 
     def relabelled(self, layer: int, hidden: torch.Tensor | None, targets: torch.Tensor) -> torch.Tensor:

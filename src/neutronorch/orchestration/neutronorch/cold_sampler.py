@@ -16,6 +16,7 @@ from typing import Iterable, Iterator
 import numba
 import torch
 
+from neutronorch.config import SamplingConfig
 from neutronorch.data.graph import Graph
 from neutronorch.nn.splice import SpliceIndex
 from neutronorch.observe import Spans
@@ -28,9 +29,10 @@ from neutronorch.sampling.neighbor_sampler import NeighborSampler, TorchNeighbor
 
 
 class ColdSampler:
-    def __init__(self, graph: Graph, fanouts: list[int], spans: Spans, threads: int, loader: HostLoader | None,
+    def __init__(self, graph: Graph, sampling: SamplingConfig, spans: Spans, threads: int, loader: HostLoader | None,
                  reader: DeviceReader | None):
-        self.graph, self.fanouts, self.spans, self.threads = graph, fanouts, spans, threads
+        self.graph, self.fanouts, self.degrees = graph, sampling.fanouts, sampling.degrees
+        self.spans, self.threads = spans, threads
         self.loader, self.reader = loader, reader
         on_cuda = reader is not None and reader.device.type == "cuda"
         self.stream = torch.cuda.Stream(reader.device) if on_cuda else None
@@ -41,9 +43,9 @@ class ColdSampler:
         numba.set_num_threads(self.threads)
         on_device = self.reader is not None
         if on_device:
-            sampler = TorchNeighborSampler(self.reader.indptr, self.reader.indices, self.fanouts)
+            sampler = TorchNeighborSampler(self.reader.indptr, self.reader.indices, self.fanouts, self.degrees)
         else:
-            sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.fanouts)
+            sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.fanouts, self.degrees)
         bottom_hop, fanout = len(self.fanouts) - 1, self.fanouts[-1]
         with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
             for plan in plans:

@@ -55,7 +55,7 @@ class HostProducer:
         """The producer's loop (the body of its thread): yields plans in super-batch order, from super-batch
         ``start`` on (a resumed run's first; ``hot``: its hot set, when it was in progress)."""
         numba.set_num_threads(self.threads)
-        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts)
+        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees)
         planner = Planner(self.graph.indptr, self.sampling.fanouts[-1])
         total = self.schedule.total
         try:

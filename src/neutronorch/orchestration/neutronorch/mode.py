@@ -95,8 +95,7 @@ class NeutronOrchMode:
         producer = HostProducer(self.graph, self.store, self.sampling, self.config, self.schedule, model.bottom,
                                 lambda: self.controller.setting, self._snapshots, self._hot, self.spans,
                                 self.device, self.host_threads)
-        sampler = ColdSampler(self.graph, self.sampling.fanouts, self.spans, self.sampler_threads, self.loader,
-                              self.reader)
+        sampler = ColdSampler(self.graph, self.sampling, self.spans, self.sampler_threads, self.loader, self.reader)
         for gsid, snapshot in self._published.items():  # a resumed run's, published before it stopped
             self._snapshots.put(gsid, snapshot)
         self._publish_due()
@@ -156,7 +155,7 @@ class NeutronOrchMode:
 
     def _probe_inputs(self, ids: np.ndarray) -> tuple:
         """The drift probe's bottom block and features (a fixed sample of its own key), on the device."""
-        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts)
+        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees)
         key = layer_key(mix_key(self.sampling.seed, 0x9E37), len(self.sampling.fanouts) - 1)
         block, frontier = sampler.sample_hop(ids, self.sampling.fanouts[-1], key)
         return block.to(self.device), self.store.gather(torch.from_numpy(frontier)).to(self.device)

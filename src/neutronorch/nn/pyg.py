@@ -1,0 +1,67 @@
+"""A trained model as PyTorch Geometric builds it, for those who serve or fine-tune with PyG.
+
+``to_pyg_model(model)`` returns PyG's own model class for the architecture (``GraphSAGE``, ``GCN`` or
+``GAT`` of ``torch_geometric.nn.models``) holding the same weights. Called on a whole graph,
+``pyg_model(x, edge_index)`` gives the logits of neutronorch's full-neighbour inference (tested to 1e-5 on
+graphs without self loops, which neutronorch's loaders remove: PyG's layers add a self loop only where
+there is none, neutronorch's always add one). PyG is optional: imported here, when asked for.
+
+How the layers map:
+
+- ``SAGEConv`` -> PyG ``SAGEConv(aggr="mean")``: ``lin_l`` (neighbours, with the bias) = ``lin_neigh`` and
+  ``lin_self``'s bias, ``lin_r`` = ``lin_self``.
+- ``GCNConv(norm="symmetric")`` -> PyG ``GCNConv`` (normalised, with self loops): ``lin`` = ``lin``'s weight,
+  ``bias`` = ``lin``'s bias. The ``mean`` variant has no PyG layer and is refused.
+- ``GATConv`` -> PyG ``GATConv(heads, concat=True)``: ``lin``, ``att_src``, ``att_dst``, ``bias``. PyG's
+  ``GAT`` averages ``heads`` heads in its output layer; neutronorch's output layer has one head, so the
+  returned ``GAT``'s last convolution is replaced by a one-head ``GATConv`` (its forward is PyG's).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from neutronorch.nn.models import GNN
+
+
+def to_pyg_model(model: GNN) -> torch.nn.Module:
+    """PyG's ``GraphSAGE``, ``GCN`` or ``GAT`` with ``model``'s weights (on the CPU, in ``model``'s
+    training or evaluation mode)."""
+    try:
+        from torch_geometric.nn import GATConv  # noqa: PLC0415 - optional
+        from torch_geometric.nn import models as pyg  # noqa: PLC0415
+    except ImportError:
+        raise ImportError("to_pyg_model needs PyTorch Geometric: pip install torch-geometric") from None
+    args = model.arguments
+    common = dict(in_channels=args["in_dim"], hidden_channels=args["hidden"], num_layers=args["num_layers"],
+                  out_channels=args["num_classes"], dropout=args["dropout"], act="relu")
+    if model.kind == "sage":
+        target = pyg.GraphSAGE(**common, aggr="mean")
+    elif model.kind == "gcn":
+        if args["gcn_norm"] != "symmetric":
+            raise ValueError("GCN with gcn_norm 'mean' has no PyG equivalent (PyG's GCNConv normalises "
+                             "symmetrically); train with gcn_norm 'symmetric' to serve with PyG")
+        target = pyg.GCN(**common)
+    else:
+        target = pyg.GAT(**common, heads=args["heads"])
+        last = model.layers[-1]
+        target.convs[-1] = GATConv(last.in_dim, last.out_dim, heads=1, concat=False, dropout=args["dropout"])
+    with torch.no_grad():
+        for ours, theirs in zip(model.layers, target.convs):
+            _copy(model.kind, ours, theirs)
+    return target.train(model.training)
+
+
+def _copy(kind: str, ours: torch.nn.Module, theirs: torch.nn.Module) -> None:
+    if kind == "sage":
+        theirs.lin_l.weight.copy_(ours.lin_neigh.weight)
+        theirs.lin_l.bias.copy_(ours.lin_self.bias)
+        theirs.lin_r.weight.copy_(ours.lin_self.weight)
+    elif kind == "gcn":
+        theirs.lin.weight.copy_(ours.lin.weight)
+        theirs.bias.copy_(ours.lin.bias)
+    else:
+        theirs.lin.weight.copy_(ours.lin.weight)
+        theirs.att_src.copy_(ours.attn_src.view(1, ours.heads, ours.head_dim))
+        theirs.att_dst.copy_(ours.attn_dst.view(1, ours.heads, ours.head_dim))
+        theirs.bias.copy_(ours.bias)
