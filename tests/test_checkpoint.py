@@ -249,8 +249,9 @@ def test_neutronorch_with_auto_ratio_resumes_inside_a_super_batch(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, extra", [("exact", {}), ("neutronorch", {**NEUTRONORCH_FIXED, "hot_grad": "cpu"})],
-                         ids=["exact", "neutronorch"])
+@pytest.mark.parametrize("mode, extra", [("exact", {}), ("device", {}),
+                                         ("neutronorch", {**NEUTRONORCH_FIXED, "hot_grad": "cpu"})],
+                         ids=["exact", "device", "neutronorch"])
 def test_checkpoint_every_writes_mid_epoch_positions_that_resume_exactly(tmp_path, monkeypatch, mode, extra):
     whole = _run(mode, tmp_path / "whole", epochs=2, batch_size=64, **extra)
     positions = []
@@ -277,9 +278,10 @@ def test_checkpoint_every_writes_mid_epoch_positions_that_resume_exactly(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, extra", [("exact", []), ("neutronorch", ["--hot-ratio", "0.3", "--snapshot-lead", "1",
-                                                                          "--super-batch", "3", "--hot-grad", "cpu"])],
-                         ids=["exact", "neutronorch"])
+@pytest.mark.parametrize("mode, extra", [("exact", []), ("device", []),
+                                         ("neutronorch", ["--hot-ratio", "0.3", "--snapshot-lead", "1",
+                                                          "--super-batch", "3", "--hot-grad", "cpu"])],
+                         ids=["exact", "device", "neutronorch"])
 def test_sigterm_finishes_the_step_saves_and_exits_promptly_and_the_run_resumes_exactly(tmp_path, mode, extra):
     import json
     import signal
@@ -327,6 +329,23 @@ def test_patience_stops_a_run_that_no_longer_improves_and_keeps_the_best(tmp_pat
     assert load_checkpoint(tmp_path / "p" / "best.pt").epoch == 0
     improving = _run("exact", tmp_path / "q", epochs=3, patience=5)
     assert improving["status"] == "completed" and len(improving["epochs"]) == 3
+
+
+def test_a_format_1_gcn_checkpoint_loads_with_the_mean_normalisation_it_was_trained_with(tmp_path):
+    from neutronorch.nn.models import GNN
+
+    graph = generate(SyntheticSpec.parse(SMALL))
+    model = GNN("gcn", graph.feature_dim, 8, graph.num_classes, 2, gcn_norm="mean")
+    path = tmp_path / "old.pt"
+    checkpoint_module.save_checkpoint(path, config=TrainConfig(model="gcn", gcn_norm="mean"), graph=graph,
+                                      model=model, optimizer=torch.optim.Adam(model.parameters()), epoch=0,
+                                      history=[], position={"step": 0, "loss_sum": 0.0})
+    state = torch.load(path, weights_only=True)
+    state["format_version"] = 1  # written before the setting existed: neither key is there
+    del state["model_args"]["gcn_norm"], state["config"]["gcn_norm"]
+    torch.save(state, path)
+    loaded = load_checkpoint(path)
+    assert loaded.model.layers[0].norm == "mean" and loaded.config.gcn_norm == "mean"
 
 
 def test_patience_needs_evaluations():
