@@ -47,7 +47,8 @@ def lockstep(graph, cfg_a, cfg_b, device=torch.device("cpu")):
     in the parameters."""
     torch.manual_seed(0)
     model_a = GNN(cfg_a.model, graph.feature_dim, cfg_a.hidden, graph.num_classes, len(cfg_a.fanouts),
-                  dropout=cfg_a.dropout, heads=cfg_a.heads).to(device)
+                  dropout=cfg_a.dropout, heads=cfg_a.heads, gcn_norm=cfg_a.gcn_norm, residual=cfg_a.residual,
+                  norm=cfg_a.norm).to(device)
     model_b = copy.deepcopy(model_a)
     opt_a = torch.optim.Adam(model_a.parameters(), lr=cfg_a.lr, weight_decay=cfg_a.weight_decay)
     opt_b = torch.optim.Adam(model_b.parameters(), lr=cfg_b.lr, weight_decay=cfg_b.weight_decay)
@@ -71,13 +72,17 @@ def lockstep(graph, cfg_a, cfg_b, device=torch.device("cpu")):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,dropout", [("sage", 0.5), ("gcn", 0.5), ("gat", 0.0)])
-def test_p1_s0_cpu_grad_equals_exact_mode_losses_and_gradients(graph, model, dropout):
+@pytest.mark.parametrize("model,dropout,deeper", [
+    ("sage", 0.5, {}), ("gcn", 0.5, {}), ("gat", 0.0, {}), ("sage", 0.5, {"residual": True, "norm": "layer"}),
+    ("gcn", 0.5, {"residual": True, "norm": "batch"}), ("gat", 0.0, {"residual": True, "norm": "layer"})],
+    ids=["sage", "gcn", "gat", "sage-residual-layer", "gcn-residual-batch", "gat-residual-layer"])
+def test_p1_s0_cpu_grad_equals_exact_mode_losses_and_gradients(graph, model, dropout, deeper):
     # GAT's attention dropout draws masks over the edges of the block the device computes, which the hot
     # rows leave; the ReLU dropout between layers is drawn per row of the full layer output in both modes.
-    exact = config(model=model, mode="exact", dropout=dropout)
+    # Residuals and normalisation act on the spliced rows (the bottom layer's skip is part of a hot row).
+    exact = config(model=model, mode="exact", dropout=dropout, **deeper)
     orch = config(model=model, mode="neutronorch", dropout=dropout, super_batch=1, staleness_bound=0,
-                  hot_grad="cpu", hot_ratio=0.3)
+                  hot_grad="cpu", hot_ratio=0.3, **deeper)
     steps = hot_rows = 0
     for batch_a, batch_b, loss_a, loss_b, model_a, model_b in lockstep(graph, exact, orch):
         assert torch.equal(batch_a.subgraph.seeds, batch_b.subgraph.seeds)

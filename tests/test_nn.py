@@ -112,11 +112,13 @@ def test_gat_attention_is_a_softmax_over_neighbours_and_self(subgraph):
     torch.testing.assert_close(out[i], want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind, norm", [("sage", "symmetric"), ("gcn", "symmetric"), ("gcn", "mean"),
-                                        ("gat", "symmetric")])
-def test_models_map_blocks_to_seed_logits_and_train(subgraph, kind, norm):
+@pytest.mark.parametrize("kind, norm, deeper", [
+    ("sage", "symmetric", {}), ("gcn", "symmetric", {}), ("gcn", "mean", {}), ("gat", "symmetric", {}),
+    ("sage", "symmetric", {"residual": True, "norm": "layer"}), ("gcn", "symmetric", {"residual": True, "norm": "batch"}),
+    ("gat", "symmetric", {"residual": True, "norm": "layer"})])
+def test_models_map_blocks_to_seed_logits_and_train(subgraph, kind, norm, deeper):
     torch.manual_seed(0)
-    model = GNN(kind, 6, 32, 3, 2, dropout=0.0, heads=2, gcn_norm=norm)
+    model = GNN(kind, 6, 32, 3, 2, dropout=0.0, heads=2, gcn_norm=norm, **deeper)
     x = torch.randn(subgraph.blocks[0].num_src, 6)
     labels = torch.randint(0, 3, (subgraph.seeds.shape[0],))
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
@@ -174,7 +176,7 @@ def test_fused_cpu_layer_equals_the_torch_definition_with_gradients(subgraph, la
         torch.testing.assert_close(p32.grad.double(), p64.grad, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["sage", "gcn", "gcn-mean", "gat"])
+@pytest.mark.parametrize("kind", ["sage", "gcn", "gcn-mean", "gat", "sage-deep", "gcn-deep", "gat-deep"])
 def test_full_neighbour_inference_equals_per_vertex_computation(kind):
     from neutronorch.data import SyntheticSpec, generate
     from neutronorch.features.store import FeatureStore
@@ -182,7 +184,18 @@ def test_full_neighbour_inference_equals_per_vertex_computation(kind):
 
     graph = generate(SyntheticSpec(nodes=400, degree=6, features=5, classes=3))
     torch.manual_seed(0)
-    model = GNN(kind.split("-")[0], 5, 8, 3, 3, heads=2, gcn_norm="mean" if kind == "gcn-mean" else "symmetric").eval()
+    deeper = {"residual": True, "norm": "batch" if kind == "gcn-deep" else "layer"} if kind.endswith("deep") else {}
+    model = GNN(kind.split("-")[0], 5, 8, 3, 3, heads=2, gcn_norm="mean" if kind == "gcn-mean" else "symmetric",
+                **deeper)
+    if kind.endswith("deep"):  # non-trivial normalisation statistics and parameters
+        for module in model.modules():
+            if isinstance(module, (torch.nn.LayerNorm, torch.nn.BatchNorm1d)):
+                torch.nn.init.uniform_(module.weight, 0.5, 1.5)
+                torch.nn.init.uniform_(module.bias, -0.5, 0.5)
+            if isinstance(module, torch.nn.BatchNorm1d):
+                module.running_mean.uniform_(-1, 1)
+                module.running_var.uniform_(0.5, 2)
+    model = model.eval()
     store = FeatureStore(graph.features, graph.labels)
     nodes = torch.tensor([0, 17, 399, 5])
     got = full_neighbor_logits(model, graph, store, nodes, torch.device("cpu"), chunk_size=64)

@@ -68,3 +68,10 @@ def test_layers_and_models_equal_pyg_on_cora(kind, norm, layers):
 def test_gcn_with_mean_normalisation_has_no_pyg_equivalent():
     with pytest.raises(ValueError, match="no PyG equivalent"):
         to_pyg_model(GNN("gcn", 4, 8, 2, 2, gcn_norm="mean"))
+
+
+def test_models_with_residuals_or_normalisation_are_not_exported():
+    with pytest.raises(ValueError, match="plain stacks"):
+        to_pyg_model(GNN("sage", 4, 8, 2, 2, residual=True))
+    with pytest.raises(ValueError, match="plain stacks"):
+        to_pyg_model(GNN("sage", 4, 8, 2, 2, norm="layer"))

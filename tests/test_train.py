@@ -278,3 +278,27 @@ def test_numbas_workqueue_threading_layer_is_refused_clearly(monkeypatch, capsys
     assert main(["train", "--epochs", "1"]) == 2
     err = capsys.readouterr().err
     assert "NUMBA_THREADING_LAYER=workqueue" in err and "Traceback" not in err
+
+
+def test_layers_repeat_a_single_fanout_and_must_match_a_list():
+    config = TrainConfig(layers=4, fanouts="10", eval_fanouts="20").validate()
+    assert config.fanouts == [10] * 4 and config.eval_fanouts == [20] * 4
+    assert TrainConfig(layers=2, fanouts="5,3").validate().fanouts == [5, 3]
+    with pytest.raises(ConfigError, match="`layers` 3 but `fanouts` has 2 entries"):
+        TrainConfig(layers=3, fanouts="5,3").validate()
+    with pytest.raises(ConfigError, match="`norm` 'group'"):
+        TrainConfig(norm="group").validate()
+
+
+@pytest.mark.slow
+def test_a_deep_residual_normalised_model_trains_from_the_command_line(tmp_path):
+    import json
+
+    out = tmp_path / "s.json"
+    assert main(["train", "--dataset", "synthetic:nodes=2000,features=16,classes=4", "--layers", "4", "--fanouts",
+                 "4", "--residual", "--norm", "layer", "--hidden", "32", "--epochs", "3", "--no-progress",
+                 "--summary-json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["config"]["fanouts"] == [4, 4, 4, 4] and summary["config"]["residual"] is True
+    losses = [e["train_loss"] for e in summary["epochs"]]
+    assert losses[-1] < losses[0] and summary["test_acc"] > 0.3  # learning (chance is 0.25)

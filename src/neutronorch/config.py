@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from neutronorch.errors import ConfigError
-from neutronorch.nn.models import GCN_NORMS, MODELS, needs_degrees
+from neutronorch.nn.models import GCN_NORMS, MODELS, NORMS, needs_degrees
 from neutronorch.sampling.neighbor_sampler import parse_fanouts
 
 MODES = ("exact", "device", "neutronorch")
@@ -31,6 +31,9 @@ class TrainConfig:
     hidden: int = 256
     heads: int = 4
     gcn_norm: str = "symmetric"
+    residual: bool = False  # skip connections around every layer but the output layer
+    norm: str = "none"  # between layers, before the activation: none, layer or batch
+    layers: int = 0  # 0: one per `fanouts` entry; N with a single fanout repeats it N times
     batch_size: int = 0  # 0: auto_batch_size(number of training seeds)
     epochs: int = 50
     lr: float = 0.003
@@ -78,8 +81,17 @@ class TrainConfig:
         """Normalise and check every field; raise ``ConfigError`` saying how to fix the first problem."""
         _check_types(self)
         self.fanouts = parse_fanouts(self.fanouts)
+        if self.layers < 0:
+            raise ConfigError(f"`layers` {self.layers}: must be 0 (one per `fanouts` entry) or a number of layers.")
+        if self.layers and len(self.fanouts) == 1:
+            self.fanouts = self.fanouts * self.layers
+        elif self.layers and len(self.fanouts) != self.layers:
+            raise ConfigError(f"`layers` {self.layers} but `fanouts` has {len(self.fanouts)} entries: give one "
+                              f"fanout per layer, or a single fanout to use in every layer.")
         if self.eval_fanouts is not None:
             self.eval_fanouts = parse_fanouts(self.eval_fanouts, field="eval_fanouts")
+            if self.layers and len(self.eval_fanouts) == 1:
+                self.eval_fanouts = self.eval_fanouts * self.layers
             if len(self.eval_fanouts) != len(self.fanouts):
                 raise ConfigError(f"`eval_fanouts` has {len(self.eval_fanouts)} entries but the model has "
                                   f"{len(self.fanouts)} layers (one per `fanouts` entry).")
@@ -97,6 +109,7 @@ class TrainConfig:
             (self.hidden >= 1, f"`hidden` {self.hidden}: must be positive."),
             (self.heads >= 1, f"`heads` {self.heads}: must be positive."),
             (self.gcn_norm in GCN_NORMS, f"`gcn_norm` {self.gcn_norm!r}: choose one of {', '.join(GCN_NORMS)}."),
+            (self.norm in NORMS, f"`norm` {self.norm!r}: choose one of {', '.join(NORMS)}."),
             (self.model != "gat" or self.heads < 1 or self.hidden % self.heads == 0,
              f"`hidden` {self.hidden} is not divisible by `heads` {self.heads}; GAT splits the hidden width "
              f"evenly across heads."),

@@ -7,7 +7,7 @@ from dataclasses import fields
 
 from neutronorch.config import CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, MODES, TrainConfig
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec
-from neutronorch.nn.models import GCN_NORMS, MODELS
+from neutronorch.nn.models import GCN_NORMS, MODELS, NORMS
 
 _HELP = {
     "dataset": f"dataset spec: {DATASET_SPEC_HELP} (default: %(default)s)",
@@ -17,6 +17,10 @@ _HELP = {
     "fanouts": "neighbours sampled per layer, seed hop first; -1 takes all (default: 10,10)",
     "hidden": "hidden width (default: %(default)s)",
     "heads": "GAT attention heads in hidden layers (default: %(default)s)",
+    "norm": "normalisation between layers, before the activation: none, layer (LayerNorm) or batch "
+            "(BatchNorm) (default: %(default)s)",
+    "layers": "number of layers; 0 = one per --fanouts entry; with a single fanout, that fanout in every layer "
+              "(default: %(default)s)",
     "gcn_norm": "GCN normalisation: symmetric = Kipf & Welling's D^-1/2 (A+I) D^-1/2 by graph degrees (PyG's "
                 "GCNConv, DGL's GraphConv), mean = the mean over the vertex and its sampled neighbours "
                 "(default: %(default)s)",
@@ -94,11 +98,12 @@ _HELP = {
 def _add_train_options(parser: argparse.ArgumentParser) -> None:
     defaults = TrainConfig()
     choices = {"model": MODELS, "mode": MODES, "device": DEVICES, "hot_grad": HOT_GRADS,
-               "cache_policy": CACHE_POLICIES, "device_sampling": DEVICE_SAMPLING, "gcn_norm": GCN_NORMS}
+               "cache_policy": CACHE_POLICIES, "device_sampling": DEVICE_SAMPLING, "gcn_norm": GCN_NORMS,
+               "norm": NORMS}
     types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int, "gpu_memory_gb": float,
              "gpu_cache_gb": str}
     for f in fields(TrainConfig):
-        if f.name in ("progress", "stage_table", "resume"):
+        if f.name in ("progress", "stage_table", "resume", "residual"):
             continue
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
@@ -123,6 +128,9 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", default=argparse.SUPPRESS,
                         help="continue the run whose checkpoints are in --checkpoint-dir from its last.pt (raise "
                              "--epochs to train longer), mid-epoch included, in every mode")
+    parser.add_argument("--residual", action="store_true", default=argparse.SUPPRESS,
+                        help="skip connections around every layer but the output layer (identity, or a learned "
+                             "projection where the widths differ)")
     parser.add_argument("--no-stage-table", dest="stage_table", action="store_false", default=argparse.SUPPRESS,
                         help="no per-lane stage breakdown after each epoch line")
 

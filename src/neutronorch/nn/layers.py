@@ -139,6 +139,29 @@ class GATConv(nn.Module):
         return out.reshape(n_dst, self.out_dim) + self.bias
 
 
+class Residual(nn.Module):
+    """A layer with a skip connection from its input: ``y_v = layer(block, x)_v + skip(x_v)``, the skip the
+    identity when the widths agree and a learned projection (no bias) otherwise. The skip belongs to the
+    layer, so for the bottom layer NeutronOrch's host computes it with the rest of a hot vertex's row."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+        self.in_dim, self.out_dim = layer.in_dim, layer.out_dim
+        self.separable, self.needs_degrees = layer.separable, layer.needs_degrees
+        self.skip = nn.Identity() if layer.in_dim == layer.out_dim else nn.Linear(layer.in_dim, layer.out_dim,
+                                                                                   bias=False)
+
+    def aggregate(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
+        return self.layer.aggregate(block, x_src)
+
+    def transform(self, x_dst: torch.Tensor, aggregated: torch.Tensor) -> torch.Tensor:
+        return self.layer.transform(x_dst, aggregated) + self.skip(x_dst)
+
+    def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
+        return self.layer(block, x_src) + self.skip(block.dst_rows(x_src))
+
+
 def _project_first(block: Block, in_dim: int, out_dim: int) -> bool:
     """Whether multiplying by the weight before aggregating costs fewer flops than after."""
     after = block.num_edges * in_dim + block.num_dst * in_dim * out_dim

@@ -13,12 +13,13 @@ import torch
 from torch import nn
 
 from neutronorch.nn.activation import relu_dropout
-from neutronorch.nn.layers import GCN_NORMS, GATConv, GCNConv, SAGEConv
+from neutronorch.nn.layers import GCN_NORMS, GATConv, GCNConv, Residual, SAGEConv
 from neutronorch.nn.splice import HotRows, splice, splice_relu_dropout
 from neutronorch.sampling.block import Block
 
 MODELS = ("sage", "gcn", "gat")
-__all__ = ["GCN_NORMS", "GNN", "MODELS", "needs_degrees"]
+NORMS = ("none", "layer", "batch")
+__all__ = ["GCN_NORMS", "GNN", "MODELS", "NORMS", "needs_degrees"]
 
 
 def needs_degrees(kind: str, gcn_norm: str = "symmetric") -> bool:
@@ -29,14 +30,18 @@ def needs_degrees(kind: str, gcn_norm: str = "symmetric") -> bool:
 
 class GNN(nn.Module):
     def __init__(self, kind: str, in_dim: int, hidden: int, num_classes: int, num_layers: int,
-                 dropout: float = 0.5, heads: int = 4, gcn_norm: str = "symmetric"):
+                 dropout: float = 0.5, heads: int = 4, gcn_norm: str = "symmetric", residual: bool = False,
+                 norm: str = "none"):
         super().__init__()
         if kind not in MODELS:
             raise ValueError(f"unknown model {kind!r}; choose one of {MODELS}")
         self.kind = kind
         # What rebuilds this model (a checkpoint stores it next to the weights).
         self.arguments = {"kind": kind, "in_dim": in_dim, "hidden": hidden, "num_classes": num_classes,
-                          "num_layers": num_layers, "dropout": dropout, "heads": heads, "gcn_norm": gcn_norm}
+                          "num_layers": num_layers, "dropout": dropout, "heads": heads, "gcn_norm": gcn_norm,
+                          "residual": residual, "norm": norm}
+        if norm not in NORMS:
+            raise ValueError(f"unknown normalisation {norm!r}; choose one of {NORMS}")
         self.num_layers = num_layers
         self.dropout = dropout
         dims = [in_dim] + [hidden] * (num_layers - 1) + [num_classes]
@@ -49,7 +54,12 @@ class GNN(nn.Module):
                 layers.append(GCNConv(dims[i], dims[i + 1], norm=gcn_norm))
             else:
                 layers.append(GATConv(dims[i], dims[i + 1], heads=1 if last else heads, attention_dropout=dropout))
+        if residual:  # every layer but the output layer
+            layers = [Residual(layer) for layer in layers[:-1]] + layers[-1:]
         self.layers = nn.ModuleList(layers)
+        self.norm = norm
+        # Between layers, before the activation (after NeutronOrch's splice of the bottom layer's rows).
+        self.norms = nn.ModuleList(_norm(norm, hidden) for _ in range(num_layers - 1))
 
     @property
     def needs_degrees(self) -> bool:
@@ -65,6 +75,8 @@ class GNN(nn.Module):
         """What follows layer ``index``'s pre-activation output (nothing after the last layer)."""
         if index == self.num_layers - 1:
             return y
+        if self.norm != "none":
+            y = self.norms[index](y)
         return relu_dropout(y, self.dropout, self.training)
 
     def layer_forward(self, index: int, block: Block, x_src: torch.Tensor) -> torch.Tensor:
@@ -85,7 +97,10 @@ class GNN(nn.Module):
         y_cold = self.layers[0](blocks[0], x)
         if self.num_layers == 1:
             return splice(y_cold, hot.table, index, hot.grad_acc)
-        h = splice_relu_dropout(y_cold, hot.table, index, self.dropout, self.training, hot.grad_acc)
+        if self.norm == "none":
+            h = splice_relu_dropout(y_cold, hot.table, index, self.dropout, self.training, hot.grad_acc)
+        else:
+            h = self.activate(0, splice(y_cold, hot.table, index, hot.grad_acc))
         return self.forward_from(1, blocks, h)
 
     def forward_from(self, start: int, blocks: list[Block], x: torch.Tensor) -> torch.Tensor:
@@ -93,3 +108,11 @@ class GNN(nn.Module):
         for index in range(start, self.num_layers):
             x = self.layer_forward(index, blocks[index], x)
         return x
+
+
+def _norm(kind: str, width: int) -> nn.Module:
+    if kind == "layer":
+        return nn.LayerNorm(width)
+    if kind == "batch":
+        return nn.BatchNorm1d(width)
+    return nn.Identity()

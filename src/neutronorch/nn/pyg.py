@@ -33,6 +33,9 @@ def to_pyg_model(model: GNN) -> torch.nn.Module:
     except ImportError:
         raise ImportError("to_pyg_model needs PyTorch Geometric: pip install torch-geometric") from None
     args = model.arguments
+    if args.get("residual") or args.get("norm", "none") != "none":
+        raise ValueError("to_pyg_model exports plain stacks of layers; a model trained with residual "
+                         "connections or normalisation between layers has no PyG model class to go into")
     common = dict(in_channels=args["in_dim"], hidden_channels=args["hidden"], num_layers=args["num_layers"],
                   out_channels=args["num_classes"], dropout=args["dropout"], act="relu")
     if model.kind == "sage":
