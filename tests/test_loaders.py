@@ -390,9 +390,21 @@ def test_npz_yandex_edge_out_of_range(tmp_path):
 
 
 def test_npz_negative_labels(tmp_path):
-    path = write_gnn_benchmark(tmp_path / "neg.npz", labels=np.array([0, 1, -1, 0, 1, 2]))
-    with pytest.raises(DataError, match=r"neg\.npz: labels range over -1\.\.2"):
+    path = write_gnn_benchmark(tmp_path / "neg.npz", labels=np.array([0, 1, -2, 0, 1, 2]))
+    with pytest.raises(DataError, match=r"neg\.npz: labels range over -2\.\.2"):
         load_npz(path)
+
+
+def test_unlabelled_vertices_are_left_out_of_the_splits(tmp_path):
+    from neutronorch.data import load_dataset
+
+    labels = np.array([0, 1, -1, 0, 1, 2])
+    path = write_gnn_benchmark(tmp_path / "some.npz", labels=labels)
+    graph = load_dataset(str(path), split="ratio:0.5,0.25")  # vertex 2 is drawn into training
+    for idx in (graph.train_idx, graph.val_idx, graph.test_idx):
+        assert (labels[idx] >= 0).all()
+    assert sorted(np.concatenate([graph.train_idx, graph.val_idx, graph.test_idx]).tolist()) == [0, 1, 3, 4, 5]
+    assert "vertices without a label left out of the splits: 1 from train" in graph.notes
 
 
 def test_npz_label_count_mismatch(tmp_path):

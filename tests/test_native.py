@@ -157,7 +157,7 @@ def test_non_finite_features(tmp_path, value):
         load_native(tmp_path)
 
 
-@pytest.mark.parametrize("labels", [[0, 1, 0, 2, 0], [0, -1, 0, 1, 0]])
+@pytest.mark.parametrize("labels", [[0, 1, 0, 2, 0], [0, -2, 0, 1, 0]])  # -1 is "no label"
 def test_labels_out_of_range(tmp_path, labels):
     save_native(small_graph(labels=np.array(labels, dtype=np.int64)), tmp_path)
     with pytest.raises(DataError, match=r"labels\.npy: labels range over .* outside 0\.\.1"):

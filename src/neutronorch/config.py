@@ -16,6 +16,7 @@ from neutronorch.nn.models import GCN_NORMS, MODELS, NORMS, needs_degrees
 from neutronorch.sampling.neighbor_sampler import parse_fanouts
 
 MODES = ("exact", "device", "neutronorch")
+METRICS = ("accuracy", "rocauc", "f1-micro", "f1-macro")
 HOT_GRADS = ("stop", "cpu")
 DEVICES = ("auto", "cpu", "cuda")
 CACHE_POLICIES = ("presample", "degree")
@@ -34,6 +35,8 @@ class TrainConfig:
     residual: bool = False  # skip connections around every layer but the output layer
     norm: str = "none"  # between layers, before the activation: none, layer or batch
     layers: int = 0  # 0: one per `fanouts` entry; N with a single fanout repeats it N times
+    metric: str = "auto"  # accuracy, rocauc, f1-micro, f1-macro; auto: the dataset's (see train/task.py)
+    split_index: int = 0  # which of the dataset's stored splits (the heterophilous .npz files hold 10)
     batch_size: int = 0  # 0: auto_batch_size(number of training seeds)
     epochs: int = 50
     lr: float = 0.003
@@ -110,6 +113,9 @@ class TrainConfig:
             (self.heads >= 1, f"`heads` {self.heads}: must be positive."),
             (self.gcn_norm in GCN_NORMS, f"`gcn_norm` {self.gcn_norm!r}: choose one of {', '.join(GCN_NORMS)}."),
             (self.norm in NORMS, f"`norm` {self.norm!r}: choose one of {', '.join(NORMS)}."),
+            (self.metric in ("auto",) + METRICS, f"`metric` {self.metric!r}: choose auto or one of "
+                                                  f"{', '.join(METRICS)}."),
+            (self.split_index >= 0, f"`split_index` {self.split_index}: must be 0 or more."),
             (self.model != "gat" or self.heads < 1 or self.hidden % self.heads == 0,
              f"`hidden` {self.hidden} is not divisible by `heads` {self.heads}; GAT splits the hidden width "
              f"evenly across heads."),

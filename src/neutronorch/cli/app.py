@@ -116,9 +116,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
             signal.signal(s, handler)
         if bar is not None:
             bar.close()
-    accuracy = (f"val acc {summary['val_acc']:.4f}, test acc {summary['test_acc']:.4f}, "
-                if summary["test_acc"] is not None else "not evaluated, ")
-    print(f"{summary['dataset']['name']}: mode {summary['mode']}, model {config.model}, {accuracy}"
+    metric = summary["metric"]
+    scores = (f"val {metric} {summary['val_acc']:.4f}, test {metric} {summary['test_acc']:.4f}, "
+              if summary["test_acc"] is not None else "not evaluated, ")
+    print(f"{summary['dataset']['name']}: mode {summary['mode']}, model {config.model}, {scores}"
           f"epoch time median {summary['epoch_seconds_median']:.2f}s, peak RSS {summary['peak_rss_mb']:.0f} MB"
           if summary["epochs"] else "no epochs run")
     return 0
@@ -161,15 +162,15 @@ def _inference(args: argparse.Namespace) -> tuple:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from neutronorch.train.predict import prediction_accuracy, predict
+    from neutronorch.train.predict import predict, prediction_score
 
     t0 = time.perf_counter()
     graph, options = _inference(args)
     out = predict(args.checkpoint, graph, args.nodes, args.probabilities, **options)
     line = f"wrote {out.shape[0]:,} predictions of {graph.name} to {args.out} in {time.perf_counter() - t0:.1f}s"
     if args.nodes in ("test", "val", "train"):
-        classes = out.argmax(1) if args.probabilities else out
-        line += f"; {args.nodes} accuracy {prediction_accuracy(graph, args.nodes, classes):.4f}"
+        metric, value = prediction_score(graph, args.nodes, out, args.probabilities)
+        line += f"; {args.nodes} {metric} {value:.4f}"
     print(line)
     return 0
 

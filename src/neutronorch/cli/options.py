@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from neutronorch.config import CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, MODES, TrainConfig
+from neutronorch.config import CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, METRICS, MODES, TrainConfig
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec
 from neutronorch.nn.models import GCN_NORMS, MODELS, NORMS
 
@@ -21,6 +21,11 @@ _HELP = {
             "(BatchNorm) (default: %(default)s)",
     "layers": "number of layers; 0 = one per --fanouts entry; with a single fanout, that fanout in every layer "
               "(default: %(default)s)",
+    "metric": "what evaluation scores: accuracy, rocauc, f1-micro, f1-macro; auto = the dataset's own (ROC-AUC "
+              "for the binary heterophilous graphs), else ROC-AUC for multi-label labels, accuracy otherwise "
+              "(default: %(default)s)",
+    "split_index": "which of the dataset's stored splits to use (the heterophilous .npz files hold 10: 0..9) "
+                   "(default: %(default)s)",
     "gcn_norm": "GCN normalisation: symmetric = Kipf & Welling's D^-1/2 (A+I) D^-1/2 by graph degrees (PyG's "
                 "GCNConv, DGL's GraphConv), mean = the mean over the vertex and its sampled neighbours "
                 "(default: %(default)s)",
@@ -99,7 +104,7 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
     defaults = TrainConfig()
     choices = {"model": MODELS, "mode": MODES, "device": DEVICES, "hot_grad": HOT_GRADS,
                "cache_policy": CACHE_POLICIES, "device_sampling": DEVICE_SAMPLING, "gcn_norm": GCN_NORMS,
-               "norm": NORMS}
+               "norm": NORMS, "metric": ("auto",) + METRICS}
     types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int, "gpu_memory_gb": float,
              "gpu_cache_gb": str}
     for f in fields(TrainConfig):

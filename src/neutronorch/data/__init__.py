@@ -22,12 +22,24 @@ DATASET_SPEC_HELP = (
     "a SNAP edge list (.txt or .txt.gz; features and labels are then synthetic)")
 
 
-def load_dataset(spec: str, split: str | None = None, seed: int = 0) -> Graph:
+def load_dataset(spec: str, split: str | None = None, seed: int = 0, split_index: int = 0) -> Graph:
     """Open the dataset named by ``spec`` (see ``DATASET_SPEC_HELP``).
 
     ``split`` applies to data that carries no split of its own (synthetic graphs, npz, SNAP); data with a
-    split (Planetoid's public split, native directories) keeps it.
+    split (Planetoid's public split, native directories) keeps it. ``split_index`` picks one of several
+    stored splits (the heterophilous ``.npz`` files hold 10). Vertices without a label are left out of
+    the splits.
     """
+    graph = _load(spec, split, seed, split_index)
+    graph.drop_unlabelled_from_splits()
+    return graph
+
+
+def _load(spec: str, split: str | None, seed: int, split_index: int) -> Graph:
+    if split_index and not spec.lower().endswith(".npz"):
+        raise DataError(f"{spec}: carries a single split, so `split_index` {split_index} has nothing to pick; "
+                        f"leave it at 0 (only .npz files with stored splits, such as the heterophilous graphs', "
+                        f"hold several).")
     if spec == "synthetic" or spec.startswith("synthetic:"):
         return generate(SyntheticSpec.parse(spec), split, seed)
     path = Path(spec).expanduser()
@@ -44,7 +56,7 @@ def load_dataset(spec: str, split: str | None = None, seed: int = 0) -> Graph:
     name = path.name.lower()
     if name.endswith(".npz"):
         from neutronorch.data.npz import load_npz
-        return load_npz(path, split or DEFAULT_SPLIT, seed)
+        return load_npz(path, split or DEFAULT_SPLIT, seed, split_index)
     if name.endswith((".txt", ".txt.gz", ".edges", ".tsv", ".tsv.gz")):
         from neutronorch.data.snap import load_snap
         return load_snap(path, split or DEFAULT_SPLIT, seed)

@@ -22,7 +22,9 @@ _CHUNK = 1 << 24
 class Graph:
     """A node-classification graph in CSC form.
 
-    ``indptr[v]:indptr[v+1]`` indexes ``indices``, which holds the in-neighbours of ``v``.
+    ``indptr[v]:indptr[v+1]`` indexes ``indices``, which holds the in-neighbours of ``v``. ``labels`` is a
+    class id per vertex (-1: no label), or for a multi-label task a 0/1 row of ``num_classes`` tasks per
+    vertex (-1: unknown). ``metric`` is the metric the dataset's literature reports, when its loader knows it.
     """
 
     name: str
@@ -35,6 +37,7 @@ class Graph:
     test_idx: np.ndarray
     num_classes: int
     notes: list[str] = field(default_factory=list)
+    metric: str | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -50,6 +53,27 @@ class Graph:
 
     def in_degrees(self) -> np.ndarray:
         return np.diff(np.asarray(self.indptr))
+
+    def is_labelled(self, ids: np.ndarray) -> np.ndarray:
+        """Whether each of ``ids`` has a label (multi-label: at least one known entry)."""
+        labels = np.asarray(self.labels[ids])
+        return (labels >= 0).any(axis=1) if labels.ndim == 2 else labels >= 0
+
+    def drop_unlabelled_from_splits(self) -> None:
+        """Leave vertices without a label out of the training, validation and test sets (with a note):
+        they count in neither the loss nor a metric."""
+        dropped = []
+        for name in ("train_idx", "val_idx", "test_idx"):
+            idx = np.asarray(getattr(self, name))
+            keep = self.is_labelled(idx)
+            if not keep.all():
+                if not keep.any():
+                    raise DataError(f"{self.name}: no vertex of {name} has a label; give a split whose "
+                                    f"{name.removesuffix('_idx')} set holds labelled vertices.")
+                setattr(self, name, idx[keep])
+                dropped.append(f"{int((~keep).sum()):,} from {name.removesuffix('_idx')}")
+        if dropped:
+            self.notes.append(f"vertices without a label left out of the splits: {', '.join(dropped)}")
 
     def describe(self) -> str:
         return (f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, "
@@ -103,16 +127,26 @@ class Graph:
                 bad_row = start + int(np.argwhere(~np.isfinite(chunk))[0][0])
                 fail(f"features contain NaN or inf (first at vertex {bad_row})",
                      "Replace non-finite values (e.g. np.nan_to_num) before training.")
-        if self.labels.shape != (n,):
-            fail(f"labels must have shape ({n},), got {self.labels.shape}", "Write one label per vertex.")
+        if self.labels.shape not in ((n,), (n, self.num_classes)):
+            fail(f"labels must have shape ({n},) (a class per vertex) or ({n}, num_classes={self.num_classes}) "
+                 f"(multi-label), got {self.labels.shape}", "Write one label (or one row of 0/1) per vertex.")
         if self.labels.dtype.kind not in "iu":
-            fail(f"labels have dtype {self.labels.dtype}, expected integers", "Convert with .astype(np.int64).")
-        if self.num_classes < 2:
-            fail(f"num_classes is {self.num_classes}", "Node classification needs at least 2 classes.")
+            fail(f"labels have dtype {self.labels.dtype}, expected integers",
+                 "Convert with .astype(np.int64) (-1 marks a missing label).")
         lab = np.asarray(self.labels)
-        if lab.size and (int(lab.min()) < 0 or int(lab.max()) >= self.num_classes):
-            fail(f"labels range over {int(lab.min())}..{int(lab.max())}, outside 0..{self.num_classes - 1}",
-                 "Labels must be class ids 0..num_classes-1; remap them or fix num_classes.")
+        if lab.ndim == 2:
+            if self.num_classes < 1:
+                fail(f"num_classes is {self.num_classes}", "A multi-label graph needs at least 1 task.")
+            if lab.size and (int(lab.min()) < -1 or int(lab.max()) > 1):
+                fail(f"labels range over {int(lab.min())}..{int(lab.max())}, outside -1..1",
+                     "Multi-label labels are 0 or 1 per task, -1 where unknown.")
+        else:
+            if self.num_classes < 2:
+                fail(f"num_classes is {self.num_classes}", "Node classification needs at least 2 classes.")
+            if lab.size and (int(lab.min()) < -1 or int(lab.max()) >= self.num_classes):
+                fail(f"labels range over {int(lab.min())}..{int(lab.max())}, outside 0..{self.num_classes - 1} "
+                     f"(and -1 for no label)",
+                     "Labels must be class ids 0..num_classes-1, or -1; remap them or fix num_classes.")
         for split_name in ("train_idx", "val_idx", "test_idx"):
             idx = getattr(self, split_name)
             if idx.ndim != 1 or idx.dtype.kind not in "iu":

@@ -5,11 +5,11 @@ mini-batch touches are read. This module must never load a whole array eagerly.
 
 Layout (``format_version`` 1)::
 
-    meta.json      name, num_nodes, num_edges, feature_dim, num_classes, format_version[, notes]
+    meta.json      name, num_nodes, num_edges, feature_dim, num_classes, format_version[, notes, metric]
     indptr.npy     int32/int64, num_nodes+1   CSC offsets
     indices.npy    int32/int64, num_edges     in-neighbour ids
     features.npy   float32/float16, num_nodes x feature_dim
-    labels.npy     int64, num_nodes
+    labels.npy     int64, num_nodes (-1: no label); or int8, num_nodes x num_classes (multi-label, -1: unknown)
     train_idx.npy, val_idx.npy, test_idx.npy   int64 vertex ids
 """
 
@@ -77,8 +77,11 @@ def load_native(directory: str | os.PathLike, mmap: bool = True, validate: bool 
         raise DataError(f"{meta_path}: format_version {meta['format_version']} is not supported "
                         f"(this neutronorch reads version {FORMAT_VERSION}). Convert the data again.")
     arrays = {name: _open_array(directory / f"{name}.npy", mmap) for name in ARRAYS}
+    metric = meta.get("metric")
+    if metric is not None and not isinstance(metric, str):
+        raise DataError(f"{meta_path}: metric is {metric!r}, expected a metric name such as \"rocauc\".")
     graph = Graph(name=str(meta["name"]), num_classes=int(meta["num_classes"]),
-                  notes=list(notes), **arrays)
+                  notes=list(notes), metric=metric, **arrays)
     expected = {"num_nodes": graph.num_nodes, "num_edges": graph.num_edges}
     if graph.features.ndim == 2:
         expected["feature_dim"] = graph.feature_dim
@@ -129,7 +132,9 @@ def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = Fa
 def _write_arrays(graph: Graph, directory: Path) -> None:
     for name in ARRAYS:
         arr = getattr(graph, name)
-        if name in ("labels", "train_idx", "val_idx", "test_idx"):
+        if name == "labels" and arr.ndim == 2:
+            arr = np.asarray(arr, dtype=np.int8)  # 0/1 or -1 per task
+        elif name in ("labels", "train_idx", "val_idx", "test_idx"):
             arr = np.asarray(arr, dtype=np.int64)
         _save_array(directory / f"{name}.npy", arr)
     meta = {
@@ -141,6 +146,8 @@ def _write_arrays(graph: Graph, directory: Path) -> None:
         "format_version": FORMAT_VERSION,
         "notes": list(graph.notes),
     }
+    if graph.metric:
+        meta["metric"] = graph.metric
     (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 

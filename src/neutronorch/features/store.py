@@ -73,7 +73,8 @@ class FeatureStore:
 
     def __init__(self, features: np.ndarray, labels: np.ndarray):
         self.features = features
-        self.labels = torch.from_numpy(np.array(labels, dtype=np.int64))  # small; a writable copy
+        # Small; a writable copy (a class id per vertex, or a 0/1/-1 row per vertex for multi-label tasks).
+        self.labels = torch.from_numpy(np.array(labels, dtype=np.int64))
 
     @property
     def width(self) -> int:

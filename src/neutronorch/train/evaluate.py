@@ -11,6 +11,7 @@ from neutronorch.features.store import FeatureStore
 from neutronorch.nn.models import GNN
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 from neutronorch.train.layerwise import layerwise
+from neutronorch.train.task import Task
 
 
 def full_neighbor_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor,
@@ -35,14 +36,12 @@ def sampled_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.T
     return torch.cat(outputs)
 
 
-def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    return float((logits.argmax(1) == labels).float().mean()) if labels.numel() else float("nan")
-
-
-def evaluate(model: GNN, graph: Graph, store: FeatureStore, device: torch.device,
-             fanouts: list[int] | None, batch_size: int, seed: int, max_nodes: int = 0) -> dict[str, float]:
-    """Validation and test accuracy in one pass; with ``max_nodes``, each set is a seeded random sample of
-    at most that many of its vertices (the same sample at every evaluation)."""
+def evaluate(model: GNN, graph: Graph, store: FeatureStore, device: torch.device, fanouts: list[int] | None,
+             batch_size: int, seed: int, max_nodes: int = 0, task: Task | None = None) -> dict[str, float]:
+    """The task's metric (default: accuracy) on the validation and test sets in one pass, as
+    {"val": ..., "test": ...}; with ``max_nodes``, each set is a seeded random sample of at most that many
+    of its vertices (the same sample at every evaluation)."""
+    task = task or Task.of(graph)
     val = torch.from_numpy(_subset(graph.val_idx, max_nodes, seed))
     test = torch.from_numpy(_subset(graph.test_idx, max_nodes, seed + 1))
     nodes = torch.cat([val, test])
@@ -52,8 +51,7 @@ def evaluate(model: GNN, graph: Graph, store: FeatureStore, device: torch.device
         logits = sampled_logits(model, graph, store, nodes, fanouts, device, batch_size, seed)
     labels = store.labels[nodes]
     n_val = val.shape[0]
-    return {"val_acc": accuracy(logits[:n_val], labels[:n_val]),
-            "test_acc": accuracy(logits[n_val:], labels[n_val:])}
+    return {"val": task.score(logits[:n_val], labels[:n_val]), "test": task.score(logits[n_val:], labels[n_val:])}
 
 
 def _subset(index: np.ndarray, max_nodes: int, seed: int) -> np.ndarray:

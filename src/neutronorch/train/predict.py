@@ -16,6 +16,7 @@ from neutronorch.train.checkpoint import Checkpoint, check_fits, load_checkpoint
 from neutronorch.train.layerwise import LayerProgress, layerwise
 from neutronorch.train.memory import available_memory_bytes
 from neutronorch.train.outputs import check_creatable, open_array_atomically
+from neutronorch.train.task import Task, score
 
 NODE_SETS = ("test", "val", "train", "all")
 
@@ -47,7 +48,8 @@ def predict(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, nodes: str
             out: str | os.PathLike | None = None, scratch: str | None = "auto",
             progress: LayerProgress | None = None) -> np.ndarray:
     """Predicted classes (int64) of ``nodes``, or with ``probabilities`` their class probabilities
-    (float32, one row per vertex), from the checkpoint's model over complete neighbourhoods.
+    (float32, one row per vertex), from the checkpoint's model over complete neighbourhoods. For a
+    multi-label graph: a 0/1 row per vertex (int8), or with ``probabilities`` each task's probability.
 
     With ``out`` (a ``.npy`` path) the rows are written there chunk by chunk through a memory map (atomically)
     and the file is returned opened read-only; ``scratch`` is where the intermediate layers' embeddings are
@@ -55,11 +57,13 @@ def predict(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, nodes: str
     or in the system's temporary folder), a folder, or None (in memory). ``progress(layer, done, total)``
     is called after every chunk."""
     checkpoint = _checkpoint(checkpoint, graph)
-    classes = checkpoint.model.layers[-1].out_dim
+    task = Task.of(graph)
     if probabilities:
-        shape, dtype, transform = (classes,), np.float32, lambda logits: torch.softmax(logits, dim=1)
+        shape, dtype, transform = (task.num_classes,), np.float32, task.probabilities
+    elif task.multilabel:
+        shape, dtype, transform = (task.num_classes,), np.int8, task.predictions
     else:
-        shape, dtype, transform = (), np.int64, lambda logits: logits.argmax(1)
+        shape, dtype, transform = (), np.int64, task.predictions
     return _infer(checkpoint, graph, nodes, None, shape, dtype, transform, device, chunk_size, out, scratch, progress)
 
 
@@ -124,8 +128,16 @@ def scratch_folder(model: torch.nn.Module, graph: Graph, layers: int, scratch: s
     return str(Path(out).resolve().parent) if out is not None else tempfile.gettempdir()
 
 
-def prediction_accuracy(graph: Graph, nodes: str, predicted: np.ndarray) -> float:
-    """Accuracy of predicted classes against the graph's labels of ``nodes``."""
+def prediction_score(graph: Graph, nodes: str, output: np.ndarray, probabilities: bool,
+                     metric: str = "auto") -> tuple[str, float]:
+    """(metric, value) of ``predict``'s output for ``nodes`` against the graph's labels: the dataset's
+    metric, or accuracy when that needs probabilities and ``output`` holds decisions."""
+    task = Task.of(graph, metric)
     labels = np.asarray(graph.labels)[select_nodes(graph, nodes)]
-    return float((predicted == labels).mean()) if labels.size else float("nan")
+    if not probabilities:
+        if task.metric == "rocauc":
+            task = Task(task.multilabel, task.num_classes, "accuracy")
+        # Decisions as probabilities of 0 and 1: accuracy and F1 read only the decisions.
+        output = output.astype(np.float32) if task.multilabel else np.eye(task.num_classes, dtype=np.float32)[output]
+    return task.metric, score(task.metric, task.multilabel, task.num_classes, np.asarray(output), labels)
 

@@ -7,6 +7,7 @@ chooses (the trainer once per epoch).
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import Callable
 
 import torch
 from torch.nn import functional as F
@@ -21,12 +22,13 @@ TRAINER_STAGES = StageTable({"wait": "trainer", "forward": "trainer", "backward"
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: Mode, batch: MiniBatch,
-               spans: Spans | None = None, step: int = -1) -> torch.Tensor:
-    """Forward, loss, backward and optimizer step on ``batch``; returns the (detached) loss. The gradients
-    stay in the parameters until the next step clears them; the batch's host buffer is released."""
+               spans: Spans | None = None, step: int = -1, loss_fn: Callable | None = None) -> torch.Tensor:
+    """Forward, loss (``loss_fn(logits, labels)``, default cross-entropy: the task's), backward and
+    optimizer step on ``batch``; returns the (detached) loss. The gradients stay in the parameters until
+    the next step clears them; the batch's host buffer is released."""
     inputs = mode.step_inputs(batch)
     with _stage(spans, "forward", step):
-        loss = F.cross_entropy(model(*inputs), batch.labels)
+        loss = (loss_fn or F.cross_entropy)(model(*inputs), batch.labels)
     with _stage(spans, "backward", step):
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

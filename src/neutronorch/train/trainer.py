@@ -40,6 +40,7 @@ from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.checkpoint import check_resumable, load_state, save_checkpoint
 from neutronorch.train.outputs import check_outputs, write_json_atomically
 from neutronorch.train.step import TRAINER_STAGES
+from neutronorch.train.task import Task
 
 logger = logging.getLogger("neutronorch")
 
@@ -89,8 +90,10 @@ class Run:
     stages: StageTable
     util: Utilisation
     metrics: MetricLog
+    task: Task
     history: list = field(default_factory=list)  # the epoch records so far (a resumed run's included)
-    best: dict = field(default_factory=lambda: {"val_acc": -1.0, "test_acc": float("nan"), "epoch": -1})
+    # The best evaluation so far: the metric on the validation and test sets, and its epoch.
+    best: dict = field(default_factory=lambda: {"val": -float("inf"), "test": float("nan"), "epoch": -1})
     start_epoch: int = 0  # where training starts: > 0, or a mid-epoch start_step, when resumed
     start_step: int = 0
     loss_sum: float = 0.0  # the resumed epoch's loss sum over its first start_step steps
@@ -128,6 +131,7 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
         if config.epochs and not last_eval and config.eval_every >= 0:
             last_eval = _evaluate(run)
             run.best = {**last_eval, "epoch": config.epochs - 1}
+            run.history[-1].update(_named(run.task, last_eval))
             _checkpoint(run, "best.pt", config.epochs - 1)
         summary = summarise(run, last_eval, timeline, "stopped_early" if run.stopped_early else "completed")
     if config.summary_json:
@@ -140,7 +144,7 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     """Load the data, build the model, optimizer and mode; every resource is closed by ``stack``."""
     if graph is None:
         t0 = time.perf_counter()
-        graph = load_dataset(config.dataset, config.split, config.seed)
+        graph = load_dataset(config.dataset, config.split, config.seed, config.split_index)
         logger.info(f"loaded {graph.describe()} in {time.perf_counter() - t0:.1f}s")
     for note in graph.notes:
         logger.warning(f"note: {note}")
@@ -162,8 +166,11 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
         logger.warning(f"note: {note}")
     util = stack.enter_context(contextlib.closing(Utilisation(device)))
     metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, append=config.resume)))
+    task = Task.of(graph, config.metric)
+    logger.info(f"task: {'multi-label' if task.multilabel else 'multi-class'}, {task.num_classes} "
+                f"{'tasks' if task.multilabel else 'classes'}, metric {task.metric}")
     run = Run(config, graph, device, threads, model, optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
-              util, metrics)
+              util, metrics, task)
     if config.resume:
         _resume(run)
     return run
@@ -185,7 +192,9 @@ def _resume(run: Run) -> None:
     if run.device.type == "cuda" and state["rng"]["cuda"] is not None:
         torch.cuda.set_rng_state(state["rng"]["cuda"], run.device)
     run.mode.load_state_dict(state["mode_state"])
-    run.history, run.best = list(state["history"]), state["best"]
+    run.history, run.best = list(state["history"]), dict(state["best"])
+    if "val_acc" in run.best:  # written before the metric was a setting: accuracy under its old keys
+        run.best = {"val": run.best["val_acc"], "test": run.best["test_acc"], "epoch": run.best["epoch"]}
     step, run.loss_sum = state["position"]["step"], state["position"]["loss_sum"]
     if step < run.mode.num_batches:
         run.start_epoch, run.start_step = int(state["epoch"]), step
@@ -199,7 +208,7 @@ def run_epochs(run: Run, progress: Progress | None):
     """Train every epoch, evaluating as configured, into ``run.history`` and ``run.best``. Returns (last
     evaluation, timeline written or None)."""
     config, mode, epochs = run.config, run.mode, run.history
-    last_eval = next(({k: e[k] for k in ("val_acc", "test_acc")} for e in reversed(epochs) if "val_acc" in e), {})
+    last_eval = next((scores for scores in map(_scores_of, reversed(epochs)) if scores), {})
     window = TimelineWindow(bool(config.timeline), config.epochs, config.timeline_steps)
     mode.start(run.model)
     for epoch in range(run.start_epoch, config.epochs):
@@ -209,13 +218,13 @@ def run_epochs(run: Run, progress: Progress | None):
                                (lambda e, k, loss: _checkpoint(run, "last.pt", e, (k, float(loss))))
                                if config.checkpoint_dir and mode.resumable_mid_epoch else None)
         record = train_epoch(run.model, run.optimizer, mode, epoch, run.spans, run.stages, run.util, run.metrics,
-                             window, progress, control)
+                             window, progress, control, run.task.loss)
         mode.end_epoch(record)
         if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
             t0 = time.perf_counter()
             last_eval = _evaluate(run)
-            record.update(last_eval, eval_seconds=time.perf_counter() - t0)
-            if last_eval["val_acc"] > run.best["val_acc"]:
+            record.update(_named(run.task, last_eval), eval_seconds=time.perf_counter() - t0)
+            if last_eval["val"] > run.best["val"]:
                 run.best = {**last_eval, "epoch": epoch}
         epochs.append(record)
         if config.checkpoint_dir:
@@ -225,15 +234,15 @@ def run_epochs(run: Run, progress: Progress | None):
                 _checkpoint(run, "best.pt", epoch)
             record["checkpoint_seconds"] = round(time.perf_counter() - t0, 4)
         run.metrics.epoch(record)
-        logger.info(_epoch_line(record, stages=not config.stage_table))
+        logger.info(_epoch_line(record, stages=not config.stage_table, metric=run.task.metric))
         if config.stage_table:
             logger.info(epoch_table(record, run.stages))
         if run.stop is not None and run.stop.is_set() and epoch + 1 < config.epochs:
             raise Interrupted(f"stopped on request after epoch {epoch}")
-        if config.patience and "val_acc" in record and _evaluations_since_best(run) >= config.patience:
+        if config.patience and _scores_of(record) and _evaluations_since_best(run) >= config.patience:
             run.stopped_early = True
-            logger.info(f"stopping early: no better validation accuracy in {config.patience} evaluations "
-                        f"(best {run.best['val_acc']:.4f} at epoch {run.best['epoch']})")
+            logger.info(f"stopping early: no better validation {run.task.metric} in {config.patience} evaluations "
+                        f"(best {run.best['val']:.4f} at epoch {run.best['epoch']})")
             break
     timeline = None
     if config.timeline and run.spans.events:
@@ -245,7 +254,7 @@ def run_epochs(run: Run, progress: Progress | None):
 
 
 def _evaluations_since_best(run: Run) -> int:
-    evaluated = [e["epoch"] for e in run.history if "val_acc" in e]
+    evaluated = [e["epoch"] for e in run.history if _scores_of(e)]
     return sum(1 for epoch in evaluated if epoch > run.best["epoch"])
 
 
@@ -260,14 +269,28 @@ def _checkpoint(run: Run, name: str, epoch: int, position: tuple[int, float] | N
 
 
 def _evaluate(run: Run) -> dict[str, float]:
+    """The metric on the validation and test sets: {"val": ..., "test": ...}."""
     config = run.config
     return evaluate(run.model, run.graph, run.mode.store, run.device, config.eval_fanouts, config.eval_batch_size,
-                    config.seed, config.eval_max_nodes)
+                    config.seed, config.eval_max_nodes, run.task)
+
+
+def _named(task: Task, scores: dict) -> dict:
+    """An evaluation as a record holds it: under the metric's name, and (for compatibility) as ``val_acc``
+    and ``test_acc``, which hold the metric too."""
+    return {f"val_{task.key}": scores["val"], f"test_{task.key}": scores["test"],
+            "val_acc": scores["val"], "test_acc": scores["test"]}
+
+
+def _scores_of(record: dict) -> dict:
+    """A record's evaluation as {"val": ..., "test": ...}, or {} if it was not evaluated."""
+    return {"val": record["val_acc"], "test": record["test_acc"]} if "val_acc" in record else {}
 
 
 def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str) -> dict:
     """The run summary; ``status`` is completed, interrupted or failed."""
     config, graph, mode, epochs, best = run.config, run.graph, run.mode, run.history, run.best
+    key = run.task.key
     seconds = [e["seconds"] for e in epochs]
     return {
         "status": status,
@@ -280,11 +303,17 @@ def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str) -> 
         "threads": {"train": run.threads.train, **mode.threads},
         "epochs": epochs,
         "epoch_seconds_median": statistics.median(seconds) if seconds else None,
-        "val_acc": best["val_acc"] if last_eval else None,
-        "test_acc": best["test_acc"] if last_eval else None,
+        "metric": run.task.metric,
+        f"val_{key}": best["val"] if last_eval else None,
+        f"test_{key}": best["test"] if last_eval else None,
         "best_epoch": best["epoch"] if last_eval else None,
-        "final_val_acc": last_eval.get("val_acc"),
-        "final_test_acc": last_eval.get("test_acc"),
+        f"final_val_{key}": last_eval.get("val"),
+        f"final_test_{key}": last_eval.get("test"),
+        # The same values under the names they had when accuracy was the only metric.
+        "val_acc": best["val"] if last_eval else None,
+        "test_acc": best["test"] if last_eval else None,
+        "final_val_acc": last_eval.get("val"),
+        "final_test_acc": last_eval.get("test"),
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "moved": {key: sum(e["moved"][key] for e in epochs) for key in ("feature_rows", "feature_bytes",
                                                                            "device_bytes", "cache_hits")},
@@ -327,10 +356,10 @@ def _memory_budget(device: torch.device, gigabytes: float | None):
         torch.cuda.set_per_process_memory_fraction(1.0, device)
 
 
-def _epoch_line(record: dict, stages: bool = True) -> str:
+def _epoch_line(record: dict, stages: bool = True, metric: str = "accuracy") -> str:
     parts = [f"epoch {record['epoch']:3d}", f"loss {record['train_loss']:.4f}"]
     if "val_acc" in record:
-        parts += [f"val {record['val_acc']:.4f}", f"test {record['test_acc']:.4f}"]
+        parts += [f"val {metric} {record['val_acc']:.4f}", f"test {record['test_acc']:.4f}"]
     parts.append(f"time {record['seconds']:.2f}s")
     if stages:
         parts.append("[" + " ".join(f"{k} {v:.2f}" for k, v in record["stage_seconds"].items() if v) + "]")

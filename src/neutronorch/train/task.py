@@ -1,0 +1,131 @@
+"""What is predicted and how it is scored: the task a graph's labels pose, its loss and its metric.
+
+- **Multi-class** (binary included): labels are class ids, a 1-D integer array; cross-entropy over the
+  logits. A vertex labelled -1 has no label.
+- **Multi-label**: labels are a 2-D 0/1 array, one column per task; binary cross-entropy per (vertex, task)
+  over the logits. An entry of -1 is unknown and left out.
+
+Unlabelled vertices (and unknown entries) count in neither the loss nor a metric. ``METRICS``:
+
+- ``accuracy``: share of correct predictions (multi-label: of known entries, at logit 0 = probability 0.5);
+- ``rocauc``: area under the ROC curve; binary: of the positive class's score; more classes: the mean of
+  one-vs-rest areas; multi-label: the mean over tasks that have both labels among the known entries (as
+  OGB's evaluator computes it for ogbn-proteins);
+- ``f1-micro`` and ``f1-macro``: F1 over all decisions, and the mean of per-class (per-task) F1.
+
+``auto`` takes the dataset's own metric where its loader knows the one its literature reports (ROC-AUC for
+the binary heterophilous graphs), else ROC-AUC for multi-label tasks and accuracy otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from neutronorch.config import METRICS
+from neutronorch.data.graph import Graph
+
+__all__ = ["METRICS", "Task", "score"]
+
+
+@dataclass(frozen=True)
+class Task:
+    multilabel: bool
+    num_classes: int  # classes, or tasks of a multi-label graph
+    metric: str
+
+    @classmethod
+    def of(cls, graph: Graph, metric: str = "auto") -> "Task":
+        multilabel = graph.labels.ndim == 2
+        if metric == "auto":
+            metric = graph.metric or ("rocauc" if multilabel else "accuracy")
+        return cls(multilabel, graph.num_classes, metric)
+
+    @property
+    def key(self) -> str:
+        """The metric's name in summary keys (``val_rocauc``, ``test_f1_micro``)."""
+        return self.metric.replace("-", "_")
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if not self.multilabel:
+            return F.cross_entropy(logits, labels, ignore_index=-1)
+        known = labels >= 0
+        total = F.binary_cross_entropy_with_logits(logits, labels.clamp(min=0).to(logits.dtype),
+                                                   weight=known.to(logits.dtype), reduction="sum")
+        return total / known.sum().clamp(min=1)
+
+    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(logits) if self.multilabel else torch.softmax(logits, dim=1)
+
+    def predictions(self, logits: torch.Tensor) -> torch.Tensor:
+        """Class ids (int64), or a 0/1 row per vertex (int8) for a multi-label task."""
+        return (logits > 0).to(torch.int8) if self.multilabel else logits.argmax(1)
+
+    def score(self, logits: torch.Tensor, labels: torch.Tensor) -> float:
+        """The metric of ``logits`` against ``labels`` over labelled vertices (known entries); NaN if none."""
+        return score(self.metric, self.multilabel, self.num_classes,
+                     self.probabilities(logits.double()).cpu().numpy(), labels.cpu().numpy())
+
+
+def score(metric: str, multilabel: bool, num_classes: int, probabilities: np.ndarray, labels: np.ndarray) -> float:
+    """``metric`` of predicted ``probabilities`` (softmax rows, or a sigmoid per task) against ``labels``."""
+    if multilabel:
+        known = labels >= 0
+        if metric == "rocauc":
+            areas = [_roc_auc(probabilities[known[:, t], t], labels[known[:, t], t]) for t in range(labels.shape[1])]
+            areas = [a for a in areas if not np.isnan(a)]
+            return float(np.mean(areas)) if areas else float("nan")
+        predicted = (probabilities > 0.5).astype(np.int64)
+        if metric == "accuracy":
+            return float((predicted == labels)[known].mean()) if known.any() else float("nan")
+        return _f1(predicted, labels, known, metric == "f1-micro")
+    labelled = labels >= 0
+    probabilities, labels = probabilities[labelled], labels[labelled]
+    if labels.size == 0:
+        return float("nan")
+    if metric == "rocauc":
+        if num_classes == 2:
+            return _roc_auc(probabilities[:, 1], labels)
+        # One-vs-rest over the class probabilities, averaged over the classes that occur (as scikit-learn).
+        areas = [_roc_auc(probabilities[:, c], (labels == c).astype(np.int64)) for c in range(num_classes)]
+        areas = [a for a in areas if not np.isnan(a)]
+        return float(np.mean(areas)) if areas else float("nan")
+    predicted = probabilities.argmax(1)
+    if metric in ("accuracy", "f1-micro"):  # one label per vertex: micro-F1 is the accuracy
+        return float((predicted == labels).mean())
+    one_hot = lambda ids: np.eye(num_classes, dtype=np.int64)[ids]  # noqa: E731
+    return _f1(one_hot(predicted), one_hot(labels), np.ones((labels.shape[0], num_classes), bool), micro=False,
+               present=np.union1d(predicted, labels))
+
+
+def _roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Mann-Whitney form: the probability that a positive scores above a negative (ties count half)."""
+    positives = labels == 1
+    p = int(positives.sum())
+    n = labels.shape[0] - p
+    if p == 0 or n == 0:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    _, inverse, counts = np.unique(scores[order], return_inverse=True, return_counts=True)
+    average_rank = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based, ties share their mean rank
+    ranks = np.empty(scores.shape[0])
+    ranks[order] = average_rank[inverse]
+    return float((ranks[positives].sum() - p * (p + 1) / 2.0) / (p * n))
+
+
+def _f1(predicted: np.ndarray, labels: np.ndarray, known: np.ndarray, micro: bool,
+        present: np.ndarray | None = None) -> float:
+    """F1 of 0/1 matrices over the ``known`` entries: pooled over all columns (micro) or averaged over
+    columns (macro; over ``present`` ones if given, as scikit-learn averages over the labels that occur)."""
+    tp = ((predicted == 1) & (labels == 1) & known).sum(0)
+    fp = ((predicted == 1) & (labels == 0) & known).sum(0)
+    fn = ((predicted == 0) & (labels == 1) & known).sum(0)
+    if micro:
+        denominator = 2 * tp.sum() + fp.sum() + fn.sum()
+        return float(2 * tp.sum() / denominator) if denominator else float("nan")
+    per_column = np.where(2 * tp + fp + fn > 0, 2 * tp / np.maximum(1, 2 * tp + fp + fn), 0.0)
+    columns = present if present is not None else np.arange(per_column.shape[0])
+    return float(per_column[columns].mean()) if columns.size else float("nan")
