@@ -13,7 +13,8 @@ import os
 os.environ.setdefault("NUMBA_THREADING_LAYER", "omp")
 
 from neutronorch.config import TrainConfig  # noqa: E402
-from neutronorch.data import Graph, load_dataset, load_native, save_native  # noqa: E402
+from neutronorch.data import (Graph, from_dgl, from_pyg, load_dataset, load_native, save_native,  # noqa: E402
+                              to_dgl, to_pyg)
 from neutronorch.errors import (CheckpointError, ConfigError, DataError, Interrupted, NeutronorchError,  # noqa: E402
                                 TrainingError)
 from neutronorch.nn.models import GNN  # noqa: E402
@@ -26,4 +27,4 @@ from neutronorch.train.trainer import train  # noqa: E402
 __version__ = "0.1.0"
 __all__ = ["TrainConfig", "train", "load_dataset", "load_native", "save_native", "Graph", "GNN",
            "NeighborSampler", "TorchNeighborSampler", "NeutronorchError", "ConfigError", "DataError", "TrainingError", "CheckpointError", "Interrupted", "load_checkpoint",
-           "predict", "embed", "to_pyg_model"]
+           "predict", "embed", "to_pyg_model", "from_pyg", "to_pyg", "from_dgl", "to_dgl"]

@@ -8,18 +8,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from neutronorch.data.graph import Graph
+from neutronorch.data.interop import from_dgl, from_pyg, to_dgl, to_pyg
 from neutronorch.data.native import is_native_dir, load_native, save_native
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
 from neutronorch.data.synthetic import SyntheticSpec, generate
 from neutronorch.errors import DataError
 
 __all__ = ["Graph", "load_dataset", "load_native", "save_native", "SyntheticSpec", "generate",
-           "make_split", "DEFAULT_SPLIT", "DATASET_SPEC_HELP"]
+           "make_split", "DEFAULT_SPLIT", "DATASET_SPEC_HELP", "from_pyg", "to_pyg", "from_dgl", "to_dgl"]
 
 DATASET_SPEC_HELP = (
     "synthetic[:nodes=N,degree=D,features=F,classes=C,seed=S,...] | a native dataset directory "
-    "(meta.json + .npy arrays) | a Planetoid folder (ind.<name>.*) | a GraphGallery/gnn-benchmark .npz | "
-    "a SNAP edge list (.txt or .txt.gz; features and labels are then synthetic)")
+    "(meta.json + .npy arrays) | a Planetoid folder (ind.<name>.*) | a GraphGallery/gnn-benchmark/"
+    "heterophilous .npz | a SNAP edge list (.txt or .txt.gz; features and labels are then synthetic) | "
+    "pyg:NAME@ROOT (a PyG dataset already downloaded under ROOT, e.g. pyg:Cora@~/data)")
 
 
 def load_dataset(spec: str, split: str | None = None, seed: int = 0, split_index: int = 0) -> Graph:
@@ -36,6 +38,9 @@ def load_dataset(spec: str, split: str | None = None, seed: int = 0, split_index
 
 
 def _load(spec: str, split: str | None, seed: int, split_index: int) -> Graph:
+    if spec.startswith("pyg:"):
+        from neutronorch.data.interop import load_pyg_dataset
+        return load_pyg_dataset(spec[len("pyg:"):], split_index)
     if split_index and not spec.lower().endswith(".npz"):
         raise DataError(f"{spec}: carries a single split, so `split_index` {split_index} has nothing to pick; "
                         f"leave it at 0 (only .npz files with stored splits, such as the heterophilous graphs', "

@@ -54,6 +54,14 @@ class Graph:
     def in_degrees(self) -> np.ndarray:
         return np.diff(np.asarray(self.indptr))
 
+    @staticmethod
+    def from_arrays(src, dst, features, labels, splits=None, **options) -> "Graph":
+        """A graph from edge endpoints, features, labels and optional splits (numpy or torch); see
+        ``neutronorch.data.arrays.from_arrays`` for the options."""
+        from neutronorch.data.arrays import from_arrays  # noqa: PLC0415 - it builds on this module
+
+        return from_arrays(src, dst, features, labels, splits, **options)
+
     def is_labelled(self, ids: np.ndarray) -> np.ndarray:
         """Whether each of ``ids`` has a label (multi-label: at least one known entry)."""
         labels = np.asarray(self.labels[ids])

@@ -1,0 +1,96 @@
+"""A ``Graph`` from arrays a user already holds (numpy arrays or torch tensors): ``Graph.from_arrays``.
+
+What is done to them is what every loader does: edges are made undirected (``undirected=True``), self
+loops and repeated edges are dropped (``csc.py`` says why), labels become class ids with -1 for a missing
+label (float labels with NaN, as ogbn-papers100M stores them, included) or stay a 0/1/-1 row per vertex
+(multi-label), and vertices without a label leave the splits.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from neutronorch.data.csc import edges_to_csc
+from neutronorch.data.graph import Graph
+from neutronorch.data.splits import DEFAULT_SPLIT, make_split
+from neutronorch.errors import DataError
+
+SPLITS = ("train", "val", "test")
+
+
+def from_arrays(src, dst, features, labels, splits: Mapping | Sequence | None = None, *, name: str = "arrays",
+                num_nodes: int | None = None, undirected: bool = True, split: str = DEFAULT_SPLIT, seed: int = 0,
+                num_classes: int | None = None, metric: str | None = None) -> Graph:
+    """The graph with edges ``src[i] -> dst[i]``, a feature row and a label per vertex.
+
+    ``splits``: {"train": ..., "val": ..., "test": ...} or a (train, val, test) triple, each an array of
+    vertex ids or a boolean mask over the vertices; None draws one by ``split`` and ``seed``.
+    ``num_nodes`` defaults to the number of feature rows, ``num_classes`` to the labels' (largest class id
+    + 1, or the columns of multi-label labels)."""
+    features = _array(features, "features")
+    if features.ndim != 2:
+        raise DataError(f"{name}: features must be a 2-D array (a row per vertex), got shape {features.shape}.")
+    if features.dtype not in (np.float32, np.float16):
+        features = features.astype(np.float32)
+    n = features.shape[0] if num_nodes is None else int(num_nodes)
+    labels = _labels(_array(labels, "labels"), n, name)
+    if num_classes is None:
+        labelled = labels[labels >= 0]
+        num_classes = labels.shape[1] if labels.ndim == 2 else (int(labelled.max()) + 1 if labelled.size else 0)
+    indptr, indices = edges_to_csc(_array(src, "src"), _array(dst, "dst"), n, symmetric=undirected, source=name)
+    if splits is None:
+        train, val, test = make_split(labels if labels.ndim == 1 else np.zeros(n, np.int64), num_classes, split,
+                                      seed)
+    else:
+        train, val, test = _splits(splits, n, name)
+    graph = Graph(name=name, indptr=indptr, indices=indices, features=features, labels=labels, train_idx=train,
+                  val_idx=val, test_idx=test, num_classes=int(num_classes), metric=metric)
+    graph.validate(name)
+    graph.drop_unlabelled_from_splits()
+    return graph
+
+
+def _array(value, what: str) -> np.ndarray:
+    if hasattr(value, "detach"):  # a torch tensor (on any device)
+        value = value.detach().cpu().numpy()
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{what}: cannot be read as an array ({exc}).") from None
+
+
+def _labels(labels: np.ndarray, n: int, name: str) -> np.ndarray:
+    """Class ids with -1 for none (from integers, or floats with NaN), or a 0/1/-1 row per vertex."""
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]  # a column of class ids, as PyG and OGB often store them
+    if labels.shape[0] != n:
+        raise DataError(f"{name}: {labels.shape[0]} labels for {n} vertices; give one label (or one row of "
+                        f"0/1 task labels) per vertex.")
+    if labels.dtype.kind == "f":
+        missing = np.isnan(labels)
+        whole = np.where(missing, -1, labels)
+        if not np.array_equal(whole, np.round(whole)):
+            raise DataError(f"{name}: float labels must hold whole class ids (or NaN for no label).")
+        labels = whole.astype(np.int8 if labels.ndim == 2 else np.int64)
+    elif labels.dtype == bool:
+        labels = labels.astype(np.int8 if labels.ndim == 2 else np.int64)
+    if labels.ndim == 2:
+        return labels.astype(np.int8, copy=False)
+    return labels.astype(np.int64, copy=False)
+
+
+def _splits(splits: Mapping | Sequence, n: int, name: str) -> tuple[np.ndarray, ...]:
+    parts = [splits[k] for k in SPLITS] if isinstance(splits, Mapping) else list(splits)
+    if len(parts) != 3:
+        raise DataError(f"{name}: splits must be train, val and test (a dict with those keys or a triple).")
+    out = []
+    for key, part in zip(SPLITS, parts):
+        part = _array(part, f"{key} split")
+        if part.dtype == bool:
+            if part.shape != (n,):
+                raise DataError(f"{name}: the {key} mask has shape {part.shape}, expected ({n},).")
+            part = np.flatnonzero(part)
+        out.append(np.asarray(part, dtype=np.int64))
+    return tuple(out)
