@@ -66,6 +66,49 @@ def alternate(systems: dict, rounds: int, prefix: str, threads: int) -> dict[str
     return results
 
 
+# Child-side prelude of ``run_child``: samples the peak of /proc/self/status fields (kB) into ``peak``
+# every 20 ms and starts the clock ``t0``; the child ends by printing ``RESULT <json>``.
+PEAK_SAMPLER = r"""
+import json, sys, threading, time
+peak = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
+def _sample():
+    while True:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key = line.split(":")[0]
+                if key in peak:
+                    peak[key] = max(peak[key], int(line.split()[1]))
+        time.sleep(0.02)
+threading.Thread(target=_sample, daemon=True).start()
+t0 = time.perf_counter()
+"""
+
+
+def run_child(code: str, *args: str) -> dict:
+    """Run ``PEAK_SAMPLER + code`` in a fresh Python with ``args``; return the JSON of its RESULT line
+    (which must hold ``"rc": 0``)."""
+    done = subprocess.run([sys.executable, "-c", PEAK_SAMPLER + code, *args], capture_output=True, text=True,
+                          check=False)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if line is None or json.loads(line[7:]).get("rc") != 0:
+        raise SystemExit(f"child run failed:\n{done.stdout}\n{done.stderr}")
+    return json.loads(line[7:])
+
+
+def alternate_calls(calls: dict, rounds: int) -> dict[str, list[dict]]:
+    """``alternate`` for in-process callables: each returns one result dict; order reversed every round."""
+    results: dict[str, list[dict]] = {name: [] for name in calls}
+    for round_index in range(rounds):
+        order = list(calls) if round_index % 2 == 0 else list(calls)[::-1]
+        for name in order:
+            results[name].append(calls[name]())
+    return results
+
+
+def medians(results: dict[str, list[dict]], keys: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    return {name: {k: statistics.median(r[k] for r in rows) for k in keys} for name, rows in results.items()}
+
+
 def add_graph_arguments(parser) -> None:
     """The synthetic benchmark graph's size options (default: 1M vertices, 20M edges, 100 features)."""
     parser.add_argument("--nodes", type=int, default=1_000_000)

@@ -12,27 +12,13 @@ output is a memory-mapped .npy file in both.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from common import alternate_calls, medians, run_child
+
 CHILD = r"""
-import json, sys, threading, time
-peak = {"RssAnon": 0, "RssFile": 0}
-def sample():
-    while True:
-        with open("/proc/self/status") as f:
-            for line in f:
-                key = line.split(":")[0]
-                if key in peak:
-                    peak[key] = max(peak[key], int(line.split()[1]))
-        time.sleep(0.02)
-threading.Thread(target=sample, daemon=True).start()
 from neutronorch.cli import main
-t0 = time.perf_counter()
 rc = main(sys.argv[1:])
 seconds = time.perf_counter() - t0
 time.sleep(0.05)
@@ -42,13 +28,8 @@ print("RESULT " + json.dumps({"rc": rc, "seconds": seconds, "anon_mb": peak["Rss
 
 
 def run(args: argparse.Namespace, scratch: str, out: Path) -> dict:
-    command = [sys.executable, "-c", CHILD, "predict", "--checkpoint", args.checkpoint, "--dataset", args.dataset,
-               "--nodes", "all", "--out", str(out), "--device", "cpu", "--no-progress", "--scratch-dir", scratch]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None or json.loads(line[7:])["rc"] != 0:
-        raise SystemExit(f"predict failed:\n{done.stdout}\n{done.stderr}")
-    return json.loads(line[7:])
+    return run_child(CHILD, "predict", "--checkpoint", args.checkpoint, "--dataset", args.dataset, "--nodes", "all",
+                     "--out", str(out), "--device", "cpu", "--no-progress", "--scratch-dir", scratch)
 
 
 def main() -> int:
@@ -59,20 +40,15 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=Path(args.checkpoint).resolve().parent) as folder:
         names = {"memory": "memory", "memory-mapped": folder}
-        results: dict[str, list[dict]] = {name: [] for name in names}
-        for round_index in range(args.rounds):
-            order = list(names) if round_index % 2 == 0 else list(names)[::-1]
-            for name in order:
-                results[name].append(run(args, names[name], Path(folder) / f"{name}.npy"))
+        results = alternate_calls({name: (lambda n=name: run(args, names[n], Path(folder) / f"{n}.npy"))
+                                   for name in names}, args.rounds)
     print(f"\n{args.dataset}: predict --nodes all, {args.rounds} rounds (medians)")
     print("| intermediate layers | seconds | peak anonymous MB | peak file-backed MB |")
     print("|---|---:|---:|---:|")
-    medians = {}
-    for name, rows in results.items():
-        medians[name] = {k: statistics.median(r[k] for r in rows) for k in ("seconds", "anon_mb", "file_mb")}
-        m = medians[name]
+    table = medians(results, ("seconds", "anon_mb", "file_mb"))
+    for name, m in table.items():
         print(f"| {name} | {m['seconds']:.2f} | {m['anon_mb']:.0f} | {m['file_mb']:.0f} |")
-    mapped, memory = medians["memory-mapped"], medians["memory"]
+    mapped, memory = table["memory-mapped"], table["memory"]
     print(f"\n**memory-mapped / memory: time {mapped['seconds'] / memory['seconds']:.3f}, peak anonymous memory "
           f"{mapped['anon_mb'] / memory['anon_mb']:.3f}**")
     return 0

@@ -125,9 +125,33 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+class _FileBar:
+    """A tqdm bar per file being parsed, fed by ``progress(file, bytes done, bytes total)``."""
+
+    def __init__(self):
+        self._bar, self._file = None, None
+
+    def __call__(self, file: str, done: int, total: int) -> None:
+        if file != self._file:
+            self.close()
+            self._file = file
+            self._bar = tqdm(total=total, desc=f"reading {file}", unit="B", unit_scale=True, leave=False,
+                             disable=None, file=sys.stderr)
+        self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    graph = load_dataset(args.source, args.split, args.seed)
+    bar = _FileBar()
+    try:
+        graph = load_dataset(args.source, args.split, args.seed, progress=bar)
+    finally:
+        bar.close()
     if args.float16:
         graph.features = graph.features.astype("float16")
     save_native(graph, args.out_dir, overwrite=args.overwrite)

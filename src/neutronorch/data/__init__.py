@@ -19,25 +19,28 @@ __all__ = ["Graph", "load_dataset", "load_native", "save_native", "SyntheticSpec
 
 DATASET_SPEC_HELP = (
     "synthetic[:nodes=N,degree=D,features=F,classes=C,seed=S,...] | a native dataset directory "
-    "(meta.json + .npy arrays) | a Planetoid folder (ind.<name>.*) | a GraphGallery/gnn-benchmark/"
+    "(meta.json + .npy arrays) | an OGB dataset folder (raw/, split/) | a Planetoid folder (ind.<name>.*) | "
+    "a GraphGallery/gnn-benchmark/"
     "heterophilous .npz | a SNAP edge list (.txt or .txt.gz; features and labels are then synthetic) | "
     "pyg:NAME@ROOT (a PyG dataset already downloaded under ROOT, e.g. pyg:Cora@~/data)")
 
 
-def load_dataset(spec: str, split: str | None = None, seed: int = 0, split_index: int = 0) -> Graph:
+def load_dataset(spec: str, split: str | None = None, seed: int = 0, split_index: int = 0,
+                 progress=None) -> Graph:
     """Open the dataset named by ``spec`` (see ``DATASET_SPEC_HELP``).
 
     ``split`` applies to data that carries no split of its own (synthetic graphs, npz, SNAP); data with a
     split (Planetoid's public split, native directories) keeps it. ``split_index`` picks one of several
     stored splits (the heterophilous ``.npz`` files hold 10). Vertices without a label are left out of
-    the splits.
+    the splits. ``progress(file, bytes done, bytes total)`` is called while large text files are parsed
+    (OGB's CSV layout).
     """
-    graph = _load(spec, split, seed, split_index)
+    graph = _load(spec, split, seed, split_index, progress)
     graph.drop_unlabelled_from_splits()
     return graph
 
 
-def _load(spec: str, split: str | None, seed: int, split_index: int) -> Graph:
+def _load(spec: str, split: str | None, seed: int, split_index: int, progress) -> Graph:
     if spec.startswith("pyg:"):
         from neutronorch.data.interop import load_pyg_dataset
         return load_pyg_dataset(spec[len("pyg:"):], split_index)
@@ -53,11 +56,14 @@ def _load(spec: str, split: str | None, seed: int, split_index: int) -> Graph:
     if is_native_dir(path):
         return _own_split(load_native(path), split)
     if path.is_dir():
+        from neutronorch.data.ogb import is_ogb_dir, load_ogb
+        if is_ogb_dir(path):
+            return _own_split(load_ogb(path, progress), split)
         if any(path.glob("ind.*.graph")):
             from neutronorch.data.planetoid import load_planetoid
             return _own_split(load_planetoid(path), split)
-        raise DataError(f"{path}: directory holds neither meta.json (native format) nor ind.<name>.* files "
-                        f"(Planetoid). `dataset` takes {DATASET_SPEC_HELP}.")
+        raise DataError(f"{path}: directory holds neither meta.json (native format), ind.<name>.* files "
+                        f"(Planetoid) nor raw/ (an OGB dataset). `dataset` takes {DATASET_SPEC_HELP}.")
     name = path.name.lower()
     if name.endswith(".npz"):
         from neutronorch.data.npz import load_npz

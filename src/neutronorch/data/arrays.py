@@ -35,7 +35,7 @@ def from_arrays(src, dst, features, labels, splits: Mapping | Sequence | None = 
     if features.dtype not in (np.float32, np.float16):
         features = features.astype(np.float32)
     n = features.shape[0] if num_nodes is None else int(num_nodes)
-    labels = _labels(_array(labels, "labels"), n, name)
+    labels = class_labels(_array(labels, "labels"), n, name)
     if num_classes is None:
         labelled = labels[labels >= 0]
         num_classes = labels.shape[1] if labels.ndim == 2 else (int(labelled.max()) + 1 if labelled.size else 0)
@@ -61,7 +61,7 @@ def _array(value, what: str) -> np.ndarray:
         raise DataError(f"{what}: cannot be read as an array ({exc}).") from None
 
 
-def _labels(labels: np.ndarray, n: int, name: str) -> np.ndarray:
+def class_labels(labels: np.ndarray, n: int, name: str) -> np.ndarray:
     """Class ids with -1 for none (from integers, or floats with NaN), or a 0/1/-1 row per vertex."""
     if labels.ndim == 2 and labels.shape[1] == 1:
         labels = labels[:, 0]  # a column of class ids, as PyG and OGB often store them
