@@ -4,27 +4,53 @@ Public API::
 
     from neutronorch import TrainConfig, train, load_dataset
     summary = train(TrainConfig(dataset="synthetic:nodes=100000", model="sage", epochs=3))
+
+Names are imported when first used, so ``import neutronorch`` (and commands that need no model, such as
+``neutronorch convert`` and ``info``) do not wait for torch to load.
 """
 
+import importlib
 import os
 
 # numba's OpenMP threading layer is safe to call from several Python threads (the training loop and the
 # background producer); the default workqueue layer is not. Set before numba compiles anything.
 os.environ.setdefault("NUMBA_THREADING_LAYER", "omp")
 
-from neutronorch.config import TrainConfig  # noqa: E402
-from neutronorch.data import (Graph, from_dgl, from_pyg, load_dataset, load_native, save_native,  # noqa: E402
-                              to_dgl, to_pyg)
-from neutronorch.errors import (CheckpointError, ConfigError, DataError, Interrupted, NeutronorchError,  # noqa: E402
-                                TrainingError)
-from neutronorch.nn.models import GNN  # noqa: E402
-from neutronorch.nn.pyg import to_pyg_model  # noqa: E402
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, TorchNeighborSampler  # noqa: E402
-from neutronorch.train.checkpoint import load_checkpoint  # noqa: E402
-from neutronorch.train.predict import embed, predict  # noqa: E402
-from neutronorch.train.trainer import train  # noqa: E402
-
 __version__ = "0.1.0"
-__all__ = ["TrainConfig", "train", "load_dataset", "load_native", "save_native", "Graph", "GNN",
-           "NeighborSampler", "TorchNeighborSampler", "NeutronorchError", "ConfigError", "DataError", "TrainingError", "CheckpointError", "Interrupted", "load_checkpoint",
-           "predict", "embed", "to_pyg_model", "from_pyg", "to_pyg", "from_dgl", "to_dgl"]
+
+# public name -> the module that defines it
+_WHERE = {
+    "TrainConfig": "neutronorch.config",
+    **{name: "neutronorch.data" for name in ("Graph", "load_dataset", "load_native", "save_native", "from_pyg",
+                                             "to_pyg", "from_dgl", "to_dgl")},
+    **{name: "neutronorch.errors" for name in ("NeutronorchError", "ConfigError", "DataError", "TrainingError",
+                                               "CheckpointError", "Interrupted")},
+    "GNN": "neutronorch.nn.models",
+    "to_pyg_model": "neutronorch.nn.pyg",
+    "NeighborSampler": "neutronorch.sampling.neighbor_sampler",
+    "TorchNeighborSampler": "neutronorch.sampling.neighbor_sampler",
+    "load_checkpoint": "neutronorch.train.checkpoint",
+    "predict": "neutronorch.train.predict",
+    "embed": "neutronorch.train.predict",
+    "train": "neutronorch.train.trainer",
+}
+__all__ = list(_WHERE)
+
+# ``train`` names both a subpackage and the function. Importing the subpackage binds the name to it here,
+# once; it is imported now (its __init__ is empty) and the name dropped, so ``neutronorch.train`` is the
+# function, loaded on first use like every other name.
+import neutronorch.train  # noqa: E402
+
+del train  # noqa: F821 - bound by the import above
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'neutronorch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

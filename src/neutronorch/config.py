@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from neutronorch.errors import ConfigError
-from neutronorch.nn.models import GCN_NORMS, MODELS, NORMS, needs_degrees
-from neutronorch.sampling.neighbor_sampler import parse_fanouts
+from neutronorch.nn.names import GCN_NORMS, MODELS, NORMS, needs_degrees
+from neutronorch.sampling.fanouts import parse_fanouts
 
 MODES = ("exact", "device", "neutronorch")
 METRICS = ("accuracy", "rocauc", "f1-micro", "f1-macro")

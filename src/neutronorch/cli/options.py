@@ -7,7 +7,7 @@ from dataclasses import fields
 
 from neutronorch.config import CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, METRICS, MODES, TrainConfig
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec
-from neutronorch.nn.models import GCN_NORMS, MODELS, NORMS
+from neutronorch.nn.names import GCN_NORMS, MODELS, NORMS
 
 _HELP = {
     "dataset": f"dataset spec: {DATASET_SPEC_HELP} (default: %(default)s)",

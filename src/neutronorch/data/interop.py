@@ -12,7 +12,6 @@ import importlib
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from neutronorch.data.arrays import from_arrays
 from neutronorch.data.graph import Graph
@@ -48,6 +47,8 @@ def from_pyg(data, name: str = "pyg", split_index: int = 0, **options) -> Graph:
 def to_pyg(graph: Graph):
     """The graph as a ``torch_geometric.data.Data`` (x, y, edge_index source-to-target, split masks)."""
     data = _require("torch_geometric.data", "to_pyg")
+    import torch  # noqa: PLC0415 - torch is there when PyG is
+
     src, dst = _edges(graph)
     return data.Data(x=torch.from_numpy(np.asarray(graph.features, dtype=np.float32)),
                 edge_index=torch.from_numpy(np.stack([src, dst])), y=torch.from_numpy(np.asarray(graph.labels)),
@@ -71,6 +72,8 @@ def from_dgl(g, name: str = "dgl", split_index: int = 0, **options) -> Graph:
 def to_dgl(graph: Graph):
     """The graph as a ``dgl.DGLGraph`` with node data feat, label and the split masks."""
     dgl = _require("dgl", "to_dgl")
+    import torch  # noqa: PLC0415 - torch is there when DGL is
+
     src, dst = _edges(graph)
     g = dgl.graph((torch.from_numpy(src), torch.from_numpy(dst)), num_nodes=graph.num_nodes)
     g.ndata["feat"] = torch.from_numpy(np.asarray(graph.features, dtype=np.float32))

@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from neutronorch.nn.aggregation import edge_destinations, fused_mean_linear, mean_aggregate, symmetric_aggregate
+from neutronorch.nn.names import GCN_NORMS
 from neutronorch.sampling.block import Block
 
 
@@ -44,7 +45,6 @@ class SAGEConv(nn.Module):
         return fused if fused is not None else self.transform(x_dst, self.aggregate(block, x_src))
 
 
-GCN_NORMS = ("symmetric", "mean")
 
 
 class GCNConv(nn.Module):

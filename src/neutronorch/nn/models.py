@@ -13,19 +13,12 @@ import torch
 from torch import nn
 
 from neutronorch.nn.activation import relu_dropout
-from neutronorch.nn.layers import GCN_NORMS, GATConv, GCNConv, Residual, SAGEConv
+from neutronorch.nn.layers import GATConv, GCNConv, Residual, SAGEConv
+from neutronorch.nn.names import GCN_NORMS, MODELS, NORMS, needs_degrees
 from neutronorch.nn.splice import HotRows, splice, splice_relu_dropout
 from neutronorch.sampling.block import Block
 
-MODELS = ("sage", "gcn", "gat")
-NORMS = ("none", "layer", "batch")
 __all__ = ["GCN_NORMS", "GNN", "MODELS", "NORMS", "needs_degrees"]
-
-
-def needs_degrees(kind: str, gcn_norm: str = "symmetric") -> bool:
-    """Whether a model's blocks must carry their sources' graph degrees (``GNN.needs_degrees`` before it
-    is built: what the samplers are told)."""
-    return kind == "gcn" and gcn_norm == "symmetric"
 
 
 class GNN(nn.Module):

@@ -22,9 +22,11 @@ import threading
 import numpy as np
 import torch
 
-from neutronorch.errors import ConfigError
 from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block, SampledSubgraph
+from neutronorch.sampling.fanouts import parse_fanouts
+
+__all__ = ["NeighborSampler", "TorchNeighborSampler", "batch_key", "layer_key", "mix_key", "parse_fanouts"]
 
 
 _MASK = (1 << 64) - 1
@@ -43,21 +45,6 @@ def batch_key(seed: int, epoch: int, batch_index: int) -> int:
 
 def layer_key(key: int, hop: int) -> int:
     return mix_key(key, hop + 1)
-
-
-def parse_fanouts(text: str | list[int] | tuple[int, ...], field: str = "fanouts") -> list[int]:
-    """``"15,10,5"`` -> [15, 10, 5] (seed hop first). ``-1`` means all neighbours. Errors name ``field``."""
-    items = text.split(",") if isinstance(text, str) else text
-    try:
-        if isinstance(items, (dict, set)) or any(isinstance(f, (bool, float)) for f in items):
-            raise TypeError
-        fanouts = [int(f) for f in items]
-    except (TypeError, ValueError):
-        raise ConfigError(f"`{field}` {text!r}: expected comma-separated integers such as 15,10,5.") from None
-    if not fanouts or any(f == 0 or f < -1 for f in fanouts):
-        raise ConfigError(f"`{field}` {text!r}: each fanout must be a positive integer, or -1 for all "
-                          f"neighbours; one per layer, seed hop first (e.g. 15,10,5).")
-    return fanouts
 
 
 class NeighborSampler:

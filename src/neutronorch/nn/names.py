@@ -1,0 +1,13 @@
+"""The models' names and settings, without torch (the command line and the configuration import this)."""
+
+from __future__ import annotations
+
+MODELS = ("sage", "gcn", "gat")
+NORMS = ("none", "layer", "batch")  # between layers
+GCN_NORMS = ("symmetric", "mean")
+
+
+def needs_degrees(kind: str, gcn_norm: str = "symmetric") -> bool:
+    """Whether a model's blocks must carry their sources' graph degrees (``GNN.needs_degrees`` before it
+    is built: what the samplers are told)."""
+    return kind == "gcn" and gcn_norm == "symmetric"

@@ -1,0 +1,20 @@
+"""Fanouts as the command line and config files give them (no torch: the command line imports this)."""
+
+from __future__ import annotations
+
+from neutronorch.errors import ConfigError
+
+
+def parse_fanouts(text: str | list[int] | tuple[int, ...], field: str = "fanouts") -> list[int]:
+    """``"15,10,5"`` -> [15, 10, 5] (seed hop first). ``-1`` means all neighbours. Errors name ``field``."""
+    items = text.split(",") if isinstance(text, str) else text
+    try:
+        if isinstance(items, (dict, set)) or any(isinstance(f, (bool, float)) for f in items):
+            raise TypeError
+        fanouts = [int(f) for f in items]
+    except (TypeError, ValueError):
+        raise ConfigError(f"`{field}` {text!r}: expected comma-separated integers such as 15,10,5.") from None
+    if not fanouts or any(f == 0 or f < -1 for f in fanouts):
+        raise ConfigError(f"`{field}` {text!r}: each fanout must be a positive integer, or -1 for all "
+                          f"neighbours; one per layer, seed hop first (e.g. 15,10,5).")
+    return fanouts
