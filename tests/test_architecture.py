@@ -128,3 +128,14 @@ def test_nothing_outside_a_mode_branches_on_mode_names():
                 if names & {"name", "mode"} and constants & {"exact", "device", "neutronorch"}:
                     offenders.append(f"{rel}:{node.lineno}")
     assert not offenders
+
+
+def test_the_command_line_and_the_data_layer_load_without_torch():
+    """`neutronorch convert`, `info` and `--help` start without waiting for torch (docs/architecture.md)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, neutronorch, neutronorch.cli, neutronorch.data, neutronorch.config; "
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
