@@ -10,7 +10,7 @@ import resource, torch
 from neutronorch.train.memory import keep_freed_memory
 applied = keep_freed_memory()
 faults = []
-for _ in range(12):
+for _ in range(30):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     block = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, touched
     del block
@@ -26,5 +26,6 @@ def test_freed_blocks_are_reused_without_page_faults():
                                      check=True).stdout.split()
     assert applied == "True"
     # System malloc maps a fresh region each time and faults in all 16,384 pages; reused heap pages
-    # fault in none.
+    # fault in none. The first few rounds may still fault while libraries torch loads on first use map
+    # their pages next to the heap (up to about 10 rounds seen): the steady state is what is checked.
     assert int(faults) < 1000
