@@ -48,7 +48,7 @@ def lockstep(graph, cfg_a, cfg_b, device=torch.device("cpu")):
     torch.manual_seed(0)
     model_a = GNN(cfg_a.model, graph.feature_dim, cfg_a.hidden, graph.num_classes, len(cfg_a.fanouts),
                   dropout=cfg_a.dropout, heads=cfg_a.heads, gcn_norm=cfg_a.gcn_norm, residual=cfg_a.residual,
-                  norm=cfg_a.norm).to(device)
+                  norm=cfg_a.norm, architecture=cfg_a.architecture).to(device)
     model_b = copy.deepcopy(model_a)
     opt_a = torch.optim.Adam(model_a.parameters(), lr=cfg_a.lr, weight_decay=cfg_a.weight_decay)
     opt_b = torch.optim.Adam(model_b.parameters(), lr=cfg_b.lr, weight_decay=cfg_b.weight_decay)
@@ -74,8 +74,10 @@ def lockstep(graph, cfg_a, cfg_b, device=torch.device("cpu")):
 @pytest.mark.slow
 @pytest.mark.parametrize("model,dropout,deeper", [
     ("sage", 0.5, {}), ("gcn", 0.5, {}), ("gat", 0.0, {}), ("sage", 0.5, {"residual": True, "norm": "layer"}),
-    ("gcn", 0.5, {"residual": True, "norm": "batch"}), ("gat", 0.0, {"residual": True, "norm": "layer"})],
-    ids=["sage", "gcn", "gat", "sage-residual-layer", "gcn-residual-batch", "gat-residual-layer"])
+    ("gcn", 0.5, {"residual": True, "norm": "batch"}), ("gat", 0.0, {"residual": True, "norm": "layer"}),
+    ("sage", 0.0, {"architecture": "blocks", "norm": "layer"}), ("gcn", 0.0, {"architecture": "blocks", "norm": "layer"})],
+    ids=["sage", "gcn", "gat", "sage-residual-layer", "gcn-residual-batch", "gat-residual-layer", "sage-blocks",
+         "gcn-blocks"])
 def test_p1_s0_cpu_grad_equals_exact_mode_losses_and_gradients(graph, model, dropout, deeper):
     # GAT's attention dropout draws masks over the edges of the block the device computes, which the hot
     # rows leave; the ReLU dropout between layers is drawn per row of the full layer output in both modes.

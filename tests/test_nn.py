@@ -115,7 +115,8 @@ def test_gat_attention_is_a_softmax_over_neighbours_and_self(subgraph):
 @pytest.mark.parametrize("kind, norm, deeper", [
     ("sage", "symmetric", {}), ("gcn", "symmetric", {}), ("gcn", "mean", {}), ("gat", "symmetric", {}),
     ("sage", "symmetric", {"residual": True, "norm": "layer"}), ("gcn", "symmetric", {"residual": True, "norm": "batch"}),
-    ("gat", "symmetric", {"residual": True, "norm": "layer"})])
+    ("gat", "symmetric", {"residual": True, "norm": "layer"}), ("sage", "symmetric", {"architecture": "blocks"}),
+    ("gcn", "symmetric", {"architecture": "blocks", "norm": "layer"}), ("gat", "symmetric", {"architecture": "blocks"})])
 def test_models_map_blocks_to_seed_logits_and_train(subgraph, kind, norm, deeper):
     torch.manual_seed(0)
     model = GNN(kind, 6, 32, 3, 2, dropout=0.0, heads=2, gcn_norm=norm, **deeper)
@@ -176,7 +177,8 @@ def test_fused_cpu_layer_equals_the_torch_definition_with_gradients(subgraph, la
         torch.testing.assert_close(p32.grad.double(), p64.grad, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["sage", "gcn", "gcn-mean", "gat", "sage-deep", "gcn-deep", "gat-deep"])
+@pytest.mark.parametrize("kind", ["sage", "gcn", "gcn-mean", "gat", "sage-deep", "gcn-deep", "gat-deep", "sage-blocks",
+                                  "gcn-blocks", "gat-blocks"])
 def test_full_neighbour_inference_equals_per_vertex_computation(kind):
     from neutronorch.data import SyntheticSpec, generate
     from neutronorch.features.store import FeatureStore
@@ -185,9 +187,11 @@ def test_full_neighbour_inference_equals_per_vertex_computation(kind):
     graph = generate(SyntheticSpec(nodes=400, degree=6, features=5, classes=3))
     torch.manual_seed(0)
     deeper = {"residual": True, "norm": "batch" if kind == "gcn-deep" else "layer"} if kind.endswith("deep") else {}
+    if kind.endswith("blocks"):
+        deeper = {"architecture": "blocks", "norm": "batch" if kind == "gcn-blocks" else "layer"}
     model = GNN(kind.split("-")[0], 5, 8, 3, 3, heads=2, gcn_norm="mean" if kind == "gcn-mean" else "symmetric",
                 **deeper)
-    if kind.endswith("deep"):  # non-trivial normalisation statistics and parameters
+    if kind.endswith(("deep", "blocks")):  # non-trivial normalisation statistics and parameters
         for module in model.modules():
             if isinstance(module, (torch.nn.LayerNorm, torch.nn.BatchNorm1d)):
                 torch.nn.init.uniform_(module.weight, 0.5, 1.5)

@@ -75,3 +75,8 @@ def test_models_with_residuals_or_normalisation_are_not_exported():
         to_pyg_model(GNN("sage", 4, 8, 2, 2, residual=True))
     with pytest.raises(ValueError, match="plain stacks"):
         to_pyg_model(GNN("sage", 4, 8, 2, 2, norm="layer"))
+
+
+def test_graph_block_models_are_not_exported():
+    with pytest.raises(ValueError, match="plain stacks"):
+        to_pyg_model(GNN("sage", 4, 8, 2, 2, architecture="blocks"))

@@ -288,6 +288,10 @@ def test_layers_repeat_a_single_fanout_and_must_match_a_list():
         TrainConfig(layers=3, fanouts="5,3").validate()
     with pytest.raises(ConfigError, match="`norm` 'group'"):
         TrainConfig(norm="group").validate()
+    with pytest.raises(ConfigError, match="graph blocks are residual already"):
+        TrainConfig(architecture="blocks", residual=True).validate()
+    with pytest.raises(ConfigError, match="`architecture` 'transformer'"):
+        TrainConfig(architecture="transformer").validate()
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from neutronorch.errors import ConfigError
-from neutronorch.nn.names import GCN_NORMS, MODELS, NORMS, needs_degrees
+from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, needs_degrees
 from neutronorch.sampling.fanouts import parse_fanouts
 
 MODES = ("exact", "device", "neutronorch")
@@ -33,6 +33,7 @@ class TrainConfig:
     heads: int = 4
     gcn_norm: str = "symmetric"
     residual: bool = False  # skip connections around every layer but the output layer
+    architecture: str = "plain"  # plain (a stack of layers) or blocks (residual graph blocks, nn/blocks.py)
     norm: str = "none"  # between layers, before the activation: none, layer or batch
     layers: int = 0  # 0: one per `fanouts` entry; N with a single fanout repeats it N times
     metric: str = "auto"  # accuracy, rocauc, f1-micro, f1-macro; auto: the dataset's (see train/task.py)
@@ -113,6 +114,10 @@ class TrainConfig:
             (self.heads >= 1, f"`heads` {self.heads}: must be positive."),
             (self.gcn_norm in GCN_NORMS, f"`gcn_norm` {self.gcn_norm!r}: choose one of {', '.join(GCN_NORMS)}."),
             (self.norm in NORMS, f"`norm` {self.norm!r}: choose one of {', '.join(NORMS)}."),
+            (self.architecture in ARCHITECTURES,
+             f"`architecture` {self.architecture!r}: choose one of {', '.join(ARCHITECTURES)}."),
+            (not (self.residual and self.architecture == "blocks"),
+             "`residual`: graph blocks are residual already; give `residual` with `architecture` plain only."),
             (self.metric in ("auto",) + METRICS, f"`metric` {self.metric!r}: choose auto or one of "
                                                   f"{', '.join(METRICS)}."),
             (self.split_index >= 0, f"`split_index` {self.split_index}: must be 0 or more."),

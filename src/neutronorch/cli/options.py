@@ -7,7 +7,7 @@ from dataclasses import fields
 
 from neutronorch.config import CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, METRICS, MODES, TrainConfig
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec
-from neutronorch.nn.names import GCN_NORMS, MODELS, NORMS
+from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS
 
 _HELP = {
     "dataset": f"dataset spec: {DATASET_SPEC_HELP} (default: %(default)s)",
@@ -17,6 +17,9 @@ _HELP = {
     "fanouts": "neighbours sampled per layer, seed hop first; -1 takes all (default: 10,10)",
     "hidden": "hidden width (default: %(default)s)",
     "heads": "GAT attention heads in hidden layers (default: %(default)s)",
+    "architecture": "plain: a stack of graph layers with ReLU and dropout between; blocks: an input map, one "
+                    "residual block h + FFN(aggregate(norm(h))) per layer, and a linear head, as the "
+                    "heterophilous-graph baselines of Platonov et al. (docs/models.md) (default: %(default)s)",
     "norm": "normalisation between layers, before the activation: none, layer (LayerNorm) or batch "
             "(BatchNorm) (default: %(default)s)",
     "layers": "number of layers; 0 = one per --fanouts entry; with a single fanout, that fanout in every layer "
@@ -104,7 +107,7 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
     defaults = TrainConfig()
     choices = {"model": MODELS, "mode": MODES, "device": DEVICES, "hot_grad": HOT_GRADS,
                "cache_policy": CACHE_POLICIES, "device_sampling": DEVICE_SAMPLING, "gcn_norm": GCN_NORMS,
-               "norm": NORMS, "metric": ("auto",) + METRICS}
+               "norm": NORMS, "metric": ("auto",) + METRICS, "architecture": ARCHITECTURES}
     types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int, "gpu_memory_gb": float,
              "gpu_cache_gb": str}
     for f in fields(TrainConfig):

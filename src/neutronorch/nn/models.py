@@ -13,18 +13,19 @@ import torch
 from torch import nn
 
 from neutronorch.nn.activation import relu_dropout
+from neutronorch.nn.blocks import GraphBlock, Head, InputBlock, norm_layer
 from neutronorch.nn.layers import GATConv, GCNConv, Residual, SAGEConv
-from neutronorch.nn.names import GCN_NORMS, MODELS, NORMS, needs_degrees
+from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, needs_degrees
 from neutronorch.nn.splice import HotRows, splice, splice_relu_dropout
 from neutronorch.sampling.block import Block
 
-__all__ = ["GCN_NORMS", "GNN", "MODELS", "NORMS", "needs_degrees"]
+__all__ = ["ARCHITECTURES", "GCN_NORMS", "GNN", "MODELS", "NORMS", "needs_degrees"]
 
 
 class GNN(nn.Module):
     def __init__(self, kind: str, in_dim: int, hidden: int, num_classes: int, num_layers: int,
                  dropout: float = 0.5, heads: int = 4, gcn_norm: str = "symmetric", residual: bool = False,
-                 norm: str = "none"):
+                 norm: str = "none", architecture: str = "plain"):
         super().__init__()
         if kind not in MODELS:
             raise ValueError(f"unknown model {kind!r}; choose one of {MODELS}")
@@ -32,11 +33,20 @@ class GNN(nn.Module):
         # What rebuilds this model (a checkpoint stores it next to the weights).
         self.arguments = {"kind": kind, "in_dim": in_dim, "hidden": hidden, "num_classes": num_classes,
                           "num_layers": num_layers, "dropout": dropout, "heads": heads, "gcn_norm": gcn_norm,
-                          "residual": residual, "norm": norm}
+                          "residual": residual, "norm": norm, "architecture": architecture}
         if norm not in NORMS:
             raise ValueError(f"unknown normalisation {norm!r}; choose one of {NORMS}")
+        if architecture not in ARCHITECTURES:
+            raise ValueError(f"unknown architecture {architecture!r}; choose one of {ARCHITECTURES}")
         self.num_layers = num_layers
         self.dropout = dropout
+        self.norm = norm
+        self.head = None
+        if architecture == "blocks":
+            graph_blocks = [GraphBlock(kind, hidden, norm, dropout, heads, gcn_norm) for _ in range(num_layers)]
+            self.layers = nn.ModuleList([InputBlock(in_dim, graph_blocks[0], dropout)] + graph_blocks[1:])
+            self.head = Head(hidden, num_classes, norm)
+            return
         dims = [in_dim] + [hidden] * (num_layers - 1) + [num_classes]
         layers = []
         for i in range(num_layers):
@@ -50,14 +60,19 @@ class GNN(nn.Module):
         if residual:  # every layer but the output layer
             layers = [Residual(layer) for layer in layers[:-1]] + layers[-1:]
         self.layers = nn.ModuleList(layers)
-        self.norm = norm
         # Between layers, before the activation (after NeutronOrch's splice of the bottom layer's rows).
-        self.norms = nn.ModuleList(_norm(norm, hidden) for _ in range(num_layers - 1))
+        self.norms = nn.ModuleList(norm_layer(norm, hidden) for _ in range(num_layers - 1))
 
     @property
     def needs_degrees(self) -> bool:
         """Whether its blocks must carry their sources' graph degrees (``Block.src_degree``)."""
         return any(layer.needs_degrees for layer in self.layers)
+
+    def width(self, index: int) -> int:
+        """The width of ``layer_forward(index, ...)``'s rows (the head's classes after the last block)."""
+        if self.head is not None and index == self.num_layers - 1:
+            return self.head.lin.out_features
+        return self.layers[index].out_dim
 
     @property
     def bottom(self) -> nn.Module:
@@ -65,7 +80,10 @@ class GNN(nn.Module):
         return self.layers[0]
 
     def activate(self, index: int, y: torch.Tensor) -> torch.Tensor:
-        """What follows layer ``index``'s pre-activation output (nothing after the last layer)."""
+        """What follows layer ``index``'s pre-activation output (nothing after the last layer; with graph
+        blocks, nothing between them and the head after the last)."""
+        if self.head is not None:
+            return self.head(y) if index == self.num_layers - 1 else y
         if index == self.num_layers - 1:
             return y
         if self.norm != "none":
@@ -89,8 +107,8 @@ class GNN(nn.Module):
                              f"splice {index.cold_pos.shape[0]} cold of {index.num_rows} rows")
         y_cold = self.layers[0](blocks[0], x)
         if self.num_layers == 1:
-            return splice(y_cold, hot.table, index, hot.grad_acc)
-        if self.norm == "none":
+            return self.activate(0, splice(y_cold, hot.table, index, hot.grad_acc))
+        if self.norm == "none" and self.head is None:
             h = splice_relu_dropout(y_cold, hot.table, index, self.dropout, self.training, hot.grad_acc)
         else:
             h = self.activate(0, splice(y_cold, hot.table, index, hot.grad_acc))
@@ -102,10 +120,3 @@ class GNN(nn.Module):
             x = self.layer_forward(index, blocks[index], x)
         return x
 
-
-def _norm(kind: str, width: int) -> nn.Module:
-    if kind == "layer":
-        return nn.LayerNorm(width)
-    if kind == "batch":
-        return nn.BatchNorm1d(width)
-    return nn.Identity()

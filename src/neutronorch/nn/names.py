@@ -5,6 +5,9 @@ from __future__ import annotations
 MODELS = ("sage", "gcn", "gat")
 NORMS = ("none", "layer", "batch")  # between layers
 GCN_NORMS = ("symmetric", "mean")
+# plain: a stack of graph layers with ReLU and dropout between; blocks: residual graph blocks between an
+# input map and a linear head (nn/blocks.py)
+ARCHITECTURES = ("plain", "blocks")
 
 
 def needs_degrees(kind: str, gcn_norm: str = "symmetric") -> bool:

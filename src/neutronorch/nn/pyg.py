@@ -33,7 +33,7 @@ def to_pyg_model(model: GNN) -> torch.nn.Module:
     except ImportError:
         raise ImportError("to_pyg_model needs PyTorch Geometric: pip install torch-geometric") from None
     args = model.arguments
-    if args.get("residual") or args.get("norm", "none") != "none":
+    if args.get("residual") or args.get("norm", "none") != "none" or args.get("architecture", "plain") != "plain":
         raise ValueError("to_pyg_model exports plain stacks of layers; a model trained with residual "
                          "connections or normalisation between layers has no PyG model class to go into")
     common = dict(in_channels=args["in_dim"], hidden_channels=args["hidden"], num_layers=args["num_layers"],

@@ -51,14 +51,14 @@ def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor
     if out is None:
         if transform is not None:
             raise ValueError("layerwise: give `out` with a `transform` (its rows' type and width)")
-        out = torch.empty((nodes.shape[0], model.layers[upto - 1].out_dim))
+        out = torch.empty((nodes.shape[0], model.width(upto - 1)))
     run = _Run(model, graph, store, device, chunk_size, progress)
     hidden = None
     with tempfile.TemporaryDirectory(dir=scratch) if scratch is not None else contextlib.nullcontext() as folder:
         for layer in range(upto):
             if layer == upto - 1:
                 return run.last(layer, hidden, nodes, out, transform)
-            buffer = _buffer((graph.num_nodes, model.layers[layer].out_dim), device, folder, layer)
+            buffer = _buffer((graph.num_nodes, model.width(layer)), device, folder, layer)
             run.all_rows(layer, hidden, buffer)
             hidden = buffer
     raise ValueError("`layers` must be at least 1")

@@ -77,7 +77,7 @@ def embed(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, layer: int, 
     layers = checkpoint.model.num_layers
     if not 1 <= layer <= layers:
         raise ConfigError(f"`layer` {layer}: the model has layers 1..{layers} (1 reads the features).")
-    width = checkpoint.model.layers[layer - 1].out_dim
+    width = checkpoint.model.width(layer - 1)
     return _infer(checkpoint, graph, nodes, layer, (width,), np.float32, None, device, chunk_size, out, scratch,
                   progress)
 
@@ -119,7 +119,7 @@ def scratch_folder(model: torch.nn.Module, graph: Graph, layers: int, scratch: s
     """Where the intermediate layers' embeddings go: None (memory) or a folder (memory maps)."""
     if scratch != "auto":
         return scratch
-    widths = [model.layers[i].out_dim for i in range(layers - 1)]
+    widths = [model.width(i) for i in range(layers - 1)]
     # Two layers' rows of every vertex are alive at once (the one read and the one written).
     needed = 2 * graph.num_nodes * max(widths, default=0) * 4
     available = available_memory_bytes()

@@ -152,7 +152,7 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
         config.batch_size = auto_batch_size(len(graph.train_idx))
     model = GNN(config.model, graph.feature_dim, config.hidden, graph.num_classes, len(config.fanouts),
                 dropout=config.dropout, heads=config.heads, gcn_norm=config.gcn_norm, residual=config.residual,
-                norm=config.norm).to(device)
+                norm=config.norm, architecture=config.architecture).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     spans = Spans()
     mode = build_mode(config, graph, device, threads, spans)

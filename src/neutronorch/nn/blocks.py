@@ -1,0 +1,96 @@
+"""Residual graph blocks (``--architecture blocks``), the structure of Platonov et al.'s (ICLR 2023) GNNs:
+
+    h = GELU(dropout(W_in x))                                  (the input map, on every input row)
+    h = h + FFN(aggregate(norm(h)))        for each layer        (one block per fanout)
+    logits = W_out norm(h)                                     (the head, on the seed rows)
+
+``aggregate`` is the layer's neighbourhood operation (SAGE: the vertex's row beside its neighbours' mean;
+GCN: the normalised sum; GAT: attention, after its own linear map) and ``FFN`` two linear maps with dropout
+and GELU between. Each block maps a block's source rows to its destinations' rows, as a layer does; the
+bottom block includes the input map, so NeutronOrch computes a hot vertex's whole bottom block on the host
+(it is not separable, like GAT).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from neutronorch.nn.aggregation import mean_aggregate, symmetric_aggregate
+from neutronorch.nn.layers import GATConv
+from neutronorch.sampling.block import Block
+
+
+def norm_layer(kind: str, width: int) -> nn.Module:
+    if kind == "layer":
+        return nn.LayerNorm(width)
+    if kind == "batch":
+        return nn.BatchNorm1d(width)
+    return nn.Identity()
+
+
+class FeedForward(nn.Module):
+    def __init__(self, in_dim: int, dim: int, dropout: float):
+        super().__init__()
+        self.lin1, self.lin2 = nn.Linear(in_dim, dim), nn.Linear(dim, dim)
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(F.dropout(self.lin1(x), self.dropout, self.training))
+        return F.dropout(self.lin2(x), self.dropout, self.training)
+
+
+class GraphBlock(nn.Module):
+    """``h_v + FFN(aggregate(norm(h))_v)`` for a block's destinations."""
+
+    separable = False
+
+    def __init__(self, kind: str, dim: int, norm: str, dropout: float, heads: int, gcn_norm: str):
+        super().__init__()
+        self.kind, self.in_dim, self.out_dim = kind, dim, dim
+        self.needs_degrees = kind == "gcn" and gcn_norm == "symmetric"
+        self.gcn_norm = gcn_norm
+        self.norm = norm_layer(norm, dim)
+        self.attention = GATConv(dim, dim, heads=heads, attention_dropout=dropout) if kind == "gat" else None
+        self.ffn = FeedForward(2 * dim if kind == "sage" else dim, dim, dropout)
+
+    def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x_src)
+        if self.kind == "sage":
+            message = torch.cat([block.dst_rows(h), mean_aggregate(block, h)], dim=1)
+        elif self.kind == "gcn":
+            message = (symmetric_aggregate(block, h) if self.gcn_norm == "symmetric"
+                       else mean_aggregate(block, h, include_self=True))
+        else:
+            message = self.attention(block, h)
+        return block.dst_rows(x_src) + self.ffn(message)
+
+
+class InputBlock(nn.Module):
+    """The bottom block: the input map on every source row, then the first graph block."""
+
+    separable = False
+
+    def __init__(self, in_dim: int, first: GraphBlock, dropout: float):
+        super().__init__()
+        self.input = nn.Linear(in_dim, first.in_dim)
+        self.first = first
+        self.in_dim, self.out_dim, self.needs_degrees = in_dim, first.out_dim, first.needs_degrees
+        self.dropout = dropout
+
+    def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(F.dropout(self.input(x_src), self.dropout, self.training))
+        return self.first(block, h)
+
+
+class Head(nn.Module):
+    """``W_out norm(h)``: the logits of the last block's rows."""
+
+    def __init__(self, dim: int, num_classes: int, norm: str):
+        super().__init__()
+        self.norm = norm_layer(norm, dim)
+        self.lin = nn.Linear(dim, num_classes)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lin(self.norm(h))
