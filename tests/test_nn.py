@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from neutronorch.nn.activation import relu_dropout
-from neutronorch.nn.aggregation import mean_aggregate, mean_aggregate_torch, weighted_aggregate
+from neutronorch.nn.aggregation import mean_aggregate, mean_aggregate_torch
 from neutronorch.nn.layers import GATConv, GCNConv, SAGEConv
 from neutronorch.nn.models import GNN
 from neutronorch.sampling.neighbor_sampler import NeighborSampler
@@ -34,20 +34,21 @@ def test_numba_and_torch_aggregation_agree_forward_and_backward(subgraph, includ
 
 
 @pytest.mark.parametrize("offset", [0, 7])
-def test_numba_and_torch_weighted_aggregation_agree_forward_and_backward(subgraph, offset):
+def test_numba_and_torch_symmetric_aggregation_agree_forward_and_backward(subgraph, offset):
     from dataclasses import replace
 
-    block = replace(subgraph.blocks[0], dst_offset=offset, num_dst=subgraph.blocks[0].num_dst - offset)
-    block.indptr = block.indptr[offset:] - block.indptr[offset]
-    block.indices = subgraph.blocks[0].indices[int(subgraph.blocks[0].indptr[offset]):]
+    from neutronorch.nn.aggregation import symmetric_aggregate
+
+    first = subgraph.blocks[0]
+    start = int(first.indptr[offset])
+    block = replace(first, dst_offset=offset, num_dst=first.num_dst - offset, indptr=first.indptr[offset:] - start,
+                    indices=first.indices[start:], src_degree=torch.randint(0, 40, (first.num_src,)).float())
     x = torch.randn(block.num_src, 24)
-    weight, self_coef, neigh_coef = torch.rand(block.num_src), torch.rand(block.num_dst), torch.rand(block.num_dst)
     grad = torch.randn(block.num_dst, 24)
     a = x.clone().requires_grad_()
     b = x.double().requires_grad_()
-    out_a = weighted_aggregate(block, a, weight, self_coef, neigh_coef)
-    # The torch path (CUDA's), in float64.
-    out_b = weighted_aggregate(block, b, weight.double(), self_coef.double(), neigh_coef.double())
+    out_a = symmetric_aggregate(block, a)  # the numba kernels (CPU float32)
+    out_b = symmetric_aggregate(block, b)  # the torch path (CUDA's), in float64
     torch.testing.assert_close(out_a.double(), out_b, rtol=1e-5, atol=1e-6)
     out_a.backward(grad)
     out_b.backward(grad.double())

@@ -4,11 +4,10 @@ what PyG's reference does with the same weights on a full-neighbour block (skipp
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from neutronorch import to_pyg_model
+from neutronorch import to_pyg, to_pyg_model
 from neutronorch.data import SyntheticSpec, generate
 from neutronorch.data.planetoid import load_planetoid
 from neutronorch.features.store import FeatureStore
@@ -31,20 +30,15 @@ def _synthetic():
     return generate(SyntheticSpec(nodes=1500, degree=8, features=24, classes=5))
 
 
-def _edge_index(graph) -> torch.Tensor:
-    """PyG's layout of the graph's edges: row 0 the source u, row 1 the destination v of each u -> v."""
-    destinations = np.repeat(np.arange(graph.num_nodes), np.diff(graph.indptr))
-    return torch.from_numpy(np.stack([np.asarray(graph.indices, dtype=np.int64), destinations]))
-
-
 def _compare(graph, kind, norm, layers):
     torch.manual_seed(0)
     model = GNN(kind, graph.feature_dim, 16, graph.num_classes, layers, heads=4, gcn_norm=norm).eval()
     ours = full_neighbor_logits(model, graph, FeatureStore(graph.features, graph.labels),
                                 torch.arange(graph.num_nodes), torch.device("cpu"), chunk_size=512)
     reference = to_pyg_model(model).eval()
+    data = to_pyg(graph)  # the recipe of docs/models.md
     with torch.no_grad():
-        theirs = reference(torch.from_numpy(np.asarray(graph.features, dtype=np.float32)), _edge_index(graph))
+        theirs = reference(data.x, data.edge_index)
     assert theirs.shape == ours.shape
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
     return reference

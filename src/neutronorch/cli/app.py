@@ -63,15 +63,18 @@ def _configure_logging() -> None:
 
 
 class _ProgressBar:
-    """A tqdm bar per epoch (or per layer of inference), fed by a ``progress(part, done, total)`` callback;
-    hidden when stderr is no terminal."""
+    """A tqdm bar per part (epoch, layer of inference, file being parsed), fed by a
+    ``progress(part, done, total)`` callback; hidden when stderr is no terminal."""
 
     def __init__(self, label: str = "epoch", unit: str = "batch"):
-        self._bar = None
+        self._bar, self._part = None, None
         self._label, self._unit = label, unit
 
-    def __call__(self, part: int, done: int, total: int) -> None:
-        if self._bar is None:
+    def __call__(self, part, done: int, total: int) -> None:
+        if self._bar is None or part != self._part:
+            self.close()
+            self._part = part
+            # A resumed epoch starts at its step: the bar's rate counts only the steps run here.
             self._bar = tqdm(total=total, desc=f"{self._label} {part}", unit=self._unit, leave=False, disable=None,
                              file=sys.stderr, initial=done - 1 if self._unit == "batch" else 0,
                              unit_scale=self._unit != "batch")
@@ -125,49 +128,29 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-class _FileBar:
-    """A tqdm bar per file being parsed, fed by ``progress(file, bytes done, bytes total)``."""
-
-    def __init__(self):
-        self._bar, self._file = None, None
-
-    def __call__(self, file: str, done: int, total: int) -> None:
-        if file != self._file:
-            self.close()
-            self._file = file
-            self._bar = tqdm(total=total, desc=f"reading {file}", unit="B", unit_scale=True, leave=False,
-                             disable=None, file=sys.stderr)
-        self._bar.update(done - self._bar.n)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-
-
 def _cmd_convert(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    bar = _FileBar()
+    bar = _ProgressBar("reading", "B")
     try:
         graph = load_dataset(args.source, args.split, args.seed, progress=bar)
     finally:
         bar.close()
-    if args.float16:
-        graph.features = graph.features.astype("float16")
-    save_native(graph, args.out_dir, overwrite=args.overwrite)
-    print(f"wrote {graph.describe()} to {args.out_dir} in {time.perf_counter() - t0:.1f}s")
-    return 0
+    return _write_native(graph, args.out_dir, args, t0)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     spec = SyntheticSpec(**{f.name: getattr(args, f.name) for f in fields(SyntheticSpec)})
     spec.check("generate synthetic")
-    graph = generate(spec)
+    return _write_native(generate(spec), args.out, args, t0)
+
+
+def _write_native(graph, out: str, args: argparse.Namespace, t0: float) -> int:
+    """convert's and generate's end: features halved with --float16, the folder written, one line said."""
     if args.float16:
         graph.features = graph.features.astype("float16")
-    save_native(graph, args.out, overwrite=args.overwrite)
-    print(f"wrote {graph.describe()} to {args.out} in {time.perf_counter() - t0:.1f}s")
+    save_native(graph, out, overwrite=args.overwrite)
+    print(f"wrote {graph.describe()} to {out} in {time.perf_counter() - t0:.1f}s")
     return 0
 
 

@@ -179,8 +179,10 @@ def mean_aggregate_torch(block: Block, x_src: torch.Tensor, include_self: bool =
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def _weighted_forward(indptr, indices, x, weight, dst_offset, self_coef, neigh_coef, out):
-    """out[d] = neigh_coef[d] * sum_e weight[u_e] x[u_e] + self_coef[d] * x[dst_offset + d]."""
+def _symmetric_forward(indptr, indices, x, degree, dst_offset, self_coef, neigh_coef, out):
+    """out[d] = neigh_coef[d] * sum_e x[u_e] / sqrt(degree[u_e] + 1) + self_coef[d] * x[dst_offset + d]. Each
+    source's weight is computed where it is read, so an in-place block over every vertex costs its edges,
+    not the graph's size."""
     width = x.shape[1]
     for d in prange(out.shape[0]):
         acc = out[d]
@@ -188,7 +190,7 @@ def _weighted_forward(indptr, indices, x, weight, dst_offset, self_coef, neigh_c
         for e in range(indptr[d], indptr[d + 1]):
             u = indices[e]
             row = x[u]
-            w = weight[u]
+            w = np.float32(1.0) / np.sqrt(degree[u] + np.float32(1.0))
             for j in range(width):
                 acc[j] += w * row[j]
         a, b = neigh_coef[d], self_coef[d]
@@ -198,8 +200,8 @@ def _weighted_forward(indptr, indices, x, weight, dst_offset, self_coef, neigh_c
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def _weighted_backward(src_ptr, readers, grad, weight, dst_offset, self_coef, neigh_coef, grad_x):
-    """The adjoint of ``_weighted_forward``, one source row at a time over the transposed block."""
+def _symmetric_backward(src_ptr, readers, grad, degree, dst_offset, self_coef, neigh_coef, grad_x):
+    """The adjoint of ``_symmetric_forward``, one source row at a time over the transposed block."""
     width = grad_x.shape[1]
     num_dst = grad.shape[0]
     for u in prange(grad_x.shape[0]):
@@ -211,7 +213,7 @@ def _weighted_backward(src_ptr, readers, grad, weight, dst_offset, self_coef, ne
             g = grad[d]
             for j in range(width):
                 acc[j] += c * g[j]
-        w = weight[u]
+        w = np.float32(1.0) / np.sqrt(degree[u] + np.float32(1.0))
         for j in range(width):
             acc[j] *= w
         own = u - dst_offset
@@ -222,14 +224,14 @@ def _weighted_backward(src_ptr, readers, grad, weight, dst_offset, self_coef, ne
                 acc[j] += c * g[j]
 
 
-class _NumbaWeighted(torch.autograd.Function):
+class _NumbaSymmetric(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x_src, block, weight, self_coef, neigh_coef):
+    def forward(ctx, x_src, block, degree, self_coef, neigh_coef):
         x = x_src.detach().contiguous()
         out = torch.empty((block.num_dst, x.shape[1]), dtype=x.dtype)
-        _weighted_forward(block.indptr.numpy(), block.indices.numpy(), x.numpy(), weight.numpy(), block.dst_offset,
-                          self_coef.numpy(), neigh_coef.numpy(), out.numpy())
-        ctx.block, ctx.coefs = block, (weight, self_coef, neigh_coef)
+        _symmetric_forward(block.indptr.numpy(), block.indices.numpy(), x.numpy(), degree.numpy(), block.dst_offset,
+                           self_coef.numpy(), neigh_coef.numpy(), out.numpy())
+        ctx.block, ctx.coefs = block, (degree, self_coef, neigh_coef)
         return out
 
     @staticmethod
@@ -237,40 +239,35 @@ class _NumbaWeighted(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None, None, None, None
         block = ctx.block
-        weight, self_coef, neigh_coef = ctx.coefs
+        degree, self_coef, neigh_coef = ctx.coefs
         src_ptr, readers = _transpose(block.indptr.numpy(), block.indices.numpy(), block.num_src)
         grad_x = torch.empty((block.num_src, grad_out.shape[1]), dtype=grad_out.dtype)
-        _weighted_backward(src_ptr, readers, grad_out.contiguous().numpy(), weight.numpy(), block.dst_offset,
-                           self_coef.numpy(), neigh_coef.numpy(), grad_x.numpy())
+        _symmetric_backward(src_ptr, readers, grad_out.contiguous().numpy(), degree.numpy(), block.dst_offset,
+                            self_coef.numpy(), neigh_coef.numpy(), grad_x.numpy())
         return grad_x, None, None, None, None
-
-
-def weighted_aggregate(block: Block, x_src: torch.Tensor, weight: torch.Tensor, self_coef: torch.Tensor,
-                       neigh_coef: torch.Tensor) -> torch.Tensor:
-    """Row ``d`` = ``neigh_coef[d]`` x (sum over d's sources u of ``weight[u]`` x_src[u]) + ``self_coef[d]``
-    x d's own row: a parameter-free linear aggregation with per-source and per-destination weights."""
-    if x_src.device.type == "cpu" and x_src.dtype == torch.float32:
-        return _NumbaWeighted.apply(x_src, block, weight.float().contiguous(), self_coef.float().contiguous(),
-                                    neigh_coef.float().contiguous())
-    indices = block.indices.long()
-    messages = x_src[indices] * weight[indices].to(x_src.dtype).unsqueeze(1)
-    out = torch.zeros((block.num_dst, x_src.shape[1]), dtype=x_src.dtype, device=x_src.device)
-    out = out.index_add(0, edge_destinations(block), messages)
-    return (out * neigh_coef.to(x_src.dtype).unsqueeze(1)
-            + block.dst_rows(x_src) * self_coef.to(x_src.dtype).unsqueeze(1))
 
 
 def symmetric_aggregate(block: Block, x_src: torch.Tensor) -> torch.Tensor:
     """GCN's symmetric normalisation with a self loop, by graph degrees (D = in-degree + 1):
     row v = x_v / D_v + (|N(v)| / |S(v)|) sum_{u in S(v)} x_u / sqrt(D_u D_v) over the sampled
-    in-neighbours S(v): an unbiased estimate of the sum over all of N(v), and exactly it when S(v) = N(v)."""
+    in-neighbours S(v): an unbiased estimate of the sum over all of N(v), and exactly it when S(v) = N(v).
+    Only the destinations' and the edges' degrees are read, never all of ``src_degree``."""
     if block.src_degree is None:
         raise ValueError("symmetric normalisation needs the graph degrees of the block's sources: sample with "
                          "degrees=True")
-    inv_sqrt = (block.src_degree + 1).rsqrt()
-    own = block.dst_rows(inv_sqrt)
-    sampled = block.in_degrees().to(inv_sqrt.dtype).clamp(min=1)
-    return weighted_aggregate(block, x_src, inv_sqrt, own * own, own * block.dst_rows(block.src_degree) / sampled)
+    dst_degree = block.dst_rows(block.src_degree)
+    own = (dst_degree + 1).rsqrt()
+    sampled = block.in_degrees().to(own.dtype).clamp(min=1)
+    self_coef, neigh_coef = own * own, own * dst_degree / sampled
+    if x_src.device.type == "cpu" and x_src.dtype == torch.float32:
+        return _NumbaSymmetric.apply(x_src, block, block.src_degree.float().contiguous(),
+                                     self_coef.float().contiguous(), neigh_coef.float().contiguous())
+    indices = block.indices.long()
+    weight = (block.src_degree[indices] + 1).rsqrt().to(x_src.dtype)  # per edge
+    out = torch.zeros((block.num_dst, x_src.shape[1]), dtype=x_src.dtype, device=x_src.device)
+    out = out.index_add(0, edge_destinations(block), x_src[indices] * weight.unsqueeze(1))
+    return (out * neigh_coef.to(x_src.dtype).unsqueeze(1)
+            + block.dst_rows(x_src) * self_coef.to(x_src.dtype).unsqueeze(1))
 
 
 def edge_destinations(block: Block) -> torch.Tensor:
