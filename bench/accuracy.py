@@ -61,6 +61,7 @@ def parse_args(argv=None):
     p.add_argument("--residual", action="store_true", help="skip connections (the package's --residual)")
     p.add_argument("--norm", default="none", help="normalisation between layers (default: %(default)s)")
     p.add_argument("--layers", type=int, default=0, help="layers; 0 = one per fanout (default: %(default)s)")
+    p.add_argument("--architecture", default="plain", help="plain or blocks (default: %(default)s)")
     p.add_argument("--modes", default="exact",
                    help="comma-separated modes; with two, the table shows both and their difference "
                         "(default: %(default)s)")
@@ -88,7 +89,7 @@ def run_pair(args, graphs, model: str, seeds: list[int], mode: str = "exact") ->
         graph = graphs(seed)
         config = TrainConfig(model=model, fanouts=args.fanouts, hidden=args.hidden, heads=args.heads,
                              gcn_norm=args.gcn_norm, residual=args.residual, norm=args.norm, layers=args.layers,
-                             batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
+                             architecture=args.architecture, batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
                              weight_decay=args.weight_decay, dropout=args.dropout, seed=seed, device=args.device,
                              threads=args.threads, sampler_threads=args.sampler_threads, progress=False,
                              mode=mode, **extra)
@@ -163,8 +164,8 @@ def main(argv=None) -> int:
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        settings = {k: getattr(args, k) for k in (*SETTINGS, "residual", "norm", "layers", "seeds", "threads",
-                                                  "sampler_threads", "device")}
+        settings = {k: getattr(args, k) for k in (*SETTINGS, "residual", "norm", "layers", "architecture", "seeds",
+                                                  "threads", "sampler_threads", "device")}
         out.write_text(json.dumps({"settings": settings, "rows": rows}, indent=2) + "\n")
     return 0 if all(r["pass"] is not False for r in rows) else 1
 

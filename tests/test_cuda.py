@@ -102,7 +102,9 @@ def test_telemetry_on_cuda(tmp_path):
                                 epochs=2, super_batch=4, hot_ratio=0.3, progress=False, eval_every=-1,
                                 timeline=str(png), timeline_steps=8))
     epoch = summary["epochs"][-1]
-    assert epoch["moved"]["device_bytes"] > epoch["moved"]["feature_bytes"]  # features + blocks + hot rows
+    # Every feature row fits the device cache, so no row is copied; blocks and hot rows still are.
+    assert epoch["moved"]["cache_hits"] == epoch["moved"]["feature_rows"] > 0
+    assert epoch["moved"]["device_bytes"] > 0
     assert png.read_bytes().startswith(b"\x89PNG")
     assert "copy" in epoch["lane_busy"]
 
@@ -219,8 +221,8 @@ def test_training_steps_do_not_synchronise_with_the_device(mode):
     from neutronorch.train.step import train_step
 
     graph = generate(SyntheticSpec.parse(SMALL_PLACEMENT))
-    cfg = TrainConfig(dataset="given", mode=mode, fanouts=[5, 5], hidden=32, batch_size=128, epochs=1,
-                      prefetch=64).validate()
+    cfg = TrainConfig(dataset="given", mode=mode, fanouts=[5, 5], hidden=32, batch_size=48, epochs=1,
+                      prefetch=64).validate()  # 300 training seeds: 7 batches
     device = torch.device("cuda")
     model = GNN("sage", graph.feature_dim, 32, graph.num_classes, 2, dropout=0.5).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)

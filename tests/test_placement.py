@@ -366,3 +366,29 @@ def test_info_tells_what_a_graph_takes_on_a_gpu(capsys):
     graph = generate(SyntheticSpec.parse("synthetic:nodes=2000,degree=8,features=16,classes=4"))
     topology = (graph.indptr.nbytes + graph.indices.nbytes) / 2**30
     assert out["device_gib"] == {"topology": round(topology, 4), "features": round(2000 * 16 * 4 / 2**30, 4)}
+
+
+def test_the_memory_budget_caps_the_allocator_of_an_unindexed_cuda_device(monkeypatch):
+    """``--device cuda`` names no index; the allocator's cap needs one (the current device's)."""
+    import types
+
+    from neutronorch.train import trainer
+
+    calls = []
+
+    def fraction(value, device):
+        if not isinstance(device, int):  # as torch does for torch.device("cuda")
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        calls.append((round(value, 6), device))
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    properties = types.SimpleNamespace(total_memory=8 * 2**30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", fraction)
+    with trainer._memory_budget(torch.device("cuda"), 2.0):
+        assert calls == [(0.25, 3)]
+    assert calls == [(0.25, 3), (1.0, 3)]
+    calls.clear()
+    with trainer._memory_budget(torch.device("cuda", 1), 4.0):
+        pass
+    assert calls == [(0.5, 1), (1.0, 1)]

@@ -348,12 +348,14 @@ def _memory_budget(device: torch.device, gigabytes: float | None):
     if device.type != "cuda" or gigabytes is None:
         yield
         return
-    total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, gigabytes * 2**30 / total), device)
+    # The allocator's cap needs a device index: ``--device cuda`` names none (the current device then).
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gigabytes * 2**30 / total), index)
     try:
         yield
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(1.0, index)
 
 
 def _epoch_line(record: dict, stages: bool = True, metric: str = "accuracy") -> str:
