@@ -74,7 +74,7 @@ def test_lane_busy_counts_work_and_not_waits():
                             "host_compute": 0.5}, wall=10.0)
     assert busy == {"host": 0.05, "sampler": 0.1, "trainer": 0.5}
     assert list(busy) == [lane for lane in LANES if lane in busy]
-    assert TABLE.lane_of("hot_select") == "host" and TABLE.lane_of("copy") == "copy"
+    assert TABLE.lane_of("hot_select") == "planner" and TABLE.lane_of("copy") == "copy"
 
 
 def test_a_stage_span_is_recorded_even_when_its_body_raises():

@@ -17,8 +17,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
-# Lanes in display order: the host producer, the mini-batch sampler, host-to-device copies, the trainer.
-LANES = ("host", "sampler", "copy", "trainer")
+# Lanes in display order: the NeutronOrch planner and host compute, the mini-batch sampler, host-to-device
+# copies, the trainer.
+LANES = ("planner", "host", "sampler", "copy", "trainer")
 
 
 @dataclass(frozen=True)

@@ -150,23 +150,3 @@ def gather_half_rows(source_bits, rows, table, out):
         r = rows[i]
         for j in range(source_bits.shape[1]):
             out[i, j] = table[source_bits[r, j]]
-
-
-@njit(cache=True, nogil=True)
-def count_appearances(nodes, counts):
-    """Count how often each vertex occurs in ``nodes``. ``counts`` (one int32 per vertex of the graph, all
-    zero) is used as scratch and left zero again. Returns (distinct vertices in order of first appearance,
-    their counts)."""
-    distinct = np.empty(nodes.shape[0], np.int64)
-    n = 0
-    for i in range(nodes.shape[0]):
-        v = nodes[i]
-        if counts[v] == 0:
-            distinct[n] = v
-            n += 1
-        counts[v] += 1
-    out = np.empty(n, np.int64)
-    for i in range(n):
-        out[i] = counts[distinct[i]]
-        counts[distinct[i]] = 0
-    return distinct[:n], out

@@ -29,15 +29,42 @@ from neutronorch.orchestration.neutronorch.versions import Schedule
 AUTO_START_RATIO = 0.2
 
 
+class HostScalar:
+    """A scalar the trainer measured on the device, for the planner thread to read without waiting on the
+    device: copied into pinned memory behind an event. Until that copy is done, ``value()`` gives what was
+    published before (``before``), so reading never stalls the planner behind the trainer's queued work."""
+
+    def __init__(self, value: torch.Tensor, before: "HostScalar | None" = None):
+        self._before = None if before is None else before.value()
+        if value.device.type == "cuda":
+            self._host = torch.empty((), dtype=value.dtype, pin_memory=True)
+            self._host.copy_(value.detach(), non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        else:
+            self._host, self._ready = value.detach().clone(), None
+
+    def value(self) -> float | None:
+        if self._ready is None or self._ready.query():
+            return float(self._host)
+        return self._before
+
+    def wait(self) -> float:
+        """The value itself, waiting for its copy (for checkpoints)."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        return float(self._host)
+
+
 @dataclass(frozen=True)
 class RatioSetting:
     """What the planner reads: the ratio, and (with ``auto``) the measured relative error of a stale row."""
 
     ratio: float
     auto: bool = False
-    # None: not measured yet (nothing is hot before it is, with ``auto``). A device tensor: the planner
-    # reads its value on the host thread, so the trainer never waits for that read.
-    stale_error: torch.Tensor | float | None = None
+    # None: not measured yet (nothing is hot before it is, with ``auto``). Published by the trainer as a
+    # ``HostScalar``, so neither the trainer nor the planner waits for the other to read it.
+    stale_error: HostScalar | torch.Tensor | float | None = None
     error_budget: float = 0.02
 
 
@@ -45,9 +72,12 @@ def error_cap(ranked_counts: np.ndarray, setting: RatioSetting) -> tuple[int, bo
     """The most hot vertices (hottest first) whose reuse keeps the expected staleness error within the
     budget, and whether that cap is below what the ratio alone gives. Until the error has been measured
     nothing is hot (the weights move fastest at the start)."""
-    if setting.stale_error is None:
+    error = setting.stale_error
+    if isinstance(error, HostScalar):
+        error = error.value()
+    if error is None:
         return 0, True
-    error = float(setting.stale_error)
+    error = float(error)
     if error <= 0:
         return ranked_counts.shape[0], False
     coverage = np.cumsum(ranked_counts) / max(1, ranked_counts.sum())
@@ -178,7 +208,8 @@ class RatioController:
         # The mean staleness of a reused row: the lead plus half a super-batch.
         self.probe.measure(bottom, version, self.lead + (self.schedule.super_batch - 1) / 2)
         if self.probe.stale_error is not None:
-            self.setting = replace(self.setting, stale_error=self.probe.stale_error)
+            before = self.setting.stale_error if isinstance(self.setting.stale_error, HostScalar) else None
+            self.setting = replace(self.setting, stale_error=HostScalar(self.probe.stale_error, before))
 
     @property
     def drift_per_step(self) -> float | None:
@@ -211,7 +242,10 @@ class RatioController:
         """Everything the next epochs' decisions depend on (tensors on the CPU)."""
         cpu = lambda t: None if t is None else t.detach().cpu()  # noqa: E731
         probe = self.probe
-        return {"ratio": self.setting.ratio, "stale_error": cpu(self.setting.stale_error), "lead": self.lead,
+        published = self.setting.stale_error
+        published = published.wait() if isinstance(published, HostScalar) else published
+        return {"ratio": self.setting.ratio, "stale_error": None if published is None else float(published),
+                "lead": self.lead,
                 "tuner": self.tuner.state_dict() if self.tuner else None,
                 "probe_ids": None if self._probe_ids is None else torch.from_numpy(self._probe_ids),
                 "probe": None if probe is None else {"drift": cpu(probe.drift), "stale_error": cpu(probe.stale_error),
@@ -219,7 +253,9 @@ class RatioController:
 
     def load_state_dict(self, state: dict, device: torch.device) -> None:
         on = lambda t: None if t is None else t.to(device)  # noqa: E731
-        self.setting = replace(self.setting, ratio=state["ratio"], stale_error=on(state["stale_error"]))
+        published = state["stale_error"]
+        published = None if published is None else HostScalar(torch.as_tensor(float(published)))
+        self.setting = replace(self.setting, ratio=state["ratio"], stale_error=published)
         self.lead = state["lead"]
         if self.tuner is not None and state["tuner"] is not None:
             self.tuner.load_state_dict(state["tuner"])

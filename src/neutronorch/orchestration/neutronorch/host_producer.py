@@ -1,16 +1,20 @@
 """The host producer: plans each super-batch and computes its hot vertices' bottom layer on the host.
 
-Runs on its own thread (``neutronorch-host``) and owns everything it touches there: its sampler, the
-planner's scratch arrays, the epochs' seed orders and its copy of the bottom layer. For each super-batch
-s it
+Two loops, each the body of its own thread, each owning what it touches there (its sampler; the planner's
+scratch arrays and the epochs' seed orders; the copy of the bottom layer):
 
-1. samples the upper hops of its P mini-batches (the same per-vertex randomness as exact mode) and plans
-   the hot set H_s (``planner.py``), reading the ratio controller's current setting;
-2. hands the plan on (yields it: the cold sampler's input), samples the bottom hop of H_s once and
-   gathers its raw features;
-3. plans s+1 and hands it on (so the cold sampler never starves on a plan), then waits for the W0
-   snapshot the schedule assigns to s, computes H_s's bottom-layer output with exactly the device
-   layer's code, and puts the hot embeddings on the ``hot`` channel (on CUDA, copied on its own stream).
+- ``plans`` (thread ``neutronorch-planner``): for each super-batch s, samples the upper hops of its P
+  mini-batches (the same per-vertex randomness as exact mode) and plans the hot set H_s
+  (``planner.py``), reading the ratio controller's current setting; yields the plan (the cold sampler's
+  input) and hands it to the other loop on the ``plans`` channel.
+- ``compute`` (thread ``neutronorch-host``): for each plan, samples the bottom hop of H_s once and
+  gathers its raw features, waits for the W0 snapshot the schedule assigns to s, computes H_s's
+  bottom-layer output with exactly the device layer's code, and puts the hot embeddings on the ``hot``
+  channel (on CUDA, copied on its own stream).
+
+Planning does not depend on the weights, so it runs ahead while the other loop waits for snapshots or
+computes: the host's two costs overlap instead of adding up. It runs at most two plans ahead of the compute
+loop, which the snapshots pace.
 """
 
 from __future__ import annotations
@@ -50,32 +54,43 @@ class HostProducer:
         self.train_idx = training_seeds(graph)
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._orders: dict[int, torch.Tensor] = {}
+        # From the planning loop to the compute loop. One plan of room: planning stays at most two
+        # super-batches ahead of the hot rows it feeds (so it reads a recent ratio setting), yet plans
+        # s + 1 while s is computed.
+        self.planned = Channel("plans", capacity=1)
 
-    def run(self, start: int = 0, hot: np.ndarray | None = None) -> Iterator[Plan]:
-        """The producer's loop (the body of its thread): yields plans in super-batch order, from super-batch
-        ``start`` on (a resumed run's first; ``hot``: its hot set, when it was in progress)."""
+    def plans(self, start: int = 0, hot: np.ndarray | None = None) -> Iterator[Plan]:
+        """The planning loop: yields plans in super-batch order, from super-batch ``start`` on (a resumed
+        run's first; ``hot``: its hot set, when it was in progress), each also put on ``planned``."""
         numba.set_num_threads(self.threads)
         sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees)
         planner = Planner(self.graph.indptr, self.sampling.fanouts[-1])
-        total = self.schedule.total
         try:
-            if start >= total:
-                return
-            plan = self._plan(start, sampler, planner, hot)
-            yield plan
-            for gsid in range(start, total):
-                prepared = self._gather_hot(plan, sampler)
-                next_plan = None
-                if gsid + 1 < total:
-                    next_plan = self._plan(gsid + 1, sampler, planner)
-                    yield next_plan
-                self._finish_hot(plan, *prepared)
-                plan = next_plan
+            for gsid in range(start, self.schedule.total):
+                plan = self._plan(gsid, sampler, planner, hot if gsid == start else None)
+                self.planned.put(gsid, plan)
+                yield plan
         except Closed:
             return
         except BaseException as exc:
-            self.hot.fail(exc)  # wakes a trainer waiting for hot embeddings
+            self.planned.fail(exc)  # wakes the compute loop, which fails the hot channel
             raise
+
+    def compute(self, start: int = 0) -> None:
+        """The compute loop: the hot embeddings of every planned super-batch from ``start`` on, in order."""
+        numba.set_num_threads(self.threads)
+        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees)
+        try:
+            for gsid in range(start, self.schedule.total):
+                plan = self.planned.take(gsid)
+                self._finish_hot(plan, *self._gather_hot(plan, sampler))
+        except Closed:
+            return
+        except BaseException as exc:  # noqa: BLE001 - handed to the trainer through the hot channel
+            self.hot.fail(exc)  # wakes a trainer waiting for hot embeddings
+
+    def close(self) -> None:
+        self.planned.close()
 
     def _plan(self, gsid: int, sampler: NeighborSampler, planner: Planner, hot: np.ndarray | None = None) -> Plan:
         with self.spans.stage("hot_select"):

@@ -2,15 +2,15 @@
 
 Three threads, each with its own object; what crosses between them is named here::
 
-    host producer (neutronorch-host)       cold sampler (neutronorch-sampler)      trainer (caller)
-    HostProducer: sampler, planner,        ColdSampler: its sampler                NeutronOrchMode: version,
-      seed orders, bottom-layer copy                                                 staleness check, stats,
-                                                                                     ratio controller
-         | plans (Prefetcher) ------------------> |                                      |
-         |                                        | SplicedBatch (Prefetcher) ---------> |
-         | <------------------------------------- W0 snapshots (Channel "snapshots") --- |
-         | hot embeddings (Channel "hot") ---------------------------------------------> |
-         | reads controller.setting (an immutable RatioSetting the trainer replaces) <-- |
+    host producer: planner (neutronorch-planner)  cold sampler (neutronorch-sampler)  trainer (caller)
+      and compute (neutronorch-host) loops        ColdSampler: its sampler            NeutronOrchMode: version,
+    HostProducer: samplers, planner, seed orders,                                       staleness check, stats,
+      bottom-layer copy                                                                 ratio controller
+      planner | plans (Prefetcher) ----------------> |                                      |
+      planner | plans (Channel "plans") -> compute   | SplicedBatch (Prefetcher) ---------> |
+      compute | <----------------------------------- W0 snapshots (Channel "snapshots") --- |
+      compute | hot embeddings (Channel "hot") -------------------------------------------> |
+      planner | reads controller.setting (an immutable RatioSetting the trainer replaces) <-- |
     every thread records spans into the run's Spans (thread-safe); every arrow but the setting is a Channel
 
 Staleness is bounded by construction: the hot embeddings of super-batch s are computed from the
@@ -22,6 +22,8 @@ the bound). The pipeline runs across epochs without draining.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import torch
@@ -47,7 +49,7 @@ from neutronorch.orchestration.seeds import batches_per_epoch
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
 
 STAGES = HOST_SAMPLING_STAGES.merge(StageTable(
-    {"hot_select": "host", "host_sample": "host", "host_gather": "host", "host_wait_weights": "host",
+    {"hot_select": "planner", "host_sample": "host", "host_gather": "host", "host_wait_weights": "host",
      "host_compute": "host", "host_aggregate": "host", "host_matmul": "host", "host_copy": "host",
      "wait_hot": "trainer", "hot_grad": "trainer", "publish": "trainer"},
     waits=frozenset({"wait_hot", "host_wait_weights"})))
@@ -85,7 +87,9 @@ class NeutronOrchMode:
         self._published: dict[int, Snapshot] = {}  # snapshots of super-batches not yet trained
         self._current: HotEmbeddings | None = None
         self._resumed: dict | None = None  # the super-batch in progress when the loaded checkpoint was written
+        self._producer: HostProducer | None = None
         self._plans: Prefetcher | None = None
+        self._host: threading.Thread | None = None
         self._stream: Prefetcher | None = None
 
     # ----- lifecycle -------------------------------------------------------------------------------------
@@ -105,16 +109,23 @@ class NeutronOrchMode:
             if self._resumed is None or self._resumed["gsid"] != start:
                 raise RuntimeError(f"resumed at step {position} of super-batch {start} without its saved state")
             hot = self._resumed["vertices"]
-        self._plans = Prefetcher(lambda: producer.run(start, hot), depth=1, name="neutronorch-host")
+        self._producer = producer
+        self._plans = Prefetcher(lambda: producer.plans(start, hot), depth=1, name="neutronorch-planner")
+        self._host = threading.Thread(target=producer.compute, args=(start,), name="neutronorch-host", daemon=True)
+        self._host.start()
         self._stream = Prefetcher(lambda: sampler.run(self._plans, position), depth=self.sampling.prefetch,
                                   name="neutronorch-sampler")
 
     def close(self) -> None:
         self._snapshots.close()
         self._hot.close()
+        if self._producer is not None:
+            self._producer.close()
         for prefetcher in (self._plans, self._stream):
             if prefetcher is not None:
                 prefetcher.close()
+        if self._host is not None:
+            self._host.join()
         if self.reader is not None:
             self.reader.close()
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+from numba import njit, prange
 
-from neutronorch.sampling import kernels
 from neutronorch.sampling.block import SampledSubgraph
 
 PROBE_ROWS = 256  # vertices whose bottom-layer output measures the per-step drift (the hottest of a plan)
@@ -59,6 +59,83 @@ class Plan:
     stats: PlanStats
 
 
+@njit(cache=True, nogil=True)
+def rank_by_count(counts):
+    """Positions of ``counts`` from the largest count to the smallest, ties in their order (what
+    ``np.argsort(-counts, kind="stable")`` returns), by a counting sort: counts are appearances among a
+    super-batch's mini-batches, small integers, so this is linear where a comparison sort is not."""
+    n = counts.shape[0]
+    order = np.empty(n, np.int64)
+    if n == 0:
+        return order
+    top = counts.max()
+    start = np.zeros(top + 2, np.int64)  # bucket b holds count top - b
+    for i in range(n):
+        start[top - counts[i] + 1] += 1
+    for b in range(1, top + 2):
+        start[b] += start[b - 1]
+    for i in range(n):
+        b = top - counts[i]
+        order[start[b]] = i
+        start[b] += 1
+    return order
+
+
+@njit(cache=True, nogil=True)
+def index_appearances(nodes, slot):
+    """The distinct vertices of ``nodes`` in order of first appearance, how often each appears, and for each
+    entry of ``nodes`` its distinct vertex's number. ``slot`` (one int32 per vertex of the graph, all -1)
+    is scratch, left -1 again. The one pass with random access to O(vertices) memory: what follows reads
+    only arrays of the distinct vertices."""
+    distinct = np.empty(nodes.shape[0], np.int64)
+    counts = np.zeros(nodes.shape[0], np.int32)
+    index = np.empty(nodes.shape[0], np.int32)
+    n = 0
+    for i in range(nodes.shape[0]):
+        v = nodes[i]
+        k = slot[v]
+        if k < 0:
+            k = n
+            slot[v] = n
+            distinct[n] = v
+            n += 1
+        counts[k] += 1
+        index[i] = k
+    for k in range(n):
+        slot[distinct[k]] = -1
+    return distinct[:n], counts[:n], index
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def split_hot_cold(index, offsets, row_of, saved_of):
+    """For each mini-batch ``b`` (entries ``offsets[b]:offsets[b + 1]`` of ``index``, the distinct-vertex
+    numbers of its bottom-layer destinations): the positions of its hot destinations, ascending, then those
+    of its cold ones (in ``positions``, over the same range), the hot ones' rows of the hot table (``rows``,
+    at the front of the range), how many are hot, and the bottom-hop edges not sampled on the device
+    because they are. ``row_of``/``saved_of``: per distinct vertex, its hot row (-1: cold) and those edges."""
+    batches = offsets.shape[0] - 1
+    positions = np.empty(index.shape[0], np.int64)
+    rows = np.empty(index.shape[0], np.int64)
+    hot = np.zeros(batches, np.int64)
+    saved = np.zeros(batches, np.int64)
+    for b in prange(batches):
+        lo, hi = offsets[b], offsets[b + 1]
+        h, edges = lo, 0
+        for i in range(lo, hi):
+            row = row_of[index[i]]
+            if row >= 0:
+                positions[h] = i - lo
+                rows[h] = row
+                h += 1
+                edges += saved_of[index[i]]
+        hot[b], saved[b] = h - lo, edges
+        for i in range(lo, hi):
+            if row_of[index[i]] < 0:
+                positions[h] = i - lo
+                h += 1
+    return positions, rows, hot, saved
+
+
 class Planner:
     """Plans super-batches over one graph; owns scratch arrays of one entry per vertex (one per thread)."""
 
@@ -66,42 +143,45 @@ class Planner:
         num_nodes = indptr.shape[0] - 1
         self.indptr = indptr
         self.bottom_fanout = bottom_fanout
-        self._counts = np.zeros(num_nodes, np.int32)  # count_appearances' scratch, left zero
-        self._hot_map = np.full(num_nodes, -1, np.int64)  # vertex -> hot row during one plan, left -1
+        self._slot = np.full(num_nodes, -1, np.int32)  # index_appearances' scratch, left -1
 
     def plan(self, gsid: int, epoch: int, uppers: list[tuple[int, int, SampledSubgraph]], ratio: float,
              cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot: np.ndarray | None = None) -> Plan:
         """``uppers``: (mini-batch index, key, upper-hop sample) of each mini-batch of the super-batch.
         ``hot``: the hot set, already chosen (a resumed super-batch's), instead of ranking by ``ratio``."""
         bottoms = [upper.frontiers[0].numpy() for _, _, upper in uppers]
-        distinct, appear = kernels.count_appearances(np.concatenate(bottoms), self._counts)
-        ranked = np.argsort(-appear, kind="stable")
+        offsets = np.zeros(len(bottoms) + 1, np.int64)
+        np.cumsum([b.shape[0] for b in bottoms], out=offsets[1:])
+        dst = np.concatenate(bottoms) if bottoms else np.empty(0, np.int64)
+        distinct, appear, index = index_appearances(dst, self._slot)
+        ranked = rank_by_count(appear)
         capped = False
+        row_of = np.full(distinct.shape[0], -1, np.int32)  # per distinct vertex: its hot row, or -1
         if hot is None:
             num_hot = min(distinct.shape[0], int(round(ratio * distinct.shape[0])))
             if cap is not None:
                 limit, capped = cap(appear[ranked])
                 num_hot = min(num_hot, limit)
             hot = distinct[ranked[:num_hot]]
+            row_of[ranked[:num_hot]] = np.arange(num_hot, dtype=np.int32)
+        else:  # a resumed super-batch's hot set: find its vertices among the distinct ones
+            slot = self._slot
+            slot[hot] = np.arange(hot.shape[0], dtype=np.int32)
+            row_of[:] = slot[distinct]
+            slot[hot] = -1
         num_hot = hot.shape[0]
-        hot_map = self._hot_map
-        hot_map[hot] = np.arange(num_hot)
-        planned, hot_appearances = [], 0
-        try:
-            for (index, key, upper), dst in zip(uppers, bottoms):
-                rows = hot_map[dst]
-                is_hot = rows >= 0
-                hot_pos = np.flatnonzero(is_hot)
-                planned.append(PlannedBatch(index, key, upper, np.flatnonzero(~is_hot), hot_pos, rows[hot_pos],
-                                            self._saved_edges(dst[hot_pos])))
-                hot_appearances += hot_pos.shape[0]
-        finally:
-            hot_map[hot] = -1
-        stats = PlanStats(epoch, num_hot, int(distinct.shape[0]), int(appear.sum()), hot_appearances,
-                          sum(b.saved_edges for b in planned), error_capped=capped)
+        # The bottom-hop edges each hot vertex spares the device (all its neighbours with fanout -1).
+        hot_distinct = np.flatnonzero(row_of >= 0)
+        vertices = distinct[hot_distinct]
+        degree = self.indptr[vertices + 1] - self.indptr[vertices]
+        saved_of = np.zeros(distinct.shape[0], np.int64)
+        saved_of[hot_distinct] = degree if self.bottom_fanout < 0 else np.minimum(degree, self.bottom_fanout)
+        positions, rows, hot_counts, saved = split_hot_cold(index, offsets, row_of, saved_of)
+        planned = []
+        for b, (batch, key, upper) in enumerate(uppers):
+            lo, mid, hi = offsets[b], offsets[b] + hot_counts[b], offsets[b + 1]
+            planned.append(PlannedBatch(batch, key, upper, positions[mid:hi], positions[lo:mid], rows[lo:mid],
+                                        int(saved[b])))
+        stats = PlanStats(epoch, num_hot, int(distinct.shape[0]), int(appear.sum()), int(hot_counts.sum()),
+                          int(saved.sum()), error_capped=capped)
         return Plan(gsid, epoch, planned, hot, distinct[ranked[:PROBE_ROWS]], stats)
-
-    def _saved_edges(self, hot_dst: np.ndarray) -> int:
-        """Bottom-hop edges the device would have sampled for these destinations."""
-        degree = self.indptr[hot_dst + 1] - self.indptr[hot_dst]
-        return int(degree.sum() if self.bottom_fanout < 0 else np.minimum(degree, self.bottom_fanout).sum())
