@@ -106,7 +106,10 @@ def test_telemetry_on_cuda(tmp_path):
     assert epoch["moved"]["cache_hits"] == epoch["moved"]["feature_rows"] > 0
     assert epoch["moved"]["device_bytes"] > 0
     assert png.read_bytes().startswith(b"\x89PNG")
-    assert "copy" in epoch["lane_busy"]
+    # The cold bottom hop is sampled on the device by default (no copy lane); the host threads run ahead,
+    # so their lanes may show in an earlier epoch only.
+    assert {"sampler", "trainer"} <= set(epoch["lane_busy"])
+    assert {"planner", "host"} <= {lane for e in summary["epochs"] for lane in e["lane_busy"]}
 
 
 # ----- the CUDA data path: placement, cache, UVA, pinned buffers, overlap --------------------------------
