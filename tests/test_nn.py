@@ -123,7 +123,9 @@ def test_models_map_blocks_to_seed_logits_and_train(subgraph, kind, norm, deeper
     model = GNN(kind, 6, 32, 3, 2, dropout=0.0, heads=2, gcn_norm=norm, **deeper)
     x = torch.randn(subgraph.blocks[0].num_src, 6)
     labels = torch.randint(0, 3, (subgraph.seeds.shape[0],))
-    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    # The residual blocks' larger models oscillate at lr 0.05 (a trajectory so chaotic that rounding
+    # differences between two builds of the same kernels decided the outcome); at 0.01 they fit the labels.
+    opt = torch.optim.Adam(model.parameters(), lr=0.01 if deeper.get("architecture") == "blocks" else 0.05)
     first = None
     for _ in range(60):
         logits = model(subgraph.blocks, x)
