@@ -70,7 +70,8 @@ _HELP = {
     "snapshot_lead": "neutronorch: optimizer steps between a super-batch's W0 snapshot and its first "
                      "mini-batch (the host's time to compute its hot rows); capped by S-P+1; default: auto "
                      "(2, raised while the trainer waits for hot rows)",
-    "host_threads": "neutronorch: threads of the host producer's sampling and aggregation kernels; 0 = half the cores (default: %(default)s)",
+    "host_threads": "neutronorch: threads of the planner's and of the host compute thread's sampling and "
+                    "aggregation kernels (each); 0 = half the cores (default: %(default)s)",
     "gpu_memory_gb": "device memory this run may use, in GiB: the budget for the training workspace, the "
                      "topology (where the device samples) and the feature cache; set it below the GPU's "
                      "size to emulate a smaller GPU (default: the whole device)",
