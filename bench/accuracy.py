@@ -7,6 +7,9 @@ best-validation epoch), and prints a markdown table:
 
     .venv/bin/python bench/accuracy.py --threads 1 --sampler-threads 1 --out bench/out/accuracy.json
 
+--modes exact,neutronorch compares two modes (the second within 1 point of the first), --precisions fp32,bf16
+two precisions (bf16 within 0.5 point of fp32), each on every dataset x model x seed.
+
 Datasets are read from --datasets-root (default ../shared/datasets next to the repository); missing ones
 are skipped with a message. Every run uses the package's defaults (``TrainConfig``; docs/accuracy.md says
 how they were chosen) except where a flag overrides one; --batch-size 0 is the package's rule
@@ -65,6 +68,9 @@ def parse_args(argv=None):
     p.add_argument("--modes", default="exact",
                    help="comma-separated modes; with two, the table shows both and their difference "
                         "(default: %(default)s)")
+    p.add_argument("--precisions", default="fp32",
+                   help="comma-separated precisions (fp32, bf16, auto); with two, the table shows both and their "
+                        "difference (default: %(default)s)")
     for key in ("super_batch", "hot_ratio", "staleness_bound", "hot_grad", "device_sampling"):
         p.add_argument("--" + key.replace("_", "-"), default=None,
                        help=f"neutronorch mode's {key} (default: the package's, {getattr(DEFAULTS, key)})")
@@ -76,7 +82,7 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def run_pair(args, graphs, model: str, seeds: list[int], mode: str = "exact") -> list[dict]:
+def run_pair(args, graphs, model: str, seeds: list[int], mode: str = "exact", precision: str = "fp32") -> list[dict]:
     """``graphs(seed)``: the graph a seed's run trains on (one per stored split, or the same one)."""
     runs = []
     extra = {}
@@ -92,7 +98,7 @@ def run_pair(args, graphs, model: str, seeds: list[int], mode: str = "exact") ->
                              architecture=args.architecture, batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
                              weight_decay=args.weight_decay, dropout=args.dropout, seed=seed, device=args.device,
                              threads=args.threads, sampler_threads=args.sampler_threads, progress=False,
-                             mode=mode, **extra)
+                             mode=mode, precision=precision, **extra)
         quiet = contextlib.nullcontext() if args.verbose else contextlib.redirect_stderr(io.StringIO())
         t0 = time.perf_counter()
         with quiet:
@@ -105,7 +111,10 @@ def run_pair(args, graphs, model: str, seeds: list[int], mode: str = "exact") ->
                      "wall_seconds": round(time.perf_counter() - t0, 2)})
         if mode == "neutronorch":
             runs[-1].update(hot=summary["hot"], staleness=summary["staleness"])
-        print(f"  {graph.name} {mode} {model} seed {seed}: test {summary['test_acc']:.4f} (best epoch "
+        if args.precisions != "fp32":
+            runs[-1]["precision"] = summary["precision"]
+        label = mode if args.precisions == "fp32" else f"{mode} {precision}"
+        print(f"  {graph.name} {label} {model} seed {seed}: test {summary['test_acc']:.4f} (best epoch "
               f"{summary['best_epoch']}, batch {batch})", file=sys.stderr, flush=True)
     return runs
 
@@ -116,8 +125,16 @@ def main(argv=None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     names = args.datasets.split(",")
     modes = args.modes.split(",")
+    precisions = args.precisions.split(",")
     if not 1 <= len(modes) <= 2:
         sys.exit("--modes: give one mode, or two to compare")
+    if not 1 <= len(precisions) <= 2:
+        sys.exit("--precisions: give one precision, or two to compare")
+    if len(modes) == 2 and len(precisions) == 2:
+        sys.exit("compare two modes or two precisions, not both at once")
+    for precision in precisions:
+        if precision not in ("fp32", "bf16", "auto"):
+            sys.exit(f"unknown precision {precision!r}; choose from fp32, bf16, auto")
     for name in names:
         if name not in DATASETS:
             sys.exit(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
@@ -138,21 +155,27 @@ def main(argv=None) -> int:
         models = args.models.split(",") if args.models else [m for m in MODELS if m in targets]
         for model in models:
             for mode in modes:
-                runs = run_pair(args, graphs, model, seeds, mode)
-                accs = [r["test_acc"] for r in runs]
-                mean = statistics.mean(accs)
-                target = targets.get(model)
-                rows.append({"dataset": name, "model": model, "mode": mode, "mean": mean,
-                             "std": statistics.stdev(accs) if len(accs) > 1 else 0.0, "target": target,
-                             "pass": None if target is None else mean >= target,
-                             "epoch_seconds": statistics.median(r["epoch_seconds_median"] for r in runs),
-                             "runs": runs})
+                for precision in precisions:
+                    runs = run_pair(args, graphs, model, seeds, mode, precision)
+                    accs = [r["test_acc"] for r in runs]
+                    mean = statistics.mean(accs)
+                    target = targets.get(model)
+                    row = {"dataset": name, "model": model, "mode": mode, "mean": mean,
+                           "std": statistics.stdev(accs) if len(accs) > 1 else 0.0, "target": target,
+                           "pass": None if target is None else mean >= target,
+                           "epoch_seconds": statistics.median(r["epoch_seconds_median"] for r in runs),
+                           "runs": runs}
+                    if args.precisions != "fp32":
+                        row["precision"] = precision
+                    rows.append(row)
 
     if not rows:
         print("no dataset found; nothing to report", file=sys.stderr)
         return 1
     if len(modes) == 2:
-        return _compare_modes(args, rows, modes, seeds)
+        return _compare(args, rows, "mode", modes, seeds, 1.0)
+    if len(precisions) == 2:
+        return _compare(args, rows, "precision", precisions, seeds, 0.5)
     print(f"| dataset | model | test score % (mean ± std over {len(seeds)} seeds or stored splits; accuracy, "
           f"ROC-AUC for tolokers and minesweeper) | target | pass | median epoch time |")
     print("|---|---|---|---|---|---|")
@@ -170,20 +193,21 @@ def main(argv=None) -> int:
     return 0 if all(r["pass"] is not False for r in rows) else 1
 
 
-def _compare_modes(args, rows, modes, seeds) -> int:
-    """Two modes side by side; a pair passes when the second is within 1.0 point of the first."""
-    first, second = modes
-    by_key = {(r["dataset"], r["model"], r["mode"]): r for r in rows}
+def _compare(args, rows, key, values, seeds, points) -> int:
+    """Two modes (``key`` "mode") or precisions ("precision") side by side; a pair passes when the second's
+    mean is at most ``points`` below the first's."""
+    first, second = values
+    by_key = {(r["dataset"], r["model"], r[key]): r for r in rows}
     pairs = []
-    print(f"| dataset | model | {first} % | {second} % | difference (points) | within 1 point | "
+    print(f"| dataset | model | {first} % | {second} % | difference (points) | within {points:g} point | "
           f"epoch time {first} / {second} |")
     print("|---|---|---|---|---|---|---|")
-    for (dataset, model, mode), a in by_key.items():
-        if mode != first:
+    for (dataset, model, value), a in by_key.items():
+        if value != first:
             continue
         b = by_key[(dataset, model, second)]
         diff = 100 * (b["mean"] - a["mean"])
-        ok = diff >= -1.0
+        ok = diff >= -points
         pairs.append(ok)
         print(f"| {dataset} | {model} | {100 * a['mean']:.1f} ± {100 * a['std']:.1f} | "
               f"{100 * b['mean']:.1f} ± {100 * b['std']:.1f} | {diff:+.1f} | {'pass' if ok else 'FAIL'} | "
@@ -191,7 +215,7 @@ def _compare_modes(args, rows, modes, seeds) -> int:
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"modes": modes, "seeds": seeds, "rows": rows}, indent=2) + "\n")
+        out.write_text(json.dumps({key + "s": values, "seeds": seeds, "rows": rows}, indent=2) + "\n")
     return 0 if all(pairs) else 1
 
 

@@ -25,6 +25,7 @@ from neutronorch.nn.models import GNN
 from neutronorch.orchestration.factory import build_mode
 from neutronorch.orchestration.seeds import epoch_order
 from neutronorch.sampling.neighbor_sampler import TorchNeighborSampler, batch_key
+from neutronorch.train.optim import Adam
 from neutronorch.train.step import train_step
 
 
@@ -71,7 +72,7 @@ def main() -> int:
     t_sample = timed(sample)
     t_load = timed(sample_and_gather)
     model = GNN("sage", graph.feature_dim, args.hidden, graph.num_classes, len(fanouts), dropout=0.5).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=0.003)
+    opt = Adam(model.parameters(), lr=0.003)  # the trainer's optimizer
     t_step = timed(lambda i, s: train_step(model, opt, mode, batches[i]))
     rows = statistics.mean(b.subgraph.input_nodes.shape[0] for b in batches)
     print(f"device {device}; {graph.num_nodes:,} vertices; fanouts {fanouts}, batch {args.batch_size}, "

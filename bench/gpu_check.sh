@@ -5,14 +5,15 @@
 #   PYTHON=/path/to/python bash bench/gpu_check.sh
 #
 # Installs nothing. Prints its progress; writes everything it prints, the summaries and a markdown table
-# to $RESULTS (default docs/results/gpu-<date>-<gpu name>/). It took 4.0-4.5 minutes on one H200 (2026-11-30).
+# to $RESULTS (default docs/results/gpu-<date>-<gpu name>/). It took 4.0-4.5 minutes on one H200 (2026-11-30),
+# before the bf16 runs were added (about a minute more).
 #
 # Graph: 2.4M vertices, about 62M edges (degree 26), 100-dim features, 47 classes (the size of
 # ogbn-products). Model: 3-layer SAGE, fanouts 15,10,5, hidden 256, batch 1024; modes exact, device and
 # neutronorch at their defaults; EPOCHS epochs each (default 3; the first is excluded from the median),
 # once with the features free to fill the GPU and once with the device feature cache capped to 25% of the
-# features (--gpu-cache-gb), the regime NeutronOrch is made for. bench/gpu_table.py prints the table and
-# checks the targets.
+# features (--gpu-cache-gb), the regime NeutronOrch is made for, and once more with every row on the GPU in
+# bfloat16 (--precision bf16). bench/gpu_table.py prints the table and checks the targets.
 #
 # Rehearsal without a GPU (the same steps with --device cpu, no cuda tests, a small graph, results under
 # /tmp unless RESULTS is set): DEVICE=cpu NODES=20000 bash bench/gpu_check.sh
@@ -60,12 +61,13 @@ else
     say "2/3 graph already at $data"
 fi
 
-say "3/3 modes on $DEVICE ($EPOCHS epochs each; features on the device, then capped to 25%)"
+say "3/3 modes on $DEVICE ($EPOCHS epochs each; features on the device, then capped to 25%, then bf16)"
 quarter=$("$PYTHON" -c "import json,sys; m=json.load(open(sys.argv[1])); print(f\"{0.25 * m['num_nodes'] * m['feature_dim'] * 4 / 2**30:.4f}\")" "$data/meta.json")
-for cap in full quarter; do
+for cap in full quarter bf16; do
     for mode in exact device neutronorch; do
         limit=()
         [ "$cap" = quarter ] && limit=(--gpu-cache-gb "$quarter")
+        [ "$cap" = bf16 ] && limit=(--precision bf16)
         say "mode $mode, features $cap ${limit[*]}"
         timeout "${RUN_LIMIT:-60}" "$PYTHON" -m neutronorch train --dataset "$data" --device "$DEVICE" --mode "$mode" \
             --model sage --fanouts 15,10,5 --hidden 256 --batch-size 1024 --dropout 0.5 --epochs "$EPOCHS" \

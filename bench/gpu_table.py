@@ -2,7 +2,7 @@
 
     python bench/gpu_table.py RESULTS_DIR GPU_NAME
 
-Reads ``<mode>-<cap>.json`` (mode: exact, device, neutronorch; cap: full, quarter) and prints a markdown
+Reads ``<mode>-<cap>.json`` (mode: exact, device, neutronorch; cap: full, quarter, bf16) and prints a markdown
 table (median epoch time without the first epoch, ratios within each cap, accuracy, GPU utilisation from
 NVML, the trainer's busy share, the cache hit rate, MiB copied to the device per epoch), then each target
 of the CUDA data path with the measured value and PASS / FAIL / MISSING.
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 MODES = ("exact", "device", "neutronorch")
-CAPS = {"full": "all on the GPU", "quarter": "25% cached"}
+CAPS = {"full": "all on the GPU", "quarter": "25% cached", "bf16": "all on the GPU, bf16"}
 
 
 def load(results: Path) -> dict[tuple[str, str], dict]:

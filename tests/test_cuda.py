@@ -298,3 +298,31 @@ def test_the_memory_budget_caps_the_allocator_for_the_run_only():
     # Lifted afterwards: a tensor above the budget can be allocated again.
     big = torch.empty(int(min(3 * 2**30, 0.5 * total)) // 4, dtype=torch.float32, device="cuda")
     del big
+
+
+def test_bfloat16_aggregation_on_cuda_sums_in_float32(small_csc):
+    from neutronorch.sampling.neighbor_sampler import NeighborSampler
+
+    indptr, indices = small_csc
+    block = NeighborSampler(indptr, indices, [5]).sample(np.arange(0, 300, 4), 3).blocks[0]
+    x = torch.randn(block.num_src, 16).to(torch.bfloat16)
+    on_cuda = mean_aggregate(block.to("cuda"), x.cuda())
+    assert on_cuda.dtype == torch.bfloat16
+    torch.testing.assert_close(on_cuda.cpu().float(), mean_aggregate(block, x).float(), rtol=2 ** -7, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,model", [("exact", "sage"), ("exact", "gat"), ("device", "gcn"),
+                                        ("neutronorch", "sage")])
+def test_bfloat16_training_on_cuda(mode, model):
+    summary = train(TrainConfig(dataset="synthetic:nodes=4000,degree=10,features=16,classes=4,noise=0.6",
+                                mode=mode, model=model, device="cuda", precision="bf16", fanouts=[5, 5],
+                                hidden=32, batch_size=256, epochs=12 if model == "gat" else 4, lr=0.01,
+                                weight_decay=0.0, dropout=0.5, progress=False))
+    assert summary["precision"]["name"] == "bf16"
+    assert summary["test_acc"] > 0.75
+    # Rows travel as bfloat16: 2 bytes a value.
+    moved = summary["epochs"][0]["moved"]
+    assert moved["feature_bytes"] > 0 and moved["feature_bytes"] % (16 * 2) == 0
+    if mode != "neutronorch":  # its batches carry the cold rows only
+        assert moved["feature_bytes"] == moved["feature_rows"] * 16 * 2

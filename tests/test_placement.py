@@ -56,6 +56,12 @@ def test_budget_leaves_a_cache_of_what_remains_after_workspace_and_topology():
     assert p.cache_bytes <= free < p.cache_bytes + 400
 
 
+def test_bfloat16_rows_fit_twice_as_many_in_the_same_budget():
+    fp32, bf16 = plan(gpu_memory_gb=5.5), plan(gpu_memory_gb=5.5, row_itemsize=2)
+    assert bf16.feature_bytes * 2 == fp32.feature_bytes
+    assert fp32.cache_rows * 2 <= bf16.cache_rows <= fp32.cache_rows * 2 + 1
+
+
 def test_host_samplers_never_place_topology_and_copy_their_misses():
     p = plan(mode="exact", gpu_memory_gb=5.0)
     assert p.topology == "host" and p.features == "cache" and p.miss_path == "staged"
@@ -372,7 +378,7 @@ def test_the_memory_budget_caps_the_allocator_of_an_unindexed_cuda_device(monkey
     """``--device cuda`` names no index; the allocator's cap needs one (the current device's)."""
     import types
 
-    from neutronorch.train import trainer
+    from neutronorch.train import resources
 
     calls = []
 
@@ -385,10 +391,10 @@ def test_the_memory_budget_caps_the_allocator_of_an_unindexed_cuda_device(monkey
     properties = types.SimpleNamespace(total_memory=8 * 2**30)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", fraction)
-    with trainer._memory_budget(torch.device("cuda"), 2.0):
+    with resources.memory_budget(torch.device("cuda"), 2.0):
         assert calls == [(0.25, 3)]
     assert calls == [(0.25, 3), (1.0, 3)]
     calls.clear()
-    with trainer._memory_budget(torch.device("cuda", 1), 4.0):
+    with resources.memory_budget(torch.device("cuda", 1), 4.0):
         pass
     assert calls == [(0.5, 1), (1.0, 1)]

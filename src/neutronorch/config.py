@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from neutronorch.errors import ConfigError
-from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, needs_degrees
+from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, PRECISIONS, needs_degrees
 from neutronorch.sampling.fanouts import parse_fanouts
 
 MODES = ("exact", "device", "neutronorch")
@@ -45,6 +45,7 @@ class TrainConfig:
     dropout: float = 0.7
     seed: int = 0
     device: str = "auto"
+    precision: str = "fp32"  # fp32, bf16 or auto (bf16 where the device has it natively); nn/precision.py
     mode: str = "exact"
     eval_every: int = 1
     eval_fanouts: list[int] | None = None
@@ -105,6 +106,8 @@ class TrainConfig:
             (self.model in MODELS, f"`model` {self.model!r}: choose one of {', '.join(MODELS)}."),
             (self.mode in MODES, f"`mode` {self.mode!r}: choose one of {', '.join(MODES)}."),
             (self.device in DEVICES, f"`device` {self.device!r}: choose one of {', '.join(DEVICES)}."),
+            (self.precision in PRECISIONS,
+             f"`precision` {self.precision!r}: choose one of {', '.join(PRECISIONS)}."),
             (self.batch_size >= 0, f"`batch_size` {self.batch_size}: must be a positive number of seeds "
                                    f"(or 0 to choose from the training-set size)."),
             (self.eval_batch_size >= 1, f"`eval_batch_size` {self.eval_batch_size}: must be positive."),

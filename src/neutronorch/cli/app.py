@@ -158,7 +158,7 @@ def _inference(args: argparse.Namespace) -> tuple:
     """predict's and embed's shared part: outputs checked, then the data loaded; their keywords (device,
     where the rows go, scratch folder, progress bar)."""
     from neutronorch.train.predict import check_output_path
-    from neutronorch.train.trainer import resolve_device
+    from neutronorch.train.resources import resolve_device
 
     device = resolve_device(args.device)
     scratch = None if args.scratch_dir == "memory" else args.scratch_dir

@@ -7,7 +7,7 @@ from dataclasses import fields
 
 from neutronorch.config import CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, METRICS, MODES, TrainConfig
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec
-from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS
+from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, PRECISIONS
 
 _HELP = {
     "dataset": f"dataset spec: {DATASET_SPEC_HELP} (default: %(default)s)",
@@ -39,6 +39,10 @@ _HELP = {
     "dropout": "dropout after each hidden layer; on CPU resolved to steps of 1/256 (default: %(default)s)",
     "seed": "seed of model init, seed order and sampling (default: %(default)s)",
     "device": "training device; auto picks CUDA when available (default: %(default)s)",
+    "precision": "fp32, or bf16: bfloat16 features, activations and matrix products (AMX on CPUs, tensor "
+                 "cores on GPUs) with float32 weights, optimizer state, loss and evaluation; auto = bf16 where "
+                 "the training device computes it natively, else fp32 (the run says which) "
+                 "(default: %(default)s)",
     "mode": "placement of the stages: exact samples and gathers on the host and computes every layer of "
             "every mini-batch on the device; device also samples and gathers on the training device (graph "
             "and features resident there, or read from pinned host memory beyond --gpu-memory-gb); neutronorch computes hot vertices' bottom layer on the host once "
@@ -108,7 +112,8 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
     defaults = TrainConfig()
     choices = {"model": MODELS, "mode": MODES, "device": DEVICES, "hot_grad": HOT_GRADS,
                "cache_policy": CACHE_POLICIES, "device_sampling": DEVICE_SAMPLING, "gcn_norm": GCN_NORMS,
-               "norm": NORMS, "metric": ("auto",) + METRICS, "architecture": ARCHITECTURES}
+               "norm": NORMS, "metric": ("auto",) + METRICS, "architecture": ARCHITECTURES,
+               "precision": PRECISIONS}
     types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int, "gpu_memory_gb": float,
              "gpu_cache_gb": str}
     for f in fields(TrainConfig):

@@ -96,13 +96,15 @@ def workspace_bytes(num_nodes: int, feature_dim: int, hidden: int, num_classes: 
 
 def plan_placement(*, device: str, samples_on_device: bool, num_nodes: int, num_edges: int,
                    indices_itemsize: int, feature_dim: int, workspace: int, device_memory: int | None,
-                   gpu_memory_gb: float | None, gpu_cache_gb: float | str | None) -> Placement:
+                   gpu_memory_gb: float | None, gpu_cache_gb: float | str | None,
+                   row_itemsize: int = 4) -> Placement:
     """Decide the placement (see the module docstring). ``samples_on_device``: whether the mode samples on
     the training device (device mode; NeutronOrch's bottom hop with device sampling). ``device_memory`` is
     the device's total memory (None on the CPU); ``gpu_cache_gb`` is a number, ``"auto"`` (as large as the
-    budget allows) or None (no cache)."""
+    budget allows) or None (no cache). ``row_itemsize``: bytes per feature value on the device (2 in
+    bfloat16 runs)."""
     topology_bytes = 8 * (num_nodes + 1) + indices_itemsize * num_edges
-    row_bytes = 4 * feature_dim
+    row_bytes = row_itemsize * feature_dim
     notes: list[str] = []
     if device_memory is None:
         # The "device" is host memory: nothing to budget. Where the device samples, its tensors are the
@@ -168,14 +170,16 @@ def _decide(device, budget, workspace, topology, rows, num_nodes, samples_on_dev
 
 
 def placement_for(graph, config: PlacementConfig, device: torch.device, samples_on_device: bool,
-                  workspace: int) -> Placement:
-    """The placement of one run: ``workspace`` from ``workspace_bytes``, ``samples_on_device`` the mode's."""
+                  workspace: int, dtype: torch.dtype = torch.float32) -> Placement:
+    """The placement of one run: ``workspace`` from ``workspace_bytes``, ``samples_on_device`` the mode's,
+    feature rows held as ``dtype`` on the device."""
     memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     cache = None if config.gpu_cache_gb == 0 else config.gpu_cache_gb
     return plan_placement(device=device.type, samples_on_device=samples_on_device, num_nodes=graph.num_nodes,
                           num_edges=graph.num_edges, indices_itemsize=graph.indices.dtype.itemsize,
                           feature_dim=graph.feature_dim, workspace=workspace, device_memory=memory,
-                          gpu_memory_gb=config.gpu_memory_gb, gpu_cache_gb=cache)
+                          gpu_memory_gb=config.gpu_memory_gb, gpu_cache_gb=cache,
+                          row_itemsize=dtype.itemsize)
 
 
 # ----- pinned host memory and zero-copy views ----------------------------------------------------------

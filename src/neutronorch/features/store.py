@@ -15,6 +15,7 @@ import threading
 import numpy as np
 import torch
 
+from neutronorch.bfloat16 import numpy_view
 from neutronorch.sampling import kernels
 
 
@@ -69,10 +70,12 @@ class BufferPool:
 
 
 class FeatureStore:
-    """Host-resident features (a numpy array or memory map) gathered by row ids."""
+    """Host-resident features (a numpy array or memory map) gathered by row ids, as rows of ``dtype``
+    (float32, or bfloat16 for bfloat16 training: half the bytes written and copied)."""
 
-    def __init__(self, features: np.ndarray, labels: np.ndarray):
+    def __init__(self, features: np.ndarray, labels: np.ndarray, dtype: torch.dtype = torch.float32):
         self.features = features
+        self.dtype = dtype
         # Small; a writable copy (a class id per vertex, or a 0/1/-1 row per vertex for multi-label tasks).
         self.labels = torch.from_numpy(np.array(labels, dtype=np.int64))
 
@@ -81,15 +84,15 @@ class FeatureStore:
         return int(self.features.shape[1])
 
     def gather_into(self, rows: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
-        """Copy ``features[rows]`` into the front of ``buffer`` (converted to float32); return that view."""
+        """Copy ``features[rows]`` into the front of ``buffer`` (converted to its dtype); return that view."""
         out = buffer[:rows.shape[0]]
         if self.features.dtype == np.float16:
             kernels.gather_half_rows(self.features.view(np.uint16), rows.numpy(), kernels.HALF_TO_FLOAT,
-                                     out.numpy())
+                                     numpy_view(out))
         else:
-            kernels.gather_rows(self.features, rows.numpy(), out.numpy())
+            kernels.gather_rows(self.features, rows.numpy(), numpy_view(out))
         return out
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:
         """Allocate and fill (for cold paths such as inference)."""
-        return self.gather_into(rows, torch.empty((rows.shape[0], self.width), dtype=torch.float32))
+        return self.gather_into(rows, torch.empty((rows.shape[0], self.width), dtype=self.dtype))

@@ -15,6 +15,7 @@ import torch
 from numba import njit, prange
 from torch.nn import functional as F
 
+from neutronorch.bfloat16 import load, numpy_view, store, supported
 from neutronorch.sampling.kernels import splitmix_key
 
 
@@ -23,7 +24,8 @@ def relu_dropout_row(src, r, out, keep, i, threshold, scale, key):
     """Row ``i`` of the fused ReLU + dropout from row ``r`` of ``src``: ``out[i, j]`` is ``src[r, j] * scale``
     where kept and positive, else 0, and ``keep[i, j]`` is 1 there, else 0. Element ``(i, j)``'s random
     byte is byte ``j % 8`` of ``splitmix_key(key, i * width + j - j % 8)``: the mask depends only on the
-    key and the position in ``out``, whichever kernel writes the row. ``src`` may be ``out`` (in place).
+    key and the position in ``out``, whichever kernel writes the row. ``src`` may be ``out`` (in place);
+    both hold float32 or bfloat16 bits.
 
     The source comes as a 2-d array and a row index, not as a row view: with a view (``src[r]``) numba's
     code ran 1.4-1.6 times slower on a 100k x 256 tensor (two threads)."""
@@ -32,12 +34,12 @@ def relu_dropout_row(src, r, out, keep, i, threshold, scale, key):
         bits = splitmix_key(key, i * width + j0)
         for j in range(j0, min(width, j0 + 8)):
             byte = (bits >> np.uint64(8 * (j - j0))) & np.uint64(255)
-            value = src[r, j]
+            value = load(src[r, j])
             if byte >= threshold and value > 0:
-                out[i, j] = value * scale
+                store(out, (i, j), value * scale)
                 keep[i, j] = 1
             else:
-                out[i, j] = 0.0
+                store(out, (i, j), 0.0)
                 keep[i, j] = 0
 
 
@@ -52,7 +54,7 @@ def _backward(grad_out, keep, scale, grad_in):
     rows, width = grad_out.shape
     for i in prange(rows):
         for j in range(width):
-            grad_in[i, j] = grad_out[i, j] * scale if keep[i, j] else 0.0
+            store(grad_in, (i, j), load(grad_out[i, j]) * scale if keep[i, j] else np.float32(0.0))
 
 
 def dropout_constants(p: float) -> tuple[np.uint64, np.float32]:
@@ -75,7 +77,7 @@ class _ReluDropout(torch.autograd.Function):
         threshold, scale = dropout_constants(p)
         key = draw_key()
         keep = torch.empty(y.shape, dtype=torch.uint8)
-        values = y.detach().numpy()
+        values = numpy_view(y.detach())
         _forward(values, threshold, scale, key, values, keep.numpy())
         ctx.mark_dirty(y)
         ctx.save_for_backward(keep)
@@ -87,7 +89,7 @@ class _ReluDropout(torch.autograd.Function):
         (keep,) = ctx.saved_tensors
         grad_out = grad_out.contiguous()
         grad_in = torch.empty_like(grad_out)
-        _backward(grad_out.numpy(), keep.numpy(), ctx.scale, grad_in.numpy())
+        _backward(numpy_view(grad_out), keep.numpy(), ctx.scale, numpy_view(grad_in))
         return grad_in, None
 
 
@@ -96,6 +98,6 @@ def relu_dropout(y: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     ``y``, which must be an intermediate result (autograd refuses a leaf that requires grad)."""
     if not training or p == 0:
         return F.relu(y)
-    if y.device.type == "cpu" and y.dtype == torch.float32 and y.dim() == 2 and y.is_contiguous():
+    if y.device.type == "cpu" and supported(y.dtype) and y.dim() == 2 and y.is_contiguous():
         return _ReluDropout.apply(y, p)
     return F.dropout(F.relu(y), p, training)

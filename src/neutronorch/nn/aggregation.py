@@ -3,7 +3,7 @@
 ``mean_aggregate(block, x_src, include_self)`` is the one definition of "mean over the sampled
 in-neighbours (optionally together with the vertex itself)". The training device, the host producer of
 NeutronOrch mode and full-neighbour inference all call it, so their results agree by construction.
-Two implementations exist behind it: numba kernels for float32 CPU tensors (parallel over destinations in
+Two implementations exist behind it: numba kernels for float32 and bfloat16 CPU tensors (parallel over destinations in
 the forward pass, over sources of the transposed block in the backward pass, so no atomics are needed)
 and plain torch ops for every other device and dtype. A test proves both equal. ``fused_mean_linear``
 evaluates a whole separable layer (aggregation and weight) in one autograd node on CPU.
@@ -15,37 +15,52 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from neutronorch.bfloat16 import accumulator, finish, load, numpy_view, store, supported
+from neutronorch.prefetch import AHEAD, prefetch_row
 from neutronorch.sampling.block import Block
+
+
+# Destinations per parallel task: each task owns one float32 scratch row (bfloat16 outputs sum there).
+CHUNK = 64
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _layer_input_forward(indptr, indices, x, dst_offset, self_columns, include_self, out):
     """out[:, :k] = [x_dst | mean] when ``self_columns``, else the mean alone (k = 2 or 1 times the
     width); any further column of ``out`` is set to 1 (it carries a bias through the matrix product).
+    ``x`` and ``out`` are float32 or bfloat16 bits, independently; sums are float32.
 
     Rows are handled through 1-D views: indexing the 2-D arrays directly kept LLVM from vectorising.
     """
     width = x.shape[1]
     offset = width if self_columns else 0
-    for d in prange(out.shape[0]):
-        acc = out[d, offset:offset + width]
-        if include_self:
-            acc[:] = x[dst_offset + d]
-        else:
-            acc[:] = 0.0
-        if self_columns:
-            out[d, :width] = x[dst_offset + d]
-        out[d, offset + width:] = 1.0
-        start, end = indptr[d], indptr[d + 1]
-        for e in range(start, end):
-            row = x[indices[e]]
-            for j in range(width):
-                acc[j] += row[j]
-        count = end - start + (1 if include_self else 0)
-        if count > 0:
-            inv = np.float32(1.0) / np.float32(count)
-            for j in range(width):
-                acc[j] *= inv
+    rows = out.shape[0]
+    for c in prange((rows + CHUNK - 1) // CHUNK):
+        scratch = np.empty(width, np.float32)
+        last = indptr[min(rows, (c + 1) * CHUNK)]  # the chunk's edges end here
+        for d in range(c * CHUNK, min(rows, (c + 1) * CHUNK)):
+            o = out[d]
+            acc = accumulator(o, offset, width, scratch)
+            own = x[dst_offset + d]
+            if include_self:
+                for j in range(width):
+                    acc[j] = load(own[j])
+            else:
+                acc[:] = 0.0
+            if self_columns:
+                for j in range(width):
+                    store(o, j, load(own[j]))
+            for j in range(offset + width, o.shape[0]):
+                store(o, j, 1.0)
+            start, end = indptr[d], indptr[d + 1]
+            for e in range(start, end):
+                if e + AHEAD < last:
+                    prefetch_row(x, indices[e + AHEAD])
+                row = x[indices[e]]
+                for j in range(width):
+                    acc[j] += load(row[j])
+            count = end - start + (1 if include_self else 0)
+            finish(o, offset, acc, np.float32(1.0) / np.float32(max(count, 1)))
 
 
 @njit(cache=True, nogil=True)
@@ -72,32 +87,51 @@ def _layer_input_backward(indptr, src_ptr, readers, grad_h, dst_offset, self_col
     width = grad_x.shape[1]
     offset = width if self_columns else 0
     num_dst = grad_h.shape[0]
-    for u in prange(grad_x.shape[0]):
-        acc = grad_x[u]
-        acc[:] = 0.0
-        own = u - dst_offset
-        if 0 <= own < num_dst:
-            if self_columns:
-                acc[:] += grad_h[own, :width]
-            if include_self:
-                inv = np.float32(1.0) / np.float32(indptr[own + 1] - indptr[own] + 1)
-                g = grad_h[own, offset:offset + width]
+    rows = grad_x.shape[0]
+    for c in prange((rows + CHUNK - 1) // CHUNK):
+        scratch = np.empty(width, np.float32)
+        last = src_ptr[min(rows, (c + 1) * CHUNK)]
+        for u in range(c * CHUNK, min(rows, (c + 1) * CHUNK)):
+            acc = accumulator(grad_x[u], 0, width, scratch)
+            acc[:] = 0.0
+            own = u - dst_offset
+            if 0 <= own < num_dst:
+                g = grad_h[own]
+                if self_columns:
+                    for j in range(width):
+                        acc[j] += load(g[j])
+                if include_self:
+                    inv = np.float32(1.0) / np.float32(indptr[own + 1] - indptr[own] + 1)
+                    for j in range(width):
+                        acc[j] += load(g[offset + j]) * inv
+            for t in range(src_ptr[u], src_ptr[u + 1]):
+                if t + AHEAD < last:
+                    prefetch_row(grad_h, readers[t + AHEAD])
+                d = readers[t]
+                inv = np.float32(1.0) / np.float32(indptr[d + 1] - indptr[d] + (1 if include_self else 0))
+                g = grad_h[d]
                 for j in range(width):
-                    acc[j] += g[j] * inv
-        for t in range(src_ptr[u], src_ptr[u + 1]):
-            d = readers[t]
-            inv = np.float32(1.0) / np.float32(indptr[d + 1] - indptr[d] + (1 if include_self else 0))
-            g = grad_h[d, offset:offset + width]
-            for j in range(width):
-                acc[j] += g[j] * inv
+                    acc[j] += load(g[offset + j]) * inv
+            finish(grad_x[u], 0, acc, np.float32(1.0))
 
 
-def _input_grad(block, grad_h, width, self_columns, include_self):
+def _input_grad(block, grad_h, width, self_columns, include_self, dtype):
     src_ptr, readers = _transpose(block.indptr.numpy(), block.indices.numpy(), block.num_src)
-    grad_x = torch.empty((block.num_src, width), dtype=grad_h.dtype)
-    _layer_input_backward(block.indptr.numpy(), src_ptr, readers, grad_h.contiguous().numpy(), block.dst_offset,
-                          self_columns, include_self, grad_x.numpy())
+    grad_x = torch.empty((block.num_src, width), dtype=dtype)
+    _layer_input_backward(block.indptr.numpy(), src_ptr, readers, numpy_view(grad_h.contiguous()),
+                          block.dst_offset, self_columns, include_self, numpy_view(grad_x))
     return grad_x
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a layer's matrix products run in: autocast's where it is on for ``x``'s device, else ``x``'s."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
+def _numba_ok(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and supported(x.dtype)
 
 
 class _NumbaMean(torch.autograd.Function):
@@ -105,33 +139,33 @@ class _NumbaMean(torch.autograd.Function):
     def forward(ctx, x_src, block, include_self):
         x = x_src.detach().contiguous()
         out = torch.empty((block.num_dst, x.shape[1]), dtype=x.dtype)
-        _layer_input_forward(block.indptr.numpy(), block.indices.numpy(), x.numpy(), block.dst_offset, False,
-                             include_self, out.numpy())
-        ctx.block = block
-        ctx.include_self = include_self
+        _layer_input_forward(block.indptr.numpy(), block.indices.numpy(), numpy_view(x), block.dst_offset, False,
+                             include_self, numpy_view(out))
+        ctx.block, ctx.include_self, ctx.dtype = block, include_self, x.dtype
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         if not ctx.needs_input_grad[0]:
             return None, None, None
-        return _input_grad(ctx.block, grad_out, grad_out.shape[1], False, ctx.include_self), None, None
+        return _input_grad(ctx.block, grad_out, grad_out.shape[1], False, ctx.include_self, ctx.dtype), None, None
 
 
 class _FusedMeanLinear(torch.autograd.Function):
     """``h @ weight.T`` with ``h`` = [x_dst | mean | 1] (SAGE) or [mean with self | 1] (GCN), built by one
     kernel, and ``weight`` = [W_self | W_neigh | bias] (or [W | bias]). The ones column folds the bias
     into the product (no broadcast copy forward, no column sum backward); the backward pass writes the
-    input gradient in one kernel, so no zero-filled temporaries over the whole frontier are needed."""
+    input gradient in one kernel, so no zero-filled temporaries over the whole frontier are needed. ``h``
+    has ``weight``'s dtype (the product's: bfloat16 under autocast), ``x_src`` either."""
 
     @staticmethod
     def forward(ctx, x_src, weight, block, self_columns, include_self):
         x = x_src.detach().contiguous()
-        h = torch.empty((block.num_dst, weight.shape[1]), dtype=x.dtype)
-        _layer_input_forward(block.indptr.numpy(), block.indices.numpy(), x.numpy(), block.dst_offset,
-                             self_columns, include_self, h.numpy())
+        h = torch.empty((block.num_dst, weight.shape[1]), dtype=weight.dtype)
+        _layer_input_forward(block.indptr.numpy(), block.indices.numpy(), numpy_view(x), block.dst_offset,
+                             self_columns, include_self, numpy_view(h))
         ctx.save_for_backward(h, weight)
-        ctx.block, ctx.width = block, x.shape[1]
+        ctx.block, ctx.width, ctx.dtype = block, x.shape[1], x.dtype
         ctx.self_columns, ctx.include_self = self_columns, include_self
         return h @ weight.t()
 
@@ -142,7 +176,7 @@ class _FusedMeanLinear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             inputs = ctx.width * (2 if ctx.self_columns else 1)
             grad_x = _input_grad(ctx.block, grad_y @ weight[:, :inputs], ctx.width, ctx.self_columns,
-                                 ctx.include_self)
+                                 ctx.include_self, ctx.dtype)
         grad_weight = grad_y.t() @ h if ctx.needs_input_grad[1] else None
         return grad_x, grad_weight, None, None, None
 
@@ -150,17 +184,20 @@ class _FusedMeanLinear(torch.autograd.Function):
 def fused_mean_linear(block: Block, x_src: torch.Tensor, weights: list[torch.Tensor], bias: torch.Tensor,
                       self_columns: bool, include_self: bool) -> torch.Tensor | None:
     """The fused CPU evaluation of a separable layer, or None where it does not apply (then the caller
-    uses the unfused definition). ``weights`` is [W] or [W_self, W_neigh] with ``self_columns``."""
-    if x_src.device.type != "cpu" or x_src.dtype != torch.float32 or bias.dtype != torch.float32:
+    uses the unfused definition). ``weights`` is [W] or [W_self, W_neigh] with ``self_columns``. The
+    product runs in ``compute_dtype(x_src)`` (the weights are cast to it, as autocast casts them)."""
+    dtype = compute_dtype(x_src)
+    if not _numba_ok(x_src) or not supported(dtype) or bias.dtype != torch.float32:
         return None
-    weight = torch.cat(weights + [bias.unsqueeze(1)], dim=1)
+    weight = torch.cat(weights + [bias.unsqueeze(1)], dim=1).to(dtype)
     return _FusedMeanLinear.apply(x_src, weight, block, self_columns, include_self)
 
 
 def mean_aggregate(block: Block, x_src: torch.Tensor, include_self: bool = False) -> torch.Tensor:
     """Row ``i`` = mean of ``x_src`` over destination ``i``'s sampled sources (and ``x_src[i]`` itself
-    when ``include_self``); zero for a destination with nothing to average."""
-    if x_src.device.type == "cpu" and x_src.dtype == torch.float32:
+    when ``include_self``); zero for a destination with nothing to average. Sums are float32 whatever
+    ``x_src``'s dtype; the result has ``x_src``'s."""
+    if _numba_ok(x_src):
         return _NumbaMean.apply(x_src, block, include_self)
     return mean_aggregate_torch(block, x_src, include_self)
 
@@ -169,13 +206,19 @@ def mean_aggregate_torch(block: Block, x_src: torch.Tensor, include_self: bool =
     """The same definition in plain torch ops (any device); autograd derives the backward pass."""
     degrees = block.in_degrees()
     dst = edge_destinations(block)
-    out = torch.zeros((block.num_dst, x_src.shape[1]), dtype=x_src.dtype, device=x_src.device)
-    out = out.index_add(0, dst, x_src[block.indices.long()])
-    count = degrees.to(x_src.dtype)
+    acc = _sum_dtype(x_src)
+    out = torch.zeros((block.num_dst, x_src.shape[1]), dtype=acc, device=x_src.device)
+    out = out.index_add(0, dst, x_src[block.indices.long()].to(acc))
+    count = degrees.to(acc)
     if include_self:
         out = out + block.dst_rows(x_src)
         count = count + 1
-    return out / count.clamp(min=1).unsqueeze(1)
+    return (out / count.clamp(min=1).unsqueeze(1)).to(x_src.dtype)
+
+
+def _sum_dtype(x: torch.Tensor) -> torch.dtype:
+    """Sums of half-precision rows are float32 sums."""
+    return torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -184,19 +227,26 @@ def _symmetric_forward(indptr, indices, x, degree, dst_offset, self_coef, neigh_
     source's weight is computed where it is read, so an in-place block over every vertex costs its edges,
     not the graph's size."""
     width = x.shape[1]
-    for d in prange(out.shape[0]):
-        acc = out[d]
-        acc[:] = 0.0
-        for e in range(indptr[d], indptr[d + 1]):
-            u = indices[e]
-            row = x[u]
-            w = np.float32(1.0) / np.sqrt(degree[u] + np.float32(1.0))
+    rows = out.shape[0]
+    for c in prange((rows + CHUNK - 1) // CHUNK):
+        scratch = np.empty(width, np.float32)
+        last = indptr[min(rows, (c + 1) * CHUNK)]
+        for d in range(c * CHUNK, min(rows, (c + 1) * CHUNK)):
+            acc = accumulator(out[d], 0, width, scratch)
+            acc[:] = 0.0
+            for e in range(indptr[d], indptr[d + 1]):
+                if e + AHEAD < last:
+                    prefetch_row(x, indices[e + AHEAD])
+                u = indices[e]
+                row = x[u]
+                w = np.float32(1.0) / np.sqrt(degree[u] + np.float32(1.0))
+                for j in range(width):
+                    acc[j] += w * load(row[j])
+            a, b = neigh_coef[d], self_coef[d]
+            own = x[dst_offset + d]
             for j in range(width):
-                acc[j] += w * row[j]
-        a, b = neigh_coef[d], self_coef[d]
-        own = x[dst_offset + d]
-        for j in range(width):
-            acc[j] = a * acc[j] + b * own[j]
+                acc[j] = a * acc[j] + b * load(own[j])
+            finish(out[d], 0, acc, np.float32(1.0))
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -204,24 +254,31 @@ def _symmetric_backward(src_ptr, readers, grad, degree, dst_offset, self_coef, n
     """The adjoint of ``_symmetric_forward``, one source row at a time over the transposed block."""
     width = grad_x.shape[1]
     num_dst = grad.shape[0]
-    for u in prange(grad_x.shape[0]):
-        acc = grad_x[u]
-        acc[:] = 0.0
-        for t in range(src_ptr[u], src_ptr[u + 1]):
-            d = readers[t]
-            c = neigh_coef[d]
-            g = grad[d]
+    rows = grad_x.shape[0]
+    for c in prange((rows + CHUNK - 1) // CHUNK):
+        scratch = np.empty(width, np.float32)
+        last = src_ptr[min(rows, (c + 1) * CHUNK)]
+        for u in range(c * CHUNK, min(rows, (c + 1) * CHUNK)):
+            acc = accumulator(grad_x[u], 0, width, scratch)
+            acc[:] = 0.0
+            for t in range(src_ptr[u], src_ptr[u + 1]):
+                if t + AHEAD < last:
+                    prefetch_row(grad, readers[t + AHEAD])
+                d = readers[t]
+                coef = neigh_coef[d]
+                g = grad[d]
+                for j in range(width):
+                    acc[j] += coef * load(g[j])
+            w = np.float32(1.0) / np.sqrt(degree[u] + np.float32(1.0))
             for j in range(width):
-                acc[j] += c * g[j]
-        w = np.float32(1.0) / np.sqrt(degree[u] + np.float32(1.0))
-        for j in range(width):
-            acc[j] *= w
-        own = u - dst_offset
-        if 0 <= own < num_dst:
-            c = self_coef[own]
-            g = grad[own]
-            for j in range(width):
-                acc[j] += c * g[j]
+                acc[j] *= w
+            own = u - dst_offset
+            if 0 <= own < num_dst:
+                coef = self_coef[own]
+                g = grad[own]
+                for j in range(width):
+                    acc[j] += coef * load(g[j])
+            finish(grad_x[u], 0, acc, np.float32(1.0))
 
 
 class _NumbaSymmetric(torch.autograd.Function):
@@ -229,9 +286,9 @@ class _NumbaSymmetric(torch.autograd.Function):
     def forward(ctx, x_src, block, degree, self_coef, neigh_coef):
         x = x_src.detach().contiguous()
         out = torch.empty((block.num_dst, x.shape[1]), dtype=x.dtype)
-        _symmetric_forward(block.indptr.numpy(), block.indices.numpy(), x.numpy(), degree.numpy(), block.dst_offset,
-                           self_coef.numpy(), neigh_coef.numpy(), out.numpy())
-        ctx.block, ctx.coefs = block, (degree, self_coef, neigh_coef)
+        _symmetric_forward(block.indptr.numpy(), block.indices.numpy(), numpy_view(x), degree.numpy(),
+                           block.dst_offset, self_coef.numpy(), neigh_coef.numpy(), numpy_view(out))
+        ctx.block, ctx.coefs, ctx.dtype = block, (degree, self_coef, neigh_coef), x.dtype
         return out
 
     @staticmethod
@@ -241,9 +298,9 @@ class _NumbaSymmetric(torch.autograd.Function):
         block = ctx.block
         degree, self_coef, neigh_coef = ctx.coefs
         src_ptr, readers = _transpose(block.indptr.numpy(), block.indices.numpy(), block.num_src)
-        grad_x = torch.empty((block.num_src, grad_out.shape[1]), dtype=grad_out.dtype)
-        _symmetric_backward(src_ptr, readers, grad_out.contiguous().numpy(), degree.numpy(), block.dst_offset,
-                            self_coef.numpy(), neigh_coef.numpy(), grad_x.numpy())
+        grad_x = torch.empty((block.num_src, grad_out.shape[1]), dtype=ctx.dtype)
+        _symmetric_backward(src_ptr, readers, numpy_view(grad_out.contiguous()), degree.numpy(), block.dst_offset,
+                            self_coef.numpy(), neigh_coef.numpy(), numpy_view(grad_x))
         return grad_x, None, None, None, None
 
 
@@ -259,15 +316,16 @@ def symmetric_aggregate(block: Block, x_src: torch.Tensor) -> torch.Tensor:
     own = (dst_degree + 1).rsqrt()
     sampled = block.in_degrees().to(own.dtype).clamp(min=1)
     self_coef, neigh_coef = own * own, own * dst_degree / sampled
-    if x_src.device.type == "cpu" and x_src.dtype == torch.float32:
+    if _numba_ok(x_src):
         return _NumbaSymmetric.apply(x_src, block, block.src_degree.float().contiguous(),
                                      self_coef.float().contiguous(), neigh_coef.float().contiguous())
     indices = block.indices.long()
-    weight = (block.src_degree[indices] + 1).rsqrt().to(x_src.dtype)  # per edge
-    out = torch.zeros((block.num_dst, x_src.shape[1]), dtype=x_src.dtype, device=x_src.device)
-    out = out.index_add(0, edge_destinations(block), x_src[indices] * weight.unsqueeze(1))
-    return (out * neigh_coef.to(x_src.dtype).unsqueeze(1)
-            + block.dst_rows(x_src) * self_coef.to(x_src.dtype).unsqueeze(1))
+    acc = _sum_dtype(x_src)
+    weight = (block.src_degree[indices] + 1).rsqrt().to(acc)  # per edge
+    out = torch.zeros((block.num_dst, x_src.shape[1]), dtype=acc, device=x_src.device)
+    out = out.index_add(0, edge_destinations(block), x_src[indices].to(acc) * weight.unsqueeze(1))
+    return (out * neigh_coef.to(acc).unsqueeze(1)
+            + block.dst_rows(x_src).to(acc) * self_coef.to(acc).unsqueeze(1)).to(x_src.dtype)
 
 
 def edge_destinations(block: Block) -> torch.Tensor:

@@ -84,7 +84,8 @@ class GCNConv(nn.Module):
     def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
         if _project_first(block, self.in_dim, self.out_dim):
             # The aggregation is linear and row-wise: aggregating x W equals (aggregating x) W.
-            return self.aggregate(block, x_src @ self.lin.weight.t()) + self.lin.bias
+            y = self.aggregate(block, x_src @ self.lin.weight.t())
+            return y + self.lin.bias.to(y.dtype)
         if self.norm == "mean":
             fused = fused_mean_linear(block, x_src, [self.lin.weight], self.lin.bias, self_columns=False,
                                       include_self=True)
@@ -121,8 +122,10 @@ class GATConv(nn.Module):
     def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
         n_dst = block.num_dst
         z = self.lin(x_src).view(-1, self.heads, self.head_dim)
-        score_src = (z * self.attn_src).sum(-1)
-        score_dst = (block.dst_rows(z) * self.attn_dst).sum(-1)
+        # Scores, softmax and the weighted sum in float32 whatever z's dtype (bfloat16 under autocast).
+        z32 = z.float()
+        score_src = (z32 * self.attn_src).sum(-1)
+        score_dst = (block.dst_rows(z32) * self.attn_dst).sum(-1)
         # Every destination also attends to itself, so no destination is left without inputs.
         self_loops = torch.arange(n_dst, device=x_src.device)
         src = torch.cat([block.indices.long(), self_loops + block.dst_offset])
@@ -134,9 +137,9 @@ class GATConv(nn.Module):
         total = torch.zeros_like(peak).index_add(0, dst, weights)
         # Dropout on the attention coefficients, as in the reference GAT (+1.4 points on Cora here).
         alpha = F.dropout(weights / total[dst], self.attention_dropout, self.training)
-        out = torch.zeros((n_dst, self.heads, self.head_dim), dtype=z.dtype, device=z.device)
-        out = out.index_add(0, dst, z[src] * alpha.unsqueeze(-1))
-        return out.reshape(n_dst, self.out_dim) + self.bias
+        out = torch.zeros((n_dst, self.heads, self.head_dim), dtype=torch.float32, device=z.device)
+        out = out.index_add(0, dst, z32[src] * alpha.unsqueeze(-1))
+        return (out.reshape(n_dst, self.out_dim) + self.bias).to(z.dtype)
 
 
 class Residual(nn.Module):

@@ -8,6 +8,8 @@ GCN_NORMS = ("symmetric", "mean")
 # plain: a stack of graph layers with ReLU and dropout between; blocks: residual graph blocks between an
 # input map and a linear head (nn/blocks.py)
 ARCHITECTURES = ("plain", "blocks")
+# fp32, bf16, or auto: bf16 where the training device computes it natively (nn/precision.py)
+PRECISIONS = ("fp32", "bf16", "auto")
 
 
 def needs_degrees(kind: str, gcn_norm: str = "symmetric") -> bool:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from neutronorch.bfloat16 import load, numpy_view, store, supported
 from neutronorch.nn.activation import draw_key, dropout_constants, relu_dropout, relu_dropout_row
 
 
@@ -81,46 +82,48 @@ def _splice_backward(grad, keep, scale, cold_pos, hot_pos, hot_rows, grad_cold, 
         i = cold_pos[k]
         for j in range(width):
             if masked:
-                grad_cold[k, j] = grad[i, j] * scale if keep[i, j] else 0.0
+                store(grad_cold, (k, j), load(grad[i, j]) * scale if keep[i, j] else np.float32(0.0))
             else:
-                grad_cold[k, j] = grad[i, j]
+                grad_cold[k, j] = grad[i, j]  # the same dtype: a copy
     if accumulate:
         for k in prange(hot_pos.shape[0]):
             i = hot_pos[k]
             acc = grad_acc[hot_rows[k]]
             for j in range(width):
                 if not masked:
-                    acc[j] += grad[i, j]
+                    acc[j] += load(grad[i, j])
                 elif keep[i, j]:
-                    acc[j] += grad[i, j] * scale
+                    acc[j] += load(grad[i, j]) * scale
 
 
-def _numba_ok(*tensors) -> bool:
-    return all(t is None or (t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous())
-               for t in tensors)
+def _numba_ok(y_cold, table, grad_acc) -> bool:
+    """The kernels take float32 or bfloat16 rows (the table cast to ``y_cold``'s) and a float32 accumulator."""
+    return (all(t.device.type == "cpu" and t.is_contiguous() for t in (y_cold, table)) and supported(y_cold.dtype)
+            and (grad_acc is None or (grad_acc.device.type == "cpu" and grad_acc.dtype == torch.float32)))
 
 
 class _Splice(torch.autograd.Function):
-    """CPU float32: parallel numba kernels (torch's ``index_copy_`` took 50 ms for a 100k x 256 splice on
-    two cores), optionally fused with ReLU + dropout (``p`` not None, CPU only). Elsewhere torch's
-    indexing ops."""
+    """CPU float32 or bfloat16: parallel numba kernels (torch's ``index_copy_`` took 50 ms for a 100k x 256
+    splice on two cores), optionally fused with ReLU + dropout (``p`` not None, CPU only). Elsewhere torch's
+    indexing ops. The output has ``y_cold``'s dtype (a table of another dtype is cast to it); hot-row
+    gradients are summed into the accumulator in its own dtype (float32)."""
 
     @staticmethod
     def forward(ctx, y_cold, table, index, p, grad_acc):
         out = y_cold.new_empty((index.num_rows, table.shape[1]))
-        y, t = y_cold.detach().contiguous(), table.detach().contiguous()
+        y, t = y_cold.detach().contiguous(), table.detach().to(y_cold.dtype).contiguous()
         keep, scale = None, np.float32(1.0)
         ctx.numba = _numba_ok(y, t, grad_acc)
         if not ctx.numba:
             out.index_copy_(0, index.cold_pos, y)
             out.index_copy_(0, index.hot_pos, t.index_select(0, index.hot_rows))
         elif p is None:
-            _splice_forward(y.numpy(), t.numpy(), index.origin.numpy(), out.numpy())
+            _splice_forward(numpy_view(y), numpy_view(t), index.origin.numpy(), numpy_view(out))
         else:
             threshold, scale = dropout_constants(p)
             keep = torch.empty(out.shape, dtype=torch.uint8)
-            _splice_act_forward(y.numpy(), t.numpy(), index.origin.numpy(), threshold, scale, draw_key(),
-                                out.numpy(), keep.numpy())
+            _splice_act_forward(numpy_view(y), numpy_view(t), index.origin.numpy(), threshold, scale, draw_key(),
+                                numpy_view(out), keep.numpy())
         ctx.index, ctx.grad_acc, ctx.keep, ctx.scale = index, grad_acc, keep, scale
         ctx.cold_shape = y_cold.shape
         return out
@@ -132,14 +135,14 @@ class _Splice(torch.autograd.Function):
         grad = grad.contiguous()
         if not ctx.numba:
             if accumulate:
-                ctx.grad_acc.index_add_(0, index.hot_rows, grad.index_select(0, index.hot_pos))
+                ctx.grad_acc.index_add_(0, index.hot_rows, grad.index_select(0, index.hot_pos).to(ctx.grad_acc.dtype))
             return grad.index_select(0, index.cold_pos), None, None, None, None
         grad_cold = grad.new_empty(ctx.cold_shape)
         masked = ctx.keep is not None
         keep = ctx.keep.numpy() if masked else np.empty((0, 0), np.uint8)
-        acc = ctx.grad_acc.numpy() if accumulate else grad_cold.numpy()[:0]
-        _splice_backward(grad.numpy(), keep, ctx.scale, index.cold_pos.numpy(), index.hot_pos.numpy(),
-                         index.hot_rows.numpy(), grad_cold.numpy(), acc, masked, accumulate)
+        acc = ctx.grad_acc.numpy() if accumulate else np.empty((0, grad.shape[1]), np.float32)
+        _splice_backward(numpy_view(grad), keep, ctx.scale, index.cold_pos.numpy(), index.hot_pos.numpy(),
+                         index.hot_rows.numpy(), numpy_view(grad_cold), acc, masked, accumulate)
         return grad_cold, None, None, None, None
 
 

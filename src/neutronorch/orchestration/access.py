@@ -33,9 +33,10 @@ class FeatureAccess:
 
 
 def build_feature_access(graph: Graph, placement: Placement, device: torch.device, sampling: SamplingConfig,
-                         cache_policy: str) -> FeatureAccess:
-    store = FeatureStore(graph.features, graph.labels)
-    pool = BufferPool(sampling.prefetch + 2, store.width, pin=device.type == "cuda")
+                         cache_policy: str, dtype: torch.dtype = torch.float32) -> FeatureAccess:
+    """Rows are read as ``dtype`` (bfloat16 in bfloat16 runs) wherever they come from."""
+    store = FeatureStore(graph.features, graph.labels, dtype)
+    pool = BufferPool(sampling.prefetch + 2, store.width, dtype, pin=device.type == "cuda")
     # Where the device samples, its reads go through the cache even when it holds no row.
     needs_cache = placement.features != "host" or placement.topology != "host"
     cache = _build_cache(graph, store, placement, device, sampling, cache_policy) if needs_cache else None

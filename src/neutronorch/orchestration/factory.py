@@ -37,14 +37,15 @@ def samples_on_device(config: TrainConfig, device: torch.device) -> bool:
 
 def build_mode(config: TrainConfig, graph: Graph, device: torch.device, threads: Threads | None = None,
                spans: Spans | None = None) -> Mode:
-    """The mode of ``config`` (validated, batch size resolved) over ``graph`` on ``device``, its stages
+    """The mode of ``config`` (validated, batch size and precision resolved) over ``graph`` on ``device``, its stages
     recording into ``spans`` (default: a recorder of its own) with ``threads`` (default: one per stage)."""
     threads = threads or Threads(1, 1, 1)
     spans = spans if spans is not None else Spans()
     workspace = workspace_bytes(graph.num_nodes, graph.feature_dim, config.hidden, graph.num_classes,
                                 config.fanouts, config.batch_size, config.heads if config.model == "gat" else 1)
-    placement = placement_for(graph, config.placement, device, samples_on_device(config, device), workspace)
-    access = build_feature_access(graph, placement, device, config.sampling, config.cache_policy)
+    dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
+    placement = placement_for(graph, config.placement, device, samples_on_device(config, device), workspace, dtype)
+    access = build_feature_access(graph, placement, device, config.sampling, config.cache_policy, dtype)
     if config.mode == "exact":
         return ExactMode(graph, config.sampling, access, spans, threads.sampler)
     if config.mode == "device":

@@ -12,6 +12,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from neutronorch.bfloat16 import load, store
+from neutronorch.prefetch import AHEAD, prefetch_row
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
@@ -129,13 +132,22 @@ def in_degrees(indptr, nodes):
     return out
 
 
+# Rows per parallel task of the gathers: each task prefetches ``AHEAD`` rows ahead within its range.
+GATHER_CHUNK = 256
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def gather_rows(source, rows, out):
-    """out[i] = source[rows[i]] (float32 storage)."""
-    for i in prange(rows.shape[0]):
-        r = rows[i]
-        for j in range(source.shape[1]):
-            out[i, j] = source[r, j]
+    """out[i] = source[rows[i]]: float32 or bfloat16 (bits) storage into float32 or bfloat16 rows."""
+    n = rows.shape[0]
+    for c in prange((n + GATHER_CHUNK - 1) // GATHER_CHUNK):
+        end = min(n, (c + 1) * GATHER_CHUNK)
+        for i in range(c * GATHER_CHUNK, end):
+            if i + AHEAD < end:
+                prefetch_row(source, rows[i + AHEAD])
+            row, o = source[rows[i]], out[i]
+            for j in range(row.shape[0]):
+                store(o, j, load(row[j]))
 
 
 # numba has no float16 type: half-precision rows are read as their bit patterns and decoded through a
@@ -145,8 +157,13 @@ HALF_TO_FLOAT = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.f
 
 @njit(parallel=True, cache=True, nogil=True)
 def gather_half_rows(source_bits, rows, table, out):
-    """out[i] = float32(source[rows[i]]) for float16 storage viewed as uint16."""
-    for i in prange(rows.shape[0]):
-        r = rows[i]
-        for j in range(source_bits.shape[1]):
-            out[i, j] = table[source_bits[r, j]]
+    """out[i] = source[rows[i]] for float16 storage viewed as uint16, into float32 or bfloat16 rows."""
+    n = rows.shape[0]
+    for c in prange((n + GATHER_CHUNK - 1) // GATHER_CHUNK):
+        end = min(n, (c + 1) * GATHER_CHUNK)
+        for i in range(c * GATHER_CHUNK, end):
+            if i + AHEAD < end:
+                prefetch_row(source_bits, rows[i + AHEAD])
+            row, o = source_bits[rows[i]], out[i]
+            for j in range(row.shape[0]):
+                store(o, j, table[row[j]])

@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 from torch.nn import functional as F
 
+from neutronorch.nn.precision import Precision
 from neutronorch.observe import Spans, StageTable
 from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.orchestration.mode import Mode
@@ -22,13 +23,17 @@ TRAINER_STAGES = StageTable({"wait": "trainer", "forward": "trainer", "backward"
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: Mode, batch: MiniBatch,
-               spans: Spans | None = None, step: int = -1, loss_fn: Callable | None = None) -> torch.Tensor:
+               spans: Spans | None = None, step: int = -1, loss_fn: Callable | None = None,
+               precision: Precision | None = None) -> torch.Tensor:
     """Forward, loss (``loss_fn(logits, labels)``, default cross-entropy: the task's), backward and
     optimizer step on ``batch``; returns the (detached) loss. The gradients stay in the parameters until
-    the next step clears them; the batch's host buffer is released."""
+    the next step clears them; the batch's host buffer is released. The forward pass runs in
+    ``precision`` (default float32); the loss is computed from float32 logits either way."""
     inputs = mode.step_inputs(batch)
     with _stage(spans, "forward", step):
-        loss = (loss_fn or F.cross_entropy)(model(*inputs), batch.labels)
+        with (precision or Precision()).autocast(batch.labels.device):
+            logits = model(*inputs)
+        loss = (loss_fn or F.cross_entropy)(logits.float(), batch.labels)
     with _stage(spans, "backward", step):
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -16,20 +16,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import statistics
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numba
 import torch
 
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, load_dataset
-from neutronorch.errors import CheckpointError, ConfigError, Interrupted, TrainingError
+from neutronorch.errors import CheckpointError, Interrupted, TrainingError
+from neutronorch.features.store import FeatureStore
 from neutronorch.nn.models import GNN
+from neutronorch.nn.precision import Precision, resolve_precision
 from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table, write_timeline
 from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.orchestration.mode import Mode
@@ -37,42 +37,15 @@ from neutronorch.train.evaluate import evaluate
 from neutronorch.train.loop import EpochControl, Progress, TimelineWindow, train_epoch
 from neutronorch.train.memory import keep_freed_memory, peak_rss_mb
 from neutronorch.train.metrics_log import MetricLog
+from neutronorch.train.optim import Adam
+from neutronorch.train.resources import (check_threading_layer, memory_budget, resolve_device, thread_budget,
+                                         torch_threads)
 from neutronorch.train.checkpoint import check_resumable, load_state, save_checkpoint
 from neutronorch.train.outputs import check_outputs, write_json_atomically
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.task import Task
 
 logger = logging.getLogger("neutronorch")
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("`device` cuda: no CUDA device is available to this PyTorch "
-                          f"(torch {torch.__version__}, cuda build: {torch.version.cuda or 'no'}). "
-                          "Use `device` cpu, or install a CUDA build of PyTorch on a machine with a GPU.")
-    return torch.device(name)
-
-
-def thread_budget(config: TrainConfig) -> Threads:
-    """Threads per stage, set once so that the stages do not fight over cores. Producers get half the
-    cores each: they do not run all the time, and the trainer waits for neither when they keep ahead."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    numba_max = numba.config.NUMBA_NUM_THREADS
-    half = max(1, min(cores, numba_max) // 2)
-    return Threads(train=config.threads or cores, sampler=min(config.sampler_threads or half, numba_max),
-                   host=min(config.host_threads or half, numba_max))
-
-
-def check_threading_layer() -> None:
-    """The producers and the trainer call numba's parallel kernels from several threads at once, which
-    numba's workqueue layer does not allow (it aborts the process)."""
-    layer = str(numba.config.THREADING_LAYER).lower()
-    if layer == "workqueue":
-        raise ConfigError("NUMBA_THREADING_LAYER=workqueue cannot run numba kernels from several threads at "
-                          "once, as neutronorch's pipeline does (numba would abort the run). Unset it (neutronorch "
-                          "then uses omp) or set it to omp or tbb.")
 
 
 @dataclass
@@ -84,7 +57,7 @@ class Run:
     device: torch.device
     threads: Threads
     model: GNN
-    optimizer: torch.optim.Optimizer
+    optimizer: Adam
     mode: Mode
     spans: Spans
     stages: StageTable
@@ -99,6 +72,12 @@ class Run:
     loss_sum: float = 0.0  # the resumed epoch's loss sum over its first start_step steps
     stop: threading.Event | None = None  # set: finish the step, save, stop (Interrupted)
     stopped_early: bool = False  # --patience ran out
+    # Time to the first step: train() entry and the end of the run's first optimizer step (perf_counter),
+    # and the seconds of those spent loading the dataset.
+    started: float = 0.0
+    first_step_at: float | None = None
+    data_seconds: float = 0.0
+    precision: Precision = field(default_factory=Precision)
 
 
 def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | None = None,
@@ -107,19 +86,23 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
     ``progress(epoch, done, total)`` is called after every step. Setting ``stop`` (from a signal handler,
     another thread) finishes the current step, writes ``last.pt`` (with ``checkpoint_dir``) and the summary
     marked ``interrupted``, and raises ``Interrupted``."""
+    started = time.perf_counter()
     config = dataclasses.replace(config).validate()  # resolved values (batch size) go into a copy
     check_threading_layer()
     check_outputs(config)
     device = resolve_device(config.device)
+    precision = resolve_precision(config.precision, device)
+    config.precision = precision.name
     threads = thread_budget(config)
     keep_freed_memory()
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_memory_budget(device, config.gpu_memory_gb))
-        stack.enter_context(_torch_threads(threads.train))
+        stack.enter_context(memory_budget(device, config.gpu_memory_gb))
+        stack.enter_context(torch_threads(threads.train))
         stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
         torch.manual_seed(config.seed)
         run = build_run(config, graph, device, threads, stack)
-        run.stop = stop
+        run.stop, run.started, run.precision = stop, started, precision
+        logger.info(f"precision {precision.name} ({precision.reason})")
         try:
             last_eval, timeline = run_epochs(run, progress)
         except (Interrupted, TrainingError) as exc:
@@ -142,10 +125,12 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
 def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, threads: Threads,
               stack: contextlib.ExitStack) -> Run:
     """Load the data, build the model, optimizer and mode; every resource is closed by ``stack``."""
+    data_seconds = 0.0
     if graph is None:
         t0 = time.perf_counter()
         graph = load_dataset(config.dataset, config.split, config.seed, config.split_index)
-        logger.info(f"loaded {graph.describe()} in {time.perf_counter() - t0:.1f}s")
+        data_seconds = time.perf_counter() - t0
+        logger.info(f"loaded {graph.describe()} in {data_seconds:.1f}s")
     for note in graph.notes:
         logger.warning(f"note: {note}")
     if config.batch_size == 0:
@@ -153,7 +138,7 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     model = GNN(config.model, graph.feature_dim, config.hidden, graph.num_classes, len(config.fanouts),
                 dropout=config.dropout, heads=config.heads, gcn_norm=config.gcn_norm, residual=config.residual,
                 norm=config.norm, architecture=config.architecture).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     spans = Spans()
     mode = build_mode(config, graph, device, threads, spans)
     stack.callback(mode.close)
@@ -170,7 +155,7 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     logger.info(f"task: {'multi-label' if task.multilabel else 'multi-class'}, {task.num_classes} "
                 f"{'tasks' if task.multilabel else 'classes'}, metric {task.metric}")
     run = Run(config, graph, device, threads, model, optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
-              util, metrics, task)
+              util, metrics, task, data_seconds=data_seconds)
     if config.resume:
         _resume(run)
     return run
@@ -218,7 +203,7 @@ def run_epochs(run: Run, progress: Progress | None):
                                (lambda e, k, loss: _checkpoint(run, "last.pt", e, (k, float(loss))))
                                if config.checkpoint_dir and mode.resumable_mid_epoch else None)
         record = train_epoch(run.model, run.optimizer, mode, epoch, run.spans, run.stages, run.util, run.metrics,
-                             window, progress, control, run.task.loss)
+                             window, _noting_first_step(run, progress), control, run.task.loss, run.precision)
         mode.end_epoch(record)
         if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
             t0 = time.perf_counter()
@@ -253,6 +238,21 @@ def run_epochs(run: Run, progress: Progress | None):
     return last_eval, timeline
 
 
+def _noting_first_step(run: Run, progress: Progress | None) -> Progress | None:
+    """``progress``, noting in ``run.first_step_at`` when the run's first step ended (progress is called
+    right after each step)."""
+    if run.first_step_at is not None:
+        return progress
+
+    def noting(epoch: int, done: int, total: int) -> None:
+        if run.first_step_at is None:
+            run.first_step_at = time.perf_counter()
+        if progress is not None:
+            progress(epoch, done, total)
+
+    return noting
+
+
 def _evaluations_since_best(run: Run) -> int:
     evaluated = [e["epoch"] for e in run.history if _scores_of(e)]
     return sum(1 for epoch in evaluated if epoch > run.best["epoch"])
@@ -270,8 +270,10 @@ def _checkpoint(run: Run, name: str, epoch: int, position: tuple[int, float] | N
 
 def _evaluate(run: Run) -> dict[str, float]:
     """The metric on the validation and test sets: {"val": ..., "test": ...}."""
-    config = run.config
-    return evaluate(run.model, run.graph, run.mode.store, run.device, config.eval_fanouts, config.eval_batch_size,
+    config, store = run.config, run.mode.store
+    if store.dtype != torch.float32:  # evaluation runs in float32 whatever the training precision
+        store = FeatureStore(store.features, run.graph.labels)
+    return evaluate(run.model, run.graph, store, run.device, config.eval_fanouts, config.eval_batch_size,
                     config.seed, config.eval_max_nodes, run.task)
 
 
@@ -300,6 +302,7 @@ def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str) -> 
                     "feature_dim": graph.feature_dim, "classes": graph.num_classes,
                     "train": int(len(graph.train_idx))},
         "device": str(run.device),
+        "precision": {"name": run.precision.name, "reason": run.precision.reason},
         "threads": {"train": run.threads.train, **mode.threads},
         "epochs": epochs,
         "epoch_seconds_median": statistics.median(seconds) if seconds else None,
@@ -320,6 +323,11 @@ def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str) -> 
         "placement": mode.placement.to_dict(),
         "timeline": timeline,
         "checkpoints": _checkpoints_written(config.checkpoint_dir),
+        # Seconds from entering train() to the end of the first optimizer step (None: no step), of which
+        # data_seconds loading the dataset (0 when the graph was passed in).
+        "startup": {"data_seconds": round(run.data_seconds, 4),
+                    "first_step_seconds": None if run.first_step_at is None
+                    else round(run.first_step_at - run.started, 4)},
         **mode.summary(),
     }
 
@@ -329,33 +337,6 @@ def _checkpoints_written(directory: str | None) -> dict | None:
         return None
     return {name: str(Path(directory) / f"{name}.pt") if (Path(directory) / f"{name}.pt").is_file() else None
             for name in ("last", "best")}
-
-
-@contextlib.contextmanager
-def _torch_threads(count: int):
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-@contextlib.contextmanager
-def _memory_budget(device: torch.device, gigabytes: float | None):
-    """Emulate a smaller GPU for the run: the caching allocator refuses what the budget does not hold.
-    Lifted afterwards, so later runs in the same process get the whole device again."""
-    if device.type != "cuda" or gigabytes is None:
-        yield
-        return
-    # The allocator's cap needs a device index: ``--device cuda`` names none (the current device then).
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    total = torch.cuda.get_device_properties(index).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, gigabytes * 2**30 / total), index)
-    try:
-        yield
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, index)
 
 
 def _epoch_line(record: dict, stages: bool = True, metric: str = "accuracy") -> str:

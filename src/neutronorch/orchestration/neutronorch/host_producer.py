@@ -124,7 +124,9 @@ class HostProducer:
             if snapshot.ready is not None:
                 snapshot.ready.synchronize()
         separable = getattr(self.template, "separable", False)
-        with torch.set_grad_enabled(self.track_grad):
+        # In bfloat16 runs the host's products are bfloat16 too (its rows arrive as bfloat16).
+        bf16 = torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.store.dtype == torch.bfloat16)
+        with torch.set_grad_enabled(self.track_grad), bf16:
             # Separable layers (SAGE, GCN): the same two calls that define the device layer, timed apart.
             with self.spans.stage("host_aggregate" if separable else "host_compute"):
                 layer, params = self._layer_at(snapshot)
@@ -137,7 +139,7 @@ class HostProducer:
                             host_edges=block.num_edges)
         if self.track_grad:
             hot.output, hot.params = output, params
-            hot.grad_acc = torch.zeros_like(table)
+            hot.grad_acc = torch.zeros(table.shape, dtype=torch.float32)  # sums in float32, whatever the rows
         if self.copy_stream is not None:
             with self.spans.stage("host_copy"):
                 self._copy_to_device(hot)
@@ -160,7 +162,7 @@ class HostProducer:
         with torch.cuda.stream(self.copy_stream):
             hot.table = pinned.to(self.device, non_blocking=True)
             if hot.grad_acc is not None:
-                hot.grad_acc = torch.zeros_like(hot.table)
+                hot.grad_acc = torch.zeros(hot.table.shape, dtype=torch.float32, device=self.device)
             hot.ready = torch.cuda.Event()
             hot.ready.record(self.copy_stream)
         hot.keep.append(pinned)

@@ -169,7 +169,8 @@ class NeutronOrchMode:
         sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees)
         key = layer_key(mix_key(self.sampling.seed, 0x9E37), len(self.sampling.fanouts) - 1)
         block, frontier = sampler.sample_hop(ids, self.sampling.fanouts[-1], key)
-        return block.to(self.device), self.store.gather(torch.from_numpy(frontier)).to(self.device)
+        # float32 whatever the run's precision: the probe runs outside autocast, and drift is a small difference.
+        return block.to(self.device), self.store.gather(torch.from_numpy(frontier)).to(self.device, torch.float32)
 
     def _wait_hot_copy(self, hot: HotEmbeddings) -> None:
         stream = torch.cuda.current_stream(self.device)
@@ -187,7 +188,7 @@ class NeutronOrchMode:
         with self.spans.stage("hot_grad"):
             self.staleness.check(hot, self.version)
             grad_y = hot.grad_acc.cpu() if self.access.on_cuda else hot.grad_acc
-            grads = torch.autograd.grad(hot.output, hot.params, grad_y)
+            grads = torch.autograd.grad(hot.output, hot.params, grad_y.to(hot.output.dtype))
             for p, g in zip(self.model.bottom.parameters(), grads):
                 g = g.to(p.device, non_blocking=True)
                 if p.grad is None:

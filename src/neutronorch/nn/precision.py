@@ -1,0 +1,89 @@
+"""A run's numeric precision: float32, or bfloat16 matrix products and aggregation with float32 weights.
+
+In bfloat16 (``bf16``) the layers run under ``torch.autocast`` with bfloat16: feature rows are gathered as
+bfloat16 (half the bytes written, copied and read), matrix products take bfloat16 inputs (AMX on recent
+x86 CPUs, tensor cores on GPUs), the aggregation kernels read and write bfloat16 rows and sum in float32.
+The weights and the optimizer's state stay float32 (autocast casts the weights at each use and their
+gradients come back as float32), the logits are cast to float32 before the loss, and softmax-like
+reductions (GAT's attention) run in float32. Evaluation and prediction run in float32.
+
+``auto`` takes bfloat16 where the hardware computes it natively (a CUDA GPU with bfloat16 support, a CPU with
+AMX or AVX512-BF16) and float32 elsewhere, where bfloat16 would be emulated and slower.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str = "fp32"  # fp32 or bf16 (resolved)
+    reason: str = ""  # why: what the hardware offers
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of feature rows and activations."""
+        return torch.bfloat16 if self.name == "bf16" else torch.float32
+
+    def autocast(self, device: torch.device):
+        """The context the model's forward pass runs in."""
+        if self.name != "bf16":
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def cpu_bf16_units() -> list[str]:
+    """The CPU's native bfloat16 matrix units: ``amx_bf16`` and/or ``avx512_bf16`` (empty if neither)."""
+    units = []
+    probes = {"amx_bf16": "_is_amx_tile_supported", "avx512_bf16": "_is_avx512_bf16_supported"}
+    cpu = getattr(torch._C, "_cpu", None)
+    for name, probe in probes.items():
+        check = getattr(cpu, probe, None)
+        if check is not None:
+            if check():
+                units.append(name)
+            continue
+        if name in _cpuinfo_flags():
+            units.append(name)
+    return units
+
+
+def _cpuinfo_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def native_bf16(device: torch.device) -> tuple[bool, str]:
+    """Whether ``device`` computes bfloat16 products natively, and what it has."""
+    if device.type == "cuda":
+        try:
+            ok = torch.cuda.is_bf16_supported(including_emulation=False)
+        except TypeError:  # older torch: no emulation argument
+            ok = torch.cuda.is_bf16_supported()
+        name = torch.cuda.get_device_name(device)
+        return ok, f"{name} {'has' if ok else 'lacks'} native bfloat16"
+    units = cpu_bf16_units()
+    if units:
+        return True, f"this CPU has {' and '.join(u.upper().replace('_', '-') for u in units)}"
+    return False, "this CPU has neither AMX-BF16 nor AVX512-BF16 (bfloat16 would be emulated, slower than float32)"
+
+
+def resolve_precision(setting: str, device: torch.device) -> Precision:
+    """``fp32``, ``bf16`` or ``auto`` (bf16 where ``device`` computes it natively) as a ``Precision``."""
+    if setting == "fp32":
+        return Precision("fp32", "as configured")
+    native, why = native_bf16(device)
+    if setting == "bf16":
+        return Precision("bf16", why if native else f"as configured, although {why}")
+    return Precision("bf16" if native else "fp32", f"auto: {why}")

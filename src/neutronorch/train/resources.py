@@ -1,0 +1,71 @@
+"""What a run takes from the process and the machine: its device, its threads per stage, the torch thread
+count and the CUDA allocator's cap while it runs (each restored afterwards)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import numba
+import torch
+
+from neutronorch.config import TrainConfig
+from neutronorch.errors import ConfigError
+from neutronorch.orchestration.factory import Threads
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("`device` cuda: no CUDA device is available to this PyTorch "
+                          f"(torch {torch.__version__}, cuda build: {torch.version.cuda or 'no'}). "
+                          "Use `device` cpu, or install a CUDA build of PyTorch on a machine with a GPU.")
+    return torch.device(name)
+
+
+def thread_budget(config: TrainConfig) -> Threads:
+    """Threads per stage, set once so that the stages do not fight over cores. Producers get half the
+    cores each: they do not run all the time, and the trainer waits for neither when they keep ahead."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    numba_max = numba.config.NUMBA_NUM_THREADS
+    half = max(1, min(cores, numba_max) // 2)
+    return Threads(train=config.threads or cores, sampler=min(config.sampler_threads or half, numba_max),
+                   host=min(config.host_threads or half, numba_max))
+
+
+def check_threading_layer() -> None:
+    """The producers and the trainer call numba's parallel kernels from several threads at once, which
+    numba's workqueue layer does not allow (it aborts the process)."""
+    layer = str(numba.config.THREADING_LAYER).lower()
+    if layer == "workqueue":
+        raise ConfigError("NUMBA_THREADING_LAYER=workqueue cannot run numba kernels from several threads at "
+                          "once, as neutronorch's pipeline does (numba would abort the run). Unset it (neutronorch "
+                          "then uses omp) or set it to omp or tbb.")
+
+
+@contextlib.contextmanager
+def torch_threads(count: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def memory_budget(device: torch.device, gigabytes: float | None):
+    """Emulate a smaller GPU for the run: the caching allocator refuses what the budget does not hold.
+    Lifted afterwards, so later runs in the same process get the whole device again."""
+    if device.type != "cuda" or gigabytes is None:
+        yield
+        return
+    # The allocator's cap needs a device index: ``--device cuda`` names none (the current device then).
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gigabytes * 2**30 / total), index)
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, index)
