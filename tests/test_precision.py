@@ -195,3 +195,25 @@ def test_bfloat16_training_matches_float32(mode):
     assert losses16[-1] < losses16[0]
     np.testing.assert_allclose(losses16, losses32, rtol=0.05)
     assert abs(bf16["test_acc"] - fp32["test_acc"]) <= 0.01
+
+
+@pytest.mark.slow
+def test_neutronorch_host_without_native_bfloat16_computes_float32_and_ships_bfloat16(monkeypatch):
+    from neutronorch.orchestration.neutronorch import host_producer
+
+    monkeypatch.setattr(host_producer, "cpu_bf16_units", lambda: [])
+    tables = []
+    finish = host_producer.HostProducer._finish_hot
+
+    def spy(self, plan, block, x):
+        tables.append((x.dtype, self.host_bf16))
+        return finish(self, plan, block, x)
+
+    monkeypatch.setattr(host_producer.HostProducer, "_finish_hot", spy)
+    summary = train(TrainConfig(dataset="synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6",
+                                fanouts=[5, 5], hidden=32, batch_size=64, epochs=3, lr=0.01, super_batch=4,
+                                mode="neutronorch", precision="bf16",
+                                hot_ratio=0.3, hot_grad="cpu", threads=1, sampler_threads=1, host_threads=1,
+                                progress=False))
+    assert tables and all(dtype == torch.float32 and not native for dtype, native in tables)
+    assert summary["hot"]["reuse_rate"] > 0 and summary["test_acc"] > 0.7

@@ -29,6 +29,7 @@ import torch
 from neutronorch.config import NeutronOrchConfig, SamplingConfig
 from neutronorch.data.graph import Graph
 from neutronorch.features.store import FeatureStore
+from neutronorch.nn.precision import cpu_bf16_units
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.controller import RatioSetting, error_cap
@@ -43,6 +44,12 @@ class HostProducer:
                  schedule: Schedule, bottom: torch.nn.Module, setting: Callable[[], RatioSetting],
                  snapshots: Channel, hot: Channel, spans: Spans, device: torch.device, threads: int):
         self.graph, self.store, self.sampling = graph, store, sampling
+        # Hot rows go out in the training precision. The host computes them in bfloat16 where the CPU does
+        # it natively; elsewhere it reads float32 rows, computes in float32 and rounds the table once.
+        self.table_dtype = store.dtype
+        self.host_bf16 = store.dtype == torch.bfloat16 and bool(cpu_bf16_units())
+        if store.dtype != torch.float32 and not self.host_bf16:
+            self.store = FeatureStore(store.features, graph.labels)
         self.track_grad = config.hot_grad == "cpu"
         self.schedule = schedule
         self.template = copy.deepcopy(bottom).cpu().eval()  # parameters replaced by each snapshot's
@@ -124,8 +131,7 @@ class HostProducer:
             if snapshot.ready is not None:
                 snapshot.ready.synchronize()
         separable = getattr(self.template, "separable", False)
-        # In bfloat16 runs the host's products are bfloat16 too (its rows arrive as bfloat16).
-        bf16 = torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.store.dtype == torch.bfloat16)
+        bf16 = torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.host_bf16)
         with torch.set_grad_enabled(self.track_grad), bf16:
             # Separable layers (SAGE, GCN): the same two calls that define the device layer, timed apart.
             with self.spans.stage("host_aggregate" if separable else "host_compute"):
@@ -134,7 +140,7 @@ class HostProducer:
             if separable:
                 with self.spans.stage("host_matmul"):
                     output = layer.transform(block.dst_rows(x), output)
-        table = output.detach()
+        table = output.detach().to(self.table_dtype)
         hot = HotEmbeddings(plan.gsid, snapshot.version, table, plan.hot.shape[0], plan.hot,
                             host_edges=block.num_edges)
         if self.track_grad:
