@@ -6,6 +6,7 @@ both alike. The first epoch of every run is excluded from the medians (JIT compi
 
     python bench/exact_vs_dgl.py                      # 1M vertices / 20M edges, 3-layer SAGE 15,10,5
     python bench/exact_vs_dgl.py --nodes 200000 --rounds 1 --epochs 2
+    python bench/exact_vs_dgl.py --precisions fp32,bf16    # also neutronorch in bfloat16 (--precision bf16)
 
 Without DGL (see bench/peers/README.md) only neutronorch runs.
 """
@@ -28,16 +29,21 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="A B rounds")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-dgl", action="store_true")
+    parser.add_argument("--precisions", default="fp32",
+                        help="neutronorch's precisions, comma-separated (fp32, bf16); one system each "
+                             "(default: %(default)s)")
     args = parser.parse_args()
 
     data = ensure_graph(args.nodes, args.degree, args.features, args.classes)
     common = ["--model", args.model, "--fanouts", args.fanouts, "--hidden", str(args.hidden),
               "--batch-size", str(args.batch_size), "--epochs", str(args.epochs), "--lr", str(args.lr),
               "--dropout", str(args.dropout), "--seed", "0"]
-    systems = {"neutronorch-exact": lambda out: (
-        [sys.executable, "-m", "neutronorch", "train", "--dataset", str(data), "--mode", "exact",
-         "--device", "cpu", "--threads", str(args.threads), "--eval-every", "0", "--no-progress",
-         "--summary-json", str(out)] + common)}
+    def ours(precision: str):
+        return lambda out: ([sys.executable, "-m", "neutronorch", "train", "--dataset", str(data), "--mode", "exact",
+                             "--device", "cpu", "--threads", str(args.threads), "--eval-every", "0", "--no-progress",
+                             "--precision", precision, "--summary-json", str(out)] + common)
+
+    systems = {"neutronorch-exact" + ("" if p == "fp32" else f"-{p}"): ours(p) for p in args.precisions.split(",")}
     if not args.no_dgl and dgl_available():
         systems["dgl-2.1"] = lambda out: (
             [str(PEER_PYTHON), str(ROOT / "bench" / "peers" / "dgl_train.py"), "--dataset", str(data),
@@ -70,9 +76,15 @@ def main() -> int:
         stages = ", ".join(f"{k} {v:.1f}" for k, v in row["stages"].items() if v)
         print(f"| {name} | {row['median']:.2f} | {row['per_run']} | {stages} | {row['test_acc']:.4f} | "
               f"{row['peak_rss_mb']:.0f} |")
+    ours_names = [name for name in rows if name.startswith("neutronorch")]
+    print()
     if "dgl-2.1" in rows:
-        ratio = rows["neutronorch-exact"]["median"] / rows["dgl-2.1"]["median"]
-        print(f"\nepoch time ratio neutronorch-exact / dgl-2.1 = {ratio:.3f}")
+        for name in ours_names:
+            print(f"epoch time ratio {name} / dgl-2.1 = {rows[name]['median'] / rows['dgl-2.1']['median']:.3f}")
+    if "neutronorch-exact" in rows:
+        for name in ours_names[1:]:
+            print(f"epoch time ratio {name} / neutronorch-exact = "
+                  f"{rows[name]['median'] / rows['neutronorch-exact']['median']:.3f}")
     return 0
 
 
