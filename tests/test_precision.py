@@ -217,3 +217,29 @@ def test_neutronorch_host_without_native_bfloat16_computes_float32_and_ships_bfl
                                 progress=False))
     assert tables and all(dtype == torch.float32 and not native for dtype, native in tables)
     assert summary["hot"]["reuse_rate"] > 0 and summary["test_acc"] > 0.7
+
+
+def test_bucketed_rows_bound_the_padding_and_the_shapes():
+    from neutronorch.nn.bucket import padded_rows
+
+    sizes = [padded_rows(rows) for rows in range(1, 200_000)]
+    assert all(rows <= size <= max(rows + 63, rows * (1 + 1 / 32)) for rows, size in zip(range(1, 200_000), sizes))
+    assert len(set(sizes)) < 400  # oneDNN builds a kernel per shape: a few hundred at most, not one per batch
+
+
+def test_bucketed_bfloat16_products_equal_the_unpadded_ones():
+    from neutronorch.nn.bucket import project
+
+    torch.manual_seed(0)
+    x = torch.randn(1000, 24, requires_grad=True)
+    w = torch.randn(16, 24, requires_grad=True)
+    b = torch.randn(16, requires_grad=True)
+    with torch.autocast("cpu", dtype=BF16):
+        y = project(x, w, b)
+        ref = torch.nn.functional.linear(x, w, b)
+    assert y.shape == (1000, 16) and y.dtype == BF16
+    torch.testing.assert_close(y, ref, rtol=0, atol=0)
+    grads = torch.autograd.grad(y.float().sum(), (x, w, b))
+    refs = torch.autograd.grad(ref.float().sum(), (x, w, b))
+    for g, r in zip(grads, refs):
+        torch.testing.assert_close(g, r, rtol=2 ** -7, atol=1e-3)

@@ -14,8 +14,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 from numba import njit, prange
+from torch.nn import functional as F
 
 from neutronorch.bfloat16 import accumulator, finish, load, numpy_view, store, supported
+from neutronorch.nn.bucket import leading_rows, needs_buckets, padded_rows
 from neutronorch.prefetch import AHEAD, prefetch_row
 from neutronorch.sampling.block import Block
 
@@ -161,21 +163,28 @@ class _FusedMeanLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_src, weight, block, self_columns, include_self):
         x = x_src.detach().contiguous()
-        h = torch.empty((block.num_dst, weight.shape[1]), dtype=weight.dtype)
+        rows = block.num_dst
+        # bfloat16 on the CPU: rows rounded up to a bucket size, the extra rows zero (nn/bucket.py).
+        padded = padded_rows(rows) if needs_buckets(x, weight.dtype) else rows
+        h = torch.empty((padded, weight.shape[1]), dtype=weight.dtype)
+        h[rows:] = 0
         _layer_input_forward(block.indptr.numpy(), block.indices.numpy(), numpy_view(x), block.dst_offset,
-                             self_columns, include_self, numpy_view(h))
+                             self_columns, include_self, numpy_view(h[:rows]))
         ctx.save_for_backward(h, weight)
-        ctx.block, ctx.width, ctx.dtype = block, x.shape[1], x.dtype
+        ctx.block, ctx.width, ctx.dtype, ctx.rows = block, x.shape[1], x.dtype, rows
         ctx.self_columns, ctx.include_self = self_columns, include_self
-        return h @ weight.t()
+        y = h @ weight.t()
+        return y if padded == rows else leading_rows(y, rows)
 
     @staticmethod
     def backward(ctx, grad_y):
         h, weight = ctx.saved_tensors
+        if h.shape[0] != ctx.rows:
+            grad_y = F.pad(grad_y, (0, 0, 0, h.shape[0] - ctx.rows))
         grad_x = None
         if ctx.needs_input_grad[0]:
             inputs = ctx.width * (2 if ctx.self_columns else 1)
-            grad_x = _input_grad(ctx.block, grad_y @ weight[:, :inputs], ctx.width, ctx.self_columns,
+            grad_x = _input_grad(ctx.block, (grad_y @ weight[:, :inputs])[:ctx.rows], ctx.width, ctx.self_columns,
                                  ctx.include_self, ctx.dtype)
         grad_weight = grad_y.t() @ h if ctx.needs_input_grad[1] else None
         return grad_x, grad_weight, None, None, None

@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from neutronorch.nn.aggregation import mean_aggregate, symmetric_aggregate
+from neutronorch.nn.bucket import linear
 from neutronorch.nn.layers import GATConv
 from neutronorch.sampling.block import Block
 
@@ -37,8 +38,8 @@ class FeedForward(nn.Module):
         self.dropout = dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.gelu(F.dropout(self.lin1(x), self.dropout, self.training))
-        return F.dropout(self.lin2(x), self.dropout, self.training)
+        x = F.gelu(F.dropout(linear(self.lin1, x), self.dropout, self.training))
+        return F.dropout(linear(self.lin2, x), self.dropout, self.training)
 
 
 class GraphBlock(nn.Module):
@@ -80,7 +81,7 @@ class InputBlock(nn.Module):
         self.dropout = dropout
 
     def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
-        h = F.gelu(F.dropout(self.input(x_src), self.dropout, self.training))
+        h = F.gelu(F.dropout(linear(self.input, x_src), self.dropout, self.training))
         return self.first(block, h)
 
 
@@ -93,4 +94,4 @@ class Head(nn.Module):
         self.lin = nn.Linear(dim, num_classes)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lin(self.norm(h))
+        return linear(self.lin, self.norm(h))

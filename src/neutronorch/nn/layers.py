@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from neutronorch.nn.aggregation import edge_destinations, fused_mean_linear, mean_aggregate, symmetric_aggregate
+from neutronorch.nn.bucket import linear, project
 from neutronorch.nn.names import GCN_NORMS
 from neutronorch.sampling.block import Block
 
@@ -33,13 +34,13 @@ class SAGEConv(nn.Module):
         return mean_aggregate(block, x_src)
 
     def transform(self, x_dst: torch.Tensor, aggregated: torch.Tensor) -> torch.Tensor:
-        return self.lin_self(x_dst) + self.lin_neigh(aggregated)
+        return linear(self.lin_self, x_dst) + linear(self.lin_neigh, aggregated)
 
     def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
         x_dst = block.dst_rows(x_src)
         if _project_first(block, self.in_dim, self.out_dim):
             # mean(x) W == mean(x W): cheaper when the output is narrower than the input.
-            return self.lin_self(x_dst) + mean_aggregate(block, self.lin_neigh(x_src))
+            return linear(self.lin_self, x_dst) + mean_aggregate(block, linear(self.lin_neigh, x_src))
         fused = fused_mean_linear(block, x_src, [self.lin_self.weight, self.lin_neigh.weight], self.lin_self.bias,
                                   self_columns=True, include_self=False)
         return fused if fused is not None else self.transform(x_dst, self.aggregate(block, x_src))
@@ -79,12 +80,12 @@ class GCNConv(nn.Module):
         return mean_aggregate(block, x_src, include_self=True)
 
     def transform(self, x_dst: torch.Tensor, aggregated: torch.Tensor) -> torch.Tensor:
-        return self.lin(aggregated)
+        return linear(self.lin, aggregated)
 
     def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
         if _project_first(block, self.in_dim, self.out_dim):
             # The aggregation is linear and row-wise: aggregating x W equals (aggregating x) W.
-            y = self.aggregate(block, x_src @ self.lin.weight.t())
+            y = self.aggregate(block, project(x_src, self.lin.weight))
             return y + self.lin.bias.to(y.dtype)
         if self.norm == "mean":
             fused = fused_mean_linear(block, x_src, [self.lin.weight], self.lin.bias, self_columns=False,
@@ -121,7 +122,7 @@ class GATConv(nn.Module):
 
     def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
         n_dst = block.num_dst
-        z = self.lin(x_src).view(-1, self.heads, self.head_dim)
+        z = linear(self.lin, x_src).view(-1, self.heads, self.head_dim)
         # Scores, softmax and the weighted sum in float32 whatever z's dtype (bfloat16 under autocast).
         z32 = z.float()
         score_src = (z32 * self.attn_src).sum(-1)
@@ -159,10 +160,13 @@ class Residual(nn.Module):
         return self.layer.aggregate(block, x_src)
 
     def transform(self, x_dst: torch.Tensor, aggregated: torch.Tensor) -> torch.Tensor:
-        return self.layer.transform(x_dst, aggregated) + self.skip(x_dst)
+        return self.layer.transform(x_dst, aggregated) + self._skip(x_dst)
 
     def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
-        return self.layer(block, x_src) + self.skip(block.dst_rows(x_src))
+        return self.layer(block, x_src) + self._skip(block.dst_rows(x_src))
+
+    def _skip(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(self.skip, x) if isinstance(self.skip, nn.Linear) else self.skip(x)
 
 
 def _project_first(block: Block, in_dim: int, out_dim: int) -> bool:
