@@ -243,3 +243,16 @@ def test_bucketed_bfloat16_products_equal_the_unpadded_ones():
     refs = torch.autograd.grad(ref.float().sum(), (x, w, b))
     for g, r in zip(grads, refs):
         torch.testing.assert_close(g, r, rtol=2 ** -7, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_from_before_the_setting_resumes_in_either_precision(tmp_path):
+    base = dict(dataset="synthetic:nodes=2000,degree=8,features=16,classes=4", fanouts=[4, 4], hidden=16,
+                batch_size=128, threads=1, sampler_threads=1, progress=False, checkpoint_dir=str(tmp_path))
+    train(TrainConfig(**base, epochs=1))
+    last = tmp_path / "last.pt"
+    state = torch.load(last, weights_only=False)
+    del state["config"]["precision"]  # as written before `precision` existed
+    torch.save(state, last)
+    resumed = train(TrainConfig(**base, epochs=2, resume=True, precision="bf16"))
+    assert resumed["precision"]["name"] == "bf16" and [e["epoch"] for e in resumed["epochs"]] == [0, 1]

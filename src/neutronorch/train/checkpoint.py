@@ -47,7 +47,8 @@ def dataset_fingerprint(graph: Graph) -> dict:
 RESUME_MAY_CHANGE = frozenset({
     "dataset", "epochs", "patience", "eval_every", "eval_fanouts", "eval_batch_size", "eval_max_nodes", "summary_json",
     "timeline", "timeline_steps", "log_jsonl", "log_csv", "tensorboard", "log_every", "progress", "stage_table",
-    "checkpoint_dir", "checkpoint_every", "resume", "threads", "sampler_threads", "host_threads", "prefetch", "device"})
+    "checkpoint_dir", "checkpoint_every", "resume", "threads", "sampler_threads", "host_threads", "prefetch", "device",
+    "precision"})
 
 
 def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Graph, model: GNN,
@@ -123,12 +124,13 @@ def check_resumable(state: dict, config: TrainConfig, graph: Graph, source: str)
         differ = [k for k, v in dataset_fingerprint(graph).items() if state["dataset"].get(k) != v]
         raise CheckpointError(f"{source}: written for another dataset ({', '.join(differ)} differ: "
                               f"{state['dataset']['name']} then, {graph.name} now); resume on the same data.")
-    saved, now = state["config"], config.to_dict()
-    differ = [f"`{k}` {saved.get(k)!r} then, {now[k]!r} now" for k in sorted(now)
-              if k not in RESUME_MAY_CHANGE and saved.get(k) != now[k]]
+    # A setting added after the checkpoint was written had its default then.
+    saved, now, defaults = state["config"], config.to_dict(), TrainConfig().to_dict()
+    differ = [f"`{k}` {saved.get(k, defaults[k])!r} then, {now[k]!r} now" for k in sorted(now)
+              if k not in RESUME_MAY_CHANGE and saved.get(k, defaults[k]) != now[k]]
     if differ:
         raise CheckpointError(f"{source}: the run it continues had other settings: {'; '.join(differ)}. Resume "
-                              f"with the same settings (only outputs, epochs, evaluation, threads and device may "
+                              f"with the same settings (only outputs, epochs, evaluation, threads, device and precision may "
                               f"change), or start a new run in another `checkpoint_dir`.")
     if state.get("rng") is None:
         raise CheckpointError(f"{source}: holds no random state to resume from.")
