@@ -6,7 +6,7 @@ integer instructions:
 
 - ``load(value)``: a float32 from a float32, or from a bfloat16's ``uint16`` bits (shifted into place);
 - ``store(row, j, value)``: ``row[j] = value``, rounded to the nearest bfloat16 (ties to even) when ``row``
-  holds bfloat16 bits, NaN kept a NaN.
+  holds bfloat16 bits, NaN kept a NaN; a ``uint16`` value is taken as bfloat16 bits (copied, or widened).
 
 A kernel written with them compiles once per combination of array types, so one source serves float32 and
 bfloat16 tensors alike, and every sum inside it is a float32 sum.
@@ -81,6 +81,15 @@ def encode(value):
 def _store(row, j, value):
     if not isinstance(row, types.Array):
         return None
+    if value == types.uint16:  # bfloat16 bits: copied into a bfloat16 row, widened into a float32 one
+        if row.dtype == types.uint16:
+            def copy(row, j, value):
+                row[j] = value
+            return copy
+
+        def widen(row, j, value):
+            row[j] = load(value)
+        return widen
     if row.dtype == types.uint16:
         def impl(row, j, value):
             row[j] = encode(value)

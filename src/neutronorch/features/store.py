@@ -87,8 +87,8 @@ class FeatureStore:
         """Copy ``features[rows]`` into the front of ``buffer`` (converted to its dtype); return that view."""
         out = buffer[:rows.shape[0]]
         if self.features.dtype == np.float16:
-            kernels.gather_half_rows(self.features.view(np.uint16), rows.numpy(), kernels.HALF_TO_FLOAT,
-                                     numpy_view(out))
+            table = kernels.HALF_TO_BF16 if out.dtype == torch.bfloat16 else kernels.HALF_TO_FLOAT
+            kernels.gather_half_rows(self.features.view(np.uint16), rows.numpy(), table, numpy_view(out))
         else:
             kernels.gather_rows(self.features, rows.numpy(), numpy_view(out))
         return out

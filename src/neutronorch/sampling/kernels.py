@@ -10,6 +10,7 @@ a vertex. These kernels allocate their outputs; they never touch O(num_nodes) me
 from __future__ import annotations
 
 import numpy as np
+import torch
 from numba import njit, prange
 
 from neutronorch.bfloat16 import load, store
@@ -153,11 +154,15 @@ def gather_rows(source, rows, out):
 # numba has no float16 type: half-precision rows are read as their bit patterns and decoded through a
 # table of all 65,536 values (256 KiB, cache-resident).
 HALF_TO_FLOAT = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+# The same values as bfloat16 bits, rounded as torch rounds them (128 KiB): float16 storage is read into
+# bfloat16 rows by one lookup, without a rounding per value.
+HALF_TO_BF16 = torch.from_numpy(HALF_TO_FLOAT).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def gather_half_rows(source_bits, rows, table, out):
-    """out[i] = source[rows[i]] for float16 storage viewed as uint16, into float32 or bfloat16 rows."""
+    """out[i] = source[rows[i]] for float16 storage viewed as uint16, into float32 or bfloat16 rows, through
+    ``table`` (``HALF_TO_FLOAT``, or ``HALF_TO_BF16`` for bfloat16 rows)."""
     n = rows.shape[0]
     for c in prange((n + GATHER_CHUNK - 1) // GATHER_CHUNK):
         end = min(n, (c + 1) * GATHER_CHUNK)
