@@ -51,7 +51,7 @@ def _layer_input_forward(indptr, indices, x, dst_offset, self_columns, include_s
                 acc[:] = 0.0
             if self_columns:
                 for j in range(width):
-                    store(o, j, load(own[j]))
+                    store(o, j, own[j])  # bfloat16 bits copied as they are
             for j in range(offset + width, o.shape[0]):
                 store(o, j, 1.0)
             start, end = indptr[d], indptr[d + 1]

@@ -148,7 +148,7 @@ def gather_rows(source, rows, out):
                 prefetch_row(source, rows[i + AHEAD])
             row, o = source[rows[i]], out[i]
             for j in range(row.shape[0]):
-                store(o, j, load(row[j]))
+                store(o, j, row[j])
 
 
 # numba has no float16 type: half-precision rows are read as their bit patterns and decoded through a
