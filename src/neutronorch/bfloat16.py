@@ -111,6 +111,11 @@ def finish(row, start, acc, scale):
     raise NotImplementedError("bfloat16.finish runs inside numba kernels")
 
 
+def flush(row, start, acc):
+    """``finish`` without a scale: nothing to do for a float32 row (the sums are already in it)."""
+    raise NotImplementedError("bfloat16.flush runs inside numba kernels")
+
+
 @overload(accumulator, inline="always")
 def _accumulator(row, start, width, scratch):
     if row.dtype == types.uint16:
@@ -132,17 +137,21 @@ def _finish(row, start, acc, scale):
     return impl
 
 
+@overload(flush, inline="always")
+def _flush(row, start, acc):
+    if row.dtype == types.uint16:
+        def impl(row, start, acc):
+            for j in range(acc.shape[0]):
+                row[start + j] = encode(acc[j])
+        return impl
+    return lambda row, start, acc: None
+
+
 def numpy_view(tensor: torch.Tensor) -> np.ndarray:
     """A CPU tensor's numpy view; bfloat16 as its ``uint16`` bits (numpy has no bfloat16)."""
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(np.uint16)
     return tensor.numpy()
-
-
-def tensor_view(array: np.ndarray, bfloat16: bool) -> torch.Tensor:
-    """The tensor over ``array``: its ``uint16`` bits read as bfloat16 when ``bfloat16``."""
-    tensor = torch.from_numpy(array)
-    return tensor.view(torch.bfloat16) if bfloat16 else tensor
 
 
 def supported(dtype: torch.dtype) -> bool:

@@ -9,6 +9,7 @@ copy to the device can be asynchronous. This module never copies the whole featu
 from __future__ import annotations
 
 import collections
+import copy
 import queue
 import threading
 
@@ -78,6 +79,14 @@ class FeatureStore:
         self.dtype = dtype
         # Small; a writable copy (a class id per vertex, or a 0/1/-1 row per vertex for multi-label tasks).
         self.labels = torch.from_numpy(np.array(labels, dtype=np.int64))
+
+    def as_dtype(self, dtype: torch.dtype) -> "FeatureStore":
+        """The same features gathered as ``dtype`` (this store when it already is)."""
+        if dtype == self.dtype:
+            return self
+        other = copy.copy(self)
+        other.dtype = dtype
+        return other
 
     @property
     def width(self) -> int:

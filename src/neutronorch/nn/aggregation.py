@@ -16,7 +16,7 @@ import torch
 from numba import njit, prange
 from torch.nn import functional as F
 
-from neutronorch.bfloat16 import accumulator, finish, load, numpy_view, store, supported
+from neutronorch.bfloat16 import accumulator, finish, flush, load, numpy_view, store, supported
 from neutronorch.nn.bucket import leading_rows, needs_buckets, padded_rows
 from neutronorch.prefetch import AHEAD, prefetch_row
 from neutronorch.sampling.block import Block
@@ -114,7 +114,7 @@ def _layer_input_backward(indptr, src_ptr, readers, grad_h, dst_offset, self_col
                 g = grad_h[d]
                 for j in range(width):
                     acc[j] += load(g[offset + j]) * inv
-            finish(grad_x[u], 0, acc, np.float32(1.0))
+            flush(grad_x[u], 0, acc)
 
 
 def _input_grad(block, grad_h, width, self_columns, include_self, dtype):
@@ -255,7 +255,7 @@ def _symmetric_forward(indptr, indices, x, degree, dst_offset, self_coef, neigh_
             own = x[dst_offset + d]
             for j in range(width):
                 acc[j] = a * acc[j] + b * load(own[j])
-            finish(out[d], 0, acc, np.float32(1.0))
+            flush(out[d], 0, acc)
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -287,7 +287,7 @@ def _symmetric_backward(src_ptr, readers, grad, degree, dst_offset, self_coef, n
                 g = grad[own]
                 for j in range(width):
                     acc[j] += coef * load(g[j])
-            finish(grad_x[u], 0, acc, np.float32(1.0))
+            flush(grad_x[u], 0, acc)
 
 
 class _NumbaSymmetric(torch.autograd.Function):

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from neutronorch.bfloat16 import load, store
+from neutronorch.bfloat16 import store
 from neutronorch.prefetch import AHEAD, prefetch_row
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

@@ -27,7 +27,6 @@ import torch
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, load_dataset
 from neutronorch.errors import CheckpointError, Interrupted, TrainingError
-from neutronorch.features.store import FeatureStore
 from neutronorch.nn.models import GNN
 from neutronorch.nn.precision import Precision, resolve_precision
 from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table, write_timeline
@@ -270,9 +269,8 @@ def _checkpoint(run: Run, name: str, epoch: int, position: tuple[int, float] | N
 
 def _evaluate(run: Run) -> dict[str, float]:
     """The metric on the validation and test sets: {"val": ..., "test": ...}."""
-    config, store = run.config, run.mode.store
-    if store.dtype != torch.float32:  # evaluation runs in float32 whatever the training precision
-        store = FeatureStore(store.features, run.graph.labels)
+    config = run.config
+    store = run.mode.store.as_dtype(torch.float32)  # evaluation runs in float32 whatever the training precision
     return evaluate(run.model, run.graph, store, run.device, config.eval_fanouts, config.eval_batch_size,
                     config.seed, config.eval_max_nodes, run.task)
 

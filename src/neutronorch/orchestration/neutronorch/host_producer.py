@@ -48,8 +48,8 @@ class HostProducer:
         # it natively; elsewhere it reads float32 rows, computes in float32 and rounds the table once.
         self.table_dtype = store.dtype
         self.host_bf16 = store.dtype == torch.bfloat16 and bool(cpu_bf16_units())
-        if store.dtype != torch.float32 and not self.host_bf16:
-            self.store = FeatureStore(store.features, graph.labels)
+        if not self.host_bf16:
+            self.store = store.as_dtype(torch.float32)
         self.track_grad = config.hot_grad == "cpu"
         self.schedule = schedule
         self.template = copy.deepcopy(bottom).cpu().eval()  # parameters replaced by each snapshot's

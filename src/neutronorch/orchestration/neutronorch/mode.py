@@ -170,7 +170,8 @@ class NeutronOrchMode:
         key = layer_key(mix_key(self.sampling.seed, 0x9E37), len(self.sampling.fanouts) - 1)
         block, frontier = sampler.sample_hop(ids, self.sampling.fanouts[-1], key)
         # float32 whatever the run's precision: the probe runs outside autocast, and drift is a small difference.
-        return block.to(self.device), self.store.gather(torch.from_numpy(frontier)).to(self.device, torch.float32)
+        rows = self.store.as_dtype(torch.float32).gather(torch.from_numpy(frontier))
+        return block.to(self.device), rows.to(self.device)
 
     def _wait_hot_copy(self, hot: HotEmbeddings) -> None:
         stream = torch.cuda.current_stream(self.device)
