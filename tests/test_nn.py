@@ -154,6 +154,20 @@ def test_relu_dropout_matches_its_definition():
     torch.testing.assert_close(relu_dropout(leaf, 0.5, training=False), torch.relu(leaf))
 
 
+@pytest.mark.parametrize("width", [64, 61])  # 61: a row that ends inside a random word
+def test_relu_dropout_masks_are_balanced_and_independent(width):
+    torch.manual_seed(1)
+    kept = (relu_dropout(torch.ones(4000, width), 0.25, True) != 0).float()
+    assert abs(float(kept.mean()) - 0.75) < 0.01
+    per_column = kept.mean(0)
+    assert float(per_column.min()) > 0.7 and float(per_column.max()) < 0.8  # every byte of a word is used
+    centred = kept - kept.mean(0)
+    corr = (centred.t() @ centred) / (centred.norm(dim=0)[:, None] * centred.norm(dim=0)[None, :])
+    assert float((corr - torch.eye(width)).abs().max()) < 0.08  # columns (bytes of one word) uncorrelated
+    rows = (kept[:-1] == kept[1:]).float().mean()
+    assert abs(float(rows) - (0.75 ** 2 + 0.25 ** 2)) < 0.01  # neighbouring rows independent
+
+
 def test_relu_dropout_masks_differ_between_calls():
     y = torch.ones(64, 64)
     assert not torch.equal(relu_dropout(y.clone(), 0.5, True), relu_dropout(y.clone(), 0.5, True))

@@ -227,6 +227,43 @@ def test_bucketed_rows_bound_the_padding_and_the_shapes():
     assert len(set(sizes)) < 400  # oneDNN builds a kernel per shape: a few hundred at most, not one per batch
 
 
+def test_bucket_heads_are_buckets_and_leave_a_few_remainder_sizes():
+    from neutronorch.nn.bucket import head_rows, padded_rows
+
+    heads = {rows: head_rows(rows) for rows in range(1, 200_000)}
+    assert all(head <= rows and (head == 0 or padded_rows(head) == head) for rows, head in heads.items())
+    assert len({padded_rows(rows) - head for rows, head in heads.items()}) < 20
+
+
+@pytest.mark.parametrize("rows", [3000, 2048, 50])  # a head and a padded remainder; a bucket; a remainder only
+def test_bucketed_fused_sage_layer_equals_the_unbucketed_one(rows, monkeypatch):
+    from neutronorch.nn import aggregation
+    from neutronorch.sampling.block import Block
+
+    rng = np.random.default_rng(0)
+    indptr = torch.from_numpy(np.arange(rows + 1, dtype=np.int64) * 3)
+    block = Block(rows, 2 * rows, indptr, torch.from_numpy(rng.integers(0, 2 * rows, 3 * rows)))
+    torch.manual_seed(0)
+    layer = SAGEConv(24, 16)
+    x = torch.randn(2 * rows, 24).to(BF16).requires_grad_()
+
+    def run():
+        layer.zero_grad()
+        x.grad = None
+        with torch.autocast("cpu", dtype=BF16):
+            y = layer(block, x)
+        (y.float() * torch.linspace(-1, 1, 16)).sum().backward()
+        return y.detach().float(), x.grad.float(), [p.grad.clone() for p in layer.parameters()]
+
+    bucketed = run()
+    monkeypatch.setattr(aggregation, "needs_buckets", lambda *args: False)
+    plain = run()
+    torch.testing.assert_close(bucketed[0], plain[0], rtol=0, atol=0)
+    torch.testing.assert_close(bucketed[1], plain[1], rtol=2 ** -7, atol=1e-2)
+    for a, b in zip(bucketed[2], plain[2]):
+        torch.testing.assert_close(a, b, rtol=2 ** -7, atol=1e-2)
+
+
 def test_bucketed_bfloat16_products_equal_the_unpadded_ones():
     from neutronorch.nn.bucket import project
 

@@ -10,6 +10,11 @@ integer instructions:
 
 A kernel written with them compiles once per combination of array types, so one source serves float32 and
 bfloat16 tensors alike, and every sum inside it is a float32 sum.
+
+In a kernel's inner loop, index a slice of the row (``part = row[start:start + width]``, then ``part[j]``),
+never ``row[start + j]``: numba cannot tell that ``start + j`` is not negative and checks every index for
+wrap-around, which keeps the loop from being vectorised. Summing 256 bfloat16 values a row over a million
+rows took 251 ms indexed with an offset and 22 ms through a slice (float32: 84 and 16 ms; one thread).
 """
 
 from __future__ import annotations
@@ -36,24 +41,17 @@ def _float_from_bits(typingctx, bits):
     return types.float32(bits), codegen
 
 
-@intrinsic
-def _bits_from_float(typingctx, value):
-    if value != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.uint32(types.float32), codegen
-
-
 def load(value):
     """float32 of a float32 or of bfloat16 bits (``uint16``); in numba kernels only."""
     raise NotImplementedError("bfloat16.load runs inside numba kernels")
 
 
 def store(row, j, value):
-    """``row[j] = value`` as ``row``'s element type (float32, or bfloat16 bits); in numba kernels only."""
+    """``row[j] = value`` as ``row``'s element type (float32, or bfloat16 bits); in numba kernels only.
+
+    Pass ``value`` as a name or a plain expression, never a conditional expression (``a if c else b``):
+    inlined into a vectorised loop, ``store(out, (i, j), v * s if kept else 0.0)`` wrote 0 where ``kept``
+    held (numba 0.68); assigning the conditional to a name first is correct."""
     raise NotImplementedError("bfloat16.store runs inside numba kernels")
 
 
@@ -66,15 +64,30 @@ def _load(value):
     return None
 
 
+@intrinsic
+def _encode(typingctx, value):
+    """The bfloat16 bits nearest to float32 ``value``, in 32-bit integer operations (numba's own integer
+    arithmetic widens ``uint32`` to 64 bits, which halves the values per vector instruction)."""
+    if value != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        bits = builder.bitcast(args[0], i32)
+        high = builder.lshr(bits, ir.Constant(i32, 16))
+        rounded = builder.lshr(builder.add(builder.add(bits, ir.Constant(i32, 0x7FFF)),
+                                           builder.and_(high, ir.Constant(i32, 1))), ir.Constant(i32, 16))
+        quiet = builder.or_(high, ir.Constant(i32, 0x40))
+        nan = builder.icmp_signed(">", builder.and_(bits, ir.Constant(i32, 0x7FFFFFFF)), ir.Constant(i32, 0x7F800000))
+        return builder.trunc(builder.select(nan, quiet, rounded), ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
+
+
 @njit(inline="always")
 def encode(value):
     """The bfloat16 bits nearest to float32 ``value`` (ties to even; NaN stays a quiet NaN)."""
-    bits = _bits_from_float(np.float32(value))
-    rounded = np.uint32(bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-    quiet = (bits >> np.uint32(16)) | np.uint32(0x40)
-    # Masks, not a branch: loops storing bfloat16 stay vectorised (and numba's inliner stays quiet).
-    nan = np.uint32(0) - np.uint32(np.int32(bits & np.uint32(0x7FFFFFFF)) > np.int32(0x7F800000))
-    return np.uint16((quiet & nan) | (rounded & ~nan))
+    return _encode(np.float32(value))
 
 
 @overload(store, inline="always")
@@ -127,8 +140,9 @@ def _accumulator(row, start, width, scratch):
 def _finish(row, start, acc, scale):
     if row.dtype == types.uint16:
         def impl(row, start, acc, scale):
+            out = row[start:start + acc.shape[0]]  # a slice: see the module's note on indices
             for j in range(acc.shape[0]):
-                row[start + j] = encode(acc[j] * scale)
+                out[j] = encode(acc[j] * scale)
         return impl
 
     def impl(row, start, acc, scale):  # acc is the row's own slice
@@ -141,8 +155,9 @@ def _finish(row, start, acc, scale):
 def _flush(row, start, acc):
     if row.dtype == types.uint16:
         def impl(row, start, acc):
+            out = row[start:start + acc.shape[0]]
             for j in range(acc.shape[0]):
-                row[start + j] = encode(acc[j])
+                out[j] = encode(acc[j])
         return impl
     return lambda row, start, acc: None
 

@@ -17,8 +17,8 @@ from numba import njit, prange
 from torch.nn import functional as F
 
 from neutronorch.bfloat16 import accumulator, finish, flush, load, numpy_view, store, supported
-from neutronorch.nn.bucket import leading_rows, needs_buckets, padded_rows
-from neutronorch.prefetch import AHEAD, prefetch_row
+from neutronorch.nn.bucket import head_rows, leading_rows, needs_buckets, padded_rows
+from neutronorch.prefetch import AHEAD, prefetch_part, prefetch_row
 from neutronorch.sampling.block import Block
 
 
@@ -104,16 +104,17 @@ def _layer_input_backward(indptr, src_ptr, readers, grad_h, dst_offset, self_col
                         acc[j] += load(g[j])
                 if include_self:
                     inv = np.float32(1.0) / np.float32(indptr[own + 1] - indptr[own] + 1)
+                    mean_part = g[offset:offset + width]  # a slice, not g[offset + j]: see bfloat16
                     for j in range(width):
-                        acc[j] += load(g[offset + j]) * inv
+                        acc[j] += load(mean_part[j]) * inv
             for t in range(src_ptr[u], src_ptr[u + 1]):
                 if t + AHEAD < last:
-                    prefetch_row(grad_h, readers[t + AHEAD])
+                    prefetch_part(grad_h, readers[t + AHEAD], offset, offset + width)
                 d = readers[t]
                 inv = np.float32(1.0) / np.float32(indptr[d + 1] - indptr[d] + (1 if include_self else 0))
-                g = grad_h[d]
+                mean_part = grad_h[d, offset:offset + width]
                 for j in range(width):
-                    acc[j] += load(g[offset + j]) * inv
+                    acc[j] += load(mean_part[j]) * inv
             flush(grad_x[u], 0, acc)
 
 
@@ -179,14 +180,26 @@ class _FusedMeanLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         h, weight = ctx.saved_tensors
-        if h.shape[0] != ctx.rows:
-            grad_y = F.pad(grad_y, (0, 0, 0, h.shape[0] - ctx.rows))
+        rows, padded = ctx.rows, h.shape[0]
+        # Padded rows: the products run over a bucket-sized head of grad_y as it is, and over its remaining
+        # rows padded with zeros to the next bucket (h's extra rows are zero), so only that remainder is
+        # copied, not the whole gradient (nn/bucket.py).
+        head = rows if padded == rows else head_rows(rows)
+        parts = [(grad_y[:head], 0, head)] if head else []
+        if head < padded:
+            parts.append((F.pad(grad_y[head:], (0, 0, 0, padded - rows)), head, padded))
         grad_x = None
         if ctx.needs_input_grad[0]:
             inputs = ctx.width * (2 if ctx.self_columns else 1)
-            grad_x = _input_grad(ctx.block, (grad_y @ weight[:, :inputs])[:ctx.rows], ctx.width, ctx.self_columns,
-                                 ctx.include_self, ctx.dtype)
-        grad_weight = grad_y.t() @ h if ctx.needs_input_grad[1] else None
+            grad_h = torch.empty((padded, inputs), dtype=grad_y.dtype)
+            for g, start, stop in parts:
+                torch.mm(g, weight[:, :inputs], out=grad_h[start:stop])
+            grad_x = _input_grad(ctx.block, grad_h[:rows], ctx.width, ctx.self_columns, ctx.include_self, ctx.dtype)
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            for g, start, stop in parts:
+                part = g.t() @ h[start:stop]
+                grad_weight = part if grad_weight is None else grad_weight + part
         return grad_x, grad_weight, None, None, None
 
 

@@ -26,6 +26,14 @@ def padded_rows(rows: int) -> int:
     return -(-rows // step) * step
 
 
+def head_rows(rows: int) -> int:
+    """The largest bucket size not above ``rows`` (0 below the smallest): a product over ``rows`` rows can run
+    as one over these, unpadded, and one over the remaining ``padded_rows(rows) - head_rows(rows)`` rows,
+    padded; both are bucket-bounded shapes, and only the remainder is copied."""
+    step = max(SMALLEST, 1 << max(0, rows.bit_length() - BUCKETS.bit_length()))
+    return rows // step * step
+
+
 def needs_buckets(x: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
     """Whether a product of ``x`` (in ``dtype``, default what autocast or ``x`` makes it) runs in bfloat16
     on the CPU."""

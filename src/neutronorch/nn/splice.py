@@ -82,7 +82,8 @@ def _splice_backward(grad, keep, scale, cold_pos, hot_pos, hot_rows, grad_cold, 
         i = cold_pos[k]
         for j in range(width):
             if masked:
-                store(grad_cold, (k, j), load(grad[i, j]) * scale if keep[i, j] else np.float32(0.0))
+                result = load(grad[i, j]) * scale if keep[i, j] else np.float32(0.0)
+                store(grad_cold, (k, j), result)
             else:
                 grad_cold[k, j] = grad[i, j]  # the same dtype: a copy
     if accumulate:

@@ -16,13 +16,14 @@ from numba import njit, prange
 from neutronorch.bfloat16 import store
 from neutronorch.prefetch import AHEAD, prefetch_row
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 
 
 @njit(inline="always")
-def _mix(z):
+def mix(z):
+    """splitmix64's finaliser: a bijection of 64-bit words whose every output bit depends on every input bit."""
     z = (z ^ (z >> np.uint64(30))) * _MIX1
     z = (z ^ (z >> np.uint64(27))) * _MIX2
     return z ^ (z >> np.uint64(31))
@@ -33,14 +34,14 @@ def splitmix_key(a, b):
     """Combine a 64-bit key and a vertex id into one well-mixed 64-bit key. The one definition of key
     mixing: ``neighbor_sampler.mix_key`` calls it from Python (``cache=True`` spares that call a compile
     per process; the kernels inline it)."""
-    return _mix(np.uint64(a) * _GOLDEN + _mix(np.uint64(b) + _GOLDEN))
+    return mix(np.uint64(a) * GOLDEN + mix(np.uint64(b) + GOLDEN))
 
 
 @njit(inline="always")
 def _below(state, bound):
     """Next value of the stream and a draw uniform in [0, bound) (Lemire's multiply-shift, bias < 2^-32)."""
-    state = state + _GOLDEN
-    r = _mix(state) >> np.uint64(32)
+    state = state + GOLDEN
+    r = mix(state) >> np.uint64(32)
     return state, np.int64((r * np.uint64(bound)) >> np.uint64(32))
 
 
