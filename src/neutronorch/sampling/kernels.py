@@ -65,27 +65,28 @@ def sample_neighbors(indptr, indices, dst_nodes, fanout, key):
         v = dst_nodes[i]
         start = indptr[v]
         deg = indptr[v + 1] - start
-        out = ptr[i]
-        k = ptr[i + 1] - out
+        # Slices, not nbrs[out + j]: an offset index is checked for wrap-around (see bfloat16's note).
+        chosen = nbrs[ptr[i]:ptr[i + 1]]
+        k = chosen.shape[0]
+        neighbours = indices[start:start + deg]
         if k == deg:
-            for j in range(deg):
-                nbrs[out + j] = indices[start + j]
+            chosen[:] = neighbours
             continue
-        # Floyd's algorithm: a uniform k-subset of range(deg) in k draws. Offsets are kept in nbrs' slot
-        # first, membership checked by a linear scan (k is a small fanout).
+        # Floyd's algorithm: a uniform k-subset of range(deg) in k draws. Offsets are kept in the output
+        # slots first, membership checked by a linear scan (k is a small fanout).
         state = splitmix_key(key, v)
         filled = 0
         for top in range(deg - k, deg):
             state, t = _below(state, top + 1)
             seen = False
             for q in range(filled):
-                if nbrs[out + q] == t:
+                if chosen[q] == t:
                     seen = True
                     break
-            nbrs[out + filled] = top if seen else t
+            chosen[filled] = top if seen else t
             filled += 1
         for j in range(k):
-            nbrs[out + j] = indices[start + nbrs[out + j]]
+            chosen[j] = neighbours[chosen[j]]
     return ptr, nbrs
 
 
