@@ -32,17 +32,22 @@ def test_device_mode_learns_as_well_as_exact_mode(model):
     assert device["moved"]["feature_rows"] > 0
 
 
-def test_device_mode_batches_hold_the_right_rows_and_labels():
+@pytest.mark.parametrize("storage, cache_gb", [("float16", "auto"), ("bfloat16", "auto"), ("bfloat16", 1e-5)])
+def test_device_mode_batches_hold_the_right_rows_and_labels(storage, cache_gb):
+    from neutronorch.data.dtypes import bfloat16
+
     graph = generate(SyntheticSpec.parse(SMALL))
-    graph.features = graph.features.astype(np.float16)  # stored at half precision: placed as float32
-    cfg = small_config().validate()
+    # Stored at half precision, read as float32; a small cache leaves rows to read from host memory.
+    graph.features = graph.features.astype(np.float16 if storage == "float16" else bfloat16())
+    cfg = small_config(gpu_cache_gb=cache_gb).validate()
     mode = build_mode(cfg, graph, torch.device("cpu"))
     with mode.batches(0) as batches:
         seen = []
         for batch in batches:
             nodes = batch.subgraph.input_nodes
             assert batch.features.dtype == torch.float32
-            torch.testing.assert_close(batch.features, torch.from_numpy(graph.features[nodes.numpy()]).float())
+            expected = torch.from_numpy(np.asarray(graph.features[nodes.numpy()], dtype=np.float32))
+            torch.testing.assert_close(batch.features, expected, rtol=0, atol=0)
             assert torch.equal(batch.labels, torch.from_numpy(graph.labels[batch.subgraph.seeds.numpy()]).long())
             assert torch.equal(nodes[:batch.blocks[0].num_dst], batch.subgraph.frontiers[1])
             seen.append(batch.subgraph.seeds)

@@ -6,14 +6,18 @@ import torch
 from neutronorch.features.store import BufferPool, FeatureStore
 
 
-def test_gather_reads_float32_and_float16_rows():
+def test_gather_reads_float32_float16_and_bfloat16_rows():
+    from neutronorch.data.dtypes import bfloat16
+
     rng = np.random.default_rng(0)
     features = rng.standard_normal((50, 7)).astype(np.float32)
     rows = torch.tensor([3, 3, 49, 0])
-    for stored in (features, features.astype(np.float16)):
-        out = FeatureStore(stored, np.zeros(50, np.int64)).gather(rows)
-        assert out.dtype == torch.float32
-        np.testing.assert_array_equal(out.numpy(), stored[rows.numpy()].astype(np.float32))
+    for stored in (features, features.astype(np.float16), features.astype(bfloat16())):
+        expected = torch.from_numpy(stored[rows.numpy()].astype(np.float32))
+        for dtype in (torch.float32, torch.bfloat16):
+            out = FeatureStore(stored, np.zeros(50, np.int64), dtype).gather(rows)
+            assert out.dtype == dtype
+            torch.testing.assert_close(out, expected.to(dtype), rtol=0, atol=0)
 
 
 def test_buffer_pool_reuses_buffers_and_blocks_when_all_are_in_use():

@@ -55,6 +55,18 @@ def test_from_arrays_reads_float_labels_with_nan_and_multi_label_rows():
         Graph.from_arrays(src, dst, features, labels + 0.5)
 
 
+def test_from_arrays_keeps_half_precision_features_numpy_or_torch():
+    from neutronorch.data.dtypes import bfloat16
+
+    src, dst, features, labels = _arrays()
+    as_torch = torch.from_numpy(features).to(torch.bfloat16)
+    graph = Graph.from_arrays(src, dst, as_torch, labels)
+    assert graph.features.dtype.name == "bfloat16"
+    assert torch.equal(torch.from_numpy(np.asarray(graph.features, np.float32)), as_torch.float())
+    assert Graph.from_arrays(src, dst, features.astype(bfloat16()), labels).features.dtype.name == "bfloat16"
+    assert Graph.from_arrays(src, dst, features.astype(np.float16), labels).features.dtype == np.float16
+
+
 def test_pyg_round_trip_keeps_the_graph():
     pytest.importorskip("torch_geometric")
     src, dst, features, labels = _arrays()

@@ -289,3 +289,65 @@ def test_info_counts_self_loops_repeats_and_one_way_edges_of_a_native_graph(tmp_
     assert counts["clean"] == (0, 0, 0)
     # 0 -> 1 (in vertex 1's column) lacks its reverse: 1 is no longer among vertex 0's in-neighbours.
     assert counts["dirty"] == (1, 1, 1)
+
+
+def test_bfloat16_features_are_stored_as_bits_and_read_back_as_bfloat16(tmp_path):
+    import torch
+
+    from neutronorch.data.dtypes import bfloat16
+
+    values = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32) * 1e5  # beyond float16
+    save_native(small_graph(features=values.astype(bfloat16())), tmp_path / "ring")
+    assert json.loads((tmp_path / "ring" / "meta.json").read_text())["feature_dtype"] == "bfloat16"
+    assert np.load(tmp_path / "ring" / "features.npy").dtype == np.uint16
+    loaded = load_native(tmp_path / "ring")
+    assert loaded.features.dtype.name == "bfloat16" and isinstance(loaded.features, np.memmap)
+    rounded = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    np.testing.assert_array_equal(loaded.features.view(np.uint16), rounded)  # torch's rounding, bit for bit
+    assert np.isfinite(np.asarray(loaded.features, dtype=np.float32)).all()
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: _set_meta(d, feature_dtype="float8"), "feature_dtype is 'float8'"),
+    (lambda d: np.save(d / "features.npy", np.zeros((5, 3), np.float32)), "holds float32"),
+])
+def test_a_bfloat16_dataset_with_mismatched_files_is_refused(tmp_path, damage, message):
+    from neutronorch.data.dtypes import bfloat16
+
+    save_native(small_graph(features=np.ones((5, 3), bfloat16())), tmp_path / "ring")
+    damage(tmp_path / "ring")
+    with pytest.raises(DataError, match=message):
+        load_native(tmp_path / "ring")
+
+
+def _set_meta(directory, **values):
+    meta = json.loads((directory / "meta.json").read_text())
+    meta.update(values)
+    (directory / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.slow
+def test_convert_to_bfloat16_and_train_on_it_in_either_precision(tmp_path):
+    from neutronorch import TrainConfig, train
+    from neutronorch.cli import main
+
+    source, out = tmp_path / "source", tmp_path / "bf16"
+    assert main(["generate", "synthetic", "--nodes", "600", "--features", "8", "--classes", "4",
+                 "--out", str(source)]) == 0
+    assert main(["convert", str(source), str(out), "--bfloat16"]) == 0
+    with pytest.raises(SystemExit):  # one or the other
+        main(["convert", str(source), str(tmp_path / "x"), "--bfloat16", "--float16"])
+    original, halved = load_native(source), load_native(out)
+    assert halved.features.dtype.name == "bfloat16"
+    assert np.abs(np.asarray(halved.features, np.float32) - original.features).max() <= \
+        np.abs(original.features).max() * 2 ** -8
+    for precision, mode in (("fp32", "exact"), ("bf16", "exact"), ("fp32", "device")):
+        runs = [train(TrainConfig(dataset=str(data), fanouts=[4, 4], hidden=16, batch_size=16, epochs=6, lr=0.01,
+                                  dropout=0.2, precision=precision, mode=mode, threads=1, sampler_threads=1,
+                                  progress=False))
+                for data in (source, out)]
+        # Features rounded to bfloat16 train as the float32 ones do (the same seed, the same batches).
+        losses = [[e["train_loss"] for e in run["epochs"]] for run in runs]
+        assert losses[1][-1] < 0.8 * losses[1][0], (precision, mode)
+        np.testing.assert_allclose(losses[1], losses[0], rtol=0.03, err_msg=f"{precision} {mode}")
+        assert abs(runs[1]["test_acc"] - runs[0]["test_acc"]) < 0.05, (precision, mode)

@@ -162,6 +162,14 @@ def _flush(row, start, acc):
     return lambda row, start, acc: None
 
 
+def tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
+    """``torch.from_numpy``, bfloat16 arrays (``data.dtypes``) included: zero-copy, the bits viewed as
+    torch.bfloat16."""
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
 def numpy_view(tensor: torch.Tensor) -> np.ndarray:
     """A CPU tensor's numpy view; bfloat16 as its ``uint16`` bits (numpy has no bfloat16)."""
     if tensor.dtype == torch.bfloat16:

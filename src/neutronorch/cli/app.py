@@ -14,6 +14,7 @@ from dataclasses import fields
 
 from tqdm import tqdm
 
+from neutronorch.data.dtypes import bfloat16
 from neutronorch.cli.options import build_parser
 from neutronorch.config import TrainConfig, load_config_file
 from neutronorch.data import SyntheticSpec, generate, load_dataset, save_native
@@ -146,9 +147,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _write_native(graph, out: str, args: argparse.Namespace, t0: float) -> int:
-    """convert's and generate's end: features halved with --float16, the folder written, one line said."""
+    """convert's and generate's end: features halved with --float16 or --bfloat16, the folder written, one
+    line said."""
     if args.float16:
         graph.features = graph.features.astype("float16")
+    elif args.bfloat16:
+        graph.features = graph.features.astype(bfloat16())  # rounded to nearest even, as torch rounds
     save_native(graph, out, overwrite=args.overwrite)
     print(f"wrote {graph.describe()} to {out} in {time.perf_counter() - t0:.1f}s")
     return 0

@@ -166,7 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("out_dir", help="output directory")
     convert.add_argument("--split", default=None, help=_HELP["split"])
     convert.add_argument("--seed", type=int, default=0, help="seed of the split (default: 0)")
-    convert.add_argument("--float16", action="store_true", help="store features as float16 (half the disk)")
+    halves = convert.add_mutually_exclusive_group()
+    halves.add_argument("--float16", action="store_true", help="store features as float16 (half the disk)")
+    halves.add_argument("--bfloat16", action="store_true",
+                        help="store features as bfloat16 (half the disk; float32's range, for features "
+                             "beyond float16's +-65504 or below its 6e-8)")
     convert.add_argument("--overwrite", action="store_true",
                          help="replace the native dataset in OUT_DIR (it may be SOURCE itself); without it "
                               "OUT_DIR must not exist or be empty")
@@ -180,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
         gen.add_argument("--" + f.name, type=type(getattr(defaults, f.name)), default=getattr(defaults, f.name),
                          help=f"(default: {getattr(defaults, f.name)})")
     gen.add_argument("--out", required=True, help="output directory")
-    gen.add_argument("--float16", action="store_true", help="store features as float16")
+    gen_halves = gen.add_mutually_exclusive_group()
+    gen_halves.add_argument("--float16", action="store_true", help="store features as float16")
+    gen_halves.add_argument("--bfloat16", action="store_true", help="store features as bfloat16")
     gen.add_argument("--overwrite", action="store_true", help="replace the native dataset in --out")
 
     pred = commands.add_parser("predict", help="predict classes with a trained model",

@@ -12,6 +12,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from neutronorch.data.dtypes import STORAGE_DTYPES, bfloat16
 from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
@@ -32,7 +33,7 @@ def from_arrays(src, dst, features, labels, splits: Mapping | Sequence | None = 
     features = _array(features, "features")
     if features.ndim != 2:
         raise DataError(f"{name}: features must be a 2-D array (a row per vertex), got shape {features.shape}.")
-    if features.dtype not in (np.float32, np.float16):
+    if features.dtype.name not in STORAGE_DTYPES:  # float32, float16 and bfloat16 are kept as they are
         features = features.astype(np.float32)
     n = features.shape[0] if num_nodes is None else int(num_nodes)
     labels = class_labels(_array(labels, "labels"), n, name)
@@ -54,7 +55,11 @@ def from_arrays(src, dst, features, labels, splits: Mapping | Sequence | None = 
 
 def _array(value, what: str) -> np.ndarray:
     if hasattr(value, "detach"):  # a torch tensor (on any device)
-        value = value.detach().cpu().numpy()
+        value = value.detach().cpu()
+        if str(value.dtype) == "torch.bfloat16":  # numpy's bfloat16 over the same bits (torch is loaded)
+            import torch
+            return value.view(torch.int16).numpy().view(np.uint16).view(bfloat16())
+        value = value.numpy()
     try:
         return np.asarray(value)
     except (TypeError, ValueError) as exc:

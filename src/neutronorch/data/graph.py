@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from neutronorch.data.dtypes import STORAGE_DTYPES
 from neutronorch.errors import DataError
 
 # Checks over arrays that may be larger than RAM run in chunks of this many elements.
@@ -125,8 +126,8 @@ class Graph:
         if self.features.ndim != 2 or self.features.shape[0] != n:
             fail(f"features must have shape (num_nodes={n}, feature_dim), got {self.features.shape}",
                  "Write one feature row per vertex.")
-        if self.features.dtype not in (np.float32, np.float16):
-            fail(f"features have dtype {self.features.dtype}, expected float32 or float16",
+        if self.features.dtype.name not in STORAGE_DTYPES:
+            fail(f"features have dtype {self.features.dtype}, expected float32, float16 or bfloat16",
                  "Convert with .astype(np.float32).")
         rows = max(1, _CHUNK // max(1, self.feature_dim))
         for start in range(0, n, rows):

@@ -5,10 +5,12 @@ mini-batch touches are read. This module must never load a whole array eagerly.
 
 Layout (``format_version`` 1)::
 
-    meta.json      name, num_nodes, num_edges, feature_dim, num_classes, format_version[, notes, metric]
+    meta.json      name, num_nodes, num_edges, feature_dim, num_classes, format_version[, notes, metric,
+                   feature_dtype]
     indptr.npy     int32/int64, num_nodes+1   CSC offsets
     indices.npy    int32/int64, num_edges     in-neighbour ids
-    features.npy   float32/float16, num_nodes x feature_dim
+    features.npy   float32/float16, num_nodes x feature_dim; or bfloat16 stored as its uint16 bits, with
+                   "feature_dtype": "bfloat16" in meta.json (numpy has no bfloat16 of its own)
     labels.npy     int64, num_nodes (-1: no label); or int8, num_nodes x num_classes (multi-label, -1: unknown)
     train_idx.npy, val_idx.npy, test_idx.npy   int64 vertex ids
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from neutronorch.data.dtypes import BFLOAT16, bfloat16, is_bfloat16
 from neutronorch.data.graph import Graph
 from neutronorch.errors import DataError
 
@@ -77,6 +80,16 @@ def load_native(directory: str | os.PathLike, mmap: bool = True, validate: bool 
         raise DataError(f"{meta_path}: format_version {meta['format_version']} is not supported "
                         f"(this neutronorch reads version {FORMAT_VERSION}). Convert the data again.")
     arrays = {name: _open_array(directory / f"{name}.npy", mmap) for name in ARRAYS}
+    feature_dtype = meta.get("feature_dtype")
+    if feature_dtype is not None:
+        if feature_dtype != BFLOAT16:
+            raise DataError(f"{meta_path}: feature_dtype is {feature_dtype!r}; the only value it takes is "
+                            f"\"{BFLOAT16}\" (float32 and float16 features need none).")
+        if arrays["features"].dtype != np.uint16:
+            raise DataError(f"{directory / 'features.npy'}: meta.json says the features are bfloat16, stored "
+                            f"as uint16 bits, but the file holds {arrays['features'].dtype}. Convert the "
+                            f"data again.")
+        arrays["features"] = arrays["features"].view(bfloat16())
     metric = meta.get("metric")
     if metric is not None and not isinstance(metric, str):
         raise DataError(f"{meta_path}: metric is {metric!r}, expected a metric name such as \"rocauc\".")
@@ -136,6 +149,8 @@ def _write_arrays(graph: Graph, directory: Path) -> None:
             arr = np.asarray(arr, dtype=np.int8)  # 0/1 or -1 per task
         elif name in ("labels", "train_idx", "val_idx", "test_idx"):
             arr = np.asarray(arr, dtype=np.int64)
+        elif name == "features" and is_bfloat16(arr):
+            arr = arr.view(np.uint16)
         _save_array(directory / f"{name}.npy", arr)
     meta = {
         "name": graph.name,
@@ -148,6 +163,8 @@ def _write_arrays(graph: Graph, directory: Path) -> None:
     }
     if graph.metric:
         meta["metric"] = graph.metric
+    if is_bfloat16(graph.features):
+        meta["feature_dtype"] = BFLOAT16
     (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 

@@ -25,6 +25,7 @@ from typing import Callable
 
 import numpy as np
 
+from neutronorch.data.dtypes import STORAGE_DTYPES
 from neutronorch.data.arrays import class_labels
 from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.graph import Graph
@@ -106,7 +107,7 @@ def _binary(raw: Path):
     num_nodes = int(np.asarray(data["num_nodes_list"]).sum())
     edge_index = data["edge_index"]
     features = np.asarray(data["node_feat"])
-    if features.dtype != np.float32 and features.dtype != np.float16:
+    if features.dtype.name not in STORAGE_DTYPES:
         features = features.astype(np.float32)
     labels = _npz(raw / "node-label.npz", ("node_label",))["node_label"]
     return (edge_index[0], edge_index[1], features,

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from neutronorch.bfloat16 import numpy_view
+from neutronorch.data.dtypes import is_bfloat16
 from neutronorch.sampling import kernels
 
 
@@ -98,6 +99,8 @@ class FeatureStore:
         if self.features.dtype == np.float16:
             table = kernels.HALF_TO_BF16 if out.dtype == torch.bfloat16 else kernels.HALF_TO_FLOAT
             kernels.gather_half_rows(self.features.view(np.uint16), rows.numpy(), table, numpy_view(out))
+        elif is_bfloat16(self.features):  # bits copied into bfloat16 rows, widened into float32 ones
+            kernels.gather_rows(self.features.view(np.uint16), rows.numpy(), numpy_view(out))
         else:
             kernels.gather_rows(self.features, rows.numpy(), numpy_view(out))
         return out

@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from neutronorch.bfloat16 import tensor_from_numpy
 from neutronorch.data.graph import Graph
 from neutronorch.errors import ConfigError
 from neutronorch.features.placement import pin, unpin, uva_view
@@ -39,7 +40,7 @@ def place(array: np.ndarray, device: torch.device, what: str) -> torch.Tensor:
 
 def host_tensor(array: np.ndarray) -> torch.Tensor:
     """A host array as a tensor, zero-copy when numpy allows it (read-only maps are copied)."""
-    return torch.from_numpy(np.ascontiguousarray(array) if array.flags.writeable else np.array(array))
+    return tensor_from_numpy(np.ascontiguousarray(array) if array.flags.writeable else np.array(array))
 
 
 class DeviceReader:
