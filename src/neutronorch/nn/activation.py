@@ -1,8 +1,8 @@
-"""ReLU followed by dropout, fused into one pass on CPU.
+"""ReLU followed by dropout, fused into one kernel on CPU.
 
 On CPU, ``F.dropout`` draws a Bernoulli variable per element with torch's generator, which costs more
-than the matrix products of a GraphSAGE layer. The fused kernel hashes (key, element index) into 8 random
-bytes per 64-bit draw (dropout probability resolved to 1/256), and stores one byte per element that
+than the matrix products of a GraphSAGE layer. The fused kernel draws 8 random bytes per 64-bit word of a
+counter-based stream keyed by (key, row) (dropout probability resolved to 1/256), and stores one byte per element that
 already combines "kept by dropout" and "positive before ReLU", so the backward pass needs nothing else.
 Randomness comes from a key drawn from torch's generator, so ``torch.manual_seed`` governs it.
 Other devices use the torch ops.

@@ -184,9 +184,11 @@ class _FusedMeanLinear(torch.autograd.Function):
         # Padded rows: the products run over a bucket-sized head of grad_y as it is, and over its remaining
         # rows padded with zeros to the next bucket (h's extra rows are zero), so only that remainder is
         # copied, not the whole gradient (nn/bucket.py).
-        head = rows if padded == rows else head_rows(rows)
-        parts = [(grad_y[:head], 0, head)] if head else []
-        if head < padded:
+        if padded == rows:
+            parts = [(grad_y, 0, rows)]
+        else:
+            head = head_rows(rows)
+            parts = [(grad_y[:head], 0, head)] if head else []
             parts.append((F.pad(grad_y[head:], (0, 0, 0, padded - rows)), head, padded))
         grad_x = None
         if ctx.needs_input_grad[0]:
