@@ -165,7 +165,7 @@ def _flush(row, start, acc):
 def tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
     """``torch.from_numpy``, bfloat16 arrays (``data.dtypes``) included: zero-copy, the bits viewed as
     torch.bfloat16."""
-    if array.dtype.name == "bfloat16":
+    if array.dtype.name == "bfloat16":  # data.dtypes.is_bfloat16, not imported: data imports this module
         return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
     return torch.from_numpy(array)
 

@@ -14,11 +14,11 @@ from dataclasses import fields
 
 from tqdm import tqdm
 
-from neutronorch.data.dtypes import bfloat16
 from neutronorch.cli.options import build_parser
 from neutronorch.config import TrainConfig, load_config_file
 from neutronorch.data import SyntheticSpec, generate, load_dataset, save_native
 from neutronorch.data.csc import edge_hygiene
+from neutronorch.data.dtypes import bfloat16
 from neutronorch.errors import Interrupted, NeutronorchError
 
 

@@ -12,8 +12,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from neutronorch.data.dtypes import STORAGE_DTYPES, bfloat16
 from neutronorch.data.csc import edges_to_csc
+from neutronorch.data.dtypes import STORAGE_DTYPES, bfloat16
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
 from neutronorch.errors import DataError
@@ -57,8 +57,8 @@ def _array(value, what: str) -> np.ndarray:
     if hasattr(value, "detach"):  # a torch tensor (on any device)
         value = value.detach().cpu()
         if str(value.dtype) == "torch.bfloat16":  # numpy's bfloat16 over the same bits (torch is loaded)
-            import torch
-            return value.view(torch.int16).numpy().view(np.uint16).view(bfloat16())
+            from neutronorch.bfloat16 import numpy_view
+            return numpy_view(value).view(bfloat16())
         value = value.numpy()
     try:
         return np.asarray(value)

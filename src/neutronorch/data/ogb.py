@@ -25,9 +25,9 @@ from typing import Callable
 
 import numpy as np
 
-from neutronorch.data.dtypes import STORAGE_DTYPES
 from neutronorch.data.arrays import class_labels
 from neutronorch.data.csc import edges_to_csc
+from neutronorch.data.dtypes import STORAGE_DTYPES
 from neutronorch.data.graph import Graph
 from neutronorch.data.textnum import first_line_width, read_numbers
 from neutronorch.errors import DataError

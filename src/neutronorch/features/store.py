@@ -99,10 +99,9 @@ class FeatureStore:
         if self.features.dtype == np.float16:
             table = kernels.HALF_TO_BF16 if out.dtype == torch.bfloat16 else kernels.HALF_TO_FLOAT
             kernels.gather_half_rows(self.features.view(np.uint16), rows.numpy(), table, numpy_view(out))
-        elif is_bfloat16(self.features):  # bits copied into bfloat16 rows, widened into float32 ones
-            kernels.gather_rows(self.features.view(np.uint16), rows.numpy(), numpy_view(out))
-        else:
-            kernels.gather_rows(self.features, rows.numpy(), numpy_view(out))
+        else:  # bfloat16 storage as its bits: copied into bfloat16 rows, widened into float32 ones
+            source = self.features.view(np.uint16) if is_bfloat16(self.features) else self.features
+            kernels.gather_rows(source, rows.numpy(), numpy_view(out))
         return out
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:

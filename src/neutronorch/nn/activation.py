@@ -39,45 +39,28 @@ def dropout_bytes(keep, i, key):
 
 @njit(inline="always")
 def relu_dropout_row(src, r, out, keep, i, threshold, scale, key):
-    """Row ``i`` of the fused ReLU + dropout from row ``r`` of another array ``src``: ``out[i, j]`` is
-    ``src[r, j] * scale`` where kept (random byte at least ``threshold``, see ``dropout_bytes``) and
-    positive, else 0, and ``keep[i, j]`` is 1 there, else 0. ``src`` and ``out`` hold float32 or bfloat16
-    bits; ``relu_dropout_row_inplace`` is the same where ``src`` is ``out``.
+    """Row ``i`` of the fused ReLU + dropout from row ``r`` of ``src``: ``out[i, j]`` is ``src[r, j] * scale``
+    where kept (random byte at least ``threshold``, see ``dropout_bytes``) and positive, else 0, and
+    ``keep[i, j]`` is 1 there, else 0. ``src`` may be ``out`` (in place); both hold float32 or bfloat16 bits.
 
-    Two passes over the row, each a loop the compiler vectorises: the random bytes, then a branch-free
-    select. One pass that branched per element ran 2-4 (float32) and 6-10 (bfloat16) times slower on a
-    102k x 256 tensor (one thread). The source comes as a 2-d array and a row index, not as a row view:
-    with a view (``src[r]``) the branching version ran 1.4-1.6 times slower (two threads)."""
+    Two passes over the row, each a loop the compiler vectorises: the random bytes, then a branch-free select
+    through row views. One pass that branched per element ran 2-4 (float32) and 6-10 (bfloat16) times slower
+    on a 102k x 256 tensor (one thread); in place, the same select indexing the 2-d arrays ran scalar (the
+    compiler's overlap check failed), 2-8 times slower than through the row views."""
     dropout_bytes(keep, i, key)
-    mask = keep[i]
-    for j in range(out.shape[1]):
-        value = load(src[r, j])
+    source, target, mask = src[r], out[i], keep[i]
+    for j in range(target.shape[0]):
+        value = load(source[j])
         kept = (mask[j] >= threshold) & (value > 0)
         result = value * scale if kept else np.float32(0.0)  # a name, not inline in the call: bfloat16.store
-        store(out, (i, j), result)
-        mask[j] = np.uint8(kept)
-
-
-@njit(inline="always")
-def relu_dropout_row_inplace(y, keep, i, threshold, scale, key):
-    """``relu_dropout_row(y, i, y, keep, i, ...)``, through one row view: reading and writing the same 2-d
-    array defeats the compiler's overlap check, and that loop ran scalar, 2 (float32) to 8 (bfloat16)
-    times slower."""
-    dropout_bytes(keep, i, key)
-    mask = keep[i]
-    row = y[i]
-    for j in range(row.shape[0]):
-        value = load(row[j])
-        kept = (mask[j] >= threshold) & (value > 0)
-        result = value * scale if kept else np.float32(0.0)
-        store(row, j, result)
+        store(target, j, result)
         mask[j] = np.uint8(kept)
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _forward(y, threshold, scale, key, keep):
     for i in prange(y.shape[0]):
-        relu_dropout_row_inplace(y, keep, i, threshold, scale, key)
+        relu_dropout_row(y, i, y, keep, i, threshold, scale, key)
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)

@@ -20,9 +20,14 @@ BUCKETS = 32
 SMALLEST = 64  # below 2,048 rows: multiples of 64
 
 
+def _step(rows: int) -> int:
+    """The spacing of the bucket sizes around ``rows``."""
+    return max(SMALLEST, 1 << max(0, rows.bit_length() - BUCKETS.bit_length()))
+
+
 def padded_rows(rows: int) -> int:
     """``rows`` rounded up to the next bucket size."""
-    step = max(SMALLEST, 1 << max(0, rows.bit_length() - BUCKETS.bit_length()))
+    step = _step(rows)
     return -(-rows // step) * step
 
 
@@ -30,7 +35,7 @@ def head_rows(rows: int) -> int:
     """The largest bucket size not above ``rows`` (0 below the smallest): a product over ``rows`` rows can run
     as one over these, unpadded, and one over the remaining ``padded_rows(rows) - head_rows(rows)`` rows,
     padded; both are bucket-bounded shapes, and only the remainder is copied."""
-    step = max(SMALLEST, 1 << max(0, rows.bit_length() - BUCKETS.bit_length()))
+    step = _step(rows)
     return rows // step * step
 
 
