@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from neutronorch.nn.activation import relu_dropout
+from neutronorch.nn.activation import draw_key, relu_dropout
 from neutronorch.nn.aggregation import mean_aggregate, mean_aggregate_torch
 from neutronorch.nn.layers import GATConv, GCNConv, SAGEConv
 from neutronorch.nn.models import GNN
@@ -171,6 +171,37 @@ def test_relu_dropout_masks_are_balanced_and_independent(width):
 def test_relu_dropout_masks_differ_between_calls():
     y = torch.ones(64, 64)
     assert not torch.equal(relu_dropout(y.clone(), 0.5, True), relu_dropout(y.clone(), 0.5, True))
+
+
+def test_relu_dropout_masks_follow_the_vertex_not_the_row():
+    # A vertex's mask is the same wherever its row sits: ranks that split a batch draw one process's masks.
+    ids = torch.tensor([7, 3, 1_000_000_007, 0, 42], dtype=torch.int64)
+    perm = torch.tensor([3, 0, 4, 1, 2])
+    y = torch.ones(5, 61)
+    torch.manual_seed(5)
+    out = relu_dropout(y.clone(), 0.5, True, ids)
+    torch.manual_seed(5)
+    permuted = relu_dropout(y.clone()[perm], 0.5, True, ids[perm])
+    torch.testing.assert_close(permuted, out[perm])
+    torch.manual_seed(5)
+    assert not torch.equal(relu_dropout(y.clone(), 0.5, True), out)  # by position: other masks
+
+
+@pytest.mark.parametrize("width", [64, 61])
+def test_torch_keyed_masks_equal_the_cpu_kernels(width):
+    # The torch ops (the path on GPUs) draw exactly the bytes of the numba kernel for the same key and ids.
+    from neutronorch.nn.activation import dropout_constants, keyed_keep
+    ids = torch.randint(0, 2**40, (300,))
+    torch.manual_seed(9)
+    out = relu_dropout(torch.ones(300, width), 0.3, True, ids)
+    torch.manual_seed(9)
+    kept = keyed_keep(draw_key(), ids, width, dropout_constants(0.3)[0])
+    assert torch.equal(kept, out != 0)
+    y = torch.randn(300, width)
+    torch.manual_seed(9)
+    by_torch = relu_dropout(y.t().contiguous().t(), 0.3, True, ids)  # not contiguous: the torch ops
+    torch.manual_seed(9)
+    torch.testing.assert_close(by_torch, relu_dropout(y.clone(), 0.3, True, ids))
 
 
 @pytest.mark.parametrize("layer_cls", [SAGEConv, GCNConv, GCN_MEAN])

@@ -2,10 +2,14 @@
 
 On CPU, ``F.dropout`` draws a Bernoulli variable per element with torch's generator, which costs more
 than the matrix products of a GraphSAGE layer. The fused kernel draws 8 random bytes per 64-bit word of a
-counter-based stream keyed by (key, row) (dropout probability resolved to 1/256), and stores one byte per element that
-already combines "kept by dropout" and "positive before ReLU", so the backward pass needs nothing else.
-Randomness comes from a key drawn from torch's generator, so ``torch.manual_seed`` governs it.
-Other devices use the torch ops.
+counter-based stream keyed by (key, vertex) (dropout probability resolved to 1/256), and stores one byte per
+element that already combines "kept by dropout" and "positive before ReLU", so the backward pass needs nothing
+else. Randomness comes from a key drawn from torch's generator, so ``torch.manual_seed`` governs it.
+
+A row's mask is keyed by the global id of the vertex the row belongs to (``ids``; its position when none
+are given): a vertex gets the same mask in a step whichever mini-batch, rank or position holds it, so data
+parallel ranks that split a batch draw exactly the masks one process draws for the whole batch. Other
+devices compute the same bytes with torch's integer ops (``keyed_keep``); without ids they use the torch ops.
 """
 
 from __future__ import annotations
@@ -20,12 +24,12 @@ from neutronorch.sampling.kernels import GOLDEN, mix, splitmix_key
 
 
 @njit(inline="always")
-def dropout_bytes(keep, i, key):
+def dropout_bytes(keep, i, key, vertex):
     """``keep[i]`` = row ``i``'s random bytes: element ``j``'s is byte ``j % 8`` of word ``j // 8`` of the
-    splitmix64 stream that starts at ``splitmix_key(key, i)``. So a mask depends only on the key and the
-    position in the output, whichever kernel writes the row."""
+    splitmix64 stream that starts at ``splitmix_key(key, vertex)``. So a mask depends only on the key and
+    the row's vertex, whichever kernel writes the row."""
     width = keep.shape[1]
-    stream = splitmix_key(key, i)
+    stream = splitmix_key(key, vertex)
     mask = keep[i]
     for w in range(width // 8):  # whole words apart from the tail: the byte loop unrolls
         bits = mix(stream + np.uint64(w) * GOLDEN)
@@ -38,16 +42,17 @@ def dropout_bytes(keep, i, key):
 
 
 @njit(inline="always")
-def relu_dropout_row(src, r, out, keep, i, threshold, scale, key):
-    """Row ``i`` of the fused ReLU + dropout from row ``r`` of ``src``: ``out[i, j]`` is ``src[r, j] * scale``
-    where kept (random byte at least ``threshold``, see ``dropout_bytes``) and positive, else 0, and
+def relu_dropout_row(src, r, out, keep, i, threshold, scale, key, vertex):
+    """Row ``i`` (of vertex ``vertex``) of the fused ReLU + dropout from row ``r`` of ``src``: ``out[i, j]``
+    is ``src[r, j] * scale`` where kept (random byte at least ``threshold``, see ``dropout_bytes``) and
+    positive, else 0, and
     ``keep[i, j]`` is 1 there, else 0. ``src`` may be ``out`` (in place); both hold float32 or bfloat16 bits.
 
     Two passes over the row, each a loop the compiler vectorises: the random bytes, then a branch-free select
     through row views. One pass that branched per element ran 2-4 (float32) and 6-10 (bfloat16) times slower
     on a 102k x 256 tensor (one thread); in place, the same select indexing the 2-d arrays ran scalar (the
     compiler's overlap check failed), 2-8 times slower than through the row views."""
-    dropout_bytes(keep, i, key)
+    dropout_bytes(keep, i, key, vertex)
     source, target, mask = src[r], out[i], keep[i]
     for j in range(target.shape[0]):
         value = load(source[j])
@@ -58,9 +63,9 @@ def relu_dropout_row(src, r, out, keep, i, threshold, scale, key):
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def _forward(y, threshold, scale, key, keep):
+def _forward(y, threshold, scale, key, ids, keep):
     for i in prange(y.shape[0]):
-        relu_dropout_row(y, i, y, keep, i, threshold, scale, key)
+        relu_dropout_row(y, i, y, keep, i, threshold, scale, key, ids[i])
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -88,12 +93,12 @@ class _ReluDropout(torch.autograd.Function):
     would raise if it were), and skipping a fresh output saves its page faults."""
 
     @staticmethod
-    def forward(ctx, y, p):
+    def forward(ctx, y, p, ids):
         threshold, scale = dropout_constants(p)
         key = draw_key()
         keep = torch.empty(y.shape, dtype=torch.uint8)
         values = numpy_view(y.detach())
-        _forward(values, threshold, scale, key, keep.numpy())
+        _forward(values, threshold, scale, key, row_ids(ids, y.shape[0]).numpy(), keep.numpy())
         ctx.mark_dirty(y)
         ctx.save_for_backward(keep)
         ctx.scale = scale
@@ -105,14 +110,61 @@ class _ReluDropout(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         grad_in = torch.empty_like(grad_out)
         _backward(numpy_view(grad_out), keep.numpy(), ctx.scale, numpy_view(grad_in))
-        return grad_in, None
+        return grad_in, None, None
 
 
-def relu_dropout(y: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """``dropout(relu(y), p)`` (an identity dropout outside training). On CPU in training this overwrites
-    ``y``, which must be an intermediate result (autograd refuses a leaf that requires grad)."""
+def row_ids(ids: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """The vertex ids that key each row's mask, as a contiguous int64 CPU tensor: ``ids``, or the row
+    positions when there are none."""
+    if ids is None:
+        return torch.arange(rows, dtype=torch.int64)
+    if ids.shape != (rows,):
+        raise ValueError(f"dropout ids: {tuple(ids.shape)} for {rows} rows")
+    return ids.to("cpu", torch.int64).contiguous()
+
+
+# splitmix64's constants as signed 64-bit integers (torch has no unsigned 64-bit arithmetic; products wrap
+# modulo 2**64 either way, and right shifts are made logical by masking).
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_T_GOLDEN, _T_MIX1, _T_MIX2 = (_signed(int(c)) for c in (GOLDEN, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def _shr(z: torch.Tensor, bits: int) -> torch.Tensor:
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _t_mix(z: torch.Tensor) -> torch.Tensor:
+    z = (z ^ _shr(z, 30)) * _T_MIX1
+    z = (z ^ _shr(z, 27)) * _T_MIX2
+    return z ^ _shr(z, 31)
+
+
+def keyed_keep(key: np.uint64, ids: torch.Tensor, width: int, threshold: np.uint64) -> torch.Tensor:
+    """Torch's version of ``dropout_bytes`` >= ``threshold``, on ``ids``' device: the same bytes, so the
+    same kept elements, as the CPU kernels draw for these vertices and key."""
+    ids = ids.to(torch.int64)
+    scaled_key = _signed(int(key) * int(GOLDEN) & ((1 << 64) - 1))
+    stream = _t_mix(scaled_key + _t_mix(ids + _T_GOLDEN))  # splitmix_key(key, id)
+    words = torch.arange(-(-width // 8), dtype=torch.int64, device=ids.device) * _T_GOLDEN
+    bits = _t_mix(stream[:, None] + words[None, :])  # rows x words
+    shifts = torch.arange(0, 64, 8, dtype=torch.int64, device=ids.device)
+    random_bytes = ((bits[:, :, None] >> shifts) & 255).reshape(ids.shape[0], -1)[:, :width]
+    return random_bytes >= int(threshold)
+
+
+def relu_dropout(y: torch.Tensor, p: float, training: bool, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """``dropout(relu(y), p)`` (an identity dropout outside training), row ``i``'s mask keyed by vertex
+    ``ids[i]`` (by its position without ``ids``). On CPU in training this overwrites ``y``, which must be an
+    intermediate result (autograd refuses a leaf that requires grad)."""
     if not training or p == 0:
         return F.relu(y)
     if y.device.type == "cpu" and supported(y.dtype) and y.dim() == 2 and y.is_contiguous():
-        return _ReluDropout.apply(y, p)
-    return F.dropout(F.relu(y), p, training)
+        return _ReluDropout.apply(y, p, ids)
+    if ids is None or y.dim() != 2:
+        return F.dropout(F.relu(y), p, training)
+    threshold, scale = dropout_constants(p)
+    kept = keyed_keep(draw_key(), ids.to(y.device), y.shape[1], threshold)
+    return torch.where(kept, F.relu(y) * float(scale), torch.zeros((), dtype=y.dtype, device=y.device))

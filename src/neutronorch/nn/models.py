@@ -79,19 +79,20 @@ class GNN(nn.Module):
         """The layer that reads raw features."""
         return self.layers[0]
 
-    def activate(self, index: int, y: torch.Tensor) -> torch.Tensor:
+    def activate(self, index: int, y: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
         """What follows layer ``index``'s pre-activation output (nothing after the last layer; with graph
-        blocks, nothing between them and the head after the last)."""
+        blocks, nothing between them and the head after the last). ``ids``: the rows' vertex ids, which key
+        their dropout masks."""
         if self.head is not None:
             return self.head(y) if index == self.num_layers - 1 else y
         if index == self.num_layers - 1:
             return y
         if self.norm != "none":
             y = self.norms[index](y)
-        return relu_dropout(y, self.dropout, self.training)
+        return relu_dropout(y, self.dropout, self.training, ids)
 
     def layer_forward(self, index: int, block: Block, x_src: torch.Tensor) -> torch.Tensor:
-        return self.activate(index, self.layers[index](block, x_src))
+        return self.activate(index, self.layers[index](block, x_src), block.dst_ids)
 
     def forward(self, blocks: list[Block], x: torch.Tensor, hot: HotRows | None = None) -> torch.Tensor:
         """Logits of the last block's destinations. ``x`` holds the bottom block's source rows; with
@@ -108,10 +109,11 @@ class GNN(nn.Module):
         y_cold = self.layers[0](blocks[0], x)
         if self.num_layers == 1:
             return self.activate(0, splice(y_cold, hot.table, index, hot.grad_acc))
+        ids = blocks[1].src_ids  # the spliced rows' vertices: the next block's source frontier
         if self.norm == "none" and self.head is None:
-            h = splice_relu_dropout(y_cold, hot.table, index, self.dropout, self.training, hot.grad_acc)
+            h = splice_relu_dropout(y_cold, hot.table, index, self.dropout, self.training, hot.grad_acc, ids)
         else:
-            h = self.activate(0, splice(y_cold, hot.table, index, hot.grad_acc))
+            h = self.activate(0, splice(y_cold, hot.table, index, hot.grad_acc), ids)
         return self.forward_from(1, blocks, h)
 
     def forward_from(self, start: int, blocks: list[Block], x: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 from numba import njit, prange
 
 from neutronorch.bfloat16 import load, numpy_view, store, supported
-from neutronorch.nn.activation import draw_key, dropout_constants, relu_dropout, relu_dropout_row
+from neutronorch.nn.activation import draw_key, dropout_constants, relu_dropout, relu_dropout_row, row_ids
 
 
 @dataclass
@@ -61,15 +61,15 @@ def _splice_forward(y_cold, table, origin, out):
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def _splice_act_forward(y_cold, table, origin, threshold, scale, key, out, keep):
+def _splice_act_forward(y_cold, table, origin, threshold, scale, key, ids, out, keep):
     for i in prange(origin.shape[0]):
         o = origin[i]
         # One call per source array, not one on a source chosen at run time (that ran as slowly as a row view;
         # see relu_dropout_row).
         if o >= 0:
-            relu_dropout_row(y_cold, o, out, keep, i, threshold, scale, key)
+            relu_dropout_row(y_cold, o, out, keep, i, threshold, scale, key, ids[i])
         else:
-            relu_dropout_row(table, -1 - o, out, keep, i, threshold, scale, key)
+            relu_dropout_row(table, -1 - o, out, keep, i, threshold, scale, key, ids[i])
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -110,7 +110,7 @@ class _Splice(torch.autograd.Function):
     gradients are summed into the accumulator in its own dtype (float32)."""
 
     @staticmethod
-    def forward(ctx, y_cold, table, index, p, grad_acc):
+    def forward(ctx, y_cold, table, index, p, grad_acc, ids):
         out = y_cold.new_empty((index.num_rows, table.shape[1]))
         y, t = y_cold.detach().contiguous(), table.detach().to(y_cold.dtype).contiguous()
         keep, scale = None, np.float32(1.0)
@@ -124,7 +124,7 @@ class _Splice(torch.autograd.Function):
             threshold, scale = dropout_constants(p)
             keep = torch.empty(out.shape, dtype=torch.uint8)
             _splice_act_forward(numpy_view(y), numpy_view(t), index.origin.numpy(), threshold, scale, draw_key(),
-                                numpy_view(out), keep.numpy())
+                                row_ids(ids, index.num_rows).numpy(), numpy_view(out), keep.numpy())
         ctx.index, ctx.grad_acc, ctx.keep, ctx.scale = index, grad_acc, keep, scale
         ctx.cold_shape = y_cold.shape
         return out
@@ -137,29 +137,30 @@ class _Splice(torch.autograd.Function):
         if not ctx.numba:
             if accumulate:
                 ctx.grad_acc.index_add_(0, index.hot_rows, grad.index_select(0, index.hot_pos).to(ctx.grad_acc.dtype))
-            return grad.index_select(0, index.cold_pos), None, None, None, None
+            return grad.index_select(0, index.cold_pos), None, None, None, None, None
         grad_cold = grad.new_empty(ctx.cold_shape)
         masked = ctx.keep is not None
         keep = ctx.keep.numpy() if masked else np.empty((0, 0), np.uint8)
         acc = ctx.grad_acc.numpy() if accumulate else np.empty((0, grad.shape[1]), np.float32)
         _splice_backward(numpy_view(grad), keep, ctx.scale, index.cold_pos.numpy(), index.hot_pos.numpy(),
                          index.hot_rows.numpy(), numpy_view(grad_cold), acc, masked, accumulate)
-        return grad_cold, None, None, None, None
+        return grad_cold, None, None, None, None, None
 
 
 def splice(y_cold: torch.Tensor, table: torch.Tensor, index: SpliceIndex,
            grad_acc: torch.Tensor | None = None) -> torch.Tensor:
     """Rows ``index.cold_pos`` from ``y_cold`` (in order), rows ``index.hot_pos`` from
     ``table[index.hot_rows]``. Hot-row gradients are added into ``grad_acc`` if given, else dropped."""
-    return _Splice.apply(y_cold, table, index, None, grad_acc)
+    return _Splice.apply(y_cold, table, index, None, grad_acc, None)
 
 
 def splice_relu_dropout(y_cold: torch.Tensor, table: torch.Tensor, index: SpliceIndex, p: float,
-                        training: bool, grad_acc: torch.Tensor | None = None) -> torch.Tensor:
-    """``relu_dropout(splice(...), p, training)``, fused into one pass on CPU."""
+                        training: bool, grad_acc: torch.Tensor | None = None,
+                        ids: torch.Tensor | None = None) -> torch.Tensor:
+    """``relu_dropout(splice(...), p, training, ids)``, fused into one pass on CPU."""
     if training and p > 0 and _numba_ok(y_cold, table, grad_acc):
-        return _Splice.apply(y_cold, table, index, p, grad_acc)
-    return relu_dropout(splice(y_cold, table, index, grad_acc), p, training)
+        return _Splice.apply(y_cold, table, index, p, grad_acc, ids)
+    return relu_dropout(splice(y_cold, table, index, grad_acc), p, training, ids)
 
 
 @dataclass

@@ -20,6 +20,8 @@ class Block:
 
     ``src_degree``, when the sampler was asked for it, holds each source row's in-degree in the whole
     graph (float32), not in the block: what a normalisation by graph degrees (symmetric GCN) reads.
+    ``src_ids``, set by the samplers, holds the source frontier's global vertex ids (int64): what keys a
+    row's dropout mask to its vertex (``nn.activation``).
     """
 
     num_dst: int
@@ -28,6 +30,12 @@ class Block:
     indices: torch.Tensor
     dst_offset: int = 0
     src_degree: torch.Tensor | None = None
+    src_ids: torch.Tensor | None = None
+
+    @property
+    def dst_ids(self) -> torch.Tensor | None:
+        """The destinations' global vertex ids (None when the block has no ``src_ids``)."""
+        return None if self.src_ids is None else self.dst_rows(self.src_ids)
 
     @property
     def num_edges(self) -> int:
@@ -44,9 +52,9 @@ class Block:
         return [self.indptr, self.indices] + ([self.src_degree] if self.src_degree is not None else [])
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "Block":
-        degree = None if self.src_degree is None else self.src_degree.to(device, non_blocking=non_blocking)
-        return Block(self.num_dst, self.num_src, self.indptr.to(device, non_blocking=non_blocking),
-                     self.indices.to(device, non_blocking=non_blocking), self.dst_offset, degree)
+        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return Block(self.num_dst, self.num_src, move(self.indptr), move(self.indices), self.dst_offset,
+                     move(self.src_degree), move(self.src_ids))
 
 
 @dataclass

@@ -81,10 +81,11 @@ class NeighborSampler:
                 grown = np.empty(num_frontier + nbrs.shape[0], np.int64)
                 grown[:num_frontier] = frontier[:num_frontier]
                 local, size = kernels.relabel(grown, num_frontier, nbrs, node_map)
+                sources = torch.from_numpy(grown[:size])
                 blocks.append(Block(num_frontier, size, torch.from_numpy(ptr), torch.from_numpy(local),
-                                    src_degree=self._degrees(grown[:size])))
+                                    src_degree=self._degrees(grown[:size]), src_ids=sources))
                 frontier, num_frontier = grown, size
-                frontiers.append(torch.from_numpy(grown[:size]))
+                frontiers.append(sources)
         finally:
             kernels.reset_map(frontier[:num_frontier], node_map)
         blocks.reverse()
@@ -110,7 +111,7 @@ class NeighborSampler:
         finally:
             kernels.reset_map(frontier[:size], node_map)
         block = Block(dst.shape[0], size, torch.from_numpy(ptr), torch.from_numpy(local),
-                      src_degree=self._degrees(frontier[:size]))
+                      src_degree=self._degrees(frontier[:size]), src_ids=torch.from_numpy(frontier[:size]))
         return block, frontier[:size]
 
     def _degrees(self, sources: np.ndarray) -> torch.Tensor | None:
@@ -146,7 +147,8 @@ class TorchNeighborSampler:
             ptr, nbrs = self._sample_layer(frontier, fanout, gen)
             num_dst = frontier.shape[0]
             local, frontier = self._relabel(frontier, nbrs)
-            blocks.append(Block(num_dst, frontier.shape[0], ptr, local, src_degree=self._degrees(frontier)))
+            blocks.append(Block(num_dst, frontier.shape[0], ptr, local, src_degree=self._degrees(frontier),
+                                src_ids=frontier))
             frontiers.append(frontier)
         blocks.reverse()
         frontiers.reverse()
@@ -165,7 +167,8 @@ class TorchNeighborSampler:
         dst = dst.to(self.device, torch.int64)
         ptr, nbrs = self._sample_layer(dst, fanout, gen)
         local, frontier = self._relabel(dst, nbrs)
-        return Block(dst.shape[0], frontier.shape[0], ptr, local, src_degree=self._degrees(frontier)), frontier
+        return Block(dst.shape[0], frontier.shape[0], ptr, local, src_degree=self._degrees(frontier),
+                     src_ids=frontier), frontier
 
     def _degrees(self, sources: torch.Tensor) -> torch.Tensor | None:
         if not self.degrees:
