@@ -279,6 +279,29 @@ def test_torch_sample_hop_follows_the_contract_and_matches_numba(small_csc):
     _check_sample_hop(small_csc, "cpu")
 
 
+@pytest.mark.parametrize("kind", SAMPLERS)
+def test_a_vertex_draws_the_same_neighbours_in_any_batch(kind, small_csc):
+    # What lets data-parallel ranks that split a batch sample exactly what one process samples for it.
+    indptr, indices = small_csc
+    sampler = make_sampler(kind, indptr, indices, [4, 3])
+    key = batch_key(3, 1, 7)
+
+    def neighbours(seeds):
+        block = sample(sampler, seeds, key).blocks[-1]  # the seed hop
+        ids = block.src_ids.numpy() if isinstance(block.src_ids, torch.Tensor) else block.src_ids
+        return {int(ids[i]): sorted(ids[block.indices[block.indptr[i]:block.indptr[i + 1]].numpy()].tolist())
+                for i in range(block.num_dst)}
+
+    whole = neighbours([5, 40, 77, 120, 299, 3])
+    part = neighbours([120, 3, 77])
+    assert all(part[v] == whole[v] for v in part)
+    if kind == "torch":  # sample_hop with a hop's key reproduces that hop of sample
+        block, frontier = sampler.sample_hop(torch.tensor([77, 120]), 4, layer_key(key, 0))
+        got = {int(frontier[i]): sorted(frontier[block.indices[block.indptr[i]:block.indptr[i + 1]]].tolist())
+               for i in range(2)}
+        assert got == {77: whole[77], 120: whole[120]}
+
+
 # Keys computed by the pure-Python key mixing the samplers used before ``mix_key`` called the numba
 # ``splitmix_key`` (commit ddc17b1): the one definition must reproduce them, arguments taken modulo 2**64
 # (negative ones such as epoch -1, and ones wider than 64 bits, included).

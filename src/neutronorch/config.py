@@ -80,6 +80,7 @@ class TrainConfig:
     checkpoint_every: int = 0  # also write last.pt every this many steps (0: at epoch ends only)
     resume: bool = False  # continue from checkpoint_dir/last.pt
     progress: bool = True  # the command line's progress bar (train() reports through its callback instead)
+    dist_timeout: float = 600.0  # data parallel: seconds a collective waits for the other ranks
     stage_table: bool = True
 
     def validate(self) -> "TrainConfig":
@@ -153,6 +154,8 @@ class TrainConfig:
             (self.device_sampling in DEVICE_SAMPLING,
              f"`device_sampling` {self.device_sampling!r}: choose one of {', '.join(DEVICE_SAMPLING)}."),
             (self.super_batch >= 1, f"`super_batch` {self.super_batch}: must be at least 1 mini-batch."),
+            (0 < self.dist_timeout < math.inf, f"`dist_timeout` {self.dist_timeout}: must be a positive number "
+                                                 f"of seconds."),
             (self.timeline_steps >= 1, f"`timeline_steps` {self.timeline_steps}: must be at least 1."),
             (self.log_every >= 1, f"`log_every` {self.log_every}: must be at least 1 step."),
             (self.checkpoint_every >= 0, f"`checkpoint_every` {self.checkpoint_every}: must be 0 (epoch ends "
@@ -214,6 +217,8 @@ class SamplingConfig:
     seed: int
     prefetch: int
     degrees: bool = False  # blocks carry their sources' graph degrees (the model normalises by them)
+    rank: int = 0  # data parallel: this rank trains part ``rank`` of each global batch of batch_size * world
+    world: int = 1
 
 
 @dataclass(frozen=True)

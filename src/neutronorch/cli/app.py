@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import signal
 import sys
@@ -49,18 +50,34 @@ class _StderrHandler(logging.StreamHandler):
 
 
 class _FlagFormatter(logging.Formatter):
+    def __init__(self, prefix: str = ""):
+        super().__init__()
+        self.prefix = prefix
+
     def format(self, record: logging.LogRecord) -> str:
         text = as_flags(record.getMessage())
-        return f"warning: {text}" if record.levelno >= logging.WARNING and not text.startswith("note:") else text
+        text = f"warning: {text}" if record.levelno >= logging.WARNING and not text.startswith("note:") else text
+        return self.prefix + text
+
+
+def _launched_rank() -> int | None:
+    """This process's rank when a launcher (torchrun) started several; None otherwise."""
+    try:
+        return int(os.environ["RANK"]) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+    except (KeyError, ValueError):
+        return None
 
 
 def _configure_logging() -> None:
+    """Log lines to stderr. Launched data parallel, rank 0 logs as one process does and the other ranks
+    only their warnings and errors, each line prefixed with the rank."""
     logger = logging.getLogger("neutronorch")
+    rank = _launched_rank()
     if not any(getattr(h, "_neutronorch_cli", False) for h in logger.handlers):
         handler = _StderrHandler()
-        handler.setFormatter(_FlagFormatter())
+        handler.setFormatter(_FlagFormatter("" if rank is None else f"[rank {rank}] "))
         logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.INFO if not rank else logging.WARNING)
 
 
 class _ProgressBar:
@@ -95,7 +112,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     values = load_config_file(args.config) if getattr(args, "config", None) else {}
     values.update({k: v for k, v in vars(args).items() if k not in ("command", "config")})
     config = TrainConfig(**values)
-    bar = _ProgressBar() if config.progress else None
+    rank = _launched_rank()
+    bar = _ProgressBar() if config.progress and not rank else None
     stop, received = threading.Event(), []
 
     def on_signal(signum, frame):
@@ -113,13 +131,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except Interrupted as exc:
         saved = (f"continue from {config.checkpoint_dir}/last.pt with --resume" if config.checkpoint_dir
                  else "nothing was saved (no --checkpoint-dir)")
-        print(f"neutronorch: interrupted: {exc}; {saved}", file=sys.stderr)
-        return 128 + received[0]
+        if not rank:
+            print(f"neutronorch: interrupted: {exc}; {saved}", file=sys.stderr)
+        return 128 + (received[0] if received else signal.SIGTERM)  # a rank stopped by another's signal
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         if bar is not None:
             bar.close()
+    if rank:
+        return 0  # rank 0 reports
     metric = summary["metric"]
     scores = (f"val {metric} {summary['val_acc']:.4f}, test {metric} {summary['test_acc']:.4f}, "
               if summary["test_acc"] is not None else "not evaluated, ")
@@ -222,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except NeutronorchError as exc:
-        print(f"neutronorch: error: {as_flags(str(exc))}", file=sys.stderr)
+        rank = _launched_rank()
+        where = "" if rank is None else f" (rank {rank})"
+        print(f"neutronorch: error{where}: {as_flags(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("neutronorch: interrupted", file=sys.stderr)

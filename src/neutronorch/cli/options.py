@@ -105,6 +105,8 @@ _HELP = {
     "checkpoint_every": "also write DIR/last.pt every this many steps, so that a killed run loses at most "
                         "that many; 0 = at epoch ends only (default: %(default)s)",
     "log_every": "steps per group of logged step losses, read from the device together (default: %(default)s)",
+    "dist_timeout": "data parallel (launched with torchrun): seconds a collective waits for the other ranks "
+                    "before the run fails saying so (default: %(default)s)",
 }
 
 

@@ -20,7 +20,7 @@ from numba import njit, prange
 from torch.nn import functional as F
 
 from neutronorch.bfloat16 import load, numpy_view, store, supported
-from neutronorch.sampling.kernels import GOLDEN, mix, splitmix_key
+from neutronorch.sampling.kernels import GOLDEN, T_GOLDEN, mix, splitmix_key, torch_mix, torch_splitmix_key
 
 
 @njit(inline="always")
@@ -123,36 +123,15 @@ def row_ids(ids: torch.Tensor | None, rows: int) -> torch.Tensor:
     return ids.to("cpu", torch.int64).contiguous()
 
 
-# splitmix64's constants as signed 64-bit integers (torch has no unsigned 64-bit arithmetic; products wrap
-# modulo 2**64 either way, and right shifts are made logical by masking).
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-_T_GOLDEN, _T_MIX1, _T_MIX2 = (_signed(int(c)) for c in (GOLDEN, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
-
-
-def _shr(z: torch.Tensor, bits: int) -> torch.Tensor:
-    return (z >> bits) & ((1 << (64 - bits)) - 1)
-
-
-def _t_mix(z: torch.Tensor) -> torch.Tensor:
-    z = (z ^ _shr(z, 30)) * _T_MIX1
-    z = (z ^ _shr(z, 27)) * _T_MIX2
-    return z ^ _shr(z, 31)
-
-
 def keyed_keep(key: np.uint64, ids: torch.Tensor, width: int, threshold: np.uint64) -> torch.Tensor:
     """Torch's version of ``dropout_bytes`` >= ``threshold``, on ``ids``' device: the same bytes, so the
     same kept elements, as the CPU kernels draw for these vertices and key."""
-    ids = ids.to(torch.int64)
-    scaled_key = _signed(int(key) * int(GOLDEN) & ((1 << 64) - 1))
-    stream = _t_mix(scaled_key + _t_mix(ids + _T_GOLDEN))  # splitmix_key(key, id)
-    words = torch.arange(-(-width // 8), dtype=torch.int64, device=ids.device) * _T_GOLDEN
-    bits = _t_mix(stream[:, None] + words[None, :])  # rows x words
-    shifts = torch.arange(0, 64, 8, dtype=torch.int64, device=ids.device)
-    random_bytes = ((bits[:, :, None] >> shifts) & 255).reshape(ids.shape[0], -1)[:, :width]
-    return random_bytes >= int(threshold)
+    stream = torch_splitmix_key(int(key), ids)
+    words = torch.arange(-(-width // 8), dtype=torch.int64, device=ids.device) * T_GOLDEN
+    bits = torch_mix(stream[:, None] + words[None, :])  # rows x words
+    # Byte b of every word compared at once (boolean results: no rows x width int64 intermediate).
+    kept = torch.stack([((bits >> (8 * b)) & 255) >= int(threshold) for b in range(8)], dim=2)
+    return kept.reshape(ids.shape[0], -1)[:, :width]
 
 
 def relu_dropout(y: torch.Tensor, p: float, training: bool, ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -27,7 +27,7 @@ from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.mode import StepHooksUnused, StepInputs
 from neutronorch.orchestration.pipeline import Prefetcher
-from neutronorch.orchestration.seeds import batches_per_epoch, epoch_order, training_seeds
+from neutronorch.orchestration.seeds import batches_per_epoch, epoch_batches, training_seeds
 from neutronorch.sampling.neighbor_sampler import TorchNeighborSampler, batch_key
 
 
@@ -43,7 +43,7 @@ class DeviceMode(StepHooksUnused):
         self.spans = spans
         self.threads: dict[str, int] = {}  # its sampler runs torch ops on the training threads
         self.train_idx = training_seeds(graph)
-        self.num_batches = batches_per_epoch(graph, sampling.batch_size)
+        self.num_batches = batches_per_epoch(graph, sampling)
         self.reader = DeviceReader(graph, access, spans)
         self.sample_stream = torch.cuda.Stream(self.device) if access.on_cuda else None
 
@@ -56,9 +56,8 @@ class DeviceMode(StepHooksUnused):
     def _produce(self, epoch: int, start: int) -> Iterator[MiniBatch]:
         sampler = TorchNeighborSampler(self.reader.indptr, self.reader.indices, self.sampling.fanouts,
                                        self.sampling.degrees)
-        order = epoch_order(self.train_idx, self.sampling.seed, epoch)
         with torch.cuda.stream(self.sample_stream) if self.sample_stream is not None else nullcontext():
-            for index, seeds in enumerate(torch.split(order, self.sampling.batch_size)):
+            for index, seeds in enumerate(epoch_batches(self.train_idx, self.sampling, epoch)):
                 if index < start:
                     continue
                 with self.spans.stage("sample"):

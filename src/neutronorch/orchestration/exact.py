@@ -20,7 +20,7 @@ from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.orchestration.host_loader import HostLoader
 from neutronorch.orchestration.mode import StepHooksUnused, StepInputs
 from neutronorch.orchestration.pipeline import Prefetcher
-from neutronorch.orchestration.seeds import batches_per_epoch, epoch_order, training_seeds
+from neutronorch.orchestration.seeds import batches_per_epoch, epoch_batches, training_seeds
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 
 HOST_SAMPLING_STAGES = StageTable({"sample": "sampler", "gather": "sampler", "copy": "copy"})
@@ -41,7 +41,7 @@ class ExactMode(StepHooksUnused):
         self.sampler_threads = sampler_threads
         self.threads = {"sampler": sampler_threads}
         self.train_idx = training_seeds(graph)
-        self.num_batches = batches_per_epoch(graph, sampling.batch_size)
+        self.num_batches = batches_per_epoch(graph, sampling)
         self.loader = HostLoader(access, spans)
 
     def batches(self, epoch: int, start: int = 0) -> Prefetcher:
@@ -52,8 +52,7 @@ class ExactMode(StepHooksUnused):
     def _produce(self, epoch: int, start: int) -> Iterator[MiniBatch]:
         # A fresh sampler per producer thread: its vertex map is thread-private state.
         sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees)
-        order = epoch_order(self.train_idx, self.sampling.seed, epoch)
-        for index, seeds in enumerate(torch.split(order, self.sampling.batch_size)):
+        for index, seeds in enumerate(epoch_batches(self.train_idx, self.sampling, epoch)):
             if index < start:
                 continue
             with self.spans.stage("sample"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -36,19 +37,21 @@ def samples_on_device(config: TrainConfig, device: torch.device) -> bool:
 
 
 def build_mode(config: TrainConfig, graph: Graph, device: torch.device, threads: Threads | None = None,
-               spans: Spans | None = None) -> Mode:
+               spans: Spans | None = None, shard: tuple[int, int] = (0, 1)) -> Mode:
     """The mode of ``config`` (validated, batch size and precision resolved) over ``graph`` on ``device``, its stages
-    recording into ``spans`` (default: a recorder of its own) with ``threads`` (default: one per stage)."""
+    recording into ``spans`` (default: a recorder of its own) with ``threads`` (default: one per stage).
+    ``shard`` = (rank, world): data parallel, the mode trains part ``rank`` of each global batch."""
     threads = threads or Threads(1, 1, 1)
+    sampling = dataclasses.replace(config.sampling, rank=shard[0], world=shard[1])
     spans = spans if spans is not None else Spans()
     workspace = workspace_bytes(graph.num_nodes, graph.feature_dim, config.hidden, graph.num_classes,
                                 config.fanouts, config.batch_size, config.heads if config.model == "gat" else 1)
     dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
     placement = placement_for(graph, config.placement, device, samples_on_device(config, device), workspace, dtype)
-    access = build_feature_access(graph, placement, device, config.sampling, config.cache_policy, dtype)
+    access = build_feature_access(graph, placement, device, sampling, config.cache_policy, dtype)
     if config.mode == "exact":
-        return ExactMode(graph, config.sampling, access, spans, threads.sampler)
+        return ExactMode(graph, sampling, access, spans, threads.sampler)
     if config.mode == "device":
-        return DeviceMode(graph, config.sampling, access, spans)
-    return NeutronOrchMode(graph, config.sampling, config.neutronorch, config.epochs, access, spans,
+        return DeviceMode(graph, sampling, access, spans)
+    return NeutronOrchMode(graph, sampling, config.neutronorch, config.epochs, access, spans,
                            threads.sampler, threads.host)

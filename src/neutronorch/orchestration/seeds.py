@@ -1,10 +1,16 @@
-"""The seed order of an epoch, and its mini-batches' keys: a pure function of (seed, epoch)."""
+"""The seed order of an epoch and its mini-batches: a pure function of (seed, epoch).
+
+Data parallel: mini-batch ``k`` of an epoch is global, ``batch_size * world`` seeds of the epoch's order;
+rank ``r`` trains part ``r`` of it (``torch.tensor_split`` into ``world`` parts: sizes differ by at most one,
+in the last batch too). Its key, ``batch_key(seed, epoch, k)``, is the global batch's, and samplers draw per
+vertex, so one process with ``batch_size * world`` samples exactly what the ranks sample together."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from neutronorch.config import SamplingConfig
 from neutronorch.data.graph import Graph
 from neutronorch.sampling.neighbor_sampler import mix_key
 
@@ -14,9 +20,20 @@ def training_seeds(graph: Graph) -> torch.Tensor:
     return torch.from_numpy(np.array(graph.train_idx, dtype=np.int64))
 
 
-def batches_per_epoch(graph: Graph, batch_size: int) -> int:
-    """Mini-batches of an epoch: the training seeds in batches of ``batch_size``, the last one partial."""
-    return -(-len(graph.train_idx) // batch_size)
+def batches_per_epoch(graph: Graph, sampling: SamplingConfig) -> int:
+    """Mini-batches of an epoch: the training seeds in global batches of ``batch_size * world``, the last
+    one partial."""
+    return -(-len(graph.train_idx) // (sampling.batch_size * sampling.world))
+
+
+def epoch_batches(train_idx: torch.Tensor, sampling: SamplingConfig, epoch: int) -> list[torch.Tensor]:
+    """This rank's seeds of every mini-batch of ``epoch``, in batch order (some may be empty when the last
+    global batch has fewer seeds than there are ranks)."""
+    order = epoch_order(train_idx, sampling.seed, epoch)
+    batches = torch.split(order, sampling.batch_size * sampling.world)
+    if sampling.world == 1:
+        return list(batches)
+    return [torch.tensor_split(batch, sampling.world)[sampling.rank] for batch in batches]
 
 
 def epoch_order(train_idx: torch.Tensor, seed: int, epoch: int) -> torch.Tensor:

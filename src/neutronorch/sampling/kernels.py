@@ -37,6 +37,34 @@ def splitmix_key(a, b):
     return mix(np.uint64(a) * GOLDEN + mix(np.uint64(b) + GOLDEN))
 
 
+# The same functions in torch's int64 ops, on any device (torch has no unsigned 64-bit arithmetic: products
+# wrap modulo 2**64 either way, constants are given as signed values and right shifts are made logical).
+def _signed(value: int) -> int:
+    value &= (1 << 64) - 1
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+T_GOLDEN = _signed(int(GOLDEN))
+_T_MIX1, _T_MIX2 = _signed(int(_MIX1)), _signed(int(_MIX2))
+
+
+def torch_shr(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 words."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def torch_mix(z: torch.Tensor) -> torch.Tensor:
+    """``mix`` of int64 words (bit for bit)."""
+    z = (z ^ torch_shr(z, 30)) * _T_MIX1
+    z = (z ^ torch_shr(z, 27)) * _T_MIX2
+    return z ^ torch_shr(z, 31)
+
+
+def torch_splitmix_key(key: int, ids: torch.Tensor) -> torch.Tensor:
+    """``splitmix_key(key, id)`` of every id (int64 words, bit for bit), on ``ids``' device."""
+    return torch_mix(_signed(int(key) * int(GOLDEN)) + torch_mix(ids.to(torch.int64) + T_GOLDEN))
+
+
 @njit(inline="always")
 def _below(state, bound):
     """Next value of the stream and a draw uniform in [0, bound) (Lemire's multiply-shift, bias < 2^-32)."""

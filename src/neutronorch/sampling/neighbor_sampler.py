@@ -11,8 +11,10 @@ Both offer ``sample`` (all hops) and ``sample_hop`` (one hop on its own, returni
 frontier); the torch sampler's ``sample_hop`` returns the frontier as an int64 tensor on its device where the
 numba sampler returns a numpy array.
 
-Randomness derives from ``batch_key(seed, epoch, batch_index)``: the same key always yields the same sample.
-The two samplers draw from the same distribution but not the same neighbours for a given key.
+Randomness derives from ``batch_key(seed, epoch, batch_index)``: the same key always yields the same sample,
+and each vertex's neighbours in a hop depend only on (``layer_key``, vertex), in both samplers, whichever batch
+or data-parallel rank samples it. The two samplers draw from the same distribution but not the same
+neighbours for a given key.
 """
 
 from __future__ import annotations
@@ -140,11 +142,10 @@ class TorchNeighborSampler:
     def sample(self, seeds: torch.Tensor, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
         """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first."""
         fanouts = self.fanouts if fanouts is None else fanouts
-        gen = self._generator(key)
         frontier = seeds.to(self.device, torch.int64)
         blocks, frontiers = [], [frontier]
-        for fanout in fanouts:
-            ptr, nbrs = self._sample_layer(frontier, fanout, gen)
+        for hop, fanout in enumerate(fanouts):
+            ptr, nbrs = self._sample_layer(frontier, fanout, layer_key(key, hop))
             num_dst = frontier.shape[0]
             local, frontier = self._relabel(frontier, nbrs)
             blocks.append(Block(num_dst, frontier.shape[0], ptr, local, src_degree=self._degrees(frontier),
@@ -159,13 +160,11 @@ class TorchNeighborSampler:
 
         Returns the block (tensors on this sampler's device) and its source frontier: global ids, ``dst``
         first, new vertices in first-appearance order, as an int64 tensor on this sampler's device (the
-        numba sampler's ``sample_hop`` returns a numpy array). The randomness is a generator on this
-        device seeded from ``key``: the same key gives the same result, drawn from the same distribution as
-        the numba sampler's, but unlike the numba sampler it does not reproduce the neighbours ``sample``
-        draws in a hop with that key (the torch sampler draws the hops of ``sample`` from one generator)."""
-        gen = self._generator(key)
+        numba sampler's ``sample_hop`` returns a numpy array). ``key`` is a ``layer_key``: with the key of a
+        hop of ``sample``, each vertex gets exactly the neighbours ``sample`` draws for it there (not those
+        the numba sampler draws: the two draw from the same distribution with different streams)."""
         dst = dst.to(self.device, torch.int64)
-        ptr, nbrs = self._sample_layer(dst, fanout, gen)
+        ptr, nbrs = self._sample_layer(dst, fanout, key)
         local, frontier = self._relabel(dst, nbrs)
         return Block(dst.shape[0], frontier.shape[0], ptr, local, src_degree=self._degrees(frontier),
                      src_ids=frontier), frontier
@@ -175,12 +174,7 @@ class TorchNeighborSampler:
             return None
         return (self.indptr.index_select(0, sources + 1) - self.indptr.index_select(0, sources)).float()
 
-    def _generator(self, key: int) -> torch.Generator:
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(key & 0x7FFF_FFFF_FFFF_FFFF)
-        return gen
-
-    def _sample_layer(self, dst: torch.Tensor, fanout: int, gen: torch.Generator):
+    def _sample_layer(self, dst: torch.Tensor, fanout: int, key: int):
         # index_select rather than advanced indexing throughout: the same result, several times faster on
         # the CPU.
         device = self.device
@@ -194,20 +188,24 @@ class TorchNeighborSampler:
         slot = torch.arange(total, device=device) - ptr.index_select(0, row)
         if fanout > 0:
             # Rows with degree <= fanout take every neighbour in order; the others take Floyd's subset.
-            picks = self._floyd(deg, fanout, gen).view(-1).index_select(0, row * fanout + slot)
+            picks = self._floyd(deg, fanout, dst, key).view(-1).index_select(0, row * fanout + slot)
             offset = torch.where(deg.index_select(0, row) > fanout, picks, slot)
         else:
             offset = slot
         nbrs = self.indices.index_select(0, start.index_select(0, row) + offset).long()
         return ptr, nbrs
 
-    def _floyd(self, deg: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
+    def _floyd(self, deg: torch.Tensor, k: int, dst: torch.Tensor, key: int) -> torch.Tensor:
         """A uniform k-subset of offsets [0, deg) for every row at once (Floyd's algorithm, vectorised over
         rows): step i draws t uniformly from [0, j] with j = deg - k + i and keeps t, or j if t was already
         kept. k steps of elementwise work over [rows, k]; no sort, no host synchronisation. Entries of rows
-        with degree below k are meaningless (the caller does not use them)."""
-        rows = deg.shape[0]
-        u = torch.rand((rows, k), generator=gen, device=self.device, dtype=torch.float64)
+        with degree below k are meaningless (the caller does not use them). Row r's draws are the counter
+        stream of ``splitmix_key(key, dst[r])``: a vertex's neighbours depend on the key and the vertex
+        alone, not on which batch, rank or row asks."""
+        stream = kernels.torch_splitmix_key(key, dst)
+        steps = torch.arange(1, k + 1, dtype=torch.int64, device=self.device) * kernels.T_GOLDEN
+        bits = kernels.torch_mix(stream[:, None] + steps[None, :])
+        u = kernels.torch_shr(bits, 11).to(torch.float64) * 2.0 ** -53  # 53 random bits: uniform in [0, 1)
         # Every step's range and draw at once ([rows, k]); only the duplicate check is sequential. j values
         # are distinct and exceed every earlier pick, so the fallback j never collides.
         j = (deg.unsqueeze(1) + torch.arange(-k, 0, device=self.device)).clamp_(min=0)

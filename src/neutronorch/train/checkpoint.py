@@ -48,12 +48,13 @@ RESUME_MAY_CHANGE = frozenset({
     "dataset", "epochs", "patience", "eval_every", "eval_fanouts", "eval_batch_size", "eval_max_nodes", "summary_json",
     "timeline", "timeline_steps", "log_jsonl", "log_csv", "tensorboard", "log_every", "progress", "stage_table",
     "checkpoint_dir", "checkpoint_every", "resume", "threads", "sampler_threads", "host_threads", "prefetch", "device",
-    "precision"})
+    "precision", "dist_timeout"})
 
 
 def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Graph, model: GNN,
                     optimizer: torch.optim.Optimizer, epoch: int, history: list[dict],
-                    position: dict, best: dict | None = None, mode_state: dict | None = None) -> Path:
+                    position: dict, best: dict | None = None, mode_state: dict | None = None,
+                    world_size: int = 1) -> Path:
     """Write a checkpoint atomically (temporary file, fsync, rename). It holds the random state, so a run
     resumed from it draws the dropout masks the uninterrupted run would have drawn."""
     device = next(model.parameters()).device
@@ -68,6 +69,7 @@ def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Grap
         "optimizer": optimizer.state_dict(),
         "best": best,
         "mode_state": mode_state or {},  # what the mode carries across the boundary (NeutronOrch's snapshots)
+        "world_size": world_size,  # data-parallel ranks (mode_state then holds each rank's under "ranks")
         # Steps of ``epoch`` done and the float32 sum of their losses; all of them when the epoch is complete.
         "position": position,
         "rng": {"torch": torch.get_rng_state(),
@@ -118,12 +120,16 @@ def load_state(path: str | os.PathLike) -> dict:
     return state
 
 
-def check_resumable(state: dict, config: TrainConfig, graph: Graph, source: str) -> None:
+def check_resumable(state: dict, config: TrainConfig, graph: Graph, source: str, world_size: int = 1) -> None:
     """A run may continue from ``state`` only on the same data with the same model and training settings."""
     if state["dataset"] != dataset_fingerprint(graph):
         differ = [k for k, v in dataset_fingerprint(graph).items() if state["dataset"].get(k) != v]
         raise CheckpointError(f"{source}: written for another dataset ({', '.join(differ)} differ: "
                               f"{state['dataset']['name']} then, {graph.name} now); resume on the same data.")
+    if int(state.get("world_size", 1)) != world_size:
+        raise CheckpointError(f"{source}: written by a run of {state.get('world_size', 1)} data-parallel rank(s); "
+                              f"resume with the same number (now {world_size}): torchrun --nproc-per-node and "
+                              f"--nnodes as before.")
     # A setting added after the checkpoint was written had its default then.
     saved, now, defaults = state["config"], config.to_dict(), TrainConfig().to_dict()
     differ = [f"`{k}` {saved.get(k, defaults[k])!r} then, {now[k]!r} now" for k in sorted(now)

@@ -10,6 +10,7 @@ from neutronorch.data.graph import Graph
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.models import GNN
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
+from neutronorch.train.distributed import World
 from neutronorch.train.layerwise import layerwise
 from neutronorch.train.task import Task
 
@@ -23,12 +24,13 @@ def full_neighbor_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: t
 
 @torch.no_grad()
 def sampled_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, fanouts: list[int],
-                   device: torch.device, batch_size: int, seed: int) -> torch.Tensor:
-    """Logits of ``nodes`` from sampled neighbourhoods (cheaper on huge graphs, slightly noisy)."""
+                   device: torch.device, batch_size: int, seed: int, first_chunk: int = 0) -> torch.Tensor:
+    """Logits of ``nodes`` from sampled neighbourhoods (cheaper on huge graphs, slightly noisy), in chunks
+    of ``batch_size`` numbered from ``first_chunk`` (a chunk's number keys its sample)."""
     model.eval()
     sampler = NeighborSampler(graph.indptr, graph.indices, fanouts, model.needs_degrees)
-    outputs = []
-    for index, chunk in enumerate(torch.split(nodes, batch_size)):
+    outputs = [torch.zeros(0, model.width(model.num_layers - 1))]
+    for index, chunk in enumerate(torch.split(nodes, batch_size), start=first_chunk):
         subgraph = sampler.sample(chunk.numpy(), batch_key(seed, -1, index))
         x = store.gather(subgraph.input_nodes).to(device)
         blocks = [b.to(device) for b in subgraph.blocks]
@@ -37,21 +39,44 @@ def sampled_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.T
 
 
 def evaluate(model: GNN, graph: Graph, store: FeatureStore, device: torch.device, fanouts: list[int] | None,
-             batch_size: int, seed: int, max_nodes: int = 0, task: Task | None = None) -> dict[str, float]:
+             batch_size: int, seed: int, max_nodes: int = 0, task: Task | None = None,
+             world: World | None = None) -> dict[str, float]:
     """The task's metric (default: accuracy) on the validation and test sets in one pass, as
     {"val": ..., "test": ...}; with ``max_nodes``, each set is a seeded random sample of at most that many
-    of its vertices (the same sample at every evaluation)."""
+    of its vertices (the same sample at every evaluation). Data parallel (``world``), each rank computes a
+    contiguous share of the vertices (sampled inference: of the chunks, each keyed as in one process) and
+    every rank scores the gathered logits."""
     task = task or Task.of(graph)
     val = torch.from_numpy(_subset(graph.val_idx, max_nodes, seed))
     test = torch.from_numpy(_subset(graph.test_idx, max_nodes, seed + 1))
     nodes = torch.cat([val, test])
-    if fanouts is None:
+    if world is not None and world.distributed:
+        logits = world.all_gather_rows(_logits_of_share(model, graph, store, nodes, device, fanouts, batch_size,
+                                                        seed, world), "gathering the evaluation's logits")
+    elif fanouts is None:
         logits = full_neighbor_logits(model, graph, store, nodes, device, batch_size)
     else:
         logits = sampled_logits(model, graph, store, nodes, fanouts, device, batch_size, seed)
     labels = store.labels[nodes]
     n_val = val.shape[0]
     return {"val": task.score(logits[:n_val], labels[:n_val]), "test": task.score(logits[n_val:], labels[n_val:])}
+
+
+def _logits_of_share(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,
+                     fanouts: list[int] | None, batch_size: int, seed: int, world: World) -> torch.Tensor:
+    """This rank's contiguous share of ``nodes``' logits (float32, on the CPU)."""
+    if fanouts is None:
+        share = torch.tensor_split(nodes, world.size)[world.rank]
+        if share.shape[0] == 0:
+            return torch.zeros(0, model.width(model.num_layers - 1))
+        return full_neighbor_logits(model, graph, store, share, device, batch_size).float().cpu()
+    chunks = -(-nodes.shape[0] // batch_size)
+    mine = torch.tensor_split(torch.arange(chunks), world.size)[world.rank]
+    if mine.shape[0] == 0:
+        return torch.zeros(0, model.width(model.num_layers - 1))
+    first, end = int(mine[0]), int(mine[-1]) + 1
+    return sampled_logits(model, graph, store, nodes[first * batch_size:end * batch_size], fanouts, device,
+                          batch_size, seed, first_chunk=first)
 
 
 def _subset(index: np.ndarray, max_nodes: int, seed: int) -> np.ndarray:

@@ -73,7 +73,8 @@ def _diverged(epoch: int, steps: int) -> TrainingError:
 def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: Mode, epoch: int, spans: Spans,
                 stages: StageTable, util: Utilisation, metrics: MetricLog, window: TimelineWindow,
                 progress: Progress | None = None, control: EpochControl | None = None,
-                loss_fn: Callable | None = None, precision: Precision | None = None) -> dict:
+                loss_fn: Callable | None = None, precision: Precision | None = None,
+                sync: Callable | None = None) -> dict:
     """Train one epoch (from ``control.start_step`` on) with ``loss_fn(logits, labels)`` (default:
     cross-entropy); return its record (without evaluation). Counters of rows, edges and bytes cover the
     steps run here; the loss covers the whole epoch."""
@@ -96,7 +97,7 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
                 batch = next(batches, None)
             if batch is None:
                 break
-            loss = train_step(model, optimizer, mode, batch, spans, num_batches, loss_fn, precision)
+            loss = train_step(model, optimizer, mode, batch, spans, num_batches, loss_fn, precision, sync)
             total_loss += loss  # NaN and infinities survive the sum: it is finite iff every loss was
             if (num_batches + 1) % check_every == 0 and not bool(torch.isfinite(total_loss)):
                 raise _diverged(epoch, num_batches + 1)

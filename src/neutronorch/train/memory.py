@@ -35,6 +35,22 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def resident_mb() -> dict[str, float]:
+    """Resident memory now, by kind (``/proc/self/status``): ``anon`` (this process's own), ``file``
+    (mapped files: page cache that processes mapping the same files share), ``shmem``; empty where unknown."""
+    kinds = {"RssAnon:": "anon", "RssFile:": "file", "RssShmem:": "shmem"}
+    found = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                name = line.split(maxsplit=1)[0] if line.strip() else ""
+                if name in kinds:
+                    found[kinds[name]] = round(int(line.split()[1]) / 1024.0, 1)
+    except OSError:
+        pass
+    return found
+
+
 def keep_freed_memory() -> bool:
     """Configure glibc malloc to recycle large blocks; return whether it applied (glibc only)."""
     if os.environ.get("NEUTRONORCH_SYSTEM_MALLOC") == "1":

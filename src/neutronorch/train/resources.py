@@ -24,10 +24,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def thread_budget(config: TrainConfig) -> Threads:
+def thread_budget(config: TrainConfig, ranks_here: int = 1) -> Threads:
     """Threads per stage, set once so that the stages do not fight over cores. Producers get half the
-    cores each: they do not run all the time, and the trainer waits for neither when they keep ahead."""
+    cores each: they do not run all the time, and the trainer waits for neither when they keep ahead.
+    ``ranks_here`` data-parallel ranks on this machine share its cores equally."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = max(1, cores // max(1, ranks_here))
     numba_max = numba.config.NUMBA_NUM_THREADS
     half = max(1, min(cores, numba_max) // 2)
     return Threads(train=config.threads or cores, sampler=min(config.sampler_threads or half, numba_max),

@@ -18,17 +18,20 @@ from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.orchestration.mode import Mode
 
 # The trainer's own stages (the mode's go on their lanes; see each mode's ``stages``).
-TRAINER_STAGES = StageTable({"wait": "trainer", "forward": "trainer", "backward": "trainer", "step": "trainer"},
+TRAINER_STAGES = StageTable({"wait": "trainer", "forward": "trainer", "backward": "trainer",
+                             "all_reduce": "trainer", "step": "trainer"},
                             waits=frozenset({"wait"}))
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: Mode, batch: MiniBatch,
                spans: Spans | None = None, step: int = -1, loss_fn: Callable | None = None,
-               precision: Precision | None = None) -> torch.Tensor:
+               precision: Precision | None = None, sync: Callable | None = None) -> torch.Tensor:
     """Forward, loss (``loss_fn(logits, labels)``, default cross-entropy: the task's), backward and
     optimizer step on ``batch``; returns the (detached) loss. The gradients stay in the parameters until
     the next step clears them; the batch's host buffer is released. The forward pass runs in
-    ``precision`` (default float32); the loss is computed from float32 logits either way."""
+    ``precision`` (default float32); the loss is computed from float32 logits either way. ``sync(batch, loss)``,
+    data parallel, makes every rank's gradients the global batch's before the optimizer step and returns
+    the global batch's loss, which is returned instead of this rank's."""
     inputs = mode.step_inputs(batch)
     with _stage(spans, "forward", step):
         with (precision or Precision()).autocast(batch.labels.device):
@@ -38,6 +41,9 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: M
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
     mode.before_step(batch)
+    if sync is not None:
+        with _stage(spans, "all_reduce", step):
+            loss = sync(batch, loss.detach())
     with _stage(spans, "step", step):
         optimizer.step()
     mode.after_step(batch)

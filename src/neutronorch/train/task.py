@@ -50,12 +50,21 @@ class Task:
         return self.metric.replace("-", "_")
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The mean loss over the known labels (a zero that keeps the graph when there are none: a data
+        parallel rank's empty share of a last batch)."""
+        if labels.shape[0] == 0:
+            return logits.sum() * 0.0
         if not self.multilabel:
             return F.cross_entropy(logits, labels, ignore_index=-1)
         known = labels >= 0
         total = F.binary_cross_entropy_with_logits(logits, labels.clamp(min=0).to(logits.dtype),
                                                    weight=known.to(logits.dtype), reduction="sum")
         return total / known.sum().clamp(min=1)
+
+    def loss_weight(self, labels: torch.Tensor) -> torch.Tensor:
+        """How many terms ``loss`` averages (known labels, or known entries of a multi-label task), as a
+        float32 tensor on the labels' device: a rank's weight in the data-parallel gradient mean."""
+        return (labels >= 0).sum().to(torch.float32)
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(logits) if self.multilabel else torch.softmax(logits, dim=1)

@@ -8,7 +8,9 @@ prints nothing (the command line configures both). Process-wide settings a run c
 - the CUDA allocator's memory fraction (``gpu_memory_gb``): set for the run, lifted afterwards;
 - glibc malloc's trim and mmap thresholds (``train/memory.py``): kept for the life of the process, since
   freed memory must stay mapped to be reused; ``NEUTRONORCH_SYSTEM_MALLOC=1`` opts out;
-- numba's threading layer (``NUMBA_THREADING_LAYER=omp`` unless set) when ``neutronorch`` is imported.
+- numba's threading layer (``NUMBA_THREADING_LAYER=omp`` unless set) when ``neutronorch`` is imported;
+- launched data parallel (``torchrun``), the default process group: initialised for the run and destroyed
+  afterwards, unless the caller initialised it (``train/distributed.py``).
 """
 
 from __future__ import annotations
@@ -34,12 +36,13 @@ from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.orchestration.mode import Mode
 from neutronorch.train.evaluate import evaluate
 from neutronorch.train.loop import EpochControl, Progress, TimelineWindow, train_epoch
-from neutronorch.train.memory import keep_freed_memory, peak_rss_mb
+from neutronorch.train.memory import keep_freed_memory, peak_rss_mb, resident_mb
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
 from neutronorch.train.resources import (check_threading_layer, memory_budget, resolve_device, thread_budget,
                                          torch_threads)
 from neutronorch.train.checkpoint import check_resumable, load_state, save_checkpoint
+from neutronorch.train.distributed import GradientSync, World, joined
 from neutronorch.train.outputs import check_outputs, write_json_atomically
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.task import Task
@@ -77,6 +80,8 @@ class Run:
     first_step_at: float | None = None
     data_seconds: float = 0.0
     precision: Precision = field(default_factory=Precision)
+    world: World = field(default_factory=World)  # data parallel: this rank among the others
+    sync: GradientSync | None = None  # data parallel: the gradient all-reduce and stop agreement
 
 
 def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | None = None,
@@ -90,24 +95,32 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
     check_threading_layer()
     check_outputs(config)
     device = resolve_device(config.device)
-    precision = resolve_precision(config.precision, device)
-    config.precision = precision.name
-    threads = thread_budget(config)
     keep_freed_memory()
     with contextlib.ExitStack() as stack:
+        world = stack.enter_context(joined(device.type, config.dist_timeout))
+        if device.type == "cuda" and world.distributed:
+            device = torch.device("cuda", world.local_rank % torch.cuda.device_count())
+            torch.cuda.set_device(device)
+        precision = resolve_precision(config.precision, device)
+        config.precision = precision.name
+        threads = thread_budget(config, world.local_size)
         stack.enter_context(memory_budget(device, config.gpu_memory_gb))
         stack.enter_context(torch_threads(threads.train))
         stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
         torch.manual_seed(config.seed)
-        run = build_run(config, graph, device, threads, stack)
+        run = build_run(config, graph, device, threads, stack, world)
         run.stop, run.started, run.precision = stop, started, precision
+        if world.distributed:
+            run.sync = GradientSync(world, list(run.model.parameters()), stop)
+            run.stop = run.sync.agreed  # every rank stops after the same step
         logger.info(f"precision {precision.name} ({precision.reason})")
         try:
             last_eval, timeline = run_epochs(run, progress)
         except (Interrupted, TrainingError) as exc:
             # Nothing lost: what was trained is summarised (and, stopped on request, saved) before raising.
-            summary = summarise(run, {}, None, "interrupted" if isinstance(exc, Interrupted) else "failed")
-            if config.summary_json:
+            summary = summarise(run, {}, None, "interrupted" if isinstance(exc, Interrupted) else "failed",
+                                gather=False)  # another rank may be gone: no collective here
+            if config.summary_json and world.main:
                 write_json_atomically(config.summary_json, summary)
             raise
         if config.epochs and not last_eval and config.eval_every >= 0:
@@ -116,14 +129,16 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
             run.history[-1].update(_named(run.task, last_eval))
             _checkpoint(run, "best.pt", config.epochs - 1)
         summary = summarise(run, last_eval, timeline, "stopped_early" if run.stopped_early else "completed")
-    if config.summary_json:
+    if config.summary_json and world.main:
         write_json_atomically(config.summary_json, summary)
     return summary
 
 
 def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, threads: Threads,
-              stack: contextlib.ExitStack) -> Run:
-    """Load the data, build the model, optimizer and mode; every resource is closed by ``stack``."""
+              stack: contextlib.ExitStack, world: World | None = None) -> Run:
+    """Load the data, build the model, optimizer and mode; every resource is closed by ``stack``. Data
+    parallel (``world``), only rank 0 writes metric logs, and rank 0's initial weights go to every rank."""
+    world = world or World()
     data_seconds = 0.0
     if graph is None:
         t0 = time.perf_counter()
@@ -137,9 +152,13 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     model = GNN(config.model, graph.feature_dim, config.hidden, graph.num_classes, len(config.fanouts),
                 dropout=config.dropout, heads=config.heads, gcn_norm=config.gcn_norm, residual=config.residual,
                 norm=config.norm, architecture=config.architecture).to(device)
+    if world.distributed:
+        world.broadcast_module(model, "the initial weights' broadcast")  # the same seed made them equal; make sure
+        logger.info(f"data parallel: {world.describe()}; batch size {config.batch_size} per rank, "
+                    f"{config.batch_size * world.size} per global batch")
     optimizer = Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     spans = Spans()
-    mode = build_mode(config, graph, device, threads, spans)
+    mode = build_mode(config, graph, device, threads, spans, shard=(world.rank, world.size))
     stack.callback(mode.close)
     logger.info(f"mode {mode.name}, model {config.model}, fanouts {config.fanouts}, device {device}, batch size "
                 f"{config.batch_size}, train threads {threads.train}, {mode.describe()}, {mode.num_batches} "
@@ -149,12 +168,14 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     for note in mode.placement.notes:
         logger.warning(f"note: {note}")
     util = stack.enter_context(contextlib.closing(Utilisation(device)))
-    metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, append=config.resume)))
+    logs = config.logging if world.main else dataclasses.replace(config.logging, log_jsonl=None, log_csv=None,
+                                                                  tensorboard=None)
+    metrics = stack.enter_context(contextlib.closing(MetricLog(logs, append=config.resume)))
     task = Task.of(graph, config.metric)
     logger.info(f"task: {'multi-label' if task.multilabel else 'multi-class'}, {task.num_classes} "
                 f"{'tasks' if task.multilabel else 'classes'}, metric {task.metric}")
     run = Run(config, graph, device, threads, model, optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
-              util, metrics, task, data_seconds=data_seconds)
+              util, metrics, task, data_seconds=data_seconds, world=world)
     if config.resume:
         _resume(run)
     return run
@@ -167,7 +188,7 @@ def _resume(run: Run) -> None:
     if not path.is_file():
         raise CheckpointError(f"{path}: no checkpoint to resume from; train with `checkpoint_dir` first.")
     state = load_state(path)
-    check_resumable(state, run.config, run.graph, str(path))
+    check_resumable(state, run.config, run.graph, str(path), run.world.size)
     if not run.mode.resumable:
         raise CheckpointError(f"{run.mode.name} mode cannot resume from a checkpoint.")
     run.model.load_state_dict(state["model"])
@@ -175,7 +196,8 @@ def _resume(run: Run) -> None:
     torch.set_rng_state(state["rng"]["torch"])
     if run.device.type == "cuda" and state["rng"]["cuda"] is not None:
         torch.cuda.set_rng_state(state["rng"]["cuda"], run.device)
-    run.mode.load_state_dict(state["mode_state"])
+    mode_state = state["mode_state"]
+    run.mode.load_state_dict(mode_state["ranks"][run.world.rank] if run.world.distributed else mode_state)
     run.history, run.best = list(state["history"]), dict(state["best"])
     if "val_acc" in run.best:  # written before the metric was a setting: accuracy under its old keys
         run.best = {"val": run.best["val_acc"], "test": run.best["test_acc"], "epoch": run.best["epoch"]}
@@ -202,7 +224,8 @@ def run_epochs(run: Run, progress: Progress | None):
                                (lambda e, k, loss: _checkpoint(run, "last.pt", e, (k, float(loss))))
                                if config.checkpoint_dir and mode.resumable_mid_epoch else None)
         record = train_epoch(run.model, run.optimizer, mode, epoch, run.spans, run.stages, run.util, run.metrics,
-                             window, _noting_first_step(run, progress), control, run.task.loss, run.precision)
+                             window, _noting_first_step(run, progress), control, run.task.loss, run.precision,
+                             _sync_step(run))
         mode.end_epoch(record)
         if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
             t0 = time.perf_counter()
@@ -229,7 +252,7 @@ def run_epochs(run: Run, progress: Progress | None):
                         f"(best {run.best['val']:.4f} at epoch {run.best['epoch']})")
             break
     timeline = None
-    if config.timeline and run.spans.events:
+    if config.timeline and run.spans.events and run.world.main:
         timeline = write_timeline(config.timeline, run.spans.events, run.util.samples,
                                   f"{mode.name} mode, {config.model}, epoch {window.epoch}, first "
                                   f"{config.timeline_steps} steps", run.stages)
@@ -252,6 +275,14 @@ def _noting_first_step(run: Run, progress: Progress | None) -> Progress | None:
     return noting
 
 
+def _sync_step(run: Run):
+    """The data-parallel step's reduction, ``sync(batch, loss)`` (None in one process)."""
+    if run.sync is None:
+        return None
+    sync, weight = run.sync, run.task.loss_weight
+    return lambda batch, loss: sync(weight(batch.labels), loss)
+
+
 def _evaluations_since_best(run: Run) -> int:
     evaluated = [e["epoch"] for e in run.history if _scores_of(e)]
     return sum(1 for epoch in evaluated if epoch > run.best["epoch"])
@@ -261,18 +292,26 @@ def _checkpoint(run: Run, name: str, epoch: int, position: tuple[int, float] | N
     """Save the run; ``position`` (steps done, their loss sum) when mid-epoch, else the epoch is complete."""
     if run.config.checkpoint_dir:
         step, loss_sum = position if position is not None else (run.mode.num_batches, 0.0)
+        mode_state = run.mode.state_dict()
+        if run.world.distributed:  # every rank's (NeutronOrch's hot sets differ); rank 0 writes them all
+            states = run.world.gather_objects(mode_state, f"gathering the mode state for {name}")
+            if not run.world.main:
+                return
+            mode_state = {"ranks": states}
         save_checkpoint(Path(run.config.checkpoint_dir) / name, config=run.config, graph=run.graph,
                         model=run.model, optimizer=run.optimizer, epoch=epoch, history=run.history,
                         best=run.best, position={"step": step, "loss_sum": loss_sum},
-                        mode_state=run.mode.state_dict())
+                        mode_state=mode_state, world_size=run.world.size)
 
 
 def _evaluate(run: Run) -> dict[str, float]:
     """The metric on the validation and test sets: {"val": ..., "test": ...}."""
     config = run.config
+    if run.world.distributed:  # batch normalisation's running statistics: rank 0's, on every rank
+        run.world.broadcast_module(run.model, "the buffers' broadcast before evaluation", buffers_only=True)
     store = run.mode.store.as_dtype(torch.float32)  # evaluation runs in float32 whatever the training precision
     return evaluate(run.model, run.graph, store, run.device, config.eval_fanouts, config.eval_batch_size,
-                    config.seed, config.eval_max_nodes, run.task)
+                    config.seed, config.eval_max_nodes, run.task, run.world)
 
 
 def _named(task: Task, scores: dict) -> dict:
@@ -287,9 +326,11 @@ def _scores_of(record: dict) -> dict:
     return {"val": record["val_acc"], "test": record["test_acc"]} if "val_acc" in record else {}
 
 
-def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str) -> dict:
-    """The run summary; ``status`` is completed, interrupted or failed."""
+def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str, gather: bool = True) -> dict:
+    """The run summary; ``status`` is completed, interrupted or failed. Data parallel, ``gather`` collects
+    every rank's peak resident memory (a collective: every rank must call it)."""
     config, graph, mode, epochs, best = run.config, run.graph, run.mode, run.history, run.best
+    distributed = run.world.summary(config.batch_size, gather)
     key = run.task.key
     seconds = [e["seconds"] for e in epochs]
     return {
@@ -316,11 +357,13 @@ def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str) -> 
         "final_val_acc": last_eval.get("val"),
         "final_test_acc": last_eval.get("test"),
         "peak_rss_mb": round(peak_rss_mb(), 1),
+        "resident_mb": resident_mb(),  # at the end: own (anon) and mapped-file (file) memory
         "moved": {key: sum(e["moved"][key] for e in epochs) for key in ("feature_rows", "feature_bytes",
                                                                            "device_bytes", "cache_hits")},
         "placement": mode.placement.to_dict(),
         "timeline": timeline,
         "checkpoints": _checkpoints_written(config.checkpoint_dir),
+        "distributed": distributed,  # None in one process
         # Seconds from entering train() to the end of the first optimizer step (None: no step), of which
         # data_seconds loading the dataset (0 when the graph was passed in).
         "startup": {"data_seconds": round(run.data_seconds, 4),

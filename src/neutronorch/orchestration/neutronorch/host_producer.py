@@ -35,7 +35,7 @@ from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.controller import RatioSetting, error_cap
 from neutronorch.orchestration.neutronorch.planner import Plan, Planner
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
-from neutronorch.orchestration.seeds import epoch_order, training_seeds
+from neutronorch.orchestration.seeds import epoch_batches, training_seeds
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, layer_key
 
 
@@ -60,7 +60,7 @@ class HostProducer:
         self.threads = threads
         self.train_idx = training_seeds(graph)
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._orders: dict[int, torch.Tensor] = {}
+        self._batches: dict[int, list[torch.Tensor]] = {}  # this rank's seeds of an epoch's batches
         # From the planning loop to the compute loop. One plan of room: planning stays at most two
         # super-batches ahead of the hot rows it feeds (so it reads a recent ratio setting), yet plans
         # s + 1 while s is computed.
@@ -102,13 +102,12 @@ class HostProducer:
     def _plan(self, gsid: int, sampler: NeighborSampler, planner: Planner, hot: np.ndarray | None = None) -> Plan:
         with self.spans.stage("hot_select"):
             epoch, first, end = self.schedule.locate(gsid)
-            if epoch not in self._orders:
-                self._orders = {epoch: epoch_order(self.train_idx, self.sampling.seed, epoch)}
-            order, size = self._orders[epoch], self.sampling.batch_size
+            if epoch not in self._batches:
+                self._batches = {epoch: epoch_batches(self.train_idx, self.sampling, epoch)}
             uppers = []
             for index in range(first, end):
                 key = batch_key(self.sampling.seed, epoch, index)
-                seeds = order[index * size:(index + 1) * size].numpy()
+                seeds = self._batches[epoch][index].numpy()
                 uppers.append((index, key, sampler.sample(seeds, key, self.sampling.fanouts[:-1])))
             setting = self.setting()
             cap = (lambda ranked: error_cap(ranked, setting)) if setting.auto else None

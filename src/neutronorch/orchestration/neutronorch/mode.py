@@ -70,7 +70,7 @@ class NeutronOrchMode:
         self.store, self.placement, self.cache = access.store, access.placement, access.cache
         self.sampler_threads, self.host_threads = sampler_threads, host_threads
         self.threads = {"sampler": sampler_threads, "host": host_threads}
-        self.num_batches = batches_per_epoch(graph, sampling.batch_size)
+        self.num_batches = batches_per_epoch(graph, sampling)
         self.schedule = Schedule(epochs, self.num_batches, config.super_batch, config.staleness_bound)
         self.staleness = StalenessCheck(config.staleness_bound)
         self.controller = RatioController(config, self.schedule, shared_cores=not access.on_cuda,

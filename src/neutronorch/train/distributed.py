@@ -1,0 +1,245 @@
+"""Data-parallel training on ``torch.distributed``: the ranks, their collectives, and what only rank 0 does.
+
+A run is data parallel when it is launched by ``torchrun`` (or anything that sets ``WORLD_SIZE``, ``RANK``,
+``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``) with ``WORLD_SIZE`` > 1, or inside a process group the
+caller initialised. Then:
+
+- each global mini-batch (``batch_size`` seeds per rank, ``batch_size * world`` in all) is split across the
+  ranks in rank order (``orchestration/seeds.py``); sampling and dropout randomness are keyed by vertex, so
+  a vertex gets the same neighbours and masks whichever rank holds it;
+- gradients are summed over the ranks weighted by each rank's share of the loss's terms (its labelled
+  seeds), in one all-reduce per step: the update is the one a single process makes for the whole global
+  batch, up to the order of floating-point sums, uneven last batches included;
+- every rank ends each step with identical parameters (same initialisation from the same seed, same
+  averaged gradients, same optimizer);
+- evaluation is sharded over the ranks and its logits gathered, so every rank computes the same score;
+- a stop request (SIGTERM from a scheduler, Ctrl-C) on any rank is agreed on at the next step, so all
+  ranks stop after the same step; rank 0 alone writes checkpoints, summaries, metric logs and timelines.
+
+Collectives run with a timeout (``dist_timeout``): a rank that died or hangs makes the others fail with a
+message that says so instead of waiting forever. On CUDA the gradient reduction uses NCCL; small control
+messages (the stop agreement, evaluation logits, checkpoint state) always go through a gloo group on the
+host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from neutronorch.errors import ConfigError, TrainingError
+from neutronorch.train.memory import peak_rss_mb, resident_mb
+
+logger = logging.getLogger("neutronorch")
+
+_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+@dataclass
+class World:
+    """This process's place among the ranks (one rank, world size 1, when not distributed)."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    backend: str | None = None
+    group: object = None  # the process group of gradient reductions (NCCL on CUDA, else gloo)
+    host_group: object = None  # a gloo group for host-side messages
+    timeout: float = 0.0
+    owns_group: bool = False  # this run initialised the default process group (and destroys it)
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    @property
+    def main(self) -> bool:
+        """Whether this rank writes the run's files (rank 0)."""
+        return self.rank == 0
+
+    def describe(self) -> str:
+        return (f"rank {self.rank} of {self.size} (local rank {self.local_rank} of {self.local_size}), "
+                f"backend {self.backend}")
+
+    def summary(self, batch_size: int, gather: bool = True) -> dict | None:
+        """The run summary's ``distributed`` entry (None in one process). ``gather`` collects every rank's
+        memory use (a collective: every rank must call it; rank 0 gets the lists, the others None)."""
+        if not self.distributed:
+            return None
+        memory = self.gather_objects({"peak_rss": round(peak_rss_mb(), 1), **resident_mb()},
+                                     "gathering memory use") if gather else None
+        return {"world_size": self.size, "backend": self.backend, "batch_size_per_rank": batch_size,
+                "global_batch_size": batch_size * self.size,
+                "peak_rss_mb_per_rank": [m["peak_rss"] for m in memory] if memory else None,
+                # At the end of the run, per rank: its own memory (anon) and mapped files (file: the page
+                # cache that ranks on one machine share).
+                "resident_mb_per_rank": memory}
+
+    # ----- collectives -----------------------------------------------------------------------------------
+
+    def all_reduce_(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
+        """Sum ``tensor`` over the ranks in place (its device's group)."""
+        group = self.host_group if tensor.device.type == "cpu" else self.group
+        with self._collective(what):
+            torch.distributed.all_reduce(tensor, group=group)
+        return tensor
+
+    def broadcast_module(self, module: torch.nn.Module, what: str, buffers_only: bool = False) -> None:
+        """Rank 0's parameters and buffers (only its buffers) on every rank."""
+        tensors = list(module.buffers()) if buffers_only else list(module.state_dict().values())
+        with torch.no_grad():
+            for tensor in tensors:
+                group = self.host_group if tensor.device.type == "cpu" else self.group
+                with self._collective(what):
+                    torch.distributed.broadcast(tensor, src=0, group=group)
+
+    def all_gather_rows(self, rows: torch.Tensor, what: str) -> torch.Tensor:
+        """The ranks' CPU tensors (any number of rows each, the same trailing shape and dtype) concatenated
+        in rank order, on every rank."""
+        rows = rows.contiguous()
+        counts = torch.tensor([rows.shape[0]], dtype=torch.int64)
+        gathered_counts = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
+        with self._collective(what):
+            torch.distributed.all_gather(gathered_counts, counts, group=self.host_group)
+        sizes = [int(c) for c in gathered_counts]
+        padded = rows.new_zeros((max(sizes),) + tuple(rows.shape[1:]))
+        padded[:rows.shape[0]] = rows
+        parts = [torch.empty_like(padded) for _ in range(self.size)]
+        with self._collective(what):
+            torch.distributed.all_gather(parts, padded, group=self.host_group)
+        return torch.cat([part[:n] for part, n in zip(parts, sizes)])
+
+    def gather_objects(self, value, what: str) -> list | None:
+        """Every rank's ``value`` (picklable) on rank 0, in rank order; None on the other ranks."""
+        out = [None] * self.size if self.main else None
+        with self._collective(what):
+            torch.distributed.gather_object(value, out, dst=0, group=self.host_group)
+        return out
+
+    def any(self, flag: bool, what: str) -> bool:
+        """Whether ``flag`` holds on any rank (every rank gets the same answer)."""
+        value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        self.all_reduce_(value, what)
+        return bool(value.item())
+
+    @contextlib.contextmanager
+    def _collective(self, what: str):
+        try:
+            yield
+        except (RuntimeError, torch.distributed.DistBackendError) as exc:
+            raise TrainingError(
+                f"rank {self.rank} of {self.size}: {what} failed ({_reason(exc)}). "
+                f"Another rank failed or stopped answering within `dist_timeout` ({self.timeout:g} s); its "
+                f"log says why.") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    """The gist of a backend's error: its first sentence, without the source location it starts with."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = re.sub(r"^\[[^\]]*\]\s*", "", text)
+    return text.split(". ")[0].rstrip(".")
+
+
+def environment_world_size() -> int:
+    """``WORLD_SIZE`` as a launcher set it (1 without a launcher)."""
+    value = os.environ.get("WORLD_SIZE", "1")
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"WORLD_SIZE={value!r} is not a number of processes; unset it, or launch with "
+                          f"torchrun --nproc-per-node N.") from None
+
+
+@contextlib.contextmanager
+def joined(device_kind: str, timeout: float):
+    """The run's ``World``: one rank unless launched data-parallel. Initialises the default process group
+    from the launcher's environment when it is not initialised yet (and destroys it on leaving); reuses the
+    caller's group otherwise. ``device_kind``: "cuda" or "cpu", the training device's kind."""
+    dist = torch.distributed
+    already = dist.is_available() and dist.is_initialized()
+    size = dist.get_world_size() if already else environment_world_size()
+    if size <= 1:
+        yield World()
+        return
+    if not dist.is_available():
+        raise ConfigError("this PyTorch was built without torch.distributed; train in one process.")
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not already and name not in os.environ]
+    if missing:
+        raise ConfigError(f"WORLD_SIZE={size} but {', '.join(missing)} is not set: launch with torchrun "
+                          f"(torchrun --nproc-per-node {size} -m neutronorch train ...), which sets them.")
+    backend = "nccl" if device_kind == "cuda" else "gloo"
+    span = datetime.timedelta(seconds=timeout)
+    owns = not already
+    if owns:
+        try:
+            dist.init_process_group(backend, timeout=span)
+        except (RuntimeError, ValueError) as exc:
+            raise TrainingError(f"could not join the {size} ranks ({exc}); check MASTER_ADDR, MASTER_PORT "
+                                f"and that every rank was started.") from exc
+    try:
+        backend = dist.get_backend()
+        host_group = dist.new_group(backend="gloo", timeout=span) if backend != "gloo" else dist.group.WORLD
+        world = World(rank=dist.get_rank(), size=dist.get_world_size(),
+                      local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+                      local_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), backend=backend,
+                      group=dist.group.WORLD, host_group=host_group, timeout=timeout, owns_group=owns)
+        yield world
+    finally:
+        if owns and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class GradientSync:
+    """After the backward pass (and the mode's own gradient work), before the optimizer step: the weighted
+    mean of every rank's gradients, and the agreement on stopping.
+
+    Rank r's gradients are those of its mean loss over its ``w_r`` loss terms; the reduction sums
+    ``w_r * grad_r`` and ``w_r`` over the ranks in one flat buffer and divides, which is the gradient of
+    the mean loss over the global batch. A parameter that has no gradient on any rank keeps none (Adam
+    leaves it and its moments as they are, as in one process)."""
+
+    def __init__(self, world: World, params: list[torch.Tensor], request: threading.Event | None):
+        self.world = world
+        self.params = params
+        self.request = request  # set by a signal handler on this rank
+        self.agreed = threading.Event()  # set on every rank at the same step once any rank was asked to stop
+
+    def __call__(self, weight: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+        """Reduce the gradients (this rank's loss averaged ``weight`` terms); returns the global batch's
+        mean loss."""
+        params = self.params
+        device = params[0].device
+        parts, present = [], []
+        for p in params:
+            if p.grad is None:
+                parts.append(torch.zeros(p.numel(), dtype=torch.float32, device=device))
+                present.append(0.0)
+            else:
+                parts.append(p.grad.reshape(-1).float() * weight)
+                present.append(1.0)
+        flat = torch.cat(parts + [(loss.float() * weight).reshape(1), weight.reshape(1).float(),
+                                  torch.tensor(present, device=device)])
+        self.world.all_reduce_(flat, "the gradient all-reduce")
+        meta = flat[-len(params) - 1:].cpu().tolist()  # one read of the device: the weight, who had gradients
+        total, counts = meta[0], meta[1:]
+        global_loss = flat[-len(params) - 2] / max(total, 1e-30)
+        flat = flat / max(total, 1e-30)  # no loss terms on any rank: their gradients were zero
+        offset = 0
+        for index, p in enumerate(params):
+            n = p.numel()
+            if total > 0 and counts[index] > 0:
+                p.grad = flat[offset:offset + n].view_as(p).to(p.dtype)
+            else:
+                p.grad = None
+            offset += n
+        if self.world.any(self.request is not None and self.request.is_set(), "the stop agreement"):
+            self.agreed.set()
+        return global_loss

@@ -1,0 +1,178 @@
+"""Data-parallel training with torch.distributed (gloo on the CPU), launched as users launch it: torchrun.
+
+Two ranks with ``batch_size`` B train exactly what one process trains with 2B: the same seeds, neighbours
+and dropout masks per global batch, gradients averaged by each rank's share. What differs is the order of
+floating-point sums, so per-step losses agree to a few float32 ulps; the tests allow 1e-5 relative.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from neutronorch.config import SamplingConfig
+from neutronorch.orchestration.seeds import epoch_batches
+
+# Loss agreement between 2 ranks and 1 process: the same arithmetic up to the order of sums.
+LOSS_RTOL = 1e-5
+
+GRAPH = "synthetic:nodes=4000,features=16,degree=8"
+COMMON = ["--dataset", GRAPH, "--hidden", "16", "--fanouts", "4,4", "--threads", "1", "--sampler-threads", "1",
+          "--no-progress", "--no-stage-table", "--device", "cpu", "--log-every", "1"]
+
+
+def _env() -> dict:
+    return {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(args: list[str], nproc: int = 2, extra: list[str] | None = None) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), *(extra or
+            ["--standalone"]), "-m", "neutronorch", "train", *COMMON, *args]
+
+
+def _run(command: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=_env())
+
+
+def _step_losses(path: Path) -> list[float]:
+    return [r["loss"] for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == "step"]
+
+
+def test_ranks_split_each_global_batch_in_order():
+    train = torch.arange(103)
+    one = epoch_batches(train, SamplingConfig([5], 20, 3, 1), epoch=2)
+    parts = [epoch_batches(train, SamplingConfig([5], 10, 3, 1, rank=r, world=2), epoch=2) for r in range(2)]
+    assert len(parts[0]) == len(parts[1]) == len(one) == 6
+    for k, batch in enumerate(one):
+        assert torch.equal(torch.cat([parts[0][k], parts[1][k]]), batch)
+    assert [p.shape[0] for p in (parts[0][-1], parts[1][-1])] == [2, 1]  # the last batch: as even as can be
+    # 7 seeds, 3 ranks of 2: a global batch of 6, then one of a single seed that two ranks have no part of.
+    tiny = [epoch_batches(torch.arange(7), SamplingConfig([5], 2, 0, 1, rank=r, world=3), 0) for r in range(3)]
+    assert [[b.shape[0] for b in t] for t in tiny] == [[2, 1], [2, 0], [2, 0]]
+
+
+@pytest.mark.slow
+def test_two_ranks_reproduce_one_process_with_twice_the_batch(tmp_path):
+    # 401 training vertices in global batches of 100: the last holds one seed, and rank 1 none of it.
+    split = ["--split", "ratio:0.10025,0.05"]
+    one = _run([sys.executable, "-m", "neutronorch", "train", *COMMON, *split, "--epochs", "2", "--batch-size", "100",
+                "--log-jsonl", str(tmp_path / "one.jsonl"), "--summary-json", str(tmp_path / "one.json")])
+    assert one.returncode == 0, one.stderr
+    two = _run(_torchrun([*split, "--epochs", "2", "--batch-size", "50", "--log-jsonl", str(tmp_path / "two.jsonl"),
+                          "--summary-json", str(tmp_path / "two.json")]))
+    assert two.returncode == 0, two.stderr
+    a, b = _step_losses(tmp_path / "one.jsonl"), _step_losses(tmp_path / "two.jsonl")
+    assert len(a) == len(b) == 10
+    torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=LOSS_RTOL, atol=0)
+    s1, s2 = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    assert s2["test_acc"] == pytest.approx(s1["test_acc"], abs=1e-9)  # sharded evaluation, gathered
+    assert s2["distributed"]["world_size"] == 2 and s2["distributed"]["global_batch_size"] == 100
+    assert s2["distributed"]["batch_size_per_rank"] == 50 and len(s2["distributed"]["peak_rss_mb_per_rank"]) == 2
+    assert s1["distributed"] is None
+    assert "[rank 1]" not in two.stderr.replace("[rank 1] note:", "")  # other ranks: warnings only
+
+
+@pytest.mark.slow
+def test_two_nodes_on_loopback_train_as_one(tmp_path):
+    """Two launchers, one per 'node', meeting at 127.0.0.1: the multi-node form; in device mode (the torch
+    sampler, keyed by vertex too)."""
+    port = str(_free_port())
+    launch = lambda node: subprocess.Popen(  # noqa: E731
+        _torchrun(["--mode", "device", "--epochs", "1", "--batch-size", "32",
+                   "--log-jsonl", str(tmp_path / f"n{node}.jsonl")], nproc=1,
+                  extra=["--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1",
+                         "--master-port", port]),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    nodes = [launch(0), launch(1)]
+    outputs = [p.communicate(timeout=240) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outputs
+    one = _run([sys.executable, "-m", "neutronorch", "train", *COMMON, "--mode", "device", "--epochs", "1",
+                "--batch-size", "64", "--log-jsonl", str(tmp_path / "one.jsonl")])
+    assert one.returncode == 0, one.stderr
+    torch.testing.assert_close(torch.tensor(_step_losses(tmp_path / "n0.jsonl")),
+                               torch.tensor(_step_losses(tmp_path / "one.jsonl")), rtol=LOSS_RTOL, atol=0)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_rank_at_one_step_and_resume_continues_exactly(tmp_path):
+    args = ["--dataset", "synthetic:nodes=20000,features=16,degree=8", "--epochs", "3", "--batch-size", "16",
+            "--checkpoint-dir", str(tmp_path / "ck"), "--log-jsonl", str(tmp_path / "log.jsonl"),
+            "--summary-json", str(tmp_path / "s.json")]
+    job = subprocess.Popen(_torchrun(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                           start_new_session=True)
+    log = tmp_path / "log.jsonl"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 30):
+        time.sleep(0.2)
+    os.killpg(job.pid, signal.SIGTERM)  # a scheduler's SIGTERM reaches the launcher and every rank
+    _, err = job.communicate(timeout=120)
+    assert "interrupted: stopped on request" in err, err
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["status"] == "interrupted"
+    state = torch.load(tmp_path / "ck" / "last.pt", weights_only=True)
+    assert state["world_size"] == 2 and len(state["mode_state"]["ranks"]) == 2
+    stopped = (state["epoch"], state["position"]["step"])
+    # One process cannot continue a 2-rank run: a clear refusal.
+    alone = _run([sys.executable, "-m", "neutronorch", "train", *COMMON, *args, "--resume"])
+    assert alone.returncode == 2 and "data-parallel rank" in alone.stderr and "--nproc-per-node" in alone.stderr
+    resumed = _run(_torchrun([*args, "--resume", "--log-jsonl", str(tmp_path / "resumed.jsonl")]))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stderr
+    whole = _run(_torchrun([*args[:-6], "--log-jsonl", str(tmp_path / "whole.jsonl")]))
+    assert whole.returncode == 0, whole.stderr
+    reference = _step_losses(tmp_path / "whole.jsonl")
+    steps_per_epoch = len(reference) // 3
+    done = stopped[0] * steps_per_epoch + stopped[1]
+    torch.testing.assert_close(torch.tensor(_step_losses(tmp_path / "resumed.jsonl")),
+                               torch.tensor(reference[done:]), rtol=LOSS_RTOL, atol=0)
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_makes_the_others_fail_with_a_message(tmp_path):
+    port = str(_free_port())
+    args = ["--dataset", "synthetic:nodes=20000,features=16,degree=8", "--epochs", "50", "--batch-size", "16",
+            "--log-jsonl", str(tmp_path / "log.jsonl"), "--dist-timeout", "60"]
+    launch = lambda node: subprocess.Popen(  # noqa: E731
+        _torchrun(args, nproc=1, extra=["--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1",
+                                        "--master-port", port]),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), start_new_session=True)
+    nodes = [launch(0), launch(1)]
+    log = tmp_path / "log.jsonl"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 5):
+        time.sleep(0.2)
+    for pid in _children(nodes[1].pid):  # node 1's rank dies (the launcher starts ranks in their own sessions)
+        os.kill(pid, signal.SIGKILL)
+    start = time.monotonic()
+    _, err = nodes[0].communicate(timeout=120)
+    assert nodes[0].returncode != 0
+    assert time.monotonic() - start < 90  # not a hang
+    assert "neutronorch: error (rank 0)" in err and "Another rank failed or stopped answering" in err, err[-3000:]
+    nodes[1].wait(timeout=60)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
