@@ -29,6 +29,8 @@ GRAPH = "synthetic:nodes=4000,features=16,degree=8"
 COMMON = ["--dataset", GRAPH, "--hidden", "16", "--fanouts", "4,4", "--threads", "1", "--sampler-threads", "1",
           "--no-progress", "--no-stage-table", "--device", "cpu", "--log-every", "1"]
 
+GAT_BLOCKS = ["--mode", "device", "--model", "gat", "--architecture", "blocks", "--norm", "layer"]
+
 
 def _env() -> dict:
     return {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -90,10 +92,11 @@ def test_two_ranks_reproduce_one_process_with_twice_the_batch(tmp_path):
 @pytest.mark.slow
 def test_two_nodes_on_loopback_train_as_one(tmp_path):
     """Two launchers, one per 'node', meeting at 127.0.0.1: the multi-node form; in device mode (the torch
-    sampler, keyed by vertex too)."""
+    sampler, keyed by vertex too) with GAT graph blocks (attention dropout keyed by edge, the blocks'
+    dropouts by vertex)."""
     port = str(_free_port())
     launch = lambda node: subprocess.Popen(  # noqa: E731
-        _torchrun(["--mode", "device", "--epochs", "1", "--batch-size", "32",
+        _torchrun([*GAT_BLOCKS, "--epochs", "1", "--batch-size", "32",
                    "--log-jsonl", str(tmp_path / f"n{node}.jsonl")], nproc=1,
                   extra=["--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1",
                          "--master-port", port]),
@@ -101,7 +104,7 @@ def test_two_nodes_on_loopback_train_as_one(tmp_path):
     nodes = [launch(0), launch(1)]
     outputs = [p.communicate(timeout=240) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], outputs
-    one = _run([sys.executable, "-m", "neutronorch", "train", *COMMON, "--mode", "device", "--epochs", "1",
+    one = _run([sys.executable, "-m", "neutronorch", "train", *COMMON, *GAT_BLOCKS, "--epochs", "1",
                 "--batch-size", "64", "--log-jsonl", str(tmp_path / "one.jsonl")])
     assert one.returncode == 0, one.stderr
     torch.testing.assert_close(torch.tensor(_step_losses(tmp_path / "n0.jsonl")),

@@ -187,11 +187,31 @@ def test_relu_dropout_masks_follow_the_vertex_not_the_row():
     assert not torch.equal(relu_dropout(y.clone(), 0.5, True), out)  # by position: other masks
 
 
+def test_keyed_dropout_keeps_by_id_on_both_paths_with_gradients():
+    from neutronorch.nn.activation import edge_ids, keyed_dropout
+    ids = edge_ids(torch.randint(0, 1000, (500,)), torch.randint(0, 1000, (500,)))  # edge ids: any int64
+    x = torch.randn(500, 6, requires_grad=True)
+    torch.manual_seed(4)
+    out = keyed_dropout(x * 1, 0.4, True, ids)  # CPU kernel
+    kept = out != 0
+    assert 0.55 < float(kept.float().mean()) < 0.65
+    torch.testing.assert_close(out[kept], (x * 256 / (256 - 102))[kept])  # p resolved to 102/256
+    out.backward(torch.ones_like(out))
+    torch.testing.assert_close(x.grad, kept.float() * 256 / (256 - 102))
+    torch.manual_seed(4)
+    by_torch = keyed_dropout(x.detach().t().contiguous().t(), 0.4, True, ids)  # not contiguous: the torch ops
+    torch.testing.assert_close(by_torch, out.detach())
+    perm = torch.randperm(500)
+    torch.manual_seed(4)
+    torch.testing.assert_close(keyed_dropout(x.detach()[perm].contiguous(), 0.4, True, ids[perm]), out.detach()[perm])
+    assert torch.equal(keyed_dropout(x, 0.4, False, ids), x)
+
+
 @pytest.mark.parametrize("width", [64, 61])
 def test_torch_keyed_masks_equal_the_cpu_kernels(width):
     # The torch ops (the path on GPUs) draw exactly the bytes of the numba kernel for the same key and ids.
     from neutronorch.nn.activation import dropout_constants, keyed_keep
-    ids = torch.randint(0, 2**40, (300,))
+    ids = torch.cat([torch.randint(0, 2**40, (250,)), torch.randint(-2**62, 0, (50,))])  # negative too
     torch.manual_seed(9)
     out = relu_dropout(torch.ones(300, width), 0.3, True, ids)
     torch.manual_seed(9)

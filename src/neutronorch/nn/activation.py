@@ -10,6 +10,8 @@ A row's mask is keyed by the global id of the vertex the row belongs to (``ids``
 are given): a vertex gets the same mask in a step whichever mini-batch, rank or position holds it, so data
 parallel ranks that split a batch draw exactly the masks one process draws for the whole batch. Other
 devices compute the same bytes with torch's integer ops (``keyed_keep``); without ids they use the torch ops.
+``keyed_dropout`` is dropout alone keyed the same way (the graph blocks' dropouts, by vertex; GAT's attention
+dropout, by ``edge_ids``).
 """
 
 from __future__ import annotations
@@ -42,11 +44,10 @@ def dropout_bytes(keep, i, key, vertex):
 
 
 @njit(inline="always")
-def relu_dropout_row(src, r, out, keep, i, threshold, scale, key, vertex):
+def relu_dropout_row(src, r, out, keep, i, threshold, scale, key, vertex, relu=True):
     """Row ``i`` (of vertex ``vertex``) of the fused ReLU + dropout from row ``r`` of ``src``: ``out[i, j]``
     is ``src[r, j] * scale`` where kept (random byte at least ``threshold``, see ``dropout_bytes``) and
-    positive, else 0, and
-    ``keep[i, j]`` is 1 there, else 0. ``src`` may be ``out`` (in place); both hold float32 or bfloat16 bits.
+    positive (without ``relu``: kept), else 0, and ``keep[i, j]`` is 1 there, else 0. ``src`` may be ``out`` (in place); both hold float32 or bfloat16 bits.
 
     Two passes over the row, each a loop the compiler vectorises: the random bytes, then a branch-free select
     through row views. One pass that branched per element ran 2-4 (float32) and 6-10 (bfloat16) times slower
@@ -56,7 +57,7 @@ def relu_dropout_row(src, r, out, keep, i, threshold, scale, key, vertex):
     source, target, mask = src[r], out[i], keep[i]
     for j in range(target.shape[0]):
         value = load(source[j])
-        kept = (mask[j] >= threshold) & (value > 0)
+        kept = (mask[j] >= threshold) & ((value > 0) | (not relu))
         result = value * scale if kept else np.float32(0.0)  # a name, not inline in the call: bfloat16.store
         store(target, j, result)
         mask[j] = np.uint8(kept)
@@ -66,6 +67,12 @@ def relu_dropout_row(src, r, out, keep, i, threshold, scale, key, vertex):
 def _forward(y, threshold, scale, key, ids, keep):
     for i in prange(y.shape[0]):
         relu_dropout_row(y, i, y, keep, i, threshold, scale, key, ids[i])
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def _dropout_forward(x, threshold, scale, key, ids, out, keep):
+    for i in prange(x.shape[0]):
+        relu_dropout_row(x, i, out, keep, i, threshold, scale, key, ids[i], False)
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -113,6 +120,25 @@ class _ReluDropout(torch.autograd.Function):
         return grad_in, None, None
 
 
+class _KeyedDropout(torch.autograd.Function):
+    """Dropout alone (no ReLU), out of place, each row's mask keyed by its id."""
+
+    @staticmethod
+    def forward(ctx, x, p, ids):
+        threshold, scale = dropout_constants(p)
+        keep = torch.empty(x.shape, dtype=torch.uint8)
+        out = torch.empty_like(x)
+        _dropout_forward(numpy_view(x.detach()), threshold, scale, draw_key(), row_ids(ids, x.shape[0]).numpy(),
+                         numpy_view(out), keep.numpy())
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return _ReluDropout.backward(ctx, grad_out)
+
+
 def row_ids(ids: torch.Tensor | None, rows: int) -> torch.Tensor:
     """The vertex ids that key each row's mask, as a contiguous int64 CPU tensor: ``ids``, or the row
     positions when there are none."""
@@ -132,6 +158,25 @@ def keyed_keep(key: np.uint64, ids: torch.Tensor, width: int, threshold: np.uint
     # Byte b of every word compared at once (boolean results: no rows x width int64 intermediate).
     kept = torch.stack([((bits >> (8 * b)) & 255) >= int(threshold) for b in range(8)], dim=2)
     return kept.reshape(ids.shape[0], -1)[:, :width]
+
+
+def keyed_dropout(x: torch.Tensor, p: float, training: bool, ids: torch.Tensor | None) -> torch.Tensor:
+    """``dropout(x, p)`` with row ``i``'s mask keyed by ``ids[i]`` (a vertex, or an edge's
+    ``edge_ids``); torch's own dropout without ids."""
+    if not training or p == 0:
+        return x
+    if ids is None or x.dim() != 2:
+        return F.dropout(x, p, training)
+    if x.device.type == "cpu" and supported(x.dtype) and x.is_contiguous():
+        return _KeyedDropout.apply(x, p, ids)
+    threshold, scale = dropout_constants(p)
+    kept = keyed_keep(draw_key(), ids.to(x.device), x.shape[1], threshold)
+    return torch.where(kept, x * float(scale), torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def edge_ids(dst_ids: torch.Tensor, src_ids: torch.Tensor) -> torch.Tensor:
+    """One 64-bit id per (destination, source) pair of vertex ids: what keys an edge's dropout mask."""
+    return torch_mix(dst_ids.to(torch.int64) * T_GOLDEN + torch_mix(src_ids.to(torch.int64) + T_GOLDEN))
 
 
 def relu_dropout(y: torch.Tensor, p: float, training: bool, ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from neutronorch.nn.activation import keyed_dropout
 from neutronorch.nn.aggregation import mean_aggregate, symmetric_aggregate
 from neutronorch.nn.bucket import linear
 from neutronorch.nn.layers import GATConv
@@ -37,9 +38,10 @@ class FeedForward(nn.Module):
         self.lin1, self.lin2 = nn.Linear(in_dim, dim), nn.Linear(dim, dim)
         self.dropout = dropout
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.gelu(F.dropout(linear(self.lin1, x), self.dropout, self.training))
-        return F.dropout(linear(self.lin2, x), self.dropout, self.training)
+    def forward(self, x: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """``ids``: the rows' vertex ids, which key their dropout masks."""
+        x = F.gelu(keyed_dropout(linear(self.lin1, x), self.dropout, self.training, ids))
+        return keyed_dropout(linear(self.lin2, x), self.dropout, self.training, ids)
 
 
 class GraphBlock(nn.Module):
@@ -65,7 +67,7 @@ class GraphBlock(nn.Module):
                        else mean_aggregate(block, h, include_self=True))
         else:
             message = self.attention(block, h)
-        return block.dst_rows(x_src) + self.ffn(message)
+        return block.dst_rows(x_src) + self.ffn(message, block.dst_ids)
 
 
 class InputBlock(nn.Module):
@@ -81,7 +83,7 @@ class InputBlock(nn.Module):
         self.dropout = dropout
 
     def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
-        h = F.gelu(F.dropout(linear(self.input, x_src), self.dropout, self.training))
+        h = F.gelu(keyed_dropout(linear(self.input, x_src), self.dropout, self.training, block.src_ids))
         return self.first(block, h)
 
 
