@@ -68,6 +68,28 @@ def test_ranks_split_each_global_batch_in_order():
     assert [[b.shape[0] for b in t] for t in tiny] == [[2, 1], [2, 0], [2, 0]]
 
 
+def _train_in_callers_group(rank: int, directory: str) -> None:
+    os.environ.update(NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    import neutronorch  # noqa: PLC0415 - in the spawned process
+    torch.distributed.init_process_group("gloo", init_method=f"file://{directory}/rendezvous", rank=rank,
+                                         world_size=2)
+    summary = neutronorch.train(neutronorch.TrainConfig(
+        dataset=GRAPH, hidden=16, fanouts=[4, 4], epochs=1, batch_size=32, threads=1, sampler_threads=1,
+        device="cpu", summary_json=f"{directory}/summary-{rank}.json"))
+    assert torch.distributed.is_initialized()  # the caller's group: left for the caller
+    torch.distributed.destroy_process_group()
+    Path(directory, f"loss-{rank}").write_text(repr(summary["epochs"][0]["train_loss"]))
+
+
+@pytest.mark.slow
+def test_train_joins_a_process_group_the_caller_made(tmp_path):
+    torch.multiprocessing.spawn(_train_in_callers_group, args=(str(tmp_path),), nprocs=2)
+    assert (tmp_path / "summary-0.json").is_file() and not (tmp_path / "summary-1.json").exists()
+    summary = json.loads((tmp_path / "summary-0.json").read_text())
+    assert summary["distributed"]["world_size"] == 2
+    assert (tmp_path / "loss-0").read_text() == (tmp_path / "loss-1").read_text()  # the global loss on each
+
+
 @pytest.mark.slow
 def test_two_ranks_reproduce_one_process_with_twice_the_batch(tmp_path):
     # 401 training vertices in global batches of 100: the last holds one seed, and rank 1 none of it.
@@ -182,3 +204,20 @@ def _children(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             found.append(int(stat.parent.name))
     return found
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="data parallel on CUDA needs 2 GPUs (NCCL, one per rank)")
+def test_two_gpu_ranks_reproduce_one_gpu(tmp_path):
+    on_gpu = [a if a != "cpu" else "cuda" for a in COMMON]
+    one = _run([sys.executable, "-m", "neutronorch", "train", *on_gpu, "--epochs", "2", "--batch-size", "64",
+                "--log-jsonl", str(tmp_path / "one.jsonl")])
+    assert one.returncode == 0, one.stderr
+    two = _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m",
+                "neutronorch", "train", *on_gpu, "--epochs", "2", "--batch-size", "32", "--log-jsonl",
+                str(tmp_path / "two.jsonl")])
+    assert two.returncode == 0, two.stderr
+    assert "backend nccl" in two.stderr
+    torch.testing.assert_close(torch.tensor(_step_losses(tmp_path / "two.jsonl")),
+                               torch.tensor(_step_losses(tmp_path / "one.jsonl")), rtol=1e-4, atol=0)

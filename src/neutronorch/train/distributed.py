@@ -158,6 +158,19 @@ def environment_world_size() -> int:
                           f"torchrun --nproc-per-node N.") from None
 
 
+def rank_device(device: torch.device) -> torch.device:
+    """A launched rank's own GPU on CUDA (``LOCAL_RANK`` modulo the GPUs it sees), made current before
+    the process group forms (NCCL binds to the current device); ``device`` itself otherwise."""
+    if device.type != "cuda" or device.index is not None:
+        return device
+    launched = environment_world_size() > 1 or (torch.distributed.is_available() and torch.distributed.is_initialized())
+    if not launched:
+        return device
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
 @contextlib.contextmanager
 def joined(device_kind: str, timeout: float):
     """The run's ``World``: one rank unless launched data-parallel. Initialises the default process group

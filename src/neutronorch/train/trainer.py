@@ -42,7 +42,7 @@ from neutronorch.train.optim import Adam
 from neutronorch.train.resources import (check_threading_layer, memory_budget, resolve_device, thread_budget,
                                          torch_threads)
 from neutronorch.train.checkpoint import check_resumable, load_state, save_checkpoint
-from neutronorch.train.distributed import GradientSync, World, joined
+from neutronorch.train.distributed import GradientSync, World, joined, rank_device
 from neutronorch.train.outputs import check_outputs, write_json_atomically
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.task import Task
@@ -94,13 +94,10 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
     config = dataclasses.replace(config).validate()  # resolved values (batch size) go into a copy
     check_threading_layer()
     check_outputs(config)
-    device = resolve_device(config.device)
+    device = rank_device(resolve_device(config.device))
     keep_freed_memory()
     with contextlib.ExitStack() as stack:
         world = stack.enter_context(joined(device.type, config.dist_timeout))
-        if device.type == "cuda" and world.distributed:
-            device = torch.device("cuda", world.local_rank % torch.cuda.device_count())
-            torch.cuda.set_device(device)
         precision = resolve_precision(config.precision, device)
         config.precision = precision.name
         threads = thread_budget(config, world.local_size)
