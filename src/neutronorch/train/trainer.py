@@ -142,7 +142,7 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
         graph = load_dataset(config.dataset, config.split, config.seed, config.split_index)
         data_seconds = time.perf_counter() - t0
         logger.info(f"loaded {graph.describe()} in {data_seconds:.1f}s")
-    for note in graph.notes:
+    for note in graph.notes if world.main else []:  # the same on every rank
         logger.warning(f"note: {note}")
     if config.batch_size == 0:
         config.batch_size = auto_batch_size(len(graph.train_idx))
