@@ -101,6 +101,14 @@ class World:
                 with self._collective(what):
                     torch.distributed.broadcast(tensor, src=0, group=group)
 
+    def share_rows(self, buffer: torch.Tensor, bounds: list[tuple[int, int]], what: str) -> None:
+        """Rows ``bounds[r]`` of ``buffer`` computed by rank ``r``: each range broadcast by its rank, in
+        place, so every rank ends with all of them."""
+        group = self.host_group if buffer.device.type == "cpu" else self.group
+        for source, (lo, hi) in enumerate(bounds):
+            with self._collective(what):
+                torch.distributed.broadcast(buffer[lo:hi], src=source, group=group)
+
     def all_gather_rows(self, rows: torch.Tensor, what: str) -> torch.Tensor:
         """The ranks' CPU tensors (any number of rows each, the same trailing shape and dtype) concatenated
         in rank order, on every rank."""

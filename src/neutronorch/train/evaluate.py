@@ -16,10 +16,12 @@ from neutronorch.train.task import Task
 
 
 def full_neighbor_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor,
-                         device: torch.device, chunk_size: int = 4096, layers: int | None = None) -> torch.Tensor:
+                         device: torch.device, chunk_size: int = 4096, layers: int | None = None,
+                         world: World | None = None) -> torch.Tensor:
     """Logits of ``nodes`` computed from complete neighbourhoods, layer by layer, in memory (``layerwise``);
-    with ``layers`` = K, the output of layer K instead (after its activation: an embedding)."""
-    return layerwise(model, graph, store, nodes, device, chunk_size, layers)
+    with ``layers`` = K, the output of layer K instead (after its activation: an embedding). Data parallel
+    (``world``), the intermediate layers are computed in shares across the ranks."""
+    return layerwise(model, graph, store, nodes, device, chunk_size, layers, world=world)
 
 
 @torch.no_grad()
@@ -65,11 +67,9 @@ def evaluate(model: GNN, graph: Graph, store: FeatureStore, device: torch.device
 def _logits_of_share(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,
                      fanouts: list[int] | None, batch_size: int, seed: int, world: World) -> torch.Tensor:
     """This rank's contiguous share of ``nodes``' logits (float32, on the CPU)."""
-    if fanouts is None:
+    if fanouts is None:  # every rank takes part in the intermediate layers, even with no vertices of its own
         share = torch.tensor_split(nodes, world.size)[world.rank]
-        if share.shape[0] == 0:
-            return torch.zeros(0, model.width(model.num_layers - 1))
-        return full_neighbor_logits(model, graph, store, share, device, batch_size).float().cpu()
+        return full_neighbor_logits(model, graph, store, share, device, batch_size, world=world).float().cpu()
     chunks = -(-nodes.shape[0] // batch_size)
     mine = torch.tensor_split(torch.arange(chunks), world.size)[world.rank]
     if mine.shape[0] == 0:

@@ -11,6 +11,10 @@ appearance in an L-hop neighbourhood. Where the rows go is the caller's choice:
   per-chunk ``transform`` (class probabilities, predicted classes), so a result larger than memory is
   never held whole.
 
+Data parallel (``world``), each rank computes a contiguous share of every intermediate layer's chunks and the
+ranks broadcast their shares to each other, so every rank holds the whole layer having computed 1/N of it;
+each computes the last layer for the ``nodes`` it was given.
+
 The input layer reads features through relabelled chunks (features stay on the host, possibly as a
 float16 memory map). Later separable layers read the previous layer's embeddings in place, with global
 ids as source positions, so nothing is copied per chunk; non-separable layers (GAT), and a previous layer
@@ -32,6 +36,7 @@ from neutronorch.features.store import FeatureStore
 from neutronorch.nn.models import GNN
 from neutronorch.sampling.block import Block
 from neutronorch.sampling.neighbor_sampler import NeighborSampler
+from neutronorch.train.distributed import World
 
 # progress(layer 1.., rows done, rows of that layer): called after every chunk.
 LayerProgress = Callable[[int, int, int], None]
@@ -42,7 +47,7 @@ Transform = Callable[[torch.Tensor], torch.Tensor]
 def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,
               chunk_size: int = 4096, layers: int | None = None, *, out: torch.Tensor | np.ndarray | None = None,
               transform: Transform | None = None, scratch: str | None = None,
-              progress: LayerProgress | None = None) -> torch.Tensor | np.ndarray:
+              progress: LayerProgress | None = None, world: World | None = None) -> torch.Tensor | np.ndarray:
     """The output of layer ``layers`` (default: the last, the logits; after its activation otherwise) of
     ``nodes``, written into ``out`` (one row per requested vertex, in their order; a new CPU float32
     tensor when None) after ``transform`` of each chunk's float32 CPU rows. Returns ``out``."""
@@ -52,7 +57,7 @@ def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor
         if transform is not None:
             raise ValueError("layerwise: give `out` with a `transform` (its rows' type and width)")
         out = torch.empty((nodes.shape[0], model.width(upto - 1)))
-    run = _Run(model, graph, store, device, chunk_size, progress)
+    run = _Run(model, graph, store, device, chunk_size, progress, world or World())
     hidden = None
     with tempfile.TemporaryDirectory(dir=scratch) if scratch is not None else contextlib.nullcontext() as folder:
         for layer in range(upto):
@@ -66,8 +71,8 @@ def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor
 
 class _Run:
     def __init__(self, model: GNN, graph: Graph, store: FeatureStore, device: torch.device, chunk_size: int,
-                 progress: LayerProgress | None):
-        self.model, self.graph, self.store, self.device = model, graph, store, device
+                 progress: LayerProgress | None, world: World):
+        self.model, self.graph, self.store, self.device, self.world = model, graph, store, device, world
         self.chunk_size, self.progress = chunk_size, progress
         self.sampler = NeighborSampler(graph.indptr, graph.indices, [-1], model.needs_degrees)
         with warnings.catch_warnings():
@@ -98,7 +103,9 @@ class _Run:
 
     def all_rows(self, layer: int, hidden: torch.Tensor | None, buffer: torch.Tensor) -> None:
         n, step = self.graph.num_nodes, self.chunk_size
-        for start in range(0, n, step):
+        starts = torch.arange(0, n, step)
+        shares = torch.tensor_split(starts, self.world.size)  # whole chunks: each computed as in one process
+        for start in shares[self.world.rank].tolist():
             end = min(n, start + step)
             if self.in_place(layer, hidden):
                 rows = self.contiguous(layer, hidden, start, end)
@@ -106,6 +113,9 @@ class _Run:
                 rows = self.relabelled(layer, hidden, torch.arange(start, end))
             buffer[start:end] = rows.to(buffer.device)
             self._report(layer, end, n)
+        if self.world.distributed:
+            bounds = [(int(share[0]), min(n, int(share[-1]) + step)) for share in shares if share.numel()]
+            self.world.share_rows(buffer, bounds, f"sharing layer {layer + 1} of the evaluation")
 
     def last(self, layer: int, hidden: torch.Tensor | None, nodes: torch.Tensor, out, transform) -> object:
         """The requested rows of the last layer, chunk by chunk into ``out``."""
