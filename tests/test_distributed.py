@@ -221,3 +221,15 @@ def test_two_gpu_ranks_reproduce_one_gpu(tmp_path):
     assert "backend nccl" in two.stderr
     torch.testing.assert_close(torch.tensor(_step_losses(tmp_path / "two.jsonl")),
                                torch.tensor(_step_losses(tmp_path / "one.jsonl")), rtol=1e-4, atol=0)
+
+
+def test_more_ranks_than_gpus_is_refused_before_the_group_forms(monkeypatch):
+    from neutronorch.errors import ConfigError
+    from neutronorch.train.distributed import rank_device
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ConfigError, match="4 ranks on this machine but 2 GPU"):
+        rank_device(torch.device("cuda"))
+    assert rank_device(torch.device("cpu")) == torch.device("cpu")

@@ -174,7 +174,11 @@ def rank_device(device: torch.device) -> torch.device:
     launched = environment_world_size() > 1 or (torch.distributed.is_available() and torch.distributed.is_initialized())
     if not launched:
         return device
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    here, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count()
+    if here > gpus:
+        raise ConfigError(f"{here} ranks on this machine but {gpus} GPU(s) visible: data parallel on CUDA takes one "
+                          f"GPU per rank. Launch with --nproc-per-node {gpus}, or train with --device cpu.")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     torch.cuda.set_device(device)
     return device
 
