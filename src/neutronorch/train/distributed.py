@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import logging
 import os
 import re
 import threading
@@ -36,10 +35,6 @@ import torch
 
 from neutronorch.errors import ConfigError, TrainingError
 from neutronorch.train.memory import peak_rss_mb, resident_mb
-
-logger = logging.getLogger("neutronorch")
-
-_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
 @dataclass
@@ -54,7 +49,6 @@ class World:
     group: object = None  # the process group of gradient reductions (NCCL on CUDA, else gloo)
     host_group: object = None  # a gloo group for host-side messages
     timeout: float = 0.0
-    owns_group: bool = False  # this run initialised the default process group (and destroys it)
 
     @property
     def distributed(self) -> bool:
@@ -85,11 +79,14 @@ class World:
 
     # ----- collectives -----------------------------------------------------------------------------------
 
+    def _group_of(self, tensor: torch.Tensor):
+        """The group for a tensor's collectives: the host group for CPU tensors, else the device's."""
+        return self.host_group if tensor.device.type == "cpu" else self.group
+
     def all_reduce_(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
-        """Sum ``tensor`` over the ranks in place (its device's group)."""
-        group = self.host_group if tensor.device.type == "cpu" else self.group
+        """Sum ``tensor`` over the ranks in place."""
         with self._collective(what):
-            torch.distributed.all_reduce(tensor, group=group)
+            torch.distributed.all_reduce(tensor, group=self._group_of(tensor))
         return tensor
 
     def broadcast_module(self, module: torch.nn.Module, what: str, buffers_only: bool = False) -> None:
@@ -97,17 +94,15 @@ class World:
         tensors = list(module.buffers()) if buffers_only else list(module.state_dict().values())
         with torch.no_grad():
             for tensor in tensors:
-                group = self.host_group if tensor.device.type == "cpu" else self.group
                 with self._collective(what):
-                    torch.distributed.broadcast(tensor, src=0, group=group)
+                    torch.distributed.broadcast(tensor, src=0, group=self._group_of(tensor))
 
     def share_rows(self, buffer: torch.Tensor, bounds: list[tuple[int, int]], what: str) -> None:
         """Rows ``bounds[r]`` of ``buffer`` computed by rank ``r``: each range broadcast by its rank, in
         place, so every rank ends with all of them."""
-        group = self.host_group if buffer.device.type == "cpu" else self.group
         for source, (lo, hi) in enumerate(bounds):
             with self._collective(what):
-                torch.distributed.broadcast(buffer[lo:hi], src=source, group=group)
+                torch.distributed.broadcast(buffer[lo:hi], src=source, group=self._group_of(buffer))
 
     def all_gather_rows(self, rows: torch.Tensor, what: str) -> torch.Tensor:
         """The ranks' CPU tensors (any number of rows each, the same trailing shape and dtype) concatenated
@@ -215,7 +210,7 @@ def joined(device_kind: str, timeout: float):
         world = World(rank=dist.get_rank(), size=dist.get_world_size(),
                       local_rank=int(os.environ.get("LOCAL_RANK", "0")),
                       local_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), backend=backend,
-                      group=dist.group.WORLD, host_group=host_group, timeout=timeout, owns_group=owns)
+                      group=dist.group.WORLD, host_group=host_group, timeout=timeout)
         yield world
     finally:
         if owns and dist.is_initialized():
