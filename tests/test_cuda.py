@@ -24,6 +24,29 @@ def test_torch_sampler_on_cuda_matches_the_contract(small_csc):
         assert torch.equal(block.in_degrees(), degrees.clamp(max=fanout))
 
 
+def test_keyed_dropout_and_sampling_on_cuda_equal_cpu(small_csc):
+    # Data parallel relies on these draws depending on (key, vertex) only, on every device.
+    from neutronorch.nn.activation import edge_ids, keyed_dropout
+    ids = torch.cat([torch.randint(0, 2**40, (200,)), torch.randint(-2**62, 0, (50,))])
+    y = torch.randn(250, 61)
+    torch.manual_seed(3)
+    on_cpu = relu_dropout(y.clone(), 0.4, True, ids)
+    torch.manual_seed(3)
+    torch.testing.assert_close(relu_dropout(y.cuda(), 0.4, True, ids.cuda()).cpu(), on_cpu)
+    pairs = edge_ids(ids, ids.flip(0))
+    torch.manual_seed(4)
+    on_cpu = keyed_dropout(y.clone(), 0.3, True, pairs)
+    torch.manual_seed(4)
+    torch.testing.assert_close(keyed_dropout(y.cuda(), 0.3, True, pairs.cuda()).cpu(), on_cpu)
+    indptr, indices = small_csc
+    seeds, key = torch.arange(0, 300, 7), batch_key(1, 2, 3)
+    samplers = [TorchNeighborSampler(torch.from_numpy(indptr).to(d), torch.from_numpy(indices).to(d), [5, 3])
+                for d in ("cpu", "cuda")]
+    a, b = (s.sample(seeds.to(s.device), key) for s in samplers)
+    for x, z in zip(a.blocks, b.blocks):
+        assert torch.equal(x.indices, z.indices.cpu()) and torch.equal(x.src_ids, z.src_ids.cpu())
+
+
 def test_aggregation_and_activation_on_cuda_equal_cpu(small_csc):
     from neutronorch.sampling.neighbor_sampler import NeighborSampler
 
