@@ -69,7 +69,6 @@ def test_ranks_split_each_global_batch_in_order():
 
 
 def _train_in_callers_group(rank: int, directory: str) -> None:
-    os.environ.update(NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")
     import neutronorch  # noqa: PLC0415 - in the spawned process
     torch.distributed.init_process_group("gloo", init_method=f"file://{directory}/rendezvous", rank=rank,
                                          world_size=2)
@@ -82,7 +81,9 @@ def _train_in_callers_group(rank: int, directory: str) -> None:
 
 
 @pytest.mark.slow
-def test_train_joins_a_process_group_the_caller_made(tmp_path):
+def test_train_joins_a_process_group_the_caller_made(tmp_path, monkeypatch):
+    for name, value in _env().items():  # before the children start: numba reads its thread count at import
+        monkeypatch.setenv(name, value)
     torch.multiprocessing.spawn(_train_in_callers_group, args=(str(tmp_path),), nprocs=2)
     assert (tmp_path / "summary-0.json").is_file() and not (tmp_path / "summary-1.json").exists()
     summary = json.loads((tmp_path / "summary-0.json").read_text())

@@ -219,7 +219,7 @@ def test_torch_keyed_masks_equal_the_cpu_kernels(width):
     assert torch.equal(kept, out != 0)
     y = torch.randn(300, width)
     torch.manual_seed(9)
-    by_torch = relu_dropout(y.t().contiguous().t(), 0.3, True, ids)  # not contiguous: the torch ops
+    by_torch = relu_dropout(y.t().contiguous().t(), 0.3, True, ids)  # not contiguous: not in place
     torch.manual_seed(9)
     torch.testing.assert_close(by_torch, relu_dropout(y.clone(), 0.3, True, ids))
 

@@ -176,7 +176,7 @@ def keyed_dropout(x: torch.Tensor, p: float, training: bool, ids: torch.Tensor |
 
 def edge_ids(dst_ids: torch.Tensor, src_ids: torch.Tensor) -> torch.Tensor:
     """One 64-bit id per (destination, source) pair of vertex ids: what keys an edge's dropout mask."""
-    return torch_mix(dst_ids.to(torch.int64) * T_GOLDEN + torch_mix(src_ids.to(torch.int64) + T_GOLDEN))
+    return torch_splitmix_key(dst_ids, src_ids)
 
 
 def relu_dropout(y: torch.Tensor, p: float, training: bool, ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -187,8 +187,4 @@ def relu_dropout(y: torch.Tensor, p: float, training: bool, ids: torch.Tensor | 
         return F.relu(y)
     if y.device.type == "cpu" and supported(y.dtype) and y.dim() == 2 and y.is_contiguous():
         return _ReluDropout.apply(y, p, ids)
-    if ids is None or y.dim() != 2:
-        return F.dropout(F.relu(y), p, training)
-    threshold, scale = dropout_constants(p)
-    kept = keyed_keep(draw_key(), ids.to(y.device), y.shape[1], threshold)
-    return torch.where(kept, F.relu(y) * float(scale), torch.zeros((), dtype=y.dtype, device=y.device))
+    return keyed_dropout(F.relu(y), p, training, ids)

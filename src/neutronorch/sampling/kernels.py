@@ -60,9 +60,12 @@ def torch_mix(z: torch.Tensor) -> torch.Tensor:
     return z ^ torch_shr(z, 31)
 
 
-def torch_splitmix_key(key: int, ids: torch.Tensor) -> torch.Tensor:
-    """``splitmix_key(key, id)`` of every id (int64 words, bit for bit), on ``ids``' device."""
-    return torch_mix(_signed(int(key) * int(GOLDEN)) + torch_mix(ids.to(torch.int64) + T_GOLDEN))
+def torch_splitmix_key(key: int | torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``splitmix_key(key, id)`` of every id (int64 words, bit for bit), on ``ids``' device; ``key`` is one
+    key or a tensor of them, one per id."""
+    scaled = (key.to(torch.int64) * T_GOLDEN if isinstance(key, torch.Tensor)
+              else _signed(int(key) * int(GOLDEN)))  # Python ints do not wrap: reduce modulo 2**64
+    return torch_mix(scaled + torch_mix(ids.to(torch.int64) + T_GOLDEN))
 
 
 @njit(inline="always")

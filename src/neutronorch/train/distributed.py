@@ -237,29 +237,22 @@ class GradientSync:
         mean loss."""
         params = self.params
         device = params[0].device
-        parts, present = [], []
-        for p in params:
-            if p.grad is None:
-                parts.append(torch.zeros(p.numel(), dtype=torch.float32, device=device))
-                present.append(0.0)
-            else:
-                parts.append(p.grad.reshape(-1).float() * weight)
-                present.append(1.0)
-        flat = torch.cat(parts + [(loss.float() * weight).reshape(1), weight.reshape(1).float(),
-                                  torch.tensor(present, device=device)])
+        present = [p.grad is not None for p in params]
+        # One buffer, one copy: [gradients..., loss, 1] scaled by the weight in place (the 1 becomes the
+        # weight), then which parameters had gradients, unscaled.
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params]
+                         + [loss.reshape(1).float(), torch.ones(1, device=device),
+                            torch.tensor(present, dtype=torch.float32, device=device)])
+        flat[:-len(params)].mul_(weight)
         self.world.all_reduce_(flat, "the gradient all-reduce")
         meta = flat[-len(params) - 1:].cpu().tolist()  # one read of the device: the weight, who had gradients
         total, counts = meta[0], meta[1:]
-        global_loss = flat[-len(params) - 2] / max(total, 1e-30)
-        flat = flat / max(total, 1e-30)  # no loss terms on any rank: their gradients were zero
+        flat[:-len(params) - 1].div_(max(total, 1e-30))  # no loss terms on any rank: the sums were zero
         offset = 0
-        for index, p in enumerate(params):
+        for p, count in zip(params, counts):
             n = p.numel()
-            if total > 0 and counts[index] > 0:
-                p.grad = flat[offset:offset + n].view_as(p).to(p.dtype)
-            else:
-                p.grad = None
+            p.grad = flat[offset:offset + n].view_as(p).to(p.dtype) if total > 0 and count > 0 else None
             offset += n
         if self.world.any(self.request is not None and self.request.is_set(), "the stop agreement"):
             self.agreed.set()
-        return global_loss
+        return flat[-len(params) - 2].clone()  # the global batch's mean loss
