@@ -55,6 +55,32 @@ def test_numba_and_torch_symmetric_aggregation_agree_forward_and_backward(subgra
     torch.testing.assert_close(a.grad.double(), b.grad, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("offset", [0, 7])
+def test_numba_and_torch_attention_aggregation_agree_forward_and_backward(subgraph, offset):
+    # GAT's weighted sum: the CPU kernels against the torch ops (CUDA's path) in float64.
+    from dataclasses import replace
+
+    from neutronorch.nn.attention import attention_aggregate, attention_aggregate_torch
+
+    first = subgraph.blocks[0]
+    start = int(first.indptr[offset])
+    block = replace(first, dst_offset=offset, num_dst=first.num_dst - offset, indptr=first.indptr[offset:] - start,
+                    indices=first.indices[start:])
+    heads = 3
+    z = torch.randn(block.num_src, 4 * heads)
+    alpha = torch.rand(block.num_edges + block.num_dst, heads)
+    grad = torch.randn(block.num_dst, 4 * heads)
+    za, aa = z.clone().requires_grad_(), alpha.clone().requires_grad_()
+    zb, ab = z.double().requires_grad_(), alpha.double().requires_grad_()
+    out_a = attention_aggregate(block, za, aa, heads)
+    out_b = attention_aggregate_torch(block, zb, ab, heads)
+    torch.testing.assert_close(out_a.double(), out_b, rtol=1e-5, atol=1e-6)
+    out_a.backward(grad)
+    out_b.backward(grad.double())
+    torch.testing.assert_close(za.grad.double(), zb.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(aa.grad.double(), ab.grad, rtol=1e-5, atol=1e-6)
+
+
 def test_sampled_symmetric_aggregation_estimates_the_full_one_without_bias(small_csc):
     from neutronorch.nn.aggregation import symmetric_aggregate
 

@@ -66,20 +66,30 @@ def _layer_input_forward(indptr, indices, x, dst_offset, self_columns, include_s
 
 
 @njit(cache=True, nogil=True)
-def _transpose(indptr, indices, num_src):
-    """For each source, the destinations that read it (CSR of the transposed block), in a stable order."""
+def transpose_edges(indptr, indices, num_src):
+    """For each source, the edges that read it (CSR of the transposed block, in a stable order), and every
+    edge's destination."""
     counts = np.zeros(num_src + 1, np.int64)
     for e in range(indices.shape[0]):
         counts[indices[e] + 1] += 1
     src_ptr = np.cumsum(counts)
     fill = src_ptr[:-1].copy()
-    readers = np.empty(indices.shape[0], np.int64)
+    edges = np.empty(indices.shape[0], np.int64)
+    dst = np.empty(indices.shape[0], np.int64)
     for d in range(indptr.shape[0] - 1):
         for e in range(indptr[d], indptr[d + 1]):
             u = indices[e]
-            readers[fill[u]] = d
+            edges[fill[u]] = e
             fill[u] += 1
-    return src_ptr, readers
+            dst[e] = d
+    return src_ptr, edges, dst
+
+
+@njit(cache=True, nogil=True)
+def _transpose(indptr, indices, num_src):
+    """For each source, the destinations that read it (CSR of the transposed block), in a stable order."""
+    src_ptr, edges, dst = transpose_edges(indptr, indices, num_src)
+    return src_ptr, dst[edges]
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -356,3 +366,4 @@ def edge_destinations(block: Block) -> torch.Tensor:
     """The destination of every edge of ``block`` (CSR rows expanded)."""
     return torch.repeat_interleave(torch.arange(block.num_dst, device=block.indptr.device),
                                    block.in_degrees(), output_size=block.num_edges)
+

@@ -14,6 +14,7 @@ from torch.nn import functional as F
 
 from neutronorch.nn.activation import edge_ids, keyed_dropout
 from neutronorch.nn.aggregation import edge_destinations, fused_mean_linear, mean_aggregate, symmetric_aggregate
+from neutronorch.nn.attention import attention_aggregate
 from neutronorch.nn.bucket import linear, project
 from neutronorch.nn.names import GCN_NORMS
 from neutronorch.sampling.block import Block
@@ -143,9 +144,8 @@ class GATConv(nn.Module):
         if self.training and self.attention_dropout > 0 and block.src_ids is not None:
             ids = edge_ids(block.dst_ids.index_select(0, dst), block.src_ids.index_select(0, src))
         alpha = keyed_dropout(weights / total[dst], self.attention_dropout, self.training, ids)
-        out = torch.zeros((n_dst, self.heads, self.head_dim), dtype=torch.float32, device=z.device)
-        out = out.index_add(0, dst, z32[src] * alpha.unsqueeze(-1))
-        return (out.reshape(n_dst, self.out_dim) + self.bias).to(z.dtype)
+        out = attention_aggregate(block, z32.view(-1, self.out_dim), alpha, self.heads)
+        return (out + self.bias).to(z.dtype)
 
 
 class Residual(nn.Module):

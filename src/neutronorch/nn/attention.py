@@ -1,0 +1,152 @@
+"""GAT's attention-weighted sum over a block: ``attention_aggregate``.
+
+On CPU three numba kernels compute it without materialising anything edge-wide: the forward pass parallel
+over destinations; in the backward pass, the attention coefficients' gradient (one dot product per edge and
+head) over destinations, and the source rows' gradient over the sources of the transposed block (so no
+atomics). Every other device runs the torch ops (``attention_aggregate_torch``), which gather a row per edge;
+a test proves both equal. On a 4-layer GAT of graph blocks (Minesweeper, hidden 256, 4 heads) the gather,
+product and scatter of the torch ops took about half of a CPU training step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from neutronorch.nn.aggregation import CHUNK, edge_destinations, transpose_edges
+from neutronorch.prefetch import AHEAD, prefetch_row
+from neutronorch.sampling.block import Block
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def _attention_forward(indptr, indices, z, alpha, dst_offset, heads, out):
+    """out[d, h-part] = sum_e alpha[e, h] z[u_e, h-part] + alpha[E + d, h] z[dst_offset + d, h-part]: the
+    block's edges first (rows of ``indptr``), then one self loop per destination (``alpha``'s last rows).
+    ``z`` and ``out`` float32, one head's ``width // heads`` columns after another."""
+    width = z.shape[1]
+    part = width // heads
+    rows = out.shape[0]
+    loops = indices.shape[0]
+    for c in prange((rows + CHUNK - 1) // CHUNK):
+        last = indptr[min(rows, (c + 1) * CHUNK)]
+        for d in range(c * CHUNK, min(rows, (c + 1) * CHUNK)):
+            o = out[d]
+            own = z[dst_offset + d]
+            for h in range(heads):
+                a = alpha[loops + d, h]
+                for j in range(h * part, (h + 1) * part):
+                    o[j] = a * own[j]
+            for e in range(indptr[d], indptr[d + 1]):
+                if e + AHEAD < last:
+                    prefetch_row(z, indices[e + AHEAD])
+                row = z[indices[e]]
+                for h in range(heads):
+                    a = alpha[e, h]
+                    for j in range(h * part, (h + 1) * part):
+                        o[j] += a * row[j]
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def _attention_alpha_grad(indptr, indices, z, grad, dst_offset, heads, grad_alpha):
+    """grad_alpha[e, h] = <grad[d, h-part], z[u_e, h-part]> for every edge and self loop."""
+    width = z.shape[1]
+    part = width // heads
+    rows = grad.shape[0]
+    loops = indices.shape[0]
+    for d in prange(rows):
+        g = grad[d]
+        own = z[dst_offset + d]
+        for h in range(heads):
+            acc = np.float32(0.0)
+            for j in range(h * part, (h + 1) * part):
+                acc += g[j] * own[j]
+            grad_alpha[loops + d, h] = acc
+        for e in range(indptr[d], indptr[d + 1]):
+            row = z[indices[e]]
+            for h in range(heads):
+                acc = np.float32(0.0)
+                for j in range(h * part, (h + 1) * part):
+                    acc += g[j] * row[j]
+                grad_alpha[e, h] = acc
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def _attention_z_grad(src_ptr, edges, edge_dst, alpha, grad, dst_offset, heads, grad_z):
+    """The adjoint of ``_attention_forward`` in ``z``, one source row at a time over the transposed block."""
+    width = grad_z.shape[1]
+    part = width // heads
+    num_dst = grad.shape[0]
+    loops = edges.shape[0]
+    rows = grad_z.shape[0]
+    for c in prange((rows + CHUNK - 1) // CHUNK):
+        last = src_ptr[min(rows, (c + 1) * CHUNK)]
+        for u in range(c * CHUNK, min(rows, (c + 1) * CHUNK)):
+            acc = grad_z[u]
+            own = u - dst_offset
+            if 0 <= own < num_dst:
+                g = grad[own]
+                for h in range(heads):
+                    a = alpha[loops + own, h]
+                    for j in range(h * part, (h + 1) * part):
+                        acc[j] = a * g[j]
+            else:
+                acc[:] = 0.0
+            for t in range(src_ptr[u], src_ptr[u + 1]):
+                e = edges[t]
+                if t + AHEAD < last:
+                    prefetch_row(grad, edge_dst[edges[t + AHEAD]])
+                g = grad[edge_dst[e]]
+                for h in range(heads):
+                    a = alpha[e, h]
+                    for j in range(h * part, (h + 1) * part):
+                        acc[j] += a * g[j]
+
+
+class _NumbaAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z, alpha, block, heads):
+        z, alpha = z.detach().contiguous(), alpha.detach().contiguous()
+        out = torch.empty((block.num_dst, z.shape[1]), dtype=torch.float32)
+        _attention_forward(block.indptr.numpy(), block.indices.numpy(), z.numpy(), alpha.numpy(), block.dst_offset,
+                           heads, out.numpy())
+        ctx.save_for_backward(z, alpha)
+        ctx.block, ctx.heads = block, heads
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        z, alpha = ctx.saved_tensors
+        block, heads = ctx.block, ctx.heads
+        grad = grad_out.float().contiguous()
+        grad_z = grad_alpha = None
+        indptr, indices = block.indptr.numpy(), block.indices.numpy()
+        if ctx.needs_input_grad[1]:
+            grad_alpha = torch.empty(alpha.shape, dtype=torch.float32)
+            _attention_alpha_grad(indptr, indices, z.numpy(), grad.numpy(), block.dst_offset, heads,
+                                  grad_alpha.numpy())
+        if ctx.needs_input_grad[0]:
+            src_ptr, edges, edge_dst = transpose_edges(indptr, indices, block.num_src)
+            grad_z = torch.empty(z.shape, dtype=torch.float32)
+            _attention_z_grad(src_ptr, edges, edge_dst, alpha.numpy(), grad.numpy(), block.dst_offset, heads,
+                              grad_z.numpy())
+        return grad_z, grad_alpha, None, None
+
+
+def attention_aggregate(block: Block, z: torch.Tensor, alpha: torch.Tensor, heads: int) -> torch.Tensor:
+    """GAT's weighted sum: row d, head h = sum over d's sampled in-edges e of alpha[e, h] z[u_e] (head h's
+    columns), plus alpha[E + d, h] z_d (its self loop). ``z``: float32 source rows, (num_src, width), heads'
+    columns one after another; ``alpha``: (E + num_dst, heads), the block's edges in its order, then the self
+    loops. A numba kernel on CPU (nothing edge-wide is materialised), torch ops elsewhere."""
+    if z.device.type == "cpu" and z.dtype == torch.float32 and alpha.dtype == torch.float32:
+        return _NumbaAttention.apply(z, alpha, block, heads)
+    return attention_aggregate_torch(block, z, alpha, heads)
+
+
+def attention_aggregate_torch(block: Block, z: torch.Tensor, alpha: torch.Tensor, heads: int) -> torch.Tensor:
+    self_loops = torch.arange(block.num_dst, device=z.device)
+    src = torch.cat([block.indices.long(), self_loops + block.dst_offset])
+    dst = torch.cat([edge_destinations(block), self_loops])
+    zh = z.view(z.shape[0], heads, -1)
+    out = torch.zeros((block.num_dst, heads, zh.shape[2]), dtype=z.dtype, device=z.device)
+    return out.index_add(0, dst, zh[src] * alpha.unsqueeze(-1)).reshape(block.num_dst, -1)
