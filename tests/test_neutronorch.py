@@ -171,6 +171,44 @@ def test_host_hot_rows_equal_the_device_definition(graph, kind, norm):
     assert table.version == 0 and table.host_edges == block.num_edges
 
 
+def test_host_hot_rows_of_graph_blocks_draw_their_own_dropout_masks(graph):
+    # The bottom graph block holds dropouts; the host computes hot rows in training mode, with masks keyed
+    # by the super-batch and the vertex (so reproducible), drawn without touching torch's generator.
+    cfg = config(model="sage", mode="neutronorch", super_batch=2, hot_ratio=0.5, epochs=1, dropout=0.3,
+                 architecture="blocks", norm="layer")
+    torch.manual_seed(0)
+    model = GNN("sage", graph.feature_dim, cfg.hidden, graph.num_classes, 3, dropout=0.3, norm="layer",
+                architecture="blocks")
+    schedule = Schedule(1, -(-len(graph.train_idx) // cfg.batch_size), 2, cfg.resolved_staleness)
+
+    def hot_rows():
+        snapshots, hot = Channel("snapshots"), Channel("hot")
+        snapshots.put(0, Snapshot(0, [p.detach().clone() for p in model.bottom.parameters()]))
+        producer = HostProducer(graph, build_mode(cfg, graph, torch.device("cpu")).store, cfg.sampling,
+                                cfg.neutronorch, schedule, model.bottom, lambda: RatioSetting(0.5), snapshots,
+                                hot, Spans(), torch.device("cpu"), 1)
+        producer.planned = Channel("plans")
+        plan = next(producer.plans())
+        producer._finish_hot(plan, *producer._gather_hot(plan, NeighborSampler(graph.indptr, graph.indices,
+                                                                                cfg.fanouts)))
+        return plan, hot.take(0).table
+
+    state = torch.get_rng_state()
+    plan, first = hot_rows()
+    assert torch.equal(torch.get_rng_state(), state)  # torch's generator was not drawn from
+    torch.manual_seed(5)
+    assert torch.equal(hot_rows()[1], first)
+    block, frontier = NeighborSampler(graph.indptr, graph.indices, cfg.fanouts).sample_hop(
+        plan.hot, cfg.fanouts[-1], layer_key(plan.batches[0].key, 2))
+    x = torch.from_numpy(graph.features[frontier]).float()
+    with torch.no_grad():
+        model.bottom.eval()
+        without = model.bottom(block, x)
+        model.bottom.train()
+    assert not torch.allclose(first, without)  # dropout acted
+    assert (first - without).abs().mean() < without.abs().mean()  # ... on the same rows
+
+
 def test_the_planner_makes_the_most_frequent_destinations_hot(graph):
     sampler = NeighborSampler(graph.indptr, graph.indices, [4, 3, 3])
     uppers = [(i, 100 + i, sampler.sample(np.asarray(graph.train_idx[i * 50:(i + 1) * 50]), 100 + i, [4, 3]))

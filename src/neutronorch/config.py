@@ -59,7 +59,7 @@ class TrainConfig:
     super_batch: int = 8
     hot_ratio: str | float = "auto"
     staleness_bound: int | None = None  # None: 2 * super_batch - 1
-    hot_grad: str = "stop"
+    hot_grad: str = "cpu"
     hot_error_budget: float = 0.02
     snapshot_lead: int | None = None  # None: auto (2 steps, more while the trainer waits for hot rows)
     host_threads: int = 0

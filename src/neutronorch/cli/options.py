@@ -66,8 +66,9 @@ _HELP = {
                  "or auto to tune it between epochs from measured host and device time (default: %(default)s)",
     "staleness_bound": "neutronorch: most optimizer steps between the parameters hot embeddings were "
                        "computed from and their use; at least P-1 (default: 2P-1)",
-    "hot_grad": "neutronorch: stop treats hot rows as constants; cpu adds their bottom-layer gradient, "
-                "computed on the host once per super-batch (default: %(default)s)",
+    "hot_grad": "neutronorch: cpu adds the hot rows' bottom-layer gradient, computed on the host once per "
+                "super-batch; stop treats hot rows as constants (faster, but the bottom layer then learns "
+                "nothing from them) (default: %(default)s)",
     "hot_error_budget": "neutronorch with --hot-ratio auto: cap r so that (share of bottom-layer rows served "
                         "hot) x (measured drift of a row per step x mean staleness) stays below this "
                         "(default: %(default)s)",

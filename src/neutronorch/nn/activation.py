@@ -16,6 +16,10 @@ dropout, by ``edge_ids``).
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
 import numpy as np
 import torch
 from numba import njit, prange
@@ -90,9 +94,30 @@ def dropout_constants(p: float) -> tuple[np.uint64, np.float32]:
     return threshold, np.float32(256.0 / (256 - int(threshold)))
 
 
+_streams = threading.local()
+
+
+@contextmanager
+def dropout_keys(key: int) -> Iterator[None]:
+    """Within this block, on this thread, dropout keys are the counter stream ``splitmix_key(key, i)``,
+    i = 0, 1, ..., instead of draws from torch's generator. For threads other than the trainer's (NeutronOrch's
+    host producer): their masks must neither depend on the trainer's draws nor disturb them."""
+    before = getattr(_streams, "stream", None)
+    _streams.stream = [np.uint64(key & 0xFFFFFFFFFFFFFFFF), 0]
+    try:
+        yield
+    finally:
+        _streams.stream = before
+
+
 def draw_key() -> np.uint64:
-    """A dropout key from torch's generator (so ``torch.manual_seed`` governs the masks)."""
-    return np.uint64(int(torch.randint(0, 2**62, (1,))))
+    """A dropout key: from torch's generator (so ``torch.manual_seed`` governs the masks), or the next of
+    this thread's ``dropout_keys`` stream."""
+    stream = getattr(_streams, "stream", None)
+    if stream is None:
+        return np.uint64(int(torch.randint(0, 2**62, (1,))))
+    stream[1] += 1
+    return np.uint64(splitmix_key(stream[0], np.uint64(stream[1] - 1)))
 
 
 class _ReluDropout(torch.autograd.Function):

@@ -9,7 +9,9 @@ scratch arrays and the epochs' seed orders; the copy of the bottom layer):
   input) and hands it to the other loop on the ``plans`` channel.
 - ``compute`` (thread ``neutronorch-host``): for each plan, samples the bottom hop of H_s once and
   gathers its raw features, waits for the W0 snapshot the schedule assigns to s, computes H_s's
-  bottom-layer output with exactly the device layer's code, and puts the hot embeddings on the ``hot``
+  bottom-layer output with exactly the device layer's code, in training mode (dropout inside the layer,
+  such as the graph blocks' and GAT's, draws masks keyed by the super-batch and the vertex; batch
+  normalisation uses the hot rows' statistics), and puts the hot embeddings on the ``hot``
   channel (on CUDA, copied on its own stream).
 
 Planning does not depend on the weights, so it runs ahead while the other loop waits for snapshots or
@@ -29,6 +31,7 @@ import torch
 from neutronorch.config import NeutronOrchConfig, SamplingConfig
 from neutronorch.data.graph import Graph
 from neutronorch.features.store import FeatureStore
+from neutronorch.nn.activation import dropout_keys
 from neutronorch.nn.precision import cpu_bf16_units
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
@@ -36,7 +39,9 @@ from neutronorch.orchestration.neutronorch.controller import RatioSetting, error
 from neutronorch.orchestration.neutronorch.planner import Plan, Planner
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
 from neutronorch.orchestration.seeds import epoch_batches, training_seeds
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, layer_key
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, layer_key, mix_key
+
+HOST_DROPOUT = 0xD7  # mixed into a super-batch's key for the dropout masks of its hot rows
 
 
 class HostProducer:
@@ -52,7 +57,7 @@ class HostProducer:
             self.store = store.as_dtype(torch.float32)
         self.track_grad = config.hot_grad == "cpu"
         self.schedule = schedule
-        self.template = copy.deepcopy(bottom).cpu().eval()  # parameters replaced by each snapshot's
+        self.template = copy.deepcopy(bottom).cpu().train()  # parameters replaced by each snapshot's
         self.setting = setting
         self.snapshots, self.hot = snapshots, hot
         self.spans = spans
@@ -131,7 +136,8 @@ class HostProducer:
                 snapshot.ready.synchronize()
         separable = getattr(self.template, "separable", False)
         bf16 = torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.host_bf16)
-        with torch.set_grad_enabled(self.track_grad), bf16:
+        masks = dropout_keys(mix_key(plan.batches[0].key, HOST_DROPOUT))
+        with torch.set_grad_enabled(self.track_grad), bf16, masks:
             # Separable layers (SAGE, GCN): the same two calls that define the device layer, timed apart.
             with self.spans.stage("host_aggregate" if separable else "host_compute"):
                 layer, params = self._layer_at(snapshot)
