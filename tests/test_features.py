@@ -20,6 +20,66 @@ def test_gather_reads_float32_float16_and_bfloat16_rows():
             torch.testing.assert_close(out, expected.to(dtype), rtol=0, atol=0)
 
 
+def test_gathers_in_file_order_give_the_same_rows(tmp_path):
+    # A memory map gathered region by region of the file (what a graph larger than memory needs) gives
+    # exactly the rows of the gather in position order, for every storage type.
+    from neutronorch.data.dtypes import bfloat16
+    from neutronorch.features import store as store_module
+
+    rng = np.random.default_rng(1)
+    features = rng.standard_normal((3000, 9)).astype(np.float32)
+    rows = torch.from_numpy(rng.choice(3000, 1700, replace=False))
+    for stored in (features, features.astype(np.float16), features.astype(bfloat16())):
+        path = tmp_path / f"f{stored.dtype.itemsize}-{stored.dtype.kind}.npy"
+        bits = stored.dtype.itemsize == 2 and stored.dtype != np.float16  # bfloat16: stored as its bits
+        np.save(path, stored.view(np.uint16) if bits else stored)
+        mapped = np.load(path, mmap_mode="r")
+        mapped = mapped.view(stored.dtype) if bits else mapped
+        assert isinstance(mapped, np.memmap)
+        for dtype in (torch.float32, torch.bfloat16):
+            direct = FeatureStore(mapped, np.zeros(3000, np.int64), dtype, ordered=False)
+            ordered = FeatureStore(mapped, np.zeros(3000, np.int64), dtype, ordered=True)
+            ordered.rows_per_region = 7  # many small regions
+            assert torch.equal(ordered.gather(rows), direct.gather(rows))
+    assert store_module.reads_in_file_order(mapped, available=2 * mapped.nbytes - 2)
+    assert not store_module.reads_in_file_order(mapped, available=2 * mapped.nbytes + 2)
+    assert not store_module.reads_in_file_order(np.asarray(mapped), available=1)  # in memory: never
+
+
+def test_region_order_visits_regions_front_to_back():
+    from neutronorch.sampling.kernels import region_order
+
+    rng = np.random.default_rng(2)
+    rows = rng.choice(10_000, 4000, replace=False)
+    order = region_order(rows, 64, 10_000)
+    assert sorted(order.tolist()) == list(range(4000))
+    regions = rows[order] // 64
+    assert (np.diff(regions) >= 0).all()
+    for r in np.unique(regions)[:20]:  # within a region, positions keep their own order
+        assert (np.diff(order[regions == r]) > 0).all()
+
+
+def test_available_memory_counts_the_memory_cgroup(tmp_path):
+    from neutronorch.features.memory import _cgroup_room
+
+    v1 = tmp_path / "memory" / "jobs" / "a"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("1000000\n")
+    (v1 / "memory.stat").write_text("cache 5\nrss 7\ntotal_rss 300000\n")
+    (tmp_path / "self-v1").write_text("4:cpu:/\n9:memory:/jobs/a\n")
+    assert _cgroup_room(tmp_path, str(tmp_path / "self-v1")) == 700000
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # no limit
+    assert _cgroup_room(tmp_path, str(tmp_path / "self-v1")) is None
+    v2 = tmp_path / "user.slice"
+    v2.mkdir()
+    (v2 / "memory.max").write_text("2000000\n")
+    (v2 / "memory.stat").write_text("anon 500000\nfile 9\n")
+    (tmp_path / "self-v2").write_text("0::/user.slice\n")
+    assert _cgroup_room(tmp_path, str(tmp_path / "self-v2")) == 1500000
+    (v2 / "memory.max").write_text("max\n")
+    assert _cgroup_room(tmp_path, str(tmp_path / "self-v2")) is None
+
+
 def test_buffer_pool_reuses_buffers_and_blocks_when_all_are_in_use():
     pool = BufferPool(2, 4)
     a = pool.acquire(10)
@@ -33,3 +93,12 @@ def test_buffer_pool_reuses_buffers_and_blocks_when_all_are_in_use():
     pool.release(a)
     waiter.join(2)
     assert got and got[0].data_ptr() == a.data_ptr(), "a released buffer is reused, not reallocated"
+
+
+def test_the_feature_reads_setting_decides_the_order():
+    from neutronorch.data import SyntheticSpec, generate
+    from neutronorch.orchestration.factory import file_order
+
+    graph = generate(SyntheticSpec(nodes=300, degree=4, features=8, classes=3))
+    assert file_order("file-order", graph, 0) and not file_order("batch-order", graph, 0)
+    assert not file_order("auto", graph, 1 << 50)  # features in memory, not a memory map: never

@@ -33,9 +33,11 @@ class FeatureAccess:
 
 
 def build_feature_access(graph: Graph, placement: Placement, device: torch.device, sampling: SamplingConfig,
-                         cache_policy: str, dtype: torch.dtype = torch.float32) -> FeatureAccess:
-    """Rows are read as ``dtype`` (bfloat16 in bfloat16 runs) wherever they come from."""
-    store = FeatureStore(graph.features, graph.labels, dtype)
+                         cache_policy: str, dtype: torch.dtype = torch.float32,
+                         file_order: bool | None = None) -> FeatureAccess:
+    """Rows are read as ``dtype`` (bfloat16 in bfloat16 runs) wherever they come from; a memory-mapped
+    file in file order or not (``file_order``; None: ``FeatureStore``'s choice)."""
+    store = FeatureStore(graph.features, graph.labels, dtype, file_order)
     pool = BufferPool(sampling.prefetch + 2, store.width, dtype, pin=device.type == "cuda")
     # Where the device samples, its reads go through the cache even when it holds no row.
     needs_cache = placement.features != "host" or placement.topology != "host"

@@ -171,17 +171,45 @@ GATHER_CHUNK = 256
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def gather_rows(source, rows, out):
-    """out[i] = source[rows[i]]: float32 or bfloat16 (bits) storage into float32 or bfloat16 rows."""
+def gather_rows(source, rows, order, out):
+    """out[i] = source[rows[i]]: float32 or bfloat16 (bits) storage into float32 or bfloat16 rows. Positions
+    are visited in the order of ``order`` (``region_order``: the source read front to back), or in their
+    own order when it is empty. Each thread takes a contiguous share of that order."""
     n = rows.shape[0]
+    ordered = order.shape[0] > 0
     for c in prange((n + GATHER_CHUNK - 1) // GATHER_CHUNK):
         end = min(n, (c + 1) * GATHER_CHUNK)
-        for i in range(c * GATHER_CHUNK, end):
-            if i + AHEAD < end:
-                prefetch_row(source, rows[i + AHEAD])
+        for k in range(c * GATHER_CHUNK, end):
+            if k + AHEAD < end:
+                prefetch_row(source, rows[order[k + AHEAD] if ordered else k + AHEAD])
+            i = order[k] if ordered else k
             row, o = source[rows[i]], out[i]
             for j in range(row.shape[0]):
                 store(o, j, row[j])
+
+
+NO_ORDER = np.empty(0, np.int64)  # ``order`` of the gathers: positions in their own order
+
+
+@njit(cache=True, nogil=True)
+def region_order(rows, rows_per_region, num_rows):
+    """A permutation of the positions of ``rows`` that visits them region by region of the source (regions of
+    ``rows_per_region`` consecutive rows, ascending; positions within a region in their own order): a
+    counting sort, linear in the rows and the regions. A gather in this order reads a memory-mapped file
+    front to back, so the kernel's readahead brings pages just before they are used, not pages evicted
+    again before use."""
+    regions = (num_rows + rows_per_region - 1) // rows_per_region
+    fill = np.zeros(regions + 1, np.int64)
+    for i in range(rows.shape[0]):
+        fill[rows[i] // rows_per_region + 1] += 1
+    for r in range(regions):
+        fill[r + 1] += fill[r]
+    order = np.empty(rows.shape[0], np.int64)
+    for i in range(rows.shape[0]):
+        r = rows[i] // rows_per_region
+        order[fill[r]] = i
+        fill[r] += 1
+    return order
 
 
 # numba has no float16 type: half-precision rows are read as their bit patterns and decoded through a
@@ -193,15 +221,17 @@ HALF_TO_BF16 = torch.from_numpy(HALF_TO_FLOAT).to(torch.bfloat16).view(torch.int
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def gather_half_rows(source_bits, rows, table, out):
+def gather_half_rows(source_bits, rows, order, table, out):
     """out[i] = source[rows[i]] for float16 storage viewed as uint16, into float32 or bfloat16 rows, through
-    ``table`` (``HALF_TO_FLOAT``, or ``HALF_TO_BF16`` for bfloat16 rows)."""
+    ``table`` (``HALF_TO_FLOAT``, or ``HALF_TO_BF16`` for bfloat16 rows); ``order`` as for ``gather_rows``."""
     n = rows.shape[0]
+    ordered = order.shape[0] > 0
     for c in prange((n + GATHER_CHUNK - 1) // GATHER_CHUNK):
         end = min(n, (c + 1) * GATHER_CHUNK)
-        for i in range(c * GATHER_CHUNK, end):
-            if i + AHEAD < end:
-                prefetch_row(source_bits, rows[i + AHEAD])
+        for k in range(c * GATHER_CHUNK, end):
+            if k + AHEAD < end:
+                prefetch_row(source_bits, rows[order[k + AHEAD] if ordered else k + AHEAD])
+            i = order[k] if ordered else k
             row, o = source_bits[rows[i]], out[i]
             for j in range(row.shape[0]):
                 store(o, j, table[row[j]])

@@ -1,4 +1,4 @@
-"""Process memory: peak RSS, available memory, and keeping freed memory for reuse.
+"""Process memory: peak RSS, available memory (``features/memory.py``), and keeping freed memory for reuse.
 
 Each training step allocates and frees several tensors of tens to hundreds of MB. glibc serves such
 sizes with fresh ``mmap`` regions and returns them on free, so every step page-faults (and the kernel
@@ -17,18 +17,6 @@ import resource
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
-
-
-def available_memory_bytes() -> int | None:
-    """What the kernel says could be allocated without swapping (``MemAvailable``), or None if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def peak_rss_mb() -> float:

@@ -14,7 +14,7 @@ from neutronorch.errors import ConfigError
 from neutronorch.features.store import FeatureStore
 from neutronorch.train.checkpoint import Checkpoint, check_fits, load_checkpoint
 from neutronorch.train.layerwise import LayerProgress, layerwise
-from neutronorch.train.memory import available_memory_bytes
+from neutronorch.features.memory import available_memory_bytes
 from neutronorch.train.outputs import check_creatable, open_array_atomically
 from neutronorch.train.task import Task, score
 
