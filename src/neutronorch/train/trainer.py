@@ -358,6 +358,7 @@ def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str, gat
         "moved": {key: sum(e["moved"][key] for e in epochs) for key in ("feature_rows", "feature_bytes",
                                                                            "device_bytes", "cache_hits")},
         "placement": mode.placement.to_dict(),
+        "feature_reads": "file-order" if mode.store.ordered else "batch-order",  # --feature-reads, as resolved
         "timeline": timeline,
         "checkpoints": _checkpoints_written(config.checkpoint_dir),
         "distributed": distributed,  # None in one process
