@@ -41,9 +41,12 @@ def test_gathers_in_file_order_give_the_same_rows(tmp_path):
             ordered = FeatureStore(mapped, np.zeros(3000, np.int64), dtype, ordered=True)
             ordered.rows_per_region = 7  # many small regions
             assert torch.equal(ordered.gather(rows), direct.gather(rows))
-    assert store_module.reads_in_file_order(mapped, available=2 * mapped.nbytes - 2)
-    assert not store_module.reads_in_file_order(mapped, available=2 * mapped.nbytes + 2)
-    assert not store_module.reads_in_file_order(np.asarray(mapped), available=1)  # in memory: never
+    assert store_module.beyond_memory([mapped], available=2 * mapped.nbytes - 2)
+    assert not store_module.beyond_memory([mapped], available=2 * mapped.nbytes + 2)
+    assert store_module.beyond_memory([mapped, mapped], available=4 * mapped.nbytes - 2)  # together
+    assert not store_module.beyond_memory([mapped], available=3 * mapped.nbytes, reserve=mapped.nbytes)
+    assert store_module.beyond_memory([mapped], available=3 * mapped.nbytes, reserve=mapped.nbytes + 4)
+    assert not store_module.beyond_memory([np.asarray(mapped)], available=1)  # in memory: never
 
 
 def test_region_order_visits_regions_front_to_back():
@@ -95,10 +98,10 @@ def test_buffer_pool_reuses_buffers_and_blocks_when_all_are_in_use():
     assert got and got[0].data_ptr() == a.data_ptr(), "a released buffer is reused, not reallocated"
 
 
-def test_the_feature_reads_setting_decides_the_order():
+def test_the_read_order_setting_decides_both_orders():
     from neutronorch.data import SyntheticSpec, generate
-    from neutronorch.orchestration.factory import file_order
+    from neutronorch.orchestration.factory import read_orders
 
     graph = generate(SyntheticSpec(nodes=300, degree=4, features=8, classes=3))
-    assert file_order("file-order", graph, 0) and not file_order("batch-order", graph, 0)
-    assert not file_order("auto", graph, 1 << 50)  # features in memory, not a memory map: never
+    assert read_orders("file", graph, 0) == (True, True) and read_orders("batch", graph, 0) == (False, False)
+    assert read_orders("auto", graph, 1 << 50) == (False, False)  # in memory, not memory maps: never

@@ -83,6 +83,23 @@ def test_numba_sample_does_not_depend_on_thread_count(small_csc):
     assert all(torch.equal(x, y) for x, y in zip(results[0].frontiers, results[1].frontiers))
 
 
+def test_topology_read_in_file_order_samples_the_same_blocks(small_csc):
+    # Visiting a hop's vertices region by region of the adjacency (memory-mapped topology that does not
+    # fit) changes the reads only: every block, frontier and sampled hop is the same.
+    indptr, indices = small_csc
+    seeds = np.random.default_rng(3).permutation(300)[:90]
+    plain = NeighborSampler(indptr, indices, [6, 4, 3], degrees=True)
+    ordered = NeighborSampler(indptr, indices, [6, 4, 3], degrees=True, file_order=True)
+    ordered.vertices_per_region = 5  # many small regions
+    a, b = plain.sample(seeds, 17), ordered.sample(seeds, 17)
+    assert all(torch.equal(x, y) for x, y in zip(a.frontiers, b.frontiers))
+    for x, y in zip(a.blocks, b.blocks):
+        assert torch.equal(x.indptr, y.indptr) and torch.equal(x.indices, y.indices)
+    block_a, frontier_a = plain.sample_hop(seeds, 4, 23)
+    block_b, frontier_b = ordered.sample_hop(seeds, 4, 23)
+    assert np.array_equal(frontier_a, frontier_b) and torch.equal(block_a.indices, block_b.indices)
+
+
 def _star(degree):
     """Vertex 0 with in-neighbours 1..degree."""
     indptr = np.zeros(degree + 2, dtype=np.int64)

@@ -81,21 +81,20 @@ def test_summary_json_holds_the_contract_keys(tmp_path):
     assert summary["moved"]["feature_rows"] > 0
 
 
-def test_features_read_in_file_order_train_exactly_as_in_batch_order(tmp_path):
-    # The order rows are read in changes nothing but the reads: the same seed gives the same losses.
+def test_data_read_in_file_order_trains_exactly_as_in_batch_order(tmp_path):
+    # The order rows and adjacency are read in changes nothing but the reads: the same seed, the same losses.
     from neutronorch.data.native import save_native
 
     directory = save_native(generate(SyntheticSpec(nodes=2000, degree=8, features=12, classes=4)), tmp_path / "g")
     runs = {}
-    for order in ("file-order", "batch-order"):
+    for order in ("file", "batch"):
         out = tmp_path / f"{order}.json"
         assert main(["train", "--dataset", str(directory), "--fanouts", "5,5", "--hidden", "16", "--epochs", "2",
-                     "--batch-size", "256", "--seed", "5", "--device", "cpu", "--feature-reads", order,
+                     "--batch-size", "256", "--seed", "5", "--device", "cpu", "--read-order", order,
                      "--summary-json", str(out), "--no-progress"]) == 0
         runs[order] = json.loads(out.read_text())
-        assert runs[order]["feature_reads"] == order
-    assert ([e["train_loss"] for e in runs["file-order"]["epochs"]]
-            == [e["train_loss"] for e in runs["batch-order"]["epochs"]])
+        assert runs[order]["read_order"] == {"features": order, "topology": order}
+    assert [e["train_loss"] for e in runs["file"]["epochs"]] == [e["train_loss"] for e in runs["batch"]["epochs"]]
 
 
 @pytest.mark.slow

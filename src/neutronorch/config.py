@@ -21,7 +21,7 @@ HOT_GRADS = ("stop", "cpu")
 DEVICES = ("auto", "cpu", "cuda")
 CACHE_POLICIES = ("presample", "degree")
 DEVICE_SAMPLING = ("auto", "on", "off")
-FEATURE_READS = ("auto", "file-order", "batch-order")
+READ_ORDERS = ("auto", "file", "batch")
 
 
 @dataclass
@@ -69,7 +69,7 @@ class TrainConfig:
     gpu_cache_gb: str | float = "auto"  # auto: as much as the budget holds (CUDA), none on the CPU; 0: none
     cache_policy: str = "presample"
     device_sampling: str = "auto"  # neutronorch: bottom hop sampled on the device (auto: on CUDA)
-    feature_reads: str = "auto"  # memory-mapped features: file-order when they may not fit the page cache
+    read_order: str = "auto"  # memory-mapped features and topology: file order when they may not fit in memory
     # Observation
     summary_json: str | None = None
     timeline: str | None = None  # .png; the raw spans go next to it as .json
@@ -151,8 +151,8 @@ class TrainConfig:
             (self.gpu_memory_gb is None or self.gpu_memory_gb > 0,
              f"`gpu_memory_gb` {self.gpu_memory_gb}: must be a positive number of GiB (the device memory "
              f"this run may use)."),
-            (self.feature_reads in FEATURE_READS,
-             f"`feature_reads` {self.feature_reads!r}: choose one of {', '.join(FEATURE_READS)}."),
+            (self.read_order in READ_ORDERS,
+             f"`read_order` {self.read_order!r}: choose one of {', '.join(READ_ORDERS)}."),
             (self.cache_policy in CACHE_POLICIES,
              f"`cache_policy` {self.cache_policy!r}: choose one of {', '.join(CACHE_POLICIES)}."),
             (self.device_sampling in DEVICE_SAMPLING,
@@ -223,6 +223,7 @@ class SamplingConfig:
     degrees: bool = False  # blocks carry their sources' graph degrees (the model normalises by them)
     rank: int = 0  # data parallel: this rank trains part ``rank`` of each global batch of batch_size * world
     world: int = 1
+    file_order: bool = False  # host samplers read the topology in file order (``TrainConfig.read_order``)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from neutronorch.config import CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, FEATURE_READS, HOT_GRADS, METRICS, MODES, TrainConfig
+from neutronorch.config import CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, METRICS, MODES, READ_ORDERS, TrainConfig
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec
 from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, PRECISIONS
 
@@ -84,11 +84,11 @@ _HELP = {
                     "pinned host memory; auto fills what the budget leaves (every row when they fit), 0 "
                     "turns the cache off; on a CPU-only run a number builds the cache in host memory "
                     "(default: %(default)s)",
-    "feature_reads": "how a mini-batch's feature rows are read from a memory-mapped features file: "
-                     "file-order reads them front to back (needed when the page cache cannot keep every "
-                     "row: in batch order, readahead then reads pages that are evicted before use); "
-                     "batch-order in the batch's order (faster while every row stays in memory); auto = "
-                     "file-order when the file is larger than half the memory available (default: %(default)s)",
+    "read_order": "how memory-mapped features and topology are read: file reads each mini-batch's rows "
+                  "and adjacency front to back (needed when the page cache cannot keep them: in batch order, "
+                  "readahead then reads pages that are evicted before use); batch in the batch's order "
+                  "(faster while everything stays in memory); auto = file when the memory-mapped arrays are "
+                  "larger than half the memory left beside the run's working memory (default: %(default)s)",
     "cache_policy": "how the cache ranks rows: presample counts bottom-frontier appearances over a few "
                     "sampled mini-batches, degree uses out-degree (default: %(default)s)",
     "device_sampling": "neutronorch: sample the cold vertices' bottom hop on the device (topology placed "
@@ -119,7 +119,7 @@ _HELP = {
 def _add_train_options(parser: argparse.ArgumentParser) -> None:
     defaults = TrainConfig()
     choices = {"model": MODELS, "mode": MODES, "device": DEVICES, "hot_grad": HOT_GRADS,
-               "cache_policy": CACHE_POLICIES, "feature_reads": FEATURE_READS, "device_sampling": DEVICE_SAMPLING, "gcn_norm": GCN_NORMS,
+               "cache_policy": CACHE_POLICIES, "read_order": READ_ORDERS, "device_sampling": DEVICE_SAMPLING, "gcn_norm": GCN_NORMS,
                "norm": NORMS, "metric": ("auto",) + METRICS, "architecture": ARCHITECTURES,
                "precision": PRECISIONS}
     types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int, "gpu_memory_gb": float,

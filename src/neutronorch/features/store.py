@@ -21,9 +21,6 @@ from neutronorch.data.dtypes import is_bfloat16
 from neutronorch.features.memory import available_memory_bytes
 from neutronorch.sampling import kernels
 
-# Rows of a region of ``kernels.region_order``: about twice the kernel's default readahead window.
-REGION_BYTES = 256 << 10
-
 
 class BufferPool:
     """A fixed number of row buffers; ``acquire`` blocks while every buffer is in use.
@@ -75,21 +72,22 @@ class BufferPool:
             self._pending.append((event, buffer))
 
 
-def reads_in_file_order(features: np.ndarray, available: int | None = None, reserve: int = 0) -> bool:
-    """Whether gathers should read ``features`` front to back (``kernels.region_order``): when they are a
-    memory map larger than half the memory left (``available``, by default measured now; see
+def beyond_memory(arrays: list[np.ndarray], available: int | None = None, reserve: int = 0) -> bool:
+    """Whether the memory maps among ``arrays`` should be read in file order (``kernels.region_order``):
+    when together they are larger than half the memory left (``available``, by default measured now; see
     ``memory.available_memory_bytes``) beside ``reserve`` (the run's own working memory, still to be
-    allocated), the page cache may not keep every row. Then rows gathered in batch order make readahead
+    allocated), the page cache may not keep them. Then rows gathered in batch order make readahead
     bring pages that are evicted before they are used, again and again. Measured on 1.6 GB of features
     (1M rows of 400 float32) and mini-batches of 362k rows, with 800 MB of memory: in file order 1.6-2.5 s
     and about one pass over the file per mini-batch; in batch order with the kernel told to expect random
     access (no readahead), 22-24 s; with its default readahead, a training run under a 4.8 GB cap read
     141 GB in five minutes without finishing its epoch. While the rows fit, file order is slower (its
     writes are scattered: 0.35 s against 0.25 s for the same gather), so it is not used then."""
-    if not isinstance(features, np.memmap):
+    mapped = sum(a.nbytes for a in arrays if isinstance(a, np.memmap))
+    if not mapped:
         return False
     available = available_memory_bytes() if available is None else available
-    return available is not None and features.nbytes > (available - reserve) // 2
+    return available is not None and mapped > (available - reserve) // 2
 
 
 class FeatureStore:
@@ -100,8 +98,8 @@ class FeatureStore:
                  ordered: bool | None = None):
         self.features = features
         self.dtype = dtype
-        self.ordered = reads_in_file_order(features) if ordered is None else ordered
-        self.rows_per_region = max(1, REGION_BYTES // max(1, features.strides[0]))
+        self.ordered = beyond_memory([features]) if ordered is None else ordered
+        self.rows_per_region = max(1, kernels.REGION_BYTES // max(1, features.strides[0]))
         # Small; a writable copy (a class id per vertex, or a 0/1/-1 row per vertex for multi-label tasks).
         self.labels = torch.from_numpy(np.array(labels, dtype=np.int64))
 

@@ -51,7 +51,8 @@ class ExactMode(StepHooksUnused):
 
     def _produce(self, epoch: int, start: int) -> Iterator[MiniBatch]:
         # A fresh sampler per producer thread: its vertex map is thread-private state.
-        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees)
+        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees,
+                                  self.sampling.file_order)
         for index, seeds in enumerate(epoch_batches(self.train_idx, self.sampling, epoch)):
             if index < start:
                 continue

@@ -77,37 +77,43 @@ def _below(state, bound):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def sample_neighbors(indptr, indices, dst_nodes, fanout, key):
+def sample_neighbors(indptr, indices, dst_nodes, fanout, key, order):
     """Uniform sampling without replacement of up to ``fanout`` in-neighbours of each vertex.
 
     Returns (ptr, nbrs): ``nbrs[ptr[i]:ptr[i+1]]`` are the sampled global ids of ``dst_nodes[i]``; all
-    neighbours when the degree is at most ``fanout`` (or ``fanout`` < 0).
+    neighbours when the degree is at most ``fanout`` (or ``fanout`` < 0). Vertices are visited in the order
+    of ``order`` (``region_order`` of ``dst_nodes``: ``indptr`` and ``indices`` read front to back), or in
+    their own order when it is empty; each vertex's draws are keyed by the vertex, so the order changes
+    nothing but the reads.
     """
     n = dst_nodes.shape[0]
+    ordered = order.shape[0] > 0
     counts = np.empty(n + 1, np.int64)
     counts[0] = 0
-    for i in prange(n):
+    for k in prange(n):
+        i = order[k] if ordered else np.int64(k)  # one integer type whatever prange's index is
         v = dst_nodes[i]
         deg = indptr[v + 1] - indptr[v]
         counts[i + 1] = deg if (fanout < 0 or deg <= fanout) else fanout
     ptr = np.cumsum(counts)
     nbrs = np.empty(ptr[n], indices.dtype)
-    for i in prange(n):
+    for k in prange(n):
+        i = order[k] if ordered else np.int64(k)  # one integer type whatever prange's index is
         v = dst_nodes[i]
         start = indptr[v]
         deg = indptr[v + 1] - start
         # Slices, not nbrs[out + j]: an offset index is checked for wrap-around (see bfloat16's note).
         chosen = nbrs[ptr[i]:ptr[i + 1]]
-        k = chosen.shape[0]
+        k_ = chosen.shape[0]
         neighbours = indices[start:start + deg]
-        if k == deg:
+        if k_ == deg:
             chosen[:] = neighbours
             continue
         # Floyd's algorithm: a uniform k-subset of range(deg) in k draws. Offsets are kept in the output
         # slots first, membership checked by a linear scan (k is a small fanout).
         state = splitmix_key(key, v)
         filled = 0
-        for top in range(deg - k, deg):
+        for top in range(deg - k_, deg):
             state, t = _below(state, top + 1)
             seen = False
             for q in range(filled):
@@ -116,7 +122,7 @@ def sample_neighbors(indptr, indices, dst_nodes, fanout, key):
                     break
             chosen[filled] = top if seen else t
             filled += 1
-        for j in range(k):
+        for j in range(k_):
             chosen[j] = neighbours[chosen[j]]
     return ptr, nbrs
 
@@ -188,7 +194,9 @@ def gather_rows(source, rows, order, out):
                 store(o, j, row[j])
 
 
-NO_ORDER = np.empty(0, np.int64)  # ``order`` of the gathers: positions in their own order
+NO_ORDER = np.empty(0, np.int64)  # ``order`` of the gathers and the sampler: positions in their own order
+# Bytes of a region of ``region_order``: about twice the kernel's default readahead window.
+REGION_BYTES = 256 << 10
 
 
 @njit(cache=True, nogil=True)

@@ -53,10 +53,19 @@ class NeighborSampler:
     """Host sampler over a CSC graph (``indptr``, ``indices`` as numpy arrays or memory maps). With
     ``degrees``, every block carries its source rows' in-degrees in the graph (``Block.src_degree``).
 
+    With ``file_order``, each hop visits its vertices region by region of ``indptr`` and ``indices``
+    (``kernels.region_order``), so memory-mapped topology that the page cache cannot keep is read front to
+    back; the draws are keyed by vertex, so the blocks are the same either way.
+
     Not thread-safe: one instance per sampling thread (it owns a vertex -> position map).
     """
 
-    def __init__(self, indptr: np.ndarray, indices: np.ndarray, fanouts: list[int], degrees: bool = False):
+    def __init__(self, indptr: np.ndarray, indices: np.ndarray, fanouts: list[int], degrees: bool = False,
+                 file_order: bool = False):
+        self.file_order = file_order
+        # Vertices per region: about REGION_BYTES of their adjacency at the graph's mean degree.
+        mean_degree = max(1.0, indices.shape[0] / max(1, indptr.shape[0] - 1))
+        self.vertices_per_region = max(1, int(kernels.REGION_BYTES / (mean_degree * indices.itemsize)))
         self.indptr = indptr
         self.indices = indices
         self.fanouts = list(fanouts)
@@ -64,6 +73,11 @@ class NeighborSampler:
         num_nodes = indptr.shape[0] - 1
         self._node_map = np.full(num_nodes, -1, dtype=np.int64)
         self._owner: int | None = None
+
+    def _order(self, dst: np.ndarray) -> np.ndarray:
+        if not self.file_order:
+            return kernels.NO_ORDER
+        return kernels.region_order(dst, self.vertices_per_region, self.indptr.shape[0] - 1)
 
     def sample(self, seeds: np.ndarray, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
         """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first."""
@@ -79,7 +93,8 @@ class NeighborSampler:
         try:
             for hop, fanout in enumerate(fanouts):
                 ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, frontier[:num_frontier],
-                                                     fanout, np.uint64(layer_key(key, hop)))
+                                                     fanout, np.uint64(layer_key(key, hop)),
+                                                     self._order(frontier[:num_frontier]))
                 grown = np.empty(num_frontier + nbrs.shape[0], np.int64)
                 grown[:num_frontier] = frontier[:num_frontier]
                 local, size = kernels.relabel(grown, num_frontier, nbrs, node_map)
@@ -106,7 +121,8 @@ class NeighborSampler:
         frontier = dst
         size = dst.shape[0]
         try:
-            ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, dst, fanout, np.uint64(key))
+            ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, dst, fanout, np.uint64(key),
+                                                 self._order(dst))
             frontier = np.empty(dst.shape[0] + nbrs.shape[0], np.int64)
             frontier[:dst.shape[0]] = dst
             local, size = kernels.relabel(frontier, dst.shape[0], nbrs, node_map)

@@ -358,7 +358,10 @@ def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str, gat
         "moved": {key: sum(e["moved"][key] for e in epochs) for key in ("feature_rows", "feature_bytes",
                                                                            "device_bytes", "cache_hits")},
         "placement": mode.placement.to_dict(),
-        "feature_reads": "file-order" if mode.store.ordered else "batch-order",  # --feature-reads, as resolved
+        # --read-order as resolved: how memory-mapped features and the host samplers' topology were read.
+        "read_order": {"features": "file" if mode.store.ordered else "batch",
+                       "topology": "file" if getattr(mode, "sampling", None) and mode.sampling.file_order
+                       else "batch"},
         "timeline": timeline,
         "checkpoints": _checkpoints_written(config.checkpoint_dir),
         "distributed": distributed,  # None in one process

@@ -32,6 +32,7 @@ class ColdSampler:
     def __init__(self, graph: Graph, sampling: SamplingConfig, spans: Spans, threads: int, loader: HostLoader | None,
                  reader: DeviceReader | None):
         self.graph, self.fanouts, self.degrees = graph, sampling.fanouts, sampling.degrees
+        self.file_order = sampling.file_order
         self.spans, self.threads = spans, threads
         self.loader, self.reader = loader, reader
         on_cuda = reader is not None and reader.device.type == "cuda"
@@ -45,7 +46,8 @@ class ColdSampler:
         if on_device:
             sampler = TorchNeighborSampler(self.reader.indptr, self.reader.indices, self.fanouts, self.degrees)
         else:
-            sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.fanouts, self.degrees)
+            sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.fanouts, self.degrees,
+                                      self.file_order)
         bottom_hop, fanout = len(self.fanouts) - 1, self.fanouts[-1]
         with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
             for plan in plans:

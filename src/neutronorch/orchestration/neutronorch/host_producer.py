@@ -75,7 +75,8 @@ class HostProducer:
         """The planning loop: yields plans in super-batch order, from super-batch ``start`` on (a resumed
         run's first; ``hot``: its hot set, when it was in progress), each also put on ``planned``."""
         numba.set_num_threads(self.threads)
-        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees)
+        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees,
+                                  self.sampling.file_order)
         planner = Planner(self.graph.indptr, self.sampling.fanouts[-1])
         try:
             for gsid in range(start, self.schedule.total):
@@ -91,7 +92,8 @@ class HostProducer:
     def compute(self, start: int = 0) -> None:
         """The compute loop: the hot embeddings of every planned super-batch from ``start`` on, in order."""
         numba.set_num_threads(self.threads)
-        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees)
+        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees,
+                                  self.sampling.file_order)
         try:
             for gsid in range(start, self.schedule.total):
                 plan = self.planned.take(gsid)
