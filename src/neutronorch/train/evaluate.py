@@ -26,11 +26,13 @@ def full_neighbor_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: t
 
 @torch.no_grad()
 def sampled_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, fanouts: list[int],
-                   device: torch.device, batch_size: int, seed: int, first_chunk: int = 0) -> torch.Tensor:
+                   device: torch.device, batch_size: int, seed: int, first_chunk: int = 0,
+                   file_order: bool = False) -> torch.Tensor:
     """Logits of ``nodes`` from sampled neighbourhoods (cheaper on huge graphs, slightly noisy), in chunks
-    of ``batch_size`` numbered from ``first_chunk`` (a chunk's number keys its sample)."""
+    of ``batch_size`` numbered from ``first_chunk`` (a chunk's number keys its sample); the topology read in
+    file order with ``file_order`` (the same samples)."""
     model.eval()
-    sampler = NeighborSampler(graph.indptr, graph.indices, fanouts, model.needs_degrees)
+    sampler = NeighborSampler(graph.indptr, graph.indices, fanouts, model.needs_degrees, file_order)
     outputs = [torch.zeros(0, model.width(model.num_layers - 1))]
     for index, chunk in enumerate(torch.split(nodes, batch_size), start=first_chunk):
         subgraph = sampler.sample(chunk.numpy(), batch_key(seed, -1, index))
@@ -42,30 +44,33 @@ def sampled_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.T
 
 def evaluate(model: GNN, graph: Graph, store: FeatureStore, device: torch.device, fanouts: list[int] | None,
              batch_size: int, seed: int, max_nodes: int = 0, task: Task | None = None,
-             world: World | None = None) -> dict[str, float]:
+             world: World | None = None, file_order: bool = False) -> dict[str, float]:
     """The task's metric (default: accuracy) on the validation and test sets in one pass, as
     {"val": ..., "test": ...}; with ``max_nodes``, each set is a seeded random sample of at most that many
     of its vertices (the same sample at every evaluation). Data parallel (``world``), each rank computes a
     contiguous share of the vertices (sampled inference: of the chunks, each keyed as in one process) and
-    every rank scores the gathered logits."""
+    every rank scores the gathered logits. ``file_order``: sampled inference reads the topology in file
+    order (``--read-order``)."""
     task = task or Task.of(graph)
     val = torch.from_numpy(_subset(graph.val_idx, max_nodes, seed))
     test = torch.from_numpy(_subset(graph.test_idx, max_nodes, seed + 1))
     nodes = torch.cat([val, test])
     if world is not None and world.distributed:
         logits = world.all_gather_rows(_logits_of_share(model, graph, store, nodes, device, fanouts, batch_size,
-                                                        seed, world), "gathering the evaluation's logits")
+                                                        seed, world, file_order), "gathering the evaluation's logits")
     elif fanouts is None:
         logits = full_neighbor_logits(model, graph, store, nodes, device, batch_size)
     else:
-        logits = sampled_logits(model, graph, store, nodes, fanouts, device, batch_size, seed)
+        logits = sampled_logits(model, graph, store, nodes, fanouts, device, batch_size, seed,
+                                file_order=file_order)
     labels = store.labels[nodes]
     n_val = val.shape[0]
     return {"val": task.score(logits[:n_val], labels[:n_val]), "test": task.score(logits[n_val:], labels[n_val:])}
 
 
 def _logits_of_share(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,
-                     fanouts: list[int] | None, batch_size: int, seed: int, world: World) -> torch.Tensor:
+                     fanouts: list[int] | None, batch_size: int, seed: int, world: World,
+                     file_order: bool = False) -> torch.Tensor:
     """This rank's contiguous share of ``nodes``' logits (float32, on the CPU)."""
     if fanouts is None:  # every rank takes part in the intermediate layers, even with no vertices of its own
         share = torch.tensor_split(nodes, world.size)[world.rank]
@@ -76,7 +81,7 @@ def _logits_of_share(model: GNN, graph: Graph, store: FeatureStore, nodes: torch
         return torch.zeros(0, model.width(model.num_layers - 1))
     first, end = int(mine[0]), int(mine[-1]) + 1
     return sampled_logits(model, graph, store, nodes[first * batch_size:end * batch_size], fanouts, device,
-                          batch_size, seed, first_chunk=first)
+                          batch_size, seed, first_chunk=first, file_order=file_order)
 
 
 def _subset(index: np.ndarray, max_nodes: int, seed: int) -> np.ndarray:

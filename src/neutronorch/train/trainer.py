@@ -308,7 +308,13 @@ def _evaluate(run: Run) -> dict[str, float]:
         run.world.broadcast_module(run.model, "the buffers' broadcast before evaluation", buffers_only=True)
     store = run.mode.store.as_dtype(torch.float32)  # evaluation runs in float32 whatever the training precision
     return evaluate(run.model, run.graph, store, run.device, config.eval_fanouts, config.eval_batch_size,
-                    config.seed, config.eval_max_nodes, run.task, run.world)
+                    config.seed, config.eval_max_nodes, run.task, run.world, _topology_in_file_order(run.mode))
+
+
+def _topology_in_file_order(mode) -> bool:
+    """Whether the mode's host samplers read the topology in file order (``--read-order``, as resolved)."""
+    sampling = getattr(mode, "sampling", None)
+    return bool(sampling is not None and sampling.file_order)
 
 
 def _named(task: Task, scores: dict) -> dict:
@@ -360,8 +366,7 @@ def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str, gat
         "placement": mode.placement.to_dict(),
         # --read-order as resolved: how memory-mapped features and the host samplers' topology were read.
         "read_order": {"features": "file" if mode.store.ordered else "batch",
-                       "topology": "file" if getattr(mode, "sampling", None) and mode.sampling.file_order
-                       else "batch"},
+                       "topology": "file" if _topology_in_file_order(mode) else "batch"},
         "timeline": timeline,
         "checkpoints": _checkpoints_written(config.checkpoint_dir),
         "distributed": distributed,  # None in one process
