@@ -133,20 +133,28 @@ class _NumbaAttention(torch.autograd.Function):
         return grad_z, grad_alpha, None, None
 
 
-def attention_aggregate(block: Block, z: torch.Tensor, alpha: torch.Tensor, heads: int) -> torch.Tensor:
+def attention_edges(block: Block) -> tuple[torch.Tensor, torch.Tensor]:
+    """(source, destination) of every edge GAT attends over: the block's edges in its order, then one self
+    loop per destination (so no destination is left without inputs)."""
+    self_loops = torch.arange(block.num_dst, device=block.indices.device)
+    return (torch.cat([block.indices.long(), self_loops + block.dst_offset]),
+            torch.cat([edge_destinations(block), self_loops]))
+
+
+def attention_aggregate(block: Block, z: torch.Tensor, alpha: torch.Tensor, heads: int,
+                        edges: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """GAT's weighted sum: row d, head h = sum over d's sampled in-edges e of alpha[e, h] z[u_e] (head h's
     columns), plus alpha[E + d, h] z_d (its self loop). ``z``: float32 source rows, (num_src, width), heads'
-    columns one after another; ``alpha``: (E + num_dst, heads), the block's edges in its order, then the self
-    loops. A numba kernel on CPU (nothing edge-wide is materialised), torch ops elsewhere."""
+    columns one after another; ``alpha``: (E + num_dst, heads), over ``attention_edges`` (``edges``, when the
+    caller has them). A numba kernel on CPU (nothing edge-wide is materialised), torch ops elsewhere."""
     if z.device.type == "cpu" and z.dtype == torch.float32 and alpha.dtype == torch.float32:
         return _NumbaAttention.apply(z, alpha, block, heads)
-    return attention_aggregate_torch(block, z, alpha, heads)
+    return attention_aggregate_torch(block, z, alpha, heads, edges)
 
 
-def attention_aggregate_torch(block: Block, z: torch.Tensor, alpha: torch.Tensor, heads: int) -> torch.Tensor:
-    self_loops = torch.arange(block.num_dst, device=z.device)
-    src = torch.cat([block.indices.long(), self_loops + block.dst_offset])
-    dst = torch.cat([edge_destinations(block), self_loops])
+def attention_aggregate_torch(block: Block, z: torch.Tensor, alpha: torch.Tensor, heads: int,
+                              edges: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    src, dst = edges if edges is not None else attention_edges(block)
     zh = z.view(z.shape[0], heads, -1)
     out = torch.zeros((block.num_dst, heads, zh.shape[2]), dtype=z.dtype, device=z.device)
     return out.index_add(0, dst, zh[src] * alpha.unsqueeze(-1)).reshape(block.num_dst, -1)

@@ -13,8 +13,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from neutronorch.nn.activation import edge_ids, keyed_dropout
-from neutronorch.nn.aggregation import edge_destinations, fused_mean_linear, mean_aggregate, symmetric_aggregate
-from neutronorch.nn.attention import attention_aggregate
+from neutronorch.nn.aggregation import fused_mean_linear, mean_aggregate, symmetric_aggregate
+from neutronorch.nn.attention import attention_aggregate, attention_edges
 from neutronorch.nn.bucket import linear, project
 from neutronorch.nn.names import GCN_NORMS
 from neutronorch.sampling.block import Block
@@ -129,10 +129,7 @@ class GATConv(nn.Module):
         z32 = z.float()
         score_src = (z32 * self.attn_src).sum(-1)
         score_dst = (block.dst_rows(z32) * self.attn_dst).sum(-1)
-        # Every destination also attends to itself, so no destination is left without inputs.
-        self_loops = torch.arange(n_dst, device=x_src.device)
-        src = torch.cat([block.indices.long(), self_loops + block.dst_offset])
-        dst = torch.cat([edge_destinations(block), self_loops])
+        src, dst = attention_edges(block)  # the block's edges, then a self loop per destination
         logits = F.leaky_relu(score_src[src] + score_dst[dst], self.negative_slope)
         peak = torch.full((n_dst, self.heads), float("-inf"), dtype=logits.dtype, device=logits.device)
         peak = peak.scatter_reduce(0, dst.unsqueeze(1).expand_as(logits), logits.detach(), reduce="amax")
@@ -144,7 +141,7 @@ class GATConv(nn.Module):
         if self.training and self.attention_dropout > 0 and block.src_ids is not None:
             ids = edge_ids(block.dst_ids.index_select(0, dst), block.src_ids.index_select(0, src))
         alpha = keyed_dropout(weights / total[dst], self.attention_dropout, self.training, ids)
-        out = attention_aggregate(block, z32.view(-1, self.out_dim), alpha, self.heads)
+        out = attention_aggregate(block, z32.view(-1, self.out_dim), alpha, self.heads, (src, dst))
         return (out + self.bias).to(z.dtype)
 
 

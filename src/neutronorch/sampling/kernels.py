@@ -90,30 +90,30 @@ def sample_neighbors(indptr, indices, dst_nodes, fanout, key, order):
     ordered = order.shape[0] > 0
     counts = np.empty(n + 1, np.int64)
     counts[0] = 0
-    for k in prange(n):
-        i = order[k] if ordered else np.int64(k)  # one integer type whatever prange's index is
+    for step in prange(n):
+        i = order[step] if ordered else np.int64(step)  # one integer type whatever prange's index is
         v = dst_nodes[i]
         deg = indptr[v + 1] - indptr[v]
         counts[i + 1] = deg if (fanout < 0 or deg <= fanout) else fanout
     ptr = np.cumsum(counts)
     nbrs = np.empty(ptr[n], indices.dtype)
-    for k in prange(n):
-        i = order[k] if ordered else np.int64(k)  # one integer type whatever prange's index is
+    for step in prange(n):
+        i = order[step] if ordered else np.int64(step)  # one integer type whatever prange's index is
         v = dst_nodes[i]
         start = indptr[v]
         deg = indptr[v + 1] - start
         # Slices, not nbrs[out + j]: an offset index is checked for wrap-around (see bfloat16's note).
         chosen = nbrs[ptr[i]:ptr[i + 1]]
-        k_ = chosen.shape[0]
+        k = chosen.shape[0]
         neighbours = indices[start:start + deg]
-        if k_ == deg:
+        if k == deg:
             chosen[:] = neighbours
             continue
         # Floyd's algorithm: a uniform k-subset of range(deg) in k draws. Offsets are kept in the output
         # slots first, membership checked by a linear scan (k is a small fanout).
         state = splitmix_key(key, v)
         filled = 0
-        for top in range(deg - k_, deg):
+        for top in range(deg - k, deg):
             state, t = _below(state, top + 1)
             seen = False
             for q in range(filled):
@@ -122,7 +122,7 @@ def sample_neighbors(indptr, indices, dst_nodes, fanout, key, order):
                     break
             chosen[filled] = top if seen else t
             filled += 1
-        for j in range(k_):
+        for j in range(k):
             chosen[j] = neighbours[chosen[j]]
     return ptr, nbrs
 

@@ -1,4 +1,5 @@
-"""Process memory: peak RSS, available memory (``features/memory.py``), and keeping freed memory for reuse.
+"""Process memory: peak and resident RSS, and keeping freed memory for reuse (the memory still available is
+``features/memory.py``'s).
 
 Each training step allocates and frees several tensors of tens to hundreds of MB. glibc serves such
 sizes with fresh ``mmap`` regions and returns them on free, so every step page-faults (and the kernel
