@@ -6,13 +6,16 @@ First the run without a cap (features in the page cache after the first pass); t
 as root usually has) whose limit leaves the graph's arrays (features and topology) about half the memory
 they need: the unconstrained run's own anonymous memory plus half their bytes (or --cap-gb). Every run is its own process; the
 page cache is dropped before each capped run where that is allowed, so it starts cold. For each run: epoch
-time (median of the epochs after the first, or the only one), wall time, bytes read from disk, major page
-faults, and the ratio of disk bytes to the feature bytes its epochs gathered (the topology's reads are not
-in that denominator). A run that has not finished
+time (median of the epochs after the first, or the only one), wall time, bytes read from and written to
+disk (start-up included: the host feature cache's copy reads the features once and writes the rows it does
+not hold), major page faults, the ratio of disk bytes read per epoch to the feature bytes its epochs
+gathered (the topology's reads are not in that denominator), and the host cache's size, build time and hit
+rate. A run that has not finished
 within --timeout seconds is stopped and reported as such.
 
     python bench/larger_than_memory.py                        # 1M vertices / 20M edges, 400 features (1.6 GB)
     python bench/larger_than_memory.py --orders file,batch --timeout 600
+    python bench/larger_than_memory.py --host-cache auto,0     # with and without the host feature cache
     python bench/larger_than_memory.py --degree 100 --features 16   # topology larger than features
 
 Targets (issue): capped epoch at most 2x the unconstrained one; disk bytes per epoch at most 3x the feature
@@ -44,6 +47,9 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--orders", default="file", help="--read-order of the capped runs, comma-separated")
+    parser.add_argument("--host-cache", default="auto",
+                        help="--host-cache-gb of the capped runs, comma-separated (each with each order); "
+                             "the unconstrained run keeps its default (auto: none while the features fit)")
     parser.add_argument("--cap-gb", type=float, default=None,
                         help="the memory limit (default: the unconstrained run's anonymous memory + half the "
                              "feature bytes)")
@@ -72,15 +78,18 @@ def main() -> int:
         return 2
     cap = int(args.cap_gb * 2**30) if args.cap_gb else int(anon * 2**20 + (feature_bytes + topology_bytes) / 2)
     for order in args.orders.split(","):
-        summary = out / f"capped-{order}.json"
-        rows.append(run(f"capped, {order}", base + ["--read-order", order, "--summary-json", str(summary)],
-                        summary, cap, cgroup, args.timeout))
+        for cache in args.host_cache.split(","):
+            summary = out / f"capped-{order}-{cache}.json"
+            rows.append(run(f"capped, {order} order, host cache {cache}",
+                            base + ["--read-order", order, "--host-cache-gb", cache, "--summary-json", str(summary)],
+                            summary, cap, cgroup, args.timeout))
 
     print(f"\n{graph.name}: {args.mode} mode, {args.model} {args.fanouts}, batch {args.batch_size}, "
           f"features {feature_bytes / 2**30:.2f} GiB, topology {topology_bytes / 2**30:.2f} GiB, cap {cap / 2**30:.2f} GiB "
           f"({(cap - (anon or 0) * 2**20) / 2**30:.2f} GiB beside the run's own memory), {args.threads} threads\n")
-    print("| run | epoch s | / unconstrained | wall s | disk read GiB | per epoch / gathered | major faults |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| run | epoch s | / unconstrained | wall s | disk read GiB | per epoch / gathered | disk written GiB "
+          "| major faults | host cache GiB (built in s) | host cache hit rate |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     free = rows[0].get("epoch_s")
     for row in rows:
         epoch = row.get("epoch_s")
@@ -89,8 +98,11 @@ def main() -> int:
         traffic = (f"{row['read_bytes'] / max(1, row['epochs']) / gathered:.2f}" if gathered and row.get("epochs")
                    else "-")
         shown = f"{epoch:.1f}" if epoch else f"not finished in {args.timeout:.0f} s"
+        cache = row.get("host_cache")
+        built = f"{cache['gib']:.2f} ({cache['build_seconds']:.1f})" if cache else "-"
+        hits = f"{100 * cache['hit_rate']:.0f}%" if cache and cache["hit_rate"] is not None else "-"
         print(f"| {row['name']} | {shown} | {ratio} | {row['wall_s']:.0f} | {row['read_bytes'] / 2**30:.2f} | "
-              f"{traffic} | {row['major_faults']:,} |")
+              f"{traffic} | {row['write_bytes'] / 2**30:.2f} | {row['major_faults']:,} | {built} | {hits} |")
     (out / "table.json").write_text(json.dumps(rows, indent=1))
     print(f"\nsummaries in {out}")
     return 0
@@ -117,24 +129,25 @@ def run(name: str, command: list[str], summary: Path, cap: int | None, cgroup: s
     env = dict(os.environ, NUMBA_NUM_THREADS=os.environ.get("NUMBA_NUM_THREADS", "2"))
     preexec = (lambda: (group / "cgroup.procs").write_text(str(os.getpid()))) if group else None
     process = subprocess.Popen(command, env=env, preexec_fn=preexec)
-    read_bytes = faults = 0
+    read_bytes = write_bytes = faults = 0
     finished = True
     while process.poll() is None:
-        read_bytes, faults = io_counters(process.pid, read_bytes, faults)
+        read_bytes, write_bytes, faults = io_counters(process.pid, read_bytes, write_bytes, faults)
         if time.perf_counter() - start > timeout:
             process.kill()
             finished = False
             break
         time.sleep(0.5)
     process.wait()
-    row = {"name": name, "wall_s": time.perf_counter() - start, "read_bytes": read_bytes, "major_faults": faults}
+    row = {"name": name, "wall_s": time.perf_counter() - start, "read_bytes": read_bytes, "write_bytes": write_bytes,
+           "major_faults": faults}
     if group:
         group.rmdir()
     if finished and process.returncode == 0:
         data = json.loads(summary.read_text())
         epochs = data["epochs"]
         row.update(epoch_s=steady_median([e["seconds"] for e in epochs]), epochs=len(epochs),
-                   anon_mb=data.get("resident_mb", {}).get("anon"),
+                   anon_mb=data.get("resident_mb", {}).get("anon"), host_cache=data.get("host_cache"),
                    gathered_bytes=sum(e["moved"]["feature_bytes"] for e in epochs) / len(epochs))
     return row
 
@@ -159,16 +172,19 @@ def drop_page_cache() -> None:
         print("note: could not drop the page cache; the capped run starts with what is cached", file=sys.stderr)
 
 
-def io_counters(pid: int, read_bytes: int, faults: int) -> tuple[int, int]:
-    """The process's bytes read from storage and major faults so far (the last values once it has ended)."""
+def io_counters(pid: int, read_bytes: int, write_bytes: int, faults: int) -> tuple[int, int, int]:
+    """The process's bytes read from and written to storage, and its major faults, so far (the last values
+    once it has ended)."""
     try:
         for line in Path(f"/proc/{pid}/io").read_text().splitlines():
             if line.startswith("read_bytes:"):
                 read_bytes = int(line.split()[1])
+            elif line.startswith("write_bytes:"):
+                write_bytes = int(line.split()[1])
         faults = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[9])
     except (OSError, IndexError, ValueError):
         pass
-    return read_bytes, faults
+    return read_bytes, write_bytes, faults
 
 
 if __name__ == "__main__":

@@ -98,6 +98,34 @@ def test_data_read_in_file_order_trains_exactly_as_in_batch_order(tmp_path):
     assert runs["file"]["test_acc"] == runs["batch"]["test_acc"]  # sampled evaluation: the same samples
 
 
+@pytest.mark.parametrize("mode", ["exact", "neutronorch", "device"])
+def test_a_host_feature_cache_serves_rows_and_changes_nothing_else(tmp_path, mode):
+    # Memory-mapped features with a host cache of a third of the rows (the other rows copied to a file of
+    # their own): the same losses as without, its hit rate reported, and no file left behind. In device
+    # mode the device cache (a few rows) sits above it: the host cache serves the device cache's misses.
+    from neutronorch.data.native import save_native
+
+    directory = save_native(generate(SyntheticSpec(nodes=2000, degree=8, features=12, classes=4)), tmp_path / "g")
+    before = sorted(p.name for p in directory.iterdir())
+    runs = {}
+    for size in ("0", str(700 * 12 * 4 / 2**30)):
+        out = tmp_path / f"{size}.json"
+        extra = ["--gpu-cache-gb", str(300 * 12 * 4 / 2**30)] if mode == "device" else []
+        assert main(["train", "--dataset", str(directory), "--mode", mode, "--fanouts", "5,5", "--hidden", "16",
+                     "--epochs", "2", "--batch-size", "256", "--seed", "5", "--device", "cpu", "--read-order", "file",
+                     "--host-cache-gb", size, "--summary-json", str(out), "--no-progress"] + extra) == 0
+        runs[size] = json.loads(out.read_text())
+    off, on = runs.values()
+    assert [e["train_loss"] for e in on["epochs"]] == [e["train_loss"] for e in off["epochs"]]
+    assert off["host_cache"] is None and off["moved"]["host_cache_hits"] == 0
+    cache = on["host_cache"]
+    assert cache["rows"] == 700 and cache["cold_file"] and 0 < cache["hit_rate"] < 1
+    assert on["moved"]["host_cache_hits"] == round(cache["hit_rate"] * on["moved"]["host_rows"])
+    if mode == "device":
+        assert on["moved"]["cache_hits"] > 0 and on["moved"]["host_rows"] < on["moved"]["feature_rows"]
+    assert sorted(p.name for p in directory.iterdir()) == before
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("suffix,text", [
     (".yaml", "model: gcn\nfanouts: [4, 4]\nhidden: 16\nepochs: 1\nbatch-size: 512\n"),
@@ -124,6 +152,8 @@ def test_config_file_sets_options_and_command_line_wins(tmp_path, suffix, text):
     (["--dataset", "synthetic:nodes=abc"], "not a number"),
     (["--dataset", "synthetic:bogus=1"], "KEY=VALUE"),
     (["--split", "ratio:0.9,0.2", "--dataset", "synthetic:nodes=500"], "sum to less than 1"),
+    (["--host-cache-gb", "-1"], "--host-cache-gb '-1': must be 'auto' or zero or more GiB"),
+    (["--host-cache-gb", "lots"], "host feature cache off"),
 ])
 def test_bad_options_give_one_clear_error(args, message, capsys):
     assert main(["train", "--epochs", "1", "--no-progress"] + args) == 2

@@ -70,6 +70,8 @@ class TrainConfig:
     cache_policy: str = "presample"
     device_sampling: str = "auto"  # neutronorch: bottom hop sampled on the device (auto: on CUDA)
     read_order: str = "auto"  # memory-mapped features and topology: file order when they may not fit in memory
+    host_cache_gb: str | float = "auto"  # memory-mapped features: hottest rows in memory (auto: when they do not fit)
+    host_cache_dir: str | None = None  # the host cache's file of cold rows (None: next to the features)
     # Observation
     summary_json: str | None = None
     timeline: str | None = None  # .png; the raw spans go next to it as .json
@@ -105,6 +107,7 @@ class TrainConfig:
                                   f"{len(self.fanouts)} layers (one per `fanouts` entry).")
         self.hot_ratio = _parse_hot_ratio(self.hot_ratio)
         self.gpu_cache_gb = _parse_cache_size(self.gpu_cache_gb)
+        self.host_cache_gb = _parse_cache_size(self.host_cache_gb, "host_cache_gb", "host")
         checks = [
             (self.model in MODELS, f"`model` {self.model!r}: choose one of {', '.join(MODELS)}."),
             (self.mode in MODES, f"`mode` {self.mode!r}: choose one of {', '.join(MODES)}."),
@@ -261,9 +264,9 @@ class LogConfig:
 # Fields whose default is None, and the type their value must have when given.
 _OPTIONAL_TYPES = {"split": str, "staleness_bound": int, "snapshot_lead": int, "gpu_memory_gb": float,
                    "summary_json": str, "timeline": str, "log_jsonl": str, "log_csv": str, "tensorboard": str,
-                   "checkpoint_dir": str}
+                   "checkpoint_dir": str, "host_cache_dir": str}
 # Parsed by their own functions, which accept several forms.
-_PARSED = {"fanouts", "eval_fanouts", "hot_ratio", "gpu_cache_gb"}
+_PARSED = {"fanouts", "eval_fanouts", "hot_ratio", "gpu_cache_gb", "host_cache_gb"}
 
 
 def _check_types(config: TrainConfig) -> None:
@@ -301,16 +304,16 @@ def _parse_hot_ratio(value) -> str | float:
     return ratio
 
 
-def _parse_cache_size(value) -> str | float:
+def _parse_cache_size(value, field: str = "gpu_cache_gb", which: str = "device") -> str | float:
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
     try:
         size = float(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"`gpu_cache_gb` {value!r}: expected 'auto' or a size in GiB such as 2.5 (0 turns "
-                          f"the device feature cache off).") from None
-    if size < 0:
-        raise ConfigError(f"`gpu_cache_gb` {value!r}: must be 'auto' or zero or more GiB.")
+        raise ConfigError(f"`{field}` {value!r}: expected 'auto' or a size in GiB such as 2.5 (0 turns "
+                          f"the {which} feature cache off).") from None
+    if not math.isfinite(size) or size < 0:
+        raise ConfigError(f"`{field}` {value!r}: must be 'auto' or zero or more GiB.")
     return size
 
 

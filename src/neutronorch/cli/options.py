@@ -89,6 +89,14 @@ _HELP = {
                   "readahead then reads pages that are evicted before use); batch in the batch's order "
                   "(faster while everything stays in memory); auto = file when the memory-mapped arrays are "
                   "larger than half the memory left beside the run's working memory (default: %(default)s)",
+    "host_cache_gb": "GiB of the hottest feature rows (below those on the device) copied into memory when the "
+                     "features are a memory map; the other rows are copied once into a compact file of their "
+                     "own, so each mini-batch's pass over the file is that much shorter; auto = 60%% of the "
+                     "memory left beside the run's working memory when the features do not fit in it (none "
+                     "when they do), 0 = off (default: %(default)s)",
+    "host_cache_dir": "folder for the host cache's file of the rows it does not hold (deleted as soon as it "
+                      "is open): needs that many bytes free (default: next to the features, else the "
+                      "temporary folder)",
     "cache_policy": "how the cache ranks rows: presample counts bottom-frontier appearances over a few "
                     "sampled mini-batches, degree uses out-degree (default: %(default)s)",
     "device_sampling": "neutronorch: sample the cold vertices' bottom hop on the device (topology placed "
@@ -123,7 +131,7 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
                "norm": NORMS, "metric": ("auto",) + METRICS, "architecture": ARCHITECTURES,
                "precision": PRECISIONS}
     types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int, "gpu_memory_gb": float,
-             "gpu_cache_gb": str}
+             "gpu_cache_gb": str, "host_cache_gb": str}
     for f in fields(TrainConfig):
         if f.name in ("progress", "stage_table", "resume", "residual"):
             continue

@@ -31,14 +31,16 @@ def out_degrees(indices: np.ndarray, num_nodes: int) -> np.ndarray:
 
 
 def hotness_order(indptr: np.ndarray, indices: np.ndarray, train_idx: np.ndarray, fanouts: list[int],
-                  batch_size: int, seed: int, policy: str = "presample", batches: int = 32) -> np.ndarray:
+                  batch_size: int, seed: int, policy: str = "presample", batches: int = 32,
+                  frontiers: list | None = None) -> np.ndarray:
     """Every vertex, hottest first (see the module docstring).
 
     ``presample`` scores a vertex by its appearances in the input frontiers of ``batches`` sampled
     mini-batches plus a degree prior worth the same total (each vertex's share of the appearances if they
     followed out-degree): a shrinkage estimate, since counts over a few batches are noisy for all but the
     hottest vertices. Measured (bench/cache_hit_rate.py) it serves at least as many rows as ``degree`` and
-    more where training seeds are not spread evenly over the graph."""
+    more where training seeds are not spread evenly over the graph. ``frontiers``, when given, receives the
+    largest frontier sizes seen, seeds first and input rows last (as ``workspace_bytes`` takes them)."""
     num_nodes = indptr.shape[0] - 1
     degree = out_degrees(indices, num_nodes).astype(np.float64)
     if policy == "degree" or len(train_idx) == 0:
@@ -49,8 +51,12 @@ def hotness_order(indptr: np.ndarray, indices: np.ndarray, train_idx: np.ndarray
     counts = np.zeros(num_nodes, np.float64)
     for b in range(min(batches, -(-order.shape[0] // batch_size))):
         seeds = order[b * batch_size:(b + 1) * batch_size]
-        frontier = sampler.sample(seeds, batch_key(seed, -1, b)).input_nodes.numpy()
-        counts[frontier] += 1  # frontiers hold distinct vertices
+        subgraph = sampler.sample(seeds, batch_key(seed, -1, b))
+        counts[subgraph.input_nodes.numpy()] += 1  # frontiers hold distinct vertices
+        sizes = [f.shape[0] for f in reversed(subgraph.frontiers)]
+        largest = sizes if b == 0 else [max(a, z) for a, z in zip(largest, sizes)]
+    if frontiers is not None:
+        frontiers[:] = largest
     prior = degree * (counts.sum() / max(1.0, degree.sum()))
     return np.argsort(-(counts + prior), kind="stable")
 

@@ -92,7 +92,8 @@ def beyond_memory(arrays: list[np.ndarray], available: int | None = None, reserv
 
 class FeatureStore:
     """Host-resident features (a numpy array or memory map) gathered by row ids, as rows of ``dtype``
-    (float32, or bfloat16 for bfloat16 training: half the bytes written and copied)."""
+    (float32, or bfloat16 for bfloat16 training: half the bytes written and copied). With a ``HostCache``
+    (``attach_cache``) rows come from its memory or its file of cold rows; ``take_counts`` says how many."""
 
     def __init__(self, features: np.ndarray, labels: np.ndarray, dtype: torch.dtype = torch.float32,
                  ordered: bool | None = None):
@@ -102,6 +103,12 @@ class FeatureStore:
         self.rows_per_region = max(1, kernels.REGION_BYTES // max(1, features.strides[0]))
         # Small; a writable copy (a class id per vertex, or a 0/1/-1 row per vertex for multi-label tasks).
         self.labels = torch.from_numpy(np.array(labels, dtype=np.int64))
+        self.host_cache = None
+        self._counts = _Counts()
+
+    def attach_cache(self, cache) -> None:
+        """Serve rows through ``cache`` (a ``host_cache.HostCache`` over these features) from now on."""
+        self.host_cache = cache
 
     def as_dtype(self, dtype: torch.dtype) -> "FeatureStore":
         """The same features gathered as ``dtype`` (this store when it already is)."""
@@ -115,20 +122,59 @@ class FeatureStore:
     def width(self) -> int:
         return int(self.features.shape[1])
 
+    def take_counts(self) -> tuple[int, int]:
+        """(rows gathered, of which served by the host cache) since the last call."""
+        return self._counts.take()
+
     def gather_into(self, rows: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
         """Copy ``features[rows]`` into the front of ``buffer`` (converted to its dtype); return that view."""
         out = buffer[:rows.shape[0]]
         ids = rows.numpy()
-        order = (kernels.region_order(ids, self.rows_per_region, self.features.shape[0]) if self.ordered
-                 else kernels.NO_ORDER)
-        if self.features.dtype == np.float16:
-            table = kernels.HALF_TO_BF16 if out.dtype == torch.bfloat16 else kernels.HALF_TO_FLOAT
-            kernels.gather_half_rows(self.features.view(np.uint16), ids, order, table, numpy_view(out))
-        else:  # bfloat16 storage as its bits: copied into bfloat16 rows, widened into float32 ones
-            source = self.features.view(np.uint16) if is_bfloat16(self.features) else self.features
-            kernels.gather_rows(source, ids, order, numpy_view(out))
+        cache = self.host_cache
+        if cache is None:
+            order = (kernels.region_order(ids, self.rows_per_region, self.features.shape[0]) if self.ordered
+                     else kernels.NO_ORDER)
+            self._copy(self.features, ids, order, out)
+            self._counts.add(ids.shape[0], 0)
+            return out
+        where = cache.where[ids]
+        cold_rows = cache.cold.shape[0]
+        order, hits = kernels.split_order(where, self.rows_per_region if self.ordered else max(1, cold_rows),
+                                          max(1, cold_rows))
+        if hits:  # a part of ``order`` visits only those positions; an empty one would visit every one
+            self._copy(cache.table, -1 - where, order[:hits], out)
+        if hits < ids.shape[0]:
+            self._copy(cache.cold, where, order[hits:], out)
+        self._counts.add(ids.shape[0], int(hits))
         return out
+
+    def _copy(self, source: np.ndarray, rows: np.ndarray, order: np.ndarray, out: torch.Tensor) -> None:
+        """out[i] = source[rows[i]] for the positions of ``order`` (every one when it is empty)."""
+        if source.dtype == np.float16:
+            table = kernels.HALF_TO_BF16 if out.dtype == torch.bfloat16 else kernels.HALF_TO_FLOAT
+            kernels.gather_half_rows(source.view(np.uint16), rows, order, table, numpy_view(out))
+        else:  # bfloat16 storage as its bits: copied into bfloat16 rows, widened into float32 ones
+            kernels.gather_rows(source.view(np.uint16) if is_bfloat16(source) else source, rows, order,
+                                numpy_view(out))
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:
         """Allocate and fill (for cold paths such as inference)."""
         return self.gather_into(rows, torch.empty((rows.shape[0], self.width), dtype=self.dtype))
+
+
+class _Counts:
+    """Rows gathered and host-cache hits, added from any thread."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._rows = self._hits = 0
+
+    def add(self, rows: int, hits: int) -> None:
+        with self._lock:
+            self._rows += rows
+            self._hits += hits
+
+    def take(self) -> tuple[int, int]:
+        with self._lock:
+            taken, self._rows, self._hits = (self._rows, self._hits), 0, 0
+        return taken

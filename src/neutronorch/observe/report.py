@@ -30,7 +30,9 @@ def epoch_table(record: dict, table: StageTable) -> str:
                      f"{moved['feature_bytes'] / 2**20:,.0f} MiB gathered, "
                      f"{moved['device_bytes'] / 2**20:,.0f} MiB to the device"
                      + (f", cache hit rate {100 * moved['cache_hits'] / max(1, moved['feature_rows']):.0f}%"
-                        if moved.get("cache_hits") else ""))
+                        if moved.get("cache_hits") else "")
+                     + (f", host cache hit rate {100 * moved['host_cache_hits'] / max(1, moved['host_rows']):.0f}%"
+                        if moved.get("host_cache_hits") else ""))
     return "\n".join(lines)
 
 

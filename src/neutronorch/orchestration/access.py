@@ -15,6 +15,7 @@ from neutronorch.config import SamplingConfig
 from neutronorch.data.graph import Graph
 from neutronorch.errors import ConfigError
 from neutronorch.features.cache import FeatureCache, hotness_order
+from neutronorch.features.host_cache import HostCache
 from neutronorch.features.placement import Placement
 from neutronorch.features.store import BufferPool, FeatureStore
 
@@ -34,24 +35,32 @@ class FeatureAccess:
 
 def build_feature_access(graph: Graph, placement: Placement, device: torch.device, sampling: SamplingConfig,
                          cache_policy: str, dtype: torch.dtype = torch.float32,
-                         file_order: bool | None = None) -> FeatureAccess:
+                         file_order: bool | None = None, host_cache_rows: int = 0,
+                         host_cache_dir: str | None = None, hot_order: np.ndarray | None = None) -> FeatureAccess:
     """Rows are read as ``dtype`` (bfloat16 in bfloat16 runs) wherever they come from; a memory-mapped
-    file in file order or not (``file_order``; None: ``FeatureStore``'s choice)."""
+    file in file order or not (``file_order``; None: ``FeatureStore``'s choice). ``host_cache_rows`` > 0:
+    a ``HostCache`` of that many rows, the hottest below those the device cache holds (its file of cold
+    rows in ``host_cache_dir``). ``hot_order``: the vertices hottest first, where already ranked."""
     store = FeatureStore(graph.features, graph.labels, dtype, file_order)
     pool = BufferPool(sampling.prefetch + 2, store.width, dtype, pin=device.type == "cuda")
     # Where the device samples, its reads go through the cache even when it holds no row.
     needs_cache = placement.features != "host" or placement.topology != "host"
-    cache = _build_cache(graph, store, placement, device, sampling, cache_policy) if needs_cache else None
+    device_rows = placement.cache_rows if needs_cache else 0
+    order = np.empty(0, np.int64) if hot_order is None else hot_order
+    if hot_order is None and (0 < device_rows < graph.num_nodes or host_cache_rows > 0):
+        order = hotness_order(graph.indptr, graph.indices, graph.train_idx, sampling.fanouts, sampling.batch_size,
+                              sampling.seed, cache_policy)
+    host_rows = min(host_cache_rows, max(0, graph.num_nodes - device_rows))
+    if host_rows > 0:
+        store.attach_cache(HostCache(graph.features, order[device_rows:device_rows + host_rows], host_cache_dir))
+    cache = _build_cache(store, placement, device, order) if needs_cache else None
     return FeatureAccess(device, store, placement, cache, pool)
 
 
-def _build_cache(graph, store, placement, device, sampling, cache_policy) -> FeatureCache:
-    """The device feature cache the placement asks for (every row when they all fit)."""
+def _build_cache(store, placement, device, order) -> FeatureCache:
+    """The device feature cache the placement asks for (every row when they all fit), filled with the first
+    rows of ``order`` (hottest first)."""
     rows = placement.cache_rows
-    order = np.empty(0, np.int64)
-    if 0 < rows < graph.num_nodes:
-        order = hotness_order(graph.indptr, graph.indices, graph.train_idx, sampling.fanouts, sampling.batch_size,
-                              sampling.seed, cache_policy)
     try:
         return FeatureCache(store, order, rows, device, device_lookup=placement.topology != "host")
     except torch.cuda.OutOfMemoryError:

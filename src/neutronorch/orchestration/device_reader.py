@@ -58,7 +58,8 @@ class DeviceReader:
             self.indptr = self._host_readable(graph.indptr, "topology (indptr)", required=True)
             self.indices = self._host_readable(graph.indices, "topology (indices)", required=True)
         self.host_features = None
-        if access.cache is not None and not access.cache.full:
+        # With a host feature cache (memory-mapped features larger than memory) the misses go through it.
+        if access.cache is not None and not access.cache.full and access.store.host_cache is None:
             self.host_features = self._host_readable(graph.features, "features", required=False)
         self.labels = access.store.labels.to(self.device)
 

@@ -178,11 +178,12 @@ GATHER_CHUNK = 256
 
 @njit(parallel=True, cache=True, nogil=True)
 def gather_rows(source, rows, order, out):
-    """out[i] = source[rows[i]]: float32 or bfloat16 (bits) storage into float32 or bfloat16 rows. Positions
-    are visited in the order of ``order`` (``region_order``: the source read front to back), or in their
-    own order when it is empty. Each thread takes a contiguous share of that order."""
-    n = rows.shape[0]
+    """out[i] = source[rows[i]]: float32 or bfloat16 (bits) storage into float32 or bfloat16 rows. Only the
+    positions in ``order`` are visited, in its order (``region_order``: the source read front to back; a
+    part of the positions: ``split_order``), or every position in its own order when it is empty. Each
+    thread takes a contiguous share of that order."""
     ordered = order.shape[0] > 0
+    n = order.shape[0] if ordered else rows.shape[0]
     for c in prange((n + GATHER_CHUNK - 1) // GATHER_CHUNK):
         end = min(n, (c + 1) * GATHER_CHUNK)
         for k in range(c * GATHER_CHUNK, end):
@@ -220,6 +221,29 @@ def region_order(rows, rows_per_region, num_rows):
     return order
 
 
+@njit(cache=True, nogil=True)
+def split_order(where, rows_per_region, num_rows):
+    """For rows looked up in a host cache (``where[i]`` < 0: cache slot ``-1 - where[i]``; otherwise row
+    ``where[i]`` of a source of ``num_rows`` rows): (the positions of the hits, then those of the misses
+    region by region of the source as in ``region_order``; the number of hits). Pass ``rows_per_region`` =
+    ``num_rows`` (or more) to keep the misses in their own order."""
+    regions = (num_rows + rows_per_region - 1) // rows_per_region
+    fill = np.zeros(regions + 2, np.int64)  # bucket 0: hits; bucket r + 1: misses in region r
+    for i in range(where.shape[0]):
+        w = where[i]
+        fill[(0 if w < 0 else w // rows_per_region + 1) + 1] += 1
+    for r in range(regions + 1):
+        fill[r + 1] += fill[r]
+    hits = fill[1]
+    order = np.empty(where.shape[0], np.int64)
+    for i in range(where.shape[0]):
+        w = where[i]
+        r = 0 if w < 0 else w // rows_per_region + 1
+        order[fill[r]] = i
+        fill[r] += 1
+    return order, hits
+
+
 # numba has no float16 type: half-precision rows are read as their bit patterns and decoded through a
 # table of all 65,536 values (256 KiB, cache-resident).
 HALF_TO_FLOAT = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
@@ -232,8 +256,8 @@ HALF_TO_BF16 = torch.from_numpy(HALF_TO_FLOAT).to(torch.bfloat16).view(torch.int
 def gather_half_rows(source_bits, rows, order, table, out):
     """out[i] = source[rows[i]] for float16 storage viewed as uint16, into float32 or bfloat16 rows, through
     ``table`` (``HALF_TO_FLOAT``, or ``HALF_TO_BF16`` for bfloat16 rows); ``order`` as for ``gather_rows``."""
-    n = rows.shape[0]
     ordered = order.shape[0] > 0
+    n = order.shape[0] if ordered else rows.shape[0]
     for c in prange((n + GATHER_CHUNK - 1) // GATHER_CHUNK):
         end = min(n, (c + 1) * GATHER_CHUNK)
         for k in range(c * GATHER_CHUNK, end):

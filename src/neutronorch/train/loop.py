@@ -89,6 +89,7 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
     sampled_edges = input_nodes = feature_bytes = device_bytes = cache_hits = 0
     num_batches = control.start_step
     start = time.perf_counter()
+    mode.store.take_counts()  # rows gathered outside training (evaluation) are not this epoch's
     window.begin_epoch(epoch, spans)
     with mode.batches(epoch, control.start_step) as batches:
         batches = iter(batches)
@@ -132,6 +133,7 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
     seconds = time.perf_counter() - start
     window.end_epoch(spans)
     stage_seconds, counts = spans.take()
+    host_rows, host_hits = mode.store.take_counts()
     return {
         "epoch": epoch,
         "seconds": seconds,
@@ -143,7 +145,10 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
         # Rows and bytes of the batches trained this epoch; hot tables copied by the host producer count
         # when their copy starts.
         "moved": {"feature_rows": input_nodes, "feature_bytes": feature_bytes,
-                  "device_bytes": device_bytes + counts.get("device_bytes", 0), "cache_hits": cache_hits},
+                  "device_bytes": device_bytes + counts.get("device_bytes", 0), "cache_hits": cache_hits,
+                  # Rows the host store gathered (those the device cache missed, and the host producer's),
+                  # and of them those its host cache served.
+                  "host_rows": host_rows, "host_cache_hits": host_hits},
         "batches": num_batches,
         "sampled_edges": sampled_edges,
         "input_nodes_per_batch": input_nodes / max(1, num_batches - control.start_step),

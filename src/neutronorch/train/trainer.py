@@ -336,6 +336,8 @@ def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str, gat
     distributed = run.world.summary(config.batch_size, gather)
     key = run.task.key
     seconds = [e["seconds"] for e in epochs]
+    moved = {name: sum(e["moved"].get(name, 0) for e in epochs)
+             for name in ("feature_rows", "feature_bytes", "device_bytes", "cache_hits", "host_rows", "host_cache_hits")}
     return {
         "status": status,
         "mode": mode.name,
@@ -361,8 +363,9 @@ def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str, gat
         "final_test_acc": last_eval.get("test"),
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "resident_mb": resident_mb(),  # at the end: own (anon) and mapped-file (file) memory
-        "moved": {key: sum(e["moved"][key] for e in epochs) for key in ("feature_rows", "feature_bytes",
-                                                                           "device_bytes", "cache_hits")},
+        "moved": moved,  # a resumed history's records may predate the host cache's keys
+        "host_cache": None if mode.store.host_cache is None
+        else mode.store.host_cache.summary(moved["host_rows"], moved["host_cache_hits"]),
         "placement": mode.placement.to_dict(),
         # --read-order as resolved: how memory-mapped features and the host samplers' topology were read.
         "read_order": {"features": "file" if mode.store.ordered else "batch",
