@@ -4,7 +4,8 @@ memory cap, side by side.
 First the run without a cap (features in the page cache after the first pass); then, for each order in
 --orders, the same run inside a memory cgroup (v1 or v2, created here; this needs the right to create one,
 as root usually has) whose limit leaves the graph's arrays (features and topology) about half the memory
-they need: the unconstrained run's own anonymous memory plus half their bytes (or --cap-gb). Every run is its own process; the
+they need: the unconstrained run's own anonymous memory plus half their bytes (--shares: other shares, a set
+of capped runs for each; or --cap-gb). Every run is its own process; the
 page cache is dropped before each capped run where that is allowed, so it starts cold. For each run: epoch
 time (median of the epochs after the first, or the only one), wall time, bytes read from and written to
 disk (start-up included: the host feature cache's copy reads the features once and writes the rows it does
@@ -16,6 +17,8 @@ within --timeout seconds is stopped and reported as such.
     python bench/larger_than_memory.py                        # 1M vertices / 20M edges, 400 features (1.6 GB)
     python bench/larger_than_memory.py --orders file,batch --timeout 600
     python bench/larger_than_memory.py --host-cache auto,0     # with and without the host feature cache
+    python bench/larger_than_memory.py --shares 0.25,0.5,0.75,1  # how much memory for which speed
+    python bench/larger_than_memory.py --dataset DIR --shares 0.5   # your own graph (native format)
     python bench/larger_than_memory.py --degree 100 --features 16   # topology larger than features
 
 Targets (issue): capped epoch at most 2x the unconstrained one; disk bytes per epoch at most 3x the feature
@@ -43,6 +46,8 @@ def main() -> int:
     add_graph_arguments(parser)
     parser.set_defaults(features=400)
     add_model_arguments(parser)
+    parser.add_argument("--dataset", default=None,
+                        help="a native-format graph directory (default: the synthetic graph of --nodes etc.)")
     parser.add_argument("--mode", default="exact")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
@@ -50,6 +55,9 @@ def main() -> int:
     parser.add_argument("--host-cache", default="auto",
                         help="--host-cache-gb of the capped runs, comma-separated (each with each order); "
                              "the unconstrained run keeps its default (auto: none while the features fit)")
+    parser.add_argument("--shares", default="0.5",
+                        help="comma-separated shares of the arrays' bytes that each cap leaves them beside the "
+                             "run's own memory (one set of capped runs per share; default: %(default)s)")
     parser.add_argument("--cap-gb", type=float, default=None,
                         help="the memory limit (default: the unconstrained run's anonymous memory + half the "
                              "feature bytes)")
@@ -61,7 +69,11 @@ def main() -> int:
         print("error: no writable memory cgroup (v1 /sys/fs/cgroup/memory or v2 /sys/fs/cgroup with the memory "
               "controller): run as a user allowed to create one (root usually is)", file=sys.stderr)
         return 2
-    graph = ensure_graph(args.nodes, args.degree, args.features, args.classes)
+    graph = Path(args.dataset) if args.dataset else ensure_graph(args.nodes, args.degree, args.features, args.classes)
+    if not (graph / "features.npy").is_file():
+        print(f"error: {graph} is not a native-format graph directory (no features.npy); write one with "
+              f"`neutronorch convert`", file=sys.stderr)
+        return 2
     feature_bytes = (graph / "features.npy").stat().st_size
     topology_bytes = (graph / "indices.npy").stat().st_size + (graph / "indptr.npy").stat().st_size
     out = Path(tempfile.mkdtemp(prefix="ltm-", dir=ROOT / "bench" / "out"))
@@ -76,17 +88,22 @@ def main() -> int:
     if args.cap_gb is None and anon is None:
         print("error: the unconstrained run reported no anonymous memory; give --cap-gb", file=sys.stderr)
         return 2
-    cap = int(args.cap_gb * 2**30) if args.cap_gb else int(anon * 2**20 + (feature_bytes + topology_bytes) / 2)
-    for order in args.orders.split(","):
-        for cache in args.host_cache.split(","):
-            summary = out / f"capped-{order}-{cache}.json"
-            rows.append(run(f"capped, {order} order, host cache {cache}",
-                            base + ["--read-order", order, "--host-cache-gb", cache, "--summary-json", str(summary)],
-                            summary, cap, cgroup, args.timeout))
+    shares = [float(share) for share in args.shares.split(",")]
+    caps = ([int(args.cap_gb * 2**30)] if args.cap_gb else
+            [int(anon * 2**20 + share * (feature_bytes + topology_bytes)) for share in shares])
+    for cap in caps:
+        for order in args.orders.split(","):
+            for cache in args.host_cache.split(","):
+                summary = out / f"capped-{cap >> 20}-{order}-{cache}.json"
+                rows.append(run(f"cap {cap / 2**30:.2f} GiB, {order} order, host cache {cache}",
+                                base + ["--read-order", order, "--host-cache-gb", cache, "--summary-json",
+                                        str(summary)], summary, cap, cgroup, args.timeout))
 
     print(f"\n{graph.name}: {args.mode} mode, {args.model} {args.fanouts}, batch {args.batch_size}, "
-          f"features {feature_bytes / 2**30:.2f} GiB, topology {topology_bytes / 2**30:.2f} GiB, cap {cap / 2**30:.2f} GiB "
-          f"({(cap - (anon or 0) * 2**20) / 2**30:.2f} GiB beside the run's own memory), {args.threads} threads\n")
+          f"features {feature_bytes / 2**30:.2f} GiB, topology {topology_bytes / 2**30:.2f} GiB, caps "
+          f"{', '.join(f'{cap / 2**30:.2f}' for cap in caps)} GiB (leaving "
+          f"{', '.join(f'{(cap - (anon or 0) * 2**20) / 2**30:.2f}' for cap in caps)} GiB beside the "
+          f"unconstrained run's own memory of {(anon or 0) / 1024:.2f} GiB), {args.threads} threads\n")
     print("| run | epoch s | / unconstrained | wall s | disk read GiB | per epoch / gathered | disk written GiB "
           "| major faults | host cache GiB (built in s) | host cache hit rate |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -349,3 +349,32 @@ def test_bfloat16_training_on_cuda(mode, model):
     assert moved["feature_bytes"] > 0 and moved["feature_bytes"] % (16 * 2) == 0
     if mode != "neutronorch":  # its batches carry the cold rows only
         assert moved["feature_bytes"] == moved["feature_rows"] * 16 * 2
+
+
+def test_memory_maps_reach_the_device_in_slices_and_the_host_cache_feeds_the_device_cache(tmp_path, monkeypatch):
+    # Topology and features memory-mapped from a native graph: placed on the GPU a slice at a time, and a
+    # run with a host feature cache below a partial device cache trains as one without it.
+    import json
+
+    from neutronorch.cli import main
+    from neutronorch.data import SyntheticSpec, generate
+    from neutronorch.data.native import load_native, save_native
+    from neutronorch.features.cache import _rows_as
+    from neutronorch.orchestration import device_reader
+
+    directory = save_native(generate(SyntheticSpec(nodes=3000, degree=8, features=12, classes=4)), tmp_path / "g")
+    graph = load_native(directory)
+    monkeypatch.setattr(device_reader, "COPY_BYTES", 4 * 1000)
+    placed = device_reader.place(graph.indices, torch.device("cuda"), "topology")
+    assert placed.is_cuda and torch.equal(placed.cpu(), torch.from_numpy(np.array(graph.indices)))
+    table = _rows_as(graph.features, torch.bfloat16, torch.device("cuda"))
+    assert table.is_cuda and torch.equal(table.cpu(), torch.from_numpy(np.array(graph.features)).to(torch.bfloat16))
+    runs = []
+    for size in ("0", str(800 * 12 * 4 / 2**30)):
+        out = tmp_path / f"{size}.json"
+        assert main(["train", "--dataset", str(directory), "--mode", "device", "--device", "cuda", "--epochs", "2",
+                     "--fanouts", "5,5", "--batch-size", "256", "--gpu-cache-gb", str(300 * 12 * 4 / 2**30),
+                     "--host-cache-gb", size, "--read-order", "file", "--no-progress", "--summary-json", str(out)]) == 0
+        runs.append(json.loads(out.read_text()))
+    assert [e["train_loss"] for e in runs[0]["epochs"]] == pytest.approx([e["train_loss"] for e in runs[1]["epochs"]])
+    assert runs[1]["host_cache"]["rows"] == 800 and runs[1]["moved"]["host_cache_hits"] > 0

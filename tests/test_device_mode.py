@@ -61,3 +61,40 @@ def test_device_mode_from_the_command_line(tmp_path, capsys):
     assert main(["train", "--dataset", SMALL, "--mode", "device", "--fanouts", "4,4", "--epochs", "1",
                  "--hidden", "16", "--no-progress", "--summary-json", str(out)]) == 0
     assert '"mode": "device"' in out.read_text()
+
+
+def test_memory_mapped_data_that_does_not_fit_in_memory(tmp_path, monkeypatch, capsys):
+    # Device mode samples on the device: topology that cannot be copied into memory is refused with the
+    # modes that can read it from the file; features that cannot are read through the host store, row by
+    # row, never copied whole. A memory map reaches a GPU a slice at a time (checked here on the CPU).
+    from neutronorch.data.native import load_native, save_native
+    from neutronorch.features import memory
+    from neutronorch.orchestration import device_reader
+
+    directory = save_native(generate(SyntheticSpec(nodes=2000, degree=8, features=12, classes=4)), tmp_path / "g")
+    graph = load_native(directory)
+    topology = graph.indices.nbytes
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda: topology - 1)
+    assert main(["train", "--dataset", str(directory), "--mode", "device", "--device", "cpu", "--epochs", "1",
+                 "--fanouts", "5,5", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "the topology" in err and "memory-mapped" in err and "--mode exact" in err
+
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda: graph.features.nbytes - 1)
+    out = tmp_path / "s.json"
+    assert main(["train", "--dataset", str(directory), "--mode", "device", "--device", "cpu", "--epochs", "1",
+                 "--fanouts", "5,5", "--host-cache-gb", "0", "--no-progress", "--summary-json", str(out)]) == 0
+    import json
+
+    summary = json.loads(out.read_text())
+    moved = summary["moved"]
+    assert moved["host_rows"] == moved["feature_rows"] > 0  # every row through the host store
+    assert summary["placement"]["features"] == "host"
+
+    monkeypatch.setattr(device_reader, "COPY_BYTES", 4 * 1000)
+    copied = device_reader._copy_in_slices(graph.indices, torch.device("cpu"))
+    assert torch.equal(copied, torch.from_numpy(np.array(graph.indices)))
+    from neutronorch.features.cache import _rows_as  # a whole memory map as the device cache's table
+
+    table = _rows_as(graph.features, torch.float32, torch.device("cpu"))
+    assert isinstance(graph.features, np.memmap) and torch.equal(table, torch.from_numpy(np.array(graph.features)))

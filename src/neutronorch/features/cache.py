@@ -73,7 +73,7 @@ class FeatureCache:
         if self.full:
             # Every row: the features themselves on the device (zero-copy on the CPU); slot = vertex id.
             self.slot_map = self.device_slot_map = None
-            self.table = _to_device(_rows_as(store.features, store.dtype), device)
+            self.table = _rows_as(store.features, store.dtype, device)
             return
         cached = np.sort(hot_order[:self.rows])
         self.slot_map = np.full(num_nodes, -1, np.int32)  # int32: half the memory; slots < 2**31
@@ -131,15 +131,17 @@ def as_float_rows(features: np.ndarray) -> np.ndarray:
     return features if features.dtype == np.float32 else features.astype(np.float32)
 
 
-def _rows_as(features: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """Every feature row as ``dtype``: float32 storage as is (zero-copy on the CPU), anything else converted
-    in slices of rows (no float32 copy of the whole matrix on the way to bfloat16)."""
-    if dtype == torch.float32:
-        return torch.from_numpy(_writable(as_float_rows(features)))
-    out = torch.empty(features.shape, dtype=dtype)
+def _rows_as(features: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Every feature row as ``dtype`` on ``device``: float32 storage in memory as is (zero-copy on the CPU),
+    anything else (other storage types, memory maps) converted and moved in slices of rows: no float32
+    copy of the whole matrix on the way to bfloat16, and no copy of a whole memory map in host memory on
+    the way to a GPU."""
+    if dtype == torch.float32 and features.dtype == np.float32 and not isinstance(features, np.memmap):
+        return _to_device(torch.from_numpy(_writable(features)), device)
+    out = torch.empty(features.shape, dtype=dtype, device=device)
     step = max(1, (64 << 20) // max(1, features.shape[1] * 4))
     for start in range(0, features.shape[0], step):
-        out[start:start + step] = torch.from_numpy(as_float_rows(np.asarray(features[start:start + step])))
+        out[start:start + step] = torch.from_numpy(as_float_rows(np.array(features[start:start + step])))
     return out
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -13,6 +15,12 @@ def available_memory_bytes() -> int | None:
     """The least of what ``/proc/meminfo`` and the process's memory cgroup allow; None if neither is known."""
     found = [value for value in (_meminfo_available(), _cgroup_room()) if value is not None]
     return min(found) if found else None
+
+
+def fits_in_memory(array: np.ndarray) -> bool:
+    """Whether a copy of ``array`` fits in the memory available now (arrays already in memory always do)."""
+    available = available_memory_bytes() if isinstance(array, np.memmap) else None
+    return available is None or array.nbytes <= available
 
 
 def _meminfo_available() -> int | None:

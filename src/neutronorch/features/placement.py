@@ -28,6 +28,7 @@ import torch
 
 from neutronorch.config import PlacementConfig
 from neutronorch.errors import ConfigError
+from neutronorch.features.memory import fits_in_memory
 
 logger = logging.getLogger("neutronorch")
 
@@ -100,12 +101,13 @@ def workspace_bytes(num_nodes: int, feature_dim: int, hidden: int, num_classes: 
 def plan_placement(*, device: str, samples_on_device: bool, num_nodes: int, num_edges: int,
                    indices_itemsize: int, feature_dim: int, workspace: int, device_memory: int | None,
                    gpu_memory_gb: float | None, gpu_cache_gb: float | str | None,
-                   row_itemsize: int = 4) -> Placement:
+                   row_itemsize: int = 4, features_fit: bool = True) -> Placement:
     """Decide the placement (see the module docstring). ``samples_on_device``: whether the mode samples on
     the training device (device mode; NeutronOrch's bottom hop with device sampling). ``device_memory`` is
     the device's total memory (None on the CPU); ``gpu_cache_gb`` is a number, ``"auto"`` (as large as the
     budget allows) or None (no cache). ``row_itemsize``: bytes per feature value on the device (2 in
-    bfloat16 runs)."""
+    bfloat16 runs). ``features_fit``: whether the features can be copied into host memory (memory-mapped
+    ones may not)."""
     topology_bytes = 8 * (num_nodes + 1) + indices_itemsize * num_edges
     row_bytes = row_itemsize * feature_dim
     notes: list[str] = []
@@ -113,7 +115,9 @@ def plan_placement(*, device: str, samples_on_device: bool, num_nodes: int, num_
         # The "device" is host memory: nothing to budget. Where the device samples, its tensors are the
         # host's (every row "on the device"); a partial cache is made only when asked for explicitly (it
         # then runs the same orchestration as on a GPU, which is how the CPU tests cover it).
-        rows = num_nodes if samples_on_device else 0
+        rows = num_nodes if samples_on_device and features_fit else 0
+        if not features_fit:
+            notes.append("memory-mapped features larger than the memory available: rows are read from the file")
         if isinstance(gpu_cache_gb, (int, float)):
             rows = min(num_nodes, int(gpu_cache_gb * GiB) // max(1, row_bytes))
         if gpu_memory_gb is not None:
@@ -182,7 +186,7 @@ def placement_for(graph, config: PlacementConfig, device: torch.device, samples_
                           num_edges=graph.num_edges, indices_itemsize=graph.indices.dtype.itemsize,
                           feature_dim=graph.feature_dim, workspace=workspace, device_memory=memory,
                           gpu_memory_gb=config.gpu_memory_gb, gpu_cache_gb=cache,
-                          row_itemsize=dtype.itemsize)
+                          row_itemsize=dtype.itemsize, features_fit=fits_in_memory(graph.features))
 
 
 # ----- pinned host memory and zero-copy views ----------------------------------------------------------

@@ -17,6 +17,7 @@ import torch
 from neutronorch.bfloat16 import tensor_from_numpy
 from neutronorch.data.graph import Graph
 from neutronorch.errors import ConfigError
+from neutronorch.features import memory
 from neutronorch.features.placement import pin, unpin, uva_view
 from neutronorch.observe import Spans
 from neutronorch.orchestration.access import FeatureAccess
@@ -24,23 +25,46 @@ from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.sampling.block import SampledSubgraph
 
 
+COPY_BYTES = 64 << 20  # a memory map moves to the device this many bytes at a time
+
+
 def place(array: np.ndarray, device: torch.device, what: str) -> torch.Tensor:
-    """A host array as a tensor on ``device`` (zero-copy on the CPU for writable arrays); a clear error when
-    the device has no room."""
-    tensor = host_tensor(array)
+    """A host array as a tensor on ``device`` (zero-copy on the CPU for writable arrays; a memory map copied
+    a slice at a time, never whole in host memory on the way to a GPU); a clear error when the device has
+    no room."""
     if device.type == "cpu":
-        return tensor
+        return host_tensor(array, what)
     try:
-        return tensor.to(device)
+        if isinstance(array, np.memmap):
+            return _copy_in_slices(array, device)
+        return host_tensor(array, what).to(device)
     except torch.cuda.OutOfMemoryError:
-        raise ConfigError(f"the {what} ({tensor.nbytes / 2**30:.1f} GiB) do not fit in the memory of {device}. "
+        raise ConfigError(f"the {what} ({array.nbytes / 2**30:.1f} GiB) do not fit in the memory of {device}. "
                           f"Lower `gpu_memory_gb` so that they are read from pinned host memory instead, or "
                           f"use `mode` neutronorch or exact, which sample on the host.") from None
 
 
-def host_tensor(array: np.ndarray) -> torch.Tensor:
-    """A host array as a tensor, zero-copy when numpy allows it (read-only maps are copied)."""
+def host_tensor(array: np.ndarray, what: str = "array") -> torch.Tensor:
+    """A host array as a tensor, zero-copy when numpy allows it (read-only maps are copied into memory: a
+    clear error when they cannot fit there)."""
+    if not memory.fits_in_memory(array):
+        raise ConfigError(f"the {what} ({array.nbytes / 2**30:.2f} GiB, memory-mapped) must be in memory for the "
+                          f"device to sample from them, and only {memory.available_memory_bytes() / 2**30:.2f} GiB is "
+                          f"available. Use `mode` exact, or neutronorch with `device_sampling` off: their "
+                          f"samplers read memory-mapped topology from the file, in file order when it does not "
+                          f"fit (`read_order`).")
     return tensor_from_numpy(np.ascontiguousarray(array) if array.flags.writeable else np.array(array))
+
+
+def _copy_in_slices(array: np.memmap, device: torch.device) -> torch.Tensor:
+    """``array`` on ``device``, read from the file a slice at a time."""
+    step = max(1, COPY_BYTES // max(1, array.strides[0]))
+    first = tensor_from_numpy(np.array(array[:step]))
+    out = torch.empty(array.shape, dtype=first.dtype, device=device)
+    out[:first.shape[0]].copy_(first)
+    for start in range(step, array.shape[0], step):
+        out[start:start + step].copy_(tensor_from_numpy(np.array(array[start:start + step])))
+    return out
 
 
 class DeviceReader:
@@ -58,15 +82,17 @@ class DeviceReader:
             self.indptr = self._host_readable(graph.indptr, "topology (indptr)", required=True)
             self.indices = self._host_readable(graph.indices, "topology (indices)", required=True)
         self.host_features = None
-        # With a host feature cache (memory-mapped features larger than memory) the misses go through it.
-        if access.cache is not None and not access.cache.full and access.store.host_cache is None:
+        # Memory-mapped features that do not fit in memory (with or without a host feature cache) are read
+        # through the host store, the device cache's misses gathered there.
+        if (access.cache is not None and not access.cache.full and access.store.host_cache is None
+                and memory.fits_in_memory(graph.features)):
             self.host_features = self._host_readable(graph.features, "features", required=False)
         self.labels = access.store.labels.to(self.device)
 
     def _host_readable(self, array: np.ndarray, what: str, required: bool) -> torch.Tensor | None:
         """``array`` as a tensor the device reads in place: the host tensor itself on the CPU, a UVA view of
         pinned memory on CUDA; None (or, if ``required``, an error) when the platform cannot map it."""
-        tensor = host_tensor(array)
+        tensor = host_tensor(array, what)
         if self.device.type == "cpu":
             return tensor
         pinned, ok = pin(tensor, what)
