@@ -4,15 +4,15 @@ memory cap, side by side.
 First the run without a cap (features in the page cache after the first pass); then, for each order in
 --orders, the same run inside a memory cgroup (v1 or v2, created here; this needs the right to create one,
 as root usually has) whose limit leaves the graph's arrays (features and topology) about half the memory
-they need: the unconstrained run's own anonymous memory plus half their bytes (--shares: other shares, a set
+they need: the unconstrained run's peak anonymous memory plus half their bytes (--shares: other shares, a set
 of capped runs for each; or --cap-gb). Every run is its own process; the
 page cache is dropped before each capped run where that is allowed, so it starts cold. For each run: epoch
 time (median of the epochs after the first, or the only one), wall time, bytes read from and written to
 disk (start-up included: the host feature cache's copy reads the features once and writes the rows it does
 not hold), major page faults, the ratio of disk bytes read per epoch to the feature bytes its epochs
 gathered (the topology's reads are not in that denominator), and the host cache's size, build time and hit
-rate. A run that has not finished
-within --timeout seconds is stopped and reported as such.
+rate. A run that has not finished within --timeout seconds is stopped and reported as such; one that
+failed is reported with its exit status (-9 inside a cap: killed for memory).
 
     python bench/larger_than_memory.py                        # 1M vertices / 20M edges, 400 features (1.6 GB)
     python bench/larger_than_memory.py --orders file,batch --timeout 600
@@ -59,7 +59,7 @@ def main() -> int:
                         help="comma-separated shares of the arrays' bytes that each cap leaves them beside the "
                              "run's own memory (one set of capped runs per share; default: %(default)s)")
     parser.add_argument("--cap-gb", type=float, default=None,
-                        help="the memory limit (default: the unconstrained run's anonymous memory + half the "
+                        help="the memory limit (default: the unconstrained run's peak anonymous memory + half the "
                              "feature bytes)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds before a run is stopped")
     args = parser.parse_args()
@@ -84,7 +84,8 @@ def main() -> int:
 
     rows = [run("unconstrained", base + ["--summary-json", str(out / "free.json")], out / "free.json", None,
                 cgroup, args.timeout)]
-    anon = rows[0].get("anon_mb")
+    # The peak, polled while it ran (NeutronOrch mode's is 0.5-0.7 GiB above its memory at the end), else the end's.
+    anon = rows[0].get("peak_anon_mb") or rows[0].get("anon_mb")
     if args.cap_gb is None and anon is None:
         print("error: the unconstrained run reported no anonymous memory; give --cap-gb", file=sys.stderr)
         return 2
@@ -103,7 +104,7 @@ def main() -> int:
           f"features {feature_bytes / 2**30:.2f} GiB, topology {topology_bytes / 2**30:.2f} GiB, caps "
           f"{', '.join(f'{cap / 2**30:.2f}' for cap in caps)} GiB (leaving "
           f"{', '.join(f'{(cap - (anon or 0) * 2**20) / 2**30:.2f}' for cap in caps)} GiB beside the "
-          f"unconstrained run's own memory of {(anon or 0) / 1024:.2f} GiB), {args.threads} threads\n")
+          f"unconstrained run's peak anonymous memory of {(anon or 0) / 1024:.2f} GiB), {args.threads} threads\n")
     print("| run | epoch s | / unconstrained | wall s | disk read GiB | per epoch / gathered | disk written GiB "
           "| major faults | host cache GiB (built in s) | host cache hit rate |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -114,7 +115,13 @@ def main() -> int:
         gathered = row.get("gathered_bytes")
         traffic = (f"{row['read_bytes'] / max(1, row['epochs']) / gathered:.2f}" if gathered and row.get("epochs")
                    else "-")
-        shown = f"{epoch:.1f}" if epoch else f"not finished in {args.timeout:.0f} s"
+        if epoch:
+            shown = f"{epoch:.1f}"
+        elif row["returncode"] is None:
+            shown = f"not finished in {args.timeout:.0f} s"
+        else:  # -9 inside a cap: the cgroup's out-of-memory killer
+            shown = (f"failed (exit {row['returncode']}"
+                     + (", killed: out of memory under the cap" if row["returncode"] == -9 else "") + ")")
         cache = row.get("host_cache")
         built = f"{cache['gib']:.2f} ({cache['build_seconds']:.1f})" if cache else "-"
         hits = f"{100 * cache['hit_rate']:.0f}%" if cache and cache["hit_rate"] is not None else "-"
@@ -146,10 +153,11 @@ def run(name: str, command: list[str], summary: Path, cap: int | None, cgroup: s
     env = dict(os.environ, NUMBA_NUM_THREADS=os.environ.get("NUMBA_NUM_THREADS", "2"))
     preexec = (lambda: (group / "cgroup.procs").write_text(str(os.getpid()))) if group else None
     process = subprocess.Popen(command, env=env, preexec_fn=preexec)
-    read_bytes = write_bytes = faults = 0
+    read_bytes = write_bytes = faults = peak_anon = 0
     finished = True
     while process.poll() is None:
         read_bytes, write_bytes, faults = io_counters(process.pid, read_bytes, write_bytes, faults)
+        peak_anon = max(peak_anon, anonymous_bytes(process.pid))
         if time.perf_counter() - start > timeout:
             process.kill()
             finished = False
@@ -157,7 +165,8 @@ def run(name: str, command: list[str], summary: Path, cap: int | None, cgroup: s
         time.sleep(0.5)
     process.wait()
     row = {"name": name, "wall_s": time.perf_counter() - start, "read_bytes": read_bytes, "write_bytes": write_bytes,
-           "major_faults": faults}
+           "major_faults": faults, "returncode": process.returncode if finished else None,
+           "peak_anon_mb": peak_anon / 2**20 or None}
     if group:
         group.rmdir()
     if finished and process.returncode == 0:
@@ -187,6 +196,17 @@ def drop_page_cache() -> None:
         Path("/proc/sys/vm/drop_caches").write_text("1")
     except OSError:
         print("note: could not drop the page cache; the capped run starts with what is cached", file=sys.stderr)
+
+
+def anonymous_bytes(pid: int) -> int:
+    """The process's anonymous resident memory now (0 once it has ended)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
 
 
 def io_counters(pid: int, read_bytes: int, write_bytes: int, faults: int) -> tuple[int, int, int]:

@@ -142,3 +142,11 @@ def test_auto_sizes_the_cache_from_the_presampled_working_memory(tmp_path, monke
     monkeypatch.setattr(factory, "available_memory_bytes", lambda: 2 * (measured + 100_000))
     rows, why, _ = factory.host_cache_size(config, graph, sampling, file_order=True, distributed=True)
     assert rows == int(0.6 * 100_000) // 80 and "shared by 2 ranks" in why
+    # NeutronOrch mode's host producer holds about two mini-batches' input rows more: counted.
+    neutronorch = TrainConfig(mode="neutronorch", fanouts=[5, 5], batch_size=64, hidden=16).validate()
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    monkeypatch.setattr(factory, "available_memory_bytes", lambda: measured + 350_000)
+    extra = 2 * frontiers[-1] * 20 * 4
+    with_host = factory.host_cache_size(neutronorch, graph, sampling, file_order=True)[0]
+    alone = factory.host_cache_size(config, graph, sampling, file_order=True)[0]
+    assert with_host == int(0.6 * (350_000 - extra)) // 80 < alone == int(0.6 * 350_000) // 80

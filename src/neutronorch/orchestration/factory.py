@@ -94,6 +94,13 @@ def host_cache_size(config: TrainConfig, graph: Graph, sampling, file_order: boo
         workspace = workspace_bytes(graph.num_nodes, graph.feature_dim, config.hidden, graph.num_classes,
                                     config.fanouts, config.batch_size, config.heads if config.model == "gat" else 1,
                                     measured=frontiers or None)
+        if config.mode == "neutronorch" and frontiers:
+            # The host producer's memory: its gather of the hot set's bottom hop (about one mini-batch's input
+            # rows) and the inputs its hot rows keep for their gradient over a few super-batches in flight,
+            # together about two mini-batches' input rows. Measured on the 1M-vertex graph under a cap: with
+            # none of this counted, and with one mini-batch's rows, the cache left too little and the run was
+            # killed for memory.
+            workspace += 2 * frontiers[-1] * graph.feature_dim * 4
         available = available_memory_bytes()
         ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if distributed else 1
         if available is not None and ranks > 1:
