@@ -150,3 +150,40 @@ def test_auto_sizes_the_cache_from_the_presampled_working_memory(tmp_path, monke
     with_host = factory.host_cache_size(neutronorch, graph, sampling, file_order=True)[0]
     alone = factory.host_cache_size(config, graph, sampling, file_order=True)[0]
     assert with_host == int(0.6 * (350_000 - extra)) // 80 < alone == int(0.6 * 350_000) // 80
+
+
+def test_a_cold_file_that_cannot_be_written_is_given_up(tmp_path, monkeypatch, caplog):
+    features = np.arange(500 * 4, dtype=np.float32).reshape(500, 4)
+    mapped = _mapped(tmp_path, features)
+    monkeypatch.setattr(host_cache_module, "COPY_BYTES", 16 * 100)  # five steps
+    real_open = open
+    monkeypatch.setattr(host_cache_module, "open", lambda path, mode: _FullDisk(real_open(path, mode)),
+                        raising=False)
+    with caplog.at_level("WARNING", logger="neutronorch"):
+        cache = HostCache(mapped, np.arange(0, 500, 7), str(tmp_path))
+    assert not cache.cold_file and cache.cold is mapped and "No space left" in caplog.text
+    store = FeatureStore(mapped, np.zeros(500, np.int64), ordered=True)
+    store.attach_cache(cache)
+    rows = torch.arange(499, -1, -2)
+    assert torch.equal(store.gather(rows), torch.from_numpy(features)[rows])
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".neutronorch-cold")]
+
+
+class _FullDisk:
+    """A file whose second write fails as on a full disk."""
+
+    def __init__(self, file):
+        self.file, self.writes = file, 0
+
+    def write(self, data):
+        self.writes += 1
+        if self.writes == 2:
+            raise OSError(28, "No space left on device")
+        return self.file.write(data)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+        return False

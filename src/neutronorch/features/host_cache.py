@@ -14,8 +14,8 @@ rows in place would shorten no pass. So the cache does two things at once:
 
 Both come from one sequential read of the features at start-up. The cold file goes next to the features
 (or wherever ``directory`` says, else the temporary directory) and is deleted as soon as it is mapped, so
-nothing is left behind, even when the run is killed. Without the room for it, misses are read from the
-features in place.
+nothing is left behind, even when the run is killed. Without the room for it (or when writing it fails),
+misses are read from the features in place, and the log says so.
 
 ``where[v]`` says where v's row is: ``-1 - slot`` for a cached row, otherwise its row in the cold source.
 """
@@ -85,9 +85,11 @@ class HostCache:
         self.table = np.empty((self.rows,) + features.shape[1:], features.dtype)
         path = self._cold_path(features, directory, (num_rows - self.rows) * features.strides[0])
         self.cold_file = path is not None
-        if not self.cold_file:
-            self.where[~is_hot] = np.flatnonzero(~is_hot)  # misses read from the features in place
         step = max(1, COPY_BYTES // max(1, features.strides[0]))
+        if features.nbytes >= GiB:
+            logger.info(f"host feature cache: copying {self.table.nbytes / GiB:.2f} GiB of rows into memory"
+                        + (f" and {(num_rows - self.rows) * features.strides[0] / GiB:.2f} GiB to {path}" if path
+                           else "") + " in one pass over the features")
         filled = 0
         try:
             with open(path, "wb") if path else contextlib.nullcontext() as out:
@@ -97,18 +99,27 @@ class HostCache:
                     count = int(hot_here.sum())
                     self.table[filled:filled + count] = block[hot_here]
                     filled += count
-                    if out is not None:
-                        out.write(np.ascontiguousarray(block[~hot_here]).tobytes())
-            self.cold = features if path is None else np.memmap(
-                path, dtype=features.dtype, mode="r", shape=(num_rows - self.rows,) + features.shape[1:])
+                    if out is not None and self.cold_file:
+                        self._write(out, np.ascontiguousarray(block[~hot_here]), path)
+            if not self.cold_file:  # no file, or writing it failed: misses read from the features in place
+                self.where[~is_hot] = np.flatnonzero(~is_hot)
+                self.cold = features
+            else:
+                self.cold = np.memmap(path, dtype=features.dtype, mode="r",
+                                      shape=(num_rows - self.rows,) + features.shape[1:])
         finally:
             if path:
                 _remove(path)  # the mapping keeps the file until it is closed; nothing is left behind
         self.seconds = time.perf_counter() - start
 
-    @property
-    def nbytes(self) -> int:
-        return self.table.nbytes + self.where.nbytes
+    def _write(self, out, rows: np.ndarray, path: str) -> None:
+        """Append cold rows to the file; where that fails (a full disk), go on without the file."""
+        try:
+            out.write(rows.tobytes())
+        except OSError as exc:
+            logger.warning(f"could not write the host cache's file of cold rows {path} ({exc}): rows not cached "
+                           f"are read from the features in place (give host_cache_dir)")
+            self.cold_file = False
 
     def summary(self, rows_gathered: int, hits: int) -> dict:
         """Its size, whether the rows it misses were copied to a file of their own, and the share of the host's
