@@ -359,12 +359,13 @@ def test_memory_maps_reach_the_device_in_slices_and_the_host_cache_feeds_the_dev
     from neutronorch.cli import main
     from neutronorch.data import SyntheticSpec, generate
     from neutronorch.data.native import load_native, save_native
+    from neutronorch.features import placement
     from neutronorch.features.cache import _rows_as
     from neutronorch.orchestration import device_reader
 
     directory = save_native(generate(SyntheticSpec(nodes=3000, degree=8, features=12, classes=4)), tmp_path / "g")
     graph = load_native(directory)
-    monkeypatch.setattr(device_reader, "COPY_BYTES", 4 * 1000)
+    monkeypatch.setattr(placement, "SLICE_BYTES", 4 * 1000)
     placed = device_reader.place(graph.indices, torch.device("cuda"), "topology")
     assert placed.is_cuda and torch.equal(placed.cpu(), torch.from_numpy(np.array(graph.indices)))
     table = _rows_as(graph.features, torch.bfloat16, torch.device("cuda"))

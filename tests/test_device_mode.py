@@ -68,8 +68,7 @@ def test_memory_mapped_data_that_does_not_fit_in_memory(tmp_path, monkeypatch, c
     # modes that can read it from the file; features that cannot are read through the host store, row by
     # row, never copied whole. A memory map reaches a GPU a slice at a time (checked here on the CPU).
     from neutronorch.data.native import load_native, save_native
-    from neutronorch.features import memory
-    from neutronorch.orchestration import device_reader
+    from neutronorch.features import memory, placement
 
     directory = save_native(generate(SyntheticSpec(nodes=2000, degree=8, features=12, classes=4)), tmp_path / "g")
     graph = load_native(directory)
@@ -91,8 +90,8 @@ def test_memory_mapped_data_that_does_not_fit_in_memory(tmp_path, monkeypatch, c
     assert moved["host_rows"] == moved["feature_rows"] > 0  # every row through the host store
     assert summary["placement"]["features"] == "host"
 
-    monkeypatch.setattr(device_reader, "COPY_BYTES", 4 * 1000)
-    copied = device_reader._copy_in_slices(graph.indices, torch.device("cpu"))
+    monkeypatch.setattr(placement, "SLICE_BYTES", 4 * 1000)
+    copied = placement.to_device_in_slices(graph.indices, torch.device("cpu"))
     assert torch.equal(copied, torch.from_numpy(np.array(graph.indices)))
     from neutronorch.features.cache import _rows_as  # a whole memory map as the device cache's table
 

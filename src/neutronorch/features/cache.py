@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from neutronorch.features.placement import to_device_in_slices
 from neutronorch.features.store import FeatureStore
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 
@@ -133,16 +134,10 @@ def as_float_rows(features: np.ndarray) -> np.ndarray:
 
 def _rows_as(features: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Every feature row as ``dtype`` on ``device``: float32 storage in memory as is (zero-copy on the CPU),
-    anything else (other storage types, memory maps) converted and moved in slices of rows: no float32
-    copy of the whole matrix on the way to bfloat16, and no copy of a whole memory map in host memory on
-    the way to a GPU."""
+    anything else (other storage types, memory maps) converted and moved a slice of rows at a time."""
     if dtype == torch.float32 and features.dtype == np.float32 and not isinstance(features, np.memmap):
         return _to_device(torch.from_numpy(_writable(features)), device)
-    out = torch.empty(features.shape, dtype=dtype, device=device)
-    step = max(1, (64 << 20) // max(1, features.shape[1] * 4))
-    for start in range(0, features.shape[0], step):
-        out[start:start + step] = torch.from_numpy(as_float_rows(np.array(features[start:start + step])))
-    return out
+    return to_device_in_slices(features, device, dtype, lambda rows: torch.from_numpy(as_float_rows(rows)))
 
 
 def _writable(array: np.ndarray) -> np.ndarray:

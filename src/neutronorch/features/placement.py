@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
 
+from neutronorch.bfloat16 import tensor_from_numpy
 from neutronorch.config import PlacementConfig
 from neutronorch.errors import ConfigError
 from neutronorch.features.memory import fits_in_memory
@@ -187,6 +189,26 @@ def placement_for(graph, config: PlacementConfig, device: torch.device, samples_
                           feature_dim=graph.feature_dim, workspace=workspace, device_memory=memory,
                           gpu_memory_gb=config.gpu_memory_gb, gpu_cache_gb=cache,
                           row_itemsize=dtype.itemsize, features_fit=fits_in_memory(graph.features))
+
+
+# ----- whole arrays on the device ------------------------------------------------------------------------
+
+SLICE_BYTES = 64 << 20  # bytes of an array read and copied at a time by ``to_device_in_slices``
+
+
+def to_device_in_slices(array: np.ndarray, device: torch.device, dtype: torch.dtype | None = None,
+                        as_tensor: Callable[[np.ndarray], torch.Tensor] = tensor_from_numpy) -> torch.Tensor:
+    """``array`` on ``device`` as ``dtype`` (default: the type ``as_tensor`` gives its rows), read and copied a
+    slice of rows at a time: no whole copy in host memory on the way (a memory map larger than memory), and
+    no float32 copy of the whole matrix on the way to bfloat16."""
+    step = max(1, SLICE_BYTES // max(1, array.strides[0]))
+    out = None
+    for start in range(0, max(1, array.shape[0]), step):
+        part = as_tensor(np.array(array[start:start + step]))
+        if out is None:
+            out = torch.empty(array.shape, dtype=dtype or part.dtype, device=device)
+        out[start:start + part.shape[0]].copy_(part)
+    return out
 
 
 # ----- pinned host memory and zero-copy views ----------------------------------------------------------

@@ -18,14 +18,11 @@ from neutronorch.bfloat16 import tensor_from_numpy
 from neutronorch.data.graph import Graph
 from neutronorch.errors import ConfigError
 from neutronorch.features import memory
-from neutronorch.features.placement import pin, unpin, uva_view
+from neutronorch.features.placement import pin, to_device_in_slices, unpin, uva_view
 from neutronorch.observe import Spans
 from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.sampling.block import SampledSubgraph
-
-
-COPY_BYTES = 64 << 20  # a memory map moves to the device this many bytes at a time
 
 
 def place(array: np.ndarray, device: torch.device, what: str) -> torch.Tensor:
@@ -36,7 +33,7 @@ def place(array: np.ndarray, device: torch.device, what: str) -> torch.Tensor:
         return host_tensor(array, what)
     try:
         if isinstance(array, np.memmap):
-            return _copy_in_slices(array, device)
+            return to_device_in_slices(array, device)
         return host_tensor(array, what).to(device)
     except torch.cuda.OutOfMemoryError:
         raise ConfigError(f"the {what} ({array.nbytes / 2**30:.1f} GiB) do not fit in the memory of {device}. "
@@ -54,17 +51,6 @@ def host_tensor(array: np.ndarray, what: str = "array") -> torch.Tensor:
                           f"samplers read memory-mapped topology from the file, in file order when it does not "
                           f"fit (`read_order`).")
     return tensor_from_numpy(np.ascontiguousarray(array) if array.flags.writeable else np.array(array))
-
-
-def _copy_in_slices(array: np.memmap, device: torch.device) -> torch.Tensor:
-    """``array`` on ``device``, read from the file a slice at a time."""
-    step = max(1, COPY_BYTES // max(1, array.strides[0]))
-    first = tensor_from_numpy(np.array(array[:step]))
-    out = torch.empty(array.shape, dtype=first.dtype, device=device)
-    out[:first.shape[0]].copy_(first)
-    for start in range(step, array.shape[0], step):
-        out[start:start + step].copy_(tensor_from_numpy(np.array(array[start:start + step])))
-    return out
 
 
 class DeviceReader:

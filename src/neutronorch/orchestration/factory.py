@@ -55,7 +55,9 @@ def build_mode(config: TrainConfig, graph: Graph, device: torch.device, threads:
     workspace = workspace_bytes(graph.num_nodes, graph.feature_dim, config.hidden, graph.num_classes,
                                 config.fanouts, config.batch_size, config.heads if config.model == "gat" else 1)
     features_in_file_order, topology_in_file_order = read_orders(config.read_order, graph, workspace)
-    sampling = dataclasses.replace(config.sampling, rank=shard[0], world=shard[1], file_order=topology_in_file_order)
+    # Device mode samples from topology copied to the device (or pinned): no host sampler reads the file.
+    sampling = dataclasses.replace(config.sampling, rank=shard[0], world=shard[1],
+                                   file_order=topology_in_file_order and config.mode != "device")
     dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
     placement = placement_for(graph, config.placement, device, samples_on_device(config, device), workspace, dtype)
     host_rows, why, order = host_cache_size(config, graph, sampling, features_in_file_order, shard[1] > 1)

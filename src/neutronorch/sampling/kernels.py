@@ -206,19 +206,8 @@ def region_order(rows, rows_per_region, num_rows):
     ``rows_per_region`` consecutive rows, ascending; positions within a region in their own order): a
     counting sort, linear in the rows and the regions. A gather in this order reads a memory-mapped file
     front to back, so the kernel's readahead brings pages just before they are used, not pages evicted
-    again before use."""
-    regions = (num_rows + rows_per_region - 1) // rows_per_region
-    fill = np.zeros(regions + 1, np.int64)
-    for i in range(rows.shape[0]):
-        fill[rows[i] // rows_per_region + 1] += 1
-    for r in range(regions):
-        fill[r + 1] += fill[r]
-    order = np.empty(rows.shape[0], np.int64)
-    for i in range(rows.shape[0]):
-        r = rows[i] // rows_per_region
-        order[fill[r]] = i
-        fill[r] += 1
-    return order
+    again before use. (``split_order`` with no hits: the rows are all non-negative.)"""
+    return split_order(rows, rows_per_region, num_rows)[0]
 
 
 @njit(cache=True, nogil=True)
