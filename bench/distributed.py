@@ -10,6 +10,10 @@ steady epoch time, and peak resident memory of the process and of each rank (tar
     python bench/distributed.py                                  # 1M vertices / 20M edges, 3-layer SAGE
     python bench/distributed.py --dataset ../data/amazon_cs.npz --split ratio:0.6,0.2 --fanouts 10,10 \\
         --batch-size 256 --epochs 50 --eval-every 1
+    python bench/distributed.py --mode neutronorch --hot-sets node,rank --epochs 3 --eval-every -1
+
+With ``--hot-sets``, NeutronOrch mode's ranks run once per way of planning hot sets (one per node, a slice
+computed per rank; or one per rank), side by side, with the hot rows each rank computed and its host lane.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -40,6 +45,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=0,
                         help="training threads of the single process (the ranks get it divided by --ranks); "
                              "0 = all cores")
+    parser.add_argument("--hot-sets", default="node",
+                        help="neutronorch: comma-separated --hot-set values, one ranks run each (default: node)")
+    parser.add_argument("--train-args", default="", help="more `neutronorch train` options for every run")
     parser.add_argument("--tag", default="distributed")
     parser.add_argument("--report-only", action="store_true",
                         help="print the table of the runs already under bench/out with this --tag")
@@ -51,18 +59,23 @@ def main() -> int:
     common = ["--dataset", dataset, "--model", args.model, "--fanouts", args.fanouts, "--hidden", str(args.hidden),
               "--lr", str(args.lr), "--dropout", str(args.dropout), "--epochs", str(args.epochs), "--mode", args.mode,
               "--eval-every", str(args.eval_every), "--seed", str(args.seed), "--device", "cpu", "--no-progress",
-              "--no-stage-table", "--log-every", "1"] + (["--split", args.split] if args.split else [])
+              "--no-stage-table", "--log-every", "1"] + (["--split", args.split] if args.split else []) + shlex.split(
+                  args.train_args)
     OUT.mkdir(parents=True, exist_ok=True)
     runs = {}
-    for name, launcher, batch, thr in (
-            ("one process", [sys.executable, "-m", "neutronorch", "train"], args.batch_size * args.ranks, threads),
-            (f"{args.ranks} ranks", [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                     "--nproc-per-node", str(args.ranks), "-m", "neutronorch", "train"],
-             args.batch_size, per_rank)):
-        stem = OUT / f"{args.tag}-{'one' if launcher[2] == 'neutronorch' else 'ranks'}"
-        command = launcher + common + ["--batch-size", str(batch), "--threads", str(thr), "--sampler-threads",
-                                       str(max(1, thr // 2)), "--host-threads", str(max(1, thr // 2)),
-                                       "--summary-json", f"{stem}.json", "--log-jsonl", f"{stem}.jsonl"]
+    launchers = [("one process", [sys.executable, "-m", "neutronorch", "train"], args.batch_size * args.ranks,
+                  threads, [], "one")]
+    hot_sets = args.hot_sets.split(",") if args.mode == "neutronorch" else [None]
+    for hot_set in hot_sets:
+        name = f"{args.ranks} ranks" + (f", hot set per {hot_set}" if len(hot_sets) > 1 else "")
+        launchers.append((name, [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                 str(args.ranks), "-m", "neutronorch", "train"], args.batch_size, per_rank,
+                          ["--hot-set", hot_set] if hot_set else [], "ranks" + (f"-{hot_set}" if hot_set else "")))
+    for name, launcher, batch, thr, extra, suffix in launchers:
+        stem = OUT / f"{args.tag}-{suffix}"
+        command = launcher + common + extra + ["--batch-size", str(batch), "--threads", str(thr), "--sampler-threads",
+                                               str(max(1, thr // 2)), "--host-threads", str(max(1, thr // 2)),
+                                               "--summary-json", f"{stem}.json", "--log-jsonl", f"{stem}.jsonl"]
         if not args.report_only:
             print("$ " + " ".join(command), file=sys.stderr, flush=True)
             env = {**os.environ, "OMP_NUM_THREADS": str(thr), "NUMBA_NUM_THREADS": str(max(1, thr))}
@@ -70,7 +83,9 @@ def main() -> int:
         summary = json.loads(open(f"{stem}.json").read())
         losses = [r["loss"] for r in map(json.loads, open(f"{stem}.jsonl")) if r["kind"] == "step"]
         runs[name] = {"summary": summary, "losses": losses, "batch": batch}
-    one, many = runs["one process"], runs[f"{args.ranks} ranks"]
+    if args.mode == "neutronorch":
+        print_hot_sets(runs)
+    one, many = runs["one process"], runs[launchers[1][0]]
     differences = [abs(a - b) / max(abs(a), 1e-12) for a, b in zip(one["losses"], many["losses"])]
     per_epoch = len(one["summary"]["epochs"]) and len(differences) // len(one["summary"]["epochs"])
     apart = next((k for k, d in enumerate(differences) if d > 1e-3), None)
@@ -102,6 +117,21 @@ def main() -> int:
     print(f"peak RSS per rank / one process: {rss_ratio:.2f} (target <= {TARGET_RSS}): "
           f"{'PASS' if rss_ratio <= TARGET_RSS else 'FAIL'}")
     return 0 if ok else 1
+
+
+def print_hot_sets(runs: dict) -> None:
+    """NeutronOrch mode: what each run's hot sets cost its host (rank 0's numbers; ranks are alike)."""
+    print("\n| run | hot rows per super-batch | computed by the process | host bottom-layer edges | "
+          "host lane busy | trainer lane busy | epoch s (median, steady) | staleness max / mean |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for name, run in runs.items():
+        s = run["summary"]
+        hot, steady = s["hot"], s["epochs"][1:] or s["epochs"]
+        busy = lambda lane: sum(e["lane_busy"].get(lane, 0.0) for e in steady) / len(steady)  # noqa: E731
+        print(f"| {name} | {hot['mean_hot_per_super_batch']:,.0f} | {hot['mean_computed_per_super_batch']:,.0f} | "
+              f"{hot['host_bottom_edges']:,} | {100 * busy('host'):.0f}% | {100 * busy('trainer'):.0f}% | "
+              f"{steady_median([e['seconds'] for e in s['epochs']]):.2f} | {s['staleness']['max_observed']} / "
+              f"{s['staleness']['mean_observed']:.1f} |")
 
 
 if __name__ == "__main__":

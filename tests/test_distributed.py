@@ -113,6 +113,36 @@ def test_two_ranks_reproduce_one_process_with_twice_the_batch(tmp_path):
 
 
 @pytest.mark.slow
+def test_neutronorch_ranks_sharing_a_hot_set_per_node_reproduce_one_process(tmp_path):
+    """With every bottom-layer destination hot (ratio 1), one process and 2 ranks serve every bottom row
+    from hot rows computed from the same snapshots, so 2 ranks reproduce one process: with one hot set per
+    node (each rank computing half of it) and with one per rank, the hot rows' gradient included, and the
+    uneven last batch (rank 1 has no part of it) weighed as one process weighs it."""
+    args = ["--split", "ratio:0.10025,0.05", "--mode", "neutronorch", "--hot-ratio", "1.0", "--snapshot-lead", "2",
+            "--host-threads", "1", "--epochs", "2"]
+    one = _run([sys.executable, "-m", "neutronorch", "train", *COMMON, *args, "--batch-size", "100",
+                "--log-jsonl", str(tmp_path / "one.jsonl"), "--summary-json", str(tmp_path / "one.json")])
+    assert one.returncode == 0, one.stderr
+    reference = json.loads((tmp_path / "one.json").read_text())
+    for hot_set in ("node", "rank"):
+        two = _run(_torchrun([*args, "--batch-size", "50", "--hot-set", hot_set, "--log-jsonl",
+                              str(tmp_path / f"{hot_set}.jsonl"), "--summary-json", str(tmp_path / f"{hot_set}.json")]))
+        assert two.returncode == 0, two.stderr
+        torch.testing.assert_close(torch.tensor(_step_losses(tmp_path / f"{hot_set}.jsonl")),
+                                   torch.tensor(_step_losses(tmp_path / "one.jsonl")), rtol=LOSS_RTOL, atol=0)
+        summary = json.loads((tmp_path / f"{hot_set}.json").read_text())
+        assert summary["test_acc"] == pytest.approx(reference["test_acc"], abs=1e-9)
+        hot = summary["hot"]
+        assert summary["neutronorch"]["hot_set"] == hot_set
+        if hot_set == "node":  # the node's set is the one process's; rank 0 computed its first half
+            assert hot["mean_hot_per_super_batch"] == reference["hot"]["mean_hot_per_super_batch"]
+            assert hot["mean_computed_per_super_batch"] == pytest.approx(hot["mean_hot_per_super_batch"] / 2, abs=1)
+        else:  # each rank computes all of its own, smaller, set
+            assert hot["mean_computed_per_super_batch"] == hot["mean_hot_per_super_batch"]
+            assert hot["mean_hot_per_super_batch"] < reference["hot"]["mean_hot_per_super_batch"]
+
+
+@pytest.mark.slow
 def test_two_nodes_on_loopback_train_as_one(tmp_path):
     """Two launchers, one per 'node', meeting at 127.0.0.1: the multi-node form; in device mode (the torch
     sampler, keyed by vertex too) with GAT graph blocks (attention dropout keyed by edge, the blocks'

@@ -18,6 +18,7 @@ from neutronorch.sampling.fanouts import parse_fanouts
 MODES = ("exact", "device", "neutronorch")
 METRICS = ("accuracy", "rocauc", "f1-micro", "f1-macro")
 HOT_GRADS = ("stop", "cpu")
+HOT_SETS = ("node", "rank")
 DEVICES = ("auto", "cpu", "cuda")
 CACHE_POLICIES = ("presample", "degree")
 DEVICE_SAMPLING = ("auto", "on", "off")
@@ -63,6 +64,7 @@ class TrainConfig:
     hot_grad: str = "cpu"
     hot_error_budget: float = 0.02
     snapshot_lead: int | None = None  # None: auto (2 steps, more while the trainer waits for hot rows)
+    hot_set: str = "node"  # data parallel: one hot set per node, a slice per rank ("node"), or one per rank
     host_threads: int = 0
     # Placement on the device (CUDA; see features/placement.py)
     gpu_memory_gb: float | None = None  # None: the device's memory
@@ -148,6 +150,7 @@ class TrainConfig:
             (self.threads >= 0 and self.sampler_threads >= 0 and self.host_threads >= 0,
              "`threads`/`sampler_threads`/`host_threads` must be >= 0 (0 picks automatically)."),
             (self.hot_grad in HOT_GRADS, f"`hot_grad` {self.hot_grad!r}: choose one of {', '.join(HOT_GRADS)}."),
+            (self.hot_set in HOT_SETS, f"`hot_set` {self.hot_set!r}: choose one of {', '.join(HOT_SETS)}."),
             (self.snapshot_lead is None or self.snapshot_lead >= 0,
              f"`snapshot_lead` {self.snapshot_lead}: must be zero or more optimizer steps."),
             (self.hot_error_budget > 0, f"`hot_error_budget` {self.hot_error_budget}: must be positive."),
@@ -198,9 +201,14 @@ class TrainConfig:
                               needs_degrees(self.model, self.gcn_norm))
 
     @property
+    def hot_sets_per_node(self) -> bool:
+        """Whether data-parallel ranks on one node share NeutronOrch's hot sets (``hot_set="node"``)."""
+        return self.mode == "neutronorch" and self.hot_set == "node"
+
+    @property
     def neutronorch(self) -> "NeutronOrchConfig":
         return NeutronOrchConfig(self.super_batch, self.hot_ratio, self.resolved_staleness, self.hot_grad,
-                                 self.hot_error_budget, self.snapshot_lead)
+                                 self.hot_error_budget, self.snapshot_lead, self.hot_set)
 
     @property
     def logging(self) -> "LogConfig":
@@ -239,6 +247,7 @@ class NeutronOrchConfig:
     hot_grad: str
     hot_error_budget: float
     snapshot_lead: int | None
+    hot_set: str = "node"
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from neutronorch.config import CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, METRICS, MODES, READ_ORDERS, TrainConfig
+from neutronorch.config import CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, HOT_SETS, METRICS, MODES, READ_ORDERS, TrainConfig
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec
 from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, PRECISIONS
 
@@ -75,6 +75,9 @@ _HELP = {
     "snapshot_lead": "neutronorch: optimizer steps between a super-batch's W0 snapshot and its first "
                      "mini-batch (the host's time to compute its hot rows); capped by S-P+1; default: auto "
                      "(2, raised while the trainer waits for hot rows)",
+    "hot_set": "neutronorch, data parallel: node plans one hot set per node from the counts of all its "
+               "ranks, each rank computing a slice of it; rank plans one per rank, so a vertex hot on two ranks "
+               "is computed twice (default: %(default)s)",
     "host_threads": "neutronorch: threads of the planner's and of the host compute thread's sampling and "
                     "aggregation kernels (each); 0 = half the cores (default: %(default)s)",
     "gpu_memory_gb": "device memory this run may use, in GiB: the budget for the training workspace, the "
@@ -126,7 +129,7 @@ _HELP = {
 
 def _add_train_options(parser: argparse.ArgumentParser) -> None:
     defaults = TrainConfig()
-    choices = {"model": MODELS, "mode": MODES, "device": DEVICES, "hot_grad": HOT_GRADS,
+    choices = {"model": MODELS, "mode": MODES, "device": DEVICES, "hot_grad": HOT_GRADS, "hot_set": HOT_SETS,
                "cache_policy": CACHE_POLICIES, "read_order": READ_ORDERS, "device_sampling": DEVICE_SAMPLING, "gcn_norm": GCN_NORMS,
                "norm": NORMS, "metric": ("auto",) + METRICS, "architecture": ARCHITECTURES,
                "precision": PRECISIONS}

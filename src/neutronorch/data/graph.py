@@ -68,6 +68,10 @@ class Graph:
         labels = np.asarray(self.labels[ids])
         return (labels >= 0).any(axis=1) if labels.ndim == 2 else labels >= 0
 
+    def loss_terms(self, ids: np.ndarray) -> int:
+        """How many terms a loss over ``ids`` averages: their known labels (multi-label: known entries)."""
+        return int((np.asarray(self.labels[ids]) >= 0).sum())
+
     def drop_unlabelled_from_splits(self) -> None:
         """Leave vertices without a label out of the training, validation and test sets (with a note):
         they count in neither the loss nor a metric."""

@@ -23,6 +23,7 @@ from neutronorch.orchestration.device import DeviceMode
 from neutronorch.orchestration.exact import ExactMode
 from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
+from neutronorch.orchestration.neutronorch.node import NodeLink
 
 logger = logging.getLogger("neutronorch")
 
@@ -46,10 +47,11 @@ def samples_on_device(config: TrainConfig, device: torch.device) -> bool:
 
 
 def build_mode(config: TrainConfig, graph: Graph, device: torch.device, threads: Threads | None = None,
-               spans: Spans | None = None, shard: tuple[int, int] = (0, 1)) -> Mode:
+               spans: Spans | None = None, shard: tuple[int, int] = (0, 1), node: NodeLink | None = None) -> Mode:
     """The mode of ``config`` (validated, batch size and precision resolved) over ``graph`` on ``device``, its stages
     recording into ``spans`` (default: a recorder of its own) with ``threads`` (default: one per stage).
-    ``shard`` = (rank, world): data parallel, the mode trains part ``rank`` of each global batch."""
+    ``shard`` = (rank, world): data parallel, the mode trains part ``rank`` of each global batch; ``node``:
+    the ranks of this node, that NeutronOrch mode's hot sets are shared by (``hot_set="node"``)."""
     threads = threads or Threads(1, 1, 1)
     spans = spans if spans is not None else Spans()
     workspace = workspace_bytes(graph.num_nodes, graph.feature_dim, config.hidden, graph.num_classes,
@@ -75,7 +77,7 @@ def build_mode(config: TrainConfig, graph: Graph, device: torch.device, threads:
     if config.mode == "device":
         return DeviceMode(graph, sampling, access, spans)
     return NeutronOrchMode(graph, sampling, config.neutronorch, config.epochs, access, spans,
-                           threads.sampler, threads.host)
+                           threads.sampler, threads.host, node)
 
 
 def host_cache_size(config: TrainConfig, graph: Graph, sampling: SamplingConfig, file_order: bool,

@@ -59,6 +59,10 @@ class Mode(Protocol):
     def before_step(self, batch: MiniBatch) -> None:
         """After the backward pass, before the optimizer step."""
 
+    def averaged_gradients(self) -> dict[torch.Tensor, torch.Tensor] | None:
+        """Data parallel, after ``before_step``: gradients this rank adds that the ranks average with equal
+        weights, apart from the loss-weighted mean of the others (by parameter; None: none this step)."""
+
     def after_step(self, batch: MiniBatch) -> None:
         """After the optimizer step."""
 
@@ -89,6 +93,9 @@ class StepHooksUnused:
 
     def before_step(self, batch: MiniBatch) -> None:
         pass
+
+    def averaged_gradients(self) -> None:
+        return None
 
     def after_step(self, batch: MiniBatch) -> None:
         pass

@@ -41,3 +41,16 @@ def epoch_order(train_idx: torch.Tensor, seed: int, epoch: int) -> torch.Tensor:
     generator = torch.Generator()
     generator.manual_seed(mix_key(seed, epoch) & 0x7FFF_FFFF_FFFF_FFFF)
     return train_idx[torch.randperm(train_idx.shape[0], generator=generator)]
+
+
+def rank_shares(graph: Graph, sampling: SamplingConfig, epoch: int) -> np.ndarray:
+    """Per mini-batch of ``epoch``: ``world`` times this rank's share of the global batch's loss terms
+    (``Graph.loss_terms``); 1 where the global batch has none. It is 1 wherever the ranks' parts carry equal
+    weight: every full batch whose seeds are all labelled."""
+    order = epoch_order(training_seeds(graph), sampling.seed, epoch)
+    shares = np.ones(batches_per_epoch(graph, sampling))
+    for k, batch in enumerate(torch.split(order, sampling.batch_size * sampling.world)):
+        terms = [graph.loss_terms(part.numpy()) for part in torch.tensor_split(batch, sampling.world)]
+        if sum(terms):
+            shares[k] = sampling.world * terms[sampling.rank] / sum(terms)
+    return shares

@@ -107,18 +107,33 @@ class World:
     def all_gather_rows(self, rows: torch.Tensor, what: str) -> torch.Tensor:
         """The ranks' CPU tensors (any number of rows each, the same trailing shape and dtype) concatenated
         in rank order, on every rank."""
-        rows = rows.contiguous()
         counts = torch.tensor([rows.shape[0]], dtype=torch.int64)
         gathered_counts = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
         with self._collective(what):
             torch.distributed.all_gather(gathered_counts, counts, group=self.host_group)
-        sizes = [int(c) for c in gathered_counts]
+        return torch.cat(self.gather_padded(rows, [int(c) for c in gathered_counts], self.host_group, what))
+
+    def gather_padded(self, rows: torch.Tensor, sizes: list[int], group, what: str) -> list[torch.Tensor]:
+        """Each member of ``group``'s ``rows`` (``sizes[i]`` rows on member i, known to all), in member order:
+        one all-gather of buffers padded to the largest."""
         padded = rows.new_zeros((max(sizes),) + tuple(rows.shape[1:]))
         padded[:rows.shape[0]] = rows
-        parts = [torch.empty_like(padded) for _ in range(self.size)]
+        parts = [torch.empty_like(padded) for _ in sizes]
         with self._collective(what):
-            torch.distributed.all_gather(parts, padded, group=self.host_group)
-        return torch.cat([part[:n] for part, n in zip(parts, sizes)])
+            torch.distributed.all_gather(parts, padded, group=group)
+        return [part[:n] for part, n in zip(parts, sizes)]
+
+    def node_link(self) -> "NodeGroups | None":
+        """The ranks of this node as NeutronOrch's shared hot sets use them, or None when every node holds
+        one rank (or in one process). A collective: every rank calls it, at the same point."""
+        if not self.distributed:
+            return None
+        nodes = [None] * self.size
+        node = os.environ.get("GROUP_RANK", str(self.rank // max(1, self.local_size)))
+        with self._collective("finding the ranks of each node"):
+            torch.distributed.all_gather_object(nodes, node, group=self.host_group)
+        members = [[r for r in range(self.size) if nodes[r] == n] for n in dict.fromkeys(nodes)]
+        return NodeGroups(self, members) if max(len(m) for m in members) > 1 else None
 
     def gather_objects(self, value, what: str) -> list | None:
         """Every rank's ``value`` (picklable) on rank 0, in rank order; None on the other ranks."""
@@ -142,6 +157,40 @@ class World:
                 f"rank {self.rank} of {self.size}: {what} failed ({_reason(exc)}). "
                 f"Another rank failed or stopped answering within `dist_timeout` ({self.timeout:g} s); its "
                 f"log says why.") from exc
+
+
+class NodeGroups:
+    """The ranks of one node (``members``: every node's ranks), with a gloo group per thread that talks
+    within the node: NeutronOrch's planner, its host compute thread and the trainer each have their own,
+    so that their collectives never interleave. Implements ``orchestration.neutronorch.node.NodeLink``."""
+
+    def __init__(self, world: World, members: list[list[int]]):
+        dist = torch.distributed
+        span = datetime.timedelta(seconds=world.timeout)
+        self.world = world
+        self._planner, self._host, self._trainer = (
+            dist.new_subgroups_by_enumeration(members, timeout=span, backend="gloo")[0] for _ in range(3))
+        mine = next(m for m in members if world.rank in m)
+        self.local_rank, self.local_size = mine.index(world.rank), len(mine)
+
+    def gather_plans(self, values: torch.Tensor) -> list[torch.Tensor]:
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.local_size)]
+        with self.world._collective("the node's hot-set planning"):
+            torch.distributed.all_gather(sizes, torch.tensor([values.shape[0]]), group=self._planner)
+        return self.world.gather_padded(values, [int(n) for n in sizes], self._planner, "the node's hot-set planning")
+
+    def gather_rows(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        return torch.cat(self.world.gather_padded(rows, counts, self._host, "gathering the node's hot rows"))
+
+    def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        with self.world._collective("the node's hot-row gradient sum"):
+            torch.distributed.all_reduce(tensor, group=self._trainer)
+        return tensor
+
+    def max_(self, tensor: torch.Tensor) -> torch.Tensor:
+        with self.world._collective("the node's agreement on the hot ratio and snapshot lead"):
+            torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX, group=self._trainer)
+        return tensor
 
 
 def _reason(exc: BaseException) -> str:
@@ -223,13 +272,17 @@ class GradientSync:
 
     Rank r's gradients are those of its mean loss over its ``w_r`` loss terms; the reduction sums
     ``w_r * grad_r`` and ``w_r`` over the ranks in one flat buffer and divides, which is the gradient of
-    the mean loss over the global batch. A parameter that has no gradient on any rank keeps none (Adam
-    leaves it and its moments as they are, as in one process)."""
+    the mean loss over the global batch. Gradients the mode hands over apart (``averaged()``: NeutronOrch's
+    hot rows' gradient, a sum of several steps' means) travel in the same buffer and are averaged with
+    equal weights. A parameter that has no gradient on any rank keeps none (Adam leaves it and its moments
+    as they are, as in one process)."""
 
-    def __init__(self, world: World, params: list[torch.Tensor], request: threading.Event | None):
+    def __init__(self, world: World, params: list[torch.Tensor], request: threading.Event | None,
+                 averaged=None):
         self.world = world
         self.params = params
         self.request = request  # set by a signal handler on this rank
+        self.averaged = averaged  # () -> {parameter: gradient} | None, the same steps on every rank
         self.agreed = threading.Event()  # set on every rank at the same step once any rank was asked to stop
 
     def __call__(self, weight: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
@@ -237,22 +290,34 @@ class GradientSync:
         mean loss."""
         params = self.params
         device = params[0].device
-        present = [p.grad is not None for p in params]
-        # One buffer, one copy: [gradients..., loss, 1] scaled by the weight in place (the 1 becomes the
-        # weight), then which parameters had gradients, unscaled.
+        extra = {id(p): g for p, g in ((self.averaged() if self.averaged is not None else None) or {}).items()}
+        apart = [p for p in params if id(p) in extra]
+        present = [p.grad is not None or id(p) in extra for p in params]
+        # One buffer, one copy: [gradients..., averaged apart..., loss, 1] with the gradients, loss and 1
+        # scaled by the weight in place (the 1 becomes the weight), then which parameters had gradients.
+        weighted = sum(p.numel() for p in params)
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params]
+                         + [extra[id(p)].reshape(-1).float() for p in apart]
                          + [loss.reshape(1).float(), torch.ones(1, device=device),
                             torch.tensor(present, dtype=torch.float32, device=device)])
-        flat[:-len(params)].mul_(weight)
+        end = len(flat) - len(params)
+        flat[:weighted].mul_(weight)
+        flat[end - 2:end].mul_(weight)
         self.world.all_reduce_(flat, "the gradient all-reduce")
-        meta = flat[-len(params) - 1:].cpu().tolist()  # one read of the device: the weight, who had gradients
+        meta = flat[end - 1:].cpu().tolist()  # one read of the device: the weight, who had gradients
         total, counts = meta[0], meta[1:]
-        flat[:-len(params) - 1].div_(max(total, 1e-30))  # no loss terms on any rank: the sums were zero
-        offset = 0
+        flat[:weighted].div_(max(total, 1e-30))  # no loss terms on any rank: the sums were zero
+        flat[end - 2:end - 1].div_(max(total, 1e-30))
+        offset, extra_at = 0, weighted
         for p, count in zip(params, counts):
             n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p).to(p.dtype) if total > 0 and count > 0 else None
+            grad = flat[offset:offset + n].view_as(p) if total > 0 else None
+            if id(p) in extra:
+                apart_grad = flat[extra_at:extra_at + n].view_as(p).div_(self.world.size)
+                grad = apart_grad if grad is None else grad.add_(apart_grad)
+                extra_at += n
+            p.grad = grad.to(p.dtype) if grad is not None and count > 0 else None
             offset += n
         if self.world.any(self.request is not None and self.request.is_set(), "the stop agreement"):
             self.agreed.set()
-        return flat[-len(params) - 2].clone()  # the global batch's mean loss
+        return flat[end - 2].clone()  # the global batch's mean loss

@@ -108,7 +108,7 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
         run = build_run(config, graph, device, threads, stack, world)
         run.stop, run.started, run.precision = stop, started, precision
         if world.distributed:
-            run.sync = GradientSync(world, list(run.model.parameters()), stop)
+            run.sync = GradientSync(world, list(run.model.parameters()), stop, run.mode.averaged_gradients)
             run.stop = run.sync.agreed  # every rank stops after the same step
         logger.info(f"precision {precision.name} ({precision.reason})")
         try:
@@ -155,7 +155,8 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
                     f"{config.batch_size * world.size} per global batch")
     optimizer = Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     spans = Spans()
-    mode = build_mode(config, graph, device, threads, spans, shard=(world.rank, world.size))
+    node = world.node_link() if config.hot_sets_per_node else None
+    mode = build_mode(config, graph, device, threads, spans, shard=(world.rank, world.size), node=node)
     stack.callback(mode.close)
     logger.info(f"mode {mode.name}, model {config.model}, fanouts {config.fanouts}, device {device}, batch size "
                 f"{config.batch_size}, train threads {threads.train}, {mode.describe()}, {mode.num_batches} "

@@ -221,21 +221,25 @@ class RatioController:
         error = None if self.probe is None else self.probe.stale_error
         return None if error is None else float(error)
 
-    def end_epoch(self, record: dict, epoch_ratio: float | None, stages: StageTable) -> dict:
-        """The epoch's controls for its record; then, with ``auto``, the next epoch's lead and ratio."""
+    def end_epoch(self, record: dict, epoch_ratio: float | None, stages: StageTable,
+                  agree: Callable[[list[float]], list[float]] | None = None) -> dict:
+        """The epoch's controls for its record; then, with ``auto``, the next epoch's lead and ratio.
+        ``agree``: the maximum of the measurements over the ranks that must decide alike (a node sharing
+        one hot set: their snapshot schedules must match)."""
         out = {"snapshot_lead": self.lead,
                "hot_ratio": round(epoch_ratio if epoch_ratio is not None else self.setting.ratio, 4)}
         if self.drift_per_step is not None:
             out.update(drift_per_step=round(self.drift_per_step, 6), stale_error=round(self.stale_error, 5))
-        if self.auto_lead and record["stage_seconds"].get("wait_hot", 0.0) > 0.02 * record["seconds"]:
+        busy = stages.lane_seconds(record["stage_seconds"])
+        measured = [record["seconds"], record["stage_seconds"].get("wait_hot", 0.0), busy.get("host", 0.0),
+                    busy.get("trainer", 0.0)]
+        seconds, wait_hot, host, trainer = agree(measured) if agree is not None else measured
+        if self.auto_lead and wait_hot > 0.02 * seconds:
             # The trainer waited for hot rows: give the host more steps (the bound still caps the lead).
             self.lead = min(self.schedule.max_lead, self.lead + max(1, self.lead // 2))
         if self.tuner is not None:
-            busy = stages.lane_seconds(record["stage_seconds"])
             per = max(1, self.schedule.per_epoch)
-            ratio = self.tuner.update(record["seconds"], busy.get("host", 0.0) / per,
-                                      busy.get("trainer", 0.0) / per)
-            self.setting = replace(self.setting, ratio=ratio)
+            self.setting = replace(self.setting, ratio=self.tuner.update(seconds, host / per, trainer / per))
         return out
 
     def state_dict(self) -> dict:

@@ -36,6 +36,7 @@ from neutronorch.nn.precision import cpu_bf16_units
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.controller import RatioSetting, error_cap
+from neutronorch.orchestration.neutronorch.node import NodeHotSet
 from neutronorch.orchestration.neutronorch.planner import Plan, Planner
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
 from neutronorch.orchestration.seeds import epoch_batches, training_seeds
@@ -47,7 +48,8 @@ HOST_DROPOUT = 0xD7  # mixed into a super-batch's key for the dropout masks of i
 class HostProducer:
     def __init__(self, graph: Graph, store: FeatureStore, sampling: SamplingConfig, config: NeutronOrchConfig,
                  schedule: Schedule, bottom: torch.nn.Module, setting: Callable[[], RatioSetting],
-                 snapshots: Channel, hot: Channel, spans: Spans, device: torch.device, threads: int):
+                 snapshots: Channel, hot: Channel, spans: Spans, device: torch.device, threads: int,
+                 node: NodeHotSet | None = None):
         self.graph, self.store, self.sampling = graph, store, sampling
         # Hot rows go out in the training precision. The host computes them in bfloat16 where the CPU does
         # it natively; elsewhere it reads float32 rows, computes in float32 and rounds the table once.
@@ -63,6 +65,7 @@ class HostProducer:
         self.spans = spans
         self.device = device
         self.threads = threads
+        self.node = node  # hot_set="node": the hot set planned by the node, a slice of it computed here
         self.train_idx = training_seeds(graph)
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._batches: dict[int, list[torch.Tensor]] = {}  # this rank's seeds of an epoch's batches
@@ -118,15 +121,18 @@ class HostProducer:
                 uppers.append((index, key, sampler.sample(seeds, key, self.sampling.fanouts[:-1])))
             setting = self.setting()
             cap = (lambda ranked: error_cap(ranked, setting)) if setting.auto else None
-            return planner.plan(gsid, epoch, uppers, setting.ratio, cap, hot)
+            node = self.node
+            choose = None if node is None else (lambda distinct, counts: node.choose(distinct, counts, setting))
+            return planner.plan(gsid, epoch, uppers, setting.ratio, cap, hot, choose)
 
     def _gather_hot(self, plan: Plan, sampler: NeighborSampler):
         """The weight-independent part of the hot embeddings: the bottom hop of H_s and its raw features.
         The bottom hop uses the key of the super-batch's first mini-batch, so with P = 1 the host draws
-        exactly the neighbours the device would have drawn."""
+        exactly the neighbours the device would have drawn. With ``hot_set="node"``, of this rank's slice."""
         with self.spans.stage("host_sample"):
             key = layer_key(plan.batches[0].key, len(self.sampling.fanouts) - 1)
-            block, frontier = sampler.sample_hop(plan.hot, self.sampling.fanouts[-1], key)
+            lo, hi = (0, plan.hot.shape[0]) if self.node is None else self.node.bounds(plan.hot.shape[0])
+            block, frontier = sampler.sample_hop(plan.hot[lo:hi], self.sampling.fanouts[-1], key)
         with self.spans.stage("host_gather"):
             x = self.store.gather(torch.from_numpy(frontier))
         return block, x
@@ -148,8 +154,13 @@ class HostProducer:
                 with self.spans.stage("host_matmul"):
                     output = layer.transform(block.dst_rows(x), output)
         table = output.detach().to(self.table_dtype)
+        rows = None
+        if self.node is not None:
+            with self.spans.stage("host_share"):
+                rows = self.node.bounds(plan.hot.shape[0])
+                table = self.node.gather(table, plan.hot.shape[0], snapshot.version)
         hot = HotEmbeddings(plan.gsid, snapshot.version, table, plan.hot.shape[0], plan.hot,
-                            host_edges=block.num_edges)
+                            host_edges=block.num_edges, rows=rows)
         if self.track_grad:
             hot.output, hot.params = output, params
             hot.grad_acc = torch.zeros(table.shape, dtype=torch.float32)  # sums in float32, whatever the rows

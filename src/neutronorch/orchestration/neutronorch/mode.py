@@ -42,6 +42,8 @@ from neutronorch.orchestration.neutronorch.batch import SplicedBatch
 from neutronorch.orchestration.neutronorch.cold_sampler import ColdSampler
 from neutronorch.orchestration.neutronorch.controller import RatioController
 from neutronorch.orchestration.neutronorch.host_producer import HostProducer
+from neutronorch.orchestration.neutronorch.hot_grad import HotGradient
+from neutronorch.orchestration.neutronorch.node import NodeHotSet, NodeLink
 from neutronorch.orchestration.neutronorch.stats import HotStats
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
@@ -51,8 +53,8 @@ from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mi
 STAGES = HOST_SAMPLING_STAGES.merge(StageTable(
     {"hot_select": "planner", "host_sample": "host", "host_gather": "host", "host_wait_weights": "host",
      "host_compute": "host", "host_aggregate": "host", "host_matmul": "host", "host_copy": "host",
-     "wait_hot": "trainer", "hot_grad": "trainer", "publish": "trainer"},
-    waits=frozenset({"wait_hot", "host_wait_weights"})))
+     "host_share": "host", "wait_hot": "trainer", "hot_grad": "trainer", "publish": "trainer"},
+    waits=frozenset({"wait_hot", "host_wait_weights", "host_share"})))
 
 
 class NeutronOrchMode:
@@ -63,7 +65,8 @@ class NeutronOrchMode:
     resumable = resumable_mid_epoch = True
 
     def __init__(self, graph: Graph, sampling: SamplingConfig, config: NeutronOrchConfig, epochs: int,
-                 access: FeatureAccess, spans: Spans, sampler_threads: int, host_threads: int):
+                 access: FeatureAccess, spans: Spans, sampler_threads: int, host_threads: int,
+                 node: NodeLink | None = None):
         self.graph, self.sampling, self.config = graph, sampling, config
         self.access, self.spans = access, spans
         self.device = access.device
@@ -76,6 +79,10 @@ class NeutronOrchMode:
         self.controller = RatioController(config, self.schedule, shared_cores=not access.on_cuda,
                                           probe_inputs=self._probe_inputs)
         self.stats = HotStats()
+        # Data parallel: with a node link, the node's ranks share one hot set (``node.py``).
+        self.distributed = sampling.world > 1
+        self.node = NodeHotSet(node) if node is not None and node.local_size > 1 else None
+        self.hot_grad = HotGradient(graph, sampling, self.num_batches, self.node)
         self.version = 0  # optimizer steps taken
         # Device sampling: the cold bottom hop is sampled and gathered on the device (its topology placed
         # there, or read from pinned host memory); otherwise on the host like exact mode.
@@ -98,7 +105,7 @@ class NeutronOrchMode:
         self.model = model
         producer = HostProducer(self.graph, self.store, self.sampling, self.config, self.schedule, model.bottom,
                                 lambda: self.controller.setting, self._snapshots, self._hot, self.spans,
-                                self.device, self.host_threads)
+                                self.device, self.host_threads, self.node)
         sampler = ColdSampler(self.graph, self.sampling, self.spans, self.sampler_threads, self.loader, self.reader)
         for gsid, snapshot in self._published.items():  # a resumed run's, published before it stopped
             self._snapshots.put(gsid, snapshot)
@@ -150,10 +157,13 @@ class NeutronOrchMode:
             if self._resumed is not None and self._resumed["gsid"] == splice.gsid:
                 self._continue(self._current)  # counted before the checkpoint
             else:
-                self.stats.account(splice.plan, self._current.host_edges)
+                rows = self._current.rows
+                self.stats.account(splice.plan, self._current.host_edges,
+                                   self._current.num_hot if rows is None else rows[1] - rows[0])
                 self.controller.saw_plan(splice.probe)
         self.staleness.check(self._current, self.version)
         hot = self._current
+        self.hot_grad.weigh(hot, self.version)
         return StepInputs(batch.blocks, batch.features, HotRows(hot.table, splice.index, hot.grad_acc))
 
     def _continue(self, hot: HotEmbeddings) -> None:
@@ -181,21 +191,20 @@ class NeutronOrchMode:
             hot.grad_acc.record_stream(stream)
 
     def before_step(self, batch: SplicedBatch) -> None:
-        """``hot_grad="cpu"``: at the super-batch's last step, add the hot rows' W0 gradient (computed on the
-        host from the accumulated dL/dY) to the bottom layer's gradient."""
+        """``hot_grad="cpu"``: at the super-batch's last step, the hot rows' W0 gradient (``hot_grad.py``)."""
         hot = self._current
-        if not batch.splice.last or hot.output is None or hot.num_hot == 0:
+        self.hot_grad.unweigh(hot)
+        if not batch.splice.last or self.config.hot_grad != "cpu":
             return
+        if hot.output is None or hot.num_hot == 0:  # nothing hot: nothing to add (zeros for the reduction)
+            return self.hot_grad.finish(hot, self.model.bottom, self.access.on_cuda)
         with self.spans.stage("hot_grad"):
             self.staleness.check(hot, self.version)
-            grad_y = hot.grad_acc.cpu() if self.access.on_cuda else hot.grad_acc
-            grads = torch.autograd.grad(hot.output, hot.params, grad_y.to(hot.output.dtype))
-            for p, g in zip(self.model.bottom.parameters(), grads):
-                g = g.to(p.device, non_blocking=True)
-                if p.grad is None:
-                    p.grad = g
-                else:
-                    p.grad.add_(g)
+            self.hot_grad.finish(hot, self.model.bottom, self.access.on_cuda)
+
+    def averaged_gradients(self) -> dict[torch.Tensor, torch.Tensor] | None:
+        """Data parallel, at a super-batch's last step: the hot rows' W0 gradient (``hot_grad.py``)."""
+        return self.hot_grad.averaged(self.model.bottom)
 
     def after_step(self, batch: SplicedBatch) -> None:
         with self.spans.stage("publish"):
@@ -264,11 +273,15 @@ class NeutronOrchMode:
 
     def end_epoch(self, record: dict) -> None:
         """Record this epoch's hot ratio and staleness controls and, with ``auto``, choose the next ones."""
-        record.update(self.controller.end_epoch(record, self.stats.epoch_ratio(record["epoch"]), self.stages))
+        agree = None
+        if self.node is not None:  # the node's ranks share snapshots: they must set the same lead and ratio
+            agree = lambda values: self.node.link.max_(torch.tensor(values, dtype=torch.float64)).tolist()  # noqa: E731
+        record.update(self.controller.end_epoch(record, self.stats.epoch_ratio(record["epoch"]), self.stages, agree))
 
     def summary(self) -> dict:
         return {
             "neutronorch": {"super_batch": self.schedule.super_batch, "hot_grad": self.config.hot_grad,
+                            "hot_set": self.hot_set,
                             "hot_ratio_setting": self.config.hot_ratio,
                             "auto_history": self.controller.tuner.history if self.controller.tuner else None},
             "staleness": {"bound": self.schedule.staleness_bound, "max_observed": self.staleness.max_observed,
@@ -279,7 +292,13 @@ class NeutronOrchMode:
     def describe(self) -> str:
         return (f"sampler threads {self.sampler_threads}, host threads {self.host_threads}, super-batch "
                 f"{self.config.super_batch}, hot ratio {self.config.hot_ratio}, staleness bound "
-                f"{self.config.staleness_bound}, hot grad {self.config.hot_grad}")
+                f"{self.config.staleness_bound}, hot grad {self.config.hot_grad}"
+                + (f", hot set {self.hot_set}" if self.distributed else ""))
+
+    @property
+    def hot_set(self) -> str:
+        """Who plans and computes the hot sets: "node" (shared by the node's ranks) or "rank"."""
+        return "node" if self.node is not None else "rank"
 
 
 class EpochView:

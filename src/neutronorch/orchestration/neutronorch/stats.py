@@ -8,13 +8,14 @@ from neutronorch.orchestration.neutronorch.planner import PlanStats
 class HotStats:
     def __init__(self):
         self.super_batches = self.hot = self.reached = self.appearances = self.hot_appearances = 0
-        self.saved_edges = self.host_edges = self.error_capped = 0
+        self.saved_edges = self.host_edges = self.error_capped = self.computed = 0
         self._epoch_shares: dict[int, list[float]] = {}
 
-    def account(self, plan: PlanStats, host_edges: int) -> None:
-        """Once per super-batch, when the trainer reaches it."""
+    def account(self, plan: PlanStats, host_edges: int, computed: int) -> None:
+        """Once per super-batch, when the trainer reaches it (``computed``: hot rows this rank computed)."""
         self.super_batches += 1
         self.hot += plan.hot
+        self.computed += computed
         self.reached += plan.reached
         self.appearances += plan.appearances
         self.hot_appearances += plan.hot_appearances
@@ -32,12 +33,14 @@ class HotStats:
         return {k: v for k, v in vars(self).items()}
 
     def load_state_dict(self, state: dict) -> None:
-        vars(self).update(state)
+        vars(self).update({"computed": state.get("hot", 0), **state})  # checkpoints before the count: all
 
     def summary(self, auto: bool) -> dict:
         n = max(1, self.super_batches)
         return {
             "mean_hot_per_super_batch": self.hot / n,
+            # This rank's share of them: all, unless the ranks of a node share one hot set.
+            "mean_computed_per_super_batch": self.computed / n,
             "mean_reached_per_super_batch": self.reached / n,
             # Share of bottom-layer destination rows served from hot embeddings instead of computed.
             "reuse_rate": self.hot_appearances / max(1, self.appearances),

@@ -1,0 +1,85 @@
+"""The hot rows' bottom-layer gradient (``hot_grad="cpu"``), on the trainer thread.
+
+Each step's backward pass adds dL/dY of the hot rows it used into the super-batch's accumulator
+(``HotEmbeddings.grad_acc``); at the super-batch's last step, ``finish`` turns it into W0's gradient
+through the host's autograd graph of those rows.
+
+- **One process**: the gradient is added to the bottom layer's.
+- **Data parallel**: it is handed to the gradient reduction (``averaged``), which averages it over the
+  ranks with equal weights, apart from the loss-weighted mean of the other gradients. It sums the
+  gradients of the super-batch's P steps, each its rank's mean, so weighting it by the last step's loss
+  terms alone would misweigh the other steps (and drop a rank with none in the last step). Equal weights
+  are exact where every rank's part of a step carries equal weight; where it does not (an epoch's last,
+  uneven global batch; unlabelled seeds), ``weigh`` scales that step's dL/dY by world x this rank's share
+  of the global batch's loss terms (the accumulator divided by it before the backward pass, multiplied
+  after), so the average is exactly one process's sum.
+- **One hot set per node**: the node's ranks sum their accumulators first, and each back-propagates the
+  slice of rows it computed (``node.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from neutronorch.config import SamplingConfig
+from neutronorch.data.graph import Graph
+from neutronorch.orchestration.neutronorch.node import NodeHotSet
+from neutronorch.orchestration.neutronorch.versions import HotEmbeddings
+from neutronorch.orchestration.seeds import rank_shares
+
+
+class HotGradient:
+    def __init__(self, graph: Graph, sampling: SamplingConfig, num_batches: int, node: NodeHotSet | None):
+        self.graph, self.sampling, self.num_batches = graph, sampling, num_batches
+        self.distributed = sampling.world > 1
+        self.node = node
+        self._shares: tuple[int, np.ndarray] | None = None  # (epoch, its ``rank_shares``)
+        self._scale = 1.0  # the current step's scale of dL/dY in the accumulator
+        self._averaged: list[torch.Tensor] | None = None
+
+    def weigh(self, hot: HotEmbeddings, step: int) -> None:
+        """Before global step ``step``'s forward pass (data parallel): scale its share of the accumulator."""
+        if not self.distributed or hot.grad_acc is None:
+            return
+        epoch, index = divmod(step, self.num_batches)
+        if self._shares is None or self._shares[0] != epoch:
+            self._shares = (epoch, rank_shares(self.graph, self.sampling, epoch))
+        scale = float(self._shares[1][index])
+        if scale not in (0.0, 1.0):  # 0: no loss terms here, so no gradient to scale
+            hot.grad_acc.div_(scale)
+            self._scale = scale
+
+    def unweigh(self, hot: HotEmbeddings) -> None:
+        """After the backward pass: the accumulator back in its units."""
+        if self._scale != 1.0:
+            hot.grad_acc.mul_(self._scale)
+            self._scale = 1.0
+
+    def finish(self, hot: HotEmbeddings, bottom: torch.nn.Module, on_cuda: bool) -> None:
+        """At the super-batch's last step: W0's gradient from the accumulated dL/dY (the node's, summed, for
+        this rank's slice), added to ``bottom``'s gradient or kept for ``averaged``."""
+        nothing = hot.output is None or hot.num_hot == 0
+        if nothing and not self.distributed:
+            return
+        params = list(bottom.parameters())
+        grads = [None] * len(params)
+        if not nothing:
+            grad_y = hot.grad_acc.cpu() if on_cuda else hot.grad_acc
+            if hot.rows is not None:
+                grad_y = self.node.link.sum_(grad_y)[hot.rows[0]:hot.rows[1]]
+            if grad_y.shape[0]:
+                grads = torch.autograd.grad(hot.output, hot.params, grad_y.to(hot.output.dtype), allow_unused=True)
+        grads = [torch.zeros_like(p) if g is None else g.to(p.device, non_blocking=True) for p, g in zip(params, grads)]
+        if self.distributed:
+            self._averaged = grads  # every rank hands one over at this step, zeros where nothing was hot
+            return
+        for p, g in zip(params, grads):
+            if p.grad is None:
+                p.grad = g
+            else:
+                p.grad.add_(g)
+
+    def averaged(self, bottom: torch.nn.Module) -> dict[torch.Tensor, torch.Tensor] | None:
+        grads, self._averaged = self._averaged, None
+        return None if grads is None else dict(zip(bottom.parameters(), grads))
