@@ -166,10 +166,11 @@ def test_two_nodes_on_loopback_train_as_one(tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_stops_every_rank_at_one_step_and_resume_continues_exactly(tmp_path):
-    """In NeutronOrch mode: every rank's hot rows checked against the staleness bound at every use, each
-    rank's pipeline state saved and resumed (a fixed ratio and snapshot lead make a resume exact)."""
+    """In NeutronOrch mode with a hot set per node: every rank's hot rows checked against the staleness bound
+    at every use, each rank's pipeline state saved and resumed (a fixed ratio and snapshot lead make a
+    resume exact; the node's set in progress is planned again alike on every rank)."""
     args = ["--mode", "neutronorch", "--hot-ratio", "0.2", "--snapshot-lead", "2", "--host-threads", "1",
-            "--dataset", "synthetic:nodes=20000,features=16,degree=8", "--epochs", "3", "--batch-size", "16",
+            "--hot-set", "node", "--dataset", "synthetic:nodes=20000,features=16,degree=8", "--epochs", "3", "--batch-size", "16",
             "--checkpoint-dir", str(tmp_path / "ck"), "--log-jsonl", str(tmp_path / "log.jsonl"),
             "--summary-json", str(tmp_path / "s.json")]
     job = subprocess.Popen(_torchrun(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),

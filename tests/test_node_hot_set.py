@@ -41,8 +41,12 @@ def test_slices_cover_the_hot_set_once_and_differ_by_at_most_one_row(rows, parts
 
 
 def test_merged_counts_add_up_per_vertex():
-    ids, counts = merge_counts([(np.array([5, 2, 9]), np.array([1, 3, 2])), (np.array([2, 7]), np.array([4, 1]))])
-    assert ids.tolist() == [2, 5, 7, 9] and counts.tolist() == [7, 1, 1, 2]
+    parts = [(np.array([5, 2, 9]), np.array([1, 3, 2])), (np.array([2, 7]), np.array([4, 1]))]
+    ids, counts = merge_counts(parts)
+    assert ids.tolist() == [5, 2, 9, 7] and counts.tolist() == [1, 7, 2, 1]  # first appearance, rank order
+    slot = np.full(10, -1, np.int32)
+    again = merge_counts(parts, slot)
+    assert np.array_equal(again[0], ids) and np.array_equal(again[1], counts) and (slot == -1).all()
     empty = merge_counts([])
     assert empty[0].shape == empty[1].shape == (0,)
 
@@ -61,8 +65,8 @@ def test_every_rank_of_a_node_chooses_the_same_hot_set_with_the_first_ranks_sett
     hot, probe, capped, reached = chosen[0]
     ids, counts = merge_counts(parts)
     assert reached == ids.shape[0] and not capped and hot.shape[0] == round(0.25 * reached)
-    # Hottest first, ties in vertex order: the same ranking whatever the order the ranks' pairs came in.
-    order = np.lexsort((ids, -counts))
+    # Hottest first, ties in merged order (rank 0's list, then rank 1's): the same on every rank.
+    order = np.argsort(-counts, kind="stable")
     assert np.array_equal(hot, ids[order[:hot.shape[0]]]) and np.array_equal(probe, ids[order[:probe.shape[0]]])
     # With auto, the measured error caps the node's set (nothing is hot before it is measured).
     auto = RatioSetting(0.5, auto=True, stale_error=None)
@@ -87,7 +91,8 @@ def test_the_planner_places_a_hot_set_chosen_by_the_node():
               for i in range(3)]
     seen = {}
 
-    def choose(distinct, counts):
+    def choose(distinct, counts, slot):
+        assert (slot == -1).all()
         seen["pairs"] = (distinct.copy(), counts.copy())
         return np.array([distinct[0], 1499, distinct[5]]), distinct[:2], True, 4321  # 1499: another rank's
 

@@ -122,7 +122,8 @@ class HostProducer:
             setting = self.setting()
             cap = (lambda ranked: error_cap(ranked, setting)) if setting.auto else None
             node = self.node
-            choose = None if node is None else (lambda distinct, counts: node.choose(distinct, counts, setting))
+            choose = None if node is None else (lambda distinct, counts, slot: node.choose(distinct, counts, setting,
+                                                                                          slot))
             return planner.plan(gsid, epoch, uppers, setting.ratio, cap, hot, choose)
 
     def _gather_hot(self, plan: Plan, sampler: NeighborSampler):

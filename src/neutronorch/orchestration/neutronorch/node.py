@@ -7,7 +7,7 @@ the node's one CPU. Here, for each super-batch:
 
 1. **plan** (planner thread): each rank counts its own parts' bottom-layer destinations, as it would
    alone; the node gathers every rank's (vertex, count) pairs and each rank ranks the merged counts the
-   same way (count, then vertex id), with the ratio and staleness-error setting of the node's first rank,
+   same way (count, then first appearance over the ranks' lists in rank order), with the ratio and staleness-error setting of the node's first rank,
    so that every rank of the node holds the same hot set H_s;
 2. **compute** (host thread): rank ``i`` of the node samples, gathers and computes rows
    ``slice_bounds(|H_s|, L)[i]`` of H_s, and the node gathers the slices into the whole table. Sampling
@@ -27,6 +27,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from numba import njit
 
 from neutronorch.orchestration.neutronorch.controller import RatioSetting, error_cap
 from neutronorch.orchestration.neutronorch.planner import PROBE_ROWS, rank_by_count
@@ -62,15 +63,37 @@ def slice_bounds(num_rows: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def merge_counts(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """The node's distinct vertices (ascending) and their summed counts, from each rank's (vertices, counts)."""
+@njit(cache=True, nogil=True)
+def _merge(ids, counts, slot):
+    distinct = np.empty(ids.shape[0], np.int64)
+    total = np.zeros(ids.shape[0], np.int64)
+    n = 0
+    for i in range(ids.shape[0]):
+        v = ids[i]
+        k = slot[v]
+        if k < 0:
+            k = n
+            slot[v] = n
+            distinct[n] = v
+            n += 1
+        total[k] += counts[i]
+    for k in range(n):
+        slot[distinct[k]] = -1
+    return distinct[:n], total[:n]
+
+
+def merge_counts(parts: list[tuple[np.ndarray, np.ndarray]],
+                 slot: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The node's distinct vertices, in order of first appearance over the ranks' lists taken in rank order
+    (the same order on every rank), and their summed counts, from each rank's (vertices, counts). One
+    linear pass; ``slot`` (one int32 per vertex, all -1, left so) is scratch."""
     if not parts:
         return np.empty(0, np.int64), np.empty(0, np.int64)
     ids = np.concatenate([p[0] for p in parts]).astype(np.int64, copy=False)
     counts = np.concatenate([p[1] for p in parts]).astype(np.int64, copy=False)
-    distinct, inverse = np.unique(ids, return_inverse=True)
-    total = np.bincount(inverse, weights=counts, minlength=distinct.shape[0]).astype(np.int64)
-    return distinct, total
+    if slot is None:
+        slot = np.full(int(ids.max(initial=-1)) + 1, -1, np.int32)
+    return _merge(ids, counts, slot)
 
 
 def _encode(distinct: np.ndarray, counts: np.ndarray, setting: RatioSetting) -> torch.Tensor:
@@ -96,16 +119,17 @@ class NodeHotSet:
     def __init__(self, link: NodeLink):
         self.link = link
 
-    def choose(self, distinct: np.ndarray, counts: np.ndarray,
-               setting: RatioSetting) -> tuple[np.ndarray, np.ndarray, bool, int]:
+    def choose(self, distinct: np.ndarray, counts: np.ndarray, setting: RatioSetting,
+               slot: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, bool, int]:
         """From this rank's distinct bottom-layer destinations and their counts: the node's hot set (hottest
         first), its hottest ``PROBE_ROWS`` vertices, whether the error cap lowered it, and how many vertices
-        the node's super-batch reaches. A collective: every rank of the node calls it for each super-batch."""
+        the node's super-batch reaches. A collective: every rank of the node calls it for each super-batch.
+        ``slot``: ``merge_counts``' scratch."""
         messages = self.link.gather_plans(_encode(distinct, counts, setting))
         decoded = [_decode(m) for m in messages]
         ratio, error, auto = decoded[0][2]  # the node's first rank decides: every rank then plans the same
-        node, total = merge_counts([(ids, c) for ids, c, _ in decoded])
-        ranked = rank_by_count(total)  # ties in vertex order: the same on every rank
+        node, total = merge_counts([(ids, c) for ids, c, _ in decoded], slot)
+        ranked = rank_by_count(total)  # ties in merged order: the same on every rank
         num_hot = min(node.shape[0], int(round(ratio * node.shape[0])))
         capped = False
         if auto:

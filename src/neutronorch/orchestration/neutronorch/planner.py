@@ -150,8 +150,9 @@ class Planner:
              choose: Callable | None = None) -> Plan:
         """``uppers``: (mini-batch index, key, upper-hop sample) of each mini-batch of the super-batch.
         ``hot``: the hot set, already chosen (a resumed super-batch's), instead of ranking by ``ratio``.
-        ``choose(distinct, counts)``: the hot set chosen elsewhere from these counts (the node's, with
-        ``hot_set="node"``), as (hot set, probe vertices, capped, vertices reached)."""
+        ``choose(distinct, counts, scratch)``: the hot set chosen elsewhere from these counts (the node's,
+        with ``hot_set="node"``), as (hot set, probe vertices, capped, vertices reached); ``scratch`` is
+        the planner's array of one int32 per vertex, all -1, to be left so."""
         bottoms = [upper.frontiers[0].numpy() for _, _, upper in uppers]
         offsets = np.zeros(len(bottoms) + 1, np.int64)
         np.cumsum([b.shape[0] for b in bottoms], out=offsets[1:])
@@ -161,7 +162,7 @@ class Planner:
         capped, probe, reached = False, distinct[ranked[:PROBE_ROWS]], int(distinct.shape[0])
         row_of = np.full(distinct.shape[0], -1, np.int32)  # per distinct vertex: its hot row, or -1
         if hot is None and choose is not None:
-            hot, probe, capped, reached = choose(distinct, appear)
+            hot, probe, capped, reached = choose(distinct, appear, self._slot)
         if hot is None:
             num_hot = min(distinct.shape[0], int(round(ratio * distinct.shape[0])))
             if cap is not None:
