@@ -27,10 +27,9 @@ from typing import Protocol
 
 import numpy as np
 import torch
-from numba import njit
 
 from neutronorch.orchestration.neutronorch.controller import RatioSetting, error_cap
-from neutronorch.orchestration.neutronorch.planner import PROBE_ROWS, rank_by_count
+from neutronorch.orchestration.neutronorch.planner import PROBE_ROWS, index_appearances, rank_by_count
 
 
 class NodeLink(Protocol):
@@ -63,25 +62,6 @@ def slice_bounds(num_rows: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-@njit(cache=True, nogil=True)
-def _merge(ids, counts, slot):
-    distinct = np.empty(ids.shape[0], np.int64)
-    total = np.zeros(ids.shape[0], np.int64)
-    n = 0
-    for i in range(ids.shape[0]):
-        v = ids[i]
-        k = slot[v]
-        if k < 0:
-            k = n
-            slot[v] = n
-            distinct[n] = v
-            n += 1
-        total[k] += counts[i]
-    for k in range(n):
-        slot[distinct[k]] = -1
-    return distinct[:n], total[:n]
-
-
 def merge_counts(parts: list[tuple[np.ndarray, np.ndarray]],
                  slot: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The node's distinct vertices, in order of first appearance over the ranks' lists taken in rank order
@@ -93,7 +73,8 @@ def merge_counts(parts: list[tuple[np.ndarray, np.ndarray]],
     counts = np.concatenate([p[1] for p in parts]).astype(np.int64, copy=False)
     if slot is None:
         slot = np.full(int(ids.max(initial=-1)) + 1, -1, np.int32)
-    return _merge(ids, counts, slot)
+    distinct, _, index = index_appearances(ids, slot)
+    return distinct, np.bincount(index, weights=counts, minlength=distinct.shape[0]).astype(np.int64)
 
 
 def _encode(distinct: np.ndarray, counts: np.ndarray, setting: RatioSetting) -> torch.Tensor:
