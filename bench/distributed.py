@@ -12,8 +12,8 @@ steady epoch time, and peak resident memory of the process and of each rank (tar
         --batch-size 256 --epochs 50 --eval-every 1
     python bench/distributed.py --mode neutronorch --hot-sets node,rank --epochs 3 --eval-every -1
 
-With ``--hot-sets``, NeutronOrch mode's ranks run once per way of planning hot sets (one per node, a slice
-computed per rank; or one per rank), side by side, with the hot rows each rank computed and its host lane.
+With ``--hot-sets``, NeutronOrch mode's ranks run once per ``--hot-set`` (rows hot on several ranks of a
+node computed by each, or once), side by side, with the hot rows each rank computed and its host lane.
 """
 
 from __future__ import annotations

@@ -79,12 +79,13 @@ done
 
 gpus=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
 if [ "$DEVICE" = cuda ] && [ "$gpus" -gt 1 ]; then
-    for mode in exact neutronorch; do  # neutronorch: the node's ranks share one hot set (--hot-set node)
+    for mode in exact neutronorch; do  # neutronorch: shared hot rows computed once per node (--hot-set node)
         say "data parallel: $gpus ranks (NCCL), $mode mode, batch 1024 per rank"
         timeout "${RUN_LIMIT:-60}" "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$gpus" \
             -m neutronorch train --dataset "$data" --device cuda --mode "$mode" --model sage --fanouts 15,10,5 \
             --hidden 256 --batch-size 1024 --dropout 0.5 --epochs "$EPOCHS" --eval-every 0 --eval-fanouts 15,10,5 \
-            --eval-max-nodes 50000 --no-progress --summary-json "$RESULTS/$mode-ddp$gpus.json" 2>&1 | tee -a "$log" \
+            --eval-max-nodes 50000 --no-progress $([ "$mode" = neutronorch ] && echo --hot-set node) \
+            --summary-json "$RESULTS/$mode-ddp$gpus.json" 2>&1 | tee -a "$log" \
             | tail -8
         say "data parallel, $mode mode: exit status ${PIPESTATUS[0]}"
     done

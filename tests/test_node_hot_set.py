@@ -1,6 +1,6 @@
-"""One hot set per node: the merge every rank computes alike, the slices, the planner's use of a hot set
-chosen by the node, the ranks' weights in the hot rows' gradient, and the gradient reduction that averages
-it. The multi-process runs are in ``test_distributed.py``."""
+"""Hot rows computed once per node: who computes which row, the exchange of rows and of their gradient,
+the ranks' weights in the hot rows' gradient, and the gradient reduction that averages it. The
+multi-process runs are in ``test_distributed.py``."""
 
 from __future__ import annotations
 
@@ -10,100 +10,101 @@ import torch
 
 from neutronorch.config import SamplingConfig
 from neutronorch.data import SyntheticSpec, generate
-from neutronorch.orchestration.neutronorch.controller import RatioSetting
-from neutronorch.orchestration.neutronorch.node import NodeHotSet, _encode, merge_counts, slice_bounds
-from neutronorch.orchestration.neutronorch.planner import Planner
+from neutronorch.orchestration.neutronorch.node import NodeHotSet, plan_exchange
 from neutronorch.orchestration.seeds import epoch_batches, rank_shares
-from neutronorch.sampling.neighbor_sampler import NeighborSampler
 from neutronorch.train.distributed import GradientSync, World
 
 
+class Node:
+    """The ranks of one node in one process: each rank's link sees the others' values."""
+
+    def __init__(self, sets: list[np.ndarray]):
+        self.sets = sets
+        self.sent: dict[int, torch.Tensor] = {}
+        self.summed: dict[int, torch.Tensor] = {}
+
+    def link(self, rank: int) -> "Link":
+        return Link(self, rank)
+
+
 class Link:
-    """A node of ``len(messages)`` ranks seen from ``local_rank``: the others' planning messages are given."""
+    def __init__(self, node: Node, rank: int):
+        self.node, self.local_rank, self.local_size = node, rank, len(node.sets)
 
-    def __init__(self, local_rank: int, others: dict[int, torch.Tensor], size: int = 2):
-        self.local_rank, self.local_size, self.others = local_rank, size, others
-
-    def gather_plans(self, values):
-        return [values if r == self.local_rank else self.others[r] for r in range(self.local_size)]
+    def gather_ids(self, ids):
+        assert np.array_equal(ids.numpy(), self.node.sets[self.local_rank])
+        return [torch.from_numpy(s) for s in self.node.sets]
 
     def gather_rows(self, rows, counts):
-        return torch.full((sum(counts),) + tuple(rows.shape[1:]), 7, dtype=rows.dtype)
+        if rows.dtype == torch.int64:  # the version check: every rank at version 7
+            return torch.full((sum(counts), 1), 7)
+        self.node.sent[self.local_rank] = rows
+        return torch.cat([self.node.sent[r] for r in range(self.local_size)])
+
+    def sum_(self, tensor):
+        self.node.summed[self.local_rank] = tensor.clone()
+        tensor.copy_(sum(self.node.summed[r] for r in range(self.local_size)))
+        return tensor
 
 
-@pytest.mark.parametrize("rows,parts", [(0, 2), (1, 2), (7, 2), (10, 3), (2, 4)])
-def test_slices_cover_the_hot_set_once_and_differ_by_at_most_one_row(rows, parts):
-    bounds = slice_bounds(rows, parts)
-    assert bounds[0][0] == 0 and bounds[-1][1] == rows and len(bounds) == parts
-    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
-    sizes = [hi - lo for lo, hi in bounds]
-    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+def _rows_of(vertices: np.ndarray) -> torch.Tensor:
+    """What any rank computes for these hot vertices (a row is a function of its vertex)."""
+    v = torch.from_numpy(vertices).double()
+    return torch.stack([v, v * v], dim=1)
 
 
-def test_merged_counts_add_up_per_vertex():
-    parts = [(np.array([5, 2, 9]), np.array([1, 3, 2])), (np.array([2, 7]), np.array([4, 1]))]
-    ids, counts = merge_counts(parts)
-    assert ids.tolist() == [5, 2, 9, 7] and counts.tolist() == [1, 7, 2, 1]  # first appearance, rank order
-    slot = np.full(10, -1, np.int32)
-    again = merge_counts(parts, slot)
-    assert np.array_equal(again[0], ids) and np.array_equal(again[1], counts) and (slot == -1).all()
-    empty = merge_counts([])
-    assert empty[0].shape == empty[1].shape == (0,)
+@pytest.mark.parametrize("sets", [
+    [[5, 2, 9, 4], [2, 7, 9, 11, 5]],
+    [[1, 2, 3, 4, 5, 6], [6, 5, 4], [4, 8, 1, 6]],
+    [[3, 1], []],
+    [[], []]])
+def test_rows_held_by_several_ranks_are_computed_once_and_reach_every_holder(sets):
+    sets = [np.array(s, np.int64) for s in sets]
+    plans = [plan_exchange(sets, r) for r in range(len(sets))]
+    computed = np.concatenate([sets[r][p.computed] for r, p in enumerate(plans)])
+    union = np.unique(np.concatenate(sets))
+    assert sorted(computed.tolist()) == union.tolist()  # every hot vertex of the node computed once
+    for v in union.tolist():  # by the (v mod k)-th of its k holders
+        holders = [r for r, s in enumerate(sets) if v in s.tolist()]
+        owner = [r for r, s in enumerate(sets) if v in s[plans[r].computed].tolist()]
+        assert owner == [holders[v % len(holders)]]
+    # The exchange: every rank ends with its whole table, as if it had computed every row itself.
+    node = Node(sets)
+    hot = [NodeHotSet(node.link(r)) for r in range(len(sets))]
+    for r in range(len(sets)):  # the gather returns what every rank sent: send all first
+        node.sent[r] = _rows_of(sets[r][plans[r].computed])[torch.from_numpy(plans[r].sent)]
+    for r in range(len(sets)):
+        assert hot[r].exchange(sets[r]).computed.tolist() == plans[r].computed.tolist()
+        table = hot[r].assemble(_rows_of(sets[r][plans[r].computed]), plans[r], sets[r].shape[0], version=7)
+        assert torch.equal(table, _rows_of(sets[r]))
+        assert plans[r].shared == sum(plans[r].sizes) and plans[r].mine[1] - plans[r].mine[0] == plans[r].sent.shape[0]
 
 
-def test_every_rank_of_a_node_chooses_the_same_hot_set_with_the_first_ranks_setting():
-    rng = np.random.default_rng(0)
-    parts = []
-    for _ in range(2):
-        ids = rng.choice(500, 200, replace=False).astype(np.int64)
-        parts.append((ids, rng.integers(1, 6, 200).astype(np.int32)))
-    settings = [RatioSetting(0.25), RatioSetting(0.9)]  # rank 1's planner read a newer ratio: rank 0's counts
-    messages = {r: _encode(*parts[r], settings[r]) for r in range(2)}
-    chosen = [NodeHotSet(Link(r, messages)).choose(*parts[r], settings[r]) for r in range(2)]
-    for a, b in zip(chosen[0], chosen[1]):
-        assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
-    hot, probe, capped, reached = chosen[0]
-    ids, counts = merge_counts(parts)
-    assert reached == ids.shape[0] and not capped and hot.shape[0] == round(0.25 * reached)
-    # Hottest first, ties in merged order (rank 0's list, then rank 1's): the same on every rank.
-    order = np.argsort(-counts, kind="stable")
-    assert np.array_equal(hot, ids[order[:hot.shape[0]]]) and np.array_equal(probe, ids[order[:probe.shape[0]]])
-    # With auto, the measured error caps the node's set (nothing is hot before it is measured).
-    auto = RatioSetting(0.5, auto=True, stale_error=None)
-    none = NodeHotSet(Link(0, {1: _encode(*parts[1], auto)})).choose(*parts[0], auto)
-    assert none[0].shape[0] == 0 and none[2]
+def test_the_shared_rows_gradient_is_summed_over_their_holders():
+    sets = [np.array([5, 2, 9, 4]), np.array([2, 7, 9, 11, 5])]
+    plans = [plan_exchange(sets, r) for r in range(2)]
+    grads = [torch.arange(4 * 3, dtype=torch.float32).reshape(4, 3), 100 + torch.arange(5 * 3.0).reshape(5, 3)]
+    node = Node(sets)
+    for r in range(2):  # every rank's contribution first: the fake sum reads them all
+        shared = torch.zeros(plans[r].shared, 3)
+        held = np.flatnonzero(plans[r].held >= 0)
+        shared[held] = grads[r][plans[r].held[held]]
+        node.summed[r] = shared
+    out = [NodeHotSet(node.link(r)).gradient(grads[r], plans[r]) for r in range(2)]
+    by_vertex = {}
+    for r in range(2):
+        for v, g in zip(sets[r].tolist(), grads[r]):
+            by_vertex[v] = by_vertex.get(v, 0) + g
+    for r in range(2):  # each computed row's gradient: the sum over the ranks holding its vertex
+        for v, g in zip(sets[r][plans[r].computed].tolist(), out[r]):
+            assert torch.equal(g, by_vertex[v])
 
 
-def test_a_node_gathers_the_slices_only_from_one_parameter_version():
-    node = NodeHotSet(Link(0, {}))
-    table = node.gather(torch.zeros(3, 2), 5, version=7)  # the fake node answers 7 for every row
-    assert table.shape == (5, 2)
+def test_ranks_that_computed_from_different_versions_are_a_bug():
+    sets = [np.array([1, 2]), np.array([2, 3])]
+    plan = plan_exchange(sets, 0)
     with pytest.raises(RuntimeError, match="parameter versions"):
-        node.gather(torch.zeros(3, 2), 5, version=6)
-    assert node.gather(torch.zeros(0, 2), 0, version=6).shape == (0, 2)  # nothing hot: nothing gathered
-    assert [node.bounds(5), NodeHotSet(Link(1, {})).bounds(5)] == [(0, 3), (3, 5)]
-
-
-def test_the_planner_places_a_hot_set_chosen_by_the_node():
-    graph = generate(SyntheticSpec(nodes=1500, degree=8, features=12, classes=4, noise=0.6))
-    sampler = NeighborSampler(graph.indptr, graph.indices, [4, 3, 3])
-    uppers = [(i, 100 + i, sampler.sample(np.asarray(graph.train_idx[i * 50:(i + 1) * 50]), 100 + i, [4, 3]))
-              for i in range(3)]
-    seen = {}
-
-    def choose(distinct, counts, slot):
-        assert (slot == -1).all()
-        seen["pairs"] = (distinct.copy(), counts.copy())
-        return np.array([distinct[0], 1499, distinct[5]]), distinct[:2], True, 4321  # 1499: another rank's
-
-    plan = Planner(graph.indptr, bottom_fanout=3).plan(1, 0, uppers, ratio=0.1, choose=choose)
-    assert plan.hot.tolist() == [seen["pairs"][0][0], 1499, seen["pairs"][0][5]]
-    assert plan.stats.reached == 4321 and plan.stats.error_capped and plan.stats.hot == 3
-    assert int(seen["pairs"][1].sum()) == sum(u.frontiers[0].shape[0] for _, _, u in uppers)
-    for item, (_, _, upper) in zip(plan.batches, uppers):
-        dst = upper.frontiers[0].numpy()
-        assert np.array_equal(plan.hot[item.hot_rows], dst[item.hot_pos])
-        assert not np.isin(dst[item.cold_pos], plan.hot).any()
+        NodeHotSet(Node(sets).link(0)).assemble(torch.zeros(plan.computed.shape[0], 2), plan, 2, version=6)
 
 
 def test_rank_shares_weigh_an_uneven_last_batch_and_unlabelled_seeds():

@@ -64,7 +64,7 @@ class TrainConfig:
     hot_grad: str = "cpu"
     hot_error_budget: float = 0.02
     snapshot_lead: int | None = None  # None: auto (2 steps, more while the trainer waits for hot rows)
-    hot_set: str = "rank"  # data parallel: one hot set per rank, or one per node, a slice per rank ("node")
+    hot_set: str = "rank"  # data parallel: rows hot on several ranks of a node computed by each ("rank") or once
     host_threads: int = 0
     # Placement on the device (CUDA; see features/placement.py)
     gpu_memory_gb: float | None = None  # None: the device's memory

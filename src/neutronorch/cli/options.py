@@ -75,10 +75,9 @@ _HELP = {
     "snapshot_lead": "neutronorch: optimizer steps between a super-batch's W0 snapshot and its first "
                      "mini-batch (the host's time to compute its hot rows); capped by S-P+1; default: auto "
                      "(2, raised while the trainer waits for hot rows)",
-    "hot_set": "neutronorch, data parallel: rank plans a hot set per rank, so a vertex hot on two ranks is "
-               "computed twice; node plans one per node from the counts of all its ranks, each rank computing a "
-               "slice of it and the node gathering them (less host work, more data moved between the ranks; "
-               "measured slower on a 2-core CPU, see docs/distributed.md) (default: %(default)s)",
+    "hot_set": "neutronorch, data parallel: each rank plans its own hot sets; a row hot on several ranks of a "
+               "node is computed by each of them (rank) or by one of them and sent to the others (node: less "
+               "host work, more data moved between the ranks; see docs/distributed.md) (default: %(default)s)",
     "host_threads": "neutronorch: threads of the planner's and of the host compute thread's sampling and "
                     "aggregation kernels (each); 0 = half the cores (default: %(default)s)",
     "gpu_memory_gb": "device memory this run may use, in GiB: the budget for the training workspace, the "

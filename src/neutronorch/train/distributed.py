@@ -124,7 +124,7 @@ class World:
         return [part[:n] for part, n in zip(parts, sizes)]
 
     def node_link(self) -> "NodeGroups | None":
-        """The ranks of this node as NeutronOrch's shared hot sets use them, or None when every node holds
+        """The ranks of this node as NeutronOrch's shared hot rows use them, or None when every node holds
         one rank (or in one process). A collective: every rank calls it, at the same point."""
         if not self.distributed:
             return None
@@ -161,26 +161,26 @@ class World:
 
 class NodeGroups:
     """The ranks of one node (``members``: every node's ranks), with a gloo group per thread that talks
-    within the node: NeutronOrch's planner, its host compute thread and the trainer each have their own,
-    so that their collectives never interleave. Implements ``orchestration.neutronorch.node.NodeLink``."""
+    within the node: NeutronOrch's host compute thread and the trainer each have their own, so that their
+    collectives never interleave. Implements ``orchestration.neutronorch.node.NodeLink``."""
 
     def __init__(self, world: World, members: list[list[int]]):
         dist = torch.distributed
         span = datetime.timedelta(seconds=world.timeout)
         self.world = world
-        self._planner, self._host, self._trainer = (
-            dist.new_subgroups_by_enumeration(members, timeout=span, backend="gloo")[0] for _ in range(3))
+        self._host, self._trainer = (dist.new_subgroups_by_enumeration(members, timeout=span, backend="gloo")[0]
+                                     for _ in range(2))
         mine = next(m for m in members if world.rank in m)
         self.local_rank, self.local_size = mine.index(world.rank), len(mine)
 
-    def gather_plans(self, values: torch.Tensor) -> list[torch.Tensor]:
+    def gather_ids(self, ids: torch.Tensor) -> list[torch.Tensor]:
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.local_size)]
-        with self.world._collective("the node's hot-set planning"):
-            torch.distributed.all_gather(sizes, torch.tensor([values.shape[0]]), group=self._planner)
-        return self.world.gather_padded(values, [int(n) for n in sizes], self._planner, "the node's hot-set planning")
+        with self.world._collective("the node's exchange of hot sets"):
+            torch.distributed.all_gather(sizes, torch.tensor([ids.shape[0]]), group=self._host)
+        return self.world.gather_padded(ids, [int(n) for n in sizes], self._host, "the node's exchange of hot sets")
 
     def gather_rows(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        return torch.cat(self.world.gather_padded(rows, counts, self._host, "gathering the node's hot rows"))
+        return torch.cat(self.world.gather_padded(rows, counts, self._host, "the node's exchange of hot rows"))
 
     def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
         with self.world._collective("the node's hot-row gradient sum"):

@@ -36,7 +36,7 @@ from neutronorch.nn.precision import cpu_bf16_units
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.controller import RatioSetting, error_cap
-from neutronorch.orchestration.neutronorch.node import NodeHotSet
+from neutronorch.orchestration.neutronorch.node import Exchange, NodeHotSet
 from neutronorch.orchestration.neutronorch.planner import Plan, Planner
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
 from neutronorch.orchestration.seeds import epoch_batches, training_seeds
@@ -65,7 +65,7 @@ class HostProducer:
         self.spans = spans
         self.device = device
         self.threads = threads
-        self.node = node  # hot_set="node": the hot set planned by the node, a slice of it computed here
+        self.node = node  # hot_set="node": rows shared with the node's other ranks computed once (node.py)
         self.train_idx = training_seeds(graph)
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._batches: dict[int, list[torch.Tensor]] = {}  # this rank's seeds of an epoch's batches
@@ -121,24 +121,26 @@ class HostProducer:
                 uppers.append((index, key, sampler.sample(seeds, key, self.sampling.fanouts[:-1])))
             setting = self.setting()
             cap = (lambda ranked: error_cap(ranked, setting)) if setting.auto else None
-            node = self.node
-            choose = None if node is None else (lambda distinct, counts, slot: node.choose(distinct, counts, setting,
-                                                                                          slot))
-            return planner.plan(gsid, epoch, uppers, setting.ratio, cap, hot, choose)
+            return planner.plan(gsid, epoch, uppers, setting.ratio, cap, hot)
 
     def _gather_hot(self, plan: Plan, sampler: NeighborSampler):
         """The weight-independent part of the hot embeddings: the bottom hop of H_s and its raw features.
         The bottom hop uses the key of the super-batch's first mini-batch, so with P = 1 the host draws
-        exactly the neighbours the device would have drawn. With ``hot_set="node"``, of this rank's slice."""
+        exactly the neighbours the device would have drawn. With ``hot_set="node"``, of the rows this rank
+        computes (``node.py``)."""
+        exchange = None
+        if self.node is not None:
+            with self.spans.stage("host_share"):
+                exchange = self.node.exchange(plan.hot)
         with self.spans.stage("host_sample"):
             key = layer_key(plan.batches[0].key, len(self.sampling.fanouts) - 1)
-            lo, hi = (0, plan.hot.shape[0]) if self.node is None else self.node.bounds(plan.hot.shape[0])
-            block, frontier = sampler.sample_hop(plan.hot[lo:hi], self.sampling.fanouts[-1], key)
+            ids = plan.hot if exchange is None else plan.hot[exchange.computed]
+            block, frontier = sampler.sample_hop(ids, self.sampling.fanouts[-1], key)
         with self.spans.stage("host_gather"):
             x = self.store.gather(torch.from_numpy(frontier))
-        return block, x
+        return block, x, exchange
 
-    def _finish_hot(self, plan: Plan, block, x: torch.Tensor) -> None:
+    def _finish_hot(self, plan: Plan, block, x: torch.Tensor, exchange: Exchange | None) -> None:
         with self.spans.stage("host_wait_weights"):
             snapshot: Snapshot = self.snapshots.take(plan.gsid)
             if snapshot.ready is not None:
@@ -155,13 +157,11 @@ class HostProducer:
                 with self.spans.stage("host_matmul"):
                     output = layer.transform(block.dst_rows(x), output)
         table = output.detach().to(self.table_dtype)
-        rows = None
-        if self.node is not None:
+        if exchange is not None:
             with self.spans.stage("host_share"):
-                rows = self.node.bounds(plan.hot.shape[0])
-                table = self.node.gather(table, plan.hot.shape[0], snapshot.version)
+                table = self.node.assemble(table, exchange, plan.hot.shape[0], snapshot.version)
         hot = HotEmbeddings(plan.gsid, snapshot.version, table, plan.hot.shape[0], plan.hot,
-                            host_edges=block.num_edges, rows=rows)
+                            host_edges=block.num_edges, exchange=exchange)
         if self.track_grad:
             hot.output, hot.params = output, params
             hot.grad_acc = torch.zeros(table.shape, dtype=torch.float32)  # sums in float32, whatever the rows

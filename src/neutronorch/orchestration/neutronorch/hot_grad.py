@@ -13,8 +13,8 @@ through the host's autograd graph of those rows.
   uneven global batch; unlabelled seeds), ``weigh`` scales that step's dL/dY by world x this rank's share
   of the global batch's loss terms (the accumulator divided by it before the backward pass, multiplied
   after), so the average is exactly one process's sum.
-- **One hot set per node**: the node's ranks sum their accumulators first, and each back-propagates the
-  slice of rows it computed (``node.py``).
+- **Rows computed once per node**: the node's ranks sum the shared rows' dL/dY first, and each
+  back-propagates the rows it computed (``node.py``).
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ class HotGradient:
             self._scale = 1.0
 
     def finish(self, hot: HotEmbeddings, bottom: torch.nn.Module, on_cuda: bool) -> None:
-        """At the super-batch's last step: W0's gradient from the accumulated dL/dY (the node's, summed, for
-        this rank's slice), added to ``bottom``'s gradient or kept for ``averaged``."""
+        """At the super-batch's last step: W0's gradient from the accumulated dL/dY (of the rows this rank
+        computed, shared ones summed over the node), added to ``bottom``'s gradient or kept for ``averaged``."""
         nothing = hot.output is None or hot.num_hot == 0
         if nothing and not self.distributed:
             return
@@ -66,8 +66,8 @@ class HotGradient:
         grads = [None] * len(params)
         if not nothing:
             grad_y = hot.grad_acc.cpu() if on_cuda else hot.grad_acc
-            if hot.rows is not None:
-                grad_y = self.node.link.sum_(grad_y)[hot.rows[0]:hot.rows[1]]
+            if hot.exchange is not None:
+                grad_y = self.node.gradient(grad_y, hot.exchange)
             if grad_y.shape[0]:
                 grads = torch.autograd.grad(hot.output, hot.params, grad_y.to(hot.output.dtype), allow_unused=True)
         grads = [torch.zeros_like(p) if g is None else g.to(p.device, non_blocking=True) for p, g in zip(params, grads)]

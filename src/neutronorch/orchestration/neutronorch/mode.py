@@ -79,7 +79,7 @@ class NeutronOrchMode:
         self.controller = RatioController(config, self.schedule, shared_cores=not access.on_cuda,
                                           probe_inputs=self._probe_inputs)
         self.stats = HotStats()
-        # Data parallel: with a node link, the node's ranks share one hot set (``node.py``).
+        # Data parallel: with a node link, rows hot on several of the node's ranks are computed once (``node.py``).
         self.distributed = sampling.world > 1
         self.node = NodeHotSet(node) if node is not None and node.local_size > 1 else None
         self.hot_grad = HotGradient(graph, sampling, self.num_batches, self.node)
@@ -157,9 +157,9 @@ class NeutronOrchMode:
             if self._resumed is not None and self._resumed["gsid"] == splice.gsid:
                 self._continue(self._current)  # counted before the checkpoint
             else:
-                rows = self._current.rows
+                exchange = self._current.exchange
                 self.stats.account(splice.plan, self._current.host_edges,
-                                   self._current.num_hot if rows is None else rows[1] - rows[0])
+                                   self._current.num_hot if exchange is None else exchange.computed.shape[0])
                 self.controller.saw_plan(splice.probe)
         self.staleness.check(self._current, self.version)
         hot = self._current
@@ -274,7 +274,7 @@ class NeutronOrchMode:
     def end_epoch(self, record: dict) -> None:
         """Record this epoch's hot ratio and staleness controls and, with ``auto``, choose the next ones."""
         agree = None
-        if self.node is not None:  # the node's ranks share snapshots: they must set the same lead and ratio
+        if self.node is not None:  # the node's ranks share rows: they must take snapshots at the same versions
             agree = lambda values: self.node.link.max_(torch.tensor(values, dtype=torch.float64)).tolist()  # noqa: E731
         record.update(self.controller.end_epoch(record, self.stats.epoch_ratio(record["epoch"]), self.stages, agree))
 
@@ -297,7 +297,7 @@ class NeutronOrchMode:
 
     @property
     def hot_set(self) -> str:
-        """Who plans and computes the hot sets: "node" (shared by the node's ranks) or "rank"."""
+        """Who computes hot rows held by several ranks of a node: "node" (one of them) or "rank" (each)."""
         return "node" if self.node is not None else "rank"
 
 

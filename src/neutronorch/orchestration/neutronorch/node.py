@@ -1,35 +1,33 @@
-"""One hot set per node (data parallel, ``hot_set="node"``): planned from the node's counts, computed a
-slice per rank, gathered.
+"""Hot rows computed once per node (data parallel, ``hot_set="node"``): each rank keeps its own hot sets,
+and a row hot on several ranks of a node is computed by one of them and sent to the others.
 
-The ranks of a node train the parts of the same global mini-batches, so their bottom layers reach many of
-the same vertices. Planned per rank, a vertex hot on two ranks is sampled, gathered and computed twice on
-the node's one CPU. Here, for each super-batch:
+The ranks of a node train the parts of the same global mini-batches, so their hot sets overlap (the hubs
+of a power-law graph are hot everywhere). Computed per rank, every shared row is sampled, gathered and
+computed once per rank holding it, on the node's one CPU. Here, for each super-batch:
 
-1. **plan** (planner thread): each rank counts its own parts' bottom-layer destinations, as it would
-   alone; the node gathers every rank's (vertex, count) pairs and each rank ranks the merged counts the
-   same way (count, then first appearance over the ranks' lists in rank order), with the ratio and staleness-error setting of the node's first rank,
-   so that every rank of the node holds the same hot set H_s;
-2. **compute** (host thread): rank ``i`` of the node samples, gathers and computes rows
-   ``slice_bounds(|H_s|, L)[i]`` of H_s, and the node gathers the slices into the whole table. Sampling
-   and dropout are keyed by vertex, so a row is what any rank would have computed;
-3. **gradient** (trainer thread, ``hot_grad="cpu"``): every rank accumulates dL/dY for all of H_s from its
-   own mini-batches; the node sums them and each rank back-propagates its own slice. Summed over the
-   node's ranks, that is the gradient each rank adds when it computes all of its own hot set.
+1. **exchange** (host thread): the ranks gather each other's hot sets. A vertex held by k ranks is
+   computed by one of them, ``holders[v mod k]`` in rank order (every rank derives the same owners), so
+   each rank computes the rows only it holds and its share of the shared ones (``Exchange``);
+2. **rows**: each rank computes its rows; the node gathers the shared ones, and each rank places those it
+   holds. Sampling and dropout are keyed by vertex, so a row is what its holder would have computed;
+   the gather also checks that every rank computed from the same parameter version;
+3. **gradient** (trainer thread, ``hot_grad="cpu"``): each rank accumulates dL/dY of its own rows; the
+   node sums the shared rows' (one all-reduce of the shared rows only), and each rank back-propagates the
+   rows it computed. Summed over the node's ranks, that is the gradient each rank adds when it computes
+   all of its own set.
 
-Each step is a collective within the node, on a group of its thread's own (``NodeLink``), so host-thread
-collectives never interleave with the trainer's. ``merge_counts`` and ``slice_bounds`` are pure.
+The hot sets, and so the training, are those of one set per rank (``hot_set="rank"``): only where the rows
+are computed changes. Each step is a collective within the node, on a group of its thread's own
+(``NodeLink``), so host-thread collectives never interleave with the trainer's.
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import torch
-
-from neutronorch.orchestration.neutronorch.controller import RatioSetting, error_cap
-from neutronorch.orchestration.neutronorch.planner import PROBE_ROWS, index_appearances, rank_by_count
 
 
 class NodeLink(Protocol):
@@ -38,8 +36,8 @@ class NodeLink(Protocol):
     local_rank: int
     local_size: int
 
-    def gather_plans(self, values: torch.Tensor) -> list[torch.Tensor]:
-        """Planner thread: every rank's 1-D tensor (any length), in local rank order."""
+    def gather_ids(self, ids: torch.Tensor) -> list[torch.Tensor]:
+        """Host thread: every rank's 1-D tensor (any length), in local rank order."""
 
     def gather_rows(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Host thread: every rank's rows (``counts[i]`` of them on local rank i) concatenated in order."""
@@ -51,87 +49,99 @@ class NodeLink(Protocol):
         """Trainer thread: the element-wise maximum over the node's ranks, in place."""
 
 
-def slice_bounds(num_rows: int, parts: int) -> list[tuple[int, int]]:
-    """Contiguous ranges of ``num_rows`` rows, one per part, sizes differing by at most one (first ones larger)."""
-    base, extra = divmod(num_rows, parts)
-    bounds, lo = [], 0
-    for i in range(parts):
-        hi = lo + base + (1 if i < extra else 0)
-        bounds.append((lo, hi))
-        lo = hi
-    return bounds
+@dataclass
+class Exchange:
+    """Which of a rank's hot rows it computes, and where the node's shared rows go.
+
+    The node's shared rows are listed rank by rank: those rank 0 computes, then rank 1's, ...; ``sizes[j]``
+    of them are rank j's, and ``mine`` is this rank's range of the list."""
+
+    computed: np.ndarray  # positions in this rank's hot set of the rows it computes (ascending)
+    sent: np.ndarray  # positions in ``computed`` of the shared rows among them (this rank's part of the list)
+    held: np.ndarray  # per shared row of the node: its position in this rank's hot set, or -1
+    sizes: list[int]
+    mine: tuple[int, int]
+
+    @property
+    def shared(self) -> int:
+        return int(self.held.shape[0])
 
 
-def merge_counts(parts: list[tuple[np.ndarray, np.ndarray]],
-                 slot: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The node's distinct vertices, in order of first appearance over the ranks' lists taken in rank order
-    (the same order on every rank), and their summed counts, from each rank's (vertices, counts). One
-    linear pass; ``slot`` (one int32 per vertex, all -1, left so) is scratch."""
-    if not parts:
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    ids = np.concatenate([p[0] for p in parts]).astype(np.int64, copy=False)
-    counts = np.concatenate([p[1] for p in parts]).astype(np.int64, copy=False)
-    if slot is None:
-        slot = np.full(int(ids.max(initial=-1)) + 1, -1, np.int32)
-    distinct, _, index = index_appearances(ids, slot)
-    return distinct, np.bincount(index, weights=counts, minlength=distinct.shape[0]).astype(np.int64)
+def plan_exchange(sets: list[np.ndarray], rank: int) -> Exchange:
+    """From every rank's hot set (in rank order): what rank ``rank`` computes and receives. Pure; every rank
+    computes the same owners. A vertex held by k ranks is computed by the (v mod k)-th of them."""
+    sizes = [s.shape[0] for s in sets]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    ids = np.concatenate(sets).astype(np.int64, copy=False) if sets else np.empty(0, np.int64)
+    holder = np.repeat(np.arange(len(sets)), sizes)
+    order = np.argsort(ids, kind="stable")  # by vertex, its holders in rank order
+    ordered = ids[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if ids.shape[0] else np.empty(0, np.int64)
+    counts = np.diff(np.r_[starts, ids.shape[0]])
+    owner_at = order[starts + ordered[starts] % counts]  # the entry of each vertex's owner
+    group = np.repeat(np.arange(starts.shape[0]), counts)
+    owns = np.zeros(ids.shape[0], bool)
+    owns[owner_at] = True
+    shared = np.empty(ids.shape[0], bool)
+    shared[order] = (counts > 1)[group]
+    lo, hi = offsets[rank], offsets[rank + 1]
+    computed = np.flatnonzero(owns[lo:hi])
+    sent = np.flatnonzero(shared[lo:hi][computed])
+    # The node's shared rows, rank by rank, each rank's in its set's order; where each sits in this rank's set.
+    listed = [np.flatnonzero(owns[offsets[j]:offsets[j + 1]] & shared[offsets[j]:offsets[j + 1]]) + offsets[j]
+              for j in range(len(sets))]
+    entries = np.concatenate(listed) if listed else np.empty(0, np.int64)
+    mine_lo = int(sum(x.shape[0] for x in listed[:rank]))
+    position = np.full(ids.shape[0], -1, np.int64)  # per entry: the position of its vertex in this rank's set
+    position[order] = _group_position(group, order, lo, hi)
+    return Exchange(computed, sent, position[entries], [x.shape[0] for x in listed],
+                    (mine_lo, mine_lo + listed[rank].shape[0]))
 
 
-def _encode(distinct: np.ndarray, counts: np.ndarray, setting: RatioSetting) -> torch.Tensor:
-    """One int64 message: [ratio, error (NaN: not measured), auto] as float64 bits, then vertices, counts."""
-    error = setting.stale_error
-    error = error.value() if hasattr(error, "value") else error
-    error = math.nan if error is None else float(error)
-    header = np.array([setting.ratio, error, float(setting.auto)], np.float64).view(np.int64)
-    return torch.from_numpy(np.concatenate([header, distinct.astype(np.int64), counts.astype(np.int64)]))
-
-
-def _decode(message: torch.Tensor) -> tuple[np.ndarray, np.ndarray, tuple[float, float | None, bool]]:
-    values = message.numpy()
-    ratio, error, auto = values[:3].view(np.float64)
-    n = (values.shape[0] - 3) // 2
-    return values[3:3 + n], values[3 + n:], (float(ratio), None if math.isnan(error) else float(error), bool(auto))
+def _group_position(group: np.ndarray, order: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """For the entries in vertex order (``order``, grouped by ``group``): the position in this rank's set
+    (entries ``lo:hi``) of the same vertex, or -1."""
+    found = np.full(group.max(initial=-1) + 1, -1, np.int64)
+    here = (order >= lo) & (order < hi)
+    found[group[here]] = order[here] - lo
+    return found[group]
 
 
 class NodeHotSet:
-    """Plans one hot set for the node's ranks (``choose``, planner thread) and says which slice of it this
-    rank computes (``bounds``)."""
+    """The exchange of one rank's hot rows with the other ranks of its node."""
 
     def __init__(self, link: NodeLink):
         self.link = link
 
-    def choose(self, distinct: np.ndarray, counts: np.ndarray, setting: RatioSetting,
-               slot: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, bool, int]:
-        """From this rank's distinct bottom-layer destinations and their counts: the node's hot set (hottest
-        first), its hottest ``PROBE_ROWS`` vertices, whether the error cap lowered it, and how many vertices
-        the node's super-batch reaches. A collective: every rank of the node calls it for each super-batch.
-        ``slot``: ``merge_counts``' scratch."""
-        messages = self.link.gather_plans(_encode(distinct, counts, setting))
-        decoded = [_decode(m) for m in messages]
-        ratio, error, auto = decoded[0][2]  # the node's first rank decides: every rank then plans the same
-        node, total = merge_counts([(ids, c) for ids, c, _ in decoded], slot)
-        ranked = rank_by_count(total)  # ties in merged order: the same on every rank
-        num_hot = min(node.shape[0], int(round(ratio * node.shape[0])))
-        capped = False
-        if auto:
-            limit, capped = error_cap(total[ranked], RatioSetting(ratio, auto, error, setting.error_budget))
-            num_hot = min(num_hot, limit)
-        return node[ranked[:num_hot]], node[ranked[:PROBE_ROWS]], capped, int(node.shape[0])
+    def exchange(self, hot: np.ndarray) -> Exchange:
+        """A collective (host thread): every rank of the node calls it for each super-batch."""
+        sets = [t.numpy() for t in self.link.gather_ids(torch.from_numpy(np.ascontiguousarray(hot, np.int64)))]
+        return plan_exchange(sets, self.link.local_rank)
 
-    def bounds(self, num_hot: int) -> tuple[int, int]:
-        """The rows of a hot set of ``num_hot`` this rank computes."""
-        return slice_bounds(num_hot, self.link.local_size)[self.link.local_rank]
-
-    def counts(self, num_hot: int) -> list[int]:
-        return [hi - lo for lo, hi in slice_bounds(num_hot, self.link.local_size)]
-
-    def gather(self, rows: torch.Tensor, num_hot: int, version: int) -> torch.Tensor:
-        """The whole table of a hot set of ``num_hot`` from every rank's slice (``rows``: this rank's),
-        after checking that every slice was computed from the same parameter version."""
-        if num_hot == 0:  # the same on every rank: nothing to gather
-            return rows
+    def assemble(self, rows: torch.Tensor, plan: Exchange, num_hot: int, version: int) -> torch.Tensor:
+        """This rank's whole table from the rows it computed (``rows``, in ``plan.computed`` order) and the
+        shared rows the others computed, after checking that every rank computed from ``version``."""
         versions = self.link.gather_rows(torch.tensor([[version]], dtype=torch.int64), [1] * self.link.local_size)
         if not bool((versions == version).all()):
-            raise RuntimeError(f"the ranks of a node computed slices of one hot set from parameter versions "
+            raise RuntimeError(f"the ranks of a node computed hot rows from parameter versions "
                                f"{versions.flatten().tolist()}: their snapshot schedules differ. This is a bug.")
-        return self.link.gather_rows(rows.contiguous(), self.counts(num_hot))
+        table = rows.new_empty((num_hot,) + tuple(rows.shape[1:]))
+        table[torch.from_numpy(plan.computed)] = rows
+        if plan.shared:
+            received = self.link.gather_rows(rows[torch.from_numpy(plan.sent)], plan.sizes)
+            wanted = np.flatnonzero(plan.held >= 0)
+            table[torch.from_numpy(plan.held[wanted])] = received[torch.from_numpy(wanted)]
+        return table
+
+    def gradient(self, grad_acc: torch.Tensor, plan: Exchange) -> torch.Tensor:
+        """A collective (trainer thread): dL/dY of the rows this rank computed, those of the shared ones
+        summed over the node's ranks holding them."""
+        computed = torch.from_numpy(plan.computed)
+        grad = grad_acc[computed]
+        if plan.shared:
+            held = np.flatnonzero(plan.held >= 0)
+            total = grad_acc.new_zeros((plan.shared,) + tuple(grad_acc.shape[1:]))
+            total[torch.from_numpy(held)] = grad_acc[torch.from_numpy(plan.held[held])]
+            self.link.sum_(total)
+            grad[torch.from_numpy(plan.sent)] = total[plan.mine[0]:plan.mine[1]]
+        return grad

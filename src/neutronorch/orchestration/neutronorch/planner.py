@@ -38,7 +38,7 @@ class PlanStats:
 
     epoch: int
     hot: int  # |H_s|
-    reached: int  # distinct bottom-layer destinations of the super-batch (of the node's, with hot_set="node")
+    reached: int  # distinct bottom-layer destinations of the super-batch
     appearances: int  # bottom-layer destination rows over its mini-batches
     hot_appearances: int  # of which served by hot embeddings
     saved_edges: int
@@ -146,23 +146,17 @@ class Planner:
         self._slot = np.full(num_nodes, -1, np.int32)  # index_appearances' scratch, left -1
 
     def plan(self, gsid: int, epoch: int, uppers: list[tuple[int, int, SampledSubgraph]], ratio: float,
-             cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot: np.ndarray | None = None,
-             choose: Callable | None = None) -> Plan:
+             cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot: np.ndarray | None = None) -> Plan:
         """``uppers``: (mini-batch index, key, upper-hop sample) of each mini-batch of the super-batch.
-        ``hot``: the hot set, already chosen (a resumed super-batch's), instead of ranking by ``ratio``.
-        ``choose(distinct, counts, scratch)``: the hot set chosen elsewhere from these counts (the node's,
-        with ``hot_set="node"``), as (hot set, probe vertices, capped, vertices reached); ``scratch`` is
-        the planner's array of one int32 per vertex, all -1, to be left so."""
+        ``hot``: the hot set, already chosen (a resumed super-batch's), instead of ranking by ``ratio``."""
         bottoms = [upper.frontiers[0].numpy() for _, _, upper in uppers]
         offsets = np.zeros(len(bottoms) + 1, np.int64)
         np.cumsum([b.shape[0] for b in bottoms], out=offsets[1:])
         dst = np.concatenate(bottoms) if bottoms else np.empty(0, np.int64)
         distinct, appear, index = index_appearances(dst, self._slot)
         ranked = rank_by_count(appear)
-        capped, probe, reached = False, distinct[ranked[:PROBE_ROWS]], int(distinct.shape[0])
+        capped = False
         row_of = np.full(distinct.shape[0], -1, np.int32)  # per distinct vertex: its hot row, or -1
-        if hot is None and choose is not None:
-            hot, probe, capped, reached = choose(distinct, appear, self._slot)
         if hot is None:
             num_hot = min(distinct.shape[0], int(round(ratio * distinct.shape[0])))
             if cap is not None:
@@ -170,7 +164,7 @@ class Planner:
                 num_hot = min(num_hot, limit)
             hot = distinct[ranked[:num_hot]]
             row_of[ranked[:num_hot]] = np.arange(num_hot, dtype=np.int32)
-        else:  # a hot set chosen already (resumed, or the node's): find its vertices among the distinct ones
+        else:  # a resumed super-batch's hot set: find its vertices among the distinct ones
             slot = self._slot
             slot[hot] = np.arange(hot.shape[0], dtype=np.int32)
             row_of[:] = slot[distinct]
@@ -188,6 +182,6 @@ class Planner:
             lo, mid, hi = offsets[b], offsets[b] + hot_counts[b], offsets[b + 1]
             planned.append(PlannedBatch(batch, key, upper, positions[mid:hi], positions[lo:mid], rows[lo:mid],
                                         int(saved[b])))
-        stats = PlanStats(epoch, num_hot, reached, int(appear.sum()), int(hot_counts.sum()), int(saved.sum()),
-                          error_capped=capped)
-        return Plan(gsid, epoch, planned, hot, probe, stats)
+        stats = PlanStats(epoch, num_hot, int(distinct.shape[0]), int(appear.sum()), int(hot_counts.sum()),
+                          int(saved.sum()), error_capped=capped)
+        return Plan(gsid, epoch, planned, hot, distinct[ranked[:PROBE_ROWS]], stats)

@@ -79,8 +79,8 @@ class HotEmbeddings:
     table: torch.Tensor  # (|H_s|, width) on the training device
     num_hot: int
     vertices: np.ndarray | None = None  # H_s, the vertex of each table row
-    host_edges: int = 0  # bottom-hop edges the host sampled for the hot set (this rank's slice of it)
-    rows: tuple[int, int] | None = None  # hot_set="node": the rows of the table this rank computed
+    host_edges: int = 0  # bottom-hop edges the host sampled for the hot set (for the rows this rank computed)
+    exchange: object = None  # hot_set="node": which rows this rank computed (``node.Exchange``)
     grad_acc: torch.Tensor | None = None  # hot_grad="cpu": dL/dY summed over the super-batch's steps
     output: torch.Tensor | None = None  # hot_grad="cpu": the host output, still attached to its graph
     params: list[torch.Tensor] | None = None  # hot_grad="cpu": the snapshot parameters it was computed from
