@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 
@@ -47,6 +48,9 @@ def main() -> int:
                              "0 = all cores")
     parser.add_argument("--hot-sets", default="node",
                         help="neutronorch: comma-separated --hot-set values, one ranks run each (default: node)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run the ranks this many times, interleaved, and report each run's epoch time and "
+                             "their median (the tables' other columns are the first run's)")
     parser.add_argument("--train-args", default="", help="more `neutronorch train` options for every run")
     parser.add_argument("--tag", default="distributed")
     parser.add_argument("--report-only", action="store_true",
@@ -67,12 +71,11 @@ def main() -> int:
                   threads, [], "one")]
     hot_sets = args.hot_sets.split(",") if args.mode == "neutronorch" else [None]
     for hot_set in hot_sets:
-        name = f"{args.ranks} ranks" + (f", hot set per {hot_set}" if len(hot_sets) > 1 else "")
+        name = f"{args.ranks} ranks" + (f", --hot-set {hot_set}" if len(hot_sets) > 1 else "")
         launchers.append((name, [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                                  str(args.ranks), "-m", "neutronorch", "train"], args.batch_size, per_rank,
                           ["--hot-set", hot_set] if hot_set else [], "ranks" + (f"-{hot_set}" if hot_set else "")))
-    for name, launcher, batch, thr, extra, suffix in launchers:
-        stem = OUT / f"{args.tag}-{suffix}"
+    def run(launcher, batch, thr, extra, stem):
         command = launcher + common + extra + ["--batch-size", str(batch), "--threads", str(thr), "--sampler-threads",
                                                str(max(1, thr // 2)), "--host-threads", str(max(1, thr // 2)),
                                                "--summary-json", f"{stem}.json", "--log-jsonl", f"{stem}.jsonl"]
@@ -82,7 +85,18 @@ def main() -> int:
             subprocess.run(command, check=True, env=env)
         summary = json.loads(open(f"{stem}.json").read())
         losses = [r["loss"] for r in map(json.loads, open(f"{stem}.jsonl")) if r["kind"] == "step"]
-        runs[name] = {"summary": summary, "losses": losses, "batch": batch}
+        return {"summary": summary, "losses": losses, "batch": batch,
+                "epoch_s": [steady_median([e["seconds"] for e in summary["epochs"]])]}
+
+    name, *one = launchers[0]
+    runs[name] = run(*one[:-1], OUT / f"{args.tag}-{one[-1]}")
+    for repeat in range(args.repeats):  # the ranks' runs interleaved, their order turned round each time
+        for name, *launch in (launchers[1:] if repeat % 2 == 0 else launchers[:0:-1]):
+            done = run(*launch[:-1], OUT / (f"{args.tag}-{launch[-1]}" + (f"-{repeat}" if repeat else "")))
+            if name in runs:
+                runs[name]["epoch_s"] += done["epoch_s"]
+            else:
+                runs[name] = done
     if args.mode == "neutronorch":
         print_hot_sets(runs)
     one, many = runs["one process"], runs[launchers[1][0]]
@@ -100,7 +114,7 @@ def main() -> int:
             {"peak_rss": s["peak_rss_mb"], **s["resident_mb"]}]
         test = s["test_acc"]
         column = lambda key: ", ".join(f"{m.get(key, float('nan')):.0f}" for m in memory)  # noqa: E731
-        print(f"| {name} | {run['batch']} | {steady_median([e['seconds'] for e in s['epochs']]):.2f} | "
+        print(f"| {name} | {run['batch']} | {_epoch(run)} | "
               f"{s['epochs'][-1]['train_loss']:.4f} | {'-' if test is None else f'{100 * test:.2f}'} | "
               f"{column('peak_rss')} | {column('anon')} | {column('file')} |")
     print(f"\nstep losses: {len(differences)} compared; largest relative difference in the first epoch "
@@ -119,6 +133,13 @@ def main() -> int:
     return 0 if ok else 1
 
 
+def _epoch(run: dict) -> str:
+    """The median steady epoch time over a run's repeats (each repeat's in brackets when there are several)."""
+    times = run["epoch_s"]
+    text = f"{statistics.median(times):.2f}"
+    return text + (f" ({', '.join(f'{t:.2f}' for t in times)})" if len(times) > 1 else "")
+
+
 def print_hot_sets(runs: dict) -> None:
     """NeutronOrch mode: what each run's hot sets cost its host (rank 0's numbers; ranks are alike)."""
     print("\n| run | hot rows per super-batch | computed by the process | host bottom-layer edges | "
@@ -130,7 +151,7 @@ def print_hot_sets(runs: dict) -> None:
         busy = lambda lane: sum(e["lane_busy"].get(lane, 0.0) for e in steady) / len(steady)  # noqa: E731
         print(f"| {name} | {hot['mean_hot_per_super_batch']:,.0f} | {hot['mean_computed_per_super_batch']:,.0f} | "
               f"{hot['host_bottom_edges']:,} | {100 * busy('host'):.0f}% | {100 * busy('trainer'):.0f}% | "
-              f"{steady_median([e['seconds'] for e in s['epochs']]):.2f} | {s['staleness']['max_observed']} / "
+              f"{_epoch(run)} | {s['staleness']['max_observed']} / "
               f"{s['staleness']['mean_observed']:.1f} |")
 
 
