@@ -205,9 +205,9 @@ def test_neutronorch_host_without_native_bfloat16_computes_float32_and_ships_bfl
     tables = []
     finish = host_producer.HostProducer._finish_hot
 
-    def spy(self, plan, block, x):
+    def spy(self, plan, block, x, *rest):
         tables.append((x.dtype, self.host_bf16))
-        return finish(self, plan, block, x)
+        return finish(self, plan, block, x, *rest)
 
     monkeypatch.setattr(host_producer.HostProducer, "_finish_hot", spy)
     summary = train(TrainConfig(dataset="synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6",
