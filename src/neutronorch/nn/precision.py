@@ -76,7 +76,8 @@ def native_bf16(device: torch.device) -> tuple[bool, str]:
     units = cpu_bf16_units()
     if units:
         return True, f"this CPU has {' and '.join(u.upper().replace('_', '-') for u in units)}"
-    return False, "this CPU has neither AMX-BF16 nor AVX512-BF16 (bfloat16 would be emulated, slower than float32)"
+    return False, ("this CPU has neither AMX-BF16 nor AVX512-BF16 (bfloat16 would be emulated: its matrix products run"
+            " about ten times slower than float32)")
 
 
 def resolve_precision(setting: str, device: torch.device) -> Precision:
@@ -85,5 +86,6 @@ def resolve_precision(setting: str, device: torch.device) -> Precision:
         return Precision("fp32", "as configured")
     native, why = native_bf16(device)
     if setting == "bf16":
-        return Precision("bf16", why if native else f"as configured, although {why}")
+        return Precision("bf16", why if native else
+                         f"as configured, although {why}; precision auto or fp32 avoids that")
     return Precision("bf16" if native else "fp32", f"auto: {why}")
