@@ -167,6 +167,34 @@ def test_metric_logs_jsonl_and_csv(tmp_path, graph):
     rows = list(csv.DictReader(table.open()))
     assert sum(r["kind"] == "step" for r in rows) == 2 * batches
     assert [float(r["val_acc"]) for r in rows if r["kind"] == "epoch"] == [e["val_acc"] for e in summary["epochs"]]
+    # The metric's own column holds the same scores (accuracy here).
+    assert [float(r["test_accuracy"]) for r in rows if r["kind"] == "epoch"] == [
+        e["test_accuracy"] for e in summary["epochs"]]
+
+
+def test_csv_log_names_its_score_columns_by_metric_and_a_resumed_run_keeps_the_header_it_finds(tmp_path):
+    from neutronorch.config import LogConfig
+    from neutronorch.train.metrics_log import CSV_COLUMNS, MetricLog
+
+    record = {"epoch": 0, "train_loss": 0.5, "seconds": 1.0, "val_acc": 0.75, "test_acc": 0.625,
+              "val_rocauc": 0.75, "test_rocauc": 0.625, "stage_seconds": {}}
+    fresh = tmp_path / "fresh.csv"
+    log = MetricLog(LogConfig(None, str(fresh), None, 1), "rocauc")
+    log.steps(0, 0, [torch.tensor(0.5)])
+    log.epoch(record)
+    log.close()
+    rows = list(csv.DictReader(fresh.open()))
+    assert list(rows[0]) == list(CSV_COLUMNS) + ["val_rocauc", "test_rocauc"]
+    assert (rows[1]["val_rocauc"], rows[1]["test_rocauc"]) == ("0.75", "0.625")
+    assert rows[0]["val_rocauc"] == ""  # a step row has no scores
+    # A log begun before the metric columns existed goes on with its 8 columns when the run resumes.
+    old = tmp_path / "old.csv"
+    old.write_text(",".join(CSV_COLUMNS) + "\nepoch,0,3,0.9,1.0,0.5,0.5,2.0\n")
+    log = MetricLog(LogConfig(None, str(old), None, 1), "rocauc", append=True)
+    log.epoch({**record, "epoch": 1})
+    log.close()
+    lines = list(csv.reader(old.open()))
+    assert [len(line) for line in lines] == [8, 8, 8] and lines[2][5] == "0.75"
 
 
 @pytest.mark.slow
@@ -174,11 +202,12 @@ def test_tensorboard_scalars(tmp_path, graph):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    train(config(tensorboard=str(tmp_path / "tb")), graph)
+    train(config(tensorboard=str(tmp_path / "tb"), eval_every=1, epochs=1, metric="f1-macro"), graph)
     acc = EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    assert {"train/loss", "epoch/seconds", "stage_seconds/forward", "busy/trainer"} <= tags
+    assert {"train/loss", "epoch/seconds", "stage_seconds/forward", "busy/trainer", "epoch/val_f1_macro",
+            "epoch/test_f1_macro", "epoch/val_acc"} <= tags
 
 
 @pytest.mark.parametrize("args,message", [

@@ -55,8 +55,8 @@ _HELP = {
                       "each; with exact inference only the last layer gets cheaper (every layer below runs "
                       "over all vertices), so pair it with --eval-fanouts to save real time; 0 = all "
                       "(default: %(default)s)",
-    "patience": "stop after this many evaluations without a better validation accuracy (the summary and "
-                "best.pt hold the best epoch); 0 = never stop early (default: %(default)s)",
+    "patience": "stop after this many evaluations without a better validation score (--metric; the summary "
+                "and best.pt hold the best epoch); 0 = never stop early (default: %(default)s)",
     "prefetch": "mini-batches prepared ahead of training (default: %(default)s)",
     "threads": "training threads; 0 = all cores (default: %(default)s)",
     "sampler_threads": "sampler/gather threads; 0 = half the cores (default: %(default)s)",
@@ -114,11 +114,11 @@ _HELP = {
                       "run has one epoch) (default: %(default)s)",
     "log_jsonl": "write step losses and epoch records as JSON lines here",
     "log_csv": "write step losses and epoch results as CSV here",
-    "tensorboard": "write TensorBoard scalars (loss, epoch time, accuracy, stages, utilisation) to this "
-                   "folder (needs tensorboard)",
-    "checkpoint_dir": "write DIR/last.pt after every epoch and DIR/best.pt whenever the validation accuracy "
-                      "improves (model, optimizer, config, dataset fingerprint, history; written atomically); "
-                      "`neutronorch predict` reads them",
+    "tensorboard": "write TensorBoard scalars (loss, epoch time, validation and test scores, stages, "
+                   "utilisation) to this folder (needs tensorboard)",
+    "checkpoint_dir": "write DIR/last.pt after every epoch and DIR/best.pt whenever the validation score "
+                      "(--metric) improves (model, optimizer, config, dataset fingerprint, history; written "
+                      "atomically); `neutronorch predict` reads them",
     "checkpoint_every": "also write DIR/last.pt every this many steps, so that a killed run loses at most "
                         "that many; 0 = at epoch ends only (default: %(default)s)",
     "log_every": "steps per group of logged step losses, read from the device together (default: %(default)s)",

@@ -1,5 +1,8 @@
 """Optional metric logs: JSONL (every field), CSV (one row per logged step and per epoch) and TensorBoard.
 
+Scores go under the metric's own name (``val_rocauc``) and, for compatibility, under ``val_acc`` and
+``test_acc``, as in the summary.
+
 Step losses are read from the device once every ``--log-every`` steps (one synchronisation per group, never
 one per step). Files are written as the run goes and flushed after every epoch, so a run that stops early
 keeps what it logged.
@@ -20,19 +23,29 @@ from neutronorch.config import LogConfig
 CSV_COLUMNS = ("kind", "epoch", "step", "loss", "seconds", "val_acc", "test_acc", "elapsed")
 
 
+def csv_columns(metric_key: str) -> tuple[str, ...]:
+    """The CSV header: the columns of every version, then the scores under the metric's name."""
+    return CSV_COLUMNS + (f"val_{metric_key}", f"test_{metric_key}")
+
+
 class MetricLog:
-    def __init__(self, config: LogConfig, append: bool = False):
-        """``append``: a resumed run adds to the logs of the run it continues."""
+    def __init__(self, config: LogConfig, metric_key: str, append: bool = False):
+        """``metric_key``: the metric's name in keys (``Task.key``: ``rocauc``, ``f1_micro``). ``append``: a
+        resumed run adds to the logs of the run it continues."""
+        self._score_keys = (f"val_{metric_key}", f"test_{metric_key}")
         self.every = config.log_every
         self._start = time.perf_counter()
         self._step = 0
         mode = "a" if append else "w"
         self._jsonl = open(config.log_jsonl, mode) if config.log_jsonl else None
-        fresh_csv = not (append and config.log_csv and Path(config.log_csv).is_file())
+        fresh_csv = not (append and config.log_csv and Path(config.log_csv).is_file()
+                         and Path(config.log_csv).stat().st_size > 0)
+        # A resumed run keeps the header it finds (one written before the metric columns has 8 columns).
+        self._csv_width = len(csv_columns(metric_key)) if fresh_csv else _header_width(config.log_csv)
         self._csv_file = open(config.log_csv, mode, newline="") if config.log_csv else None
         self._csv = csv.writer(self._csv_file) if self._csv_file else None
         if self._csv and fresh_csv:
-            self._csv.writerow(CSV_COLUMNS)
+            self._csv.writerow(csv_columns(metric_key))
         self._tb = None
         if config.tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - optional
@@ -54,7 +67,7 @@ class MetricLog:
                 self._jsonl.write(json.dumps({"kind": "step", "epoch": epoch, "batch": first_batch + offset,
                                               "step": step, "loss": loss, "elapsed": elapsed}) + "\n")
             if self._csv:
-                self._csv.writerow(["step", epoch, step, loss, "", "", "", elapsed])
+                self._csv.writerow(["step", epoch, step, loss, "", "", "", elapsed, "", ""][:self._csv_width])
             if self._tb:
                 self._tb.add_scalar("train/loss", loss, step)
 
@@ -64,14 +77,15 @@ class MetricLog:
             self._jsonl.write(json.dumps({"kind": "epoch", "step": self._step, "elapsed": elapsed, **record}) + "\n")
             self._jsonl.flush()
         if self._csv:
+            val, test = record.get("val_acc", ""), record.get("test_acc", "")
             self._csv.writerow(["epoch", record["epoch"], self._step, record["train_loss"], record["seconds"],
-                                record.get("val_acc", ""), record.get("test_acc", ""), elapsed])
+                                val, test, elapsed, val, test][:self._csv_width])
             self._csv_file.flush()
         if self._tb:
             tb, epoch = self._tb, record["epoch"]
             tb.add_scalar("epoch/seconds", record["seconds"], epoch)
             tb.add_scalar("epoch/train_loss", record["train_loss"], epoch)
-            for key in ("val_acc", "test_acc"):
+            for key in ("val_acc", "test_acc", *self._score_keys):
                 if key in record:
                     tb.add_scalar(f"epoch/{key}", record[key], epoch)
             for stage, seconds in record["stage_seconds"].items():
@@ -90,3 +104,9 @@ class MetricLog:
                 f.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _header_width(path: str) -> int:
+    """How many columns the CSV log at ``path`` has (its header's)."""
+    with open(path, newline="") as f:
+        return len(next(csv.reader(f), CSV_COLUMNS))

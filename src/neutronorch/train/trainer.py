@@ -168,8 +168,8 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     util = stack.enter_context(contextlib.closing(Utilisation(device)))
     logs = config.logging if world.main else dataclasses.replace(config.logging, log_jsonl=None, log_csv=None,
                                                                   tensorboard=None)
-    metrics = stack.enter_context(contextlib.closing(MetricLog(logs, append=config.resume)))
     task = Task.of(graph, config.metric)
+    metrics = stack.enter_context(contextlib.closing(MetricLog(logs, task.key, append=config.resume)))
     logger.info(f"task: {'multi-label' if task.multilabel else 'multi-class'}, {task.num_classes} "
                 f"{'tasks' if task.multilabel else 'classes'}, metric {task.metric}")
     run = Run(config, graph, device, threads, model, optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
