@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import io
 import json
+import logging
 import statistics
 import sys
 import time
@@ -121,6 +122,11 @@ def run_pair(args, graphs, model: str, seeds: list[int], mode: str = "exact", pr
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.verbose:  # the trainer logs its per-epoch lines at INFO; nothing shows them without a handler
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logging.getLogger("neutronorch").addHandler(handler)
+        logging.getLogger("neutronorch").setLevel(logging.INFO)
     root = Path(args.datasets_root)
     seeds = [int(s) for s in args.seeds.split(",")]
     names = args.datasets.split(",")
