@@ -103,3 +103,25 @@ def test_inference_outputs_are_checked_before_the_data_is_read(graph, tmp_path, 
     np.testing.assert_array_equal(np.load(tmp_path / "p.npy"), predict(checkpoint, graph, "all"))
     with pytest.raises(ConfigError, match="not a writable folder"):
         predict_module.check_output_path(tmp_path / "q.npy", str(tmp_path / "missing"))
+
+
+def test_vertex_ids_held_in_memory_are_taken_as_a_npy_file_is(graph, tmp_path):
+    checkpoint = _checkpoint(graph)
+    ids = np.array([699, 3, 3, 250, 0])
+    path = tmp_path / "ids.npy"
+    np.save(path, ids)
+    want = predict(checkpoint, graph, str(path))
+    rows = embed(checkpoint, graph, layer=2, nodes=path)  # a Path as well as a str
+    for given in (ids, ids.astype(np.uint32), ids.tolist(), tuple(ids.tolist()), torch.from_numpy(ids)):
+        np.testing.assert_array_equal(predict(checkpoint, graph, nodes=given), want)
+        np.testing.assert_array_equal(embed(checkpoint, graph, layer=2, nodes=given), rows)
+    assert predict(checkpoint, graph, nodes=[]).shape == (0,)
+    assert predict_module.prediction_score(graph, ids, want, False)[0] == "accuracy"
+    for bad, message in ((np.array([0.0, 1.0]), "1-D array of integer vertex ids, got float64"),
+                         (np.array([[0, 1]]), r"got int64 \(1, 2\)"), (torch.tensor([True]), "got bool"),
+                         ([0, 700], r"must be in 0\.\.699"), (torch.tensor([-1]), r"must be in 0\.\.699"),
+                         ([[0], [1, 2]], "cannot be read as an array")):
+        with pytest.raises(ConfigError, match=rf"`nodes` \(vertex ids given in memory\): .*{message}"):
+            predict(checkpoint, graph, nodes=bad)
+    with pytest.raises(ConfigError, match="an existing .npy file of vertex ids, or the ids"):
+        predict(checkpoint, graph, nodes=tmp_path / "missing.npy")

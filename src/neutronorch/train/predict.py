@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Sequence, Union
 
 import numpy as np
 import torch
@@ -19,37 +20,60 @@ from neutronorch.train.outputs import check_creatable, open_array_atomically
 from neutronorch.train.task import Task, score
 
 NODE_SETS = ("test", "val", "train", "all")
+# What ``nodes`` may be: a set's name, a .npy file, or the vertex ids themselves.
+Nodes = Union[str, os.PathLike, np.ndarray, torch.Tensor, Sequence[int]]
 
 
-def select_nodes(graph: Graph, nodes: str) -> np.ndarray:
-    """``test``, ``val``, ``train``, ``all``, or a ``.npy`` file of vertex ids."""
-    if nodes in ("test", "val", "train"):
-        return np.array(getattr(graph, f"{nodes}_idx"), dtype=np.int64)
-    if nodes == "all":
-        return np.arange(graph.num_nodes, dtype=np.int64)
-    path = Path(nodes)
-    if path.suffix != ".npy" or not path.is_file():
-        raise ConfigError(f"`nodes` {nodes!r}: give one of {', '.join(NODE_SETS)} or an existing .npy file of "
-                          f"vertex ids.")
-    try:
-        ids = np.load(path, allow_pickle=False)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
-        raise ConfigError(f"`nodes` {nodes}: cannot be read as a .npy array ({exc}).") from None
+def select_nodes(graph: Graph, nodes: Nodes) -> np.ndarray:
+    """``test``, ``val``, ``train``, ``all``, a ``.npy`` file of vertex ids, or the ids themselves (a numpy
+    array, list, tuple or torch tensor), checked alike: 1-D integers in 0..num_nodes-1."""
+    if isinstance(nodes, (str, os.PathLike)):
+        if nodes in ("test", "val", "train"):
+            return np.array(getattr(graph, f"{nodes}_idx"), dtype=np.int64)
+        if nodes == "all":
+            return np.arange(graph.num_nodes, dtype=np.int64)
+        ids, what = _read_ids(nodes), f"`nodes` {nodes}"
+    else:
+        ids, what = _ids_in_memory(nodes), "`nodes` (vertex ids given in memory)"
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
-        raise ConfigError(f"`nodes` {nodes}: expected a 1-D array of integer vertex ids, got {ids.dtype} "
-                          f"{ids.shape}.")
+        raise ConfigError(f"{what}: expected a 1-D array of integer vertex ids, got {ids.dtype} {ids.shape}.")
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= graph.num_nodes):
-        raise ConfigError(f"`nodes` {nodes}: vertex ids must be in 0..{graph.num_nodes - 1}.")
+        raise ConfigError(f"{what}: vertex ids must be in 0..{graph.num_nodes - 1}.")
     return ids.astype(np.int64)
 
 
-def predict(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, nodes: str = "test",
+def _read_ids(nodes: str | os.PathLike) -> np.ndarray:
+    path = Path(nodes)
+    if path.suffix != ".npy" or not path.is_file():
+        raise ConfigError(f"`nodes` {str(nodes)!r}: give one of {', '.join(NODE_SETS)}, an existing .npy file of "
+                          f"vertex ids, or the ids (an array, list or tensor).")
+    try:
+        return np.load(path, allow_pickle=False)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
+        raise ConfigError(f"`nodes` {nodes}: cannot be read as a .npy array ({exc}).") from None
+
+
+def _ids_in_memory(nodes) -> np.ndarray:
+    """Vertex ids a caller holds: a numpy array, list, tuple or torch tensor (on any device)."""
+    if isinstance(nodes, torch.Tensor):
+        return nodes.detach().cpu().numpy()
+    if isinstance(nodes, (list, tuple)) and len(nodes) == 0:
+        return np.zeros(0, dtype=np.int64)  # np.asarray([]) would be float64
+    try:
+        return np.asarray(nodes)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"`nodes` (vertex ids given in memory): cannot be read as an array ({exc}).") from None
+
+
+def predict(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, nodes: Nodes = "test",
             probabilities: bool = False, device: str = "cpu", chunk_size: int = 4096, *,
             out: str | os.PathLike | None = None, scratch: str | None = "auto",
             progress: LayerProgress | None = None) -> np.ndarray:
     """Predicted classes (int64) of ``nodes``, or with ``probabilities`` their class probabilities
     (float32, one row per vertex), from the checkpoint's model over complete neighbourhoods. For a
     multi-label graph: a 0/1 row per vertex (int8), or with ``probabilities`` each task's probability.
+    ``nodes``: ``test``, ``val``, ``train``, ``all``, a ``.npy`` file of vertex ids, or the ids themselves (a
+    numpy array, list, tuple or torch tensor); the rows follow their order.
 
     With ``out`` (a ``.npy`` path) the rows are written there chunk by chunk through a memory map (atomically)
     and the file is returned opened read-only; ``scratch`` is where the intermediate layers' embeddings are
@@ -67,7 +91,7 @@ def predict(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, nodes: str
     return _infer(checkpoint, graph, nodes, None, shape, dtype, transform, device, chunk_size, out, scratch, progress)
 
 
-def embed(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, layer: int, nodes: str = "all",
+def embed(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, layer: int, nodes: Nodes = "all",
           device: str = "cpu", chunk_size: int = 4096, *, out: str | os.PathLike | None = None,
           scratch: str | None = "auto", progress: LayerProgress | None = None) -> np.ndarray:
     """The output of layer ``layer`` (1 = the bottom layer, after its activation; the last layer gives the
@@ -89,7 +113,7 @@ def _checkpoint(checkpoint: Checkpoint | str | os.PathLike, graph: Graph) -> Che
     return checkpoint
 
 
-def _infer(checkpoint: Checkpoint, graph: Graph, nodes: str, layers: int | None, row_shape: tuple, dtype,
+def _infer(checkpoint: Checkpoint, graph: Graph, nodes: Nodes, layers: int | None, row_shape: tuple, dtype,
            transform, device: str, chunk_size: int, out, scratch, progress) -> np.ndarray:
     ids = torch.from_numpy(select_nodes(graph, nodes))
     target = torch.device(device)
@@ -128,7 +152,7 @@ def scratch_folder(model: torch.nn.Module, graph: Graph, layers: int, scratch: s
     return str(Path(out).resolve().parent) if out is not None else tempfile.gettempdir()
 
 
-def prediction_score(graph: Graph, nodes: str, output: np.ndarray, probabilities: bool,
+def prediction_score(graph: Graph, nodes: Nodes, output: np.ndarray, probabilities: bool,
                      metric: str = "auto") -> tuple[str, float]:
     """(metric, value) of ``predict``'s output for ``nodes`` against the graph's labels: the dataset's
     metric, or accuracy when that needs probabilities and ``output`` holds decisions."""
