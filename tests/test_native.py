@@ -351,3 +351,28 @@ def test_convert_to_bfloat16_and_train_on_it_in_either_precision(tmp_path):
         assert losses[1][-1] < 0.8 * losses[1][0], (precision, mode)
         np.testing.assert_allclose(losses[1], losses[0], rtol=0.03, err_msg=f"{precision} {mode}")
         assert abs(runs[1]["test_acc"] - runs[0]["test_acc"]) < 0.05, (precision, mode)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_a_saved_dataset_folder_gets_the_permissions_mkdir_gives_and_a_replaced_one_keeps_its_own(tmp_path, umask):
+    import os
+    import stat
+
+    def mode(path):
+        return stat.S_IMODE(path.stat().st_mode)
+
+    previous = os.umask(umask)
+    try:
+        save_native(small_graph(), tmp_path / "new")
+        (tmp_path / "empty").mkdir()
+        (tmp_path / "empty").chmod(0o711)
+        save_native(small_graph(), tmp_path / "empty")
+        save_native(small_graph(), tmp_path / "shared")
+        (tmp_path / "shared").chmod(0o775)
+        save_native(small_graph(), tmp_path / "shared", overwrite=True)
+    finally:
+        os.umask(previous)
+    assert mode(tmp_path / "new") == 0o777 & ~umask  # not mkdtemp's 0700
+    assert {mode(p) for p in (tmp_path / "new").iterdir()} == {0o666 & ~umask}
+    assert mode(tmp_path / "empty") == 0o711 and mode(tmp_path / "shared") == 0o775
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "new", "shared"]

@@ -20,7 +20,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -126,8 +128,10 @@ def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = Fa
         raise DataError(f"{target}: holds files but no native dataset (no meta.json); refusing to replace "
                         f"it. Choose a new folder.")
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    partial = _new_folder(target.parent, f".{target.name}.partial-")
     try:
+        if target.is_dir():  # a folder that was there (empty, or a dataset replaced) keeps its permissions
+            os.chmod(partial, stat.S_IMODE(target.stat().st_mode))
         _write_arrays(graph, partial)
         if target.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
@@ -140,6 +144,18 @@ def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = Fa
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return target
+
+
+def _new_folder(parent: Path, prefix: str) -> Path:
+    """A new empty folder named ``prefix`` + random letters, with the permissions a plain ``mkdir`` gives
+    (``tempfile.mkdtemp`` would make it private, 0700, and the dataset with it)."""
+    while True:
+        path = parent / f"{prefix}{uuid.uuid4().hex[:12]}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
 
 
 def _write_arrays(graph: Graph, directory: Path) -> None:
