@@ -272,3 +272,27 @@ def test_gpu_utilisation_through_the_driver_library_without_pynvml(monkeypatch):
     gpu = utilisation.GpuMonitor(torch.device("cuda", 0), library=utilisation.NvmlLibrary(lib))
     assert gpu.percent() == 41.0 and lib.asked == [("pci", b"00000000:17:00.0"), ("index", 0)]
     assert utilisation.GpuMonitor(torch.device("cpu")).percent() is None
+
+
+def test_launched_data_parallel_every_line_of_a_log_record_carries_the_rank(monkeypatch):
+    import logging
+
+    from neutronorch.cli import app
+
+    logger = logging.getLogger("neutronorch")
+    before, level = list(logger.handlers), logger.level
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    logger.handlers = [h for h in before if not getattr(h, "_neutronorch_cli", False)]
+    try:
+        app._configure_logging()
+        formatter = next(h for h in logger.handlers if getattr(h, "_neutronorch_cli", False)).formatter
+    finally:
+        logger.handlers, logger.level = before, level
+    table = logging.LogRecord("neutronorch", logging.INFO, __file__, 1, "epoch 1\n    trainer busy\n    cpu", None,
+                              None)
+    assert formatter.format(table).split("\n") == ["[rank 0] epoch 1", "[rank 0]     trainer busy",
+                                                   "[rank 0]     cpu"]
+    warning = logging.LogRecord("neutronorch", logging.WARNING, __file__, 1, "`batch_size` odd\nsecond", None, None)
+    assert app._FlagFormatter("[rank 1] ").format(warning) == "[rank 1] warning: --batch-size odd\n[rank 1] second"
+    assert app._FlagFormatter().format(table) == "epoch 1\n    trainer busy\n    cpu"

@@ -50,6 +50,9 @@ class _StderrHandler(logging.StreamHandler):
 
 
 class _FlagFormatter(logging.Formatter):
+    """Messages with flags for field names, warnings marked, and every line (a multi-line record such as the
+    stage table included) prefixed with ``prefix`` (the rank, launched data parallel)."""
+
     def __init__(self, prefix: str = ""):
         super().__init__()
         self.prefix = prefix
@@ -57,7 +60,7 @@ class _FlagFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         text = as_flags(record.getMessage())
         text = f"warning: {text}" if record.levelno >= logging.WARNING and not text.startswith("note:") else text
-        return self.prefix + text
+        return "\n".join(self.prefix + line for line in text.split("\n")) if self.prefix else text
 
 
 def _launched_rank() -> int | None:
