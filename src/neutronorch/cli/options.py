@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import re
+import sys
 from dataclasses import fields
 
 from neutronorch.config import CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, HOT_SETS, METRICS, MODES, READ_ORDERS, TrainConfig
@@ -127,6 +129,27 @@ _HELP = {
 }
 
 
+# Options whose value is a list that may start with a negative number (`--fanouts -1,10`).
+_LIST_OPTIONS = frozenset({"--fanouts", "--eval-fanouts"})
+_NEGATIVE_LEADING = re.compile(r"-\d")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that reads ``--fanouts -1,10`` as ``--fanouts=-1,10``: argparse takes a word
+    starting with '-' for a flag unless it is a single negative number, and then fails with "expected one
+    argument". Its subcommands' parsers are of this class too."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        words = list(sys.argv[1:] if args is None else args)
+        joined: list[str] = []
+        for word in words:
+            if joined and joined[-1] in _LIST_OPTIONS and _NEGATIVE_LEADING.match(word):
+                joined[-1] = f"{joined[-1]}={word}"
+            else:
+                joined.append(word)
+        return super().parse_known_args(joined, namespace)
+
+
 def _add_train_options(parser: argparse.ArgumentParser) -> None:
     defaults = TrainConfig()
     choices = {"model": MODELS, "mode": MODES, "device": DEVICES, "hot_grad": HOT_GRADS, "hot_set": HOT_SETS,
@@ -169,7 +192,7 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="neutronorch",
         description="Sample-based GNN training on CPU and GPU together (NeutronOrch).")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
