@@ -296,3 +296,80 @@ def test_launched_data_parallel_every_line_of_a_log_record_carries_the_rank(monk
     warning = logging.LogRecord("neutronorch", logging.WARNING, __file__, 1, "`batch_size` odd\nsecond", None, None)
     assert app._FlagFormatter("[rank 1] ").format(warning) == "[rank 1] warning: --batch-size odd\n[rank 1] second"
     assert app._FlagFormatter().format(table) == "epoch 1\n    trainer busy\n    cpu"
+
+
+def test_the_epoch_line_shows_evaluation_and_checkpoint_time_beside_training_time():
+    from neutronorch.train.loop import epoch_line
+
+    record = {"epoch": 3, "train_loss": 0.5, "seconds": 35.0, "stage_seconds": {"forward": 1.0},
+              "val_acc": 0.8, "test_acc": 0.75, "eval_seconds": 8.25, "checkpoint_seconds": 0.3}
+    assert epoch_line(record, stages=False) == ("epoch   3 | loss 0.5000 | val accuracy 0.8000 | test 0.7500 | "
+                                                "time 35.00s + eval 8.25s + checkpoint 0.30s")
+    del record["eval_seconds"], record["checkpoint_seconds"], record["val_acc"]
+    assert epoch_line(record).endswith("| time 35.00s | [forward 1.00]")
+
+
+def test_training_reports_its_running_loss_and_the_evaluations_progress(graph):
+    class Progress:
+        def __init__(self):
+            self.steps, self.losses, self.evaluations = [], [], []
+
+        def __call__(self, epoch, done, total):
+            self.steps.append((epoch, done, total))
+
+        def loss(self, epoch, mean):
+            self.losses.append((epoch, mean))
+
+        def evaluating(self, epoch, layer, done, total):
+            self.evaluations.append((epoch, layer, done, total))
+
+    progress = Progress()
+    summary = train(config(eval_every=1, eval_batch_size=128), graph, progress=progress)
+    assert len(progress.losses) == len(progress.steps)  # on the CPU the loss is read after every step
+    for epoch in summary["epochs"]:
+        last = [mean for e, mean in progress.losses if e == epoch["epoch"]][-1]
+        assert last == pytest.approx(epoch["train_loss"], rel=1e-6)
+        mine = [e[1:] for e in progress.evaluations if e[0] == epoch["epoch"]]
+        layers = {layer for layer, _, _ in mine}
+        assert layers == {1, 2}  # every vertex at layer 1, the validation and test sets at layer 2
+        assert (2, len(graph.val_idx) + len(graph.test_idx), len(graph.val_idx) + len(graph.test_idx)) == mine[-1]
+        assert (1, graph.num_nodes, graph.num_nodes) in mine
+    sampled = Progress()
+    train(config(epochs=1, eval_every=1, eval_fanouts=[4, 3], eval_batch_size=128), graph, progress=sampled)
+    assert {e[1] for e in sampled.evaluations} == {0} and sampled.evaluations[-1][2] == sampled.evaluations[-1][3]
+    train(config(epochs=1), graph, progress=lambda epoch, done, total: None)  # a plain callback still does
+
+
+def test_the_progress_bar_shows_the_running_loss_and_a_bar_while_evaluating(monkeypatch):
+    from neutronorch.cli import app
+
+    bars = []
+
+    class FakeBar:
+        def __init__(self, total, desc, initial=0, **options):
+            self.total, self.desc, self.n, self.postfix, self.closed = total, desc, initial, None, False
+            bars.append(self)
+
+        def update(self, k):
+            self.n += k
+
+        def set_postfix_str(self, text, refresh=True):
+            self.postfix = text
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(app, "tqdm", FakeBar)
+    bar = app._ProgressBar()
+    bar.loss(0, 1.25)
+    bar(0, 1, 3)
+    bar.loss(0, 0.75)
+    bar(0, 2, 3)
+    assert bars[0].desc == "epoch 0" and bars[0].postfix == "loss 0.7500" and bars[0].n == 2
+    bar(0, 3, 3)
+    bar.evaluating(0, 1, 100, 700)
+    assert bars[0].closed and bars[1].desc == "evaluating after epoch 0, layer 1" and bars[1].n == 100
+    bar.evaluating(0, 2, 50, 50)
+    assert bars[1].closed and bars[2].desc == "evaluating after epoch 0, layer 2" and bars[2].closed
+    bar(1, 1, 3)  # the next epoch's bar shows no loss until its own is read
+    assert bars[3].desc == "epoch 1" and bars[3].postfix is None

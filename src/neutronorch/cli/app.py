@@ -85,20 +85,39 @@ def _configure_logging() -> None:
 
 class _ProgressBar:
     """A tqdm bar per part (epoch, layer of inference, file being parsed), fed by a
-    ``progress(part, done, total)`` callback; hidden when stderr is no terminal."""
+    ``progress(part, done, total)`` callback; hidden when stderr is no terminal. Training also calls
+    ``loss(epoch, running mean)``, shown on the epoch's bar, and ``evaluating(epoch, layer, done, total)``,
+    a bar of its own while the evaluation after an epoch runs."""
 
     def __init__(self, label: str = "epoch", unit: str = "batch"):
         self._bar, self._part = None, None
         self._label, self._unit = label, unit
+        self._loss: tuple | None = None  # (epoch, running mean loss) last reported
 
     def __call__(self, part, done: int, total: int) -> None:
+        # A resumed epoch starts at its step: the bar's rate counts only the steps run here.
+        self._show(part, f"{self._label} {part}", self._unit, done, total,
+                   initial=done - 1 if self._unit == "batch" else 0)
+        if self._loss is not None and self._loss[0] == part:
+            self._bar.set_postfix_str(f"loss {self._loss[1]:.4f}", refresh=False)
+        self._advance(done, total)
+
+    def loss(self, epoch: int, mean: float) -> None:
+        self._loss = (epoch, mean)
+
+    def evaluating(self, epoch: int, layer: int, done: int, total: int) -> None:
+        what = f"evaluating after epoch {epoch}" + (f", layer {layer}" if layer else "")
+        self._show(("evaluation", epoch, layer), what, "vertex", done, total, initial=0)
+        self._advance(done, total)
+
+    def _show(self, part, desc: str, unit: str, done: int, total: int, initial: int) -> None:
         if self._bar is None or part != self._part:
             self.close()
             self._part = part
-            # A resumed epoch starts at its step: the bar's rate counts only the steps run here.
-            self._bar = tqdm(total=total, desc=f"{self._label} {part}", unit=self._unit, leave=False, disable=None,
-                             file=sys.stderr, initial=done - 1 if self._unit == "batch" else 0,
-                             unit_scale=self._unit != "batch")
+            self._bar = tqdm(total=total, desc=desc, unit=unit, leave=False, disable=None, file=sys.stderr,
+                             initial=initial, unit_scale=unit != "batch")
+
+    def _advance(self, done: int, total: int) -> None:
         self._bar.update(done - self._bar.n)
         if done >= total:
             self.close()

@@ -11,26 +11,27 @@ from neutronorch.features.store import FeatureStore
 from neutronorch.nn.models import GNN
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 from neutronorch.train.distributed import World
-from neutronorch.train.layerwise import layerwise
+from neutronorch.train.layerwise import LayerProgress, layerwise
 from neutronorch.train.task import Task
 
 
 def full_neighbor_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor,
                          device: torch.device, chunk_size: int = 4096, layers: int | None = None,
-                         world: World | None = None) -> torch.Tensor:
+                         world: World | None = None, progress: LayerProgress | None = None) -> torch.Tensor:
     """Logits of ``nodes`` computed from complete neighbourhoods, layer by layer, in memory (``layerwise``);
     with ``layers`` = K, the output of layer K instead (after its activation: an embedding). Data parallel
-    (``world``), the intermediate layers are computed in shares across the ranks."""
-    return layerwise(model, graph, store, nodes, device, chunk_size, layers, world=world)
+    (``world``), the intermediate layers are computed in shares across the ranks. ``progress(layer, done,
+    total)`` after every chunk."""
+    return layerwise(model, graph, store, nodes, device, chunk_size, layers, world=world, progress=progress)
 
 
 @torch.no_grad()
 def sampled_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, fanouts: list[int],
                    device: torch.device, batch_size: int, seed: int, first_chunk: int = 0,
-                   file_order: bool = False) -> torch.Tensor:
+                   file_order: bool = False, progress: LayerProgress | None = None) -> torch.Tensor:
     """Logits of ``nodes`` from sampled neighbourhoods (cheaper on huge graphs, slightly noisy), in chunks
     of ``batch_size`` numbered from ``first_chunk`` (a chunk's number keys its sample); the topology read in
-    file order with ``file_order`` (the same samples)."""
+    file order with ``file_order`` (the same samples). ``progress(0, done, total)`` after every chunk."""
     model.eval()
     sampler = NeighborSampler(graph.indptr, graph.indices, fanouts, model.needs_degrees, file_order)
     outputs = [torch.zeros(0, model.width(model.num_layers - 1))]
@@ -39,30 +40,35 @@ def sampled_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.T
         x = store.gather(subgraph.input_nodes).to(device)
         blocks = [b.to(device) for b in subgraph.blocks]
         outputs.append(model(blocks, x).float().cpu())
+        if progress is not None:
+            progress(0, min(nodes.shape[0], (index - first_chunk + 1) * batch_size), nodes.shape[0])
     return torch.cat(outputs)
 
 
 def evaluate(model: GNN, graph: Graph, store: FeatureStore, device: torch.device, fanouts: list[int] | None,
              batch_size: int, seed: int, max_nodes: int = 0, task: Task | None = None,
-             world: World | None = None, file_order: bool = False) -> dict[str, float]:
+             world: World | None = None, file_order: bool = False,
+             progress: LayerProgress | None = None) -> dict[str, float]:
     """The task's metric (default: accuracy) on the validation and test sets in one pass, as
     {"val": ..., "test": ...}; with ``max_nodes``, each set is a seeded random sample of at most that many
     of its vertices (the same sample at every evaluation). Data parallel (``world``), each rank computes a
     contiguous share of the vertices (sampled inference: of the chunks, each keyed as in one process) and
     every rank scores the gathered logits. ``file_order``: sampled inference reads the topology in file
-    order (``--read-order``)."""
+    order (``--read-order``). ``progress(layer, done, total)`` after every chunk of inference (layer 0:
+    sampled inference; data parallel, of this rank's share)."""
     task = task or Task.of(graph)
     val = torch.from_numpy(_subset(graph.val_idx, max_nodes, seed))
     test = torch.from_numpy(_subset(graph.test_idx, max_nodes, seed + 1))
     nodes = torch.cat([val, test])
     if world is not None and world.distributed:
         logits = world.all_gather_rows(_logits_of_share(model, graph, store, nodes, device, fanouts, batch_size,
-                                                        seed, world, file_order), "gathering the evaluation's logits")
+                                                        seed, world, file_order, progress),
+                                       "gathering the evaluation's logits")
     elif fanouts is None:
-        logits = full_neighbor_logits(model, graph, store, nodes, device, batch_size)
+        logits = full_neighbor_logits(model, graph, store, nodes, device, batch_size, progress=progress)
     else:
         logits = sampled_logits(model, graph, store, nodes, fanouts, device, batch_size, seed,
-                                file_order=file_order)
+                                file_order=file_order, progress=progress)
     labels = store.labels[nodes]
     n_val = val.shape[0]
     return {"val": task.score(logits[:n_val], labels[:n_val]), "test": task.score(logits[n_val:], labels[n_val:])}
@@ -70,18 +76,19 @@ def evaluate(model: GNN, graph: Graph, store: FeatureStore, device: torch.device
 
 def _logits_of_share(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,
                      fanouts: list[int] | None, batch_size: int, seed: int, world: World,
-                     file_order: bool = False) -> torch.Tensor:
+                     file_order: bool = False, progress: LayerProgress | None = None) -> torch.Tensor:
     """This rank's contiguous share of ``nodes``' logits (float32, on the CPU)."""
     if fanouts is None:  # every rank takes part in the intermediate layers, even with no vertices of its own
         share = torch.tensor_split(nodes, world.size)[world.rank]
-        return full_neighbor_logits(model, graph, store, share, device, batch_size, world=world).float().cpu()
+        return full_neighbor_logits(model, graph, store, share, device, batch_size, world=world,
+                                    progress=progress).float().cpu()
     chunks = -(-nodes.shape[0] // batch_size)
     mine = torch.tensor_split(torch.arange(chunks), world.size)[world.rank]
     if mine.shape[0] == 0:
         return torch.zeros(0, model.width(model.num_layers - 1))
     first, end = int(mine[0]), int(mine[-1]) + 1
     return sampled_logits(model, graph, store, nodes[first * batch_size:end * batch_size], fanouts, device,
-                          batch_size, seed, first_chunk=first, file_order=file_order)
+                          batch_size, seed, first_chunk=first, file_order=file_order, progress=progress)
 
 
 def _subset(index: np.ndarray, max_nodes: int, seed: int) -> np.ndarray:

@@ -6,6 +6,7 @@ per epoch (step losses for the metric logs once per ``log_every`` steps).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -21,7 +22,12 @@ from neutronorch.train.memory import peak_rss_mb
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.step import train_step
 
-# progress(epoch, steps done, steps in the epoch): called after every step.
+# progress(epoch, steps done, steps in the epoch): called after every step. The object given as progress
+# may also have these methods, each called when present:
+#   loss(epoch, mean): the epoch's running mean training loss, whenever the loop reads the loss anyway
+#     (before the progress call of every step on the CPU, of every DIVERGENCE_CHECK_STEPS-th on CUDA);
+#   evaluating(epoch, layer, done, total): the evaluation after the epoch, after every chunk of its
+#     inference (layer 1.. of layer-wise inference, rows done and rows of that layer; layer 0: sampled).
 Progress = Callable[[int, int, int], None]
 # On CUDA the loss is checked for divergence every this many steps (reading it waits for the device);
 # on the CPU after every step.
@@ -74,10 +80,10 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
                 stages: StageTable, util: Utilisation, metrics: MetricLog, window: TimelineWindow,
                 progress: Progress | None = None, control: EpochControl | None = None,
                 loss_fn: Callable | None = None, precision: Precision | None = None,
-                sync: Callable | None = None) -> dict:
+                sync: Callable | None = None, loss_progress: Callable[[int, float], None] | None = None) -> dict:
     """Train one epoch (from ``control.start_step`` on) with ``loss_fn(logits, labels)`` (default:
     cross-entropy); return its record (without evaluation). Counters of rows, edges and bytes cover the
-    steps run here; the loss covers the whole epoch."""
+    steps run here; the loss covers the whole epoch, as does ``loss_progress(epoch, running mean)``."""
     control = control or EpochControl()
     model.train()
     spans.take()  # drop what the producers recorded between epochs (evaluation time)
@@ -100,8 +106,12 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
                 break
             loss = train_step(model, optimizer, mode, batch, spans, num_batches, loss_fn, precision, sync)
             total_loss += loss  # NaN and infinities survive the sum: it is finite iff every loss was
-            if (num_batches + 1) % check_every == 0 and not bool(torch.isfinite(total_loss)):
-                raise _diverged(epoch, num_batches + 1)
+            if (num_batches + 1) % check_every == 0:
+                mean = float(total_loss) / (num_batches + 1)  # the steps before start_step included
+                if not math.isfinite(mean):
+                    raise _diverged(epoch, num_batches + 1)
+                if loss_progress is not None:
+                    loss_progress(epoch, mean)
             if metrics.per_step:
                 step_losses.append(loss)
                 if len(step_losses) == metrics.every:
@@ -154,3 +164,29 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
         "input_nodes_per_batch": input_nodes / max(1, num_batches - control.start_step),
         "peak_rss_mb": round(peak_rss_mb(), 1),  # high-water mark so far, before this epoch's evaluation
     }
+
+
+def evaluation_progress(progress: Progress | None, epoch: int) -> Callable[[int, int, int], None] | None:
+    """``progress.evaluating`` for the evaluation after ``epoch``, as inference's ``(layer, done, total)``
+    callback; None when ``progress`` has no such method."""
+    evaluating = getattr(progress, "evaluating", None)
+    if evaluating is None:
+        return None
+    return lambda layer, done, total: evaluating(epoch, layer, done, total)
+
+
+def epoch_line(record: dict, stages: bool = True, metric: str = "accuracy") -> str:
+    """The epoch's log line: loss, scores, training time and, when they ran, the evaluation's and the
+    checkpoints' times (the epoch's wall time is their sum); with ``stages``, seconds per stage."""
+    parts = [f"epoch {record['epoch']:3d}", f"loss {record['train_loss']:.4f}"]
+    if "val_acc" in record:
+        parts += [f"val {metric} {record['val_acc']:.4f}", f"test {record['test_acc']:.4f}"]
+    times = [f"time {record['seconds']:.2f}s"]
+    if "eval_seconds" in record:
+        times.append(f"eval {record['eval_seconds']:.2f}s")
+    if "checkpoint_seconds" in record:
+        times.append(f"checkpoint {record['checkpoint_seconds']:.2f}s")
+    parts.append(" + ".join(times))
+    if stages:
+        parts.append("[" + " ".join(f"{k} {v:.2f}" for k, v in record["stage_seconds"].items() if v) + "]")
+    return " | ".join(parts)

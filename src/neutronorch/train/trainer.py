@@ -35,7 +35,8 @@ from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table, wri
 from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.orchestration.mode import Mode
 from neutronorch.train.evaluate import evaluate
-from neutronorch.train.loop import EpochControl, Progress, TimelineWindow, train_epoch
+from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, epoch_line, evaluation_progress,
+                                    train_epoch)
 from neutronorch.train.memory import keep_freed_memory, peak_rss_mb, resident_mb
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
@@ -223,11 +224,11 @@ def run_epochs(run: Run, progress: Progress | None):
                                if config.checkpoint_dir and mode.resumable_mid_epoch else None)
         record = train_epoch(run.model, run.optimizer, mode, epoch, run.spans, run.stages, run.util, run.metrics,
                              window, _noting_first_step(run, progress), control, run.task.loss, run.precision,
-                             _sync_step(run))
+                             _sync_step(run), getattr(progress, "loss", None))
         mode.end_epoch(record)
         if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
             t0 = time.perf_counter()
-            last_eval = _evaluate(run)
+            last_eval = _evaluate(run, evaluation_progress(progress, epoch))
             record.update(_named(run.task, last_eval), eval_seconds=time.perf_counter() - t0)
             if last_eval["val"] > run.best["val"]:
                 run.best = {**last_eval, "epoch": epoch}
@@ -239,7 +240,7 @@ def run_epochs(run: Run, progress: Progress | None):
                 _checkpoint(run, "best.pt", epoch)
             record["checkpoint_seconds"] = round(time.perf_counter() - t0, 4)
         run.metrics.epoch(record)
-        logger.info(_epoch_line(record, stages=not config.stage_table, metric=run.task.metric))
+        logger.info(epoch_line(record, stages=not config.stage_table, metric=run.task.metric))
         if config.stage_table:
             logger.info(epoch_table(record, run.stages))
         if run.stop is not None and run.stop.is_set() and epoch + 1 < config.epochs:
@@ -302,14 +303,16 @@ def _checkpoint(run: Run, name: str, epoch: int, position: tuple[int, float] | N
                         mode_state=mode_state, world_size=run.world.size)
 
 
-def _evaluate(run: Run) -> dict[str, float]:
-    """The metric on the validation and test sets: {"val": ..., "test": ...}."""
+def _evaluate(run: Run, progress=None) -> dict[str, float]:
+    """The metric on the validation and test sets: {"val": ..., "test": ...}; ``progress(layer, done, total)``
+    as inference goes."""
     config = run.config
     if run.world.distributed:  # batch normalisation's running statistics: rank 0's, on every rank
         run.world.broadcast_module(run.model, "the buffers' broadcast before evaluation", buffers_only=True)
     store = run.mode.store.as_dtype(torch.float32)  # evaluation runs in float32 whatever the training precision
     return evaluate(run.model, run.graph, store, run.device, config.eval_fanouts, config.eval_batch_size,
-                    config.seed, config.eval_max_nodes, run.task, run.world, _topology_in_file_order(run.mode))
+                    config.seed, config.eval_max_nodes, run.task, run.world, _topology_in_file_order(run.mode),
+                    progress)
 
 
 def _topology_in_file_order(mode) -> bool:
@@ -388,13 +391,3 @@ def _checkpoints_written(directory: str | None) -> dict | None:
         return None
     return {name: str(Path(directory) / f"{name}.pt") if (Path(directory) / f"{name}.pt").is_file() else None
             for name in ("last", "best")}
-
-
-def _epoch_line(record: dict, stages: bool = True, metric: str = "accuracy") -> str:
-    parts = [f"epoch {record['epoch']:3d}", f"loss {record['train_loss']:.4f}"]
-    if "val_acc" in record:
-        parts += [f"val {metric} {record['val_acc']:.4f}", f"test {record['test_acc']:.4f}"]
-    parts.append(f"time {record['seconds']:.2f}s")
-    if stages:
-        parts.append("[" + " ".join(f"{k} {v:.2f}" for k, v in record["stage_seconds"].items() if v) + "]")
-    return " | ".join(parts)
