@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from neutronorch.data.dtypes import as_int64
 from neutronorch.errors import DataError
 
 # Graphs with fewer vertices than this store neighbour ids as int32, halving the size of ``indices``.
@@ -27,10 +28,11 @@ def edges_to_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, symmetric: bo
     Cost: one sort of the (up to twice as many) int64 edge keys; 20 million input edges take about 3 s on
     two cores and peak at about 1 GB of temporaries.
     """
-    src = np.asarray(src).astype(np.int64, copy=False).ravel()
-    dst = np.asarray(dst).astype(np.int64, copy=False).ravel()
+    src = as_int64(src, source, "edge sources").ravel()
+    dst = as_int64(dst, source, "edge destinations").ravel()
     if src.shape != dst.shape:
-        raise ValueError(f"src and dst differ in length ({src.shape[0]} vs {dst.shape[0]})")
+        raise DataError(f"{source}: {src.shape[0]} edge sources but {dst.shape[0]} destinations; give one of "
+                        f"each per edge.")
     for ids in (src, dst):
         low, high = (int(ids.min()), int(ids.max())) if ids.size else (0, 0)
         if low < 0 or (ids.size and high >= num_nodes):

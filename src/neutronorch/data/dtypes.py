@@ -29,3 +29,40 @@ def bfloat16() -> np.dtype:
 def is_bfloat16(array: np.ndarray) -> bool:
     """Whether ``array`` holds bfloat16 values (checked by name: ml_dtypes is not imported)."""
     return array.dtype.name == BFLOAT16
+
+
+# Floats represent every whole number up to 2**53 exactly; beyond it a float "id" is already rounded.
+_EXACT_FLOAT = 2.0 ** 53
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def as_int64(values, source: str, what: str = "ids") -> np.ndarray:
+    """``values`` as int64 without changing any of them: floats must be whole and finite (ids read from
+    text or float storage), unsigned integers must fit in int64; anything else (booleans, complex numbers,
+    strings, objects) is refused. ``astype`` would truncate 1.7 to 1, wrap 2**64-1 to -1 (which means "no
+    label") and turn NaN into an arbitrary id, all silently, so each of those raises ``DataError`` naming
+    ``source`` and ``what`` instead."""
+    array = np.asarray(values)
+    kind = array.dtype.kind
+    if kind == "i":
+        return array.astype(np.int64, copy=False)
+    if kind == "u":
+        if array.dtype.itemsize >= 8 and array.size and int(array.max()) > _INT64_MAX:
+            raise DataError(f"{source}: {what} hold {int(array.max())}, beyond the largest int64 "
+                            f"({_INT64_MAX}); the values are corrupt. Store them as int64.")
+        return array.astype(np.int64, copy=False)
+    if kind == "f":
+        finite = np.isfinite(array)
+        if not finite.all():
+            bad = array[~finite].reshape(-1)[0]
+            raise DataError(f"{source}: {what} hold {bad}, which is not a whole number. Store whole numbers "
+                            f"(as int64).")
+        if array.size and float(np.abs(array).max()) > _EXACT_FLOAT:
+            raise DataError(f"{source}: {what} hold {float(np.abs(array).max()):g}, too large to be stored "
+                            f"exactly as a float. Store them as int64.")
+        whole = array == np.floor(array)
+        if not whole.all():
+            raise DataError(f"{source}: {what} hold {array[~whole].reshape(-1)[0]}, which is not a whole "
+                            f"number; they would be truncated. Store whole numbers (as int64).")
+        return array.astype(np.int64)
+    raise DataError(f"{source}: {what} have dtype {array.dtype}, expected integers. Store them as int64.")

@@ -17,6 +17,8 @@ from neutronorch.errors import DataError
 
 # Checks over arrays that may be larger than RAM run in chunks of this many elements.
 _CHUNK = 1 << 24
+# The metrics a dataset may name as its own (``Graph.metric``); config.METRICS lists the same for --metric.
+METRICS = ("accuracy", "rocauc", "f1-micro", "f1-macro")
 
 
 @dataclass
@@ -103,6 +105,8 @@ class Graph:
             array = what.split()[0]  # every message starts with the array it is about
             raise DataError(f"{files.get(array, source)}: {what}. {fix}")
 
+        if self.metric is not None and self.metric not in METRICS:
+            fail(f"metric {self.metric!r} names no metric", f"Use one of {', '.join(METRICS)}, or none.")
         if self.indptr.ndim != 1 or self.indptr.shape[0] < 2:
             fail(f"indptr must be a 1-D array of num_nodes+1 offsets, got shape {self.indptr.shape}",
                  "Write the CSC offsets (length num_nodes+1).")

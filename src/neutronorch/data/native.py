@@ -28,12 +28,14 @@ from pathlib import Path
 import numpy as np
 
 from neutronorch.data.dtypes import BFLOAT16, bfloat16, is_bfloat16
-from neutronorch.data.graph import Graph
+from neutronorch.data.files import read_error, reads_files
+from neutronorch.data.graph import METRICS, Graph
 from neutronorch.errors import DataError
 
 FORMAT_VERSION = 1
 ARRAYS = ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx")
 META_KEYS = ("name", "num_nodes", "num_edges", "feature_dim", "num_classes", "format_version")
+OPTIONAL_KEYS = ("notes", "metric", "feature_dtype")
 
 
 def is_native_dir(path: Path) -> bool:
@@ -48,13 +50,18 @@ def _open_array(path: Path, mmap: bool) -> np.ndarray:
     try:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except OSError as exc:
-        raise DataError(f"{path}: cannot be opened ({exc}).") from None
+        raise read_error(path, exc, f"{path}: cannot be opened ({exc}).") from None
     except Exception as exc:  # noqa: BLE001 - a damaged header fails in many ways (EOF, tokenizer, syntax)
+        if isinstance(exc, ValueError) and "allow_pickle" in str(exc):
+            # numpy's own message suggests loading the pickle, which would run whatever code it names.
+            raise DataError(f"{path}: holds pickled Python objects, not numbers; a native dataset stores plain "
+                            f"numeric arrays. Convert the data again with `neutronorch convert`.") from None
         raise DataError(f"{path}: cannot be read as a .npy array ({type(exc).__name__}: {exc}). The file is "
                         f"truncated or not a .npy file; write it again with numpy.save or `neutronorch "
                         f"convert`.") from None
 
 
+@reads_files
 def load_native(directory: str | os.PathLike, mmap: bool = True, validate: bool = True) -> Graph:
     """Open a native dataset directory; arrays are memory-mapped unless ``mmap`` is False."""
     directory = Path(directory)
@@ -62,19 +69,13 @@ def load_native(directory: str | os.PathLike, mmap: bool = True, validate: bool 
     if not meta_path.is_file():
         raise DataError(f"{meta_path}: file is missing. Is {directory} a dataset written by "
                         f"`neutronorch convert` or `neutronorch generate`?")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"{meta_path}: not valid JSON ({exc}). Fix or regenerate the file.") from None
-    if not isinstance(meta, dict):
-        raise DataError(f"{meta_path}: expected a JSON object with the keys {list(META_KEYS)}.")
-    missing = [k for k in META_KEYS if k not in meta]
-    if missing:
-        raise DataError(f"{meta_path}: missing keys {missing}. It needs {list(META_KEYS)}.")
+    meta = _read_meta(meta_path)
     for key in META_KEYS[1:]:
         if not isinstance(meta[key], int) or isinstance(meta[key], bool) or meta[key] < 0:
             raise DataError(f"{meta_path}: {key} is {meta[key]!r}, expected a whole number >= 0. Fix or "
                             f"regenerate the file.")
+    if not isinstance(meta["name"], str) or not meta["name"]:
+        raise DataError(f"{meta_path}: name is {meta['name']!r}, expected the dataset's name as a string.")
     notes = meta.get("notes", [])
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
         raise DataError(f"{meta_path}: notes is {notes!r}, expected a list of strings.")
@@ -93,9 +94,17 @@ def load_native(directory: str | os.PathLike, mmap: bool = True, validate: bool 
                             f"data again.")
         arrays["features"] = arrays["features"].view(bfloat16())
     metric = meta.get("metric")
-    if metric is not None and not isinstance(metric, str):
-        raise DataError(f"{meta_path}: metric is {metric!r}, expected a metric name such as \"rocauc\".")
-    graph = Graph(name=str(meta["name"]), num_classes=int(meta["num_classes"]),
+    if metric is not None and metric not in METRICS:
+        raise DataError(f"{meta_path}: metric is {metric!r}, which names no metric; use one of "
+                        f"{', '.join(METRICS)}, or leave the key out.")
+    if arrays["labels"].ndim == 1 and meta["num_classes"] > max(2, arrays["labels"].shape[0]):
+        # A class per vertex at most: anything beyond is a damaged count, and the model's output layer
+        # (num_classes wide) would be allocated from it.
+        top = int(np.max(arrays["labels"])) if arrays["labels"].size else -1
+        raise DataError(f"{meta_path}: num_classes is {meta['num_classes']}, more than the "
+                        f"{arrays['labels'].shape[0]} labels can carry (they use classes 0..{top}). Set it to "
+                        f"{max(top + 1, 2)}, or convert the data again.")
+    graph = Graph(name=meta["name"], num_classes=int(meta["num_classes"]),
                   notes=list(notes), metric=metric, **arrays)
     expected = {"num_nodes": graph.num_nodes, "num_edges": graph.num_edges}
     if graph.features.ndim == 2:
@@ -106,8 +115,37 @@ def load_native(directory: str | os.PathLike, mmap: bool = True, validate: bool 
                             f"One of the files is truncated or from another graph; convert the data again.")
     if validate:
         files = {name: str(directory / f"{name}.npy") for name in ARRAYS}
-        graph.validate(str(directory), {**files, "num_classes": str(meta_path)})
+        graph.validate(str(directory), {**files, "num_classes": str(meta_path), "metric": str(meta_path)})
     return graph
+
+
+def _read_meta(meta_path: Path) -> dict:
+    """``meta.json`` as a dict holding every required key and no unknown one (a misspelt optional key
+    would otherwise be ignored), each key once."""
+    def unique(pairs):
+        keys = [k for k, _ in pairs]
+        repeated = sorted({k for k in keys if keys.count(k) > 1})
+        if repeated:
+            raise DataError(f"{meta_path}: gives {', '.join(repeated)} more than once; JSON keeps only the last, "
+                            f"so say each once.")
+        return dict(pairs)
+
+    try:
+        meta = json.loads(meta_path.read_text(), object_pairs_hook=unique)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"{meta_path}: not valid JSON ({exc}). Fix or regenerate the file.") from None
+    except OSError as exc:
+        raise read_error(meta_path, exc, f"{meta_path}: cannot be read ({exc}).") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{meta_path}: expected a JSON object with the keys {list(META_KEYS)}.")
+    missing = [k for k in META_KEYS if k not in meta]
+    if missing:
+        raise DataError(f"{meta_path}: missing keys {missing}. It needs {list(META_KEYS)}.")
+    unknown = sorted(set(meta) - set(META_KEYS) - set(OPTIONAL_KEYS))
+    if unknown:
+        raise DataError(f"{meta_path}: unknown keys {unknown}; it takes {list(META_KEYS)} and optionally "
+                        f"{list(OPTIONAL_KEYS)}. Fix the spelling or remove them.")
+    return meta
 
 
 def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = False) -> Path:

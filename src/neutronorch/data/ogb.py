@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -27,9 +28,10 @@ import numpy as np
 
 from neutronorch.data.arrays import class_labels
 from neutronorch.data.csc import edges_to_csc
-from neutronorch.data.dtypes import STORAGE_DTYPES
+from neutronorch.data.dtypes import STORAGE_DTYPES, as_int64
+from neutronorch.data.files import read_error, reads_files
 from neutronorch.data.graph import Graph
-from neutronorch.data.textnum import first_line_width, read_numbers
+from neutronorch.data.textnum import TextError, first_line_width, read_numbers
 from neutronorch.errors import DataError
 
 # progress(what, done, total): bytes of the file being read.
@@ -42,6 +44,7 @@ def is_ogb_dir(path: Path) -> bool:
     return raw.is_dir() and ((raw / "edge.csv.gz").is_file() or (raw / "data.npz").is_file())
 
 
+@reads_files
 def load_ogb(directory: str | os.PathLike, progress: Progress | None = None) -> Graph:
     """The OGB dataset in ``directory`` (a folder holding ``raw/`` and ``split/``)."""
     directory = Path(directory)
@@ -54,7 +57,7 @@ def load_ogb(directory: str | os.PathLike, progress: Progress | None = None) -> 
     indptr, indices = edges_to_csc(src, dst, num_nodes, source=str(raw))
     del src, dst
     train, val, test = _split(directory, num_nodes)
-    num_classes = labels.shape[1] if labels.ndim == 2 else int(labels.max()) + 1
+    num_classes = labels.shape[1] if labels.ndim == 2 else (int(labels.max()) + 1 if labels.size else 0)
     notes = [f"OGB {name}: edges made undirected"]
     if name == "ogbn-proteins":
         notes.append("ogbn-proteins has no node features: each vertex's are the mean of its edges' 8 features")
@@ -71,17 +74,24 @@ def _name(directory: Path) -> str:
 
 
 def _csv(raw: Path, name: str, progress: Progress | None):
-    num_nodes = int(_numbers(raw / "num-node-list.csv.gz", 1, np.int64)[0])
-    num_edges = int(_numbers(raw / "num-edge-list.csv.gz", 1, np.int64)[0])
-    edges = _numbers(raw / "edge.csv.gz", 2 * num_edges, np.int64, progress).reshape(num_edges, 2)
+    num_nodes = _count(raw / "num-node-list.csv.gz", "vertices")
+    num_edges = _count(raw / "num-edge-list.csv.gz", "edges")
+    nodes_say = f"{raw / 'num-node-list.csv.gz'} says {num_nodes} vertices"
+    edge_path = raw / "edge.csv.gz"
+    if _width(edge_path) != 2:
+        raise DataError(f"{edge_path}: the first line holds {_width(edge_path)} values; each line must be one "
+                        f"'src,dst' edge. The file is damaged; fetch the dataset again.")
+    edges = _numbers(edge_path, 2 * num_edges, np.int64, progress, width=2,
+                     expect=f"{raw / 'num-edge-list.csv.gz'} says {num_edges} edges").reshape(num_edges, 2)
     labels_path = raw / "node-label.csv.gz"
     width = _width(labels_path)
-    labels = _numbers(labels_path, num_nodes * width, np.float64, progress)
+    labels = _numbers(labels_path, num_nodes * width, np.float64, progress, width=width, expect=nodes_say)
     labels = class_labels(labels.reshape(num_nodes, width) if width > 1 else labels, num_nodes, str(labels_path))
     feature_path = raw / "node-feat.csv.gz"
     if feature_path.is_file():
         dim = _width(feature_path)
-        features = _numbers(feature_path, num_nodes * dim, np.float32, progress).reshape(num_nodes, dim)
+        features = _numbers(feature_path, num_nodes * dim, np.float32, progress, width=dim,
+                            expect=nodes_say).reshape(num_nodes, dim)
     elif (raw / "edge-feat.csv.gz").is_file():
         features = _edge_mean_features(raw / "edge-feat.csv.gz", edges, num_nodes, progress)
     else:
@@ -93,7 +103,9 @@ def _csv(raw: Path, name: str, progress: Progress | None):
 def _edge_mean_features(path: Path, edges: np.ndarray, num_nodes: int, progress: Progress | None) -> np.ndarray:
     """Each vertex's mean over the features of the edges it touches (ogbn-proteins)."""
     dim = _width(path)
-    edge_features = _numbers(path, edges.shape[0] * dim, np.float32, progress).reshape(edges.shape[0], dim)
+    edge_features = _numbers(path, edges.shape[0] * dim, np.float32, progress, width=dim,
+                             expect=f"{path.parent / 'num-edge-list.csv.gz'} says {edges.shape[0]} edges")
+    edge_features = edge_features.reshape(edges.shape[0], dim)
     count = np.maximum(np.bincount(edges.ravel(), minlength=num_nodes), 1)
     out = np.empty((num_nodes, dim), np.float32)
     for d in range(dim):  # a weighted count per column: one pass over the edges each (np.add.at is slow)
@@ -103,10 +115,25 @@ def _edge_mean_features(path: Path, edges: np.ndarray, num_nodes: int, progress:
 
 
 def _binary(raw: Path):
-    data = _npz(raw / "data.npz", ("edge_index", "node_feat", "num_nodes_list"))
-    num_nodes = int(np.asarray(data["num_nodes_list"]).sum())
+    path = raw / "data.npz"
+    data = _npz(path, ("edge_index", "node_feat", "num_nodes_list"))
+    counts = np.asarray(data["num_nodes_list"])
+    if counts.size != 1:
+        raise DataError(f"{path}: num_nodes_list holds {counts.size} counts; a node-property dataset is one graph "
+                        f"with one. The file is damaged or not a node-property dataset; fetch it again.")
+    num_nodes = int(as_int64(counts, f"{path} (num_nodes_list)", "the vertex count").reshape(-1)[0])
+    if num_nodes < 1:
+        raise DataError(f"{path}: num_nodes_list says {num_nodes} vertices; fetch the dataset again.")
     edge_index = data["edge_index"]
+    if edge_index.ndim != 2 or edge_index.shape[0] != 2:
+        raise DataError(f"{path}: edge_index has shape {edge_index.shape}, expected (2, num_edges). The file is "
+                        f"damaged; fetch the dataset again.")
     features = np.asarray(data["node_feat"])
+    if features.ndim != 2 or features.shape[0] != num_nodes:
+        raise DataError(f"{path}: node_feat has shape {features.shape}, but num_nodes_list says {num_nodes} "
+                        f"vertices (a row each). The file is damaged; fetch the dataset again.")
+    if features.dtype.kind not in "fiub":
+        raise DataError(f"{path}: node_feat has dtype {features.dtype}, expected numbers.")
     if features.dtype.name not in STORAGE_DTYPES:
         features = features.astype(np.float32)
     labels = _npz(raw / "node-label.npz", ("node_label",))["node_label"]
@@ -124,8 +151,15 @@ def _split(directory: Path, num_nodes: int) -> tuple[np.ndarray, ...]:
         path = schemes[0] / f"{part}.csv.gz"
         if not path.is_file():
             raise DataError(f"{path}: file is missing; the dataset is incomplete.")
-        ids = _numbers(path, num_nodes, np.int64)
-        out.append(np.sort(ids))
+        ids = np.sort(_numbers(path, num_nodes, np.int64))
+        if ids.size and (ids[0] < 0 or ids[-1] >= num_nodes):
+            raise DataError(f"{path}: holds vertex id {ids[0] if ids[0] < 0 else ids[-1]}, outside 0..{num_nodes - 1} "
+                            f"(num-node-list says {num_nodes} vertices). The files come from different versions "
+                            f"of the dataset; fetch it again.")
+        if ids.size > 1 and (ids[1:] == ids[:-1]).any():
+            raise DataError(f"{path}: lists vertex {ids[1:][ids[1:] == ids[:-1]][0]} more than once. The file is "
+                            f"damaged; fetch the dataset again.")
+        out.append(ids)
     return tuple(out)
 
 
@@ -137,20 +171,60 @@ def _present(path: Path) -> Path:
 
 def _width(path: Path) -> int:
     try:
-        return first_line_width(_present(path))
+        width = first_line_width(_present(path))
     except (OSError, EOFError) as exc:
-        raise DataError(f"{path}: cannot be read ({exc}); the file is truncated or corrupt.") from None
+        raise read_error(path, exc, f"{path}: cannot be read ({exc}); the file is truncated or corrupt. Fetch "
+                                    f"the dataset again.") from None
+    if width < 1:
+        raise DataError(f"{path}: the first line is empty; the file is damaged. Fetch the dataset again.")
+    return width
 
 
-def _numbers(path: Path, count: int, dtype, progress: Progress | None = None) -> np.ndarray:
+def _count(path: Path, what: str) -> int:
+    """The one whole number of a ``num-*-list`` file: the count of the graph's ``what``."""
+    values = _numbers(path, 2, np.int64)  # room for a second value, to say it is there
+    if values.shape[0] != 1 or values[0] < 0:
+        raise DataError(f"{path}: holds {values.tolist()}, expected one count of {what} (a whole number >= 0). "
+                        f"The file is damaged; fetch the dataset again.")
+    return int(values[0])
+
+
+# gzip compresses at most about 1032:1, and every value of a CSV file takes at least two characters (a digit
+# and a separator), so a count read from one file is checked against the size of the file it describes
+# before an array of that count is allocated.
+_GZIP_RATIO = 1032
+
+
+def _numbers(path: Path, count: int, dtype, progress: Progress | None = None, *, width: int = 0,
+             expect: str | None = None) -> np.ndarray:
+    """The numbers of ``path``: exactly ``count`` when ``expect`` says which file gave that count, else up
+    to ``count``. ``width`` > 0: every line holds that many."""
     _present(path)
-    out = np.empty(count, dtype)
-    total = path.stat().st_size
+    try:
+        total = path.stat().st_size
+    except OSError as exc:
+        raise read_error(path, exc, f"{path}: cannot be read ({exc}).") from None
+    room = (total * (_GZIP_RATIO if path.suffix == ".gz" else 1)) // 2 + 1
+    if expect is not None and count > room:
+        raise DataError(f"{path}: {expect}, {count} values here, but a file of {total} bytes holds at most "
+                        f"{room}. The counts and the file come from different versions of the dataset, or the "
+                        f"file is truncated; fetch the dataset again.")
+    out = np.empty(min(count, room), dtype)
     report = (lambda done: progress(path.name, done, total)) if progress is not None else None
     try:
-        read = read_numbers(path, out, report)
+        read = read_numbers(path, out, report, width)
+    except TextError as exc:
+        if expect is not None and "more values than expected" in str(exc):
+            raise DataError(f"{path}: holds more than the {count} values expected: {expect}. The counts and the "
+                            f"file come from different versions of the dataset; fetch it again.") from None
+        raise DataError(f"{exc}. The file is damaged; fetch the dataset again.") from None
     except (OSError, EOFError, ValueError) as exc:
-        raise DataError(f"{path}: cannot be read ({exc}); the file is truncated or corrupt.") from None
+        raise read_error(path, exc, f"{path}: cannot be read ({exc}); the file is truncated or corrupt. Fetch "
+                                    f"the dataset again.") from None
+    if expect is not None and read != count:
+        raise DataError(f"{path}: holds {read} values, but {expect}, so {count} values here. The counts and the "
+                        f"file come from different versions of the dataset, or the file is truncated; fetch "
+                        f"the dataset again.")
     return out[:read]
 
 
@@ -158,10 +232,14 @@ def _npz(path: Path, keys: tuple[str, ...]) -> dict:
     if not path.is_file():
         raise DataError(f"{path}: file is missing; the OGB dataset is incomplete.")
     try:
-        archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise DataError(f"{path}: not a readable .npz ({exc}).") from None
-    missing = [k for k in keys if k not in archive.files]
-    if missing:
-        raise DataError(f"{path}: lacks {missing}; it holds {archive.files}.")
-    return {k: archive[k] for k in keys}
+        with np.load(path, allow_pickle=False) as archive:
+            missing = [k for k in keys if k not in archive.files]
+            if missing:
+                raise DataError(f"{path}: lacks {missing}; it holds {archive.files}. Fetch the dataset again.")
+            return {k: archive[k] for k in keys}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        if isinstance(exc, ValueError) and "allow_pickle" in str(exc):  # numpy's advice would run the pickle
+            raise DataError(f"{path}: holds pickled Python objects where OGB stores plain arrays; it is not an "
+                            f"OGB file. Fetch the dataset again.") from None
+        raise read_error(path, exc, f"{path}: not a readable .npz ({type(exc).__name__}: {exc}); the file is "
+                                    f"truncated or damaged. Fetch the dataset again.") from None

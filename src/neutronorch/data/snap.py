@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import gzip
 import os
-import re
 import zlib
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 from neutronorch.data.csc import edges_to_csc
+from neutronorch.data.files import read_error, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
 from neutronorch.errors import DataError
@@ -31,9 +32,9 @@ FEATURE_NOISE = 3.0
 # With one seed per class, whichever seed reaches the hubs first takes most of a small-world graph (up to
 # 97 % of soc-Epinions1); several seeds per class average that out (largest class about 40-75 %).
 SEEDS_PER_CLASS = 8
-_COMMENT_LINES = re.compile(rb"^[ \t]*#[^\n]*\n?", re.MULTILINE)
 
 
+@reads_files
 def load_snap(path: str | os.PathLike, split: str = DEFAULT_SPLIT, seed: int = 0, feature_dim: int = 64,
               num_classes: int = 8) -> Graph:
     """Load a SNAP edge list and attach synthetic labels (``num_classes``) and features (``feature_dim``)."""
@@ -71,68 +72,139 @@ def _read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     except (OSError, EOFError, zlib.error) as exc:
-        raise DataError(f"{path}: cannot be read ({type(exc).__name__}: {exc}). The file is truncated or not "
-                        f"gzip data; fetch it again.") from None
-    raw = data
-    if b"#" in data:
-        data = _COMMENT_LINES.sub(b"", data)
-    first_line = data.lstrip().split(b"\n", 1)[0]
-    num_columns = len(first_line.split())
-    if num_columns < 2:
-        raise DataError(f"{path}: no edges found (the first data line is {first_line[:80]!r}). A SNAP edge "
-                        f"list has one 'src dst' pair per line after the '#' comments.")
-    try:
-        # The C text parser of fromstring is about ten times faster than splitting into Python objects.
-        values = np.fromstring(data.decode("ascii"), dtype=np.int64, sep=" ")
-    except (ValueError, UnicodeDecodeError):
-        values = _integer_id_columns(data, num_columns)
-        if values is None:
-            raise DataError(_first_bad_line(path, raw)) from None
-    if values.size % num_columns:
-        raise DataError(f"{path}: lines have different numbers of columns (expected {num_columns} like the "
-                        f"first line). The file is truncated or malformed; fetch it again.")
-    values = values.reshape(-1, num_columns)
-    return values[:, 0], values[:, 1]
+        raise read_error(path, exc, f"{path}: cannot be read ({type(exc).__name__}: {exc}). The file is "
+                                    f"truncated or not gzip data; fetch it again.") from None
+    buf = np.frombuffer(data, dtype=np.uint8)
+    src, dst, problem, at, columns = _parse_edges(buf)
+    if problem:
+        line_start = data.rfind(b"\n", 0, at) + 1
+        number = data.count(b"\n", 0, line_start) + 1
+        text = data[line_start:data.find(b"\n", line_start) if b"\n" in data[line_start:] else len(data)]
+        shown = text.decode("utf-8", "replace").strip()[:80]
+        if problem == _COLUMNS:
+            raise DataError(f"{path}: lines have different numbers of columns: line {number} has "
+                            f"{len(shown.split())}, the first edge line {columns} ({shown!r}). Lines of differing "
+                            f"widths would be read into each other; the file is truncated or malformed, fix it "
+                            f"or fetch it again.")
+        if problem == _NEGATIVE:
+            negative = next(field for field in shown.split() if field.startswith("-"))
+            raise DataError(f"{path}: line {number}: vertex id {negative} is negative ({shown!r}). SNAP ids are "
+                            f"non-negative integers; fix the file.")
+        if problem == _TOO_LARGE:
+            raise DataError(f"{path}: line {number} holds a vertex id beyond the largest int64 "
+                            f"({np.iinfo(np.int64).max}): {shown!r}. The file is corrupt; fix it or fetch it again.")
+        raise DataError(f"{path}: line {number} is not an edge: {shown!r}. Each line must be 'src dst' with "
+                        f"non-negative integer vertex ids (further numeric columns, such as weights, are "
+                        f"ignored), or a '#' comment.")
+    if src.shape[0] == 0:
+        raise DataError(f"{path}: no edges found. A SNAP edge list has one 'src dst' pair per line after the "
+                        f"'#' comments.")
+    return src, dst
 
 
-def _integer_id_columns(data: bytes, num_columns: int) -> np.ndarray | None:
-    """A list with more columns than ``src dst`` (weights, timestamps) whose extra columns are not integers:
-    its numbers, when all are numbers and the first two columns are whole; else None."""
-    if num_columns < 3:
-        return None
-    try:
-        values = np.fromstring(data.decode("ascii"), dtype=np.float64, sep=" ")
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if values.size % num_columns:
-        return None
-    ids = values.reshape(-1, num_columns)[:, :2]
-    if not (np.all(np.isfinite(ids)) and np.all(ids == np.floor(ids)) and np.abs(ids).max(initial=0) < 2**53):
-        return None
-    out = np.zeros((ids.shape[0], num_columns), np.int64)  # the extra columns are not used
-    out[:, :2] = ids
-    return out.reshape(-1)
+# What _parse_edges reports: nothing wrong, a line that is not an edge, a line of another width than the
+# first, an id beyond int64.
+_OK, _NOT_AN_EDGE, _COLUMNS, _TOO_LARGE, _NEGATIVE = 0, 1, 2, 3, 4
 
 
-def _first_bad_line(path: Path, raw: bytes) -> str:
-    """The message for a file that is not an edge list: its first line that is neither a comment nor two
-    integer ids, with its number."""
-    for number, line in enumerate(raw.split(b"\n"), start=1):
-        text = line.decode("utf-8", "replace").strip()
-        if not text or text.startswith("#"):
+@njit(cache=True, nogil=True)
+def _skip_number(buf, i, n):
+    """The offset after a decimal number (sign, digits, point, exponent, or nan/inf) at ``i``; -1 if none."""
+    if i < n and (buf[i] == 43 or buf[i] == 45):
+        i += 1
+    word = i
+    while i < n and (65 <= buf[i] <= 90 or 97 <= buf[i] <= 122):
+        i += 1
+    if i > word:  # nan, inf, infinity, any case
+        length = i - word
+        first = buf[word] | 32
+        return i if (length == 3 and first == 110) or ((length == 3 or length == 8) and first == 105) else -1
+    digits = 0
+    while i < n and 48 <= buf[i] <= 57:
+        i += 1
+        digits += 1
+    if i < n and buf[i] == 46:
+        i += 1
+        while i < n and 48 <= buf[i] <= 57:
+            i += 1
+            digits += 1
+    if digits == 0:
+        return -1
+    if i < n and (buf[i] | 32) == 101:
+        i += 1
+        if i < n and (buf[i] == 43 or buf[i] == 45):
+            i += 1
+        exponent = i
+        while i < n and 48 <= buf[i] <= 57:
+            i += 1
+        if i == exponent:
+            return -1
+    return i
+
+
+@njit(cache=True, nogil=True)
+def _parse_edges(buf):
+    """The ``src dst`` ids of an edge list's lines: (src, dst, problem, byte offset of the problem's line,
+    columns of the first edge line). Ids are whole non-negative numbers within int64, never truncated or
+    clamped; every edge line has as many columns as the first; '#' lines are comments."""
+    n = buf.shape[0]
+    lines = 1
+    for i in range(n):
+        if buf[i] == 10:
+            lines += 1
+    src = np.empty(lines, np.int64)
+    dst = np.empty(lines, np.int64)
+    edges = 0
+    columns = 0
+    i = 0
+    limit = (np.iinfo(np.int64).max - 9) // 10
+    while i < n:
+        start = i
+        while i < n and (buf[i] == 32 or buf[i] == 9 or buf[i] == 13):
+            i += 1
+        if i >= n or buf[i] == 10 or buf[i] == 35:  # blank line or '#' comment
+            while i < n and buf[i] != 10:
+                i += 1
+            i += 1
             continue
-        fields = text.split()
-        try:
-            if len(fields) >= 2 and int(fields[0]) >= 0 and int(fields[1]) >= 0:
-                for extra in fields[2:]:
-                    float(extra)
+        fields = 0
+        while i < n and buf[i] != 10:
+            if buf[i] == 32 or buf[i] == 9 or buf[i] == 13:
+                i += 1
                 continue
-        except ValueError:
-            pass
-        return (f"{path}: line {number} is not an edge: {text[:80]!r}. Each line must be 'src dst' with "
-                f"non-negative integer vertex ids (further numeric columns, such as weights, are ignored), "
-                f"or a '#' comment.")
-    return f"{path}: holds something other than integer vertex ids. Each line must be 'src dst' (or a '#' comment)."
+            if fields < 2:
+                if buf[i] == 45 and i + 1 < n and 48 <= buf[i + 1] <= 57:
+                    return src[:0], dst[:0], _NEGATIVE, start, columns
+                value = 0
+                digits = 0
+                while i < n and 48 <= buf[i] <= 57:
+                    if value > limit:
+                        return src[:0], dst[:0], _TOO_LARGE, start, columns
+                    value = value * 10 + (buf[i] - 48)
+                    digits += 1
+                    i += 1
+                if digits == 0:
+                    return src[:0], dst[:0], _NOT_AN_EDGE, start, columns
+                if fields == 0:
+                    src[edges] = value
+                else:
+                    dst[edges] = value
+            else:
+                i = _skip_number(buf, i, n)
+                if i < 0:
+                    return src[:0], dst[:0], _NOT_AN_EDGE, start, columns
+            if i < n and not (buf[i] == 32 or buf[i] == 9 or buf[i] == 13 or buf[i] == 10):
+                return src[:0], dst[:0], _NOT_AN_EDGE, start, columns
+            fields += 1
+        if fields < 2:
+            return src[:0], dst[:0], _COLUMNS if columns else _NOT_AN_EDGE, start, columns
+        if columns == 0:
+            columns = fields
+        elif fields != columns:
+            return src[:0], dst[:0], _COLUMNS, start, columns
+        edges += 1
+        i += 1
+    return src[:edges], dst[:edges], _OK, 0, columns
 
 
 def _relabel(ids: np.ndarray) -> tuple[int, np.ndarray]:
