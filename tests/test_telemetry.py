@@ -373,3 +373,41 @@ def test_the_progress_bar_shows_the_running_loss_and_a_bar_while_evaluating(monk
     assert bars[1].closed and bars[2].desc == "evaluating after epoch 0, layer 2" and bars[2].closed
     bar(1, 1, 3)  # the next epoch's bar shows no loss until its own is read
     assert bars[3].desc == "epoch 1" and bars[3].postfix is None
+
+
+def test_a_timeline_window_shorter_than_the_sampling_interval_still_shows_the_utilisation(tmp_path, graph,
+                                                                                         monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.axes import Axes
+
+    from neutronorch.observe import write_timeline
+
+    util = Utilisation(interval=3600)  # the sampling thread never ticks: only samples taken on demand
+    try:
+        util.sample()
+        start = time.perf_counter()
+        while time.perf_counter() < start + 0.05:
+            sum(range(1000))
+        util.sample()
+    finally:
+        util.close()
+    assert len(util.samples) == 2 and util.samples[1][1] > 0  # the busy loop's cores
+    events = [("forward", 10.0, 10.004, 0), ("backward", 10.004, 10.01, 0)]
+    texts = []
+    real_text = Axes.text
+    monkeypatch.setattr(Axes, "text", lambda self, *a, **k: texts.append(a[2]) or real_text(self, *a, **k))
+    png = tmp_path / "t.png"
+    write_timeline(str(png), events, [(9.8, 1.0, 0.5, None), (10.2, 2.0, 0.5, None), (10.4, 3.0, 0.5, None)],
+                   "short", TABLE)
+    # The sample before the window (where the next one's interval starts) and the one after it, covering it.
+    assert [u["t"] for u in json.loads(png.with_suffix(".json").read_text())["utilisation"]] == [-0.2, 0.2]
+    assert texts == []
+    write_timeline(str(png), events, [(9.8, 1.0, 0.5, None)], "nothing after", TABLE)
+    assert texts == ["utilisation: window too short to sample"]
+    assert json.loads(png.with_suffix(".json").read_text())["utilisation"] == []
+    # In a run, the window's start and end are sampled: a one-step window of a few milliseconds is covered.
+    png = tmp_path / "run.png"
+    train(config(epochs=1, timeline=str(png), timeline_steps=1), graph)
+    raw = json.loads(png.with_suffix(".json").read_text())
+    window = max(s["end"] for s in raw["spans"])
+    assert [u for u in raw["utilisation"] if u["t"] >= window - 1e-3], raw["utilisation"]  # its end is covered

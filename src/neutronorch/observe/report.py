@@ -38,7 +38,11 @@ def epoch_table(record: dict, table: StageTable) -> str:
 
 def write_timeline(path: str, events: list, samples: list, title: str, table: StageTable) -> dict:
     """Draw the spans (and the utilisation samples in their window) as a Gantt chart at ``path`` and write
-    the raw data next to it as ``.json``. Returns what was written."""
+    the raw data next to it as ``.json``. Returns what was written.
+
+    A sample is the mean since the one before, so the window's samples are those inside it, the first after
+    it (covering its end) and the last before it (where the first one's interval starts); they are drawn
+    as steps over the intervals they cover. A window that no sample covers says so on its panel."""
     import matplotlib  # noqa: PLC0415
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
@@ -48,7 +52,8 @@ def write_timeline(path: str, events: list, samples: list, title: str, table: St
     origin = min(e[1] for e in events)
     end = max(e[2] for e in events)
     lanes = [lane for lane in LANES if any(table.lane_of(e[0]) == lane for e in events)]
-    window_samples = [s for s in samples if origin <= s[0] <= end]
+    covering = [s for s in samples if origin < s[0] <= end] + [s for s in samples if s[0] > end][:1]
+    window_samples = [s for s in samples if s[0] <= origin][-1:] + covering if covering else []
     data = {
         "title": title,
         "lanes": lanes,
@@ -63,7 +68,7 @@ def write_timeline(path: str, events: list, samples: list, title: str, table: St
     stages = sorted({e[0] for e in events}, key=table.display_order)
     cmap = plt.get_cmap("tab20")
     colours = {s: cmap(i % 20) for i, s in enumerate(stages)}
-    has_util = bool(window_samples)
+    has_util = bool(samples)
     fig, axes = plt.subplots(2 if has_util else 1, 1, figsize=(14, 4.5 if has_util else 3.2), sharex=True,
                              gridspec_kw={"height_ratios": [3, 1]} if has_util else None, squeeze=False)
     ax = axes[0][0]
@@ -81,12 +86,17 @@ def write_timeline(path: str, events: list, samples: list, title: str, table: St
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     if has_util:
         ux = axes[1][0]
-        ux.plot([s[0] - origin for s in window_samples], [s[1] for s in window_samples], label="process cores busy")
+        ux.plot([s[0] - origin for s in window_samples], [s[1] for s in window_samples], label="process cores busy",
+                drawstyle="steps-pre")
         gpu = [(s[0] - origin, s[3]) for s in window_samples if s[3] is not None]
         if gpu:
-            ux.plot([g[0] for g in gpu], [g[1] / 100 for g in gpu], label="GPU (fraction)")
-        ux.set_ylim(bottom=0)
-        ux.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+            ux.plot([g[0] for g in gpu], [g[1] / 100 for g in gpu], label="GPU (fraction)", drawstyle="steps-pre")
+        if not covering:
+            ux.text(0.5, 0.5, "utilisation: window too short to sample", transform=ux.transAxes, ha="center",
+                    va="center")
+        ux.set_ylim(0, 1.15 * max([s[1] for s in covering] + [1.0]))
+        if window_samples:
+            ux.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
         ux.set_xlabel("seconds")
     else:
         ax.set_xlabel("seconds")

@@ -122,7 +122,8 @@ class Utilisation:
     """Samples CPU (this process, and the whole machine) and GPU utilisation every ``interval`` seconds.
 
     ``take()`` gives the means since its last call; ``samples`` keeps the series (time, process cores busy,
-    machine share busy, GPU percent or None) for the timeline.
+    machine share busy, GPU percent or None; each the mean since the sample before) for the timeline.
+    ``sample()`` adds one at once (the timeline window's start and end, which may fall between ticks).
     """
 
     def __init__(self, device=None, interval: float = 0.25):
@@ -135,6 +136,7 @@ class Utilisation:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._mark = self._now()
+        self._last = self._mark
         self._thread = threading.Thread(target=self._run, name="neutronorch-utilisation", daemon=True)
         self._thread.start()
 
@@ -143,22 +145,26 @@ class Utilisation:
         return time.perf_counter(), _process_cpu_seconds(), _read_system_jiffies()
 
     def _run(self) -> None:
-        last = self._now()
         while not self._stop.wait(self.interval):
-            now = self._now()
+            self.sample()
+
+    def sample(self) -> None:
+        """Record a sample now: the means since the previous sample (from any thread)."""
+        gpu = self._gpu.percent()
+        with self._lock:  # samples stay in time order, each covering the time since the one before
+            now, last = self._now(), self._last
             wall = now[0] - last[0]
-            cores = (now[1] - last[1]) / wall if wall > 0 else 0.0
+            if wall <= 0:
+                return
+            self._last = now
             system = None
             if now[2] is not None and last[2] is not None and now[2][1] > last[2][1]:
                 system = (now[2][0] - last[2][0]) / (now[2][1] - last[2][1])
-            gpu = self._gpu.percent()
-            with self._lock:
-                if len(self.samples) < 100_000:
-                    self.samples.append((now[0], cores, system, gpu))
-                if gpu is not None:
-                    self._gpu_sum += gpu
-                    self._gpu_n += 1
-            last = now
+            if len(self.samples) < 100_000:
+                self.samples.append((now[0], (now[1] - last[1]) / wall, system, gpu))
+            if gpu is not None:
+                self._gpu_sum += gpu
+                self._gpu_n += 1
 
     def take(self) -> dict:
         """Mean utilisation since the last call: CPU cores this process kept busy (and that as a share of the

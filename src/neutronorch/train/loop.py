@@ -50,7 +50,8 @@ class EpochControl:
 
 class TimelineWindow:
     """Keeps the raw spans of ``steps`` training steps from the start of one epoch (the second, if there is
-    one: the first includes JIT compilation and cold caches)."""
+    one: the first includes JIT compilation and cold caches), and takes a utilisation sample where the
+    window starts and ends, so that a window shorter than the sampling interval is covered too."""
 
     def __init__(self, enabled: bool, epochs: int, steps: int):
         self.enabled = enabled
@@ -58,17 +59,21 @@ class TimelineWindow:
         self.steps = steps
         self.active = False
 
-    def begin_epoch(self, epoch: int, spans: Spans) -> None:
+    def begin_epoch(self, epoch: int, spans: Spans, util: Utilisation | None = None) -> None:
         if self.enabled and epoch == self.epoch:
+            if util is not None:
+                util.sample()
             spans.keep = self.active = True
 
-    def after_step(self, spans: Spans, done: int) -> None:
+    def after_step(self, spans: Spans, done: int, util: Utilisation | None = None) -> None:
         if self.active and done >= self.steps:
-            spans.keep = self.active = False
+            self.end_epoch(spans, util)
 
-    def end_epoch(self, spans: Spans) -> None:
+    def end_epoch(self, spans: Spans, util: Utilisation | None = None) -> None:
         if self.active:
             spans.keep = self.active = False
+            if util is not None:
+                util.sample()
 
 
 def _diverged(epoch: int, steps: int) -> TrainingError:
@@ -96,7 +101,7 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
     num_batches = control.start_step
     start = time.perf_counter()
     mode.store.take_counts()  # rows gathered outside training (evaluation) are not this epoch's
-    window.begin_epoch(epoch, spans)
+    window.begin_epoch(epoch, spans, util)
     with mode.batches(epoch, control.start_step) as batches:
         batches = iter(batches)
         while True:
@@ -123,7 +128,7 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
             feature_bytes += batch.features.nbytes
             cache_hits += batch.cache_hits
             device_bytes += batch.device_bytes
-            window.after_step(spans, num_batches)
+            window.after_step(spans, num_batches, util)
             if progress is not None:
                 progress(epoch, num_batches, mode.num_batches)
             stopping = control.stop is not None and control.stop.is_set()
@@ -141,7 +146,7 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
     if not bool(torch.isfinite(total_loss)):
         raise _diverged(epoch, num_batches)
     seconds = time.perf_counter() - start
-    window.end_epoch(spans)
+    window.end_epoch(spans, util)
     stage_seconds, counts = spans.take()
     host_rows, host_hits = mode.store.take_counts()
     return {
