@@ -1,5 +1,6 @@
 """Checkpoints: written atomically during training, read back for prediction, refused when damaged."""
 
+import collections
 import os
 
 import numpy as np
@@ -381,3 +382,99 @@ def test_embeddings_of_each_layer_are_what_the_next_layer_reads(trained, tmp_pat
     assert main(["embed", "--checkpoint", str(directory / "best.pt"), "--dataset", SMALL, "--layer", "3",
                  "--out", str(out)]) == 2
     assert "--layer 3: the model has layers 1..2" in capsys.readouterr().err
+
+
+def _valid_state(tmp_path):
+    from neutronorch.nn.models import GNN
+
+    graph = generate(SyntheticSpec(nodes=300, degree=4, features=4, classes=3))
+    path = _save(tmp_path / "good.pt", graph, GNN("sage", 4, 8, 3, 2), epoch=1)
+    return graph, torch.load(path, weights_only=True)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda s: s.update(format_version="2"), "format version '2'"),
+    (lambda s: s.update(format_version=True), "format version True"),
+    (lambda s: s.pop("model_args"), "`model_args` is missing"),
+    (lambda s: s.pop("dataset"), "`dataset` is missing"),
+    (lambda s: s.update(model_args=[4, 8, 3]), "`model_args` is list"),
+    (lambda s: s.update(epoch="1"), "`epoch` is str"),
+    (lambda s: s.update(epoch=1.5), "`epoch` is float"),
+    (lambda s: s.update(history={}), "`history` is dict"),
+    (lambda s: s.update(position={"step": "0"}), "`position` is dict"),
+    (lambda s: s.update(world_size=0), "`world_size` is int"),
+    (lambda s: s["dataset"].pop("feature_dim"), "`dataset.feature_dim` is None"),
+    (lambda s: s["model"].update(extra=[1, 2]), "`model` holds entries that are not named tensors"),
+    (lambda s: s["model_args"].update(unknown_option=1), "model arguments build no model"),
+    (lambda s: s["model_args"].update(hidden=16), "weights do not fit the model"),
+    (lambda s: s["model"].pop(next(iter(s["model"]))), "weights do not fit the model"),
+])
+def test_valid_pickles_that_are_not_our_checkpoints_are_refused_naming_the_file(tmp_path, damage, message):
+    _, state = _valid_state(tmp_path)
+    damage(state)
+    torch.save(state, tmp_path / "odd.pt")
+    for read in (load_checkpoint, checkpoint_module.load_state):
+        with pytest.raises(CheckpointError, match="odd\\.pt: .*" + message.replace("(", "\\(")):
+            read(tmp_path / "odd.pt")
+
+
+def test_a_file_of_other_objects_is_refused_without_suggesting_an_unsafe_load(tmp_path):
+    torch.save({"format_version": 2, "what": collections.OrderedDict, "f": os.path.join}, tmp_path / "code.pt")
+    with pytest.raises(CheckpointError, match="holds objects other than tensors") as error:
+        load_checkpoint(tmp_path / "code.pt")
+    assert "weights_only" not in str(error.value) and "False" not in str(error.value)
+
+
+def test_an_unreadable_checkpoint_says_permission_denied(tmp_path, monkeypatch):
+    _, state = _valid_state(tmp_path)
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "good.pt"))
+
+    monkeypatch.setattr(torch, "load", refuse)
+    with pytest.raises(CheckpointError, match="cannot read .*good\\.pt: permission denied"):
+        load_checkpoint(tmp_path / "good.pt")
+
+
+@pytest.mark.parametrize("array, words", [
+    ("features", "the features"), ("labels", "the labels"), ("val_idx", "the validation split"),
+    ("test_idx", "the test split"), ("train_idx", "the training split"), ("indices", "the topology")])
+def test_resume_names_the_array_that_changed(tmp_path, array, words):
+    graph, state = _valid_state(tmp_path)
+    config = TrainConfig(dataset="given").validate()
+    checkpoint_module.check_resumable(state, config, graph, "last.pt")  # the same data resumes
+    changed = np.array(getattr(graph, array), copy=True)
+    if array == "features":
+        changed[0, 0] += 1
+    elif array == "labels":
+        changed[0] = (changed[0] + 1) % graph.num_classes
+    elif array == "indices":
+        changed[0] = (changed[0] + 1) % graph.num_nodes
+    elif array == "val_idx":  # swap one validation vertex for a test vertex: sizes stay
+        changed[0], graph.test_idx = graph.test_idx[0], np.concatenate([[changed[0]], graph.test_idx[1:]])
+        words = "the validation split, the test split"
+    else:  # a split's first vertex replaced by one of another split
+        changed[0] = (graph.val_idx if array == "test_idx" else graph.test_idx)[0]
+    setattr(graph, array, changed)
+    with pytest.raises(CheckpointError, match=f"last\\.pt: written for another dataset.*: {words} differ"):
+        checkpoint_module.check_resumable(state, config, graph, "last.pt")
+
+
+def test_an_older_checkpoint_without_the_newer_checksums_still_resumes(tmp_path):
+    graph, state = _valid_state(tmp_path)
+    for key in ("features_crc", "labels_crc", "val_crc", "test_crc"):
+        del state["dataset"][key]  # as neutronorch wrote them before it fingerprinted these arrays
+    checkpoint_module.check_resumable(state, TrainConfig(dataset="given").validate(), graph, "last.pt")
+    graph.features = graph.features + 1  # and the checksums it has are still compared
+    graph.indices = (np.asarray(graph.indices) + 1) % graph.num_nodes
+    with pytest.raises(CheckpointError, match="the topology differ"):
+        checkpoint_module.check_resumable(state, TrainConfig(dataset="given").validate(), graph, "last.pt")
+
+
+def test_the_fingerprint_reads_samples_not_whole_arrays(tmp_path, monkeypatch):
+    graph = generate(SyntheticSpec(nodes=20000, degree=4, features=8, classes=3))
+    read = []
+    original = np.ascontiguousarray
+    monkeypatch.setattr(checkpoint_module.np, "ascontiguousarray", lambda a: read.append(a.shape[0]) or original(a))
+    checkpoint_module.dataset_fingerprint(graph)
+    assert read and max(read) <= 2 * 4096

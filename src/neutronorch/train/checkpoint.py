@@ -30,15 +30,30 @@ FORMAT_VERSION = 2
 
 
 def dataset_fingerprint(graph: Graph) -> dict:
-    """What identifies a dataset cheaply: its sizes and a checksum of strided samples of its arrays."""
+    """What identifies a dataset cheaply: its sizes and checksums of strided samples of its arrays (about
+    4,096 rows of each, so a memory-mapped array larger than memory is never read whole)."""
     def sample(array) -> int:
-        array = np.asarray(array)
         step = max(1, array.shape[0] // 4096)
-        return zlib.crc32(np.ascontiguousarray(array[::step]).tobytes())
+        return zlib.crc32(np.ascontiguousarray(array[::step]).tobytes())  # a strided view reads only its rows
 
     return {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
             "feature_dim": graph.feature_dim, "classes": graph.num_classes,
-            "topology_crc": sample(graph.indices), "split_crc": sample(graph.train_idx)}
+            "topology_crc": sample(graph.indices), "split_crc": sample(graph.train_idx),
+            "features_crc": sample(graph.features), "labels_crc": sample(graph.labels),
+            "val_crc": sample(graph.val_idx), "test_crc": sample(graph.test_idx)}
+
+
+# What each fingerprint key stands for, in the message that says what changed.
+FINGERPRINT_NAMES = {"name": "the name", "nodes": "the vertex count", "edges": "the edge count",
+                     "feature_dim": "the feature width", "classes": "the class count",
+                     "topology_crc": "the topology", "split_crc": "the training split", "features_crc": "the features",
+                     "labels_crc": "the labels", "val_crc": "the validation split", "test_crc": "the test split"}
+
+
+def fingerprint_changes(saved: dict, now: dict) -> list[str]:
+    """What differs between two fingerprints. A key an older checkpoint lacks (its neutronorch did not
+    fingerprint that array yet) is no difference, so older checkpoints keep resuming."""
+    return [FINGERPRINT_NAMES.get(key, key) for key, value in now.items() if key in saved and saved[key] != value]
 
 
 # Settings a resumed run may change: where its outputs go, how it reports, how long it trains, how many
@@ -91,41 +106,127 @@ class Checkpoint:
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Read a checkpoint written by training: the model (ready for inference) and what produced it."""
     state = load_state(path)
-    model = GNN(**state["model_args"])
-    model.load_state_dict(state["model"])
+    model = _model(state, Path(path))
     model.eval()
     config = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.keys()})
     return Checkpoint(model, config, int(state["epoch"]), state["dataset"], state["history"], state["optimizer"])
 
 
 def load_state(path: str | os.PathLike) -> dict:
-    """The raw contents of a checkpoint file, checked to be one this neutronorch can read."""
+    """The raw contents of a checkpoint file, checked to be one this neutronorch can read: every part
+    training and prediction read is there, of its type, and the weights fit the model they belong to."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file.")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a truncated or foreign file fails in many ways
-        raise CheckpointError(f"{path}: cannot be read as a neutronorch checkpoint ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''}). The file is truncated or not a "
-                              f"checkpoint; use last.pt or best.pt of a --checkpoint-dir.") from None
+        if isinstance(exc, PermissionError):
+            raise CheckpointError(f"cannot read {path}: permission denied; give the user running neutronorch read "
+                                  f"access to it.") from None
+        # torch's own message for a file holding other objects suggests loading it with weights_only=False,
+        # which would run any code the file names; it is not repeated.
+        reason = "it holds objects other than tensors and plain values" if "eights only" in str(exc) else (
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        raise CheckpointError(f"{path}: cannot be read as a neutronorch checkpoint ({reason}). The file is truncated "
+                              f"or not a checkpoint; use last.pt or best.pt of a --checkpoint-dir.") from None
     if not isinstance(state, dict) or "format_version" not in state:
         raise CheckpointError(f"{path}: not a neutronorch checkpoint (no format version).")
-    if state["format_version"] > FORMAT_VERSION:
-        raise CheckpointError(f"{path}: written in checkpoint format {state['format_version']} by a newer "
+    version = state["format_version"]
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise CheckpointError(f"{path}: not a neutronorch checkpoint (format version {version!r}, expected a whole "
+                              f"number from 1); use last.pt or best.pt of a --checkpoint-dir.")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"{path}: written in checkpoint format {version} by a newer "
                               f"neutronorch; this one reads format {FORMAT_VERSION}. Upgrade neutronorch.")
-    if state["format_version"] < 2:  # before the setting existed, GCN normalised by the mean
+    _check_parts(state, path)
+    if version < 2:  # before the setting existed, GCN normalised by the mean
         state["model_args"].setdefault("gcn_norm", "mean")
         state["config"].setdefault("gcn_norm", "mean")
+    _model(state, path)  # the weights must fit the model their arguments build
     return state
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# The parts of a checkpoint and what each must be; a part that fails is named, so a damaged or foreign file
+# is refused when it is read, not with a KeyError or TypeError wherever the part is first used.
+_PARTS = {
+    "config": (dict, "a dict of settings"),
+    "dataset": (dict, "the dataset's fingerprint (a dict)"),
+    "epoch": (_is_int, "a whole number"),
+    "history": (list, "a list of epoch records"),
+    "model_args": (dict, "the model's constructor arguments (a dict)"),
+    "model": (dict, "the model's weights (a dict of tensors)"),
+    "optimizer": (dict, "the optimizer's state (a dict)"),
+    "best": (lambda v: v is None or isinstance(v, dict), "the best evaluation (a dict or None)"),
+    "mode_state": (dict, "the mode's state (a dict)"),
+    "position": (lambda v: isinstance(v, dict) and _is_int(v.get("step")) and isinstance(v.get("loss_sum"),
+                                                                                          (int, float)),
+                 "a dict with a whole `step` and a number `loss_sum`"),
+    "rng": (lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("torch"), torch.Tensor)),
+            "the random state (a dict holding a `torch` tensor)"),
+    "world_size": (lambda v: _is_int(v) and v >= 1, "a whole number >= 1"),
+}
+# Parts a checkpoint may lack: written before they existed, or read only when a run resumes.
+_OPTIONAL = ("best", "mode_state", "position", "rng", "world_size")
+_FINGERPRINT_KEYS = {"name": str, "nodes": int, "edges": int, "feature_dim": int, "classes": int}
+
+
+def _check_parts(state: dict, path: Path) -> None:
+    problems = []
+    for key, (kind, meaning) in _PARTS.items():
+        if key not in state:
+            if key not in _OPTIONAL:
+                problems.append(f"`{key}` is missing")
+            continue
+        value = state[key]
+        ok = isinstance(value, kind) if isinstance(kind, type) else kind(value)
+        if not ok:
+            problems.append(f"`{key}` is {type(value).__name__}, expected {meaning}")
+    if not problems:
+        if not all(isinstance(k, str) for k in state["config"]) or not all(isinstance(k, str)
+                                                                            for k in state["model_args"]):
+            problems.append("`config` or `model_args` has keys that are not names")
+        if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state["model"].items()):
+            problems.append("`model` holds entries that are not named tensors")
+        for key, kind in _FINGERPRINT_KEYS.items():
+            value = state["dataset"].get(key)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                problems.append(f"`dataset.{key}` is {value!r}, expected {kind.__name__}")
+    if problems:
+        raise CheckpointError(f"{path}: not a checkpoint this neutronorch can read: {'; '.join(problems)}. The file "
+                              f"is damaged or was not written by neutronorch training; use last.pt or best.pt of a "
+                              f"--checkpoint-dir, or train again.")
+
+
+def _model(state: dict, path: Path) -> GNN:
+    """The model the checkpoint's arguments build, holding its weights."""
+    try:
+        model = GNN(**state["model_args"])
+    except Exception as exc:  # noqa: BLE001 - foreign arguments fail in the constructor in many ways
+        raise CheckpointError(f"{path}: its model arguments build no model ({type(exc).__name__}: {exc}). The file "
+                              f"is damaged or from another program; use last.pt or best.pt of a "
+                              f"--checkpoint-dir.") from None
+    try:
+        model.load_state_dict(state["model"])
+    except (RuntimeError, KeyError, TypeError, ValueError) as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise CheckpointError(f"{path}: its weights do not fit the model its arguments describe ({detail}). The "
+                              f"file is damaged; use another checkpoint or train again.") from None
+    return model
 
 
 def check_resumable(state: dict, config: TrainConfig, graph: Graph, source: str, world_size: int = 1) -> None:
     """A run may continue from ``state`` only on the same data with the same model and training settings."""
-    if state["dataset"] != dataset_fingerprint(graph):
-        differ = [k for k, v in dataset_fingerprint(graph).items() if state["dataset"].get(k) != v]
-        raise CheckpointError(f"{source}: written for another dataset ({', '.join(differ)} differ: "
-                              f"{state['dataset']['name']} then, {graph.name} now); resume on the same data.")
+    changed = fingerprint_changes(state["dataset"], dataset_fingerprint(graph))
+    if changed:
+        raise CheckpointError(f"{source}: written for another dataset, or the data changed since: "
+                              f"{', '.join(changed)} differ ({state['dataset']['name']} then, {graph.name} now). "
+                              f"Resume on the data the run started with, or start a new run in another "
+                              f"`checkpoint_dir`.")
     if int(state.get("world_size", 1)) != world_size:
         raise CheckpointError(f"{source}: written by a run of {state.get('world_size', 1)} data-parallel rank(s); "
                               f"resume with the same number (now {world_size}): torchrun --nproc-per-node and "
