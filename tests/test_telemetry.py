@@ -411,3 +411,24 @@ def test_a_timeline_window_shorter_than_the_sampling_interval_still_shows_the_ut
     raw = json.loads(png.with_suffix(".json").read_text())
     window = max(s["end"] for s in raw["spans"])
     assert [u for u in raw["utilisation"] if u["t"] >= window - 1e-3], raw["utilisation"]  # its end is covered
+
+
+def test_a_cold_kernel_cache_is_announced_once_before_compiling_and_a_warm_one_is_not(tmp_path):
+    import subprocess
+    import sys
+
+    from neutronorch.jit import MESSAGE
+
+    # Cached numba kernels counted as ours (by their module's name), compiled in one process, loaded in the next.
+    (tmp_path / "probe.py").write_text("from numba import njit\n\n\n@njit(cache=True)\ndef add(x):\n    return x + 1\n"
+                                       "\n\n@njit(cache=True)\ndef twice(x):\n    return 2 * x\n")
+    script = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')\n"
+              "import neutronorch.sampling.kernels, neutronorch.jit, probe; neutronorch.jit.PREFIX = 'probe'\n"
+              "from numba import njit\n"
+              "njit(lambda x: x - 1)(1)\n"  # not ours: no word
+              "print('before'); probe.add(1); probe.twice(2); print('after')\n")
+    runs = [subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300) for _ in range(2)]
+    assert [run.returncode for run in runs] == [0, 0], runs[0].stderr[-2000:]
+    assert runs[0].stdout.split("\n")[:3] == ["before", MESSAGE, "after"]  # once, before the compilation
+    assert MESSAGE not in runs[1].stdout  # read from the cache: nothing to say

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+import neutronorch.jit  # noqa: F401 - says when these kernels are compiled (a cold cache)
 from neutronorch.bfloat16 import store
 from neutronorch.prefetch import AHEAD, prefetch_row
 
