@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from neutronorch import CheckpointError, TrainConfig, load_checkpoint, predict, train
+from neutronorch import CheckpointError, OutputError, TrainConfig, load_checkpoint, predict, train
 from neutronorch.cli import main
 from neutronorch.data import SyntheticSpec, generate
 from neutronorch.train import checkpoint as checkpoint_module
@@ -102,7 +102,7 @@ def test_a_truncated_checkpoint_is_refused_and_a_failed_write_keeps_the_previous
         raise OSError("No space left on device")
 
     monkeypatch.setattr(os, "replace", full_disk)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OutputError, match="cannot write .*last.pt: No space left.*what was there is kept"):
         _save(tmp_path / "last.pt", graph, model, epoch=2)
     monkeypatch.undo()
     assert load_checkpoint(tmp_path / "last.pt").epoch == 1
@@ -380,7 +380,7 @@ def test_embeddings_of_each_layer_are_what_the_next_layer_reads(trained, tmp_pat
                  "--out", str(out), "--nodes", "test", "--device", "cpu"]) == 0
     np.testing.assert_array_equal(np.load(out), hidden[graph.test_idx])
     assert main(["embed", "--checkpoint", str(directory / "best.pt"), "--dataset", SMALL, "--layer", "3",
-                 "--out", str(out)]) == 2
+                 "--out", str(out), "--overwrite"]) == 2
     assert "--layer 3: the model has layers 1..2" in capsys.readouterr().err
 
 

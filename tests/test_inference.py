@@ -78,7 +78,7 @@ def test_a_failure_mid_inference_leaves_the_previous_output(graph, tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        predict(checkpoint, graph, "all", out=out, progress=fail)
+        predict(checkpoint, graph, "all", out=out, progress=fail, overwrite=True)
     np.testing.assert_array_equal(np.load(out), np.arange(3))
     assert os.listdir(tmp_path) == ["classes.npy"]
     ids = tmp_path / "none.npy"

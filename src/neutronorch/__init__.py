@@ -24,7 +24,7 @@ _WHERE = {
     **{name: "neutronorch.data" for name in ("Graph", "load_dataset", "load_native", "save_native", "from_pyg",
                                              "to_pyg", "from_dgl", "to_dgl")},
     **{name: "neutronorch.errors" for name in ("NeutronorchError", "ConfigError", "DataError", "TrainingError",
-                                               "CheckpointError", "Interrupted")},
+                                               "OutputError", "CheckpointError", "Interrupted")},
     "GNN": "neutronorch.nn.models",
     "to_pyg_model": "neutronorch.nn.pyg",
     "NeighborSampler": "neutronorch.sampling.neighbor_sampler",

@@ -85,6 +85,7 @@ class TrainConfig:
     checkpoint_dir: str | None = None  # last.pt after every epoch, best.pt at each better validation score
     checkpoint_every: int = 0  # also write last.pt every this many steps (0: at epoch ends only)
     resume: bool = False  # continue from checkpoint_dir/last.pt
+    overwrite: bool = False  # replace an earlier run's outputs (summary, logs, timeline, checkpoints)
     progress: bool = True  # the command line's progress bar (train() reports through its callback instead)
     dist_timeout: float = 600.0  # data parallel: seconds a collective waits for the other ranks
     stage_table: bool = True

@@ -18,6 +18,11 @@ class ConfigError(NeutronorchError):
     """An option or a combination of options makes no sense."""
 
 
+class OutputError(ConfigError):
+    """An output cannot be written: no space left, no permission, a read-only disk. Found before the work
+    starts where it can be; a write that fails later keeps the previous file and says what was saved."""
+
+
 class CheckpointError(NeutronorchError):
     """A checkpoint is missing, unreadable, from a newer neutronorch, or does not fit the data."""
 

@@ -12,12 +12,13 @@ import sys
 import threading
 import time
 from dataclasses import fields
+from pathlib import Path
 
 from tqdm import tqdm
 
 from neutronorch.cli.options import build_parser
 from neutronorch.config import TrainConfig, load_config_file
-from neutronorch.data import SyntheticSpec, generate, load_dataset, save_native
+from neutronorch.data import SyntheticSpec, dataset_paths, generate, is_native_dir, load_dataset, save_native
 from neutronorch.data.csc import edge_hygiene
 from neutronorch.data.dtypes import bfloat16
 from neutronorch.errors import Interrupted, NeutronorchError
@@ -174,6 +175,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_convert(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
+    _check_native_out("OUT_DIR", args.out_dir, dataset_paths(args.source), args.overwrite)
     bar = _ProgressBar("reading", "B")
     try:
         graph = load_dataset(args.source, args.split, args.seed, progress=bar)
@@ -186,6 +188,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     spec = SyntheticSpec(**{f.name: getattr(args, f.name) for f in fields(SyntheticSpec)})
     spec.check("generate synthetic")
+    _check_native_out("out", args.out, [], args.overwrite)
     return _write_native(generate(spec), args.out, args, t0)
 
 
@@ -196,22 +199,43 @@ def _write_native(graph, out: str, args: argparse.Namespace, t0: float) -> int:
         graph.features = graph.features.astype("float16")
     elif args.bfloat16:
         graph.features = graph.features.astype(bfloat16())  # rounded to nearest even, as torch rounds
+    from neutronorch.train.output_guard import check_space
+
+    # The old folder stays until the new one is complete: the whole dataset must fit beside it.
+    check_space("out" if args.command == "generate" else "OUT_DIR", out, sum(int(getattr(graph, name).nbytes) for name in
+                                ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx")))
     save_native(graph, out, overwrite=args.overwrite)
     print(f"wrote {graph.describe()} to {out} in {time.perf_counter() - t0:.1f}s")
     return 0
 
 
+def _check_native_out(field: str, out: str, sources: list[Path], overwrite: bool) -> None:
+    """Before anything is read: the dataset folder ``out`` can be written and holds none of the inputs. A
+    native dataset rewritten in place (``--overwrite``, to halve its features) reads its old files until
+    the new ones replace them whole, so that one input may be ``out`` itself."""
+    from neutronorch.data.native import check_native_target
+    from neutronorch.train.output_guard import check_creatable, check_distinct
+
+    target = Path(out).expanduser().resolve()
+    check_native_target(target, overwrite)
+    if not any(source.expanduser().resolve() == target and is_native_dir(target) for source in sources):
+        check_distinct({"SOURCE": sources}, {field: [target]}, replaces={field: target})
+    check_creatable(field, target / "meta.json")
+
+
 def _inference(args: argparse.Namespace) -> tuple:
     """predict's and embed's shared part: outputs checked, then the data loaded; their keywords (device,
-    where the rows go, scratch folder, progress bar)."""
-    from neutronorch.train.predict import check_output_path
+    where the rows go, scratch folder, progress bar, overwrite)."""
+    from neutronorch.train.predict import NODE_SETS, check_output_path
     from neutronorch.train.resources import resolve_device
 
     device = resolve_device(args.device)
     scratch = None if args.scratch_dir == "memory" else args.scratch_dir
-    check_output_path(args.out, scratch)
+    reads = {"checkpoint": [args.checkpoint], "dataset": dataset_paths(args.dataset),
+             "nodes": [] if args.nodes in NODE_SETS else [args.nodes]}
+    check_output_path(args.out, scratch, reads, args.overwrite)
     graph = load_dataset(args.dataset)
-    return graph, {"device": str(device), "out": args.out, "scratch": scratch,
+    return graph, {"device": str(device), "out": args.out, "scratch": scratch, "overwrite": args.overwrite,
                    "progress": _ProgressBar("layer", "vertex") if args.progress else None}
 
 
@@ -262,6 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"train": _cmd_train, "convert": _cmd_convert, "generate": _cmd_generate, "info": _cmd_info,
                 "predict": _cmd_predict, "embed": _cmd_embed}
     _configure_logging()
+    terminated = []
+    if args.command != "train" and threading.current_thread() is threading.main_thread():
+        # SIGTERM unwinds like Ctrl-C, so the partial files of a write in progress are removed on the way
+        # out (train has its own handler: it finishes the step and saves).
+        def on_term(signum, frame):
+            terminated.append(signum)
+            raise KeyboardInterrupt
+        previous = signal.signal(signal.SIGTERM, on_term)
     try:
         return handlers[args.command](args)
     except NeutronorchError as exc:
@@ -270,8 +302,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"neutronorch: error{where}: {as_flags(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("neutronorch: interrupted", file=sys.stderr)
-        return 130
+        print("neutronorch: interrupted" + ("" if args.command == "train" else "; nothing was written"),
+              file=sys.stderr)
+        return 128 + (terminated[0] if terminated else signal.SIGINT)
+    finally:
+        if args.command != "train" and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -159,7 +159,7 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
     types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int, "gpu_memory_gb": float,
              "gpu_cache_gb": str, "host_cache_gb": str}
     for f in fields(TrainConfig):
-        if f.name in ("progress", "stage_table", "resume", "residual"):
+        if f.name in ("progress", "stage_table", "resume", "overwrite", "residual"):
             continue
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
@@ -184,6 +184,10 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", default=argparse.SUPPRESS,
                         help="continue the run whose checkpoints are in --checkpoint-dir from its last.pt (raise "
                              "--epochs to train longer), mid-epoch included, in every mode")
+    parser.add_argument("--overwrite", action="store_true", default=argparse.SUPPRESS,
+                        help="replace the outputs of an earlier run (--summary-json, the logs, --timeline, the "
+                             "checkpoints in --checkpoint-dir); without it a run refuses paths that already hold "
+                             "them")
     parser.add_argument("--residual", action="store_true", default=argparse.SUPPRESS,
                         help="skip connections around every layer but the output layer (identity, or a learned "
                              "projection where the widths differ)")
@@ -269,4 +273,6 @@ def _inference_options(parser: argparse.ArgumentParser) -> None:
                         help="memory-map the intermediate layers' embeddings (a row per vertex) in this folder; "
                              "auto: in memory when they fit in half the available memory, else beside --out; "
                              "memory: always in memory (default: %(default)s)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace --out if it exists (it may never be one of the inputs)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from neutronorch.data.files import reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.interop import from_dgl, from_pyg, to_dgl, to_pyg
 from neutronorch.data.native import is_native_dir, load_native, save_native
@@ -15,7 +16,8 @@ from neutronorch.data.synthetic import SyntheticSpec, generate
 from neutronorch.errors import DataError
 
 __all__ = ["Graph", "load_dataset", "load_native", "save_native", "SyntheticSpec", "generate",
-           "make_split", "DEFAULT_SPLIT", "DATASET_SPEC_HELP", "from_pyg", "to_pyg", "from_dgl", "to_dgl"]
+           "make_split", "DEFAULT_SPLIT", "DATASET_SPEC_HELP", "dataset_paths", "from_pyg", "to_pyg", "from_dgl",
+           "to_dgl"]
 
 DATASET_SPEC_HELP = (
     "synthetic[:nodes=N,degree=D,features=F,classes=C,seed=S,...] | a native dataset directory "
@@ -25,6 +27,7 @@ DATASET_SPEC_HELP = (
     "pyg:NAME@ROOT (a PyG dataset already downloaded under ROOT, e.g. pyg:Cora@~/data)")
 
 
+@reads_files
 def load_dataset(spec: str, split: str | None = None, seed: int = 0, split_index: int = 0,
                  progress=None) -> Graph:
     """Open the dataset named by ``spec`` (see ``DATASET_SPEC_HELP``).
@@ -72,6 +75,16 @@ def _load(spec: str, split: str | None, seed: int, split_index: int, progress) -
         from neutronorch.data.snap import load_snap
         return load_snap(path, split or DEFAULT_SPLIT, seed)
     raise DataError(f"{path}: unknown file type. `dataset` takes {DATASET_SPEC_HELP}.")
+
+
+def dataset_paths(spec: str) -> list[Path]:
+    """The files or folders ``load_dataset(spec)`` reads (none for a synthetic graph): what no output may
+    overwrite."""
+    if spec.startswith("pyg:"):
+        return [Path(spec.partition("@")[2] or ".").expanduser()]
+    if spec == "synthetic" or spec.startswith("synthetic:"):
+        return []
+    return [Path(spec).expanduser()]
 
 
 def _own_split(graph: Graph, split: str | None) -> Graph:

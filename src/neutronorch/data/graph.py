@@ -90,6 +90,17 @@ class Graph:
         if dropped:
             self.notes.append(f"vertices without a label left out of the splits: {', '.join(dropped)}")
 
+    def files(self) -> list[str]:
+        """The files this graph's arrays are memory-mapped from (none for arrays held in memory)."""
+        found = []
+        for name in ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx"):
+            array = getattr(self, name)
+            while array is not None and getattr(array, "filename", None) is None:
+                array = getattr(array, "base", None)  # a view of a map (a bfloat16 view, a slice)
+            if array is not None and array.filename not in found:
+                found.append(array.filename)
+        return found
+
     def describe(self) -> str:
         return (f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, "
                 f"{self.feature_dim} features, {self.num_classes} classes, "

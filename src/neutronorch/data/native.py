@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from neutronorch.atomic import reserve, sweep_stale, temp_prefix, write_error
 from neutronorch.data.dtypes import BFLOAT16, bfloat16, is_bfloat16
 from neutronorch.data.files import read_error, reads_files
 from neutronorch.data.graph import METRICS, Graph
@@ -156,6 +157,38 @@ def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = Fa
     the end, so a failed write leaves what was there before, and a graph memory-mapped from ``directory``
     itself can be written back over it (its old files stay readable until the swap)."""
     target = Path(directory)
+    check_native_target(target, overwrite)
+    existed = target.exists()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        sweep_stale(target)  # what a killed writer left beside it
+        partial = _new_folder(target.parent, temp_prefix(target))
+    except OSError as exc:
+        raise write_error(target, exc, existed) from exc
+    try:
+        if target.is_dir():  # a folder that was there (empty, or a dataset replaced) keeps its permissions
+            os.chmod(partial, stat.S_IMODE(target.stat().st_mode))
+        _write_arrays(graph, partial)
+        if target.exists():
+            # Not a temporary name of the sweep's: between the two renames it holds the only copy.
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            target.replace(old / target.name)
+            partial.replace(target)
+            shutil.rmtree(old)
+        else:
+            partial.replace(target)
+    except OSError as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise write_error(target, exc, existed) from exc
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return target
+
+
+def check_native_target(target: Path, overwrite: bool) -> None:
+    """``save_native`` may write ``target``: a new or empty folder, or with ``overwrite`` a native dataset
+    holding nothing else (replacing the folder replaces all it holds)."""
     if target.exists() and not target.is_dir():
         raise DataError(f"{target}: exists and is a file; the native format is a folder. Choose another path.")
     replace = target.is_dir() and any(target.iterdir())
@@ -165,23 +198,13 @@ def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = Fa
     if replace and not is_native_dir(target):
         raise DataError(f"{target}: holds files but no native dataset (no meta.json); refusing to replace "
                         f"it. Choose a new folder.")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = _new_folder(target.parent, f".{target.name}.partial-")
-    try:
-        if target.is_dir():  # a folder that was there (empty, or a dataset replaced) keeps its permissions
-            os.chmod(partial, stat.S_IMODE(target.stat().st_mode))
-        _write_arrays(graph, partial)
-        if target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-            target.replace(old / target.name)
-            partial.replace(target)
-            shutil.rmtree(old)
-        else:
-            partial.replace(target)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    return target
+    if replace:
+        own = {"meta.json", *(f"{name}.npy" for name in ARRAYS)}
+        others = sorted(p.name for p in target.iterdir() if p.name not in own)
+        if others:
+            raise DataError(f"{target}: holds {', '.join(others[:5])}{' ...' if len(others) > 5 else ''} besides "
+                            f"the dataset; replacing the folder would delete them. Move them out first, or "
+                            f"choose a new folder.")
 
 
 def _new_folder(parent: Path, prefix: str) -> Path:
@@ -225,6 +248,7 @@ def _write_arrays(graph: Graph, directory: Path) -> None:
 def _save_array(path: Path, arr: np.ndarray) -> None:
     """Write in chunks so a memory-mapped source is never loaded whole."""
     out = np.lib.format.open_memmap(path, mode="w+", dtype=arr.dtype, shape=arr.shape)
+    reserve(path)  # a disk too small is an error here, not a SIGBUS while the map is filled
     step = max(1, (1 << 26) // max(1, int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.itemsize))
     for start in range(0, arr.shape[0], step):
         out[start:start + step] = arr[start:start + step]

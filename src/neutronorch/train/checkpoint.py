@@ -62,7 +62,7 @@ def fingerprint_changes(saved: dict, now: dict) -> list[str]:
 RESUME_MAY_CHANGE = frozenset({
     "dataset", "epochs", "patience", "eval_every", "eval_fanouts", "eval_batch_size", "eval_max_nodes", "summary_json",
     "timeline", "timeline_steps", "log_jsonl", "log_csv", "tensorboard", "log_every", "progress", "stage_table",
-    "checkpoint_dir", "checkpoint_every", "resume", "threads", "sampler_threads", "host_threads", "prefetch", "device",
+    "checkpoint_dir", "checkpoint_every", "resume", "overwrite", "threads", "sampler_threads", "host_threads", "prefetch", "device",
     "precision", "dist_timeout"})
 
 

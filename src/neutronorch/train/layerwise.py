@@ -26,11 +26,13 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import warnings
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
+from neutronorch.atomic import reserve, sweep_stale, temp_prefix, write_error
 from neutronorch.data.graph import Graph
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.models import GNN
@@ -59,7 +61,7 @@ def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor
         out = torch.empty((nodes.shape[0], model.width(upto - 1)))
     run = _Run(model, graph, store, device, chunk_size, progress, world or World())
     hidden = None
-    with tempfile.TemporaryDirectory(dir=scratch) if scratch is not None else contextlib.nullcontext() as folder:
+    with _scratch(scratch) as folder:
         for layer in range(upto):
             if layer == upto - 1:
                 return run.last(layer, hidden, nodes, out, transform)
@@ -161,10 +163,25 @@ class _Emitter:
             self.out[positions] = values
 
 
+def _scratch(scratch: str | None):
+    """A temporary folder in ``scratch`` (None: no folder), removed when the block ends; one that a killed
+    process left behind is removed by the next inference there."""
+    if scratch is None:
+        return contextlib.nullcontext()
+    marker = Path(scratch) / "neutronorch-scratch"
+    sweep_stale(marker)
+    return tempfile.TemporaryDirectory(dir=scratch, prefix=temp_prefix(marker))
+
+
 def _buffer(shape: tuple[int, int], device: torch.device, folder: str | None, layer: int) -> torch.Tensor:
     """One layer's rows of every vertex: on the device, or a float32 memory map in ``folder``."""
     if folder is None:
         return torch.empty(shape, device=device)
-    mapped = np.lib.format.open_memmap(f"{folder}/layer{layer + 1}.npy", mode="w+", dtype=np.float32, shape=shape)
+    path = f"{folder}/layer{layer + 1}.npy"
+    mapped = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape)
+    try:
+        reserve(path)  # a full disk is an error now, not a SIGBUS mid-layer
+    except OSError as exc:
+        raise write_error(Path(path), exc, existed=False) from exc
     return torch.from_numpy(mapped)
 

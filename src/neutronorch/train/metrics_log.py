@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -19,6 +20,8 @@ import torch
 
 from neutronorch.config import LogConfig
 
+
+logger = logging.getLogger("neutronorch")
 
 CSV_COLUMNS = ("kind", "epoch", "step", "loss", "seconds", "val_acc", "test_acc", "elapsed")
 
@@ -58,6 +61,24 @@ class MetricLog:
 
     def steps(self, epoch: int, first_batch: int, losses: list[torch.Tensor]) -> None:
         """Log consecutive steps' losses (device tensors; read here in one transfer)."""
+        try:
+            self._steps(epoch, first_batch, losses)
+        except OSError as exc:
+            self._give_up(exc)
+
+    def epoch(self, record: dict) -> None:
+        try:
+            self._epoch(record)
+        except OSError as exc:
+            self._give_up(exc)
+
+    def _give_up(self, exc: OSError) -> None:
+        """A log that cannot be written (a full disk) is not worth the run: say so once and go on without
+        the logs; what they hold so far stays."""
+        logger.warning(f"cannot write the metric logs ({exc.strerror or exc}); training goes on without them")
+        self.close()
+
+    def _steps(self, epoch: int, first_batch: int, losses: list[torch.Tensor]) -> None:
         values = torch.stack(losses).float().cpu().tolist()
         elapsed = round(time.perf_counter() - self._start, 3)
         for offset, loss in enumerate(values):
@@ -71,7 +92,7 @@ class MetricLog:
             if self._tb:
                 self._tb.add_scalar("train/loss", loss, step)
 
-    def epoch(self, record: dict) -> None:
+    def _epoch(self, record: dict) -> None:
         elapsed = round(time.perf_counter() - self._start, 3)
         if self._jsonl:
             self._jsonl.write(json.dumps({"kind": "epoch", "step": self._step, "elapsed": elapsed, **record}) + "\n")
@@ -99,11 +120,13 @@ class MetricLog:
             tb.flush()
 
     def close(self) -> None:
-        for f in (self._jsonl, self._csv_file):
-            if f is not None:
-                f.close()
-        if self._tb is not None:
-            self._tb.close()
+        for log in (self._jsonl, self._csv_file, self._tb):
+            if log is not None:
+                try:
+                    log.close()  # the last lines are flushed here: a full disk shows now
+                except OSError as exc:
+                    logger.warning(f"cannot write the end of a metric log ({exc.strerror or exc})")
+        self._jsonl = self._csv_file = self._csv = self._tb = None
 
 
 def _header_width(path: str) -> int:

@@ -16,6 +16,7 @@ from neutronorch.features.store import FeatureStore
 from neutronorch.train.checkpoint import Checkpoint, check_fits, load_checkpoint
 from neutronorch.train.layerwise import LayerProgress, layerwise
 from neutronorch.features.memory import available_memory_bytes
+from neutronorch.train.output_guard import check_distinct, check_fresh, check_space
 from neutronorch.train.outputs import check_creatable, open_array_atomically
 from neutronorch.train.task import Task, score
 
@@ -68,7 +69,7 @@ def _ids_in_memory(nodes) -> np.ndarray:
 def predict(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, nodes: Nodes = "test",
             probabilities: bool = False, device: str = "cpu", chunk_size: int = 4096, *,
             out: str | os.PathLike | None = None, scratch: str | None = "auto",
-            progress: LayerProgress | None = None) -> np.ndarray:
+            progress: LayerProgress | None = None, overwrite: bool = False) -> np.ndarray:
     """Predicted classes (int64) of ``nodes``, or with ``probabilities`` their class probabilities
     (float32, one row per vertex), from the checkpoint's model over complete neighbourhoods. For a
     multi-label graph: a 0/1 row per vertex (int8), or with ``probabilities`` each task's probability.
@@ -79,7 +80,9 @@ def predict(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, nodes: Nod
     and the file is returned opened read-only; ``scratch`` is where the intermediate layers' embeddings are
     memory-mapped: ``"auto"`` (in memory when they fit in half the available memory, else beside ``out``
     or in the system's temporary folder), a folder, or None (in memory). ``progress(layer, done, total)``
-    is called after every chunk."""
+    is called after every chunk. ``out`` must not be one of the inputs (the checkpoint, the graph's files,
+    the ``nodes`` file), and is not replaced if it exists unless ``overwrite``."""
+    _check_out(out, scratch, checkpoint, graph, nodes, overwrite)
     checkpoint = _checkpoint(checkpoint, graph)
     task = Task.of(graph)
     if probabilities:
@@ -93,10 +96,12 @@ def predict(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, nodes: Nod
 
 def embed(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, layer: int, nodes: Nodes = "all",
           device: str = "cpu", chunk_size: int = 4096, *, out: str | os.PathLike | None = None,
-          scratch: str | None = "auto", progress: LayerProgress | None = None) -> np.ndarray:
+          scratch: str | None = "auto", progress: LayerProgress | None = None,
+          overwrite: bool = False) -> np.ndarray:
     """The output of layer ``layer`` (1 = the bottom layer, after its activation; the last layer gives the
-    logits) of ``nodes``, as float32 rows, over complete neighbourhoods; ``out``, ``scratch`` and
-    ``progress`` as for ``predict``."""
+    logits) of ``nodes``, as float32 rows, over complete neighbourhoods; ``out``, ``scratch``, ``progress``
+    and ``overwrite`` as for ``predict``."""
+    _check_out(out, scratch, checkpoint, graph, nodes, overwrite)
     checkpoint = _checkpoint(checkpoint, graph)
     layers = checkpoint.model.num_layers
     if not 1 <= layer <= layers:
@@ -124,15 +129,28 @@ def _infer(checkpoint: Checkpoint, graph: Graph, nodes: Nodes, layers: int | Non
                                   progress=progress)
     if out is None:
         return run(np.empty((ids.shape[0], *row_shape), dtype))
+    check_space("out", out, ids.shape[0] * int(np.prod(row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
     with open_array_atomically(out, (ids.shape[0], *row_shape), dtype) as array:
         run(array)
     return np.load(out, mmap_mode="r")
 
 
-def check_output_path(out: str | os.PathLike, scratch: str | None = "auto") -> None:
-    """Fail before any data is loaded if the output or the scratch folder cannot be written."""
+def _check_out(out, scratch, checkpoint, graph: Graph, nodes: Nodes, overwrite: bool) -> None:
+    if out is not None:
+        reads = {"checkpoint": [] if isinstance(checkpoint, Checkpoint) else [checkpoint],
+                 "dataset": graph.files(), "nodes": [nodes] if isinstance(nodes, (str, os.PathLike))
+                 and nodes not in NODE_SETS else []}
+        check_output_path(out, scratch, reads, overwrite)
+
+
+def check_output_path(out: str | os.PathLike, scratch: str | None = "auto", reads: dict | None = None,
+                      overwrite: bool = False) -> None:
+    """Fail before any data is loaded if the output or the scratch folder cannot be written, if the output
+    is one of the inputs in ``reads`` (field -> paths), or if it exists and ``overwrite`` is not given."""
     if Path(out).is_dir():
         raise ConfigError(f"`out` {out}: is a folder; give the path of the .npy file to write.")
+    check_distinct(reads or {}, {"out": [out]})
+    check_fresh({"out": [out]}, overwrite)
     check_creatable("out", out)
     if scratch not in ("auto", None) and not (Path(scratch).is_dir() and os.access(scratch, os.W_OK)):
         raise ConfigError(f"`scratch_dir` {scratch}: not a writable folder (or give auto, or memory).")

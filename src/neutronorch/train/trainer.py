@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ import torch
 
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, load_dataset
-from neutronorch.errors import CheckpointError, Interrupted, TrainingError
+from neutronorch.errors import CheckpointError, Interrupted, OutputError, TrainingError
 from neutronorch.nn.models import GNN
 from neutronorch.nn.precision import Precision, resolve_precision
 from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table, write_timeline
@@ -37,15 +36,17 @@ from neutronorch.orchestration.mode import Mode
 from neutronorch.train.evaluate import evaluate
 from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, epoch_line, evaluation_progress,
                                     train_epoch)
-from neutronorch.train.memory import keep_freed_memory, peak_rss_mb, resident_mb
+from neutronorch.train.memory import keep_freed_memory
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
 from neutronorch.train.resources import (check_threading_layer, memory_budget, resolve_device, thread_budget,
                                          torch_threads)
 from neutronorch.train.checkpoint import check_resumable, load_state, save_checkpoint
 from neutronorch.train.distributed import GradientSync, World, joined, rank_device
-from neutronorch.train.outputs import check_outputs, write_json_atomically
+from neutronorch.train.outputs import (check_checkpoint_space, check_outputs, claim_checkpoint_dir, save_or_rescue,
+                                       write_summary)
 from neutronorch.train.step import TRAINER_STAGES
+from neutronorch.train.summary import summarise, topology_in_file_order
 from neutronorch.train.task import Task
 
 logger = logging.getLogger("neutronorch")
@@ -99,6 +100,8 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
     keep_freed_memory()
     with contextlib.ExitStack() as stack:
         world = stack.enter_context(joined(device.type, config.dist_timeout))
+        if world.main:  # the rank that writes checkpoints holds their folder
+            stack.enter_context(claim_checkpoint_dir(config))
         precision = resolve_precision(config.precision, device)
         config.precision = precision.name
         threads = thread_budget(config, world.local_size)
@@ -107,6 +110,8 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
         stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
         torch.manual_seed(config.seed)
         run = build_run(config, graph, device, threads, stack, world)
+        if world.main:
+            check_checkpoint_space(config, run.model.parameters())
         run.stop, run.started, run.precision = stop, started, precision
         if world.distributed:
             run.sync = GradientSync(world, list(run.model.parameters()), stop, run.mode.averaged_gradients)
@@ -114,12 +119,16 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
         logger.info(f"precision {precision.name} ({precision.reason})")
         try:
             last_eval, timeline = run_epochs(run, progress)
-        except (Interrupted, TrainingError) as exc:
+        except (Interrupted, TrainingError, OutputError) as exc:
             # Nothing lost: what was trained is summarised (and, stopped on request, saved) before raising.
             summary = summarise(run, {}, None, "interrupted" if isinstance(exc, Interrupted) else "failed",
                                 gather=False)  # another rank may be gone: no collective here
-            if config.summary_json and world.main:
-                write_json_atomically(config.summary_json, summary)
+            summary["error"] = None if isinstance(exc, Interrupted) else str(exc)
+            if world.main:
+                try:
+                    write_summary(config, summary)
+                except OutputError as lost:  # the first error is the one to raise; say this one too
+                    logger.error(str(lost))
             raise
         if config.epochs and not last_eval and config.eval_every >= 0:
             last_eval = _evaluate(run)
@@ -127,8 +136,8 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
             run.history[-1].update(_named(run.task, last_eval))
             _checkpoint(run, "best.pt", config.epochs - 1)
         summary = summarise(run, last_eval, timeline, "stopped_early" if run.stopped_early else "completed")
-    if config.summary_json and world.main:
-        write_json_atomically(config.summary_json, summary)
+    if world.main:
+        write_summary(config, summary)
     return summary
 
 
@@ -252,10 +261,13 @@ def run_epochs(run: Run, progress: Progress | None):
             break
     timeline = None
     if config.timeline and run.spans.events and run.world.main:
-        timeline = write_timeline(config.timeline, run.spans.events, run.util.samples,
-                                  f"{mode.name} mode, {config.model}, epoch {window.epoch}, first "
-                                  f"{config.timeline_steps} steps", run.stages)
-        logger.info(f"timeline: {timeline['png']} ({timeline['spans']} spans; raw spans in {timeline['json']})")
+        try:
+            timeline = write_timeline(config.timeline, run.spans.events, run.util.samples,
+                                      f"{mode.name} mode, {config.model}, epoch {window.epoch}, first "
+                                      f"{config.timeline_steps} steps", run.stages)
+            logger.info(f"timeline: {timeline['png']} ({timeline['spans']} spans; raw spans in {timeline['json']})")
+        except OSError as exc:  # a chart is not worth the run: what was trained is still saved and summarised
+            logger.warning(f"cannot write the timeline {config.timeline}: {exc.strerror or exc}; going on without it")
     return last_eval, timeline
 
 
@@ -297,10 +309,12 @@ def _checkpoint(run: Run, name: str, epoch: int, position: tuple[int, float] | N
             if not run.world.main:
                 return
             mode_state = {"ranks": states}
-        save_checkpoint(Path(run.config.checkpoint_dir) / name, config=run.config, graph=run.graph,
-                        model=run.model, optimizer=run.optimizer, epoch=epoch, history=run.history,
-                        best=run.best, position={"step": step, "loss_sum": loss_sum},
-                        mode_state=mode_state, world_size=run.world.size)
+        save = lambda path: save_checkpoint(  # noqa: E731
+            path, config=run.config, graph=run.graph, model=run.model, optimizer=run.optimizer, epoch=epoch,
+            history=run.history, best=run.best, position={"step": step, "loss_sum": loss_sum},
+            mode_state=mode_state, world_size=run.world.size)
+        summary = run.config.summary_json
+        save_or_rescue(Path(run.config.checkpoint_dir) / name, save, [Path(summary).parent] if summary else [])
 
 
 def _evaluate(run: Run, progress=None) -> dict[str, float]:
@@ -311,14 +325,8 @@ def _evaluate(run: Run, progress=None) -> dict[str, float]:
         run.world.broadcast_module(run.model, "the buffers' broadcast before evaluation", buffers_only=True)
     store = run.mode.store.as_dtype(torch.float32)  # evaluation runs in float32 whatever the training precision
     return evaluate(run.model, run.graph, store, run.device, config.eval_fanouts, config.eval_batch_size,
-                    config.seed, config.eval_max_nodes, run.task, run.world, _topology_in_file_order(run.mode),
+                    config.seed, config.eval_max_nodes, run.task, run.world, topology_in_file_order(run.mode),
                     progress)
-
-
-def _topology_in_file_order(mode) -> bool:
-    """Whether the mode's host samplers read the topology in file order (``--read-order``, as resolved)."""
-    sampling = getattr(mode, "sampling", None)
-    return bool(sampling is not None and sampling.file_order)
 
 
 def _named(task: Task, scores: dict) -> dict:
@@ -331,63 +339,3 @@ def _named(task: Task, scores: dict) -> dict:
 def _scores_of(record: dict) -> dict:
     """A record's evaluation as {"val": ..., "test": ...}, or {} if it was not evaluated."""
     return {"val": record["val_acc"], "test": record["test_acc"]} if "val_acc" in record else {}
-
-
-def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str, gather: bool = True) -> dict:
-    """The run summary; ``status`` is completed, interrupted or failed. Data parallel, ``gather`` collects
-    every rank's peak resident memory (a collective: every rank must call it)."""
-    config, graph, mode, epochs, best = run.config, run.graph, run.mode, run.history, run.best
-    distributed = run.world.summary(config.batch_size, gather)
-    key = run.task.key
-    seconds = [e["seconds"] for e in epochs]
-    moved = {name: sum(e["moved"].get(name, 0) for e in epochs)
-             for name in ("feature_rows", "feature_bytes", "device_bytes", "cache_hits", "host_rows", "host_cache_hits")}
-    return {
-        "status": status,
-        "mode": mode.name,
-        "config": config.to_dict(),
-        "dataset": {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
-                    "feature_dim": graph.feature_dim, "classes": graph.num_classes,
-                    "train": int(len(graph.train_idx))},
-        "device": str(run.device),
-        "precision": {"name": run.precision.name, "reason": run.precision.reason},
-        "threads": {"train": run.threads.train, **mode.threads},
-        "epochs": epochs,
-        "epoch_seconds_median": statistics.median(seconds) if seconds else None,
-        "metric": run.task.metric,
-        f"val_{key}": best["val"] if last_eval else None,
-        f"test_{key}": best["test"] if last_eval else None,
-        "best_epoch": best["epoch"] if last_eval else None,
-        f"final_val_{key}": last_eval.get("val"),
-        f"final_test_{key}": last_eval.get("test"),
-        # The same values under the names they had when accuracy was the only metric.
-        "val_acc": best["val"] if last_eval else None,
-        "test_acc": best["test"] if last_eval else None,
-        "final_val_acc": last_eval.get("val"),
-        "final_test_acc": last_eval.get("test"),
-        "peak_rss_mb": round(peak_rss_mb(), 1),
-        "resident_mb": resident_mb(),  # at the end: own (anon) and mapped-file (file) memory
-        "moved": moved,  # a resumed history's records may predate the host cache's keys
-        "host_cache": None if mode.store.host_cache is None
-        else mode.store.host_cache.summary(moved["host_rows"], moved["host_cache_hits"]),
-        "placement": mode.placement.to_dict(),
-        # --read-order as resolved: how memory-mapped features and the host samplers' topology were read.
-        "read_order": {"features": "file" if mode.store.ordered else "batch",
-                       "topology": "file" if _topology_in_file_order(mode) else "batch"},
-        "timeline": timeline,
-        "checkpoints": _checkpoints_written(config.checkpoint_dir),
-        "distributed": distributed,  # None in one process
-        # Seconds from entering train() to the end of the first optimizer step (None: no step), of which
-        # data_seconds loading the dataset (0 when the graph was passed in).
-        "startup": {"data_seconds": round(run.data_seconds, 4),
-                    "first_step_seconds": None if run.first_step_at is None
-                    else round(run.first_step_at - run.started, 4)},
-        **mode.summary(),
-    }
-
-
-def _checkpoints_written(directory: str | None) -> dict | None:
-    if not directory:
-        return None
-    return {name: str(Path(directory) / f"{name}.pt") if (Path(directory) / f"{name}.pt").is_file() else None
-            for name in ("last", "best")}

@@ -1,0 +1,179 @@
+"""Files written whole or not at all: a temporary file beside the target, flushed to disk and renamed into
+place, so a crash, a kill or a full disk mid-write leaves the previous file (or none), never half of one.
+
+Temporary files are named ``.<target>.tmp-<pid>-<random>``. A write removes what it left itself when it
+fails or is interrupted, and the next write to the same target removes what a killed process left (its
+process no longer runs), so nothing accumulates beside outputs. A failed write raises ``OutputError`` naming
+the target, the reason (a full disk says how much was free) and what was kept.
+
+Used by the data writers and the training outputs alike; it imports nothing of ours but the errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
+
+import numpy as np
+
+from neutronorch.errors import OutputError
+
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def temp_prefix(target: Path) -> str:
+    return f".{target.name}.tmp-{os.getpid()}-"
+
+
+def sweep_stale(target: Path) -> None:
+    """Remove the temporary files and folders that processes no longer running left beside ``target``."""
+    with contextlib.suppress(OSError):
+        for leftover in target.parent.glob(f".{glob_escape(target.name)}.tmp-*"):
+            pid = leftover.name[len(f".{target.name}.tmp-"):].split("-", 1)[0]
+            if pid.isdigit() and not _running(int(pid)):
+                if leftover.is_dir() and not leftover.is_symlink():
+                    shutil.rmtree(leftover, ignore_errors=True)
+                else:
+                    leftover.unlink(missing_ok=True)
+
+
+def glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def write_error(target: Path, exc: BaseException, existed: bool) -> OutputError:
+    """The ``OutputError`` for a write of ``target`` that failed with ``exc`` (an ``OSError``)."""
+    reason = getattr(exc, "strerror", None) or str(exc)
+    if getattr(exc, "errno", None) in _FULL:
+        free = _free(target.parent)
+        reason += f" ({free / 2**20:.1f} MiB free)" if free is not None else ""
+        fix = "Free some space, or choose a path on another disk"
+    else:
+        fix = "Choose a folder you can write to"
+    kept = "what was there is kept" if existed else "nothing was written"
+    return OutputError(f"cannot write {target}: {reason}; {kept}. {fix}.")
+
+
+def _free(folder: Path) -> int | None:
+    try:
+        stats = os.statvfs(folder)
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
+class _Recording:
+    """A file whose write errors are remembered: torch.save reports a failed write as a RuntimeError of
+    its own, and the ``OSError`` underneath is what says the disk is full."""
+
+    def __init__(self, f: BinaryIO):
+        self._f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+@contextlib.contextmanager
+def _temporary(target: Path, make: Callable[[str], None]) -> Iterator[str]:
+    """A temporary path beside ``target`` made by ``make``, renamed onto ``target`` when the block ends
+    without an error, removed otherwise. OS errors become ``OutputError``."""
+    existed = target.exists()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        sweep_stale(target)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target), dir=target.parent)
+        os.close(fd)
+    except OSError as exc:
+        raise write_error(target, exc, existed) from exc
+    try:
+        make(tmp)
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # what open() would have given (mkstemp gives 0600)
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise write_error(target, exc, existed) from exc
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
+    """Call ``write`` on a temporary file beside ``path`` (its folder made if needed), flush it to disk and
+    rename it into place."""
+    target = Path(path)
+    with _temporary(target, lambda tmp: None) as tmp:
+        with open(tmp, "wb") as f:
+            recording = _Recording(f)
+            try:
+                write(recording)
+                f.flush()
+            except Exception as exc:  # noqa: BLE001 - any writer's wrapping of the OSError underneath  # a writer that wrapped the OSError in its own exception
+                if recording.error is None:
+                    raise
+                raise recording.error from exc
+    return target
+
+
+@contextlib.contextmanager
+def open_array_atomically(path: str | os.PathLike, shape: tuple[int, ...], dtype) -> Iterator[np.ndarray]:
+    """A ``.npy`` file of ``shape`` and ``dtype`` to fill in place, memory-mapped (never held whole in
+    memory), renamed into place when the block ends without an error."""
+    target = Path(path)
+    with _temporary(target, lambda tmp: None) as tmp:
+        if int(np.prod(shape)) == 0:  # an empty file cannot be mapped
+            array = np.empty(shape, dtype)
+            yield array
+            with open(tmp, "wb") as f:
+                np.save(f, array)
+        else:
+            array = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
+            reserve(tmp)
+            yield array
+            array.flush()
+            del array
+
+
+def reserve(path: str | os.PathLike) -> None:
+    """Allocate a (memory-mapped, still sparse) file's blocks now: a memory map on a disk that fills up
+    mid-write kills the process with SIGBUS, where a refused allocation here is an ordinary error."""
+    if not hasattr(os, "posix_fallocate"):
+        return
+    with open(path, "rb+") as f:
+        try:
+            os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise  # the file system cannot reserve (then it is written as before); anything else fails
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -1,0 +1,161 @@
+"""Nothing lost: an output never overwrites an input, another output of the same command, or (unless asked)
+another run's output, and a run's checkpoint folder is its own while it runs.
+
+Every command that writes files calls these before it loads any data:
+
+- ``check_distinct``: no output is an input file, lies inside an input folder, or holds an input in a
+  folder it replaces; no two outputs are one file. Paths are compared after resolving symbolic links, and
+  existing files by identity, so a hard link or another spelling of the same file is caught too.
+- ``check_fresh``: no output already exists, unless the run continues the one that wrote it (``resume``)
+  or the user said to replace it (``overwrite``).
+- ``check_creatable`` / ``check_space``: each output's folder really takes a file (one is created and
+  removed), and its disk has room for what will be written.
+- ``claim_folder``: an exclusive lock on a folder for the life of the run, so a second run into the same
+  checkpoint folder is refused instead of mixing its checkpoints with the first's.
+
+It must never write anything but its probe files (removed at once) and the folder's lock file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable, Iterator, Mapping
+
+from neutronorch.errors import ConfigError, OutputError
+
+PathLike = str | os.PathLike
+LOCK_NAME = ".neutronorch.lock"
+
+
+def _resolved(path: PathLike) -> Path:
+    return Path(path).expanduser().resolve()
+
+
+def _same(a: Path, b: Path) -> bool:
+    if a == b:
+        return True
+    try:
+        return os.path.samefile(a, b)  # hard links, bind mounts
+    except OSError:
+        return False
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """``path`` lies strictly inside ``folder`` (compared by identity where both exist)."""
+    return any(_same(parent, folder) for parent in path.parents)
+
+
+def check_distinct(reads: Mapping[str, Iterable[PathLike]], writes: Mapping[str, Iterable[PathLike]],
+                   replaces: Mapping[str, PathLike] | None = None) -> None:
+    """Refuse outputs that would destroy an input or each other. ``reads``: field -> the files or folders it
+    reads; ``writes``: field -> the files it writes; ``replaces``: field -> a folder written as a whole
+    (replaced), which must hold no input."""
+    inputs = [(field, _resolved(p)) for field, paths in reads.items() for p in paths]
+    outputs = [(field, _resolved(p)) for field, paths in writes.items() for p in paths]
+    for field, out in outputs:
+        for source, path in inputs:
+            if _same(out, path):
+                raise ConfigError(f"`{field}` {out}: is also read as `{source}`; writing it would destroy that "
+                                  f"input. Choose another path.")
+            if path.is_dir() and _inside(out, path):
+                raise ConfigError(f"`{field}` {out}: lies inside {path}, the folder read as `{source}`; "
+                                  f"outputs never go into an input's folder. Choose a path outside it.")
+    for i, (field, out) in enumerate(outputs):
+        for other, path in outputs[i + 1:]:
+            if _same(out, path):
+                what = f"`{field}` and `{other}`" if field != other else f"`{field}`"
+                raise ConfigError(f"{what} would both write {out}; give each output its own path.")
+    for field, folder in (replaces or {}).items():
+        folder = _resolved(folder)
+        for source, path in inputs:
+            if _same(folder, path) or _inside(path, folder):
+                raise ConfigError(f"`{field}` {folder}: holds `{source}` {path}, which writing it would replace. "
+                                  f"Choose another folder.")
+
+
+def check_fresh(writes: Mapping[str, Iterable[PathLike]], overwrite: bool, resume: bool = False,
+                again: str = "") -> None:
+    """Refuse outputs that already exist (another run's), unless ``overwrite``, or ``resume`` (the run
+    that wrote them goes on). ``again``: how to continue that run, said in the message when there is a way."""
+    for field, paths in writes.items():
+        for path in map(Path, paths):
+            if path.is_dir():
+                raise ConfigError(f"`{field}` {path}: is a folder; give the path of the file to write.")
+            if path.exists() and not (overwrite or resume):
+                raise ConfigError(f"`{field}` {path}: already exists (the output of an earlier run?) and is never "
+                                  f"replaced silently. Give a new path{again}, or pass `overwrite` to replace it.")
+
+
+def check_creatable(field: str, path: PathLike) -> None:
+    """``path`` can be written: its folder exists or can be made, and really takes a new file (one is
+    created there and removed: permissions, read-only disks and full inode tables all show)."""
+    folder = _existing_ancestor(Path(path).expanduser().absolute().parent)
+    if not folder.is_dir():
+        raise ConfigError(f"`{field}` {path}: cannot be written ({folder} is not a folder).")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".neutronorch-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise OutputError(f"`{field}` {path}: cannot be written ({folder}: {exc.strerror or exc}). Choose a "
+                          f"folder you can write to.") from None
+
+
+def check_space(field: str, path: PathLike, needed: int) -> None:
+    """``path``'s disk has at least ``needed`` bytes free (it is refused before the work, not after)."""
+    free = free_bytes(path)
+    if free is not None and free < needed:
+        raise OutputError(f"`{field}` {path}: needs about {_size(needed)}, and its disk has {_size(free)} free. "
+                          f"Free some space, or choose a path on another disk.")
+
+
+def free_bytes(path: PathLike) -> int | None:
+    """Bytes an unprivileged writer may still use on ``path``'s disk (None where unknown)."""
+    try:
+        stats = os.statvfs(_existing_ancestor(Path(path).expanduser().absolute()))
+    except (OSError, AttributeError):
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _existing_ancestor(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+@contextlib.contextmanager
+def claim_folder(field: str, folder: PathLike) -> Iterator[Path]:
+    """Hold an exclusive lock on ``folder`` (made if needed) until the block ends; refuse it while another
+    process holds it. The lock goes with the process, however it ends, so none is ever left stale."""
+    import fcntl  # noqa: PLC0415 - POSIX only; the rest of this module is not
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / LOCK_NAME
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise OutputError(f"`{field}` {folder}: cannot be written ({exc.strerror or exc}). Choose a folder you "
+                          f"can write to.") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise ConfigError(f"`{field}` {folder}: in use by another run (process {holder}); two runs writing "
+                              f"one folder would mix their checkpoints. Give this run another folder, or wait "
+                              f"for that one to end.") from None
+        with contextlib.suppress(OSError):  # who holds it, for the message above; the lock itself is enough
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield folder
+    finally:
+        os.close(fd)  # releases the lock

@@ -1,0 +1,79 @@
+"""The run summary: what ``train`` returns and writes to ``summary_json`` (README lists its keys)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from neutronorch.train.memory import peak_rss_mb, resident_mb
+
+if TYPE_CHECKING:
+    from neutronorch.train.trainer import Run
+
+
+def summarise(run: "Run", last_eval: dict, timeline: dict | None, status: str, gather: bool = True) -> dict:
+    """The run summary; ``status`` is completed, interrupted or failed. Data parallel, ``gather`` collects
+    every rank's peak resident memory (a collective: every rank must call it)."""
+    config, graph, mode, epochs, best = run.config, run.graph, run.mode, run.history, run.best
+    distributed = run.world.summary(config.batch_size, gather)
+    key = run.task.key
+    seconds = [e["seconds"] for e in epochs]
+    moved = {name: sum(e["moved"].get(name, 0) for e in epochs)
+             for name in ("feature_rows", "feature_bytes", "device_bytes", "cache_hits", "host_rows", "host_cache_hits")}
+    return {
+        "status": status,
+        "mode": mode.name,
+        "config": config.to_dict(),
+        "dataset": {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
+                    "feature_dim": graph.feature_dim, "classes": graph.num_classes,
+                    "train": int(len(graph.train_idx))},
+        "device": str(run.device),
+        "precision": {"name": run.precision.name, "reason": run.precision.reason},
+        "threads": {"train": run.threads.train, **mode.threads},
+        "epochs": epochs,
+        "epoch_seconds_median": statistics.median(seconds) if seconds else None,
+        "metric": run.task.metric,
+        f"val_{key}": best["val"] if last_eval else None,
+        f"test_{key}": best["test"] if last_eval else None,
+        "best_epoch": best["epoch"] if last_eval else None,
+        f"final_val_{key}": last_eval.get("val"),
+        f"final_test_{key}": last_eval.get("test"),
+        # The same values under the names they had when accuracy was the only metric.
+        "val_acc": best["val"] if last_eval else None,
+        "test_acc": best["test"] if last_eval else None,
+        "final_val_acc": last_eval.get("val"),
+        "final_test_acc": last_eval.get("test"),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "resident_mb": resident_mb(),  # at the end: own (anon) and mapped-file (file) memory
+        "moved": moved,  # a resumed history's records may predate the host cache's keys
+        "host_cache": None if mode.store.host_cache is None
+        else mode.store.host_cache.summary(moved["host_rows"], moved["host_cache_hits"]),
+        "placement": mode.placement.to_dict(),
+        # --read-order as resolved: how memory-mapped features and the host samplers' topology were read.
+        "read_order": {"features": "file" if mode.store.ordered else "batch",
+                       "topology": "file" if topology_in_file_order(mode) else "batch"},
+        "timeline": timeline,
+        "checkpoints": _checkpoints_written(config.checkpoint_dir),
+        "distributed": distributed,  # None in one process
+        # Seconds from entering train() to the end of the first optimizer step (None: no step), of which
+        # data_seconds loading the dataset (0 when the graph was passed in).
+        "startup": {"data_seconds": round(run.data_seconds, 4),
+                    "first_step_seconds": None if run.first_step_at is None
+                    else round(run.first_step_at - run.started, 4)},
+        **mode.summary(),
+    }
+
+
+def _checkpoints_written(directory: str | None) -> dict | None:
+    if not directory:
+        return None
+    return {name: str(Path(directory) / f"{name}.pt") if (Path(directory) / f"{name}.pt").is_file() else None
+            for name in ("last", "best")}
+
+
+
+def topology_in_file_order(mode) -> bool:
+    """Whether the mode's host samplers read the topology in file order (``--read-order``, as resolved)."""
+    sampling = getattr(mode, "sampling", None)
+    return bool(sampling is not None and sampling.file_order)

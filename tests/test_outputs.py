@@ -1,0 +1,350 @@
+"""Nothing lost: outputs never overwrite inputs, each other or another run's outputs; a run's checkpoint
+folder is its own; unwritable outputs and full disks are clear errors found early, after what was trained
+is saved; interrupted writes leave no partial files."""
+
+import errno
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from neutronorch import OutputError, TrainConfig, predict, train
+from neutronorch.atomic import open_array_atomically, sweep_stale, write_atomically
+from neutronorch.cli import main
+from neutronorch.data import SyntheticSpec, generate, save_native
+from neutronorch.train import output_guard
+from neutronorch.train import trainer as trainer_module
+
+TINY = "synthetic:nodes=300,degree=5,features=8,classes=3"
+TRAIN = ["--fanouts", "4,4", "--hidden", "8", "--epochs", "1", "--no-progress", "--no-stage-table",
+         "--device", "cpu"]
+
+
+def _digest(folder: Path) -> dict:
+    """Every file under ``folder`` (hidden ones included) with a hash of its bytes."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A native dataset, a trained checkpoint, a nodes file and a config file: the inputs to protect."""
+    root = tmp_path_factory.mktemp("inputs")
+    save_native(generate(SyntheticSpec(nodes=300, degree=5, features=8, classes=3)), root / "data")
+    assert main(["train", "--dataset", str(root / "data"), *TRAIN, "--checkpoint-dir", str(root / "ckpt")]) == 0
+    np.save(root / "ids.npy", np.arange(10))
+    (root / "run.yaml").write_text("epochs: 1\n")
+    np.savez(root / "graph.npz", x=np.zeros(1))
+    return root
+
+
+def _no_data_loaded(monkeypatch):
+    fail = lambda *a, **k: pytest.fail("data loaded before the outputs were checked")  # noqa: E731
+    monkeypatch.setattr(trainer_module, "load_dataset", fail)
+    monkeypatch.setattr("neutronorch.cli.app.load_dataset", fail)
+
+
+# Each case: a command line whose output is an input or another output ({w}: the workspace).
+OVERLAPS = [
+    ("train", "--summary-json {w}/data/features.npy"),
+    ("train", "--summary-json {w}/data/new.json"),  # into the dataset's folder
+    ("train", "--summary-json {w}/run.yaml --config {w}/run.yaml"),
+    ("train", "--log-csv {w}/out/a.txt --summary-json {w}/out/a.txt"),
+    ("train", "--timeline {w}/out/t.png --summary-json {w}/out/t.json"),
+    ("train", "--checkpoint-dir {w}/data"),
+    ("train", "--tensorboard {w}/data"),
+    ("train", "--log-jsonl {w}/link-to-features.npy"),  # a symbolic link to an input
+    ("train", "--summary-json {w}/hard-link-to-labels.npy"),  # a hard link to an input
+    ("predict", "--out {w}/ckpt/best.pt"),
+    ("predict", "--out {w}/ids.npy --nodes {w}/ids.npy"),
+    ("predict", "--out {w}/data/labels.npy"),
+    ("predict", "--out {w}/data/preds.npy"),
+    ("predict", "--out {w}/ckpt/../ckpt/best.pt --overwrite"),  # another spelling, even with --overwrite
+    ("embed", "--out {w}/link-to-checkpoint.pt"),
+    ("convert", "{w}/graph.npz {w}"),  # the output folder holds the input
+    ("convert", "{w}/data {w}/data/copy"),  # into the input's folder
+    ("convert", "{w}/data {w}/data"),  # in place without --overwrite: refused by the dataset writer
+]
+
+
+@pytest.mark.parametrize("command,args", OVERLAPS)
+def test_an_output_onto_an_input_or_another_output_is_refused_before_anything_is_read(
+        workspace, command, args, capsys, monkeypatch):
+    w = workspace
+    for link, target in (("link-to-features.npy", "data/features.npy"), ("link-to-checkpoint.pt", "ckpt/best.pt")):
+        if not (w / link).is_symlink():
+            (w / link).symlink_to(w / target)
+    if not (w / "hard-link-to-labels.npy").exists():
+        os.link(w / "data" / "labels.npy", w / "hard-link-to-labels.npy")
+    before = _digest(w)
+    _no_data_loaded(monkeypatch)
+    words = args.format(w=w).split()
+    if command == "train":
+        words = ["train", "--dataset", str(w / "data"), *TRAIN, *words]
+    elif command in ("predict", "embed"):
+        words = [command, "--checkpoint", str(w / "ckpt" / "best.pt"), "--dataset", str(w / "data"),
+                 "--device", "cpu", *(["--layer", "1"] if command == "embed" else []), *words]
+    else:
+        words = [command, *words]
+    assert main(words) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "Traceback" not in err, err
+    assert _digest(w) == before
+
+
+def test_the_python_api_refuses_an_output_onto_its_own_inputs(workspace):
+    from neutronorch import load_dataset
+
+    graph = load_dataset(str(workspace / "data"))
+    before = _digest(workspace)
+    for out in (workspace / "ckpt" / "best.pt", workspace / "data" / "features.npy", workspace / "ids.npy"):
+        with pytest.raises(Exception, match="read as|already exists"):
+            predict(str(workspace / "ckpt" / "best.pt"), graph, str(workspace / "ids.npy"), out=out, overwrite=True)
+    assert _digest(workspace) == before
+
+
+def test_a_new_run_into_a_folder_with_checkpoints_is_refused_unless_resumed_or_overwritten(tmp_path, capsys):
+    ckpt, summary = tmp_path / "ckpt", tmp_path / "s.json"
+    base = ["train", "--dataset", TINY, *TRAIN, "--checkpoint-dir", str(ckpt), "--eval-every", "1"]
+    assert main(base + ["--epochs", "2", "--summary-json", str(summary)]) == 0
+    before = _digest(ckpt)
+    assert main(base) == 2  # forgot --resume
+    err = capsys.readouterr().err
+    assert "already exists" in err and "--resume" in err and "--overwrite" in err
+    assert main(base + ["--summary-json", str(summary), "--checkpoint-dir", str(tmp_path / "other")]) == 2
+    assert "--summary-json" in capsys.readouterr().err
+    assert _digest(ckpt) == before and not (tmp_path / "other" / "last.pt").exists()
+    assert main(base + ["--epochs", "3", "--resume", "--summary-json", str(summary)]) == 0
+    assert json.loads(summary.read_text())["epochs"][-1]["epoch"] == 2
+    # --overwrite starts over, and no checkpoint of the earlier run survives to be taken for this one's.
+    assert main(base + ["--eval-every", "-1", "--overwrite", "--summary-json", str(summary)]) == 0
+    assert sorted(p.name for p in ckpt.iterdir() if not p.name.startswith(".")) == ["last.pt"]
+
+
+def test_two_runs_into_one_checkpoint_folder_the_second_is_refused(tmp_path, capsys):
+    with output_guard.claim_folder("checkpoint_dir", tmp_path / "ckpt"):  # another run holds it
+        assert main(["train", "--dataset", TINY, *TRAIN, "--checkpoint-dir", str(tmp_path / "ckpt")]) == 2
+        err = capsys.readouterr().err
+        assert "in use by another run" in err and f"process {os.getpid()}" in err
+    assert main(["train", "--dataset", TINY, *TRAIN, "--checkpoint-dir", str(tmp_path / "ckpt")]) == 0
+
+
+def test_the_folder_lock_is_released_when_its_process_is_killed(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from neutronorch.train.output_guard import "
+                               "claim_folder\nwith claim_folder('checkpoint_dir', sys.argv[1]):\n print(1, flush=True)"
+                               "\n time.sleep(60)", str(tmp_path)], stdout=subprocess.PIPE)
+    assert holder.stdout.readline().strip() == b"1"
+    with pytest.raises(Exception, match="in use by another run"):
+        with output_guard.claim_folder("checkpoint_dir", tmp_path):
+            pass
+    holder.kill()
+    holder.wait()
+    with output_guard.claim_folder("checkpoint_dir", tmp_path):
+        pass
+
+
+def test_existing_outputs_of_predict_need_overwrite(workspace, tmp_path, capsys):
+    out = tmp_path / "p.npy"
+    np.save(out, np.arange(3))
+    base = ["predict", "--checkpoint", str(workspace / "ckpt" / "best.pt"), "--dataset", str(workspace / "data"),
+            "--device", "cpu", "--no-progress", "--out", str(out)]
+    assert main(base) == 2
+    assert "already exists" in capsys.readouterr().err
+    np.testing.assert_array_equal(np.load(out), np.arange(3))
+    assert main(base + ["--overwrite"]) == 0
+    assert np.load(out).shape == (len(np.load(workspace / "data" / "test_idx.npy")),)
+
+
+def _refuse_writes(monkeypatch, code):
+    def refuse(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+    monkeypatch.setattr(output_guard.tempfile, "mkstemp", refuse)
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EROFS, errno.ENOSPC])
+def test_an_output_folder_that_takes_no_file_is_found_before_the_data_is_loaded(tmp_path, monkeypatch, capsys, code):
+    # Root ignores permission bits, so a refusing folder is simulated where the probe file is created.
+    _no_data_loaded(monkeypatch)
+    _refuse_writes(monkeypatch, code)
+    assert main(["train", "--dataset", TINY, *TRAIN, "--summary-json", str(tmp_path / "s.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"--summary-json {tmp_path / 's.json'}: cannot be written" in err and os.strerror(code) in err
+    assert "Traceback" not in err
+
+
+def test_a_disk_without_room_for_the_checkpoints_is_found_before_training(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(output_guard, "free_bytes", lambda path: 1000)
+    monkeypatch.setattr(trainer_module, "run_epochs", lambda *a: pytest.fail("trained"))
+    assert main(["train", "--dataset", TINY, *TRAIN, "--checkpoint-dir", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert "--checkpoint-dir" in err and "needs about" in err and "free" in err
+
+
+def test_a_checkpoint_that_cannot_be_written_still_leaves_the_summary_and_a_rescued_copy(tmp_path, monkeypatch,
+                                                                                       capsys):
+    real = trainer_module.save_checkpoint
+    ckpt = tmp_path / "ckpt"
+
+    def full_after_one_epoch(path, **kwargs):
+        if Path(path).parent == ckpt and kwargs["epoch"] >= 1:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # the disk filled up during epoch 1
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "save_checkpoint",
+                        lambda path, **kw: _as_output_error(full_after_one_epoch, path, **kw))
+    summary = tmp_path / "elsewhere" / "s.json"
+    assert main(["train", "--dataset", TINY, *TRAIN, "--epochs", "3", "--checkpoint-dir", str(ckpt),
+                 "--summary-json", str(summary)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write {ckpt / 'last.pt'}: No space left on device" in err and "Traceback" not in err
+    rescued = list(summary.parent.glob("neutronorch-rescued-*-last.pt"))
+    assert len(rescued) == 1 and str(rescued[0]) in err
+    from neutronorch import load_checkpoint
+
+    assert load_checkpoint(rescued[0]).epoch == 1 and load_checkpoint(ckpt / "last.pt").epoch == 0
+    written = json.loads(summary.read_text())
+    assert written["status"] == "failed" and "No space left" in written["error"] and len(written["epochs"]) == 2
+
+
+def _as_output_error(save, path, **kwargs):
+    from neutronorch.atomic import write_error
+
+    try:
+        return save(path, **kwargs)
+    except OSError as exc:
+        raise write_error(Path(path), exc, Path(path).exists()) from exc
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs, where the system allows mounting one (as root); skipped elsewhere."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_real_full_disk_is_a_clear_error_and_keeps_the_previous_file(small_disk):
+    import torch
+
+    target = small_disk / "state.pt"
+    write_atomically(target, lambda f: torch.save({"a": torch.zeros(10)}, f))
+    before = target.read_bytes()
+    # torch.save reports the failed write as a RuntimeError of its own; the disk's error is what is said.
+    with pytest.raises(OutputError, match=r"cannot write .*state.pt: No space left on device \(.* MiB free\); what "
+                                          r"was there is kept"):
+        write_atomically(target, lambda f: torch.save({"a": torch.zeros(1_000_000)}, f))
+    assert target.read_bytes() == before
+    # A memory-mapped output is reserved before it is filled: an error, never a SIGBUS mid-write.
+    with pytest.raises(OutputError, match="No space left"):
+        with open_array_atomically(small_disk / "big.npy", (1_000_000,), np.float32):
+            pytest.fail("a map larger than the disk was handed out")
+    assert sorted(p.name for p in small_disk.iterdir()) == ["state.pt"]
+
+
+def test_metric_logs_on_a_full_disk_are_a_warning_and_the_run_completes(small_disk, tmp_path, capsys):
+    _fill(small_disk)
+    assert main(["train", "--dataset", TINY, *TRAIN, "--epochs", "2", "--log-jsonl", str(small_disk / "m.jsonl"),
+                 "--log-every", "1", "--summary-json", str(tmp_path / "s.json")]) == 0
+    assert "cannot write the metric logs" in capsys.readouterr().err
+    assert json.loads((tmp_path / "s.json").read_text())["status"] == "completed"
+
+
+def _fill(disk: Path) -> None:
+    with open(disk / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_sigterm_during_predict_leaves_no_partial_file(workspace, tmp_path, monkeypatch, capsys):
+    from neutronorch.train import predict as predict_module
+
+    real = predict_module.layerwise
+
+    def terminated_midway(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(predict_module, "layerwise", terminated_midway)
+    assert main(["predict", "--checkpoint", str(workspace / "ckpt" / "best.pt"), "--dataset",
+                 str(workspace / "data"), "--device", "cpu", "--no-progress", "--out", str(tmp_path / "p.npy")]) \
+        == 128 + signal.SIGTERM
+    assert "interrupted; nothing was written" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sigterm_during_convert_leaves_no_partial_folder(tmp_path, monkeypatch):
+    from neutronorch.data import native
+
+    real, calls = native._save_array, []
+
+    def terminated_midway(path, array):
+        calls.append(path)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(path, array)
+
+    monkeypatch.setattr(native, "_save_array", terminated_midway)
+    assert main(["generate", "synthetic", "--nodes", "300", "--out", str(tmp_path / "g")]) == 128 + signal.SIGTERM
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_what_a_killed_writer_left_is_removed_by_the_next_write(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    stale = tmp_path / f".out.npy.tmp-{pid}-abc123"
+    stale.write_bytes(b"x" * 100)
+    mine = tmp_path / f".out.npy.tmp-{os.getpid()}-def456"  # a write in progress in a running process
+    mine.write_bytes(b"y")
+    other = tmp_path / f".other.npy.tmp-{pid}-abc123"  # another target's: left to its own next write
+    other.write_bytes(b"z")
+    with open_array_atomically(tmp_path / "out.npy", (4,), np.int64) as array:
+        array[:] = 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out.npy", mine.name, other.name])
+    sweep_stale(tmp_path / "other.npy")
+    assert not other.exists()
+
+
+def test_ctrl_c_while_the_modules_load_is_an_interruption_not_a_traceback(monkeypatch, capsys):
+    import builtins
+
+    import neutronorch.cli as cli
+
+    real = builtins.__import__
+
+    def interrupted(name, *args, **kwargs):
+        if name == "neutronorch.cli.app":
+            raise KeyboardInterrupt
+        return real(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "neutronorch.cli.app")
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    assert cli.main(["info", TINY]) == 130
+    assert capsys.readouterr().err == "neutronorch: interrupted\n"
+
+
+def test_convert_into_a_native_folder_in_place_still_works(tmp_path):
+    save_native(generate(SyntheticSpec(nodes=300, degree=5, features=8, classes=3)), tmp_path / "g")
+    assert main(["convert", str(tmp_path / "g"), str(tmp_path / "g"), "--overwrite", "--float16"]) == 0
+    assert np.load(tmp_path / "g" / "features.npy").dtype == np.float16
+
+
+def test_the_api_checks_as_the_command_line_does(tmp_path):
+    summary = tmp_path / "s.json"
+    summary.write_text("{}")
+    with pytest.raises(Exception, match="already exists"):
+        train(TrainConfig(dataset=TINY, epochs=1, fanouts=[4, 4], hidden=8, progress=False,
+                          summary_json=str(summary)))
+    assert summary.read_text() == "{}"
