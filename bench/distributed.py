@@ -78,7 +78,7 @@ def main() -> int:
     def run(launcher, batch, thr, extra, stem):
         command = launcher + common + extra + ["--batch-size", str(batch), "--threads", str(thr), "--sampler-threads",
                                                str(max(1, thr // 2)), "--host-threads", str(max(1, thr // 2)),
-                                               "--summary-json", f"{stem}.json", "--log-jsonl", f"{stem}.jsonl"]
+                                               "--overwrite", "--summary-json", f"{stem}.json", "--log-jsonl", f"{stem}.jsonl"]
         if not args.report_only:
             print("$ " + " ".join(command), file=sys.stderr, flush=True)
             env = {**os.environ, "OMP_NUM_THREADS": str(thr), "NUMBA_NUM_THREADS": str(max(1, thr))}

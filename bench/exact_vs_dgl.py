@@ -41,7 +41,7 @@ def main() -> int:
     def ours(precision: str):
         return lambda out: ([sys.executable, "-m", "neutronorch", "train", "--dataset", str(data), "--mode", "exact",
                              "--device", "cpu", "--threads", str(args.threads), "--eval-every", "0", "--no-progress",
-                             "--precision", precision, "--summary-json", str(out)] + common)
+                             "--precision", precision, "--overwrite", "--summary-json", str(out)] + common)
 
     systems = {"neutronorch-exact" + ("" if p == "fp32" else f"-{p}"): ours(p) for p in args.precisions.split(",")}
     if not args.no_dgl and dgl_available():

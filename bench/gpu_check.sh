@@ -71,7 +71,7 @@ for cap in full quarter bf16; do
         say "mode $mode, features $cap ${limit[*]}"
         timeout "${RUN_LIMIT:-60}" "$PYTHON" -m neutronorch train --dataset "$data" --device "$DEVICE" --mode "$mode" \
             --model sage --fanouts 15,10,5 --hidden 256 --batch-size 1024 --dropout 0.5 --epochs "$EPOCHS" \
-            --eval-every 0 --eval-fanouts 15,10,5 --eval-max-nodes 50000 --no-progress "${limit[@]}" \
+            --eval-every 0 --eval-fanouts 15,10,5 --eval-max-nodes 50000 --no-progress --overwrite "${limit[@]}" \
             --summary-json "$RESULTS/$mode-$cap.json" 2>&1 | tee -a "$log" | tail -8
         say "mode $mode, features $cap: exit status ${PIPESTATUS[0]}"
     done
@@ -84,7 +84,7 @@ if [ "$DEVICE" = cuda ] && [ "$gpus" -gt 1 ]; then
         timeout "${RUN_LIMIT:-60}" "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$gpus" \
             -m neutronorch train --dataset "$data" --device cuda --mode "$mode" --model sage --fanouts 15,10,5 \
             --hidden 256 --batch-size 1024 --dropout 0.5 --epochs "$EPOCHS" --eval-every 0 --eval-fanouts 15,10,5 \
-            --eval-max-nodes 50000 --no-progress $([ "$mode" = neutronorch ] && echo --hot-set node) \
+            --eval-max-nodes 50000 --no-progress --overwrite $([ "$mode" = neutronorch ] && echo --hot-set node) \
             --summary-json "$RESULTS/$mode-ddp$gpus.json" 2>&1 | tee -a "$log" \
             | tail -8
         say "data parallel, $mode mode: exit status ${PIPESTATUS[0]}"

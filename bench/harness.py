@@ -293,7 +293,7 @@ def systems_for(data: Dataset, model: str, args, peers: dict[str, Path], baselin
     def ours(mode: str, out) -> list[str]:
         return [sys.executable, "-m", "neutronorch", "train", "--dataset", str(data.path), "--mode", mode,
                 "--device", args.device, "--threads", str(args.threads), "--eval-every", str(args.eval_every),
-                "--no-progress", "--no-stage-table", "--summary-json", str(out)] + common
+                "--no-progress", "--no-stage-table", "--overwrite", "--summary-json", str(out)] + common
 
     systems = {}
     for mode in args.modes:

@@ -42,7 +42,7 @@ def main() -> int:
               "--fanouts", args.fanouts, "--hidden", str(args.hidden), "--batch-size", str(args.batch_size),
               "--epochs", str(args.epochs), "--lr", str(args.lr), "--dropout", str(args.dropout), "--seed", "0",
               "--device", "cpu", "--threads", str(args.threads), "--eval-every", "-1" if args.no_eval else "0",
-              "--no-progress"]
+              "--no-progress", "--overwrite"]
     systems = {"exact": lambda out: common + ["--mode", "exact", "--summary-json", str(out)]}
     grid = itertools.product(args.super_batch.split(","), args.hot_ratio.split(","), args.hot_grad.split(","))
     for p, ratio, grad in grid:

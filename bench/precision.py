@@ -45,7 +45,7 @@ def main() -> int:
               str(args.hidden), "--batch-size", str(args.batch_size), "--epochs", str(args.epochs), "--lr",
               str(args.lr), "--dropout", str(args.dropout), "--seed", "0", "--device", args.device,
               "--threads", str(args.threads), "--sampler-threads", str(args.sampler_threads),
-              "--eval-every", "0", "--no-progress"]
+              "--eval-every", "0", "--no-progress", "--overwrite"]
 
     def command(mode: str, precision: str):
         return lambda out: ([sys.executable, "-m", "neutronorch", "train", "--mode", mode, "--precision",

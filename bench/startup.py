@@ -44,7 +44,7 @@ def demo_run(index: int) -> dict:
     summary = OUT / f"startup-{index}.json"
     OUT.mkdir(parents=True, exist_ok=True)
     wall, _ = _timed([sys.executable, "-m", "neutronorch", "train", "--epochs", "1", "--eval-every", "-1",
-                      "--no-progress", "--summary-json", str(summary)])
+                      "--no-progress", "--overwrite", "--summary-json", str(summary)])
     startup = json.loads(summary.read_text())["startup"]
     return {"wall": wall, "data": startup["data_seconds"], "first_step": startup["first_step_seconds"],
             "setup": startup["first_step_seconds"] - startup["data_seconds"]}
