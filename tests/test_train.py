@@ -196,9 +196,9 @@ def test_evaluation_on_a_seeded_sample_of_each_set(monkeypatch):
     seen = []
     real = evaluation.full_neighbor_logits
 
-    def spy(model, graph, store, nodes, *args):
+    def spy(model, graph, store, nodes, *args, **options):
         seen.append(nodes.clone())
-        return real(model, graph, store, nodes, *args)
+        return real(model, graph, store, nodes, *args, **options)
 
     monkeypatch.setattr(evaluation, "full_neighbor_logits", spy)
     sampled = train(small_config(epochs=2, eval_max_nodes=100))
