@@ -11,6 +11,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from neutronorch.config_keys import RepeatedKey, load_yaml, unique_keys
 from neutronorch.errors import ConfigError
 from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, PRECISIONS, needs_degrees
 from neutronorch.sampling.fanouts import parse_fanouts
@@ -338,7 +339,13 @@ def load_config_file(path: str | os.PathLike) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--config {path}: no such file.")
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except PermissionError:
+        raise ConfigError(f"cannot read --config {path}: permission denied; give the user running neutronorch "
+                          f"read access to it.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--config {path}: cannot be read ({exc}); give a UTF-8 text file.") from None
     suffix = path.suffix.lower()
     try:
         if suffix == ".toml":
@@ -348,10 +355,12 @@ def load_config_file(path: str | os.PathLike) -> dict:
                 import tomli as tomllib
             data = tomllib.loads(text)
         elif suffix == ".json":
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=unique_keys)
         else:
-            import yaml
-            data = yaml.safe_load(text) or {}
+            data = load_yaml(text)
+    except RepeatedKey as exc:
+        raise ConfigError(f"--config {path}: gives {exc} more than once; the parser would keep only one of them. "
+                          f"Say each option once.") from None
     except Exception as exc:  # noqa: BLE001 - every parser error becomes one clear message
         raise ConfigError(f"--config {path}: cannot be parsed ({exc}).") from None
     if not isinstance(data, dict):
@@ -364,5 +373,7 @@ def load_config_file(path: str | os.PathLike) -> dict:
             name, value = name[3:], not value  # the flags' spelling: --no-progress, --no-stage-table
         if name not in known:
             raise ConfigError(f"--config {path}: unknown key {key!r}. Known keys: {', '.join(sorted(known))}.")
+        if name in out:  # batch-size and batch_size, or progress and no-progress: which one would be meant?
+            raise ConfigError(f"--config {path}: {key!r} sets `{name}`, which an earlier key sets too; give it once.")
         out[name] = value
     return out

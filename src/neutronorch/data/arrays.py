@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from neutronorch.data.csc import edges_to_csc
-from neutronorch.data.dtypes import STORAGE_DTYPES, bfloat16
+from neutronorch.data.dtypes import STORAGE_DTYPES, as_int64, bfloat16
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
 from neutronorch.errors import DataError
@@ -33,8 +33,13 @@ def from_arrays(src, dst, features, labels, splits: Mapping | Sequence | None = 
     features = _array(features, "features")
     if features.ndim != 2:
         raise DataError(f"{name}: features must be a 2-D array (a row per vertex), got shape {features.shape}.")
+    if features.dtype.kind not in "fiub" and features.dtype.name not in STORAGE_DTYPES:
+        raise DataError(f"{name}: features have dtype {features.dtype}, expected real numbers.")
     if features.dtype.name not in STORAGE_DTYPES:  # float32, float16 and bfloat16 are kept as they are
         features = features.astype(np.float32)
+    if num_nodes is not None and (not isinstance(num_nodes, (int, np.integer)) or isinstance(num_nodes, bool)
+                                  or num_nodes < 0):
+        raise DataError(f"{name}: num_nodes is {num_nodes!r}, expected a whole number >= 0.")
     n = features.shape[0] if num_nodes is None else int(num_nodes)
     labels = class_labels(_array(labels, "labels"), n, name)
     if num_classes is None:
@@ -73,17 +78,17 @@ def class_labels(labels: np.ndarray, n: int, name: str) -> np.ndarray:
     if labels.shape[0] != n:
         raise DataError(f"{name}: {labels.shape[0]} labels for {n} vertices; give one label (or one row of "
                         f"0/1 task labels) per vertex.")
-    if labels.dtype.kind == "f":
-        missing = np.isnan(labels)
-        whole = np.where(missing, -1, labels)
-        if not np.array_equal(whole, np.round(whole)):
-            raise DataError(f"{name}: float labels must hold whole class ids (or NaN for no label).")
-        labels = whole.astype(np.int8 if labels.ndim == 2 else np.int64)
-    elif labels.dtype == bool:
-        labels = labels.astype(np.int8 if labels.ndim == 2 else np.int64)
+    if labels.dtype == bool:
+        labels = labels.astype(np.int64)
+    elif labels.dtype.kind == "f":
+        labels = np.where(np.isnan(labels), -1, labels)  # NaN: no label (ogbn-papers100M)
+    labels = as_int64(labels, name, "labels")  # never truncated or wrapped: 2**64-1 would read as -1
     if labels.ndim == 2:
-        return labels.astype(np.int8, copy=False)
-    return labels.astype(np.int64, copy=False)
+        if labels.size and (int(labels.min()) < -1 or int(labels.max()) > 1):
+            raise DataError(f"{name}: multi-label labels hold {int(labels.min())}..{int(labels.max())}; each "
+                            f"entry is 0 or 1, or -1 where unknown.")
+        return labels.astype(np.int8)
+    return labels
 
 
 def _splits(splits: Mapping | Sequence, n: int, name: str) -> tuple[np.ndarray, ...]:
@@ -97,5 +102,5 @@ def _splits(splits: Mapping | Sequence, n: int, name: str) -> tuple[np.ndarray, 
             if part.shape != (n,):
                 raise DataError(f"{name}: the {key} mask has shape {part.shape}, expected ({n},).")
             part = np.flatnonzero(part)
-        out.append(np.asarray(part, dtype=np.int64))
+        out.append(as_int64(part, name, f"the {key} split's vertex ids"))
     return tuple(out)

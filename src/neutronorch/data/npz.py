@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from neutronorch.data.csc import edges_to_csc
+from neutronorch.data.dtypes import as_int64
+from neutronorch.data.files import read_error, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.sparse_pickle import SparseMatrix, csr_matrix, load_pickle
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
@@ -41,6 +43,7 @@ SYNTHETIC_FEATURE_DIM = 64
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
+@reads_files
 def load_npz(path: str | os.PathLike, split: str = DEFAULT_SPLIT, seed: int = 0, split_index: int = 0) -> Graph:
     """Load a GraphGallery, gnn-benchmark or Yandex ``.npz`` file.
 
@@ -53,8 +56,8 @@ def load_npz(path: str | os.PathLike, split: str = DEFAULT_SPLIT, seed: int = 0,
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as exc:
-        raise DataError(f"{path}: not a readable .npz archive ({exc}). The file is truncated or not an .npz; "
-                        f"fetch it again.") from None
+        raise read_error(path, exc, f"{path}: not a readable .npz archive ({exc}). The file is truncated or not "
+                                    f"an .npz; fetch it again.") from None
     with archive:
         entries = _Entries(archive, path)
         if all(key in entries.keys for key in _YANDEX):
@@ -171,10 +174,10 @@ def _assemble(path: Path, num_nodes: int, src: np.ndarray, dst: np.ndarray, feat
     if labels.ndim != 1 or labels.dtype.kind not in "iu":
         raise DataError(f"{path}: labels must be a 1-D integer array, got {labels.dtype} {labels.shape}. "
                         f"Store one class id per vertex.")
+    labels = as_int64(labels, str(path), "labels")
     if labels.shape[0] != num_nodes:
         raise DataError(f"{path}: {labels.shape[0]} labels for {num_nodes} vertices. The entries come from "
                         f"different graphs or the file is truncated; fetch it again.")
-    labels = labels.astype(np.int64)
     num_classes = int(labels.max()) + 1 if num_nodes else 0
     indptr, indices = edges_to_csc(src, dst, num_nodes, source=str(path))
     train_idx, val_idx, test_idx = stored_split or make_split(labels, num_classes, split, seed)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from neutronorch.data.csc import edges_to_csc
+from neutronorch.data.files import reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.sparse_pickle import SparseMatrix, load_pickle
 from neutronorch.errors import DataError
@@ -23,6 +24,7 @@ from neutronorch.errors import DataError
 NUM_VAL = 500
 
 
+@reads_files
 def load_planetoid(directory: str | os.PathLike, name: str | None = None) -> Graph:
     """Load ``directory/ind.<name>.*``; ``name`` is inferred from the ``.graph`` file when None."""
     directory = Path(directory)
@@ -64,6 +66,7 @@ def load_planetoid(directory: str | os.PathLike, name: str | None = None) -> Gra
     one_hot = np.zeros((num_nodes, ally.shape[1]), dtype=ally.dtype)
     one_hot[:ally.shape[0]] = ally
     one_hot[test_index] = ty
+    _check_one_hot(one_hot, f"{prefix}.ally/.ty")
     labels = one_hot.argmax(axis=1).astype(np.int64)
 
     src, dst = _adjacency_edges(adjacency, f"{prefix}.graph")
@@ -79,6 +82,14 @@ def load_planetoid(directory: str | os.PathLike, name: str | None = None) -> Gra
                   test_idx=np.sort(test_index), num_classes=int(ally.shape[1]), notes=notes)
     graph.validate(str(directory))
     return graph
+
+
+def _check_one_hot(one_hot: np.ndarray, source: str) -> None:
+    """Each label row is all zeros (CiteSeer's padded vertices) or a single 1: taking the largest entry of
+    any other row would pick a class silently."""
+    if not np.isin(one_hot, (0, 1)).all() or (one_hot.sum(axis=1) > 1).any():
+        raise DataError(f"{source}: a label row holds other than a single 1 (one class per vertex). Fetch the "
+                        f"dataset again.")
 
 
 def _infer_name(directory: Path) -> str:

@@ -4,7 +4,8 @@ Spec strings (seeded, so a split is reproducible):
 
 - ``ratio:TRAIN,VAL``: fractions of all labelled vertices; the rest is test.
 - ``per-class:TRAIN,VAL``: that many vertices of each class for training and validation; the rest is test
-  (the protocol of Shchur et al. 2018).
+  (the protocol of Shchur et al. 2018). A class with fewer vertices than TRAIN + VAL is an error, not a
+  smaller share; a class no vertex carries is skipped.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ def parse_split(spec: str) -> tuple[str, float, float]:
         if not (0 < train < 1 and 0 < val < 1 and train + val < 1):
             raise ConfigError(f"`split` {spec!r}: fractions must be in (0, 1) and sum to less than 1, "
                               f"leaving vertices for the test set.")
-    else:
-        if train < 1 or val < 1 or train != int(train) or val != int(val):
-            raise ConfigError(f"`split` {spec!r}: per-class counts must be positive integers.")
+    elif not all(1 <= value < 2 ** 31 and value == int(value) for value in (train, val)):  # inf and nan too
+        raise ConfigError(f"`split` {spec!r}: per-class counts must be whole numbers from 1, e.g. "
+                          f"per-class:20,30.")
     return kind, train, val
 
 
@@ -52,6 +53,12 @@ def make_split(labels: np.ndarray, num_classes: int, spec: str, seed: int = 0
         n_train, n_val = int(train), int(val)
         for c in range(num_classes):
             members = rng.permutation(np.flatnonzero(labels == c))
+            if 0 < members.shape[0] < n_train + n_val:
+                # Taking what there is would quietly give this class fewer training or validation vertices
+                # than the protocol says, and none to test on.
+                raise ConfigError(f"`split` {spec!r}: class {c} has {members.shape[0]} vertices, fewer than the "
+                                  f"{n_train} + {n_val} it takes from each class; choose smaller counts or a "
+                                  f"ratio:TRAIN,VAL split.")
             tr.append(members[:n_train])
             va.append(members[n_train:n_train + n_val])
             te.append(members[n_train + n_val:])
