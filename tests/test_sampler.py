@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from neutronorch.data.csc import edges_to_csc
 from neutronorch.errors import ConfigError
 from neutronorch.sampling.neighbor_sampler import (NeighborSampler, TorchNeighborSampler, batch_key,
                                                    layer_key, mix_key, parse_fanouts)
@@ -294,6 +295,40 @@ def _check_sample_hop(small_csc, device):
 
 def test_torch_sample_hop_follows_the_contract_and_matches_numba(small_csc):
     _check_sample_hop(small_csc, "cpu")
+
+
+def _check_samplers_draw_the_same(device):
+    """The torch sampler draws exactly the numba sampler's neighbours for a key: whole samples (every hop's
+    frontier and block) and single hops, over rows of degree below, at and far above the fanout."""
+    rng = np.random.default_rng(11)
+    n = 2000
+    degrees = rng.integers(0, 400, n)
+    dst = np.repeat(np.arange(n), degrees)
+    src = rng.integers(0, n, dst.shape[0])
+    indptr, indices = edges_to_csc(src, dst, n, symmetric=False)
+    fanouts = [10, 5, 25]
+    host = make_sampler("numba", indptr, indices, fanouts)
+    vec = make_sampler("torch", indptr, indices, fanouts, device)
+    for batch in range(12):
+        seeds = rng.choice(n, 64, replace=False)
+        key = batch_key(5, 2, batch)
+        a, b = sample(host, seeds, key), sample(vec, torch.from_numpy(seeds).to(device), key)
+        for fa, fb in zip(a.frontiers, b.frontiers):
+            assert np.array_equal(np.asarray(fa), torch.as_tensor(fb).cpu().numpy())
+        for ba, bb in zip(a.blocks, b.blocks):
+            assert np.array_equal(np.asarray(ba.indptr), bb.indptr.cpu().numpy())
+            assert np.array_equal(np.asarray(ba.indices), bb.indices.cpu().numpy())
+    every = np.random.default_rng(3).permutation(n)
+    for fanout in (1, 7, 100):
+        key = layer_key(batch_key(9, 0, fanout), 0)
+        ha, fa = host.sample_hop(every, fanout, key)
+        hb, fb = vec.sample_hop(torch.from_numpy(every).to(device), fanout, key)
+        assert np.array_equal(fa, fb.cpu().numpy())
+        assert np.array_equal(np.asarray(ha.indices), hb.indices.cpu().numpy())
+
+
+def test_samplers_draw_the_same_neighbours_for_a_key():
+    _check_samplers_draw_the_same("cpu")
 
 
 @pytest.mark.parametrize("kind", SAMPLERS)

@@ -13,8 +13,9 @@ numba sampler returns a numpy array.
 
 Randomness derives from ``batch_key(seed, epoch, batch_index)``: the same key always yields the same sample,
 and each vertex's neighbours in a hop depend only on (``layer_key``, vertex), in both samplers, whichever batch
-or data-parallel rank samples it. The two samplers draw from the same distribution but not the same
-neighbours for a given key.
+or data-parallel rank samples it. The two samplers draw the same neighbours for a given key: the same
+counter stream, the same steps of Floyd's algorithm and the same multiply-shift from 32 random bits to an
+offset, so a hop sampled on the device equals that hop sampled on the host.
 """
 
 from __future__ import annotations
@@ -177,8 +178,8 @@ class TorchNeighborSampler:
         Returns the block (tensors on this sampler's device) and its source frontier: global ids, ``dst``
         first, new vertices in first-appearance order, as an int64 tensor on this sampler's device (the
         numba sampler's ``sample_hop`` returns a numpy array). ``key`` is a ``layer_key``: with the key of a
-        hop of ``sample``, each vertex gets exactly the neighbours ``sample`` draws for it there (not those
-        the numba sampler draws: the two draw from the same distribution with different streams)."""
+        hop of ``sample``, each vertex gets exactly the neighbours ``sample`` draws for it there (and that the
+        numba sampler draws with the same key)."""
         dst = dst.to(self.device, torch.int64)
         ptr, nbrs = self._sample_layer(dst, fanout, key)
         local, frontier = self._relabel(dst, nbrs)
@@ -216,16 +217,16 @@ class TorchNeighborSampler:
         rows): step i draws t uniformly from [0, j] with j = deg - k + i and keeps t, or j if t was already
         kept. k steps of elementwise work over [rows, k]; no sort, no host synchronisation. Entries of rows
         with degree below k are meaningless (the caller does not use them). Row r's draws are the counter
-        stream of ``splitmix_key(key, dst[r])``: a vertex's neighbours depend on the key and the vertex
-        alone, not on which batch, rank or row asks."""
+        stream of ``splitmix_key(key, dst[r])``, turned into offsets as the numba kernel's ``_below`` does
+        (the top 32 bits, multiply-shift): a vertex's neighbours depend on the key and the vertex alone, not
+        on which batch, rank, row or sampler asks."""
         stream = kernels.torch_splitmix_key(key, dst)
         steps = torch.arange(1, k + 1, dtype=torch.int64, device=self.device) * kernels.T_GOLDEN
-        bits = kernels.torch_mix(stream[:, None] + steps[None, :])
-        u = kernels.torch_shr(bits, 11).to(torch.float64) * 2.0 ** -53  # 53 random bits: uniform in [0, 1)
+        r = kernels.torch_shr(kernels.torch_mix(stream[:, None] + steps[None, :]), 32)  # 32 random bits
         # Every step's range and draw at once ([rows, k]); only the duplicate check is sequential. j values
         # are distinct and exceed every earlier pick, so the fallback j never collides.
         j = (deg.unsqueeze(1) + torch.arange(-k, 0, device=self.device)).clamp_(min=0)
-        picks = torch.minimum((u * (j + 1)).long(), j)  # minimum: guard against rounding up to j + 1
+        picks = (r * (j + 1)) >> 32  # uniform in [0, j]; below 2**63 for degrees below 2**31
         for i in range(1, k):
             taken = (picks[:, :i] == picks[:, i:i + 1]).any(1)
             picks[:, i] = torch.where(taken, j[:, i], picks[:, i])
