@@ -1,11 +1,13 @@
 """Seeded mutation fuzzing of the loaders: every damaged input ends in a clear error or a correct load.
 
-Each case starts from a valid small dataset (a native directory or a SNAP edge list), damages it in one
-random way (truncation, flipped bytes, a header rewritten, another dtype or shape, ids out of range or
-repeated, meta.json broken, junk lines) and loads it. A ``DataError``/``ConfigError`` passes, so does a load
+Each case starts from a valid small dataset (a native directory, an OGB folder in its CSV layout or a SNAP
+edge list), damages it in one random way (truncation, flipped bytes, a header rewritten, another dtype or
+shape, ids out of range or repeated, meta.json broken or holding values its fields cannot mean, an OGB count
+or table line changed, dropped, merged or repeated, junk lines) and loads it. A ``DataError``/``ConfigError`` passes, so does a load
 that returns a graph passing ``Graph.validate``; any other exception is a failure, listed with its case.
 """
 
+import gzip
 import json
 import traceback
 
@@ -87,7 +89,9 @@ def mutate_native(directory, rng) -> str:
     meta = json.loads(meta_path.read_text())
     if kind == 7:
         key = list(meta)[int(rng.integers(0, len(meta)))]
-        value = [None, "x", -1, 10**12, [1], {"a": 1}, 2.5, True][int(rng.integers(0, 8))]
+        value = [None, "x", -1, 10**12, [1], {"a": 1}, 2.5, True, 10**9, "auroc", 4.0, 2**63][int(rng.integers(0, 12))]
+        if rng.integers(0, 4) == 0:  # a key of its own: a misspelt one, or an optional one with a bad value
+            key = ["metric", "feature_dtype", "notes", "metrc"][int(rng.integers(0, 4))]
         meta[key] = value
         meta_path.write_text(json.dumps(meta))
         return f"meta.json {key}={value!r}"
@@ -95,6 +99,58 @@ def mutate_native(directory, rng) -> str:
     cut = int(rng.integers(0, len(text)))
     meta_path.write_text(text[:cut])
     return f"meta.json truncated to {cut} characters"
+
+
+def ogb_directory(root) -> None:
+    """A small dataset in OGB's CSV layout, from ``base_graph``'s arrays."""
+    graph = base_graph()
+    raw, split = root / "raw", root / "split" / "random"
+    raw.mkdir(parents=True)
+    split.mkdir(parents=True)
+    dst = np.repeat(np.arange(graph.num_nodes), np.diff(graph.indptr))
+    tables = {raw / "edge.csv.gz": np.stack([np.asarray(graph.indices), dst], 1), raw / "node-feat.csv.gz": graph.features,
+              raw / "node-label.csv.gz": graph.labels[:, None], raw / "num-node-list.csv.gz": [[graph.num_nodes]],
+              raw / "num-edge-list.csv.gz": [[graph.num_edges]], split / "train.csv.gz": graph.train_idx[:, None],
+              split / "valid.csv.gz": graph.val_idx[:, None], split / "test.csv.gz": graph.test_idx[:, None]}
+    for path, rows in tables.items():
+        with gzip.open(path, "wt", compresslevel=1) as f:
+            f.write("".join(",".join(str(v) for v in row) + "\n" for row in rows))
+
+
+OGB_FILES = ("raw/edge.csv.gz", "raw/node-feat.csv.gz", "raw/node-label.csv.gz", "raw/num-node-list.csv.gz",
+             "raw/num-edge-list.csv.gz", "split/random/train.csv.gz", "split/random/valid.csv.gz",
+             "split/random/test.csv.gz")
+
+
+def mutate_ogb(root, rng) -> str:
+    """One OGB file damaged: a count changed, lines dropped, merged or repeated, a value replaced by one the
+    file cannot mean, the compressed bytes cut."""
+    name = OGB_FILES[int(rng.integers(0, len(OGB_FILES)))]
+    path = root / name
+    kind = int(rng.integers(0, 6))
+    if kind == 5:
+        data = path.read_bytes()
+        path.write_bytes(data[:int(rng.integers(0, len(data)))])
+        return f"{name} cut"
+    with gzip.open(path, "rt") as f:
+        lines = f.read().splitlines()
+    at = int(rng.integers(0, len(lines)))
+    if kind == 0:
+        lines[at] = str([-1, 0, 41, 10**12, 2**63, 39][int(rng.integers(0, 6))])
+    elif kind == 1:
+        del lines[at:at + int(rng.integers(1, 4))]
+    elif kind == 2 and at + 1 < len(lines):
+        lines[at:at + 2] = [lines[at] + "," + lines[at + 1]]
+    elif kind == 3:
+        lines.insert(at, lines[at])
+    else:
+        values = lines[at].split(",")
+        values[int(rng.integers(0, len(values)))] = ["1.5", "nan", "x", "1e400", "-0", "99999999999999999999", "",
+                                                     "1,2"][int(rng.integers(0, 8))]
+        lines[at] = ",".join(values)
+    with gzip.open(path, "wt", compresslevel=1) as f:
+        f.write("\n".join(lines) + "\n")
+    return f"{name} damage {kind} at line {at + 1}"
 
 
 def mutate_edge_list(rng) -> str:
@@ -116,6 +172,10 @@ def test_damaged_inputs_end_in_a_clear_error_or_a_correct_load(tmp_path):
             text = mutate_edge_list(rng)
             path.write_text(text)
             what = f"edge list {text[:60]!r}..."
+        elif case % 6 == 1:
+            path = tmp_path / f"ogbn_o{case}"
+            ogb_directory(path)
+            what = mutate_ogb(path, rng)
         else:
             path = tmp_path / f"n{case}"
             save_native(base_graph(), path)

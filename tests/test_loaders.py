@@ -598,3 +598,101 @@ def test_snap_labels_follow_communities(tmp_path):
         graph = load_snap(tmp_path / "cliques.txt", num_classes=2, seed=seed)
         destinations = np.repeat(np.arange(graph.num_nodes), graph.in_degrees())
         assert (graph.labels[graph.indices] == graph.labels[destinations]).mean() > 0.6
+
+
+@pytest.mark.parametrize("text, message", [
+    ("1 2\n99999999999999999999 1\n", r"line 2 holds a vertex id beyond the largest int64"),
+    ("1 2\n3 4 5 6\n5 6\n", r"lines have different numbers of columns: line 2 has 4"),
+    ("1 2 0.5\n3 4\n5 6 7 8\n", r"lines have different numbers of columns: line 2 has 2"),
+    ("1 2\n3.0 4\n", r"line 2 is not an edge: '3\.0 4'"),
+    ("1 2 0.5\n3 4 x\n", r"line 2 is not an edge: '3 4 x'"),
+])
+def test_snap_ids_are_never_clamped_and_lines_never_merged(tmp_path, text, message):
+    (tmp_path / "bad.txt").write_text(text)
+    with pytest.raises(DataError, match=rf"bad\.txt: {message}"):
+        load_snap(tmp_path / "bad.txt", num_classes=2)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(src=np.array([0.0, 1.5, 2.0])), r"edge sources hold 1\.5, which is not a whole number"),
+    (dict(dst=np.array([1, 2, np.nan])), r"edge destinations hold nan"),
+    (dict(src=np.array([0, 1, 2 ** 64 - 1], np.uint64)), r"edge sources hold 18446744073709551615, beyond"),
+    (dict(labels=np.array([0, 1, 2 ** 64 - 1, 0], np.uint64)), r"labels hold 18446744073709551615, beyond"),
+    (dict(labels=np.array([0, 1.5, 1, 0])), r"labels hold 1\.5, which is not a whole number"),
+    (dict(labels=np.array([[0, 1], [1, 257], [0, 0], [1, 1]])), r"multi-label labels hold 0\.\.257"),
+    (dict(splits=([0.0, 1.7], [2], [3])), r"the train split's vertex ids hold 1\.7"),
+    (dict(num_nodes=4.0), r"num_nodes is 4\.0, expected a whole number"),
+    (dict(features=np.ones((4, 2), np.complex64)), r"features have dtype complex64, expected real numbers"),
+])
+def test_from_arrays_never_truncates_or_wraps_what_it_is_given(kwargs, message):
+    from neutronorch.data.arrays import from_arrays
+
+    values = dict(src=np.array([0, 1, 2]), dst=np.array([1, 2, 3]), features=np.ones((4, 2), np.float32),
+                  labels=np.array([0, 1, 1, 0]), splits=([0, 1], [2], [3]))
+    values.update(kwargs)
+    with pytest.raises(DataError, match=message):
+        from_arrays(**values)
+
+
+def test_npz_labels_that_wrap_are_refused(tmp_path):
+    path = write_gnn_benchmark(tmp_path / "g.npz", labels=np.array([0, 1, 2, 0, 1, 2 ** 64 - 1], np.uint64))
+    with pytest.raises(DataError, match=r"g\.npz: labels hold 18446744073709551615, beyond the largest int64"):
+        load_npz(path)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("per-class:inf,2", "per-class counts must be whole numbers"),
+    ("per-class:nan,2", "per-class counts must be whole numbers"),
+    ("per-class:2.5,2", "per-class counts must be whole numbers"),
+    ("per-class:3,3", "class 1 has 4 vertices, fewer than the 3 \\+ 3"),
+])
+def test_a_split_is_never_clamped_to_what_a_class_holds(spec, message):
+    from neutronorch.data.splits import make_split
+    from neutronorch.errors import ConfigError
+
+    labels = np.array([0] * 10 + [1] * 4 + [2] * 10)
+    with pytest.raises(ConfigError, match=message):
+        make_split(labels, 3, spec)
+
+
+@pytest.mark.parametrize("name, text", [
+    ("c.yaml", "epochs: 2\nepochs: 3\n"), ("c.json", '{"epochs": 2, "epochs": 3}'),
+    ("c.yaml", "batch-size: 64\nbatch_size: 128\n"), ("c.yaml", "progress: true\nno-progress: true\n")])
+def test_a_config_file_that_sets_an_option_twice_is_refused(tmp_path, name, text):
+    from neutronorch.config import load_config_file
+    from neutronorch.errors import ConfigError
+
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ConfigError, match=rf"--config .*{name}: .*(more than once|earlier key sets too)"):
+        load_config_file(tmp_path / name)
+
+
+@pytest.mark.parametrize("loader, make", [
+    (lambda p: load_snap(p, num_classes=2), lambda p: p.write_text("1 2\n2 3\n3 4\n")),
+    (load_npz, write_gnn_benchmark),
+])
+def test_an_unreadable_input_says_permission_denied(tmp_path, monkeypatch, loader, make):
+    import builtins
+
+    path = tmp_path / ("g.npz" if loader is load_npz else "g.txt")
+    make(path)
+    original = builtins.open
+
+    def guarded(file, *args, **kwargs):
+        if str(file) == str(path):
+            raise PermissionError(13, "Permission denied", str(file))
+        return original(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", guarded)
+    monkeypatch.setattr(io, "open", guarded)
+    with pytest.raises(DataError, match=rf"cannot read {path}: permission denied"):
+        loader(path)
+
+
+def test_a_multi_hot_planetoid_label_row_is_refused(tmp_path):
+    from neutronorch.data import planetoid
+
+    labels = np.zeros((3, 2))
+    labels[0] = 1  # two classes for one vertex: argmax would pick the first silently
+    with pytest.raises(DataError, match=r"a label row holds other than a single 1"):
+        planetoid._check_one_hot(labels, "ind.x")

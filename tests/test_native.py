@@ -376,3 +376,70 @@ def test_a_saved_dataset_folder_gets_the_permissions_mkdir_gives_and_a_replaced_
     assert {mode(p) for p in (tmp_path / "new").iterdir()} == {0o666 & ~umask}
     assert mode(tmp_path / "empty") == 0o711 and mode(tmp_path / "shared") == 0o775
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "new", "shared"]
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(num_classes=10 ** 9), r"meta\.json: num_classes is 1000000000, more than the 5 labels can carry \(they use "
+                                r"classes 0\.\.1\)\. Set it to 2"),
+    (dict(metric="auroc"), r"meta\.json: metric is 'auroc', which names no metric; use one of accuracy, rocauc"),
+    (dict(metric=3), r"meta\.json: metric is 3, which names no metric"),
+    (dict(name=["ring"]), r"meta\.json: name is \['ring'\], expected the dataset's name as a string"),
+    (dict(metrc="rocauc"), r"meta\.json: unknown keys \['metrc'\]"),
+    (dict(num_nodes=5.0), r"meta\.json: num_nodes is 5\.0, expected a whole number"),
+])
+def test_meta_values_a_field_cannot_mean_are_refused(tmp_path, changes, message):
+    save_native(small_graph(), tmp_path)
+    rewrite_meta(tmp_path, **changes)
+    with pytest.raises(DataError, match=message):
+        load_native(tmp_path)
+
+
+def test_a_key_given_twice_in_meta_json_is_refused(tmp_path):
+    save_native(small_graph(), tmp_path)
+    text = (tmp_path / "meta.json").read_text()
+    (tmp_path / "meta.json").write_text(text.replace('"num_classes": 2', '"num_classes": 2, "num_classes": 9'))
+    with pytest.raises(DataError, match=r"meta\.json: gives num_classes more than once"):
+        load_native(tmp_path)
+
+
+@pytest.mark.parametrize("mmap, message", [(False, "holds pickled Python objects"), (True, "cannot be read")])
+def test_a_pickled_array_is_refused_without_suggesting_allow_pickle(tmp_path, mmap, message):
+    save_native(small_graph(), tmp_path)
+    np.save(tmp_path / "labels.npy", np.array([0, 1, 0, 1, None], dtype=object))
+    with pytest.raises(DataError, match=rf"labels\.npy: {message}") as error:
+        load_native(tmp_path, mmap=mmap)
+    assert "allow_pickle" not in str(error.value)
+
+
+@pytest.mark.parametrize("refused", ["meta.json", "features.npy", "train_idx.npy"])
+def test_an_unreadable_file_says_permission_denied(tmp_path, monkeypatch, refused):
+    import builtins
+    import io
+
+    save_native(small_graph(), tmp_path)
+    original = builtins.open
+
+    def guarded(file, *args, **kwargs):
+        if str(file) == str(tmp_path / refused):
+            raise PermissionError(13, "Permission denied", str(file))
+        return original(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", guarded)
+    monkeypatch.setattr(io, "open", guarded)
+    with pytest.raises(DataError, match=rf"cannot read {tmp_path / refused}: permission denied; give the user"):
+        load_native(tmp_path, mmap=refused != "features.npy")
+
+
+def test_an_unreadable_folder_says_permission_denied(tmp_path, monkeypatch):
+    import pathlib
+
+    from neutronorch.data import load_dataset
+
+    save_native(small_graph(), tmp_path / "d")
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(pathlib.Path, "is_file", refuse)
+    with pytest.raises(DataError, match=r"cannot read .*d(/meta\.json)?: permission denied"):
+        load_dataset(str(tmp_path / "d"))

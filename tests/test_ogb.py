@@ -149,3 +149,97 @@ def test_an_incomplete_directory_names_the_missing_file(tmp_path):
     path.write_bytes(path.read_bytes()[:40])  # truncated
     with pytest.raises(DataError, match=r"edge\.csv\.gz: cannot be read"):
         load_dataset(str(tmp_path / "short"))
+
+
+def _rewrite(path: Path, text: str) -> None:
+    with gzip.open(path, "wt") as f:
+        f.write(text)
+
+
+def _read_text(path: Path) -> str:
+    with gzip.open(path, "rt") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("file, text, message", [
+    ("num-edge-list.csv.gz", f"{E + 1}\n", r"edge\.csv\.gz: holds 1800 values, but .*num-edge-list\.csv\.gz says 901"),
+    ("num-edge-list.csv.gz", f"{E - 1}\n", r"edge\.csv\.gz: holds more than the 1798 values expected"),
+    ("num-edge-list.csv.gz", "1000000000000\n", r"edge\.csv\.gz: .*says 1000000000000 edges.*holds at most"),
+    ("num-node-list.csv.gz", f"{N + 5}\n", r"node-label\.csv\.gz: holds 200 values, but .*says 205 vertices"),
+    ("num-node-list.csv.gz", f"{N - 5}\n", r"node-label\.csv\.gz: holds more than the 195 values"),
+    ("num-node-list.csv.gz", "-3\n", r"num-node-list\.csv\.gz: holds \[-3\], expected one count"),
+    ("num-node-list.csv.gz", f"{N}\n{N}\n", r"num-node-list\.csv\.gz: holds \[200, 200\], expected one count"),
+    ("num-node-list.csv.gz", "", r"num-node-list\.csv\.gz: holds \[\], expected one count"),
+    ("num-node-list.csv.gz", "200.5\n", r"num-node-list\.csv\.gz: value number 1 is 200\.5, not a whole number"),
+    ("num-node-list.csv.gz", "x\n", r"num-node-list\.csv\.gz: line 1 holds 'x', which is not a number"),
+])
+def test_counts_that_disagree_with_their_files_are_named(tmp_path, file, text, message):
+    make_arxiv_like(tmp_path / "ogbn_arxiv")
+    _rewrite(tmp_path / "ogbn_arxiv" / "raw" / file, text)
+    with pytest.raises(DataError, match=message):
+        load_dataset(str(tmp_path / "ogbn_arxiv"))
+
+
+def _merge_lines(text: str, at: int) -> str:
+    """Lines ``at`` and ``at + 1`` run into one: the file holds as many values as before, in a ragged table."""
+    lines = text.split("\n")
+    return "\n".join(lines[:at] + [lines[at] + "," + lines[at + 1]] + lines[at + 2:])
+
+
+@pytest.mark.parametrize("file, change, message", [
+    ("edge.csv.gz", lambda t: t.replace("\n", ".5\n", 1), r"edge\.csv\.gz: value number 2 is .*\.5, not a whole"),
+    ("edge.csv.gz", lambda t: "99999999999999999999" + t[t.index(","):], r"edge\.csv\.gz: value number 1 is 1e\+20"),
+    ("edge.csv.gz", lambda t: "1,2,3\n" + t, r"edge\.csv\.gz: the first line holds 3 values"),
+    ("edge.csv.gz", lambda t: _merge_lines(t, 1), r"edge\.csv\.gz: line 2 holds 4 values, where every line holds 2"),
+    ("node-feat.csv.gz", lambda t: _merge_lines(t, 1), r"node-feat\.csv\.gz: line 2 holds 12 values, where every"),
+    ("node-label.csv.gz", lambda t: "nonsense\n" + t.split("\n", 1)[1], r"line 1 holds 'nonsense', which is not"),
+    ("split/time/train.csv.gz", lambda t: f"{N + 3}\n" + t, r"train\.csv\.gz: holds vertex id 203, outside 0\.\.199"),
+    ("split/time/valid.csv.gz", lambda t: t + t.split("\n", 1)[0] + "\n", r"valid\.csv\.gz: lists vertex .* more than"),
+    ("split/time/test.csv.gz", lambda t: t.replace("\n", ".25\n", 1), r"test\.csv\.gz: value number 1 is .*\.25"),
+])
+def test_values_a_file_cannot_mean_are_refused_not_truncated(tmp_path, file, change, message):
+    make_arxiv_like(tmp_path / "ogbn_arxiv")
+    path = tmp_path / "ogbn_arxiv" / (file if file.startswith("split") else f"raw/{file}")
+    _rewrite(path, change(_read_text(path)))
+    with pytest.raises(DataError, match=message):
+        load_dataset(str(tmp_path / "ogbn_arxiv"))
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(num_nodes_list=np.array([N, N])), r"num_nodes_list holds 2 counts"),
+    (dict(num_nodes_list=np.array([N + 1])), r"node_feat has shape \(200, 6\), but num_nodes_list says 201"),
+    (dict(num_nodes_list=np.array([-1])), r"num_nodes_list says -1 vertices"),
+    (dict(edge_index=np.zeros((3, E), np.int64)), r"edge_index has shape \(3, 900\)"),
+    (dict(edge_index=np.full((2, E), 1.5)), r"data\.npz|raw: edge sources hold 1\.5, which is not a whole number"),
+    (dict(edge_index=np.full((2, E), 2 ** 64 - 1, np.uint64)), r"beyond the largest int64"),
+    (dict(node_feat=np.array([None] * N, dtype=object)), r"holds pickled Python objects"),
+])
+def test_the_binary_layout_checks_its_counts_and_types(tmp_path, change, message):
+    make_papers_like(tmp_path / "ogbn_papers100M")
+    path = tmp_path / "ogbn_papers100M" / "raw" / "data.npz"
+    with np.load(path) as archive:
+        arrays = {k: archive[k] for k in archive.files}
+    arrays.update(change)
+    np.savez(path, **arrays)
+    with pytest.raises(DataError, match=message) as error:
+        load_dataset(str(tmp_path / "ogbn_papers100M"))
+    assert "allow_pickle" not in str(error.value)
+
+
+def test_an_unreadable_file_says_permission_denied(tmp_path, monkeypatch):
+    import builtins
+    import io
+
+    make_arxiv_like(tmp_path / "ogbn_arxiv")
+    refused = tmp_path / "ogbn_arxiv" / "raw" / "node-feat.csv.gz"
+    original = builtins.open
+
+    def guarded(file, *args, **kwargs):
+        if str(file) == str(refused):
+            raise PermissionError(13, "Permission denied", str(file))
+        return original(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", guarded)
+    monkeypatch.setattr(io, "open", guarded)
+    with pytest.raises(DataError, match=rf"cannot read {refused}: permission denied; give the user"):
+        load_dataset(str(tmp_path / "ogbn_arxiv"))
