@@ -1,0 +1,233 @@
+"""The documentation against the command line: every option is documented, and every command README.md
+shows parses as written and runs (in a smoke form: a tiny graph, one epoch, temporary outputs).
+
+README's commands are read from its code blocks, so a new command or flag there is checked without this
+file changing; a placeholder it does not know (an upper-case word such as SPEC) fails until it is added
+to ``PLACEHOLDERS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+from neutronorch.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOC_FILES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+SPEC = "synthetic:nodes=300,degree=5"  # the smoke runs' graph (a few seconds in all)
+# README's placeholders, and the values that stand for them in the parse check (paths: see PATH_FLAGS).
+PLACEHOLDERS = {"SPEC": SPEC, "SOURCE": SPEC, "N": "2", "LR": "0.01", "S": "0", "G": "1", "K": "1"}
+# Options whose value is a path: every run gets a fresh one in its temporary folder.
+PATH_FLAGS = {"--summary-json": "summary.json", "--checkpoint-dir": "checkpoints", "--host-cache-dir": "host-cache",
+              "--log-jsonl": "log.jsonl", "--log-csv": "log.csv", "--tensorboard": "tensorboard",
+              "--timeline": "run.png", "--config": "run.yaml", "--out": "out.npy", "--checkpoint": "best.pt",
+              ("generate", "--out"): "dataset"}
+# Values written as `...` in README (the rest of an option shown in full on an earlier line).
+ELLIPSIS = {"--nodes": "all", "--scratch-dir": "auto"}
+# The smoke form: sizes that keep each run to about a second, by (command, option).
+SMALL = {("train", "--dataset"): SPEC, ("train", "--fanouts"): "5,5", ("train", "--hidden"): "16",
+         ("train", "--layers"): "2", ("train", "--batch-size"): "64", ("train", "--epochs"): "1",
+         ("predict", "--dataset"): SPEC, ("embed", "--dataset"): SPEC, ("embed", "--layer"): "1",
+         ("generate", "--nodes"): "300", ("generate", "--degree"): "5", ("generate", "--features"): "16",
+         ("generate", "--classes"): "4"}
+# Options a smoke run leaves out when the optional package they need is not installed (parsed all the same).
+NEEDS = {"--timeline": "matplotlib", "--tensorboard": "tensorboard"}
+COMMAND_WORDS = ("neutronorch", "torchrun", "make")
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def _options(parser: argparse.ArgumentParser) -> list[str]:
+    return [s for a in parser._actions for s in a.option_strings if s.startswith("--") and s != "--help"]
+
+
+def _code_blocks(text: str) -> list[tuple[str, str]]:
+    return re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.M | re.S)
+
+
+def _joined_lines(body: str) -> list[str]:
+    """A block's lines with backslash continuations joined and trailing `# comments` dropped."""
+    lines, current = [], ""
+    for raw in body.splitlines():
+        current += raw.strip()
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
+        line = re.sub(r"\s+#\s.*$", "", current).strip()
+        if line:
+            lines.append(line)
+        current = ""
+    return lines
+
+
+def _units(text: str) -> list[str]:
+    """Where a mention counts: each prose paragraph, and each command line of a code block on its own."""
+    units = []
+    for part in re.split(r"^```\w*\n.*?^```", text, flags=re.M | re.S):
+        units += [p for p in re.split(r"\n\s*\n", part) if p.strip()]
+    for _, body in _code_blocks(text):
+        units += _joined_lines(body)
+    return units
+
+
+def _mentions(unit: str, flag: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", unit) is not None
+
+
+def test_every_option_of_every_command_is_documented():
+    units = [u for f in DOC_FILES for u in _units(f.read_text())]
+    missing = []
+    for command, parser in _subcommands().items():
+        # train's options are documented anywhere; another command's where that command is named too
+        # (`neutronorch convert ...`, `convert --float16`), since several share names with train's.
+        named = re.compile(rf"neutronorch {command}\b|`{command}\b|\b{command} --")
+        for flag in _options(parser):
+            if not any(_mentions(u, flag) and (command == "train" or named.search(u)) for u in units):
+                missing.append(f"{command} {flag}")
+    assert not missing, f"options in `neutronorch ... --help` but in no doc (README.md, docs/*.md): {missing}"
+
+
+def readme_commands() -> list[str]:
+    """The command lines of README's shell code blocks; any other line in such a block fails."""
+    commands = []
+    for lang, body in _code_blocks(README.read_text()):
+        if lang not in ("", "sh", "bash", "console"):
+            continue
+        lines = _joined_lines(body)
+        shown = [line for line in lines if line.split()[0] in COMMAND_WORDS]
+        if shown:
+            unknown = [line for line in lines if line not in shown]
+            assert not unknown, f"README code block lines this test cannot run or check: {unknown}"
+            commands += shown
+    return commands
+
+
+def _value(command: str, flag: str, word: str, tmp: Path, small: bool) -> str:
+    path = PATH_FLAGS.get((command, flag), PATH_FLAGS.get(flag))
+    if path is not None:
+        return str(tmp / path)
+    if small and (command, flag) in SMALL:
+        return SMALL[(command, flag)]
+    if word == "...":
+        return ELLIPSIS[flag]
+    if word.startswith("{"):
+        return word.strip("{}").split(",")[0]
+    if "|" in word:
+        return word.split("|")[0]
+    if re.fullmatch(r"[A-Z][A-Z_0-9]*", word):
+        assert word in PLACEHOLDERS, f"README placeholder {word} (after {flag}) has no value in PLACEHOLDERS"
+        return PLACEHOLDERS[word]
+    return word
+
+
+def to_argv(line: str, tmp: Path, small: bool = False) -> list[list[str]]:
+    """The argument lists a README command line stands for, placeholders replaced: one per choice of its
+    `A | B` alternatives. ``small``: with the smoke sizes of ``SMALL``."""
+    words = line.split()
+    if words[0] == "torchrun":
+        words = words[words.index("-m") + 1:]
+    assert words[0] == "neutronorch", line
+    command, words = words[1], [w.strip("[]") for w in words[2:]]
+    words = [w for w in words if w]
+    parser = _subcommands()[command]
+    takes_value = {s: a.nargs != 0 for a in parser._actions for s in a.option_strings}
+    variants: list[list[str]] = [[command]]
+    positionals = 0
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "|":  # `--a | --b`: a second variant with --b in --a's place
+            flag = words[i + 1]
+            alternative = variants[-1][:-1] + [flag]
+            variants.append(alternative)
+            i += 2
+            continue
+        if word.startswith("--"):
+            assert word in takes_value, f"README shows `neutronorch {command} {word}`, which the parser does not know"
+            args = [word]
+            if takes_value[word]:
+                args.append(_value(command, word, words[i + 1], tmp, small))
+                i += 1
+            for v in variants:
+                v.extend(args)
+        elif word != "...":  # a positional argument (`train ...` in the torchrun line stands for the options)
+            positionals += 1
+            value = (str(tmp / f"dataset-{positionals}") if word == "OUT_DIR"
+                     else PLACEHOLDERS.get(word, word))
+            for v in variants:
+                v.append(value)
+        i += 1
+    return variants
+
+
+def test_readme_shows_commands_of_every_kind():
+    shown = {line.split()[1] if line.startswith("neutronorch") else line.split()[0] for line in readme_commands()}
+    assert {"train", "predict", "embed", "convert", "generate", "info", "torchrun", "make"} <= shown, shown
+
+
+def test_every_readme_command_parses_as_written(tmp_path):
+    parser = build_parser()
+    for line in readme_commands():
+        if line.startswith("make"):
+            target = line.split()[1]
+            assert re.search(rf"^{re.escape(target)}:", (ROOT / "Makefile").read_text(), flags=re.M), line
+            continue
+        for argv in to_argv(line, tmp_path):
+            try:
+                parser.parse_args(argv)
+            except SystemExit as exc:
+                pytest.fail(f"README command does not parse: {line}\n(as {argv}: exit {exc.code})")
+
+
+@pytest.mark.slow
+def test_every_readme_command_runs_in_a_smoke_form(tmp_path):
+    """Each `neutronorch ...` line of README, tiny: train (then resumed, where README shows --resume), then
+    the other commands, predict and embed reading the checkpoint the train line wrote."""
+    lines = [line for line in readme_commands() if line.startswith("neutronorch")]
+    checkpoint = None
+    for n, line in enumerate(lines):
+        for k, argv in enumerate(to_argv(line, Path("@tmp@"), small=True)):
+            folder = tmp_path / f"{n}-{k}"  # each run its own outputs: none is there before it
+            folder.mkdir()
+            argv = [a.replace("@tmp@", str(folder)) for a in argv]
+            for flag, module in NEEDS.items():
+                if flag in argv and importlib.util.find_spec(module) is None:
+                    i = argv.index(flag)
+                    del argv[i:i + 2]
+            if "--config" in argv:
+                Path(argv[argv.index("--config") + 1]).write_text("seed: 0\n")
+            if argv[0] in ("predict", "embed"):
+                assert checkpoint is not None, f"README shows {argv[0]} before any train line with --checkpoint-dir"
+                argv[argv.index("--checkpoint") + 1] = checkpoint
+            runs = [argv]
+            if "--resume" in argv:  # the first run writes the checkpoint the second continues, one epoch longer
+                runs = [[a for a in argv if a != "--resume"], argv + ["--epochs", "2"]]
+            for run in runs:
+                assert main(run + ["--no-progress"] * (run[0] in ("train", "predict", "embed"))) == 0, \
+                    f"README command failed in its smoke form: {line}\n(run as {run})"
+            if argv[0] == "train" and "--checkpoint-dir" in argv:
+                checkpoint = str(Path(argv[argv.index("--checkpoint-dir") + 1]) / "best.pt")
+
+
+def test_readme_layout_lists_the_source_tree():
+    """README's "Layout" block names every package and top-level module of src/neutronorch, and nothing else."""
+    text = README.read_text()
+    block = re.search(r"^## Layout\n+```\n(.*?)^```", text, flags=re.M | re.S)
+    assert block, "README has no Layout code block"
+    listed = set(re.findall(r"^ {2}(\S+)", block[1], flags=re.M))  # `  data/`, `  config.py` (packages' entries)
+    listed |= {f"orchestration/{name}" for name in re.findall(r"^ {4}(\S+/)", block[1], flags=re.M)}
+    source = ROOT / "src" / "neutronorch"
+    real = {p.name + "/" for p in source.iterdir() if (p / "__init__.py").is_file()}
+    real |= {p.name for p in source.glob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+    real |= {f"orchestration/{p.name}/" for p in (source / "orchestration").iterdir() if (p / "__init__.py").is_file()}
+    assert listed == real, f"README Layout lists {sorted(listed - real)} that do not exist and misses {sorted(real - listed)}"
