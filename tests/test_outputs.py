@@ -348,3 +348,70 @@ def test_the_api_checks_as_the_command_line_does(tmp_path):
         train(TrainConfig(dataset=TINY, epochs=1, fanouts=[4, 4], hidden=8, progress=False,
                           summary_json=str(summary)))
     assert summary.read_text() == "{}"
+
+
+def _spellings(path: Path, root: Path, rng) -> Path | str:
+    """``path`` written one of several ways: as it is, relative to ``root`` (the working folder), through a
+    symbolic link to it or to its folder, with ``..`` in it, or (a file) through a hard link."""
+    links = root / "links"
+    links.mkdir(exist_ok=True)
+    kind = rng.integers(6)
+    if kind == 1:
+        return os.path.relpath(path, root)
+    if kind == 2:
+        link = links / f"l{rng.integers(1 << 30)}"
+        link.symlink_to(path)
+        return link
+    if kind == 3:
+        link = links / f"d{rng.integers(1 << 30)}"
+        link.symlink_to(path.parent, target_is_directory=True)
+        return link / path.name
+    if kind == 4:
+        return path.parent / ".." / path.parent.name / "." / path.name
+    if kind == 5 and path.is_file():
+        link = links / f"h{rng.integers(1 << 30)}{path.suffix}"
+        os.link(path, link)
+        return link
+    return path
+
+
+def test_fuzzed_output_paths_never_touch_an_input_or_another_output(workspace, tmp_path, monkeypatch, capsys):
+    """200 seeded command lines, each pointing one output at an input or at another output of the same
+    command, spelled in varied ways: every one is refused before any data is read, inputs untouched."""
+    rng = np.random.default_rng(2026)
+    w = workspace
+    monkeypatch.chdir(w)
+    _no_data_loaded(monkeypatch)
+    data, ckpt, ids, config = w / "data", w / "ckpt" / "best.pt", w / "ids.npy", w / "run.yaml"
+    data_files = sorted(data.glob("*"))
+    before = _digest(data) | {"best.pt": hashlib.sha256(ckpt.read_bytes()).hexdigest()}
+    refused = 0
+    for case in range(200):
+        command = ["train", "predict", "embed", "convert"][rng.integers(4)]
+        overwrite = ["--overwrite"] if rng.integers(2) else []
+        if command == "train":
+            flags = ["--summary-json", "--log-jsonl", "--log-csv"]
+            flag = flags[rng.integers(3)]
+            victim = [data_files[rng.integers(len(data_files))], config, data / "new.json",
+                      w / "out" / "same.json"][rng.integers(4)]
+            words = ["train", "--dataset", str(_spellings(data, w, rng)), "--config", str(config), *TRAIN,
+                     flag, str(_spellings(victim, w, rng)) if victim.exists() else str(victim), *overwrite]
+            if victim.name == "same.json":  # two outputs on one file
+                other = flags[(flags.index(flag) + 1 + rng.integers(2)) % 3]
+                words += [other, str(w / "out" / "." / "same.json")]
+        elif command in ("predict", "embed"):
+            victim = [ckpt, ids, data_files[rng.integers(len(data_files))], data / "p.npy"][rng.integers(4)]
+            words = [command, "--checkpoint", str(_spellings(ckpt, w, rng)), "--dataset", str(data), "--nodes",
+                     str(ids), "--device", "cpu", "--out",
+                     str(_spellings(victim, w, rng)) if victim.exists() else str(victim), *overwrite]
+            words += ["--layer", "1"] if command == "embed" else []
+        else:
+            source = [data, w / "graph.npz"][rng.integers(2)]
+            victim = [w, data / "sub"][rng.integers(2)] if source == data else w  # holds it, or lies inside it
+            words = ["convert", str(_spellings(source, w, rng)), str(victim), *overwrite]
+        code = main(words)
+        err = capsys.readouterr().err
+        assert code == 2 and "error:" in err and "Traceback" not in err, (case, words, err)
+        refused += 1
+    assert refused == 200
+    assert _digest(data) | {"best.pt": hashlib.sha256(ckpt.read_bytes()).hexdigest()} == before

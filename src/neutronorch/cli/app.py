@@ -135,6 +135,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     values = load_config_file(args.config) if getattr(args, "config", None) else {}
     values.update({k: v for k, v in vars(args).items() if k not in ("command", "config")})
     config = TrainConfig(**values)
+    if getattr(args, "config", None):  # train() checks its outputs against the dataset; the file is ours
+        from neutronorch.train.output_guard import check_distinct
+        from neutronorch.train.outputs import run_outputs
+
+        check_distinct({"config": [args.config]}, run_outputs(config))
     rank = _launched_rank()
     bar = _ProgressBar() if config.progress and not rank else None
     stop, received = threading.Event(), []

@@ -48,6 +48,23 @@ def _inside(path: Path, folder: Path) -> bool:
     return any(_same(parent, folder) for parent in path.parents)
 
 
+def _hard_link_inside(path: Path, folder: Path) -> Path | None:
+    """The file under ``folder`` that ``path`` is another name of (an existing file with several links)."""
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    if not path.is_file() or found.st_nlink < 2:
+        return None
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            candidate = Path(parent) / name
+            with contextlib.suppress(OSError):
+                if os.path.samestat(candidate.lstat(), found):
+                    return candidate
+    return None
+
+
 def check_distinct(reads: Mapping[str, Iterable[PathLike]], writes: Mapping[str, Iterable[PathLike]],
                    replaces: Mapping[str, PathLike] | None = None) -> None:
     """Refuse outputs that would destroy an input or each other. ``reads``: field -> the files or folders it
@@ -63,6 +80,10 @@ def check_distinct(reads: Mapping[str, Iterable[PathLike]], writes: Mapping[str,
             if path.is_dir() and _inside(out, path):
                 raise ConfigError(f"`{field}` {out}: lies inside {path}, the folder read as `{source}`; "
                                   f"outputs never go into an input's folder. Choose a path outside it.")
+            linked = _hard_link_inside(out, path) if path.is_dir() else None
+            if linked is not None:
+                raise ConfigError(f"`{field}` {out}: is a hard link to {linked}, in the folder read as `{source}`; "
+                                  f"writing it would destroy that input. Choose another path.")
     for i, (field, out) in enumerate(outputs):
         for other, path in outputs[i + 1:]:
             if _same(out, path):
