@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from neutronorch import OutputError, TrainConfig, predict, train
-from neutronorch.atomic import open_array_atomically, sweep_stale, write_atomically
+from neutronorch.atomic import open_array_atomically, sweep_stale, temp_prefix, write_atomically
 from neutronorch.cli import main
 from neutronorch.data import SyntheticSpec, generate, save_native
 from neutronorch.train import output_guard
@@ -179,7 +179,7 @@ def test_an_output_folder_that_takes_no_file_is_found_before_the_data_is_loaded(
 
 
 def test_a_disk_without_room_for_the_checkpoints_is_found_before_training(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(output_guard, "free_bytes", lambda path: 1000)
+    monkeypatch.setattr(output_guard, "free_bytes", lambda path: 1000)  # what the disk has left
     monkeypatch.setattr(trainer_module, "run_epochs", lambda *a: pytest.fail("trained"))
     assert main(["train", "--dataset", TINY, *TRAIN, "--checkpoint-dir", str(tmp_path / "c")]) == 2
     err = capsys.readouterr().err
@@ -304,15 +304,18 @@ def test_sigterm_during_convert_leaves_no_partial_folder(tmp_path, monkeypatch):
 def test_what_a_killed_writer_left_is_removed_by_the_next_write(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     pid = int(dead.stdout)
-    stale = tmp_path / f".out.npy.tmp-{pid}-abc123"
+    host = temp_prefix(tmp_path / "x").split("@", 1)[1]
+    stale = tmp_path / f".out.npy.tmp-{pid}@{host}abc123"
     stale.write_bytes(b"x" * 100)
-    mine = tmp_path / f".out.npy.tmp-{os.getpid()}-def456"  # a write in progress in a running process
+    mine = tmp_path / f".out.npy.tmp-{os.getpid()}@{host}def456"  # a write in progress in a running process
     mine.write_bytes(b"y")
-    other = tmp_path / f".other.npy.tmp-{pid}-abc123"  # another target's: left to its own next write
+    remote = tmp_path / f".out.npy.tmp-{pid}@elsewhere-abc123"  # another machine's, on a shared disk
+    remote.write_bytes(b"w")
+    other = tmp_path / f".other.npy.tmp-{pid}@{host}abc123"  # another target's: left to its own next write
     other.write_bytes(b"z")
     with open_array_atomically(tmp_path / "out.npy", (4,), np.int64) as array:
         array[:] = 7
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out.npy", mine.name, other.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out.npy", mine.name, remote.name, other.name])
     sweep_stale(tmp_path / "other.npy")
     assert not other.exists()
 

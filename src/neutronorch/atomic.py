@@ -1,9 +1,10 @@
 """Files written whole or not at all: a temporary file beside the target, flushed to disk and renamed into
 place, so a crash, a kill or a full disk mid-write leaves the previous file (or none), never half of one.
 
-Temporary files are named ``.<target>.tmp-<pid>-<random>``. A write removes what it left itself when it
-fails or is interrupted, and the next write to the same target removes what a killed process left (its
-process no longer runs), so nothing accumulates beside outputs. A failed write raises ``OutputError`` naming
+Temporary files are named ``.<target>.tmp-<pid>@<host>-<random>``. A write removes what it left itself when
+it fails or is interrupted, and the next write to the same target removes what a killed process of the same
+machine left (its process no longer runs; another machine's, on a shared disk, is never touched), so
+nothing accumulates beside outputs. A failed write raises ``OutputError`` naming
 the target, the reason (a full disk says how much was free) and what was kept.
 
 Used by the data writers and the training outputs alike; it imports nothing of ours but the errors.
@@ -15,6 +16,7 @@ import contextlib
 import errno
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
@@ -26,15 +28,20 @@ from neutronorch.errors import OutputError
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
+def _host() -> str:
+    return "".join(c if c.isalnum() else "_" for c in socket.gethostname()) or "host"
+
+
 def temp_prefix(target: Path) -> str:
-    return f".{target.name}.tmp-{os.getpid()}-"
+    return f".{target.name}.tmp-{os.getpid()}@{_host()}-"
 
 
 def sweep_stale(target: Path) -> None:
-    """Remove the temporary files and folders that processes no longer running left beside ``target``."""
+    """Remove the temporary files and folders that processes of this machine no longer running left beside
+    ``target``."""
     with contextlib.suppress(OSError):
-        for leftover in target.parent.glob(f".{glob_escape(target.name)}.tmp-*"):
-            pid = leftover.name[len(f".{target.name}.tmp-"):].split("-", 1)[0]
+        for leftover in target.parent.glob(f".{glob_escape(target.name)}.tmp-*@{_host()}-*"):
+            pid = leftover.name[len(f".{target.name}.tmp-"):].split("@", 1)[0]
             if pid.isdigit() and not _running(int(pid)):
                 if leftover.is_dir() and not leftover.is_symlink():
                     shutil.rmtree(leftover, ignore_errors=True)
@@ -62,7 +69,7 @@ def write_error(target: Path, exc: BaseException, existed: bool) -> OutputError:
     """The ``OutputError`` for a write of ``target`` that failed with ``exc`` (an ``OSError``)."""
     reason = getattr(exc, "strerror", None) or str(exc)
     if getattr(exc, "errno", None) in _FULL:
-        free = _free(target.parent)
+        free = free_bytes(target.parent)
         reason += f" ({free / 2**20:.1f} MiB free)" if free is not None else ""
         fix = "Free some space, or choose a path on another disk"
     else:
@@ -71,10 +78,15 @@ def write_error(target: Path, exc: BaseException, existed: bool) -> OutputError:
     return OutputError(f"cannot write {target}: {reason}; {kept}. {fix}.")
 
 
-def _free(folder: Path) -> int | None:
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Bytes an unprivileged writer may still use on ``path``'s disk (the nearest existing folder's), or
+    None where unknown."""
+    path = Path(path).expanduser().absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
     try:
-        stats = os.statvfs(folder)
-    except OSError:
+        stats = os.statvfs(path)
+    except (OSError, AttributeError):
         return None
     return stats.f_bavail * stats.f_frsize
 

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
+from neutronorch.atomic import free_bytes
 from neutronorch.errors import ConfigError, OutputError
 
 PathLike = str | os.PathLike
@@ -131,15 +132,6 @@ def check_space(field: str, path: PathLike, needed: int) -> None:
     if free is not None and free < needed:
         raise OutputError(f"`{field}` {path}: needs about {_size(needed)}, and its disk has {_size(free)} free. "
                           f"Free some space, or choose a path on another disk.")
-
-
-def free_bytes(path: PathLike) -> int | None:
-    """Bytes an unprivileged writer may still use on ``path``'s disk (None where unknown)."""
-    try:
-        stats = os.statvfs(_existing_ancestor(Path(path).expanduser().absolute()))
-    except (OSError, AttributeError):
-        return None
-    return stats.f_bavail * stats.f_frsize
 
 
 def _size(n: int) -> str:
