@@ -418,3 +418,12 @@ def test_fuzzed_output_paths_never_touch_an_input_or_another_output(workspace, t
         refused += 1
     assert refused == 200
     assert _digest(data) | {"best.pt": hashlib.sha256(ckpt.read_bytes()).hexdigest()} == before
+
+
+def test_a_graph_passed_to_train_is_protected_as_its_files(workspace, tmp_path):
+    from neutronorch import load_dataset
+
+    graph = load_dataset(str(workspace / "data"))
+    with pytest.raises(Exception, match="read as `graph`"):
+        train(TrainConfig(epochs=1, fanouts=[4, 4], hidden=8, progress=False, overwrite=True,
+                          log_csv=str(workspace / "data" / "labels.npy")), graph=graph)

@@ -95,7 +95,7 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
     started = time.perf_counter()
     config = dataclasses.replace(config).validate()  # resolved values (batch size) go into a copy
     check_threading_layer()
-    check_outputs(config)
+    check_outputs(config, {"graph": graph.files()} if graph is not None else None)
     device = rank_device(resolve_device(config.device))
     keep_freed_memory()
     with contextlib.ExitStack() as stack:
