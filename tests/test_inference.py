@@ -125,3 +125,23 @@ def test_vertex_ids_held_in_memory_are_taken_as_a_npy_file_is(graph, tmp_path):
             predict(checkpoint, graph, nodes=bad)
     with pytest.raises(ConfigError, match="an existing .npy file of vertex ids, or the ids"):
         predict(checkpoint, graph, nodes=tmp_path / "missing.npy")
+
+
+@pytest.mark.parametrize("kind, options", [("sage", {}), ("gcn", {}), ("gcn", {"gcn_norm": "mean"}),
+                                           ("sage", {"residual": True})])
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_the_input_layer_reads_features_in_place_with_the_gathered_result(graph, kind, options, layers):
+    torch.manual_seed(0)
+    model = GNN(kind, graph.feature_dim, 8, graph.num_classes, layers, **options).eval()
+    nodes = torch.tensor([699, 3, 3, 250, 0, 512])
+    in_place = FeatureStore(graph.features, graph.labels, ordered=False)
+    gathered = []
+    in_place.gather = lambda rows: gathered.append(rows) or FeatureStore.gather(in_place, rows)
+    # Read in file order, the input layer gathers each chunk's sources instead (a file the page cache may
+    # not keep is read that way).
+    relabelled = FeatureStore(graph.features, graph.labels, ordered=True)
+    got = layerwise(model, graph, in_place, nodes, CPU, chunk_size=64)
+    want = layerwise(model, graph, relabelled, nodes, CPU, chunk_size=64)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # Below the last layer no feature row is copied; as the last layer it computes the requested rows only.
+    assert (gathered == []) == (layers > 1)
