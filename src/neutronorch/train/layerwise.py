@@ -100,7 +100,6 @@ class _Run:
             return rows
         return None
 
-
     def contiguous(self, layer: int, hidden: torch.Tensor, start: int, end: int) -> torch.Tensor:
         """Layer ``layer`` of vertices start..end-1, reading ``hidden`` in place."""
         lo, hi = int(self.indptr[start]), int(self.indptr[end])
