@@ -82,7 +82,8 @@ def class_labels(labels: np.ndarray, n: int, name: str) -> np.ndarray:
         labels = labels.astype(np.int64)
     elif labels.dtype.kind == "f":
         labels = np.where(np.isnan(labels), -1, labels)  # NaN: no label (ogbn-papers100M)
-    labels = as_int64(labels, name, "labels")  # never truncated or wrapped: 2**64-1 would read as -1
+    # Never truncated or wrapped: 1.5 would read as class 1, 2**64-1 as -1 (no label).
+    labels = as_int64(labels, name, "labels (whole class ids, or NaN for none)")
     if labels.ndim == 2:
         if labels.size and (int(labels.min()) < -1 or int(labels.max()) > 1):
             raise DataError(f"{name}: multi-label labels hold {int(labels.min())}..{int(labels.max())}; each "
