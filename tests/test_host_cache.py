@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from neutronorch.features import host_cache as host_cache_module
+from neutronorch.features import memory as memory_module
 from neutronorch.features.host_cache import HostCache, host_cache_rows
+from neutronorch.features.memory import AutoSize, measured_rows, rows_to_free
 from neutronorch.features.store import FeatureStore
 
 
@@ -76,18 +78,180 @@ def test_split_order_puts_hits_first_then_misses_region_by_region():
     assert (np.diff(same[hits:]) > 0).all()
 
 
-def test_the_cache_size_follows_the_setting_and_the_memory_left(tmp_path):
+def test_the_cache_size_follows_the_setting_and_the_memory_measured(tmp_path):
     mapped = _mapped(tmp_path, np.zeros((1000, 25), np.float32))  # rows of 100 bytes
-    GiB = 1 << 30
-    assert host_cache_rows("auto", np.asarray(mapped), True, 10**9, 0) == (0, "features in memory")
-    assert host_cache_rows(1.0, np.zeros((1000, 25), np.float32), True, 10**9, 0)[0] == 0
-    assert host_cache_rows("auto", mapped, False, 10**9, 0) == (0, "memory-mapped features fit in memory")
-    assert host_cache_rows("auto", mapped, True, None, 0)[0] == 0
-    rows, why = host_cache_rows("auto", mapped, True, 60_000, 10_000)
-    assert rows == int(0.6 * 50_000) // 100 and "available" in why
-    assert host_cache_rows("auto", mapped, True, 5_000, 10_000)[0] == 0  # working memory takes it all
-    assert host_cache_rows("auto", mapped, True, 10 * GiB, 0)[0] == 1000  # never more than every row
-    assert host_cache_rows(4000 / GiB, mapped, False, None, 0) == (40, "host_cache_gb")
+    GiB, MiB = 1 << 30, 1 << 20
+    assert host_cache_rows("auto", np.asarray(mapped), True) == (0, "features in memory")
+    assert host_cache_rows(1.0, np.zeros((1000, 25), np.float32), True)[0] == 0
+    assert host_cache_rows("auto", mapped, False) == (0, "memory-mapped features fit in memory")
+    assert host_cache_rows("auto", mapped, True)[0] == 0  # sized later, by measurement
+    assert host_cache_rows(4000 / GiB, mapped, False) == (40, "host_cache_gb")
+    # Measured: what the available memory leaves beside the working memory's way back up to its peak, a
+    # margin for it to grow (5% of the peak, at least 128 MiB) and the page cache kept for mapped files.
+    rows, growth = measured_rows(MiB, 10**6, available=3 * GiB, anon_now=2 * GiB, anon_peak=2 * GiB + 200 * MiB,
+                                 keep=500 * MiB)
+    assert growth == 128 * MiB and rows == 3 * 1024 - 200 - 128 - 500
+    rows, growth = measured_rows(MiB, 10**6, 6 * GiB, 4 * GiB, 4 * GiB, 0)
+    assert growth == int(0.05 * 4 * GiB) and rows == (6 * GiB - growth) // MiB
+    assert measured_rows(MiB, 10**6, 3 * GiB, 2 * GiB, 2 * GiB, 500 * MiB, ranks=2)[0] == (3 * 1024 - 128 - 500) // 2
+    assert measured_rows(MiB, 10**6, 500 * MiB, 2 * GiB, 2 * GiB, 500 * MiB)[0] == 0  # no room: none
+    assert measured_rows(MiB, 100, 30 * GiB, 0, 0, 0)[0] == 100  # never more than the candidates
+    # A smaller memory cgroup limit (less available beside the same working memory) gives a smaller cache.
+    sizes = [measured_rows(MiB, 10**6, int(avail * GiB), 2 * GiB, 2 * GiB, 300 * MiB)[0] for avail in (4, 3, 2, 0.4)]
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[1] > sizes[2] > 0 == sizes[3]
+    # Shrinking: nothing while the page cache has what it needs; else enough to restore it and the margin.
+    assert rows_to_free(MiB, 500, available=600 * MiB, keep=500 * MiB, growth=128 * MiB) == 0
+    assert rows_to_free(MiB, 500, 400 * MiB, 500 * MiB, 128 * MiB) == 228
+    assert rows_to_free(MiB, 500, 490 * MiB, 500 * MiB, 0) == 64  # at least SHRINK_MIN
+    assert rows_to_free(MiB, 100, 0, 500 * MiB, 128 * MiB) == 100  # at most every row
+    assert rows_to_free(MiB, 0, 0, 500 * MiB, 128 * MiB) == 0
+
+
+class _Memory:
+    """Memory readers for ``host_cache``, set by a test: a simulated cgroup's room and the process's memory."""
+
+    def __init__(self, monkeypatch, available, anon, files=0):
+        self.available, self.anon, self.files = available, anon, files
+        monkeypatch.setattr(host_cache_module, "available_memory_bytes", lambda: self.available)
+        monkeypatch.setattr(host_cache_module, "process_anonymous_bytes", lambda: self.anon)
+        monkeypatch.setattr(host_cache_module, "mapped_file_bytes", lambda exclude=(): self.files)
+
+
+def _auto_cache(tmp_path, monkeypatch, features, available, anon, warmup=3):
+    """A cache sized by measurement over ``features`` (memory-mapped), its watcher stopped so that the test
+    drives it (``_tick``); the page cache kept: 1,000 bytes of topology and STREAM_BYTES of 10,000 bytes."""
+    monkeypatch.setattr(memory_module, "STREAM_BYTES", 10_000)
+    monkeypatch.setattr(memory_module, "GROWTH_MIN", 2_000)
+    monkeypatch.setattr(memory_module, "SHRINK_MIN", 100)
+    memory = _Memory(monkeypatch, available, anon)
+    mapped = _mapped(tmp_path, features)
+    hottest = np.random.default_rng(0).permutation(features.shape[0])
+    cache = HostCache(mapped, hottest, str(tmp_path), AutoSize(files=1_000, warmup=warmup))
+    cache.close()
+    return cache, mapped, hottest, memory
+
+
+def test_auto_sizes_the_cache_after_the_first_gathers_from_the_memory_they_used(tmp_path, monkeypatch):
+    features = np.random.default_rng(1).standard_normal((2000, 10)).astype(np.float32)  # rows of 40 bytes
+    cache, mapped, hottest, memory = _auto_cache(tmp_path, monkeypatch, features, available=60_000, anon=50_000)
+    plain = FeatureStore(mapped, np.zeros(2000, np.int64), ordered=True)
+    store = FeatureStore(mapped, np.zeros(2000, np.int64), ordered=True)
+    store.attach_cache(cache)
+    rows = torch.from_numpy(np.random.default_rng(2).integers(0, 2000, 3000))
+    # Until it is sized: empty, rows read from the features in place, the working memory sampled.
+    for anon in (50_000, 58_000, 52_000):
+        memory.anon = anon
+        assert cache._tick() == host_cache_module.POLL_WARMUP_S and cache.sizing is None
+        assert torch.equal(store.gather(rows), plain.gather(rows))
+    assert cache.rows == 0 and cache.cold is mapped and cache.gathers == 3
+    memory.anon = 52_000
+    cache._tick()  # sized: the peak (58,000) is 6,000 above now; margin 2,900 (5%); kept 1,000 + 10,000
+    expected = (60_000 - 6_000 - 2_900 - 11_000) // 40
+    assert cache.rows == expected and cache.cold_file and cache.cold.shape[0] == 2000 - expected
+    assert set(cache.where[hottest[:expected]] < 0) == {True}  # the hottest candidates, hottest first
+    assert np.array_equal(-1 - cache.where[hottest[:expected]], np.arange(expected))
+    assert cache.sizing["working_gib"] == round(58_000 / 2**30, 3) and cache.sizing["shrinks"] == 0
+    assert torch.equal(store.gather(rows), plain.gather(rows))
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".neutronorch-cold")]
+    # The memory is squeezed (the cgroup's anonymous memory grew): the coldest cached rows go to the cold
+    # file, enough to give the page cache back what it needs and the margin; rows come back unchanged.
+    memory.available = 11_000 - 4_000
+    cache._tick()
+    freed = -(-(11_000 + 2_900 - 7_000) // 40)
+    assert cache.rows == expected - freed and cache.cold.shape[0] == 2000 - expected + freed
+    assert np.array_equal(-1 - cache.where[hottest[:expected - freed]], np.arange(expected - freed))
+    assert (cache.where[hottest[expected - freed:]] >= 0).all()
+    assert cache.sizing["shrinks"] == 1
+    assert torch.equal(store.gather(rows), plain.gather(rows))
+    memory.available = 11_000
+    cache._tick()  # enough again: no change
+    assert cache.rows == expected - freed
+    memory.available = 0
+    for _ in range(3):
+        cache._tick()
+    assert cache.rows == 0 and cache.cold.shape[0] == 2000  # every row in the (longer) cold file
+    assert torch.equal(store.gather(rows), plain.gather(rows))
+    gathered, hits = store.take_counts()
+    assert gathered == 6 * 3000 and 0 < hits < 2 * 3000  # hits only while it held rows
+
+
+def test_auto_takes_less_under_a_smaller_memory_limit_and_none_without_room(tmp_path, monkeypatch):
+    features = np.ones((1000, 10), np.float32)
+    sizes = []
+    for available in (60_000, 40_000, 20_000, 10_000):
+        (tmp_path / str(available)).mkdir()
+        cache, *_ = _auto_cache(tmp_path / str(available), monkeypatch, features, available, 30_000, warmup=0)
+        cache._tick()
+        sizes.append(cache.rows)
+    assert sizes[0] > sizes[1] > sizes[2] > 0 == sizes[3]
+
+
+def test_auto_without_a_cold_file_shrinks_into_the_features_in_place(tmp_path, monkeypatch):
+    features = np.arange(600 * 4, dtype=np.float32).reshape(600, 4)
+    monkeypatch.setattr(host_cache_module.shutil, "disk_usage", lambda path: type("U", (), {"free": 10})())
+    cache, mapped, hottest, memory = _auto_cache(tmp_path, monkeypatch, features, 17_800, 0, warmup=0)
+    cache._tick()
+    assert cache.rows == 300 and not cache.cold_file and cache.cold is mapped
+    memory.available = 0
+    cache._tick()
+    assert cache.rows < 600 and (cache.where[hottest[cache.rows:]] == hottest[cache.rows:]).all()
+    store = FeatureStore(mapped, np.zeros(600, np.int64), ordered=True)
+    store.attach_cache(cache)
+    rows = torch.arange(599, -1, -1)
+    assert torch.equal(store.gather(rows), torch.from_numpy(features)[rows])
+
+
+def test_the_watcher_sizes_the_cache_by_itself(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setattr(memory_module, "STREAM_BYTES", 1_000)
+    monkeypatch.setattr(memory_module, "GROWTH_MIN", 1_000)
+    _Memory(monkeypatch, 50_000, 10_000)
+    mapped = _mapped(tmp_path, np.ones((500, 10), np.float32))
+    cache = HostCache(mapped, np.arange(500), str(tmp_path), AutoSize(warmup=2))
+    store = FeatureStore(mapped, np.zeros(500, np.int64), ordered=True)
+    store.attach_cache(cache)
+    for _ in range(2):
+        store.gather(torch.arange(500))
+    deadline = time.monotonic() + 10
+    while cache.sizing is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    cache.close()
+    assert cache.rows > 0 and cache.summary(1000, 0)["sizing"]["gathers"] == 2
+
+
+def test_auto_sizes_the_cache_from_the_presampled_working_memory(tmp_path, monkeypatch):
+    # ``auto`` ranks the rows by presampling, builds no rows itself and hands the ranking on: the cache
+    # then sizes itself from the memory the first mini-batches use; ranks launched together on a node each
+    # take their share.
+    from neutronorch.config import TrainConfig
+    from neutronorch.data import SyntheticSpec, generate
+    from neutronorch.data.native import load_native, save_native
+    from neutronorch.features.cache import hotness_order
+    from neutronorch.orchestration import factory
+
+    graph = load_native(save_native(generate(SyntheticSpec(nodes=3000, degree=8, features=20, classes=4)),
+                                    tmp_path / "g"))
+    assert isinstance(graph.features, np.memmap)
+    config = TrainConfig(fanouts=[5, 5], batch_size=64, hidden=16).validate()
+    sampling = config.sampling
+    order = hotness_order(graph.indptr, graph.indices, graph.train_idx, [5, 5], 64, config.seed)
+    rows, why, ranked = factory.host_cache_size(config, graph, sampling, file_order=True)
+    assert rows == 0 and "first mini-batches" in why
+    assert np.array_equal(ranked, order)  # the ranking is passed on, not computed twice
+    assert factory.host_cache_size(config, graph, sampling, file_order=False) == (
+        0, "memory-mapped features fit in memory", None)  # fits: none
+    sized = factory.auto_size(graph)
+    assert sized.files == graph.indptr.nbytes + graph.indices.nbytes and sized.ranks == 1
+    assert str(graph.features.filename) in sized.exclude
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert factory.auto_size(graph, distributed=True).ranks == 2
+    # Built for a run: the store reads through a cache sized by measurement, empty until then.
+    monkeypatch.setattr(factory, "read_orders", lambda *args: (True, True))
+    mode = factory.build_mode(config, graph, torch.device("cpu"))
+    cache = mode.store.host_cache
+    assert cache is not None and cache.auto is not None and cache.rows == 0
+    cache.close()
 
 
 def test_a_cache_that_cannot_be_built_leaves_no_file(tmp_path, monkeypatch):
@@ -109,47 +273,6 @@ def test_a_cache_that_cannot_be_built_leaves_no_file(tmp_path, monkeypatch):
         HostCache(mapped, np.arange(10), str(tmp_path))
     assert [p.name for p in tmp_path.iterdir()] == ["features-f4.npy"]
     assert not any(name.startswith(".neutronorch-cold") for name in os.listdir(tmp_path))
-
-
-def test_auto_sizes_the_cache_from_the_presampled_working_memory(tmp_path, monkeypatch):
-    # ``auto`` ranks the rows by presampling, estimates the working memory from the frontiers it saw (far
-    # below the fanouts' worst case on a small graph), and takes 60% of what the available memory leaves
-    # beside it; ranks launched together on a node each take their share.
-    from neutronorch.config import TrainConfig
-    from neutronorch.data import SyntheticSpec, generate
-    from neutronorch.data.native import load_native, save_native
-    from neutronorch.features.cache import hotness_order
-    from neutronorch.features.placement import workspace_bytes
-    from neutronorch.orchestration import factory
-
-    graph = load_native(save_native(generate(SyntheticSpec(nodes=3000, degree=8, features=20, classes=4)),
-                                    tmp_path / "g"))
-    assert isinstance(graph.features, np.memmap)
-    config = TrainConfig(fanouts=[5, 5], batch_size=64, hidden=16).validate()
-    sampling = config.sampling
-    worst = workspace_bytes(3000, 20, 16, 4, [5, 5], 64)
-    frontiers: list = []
-    order = hotness_order(graph.indptr, graph.indices, graph.train_idx, [5, 5], 64, config.seed, frontiers=frontiers)
-    assert len(frontiers) == 3 and frontiers[0] == 64 and frontiers[0] < frontiers[1] < frontiers[2] <= 3000
-    measured = workspace_bytes(3000, 20, 16, 4, [5, 5], 64, measured=frontiers)
-    assert measured < worst
-    monkeypatch.setattr(factory, "available_memory_bytes", lambda: measured + 100_000)
-    rows, why, ranked = factory.host_cache_size(config, graph, sampling, file_order=True)
-    assert rows == int(0.6 * 100_000) // 80 and "available" in why
-    assert np.array_equal(ranked, order)  # the ranking is passed on, not computed twice
-    assert factory.host_cache_size(config, graph, sampling, file_order=False)[0] == 0  # fits: none
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    monkeypatch.setattr(factory, "available_memory_bytes", lambda: 2 * (measured + 100_000))
-    rows, why, _ = factory.host_cache_size(config, graph, sampling, file_order=True, distributed=True)
-    assert rows == int(0.6 * 100_000) // 80 and "shared by 2 ranks" in why
-    # NeutronOrch mode's host producer holds about two mini-batches' input rows more: counted.
-    neutronorch = TrainConfig(mode="neutronorch", fanouts=[5, 5], batch_size=64, hidden=16).validate()
-    monkeypatch.delenv("LOCAL_WORLD_SIZE")
-    monkeypatch.setattr(factory, "available_memory_bytes", lambda: measured + 350_000)
-    extra = 2 * frontiers[-1] * 20 * 4
-    with_host = factory.host_cache_size(neutronorch, graph, sampling, file_order=True)[0]
-    alone = factory.host_cache_size(config, graph, sampling, file_order=True)[0]
-    assert with_host == int(0.6 * (350_000 - extra)) // 80 < alone == int(0.6 * 350_000) // 80
 
 
 def test_a_cold_file_that_cannot_be_written_is_given_up(tmp_path, monkeypatch, caplog):
@@ -187,3 +310,45 @@ class _FullDisk:
     def __exit__(self, *exc):
         self.file.close()
         return False
+
+
+@pytest.mark.parametrize("mode", ["exact", "neutronorch"])
+def test_a_cache_sized_by_measurement_changes_no_loss_as_it_grows_and_shrinks(tmp_path, monkeypatch, mode):
+    # Memory-mapped features read in file order, ``--host-cache-gb auto``: the cache starts empty, is sized
+    # after two gathers from a simulated cgroup's room, then shrinks as the room falls; the losses are those
+    # of a run without a cache, and no file is left behind.
+    import json
+
+    from neutronorch.cli import main
+    from neutronorch.data import SyntheticSpec, generate
+    from neutronorch.data.native import save_native
+
+    directory = save_native(generate(SyntheticSpec(nodes=2000, degree=8, features=12, classes=4)), tmp_path / "g")
+    before = sorted(p.name for p in directory.iterdir())
+    monkeypatch.setattr(host_cache_module, "WARMUP_GATHERS", 2)
+    monkeypatch.setattr(host_cache_module, "POLL_S", 0.001)
+    for name, value in (("STREAM_BYTES", 1_000), ("GROWTH_MIN", 1_000), ("SHRINK_MIN", 48 * 50)):
+        monkeypatch.setattr(memory_module, name, value)
+    calls = []
+
+    def room():  # 60,000 bytes when sized (about 1,100 rows of 48 bytes), then less and less
+        calls.append(1)
+        return max(0, 60_000 + 50_000 - 4_000 * len(calls)) if len(calls) > 1 else 60_000 + 50_000
+
+    monkeypatch.setattr(host_cache_module, "available_memory_bytes", room)
+    monkeypatch.setattr(host_cache_module, "process_anonymous_bytes", lambda: 50_000)
+    monkeypatch.setattr(host_cache_module, "mapped_file_bytes", lambda exclude=(): 0)
+    runs = {}
+    for size in ("0", "auto"):
+        calls.clear()
+        out = tmp_path / f"{size}.json"
+        assert main(["train", "--dataset", str(directory), "--mode", mode, "--fanouts", "5,5", "--hidden", "16",
+                     "--epochs", "3", "--batch-size", "32", "--seed", "5", "--device", "cpu", "--read-order", "file",
+                     "--host-cache-gb", size, "--summary-json", str(out), "--no-progress"]) == 0
+        runs[size] = json.loads(out.read_text())
+    off, on = runs.values()
+    assert [e["train_loss"] for e in on["epochs"]] == [e["train_loss"] for e in off["epochs"]]
+    sizing = on["host_cache"]["sizing"]
+    assert sizing["gathers"] >= 2 and 500 < sizing["sized_rows"] < 2000 and sizing["shrinks"] >= 1
+    assert on["host_cache"]["rows"] < sizing["sized_rows"] and on["host_cache"]["hit_rate"] > 0
+    assert sorted(p.name for p in directory.iterdir()) == before

@@ -137,14 +137,15 @@ class FeatureStore:
             self._copy(self.features, ids, order, out)
             self._counts.add(ids.shape[0], 0)
             return out
-        where = cache.where[ids]
-        cold_rows = cache.cold.shape[0]
-        order, hits = kernels.split_order(where, self.rows_per_region if self.ordered else max(1, cold_rows),
-                                          max(1, cold_rows))
-        if hits:  # a part of ``order`` visits only those positions; an empty one would visit every one
-            self._copy(cache.table, -1 - where, order[:hits], out)
-        if hits < ids.shape[0]:
-            self._copy(cache.cold, where, order[hits:], out)
+        with cache.reading() as (where_of, table, cold):  # a consistent view: the cache may resize itself
+            where = where_of[ids]
+            cold_rows = cold.shape[0]
+            order, hits = kernels.split_order(where, self.rows_per_region if self.ordered else max(1, cold_rows),
+                                              max(1, cold_rows))
+            if hits:  # a part of ``order`` visits only those positions; an empty one would visit every one
+                self._copy(table, -1 - where, order[:hits], out)
+            if hits < ids.shape[0]:
+                self._copy(cold, where, order[hits:], out)
         self._counts.add(ids.shape[0], int(hits))
         return out
 

@@ -13,8 +13,8 @@ import torch
 from neutronorch.config import SamplingConfig, TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.features.cache import hotness_order
-from neutronorch.features.host_cache import host_cache_rows, sized_by_memory
-from neutronorch.features.memory import available_memory_bytes
+from neutronorch.features.host_cache import HostCache, host_cache_rows, sized_by_memory
+from neutronorch.features.memory import AutoSize
 from neutronorch.features.placement import placement_for, workspace_bytes
 from neutronorch.features.store import beyond_memory
 from neutronorch.observe import Spans
@@ -66,7 +66,14 @@ def build_mode(config: TrainConfig, graph: Graph, device: torch.device, threads:
     access = build_feature_access(graph, placement, device, sampling, config.cache_policy, dtype,
                                   features_in_file_order, host_rows, config.host_cache_dir, order)
     cache = access.store.host_cache
-    if cache is not None:
+    if order is not None and host_rows == 0:  # auto, where the features do not fit: sized by measurement
+        device_rows = placement.cache_rows if access.cache is not None else 0
+        if device_rows < graph.num_nodes:
+            access.store.attach_cache(HostCache(graph.features, order[device_rows:], config.host_cache_dir,
+                                                auto_size(graph, shard[1] > 1)))
+            logger.info("host feature cache: sized once the first mini-batches have shown the memory they use "
+                        "(until then rows are read from the features in place)")
+    elif cache is not None:
         logger.info(f"host feature cache ({why}): {cache.rows:,} rows ({cache.table.nbytes / 2**30:.2f} GiB) in "
                     f"memory, " + (f"{cache.cold.shape[0]:,} copied to a file of cold rows" if cache.cold_file
                                    else "the others read in place") + f"; built in {cache.seconds:.1f} s")
@@ -83,34 +90,28 @@ def build_mode(config: TrainConfig, graph: Graph, device: torch.device, threads:
 def host_cache_size(config: TrainConfig, graph: Graph, sampling: SamplingConfig, file_order: bool,
                     distributed: bool = False) -> tuple[int, str, np.ndarray | None]:
     """Rows of the host feature cache (``TrainConfig.host_cache_gb``; see ``features/host_cache.py``), why,
-    and the vertices hottest first where they were ranked for it. ``auto`` sizes it against the working
-    memory estimated from the frontiers of the mini-batches sampled to rank the rows (the estimate from the
-    fanouts alone assumes no vertex is reached twice: on the 1M-vertex benchmark graph 5.9 GiB where the run
-    used 3.5); ``distributed``: each of the node's ranks (``LOCAL_WORLD_SIZE``) builds its own, so each
-    takes its share of the memory."""
+    and the vertices hottest first where they were ranked for it. ``auto``, where the memory-mapped features
+    do not fit: 0 rows and the ranking, the cache then sizing itself from the memory the first mini-batches
+    use (``auto_size``); estimates of the working memory missed by up to 0.6 GiB on the 1M-vertex benchmark
+    graph."""
     setting = config.host_cache_gb
     if setting == 0:
         return 0, "host_cache_gb 0", None
     if sized_by_memory(setting, graph.features, file_order):
-        frontiers: list[int] = []
         order = hotness_order(graph.indptr, graph.indices, graph.train_idx, sampling.fanouts, sampling.batch_size,
-                              sampling.seed, config.cache_policy, frontiers=frontiers)
-        workspace = workspace_bytes(graph.num_nodes, graph.feature_dim, config.hidden, graph.num_classes,
-                                    config.fanouts, config.batch_size, config.heads if config.model == "gat" else 1,
-                                    measured=frontiers or None)
-        if config.mode == "neutronorch" and frontiers:
-            # The host producer's memory: its gather of the hot set's bottom hop and the inputs its hot rows
-            # keep for their gradient over the super-batches in flight. On the 1M-vertex benchmark graph the
-            # mode's peak anonymous memory (4.59 GiB) was 1.6 mini-batches' input rows above exact mode's
-            # (3.61 GiB at the end of its run); counted as two.
-            workspace += 2 * frontiers[-1] * graph.feature_dim * 4
-        available = available_memory_bytes()
-        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if distributed else 1
-        if available is not None and ranks > 1:
-            available = available // ranks
-        rows, why = host_cache_rows(setting, graph.features, file_order, available, workspace)
-        return rows, why + (f", shared by {ranks} ranks" if ranks > 1 else ""), order
-    return (*host_cache_rows(setting, graph.features, file_order, None, 0), None)
+                              sampling.seed, config.cache_policy)
+        return 0, "sized after the first mini-batches", order
+    return (*host_cache_rows(setting, graph.features, file_order), None)
+
+
+def auto_size(graph: Graph, distributed: bool = False) -> AutoSize:
+    """How a cache sized by measurement keeps room for the page cache: the memory-mapped topology is read all
+    through training; ``distributed``: each of the node's ranks (``LOCAL_WORLD_SIZE``) takes its share."""
+    mapped = [a for a in (graph.indptr, graph.indices) if isinstance(a, np.memmap)]
+    paths = [getattr(a, "filename", None) for a in mapped + [graph.features]]
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if distributed else 1
+    return AutoSize(files=sum(a.nbytes for a in mapped), exclude=tuple(str(p) for p in paths if p),
+                    ranks=max(1, ranks))
 
 
 def read_orders(setting: str, graph: Graph, workspace: int) -> tuple[bool, bool]:
