@@ -56,3 +56,22 @@ def test_the_process_memory_readers_parse_proc(tmp_path):
     assert mapped_file_bytes((), str(smaps)) == (300 + 700 + 50) * 1024
     assert mapped_file_bytes((), str(tmp_path / "missing")) is None
     assert process_anonymous_bytes() > 0 and mapped_file_bytes() > 0  # this process's own
+
+
+def test_a_releasable_array_is_anonymous_memory_that_can_be_handed_back():
+    # The host cache's table: counted as the process's anonymous memory (which a memory cgroup's room and the
+    # cache's shrinking go by), and its pages freed when a shrink hands them back.
+    import mmap
+
+    from neutronorch.features.memory import process_anonymous_bytes, releasable_array
+
+    MiB = 1 << 20
+    before = process_anonymous_bytes()
+    buffer, table = releasable_array((64, MiB // 4), "float32")
+    table[:] = 1.0
+    grown = process_anonymous_bytes()
+    assert grown - before > 60 * MiB
+    buffer.madvise(mmap.MADV_DONTNEED, 32 * MiB, 32 * MiB)
+    assert grown - process_anonymous_bytes() > 30 * MiB
+    assert table[:32].min() == 1.0 and table[32:].max() == 0.0  # the handed-back pages read as zeros
+    assert releasable_array((0, 5), "float16")[0] is None

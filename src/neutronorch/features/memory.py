@@ -151,5 +151,7 @@ def releasable_array(shape: tuple, dtype) -> tuple[mmap.mmap | None, np.ndarray]
     nbytes = int(np.prod(shape)) * dtype.itemsize
     if nbytes == 0:
         return None, np.empty(shape, dtype)
-    buffer = mmap.mmap(-1, nbytes)
+    # Private: counted as the process's (and its cgroup's) anonymous memory, and freed by MADV_DONTNEED; a
+    # shared anonymous mapping would be shared memory, counted as page cache, and keep its pages.
+    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return buffer, np.frombuffer(buffer, np.uint8).view(dtype).reshape(shape)
