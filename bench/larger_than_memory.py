@@ -1,12 +1,15 @@
 """Training on features larger than the memory left for them: one configuration unconstrained and inside a
 memory cap, side by side.
 
-First the run without a cap (features in the page cache after the first pass); then, for each order in
---orders, the same run inside a memory cgroup (v1 or v2, created here; this needs the right to create one,
-as root usually has) whose limit leaves the graph's arrays (features and topology) about half the memory
-they need: the unconstrained run's peak anonymous memory plus half their bytes (--shares: other shares, a set
-of capped runs for each; or --cap-gb). Every run is its own process; the
-page cache is dropped before each capped run where that is allowed, so it starts cold. For each run: epoch
+First the run without a cap, inside a memory cgroup without a limit (v1 or v2, created here; this needs the
+right to create one, as root usually has), the page cache dropped and the graph's arrays read into it from
+within the group first, so that the group's peak memory counts everything the run uses: its anonymous
+memory, the features and topology in the page cache, its libraries' pages. Then, for each order in
+--orders, the same run inside a memory cgroup whose limit is that peak minus half the feature bytes, which
+leaves the features about half the memory they need (--shares: other shares, a set of capped runs for
+each; or --cap-gb); the page cache is dropped before each capped run, so it starts cold. --repeat runs the
+whole set again, in the reverse order every other round, with the same caps, and reports the medians. Every
+run is its own process. For each run: epoch
 time (median of the epochs after the first, or the only one), wall time, bytes read from and written to
 disk (start-up included: the host feature cache's copy reads the features once and writes the rows it does
 not hold), major page faults, the ratio of disk bytes read per epoch to the feature bytes its epochs
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,11 +60,15 @@ def main() -> int:
                         help="--host-cache-gb of the capped runs, comma-separated (each with each order); "
                              "the unconstrained run keeps its default (auto: none while the features fit)")
     parser.add_argument("--shares", default="0.5",
-                        help="comma-separated shares of the arrays' bytes that each cap leaves them beside the "
-                             "run's own memory (one set of capped runs per share; default: %(default)s)")
+                        help="comma-separated shares of the feature bytes that each cap leaves them: the "
+                             "unconstrained run's peak memory minus the rest (one set of capped runs per share; "
+                             "default: %(default)s)")
     parser.add_argument("--cap-gb", type=float, default=None,
-                        help="the memory limit (default: the unconstrained run's peak anonymous memory + half the "
-                             "feature bytes)")
+                        help="the memory limit (default: the unconstrained run's peak memory, page cache "
+                             "included, minus half the feature bytes)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds of the whole set (the unconstrained run and the capped ones), alternating "
+                             "their order; medians reported")
     parser.add_argument("--timeout", type=float, default=900, help="seconds before a run is stopped")
     args = parser.parse_args()
 
@@ -82,33 +90,47 @@ def main() -> int:
             str(args.batch_size), "--lr", str(args.lr), "--dropout", str(args.dropout), "--epochs",
             str(args.epochs), "--eval-every", "-1", "--threads", str(args.threads), "--no-progress"]
 
-    rows = [run("unconstrained", base + ["--summary-json", str(out / "free.json")], out / "free.json", None,
-                cgroup, args.timeout)]
-    # The peak, polled while it ran (NeutronOrch mode's is 0.5-0.7 GiB above its memory at the end), else the end's.
-    anon = rows[0].get("peak_anon_mb") or rows[0].get("anon_mb")
-    if args.cap_gb is None and anon is None:
-        print("error: the unconstrained run reported no anonymous memory; give --cap-gb", file=sys.stderr)
+    arrays = [graph / name for name in ("features.npy", "indptr.npy", "indices.npy")]
+    free = run("unconstrained", base + ["--summary-json", str(out / "free-0.json")], out / "free-0.json", None,
+               cgroup, args.timeout, preread=arrays)
+    rows = [free]
+    # The group's peak: anonymous memory and page cache (features, topology, libraries) together. Where the
+    # kernel does not say, the peak anonymous memory polled while it ran plus the arrays' bytes.
+    anon = free.get("peak_anon_mb") or free.get("anon_mb")
+    peak = free.get("peak_group_bytes") or (anon * 2**20 + feature_bytes + topology_bytes if anon else None)
+    if args.cap_gb is None and peak is None:
+        print("error: the unconstrained run reported no peak memory; give --cap-gb", file=sys.stderr)
         return 2
     shares = [float(share) for share in args.shares.split(",")]
     caps = ([int(args.cap_gb * 2**30)] if args.cap_gb else
-            [int(anon * 2**20 + share * (feature_bytes + topology_bytes)) for share in shares])
-    for cap in caps:
-        for order in args.orders.split(","):
-            for cache in args.host_cache.split(","):
-                summary = out / f"capped-{cap >> 20}-{order}-{cache}.json"
-                rows.append(run(f"cap {cap / 2**30:.2f} GiB, {order} order, host cache {cache}",
-                                base + ["--read-order", order, "--host-cache-gb", cache, "--summary-json",
-                                        str(summary)], summary, cap, cgroup, args.timeout))
+            [int(peak - (1 - share) * feature_bytes) for share in shares])
+    capped = [(cap, order, cache) for cap in caps for order in args.orders.split(",")
+              for cache in args.host_cache.split(",")]
+    for round_index in range(args.repeat):
+        runs = [None] + capped if round_index else capped  # round 0's unconstrained run set the caps
+        for item in (runs if round_index % 2 == 0 else runs[::-1]):
+            if item is None:
+                summary = out / f"free-{round_index}.json"
+                rows.append(run("unconstrained", base + ["--summary-json", str(summary)], summary, None, cgroup,
+                                args.timeout, preread=arrays))
+                continue
+            cap, order, cache = item
+            summary = out / f"capped-{cap >> 20}-{order}-{cache}-{round_index}.json"
+            rows.append(run(f"cap {cap / 2**30:.2f} GiB, {order} order, host cache {cache}",
+                            base + ["--read-order", order, "--host-cache-gb", cache, "--summary-json",
+                                    str(summary)], summary, cap, cgroup, args.timeout))
 
     print(f"\n{graph.name}: {args.mode} mode, {args.model} {args.fanouts}, batch {args.batch_size}, "
           f"features {feature_bytes / 2**30:.2f} GiB, topology {topology_bytes / 2**30:.2f} GiB, caps "
-          f"{', '.join(f'{cap / 2**30:.2f}' for cap in caps)} GiB (leaving "
-          f"{', '.join(f'{(cap - (anon or 0) * 2**20) / 2**30:.2f}' for cap in caps)} GiB beside the "
-          f"unconstrained run's peak anonymous memory of {(anon or 0) / 1024:.2f} GiB), {args.threads} threads\n")
+          f"{', '.join(f'{cap / 2**30:.2f}' for cap in caps)} GiB (the unconstrained run's peak of "
+          f"{(peak or 0) / 2**30:.2f} GiB, page cache included, minus "
+          f"{', '.join(f'{((peak or 0) - cap) / 2**30:.2f}' for cap in caps)} GiB; its peak anonymous memory "
+          f"{(anon or 0) / 1024:.2f} GiB), {args.threads} threads, {args.repeat} round(s)\n")
     print("| run | epoch s | / unconstrained | wall s | disk read GiB | per epoch / gathered | disk written GiB "
-          "| major faults | host cache GiB (built in s) | host cache hit rate |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    free = rows[0].get("epoch_s")
+          "| major faults | peak anon GiB | host cache GiB (built in s) | host cache hit rate | last loss |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    free = statistics.median([row["epoch_s"] for row in rows if row["name"] == "unconstrained" and row.get("epoch_s")]
+                             or [0]) or None
     for row in rows:
         epoch = row.get("epoch_s")
         ratio = f"{epoch / free:.2f}" if epoch and free else "-"
@@ -126,7 +148,20 @@ def main() -> int:
         built = f"{cache['gib']:.2f} ({cache['build_seconds']:.1f})" if cache else "-"
         hits = f"{100 * cache['hit_rate']:.0f}%" if cache and cache["hit_rate"] is not None else "-"
         print(f"| {row['name']} | {shown} | {ratio} | {row['wall_s']:.0f} | {row['read_bytes'] / 2**30:.2f} | "
-              f"{traffic} | {row['write_bytes'] / 2**30:.2f} | {row['major_faults']:,} | {built} | {hits} |")
+              f"{traffic} | {row['write_bytes'] / 2**30:.2f} | {row['major_faults']:,} | "
+              f"{(row['peak_anon_mb'] or 0) / 1024:.2f} | {built} | {hits} | "
+              f"{row['losses'][-1] if row.get('losses') else '-'} |")
+    if args.repeat > 1:
+        print("\nMedians over the rounds (a run that did not finish counts as slower than any that did):\n")
+        print("| run | runs | epoch s (each) | median epoch s | / unconstrained median | host cache GiB (median) |")
+        print("|---|---:|---|---:|---:|---:|")
+        for name in dict.fromkeys(row["name"] for row in rows):
+            same = [row for row in rows if row["name"] == name]
+            times = [row.get("epoch_s") or float("inf") for row in same]
+            median = statistics.median(times)
+            sizes = [row["host_cache"]["gib"] for row in same if row.get("host_cache")]
+            print(f"| {name} | {len(same)} | {', '.join(f'{t:.1f}' for t in times)} | {median:.1f} | "
+                  f"{median / free:.2f} | {statistics.median(sizes) if sizes else '-'} |" if free else "")
     (out / "table.json").write_text(json.dumps(rows, indent=1))
     print(f"\nsummaries in {out}")
     return 0
@@ -141,18 +176,20 @@ def memory_cgroup_kind() -> str | None:
     return None
 
 
-def run(name: str, command: list[str], summary: Path, cap: int | None, cgroup: str, timeout: float) -> dict:
-    """Run ``command`` (inside a fresh memory cgroup limited to ``cap`` bytes, when given); poll its disk
-    reads and major faults until it ends or ``timeout`` passes."""
-    group = None
-    if cap is not None:
-        group = make_group(cgroup, cap)
-        drop_page_cache()
+def run(name: str, command: list[str], summary: Path, cap: int | None, cgroup: str, timeout: float,
+        preread: list[Path] = ()) -> dict:
+    """Run ``command`` inside a fresh memory cgroup limited to ``cap`` bytes (None: no limit), the page cache
+    dropped first and ``preread`` read into it from within the group; poll its disk reads and major faults
+    until it ends or ``timeout`` passes. ``peak_group_bytes``: the group's peak memory, page cache included."""
+    group = make_group(cgroup, cap)
+    drop_page_cache()
+    join = lambda: (group / "cgroup.procs").write_text(str(os.getpid()))  # noqa: E731
+    if preread:
+        subprocess.run(["cat", *map(str, preread)], stdout=subprocess.DEVNULL, check=True, preexec_fn=join)
     print(f"$ {' '.join(command)}" + (f"   # cap {cap / 2**30:.2f} GiB" if cap else ""), file=sys.stderr, flush=True)
     start = time.perf_counter()
     env = dict(os.environ, NUMBA_NUM_THREADS=os.environ.get("NUMBA_NUM_THREADS", "2"))
-    preexec = (lambda: (group / "cgroup.procs").write_text(str(os.getpid()))) if group else None
-    process = subprocess.Popen(command, env=env, preexec_fn=preexec)
+    process = subprocess.Popen(command, env=env, preexec_fn=join)
     read_bytes = write_bytes = faults = peak_anon = 0
     finished = True
     while process.poll() is None:
@@ -166,28 +203,38 @@ def run(name: str, command: list[str], summary: Path, cap: int | None, cgroup: s
     process.wait()
     row = {"name": name, "wall_s": time.perf_counter() - start, "read_bytes": read_bytes, "write_bytes": write_bytes,
            "major_faults": faults, "returncode": process.returncode if finished else None,
-           "peak_anon_mb": peak_anon / 2**20 or None}
-    if group:
-        group.rmdir()
+           "peak_anon_mb": peak_anon / 2**20 or None, "peak_group_bytes": group_peak(cgroup, group)}
+    group.rmdir()
     if finished and process.returncode == 0:
         data = json.loads(summary.read_text())
         epochs = data["epochs"]
         row.update(epoch_s=steady_median([e["seconds"] for e in epochs]), epochs=len(epochs),
                    anon_mb=data.get("resident_mb", {}).get("anon"), host_cache=data.get("host_cache"),
+                   losses=[e["train_loss"] for e in epochs],
                    gathered_bytes=sum(e["moved"]["feature_bytes"] for e in epochs) / len(epochs))
     return row
 
 
-def make_group(kind: str, cap: int) -> Path:
+def make_group(kind: str, cap: int | None) -> Path:
+    """A fresh memory cgroup limited to ``cap`` bytes (None: no limit)."""
     if kind == "v1":
         group = CGROUP / "memory" / f"neutronorch-bench-{os.getpid()}"
         group.mkdir(exist_ok=True)
-        (group / "memory.limit_in_bytes").write_text(str(cap))
+        (group / "memory.limit_in_bytes").write_text(str(cap) if cap is not None else "-1")
     else:
         group = CGROUP / f"neutronorch-bench-{os.getpid()}"
         group.mkdir(exist_ok=True)
-        (group / "memory.max").write_text(str(cap))
+        (group / "memory.max").write_text(str(cap) if cap is not None else "max")
     return group
+
+
+def group_peak(kind: str, group: Path) -> int | None:
+    """The group's peak memory, anonymous and page cache together (v1 ``memory.max_usage_in_bytes``, v2
+    ``memory.peak``); None where the kernel does not say."""
+    try:
+        return int((group / ("memory.max_usage_in_bytes" if kind == "v1" else "memory.peak")).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def drop_page_cache() -> None:
