@@ -352,3 +352,23 @@ def test_a_cache_sized_by_measurement_changes_no_loss_as_it_grows_and_shrinks(tm
     assert sizing["gathers"] >= 2 and 500 < sizing["sized_rows"] < 2000 and sizing["shrinks"] >= 1
     assert on["host_cache"]["rows"] < sizing["sized_rows"] and on["host_cache"]["hit_rate"] > 0
     assert sorted(p.name for p in directory.iterdir()) == before
+
+
+def test_auto_holding_every_row_still_shrinks_into_a_file_of_its_own(tmp_path, monkeypatch):
+    # Room for every row: the cold file is empty but made all the same, so that rows given up later go to
+    # it rather than being read from the whole features file in place.
+    features = np.random.default_rng(4).standard_normal((700, 6)).astype(np.float32)  # rows of 24 bytes
+    cache, mapped, hottest, memory = _auto_cache(tmp_path, monkeypatch, features, 10**6, 0, warmup=0)
+    cache._tick()
+    assert cache.rows == 700 and cache.cold_file and cache.cold.shape[0] == 0
+    store = FeatureStore(mapped, np.zeros(700, np.int64), ordered=True)
+    store.attach_cache(cache)
+    rows = torch.from_numpy(np.random.default_rng(5).integers(0, 700, 2000))
+    assert torch.equal(store.gather(rows), torch.from_numpy(features)[rows])
+    memory.available = 11_000 - 2_400  # short by 2,400 bytes: 100 rows, + the 2,000-byte margin
+    cache._tick()
+    assert cache.rows == 700 - 184 and cache.cold_file and cache.cold.shape[0] == 184
+    assert sorted(cache.where[hottest[-184:]].tolist()) == list(range(184))
+    assert torch.equal(store.gather(rows), torch.from_numpy(features)[rows])
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".neutronorch-cold")]
+

@@ -299,7 +299,8 @@ class HostCache:
         where[~is_hot] = np.arange(num_rows - rows, dtype=index)  # cold rows in vertex order
         buffer, table = memory.releasable_array((rows,) + features.shape[1:], features.dtype)
         cold_bytes = (num_rows - rows) * features.strides[0]
-        path = self._cold_path(features, directory, cold_bytes)
+        # Sized by measurement, a file even for no row: a shrink appends the rows it gives up to it.
+        path = self._cold_path(features, directory, cold_bytes, always=self.auto is not None)
         cold_file = path is not None
         step = max(1, COPY_BYTES // max(1, features.strides[0]))
         if features.nbytes >= GiB:
@@ -321,8 +322,8 @@ class HostCache:
                 cold = features
             else:
                 fd = os.open(path, os.O_RDWR)  # kept for a shrink to append to
-                cold = np.memmap(path, dtype=features.dtype, mode="r",
-                                 shape=(num_rows - rows,) + features.shape[1:])
+                cold = (np.memmap(path, dtype=features.dtype, mode="r", shape=(num_rows - rows,) + features.shape[1:])
+                        if rows < num_rows else features[:0])
         finally:
             if path:
                 _remove(path)  # the mapping keeps the file until it is closed; nothing is left behind
@@ -340,10 +341,10 @@ class HostCache:
                            f"are read from the features in place (give host_cache_dir)")
             return False
     @staticmethod
-    def _cold_path(features: np.ndarray, directory: str | None, size: int) -> str | None:
+    def _cold_path(features: np.ndarray, directory: str | None, size: int, always: bool = False) -> str | None:
         """A new file for the cold rows: in ``directory``, else next to the features, else in the temporary
         directory; the first with room for ``size`` bytes (and a margin). None where none has room."""
-        if size == 0:
+        if size == 0 and not always:
             return None
         candidates = [directory] if directory else []
         filename = getattr(features, "filename", None)
