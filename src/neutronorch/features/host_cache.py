@@ -12,10 +12,9 @@ rows in place would shorten no pass. So the cache does two things at once:
   covers only that file: a cache of a share ``c`` of the rows shortens every pass to ``1 - c`` of the
   features.
 
-Both come from one sequential read of the features. The cold file goes next to the features (or wherever
-``directory`` says, else the temporary directory) and is deleted as soon as it is mapped, so nothing is
-left behind, even when the run is killed. Without the room for it (or when writing it fails), misses are
-read from the features in place, and the log says so.
+Both come from one sequential read of the features. The cold file goes next to the features (or into
+``directory``, else the temporary directory) and is deleted as soon as it is open: nothing is left behind.
+Without room for it (or when writing it fails), misses are read from the features in place (logged).
 
 Sized by measurement (``AutoSize``, ``--host-cache-gb auto``): the cache starts empty (rows read in place)
 while a thread samples the process's anonymous memory. Once the first mini-batches have been gathered
@@ -77,9 +76,8 @@ def sized_by_memory(setting: str | float, features: np.ndarray, file_order: bool
 
 
 class _State:
-    """Where every row is: ``where``, the cached rows ``table`` (slot ``i`` holds vertex ``hot[i]``'s row, in
-    ``buffer`` where it is an anonymous mapping that can be given back), the ``cold`` source (the file of
-    cold rows, open as ``fd``, or the features in place)."""
+    """``where`` every row is; ``table``'s slot ``i`` holds vertex ``hot[i]``'s row (in ``buffer``, whose pages
+    can be handed back); ``cold``: the file of cold rows (open as ``fd``), or the features in place."""
 
     def __init__(self, where, table, hot, cold, cold_file, fd=None, buffer=None):
         self.where, self.table, self.hot, self.cold, self.cold_file = where, table, hot, cold, cold_file
@@ -185,15 +183,12 @@ class HostCache:
         ``rows_gathered`` it served (``hits``); sized by measurement, what was measured (``sizing``)."""
         out = {"rows": self.rows, "gib": round(self.table.nbytes / GiB, 3), "cold_file": self.cold_file,
                "build_seconds": round(self.seconds, 2), "hit_rate": hits / rows_gathered if rows_gathered else None}
-        if self.auto is not None:
-            out["sizing"] = dict(self.sizing) if self.sizing else None
-        return out
+        return out | ({"sizing": dict(self.sizing) if self.sizing else None} if self.auto is not None else {})
 
     def _tick(self) -> float:
         """One look at the memory; the seconds until the next."""
         anon = process_anonymous_bytes()
-        if anon is not None:
-            self._peak = max(self._peak, anon)
+        self._peak = max(self._peak, anon or 0)
         if self.sizing is None:
             if self.gathers < self._warmup():
                 return POLL_WARMUP_S
@@ -259,9 +254,7 @@ class HostCache:
                 for begin in range(0, count, step):
                     block = np.ascontiguousarray(state.table[slots[begin:begin + step]])
                     _pwrite(state.fd, memoryview(block.view(np.uint8)), (start + begin) * row_bytes)
-                with os.fdopen(os.dup(state.fd), "rb") as handle:
-                    cold = np.memmap(handle, dtype=self.features.dtype, mode="r",
-                                     shape=(start + count,) + self.features.shape[1:])
+                cold = _map(state.fd, self.features, start + count)
             except OSError as exc:
                 self.sizing["stopped"] = f"could not extend the file of cold rows: {exc}"
                 logger.warning(f"host feature cache: memory is short, but the cold rows it would give up could "
@@ -309,7 +302,12 @@ class HostCache:
                         + " in one pass over the features")
         fd = None
         try:
-            with open(path, "wb") if path else contextlib.nullcontext() as out:
+            # Removed as soon as it is open (it lives on while open): nothing is left behind, even when the run
+            # ends or is killed while it is being built.
+            opened = open(path, "w+b") if path else contextlib.nullcontext()
+            if path:
+                _remove(path)
+            with opened as out:
                 for begin in range(0, num_rows, step):
                     block = np.asarray(features[begin:begin + step])
                     hot_here = is_hot[begin:begin + step]
@@ -317,16 +315,17 @@ class HostCache:
                         table[-1 - where[begin:begin + step][hot_here]] = block[hot_here]
                     if out is not None and cold_file:
                         cold_file = self._write(out, block[~hot_here], path)
-            if not cold_file:  # no file, or writing it failed: misses read from the features in place
-                where[~is_hot] = np.flatnonzero(~is_hot)
-                cold = features
-            else:
-                fd = os.open(path, os.O_RDWR)  # kept for a shrink to append to
-                cold = (np.memmap(path, dtype=features.dtype, mode="r", shape=(num_rows - rows,) + features.shape[1:])
-                        if rows < num_rows else features[:0])
+                if cold_file:
+                    out.flush()
+                    fd = os.dup(out.fileno())  # kept for a shrink to append to
         finally:
             if path:
-                _remove(path)  # the mapping keeps the file until it is closed; nothing is left behind
+                _remove(path)
+        if not cold_file:  # no file, or writing it failed: misses read from the features in place
+            where[~is_hot] = np.flatnonzero(~is_hot)
+            cold = features
+        else:
+            cold = _map(fd, features, num_rows - rows) if rows < num_rows else features[:0]
         self.seconds = time.perf_counter() - start
         return _State(where, table, hot, cold, cold_file, fd, buffer)
 
@@ -334,8 +333,7 @@ class HostCache:
     def _write(out, rows: np.ndarray, path: str) -> bool:
         """Append cold rows to the file; where that fails (a full disk), say so: the run goes on without it."""
         try:
-            out.write(memoryview(np.ascontiguousarray(rows).view(np.uint8)))
-            return True
+            return out.write(memoryview(np.ascontiguousarray(rows).view(np.uint8))) is not False
         except OSError as exc:
             logger.warning(f"could not write the host cache's file of cold rows {path} ({exc}): rows not cached "
                            f"are read from the features in place (give host_cache_dir)")
@@ -368,14 +366,16 @@ class HostCache:
 
 
 def _remove(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):  # where an open file cannot be removed, it stays until the run ends
         os.unlink(path)
-    except OSError:  # where an open file cannot be removed, it stays until the run ends
-        pass
 
 
-def _pwrite(fd: int, data: memoryview, offset: int) -> None:
-    """Write all of ``data`` at ``offset``."""
+def _map(fd: int, features: np.ndarray, rows: int) -> np.memmap:  # the cold file's first ``rows`` rows
+    with os.fdopen(os.dup(fd), "rb") as handle:
+        return np.memmap(handle, dtype=features.dtype, mode="r", shape=(rows,) + features.shape[1:])
+
+
+def _pwrite(fd: int, data: memoryview, offset: int) -> None:  # all of ``data``, at ``offset``
     while len(data):
         written = os.pwrite(fd, data, offset)
         data, offset = data[written:], offset + written
