@@ -3,11 +3,13 @@ memory cap, side by side.
 
 First the run without a cap, inside a memory cgroup without a limit (v1 or v2, created here; this needs the
 right to create one, as root usually has), the page cache dropped and the graph's arrays read into it from
-within the group first, so that the group's peak memory counts everything the run uses: its anonymous
-memory, the features and topology in the page cache, its libraries' pages. Then, for each order in
---orders, the same run inside a memory cgroup whose limit is that peak minus half the feature bytes, which
-leaves the features about half the memory they need (--shares: other shares, a set of capped runs for
-each; or --cap-gb); the page cache is dropped before each capped run, so it starts cold. --repeat runs the
+within the group first, so that it starts warm. Its peak memory is its peak resident set (the summary's
+``peak_rss_mb``): its anonymous memory and the resident pages of the files it maps, the features, the
+topology and its libraries. Then, for each order in --orders, the same run inside a memory cgroup whose
+limit is that peak minus half the feature bytes, which leaves the features about half the memory they need
+(--shares: other shares, a set of capped runs for each; or --cap-gb); the page cache is dropped before each
+capped run, so it starts cold. (The group's own peak, which also counts files read without being mapped, is
+reported too.) --repeat runs the
 whole set again, in the reverse order every other round, with the same caps, and reports the medians. Every
 run is its own process. For each run: epoch
 time (median of the epochs after the first, or the only one), wall time, bytes read from and written to
@@ -61,11 +63,11 @@ def main() -> int:
                              "the unconstrained run keeps its default (auto: none while the features fit)")
     parser.add_argument("--shares", default="0.5",
                         help="comma-separated shares of the feature bytes that each cap leaves them: the "
-                             "unconstrained run's peak memory minus the rest (one set of capped runs per share; "
-                             "default: %(default)s)")
+                             "unconstrained run's peak resident set minus the rest (one set of capped runs per "
+                             "share; default: %(default)s)")
     parser.add_argument("--cap-gb", type=float, default=None,
-                        help="the memory limit (default: the unconstrained run's peak memory, page cache "
-                             "included, minus half the feature bytes)")
+                        help="the memory limit (default: the unconstrained run's peak resident set minus half the "
+                             "feature bytes)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="rounds of the whole set (the unconstrained run and the capped ones), alternating "
                              "their order; medians reported")
@@ -94,10 +96,10 @@ def main() -> int:
     free = run("unconstrained", base + ["--summary-json", str(out / "free-0.json")], out / "free-0.json", None,
                cgroup, args.timeout, preread=arrays)
     rows = [free]
-    # The group's peak: anonymous memory and page cache (features, topology, libraries) together. Where the
-    # kernel does not say, the peak anonymous memory polled while it ran plus the arrays' bytes.
+    # Its peak resident set: anonymous memory and the mapped files' resident pages (features, topology,
+    # libraries). Where the summary does not say, the group's peak (page cache included).
     anon = free.get("peak_anon_mb") or free.get("anon_mb")
-    peak = free.get("peak_group_bytes") or (anon * 2**20 + feature_bytes + topology_bytes if anon else None)
+    peak = free["peak_rss_mb"] * 2**20 if free.get("peak_rss_mb") else free.get("peak_group_bytes")
     if args.cap_gb is None and peak is None:
         print("error: the unconstrained run reported no peak memory; give --cap-gb", file=sys.stderr)
         return 2
@@ -122,10 +124,11 @@ def main() -> int:
 
     print(f"\n{graph.name}: {args.mode} mode, {args.model} {args.fanouts}, batch {args.batch_size}, "
           f"features {feature_bytes / 2**30:.2f} GiB, topology {topology_bytes / 2**30:.2f} GiB, caps "
-          f"{', '.join(f'{cap / 2**30:.2f}' for cap in caps)} GiB (the unconstrained run's peak of "
-          f"{(peak or 0) / 2**30:.2f} GiB, page cache included, minus "
+          f"{', '.join(f'{cap / 2**30:.2f}' for cap in caps)} GiB (the unconstrained run's peak resident set of "
+          f"{(peak or 0) / 2**30:.2f} GiB minus "
           f"{', '.join(f'{((peak or 0) - cap) / 2**30:.2f}' for cap in caps)} GiB; its peak anonymous memory "
-          f"{(anon or 0) / 1024:.2f} GiB), {args.threads} threads, {args.repeat} round(s)\n")
+          f"{(anon or 0) / 1024:.2f} GiB, its group's peak {(free.get('peak_group_bytes') or 0) / 2**30:.2f} GiB), "
+          f"{args.threads} threads, {args.repeat} round(s)\n")
     print("| run | epoch s | / unconstrained | wall s | disk read GiB | per epoch / gathered | disk written GiB "
           "| major faults | peak anon GiB | host cache GiB (built in s) | host cache hit rate | last loss |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -209,6 +212,7 @@ def run(name: str, command: list[str], summary: Path, cap: int | None, cgroup: s
         data = json.loads(summary.read_text())
         epochs = data["epochs"]
         row.update(epoch_s=steady_median([e["seconds"] for e in epochs]), epochs=len(epochs),
+                   peak_rss_mb=data.get("peak_rss_mb"),
                    anon_mb=data.get("resident_mb", {}).get("anon"), host_cache=data.get("host_cache"),
                    losses=[e["train_loss"] for e in epochs],
                    gathered_bytes=sum(e["moved"]["feature_bytes"] for e in epochs) / len(epochs))
