@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from neutronorch.data.files import reads_files
-from neutronorch.data.files import reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.interop import from_dgl, from_pyg, to_dgl, to_pyg
 from neutronorch.data.native import is_native_dir, load_native, save_native
@@ -28,7 +27,6 @@ DATASET_SPEC_HELP = (
     "pyg:NAME@ROOT (a PyG dataset already downloaded under ROOT, e.g. pyg:Cora@~/data)")
 
 
-@reads_files
 @reads_files
 def load_dataset(spec: str, split: str | None = None, seed: int = 0, split_index: int = 0,
                  progress=None) -> Graph:
