@@ -478,3 +478,27 @@ def test_the_fingerprint_reads_samples_not_whole_arrays(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint_module.np, "ascontiguousarray", lambda a: read.append(a.shape[0]) or original(a))
     checkpoint_module.dataset_fingerprint(graph)
     assert read and max(read) <= 2 * 4096
+
+
+@pytest.mark.parametrize("damage", ["optimizer", "position", "mode_state"])
+def test_a_checkpoint_whose_saved_state_cannot_be_restored_is_refused_naming_the_file(tmp_path, damage):
+    directory = tmp_path / "ckpt"
+    extra = dict(mode="neutronorch", super_batch=2, hot_ratio=0.3) if damage == "mode_state" else {}
+    config = TrainConfig(dataset=SMALL, fanouts=[3, 3], hidden=16, batch_size=256, epochs=1, progress=False,
+                         checkpoint_dir=str(directory), **extra)
+    train(config)
+    state = torch.load(directory / "last.pt", weights_only=False)
+    if damage == "optimizer":
+        state["optimizer"]["param_groups"] = []  # another model's optimizer
+    elif damage == "position":
+        state["position"] = {}
+    else:
+        state["mode_state"] = {"what": "another program's state"}  # NeutronOrch's snapshots and controller
+    torch.save(state, directory / "last.pt")
+    config.epochs, config.resume = 2, True
+    try:
+        train(config)
+    except CheckpointError as exc:
+        assert str(directory / "last.pt") in str(exc)
+    else:  # a damaged part the structure check already refuses is fine too; a silent resume is not
+        pytest.fail("a damaged checkpoint resumed")

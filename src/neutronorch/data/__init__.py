@@ -23,7 +23,8 @@ DATASET_SPEC_HELP = (
     "synthetic[:nodes=N,degree=D,features=F,classes=C,seed=S,...] | a native dataset directory "
     "(meta.json + .npy arrays) | an OGB dataset folder (raw/, split/) | a Planetoid folder (ind.<name>.*) | "
     "a GraphGallery/gnn-benchmark/"
-    "heterophilous .npz | a SNAP edge list (.txt or .txt.gz; features and labels are then synthetic) | "
+    "heterophilous .npz | a SNAP edge list (.txt, .txt.gz, .edges, .tsv or .tsv.gz; features and labels "
+    "are then synthetic) | "
     "pyg:NAME@ROOT (a PyG dataset already downloaded under ROOT, e.g. pyg:Cora@~/data)")
 
 

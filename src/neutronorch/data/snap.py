@@ -1,7 +1,7 @@
 """Loader for SNAP edge lists, with synthetic features and labels.
 
-A SNAP file (``.txt`` or ``.txt.gz``) is topology only: ``#`` comment lines, then one ``src dst`` pair of
-vertex ids per line (further numeric columns, such as weights or timestamps, are ignored). Ids may be
+A SNAP file (``.txt``, ``.txt.gz``, ``.edges``, ``.tsv`` or ``.tsv.gz``) is topology only: ``#`` comment
+lines, then one ``src dst`` pair of vertex ids per line (further numeric columns, such as weights or timestamps, are ignored). Ids may be
 sparse; they are relabelled to ``0..n-1`` in sorted order. The graph is made undirected.
 
 To train on it, labels and features are synthesised so that they are learnable from the structure: random
@@ -68,7 +68,8 @@ def load_snap(path: str | os.PathLike, split: str = DEFAULT_SPLIT, seed: int = 0
 
 def _read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if not path.is_file():
-        raise DataError(f"{path}: file is missing. Give the path of a SNAP edge list (.txt or .txt.gz).")
+        raise DataError(f"{path}: file is missing. Give the path of a SNAP edge list "
+                        "(.txt, .txt.gz, .edges, .tsv or .tsv.gz).")
     try:
         data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     except (OSError, EOFError, zlib.error) as exc:

@@ -199,21 +199,27 @@ def _resume(run: Run) -> None:
     check_resumable(state, run.config, run.graph, str(path), run.world.size)
     if not run.mode.resumable:
         raise CheckpointError(f"{run.mode.name} mode cannot resume from a checkpoint.")
-    run.model.load_state_dict(state["model"])
-    run.optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"]["torch"])
-    if run.device.type == "cuda" and state["rng"]["cuda"] is not None:
-        torch.cuda.set_rng_state(state["rng"]["cuda"], run.device)
-    mode_state = state["mode_state"]
-    run.mode.load_state_dict(mode_state["ranks"][run.world.rank] if run.world.distributed else mode_state)
-    run.history, run.best = list(state["history"]), dict(state["best"])
-    if "val_acc" in run.best:  # written before the metric was a setting: accuracy under its old keys
-        run.best = {"val": run.best["val_acc"], "test": run.best["test_acc"], "epoch": run.best["epoch"]}
-    step, run.loss_sum = state["position"]["step"], state["position"]["loss_sum"]
-    if step < run.mode.num_batches:
-        run.start_epoch, run.start_step = int(state["epoch"]), step
-    else:
-        run.start_epoch = int(state["epoch"]) + 1
+    try:  # the structure was checked above; what is inside may still be damaged or foreign
+        run.model.load_state_dict(state["model"])
+        run.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if run.device.type == "cuda" and state["rng"]["cuda"] is not None:
+            torch.cuda.set_rng_state(state["rng"]["cuda"], run.device)
+        mode_state = state["mode_state"]
+        run.mode.load_state_dict(mode_state["ranks"][run.world.rank] if run.world.distributed else mode_state)
+        run.history, run.best = list(state["history"]), dict(state["best"])
+        if "val_acc" in run.best:  # written before the metric was a setting: accuracy under its old keys
+            run.best = {"val": run.best["val_acc"], "test": run.best["test_acc"], "epoch": run.best["epoch"]}
+        step, run.loss_sum = state["position"]["step"], state["position"]["loss_sum"]
+        if step < run.mode.num_batches:
+            run.start_epoch, run.start_step = int(state["epoch"]), step
+        else:
+            run.start_epoch = int(state["epoch"]) + 1
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(
+            f"{path}: its saved state cannot be restored ({type(exc).__name__}: {exc}); the file is damaged or "
+            "was not written by this run's neutronorch. Train anew with `overwrite` (which replaces it) or into "
+            "another `checkpoint_dir`.") from exc
     run.metrics.continue_at(run.start_epoch * run.mode.num_batches + run.start_step)
     logger.info(f"resumed from {path} at epoch {run.start_epoch}, step {run.start_step}")
 
