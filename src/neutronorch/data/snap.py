@@ -2,7 +2,8 @@
 
 A SNAP file (``.txt``, ``.txt.gz``, ``.edges``, ``.tsv`` or ``.tsv.gz``) is topology only: ``#`` comment
 lines, then one ``src dst`` pair of vertex ids per line (further numeric columns, such as weights or
-timestamps, are ignored). Ids may be sparse; they are relabelled to ``0..n-1`` in sorted order. The graph is made undirected.
+timestamps, are ignored). Ids may be sparse; they are relabelled to ``0..n-1`` in sorted order. The graph
+is made undirected.
 
 To train on it, labels and features are synthesised so that they are learnable from the structure: random
 seed vertices (a few per class) spread their class over the graph breadth-first, which cuts it into
