@@ -195,8 +195,9 @@ NEUTRONORCH_FIXED = dict(hot_ratio=0.3, snapshot_lead=1, super_batch=3)
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, extra", [
     ("exact", {}), ("device", {}), ("neutronorch", {**NEUTRONORCH_FIXED, "hot_grad": "stop"}),
-    ("neutronorch", {**NEUTRONORCH_FIXED, "hot_grad": "cpu"})], ids=["exact", "device", "neutronorch-stop",
-                                                                     "neutronorch-cpu"])
+    ("neutronorch", {**NEUTRONORCH_FIXED, "hot_grad": "cpu"}),
+    ("neutronorch", {**NEUTRONORCH_FIXED, "hot_grad": "cpu", "device_sampling": "on"})],
+    ids=["exact", "device", "neutronorch-stop", "neutronorch-cpu", "neutronorch-planned-on-the-device"])
 def test_a_run_stopped_mid_epoch_and_resumed_ends_bit_identical(tmp_path, mode, extra):
     import json
     import threading

@@ -20,9 +20,12 @@ from neutronorch.orchestration.factory import build_mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
 from neutronorch.orchestration.neutronorch.controller import HostScalar, HotRatioTuner, RatioSetting, error_cap
 from neutronorch.orchestration.neutronorch.host_producer import HostProducer
+from neutronorch.orchestration.neutronorch.plan_loop import PlanLoop, host_planning
+from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
 from neutronorch.orchestration.neutronorch.planner import Planner
+from neutronorch.orchestration.seeds import training_seeds
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot, StalenessCheck
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, TorchNeighborSampler, layer_key
 from neutronorch.train.step import train_step
 
 SMALL = "synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6"
@@ -100,6 +103,24 @@ def test_p1_s0_cpu_grad_equals_exact_mode_losses_and_gradients(graph, model, dro
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("model", ["sage", "gcn"])
+def test_planned_on_the_device_p1_s0_equals_exact_mode(graph, model):
+    # Device sampling (here on the CPU): every hop sampled and each super-batch planned in the cold sampler's
+    # thread with the torch sampler; the same draws, plans, losses and gradients as exact mode.
+    exact = config(model=model, mode="exact", dropout=0.5)
+    orch = config(model=model, mode="neutronorch", dropout=0.5, super_batch=1, staleness_bound=0, hot_grad="cpu",
+                  hot_ratio=0.3, device_sampling="on")
+    hot_rows = 0
+    for batch_a, batch_b, loss_a, loss_b, model_a, model_b in lockstep(graph, exact, orch):
+        assert torch.equal(batch_a.subgraph.seeds, batch_b.subgraph.seeds)
+        hot_rows += int(batch_b.splice.index.hot_pos.numel())
+        torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6)
+        for (name, p_a), p_b in zip(model_a.named_parameters(), model_b.parameters()):
+            torch.testing.assert_close(p_b.grad, p_a.grad, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    assert hot_rows > 0
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["sage", "gat"])
 def test_hot_ratio_zero_is_exact_mode_whatever_the_super_batch(graph, model):
     exact = config(model=model, mode="exact")
@@ -136,6 +157,14 @@ def _symmetric_reference(graph, block, frontier, x):
     return torch.stack(rows)
 
 
+def _host_plans(graph, cfg, schedule, producer, ratio=0.5):
+    """The planning loop on the host, run here: room for every plan (no threads; the loops run in turn)."""
+    producer.planned = Channel("plans")
+    loop = PlanLoop(training_seeds(graph), cfg.sampling, schedule, lambda: RatioSetting(ratio), producer.planned,
+                    Spans())
+    return loop.run(*host_planning(graph, cfg.sampling, 1))
+
+
 @pytest.mark.parametrize("kind, norm", [("sage", None), ("gcn", "mean"), ("gcn", "symmetric")])
 def test_host_hot_rows_equal_the_device_definition(graph, kind, norm):
     # The host's hot embeddings use the layer's own code; here they are compared to the plain torch
@@ -150,10 +179,8 @@ def test_host_hot_rows_equal_the_device_definition(graph, kind, norm):
     for gsid in range(schedule.total):
         snapshots.put(gsid, weights)
     producer = HostProducer(graph, build_mode(cfg, graph, torch.device("cpu")).store, cfg.sampling, cfg.neutronorch,
-                            schedule, model.bottom, lambda: RatioSetting(0.5), snapshots, hot, Spans(),
-                            torch.device("cpu"), 1)
-    producer.planned = Channel("plans")  # room for every plan: no threads, the two loops run here in turn
-    plans = list(producer.plans())
+                            schedule, model.bottom, snapshots, hot, Spans(), torch.device("cpu"), 1)
+    plans = list(_host_plans(graph, cfg, schedule, producer))
     producer.compute()
     assert [p.gsid for p in plans] == list(range(schedule.total))
     plan = plans[0]
@@ -185,10 +212,8 @@ def test_host_hot_rows_of_graph_blocks_draw_their_own_dropout_masks(graph):
         snapshots, hot = Channel("snapshots"), Channel("hot")
         snapshots.put(0, Snapshot(0, [p.detach().clone() for p in model.bottom.parameters()]))
         producer = HostProducer(graph, build_mode(cfg, graph, torch.device("cpu")).store, cfg.sampling,
-                                cfg.neutronorch, schedule, model.bottom, lambda: RatioSetting(0.5), snapshots,
-                                hot, Spans(), torch.device("cpu"), 1)
-        producer.planned = Channel("plans")
-        plan = next(producer.plans())
+                                cfg.neutronorch, schedule, model.bottom, snapshots, hot, Spans(), torch.device("cpu"), 1)
+        plan = next(_host_plans(graph, cfg, schedule, producer))
         producer._finish_hot(plan, *producer._gather_hot(plan, NeighborSampler(graph.indptr, graph.indices,
                                                                                 cfg.fanouts)))
         return plan, hot.take(0).table
@@ -237,6 +262,36 @@ def test_the_planner_makes_the_most_frequent_destinations_hot(graph):
     kept = planner.plan(7, 0, uppers, ratio=0.9, hot=capped.hot)
     assert np.array_equal(kept.hot, capped.hot) and kept.stats.hot == 3
     assert all(np.array_equal(a.hot_rows, b.hot_rows) for a, b in zip(kept.batches, capped.batches))
+
+
+@pytest.mark.parametrize("fanout", [3, -1])
+def test_the_device_planner_plans_what_the_host_planner_plans(graph, fanout):
+    # The same upper hops, sampled by the numba sampler and by the torch one (they draw the same neighbours),
+    # planned on the host and on the device (here the CPU): the same hot set, positions, rows and counts.
+    host_sampler = NeighborSampler(graph.indptr, graph.indices, [4, 3, fanout])
+    device_sampler = TorchNeighborSampler(torch.from_numpy(graph.indptr), torch.from_numpy(graph.indices),
+                                          [4, 3, fanout])
+    sizes = [50, 50, 17, 0]
+    starts = np.cumsum([0] + sizes)
+    seeds = [np.asarray(graph.train_idx[starts[i]:starts[i + 1]]) for i in range(len(sizes))]
+    host_uppers = [(i, 100 + i, host_sampler.sample(s, 100 + i, [4, 3])) for i, s in enumerate(seeds)]
+    device_uppers = [(i, 100 + i, device_sampler.sample(torch.from_numpy(s), 100 + i, [4, 3]))
+                     for i, s in enumerate(seeds)]
+    host, device = Planner(graph.indptr, fanout), DevicePlanner(torch.from_numpy(graph.indptr), fanout)
+    cases = [dict(ratio=0.5), dict(ratio=0.0), dict(ratio=1.0), dict(ratio=0.5, cap=lambda ranked: (3, True))]
+    for case in cases:
+        a, b = host.plan(7, 1, host_uppers, **case), device.plan(7, 1, device_uppers, **case)
+        assert np.array_equal(a.hot, b.hot) and np.array_equal(a.probe, b.probe)
+        assert vars(a.stats) == vars(b.stats)
+        for x, y in zip(a.batches, b.batches):
+            for name in ("cold_pos", "hot_pos", "hot_rows"):
+                assert np.array_equal(getattr(x, name), getattr(y, name).numpy()), name
+            assert x.saved_edges == y.saved_edges
+    # A resumed super-batch keeps its hot set; a hot set the mini-batches do not reach is a bug.
+    kept = device.plan(7, 1, device_uppers, ratio=0.9, hot=a.hot)
+    assert np.array_equal(kept.hot, a.hot) and kept.stats.error_capped is False
+    with pytest.raises(RuntimeError, match="do not reach"):
+        device.plan(7, 1, device_uppers, ratio=0.9, hot=np.setdiff1d(np.arange(graph.num_nodes), a.hot)[:5])
 
 
 def test_the_planner_kernels_rank_index_and_split_as_numpy_does():

@@ -11,9 +11,10 @@ its rows come from the device feature cache, as in device mode.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numba
+import numpy as np
 import torch
 
 from neutronorch.config import SamplingConfig
@@ -23,7 +24,7 @@ from neutronorch.observe import Spans
 from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.host_loader import HostLoader
 from neutronorch.orchestration.neutronorch.batch import Splice, SplicedBatch, spliced
-from neutronorch.orchestration.neutronorch.planner import Plan
+from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch
 from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, TorchNeighborSampler, layer_key
 
@@ -38,9 +39,10 @@ class ColdSampler:
         on_cuda = reader is not None and reader.device.type == "cuda"
         self.stream = torch.cuda.Stream(reader.device) if on_cuda else None
 
-    def run(self, plans: Iterable[Plan], skip: int = 0) -> Iterator[SplicedBatch]:
-        """The sampler's loop (the body of its thread): one batch per planned mini-batch, in order, but for
-        the first ``skip`` mini-batches of the first plan (a resumed super-batch's, trained already)."""
+    def run(self, plans: Callable[[object], Iterable[Plan]], skip: int = 0) -> Iterator[SplicedBatch]:
+        """The sampler's loop (the body of its thread): one batch per planned mini-batch of ``plans(sampler)``
+        (given this thread's sampler, which plans on the device sample with), in order, but for the first
+        ``skip`` mini-batches of the first plan (a resumed super-batch's, trained already)."""
         numba.set_num_threads(self.threads)
         on_device = self.reader is not None
         if on_device:
@@ -50,24 +52,36 @@ class ColdSampler:
                                       self.file_order)
         bottom_hop, fanout = len(self.fanouts) - 1, self.fanouts[-1]
         with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
-            for plan in plans:
+            for plan in plans(sampler):
                 for position, item in enumerate(plan.batches):
                     if position < skip:
                         continue
                     with self.spans.stage("sample"):
-                        dst = item.upper.frontiers[0].numpy()
-                        cold = dst[item.cold_pos]
+                        dst = item.upper.frontiers[0]
                         key = layer_key(item.key, bottom_hop)
-                        if on_device:
-                            block, frontier = sampler.sample_hop(torch.from_numpy(cold).to(self.reader.device), fanout, key)
-                        else:
+                        if on_device:  # planned on the device: positions are tensors there
+                            dst = dst.to(self.reader.device)
+                            cold = dst.index_select(0, torch.as_tensor(item.cold_pos, device=dst.device))
                             block, frontier = sampler.sample_hop(cold, fanout, key)
+                        else:
+                            block, frontier = sampler.sample_hop(dst.numpy()[item.cold_pos], fanout, key)
                             frontier = torch.from_numpy(frontier)
                         subgraph = SampledSubgraph(item.upper.seeds, [block] + item.upper.blocks,
                                                    [frontier] + item.upper.frontiers)
-                        index = SpliceIndex.build(dst.shape[0], item.cold_pos, item.hot_pos, item.hot_rows)
-                        splice = Splice(plan.gsid, index, position == len(plan.batches) - 1, plan.stats,
-                                        plan.probe)
+                        splice = Splice(plan.gsid, splice_index(dst.shape[0], item), position == len(plan.batches) - 1,
+                                        plan.stats, plan.probe)
                     source = self.reader if on_device else self.loader
                     yield source.load(plan.epoch, item.index, subgraph, make=spliced(splice))
                 skip = 0
+
+
+def splice_index(num_rows: int, item: PlannedBatch) -> SpliceIndex:
+    """The splice index of a planned mini-batch: from numpy positions (planned on the host) or from tensors
+    (planned on the device, where it is built without leaving it)."""
+    if isinstance(item.cold_pos, np.ndarray):
+        return SpliceIndex.build(num_rows, item.cold_pos, item.hot_pos, item.hot_rows)
+    cold_pos, hot_pos, hot_rows = item.cold_pos, item.hot_pos, item.hot_rows
+    origin = torch.empty(num_rows, dtype=torch.int64, device=cold_pos.device)
+    origin.index_copy_(0, cold_pos, torch.arange(cold_pos.shape[0], device=cold_pos.device))
+    origin.index_copy_(0, hot_pos, -1 - hot_rows)
+    return SpliceIndex(num_rows, cold_pos, hot_pos, hot_rows, origin)

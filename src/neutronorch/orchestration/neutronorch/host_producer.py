@@ -1,31 +1,24 @@
-"""The host producer: plans each super-batch and computes its hot vertices' bottom layer on the host.
+"""The host producer: computes each super-batch's hot vertices' bottom layer on the host.
 
-Two loops, each the body of its own thread, each owning what it touches there (its sampler; the planner's
-scratch arrays and the epochs' seed orders; the copy of the bottom layer):
+``compute`` is the body of thread ``neutronorch-host`` and owns what it touches there (its sampler, the
+copy of the bottom layer). The plans come from the planning loop (``plan_loop.py``, on the host or on the
+device) through the ``plans`` channel this producer owns:
 
-- ``plans`` (thread ``neutronorch-planner``): for each super-batch s, samples the upper hops of its P
-  mini-batches (the same per-vertex randomness as exact mode) and plans the hot set H_s
-  (``planner.py``), reading the ratio controller's current setting; yields the plan (the cold sampler's
-  input) and hands it to the other loop on the ``plans`` channel.
-- ``compute`` (thread ``neutronorch-host``): for each plan, samples the bottom hop of H_s once and
+- ``compute``: for each plan, samples the bottom hop of H_s once and
   gathers its raw features, waits for the W0 snapshot the schedule assigns to s, computes H_s's
   bottom-layer output with exactly the device layer's code, in training mode (dropout inside the layer,
   such as the graph blocks' and GAT's, draws masks keyed by the super-batch and the vertex; batch
   normalisation uses the hot rows' statistics), and puts the hot embeddings on the ``hot``
   channel (on CUDA, copied on its own stream).
 
-Planning does not depend on the weights, so it runs ahead while the other loop waits for snapshots or
-computes: the host's two costs overlap instead of adding up. It runs at most two plans ahead of the compute
-loop, which the snapshots pace.
+Planning does not depend on the weights, so it runs ahead while this loop waits for snapshots or
+computes. It runs at most two plans ahead of the compute loop, which the snapshots pace.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Callable, Iterator
-
 import numba
-import numpy as np
 import torch
 
 from neutronorch.config import NeutronOrchConfig, SamplingConfig
@@ -35,21 +28,18 @@ from neutronorch.nn.activation import dropout_keys
 from neutronorch.nn.precision import cpu_bf16_units
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
-from neutronorch.orchestration.neutronorch.controller import RatioSetting, error_cap
 from neutronorch.orchestration.neutronorch.node import Exchange, NodeHotSet
-from neutronorch.orchestration.neutronorch.planner import Plan, Planner
+from neutronorch.orchestration.neutronorch.planner import Plan
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
-from neutronorch.orchestration.seeds import epoch_batches, training_seeds
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, layer_key, mix_key
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
 
 HOST_DROPOUT = 0xD7  # mixed into a super-batch's key for the dropout masks of its hot rows
 
 
 class HostProducer:
     def __init__(self, graph: Graph, store: FeatureStore, sampling: SamplingConfig, config: NeutronOrchConfig,
-                 schedule: Schedule, bottom: torch.nn.Module, setting: Callable[[], RatioSetting],
-                 snapshots: Channel, hot: Channel, spans: Spans, device: torch.device, threads: int,
-                 node: NodeHotSet | None = None):
+                 schedule: Schedule, bottom: torch.nn.Module, snapshots: Channel, hot: Channel, spans: Spans,
+                 device: torch.device, threads: int, node: NodeHotSet | None = None):
         self.graph, self.store, self.sampling = graph, store, sampling
         # Hot rows go out in the training precision. The host computes them in bfloat16 where the CPU does
         # it natively; elsewhere it reads float32 rows, computes in float32 and rounds the table once.
@@ -60,37 +50,16 @@ class HostProducer:
         self.track_grad = config.hot_grad == "cpu"
         self.schedule = schedule
         self.template = copy.deepcopy(bottom).cpu().train()  # parameters replaced by each snapshot's
-        self.setting = setting
         self.snapshots, self.hot = snapshots, hot
         self.spans = spans
         self.device = device
         self.threads = threads
         self.node = node  # hot_set="node": rows shared with the node's other ranks computed once (node.py)
-        self.train_idx = training_seeds(graph)
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._batches: dict[int, list[torch.Tensor]] = {}  # this rank's seeds of an epoch's batches
         # From the planning loop to the compute loop. One plan of room: planning stays at most two
         # super-batches ahead of the hot rows it feeds (so it reads a recent ratio setting), yet plans
         # s + 1 while s is computed.
         self.planned = Channel("plans", capacity=1)
-
-    def plans(self, start: int = 0, hot: np.ndarray | None = None) -> Iterator[Plan]:
-        """The planning loop: yields plans in super-batch order, from super-batch ``start`` on (a resumed
-        run's first; ``hot``: its hot set, when it was in progress), each also put on ``planned``."""
-        numba.set_num_threads(self.threads)
-        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees,
-                                  self.sampling.file_order)
-        planner = Planner(self.graph.indptr, self.sampling.fanouts[-1])
-        try:
-            for gsid in range(start, self.schedule.total):
-                plan = self._plan(gsid, sampler, planner, hot if gsid == start else None)
-                self.planned.put(gsid, plan)
-                yield plan
-        except Closed:
-            return
-        except BaseException as exc:
-            self.planned.fail(exc)  # wakes the compute loop, which fails the hot channel
-            raise
 
     def compute(self, start: int = 0) -> None:
         """The compute loop: the hot embeddings of every planned super-batch from ``start`` on, in order."""
@@ -108,20 +77,6 @@ class HostProducer:
 
     def close(self) -> None:
         self.planned.close()
-
-    def _plan(self, gsid: int, sampler: NeighborSampler, planner: Planner, hot: np.ndarray | None = None) -> Plan:
-        with self.spans.stage("hot_select"):
-            epoch, first, end = self.schedule.locate(gsid)
-            if epoch not in self._batches:
-                self._batches = {epoch: epoch_batches(self.train_idx, self.sampling, epoch)}
-            uppers = []
-            for index in range(first, end):
-                key = batch_key(self.sampling.seed, epoch, index)
-                seeds = self._batches[epoch][index].numpy()
-                uppers.append((index, key, sampler.sample(seeds, key, self.sampling.fanouts[:-1])))
-            setting = self.setting()
-            cap = (lambda ranked: error_cap(ranked, setting)) if setting.auto else None
-            return planner.plan(gsid, epoch, uppers, setting.ratio, cap, hot)
 
     def _gather_hot(self, plan: Plan, sampler: NeighborSampler):
         """The weight-independent part of the hot embeddings: the bottom hop of H_s and its raw features.

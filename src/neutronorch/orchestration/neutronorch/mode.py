@@ -41,13 +41,15 @@ from neutronorch.orchestration.mode import StepInputs
 from neutronorch.orchestration.neutronorch.batch import SplicedBatch
 from neutronorch.orchestration.neutronorch.cold_sampler import ColdSampler
 from neutronorch.orchestration.neutronorch.controller import RatioController
+from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
 from neutronorch.orchestration.neutronorch.host_producer import HostProducer
 from neutronorch.orchestration.neutronorch.hot_grad import HotGradient
 from neutronorch.orchestration.neutronorch.node import NodeHotSet, NodeLink
+from neutronorch.orchestration.neutronorch.plan_loop import PlanLoop, host_planning, one_ahead
 from neutronorch.orchestration.neutronorch.stats import HotStats
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
-from neutronorch.orchestration.seeds import batches_per_epoch
+from neutronorch.orchestration.seeds import batches_per_epoch, training_seeds
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
 
 STAGES = HOST_SAMPLING_STAGES.merge(StageTable(
@@ -104,8 +106,9 @@ class NeutronOrchMode:
     def start(self, model: torch.nn.Module) -> None:
         self.model = model
         producer = HostProducer(self.graph, self.store, self.sampling, self.config, self.schedule, model.bottom,
-                                lambda: self.controller.setting, self._snapshots, self._hot, self.spans,
-                                self.device, self.host_threads, self.node)
+                                self._snapshots, self._hot, self.spans, self.device, self.host_threads, self.node)
+        plans = PlanLoop(training_seeds(self.graph), self.sampling, self.schedule, lambda: self.controller.setting,
+                         producer.planned, self.spans)
         sampler = ColdSampler(self.graph, self.sampling, self.spans, self.sampler_threads, self.loader, self.reader)
         for gsid, snapshot in self._published.items():  # a resumed run's, published before it stopped
             self._snapshots.put(gsid, snapshot)
@@ -117,10 +120,16 @@ class NeutronOrchMode:
                 raise RuntimeError(f"resumed at step {position} of super-batch {start} without its saved state")
             hot = self._resumed["vertices"]
         self._producer = producer
-        self._plans = Prefetcher(lambda: producer.plans(start, hot), depth=1, name="neutronorch-planner")
+        if self.reader is None:  # planned on the host, in a thread of its own
+            self._plans = Prefetcher(lambda: plans.run(*host_planning(self.graph, self.sampling, self.host_threads),
+                                                       start, hot), depth=1, name="neutronorch-planner")
+            source = lambda _sampler: self._plans  # noqa: E731
+        else:  # planned on the device, by the cold sampler's thread with its sampler
+            source = lambda device_sampler: one_ahead(plans.run(  # noqa: E731
+                device_sampler, DevicePlanner(self.reader.indptr, self.sampling.fanouts[-1]), start, hot, "sample"))
         self._host = threading.Thread(target=producer.compute, args=(start,), name="neutronorch-host", daemon=True)
         self._host.start()
-        self._stream = Prefetcher(lambda: sampler.run(self._plans, position), depth=self.sampling.prefetch,
+        self._stream = Prefetcher(lambda: sampler.run(source, position), depth=self.sampling.prefetch,
                                   name="neutronorch-sampler")
 
     def close(self) -> None:

@@ -1,0 +1,94 @@
+"""The planning loop: the plans of the super-batches, in order, each handed to the hot-row computer.
+
+For each super-batch s it samples the upper hops of its P mini-batches (the same per-vertex randomness as
+exact mode), reads the ratio controller's current setting and plans the hot set H_s. It runs where the
+mini-batches are sampled:
+
+- **on the host** (no device sampling): in a thread of its own, ``neutronorch-planner``, with the numba
+  sampler and ``planner.Planner``; the cold sampler reads its plans through a ``Prefetcher``;
+- **on the device** (device sampling): inside the cold sampler's thread, with the torch sampler and
+  ``device_planner.DevicePlanner`` on the sampler's stream, one super-batch ahead of the batches it loads,
+  so that the host computes H_{s+1} while s trains.
+
+Either way each plan also goes on the ``plans`` channel to the hot-row computer (``host_producer.py``).
+The loop owns the epochs' seed orders; the sampler and planner it is given belong to its thread.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import numba
+import numpy as np
+import torch
+
+from neutronorch.config import SamplingConfig
+from neutronorch.data.graph import Graph
+from neutronorch.observe import Spans
+from neutronorch.orchestration.channel import Channel, Closed
+from neutronorch.orchestration.neutronorch.controller import RatioSetting, error_cap
+from neutronorch.orchestration.neutronorch.planner import Plan, Planner
+from neutronorch.orchestration.neutronorch.versions import Schedule
+from neutronorch.orchestration.seeds import epoch_batches
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
+
+
+class PlanLoop:
+    def __init__(self, train_idx: torch.Tensor, sampling: SamplingConfig, schedule: Schedule,
+                 setting: Callable[[], RatioSetting], planned: Channel, spans: Spans):
+        self.train_idx, self.sampling, self.schedule = train_idx, sampling, schedule
+        self.setting = setting  # the controller's current RatioSetting (replaced whole by the trainer)
+        self.planned = planned
+        self.spans = spans
+        self._batches: dict[int, list[torch.Tensor]] = {}  # this rank's seeds of an epoch's batches
+
+    def run(self, sampler, planner, start: int = 0, hot: np.ndarray | None = None,
+            sample_stage: str = "hot_select") -> Iterator[Plan]:
+        """Yields the plans from super-batch ``start`` on (a resumed run's first; ``hot``: its hot set, when
+        it was in progress), each also put on ``planned``. ``sample_stage``: the span of the upper hops'
+        sampling (on the device it is the sampler lane's work; the plan itself is ``hot_select``)."""
+        try:
+            for gsid in range(start, self.schedule.total):
+                plan = self._plan(gsid, sampler, planner, sample_stage, hot if gsid == start else None)
+                self.planned.put(gsid, plan)
+                yield plan
+        except Closed:
+            return
+        except BaseException as exc:
+            self.planned.fail(exc)  # wakes the hot-row computer, which fails the hot channel
+            raise
+
+    def _plan(self, gsid: int, sampler, planner, sample_stage: str, hot: np.ndarray | None) -> Plan:
+        with self.spans.stage(sample_stage):
+            epoch, first, end = self.schedule.locate(gsid)
+            if epoch not in self._batches:
+                self._batches = {epoch: epoch_batches(self.train_idx, self.sampling, epoch)}
+            uppers = []
+            fanouts = self.sampling.fanouts[:-1]
+            for index in range(first, end):
+                key = batch_key(self.sampling.seed, epoch, index)
+                seeds = self._batches[epoch][index]
+                seeds = seeds if torch.is_tensor(planner.indptr) else seeds.numpy()
+                uppers.append((index, key, sampler.sample(seeds, key, fanouts)))
+        with self.spans.stage("hot_select"):
+            setting = self.setting()
+            cap = (lambda ranked: error_cap(ranked, setting)) if setting.auto else None
+            return planner.plan(gsid, epoch, uppers, setting.ratio, cap, hot)
+
+
+def one_ahead(plans: Iterator[Plan]) -> Iterator[Plan]:
+    """``plans``, each yielded once the next one is made: while the batches of super-batch s are loaded,
+    the plan of s + 1 is already with the hot-row computer."""
+    current = next(plans, None)
+    while current is not None:
+        upcoming = next(plans, None)
+        yield current
+        current = upcoming
+
+
+def host_planning(graph: Graph, sampling: SamplingConfig, threads: int) -> tuple[NeighborSampler, Planner]:
+    """The planning loop's sampler and planner on the host, for the thread that calls this (whose numba
+    kernels then run on ``threads`` threads)."""
+    numba.set_num_threads(threads)
+    return (NeighborSampler(graph.indptr, graph.indices, sampling.fanouts, sampling.degrees, sampling.file_order),
+            Planner(graph.indptr, sampling.fanouts[-1]))
