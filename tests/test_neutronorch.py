@@ -176,13 +176,13 @@ def test_host_hot_rows_equal_the_device_definition(graph, kind, norm):
     schedule = Schedule(1, batches, 2, cfg.resolved_staleness)
     snapshots, hot = Channel("snapshots"), Channel("hot")
     weights = Snapshot(0, [p.detach().clone() for p in model.bottom.parameters()])
-    for gsid in range(schedule.total):
-        snapshots.put(gsid, weights)
+    for super_batch_id in range(schedule.total):
+        snapshots.put(super_batch_id, weights)
     producer = HostProducer(graph, build_mode(cfg, graph, torch.device("cpu")).store, cfg.sampling, cfg.neutronorch,
                             schedule, model.bottom, snapshots, hot, Spans(), torch.device("cpu"), 1)
     plans = list(_host_plans(graph, cfg, schedule, producer))
     producer.compute()
-    assert [p.gsid for p in plans] == list(range(schedule.total))
+    assert [p.super_batch_id for p in plans] == list(range(schedule.total))
     plan = plans[0]
     table = hot.take(0)
     block, frontier = NeighborSampler(graph.indptr, graph.indices, cfg.fanouts).sample_hop(
@@ -358,13 +358,13 @@ def test_training_reports_observed_staleness_within_the_bound(p, bound, lead, wo
 
 def test_a_staleness_violation_raises():
     check = StalenessCheck(bound=3)
-    hot = HotEmbeddings(gsid=0, version=0, table=torch.zeros(1, 1), num_hot=1)
+    hot = HotEmbeddings(super_batch_id=0, version=0, table=torch.zeros(1, 1), num_hot=1)
     check.check(hot, 3)
     assert check.max_observed == 3
     with pytest.raises(RuntimeError, match="staleness bound violated"):
         check.check(hot, 4)
     with pytest.raises(RuntimeError, match="staleness bound violated"):
-        check.check(HotEmbeddings(gsid=1, version=5, table=torch.zeros(1, 1), num_hot=1), 4)  # from the future
+        check.check(HotEmbeddings(super_batch_id=1, version=5, table=torch.zeros(1, 1), num_hot=1), 4)  # from the future
 
 
 @pytest.mark.slow
@@ -439,10 +439,10 @@ def _pipeline_threads():
 def test_a_host_error_reaches_the_caller_and_no_thread_is_left(monkeypatch, graph):
     original = Planner.plan
 
-    def failing(self, gsid, *args, **kwargs):
-        if gsid == 3:
+    def failing(self, super_batch_id, *args, **kwargs):
+        if super_batch_id == 3:
             raise ValueError("host stage broke")
-        return original(self, gsid, *args, **kwargs)
+        return original(self, super_batch_id, *args, **kwargs)
 
     monkeypatch.setattr(Planner, "plan", failing)
     with pytest.raises(ValueError, match="host stage broke") as info:

@@ -22,14 +22,14 @@ from neutronorch.orchestration.neutronorch.planner import PlanStats
 class Splice:
     """A mini-batch's place in its super-batch and how its bottom-layer output is assembled."""
 
-    gsid: int  # the super-batch (numbered across epochs)
+    super_batch_id: int  # the super-batch (numbered across epochs)
     index: SpliceIndex
     last: bool  # the last mini-batch of its super-batch
     plan: PlanStats  # what the super-batch's plan did (shared by its mini-batches)
     probe: np.ndarray  # the plan's hottest vertices (the drift probe's candidates)
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "Splice":
-        return Splice(self.gsid, self.index.to(device, non_blocking), self.last, self.plan, self.probe)
+        return Splice(self.super_batch_id, self.index.to(device, non_blocking), self.last, self.plan, self.probe)
 
 
 @dataclass

@@ -30,7 +30,7 @@ class DevicePlanner:
         self.bottom_fanout = bottom_fanout
         self._slot = torch.empty(indptr.shape[0] - 1, dtype=torch.int64, device=self.device)  # scratch
 
-    def plan(self, gsid: int, epoch: int, uppers: list[tuple[int, int, SampledSubgraph]], ratio: float,
+    def plan(self, super_batch_id: int, epoch: int, uppers: list[tuple[int, int, SampledSubgraph]], ratio: float,
              cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot: np.ndarray | None = None) -> Plan:
         """As ``Planner.plan``; the uppers' tensors on this planner's device, the plan's positions too."""
         device, slot = self.device, self._slot
@@ -64,7 +64,7 @@ class DevicePlanner:
             hot_distinct = slot.index_select(0, hot_ids)
             if num_hot and not torch.equal(distinct.index_select(0, hot_distinct.clamp(0, max(0, num_distinct - 1))),
                                            hot_ids):
-                raise RuntimeError(f"super-batch {gsid} was resumed with a hot set its mini-batches do not reach")
+                raise RuntimeError(f"super-batch {super_batch_id} was resumed with a hot set its mini-batches do not reach")
         row_of = torch.full((num_distinct,), -1, dtype=torch.int64, device=device)
         row_of.index_copy_(0, hot_distinct, torch.arange(num_hot, device=device))
         # The bottom-hop edges each hot vertex spares the device (all its neighbours with fanout -1).
@@ -92,4 +92,4 @@ class DevicePlanner:
         stats = PlanStats(epoch, num_hot, num_distinct, n, int(sum(hot_counts)), int(sum(saved)),
                           error_capped=capped)
         probe = distinct.index_select(0, ranked[:PROBE_ROWS])
-        return Plan(gsid, epoch, planned, hot_ids.cpu().numpy(), probe.cpu().numpy(), stats)
+        return Plan(super_batch_id, epoch, planned, hot_ids.cpu().numpy(), probe.cpu().numpy(), stats)

@@ -67,8 +67,11 @@ class HostProducer:
         sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees,
                                   self.sampling.file_order)
         try:
-            for gsid in range(start, self.schedule.total):
-                plan = self.planned.take(gsid)
+            for super_batch_id in range(start, self.schedule.total):
+                plan = self.planned.take(super_batch_id)
+                if plan.hot.shape[0] == 0 and self.node is None:
+                    self._nothing_hot(plan)
+                    continue
                 self._finish_hot(plan, *self._gather_hot(plan, sampler))
         except Closed:
             return
@@ -97,7 +100,7 @@ class HostProducer:
 
     def _finish_hot(self, plan: Plan, block, x: torch.Tensor, exchange: Exchange | None) -> None:
         with self.spans.stage("host_wait_weights"):
-            snapshot: Snapshot = self.snapshots.take(plan.gsid)
+            snapshot: Snapshot = self.snapshots.take(plan.super_batch_id)
             if snapshot.ready is not None:
                 snapshot.ready.synchronize()
         separable = getattr(self.template, "separable", False)
@@ -115,15 +118,27 @@ class HostProducer:
         if exchange is not None:
             with self.spans.stage("host_share"):
                 table = self.node.assemble(table, exchange, plan.hot.shape[0], snapshot.version)
-        hot = HotEmbeddings(plan.gsid, snapshot.version, table, plan.hot.shape[0], plan.hot,
-                            host_edges=block.num_edges, exchange=exchange)
-        if self.track_grad:
-            hot.output, hot.params = output, params
-            hot.grad_acc = torch.zeros(table.shape, dtype=torch.float32)  # sums in float32, whatever the rows
+        # Complete before it crosses to the trainer (frozen): on CUDA the table copied there on this thread's
+        # stream behind an event; with hot_grad="cpu" the host's graph and a zeroed accumulator (float32,
+        # whatever the rows) that only the trainer writes to from then on.
         if self.copy_stream is not None:
             with self.spans.stage("host_copy"):
-                self._copy_to_device(hot)
-        self.hot.put(plan.gsid, hot)
+                table, grad_acc, ready, keep = self._copy_to_device(table)
+        else:
+            grad_acc = torch.zeros(table.shape, dtype=torch.float32) if self.track_grad else None
+            ready, keep = None, ()
+        self.hot.put(plan.super_batch_id, HotEmbeddings(
+            plan.super_batch_id, snapshot.version, table, plan.hot.shape[0], plan.hot, host_edges=block.num_edges,
+            exchange=exchange, grad_acc=grad_acc, output=output if self.track_grad else None,
+            params=params if self.track_grad else None, ready=ready, keep=keep))
+
+    def _nothing_hot(self, plan: Plan) -> None:
+        """An empty hot set: no sampling, gathering or computing. Its (empty) rows are handed over at once,
+        versioned at the super-batch's first step, so within the bound at every use; its snapshot is then
+        taken only to be dropped."""
+        table = torch.empty((0, self.template.out_dim), dtype=self.table_dtype, device=self.device)
+        self.hot.put(plan.super_batch_id, HotEmbeddings(plan.super_batch_id, self.schedule.first_step(plan.super_batch_id), table, 0, plan.hot))
+        self.snapshots.take(plan.super_batch_id)
 
     def _layer_at(self, snapshot: Snapshot) -> tuple[torch.nn.Module, list[torch.Tensor]]:
         """A copy of the bottom layer holding the snapshot's parameters (tracked with ``hot_grad="cpu"``)."""
@@ -136,14 +151,17 @@ class HostProducer:
             p.requires_grad_(self.track_grad)
         return layer, params
 
-    def _copy_to_device(self, hot: HotEmbeddings) -> None:
-        pinned = torch.empty(hot.table.shape, dtype=hot.table.dtype, pin_memory=True)
-        pinned.copy_(hot.table)
+    def _copy_to_device(self, table: torch.Tensor) -> tuple:
+        """The table on the device, copied on this thread's stream through a pinned buffer (kept alive with
+        the embeddings), its zeroed accumulator there (``hot_grad="cpu"``), and the event after which both
+        hold their data."""
+        pinned = torch.empty(table.shape, dtype=table.dtype, pin_memory=True)
+        pinned.copy_(table)
         with torch.cuda.stream(self.copy_stream):
-            hot.table = pinned.to(self.device, non_blocking=True)
-            if hot.grad_acc is not None:
-                hot.grad_acc = torch.zeros(hot.table.shape, dtype=torch.float32, device=self.device)
-            hot.ready = torch.cuda.Event()
-            hot.ready.record(self.copy_stream)
-        hot.keep.append(pinned)
+            on_device = pinned.to(self.device, non_blocking=True)
+            grad_acc = (torch.zeros(table.shape, dtype=torch.float32, device=self.device) if self.track_grad
+                        else None)
+            ready = torch.cuda.Event()
+            ready.record(self.copy_stream)
         self.spans.count("device_bytes", pinned.nbytes)
+        return on_device, grad_acc, ready, (pinned,)

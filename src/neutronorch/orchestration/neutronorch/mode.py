@@ -33,7 +33,6 @@ from neutronorch.data.graph import Graph
 from neutronorch.nn.splice import HotRows
 from neutronorch.observe import Spans, StageTable
 from neutronorch.orchestration.access import FeatureAccess
-from neutronorch.orchestration.channel import Channel
 from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.exact import HOST_SAMPLING_STAGES
 from neutronorch.orchestration.host_loader import HostLoader
@@ -44,10 +43,12 @@ from neutronorch.orchestration.neutronorch.controller import RatioController
 from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
 from neutronorch.orchestration.neutronorch.host_producer import HostProducer
 from neutronorch.orchestration.neutronorch.hot_grad import HotGradient
+from neutronorch.orchestration.neutronorch.hot_table import HotTableReader
 from neutronorch.orchestration.neutronorch.node import NodeHotSet, NodeLink
 from neutronorch.orchestration.neutronorch.plan_loop import PlanLoop, host_planning, one_ahead
 from neutronorch.orchestration.neutronorch.stats import HotStats
-from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot, StalenessCheck
+from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
+from neutronorch.orchestration.neutronorch.versions import Schedule, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import batches_per_epoch, training_seeds
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
@@ -91,11 +92,8 @@ class NeutronOrchMode:
         self.reader = DeviceReader(graph, access, spans) if access.placement.topology != "host" else None
         self.loader = HostLoader(access, spans) if self.reader is None else None
         self.model: torch.nn.Module | None = None
-        self._snapshots, self._hot = Channel("snapshots"), Channel("hot")
-        self._next_snapshot = 0  # the next super-batch to receive its snapshot
-        self._published: dict[int, Snapshot] = {}  # snapshots of super-batches not yet trained
-        self._current: HotEmbeddings | None = None
-        self._resumed: dict | None = None  # the super-batch in progress when the loaded checkpoint was written
+        self.snapshots = SnapshotPublisher(self.schedule, access.on_cuda)  # W0 snapshots -> the host
+        self.hot_table = HotTableReader(spans, self.device)  # the host's hot embeddings -> the splice
         self._producer: HostProducer | None = None
         self._plans: Prefetcher | None = None
         self._host: threading.Thread | None = None
@@ -106,19 +104,19 @@ class NeutronOrchMode:
     def start(self, model: torch.nn.Module) -> None:
         self.model = model
         producer = HostProducer(self.graph, self.store, self.sampling, self.config, self.schedule, model.bottom,
-                                self._snapshots, self._hot, self.spans, self.device, self.host_threads, self.node)
+                                self.snapshots.channel, self.hot_table.channel, self.spans, self.device, self.host_threads, self.node)
         plans = PlanLoop(training_seeds(self.graph), self.sampling, self.schedule, lambda: self.controller.setting,
                          producer.planned, self.spans)
         sampler = ColdSampler(self.graph, self.sampling, self.spans, self.sampler_threads, self.loader, self.reader)
-        for gsid, snapshot in self._published.items():  # a resumed run's, published before it stopped
-            self._snapshots.put(gsid, snapshot)
+        self.snapshots.start()
         self._publish_due()
         start, position = self.schedule.at(self.version)
         hot = None
         if position:  # resumed within a super-batch: plan it with the hot set its first steps used
-            if self._resumed is None or self._resumed["gsid"] != start:
+            resumed = self.hot_table.resumed
+            if resumed is None or resumed["gsid"] != start:
                 raise RuntimeError(f"resumed at step {position} of super-batch {start} without its saved state")
-            hot = self._resumed["vertices"]
+            hot = resumed["vertices"]
         self._producer = producer
         if self.reader is None:  # planned on the host, in a thread of its own
             self._plans = Prefetcher(lambda: plans.run(*host_planning(self.graph, self.sampling, self.host_threads),
@@ -133,8 +131,8 @@ class NeutronOrchMode:
                                   name="neutronorch-sampler")
 
     def close(self) -> None:
-        self._snapshots.close()
-        self._hot.close()
+        self.snapshots.close()
+        self.hot_table.close()
         if self._producer is not None:
             self._producer.close()
         for prefetcher in (self._plans, self._stream):
@@ -158,30 +156,15 @@ class NeutronOrchMode:
     def step_inputs(self, batch: SplicedBatch) -> StepInputs:
         batch.wait()
         splice = batch.splice
-        if self._current is None or self._current.gsid != splice.gsid:
-            with self.spans.stage("wait_hot"):
-                self._current = self._hot.take(splice.gsid, remove=False)
-            if self._current.ready is not None:
-                self._wait_hot_copy(self._current)
-            if self._resumed is not None and self._resumed["gsid"] == splice.gsid:
-                self._continue(self._current)  # counted before the checkpoint
-            else:
-                exchange = self._current.exchange
-                self.stats.account(splice.plan, self._current.host_edges,
-                                   self._current.num_hot if exchange is None else exchange.computed.shape[0])
-                self.controller.saw_plan(splice.probe)
-        self.staleness.check(self._current, self.version)
-        hot = self._current
+        hot, new = self.hot_table.table(splice.super_batch_id)
+        if new:
+            exchange = hot.exchange
+            self.stats.account(splice.plan, hot.host_edges,
+                               hot.num_hot if exchange is None else exchange.computed.shape[0])
+            self.controller.saw_plan(splice.probe)
+        self.staleness.check(hot, self.version)
         self.hot_grad.weigh(hot, self.version)
         return StepInputs(batch.blocks, batch.features, HotRows(hot.table, splice.index, hot.grad_acc))
-
-    def _continue(self, hot: HotEmbeddings) -> None:
-        """The resumed super-batch's hot rows, recomputed from its saved snapshot: same set, same gradient."""
-        resumed, self._resumed = self._resumed, None
-        if not np.array_equal(hot.vertices, resumed["vertices"]):
-            raise RuntimeError(f"super-batch {hot.gsid} was resumed with another hot set than it started with")
-        if hot.grad_acc is not None:
-            hot.grad_acc.copy_(resumed["grad_acc"])
 
     def _probe_inputs(self, ids: np.ndarray) -> tuple:
         """The drift probe's bottom block and features (a fixed sample of its own key), on the device."""
@@ -192,16 +175,9 @@ class NeutronOrchMode:
         rows = self.store.as_dtype(torch.float32).gather(torch.from_numpy(frontier))
         return block.to(self.device), rows.to(self.device)
 
-    def _wait_hot_copy(self, hot: HotEmbeddings) -> None:
-        stream = torch.cuda.current_stream(self.device)
-        stream.wait_event(hot.ready)
-        hot.table.record_stream(stream)
-        if hot.grad_acc is not None:
-            hot.grad_acc.record_stream(stream)
-
     def before_step(self, batch: SplicedBatch) -> None:
         """``hot_grad="cpu"``: at the super-batch's last step, the hot rows' W0 gradient (``hot_grad.py``)."""
-        hot = self._current
+        hot = self.hot_table.current
         self.hot_grad.unweigh(hot)
         if not batch.splice.last or self.config.hot_grad != "cpu":
             return
@@ -219,35 +195,14 @@ class NeutronOrchMode:
         with self.spans.stage("publish"):
             self.version += 1
             if batch.splice.last:
-                self._hot.drop(batch.splice.gsid)
-                self._published.pop(batch.splice.gsid, None)
-                self._current = None
+                self.hot_table.trained(batch.splice.super_batch_id)
+                self.snapshots.trained(batch.splice.super_batch_id)
                 # Before the snapshot wakes the host, whose next plan reads the measured error.
                 self.controller.at_boundary(self.model.bottom, self.version)
             self._publish_due()
 
     def _publish_due(self) -> None:
-        """Publish the W0 snapshot to every super-batch whose assigned version is now reached, those past the
-        run's last epoch included: a checkpoint keeps them, so a run resumed with more epochs uses the very
-        weights the longer run would have used (they cannot be taken again later)."""
-        snapshot = None
-        while self.schedule.snapshot_version(self._next_snapshot, self.controller.lead) <= self.version:
-            if snapshot is None:
-                snapshot = self._take_snapshot()
-            self._snapshots.put(self._next_snapshot, snapshot)
-            self._published[self._next_snapshot] = snapshot
-            self._next_snapshot += 1
-
-    def _take_snapshot(self) -> Snapshot:
-        params = [p.detach() for p in self.model.bottom.parameters()]
-        if not self.access.on_cuda:
-            return Snapshot(self.version, [p.clone() for p in params])
-        host = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in params]
-        for h, p in zip(host, params):
-            h.copy_(p, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
-        return Snapshot(self.version, host, ready)
+        self.snapshots.publish_due(self.model.bottom, self.version, self.controller.lead)
 
     # ----- checkpoints -----------------------------------------------------------------------------------
 
@@ -256,24 +211,14 @@ class NeutronOrchMode:
         finished (taken from weights older than now, so they cannot be taken again), the super-batch in
         progress (its hot set and accumulated hot gradient), and what the summary and the controller carry
         over."""
-        snapshots = {}
-        for gsid, snapshot in self._published.items():
-            if snapshot.ready is not None:
-                snapshot.ready.synchronize()
-            snapshots[gsid] = {"version": snapshot.version, "params": [p.clone() for p in snapshot.params]}
-        current = self._current
-        in_progress = None if current is None else {
-            "gsid": current.gsid, "vertices": torch.from_numpy(current.vertices),
-            "grad_acc": None if current.grad_acc is None else current.grad_acc.detach().cpu().clone()}
-        return {"version": self.version, "next_snapshot": self._next_snapshot, "snapshots": snapshots,
-                "in_progress": in_progress, "stats": self.stats.state_dict(),
-                "staleness": self.staleness.state_dict(), "controller": self.controller.state_dict()}
+        return {"version": self.version, **self.snapshots.state_dict(), "in_progress": self.hot_table.state_dict(),
+                "stats": self.stats.state_dict(), "staleness": self.staleness.state_dict(),
+                "controller": self.controller.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.version, self._next_snapshot = state["version"], state["next_snapshot"]
-        self._published = {g: Snapshot(s["version"], s["params"]) for g, s in state["snapshots"].items()}
-        in_progress = state.get("in_progress")
-        self._resumed = None if in_progress is None else {**in_progress, "vertices": in_progress["vertices"].numpy()}
+        self.version = state["version"]
+        self.snapshots.load_state_dict(state)
+        self.hot_table.load_state_dict(state.get("in_progress"))
         self.stats.load_state_dict(state["stats"])
         self.staleness.load_state_dict(state["staleness"])
         self.controller.load_state_dict(state["controller"], self.device)

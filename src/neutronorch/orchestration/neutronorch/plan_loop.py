@@ -27,7 +27,7 @@ from neutronorch.data.graph import Graph
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.controller import RatioSetting, error_cap
-from neutronorch.orchestration.neutronorch.planner import Plan, Planner
+from neutronorch.orchestration.neutronorch.planner import Plan, Planner, all_cold
 from neutronorch.orchestration.neutronorch.versions import Schedule
 from neutronorch.orchestration.seeds import epoch_batches
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
@@ -48,9 +48,9 @@ class PlanLoop:
         it was in progress), each also put on ``planned``. ``sample_stage``: the span of the upper hops'
         sampling (on the device it is the sampler lane's work; the plan itself is ``hot_select``)."""
         try:
-            for gsid in range(start, self.schedule.total):
-                plan = self._plan(gsid, sampler, planner, sample_stage, hot if gsid == start else None)
-                self.planned.put(gsid, plan)
+            for super_batch_id in range(start, self.schedule.total):
+                plan = self._plan(super_batch_id, sampler, planner, sample_stage, hot if super_batch_id == start else None)
+                self.planned.put(super_batch_id, plan)
                 yield plan
         except Closed:
             return
@@ -58,9 +58,9 @@ class PlanLoop:
             self.planned.fail(exc)  # wakes the hot-row computer, which fails the hot channel
             raise
 
-    def _plan(self, gsid: int, sampler, planner, sample_stage: str, hot: np.ndarray | None) -> Plan:
+    def _plan(self, super_batch_id: int, sampler, planner, sample_stage: str, hot: np.ndarray | None) -> Plan:
         with self.spans.stage(sample_stage):
-            epoch, first, end = self.schedule.locate(gsid)
+            epoch, first, end = self.schedule.locate(super_batch_id)
             if epoch not in self._batches:
                 self._batches = {epoch: epoch_batches(self.train_idx, self.sampling, epoch)}
             uppers = []
@@ -72,8 +72,10 @@ class PlanLoop:
                 uppers.append((index, key, sampler.sample(seeds, key, fanouts)))
         with self.spans.stage("hot_select"):
             setting = self.setting()
+            if setting.ratio == 0 and hot is None:  # nothing to make hot: no counting, no ranking
+                return all_cold(super_batch_id, epoch, uppers)
             cap = (lambda ranked: error_cap(ranked, setting)) if setting.auto else None
-            return planner.plan(gsid, epoch, uppers, setting.ratio, cap, hot)
+            return planner.plan(super_batch_id, epoch, uppers, setting.ratio, cap, hot)
 
 
 def one_ahead(plans: Iterator[Plan]) -> Iterator[Plan]:

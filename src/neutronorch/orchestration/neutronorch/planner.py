@@ -51,12 +51,22 @@ class PlanStats:
 
 @dataclass
 class Plan:
-    gsid: int
+    super_batch_id: int
     epoch: int
     batches: list[PlannedBatch]
     hot: np.ndarray  # H_s, hottest first
     probe: np.ndarray  # the hottest PROBE_ROWS vertices (the drift probe's candidates)
     stats: PlanStats
+
+
+def all_cold(super_batch_id: int, epoch: int, uppers: list[tuple[int, int, SampledSubgraph]]) -> Plan:
+    """The plan of a super-batch with nothing hot (ratio 0): every bottom-layer destination cold, in order,
+    without counting or ranking them (``reached`` and the probe are then unknown: 0 and none)."""
+    empty = np.empty(0, np.int64)
+    sizes = [int(upper.frontiers[0].shape[0]) for _, _, upper in uppers]
+    planned = [PlannedBatch(batch, key, upper, np.arange(n, dtype=np.int64), empty, empty, 0)
+               for (batch, key, upper), n in zip(uppers, sizes)]
+    return Plan(super_batch_id, epoch, planned, empty, empty, PlanStats(epoch, 0, 0, sum(sizes), 0, 0))
 
 
 @njit(cache=True, nogil=True)
@@ -145,7 +155,7 @@ class Planner:
         self.bottom_fanout = bottom_fanout
         self._slot = np.full(num_nodes, -1, np.int32)  # index_appearances' scratch, left -1
 
-    def plan(self, gsid: int, epoch: int, uppers: list[tuple[int, int, SampledSubgraph]], ratio: float,
+    def plan(self, super_batch_id: int, epoch: int, uppers: list[tuple[int, int, SampledSubgraph]], ratio: float,
              cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot: np.ndarray | None = None) -> Plan:
         """``uppers``: (mini-batch index, key, upper-hop sample) of each mini-batch of the super-batch.
         ``hot``: the hot set, already chosen (a resumed super-batch's), instead of ranking by ``ratio``."""
@@ -184,4 +194,4 @@ class Planner:
                                         int(saved[b])))
         stats = PlanStats(epoch, num_hot, int(distinct.shape[0]), int(appear.sum()), int(hot_counts.sum()),
                           int(saved.sum()), error_capped=capped)
-        return Plan(gsid, epoch, planned, hot, distinct[ranked[:PROBE_ROWS]], stats)
+        return Plan(super_batch_id, epoch, planned, hot, distinct[ranked[:PROBE_ROWS]], stats)

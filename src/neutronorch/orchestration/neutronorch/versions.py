@@ -8,7 +8,7 @@ verifies it at every use anyway (a violation is a bug and raises).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -28,9 +28,9 @@ class Schedule:
         self.per_epoch = -(-batches_per_epoch // super_batch)
         self.total = epochs * self.per_epoch
 
-    def locate(self, gsid: int) -> tuple[int, int, int]:
-        """(epoch, first mini-batch, end mini-batch) of super-batch ``gsid``."""
-        epoch, index = divmod(gsid, self.per_epoch)
+    def locate(self, super_batch_id: int) -> tuple[int, int, int]:
+        """(epoch, first mini-batch, end mini-batch) of super-batch ``super_batch_id``."""
+        epoch, index = divmod(super_batch_id, self.per_epoch)
         first = index * self.super_batch
         return epoch, first, min(first + self.super_batch, self.batches_per_epoch)
 
@@ -39,12 +39,12 @@ class Schedule:
         epoch, index = divmod(step, self.batches_per_epoch)
         return epoch * self.per_epoch + index // self.super_batch, index % self.super_batch
 
-    def first_step(self, gsid: int) -> int:
-        epoch, first, _ = self.locate(gsid)
+    def first_step(self, super_batch_id: int) -> int:
+        epoch, first, _ = self.locate(super_batch_id)
         return epoch * self.batches_per_epoch + first
 
-    def last_step(self, gsid: int) -> int:
-        epoch, _, end = self.locate(gsid)
+    def last_step(self, super_batch_id: int) -> int:
+        epoch, _, end = self.locate(super_batch_id)
         return epoch * self.batches_per_epoch + end - 1
 
     @property
@@ -52,12 +52,12 @@ class Schedule:
         """The most steps a snapshot may precede its super-batch's first step within the bound."""
         return max(0, self.staleness_bound - self.super_batch + 1)
 
-    def snapshot_version(self, gsid: int, lead: int | None = None) -> int:
-        """The parameter version the hot embeddings of ``gsid`` are computed from: ``lead`` steps before the
+    def snapshot_version(self, super_batch_id: int, lead: int | None = None) -> int:
+        """The parameter version the hot embeddings of ``super_batch_id`` are computed from: ``lead`` steps before the
         super-batch's first step (the host's time to compute them), and never older than the bound allows
         for its last step. ``lead=None`` takes the oldest version the bound allows."""
-        oldest = self.last_step(gsid) - self.staleness_bound
-        version = oldest if lead is None else max(oldest, self.first_step(gsid) - lead)
+        oldest = self.last_step(super_batch_id) - self.staleness_bound
+        version = oldest if lead is None else max(oldest, self.first_step(super_batch_id) - lead)
         return max(0, version)
 
 
@@ -70,11 +70,12 @@ class Snapshot:
     ready: object = None  # on CUDA: the event after which the pinned copies are complete
 
 
-@dataclass
+@dataclass(frozen=True)
 class HotEmbeddings:
-    """The bottom-layer output of one super-batch's hot set, as the device reads it."""
+    """The bottom-layer output of one super-batch's hot set, as the device reads it: made complete by the
+    hot-row computer, frozen when it crosses to the trainer (which writes only into ``grad_acc``)."""
 
-    gsid: int
+    super_batch_id: int
     version: int
     table: torch.Tensor  # (|H_s|, width) on the training device
     num_hot: int
@@ -85,7 +86,7 @@ class HotEmbeddings:
     output: torch.Tensor | None = None  # hot_grad="cpu": the host output, still attached to its graph
     params: list[torch.Tensor] | None = None  # hot_grad="cpu": the snapshot parameters it was computed from
     ready: object = None  # on CUDA: the event after which ``table`` holds the data
-    keep: list = field(default_factory=list)  # host buffers that must outlive an asynchronous copy
+    keep: tuple = ()  # host buffers that must outlive an asynchronous copy
 
 
 class StalenessCheck:
@@ -99,7 +100,7 @@ class StalenessCheck:
     def check(self, hot: HotEmbeddings, version: int) -> None:
         staleness = version - hot.version
         if staleness > self.bound or staleness < 0:
-            raise RuntimeError(f"staleness bound violated: hot embeddings of super-batch {hot.gsid} were "
+            raise RuntimeError(f"staleness bound violated: hot embeddings of super-batch {hot.super_batch_id} were "
                                f"computed at parameter version {hot.version} and are used at version "
                                f"{version} (bound {self.bound}). This is a bug.")
         if hot.num_hot:

@@ -1,0 +1,72 @@
+"""The hot embeddings, the trainer's side: the current super-batch's table, waited for once.
+
+The hot-row computer (``host_producer.py``) puts each super-batch's ``HotEmbeddings`` on the ``hot``
+channel, complete and frozen. ``HotTableReader``, owned by the trainer's thread, takes the table of the
+super-batch a mini-batch belongs to when the first of its mini-batches arrives (on CUDA making the
+trainer's stream wait for the table's copy), keeps it for the super-batch's other mini-batches and drops
+it after the last. The only thing written after the table crossed is its gradient accumulator, and only
+by the trainer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from neutronorch.observe import Spans
+from neutronorch.orchestration.channel import Channel
+from neutronorch.orchestration.neutronorch.versions import HotEmbeddings
+
+
+class HotTableReader:
+    def __init__(self, spans: Spans, device: torch.device):
+        self.spans, self.device = spans, device
+        self.channel = Channel("hot")
+        self.current: HotEmbeddings | None = None
+        self.resumed: dict | None = None  # the super-batch in progress when the loaded checkpoint was written
+
+    def table(self, super_batch_id: int) -> tuple[HotEmbeddings, bool]:
+        """The hot embeddings of ``super_batch_id``, and whether they are new here (its first mini-batch, not
+        the continuation of a resumed super-batch: to be accounted)."""
+        if self.current is not None and self.current.super_batch_id == super_batch_id:
+            return self.current, False
+        with self.spans.stage("wait_hot"):
+            hot = self.channel.take(super_batch_id, remove=False)
+        if hot.ready is not None:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(hot.ready)
+            hot.table.record_stream(stream)
+            if hot.grad_acc is not None:
+                hot.grad_acc.record_stream(stream)
+        self.current = hot
+        if self.resumed is not None and self.resumed["gsid"] == super_batch_id:
+            self._continue(hot)
+            return hot, False
+        return hot, True
+
+    def _continue(self, hot: HotEmbeddings) -> None:
+        """The resumed super-batch's hot rows, recomputed from its saved snapshot: same set, same gradient."""
+        resumed, self.resumed = self.resumed, None
+        if not np.array_equal(hot.vertices, resumed["vertices"]):
+            raise RuntimeError(f"super-batch {hot.super_batch_id} was resumed with another hot set than it "
+                               "started with")
+        if hot.grad_acc is not None:
+            hot.grad_acc.copy_(resumed["grad_acc"])
+
+    def trained(self, super_batch_id: int) -> None:
+        """The super-batch's last mini-batch is done: its table goes."""
+        self.channel.drop(super_batch_id)
+        self.current = None
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def state_dict(self) -> dict | None:
+        """The super-batch in progress: its hot set and accumulated hot gradient (its rows are recomputed)."""
+        current = self.current
+        return None if current is None else {
+            "gsid": current.super_batch_id, "vertices": torch.from_numpy(current.vertices),
+            "grad_acc": None if current.grad_acc is None else current.grad_acc.detach().cpu().clone()}
+
+    def load_state_dict(self, in_progress: dict | None) -> None:
+        self.resumed = None if in_progress is None else {**in_progress, "vertices": in_progress["vertices"].numpy()}
