@@ -1,16 +1,18 @@
 """Mode ``neutronorch``: hot vertices' bottom layer on the host, reused under a strictly bounded staleness.
 
-Three threads, each with its own object; what crosses between them is named here::
+Threads, each with its own objects; what crosses between them is named here::
 
-    host producer: planner (neutronorch-planner)  cold sampler (neutronorch-sampler)  trainer (caller)
-      and compute (neutronorch-host) loops        ColdSampler: its sampler            NeutronOrchMode: version,
-    HostProducer: samplers, planner, seed orders,                                       staleness check, stats,
-      bottom-layer copy                                                                 ratio controller
-      planner | plans (Prefetcher) ----------------> |                                      |
-      planner | plans (Channel "plans") -> compute   | SplicedBatch (Prefetcher) ---------> |
-      compute | <----------------------------------- W0 snapshots (Channel "snapshots") --- |
-      compute | hot embeddings (Channel "hot") -------------------------------------------> |
-      planner | reads controller.setting (an immutable RatioSetting the trainer replaces) <-- |
+    planning loop (PlanLoop)      host compute (neutronorch-host)  cold sampler (neutronorch-   trainer (caller)
+      neutronorch-planner, or       HostProducer: its sampler,       sampler) ColdSampler:       NeutronOrchMode:
+      with device sampling the      bottom-layer copy                its sampler                 version, staleness,
+      cold sampler's thread                                                                     stats, controller,
+                                                                                                SnapshotPublisher,
+                                                                                                HotTableReader
+      plans (Prefetcher, or made by the cold sampler itself) -------> |                             |
+      plans (Channel "plans") -> |                                    | SplicedBatch (Prefetcher) -> |
+                                 | <------------------ W0 snapshots (Channel "snapshots") -------- |
+                                 | hot embeddings, frozen (Channel "hot") ------------------------> |
+      reads controller.setting (an immutable RatioSetting the trainer replaces) <------------------ |
     every thread records spans into the run's Spans (thread-safe); every arrow but the setting is a Channel
 
 Staleness is bounded by construction: the hot embeddings of super-batch s are computed from the
@@ -104,7 +106,8 @@ class NeutronOrchMode:
     def start(self, model: torch.nn.Module) -> None:
         self.model = model
         producer = HostProducer(self.graph, self.store, self.sampling, self.config, self.schedule, model.bottom,
-                                self.snapshots.channel, self.hot_table.channel, self.spans, self.device, self.host_threads, self.node)
+                                self.snapshots.channel, self.hot_table.channel, self.spans, self.device,
+                                self.host_threads, self.node)
         plans = PlanLoop(training_seeds(self.graph), self.sampling, self.schedule, lambda: self.controller.setting,
                          producer.planned, self.spans)
         sampler = ColdSampler(self.graph, self.sampling, self.spans, self.sampler_threads, self.loader, self.reader)
