@@ -94,6 +94,51 @@ def test_neutronorch_p1_s0_cpu_grad_equals_exact_mode_on_cuda(model, dropout):
     assert hot_rows > 0
 
 
+@pytest.mark.parametrize("model", ["sage", "gcn"])
+def test_neutronorch_planned_on_cuda_p1_s0_equals_exact_mode(model):
+    # Device sampling: every hop sampled and each super-batch planned on the GPU (DevicePlanner), in the
+    # cold sampler's thread; the torch sampler draws the numba sampler's neighbours, so the losses and
+    # gradients are exact mode's.
+    from test_neutronorch import config, lockstep
+
+    from neutronorch.data import SyntheticSpec, generate
+
+    graph = generate(SyntheticSpec(nodes=1500, degree=8, features=12, classes=4, noise=0.6))
+    exact = config(model=model, mode="exact", dropout=0.5)
+    orch = config(model=model, mode="neutronorch", dropout=0.5, super_batch=1, staleness_bound=0,
+                  hot_grad="cpu", hot_ratio=0.3, device_sampling="on")
+    hot_rows = 0
+    for batch_a, batch_b, loss_a, loss_b, model_a, model_b in lockstep(graph, exact, orch, torch.device("cuda")):
+        assert batch_b.splice.index.hot_pos.is_cuda and batch_b.subgraph.blocks[-1].indptr.is_cuda
+        hot_rows += int(batch_b.splice.index.hot_pos.numel())
+        torch.testing.assert_close(loss_b, loss_a, rtol=1e-4, atol=1e-5)
+        for p_a, p_b in zip(model_a.parameters(), model_b.parameters()):
+            torch.testing.assert_close(p_b.grad, p_a.grad, rtol=1e-3, atol=1e-5)
+    assert hot_rows > 0
+
+
+def test_the_device_planner_on_cuda_plans_what_the_host_planner_plans():
+    from neutronorch.data import SyntheticSpec, generate
+    from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
+    from neutronorch.orchestration.neutronorch.planner import Planner
+    from neutronorch.sampling.neighbor_sampler import NeighborSampler
+
+    graph = generate(SyntheticSpec(nodes=3000, degree=10, features=4, classes=3))
+    host_sampler = NeighborSampler(graph.indptr, graph.indices, [6, 4, 3])
+    cuda_sampler = TorchNeighborSampler(torch.from_numpy(graph.indptr).cuda(), torch.from_numpy(graph.indices).cuda(),
+                                        [6, 4, 3])
+    seeds = [np.asarray(graph.train_idx[i * 40:(i + 1) * 40]) for i in range(4)]
+    host = Planner(graph.indptr, 3).plan(0, 0, [(i, 9 + i, host_sampler.sample(s, 9 + i, [6, 4]))
+                                               for i, s in enumerate(seeds)], ratio=0.4)
+    cuda = DevicePlanner(cuda_sampler.indptr, 3).plan(0, 0, [(i, 9 + i, cuda_sampler.sample(torch.from_numpy(s).cuda(),
+                                                                                         9 + i, [6, 4]))
+                                                            for i, s in enumerate(seeds)], ratio=0.4)
+    assert np.array_equal(host.hot, cuda.hot) and vars(host.stats) == vars(cuda.stats)
+    for a, b in zip(host.batches, cuda.batches):
+        assert b.cold_pos.is_cuda and np.array_equal(a.cold_pos, b.cold_pos.cpu().numpy())
+        assert np.array_equal(a.hot_rows, b.hot_rows.cpu().numpy())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("hot_grad", ["cpu", "stop"])
 def test_neutronorch_training_on_cuda(hot_grad):
