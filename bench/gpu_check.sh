@@ -15,8 +15,14 @@
 # features (--gpu-cache-gb), the regime NeutronOrch is made for, and once more with every row on the GPU in
 # bfloat16 (--precision bf16). bench/gpu_table.py prints the table and checks the targets.
 #
+# Then the regime benchmark (bench/regime.py; REGIME=0 skips it): every mode on a graph whose features are
+# twice the GPU budget (8M vertices, 512 features: 16 GB, --gpu-memory-gb 8) and on the graph above as the
+# control, in at most REGIME_BUDGET seconds (default 480, generation included); its table and summaries go
+# to $RESULTS/regime/.
+#
 # Rehearsal without a GPU (the same steps with --device cpu, no cuda tests, a small graph, results under
-# /tmp unless RESULTS is set): DEVICE=cpu NODES=20000 bash bench/gpu_check.sh
+# /tmp unless RESULTS is set; the regime step with NODES vertices and 64 features):
+# DEVICE=cpu NODES=20000 bash bench/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -45,23 +51,23 @@ say() { echo "[gpu_check $(date -u +%H:%M:%S)] $*" | tee -a "$log" >&2; }
 
 say "GPU: $gpu; python: $("$PYTHON" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')"
 if [ "$DEVICE" = cuda ]; then
-    say "1/3 cuda tests"
+    say "1/4 cuda tests"
     timeout "${TEST_LIMIT:-150}" "$PYTHON" -m pytest -q -m cuda tests/ 2>&1 | tee -a "$log" | tail -15
     say "cuda tests exit status ${PIPESTATUS[0]}"
 else
-    say "1/3 cuda tests: skipped (DEVICE=$DEVICE)"
+    say "1/4 cuda tests: skipped (DEVICE=$DEVICE)"
 fi
 
 data=${GRAPH_DIR:-/tmp/neutronorch-products-like-$NODES}
 if [ ! -f "$data/meta.json" ]; then
-    say "2/3 generating the products-like graph ($NODES vertices) into $data"
+    say "2/4 generating the products-like graph ($NODES vertices) into $data"
     "$PYTHON" -m neutronorch generate synthetic --nodes "$NODES" --degree 26 --features 100 --classes 47 \
         --out "$data" 2>&1 | tee -a "$log"
 else
-    say "2/3 graph already at $data"
+    say "2/4 graph already at $data"
 fi
 
-say "3/3 modes on $DEVICE ($EPOCHS epochs each; features on the device, then capped to 25%, then bf16)"
+say "3/4 modes on $DEVICE ($EPOCHS epochs each; features on the device, then capped to 25%, then bf16)"
 quarter=$("$PYTHON" -c "import json,sys; m=json.load(open(sys.argv[1])); print(f\"{0.25 * m['num_nodes'] * m['feature_dim'] * 4 / 2**30:.4f}\")" "$data/meta.json")
 for cap in full quarter bf16; do
     for mode in exact device neutronorch; do
@@ -94,4 +100,16 @@ else
 fi
 
 "$PYTHON" bench/gpu_table.py "$RESULTS" "$gpu" | tee "$RESULTS/table.md"
+
+if [ "${REGIME:-1}" != 0 ]; then
+    # The products-like graph above is the control; the regime graph is generated (or found) next to it.
+    regime=(--device "$DEVICE" --epochs "$EPOCHS" --budget-s "${REGIME_BUDGET:-480}" --out "$RESULTS/regime"
+            --control-graph "$data" --control-nodes "$NODES" --graph-root "$(dirname "$data")")
+    [ "$DEVICE" = cpu ] && regime+=(--nodes "$NODES" --features 64 --batch-size 256)
+    say "4/4 the regime benchmark: features twice the GPU budget, every mode (at most ${REGIME_BUDGET:-480} s)"
+    "$PYTHON" bench/regime.py "${regime[@]}" 2>&1 | tee -a "$log"
+    say "the regime benchmark returned ${PIPESTATUS[0]}"
+else
+    say "4/4 the regime benchmark: skipped (REGIME=0)"
+fi
 say "done; results in $RESULTS"
