@@ -531,9 +531,11 @@ def test_bad_neutronorch_options_give_one_clear_error(args, message, capsys):
 
 def test_auto_ratio_walks_towards_the_fastest_epoch_on_shared_cores():
     tuner = HotRatioTuner(0.2, shared_cores=True)
-    cost = lambda r: (np.log2(r) - np.log2(0.3)) ** 2 + 10  # noqa: E731 - fastest at r = 0.3
+    # fastest at r = 0.3; without hot rows (r = 0) slower than with any
+    cost = lambda r: 30.0 if r == 0 else (np.log2(r) - np.log2(0.3)) ** 2 + 10  # noqa: E731
     ratio = tuner.update(99.0, 0, 0)  # warm-up epoch: ignored
     assert ratio == 0.2
+    assert tuner.update(cost(ratio), 0, 0) == 0  # one epoch without hot rows: what they save
     for _ in range(12):
         ratio = tuner.update(cost(ratio), 0, 0)
     assert abs(np.log2(ratio) - np.log2(0.3)) < 0.5
@@ -542,7 +544,8 @@ def test_auto_ratio_walks_towards_the_fastest_epoch_on_shared_cores():
 def test_auto_ratio_balances_host_and_device_on_separate_processors():
     tuner = HotRatioTuner(0.2, shared_cores=False)
     tuner.update(1.0, 1.0, 1.0)
-    assert tuner.update(1.0, host_seconds=2.0, device_seconds=1.0) == pytest.approx(0.1)  # host slower: less hot
+    assert tuner.update(1.0, host_seconds=2.0, device_seconds=1.0) == 0  # then one epoch without hot rows
+    assert tuner.update(1.5, 0.0, 1.0) == pytest.approx(0.1)  # reuse paid; host slower: less hot
     assert tuner.update(1.0, host_seconds=1.0, device_seconds=10.0) == pytest.approx(0.2)  # at most 2x per epoch
 
 

@@ -1,8 +1,9 @@
 """The ratio controller (``hot_ratio="auto"``): how many vertices are hot, from measured speed and drift.
 
 Two measurements decide r:
-- **speed** (``HotRatioTuner``, between epochs): with host and device on different processors, balance
-  their busy time per super-batch; on shared cores, walk r towards the fastest measured epoch;
+- **speed** (``HotRatioTuner``, ``tuner.py``, between epochs): with host and device on different processors, balance
+  their busy time per super-batch; on shared cores, walk r towards the fastest measured epoch; either way
+  r goes to 0 (no hot rows, no host work) while an epoch with hot rows is not faster than one without;
 - **staleness error** (``DriftProbe`` at super-batch boundaries, ``error_cap`` at planning): the bottom-
   layer output of a fixed set of probe vertices is recomputed with the current weights; its relative
   change over about the mean staleness of a reused row estimates the error of a stale row, and r is capped
@@ -15,6 +16,7 @@ it never sees half an update.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -23,7 +25,13 @@ import torch
 
 from neutronorch.config import NeutronOrchConfig
 from neutronorch.observe import StageTable
+from neutronorch.orchestration.neutronorch.tuner import HotRatioTuner
 from neutronorch.orchestration.neutronorch.versions import Schedule
+
+logger = logging.getLogger("neutronorch")
+
+__all__ = ["AUTO_START_RATIO", "DriftProbe", "HostScalar", "HotRatioTuner", "RatioController", "RatioSetting",
+           "error_cap"]
 
 # The hot ratio ``auto`` starts here and is re-tuned between epochs.
 AUTO_START_RATIO = 0.2
@@ -85,63 +93,6 @@ def error_cap(ranked_counts: np.ndarray, setting: RatioSetting) -> tuple[int, bo
     return cap, cap < int(round(setting.ratio * ranked_counts.shape[0]))
 
 
-class HotRatioTuner:
-    """Re-tune r between epochs from measured times.
-
-    - **Host and device are different processors** (CUDA): balance them. The host producer's busy time per
-      super-batch grows with r, the device's shrinks; r is scaled by (device time / host time), at most 2x
-      either way per epoch, so that neither side waits for the other for long.
-    - **They share the cores** (device = CPU): the host's work is taken from the device's cores, so the
-      balance point says nothing; what counts is the epoch time. r walks in log steps (x2, then x sqrt 2 once
-      a step made things worse) in the direction that lowered the measured epoch time.
-
-    The first epoch (JIT compilation, cold caches) is not used for decisions.
-    """
-
-    LOW, HIGH = 0.01, 0.8
-    MIN_STEP = 0.25  # log2 units: the walk stops refining below a factor of 2 ** 0.25
-
-    def __init__(self, start: float, shared_cores: bool):
-        self.ratio = start
-        self.shared_cores = shared_cores
-        self.history: list[dict] = []
-        self._direction, self._step = 1.0, 1.0  # walk in log2(r)
-        self._best: tuple[float, float] | None = None  # (epoch seconds, ratio)
-
-    def update(self, epoch_seconds: float, host_seconds: float, device_seconds: float) -> float:
-        """Record one epoch at the current ratio; return the ratio for the next epoch."""
-        self.history.append({"ratio": round(self.ratio, 4), "epoch_s": round(epoch_seconds, 3),
-                             "host_s_per_super_batch": round(host_seconds, 4),
-                             "device_s_per_super_batch": round(device_seconds, 4)})
-        if len(self.history) == 1:
-            return self.ratio  # the warm-up epoch decides nothing
-        if not self.shared_cores:
-            factor = min(2.0, max(0.5, device_seconds / max(host_seconds, 1e-9)))
-            return self._set(self.ratio * factor)
-        if self._best is None or epoch_seconds < self._best[0]:
-            self._best = (epoch_seconds, self.ratio)
-            base = self.ratio
-        else:
-            # Worse: back to the best ratio, turn round, and take smaller steps.
-            self._direction, self._step = -self._direction, self._step / 2
-            base = self._best[1]
-        if self._step < self.MIN_STEP:
-            return self._set(self._best[1])
-        return self._set(base * 2 ** (self._direction * self._step))
-
-    def state_dict(self) -> dict:
-        return {"ratio": self.ratio, "history": self.history, "direction": self._direction, "step": self._step,
-                "best": self._best}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.ratio, self.history = state["ratio"], state["history"]
-        self._direction, self._step, self._best = state["direction"], state["step"], state["best"]
-
-    def _set(self, ratio: float) -> float:
-        self.ratio = float(min(self.HIGH, max(self.LOW, ratio)))
-        return self.ratio
-
-
 class DriftProbe:
     """The relative change of the bottom-layer output of fixed probe vertices, measured at super-batch
     boundaries (kept as device tensors; read as numbers only when reported or published)."""
@@ -193,8 +144,9 @@ class RatioController:
         self.probe: DriftProbe | None = None
 
     def saw_plan(self, probe_ids: np.ndarray) -> None:
-        """The first plan's hottest vertices become the drift probe."""
-        if self._probe_ids is None:
+        """The first plan's hottest vertices become the drift probe (a plan that ranked nothing, made while the
+        ratio was 0, has none)."""
+        if self._probe_ids is None and probe_ids.shape[0] > 0:
             self._probe_ids = probe_ids
 
     def at_boundary(self, bottom: torch.nn.Module, version: int) -> None:
@@ -230,16 +182,30 @@ class RatioController:
                "hot_ratio": round(epoch_ratio if epoch_ratio is not None else self.setting.ratio, 4)}
         if self.drift_per_step is not None:
             out.update(drift_per_step=round(self.drift_per_step, 6), stale_error=round(self.stale_error, 5))
-        busy = stages.lane_seconds(record["stage_seconds"])
-        measured = [record["seconds"], record["stage_seconds"].get("wait_hot", 0.0), busy.get("host", 0.0),
-                    busy.get("trainer", 0.0)]
-        seconds, wait_hot, host, trainer = agree(measured) if agree is not None else measured
+        stage = record["stage_seconds"]
+        busy = stages.lane_seconds(stage)
+        measured = [record["seconds"], stage.get("wait_hot", 0.0), busy.get("host", 0.0), busy.get("trainer", 0.0),
+                    stage.get("hot_grad", 0.0)]
+        seconds, wait_hot, host, trainer, hot_grad = agree(measured) if agree is not None else measured
         if self.auto_lead and wait_hot > 0.02 * seconds:
             # The trainer waited for hot rows: give the host more steps (the bound still caps the lead).
             self.lead = min(self.schedule.max_lead, self.lead + max(1, self.lead // 2))
         if self.tuner is not None:
             per = max(1, self.schedule.per_epoch)
-            self.setting = replace(self.setting, ratio=self.tuner.update(seconds, host / per, trainer / per))
+            # What the hot rows cost the device: on shared cores all the host's work on them, which the
+            # device's cores did instead of training; on separate processors only the trainer's time
+            # waiting for them. Either way the trainer's applying of their gradient.
+            cost = (host if self.tuner.shared_cores else wait_hot) + hot_grad
+            before = self.setting.ratio
+            self.setting = replace(self.setting, ratio=self.tuner.update(seconds, host / per, trainer / per, cost,
+                                                                         epoch_ratio))
+            last = self.tuner.history[-1]
+            out["hot_ratio_auto"] = {key: last[key] for key in ("next", "decision", "reason")}
+            probing = last["decision"] == "probe" or (last["decision"] == "off" and last["ratio"] > 0 and
+                                                     self.tuner.history[-2]["decision"] == "probe")
+            if (before == 0) != (self.setting.ratio == 0) and not probing:  # reuse turned off or on
+                logger.info(f"hot ratio auto after epoch {record['epoch']}: {last['decision']}, r "
+                            f"{self.setting.ratio:g} ({last['reason']})")
         return out
 
     def state_dict(self) -> dict:

@@ -137,7 +137,8 @@ class HostProducer:
         versioned at the super-batch's first step, so within the bound at every use; its snapshot is then
         taken only to be dropped."""
         table = torch.empty((0, self.template.out_dim), dtype=self.table_dtype, device=self.device)
-        self.hot.put(plan.super_batch_id, HotEmbeddings(plan.super_batch_id, self.schedule.first_step(plan.super_batch_id), table, 0, plan.hot))
+        first = self.schedule.first_step(plan.super_batch_id)
+        self.hot.put(plan.super_batch_id, HotEmbeddings(plan.super_batch_id, first, table, 0, plan.hot))
         self.snapshots.take(plan.super_batch_id)
 
     def _layer_at(self, snapshot: Snapshot) -> tuple[torch.nn.Module, list[torch.Tensor]]:

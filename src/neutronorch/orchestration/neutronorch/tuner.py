@@ -1,0 +1,156 @@
+"""The speed half of ``hot_ratio="auto"``: the ratio for the next epoch from the epochs measured so far,
+down to 0 (no hot rows, no host work) while reuse does not pay, and back up when a probe says it does
+(``controller.py`` holds the tuner and publishes its ratio to the planner)."""
+
+from __future__ import annotations
+
+
+class HotRatioTuner:
+    """Re-tune r between epochs from measured times, down to 0 (no hot rows) where reuse does not pay.
+
+    - **Host and device are different processors** (CUDA): balance them. The host producer's busy time per
+      super-batch grows with r, the device's shrinks; r is scaled by (device time / host time), at most 2x
+      either way per epoch, so that neither side waits for the other for long.
+    - **They share the cores** (device = CPU): the host's work is taken from the device's cores, so the
+      balance point says nothing; what counts is the epoch time. r walks in log steps (x2, then x sqrt 2 once
+      a step made things worse) in the direction that lowered the measured epoch time.
+    - **Whether reuse pays at all**: the first measured epoch is followed by one without hot rows (r = 0,
+      the ``baseline``), which costs what exact or device mode costs. An epoch with hot rows that is not
+      faster than the latest epoch without them (the hot rows cost the device more, ``cost_s``, than the
+      work and transfers they spared it, ``saved_s`` = epoch without - epoch with + cost) turns reuse
+      off, unless the walk still has a faster ratio to return to, or on separate processors the host
+      fell behind and a smaller ratio may still pay. Then r stays 0 (the planner makes empty hot sets and
+      the host does nothing), and every ``PROBE_EVERY`` epochs one epoch ``probe``s ``PROBE_RATIO``: faster
+      than the epoch without hot rows before it, reuse is back on and tuned from there.
+
+    The first epoch (JIT compilation, cold caches) is not used for decisions. Each epoch's entry of
+    ``history`` says what was decided and why.
+    """
+
+    LOW, HIGH = 0.01, 0.8
+    MIN_STEP = 0.25  # log2 units: the walk stops refining below a factor of 2 ** 0.25
+    PROBE_EVERY = 4  # epochs without hot rows between two probes
+    PROBE_RATIO = 0.05
+    NOTHING_HOT = 0.001  # an epoch whose mean hot share was below this measured no reuse (the error cap held it)
+
+    def __init__(self, start: float, shared_cores: bool):
+        self.ratio = start
+        self.shared_cores = shared_cores
+        self.history: list[dict] = []
+        self._direction, self._step = 1.0, 1.0  # walk in log2(r)
+        self._best: tuple[float, float] | None = None  # (epoch seconds, ratio > 0) of the fastest epoch with hot rows
+        self._zero: float | None = None  # seconds of the latest epoch without hot rows
+        self._phase = "start"  # start, measure, baseline, on, off, probe (judge: within one update)
+        self._off = 0  # epochs without hot rows since reuse was turned off (or last probed)
+        self._factor = 1.0  # separate processors: the last balance (device / host time, clamped)
+
+    def update(self, epoch_seconds: float, host_seconds: float, device_seconds: float,
+               cost_seconds: float | None = None, hot_share: float | None = None) -> float:
+        """Record one epoch at the current ratio; return the ratio for the next epoch. ``host_seconds`` and
+        ``device_seconds`` are busy seconds per super-batch; ``cost_seconds`` what the hot rows cost the
+        device over the epoch (shared cores: the host's busy time and the hot gradient; separate
+        processors: the trainer's waits for hot rows and the hot gradient); ``hot_share`` the share of the
+        reached vertices actually made hot (the staleness-error cap may keep it far below the ratio)."""
+        entry = {"ratio": round(self.ratio, 4), "epoch_s": round(epoch_seconds, 3),
+                 "host_s_per_super_batch": round(host_seconds, 4),
+                 "device_s_per_super_batch": round(device_seconds, 4)}
+        if cost_seconds is not None and self.ratio > 0:
+            entry["cost_s"] = round(cost_seconds, 3)
+            if self._zero is not None:
+                entry["saved_s"] = round(self._zero - epoch_seconds + cost_seconds, 3)
+        if self.ratio > 0:
+            self._factor = min(2.0, max(0.5, device_seconds / max(host_seconds, 1e-9)))
+        capped = hot_share is not None and hot_share < self.NOTHING_HOT and self.ratio > 0
+        decision, reason = self._decide(epoch_seconds, device_seconds < host_seconds, entry.get("cost_s"), capped)
+        entry.update(next=round(self.ratio, 4), decision=decision, reason=reason)
+        self.history.append(entry)
+        return self.ratio
+
+    def _decide(self, seconds: float, host_behind: bool, cost: float | None, capped: bool) -> tuple[str, str]:
+        ratio, phase = self.ratio, self._phase
+        if phase == "start":
+            self._phase = "measure"
+            return "warm-up", "the first epoch (compilation, cold caches) decides nothing"
+        if capped:  # nothing was hot: an epoch without reuse, whatever the ratio
+            self._zero = seconds
+            return "capped", "next to nothing was hot (the staleness-error cap): an epoch without reuse"
+        if ratio == 0:
+            self._zero = seconds
+            if phase == "baseline" and self._best is not None and self._best[0] < seconds:
+                self._phase = "on"
+                self._set(self._next_positive(self._best[1]))
+                return "on", (f"reuse pays: {self._best[0]:.2f} s per epoch with hot rows (r {self._best[1]:g}), "
+                              f"{seconds:.2f} s without")
+            self._off = self._off + 1 if phase == "off" else 1
+            self._phase = "off"
+            if phase == "baseline":
+                return "off", (f"reuse does not pay: {seconds:.2f} s per epoch without hot rows, "
+                               f"{self._best[0]:.2f} s with them (r {self._best[1]:g})")
+            if self._off >= self.PROBE_EVERY:
+                self._phase = "probe"
+                self._set(self.PROBE_RATIO)
+                return "probe", f"{self._off} epochs without hot rows: one epoch at r {self.ratio:g}"
+            return "off", f"no hot rows ({self._off} of {self.PROBE_EVERY} epochs before the next probe)"
+        slower = self._zero is not None and seconds >= self._zero
+        if phase == "measure":
+            self._best = (seconds, ratio)
+            if self._zero is None:
+                self._phase, self.ratio = "baseline", 0.0
+                return "baseline", "one epoch without hot rows, to measure what they save"
+            phase = self._phase = "judge"  # measured without reuse already (capped): no baseline epoch needed
+        if phase in ("probe", "judge"):
+            if slower:
+                self._phase, self._off, self.ratio = "off", 0, 0.0
+                return "off", self._did_not_pay(seconds, ratio, cost)
+            self._phase, self._best, self._direction, self._step = "on", (seconds, ratio), 1.0, 1.0
+            self._set(self._next_positive(ratio))
+            return "on", (f"{'the probe paid' if phase == 'probe' else 'reuse pays'}: {seconds:.2f} s per epoch at "
+                          f"r {ratio:g}, {self._zero:.2f} s without hot rows")
+        if not self.shared_cores:
+            if slower and not (host_behind and ratio > self.LOW):
+                self._phase, self._off, self.ratio = "off", 0, 0.0
+                return "off", self._did_not_pay(seconds, ratio, cost)
+            self._set(ratio * self._factor)
+            return "balance", f"device / host time per super-batch {self._factor:.2f}"
+        improved = self._best is None or seconds < self._best[0]
+        if improved:
+            self._best = (seconds, ratio)
+        converged = self._step < self.MIN_STEP
+        if slower and (improved or converged or self._best[1] == ratio):  # no faster ratio to return to
+            self._phase, self._off, self.ratio = "off", 0, 0.0
+            return "off", self._did_not_pay(seconds, ratio, cost)
+        if not improved:  # worse: back to the best ratio, turn round, and take smaller steps
+            self._direction, self._step = -self._direction, self._step / 2
+        self._set(self._next_positive(self._best[1]))
+        return "walk", f"fastest so far {self._best[0]:.2f} s per epoch at r {self._best[1]:g}"
+
+    def _next_positive(self, base: float) -> float:
+        """The next ratio with hot rows from ``base``: the walk's next step, or the balance."""
+        if not self.shared_cores:
+            return base * self._factor
+        if self._step < self.MIN_STEP:
+            return base
+        return base * 2 ** (self._direction * self._step)
+
+    def _did_not_pay(self, seconds: float, ratio: float, cost: float | None) -> str:
+        spent = "" if cost is None else (f": the hot rows cost the device {cost:.2f} s and spared it "
+                                         f"{self._zero - seconds + cost:.2f} s")
+        return (f"reuse does not pay: {seconds:.2f} s per epoch with hot rows (r {ratio:g}), {self._zero:.2f} s "
+                f"without{spent}")
+
+    def state_dict(self) -> dict:
+        return {"ratio": self.ratio, "history": self.history, "direction": self._direction, "step": self._step,
+                "best": self._best, "zero": self._zero, "phase": self._phase, "off": self._off,
+                "factor": self._factor}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ratio, self.history = state["ratio"], state["history"]
+        self._direction, self._step, self._best = state["direction"], state["step"], state["best"]
+        # Written before reuse could be turned off: tuning as it was then.
+        self._zero = state.get("zero")
+        self._phase = state.get("phase", "on" if len(self.history) > 1 else ("measure" if self.history else "start"))
+        self._off, self._factor = state.get("off", 0), state.get("factor", 1.0)
+
+    def _set(self, ratio: float) -> float:
+        self.ratio = float(min(self.HIGH, max(self.LOW, ratio)))
+        return self.ratio

@@ -1,0 +1,216 @@
+"""``--hot-ratio auto`` turning reuse off where it does not pay, and back on where it does: the tuner on
+injected timings, the controller on epoch records, the planner's and host's empty hot sets, and runs."""
+
+import logging
+
+import numpy as np
+import pytest
+
+from neutronorch import TrainConfig, train
+from neutronorch.config import NeutronOrchConfig
+from neutronorch.data import SyntheticSpec, generate
+from neutronorch.orchestration.neutronorch import controller as controller_module
+from neutronorch.orchestration.neutronorch.controller import HotRatioTuner, RatioController
+from neutronorch.orchestration.neutronorch.mode import STAGES
+from neutronorch.orchestration.neutronorch.planner import Planner, all_cold
+from neutronorch.orchestration.neutronorch.versions import Schedule
+from neutronorch.sampling.neighbor_sampler import NeighborSampler
+from neutronorch.train.step import TRAINER_STAGES
+
+HOST_WORK = ("host_sample", "host_gather", "host_aggregate", "host_matmul", "host_compute", "host_copy", "hot_grad")
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return generate(SyntheticSpec(nodes=1500, degree=8, features=12, classes=4, noise=0.6))
+
+
+def config(**overrides):
+    values = dict(dataset="given", fanouts=[4, 3, 3], hidden=16, heads=2, batch_size=64, epochs=2, lr=0.01,
+                  dropout=0.0, weight_decay=1e-3, progress=False, seed=3, eval_every=-1)
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+class Timings:
+    """Injected epoch times: ``without`` seconds without hot rows, ``with_`` seconds with them."""
+
+    def __init__(self, without: float, with_: float):
+        self.without, self.with_ = without, with_
+
+    def __call__(self, ratio: float) -> float:
+        return self.without if ratio == 0 else self.with_
+
+
+def test_reuse_goes_off_where_it_does_not_pay_and_comes_back_where_it_does():
+    tuner = HotRatioTuner(0.2, shared_cores=True)
+    epoch = Timings(without=10.0, with_=11.0)  # the hot rows cost more than they save
+    assert tuner.update(99.0, 0, 0) == 0.2  # warm-up: decides nothing
+    assert tuner.update(epoch(0.2), 0.1, 1.0, cost_seconds=3.0) == 0  # then one epoch without hot rows
+    assert tuner.history[-1]["decision"] == "baseline"
+    assert tuner.update(epoch(0), 0, 1.0) == 0
+    off = tuner.history[-1]
+    assert off["decision"] == "off" and "does not pay" in off["reason"] and "10.00 s" in off["reason"]
+    ratios = []
+    for _ in range(2 * tuner.PROBE_EVERY):
+        ratios.append(tuner.update(epoch(tuner.ratio), 0.1, 1.0, cost_seconds=3.0))
+    # Every PROBE_EVERY epochs without hot rows, one epoch probes a small ratio; here it does not pay.
+    assert ratios == [0, 0, tuner.PROBE_RATIO, 0, 0, 0, 0, tuner.PROBE_RATIO]
+    probed = [h for h in tuner.history if h["decision"] == "probe"]
+    assert len(probed) == 2 and "one epoch at r 0.05" in probed[0]["reason"]
+    failed = next(h for h in tuner.history if h["ratio"] > 0 and h["decision"] == "off")  # the first probe's
+    assert failed["ratio"] == tuner.PROBE_RATIO  # epoch: 11 s with hot rows, 10 s without
+    assert failed["cost_s"] == 3.0 and failed["saved_s"] == 2.0  # cost > saved: reuse does not pay
+    # The machine changes: hot rows now save more than they cost. The pending probe finds it.
+    epoch.with_ = 8.0
+    ratio = tuner.update(epoch(tuner.ratio), 0.1, 1.0, cost_seconds=1.0)
+    assert tuner.history[-1]["decision"] == "on" and "the probe paid" in tuner.history[-1]["reason"]
+    assert ratio == pytest.approx(2 * tuner.PROBE_RATIO)  # and the walk goes on from there
+    assert tuner.history[-1]["saved_s"] == 3.0
+    for _ in range(4):
+        ratio = tuner.update(epoch(ratio), 0.1, 1.0, cost_seconds=1.0)
+        assert ratio > 0 and tuner.history[-1]["decision"] == "walk"
+
+
+def test_reuse_that_pays_from_the_start_stays_on_after_the_baseline_epoch():
+    tuner = HotRatioTuner(0.2, shared_cores=True)
+    epoch = Timings(without=10.0, with_=9.0)
+    tuner.update(99.0, 0, 0)
+    assert tuner.update(epoch(0.2), 0, 0) == 0
+    assert tuner.update(epoch(0), 0, 0) == pytest.approx(0.4)  # reuse paid: the walk from r 0.2
+    assert tuner.history[-1]["decision"] == "on" and "reuse pays" in tuner.history[-1]["reason"]
+    for _ in range(6):
+        assert tuner.update(epoch(tuner.ratio), 0, 0) > 0
+
+
+def test_epochs_the_error_cap_kept_cold_count_as_epochs_without_reuse():
+    tuner = HotRatioTuner(0.2, shared_cores=True)
+    tuner.update(99.0, 0, 0, hot_share=0.0)
+    assert tuner.update(10.0, 0, 0, hot_share=0.0) == 0.2  # nothing was hot: no measure of reuse yet
+    assert tuner.history[-1]["decision"] == "capped"
+    # The first epoch with hot rows is judged against it at once: no baseline epoch needed.
+    assert tuner.update(9.0, 0, 0, hot_share=0.1) == pytest.approx(0.4)
+    assert tuner.history[-1]["decision"] == "on" and tuner.history[-1]["reason"].startswith("reuse pays")
+    tuner = HotRatioTuner(0.2, shared_cores=True)
+    for seconds, share in ((99.0, 0.0), (10.0, 0.0), (11.0, 0.1)):
+        tuner.update(seconds, 0, 0, hot_share=share)
+    assert tuner.ratio == 0 and tuner.history[-1]["decision"] == "off"
+
+
+def test_a_walk_that_gets_slower_than_no_hot_rows_goes_back_or_off():
+    tuner = HotRatioTuner(0.2, shared_cores=True)
+    tuner.update(99.0, 0, 0)
+    tuner.update(9.0, 0, 0)  # r 0.2: 9 s
+    assert tuner.update(10.0, 0, 0) == pytest.approx(0.4)  # without: 10 s
+    assert tuner.update(10.5, 0, 0) == pytest.approx(0.2 * 2 ** -0.5)  # r 0.4 slower than none: back below 0.2
+    assert tuner.update(10.2, 0, 0) == pytest.approx(0.2 * 2 ** 0.25)  # still no better: turn round again
+    # The best ratio measured again, now slower than no hot rows: nothing faster to return to.
+    tuner._step = tuner.MIN_STEP / 2  # converged on r 0.2
+    tuner.ratio = 0.2
+    assert tuner.update(10.1, 0, 0) == 0 and tuner.history[-1]["decision"] == "off"
+
+
+def test_on_separate_processors_reuse_goes_off_when_the_host_falls_behind_at_the_smallest_ratio():
+    tuner = HotRatioTuner(0.02, shared_cores=False)
+    tuner.update(99.0, 1.0, 1.0)
+    tuner.update(9.0, 1.0, 1.0)  # r 0.02
+    assert tuner.update(10.0, 0.0, 1.0) == pytest.approx(0.02)  # reuse paid: balanced (device / host 1)
+    # The host falls behind and the epoch is slower than without hot rows: fewer hot rows first ...
+    assert tuner.update(10.5, host_seconds=3.0, device_seconds=1.0) == pytest.approx(0.01)
+    assert tuner.history[-1]["decision"] == "balance"
+    # ... and at the smallest ratio, still slower: none.
+    assert tuner.update(10.5, host_seconds=3.0, device_seconds=1.0, cost_seconds=2.0) == 0
+    assert tuner.history[-1]["decision"] == "off" and "spared it 1.50 s" in tuner.history[-1]["reason"]
+    # With the host ahead, an epoch slower than without hot rows turns reuse off at once.
+    tuner = HotRatioTuner(0.2, shared_cores=False)
+    for seconds in (99.0, 9.0, 10.0):
+        tuner.update(seconds, 1.0, 1.0)
+    assert tuner.update(10.5, host_seconds=0.5, device_seconds=1.0) == 0
+
+
+def test_the_tuner_resumes_its_decisions_exactly():
+    epoch = Timings(without=10.0, with_=11.0)
+    a = HotRatioTuner(0.2, shared_cores=True)
+    for _ in range(5):  # warm-up, measure, baseline (off), two epochs without hot rows
+        a.update(epoch(a.ratio), 0.1, 1.0, 2.0)
+    b = HotRatioTuner(0.2, shared_cores=True)
+    b.load_state_dict(a.state_dict())
+    for _ in range(6):
+        assert a.update(epoch(a.ratio), 0.1, 1.0, 2.0) == b.update(epoch(b.ratio), 0.1, 1.0, 2.0)
+    assert a.history == b.history
+    # A checkpoint written before reuse could be turned off resumes the walk it held.
+    old = {k: v for k, v in a.state_dict().items() if k not in ("zero", "phase", "off", "factor")}
+    c = HotRatioTuner(0.2, shared_cores=True)
+    c.load_state_dict({**old, "ratio": 0.3})
+    assert c.update(12.0, 0, 0) > 0
+
+
+def test_the_controller_records_why_and_logs_when_reuse_goes_off(caplog):
+    config = NeutronOrchConfig(super_batch=2, hot_ratio="auto", staleness_bound=3, hot_grad="cpu",
+                               hot_error_budget=0.02, snapshot_lead=None)
+    control = RatioController(config, Schedule(6, 8, 2, 3), shared_cores=True)
+    stages = TRAINER_STAGES.merge(STAGES)
+
+    def record(epoch, seconds, host):
+        stage = {"forward": 1.0, "backward": 1.0, "host_aggregate": host, "host_matmul": host, "hot_grad": 0.5,
+                 "host_wait_weights": 9.0}  # a wait: not a cost
+        return {"epoch": epoch, "seconds": seconds, "stage_seconds": stage}
+
+    with caplog.at_level(logging.INFO, logger="neutronorch"):
+        control.end_epoch(record(0, 99.0, 1.0), 0.2, stages)
+        out = control.end_epoch(record(1, 11.0, 1.0), 0.2, stages)
+        assert out["hot_ratio_auto"]["decision"] == "baseline" and control.setting.ratio == 0
+        assert control.tuner.history[-1]["cost_s"] == 2.5  # the host's busy seconds and the hot gradient
+        out = control.end_epoch(record(2, 10.0, 0.0), 0.0, stages)
+    assert out["hot_ratio_auto"]["next"] == 0 and out["hot_ratio_auto"]["decision"] == "off"
+    assert out["hot_ratio"] == 0.0 and control.setting.ratio == 0 and control.summary()["ratio"] == 0
+    assert any("hot ratio auto after epoch 1" in r.message and "baseline" in r.message for r in caplog.records)
+    # A plan made at ratio 0 has no probe vertices: the drift probe waits for one that has.
+    control.saw_plan(np.empty(0, np.int64))
+    assert control._probe_ids is None
+    control.saw_plan(np.array([3, 1]))
+    assert control._probe_ids.tolist() == [3, 1]
+
+
+def test_a_plan_at_ratio_0_is_the_planner_s_plan_without_the_ranking(graph):
+    sampler = NeighborSampler(graph.indptr, graph.indices, [4, 3, 3])
+    seeds = [np.asarray(graph.train_idx[i * 32:(i + 1) * 32]) for i in range(3)]
+    uppers = [(i, 100 + i, sampler.sample(s, 100 + i, [4, 3])) for i, s in enumerate(seeds)]
+    ranked = Planner(graph.indptr, 3).plan(5, 1, uppers, 0.0)
+    cold = all_cold(5, 1, uppers)
+    assert cold.hot.shape[0] == 0 and cold.stats.hot == cold.stats.hot_appearances == cold.stats.saved_edges == 0
+    assert cold.stats.appearances == ranked.stats.appearances
+    for a, b in zip(ranked.batches, cold.batches):
+        assert np.array_equal(a.cold_pos, b.cold_pos) and b.hot_pos.shape[0] == b.hot_rows.shape[0] == 0
+        assert (a.index, a.key, b.saved_edges) == (b.index, b.key, 0)
+
+
+@pytest.mark.slow
+def test_a_run_at_ratio_0_does_no_host_work_and_trains_as_exact_mode(graph):
+    orch = train(config(mode="neutronorch", hot_ratio=0.0, super_batch=2, epochs=3), graph=graph)
+    exact = train(config(mode="exact", epochs=3), graph=graph)
+    assert [e["train_loss"] for e in orch["epochs"]] == [e["train_loss"] for e in exact["epochs"]]
+    assert orch["hot"]["mean_hot_per_super_batch"] == 0 and orch["hot"]["host_bottom_edges"] == 0
+    for record in orch["epochs"]:
+        assert sum(record["stage_seconds"].get(stage, 0.0) for stage in HOST_WORK) == 0.0
+        assert record["stage_seconds"].get("host_wait_weights", 0.0) == 0.0
+        assert record["lane_busy"].get("host", 0.0) == 0.0
+
+
+@pytest.mark.slow
+def test_auto_turns_reuse_off_in_a_run_where_it_does_not_pay(monkeypatch, graph):
+    update = HotRatioTuner.update
+    monkeypatch.setattr(controller_module.HotRatioTuner, "update",  # injected: hot rows make every epoch slower
+                        lambda self, seconds, *rest: update(self, 10.0 if self.ratio == 0 else 11.0, *rest))
+    summary = train(config(mode="neutronorch", hot_ratio="auto", hot_error_budget=1e9, super_batch=1, epochs=7,
+                           batch_size=16), graph=graph)
+    decisions = [h["decision"] for h in summary["neutronorch"]["auto_history"]]
+    # Epoch 1 measured reuse (then one epoch without: the baseline), or its plans, made before the drift was
+    # measured, had nothing hot (an epoch without reuse already): either way reuse goes off after epoch 2.
+    assert decisions[0] == "warm-up" and decisions[1] in ("baseline", "capped") and decisions[2] == "off"
+    assert summary["epochs"][2]["hot_ratio_auto"]["reason"].startswith("reuse does not pay")
+    assert "probe" in decisions[5:]  # after 4 epochs without hot rows
+    # Plans run a few super-batches ahead (half an epoch of 10 here); then nothing is hot and the host idles.
+    for record in summary["epochs"][4:6]:
+        assert record["hot_ratio"] == 0.0
+        assert sum(record["stage_seconds"].get(stage, 0.0) for stage in HOST_WORK) == 0.0
