@@ -17,6 +17,7 @@ from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, PRECIS
 from neutronorch.sampling.fanouts import parse_fanouts
 
 MODES = ("exact", "device", "neutronorch")
+MODE_CHOICES = MODES + ("auto",)  # auto: one of MODES, chosen when the run starts (orchestration/choice.py)
 METRICS = ("accuracy", "rocauc", "f1-micro", "f1-macro")
 HOT_GRADS = ("stop", "cpu")
 HOT_SETS = ("node", "rank")
@@ -49,7 +50,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     precision: str = "fp32"  # fp32, bf16 or auto (bf16 where the device has it natively); nn/precision.py
-    mode: str = "exact"
+    mode: str = "exact"  # exact, device, neutronorch, or auto (chosen when the run starts)
     eval_every: int = 1
     eval_fanouts: list[int] | None = None
     eval_batch_size: int = 4096
@@ -114,7 +115,7 @@ class TrainConfig:
         self.host_cache_gb = _parse_cache_size(self.host_cache_gb, "host_cache_gb", "host")
         checks = [
             (self.model in MODELS, f"`model` {self.model!r}: choose one of {', '.join(MODELS)}."),
-            (self.mode in MODES, f"`mode` {self.mode!r}: choose one of {', '.join(MODES)}."),
+            (self.mode in MODE_CHOICES, f"`mode` {self.mode!r}: choose one of {', '.join(MODE_CHOICES)}."),
             (self.device in DEVICES, f"`device` {self.device!r}: choose one of {', '.join(DEVICES)}."),
             (self.precision in PRECISIONS,
              f"`precision` {self.precision!r}: choose one of {', '.join(PRECISIONS)}."),

@@ -7,7 +7,8 @@ import re
 import sys
 from dataclasses import fields
 
-from neutronorch.config import CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, HOT_SETS, METRICS, MODES, READ_ORDERS, TrainConfig
+from neutronorch.config import (CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, HOT_SETS, METRICS, MODE_CHOICES,
+                                READ_ORDERS, TrainConfig)
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec
 from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, PRECISIONS
 
@@ -47,8 +48,12 @@ _HELP = {
                  "(default: %(default)s)",
     "mode": "placement of the stages: exact samples and gathers on the host and computes every layer of "
             "every mini-batch on the device; device also samples and gathers on the training device (graph "
-            "and features resident there, or read from pinned host memory beyond --gpu-memory-gb); neutronorch computes hot vertices' bottom layer on the host once "
-            "per super-batch and reuses it (default: %(default)s)",
+            "and features resident there, or read from pinned host memory beyond --gpu-memory-gb); "
+            "neutronorch computes hot vertices' bottom layer on the host once per super-batch and reuses it; "
+            "auto chooses one when the run starts, says which and why (the log and the summary's "
+            "mode_choice) and keeps it when resumed: exact on the CPU; on a GPU device while the topology and "
+            "features fit --gpu-memory-gb, else device or neutronorch by a short measured probe "
+            "(default: %(default)s)",
     "eval_every": "evaluate val/test every N epochs; 0 evaluates only after the last, -1 never (timing "
                   "runs) (default: %(default)s)",
     "eval_fanouts": "sampled inference with these fanouts instead of exact full-neighbour inference",
@@ -65,7 +70,8 @@ _HELP = {
     "super_batch": "neutronorch: mini-batches per super-batch P; hot embeddings are computed once per "
                    "super-batch (default: %(default)s)",
     "hot_ratio": "neutronorch: share of the vertices a super-batch reaches in its bottom layer made hot, "
-                 "or auto to tune it between epochs from measured host and device time (default: %(default)s)",
+                 "or auto to tune it between epochs from measured host and device time, down to 0 (no hot rows, "
+                 "no host work, probed again every few epochs) while reuse does not pay (default: %(default)s)",
     "staleness_bound": "neutronorch: most optimizer steps between the parameters hot embeddings were "
                        "computed from and their use; at least P-1 (default: 2P-1)",
     "hot_grad": "neutronorch: cpu adds the hot rows' bottom-layer gradient, computed on the host once per "
@@ -152,9 +158,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_train_options(parser: argparse.ArgumentParser) -> None:
     defaults = TrainConfig()
-    choices = {"model": MODELS, "mode": MODES, "device": DEVICES, "hot_grad": HOT_GRADS, "hot_set": HOT_SETS,
-               "cache_policy": CACHE_POLICIES, "read_order": READ_ORDERS, "device_sampling": DEVICE_SAMPLING, "gcn_norm": GCN_NORMS,
-               "norm": NORMS, "metric": ("auto",) + METRICS, "architecture": ARCHITECTURES,
+    choices = {"model": MODELS, "mode": MODE_CHOICES, "device": DEVICES, "hot_grad": HOT_GRADS,
+               "hot_set": HOT_SETS, "cache_policy": CACHE_POLICIES, "read_order": READ_ORDERS,
+               "device_sampling": DEVICE_SAMPLING, "gcn_norm": GCN_NORMS, "norm": NORMS, "metric": ("auto",) + METRICS, "architecture": ARCHITECTURES,
                "precision": PRECISIONS}
     types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int, "gpu_memory_gb": float,
              "gpu_cache_gb": str, "host_cache_gb": str}

@@ -69,7 +69,7 @@ RESUME_MAY_CHANGE = frozenset({
 def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Graph, model: GNN,
                     optimizer: torch.optim.Optimizer, epoch: int, history: list[dict],
                     position: dict, best: dict | None = None, mode_state: dict | None = None,
-                    world_size: int = 1) -> Path:
+                    world_size: int = 1, mode_choice: dict | None = None) -> Path:
     """Write a checkpoint atomically (temporary file, fsync, rename). It holds the random state, so a run
     resumed from it draws the dropout masks the uninterrupted run would have drawn."""
     device = next(model.parameters()).device
@@ -85,6 +85,9 @@ def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Grap
         "best": best,
         "mode_state": mode_state or {},  # what the mode carries across the boundary (NeutronOrch's snapshots)
         "world_size": world_size,  # data-parallel ranks (mode_state then holds each rank's under "ranks")
+        # mode auto: the mode chosen, why and from what (the config holds the chosen mode, which a resumed
+        # auto run keeps); None where the mode was given.
+        "mode_choice": mode_choice,
         # Steps of ``epoch`` done and the float32 sum of their losses; all of them when the epoch is complete.
         "position": position,
         "rng": {"torch": torch.get_rng_state(),
@@ -169,9 +172,10 @@ _PARTS = {
     "rng": (lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("torch"), torch.Tensor)),
             "the random state (a dict holding a `torch` tensor)"),
     "world_size": (lambda v: _is_int(v) and v >= 1, "a whole number >= 1"),
+    "mode_choice": (lambda v: v is None or isinstance(v, dict), "the choice of mode auto (a dict or None)"),
 }
 # Parts a checkpoint may lack: written before they existed, or read only when a run resumes.
-_OPTIONAL = ("best", "mode_state", "position", "rng", "world_size")
+_OPTIONAL = ("best", "mode_state", "position", "rng", "world_size", "mode_choice")
 _FINGERPRINT_KEYS = {"name": str, "nodes": int, "edges": int, "feature_dim": int, "classes": int}
 
 

@@ -24,6 +24,7 @@ def summarise(run: "Run", last_eval: dict, timeline: dict | None, status: str, g
     return {
         "status": status,
         "mode": mode.name,
+        "mode_choice": run.mode_choice,  # mode auto: {"chosen", "reason", "measured"}; None where it was given
         "config": config.to_dict(),
         "dataset": {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
                     "feature_dim": graph.feature_dim, "classes": graph.num_classes,

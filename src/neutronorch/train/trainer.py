@@ -37,6 +37,7 @@ from neutronorch.train.evaluate import evaluate
 from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, epoch_line, evaluation_progress,
                                     train_epoch)
 from neutronorch.train.memory import keep_freed_memory
+from neutronorch.train.mode_choice import resolve_mode
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
 from neutronorch.train.resources import (check_threading_layer, memory_budget, resolve_device, thread_budget,
@@ -83,6 +84,7 @@ class Run:
     data_seconds: float = 0.0
     precision: Precision = field(default_factory=Precision)
     world: World = field(default_factory=World)  # data parallel: this rank among the others
+    mode_choice: dict | None = None  # mode auto: the mode chosen, why, and from what (None: the mode was given)
     sync: GradientSync | None = None  # data parallel: the gradient all-reduce and stop agreement
 
 
@@ -164,6 +166,8 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
         logger.info(f"data parallel: {world.describe()}; batch size {config.batch_size} per rank, "
                     f"{config.batch_size * world.size} per global batch")
     optimizer = Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    resumed = _checkpoint_state(config) if config.resume else None
+    choice = resolve_mode(config, graph, device, threads, model, world, resumed)
     spans = Spans()
     node = world.node_link() if config.hot_sets_per_node else None
     mode = build_mode(config, graph, device, threads, spans, shard=(world.rank, world.size), node=node)
@@ -183,19 +187,25 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     logger.info(f"task: {'multi-label' if task.multilabel else 'multi-class'}, {task.num_classes} "
                 f"{'tasks' if task.multilabel else 'classes'}, metric {task.metric}")
     run = Run(config, graph, device, threads, model, optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
-              util, metrics, task, data_seconds=data_seconds, world=world)
-    if config.resume:
-        _resume(run)
+              util, metrics, task, data_seconds=data_seconds, world=world,
+              mode_choice=None if choice is None else choice.to_dict())
+    if resumed is not None:
+        _resume(run, resumed)
     return run
 
 
-def _resume(run: Run) -> None:
-    """Continue from ``checkpoint_dir``/last.pt: weights, optimizer, random state, history, position and the
-    mode's state (NeutronOrch's snapshots, super-batch in progress and controller)."""
-    path = Path(run.config.checkpoint_dir) / "last.pt"
+def _checkpoint_state(config: TrainConfig) -> dict:
+    """The contents of ``checkpoint_dir``/last.pt, which a resumed run continues (checked readable)."""
+    path = Path(config.checkpoint_dir) / "last.pt"
     if not path.is_file():
         raise CheckpointError(f"{path}: no checkpoint to resume from; train with `checkpoint_dir` first.")
-    state = load_state(path)
+    return load_state(path)
+
+
+def _resume(run: Run, state: dict) -> None:
+    """Continue from ``checkpoint_dir``/last.pt (``state``): weights, optimizer, random state, history, position
+    and the mode's state (NeutronOrch's snapshots, super-batch in progress and controller)."""
+    path = Path(run.config.checkpoint_dir) / "last.pt"
     check_resumable(state, run.config, run.graph, str(path), run.world.size)
     if not run.mode.resumable:
         raise CheckpointError(f"{run.mode.name} mode cannot resume from a checkpoint.")
@@ -318,7 +328,7 @@ def _checkpoint(run: Run, name: str, epoch: int, position: tuple[int, float] | N
         save = lambda path: save_checkpoint(  # noqa: E731
             path, config=run.config, graph=run.graph, model=run.model, optimizer=run.optimizer, epoch=epoch,
             history=run.history, best=run.best, position={"step": step, "loss_sum": loss_sum},
-            mode_state=mode_state, world_size=run.world.size)
+            mode_state=mode_state, world_size=run.world.size, mode_choice=run.mode_choice)
         summary = run.config.summary_json
         save_or_rescue(Path(run.config.checkpoint_dir) / name, save, [Path(summary).parent] if summary else [])
 

@@ -1,0 +1,122 @@
+"""``mode="auto"``: which of the three modes a run takes, from a stated cost model and, where the model
+cannot settle it, a short measured probe.
+
+The rules, and the measurements behind them (docs/benchmarks.md, docs/gpu.md, docs/neutronorch.md):
+
+1. **Training on the CPU: exact.** Device mode's torch sampler is slower there than exact mode's numba
+   sampler (1.23x exact's epoch on the 1M-vertex benchmark graph), and NeutronOrch, whose host work takes
+   the same cores, measured 0.89-1.03x exact's epoch at its defaults, for rows up to 2P-1 steps stale.
+2. **On CUDA, when the topology and every feature row fit the GPU budget** (the ``Placement`` device mode
+   would get under ``gpu_memory_gb``): **device**, the fastest mode there (1.6-1.9 s per epoch on a
+   products-sized graph against exact's 5.1-5.4 s and NeutronOrch's 3.1 s, on an H200).
+3. **On CUDA, beyond the budget**, NeutronOrch's reuse saves reading rows the GPU does not hold:
+   - measured (``timings``: seconds per mini-batch of device mode and NeutronOrch over a few mini-batches,
+     ``train/mode_choice.py``): NeutronOrch when it was at least ``MARGIN`` faster (it reuses stale rows),
+     device mode otherwise;
+   - not measured (data parallel: every rank must choose alike): NeutronOrch where the GPU holds less than
+     ``SMALL_CACHE`` of the features and the bottom hop is heavy (rows of ``WIDE_ROW`` bytes or more, or a
+     bottom fanout of ``LARGE_FANOUT`` or more, or all neighbours); device mode otherwise. With a quarter of
+     the features cached, 400-byte rows and a bottom fanout of 5, device mode took 0.6x NeutronOrch's epoch.
+
+Exact mode is never chosen on CUDA: it was the slowest mode there in every measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from neutronorch.config import TrainConfig
+from neutronorch.data.graph import Graph
+from neutronorch.features.placement import GiB, placement_for, workspace_bytes
+
+MARGIN = 0.10  # NeutronOrch must measure this much faster than device mode to be chosen
+SMALL_CACHE = 0.25  # share of the features on the GPU below which NeutronOrch may pay unmeasured
+WIDE_ROW = 512  # bytes of a feature row from which the bottom hop counts as heavy
+LARGE_FANOUT = 10  # bottom fanout from which the bottom hop counts as heavy
+
+CPU_REASON = ("training on the CPU, where exact mode is the fastest: device mode's torch sampler took 1.23x exact's "
+              "epoch on the 1M-vertex benchmark graph, NeutronOrch 0.89-1.03x at its defaults with stale rows")
+
+
+@dataclass(frozen=True)
+class ModeFacts:
+    """What the cost model reads: where device mode's placement puts the data, and the bottom hop's size."""
+
+    device: str  # the training device's type: cpu or cuda
+    topology: str = "device"  # device mode's placement of the topology: device, uva
+    features: str = "device"  # and of the features: device (every row), cache (the hottest rows), host
+    cached_share: float = 1.0  # share of the feature bytes on the GPU
+    feature_gib: float = 0.0
+    budget_gib: float | None = None
+    row_bytes: int = 0  # bytes of one feature row on the device
+    bottom_fanout: int = 0
+    distributed: bool = False
+
+    @property
+    def fits(self) -> bool:
+        return self.features == "device" and self.topology == "device"
+
+    @property
+    def heavy_bottom(self) -> bool:
+        return self.row_bytes >= WIDE_ROW or self.bottom_fanout < 0 or self.bottom_fanout >= LARGE_FANOUT
+
+
+@dataclass
+class ModeChoice:
+    """The mode ``auto`` resolved to, why, and what it was decided from (the summary's ``mode_choice``)."""
+
+    chosen: str
+    reason: str
+    measured: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"chosen": self.chosen, "reason": self.reason, "measured": self.measured}
+
+
+def mode_facts(config: TrainConfig, graph: Graph, device: torch.device, distributed: bool = False) -> ModeFacts:
+    """The facts of a run (``config`` validated, batch size and precision resolved) on ``device``."""
+    if device.type != "cuda":
+        return ModeFacts(device.type, distributed=distributed)
+    dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
+    workspace = workspace_bytes(graph.num_nodes, graph.feature_dim, config.hidden, graph.num_classes,
+                                config.fanouts, config.batch_size, config.heads if config.model == "gat" else 1)
+    placement = placement_for(graph, config.placement, device, True, workspace, dtype)
+    return ModeFacts(device.type, placement.topology, placement.features, round(placement.cached_share, 4),
+                     round(placement.feature_bytes / GiB, 3), None if placement.budget is None
+                     else round(placement.budget / GiB, 3), dtype.itemsize * graph.feature_dim,
+                     int(config.fanouts[-1]), distributed)
+
+
+def probe_candidates(facts: ModeFacts) -> tuple[str, ...]:
+    """The modes a short measured probe should compare (none where the rules decide alone)."""
+    if facts.device != "cuda" or facts.fits or facts.distributed:
+        return ()
+    return ("device", "neutronorch")
+
+
+def choose_mode(facts: ModeFacts, timings: dict[str, dict] | None = None) -> ModeChoice:
+    """The mode by the rules of this module; ``timings``: per candidate, ``{"step_s": seconds per mini-batch}``
+    (and whatever else the probe measured, recorded as it is)."""
+    if facts.device != "cuda":
+        return ModeChoice("exact", CPU_REASON, {"device": facts.device})
+    measured = {**asdict(facts), "probe": timings}
+    budget = f"the GPU budget ({facts.budget_gib:.1f} GiB)"
+    if facts.fits:
+        return ModeChoice("device", f"the topology and every feature row ({facts.feature_gib:.2f} GiB) fit {budget}: "
+                                    f"device mode samples and gathers on the GPU, the fastest mode there", measured)
+    held = f"{100 * facts.cached_share:.0f}% of the {facts.feature_gib:.2f} GiB of features fit {budget}"
+    if timings and "device" in timings and "neutronorch" in timings:
+        device_s, orch_s = timings["device"]["step_s"], timings["neutronorch"]["step_s"]
+        pace = f"{1e3 * orch_s:.1f} ms per mini-batch against device mode's {1e3 * device_s:.1f} ms"
+        if orch_s < (1 - MARGIN) * device_s:
+            return ModeChoice("neutronorch", f"{held}; measured NeutronOrch at {pace}", measured)
+        return ModeChoice("device", f"{held}; measured NeutronOrch at {pace}, not {100 * MARGIN:.0f}% faster",
+                          measured)
+    if facts.cached_share < SMALL_CACHE and facts.heavy_bottom:
+        return ModeChoice("neutronorch", f"{held} and the bottom hop is heavy ({facts.row_bytes}-byte rows, fanout "
+                                         f"{facts.bottom_fanout}): NeutronOrch reuses hot rows instead of reading "
+                                         f"them from host memory", measured)
+    return ModeChoice("device", f"{held}; device mode reads the others from pinned host memory (with a quarter of "
+                                f"the features on the GPU it took 0.6x NeutronOrch's epoch)", measured)

@@ -1,0 +1,126 @@
+"""``mode="auto"`` resolved for a run: from its checkpoint when resumed, else by the cost model of
+``orchestration/choice.py``, with a short measured probe where the model asks for one.
+
+The probe trains a copy of the model for a few mini-batches in each candidate mode (after a warm-up of one
+super-batch) and times them: the run's weights, optimizer and random state are not touched, so a run with
+``auto`` trains exactly as a run given the chosen mode would.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gc
+import logging
+import time
+from contextlib import contextmanager
+
+import torch
+
+from neutronorch.config import MODES, TrainConfig
+from neutronorch.data.graph import Graph
+from neutronorch.observe import Spans
+from neutronorch.orchestration.choice import ModeChoice, choose_mode, mode_facts, probe_candidates
+from neutronorch.orchestration.factory import Threads, build_mode
+from neutronorch.train.distributed import World
+from neutronorch.train.optim import Adam
+from neutronorch.train.step import TRAINER_STAGES, train_step
+
+logger = logging.getLogger("neutronorch")
+
+PROBE_STEPS = 16  # timed mini-batches per candidate mode
+PROBE_RATIO = 0.2  # NeutronOrch's hot ratio in the probe when it is auto (which starts with nothing hot)
+
+
+def resolve_mode(config: TrainConfig, graph: Graph, device: torch.device, threads: Threads, model: torch.nn.Module,
+                 world: World | None = None, resumed: dict | None = None, probe=None) -> ModeChoice | None:
+    """With ``mode`` auto: set ``config.mode`` to the chosen mode and return the choice (None otherwise).
+    ``resumed``: the checkpoint the run continues, whose mode it keeps. ``probe(config, graph, device, model,
+    threads, names)``: the measurement (default ``probe_modes``; tests inject timings)."""
+    if config.mode != "auto":
+        return None
+    world = world or World()
+    saved = resumed["config"].get("mode") if resumed is not None else None
+    if saved in MODES:
+        earlier = resumed.get("mode_choice") or {}
+        why = earlier.get("reason")
+        reason = ("resumed in the mode the run was given" if why is None else why if why.startswith("resumed")
+                  else f"resumed in the mode the run chose: {why}")
+        choice = ModeChoice(saved, reason, earlier.get("measured", {}))
+    else:
+        facts = mode_facts(config, graph, device, world.distributed)
+        names = probe_candidates(facts)
+        timings = (probe or probe_modes)(config, graph, device, model, threads, names) if names else None
+        choice = choose_mode(facts, timings)
+    if world.distributed:  # every rank trains in rank 0's mode
+        index = torch.tensor([MODES.index(choice.chosen) + 1 if world.main else 0], dtype=torch.int64)
+        agreed = MODES[int(world.all_reduce_(index, "agreeing on the mode")) - 1]
+        if agreed != choice.chosen:
+            choice = ModeChoice(agreed, f"rank 0's choice (this rank's: {choice.chosen})", choice.measured)
+    config.mode = choice.chosen
+    logger.info(f"mode auto: {choice.chosen} ({choice.reason})")
+    return choice
+
+
+def probe_modes(config: TrainConfig, graph: Graph, device: torch.device, model: torch.nn.Module, threads: Threads,
+                names: tuple[str, ...], steps: int = PROBE_STEPS) -> dict[str, dict]:
+    """Per mode of ``names``: seconds per mini-batch (``step_s``) over ``steps`` training steps after a warm-up of
+    one super-batch, and each lane's busy seconds per mini-batch (``lanes``), on a copy of ``model``."""
+    out = {}
+    with _quiet(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        for name in names:
+            hot_ratio = config.hot_ratio if isinstance(config.hot_ratio, float) else PROBE_RATIO
+            probed = dataclasses.replace(config, mode=name, epochs=1, hot_ratio=hot_ratio,
+                                         snapshot_lead=2 if config.snapshot_lead is None else config.snapshot_lead)
+            out[name] = _time_mode(probed, graph, device, model, threads, steps)
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()  # the candidate's cache and buffers, before the next one's
+    return out
+
+
+def _time_mode(config: TrainConfig, graph: Graph, device: torch.device, model: torch.nn.Module, threads: Threads,
+               steps: int) -> dict:
+    spans = Spans()
+    mode = build_mode(config, graph, device, threads, spans)
+    trained = copy.deepcopy(model)
+    optimizer = Adam(trained.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    warmup = min(config.super_batch, mode.num_batches // 2)
+    done, started = 0, time.perf_counter()
+    try:
+        mode.start(trained)
+        with mode.batches(0) as batches:
+            for batch in batches:
+                if done == warmup:
+                    _synchronize(device)
+                    started = time.perf_counter()
+                    spans.take()
+                train_step(trained, optimizer, mode, batch, spans)
+                done += 1
+                if done == warmup + steps:
+                    break
+        _synchronize(device)
+        seconds = time.perf_counter() - started
+        stages, _ = spans.take()
+        lanes = TRAINER_STAGES.merge(mode.stages).lane_seconds(stages)
+    finally:
+        mode.close()
+    timed = max(1, done - warmup)
+    return {"step_s": round(seconds / timed, 5), "steps": timed,
+            "lanes": {lane: round(s / timed, 5) for lane, s in lanes.items()}}
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextmanager
+def _quiet():
+    """The candidates' builds log what the run's own build logs again: keep them to warnings."""
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
