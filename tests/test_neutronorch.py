@@ -18,7 +18,8 @@ from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel
 from neutronorch.orchestration.factory import build_mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
-from neutronorch.orchestration.neutronorch.controller import HostScalar, HotRatioTuner, RatioSetting, error_cap
+from neutronorch.orchestration.neutronorch.controller import (HostScalar, HotRatioTuner, PublishedSetting,
+                                                              RatioSetting, error_cap)
 from neutronorch.orchestration.neutronorch.host_producer import HostProducer
 from neutronorch.orchestration.neutronorch.plan_loop import PlanLoop, host_planning
 from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
@@ -160,8 +161,8 @@ def _symmetric_reference(graph, block, frontier, x):
 def _host_plans(graph, cfg, schedule, producer, ratio=0.5):
     """The planning loop on the host, run here: room for every plan (no threads; the loops run in turn)."""
     producer.planned = Channel("plans")
-    loop = PlanLoop(training_seeds(graph), cfg.sampling, schedule, lambda: RatioSetting(ratio), producer.planned,
-                    Spans())
+    loop = PlanLoop(training_seeds(graph), cfg.sampling, schedule, PublishedSetting(RatioSetting(ratio)),
+                    producer.planned, Spans())
     return loop.run(*host_planning(graph, cfg.sampling, 1))
 
 
@@ -212,7 +213,8 @@ def test_host_hot_rows_of_graph_blocks_draw_their_own_dropout_masks(graph):
         snapshots, hot = Channel("snapshots"), Channel("hot")
         snapshots.put(0, Snapshot(0, [p.detach().clone() for p in model.bottom.parameters()]))
         producer = HostProducer(graph, build_mode(cfg, graph, torch.device("cpu")).store, cfg.sampling,
-                                cfg.neutronorch, schedule, model.bottom, snapshots, hot, Spans(), torch.device("cpu"), 1)
+                                cfg.neutronorch, schedule, model.bottom, snapshots, hot, Spans(),
+                                torch.device("cpu"), 1)
         plan = next(_host_plans(graph, cfg, schedule, producer))
         producer._finish_hot(plan, *producer._gather_hot(plan, NeighborSampler(graph.indptr, graph.indices,
                                                                                 cfg.fanouts)))
@@ -557,3 +559,17 @@ def test_neutronorch_runs_repeat_exactly_with_a_fixed_ratio_and_lead(graph):
     runs = [train(cfg, graph) for _ in range(2)]
     assert [e["train_loss"] for e in runs[0]["epochs"]] == [e["train_loss"] for e in runs[1]["epochs"]]
     assert runs[0]["hot"]["reuse_rate"] > 0
+
+
+def test_each_plan_records_the_ratio_setting_it_followed(graph):
+    # The trainer replaces the setting whole and numbers each publication; a plan says which it followed.
+    cfg = config(mode="neutronorch", super_batch=2, hot_ratio=0.5, epochs=1)
+    schedule = Schedule(1, -(-len(graph.train_idx) // cfg.batch_size), 2, cfg.resolved_staleness)
+    published = PublishedSetting(RatioSetting(0.5))
+    loop = PlanLoop(training_seeds(graph), cfg.sampling, schedule, published, Channel("plans"), Spans())
+    plans = loop.run(*host_planning(graph, cfg.sampling, 1))
+    first = next(plans)
+    published.publish(RatioSetting(0.1))
+    second = next(plans)
+    assert (first.stats.setting, second.stats.setting) == (0, 1)
+    assert second.stats.hot == round(0.1 * second.stats.reached) < first.stats.hot

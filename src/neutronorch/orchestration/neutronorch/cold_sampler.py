@@ -68,7 +68,8 @@ class ColdSampler:
                             frontier = torch.from_numpy(frontier)
                         subgraph = SampledSubgraph(item.upper.seeds, [block] + item.upper.blocks,
                                                    [frontier] + item.upper.frontiers)
-                        splice = Splice(plan.super_batch_id, splice_index(dst.shape[0], item), position == len(plan.batches) - 1,
+                        splice = Splice(plan.super_batch_id, splice_index(dst.shape[0], item),
+                                        position == len(plan.batches) - 1,
                                         plan.stats, plan.probe)
                     source = self.reader if on_device else self.loader
                     yield source.load(plan.epoch, item.index, subgraph, make=spliced(splice))

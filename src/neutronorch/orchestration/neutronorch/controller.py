@@ -10,8 +10,8 @@ Two measurements decide r:
   so that (share of bottom-layer rows served hot) x (that error) stays within ``hot_error_budget``.
 
 Ownership: the controller lives on the trainer thread (it measures there). The host producer, which plans
-on its own thread, reads only ``controller.setting``: an immutable ``RatioSetting`` replaced as a whole, so
-it never sees half an update.
+on its own thread, reads only ``controller.published``: an immutable ``RatioSetting`` replaced as a whole and
+numbered, so it never sees half an update and each plan records which one it followed.
 """
 
 from __future__ import annotations
@@ -93,6 +93,21 @@ def error_cap(ranked_counts: np.ndarray, setting: RatioSetting) -> tuple[int, bo
     return cap, cap < int(round(setting.ratio * ranked_counts.shape[0]))
 
 
+class PublishedSetting:
+    """The ratio setting as the planning loop reads it: replaced whole by the trainer, each publication
+    numbered. ``read()`` gives (number, setting) of the latest, a consistent pair without a lock (one
+    reference is replaced), so a plan can say which publication it followed."""
+
+    def __init__(self, setting: RatioSetting):
+        self._latest = (0, setting)
+
+    def publish(self, setting: RatioSetting) -> None:
+        self._latest = (self._latest[0] + 1, setting)
+
+    def read(self) -> tuple[int, RatioSetting]:
+        return self._latest
+
+
 class DriftProbe:
     """The relative change of the bottom-layer output of fixed probe vertices, measured at super-batch
     boundaries (kept as device tensors; read as numbers only when reported or published)."""
@@ -126,8 +141,9 @@ class DriftProbe:
 class RatioController:
     """The hot ratio and the snapshot lead over the run: fixed as configured, or tuned (``auto``).
 
-    Trainer thread only; the host producer reads ``setting``. ``probe_inputs(ids)`` returns the probe
-    vertices' bottom block and features on the training device (sampled once, when first needed).
+    Trainer thread only; the planning loop reads ``published`` (``setting`` is its latest value).
+    ``probe_inputs(ids)`` returns the probe vertices' bottom block and features on the training device
+    (sampled once, when first needed).
     """
 
     def __init__(self, config: NeutronOrchConfig, schedule: Schedule, shared_cores: bool,
@@ -135,13 +151,21 @@ class RatioController:
         self.schedule = schedule
         self.auto = config.hot_ratio == "auto"
         ratio = AUTO_START_RATIO if self.auto else float(config.hot_ratio)
-        self.setting = RatioSetting(ratio, self.auto, None, config.hot_error_budget)
+        self.published = PublishedSetting(RatioSetting(ratio, self.auto, None, config.hot_error_budget))
         self.tuner = HotRatioTuner(ratio, shared_cores) if self.auto else None
         self.auto_lead = config.snapshot_lead is None
         self.lead = min(schedule.max_lead, 2 if self.auto_lead else config.snapshot_lead)
         self._probe_inputs = probe_inputs
         self._probe_ids: np.ndarray | None = None
         self.probe: DriftProbe | None = None
+
+    @property
+    def setting(self) -> RatioSetting:
+        return self.published.read()[1]
+
+    @setting.setter
+    def setting(self, value: RatioSetting) -> None:
+        self.published.publish(value)
 
     def saw_plan(self, probe_ids: np.ndarray) -> None:
         """The first plan's hottest vertices become the drift probe (a plan that ranked nothing, made while the

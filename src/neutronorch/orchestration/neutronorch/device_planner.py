@@ -64,7 +64,8 @@ class DevicePlanner:
             hot_distinct = slot.index_select(0, hot_ids)
             if num_hot and not torch.equal(distinct.index_select(0, hot_distinct.clamp(0, max(0, num_distinct - 1))),
                                            hot_ids):
-                raise RuntimeError(f"super-batch {super_batch_id} was resumed with a hot set its mini-batches do not reach")
+                raise RuntimeError(f"super-batch {super_batch_id} was resumed with a hot set its mini-batches "
+                                   "do not reach")
         row_of = torch.full((num_distinct,), -1, dtype=torch.int64, device=device)
         row_of.index_copy_(0, hot_distinct, torch.arange(num_hot, device=device))
         # The bottom-hop edges each hot vertex spares the device (all its neighbours with fanout -1).

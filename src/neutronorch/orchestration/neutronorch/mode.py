@@ -108,7 +108,7 @@ class NeutronOrchMode:
         producer = HostProducer(self.graph, self.store, self.sampling, self.config, self.schedule, model.bottom,
                                 self.snapshots.channel, self.hot_table.channel, self.spans, self.device,
                                 self.host_threads, self.node)
-        plans = PlanLoop(training_seeds(self.graph), self.sampling, self.schedule, lambda: self.controller.setting,
+        plans = PlanLoop(training_seeds(self.graph), self.sampling, self.schedule, self.controller.published,
                          producer.planned, self.spans)
         sampler = ColdSampler(self.graph, self.sampling, self.spans, self.sampler_threads, self.loader, self.reader)
         self.snapshots.start()

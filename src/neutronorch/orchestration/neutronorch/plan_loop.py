@@ -16,7 +16,7 @@ The loop owns the epochs' seed orders; the sampler and planner it is given belon
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numba
 import numpy as np
@@ -26,7 +26,7 @@ from neutronorch.config import SamplingConfig
 from neutronorch.data.graph import Graph
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
-from neutronorch.orchestration.neutronorch.controller import RatioSetting, error_cap
+from neutronorch.orchestration.neutronorch.controller import PublishedSetting, error_cap
 from neutronorch.orchestration.neutronorch.planner import Plan, Planner, all_cold
 from neutronorch.orchestration.neutronorch.versions import Schedule
 from neutronorch.orchestration.seeds import epoch_batches
@@ -35,9 +35,9 @@ from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 
 class PlanLoop:
     def __init__(self, train_idx: torch.Tensor, sampling: SamplingConfig, schedule: Schedule,
-                 setting: Callable[[], RatioSetting], planned: Channel, spans: Spans):
+                 published: PublishedSetting, planned: Channel, spans: Spans):
         self.train_idx, self.sampling, self.schedule = train_idx, sampling, schedule
-        self.setting = setting  # the controller's current RatioSetting (replaced whole by the trainer)
+        self.published = published  # the controller's ratio setting (replaced whole by the trainer, numbered)
         self.planned = planned
         self.spans = spans
         self._batches: dict[int, list[torch.Tensor]] = {}  # this rank's seeds of an epoch's batches
@@ -49,7 +49,8 @@ class PlanLoop:
         sampling (on the device it is the sampler lane's work; the plan itself is ``hot_select``)."""
         try:
             for super_batch_id in range(start, self.schedule.total):
-                plan = self._plan(super_batch_id, sampler, planner, sample_stage, hot if super_batch_id == start else None)
+                first = hot if super_batch_id == start else None
+                plan = self._plan(super_batch_id, sampler, planner, sample_stage, first)
                 self.planned.put(super_batch_id, plan)
                 yield plan
         except Closed:
@@ -71,11 +72,14 @@ class PlanLoop:
                 seeds = seeds if torch.is_tensor(planner.indptr) else seeds.numpy()
                 uppers.append((index, key, sampler.sample(seeds, key, fanouts)))
         with self.spans.stage("hot_select"):
-            setting = self.setting()
+            number, setting = self.published.read()
             if setting.ratio == 0 and hot is None:  # nothing to make hot: no counting, no ranking
-                return all_cold(super_batch_id, epoch, uppers)
-            cap = (lambda ranked: error_cap(ranked, setting)) if setting.auto else None
-            return planner.plan(super_batch_id, epoch, uppers, setting.ratio, cap, hot)
+                plan = all_cold(super_batch_id, epoch, uppers)
+            else:
+                cap = (lambda ranked: error_cap(ranked, setting)) if setting.auto else None
+                plan = planner.plan(super_batch_id, epoch, uppers, setting.ratio, cap, hot)
+            plan.stats.setting = number
+            return plan
 
 
 def one_ahead(plans: Iterator[Plan]) -> Iterator[Plan]:

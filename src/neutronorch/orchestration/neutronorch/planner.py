@@ -43,6 +43,7 @@ class PlanStats:
     hot_appearances: int  # of which served by hot embeddings
     saved_edges: int
     error_capped: bool = False  # the staleness-error cap lowered |H_s| below the ratio's
+    setting: int = 0  # the number of the ratio setting's publication the plan followed
 
     @property
     def hot_share(self) -> float:
