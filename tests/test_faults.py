@@ -62,7 +62,7 @@ STAGES = [
     ("exact", "evaluation", trainer, "evaluate", 0),
     ("device", "sampler", TorchNeighborSampler, "sample", 3),
     ("device", "gather", FeatureCache, "gather", 3),
-    ("neutronorch", "host producer", Planner, "plan", 2),
+    ("neutronorch", "planner", Planner, "plan", 2),
     ("neutronorch", "host gather", FeatureStore, "gather", 2),
     ("neutronorch", "cold sampler", SpliceIndex, "build", 5),
 ]

@@ -20,7 +20,7 @@ from neutronorch.orchestration.factory import build_mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
 from neutronorch.orchestration.neutronorch.controller import (HostScalar, HotRatioTuner, PublishedSetting,
                                                               RatioSetting, error_cap)
-from neutronorch.orchestration.neutronorch.host_producer import HostProducer
+from neutronorch.orchestration.neutronorch.hot_rows import HotRowComputer
 from neutronorch.orchestration.neutronorch.plan_loop import PlanLoop, host_planning
 from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
 from neutronorch.orchestration.neutronorch.planner import Planner
@@ -179,7 +179,7 @@ def test_host_hot_rows_equal_the_device_definition(graph, kind, norm):
     weights = Snapshot(0, [p.detach().clone() for p in model.bottom.parameters()])
     for super_batch_id in range(schedule.total):
         snapshots.put(super_batch_id, weights)
-    producer = HostProducer(graph, build_mode(cfg, graph, torch.device("cpu")).store, cfg.sampling, cfg.neutronorch,
+    producer = HotRowComputer(graph, build_mode(cfg, graph, torch.device("cpu")).store, cfg.sampling, cfg.neutronorch,
                             schedule, model.bottom, snapshots, hot, Spans(), torch.device("cpu"), 1)
     plans = list(_host_plans(graph, cfg, schedule, producer))
     producer.compute()
@@ -212,7 +212,7 @@ def test_host_hot_rows_of_graph_blocks_draw_their_own_dropout_masks(graph):
     def hot_rows():
         snapshots, hot = Channel("snapshots"), Channel("hot")
         snapshots.put(0, Snapshot(0, [p.detach().clone() for p in model.bottom.parameters()]))
-        producer = HostProducer(graph, build_mode(cfg, graph, torch.device("cpu")).store, cfg.sampling,
+        producer = HotRowComputer(graph, build_mode(cfg, graph, torch.device("cpu")).store, cfg.sampling,
                                 cfg.neutronorch, schedule, model.bottom, snapshots, hot, Spans(),
                                 torch.device("cpu"), 1)
         plan = next(_host_plans(graph, cfg, schedule, producer))

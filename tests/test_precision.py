@@ -199,17 +199,17 @@ def test_bfloat16_training_matches_float32(mode):
 
 @pytest.mark.slow
 def test_neutronorch_host_without_native_bfloat16_computes_float32_and_ships_bfloat16(monkeypatch):
-    from neutronorch.orchestration.neutronorch import host_producer
+    from neutronorch.orchestration.neutronorch import hot_rows
 
-    monkeypatch.setattr(host_producer, "cpu_bf16_units", lambda: [])
+    monkeypatch.setattr(hot_rows, "cpu_bf16_units", lambda: [])
     tables = []
-    finish = host_producer.HostProducer._finish_hot
+    finish = hot_rows.HotRowComputer._finish_hot
 
     def spy(self, plan, block, x, *rest):
         tables.append((x.dtype, self.host_bf16))
         return finish(self, plan, block, x, *rest)
 
-    monkeypatch.setattr(host_producer.HostProducer, "_finish_hot", spy)
+    monkeypatch.setattr(hot_rows.HotRowComputer, "_finish_hot", spy)
     summary = train(TrainConfig(dataset="synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6",
                                 fanouts=[5, 5], hidden=32, batch_size=64, epochs=3, lr=0.01, super_batch=4,
                                 mode="neutronorch", precision="bf16",

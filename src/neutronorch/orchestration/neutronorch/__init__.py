@@ -1,7 +1,7 @@
 """NeutronOrch's mechanism, one part per module (see ``mode.py`` for the threads and what crosses them):
 
 - ``planner.py``: the hot set of a super-batch and where each mini-batch finds it (pure);
-- ``host_producer.py``: the host thread that plans and computes hot vertices' bottom layer;
+- ``hot_rows.py``: the host thread that plans and computes hot vertices' bottom layer;
 - ``cold_sampler.py``: the thread that samples and loads the cold part of each mini-batch;
 - ``versions.py``: the snapshot schedule, the versioned buffers and the staleness check;
 - ``controller.py``: the hot ratio and snapshot lead, tuned from measured speed and drift;

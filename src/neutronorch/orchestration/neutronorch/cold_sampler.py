@@ -1,6 +1,6 @@
 """The cold sampler: per mini-batch, the bottom hop of the cold destinations only, then gather and ship.
 
-Runs on its own thread (``neutronorch-sampler``), consuming the host producer's plans in order, and owns
+Runs on its own thread (``neutronorch-sampler``), consuming the planning loop's plans in order, and owns
 its sampler. Hot destinations are never sampled, gathered or moved. Without device sampling the bottom
 hop is drawn on the host with the numba sampler (with the mini-batch's own key, so together with the
 planner's upper hops it draws exactly what exact mode draws) and loaded like exact mode's batches; with

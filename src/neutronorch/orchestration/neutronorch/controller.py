@@ -9,7 +9,7 @@ Two measurements decide r:
   change over about the mean staleness of a reused row estimates the error of a stale row, and r is capped
   so that (share of bottom-layer rows served hot) x (that error) stays within ``hot_error_budget``.
 
-Ownership: the controller lives on the trainer thread (it measures there). The host producer, which plans
+Ownership: the controller lives on the trainer thread (it measures there). The planning loop, which plans
 on its own thread, reads only ``controller.published``: an immutable ``RatioSetting`` replaced as a whole and
 numbered, so it never sees half an update and each plan records which one it followed.
 """

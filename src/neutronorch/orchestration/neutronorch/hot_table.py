@@ -1,6 +1,6 @@
 """The hot embeddings, the trainer's side: the current super-batch's table, waited for once.
 
-The hot-row computer (``host_producer.py``) puts each super-batch's ``HotEmbeddings`` on the ``hot``
+The hot-row computer (``hot_rows.py``) puts each super-batch's ``HotEmbeddings`` on the ``hot``
 channel, complete and frozen. ``HotTableReader``, owned by the trainer's thread, takes the table of the
 super-batch a mini-batch belongs to when the first of its mini-batches arrives (on CUDA making the
 trainer's stream wait for the table's copy), keeps it for the super-batch's other mini-batches and drops

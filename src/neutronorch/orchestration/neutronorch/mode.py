@@ -3,7 +3,7 @@
 Threads, each with its own objects; what crosses between them is named here::
 
     planning loop (PlanLoop)      host compute (neutronorch-host)  cold sampler (neutronorch-   trainer (caller)
-      neutronorch-planner, or       HostProducer: its sampler,       sampler) ColdSampler:       NeutronOrchMode:
+      neutronorch-planner, or       HotRowComputer: its sampler,       sampler) ColdSampler:       NeutronOrchMode:
       with device sampling the      bottom-layer copy                its sampler                 version, staleness,
       cold sampler's thread                                                                     stats, controller,
                                                                                                 SnapshotPublisher,
@@ -43,7 +43,7 @@ from neutronorch.orchestration.neutronorch.batch import SplicedBatch
 from neutronorch.orchestration.neutronorch.cold_sampler import ColdSampler
 from neutronorch.orchestration.neutronorch.controller import RatioController
 from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
-from neutronorch.orchestration.neutronorch.host_producer import HostProducer
+from neutronorch.orchestration.neutronorch.hot_rows import HotRowComputer
 from neutronorch.orchestration.neutronorch.hot_grad import HotGradient
 from neutronorch.orchestration.neutronorch.hot_table import HotTableReader
 from neutronorch.orchestration.neutronorch.node import NodeHotSet, NodeLink
@@ -96,7 +96,7 @@ class NeutronOrchMode:
         self.model: torch.nn.Module | None = None
         self.snapshots = SnapshotPublisher(self.schedule, access.on_cuda)  # W0 snapshots -> the host
         self.hot_table = HotTableReader(spans, self.device)  # the host's hot embeddings -> the splice
-        self._producer: HostProducer | None = None
+        self._producer: HotRowComputer | None = None
         self._plans: Prefetcher | None = None
         self._host: threading.Thread | None = None
         self._stream: Prefetcher | None = None
@@ -105,7 +105,7 @@ class NeutronOrchMode:
 
     def start(self, model: torch.nn.Module) -> None:
         self.model = model
-        producer = HostProducer(self.graph, self.store, self.sampling, self.config, self.schedule, model.bottom,
+        producer = HotRowComputer(self.graph, self.store, self.sampling, self.config, self.schedule, model.bottom,
                                 self.snapshots.channel, self.hot_table.channel, self.spans, self.device,
                                 self.host_threads, self.node)
         plans = PlanLoop(training_seeds(self.graph), self.sampling, self.schedule, self.controller.published,

@@ -10,7 +10,7 @@ mini-batches are sampled:
   ``device_planner.DevicePlanner`` on the sampler's stream, one super-batch ahead of the batches it loads,
   so that the host computes H_{s+1} while s trains.
 
-Either way each plan also goes on the ``plans`` channel to the hot-row computer (``host_producer.py``).
+Either way each plan also goes on the ``plans`` channel to the hot-row computer (``hot_rows.py``).
 The loop owns the epochs' seed orders; the sampler and planner it is given belong to its thread.
 """
 

@@ -1,7 +1,7 @@
 """The planner: which vertices of a super-batch are hot, and where each mini-batch finds them.
 
 Pure: the upper hops of the super-batch's P mini-batches go in (already sampled), a ``Plan`` comes out.
-No threads, no parameters, no device: tested on its own. The host producer calls it once per super-batch.
+No threads, no parameters, no device: tested on its own. The planning loop calls it once per super-batch.
 
 The hot set H_s is the top ``ratio`` of the vertices reached among the super-batch's bottom-layer
 destinations, ranked by how often they appear there (most frequent first), optionally capped by

@@ -3,7 +3,7 @@
 Super-batch s's hot rows are computed from the bottom layer's parameters at the version the schedule
 assigns it (``Schedule.snapshot_version``, with the controller's current lead). ``SnapshotPublisher``,
 owned by the trainer's thread, takes that snapshot when training reaches the version and puts it on the
-``snapshots`` channel, which the hot-row computer (``host_producer.py``) takes from. A snapshot is a
+``snapshots`` channel, which the hot-row computer (``hot_rows.py``) takes from. A snapshot is a
 frozen copy: on CUDA pinned host buffers behind an event, so the trainer never waits for the copy.
 """
 

@@ -1,4 +1,4 @@
-"""The host producer: computes each super-batch's hot vertices' bottom layer on the host.
+"""The hot-row computer: computes each super-batch's hot vertices' bottom layer on the host.
 
 ``compute`` is the body of thread ``neutronorch-host`` and owns what it touches there (its sampler, the
 copy of the bottom layer). The plans come from the planning loop (``plan_loop.py``, on the host or on the
@@ -36,7 +36,7 @@ from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mi
 HOST_DROPOUT = 0xD7  # mixed into a super-batch's key for the dropout masks of its hot rows
 
 
-class HostProducer:
+class HotRowComputer:
     def __init__(self, graph: Graph, store: FeatureStore, sampling: SamplingConfig, config: NeutronOrchConfig,
                  schedule: Schedule, bottom: torch.nn.Module, snapshots: Channel, hot: Channel, spans: Spans,
                  device: torch.device, threads: int, node: NodeHotSet | None = None):
