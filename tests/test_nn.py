@@ -366,3 +366,92 @@ def test_splice_fused_with_relu_dropout_equals_its_definition(p):
     plain = splice(y, table, index)
     torch.testing.assert_close(plain[torch.from_numpy(cold_pos)], y)
     torch.testing.assert_close(plain[torch.from_numpy(hot_pos)], table[torch.from_numpy(hot_rows)])
+
+
+def _splice_case(n=50, width=12, table_rows=30, hot=20, seed=0):
+    from neutronorch.nn.splice import SpliceIndex
+
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(n)
+    hot_pos, cold_pos = np.sort(perm[:hot]), np.sort(perm[hot:])
+    index = SpliceIndex.build(n, cold_pos, hot_pos, rng.choice(table_rows, hot, replace=False))
+    return index, torch.randn(len(cold_pos), width), torch.randn(table_rows, width), torch.randn(n, width)
+
+
+def _run_splice(y, table, index, grad, p, accumulate, torch_path, monkeypatch):
+    """Output, the rows' gradient and the accumulator of splice + ReLU + dropout, through the CPU kernels or
+    through the torch ops CUDA runs (the kernels switched off)."""
+    from neutronorch.nn import splice as splice_module
+
+    with monkeypatch.context() as patch:
+        if torch_path:
+            patch.setattr(splice_module, "_numba_ok", lambda *_: False)
+        leaf = y.clone().requires_grad_()
+        acc = torch.zeros(table.shape, dtype=torch.float32) if accumulate else None
+        torch.manual_seed(5)
+        out = splice_module.splice_relu_dropout(leaf * 1, table, index, p, training=True, grad_acc=acc)
+        out.backward(grad.to(out.dtype))
+    return out.detach(), leaf.grad, acc
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("p", [0.0, 0.5])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_torch_splice_path_equals_the_kernels_forward_and_backward(dtype, p, accumulate, monkeypatch):
+    index, y, table, grad = _splice_case()
+    y, table, grad = y.to(dtype), table.to(dtype), grad.to(dtype)
+    kernels = _run_splice(y, table, index, grad, p, accumulate, False, monkeypatch)
+    torch_ops = _run_splice(y, table, index, grad, p, accumulate, True, monkeypatch)
+    for a, b in zip(kernels, torch_ops):
+        if a is None:
+            assert b is None
+        else:
+            assert a.dtype == b.dtype
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    out, leaf_grad, acc = kernels
+    assert out.dtype == dtype and leaf_grad.dtype == dtype
+    if accumulate:
+        assert acc.abs().sum() > 0
+
+
+@pytest.mark.parametrize("torch_path", [False, True])
+@pytest.mark.parametrize("rows, table_dtype", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)])
+def test_a_table_of_another_dtype_is_read_as_if_cast_first(rows, table_dtype, torch_path, monkeypatch):
+    index, y, table, grad = _splice_case(seed=1)
+    y, table = y.to(rows), table.to(table_dtype)
+    mixed = _run_splice(y, table, index, grad, 0.5, True, torch_path, monkeypatch)
+    cast = _run_splice(y, table.to(rows), index, grad, 0.5, True, torch_path, monkeypatch)
+    for a, b in zip(mixed, cast):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("torch_path", [False, True])
+def test_splice_without_hot_rows_is_the_cold_rows(torch_path, monkeypatch):
+    from neutronorch.nn import splice as splice_module
+    from neutronorch.nn.splice import SpliceIndex
+
+    n, width = 20, 6
+    index = SpliceIndex.build(n, np.arange(n), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    y, table = torch.randn(n, width), torch.zeros((0, width))
+    with monkeypatch.context() as patch:
+        if torch_path:
+            patch.setattr(splice_module, "_numba_ok", lambda *_: False)
+        leaf = y.clone().requires_grad_()
+        out = splice_module.splice(leaf, table, index, torch.zeros((0, width)))
+        out.backward(torch.ones(n, width))
+    torch.testing.assert_close(out.detach(), y, rtol=0, atol=0)
+    torch.testing.assert_close(leaf.grad, torch.ones(n, width), rtol=0, atol=0)
+
+
+def test_splice_index_made_from_tensors_carries_the_table_positions():
+    """An index built on the device from tensors (the device planner's) gets the same table positions as
+    one built from numpy arrays, and keeps them when moved."""
+    from neutronorch.nn.splice import SpliceIndex
+
+    index, _, _, _ = _splice_case()
+    direct = SpliceIndex(index.num_rows, index.cold_pos, index.hot_pos, index.hot_rows, index.origin.clone())
+    expected = torch.zeros(index.num_rows, dtype=torch.int64).index_copy_(0, index.hot_pos, index.hot_rows)
+    torch.testing.assert_close(index.table_pos, expected)
+    torch.testing.assert_close(direct.table_pos, expected)
+    assert index.to(torch.device("cpu")).table_pos is not None and len(index.tensors()) == 5

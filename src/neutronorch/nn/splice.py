@@ -10,7 +10,13 @@ turns into the bottom layer's weight gradient once per super-batch.
 On CPU the splice is fused with the ReLU and dropout that follow the bottom layer (one pass over the
 output instead of two, each way); the dropout masks are exactly those ``relu_dropout`` draws for the
 assembled output (both kernels write a row through ``activation.relu_dropout_row``), so the fused path
-equals splice-then-activate.
+equals splice-then-activate. Elsewhere (CUDA) it is two torch ops forward (every row gathered from the
+table, the cold rows copied over them) and one backward, three with an accumulator. Either way a table of
+another dtype than the rows is read as it is and only the rows used are converted, never the whole table.
+
+What the splice costs beyond the plain step's in-place activation is in ``docs/performance.md``: an output
+written apart from its sources, the table's rows read in random order (the CPU kernel asks for them ahead),
+and with an accumulator the hot rows' gradients added into random rows of it.
 """
 
 from __future__ import annotations
@@ -23,18 +29,25 @@ from numba import njit, prange
 
 from neutronorch.bfloat16 import load, numpy_view, store, supported
 from neutronorch.nn.activation import draw_key, dropout_constants, relu_dropout, relu_dropout_row, row_ids
+from neutronorch.prefetch import AHEAD, prefetch_row
 
 
 @dataclass
 class SpliceIndex:
     """Where each row of a spliced output comes from. Positions cover ``range(num_rows)`` exactly once;
-    ``origin[i]`` is ``k`` for ``y_cold[k]`` and ``-1 - r`` for ``table[r]``."""
+    ``origin[i]`` is ``k`` for ``y_cold[k]`` and ``-1 - r`` for ``table[r]``; ``table_pos[i]`` is ``r`` for
+    ``table[r]`` and 0 for a cold row (what the torch path gathers; made with the index, by its producer)."""
 
     num_rows: int
     cold_pos: torch.Tensor
     hot_pos: torch.Tensor
     hot_rows: torch.Tensor
     origin: torch.Tensor
+    table_pos: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.table_pos is None:
+            self.table_pos = torch.clamp(-1 - self.origin, min=0)
 
     @classmethod
     def build(cls, num_rows: int, cold_pos: np.ndarray, hot_pos: np.ndarray, hot_rows: np.ndarray) -> "SpliceIndex":
@@ -47,22 +60,41 @@ class SpliceIndex:
     def to(self, device: torch.device, non_blocking: bool = False) -> "SpliceIndex":
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
         return SpliceIndex(self.num_rows, move(self.cold_pos), move(self.hot_pos), move(self.hot_rows),
-                           move(self.origin))
+                           move(self.origin), move(self.table_pos))
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.cold_pos, self.hot_pos, self.hot_rows, self.origin]
+        return [self.cold_pos, self.hot_pos, self.hot_rows, self.origin, self.table_pos]
+
+
+@njit(inline="always")
+def _copy_row(src, r, out, i):
+    """``out[i] = src[r]``, either of float32 or bfloat16 bits (converted where they differ)."""
+    source, target = src[r], out[i]
+    for j in range(target.shape[0]):
+        store(target, j, source[j])
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def _splice_forward(y_cold, table, origin, out):
-    for i in prange(origin.shape[0]):
+    n = origin.shape[0]
+    for i in prange(n):
+        if i + AHEAD < n and origin[i + AHEAD] < 0:
+            prefetch_row(table, -1 - origin[i + AHEAD])
         o = origin[i]
-        out[i] = y_cold[o] if o >= 0 else table[-1 - o]
+        if o >= 0:
+            _copy_row(y_cold, o, out, i)
+        else:
+            _copy_row(table, -1 - o, out, i)
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _splice_act_forward(y_cold, table, origin, threshold, scale, key, ids, out, keep):
-    for i in prange(origin.shape[0]):
+    n = origin.shape[0]
+    for i in prange(n):
+        # The table's rows come in random order: asked for ahead, they no longer stall the loop (a step's
+        # 53k rows of 256 float32 from a 115k-row table, one thread: 12.6 -> 8.2 ms).
+        if i + AHEAD < n and origin[i + AHEAD] < 0:
+            prefetch_row(table, -1 - origin[i + AHEAD])
         o = origin[i]
         # One call per source array, not one on a source chosen at run time (that ran as slowly as a row view;
         # see relu_dropout_row).
@@ -76,7 +108,9 @@ def _splice_act_forward(y_cold, table, origin, threshold, scale, key, ids, out, 
 def _splice_backward(grad, keep, scale, cold_pos, hot_pos, hot_rows, grad_cold, grad_acc, masked, accumulate):
     """grad_cold[k] = grad[cold_pos[k]] and, if ``accumulate``, grad_acc[hot_rows[k]] += grad[hot_pos[k]];
     with ``masked``, gradients pass only where ``keep`` is set, times ``scale``. A hot vertex occurs at most
-    once among a mini-batch's destinations, so every accumulator row is written by one iteration."""
+    once among a mini-batch's destinations, so every accumulator row is written by one iteration. (Asking
+    for the accumulator's rows ahead, as the forward kernel asks for the table's, made a step's backward
+    slower on two threads: this loop is bound by memory bandwidth, not by waiting.)"""
     width = grad.shape[1]
     for k in prange(cold_pos.shape[0]):
         i = cold_pos[k]
@@ -98,29 +132,36 @@ def _splice_backward(grad, keep, scale, cold_pos, hot_pos, hot_rows, grad_cold, 
 
 
 def _numba_ok(y_cold, table, grad_acc) -> bool:
-    """The kernels take float32 or bfloat16 rows (the table cast to ``y_cold``'s) and a float32 accumulator."""
-    return (all(t.device.type == "cpu" and t.is_contiguous() for t in (y_cold, table)) and supported(y_cold.dtype)
+    """The kernels take float32 or bfloat16 rows (the table's dtype may differ from ``y_cold``'s) and a
+    float32 accumulator."""
+    return (all(t.device.type == "cpu" and t.is_contiguous() and supported(t.dtype) for t in (y_cold, table))
             and (grad_acc is None or (grad_acc.device.type == "cpu" and grad_acc.dtype == torch.float32)))
+
+
+def _torch_forward(y: torch.Tensor, table: torch.Tensor, index: SpliceIndex) -> torch.Tensor:
+    """Two ops (CUDA): every row gathered from the table (row 0 where the row is cold), the cold rows copied
+    over them; no temporary, and only the gathered rows converted when the table has another dtype."""
+    if index.hot_pos.shape[0] == 0:
+        return y.new_empty((index.num_rows, y.shape[1])).index_copy_(0, index.cold_pos, y)
+    out = table.index_select(0, index.table_pos)
+    return (out if out.dtype == y.dtype else out.to(y.dtype)).index_copy_(0, index.cold_pos, y)
 
 
 class _Splice(torch.autograd.Function):
     """CPU float32 or bfloat16: parallel numba kernels (torch's ``index_copy_`` took 50 ms for a 100k x 256
     splice on two cores), optionally fused with ReLU + dropout (``p`` not None, CPU only). Elsewhere torch's
-    indexing ops. The output has ``y_cold``'s dtype (a table of another dtype is cast to it); hot-row
-    gradients are summed into the accumulator in its own dtype (float32)."""
+    indexing ops. The output has ``y_cold``'s dtype (the rows of a table of another dtype are converted as
+    they are read); hot-row gradients are summed into the accumulator in its own dtype (float32)."""
 
     @staticmethod
     def forward(ctx, y_cold, table, index, p, grad_acc, ids):
-        out = y_cold.new_empty((index.num_rows, table.shape[1]))
-        y, t = y_cold.detach().contiguous(), table.detach().to(y_cold.dtype).contiguous()
+        y, t = y_cold.detach().contiguous(), table.detach().contiguous()
         keep, scale = None, np.float32(1.0)
         ctx.numba = _numba_ok(y, t, grad_acc)
-        if not ctx.numba:
-            out.index_copy_(0, index.cold_pos, y)
-            out.index_copy_(0, index.hot_pos, t.index_select(0, index.hot_rows))
-        elif p is None:
+        out = _torch_forward(y, t, index) if not ctx.numba else y.new_empty((index.num_rows, t.shape[1]))
+        if ctx.numba and p is None:
             _splice_forward(numpy_view(y), numpy_view(t), index.origin.numpy(), numpy_view(out))
-        else:
+        elif ctx.numba:
             threshold, scale = dropout_constants(p)
             keep = torch.empty(out.shape, dtype=torch.uint8)
             _splice_act_forward(numpy_view(y), numpy_view(t), index.origin.numpy(), threshold, scale, draw_key(),
@@ -132,7 +173,7 @@ class _Splice(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         index = ctx.index
-        accumulate = ctx.grad_acc is not None and index.hot_pos.numel() > 0
+        accumulate = ctx.grad_acc is not None and index.hot_pos.shape[0] > 0
         grad = grad.contiguous()
         if not ctx.numba:
             if accumulate:
