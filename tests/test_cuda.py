@@ -310,6 +310,54 @@ def test_training_steps_do_not_synchronise_with_the_device(mode):
             torch.cuda.set_sync_debug_mode(0)
 
 
+@pytest.mark.parametrize("device_sampling", ["on", "off"])
+def test_neutronorch_training_steps_do_not_synchronise_with_the_device(device_sampling, monkeypatch):
+    """NeutronOrch's spliced steps make no hidden host-device syncs on the trainer's thread. Its producers run
+    alongside (their batches depend on the snapshots the steps publish) and sync on their own streams by
+    design, so syncs are reported as warnings and only the trainer thread's count."""
+    import threading
+    import warnings
+
+    from neutronorch.data import SyntheticSpec, generate
+    from neutronorch.nn.models import GNN
+    from neutronorch.orchestration.factory import build_mode
+    from neutronorch.train.step import train_step
+
+    graph = generate(SyntheticSpec.parse(SMALL_PLACEMENT))
+    cfg = TrainConfig(dataset="given", mode="neutronorch", fanouts=[5, 5], hidden=32, batch_size=48, epochs=1,
+                      super_batch=2, hot_ratio=0.3, snapshot_lead=1, hot_grad="stop",
+                      device_sampling=device_sampling).validate()
+    device = torch.device("cuda")
+    model = GNN("sage", graph.feature_dim, 32, graph.num_classes, 2, dropout=0.5).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    run = build_mode(cfg, graph, device)
+    trainer = threading.current_thread()
+    synced = []
+    shown = warnings.showwarning
+
+    def record(message, *args, **kwargs):
+        if threading.current_thread() is trainer and "synchroniz" in str(message):
+            synced.append(str(message))
+        else:
+            shown(message, *args, **kwargs)
+
+    monkeypatch.setattr(warnings, "showwarning", record)
+    run.start(model)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            for i, batch in enumerate(run.batches(0)):
+                run.step_inputs(batch)  # waits for its hot rows (a wait on an event, not a sync) outside the check
+                torch.cuda.set_sync_debug_mode("warn" if i > 0 else 0)  # the first step initialises Adam
+                try:
+                    train_step(model, opt, run, batch)
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
+    finally:
+        run.close()
+    assert not synced, synced
+
+
 def test_gpu_utilisation_is_read_through_nvml():
     from neutronorch.observe.utilisation import GpuMonitor
 
