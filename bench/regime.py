@@ -242,14 +242,10 @@ def draw_features(labels: np.ndarray, dim: int, classes: int, noise: float, seed
 
 
 def memory_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    """The memory this process may still take (``MemAvailable``, under a memory cgroup its limit)."""
+    from neutronorch.features.memory import available_memory_bytes
+
+    return available_memory_bytes()
 
 
 def ensure_control_graph(args) -> tuple[Path | None, float]:
