@@ -160,8 +160,8 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
     defaults = TrainConfig()
     choices = {"model": MODELS, "mode": MODE_CHOICES, "device": DEVICES, "hot_grad": HOT_GRADS,
                "hot_set": HOT_SETS, "cache_policy": CACHE_POLICIES, "read_order": READ_ORDERS,
-               "device_sampling": DEVICE_SAMPLING, "gcn_norm": GCN_NORMS, "norm": NORMS, "metric": ("auto",) + METRICS, "architecture": ARCHITECTURES,
-               "precision": PRECISIONS}
+               "device_sampling": DEVICE_SAMPLING, "gcn_norm": GCN_NORMS, "norm": NORMS, "metric": ("auto",) + METRICS,
+               "architecture": ARCHITECTURES, "precision": PRECISIONS}
     types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int, "gpu_memory_gb": float,
              "gpu_cache_gb": str, "host_cache_gb": str}
     for f in fields(TrainConfig):

@@ -1,10 +1,13 @@
 """NeutronOrch's mechanism, one part per module (see ``mode.py`` for the threads and what crosses them):
 
-- ``planner.py``: the hot set of a super-batch and where each mini-batch finds it (pure);
-- ``hot_rows.py``: the host thread that plans and computes hot vertices' bottom layer;
+- ``plan_loop.py``: the planning loop, on the host or in the cold sampler's thread (device sampling);
+- ``planner.py`` / ``device_planner.py``: the hot set of a super-batch and where each mini-batch finds it,
+  on the host / on the device (the same plan);
+- ``hot_rows.py``: the host thread that computes hot vertices' bottom layer;
 - ``cold_sampler.py``: the thread that samples and loads the cold part of each mini-batch;
+- ``snapshots.py`` / ``hot_table.py``: the trainer's side of the W0 snapshots / of the hot embeddings;
 - ``versions.py``: the snapshot schedule, the versioned buffers and the staleness check;
-- ``controller.py``: the hot ratio and snapshot lead, tuned from measured speed and drift;
+- ``controller.py`` and ``tuner.py``: the hot ratio and snapshot lead, tuned from measured speed and drift;
 - ``batch.py``: the spliced mini-batch; ``stats.py``: what the hot sets did;
 - ``mode.py``: the mode the trainer drives, on the trainer's thread.
 """

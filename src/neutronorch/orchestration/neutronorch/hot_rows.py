@@ -2,14 +2,12 @@
 
 ``compute`` is the body of thread ``neutronorch-host`` and owns what it touches there (its sampler, the
 copy of the bottom layer). The plans come from the planning loop (``plan_loop.py``, on the host or on the
-device) through the ``plans`` channel this producer owns:
-
-- ``compute``: for each plan, samples the bottom hop of H_s once and
-  gathers its raw features, waits for the W0 snapshot the schedule assigns to s, computes H_s's
-  bottom-layer output with exactly the device layer's code, in training mode (dropout inside the layer,
-  such as the graph blocks' and GAT's, draws masks keyed by the super-batch and the vertex; batch
-  normalisation uses the hot rows' statistics), and puts the hot embeddings on the ``hot``
-  channel (on CUDA, copied on its own stream).
+device) through the ``plans`` channel this computer owns. For each plan it samples the bottom hop of H_s
+once and gathers its raw features, waits for the W0 snapshot the schedule assigns to s, computes H_s's
+bottom-layer output with exactly the device layer's code, in training mode (dropout inside the layer, such
+as the graph blocks' and GAT's, draws masks keyed by the super-batch and the vertex; batch normalisation
+uses the hot rows' statistics), and puts the hot embeddings on the ``hot`` channel (on CUDA, copied on
+its own stream). An empty hot set costs it nothing but taking the snapshot it was assigned.
 
 Planning does not depend on the weights, so it runs ahead while this loop waits for snapshots or
 computes. It runs at most two plans ahead of the compute loop, which the snapshots pace.
@@ -18,6 +16,7 @@ computes. It runs at most two plans ahead of the compute loop, which the snapsho
 from __future__ import annotations
 
 import copy
+
 import numba
 import torch
 

@@ -3,7 +3,7 @@
 Threads, each with its own objects; what crosses between them is named here::
 
     planning loop (PlanLoop)      host compute (neutronorch-host)  cold sampler (neutronorch-   trainer (caller)
-      neutronorch-planner, or       HotRowComputer: its sampler,       sampler) ColdSampler:       NeutronOrchMode:
+      neutronorch-planner, or       HotRowComputer: its sampler,     sampler) ColdSampler:       NeutronOrchMode:
       with device sampling the      bottom-layer copy                its sampler                 version, staleness,
       cold sampler's thread                                                                     stats, controller,
                                                                                                 SnapshotPublisher,
@@ -106,8 +106,8 @@ class NeutronOrchMode:
     def start(self, model: torch.nn.Module) -> None:
         self.model = model
         producer = HotRowComputer(self.graph, self.store, self.sampling, self.config, self.schedule, model.bottom,
-                                self.snapshots.channel, self.hot_table.channel, self.spans, self.device,
-                                self.host_threads, self.node)
+                                  self.snapshots.channel, self.hot_table.channel, self.spans, self.device,
+                                  self.host_threads, self.node)
         plans = PlanLoop(training_seeds(self.graph), self.sampling, self.schedule, self.controller.published,
                          producer.planned, self.spans)
         sampler = ColdSampler(self.graph, self.sampling, self.spans, self.sampler_threads, self.loader, self.reader)

@@ -8,7 +8,7 @@ from __future__ import annotations
 class HotRatioTuner:
     """Re-tune r between epochs from measured times, down to 0 (no hot rows) where reuse does not pay.
 
-    - **Host and device are different processors** (CUDA): balance them. The host producer's busy time per
+    - **Host and device are different processors** (CUDA): balance them. The host's busy time per
       super-batch grows with r, the device's shrinks; r is scaled by (device time / host time), at most 2x
       either way per epoch, so that neither side waits for the other for long.
     - **They share the cores** (device = CPU): the host's work is taken from the device's cores, so the
@@ -16,10 +16,11 @@ class HotRatioTuner:
       a step made things worse) in the direction that lowered the measured epoch time.
     - **Whether reuse pays at all**: the first measured epoch is followed by one without hot rows (r = 0,
       the ``baseline``), which costs what exact or device mode costs. An epoch with hot rows slower than the
-      latest epoch without them by more than ``MARGIN`` (noise) (the hot rows cost the device more, ``cost_s``, than the
-      work and transfers they spared it, ``saved_s`` = epoch without - epoch with + cost) turns reuse
-      off, unless the walk still has a faster ratio to return to, or on separate processors the host
-      fell behind and a smaller ratio may still pay. Then r stays 0 (the planner makes empty hot sets and
+      latest epoch without them by more than ``MARGIN`` (noise; the first one: ``FIRST_MARGIN``), where the
+      hot rows cost the device more (``cost_s``) than the work and transfers they spared it (``saved_s`` =
+      epoch without - epoch with + cost), turns reuse off, unless the walk still has a faster ratio to
+      return to, or on separate processors the host fell behind and a smaller ratio may still pay. Then r
+      stays 0 (the planner makes empty hot sets and
       the host does nothing), and every ``PROBE_EVERY`` epochs one epoch ``probe``s ``PROBE_RATIO``: faster
       than the epoch without hot rows before it, reuse is back on and tuned from there.
 
@@ -87,7 +88,9 @@ class HotRatioTuner:
             if phase == "baseline" and self._best is not None and self._best[0] < seconds * (1 + self.FIRST_MARGIN):
                 self._phase = "on"
                 self._set(self._next_positive(self._best[1]))
-                return "on", (f"reuse pays: {self._best[0]:.2f} s per epoch with hot rows (r {self._best[1]:g}), "
+                verdict = ("reuse pays" if self._best[0] < seconds else
+                           f"within {100 * self.FIRST_MARGIN:.0f}% (early in training): later epochs decide")
+                return "on", (f"{verdict}: {self._best[0]:.2f} s per epoch with hot rows (r {self._best[1]:g}), "
                               f"{seconds:.2f} s without")
             self._off = self._off + 1 if phase == "off" else 1
             self._phase = "off"
