@@ -4,18 +4,40 @@ Why it exists: ``torch.optim.Optimizer.__init__`` is wrapped by ``torch._disable
 ``torch._dynamo`` on its first call (and ``Optimizer.step`` calls ``torch._dynamo.graph_break()``). That
 import took about 2.3 s on the 2-core development machine, on every start: three times the rest of the
 set-up before the first training step (about 0.8 s, data loading included). This class does the update of
-``torch.optim.Adam`` (defaults ``foreach=None``, ``amsgrad=False``, ``maximize=False``, L2 ``weight_decay``
-added to the gradient, bias corrections computed as torch computes them) with ``torch._foreach_*`` ops,
-grouped by device and dtype, as torch's foreach path does.
+``torch.optim.Adam`` (``amsgrad=False``, ``maximize=False``, L2 ``weight_decay`` added to the gradient, bias
+corrections computed as torch computes them), grouped by device and dtype, as torch does.
 
-``tests/test_optim.py`` checks it against ``torch.optim.Adam`` (equal to 1e-6 relative over 20 steps, with
-weight decay and parameters left without a gradient in some steps), that state dicts load both ways (so
-checkpoints written by ``torch.optim.Adam`` resume with it and the other way round), and that neither
-constructing nor stepping it imports ``torch._dynamo``.
+Two paths, chosen by ``fused`` (per parameter group, ``None`` by default):
 
-Not provided: amsgrad, maximize, decoupled weight decay (AdamW), tensor learning rates, sparse gradients and
-``torch.optim`` hooks; ``torch.optim.lr_scheduler`` classes refuse anything that is not an ``Optimizer``,
-but code that sets ``group["lr"]`` in ``param_groups`` works.
+- **foreach** (CPU parameters by default; ``fused=False`` everywhere): ``torch._foreach_*`` ops, the same
+  operations in the same order as torch's foreach path, with each step counter on the CPU as torch keeps
+  it. On the CPU this is bit-identical in practice to ``torch.optim.Adam`` with its defaults. On a GPU it
+  is seven or eight kernel launches per device and dtype every step (eight with weight decay), and a
+  training step there is bound by launches rather than by the arithmetic.
+- **fused** (CUDA parameters by default; ``fused=True`` everywhere the op exists, the CPU included):
+  ``torch._fused_adam_``, the op behind ``torch.optim.Adam(fused=True)``: two launches per device and
+  dtype (the step counters' increment and the whole update), the step counters float32 tensors on the
+  parameters' device, the bias corrections computed from them in the kernel. It computes the same update
+  with its own order of operations and rounding (in float32 for float32, bf16 and fp16 parameters), so it
+  differs from the foreach path in the last bits: within 1e-6 over 20 float32 steps, relative or (for
+  weights near zero) absolute. Complex parameters are refused with ``fused=True``, as torch refuses them,
+  and take the foreach path under ``None``.
+
+State dicts have the format of ``torch.optim.Adam``'s and load both ways, across the two paths too: a loaded
+step counter is moved to where the path in use keeps it (CPU, or float32 on the parameter's device) at the
+first step after loading. The path is the optimizer's own setting, not the checkpoint's: a loaded group's
+``fused`` (torch's ``fused=True`` included) is accepted and does not change it.
+
+``tests/test_optim.py`` checks both paths against ``torch.optim.Adam`` and each other (over 20 steps, with
+and without weight decay, parameters left without a gradient in some steps: the foreach path equal to
+torch's within 1e-6 relative, the fused path bit for bit to ``torch.optim.Adam(fused=True)`` and within
+1e-6 to the foreach path), that state dicts load both ways and between the paths, and that neither
+constructing nor stepping imports ``torch._dynamo``.
+
+Not provided: amsgrad, maximize, decoupled weight decay (AdamW), tensor learning rates, sparse gradients,
+gradient scaling (``grad_scale``/``found_inf``) and ``torch.optim`` hooks; ``torch.optim.lr_scheduler``
+classes refuse anything that is not an ``Optimizer``, but code that sets ``group["lr"]`` in ``param_groups``
+works.
 """
 
 from __future__ import annotations
@@ -26,24 +48,35 @@ from itertools import chain
 from typing import Any, Callable, Iterable
 
 import torch
+from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 # What a param group of torch.optim.Adam holds besides the settings below: written to state dicts with
 # torch's values so that torch.optim.Adam loads them as its own; a loaded state dict must have these values.
 _TORCH_FIXED = {"amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
                 "differentiable": False, "fused": None, "decoupled_weight_decay": False}
-_MUST_BE_OFF = ("amsgrad", "maximize", "capturable", "differentiable", "fused", "decoupled_weight_decay")
+# "fused" is not among these: it chooses how the same update is computed, and this class has it too. A loaded
+# group's value (torch.optim.Adam(fused=True)'s included) is accepted and leaves the optimizer's own setting.
+_MUST_BE_OFF = ("amsgrad", "maximize", "capturable", "differentiable", "decoupled_weight_decay")
 
 
 class Adam:
-    """``torch.optim.Adam(params, lr, betas, eps, weight_decay)``, its state dict format included."""
+    """``torch.optim.Adam(params, lr, betas, eps, weight_decay, fused)``, its state dict format included.
+
+    ``fused``: ``None`` runs ``torch._fused_adam_`` for floating-point parameters on CUDA and the foreach
+    path for the others, ``True`` the fused op for all (each must be floating point, on a device that has
+    the op), ``False`` the foreach path for all. A parameter group may set its own."""
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False):
+                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, fused: bool | None = None):
         if amsgrad:
             raise ValueError("neutronorch.train.optim.Adam does not implement amsgrad; use torch.optim.Adam.")
         _check(lr, betas, eps, weight_decay)
         self.defaults = {"lr": float(lr), "betas": (float(betas[0]), float(betas[1])), "eps": float(eps),
-                         "weight_decay": float(weight_decay), **_TORCH_FIXED}
+                         "weight_decay": float(weight_decay), **_TORCH_FIXED,
+                         "fused": None if fused is None else bool(fused)}
+        # Set by load_state_dict: the loaded step counters are moved to where each parameter's path keeps
+        # them at the next step.
+        self._place_steps = False
         self.state: defaultdict[torch.Tensor, dict[str, Any]] = defaultdict(dict)
         self.param_groups: list[dict[str, Any]] = []
         params = list(params)
@@ -61,6 +94,8 @@ class Adam:
             group.setdefault(key, value)
         _check(group["lr"], group["betas"], group["eps"], group["weight_decay"])
         _check_off(group)
+        if group["fused"] is not None:
+            group["fused"] = bool(group["fused"])
         seen = {id(p) for g in self.param_groups for p in g["params"]}
         for p in group["params"]:
             if not isinstance(p, torch.Tensor) or not p.is_leaf:
@@ -68,6 +103,10 @@ class Adam:
             if id(p) in seen:
                 raise ValueError("some parameters appear in more than one parameter group")
             seen.add(id(p))
+            if group["fused"] and not (p.is_floating_point() and p.device.type in _FUSED_DEVICES):
+                raise ValueError(f"fused=True requires floating-point parameters on a device with the fused "
+                                 f"Adam kernel ({', '.join(_FUSED_DEVICES)}), not {p.dtype} on {p.device}; "
+                                 f"use fused=None or False")
         self.param_groups.append(group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -92,37 +131,48 @@ class Adam:
             with torch.enable_grad():
                 loss = closure()
         with torch.no_grad():
+            if self._place_steps:
+                self._move_loaded_steps()
             for group in self.param_groups:
                 self._step_group(group)
         return loss
 
     def _step_group(self, group: dict[str, Any]) -> None:
-        params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
+        # [params, grads, exp_avgs, exp_avg_sqs, steps]: lists[False] for the foreach path, lists[True] fused.
+        lists: tuple[list[list[torch.Tensor]], ...] = ([[], [], [], [], []], [[], [], [], [], []])
         for p in group["params"]:
             grad = p.grad
             if grad is None:
                 continue
             if grad.is_sparse:
                 raise RuntimeError("Adam does not support sparse gradients, please consider SparseAdam instead")
+            fused = _uses_fused(group, p)
             state = self.state[p]
             if len(state) == 0:
-                # As torch.optim.Adam (not capturable, not fused): the step counter on the CPU.
-                state["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
+                # As torch.optim.Adam (not capturable): the step counter on the CPU, or float32 on the
+                # parameter's device for the fused op.
+                state["step"] = (torch.zeros((), dtype=torch.float32, device=p.device) if fused
+                                 else torch.tensor(0.0, dtype=_scalar_dtype()))
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-            if torch.is_complex(p):
+            if torch.is_complex(p):  # only on the foreach path
                 p, grad = torch.view_as_real(p), torch.view_as_real(grad)
                 exp_avg, exp_avg_sq = torch.view_as_real(exp_avg), torch.view_as_real(exp_avg_sq)
-            params.append(p)
-            grads.append(grad)
-            exp_avgs.append(exp_avg)
-            exp_avg_sqs.append(exp_avg_sq)
-            steps.append(state["step"])
-        if not params:
-            return
+            for target, tensor in zip(lists[fused], (p, grad, exp_avg, exp_avg_sq, state["step"])):
+                target.append(tensor)
         lr, (beta1, beta2), eps, weight_decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-        grouped = torch._C._group_tensors_by_device_and_dtype([params, grads, exp_avgs, exp_avg_sqs, steps], False)
+        if lists[True][0]:
+            grouped = torch._C._group_tensors_by_device_and_dtype(lists[True], False)
+            for (device_params, device_grads, device_exp_avgs, device_exp_avg_sqs, steps), _ in grouped.values():
+                # As torch's _fused_adam: L2 weight decay, bias corrections and the update in the kernel.
+                torch._foreach_add_(steps, 1)
+                torch._fused_adam_(device_params, device_grads, device_exp_avgs, device_exp_avg_sqs, [], steps,
+                                   amsgrad=False, lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay,
+                                   eps=eps, maximize=False, grad_scale=None, found_inf=None)
+        if not lists[False][0]:
+            return
+        grouped = torch._C._group_tensors_by_device_and_dtype(lists[False], False)
         for (device_params, device_grads, device_exp_avgs, device_exp_avg_sqs, device_steps), _ in grouped.values():
             # The same operations, in the same order, as torch's _multi_tensor_adam (and, one tensor at a
             # time, its _single_tensor_adam, which torch.optim.Adam uses for CPU parameters).
@@ -144,6 +194,19 @@ class Adam:
             torch._foreach_add_(denom, eps)
             torch._foreach_addcdiv_(device_params, device_exp_avgs, denom, step_size)
 
+    def _move_loaded_steps(self) -> None:
+        """Each loaded step counter to where its parameter's path keeps it: on the CPU (foreach), or float32 on
+        the parameter's device (fused). A no-op for counters already there."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state.get(p)
+                if state and isinstance(state.get("step"), torch.Tensor):
+                    if _uses_fused(group, p):
+                        state["step"] = state["step"].to(device=p.device, dtype=torch.float32)
+                    else:
+                        state["step"] = state["step"].to(device="cpu", dtype=_scalar_dtype())
+        self._place_steps = False
+
     def state_dict(self) -> dict[str, Any]:
         """As ``torch.optim.Optimizer.state_dict``: parameters numbered in group order; tensors not copied."""
         index: dict[int, int] = {}
@@ -158,7 +221,8 @@ class Adam:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict of this class or of ``torch.optim.Adam``; its hyperparameters replace the
-        groups' (as torch does). Moments move to their parameter's device and dtype."""
+        groups' (as torch does), except ``fused``: each group keeps its own path. Moments move to their
+        parameter's device and dtype; step counters where the group's path keeps them, at the next step."""
         saved_groups = deepcopy(state_dict["param_groups"])
         if len(saved_groups) != len(self.param_groups):
             raise ValueError("loaded state dict has a different number of parameter groups")
@@ -179,20 +243,31 @@ class Adam:
             loaded = {}
             for name, item in value.items():
                 if name == "step":
-                    # Kept on the CPU, as torch.optim.Adam (neither capturable nor fused) keeps it.
-                    item = (item.to(device="cpu", dtype=_scalar_dtype()) if isinstance(item, torch.Tensor)
-                            else torch.tensor(float(item), dtype=_scalar_dtype()))
+                    # As it comes (moved by _move_loaded_steps at the next step); a number (older torch
+                    # versions) as the tensor torch makes of it.
+                    if not isinstance(item, torch.Tensor):
+                        item = torch.tensor(float(item), dtype=_scalar_dtype())
                 elif isinstance(item, torch.Tensor):
                     item = item.to(dtype=param.dtype if param.is_floating_point() else None, device=param.device)
                 loaded[name] = item
             state[param] = loaded
         self.state = state
-        self.param_groups = [{**saved, "params": group["params"]}
+        self.param_groups = [{**saved, "params": group["params"], "fused": group["fused"]}
                              for group, saved in zip(self.param_groups, saved_groups)]
+        self._place_steps = True
 
     def __repr__(self) -> str:
-        settings = ", ".join(f"{k}={self.defaults[k]}" for k in ("lr", "betas", "eps", "weight_decay"))
+        settings = ", ".join(f"{k}={self.defaults[k]}" for k in ("lr", "betas", "eps", "weight_decay", "fused"))
         return f"Adam({settings}, {sum(len(g['params']) for g in self.param_groups)} parameters)"
+
+
+_FUSED_DEVICES = tuple(_get_fused_kernels_supported_devices())
+
+
+def _uses_fused(group: dict[str, Any], p: torch.Tensor) -> bool:
+    """Whether ``p`` is updated by the fused op: ``fused=None`` means floating-point parameters on CUDA."""
+    fused = group["fused"]
+    return (p.is_cuda and p.is_floating_point()) if fused is None else fused
 
 
 def _scalar_dtype() -> torch.dtype:
