@@ -1,6 +1,13 @@
+import os
+
 import numpy as np
 import pytest
 import torch
+
+# Without a GPU, Triton's kernels (the device sampler's) run through its interpreter on CPU tensors; it is
+# chosen when a kernel is defined, so before anything imports them.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from neutronorch.data.csc import edges_to_csc
 

@@ -26,6 +26,7 @@ from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
 from neutronorch.orchestration.neutronorch.planner import Planner
 from neutronorch.orchestration.seeds import training_seeds
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot, StalenessCheck
+from neutronorch.sampling.device_sampler import triton_available
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, TorchNeighborSampler, layer_key
 from neutronorch.train.step import train_step
 
@@ -104,10 +105,14 @@ def test_p1_s0_cpu_grad_equals_exact_mode_losses_and_gradients(graph, model, dro
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["sage", "gcn"])
-def test_planned_on_the_device_p1_s0_equals_exact_mode(graph, model):
+@pytest.mark.parametrize("model, sampler", [("sage", "torch"), ("gcn", "torch"), ("sage", "triton")])
+def test_planned_on_the_device_p1_s0_equals_exact_mode(graph, model, sampler, monkeypatch):
     # Device sampling (here on the CPU): every hop sampled and each super-batch planned in the cold sampler's
-    # thread with the torch sampler; the same draws, plans, losses and gradients as exact mode.
+    # thread with the device sampler (torch ops, or the Triton kernels through Triton's interpreter); the
+    # same draws, plans, losses and gradients as exact mode.
+    if sampler == "triton" and not triton_available(torch.device("cuda" if torch.cuda.is_available() else "cpu")):
+        pytest.skip("Triton is not installed")
+    monkeypatch.setenv("NEUTRONORCH_DEVICE_SAMPLER", sampler)
     exact = config(model=model, mode="exact", dropout=0.5)
     orch = config(model=model, mode="neutronorch", dropout=0.5, super_batch=1, staleness_bound=0, hot_grad="cpu",
                   hot_ratio=0.3, device_sampling="on")

@@ -12,17 +12,21 @@ import torch
 
 from neutronorch.data.csc import edges_to_csc
 from neutronorch.errors import ConfigError
+from neutronorch.sampling.device_sampler import TritonNeighborSampler, triton_available
 from neutronorch.sampling.neighbor_sampler import (NeighborSampler, TorchNeighborSampler, batch_key,
                                                    layer_key, mix_key, parse_fanouts)
 
-SAMPLERS = ["numba", "torch"]
+# The Triton sampler where Triton is installed: on a GPU, or through its interpreter (conftest.py).
+TRITON = triton_available(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+SAMPLERS = ["numba", "torch"] + (["triton"] if TRITON else [])
+needs_triton = pytest.mark.skipif(not TRITON, reason="Triton is not installed")
 
 
 def make_sampler(kind, indptr, indices, fanouts, device="cpu"):
     if kind == "numba":
         return NeighborSampler(indptr, indices, fanouts)
-    return TorchNeighborSampler(torch.from_numpy(indptr).to(device), torch.from_numpy(indices).to(device),
-                                fanouts)
+    cls = TritonNeighborSampler if kind == "triton" else TorchNeighborSampler
+    return cls(torch.from_numpy(indptr).to(device), torch.from_numpy(indices).to(device), fanouts)
 
 
 def sample(sampler, seeds, key, fanouts=None):
@@ -110,7 +114,9 @@ def _star(degree):
     return indptr, indices
 
 
-@pytest.mark.parametrize("kind", SAMPLERS)
+# Not the Triton sampler: thousands of draws are slow in its interpreter, and it draws exactly the torch
+# sampler's neighbours (test_triton_sampler_draws_the_numba_samplers_neighbours).
+@pytest.mark.parametrize("kind", ["numba", "torch"])
 @pytest.mark.parametrize("degree,fanout", [(10, 3), (50, 4)])  # near and far above the fanout
 def test_neighbours_are_uniform_without_replacement(kind, degree, fanout):
     indptr, indices = _star(degree)
@@ -297,9 +303,10 @@ def test_torch_sample_hop_follows_the_contract_and_matches_numba(small_csc):
     _check_sample_hop(small_csc, "cpu")
 
 
-def _check_samplers_draw_the_same(device):
-    """The torch sampler draws exactly the numba sampler's neighbours for a key: whole samples (every hop's
-    frontier and block) and single hops, over rows of degree below, at and far above the fanout."""
+def _check_samplers_draw_the_same(device, kind="torch"):
+    """The torch (or Triton) sampler draws exactly the numba sampler's neighbours for a key: whole samples
+    (every hop's frontier and block) and single hops, over rows of degree below, at and far above the
+    fanout."""
     rng = np.random.default_rng(11)
     n = 2000
     degrees = rng.integers(0, 400, n)
@@ -308,8 +315,9 @@ def _check_samplers_draw_the_same(device):
     indptr, indices = edges_to_csc(src, dst, n, symmetric=False)
     fanouts = [10, 5, 25]
     host = make_sampler("numba", indptr, indices, fanouts)
-    vec = make_sampler("torch", indptr, indices, fanouts, device)
-    for batch in range(12):
+    vec = make_sampler(kind, indptr, indices, fanouts, device)
+    # Fewer batches through Triton's interpreter (slow); all of them on a device.
+    for batch in range(12 if kind == "torch" or device != "cpu" else 4):
         seeds = rng.choice(n, 64, replace=False)
         key = batch_key(5, 2, batch)
         a, b = sample(host, seeds, key), sample(vec, torch.from_numpy(seeds).to(device), key)
@@ -331,6 +339,11 @@ def test_samplers_draw_the_same_neighbours_for_a_key():
     _check_samplers_draw_the_same("cpu")
 
 
+@needs_triton
+def test_triton_sampler_draws_the_numba_samplers_neighbours():
+    _check_samplers_draw_the_same("cuda" if torch.cuda.is_available() else "cpu", "triton")
+
+
 @pytest.mark.parametrize("kind", SAMPLERS)
 def test_a_vertex_draws_the_same_neighbours_in_any_batch(kind, small_csc):
     # What lets data-parallel ranks that split a batch sample exactly what one process samples for it.
@@ -347,7 +360,7 @@ def test_a_vertex_draws_the_same_neighbours_in_any_batch(kind, small_csc):
     whole = neighbours([5, 40, 77, 120, 299, 3])
     part = neighbours([120, 3, 77])
     assert all(part[v] == whole[v] for v in part)
-    if kind == "torch":  # sample_hop with a hop's key reproduces that hop of sample
+    if kind != "numba":  # sample_hop with a hop's key reproduces that hop of sample
         block, frontier = sampler.sample_hop(torch.tensor([77, 120]), 4, layer_key(key, 0))
         got = {int(frontier[i]): sorted(frontier[block.indices[block.indptr[i]:block.indptr[i + 1]]].tolist())
                for i in range(2)}

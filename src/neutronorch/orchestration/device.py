@@ -4,9 +4,9 @@ The topology (CSC) is placed on the training device, or, when the memory budget 
 in pinned host memory that the device reads directly (UVA). Features live in the device feature cache
 (every row when they fit; the hottest rows otherwise, the rest read from pinned host memory through UVA,
 or gathered on the host and copied where UVA is unavailable): ``device_reader.py``. A background thread
-samples with the vectorised torch sampler and gathers with ``index_select``, on its own CUDA stream, so
-nothing but seed ids and cache misses crosses the host-device boundary during training. With
-``--device cpu`` the same orchestration runs on host tensors.
+samples with the device sampler (Triton kernels on CUDA, torch ops elsewhere: ``sampling/device_sampler.py``)
+and gathers with ``index_select``, on its own CUDA stream, so nothing but seed ids and cache misses crosses
+the host-device boundary during training. With ``--device cpu`` the same orchestration runs on host tensors.
 
 This is the placement NeutronOrch is compared with: fast while the graph and the features fit in device
 memory, and the whole bottom layer is still computed on the device for every mini-batch.
@@ -28,7 +28,8 @@ from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.mode import StepHooksUnused, StepInputs
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import batches_per_epoch, epoch_batches, training_seeds
-from neutronorch.sampling.neighbor_sampler import TorchNeighborSampler, batch_key
+from neutronorch.sampling.device_sampler import make_device_sampler
+from neutronorch.sampling.neighbor_sampler import batch_key
 
 
 class DeviceMode(StepHooksUnused):
@@ -54,8 +55,8 @@ class DeviceMode(StepHooksUnused):
                           name=f"{self.name}-producer")
 
     def _produce(self, epoch: int, start: int) -> Iterator[MiniBatch]:
-        sampler = TorchNeighborSampler(self.reader.indptr, self.reader.indices, self.sampling.fanouts,
-                                       self.sampling.degrees)
+        sampler = make_device_sampler(self.reader.indptr, self.reader.indices, self.sampling.fanouts,
+                                      self.sampling.degrees)
         with torch.cuda.stream(self.sample_stream) if self.sample_stream is not None else nullcontext():
             for index, seeds in enumerate(epoch_batches(self.train_idx, self.sampling, epoch)):
                 if index < start:

@@ -26,7 +26,8 @@ from neutronorch.orchestration.host_loader import HostLoader
 from neutronorch.orchestration.neutronorch.batch import Splice, SplicedBatch, spliced
 from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch
 from neutronorch.sampling.block import SampledSubgraph
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, TorchNeighborSampler, layer_key
+from neutronorch.sampling.device_sampler import make_device_sampler
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key
 
 
 class ColdSampler:
@@ -46,7 +47,7 @@ class ColdSampler:
         numba.set_num_threads(self.threads)
         on_device = self.reader is not None
         if on_device:
-            sampler = TorchNeighborSampler(self.reader.indptr, self.reader.indices, self.fanouts, self.degrees)
+            sampler = make_device_sampler(self.reader.indptr, self.reader.indices, self.fanouts, self.degrees)
         else:
             sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.fanouts, self.degrees,
                                       self.file_order)

@@ -1,0 +1,170 @@
+"""The sampler of the training device: Triton kernels where Triton runs, torch ops elsewhere.
+
+``TritonNeighborSampler`` keeps the contract of ``TorchNeighborSampler`` (and of the host sampler): the same
+seeds and key give the same blocks, bit for bit. It samples a whole mini-batch in a few launches per hop
+(``triton_kernels``) on padded buffers whose sizes the host derives from the fanouts, so the host reads the
+device once per mini-batch (the sizes of every hop, after the last) instead of twice per hop.
+
+``make_device_sampler`` picks the implementation: ``backend="auto"`` (the default, or the environment
+variable ``NEUTRONORCH_DEVICE_SAMPLER``) takes Triton for CUDA tensors where it can be imported and the
+torch sampler otherwise; ``"torch"`` and ``"triton"`` force one. Triton on CPU tensors needs its
+interpreter (``TRITON_INTERPRET=1`` before the first import of Triton), which the test suite uses.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+from neutronorch.sampling.block import Block, SampledSubgraph
+from neutronorch.sampling.neighbor_sampler import TorchNeighborSampler, layer_key
+
+__all__ = ["TritonNeighborSampler", "make_device_sampler", "triton_available", "BACKENDS"]
+
+BACKENDS = ("auto", "torch", "triton")
+ENV = "NEUTRONORCH_DEVICE_SAMPLER"
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def triton_available(device: torch.device) -> bool:
+    """Whether the Triton sampler can run on ``device``: Triton importable, and a CUDA device or Triton's
+    interpreter."""
+    if importlib.util.find_spec("triton") is None:
+        return False
+    return device.type == "cuda" or (device.type == "cpu" and _interpreting())
+
+
+def make_device_sampler(indptr: torch.Tensor, indices: torch.Tensor, fanouts: list[int], degrees: bool = False,
+                        backend: str | None = None):
+    """The sampler for topology on ``indptr``'s device (see the module docstring for ``backend``)."""
+    backend = backend or os.environ.get(ENV) or "auto"
+    if backend not in BACKENDS:
+        raise ValueError(f"device sampler {backend!r} is not one of {', '.join(BACKENDS)} "
+                         f"(set by the argument or ${ENV})")
+    device = indptr.device
+    if backend == "triton" and not triton_available(device):
+        why = ("Triton is not installed (pip install triton; CUDA builds of PyTorch ship it)"
+               if importlib.util.find_spec("triton") is None else
+               f"Triton kernels need a CUDA device (topology is on {device}); on the CPU they run only "
+               "through Triton's interpreter, TRITON_INTERPRET=1")
+        raise RuntimeError(f"the Triton device sampler cannot run: {why}; use the torch sampler "
+                           f"(backend 'torch' or 'auto')")
+    if backend == "triton" or (backend == "auto" and device.type == "cuda" and triton_available(device)):
+        return TritonNeighborSampler(indptr, indices, fanouts, degrees)
+    return TorchNeighborSampler(indptr, indices, fanouts, degrees)
+
+
+class TritonNeighborSampler:
+    """``TorchNeighborSampler``'s contract in Triton kernels: ``sample`` reads the device once per call,
+    ``sample_hop`` once per hop. Not thread-safe (it owns a vertex -> code map): one per sampling thread.
+    Fanouts below 0 (every neighbour) have no fixed bound per row; such a call runs in the torch sampler."""
+
+    name = "triton"
+
+    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts: list[int], degrees: bool = False):
+        from neutronorch.sampling import triton_kernels  # Triton is imported only when this sampler is used
+        self._k = triton_kernels
+        self.indptr = indptr.long()
+        self.indices = indices
+        self.fanouts = list(fanouts)
+        self.degrees = degrees
+        self.device = indptr.device
+        self.num_nodes = self.indptr.shape[0] - 1
+        self._torch = TorchNeighborSampler(self.indptr, indices, fanouts, degrees)
+        self._node_map: torch.Tensor | None = None
+        self._generation = 0
+
+    def sample(self, seeds: torch.Tensor, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
+        """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first."""
+        fanouts = self.fanouts if fanouts is None else fanouts
+        if any(f < 0 for f in fanouts):
+            return self._torch.sample(seeds, key, fanouts)
+        seeds = seeds.to(self.device, torch.int64)
+        blocks, frontiers = self._run(seeds, [(f, layer_key(key, hop)) for hop, f in enumerate(fanouts)])
+        blocks.reverse()
+        frontiers.reverse()
+        return SampledSubgraph(seeds, blocks, frontiers)
+
+    def sample_hop(self, dst: torch.Tensor, fanout: int, key: int) -> tuple[Block, torch.Tensor]:
+        """One hop on its own, as ``TorchNeighborSampler.sample_hop`` (``key`` is a ``layer_key``)."""
+        if fanout < 0:
+            return self._torch.sample_hop(dst, fanout, key)
+        blocks, frontiers = self._run(dst.to(self.device, torch.int64), [(fanout, key)])
+        return blocks[0], frontiers[1]
+
+    def _codes(self, hops: int) -> int:
+        """The map (allocated on first use) and the first of ``hops`` fresh generations' high bits."""
+        if self._node_map is None or self._generation + hops >= self._k.GEN_TOP:
+            self._node_map = torch.full((self.num_nodes,), torch.iinfo(torch.int64).max, dtype=torch.int64,
+                                        device=self.device)
+            self._generation = 0
+        first = self._k.GEN_TOP - self._generation
+        self._generation += hops
+        return first
+
+    def _run(self, seeds: torch.Tensor, hops: list[tuple[int, int]]):
+        # Triton launches on the calling thread's current device, which a sampling thread does not inherit.
+        if self.device.type != "cuda":
+            return self._hops(seeds, hops)
+        with torch.cuda.device(self.device):
+            return self._hops(seeds, hops)
+
+    def _hops(self, seeds: torch.Tensor, hops: list[tuple[int, int]]):
+        k, device = self._k, self.device
+        high = self._codes(len(hops))
+        # sizes[2h]: hop h's destinations, sizes[2h + 1]: its edges, sizes[2h + 2]: its source frontier.
+        sizes = torch.full((2 * len(hops) + 1,), seeds.shape[0], dtype=torch.int64, device=device)
+        dst, bound = seeds, seeds.shape[0]
+        pending = []
+        for hop, (fanout, key) in enumerate(hops):
+            code = high - hop
+            at = 2 * hop
+            slots = bound * fanout
+            if slots == 0:  # no destinations, or a zero fanout: no edges, the frontier unchanged
+                sizes[at + 1] = 0
+                sizes[at + 2] = sizes[at]
+                pending.append((torch.zeros(bound + 1, dtype=torch.int64, device=device),
+                                torch.empty(0, dtype=torch.int64, device=device), dst))
+                continue
+            nbrs = torch.empty(slots, dtype=torch.int64, device=device)
+            take = torch.empty(bound, dtype=torch.int64, device=device)
+            pad = 1 << max(0, (fanout - 1).bit_length())
+            k.sample_kernel[(triton_cdiv(bound, k.ROWS),)](
+                self.indptr, self.indices, dst, sizes, at, key, code, self._node_map, nbrs, take, bound,
+                FANOUT=fanout, FANOUT_PAD=pad, ROWS=k.ROWS)
+            grid = (triton_cdiv(slots, k.SLOTS),)
+            flags = torch.empty(slots, dtype=torch.int32, device=device)
+            k.first_kernel[grid](nbrs, take, self._node_map, code, flags, bound, FANOUT=fanout, SLOTS=k.SLOTS)
+            ranks = torch.cumsum(flags, 0)
+            new_bound = min(self.num_nodes, bound + slots)
+            frontier = torch.empty(max(new_bound, bound), dtype=torch.int64, device=device)
+            k.rank_kernel[grid](dst, nbrs, flags, ranks, self._node_map, code, frontier, sizes, at, bound,
+                                FANOUT=fanout, SLOTS=k.SLOTS)
+            ptr = torch.zeros(bound + 1, dtype=torch.int64, device=device)
+            torch.cumsum(take, 0, out=ptr[1:])
+            local = torch.empty(slots, dtype=torch.int64, device=device)
+            k.local_kernel[grid](nbrs, take, ptr, self._node_map, local, sizes, at, bound, FANOUT=fanout,
+                                 SLOTS=k.SLOTS)
+            pending.append((ptr, local, frontier))
+            dst, bound = frontier, new_bound
+        counts = sizes.tolist()  # the one read of the device: every hop's sizes
+        blocks, frontiers = [], [seeds]
+        for hop, (ptr, local, frontier) in enumerate(pending):
+            num_dst, num_edges, num_src = counts[2 * hop:2 * hop + 3]
+            frontier = frontier[:num_src]
+            degree = None
+            if self.degrees:
+                degree = (self.indptr.index_select(0, frontier + 1) - self.indptr.index_select(0, frontier)).float()
+            blocks.append(Block(num_dst, num_src, ptr[:num_dst + 1], local[:num_edges], src_degree=degree,
+                                src_ids=frontier))
+            frontiers.append(frontier)
+        return blocks, frontiers
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return max(1, -(-a // b))
