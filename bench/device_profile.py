@@ -14,9 +14,10 @@ as medians over the batches:
   ``torch.profiler``; on the CPU, which launches nothing, "ops" instead: the ATen operations that would
   launch a kernel on a GPU (leaves of the operator tree that are not views or allocations), and the
   Triton kernels its interpreter runs (``TRITON_INTERPRET=1``: the triton sampler on CPU tensors);
-- copies: memcpy and memset calls; syncs: host synchronisations (stream, event and device
-  synchronisations, synchronous copies, ``SYNC_CALLS``); a copy to the host the host waits for counts
-  once, as its synchronisation. Both n/a on the CPU.
+- kernels: the kernels the device ran, a check on the launch calls' names (a note follows the table
+  where more ran than launches were counted); copies: memcpy and memset calls; syncs: host
+  synchronisations (stream, event and device synchronisations, synchronous copies, ``SYNC_CALLS``); a
+  copy to the host the host waits for counts once, as its synchronisation. The three n/a on the CPU.
 
 Counts come from a second pass over the same batches under the profiler, so the times carry none of its
 cost. The sampling row shows the target the device sampler is written for (at most 40 launches and one
@@ -180,6 +181,8 @@ def per_batch_counts(prof, cuda: bool) -> list[Counter]:
             # spans the others.
             if not getattr(event, "is_user_annotation", False):
                 counts[at]["busy"] += event.time_range.elapsed_us()
+                if not event.name.startswith(("Memcpy", "Memset")):
+                    counts[at]["kernels"] += 1
         elif event.time_range.start <= marks[at].time_range.end:
             kind = classify(event, cuda)
             if kind:
@@ -250,7 +253,7 @@ class Stages:
                     fn(i, item)
                 self.sync()
         counts = per_batch_counts(prof, self.cuda)
-        keys = ("launches", "copies", "syncs", "busy") if self.cuda else ("ops",)
+        keys = ("launches", "kernels", "copies", "syncs", "busy") if self.cuda else ("ops",)
         row = {"wall": statistics.median(wall[WARMUP:]),
                "device": statistics.median(device[WARMUP:]) if device else None}
         for key in keys:
@@ -303,15 +306,21 @@ def print_table(results: dict[str, tuple], cuda: bool) -> None:
     kinds = list(results)
     name_width = max(len(f"{stage} [{kind}]") for kind in kinds for stage in results[kind][2])
     print(f"  {'stage':<{name_width}}  {'wall ms':>9}  {'device ms':>9}  {'busy ms':>9}  {label:>8}  "
-          f"{'copies':>6}  {'syncs':>5}")
+          f"{'kernels':>7}  {'copies':>6}  {'syncs':>5}")
+    unlaunched = []
     for stage in results[kinds[0]][2]:
         for kind in kinds:
             row = results[kind][2][stage]
             name = f"{stage} [{kind}]"
             note = f"  {TARGET}" if stage == "sample" else ""
             print(f"  {name:<{name_width}}  {cell(row['wall'], 9, 2)}  {cell(row['device'], 9, 2)}  "
-                  f"{cell(row.get('busy'), 9, 2)}  {cell(row.get(label), 8, 0)}  {cell(row.get('copies'), 6, 0)}  "
-                  f"{cell(row.get('syncs'), 5, 0)}{note}")
+                  f"{cell(row.get('busy'), 9, 2)}  {cell(row.get(label), 8, 0)}  {cell(row.get('kernels'), 7, 0)}  "
+                  f"{cell(row.get('copies'), 6, 0)}  {cell(row.get('syncs'), 5, 0)}{note}")
+            if cuda and row["kernels"] is not None and row["kernels"] > (row["launches"] or 0):
+                unlaunched.append(name)
+    if unlaunched:
+        print(f"  note: more kernels ran than launch calls were counted in {', '.join(unlaunched)}: a CUDA graph "
+              f"(one launch, many kernels), or a launch call missing from LAUNCH_CALLS")
 
 
 def main() -> int:

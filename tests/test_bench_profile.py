@@ -45,7 +45,7 @@ def test_device_profile_prints_times_and_counts_per_stage_on_the_cpu():
     out = done.stdout
     assert "sampler [torch]: torch: TorchNeighborSampler" in out
     header = next(line for line in out.splitlines() if line.strip().startswith("stage"))
-    assert header.split() == ["stage", "wall", "ms", "device", "ms", "busy", "ms", "ops", "copies", "syncs"]
+    assert header.split() == ["stage", "wall", "ms", "device", "ms", "busy", "ms", "ops", "kernels", "copies", "syncs"]
     rows = {}
     for line in out.splitlines():
         for stage in ("sample", "gather", "sample + gather", "training step"):
@@ -56,7 +56,7 @@ def test_device_profile_prints_times_and_counts_per_stage_on_the_cpu():
         assert float(cells[0]) > 0  # wall ms
         assert cells[1:3] == ["n/a", "n/a"]  # device and busy ms
         assert int(cells[3].replace(",", "")) > 0  # ops
-        assert cells[4:6] == ["n/a", "n/a"]  # copies, syncs
+        assert cells[4:7] == ["n/a", "n/a", "n/a"]  # kernels, copies, syncs
     assert "target: <= 40 launches, 1 sync per mini-batch" in next(
         line for line in out.splitlines() if line.strip().startswith("sample [torch]"))
     # Gathering every row of a fully cached batch: its features and its labels, one index_select each.
@@ -127,6 +127,34 @@ def test_profiler_events_are_counted_by_the_batch_they_start_in():
             x.add(1)  # between batches: not counted
     counts = dp.per_batch_counts(prof, cuda=False)
     assert [c["ops"] for c in counts] == [3, 9]
+
+
+def test_a_cuda_profile_is_counted_by_batch_launches_in_the_call_and_device_work_until_the_next_one():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    dp = load_device_profile()
+
+    def event(name, start, end, device=DeviceType.CPU, annotation=False):
+        return SimpleNamespace(name=name, device_type=device, is_user_annotation=annotation, cpu_children=[],
+                               cpu_parent=None, time_range=SimpleNamespace(start=start, end=end,
+                                                                           elapsed_us=lambda: end - start))
+
+    cuda = DeviceType.CUDA
+    events = [
+        event(dp.MARK, 0, 10), event(dp.MARK, 0, 30, cuda, annotation=True),  # the mark's range on the device
+        event("cudaLaunchKernel", 1, 2), event("cuLaunchKernelEx", 3, 4), event("cudaMemcpyAsync", 5, 6),
+        event("cudaStreamSynchronize", 6, 9), event("cudaMemcpy", 9, 10),
+        event("gather_kernel", 2, 12, cuda), event("Memcpy DtoH (Device -> Pageable)", 12, 13, cuda),
+        event("cudaDeviceSynchronize", 11, 20),  # the script's own, after the call: not the batch's
+        event(dp.MARK, 30, 40), event("cudaLaunchKernel", 31, 32), event("kernel", 32, 36, cuda),
+        event("other_kernel", 36, 37, cuda),
+    ]
+    counts = dp.per_batch_counts(SimpleNamespace(events=lambda: events), cuda=True)
+    assert [dict(c) for c in counts] == [
+        {"launches": 2, "copies": 2, "syncs": 2, "kernels": 1, "busy": 11},
+        {"launches": 1, "kernels": 2, "busy": 5}]
 
 
 def test_cuda_runtime_calls_are_classified_once_each():
