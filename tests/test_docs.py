@@ -231,3 +231,19 @@ def test_readme_layout_lists_the_source_tree():
     real |= {p.name for p in source.glob("*.py") if p.name not in ("__init__.py", "__main__.py")}
     real |= {f"orchestration/{p.name}/" for p in (source / "orchestration").iterdir() if (p / "__init__.py").is_file()}
     assert listed == real, f"README Layout lists {sorted(listed - real)} that do not exist and misses {sorted(real - listed)}"
+
+
+def _short_help_options(command: str) -> set[str]:
+    """The options `neutronorch COMMAND --help` lists (the others are listed by --help-all only)."""
+    parser = _subcommands()[command]
+    return {s for a in parser._actions if a.help != argparse.SUPPRESS for s in a.option_strings
+            if s.startswith("--") and s != "--help"}
+
+
+def test_readme_train_command_is_the_short_help():
+    """README's `neutronorch train` lines show what `train --help` lists, and nothing it leaves to --help-all
+    (those are documented in prose and docs/, where they are explained)."""
+    shown = {w.strip("[]") for line in readme_commands() if line.startswith("neutronorch train")
+             for w in line.split() if w.strip("[]").startswith("--")}
+    short = _short_help_options("train") - {"--help-all"}
+    assert shown == short, f"README shows {sorted(shown - short)} that --help leaves out; misses {sorted(short - shown)}"

@@ -1,4 +1,8 @@
-"""The command line's parser: list options whose value starts with a negative number."""
+"""The command line's parser: list options whose value starts with a negative number; --help on one screen,
+--help-all with every option, each of which parses and reaches the config as before."""
+
+import json
+import re
 
 import pytest
 
@@ -29,3 +33,149 @@ def test_other_options_still_reject_a_missing_value(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--hidden", "--epochs", "1"])
     assert "expected one argument" in capsys.readouterr().err
+
+
+# ----- --help on one screen, --help-all with everything -------------------------------------------------
+
+import argparse  # noqa: E402
+from dataclasses import fields  # noqa: E402
+
+from neutronorch.cli import main  # noqa: E402
+from neutronorch.config import load_config_file  # noqa: E402
+
+# Tuning and diagnostic knobs: listed by --help-all only, in its advanced group.
+ADVANCED = ["--snapshot-lead", "--hot-error-budget", "--hot-set", "--cache-policy", "--read-order",
+            "--host-cache-gb", "--host-cache-dir", "--sampler-threads", "--host-threads", "--threads", "--prefetch",
+            "--log-every", "--timeline", "--timeline-steps", "--device-sampling", "--dist-timeout", "--no-progress",
+            "--no-stage-table"]
+# What a first run needs: the options --help lists.
+ESSENTIAL = ["--dataset", "--split", "--model", "--layers", "--hidden", "--fanouts", "--epochs", "--batch-size", "--lr",
+             "--seed", "--mode", "--device", "--precision", "--gpu-memory-gb", "--hot-ratio", "--super-batch",
+             "--summary-json", "--checkpoint-dir", "--resume", "--overwrite", "--config"]
+
+
+def _subcommand(name: str) -> argparse.ArgumentParser:
+    parser = build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+
+
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    return {s for a in parser._actions for s in a.option_strings if s.startswith("--")}
+
+
+def _help(argv: list[str], capsys, monkeypatch) -> str:
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 0
+    return capsys.readouterr().out
+
+
+def _listed(text: str) -> set[str]:
+    """The flags a help text lists as options (at the start of an indented line)."""
+    return {m for line in text.splitlines() if line.startswith("  --") or line.startswith("  -h")
+            for m in re.findall(r"--[a-z][a-z0-9-]*", line.split("  ")[1])}
+
+
+def test_train_help_fits_on_one_screen_and_lists_only_what_a_first_run_needs(capsys, monkeypatch):
+    text = _help(["train", "--help"], capsys, monkeypatch)
+    lines = text.splitlines()
+    assert len(lines) <= 40, f"{len(lines)} lines:\n{text}"
+    assert max(map(len, lines)) <= 100
+    listed = _listed(text)
+    assert set(ESSENTIAL) <= listed, set(ESSENTIAL) - listed
+    assert not listed & set(ADVANCED), listed & set(ADVANCED)
+    assert len(listed) <= 25, sorted(listed)
+    for title in ("data:", "model:", "training:", "mode:", "outputs:"):
+        assert title in lines, title
+    assert "advanced:" not in text
+    assert "--help-all" in lines[-1] and "--config" in lines[-1], lines[-1]
+    assert re.search(r"--mode \{exact,device,neutronorch,auto\}", text)  # bench/regime.py reads the modes here
+
+
+def test_train_help_all_lists_every_option_the_advanced_ones_in_their_group(capsys, monkeypatch):
+    text = _help(["train", "--help-all"], capsys, monkeypatch)
+    assert _listed(text) == _flags(_subcommand("train")), _flags(_subcommand("train")) ^ _listed(text)
+    advanced = text[text.index("\nadvanced:"):]
+    assert set(ADVANCED) <= _listed(advanced), set(ADVANCED) - _listed(advanced)
+    assert not set(ESSENTIAL) & _listed(advanced)
+
+
+@pytest.mark.parametrize("command", ["generate", "predict", "embed"])
+def test_other_commands_keep_their_advanced_options_for_help_all(command, capsys, monkeypatch):
+    advanced = {"generate": {"--power", "--homophily", "--noise", "--train", "--val"},
+                "predict": {"--scratch-dir", "--no-progress"}, "embed": {"--scratch-dir", "--no-progress"}}[command]
+    short = _help([command, "--help"], capsys, monkeypatch)
+    assert not _listed(short) & advanced and "--help-all" in _listed(short)
+    assert _listed(_help([command, "--help-all"], capsys, monkeypatch)) == _flags(_subcommand(command))
+
+
+def test_every_config_field_has_exactly_one_flag():
+    dests = [a.dest for a in _subcommand("train")._actions if a.option_strings and a.dest != argparse.SUPPRESS]
+    assert sorted(d for d in dests if d not in ("help", "config")) == sorted(TrainConfig.keys())
+
+
+# Every option --help leaves out, with a value other than its default, and the config value it must give.
+NOT_SHORT = [
+    (["--split-index", "3"], "split_index", 3),
+    (["--heads", "8"], "heads", 8),
+    (["--gcn-norm", "mean"], "gcn_norm", "mean"),
+    (["--residual"], "residual", True),
+    (["--norm", "layer"], "norm", "layer"),
+    (["--architecture", "blocks"], "architecture", "blocks"),
+    (["--weight-decay", "0.01"], "weight_decay", 0.01),
+    (["--dropout", "0.5"], "dropout", 0.5),
+    (["--patience", "3"], "patience", 3),
+    (["--metric", "rocauc"], "metric", "rocauc"),
+    (["--eval-every", "2"], "eval_every", 2),
+    (["--eval-fanouts", "-1,5"], "eval_fanouts", [-1, 5]),
+    (["--eval-batch-size", "128"], "eval_batch_size", 128),
+    (["--eval-max-nodes", "50"], "eval_max_nodes", 50),
+    (["--staleness-bound", "20"], "staleness_bound", 20),
+    (["--hot-grad", "stop"], "hot_grad", "stop"),
+    (["--gpu-cache-gb", "1.5"], "gpu_cache_gb", 1.5),
+    (["--checkpoint-every", "5", "--checkpoint-dir", "ck"], "checkpoint_every", 5),
+    (["--log-jsonl", "m.jsonl"], "log_jsonl", "m.jsonl"),
+    (["--log-csv", "m.csv"], "log_csv", "m.csv"),
+    (["--tensorboard", "tb"], "tensorboard", "tb"),
+    (["--snapshot-lead", "3"], "snapshot_lead", 3),
+    (["--hot-error-budget", "0.05"], "hot_error_budget", 0.05),
+    (["--hot-set", "node"], "hot_set", "node"),
+    (["--device-sampling", "off"], "device_sampling", "off"),
+    (["--cache-policy", "degree"], "cache_policy", "degree"),
+    (["--read-order", "file"], "read_order", "file"),
+    (["--host-cache-gb", "0"], "host_cache_gb", 0.0),
+    (["--host-cache-dir", "scratch"], "host_cache_dir", "scratch"),
+    (["--threads", "2"], "threads", 2),
+    (["--sampler-threads", "1"], "sampler_threads", 1),
+    (["--host-threads", "1"], "host_threads", 1),
+    (["--prefetch", "4"], "prefetch", 4),
+    (["--timeline", "t.png"], "timeline", "t.png"),
+    (["--timeline-steps", "10"], "timeline_steps", 10),
+    (["--log-every", "5"], "log_every", 5),
+    (["--no-progress"], "progress", False),
+    (["--no-stage-table"], "stage_table", False),
+    (["--dist-timeout", "30"], "dist_timeout", 30.0),
+]
+
+
+def test_the_cases_cover_every_option_help_leaves_out():
+    covered = {args[0] for args, _, _ in NOT_SHORT}
+    assert covered == _flags(_subcommand("train")) - set(ESSENTIAL) - {"--help", "--help-all"}
+
+
+@pytest.mark.parametrize("args, field, value", NOT_SHORT, ids=[args[0] for args, _, _ in NOT_SHORT])
+def test_options_help_leaves_out_still_parse_and_reach_the_config(args, field, value, tmp_path):
+    parsed = build_parser().parse_args(["train", *args])
+    config = TrainConfig(**{k: v for k, v in vars(parsed).items() if k not in ("command", "config")}).validate()
+    assert getattr(config, field) == value
+    # ... and a config file takes them under the same names (the switches under their flags' names too).
+    key, word = args[0][2:], "true" if args[0].startswith("--no-") else json.dumps(value)
+    (tmp_path / "run.yaml").write_text(f"{key}: {word}\n" + ("checkpoint_dir: ck\n" if "--checkpoint-dir" in args
+                                                             else ""))
+    assert getattr(TrainConfig(**load_config_file(tmp_path / "run.yaml")).validate(), field) == value
+
+
+def test_defaults_stay_out_of_the_parsed_options():
+    """Only options given on the command line are set, so a --config file's values are not overridden."""
+    assert vars(build_parser().parse_args(["train"])) == {"command": "train", "config": None}

@@ -1,10 +1,15 @@
-"""The command line's options: every flag, its help and its default (``build_parser``)."""
+"""The command line's options: every flag, its help and its default (``build_parser``).
+
+``--help`` lists the options a first run needs, with short help, in groups (data, model, training, mode,
+outputs); ``--help-all`` lists every option with its full help, the tuning and diagnostic knobs in a group of
+their own ("advanced"). Both views parse the same options the same way: only the listing differs."""
 
 from __future__ import annotations
 
 import argparse
 import re
 import sys
+import textwrap
 from dataclasses import fields
 
 from neutronorch.config import (CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, HOT_SETS, METRICS, MODE_CHOICES,
@@ -135,6 +140,97 @@ _HELP = {
 }
 
 
+# Short help for the options `train --help` lists (every other option is listed by --help-all only).
+_SHORT = {
+    "dataset": "dataset folder or file, or synthetic[:nodes=N,...]; default: synthetic",
+    "split": "ratio:TRAIN,VAL or per-class:TRAIN,VAL, for data without a split",
+    "model": "GraphSAGE, GCN or GAT layers (default: sage)",
+    "layers": "number of layers (default: one per --fanouts entry)",
+    "hidden": "hidden width (default: 256)",
+    "fanouts": "neighbours per layer, seed hop first; -1 takes all (default: 10,10)",
+    "epochs": "training epochs (default: 50)",
+    "batch_size": "seeds per mini-batch (default: from the training-set size)",
+    "lr": "Adam learning rate (default: 0.003)",
+    "seed": "seed of the weights, the sampling and the seed order (default: 0)",
+    "mode": "exact, device or neutronorch (see README); auto picks (default: exact)",
+    "device": "training device; auto: CUDA when available (default: auto)",
+    "precision": "fp32, or bf16 activations; auto: bf16 where native (default: fp32)",
+    "gpu_memory_gb": "GPU memory the run may use, in GiB (default: the whole device)",
+    "hot_ratio": "neutronorch: share of vertices made hot, or auto (default: auto)",
+    "super_batch": "neutronorch: mini-batches per super-batch (default: 8)",
+    "summary_json": "write the run summary (accuracy, times, memory) here",
+    "checkpoint_dir": "write last.pt after every epoch and best.pt at each better score",
+    "resume": "continue the run in --checkpoint-dir from its last.pt",
+    "overwrite": "replace an earlier run's outputs instead of refusing them",
+    "config": "YAML, TOML or JSON file of options; the command line wins",
+}
+
+# train's options by group, as --help-all lists them (by TrainConfig field; `config`, `progress` and
+# `stage_table` are the --config, --no-progress and --no-stage-table flags); a field not placed here goes to
+# the advanced group. --help lists those in _SHORT.
+_TRAIN_GROUPS = [
+    ("data", None, ["dataset", "split", "split_index"]),
+    ("model", None, ["model", "layers", "hidden", "fanouts", "heads", "gcn_norm", "residual", "norm",
+                     "architecture"]),
+    ("training", None, ["epochs", "batch_size", "lr", "seed", "weight_decay", "dropout", "patience"]),
+    ("evaluation", None, ["metric", "eval_every", "eval_fanouts", "eval_batch_size", "eval_max_nodes"]),
+    ("mode", None, ["mode", "device", "precision", "gpu_memory_gb", "hot_ratio", "super_batch",
+                    "staleness_bound", "hot_grad", "gpu_cache_gb"]),
+    ("outputs", None, ["summary_json", "checkpoint_dir", "resume", "overwrite", "config", "checkpoint_every",
+                       "log_jsonl", "log_csv", "tensorboard"]),
+    ("advanced", "tuning and diagnostic knobs: the defaults suit nearly every run",
+     ["snapshot_lead", "hot_error_budget", "hot_set", "device_sampling", "cache_policy", "read_order",
+      "host_cache_gb", "host_cache_dir", "threads", "sampler_threads", "host_threads", "prefetch", "timeline",
+      "timeline_steps", "log_every", "progress", "stage_table", "dist_timeout"]),
+]
+
+_METAVARS = {"dataset": "SPEC", "split": "SPEC", "split_index": "K", "layers": "N", "hidden": "N", "fanouts": "LIST",
+             "heads": "N", "epochs": "N", "batch_size": "N", "lr": "LR", "seed": "S", "weight_decay": "WD",
+             "dropout": "P", "patience": "N", "eval_every": "N", "eval_fanouts": "LIST", "eval_batch_size": "N",
+             "eval_max_nodes": "N", "gpu_memory_gb": "G", "hot_ratio": "R", "super_batch": "P",
+             "staleness_bound": "S", "gpu_cache_gb": "G", "summary_json": "PATH", "checkpoint_dir": "DIR",
+             "config": "FILE", "checkpoint_every": "N", "log_jsonl": "PATH", "log_csv": "PATH",
+             "tensorboard": "DIR", "snapshot_lead": "N", "hot_error_budget": "E", "host_cache_gb": "G",
+             "host_cache_dir": "DIR", "threads": "N", "sampler_threads": "N", "host_threads": "N",
+             "prefetch": "N", "timeline": "PNG", "timeline_steps": "N", "log_every": "N", "dist_timeout": "SECONDS"}
+
+# Switches: (flag, dest, action, help). The TrainConfig fields they set, or the --config path.
+_SWITCHES = {
+    "config": ("--config", "config", "store",
+               "YAML, TOML or JSON file with the same keys as the options (batch_size or batch-size); options "
+               "given on the command line win"),
+    "progress": ("--no-progress", "progress", "store_false", "no progress bar (the per-epoch lines stay)"),
+    "resume": ("--resume", "resume", "store_true",
+               "continue the run whose checkpoints are in --checkpoint-dir from its last.pt (raise --epochs to "
+               "train longer), mid-epoch included, in every mode"),
+    "overwrite": ("--overwrite", "overwrite", "store_true",
+                  "replace the outputs of an earlier run (--summary-json, the logs, --timeline, the checkpoints "
+                  "in --checkpoint-dir); without it a run refuses paths that already hold them"),
+    "residual": ("--residual", "residual", "store_true",
+                 "skip connections around every layer but the output layer (identity, or a learned projection "
+                 "where the widths differ)"),
+    "stage_table": ("--no-stage-table", "stage_table", "store_false",
+                    "no per-lane stage breakdown after each epoch line"),
+}
+
+_TRAIN_EPILOG = "--help-all lists every option, advanced ones too; a --config file takes every option as a key."
+_TRAIN_EPILOG_ALL = ("A --config file (YAML, TOML or JSON) takes every option as a key, with dashes or underscores "
+                     "(batch-size or batch_size; no-progress: true); options given on the command line win.")
+_WIDE = 28  # where help texts start: room for `--device {auto,cpu,cuda}` beside its help
+_SHORT_METAVARS = {"precision": "PREC"}  # short help: the choices are in the text
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Help texts from column ``_WIDE``, wrapped at spaces only (never inside a flag such as
+    --gpu-memory-gb)."""
+
+    def __init__(self, prog: str):
+        super().__init__(prog, max_help_position=_WIDE)
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 # Options whose value is a list that may start with a negative number (`--fanouts -1,10`).
 _LIST_OPTIONS = frozenset({"--fanouts", "--eval-fanouts"})
 _NEGATIVE_LEADING = re.compile(r"-\d")
@@ -156,7 +252,41 @@ class _Parser(argparse.ArgumentParser):
         return super().parse_known_args(joined, namespace)
 
 
-def _add_train_options(parser: argparse.ArgumentParser) -> None:
+class _HelpAll(argparse.Action):
+    """``--help-all``: the command's help with every option (``add_options(parser, full=True)``), then exit."""
+
+    def __init__(self, option_strings, dest, add_options, **kwargs):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, **kwargs)
+        self.add_options = add_options
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        full = _Parser(prog=parser.prog, description=parser.description, formatter_class=_Formatter,
+                       add_help=False)
+        self.add_options(full, full=True)
+        full.print_help()
+        parser.exit()
+
+
+def _help_options(parser: argparse.ArgumentParser, full: bool, add_options, listed: bool = True) -> None:
+    """-h/--help and --help-all; ``listed``: the short help lists them (train's names them in its usage and
+    epilog instead, to fit a screen)."""
+    parser.add_argument("-h", "--help", action="help",
+                        help="the short help" if full else _shown("this help", listed))
+    parser.add_argument("--help-all", action=_HelpAll, add_options=add_options,
+                        help="this help" if full else _shown("every option, the advanced ones too", listed))
+
+
+def _shown(text: str, listed: bool) -> str:
+    return text if listed else argparse.SUPPRESS
+
+
+def _add_train_options(parser: argparse.ArgumentParser, full: bool = False) -> None:
+    """train's options in their groups; ``full``: the help lists every option (--help-all), else those in
+    ``_SHORT`` with their short help. Parsing is the same either way."""
+    parser.usage = ("%(prog)s [-h | --help-all] [--dataset SPEC] [--model {sage,gcn,gat}] [OPTION ...]"
+                    if not full else "%(prog)s [OPTION ...]")
+    parser.epilog = _TRAIN_EPILOG_ALL if full else _TRAIN_EPILOG
+    _help_options(parser, full, _add_train_options, listed=False)
     defaults = TrainConfig()
     choices = {"model": MODELS, "mode": MODE_CHOICES, "device": DEVICES, "hot_grad": HOT_GRADS,
                "hot_set": HOT_SETS, "cache_policy": CACHE_POLICIES, "read_order": READ_ORDERS,
@@ -164,41 +294,37 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
                "architecture": ARCHITECTURES, "precision": PRECISIONS}
     types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int, "gpu_memory_gb": float,
              "gpu_cache_gb": str, "host_cache_gb": str}
-    for f in fields(TrainConfig):
-        if f.name in ("progress", "stage_table", "resume", "overwrite", "residual"):
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        default = getattr(defaults, f.name)
-        kwargs = {"dest": f.name, "default": argparse.SUPPRESS, "help": _HELP[f.name]}
-        if f.name in choices:
-            kwargs["choices"] = choices[f.name]
-        elif f.name in types:
-            kwargs["type"] = types[f.name]
-        elif isinstance(default, bool):
-            raise AssertionError(f.name)
-        elif isinstance(default, int):
-            kwargs["type"] = int
-        elif isinstance(default, float):
-            kwargs["type"] = float
-        if "%(default)s" in kwargs["help"]:
-            kwargs["help"] = kwargs["help"].replace("%(default)s", str(default))
-        parser.add_argument(flag, **kwargs)
-    parser.add_argument("--config", help="YAML, TOML or JSON file with the same keys as the options; "
-                                         "options given on the command line win")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", default=argparse.SUPPRESS,
-                        help="no progress bar (the per-epoch lines stay)")
-    parser.add_argument("--resume", action="store_true", default=argparse.SUPPRESS,
-                        help="continue the run whose checkpoints are in --checkpoint-dir from its last.pt (raise "
-                             "--epochs to train longer), mid-epoch included, in every mode")
-    parser.add_argument("--overwrite", action="store_true", default=argparse.SUPPRESS,
-                        help="replace the outputs of an earlier run (--summary-json, the logs, --timeline, the "
-                             "checkpoints in --checkpoint-dir); without it a run refuses paths that already hold "
-                             "them")
-    parser.add_argument("--residual", action="store_true", default=argparse.SUPPRESS,
-                        help="skip connections around every layer but the output layer (identity, or a learned "
-                             "projection where the widths differ)")
-    parser.add_argument("--no-stage-table", dest="stage_table", action="store_false", default=argparse.SUPPRESS,
-                        help="no per-lane stage breakdown after each epoch line")
+    grouped = {name for _, _, names in _TRAIN_GROUPS for name in names}
+    unlisted = [name for name in TrainConfig.keys() if name not in grouped]  # a new field: advanced until placed
+    for title, description, names in _TRAIN_GROUPS:
+        group = parser.add_argument_group(title, description if full else None)
+        for name in names + (unlisted if title == "advanced" else []):
+            listed = full or name in _SHORT
+            if name in _SWITCHES:
+                flag, dest, action, text = _SWITCHES[name]
+                kwargs = {"dest": dest, "action": action, "default": argparse.SUPPRESS if name != "config" else None}
+                if name == "config":
+                    kwargs["metavar"] = _METAVARS[name]
+                group.add_argument(flag, help=_shown(text if full else _SHORT.get(name, text), listed), **kwargs)
+                continue
+            default = getattr(defaults, name)
+            text = _HELP[name].replace("%(default)s", str(default)) if full else _SHORT.get(name, "")
+            kwargs = {"dest": name, "default": argparse.SUPPRESS, "help": _shown(text, listed)}
+            if name in choices:
+                kwargs["choices"] = choices[name]
+                if not full and name in _SHORT_METAVARS:
+                    kwargs["metavar"] = _SHORT_METAVARS[name]
+            else:
+                kwargs["metavar"] = _METAVARS.get(name, name.upper())
+                if name in types:
+                    kwargs["type"] = types[name]
+                elif isinstance(default, bool):
+                    raise AssertionError(name)
+                elif isinstance(default, int):
+                    kwargs["type"] = int
+                elif isinstance(default, float):
+                    kwargs["type"] = float
+            group.add_argument("--" + name.replace("_", "-"), **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -208,7 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = commands.add_parser("train", help="train a GNN and report accuracy and time per epoch",
-                                description="Train GraphSAGE, GCN or GAT with neighbour sampling.")
+                                description="Train GraphSAGE, GCN or GAT with neighbour sampling.",
+                                formatter_class=_Formatter, add_help=False)
     _add_train_options(train)
 
     convert = commands.add_parser("convert", help="write a dataset in the native format",
@@ -229,56 +356,97 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = commands.add_parser("generate", help="generate a synthetic graph",
                               description="Write a synthetic power-law graph with learnable labels "
-                                          "in the native format.")
-    gen.add_argument("kind", choices=["synthetic"], help="generator")
-    defaults = SyntheticSpec()
-    for f in fields(SyntheticSpec):
-        gen.add_argument("--" + f.name, type=type(getattr(defaults, f.name)), default=getattr(defaults, f.name),
-                         help=f"(default: {getattr(defaults, f.name)})")
-    gen.add_argument("--out", required=True, help="output directory")
-    gen_halves = gen.add_mutually_exclusive_group()
-    gen_halves.add_argument("--float16", action="store_true", help="store features as float16")
-    gen_halves.add_argument("--bfloat16", action="store_true", help="store features as bfloat16")
-    gen.add_argument("--overwrite", action="store_true", help="replace the native dataset in --out")
+                                          "in the native format.", formatter_class=_Formatter, add_help=False)
+    _add_generate_options(gen)
 
     pred = commands.add_parser("predict", help="predict classes with a trained model",
-                               description="Exact full-neighbour inference of a checkpoint's model.")
-    pred.add_argument("--checkpoint", required=True, help="a checkpoint (DIR/best.pt or DIR/last.pt of "
-                                                         "--checkpoint-dir)")
-    pred.add_argument("--dataset", required=True, help=f"dataset spec: {DATASET_SPEC_HELP}")
-    pred.add_argument("--out", required=True, help="write the predictions here (.npy)")
-    pred.add_argument("--nodes", default="test",
-                      help="test, val, train, all, or a .npy file of vertex ids (default: %(default)s)")
-    pred.add_argument("--probabilities", action="store_true",
-                      help="write class probabilities (one float32 row per vertex) instead of classes")
-    pred.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                      help="inference device (default: %(default)s)")
-    _inference_options(pred)
+                               description="Exact full-neighbour inference of a checkpoint's model.",
+                               formatter_class=_Formatter, add_help=False)
+    _add_predict_options(pred)
 
     emb = commands.add_parser("embed", help="write a trained model's vertex embeddings",
                               description="The output of one layer of a checkpoint's model over complete "
-                                          "neighbourhoods (exact layer-wise inference).")
-    emb.add_argument("--checkpoint", required=True, help="a checkpoint (DIR/best.pt or DIR/last.pt)")
-    emb.add_argument("--dataset", required=True, help=f"dataset spec: {DATASET_SPEC_HELP}")
-    emb.add_argument("--layer", type=int, required=True,
-                     help="1 = the bottom layer's output (after its activation) ... the last layer (logits)")
-    emb.add_argument("--out", required=True, help="write the embeddings here (.npy, float32, a row per vertex)")
-    emb.add_argument("--nodes", default="all", help="test, val, train, all, or a .npy file of vertex ids "
-                                                    "(default: %(default)s)")
-    emb.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                     help="inference device (default: %(default)s)")
-    _inference_options(emb)
+                                          "neighbourhoods (exact layer-wise inference).",
+                              formatter_class=_Formatter, add_help=False)
+    _add_embed_options(emb)
 
     info = commands.add_parser("info", help="describe a dataset")
     info.add_argument("dataset", help=f"dataset spec: {DATASET_SPEC_HELP}")
     return parser
 
 
-def _inference_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scratch-dir", default="auto",
-                        help="memory-map the intermediate layers' embeddings (a row per vertex) in this folder; "
-                             "auto: in memory when they fit in half the available memory, else beside --out; "
-                             "memory: always in memory (default: %(default)s)")
+# generate's options that shape the graph beyond its size: listed by --help-all.
+_GENERATE_ADVANCED = ("power", "homophily", "noise", "train", "val")
+_GENERATE_HELP = {"nodes": "vertices", "degree": "average in-degree", "features": "feature width",
+                  "classes": "label classes", "power": "Zipf exponent of the vertex weights: larger, heavier hubs",
+                  "homophily": "share of edges within a class", "noise": "feature noise per dimension",
+                  "train": "share of training vertices", "val": "share of validation vertices",
+                  "seed": "seed of the graph, its features and labels"}
+
+
+def _add_generate_options(gen: argparse.ArgumentParser, full: bool = False) -> None:
+    _help_options(gen, full, _add_generate_options)
+    gen.add_argument("kind", choices=["synthetic"], help="generator")
+    defaults = SyntheticSpec()
+    later = []
+    for f in fields(SyntheticSpec):
+        default = getattr(defaults, f.name)
+        text = f"{_GENERATE_HELP[f.name]} (default: {default})"
+        if f.name in _GENERATE_ADVANCED:
+            later.append((f.name, default, text))
+            continue
+        gen.add_argument("--" + f.name, type=type(default), default=default, help=text)
+    gen.add_argument("--out", required=True, help="output directory")
+    gen_halves = gen.add_mutually_exclusive_group()
+    gen_halves.add_argument("--float16", action="store_true", help="store features as float16")
+    gen_halves.add_argument("--bfloat16", action="store_true", help="store features as bfloat16")
+    gen.add_argument("--overwrite", action="store_true", help="replace the native dataset in --out")
+    advanced = gen.add_argument_group("advanced", "the graph's shape beyond its size" if full else None)
+    for name, default, text in later:
+        advanced.add_argument("--" + name, type=type(default), default=default, help=_shown(text, full))
+
+
+def _add_predict_options(pred: argparse.ArgumentParser, full: bool = False) -> None:
+    _help_options(pred, full, _add_predict_options)
+    pred.add_argument("--checkpoint", required=True, metavar="PATH",
+                      help="a checkpoint (DIR/best.pt or DIR/last.pt of --checkpoint-dir)")
+    pred.add_argument("--dataset", required=True, metavar="SPEC", help=_dataset_help(full))
+    pred.add_argument("--out", required=True, metavar="PATH", help="write the predictions here (.npy)")
+    pred.add_argument("--nodes", default="test",
+                      help="test, val, train, all, or a .npy file of vertex ids (default: %(default)s)")
+    pred.add_argument("--probabilities", action="store_true",
+                      help="write class probabilities (one float32 row per vertex) instead of classes")
+    pred.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                      help="inference device (default: %(default)s)")
+    _inference_options(pred, full)
+
+
+def _add_embed_options(emb: argparse.ArgumentParser, full: bool = False) -> None:
+    _help_options(emb, full, _add_embed_options)
+    emb.add_argument("--checkpoint", required=True, metavar="PATH", help="a checkpoint (DIR/best.pt or DIR/last.pt)")
+    emb.add_argument("--dataset", required=True, metavar="SPEC", help=_dataset_help(full))
+    emb.add_argument("--layer", type=int, required=True, metavar="K",
+                     help="1 = the bottom layer's output (after its activation) ... the last layer (logits)")
+    emb.add_argument("--out", required=True, metavar="PATH",
+                     help="write the embeddings here (.npy, float32, a row per vertex)")
+    emb.add_argument("--nodes", default="all", help="test, val, train, all, or a .npy file of vertex ids "
+                                                    "(default: %(default)s)")
+    emb.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                     help="inference device (default: %(default)s)")
+    _inference_options(emb, full)
+
+
+def _dataset_help(full: bool) -> str:
+    return f"dataset spec: {DATASET_SPEC_HELP}" if full else "the dataset, as train's --dataset takes it"
+
+
+def _inference_options(parser: argparse.ArgumentParser, full: bool) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace --out if it exists (it may never be one of the inputs)")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    advanced = parser.add_argument_group("advanced")
+    advanced.add_argument("--scratch-dir", default="auto", metavar="DIR", help=_shown(
+        "memory-map the intermediate layers' embeddings (a row per vertex) in this folder; auto: in memory when "
+        "they fit in half the available memory, else beside --out; memory: always in memory (default: "
+        "%(default)s)", full))
+    advanced.add_argument("--no-progress", dest="progress", action="store_false",
+                          help=_shown("no progress bar", full))
