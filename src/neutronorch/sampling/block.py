@@ -76,3 +76,30 @@ class SampledSubgraph:
     @property
     def num_sampled_edges(self) -> int:
         return sum(b.num_edges for b in self.blocks)
+
+    def pyg_form(self) -> tuple[torch.Tensor, list[int], list[int]]:
+        """``pyg_form(self.blocks)``."""
+        return pyg_form(self.blocks)
+
+
+def pyg_form(blocks: list[Block]) -> tuple[torch.Tensor, list[int], list[int]]:
+    """Sampled blocks (bottom layer first) as PyG's ``NeighborLoader`` yields a subgraph: ``(edge_index,
+    num_sampled_nodes, num_sampled_edges)`` over the input frontier's positions (seeds first, then each
+    hop's new vertices), ``edge_index[0]`` the neighbours and ``edge_index[1]`` the vertices they were
+    sampled for, hop by hop from the seed hop. As in PyG, a vertex's neighbours come from the hop after the
+    one that reached it (each vertex's neighbours once): of each block, the rows of the vertices that the
+    hop before newly reached. The per-hop counts are what ``torch_geometric.utils.trim_to_layer`` reads."""
+    if not blocks:
+        raise ValueError("no blocks: nothing was sampled")
+    sizes = [blocks[-1].num_dst] + [b.num_src for b in reversed(blocks)]  # after 0, 1, ... hops
+    nodes = [sizes[0]] + [b - a for a, b in zip(sizes, sizes[1:])]
+    sources, targets, edges = [], [], []
+    for hop, block in enumerate(reversed(blocks)):
+        first, end = (0 if hop == 0 else sizes[hop - 1]), sizes[hop]
+        ptr = block.indptr
+        lo, hi = int(ptr[first]), int(ptr[end])
+        rows = torch.arange(first, end, device=ptr.device)
+        targets.append(torch.repeat_interleave(rows, ptr[first + 1:end + 1] - ptr[first:end], output_size=hi - lo))
+        sources.append(block.indices[lo:hi].long())
+        edges.append(hi - lo)
+    return torch.stack([torch.cat(sources), torch.cat(targets)]), nodes, edges

@@ -22,6 +22,7 @@ import torch
 from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.errors import CheckpointError
+from neutronorch.nn.custom import UserModel
 from neutronorch.nn.models import GNN
 from neutronorch.train.outputs import write_atomically
 
@@ -106,10 +107,12 @@ class Checkpoint:
     optimizer: dict
 
 
-def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """Read a checkpoint written by training: the model (ready for inference) and what produced it."""
+def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module | None = None) -> Checkpoint:
+    """Read a checkpoint written by training: the model (ready for inference) and what produced it. A run of
+    your own model (``train(..., model=...)``) saved its weights only: give ``model``, a module of the same
+    class, which receives them."""
     state = load_state(path)
-    model = _model(state, Path(path))
+    model = _model(state, Path(path), model)
     model.eval()
     config = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.keys()})
     return Checkpoint(model, config, int(state["epoch"]), state["dataset"], state["history"], state["optimizer"])
@@ -146,7 +149,8 @@ def load_state(path: str | os.PathLike) -> dict:
     if version < 2:  # before the setting existed, GCN normalised by the mean
         state["model_args"].setdefault("gcn_norm", "mean")
         state["config"].setdefault("gcn_norm", "mean")
-    _model(state, path)  # the weights must fit the model their arguments build
+    if "custom" not in state["model_args"]:  # a user's model is checked when its module is given
+        _model(state, path)  # the weights must fit the model their arguments build
     return state
 
 
@@ -206,10 +210,13 @@ def _check_parts(state: dict, path: Path) -> None:
                               f"--checkpoint-dir, or train again.")
 
 
-def _model(state: dict, path: Path) -> GNN:
-    """The model the checkpoint's arguments build, holding its weights."""
+def _model(state: dict, path: Path, given: torch.nn.Module | None = None) -> GNN | UserModel:
+    """The model the checkpoint's arguments build (or, for a user's model, ``given``), holding its weights."""
+    args = state["model_args"]
+    if "custom" in args or given is not None:
+        return _user_model(state, path, given)
     try:
-        model = GNN(**state["model_args"])
+        model = GNN(**args)
     except Exception as exc:  # noqa: BLE001 - foreign arguments fail in the constructor in many ways
         raise CheckpointError(f"{path}: its model arguments build no model ({type(exc).__name__}: {exc}). The file "
                               f"is damaged or from another program; use last.pt or best.pt of a "
@@ -220,6 +227,26 @@ def _model(state: dict, path: Path) -> GNN:
         detail = " ".join(str(exc).split())[:300]
         raise CheckpointError(f"{path}: its weights do not fit the model its arguments describe ({detail}). The "
                               f"file is damaged; use another checkpoint or train again.") from None
+    return model
+
+
+def _user_model(state: dict, path: Path, given: torch.nn.Module | None) -> UserModel:
+    args = state["model_args"]
+    name = args.get("custom")
+    if name is None:
+        raise CheckpointError(f"{path}: holds a built-in model ({args.get('kind')}); load it without `model`.")
+    if given is None:
+        raise CheckpointError(f"{path}: holds the weights of your own model ({name}), not the code that builds it; "
+                              f"load it with load_checkpoint(path, model=<a new {name.rsplit('.', 1)[-1]}>) and pass "
+                              f"that checkpoint to predict (the command line's predict and embed read built-in models "
+                              f"only).")
+    try:
+        model = UserModel.wrap(given, int(args["num_layers"]), int(args["width"]))
+        model.load_state_dict(state["model"])
+    except (RuntimeError, KeyError, TypeError, ValueError) as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise CheckpointError(f"{path}: its weights (of {name}) do not fit the model given, "
+                              f"{type(given).__name__} ({detail}).") from None
     return model
 
 

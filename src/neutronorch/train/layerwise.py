@@ -65,6 +65,9 @@ def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor
         if transform is not None:
             raise ValueError("layerwise: give `out` with a `transform` (its rows' type and width)")
         out = torch.empty((nodes.shape[0], model.width(upto - 1)))
+    if not getattr(model, "layerwise", True):  # a user's model: whole neighbourhoods, one chunk at a time
+        return _whole_neighbourhoods(model, graph, store, nodes, device, chunk_size, _Emitter(out, transform),
+                                     progress, out)
     run = _Run(model, graph, store, device, chunk_size, progress, world or World())
     hidden = None
     with _scratch(scratch) as folder:
@@ -160,6 +163,23 @@ class _Run:
     def _report(self, layer: int, done: int, total: int) -> None:
         if self.progress is not None:
             self.progress(layer + 1, done, total)
+
+
+@torch.no_grad()
+def _whole_neighbourhoods(model, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,
+                          chunk_size: int, emit: "_Emitter", progress: LayerProgress | None, out):
+    """The logits of a model that runs only as a whole (``nn.custom.UserModel``): every neighbour of every hop
+    sampled for each chunk of ``nodes``, the same result layer-by-layer inference gives, at the cost of each
+    chunk's whole neighbourhood."""
+    sampler = NeighborSampler(graph.indptr, graph.indices, [-1] * model.num_layers, model.needs_degrees)
+    for start in range(0, nodes.shape[0], chunk_size):
+        chunk = nodes[start:start + chunk_size]
+        subgraph = sampler.sample(chunk.numpy(), 0)
+        x = store.gather(subgraph.input_nodes).to(device)
+        emit(slice(start, start + chunk.shape[0]), model([b.to(device) for b in subgraph.blocks], x))
+        if progress is not None:
+            progress(model.num_layers, start + chunk.shape[0], nodes.shape[0])
+    return out
 
 
 class _Emitter:

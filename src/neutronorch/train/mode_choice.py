@@ -50,8 +50,13 @@ def resolve_mode(config: TrainConfig, graph: Graph, device: torch.device, thread
     else:
         facts = mode_facts(config, graph, device, world.distributed)
         names = probe_candidates(facts)
+        reuses = getattr(model, "reuses", True)  # a user's model without its bottom layer apart cannot
+        names = tuple(name for name in names if reuses or name != "neutronorch")
         timings = (probe or probe_modes)(config, graph, device, model, threads, names) if names else None
         choice = choose_mode(facts, timings)
+        if choice.chosen == "neutronorch" and not reuses:
+            choice = ModeChoice("device", f"{choice.reason}; but the model has no bottom layer apart for "
+                                "NeutronOrch's reuse (docs/models.md, 'Your own model')", choice.measured)
     if world.distributed:  # every rank trains in rank 0's mode
         index = torch.tensor([MODES.index(choice.chosen) + 1 if world.main else 0], dtype=torch.int64)
         agreed = MODES[int(world.all_reduce_(index, "agreeing on the mode")) - 1]

@@ -159,8 +159,8 @@ def check_output_path(out: str | os.PathLike, scratch: str | None = "auto", read
 def scratch_folder(model: torch.nn.Module, graph: Graph, layers: int, scratch: str | None,
                    out: str | os.PathLike | None) -> str | None:
     """Where the intermediate layers' embeddings go: None (memory) or a folder (memory maps)."""
-    if scratch != "auto":
-        return scratch
+    if scratch != "auto" or not getattr(model, "layerwise", True):  # a user's model keeps no layer's rows
+        return scratch if scratch != "auto" else None
     widths = [model.width(i) for i in range(layers - 1)]
     # Two layers' rows of every vertex are alive at once (the one read and the one written).
     needed = 2 * graph.num_nodes * max(widths, default=0) * 4

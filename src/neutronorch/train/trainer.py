@@ -28,6 +28,7 @@ import torch
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, load_dataset
 from neutronorch.errors import CheckpointError, Interrupted, OutputError, TrainingError
+from neutronorch.nn.custom import UserModel
 from neutronorch.nn.models import GNN
 from neutronorch.nn.precision import Precision, resolve_precision
 from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table, write_timeline
@@ -89,8 +90,10 @@ class Run:
 
 
 def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | None = None,
-          stop: threading.Event | None = None) -> dict:
+          stop: threading.Event | None = None, model: torch.nn.Module | None = None) -> dict:
     """Train as ``config`` says and return the run summary (also written to ``config.summary_json``).
+    ``model``: your own module instead of the built-in ``config.model`` (``nn.custom``'s protocol; its
+    layers read ``len(config.fanouts)`` hops), trained in place.
     ``progress(epoch, done, total)`` is called after every step. Setting ``stop`` (from a signal handler,
     another thread) finishes the current step, writes ``last.pt`` (with ``checkpoint_dir``) and the summary
     marked ``interrupted``, and raises ``Interrupted``."""
@@ -111,7 +114,7 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
         stack.enter_context(torch_threads(threads.train))
         stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
         torch.manual_seed(config.seed)
-        run = build_run(config, graph, device, threads, stack, world)
+        run = build_run(config, graph, device, threads, stack, world, model)
         if world.main:
             check_checkpoint_space(config, run.model.parameters())
         run.stop, run.started, run.precision = stop, started, precision
@@ -144,7 +147,8 @@ def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | 
 
 
 def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, threads: Threads,
-              stack: contextlib.ExitStack, world: World | None = None) -> Run:
+              stack: contextlib.ExitStack, world: World | None = None, user_model: torch.nn.Module | None = None
+              ) -> Run:
     """Load the data, build the model, optimizer and mode; every resource is closed by ``stack``. Data
     parallel (``world``), only rank 0 writes metric logs, and rank 0's initial weights go to every rank."""
     world = world or World()
@@ -158,9 +162,14 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
         logger.warning(f"note: {note}")
     if config.batch_size == 0:
         config.batch_size = auto_batch_size(len(graph.train_idx))
-    model = GNN(config.model, graph.feature_dim, config.hidden, graph.num_classes, len(config.fanouts),
-                dropout=config.dropout, heads=config.heads, gcn_norm=config.gcn_norm, residual=config.residual,
-                norm=config.norm, architecture=config.architecture).to(device)
+    if user_model is not None:
+        model = UserModel.wrap(user_model, len(config.fanouts), graph.num_classes).to(device)
+        if config.mode == "neutronorch":
+            model.bottom  # noqa: B018 - raises, saying what the protocol asks, when it has no bottom layer apart
+    else:
+        model = GNN(config.model, graph.feature_dim, config.hidden, graph.num_classes, len(config.fanouts),
+                    dropout=config.dropout, heads=config.heads, gcn_norm=config.gcn_norm,
+                    residual=config.residual, norm=config.norm, architecture=config.architecture).to(device)
     if world.distributed:
         world.broadcast_module(model, "the initial weights' broadcast")  # the same seed made them equal; make sure
         logger.info(f"data parallel: {world.describe()}; batch size {config.batch_size} per rank, "
@@ -172,7 +181,7 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     node = world.node_link() if config.hot_sets_per_node else None
     mode = build_mode(config, graph, device, threads, spans, shard=(world.rank, world.size), node=node)
     stack.callback(mode.close)
-    logger.info(f"mode {mode.name}, model {config.model}, fanouts {config.fanouts}, device {device}, batch size "
+    logger.info(f"mode {mode.name}, model {getattr(model, 'kind', config.model)}, fanouts {config.fanouts}, device {device}, batch size "
                 f"{config.batch_size}, train threads {threads.train}, {mode.describe()}, {mode.num_batches} "
                 f"batches per epoch")
     if device.type == "cuda" or mode.cache is not None:
@@ -209,6 +218,12 @@ def _resume(run: Run, state: dict) -> None:
     check_resumable(state, run.config, run.graph, str(path), run.world.size)
     if not run.mode.resumable:
         raise CheckpointError(f"{run.mode.name} mode cannot resume from a checkpoint.")
+    saved_model, model = state["model_args"].get("custom"), getattr(run.model, "arguments", {}).get("custom")
+    if saved_model != model:
+        describe = lambda name: f"your own model {name}" if name else "a built-in model"  # noqa: E731
+        raise CheckpointError(f"{path}: the run it continues trained {describe(saved_model)}; this one trains "
+                              f"{describe(model)}. Resume with the same model, or start a new run in another "
+                              f"`checkpoint_dir`.")
     try:  # the structure was checked above; what is inside may still be damaged or foreign
         run.model.load_state_dict(state["model"])
         run.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,150 @@
+"""Your own model: any ``torch.nn.Module`` that follows a small protocol trains like the built-in ones.
+
+``UserModel`` adapts it to what the engine calls (``forward(blocks, x, hot)``, ``num_layers``, ``width``,
+``needs_degrees``, ``bottom``, ``arguments``); ``train(config, model=module)`` wraps a module with it. The
+protocol (``docs/models.md``, "Your own model"): the module's ``forward`` takes one of two input forms,
+told apart by the names of its first two parameters.
+
+- ``forward(x, edge_index, ...)``, the PyG form: ``x`` holds the rows of every sampled vertex (seeds
+  first), ``edge_index`` the sampled edges (row 0 the neighbour, row 1 the vertex it was sampled for), as
+  PyG's ``NeighborLoader`` builds them (``SampledSubgraph.pyg_form``). It returns one row per vertex of
+  ``x``, of which the seeds' (the first rows) are used. Parameters named ``num_sampled_nodes_per_hop`` and
+  ``num_sampled_edges_per_hop`` (PyG's ``BasicGNN`` has them) receive the counts that let it trim each
+  layer to the vertices that layer needs. A PyG model trains unchanged.
+- ``forward(blocks, x)``, the block form: ``blocks`` are the sampled layers (``sampling.Block``, bottom
+  layer first; the destinations lead each source frontier), ``x`` the bottom block's source rows; it
+  returns one row per destination of the last block.
+
+Either returns ``[rows, outputs]`` logits (``outputs``: the classes, or the tasks of a multi-label graph).
+NeutronOrch mode also needs the bottom layer apart (the block form only): an attribute ``bottom``, a module
+with ``bottom(block, x)`` returning the bottom layer's output before its activation and an ``out_dim``
+giving that width, and a method ``upper(blocks, h)`` that applies the activation to ``h`` (the bottom
+layer's rows for ``blocks[0]``'s source frontier) and runs the layers above. ``forward(blocks, x)`` must
+equal ``upper(blocks[1:], bottom(blocks[0], x))``.
+
+Evaluation of a model without layer-by-layer inference samples every neighbour of every hop (the exact
+result, as the built-in models' full-neighbour inference gives) unless sampled evaluation fanouts are set.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import nn
+
+from neutronorch.nn.splice import HotRows, splice
+from neutronorch.sampling.block import Block, pyg_form
+
+__all__ = ["ModelProtocolError", "UserModel", "PROTOCOL"]
+
+PROTOCOL = ("forward(x, edge_index) returning a row per vertex of x (the PyG form), or forward(blocks, x) "
+            "returning a row per destination of the last block (the block form); docs/models.md, 'Your own "
+            "model'")
+_TRIM = ("num_sampled_nodes_per_hop", "num_sampled_edges_per_hop")
+
+
+class ModelProtocolError(ValueError):
+    """A module that does not follow the protocol: what it does and what the protocol expects."""
+
+
+def _form(module: nn.Module) -> tuple[str, bool]:
+    """(input form, whether it takes PyG's trimming counts) of ``module.forward``."""
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError) as exc:
+        raise ModelProtocolError(f"cannot read the parameters of {type(module).__name__}.forward ({exc}); the "
+                                 f"protocol: {PROTOCOL}") from None
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = {p.name for p in params}
+    if positional[:2] == ["x", "edge_index"]:
+        return "pyg", all(name in names for name in _TRIM)
+    if positional[:2] == ["blocks", "x"]:
+        return "blocks", False
+    raise ModelProtocolError(f"{type(module).__name__}.forward takes ({', '.join(positional) or 'nothing'}); a "
+                             f"model trained here must take {PROTOCOL}")
+
+
+class UserModel(nn.Module):
+    """A user's module behind the interface the engine calls. ``num_layers``: the sampled hops it reads;
+    ``width``: its output width (the task's)."""
+
+    layerwise = False  # no layer-by-layer inference: evaluation samples every neighbour of every hop
+
+    def __init__(self, module: nn.Module, num_layers: int, width: int):
+        super().__init__()
+        if not isinstance(module, nn.Module):
+            raise ModelProtocolError(f"the model must be a torch.nn.Module, not {type(module).__name__}")
+        self.module = module
+        self.form, self.trims = _form(module)
+        self.num_layers = num_layers
+        self.out_width = width
+        self.needs_degrees = bool(getattr(module, "needs_degrees", False))
+        kind = type(module)
+        self.kind = f"{kind.__module__}.{kind.__qualname__}"
+        # Not what rebuilds it (only its own code can): what a checkpoint needs to check the module given.
+        self.arguments = {"custom": self.kind, "num_layers": num_layers, "width": width}
+
+    @classmethod
+    def wrap(cls, module: nn.Module, num_layers: int, width: int) -> "UserModel":
+        """``module`` adapted (itself when it is adapted already, for ``num_layers`` and ``width``)."""
+        if isinstance(module, cls):
+            if (module.num_layers, module.out_width) != (num_layers, width):
+                raise ModelProtocolError(f"the model was adapted for {module.num_layers} layers and {module.out_width} "
+                                         f"outputs; this run needs {num_layers} and {width}")
+            return module
+        return cls(module, num_layers, width)
+
+    @property
+    def reuses(self) -> bool:
+        """Whether NeutronOrch mode can reuse its bottom layer (``bottom`` and ``upper`` given)."""
+        return self.form == "blocks" and isinstance(getattr(self.module, "bottom", None), nn.Module) and \
+            callable(getattr(self.module, "upper", None))
+
+    @property
+    def bottom(self) -> nn.Module:
+        if not self.reuses:
+            raise ModelProtocolError(
+                f"NeutronOrch mode computes the bottom layer of hot vertices apart, so {self.kind} must take the "
+                "block form and expose it: an attribute `bottom` (a module, bottom(block, x) -> the bottom "
+                "layer's output before its activation, with `out_dim`) and a method `upper(blocks, h)`; or "
+                "train it in exact or device mode (docs/models.md, 'Your own model')")
+        bottom = self.module.bottom
+        if not isinstance(getattr(bottom, "out_dim", None), int):
+            raise ModelProtocolError(f"{self.kind}.bottom has no integer `out_dim` (the width of its output), "
+                                     "which NeutronOrch mode needs for its table of hot rows")
+        return bottom
+
+    def width(self, index: int) -> int:
+        if index != self.num_layers - 1:
+            raise ModelProtocolError(f"{self.kind} gives its final output only; a layer's embedding (embed "
+                                     "--layer) needs a built-in model")
+        return self.out_width
+
+    def forward(self, blocks: list[Block], x: torch.Tensor, hot: HotRows | None = None) -> torch.Tensor:
+        if len(blocks) != self.num_layers:
+            raise ValueError(f"{len(blocks)} blocks for a {self.num_layers}-layer model")
+        rows = blocks[-1].num_dst
+        if hot is not None:
+            h = splice(self.bottom(blocks[0], x), hot.table, hot.index, hot.grad_acc)
+            return self._checked(self.module.upper(blocks[1:], h), rows, "upper(blocks, h)")
+        if self.form == "blocks":
+            return self._checked(self.module(blocks, x), rows, "forward(blocks, x)")
+        edge_index, nodes, edges = pyg_form(blocks)
+        extra = dict(zip(_TRIM, (nodes, edges))) if self.trims else {}
+        out = self.module(x, edge_index, **extra)
+        if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] < rows:
+            self._checked(out, x.shape[0], "forward(x, edge_index)")
+        return self._checked(out[:rows], rows, "forward(x, edge_index)")
+
+    def _checked(self, out, rows: int, call: str) -> torch.Tensor:
+        expected = f"a [{rows}, {self.out_width}] tensor"
+        if not isinstance(out, torch.Tensor):
+            raise ModelProtocolError(f"{self.kind}.{call} returned {type(out).__name__}; the protocol expects "
+                                     f"{expected} (one row of logits per seed, one column per output)")
+        if out.dim() != 2 or out.shape[0] != rows or out.shape[1] != self.out_width:
+            raise ModelProtocolError(f"{self.kind}.{call} returned shape {list(out.shape)}; the protocol "
+                                     f"expects {expected} (one row of logits per seed, one column per output; "
+                                     f"{PROTOCOL})")
+        return out
+
