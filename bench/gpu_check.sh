@@ -15,6 +15,10 @@
 # features (--gpu-cache-gb), the regime NeutronOrch is made for, and once more with every row on the GPU in
 # bfloat16 (--precision bf16). bench/gpu_table.py prints the table and checks the targets.
 #
+# Then the profiles of device mode (bench/device_profile.py --compare: the torch and Triton samplers'
+# launches and host synchronisations per mini-batch; bench/feature_bandwidth.py: feature reads against the
+# bus's peak), into $RESULTS/device_profile.txt and feature_bandwidth.{txt,json}.
+#
 # Then the regime benchmark (bench/regime.py; REGIME=0 skips it): every mode on a graph whose features are
 # twice the GPU budget (8M vertices, 512 features: 16 GB, --gpu-memory-gb 8) and on the graph above as the
 # control, in at most REGIME_BUDGET seconds (default 480, generation included); its table and summaries go
@@ -100,6 +104,17 @@ else
 fi
 
 "$PYTHON" bench/gpu_table.py "$RESULTS" "$gpu" | tee "$RESULTS/table.md"
+
+# Where device mode's time goes: launches and host synchronisations per mini-batch of the torch and Triton
+# samplers side by side, the training step, and the feature reads against the bus's peak.
+say "profiles: device_profile.py --compare, feature_bandwidth.py"
+timeout "${PROFILE_LIMIT:-120}" "$PYTHON" bench/device_profile.py --dataset "$data" --device "$DEVICE" --compare \
+    --batches "${PROFILE_BATCHES:-10}" 2>&1 | tee "$RESULTS/device_profile.txt" | tee -a "$log" | head -40
+say "device_profile exit status ${PIPESTATUS[0]}"
+timeout "${PROFILE_LIMIT:-120}" "$PYTHON" bench/feature_bandwidth.py --dataset "$data" --device "$DEVICE" \
+    --batches "${PROFILE_BATCHES:-10}" --json "$RESULTS/feature_bandwidth.json" 2>&1 \
+    | tee "$RESULTS/feature_bandwidth.txt" | tee -a "$log"
+say "feature_bandwidth exit status ${PIPESTATUS[0]}"
 
 if [ "${REGIME:-1}" != 0 ]; then
     # The products-like graph above is the control; the regime graph is generated (or found) next to it.
