@@ -109,8 +109,8 @@ def test_device_mode_trains_the_same_with_either_sampler(monkeypatch):
     cfg = dict(dataset="synthetic:nodes=1500,degree=8,features=8,classes=3", fanouts=[4, 3], hidden=16,
                batch_size=256, epochs=1, progress=False, mode="device", device=DEVICE.type, eval_every=0)
     runs, calls = {}, []
-    hops = TritonNeighborSampler._hops
-    monkeypatch.setattr(TritonNeighborSampler, "_hops", lambda self, *a: calls.append(1) or hops(self, *a))
+    launch = TritonNeighborSampler._launch
+    monkeypatch.setattr(TritonNeighborSampler, "_launch", lambda self, *a: calls.append(1) or launch(self, *a))
     for backend in ("torch", "triton"):
         monkeypatch.setenv("NEUTRONORCH_DEVICE_SAMPLER", backend)
         runs[backend] = train(TrainConfig(**cfg))
@@ -157,5 +157,9 @@ def test_triton_sampler_reads_sizes_from_the_device_once_per_call(monkeypatch):
                             lambda self, *a, _o=original, _n=name, **k: reads.append(_n) or _o(self, *a, **k))
     sampler.sample(seeds, 1)
     sampler.sample_hop(seeds, 3, 2)
+    many = sampler.sample_many([seeds, seeds[:5], seeds[3:]], [4, 5, 6])  # several mini-batches, one read
     monkeypatch.undo()
-    assert reads == ["tolist", "tolist"], reads
+    assert reads == ["tolist", "tolist", "tolist"], reads
+    torch_sampler = TorchNeighborSampler(sampler.indptr, sampler.indices, [6, 4, 2])
+    for sg, s, key in zip(many, [seeds, seeds[:5], seeds[3:]], [4, 5, 6]):
+        _assert_same(torch_sampler.sample(s, key), sg)

@@ -335,8 +335,9 @@ def auto_batch_size(num_train: int) -> int:
     return min(1024, max(32, num_train // 32))
 
 
-def load_config_file(path: str | os.PathLike) -> dict:
-    """Read a YAML, TOML or JSON file whose keys are ``TrainConfig`` fields (dashes or underscores)."""
+def load_config_file(path: str | os.PathLike, extra: tuple[str, ...] = ()) -> dict:
+    """Read a YAML, TOML or JSON file whose keys are ``TrainConfig`` fields (dashes or underscores), or one of
+    ``extra`` (keys of the caller's own, such as the command line's ``run_name`` and ``save``)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--config {path}: no such file.")
@@ -366,12 +367,12 @@ def load_config_file(path: str | os.PathLike) -> dict:
         raise ConfigError(f"--config {path}: cannot be parsed ({exc}).") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: expected a mapping of option names to values.")
-    known = set(TrainConfig.keys())
+    known = set(TrainConfig.keys()) | set(extra)
     out = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
-        if name in ("no_progress", "no_stage_table") and isinstance(value, bool):
-            name, value = name[3:], not value  # the flags' spelling: --no-progress, --no-stage-table
+        if name in ("no_progress", "no_stage_table", "no_save") and isinstance(value, bool):
+            name, value = name[3:], not value  # the flags' spelling: --no-progress, --no-stage-table, --no-save
         if name not in known:
             raise ConfigError(f"--config {path}: unknown key {key!r}. Known keys: {', '.join(sorted(known))}.")
         if name in out:  # batch-size and batch_size, or progress and no-progress: which one would be meant?

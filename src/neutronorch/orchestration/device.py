@@ -32,6 +32,10 @@ from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.neighbor_sampler import batch_key
 
 
+# Mini-batches sampled per call of the device sampler (one host synchronisation for them all).
+SAMPLE_GROUP = 4
+
+
 class DeviceMode(StepHooksUnused):
     name = "device"
     stages = StageTable({"sample": "sampler", "gather": "sampler"})
@@ -57,14 +61,17 @@ class DeviceMode(StepHooksUnused):
     def _produce(self, epoch: int, start: int) -> Iterator[MiniBatch]:
         sampler = make_device_sampler(self.reader.indptr, self.reader.indices, self.sampling.fanouts,
                                       self.sampling.degrees)
+        batches = list(enumerate(epoch_batches(self.train_idx, self.sampling, epoch)))[start:]
         with torch.cuda.stream(self.sample_stream) if self.sample_stream is not None else nullcontext():
-            for index, seeds in enumerate(epoch_batches(self.train_idx, self.sampling, epoch)):
-                if index < start:
-                    continue
+            # A few mini-batches per call: the device sampler reads the device once for them all.
+            for first in range(0, len(batches), SAMPLE_GROUP):
+                group = batches[first:first + SAMPLE_GROUP]
                 with self.spans.stage("sample"):
-                    seeds = seeds.to(self.device, non_blocking=True)
-                    subgraph = sampler.sample(seeds, batch_key(self.sampling.seed, epoch, index))
-                yield self.reader.load(epoch, index, subgraph)
+                    seeds = [seeds.to(self.device, non_blocking=True) for _, seeds in group]
+                    subgraphs = sampler.sample_many(seeds, [batch_key(self.sampling.seed, epoch, index)
+                                                            for index, _ in group])
+                for (index, _), subgraph in zip(group, subgraphs):
+                    yield self.reader.load(epoch, index, subgraph)
 
     def step_inputs(self, batch: MiniBatch) -> StepInputs:
         batch.wait()

@@ -13,6 +13,7 @@ interpreter (``TRITON_INTERPRET=1`` before the first import of Triton), which th
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 
@@ -81,20 +82,29 @@ class TritonNeighborSampler:
 
     def sample(self, seeds: torch.Tensor, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
         """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first."""
+        return self.sample_many([seeds], [key], fanouts)[0]
+
+    def sample_many(self, seeds: list[torch.Tensor], keys: list[int], fanouts: list[int] | None = None
+                    ) -> list[SampledSubgraph]:
+        """``sample`` of several mini-batches (``seeds[i]`` with ``keys[i]``) with one read of the device for
+        them all: their kernels queue back to back, and the host waits once, for every hop's sizes."""
         fanouts = self.fanouts if fanouts is None else fanouts
         if any(f < 0 for f in fanouts):
-            return self._torch.sample(seeds, key, fanouts)
-        seeds = seeds.to(self.device, torch.int64)
-        blocks, frontiers = self._run(seeds, [(f, layer_key(key, hop)) for hop, f in enumerate(fanouts)])
-        blocks.reverse()
-        frontiers.reverse()
-        return SampledSubgraph(seeds, blocks, frontiers)
+            return [self._torch.sample(s, key, fanouts) for s, key in zip(seeds, keys)]
+        seeds = [s.to(self.device, torch.int64) for s in seeds]
+        calls = [(s, [(f, layer_key(key, hop)) for hop, f in enumerate(fanouts)]) for s, key in zip(seeds, keys)]
+        out = []
+        for s, (blocks, frontiers) in zip(seeds, self._run(calls)):
+            blocks.reverse()
+            frontiers.reverse()
+            out.append(SampledSubgraph(s, blocks, frontiers))
+        return out
 
     def sample_hop(self, dst: torch.Tensor, fanout: int, key: int) -> tuple[Block, torch.Tensor]:
         """One hop on its own, as ``TorchNeighborSampler.sample_hop`` (``key`` is a ``layer_key``)."""
         if fanout < 0:
             return self._torch.sample_hop(dst, fanout, key)
-        blocks, frontiers = self._run(dst.to(self.device, torch.int64), [(fanout, key)])
+        blocks, frontiers = self._run([(dst.to(self.device, torch.int64), [(fanout, key)])])[0]
         return blocks[0], frontiers[1]
 
     def _codes(self, hops: int) -> int:
@@ -107,18 +117,22 @@ class TritonNeighborSampler:
         self._generation += hops
         return first
 
-    def _run(self, seeds: torch.Tensor, hops: list[tuple[int, int]]):
+    def _run(self, calls: list[tuple[torch.Tensor, list[tuple[int, int]]]]):
+        """Every call's (blocks, frontiers) (seed hop first), after one read of the device."""
         # Triton launches on the calling thread's current device, which a sampling thread does not inherit.
-        if self.device.type != "cuda":
-            return self._hops(seeds, hops)
-        with torch.cuda.device(self.device):
-            return self._hops(seeds, hops)
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+            hops = len(calls[0][1])
+            # Row i, call i's sizes: [2h] hop h's destinations, [2h + 1] its edges, [2h + 2] its source frontier.
+            sizes = torch.empty((len(calls), 2 * hops + 1), dtype=torch.int64, device=self.device)
+            pending = [self._launch(seeds, call_hops, sizes[i]) for i, (seeds, call_hops) in enumerate(calls)]
+            counts = sizes.tolist()  # the one read of the device
+        return [self._build(seeds, row, parts) for (seeds, _), row, parts in zip(calls, counts, pending)]
 
-    def _hops(self, seeds: torch.Tensor, hops: list[tuple[int, int]]):
+    def _launch(self, seeds: torch.Tensor, hops: list[tuple[int, int]], sizes: torch.Tensor) -> list[tuple]:
+        """Queue the kernels of every hop of ``seeds``; their sizes go to ``sizes`` (on the device)."""
         k, device = self._k, self.device
         high = self._codes(len(hops))
-        # sizes[2h]: hop h's destinations, sizes[2h + 1]: its edges, sizes[2h + 2]: its source frontier.
-        sizes = torch.full((2 * len(hops) + 1,), seeds.shape[0], dtype=torch.int64, device=device)
+        sizes.fill_(seeds.shape[0])
         dst, bound = seeds, seeds.shape[0]
         pending = []
         for hop, (fanout, key) in enumerate(hops):
@@ -152,7 +166,10 @@ class TritonNeighborSampler:
                                  SLOTS=k.SLOTS)
             pending.append((ptr, local, frontier))
             dst, bound = frontier, new_bound
-        counts = sizes.tolist()  # the one read of the device: every hop's sizes
+        return pending
+
+    def _build(self, seeds: torch.Tensor, counts: list[int], pending: list[tuple]):
+        """The blocks and frontiers (seed hop first) of launched hops, cut to the sizes read back."""
         blocks, frontiers = [], [seeds]
         for hop, (ptr, local, frontier) in enumerate(pending):
             num_dst, num_edges, num_src = counts[2 * hop:2 * hop + 3]

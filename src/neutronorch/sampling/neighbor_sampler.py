@@ -172,6 +172,12 @@ class TorchNeighborSampler:
         frontiers.reverse()
         return SampledSubgraph(seeds, blocks, frontiers)
 
+    def sample_many(self, seeds: list[torch.Tensor], keys: list[int], fanouts: list[int] | None = None
+                    ) -> list[SampledSubgraph]:
+        """``sample`` of each of several mini-batches (the device sampler's ``sample_many`` reads the device
+        once for them all; this one as often as one by one)."""
+        return [self.sample(s, key, fanouts) for s, key in zip(seeds, keys)]
+
     def sample_hop(self, dst: torch.Tensor, fanout: int, key: int) -> tuple[Block, torch.Tensor]:
         """One hop on its own: sample ``fanout`` in-neighbours of every vertex of ``dst`` (unique global ids).
 
