@@ -102,6 +102,21 @@ def targets(runs: dict) -> list[str]:
               "n/a (no NVML)" if util is None else f"{util:.0f}%", util is not None and util > 85)
     else:
         check("25%: GPU utilisation above 85% in neutronorch mode", [n], None, False)
+    # The GPU path's targets: device mode itself, and bf16 in every mode.
+    for cap, limit in (("full", 0.6), ("quarter", 0.8)):
+        key = ("device", cap)
+        name = f"device mode at most {limit} s per epoch ({'every feature on the GPU' if cap == 'full' else '25% cached'})"
+        check(name, [key], key in m and f"{m[key]['seconds']:.3f} s", key in m and m[key]["seconds"] <= limit)
+    key = ("device", "full")
+    util = m[key]["gpu"] if key in m else None
+    check("device mode GPU utilisation at least 85% (every feature on the GPU)", [key],
+          "n/a (no NVML)" if util is None else f"{util:.0f}%", util is not None and util >= 85)
+    for mode in ("exact", "device", "neutronorch"):
+        fp32, bf16 = (mode, "full"), (mode, "bf16")
+        both = fp32 in m and bf16 in m and m[fp32]["acc"] is not None and m[bf16]["acc"] is not None
+        gap = abs(m[fp32]["acc"] - m[bf16]["acc"]) if both else None
+        check(f"bf16 {mode}: accuracy within 0.5 points of fp32", [fp32, bf16],
+              None if gap is None else f"{100 * gap:.2f} points", gap is not None and gap <= 0.005)
     return out
 
 
