@@ -238,6 +238,7 @@ class SamplingConfig:
     rank: int = 0  # data parallel: this rank trains part ``rank`` of each global batch of batch_size * world
     world: int = 1
     file_order: bool = False  # host samplers read the topology in file order (``TrainConfig.read_order``)
+    shuffle: bool = True  # False: every epoch takes the seeds in their given order (``NeighborLoader``)
 
 
 @dataclass(frozen=True)

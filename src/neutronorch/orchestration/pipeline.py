@@ -36,7 +36,11 @@ class Prefetcher:
             if self._on_start is not None:
                 self._on_start()
             for item in self._produce():
-                self._channel.put(count, item)
+                try:
+                    self._channel.put(count, item)
+                except Closed:
+                    _release(item)  # made as the consumer left: what it holds goes back too
+                    raise
                 count += 1
             self._channel.put(count, _DONE)
         except Closed:
@@ -64,9 +68,7 @@ class Prefetcher:
 
     def close(self) -> None:
         for item in self._channel.close():
-            release = getattr(item, "release", None)
-            if callable(release):
-                release()  # hand back what unconsumed items hold
+            _release(item)  # hand back what unconsumed items hold
         self._thread.join()
 
     def __enter__(self):
@@ -74,3 +76,9 @@ class Prefetcher:
 
     def __exit__(self, *exc_info):
         self.close()
+
+
+def _release(item) -> None:
+    release = getattr(item, "release", None)
+    if callable(release):
+        release()

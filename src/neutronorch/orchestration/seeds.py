@@ -28,8 +28,9 @@ def batches_per_epoch(graph: Graph, sampling: SamplingConfig) -> int:
 
 def epoch_batches(train_idx: torch.Tensor, sampling: SamplingConfig, epoch: int) -> list[torch.Tensor]:
     """This rank's seeds of every mini-batch of ``epoch``, in batch order (some may be empty when the last
-    global batch has fewer seeds than there are ranks)."""
-    order = epoch_order(train_idx, sampling.seed, epoch)
+    global batch has fewer seeds than there are ranks). Unshuffled (``sampling.shuffle`` False): in their
+    given order every epoch."""
+    order = epoch_order(train_idx, sampling.seed, epoch) if sampling.shuffle else train_idx
     batches = torch.split(order, sampling.batch_size * sampling.world)
     if sampling.world == 1:
         return list(batches)
