@@ -5,6 +5,10 @@ Public API::
     from neutronorch import TrainConfig, train, load_dataset
     summary = train(TrainConfig(dataset="synthetic:nodes=100000", model="sage", epochs=3))
 
+    from neutronorch import NeighborLoader           # the same pipeline's batches for your own loop
+    for batch in NeighborLoader("synthetic", [10, 10], 1024):
+        data = batch.to_pyg()                        # or batch.to_dgl_blocks(), or batch.blocks / batch.x
+
 Names are imported when first used, so ``import neutronorch`` (and commands that need no model, such as
 ``neutronorch convert`` and ``info``) do not wait for torch to load.
 """
@@ -26,6 +30,7 @@ _WHERE = {
     **{name: "neutronorch.errors" for name in ("NeutronorchError", "ConfigError", "DataError", "TrainingError",
                                                "OutputError", "CheckpointError", "Interrupted")},
     "GNN": "neutronorch.nn.models",
+    "NeighborLoader": "neutronorch.loader",
     "to_pyg_model": "neutronorch.nn.pyg",
     "NeighborSampler": "neutronorch.sampling.neighbor_sampler",
     "TorchNeighborSampler": "neutronorch.sampling.neighbor_sampler",

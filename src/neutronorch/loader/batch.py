@@ -1,0 +1,159 @@
+"""One mini-batch of a ``NeighborLoader``, in the three forms a training loop may take.
+
+- Plain (neutronorch's own models): ``batch.blocks`` (bottom layer first), ``batch.x`` (the bottom block's
+  source rows), ``batch.y`` (the seeds' labels), ``batch.seeds``: ``GNN(...)(batch.blocks, batch.x)``.
+- PyG: ``batch.to_pyg()``, a ``torch_geometric.data.Data`` as PyG's ``NeighborLoader`` yields one.
+- DGL: ``batch.to_dgl_blocks()``, one ``dgl.create_block`` per layer, input layer first.
+
+The blocks are the sampler's: every destination of a layer draws its neighbours at that layer (DGL's
+blocks). PyG's form keeps, of each layer's block, the rows of the vertices that the hop before newly
+reached, so that each vertex's neighbours are drawn once, as PyG's sampler draws them
+(``sampling.block.pyg_form``, the layout ``train()`` feeds a PyG model too).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from neutronorch.orchestration.batch import MiniBatch
+from neutronorch.sampling.block import Block, pyg_form
+
+__all__ = ["LoaderBatch"]
+
+
+class LoaderBatch:
+    """A mini-batch handed out by ``NeighborLoader``: ``epoch``, ``index`` (its number in the epoch),
+    ``batch_size`` (seeds), ``seeds`` (their global ids), ``input_id`` (their positions in the loader's
+    ``seeds``), ``n_id`` (the global ids of every sampled vertex, seeds first), ``blocks``, ``x``, ``y``.
+
+    ``x`` may be a view of a reused gather buffer (the pipeline's own, as in ``train()``): it is valid until
+    the iteration is asked for the next batch, after which reading it through this object raises. Keep what
+    you need by copying it, or build the loader with ``reuse_buffers=False``. The last batch an iteration
+    handed out (``next(iter(loader))``, a ``break``) keeps its rows when the iteration closes."""
+
+    def __init__(self, minibatch: MiniBatch, blocks: list[Block], x: torch.Tensor, input_id: torch.Tensor,
+                 labels: Callable[[torch.Tensor], torch.Tensor], reused: bool = True):
+        self.minibatch = minibatch
+        self._reused = reused  # x may be the pool's buffer, refilled after the next batch is asked for
+        self.epoch, self.index = minibatch.epoch, minibatch.index
+        self._blocks, self._x = blocks, x
+        self.y = minibatch.labels  # the seeds' labels (one per seed, or one row of tasks)
+        self.input_id = input_id
+        self._labels = labels  # global ids -> labels, on the batch's device
+        self._pyg = None
+        self._released = False
+
+    # -- the plain form -------------------------------------------------------------------------------
+    @property
+    def blocks(self) -> list[Block]:
+        self._check()
+        return self._blocks
+
+    @property
+    def x(self) -> torch.Tensor:
+        self._check()
+        return self._x
+
+    @property
+    def device(self) -> torch.device:
+        return self._x.device
+
+    @property
+    def seeds(self) -> torch.Tensor:
+        """The seeds' global ids (on the batch's device)."""
+        return self.n_id[:self.batch_size]
+
+    @property
+    def batch_size(self) -> int:
+        return int(self._blocks[-1].num_dst)
+
+    @property
+    def n_id(self) -> torch.Tensor:
+        """Global ids of the bottom block's sources: every vertex sampled, seeds first, then each hop's new
+        vertices in the order they were first reached."""
+        ids = self._blocks[0].src_ids
+        return ids if ids is not None else self.minibatch.subgraph.input_nodes.to(self.device)
+
+    @property
+    def num_sampled_nodes(self) -> list[int]:
+        """Vertices per hop: the seeds, then those each hop added (PyG's ``num_sampled_nodes``)."""
+        sizes = [self._blocks[-1].num_dst] + [b.num_src for b in reversed(self._blocks)]
+        return [sizes[0]] + [b - a for a, b in zip(sizes, sizes[1:])]
+
+    # -- the PyG form ---------------------------------------------------------------------------------
+    def to_pyg(self):
+        """A ``torch_geometric.data.Data`` with what PyG's ``NeighborLoader`` puts in one: ``x``, ``y`` (a
+        label per vertex of ``n_id``), ``edge_index`` (row 0 the neighbour, row 1 the vertex it was sampled
+        for, local ids; the seed hop's edges first), ``n_id``, ``input_id``, ``batch_size`` and the per-hop
+        ``num_sampled_nodes`` and ``num_sampled_edges`` that ``trim_to_layer`` and ``BasicGNN`` read. No
+        ``e_id``: the samplers draw neighbours, not edge positions (neutronorch graphs have no edge
+        features to index). Built once per batch."""
+        self._check()
+        if self._pyg is None:
+            try:
+                from torch_geometric.data import Data  # noqa: PLC0415 - optional
+            except ImportError:
+                raise ImportError("batch.to_pyg() needs PyTorch Geometric: pip install torch-geometric (its "
+                                  "NeighborLoader's sampler backends, pyg-lib or torch-sparse, are not needed)"
+                                  ) from None
+            edge_index, nodes, edges = pyg_form(self._blocks)
+            n_id = self.n_id
+            self._pyg = Data(x=self._x, edge_index=edge_index, y=self._labels(n_id), n_id=n_id,
+                             input_id=self.input_id, batch_size=self.batch_size, num_sampled_nodes=nodes,
+                             num_sampled_edges=edges)
+        return self._pyg
+
+    # -- the DGL form ---------------------------------------------------------------------------------
+    def to_dgl_blocks(self) -> list:
+        """One DGL block per layer, input layer first (as ``dgl.dataloading`` yields them): the sampler's
+        blocks as they are, with ``srcdata``/``dstdata`` ``dgl.NID`` (global ids); the first block's
+        ``srcdata["feat"]`` holds ``x`` and the last block's ``dstdata["label"]`` the seeds' labels."""
+        self._check()
+        try:
+            import dgl  # noqa: PLC0415 - optional
+        except ImportError:
+            raise ImportError("batch.to_dgl_blocks() needs DGL: pip install dgl") from None
+        out = []
+        for block in self._blocks:
+            dst = torch.repeat_interleave(torch.arange(block.num_dst, device=block.indptr.device),
+                                          block.in_degrees(), output_size=block.num_edges)
+            g = dgl.create_block((block.indices.long(), dst), num_src_nodes=block.num_src,
+                                 num_dst_nodes=block.num_dst, device=block.indices.device)
+            g.srcdata[dgl.NID] = block.src_ids
+            g.dstdata[dgl.NID] = block.dst_ids
+            out.append(g)
+        out[0].srcdata["feat"] = self._x
+        out[-1].dstdata["label"] = self.y
+        return out
+
+    # -- lifetime -------------------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self._released:
+            raise RuntimeError(f"batch {self.index} of epoch {self.epoch}: its input rows were in a reused buffer "
+                               f"that the loader has since refilled (it moved on to the next batch). Copy what "
+                               f"you keep (x.clone()) before asking for the next batch, or build the loader with "
+                               f"reuse_buffers=False.")
+
+    def _keep(self) -> None:
+        """The iteration ended with this batch in hand: it keeps its rows (a copy) and the gather buffer goes
+        back to the pool, so ``next(iter(loader))`` gives a batch that stays valid."""
+        if self._reused and not self._released:
+            if self._x.device.type == "cpu":
+                self._x = self._x.clone()
+                if self._pyg is not None:
+                    self._pyg.x = self._x
+            self.minibatch.release()
+            self._reused = False
+
+    def _release(self) -> None:
+        """The loader moved on: the gather buffer goes back to the pipeline's pool."""
+        if self._reused:
+            self.minibatch.release()
+            self._released = True
+            self._pyg = None
+
+    def __repr__(self) -> str:
+        return (f"LoaderBatch(epoch={self.epoch}, index={self.index}, batch_size={self.batch_size}, "
+                f"nodes={self.num_sampled_nodes}, edges={[b.num_edges for b in self._blocks]}, device={self.device})")
