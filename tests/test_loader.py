@@ -394,7 +394,7 @@ def test_dgl_blocks(graph):
         for mine, conv in zip(ours.layers, convs):
             conv.fc_self.weight.copy_(mine.lin_self.weight)
             conv.fc_neigh.weight.copy_(mine.lin_neigh.weight)
-            conv.bias.copy_(mine.lin_self.bias)
+            conv.fc_self.bias.copy_(mine.lin_self.bias)  # DGL 2.x: the bias sits in fc_self for 'mean'
     batch = next(iter(NeighborLoader(graph, [6, 4], 32)))
     blocks = batch.to_dgl_blocks()
     assert len(blocks) == 2 and blocks[-1].num_dst_nodes() == 32
