@@ -278,6 +278,26 @@ def test_device_mode_gives_the_same_batches_on_the_cpu(graph):
     assert all(same(a, b) for a, b in zip(exact, device))
 
 
+def test_memory_mapped_features_in_file_order_and_a_host_cache(graph, tmp_path):
+    """The trainer's read paths come along: a memory-mapped graph read in file order, through a host cache."""
+    from neutronorch.data import load_native, save_native
+
+    mapped = load_native(save_native(graph, tmp_path / "g"))
+    features = torch.from_numpy(np.asarray(graph.features))
+    loader = NeighborLoader(mapped, [5, 5], 64, read_order="file", host_cache_gb=0.00005)
+    assert loader.mode.store.ordered and loader.mode.store.host_cache is not None
+    for batch in loader:
+        assert torch.equal(batch.x, features[batch.n_id])
+
+
+def test_gcn_blocks_carry_degrees_and_bf16_rows(graph):
+    batch = next(iter(NeighborLoader(graph, [5, 5], 64, model="gcn", precision="bf16")))
+    assert all(b.src_degree is not None for b in batch.blocks) and batch.x.dtype == torch.bfloat16
+    model = GNN("gcn", graph.feature_dim, 16, graph.num_classes, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(batch.blocks, batch.x).shape == (64, graph.num_classes)
+
+
 # -- lifetime -------------------------------------------------------------------------------------------
 
 def test_break_and_exceptions_leave_no_thread(graph):
