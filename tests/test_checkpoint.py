@@ -503,3 +503,13 @@ def test_a_checkpoint_whose_saved_state_cannot_be_restored_is_refused_naming_the
         assert str(directory / "last.pt") in str(exc)
     else:  # a damaged part the structure check already refuses is fine too; a silent resume is not
         pytest.fail("a damaged checkpoint resumed")
+
+
+def test_the_resume_rule_is_declared_per_setting():
+    # Declared where each setting is defined (config.may_change), not in a list kept beside it by hand.
+    from dataclasses import fields
+
+    may = TrainConfig.resume_may_change()
+    assert {"epochs", "checkpoint_dir", "threads", "device", "precision", "eval_every"} <= may
+    assert not may & {"model", "fanouts", "lr", "seed", "batch_size", "mode", "hot_ratio", "dropout"}
+    assert may == {f.name for f in fields(TrainConfig) if f.metadata.get("resume") == "may change"}

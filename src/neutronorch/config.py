@@ -27,9 +27,16 @@ DEVICE_SAMPLING = ("auto", "on", "off")
 READ_ORDERS = ("auto", "file", "batch")
 
 
+def may_change(default):
+    """A setting a resumed run may change (``TrainConfig.resume_may_change``): where outputs go, how the run
+    reports, how long it trains, its threads and where it runs; results do not depend on them. Every other
+    setting changes the model or the training, and a resume with another value is refused."""
+    return field(default=default, metadata={"resume": "may change"})
+
+
 @dataclass
 class TrainConfig:
-    dataset: str = "synthetic"
+    dataset: str = may_change("synthetic")
     split: str | None = None
     model: str = "sage"
     fanouts: list[int] = field(default_factory=lambda: [10, 10])
@@ -43,22 +50,22 @@ class TrainConfig:
     metric: str = "auto"  # accuracy, rocauc, f1-micro, f1-macro; auto: the dataset's (see train/task.py)
     split_index: int = 0  # which of the dataset's stored splits (the heterophilous .npz files hold 10)
     batch_size: int = 0  # 0: auto_batch_size(number of training seeds)
-    epochs: int = 50
+    epochs: int = may_change(50)
     lr: float = 0.003
     weight_decay: float = 5e-3
     dropout: float = 0.7
     seed: int = 0
-    device: str = "auto"
-    precision: str = "fp32"  # fp32, bf16 or auto (bf16 where the device has it natively); nn/precision.py
+    device: str = may_change("auto")
+    precision: str = may_change("fp32")  # fp32, bf16 or auto (bf16 where the device has it natively); nn/precision.py
     mode: str = "exact"  # exact, device, neutronorch, or auto (chosen when the run starts)
-    eval_every: int = 1
-    eval_fanouts: list[int] | None = None
-    eval_batch_size: int = 4096
-    eval_max_nodes: int = 0  # 0: every validation and test vertex
-    patience: int = 0  # stop after this many evaluations without a better validation accuracy (0: never)
-    prefetch: int = 2
-    threads: int = 0
-    sampler_threads: int = 0
+    eval_every: int = may_change(1)
+    eval_fanouts: list[int] | None = may_change(None)
+    eval_batch_size: int = may_change(4096)
+    eval_max_nodes: int = may_change(0)  # 0: every validation and test vertex
+    patience: int = may_change(0)  # stop after this many evaluations without a better validation accuracy (0: never)
+    prefetch: int = may_change(2)
+    threads: int = may_change(0)
+    sampler_threads: int = may_change(0)
     # NeutronOrch mode
     super_batch: int = 8
     hot_ratio: str | float = "auto"
@@ -67,7 +74,7 @@ class TrainConfig:
     hot_error_budget: float = 0.02
     snapshot_lead: int | None = None  # None: auto (2 steps, more while the trainer waits for hot rows)
     hot_set: str = "rank"  # data parallel: rows hot on several ranks of a node computed by each ("rank") or once
-    host_threads: int = 0
+    host_threads: int = may_change(0)
     # Placement on the device (CUDA; see features/placement.py)
     gpu_memory_gb: float | None = None  # None: the device's memory
     gpu_cache_gb: str | float = "auto"  # auto: as much as the budget holds (CUDA), none on the CPU; 0: none
@@ -77,20 +84,25 @@ class TrainConfig:
     host_cache_gb: str | float = "auto"  # memory-mapped features: hottest rows in memory (auto: when they do not fit)
     host_cache_dir: str | None = None  # the host cache's file of cold rows (None: next to the features)
     # Observation
-    summary_json: str | None = None
-    timeline: str | None = None  # .png; the raw spans go next to it as .json
-    timeline_steps: int = 40
-    log_jsonl: str | None = None
-    log_csv: str | None = None
-    tensorboard: str | None = None
-    log_every: int = 20
-    checkpoint_dir: str | None = None  # last.pt after every epoch, best.pt at each better validation score
-    checkpoint_every: int = 0  # also write last.pt every this many steps (0: at epoch ends only)
-    resume: bool = False  # continue from checkpoint_dir/last.pt
-    overwrite: bool = False  # replace an earlier run's outputs (summary, logs, timeline, checkpoints)
-    progress: bool = True  # the command line's progress bar (train() reports through its callback instead)
-    dist_timeout: float = 600.0  # data parallel: seconds a collective waits for the other ranks
-    stage_table: bool = True
+    summary_json: str | None = may_change(None)
+    timeline: str | None = may_change(None)  # .png; the raw spans go next to it as .json
+    timeline_steps: int = may_change(40)
+    log_jsonl: str | None = may_change(None)
+    log_csv: str | None = may_change(None)
+    tensorboard: str | None = may_change(None)
+    log_every: int = may_change(20)
+    checkpoint_dir: str | None = may_change(None)  # last.pt after every epoch, best.pt at each better validation score
+    checkpoint_every: int = may_change(0)  # also write last.pt every this many steps (0: at epoch ends only)
+    resume: bool = may_change(False)  # continue from checkpoint_dir/last.pt
+    overwrite: bool = may_change(False)  # replace an earlier run's outputs (summary, logs, timeline, checkpoints)
+    progress: bool = may_change(True)  # the command line's progress bar (train() reports through its callback instead)
+    dist_timeout: float = may_change(600.0)  # data parallel: seconds a collective waits for the other ranks
+    stage_table: bool = may_change(True)
+
+    @classmethod
+    def resume_may_change(cls) -> frozenset[str]:
+        """The settings a resumed run may change (declared with ``may_change``)."""
+        return frozenset(f.name for f in fields(cls) if f.metadata.get("resume") == "may change")
 
     def validate(self) -> "TrainConfig":
         """Normalise and check every field; raise ``ConfigError`` saying how to fix the first problem."""

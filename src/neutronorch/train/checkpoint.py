@@ -57,14 +57,9 @@ def fingerprint_changes(saved: dict, now: dict) -> list[str]:
     return [FINGERPRINT_NAMES.get(key, key) for key, value in now.items() if key in saved and saved[key] != value]
 
 
-# Settings a resumed run may change: where its outputs go, how it reports, how long it trains, how many
-# threads it uses (results do not depend on them) and where it runs. Any other difference changes the
-# model or the training and is refused.
-RESUME_MAY_CHANGE = frozenset({
-    "dataset", "epochs", "patience", "eval_every", "eval_fanouts", "eval_batch_size", "eval_max_nodes", "summary_json",
-    "timeline", "timeline_steps", "log_jsonl", "log_csv", "tensorboard", "log_every", "progress", "stage_table",
-    "checkpoint_dir", "checkpoint_every", "resume", "overwrite", "threads", "sampler_threads", "host_threads", "prefetch", "device",
-    "precision", "dist_timeout"})
+# Settings a resumed run may change (each declared so where it is defined, ``config.may_change``); any other
+# difference changes the model or the training and is refused.
+RESUME_MAY_CHANGE = TrainConfig.resume_may_change()
 
 
 def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Graph, model: GNN,
