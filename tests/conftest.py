@@ -12,6 +12,16 @@ if not torch.cuda.is_available():
 from neutronorch.data.csc import edges_to_csc
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _scratch_working_folder(tmp_path_factory):
+    """The tests run in a scratch folder: a command-line run that names no output keeps its results in
+    runs/ under the current folder, which must not be the checkout."""
+    before = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    os.chdir(before)
+
+
 def pytest_collection_modifyitems(config, items):
     skip_cuda = pytest.mark.skip(reason="no CUDA device")
     for item in items:

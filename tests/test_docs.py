@@ -23,7 +23,8 @@ DOC_FILES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 SPEC = "synthetic:nodes=300,degree=5"  # the smoke runs' graph (a few seconds in all)
 # README's placeholders, and the values that stand for them in the parse check (paths: see PATH_FLAGS).
-PLACEHOLDERS = {"SPEC": SPEC, "SOURCE": SPEC, "N": "2", "LR": "0.01", "S": "0", "G": "1", "K": "1"}
+PLACEHOLDERS = {"SPEC": SPEC, "SOURCE": SPEC, "N": "2", "LR": "0.01", "S": "0", "G": "1", "K": "1",
+                "NAME": "readme-run"}
 # Options whose value is a path: every run gets a fresh one in its temporary folder.
 PATH_FLAGS = {"--summary-json": "summary.json", "--checkpoint-dir": "checkpoints", "--host-cache-dir": "host-cache",
               "--log-jsonl": "log.jsonl", "--log-csv": "log.csv", "--tensorboard": "tensorboard",
@@ -190,9 +191,11 @@ def test_every_readme_command_parses_as_written(tmp_path):
 
 
 @pytest.mark.slow
-def test_every_readme_command_runs_in_a_smoke_form(tmp_path):
+def test_every_readme_command_runs_in_a_smoke_form(tmp_path, monkeypatch):
     """Each `neutronorch ...` line of README, tiny: train (then resumed, where README shows --resume), then
-    the other commands, predict and embed reading the checkpoint the train line wrote."""
+    the other commands, predict and embed reading the checkpoint the train line wrote. In a folder of its
+    own: a train line that names no output keeps its results in runs/ there."""
+    monkeypatch.chdir(tmp_path)
     lines = [line for line in readme_commands() if line.startswith("neutronorch")]
     checkpoint = None
     for n, line in enumerate(lines):

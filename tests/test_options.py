@@ -51,7 +51,7 @@ ADVANCED = ["--snapshot-lead", "--hot-error-budget", "--hot-set", "--cache-polic
 # What a first run needs: the options --help lists.
 ESSENTIAL = ["--dataset", "--split", "--model", "--layers", "--hidden", "--fanouts", "--epochs", "--batch-size", "--lr",
              "--seed", "--mode", "--device", "--precision", "--gpu-memory-gb", "--hot-ratio", "--super-batch",
-             "--summary-json", "--checkpoint-dir", "--resume", "--overwrite", "--config"]
+             "--run-name", "--no-save", "--summary-json", "--checkpoint-dir", "--resume", "--overwrite", "--config"]
 
 
 def _subcommand(name: str) -> argparse.ArgumentParser:
@@ -112,7 +112,7 @@ def test_other_commands_keep_their_advanced_options_for_help_all(command, capsys
 
 def test_every_config_field_has_exactly_one_flag():
     dests = [a.dest for a in _subcommand("train")._actions if a.option_strings and a.dest != argparse.SUPPRESS]
-    assert sorted(d for d in dests if d not in ("help", "config")) == sorted(TrainConfig.keys())
+    assert sorted(d for d in dests if d not in ("help", "config", "run_name", "save")) == sorted(TrainConfig.keys())
 
 
 # Every option --help leaves out, with a value other than its default, and the config value it must give.

@@ -1,11 +1,13 @@
 """Nothing lost: outputs never overwrite inputs, each other or another run's outputs; a run's checkpoint
 folder is its own; unwritable outputs and full disks are clear errors found early, after what was trained
-is saved; interrupted writes leave no partial files."""
+is saved; interrupted writes leave no partial files. A command-line run that names no output keeps its
+results in a run folder of its own (runs/NAME/), made only once every check has passed."""
 
 import errno
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +21,7 @@ from neutronorch.atomic import open_array_atomically, sweep_stale, temp_prefix, 
 from neutronorch.cli import main
 from neutronorch.data import SyntheticSpec, generate, save_native
 from neutronorch.train import output_guard
+from neutronorch.train import outputs as outputs_module
 from neutronorch.train import trainer as trainer_module
 
 TINY = "synthetic:nodes=300,degree=5,features=8,classes=3"
@@ -427,3 +430,128 @@ def test_a_graph_passed_to_train_is_protected_as_its_files(workspace, tmp_path):
     with pytest.raises(Exception, match="read as `graph`"):
         train(TrainConfig(epochs=1, fanouts=[4, 4], hidden=8, progress=False, overwrite=True,
                           log_csv=str(workspace / "data" / "labels.npy")), graph=graph)
+
+
+# ----- run folders: a command-line run that names no output keeps its results in runs/NAME/ -----------
+
+RUN_FILES = ["best.pt", "last.pt", "metrics.jsonl", "summary.json"]
+
+
+def _visible(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+
+
+def test_a_run_that_names_no_output_keeps_its_results_in_a_new_run_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--dataset", TINY, *TRAIN]) == 0
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d-sage-synthetic", folder.name), folder.name
+    assert capsys.readouterr().out.splitlines()[-1] == f"results in runs/{folder.name}/"
+    assert _visible(folder) == RUN_FILES
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "completed" and len(summary["epochs"]) == 1
+    assert summary["checkpoints"] and summary["config"]["checkpoint_dir"] == f"runs/{folder.name}"
+    kinds = {json.loads(line)["kind"] for line in (folder / "metrics.jsonl").read_text().splitlines()}
+    assert kinds == {"step", "epoch"}
+
+
+def test_two_runs_get_two_folders_even_in_the_same_second(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    name = "2026-12-03T07-15-02-gcn-synthetic"
+    monkeypatch.setattr(outputs_module, "generated_run_name", lambda config, now=None: name)
+    for _ in range(2):
+        assert main(["train", "--dataset", TINY, *TRAIN, "--model", "gcn"]) == 0
+    assert _visible(tmp_path / "runs") == [name, f"{name}-2"]
+    assert capsys.readouterr().out.splitlines()[-1] == f"results in runs/{name}-2/"
+    assert _visible(tmp_path / "runs" / name) == _visible(tmp_path / "runs" / f"{name}-2") == RUN_FILES
+
+
+def test_a_run_name_in_use_is_refused_unless_resumed_or_overwritten(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    base = ["train", "--dataset", TINY, *TRAIN, "--run-name", "cora-sage"]
+    assert main(base) == 0
+    folder = tmp_path / "runs" / "cora-sage"
+    before = _digest(folder)
+    capsys.readouterr()
+    assert main(base) == 2
+    err = capsys.readouterr().err
+    assert "--run-name cora-sage: runs/cora-sage/ already holds an earlier run's results" in err
+    assert "--resume" in err and "--overwrite" in err and "Traceback" not in err
+    assert _digest(folder) == before
+    # --resume continues it: one more epoch, the metric log added to, the summary rewritten.
+    assert main(base + ["--resume", "--epochs", "2"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "results in runs/cora-sage/"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert [e["epoch"] for e in summary["epochs"]] == [0, 1]
+    epochs = [r for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [0, 1]
+    # --overwrite replaces its results: one epoch again.
+    assert main(base + ["--overwrite"]) == 0
+    assert len(json.loads((folder / "summary.json").read_text())["epochs"]) == 1
+    assert _visible(tmp_path / "runs") == ["cora-sage"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--resume"], "--resume continues a run from its last.pt: name the run (--run-name"),
+    (["--resume", "--run-name", "nothing-here"], "runs/nothing-here/ holds no last.pt"),
+    (["--run-name", "a/b"], "--run-name 'a/b': give a folder name"),
+    (["--run-name", ".hidden"], "give a folder name"),
+    (["--run-name", "x", "--no-save"], "--no-save turns off"),
+    (["--run-name", "x", "--log-jsonl", "m.jsonl"], "made only when no output option is given"),
+    (["--batch-size", "-1"], "--batch-size -1"),  # the options are checked before a folder is made
+])
+def test_run_folder_mistakes_are_clear_errors_that_make_no_folder(args, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    _no_data_loaded(monkeypatch)
+    assert main(["train", "--dataset", TINY, *TRAIN, *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EROFS])
+def test_an_unwritable_working_folder_is_found_before_training(code, tmp_path, monkeypatch, capsys):
+    # Root ignores permission bits, so a refusing folder is simulated where the probe file is created.
+    monkeypatch.chdir(tmp_path)
+    _no_data_loaded(monkeypatch)
+    _refuse_writes(monkeypatch, code)
+    assert main(["train", "--dataset", TINY, *TRAIN]) == 2
+    err = capsys.readouterr().err
+    assert "error: the run folder runs/" in err and "cannot be written" in err and os.strerror(code) in err, err
+    assert "--no-save" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_that_fails_before_writing_leaves_no_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--dataset", str(tmp_path / "no-such-data"), *TRAIN]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_save_and_named_outputs_make_no_run_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--dataset", TINY, *TRAIN, "--no-save"]) == 0
+    assert list(tmp_path.iterdir()) == []
+    assert "results in" not in capsys.readouterr().out
+    assert main(["train", "--dataset", TINY, *TRAIN, "--log-csv", "m.csv"]) == 0  # today's behaviour: what it names
+    assert _visible(tmp_path) == ["m.csv"]
+    assert "results in" not in capsys.readouterr().out
+
+
+def test_a_config_file_names_the_run_or_turns_the_folder_off(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "named.yaml").write_text("run-name: from-file\n")
+    (tmp_path / "off.yaml").write_text("no_save: true\n")
+    assert main(["train", "--dataset", TINY, *TRAIN, "--config", "off.yaml"]) == 0
+    assert _visible(tmp_path) == ["named.yaml", "off.yaml"]
+    assert main(["train", "--dataset", TINY, *TRAIN, "--config", "named.yaml"]) == 0
+    assert _visible(tmp_path / "runs") == ["from-file"]
+    assert main(["train", "--dataset", TINY, *TRAIN, "--config", "named.yaml", "--run-name", "flag"]) == 0
+    assert _visible(tmp_path / "runs") == ["flag", "from-file"]  # the command line wins
+
+
+def test_the_python_api_keeps_nothing_unless_asked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train(TrainConfig(dataset=TINY, epochs=1, fanouts=[4, 4], hidden=8, progress=False, device="cpu"))
+    assert list(tmp_path.iterdir()) == []

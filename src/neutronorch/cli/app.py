@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -16,12 +17,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from neutronorch.cli.options import build_parser
+from neutronorch.cli.options import RUN_FOLDER_KEYS, build_parser
 from neutronorch.config import TrainConfig, load_config_file
 from neutronorch.data import SyntheticSpec, dataset_paths, generate, is_native_dir, load_dataset, save_native
 from neutronorch.data.csc import edge_hygiene
 from neutronorch.data.dtypes import bfloat16
-from neutronorch.errors import Interrupted, NeutronorchError
+from neutronorch.errors import ConfigError, Interrupted, NeutronorchError
 
 
 _FIELD = re.compile(r"(?<!`)`([a-z][a-z0-9_]*)`(?!`)")
@@ -29,7 +30,8 @@ _FIELD = re.compile(r"(?<!`)`([a-z][a-z0-9_]*)`(?!`)")
 
 def as_flags(message: str) -> str:
     """The core's `field_name` references as the command line's --field-name flags."""
-    known = set(TrainConfig.keys()) | {"layer", "nodes", "out", "scratch_dir"}  # and predict's and embed's
+    known = set(TrainConfig.keys()) | {"layer", "nodes", "out", "scratch_dir",  # and predict's and embed's,
+                                       "run_name", "no_save"}  # and train's run folder
     return _FIELD.sub(lambda m: "--" + m[1].replace("_", "-") if m[1] in known else m[0], message)
 
 
@@ -130,17 +132,48 @@ class _ProgressBar:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    values = load_config_file(args.config, extra=RUN_FOLDER_KEYS) if getattr(args, "config", None) else {}
+    values.update({k: v for k, v in vars(args).items() if k not in ("command", "config")})
+    run_name, save = values.pop("run_name", None), values.pop("save", True)
+    config = TrainConfig(**values)
+    rank = _launched_rank()
+    config, folder = _outputs(config, run_name, save, [args.config] if getattr(args, "config", None) else [], rank)
+    try:
+        return _train(config, folder, rank)
+    except BaseException:
+        if folder is not None:
+            folder.discard_if_empty()  # the run failed before writing anything: it leaves no folder
+        raise
+
+
+def _outputs(config: TrainConfig, run_name, save, config_file: list, rank: int | None) -> tuple:
+    """Where the run's results go: what its output options name, else (unless --no-save) a run folder,
+    checked and made here (``train/outputs.py``). Returns the config with its outputs, and the run folder
+    (None without one)."""
+    from neutronorch.train.output_guard import check_distinct
+    from neutronorch.train.outputs import RUNS, generated_run_name, names_outputs, open_run_folder, run_outputs
+
+    if run_name is not None and not isinstance(run_name, str):
+        raise ConfigError(f"`run_name` {run_name!r}: expected a string (a folder name).")
+    if not isinstance(save, bool):
+        raise ConfigError(f"`no_save` {save!r}: expected true or false.")
+    if names_outputs(config) or not save:
+        if run_name is not None:
+            raise ConfigError(f"`run_name` {run_name}: names a run folder, which "
+                              + ("`no_save` turns off" if not save else "is made only when no output option is "
+                                 "given (`summary_json`, `checkpoint_dir`, the logs, `timeline`)")
+                              + ". Give one or the other.")
+        if config_file:  # train() checks its outputs against the dataset; the file is ours
+            check_distinct({"config": config_file}, run_outputs(config))
+        return config, None
+    if rank:  # another rank of a data-parallel run: rank 0 makes the folder and writes what goes into it
+        return dataclasses.replace(config, checkpoint_dir=str(RUNS / (run_name or generated_run_name(config)))), None
+    return open_run_folder(config, run_name, {"config": config_file} if config_file else None)
+
+
+def _train(config: TrainConfig, folder, rank: int | None) -> int:
     from neutronorch.train.trainer import train
 
-    values = load_config_file(args.config) if getattr(args, "config", None) else {}
-    values.update({k: v for k, v in vars(args).items() if k not in ("command", "config")})
-    config = TrainConfig(**values)
-    if getattr(args, "config", None):  # train() checks its outputs against the dataset; the file is ours
-        from neutronorch.train.output_guard import check_distinct
-        from neutronorch.train.outputs import run_outputs
-
-        check_distinct({"config": [args.config]}, run_outputs(config))
-    rank = _launched_rank()
     bar = _ProgressBar() if config.progress and not rank else None
     stop, received = threading.Event(), []
 
@@ -157,7 +190,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     try:
         summary = train(config, progress=bar, stop=stop)
     except Interrupted as exc:
-        saved = (f"continue from {config.checkpoint_dir}/last.pt with --resume" if config.checkpoint_dir
+        saved = (f"continue it with --resume --run-name {folder.path.name}; results so far in {folder.path}/"
+                 if folder is not None else
+                 f"continue from {config.checkpoint_dir}/last.pt with --resume" if config.checkpoint_dir
                  else "nothing was saved (no --checkpoint-dir)")
         if not rank:
             print(f"neutronorch: interrupted: {exc}; {saved}", file=sys.stderr)
@@ -175,6 +210,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     print(f"{summary['dataset']['name']}: mode {summary['mode']}, model {config.model}, {scores}"
           f"epoch time median {summary['epoch_seconds_median']:.2f}s, peak RSS {summary['peak_rss_mb']:.0f} MB"
           if summary["epochs"] else "no epochs run")
+    if folder is not None:
+        print(f"results in {folder.path}/")
     return 0
 
 

@@ -12,212 +12,16 @@ import sys
 import textwrap
 from dataclasses import fields
 
+from neutronorch.cli.help_texts import (HELP, METAVARS, RUN_FOLDER_KEYS, SHORT, SHORT_METAVARS, SWITCHES, TRAIN_EPILOG,
+                                        TRAIN_EPILOG_ALL, TRAIN_GROUPS)
 from neutronorch.config import (CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, HOT_SETS, METRICS, MODE_CHOICES,
                                 READ_ORDERS, TrainConfig)
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec
 from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, PRECISIONS
 
-_HELP = {
-    "dataset": f"dataset spec: {DATASET_SPEC_HELP} (default: %(default)s)",
-    "split": "split for data without one: ratio:TRAIN,VAL or per-class:TRAIN,VAL "
-             "(default: the data's own split, else ratio:0.6,0.2; synthetic graphs: ratio:0.1,0.05)",
-    "model": "GNN architecture (default: %(default)s)",
-    "fanouts": "neighbours sampled per layer, seed hop first; -1 takes all (default: 10,10)",
-    "hidden": "hidden width (default: %(default)s)",
-    "heads": "GAT attention heads in hidden layers (default: %(default)s)",
-    "architecture": "plain: a stack of graph layers with ReLU and dropout between; blocks: an input map, one "
-                    "residual block h + FFN(aggregate(norm(h))) per layer, and a linear head, as the "
-                    "heterophilous-graph baselines of Platonov et al. (docs/models.md) (default: %(default)s)",
-    "norm": "normalisation between layers, before the activation: none, layer (LayerNorm) or batch "
-            "(BatchNorm) (default: %(default)s)",
-    "layers": "number of layers; 0 = one per --fanouts entry; with a single fanout, that fanout in every layer "
-              "(default: %(default)s)",
-    "metric": "what evaluation scores: accuracy, rocauc, f1-micro, f1-macro; auto = the dataset's own (ROC-AUC "
-              "for the binary heterophilous graphs), else ROC-AUC for multi-label labels, accuracy otherwise "
-              "(default: %(default)s)",
-    "split_index": "which of the dataset's stored splits to use (the heterophilous .npz files hold 10: 0..9) "
-                   "(default: %(default)s)",
-    "gcn_norm": "GCN normalisation: symmetric = Kipf & Welling's D^-1/2 (A+I) D^-1/2 by graph degrees (PyG's "
-                "GCNConv, DGL's GraphConv), mean = the mean over the vertex and its sampled neighbours "
-                "(default: %(default)s)",
-    "batch_size": "seeds per mini-batch; 0 = min(1024, max(32, training seeds // 32)) (default: %(default)s)",
-    "epochs": "training epochs (default: %(default)s)",
-    "lr": "Adam learning rate (default: %(default)s)",
-    "weight_decay": "Adam weight decay (default: %(default)s)",
-    "dropout": "dropout after each hidden layer; on CPU resolved to steps of 1/256 (default: %(default)s)",
-    "seed": "seed of model init, seed order and sampling (default: %(default)s)",
-    "device": "training device; auto picks CUDA when available (default: %(default)s)",
-    "precision": "fp32, or bf16: bfloat16 features, activations and matrix products (AMX on CPUs, tensor "
-                 "cores on GPUs) with float32 weights, optimizer state, loss and evaluation; auto = bf16 where "
-                 "the training device computes it natively, else fp32 (the run says which) "
-                 "(default: %(default)s)",
-    "mode": "placement of the stages: exact samples and gathers on the host and computes every layer of "
-            "every mini-batch on the device; device also samples and gathers on the training device (graph "
-            "and features resident there, or read from pinned host memory beyond --gpu-memory-gb); "
-            "neutronorch computes hot vertices' bottom layer on the host once per super-batch and reuses it; "
-            "auto chooses one when the run starts, says which and why (the log and the summary's "
-            "mode_choice) and keeps it when resumed: exact on the CPU; on a GPU device while the topology and "
-            "features fit --gpu-memory-gb, else device or neutronorch by a short measured probe "
-            "(default: %(default)s)",
-    "eval_every": "evaluate val/test every N epochs; 0 evaluates only after the last, -1 never (timing "
-                  "runs) (default: %(default)s)",
-    "eval_fanouts": "sampled inference with these fanouts instead of exact full-neighbour inference",
-    "eval_batch_size": "destinations per inference chunk (default: %(default)s)",
-    "eval_max_nodes": "evaluate on a seeded random sample of at most this many validation and test vertices "
-                      "each; with exact inference only the last layer gets cheaper (every layer below runs "
-                      "over all vertices), so pair it with --eval-fanouts to save real time; 0 = all "
-                      "(default: %(default)s)",
-    "patience": "stop after this many evaluations without a better validation score (--metric; the summary "
-                "and best.pt hold the best epoch); 0 = never stop early (default: %(default)s)",
-    "prefetch": "mini-batches prepared ahead of training (default: %(default)s)",
-    "threads": "training threads; 0 = all cores (default: %(default)s)",
-    "sampler_threads": "sampler/gather threads; 0 = half the cores (default: %(default)s)",
-    "super_batch": "neutronorch: mini-batches per super-batch P; hot embeddings are computed once per "
-                   "super-batch (default: %(default)s)",
-    "hot_ratio": "neutronorch: share of the vertices a super-batch reaches in its bottom layer made hot, "
-                 "or auto to tune it between epochs from measured host and device time, down to 0 (no hot rows, "
-                 "no host work, probed again every few epochs) while reuse does not pay (default: %(default)s)",
-    "staleness_bound": "neutronorch: most optimizer steps between the parameters hot embeddings were "
-                       "computed from and their use; at least P-1 (default: 2P-1)",
-    "hot_grad": "neutronorch: cpu adds the hot rows' bottom-layer gradient, computed on the host once per "
-                "super-batch; stop treats hot rows as constants (faster, but the bottom layer then learns "
-                "nothing from them) (default: %(default)s)",
-    "hot_error_budget": "neutronorch with --hot-ratio auto: cap r so that (share of bottom-layer rows served "
-                        "hot) x (measured drift of a row per step x mean staleness) stays below this "
-                        "(default: %(default)s)",
-    "snapshot_lead": "neutronorch: optimizer steps between a super-batch's W0 snapshot and its first "
-                     "mini-batch (the host's time to compute its hot rows); capped by S-P+1; default: auto "
-                     "(2, raised while the trainer waits for hot rows)",
-    "hot_set": "neutronorch, data parallel: each rank plans its own hot sets; a row hot on several ranks of a "
-               "node is computed by each of them (rank) or by one of them and sent to the others (node: less "
-               "host work, more data moved between the ranks; see docs/distributed.md) (default: %(default)s)",
-    "host_threads": "neutronorch: threads of the planner's and of the host compute thread's sampling and "
-                    "aggregation kernels (each); 0 = half the cores (default: %(default)s)",
-    "gpu_memory_gb": "device memory this run may use, in GiB: the budget for the training workspace, the "
-                     "topology (where the device samples) and the feature cache; set it below the GPU's "
-                     "size to emulate a smaller GPU (default: the whole device)",
-    "gpu_cache_gb": "GiB of the hottest feature rows kept on the device; rows not cached are read from "
-                    "pinned host memory; auto fills what the budget leaves (every row when they fit), 0 "
-                    "turns the cache off; on a CPU-only run a number builds the cache in host memory "
-                    "(default: %(default)s)",
-    "read_order": "how memory-mapped features and topology are read: file reads each mini-batch's rows "
-                  "and adjacency front to back (needed when the page cache cannot keep them: in batch order, "
-                  "readahead then reads pages that are evicted before use); batch in the batch's order "
-                  "(faster while everything stays in memory); auto = file when the memory-mapped arrays are "
-                  "larger than half the memory left beside the run's working memory (default: %(default)s)",
-    "host_cache_gb": "GiB of the hottest feature rows (below those on the device) copied into memory when the "
-                     "features are a memory map; the other rows are copied once into a compact file of their "
-                     "own, so each mini-batch's pass over the file is that much shorter; auto = 60%% of the "
-                     "memory left beside the run's working memory when the features do not fit in it (none "
-                     "when they do), 0 = off (default: %(default)s)",
-    "host_cache_dir": "folder for the host cache's file of the rows it does not hold (deleted as soon as it "
-                      "is open): needs that many bytes free (default: next to the features, else the "
-                      "temporary folder)",
-    "cache_policy": "how the cache ranks rows: presample counts bottom-frontier appearances over a few "
-                    "sampled mini-batches, degree uses out-degree (default: %(default)s)",
-    "device_sampling": "neutronorch: sample the cold vertices' bottom hop on the device (topology placed "
-                       "there, or read from pinned host memory) instead of on the host; auto = on with "
-                       "CUDA (default: %(default)s)",
-    "summary_json": "write the run summary (config, per-epoch times, stages, utilisation, data moved, "
-                    "accuracy, memory) here",
-    "timeline": "draw the stage timeline (a Gantt chart of the host, sampler, copy and trainer lanes, with "
-                "CPU/GPU utilisation) of a window of steps to this .png; the raw spans go next to it as "
-                ".json (needs matplotlib)",
-    "timeline_steps": "steps in the timeline window, from the start of the second epoch (the first if the "
-                      "run has one epoch) (default: %(default)s)",
-    "log_jsonl": "write step losses and epoch records as JSON lines here",
-    "log_csv": "write step losses and epoch results as CSV here",
-    "tensorboard": "write TensorBoard scalars (loss, epoch time, validation and test scores, stages, "
-                   "utilisation) to this folder (needs tensorboard)",
-    "checkpoint_dir": "write DIR/last.pt after every epoch and DIR/best.pt whenever the validation score "
-                      "(--metric) improves (model, optimizer, config, dataset fingerprint, history; written "
-                      "atomically); `neutronorch predict` reads them",
-    "checkpoint_every": "also write DIR/last.pt every this many steps, so that a killed run loses at most "
-                        "that many; 0 = at epoch ends only (default: %(default)s)",
-    "log_every": "steps per group of logged step losses, read from the device together (default: %(default)s)",
-    "dist_timeout": "data parallel (launched with torchrun): seconds a collective waits for the other ranks "
-                    "before the run fails saying so (default: %(default)s)",
-}
+__all__ = ["RUN_FOLDER_KEYS", "build_parser"]
 
-
-# Short help for the options `train --help` lists (every other option is listed by --help-all only).
-_SHORT = {
-    "dataset": "dataset folder or file, or synthetic[:nodes=N,...]; default: synthetic",
-    "split": "ratio:TRAIN,VAL or per-class:TRAIN,VAL, for data without a split",
-    "model": "GraphSAGE, GCN or GAT layers (default: sage)",
-    "layers": "number of layers (default: one per --fanouts entry)",
-    "hidden": "hidden width (default: 256)",
-    "fanouts": "neighbours per layer, seed hop first; -1 takes all (default: 10,10)",
-    "epochs": "training epochs (default: 50)",
-    "batch_size": "seeds per mini-batch (default: from the training-set size)",
-    "lr": "Adam learning rate (default: 0.003)",
-    "seed": "seed of the weights, the sampling and the seed order (default: 0)",
-    "mode": "exact, device or neutronorch (see README); auto picks (default: exact)",
-    "device": "training device; auto: CUDA when available (default: auto)",
-    "precision": "fp32, or bf16 activations; auto: bf16 where native (default: fp32)",
-    "gpu_memory_gb": "GPU memory the run may use, in GiB (default: the whole device)",
-    "hot_ratio": "neutronorch: share of vertices made hot, or auto (default: auto)",
-    "super_batch": "neutronorch: mini-batches per super-batch (default: 8)",
-    "summary_json": "write the run summary (accuracy, times, memory) here",
-    "checkpoint_dir": "write last.pt after every epoch and best.pt at each better score",
-    "resume": "continue the run in --checkpoint-dir from its last.pt",
-    "overwrite": "replace an earlier run's outputs instead of refusing them",
-    "config": "YAML, TOML or JSON file of options; the command line wins",
-}
-
-# train's options by group, as --help-all lists them (by TrainConfig field; `config`, `progress` and
-# `stage_table` are the --config, --no-progress and --no-stage-table flags); a field not placed here goes to
-# the advanced group. --help lists those in _SHORT.
-_TRAIN_GROUPS = [
-    ("data", None, ["dataset", "split", "split_index"]),
-    ("model", None, ["model", "layers", "hidden", "fanouts", "heads", "gcn_norm", "residual", "norm",
-                     "architecture"]),
-    ("training", None, ["epochs", "batch_size", "lr", "seed", "weight_decay", "dropout", "patience"]),
-    ("evaluation", None, ["metric", "eval_every", "eval_fanouts", "eval_batch_size", "eval_max_nodes"]),
-    ("mode", None, ["mode", "device", "precision", "gpu_memory_gb", "hot_ratio", "super_batch",
-                    "staleness_bound", "hot_grad", "gpu_cache_gb"]),
-    ("outputs", None, ["summary_json", "checkpoint_dir", "resume", "overwrite", "config", "checkpoint_every",
-                       "log_jsonl", "log_csv", "tensorboard"]),
-    ("advanced", "tuning and diagnostic knobs: the defaults suit nearly every run",
-     ["snapshot_lead", "hot_error_budget", "hot_set", "device_sampling", "cache_policy", "read_order",
-      "host_cache_gb", "host_cache_dir", "threads", "sampler_threads", "host_threads", "prefetch", "timeline",
-      "timeline_steps", "log_every", "progress", "stage_table", "dist_timeout"]),
-]
-
-_METAVARS = {"dataset": "SPEC", "split": "SPEC", "split_index": "K", "layers": "N", "hidden": "N", "fanouts": "LIST",
-             "heads": "N", "epochs": "N", "batch_size": "N", "lr": "LR", "seed": "S", "weight_decay": "WD",
-             "dropout": "P", "patience": "N", "eval_every": "N", "eval_fanouts": "LIST", "eval_batch_size": "N",
-             "eval_max_nodes": "N", "gpu_memory_gb": "G", "hot_ratio": "R", "super_batch": "P",
-             "staleness_bound": "S", "gpu_cache_gb": "G", "summary_json": "PATH", "checkpoint_dir": "DIR",
-             "config": "FILE", "checkpoint_every": "N", "log_jsonl": "PATH", "log_csv": "PATH",
-             "tensorboard": "DIR", "snapshot_lead": "N", "hot_error_budget": "E", "host_cache_gb": "G",
-             "host_cache_dir": "DIR", "threads": "N", "sampler_threads": "N", "host_threads": "N",
-             "prefetch": "N", "timeline": "PNG", "timeline_steps": "N", "log_every": "N", "dist_timeout": "SECONDS"}
-
-# Switches: (flag, dest, action, help). The TrainConfig fields they set, or the --config path.
-_SWITCHES = {
-    "config": ("--config", "config", "store",
-               "YAML, TOML or JSON file with the same keys as the options (batch_size or batch-size); options "
-               "given on the command line win"),
-    "progress": ("--no-progress", "progress", "store_false", "no progress bar (the per-epoch lines stay)"),
-    "resume": ("--resume", "resume", "store_true",
-               "continue the run whose checkpoints are in --checkpoint-dir from its last.pt (raise --epochs to "
-               "train longer), mid-epoch included, in every mode"),
-    "overwrite": ("--overwrite", "overwrite", "store_true",
-                  "replace the outputs of an earlier run (--summary-json, the logs, --timeline, the checkpoints "
-                  "in --checkpoint-dir); without it a run refuses paths that already hold them"),
-    "residual": ("--residual", "residual", "store_true",
-                 "skip connections around every layer but the output layer (identity, or a learned projection "
-                 "where the widths differ)"),
-    "stage_table": ("--no-stage-table", "stage_table", "store_false",
-                    "no per-lane stage breakdown after each epoch line"),
-}
-
-_TRAIN_EPILOG = "--help-all lists every option, advanced ones too; a --config file takes every option as a key."
-_TRAIN_EPILOG_ALL = ("A --config file (YAML, TOML or JSON) takes every option as a key, with dashes or underscores "
-                     "(batch-size or batch_size; no-progress: true); options given on the command line win.")
 _WIDE = 28  # where help texts start: room for `--device {auto,cpu,cuda}` beside its help
-_SHORT_METAVARS = {"precision": "PREC"}  # short help: the choices are in the text
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -229,6 +33,12 @@ class _Formatter(argparse.HelpFormatter):
 
     def _split_lines(self, text: str, width: int) -> list[str]:
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        """Descriptions and epilogs: each line of ``text`` a paragraph of its own."""
+        return "\n".join(textwrap.fill(" ".join(line.split()), width, initial_indent=indent,
+                                        subsequent_indent=indent, break_on_hyphens=False)
+                          for line in text.splitlines())
 
 
 # Options whose value is a list that may start with a negative number (`--fanouts -1,10`).
@@ -282,10 +92,10 @@ def _shown(text: str, listed: bool) -> str:
 
 def _add_train_options(parser: argparse.ArgumentParser, full: bool = False) -> None:
     """train's options in their groups; ``full``: the help lists every option (--help-all), else those in
-    ``_SHORT`` with their short help. Parsing is the same either way."""
+    ``SHORT`` with their short help. Parsing is the same either way."""
     parser.usage = ("%(prog)s [-h | --help-all] [--dataset SPEC] [--model {sage,gcn,gat}] [OPTION ...]"
                     if not full else "%(prog)s [OPTION ...]")
-    parser.epilog = _TRAIN_EPILOG_ALL if full else _TRAIN_EPILOG
+    parser.epilog = TRAIN_EPILOG_ALL if full else TRAIN_EPILOG
     _help_options(parser, full, _add_train_options, listed=False)
     defaults = TrainConfig()
     choices = {"model": MODELS, "mode": MODE_CHOICES, "device": DEVICES, "hot_grad": HOT_GRADS,
@@ -294,28 +104,28 @@ def _add_train_options(parser: argparse.ArgumentParser, full: bool = False) -> N
                "architecture": ARCHITECTURES, "precision": PRECISIONS}
     types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int, "gpu_memory_gb": float,
              "gpu_cache_gb": str, "host_cache_gb": str}
-    grouped = {name for _, _, names in _TRAIN_GROUPS for name in names}
+    grouped = {name for _, _, names in TRAIN_GROUPS for name in names}
     unlisted = [name for name in TrainConfig.keys() if name not in grouped]  # a new field: advanced until placed
-    for title, description, names in _TRAIN_GROUPS:
+    for title, description, names in TRAIN_GROUPS:
         group = parser.add_argument_group(title, description if full else None)
         for name in names + (unlisted if title == "advanced" else []):
-            listed = full or name in _SHORT
-            if name in _SWITCHES:
-                flag, dest, action, text = _SWITCHES[name]
+            listed = full or name in SHORT
+            if name in SWITCHES:
+                flag, dest, action, text = SWITCHES[name]
                 kwargs = {"dest": dest, "action": action, "default": argparse.SUPPRESS if name != "config" else None}
-                if name == "config":
-                    kwargs["metavar"] = _METAVARS[name]
-                group.add_argument(flag, help=_shown(text if full else _SHORT.get(name, text), listed), **kwargs)
+                if action == "store":
+                    kwargs["metavar"] = METAVARS[name]
+                group.add_argument(flag, help=_shown(text if full else SHORT.get(name, text), listed), **kwargs)
                 continue
             default = getattr(defaults, name)
-            text = _HELP[name].replace("%(default)s", str(default)) if full else _SHORT.get(name, "")
+            text = HELP[name].replace("%(default)s", str(default)) if full else SHORT.get(name, "")
             kwargs = {"dest": name, "default": argparse.SUPPRESS, "help": _shown(text, listed)}
             if name in choices:
                 kwargs["choices"] = choices[name]
-                if not full and name in _SHORT_METAVARS:
-                    kwargs["metavar"] = _SHORT_METAVARS[name]
+                if not full and name in SHORT_METAVARS:
+                    kwargs["metavar"] = SHORT_METAVARS[name]
             else:
-                kwargs["metavar"] = _METAVARS.get(name, name.upper())
+                kwargs["metavar"] = METAVARS.get(name, name.upper())
                 if name in types:
                     kwargs["type"] = types[name]
                 elif isinstance(default, bool):
@@ -343,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                                               "(meta.json + memory-mappable .npy arrays).")
     convert.add_argument("source", help=f"dataset spec: {DATASET_SPEC_HELP}")
     convert.add_argument("out_dir", help="output directory")
-    convert.add_argument("--split", default=None, help=_HELP["split"])
+    convert.add_argument("--split", default=None, help=HELP["split"])
     convert.add_argument("--seed", type=int, default=0, help="seed of the split (default: 0)")
     halves = convert.add_mutually_exclusive_group()
     halves.add_argument("--float16", action="store_true", help="store features as float16 (half the disk)")

@@ -111,19 +111,21 @@ def check_fresh(writes: Mapping[str, Iterable[PathLike]], overwrite: bool, resum
                                   f"replaced silently. Give a new path{again}, or pass `overwrite` to replace it.")
 
 
-def check_creatable(field: str, path: PathLike) -> None:
+def check_creatable(field: str, path: PathLike, what: str | None = None,
+                    fix: str = "Choose a folder you can write to.") -> None:
     """``path`` can be written: its folder exists or can be made, and really takes a new file (one is
-    created there and removed: permissions, read-only disks and full inode tables all show)."""
+    created there and removed: permissions, read-only disks and full inode tables all show). ``what``: how
+    the message names the output (default: the field and the path); ``fix``: what it advises."""
+    what = what or f"`{field}` {path}"
     folder = _existing_ancestor(Path(path).expanduser().absolute().parent)
     if not folder.is_dir():
-        raise ConfigError(f"`{field}` {path}: cannot be written ({folder} is not a folder).")
+        raise ConfigError(f"{what}: cannot be written ({folder} is not a folder). {fix}")
     try:
         fd, probe = tempfile.mkstemp(prefix=".neutronorch-probe-", dir=folder)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise OutputError(f"`{field}` {path}: cannot be written ({folder}: {exc.strerror or exc}). Choose a "
-                          f"folder you can write to.") from None
+        raise OutputError(f"{what}: cannot be written ({folder}: {exc.strerror or exc}). {fix}") from None
 
 
 def check_space(field: str, path: PathLike, needed: int) -> None:

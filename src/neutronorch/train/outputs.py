@@ -1,12 +1,15 @@
-"""The files a run writes: checked before any data is loaded (``output_guard``), and the summary written
-atomically."""
+"""The files a run writes: checked before any data is loaded (``output_guard``), the summary written
+atomically, and the command line's run folders (``runs/NAME/``: a run's results kept when no output is
+named)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -16,12 +19,16 @@ from neutronorch.atomic import open_array_atomically, write_atomically
 from neutronorch.config import TrainConfig
 from neutronorch.data import dataset_paths
 from neutronorch.errors import ConfigError, OutputError
-from neutronorch.train.output_guard import check_creatable, check_distinct, check_fresh, check_space, claim_folder
+from neutronorch.train.output_guard import (LOCK_NAME, check_creatable, check_distinct, check_fresh, check_space,
+                                              claim_folder)
 
-__all__ = ["CHECKPOINT_FILES", "check_creatable", "check_outputs", "check_checkpoint_space", "claim_checkpoint_dir",
-           "open_array_atomically", "run_outputs", "save_or_rescue", "write_summary", "write_atomically", "write_json_atomically"]
+__all__ = ["CHECKPOINT_FILES", "OUTPUT_FIELDS", "RUNS", "RunFolder", "check_creatable", "check_outputs",
+           "check_checkpoint_space", "claim_checkpoint_dir", "generated_run_name", "names_outputs",
+           "open_array_atomically", "open_run_folder", "run_outputs", "save_or_rescue", "write_summary",
+           "write_atomically", "write_json_atomically"]
 
 CHECKPOINT_FILES = ("last.pt", "best.pt")
+OUTPUT_FIELDS = ("summary_json", "checkpoint_dir", "log_jsonl", "log_csv", "tensorboard", "timeline")
 
 
 def run_outputs(config: TrainConfig) -> dict[str, list[Path]]:
@@ -35,10 +42,11 @@ def run_outputs(config: TrainConfig) -> dict[str, list[Path]]:
     return outputs
 
 
-def check_outputs(config: TrainConfig, reads: dict[str, list] | None = None) -> None:
+def check_outputs(config: TrainConfig, reads: dict[str, list] | None = None, made: Path | None = None) -> None:
     """Fail before training (never after it) if an output cannot be written, would overwrite an input
     (the dataset, or the files in ``reads``) or another output, or holds an earlier run's results that
-    neither ``resume`` nor ``overwrite`` says to continue or replace."""
+    neither ``resume`` nor ``overwrite`` says to continue or replace. ``made``: a folder to be made for the
+    outputs once they pass (a run folder), which the logs' folder may be."""
     if config.timeline:
         _check_timeline(config.timeline)
     outputs = run_outputs(config)
@@ -49,7 +57,7 @@ def check_outputs(config: TrainConfig, reads: dict[str, list] | None = None) -> 
     check_fresh(outputs, config.overwrite, config.resume, again=" (or continue that run with `resume`)")
     for field, path in (("log_jsonl", config.log_jsonl), ("log_csv", config.log_csv),
                         ("tensorboard", config.tensorboard)):
-        if path and not Path(path).resolve().parent.exists():
+        if path and not Path(path).resolve().parent.exists() and Path(path).parent != made:
             raise ConfigError(f"`{field}` {path}: the folder {Path(path).resolve().parent} does not exist.")
     for field, paths in {**outputs, **folders}.items():
         check_creatable(field, paths[0])
@@ -133,3 +141,124 @@ def write_json_atomically(path: str, data: dict) -> None:
     """Write ``data`` as strict JSON (NaN and infinities as null) to ``path``, atomically."""
     text = json.dumps(_finite(data), indent=2, allow_nan=False) + "\n"
     write_atomically(path, lambda f: f.write(text.encode()))
+
+
+# ----- run folders: where the command line keeps a run's results when no output is named ---------------
+
+RUNS = Path("runs")
+RUN_FILES = {"summary_json": "summary.json", "log_jsonl": "metrics.jsonl"}  # and the checkpoints: the folder's
+
+
+@dataclasses.dataclass
+class RunFolder:
+    """``runs/NAME/``: a run's summary, metric log and checkpoints. ``made``: the folders this run made (the
+    run folder, and ``runs/`` when it was not there), removed again by ``discard_if_empty``."""
+
+    path: Path
+    made: list[Path] = dataclasses.field(default_factory=list)
+
+    def outputs(self, config: TrainConfig) -> TrainConfig:
+        """``config`` with its outputs in this folder."""
+        return dataclasses.replace(config, checkpoint_dir=str(self.path),
+                                   **{field: str(self.path / name) for field, name in RUN_FILES.items()})
+
+    def discard_if_empty(self) -> None:
+        """Remove the folders this run made if it wrote nothing into them (it failed before its first
+        output): a run that kept nothing leaves no folder."""
+        for folder in self.made:
+            with contextlib.suppress(OSError):
+                (folder / LOCK_NAME).unlink(missing_ok=True)
+                folder.rmdir()  # refused (kept) when anything else is there
+
+
+def names_outputs(config: TrainConfig) -> bool:
+    """Whether ``config`` names an output of its own (then no run folder is made)."""
+    return any(getattr(config, field) for field in OUTPUT_FIELDS)
+
+
+def generated_run_name(config: TrainConfig, now: time.struct_time | None = None) -> str:
+    """A UTC time stamp, the model and the dataset: ``2026-12-03T07-15-02-sage-synthetic``."""
+    stamp = time.strftime("%Y-%m-%dT%H-%M-%S", now or time.gmtime())
+    return f"{stamp}-{config.model}-{_dataset_word(config.dataset)}"
+
+
+def _dataset_word(spec: str) -> str:
+    """The dataset's short name: ``synthetic``, ``Cora`` for ``pyg:Cora@~/data``, a path's last part."""
+    if spec.startswith("synthetic"):
+        word = "synthetic"
+    elif spec.startswith("pyg:"):
+        word = spec[4:].partition("@")[0]
+    else:
+        word = Path(spec.rstrip("/\\")).name
+        for suffix in (".gz", ".npz", ".txt", ".tsv", ".edges"):
+            word = word.removesuffix(suffix)
+    word = re.sub(r"[^A-Za-z0-9._-]+", "-", word).strip("-.")[:40]
+    return word or "data"
+
+
+def check_run_name(name: str) -> None:
+    """A run name is one folder name: no path separator, not hidden, printable."""
+    if (not name or "/" in name or "\\" in name or name.startswith(".") or len(name) > 200
+            or not name.isprintable()):
+        raise ConfigError(f"`run_name` {name!r}: give a folder name (letters, digits, -, _, =, ...; no / and not "
+                          f"starting with a dot); the run's results go to {RUNS}/NAME/.")
+
+
+def open_run_folder(config: TrainConfig, name: str | None = None, reads: dict[str, list] | None = None,
+                    root: Path = RUNS) -> tuple[TrainConfig, RunFolder]:
+    """Where a run that names no output keeps its results: ``root/name/``, or with no ``name`` a new folder
+    named by ``generated_run_name`` (a counter added if one of that name exists), never an existing run's
+    unless ``resume`` (continue it) or ``overwrite`` (replace its results). Every check (the options, the
+    outputs against the inputs in ``reads``, the folder writable) passes before the folder is made.
+    Returns the config with its outputs in the folder, and the folder."""
+    if name is not None:
+        check_run_name(name)
+        folder = base = root / name
+        if folder.exists() and not folder.is_dir():
+            raise ConfigError(f"`run_name` {name}: {folder} exists and is not a folder. Give another name.")
+        if folder.exists() and not (config.resume or config.overwrite):
+            raise ConfigError(f"`run_name` {name}: {folder}/ already holds an earlier run's results, and a run "
+                              f"never writes into another's folder. Give another name, continue that run with "
+                              f"`resume`, or replace its results with `overwrite`.")
+        if config.resume and not (folder / "last.pt").is_file():
+            raise ConfigError(f"`resume` `run_name` {name}: {folder}/ holds no last.pt to continue from"
+                              f"{'' if folder.exists() else ' (no such run)'}. Give the name of a run that "
+                              f"saved one (ls {root}/).")
+    elif config.resume:
+        raise ConfigError(f"`resume` continues a run from its last.pt: name the run (`run_name`, its folder "
+                          f"{root}/NAME/), or give `checkpoint_dir` too.")
+    else:
+        base = root / generated_run_name(config)
+        folder = _unused(base)
+    existed = folder.exists()  # a named run's, continued or replaced
+    run = RunFolder(folder)
+    planned = run.outputs(config)
+    # Every check before anything is made: the options, then the folder and the outputs in it.
+    checked = dataclasses.replace(planned).validate()
+    check_creatable("run_name", folder / RUN_FILES["summary_json"], what=f"the run folder {folder}/",
+                    fix="Run from a folder you can write to, name the outputs (`summary_json`, "
+                        "`checkpoint_dir`), or pass `no_save`.")
+    check_outputs(checked, reads, made=folder)
+    while True:
+        made = [p for p in (run.path, root) if not p.exists()]  # the run folder first, then runs/
+        try:
+            run.path.mkdir(parents=True, exist_ok=existed)
+        except FileExistsError:  # another run took this name meanwhile
+            if name is not None:
+                raise ConfigError(f"`run_name` {name}: {run.path}/ was made by another run meanwhile; give "
+                                  f"another name.") from None
+            run.path = _unused(base)  # the next free counter
+            continue
+        except OSError as exc:
+            raise OutputError(f"cannot make the run folder {run.path}/ ({exc.strerror or exc}). Run from a "
+                              f"folder you can write to, or pass `no_save`.") from None
+        run.made = made
+        return run.outputs(config), run
+
+
+def _unused(base: Path) -> Path:
+    """``base``, or ``base-2``, ``base-3``, ... whichever does not exist yet."""
+    candidate, n = base, 2
+    while candidate.exists():
+        candidate, n = base.with_name(f"{base.name}-{n}"), n + 1
+    return candidate
