@@ -163,9 +163,8 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     if config.batch_size == 0:
         config.batch_size = auto_batch_size(len(graph.train_idx))
     if user_model is not None:
+        # NeutronOrch mode asks for its bottom layer when it starts (UserModel.bottom says what it needs).
         model = UserModel.wrap(user_model, len(config.fanouts), graph.num_classes).to(device)
-        if config.mode == "neutronorch":
-            model.bottom  # noqa: B018 - raises, saying what the protocol asks, when it has no bottom layer apart
     else:
         model = GNN(config.model, graph.feature_dim, config.hidden, graph.num_classes, len(config.fanouts),
                     dropout=config.dropout, heads=config.heads, gcn_norm=config.gcn_norm,
