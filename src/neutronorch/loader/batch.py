@@ -48,8 +48,7 @@ class LoaderBatch:
     # -- the plain form -------------------------------------------------------------------------------
     @property
     def blocks(self) -> list[Block]:
-        self._check()
-        return self._blocks
+        return self._blocks  # the sampler's own tensors, never reused
 
     @property
     def x(self) -> torch.Tensor:
