@@ -7,7 +7,8 @@
 One loop, the same on both sides but for the loader: the PyG example's (``for batch in loader: out =
 model(batch.x, batch.edge_index)[:batch.batch_size]; loss = cross_entropy(out, batch.y[:batch.batch_size]);
 ...``), with the same model (``torch_geometric.nn.GraphSAGE``, hidden 256, dropout 0.5, Adam), fanouts, batch
-size, epochs, torch threads and initial weights. Each side runs in its own process, one after the other:
+size, epochs, torch threads and initial weights. Each side runs in its own process; both are set up first, then they take turns epoch by epoch (ABBA order),
+so that load from other work on a shared machine weighs on both:
 PyG's loader under ``.venv-peers/bin/python`` (it needs torch-sparse or pyg-lib: ``bash
 bench/peers/install_pyg.sh``), ours under this interpreter (``--ours-python``; neutronorch and
 torch-geometric must import there).
@@ -17,7 +18,7 @@ per-hop counts (``GraphSAGE(..., num_sampled_nodes_per_hop=, num_sampled_edges_p
 computes only the vertices the layers above need: ours yields them; PyG's loader yields them only with
 pyg-lib, so with torch-sparse they are recovered from the batch (seeds first, hops in order), as
 ``bench/peers/pyg_train.py`` does, and both sides trim; ``loader``, the loaders alone (each batch built as a
-PyG ``Data`` and read, no model).
+PyG ``Data`` and read, no model; ``--loader-batches`` per epoch, 32 by default).
 
 Epoch times are medians over the epochs (the first included: neither side compiles anything in it once
 numba's cache is warm; ``--skip-first`` drops it). ``--max-batches N`` times the first N batches of each
@@ -53,6 +54,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--max-batches", type=int, default=0, help="time the first N batches of each epoch (0: all)")
+    p.add_argument("--loader-batches", type=int, default=32,
+                   help="batches per epoch of the loader loop, which has no model step to hide a pipeline's start")
     p.add_argument("--lr", type=float, default=0.003)
     p.add_argument("--dropout", type=float, default=0.5)
     p.add_argument("--threads", type=int, default=2, help="torch threads on both sides")
@@ -132,7 +135,9 @@ def make_loaders(side: str, graph, args, fanouts):
     return train, test, lambda batch: batch
 
 
-def run_side(side: str, args) -> dict:
+def serve(side: str, args) -> None:
+    """One side, driven over stdin by the orchestrator: a JSON line when ready, then one per command
+    (``epoch``: train one epoch; ``eval``: test accuracy; ``quit``)."""
     import torch
     import torch.nn.functional as F
     from torch_geometric.nn import GraphSAGE
@@ -146,7 +151,6 @@ def run_side(side: str, args) -> dict:
     torch.manual_seed(args.seed)
     model = GraphSAGE(graph.feature_dim, args.hidden, len(fanouts), graph.num_classes, dropout=args.dropout)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-
     trim, train_model = args.loop == "trim", args.loop != "loader"
 
     def forward(batch):
@@ -155,11 +159,10 @@ def run_side(side: str, args) -> dict:
             return model(batch.x, batch.edge_index, num_sampled_nodes_per_hop=nodes, num_sampled_edges_per_hop=edges)
         return model(batch.x, batch.edge_index)
 
-    epochs = []
-    for epoch in range(args.epochs):
+    def epoch(number: int) -> dict:
         model.train()
-        waited = stepped = 0.0
-        count, loss_sum = 0, 0.0
+        waited = stepped = loss_sum = 0.0
+        count = 0
         start = time.perf_counter()
         it = iter(train_loader)
         while True:
@@ -180,32 +183,79 @@ def run_side(side: str, args) -> dict:
                 loss_sum += float(batch.x.sum()) * 0 + float(batch.edge_index.sum()) * 0 + float(batch.y.sum()) * 0
             t2 = time.perf_counter()
             waited, stepped, count = waited + (t1 - t), stepped + (t2 - t1), count + 1
-            if count == args.max_batches:
+            if count == (args.loader_batches if args.loop == "loader" else args.max_batches):
                 break
         del it  # ours: closes the epoch's producer thread (PyG's: drops its iterator)
         seconds = time.perf_counter() - start
-        epochs.append({"epoch": epoch, "seconds": seconds, "batches": count, "loader_wait": waited,
-                       "step": stepped, "loss": loss_sum / max(1, count)})
-        print(f"[{side}] epoch {epoch}: {seconds:.2f} s, {count} batches (waiting on the loader {waited:.2f} s, "
-              f"steps {stepped:.2f} s), loss {loss_sum / max(1, count):.4f}", file=sys.stderr, flush=True)
-    accuracy = None
-    if test_loader is not None and train_model:
+        print(f"[{side} {args.loop}] epoch {number}: {seconds:.2f} s, {count} batches (waiting on the loader "
+              f"{waited:.2f} s, steps {stepped:.2f} s), loss {loss_sum / max(1, count):.4f}", file=sys.stderr,
+              flush=True)
+        return {"epoch": number, "seconds": seconds, "batches": count, "loader_wait": waited, "step": stepped,
+                "loss": loss_sum / max(1, count), "load_average": os.getloadavg()[0]}
+
+    @torch.no_grad()
+    def evaluate() -> dict:
+        if test_loader is None or not train_model:
+            return {"test_accuracy": None}
         model.eval()
         correct = total = 0
-        with torch.no_grad():
-            for batch in test_loader:
-                batch = as_pyg(batch)
-                pred = forward(batch)[:batch.batch_size].argmax(-1)
-                correct += int((pred == batch.y[:batch.batch_size]).sum())
-                total += batch.batch_size
-        accuracy = correct / max(1, total)
+        for batch in test_loader:
+            batch = as_pyg(batch)
+            pred = forward(batch)[:batch.batch_size].argmax(-1)
+            correct += int((pred == batch.y[:batch.batch_size]).sum())
+            total += batch.batch_size
+        return {"test_accuracy": correct / max(1, total), "test_nodes": total}
+
     backend = "neutronorch"
     if side == "pyg":
         import torch_geometric.typing as pyg_typing
         backend = "pyg-lib" if pyg_typing.WITH_PYG_LIB else "torch-sparse"
-    return {"side": side, "loop": args.loop, "sampler": backend, "setup_seconds": setup, "epochs": epochs,
-            "test_accuracy": accuracy, "num_batches_per_epoch": len(train_loader),
-            "torch": torch.__version__, "python": sys.executable, "threads": args.threads}
+    print(json.dumps({"side": side, "loop": args.loop, "sampler": backend, "setup_seconds": setup,
+                      "num_batches_per_epoch": len(train_loader), "torch": torch.__version__,
+                      "python": sys.executable, "threads": args.threads}), flush=True)
+    epochs = 0
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "epoch":
+            print(json.dumps(epoch(epochs)), flush=True)
+            epochs += 1
+        elif command == "eval":
+            print(json.dumps(evaluate()), flush=True)
+        else:
+            return
+
+
+class Side:
+    """A worker process of one side, answering one JSON line per command."""
+
+    def __init__(self, side: str, args, forwarded: list[str], loop: str):
+        python = args.ours_python if side == "ours" else args.peers_python
+        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
+                   PYTHONPATH=str(ROOT / "src"))
+        self.process = subprocess.Popen([python, __file__, *forwarded, "--worker", side, "--loop", loop],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+        self.record = self._answer()
+        self.record["epochs"] = []
+
+    def _answer(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"a worker ended (exit {self.process.wait()}); its messages are above")
+        return json.loads(line)
+
+    def ask(self, command: str) -> dict:
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return self._answer()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.write("quit\n")
+                self.process.stdin.close()
+            except OSError:
+                pass
+            self.process.wait()
 
 
 # ------------------------------------------------------------------------------------------- both sides
@@ -227,30 +277,39 @@ def median_seconds(record: dict, skip_first: bool) -> float:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:
-        print(json.dumps(run_side(args.worker, args)))
+        serve(args.worker, args)
         return 0
     ensure_dataset(args)
     forwarded = list(argv if argv is not None else sys.argv[1:])
-    what = f"the first {args.max_batches} batches of each epoch" if args.max_batches else "whole epochs"
+    what = (f"the first {args.max_batches} batches of each epoch" if args.max_batches else "whole epochs") + \
+        (f"; loop loader: {args.loader_batches or 'all'}" if "loader" in args.loops else "")
     print(f"dataset {args.dataset}; fanouts {args.fanouts}, hidden {args.hidden}, batch {args.batch_size}, "
           f"{args.epochs} epochs ({what}), torch threads {args.threads}, PyG workers {args.pyg_workers}; "
           f"load average before {os.getloadavg()[0]:.1f}", flush=True)
     records = {}
+    sides = args.sides.split(",")
     for loop in args.loops.split(","):
-        for side in args.sides.split(","):
-            python = args.ours_python if side == "ours" else args.peers_python
-            env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
-                       PYTHONPATH=str(ROOT / "src"))
-            done = subprocess.run([python, __file__, *forwarded, "--worker", side, "--loop", loop],
-                                  stdout=subprocess.PIPE, env=env, text=True)
-            if done.returncode != 0:
-                print(f"[loader_vs_pyg] the {side} side of loop {loop} failed (exit {done.returncode})",
-                      file=sys.stderr)
-                return done.returncode
-            records[f"{loop}/{side}"] = record = json.loads(done.stdout.strip().splitlines()[-1])
+        workers = {}
+        try:
+            for side in sides:  # both processes set up before either is timed; one runs at a time
+                workers[side] = Side(side, args, forwarded, loop)
+            for epoch in range(args.epochs):
+                # ABBA: the sides take turns going first, so drifting load from other work weighs on both
+                for side in (sides if epoch % 2 == 0 else sides[::-1]):
+                    workers[side].record["epochs"].append(workers[side].ask("epoch"))
+            for side in sides:
+                workers[side].record.update(workers[side].ask("eval"))
+        except RuntimeError as exc:
+            print(f"[loader_vs_pyg] loop {loop}: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            for worker in workers.values():
+                worker.close()
+        for side in sides:
+            records[f"{loop}/{side}"] = record = workers[side].record
             epochs = ", ".join(f"{e['seconds']:.2f}" for e in record["epochs"])
             waits = ", ".join(f"{e['loader_wait']:.2f}" for e in record["epochs"])
-            acc = "-" if record["test_accuracy"] is None else f"{record['test_accuracy']:.4f}"
+            acc = "-" if record.get("test_accuracy") is None else f"{record['test_accuracy']:.4f}"
             print(f"  {loop:>7} {side:>4} ({record['sampler']}): epoch seconds {epochs} (median "
                   f"{median_seconds(record, args.skip_first):.2f}); waiting on the loader {waits}; test accuracy "
                   f"{acc}", flush=True)
