@@ -352,10 +352,12 @@ def test_gpu_check_refuses_without_cuda():
 
 @pytest.mark.slow
 def test_gpu_check_rehearses_every_step_on_the_cpu(tmp_path):
-    """The whole script (graph, nine runs, table, targets) with --device cpu on a tiny graph: a broken flag
+    """The whole script (graph, nine runs, table, targets, profiles) with --device cpu on a tiny graph: a broken flag
     or step shows here, not in a scarce GPU window."""
     env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "NODES": "3000", "EPOCHS": "2",
-           "RESULTS": str(tmp_path / "results"), "GRAPH_DIR": str(tmp_path / "graph")}
+           "RESULTS": str(tmp_path / "results"), "GRAPH_DIR": str(tmp_path / "graph"),
+           # The profiles on few batches, and the torch sampler alone (Triton's interpreter is slow).
+           "PROFILE_BATCHES": "3", "TRITON_INTERPRET": "0"}
     result = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh")], capture_output=True, text=True,
                             env=env, timeout=450)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -364,7 +366,7 @@ def test_gpu_check_rehearses_every_step_on_the_cpu(tmp_path):
     assert table.count("| all on the GPU, bf16 |") == 3
     assert "Targets:" in table and "MISSING" not in table
     statuses = re.findall(r"exit status (\d+)", (tmp_path / "results" / "log.txt").read_text())
-    assert statuses == ["0"] * 9
+    assert statuses == ["0"] * 11  # nine runs and the two profiles
 
 
 def test_info_tells_what_a_graph_takes_on_a_gpu(capsys):
