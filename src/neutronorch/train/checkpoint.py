@@ -216,12 +216,17 @@ def _model(state: dict, path: Path, given: torch.nn.Module | None = None) -> GNN
         raise CheckpointError(f"{path}: its model arguments build no model ({type(exc).__name__}: {exc}). The file "
                               f"is damaged or from another program; use last.pt or best.pt of a "
                               f"--checkpoint-dir.") from None
+    return _holding_weights(model, state, path, "its weights do not fit the model its arguments describe",
+                            "The file is damaged; use another checkpoint or train again.")
+
+
+def _holding_weights(model, state: dict, path: Path, problem: str, advice: str = ""):
+    """``model`` with the checkpoint's weights loaded, or a CheckpointError saying ``problem``."""
     try:
         model.load_state_dict(state["model"])
     except (RuntimeError, KeyError, TypeError, ValueError) as exc:
         detail = " ".join(str(exc).split())[:300]
-        raise CheckpointError(f"{path}: its weights do not fit the model its arguments describe ({detail}). The "
-                              f"file is damaged; use another checkpoint or train again.") from None
+        raise CheckpointError(f"{path}: {problem} ({detail}).{' ' + advice if advice else ''}") from None
     return model
 
 
@@ -235,14 +240,12 @@ def _user_model(state: dict, path: Path, given: torch.nn.Module | None) -> UserM
                               f"load it with load_checkpoint(path, model=<a new {name.rsplit('.', 1)[-1]}>) and pass "
                               f"that checkpoint to predict (the command line's predict and embed read built-in models "
                               f"only).")
+    problem = f"its weights (of {name}) do not fit the model given, {type(given).__name__}"
     try:
         model = UserModel.wrap(given, int(args["num_layers"]), int(args["width"]))
-        model.load_state_dict(state["model"])
-    except (RuntimeError, KeyError, TypeError, ValueError) as exc:
-        detail = " ".join(str(exc).split())[:300]
-        raise CheckpointError(f"{path}: its weights (of {name}) do not fit the model given, "
-                              f"{type(given).__name__} ({detail}).") from None
-    return model
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: {problem} ({exc}).") from None
+    return _holding_weights(model, state, path, problem)
 
 
 def check_resumable(state: dict, config: TrainConfig, graph: Graph, source: str, world_size: int = 1) -> None:
