@@ -348,9 +348,12 @@ def auto_batch_size(num_train: int) -> int:
     return min(1024, max(32, num_train // 32))
 
 
-def load_config_file(path: str | os.PathLike, extra: tuple[str, ...] = ()) -> dict:
+def load_config_file(path: str | os.PathLike, extra: tuple[str, ...] = (),
+                     sections: dict[str, list[str]] | None = None) -> dict:
     """Read a YAML, TOML or JSON file whose keys are ``TrainConfig`` fields (dashes or underscores), or one of
-    ``extra`` (keys of the caller's own, such as the command line's ``run_name`` and ``save``)."""
+    ``extra`` (keys of the caller's own, such as the command line's ``run_name`` and ``save``). Keys may also
+    sit in sections, ``sections`` naming each one's keys (the command line's option groups: ``[model]``
+    holding ``hidden``, ...); a key in another section than its own is an error that names its section."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--config {path}: no such file.")
@@ -381,13 +384,26 @@ def load_config_file(path: str | os.PathLike, extra: tuple[str, ...] = ()) -> di
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: expected a mapping of option names to values.")
     known = set(TrainConfig.keys()) | set(extra)
-    out = {}
+    sections = sections or {}
+    home = {name: title for title, names in sections.items() for name in names}
+    flat = []  # (key as written, value, section or None)
     for key, value in data.items():
+        if isinstance(value, dict) and str(key) in sections:
+            flat.extend((inner, inner_value, str(key)) for inner, inner_value in value.items())
+        else:
+            flat.append((key, value, None))
+    out = {}
+    for key, value, section in flat:
         name = str(key).replace("-", "_")
         if name in ("no_progress", "no_stage_table", "no_save") and isinstance(value, bool):
             name, value = name[3:], not value  # the flags' spelling: --no-progress, --no-stage-table, --no-save
         if name not in known:
-            raise ConfigError(f"--config {path}: unknown key {key!r}. Known keys: {', '.join(sorted(known))}.")
+            sections_known = f" Sections: {', '.join(sections)}." if sections else ""
+            raise ConfigError(f"--config {path}: unknown key {key!r}. Known keys: {', '.join(sorted(known))}."
+                              f"{sections_known}")
+        if section is not None and home.get(name, section) != section:
+            raise ConfigError(f"--config {path}: {key!r} is under [{section}], but belongs under [{home[name]}] "
+                              f"(or at the top level).")
         if name in out:  # batch-size and batch_size, or progress and no-progress: which one would be meant?
             raise ConfigError(f"--config {path}: {key!r} sets `{name}`, which an earlier key sets too; give it once.")
         out[name] = value
