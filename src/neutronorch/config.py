@@ -5,13 +5,11 @@ The core trusts a ``TrainConfig`` that passed ``validate``; it never re-checks a
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 
-from neutronorch.config_keys import RepeatedKey, load_yaml, unique_keys
+from neutronorch.config_keys import read_config_mapping
 from neutronorch.errors import ConfigError
 from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, PRECISIONS, needs_degrees
 from neutronorch.sampling.fanouts import parse_fanouts
@@ -354,35 +352,7 @@ def load_config_file(path: str | os.PathLike, extra: tuple[str, ...] = (),
     ``extra`` (keys of the caller's own, such as the command line's ``run_name`` and ``save``). Keys may also
     sit in sections, ``sections`` naming each one's keys (the command line's option groups: ``[model]``
     holding ``hidden``, ...); a key in another section than its own is an error that names its section."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"--config {path}: no such file.")
-    try:
-        text = path.read_text()
-    except PermissionError:
-        raise ConfigError(f"cannot read --config {path}: permission denied; give the user running neutronorch "
-                          f"read access to it.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--config {path}: cannot be read ({exc}); give a UTF-8 text file.") from None
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".toml":
-            try:
-                import tomllib
-            except ImportError:  # Python 3.10: the same parser as a package (a dependency there)
-                import tomli as tomllib
-            data = tomllib.loads(text)
-        elif suffix == ".json":
-            data = json.loads(text, object_pairs_hook=unique_keys)
-        else:
-            data = load_yaml(text)
-    except RepeatedKey as exc:
-        raise ConfigError(f"--config {path}: gives {exc} more than once; the parser would keep only one of them. "
-                          f"Say each option once.") from None
-    except Exception as exc:  # noqa: BLE001 - every parser error becomes one clear message
-        raise ConfigError(f"--config {path}: cannot be parsed ({exc}).") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: expected a mapping of option names to values.")
+    data = read_config_mapping(path)
     known = set(TrainConfig.keys()) | set(extra)
     sections = sections or {}
     home = {name: title for title, names in sections.items() for name in names}

@@ -3,6 +3,12 @@ keep the last one silently (TOML refuses it itself)."""
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
+from neutronorch.errors import ConfigError
+
 
 class RepeatedKey(Exception):
     """A key given twice in one mapping of a config file."""
@@ -27,3 +33,38 @@ def load_yaml(text: str):
             return super().construct_mapping(node, deep=deep)
 
     return yaml.load(text, Loader=UniqueKeyLoader) or {}
+
+
+def read_config_mapping(path: str | os.PathLike) -> dict:
+    """The mapping a YAML, TOML or JSON config file holds (by its suffix; YAML otherwise), read strictly, or a
+    ``ConfigError`` saying what is wrong with the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--config {path}: no such file.")
+    try:
+        text = path.read_text()
+    except PermissionError:
+        raise ConfigError(f"cannot read --config {path}: permission denied; give the user running neutronorch "
+                          f"read access to it.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--config {path}: cannot be read ({exc}); give a UTF-8 text file.") from None
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".toml":
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10: the same parser as a package (a dependency there)
+                import tomli as tomllib
+            data = tomllib.loads(text)
+        elif suffix == ".json":
+            data = json.loads(text, object_pairs_hook=unique_keys)
+        else:
+            data = load_yaml(text)
+    except RepeatedKey as exc:
+        raise ConfigError(f"--config {path}: gives {exc} more than once; the parser would keep only one of them. "
+                          f"Say each option once.") from None
+    except Exception as exc:  # noqa: BLE001 - every parser error becomes one clear message
+        raise ConfigError(f"--config {path}: cannot be parsed ({exc}).") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of option names to values.")
+    return data
