@@ -1,4 +1,4 @@
-"""Triton kernels of the device sampler: one hop in five kernel launches and two scans, no host reads.
+"""Triton kernels of the device sampler: one hop in four kernels and two scans, no host reads.
 
 Imported only where Triton is installed (``device_sampler.triton_available``). On a machine without a GPU
 the same kernels run through Triton's interpreter (``TRITON_INTERPRET=1`` set before this module is first
