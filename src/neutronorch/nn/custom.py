@@ -8,9 +8,10 @@ told apart by the names of its first two parameters.
 - ``forward(x, edge_index, ...)``, the PyG form: ``x`` holds the rows of every sampled vertex (seeds
   first), ``edge_index`` the sampled edges (row 0 the neighbour, row 1 the vertex it was sampled for), as
   PyG's ``NeighborLoader`` builds them (``SampledSubgraph.pyg_form``). It returns one row per vertex of
-  ``x``, of which the seeds' (the first rows) are used. Parameters named ``num_sampled_nodes_per_hop`` and
-  ``num_sampled_edges_per_hop`` (PyG's ``BasicGNN`` has them) receive the counts that let it trim each
-  layer to the vertices that layer needs. A PyG model trains unchanged.
+  ``x`` (fewer where it trims its layers, the seeds' always), of which the seeds' (the first rows) are
+  used. Parameters named ``num_sampled_nodes_per_hop`` and ``num_sampled_edges_per_hop`` (PyG's
+  ``BasicGNN`` has them) receive the counts that let it trim each layer to the vertices that layer needs.
+  A PyG model trains unchanged.
 - ``forward(blocks, x)``, the block form: ``blocks`` are the sampled layers (``sampling.Block``, bottom
   layer first; the destinations lead each source frontier), ``x`` the bottom block's source rows; it
   returns one row per destination of the last block.
@@ -132,19 +133,20 @@ class UserModel(nn.Module):
             return self._checked(self.module(blocks, x), rows, "forward(blocks, x)")
         edge_index, nodes, edges = pyg_form(blocks)
         extra = dict(zip(_TRIM, (nodes, edges))) if self.trims else {}
+        # A row per vertex of x, of which the seeds' lead.
         out = self.module(x, edge_index, **extra)
-        if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] < rows:
-            self._checked(out, x.shape[0], "forward(x, edge_index)")
-        return self._checked(out[:rows], rows, "forward(x, edge_index)")
+        # A row per vertex of x (fewer where the model trims its layers to what the seeds need), seeds first.
+        if isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] >= rows:
+            out = out[:rows]
+        return self._checked(out, rows, "forward(x, edge_index)", "seed, the first rows of x")
 
-    def _checked(self, out, rows: int, call: str) -> torch.Tensor:
-        expected = f"a [{rows}, {self.out_width}] tensor"
+    def _checked(self, out, rows: int, call: str, per: str = "seed") -> torch.Tensor:
+        expected = f"a [{rows}, {self.out_width}] tensor (one row of logits per {per}, one column per output"
         if not isinstance(out, torch.Tensor):
             raise ModelProtocolError(f"{self.kind}.{call} returned {type(out).__name__}; the protocol expects "
-                                     f"{expected} (one row of logits per seed, one column per output)")
+                                     f"{expected})")
         if out.dim() != 2 or out.shape[0] != rows or out.shape[1] != self.out_width:
             raise ModelProtocolError(f"{self.kind}.{call} returned shape {list(out.shape)}; the protocol "
-                                     f"expects {expected} (one row of logits per seed, one column per output; "
-                                     f"{PROTOCOL})")
+                                     f"expects {expected}; {PROTOCOL})")
         return out
 

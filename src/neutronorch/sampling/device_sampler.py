@@ -65,8 +65,6 @@ class TritonNeighborSampler:
     ``sample_hop`` once per hop. Not thread-safe (it owns a vertex -> code map): one per sampling thread.
     Fanouts below 0 (every neighbour) have no fixed bound per row; such a call runs in the torch sampler."""
 
-    name = "triton"
-
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts: list[int], degrees: bool = False):
         from neutronorch.sampling import triton_kernels  # Triton is imported only when this sampler is used
         self._k = triton_kernels
@@ -156,7 +154,7 @@ class TritonNeighborSampler:
             k.first_kernel[grid](nbrs, take, self._node_map, code, flags, bound, FANOUT=fanout, SLOTS=k.SLOTS)
             ranks = torch.cumsum(flags, 0)
             new_bound = min(self.num_nodes, bound + slots)
-            frontier = torch.empty(max(new_bound, bound), dtype=torch.int64, device=device)
+            frontier = torch.empty(new_bound, dtype=torch.int64, device=device)  # bound <= new_bound
             k.rank_kernel[grid](dst, nbrs, flags, ranks, self._node_map, code, frontier, sizes, at, bound,
                                 FANOUT=fanout, SLOTS=k.SLOTS)
             ptr = torch.zeros(bound + 1, dtype=torch.int64, device=device)
@@ -174,11 +172,8 @@ class TritonNeighborSampler:
         for hop, (ptr, local, frontier) in enumerate(pending):
             num_dst, num_edges, num_src = counts[2 * hop:2 * hop + 3]
             frontier = frontier[:num_src]
-            degree = None
-            if self.degrees:
-                degree = (self.indptr.index_select(0, frontier + 1) - self.indptr.index_select(0, frontier)).float()
-            blocks.append(Block(num_dst, num_src, ptr[:num_dst + 1], local[:num_edges], src_degree=degree,
-                                src_ids=frontier))
+            blocks.append(Block(num_dst, num_src, ptr[:num_dst + 1], local[:num_edges],
+                                src_degree=self._torch._degrees(frontier), src_ids=frontier))
             frontiers.append(frontier)
         return blocks, frontiers
 
