@@ -506,10 +506,15 @@ def test_a_checkpoint_whose_saved_state_cannot_be_restored_is_refused_naming_the
 
 
 def test_the_resume_rule_is_declared_per_setting():
-    # Declared where each setting is defined (config.may_change), not in a list kept beside it by hand.
+    # Declared where each setting is defined (config_parts.may_change), not in a list kept beside it by hand.
     from dataclasses import fields
 
+    from neutronorch.config_parts import PARTS, settings_of
+
     may = TrainConfig.resume_may_change()
-    assert {"epochs", "checkpoint_dir", "threads", "device", "precision", "eval_every"} <= may
+    assert {"epochs", "checkpoint_dir", "threads", "device", "precision", "eval_every", "prefetch"} <= may
     assert not may & {"model", "fanouts", "lr", "seed", "batch_size", "mode", "hot_ratio", "dropout"}
-    assert may == {f.name for f in fields(TrainConfig) if f.metadata.get("resume") == "may change"}
+    declared = [f for f in fields(TrainConfig) if f.name not in PARTS]
+    declared += [f for kind in PARTS.values() for f in settings_of(kind)]
+    assert {f.metadata["resume"] for f in declared} == {"fixed", "may change"}  # every setting says which
+    assert may == {f.name for f in declared if f.metadata["resume"] == "may change"}

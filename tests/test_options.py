@@ -181,22 +181,26 @@ def test_defaults_stay_out_of_the_parsed_options():
     assert vars(build_parser().parse_args(["train"])) == {"command": "train", "config": None}
 
 
-def test_a_config_file_takes_sections_named_after_the_option_groups(tmp_path, capsys):
-    from neutronorch.cli.help_texts import TRAIN_GROUPS
+def test_a_config_file_takes_sections_named_after_the_configs_parts(tmp_path, capsys):
     from neutronorch.errors import ConfigError
 
-    sections = {title: names for title, _, names in TRAIN_GROUPS}
-    (tmp_path / "run.toml").write_text('dataset = "synthetic:nodes=500"\n[model]\nhidden = 64\nfanouts = [5, 3]\n'
-                                       '[training]\nbatch-size = 32\n[advanced]\nno_progress = true\n')
-    values = load_config_file(tmp_path / "run.toml", sections=sections)
+    (tmp_path / "run.toml").write_text('dataset = "synthetic:nodes=500"\n[network]\nhidden = 64\n'
+                                       '[sampling]\nfanouts = [5, 3]\nbatch-size = 32\n[logging]\nno_progress = true\n'
+                                       '[outputs]\nrun_name = "a"\n')
+    values = load_config_file(tmp_path / "run.toml", extra={"run_name": "outputs"})
     assert values == {"dataset": "synthetic:nodes=500", "hidden": 64, "fanouts": [5, 3], "batch_size": 32,
-                      "progress": False}
-    (tmp_path / "wrong.yaml").write_text("model:\n  epochs: 3\n")
-    with pytest.raises(ConfigError, match=r"'epochs' is under \[model\], but belongs under \[training\]"):
-        load_config_file(tmp_path / "wrong.yaml", sections=sections)
-    (tmp_path / "twice.yaml").write_text("hidden: 8\nmodel:\n  hidden: 16\n")
+                      "progress": False, "run_name": "a"}
+    assert set(TrainConfig.sections()) == {"network", "sampling", "optimization", "evaluation", "neutronorch",
+                                           "placement", "outputs", "logging"}
+    (tmp_path / "wrong.yaml").write_text("network:\n  epochs: 3\n")
+    with pytest.raises(ConfigError, match=r"'epochs' is under \[network\], but belongs under \[optimization\]"):
+        load_config_file(tmp_path / "wrong.yaml")
+    (tmp_path / "top.yaml").write_text("sampling:\n  dataset: cora\n")  # the run's own settings have no section
+    with pytest.raises(ConfigError, match=r"'dataset' is under \[sampling\], but belongs at the top level"):
+        load_config_file(tmp_path / "top.yaml")
+    (tmp_path / "twice.yaml").write_text("hidden: 8\nnetwork:\n  hidden: 16\n")
     with pytest.raises(ConfigError, match="earlier key sets too"):
-        load_config_file(tmp_path / "twice.yaml", sections=sections)
-    # The command line reads its config file with its groups as sections, and says what is misplaced.
+        load_config_file(tmp_path / "twice.yaml")
+    # The command line reads its config file with the same sections, and says what is misplaced.
     assert main(["train", "--config", str(tmp_path / "wrong.yaml")]) != 0
-    assert "belongs under [training]" in capsys.readouterr().err
+    assert "belongs under [optimization]" in capsys.readouterr().err

@@ -1,15 +1,21 @@
-"""Training configuration: one dataclass, validated once at the edge (CLI, config file or API).
+"""Training configuration: ``TrainConfig``, composed of the parts in config_parts.py, validated once at the
+edge (CLI, config file or API).
 
-The core trusts a ``TrainConfig`` that passed ``validate``; it never re-checks arguments.
+The core trusts a ``TrainConfig`` that passed ``validate``; it never re-checks arguments. Each component
+takes the part it uses (``config.sampling``, ``config.neutronorch``, ``config.placement``, ...).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 
 from neutronorch.config_keys import read_config_mapping
+from neutronorch.config_parts import (PARTS, EvaluationConfig, LogConfig, NetworkConfig, NeutronOrchConfig,
+                                      OptimizationConfig, OutputConfig, PlacementConfig, SamplingConfig, may_change,
+                                      setting, settings_of)
 from neutronorch.errors import ConfigError
 from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, PRECISIONS, needs_degrees
 from neutronorch.sampling.fanouts import parse_fanouts
@@ -25,85 +31,59 @@ DEVICE_SAMPLING = ("auto", "on", "off")
 READ_ORDERS = ("auto", "file", "batch")
 
 
-def may_change(default):
-    """A setting a resumed run may change (``TrainConfig.resume_may_change``): where outputs go, how the run
-    reports, how long it trains, its threads and where it runs; results do not depend on them. Every other
-    setting changes the model or the training, and a resume with another value is refused."""
-    return field(default=default, metadata={"resume": "may change"})
-
-
-@dataclass
+@dataclass(init=False)
 class TrainConfig:
+    """A run's configuration: the settings of the run as a whole, and its parts (config_parts.py), each the
+    settings one component takes: ``config.sampling`` (a ``SamplingConfig``), ``config.neutronorch``, ...
+
+    Every setting is also read and written by its own name, whichever part holds it: ``config.fanouts`` is
+    ``config.sampling.fanouts``, and ``TrainConfig(fanouts=[15, 10], super_batch=4)`` sets both parts. A part
+    may be given whole (``TrainConfig(sampling=SamplingConfig(...))``); settings given by name apply over it.
+    ``to_dict`` and ``keys`` list the settings by name, flat, as checkpoints and summaries store them."""
+
     dataset: str = may_change("synthetic")
-    split: str | None = None
-    model: str = "sage"
-    fanouts: list[int] = field(default_factory=lambda: [10, 10])
-    hidden: int = 256
-    heads: int = 4
-    gcn_norm: str = "symmetric"
-    residual: bool = False  # skip connections around every layer but the output layer
-    architecture: str = "plain"  # plain (a stack of layers) or blocks (residual graph blocks, nn/blocks.py)
-    norm: str = "none"  # between layers, before the activation: none, layer or batch
-    layers: int = 0  # 0: one per `fanouts` entry; N with a single fanout repeats it N times
-    metric: str = "auto"  # accuracy, rocauc, f1-micro, f1-macro; auto: the dataset's (see train/task.py)
-    split_index: int = 0  # which of the dataset's stored splits (the heterophilous .npz files hold 10)
-    batch_size: int = 0  # 0: auto_batch_size(number of training seeds)
-    epochs: int = may_change(50)
-    lr: float = 0.003
-    weight_decay: float = 5e-3
-    dropout: float = 0.7
-    seed: int = 0
+    split: str | None = setting(None)
+    split_index: int = setting(0)  # which of the dataset's stored splits (the heterophilous .npz files hold 10)
+    mode: str = setting("exact")  # exact, device, neutronorch, or auto (chosen when the run starts)
     device: str = may_change("auto")
     precision: str = may_change("fp32")  # fp32, bf16 or auto (bf16 where the device has it natively); nn/precision.py
-    mode: str = "exact"  # exact, device, neutronorch, or auto (chosen when the run starts)
-    eval_every: int = may_change(1)
-    eval_fanouts: list[int] | None = may_change(None)
-    eval_batch_size: int = may_change(4096)
-    eval_max_nodes: int = may_change(0)  # 0: every validation and test vertex
-    patience: int = may_change(0)  # stop after this many evaluations without a better validation accuracy (0: never)
-    prefetch: int = may_change(2)
     threads: int = may_change(0)
-    sampler_threads: int = may_change(0)
-    # NeutronOrch mode
-    super_batch: int = 8
-    hot_ratio: str | float = "auto"
-    staleness_bound: int | None = None  # None: 2 * super_batch - 1
-    hot_grad: str = "cpu"
-    hot_error_budget: float = 0.02
-    snapshot_lead: int | None = None  # None: auto (2 steps, more while the trainer waits for hot rows)
-    hot_set: str = "rank"  # data parallel: rows hot on several ranks of a node computed by each ("rank") or once
-    host_threads: int = may_change(0)
-    # Placement on the device (CUDA; see features/placement.py)
-    gpu_memory_gb: float | None = None  # None: the device's memory
-    gpu_cache_gb: str | float = "auto"  # auto: as much as the budget holds (CUDA), none on the CPU; 0: none
-    cache_policy: str = "presample"
-    device_sampling: str = "auto"  # neutronorch: bottom hop sampled on the device (auto: on CUDA)
-    read_order: str = "auto"  # memory-mapped features and topology: file order when they may not fit in memory
-    host_cache_gb: str | float = "auto"  # memory-mapped features: hottest rows in memory (auto: when they do not fit)
-    host_cache_dir: str | None = None  # the host cache's file of cold rows (None: next to the features)
-    # Observation
-    summary_json: str | None = may_change(None)
-    timeline: str | None = may_change(None)  # .png; the raw spans go next to it as .json
-    timeline_steps: int = may_change(40)
-    log_jsonl: str | None = may_change(None)
-    log_csv: str | None = may_change(None)
-    tensorboard: str | None = may_change(None)
-    log_every: int = may_change(20)
-    checkpoint_dir: str | None = may_change(None)  # last.pt after every epoch, best.pt at each better validation score
-    checkpoint_every: int = may_change(0)  # also write last.pt every this many steps (0: at epoch ends only)
-    resume: bool = may_change(False)  # continue from checkpoint_dir/last.pt
-    overwrite: bool = may_change(False)  # replace an earlier run's outputs (summary, logs, timeline, checkpoints)
-    progress: bool = may_change(True)  # the command line's progress bar (train() reports through its callback instead)
     dist_timeout: float = may_change(600.0)  # data parallel: seconds a collective waits for the other ranks
-    stage_table: bool = may_change(True)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    optimization: OptimizationConfig = field(default_factory=OptimizationConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    neutronorch: NeutronOrchConfig = field(default_factory=NeutronOrchConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    outputs: OutputConfig = field(default_factory=OutputConfig)
+    logging: LogConfig = field(default_factory=LogConfig)
+
+    def __init__(self, **settings):
+        for f in fields(self):
+            if f.name in settings:
+                value = settings.pop(f.name)
+            else:
+                value = f.default_factory() if f.default_factory is not MISSING else f.default
+            setattr(self, f.name, value)
+        by_part: dict[str, dict] = {}
+        for name, value in settings.items():
+            if name not in _PART_OF:
+                raise TypeError(f"TrainConfig() got an unexpected keyword argument {name!r}")
+            by_part.setdefault(_PART_OF[name], {})[name] = value
+        for part, values in by_part.items():
+            setattr(self, part, replace(getattr(self, part), **values))
 
     @classmethod
     def resume_may_change(cls) -> frozenset[str]:
         """The settings a resumed run may change (declared with ``may_change``)."""
-        return frozenset(f.name for f in fields(cls) if f.metadata.get("resume") == "may change")
+        return frozenset(f.name for f in _settings() if f.metadata.get("resume") == "may change")
 
     def validate(self) -> "TrainConfig":
         """Normalise and check every field; raise ``ConfigError`` saying how to fix the first problem."""
+        for part, kind in PARTS.items():
+            if not isinstance(getattr(self, part), kind):
+                raise ConfigError(f"`{part}` {getattr(self, part)!r}: expected a {kind.__name__} (or give its "
+                                  f"settings by name: {', '.join(f.name for f in settings_of(kind))}).")
         _check_types(self)
         self.fanouts = parse_fanouts(self.fanouts)
         if self.layers < 0:
@@ -120,6 +100,8 @@ class TrainConfig:
             if len(self.eval_fanouts) != len(self.fanouts):
                 raise ConfigError(f"`eval_fanouts` has {len(self.eval_fanouts)} entries but the model has "
                                   f"{len(self.fanouts)} layers (one per `fanouts` entry).")
+        # The model normalises by its sources' graph degrees (GCN's symmetric norm): the blocks carry them.
+        self.sampling = replace(self.sampling, degrees=needs_degrees(self.model, self.gcn_norm))
         self.hot_ratio = _parse_hot_ratio(self.hot_ratio)
         self.gpu_cache_gb = _parse_cache_size(self.gpu_cache_gb)
         self.host_cache_gb = _parse_cache_size(self.host_cache_gb, "host_cache_gb", "host")
@@ -200,88 +182,48 @@ class TrainConfig:
 
     @property
     def resolved_staleness(self) -> int:
-        """The staleness bound in optimizer steps; by default 2P-1, the smallest that lets the host compute
-        super-batch s+1's hot embeddings during all of super-batch s."""
-        return 2 * self.super_batch - 1 if self.staleness_bound is None else self.staleness_bound
+        """The staleness bound in optimizer steps (``NeutronOrchConfig.resolved_staleness``)."""
+        return self.neutronorch.resolved_staleness
 
     def to_dict(self) -> dict:
-        return asdict(self)
-
-    # Each component takes the part of the configuration it uses.
-    @property
-    def sampling(self) -> "SamplingConfig":
-        return SamplingConfig(list(self.fanouts), self.batch_size, self.seed, self.prefetch,
-                              needs_degrees(self.model, self.gcn_norm))
+        """Every setting by name, flat (as checkpoints and summaries store them)."""
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in _settings()}
 
     @property
     def hot_sets_per_node(self) -> bool:
         """Whether data-parallel ranks on one node share NeutronOrch's hot sets (``hot_set="node"``)."""
         return self.mode == "neutronorch" and self.hot_set == "node"
 
-    @property
-    def neutronorch(self) -> "NeutronOrchConfig":
-        return NeutronOrchConfig(self.super_batch, self.hot_ratio, self.resolved_staleness, self.hot_grad,
-                                 self.hot_error_budget, self.snapshot_lead, self.hot_set)
-
-    @property
-    def logging(self) -> "LogConfig":
-        return LogConfig(self.log_jsonl, self.log_csv, self.tensorboard, self.log_every)
-
-    @property
-    def placement(self) -> "PlacementConfig":
-        return PlacementConfig(self.gpu_memory_gb, self.gpu_cache_gb, self.cache_policy, self.device_sampling)
-
     @classmethod
     def keys(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
+        """Every setting's name."""
+        return [f.name for f in _settings()]
+
+    @classmethod
+    def sections(cls) -> dict[str, list[str]]:
+        """The settings of each part, by the part's name (a config file's sections)."""
+        return {part: [f.name for f in settings_of(kind)] for part, kind in PARTS.items()}
 
 
-@dataclass(frozen=True)
-class SamplingConfig:
-    """How mini-batches are drawn: the modes' and the cache ranking's part of the configuration."""
-
-    fanouts: list[int]  # seed hop first
-    batch_size: int  # resolved (never 0)
-    seed: int
-    prefetch: int
-    degrees: bool = False  # blocks carry their sources' graph degrees (the model normalises by them)
-    rank: int = 0  # data parallel: this rank trains part ``rank`` of each global batch of batch_size * world
-    world: int = 1
-    file_order: bool = False  # host samplers read the topology in file order (``TrainConfig.read_order``)
-    shuffle: bool = True  # False: every epoch takes the seeds in their given order (``NeighborLoader``)
+def _settings() -> list:
+    """The ``Field`` of every setting: the run's own, then each part's."""
+    own = [f for f in fields(TrainConfig) if f.name not in PARTS]
+    return own + [f for kind in PARTS.values() for f in settings_of(kind)]
 
 
-@dataclass(frozen=True)
-class NeutronOrchConfig:
-    """NeutronOrch mode's part of the configuration (``staleness_bound`` resolved)."""
+def _by_name(part: str, name: str) -> property:
+    def get(self):
+        return getattr(getattr(self, part), name)
 
-    super_batch: int
-    hot_ratio: str | float
-    staleness_bound: int
-    hot_grad: str
-    hot_error_budget: float
-    snapshot_lead: int | None
-    hot_set: str = "rank"
+    def put(self, value):
+        setattr(self, part, replace(getattr(self, part), **{name: value}))
+
+    return property(get, put, doc=f"``{part}.{name}``")
 
 
-@dataclass(frozen=True)
-class PlacementConfig:
-    """Where data lives on a GPU: the placement's part of the configuration."""
-
-    gpu_memory_gb: float | None
-    gpu_cache_gb: str | float
-    cache_policy: str
-    device_sampling: str
-
-
-@dataclass(frozen=True)
-class LogConfig:
-    """The metric logs' part of the configuration."""
-
-    log_jsonl: str | None
-    log_csv: str | None
-    tensorboard: str | None
-    log_every: int
+_PART_OF = {f.name: part for part, kind in PARTS.items() for f in settings_of(kind)}
+for _name, _part in _PART_OF.items():
+    setattr(TrainConfig, _name, _by_name(_part, _name))
 
 
 # Fields whose default is None, and the type their value must have when given.
@@ -295,7 +237,7 @@ _PARSED = {"fanouts", "eval_fanouts", "hot_ratio", "gpu_cache_gb", "host_cache_g
 def _check_types(config: TrainConfig) -> None:
     """Every field holds a value of its type (a config file can give any YAML value): a clear error
     instead of a ``TypeError`` deep inside the run."""
-    for f in fields(config):
+    for f in _settings():
         value = getattr(config, f.name)
         if f.name in _PARSED or (value is None and f.default is None):
             continue
@@ -346,16 +288,18 @@ def auto_batch_size(num_train: int) -> int:
     return min(1024, max(32, num_train // 32))
 
 
-def load_config_file(path: str | os.PathLike, extra: tuple[str, ...] = (),
-                     sections: dict[str, list[str]] | None = None) -> dict:
-    """Read a YAML, TOML or JSON file whose keys are ``TrainConfig`` fields (dashes or underscores), or one of
-    ``extra`` (keys of the caller's own, such as the command line's ``run_name`` and ``save``). Keys may also
-    sit in sections, ``sections`` naming each one's keys (the command line's option groups: ``[model]``
-    holding ``hidden``, ...); a key in another section than its own is an error that names its section."""
+def load_config_file(path: str | os.PathLike, extra: dict[str, str | None] | None = None) -> dict:
+    """Read a YAML, TOML or JSON file whose keys are ``TrainConfig`` settings (dashes or underscores), or keys
+    of the caller's own (``extra``: each key and its section, such as the command line's ``run_name`` under
+    ``outputs``). A part's settings may sit in a section named after the part (``[sampling]`` holding
+    ``fanouts``, ``[neutronorch]`` holding ``super_batch``: ``TrainConfig.sections()``) or at the top level; a
+    key in another section than its own is an error that names its section."""
     data = read_config_mapping(path)
+    extra = extra or {}
     known = set(TrainConfig.keys()) | set(extra)
-    sections = sections or {}
-    home = {name: title for title, names in sections.items() for name in names}
+    sections = TrainConfig.sections()
+    home = {name: part for part, names in sections.items() for name in names}
+    home.update({name: part for name, part in extra.items() if part is not None})
     flat = []  # (key as written, value, section or None)
     for key, value in data.items():
         if isinstance(value, dict) and str(key) in sections:
@@ -368,12 +312,11 @@ def load_config_file(path: str | os.PathLike, extra: tuple[str, ...] = (),
         if name in ("no_progress", "no_stage_table", "no_save") and isinstance(value, bool):
             name, value = name[3:], not value  # the flags' spelling: --no-progress, --no-stage-table, --no-save
         if name not in known:
-            sections_known = f" Sections: {', '.join(sections)}." if sections else ""
-            raise ConfigError(f"--config {path}: unknown key {key!r}. Known keys: {', '.join(sorted(known))}."
-                              f"{sections_known}")
-        if section is not None and home.get(name, section) != section:
-            raise ConfigError(f"--config {path}: {key!r} is under [{section}], but belongs under [{home[name]}] "
-                              f"(or at the top level).")
+            raise ConfigError(f"--config {path}: unknown key {key!r}. Known keys: {', '.join(sorted(known))}. "
+                              f"Sections: {', '.join(sections)}.")
+        if section is not None and home.get(name) != section:
+            where = f"under [{home[name]}] (or at the top level)" if name in home else "at the top level"
+            raise ConfigError(f"--config {path}: {key!r} is under [{section}], but belongs {where}.")
         if name in out:  # batch-size and batch_size, or progress and no-progress: which one would be meant?
             raise ConfigError(f"--config {path}: {key!r} sets `{name}`, which an earlier key sets too; give it once.")
         out[name] = value

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from neutronorch.cli.help_texts import TRAIN_GROUPS
 from neutronorch.cli.options import RUN_FOLDER_KEYS, build_parser
 from neutronorch.config import TrainConfig, load_config_file
 from neutronorch.data import SyntheticSpec, dataset_paths, generate, is_native_dir, load_dataset, save_native
@@ -133,8 +132,7 @@ class _ProgressBar:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    values = (load_config_file(args.config, extra=RUN_FOLDER_KEYS,
-                               sections={title: names for title, _, names in TRAIN_GROUPS})
+    values = (load_config_file(args.config, extra=dict.fromkeys(RUN_FOLDER_KEYS, "outputs"))
               if getattr(args, "config", None) else {})
     values.update({k: v for k, v in vars(args).items() if k not in ("command", "config")})
     run_name, save = values.pop("run_name", None), values.pop("save", True)

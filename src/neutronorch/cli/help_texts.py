@@ -187,8 +187,10 @@ METAVARS = {"dataset": "SPEC", "split": "SPEC", "split_index": "K", "layers": "N
 RUN_FOLDER_KEYS = ("run_name", "save")  # a --config file takes them too
 SWITCHES = {
     "config": ("--config", "config", "store",
-               "YAML, TOML or JSON file with the same keys as the options (batch_size or batch-size); options "
-               "given on the command line win"),
+               "YAML, TOML or JSON file with the same keys as the options (batch_size or batch-size), at the top "
+               "level or in sections named after TrainConfig's parts ([network], [sampling], [optimization], "
+               "[evaluation], [neutronorch], [placement], [outputs], [logging]); options given on the command "
+               "line win"),
     "run_name": ("--run-name", "run_name", "store",
                  "keep this run's results (summary.json, metrics.jsonl, last.pt and best.pt) in runs/NAME/ under "
                  "the current folder. A run never writes into an existing run's folder: an existing runs/NAME/ is "

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
-from neutronorch.config import SamplingConfig, TrainConfig
+from neutronorch.config import TrainConfig
 from neutronorch.errors import ConfigError
 from neutronorch.loader.arguments import (check_count, check_device, check_mode, resolve_graph, resolve_seeds)
 from neutronorch.loader.batch import LoaderBatch
@@ -36,17 +35,6 @@ __all__ = ["NeighborLoader", "EpochIterator"]
 # TrainConfig settings a loader passes on (the rest are the trainer's: model, optimizer, evaluation, outputs).
 LOADER_OPTIONS = ("hidden", "heads", "gcn_norm", "precision", "gpu_memory_gb", "gpu_cache_gb", "cache_policy",
                   "read_order", "host_cache_gb", "host_cache_dir")
-
-
-@dataclass
-class _LoaderConfig(TrainConfig):
-    """A run's configuration with the loader's one setting the trainer does not have: ``shuffle``."""
-
-    shuffle: bool = True
-
-    @property
-    def sampling(self) -> SamplingConfig:
-        return dataclasses.replace(super().sampling, shuffle=self.shuffle)
 
 
 class NeighborLoader:
@@ -89,7 +77,7 @@ class NeighborLoader:
         self.mode: Mode | None = build_mode(self.config, view, self.device, self.threads)
         self._finalizer = weakref.finalize(self, self.mode.close)
 
-    def _config(self, fanouts, model, prefetch, sampler_threads, options) -> _LoaderConfig:
+    def _config(self, fanouts, model, prefetch, sampler_threads, options) -> TrainConfig:
         unknown = sorted(set(options) - set(LOADER_OPTIONS))
         if unknown:
             raise ConfigError(f"NeighborLoader got unexpected option(s) {', '.join(unknown)}; it takes "
@@ -99,11 +87,11 @@ class NeighborLoader:
         if isinstance(fanouts, bool) or isinstance(fanouts, (int, float, dict, set)):
             raise ConfigError(f"`fanouts` {fanouts!r}: expected a list of neighbours per hop, seed hop first, "
                               f"such as [15, 10, 5] or '15,10,5' (-1: every neighbour).")
-        config = _LoaderConfig(dataset=self.graph.name, fanouts=fanouts, batch_size=self.batch_size,
-                               seed=self.seed, mode=self.mode_name, device=self.device.type, model=model,
-                               prefetch=prefetch, sampler_threads=sampler_threads, epochs=1,
-                               shuffle=self.shuffle, **options)
-        return config.validate()
+        config = TrainConfig(dataset=self.graph.name, fanouts=fanouts, batch_size=self.batch_size,
+                             seed=self.seed, mode=self.mode_name, device=self.device.type, model=model,
+                             prefetch=prefetch, sampler_threads=sampler_threads, epochs=1, **options).validate()
+        config.sampling = dataclasses.replace(config.sampling, shuffle=self.shuffle)  # the trainer always shuffles
+        return config
 
     def _check_start(self, start) -> int:
         start = check_count("start", start, 0)

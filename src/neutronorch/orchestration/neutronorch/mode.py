@@ -79,8 +79,8 @@ class NeutronOrchMode:
         self.sampler_threads, self.host_threads = sampler_threads, host_threads
         self.threads = {"sampler": sampler_threads, "host": host_threads}
         self.num_batches = batches_per_epoch(graph, sampling)
-        self.schedule = Schedule(epochs, self.num_batches, config.super_batch, config.staleness_bound)
-        self.staleness = StalenessCheck(config.staleness_bound)
+        self.schedule = Schedule(epochs, self.num_batches, config.super_batch, config.resolved_staleness)
+        self.staleness = StalenessCheck(config.resolved_staleness)
         self.controller = RatioController(config, self.schedule, shared_cores=not access.on_cuda,
                                           probe_inputs=self._probe_inputs)
         self.stats = HotStats()
@@ -249,7 +249,7 @@ class NeutronOrchMode:
     def describe(self) -> str:
         return (f"sampler threads {self.sampler_threads}, host threads {self.host_threads}, super-batch "
                 f"{self.config.super_batch}, hot ratio {self.config.hot_ratio}, staleness bound "
-                f"{self.config.staleness_bound}, hot grad {self.config.hot_grad}"
+                f"{self.config.resolved_staleness}, hot grad {self.config.hot_grad}"
                 + (f", hot set {self.hot_set}" if self.distributed else ""))
 
     @property

@@ -1,0 +1,74 @@
+"""TrainConfig is composed of the parts components take; every setting is still read, written and given by
+its own name."""
+
+import dataclasses
+
+import pytest
+
+from neutronorch.config import TrainConfig
+from neutronorch.config_parts import (PARTS, NetworkConfig, NeutronOrchConfig, SamplingConfig, settings_of)
+from neutronorch.errors import ConfigError
+
+
+def test_settings_by_name_live_in_their_parts():
+    config = TrainConfig(fanouts=[5, 3], super_batch=4, hidden=32, gpu_cache_gb=1.5, log_every=7)
+    assert config.sampling.fanouts == [5, 3] and config.neutronorch.super_batch == 4
+    assert config.network.hidden == 32 and config.placement.gpu_cache_gb == 1.5 and config.logging.log_every == 7
+    config.epochs = 3  # written by name: the part is replaced, never changed in place
+    before = config.optimization
+    config.lr = 0.5
+    assert config.optimization is not before and before.lr == 0.003 and config.optimization.epochs == 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.sampling.seed = 4
+
+
+def test_every_setting_belongs_to_one_place():
+    names = [f.name for kind in PARTS.values() for f in settings_of(kind)]
+    own = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in PARTS]
+    assert len(names + own) == len(set(names + own)) == len(TrainConfig.keys())
+    assert not set(PARTS) & set(TrainConfig.keys())  # a part's name is never a setting's
+
+
+def test_a_part_given_whole_and_settings_over_it():
+    sampling = SamplingConfig(fanouts=[4], batch_size=16, seed=9)
+    config = TrainConfig(sampling=sampling, batch_size=8)
+    assert config.fanouts == [4] and config.seed == 9 and config.batch_size == 8 and sampling.batch_size == 16
+    with pytest.raises(TypeError, match="unexpected keyword argument 'fanout'"):
+        TrainConfig(fanout=[4])
+    with pytest.raises(ConfigError, match="`sampling` .*expected a SamplingConfig"):
+        TrainConfig(sampling={"fanouts": [4]}).validate()
+
+
+def test_copies_share_nothing_they_could_change():
+    config = TrainConfig(fanouts=[5, 3])
+    copy = dataclasses.replace(config, mode="device", epochs=2, super_batch=2)
+    assert (copy.mode, copy.epochs, copy.super_batch, copy.fanouts) == ("device", 2, 2, [5, 3])
+    assert (config.mode, config.epochs, config.super_batch) == ("exact", 50, 8)
+    copy.hidden = 8
+    assert config.hidden == 256
+
+
+def test_to_dict_is_flat_and_round_trips():
+    config = TrainConfig(model="gcn", fanouts=[5, 3], staleness_bound=9, dataset="cora").validate()
+    flat = config.to_dict()
+    assert sorted(flat) == sorted(TrainConfig.keys()) and flat["staleness_bound"] == 9
+    assert TrainConfig(**flat).validate() == config
+    flat["fanouts"].append(1)  # a copy: the config's list is its own
+    assert config.fanouts == [5, 3]
+
+
+def test_validate_resolves_what_one_part_takes_from_another():
+    # GCN's symmetric norm reads graph degrees: the sampling part says so once the config is validated.
+    assert TrainConfig(model="gcn").validate().sampling.degrees
+    assert not TrainConfig(model="gcn", gcn_norm="mean").validate().sampling.degrees
+    assert not TrainConfig(model="sage").validate().sampling.degrees
+    assert "degrees" not in TrainConfig.keys()  # resolved, never a setting
+    assert TrainConfig(super_batch=3).validate().neutronorch.resolved_staleness == 5
+    assert NeutronOrchConfig(super_batch=3, staleness_bound=7).resolved_staleness == 7
+
+
+def test_defaults_are_the_parts_defaults():
+    config = TrainConfig()
+    for part, kind in PARTS.items():
+        assert getattr(config, part) == kind()
+    assert config.network == NetworkConfig() and config.model == "sage"
