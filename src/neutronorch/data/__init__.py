@@ -21,7 +21,8 @@ __all__ = ["Graph", "load_dataset", "load_native", "save_native", "SyntheticSpec
 
 DATASET_SPEC_HELP = (
     "synthetic[:nodes=N,degree=D,features=F,classes=C,seed=S,...] | a native dataset directory "
-    "(meta.json + .npy arrays) | an OGB dataset folder (raw/, split/) | a Planetoid folder (ind.<name>.*) | "
+    "(meta.json + .npy arrays) | an OGB dataset folder (raw/, split/; ogbn- or ogbl-) | a Planetoid folder "
+    "(ind.<name>.*) | "
     "a GraphGallery/gnn-benchmark/"
     "heterophilous .npz | a SNAP edge list (.txt, .txt.gz, .edges, .tsv or .tsv.gz; features and labels "
     "are then synthetic) | "
@@ -61,6 +62,9 @@ def _load(spec: str, split: str | None, seed: int, split_index: int, progress) -
         return _own_split(load_native(path), split)
     if path.is_dir():
         from neutronorch.data.ogb import is_ogb_dir, load_ogb
+        from neutronorch.data.ogb_link import is_ogb_link_dir, load_ogb_link
+        if is_ogb_link_dir(path):  # before is_ogb_dir, which a link dataset's raw/ satisfies too
+            return _own_split(load_ogb_link(path, progress), split)
         if is_ogb_dir(path):
             return _own_split(load_ogb(path, progress), split)
         if any(path.glob("ind.*.graph")):

@@ -1,14 +1,15 @@
-"""Building the CSC topology of a ``Graph`` from an edge list.
+"""Building the CSC topology of a ``Graph`` from an edge list, and reading or thinning one.
 
 Every loader and the synthetic generator go through ``edges_to_csc``, so all graphs share one convention:
 column ``v`` of the CSC lists the in-neighbours of ``v`` in ascending order, without self loops and without
-duplicates, and an undirected input becomes two directed entries per edge.
+duplicates, and an undirected input becomes two directed entries per edge. ``is_symmetric`` and
+``drop_edges`` read a CSC as stored (possibly memory-mapped) without copying it.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from neutronorch.data.dtypes import as_int64
 from neutronorch.errors import DataError
@@ -98,3 +99,103 @@ def _count_hygiene(indptr, indices):
             if at >= hi or ordered[at] != v:
                 one_way += 1
     return loops, repeats, one_way
+
+
+def is_symmetric(indptr: np.ndarray, indices: np.ndarray) -> bool:
+    """Whether every edge ``u -> v`` has its reverse ``v -> u`` (an undirected graph stored both ways).
+
+    Where each vertex's in-neighbours are sorted (as ``edges_to_csc`` leaves them) this is one pass with a
+    binary search per edge that stops at the first edge without a reverse, and allocates nothing; a CSC
+    with unsorted columns is counted by ``edge_hygiene`` instead (a sorted copy of ``indices``)."""
+    indptr, indices = np.asarray(indptr), np.asarray(indices)
+    answer = _reverse_check(indptr, indices)
+    if answer >= 0:
+        return bool(answer)
+    return edge_hygiene(indptr, indices)["edges_without_reverse"] == 0
+
+
+# Vertices whose edges are checked before the check may stop at an edge without a reverse.
+_SYMMETRY_BLOCK = 1 << 16
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _reverse_check(indptr, indices):
+    """1 if every edge has its reverse, 0 if one lacks it, -1 if a column is unsorted (no answer).
+
+    In a graph without repeated edges whose every edge u -> v with u < v has its reverse, those reverses are
+    distinct edges with u > v; if there are no more such edges than that, every edge has its reverse. So only
+    the u < v half is searched, and the other half only where the counts differ or edges repeat."""
+    num_nodes = indptr.shape[0] - 1
+    unsorted = repeated = balance = 0  # balance: edges with u < v less those with u > v
+    for v in prange(num_nodes):
+        for k in range(indptr[v], indptr[v + 1]):
+            if k > indptr[v]:
+                unsorted += indices[k] < indices[k - 1]
+                repeated += indices[k] == indices[k - 1]
+            balance += (indices[k] < v) - (indices[k] > v)
+    if unsorted:
+        return -1
+    for lower in (True, False):
+        if not lower and balance == 0 and repeated == 0:
+            return 1
+        for start in range(0, num_nodes, _SYMMETRY_BLOCK):
+            missing = 0
+            for v in prange(start, min(num_nodes, start + _SYMMETRY_BLOCK)):
+                for k in range(indptr[v], indptr[v + 1]):
+                    u = indices[k]  # the edge u -> v; its reverse v -> u sits in u's column
+                    if (u < v) == lower and u != v:
+                        lo, hi = indptr[u], indptr[u + 1]
+                        at = lo + np.searchsorted(indices[lo:hi], v)
+                        if at >= hi or indices[at] != v:
+                            missing += 1
+            if missing:  # checked a block at a time, so that a directed graph is told at once
+                return 0
+    return 1
+
+
+def drop_edges(indptr: np.ndarray, indices: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The CSC without the edges named by ``keys``: sorted int64 ``dst * num_nodes + src``, one per edge
+    ``src -> dst`` to drop (every stored copy of it goes). Each column keeps its order; the result is new
+    arrays (``indptr`` int64, ``indices`` of the input's dtype), the input is read in place."""
+    indptr, indices = np.asarray(indptr), np.asarray(indices)
+    num_nodes = indptr.shape[0] - 1
+    starts = np.zeros(num_nodes + 1, np.int64)  # keys of column v: keys[starts[v]:starts[v + 1]]
+    if keys.size:
+        np.cumsum(np.bincount(keys // num_nodes, minlength=num_nodes), out=starts[1:])
+    kept = np.empty(num_nodes + 1, np.int64)
+    kept[0] = 0
+    _count_kept(indptr, indices, keys, starts, kept[1:])
+    np.cumsum(kept, out=kept)
+    out = np.empty(int(kept[-1]), indices.dtype)
+    _copy_kept(indptr, indices, keys, starts, kept, out)
+    return kept, out
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _dropped(keys, lo, hi, key):
+    at = lo + np.searchsorted(keys[lo:hi], key)
+    return at < hi and keys[at] == key
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _count_kept(indptr, indices, keys, starts, counts):
+    num_nodes = indptr.shape[0] - 1
+    for v in prange(num_nodes):
+        base = np.int64(v) * num_nodes
+        count = 0
+        for k in range(indptr[v], indptr[v + 1]):
+            if not _dropped(keys, starts[v], starts[v + 1], base + indices[k]):
+                count += 1
+        counts[v] = count
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _copy_kept(indptr, indices, keys, starts, kept, out):
+    num_nodes = indptr.shape[0] - 1
+    for v in prange(num_nodes):
+        base = np.int64(v) * num_nodes
+        at = kept[v]
+        for k in range(indptr[v], indptr[v + 1]):
+            if not _dropped(keys, starts[v], starts[v + 1], base + indices[k]):
+                out[at] = indices[k]
+                at += 1

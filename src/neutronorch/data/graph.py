@@ -4,6 +4,9 @@ A ``Graph`` is topology in CSC form (for each vertex, the ids of its in-neighbou
 messages it aggregates), node features, labels and a train/val/test split. Arrays may be numpy memory maps,
 so nothing here may copy a whole array without need. ``validate`` is the one place that checks a graph
 coming from outside; the rest of the package trusts a validated graph.
+
+A link-prediction graph carries its supervision edges in ``links`` (``data/links.py``); it may have no node
+task at all: then ``num_classes`` is 0, every label is -1 and the node splits are empty.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from neutronorch.data.dtypes import STORAGE_DTYPES
+from neutronorch.data.links import LinkSplit, check_link_split
 from neutronorch.errors import DataError
 
 # Checks over arrays that may be larger than RAM run in chunks of this many elements.
@@ -28,6 +32,7 @@ class Graph:
     ``indptr[v]:indptr[v+1]`` indexes ``indices``, which holds the in-neighbours of ``v``. ``labels`` is a
     class id per vertex (-1: no label), or for a multi-label task a 0/1 row of ``num_classes`` tasks per
     vertex (-1: unknown). ``metric`` is the metric the dataset's literature reports, when its loader knows it.
+    ``links`` is the link split of a link-prediction graph (None for node classification).
     """
 
     name: str
@@ -41,6 +46,7 @@ class Graph:
     num_classes: int
     notes: list[str] = field(default_factory=list)
     metric: str | None = None
+    links: LinkSplit | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -102,15 +108,18 @@ class Graph:
         return found
 
     def describe(self) -> str:
-        return (f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, "
-                f"{self.feature_dim} features, {self.num_classes} classes, "
-                f"split {len(self.train_idx):,}/{len(self.val_idx):,}/{len(self.test_idx):,}")
+        tasks = [f"{self.num_classes} classes, split {len(self.train_idx):,}/{len(self.val_idx):,}/"
+                 f"{len(self.test_idx):,}"] if self.links is None or self.num_classes else []
+        tasks += [self.links.describe()] if self.links is not None else []
+        return (f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, {self.feature_dim} features, "
+                f"{', '.join(tasks)}")
 
     def validate(self, source: str, files: dict[str, str] | None = None) -> None:
         """Raise ``DataError`` naming ``source`` if any array is inconsistent; return quietly otherwise.
         ``files`` maps array names to the files they came from, named instead of ``source`` when known."""
         n = self.num_nodes
         files = files or {}
+        link_only = self.links is not None and self.num_classes == 0  # no node task: no labels, no node splits
 
         def fail(what: str, fix: str) -> None:
             array = what.split()[0]  # every message starts with the array it is about
@@ -169,7 +178,7 @@ class Graph:
                 fail(f"labels range over {int(lab.min())}..{int(lab.max())}, outside -1..1",
                      "Multi-label labels are 0 or 1 per task, -1 where unknown.")
         else:
-            if self.num_classes < 2:
+            if self.num_classes < 2 and not link_only:
                 fail(f"num_classes is {self.num_classes}", "Node classification needs at least 2 classes.")
             if lab.size and (int(lab.min()) < -1 or int(lab.max()) >= self.num_classes):
                 fail(f"labels range over {int(lab.min())}..{int(lab.max())}, outside 0..{self.num_classes - 1} "
@@ -181,6 +190,8 @@ class Graph:
                 fail(f"{split_name} must be a 1-D integer array, got {idx.dtype} {idx.shape}",
                      "Save it with .astype(np.int64).")
             if idx.size == 0:
+                if link_only:
+                    continue
                 fail(f"{split_name} is empty", "Give every split at least one vertex (see `split`).")
             if int(idx.min()) < 0 or int(idx.max()) >= n:
                 fail(f"{split_name} holds vertex ids outside 0..{n - 1}", "Fix the split or num_nodes.")
@@ -195,6 +206,8 @@ class Graph:
             if shared.shape[0]:
                 fail(f"{shared.shape[0]} training vertices are also in {split_name} (first: {int(shared[0])})",
                      "Evaluation on training vertices overstates accuracy; make the splits disjoint.")
+        if self.links is not None:  # a benchmark's fixed negatives are scored as they are (check_link_split)
+            check_link_split(self.links, n, files.get("links", source), negatives_may_be_positive=True)
 
 
 def _first_duplicate(ids: np.ndarray) -> int:

@@ -157,6 +157,9 @@ def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = Fa
     the end, so a failed write leaves what was there before, and a graph memory-mapped from ``directory``
     itself can be written back over it (its old files stay readable until the swap)."""
     target = Path(directory)
+    if graph.links is not None:  # it would be written without them, and read back as a graph with no task
+        raise DataError(f"{graph.name}: the native format does not store a link split yet; train from the "
+                        f"dataset it was read from (an OGB link-prediction folder loads directly).")
     check_native_target(target, overwrite)
     existed = target.exists()
     try:

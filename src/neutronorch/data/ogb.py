@@ -48,7 +48,7 @@ def is_ogb_dir(path: Path) -> bool:
 def load_ogb(directory: str | os.PathLike, progress: Progress | None = None) -> Graph:
     """The OGB dataset in ``directory`` (a folder holding ``raw/`` and ``split/``)."""
     directory = Path(directory)
-    name = _name(directory)
+    name = dataset_name(directory)
     raw = directory / "raw"
     if (raw / "data.npz").is_file():
         src, dst, features, labels, num_nodes = _binary(raw)
@@ -68,36 +68,47 @@ def load_ogb(directory: str | os.PathLike, progress: Progress | None = None) -> 
     return graph
 
 
-def _name(directory: Path) -> str:
+def dataset_name(directory: Path) -> str:
     """``ogbn_arxiv`` (the ogb package's folder name) reads as ``ogbn-arxiv``."""
     return directory.resolve().name.replace("_", "-")
 
 
 def _csv(raw: Path, name: str, progress: Progress | None):
+    edges, num_nodes = read_edges(raw, progress)
+    labels_path = raw / "node-label.csv.gz"
+    width = _width(labels_path)
+    labels = _numbers(labels_path, num_nodes * width, np.float64, progress, width=width,
+                      expect=f"{raw / 'num-node-list.csv.gz'} says {num_nodes} vertices")
+    labels = class_labels(labels.reshape(num_nodes, width) if width > 1 else labels, num_nodes, str(labels_path))
+    features = read_node_features(raw, edges, num_nodes, progress)
+    return edges[:, 0], edges[:, 1], features, labels, num_nodes
+
+
+def read_edges(raw: Path, progress: Progress | None = None) -> tuple[np.ndarray, int]:
+    """The (num_edges, 2) int64 edges of ``raw/edge.csv.gz`` and the vertex count, each checked against its
+    ``num-*-list.csv.gz``."""
     num_nodes = _count(raw / "num-node-list.csv.gz", "vertices")
     num_edges = _count(raw / "num-edge-list.csv.gz", "edges")
-    nodes_say = f"{raw / 'num-node-list.csv.gz'} says {num_nodes} vertices"
     edge_path = raw / "edge.csv.gz"
     if _width(edge_path) != 2:
         raise DataError(f"{edge_path}: the first line holds {_width(edge_path)} values; each line must be one "
                         f"'src,dst' edge. The file is damaged; fetch the dataset again.")
     edges = _numbers(edge_path, 2 * num_edges, np.int64, progress, width=2,
                      expect=f"{raw / 'num-edge-list.csv.gz'} says {num_edges} edges").reshape(num_edges, 2)
-    labels_path = raw / "node-label.csv.gz"
-    width = _width(labels_path)
-    labels = _numbers(labels_path, num_nodes * width, np.float64, progress, width=width, expect=nodes_say)
-    labels = class_labels(labels.reshape(num_nodes, width) if width > 1 else labels, num_nodes, str(labels_path))
+    return edges, num_nodes
+
+
+def read_node_features(raw: Path, edges: np.ndarray, num_nodes: int, progress: Progress | None = None) -> np.ndarray:
+    """A float32 row per vertex: ``raw/node-feat.csv.gz``, else the mean of its edges' ``edge-feat.csv.gz``."""
     feature_path = raw / "node-feat.csv.gz"
     if feature_path.is_file():
         dim = _width(feature_path)
-        features = _numbers(feature_path, num_nodes * dim, np.float32, progress, width=dim,
-                            expect=nodes_say).reshape(num_nodes, dim)
-    elif (raw / "edge-feat.csv.gz").is_file():
-        features = _edge_mean_features(raw / "edge-feat.csv.gz", edges, num_nodes, progress)
-    else:
-        raise DataError(f"{raw}: holds neither node-feat.csv.gz nor edge-feat.csv.gz; neutronorch needs node "
-                        f"features (or edge features to form them from).")
-    return edges[:, 0], edges[:, 1], features, labels, num_nodes
+        return _numbers(feature_path, num_nodes * dim, np.float32, progress, width=dim,
+                        expect=f"{raw / 'num-node-list.csv.gz'} says {num_nodes} vertices").reshape(num_nodes, dim)
+    if (raw / "edge-feat.csv.gz").is_file():
+        return _edge_mean_features(raw / "edge-feat.csv.gz", edges, num_nodes, progress)
+    raise DataError(f"{raw}: holds neither node-feat.csv.gz nor edge-feat.csv.gz; neutronorch needs node "
+                    f"features (or edge features to form them from).")
 
 
 def _edge_mean_features(path: Path, edges: np.ndarray, num_nodes: int, progress: Progress | None) -> np.ndarray:
@@ -141,14 +152,20 @@ def _binary(raw: Path):
             class_labels(np.asarray(labels), num_nodes, str(raw / "node-label.npz")), num_nodes)
 
 
-def _split(directory: Path, num_nodes: int) -> tuple[np.ndarray, ...]:
+def split_folder(directory: Path) -> Path:
+    """The one folder under ``directory/split`` (``time``, ``sales_ranking``, ``throughput`` ...)."""
     schemes = sorted(p for p in (directory / "split").glob("*") if p.is_dir()) if (directory / "split").is_dir() else []
     if len(schemes) != 1:
         raise DataError(f"{directory / 'split'}: expected one split folder (time, sales_ranking, species ...), "
                         f"found {[p.name for p in schemes] or 'none'}; the dataset is incomplete.")
+    return schemes[0]
+
+
+def _split(directory: Path, num_nodes: int) -> tuple[np.ndarray, ...]:
+    scheme = split_folder(directory)
     out = []
     for part in ("train", "valid", "test"):
-        path = schemes[0] / f"{part}.csv.gz"
+        path = scheme / f"{part}.csv.gz"
         if not path.is_file():
             raise DataError(f"{path}: file is missing; the dataset is incomplete.")
         ids = np.sort(_numbers(path, num_nodes, np.int64))

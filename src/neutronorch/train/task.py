@@ -28,7 +28,7 @@ from torch.nn import functional as F
 from neutronorch.config import METRICS
 from neutronorch.data.graph import Graph
 
-__all__ = ["METRICS", "Task", "score"]
+__all__ = ["METRICS", "Task", "score", "roc_auc"]
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def score(metric: str, multilabel: bool, num_classes: int, probabilities: np.nda
     if multilabel:
         known = labels >= 0
         if metric == "rocauc":
-            areas = [_roc_auc(probabilities[known[:, t], t], labels[known[:, t], t]) for t in range(labels.shape[1])]
+            areas = [roc_auc(probabilities[known[:, t], t], labels[known[:, t], t]) for t in range(labels.shape[1])]
             areas = [a for a in areas if not np.isnan(a)]
             return float(np.mean(areas)) if areas else float("nan")
         if metric not in METRICS:  # validated where it is set; reaching here is a bug, not a choice of F1
@@ -99,9 +99,9 @@ def score(metric: str, multilabel: bool, num_classes: int, probabilities: np.nda
         return float("nan")
     if metric == "rocauc":
         if num_classes == 2:
-            return _roc_auc(probabilities[:, 1], labels)
+            return roc_auc(probabilities[:, 1], labels)
         # One-vs-rest over the class probabilities, averaged over the classes that occur (as scikit-learn).
-        areas = [_roc_auc(probabilities[:, c], (labels == c).astype(np.int64)) for c in range(num_classes)]
+        areas = [roc_auc(probabilities[:, c], (labels == c).astype(np.int64)) for c in range(num_classes)]
         areas = [a for a in areas if not np.isnan(a)]
         return float(np.mean(areas)) if areas else float("nan")
     if metric not in METRICS:  # validated where it is set; reaching here is a bug, not a choice of F1
@@ -114,7 +114,7 @@ def score(metric: str, multilabel: bool, num_classes: int, probabilities: np.nda
                present=np.union1d(predicted, labels))
 
 
-def _roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
+def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     """Mann-Whitney form: the probability that a positive scores above a negative (ties count half)."""
     positives = labels == 1
     p = int(positives.sum())

@@ -1,0 +1,298 @@
+"""Supervision edges for link prediction: the ``LinkSplit`` a graph carries, a seeded edge split of any
+graph, and the checks a split from outside must pass.
+
+A link-prediction graph is a ``Graph`` whose ``links`` field holds its ``LinkSplit``; the graph's own
+topology is then the *message-passing* graph, from which the validation and test edges are absent, so
+evaluation edges never carry messages during training. Training edges stay in it (a trainer that wants a
+seed edge out of the neighbourhoods it samples removes it per batch). This module never samples
+negatives for training: that is the trainer's, per mini-batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numba import njit
+
+from neutronorch.data.csc import drop_edges, is_symmetric
+from neutronorch.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from neutronorch.data.graph import Graph
+
+# What ``LinkSplit.val_neg`` and ``test_neg`` hold, and so how evaluation scores a set:
+SAMPLED = "sampled"  # none: the trainer draws negatives (score by sampled MRR, Hits@K or ROC-AUC)
+SHARED = "shared"  # (2, K) pairs, one list for all positives (ogbl-collab, -ppa: Hits@K)
+PER_SOURCE = "per-source"  # (P, K) targets per positive, paired with its source (ogbl-citation2: MRR)
+NEGATIVE_KINDS = (SAMPLED, SHARED, PER_SOURCE)
+LINK_SPLIT_HELP = "edges:TRAIN,VAL (e.g. edges:0.85,0.05: shares of the edges for training and validation; " \
+                  "the rest is the test set)"
+# Edges are handled as int64 keys dst * num_nodes + src, which hold graphs of up to this many vertices.
+_KEY_LIMIT = math.isqrt(np.iinfo(np.int64).max)
+_CHUNK = 1 << 22  # elements compared at a time when counting negatives that are positives
+
+
+@dataclass
+class LinkSplit:
+    """Positive edges per set, each an int64 array of shape (2, E): row 0 the sources, row 1 the targets.
+
+    ``undirected``: an edge and its reverse are one link (stored once, source < target), and the
+    message-passing graph holds neither direction of a validation or test link. ``val_neg`` and
+    ``test_neg`` are the evaluation's fixed negatives, whose form the property ``negative_kind`` names:
+
+    - ``"sampled"``: None; the trainer draws negatives;
+    - ``"shared"``: a (2, K) array of negative pairs shared by every positive of the set (ogbl-collab,
+      ogbl-ppa), scored by Hits@K against all of them;
+    - ``"per-source"``: a (P, K) array, row i the K negative targets of positive i, paired with its source
+      (ogbl-citation2), scored by MRR of each positive among its own negatives.
+
+    ``negatives`` names that form where the arrays' shapes cannot (a (2, K) array for a set of exactly 2
+    positives could be either); left None, it is read from the shapes. ``metric`` is the benchmark's own
+    (``"mrr"``, ``"hits@50"``) when a loader knows it."""
+
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+    val_neg: np.ndarray | None = None
+    test_neg: np.ndarray | None = None
+    undirected: bool = False
+    negatives: str | None = None
+    metric: str | None = None
+
+    @property
+    def negative_kind(self) -> str | None:
+        """``SAMPLED``, ``SHARED`` or ``PER_SOURCE``: how evaluation scores the sets (None: the shapes do
+        not say, and ``negatives`` does not either; ``check_link_split`` refuses such a split)."""
+        return self.negatives if self.negatives is not None else _inferred_kind(self)
+
+    def describe(self) -> str:
+        negatives = {SAMPLED: "negatives drawn in training",
+                     SHARED: f"{_width(self.val_neg):,}/{_width(self.test_neg):,} shared negatives",
+                     PER_SOURCE: f"{_width(self.val_neg):,} negatives per positive"}.get(self.negative_kind, "")
+        return (f"links {_width(self.train):,}/{_width(self.val):,}/{_width(self.test):,} "
+                f"{'undirected' if self.undirected else 'directed'}, {negatives}")
+
+
+def _width(array) -> int:
+    return int(array.shape[1]) if getattr(array, "ndim", 0) == 2 else 0
+
+
+def _inferred_kind(split: LinkSplit) -> str | None:
+    if split.val_neg is None and split.test_neg is None:
+        return SAMPLED
+    kinds = set()
+    for positives, negatives in ((split.val, split.val_neg), (split.test, split.test_neg)):
+        rows, count = getattr(negatives, "shape", (0,))[0], _width(positives)
+        if rows == 2 and count != 2:
+            kinds.add(SHARED)
+        elif rows == count and count != 2:
+            kinds.add(PER_SOURCE)
+        else:
+            return None  # missing, malformed or ambiguous: check_link_split says which
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def parse_link_split(spec: str) -> tuple[float, float]:
+    """``edges:TRAIN,VAL`` as (train, val) fractions of the edges; the test set is the rest."""
+    kind, colon, rest = spec.partition(":")
+    parts = rest.split(",")
+    if kind.strip() != "edges" or not colon or len(parts) != 2:
+        raise ConfigError(f"link split {spec!r} is not understood. Use {LINK_SPLIT_HELP}.")
+    try:
+        train, val = float(parts[0]), float(parts[1])
+    except ValueError:
+        raise ConfigError(f"link split {spec!r}: TRAIN and VAL must be numbers, as in edges:0.85,0.05.") from None
+    _check_fractions(train, val, f"link split {spec!r}")
+    return train, val
+
+
+def _check_fractions(train: float, val: float, what: str) -> None:
+    if not (0 < train < 1 and 0 < val < 1 and train + val < 1):  # NaN fails every comparison
+        raise ConfigError(f"{what}: the training and validation shares must each lie in (0, 1) and sum to "
+                          f"less than 1, leaving edges for the test set (got {train} and {val}); e.g. "
+                          f"edges:0.85,0.05.")
+
+
+def split_edges(graph: Graph, train: float, val: float, seed: int = 0) -> Graph:
+    """``graph`` with a seeded random ``LinkSplit`` of its edges in ``links``, its validation and test edges
+    taken out of its topology.
+
+    A symmetric graph (every edge stored with its reverse, as every loader leaves it) is split as an
+    undirected one: an edge and its reverse are one link, on one side of the split, counted once and
+    removed both ways. Otherwise each directed edge is a link. Self loops are no links (they stay) and a
+    repeated edge is one. Features, labels and node splits are the input's own objects (nothing is copied);
+    the same seed gives the same split. Cost, for E stored edges: two passes over the topology, an int64
+    key per link and one random permutation of them (about 1.5 s for 10M edges on two busy cores)."""
+    _check_fractions(train, val, "split_edges")
+    if graph.links is not None:
+        raise DataError(f"{graph.name}: already carries a link split, and its validation and test edges are "
+                        f"out of its topology; split the graph it came from instead.")
+    num_nodes = graph.num_nodes
+    if num_nodes > _KEY_LIMIT:
+        raise DataError(f"{graph.name}: {num_nodes:,} vertices are more than a link split handles "
+                        f"({_KEY_LIMIT:,}: edges are keyed by int64 dst * num_nodes + src).")
+    indptr, indices = np.asarray(graph.indptr), np.asarray(graph.indices)
+    undirected = is_symmetric(indptr, indices)
+    keys = _link_keys(indptr, indices, undirected)
+    total = keys.shape[0]
+    if total == 0:
+        raise DataError(f"{graph.name}: has no edges to split (self loops are no links).")
+    sizes = (round(train * total), round(val * total))
+    sizes = (*sizes, total - sizes[0] - sizes[1])
+    if min(sizes) == 0:
+        empty = ("training", "validation", "test")[sizes.index(0)]
+        raise ConfigError(f"split_edges: shares {train} and {val} of {total} links leave the {empty} set empty; "
+                          f"choose shares that give each set at least one edge.")
+    order = np.random.default_rng(seed).permutation(total)
+    train_keys, val_keys, test_keys = (np.sort(keys[part]) for part in np.split(order, np.cumsum(sizes[:2])))
+    del order, keys
+    held_out = np.concatenate([val_keys, test_keys])
+    if undirected:
+        held_out = np.concatenate([held_out, (held_out % num_nodes) * num_nodes + held_out // num_nodes])
+    held_out.sort()
+    new_indptr, new_indices = drop_edges(indptr, indices, held_out)
+    split = LinkSplit(train=_pairs(train_keys, num_nodes), val=_pairs(val_keys, num_nodes),
+                      test=_pairs(test_keys, num_nodes), undirected=undirected)
+    kind = "undirected" if undirected else "directed"
+    note = (f"link split {sizes[0]:,}/{sizes[1]:,}/{sizes[2]:,} of {total:,} {kind} edges (shares {train:g}/{val:g}, "
+            f"seed {seed}); validation and test edges left out of message passing")
+    return dataclasses.replace(graph, indptr=new_indptr, indices=new_indices, links=split,
+                               notes=[*graph.notes, note])
+
+
+def _link_keys(indptr: np.ndarray, indices: np.ndarray, undirected: bool) -> np.ndarray:
+    """Sorted unique keys dst * num_nodes + src of the graph's links (undirected: those with src < dst)."""
+    keys = _edge_keys(indptr, indices, undirected)
+    if keys.size > 1 and np.any(keys[1:] < keys[:-1]):  # columns stored unsorted
+        keys.sort()
+    if keys.size > 1:
+        keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
+    return keys
+
+
+@njit(cache=True, nogil=True)
+def _edge_keys(indptr, indices, lower_only):
+    num_nodes = indptr.shape[0] - 1
+    count = 0
+    for v in range(num_nodes):
+        for k in range(indptr[v], indptr[v + 1]):
+            if indices[k] < v or (indices[k] > v and not lower_only):
+                count += 1
+    keys = np.empty(count, np.int64)
+    at = 0
+    for v in range(num_nodes):
+        for k in range(indptr[v], indptr[v + 1]):
+            if indices[k] < v or (indices[k] > v and not lower_only):
+                keys[at] = np.int64(v) * num_nodes + indices[k]
+                at += 1
+    return keys
+
+
+def _pairs(keys: np.ndarray, num_nodes: int) -> np.ndarray:
+    """Keys dst * num_nodes + src as a (2, E) int64 array of (src, dst)."""
+    return np.stack([keys % num_nodes, keys // num_nodes])
+
+
+def check_link_split(split: LinkSplit, num_nodes: int, source: str = "link split", *,
+                     negatives_may_be_positive: bool = False) -> None:
+    """Raise ``DataError`` naming ``source`` for a split that cannot be trained or scored: arrays of the
+    wrong shape or dtype, an empty set, a vertex outside 0..num_nodes-1, negatives of an unknown or
+    inconsistent form, and (unless ``negatives_may_be_positive``: a benchmark's fixed negatives are scored
+    as they are) negatives that are positives of their own set."""
+    def fail(what: str, fix: str) -> None:
+        raise DataError(f"{source}: {what}. {fix}")
+
+    for name in ("train", "val", "test"):
+        edges = getattr(split, name)
+        _check_array(edges, name, 2, fail)
+        if edges.shape[1] == 0:
+            fail(f"the {name} set holds no edges", "Every set needs at least one; give larger shares of the edges.")
+        _check_range(edges, name, num_nodes, fail)
+    kind = split.negative_kind
+    if kind not in NEGATIVE_KINDS:
+        fail(f"the form of the negatives is {kind!r}: " + (f"negatives must be one of {NEGATIVE_KINDS}"
+             if split.negatives is not None else f"the shapes of val_neg {_shape(split.val_neg)} and test_neg "
+             f"{_shape(split.test_neg)} say neither form"),
+             f"Give val_neg and test_neg as (2, K) negative pairs shared by all positives (negatives="
+             f"\"{SHARED}\") or as (P, K) negative targets per positive (negatives=\"{PER_SOURCE}\"), or neither.")
+    for part in ("val", "test"):
+        negatives, name = getattr(split, f"{part}_neg"), f"{part}_neg"
+        if kind == SAMPLED:
+            if negatives is not None:
+                fail(f"{name} is given but negatives is \"{SAMPLED}\"",
+                     f"Say negatives=\"{SHARED}\" or \"{PER_SOURCE}\", or leave {name} out.")
+            continue
+        if negatives is None:
+            fail(f"{name} is missing although the negatives are {kind!r}", "Give fixed negatives for both sets.")
+        rows = 2 if kind == SHARED else getattr(split, part).shape[1]
+        _check_array(negatives, name, rows, fail)
+        if negatives.shape[1] == 0:
+            fail(f"{name} holds no negatives", f"Give at least one, or leave {name} out to have them drawn.")
+        _check_range(negatives, name, num_nodes, fail)
+        if not negatives_may_be_positive:
+            clashes = count_positive_negatives(split, part, num_nodes)
+            if clashes:
+                fail(f"{clashes:,} of {name}'s negatives are edges of the {part} set itself",
+                     "A negative must not be a positive of its own set; draw them again without those edges.")
+
+
+def _shape(array) -> str:
+    return str(getattr(array, "shape", None))
+
+
+def _check_array(array, name: str, rows: int, fail) -> None:
+    what = "(2, E) source and target rows" if name in ("train", "val", "test") else (
+        "(2, K) negative pairs" if rows == 2 else f"({rows}, K) negative targets, a row per positive")
+    if not isinstance(array, np.ndarray) or array.ndim != 2 or array.shape[0] != rows:
+        fail(f"{name} has shape {_shape(array)}, expected {what}",
+             "Transpose an (E, 2) edge list with .T, or fix the array.")
+    if array.dtype != np.int64:
+        fail(f"{name} has dtype {array.dtype}, expected int64 vertex ids", "Convert it with .astype(np.int64).")
+
+
+def _check_range(array: np.ndarray, name: str, num_nodes: int, fail) -> None:
+    bad, first = 0, None
+    columns = max(1, _CHUNK // array.shape[0])
+    for start in range(0, array.shape[1], columns):
+        chunk = array[:, start:start + columns]
+        outside = (chunk < 0) | (chunk >= num_nodes)
+        if outside.any():
+            bad += int(outside.sum())
+            first = int(chunk[outside][0]) if first is None else first
+    if bad:
+        fail(f"{name} names vertex {first}, outside 0..{num_nodes - 1}, and {bad:,} entries in all lie outside",
+             "The split belongs to another graph or the vertex count is wrong.")
+
+
+def count_positive_negatives(split: LinkSplit, part: str, num_nodes: int) -> int:
+    """How many of set ``part``'s ("val" or "test") fixed negatives are positives of that set (either
+    direction for an undirected split); read in chunks."""
+    positives, negatives = getattr(split, part), getattr(split, f"{part}_neg")
+    if negatives is None:
+        return 0
+    if split.negative_kind not in (SHARED, PER_SOURCE):
+        raise ValueError(f"{part}_neg is given, but in no form known; check the split with check_link_split first")
+    known = positives[1] * num_nodes + positives[0]
+    if split.undirected:
+        known = np.concatenate([known, positives[0] * num_nodes + positives[1]])
+    known = np.unique(known)
+    count = 0
+    if split.negative_kind == SHARED:
+        for start in range(0, negatives.shape[1], _CHUNK):
+            chunk = negatives[:, start:start + _CHUNK]
+            count += _members(chunk[1] * num_nodes + chunk[0], known)
+        return count
+    rows = max(1, _CHUNK // max(1, negatives.shape[1]))
+    for start in range(0, negatives.shape[0], rows):
+        sources = positives[0, start:start + rows, None]
+        count += _members(negatives[start:start + rows] * num_nodes + sources, known)
+    return count
+
+
+def _members(keys: np.ndarray, known: np.ndarray) -> int:
+    at = np.minimum(np.searchsorted(known, keys), known.shape[0] - 1)
+    return int((known[at] == keys).sum())

@@ -1,0 +1,216 @@
+"""OGB link-prediction datasets from the directory the ``ogb`` package leaves on disk (``dataset/ogbl_collab``
+and the like); neither ``ogb`` nor a download is needed.
+
+The layout: ``raw/`` as a node-property dataset's (``edge.csv.gz``: the training graph, read by ``ogb.py``'s
+readers; ``node-feat.csv.gz``; ``edge_weight``/``edge_year``/``node_year`` files are not used) and
+``split/<scheme>/{train,valid,test}.pt`` (or one ``split_dict.pt`` holding the three), each a dict that
+``torch.save`` wrote:
+
+- ogbl-collab (``split/time``) and ogbl-ppa (``split/throughput``): ``edge`` (E, 2), and for valid and test
+  ``edge_neg`` (K, 2): negative pairs shared by all positives (collab's also carry ``weight`` and ``year``);
+- ogbl-citation2 (``split/time``): ``source_node`` and ``target_node`` (E,), and for valid and test
+  ``target_node_neg`` (P, 1000): negative targets per positive.
+
+OGB writes those dicts with numpy arrays inside, so they are read with ``torch.load(weights_only=True)``
+and numpy's array-rebuilding functions allowed by name, nothing else: a file that needs any other Python
+object is refused, never unpickled.
+
+The message-passing graph is made symmetric for all three: collab and ppa are undirected (OGB adds the
+reverse edges itself), and citation2's citations, though directed, are symmetrised by OGB's own leaderboard
+examples before message passing; its links stay directed (a paper's references are predicted from it).
+The graph has no node task (``Graph.links`` holds the split).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+from neutronorch.data.csc import edges_to_csc
+from neutronorch.data.dtypes import as_int64
+from neutronorch.data.files import read_error, reads_files
+from neutronorch.data.graph import Graph
+from neutronorch.data.links import PER_SOURCE, SHARED, LinkSplit, check_link_split, count_positive_negatives
+from neutronorch.data.ogb import Progress, dataset_name, read_edges, read_node_features, split_folder
+from neutronorch.errors import DataError
+
+PARTS = ("train", "valid", "test")
+SPLIT_FILES = tuple(f"{part}.pt" for part in PARTS) + ("split_dict.pt",)
+# The metric each benchmark is ranked by (OGB's evaluator); others: MRR for per-source negatives.
+METRICS = {"ogbl-collab": "hits@50", "ogbl-ppa": "hits@100", "ogbl-ddi": "hits@20", "ogbl-citation2": "mrr"}
+
+
+def is_ogb_link_dir(path: Path) -> bool:
+    """An OGB folder (``raw/edge.csv.gz``) without node labels whose split is stored as ``.pt`` files (or,
+    split files missing, whose name says ``ogbl``: loading then says which file is missing)."""
+    raw = path / "raw"
+    if not (raw / "edge.csv.gz").is_file() or (raw / "node-label.csv.gz").is_file():
+        return False
+    split = path / "split"
+    has_split = split.is_dir() and any((scheme / name).is_file() for scheme in split.iterdir() if scheme.is_dir()
+                                       for name in SPLIT_FILES)
+    return has_split or path.resolve().name.startswith("ogbl")
+
+
+@reads_files
+def load_ogb_link(directory: str | os.PathLike, progress: Progress | None = None) -> Graph:
+    """The OGB link-prediction dataset in ``directory``: its message-passing graph (symmetric, no node
+    task) with its ``LinkSplit`` in ``links``."""
+    directory = Path(directory)
+    name = dataset_name(directory)
+    raw = directory / "raw"
+    edges, num_nodes = read_edges(raw, progress)
+    features = read_node_features(raw, edges, num_nodes, progress)
+    folder = split_folder(directory)
+    split = _link_split(_read_split(folder), num_nodes, name)
+    indptr, indices = edges_to_csc(edges[:, 0], edges[:, 1], num_nodes, source=str(raw / "edge.csv.gz"))
+    del edges
+    notes = [f"OGB {name}: " + ("citations are directed links; message passing runs along both directions, as "
+                                "OGB's examples do" if split.negative_kind == PER_SOURCE else
+                                "edges made undirected")]
+    for part in ("val", "test"):
+        clashes = count_positive_negatives(split, part, num_nodes)
+        if clashes:  # OGB's evaluator scores its negatives as they are; so does neutronorch
+            notes.append(f"{clashes:,} of {name}'s {part} negatives are also {part} positives (kept, as OGB "
+                         f"scores them)")
+    graph = Graph(name=name, indptr=indptr, indices=indices, features=features,
+                  labels=np.full(num_nodes, -1, np.int64), train_idx=np.empty(0, np.int64),
+                  val_idx=np.empty(0, np.int64), test_idx=np.empty(0, np.int64), num_classes=0, notes=notes,
+                  links=split)
+    graph.validate(str(directory), {"links": str(folder)})
+    return graph
+
+
+def _read_split(folder: Path) -> dict[str, dict]:
+    """{"train": {...}, "valid": {...}, "test": {...}} from the three files or ``split_dict.pt``."""
+    if not any((folder / f"{part}.pt").is_file() for part in PARTS) and (folder / "split_dict.pt").is_file():
+        whole = _safe_load(folder / "split_dict.pt")
+        missing = [part for part in PARTS if not isinstance(whole, dict) or part not in whole]
+        if missing:
+            raise DataError(f"{folder / 'split_dict.pt'}: lacks {missing}; it must map train, valid and test to "
+                            f"their edges. Fetch the dataset again.")
+        parts = {part: (whole[part], folder / "split_dict.pt") for part in PARTS}
+    else:
+        parts = {}
+        for part in PARTS:
+            path = folder / f"{part}.pt"
+            if not path.is_file():
+                raise DataError(f"{path}: file is missing; the OGB dataset is incomplete (its split is "
+                                f"{', '.join(f'{p}.pt' for p in PARTS)} in {folder}). Fetch it again.")
+            parts[part] = (_safe_load(path), path)
+    out = {}
+    for part, (content, path) in parts.items():
+        if not isinstance(content, dict):
+            raise DataError(f"{path}: holds a {type(content).__name__}, where OGB stores a dict of arrays. "
+                            f"Fetch the dataset again.")
+        out[part] = {"path": path, **{key: _array(value, path, key) for key, value in content.items()}}
+    return out
+
+
+def _array(value, path: Path, key: str) -> np.ndarray:
+    if hasattr(value, "numpy"):  # a tensor: torch is loaded, reading the file
+        value = value.numpy()
+    if not isinstance(value, np.ndarray):
+        raise DataError(f"{path}: {key!r} holds a {type(value).__name__}, where OGB stores an array. Fetch the "
+                        f"dataset again.")
+    return value
+
+
+def _safe_load(path: Path):
+    """``torch.load`` without arbitrary unpickling: tensors, containers and numpy arrays only."""
+    import torch  # noqa: PLC0415 - the data layer loads without torch; only these files need it
+
+    # torch 2.6 takes allowed globals under a name of one's choosing: numpy 1 and 2 name the rebuilder apart.
+    if tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) < (2, 6):
+        raise DataError(f"{path}: reading OGB's split files safely (never unpickling arbitrary objects) needs "
+                        f"torch 2.6 or later, and this is {torch.__version__}; upgrade it (pip install -U torch).")
+    try:
+        with torch.serialization.safe_globals(_numpy_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        text = str(exc)
+        if "Unsupported global" in text or "allowlisted" in text:
+            found = text.split("GLOBAL ")[-1].split(" ")[0] if "GLOBAL " in text else ""
+            raise DataError(f"{path}: holds Python objects{f' ({found})' if found else ''} that only full "
+                            f"unpickling could build, and unpickling can run any code, so neutronorch does not; "
+                            f"OGB's split files hold only arrays. Fetch the dataset again from OGB.") from None
+        raise _damaged(path, exc) from None
+    except Exception as exc:  # noqa: BLE001 - damaged bytes fail anywhere in torch's reader, as anything
+        raise _damaged(path, exc) from None
+
+
+def _damaged(path: Path, exc: Exception) -> DataError:
+    first = str(exc).split(". ")[0].splitlines()[0] if str(exc) else ""
+    what = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return read_error(path, exc, f"{path}: not a readable .pt file ({what}); it is truncated or damaged. Fetch the "
+                                 f"dataset again.")
+
+
+def _numpy_globals() -> list:
+    """What rebuilding a pickled numpy array of numbers calls, under the names numpy 1 (OGB's files) and
+    numpy 2 write: the array rebuilder, ``ndarray``, ``dtype`` and the numeric dtype classes."""
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy 1
+        from numpy.core.multiarray import _reconstruct
+    allowed: list = [(_reconstruct, "numpy.core.multiarray._reconstruct"),
+                     (_reconstruct, "numpy._core.multiarray._reconstruct"), np.ndarray, np.dtype]
+    for kind in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+                 "float32", "float64"):
+        dtype_class = type(np.dtype(kind))
+        if dtype_class is not np.dtype:  # numpy >= 1.25 pickles a dtype by its class (numpy.dtypes.Int64DType)
+            allowed.append(dtype_class)
+    return allowed
+
+
+def _link_split(parts: dict[str, dict], num_nodes: int, name: str) -> LinkSplit:
+    """The ``LinkSplit`` of collab/ppa-style (``edge``) or citation2-style (``source_node``) split dicts."""
+    per_source = "source_node" in parts["train"]
+    positives, negatives = {}, {}
+    for part, content in parts.items():
+        path = content["path"]
+        if per_source:
+            sources = _ids(content, "source_node", path, 1)
+            targets = _ids(content, "target_node", path, 1)
+            if sources.shape != targets.shape:
+                raise DataError(f"{path}: {sources.shape[0]} source nodes but {targets.shape[0]} target nodes; "
+                                f"the counts disagree. Fetch the dataset again.")
+            positives[part] = np.stack([sources, targets])
+            if part != "train":
+                negatives[part] = _ids(content, "target_node_neg", path, 2)
+                if negatives[part].shape[0] != sources.shape[0]:
+                    raise DataError(f"{path}: target_node_neg has {negatives[part].shape[0]} rows for "
+                                    f"{sources.shape[0]} positives (a row of negatives each); the counts "
+                                    f"disagree. Fetch the dataset again.")
+        else:
+            positives[part] = _pairs(content, "edge", path)
+            if part != "train":
+                negatives[part] = _pairs(content, "edge_neg", path)
+    split = LinkSplit(train=positives["train"], val=positives["valid"], test=positives["test"],
+                      val_neg=negatives["valid"], test_neg=negatives["test"], undirected=not per_source,
+                      negatives=PER_SOURCE if per_source else SHARED,
+                      metric=METRICS.get(name, "mrr" if per_source else None))
+    check_link_split(split, num_nodes, str(parts["train"]["path"].parent), negatives_may_be_positive=True)
+    return split
+
+
+def _ids(content: dict, key: str, path: Path, ndim: int) -> np.ndarray:
+    if key not in content:
+        raise DataError(f"{path}: lacks {key!r}; it holds {sorted(k for k in content if k != 'path')}. The split "
+                        f"of another dataset or a damaged file; fetch the dataset again.")
+    ids = as_int64(content[key], str(path), f"{key!r}")
+    if ids.ndim != ndim:
+        raise DataError(f"{path}: {key!r} has shape {ids.shape}, expected {ndim} dimension(s). Fetch the dataset "
+                        f"again.")
+    return ids
+
+
+def _pairs(content: dict, key: str, path: Path) -> np.ndarray:
+    """An (E, 2) edge list as the (2, E) int64 array a ``LinkSplit`` holds."""
+    edges = _ids(content, key, path, 2)
+    if edges.shape[1] != 2:
+        raise DataError(f"{path}: {key!r} has shape {edges.shape}, expected (E, 2) pairs. Fetch the dataset again.")
+    return np.ascontiguousarray(edges.T)
