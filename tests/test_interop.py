@@ -144,3 +144,118 @@ def test_conversions_say_what_to_install():
     src, dst, features, labels = _arrays()
     with pytest.raises(DataError, match="pip install dgl"):
         to_dgl(Graph.from_arrays(src, dst, features, labels))
+
+
+def _random_link_split(undirected: bool, **options):
+    """PyG's own split of a small synthetic graph: (graph, (train_data, val_data, test_data))."""
+    from torch_geometric.transforms import RandomLinkSplit
+
+    from neutronorch.data import SyntheticSpec, generate
+
+    graph = generate(SyntheticSpec.parse("synthetic:nodes=300,degree=6,features=8,classes=3"))
+    torch.manual_seed(0)
+    return graph, RandomLinkSplit(num_val=0.1, num_test=0.2, is_undirected=undirected, **options)(to_pyg(graph))
+
+
+def _csc_edges(graph) -> set:
+    dst = np.repeat(np.arange(graph.num_nodes), np.diff(graph.indptr))
+    return set(zip(np.asarray(graph.indices).tolist(), dst.tolist()))
+
+
+def _pairs(data, label) -> np.ndarray:
+    return data.edge_label_index[:, data.edge_label == label].numpy()
+
+
+@pytest.mark.parametrize("undirected", [True, False])
+def test_a_random_link_split_keeps_its_pairs_and_no_held_out_edge_passes_messages(undirected):
+    pytest.importorskip("torch_geometric")
+    from neutronorch import from_pyg_link
+
+    _, (train_data, val_data, test_data) = _random_link_split(undirected)
+    graph = from_pyg_link(train_data, val_data, test_data, name="split")
+    links = graph.links
+    assert links.undirected is undirected and links.negative_kind == "shared" and graph.num_classes == 0
+    for part, data in (("train", train_data), ("val", val_data), ("test", test_data)):
+        assert np.array_equal(getattr(links, part), _pairs(data, 1)), part  # every positive, in its order
+    assert np.array_equal(links.val_neg, _pairs(val_data, 0)) and np.array_equal(links.test_neg, _pairs(test_data, 0))
+    np.testing.assert_array_equal(graph.features, train_data.x.numpy())
+    edges = _csc_edges(graph)
+    # The training graph as PyG left it: nothing symmetrised back in, though a directed split keeps each
+    # held-out edge's reverse.
+    assert edges == set(map(tuple, train_data.edge_index.t().tolist()))
+    held_out = {(int(s), int(d)) for part in (links.val, links.test) for s, d in part.T}
+    assert not held_out & edges and (not undirected or not {(d, s) for s, d in held_out} & edges)
+
+
+def test_the_labels_only_layout_and_a_split_without_negatives_read_too():
+    pytest.importorskip("torch_geometric")
+    from neutronorch import from_pyg_link
+
+    _, stages = _random_link_split(True, split_labels=True)
+    graph = from_pyg_link(*stages)
+    assert np.array_equal(graph.links.val_neg, stages[1].neg_edge_label_index.numpy())
+    _, stages = _random_link_split(True, neg_sampling_ratio=0.0)
+    assert from_pyg_link(*stages).links.negative_kind == "sampled"
+
+
+def test_to_pyg_link_lays_a_split_out_as_random_link_split_and_comes_back_unchanged():
+    pytest.importorskip("torch_geometric")
+    from neutronorch import from_pyg_link, to_pyg_link
+    from neutronorch.data import SyntheticSpec, generate
+    from neutronorch.data.links import split_edges
+
+    graph = split_edges(generate(SyntheticSpec.parse("synthetic:nodes=300,degree=6,features=8")), 0.8, 0.1, seed=2)
+    train_data, val_data, test_data = to_pyg_link(graph, seed=1)
+    links = graph.links
+    for data, positives in ((train_data, links.train), (val_data, links.val), (test_data, links.test)):
+        assert np.array_equal(_pairs(data, 1), positives) and _pairs(data, 0).shape == positives.shape
+        negatives = {tuple(p) for p in _pairs(data, 0).T.tolist()}
+        assert not negatives & (_csc_edges(graph) | {(int(s), int(d)) for s, d in positives.T})
+        assert all(s != d for s, d in negatives)
+    assert torch.equal(train_data.edge_index, val_data.edge_index)
+    added = set(map(tuple, test_data.edge_index.t().tolist())) - set(map(tuple, train_data.edge_index.t().tolist()))
+    assert added == {(int(s), int(d)) for s, d in links.val.T} | {(int(d), int(s)) for s, d in links.val.T}
+    back = from_pyg_link(train_data, val_data, test_data, name="back")
+    for key in ("indptr", "indices"):
+        assert np.array_equal(np.asarray(getattr(back, key)), np.asarray(getattr(graph, key))), key
+    for key in ("train", "val", "test"):
+        assert np.array_equal(getattr(back.links, key), getattr(links, key)), key
+    assert back.links.undirected and np.array_equal(back.links.val_neg, _pairs(val_data, 0))
+    again = from_pyg_link(*to_pyg_link(back, seed=5))  # stored negatives go out and come back as they are
+    assert np.array_equal(again.links.val_neg, back.links.val_neg)
+    assert np.array_equal(again.links.test_neg, back.links.test_neg)
+    summary = train(TrainConfig(task="link", epochs=1, fanouts=[5, 5], hidden=16, progress=False, device="cpu",
+                                dataset="given"), graph=back)
+    assert np.isfinite(summary["epochs"][-1]["train_loss"]) and summary["link"]["negatives"] == "shared"
+
+
+def test_a_pyg_link_split_that_cannot_be_read_says_why():
+    pytest.importorskip("torch_geometric")
+    from neutronorch import from_pyg_link, to_pyg_link
+
+    graph, (train_data, val_data, test_data) = _random_link_split(True)
+
+    def fails(match, train=train_data, val=val_data, test=test_data):
+        with pytest.raises(DataError, match=match):
+            from_pyg_link(train, val, test)
+
+    fails("has no edge_label_index", val=val_data.clone().update({"edge_label_index": None}))
+    doubled = test_data.clone().update({"edge_label": test_data.edge_label * 2})
+    fails(r"holds \[0.0, 2.0\], where a link split has 1", test=doubled)
+    fails("expected \\(2, E\\)", train=train_data.clone().update({"edge_label_index": train_data.edge_label_index[0]}))
+    out_of_range = val_data.edge_label_index.clone()
+    out_of_range[1, 0] = 300
+    fails("val names vertex 300, outside 0..299", val=val_data.clone().update({"edge_label_index": out_of_range}))
+    fails("train_data has no `x`", train=train_data.clone().update({"x": None}))
+    fails("not a PyG Data", test=None)
+    only_positives = test_data.clone().update({"edge_label_index": _pairs_tensor(test_data, 1),
+                                               "edge_label": torch.ones(len(test_data.edge_label) // 2)})
+    fails("val_data holds negatives but test_data none", test=only_positives)
+    leaked = torch.cat([train_data.edge_index, val_data.edge_label_index[:, :1]], dim=1)
+    fails("1 val edges .* are in train_data.edge_index", train=train_data.clone().update({"edge_index": leaked}))
+    with pytest.raises(DataError, match="carries no link split"):
+        to_pyg_link(graph)
+
+
+def _pairs_tensor(data, label):
+    return data.edge_label_index[:, data.edge_label == label]

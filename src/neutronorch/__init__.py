@@ -27,6 +27,7 @@ _WHERE = {
     "TrainConfig": "neutronorch.config",
     **{name: "neutronorch.data" for name in ("Graph", "load_dataset", "load_native", "save_native", "from_pyg",
                                              "to_pyg", "from_dgl", "to_dgl")},
+    **{name: "neutronorch.data.interop_links" for name in ("from_pyg_link", "to_pyg_link")},
     **{name: "neutronorch.errors" for name in ("NeutronorchError", "ConfigError", "DataError", "TrainingError",
                                                "OutputError", "CheckpointError", "Interrupted")},
     "GNN": "neutronorch.nn.models",

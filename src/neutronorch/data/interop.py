@@ -3,7 +3,8 @@ otherwise): ``from_pyg``/``to_pyg``, ``from_dgl``/``to_dgl``, and ``pyg:NAME@ROO
 
 Conversions go through ``from_arrays``, so a converted graph is cleaned like any loaded one (undirected,
 no self loops or repeated edges; vertices without a label leave the splits). Masks with one column per
-split (PyG's heterophilous datasets store 10) take ``split_index``.
+split (PyG's heterophilous datasets store 10) take ``split_index``. Link splits (``RandomLinkSplit``'s three
+``Data``) go through ``from_pyg_link``/``to_pyg_link`` in ``interop_links.py``.
 """
 
 from __future__ import annotations

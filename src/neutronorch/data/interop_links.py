@@ -1,0 +1,260 @@
+"""Link splits from and to PyTorch Geometric: ``from_pyg_link`` reads the three ``Data`` objects that
+``torch_geometric.transforms.RandomLinkSplit`` returns, ``to_pyg_link`` writes a link graph in that layout.
+
+RandomLinkSplit's layout, per stage: ``edge_index`` the edges messages pass over (training: the training
+edges; validation: the same; test: those plus the validation edges), ``edge_label_index`` the pairs the
+stage scores, positives first, and ``edge_label`` 1 for a positive, 0 for a negative (or, with
+``split_labels=True``, ``pos_edge_label_index`` and ``neg_edge_label_index`` apart). With
+``is_undirected=True`` each positive is listed once and held out of message passing in both directions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from neutronorch.data.arrays import _array
+from neutronorch.data.csc import edges_to_csc, is_symmetric
+from neutronorch.data.dtypes import STORAGE_DTYPES, as_int64
+from neutronorch.data.graph import Graph
+from neutronorch.data.interop import _edges, _require
+from neutronorch.data.links import _KEY_LIMIT, PER_SOURCE, SHARED, LinkSplit, check_link_split, \
+    count_positive_negatives
+from neutronorch.errors import DataError
+
+STAGES = ("train", "val", "test")
+# Rounds of redrawing the negatives that hit an edge; each round keeps every draw that missed, so only a
+# graph with nearly every pair an edge runs out of them.
+_DRAW_ROUNDS = 64
+
+
+def from_pyg_link(train_data, val_data, test_data, name: str = "pyg") -> Graph:
+    """The link graph of a PyG link split: the three ``Data`` objects of ``RandomLinkSplit`` (either of
+    its label layouts).
+
+    - Topology: ``train_data.edge_index``, the training message-passing graph, without self loops and
+      repeated edges. It is symmetrised only where it is symmetric already, so no validation or test edge
+      can come back through the reverse of a training edge (a directed split keeps a held-out edge's
+      reverse for message passing, as PyG does); a validation or test positive found in it (either
+      direction for an undirected split) is an error. ``val_data.edge_index`` and ``test_data.edge_index``
+      are not read: neutronorch evaluates both sets over the training graph.
+    - Links: the positives (label 1) of each stage in their order. Training negatives are dropped (the
+      trainer draws its own per batch); validation and test negatives become ``val_neg``/``test_neg``,
+      pairs shared by the set's positives (``negatives="shared"``), or, where neither stage has any, None;
+      any that are positives of their own set are kept and counted in a note (PyG scores them as given).
+      ``undirected`` is whether the training graph is symmetric (RandomLinkSplit's ``is_undirected``).
+      With ``disjoint_train_ratio`` the supervision edges stay out of message passing, as PyG leaves them.
+    - Features from ``train_data.x``; no node task (``num_classes`` 0, labels -1, empty node splits).
+    """
+    stages = dict(zip(STAGES, (train_data, val_data, test_data)))
+    num_nodes = _num_nodes(stages, name)
+    positives, negatives = {}, {}
+    for stage, data in stages.items():
+        positives[stage], negatives[stage] = _labelled_pairs(data, stage, name)
+    held_out = [stage for stage in ("val", "test") if negatives[stage].shape[1]]
+    if len(held_out) == 1:
+        missing = "test" if held_out == ["val"] else "val"
+        raise DataError(f"{name}: {held_out[0]}_data holds negatives but {missing}_data none; give both sets "
+                        f"their negatives (as RandomLinkSplit does), or neither to have them drawn.")
+    shared = bool(held_out)
+    split = LinkSplit(train=positives["train"], val=positives["val"], test=positives["test"],
+                      val_neg=negatives["val"] if shared else None, test_neg=negatives["test"] if shared else None,
+                      negatives=SHARED if shared else None)
+    if num_nodes > _KEY_LIMIT:  # held-out edges are looked up as int64 keys dst * num_nodes + src
+        raise DataError(f"{name}: {num_nodes:,} vertices are more than a link split handles ({_KEY_LIMIT:,}).")
+    check_link_split(split, num_nodes, name, negatives_may_be_positive=True)
+    edge_index = _pairs(train_data.edge_index, f"{name}: train_data.edge_index")
+    # Built directed, then read: symmetric already means undirected, and nothing is added either way.
+    indptr, indices = edges_to_csc(edge_index[0], edge_index[1], num_nodes, symmetric=False,
+                                   source=f"{name}: train_data.edge_index")
+    del edge_index
+    split.undirected = is_symmetric(indptr, indices)
+    _refuse_leaks(split, indptr, indices, name)
+    notes = [f"PyG link split: {_count(split.train)}/{_count(split.val)}/{_count(split.test)} "
+             f"{'undirected' if split.undirected else 'directed'} links"
+             + (f", {_count(negatives['train'])} training negatives dropped (drawn per batch instead)"
+                if negatives["train"].shape[1] else "")]
+    for part in ("val", "test") if shared else ():
+        clashes = count_positive_negatives(split, part, num_nodes)
+        if clashes:  # scored as given, as PyG's evaluation would
+            notes.append(f"{clashes:,} of {name}'s {part} negatives are also {part} positives (kept)")
+    graph = Graph(name=name, indptr=indptr, indices=indices, features=_features(train_data.x, name),
+                  labels=np.full(num_nodes, -1, np.int64), train_idx=np.empty(0, np.int64),
+                  val_idx=np.empty(0, np.int64), test_idx=np.empty(0, np.int64), num_classes=0, notes=notes,
+                  links=split)
+    graph.validate(name)
+    return graph
+
+
+def to_pyg_link(graph: Graph, seed: int = 0):
+    """``(train_data, val_data, test_data)``: the graph's link split as ``RandomLinkSplit`` lays it out.
+
+    ``edge_index`` is the message-passing graph for training and validation, and for test that graph plus
+    the validation edges (both directions when the split is undirected). ``edge_label_index`` holds a
+    stage's positives, then its negatives, ``edge_label`` (float) 1 and 0 for them. Negatives: the stored
+    shared pairs; stored per-source negatives as pairs (each positive's source with each of its targets;
+    read back, they are shared pairs); where none are stored (training, always) one negative per positive,
+    drawn from ``seed`` uniformly over the pairs that are no edge of the graph or of any set and no self
+    loop. Node labels are not carried."""
+    data = _require("torch_geometric.data", "to_pyg_link")
+    import torch  # noqa: PLC0415 - torch is there when PyG is
+
+    links = graph.links
+    if links is None:
+        raise DataError(f"{graph.name}: carries no link split; give a link graph (split_edges, an OGB link "
+                        f"dataset or from_pyg_link), or use to_pyg for a node task.")
+    check_link_split(links, graph.num_nodes, graph.name, negatives_may_be_positive=True)
+    src, dst = _edges(graph)
+    train_graph = np.stack([src, dst])
+    del src, dst
+    val_edges = np.concatenate([links.val, links.val[::-1]], axis=1) if links.undirected else links.val
+    stored = {"val": _stored_negatives(links, "val"), "test": _stored_negatives(links, "test")}
+    wanted = [stage for stage in STAGES if stored.get(stage) is None]
+    drawn = dict(zip(wanted, _draw_negatives(graph, train_graph, [_count_of(links, s) for s in wanted], seed)))
+    x = torch.from_numpy(np.asarray(graph.features, dtype=np.float32))
+    out = []
+    for stage, edge_index in zip(STAGES, (train_graph, train_graph, np.concatenate([train_graph, val_edges], 1))):
+        positives, negatives = getattr(links, stage), stored.get(stage)
+        negatives = drawn[stage] if negatives is None else negatives
+        label = np.concatenate([np.ones(positives.shape[1], np.float32), np.zeros(negatives.shape[1], np.float32)])
+        out.append(data.Data(x=x, edge_index=torch.from_numpy(np.ascontiguousarray(edge_index)),
+                             edge_label_index=torch.from_numpy(np.concatenate([positives, negatives], axis=1)),
+                             edge_label=torch.from_numpy(label), num_nodes=graph.num_nodes))
+    return tuple(out)
+
+
+def _num_nodes(stages: dict, name: str) -> int:
+    """The vertex count of train_data's features; a stage that is no Data, or whose x has another count, is
+    an error."""
+    for stage, data in stages.items():
+        if data is None or not hasattr(data, "num_nodes"):
+            raise DataError(f"{name}: {stage}_data is {type(data).__name__}, not a PyG Data; give the three "
+                            f"Data objects RandomLinkSplit returns (train_data, val_data, test_data).")
+    if getattr(stages["train"], "x", None) is None:
+        raise DataError(f"{name}: train_data has no `x`; neutronorch trains on node features. Give the Data "
+                        f"objects RandomLinkSplit made from data with x.")
+    rows = {stage: int(data.x.shape[0]) for stage, data in stages.items() if getattr(data, "x", None) is not None}
+    if len(set(rows.values())) != 1:
+        raise DataError(f"{name}: the stages' x have {rows} rows; train_data, val_data and test_data must be the "
+                        f"split of one graph.")
+    return int(stages["train"].num_nodes)
+
+
+def _labelled_pairs(data, stage: str, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """A stage's positive and negative pairs, each (2, E) int64, from either RandomLinkSplit layout."""
+    where = f"{name}: {stage}_data"
+    index = getattr(data, "edge_label_index", None)
+    if index is None:
+        positives = getattr(data, "pos_edge_label_index", None)
+        if positives is None:
+            raise DataError(f"{where} has no edge_label_index (nor pos_edge_label_index): it names no pairs "
+                            f"to learn or score. Give the Data objects RandomLinkSplit returns.")
+        negatives = getattr(data, "neg_edge_label_index", None)
+        return (_pairs(positives, f"{where}.pos_edge_label_index"),
+                np.empty((2, 0), np.int64) if negatives is None else _pairs(negatives, f"{where}.neg_edge_label_index"))
+    pairs = _pairs(index, f"{where}.edge_label_index")
+    label = getattr(data, "edge_label", None)
+    if label is None:
+        raise DataError(f"{where} has edge_label_index but no edge_label; give 1 for each edge and 0 for each "
+                        f"negative, as RandomLinkSplit does.")
+    label = _array(label, f"{where}.edge_label")
+    if label.shape != (pairs.shape[1],):
+        raise DataError(f"{where}.edge_label has shape {tuple(label.shape)}, expected ({pairs.shape[1]},): one "
+                        f"label per pair of edge_label_index.")
+    if label.dtype.kind not in "biuf" or not np.isin(label, (0, 1)).all():
+        found = np.unique(label)[:5].tolist() if label.dtype.kind in "biuf" else label.dtype
+        raise DataError(f"{where}.edge_label holds {found}, where a link split has 1 (an edge) and 0 (a "
+                        f"negative). RandomLinkSplit of data with an edge_label of its own writes its classes "
+                        f"(shifted by 1): split data without edge_label, or give the labels as 0/1.")
+    positive = label == 1
+    return np.ascontiguousarray(pairs[:, positive]), np.ascontiguousarray(pairs[:, ~positive])
+
+
+def _pairs(value, what: str) -> np.ndarray:
+    pairs = as_int64(_array(value, what), what, "vertex ids")
+    if pairs.ndim != 2 or pairs.shape[0] != 2:
+        raise DataError(f"{what} has shape {tuple(pairs.shape)}, expected (2, E): a row of sources over a row "
+                        f"of targets.")
+    return np.ascontiguousarray(pairs)
+
+
+def _features(x, name: str) -> np.ndarray:
+    features = _array(x, f"{name}: train_data.x")
+    if features.ndim != 2 or (features.dtype.kind not in "fiub" and features.dtype.name not in STORAGE_DTYPES):
+        raise DataError(f"{name}: train_data.x has shape {tuple(features.shape)} and dtype {features.dtype}; "
+                        f"expected a row of real numbers per vertex.")
+    # float32, float16 and bfloat16 are kept as they are, as from_pyg keeps them
+    return features if features.dtype.name in STORAGE_DTYPES else features.astype(np.float32)
+
+
+def _refuse_leaks(split: LinkSplit, indptr: np.ndarray, indices: np.ndarray, name: str) -> None:
+    """Raise if a validation or test positive (or its reverse, undirected) is in the message-passing graph:
+    it would carry messages along the very edge the model is scored on."""
+    known = _csc_keys(indptr, indices)
+    for part in ("val", "test"):
+        edges = getattr(split, part)
+        for pairs in (edges, edges[::-1]) if split.undirected else (edges,):
+            found = _is_member(pairs[1] * (indptr.shape[0] - 1) + pairs[0], known)
+            if found.any():
+                first = pairs[:, np.argmax(found)].tolist()
+                both = "both directions, " if split.undirected else ""
+                raise DataError(f"{name}: {int(found.sum()):,} {part} edges (first {first[0]} -> {first[1]}) are "
+                                f"in train_data.edge_index, so they would carry messages during training. Take "
+                                f"validation and test edges out of it ({both}as RandomLinkSplit does).")
+
+
+def _csc_keys(indptr: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """Sorted keys dst * num_nodes + src of a CSC's edges (edges_to_csc sorts each column)."""
+    num_nodes = indptr.shape[0] - 1
+    return np.repeat(np.arange(num_nodes, dtype=np.int64), np.diff(indptr)) * num_nodes + indices
+
+
+def _is_member(keys: np.ndarray, known: np.ndarray) -> np.ndarray:
+    if known.size == 0:
+        return np.zeros(keys.shape, bool)
+    return known[np.minimum(np.searchsorted(known, keys), known.size - 1)] == keys
+
+
+def _count(pairs: np.ndarray) -> str:
+    return f"{pairs.shape[1]:,}"
+
+
+def _count_of(links: LinkSplit, stage: str) -> int:
+    return int(getattr(links, stage).shape[1])
+
+
+def _stored_negatives(links: LinkSplit, part: str) -> np.ndarray | None:
+    negatives = getattr(links, f"{part}_neg")
+    if negatives is None or links.negative_kind == SHARED:
+        return negatives
+    assert links.negative_kind == PER_SOURCE
+    sources = getattr(links, part)[0]  # each positive's source, once per negative target of its row
+    return np.stack([np.repeat(sources, negatives.shape[1]), np.asarray(negatives, np.int64).ravel()])
+
+
+def _draw_negatives(graph: Graph, train_graph: np.ndarray, counts: list[int], seed: int) -> list[np.ndarray]:
+    """(2, count) pairs for each of ``counts``, drawn from ``seed``: no self loop, no edge of the
+    message-passing graph, no positive of any set (either direction when the split is undirected)."""
+    num_nodes, links = graph.num_nodes, graph.links
+    total = sum(counts)
+    if total == 0:
+        return [np.empty((2, 0), np.int64) for _ in counts]
+    if num_nodes > _KEY_LIMIT:
+        raise DataError(f"{graph.name}: {num_nodes:,} vertices are more than drawing negatives handles "
+                        f"({_KEY_LIMIT:,}).")
+    edges = np.concatenate([train_graph, links.train, links.val, links.test], axis=1)
+    if links.undirected:
+        edges = np.concatenate([edges, edges[::-1]], axis=1)
+    known = np.unique(edges[1] * num_nodes + edges[0])
+    del edges
+    rng = np.random.default_rng(seed)
+    pairs = np.empty((2, total), np.int64)
+    todo = np.arange(total)
+    for _ in range(_DRAW_ROUNDS):
+        pairs[:, todo] = rng.integers(0, num_nodes, size=(2, todo.size))
+        drawn = pairs[:, todo]
+        todo = todo[(drawn[0] == drawn[1]) | _is_member(drawn[1] * num_nodes + drawn[0], known)]
+        if todo.size == 0:
+            return np.split(pairs, np.cumsum(counts)[:-1], axis=1)
+    raise DataError(f"{graph.name}: nearly every pair of vertices is an edge, so {todo.size:,} of {total:,} "
+                    f"negatives found no free pair in {_DRAW_ROUNDS} draws; store negatives in the split "
+                    f"(val_neg, test_neg) instead.")
