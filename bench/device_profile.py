@@ -342,7 +342,7 @@ def main() -> int:
     cfg = TrainConfig(dataset="given", mode="device", device=args.device, fanouts=fanouts, hidden=args.hidden,
                       batch_size=args.batch_size, epochs=1).validate()
     mode = build_mode(cfg, graph, device)
-    seeds = seed_batches(mode.train_idx, cfg.sampling.seed, args.batch_size, args.batches + WARMUP)
+    seeds = seed_batches(mode.seeds.train_idx, cfg.sampling.seed, args.batch_size, args.batches + WARMUP)
     model = GNN("sage", graph.feature_dim, args.hidden, graph.num_classes, len(fanouts), dropout=0.5).to(device)
     opt = Adam(model.parameters(), lr=0.003)  # the trainer's optimizer
     stages = Stages(device)

@@ -138,7 +138,7 @@ def test_a_resumed_auto_run_keeps_its_mode_where_the_rules_would_now_choose_anot
     out = tmp_path / "ck"
     with monkeypatch.context() as patched:  # a GPU-like choice, measured: device mode (which runs on the CPU too)
         patched.setattr(mode_choice, "mode_facts", lambda *args: BEYOND)
-        patched.setattr(mode_choice, "probe_modes", lambda *args: {"device": {"step_s": 0.01},
+        patched.setattr(mode_choice, "probe_modes", lambda *args, **kwargs: {"device": {"step_s": 0.01},
                                                                     "neutronorch": {"step_s": 0.02}})
         first = train(TrainConfig(dataset=SMALL, mode="auto", fanouts=[4, 3], hidden=16, batch_size=64, epochs=1,
                                   eval_every=-1, progress=False, checkpoint_dir=str(out)))

@@ -24,7 +24,7 @@ from neutronorch.orchestration.neutronorch.hot_rows import HotRowComputer
 from neutronorch.orchestration.neutronorch.plan_loop import PlanLoop, host_planning
 from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
 from neutronorch.orchestration.neutronorch.planner import Planner
-from neutronorch.orchestration.seeds import training_seeds
+from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot, StalenessCheck
 from neutronorch.sampling.device_sampler import triton_available
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, TorchNeighborSampler, layer_key
@@ -46,14 +46,16 @@ def config(**overrides):
     return cfg
 
 
-def lockstep(graph, cfg_a, cfg_b, device=torch.device("cpu")):
-    """Train two modes side by side from the same initial model, one ``train_step`` each per mini-batch;
-    yield per step (batch_a, batch_b, loss_a, loss_b, model_a, model_b), the gradients of the step still
-    in the parameters."""
+def lockstep(graph, cfg_a, cfg_b, device=torch.device("cpu"), model=None, loss_of=None):
+    """Train two modes side by side from the same initial model (``model()``, default the built-in one of
+    ``cfg_a``), one ``train_step`` each per mini-batch with the loss ``loss_of(model)`` (default
+    cross-entropy); yield per step (batch_a, batch_b, loss_a, loss_b, model_a, model_b), the gradients of the
+    step still in the parameters."""
     torch.manual_seed(0)
-    model_a = GNN(cfg_a.model, graph.feature_dim, cfg_a.hidden, graph.num_classes, len(cfg_a.fanouts),
-                  dropout=cfg_a.dropout, heads=cfg_a.heads, gcn_norm=cfg_a.gcn_norm, residual=cfg_a.residual,
-                  norm=cfg_a.norm, architecture=cfg_a.architecture).to(device)
+    model_a = (model() if model is not None else GNN(
+        cfg_a.model, graph.feature_dim, cfg_a.hidden, graph.num_classes, len(cfg_a.fanouts), dropout=cfg_a.dropout,
+        heads=cfg_a.heads, gcn_norm=cfg_a.gcn_norm, residual=cfg_a.residual, norm=cfg_a.norm,
+        architecture=cfg_a.architecture)).to(device)
     model_b = copy.deepcopy(model_a)
     opt_a = torch.optim.Adam(model_a.parameters(), lr=cfg_a.lr, weight_decay=cfg_a.weight_decay)
     opt_b = torch.optim.Adam(model_b.parameters(), lr=cfg_b.lr, weight_decay=cfg_b.weight_decay)
@@ -66,9 +68,11 @@ def lockstep(graph, cfg_a, cfg_b, device=torch.device("cpu")):
             with mode_a.batches(epoch) as stream_a, mode_b.batches(epoch) as stream_b:
                 for batch_a, batch_b in zip(stream_a, stream_b):
                     torch.manual_seed(1000 + step)  # the same dropout masks in both
-                    loss_a = train_step(model_a, opt_a, mode_a, batch_a)
+                    loss_a = train_step(model_a, opt_a, mode_a, batch_a,
+                                        loss_fn=loss_of(model_a) if loss_of else None)
                     torch.manual_seed(1000 + step)
-                    loss_b = train_step(model_b, opt_b, mode_b, batch_b)
+                    loss_b = train_step(model_b, opt_b, mode_b, batch_b,
+                                        loss_fn=loss_of(model_b) if loss_of else None)
                     yield batch_a, batch_b, loss_a, loss_b, model_a, model_b
                     step += 1
     finally:
@@ -166,7 +170,7 @@ def _symmetric_reference(graph, block, frontier, x):
 def _host_plans(graph, cfg, schedule, producer, ratio=0.5):
     """The planning loop on the host, run here: room for every plan (no threads; the loops run in turn)."""
     producer.planned = Channel("plans")
-    loop = PlanLoop(training_seeds(graph), cfg.sampling, schedule, PublishedSetting(RatioSetting(ratio)),
+    loop = PlanLoop(NodeSeeds(graph, cfg.sampling), cfg.sampling, schedule, PublishedSetting(RatioSetting(ratio)),
                     producer.planned, Spans())
     return loop.run(*host_planning(graph, cfg.sampling, 1))
 
@@ -571,7 +575,7 @@ def test_each_plan_records_the_ratio_setting_it_followed(graph):
     cfg = config(mode="neutronorch", super_batch=2, hot_ratio=0.5, epochs=1)
     schedule = Schedule(1, -(-len(graph.train_idx) // cfg.batch_size), 2, cfg.resolved_staleness)
     published = PublishedSetting(RatioSetting(0.5))
-    loop = PlanLoop(training_seeds(graph), cfg.sampling, schedule, published, Channel("plans"), Spans())
+    loop = PlanLoop(NodeSeeds(graph, cfg.sampling), cfg.sampling, schedule, published, Channel("plans"), Spans())
     plans = loop.run(*host_planning(graph, cfg.sampling, 1))
     first = next(plans)
     published.publish(RatioSetting(0.1))

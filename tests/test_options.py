@@ -49,7 +49,7 @@ ADVANCED = ["--snapshot-lead", "--hot-error-budget", "--hot-set", "--cache-polic
             "--log-every", "--timeline", "--timeline-steps", "--device-sampling", "--dist-timeout", "--no-progress",
             "--no-stage-table"]
 # What a first run needs: the options --help lists.
-ESSENTIAL = ["--dataset", "--split", "--model", "--layers", "--hidden", "--fanouts", "--epochs", "--batch-size", "--lr",
+ESSENTIAL = ["--dataset", "--split", "--task", "--model", "--hidden", "--fanouts", "--epochs", "--batch-size", "--lr",
              "--seed", "--mode", "--device", "--precision", "--gpu-memory-gb", "--hot-ratio", "--super-batch",
              "--run-name", "--no-save", "--summary-json", "--checkpoint-dir", "--resume", "--overwrite", "--config"]
 
@@ -118,6 +118,10 @@ def test_every_config_field_has_exactly_one_flag():
 # Every option --help leaves out, with a value other than its default, and the config value it must give.
 NOT_SHORT = [
     (["--split-index", "3"], "split_index", 3),
+    (["--layers", "2"], "layers", 2),
+    (["--link-head", "mlp"], "link_head", "mlp"),
+    (["--negatives", "4"], "negatives", 4),
+    (["--eval-negatives", "50"], "eval_negatives", 50),
     (["--heads", "8"], "heads", 8),
     (["--gcn-norm", "mean"], "gcn_norm", "mean"),
     (["--residual"], "residual", True),
@@ -190,8 +194,8 @@ def test_a_config_file_takes_sections_named_after_the_configs_parts(tmp_path, ca
     values = load_config_file(tmp_path / "run.toml", extra={"run_name": "outputs"})
     assert values == {"dataset": "synthetic:nodes=500", "hidden": 64, "fanouts": [5, 3], "batch_size": 32,
                       "progress": False, "run_name": "a"}
-    assert set(TrainConfig.sections()) == {"network", "sampling", "optimization", "evaluation", "neutronorch",
-                                           "placement", "outputs", "logging"}
+    assert set(TrainConfig.sections()) == {"network", "sampling", "optimization", "evaluation", "link",
+                                           "neutronorch", "placement", "outputs", "logging"}
     (tmp_path / "wrong.yaml").write_text("network:\n  epochs: 3\n")
     with pytest.raises(ConfigError, match=r"'epochs' is under \[network\], but belongs under \[optimization\]"):
         load_config_file(tmp_path / "wrong.yaml")

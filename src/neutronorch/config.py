@@ -10,19 +10,23 @@ from __future__ import annotations
 import copy
 import math
 import os
+import re
 from dataclasses import MISSING, dataclass, field, fields, replace
 
 from neutronorch.config_keys import read_config_mapping
-from neutronorch.config_parts import (PARTS, EvaluationConfig, LogConfig, NetworkConfig, NeutronOrchConfig,
-                                      OptimizationConfig, OutputConfig, PlacementConfig, SamplingConfig, may_change,
-                                      setting, settings_of)
+from neutronorch.config_parts import (PARTS, EvaluationConfig, LinkConfig, LogConfig, NetworkConfig,
+                                      NeutronOrchConfig, OptimizationConfig, OutputConfig, PlacementConfig,
+                                      SamplingConfig, may_change, setting, settings_of)
 from neutronorch.errors import ConfigError
 from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, PRECISIONS, needs_degrees
 from neutronorch.sampling.fanouts import parse_fanouts
 
+TASKS = ("node", "link")
+LINK_HEADS = ("dot", "mlp")  # nn/link.py
 MODES = ("exact", "device", "neutronorch")
 MODE_CHOICES = MODES + ("auto",)  # auto: one of MODES, chosen when the run starts (orchestration/choice.py)
 METRICS = ("accuracy", "rocauc", "f1-micro", "f1-macro")
+LINK_METRICS = re.compile(r"(mrr|rocauc|hits@[1-9][0-9]*)$")  # a link task's (train/link_metrics.py)
 HOT_GRADS = ("stop", "cpu")
 HOT_SETS = ("node", "rank")
 DEVICES = ("auto", "cpu", "cuda")
@@ -42,6 +46,7 @@ class TrainConfig:
     ``to_dict`` and ``keys`` list the settings by name, flat, as checkpoints and summaries store them."""
 
     dataset: str = may_change("synthetic")
+    task: str = setting("node")  # node (classification) or link (prediction; the `link` part)
     split: str | None = setting(None)
     split_index: int = setting(0)  # which of the dataset's stored splits (the heterophilous .npz files hold 10)
     mode: str = setting("exact")  # exact, device, neutronorch, or auto (chosen when the run starts)
@@ -53,6 +58,7 @@ class TrainConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     optimization: OptimizationConfig = field(default_factory=OptimizationConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    link: LinkConfig = field(default_factory=LinkConfig)
     neutronorch: NeutronOrchConfig = field(default_factory=NeutronOrchConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     outputs: OutputConfig = field(default_factory=OutputConfig)
@@ -124,8 +130,17 @@ class TrainConfig:
              f"`architecture` {self.architecture!r}: choose one of {', '.join(ARCHITECTURES)}."),
             (not (self.residual and self.architecture == "blocks"),
              "`residual`: graph blocks are residual already; give `residual` with `architecture` plain only."),
-            (self.metric in ("auto",) + METRICS, f"`metric` {self.metric!r}: choose auto or one of "
-                                                  f"{', '.join(METRICS)}."),
+            (self.task in TASKS, f"`task` {self.task!r}: choose one of {', '.join(TASKS)}."),
+            (self.task == "link" or self.metric in ("auto",) + METRICS,
+             f"`metric` {self.metric!r}: choose auto or one of {', '.join(METRICS)}"
+             + (" (mrr, hits@K and rocauc score link tasks: give `task` link)." if LINK_METRICS.match(self.metric)
+                else ".")),
+            (self.task == "node" or self.metric == "auto" or bool(LINK_METRICS.match(self.metric)),
+             f"`metric` {self.metric!r}: a link task scores by auto (the dataset's own, else mrr), mrr, rocauc "
+             f"or hits@K (hits@50)."),
+            (self.link_head in LINK_HEADS, f"`link_head` {self.link_head!r}: choose one of {', '.join(LINK_HEADS)}."),
+            (self.negatives >= 1, f"`negatives` {self.negatives}: must be at least 1 per positive."),
+            (self.eval_negatives >= 1, f"`eval_negatives` {self.eval_negatives}: must be at least 1 per positive."),
             (self.split_index >= 0, f"`split_index` {self.split_index}: must be 0 or more."),
             (self.model != "gat" or self.heads < 1 or self.hidden % self.heads == 0,
              f"`hidden` {self.hidden} is not divisible by `heads` {self.heads}; GAT splits the hidden width "

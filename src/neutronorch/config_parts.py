@@ -99,6 +99,15 @@ class EvaluationConfig:
 
 
 @dataclass(frozen=True)
+class LinkConfig:
+    """A link task's part (``task="link"``): how pairs are scored, and the negatives of each positive."""
+
+    link_head: str = setting("dot")  # dot or mlp (nn/link.py)
+    negatives: int = setting(1)  # destinations drawn per training positive
+    eval_negatives: int = may_change(100)  # drawn per evaluation positive where the data stores none
+
+
+@dataclass(frozen=True)
 class NeutronOrchConfig:
     """NeutronOrch mode's part of the configuration."""
 
@@ -158,5 +167,5 @@ class LogConfig:
 
 # TrainConfig's parts: the attribute each is held under, and its class. A config file's sections take these names.
 PARTS = {"network": NetworkConfig, "sampling": SamplingConfig, "optimization": OptimizationConfig,
-         "evaluation": EvaluationConfig, "neutronorch": NeutronOrchConfig, "placement": PlacementConfig,
+         "evaluation": EvaluationConfig, "link": LinkConfig, "neutronorch": NeutronOrchConfig, "placement": PlacementConfig,
          "outputs": OutputConfig, "logging": LogConfig}

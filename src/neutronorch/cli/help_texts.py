@@ -5,8 +5,18 @@ from neutronorch.data import DATASET_SPEC_HELP
 
 HELP = {
     "dataset": f"dataset spec: {DATASET_SPEC_HELP} (default: %(default)s)",
-    "split": "split for data without one: ratio:TRAIN,VAL or per-class:TRAIN,VAL "
-             "(default: the data's own split, else ratio:0.6,0.2; synthetic graphs: ratio:0.1,0.05)",
+    "task": "node: classify vertices by their labels; link: predict edges, trained on seed edges with drawn "
+            "negatives and scored by MRR, Hits@K or ROC-AUC against held-out edges (docs/link-prediction.md) "
+            "(default: %(default)s)",
+    "link_head": "link task: how a pair of embeddings is scored: dot (their inner product) or mlp (a two-layer "
+                 "perceptron over their element-wise product, as OGB's examples) (default: %(default)s)",
+    "negatives": "link task: destinations drawn uniformly per training positive, seeded like the neighbour "
+                 "draws (default: %(default)s)",
+    "eval_negatives": "link task: destinations drawn per validation and test positive where the data stores "
+                      "no negatives of its own (the same at every evaluation) (default: %(default)s)",
+    "split": "split for data without one: ratio:TRAIN,VAL or per-class:TRAIN,VAL of the vertices; a link task: "
+             "edges:TRAIN,VAL of the edges, validation and test edges left out of message passing (default: the "
+             "data's own split, else ratio:0.6,0.2; synthetic graphs: ratio:0.1,0.05; link: edges:0.85,0.05)",
     "model": "GNN architecture (default: %(default)s)",
     "fanouts": "neighbours sampled per layer, seed hop first; -1 takes all (default: 10,10)",
     "hidden": "hidden width (default: %(default)s)",
@@ -19,7 +29,8 @@ HELP = {
     "layers": "number of layers; 0 = one per --fanouts entry; with a single fanout, that fanout in every layer "
               "(default: %(default)s)",
     "metric": "what evaluation scores: accuracy, rocauc, f1-micro, f1-macro; auto = the dataset's own (ROC-AUC "
-              "for the binary heterophilous graphs), else ROC-AUC for multi-label labels, accuracy otherwise "
+              "for the binary heterophilous graphs), else ROC-AUC for multi-label labels, accuracy otherwise; a "
+              "link task: mrr, hits@K (hits@50) or rocauc, auto = the dataset's own, else mrr "
               "(default: %(default)s)",
     "split_index": "which of the dataset's stored splits to use (the heterophilous .npz files hold 10: 0..9) "
                    "(default: %(default)s)",
@@ -129,9 +140,9 @@ HELP = {
 # Short help for the options `train --help` lists (every other option is listed by --help-all only).
 SHORT = {
     "dataset": "dataset folder or file, or synthetic[:nodes=N,...]; default: synthetic",
-    "split": "ratio:TRAIN,VAL or per-class:TRAIN,VAL, for data without a split",
+    "task": "node (classification) or link (prediction; docs/link-prediction.md)",
+    "split": "ratio:TRAIN,VAL or per-class:TRAIN,VAL; link: edges:TRAIN,VAL",
     "model": "GraphSAGE, GCN or GAT layers (default: sage)",
-    "layers": "number of layers (default: one per --fanouts entry)",
     "hidden": "hidden width (default: 256)",
     "fanouts": "neighbours per layer, seed hop first; -1 takes all (default: 10,10)",
     "epochs": "training epochs (default: 50)",
@@ -157,11 +168,12 @@ SHORT = {
 # `stage_table` are the --config, --no-progress and --no-stage-table flags); a field not placed here goes to
 # the advanced group. --help lists those in SHORT.
 TRAIN_GROUPS = [
-    ("data", None, ["dataset", "split", "split_index"]),
+    ("data", None, ["dataset", "task", "split", "split_index"]),
     ("model", None, ["model", "layers", "hidden", "fanouts", "heads", "gcn_norm", "residual", "norm",
-                     "architecture"]),
-    ("training", None, ["epochs", "batch_size", "lr", "seed", "weight_decay", "dropout", "patience"]),
-    ("evaluation", None, ["metric", "eval_every", "eval_fanouts", "eval_batch_size", "eval_max_nodes"]),
+                     "architecture", "link_head"]),
+    ("training", None, ["epochs", "batch_size", "lr", "seed", "weight_decay", "dropout", "patience", "negatives"]),
+    ("evaluation", None, ["metric", "eval_every", "eval_fanouts", "eval_batch_size", "eval_max_nodes",
+                          "eval_negatives"]),
     ("mode", None, ["mode", "device", "precision", "gpu_memory_gb", "hot_ratio", "super_batch",
                     "staleness_bound", "hot_grad", "gpu_cache_gb"]),
     ("outputs", None, ["run_name", "save", "summary_json", "checkpoint_dir", "resume", "overwrite", "config",
@@ -172,7 +184,7 @@ TRAIN_GROUPS = [
       "timeline_steps", "log_every", "progress", "stage_table", "dist_timeout"]),
 ]
 
-METAVARS = {"dataset": "SPEC", "split": "SPEC", "split_index": "K", "layers": "N", "hidden": "N", "fanouts": "LIST",
+METAVARS = {"metric": "METRIC", "negatives": "K", "eval_negatives": "K", "dataset": "SPEC", "split": "SPEC", "split_index": "K", "layers": "N", "hidden": "N", "fanouts": "LIST",
             "heads": "N", "epochs": "N", "batch_size": "N", "lr": "LR", "seed": "S", "weight_decay": "WD",
             "dropout": "P", "patience": "N", "eval_every": "N", "eval_fanouts": "LIST", "eval_batch_size": "N",
             "eval_max_nodes": "N", "gpu_memory_gb": "G", "hot_ratio": "R", "super_batch": "P",
@@ -189,8 +201,8 @@ SWITCHES = {
     "config": ("--config", "config", "store",
                "YAML, TOML or JSON file with the same keys as the options (batch_size or batch-size), at the top "
                "level or in sections named after TrainConfig's parts ([network], [sampling], [optimization], "
-               "[evaluation], [neutronorch], [placement], [outputs], [logging]); options given on the command "
-               "line win"),
+               "[evaluation], [link], [neutronorch], [placement], [outputs], [logging]); options given on the "
+               "command line win"),
     "run_name": ("--run-name", "run_name", "store",
                  "keep this run's results (summary.json, metrics.jsonl, last.pt and best.pt) in runs/NAME/ under "
                  "the current folder. A run never writes into an existing run's folder: an existing runs/NAME/ is "

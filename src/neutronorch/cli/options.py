@@ -14,8 +14,8 @@ from dataclasses import fields
 
 from neutronorch.cli.help_texts import (HELP, METAVARS, RUN_FOLDER_KEYS, SHORT, SHORT_METAVARS, SWITCHES, TRAIN_EPILOG,
                                         TRAIN_EPILOG_ALL, TRAIN_GROUPS)
-from neutronorch.config import (CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, HOT_SETS, METRICS, MODE_CHOICES,
-                                READ_ORDERS, TrainConfig)
+from neutronorch.config import (CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, HOT_SETS, LINK_HEADS,
+                                MODE_CHOICES, READ_ORDERS, TASKS, TrainConfig)
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec
 from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, PRECISIONS
 
@@ -100,8 +100,8 @@ def _add_train_options(parser: argparse.ArgumentParser, full: bool = False) -> N
     defaults = TrainConfig()
     choices = {"model": MODELS, "mode": MODE_CHOICES, "device": DEVICES, "hot_grad": HOT_GRADS,
                "hot_set": HOT_SETS, "cache_policy": CACHE_POLICIES, "read_order": READ_ORDERS,
-               "device_sampling": DEVICE_SAMPLING, "gcn_norm": GCN_NORMS, "norm": NORMS, "metric": ("auto",) + METRICS,
-               "architecture": ARCHITECTURES, "precision": PRECISIONS}
+               "device_sampling": DEVICE_SAMPLING, "gcn_norm": GCN_NORMS, "norm": NORMS, "task": TASKS,
+               "link_head": LINK_HEADS, "architecture": ARCHITECTURES, "precision": PRECISIONS}
     types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int, "gpu_memory_gb": float,
              "gpu_cache_gb": str, "host_cache_gb": str}
     grouped = {name for _, _, names in TRAIN_GROUPS for name in names}

@@ -27,8 +27,9 @@ from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.mode import StepHooksUnused, StepInputs
 from neutronorch.orchestration.pipeline import Prefetcher
-from neutronorch.orchestration.seeds import batches_per_epoch, epoch_batches, training_seeds
+from neutronorch.orchestration.seeds import NodeSeeds, SeedBatch
 from neutronorch.sampling.device_sampler import make_device_sampler
+from neutronorch.sampling.exclude import exclude_edges
 from neutronorch.sampling.neighbor_sampler import batch_key
 
 
@@ -41,14 +42,16 @@ class DeviceMode(StepHooksUnused):
     stages = StageTable({"sample": "sampler", "gather": "sampler"})
     resumable = resumable_mid_epoch = True  # its batches depend only on (seed, epoch, batch)
 
-    def __init__(self, graph: Graph, sampling: SamplingConfig, access: FeatureAccess, spans: Spans):
+    def __init__(self, graph: Graph, sampling: SamplingConfig, access: FeatureAccess, spans: Spans,
+                 seeds: NodeSeeds | None = None):
         self.sampling = sampling
         self.device = access.device
         self.store, self.placement, self.cache = access.store, access.placement, access.cache
         self.spans = spans
         self.threads: dict[str, int] = {}  # its sampler runs torch ops on the training threads
-        self.train_idx = training_seeds(graph)
-        self.num_batches = batches_per_epoch(graph, sampling)
+        self.num_nodes = graph.num_nodes
+        self.seeds = seeds if seeds is not None else NodeSeeds(graph, sampling)
+        self.num_batches = self.seeds.num_batches
         self.reader = DeviceReader(graph, access, spans)
         self.sample_stream = torch.cuda.Stream(self.device) if access.on_cuda else None
 
@@ -61,17 +64,21 @@ class DeviceMode(StepHooksUnused):
     def _produce(self, epoch: int, start: int) -> Iterator[MiniBatch]:
         sampler = make_device_sampler(self.reader.indptr, self.reader.indices, self.sampling.fanouts,
                                       self.sampling.degrees)
-        batches = list(enumerate(epoch_batches(self.train_idx, self.sampling, epoch)))[start:]
+        batches: list[tuple[int, SeedBatch]] = list(enumerate(self.seeds.epoch(epoch)))[start:]
         with torch.cuda.stream(self.sample_stream) if self.sample_stream is not None else nullcontext():
             # A few mini-batches per call: the device sampler reads the device once for them all.
             for first in range(0, len(batches), SAMPLE_GROUP):
                 group = batches[first:first + SAMPLE_GROUP]
                 with self.spans.stage("sample"):
-                    seeds = [seeds.to(self.device, non_blocking=True) for _, seeds in group]
+                    seeds = [batch.seeds.to(self.device, non_blocking=True) for _, batch in group]
                     subgraphs = sampler.sample_many(seeds, [batch_key(self.sampling.seed, epoch, index)
                                                             for index, _ in group])
-                for (index, _), subgraph in zip(group, subgraphs):
-                    yield self.reader.load(epoch, index, subgraph)
+                    subgraphs = [subgraph if batch.exclude is None else
+                                 exclude_edges(subgraph, batch.exclude.to(self.device, non_blocking=True),
+                                               self.num_nodes)
+                                 for (_, batch), subgraph in zip(group, subgraphs)]
+                for (index, batch), subgraph in zip(group, subgraphs):
+                    yield self.reader.load(epoch, index, subgraph, targets=batch.targets)
 
     def step_inputs(self, batch: MiniBatch) -> StepInputs:
         batch.wait()

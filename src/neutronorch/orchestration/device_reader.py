@@ -114,14 +114,15 @@ class DeviceReader:
         return rows
 
     def load(self, epoch: int, index: int, subgraph: SampledSubgraph,
-             make: Callable[..., MiniBatch] = MiniBatch) -> MiniBatch:
+             make: Callable[..., MiniBatch] = MiniBatch, targets: torch.Tensor | None = None) -> MiniBatch:
         """The batch of ``subgraph`` (input frontier on the device), built by ``make``: its rows and labels
-        gathered there, what is still on the host moved over, and its ready event recorded (call on the
-        sampling stream)."""
+        (or ``targets``, ``SeedBatch.targets``) gathered there, what is still on the host moved over, and its
+        ready event recorded (call on the sampling stream)."""
         with self.spans.stage("gather"):
             features, hits, moved = self.access.cache.gather(subgraph.input_nodes, self.host_features,
                                                              self._staged_fetch)
-            labels = self.labels.index_select(0, subgraph.seeds.to(self.device, non_blocking=True))
+            labels = (self.labels.index_select(0, subgraph.seeds.to(self.device, non_blocking=True))
+                      if targets is None else targets)
             batch = make(epoch, index, subgraph, features, labels, cache_hits=hits)
             if self.access.on_cuda:
                 batch.device_bytes = moved + batch.transfer_bytes()  # nothing crosses a link on the CPU

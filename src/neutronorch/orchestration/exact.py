@@ -20,7 +20,8 @@ from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.orchestration.host_loader import HostLoader
 from neutronorch.orchestration.mode import StepHooksUnused, StepInputs
 from neutronorch.orchestration.pipeline import Prefetcher
-from neutronorch.orchestration.seeds import batches_per_epoch, epoch_batches, training_seeds
+from neutronorch.orchestration.seeds import NodeSeeds, SeedBatch
+from neutronorch.sampling.exclude import exclude_edges
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 
 HOST_SAMPLING_STAGES = StageTable({"sample": "sampler", "gather": "sampler", "copy": "copy"})
@@ -32,7 +33,7 @@ class ExactMode(StepHooksUnused):
     resumable = resumable_mid_epoch = True  # its batches depend only on (seed, epoch, batch)
 
     def __init__(self, graph: Graph, sampling: SamplingConfig, access: FeatureAccess, spans: Spans,
-                 sampler_threads: int):
+                 sampler_threads: int, seeds: NodeSeeds | None = None):
         self.graph = graph
         self.sampling = sampling
         self.access = access
@@ -40,8 +41,9 @@ class ExactMode(StepHooksUnused):
         self.spans = spans
         self.sampler_threads = sampler_threads
         self.threads = {"sampler": sampler_threads}
-        self.train_idx = training_seeds(graph)
-        self.num_batches = batches_per_epoch(graph, sampling)
+        self.num_nodes = graph.num_nodes
+        self.seeds = seeds if seeds is not None else NodeSeeds(graph, sampling)
+        self.num_batches = self.seeds.num_batches
         self.loader = HostLoader(access, spans)
 
     def batches(self, epoch: int, start: int = 0) -> Prefetcher:
@@ -53,12 +55,14 @@ class ExactMode(StepHooksUnused):
         # A fresh sampler per producer thread: its vertex map is thread-private state.
         sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees,
                                   self.sampling.file_order)
-        for index, seeds in enumerate(epoch_batches(self.train_idx, self.sampling, epoch)):
+        for index, batch in enumerate(self.seeds.epoch(epoch)):
             if index < start:
                 continue
             with self.spans.stage("sample"):
-                subgraph = sampler.sample(seeds.numpy(), batch_key(self.sampling.seed, epoch, index))
-            yield self.loader.load(epoch, index, subgraph)
+                subgraph = sampler.sample(batch.seeds.numpy(), batch_key(self.sampling.seed, epoch, index))
+                if batch.exclude is not None:
+                    subgraph = exclude_edges(subgraph, batch.exclude, self.num_nodes)
+            yield self.loader.load(epoch, index, subgraph, targets=batch.targets)
 
     def step_inputs(self, batch: MiniBatch) -> StepInputs:
         batch.wait()

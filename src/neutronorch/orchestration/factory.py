@@ -21,6 +21,7 @@ from neutronorch.observe import Spans
 from neutronorch.orchestration.access import build_feature_access
 from neutronorch.orchestration.device import DeviceMode
 from neutronorch.orchestration.exact import ExactMode
+from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
 from neutronorch.orchestration.neutronorch.node import NodeLink
@@ -79,12 +80,14 @@ def build_mode(config: TrainConfig, graph: Graph, device: torch.device, threads:
                                    else "the others read in place") + f"; built in {cache.seconds:.1f} s")
     elif config.host_cache_gb not in (0, "auto"):
         logger.info(f"no host feature cache: {why if host_rows == 0 else 'the device cache holds every row'}")
+    # A link task's graph carries its links (train/link_task.py's link_graph); its batches are seed edges.
+    seeds = LinkSeeds(graph.links.train, graph.num_nodes, sampling, config.negatives) if config.task == "link" else None
     if config.mode == "exact":
-        return ExactMode(graph, sampling, access, spans, threads.sampler)
+        return ExactMode(graph, sampling, access, spans, threads.sampler, seeds)
     if config.mode == "device":
-        return DeviceMode(graph, sampling, access, spans)
+        return DeviceMode(graph, sampling, access, spans, seeds)
     return NeutronOrchMode(graph, sampling, config.neutronorch, config.epochs, access, spans,
-                           threads.sampler, threads.host, node)
+                           threads.sampler, threads.host, node, seeds)
 
 
 def host_cache_size(config: TrainConfig, graph: Graph, sampling: SamplingConfig, file_order: bool,

@@ -25,9 +25,10 @@ class HostLoader:
         self.copy_stream = torch.cuda.Stream(access.device) if access.on_cuda else None
 
     def load(self, epoch: int, index: int, subgraph: SampledSubgraph,
-             make: Callable[..., MiniBatch] = MiniBatch) -> MiniBatch:
+             make: Callable[..., MiniBatch] = MiniBatch, targets: torch.Tensor | None = None) -> MiniBatch:
         """The batch of ``subgraph``, built by ``make`` (a ``MiniBatch`` type), its rows gathered and, on
-        CUDA, its copy to the device started (not waited for)."""
+        CUDA, its copy to the device started (not waited for). ``targets``: what the loss reads instead of
+        the seeds' labels (``SeedBatch.targets``)."""
         store, pool, cache = self.access.store, self.access.pool, self.access.cache
         with self.spans.stage("gather"):
             rows = subgraph.input_nodes
@@ -42,7 +43,8 @@ class HostLoader:
                 features = store.gather_into(torch.from_numpy(missed), buffer)
                 parts = [torch.from_numpy(slots), torch.from_numpy(miss_pos)]
                 hits = rows.shape[0] - missed.shape[0]
-            batch = make(epoch, index, subgraph, features, store.labels[subgraph.seeds], cache_hits=hits)
+            labels = store.labels[subgraph.seeds] if targets is None else targets
+            batch = make(epoch, index, subgraph, features, labels, cache_hits=hits)
         if self.access.on_cuda:
             with self.spans.stage("copy"):
                 self._ship(batch, buffer, parts)

@@ -7,12 +7,43 @@ vertex, so one process with ``batch_size * world`` samples exactly what the rank
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from neutronorch.config import SamplingConfig
 from neutronorch.data.graph import Graph
 from neutronorch.sampling.neighbor_sampler import mix_key
+
+
+@dataclass(frozen=True)
+class SeedBatch:
+    """One mini-batch's seeds, as a mode samples them.
+
+    ``seeds``: the vertices whose outputs the step reads (int64). ``targets``: what the loss compares those
+    outputs with, or None for the seeds' own labels (a node task). ``exclude``: (2, P) global vertex pairs
+    whose edges, in either direction, the batch's sampled graph must not contain (a link task's seed
+    edges; ``sampling/exclude.py``), or None."""
+
+    seeds: torch.Tensor
+    targets: torch.Tensor | None = None
+    exclude: torch.Tensor | None = None
+
+
+class NodeSeeds:
+    """A node task's mini-batches: the training vertices in the epoch's order (``epoch_batches``)."""
+
+    def __init__(self, graph: Graph, sampling: SamplingConfig):
+        self.graph, self.train_idx = graph, training_seeds(graph)
+        self.sampling = sampling
+        self.num_batches = batches_per_epoch(graph, sampling)
+
+    def epoch(self, epoch: int) -> list[SeedBatch]:
+        return [SeedBatch(seeds) for seeds in epoch_batches(self.train_idx, self.sampling, epoch)]
+
+    def rank_shares(self, epoch: int) -> np.ndarray:
+        return rank_shares(self.graph, self.sampling, epoch)
 
 
 def training_seeds(graph: Graph) -> torch.Tensor:

@@ -23,6 +23,7 @@ from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.errors import CheckpointError
 from neutronorch.nn.custom import UserModel
+from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
 from neutronorch.train.outputs import write_atomically
 
@@ -211,7 +212,7 @@ def _model(state: dict, path: Path, given: torch.nn.Module | None = None) -> GNN
     if "custom" in args or given is not None:
         return _user_model(state, path, given)
     try:
-        model = GNN(**args)
+        model = LinkModel.from_arguments(args) if "link_head" in args else GNN(**args)
     except Exception as exc:  # noqa: BLE001 - foreign arguments fail in the constructor in many ways
         raise CheckpointError(f"{path}: its model arguments build no model ({type(exc).__name__}: {exc}). The file "
                               f"is damaged or from another program; use last.pt or best.pt of a "

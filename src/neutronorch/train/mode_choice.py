@@ -33,10 +33,12 @@ PROBE_RATIO = 0.2  # NeutronOrch's hot ratio in the probe when it is auto (which
 
 
 def resolve_mode(config: TrainConfig, graph: Graph, device: torch.device, threads: Threads, model: torch.nn.Module,
-                 world: World | None = None, resumed: dict | None = None, probe=None) -> ModeChoice | None:
+                 world: World | None = None, resumed: dict | None = None, probe=None,
+                 loss_fn=None) -> ModeChoice | None:
     """With ``mode`` auto: set ``config.mode`` to the chosen mode and return the choice (None otherwise).
     ``resumed``: the checkpoint the run continues, whose mode it keeps. ``probe(config, graph, device, model,
-    threads, names)``: the measurement (default ``probe_modes``; tests inject timings)."""
+    threads, names)``: the measurement (default ``probe_modes``, its steps with the task's ``loss_fn``; tests
+    inject timings)."""
     if config.mode != "auto":
         return None
     world = world or World()
@@ -52,7 +54,8 @@ def resolve_mode(config: TrainConfig, graph: Graph, device: torch.device, thread
         names = probe_candidates(facts)
         reuses = getattr(model, "reuses", True)  # a user's model without its bottom layer apart cannot
         names = tuple(name for name in names if reuses or name != "neutronorch")
-        timings = (probe or probe_modes)(config, graph, device, model, threads, names) if names else None
+        measure = probe or (lambda *args: probe_modes(*args, loss_fn=loss_fn))
+        timings = measure(config, graph, device, model, threads, names) if names else None
         choice = choose_mode(facts, timings)
         if choice.chosen == "neutronorch" and not reuses:
             choice = ModeChoice("device", f"{choice.reason}; but the model has no bottom layer apart for "
@@ -68,7 +71,7 @@ def resolve_mode(config: TrainConfig, graph: Graph, device: torch.device, thread
 
 
 def probe_modes(config: TrainConfig, graph: Graph, device: torch.device, model: torch.nn.Module, threads: Threads,
-                names: tuple[str, ...], steps: int = PROBE_STEPS) -> dict[str, dict]:
+                names: tuple[str, ...], steps: int = PROBE_STEPS, loss_fn=None) -> dict[str, dict]:
     """Per mode of ``names``: seconds per mini-batch (``step_s``) over ``steps`` training steps after a warm-up of
     one super-batch, and each lane's busy seconds per mini-batch (``lanes``), on a copy of ``model``."""
     out = {}
@@ -77,7 +80,7 @@ def probe_modes(config: TrainConfig, graph: Graph, device: torch.device, model: 
             hot_ratio = config.hot_ratio if isinstance(config.hot_ratio, float) else PROBE_RATIO
             probed = dataclasses.replace(config, mode=name, epochs=1, hot_ratio=hot_ratio,
                                          snapshot_lead=2 if config.snapshot_lead is None else config.snapshot_lead)
-            out[name] = _time_mode(probed, graph, device, model, threads, steps)
+            out[name] = _time_mode(probed, graph, device, model, threads, steps, loss_fn)
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()  # the candidate's cache and buffers, before the next one's
@@ -85,7 +88,7 @@ def probe_modes(config: TrainConfig, graph: Graph, device: torch.device, model: 
 
 
 def _time_mode(config: TrainConfig, graph: Graph, device: torch.device, model: torch.nn.Module, threads: Threads,
-               steps: int) -> dict:
+               steps: int, loss_fn=None) -> dict:
     spans = Spans()
     mode = build_mode(config, graph, device, threads, spans)
     trained = copy.deepcopy(model)
@@ -100,7 +103,7 @@ def _time_mode(config: TrainConfig, graph: Graph, device: torch.device, model: t
                     _synchronize(device)
                     started = time.perf_counter()
                     spans.take()
-                train_step(trained, optimizer, mode, batch, spans)
+                train_step(trained, optimizer, mode, batch, spans, loss_fn=loss_fn)
                 done += 1
                 if done == warmup + steps:
                     break

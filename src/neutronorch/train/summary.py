@@ -62,8 +62,19 @@ def summarise(run: "Run", last_eval: dict, timeline: dict | None, status: str, g
         "startup": {"data_seconds": round(run.data_seconds, 4),
                     "first_step_seconds": None if run.first_step_at is None
                     else round(run.first_step_at - run.started, 4)},
+        **({"link": _link_summary(run, last_eval)} if config.task == "link" else {}),
         **mode.summary(),
     }
+
+
+def _link_summary(run: "Run", last_eval: dict) -> dict:
+    """A link task's split and every metric it reports, at the best and at the last evaluation."""
+    links = run.graph.links
+    others = lambda scores: {k: v for k, v in scores.items() if k.startswith(("val_", "test_"))}  # noqa: E731
+    return {"edges": {"train": int(links.train.shape[1]), "val": int(links.val.shape[1]),
+                      "test": int(links.test.shape[1])},
+            "undirected": links.undirected, "negatives": links.negative_kind, "head": run.config.link_head,
+            "best": others(run.best) if last_eval else None, "final": others(last_eval) if last_eval else None}
 
 
 def _checkpoints_written(directory: str | None) -> dict | None:

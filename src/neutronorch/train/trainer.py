@@ -27,8 +27,9 @@ import torch
 
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, load_dataset
-from neutronorch.errors import CheckpointError, Interrupted, OutputError, TrainingError
+from neutronorch.errors import CheckpointError, ConfigError, Interrupted, OutputError, TrainingError
 from neutronorch.nn.custom import UserModel
+from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
 from neutronorch.nn.precision import Precision, resolve_precision
 from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table, write_timeline
@@ -49,6 +50,7 @@ from neutronorch.train.outputs import (check_checkpoint_space, check_outputs, cl
                                        write_summary)
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import summarise, topology_in_file_order
+from neutronorch.train.link_task import LinkTask, evaluate_links, is_link_split, link_graph
 from neutronorch.train.task import Task
 
 logger = logging.getLogger("neutronorch")
@@ -153,29 +155,42 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     parallel (``world``), only rank 0 writes metric logs, and rank 0's initial weights go to every rank."""
     world = world or World()
     data_seconds = 0.0
+    link = config.task == "link"
     if graph is None:
         t0 = time.perf_counter()
-        graph = load_dataset(config.dataset, config.split, config.seed, config.split_index)
+        graph = load_dataset(config.dataset, None if is_link_split(config.split) else config.split, config.seed,
+                             config.split_index)
         data_seconds = time.perf_counter() - t0
         logger.info(f"loaded {graph.describe()} in {data_seconds:.1f}s")
     for note in graph.notes if world.main else []:  # the same on every rank
         logger.warning(f"note: {note}")
+    if link:
+        graph = link_graph(graph, config)
+        logger.info(f"{graph.links.describe()}")
+    elif graph.links is not None or is_link_split(config.split):
+        raise ConfigError(f"{graph.name if graph.links is not None else config.split}: a link split, for link "
+                          f"prediction; give `task` link (or a node split such as ratio:0.6,0.2 for a node task).")
     if config.batch_size == 0:
-        config.batch_size = auto_batch_size(len(graph.train_idx))
+        config.batch_size = auto_batch_size(graph.links.train.shape[1] if link else len(graph.train_idx))
+    if user_model is not None and link:
+        raise ConfigError("`task` link trains the built-in models (`model` sage, gcn or gat) as encoders; your own "
+                          "module trains node tasks for now.")
     if user_model is not None:
         # NeutronOrch mode asks for its bottom layer when it starts (UserModel.bottom says what it needs).
         model = UserModel.wrap(user_model, len(config.fanouts), graph.num_classes).to(device)
     else:
-        model = GNN(config.model, graph.feature_dim, config.hidden, graph.num_classes, len(config.fanouts),
-                    dropout=config.dropout, heads=config.heads, gcn_norm=config.gcn_norm,
-                    residual=config.residual, norm=config.norm, architecture=config.architecture).to(device)
+        model = GNN(config.model, graph.feature_dim, config.hidden, config.hidden if link else graph.num_classes,
+                    len(config.fanouts), dropout=config.dropout, heads=config.heads, gcn_norm=config.gcn_norm,
+                    residual=config.residual, norm=config.norm, architecture=config.architecture)
+        model = (LinkModel(model, config.link_head) if link else model).to(device)
     if world.distributed:
         world.broadcast_module(model, "the initial weights' broadcast")  # the same seed made them equal; make sure
         logger.info(f"data parallel: {world.describe()}; batch size {config.batch_size} per rank, "
                     f"{config.batch_size * world.size} per global batch")
     optimizer = Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     resumed = _checkpoint_state(config) if config.resume else None
-    choice = resolve_mode(config, graph, device, threads, model, world, resumed)
+    task = LinkTask.of(graph, model, config.metric) if link else Task.of(graph, config.metric)
+    choice = resolve_mode(config, graph, device, threads, model, world, resumed, loss_fn=task.loss)
     spans = Spans()
     node = world.node_link() if config.hot_sets_per_node else None
     mode = build_mode(config, graph, device, threads, spans, shard=(world.rank, world.size), node=node)
@@ -190,10 +205,10 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     util = stack.enter_context(contextlib.closing(Utilisation(device)))
     logs = config.logging if world.main else dataclasses.replace(config.logging, log_jsonl=None, log_csv=None,
                                                                   tensorboard=None)
-    task = Task.of(graph, config.metric)
     metrics = stack.enter_context(contextlib.closing(MetricLog(logs, task.key, append=config.resume)))
-    logger.info(f"task: {'multi-label' if task.multilabel else 'multi-class'}, {task.num_classes} "
-                f"{'tasks' if task.multilabel else 'classes'}, metric {task.metric}")
+    logger.info("task: " + (task.describe() if link else
+                            f"{'multi-label' if task.multilabel else 'multi-class'}, {task.num_classes} "
+                            f"{'tasks' if task.multilabel else 'classes'}, metric {task.metric}"))
     run = Run(config, graph, device, threads, model, optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
               util, metrics, task, data_seconds=data_seconds, world=world,
               mode_choice=None if choice is None else choice.to_dict())
@@ -354,6 +369,9 @@ def _evaluate(run: Run, progress=None) -> dict[str, float]:
     if run.world.distributed:  # batch normalisation's running statistics: rank 0's, on every rank
         run.world.broadcast_module(run.model, "the buffers' broadcast before evaluation", buffers_only=True)
     store = run.mode.store.as_dtype(torch.float32)  # evaluation runs in float32 whatever the training precision
+    if isinstance(run.task, LinkTask):
+        return evaluate_links(run.model, run.graph, store, run.device, config.eval_batch_size, config.seed,
+                              config.eval_negatives, run.task, run.world, progress)
     return evaluate(run.model, run.graph, store, run.device, config.eval_fanouts, config.eval_batch_size,
                     config.seed, config.eval_max_nodes, run.task, run.world, topology_in_file_order(run.mode),
                     progress)
@@ -363,7 +381,8 @@ def _named(task: Task, scores: dict) -> dict:
     """An evaluation as a record holds it: under the metric's name, and (for compatibility) as ``val_acc``
     and ``test_acc``, which hold the metric too."""
     return {f"val_{task.key}": scores["val"], f"test_{task.key}": scores["test"],
-            "val_acc": scores["val"], "test_acc": scores["test"]}
+            "val_acc": scores["val"], "test_acc": scores["test"],
+            **{key: value for key, value in scores.items() if key not in ("val", "test")}}  # a link task's others
 
 
 def _scores_of(record: dict) -> dict:

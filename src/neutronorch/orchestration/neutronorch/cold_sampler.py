@@ -27,6 +27,7 @@ from neutronorch.orchestration.neutronorch.batch import Splice, SplicedBatch, sp
 from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch
 from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.device_sampler import make_device_sampler
+from neutronorch.sampling.exclude import exclude_from_block
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key
 
 
@@ -67,13 +68,15 @@ class ColdSampler:
                         else:
                             block, frontier = sampler.sample_hop(dst.numpy()[item.cold_pos], fanout, key)
                             frontier = torch.from_numpy(frontier)
+                        if item.exclude is not None:
+                            block = exclude_from_block(block, frontier, item.exclude, self.graph.num_nodes)
                         subgraph = SampledSubgraph(item.upper.seeds, [block] + item.upper.blocks,
                                                    [frontier] + item.upper.frontiers)
                         splice = Splice(plan.super_batch_id, splice_index(dst.shape[0], item),
                                         position == len(plan.batches) - 1,
                                         plan.stats, plan.probe)
                     source = self.reader if on_device else self.loader
-                    yield source.load(plan.epoch, item.index, subgraph, make=spliced(splice))
+                    yield source.load(plan.epoch, item.index, subgraph, make=spliced(splice), targets=item.targets)
                 skip = 0
 
 

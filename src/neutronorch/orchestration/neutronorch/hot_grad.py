@@ -23,15 +23,14 @@ import numpy as np
 import torch
 
 from neutronorch.config import SamplingConfig
-from neutronorch.data.graph import Graph
 from neutronorch.orchestration.neutronorch.node import NodeHotSet
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings
-from neutronorch.orchestration.seeds import rank_shares
+from neutronorch.orchestration.seeds import NodeSeeds
 
 
 class HotGradient:
-    def __init__(self, graph: Graph, sampling: SamplingConfig, num_batches: int, node: NodeHotSet | None):
-        self.graph, self.sampling, self.num_batches = graph, sampling, num_batches
+    def __init__(self, seeds: NodeSeeds, sampling: SamplingConfig, num_batches: int, node: NodeHotSet | None):
+        self.seeds, self.sampling, self.num_batches = seeds, sampling, num_batches
         self.distributed = sampling.world > 1
         self.node = node
         self._shares: tuple[int, np.ndarray] | None = None  # (epoch, its ``rank_shares``)
@@ -44,7 +43,7 @@ class HotGradient:
             return
         epoch, index = divmod(step, self.num_batches)
         if self._shares is None or self._shares[0] != epoch:
-            self._shares = (epoch, rank_shares(self.graph, self.sampling, epoch))
+            self._shares = (epoch, self.seeds.rank_shares(epoch))
         scale = float(self._shares[1][index])
         if scale not in (0.0, 1.0):  # 0: no loss terms here, so no gradient to scale
             hot.grad_acc.div_(scale)

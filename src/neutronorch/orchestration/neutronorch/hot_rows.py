@@ -30,6 +30,7 @@ from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.node import Exchange, NodeHotSet
 from neutronorch.orchestration.neutronorch.planner import Plan
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
+from neutronorch.sampling.exclude import exclude_from_block
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
 
 HOST_DROPOUT = 0xD7  # mixed into a super-batch's key for the dropout masks of its hot rows
@@ -93,6 +94,8 @@ class HotRowComputer:
             key = layer_key(plan.batches[0].key, len(self.sampling.fanouts) - 1)
             ids = plan.hot if exchange is None else plan.hot[exchange.computed]
             block, frontier = sampler.sample_hop(ids, self.sampling.fanouts[-1], key)
+            if plan.exclude is not None:  # a link task: none of the super-batch's seed edges
+                block = exclude_from_block(block, torch.from_numpy(frontier), plan.exclude, self.graph.num_nodes)
         with self.spans.stage("host_gather"):
             x = self.store.gather(torch.from_numpy(frontier))
         return block, x, exchange

@@ -52,7 +52,7 @@ from neutronorch.orchestration.neutronorch.stats import HotStats
 from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
 from neutronorch.orchestration.neutronorch.versions import Schedule, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
-from neutronorch.orchestration.seeds import batches_per_epoch, training_seeds
+from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
 
 STAGES = HOST_SAMPLING_STAGES.merge(StageTable(
@@ -71,14 +71,15 @@ class NeutronOrchMode:
 
     def __init__(self, graph: Graph, sampling: SamplingConfig, config: NeutronOrchConfig, epochs: int,
                  access: FeatureAccess, spans: Spans, sampler_threads: int, host_threads: int,
-                 node: NodeLink | None = None):
+                 node: NodeLink | None = None, seeds: NodeSeeds | None = None):
         self.graph, self.sampling, self.config = graph, sampling, config
         self.access, self.spans = access, spans
         self.device = access.device
         self.store, self.placement, self.cache = access.store, access.placement, access.cache
         self.sampler_threads, self.host_threads = sampler_threads, host_threads
         self.threads = {"sampler": sampler_threads, "host": host_threads}
-        self.num_batches = batches_per_epoch(graph, sampling)
+        self.seeds = seeds if seeds is not None else NodeSeeds(graph, sampling)  # a link task's: LinkSeeds
+        self.num_batches = self.seeds.num_batches
         self.schedule = Schedule(epochs, self.num_batches, config.super_batch, config.resolved_staleness)
         self.staleness = StalenessCheck(config.resolved_staleness)
         self.controller = RatioController(config, self.schedule, shared_cores=not access.on_cuda,
@@ -87,7 +88,7 @@ class NeutronOrchMode:
         # Data parallel: with a node link, rows hot on several of the node's ranks are computed once (``node.py``).
         self.distributed = sampling.world > 1
         self.node = NodeHotSet(node) if node is not None and node.local_size > 1 else None
-        self.hot_grad = HotGradient(graph, sampling, self.num_batches, self.node)
+        self.hot_grad = HotGradient(self.seeds, sampling, self.num_batches, self.node)
         self.version = 0  # optimizer steps taken
         # Device sampling: the cold bottom hop is sampled and gathered on the device (its topology placed
         # there, or read from pinned host memory); otherwise on the host like exact mode.
@@ -108,8 +109,8 @@ class NeutronOrchMode:
         producer = HotRowComputer(self.graph, self.store, self.sampling, self.config, self.schedule, model.bottom,
                                   self.snapshots.channel, self.hot_table.channel, self.spans, self.device,
                                   self.host_threads, self.node)
-        plans = PlanLoop(training_seeds(self.graph), self.sampling, self.schedule, self.controller.published,
-                         producer.planned, self.spans)
+        plans = PlanLoop(self.seeds, self.sampling, self.schedule, self.controller.published,
+                         producer.planned, self.spans, self.graph.num_nodes)
         sampler = ColdSampler(self.graph, self.sampling, self.spans, self.sampler_threads, self.loader, self.reader)
         self.snapshots.start()
         self._publish_due()

@@ -29,18 +29,20 @@ from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.controller import PublishedSetting, error_cap
 from neutronorch.orchestration.neutronorch.planner import Plan, Planner, all_cold
 from neutronorch.orchestration.neutronorch.versions import Schedule
-from neutronorch.orchestration.seeds import epoch_batches
+from neutronorch.orchestration.seeds import NodeSeeds, SeedBatch
+from neutronorch.sampling.exclude import exclude_edges
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 
 
 class PlanLoop:
-    def __init__(self, train_idx: torch.Tensor, sampling: SamplingConfig, schedule: Schedule,
-                 published: PublishedSetting, planned: Channel, spans: Spans):
-        self.train_idx, self.sampling, self.schedule = train_idx, sampling, schedule
+    def __init__(self, seeds: NodeSeeds, sampling: SamplingConfig, schedule: Schedule,
+                 published: PublishedSetting, planned: Channel, spans: Spans, num_nodes: int = 0):
+        self.seeds, self.sampling, self.schedule = seeds, sampling, schedule
+        self.num_nodes = num_nodes  # bounds the vertex ids of a link task's excluded pairs
         self.published = published  # the controller's ratio setting (replaced whole by the trainer, numbered)
         self.planned = planned
         self.spans = spans
-        self._batches: dict[int, list[torch.Tensor]] = {}  # this rank's seeds of an epoch's batches
+        self._batches: dict[int, list[SeedBatch]] = {}  # this rank's seeds of an epoch's batches
 
     def run(self, sampler, planner, start: int = 0, hot: np.ndarray | None = None,
             sample_stage: str = "hot_select") -> Iterator[Plan]:
@@ -63,14 +65,17 @@ class PlanLoop:
         with self.spans.stage(sample_stage):
             epoch, first, end = self.schedule.locate(super_batch_id)
             if epoch not in self._batches:
-                self._batches = {epoch: epoch_batches(self.train_idx, self.sampling, epoch)}
+                self._batches = {epoch: self.seeds.epoch(epoch)}
             uppers = []
             fanouts = self.sampling.fanouts[:-1]
+            on_device = torch.is_tensor(planner.indptr)
             for index in range(first, end):
                 key = batch_key(self.sampling.seed, epoch, index)
-                seeds = self._batches[epoch][index]
-                seeds = seeds if torch.is_tensor(planner.indptr) else seeds.numpy()
-                uppers.append((index, key, sampler.sample(seeds, key, fanouts)))
+                batch = self._batches[epoch][index]
+                upper = sampler.sample(batch.seeds if on_device else batch.seeds.numpy(), key, fanouts)
+                if batch.exclude is not None:
+                    upper = exclude_edges(upper, batch.exclude, self.num_nodes)
+                uppers.append((index, key, upper))
         with self.spans.stage("hot_select"):
             number, setting = self.published.read()
             if setting.ratio == 0 and hot is None:  # nothing to make hot: no counting, no ranking
@@ -79,7 +84,12 @@ class PlanLoop:
                 cap = (lambda ranked: error_cap(ranked, setting)) if setting.auto else None
                 plan = planner.plan(super_batch_id, epoch, uppers, setting.ratio, cap, hot)
             plan.stats.setting = number
-            return plan
+        batches = [self._batches[epoch][item.index] for item in plan.batches]
+        for item, batch in zip(plan.batches, batches):
+            item.targets, item.exclude = batch.targets, batch.exclude
+        if batches and batches[0].exclude is not None:
+            plan.exclude = torch.cat([batch.exclude for batch in batches], 1)
+        return plan
 
 
 def one_ahead(plans: Iterator[Plan]) -> Iterator[Plan]:

@@ -30,6 +30,8 @@ class PlannedBatch:
     hot_pos: np.ndarray  # positions of the hot ones
     hot_rows: np.ndarray  # their rows of the hot table
     saved_edges: int  # bottom-hop edges the device does not sample because their destination is hot
+    targets: object = None  # what the loss reads instead of the seeds' labels (``SeedBatch.targets``)
+    exclude: object = None  # edges its sampled graph must not hold (``SeedBatch.exclude``), bottom hop included
 
 
 @dataclass
@@ -58,6 +60,7 @@ class Plan:
     hot: np.ndarray  # H_s, hottest first
     probe: np.ndarray  # the hottest PROBE_ROWS vertices (the drift probe's candidates)
     stats: PlanStats
+    exclude: object = None  # every mini-batch's ``exclude`` together: edges the hot rows' bottom hop must not hold
 
 
 def all_cold(super_batch_id: int, epoch: int, uppers: list[tuple[int, int, SampledSubgraph]]) -> Plan:

@@ -1,0 +1,82 @@
+"""Link prediction models: a node encoder (any built-in GNN, whose last layer outputs embeddings) and a
+scoring head over pairs of embeddings.
+
+Heads (``LINK_HEADS``), each mapping two (..., D) embeddings to (...) logits:
+
+- ``dot``: the inner product ``<h_u, h_v>`` (PyG's and DGL's link-prediction examples);
+- ``mlp``: a two-layer perceptron over the element-wise product ``h_u * h_v`` (OGB's ``LinkPredictor``).
+
+Both are symmetric in ``u`` and ``v``, so an undirected link scores the same either way round.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from neutronorch.nn.models import GNN
+
+__all__ = ["LINK_HEADS", "DotHead", "LinkModel", "MLPHead", "make_head"]
+
+LINK_HEADS = ("dot", "mlp")
+
+
+class DotHead(nn.Module):
+    def forward(self, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return (source * target).sum(-1)
+
+
+class MLPHead(nn.Module):
+    def __init__(self, width: int, dropout: float = 0.0):
+        super().__init__()
+        self.hidden = nn.Linear(width, width)
+        self.out = nn.Linear(width, 1)
+        self.dropout = dropout
+
+    def forward(self, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.hidden(source * target))
+        h = F.dropout(h, self.dropout, self.training)
+        return self.out(h).squeeze(-1)
+
+
+def make_head(kind: str, width: int, dropout: float = 0.0) -> nn.Module:
+    if kind not in LINK_HEADS:
+        raise ValueError(f"unknown link head {kind!r}; choose one of {LINK_HEADS}")
+    return DotHead() if kind == "dot" else MLPHead(width, dropout)
+
+
+class LinkModel(nn.Module):
+    """``encoder`` (a ``GNN`` whose output rows are embeddings) and a ``head`` scoring pairs of them.
+    ``forward`` is the encoder's (what a mode's step calls); ``score`` is the head's."""
+
+    def __init__(self, encoder: GNN, head: str = "dot", dropout: float = 0.0):
+        super().__init__()
+        self.encoder = encoder
+        self.head = make_head(head, encoder.width(encoder.num_layers - 1), dropout)
+        self.kind = encoder.kind
+        # What rebuilds this model (a checkpoint stores it next to the weights).
+        self.arguments = {"link_head": head, "head_dropout": dropout, "encoder": dict(encoder.arguments)}
+
+    @classmethod
+    def from_arguments(cls, arguments: dict) -> "LinkModel":
+        return cls(GNN(**arguments["encoder"]), arguments["link_head"], arguments.get("head_dropout", 0.0))
+
+    @property
+    def needs_degrees(self) -> bool:
+        return self.encoder.needs_degrees
+
+    @property
+    def bottom(self) -> nn.Module:
+        """The encoder's bottom layer (what NeutronOrch mode computes on the host for hot vertices)."""
+        return self.encoder.bottom
+
+    @property
+    def num_layers(self) -> int:
+        return self.encoder.num_layers
+
+    def forward(self, *inputs) -> torch.Tensor:
+        return self.encoder(*inputs)
+
+    def score(self, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.head(source, target)

@@ -1,0 +1,76 @@
+"""A link task's mini-batches: seed edges, their negatives, and the vertices whose outputs score them.
+
+Epoch ``e`` takes the training split's supervision edges in the order ``epoch_order(seed, e)``, in global
+batches of ``batch_size * world`` edges (a rank trains its ``tensor_split`` part, as node tasks do). Each
+positive ``(u, v)`` gets ``negatives`` destinations drawn uniformly over the vertices, keyed by the global
+batch's key (``batch_key(seed, e, k)``), so the same seed gives the same negatives whatever the threads,
+ranks or modes. The batch's seeds are the distinct vertices among the positives' and negatives' ends
+(sorted); its targets say where each pair's ends are among them: row ``i`` of the (P, 2 + negatives) int64
+``targets`` holds the positions of ``u``, of ``v`` and of each negative destination of positive ``i``.
+The positives are also the edges the batch's sampled graph must not contain (``SeedBatch.exclude``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from neutronorch.config import SamplingConfig
+from neutronorch.orchestration.seeds import SeedBatch, epoch_order
+from neutronorch.sampling.neighbor_sampler import batch_key, mix_key
+
+__all__ = ["LinkSeeds", "draw_negatives", "pair_targets"]
+
+NEGATIVE_SALT = 0x4E45_4741  # negatives' stream of a batch key, apart from the neighbour draws'
+
+
+class LinkSeeds:
+    def __init__(self, edges: np.ndarray, num_nodes: int, sampling: SamplingConfig, negatives: int):
+        self.edges = torch.from_numpy(np.array(edges, dtype=np.int64).reshape(2, -1))  # small: a copy
+        self.num_nodes, self.sampling, self.negatives = int(num_nodes), sampling, int(negatives)
+        self.num_batches = -(-self.edges.shape[1] // (sampling.batch_size * sampling.world))
+
+    def epoch(self, epoch: int) -> list[SeedBatch]:
+        """This rank's part of every mini-batch of ``epoch``, in batch order."""
+        sampling = self.sampling
+        count = self.edges.shape[1]
+        order = epoch_order(torch.arange(count), sampling.seed, epoch) if sampling.shuffle else torch.arange(count)
+        batches = []
+        for index, chunk in enumerate(torch.split(order, sampling.batch_size * sampling.world)):
+            positives = self.edges[:, chunk]
+            negatives = draw_negatives(batch_key(sampling.seed, epoch, index), positives.shape[1], self.negatives,
+                                       self.num_nodes)
+            if sampling.world > 1:
+                part = torch.tensor_split(torch.arange(positives.shape[1]), sampling.world)[sampling.rank]
+                positives, negatives = positives[:, part], negatives[part]
+            seeds, targets = pair_targets(positives, negatives)
+            batches.append(SeedBatch(seeds, targets, exclude=positives))
+        return batches
+
+
+    def rank_shares(self, epoch: int) -> np.ndarray:
+        """Per mini-batch: ``world`` times this rank's share of the global batch's positives (each a loss term
+        of equal weight; ``seeds.rank_shares`` says what they scale)."""
+        sampling = self.sampling
+        sizes = np.diff(np.minimum(np.arange(self.num_batches + 1) * sampling.batch_size * sampling.world,
+                                   self.edges.shape[1]))
+        mine = np.array([torch.tensor_split(torch.arange(int(n)), sampling.world)[sampling.rank].shape[0]
+                         for n in sizes])
+        return np.where(sizes > 0, sampling.world * mine / np.maximum(sizes, 1), 1.0)
+
+
+def draw_negatives(key: int, positives: int, per_positive: int, num_nodes: int) -> torch.Tensor:
+    """(positives, per_positive) destinations drawn uniformly over ``num_nodes`` vertices from ``key``."""
+    generator = torch.Generator()
+    generator.manual_seed(mix_key(key, NEGATIVE_SALT) & 0x7FFF_FFFF_FFFF_FFFF)
+    return torch.randint(0, num_nodes, (positives, per_positive), generator=generator, dtype=torch.int64)
+
+
+def pair_targets(positives: torch.Tensor, negatives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct vertices of (2, P) ``positives`` and (P, K) negative destinations (sorted), and each
+    pair's positions among them: (P, 2 + K) int64, columns source, destination, negatives."""
+    count = positives.shape[1]
+    ends = torch.cat([positives[0], positives[1], negatives.reshape(-1)])
+    seeds, where = torch.unique(ends, return_inverse=True)
+    targets = torch.cat([where[:count, None], where[count:2 * count, None], where[2 * count:].view(count, -1)], 1)
+    return seeds, targets

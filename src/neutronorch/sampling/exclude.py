@@ -1,0 +1,62 @@
+"""Edges a mini-batch must not see: a link task's seed edges, dropped from its own sampled graph.
+
+A link prediction model that aggregates along the edge it is asked to predict reads the answer. After
+sampling, every sampled edge ``u -> v`` whose pair (in either direction) is one of the batch's seed edges is
+removed from every block; the frontiers are kept (a source no edge reaches any more is computed and unused).
+A vertex may then have fewer neighbours than its fanout, as in DGL's ``exclude`` of seed edges. Torch ops
+only, so the same code runs on host tensors and on the device's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from neutronorch.sampling.block import Block, SampledSubgraph
+
+__all__ = ["exclude_edges", "exclude_from_block", "pair_keys"]
+
+
+def pair_keys(pairs: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """Sorted unique keys ``u * num_nodes + v`` of the (2, P) pairs and of their reverses."""
+    pairs = pairs.long()
+    keys = torch.cat([pairs[0] * num_nodes + pairs[1], pairs[1] * num_nodes + pairs[0]])
+    return torch.unique(keys)
+
+
+def exclude_edges(subgraph: SampledSubgraph, pairs: torch.Tensor, num_nodes: int) -> SampledSubgraph:
+    """``subgraph`` without any sampled edge between the two ends of a (2, P) ``pairs`` column, in either
+    direction (global vertex ids; ``num_nodes`` bounds them). The blocks keep their frontiers and dtypes."""
+    if pairs.shape[1] == 0 or not subgraph.blocks:
+        return subgraph
+    keys = pair_keys(pairs.to(subgraph.frontiers[0].device), num_nodes)
+    blocks = [_without(block, subgraph.frontiers[layer], keys, num_nodes)
+              for layer, block in enumerate(subgraph.blocks)]
+    return SampledSubgraph(subgraph.seeds, blocks, subgraph.frontiers)
+
+
+def exclude_from_block(block: Block, sources: torch.Tensor, pairs: torch.Tensor, num_nodes: int) -> Block:
+    """One sampled ``block`` (its source frontier's global ids ``sources``, destinations leading) without its
+    edges between the ends of a ``pairs`` column, in either direction."""
+    if pairs.shape[1] == 0:
+        return block
+    return _without(block, sources, pair_keys(pairs.to(sources.device), num_nodes), num_nodes)
+
+
+def _without(block: Block, sources: torch.Tensor, keys: torch.Tensor, num_nodes: int) -> Block:
+    """``block`` without its edges whose (source, destination) global pair is in ``keys``."""
+    if block.num_edges == 0:
+        return block
+    sources = sources.long()
+    counts = (block.indptr[1:] - block.indptr[:-1]).long()
+    destination = torch.repeat_interleave(torch.arange(block.num_dst, device=counts.device), counts,
+                                          output_size=block.num_edges)
+    destination_ids = sources[block.dst_offset:block.dst_offset + block.num_dst][destination]
+    edge_keys = sources[block.indices.long()] * num_nodes + destination_ids
+    position = torch.searchsorted(keys, edge_keys).clamp_(max=keys.shape[0] - 1)
+    keep = keys[position] != edge_keys
+    kept = torch.zeros(block.num_dst, dtype=torch.long, device=counts.device).index_add_(0, destination, keep.long())
+    indptr = torch.zeros(block.num_dst + 1, dtype=block.indptr.dtype, device=counts.device)
+    indptr[1:] = kept.cumsum(0)
+    return dataclasses.replace(block, indptr=indptr, indices=block.indices[keep])

@@ -1,0 +1,232 @@
+"""Link prediction: seed edges in mini-batches, negatives, no seed edge visible in its own batch, the loss,
+exact evaluation against stored or drawn negatives, checkpoints, and the errors of a misplaced split."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from test_neutronorch import lockstep
+
+from neutronorch import TrainConfig, train
+from neutronorch.config import SamplingConfig
+from neutronorch.data import SyntheticSpec, generate
+from neutronorch.data.links import LinkSplit
+from neutronorch.errors import ConfigError
+from neutronorch.features.store import FeatureStore
+from neutronorch.nn.link import LinkModel
+from neutronorch.nn.models import GNN
+from neutronorch.orchestration.factory import build_mode
+from neutronorch.orchestration.link_seeds import LinkSeeds, pair_targets
+from neutronorch.sampling.block import Block, SampledSubgraph
+from neutronorch.sampling.exclude import exclude_edges
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
+from neutronorch.train.checkpoint import load_checkpoint
+from neutronorch.train.layerwise import layerwise
+from neutronorch.train.link_metrics import hits_at_k, mrr
+from neutronorch.train.link_task import LinkTask, evaluate_links, link_graph
+
+SPEC = "synthetic:nodes=2000,degree=10,features=16,classes=4,homophily=0.9"
+
+
+def config(**overrides):
+    values = dict(dataset=SPEC, task="link", fanouts=[5, 5], hidden=32, batch_size=256, epochs=2, lr=0.01,
+                  dropout=0.0, weight_decay=0.0, progress=False, stage_table=False, device="cpu")
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return link_graph(generate(SyntheticSpec.parse(SPEC)), config())
+
+
+def test_link_batches_are_keyed_and_their_targets_point_at_each_pair(graph):
+    sampling = SamplingConfig([5, 5], 100, seed=3, prefetch=1)
+    seeds = LinkSeeds(graph.links.train, graph.num_nodes, sampling, negatives=4)
+    first, again = seeds.epoch(1), seeds.epoch(1)
+    assert len(first) == seeds.num_batches == -(-graph.links.train.shape[1] // 100)
+    batch = first[0]
+    assert torch.equal(batch.seeds, again[0].seeds) and torch.equal(batch.targets, again[0].targets)
+    assert not torch.equal(batch.exclude, seeds.epoch(2)[0].exclude)  # another epoch, another order
+    assert torch.equal(batch.seeds, torch.unique(batch.seeds))  # distinct, sorted
+    assert torch.equal(batch.seeds[batch.targets[:, 0]], batch.exclude[0])
+    assert torch.equal(batch.seeds[batch.targets[:, 1]], batch.exclude[1])
+    assert batch.targets.shape == (100, 6)
+    # Data parallel: the ranks' parts are the global batch's, with the same negatives.
+    parts = [LinkSeeds(graph.links.train, graph.num_nodes, dataclasses.replace(sampling, batch_size=50, rank=r,
+                                                                                world=2), 4).epoch(1)[0]
+             for r in range(2)]
+    assert torch.equal(torch.cat([p.exclude for p in parts], 1), batch.exclude)
+    negatives = [p.seeds[p.targets[:, 2:]] for p in parts]
+    assert torch.equal(torch.cat(negatives), batch.seeds[batch.targets[:, 2:]])
+
+
+def test_pair_targets_of_repeated_ends():
+    seeds, targets = pair_targets(torch.tensor([[5, 5], [2, 9]]), torch.tensor([[2], [7]]))
+    assert seeds.tolist() == [2, 5, 7, 9]
+    assert targets.tolist() == [[1, 0, 0], [1, 3, 2]]
+
+
+def test_exclude_edges_drops_seed_pairs_both_ways_and_keeps_the_rest():
+    # frontier [10, 11, 12, 13]: destinations 10 and 11; 10 <- 11, 12; 11 <- 10, 13.
+    block = Block(2, 4, torch.tensor([0, 2, 4]), torch.tensor([1, 2, 0, 3], dtype=torch.int32))
+    subgraph = SampledSubgraph(torch.tensor([10, 11]), [block], [torch.tensor([10, 11, 12, 13]),
+                                                                torch.tensor([10, 11])])
+    out = exclude_edges(subgraph, torch.tensor([[10], [11]]), num_nodes=20).blocks[0]
+    assert out.indptr.tolist() == [0, 1, 2] and out.indices.tolist() == [2, 3]
+    assert out.indices.dtype == torch.int32 and out.indptr.dtype == block.indptr.dtype
+    kept = exclude_edges(subgraph, torch.tensor([[12], [13]]), num_nodes=20).blocks[0]
+    assert torch.equal(kept.indices, block.indices)
+
+
+def _global_edges(subgraph):
+    """Every sampled edge of every block as a set of (source, destination) global ids."""
+    edges = set()
+    for layer, block in enumerate(subgraph.blocks):
+        sources = subgraph.frontiers[layer].cpu()
+        counts = (block.indptr[1:] - block.indptr[:-1]).cpu()
+        destination = torch.repeat_interleave(sources[:block.num_dst], counts)
+        edges |= set(zip(sources[block.indices.cpu().long()].tolist(), destination.tolist()))
+    return edges
+
+
+@pytest.mark.parametrize("mode", ["exact", "device"])
+def test_no_seed_edge_is_visible_in_its_own_mini_batch(graph, mode):
+    cfg = config(mode=mode, fanouts=[-1, -1], batch_size=64).validate()  # every neighbour: nothing left to chance
+    built = build_mode(cfg, graph, torch.device("cpu"))
+    seen_before_exclusion = 0
+    try:
+        with built.batches(0) as batches:
+            for index, batch in enumerate(batches):
+                edges = _global_edges(batch.subgraph)
+                batch.release()
+                seed_batch = built.seeds.epoch(0)[index]
+                for u, v in seed_batch.exclude.T.tolist():
+                    assert (u, v) not in edges and (v, u) not in edges
+                # Without the exclusion the same batch shows its seed edges: the check above can fail.
+                unfiltered = _global_edges(built_sampler(graph, cfg).sample(seed_batch.seeds.numpy(),
+                                                                            batch_key(cfg.seed, 0, index)))
+                seen_before_exclusion += sum((u, v) in unfiltered or (v, u) in unfiltered
+                                             for u, v in seed_batch.exclude.T.tolist())
+                if index == 3:
+                    break
+    finally:
+        built.close()
+    assert seen_before_exclusion > 0
+
+
+def built_sampler(graph, cfg):
+    return NeighborSampler(graph.indptr, graph.indices, cfg.fanouts, cfg.sampling.degrees)
+
+
+def test_link_training_learns_in_exact_and_device_mode_alike():
+    exact = train(config(epochs=4))
+    device = train(config(epochs=4, mode="device"))
+    assert [e["train_loss"] for e in exact["epochs"]] == [e["train_loss"] for e in device["epochs"]]
+    assert exact["epochs"][-1]["train_loss"] < exact["epochs"][0]["train_loss"]
+    # 100 drawn negatives per positive: a random scorer's MRR is H(101) / 101, about 0.05. (On this block
+    # model, links within a class are random: knowing the classes and degrees is what there is to learn.)
+    assert exact["final_val_mrr"] > 0.1 and exact["final_test_mrr"] > 0.1
+    record = exact["epochs"][-1]
+    assert {"val_hits_50", "test_hits_10", "val_rocauc", "test_mrr"} <= set(record)
+    assert record["val_rocauc"] > 0.7
+
+
+@pytest.mark.parametrize("kind", ["per-source", "shared"])
+def test_evaluation_scores_stored_negatives_as_ogb_does(graph, kind):
+    links = graph.links
+    rng = np.random.default_rng(0)
+    val, test = links.val[:, :40], links.test[:, :30]
+    if kind == "shared":
+        val_neg, test_neg = rng.integers(0, graph.num_nodes, (2, 200)), rng.integers(0, graph.num_nodes, (2, 150))
+    else:
+        val_neg, test_neg = rng.integers(0, graph.num_nodes, (40, 20)), rng.integers(0, graph.num_nodes, (30, 20))
+    stored = dataclasses.replace(graph, links=LinkSplit(links.train, val, test, val_neg, test_neg, links.undirected,
+                                                        negatives=kind, metric="hits@20"))
+    torch.manual_seed(0)
+    model = LinkModel(GNN("sage", graph.feature_dim, 16, 16, 2), "mlp")
+    task = LinkTask.of(stored, model)
+    assert task.metric == "hits@20" and task.key == "hits_20"
+    store = FeatureStore(graph.features, graph.labels)
+    scores = evaluate_links(model, stored, store, torch.device("cpu"), 512, 0, 100, task)
+    embeddings = layerwise(model.encoder, graph, store, torch.arange(graph.num_nodes), torch.device("cpu"))
+    with torch.no_grad():
+        positive = model.score(embeddings[test[0]], embeddings[test[1]])
+        negative = (model.score(embeddings[test_neg[0]], embeddings[test_neg[1]]) if kind == "shared" else
+                    model.score(embeddings[test[0]][:, None], embeddings[test_neg]))
+    assert scores["test"] == pytest.approx(hits_at_k(positive, negative, 20), abs=1e-6)
+    assert scores["test_mrr"] == pytest.approx(mrr(positive, negative), abs=1e-6)
+
+
+def test_drawn_evaluation_negatives_are_the_same_at_every_evaluation(graph):
+    torch.manual_seed(0)
+    model = LinkModel(GNN("sage", graph.feature_dim, 16, 16, 2), "dot")
+    store = FeatureStore(graph.features, graph.labels)
+    task = LinkTask.of(graph, model)
+    first = evaluate_links(model, graph, store, torch.device("cpu"), 512, 0, 50, task)
+    assert first == evaluate_links(model, graph, store, torch.device("cpu"), 512, 0, 50, task)
+    assert first != evaluate_links(model, graph, store, torch.device("cpu"), 512, 1, 50, task)
+
+
+@pytest.mark.slow
+def test_a_link_run_resumes_exactly_and_its_checkpoint_embeds(tmp_path):
+    straight = train(config(epochs=2))
+    train(config(epochs=1, checkpoint_dir=str(tmp_path)))
+    resumed = train(config(epochs=2, checkpoint_dir=str(tmp_path), resume=True))
+    assert resumed["epochs"][-1]["train_loss"] == straight["epochs"][-1]["train_loss"]
+    assert resumed["final_test_mrr"] == straight["final_test_mrr"]
+    checkpoint = load_checkpoint(tmp_path / "last.pt")
+    assert isinstance(checkpoint.model, LinkModel) and checkpoint.model.arguments["link_head"] == "dot"
+
+
+def test_a_misplaced_split_or_mode_is_a_clear_error(graph):
+    with pytest.raises(ConfigError, match="give `task` link"):
+        train(config(task="node", split="edges:0.8,0.1"))
+    with pytest.raises(ConfigError, match="a link task splits edges"):
+        train(config(split="ratio:0.6,0.2"))
+    with pytest.raises(ConfigError, match="carries its own link split"):
+        train(config(split="edges:0.8,0.1"), graph=graph)
+    with pytest.raises(ConfigError, match="give `task` link"):
+        train(config(task="node"), graph=graph)
+    with pytest.raises(ConfigError, match="give `task` link"):
+        config(task="node", metric="mrr").validate()
+    with pytest.raises(ConfigError, match="hits@K"):
+        config(metric="accuracy").validate()
+    with pytest.raises(ConfigError, match="`negatives` 0"):
+        config(negatives=0).validate()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("planned", ["host", "device"])
+def test_neutronorch_lockstep_equals_exact_mode_on_a_link_task(graph, planned):
+    # P = 1, S = 0: the hot rows are computed for each mini-batch from the current weights with its own key,
+    # their bottom hop without the batch's seed edges, as exact mode's: the same losses and gradients.
+    common = dict(fanouts=[4, 3], batch_size=128, epochs=1, dropout=0.5, link_head="mlp", negatives=2)
+    exact = config(mode="exact", **common).validate()
+    orch = config(mode="neutronorch", super_batch=1, staleness_bound=0, hot_grad="cpu", hot_ratio=0.3,
+                  device_sampling="on" if planned == "device" else "off", **common).validate()
+    exact.batch_size = orch.batch_size = 128
+    hot_rows = steps = 0
+    model = lambda: LinkModel(GNN("sage", graph.feature_dim, 32, 32, 2, dropout=0.5), "mlp")  # noqa: E731
+    loss_of = lambda m: LinkTask(m, "mrr").loss  # noqa: E731
+    for batch_a, batch_b, loss_a, loss_b, model_a, model_b in lockstep(graph, exact, orch, model=model,
+                                                                       loss_of=loss_of):
+        assert torch.equal(batch_a.labels, batch_b.labels)  # the same pairs and negatives
+        hot_rows += int(batch_b.splice.index.hot_pos.numel())
+        torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6)
+        for (name, p_a), p_b in zip(model_a.named_parameters(), model_b.parameters()):
+            torch.testing.assert_close(p_b.grad, p_a.grad, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        steps += 1
+        if steps == 12:
+            break
+    assert hot_rows > 0
+
+
+def test_neutronorch_mode_trains_a_link_task_close_to_exact_mode():
+    exact = train(config(epochs=4))
+    orch = train(config(epochs=4, mode="neutronorch", super_batch=4, hot_ratio=0.2))
+    # Hot vertices recur among a super-batch's pairs: each hot embedding serves several mini-batches.
+    assert orch["hot"]["reuse_rate"] > 0.1 and orch["hot"]["uses_per_hot_embedding"] > 2
+    assert abs(orch["final_test_mrr"] - exact["final_test_mrr"]) < 0.03
