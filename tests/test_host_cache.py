@@ -331,9 +331,22 @@ def test_a_cache_sized_by_measurement_changes_no_loss_as_it_grows_and_shrinks(tm
         monkeypatch.setattr(memory_module, name, value)
     calls = []
 
-    def room():  # 60,000 bytes when sized (about 1,100 rows of 48 bytes), then less, down to a floor
-        calls.append(1)  # (how often it is polled depends on the machine's load: the floor keeps rows cached)
-        return 60_000 + 50_000 - 4_000 * min(len(calls) - 1, 12)
+    caches = []
+    make = host_cache_module.HostCache.__init__
+
+    def recorded(self, *args, **kwargs):
+        make(self, *args, **kwargs)
+        caches.append(self)
+
+    monkeypatch.setattr(host_cache_module.HostCache, "__init__", recorded)
+
+    def room():  # 60,000 bytes when sized (about 1,100 rows of 48 bytes), then less and less, to a floor; as
+        calls.append(1)  # in a real process the rows a shrink gives up come back as room, so shrinking settles
+        if len(calls) == 1:  # however often a loaded machine polls
+            return 60_000 + 50_000
+        sizing = caches[-1].sizing if caches else None
+        freed = 48 * (sizing["sized_rows"] - caches[-1].rows) if sizing else 0
+        return 60_000 + 50_000 - 4_000 * min(len(calls) - 1, 12) + freed
 
     monkeypatch.setattr(host_cache_module, "available_memory_bytes", room)
     monkeypatch.setattr(host_cache_module, "process_anonymous_bytes", lambda: 50_000)
