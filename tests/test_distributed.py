@@ -268,3 +268,21 @@ def test_more_ranks_than_gpus_is_refused_before_the_group_forms(monkeypatch):
     with pytest.raises(ConfigError, match="4 ranks on this machine but 2 GPU"):
         rank_device(torch.device("cuda"))
     assert rank_device(torch.device("cpu")) == torch.device("cpu")
+
+
+@pytest.mark.slow
+def test_two_ranks_reproduce_one_process_on_a_link_task(tmp_path):
+    # Each rank trains its part of every global batch of seed edges, with the negatives the one process draws
+    # for them; the losses are weighed by positives, and evaluation's embeddings are computed in shares.
+    args = ["--task", "link", "--epochs", "2", "--negatives", "2"]
+    one = _run([sys.executable, "-m", "neutronorch", "train", *COMMON, *args, "--batch-size", "256",
+                "--log-jsonl", str(tmp_path / "one.jsonl"), "--summary-json", str(tmp_path / "one.json")])
+    assert one.returncode == 0, one.stderr
+    two = _run(_torchrun([*args, "--batch-size", "128", "--log-jsonl", str(tmp_path / "two.jsonl"),
+                          "--summary-json", str(tmp_path / "two.json")]))
+    assert two.returncode == 0, two.stderr
+    a, b = _step_losses(tmp_path / "one.jsonl"), _step_losses(tmp_path / "two.jsonl")
+    assert len(a) == len(b) > 4
+    torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=LOSS_RTOL, atol=0)
+    s1, s2 = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    assert s2["final_test_mrr"] == pytest.approx(s1["final_test_mrr"], abs=1e-6)

@@ -58,7 +58,8 @@ def test_link_batches_are_keyed_and_their_targets_point_at_each_pair(graph):
     parts = [LinkSeeds(graph.links.train, graph.num_nodes, dataclasses.replace(sampling, batch_size=50, rank=r,
                                                                                 world=2), 4).epoch(1)[0]
              for r in range(2)]
-    assert torch.equal(torch.cat([p.exclude for p in parts], 1), batch.exclude)
+    assert torch.equal(torch.cat([p.seeds[p.targets[:, :2]].T for p in parts], 1), batch.exclude)
+    assert all(torch.equal(p.exclude, batch.exclude) for p in parts)  # each rank leaves out the global batch's
     negatives = [p.seeds[p.targets[:, 2:]] for p in parts]
     assert torch.equal(torch.cat(negatives), batch.seeds[batch.targets[:, 2:]])
 

@@ -7,7 +7,8 @@ batch's key (``batch_key(seed, e, k)``), so the same seed gives the same negativ
 ranks or modes. The batch's seeds are the distinct vertices among the positives' and negatives' ends
 (sorted); its targets say where each pair's ends are among them: row ``i`` of the (P, 2 + negatives) int64
 ``targets`` holds the positions of ``u``, of ``v`` and of each negative destination of positive ``i``.
-The positives are also the edges the batch's sampled graph must not contain (``SeedBatch.exclude``).
+The positives are also the edges the batch's sampled graph must not contain (``SeedBatch.exclude``): those of
+the global batch, so that a rank samples exactly what one process with the whole batch samples.
 """
 
 from __future__ import annotations
@@ -40,11 +41,12 @@ class LinkSeeds:
             positives = self.edges[:, chunk]
             negatives = draw_negatives(batch_key(sampling.seed, epoch, index), positives.shape[1], self.negatives,
                                        self.num_nodes)
+            excluded = positives  # the global batch's: each rank samples what one process would
             if sampling.world > 1:
                 part = torch.tensor_split(torch.arange(positives.shape[1]), sampling.world)[sampling.rank]
                 positives, negatives = positives[:, part], negatives[part]
             seeds, targets = pair_targets(positives, negatives)
-            batches.append(SeedBatch(seeds, targets, exclude=positives))
+            batches.append(SeedBatch(seeds, targets, exclude=excluded))
         return batches
 
 
