@@ -38,6 +38,7 @@ _WHERE = {
     "load_checkpoint": "neutronorch.train.checkpoint",
     "predict": "neutronorch.train.predict",
     "embed": "neutronorch.train.predict",
+    "score_pairs": "neutronorch.train.link_predict",
     "train": "neutronorch.train.trainer",
 }
 __all__ = list(_WHERE)

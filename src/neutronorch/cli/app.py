@@ -30,7 +30,7 @@ _FIELD = re.compile(r"(?<!`)`([a-z][a-z0-9_]*)`(?!`)")
 
 def as_flags(message: str) -> str:
     """The core's `field_name` references as the command line's --field-name flags."""
-    known = set(TrainConfig.keys()) | {"layer", "nodes", "out", "scratch_dir",  # and predict's and embed's,
+    known = set(TrainConfig.keys()) | {"layer", "nodes", "pairs", "out", "scratch_dir",  # predict's, embed's
                                        "run_name", "no_save"}  # and train's run folder
     return _FIELD.sub(lambda m: "--" + m[1].replace("_", "-") if m[1] in known else m[0], message)
 
@@ -266,28 +266,42 @@ def _check_native_out(field: str, out: str, sources: list[Path], overwrite: bool
     check_creatable(field, target / "meta.json")
 
 
-def _inference(args: argparse.Namespace) -> tuple:
-    """predict's and embed's shared part: outputs checked, then the data loaded; their keywords (device,
-    where the rows go, scratch folder, progress bar, overwrite)."""
-    from neutronorch.train.predict import NODE_SETS, check_output_path
+def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
+    """predict's and embed's shared part: outputs checked, the pairs read (``pairs``: predict --pairs), the
+    checkpoint read (and unless ``pairs`` is None, checked to score pairs or classify vertices as asked),
+    then the data loaded, so that a wrong request fails before a large dataset is read. Returns the
+    checkpoint, the graph and their keywords (device, where the rows go, scratch folder, progress bar,
+    overwrite; and the pairs, read once)."""
+    from neutronorch.train.checkpoint import load_checkpoint
+    from neutronorch.train.link_predict import read_pairs
+    from neutronorch.train.predict import NODE_SETS, check_output_path, check_task
     from neutronorch.train.resources import resolve_device
 
     device = resolve_device(args.device)
     scratch = None if args.scratch_dir == "memory" else args.scratch_dir
+    given = getattr(args, "pairs", None)
     reads = {"checkpoint": [args.checkpoint], "dataset": dataset_paths(args.dataset),
-             "nodes": [] if args.nodes in NODE_SETS else [args.nodes]}
+             "nodes": [] if args.nodes in (None, *NODE_SETS) else [args.nodes], "pairs": [given] if given else []}
     check_output_path(args.out, scratch, reads, args.overwrite)
+    options = {"pairs": read_pairs(given)} if pairs else {}
+    checkpoint = load_checkpoint(args.checkpoint)
+    if pairs is not None:
+        check_task(checkpoint, pairs)
     graph = load_dataset(args.dataset)
-    return graph, {"device": str(device), "out": args.out, "scratch": scratch, "overwrite": args.overwrite,
-                   "progress": _ProgressBar("layer", "vertex") if args.progress else None}
+    options.update(device=str(device), out=args.out, scratch=scratch, overwrite=args.overwrite,
+                   progress=_ProgressBar("layer", "vertex") if args.progress else None)
+    return checkpoint, graph, options
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
     from neutronorch.train.predict import predict, prediction_score
 
     t0 = time.perf_counter()
-    graph, options = _inference(args)
-    out = predict(args.checkpoint, graph, args.nodes, args.probabilities, **options)
+    if args.pairs is not None:
+        return _score_pairs(args, t0)
+    args.nodes = "test" if args.nodes is None else args.nodes
+    checkpoint, graph, options = _inference(args, pairs=False)
+    out = predict(checkpoint, graph, args.nodes, args.probabilities, **options)
     line = f"wrote {out.shape[0]:,} predictions of {graph.name} to {args.out} in {time.perf_counter() - t0:.1f}s"
     if args.nodes in ("test", "val", "train"):
         metric, value = prediction_score(graph, args.nodes, out, args.probabilities)
@@ -296,12 +310,27 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _score_pairs(args: argparse.Namespace, t0: float) -> int:
+    """predict --pairs: a link checkpoint's score of each pair (its logit, or --probabilities)."""
+    from neutronorch.train.link_predict import score_pairs
+
+    if args.nodes is not None:
+        raise ConfigError(f"`nodes` {args.nodes} and `pairs` {args.pairs}: give one. `pairs` scores vertex pairs "
+                          f"with a link checkpoint; `nodes` chooses the vertices a node-classification checkpoint "
+                          f"classifies.")
+    checkpoint, graph, options = _inference(args, pairs=True)
+    out = score_pairs(checkpoint, graph, probabilities=args.probabilities, **options)
+    print(f"scored {out.shape[0]:,} pairs of {graph.name} ({'probabilities' if args.probabilities else 'logits'}), "
+          f"wrote them to {args.out} in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
 def _cmd_embed(args: argparse.Namespace) -> int:
     from neutronorch.train.predict import embed
 
     t0 = time.perf_counter()
-    graph, options = _inference(args)
-    out = embed(args.checkpoint, graph, args.layer, args.nodes, **options)
+    checkpoint, graph, options = _inference(args)
+    out = embed(checkpoint, graph, args.layer, args.nodes, **options)
     print(f"wrote {out.shape[0]:,} x {out.shape[1]} embeddings (layer {args.layer}) of {graph.name} to "
           f"{args.out} in {time.perf_counter() - t0:.1f}s")
     return 0

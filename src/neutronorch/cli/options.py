@@ -169,8 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
                                           "in the native format.", formatter_class=_Formatter, add_help=False)
     _add_generate_options(gen)
 
-    pred = commands.add_parser("predict", help="predict classes with a trained model",
-                               description="Exact full-neighbour inference of a checkpoint's model.",
+    pred = commands.add_parser("predict", help="predict classes, or score vertex pairs, with a trained model",
+                               description="Exact full-neighbour inference of a checkpoint's model: the classes "
+                                           "of vertices (--nodes), or with a link checkpoint (train --task link) "
+                                           "the scores of vertex pairs (--pairs).",
                                formatter_class=_Formatter, add_help=False)
     _add_predict_options(pred)
 
@@ -221,11 +223,16 @@ def _add_predict_options(pred: argparse.ArgumentParser, full: bool = False) -> N
     pred.add_argument("--checkpoint", required=True, metavar="PATH",
                       help="a checkpoint (DIR/best.pt or DIR/last.pt of --checkpoint-dir)")
     pred.add_argument("--dataset", required=True, metavar="SPEC", help=_dataset_help(full))
-    pred.add_argument("--out", required=True, metavar="PATH", help="write the predictions here (.npy)")
-    pred.add_argument("--nodes", default="test",
-                      help="test, val, train, all, or a .npy file of vertex ids (default: %(default)s)")
+    pred.add_argument("--out", required=True, metavar="PATH",
+                      help="write the predictions here (.npy; with --pairs one float32 score per pair)")
+    pred.add_argument("--nodes", default=None,
+                      help="test, val, train, all, or a .npy file of vertex ids (default: test)")
+    pred.add_argument("--pairs", metavar="FILE",
+                      help="score these vertex pairs with a link checkpoint (instead of --nodes): a .npy file "
+                           "of a (P, 2) or (2, P) integer array, or a text file of 'u v' or 'u,v' lines")
     pred.add_argument("--probabilities", action="store_true",
-                      help="write class probabilities (one float32 row per vertex) instead of classes")
+                      help="write class probabilities (one float32 row per vertex) instead of classes; with "
+                           "--pairs, each pair's probability (the sigmoid of its logit)")
     pred.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                       help="inference device (default: %(default)s)")
     _inference_options(pred, full)
@@ -236,7 +243,8 @@ def _add_embed_options(emb: argparse.ArgumentParser, full: bool = False) -> None
     emb.add_argument("--checkpoint", required=True, metavar="PATH", help="a checkpoint (DIR/best.pt or DIR/last.pt)")
     emb.add_argument("--dataset", required=True, metavar="SPEC", help=_dataset_help(full))
     emb.add_argument("--layer", type=int, required=True, metavar="K",
-                     help="1 = the bottom layer's output (after its activation) ... the last layer (logits)")
+                     help="1 = the bottom layer's output (after its activation) ... the last layer (logits; of a "
+                          "link checkpoint, the embeddings its head scores)")
     emb.add_argument("--out", required=True, metavar="PATH",
                      help="write the embeddings here (.npy, float32, a row per vertex)")
     emb.add_argument("--nodes", default="all", help="test, val, train, all, or a .npy file of vertex ids "

@@ -1,4 +1,7 @@
-"""Predictions from a trained model: exact full-neighbour inference of chosen vertices (never stale)."""
+"""Predictions from a trained model: exact full-neighbour inference of chosen vertices (never stale).
+
+A link checkpoint's model (``nn.link.LinkModel``) is an encoder and a head: inference runs the encoder's
+layers (``embed``), and its pairs are scored by ``link_predict.score_pairs``."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import torch
 from neutronorch.data.graph import Graph
 from neutronorch.errors import ConfigError
 from neutronorch.features.store import FeatureStore
+from neutronorch.nn.link import LinkModel
 from neutronorch.train.checkpoint import Checkpoint, check_fits, load_checkpoint
 from neutronorch.train.layerwise import LayerProgress, layerwise
 from neutronorch.features.memory import available_memory_bytes
@@ -35,7 +39,7 @@ def select_nodes(graph: Graph, nodes: Nodes) -> np.ndarray:
             return np.arange(graph.num_nodes, dtype=np.int64)
         ids, what = _read_ids(nodes), f"`nodes` {nodes}"
     else:
-        ids, what = _ids_in_memory(nodes), "`nodes` (vertex ids given in memory)"
+        ids, what = ids_in_memory(nodes), "`nodes` (vertex ids given in memory)"
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
         raise ConfigError(f"{what}: expected a 1-D array of integer vertex ids, got {ids.dtype} {ids.shape}.")
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= graph.num_nodes):
@@ -54,8 +58,9 @@ def _read_ids(nodes: str | os.PathLike) -> np.ndarray:
         raise ConfigError(f"`nodes` {nodes}: cannot be read as a .npy array ({exc}).") from None
 
 
-def _ids_in_memory(nodes) -> np.ndarray:
-    """Vertex ids a caller holds: a numpy array, list, tuple or torch tensor (on any device)."""
+def ids_in_memory(nodes, what: str = "`nodes` (vertex ids given in memory)") -> np.ndarray:
+    """Vertex ids a caller holds: a numpy array, list, tuple or torch tensor (on any device); ``what``
+    names them in the error a value that is no array gets."""
     if isinstance(nodes, torch.Tensor):
         return nodes.detach().cpu().numpy()
     if isinstance(nodes, (list, tuple)) and len(nodes) == 0:
@@ -63,7 +68,7 @@ def _ids_in_memory(nodes) -> np.ndarray:
     try:
         return np.asarray(nodes)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"`nodes` (vertex ids given in memory): cannot be read as an array ({exc}).") from None
+        raise ConfigError(f"{what}: cannot be read as an array ({exc}).") from None
 
 
 def predict(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, nodes: Nodes = "test",
@@ -81,9 +86,10 @@ def predict(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, nodes: Nod
     memory-mapped: ``"auto"`` (in memory when they fit in half the available memory, else beside ``out``
     or in the system's temporary folder), a folder, or None (in memory). ``progress(layer, done, total)``
     is called after every chunk. ``out`` must not be one of the inputs (the checkpoint, the graph's files,
-    the ``nodes`` file), and is not replaced if it exists unless ``overwrite``."""
-    _check_out(out, scratch, checkpoint, graph, nodes, overwrite)
-    checkpoint = _checkpoint(checkpoint, graph)
+    the ``nodes`` file), and is not replaced if it exists unless ``overwrite``. A link checkpoint scores
+    pairs instead (``score_pairs``), and is refused here."""
+    _check_out(out, scratch, checkpoint, graph, overwrite, {"nodes": _node_files(nodes)})
+    checkpoint = checkpoint_for(checkpoint, graph, pairs=False)
     task = Task.of(graph)
     if probabilities:
         shape, dtype, transform = (task.num_classes,), np.float32, task.probabilities
@@ -100,46 +106,82 @@ def embed(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, layer: int, 
           overwrite: bool = False) -> np.ndarray:
     """The output of layer ``layer`` (1 = the bottom layer, after its activation; the last layer gives the
     logits) of ``nodes``, as float32 rows, over complete neighbourhoods; ``out``, ``scratch``, ``progress``
-    and ``overwrite`` as for ``predict``."""
-    _check_out(out, scratch, checkpoint, graph, nodes, overwrite)
-    checkpoint = _checkpoint(checkpoint, graph)
-    layers = checkpoint.model.num_layers
+    and ``overwrite`` as for ``predict``. For a link checkpoint the layers are its encoder's: the last
+    gives the embeddings its head scores."""
+    _check_out(out, scratch, checkpoint, graph, overwrite, {"nodes": _node_files(nodes)})
+    checkpoint = checkpoint_for(checkpoint, graph)
+    encoder = encoder_of(checkpoint.model)
+    layers = encoder.num_layers
     if not 1 <= layer <= layers:
         raise ConfigError(f"`layer` {layer}: the model has layers 1..{layers} (1 reads the features).")
-    width = checkpoint.model.width(layer - 1)
+    width = encoder.width(layer - 1)
     return _infer(checkpoint, graph, nodes, layer, (width,), np.float32, None, device, chunk_size, out, scratch,
                   progress)
 
 
-def _checkpoint(checkpoint: Checkpoint | str | os.PathLike, graph: Graph) -> Checkpoint:
+def checkpoint_for(checkpoint: Checkpoint | str | os.PathLike, graph: Graph,
+                   pairs: bool | None = None) -> Checkpoint:
+    """The checkpoint (read if a path is given), checked to fit ``graph`` and, unless ``pairs`` is None, to
+    do what is asked of it (``check_task``)."""
     if not isinstance(checkpoint, Checkpoint):
         checkpoint = load_checkpoint(checkpoint)
+    if pairs is not None:
+        check_task(checkpoint, pairs)
     check_fits(checkpoint, graph, graph.name)
     return checkpoint
+
+
+def check_task(checkpoint: Checkpoint, pairs: bool) -> None:
+    """A link checkpoint scores pairs, any other classifies vertices: the other request is refused, saying
+    which to make."""
+    if isinstance(checkpoint.model, LinkModel) and not pairs:
+        raise ConfigError("this checkpoint scores pairs: give --pairs (in Python, score_pairs); it was trained with "
+                          "--task link. embed gives its vertices' embeddings.")
+    if pairs and not isinstance(checkpoint.model, LinkModel):
+        raise ConfigError("this checkpoint classifies vertices: use predict --nodes (in Python, predict); pairs "
+                          "are scored by a checkpoint of a run with --task link.")
+
+
+def encoder_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The model whose layers inference runs: a link model's encoder, else the model itself."""
+    return model.encoder if isinstance(model, LinkModel) else model
 
 
 def _infer(checkpoint: Checkpoint, graph: Graph, nodes: Nodes, layers: int | None, row_shape: tuple, dtype,
            transform, device: str, chunk_size: int, out, scratch, progress) -> np.ndarray:
     ids = torch.from_numpy(select_nodes(graph, nodes))
     target = torch.device(device)
-    model = checkpoint.model.to(target)
+    model = encoder_of(checkpoint.model).to(target)
     folder = scratch_folder(model, graph, layers or model.num_layers, scratch, out)
-    run = lambda array: layerwise(model, graph, FeatureStore(graph.features, graph.labels), ids, target,  # noqa: E731
-                                  chunk_size, layers, out=array, transform=transform, scratch=folder,
-                                  progress=progress)
+    return write_rows(out, (ids.shape[0], *row_shape), dtype, lambda array: layerwise(
+        model, graph, FeatureStore(graph.features, graph.labels), ids, target, chunk_size, layers, out=array,
+        transform=transform, scratch=folder, progress=progress))
+
+
+def write_rows(out: str | os.PathLike | None, shape: tuple, dtype, fill) -> np.ndarray:
+    """``fill(array)`` of a new array of ``shape`` and ``dtype``: in memory (``out`` None, returned), or a
+    memory-mapped ``.npy`` file ``out`` written atomically (its space checked first), returned opened
+    read-only."""
     if out is None:
-        return run(np.empty((ids.shape[0], *row_shape), dtype))
-    check_space("out", out, ids.shape[0] * int(np.prod(row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
-    with open_array_atomically(out, (ids.shape[0], *row_shape), dtype) as array:
-        run(array)
+        array = np.empty(shape, dtype)
+        fill(array)
+        return array
+    check_space("out", out, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+    with open_array_atomically(out, shape, dtype) as array:
+        fill(array)
     return np.load(out, mmap_mode="r")
 
 
-def _check_out(out, scratch, checkpoint, graph: Graph, nodes: Nodes, overwrite: bool) -> None:
+def _node_files(nodes: Nodes) -> list:
+    return [nodes] if isinstance(nodes, (str, os.PathLike)) and nodes not in NODE_SETS else []
+
+
+def _check_out(out, scratch, checkpoint, graph: Graph, overwrite: bool, inputs: dict[str, list]) -> None:
+    """``out`` checked (``check_output_path``) against the checkpoint's file, the graph's and ``inputs``
+    (field -> the files it names)."""
     if out is not None:
         reads = {"checkpoint": [] if isinstance(checkpoint, Checkpoint) else [checkpoint],
-                 "dataset": graph.files(), "nodes": [nodes] if isinstance(nodes, (str, os.PathLike))
-                 and nodes not in NODE_SETS else []}
+                 "dataset": graph.files(), **inputs}
         check_output_path(out, scratch, reads, overwrite)
 
 
