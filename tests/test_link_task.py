@@ -82,6 +82,24 @@ def test_exclude_edges_drops_seed_pairs_both_ways_and_keeps_the_rest():
     assert torch.equal(kept.indices, block.indices)
 
 
+def test_the_host_kernel_and_the_device_ops_exclude_the_same_edges(graph):
+    from neutronorch.sampling.exclude import _host_without, _torch_without, pair_keys
+
+    sampler = NeighborSampler(graph.indptr, graph.indices, [6, 4], False)
+    seeds = LinkSeeds(graph.links.train, graph.num_nodes, SamplingConfig([6, 4], 200, 1, 1), 1).epoch(0)[0]
+    subgraph = sampler.sample(seeds.seeds.numpy(), batch_key(1, 0, 0))
+    keys = pair_keys(seeds.exclude, graph.num_nodes)
+    dropped = 0
+    for layer, block in enumerate(subgraph.blocks):
+        sources = subgraph.frontiers[layer]
+        by_torch = _torch_without(block, sources, keys, graph.num_nodes)
+        ptr, idx = _host_without(block.indptr.numpy(), block.indices.numpy(), sources.long().numpy(), 0,
+                                 block.num_dst, keys.numpy(), graph.num_nodes)
+        assert np.array_equal(ptr, by_torch.indptr.numpy()) and np.array_equal(idx, by_torch.indices.numpy())
+        dropped += block.num_edges - idx.shape[0]
+    assert dropped > 0
+
+
 def _global_edges(subgraph):
     """Every sampled edge of every block as a set of (source, destination) global ids."""
     edges = set()
