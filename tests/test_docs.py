@@ -29,6 +29,7 @@ PLACEHOLDERS = {"SPEC": SPEC, "SOURCE": SPEC, "N": "2", "LR": "0.01", "S": "0", 
 PATH_FLAGS = {"--summary-json": "summary.json", "--checkpoint-dir": "checkpoints", "--host-cache-dir": "host-cache",
               "--log-jsonl": "log.jsonl", "--log-csv": "log.csv", "--tensorboard": "tensorboard",
               "--timeline": "run.png", "--config": "run.yaml", "--out": "out.npy", "--checkpoint": "best.pt",
+              "--pairs": "pairs.txt",
               ("generate", "--out"): "dataset"}
 # Values written as `...` in README (the rest of an option shown in full on an earlier line).
 ELLIPSIS = {"--nodes": "all", "--scratch-dir": "auto"}
@@ -212,6 +213,9 @@ def test_every_readme_command_runs_in_a_smoke_form(tmp_path, monkeypatch):
             if argv[0] in ("predict", "embed"):
                 assert checkpoint is not None, f"README shows {argv[0]} before any train line with --checkpoint-dir"
                 argv[argv.index("--checkpoint") + 1] = checkpoint
+            if "--pairs" in argv:  # pairs are scored by a link checkpoint: one trained here, two pairs to score
+                Path(argv[argv.index("--pairs") + 1]).write_text("0 1\n2 3\n")
+                argv[argv.index("--checkpoint") + 1] = _link_checkpoint(folder / "link")
             runs = [argv]
             if "--resume" in argv:  # the first run writes the checkpoint the second continues, one epoch longer
                 runs = [[a for a in argv if a != "--resume"], argv + ["--epochs", "2"]]
@@ -220,6 +224,12 @@ def test_every_readme_command_runs_in_a_smoke_form(tmp_path, monkeypatch):
                     f"README command failed in its smoke form: {line}\n(run as {run})"
             if argv[0] == "train" and "--checkpoint-dir" in argv:
                 checkpoint = str(Path(argv[argv.index("--checkpoint-dir") + 1]) / "best.pt")
+
+
+def _link_checkpoint(folder: Path) -> str:
+    assert main(["train", "--task", "link", "--dataset", SPEC, "--fanouts", "5,5", "--hidden", "16", "--epochs", "1",
+                 "--checkpoint-dir", str(folder), "--no-progress"]) == 0
+    return str(folder / "best.pt")
 
 
 def test_readme_layout_lists_the_source_tree():
