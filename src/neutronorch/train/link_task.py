@@ -7,7 +7,7 @@ over positives plus the mean over negatives (PyG's and OGB's link examples).
 
 Evaluation (``evaluate_links``): the encoder's embeddings of every vertex an evaluation pair names, from
 full neighbourhoods layer by layer over the message-passing graph (which holds no validation or test
-edge), then the head's score of each positive and its negatives: those the data stores
+edge; the layers below the last memory-mapped, as ``predict``'s, where they would not fit), then the head's score of each positive and its negatives: those the data stores
 (``LinkSplit.val_neg``/``test_neg``), else ``eval_negatives`` destinations per positive drawn once from
 the seed (the same at every evaluation). Scores are computed in chunks; the metric is OGB's
 (``link_metrics.py``).
@@ -32,6 +32,7 @@ from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.train.distributed import World
 from neutronorch.train.layerwise import LayerProgress, layerwise
 from neutronorch.train.link_metrics import hits_at_k, link_roc_auc, link_score, mrr
+from neutronorch.train.predict import scratch_folder
 
 __all__ = ["LinkTask", "evaluate_links", "link_graph", "DEFAULT_LINK_SPLIT"]
 
@@ -113,7 +114,10 @@ def evaluate_links(model: LinkModel, graph: Graph, store: FeatureStore, device: 
                                              graph.num_nodes)
     nodes = torch.unique(torch.cat([t.reshape(-1) for pair in zip(sets.values(), negatives.values())
                                     for t in (pair[0][0], pair[1])]))
-    embeddings = layerwise(model.encoder, graph, store, nodes, device, batch_size, world=world, progress=progress)
+    # The layers below the last over every vertex: memory-mapped in a scratch folder where they would not fit.
+    scratch = scratch_folder(model.encoder, graph, model.num_layers, "auto", None)
+    embeddings = layerwise(model.encoder, graph, store, nodes, device, batch_size, scratch=scratch, world=world,
+                           progress=progress)
     model.eval()
     out: dict[str, float] = {}
     for name, (positives, _) in sets.items():
