@@ -249,3 +249,17 @@ def test_neutronorch_mode_trains_a_link_task_close_to_exact_mode():
     # Hot vertices recur among a super-batch's pairs: each hot embedding serves several mini-batches.
     assert orch["hot"]["reuse_rate"] > 0.1 and orch["hot"]["uses_per_hot_embedding"] > 2
     assert abs(orch["final_test_mrr"] - exact["final_test_mrr"]) < 0.03
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["device", "neutronorch"])
+def test_a_link_task_on_cuda_trains_as_exact_mode_does(mode):
+    # On the GPU the seed edges leave the sampled graph through torch ops (device mode) or the cold sampler's
+    # device blocks (NeutronOrch, planned on the device); the batches are exact mode's.
+    exact = train(config(epochs=2))
+    other = train(config(epochs=2, device="cuda", mode=mode,
+                         **({"super_batch": 1, "staleness_bound": 0, "hot_ratio": 0.3} if mode == "neutronorch" else {})))
+    torch.testing.assert_close(torch.tensor([e["train_loss"] for e in other["epochs"]]),
+                               torch.tensor([e["train_loss"] for e in exact["epochs"]]), rtol=1e-4, atol=1e-5)
+    assert abs(other["final_test_mrr"] - exact["final_test_mrr"]) < 1e-3
