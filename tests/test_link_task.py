@@ -263,3 +263,23 @@ def test_a_link_task_on_cuda_trains_as_exact_mode_does(mode):
     torch.testing.assert_close(torch.tensor([e["train_loss"] for e in other["epochs"]]),
                                torch.tensor([e["train_loss"] for e in exact["epochs"]]), rtol=1e-4, atol=1e-5)
     assert abs(other["final_test_mrr"] - exact["final_test_mrr"]) < 1e-3
+
+
+@pytest.mark.slow
+def test_an_ogb_link_dataset_trains_with_its_own_split_negatives_and_metric(tmp_path, capsys):
+    import json
+
+    from test_ogb_link import make_citation2_like, make_collab_like
+
+    from neutronorch.cli import main
+
+    make_collab_like(tmp_path / "ogbl_collab")
+    assert main(["info", str(tmp_path / "ogbl_collab")]) == 0
+    assert "links 700/40/40 undirected" in json.loads(capsys.readouterr().out)["links"]
+    summary = train(config(dataset=str(tmp_path / "ogbl_collab"), batch_size=64))
+    assert summary["metric"] == "hits@50" and summary["link"]["negatives"] == "shared"
+    assert summary["final_test_hits_50"] == summary["link"]["final"]["test_hits_50"]
+    make_citation2_like(tmp_path / "ogbl_citation2", negatives=20)
+    summary = train(config(dataset=str(tmp_path / "ogbl_citation2"), batch_size=64, link_head="mlp"))
+    assert summary["metric"] == "mrr" and summary["link"]["negatives"] == "per-source"
+    assert 0 < summary["final_test_mrr"] <= 1 and "test_hits_10" in summary["link"]["final"]

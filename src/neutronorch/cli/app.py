@@ -349,6 +349,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
                       # What placing it on a GPU takes (docs/gpu.md): CSC topology, and features as float32.
                       "device_gib": {"topology": round((graph.indptr.nbytes + graph.indices.nbytes) / 2**30, 4),
                                      "features": round(graph.num_nodes * graph.feature_dim * 4 / 2**30, 4)},
+                      # A link dataset's supervision edges (an OGB link folder): the sets' sizes and negatives.
+                      **({"links": graph.links.describe()} if graph.links is not None else {}),
                       "notes": graph.notes}, indent=2))
     return 0
 
