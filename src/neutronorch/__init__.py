@@ -32,6 +32,7 @@ _WHERE = {
                                                "OutputError", "CheckpointError", "Interrupted")},
     "GNN": "neutronorch.nn.models",
     "NeighborLoader": "neutronorch.loader",
+    "LinkNeighborLoader": "neutronorch.loader",
     "to_pyg_model": "neutronorch.nn.pyg",
     "NeighborSampler": "neutronorch.sampling.neighbor_sampler",
     "TorchNeighborSampler": "neutronorch.sampling.neighbor_sampler",

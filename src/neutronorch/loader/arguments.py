@@ -12,6 +12,7 @@ from neutronorch.data import Graph, load_dataset
 from neutronorch.errors import ConfigError
 
 SEED_SETS = {"train": "train_idx", "val": "val_idx", "valid": "val_idx", "test": "test_idx", "all": None}
+LINK_SETS = {"train": "train", "val": "val", "valid": "val", "test": "test"}  # LinkSplit's sets
 LOADER_MODES = ("exact", "device")
 _NEUTRONORCH = ("`mode` 'neutronorch' is not offered by the loader: NeutronOrch reuses bottom-layer outputs that "
                 "the host computes from a snapshot of the model's weights taken between optimizer steps, and "
@@ -45,30 +46,15 @@ def resolve_seeds(graph: Graph, seeds) -> np.ndarray:
         if ids.size == 0:
             raise ConfigError(f"`seeds` {seeds!r}: the graph's {seeds} split is empty; give the ids to sample from.")
         return ids
-    if isinstance(seeds, torch.Tensor):
-        array = seeds.detach().cpu().numpy()
-    elif isinstance(seeds, (np.ndarray, list, tuple, range)):
-        array = np.asarray(seeds)
-    else:
-        raise ConfigError(f"`seeds`: expected a split's name or vertex ids (a tensor, an array or a list), not a "
-                          f"{type(seeds).__name__}.")
+    array = _as_array("seeds", seeds, "a split's name or vertex ids (a tensor, an array or a list)")
     if array.dtype == np.bool_:
         if array.shape != (n,):
             raise ConfigError(f"`seeds`: a boolean mask must hold one entry per vertex ({n:,}), not shape "
                               f"{tuple(array.shape)}.")
         array = np.flatnonzero(array)
-    elif array.size and array.dtype.kind not in "iu":
-        raise ConfigError(f"`seeds`: vertex ids must be integers, not {array.dtype}.")
     if array.ndim != 1:
         raise ConfigError(f"`seeds`: expected a 1-D list of vertex ids, not shape {tuple(array.shape)}.")
-    if array.size == 0:
-        raise ConfigError("`seeds` is empty: give at least one vertex to sample from.")
-    ids = array.astype(np.int64)
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= n:
-        bad = low if low < 0 else high
-        raise ConfigError(f"`seeds` holds vertex id {bad}, out of range for a graph of {n:,} vertices "
-                          f"(0..{n - 1}).")
+    ids = _vertex_ids("seeds", array, n, "vertex")
     unique = np.unique(ids)
     if unique.shape[0] != ids.shape[0]:
         counts = np.bincount(ids, minlength=0)
@@ -76,6 +62,68 @@ def resolve_seeds(graph: Graph, seeds) -> np.ndarray:
                           f"{int(np.flatnonzero(counts > 1)[0])}); each vertex may be a seed once per epoch "
                           f"(deduplicate with torch.unique).")
     return ids
+
+
+def resolve_edges(graph: Graph, edges) -> np.ndarray:
+    """Supervision edges as a (2, E) int64 array: a set of the graph's link split (train, val, test) or
+    the edges themselves (a (2, E) tensor, array or list: row 0 the sources, row 1 the destinations).
+    Repeated edges are kept (each is a positive of its own, as PyG keeps them)."""
+    n = graph.num_nodes
+    if isinstance(edges, str):
+        if edges not in LINK_SETS:
+            raise ConfigError(f"`edges` {edges!r}: name a set of the graph's link split ({', '.join(LINK_SETS)}) "
+                              f"or give the supervision edges as a (2, E) tensor, array or list.")
+        if graph.links is None:
+            raise ConfigError(f"`edges` {edges!r}: {graph.name} carries no link split. Split its edges with "
+                              f"neutronorch.train.link_task.link_graph(graph, TrainConfig(task='link', "
+                              f"split='edges:0.85,0.05')) (validation and test edges then leave the graph that "
+                              f"messages pass over), load a link dataset (ogbl-*), or give your own supervision "
+                              f"edges as a (2, E) tensor.")
+        array = np.array(getattr(graph.links, LINK_SETS[edges]), dtype=np.int64)
+        if array.size == 0:
+            raise ConfigError(f"`edges` {edges!r}: the graph's {edges} set holds no edges; give another set or "
+                              f"the edges themselves.")
+        return array.reshape(2, -1)
+    array = _as_array("edges", edges, "a link set's name (train, val, test) or a (2, E) tensor of edges")
+    if array.ndim != 2 or array.shape[0] != 2:
+        hint = " (an (E, 2) list of pairs: transpose it, edges.t())" if array.ndim == 2 and array.shape[1] == 2 \
+            else ""
+        raise ConfigError(f"`edges`: expected shape (2, E), row 0 the sources and row 1 the destinations, not "
+                          f"{tuple(array.shape)}{hint}.")
+    return _vertex_ids("edges", array, n, "edge").reshape(2, -1)
+
+
+def _as_array(name: str, value, expected: str) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    if isinstance(value, (np.ndarray, list, tuple, range)):
+        return np.asarray(value)
+    raise ConfigError(f"`{name}`: expected {expected}, not a {type(value).__name__}.")
+
+
+def _vertex_ids(name: str, array: np.ndarray, n: int, what: str) -> np.ndarray:
+    """``array`` as int64 vertex ids, refused when empty, not integers or out of 0..n-1."""
+    if array.size and array.dtype.kind not in "iu":
+        raise ConfigError(f"`{name}`: vertex ids must be integers, not {array.dtype}.")
+    if array.size == 0:
+        raise ConfigError(f"`{name}` is empty: give at least one {what} to sample from.")
+    ids = array.astype(np.int64)
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= n:
+        bad = low if low < 0 else high
+        raise ConfigError(f"`{name}` holds vertex id {bad}, out of range for a graph of {n:,} vertices "
+                          f"(0..{n - 1}).")
+    return ids
+
+
+def check_negatives(value) -> int:
+    """Negative destinations per positive: at least one, as the trainer's link task draws them
+    (``TrainConfig.negatives``; ``LinkSeeds`` builds every batch's pairs with them)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value < 1:
+        raise ConfigError(f"`negatives` {value}: the loader draws at least 1 negative destination per positive "
+                          f"(its batches' pairs are built with them; 0 is not offered). For the positives alone, "
+                          f"give 1 and read the first P columns of edge_label_index (those with edge_label 1).")
+    return check_count("negatives", value, 1)
 
 
 def check_mode(mode) -> str:

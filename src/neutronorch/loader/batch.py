@@ -1,4 +1,5 @@
-"""One mini-batch of a ``NeighborLoader``, in the three forms a training loop may take.
+"""One mini-batch of a loader, in the three forms a training loop may take (``NeighborLoader``'s here; a
+``LinkNeighborLoader``'s, with its pairs, in link_batch.py).
 
 - Plain (neutronorch's own models): ``batch.blocks`` (bottom layer first), ``batch.x`` (the bottom block's
   source rows), ``batch.y`` (the seeds' labels), ``batch.seeds``: ``GNN(...)(batch.blocks, batch.x)``.
@@ -20,13 +21,14 @@ import torch
 from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.sampling.block import Block, pyg_form
 
-__all__ = ["LoaderBatch"]
+__all__ = ["SampledBatch", "LoaderBatch"]
 
 
-class LoaderBatch:
-    """A mini-batch handed out by ``NeighborLoader``: ``epoch``, ``index`` (its number in the epoch),
-    ``batch_size`` (seeds), ``seeds`` (their global ids), ``input_id`` (their positions in the loader's
-    ``seeds``), ``n_id`` (the global ids of every sampled vertex, seeds first), ``blocks``, ``x``, ``y``.
+class SampledBatch:
+    """What every loader's batch holds: ``epoch``, ``index`` (its number in the epoch), ``batch_size``
+    (seeds), ``seeds`` (their global ids), ``input_id`` (the positions of what the batch was made of among
+    the loader's seeds or edges), ``n_id`` (the global ids of every sampled vertex, seeds first),
+    ``blocks``, ``x``.
 
     ``x`` may be a view of a reused gather buffer (the pipeline's own, as in ``train()``): it is valid until
     the iteration is asked for the next batch, after which reading it through this object raises. Keep what
@@ -34,14 +36,12 @@ class LoaderBatch:
     handed out (``next(iter(loader))``, a ``break``) keeps its rows when the iteration closes."""
 
     def __init__(self, minibatch: MiniBatch, blocks: list[Block], x: torch.Tensor, input_id: torch.Tensor,
-                 labels: Callable[[torch.Tensor], torch.Tensor], reused: bool = True):
+                 reused: bool = True):
         self.minibatch = minibatch
         self._reused = reused  # x may be the pool's buffer, refilled after the next batch is asked for
         self.epoch, self.index = minibatch.epoch, minibatch.index
         self._blocks, self._x = blocks, x
-        self.y = minibatch.labels  # the seeds' labels (one per seed, or one row of tasks)
         self.input_id = input_id
-        self._labels = labels  # global ids -> labels, on the batch's device
         self._pyg = None
         self._released = False
 
@@ -83,12 +83,11 @@ class LoaderBatch:
 
     # -- the PyG form ---------------------------------------------------------------------------------
     def to_pyg(self):
-        """A ``torch_geometric.data.Data`` with what PyG's ``NeighborLoader`` puts in one: ``x``, ``y`` (a
-        label per vertex of ``n_id``), ``edge_index`` (row 0 the neighbour, row 1 the vertex it was sampled
-        for, local ids; the seed hop's edges first), ``n_id``, ``input_id``, ``batch_size`` and the per-hop
-        ``num_sampled_nodes`` and ``num_sampled_edges`` that ``trim_to_layer`` and ``BasicGNN`` read. No
-        ``e_id``: the samplers draw neighbours, not edge positions (neutronorch graphs have no edge
-        features to index). Built once per batch."""
+        """A ``torch_geometric.data.Data`` with what PyG's loaders put in one: ``x``, ``edge_index`` (row 0
+        the neighbour, row 1 the vertex it was sampled for, local ids; the seed hop's edges first), ``n_id``,
+        ``input_id`` and the per-hop ``num_sampled_nodes`` and ``num_sampled_edges`` that ``trim_to_layer``
+        and ``BasicGNN`` read, and the task's own fields. No ``e_id``: the samplers draw neighbours, not
+        edge positions (neutronorch graphs have no edge features to index). Built once per batch."""
         self._check()
         if self._pyg is None:
             try:
@@ -99,16 +98,20 @@ class LoaderBatch:
                                   ) from None
             edge_index, nodes, edges = pyg_form(self._blocks)
             n_id = self.n_id
-            self._pyg = Data(x=self._x, edge_index=edge_index, y=self._labels(n_id), n_id=n_id,
-                             input_id=self.input_id, batch_size=self.batch_size, num_sampled_nodes=nodes,
-                             num_sampled_edges=edges)
+            self._pyg = Data(x=self._x, edge_index=edge_index, n_id=n_id, input_id=self.input_id,
+                             num_sampled_nodes=nodes, num_sampled_edges=edges, **self._pyg_fields(n_id))
         return self._pyg
+
+    def _pyg_fields(self, n_id: torch.Tensor) -> dict:
+        """The task's fields of the PyG form."""
+        return {}
 
     # -- the DGL form ---------------------------------------------------------------------------------
     def to_dgl_blocks(self) -> list:
         """One DGL block per layer, input layer first (as ``dgl.dataloading`` yields them): the sampler's
         blocks as they are, with ``srcdata``/``dstdata`` ``dgl.NID`` (global ids); the first block's
-        ``srcdata["feat"]`` holds ``x`` and the last block's ``dstdata["label"]`` the seeds' labels."""
+        ``srcdata["feat"]`` holds ``x`` (and, from ``NeighborLoader``, the last block's ``dstdata["label"]``
+        the seeds' labels)."""
         self._check()
         try:
             import dgl  # noqa: PLC0415 - optional
@@ -124,8 +127,11 @@ class LoaderBatch:
             g.dstdata[dgl.NID] = block.dst_ids
             out.append(g)
         out[0].srcdata["feat"] = self._x
-        out[-1].dstdata["label"] = self.y
+        self._dgl_fields(out)
         return out
+
+    def _dgl_fields(self, blocks: list) -> None:
+        """The task's data on the DGL blocks."""
 
     # -- lifetime -------------------------------------------------------------------------------------
     def _check(self) -> None:
@@ -154,5 +160,23 @@ class LoaderBatch:
             self._pyg = None
 
     def __repr__(self) -> str:
-        return (f"LoaderBatch(epoch={self.epoch}, index={self.index}, batch_size={self.batch_size}, "
+        return (f"{type(self).__name__}(epoch={self.epoch}, index={self.index}, batch_size={self.batch_size}, "
                 f"nodes={self.num_sampled_nodes}, edges={[b.num_edges for b in self._blocks]}, device={self.device})")
+
+
+class LoaderBatch(SampledBatch):
+    """A mini-batch handed out by ``NeighborLoader``: ``SampledBatch``'s fields and ``y``, the seeds'
+    labels (one per seed, or one row of tasks)."""
+
+    def __init__(self, minibatch: MiniBatch, blocks: list[Block], x: torch.Tensor, input_id: torch.Tensor,
+                 labels: Callable[[torch.Tensor], torch.Tensor], reused: bool = True):
+        super().__init__(minibatch, blocks, x, input_id, reused)
+        self.y = minibatch.labels
+        self._labels = labels  # global ids -> labels, on the batch's device
+
+    def _pyg_fields(self, n_id: torch.Tensor) -> dict:
+        """As PyG's ``NeighborLoader``: ``y``, a label per vertex of ``n_id``, and ``batch_size``."""
+        return {"y": self._labels(n_id), "batch_size": self.batch_size}
+
+    def _dgl_fields(self, blocks: list) -> None:
+        blocks[-1].dstdata["label"] = self.y

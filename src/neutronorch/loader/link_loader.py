@@ -1,0 +1,69 @@
+"""``LinkNeighborLoader``: the training pipeline's link-prediction mini-batches for a loop of your own.
+
+The loader's edges reach the mode as the training set of a view of the graph (``links.train`` replaced:
+the modes' ``LinkSeeds`` read the seed edges there and nowhere else), with ``task`` link in its
+``TrainConfig``, so each batch is what ``train()``'s link task samples: P seed edges in the epoch's order,
+K uniform negative destinations per positive keyed by (seed, epoch, batch), the neighbourhoods of the
+pairs' distinct ends, and those seed edges taken out of the sampled graph at every hop in both directions
+(``sampling/exclude.py``). The view's ``train_idx`` is the edges' ends, so the feature caches rank rows by
+the vertices the loader's batches start from. Epochs, resume and the batches' lifetime are
+``EpochLoader``'s (base.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from neutronorch.data.links import LinkSplit
+from neutronorch.loader.arguments import check_negatives, resolve_edges
+from neutronorch.loader.base import EpochLoader
+from neutronorch.loader.link_batch import LinkLoaderBatch
+
+__all__ = ["LinkNeighborLoader"]
+
+
+class LinkNeighborLoader(EpochLoader):
+    """Mini-batches of seed edges, their negatives and the sampled neighbourhoods of their ends, one epoch
+    per iteration.
+
+    ``LinkNeighborLoader(graph, fanouts, batch_size, *, edges="train", negatives=1, shuffle=True, seed=0,
+    device="cpu", mode="exact", epoch=0, start=0, drop_last=False, sampler_threads=0, prefetch=2,
+    reuse_buffers=True, model="sage", **options)``
+
+    ``edges``: ``"train"`` (default), ``"val"`` or ``"test"``, a set of ``graph.links`` (a link graph:
+    ``neutronorch.train.link_task.link_graph`` or an OGB link dataset), or a (2, E) tensor, array or list of
+    supervision edges of your own (the graph then needs no link split). ``batch_size`` counts seed edges;
+    ``negatives``: uniform negative destinations per positive (at least 1). Every other argument is
+    ``NeighborLoader``'s: the order of epoch ``e``, its negatives and every draw derive from (``seed``,
+    ``e``, batch number) alone; ``start``, ``iter_from``, ``set_epoch`` resume exactly.
+
+    Each batch (``LinkLoaderBatch``) holds ``blocks``, ``x``, ``seeds`` (the pairs' distinct ends, sorted),
+    ``pairs`` (P, 2 + K), ``edge_label_index``, ``edge_label``, ``input_id`` (the positives' positions in
+    ``loader.edges``); ``to_pyg()`` gives PyG's link batch, ``to_dgl_blocks()`` and ``pair_ids()`` (or
+    ``to_dgl_pair_graphs()``) DGL's."""
+
+    items = "seed edges"
+
+    def __init__(self, graph, fanouts, batch_size: int, *, edges="train", negatives: int = 1, **settings):
+        self._edges_given = edges
+        self.negatives = check_negatives(negatives)
+        super().__init__(graph, fanouts, batch_size, **settings)
+
+    def _resolve(self):
+        edges = resolve_edges(self.graph, self._edges_given)
+        self.edges = torch.from_numpy(edges)
+        links = self.graph.links
+        none = np.empty((2, 0), dtype=np.int64)
+        links = LinkSplit(edges, none, none) if links is None else dataclasses.replace(links, train=edges)
+        view = dataclasses.replace(self.graph, links=links, train_idx=np.unique(edges),
+                                   notes=list(self.graph.notes))
+        return view, int(edges.shape[1]), {"task": "link", "negatives": self.negatives}
+
+    def _make_batch(self, minibatch, blocks, x, input_id, reused) -> LinkLoaderBatch:
+        return LinkLoaderBatch(minibatch, blocks, x, input_id, reused)
+
+    def _describe(self) -> str:
+        return f"edges={self._count:,}, negatives={self.negatives}"
