@@ -55,8 +55,13 @@ def build_mode(config: TrainConfig, graph: Graph, device: torch.device, threads:
     the ranks of this node, that NeutronOrch mode's hot sets are shared by (``hot_set="node"``)."""
     threads = threads or Threads(1, 1, 1)
     spans = spans if spans is not None else Spans()
+    link = config.task == "link"
+    if link:  # the caches rank rows by where mini-batches start: the training edges' ends, not a node split
+        graph = dataclasses.replace(graph, train_idx=np.unique(np.asarray(graph.links.train).reshape(-1)))
+    # A link batch's seeds: up to both ends of each positive and each of its negatives.
+    seeds_per_batch = config.batch_size * (2 + config.negatives) if link else config.batch_size
     workspace = workspace_bytes(graph.num_nodes, graph.feature_dim, config.hidden, graph.num_classes,
-                                config.fanouts, config.batch_size, config.heads if config.model == "gat" else 1)
+                                config.fanouts, seeds_per_batch, config.heads if config.model == "gat" else 1)
     features_in_file_order, topology_in_file_order = read_orders(config.read_order, graph, workspace)
     # Device mode samples from topology copied to the device (or pinned): no host sampler reads the file.
     sampling = dataclasses.replace(config.sampling, rank=shard[0], world=shard[1],
@@ -81,7 +86,7 @@ def build_mode(config: TrainConfig, graph: Graph, device: torch.device, threads:
     elif config.host_cache_gb not in (0, "auto"):
         logger.info(f"no host feature cache: {why if host_rows == 0 else 'the device cache holds every row'}")
     # A link task's graph carries its links (train/link_task.py's link_graph); its batches are seed edges.
-    seeds = LinkSeeds(graph.links.train, graph.num_nodes, sampling, config.negatives) if config.task == "link" else None
+    seeds = LinkSeeds(graph.links.train, graph.num_nodes, sampling, config.negatives) if link else None
     if config.mode == "exact":
         return ExactMode(graph, sampling, access, spans, threads.sampler, seeds)
     if config.mode == "device":
