@@ -119,10 +119,13 @@ class SampledBatch:
             raise ImportError("batch.to_dgl_blocks() needs DGL: pip install dgl") from None
         out = []
         for block in self._blocks:
-            dst = torch.repeat_interleave(torch.arange(block.num_dst, device=block.indptr.device),
-                                          block.in_degrees(), output_size=block.num_edges)
-            g = dgl.create_block((block.indices.long(), dst), num_src_nodes=block.num_src,
-                                 num_dst_nodes=block.num_dst, device=block.indices.device)
+            # Handed over in CSC, the form the sampler made and the one DGL's message passing to the
+            # destinations reads: no edge list to build here, no format conversion in the model's step.
+            # (An empty edge-id tensor: edges numbered in CSC order, as the edge list's order was.)
+            no_ids = torch.empty(0, dtype=torch.int64, device=block.indices.device)
+            g = dgl.create_block(("csc", (block.indptr.long(), block.indices.long(), no_ids)),
+                                 num_src_nodes=block.num_src, num_dst_nodes=block.num_dst,
+                                 device=block.indices.device)
             g.srcdata[dgl.NID] = block.src_ids
             g.dstdata[dgl.NID] = block.dst_ids
             out.append(g)
