@@ -18,11 +18,10 @@ from neutronorch.config_parts import (PARTS, EvaluationConfig, LinkConfig, LogCo
                                       NeutronOrchConfig, OptimizationConfig, OutputConfig, PlacementConfig,
                                       SamplingConfig, may_change, setting, settings_of)
 from neutronorch.errors import ConfigError
-from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, PRECISIONS, needs_degrees
+from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, NORMS, PRECISIONS, needs_degrees
 from neutronorch.sampling.fanouts import parse_fanouts
 
 TASKS = ("node", "link")
-LINK_HEADS = ("dot", "mlp")  # nn/link.py
 MODES = ("exact", "device", "neutronorch")
 MODE_CHOICES = MODES + ("auto",)  # auto: one of MODES, chosen when the run starts (orchestration/choice.py)
 METRICS = ("accuracy", "rocauc", "f1-micro", "f1-macro")

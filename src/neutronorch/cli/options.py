@@ -14,10 +14,10 @@ from dataclasses import fields
 
 from neutronorch.cli.help_texts import (HELP, METAVARS, RUN_FOLDER_KEYS, SHORT, SHORT_METAVARS, SWITCHES, TRAIN_EPILOG,
                                         TRAIN_EPILOG_ALL, TRAIN_GROUPS)
-from neutronorch.config import (CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, HOT_SETS, LINK_HEADS,
-                                MODE_CHOICES, READ_ORDERS, TASKS, TrainConfig)
+from neutronorch.config import (CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, HOT_SETS, MODE_CHOICES,
+                                READ_ORDERS, TASKS, TrainConfig)
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec
-from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, PRECISIONS
+from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, NORMS, PRECISIONS
 
 __all__ = ["RUN_FOLDER_KEYS", "build_parser"]
 

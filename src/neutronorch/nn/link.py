@@ -16,10 +16,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from neutronorch.nn.models import GNN
+from neutronorch.nn.names import LINK_HEADS
 
 __all__ = ["LINK_HEADS", "DotHead", "LinkModel", "MLPHead", "make_head"]
 
-LINK_HEADS = ("dot", "mlp")
 
 
 class DotHead(nn.Module):

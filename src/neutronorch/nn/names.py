@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 MODELS = ("sage", "gcn", "gat")
+LINK_HEADS = ("dot", "mlp")  # how a link task scores a pair of embeddings (nn/link.py)
 NORMS = ("none", "layer", "batch")  # between layers
 GCN_NORMS = ("symmetric", "mean")
 # plain: a stack of graph layers with ReLU and dropout between; blocks: residual graph blocks between an

@@ -27,7 +27,7 @@ from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.mode import StepHooksUnused, StepInputs
 from neutronorch.orchestration.pipeline import Prefetcher
-from neutronorch.orchestration.seeds import NodeSeeds, SeedBatch
+from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.exclude import exclude_edges
 from neutronorch.sampling.neighbor_sampler import batch_key
@@ -64,11 +64,11 @@ class DeviceMode(StepHooksUnused):
     def _produce(self, epoch: int, start: int) -> Iterator[MiniBatch]:
         sampler = make_device_sampler(self.reader.indptr, self.reader.indices, self.sampling.fanouts,
                                       self.sampling.degrees)
-        batches: list[tuple[int, SeedBatch]] = list(enumerate(self.seeds.epoch(epoch)))[start:]
+        batches = self.seeds.epoch(epoch)
         with torch.cuda.stream(self.sample_stream) if self.sample_stream is not None else nullcontext():
             # A few mini-batches per call: the device sampler reads the device once for them all.
-            for first in range(0, len(batches), SAMPLE_GROUP):
-                group = batches[first:first + SAMPLE_GROUP]
+            for first in range(start, len(batches), SAMPLE_GROUP):
+                group = [(index, batches[index]) for index in range(first, min(first + SAMPLE_GROUP, len(batches)))]
                 with self.spans.stage("sample"):
                     seeds = [batch.seeds.to(self.device, non_blocking=True) for _, batch in group]
                     subgraphs = sampler.sample_many(seeds, [batch_key(self.sampling.seed, epoch, index)

@@ -20,7 +20,7 @@ from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.orchestration.host_loader import HostLoader
 from neutronorch.orchestration.mode import StepHooksUnused, StepInputs
 from neutronorch.orchestration.pipeline import Prefetcher
-from neutronorch.orchestration.seeds import NodeSeeds, SeedBatch
+from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.exclude import exclude_edges
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 
@@ -55,9 +55,9 @@ class ExactMode(StepHooksUnused):
         # A fresh sampler per producer thread: its vertex map is thread-private state.
         sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees,
                                   self.sampling.file_order)
-        for index, batch in enumerate(self.seeds.epoch(epoch)):
-            if index < start:
-                continue
+        batches = self.seeds.epoch(epoch)
+        for index in range(start, len(batches)):
+            batch = batches[index]
             with self.spans.stage("sample"):
                 subgraph = sampler.sample(batch.seeds.numpy(), batch_key(self.sampling.seed, epoch, index))
                 if batch.exclude is not None:

@@ -13,6 +13,8 @@ the global batch, so that a rank samples exactly what one process with the whole
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -31,24 +33,24 @@ class LinkSeeds:
         self.num_nodes, self.sampling, self.negatives = int(num_nodes), sampling, int(negatives)
         self.num_batches = -(-self.edges.shape[1] // (sampling.batch_size * sampling.world))
 
-    def epoch(self, epoch: int) -> list[SeedBatch]:
-        """This rank's part of every mini-batch of ``epoch``, in batch order."""
-        sampling = self.sampling
-        count = self.edges.shape[1]
-        order = epoch_order(torch.arange(count), sampling.seed, epoch) if sampling.shuffle else torch.arange(count)
-        batches = []
-        for index, chunk in enumerate(torch.split(order, sampling.batch_size * sampling.world)):
-            positives = self.edges[:, chunk]
-            negatives = draw_negatives(batch_key(sampling.seed, epoch, index), positives.shape[1], self.negatives,
-                                       self.num_nodes)
-            excluded = positives  # the global batch's: each rank samples what one process would
-            if sampling.world > 1:
-                part = torch.tensor_split(torch.arange(positives.shape[1]), sampling.world)[sampling.rank]
-                positives, negatives = positives[:, part], negatives[part]
-            seeds, targets = pair_targets(positives, negatives)
-            batches.append(SeedBatch(seeds, targets, exclude=excluded))
-        return batches
+    def epoch(self, epoch: int) -> "LinkEpoch":
+        """This rank's part of every mini-batch of ``epoch``, in batch order: each made when it is asked for
+        (a whole epoch of a large graph's batches would hold gigabytes and delay the first batch)."""
+        return LinkEpoch(self, epoch)
 
+    def batch(self, epoch: int, index: int, order: torch.Tensor) -> SeedBatch:
+        """Mini-batch ``index`` of ``epoch``, whose edge order is ``order``."""
+        sampling = self.sampling
+        size = sampling.batch_size * sampling.world
+        positives = self.edges[:, order[index * size:(index + 1) * size]]
+        negatives = draw_negatives(batch_key(sampling.seed, epoch, index), positives.shape[1], self.negatives,
+                                   self.num_nodes)
+        excluded = positives  # the global batch's: each rank samples what one process would
+        if sampling.world > 1:
+            part = torch.tensor_split(torch.arange(positives.shape[1]), sampling.world)[sampling.rank]
+            positives, negatives = positives[:, part], negatives[part]
+        seeds, targets = pair_targets(positives, negatives)
+        return SeedBatch(seeds, targets, exclude=excluded)
 
     def rank_shares(self, epoch: int) -> np.ndarray:
         """Per mini-batch: ``world`` times this rank's share of the global batch's positives (each a loss term
@@ -59,6 +61,24 @@ class LinkSeeds:
         mine = np.array([torch.tensor_split(torch.arange(int(n)), sampling.world)[sampling.rank].shape[0]
                          for n in sizes])
         return np.where(sizes > 0, sampling.world * mine / np.maximum(sizes, 1), 1.0)
+
+
+class LinkEpoch(Sequence):
+    """One epoch's mini-batches (``LinkSeeds.epoch``): its edge order drawn once, each batch made on access."""
+
+    def __init__(self, seeds: LinkSeeds, epoch: int):
+        count = seeds.edges.shape[1]
+        shuffled = seeds.sampling.shuffle
+        self.seeds, self.epoch = seeds, epoch
+        self.order = epoch_order(torch.arange(count), seeds.sampling.seed, epoch) if shuffled else torch.arange(count)
+
+    def __len__(self) -> int:
+        return self.seeds.num_batches
+
+    def __getitem__(self, index: int) -> SeedBatch:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self.seeds.batch(self.epoch, index, self.order)
 
 
 def draw_negatives(key: int, positives: int, per_positive: int, num_nodes: int) -> torch.Tensor:

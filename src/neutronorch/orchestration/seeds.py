@@ -40,6 +40,7 @@ class NodeSeeds:
         self.num_batches = batches_per_epoch(graph, sampling)
 
     def epoch(self, epoch: int) -> list[SeedBatch]:
+        """Every mini-batch of ``epoch`` (a sequence: ``len`` and indexing, as ``LinkSeeds.epoch``'s)."""
         return [SeedBatch(seeds) for seeds in epoch_batches(self.train_idx, self.sampling, epoch)]
 
     def rank_shares(self, epoch: int) -> np.ndarray:

@@ -96,7 +96,7 @@ class LinkTask:
 
     def loss_weight(self, targets: torch.Tensor) -> torch.Tensor:
         """The positives a rank's loss averages (its weight in the data-parallel gradient mean)."""
-        return torch.tensor(float(targets.shape[0]), device=targets.device)
+        return torch.full((), float(targets.shape[0]), device=targets.device)  # a fill there, not a copy to it
 
 
 @torch.no_grad()
