@@ -283,3 +283,32 @@ def test_an_ogb_link_dataset_trains_with_its_own_split_negatives_and_metric(tmp_
     summary = train(config(dataset=str(tmp_path / "ogbl_citation2"), batch_size=64, link_head="mlp"))
     assert summary["metric"] == "mrr" and summary["link"]["negatives"] == "per-source"
     assert 0 < summary["final_test_mrr"] <= 1 and "test_hits_10" in summary["link"]["final"]
+
+
+class _StepLosses:
+    """A ``train`` progress callback that keeps the running mean loss after every step, bit for bit."""
+
+    def __init__(self):
+        self.means = []
+
+    def __call__(self, epoch, done, total):
+        pass
+
+    def loss(self, epoch, mean):
+        self.means.append(float(mean).hex())
+
+
+def test_a_link_run_with_two_threads_repeats_itself_bit_for_bit():
+    # Each seed's embedding is picked many times by a batch's pairs. Picked by advanced indexing, its
+    # gradient was summed by torch's CPU index_put_ with atomic additions from both threads (at 512 pairs x 64
+    # columns, over torch's grain of 32,768 elements): the order of the sums followed the threads' timing, and
+    # two identical runs parted in their last bits from the first step on (nn/rows.py).
+    runs = []
+    for _ in range(2):
+        steps = _StepLosses()
+        summary = train(config(dataset="synthetic:nodes=2000,degree=8,features=16,classes=4,seed=0",
+                               split="edges:0.85,0.05", hidden=64, batch_size=512, epochs=2, threads=2),
+                        progress=steps)
+        runs.append((steps.means, [float(e["train_loss"]).hex() for e in summary["epochs"]], summary["link"]["final"]))
+    assert len(runs[0][0]) > 20
+    assert runs[0] == runs[1]

@@ -455,3 +455,54 @@ def test_splice_index_made_from_tensors_carries_the_table_positions():
     torch.testing.assert_close(index.table_pos, expected)
     torch.testing.assert_close(direct.table_pos, expected)
     assert index.to(torch.device("cpu")).table_pos is not None and len(index.tensors()) == 5
+
+
+def test_take_rows_is_indexing_whose_gradient_repeats_itself_with_two_threads():
+    from neutronorch.nn.rows import take_rows
+    from neutronorch.train.resources import torch_threads
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(50, 16, generator=generator)
+    index = torch.randint(0, 50, (4096, 3), generator=generator)  # every row picked about 250 times
+    weight = torch.randn(4096, 3, 16, generator=generator)
+
+    def gradient(pick, threads=2):
+        with torch_threads(threads):
+            leaf = x.clone().requires_grad_()
+            (pick(leaf) * weight).sum().backward()
+            return leaf.grad
+
+    def take(leaf):
+        return take_rows(leaf, index)
+
+    assert torch.equal(take(x), x[index])
+    first = gradient(take)
+    assert all(torch.equal(gradient(take), first) for _ in range(5))
+    assert torch.equal(gradient(take, threads=1), first)  # summed in the index's order either way
+    exact = torch.zeros(50, 16, dtype=torch.float64).index_add_(0, index.reshape(-1), weight.reshape(-1, 16).double())
+    torch.testing.assert_close(first.double(), exact, rtol=1e-5, atol=1e-4)  # the sum of each row's picks
+
+
+def test_gat_gradients_repeat_themselves_with_two_threads(small_csc):
+    # 4 heads x (edges + self loops) > torch's grain of 32,768 elements: indexing's backward (the scores
+    # picked per edge) would add atomically from both threads, in an order that followed their timing.
+    from neutronorch.train.resources import torch_threads
+
+    indptr, indices = small_csc
+    block = NeighborSampler(indptr, indices, [60], degrees=True).sample(np.arange(300), 3).blocks[0]
+    assert 4 * (block.num_edges + block.num_dst) >= 1 << 15
+    torch.manual_seed(0)
+    layer = GATConv(8, 16, heads=4)
+    x = torch.randn(block.num_src, 8)
+    weight = torch.randn(block.num_dst, 16)
+
+    def gradients():
+        layer.zero_grad(set_to_none=True)
+        leaf = x.clone().requires_grad_()
+        (layer(block, leaf) * weight).sum().backward()
+        return [leaf.grad] + [p.grad for p in layer.parameters()]
+
+    with torch_threads(2):
+        first = gradients()
+        for _ in range(5):
+            assert all(torch.equal(a, b) for a, b in zip(gradients(), first))

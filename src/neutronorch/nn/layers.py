@@ -17,6 +17,7 @@ from neutronorch.nn.aggregation import fused_mean_linear, mean_aggregate, symmet
 from neutronorch.nn.attention import attention_aggregate, attention_edges
 from neutronorch.nn.bucket import linear, project
 from neutronorch.nn.names import GCN_NORMS
+from neutronorch.nn.rows import take_rows
 from neutronorch.sampling.block import Block
 
 
@@ -130,7 +131,8 @@ class GATConv(nn.Module):
         score_src = (z32 * self.attn_src).sum(-1)
         score_dst = (block.dst_rows(z32) * self.attn_dst).sum(-1)
         src, dst = attention_edges(block)  # the block's edges, then a self loop per destination
-        logits = F.leaky_relu(score_src[src] + score_dst[dst], self.negative_slope)
+        # Per edge: take_rows sums the gradients of a vertex's many edges in a fixed order (nn/rows.py).
+        logits = F.leaky_relu(take_rows(score_src, src) + take_rows(score_dst, dst), self.negative_slope)
         peak = torch.full((n_dst, self.heads), float("-inf"), dtype=logits.dtype, device=logits.device)
         peak = peak.scatter_reduce(0, dst.unsqueeze(1).expand_as(logits), logits.detach(), reduce="amax")
         weights = torch.exp(logits - peak[dst])
@@ -140,7 +142,7 @@ class GATConv(nn.Module):
         ids = None
         if self.training and self.attention_dropout > 0 and block.src_ids is not None:
             ids = edge_ids(block.dst_ids.index_select(0, dst), block.src_ids.index_select(0, src))
-        alpha = keyed_dropout(weights / total[dst], self.attention_dropout, self.training, ids)
+        alpha = keyed_dropout(weights / take_rows(total, dst), self.attention_dropout, self.training, ids)
         out = attention_aggregate(block, z32.view(-1, self.out_dim), alpha, self.heads, (src, dst))
         return (out + self.bias).to(z.dtype)
 

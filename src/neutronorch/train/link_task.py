@@ -27,6 +27,7 @@ from neutronorch.data.links import PER_SOURCE, SHARED, check_link_split, parse_l
 from neutronorch.errors import ConfigError
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.link import LinkModel
+from neutronorch.nn.rows import take_rows
 from neutronorch.orchestration.link_seeds import draw_negatives
 from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.train.distributed import World
@@ -87,10 +88,11 @@ class LinkTask:
         """Binary cross-entropy of the batch's positives (label 1) and negatives (label 0)."""
         if targets.shape[0] == 0:
             return embeddings.sum() * 0.0
-        source = embeddings[targets[:, 0]]
-        positive = self.model.score(source, embeddings[targets[:, 1]])
-        negatives = targets[:, 2:]
-        negative = self.model.score(source.unsqueeze(1).expand(-1, negatives.shape[1], -1), embeddings[negatives])
+        # Each seed's row is picked many times: take_rows sums their gradients in a fixed order (nn/rows.py).
+        rows = take_rows(embeddings, targets)  # (positives, 2 + negatives, width)
+        source = rows[:, 0]
+        positive = self.model.score(source, rows[:, 1])
+        negative = self.model.score(source.unsqueeze(1).expand(-1, targets.shape[1] - 2, -1), rows[:, 2:])
         return (F.binary_cross_entropy_with_logits(positive, torch.ones_like(positive))
                 + F.binary_cross_entropy_with_logits(negative, torch.zeros_like(negative)))
 
