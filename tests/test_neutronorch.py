@@ -251,19 +251,27 @@ def test_the_planner_makes_the_most_frequent_destinations_hot(graph):
               for i in range(3)]
     planner = Planner(graph.indptr, bottom_fanout=3)
     plan = planner.plan(7, 0, uppers, ratio=0.5)
-    bottoms = np.concatenate([u.frontiers[0].numpy() for _, _, u in uppers])
-    ids, freq = np.unique(bottoms, return_counts=True)
-    by_id = dict(zip(ids.tolist(), freq.tolist()))
+    # A mini-batch's seeds lead its bottom-layer destinations; only their other appearances can be served hot.
+    for _, _, u in uppers:
+        assert np.array_equal(u.frontiers[0][:u.seeds.shape[0]].numpy(), u.seeds.numpy())
+    ids = np.unique(np.concatenate([u.frontiers[0].numpy() for _, _, u in uppers]))
+    servable = np.concatenate([u.frontiers[0][u.seeds.shape[0]:].numpy() for _, _, u in uppers])
+    by_id = dict(zip(*(a.tolist() for a in np.unique(servable, return_counts=True))))
     hot_freq = [by_id[v] for v in plan.hot.tolist()]
     assert hot_freq == sorted(hot_freq, reverse=True)
-    assert min(hot_freq) >= max([by_id[v] for v in set(ids.tolist()) - set(plan.hot.tolist())], default=0)
+    assert min(hot_freq) >= max([by_id.get(v, 0) for v in set(ids.tolist()) - set(plan.hot.tolist())], default=0)
     assert len(plan.hot) == round(0.5 * len(ids)) == plan.stats.hot and plan.stats.reached == len(ids)
     for item, (_, _, upper) in zip(plan.batches, uppers):
         dst = upper.frontiers[0].numpy()
         assert sorted(np.concatenate([item.cold_pos, item.hot_pos]).tolist()) == list(range(dst.shape[0]))
         assert np.array_equal(plan.hot[item.hot_rows], dst[item.hot_pos])
-        assert not np.isin(dst[item.cold_pos], plan.hot).any()
+        assert not np.isin(dst[item.cold_pos[item.cold_pos >= upper.seeds.shape[0]]], plan.hot).any()
+        assert (item.hot_pos >= upper.seeds.shape[0]).all()  # never its own seeds
+        assert np.isin(dst[:upper.seeds.shape[0]], plan.hot).any()  # though some are hot elsewhere
     assert plan.stats.hot_appearances == sum(b.hot_pos.shape[0] for b in plan.batches)
+    assert plan.stats.appearances == sum(u.frontiers[0].shape[0] for _, _, u in uppers)
+    # At ratio 1 only what a hot row can serve is hot: a vertex reached only as its own batch's seed is not.
+    assert set(planner.plan(7, 0, uppers, ratio=1.0).hot.tolist()) == set(by_id)
     # Scratch arrays are left clean: a second plan of the same input is the same plan.
     again = planner.plan(7, 0, uppers, ratio=0.5)
     assert np.array_equal(again.hot, plan.hot)
@@ -306,7 +314,8 @@ def test_the_device_planner_plans_what_the_host_planner_plans(graph, fanout):
 
 
 def test_the_planner_kernels_rank_index_and_split_as_numpy_does():
-    from neutronorch.orchestration.neutronorch.planner import index_appearances, rank_by_count, split_hot_cold
+    from neutronorch.orchestration.neutronorch.planner import (index_appearances, rank_by_count, seed_entries,
+                                                              split_hot_cold)
 
     rng = np.random.default_rng(0)
     for n, top in [(0, 1), (1, 1), (500, 1), (5000, 8), (3000, 40)]:
@@ -325,10 +334,14 @@ def test_the_planner_kernels_rank_index_and_split_as_numpy_does():
     row_of[hot] = np.arange(hot.shape[0])
     saved_of = rng.integers(0, 9, distinct.shape[0])
     offsets = np.concatenate(([0], np.cumsum(sizes)))
-    positions, rows, hot_counts, saved = split_hot_cold(index, offsets, row_of, saved_of)
+    fresh = np.array([0, 37, 1, 0], np.int64)  # each batch's leading entries kept cold (its seeds)
+    positions, rows, hot_counts, saved = split_hot_cold(index, offsets, row_of, saved_of, fresh)
+    assert np.array_equal(seed_entries(offsets, fresh), np.concatenate([np.arange(f) + o for o, f in
+                                                                        zip(offsets[:-1], fresh)]))
     for b in range(len(sizes)):
         part = index[offsets[b]:offsets[b + 1]]
         is_hot = row_of[part] >= 0
+        is_hot[:fresh[b]] = False
         lo, mid, hi = offsets[b], offsets[b] + hot_counts[b], offsets[b + 1]
         assert np.array_equal(positions[lo:mid], np.flatnonzero(is_hot))
         assert np.array_equal(positions[mid:hi], np.flatnonzero(~is_hot))
@@ -389,8 +402,10 @@ def test_neutronorch_mode_learns(model):
 
 @pytest.mark.slow
 def test_every_destination_hot_and_auto_ratio_run(graph):
+    # Ratio 1: every bottom-layer destination hot but each mini-batch's own seeds (the planner's test checks
+    # which rows exactly): here about a tenth of the rows.
     summary = train(config(mode="neutronorch", hot_ratio=1.0, epochs=1), graph=graph)
-    assert summary["hot"]["reuse_rate"] == 1.0
+    assert 0.8 < summary["hot"]["reuse_rate"] < 1.0
     # A huge error budget leaves r to the speed tuner, which moves it between epochs.
     summary = train(config(mode="neutronorch", hot_ratio="auto", hot_error_budget=1e9, epochs=4, super_batch=1),
                     graph=graph)

@@ -4,9 +4,10 @@ With device sampling the cold sampler samples every hop of every mini-batch on t
 does, and plans each super-batch there too: the host neither samples upper hops nor counts destinations,
 and receives only H_s, whose rows it computes. The plan is the host planner's, entry for entry: the
 distinct bottom-layer destinations in order of first appearance (a scatter-min of positions over a
-per-vertex scratch array), their counts (a bincount), ranked by count with ties in first-appearance order
-(one stable sort), the top ``ratio`` (capped as the host caps it) made hot. A handful of small reads back
-per super-batch (sizes and the hot set), none per destination.
+per-vertex scratch array), their counts where a hot row can serve them (a bincount of the entries that
+are not their mini-batch's own seeds), ranked by count with ties in first-appearance order (one stable
+sort), the top ``ratio`` (capped as the host caps it) made hot. A handful of small reads back per
+super-batch (sizes and the hot set), none per destination.
 """
 
 from __future__ import annotations
@@ -48,11 +49,18 @@ class DevicePlanner:
         num_distinct = distinct.shape[0]
         slot.index_copy_(0, distinct, torch.arange(num_distinct, device=device))
         index = slot.index_select(0, dst)  # each entry's distinct vertex
-        appear = torch.bincount(index, minlength=num_distinct)
+        # Each mini-batch's own seeds (its first destinations) stay cold and their appearances there do not
+        # count (``planner.py``).
+        batch_of = torch.bucketize(positions, torch.from_numpy(offsets[1:]).to(device), right=True)
+        starts = torch.from_numpy(offsets[:-1]).to(device)
+        fresh = torch.tensor([upper.seeds.shape[0] for _, _, upper in uppers], dtype=torch.int64, device=device)
+        is_seed = (positions - starts.index_select(0, batch_of)) < fresh.index_select(0, batch_of)
+        appear = torch.bincount(index[~is_seed], minlength=num_distinct)
         ranked = torch.sort(appear, descending=True, stable=True).indices
         capped = False
         if hot is None:
-            num_hot = min(num_distinct, int(round(ratio * num_distinct)))
+            servable = int(torch.count_nonzero(appear))
+            num_hot = min(servable, int(round(ratio * num_distinct)))
             if cap is not None:
                 limit, capped = cap(appear.index_select(0, ranked).cpu().numpy())
                 num_hot = min(num_hot, limit)
@@ -71,9 +79,8 @@ class DevicePlanner:
         # The bottom-hop edges each hot vertex spares the device (all its neighbours with fanout -1).
         degree = (self.indptr.index_select(0, hot_ids + 1) - self.indptr.index_select(0, hot_ids)).long()
         saved_of = degree if self.bottom_fanout < 0 else degree.clamp(max=self.bottom_fanout)
-        entry_row = row_of.index_select(0, index)
+        entry_row = row_of.index_select(0, index).masked_fill_(is_seed, -1)
         is_hot = entry_row >= 0
-        batch_of = torch.bucketize(positions, torch.from_numpy(offsets[1:]).to(device), right=True)
         hot_entries = torch.nonzero(is_hot).squeeze(1)
         cold_entries = torch.nonzero(~is_hot).squeeze(1)
         hot_batch = batch_of.index_select(0, hot_entries)

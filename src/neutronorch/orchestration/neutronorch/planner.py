@@ -6,6 +6,14 @@ No threads, no parameters, no device: tested on its own. The planning loop calls
 The hot set H_s is the top ``ratio`` of the vertices reached among the super-batch's bottom-layer
 destinations, ranked by how often they appear there (most frequent first), optionally capped by
 ``cap(ranked counts)`` (the staleness-error cap of ``controller.py``).
+
+A mini-batch's own seeds are never served hot in it: their bottom-layer rows are computed fresh on the
+device, and only their appearances in other mini-batches count towards their rank. A seed's bottom row
+feeds its own output (the self term of every layer above), where the loss is read, so a stale one moves
+the loss most; in a link task the seeds are the ends of the scored pairs, drawn in proportion to their
+degree (the hottest vertices are seeds of most mini-batches), and serving them stale rows made training
+diverge (Amazon Photo, ``docs/link-prediction.md``). The seeds lead each mini-batch's bottom-layer
+destinations (every hop keeps its destinations first), so they are its first ``upper.seeds`` positions.
 """
 
 from __future__ import annotations
@@ -121,12 +129,13 @@ def index_appearances(nodes, slot):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def split_hot_cold(index, offsets, row_of, saved_of):
+def split_hot_cold(index, offsets, row_of, saved_of, fresh):
     """For each mini-batch ``b`` (entries ``offsets[b]:offsets[b + 1]`` of ``index``, the distinct-vertex
     numbers of its bottom-layer destinations): the positions of its hot destinations, ascending, then those
     of its cold ones (in ``positions``, over the same range), the hot ones' rows of the hot table (``rows``,
     at the front of the range), how many are hot, and the bottom-hop edges not sampled on the device
-    because they are. ``row_of``/``saved_of``: per distinct vertex, its hot row (-1: cold) and those edges."""
+    because they are. ``row_of``/``saved_of``: per distinct vertex, its hot row (-1: cold) and those edges;
+    ``fresh[b]``: the first ``fresh[b]`` destinations of mini-batch ``b`` are cold whatever their vertex."""
     batches = offsets.shape[0] - 1
     positions = np.empty(index.shape[0], np.int64)
     rows = np.empty(index.shape[0], np.int64)
@@ -134,8 +143,9 @@ def split_hot_cold(index, offsets, row_of, saved_of):
     saved = np.zeros(batches, np.int64)
     for b in prange(batches):
         lo, hi = offsets[b], offsets[b + 1]
+        start = min(hi, lo + fresh[b])
         h, edges = lo, 0
-        for i in range(lo, hi):
+        for i in range(start, hi):
             row = row_of[index[i]]
             if row >= 0:
                 positions[h] = i - lo
@@ -144,10 +154,19 @@ def split_hot_cold(index, offsets, row_of, saved_of):
                 edges += saved_of[index[i]]
         hot[b], saved[b] = h - lo, edges
         for i in range(lo, hi):
-            if row_of[index[i]] < 0:
+            if i < start or row_of[index[i]] < 0:
                 positions[h] = i - lo
                 h += 1
     return positions, rows, hot, saved
+
+
+def seed_entries(offsets: np.ndarray, fresh: np.ndarray) -> np.ndarray:
+    """The entries of the concatenated bottom-layer destinations that are their own mini-batch's seeds (the
+    first ``fresh[b]`` of mini-batch ``b``, which starts at ``offsets[b]``)."""
+    if fresh.sum() == 0:
+        return np.empty(0, np.int64)
+    starts = np.repeat(offsets[:-1] - np.cumsum(fresh) + fresh, fresh)
+    return np.arange(int(fresh.sum()), dtype=np.int64) + starts
 
 
 class Planner:
@@ -167,12 +186,16 @@ class Planner:
         offsets = np.zeros(len(bottoms) + 1, np.int64)
         np.cumsum([b.shape[0] for b in bottoms], out=offsets[1:])
         dst = np.concatenate(bottoms) if bottoms else np.empty(0, np.int64)
+        fresh = np.array([upper.seeds.shape[0] for _, _, upper in uppers], np.int64)
         distinct, appear, index = index_appearances(dst, self._slot)
+        # Only the appearances a hot row can serve count: not those as their own mini-batch's seeds.
+        appear -= np.bincount(index[seed_entries(offsets, fresh)], minlength=distinct.shape[0]).astype(np.int32)
         ranked = rank_by_count(appear)
         capped = False
         row_of = np.full(distinct.shape[0], -1, np.int32)  # per distinct vertex: its hot row, or -1
         if hot is None:
-            num_hot = min(distinct.shape[0], int(round(ratio * distinct.shape[0])))
+            servable = int(np.count_nonzero(appear))
+            num_hot = min(servable, int(round(ratio * distinct.shape[0])))
             if cap is not None:
                 limit, capped = cap(appear[ranked])
                 num_hot = min(num_hot, limit)
@@ -190,12 +213,12 @@ class Planner:
         degree = self.indptr[vertices + 1] - self.indptr[vertices]
         saved_of = np.zeros(distinct.shape[0], np.int64)
         saved_of[hot_distinct] = degree if self.bottom_fanout < 0 else np.minimum(degree, self.bottom_fanout)
-        positions, rows, hot_counts, saved = split_hot_cold(index, offsets, row_of, saved_of)
+        positions, rows, hot_counts, saved = split_hot_cold(index, offsets, row_of, saved_of, fresh)
         planned = []
         for b, (batch, key, upper) in enumerate(uppers):
             lo, mid, hi = offsets[b], offsets[b] + hot_counts[b], offsets[b + 1]
             planned.append(PlannedBatch(batch, key, upper, positions[mid:hi], positions[lo:mid], rows[lo:mid],
                                         int(saved[b])))
-        stats = PlanStats(epoch, num_hot, int(distinct.shape[0]), int(appear.sum()), int(hot_counts.sum()),
+        stats = PlanStats(epoch, num_hot, int(distinct.shape[0]), int(dst.shape[0]), int(hot_counts.sum()),
                           int(saved.sum()), error_capped=capped)
         return Plan(super_batch_id, epoch, planned, hot, distinct[ranked[:PROBE_ROWS]], stats)
