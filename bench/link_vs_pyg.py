@@ -1,14 +1,18 @@
 #!/usr/bin/env python
-"""Link prediction: neutronorch's ``--task link`` against PyG 2.8's ``LinkNeighborLoader``, same model and split.
+"""Link prediction: neutronorch's ``--task link`` against PyG 2.8's and DGL 2.1's link loaders, same model and split.
 
     python bench/link_vs_pyg.py [--datasets cora,citeseer,amazon_photo,synthetic1m] \
-        [--modes exact,neutronorch,exact:bf16] [--seeds 0,1,2] [--epochs N] [--max-batches N] [--eval-edges N] \
-        [--fanouts 10,10] [--hidden 128] [--batch-size 1024] [--lr 0.005] [--dropout 0.3] \
+        [--modes exact,neutronorch,exact:bf16] [--peers pyg,dgl] [--seeds 0,1,2] [--epochs N] [--max-batches N] \
+        [--eval-edges N] [--fanouts 10,10] [--hidden 128] [--batch-size 1024] [--lr 0.005] [--dropout 0.3] \
         [--pyg-negatives binary|triplet] [--pyg-exclude] [--no-pyg-trim] [--curve] [--json OUT]
+
+**The peers** (``--peers``, default both where their package imports under ``--peers-python``, the
+``.venv-peers`` interpreter: ``bench/peers/README.md``): PyG and DGL, each a side of the turns like each of our
+modes.
 
 **The split.** One per graph: our ``link_graph`` (``edges:0.85,0.05``, seed ``--split-seed``) splits it once
 and the result is written to ``bench/out/link-split-<graph>-s<seed>.npz`` (training message-passing topology,
-training, validation and test edges), which both sides read: they train on the same supervision edges over
+training, validation and test edges), which every side reads: they train on the same supervision edges over
 the same message-passing graph (the training edges, both directions; no validation or test edge).
 
 **The model.** GraphSAGE-mean with one layer per fanout (``--fanouts``), ``--hidden`` wide at every layer (the
@@ -23,35 +27,51 @@ num_neighbors=fanouts, edge_label_index=training edges, batch_size, shuffle=True
 positive) or triplet negatives (``--pyg-negatives triplet``: a random destination for each positive's source,
 as ours draws them). PyG's model computes only what the layers above need (the per-hop counts recovered from
 the batch as ``loader_vs_pyg.hop_counts`` does; ``--no-pyg-trim``: every layer over every sampled vertex).
+DGL: ``dgl.nn.SAGEConv`` mean layers (``loader_vs_dgl.sage``: the same function, its own initial weights), the
+two ends' embeddings scored by ``u_dot_v`` on the batch's positive and negative pair graphs, over
+``dgl.dataloading.DataLoader(graph, training edge ids, as_edge_prediction_sampler(NeighborSampler(fanouts
+reversed: DGL lists the input layer first), exclude="reverse_id", reverse_eids=..., negative_sampler=
+Uniform(1)), batch_size, shuffle=True)``: the graph is the message-passing topology, one directed edge per CSC
+entry (edge id = CSC position), each training edge ``u - v`` seeded as the id of ``u -> v``; ``Uniform(1)``
+draws a random destination for each positive's source, as ours does. DGL's ``SAGEConv`` starts from
+Xavier-uniform weights with ReLU gain, on Cora's 1,433 inputs about 3x the bound of torch's default that PyG's
+layers use: on Cora (40 epochs, seeds 0 and 1) DGL's side reached test MRR 0.490 and 0.495 with its own
+weights and 0.438 and 0.430 with every ``Linear`` reset to torch's default.
 
 **Seed edges.** Ours removes each batch's positive edges (both directions, every hop) from the batch's sampled
 graph (``sampling/exclude.py``). PyG's ``LinkNeighborLoader`` does not (its documentation says so; its
 remedy is a split whose supervision edges are disjoint from the message-passing edges,
 ``RandomLinkSplit(disjoint_train_ratio=...)``, a different training set). ``--pyg-exclude`` removes them from
 PyG's batches in the loop (torch ops on ``batch.edge_index``, timed with the epoch), so that with
-``--pyg-negatives triplet`` both sides train the same way.
+``--pyg-negatives triplet`` both sides train the same way. DGL removes them by itself: ``exclude="reverse_id"``
+with the map from each directed edge's id to its reverse's (built from the message-passing topology) keeps the
+batch's seed edges and their reverses out of every hop's sampling. It leaves them out before drawing a
+vertex's neighbours (up to the fanout among the others), where ours draws first and then drops them.
 
 **Features.** Both sides read the same rows, scaled as ``--feature-norm`` says (``l1``: PyG's
 ``NormalizeFeatures``, each row divided by its sum; ``l2``: unit rows; ``none``). Raw bag-of-words rows of a few
 hundred ones (Amazon Photo) make the first dot products huge and every ReLU dies at this lr on both sides.
 
-**Evaluation: one protocol and one code for both.** After the last epoch, the embeddings of every vertex from
-its full neighbourhood over the training graph (ours: ``train()``'s own evaluation, layer by layer; PyG: its
-model full-batch over a ``SparseTensor`` of the training graph, the same function), then each validation and
-test positive against ``--eval-negatives`` destinations per positive drawn by our ``draw_negatives`` from the
-run's seed as ``evaluate_links`` draws them, scored by our ``train/link_metrics.py`` (MRR, Hits@10/50,
-ROC-AUC). ``--eval-edges N`` scores a fixed random N of the validation and of the test edges on both sides
+**Evaluation: one protocol and one code for every side.** After the last epoch, the embeddings of every
+vertex from its full neighbourhood over the training graph (ours: ``train()``'s own evaluation, layer by layer;
+PyG: its model full-batch over a ``SparseTensor`` of the training graph, the same function; DGL: its model
+full-graph, every layer over the whole training graph), then each validation and test positive against
+``--eval-negatives`` destinations per positive drawn by our ``draw_negatives`` from the run's seed as
+``evaluate_links`` draws them, scored by our ``train/link_metrics.py`` (``score_links``: MRR, Hits@10/50,
+ROC-AUC). ``--eval-edges N`` scores a fixed random N of the validation and of the test edges on every side
 (all of them stay out of message passing). ``--curve`` evaluates after every epoch (not timed).
 
 **Timing.** Each (graph, seed) starts one process per side and the sides take turns epoch by epoch, the order
 reversed every other epoch (A B C, C B A; ``own_loop.Side``, shared with ``loader_vs_pyg.py`` and
 ``loader_vs_dgl.py``); after training each side evaluates and ends in turn. An epoch's time is training only:
 ours the summary's ``epochs[i]["seconds"]`` less the time the process waited for its turn at the epoch's end
-(it waits in ``train()``'s progress callback after the epoch's last step); PyG's the loop over its loader.
-Ratios are of medians over every epoch of every seed (``--skip-first`` drops each run's first).
-``--max-batches N`` makes an epoch N batches on a graph with more: both sides then train on the same fixed
-random N x batch-size of the training edges (every epoch over them, reshuffled), message passing still over
-the whole training graph; the output says so.
+(it waits in ``train()``'s progress callback after the epoch's last step); PyG's and DGL's the loop over
+their loader. Ratios are of medians over every epoch of every seed (``--skip-first`` drops each run's first);
+against each peer the JSON also holds the paired ratio (``paired_to_<peer>``: the median of the per-epoch
+ratios, epoch i of a seed against the peer's epoch i of that seed), which the table shows in brackets in DGL's
+column. ``--max-batches N`` makes an epoch N batches on a graph with more: every side then trains on the same
+fixed random N x batch-size of the training edges (``prepared_graph``; every epoch over them, reshuffled),
+message passing still over the whole training graph; the output says so.
 
 **Graphs** (``--datasets``, comma-separated ``NAME[:EPOCHS]``): a folder under ``../shared/datasets`` (``cora``,
 ``citeseer``, ``amazon_photo``, ``amazon_computers``, ...), ``synthetic1m`` (the 1M-vertex benchmark graph
@@ -117,18 +137,20 @@ def parse_args(argv=None):
     p.add_argument("--eval-edges", type=int,
                    help="score a fixed random N of the validation and of the test edges (0: all; default: the "
                         "graph's preset, else 0); they stay out of message passing all the same")
+    p.add_argument("--peers", help="comma-separated peers to run, of pyg and dgl (default: both, each where its "
+                                   "package imports under --peers-python)")
     p.add_argument("--pyg-negatives", choices=("binary", "triplet"), default="binary")
     p.add_argument("--pyg-trim", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--pyg-exclude", action="store_true", help="remove each batch's seed edges from PyG's batches")
     p.add_argument("--curve", action="store_true", help="evaluate after every epoch (not timed)")
     p.add_argument("--skip-first", action="store_true", help="leave each run's first epoch out of the medians")
-    p.add_argument("--threads", type=int, default=2, help="torch threads on both sides")
+    p.add_argument("--threads", type=int, default=2, help="torch threads on every side")
     p.add_argument("--peers-python", default=str(PEERS))
     p.add_argument("--ours-python", default=sys.executable)
     p.add_argument("--json", help="write every record here")
     # a worker's own: Side appends --worker and --loop (here: ours' mode, or pyg)
     p.add_argument("--one", help=argparse.SUPPRESS)  # graph label|spec|split file|seed
-    p.add_argument("--worker", choices=("ours", "pyg"), help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=("ours", "pyg", "dgl"), help=argparse.SUPPRESS)
     p.add_argument("--loop", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -177,7 +199,7 @@ def split_file(label: str, spec: str, seed: int) -> Path:
 
 def prepared_graph(spec: str, split: Path, args):
     """The dataset with the split's topology and links; under ``--max-batches`` the supervision edges are the
-    fixed subset (the same on both sides)."""
+    fixed subset (the same on every side)."""
     import numpy as np
 
     from neutronorch import load_dataset
@@ -263,6 +285,8 @@ def worker(args) -> None:
     graph = prepared_graph(spec, Path(split), args)
     if args.worker == "ours":
         ours_worker(graph, args, int(seed), t0)
+    elif args.worker == "dgl":
+        dgl_worker(graph, args, int(seed), t0)
     else:
         pyg_worker(graph, args, int(seed), t0)
 
@@ -419,6 +443,12 @@ def pyg_worker(graph, args, seed: int, t0: float) -> None:
         embeddings = model(data.x, adj)
         return score_links(embeddings, graph.links, graph.num_nodes, seed, args.eval_negatives)
 
+    _serve(epoch, evaluate, args)
+
+
+def _serve(epoch, evaluate, args) -> None:
+    """A peer's commands over stdin: ``epoch`` trains one (``epoch(number)``: its record, ``seconds`` the loop
+    over the loader), ``eval`` scores the final embeddings (``evaluate()``), anything else ends."""
     epochs, curve = [], []
     for line in sys.stdin:
         command = line.strip()
@@ -436,6 +466,93 @@ def pyg_worker(graph, args, seed: int, t0: float) -> None:
                   **({"curve": curve} if args.curve else {})})
         else:
             return
+
+
+def dgl_worker(graph, args, seed: int, t0: float) -> None:
+    """DGL 2.1's link prediction: ``as_edge_prediction_sampler`` over ``NeighborSampler`` (input layer first),
+    each batch's seed edges and their reverses excluded from its sampled graph (``exclude="reverse_id"``), a
+    ``Uniform(1)`` negative per positive (a random destination for its source), ``dgl.nn.SAGEConv`` mean
+    layers (``loader_vs_dgl.sage``), ``u_dot_v`` on the pair graphs."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from loader_vs_dgl import import_dgl, sage
+
+    dgl = import_dgl()
+    from dgl import function as fn
+    from dgl.dataloading import DataLoader, NeighborSampler, as_edge_prediction_sampler
+    from dgl.dataloading.negative_sampler import Uniform
+
+    dgl.utils.set_num_threads(args.threads)
+    n = graph.num_nodes
+    indptr, indices = np.asarray(graph.indptr, dtype=np.int64), np.asarray(graph.indices, dtype=np.int64)
+    src, dst = indices, np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))  # edge id = CSC position
+    reverse = edge_ids(src, dst, dst, src, n)
+    if (reverse < 0).any():
+        raise SystemExit(f"{int((reverse < 0).sum())} message-passing edges have no reverse: not an undirected graph")
+    positives = np.asarray(graph.links.train, dtype=np.int64)
+    train_eids = edge_ids(src, dst, positives[0], positives[1], n)  # each positive u - v as the edge u -> v
+    if (train_eids < 0).any():
+        raise SystemExit(f"{int((train_eids < 0).sum())} training edges are not in the message-passing graph")
+    g = dgl.graph((torch.from_numpy(src), torch.from_numpy(dst)), num_nodes=n, idtype=torch.int64)
+    g = g.formats(["csc", "coo"])  # the sampler reads in-edges, find_edges the COO: built now, not in an epoch
+    g.create_formats_()
+    feats = torch.from_numpy(np.array(graph.features, dtype=np.float32))  # a copy: a memory map is read-only
+    dgl.seed(seed)
+    torch.manual_seed(seed)
+    sampler = as_edge_prediction_sampler(NeighborSampler(list(reversed(fanouts(args)))), exclude="reverse_id",
+                                         reverse_eids=torch.from_numpy(reverse), negative_sampler=Uniform(1))
+    loader = DataLoader(g, torch.from_numpy(train_eids), sampler, batch_size=args.batch_size, shuffle=True,
+                        drop_last=False, num_workers=0)
+    model = sage(dgl, graph.feature_dim, args.hidden, args.hidden, len(fanouts(args)), args.dropout)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    _say({"side": "dgl", "sampler": f"DGL {dgl.__version__} NeighborSampler", "setup_seconds": time.perf_counter() - t0,
+          "num_batches_per_epoch": len(loader), "train_edges": int(train_eids.shape[0])})
+
+    def scores(pair_graph, h):
+        with pair_graph.local_scope():
+            pair_graph.ndata["h"] = h
+            pair_graph.apply_edges(fn.u_dot_v("h", "h", "score"))
+            return pair_graph.edata["score"].view(-1)
+
+    def epoch(number: int) -> dict:
+        model.train()
+        start = time.perf_counter()
+        total, count = 0.0, 0
+        for input_nodes, pair_graph, negative_graph, blocks in loader:
+            optimizer.zero_grad()
+            h = model(blocks, feats[input_nodes])
+            positive, negative = scores(pair_graph, h), scores(negative_graph, h)
+            loss = (F.binary_cross_entropy_with_logits(positive, torch.ones_like(positive))
+                    + F.binary_cross_entropy_with_logits(negative, torch.zeros_like(negative)))
+            loss.backward()
+            optimizer.step()
+            total += float(loss.detach())
+            count += 1
+        return {"epoch": number, "seconds": time.perf_counter() - start, "batches": count,
+                "loss": total / max(1, count)}
+
+    @torch.no_grad()
+    def evaluate() -> dict:
+        model.eval()
+        embeddings = model([g] * len(fanouts(args)), feats)  # every layer over the whole training graph
+        return score_links(embeddings, graph.links, n, seed, args.eval_negatives)
+
+    _serve(epoch, evaluate, args)
+
+
+def edge_ids(src, dst, u, v, num_nodes: int):
+    """The id (position in ``src``/``dst``) of the edge ``u[i] -> v[i]`` for each i; -1 where there is none
+    (with parallel edges, one of them)."""
+    import numpy as np
+
+    keys = src * num_nodes + dst
+    order = np.argsort(keys, kind="stable")
+    wanted = np.asarray(u, dtype=np.int64) * num_nodes + np.asarray(v, dtype=np.int64)
+    at = np.minimum(np.searchsorted(keys[order], wanted), len(order) - 1)
+    found = order[at]
+    return np.where(keys[found] == wanted, found, -1)
 
 
 # ------------------------------------------------------------------------------------------- both sides
@@ -463,6 +580,32 @@ def run_one(label: str, spec: str, split: Path, seed: int, sides: list[tuple[str
     return {name: worker_.record for name, worker_ in workers.items()}
 
 
+PEER_NAMES = {"pyg": "PyG", "dgl": "DGL"}
+PEER_MODULES = {"pyg": "torch_geometric", "dgl": "dgl"}
+
+
+def choose_peers(args) -> list[str]:
+    """``--peers``, else every peer whose package is installed for ``--peers-python``."""
+    import subprocess
+
+    if args.peers:
+        peers = [p for p in args.peers.split(",") if p]
+        unknown = [p for p in peers if p not in PEER_NAMES]
+        if unknown or not peers:
+            raise SystemExit(f"--peers: {', '.join(unknown) or 'none given'}; choose from {', '.join(PEER_NAMES)}")
+        return peers
+    found = []
+    for peer, module in PEER_MODULES.items():
+        check = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+        if Path(args.peers_python).exists() and subprocess.run([args.peers_python, "-c", check]).returncode == 0:
+            found.append(peer)
+        else:
+            print(f"[peers] {module} not found under {args.peers_python}: no {PEER_NAMES[peer]} side", flush=True)
+    if not found:
+        raise SystemExit(f"no peer installed under {args.peers_python} (bench/peers/README.md)")
+    return found
+
+
 def times(record: dict, skip_first: bool) -> list[float]:
     seconds = record["epoch_seconds"]
     return seconds[1:] if skip_first and len(seconds) > 1 else seconds
@@ -474,11 +617,17 @@ def main(argv=None) -> int:
         worker(args)
         return 0
     modes = [m for m in args.modes.split(",") if m]
-    sides = [(f"ours-{m}", ("ours", m)) for m in modes] + [("pyg", ("pyg", "pyg"))]
+    peers = choose_peers(args)
+    sides = [(f"ours-{m}", ("ours", m)) for m in modes] + [(peer, (peer, peer)) for peer in peers]
+    how = []
+    if "pyg" in peers:
+        how.append(f"PyG: {args.pyg_negatives}{', seed edges excluded' if args.pyg_exclude else ''}; "
+                   f"{'trimmed' if args.pyg_trim else 'untrimmed'}")
+    if "dgl" in peers:
+        how.append("DGL: uniform destinations, seed edges and reverses excluded")
     print(f"link prediction; SAGE fanouts {args.fanouts}, hidden "
-          f"{args.hidden}, dropout {args.dropout}, batch {args.batch_size} positives, 1 negative each (PyG: "
-          f"{args.pyg_negatives}{', seed edges excluded' if args.pyg_exclude else ''}; "
-          f"{'trimmed' if args.pyg_trim else 'untrimmed'}), dot head, Adam lr {args.lr} wd {args.weight_decay}, "
+          f"{args.hidden}, dropout {args.dropout}, batch {args.batch_size} positives, 1 negative each ("
+          f"{'; '.join(how)}), dot head, Adam lr {args.lr} wd {args.weight_decay}, "
           f"{args.eval_negatives} eval negatives per positive; torch threads {args.threads}; load average "
           f"{os.getloadavg()[0]:.1f}", flush=True)
     results = {}
@@ -508,9 +657,9 @@ def main(argv=None) -> int:
                       f"{', '.join(f'{s:.2f}' for s in record['epoch_seconds'])}; test mrr "
                       f"{record['final']['test_mrr']:.4f} hits@50 {record['final'].get('test_hits_50', float('nan')):.4f}",
                       flush=True)
-        results[label] = summarise(label, runs, args, time.perf_counter() - t0)
+        results[label] = summarise(label, runs, args, time.perf_counter() - t0, peers)
         results[label].update({key: getattr(args, key) for key in FALLBACK})
-    print_table(results, modes)
+    print_table(results, modes, peers)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": {k: v for k, v in vars(args).items()}, "results": results},
                                               indent=1))
@@ -520,7 +669,7 @@ def main(argv=None) -> int:
 METRICS = ("val_mrr", "test_mrr", "val_hits_50", "test_hits_50", "val_rocauc", "test_rocauc", "test_hits_10")
 
 
-def summarise(label: str, runs: dict, args, wall: float) -> dict:
+def summarise(label: str, runs: dict, args, wall: float, peers: list[str]) -> dict:
     out = {"wall_seconds": wall, "sides": {}}
     for side, records in runs.items():
         seconds = [s for r in records for s in times(r, args.skip_first)]
@@ -538,12 +687,16 @@ def summarise(label: str, runs: dict, args, wall: float) -> dict:
         if "curve" in records[0]:
             entry["curve"] = [r["curve"] for r in records]
         out["sides"][side] = entry
-    pyg = out["sides"]["pyg"]
-    for side, entry in out["sides"].items():
-        if side != "pyg":
-            entry["ratio_to_pyg"] = entry["epoch_seconds_median"] / pyg["epoch_seconds_median"]
-            entry["mrr_minus_pyg"] = entry["test_mrr"] - pyg["test_mrr"]
-            entry["hits_50_minus_pyg"] = entry["test_hits_50"] - pyg["test_hits_50"]
+    for peer in peers:  # every other side against each peer: medians' ratio, paired ratio, metric differences
+        base = out["sides"][peer]
+        for side, entry in out["sides"].items():
+            if side != peer:
+                entry[f"ratio_to_{peer}"] = entry["epoch_seconds_median"] / base["epoch_seconds_median"]
+                entry[f"paired_to_{peer}"] = statistics.median(
+                    a / b for mine, theirs in zip(runs[side], runs[peer])
+                    for a, b in zip(times(mine, args.skip_first), times(theirs, args.skip_first)))
+                entry[f"mrr_minus_{peer}"] = entry["test_mrr"] - base["test_mrr"]
+                entry[f"hits_50_minus_{peer}"] = entry["test_hits_50"] - base["test_hits_50"]
     if "ours-exact" in out["sides"] and "ours-neutronorch" in out["sides"]:
         exact, orch = out["sides"]["ours-exact"], out["sides"]["ours-neutronorch"]
         out["neutronorch_mrr_minus_exact"] = orch["test_mrr"] - exact["test_mrr"]
@@ -552,24 +705,40 @@ def summarise(label: str, runs: dict, args, wall: float) -> dict:
     return out
 
 
-def print_table(results: dict, modes: list[str]) -> None:
-    print("\n| graph | side | batches/epoch | epoch s (median) | / PyG | test MRR | test Hits@50 | test ROC-AUC | "
+def print_table(results: dict, modes: list[str], peers: list[str]) -> None:
+    """One row per graph and side; a ratio column per peer (PyG's: the medians' ratio; DGL's: the medians'
+    ratio and, in brackets, the paired one, the median of per-epoch ratios)."""
+    ratios = "".join(f" / {PEER_NAMES[peer]} |" for peer in peers)
+    print(f"\n| graph | side | batches/epoch | epoch s (median) |{ratios} test MRR | test Hits@50 | test ROC-AUC | "
           "val MRR | reuse rate |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|" + "---:|" * len(peers) + "---:|---:|---:|---:|---:|")
     for label, result in results.items():
         for side, e in result["sides"].items():
-            ratio = f"**{e['ratio_to_pyg']:.3f}**" if "ratio_to_pyg" in e else "1.000"
+            cells = []
+            for peer in peers:
+                if f"ratio_to_{peer}" not in e:
+                    cells.append("1.000")
+                elif peer == "pyg":
+                    cells.append(f"**{e['ratio_to_pyg']:.3f}**")
+                else:
+                    cells.append(f"**{e[f'ratio_to_{peer}']:.3f}** ({e[f'paired_to_{peer}']:.3f})")
             reuse = f"{e['reuse_rate']:.3f}" if "reuse_rate" in e else "-"
-            print(f"| {label} | {side} | {e['batches_per_epoch']} | {e['epoch_seconds_median']:.3f} | {ratio} | "
+            print(f"| {label} | {side} | {e['batches_per_epoch']} | {e['epoch_seconds_median']:.3f} | "
+                  f"{''.join(c + ' | ' for c in cells)}"
                   f"{e['test_mrr']:.4f} | {e['test_hits_50']:.4f} | {e['test_rocauc']:.4f} | {e['val_mrr']:.4f} | "
                   f"{reuse} |")
     print()
     for label, result in results.items():
         sides = result["sides"]
-        for side, e in sides.items():
-            if side != "pyg":
-                print(f"{label}: {side} / PyG epoch {e['ratio_to_pyg']:.3f}; test MRR {e['mrr_minus_pyg'] * 100:+.2f} "
-                      f"points, Hits@50 {e['hits_50_minus_pyg'] * 100:+.2f} points against PyG (medians over seeds)")
+        for peer in peers:
+            name = PEER_NAMES[peer]
+            for side, e in sides.items():
+                if side == peer:
+                    continue
+                paired = "" if peer == "pyg" else f" (paired {e[f'paired_to_{peer}']:.3f})"
+                print(f"{label}: {side} / {name} epoch {e[f'ratio_to_{peer}']:.3f}{paired}; test MRR "
+                      f"{e[f'mrr_minus_{peer}'] * 100:+.2f} points, Hits@50 {e[f'hits_50_minus_{peer}'] * 100:+.2f} "
+                      f"points against {name} (medians over seeds)")
         if "neutronorch_mrr_minus_exact" in result:
             print(f"{label}: neutronorch - exact test MRR {result['neutronorch_mrr_minus_exact'] * 100:+.2f} points "
                   f"(per seed {', '.join(f'{d * 100:+.2f}' for d in result['neutronorch_per_seed_mrr_minus_exact'])}); "
