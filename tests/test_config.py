@@ -72,3 +72,17 @@ def test_defaults_are_the_parts_defaults():
     for part, kind in PARTS.items():
         assert getattr(config, part) == kind()
     assert config.network == NetworkConfig() and config.model == "sage"
+
+
+def test_weight_decay_defaults_to_the_tasks_and_keeps_a_given_one():
+    from neutronorch.config import TASK_WEIGHT_DECAY
+
+    assert TrainConfig().weight_decay is None  # resolved by validate, per task
+    assert TrainConfig(task="node").validate().weight_decay == TASK_WEIGHT_DECAY["node"] == 5e-3
+    assert TrainConfig(task="link").validate().weight_decay == TASK_WEIGHT_DECAY["link"] == 0.0
+    assert TrainConfig(task="link", weight_decay=1e-4).validate().weight_decay == 1e-4
+    assert TrainConfig(task="node", weight_decay=0.0).validate().weight_decay == 0.0
+    with pytest.raises(ConfigError, match="weight_decay"):
+        TrainConfig(weight_decay=-1.0).validate()
+    with pytest.raises(ConfigError, match="weight_decay"):
+        TrainConfig(weight_decay="lots").validate()

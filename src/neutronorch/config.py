@@ -22,6 +22,10 @@ from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, N
 from neutronorch.sampling.fanouts import parse_fanouts
 
 TASKS = ("node", "link")
+# Adam's L2 weight decay when none is given, per task. Node classification: chosen on the small citation
+# graphs (docs/accuracy.md). Link prediction: none, as OGB's link baselines train; 5e-3 shrank a dot head's
+# embeddings until Cora's test MRR fell from 0.42 to 0.11 (docs/link-prediction.md).
+TASK_WEIGHT_DECAY = {"node": 5e-3, "link": 0.0}
 MODES = ("exact", "device", "neutronorch")
 MODE_CHOICES = MODES + ("auto",)  # auto: one of MODES, chosen when the run starts (orchestration/choice.py)
 METRICS = ("accuracy", "rocauc", "f1-micro", "f1-macro")
@@ -107,6 +111,8 @@ class TrainConfig:
                                   f"{len(self.fanouts)} layers (one per `fanouts` entry).")
         # The model normalises by its sources' graph degrees (GCN's symmetric norm): the blocks carry them.
         self.sampling = replace(self.sampling, degrees=needs_degrees(self.model, self.gcn_norm))
+        if self.weight_decay is None and self.task in TASK_WEIGHT_DECAY:
+            self.weight_decay = TASK_WEIGHT_DECAY[self.task]
         self.hot_ratio = _parse_hot_ratio(self.hot_ratio)
         self.gpu_cache_gb = _parse_cache_size(self.gpu_cache_gb)
         self.host_cache_gb = _parse_cache_size(self.host_cache_gb, "host_cache_gb", "host")
@@ -146,7 +152,8 @@ class TrainConfig:
              f"evenly across heads."),
             (self.epochs >= 0, f"`epochs` {self.epochs}: must be zero or more."),
             (0 < self.lr < math.inf, f"`lr` {self.lr}: must be a finite positive number."),
-            (self.weight_decay >= 0, f"`weight_decay` {self.weight_decay}: must be zero or more."),
+            (self.weight_decay is None or self.weight_decay >= 0,
+             f"`weight_decay` {self.weight_decay}: must be zero or more."),
             (0 <= self.dropout < 1, f"`dropout` {self.dropout}: must be in [0, 1)."),
             (self.eval_every >= -1, f"`eval_every` {self.eval_every}: must be -1 (never), 0 (after the last "
                                     f"epoch only) or more."),
@@ -242,7 +249,7 @@ for _name, _part in _PART_OF.items():
 
 # Fields whose default is None, and the type their value must have when given.
 _OPTIONAL_TYPES = {"split": str, "staleness_bound": int, "snapshot_lead": int, "gpu_memory_gb": float,
-                   "summary_json": str, "timeline": str, "log_jsonl": str, "log_csv": str, "tensorboard": str,
+                   "weight_decay": float, "summary_json": str, "timeline": str, "log_jsonl": str, "log_csv": str, "tensorboard": str,
                    "checkpoint_dir": str, "host_cache_dir": str}
 # Parsed by their own functions, which accept several forms.
 _PARSED = {"fanouts", "eval_fanouts", "hot_ratio", "gpu_cache_gb", "host_cache_gb"}

@@ -83,7 +83,7 @@ class OptimizationConfig:
 
     epochs: int = may_change(50)
     lr: float = setting(0.003)
-    weight_decay: float = setting(5e-3)
+    weight_decay: float | None = setting(None)  # None: the task's (``TASK_WEIGHT_DECAY``), resolved by validate
     patience: int = may_change(0)  # stop after this many evaluations without a better validation score (0: never)
 
 

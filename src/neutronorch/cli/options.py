@@ -103,7 +103,7 @@ def _add_train_options(parser: argparse.ArgumentParser, full: bool = False) -> N
                "device_sampling": DEVICE_SAMPLING, "gcn_norm": GCN_NORMS, "norm": NORMS, "task": TASKS,
                "link_head": LINK_HEADS, "architecture": ARCHITECTURES, "precision": PRECISIONS}
     types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int, "gpu_memory_gb": float,
-             "gpu_cache_gb": str, "host_cache_gb": str}
+             "gpu_cache_gb": str, "host_cache_gb": str, "weight_decay": float}
     grouped = {name for _, _, names in TRAIN_GROUPS for name in names}
     unlisted = [name for name in TrainConfig.keys() if name not in grouped]  # a new field: advanced until placed
     for title, description, names in TRAIN_GROUPS:
