@@ -1,4 +1,5 @@
-"""Graph data: the ``Graph`` type, the native format, loaders for common formats, synthetic graphs.
+"""Graph data: the ``Graph`` type, the native format, loaders for common formats, synthetic graphs; and
+typed graphs (``TypedGraph``: their own native layout and synthetic generator; nothing trains on them yet).
 
 ``load_dataset(spec)`` is the single entry point that turns a user's dataset spec into a validated graph.
 """
@@ -13,11 +14,14 @@ from neutronorch.data.interop import from_dgl, from_pyg, to_dgl, to_pyg
 from neutronorch.data.native import is_native_dir, load_native, save_native
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
 from neutronorch.data.synthetic import SyntheticSpec, generate
+from neutronorch.data.synthetic_typed import synthetic_typed
+from neutronorch.data.typed import Relation, TypedGraph
+from neutronorch.data.typed_native import read_typed, write_typed
 from neutronorch.errors import DataError
 
 __all__ = ["Graph", "load_dataset", "load_native", "save_native", "SyntheticSpec", "generate",
            "make_split", "DEFAULT_SPLIT", "DATASET_SPEC_HELP", "dataset_paths", "from_pyg", "to_pyg", "from_dgl",
-           "to_dgl"]
+           "to_dgl", "TypedGraph", "Relation", "read_typed", "write_typed", "synthetic_typed"]
 
 DATASET_SPEC_HELP = (
     "synthetic[:nodes=N,degree=D,features=F,classes=C,seed=S,...] | a native dataset directory "

@@ -24,6 +24,7 @@ import stat
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -31,6 +32,7 @@ from neutronorch.atomic import reserve, sweep_stale, temp_prefix, write_error
 from neutronorch.data.dtypes import BFLOAT16, bfloat16, is_bfloat16
 from neutronorch.data.files import read_error, reads_files
 from neutronorch.data.graph import METRICS, Graph
+from neutronorch.data.typed import TYPED_FORMAT
 from neutronorch.errors import DataError
 
 FORMAT_VERSION = 1
@@ -120,12 +122,13 @@ def load_native(directory: str | os.PathLike, mmap: bool = True, validate: bool 
     return graph
 
 
-def _read_meta(meta_path: Path) -> dict:
-    """``meta.json`` as a dict holding every required key and no unknown one (a misspelt optional key
-    would otherwise be ignored), each key once."""
+def _read_meta(meta_path: Path, keys: tuple[str, ...] = META_KEYS,
+               optional: tuple[str, ...] = OPTIONAL_KEYS) -> dict:
+    """``meta.json`` as a dict holding every one of ``keys``, no key outside ``keys`` and ``optional`` (a
+    misspelt optional key would otherwise be ignored), each key once."""
     def unique(pairs):
-        keys = [k for k, _ in pairs]
-        repeated = sorted({k for k in keys if keys.count(k) > 1})
+        names = [k for k, _ in pairs]
+        repeated = sorted({k for k in names if names.count(k) > 1})
         if repeated:
             raise DataError(f"{meta_path}: gives {', '.join(repeated)} more than once; JSON keeps only the last, "
                             f"so say each once.")
@@ -138,14 +141,18 @@ def _read_meta(meta_path: Path) -> dict:
     except OSError as exc:
         raise read_error(meta_path, exc, f"{meta_path}: cannot be read ({exc}).") from None
     if not isinstance(meta, dict):
-        raise DataError(f"{meta_path}: expected a JSON object with the keys {list(META_KEYS)}.")
-    missing = [k for k in META_KEYS if k not in meta]
+        raise DataError(f"{meta_path}: expected a JSON object with the keys {list(keys)}.")
+    if meta.get("format") == TYPED_FORMAT and "format" not in keys:
+        raise DataError(f"{meta_path}: holds a typed graph (several vertex and relation types); training on "
+                        f"typed graphs is not available yet (docs/heterogeneous.md). Read it in Python with "
+                        f"neutronorch.data.read_typed.")
+    missing = [k for k in keys if k not in meta]
     if missing:
-        raise DataError(f"{meta_path}: missing keys {missing}. It needs {list(META_KEYS)}.")
-    unknown = sorted(set(meta) - set(META_KEYS) - set(OPTIONAL_KEYS))
+        raise DataError(f"{meta_path}: missing keys {missing}. It needs {list(keys)}.")
+    unknown = sorted(set(meta) - set(keys) - set(optional))
     if unknown:
-        raise DataError(f"{meta_path}: unknown keys {unknown}; it takes {list(META_KEYS)} and optionally "
-                        f"{list(OPTIONAL_KEYS)}. Fix the spelling or remove them.")
+        raise DataError(f"{meta_path}: unknown keys {unknown}; it takes {list(keys)} and optionally "
+                        f"{list(optional)}. Fix the spelling or remove them.")
     return meta
 
 
@@ -161,6 +168,13 @@ def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = Fa
         raise DataError(f"{graph.name}: the native format does not store a link split yet; train from the "
                         f"dataset it was read from (an OGB link-prediction folder loads directly).")
     check_native_target(target, overwrite)
+    return write_folder(target, lambda folder: _write_arrays(graph, folder))
+
+
+def write_folder(target: Path, fill: Callable[[Path], None]) -> Path:
+    """Call ``fill`` on a new folder beside ``target`` and move that folder into place, replacing
+    ``target`` (which the caller has checked may be replaced). A failed write leaves what was there before,
+    and arrays memory-mapped from ``target`` itself stay readable while the new ones are written."""
     existed = target.exists()
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -171,7 +185,7 @@ def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = Fa
     try:
         if target.is_dir():  # a folder that was there (empty, or a dataset replaced) keeps its permissions
             os.chmod(partial, stat.S_IMODE(target.stat().st_mode))
-        _write_arrays(graph, partial)
+        fill(partial)
         if target.exists():
             # Not a temporary name of the sweep's: between the two renames it holds the only copy.
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
@@ -192,17 +206,24 @@ def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = Fa
 def check_native_target(target: Path, overwrite: bool) -> None:
     """``save_native`` may write ``target``: a new or empty folder, or with ``overwrite`` a native dataset
     holding nothing else (replacing the folder replaces all it holds)."""
+    check_dataset_folder(target, overwrite, "native", is_native_dir(target),
+                         {"meta.json", *(f"{name}.npy" for name in ARRAYS)})
+
+
+def check_dataset_folder(target: Path, overwrite: bool, kind: str, is_dataset: bool, own: set[str]) -> None:
+    """A ``kind`` dataset may be written to ``target``: a new or empty folder, or with ``overwrite`` a
+    ``kind`` dataset (``is_dataset``) holding nothing but its ``own`` entries (replacing the folder replaces
+    all it holds)."""
     if target.exists() and not target.is_dir():
-        raise DataError(f"{target}: exists and is a file; the native format is a folder. Choose another path.")
+        raise DataError(f"{target}: exists and is a file; the {kind} format is a folder. Choose another path.")
     replace = target.is_dir() and any(target.iterdir())
     if replace and not overwrite:
         raise DataError(f"{target}: exists and is not empty. Choose a new folder, or pass --overwrite to "
                         f"replace the dataset in it.")
-    if replace and not is_native_dir(target):
-        raise DataError(f"{target}: holds files but no native dataset (no meta.json); refusing to replace "
-                        f"it. Choose a new folder.")
+    if replace and not is_dataset:
+        raise DataError(f"{target}: holds files but no {kind} dataset (no meta.json of one); refusing to "
+                        f"replace it. Choose a new folder.")
     if replace:
-        own = {"meta.json", *(f"{name}.npy" for name in ARRAYS)}
         others = sorted(p.name for p in target.iterdir() if p.name not in own)
         if others:
             raise DataError(f"{target}: holds {', '.join(others[:5])}{' ...' if len(others) > 5 else ''} besides "

@@ -1,0 +1,141 @@
+"""Synthetic typed graphs shaped like ogbn-mag, whose labels depend on typed paths.
+
+Four vertex types: ``paper`` (the target, with features and labels), ``author`` and ``institution`` (no
+features: a model gives them learnable embeddings), ``field`` (features of ``field_features`` width, or
+none). Relations: author -writes-> paper, paper -cites-> paper, author -affiliated_with-> institution and
+paper -has_topic-> field.
+
+Labels: every field and every institution has a hidden topic (one of ``topics``), and an author is
+affiliated mostly with institutions of its own topic. A paper's label is an ordered pair of topics,
+``field_topic * topics + institution_topic``: it takes its fields mostly from its field topic, its authors
+mostly from its institution topic, and cites mostly papers of its own label. Its features mix the words of
+both topics alike (the two topics' centroids, summed, under heavy noise), so the features tell which two
+topics a paper is about but not which came from where: only the relation a signal arrives through does
+(has_topic for the first, writes, and on to affiliated_with, for the second). A model that averages all
+neighbours together adds the two topics up and loses their order, as the features alone do. Every endpoint
+is drawn by a Zipf weight within its class, as in ``synthetic.py``, so in-degrees follow a power law;
+out-degrees are geometric around their means. With ``field_features``, fields carry their topic's centroid
+(of their own space) under the same noise, which shows the field topic directly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from neutronorch.data.splits import make_split
+from neutronorch.data.synthetic import _draw
+from neutronorch.data.typed import Relation, TypedGraph
+from neutronorch.errors import ConfigError
+
+# Each type's share of the vertices and each relation's share of the edges (the edges' near ogbn-mag's).
+TYPE_SHARES = {"paper": 0.40, "author": 0.50, "institution": 0.02, "field": 0.08}
+EDGE_SHARES = {"writes": 0.36, "cites": 0.26, "affiliated_with": 0.06, "has_topic": 0.32}
+
+
+class _Pool:
+    """The vertices of one type, each with a class and a Zipf weight; draws a vertex by weight, from one
+    class or from all."""
+
+    def __init__(self, rng: np.random.Generator, classes: np.ndarray, num_classes: int, power: float):
+        weights = (rng.permutation(classes.shape[0]) + 1.0) ** -power
+        self.by_class = np.argsort(classes, kind="stable")
+        self.cumulative = np.cumsum(weights[self.by_class])
+        end = np.searchsorted(classes[self.by_class], np.arange(num_classes), side="right")
+        self.class_hi = self.cumulative[end - 1]  # every class has a member (``_balanced``)
+        self.class_lo = np.concatenate(([0.0], self.class_hi[:-1]))
+
+    def draw(self, rng: np.random.Generator, wanted: np.ndarray, homophily: float) -> np.ndarray:
+        """One vertex per entry of ``wanted``: of that class with probability ``homophily``, else any."""
+        same = rng.random(wanted.shape[0]) < homophily
+        lo = np.where(same, self.class_lo[wanted], 0.0)
+        hi = np.where(same, self.class_hi[wanted], self.cumulative[-1])
+        return self.by_class[_draw(rng, self.cumulative, lo, hi)]
+
+
+def synthetic_typed(nodes: int = 20_000, degree: float = 10.0, features: int = 64, field_features: int = 0,
+                    topics: int = 4, power: float = 0.6, homophily: float = 0.8, noise: float = 0.5,
+                    train: float = 0.1, val: float = 0.05, seed: int = 0) -> TypedGraph:
+    """A MAG-like typed graph of about ``nodes`` vertices and ``degree * nodes`` edges (a little fewer once
+    repeated edges are dropped), with ``topics ** 2`` classes; the same arguments give the same graph.
+    ``noise`` is the feature noise's standard deviation per dimension (class centroids have unit norm),
+    ``homophily`` the chance that an edge's far end is drawn from the class the label asks for."""
+    _check(nodes, degree, features, field_features, topics, power, homophily, noise, train, val)
+    rng = np.random.default_rng(seed)
+    num_classes = topics * topics
+    counts = {t: max(round(share * nodes), 2 * num_classes) for t, share in TYPE_SHARES.items()}
+    labels = _balanced(rng, counts["paper"], num_classes)
+    field_topic, institution_topic = labels // topics, labels % topics
+    author_topic = _balanced(rng, counts["author"], topics)
+    field_topics = _balanced(rng, counts["field"], topics)
+    pools = {"paper": _Pool(rng, labels, num_classes, power),
+             "author": _Pool(rng, author_topic, topics, power),
+             "institution": _Pool(rng, _balanced(rng, counts["institution"], topics), topics, power),
+             "field": _Pool(rng, field_topics, topics, power)}
+    # Each relation: (source, name, destination), the type whose vertices draw its edges, the type drawn
+    # and the class asked of it per drawing vertex. Papers draw authors, cited papers and fields; authors
+    # draw institutions.
+    plan = ((("author", "writes", "paper"), "paper", "author", institution_topic, 1),
+            (("paper", "cites", "paper"), "paper", "paper", labels, 0),
+            (("author", "affiliated_with", "institution"), "author", "institution", author_topic, 1),
+            (("paper", "has_topic", "field"), "paper", "field", field_topic, 1))
+    relations = {}
+    for key, drawer, drawn_type, wanted, minimum in plan:
+        mean = EDGE_SHARES[key[1]] * degree * nodes / counts[drawer]
+        out = minimum + rng.poisson(rng.gamma(1.0, max(mean - minimum, 1e-9), counts[drawer]))
+        drawing = np.repeat(np.arange(counts[drawer], dtype=np.int64), out)
+        drawn = pools[drawn_type].draw(rng, wanted[drawing], homophily)
+        src, dst = (drawing, drawn) if drawer == key[0] else (drawn, drawing)
+        if key[0] == key[2]:  # no paper cites itself
+            keep = src != dst
+            src, dst = src[keep], dst[keep]
+        relations[key] = Relation.from_edges(src, dst, counts[key[0]], counts[key[2]], deduplicate=True,
+                                             source=f"synthetic {key[1]}")
+        del drawing, drawn, src, dst
+
+    topic_centroids = _centroids(rng, topics, features)
+    paper = _noise(rng, counts["paper"], features, noise)
+    paper += (topic_centroids[field_topic] + topic_centroids[institution_topic]) / np.float32(np.sqrt(2))
+    node_features = {"paper": paper}
+    if field_features:
+        node_features["field"] = _noise(rng, counts["field"], field_features, noise)
+        node_features["field"] += _centroids(rng, topics, field_features)[field_topics]
+    train_idx, val_idx, test_idx = make_split(labels, num_classes, f"ratio:{train},{val}", seed)
+    name = (f"synthetic-typed-n{nodes}-d{degree:g}-f{features}-ff{field_features}-t{topics}-p{power:g}"
+            f"-h{homophily:g}-x{noise:g}-s{seed}")
+    return TypedGraph(name=name, num_nodes=counts, relations=relations, features=node_features, target="paper",
+                      labels=labels, train_idx=train_idx, val_idx=val_idx, test_idx=test_idx,
+                      num_classes=num_classes,
+                      notes=["synthetic typed graph: a paper's label is the ordered pair (its fields' topic, its "
+                             "authors' institutions' topic); its features show both topics but not their order"])
+
+
+def _balanced(rng: np.random.Generator, count: int, num_classes: int) -> np.ndarray:
+    """``count`` classes in random order, each class as often as the others (so none is empty)."""
+    return rng.permutation(np.arange(count, dtype=np.int64) % num_classes)
+
+
+def _centroids(rng: np.random.Generator, count: int, width: int) -> np.ndarray:
+    """``count`` random directions of unit norm in expectation."""
+    return rng.standard_normal((count, width), dtype=np.float32) / np.float32(np.sqrt(width))
+
+
+def _noise(rng: np.random.Generator, rows: int, width: int, noise: float) -> np.ndarray:
+    out = rng.standard_normal((rows, width), dtype=np.float32)
+    out *= np.float32(noise)
+    return out
+
+
+def _check(nodes, degree, features, field_features, topics, power, homophily, noise, train, val) -> None:
+    problems = []
+    if nodes < 100 or degree <= 0:
+        problems.append("nodes must be at least 100 and degree > 0")
+    if features < 1 or field_features < 0:
+        problems.append("features must be >= 1 and field_features >= 0")
+    if topics < 2:
+        problems.append("topics must be >= 2")
+    if not 0 <= homophily <= 1 or power < 0 or noise < 0:
+        problems.append("homophily must be in [0, 1], power and noise >= 0")
+    if not (0 < train < 1 and 0 < val < 1 and train + val < 1):
+        problems.append("train and val must be fractions in (0, 1) with train + val < 1")
+    if problems:
+        raise ConfigError("synthetic typed graph: " + "; ".join(problems) + ".")

@@ -1,0 +1,223 @@
+"""Typed graphs on disk: one folder of ``.npy`` arrays under readable names, plus ``meta.json``.
+
+Arrays are opened as memory maps, as in the homogeneous native format (``native.py``, whose folder swap,
+array writer and readers this module uses), so a typed graph larger than RAM opens without being read.
+
+Layout (``"format": "neutronorch-typed"``, ``format_version`` 1)::
+
+    meta.json        format, format_version, name, node_types, relations, target, num_classes[, notes, metric]
+                     node_types: [{name, count, feature_dim[, feature_dtype]}], in the graph's type order
+                     relations: [{src, name, dst, num_edges, edge_feature_dim[, edge_feature_dtype]}]
+    nodes/<type>/features.npy         float32/float16, count x feature_dim (bfloat16: its uint16 bits, with
+                                      feature_dtype "bfloat16"); none for a type without features
+    nodes/<target>/labels.npy         int64 per vertex (-1: none), or int8 rows of 0/1/-1 (multi-label)
+    nodes/<target>/train_idx.npy, val_idx.npy, test_idx.npy     int64 local ids of the target type
+    relations/<src>___<name>___<dst>/indptr.npy          int64, count(dst)+1: the CSC over the destination
+    relations/<src>___<name>___<dst>/indices.npy         int32/int64 local ids of the source type
+    relations/<src>___<name>___<dst>/edge_features.npy   edges x edge_feature_dim (only when there are any)
+
+The arrays are written into a hidden folder beside the target, ``meta.json`` last, and the folder is
+renamed into place at the end: a folder killed mid-write is never mistaken for a finished one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from neutronorch.data.dtypes import BFLOAT16, bfloat16, is_bfloat16
+from neutronorch.data.files import reads_files
+from neutronorch.data.native import _open_array, _read_meta, _save_array, check_dataset_folder, write_folder
+from neutronorch.data.typed import (TYPED_FORMAT, Relation, RelationType, TypedGraph, node_array, relation_array,
+                                    relation_label)
+from neutronorch.data.typed_checks import SPLITS
+from neutronorch.errors import DataError
+
+FORMAT_VERSION = 1
+META_KEYS = ("format", "format_version", "name", "node_types", "relations", "target", "num_classes")
+OPTIONAL_KEYS = ("notes", "metric")
+# The fields of one entry of meta.json's node_types and relations, with their types (int: a count >= 0).
+_NODE_FIELDS = {"name": str, "count": int, "feature_dim": int}
+_RELATION_FIELDS = {"src": str, "name": str, "dst": str, "num_edges": int, "edge_feature_dim": int}
+_OWN_ENTRIES = {"meta.json", "nodes", "relations"}
+
+
+def is_typed_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder holding a typed graph (its meta.json names the typed format)."""
+    meta_path = Path(path) / "meta.json"
+    try:
+        return json.loads(meta_path.read_text()).get("format") == TYPED_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def write_typed(graph: TypedGraph, folder: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Write ``graph`` (validated first) to ``folder``; arrays keep their dtypes.
+
+    ``folder`` must not exist or be empty, unless ``overwrite`` (then it must hold a typed graph and nothing
+    else, which is replaced; a graph memory-mapped from ``folder`` itself may be written back over it). Every
+    refusal comes before anything is written."""
+    target = Path(folder)
+    graph.validate()
+    check_dataset_folder(target, overwrite, "typed", is_typed_dir(target), _OWN_ENTRIES)
+    return write_folder(target, lambda partial: _write_arrays(graph, partial))
+
+
+def _write_arrays(graph: TypedGraph, folder: Path) -> None:
+    node_types = []
+    for node_type, count in graph.num_nodes.items():
+        entry = {"name": node_type, "count": int(count), "feature_dim": graph.feature_dim(node_type)}
+        features = graph.features.get(node_type)
+        if features is not None:
+            entry["feature_dtype"] = features.dtype.name
+            _save(folder, node_array(node_type, "features"), features)
+        node_types.append(entry)
+    labels = graph.labels
+    _save(folder, node_array(graph.target, "labels"), labels.astype(np.int8 if labels.ndim == 2 else np.int64,
+                                                                     copy=False))
+    for split in SPLITS:
+        _save(folder, node_array(graph.target, split), np.asarray(getattr(graph, split), dtype=np.int64))
+    relations = []
+    for key, relation in graph.relations.items():
+        entry = {"src": key[0], "name": key[1], "dst": key[2], "num_edges": relation.num_edges,
+                 "edge_feature_dim": relation.edge_feature_dim}
+        _save(folder, relation_array(key, "indptr"), relation.indptr.astype(np.int64, copy=False))
+        _save(folder, relation_array(key, "indices"), relation.indices)
+        if relation.edge_features is not None:
+            entry["edge_feature_dtype"] = relation.edge_features.dtype.name
+            _save(folder, relation_array(key, "edge_features"), relation.edge_features)
+        relations.append(entry)
+    meta = {"format": TYPED_FORMAT, "format_version": FORMAT_VERSION, "name": graph.name,
+            "node_types": node_types, "relations": relations, "target": graph.target,
+            "num_classes": int(graph.num_classes), "notes": list(graph.notes)}
+    if graph.metric:
+        meta["metric"] = graph.metric
+    (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")  # last: the folder is complete
+
+
+def _save(folder: Path, key: str, array: np.ndarray) -> None:
+    path = folder / f"{key}.npy"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _save_array(path, array.view(np.uint16) if is_bfloat16(array) else array)
+
+
+@reads_files
+def read_typed(folder: str | os.PathLike, mmap: bool = True, validate: bool = True) -> TypedGraph:
+    """Open a typed graph written by ``write_typed``; arrays are memory-mapped unless ``mmap`` is False."""
+    directory = Path(folder)
+    meta_path = directory / "meta.json"
+    if not meta_path.is_file():
+        raise DataError(f"{meta_path}: file is missing. Is {directory} a typed graph written by write_typed? "
+                        f"(A folder being written has none until it is complete.)")
+    meta = _read_meta(meta_path, META_KEYS, OPTIONAL_KEYS)
+    _check_meta(meta, meta_path)
+    files: dict[str, str] = {}
+
+    def open_array(key: str, dtype_name: str | None = None) -> np.ndarray:
+        path = directory / f"{key}.npy"
+        files[key] = str(path)
+        if not path.is_file():
+            raise DataError(f"{path}: file is missing; meta.json lists it. The folder is damaged: write it "
+                            f"again with write_typed.")
+        return _as_dtype(_open_array(path, mmap), dtype_name, path)
+
+    num_nodes = {entry["name"]: entry["count"] for entry in meta["node_types"]}
+    features = {entry["name"]: open_array(node_array(entry["name"], "features"), entry.get("feature_dtype"))
+                for entry in meta["node_types"] if entry["feature_dim"]}
+    relations: dict[RelationType, Relation] = {}
+    for entry in meta["relations"]:
+        key = (entry["src"], entry["name"], entry["dst"])
+        edge_features = (open_array(relation_array(key, "edge_features"), entry.get("edge_feature_dtype"))
+                         if entry["edge_feature_dim"] else None)
+        relations[key] = Relation(open_array(relation_array(key, "indptr")),
+                                  open_array(relation_array(key, "indices")), edge_features)
+    target = meta["target"]
+    graph = TypedGraph(name=meta["name"], num_nodes=num_nodes, relations=relations, features=features,
+                       target=target, labels=open_array(node_array(target, "labels")),
+                       **{split: open_array(node_array(target, split)) for split in SPLITS},
+                       num_classes=meta["num_classes"], notes=list(meta.get("notes", [])), metric=meta.get("metric"))
+    _check_against_meta(graph, meta, files)
+    if validate:
+        graph.validate(str(directory), files)
+    return graph
+
+
+def _check_meta(meta: dict, meta_path: Path) -> None:
+    """meta.json's values have the types and structure ``read_typed`` relies on."""
+    if meta["format"] != TYPED_FORMAT:
+        raise DataError(f"{meta_path}: format is {meta['format']!r}, not {TYPED_FORMAT!r}; this folder holds no "
+                        f"typed graph.")
+    if meta["format_version"] != FORMAT_VERSION:
+        raise DataError(f"{meta_path}: format_version {meta['format_version']!r} is not supported (this "
+                        f"neutronorch reads version {FORMAT_VERSION}). Write the graph again.")
+    for key, kind in (("name", str), ("target", str), ("num_classes", int)):
+        _check_value(meta[key], kind, key, meta_path)
+    notes = meta.get("notes", [])
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise DataError(f"{meta_path}: notes is {notes!r}, expected a list of strings.")
+    for key, fields in (("node_types", _NODE_FIELDS), ("relations", _RELATION_FIELDS)):
+        entries = meta[key]
+        if not isinstance(entries, list):
+            raise DataError(f"{meta_path}: {key} is {entries!r}, expected a list of objects.")
+        for entry in entries:
+            optional = {"feature_dtype"} if key == "node_types" else {"edge_feature_dtype"}
+            if not isinstance(entry, dict) or set(fields) - set(entry) or set(entry) - set(fields) - optional:
+                raise DataError(f"{meta_path}: an entry of {key} is {entry!r}; each takes "
+                                f"{', '.join(fields)} (and optionally {', '.join(optional)}).")
+            for field, kind in fields.items():
+                _check_value(entry[field], kind, f"{key} entry {entry.get('name')!r}: {field}", meta_path)
+    names = [entry["name"] for entry in meta["node_types"]]
+    if len(set(names)) != len(names):
+        raise DataError(f"{meta_path}: node_types lists a type more than once ({names}).")
+    for entry in meta["relations"]:
+        missing = [t for t in (entry["src"], entry["dst"]) if t not in names]
+        if missing:
+            raise DataError(f"{meta_path}: relation {relation_label((entry['src'], entry['name'], entry['dst']))} "
+                            f"names type {missing[0]!r}, which node_types does not list.")
+    triples = [(entry["src"], entry["name"], entry["dst"]) for entry in meta["relations"]]
+    if len(set(triples)) != len(triples):
+        raise DataError(f"{meta_path}: relations lists a relation more than once.")
+    if meta["target"] not in names:
+        raise DataError(f"{meta_path}: target {meta['target']!r} is not one of node_types ({', '.join(names)}).")
+
+
+def _check_value(value, kind: type, what: str, meta_path: Path) -> None:
+    if kind is int and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise DataError(f"{meta_path}: {what} is {value!r}, expected a whole number >= 0.")
+    if kind is str and (not isinstance(value, str) or not value):
+        raise DataError(f"{meta_path}: {what} is {value!r}, expected a name.")
+
+
+def _as_dtype(array: np.ndarray, dtype_name: str | None, path: Path) -> np.ndarray:
+    """Features as meta.json says they are stored: bfloat16 from its uint16 bits, the others as they are."""
+    if dtype_name == BFLOAT16 and array.dtype == np.uint16:
+        return array.view(bfloat16())
+    if dtype_name is not None and array.dtype.name != dtype_name:
+        raise DataError(f"{path}: meta.json says {dtype_name}, the file holds {array.dtype}. Write the graph "
+                        f"again.")
+    return array
+
+
+def _check_against_meta(graph: TypedGraph, meta: dict, files: dict[str, str]) -> None:
+    """Every array has the shape meta.json gives it: a mismatch means a truncated or foreign file."""
+    expected = {}
+    for entry in meta["node_types"]:
+        if entry["feature_dim"]:
+            expected[node_array(entry["name"], "features")] = (entry["count"], entry["feature_dim"])
+    for entry in meta["relations"]:
+        key = (entry["src"], entry["name"], entry["dst"])
+        expected[relation_array(key, "indptr")] = (graph.num_nodes[key[2]] + 1,)
+        expected[relation_array(key, "indices")] = (entry["num_edges"],)
+        if entry["edge_feature_dim"]:
+            expected[relation_array(key, "edge_features")] = (entry["num_edges"], entry["edge_feature_dim"])
+    arrays = {node_array(t, "features"): f for t, f in graph.features.items()}
+    for key, relation in graph.relations.items():
+        arrays.update({relation_array(key, "indptr"): relation.indptr, relation_array(key, "indices"): relation.indices,
+                       relation_array(key, "edge_features"): relation.edge_features})
+    for key, shape in expected.items():
+        if tuple(arrays[key].shape) != shape:
+            raise DataError(f"{files[key]}: holds shape {tuple(arrays[key].shape)}, but meta.json says {shape}. "
+                            f"The file is truncated or from another graph; write the graph again.")
