@@ -297,10 +297,17 @@ def test_the_device_planner_plans_what_the_host_planner_plans(graph, fanout):
     device_uppers = [(i, 100 + i, device_sampler.sample(torch.from_numpy(s), 100 + i, [4, 3]))
                      for i, s in enumerate(seeds)]
     host, device = Planner(graph.indptr, fanout), DevicePlanner(torch.from_numpy(graph.indptr), fanout)
-    cases = [dict(ratio=0.5), dict(ratio=0.0), dict(ratio=1.0), dict(ratio=0.5, cap=lambda ranked: (3, True))]
+    # ``fresh``: vertices kept cold besides each batch's own seeds (data parallel: the global batch's seeds).
+    others = [None, np.asarray(graph.train_idx[:80]), None, np.asarray(graph.train_idx[200:210])]
+    cases = [dict(ratio=0.5), dict(ratio=0.0), dict(ratio=1.0), dict(ratio=0.5, cap=lambda ranked: (3, True)),
+             dict(ratio=1.0, fresh=others)]
     for case in cases:
         a, b = host.plan(7, 1, host_uppers, **case), device.plan(7, 1, device_uppers, **case)
         assert np.array_equal(a.hot, b.hot) and np.array_equal(a.probe, b.probe)
+        for item, (_, _, upper), extra in zip(a.batches, host_uppers, case.get("fresh", [None] * len(sizes))):
+            served = upper.frontiers[0].numpy()[item.hot_pos]
+            assert not np.isin(served, upper.seeds.numpy()).any()
+            assert extra is None or not np.isin(served, extra).any()
         assert vars(a.stats) == vars(b.stats)
         for x, y in zip(a.batches, b.batches):
             for name in ("cold_pos", "hot_pos", "hot_rows"):
@@ -314,8 +321,8 @@ def test_the_device_planner_plans_what_the_host_planner_plans(graph, fanout):
 
 
 def test_the_planner_kernels_rank_index_and_split_as_numpy_does():
-    from neutronorch.orchestration.neutronorch.planner import (index_appearances, rank_by_count, seed_entries,
-                                                              split_hot_cold)
+    from neutronorch.orchestration.neutronorch.planner import (concatenated, fresh_entries, index_appearances,
+                                                              rank_by_count, split_hot_cold)
 
     rng = np.random.default_rng(0)
     for n, top in [(0, 1), (1, 1), (500, 1), (5000, 8), (3000, 40)]:
@@ -334,14 +341,20 @@ def test_the_planner_kernels_rank_index_and_split_as_numpy_does():
     row_of[hot] = np.arange(hot.shape[0])
     saved_of = rng.integers(0, 9, distinct.shape[0])
     offsets = np.concatenate(([0], np.cumsum(sizes)))
-    fresh = np.array([0, 37, 1, 0], np.int64)  # each batch's leading entries kept cold (its seeds)
+    # Kept cold: each batch's leading entries (its seeds), and in batch 3 the vertices of a list (data parallel).
+    own = np.array([0, 37, 1, 0], np.int64)
+    extra, extra_offsets = concatenated([None, None, None, nodes[offsets[3]:offsets[3] + 60:3]])
+    fresh = fresh_entries(nodes, offsets, own, extra, extra_offsets, slot)
+    assert (slot == -1).all()
+    expected = np.zeros(nodes.shape[0], bool)
+    for b in range(len(sizes)):
+        expected[offsets[b]:offsets[b] + own[b]] = True
+    expected[offsets[3]:] |= np.isin(nodes[offsets[3]:], extra)
+    assert np.array_equal(fresh, expected) and fresh[offsets[3]:].sum() == 20
     positions, rows, hot_counts, saved = split_hot_cold(index, offsets, row_of, saved_of, fresh)
-    assert np.array_equal(seed_entries(offsets, fresh), np.concatenate([np.arange(f) + o for o, f in
-                                                                        zip(offsets[:-1], fresh)]))
     for b in range(len(sizes)):
         part = index[offsets[b]:offsets[b + 1]]
-        is_hot = row_of[part] >= 0
-        is_hot[:fresh[b]] = False
+        is_hot = (row_of[part] >= 0) & ~fresh[offsets[b]:offsets[b + 1]]
         lo, mid, hi = offsets[b], offsets[b] + hot_counts[b], offsets[b + 1]
         assert np.array_equal(positions[lo:mid], np.flatnonzero(is_hot))
         assert np.array_equal(positions[mid:hi], np.flatnonzero(~is_hot))

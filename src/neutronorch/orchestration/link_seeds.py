@@ -46,11 +46,12 @@ class LinkSeeds:
         negatives = draw_negatives(batch_key(sampling.seed, epoch, index), positives.shape[1], self.negatives,
                                    self.num_nodes)
         excluded = positives  # the global batch's: each rank samples what one process would
-        if sampling.world > 1:
-            part = torch.tensor_split(torch.arange(positives.shape[1]), sampling.world)[sampling.rank]
-            positives, negatives = positives[:, part], negatives[part]
-        seeds, targets = pair_targets(positives, negatives)
-        return SeedBatch(seeds, targets, exclude=excluded)
+        if sampling.world == 1:
+            return SeedBatch(*pair_targets(positives, negatives), exclude=excluded)
+        batch_seeds = pair_targets(positives, negatives)[0]
+        part = torch.tensor_split(torch.arange(positives.shape[1]), sampling.world)[sampling.rank]
+        seeds, targets = pair_targets(positives[:, part], negatives[part])
+        return SeedBatch(seeds, targets, exclude=excluded, batch_seeds=batch_seeds)
 
     def rank_shares(self, epoch: int) -> np.ndarray:
         """Per mini-batch: ``world`` times this rank's share of the global batch's positives (each a loss term

@@ -24,11 +24,14 @@ class SeedBatch:
     ``seeds``: the vertices whose outputs the step reads (int64). ``targets``: what the loss compares those
     outputs with, or None for the seeds' own labels (a node task). ``exclude``: (2, P) global vertex pairs
     whose edges, in either direction, the batch's sampled graph must not contain (a link task's seed
-    edges; ``sampling/exclude.py``), or None."""
+    edges; ``sampling/exclude.py``), or None. ``batch_seeds``: data parallel, the seeds of the global batch
+    this one is a rank's part of (a NeutronOrch plan serves none of them hot in it, as one process would
+    not); None where they are ``seeds``."""
 
     seeds: torch.Tensor
     targets: torch.Tensor | None = None
     exclude: torch.Tensor | None = None
+    batch_seeds: torch.Tensor | None = None
 
 
 class NodeSeeds:
@@ -41,7 +44,11 @@ class NodeSeeds:
 
     def epoch(self, epoch: int) -> list[SeedBatch]:
         """Every mini-batch of ``epoch`` (a sequence: ``len`` and indexing, as ``LinkSeeds.epoch``'s)."""
-        return [SeedBatch(seeds) for seeds in epoch_batches(self.train_idx, self.sampling, epoch)]
+        sampling = self.sampling
+        if sampling.world == 1:
+            return [SeedBatch(seeds) for seeds in epoch_batches(self.train_idx, sampling, epoch)]
+        return [SeedBatch(torch.tensor_split(batch, sampling.world)[sampling.rank], batch_seeds=batch)
+                for batch in global_batches(self.train_idx, sampling, epoch)]
 
     def rank_shares(self, epoch: int) -> np.ndarray:
         return rank_shares(self.graph, self.sampling, epoch)
@@ -62,11 +69,16 @@ def epoch_batches(train_idx: torch.Tensor, sampling: SamplingConfig, epoch: int)
     """This rank's seeds of every mini-batch of ``epoch``, in batch order (some may be empty when the last
     global batch has fewer seeds than there are ranks). Unshuffled (``sampling.shuffle`` False): in their
     given order every epoch."""
-    order = epoch_order(train_idx, sampling.seed, epoch) if sampling.shuffle else train_idx
-    batches = torch.split(order, sampling.batch_size * sampling.world)
+    batches = global_batches(train_idx, sampling, epoch)
     if sampling.world == 1:
         return list(batches)
     return [torch.tensor_split(batch, sampling.world)[sampling.rank] for batch in batches]
+
+
+def global_batches(train_idx: torch.Tensor, sampling: SamplingConfig, epoch: int) -> tuple[torch.Tensor, ...]:
+    """Every global mini-batch of ``epoch`` (all ranks' seeds), in batch order."""
+    order = epoch_order(train_idx, sampling.seed, epoch) if sampling.shuffle else train_idx
+    return torch.split(order, sampling.batch_size * sampling.world)
 
 
 def epoch_order(train_idx: torch.Tensor, seed: int, epoch: int) -> torch.Tensor:

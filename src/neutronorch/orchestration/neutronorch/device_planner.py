@@ -32,7 +32,8 @@ class DevicePlanner:
         self._slot = torch.empty(indptr.shape[0] - 1, dtype=torch.int64, device=self.device)  # scratch
 
     def plan(self, super_batch_id: int, epoch: int, uppers: list[tuple[int, int, SampledSubgraph]], ratio: float,
-             cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot: np.ndarray | None = None) -> Plan:
+             cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot: np.ndarray | None = None,
+             fresh: list | None = None) -> Plan:
         """As ``Planner.plan``; the uppers' tensors on this planner's device, the plan's positions too."""
         device, slot = self.device, self._slot
         sizes = [upper.frontiers[0].shape[0] for _, _, upper in uppers]
@@ -53,8 +54,12 @@ class DevicePlanner:
         # count (``planner.py``).
         batch_of = torch.bucketize(positions, torch.from_numpy(offsets[1:]).to(device), right=True)
         starts = torch.from_numpy(offsets[:-1]).to(device)
-        fresh = torch.tensor([upper.seeds.shape[0] for _, _, upper in uppers], dtype=torch.int64, device=device)
-        is_seed = (positions - starts.index_select(0, batch_of)) < fresh.index_select(0, batch_of)
+        own = torch.tensor([upper.seeds.shape[0] for _, _, upper in uppers], dtype=torch.int64, device=device)
+        is_seed = (positions - starts.index_select(0, batch_of)) < own.index_select(0, batch_of)
+        for b, extra in enumerate(fresh or []):  # data parallel: the global batch's seeds too
+            if extra is not None and extra.shape[0]:
+                lo, hi = int(offsets[b]), int(offsets[b + 1])
+                is_seed[lo:hi] |= torch.isin(dst[lo:hi], torch.as_tensor(extra, device=device))
         appear = torch.bincount(index[~is_seed], minlength=num_distinct)
         ranked = torch.sort(appear, descending=True, stable=True).indices
         capped = False

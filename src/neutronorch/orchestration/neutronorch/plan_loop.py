@@ -66,12 +66,13 @@ class PlanLoop:
             epoch, first, end = self.schedule.locate(super_batch_id)
             if epoch not in self._batches:
                 self._batches = {epoch: self.seeds.epoch(epoch)}
-            uppers = []
+            uppers, batches = [], []
             fanouts = self.sampling.fanouts[:-1]
             on_device = torch.is_tensor(planner.indptr)
             for index in range(first, end):
                 key = batch_key(self.sampling.seed, epoch, index)
                 batch = self._batches[epoch][index]
+                batches.append(batch)
                 upper = sampler.sample(batch.seeds if on_device else batch.seeds.numpy(), key, fanouts)
                 if batch.exclude is not None:
                     upper = exclude_edges(upper, batch.exclude, self.num_nodes)
@@ -82,9 +83,9 @@ class PlanLoop:
                 plan = all_cold(super_batch_id, epoch, uppers)
             else:
                 cap = (lambda ranked: error_cap(ranked, setting)) if setting.auto else None
-                plan = planner.plan(super_batch_id, epoch, uppers, setting.ratio, cap, hot)
+                fresh = [b.batch_seeds for b in batches] if any(b.batch_seeds is not None for b in batches) else None
+                plan = planner.plan(super_batch_id, epoch, uppers, setting.ratio, cap, hot, fresh)
             plan.stats.setting = number
-        batches = [self._batches[epoch][item.index] for item in plan.batches]
         for item, batch in zip(plan.batches, batches):
             item.targets, item.exclude = batch.targets, batch.exclude
         if batches and batches[0].exclude is not None:

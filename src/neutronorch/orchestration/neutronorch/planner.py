@@ -14,6 +14,8 @@ the loss most; in a link task the seeds are the ends of the scored pairs, drawn 
 degree (the hottest vertices are seeds of most mini-batches), and serving them stale rows made training
 diverge (Amazon Photo, ``docs/link-prediction.md``). The seeds lead each mini-batch's bottom-layer
 destinations (every hop keeps its destinations first), so they are its first ``upper.seeds`` positions.
+Data parallel, a rank's part of a global batch also keeps the other ranks' seeds of it cold (``fresh``), so
+that ranks serve hot exactly the rows one process would.
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ def split_hot_cold(index, offsets, row_of, saved_of, fresh):
     of its cold ones (in ``positions``, over the same range), the hot ones' rows of the hot table (``rows``,
     at the front of the range), how many are hot, and the bottom-hop edges not sampled on the device
     because they are. ``row_of``/``saved_of``: per distinct vertex, its hot row (-1: cold) and those edges;
-    ``fresh[b]``: the first ``fresh[b]`` destinations of mini-batch ``b`` are cold whatever their vertex."""
+    ``fresh``: per entry, True where it is cold whatever its vertex (``fresh_entries``)."""
     batches = offsets.shape[0] - 1
     positions = np.empty(index.shape[0], np.int64)
     rows = np.empty(index.shape[0], np.int64)
@@ -143,30 +145,51 @@ def split_hot_cold(index, offsets, row_of, saved_of, fresh):
     saved = np.zeros(batches, np.int64)
     for b in prange(batches):
         lo, hi = offsets[b], offsets[b + 1]
-        start = min(hi, lo + fresh[b])
         h, edges = lo, 0
-        for i in range(start, hi):
+        for i in range(lo, hi):
             row = row_of[index[i]]
-            if row >= 0:
+            if row >= 0 and not fresh[i]:
                 positions[h] = i - lo
                 rows[h] = row
                 h += 1
                 edges += saved_of[index[i]]
         hot[b], saved[b] = h - lo, edges
         for i in range(lo, hi):
-            if i < start or row_of[index[i]] < 0:
+            if row_of[index[i]] < 0 or fresh[i]:
                 positions[h] = i - lo
                 h += 1
     return positions, rows, hot, saved
 
 
-def seed_entries(offsets: np.ndarray, fresh: np.ndarray) -> np.ndarray:
-    """The entries of the concatenated bottom-layer destinations that are their own mini-batch's seeds (the
-    first ``fresh[b]`` of mini-batch ``b``, which starts at ``offsets[b]``)."""
-    if fresh.sum() == 0:
-        return np.empty(0, np.int64)
-    starts = np.repeat(offsets[:-1] - np.cumsum(fresh) + fresh, fresh)
-    return np.arange(int(fresh.sum()), dtype=np.int64) + starts
+@njit(cache=True, nogil=True)
+def fresh_entries(dst, offsets, own, extra, extra_offsets, slot):
+    """Per entry of the concatenated bottom-layer destinations ``dst`` (mini-batch ``b`` at
+    ``offsets[b]:offsets[b + 1]``): whether it must be computed fresh: one of the mini-batch's first ``own[b]``
+    (its own seeds, which lead its destinations), or a vertex of ``extra[extra_offsets[b]:extra_offsets[b + 1]]``
+    (data parallel: the global batch's seeds). ``slot`` (one int32 per vertex, all -1) is scratch, left -1."""
+    fresh = np.zeros(dst.shape[0], np.bool_)
+    for b in range(offsets.shape[0] - 1):
+        lo, hi = offsets[b], offsets[b + 1]
+        for i in range(lo, min(hi, lo + own[b])):
+            fresh[i] = True
+        first, last = extra_offsets[b], extra_offsets[b + 1]
+        if last > first:
+            for k in range(first, last):
+                slot[extra[k]] = 0
+            for i in range(lo, hi):
+                if slot[dst[i]] == 0:
+                    fresh[i] = True
+            for k in range(first, last):
+                slot[extra[k]] = -1
+    return fresh
+
+
+def concatenated(parts: list) -> tuple[np.ndarray, np.ndarray]:
+    """``parts`` (arrays or tensors, or None for none) as one int64 array and the offsets of each."""
+    arrays = [np.empty(0, np.int64) if p is None else np.asarray(p, dtype=np.int64) for p in parts]
+    offsets = np.zeros(len(arrays) + 1, np.int64)
+    np.cumsum([a.shape[0] for a in arrays], out=offsets[1:])
+    return (np.concatenate(arrays) if arrays else np.empty(0, np.int64)), offsets
 
 
 class Planner:
@@ -179,17 +202,22 @@ class Planner:
         self._slot = np.full(num_nodes, -1, np.int32)  # index_appearances' scratch, left -1
 
     def plan(self, super_batch_id: int, epoch: int, uppers: list[tuple[int, int, SampledSubgraph]], ratio: float,
-             cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot: np.ndarray | None = None) -> Plan:
+             cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot: np.ndarray | None = None,
+             fresh: list | None = None) -> Plan:
         """``uppers``: (mini-batch index, key, upper-hop sample) of each mini-batch of the super-batch.
-        ``hot``: the hot set, already chosen (a resumed super-batch's), instead of ranking by ``ratio``."""
+        ``hot``: the hot set, already chosen (a resumed super-batch's), instead of ranking by ``ratio``.
+        ``fresh``: per mini-batch, vertices never served hot in it besides its own seeds (data parallel: the
+        global batch's seeds, ``SeedBatch.batch_seeds``; None: none)."""
         bottoms = [upper.frontiers[0].numpy() for _, _, upper in uppers]
         offsets = np.zeros(len(bottoms) + 1, np.int64)
         np.cumsum([b.shape[0] for b in bottoms], out=offsets[1:])
         dst = np.concatenate(bottoms) if bottoms else np.empty(0, np.int64)
-        fresh = np.array([upper.seeds.shape[0] for _, _, upper in uppers], np.int64)
+        own = np.array([upper.seeds.shape[0] for _, _, upper in uppers], np.int64)
+        extra, extra_offsets = concatenated(fresh if fresh is not None else [None] * len(uppers))
+        cold = fresh_entries(dst, offsets, own, extra, extra_offsets, self._slot)
         distinct, appear, index = index_appearances(dst, self._slot)
         # Only the appearances a hot row can serve count: not those as their own mini-batch's seeds.
-        appear -= np.bincount(index[seed_entries(offsets, fresh)], minlength=distinct.shape[0]).astype(np.int32)
+        appear -= np.bincount(index[cold], minlength=distinct.shape[0]).astype(np.int32)
         ranked = rank_by_count(appear)
         capped = False
         row_of = np.full(distinct.shape[0], -1, np.int32)  # per distinct vertex: its hot row, or -1
@@ -213,7 +241,7 @@ class Planner:
         degree = self.indptr[vertices + 1] - self.indptr[vertices]
         saved_of = np.zeros(distinct.shape[0], np.int64)
         saved_of[hot_distinct] = degree if self.bottom_fanout < 0 else np.minimum(degree, self.bottom_fanout)
-        positions, rows, hot_counts, saved = split_hot_cold(index, offsets, row_of, saved_of, fresh)
+        positions, rows, hot_counts, saved = split_hot_cold(index, offsets, row_of, saved_of, cold)
         planned = []
         for b, (batch, key, upper) in enumerate(uppers):
             lo, mid, hi = offsets[b], offsets[b] + hot_counts[b], offsets[b + 1]
