@@ -506,3 +506,21 @@ def test_gat_gradients_repeat_themselves_with_two_threads(small_csc):
         first = gradients()
         for _ in range(5):
             assert all(torch.equal(a, b) for a, b in zip(gradients(), first))
+
+
+def test_a_link_models_encoder_starts_from_glorot_weights():
+    import math
+
+    from neutronorch.nn.link import LinkModel
+    from neutronorch.nn.models import GNN
+
+    torch.manual_seed(0)
+    model = LinkModel(GNN("sage", 1433, 128, 128, 2), "mlp")
+    linears = [m for m in model.encoder.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears
+    for layer in linears:
+        fan_out, fan_in = layer.weight.shape
+        bound = math.sqrt(2.0) * math.sqrt(6.0 / (fan_in + fan_out))
+        assert layer.weight.abs().max() <= bound and layer.weight.abs().max() > 0.95 * bound
+    # The head keeps torch's default: bound 1 / sqrt(fan_in).
+    assert model.head.hidden.weight.abs().max() <= 1 / math.sqrt(128)

@@ -7,6 +7,11 @@ Heads (``LINK_HEADS``), each mapping two (..., D) embeddings to (...) logits:
 - ``mlp``: a two-layer perceptron over the element-wise product ``h_u * h_v`` (OGB's ``LinkPredictor``).
 
 Both are symmetric in ``u`` and ``v``, so an undirected link scores the same either way round.
+
+The encoder's linear weights start from Glorot's uniform with the ReLU gain (``glorot_``, what DGL's
+``SAGEConv`` does), not torch's default (about 3.3 times narrower for 1,433 inputs): with the dot head
+it trained Cora and CiteSeer links to a test MRR 4 to 8 points higher (2-layer SAGE, two seeds each;
+``docs/link-prediction.md``). Biases keep torch's default.
 """
 
 from __future__ import annotations
@@ -18,7 +23,16 @@ from torch.nn import functional as F
 from neutronorch.nn.models import GNN
 from neutronorch.nn.names import LINK_HEADS
 
-__all__ = ["LINK_HEADS", "DotHead", "LinkModel", "MLPHead", "make_head"]
+__all__ = ["LINK_HEADS", "DotHead", "LinkModel", "MLPHead", "glorot_", "make_head"]
+
+
+def glorot_(module: nn.Module) -> nn.Module:
+    """Every ``nn.Linear`` weight of ``module`` drawn again from Glorot's uniform with the ReLU gain."""
+    gain = nn.init.calculate_gain("relu")
+    for layer in module.modules():
+        if isinstance(layer, nn.Linear):
+            nn.init.xavier_uniform_(layer.weight, gain=gain)
+    return module
 
 
 
@@ -52,7 +66,7 @@ class LinkModel(nn.Module):
 
     def __init__(self, encoder: GNN, head: str = "dot", dropout: float = 0.0):
         super().__init__()
-        self.encoder = encoder
+        self.encoder = glorot_(encoder)
         self.head = make_head(head, encoder.width(encoder.num_layers - 1), dropout)
         self.kind = encoder.kind
         # What rebuilds this model (a checkpoint stores it next to the weights).
