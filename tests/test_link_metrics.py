@@ -1,5 +1,6 @@
 """Link-prediction metrics against hand-computed values and against OGB's evaluator formulas, written out
-here (the ogb package is not installed): random scores with many ties, read in small chunks."""
+here (the ogb package is not installed): random scores with many ties, read in small chunks; the chunked
+``PerPositiveScores`` against the whole-array functions."""
 
 import tracemalloc
 
@@ -9,7 +10,8 @@ import torch
 
 from neutronorch import ConfigError
 from neutronorch.train import link_metrics
-from neutronorch.train.link_metrics import hits_at_k, link_roc_auc, link_score, mrr, parse_link_metric, ranks
+from neutronorch.train.link_metrics import (PerPositiveScores, SharedScores, hits_at_k, link_roc_auc, link_score, mrr,
+                                           parse_link_metric, ranks)
 
 RNG = np.random.default_rng(5)
 
@@ -123,3 +125,77 @@ def test_per_positive_ranks_need_memory_bounded_by_the_chunk_not_the_scores(monk
         tracemalloc.stop()
     assert peak < 2_000_000, f"peak {peak:,} bytes"
     assert result == pytest.approx(np.mean(1 / ogb_ranks(positive, negatives)))
+
+
+def _in_chunks(positive, negatives, sizes, rng):
+    """``PerPositiveScores`` of the scores given in chunks of ``sizes`` rows (cycled), in a shuffled order."""
+    starts, start = [], 0
+    while start < positive.shape[0]:
+        size = sizes[len(starts) % len(sizes)]
+        starts.append((start, size))
+        start += size
+    scores = PerPositiveScores(positive)
+    for index in rng.permutation(len(starts)):
+        start, size = starts[index]
+        scores.add(start, negatives[start:start + size])
+    return scores
+
+
+@pytest.mark.parametrize("sizes", [(700,), (1,), (64, 3, 250)])
+def test_per_positive_scores_in_chunks_equal_the_whole_array_functions(sizes):
+    rng = np.random.default_rng(11)
+    positive = np.round(rng.random(700), 1).astype(np.float32)
+    negatives = np.round(rng.random((700, 37)), 1).astype(np.float32)  # many ties, positives with negatives too
+    negatives[:5] = positive[:5, None]
+    scores = _in_chunks(positive, negatives, sizes, rng)
+    assert scores.negatives_per_positive == 37
+    assert scores.mrr() == mrr(positive, negatives)
+    for k in (1, 3, 10, 37):
+        assert scores.hits_at_k(k) == hits_at_k(positive, negatives, k)
+    assert scores.roc_auc() == pytest.approx(link_roc_auc(positive, negatives), abs=1e-12)
+    assert scores.roc_auc() == pytest.approx(pairwise_auc(positive, negatives.reshape(-1)), abs=1e-12)
+    for metric in ("mrr", "hits@10", "rocauc"):
+        assert scores.score(metric) == pytest.approx(link_score(metric, positive, negatives), abs=1e-12)
+
+
+def test_per_positive_scores_take_torch_chunks_and_refuse_missing_rows_or_widths():
+    positive, negatives = torch.rand(50), torch.rand(50, 8)
+    scores = PerPositiveScores(positive)
+    scores.add(0, negatives[:30])
+    with pytest.raises(ValueError, match="30 rows of 50"):
+        scores.mrr()
+    with pytest.raises(ValueError, match=r"\(rows, 8\)"):
+        scores.add(30, negatives[30:, :4])
+    scores.add(30, negatives[30:].to(torch.bfloat16).float())
+    whole = negatives.clone()
+    whole[30:] = negatives[30:].to(torch.bfloat16).float()
+    assert scores.mrr() == mrr(positive, whole)
+    empty = PerPositiveScores(np.zeros(0, np.float32))
+    assert np.isnan(empty.mrr()) and np.isnan(empty.roc_auc()) and np.isnan(empty.hits_at_k(3))
+
+
+def test_shared_scores_are_the_whole_array_functions():
+    positive = np.round(RNG.random(300), 2).astype(np.float32)
+    negatives = np.round(RNG.random(500), 2).astype(np.float32)
+    scores = SharedScores(positive, negatives)
+    assert scores.negatives_per_positive == 500
+    assert scores.mrr() == mrr(positive, negatives)
+    assert scores.hits_at_k(50) == hits_at_k(positive, negatives, 50)
+    assert scores.roc_auc() == link_roc_auc(positive, negatives)
+    assert scores.score("hits@20") == link_score("hits@20", positive, negatives)
+
+
+def test_per_positive_scores_hold_the_positives_not_the_negatives():
+    positive = RNG.random(20_000, dtype=np.float32)
+    negatives = RNG.random((20_000, 500), dtype=np.float32)  # 40 MB of scores, given 500 rows (1 MB) at a time
+    tracemalloc.start()
+    try:
+        scores = PerPositiveScores(positive)
+        for start in range(0, 20_000, 500):
+            scores.add(start, negatives[start:start + 500])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # The positives twice (160 kB), the ranks (160 kB), a chunk sorted (1 MB) and its search's 250k positions (2 MB).
+    assert peak < 4_000_000, f"peak {peak:,} bytes"
+    assert scores.roc_auc() == pytest.approx(link_roc_auc(positive, negatives), abs=1e-12)

@@ -18,14 +18,15 @@ from neutronorch.features.store import FeatureStore
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
 from neutronorch.orchestration.factory import build_mode
-from neutronorch.orchestration.link_seeds import LinkSeeds, pair_targets
+from neutronorch.orchestration.link_seeds import LinkSeeds, draw_negatives, pair_targets
 from neutronorch.sampling.block import Block, SampledSubgraph
 from neutronorch.sampling.exclude import exclude_edges
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, mix_key
 from neutronorch.train.checkpoint import load_checkpoint
 from neutronorch.train.layerwise import layerwise
-from neutronorch.train.link_metrics import hits_at_k, mrr
-from neutronorch.train.link_task import LinkTask, evaluate_links, link_graph
+from neutronorch.train import layerwise as layerwise_module, link_task
+from neutronorch.train.link_metrics import hits_at_k, link_roc_auc, mrr
+from neutronorch.train.link_task import LinkTask, drawn_negatives, evaluate_links, link_graph
 
 SPEC = "synthetic:nodes=2000,degree=10,features=16,classes=4,homophily=0.9"
 
@@ -187,6 +188,58 @@ def test_drawn_evaluation_negatives_are_the_same_at_every_evaluation(graph):
     first = evaluate_links(model, graph, store, torch.device("cpu"), 512, 0, 50, task)
     assert first == evaluate_links(model, graph, store, torch.device("cpu"), 512, 0, 50, task)
     assert first != evaluate_links(model, graph, store, torch.device("cpu"), 512, 1, 50, task)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 655, 5000])
+def test_negatives_drawn_in_chunks_are_the_numbers_of_one_draw(rows):
+    for count, per_positive, num_nodes in ((3000, 100, 1_000_000), (777, 3, 5), (64, 2, 1 << 33)):
+        key = mix_key(3, 0x4556_414C)
+        chunks = list(drawn_negatives(key, count, per_positive, num_nodes, rows))
+        assert [start for start, _ in chunks] == list(range(0, count, rows))
+        whole = draw_negatives(key, count, per_positive, num_nodes)
+        assert torch.equal(torch.cat([chunk for _, chunk in chunks]), whole)
+
+
+@pytest.mark.parametrize("head", ["dot", "mlp"])
+def test_chunked_evaluation_equals_the_whole_arrays_whatever_the_chunk(graph, head, monkeypatch):
+    torch.manual_seed(0)
+    model = LinkModel(GNN("sage", graph.feature_dim, 16, 16, 2), head)
+    store = FeatureStore(graph.features, graph.labels)
+    task = LinkTask.of(graph, model)
+    scores = evaluate_links(model, graph, store, torch.device("cpu"), 512, 0, 50, task)
+    # The whole arrays, as evaluation held them before it was chunked: every negative drawn at once.
+    embeddings = layerwise(model.encoder, graph, store, torch.arange(graph.num_nodes), torch.device("cpu"))
+    for offset, name in enumerate(("val", "test")):
+        edges = torch.from_numpy(np.asarray(getattr(graph.links, name), dtype=np.int64))
+        negatives = draw_negatives(mix_key(0, 0x4556_414C + offset), edges.shape[1], 50, graph.num_nodes)
+        with torch.no_grad():
+            positive = model.score(embeddings[edges[0]], embeddings[edges[1]])
+            negative = model.score(embeddings[edges[0]][:, None], embeddings[negatives])
+        want = {"mrr": mrr(positive, negative), "hits_10": hits_at_k(positive, negative, 10),
+                "rocauc": link_roc_auc(positive, negative)}
+        for metric, value in want.items():
+            assert scores[f"{name}_{metric}"] == pytest.approx(value, abs=1e-6), (name, metric)
+        assert scores[name] == scores[f"{name}_mrr"]
+    monkeypatch.setattr(link_task, "SCORE_CHUNK", 37)  # 37 positive pairs, or one positive's 50 negatives, a chunk
+    small = evaluate_links(model, graph, store, torch.device("cpu"), 512, 0, 50, task)
+    assert small.keys() == scores.keys()
+    assert all(small[k] == pytest.approx(scores[k], abs=1e-6) for k in scores)
+
+
+def test_evaluation_memory_maps_its_embeddings_where_the_layers_would_not_fit(graph, tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    model = LinkModel(GNN("sage", graph.feature_dim, 16, 16, 2), "dot")
+    store = FeatureStore(graph.features, graph.labels)
+    task = LinkTask.of(graph, model)
+    in_memory = evaluate_links(model, graph, store, torch.device("cpu"), 512, 0, 20, task)
+    buffers = []
+    make = layerwise_module._buffer
+    monkeypatch.setattr(layerwise_module, "_buffer", lambda *a: buffers.append(a[2:]) or make(*a))
+    monkeypatch.setattr(link_task, "scratch_folder", lambda *_: str(tmp_path))  # as when they would not fit
+    assert evaluate_links(model, graph, store, torch.device("cpu"), 512, 0, 20, task) == in_memory
+    assert [name for _, name in buffers] == ["last", "layer1"]  # the last layer's rows, then the layer below
+    assert all(folder is not None and folder.startswith(str(tmp_path)) for folder, _ in buffers)
+    assert not any(tmp_path.iterdir())  # the temporary folders are gone
 
 
 @pytest.mark.slow

@@ -9,7 +9,8 @@ appearance in an L-hop neighbourhood. Where the rows go is the caller's choice:
 - the requested rows of the last layer are written chunk by chunk into ``out``: a tensor, or a numpy
   array such as a memory-mapped ``.npy`` file (``outputs.open_array_atomically``), after an optional
   per-chunk ``transform`` (class probabilities, predicted classes), so a result larger than memory is
-  never held whole.
+  never held whole; ``last_layer_rows`` holds them as float32 rows in memory or memory-mapped beside the
+  intermediate layers, for as long as a block reads them (the embeddings that link scoring reads).
 
 Data parallel (``world``), each rank computes a contiguous share of every intermediate layer's chunks and the
 ranks broadcast their shares to each other, so every rank holds the whole layer having computed 1/N of it;
@@ -33,7 +34,7 @@ import contextlib
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -74,10 +75,24 @@ def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor
         for layer in range(upto):
             if layer == upto - 1:
                 return run.last(layer, hidden, nodes, out, transform)
-            buffer = _buffer((graph.num_nodes, model.width(layer)), device, folder, layer)
+            buffer = _buffer((graph.num_nodes, model.width(layer)), device, folder, f"layer{layer + 1}")
             run.all_rows(layer, hidden, buffer)
             hidden = buffer
     raise ValueError("`layers` must be at least 1")
+
+
+@contextlib.contextmanager
+def last_layer_rows(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,
+                    chunk_size: int = 4096, *, scratch: str | None = None, progress: LayerProgress | None = None,
+                    world: World | None = None) -> Iterator[torch.Tensor]:
+    """The last layer's rows of ``nodes`` (one per requested vertex, in their order) as a CPU float32 tensor
+    alive while the block runs: in memory (``scratch`` None), else memory-mapped in a temporary folder in
+    ``scratch``, where the intermediate layers go too, removed when the block ends."""
+    with _scratch(scratch) as folder:
+        rows = _buffer((nodes.shape[0], model.width(model.num_layers - 1)), torch.device("cpu"), folder, "last")
+        layerwise(model, graph, store, nodes, device, chunk_size, out=rows, scratch=scratch, progress=progress,
+                  world=world)
+        yield rows
 
 
 class _Run:
@@ -223,11 +238,11 @@ def _features_in_place(store: FeatureStore, device: torch.device) -> torch.Tenso
         return torch.from_numpy(features)
 
 
-def _buffer(shape: tuple[int, int], device: torch.device, folder: str | None, layer: int) -> torch.Tensor:
-    """One layer's rows of every vertex: on the device, or a float32 memory map in ``folder``."""
+def _buffer(shape: tuple[int, int], device: torch.device, folder: str | None, name: str) -> torch.Tensor:
+    """Rows of one layer: on the device, or a float32 memory map ``name``.npy in ``folder``."""
     if folder is None:
         return torch.empty(shape, device=device)
-    path = f"{folder}/layer{layer + 1}.npy"
+    path = f"{folder}/{name}.npy"
     mapped = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape)
     try:
         reserve(path)  # a full disk is an error now, not a SIGBUS mid-layer

@@ -13,7 +13,13 @@ Scores are one per positive edge, ``positive`` (P,), and the negatives' in one o
 ROC-AUC (either form: the negatives are pooled) is the probability that a positive scores above a negative,
 ties counting half (``task.roc_auc``). Scores may be numpy arrays or torch tensors on any device (brought to
 the host). Per-positive ranks are counted ``CHUNK`` scores at a time, so millions of positives with a
-thousand negatives each need only a bounded working set beyond the scores; ROC-AUC sorts all P + N scores.
+thousand negatives each need only a bounded working set beyond the scores; ``link_roc_auc`` sorts all P + N
+scores.
+
+Where the (P, K) scores should never be held (an evaluation of millions of positives), ``PerPositiveScores``
+takes them a chunk of rows at a time and gives the same three metrics from P values: each positive's rank,
+and for ROC-AUC the count of positives above and tied with each negative, from the positives sorted once.
+``SharedScores`` gives the same methods over whole shared scores.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ import numpy as np
 from neutronorch.errors import ConfigError
 from neutronorch.train.task import roc_auc
 
-__all__ = ["ranks", "mrr", "hits_at_k", "link_roc_auc", "link_score", "parse_link_metric"]
+__all__ = ["ranks", "mrr", "hits_at_k", "link_roc_auc", "link_score", "parse_link_metric", "PerPositiveScores",
+           "SharedScores"]
 
 CHUNK = 1 << 22  # negative scores compared at a time
 
@@ -117,3 +124,90 @@ def link_score(metric: str, positive, negatives) -> float:
     if name == "rocauc":
         return link_roc_auc(positive, negatives)
     return hits_at_k(positive, negatives, k)
+
+
+class _Metrics:
+    """``score(metric)`` of a set of scores that has ``mrr``, ``hits_at_k`` and ``roc_auc``."""
+
+    def score(self, metric: str) -> float:
+        """``metric`` (``parse_link_metric``), as ``link_score`` gives it."""
+        name, k = parse_link_metric(metric)
+        if name == "mrr":
+            return self.mrr()
+        return self.roc_auc() if name == "rocauc" else self.hits_at_k(k)
+
+
+class SharedScores(_Metrics):
+    """Positive scores (P,) against shared negative scores (N,), both held whole: the functions above."""
+
+    def __init__(self, positive, negatives):
+        self.positive, self.negatives = _inputs(positive, negatives)
+        if self.negatives.ndim != 1:
+            raise ValueError(f"shared negative scores must be 1-D, got shape {self.negatives.shape}")
+        self.negatives_per_positive = self.negatives.shape[0]
+
+    def mrr(self) -> float:
+        return mrr(self.positive, self.negatives)
+
+    def hits_at_k(self, k: int) -> float:
+        return hits_at_k(self.positive, self.negatives, k)
+
+    def roc_auc(self) -> float:
+        return link_roc_auc(self.positive, self.negatives)
+
+
+class PerPositiveScores(_Metrics):
+    """Positive scores (P,) against per-positive negative scores given a chunk of rows at a time (``add``),
+    never held whole. Kept: the positives and a sorted copy (P values each), each positive's rank (P float64),
+    and two counts over every negative so far: the positives scored above it and those tied with it. The metrics
+    equal ``mrr``, ``hits_at_k`` and ``link_roc_auc`` of the whole (P, K) array, whatever the chunks: the
+    ranks are the same numbers, and ROC-AUC's Mann-Whitney count (ties half) is an exact integer sum."""
+
+    def __init__(self, positive):
+        self.positive = _host(positive)
+        if self.positive.ndim != 1:
+            raise ValueError(f"positive scores must be 1-D (one per positive edge), got shape {self.positive.shape}")
+        self.ordered = np.sort(self.positive)
+        self.ranks = np.empty(self.positive.shape[0], np.float64)
+        self.rows = self.above = self.tied = self.negatives = 0
+        self.negatives_per_positive = None
+
+    def add(self, start: int, negatives) -> None:
+        """The (rows, K) negative scores of positives ``start`` to ``start + rows - 1``; every positive's row
+        is given once, in any order of chunks, before the metrics are read."""
+        negatives = _host(negatives)
+        if negatives.ndim != 2 or negatives.shape[1] != (self.negatives_per_positive or negatives.shape[1]):
+            raise ValueError(f"per-positive negative scores must be (rows, {self.negatives_per_positive or 'K'}), "
+                             f"got shape {negatives.shape}")
+        count = negatives.shape[0]
+        self.ranks[start:start + count] = ranks(self.positive[start:start + count], negatives)
+        flat = np.sort(negatives.reshape(-1))  # sorted keys search a few times faster (each from the last)
+        # Per negative: the positives at most its score, and those below it (each array summed as made).
+        at_most = int(np.searchsorted(self.ordered, flat, side="right").sum())
+        below = int(np.searchsorted(self.ordered, flat, side="left").sum())
+        self.above += self.ordered.shape[0] * flat.shape[0] - at_most
+        self.tied += at_most - below
+        self.rows, self.negatives = self.rows + count, self.negatives + flat.shape[0]
+        self.negatives_per_positive = negatives.shape[1]
+
+    def mrr(self) -> float:
+        """Mean reciprocal rank (NaN without positives)."""
+        return float(np.mean(1.0 / self._ranks())) if self.positive.size else float("nan")
+
+    def hits_at_k(self, k: int) -> float:
+        """The share of positives ranked at most ``k`` (NaN without positives)."""
+        if k < 1:
+            raise ValueError(f"Hits@K needs K >= 1, got {k}")
+        return float(np.mean(self._ranks() <= k)) if self.positive.size else float("nan")
+
+    def roc_auc(self) -> float:
+        """The probability that a positive scores above a negative, ties half (NaN when either side is empty)."""
+        self._ranks()
+        if self.positive.size == 0 or self.negatives == 0:
+            return float("nan")
+        return float((self.above + 0.5 * self.tied) / (self.positive.shape[0] * self.negatives))
+
+    def _ranks(self) -> np.ndarray:
+        if self.rows != self.positive.shape[0]:
+            raise ValueError(f"negative scores were given for {self.rows} rows of {self.positive.shape[0]} positives")
+        return self.ranks

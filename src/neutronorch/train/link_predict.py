@@ -20,8 +20,9 @@ from neutronorch.data.graph import Graph
 from neutronorch.errors import ConfigError
 from neutronorch.features.store import FeatureStore
 from neutronorch.train.checkpoint import Checkpoint
-from neutronorch.train.layerwise import LayerProgress, _buffer, _scratch, layerwise
-from neutronorch.train.predict import _check_out, checkpoint_for, ids_in_memory, scratch_folder, write_rows
+from neutronorch.train.layerwise import LayerProgress, last_layer_rows
+from neutronorch.train.predict import (check_prediction_output, checkpoint_for, ids_in_memory, scratch_folder,
+                                       write_rows)
 
 __all__ = ["PAIR_FORMS", "read_pairs", "score_pairs"]
 
@@ -116,8 +117,8 @@ def score_pairs(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, pairs:
     per layer-wise chunk, pairs per head chunk), ``out``, ``scratch``, ``progress`` and ``overwrite`` as for
     ``predict``; ``out`` must not be the checkpoint, a file of the graph or the ``pairs`` file. A
     node-classification checkpoint is refused (use ``predict``)."""
-    _check_out(out, scratch, checkpoint, graph, overwrite,
-               {"pairs": [pairs] if isinstance(pairs, (str, os.PathLike)) else []})
+    check_prediction_output(out, scratch, checkpoint, graph, overwrite,
+                            {"pairs": [pairs] if isinstance(pairs, (str, os.PathLike)) else []})
     checkpoint = checkpoint_for(checkpoint, graph, pairs=True)
     pairs = torch.from_numpy(read_pairs(pairs, graph.num_nodes))
     target = torch.device(device)
@@ -127,11 +128,9 @@ def score_pairs(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, pairs:
 
     def fill(scores: np.ndarray) -> None:
         nodes = torch.unique(pairs.reshape(-1))  # sorted: a pair's rows are found by binary search
-        with _scratch(folder) as kept:
-            # The distinct vertices' embeddings: memory-mapped where the intermediate layers are.
-            rows = _buffer((nodes.shape[0], encoder.width(encoder.num_layers - 1)), torch.device("cpu"), kept, -1)
-            layerwise(encoder, graph, FeatureStore(graph.features, graph.labels), nodes, target, chunk_size,
-                      out=rows, scratch=folder, progress=progress)
+        # The distinct vertices' embeddings: memory-mapped where the intermediate layers are.
+        with last_layer_rows(encoder, graph, FeatureStore(graph.features, graph.labels), nodes, target, chunk_size,
+                             scratch=folder, progress=progress) as rows:
             row = lambda ids: rows[torch.searchsorted(nodes, ids)].to(target)  # noqa: E731
             for start in range(0, pairs.shape[1], chunk_size):
                 chunk = pairs[:, start:start + chunk_size]

@@ -7,14 +7,21 @@ over positives plus the mean over negatives (PyG's and OGB's link examples).
 
 Evaluation (``evaluate_links``): the encoder's embeddings of every vertex an evaluation pair names, from
 full neighbourhoods layer by layer over the message-passing graph (which holds no validation or test
-edge; the layers below the last memory-mapped, as ``predict``'s, where they would not fit), then the head's score of each positive and its negatives: those the data stores
+edge), then the head's score of each positive and its negatives: those the data stores
 (``LinkSplit.val_neg``/``test_neg``), else ``eval_negatives`` destinations per positive drawn once from
-the seed (the same at every evaluation). Scores are computed in chunks; the metric is OGB's
-(``link_metrics.py``).
+the seed (the same at every evaluation); the metrics are OGB's (``link_metrics.py``).
+
+Memory is bounded by the vertices and the positives, not by the negatives: the named vertices are marked
+in a mask a chunk of negatives at a time; the layers below the last, and the last layer's rows of the named
+vertices, are memory-mapped where they would not fit (``scratch_folder``, as ``predict``'s); per-positive
+negatives are read or drawn ``SCORE_CHUNK`` pairs at a time (drawn ones from one generator's stream, so the
+same numbers as one whole draw), scored, and reduced to ranks and ROC-AUC counts (``PerPositiveScores``)
+before the next chunk. Held whole: the positives and their scores, and shared negatives with their scores.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,11 +35,11 @@ from neutronorch.errors import ConfigError
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.rows import take_rows
-from neutronorch.orchestration.link_seeds import draw_negatives
+from neutronorch.orchestration.link_seeds import NEGATIVE_SALT
 from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.train.distributed import World
-from neutronorch.train.layerwise import LayerProgress, layerwise
-from neutronorch.train.link_metrics import hits_at_k, link_roc_auc, link_score, mrr
+from neutronorch.train.layerwise import LayerProgress, last_layer_rows
+from neutronorch.train.link_metrics import PerPositiveScores, SharedScores
 from neutronorch.train.predict import scratch_folder
 
 __all__ = ["LinkTask", "evaluate_links", "link_graph", "DEFAULT_LINK_SPLIT"]
@@ -108,53 +115,118 @@ def evaluate_links(model: LinkModel, graph: Graph, store: FeatureStore, device: 
     """``task``'s metric on the validation and test links, as {"val": ..., "test": ...}, and every reported
     metric under ``val_<name>``/``test_<name>`` (mrr, hits_K, rocauc)."""
     links = graph.links
-    sets = {"val": (_pairs(links.val), links.val_neg), "test": (_pairs(links.test), links.test_neg)}
-    negatives = {}
-    for offset, (name, (positives, stored)) in enumerate(sets.items()):
-        if links.negative_kind in (SHARED, PER_SOURCE):
-            negatives[name] = torch.from_numpy(np.array(stored, dtype=np.int64))
-        else:  # drawn once from the seed: the same at every evaluation
-            negatives[name] = draw_negatives(mix_key(seed, 0x4556_414C + offset), positives.shape[1], eval_negatives,
-                                             graph.num_nodes)
-    nodes = torch.unique(torch.cat([t.reshape(-1) for pair in zip(sets.values(), negatives.values())
-                                    for t in (pair[0][0], pair[1])]))
-    # The layers below the last over every vertex: memory-mapped in a scratch folder where they would not fit.
+    sets = {name: _EvalSet.of(links, name, mix_key(seed, 0x4556_414C + offset), eval_negatives, graph.num_nodes)
+            for offset, name in enumerate(("val", "test"))}
+    nodes = _named_vertices(sets.values(), graph.num_nodes)
+    # The layers below the last over every vertex, and the last of ``nodes``: memory-mapped in a scratch
+    # folder where they would not fit.
     scratch = scratch_folder(model.encoder, graph, model.num_layers, "auto", None)
-    embeddings = layerwise(model.encoder, graph, store, nodes, device, batch_size, scratch=scratch, world=world,
-                           progress=progress)
-    model.eval()
     out: dict[str, float] = {}
-    for name, (positives, _) in sets.items():
-        positive, negative = _scores(model, embeddings, nodes, positives, negatives[name],
-                                     links.negative_kind == SHARED, device)
-        out[name] = link_score(task.metric, positive, negative)
-        out[f"{name}_mrr"] = mrr(positive, negative)
-        for k in REPORTED_HITS:  # a positive among fewer negatives than K is always a hit: not reported
-            if k < negative.shape[-1]:
-                out[f"{name}_hits_{k}"] = hits_at_k(positive, negative, k)
-        out[f"{name}_rocauc"] = link_roc_auc(positive, negative)
+    with last_layer_rows(model.encoder, graph, store, nodes, device, batch_size, scratch=scratch, progress=progress,
+                         world=world) as embeddings:
+        model.eval()
+        if nodes.shape[0] == graph.num_nodes:  # every vertex named (many drawn negatives): ids are positions
+            row = lambda ids: embeddings[ids].to(device)  # noqa: E731
+        else:
+            row = lambda ids: embeddings[torch.searchsorted(nodes, ids)].to(device)  # noqa: E731
+        for name, pairs in sets.items():
+            out.update(_reported(name, task.metric, _scores(model, row, pairs)))
     return out
 
 
-def _pairs(edges) -> torch.Tensor:
-    return torch.from_numpy(np.array(edges, dtype=np.int64).reshape(2, -1))
+class _EvalSet:
+    """A validation or test set: its (2, P) positives and its negatives, read or drawn a chunk at a time
+    (``negatives``): the pairs the data stores (``SHARED`` (2, N), ``PER_SOURCE`` (P, K)), else
+    ``per_positive`` destinations per positive drawn from ``key`` (``draw_negatives``)."""
+
+    def __init__(self, positives: torch.Tensor, stored, kind: str | None, key: int, per_positive: int,
+                 num_nodes: int):
+        self.positives, self.stored, self.kind, self.key = positives, stored, kind, key
+        self.per_positive = int(stored.shape[1]) if kind == PER_SOURCE else per_positive
+        self.num_nodes = num_nodes
+
+    @classmethod
+    def of(cls, links, name: str, key: int, per_positive: int, num_nodes: int) -> "_EvalSet":
+        kind = links.negative_kind if links.negative_kind in (SHARED, PER_SOURCE) else None
+        return cls(_ids(getattr(links, name)).reshape(2, -1), getattr(links, f"{name}_neg"), kind, key, per_positive,
+                   num_nodes)
+
+    @property
+    def shared(self) -> bool:
+        return self.kind == SHARED
+
+    def negatives(self, rows: int) -> Iterator[tuple[int, torch.Tensor]]:
+        """(start, chunk) in order: shared negative pairs as (2, rows) from column ``start``, else the (rows, K)
+        negative destinations of positives ``start`` on."""
+        if self.kind == SHARED:
+            for start in range(0, self.stored.shape[1], rows):
+                yield start, _ids(self.stored[:, start:start + rows])
+        elif self.kind == PER_SOURCE:
+            for start in range(0, self.stored.shape[0], rows):
+                yield start, _ids(self.stored[start:start + rows])
+        else:
+            yield from drawn_negatives(self.key, self.positives.shape[1], self.per_positive, self.num_nodes, rows)
 
 
-def _scores(model: LinkModel, embeddings: torch.Tensor, nodes: torch.Tensor, positives: torch.Tensor,
-            negatives: torch.Tensor, shared: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores of the (2, P) positives, and of the negatives: (N,) for shared (2, N) pairs, else (P, K) for
-    each positive's source with its row of destinations."""
-    row = lambda ids: embeddings[torch.searchsorted(nodes, ids)].to(device)  # noqa: E731
-    positive = _chunked(lambda s: model.score(row(positives[0, s]), row(positives[1, s])), positives.shape[1])
-    if shared:
-        negative = _chunked(lambda s: model.score(row(negatives[0, s]), row(negatives[1, s])), negatives.shape[1])
-    else:
-        per = max(1, SCORE_CHUNK // max(1, negatives.shape[1]))
-        negative = _chunked(lambda s: model.score(row(positives[0, s]).unsqueeze(1), row(negatives[s])),
-                            positives.shape[1], per)
-    return positive, negative
+def drawn_negatives(key: int, count: int, per_positive: int, num_nodes: int,
+                    rows: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """``draw_negatives(key, count, per_positive, num_nodes)`` ``rows`` positives at a time, as (start, chunk):
+    the same numbers whatever ``rows``, for the draw is one generator's stream, element after element in row
+    order, seeded as ``draw_negatives`` seeds it (tested equal)."""
+    generator = torch.Generator()
+    generator.manual_seed(mix_key(key, NEGATIVE_SALT) & 0x7FFF_FFFF_FFFF_FFFF)
+    for start in range(0, count, rows):
+        shape = (min(rows, count - start), per_positive)
+        yield start, torch.randint(0, num_nodes, shape, generator=generator, dtype=torch.int64)
 
 
-def _chunked(score, count: int, chunk: int = SCORE_CHUNK) -> torch.Tensor:
-    parts = [score(slice(start, start + chunk)).float().cpu() for start in range(0, count, chunk)]
-    return torch.cat(parts) if parts else torch.zeros(0)
+def _named_vertices(sets, num_nodes: int) -> torch.Tensor:
+    """The distinct vertices (sorted) that the sets' positive and negative pairs name, marked in a mask over
+    the vertices a chunk of negatives at a time (never all of them at once)."""
+    named = torch.zeros(num_nodes, dtype=torch.bool)
+    for pairs in sets:
+        named[pairs.positives.reshape(-1)] = True
+        for _, chunk in pairs.negatives(SCORE_CHUNK):
+            named[chunk.reshape(-1)] = True
+    return named.nonzero().reshape(-1)
+
+
+def _ids(array) -> torch.Tensor:
+    """Vertex ids (a tensor, or stored pairs such as a slice of a memory map) as an int64 tensor."""
+    if isinstance(array, torch.Tensor):
+        return array.to(torch.int64)
+    return torch.from_numpy(np.array(array, dtype=np.int64))
+
+
+def _scores(model: LinkModel, row, pairs: _EvalSet) -> SharedScores | PerPositiveScores:
+    """The set's scores, ``row(ids)`` giving the embeddings: positives, and shared negatives, held whole (P
+    and N floats); per-positive negatives scored and reduced ``SCORE_CHUNK`` pairs at a time."""
+    positives = pairs.positives
+    positive = _pair_scores(model, row, positives)
+    if pairs.shared:
+        return SharedScores(positive, _pair_scores(model, row, pairs.stored))
+    scores = PerPositiveScores(positive)
+    for start, destinations in pairs.negatives(max(1, SCORE_CHUNK // max(1, pairs.per_positive))):
+        sources = row(positives[0, start:start + destinations.shape[0]]).unsqueeze(1)
+        scores.add(start, model.score(sources, row(destinations)).float().cpu())
+    return scores
+
+
+def _pair_scores(model: LinkModel, row, pairs) -> torch.Tensor:
+    """The (P,) float32 scores of (2, P) pairs, ``SCORE_CHUNK`` at a time."""
+    count = pairs.shape[1]
+    out = torch.empty(count)
+    for start in range(0, count, SCORE_CHUNK):
+        chunk = _ids(pairs[:, start:start + SCORE_CHUNK])
+        out[start:start + chunk.shape[1]] = model.score(row(chunk[0]), row(chunk[1])).float().cpu()
+    return out
+
+
+def _reported(name: str, metric: str, scores: SharedScores | PerPositiveScores) -> dict[str, float]:
+    """The set's chosen ``metric`` under ``name``, and every reported metric under ``<name>_<metric>``."""
+    out = {name: scores.score(metric), f"{name}_mrr": scores.mrr()}
+    for k in REPORTED_HITS:  # a positive among fewer negatives than K is always a hit: not reported
+        if k < scores.negatives_per_positive:
+            out[f"{name}_hits_{k}"] = scores.hits_at_k(k)
+    out[f"{name}_rocauc"] = scores.roc_auc()
+    return out

@@ -88,7 +88,7 @@ def predict(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, nodes: Nod
     is called after every chunk. ``out`` must not be one of the inputs (the checkpoint, the graph's files,
     the ``nodes`` file), and is not replaced if it exists unless ``overwrite``. A link checkpoint scores
     pairs instead (``score_pairs``), and is refused here."""
-    _check_out(out, scratch, checkpoint, graph, overwrite, {"nodes": _node_files(nodes)})
+    check_prediction_output(out, scratch, checkpoint, graph, overwrite, {"nodes": _node_files(nodes)})
     checkpoint = checkpoint_for(checkpoint, graph, pairs=False)
     task = Task.of(graph)
     if probabilities:
@@ -108,7 +108,7 @@ def embed(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, layer: int, 
     logits) of ``nodes``, as float32 rows, over complete neighbourhoods; ``out``, ``scratch``, ``progress``
     and ``overwrite`` as for ``predict``. For a link checkpoint the layers are its encoder's: the last
     gives the embeddings its head scores."""
-    _check_out(out, scratch, checkpoint, graph, overwrite, {"nodes": _node_files(nodes)})
+    check_prediction_output(out, scratch, checkpoint, graph, overwrite, {"nodes": _node_files(nodes)})
     checkpoint = checkpoint_for(checkpoint, graph)
     encoder = encoder_of(checkpoint.model)
     layers = encoder.num_layers
@@ -176,9 +176,9 @@ def _node_files(nodes: Nodes) -> list:
     return [nodes] if isinstance(nodes, (str, os.PathLike)) and nodes not in NODE_SETS else []
 
 
-def _check_out(out, scratch, checkpoint, graph: Graph, overwrite: bool, inputs: dict[str, list]) -> None:
-    """``out`` checked (``check_output_path``) against the checkpoint's file, the graph's and ``inputs``
-    (field -> the files it names)."""
+def check_prediction_output(out, scratch, checkpoint, graph: Graph, overwrite: bool, inputs: dict[str, list]) -> None:
+    """``out`` of a prediction (None: nothing to check) checked before any work (``check_output_path``)
+    against the checkpoint's file, the graph's and ``inputs`` (field -> the files it names)."""
     if out is not None:
         reads = {"checkpoint": [] if isinstance(checkpoint, Checkpoint) else [checkpoint],
                  "dataset": graph.files(), **inputs}
