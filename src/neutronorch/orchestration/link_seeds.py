@@ -22,7 +22,7 @@ from neutronorch.config import SamplingConfig
 from neutronorch.orchestration.seeds import SeedBatch, epoch_order
 from neutronorch.sampling.neighbor_sampler import batch_key, mix_key
 
-__all__ = ["LinkSeeds", "draw_negatives", "pair_targets"]
+__all__ = ["LinkSeeds", "draw_negatives", "negative_generator", "pair_targets"]
 
 NEGATIVE_SALT = 0x4E45_4741  # negatives' stream of a batch key, apart from the neighbour draws'
 
@@ -82,11 +82,18 @@ class LinkEpoch(Sequence):
         return self.seeds.batch(self.epoch, index, self.order)
 
 
-def draw_negatives(key: int, positives: int, per_positive: int, num_nodes: int) -> torch.Tensor:
-    """(positives, per_positive) destinations drawn uniformly over ``num_nodes`` vertices from ``key``."""
+def negative_generator(key: int) -> torch.Generator:
+    """The generator whose stream the negatives of ``key`` are (``draw_negatives``; drawn a chunk at a time
+    by evaluation, the same numbers)."""
     generator = torch.Generator()
     generator.manual_seed(mix_key(key, NEGATIVE_SALT) & 0x7FFF_FFFF_FFFF_FFFF)
-    return torch.randint(0, num_nodes, (positives, per_positive), generator=generator, dtype=torch.int64)
+    return generator
+
+
+def draw_negatives(key: int, positives: int, per_positive: int, num_nodes: int) -> torch.Tensor:
+    """(positives, per_positive) destinations drawn uniformly over ``num_nodes`` vertices from ``key``."""
+    return torch.randint(0, num_nodes, (positives, per_positive), generator=negative_generator(key),
+                         dtype=torch.int64)
 
 
 def pair_targets(positives: torch.Tensor, negatives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,7 +35,7 @@ from neutronorch.errors import ConfigError
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.rows import take_rows
-from neutronorch.orchestration.link_seeds import NEGATIVE_SALT
+from neutronorch.orchestration.link_seeds import negative_generator
 from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.train.distributed import World
 from neutronorch.train.layerwise import LayerProgress, last_layer_rows
@@ -172,9 +172,8 @@ def drawn_negatives(key: int, count: int, per_positive: int, num_nodes: int,
                     rows: int) -> Iterator[tuple[int, torch.Tensor]]:
     """``draw_negatives(key, count, per_positive, num_nodes)`` ``rows`` positives at a time, as (start, chunk):
     the same numbers whatever ``rows``, for the draw is one generator's stream, element after element in row
-    order, seeded as ``draw_negatives`` seeds it (tested equal)."""
-    generator = torch.Generator()
-    generator.manual_seed(mix_key(key, NEGATIVE_SALT) & 0x7FFF_FFFF_FFFF_FFFF)
+    order, from ``draw_negatives``' generator (tested equal)."""
+    generator = negative_generator(key)
     for start in range(0, count, rows):
         shape = (min(rows, count - start), per_positive)
         yield start, torch.randint(0, num_nodes, shape, generator=generator, dtype=torch.int64)
