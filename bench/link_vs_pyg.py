@@ -241,6 +241,15 @@ def _subset(edges, count: int, seed: int):
 
 # ------------------------------------------------------------------------------------------- evaluation
 
+def link_loss(positive, negative):
+    """Both peers' loss, as ours: binary cross-entropy, the mean over positives plus the mean over negatives."""
+    import torch
+    from torch.nn import functional as F
+
+    return (F.binary_cross_entropy_with_logits(positive, torch.ones_like(positive))
+            + F.binary_cross_entropy_with_logits(negative, torch.zeros_like(negative)))
+
+
 def score_links(embeddings, links, num_nodes: int, seed: int, eval_negatives: int, chunk: int = 1 << 16) -> dict:
     """The protocol of our ``evaluate_links`` for a dot head over embeddings of every vertex: each validation and
     test positive against ``draw_negatives(mix_key(seed, EVAL + offset))``, our link metrics."""
@@ -351,7 +360,6 @@ def pyg_worker(graph, args, seed: int, t0: float) -> None:
 
     import numpy as np
     import torch
-    import torch.nn.functional as F
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -422,8 +430,7 @@ def pyg_worker(graph, args, seed: int, t0: float) -> None:
             h = forward(batch, src, dst, label)
             score = (h[src] * h[dst]).sum(-1)
             positive, negative = score[label == 1], score[label == 0]
-            loss = (F.binary_cross_entropy_with_logits(positive, torch.ones_like(positive))
-                    + F.binary_cross_entropy_with_logits(negative, torch.zeros_like(negative)))
+            loss = link_loss(positive, negative)
             loss.backward()
             optimizer.step()
             total += float(loss.detach())
@@ -475,7 +482,6 @@ def dgl_worker(graph, args, seed: int, t0: float) -> None:
     layers (``loader_vs_dgl.sage``), ``u_dot_v`` on the pair graphs."""
     import numpy as np
     import torch
-    import torch.nn.functional as F
 
     from loader_vs_dgl import import_dgl, sage
 
@@ -524,8 +530,7 @@ def dgl_worker(graph, args, seed: int, t0: float) -> None:
             optimizer.zero_grad()
             h = model(blocks, feats[input_nodes])
             positive, negative = scores(pair_graph, h), scores(negative_graph, h)
-            loss = (F.binary_cross_entropy_with_logits(positive, torch.ones_like(positive))
-                    + F.binary_cross_entropy_with_logits(negative, torch.zeros_like(negative)))
+            loss = link_loss(positive, negative)
             loss.backward()
             optimizer.step()
             total += float(loss.detach())

@@ -48,7 +48,7 @@ class LinkSeeds:
         excluded = positives  # the global batch's: each rank samples what one process would
         if sampling.world == 1:
             return SeedBatch(*pair_targets(positives, negatives), exclude=excluded)
-        batch_seeds = pair_targets(positives, negatives)[0]
+        batch_seeds = torch.unique(torch.cat([positives.reshape(-1), negatives.reshape(-1)]))  # pair_targets' seeds
         part = torch.tensor_split(torch.arange(positives.shape[1]), sampling.world)[sampling.rank]
         seeds, targets = pair_targets(positives[:, part], negatives[part])
         return SeedBatch(seeds, targets, exclude=excluded, batch_seeds=batch_seeds)
