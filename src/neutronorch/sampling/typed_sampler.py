@@ -1,0 +1,237 @@
+"""Per-relation uniform neighbour sampling on typed graphs: seeds of the target type in, a ``TypedSubgraph``
+out (one ``TypedBlock`` per layer, one ``Block`` per relation).
+
+Hop by hop from the seeds, each type's destinations are its frontier reached so far. Every relation
+``(s, name, d)`` whose type ``d`` has destinations draws up to its fanout of in-neighbours of each of them
+through its own CSC, with the homogeneous kernel (``kernels.sample_neighbors``: uniform without replacement,
+all neighbours when the degree is at most the fanout or the fanout is -1, none when it is 0). The drawn
+vertices join ``s``'s frontier after its destinations, new ones in first-appearance order over the relations
+in ``graph.relations``' order, so each type's frontier leads with its destinations as a homogeneous one does.
+
+Which blocks and types a layer holds:
+
+- a relation whose destination type has no vertex in the hop gets no block (it could carry nothing); one
+  whose destination type has vertices gets a block even when it draws no edge (fanout 0, or no in-edges), so
+  a layer sees every relation that can reach its destinations;
+- a frontier holds every type that is a destination of the hop or the source of one of its blocks, possibly
+  with no vertex; types keep their place once reached, so one layer's destination types (``num_dst``) are
+  exactly the next layer's source types (``num_src``), zero counts included, and ``frontiers[l]`` has the
+  keys of ``blocks[l].num_src``. Types are listed in ``graph.num_nodes``' order.
+
+Randomness: relation ``r``'s draws in hop ``h`` of the batch of ``key`` use ``relation_key(key, h, r)``,
+``layer_key(key, h)`` mixed with a stable hash of the relation. ``sample_neighbors`` keys each vertex's draws
+by that key and the vertex, so a vertex's neighbours through a relation in a hop depend on (key, hop,
+relation, vertex) alone: not on the threads, the rest of the batch or the rank that samples it. Through a
+one-relation graph each hop is exactly ``NeighborSampler.sample_hop`` with that relation's key.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from neutronorch.data.typed import Relation, RelationType, TypedGraph, relation_label
+from neutronorch.errors import ConfigError, DataError
+from neutronorch.sampling import kernels
+from neutronorch.sampling.block import Block
+from neutronorch.sampling.neighbor_sampler import layer_key, mix_key
+from neutronorch.sampling.typed_block import TypedBlock, TypedSubgraph
+
+__all__ = ["DEFAULT", "TypedNeighborSampler", "out_degrees", "relation_key", "typed_fanouts"]
+
+DEFAULT = "default"  # the key of a fanouts dict whose list serves every relation the dict does not name
+_DEGREE_CHUNK = 1 << 24  # indices counted at a time by out_degrees (128 MiB as int64)
+
+
+def relation_key(key: int, hop: int, relation: RelationType) -> int:
+    """The key of ``relation``'s draws in hop ``hop`` of the batch of ``key``: ``layer_key(key, hop)`` mixed
+    with the CRC-32 of ``"src/name/dst"`` (names hold no ``/``). A stable hash, the same in every process and
+    on every machine; Python's ``hash`` of a string is salted per process, so ranks would disagree."""
+    return mix_key(layer_key(key, hop), zlib.crc32("/".join(relation).encode()))
+
+
+def typed_fanouts(graph: TypedGraph, fanouts) -> dict[RelationType, list[int]]:
+    """Every relation's fanouts, seed hop first, in ``graph.relations``' order.
+
+    ``fanouts`` is one list for all relations (``[10, 5]``: 10 at the hop next to the seeds), or a dict
+    from relations to lists: a key is a ``(src, name, dst)`` triple or a name only one relation has
+    (``graph.relation``), and the key ``"default"`` gives the list of every relation not named (a relation
+    itself named "default" is then keyed by its triple). Without a default, every relation must be named, so
+    a relation added to the graph is never sampled with a fanout nobody chose. Every list has one fanout per
+    layer: a positive integer, -1 for all neighbours, or 0 for none (the relation then adds no edge in that
+    hop). A list may also be written ``"10,5"``. Raises ``ConfigError`` naming the relation at fault."""
+    if not graph.relations:
+        raise ConfigError(f"{graph.name}: a typed graph without relations has no neighbours to sample.")
+    if not isinstance(fanouts, Mapping):
+        shared = _fanout_list(fanouts, "every relation")
+        return {relation: list(shared) for relation in graph.relations}
+    given: dict[RelationType, list[int]] = {}
+    default = None
+    for name, value in fanouts.items():
+        if name == DEFAULT:
+            default = _fanout_list(value, "the default")
+            continue
+        try:
+            relation = graph.relation(name)
+        except DataError as error:
+            raise ConfigError(f"`fanouts` key {name!r}: {error}") from None
+        if relation in given:
+            raise ConfigError(f"`fanouts` names relation {relation_label(relation)} twice; give it one list.")
+        given[relation] = _fanout_list(value, relation_label(relation))
+    missing = [relation for relation in graph.relations if relation not in given]
+    if missing and default is None:
+        raise ConfigError(f"`fanouts` gives no list for {', '.join(map(relation_label, missing))}; give every "
+                          f"relation one, or a {DEFAULT!r} list for those not named.")
+    whose = {relation: relation_label(relation) + ("" if relation in given else " (the default)")
+             for relation in graph.relations}
+    resolved = {relation: list(given.get(relation, default)) for relation in graph.relations}
+    first = next(iter(resolved))
+    for relation, layers in resolved.items():
+        if len(layers) != len(resolved[first]):
+            raise ConfigError(f"`fanouts` gives {whose[relation]} {_layers(len(layers))} but {whose[first]} "
+                              f"{len(resolved[first])}; give every relation one fanout per layer.")
+    return resolved
+
+
+def _layers(count: int) -> str:
+    return f"{count} layer{'' if count == 1 else 's'}"
+
+
+def _fanout_list(value, whose: str) -> list[int]:
+    items = value.split(",") if isinstance(value, str) else value
+    try:
+        if not isinstance(items, (list, tuple)) or any(isinstance(f, (bool, float)) for f in items):
+            raise TypeError
+        fanouts = [int(f) for f in items]
+    except (TypeError, ValueError):
+        raise ConfigError(f"`fanouts` for {whose}: {value!r} is not a list of integers such as [10, 5].") from None
+    if not fanouts or any(f < -1 for f in fanouts):
+        raise ConfigError(f"`fanouts` for {whose}: {value!r}; give one fanout per layer, seed hop first, each a "
+                          f"positive integer, -1 for all neighbours or 0 for none.")
+    return fanouts
+
+
+def out_degrees(relation: Relation, num_src: int) -> np.ndarray:
+    """Each source vertex's out-degree through ``relation`` (float32, ``num_src`` of them). Counts the
+    indices a chunk at a time, so memory-mapped topology is read once and never copied whole."""
+    counts = np.zeros(num_src, np.int64)
+    for start in range(0, relation.num_edges, _DEGREE_CHUNK):
+        counts += np.bincount(relation.indices[start:start + _DEGREE_CHUNK], minlength=num_src)
+    return counts.astype(np.float32)
+
+
+class TypedNeighborSampler:
+    """Host sampler over a typed graph's relations (numpy arrays or memory maps); ``fanouts`` as
+    ``typed_fanouts`` reads them, resolved per relation in ``self.fanouts``.
+
+    The relation blocks' ``src_ids`` are left None: a ``Block`` takes its destinations' ids from the leading
+    rows of its sources', which holds only when the source and destination types are one. Each type's ids
+    are in ``TypedBlock.src_ids`` (``dst_ids(t)`` for the destinations).
+
+    With ``degrees``, each relation block carries every source row's out-degree through that relation in
+    the whole graph (``Block.src_degree``, float32): the source half of a symmetric per-relation
+    normalisation ``1 / sqrt(out_r(u) in_r(v))`` (DGL's ``GraphConv(norm="both")`` under a
+    ``HeteroGraphConv``). Not the in-degree a homogeneous block carries: a source row has an in-degree
+    through the relation only when its two end types are one (and on a symmetric homogeneous graph in- and
+    out-degrees agree). The destination half, ``in_r(v)``, is not carried, as ``Block`` has no field for it
+    (``graph.in_degrees(r)`` holds it). The out-degrees are counted once, at construction: a pass over every
+    relation's indices, and 4 bytes per source vertex per relation, per sampler.
+
+    Not thread-safe: one instance per sampling thread (it owns a vertex -> position map per type, 8 bytes
+    per vertex of the graph).
+    """
+
+    def __init__(self, graph: TypedGraph, fanouts, degrees: bool = False):
+        self.graph = graph
+        self.fanouts = typed_fanouts(graph, fanouts)
+        self.num_layers = len(next(iter(self.fanouts.values())))
+        self.degrees = degrees
+        self._maps = {t: np.full(n, -1, dtype=np.int64) for t, n in graph.num_nodes.items()}
+        self._out_degrees = ({r: out_degrees(rel, graph.num_nodes[r[0]]) for r, rel in graph.relations.items()}
+                             if degrees else {})
+        self._owner: int | None = None
+
+    def sample(self, seeds: np.ndarray, key: int) -> TypedSubgraph:
+        """Sample the typed computation graph of ``seeds`` (unique local ids of ``graph.target``) with the
+        batch key ``key``: ``num_layers`` blocks, bottom layer first."""
+        self._check_thread()
+        target = self.graph.target
+        seeds = np.ascontiguousarray(seeds, dtype=np.int64)
+        # Per type, a buffer whose first size[t] entries are the frontier; exactly those are in the type's map.
+        frontier, size = {target: seeds}, {target: seeds.shape[0]}
+        kernels.map_nodes(seeds, self._maps[target])
+        blocks: list[TypedBlock] = []
+        frontiers = [{target: torch.from_numpy(seeds)}]
+        try:
+            for hop in range(self.num_layers):
+                num_dst = dict(size)
+                drawn = self._draw(hop, key, frontier, num_dst)
+                local = self._relabel(drawn, frontier, size)
+                block = self._typed_block(num_dst, drawn, local, frontier, size)
+                blocks.append(block)
+                frontiers.append(dict(block.src_ids))
+        finally:
+            for t, buffer in frontier.items():
+                kernels.reset_map(buffer[:size[t]], self._maps[t])
+        blocks.reverse()
+        frontiers.reverse()
+        return TypedSubgraph(target, torch.from_numpy(seeds), blocks, frontiers)
+
+    def _draw(self, hop: int, key: int, frontier: dict[str, np.ndarray], num_dst: dict[str, int]
+              ) -> dict[RelationType, tuple[np.ndarray, np.ndarray]]:
+        """Every relation's (ptr, sampled source ids) for its destination type's destinations, when it has any."""
+        drawn = {}
+        for relation, csc in self.graph.relations.items():
+            count = num_dst.get(relation[2], 0)
+            if count:
+                drawn[relation] = kernels.sample_neighbors(
+                    csc.indptr, csc.indices, frontier[relation[2]][:count], self.fanouts[relation][hop],
+                    np.uint64(relation_key(key, hop, relation)), kernels.NO_ORDER)
+        return drawn
+
+    def _relabel(self, drawn, frontier: dict[str, np.ndarray], size: dict[str, int]
+                 ) -> dict[RelationType, np.ndarray]:
+        """Each relation's sampled sources as positions in its source type's frontier, appending the new ones
+        (one buffer per type, grown once for all the relations that feed it, then filled in relation order)."""
+        extra: dict[str, int] = {}
+        for (src_type, _, _), (_, nbrs) in drawn.items():
+            extra[src_type] = extra.get(src_type, 0) + nbrs.shape[0]
+        for src_type, count in extra.items():
+            n = size.get(src_type, 0)
+            grown = np.empty(n + count, np.int64)
+            if n:
+                grown[:n] = frontier[src_type][:n]
+            frontier[src_type], size[src_type] = grown, n
+        local = {}
+        for relation, (_, nbrs) in drawn.items():
+            src_type = relation[0]
+            local[relation], size[src_type] = kernels.relabel(frontier[src_type], size[src_type], nbrs,
+                                                              self._maps[src_type])
+        return local
+
+    def _typed_block(self, num_dst: dict[str, int], drawn, local, frontier: dict[str, np.ndarray],
+                     size: dict[str, int]) -> TypedBlock:
+        types = [t for t in self.graph.num_nodes if t in size]
+        ids = {t: frontier[t][:size[t]] for t in types}
+        blocks = {relation: Block(num_dst[relation[2]], size[relation[0]], torch.from_numpy(ptr),
+                                  torch.from_numpy(local[relation]), src_degree=self._degrees(relation, ids))
+                  for relation, (ptr, _) in drawn.items()}
+        return TypedBlock({t: num_dst[t] for t in types if t in num_dst}, {t: size[t] for t in types}, blocks,
+                          {t: torch.from_numpy(ids[t]) for t in types})
+
+    def _degrees(self, relation: RelationType, ids: dict[str, np.ndarray]) -> torch.Tensor | None:
+        if not self.degrees:
+            return None
+        return torch.from_numpy(self._out_degrees[relation][ids[relation[0]]])
+
+    def _check_thread(self) -> None:
+        me = threading.get_ident()
+        if self._owner is None:
+            self._owner = me
+        elif self._owner != me:
+            # The position maps are per-instance state; sharing them across threads corrupts samples.
+            raise RuntimeError("TypedNeighborSampler used from two threads; create one sampler per thread")
