@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from neutronorch.nn import sparse_input
+
 # Sizes per power of two: the padding is at most 1/BUCKETS of the rows (or 63 rows, for small products).
 BUCKETS = 32
 SMALLEST = 64  # below 2,048 rows: multiples of 64
@@ -50,7 +52,10 @@ def needs_buckets(x: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` over bucketed rows where that matters (see the module docstring)."""
+    """``F.linear(x, weight, bias)`` over bucketed rows where that matters (see the module docstring), or
+    through ``x``'s nonzeros when it is mostly zeros (``nn/sparse_input.py``)."""
+    if sparse_input.sparse_enough(x):
+        return sparse_input.project(x, weight, bias)
     rows = x.shape[0]
     if x.dim() != 2 or not needs_buckets(x):
         return F.linear(x, weight, bias)

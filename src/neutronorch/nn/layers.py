@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from neutronorch.nn import sparse_input
 from neutronorch.nn.activation import edge_ids, keyed_dropout
 from neutronorch.nn.aggregation import fused_mean_linear, mean_aggregate, symmetric_aggregate
 from neutronorch.nn.attention import attention_aggregate, attention_edges
@@ -41,7 +42,15 @@ class SAGEConv(nn.Module):
 
     def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
         x_dst = block.dst_rows(x_src)
-        if _project_first(block, self.in_dim, self.out_dim):
+        share = sparse_input.dense_equivalent(x_src)
+        if share < 1.0 and _project_first(block, self.in_dim, 2 * self.out_dim, share):
+            # Mostly-zero rows (bag-of-words features): one product through their nonzeros gives both the
+            # destinations' own term and the sources' projection to average.
+            both = sparse_input.project(x_src, [self.lin_self.weight, self.lin_neigh.weight])
+            own, neigh = both[:, :self.out_dim], both[:, self.out_dim:]
+            return (block.dst_rows(own) + self.lin_self.bias.to(own.dtype)
+                    + mean_aggregate(block, neigh.contiguous()))
+        if _project_first(block, self.in_dim, self.out_dim, share):
             # mean(x) W == mean(x W): cheaper when the output is narrower than the input.
             return linear(self.lin_self, x_dst) + mean_aggregate(block, linear(self.lin_neigh, x_src))
         fused = fused_mean_linear(block, x_src, [self.lin_self.weight, self.lin_neigh.weight], self.lin_self.bias,
@@ -86,7 +95,7 @@ class GCNConv(nn.Module):
         return linear(self.lin, aggregated)
 
     def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
-        if _project_first(block, self.in_dim, self.out_dim):
+        if _project_first(block, self.in_dim, self.out_dim, sparse_input.dense_equivalent(x_src)):
             # The aggregation is linear and row-wise: aggregating x W equals (aggregating x) W.
             y = self.aggregate(block, project(x_src, self.lin.weight))
             return y + self.lin.bias.to(y.dtype)
@@ -173,8 +182,12 @@ class Residual(nn.Module):
         return linear(self.skip, x) if isinstance(self.skip, nn.Linear) else self.skip(x)
 
 
-def _project_first(block: Block, in_dim: int, out_dim: int) -> bool:
-    """Whether multiplying by the weight before aggregating costs fewer flops than after."""
+def _project_first(block: Block, in_dim: int, out_dim: int, share: float = 1.0) -> bool:
+    """Whether multiplying by the weight before aggregating costs fewer flops than after. ``share``: what
+    a product of the source rows costs against a dense one (below 1 for mostly-zero rows, which are then
+    also read once to find their nonzeros; ``sparse_input.dense_equivalent``)."""
     after = block.num_edges * in_dim + block.num_dst * in_dim * out_dim
-    before = block.num_src * in_dim * out_dim + block.num_edges * out_dim
+    before = block.num_src * in_dim * out_dim * share + block.num_edges * out_dim
+    if share < 1.0:
+        before += block.num_src * in_dim
     return before < after
