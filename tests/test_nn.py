@@ -522,5 +522,6 @@ def test_a_link_models_encoder_starts_from_glorot_weights():
         fan_out, fan_in = layer.weight.shape
         bound = math.sqrt(2.0) * math.sqrt(6.0 / (fan_in + fan_out))
         assert layer.weight.abs().max() <= bound and layer.weight.abs().max() > 0.95 * bound
+        assert layer.bias is None or not layer.bias.any()
     # The head keeps torch's default: bound 1 / sqrt(fan_in).
     assert model.head.hidden.weight.abs().max() <= 1 / math.sqrt(128)

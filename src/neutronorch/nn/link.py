@@ -8,10 +8,12 @@ Heads (``LINK_HEADS``), each mapping two (..., D) embeddings to (...) logits:
 
 Both are symmetric in ``u`` and ``v``, so an undirected link scores the same either way round.
 
-The encoder's linear weights start from Glorot's uniform with the ReLU gain (``glorot_``, what DGL's
-``SAGEConv`` does), not torch's default (about 3.3 times narrower for 1,433 inputs): with the dot head
-it trained Cora and CiteSeer links to a test MRR 4 to 8 points higher (2-layer SAGE, two seeds each;
-``docs/link-prediction.md``). Biases keep torch's default.
+The encoder starts as DGL's ``SAGEConv`` does (``glorot_``): linear weights from Glorot's uniform with the
+ReLU gain, not torch's default (about 3.3 times narrower for 1,433 inputs), and zero biases, not torch's
+uniform ones. With the dot head the weights trained Cora and CiteSeer links to a test MRR 4 to 8 points
+higher, and the zero biases added 2.2 points on Cora, 0.6 on CiteSeer and 4.5 on Amazon Photo (medians;
+2-layer SAGE; ``docs/link-prediction.md``): a bias shared by every embedding adds the same direction to
+all of them, which a dot product rewards whatever the pair.
 """
 
 from __future__ import annotations
@@ -27,11 +29,14 @@ __all__ = ["LINK_HEADS", "DotHead", "LinkModel", "MLPHead", "glorot_", "make_hea
 
 
 def glorot_(module: nn.Module) -> nn.Module:
-    """Every ``nn.Linear`` weight of ``module`` drawn again from Glorot's uniform with the ReLU gain."""
+    """Every ``nn.Linear`` of ``module`` started again: its weight from Glorot's uniform with the ReLU gain,
+    its bias at zero."""
     gain = nn.init.calculate_gain("relu")
     for layer in module.modules():
         if isinstance(layer, nn.Linear):
             nn.init.xavier_uniform_(layer.weight, gain=gain)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
     return module
 
 
