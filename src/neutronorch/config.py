@@ -18,7 +18,8 @@ from neutronorch.config_parts import (PARTS, EvaluationConfig, LinkConfig, LogCo
                                       NeutronOrchConfig, OptimizationConfig, OutputConfig, PlacementConfig,
                                       SamplingConfig, may_change, setting, settings_of)
 from neutronorch.errors import ConfigError
-from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, NORMS, PRECISIONS, needs_degrees
+from neutronorch.nn.names import (ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, NORMS, PRECISIONS, RELATIONAL_ONLY,
+                                  needs_degrees)
 from neutronorch.sampling.fanouts import parse_fanouts
 
 TASKS = ("node", "link")
@@ -117,7 +118,9 @@ class TrainConfig:
         self.gpu_cache_gb = _parse_cache_size(self.gpu_cache_gb)
         self.host_cache_gb = _parse_cache_size(self.host_cache_gb, "host_cache_gb", "host")
         checks = [
-            (self.model in MODELS, f"`model` {self.model!r}: choose one of {', '.join(MODELS)}."),
+            (self.model in MODELS + RELATIONAL_ONLY,
+             f"`model` {self.model!r}: choose one of {', '.join(MODELS + RELATIONAL_ONLY)} "
+             f"({', '.join(RELATIONAL_ONLY)}: typed graphs only)."),
             (self.mode in MODE_CHOICES, f"`mode` {self.mode!r}: choose one of {', '.join(MODE_CHOICES)}."),
             (self.device in DEVICES, f"`device` {self.device!r}: choose one of {', '.join(DEVICES)}."),
             (self.precision in PRECISIONS,
@@ -147,9 +150,9 @@ class TrainConfig:
             (self.negatives >= 1, f"`negatives` {self.negatives}: must be at least 1 per positive."),
             (self.eval_negatives >= 1, f"`eval_negatives` {self.eval_negatives}: must be at least 1 per positive."),
             (self.split_index >= 0, f"`split_index` {self.split_index}: must be 0 or more."),
-            (self.model != "gat" or self.heads < 1 or self.hidden % self.heads == 0,
-             f"`hidden` {self.hidden} is not divisible by `heads` {self.heads}; GAT splits the hidden width "
-             f"evenly across heads."),
+            (self.model not in ("gat", "rgat") or self.heads < 1 or self.hidden % self.heads == 0,
+             f"`hidden` {self.hidden} is not divisible by `heads` {self.heads}; "
+             f"{'GAT' if self.model == 'gat' else 'R-GAT'} splits the hidden width evenly across heads."),
             (self.epochs >= 0, f"`epochs` {self.epochs}: must be zero or more."),
             (0 < self.lr < math.inf, f"`lr` {self.lr}: must be a finite positive number."),
             (self.weight_decay is None or self.weight_decay >= 0,

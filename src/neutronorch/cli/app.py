@@ -22,6 +22,7 @@ from neutronorch.config import TrainConfig, load_config_file
 from neutronorch.data import SyntheticSpec, dataset_paths, generate, is_native_dir, load_dataset, save_native
 from neutronorch.data.csc import edge_hygiene
 from neutronorch.data.dtypes import bfloat16
+from neutronorch.data.typed_native import is_typed_dir
 from neutronorch.errors import ConfigError, Interrupted, NeutronorchError
 
 
@@ -139,6 +140,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     config = TrainConfig(**values)
     rank = _launched_rank()
     config, folder = _outputs(config, run_name, save, [args.config] if getattr(args, "config", None) else [], rank)
+    if folder is not None and is_typed_dir(Path(config.dataset).expanduser()):
+        config = dataclasses.replace(config, checkpoint_dir=None)  # typed runs write no checkpoints yet
     try:
         return _train(config, folder, rank)
     except BaseException:

@@ -17,10 +17,11 @@ HELP = {
     "split": "split for data without one: ratio:TRAIN,VAL or per-class:TRAIN,VAL of the vertices; a link task: "
              "edges:TRAIN,VAL of the edges, validation and test edges left out of message passing (default: the "
              "data's own split, else ratio:0.6,0.2; synthetic graphs: ratio:0.1,0.05; link: edges:0.85,0.05)",
-    "model": "GNN architecture (default: %(default)s)",
+    "model": "GNN architecture: sage, gcn or gat; for a typed graph (docs/heterogeneous.md) sage, rgcn or rgat "
+             "(default: %(default)s)",
     "fanouts": "neighbours sampled per layer, seed hop first; -1 takes all (default: 10,10)",
     "hidden": "hidden width (default: %(default)s)",
-    "heads": "GAT attention heads in hidden layers (default: %(default)s)",
+    "heads": "GAT and R-GAT attention heads in hidden layers (default: %(default)s)",
     "architecture": "plain: a stack of graph layers with ReLU and dropout between; blocks: an input map, one "
                     "residual block h + FFN(aggregate(norm(h))) per layer, and a linear head, as the "
                     "heterophilous-graph baselines of Platonov et al. (docs/models.md) (default: %(default)s)",
@@ -142,7 +143,7 @@ SHORT = {
     "dataset": "dataset folder or file, or synthetic[:nodes=N,...]; default: synthetic",
     "task": "node (classification) or link (prediction; docs/link-prediction.md)",
     "split": "ratio:TRAIN,VAL or per-class:TRAIN,VAL; link: edges:TRAIN,VAL",
-    "model": "GraphSAGE, GCN or GAT layers (default: sage)",
+    "model": "sage, gcn or gat; typed graphs: sage, rgcn or rgat (default: sage)",
     "hidden": "hidden width (default: 256)",
     "fanouts": "neighbours per layer, seed hop first; -1 takes all (default: 10,10)",
     "epochs": "training epochs (default: 50)",
@@ -230,4 +231,4 @@ TRAIN_EPILOG = ("A run that names no output (--summary-json, --checkpoint-dir, a
                 "--help-all lists every option, advanced ones too; a --config file takes every option as a key.")
 TRAIN_EPILOG_ALL = ("A --config file (YAML, TOML or JSON) takes every option as a key, with dashes or underscores "
                     "(batch-size or batch_size; no-progress: true); options given on the command line win.")
-SHORT_METAVARS = {"precision": "PREC"}  # short help: the choices are in the text
+SHORT_METAVARS = {"precision": "PREC", "model": "MODEL"}  # short help: the choices are in the text

@@ -17,7 +17,7 @@ from neutronorch.cli.help_texts import (HELP, METAVARS, RUN_FOLDER_KEYS, SHORT, 
 from neutronorch.config import (CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, HOT_SETS, MODE_CHOICES,
                                 READ_ORDERS, TASKS, TrainConfig)
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec
-from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, NORMS, PRECISIONS
+from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, NORMS, PRECISIONS, RELATIONAL_ONLY
 
 __all__ = ["RUN_FOLDER_KEYS", "build_parser"]
 
@@ -93,12 +93,12 @@ def _shown(text: str, listed: bool) -> str:
 def _add_train_options(parser: argparse.ArgumentParser, full: bool = False) -> None:
     """train's options in their groups; ``full``: the help lists every option (--help-all), else those in
     ``SHORT`` with their short help. Parsing is the same either way."""
-    parser.usage = ("%(prog)s [-h | --help-all] [--dataset SPEC] [--model {sage,gcn,gat}] [OPTION ...]"
+    parser.usage = ("%(prog)s [-h | --help-all] [--dataset SPEC] [--model MODEL] [OPTION ...]"
                     if not full else "%(prog)s [OPTION ...]")
     parser.epilog = TRAIN_EPILOG_ALL if full else TRAIN_EPILOG
     _help_options(parser, full, _add_train_options, listed=False)
     defaults = TrainConfig()
-    choices = {"model": MODELS, "mode": MODE_CHOICES, "device": DEVICES, "hot_grad": HOT_GRADS,
+    choices = {"model": MODELS + RELATIONAL_ONLY, "mode": MODE_CHOICES, "device": DEVICES, "hot_grad": HOT_GRADS,
                "hot_set": HOT_SETS, "cache_policy": CACHE_POLICIES, "read_order": READ_ORDERS,
                "device_sampling": DEVICE_SAMPLING, "gcn_norm": GCN_NORMS, "norm": NORMS, "task": TASKS,
                "link_head": LINK_HEADS, "architecture": ARCHITECTURES, "precision": PRECISIONS}
@@ -144,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = commands.add_parser("train", help="train a GNN and report accuracy and time per epoch",
-                                description="Train GraphSAGE, GCN or GAT with neighbour sampling.",
+                                description="Train GraphSAGE, GCN or GAT with neighbour sampling; typed graphs: "
+                                            "R-GCN, R-GAT too.",
                                 formatter_class=_Formatter, add_help=False)
     _add_train_options(train)
 

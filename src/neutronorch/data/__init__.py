@@ -1,5 +1,6 @@
 """Graph data: the ``Graph`` type, the native format, loaders for common formats, synthetic graphs; and
-typed graphs (``TypedGraph``: their own native layout and synthetic generator; nothing trains on them yet).
+typed graphs (``TypedGraph``: their own native layout and synthetic generator; ``neutronorch.train`` trains them in
+exact mode, ``train/typed_task.py``).
 
 ``load_dataset(spec)`` is the single entry point that turns a user's dataset spec into a validated graph.
 """

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 MODELS = ("sage", "gcn", "gat")
+# Relational models of typed graphs (nn/typed_models.py): typed SAGE, R-GCN and R-GAT. ``sage`` names both
+# the homogeneous and the typed model (the graph chooses); the others train typed graphs only.
+TYPED_MODELS = ("sage", "rgcn", "rgat")
+RELATIONAL_ONLY = tuple(m for m in TYPED_MODELS if m not in MODELS)
 LINK_HEADS = ("dot", "mlp")  # how a link task scores a pair of embeddings (nn/link.py)
 NORMS = ("none", "layer", "batch")  # between layers
 GCN_NORMS = ("symmetric", "mean")

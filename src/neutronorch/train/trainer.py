@@ -26,11 +26,13 @@ from pathlib import Path
 import torch
 
 from neutronorch.config import TrainConfig, auto_batch_size
-from neutronorch.data import Graph, load_dataset
+from neutronorch.data import Graph, TypedGraph, load_dataset
+from neutronorch.data.typed_native import is_typed_dir
 from neutronorch.errors import CheckpointError, ConfigError, Interrupted, OutputError, TrainingError
 from neutronorch.nn.custom import UserModel
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
+from neutronorch.nn.names import RELATIONAL_ONLY
 from neutronorch.nn.precision import Precision, resolve_precision
 from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table, write_timeline
 from neutronorch.orchestration.factory import Threads, build_mode
@@ -52,6 +54,7 @@ from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import summarise, topology_in_file_order
 from neutronorch.train.link_task import LinkTask, evaluate_links, is_link_split, link_graph
 from neutronorch.train.task import Task
+from neutronorch.train.typed_task import train_typed
 
 logger = logging.getLogger("neutronorch")
 
@@ -91,16 +94,27 @@ class Run:
     sync: GradientSync | None = None  # data parallel: the gradient all-reduce and stop agreement
 
 
-def train(config: TrainConfig, graph: Graph | None = None, progress: Progress | None = None,
+def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress: Progress | None = None,
           stop: threading.Event | None = None, model: torch.nn.Module | None = None) -> dict:
     """Train as ``config`` says and return the run summary (also written to ``config.summary_json``).
     ``model``: your own module instead of the built-in ``config.model`` (``nn.custom``'s protocol; its
     layers read ``len(config.fanouts)`` hops), trained in place.
     ``progress(epoch, done, total)`` is called after every step. Setting ``stop`` (from a signal handler,
     another thread) finishes the current step, writes ``last.pt`` (with ``checkpoint_dir``) and the summary
-    marked ``interrupted``, and raises ``Interrupted``."""
+    marked ``interrupted``, and raises ``Interrupted``.
+    A typed graph (``graph`` a ``TypedGraph``, or ``config.dataset`` a typed native folder) trains in exact
+    mode through ``train/typed_task.py``'s ``train_typed``."""
     started = time.perf_counter()
     config = dataclasses.replace(config).validate()  # resolved values (batch size) go into a copy
+    if isinstance(graph, TypedGraph) or (graph is None and is_typed_dir(Path(config.dataset).expanduser())):
+        if model is not None:
+            raise ConfigError("your own module trains homogeneous graphs for now; a typed graph trains the "
+                              "built-in relational models (`model` sage, rgcn or rgat).")
+        return train_typed(config, graph, progress, stop)
+    if config.model in RELATIONAL_ONLY:
+        raise ConfigError(f"`model` {config.model}: a relational model, for typed graphs (several vertex or "
+                          f"relation types); {graph.name if graph is not None else config.dataset} is homogeneous. "
+                          f"Choose sage, gcn or gat, or give a typed graph (docs/heterogeneous.md).")
     check_threading_layer()
     check_outputs(config, {"graph": graph.files()} if graph is not None else None)
     device = rank_device(resolve_device(config.device))

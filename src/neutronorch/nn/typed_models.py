@@ -1,0 +1,196 @@
+"""Relational models: stacks of the relational layers (``nn/relational.py``) over a typed sampler's blocks.
+
+``TypedGNN(kind, spec, hidden, num_classes, num_layers)`` maps a ``TypedSubgraph``'s blocks and each input
+type's rows to the target type's logits. ``kind``:
+
+- ``sage``: ``TypedSAGEConv`` (a GraphSAGE-mean per relation, summed per destination type), ReLU between
+  layers;
+- ``rgcn``: ``RGCNConv`` (optionally with ``num_bases`` bases), ReLU between layers;
+- ``rgat``: ``RGATConv`` (``heads`` heads, concatenated), LeakyReLU (slope 0.01) between layers, as the
+  MLPerf GNN benchmark's R-GAT model (IGB's ``RGNN``) has it (that model also ends in a linear head over
+  its last layer; here, as for every kind, the last layer gives the logits). Its last layer has one head, as
+  the homogeneous GAT's has: the classes need not divide among heads.
+
+Dropout follows every activation (row masks keyed by vertex, as in ``nn/models.py``); the last layer's output
+is the logits, with no activation.
+
+Inputs. A type with features reads its rows as they are (float32). A type without features gets a learnable
+embedding table, ``nn.Embedding(vertices, width, sparse=True)``, of which a batch looks up only the rows
+of its input frontier: its gradient is sparse (those rows only), for ``torch.optim.SparseAdam``, which
+then moves only those rows (``embedding_parameters``; the dense weights go to Adam). R-GCN reads one width
+for every type (its root weight and bases act on all), so for ``rgcn`` every featured type first goes
+through a linear map of its own to ``hidden`` (no activation: the projection also gives each type its own
+view of the shared root weight) and the tables are ``hidden`` wide. For ``sage`` and ``rgat`` the tables
+are ``embed_dim`` wide (default ``hidden``) and featured types enter at their own widths.
+
+Which relations a layer holds: only those whose destination type the layer can have. With ``L`` layers,
+the top layer's destinations are target vertices, layer ``L - 2``'s are of the types one relation away
+from the target (and the target), and so on (``reachable_types``), exactly the types the typed sampler
+reaches hop by hop; relations into other types would hold weights no batch ever reads. A type that is a
+destination of some layer must be one of some relation of it, or the next layer would lack its rows: a
+graph whose relations all point one way (``writes`` into ``paper`` but nothing into ``author``) is refused
+with an error naming the type; ``TypedGraph.with_reverse`` adds the reverse relations that fix it.
+
+The model takes what it needs of a graph as a ``TypedSpec`` (types, counts, feature widths, relations,
+target), so nothing here reads a loaded graph's arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from neutronorch.nn.activation import keyed_dropout, relu_dropout
+from neutronorch.nn.names import TYPED_MODELS
+from neutronorch.nn.relational import RGATConv, RGCNConv, TypedSAGEConv
+from neutronorch.sampling.typed_block import RelationType, TypedBlock
+
+if TYPE_CHECKING:
+    from neutronorch.data.typed import TypedGraph
+
+LEAKY_SLOPE = 0.01  # torch's default, the slope IGB's and the MLPerf reference's R-GAT use between layers
+
+
+@dataclass(frozen=True)
+class TypedSpec:
+    """What a relational model needs of a typed graph: every type's vertex count and feature width (0: no
+    features, so an embedding table), the relations in the graph's order and the target type."""
+
+    num_nodes: dict[str, int]
+    feature_dims: dict[str, int]
+    relations: tuple[RelationType, ...]
+    target: str
+
+    @classmethod
+    def of(cls, graph: "TypedGraph") -> "TypedSpec":
+        return cls(dict(graph.num_nodes), {t: graph.feature_dim(t) for t in graph.num_nodes},
+                   tuple(graph.relations), graph.target)
+
+    def to_dict(self) -> dict:
+        """As a summary or checkpoint stores it (JSON: relations as lists)."""
+        return {"num_nodes": dict(self.num_nodes), "feature_dims": dict(self.feature_dims),
+                "relations": [list(r) for r in self.relations], "target": self.target}
+
+
+def reachable_types(spec: TypedSpec, hops: int) -> list[list[str]]:
+    """``out[h]``: the types a typed sampler's frontier holds after ``h`` hops from target seeds (``out[0]``
+    the target alone), each list in ``spec.num_nodes``' order; ``hops + 1`` lists."""
+    reached = [{spec.target}]
+    for _ in range(hops):
+        last = reached[-1]
+        reached.append(last | {r[0] for r in spec.relations if r[2] in last})
+    return [[t for t in spec.num_nodes if t in types] for types in reached]
+
+
+class TypedGNN(nn.Module):
+    """A relational GNN of ``num_layers`` layers of ``kind`` (``TYPED_MODELS``) over ``spec``'s graph, whose
+    last layer gives ``num_classes`` logits per target vertex. ``heads``: R-GAT's heads below the last layer
+    (``hidden`` must divide among them); ``num_bases``: R-GCN's basis decomposition (None: a weight per
+    relation); ``embed_dim``: the featureless types' table width for ``sage`` and ``rgat`` (default
+    ``hidden``; ``rgcn``'s are ``hidden`` wide); ``root``: ``TypedSAGEConv``'s root term."""
+
+    def __init__(self, kind: str, spec: TypedSpec, hidden: int, num_classes: int, num_layers: int,
+                 dropout: float = 0.5, heads: int = 4, num_bases: int | None = None, embed_dim: int | None = None,
+                 root: str | None = "relation"):
+        super().__init__()
+        if kind not in TYPED_MODELS:
+            raise ValueError(f"unknown relational model {kind!r}; choose one of {TYPED_MODELS}")
+        if num_layers < 1:
+            raise ValueError(f"a relational model needs at least one layer, not {num_layers}")
+        if kind == "rgat" and num_layers > 1 and hidden % heads:
+            raise ValueError(f"R-GAT width {hidden} is not divisible by {heads} heads")
+        self.kind, self.spec = kind, spec
+        self.num_layers, self.dropout = num_layers, dropout
+        # What rebuilds this model (a checkpoint would store it next to the weights).
+        self.arguments = {"kind": kind, "spec": spec.to_dict(), "hidden": hidden, "num_classes": num_classes,
+                          "num_layers": num_layers, "dropout": dropout, "heads": heads, "num_bases": num_bases,
+                          "embed_dim": embed_dim, "root": root}
+        reached = reachable_types(spec, num_layers)
+        self.input_types = reached[num_layers]
+        _check_reached(spec, reached)
+        featured = [t for t in self.input_types if spec.feature_dims[t]]
+        width = hidden if kind == "rgcn" else (embed_dim or hidden)
+        self.embeddings = nn.ModuleDict({t: nn.Embedding(spec.num_nodes[t], width, sparse=True)
+                                         for t in self.input_types if not spec.feature_dims[t]})
+        self.projections = nn.ModuleDict({t: nn.Linear(spec.feature_dims[t], hidden) for t in featured}
+                                         if kind == "rgcn" else {})
+        in_dims = {t: spec.feature_dims[t] or width for t in self.input_types}
+        if kind == "rgcn":
+            in_dims = dict.fromkeys(self.input_types, hidden)
+        layers = []
+        for index in range(num_layers):
+            last = index == num_layers - 1
+            destinations = set(reached[num_layers - 1 - index])
+            relations = [r for r in spec.relations if r[2] in destinations]
+            out_dim = num_classes if last else hidden
+            if kind == "sage":
+                layers.append(TypedSAGEConv(in_dims, out_dim, relations, root=root))
+            elif kind == "rgcn":
+                layers.append(RGCNConv(hidden, out_dim, relations, num_bases=num_bases))
+            else:
+                layers.append(RGATConv(in_dims, out_dim, relations, heads=1 if last else heads))
+            in_dims = dict.fromkeys(in_dims, hidden)
+        self.layers = nn.ModuleList(layers)
+
+    def embedding_parameters(self) -> list[nn.Parameter]:
+        """The featureless types' tables (sparse gradients: ``torch.optim.SparseAdam``)."""
+        return [table.weight for table in self.embeddings.values()]
+
+    def dense_parameters(self) -> list[nn.Parameter]:
+        """Every other weight (dense gradients: Adam)."""
+        sparse = {id(p) for p in self.embedding_parameters()}
+        return [p for p in self.parameters() if id(p) not in sparse]
+
+    def inputs(self, features: Mapping[str, torch.Tensor], input_ids: Mapping[str, torch.Tensor]
+               ) -> dict[str, torch.Tensor]:
+        """The bottom layer's rows per type: ``features[t]`` (float32 rows of a featured type's input
+        frontier; for ``rgcn`` projected to ``hidden``), or the table rows of ``input_ids[t]`` for a
+        featureless type."""
+        x = {}
+        for t in input_ids:
+            if t in self.embeddings:
+                x[t] = self.embeddings[t](input_ids[t])
+            elif t in self.projections:
+                x[t] = self.projections[t](features[t])
+            else:
+                x[t] = features[t]
+        return x
+
+    def forward(self, blocks: list[TypedBlock], features: Mapping[str, torch.Tensor],
+                input_ids: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Logits of the last block's target destinations. ``blocks``: a ``TypedSubgraph``'s, bottom layer
+        first; ``input_ids[t]``: the bottom block's source frontier of each type (``frontiers[0]``), on the
+        model's device; ``features[t]``: the rows of each featured type's frontier."""
+        if len(blocks) != self.num_layers:
+            raise ValueError(f"{len(blocks)} blocks for a {self.num_layers}-layer model")
+        x = self.inputs(features, input_ids)
+        for index, (layer, tblock) in enumerate(zip(self.layers, blocks)):
+            y = layer(tblock, x)
+            if index == self.num_layers - 1:
+                return y[self.spec.target]
+            x = {t: self._activate(rows, tblock.dst_ids(t)) for t, rows in y.items()}
+        raise AssertionError("unreachable: a model has at least one layer")
+
+    def _activate(self, y: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
+        """The activation between layers and the dropout after it, the masks keyed by the rows' vertex ids
+        (ids of different types may coincide: every call draws its own key, so their masks differ)."""
+        if self.kind == "rgat":
+            return keyed_dropout(F.leaky_relu(y, LEAKY_SLOPE), self.dropout, self.training, ids)
+        return relu_dropout(y, self.dropout, self.training, ids)
+
+
+def _check_reached(spec: TypedSpec, reached: list[list[str]]) -> None:
+    """Every type some layer has destinations of must have a relation into it in that layer, or the layer
+    above would find no rows of it."""
+    into = {r[2] for r in spec.relations}
+    for hop in range(len(reached) - 1):
+        stranded = [t for t in reached[hop] if t not in into]
+        if stranded:
+            raise ValueError(f"vertex type(s) {', '.join(stranded)} feed the target through relations but no "
+                             f"relation leads into them, so a {len(reached) - 1}-layer model cannot compute "
+                             f"their rows; add reverse relations (TypedGraph.with_reverse()) or use fewer "
+                             f"layers")

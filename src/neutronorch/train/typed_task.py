@@ -1,0 +1,382 @@
+"""Node classification on typed graphs, exact mode: ``train_typed(config, graph)``.
+
+``neutronorch.train(config, graph=typed_graph)`` (or ``config.dataset`` naming a typed native folder) runs
+this. One epoch: the target type's training vertices in the order ``epoch_order(seed, epoch)`` gives them
+(the homogeneous loaders' order), in batches of ``batch_size``; each batch sampled by a
+``TypedNeighborSampler`` with the key ``batch_key(seed, epoch, batch)``; every input type's rows gathered for
+the bottom frontier (a numpy fancy index into the possibly memory-mapped features, as float32); a
+``TypedGNN`` forward, the task's loss on the seeds' labels (``train/task.py``: cross-entropy, or binary
+cross-entropy for multi-label targets), and one step of two optimizers: Adam (``lr``, ``weight_decay``) for
+the dense weights, ``torch.optim.SparseAdam`` (``lr``, no weight decay: it has none) for the featureless
+types' embedding tables, which moves only the rows the batch looked up. The same seed gives the same losses:
+the seed order, the samples and the dropout masks are keyed by it.
+
+The graph's relations are made two-way first (``TypedGraph.with_reverse``: a reverse for every relation
+without one, built in memory): papers then hear from their authors and authors from their papers, as PyG's
+``ToUndirected`` does in its ogbn-mag examples, and every type a model reads has a relation into it.
+
+Fanouts: ``config.fanouts`` for every relation, or ``fanouts`` given here as ``typed_fanouts`` reads them
+(per relation, with a ``"default"``); relations are named after the reverses are added (``rev_writes``).
+
+Evaluation (``eval_every``, as in homogeneous runs) scores the validation and test vertices in batches of
+``eval_batch_size``, the model in eval mode, from sampled neighbourhoods with the training fanouts (or
+``eval_fanouts``, one list for every relation; -1 takes all) and fixed keys, ``batch_key(seed, -1,
+batch)``: every evaluation sees the same sample, so epochs' scores compare, and the model sees
+neighbourhoods of the size it trained on. Full neighbourhoods are not the default because through a hub
+relation (a popular field of study, linked to most papers) two hops from a batch reach nearly the whole
+graph; ``eval_fanouts -1`` asks for them where the graph is small enough.
+
+What typed graphs cannot do yet (each refused with a ``ConfigError`` that says so, ``check_typed_config``):
+the device and NeutronOrch modes, link tasks, checkpoints and resuming, timelines, bf16, your own model,
+graph blocks, residual connections and normalisation layers, data parallelism, and a ``split`` (the typed
+graph carries its own). Summary and metric logs (``summary_json``, ``log_jsonl``, ``log_csv``,
+``tensorboard``), ``patience``, ``eval_max_nodes`` and ``metric`` work as in homogeneous runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from neutronorch.config import TrainConfig, auto_batch_size
+from neutronorch.data.typed import TypedGraph, relation_label
+from neutronorch.data.typed_native import read_typed
+from neutronorch.errors import ConfigError, Interrupted, TrainingError
+from neutronorch.nn.names import TYPED_MODELS
+from neutronorch.nn.typed_models import TypedGNN, TypedSpec
+from neutronorch.orchestration.seeds import epoch_order
+from neutronorch.sampling.neighbor_sampler import batch_key
+from neutronorch.sampling.typed_block import TypedSubgraph
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler
+from neutronorch.train.evaluate import _subset
+from neutronorch.train.loop import DIVERGENCE_CHECK_STEPS, Progress, epoch_line
+from neutronorch.train.memory import peak_rss_mb
+from neutronorch.train.metrics_log import MetricLog
+from neutronorch.train.optim import Adam
+from neutronorch.train.outputs import check_outputs, write_summary
+from neutronorch.train.resources import resolve_device, thread_budget, torch_threads
+from neutronorch.train.task import Task
+
+logger = logging.getLogger("neutronorch")
+
+STAGES = ("sample", "gather", "forward", "backward", "step")
+NOT_YET = "not available for typed graphs yet"
+
+
+def check_typed_config(config: TrainConfig) -> None:
+    """Raise ``ConfigError`` for the first setting a typed graph cannot train with yet; ``config`` validated."""
+    refused = [
+        (config.mode not in ("exact", "auto"),
+         f"`mode` {config.mode}: {NOT_YET}; give `mode` exact (or auto)."),
+        (config.task != "node", f"`task` {config.task}: {NOT_YET}; typed graphs train node classifiers."),
+        (config.model not in TYPED_MODELS,
+         f"`model` {config.model}: {NOT_YET}; choose one of {', '.join(TYPED_MODELS)}."),
+        (bool(config.checkpoint_dir or config.resume or config.checkpoint_every),
+         f"checkpoints (`checkpoint_dir`, `resume`, `checkpoint_every`) are {NOT_YET}; leave them out "
+         f"(`summary_json` still writes the run summary)."),
+        (bool(config.timeline), f"`timeline` is {NOT_YET}; leave it out."),
+        (config.precision == "bf16", f"`precision` bf16 is {NOT_YET}; give fp32."),
+        (config.architecture != "plain" or config.residual or config.norm != "none",
+         f"`architecture` blocks, `residual` and `norm` are {NOT_YET}; leave them at their defaults."),
+        (config.split is not None,
+         f"`split` {config.split}: a typed graph carries its own split on its target type; leave `split` out."),
+        (int(os.environ.get("WORLD_SIZE", "1")) > 1, f"data-parallel training is {NOT_YET}; run one process."),
+    ]
+    for bad, message in refused:
+        if bad:
+            raise ConfigError(f"{message} docs/heterogeneous.md says what typed graphs train with.")
+
+
+def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: Progress | None = None,
+                stop: threading.Event | None = None, fanouts=None, num_bases: int | None = None,
+                embed_dim: int | None = None) -> dict:
+    """Train ``config.model`` (sage, rgcn or rgat) on ``graph`` (default: the typed folder ``config.dataset``)
+    in exact mode and return the run summary (also written to ``summary_json``). ``fanouts``: per-relation
+    fanouts (``typed_fanouts``) instead of ``config.fanouts``; ``num_bases``: R-GCN's basis decomposition;
+    ``embed_dim``: the featureless types' table width for sage and rgat (default ``hidden``).
+    ``progress(epoch, done, total)`` after every step (and its ``loss``/``evaluating`` methods, when it has
+    them, as ``train`` calls them); setting ``stop`` ends the run after the current step, writes the summary
+    marked interrupted and raises ``Interrupted``."""
+    started = time.perf_counter()
+    config = dataclasses.replace(config).validate()
+    check_typed_config(config)
+    data_seconds = 0.0
+    if graph is None:
+        graph = read_typed(Path(config.dataset).expanduser())
+        data_seconds = time.perf_counter() - started
+        logger.info(f"loaded {graph.name} in {data_seconds:.1f}s")
+    check_outputs(config, {"graph": _files(graph)})
+    if graph.labels is None:
+        raise ConfigError(f"{graph.name}: its target type {graph.target!r} has no labels to train on.")
+    for note in graph.notes:
+        logger.warning(f"note: {note}")
+    graph = graph.with_reverse()
+    logger.info(graph.describe())
+    device = resolve_device(config.device)
+    if config.batch_size == 0:
+        config.batch_size = auto_batch_size(len(graph.train_idx))
+    sampler = TypedNeighborSampler(graph, fanouts if fanouts is not None else config.fanouts)
+    eval_sampler = (TypedNeighborSampler(graph, config.eval_fanouts) if config.eval_fanouts is not None
+                    else TypedNeighborSampler(graph, sampler.fanouts))
+    if eval_sampler.num_layers != sampler.num_layers:
+        raise ConfigError(f"`eval_fanouts` has {eval_sampler.num_layers} entries but the fanouts give "
+                          f"{sampler.num_layers} layers; give one per layer.")
+    threads = thread_budget(config).train
+    task = Task.of(graph, config.metric)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch_threads(threads))
+        stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
+        torch.manual_seed(config.seed)
+        try:
+            model = TypedGNN(config.model, TypedSpec.of(graph), config.hidden, graph.num_classes,
+                             sampler.num_layers, dropout=config.dropout, heads=config.heads, num_bases=num_bases,
+                             embed_dim=embed_dim).to(device)
+        except ValueError as exc:
+            raise ConfigError(f"{graph.name}: {exc}.") from None
+        metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key)))
+        run = _TypedRun(config, graph, model, task, sampler, eval_sampler, device, metrics, progress, stop)
+        logger.info(f"mode exact, model {config.model} (typed: {', '.join(graph.node_types)}), fanouts "
+                    f"{config.fanouts if fanouts is None else fanouts}, device {device}, batch size "
+                    f"{config.batch_size}, train threads {threads}, {run.num_batches} batches per epoch, "
+                    f"parameters {run.parameters['dense']:,} dense + {run.parameters['embedding']:,} in "
+                    f"embedding tables")
+        try:
+            run.epochs()
+        except (Interrupted, TrainingError) as exc:
+            summary = run.summary("interrupted" if isinstance(exc, Interrupted) else "failed", started,
+                                  data_seconds, threads)
+            summary["error"] = None if isinstance(exc, Interrupted) else str(exc)
+            write_summary(config, summary)
+            raise
+        summary = run.summary("stopped_early" if run.stopped_early else "completed", started, data_seconds,
+                              threads)
+    write_summary(config, summary)
+    return summary
+
+
+class _TypedRun:
+    """One typed run: its model, optimizers, samplers, history and best evaluation."""
+
+    def __init__(self, config: TrainConfig, graph: TypedGraph, model: TypedGNN, task: Task,
+                 sampler: TypedNeighborSampler, eval_sampler: TypedNeighborSampler, device: torch.device,
+                 metrics: MetricLog, progress: Progress | None, stop: threading.Event | None):
+        self.config, self.graph, self.model, self.task = config, graph, model, task
+        self.sampler, self.eval_sampler, self.device = sampler, eval_sampler, device
+        self.metrics, self.progress, self.stop = metrics, progress, stop
+        self.adam = Adam(model.dense_parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        tables = model.embedding_parameters()
+        # SparseAdam is a torch.optim.Optimizer, whose import of torch._dynamo takes seconds (train/optim.py):
+        # made only when some type has no features.
+        self.sparse = torch.optim.SparseAdam(tables, lr=config.lr) if tables else None
+        self.train_idx = torch.from_numpy(np.array(graph.train_idx, dtype=np.int64))
+        self.num_batches = -(-self.train_idx.shape[0] // config.batch_size)
+        self.parameters = {"dense": sum(p.numel() for p in model.dense_parameters()),
+                           "embedding": sum(p.numel() for p in tables)}
+        self.history: list[dict] = []
+        self.best = {"val": -math.inf, "test": math.nan, "epoch": -1}
+        self.last_eval: dict = {}
+        self.stopped_early = False
+        self.first_step_at: float | None = None
+
+    def epochs(self) -> None:
+        config = self.config
+        for epoch in range(config.epochs):
+            record = self.train_epoch(epoch)
+            last = epoch == config.epochs - 1
+            if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or last) or (
+                    config.eval_every == 0 and last):
+                t0 = time.perf_counter()
+                self.last_eval = self.evaluate(epoch)
+                record.update(_named(self.task, self.last_eval), eval_seconds=time.perf_counter() - t0)
+                if self.last_eval["val"] > self.best["val"] or self.best["epoch"] < 0:
+                    self.best = {**self.last_eval, "epoch": epoch}
+            self.history.append(record)
+            self.metrics.epoch(record)
+            logger.info(epoch_line(record, stages=True, metric=self.task.metric))
+            if config.patience and "val_acc" in record and self._evaluations_since_best() >= config.patience:
+                self.stopped_early = True
+                logger.info(f"stopping early: no better validation {self.task.metric} in {config.patience} "
+                            f"evaluations (best {self.best['val']:.4f} at epoch {self.best['epoch']})")
+                break
+
+    def train_epoch(self, epoch: int) -> dict:
+        config, model = self.config, self.model
+        model.train()
+        seconds = dict.fromkeys(STAGES, 0.0)
+        edges, inputs, step_losses = 0, 0, []
+        total = torch.zeros((), dtype=torch.float32, device=self.device)  # read once a step on the CPU only
+        check_every = DIVERGENCE_CHECK_STEPS if self.device.type == "cuda" else 1
+        start = time.perf_counter()
+        batches = torch.split(epoch_order(self.train_idx, config.seed, epoch), config.batch_size)
+        for index, seeds in enumerate(batches):
+            clock = time.perf_counter()
+            subgraph = self.sampler.sample(seeds.numpy(), batch_key(config.seed, epoch, index))
+            clock = _lap(seconds, "sample", clock)
+            features, ids = gather_inputs(self.graph, subgraph, self.device)
+            labels = torch.from_numpy(np.asarray(self.graph.labels[seeds.numpy()], dtype=np.int64)).to(self.device)
+            clock = _lap(seconds, "gather", clock)
+            logits = model([b.to(self.device) for b in subgraph.blocks], features, ids)
+            loss = self.task.loss(logits.float(), labels)
+            clock = _lap(seconds, "forward", clock)
+            self.adam.zero_grad(set_to_none=True)
+            if self.sparse is not None:
+                self.sparse.zero_grad(set_to_none=True)
+            loss.backward()
+            clock = _lap(seconds, "backward", clock)
+            self.adam.step()
+            if self.sparse is not None:
+                self.sparse.step()
+            _lap(seconds, "step", clock)
+            total += loss.detach()  # NaN and infinities survive the sum: it is finite iff every loss was
+            if (index + 1) % check_every == 0 or index + 1 == len(batches):
+                mean = float(total) / (index + 1)
+                if not math.isfinite(mean):
+                    raise TrainingError(f"the training loss became NaN or infinite in epoch {epoch} (within its "
+                                        f"first {index + 1} steps): the run diverged. Lower `lr`, or check the "
+                                        f"features for extreme values.")
+                if hasattr(self.progress, "loss"):
+                    self.progress.loss(epoch, mean)
+            edges += subgraph.num_sampled_edges
+            inputs += sum(int(v.shape[0]) for v in subgraph.input_nodes.values())
+            if self.first_step_at is None:
+                self.first_step_at = time.perf_counter()
+            if self.metrics.per_step:
+                step_losses.append(loss.detach())
+                if len(step_losses) == self.metrics.every:
+                    self.metrics.steps(epoch, index + 1 - len(step_losses), step_losses)
+                    step_losses = []
+            if self.progress is not None:
+                self.progress(epoch, index + 1, len(batches))
+            if self.stop is not None and self.stop.is_set():
+                raise Interrupted(f"stopped on request in epoch {epoch} after step {index + 1} of {len(batches)}")
+        if step_losses:
+            self.metrics.steps(epoch, len(batches) - len(step_losses), step_losses)
+        return {"epoch": epoch, "seconds": time.perf_counter() - start,
+                "train_loss": float(total) / max(1, len(batches)),
+                "stage_seconds": {k: round(v, 4) for k, v in seconds.items()}, "batches": len(batches),
+                "sampled_edges": edges, "input_nodes_per_batch": inputs / max(1, len(batches)),
+                "peak_rss_mb": round(peak_rss_mb(), 1)}
+
+    def evaluate(self, epoch: int) -> dict[str, float]:
+        """The metric on the validation and test sets (``eval_max_nodes``: a fixed sample of each)."""
+        config, scores, done = self.config, {}, 0
+        evaluating = getattr(self.progress, "evaluating", None)
+        sets = {"val": _subset(self.graph.val_idx, config.eval_max_nodes, config.seed),
+                "test": _subset(self.graph.test_idx, config.eval_max_nodes, config.seed + 1)}
+        total = sum(len(nodes) for nodes in sets.values())
+        first_chunk = 0
+        for name, nodes in sets.items():
+            logits = typed_logits(self.model, self.graph, self.eval_sampler, torch.from_numpy(nodes), self.device,
+                                  config.eval_batch_size, config.seed, first_chunk)
+            first_chunk += -(-len(nodes) // config.eval_batch_size)
+            scores[name] = self.task.score(logits, torch.from_numpy(np.asarray(self.graph.labels[nodes])))
+            done += len(nodes)
+            if evaluating is not None:
+                evaluating(epoch, 0, done, total)
+        return scores
+
+    def _evaluations_since_best(self) -> int:
+        return sum(1 for e in self.history if "val_acc" in e and e["epoch"] > self.best["epoch"])
+
+    def summary(self, status: str, started: float, data_seconds: float, threads: int) -> dict:
+        """The run summary, with the keys of the homogeneous one where they mean the same."""
+        config, graph, key, best, last = self.config, self.graph, self.task.key, self.best, self.last_eval
+        seconds = [e["seconds"] for e in self.history]
+        evaluated = bool(last)
+        return {
+            "status": status,
+            "mode": "exact",
+            "mode_choice": None if config.mode == "exact" else
+            {"chosen": "exact", "reason": "typed graphs train in exact mode only", "measured": None},
+            "model": {"kind": config.model, "typed": True, "parameters": self.parameters,
+                      "arguments": self.model.arguments},
+            "config": config.to_dict(),
+            "dataset": {"name": graph.name, "nodes": sum(graph.num_nodes.values()), "edges": graph.num_edges,
+                        "node_types": dict(graph.num_nodes),
+                        "relations": [relation_label(r) for r in graph.relations], "target": graph.target,
+                        "feature_dims": {t: graph.feature_dim(t) for t in graph.num_nodes},
+                        "classes": graph.num_classes, "train": int(len(graph.train_idx))},
+            "fanouts": {relation_label(r): f for r, f in self.sampler.fanouts.items()},
+            "device": str(self.device),
+            "precision": {"name": "fp32", "reason": "typed graphs train in float32"},
+            "threads": {"train": threads},
+            "epochs": self.history,
+            "epoch_seconds_median": statistics.median(seconds) if seconds else None,
+            "metric": self.task.metric,
+            f"val_{key}": best["val"] if evaluated else None,
+            f"test_{key}": best["test"] if evaluated else None,
+            "best_epoch": best["epoch"] if evaluated else None,
+            f"final_val_{key}": last.get("val"),
+            f"final_test_{key}": last.get("test"),
+            "val_acc": best["val"] if evaluated else None,
+            "test_acc": best["test"] if evaluated else None,
+            "final_val_acc": last.get("val"),
+            "final_test_acc": last.get("test"),
+            "peak_rss_mb": round(peak_rss_mb(), 1),
+            "startup": {"data_seconds": round(data_seconds, 4),
+                        "first_step_seconds": None if self.first_step_at is None
+                        else round(self.first_step_at - started, 4)},
+        }
+
+
+def gather_inputs(graph: TypedGraph, subgraph: TypedSubgraph, device: torch.device
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The bottom frontier's rows of every featured type (float32, read by a numpy fancy index, so a
+    memory-mapped array is read at those rows only) and every type's frontier ids, both on ``device``."""
+    features = {}
+    for t, ids in subgraph.input_nodes.items():
+        if t in graph.features:
+            rows = np.asarray(graph.features[t][ids.numpy()], dtype=np.float32)
+            features[t] = torch.from_numpy(rows).to(device)
+    return features, {t: ids.to(device) for t, ids in subgraph.input_nodes.items()}
+
+
+@torch.no_grad()
+def typed_logits(model: TypedGNN, graph: TypedGraph, sampler: TypedNeighborSampler, nodes: torch.Tensor,
+                 device: torch.device, batch_size: int, seed: int, first_chunk: int = 0) -> torch.Tensor:
+    """Logits of ``nodes`` (unique target ids), the model in eval mode, in chunks of ``batch_size`` sampled
+    with the fixed keys ``batch_key(seed, -1, chunk)``, chunks numbered from ``first_chunk``; float32 on the
+    CPU."""
+    model.eval()
+    outputs = [torch.zeros(0, model.arguments["num_classes"])]
+    for index, chunk in enumerate(torch.split(nodes, batch_size), start=first_chunk):
+        subgraph = sampler.sample(chunk.numpy(), batch_key(seed, -1, index))
+        features, ids = gather_inputs(graph, subgraph, device)
+        outputs.append(model([b.to(device) for b in subgraph.blocks], features, ids).float().cpu())
+    return torch.cat(outputs)
+
+
+def _lap(seconds: dict[str, float], stage: str, since: float) -> float:
+    now = time.perf_counter()
+    seconds[stage] += now - since
+    return now
+
+
+def _named(task: Task, scores: dict) -> dict:
+    """An evaluation as an epoch record holds it: under the metric's name and as ``val_acc``/``test_acc``."""
+    return {f"val_{task.key}": scores["val"], f"test_{task.key}": scores["test"],
+            "val_acc": scores["val"], "test_acc": scores["test"]}
+
+
+def _files(graph: TypedGraph) -> list[str]:
+    """The files the graph's arrays are memory-mapped from (what no output may overwrite)."""
+    arrays = [graph.labels, graph.train_idx, graph.val_idx, graph.test_idx, *graph.features.values()]
+    for relation in graph.relations.values():
+        arrays += [relation.indptr, relation.indices, relation.edge_features]
+    found = []
+    for array in arrays:
+        while array is not None and getattr(array, "filename", None) is None:
+            array = getattr(array, "base", None)
+        if array is not None and array.filename not in found:
+            found.append(array.filename)
+    return found
