@@ -18,8 +18,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from neutronorch.cli.options import RUN_FOLDER_KEYS, build_parser
+from neutronorch.cli.typed import info_typed, write_typed_folder
 from neutronorch.config import TrainConfig, load_config_file
-from neutronorch.data import SyntheticSpec, dataset_paths, generate, is_native_dir, load_dataset, save_native
+from neutronorch.data import (SyntheticSpec, dataset_paths, generate, is_native_dir, is_typed_dataset, load_dataset,
+                              load_typed_dataset, save_native)
 from neutronorch.data.csc import edge_hygiene
 from neutronorch.data.dtypes import bfloat16
 from neutronorch.data.typed_native import is_typed_dir
@@ -140,7 +142,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     config = TrainConfig(**values)
     rank = _launched_rank()
     config, folder = _outputs(config, run_name, save, [args.config] if getattr(args, "config", None) else [], rank)
-    if folder is not None and is_typed_dir(Path(config.dataset).expanduser()):
+    if folder is not None and is_typed_dataset(config.dataset):
         config = dataclasses.replace(config, checkpoint_dir=None)  # typed runs write no checkpoints yet
     try:
         return _train(config, folder, rank)
@@ -221,13 +223,15 @@ def _train(config: TrainConfig, folder, rank: int | None) -> int:
 
 def _cmd_convert(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    _check_native_out("OUT_DIR", args.out_dir, dataset_paths(args.source), args.overwrite)
+    typed = is_typed_dataset(args.source)
+    _check_native_out("OUT_DIR", args.out_dir, dataset_paths(args.source), args.overwrite, typed)
     bar = _ProgressBar("reading", "B")
     try:
-        graph = load_dataset(args.source, args.split, args.seed, progress=bar)
+        graph = (load_typed_dataset(args.source, args.split, progress=bar) if typed
+                 else load_dataset(args.source, args.split, args.seed, progress=bar))
     finally:
         bar.close()
-    return _write_native(graph, args.out_dir, args, t0)
+    return (write_typed_folder if typed else _write_native)(graph, args.out_dir, args, t0)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -255,16 +259,18 @@ def _write_native(graph, out: str, args: argparse.Namespace, t0: float) -> int:
     return 0
 
 
-def _check_native_out(field: str, out: str, sources: list[Path], overwrite: bool) -> None:
-    """Before anything is read: the dataset folder ``out`` can be written and holds none of the inputs. A
-    native dataset rewritten in place (``--overwrite``, to halve its features) reads its old files until
-    the new ones replace them whole, so that one input may be ``out`` itself."""
+def _check_native_out(field: str, out: str, sources: list[Path], overwrite: bool, typed: bool = False) -> None:
+    """Before anything is read: the dataset folder ``out`` (``typed``: for a typed graph) can be written
+    and holds none of the inputs. A dataset rewritten in place (``--overwrite``, to halve its features)
+    reads its old files until the new ones replace them whole, so that one input may be ``out`` itself."""
     from neutronorch.data.native import check_native_target
+    from neutronorch.data.typed_native import check_typed_target
     from neutronorch.train.output_guard import check_creatable, check_distinct
 
     target = Path(out).expanduser().resolve()
-    check_native_target(target, overwrite)
-    if not any(source.expanduser().resolve() == target and is_native_dir(target) for source in sources):
+    (check_typed_target if typed else check_native_target)(target, overwrite)
+    is_dataset = is_typed_dir if typed else is_native_dir
+    if not any(source.expanduser().resolve() == target and is_dataset(target) for source in sources):
         check_distinct({"SOURCE": sources}, {field: [target]}, replaces={field: target})
     check_creatable(field, target / "meta.json")
 
@@ -340,6 +346,8 @@ def _cmd_embed(args: argparse.Namespace) -> int:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    if is_typed_dataset(args.dataset):
+        return info_typed(args.dataset)
     graph = load_dataset(args.dataset)
     degrees = graph.in_degrees()
     print(json.dumps({"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,

@@ -1,8 +1,9 @@
 """Graph data: the ``Graph`` type, the native format, loaders for common formats, synthetic graphs; and
-typed graphs (``TypedGraph``: their own native layout and synthetic generator; ``neutronorch.train`` trains them in
-exact mode, ``train/typed_task.py``).
+typed graphs (``TypedGraph``: their own native layout, OGB's ogbn-mag layout and a synthetic generator;
+``neutronorch.train`` trains them in exact mode, ``train/typed_task.py``).
 
-``load_dataset(spec)`` is the single entry point that turns a user's dataset spec into a validated graph.
+``load_dataset(spec)`` is the single entry point that turns a user's dataset spec into a validated graph;
+``load_typed_dataset(spec)`` its typed counterpart, for the specs ``is_typed_dataset`` accepts.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from neutronorch.data.splits import DEFAULT_SPLIT, make_split
 from neutronorch.data.synthetic import SyntheticSpec, generate
 from neutronorch.data.synthetic_typed import synthetic_typed
 from neutronorch.data.typed import Relation, TypedGraph
-from neutronorch.data.typed_native import read_typed, write_typed
+from neutronorch.data.typed_native import is_typed_dir, read_typed, write_typed
 from neutronorch.errors import DataError
 
 __all__ = ["Graph", "load_dataset", "load_native", "save_native", "SyntheticSpec", "generate",
            "make_split", "DEFAULT_SPLIT", "DATASET_SPEC_HELP", "dataset_paths", "from_pyg", "to_pyg", "from_dgl",
-           "to_dgl", "TypedGraph", "Relation", "read_typed", "write_typed", "synthetic_typed"]
+           "to_dgl", "TypedGraph", "Relation", "read_typed", "write_typed", "synthetic_typed", "is_typed_dataset",
+           "load_typed_dataset"]
 
 DATASET_SPEC_HELP = (
     "synthetic[:nodes=N,degree=D,features=F,classes=C,seed=S,...] | a native dataset directory "
@@ -31,7 +33,8 @@ DATASET_SPEC_HELP = (
     "a GraphGallery/gnn-benchmark/"
     "heterophilous .npz | a SNAP edge list (.txt, .txt.gz, .edges, .tsv or .tsv.gz; features and labels "
     "are then synthetic) | "
-    "pyg:NAME@ROOT (a PyG dataset already downloaded under ROOT, e.g. pyg:Cora@~/data)")
+    "pyg:NAME@ROOT (a PyG dataset already downloaded under ROOT, e.g. pyg:Cora@~/data) | "
+    "a typed graph: a typed native folder, or OGB's ogbn-mag folder")
 
 
 @reads_files
@@ -63,6 +66,11 @@ def _load(spec: str, split: str | None, seed: int, split_index: int, progress) -
     path = Path(spec).expanduser()
     if not path.exists():
         raise DataError(f"{spec}: no such file or directory. `dataset` takes {DATASET_SPEC_HELP}.")
+    if is_typed_dataset(spec):
+        raise DataError(f"{path}: holds a typed graph (several vertex and relation types), which `neutronorch "
+                        f"train`, `info` and `convert` read (docs/heterogeneous.md); reading it as a homogeneous "
+                        f"graph (predict, embed) is not available yet. Read it in Python with "
+                        f"neutronorch.data.load_typed_dataset.")
     if is_native_dir(path):
         return _own_split(load_native(path), split)
     if path.is_dir():
@@ -87,6 +95,36 @@ def _load(spec: str, split: str | None, seed: int, split_index: int, progress) -
     raise DataError(f"{path}: unknown file type. `dataset` takes {DATASET_SPEC_HELP}.")
 
 
+def is_typed_dataset(spec: str) -> bool:
+    """Whether ``spec`` names a typed graph: a folder ``write_typed`` wrote, or OGB's heterogeneous layout
+    (ogbn-mag: ``raw/num-node-dict.csv.gz``, ``raw/relations/``)."""
+    from neutronorch.data.ogb_typed import is_ogb_typed_dir
+
+    if spec.startswith("pyg:") or spec == "synthetic" or spec.startswith("synthetic:"):
+        return False
+    path = Path(spec).expanduser()
+    return path.is_dir() and (is_typed_dir(path) or is_ogb_typed_dir(path))
+
+
+@reads_files
+def load_typed_dataset(spec: str, split: str | None = None, progress=None) -> TypedGraph:
+    """Open the typed graph ``spec`` names (``is_typed_dataset``): a typed native folder, memory-mapped, or
+    an OGB heterogeneous folder, parsed (``progress(file, bytes done, bytes total)`` meanwhile). Either
+    carries its own split; a ``split`` given is noted as ignored."""
+    from neutronorch.data.ogb_typed import is_ogb_typed_dir, load_ogb_typed
+
+    path = Path(spec).expanduser()
+    if is_typed_dir(path):
+        graph = read_typed(path)
+    elif is_ogb_typed_dir(path):
+        graph = load_ogb_typed(path, progress)
+    else:
+        raise DataError(f"{spec}: not a typed graph: neither a folder write_typed wrote (its meta.json says "
+                        f"\"neutronorch-typed\") nor OGB's heterogeneous layout (raw/num-node-dict.csv.gz, "
+                        f"raw/relations/).")
+    return _own_split(graph, split)
+
+
 def dataset_paths(spec: str) -> list[Path]:
     """The files or folders ``load_dataset(spec)`` reads (none for a synthetic graph): what no output may
     overwrite."""
@@ -97,7 +135,7 @@ def dataset_paths(spec: str) -> list[Path]:
     return [Path(spec).expanduser()]
 
 
-def _own_split(graph: Graph, split: str | None) -> Graph:
+def _own_split(graph: Graph | TypedGraph, split: str | None) -> Graph | TypedGraph:
     """Data that carries its own split keeps it; a ``split`` given for it is said to be ignored."""
     if split is not None:
         graph.notes.append(f"`split` {split} ignored: {graph.name} carries its own split, which is used")

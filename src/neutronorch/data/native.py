@@ -144,8 +144,9 @@ def _read_meta(meta_path: Path, keys: tuple[str, ...] = META_KEYS,
         raise DataError(f"{meta_path}: expected a JSON object with the keys {list(keys)}.")
     if meta.get("format") == TYPED_FORMAT and "format" not in keys:
         raise DataError(f"{meta_path}: holds a typed graph (several vertex and relation types), which `neutronorch "
-                        f"train` trains (docs/heterogeneous.md); reading it as a homogeneous graph (info, convert, "
-                        f"predict, embed) is not available yet. Read it in Python with neutronorch.data.read_typed.")
+                        f"train`, `info` and `convert` read (docs/heterogeneous.md); reading it as a homogeneous "
+                        f"graph (predict, embed) is not available yet. Read it in Python with "
+                        f"neutronorch.data.read_typed.")
     missing = [k for k in keys if k not in meta]
     if missing:
         raise DataError(f"{meta_path}: missing keys {missing}. It needs {list(keys)}.")

@@ -62,8 +62,14 @@ def write_typed(graph: TypedGraph, folder: str | os.PathLike, overwrite: bool = 
     refusal comes before anything is written."""
     target = Path(folder)
     graph.validate()
-    check_dataset_folder(target, overwrite, "typed", is_typed_dir(target), _OWN_ENTRIES)
+    check_typed_target(target, overwrite)
     return write_folder(target, lambda partial: _write_arrays(graph, partial))
+
+
+def check_typed_target(target: Path, overwrite: bool) -> None:
+    """``write_typed`` may write ``target``: a new or empty folder, or with ``overwrite`` a typed graph
+    holding nothing else (checked before anything is read, by ``neutronorch convert``, and again here)."""
+    check_dataset_folder(target, overwrite, "typed", is_typed_dir(target), _OWN_ENTRIES)
 
 
 def _write_arrays(graph: TypedGraph, folder: Path) -> None:

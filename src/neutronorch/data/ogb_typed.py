@@ -1,0 +1,289 @@
+"""OGB heterogeneous node-property datasets (ogbn-mag) as typed graphs, from the folder the ``ogb`` package
+leaves on disk (``dataset/ogbn_mag``); neither ``ogb`` nor a download is needed.
+
+The CSV layout, as OGB ships ogbn-mag (each file ``.csv.gz``, or plain ``.csv``)::
+
+    raw/num-node-dict.csv.gz                      a header row of type names, one row of their counts
+    raw/triplet-type-list.csv.gz                  (optional) one ``src,name,dst`` relation per line
+    raw/relations/<src>___<name>___<dst>/edge.csv.gz          one ``src,dst`` pair of local ids per line
+    raw/relations/<src>___<name>___<dst>/num-edge-list.csv.gz (optional) the edge count
+    raw/relations/<src>___<name>___<dst>/edge_reltype.csv.gz  (optional, not read)
+    raw/node-feat/<type>/node-feat.csv.gz         (only some types: in ogbn-mag, paper) a row per vertex
+    raw/node-feat/<type>/node_year.csv.gz         (optional, not read)
+    raw/nodetype-has-label.csv.gz                 (optional) a header row of types, one row of True/False
+    raw/node-label/<type>/node-label.csv.gz       the target type's labels: a class id per vertex (NaN: none)
+    split/<scheme>/<type>/{train,valid,test}.csv.gz           the target type's split (ogbn-mag: time/paper)
+
+The type with labels is the target (one only). Relations are kept one way, as OGB gives them (training adds
+the reverses); repeated edges are kept. The numbers are parsed in blocks by ``textnum.py``, as the
+homogeneous reader (``ogb.py``) parses them; the graph is validated with every array named by the file it
+came from. OGB's binary form (``raw/*.npz`` and a pickled ``split_dict.pt``) is not read.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import os
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from neutronorch.data.arrays import class_labels
+from neutronorch.data.files import read_error, reads_files
+from neutronorch.data.ogb import Progress, _count, _numbers, _present, _width, dataset_name, split_folder
+from neutronorch.data.typed import Relation, RelationType, TypedGraph, node_array, relation_array, relation_label
+from neutronorch.data.typed_checks import SPLITS
+from neutronorch.errors import DataError
+
+_PARTS = dict(zip(SPLITS, ("train", "valid", "test")))  # TypedGraph's split -> OGB's file
+_SMALL = 1 << 20  # bytes a list file (counts, relation names) may hold: more is not one of OGB's
+_LINE_BLOCK = 1 << 24
+
+
+def is_ogb_typed_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` holds OGB's heterogeneous layout: ``raw/num-node-dict.csv.gz`` or ``raw/relations/``
+    (the homogeneous layout has ``raw/edge.csv.gz`` or ``raw/data.npz`` instead)."""
+    raw = Path(path) / "raw"
+    return raw.is_dir() and ((raw / "relations").is_dir() or any(
+        (raw / f"num-node-dict{suffix}").is_file() for suffix in (".csv.gz", ".csv")))
+
+
+@reads_files
+def load_ogb_typed(directory: str | os.PathLike, progress: Progress | None = None) -> TypedGraph:
+    """The OGB heterogeneous dataset in ``directory`` (a folder holding ``raw/`` and ``split/``), validated.
+    ``progress(file, bytes done, bytes total)`` is called while the large files are parsed."""
+    directory = Path(directory)
+    name = dataset_name(directory)
+    raw = directory / "raw"
+    counts_path = _file(raw, "num-node-dict")
+    num_nodes = _node_counts(counts_path)
+    keys, target = _relation_types(raw, num_nodes, counts_path), _target(raw, num_nodes)
+    split_files = _split_files(directory, target)  # what is missing is said before the large files are read
+    files = {node_array(target, split): str(path) for split, path in split_files.items()}
+    relations = {key: _relation(raw, key, num_nodes, counts_path, files, progress) for key in keys}
+    features = _features(raw, num_nodes, counts_path, files, progress)
+    labels_path = _file(raw / "node-label" / target, "node-label")
+    files[node_array(target, "labels")] = str(labels_path)
+    labels = _labels(labels_path, target, num_nodes[target], counts_path, progress)
+    splits = {split: np.sort(_numbers(path, num_nodes[target], np.int64)) for split, path in split_files.items()}
+    num_classes = labels.shape[1] if labels.ndim == 2 else (int(labels.max()) + 1 if labels.size else 0)
+    unread = _unread(raw, relations)
+    notes = [f"OGB {name}: relations one way as OGB gives them (training adds the reverses)"
+             + (f"; not read: {', '.join(unread)}" if unread else "")]
+    graph = TypedGraph(name=name, num_nodes=num_nodes, relations=relations, features=features, target=target,
+                       labels=labels, **splits, num_classes=num_classes, notes=notes,
+                       metric="accuracy" if labels.ndim == 1 else None)
+    graph.validate(str(directory), files)
+    return graph
+
+
+def _file(folder: Path, stem: str) -> Path:
+    """``folder/stem.csv.gz``, else ``folder/stem.csv`` when only that is there (the missing name is the
+    compressed one, as OGB ships it)."""
+    compressed = folder / f"{stem}.csv.gz"
+    plain = folder / f"{stem}.csv"
+    return plain if not compressed.is_file() and plain.is_file() else compressed
+
+
+def _rows(path: Path) -> list[list[str]]:
+    """The comma-separated rows of a small text file (type names, counts, relation names), blank lines left
+    out."""
+    _present(path)
+    try:
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as text:
+            data = text.read(_SMALL + 1)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise read_error(path, exc, f"{path}: cannot be read ({exc}); the file is truncated or corrupt. Fetch "
+                                    f"the dataset again.") from None
+    if len(data) > _SMALL:
+        raise DataError(f"{path}: holds more than {_SMALL} bytes, far more than a list of types or relations; it "
+                        f"is not OGB's file. Fetch the dataset again.")
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: is not text; the file is damaged. Fetch the dataset again.") from None
+    return [[cell.strip() for cell in row] for row in csv.reader(io.StringIO("\n".join(lines))) if any(row)]
+
+
+def _node_counts(path: Path) -> dict[str, int]:
+    """``num-node-dict``: the type names in its header, in their order, with the counts of its one row."""
+    rows = _rows(path)
+    if len(rows) != 2 or len(rows[0]) != len(rows[1]):
+        raise DataError(f"{path}: holds {len(rows)} rows; expected a header of vertex types and one row of as "
+                        f"many counts (a node-property dataset is one graph). The file is damaged; fetch the "
+                        f"dataset again.")
+    header, values = rows
+    if len(set(header)) != len(header) or not all(header):
+        raise DataError(f"{path}: the header {header} names a type twice or leaves one unnamed; the file is "
+                        f"damaged. Fetch the dataset again.")
+    counts = {}
+    for node_type, value in zip(header, values):
+        if not value.isdigit():
+            raise DataError(f"{path}: the count of type {node_type} is {value!r}, not a whole number >= 0. The "
+                            f"file is damaged; fetch the dataset again.")
+        counts[node_type] = int(value)
+    return counts
+
+
+def _relation_types(raw: Path, num_nodes: dict[str, int], counts_path: Path) -> list[RelationType]:
+    """The relations: ``triplet-type-list``'s in its order when it is there (each needing its folder, none
+    left out), else the folders under ``raw/relations`` in name order; each joining two known types."""
+    folder = raw / "relations"
+    if not folder.is_dir():
+        raise DataError(f"{folder}: folder is missing; an OGB heterogeneous dataset keeps each relation's edges "
+                        f"in raw/relations/<src>___<name>___<dst>/. The dataset is incomplete; fetch it again.")
+    found = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    listing = _file(raw, "triplet-type-list")
+    if listing.is_file():
+        keys = []
+        for row in _rows(listing):
+            if len(row) != 3:
+                raise DataError(f"{listing}: the line {','.join(row)!r} is not one src,name,dst relation; the "
+                                f"file is damaged. Fetch the dataset again.")
+            keys.append(tuple(row))
+        extra = sorted(set(found) - {"___".join(key) for key in keys})
+        if extra:
+            raise DataError(f"{folder / extra[0]}: a relation folder {listing.name} does not list; the files "
+                            f"come from different versions of the dataset. Fetch it again.")
+    else:
+        keys = []
+        for entry in found:
+            parts = tuple(entry.split("___"))
+            if len(parts) != 3 or not all(parts):
+                raise DataError(f"{folder / entry}: a relation folder is named <src>___<name>___<dst>; this "
+                                f"name does not split into three. Rename or remove it.")
+            keys.append(parts)
+    if not keys:
+        raise DataError(f"{folder}: holds no relation folder; the dataset is incomplete. Fetch it again.")
+    for key in keys:
+        for end, node_type in (("source", key[0]), ("destination", key[2])):
+            if node_type not in num_nodes:
+                raise DataError(f"{folder / '___'.join(key)}: relation {relation_label(key)} names {end} type "
+                                f"{node_type!r}, which {counts_path} does not list (types: "
+                                f"{', '.join(num_nodes)}). The files come from different versions of the "
+                                f"dataset; fetch it again.")
+    return keys
+
+
+def _relation(raw: Path, key: RelationType, num_nodes: dict[str, int], counts_path: Path, files: dict[str, str],
+              progress: Progress | None) -> Relation:
+    folder = raw / "relations" / "___".join(key)
+    path = _file(folder, "edge")
+    files[relation_array(key, "indptr")] = files[relation_array(key, "indices")] = str(path)
+    count_path = _file(folder, "num-edge-list")
+    if count_path.is_file():
+        num_edges = _count(count_path, "edges")
+        expect = f"{count_path} says {num_edges} edges"
+    else:
+        num_edges = _lines(_present(path))
+        expect = f"the file has {num_edges} lines, one edge each"
+    if num_edges and _width(path) != 2:
+        raise DataError(f"{path}: the first line holds {_width(path)} values; each line of relation "
+                        f"{relation_label(key)} must be one 'src,dst' edge. The file is damaged; fetch the dataset "
+                        f"again.")
+    edges = (_numbers(path, 2 * num_edges, np.int64, progress, width=2, expect=expect) if num_edges
+             else np.empty(0, np.int64)).reshape(num_edges, 2)
+    for column, end, node_type in ((0, "source", key[0]), (1, "destination", key[2])):
+        count = num_nodes[node_type]
+        if num_edges and (int(edges[:, column].min()) < 0 or int(edges[:, column].max()) >= count):
+            low, high = int(edges[:, column].min()), int(edges[:, column].max())
+            raise DataError(f"{path}: relation {relation_label(key)} holds {end} id {low if low < 0 else high}, "
+                            f"outside 0..{count - 1}: {counts_path} says {count} vertices of type {node_type}. "
+                            f"The files come from different versions of the dataset; fetch it again.")
+    return Relation.from_edges(edges[:, 0], edges[:, 1], num_nodes[key[0]], num_nodes[key[2]], source=str(path))
+
+
+def _lines(path: Path) -> int:
+    """The lines of a (gzip-compressed) text file that hold something: an edge count, where no
+    ``num-edge-list`` gives one."""
+    lines, last = 0, b"\n"
+    try:
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as text:
+            while block := text.read(_LINE_BLOCK):
+                lines += block.count(b"\n")
+                last = block[-1:]
+    except (OSError, EOFError, zlib.error) as exc:
+        raise read_error(path, exc, f"{path}: cannot be read ({exc}); the file is truncated or corrupt. Fetch "
+                                    f"the dataset again.") from None
+    return lines + (last != b"\n")
+
+
+def _features(raw: Path, num_nodes: dict[str, int], counts_path: Path, files: dict[str, str],
+              progress: Progress | None) -> dict[str, np.ndarray]:
+    """float32 rows of the types with ``node-feat/<type>/node-feat``."""
+    folder = raw / "node-feat"
+    features = {}
+    for entry in sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []:
+        node_type = entry.name
+        if node_type not in num_nodes:
+            raise DataError(f"{entry}: features for type {node_type!r}, which {counts_path} does not list (types: "
+                            f"{', '.join(num_nodes)}). The files come from different versions of the dataset; "
+                            f"fetch it again.")
+        path = _file(entry, "node-feat")
+        if not path.is_file():
+            continue
+        count, dim = num_nodes[node_type], _width(path)
+        features[node_type] = _numbers(path, count * dim, np.float32, progress, width=dim,
+                                       expect=f"{counts_path} says {count} vertices of type {node_type}, a row "
+                                              f"each").reshape(count, dim)
+        files[node_array(node_type, "features")] = str(path)
+    return features
+
+
+def _unread(raw: Path, relations: dict[RelationType, Relation]) -> list[str]:
+    """The optional files this reader leaves (``node_year``, ``edge_reltype``), by name, for the note."""
+    read = {"node-feat", "edge", "num-edge-list"}
+    folders = [p for p in (raw / "node-feat").iterdir() if p.is_dir()] if (raw / "node-feat").is_dir() else []
+    folders += [raw / "relations" / "___".join(key) for key in relations]
+    return sorted({p.name.split(".")[0] for folder in folders for p in folder.iterdir()
+                   if p.is_file() and p.name.split(".")[0] not in read})
+
+
+def _target(raw: Path, num_nodes: dict[str, int]) -> str:
+    """The one type with labels: a ``node-label/<type>/`` folder, or one ``nodetype-has-label`` marks."""
+    folder = raw / "node-label"
+    labelled = [p.name for p in sorted(folder.iterdir()) if p.is_dir()] if folder.is_dir() else []
+    flags = _file(raw, "nodetype-has-label")
+    if flags.is_file():
+        rows = _rows(flags)
+        if len(rows) != 2 or len(rows[0]) != len(rows[1]):
+            raise DataError(f"{flags}: holds {len(rows)} rows; expected a header of vertex types and one row of "
+                            f"True/False. The file is damaged; fetch the dataset again.")
+        labelled += [t for t, flag in zip(*rows) if flag.lower() in ("true", "1") and t not in labelled]
+    for node_type in labelled:
+        if node_type not in num_nodes:
+            raise DataError(f"{folder / node_type}: labels for type {node_type!r}, which "
+                            f"{_file(raw, 'num-node-dict').name} does not list (types: {', '.join(num_nodes)}). "
+                            f"The files come from different versions of the dataset; fetch it again.")
+        _present(_file(folder / node_type, "node-label"))
+    if not labelled:
+        raise DataError(f"{folder}: no vertex type has labels (raw/node-label/<type>/node-label.csv.gz); this is "
+                        f"not a node-property dataset. (OGB's heterogeneous link-prediction datasets, such as "
+                        f"ogbl-biokg, are not read.)")
+    if len(labelled) > 1:
+        raise DataError(f"{folder}: types {', '.join(labelled)} all have labels; neutronorch trains one target "
+                        f"type. Remove the others' labels.")
+    return labelled[0]
+
+
+def _labels(path: Path, target: str, count: int, counts_path: Path, progress: Progress | None) -> np.ndarray:
+    """Class ids per target vertex (-1 for NaN: no label), or 0/1/-1 rows of a multi-label task."""
+    width = _width(path)
+    values = _numbers(path, count * width, np.float64, progress, width=width,
+                      expect=f"{counts_path} says {count} vertices of type {target}, a label each")
+    return class_labels(values.reshape(count, width) if width > 1 else values, count, str(path))
+
+
+def _split_files(directory: Path, target: str) -> dict[str, Path]:
+    """``split/<scheme>/<target>/{train,valid,test}``, each there. A split folder of another type is
+    refused: only the target has labels."""
+    scheme = split_folder(directory)
+    for entry in sorted(p for p in scheme.iterdir() if p.is_dir()):
+        if entry.name != target:
+            raise DataError(f"{entry}: a split of type {entry.name!r}, which has no labels (the labelled type, "
+                            f"the target, is {target}). The files come from different versions of the dataset; "
+                            f"fetch it again.")
+    return {split: _present(_file(scheme / target, part)) for split, part in _PARTS.items()}
