@@ -57,6 +57,18 @@ def torch_threads(count: int):
 
 
 @contextlib.contextmanager
+def numba_threads(count: int):
+    """numba's threads for the calling thread (numba keeps the count per thread), at most
+    ``NUMBA_NUM_THREADS``; restored on leaving."""
+    before = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(count, numba.config.NUMBA_NUM_THREADS)))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
+
+
+@contextlib.contextmanager
 def memory_budget(device: torch.device, gigabytes: float | None):
     """Emulate a smaller GPU for the run: the caching allocator refuses what the budget does not hold.
     Lifted afterwards, so later runs in the same process get the whole device again."""

@@ -7,9 +7,17 @@ this. One epoch: the target type's training vertices in the order ``epoch_order(
 the bottom frontier (a numpy fancy index into the possibly memory-mapped features, as float32); a
 ``TypedGNN`` forward, the task's loss on the seeds' labels (``train/task.py``: cross-entropy, or binary
 cross-entropy for multi-label targets), and one step of two optimizers: Adam (``lr``, ``weight_decay``) for
-the dense weights, ``torch.optim.SparseAdam`` (``lr``, no weight decay: it has none) for the featureless
-types' embedding tables, which moves only the rows the batch looked up. The same seed gives the same losses:
-the seed order, the samples and the dropout masks are keyed by it.
+the dense weights, ``RowAdam`` (``train/row_adam.py``: ``torch.optim.SparseAdam``'s update, ``lr``, no
+weight decay) for the featureless types' embedding tables, which moves only the rows the batch looked up.
+The same seed gives the same losses: the seed order, the samples and the dropout masks are keyed by it.
+
+Sampling and gathering run ahead of the training step on a producer thread, up to ``prefetch`` batches, as
+the homogeneous exact mode does (``orchestration/exact.py``): a sampler of its own per epoch (a sampler is
+single-threaded state), numba at ``sampler_threads`` there (``thread_budget``: half the cores by default), so
+the trainer's torch and numba work does not wait for the next batch's. A batch depends on its key only, so
+the losses are those of sampling inline. An epoch's ``stage_seconds`` hold the producer's ``sample`` and
+``gather`` time (overlapped with training) and the trainer's ``wait`` for a batch besides ``forward``,
+``backward`` and ``step``.
 
 The graph's relations are made two-way first (``TypedGraph.with_reverse``: a reverse for every relation
 without one, built in memory): papers then hear from their authors and authors from their papers, as PyG's
@@ -44,7 +52,9 @@ import statistics
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
+import numba
 import numpy as np
 import torch
 
@@ -54,6 +64,8 @@ from neutronorch.data.typed_native import read_typed
 from neutronorch.errors import ConfigError, Interrupted, TrainingError
 from neutronorch.nn.names import TYPED_MODELS
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
+from neutronorch.orchestration.factory import Threads
+from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import epoch_order
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_block import TypedSubgraph
@@ -64,12 +76,13 @@ from neutronorch.train.memory import peak_rss_mb
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
 from neutronorch.train.outputs import check_outputs, write_summary
-from neutronorch.train.resources import resolve_device, thread_budget, torch_threads
+from neutronorch.train.resources import numba_threads, resolve_device, thread_budget, torch_threads
+from neutronorch.train.row_adam import RowAdam
 from neutronorch.train.task import Task
 
 logger = logging.getLogger("neutronorch")
 
-STAGES = ("sample", "gather", "forward", "backward", "step")
+STAGES = ("wait", "sample", "gather", "forward", "backward", "step")
 NOT_YET = "not available for typed graphs yet"
 
 
@@ -131,10 +144,15 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
     if eval_sampler.num_layers != sampler.num_layers:
         raise ConfigError(f"`eval_fanouts` has {eval_sampler.num_layers} entries but the fanouts give "
                           f"{sampler.num_layers} layers; give one per layer.")
-    threads = thread_budget(config).train
+    budget = thread_budget(config)
+    # The producer keeps its threads busy through most of a step here, so an automatic budget leaves its
+    # cores to it: torch and numba pools of more threads than the free cores spin against each other.
+    threads = config.threads or max(1, budget.train - budget.sampler)
+    budget = dataclasses.replace(budget, train=threads)
     task = Task.of(graph, config.metric)
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch_threads(threads))
+        stack.enter_context(numba_threads(threads))
         stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
         torch.manual_seed(config.seed)
         try:
@@ -144,24 +162,47 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         except ValueError as exc:
             raise ConfigError(f"{graph.name}: {exc}.") from None
         metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key)))
-        run = _TypedRun(config, graph, model, task, sampler, eval_sampler, device, metrics, progress, stop)
+        run = _TypedRun(config, graph, model, task, sampler, eval_sampler, device, metrics, progress, stop,
+                        sampler_threads=budget.sampler)
         logger.info(f"mode exact, model {config.model} (typed: {', '.join(graph.node_types)}), fanouts "
                     f"{config.fanouts if fanouts is None else fanouts}, device {device}, batch size "
-                    f"{config.batch_size}, train threads {threads}, {run.num_batches} batches per epoch, "
+                    f"{config.batch_size}, train threads {threads}, sampler threads {budget.sampler}, "
+                    f"{run.num_batches} batches per epoch, "
                     f"parameters {run.parameters['dense']:,} dense + {run.parameters['embedding']:,} in "
                     f"embedding tables")
         try:
             run.epochs()
         except (Interrupted, TrainingError) as exc:
             summary = run.summary("interrupted" if isinstance(exc, Interrupted) else "failed", started,
-                                  data_seconds, threads)
+                                  data_seconds, budget)
             summary["error"] = None if isinstance(exc, Interrupted) else str(exc)
             write_summary(config, summary)
             raise
         summary = run.summary("stopped_early" if run.stopped_early else "completed", started, data_seconds,
-                              threads)
+                              budget)
     write_summary(config, summary)
     return summary
+
+
+@dataclasses.dataclass
+class _TypedBatch:
+    """A training batch as the producer hands it over: the sample (blocks on the device), the bottom
+    frontier's feature rows and ids per type, the seeds' labels, and the producer's seconds per stage."""
+
+    subgraph: TypedSubgraph
+    features: dict[str, torch.Tensor]
+    ids: dict[str, torch.Tensor]
+    labels: torch.Tensor
+    seconds: dict[str, float]
+
+
+def _table_optimizer(tables: list[torch.nn.Parameter], lr: float):
+    """``RowAdam`` for float32 CPU tables; ``torch.optim.SparseAdam`` (the same update, as sparse-tensor ops)
+    for tables elsewhere. SparseAdam is a ``torch.optim.Optimizer``, whose import of torch._dynamo takes
+    seconds (train/optim.py): made only when needed."""
+    if all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tables):
+        return RowAdam(tables, lr=lr)
+    return torch.optim.SparseAdam(tables, lr=lr)
 
 
 class _TypedRun:
@@ -169,15 +210,15 @@ class _TypedRun:
 
     def __init__(self, config: TrainConfig, graph: TypedGraph, model: TypedGNN, task: Task,
                  sampler: TypedNeighborSampler, eval_sampler: TypedNeighborSampler, device: torch.device,
-                 metrics: MetricLog, progress: Progress | None, stop: threading.Event | None):
+                 metrics: MetricLog, progress: Progress | None, stop: threading.Event | None,
+                 sampler_threads: int = 1):
         self.config, self.graph, self.model, self.task = config, graph, model, task
         self.sampler, self.eval_sampler, self.device = sampler, eval_sampler, device
         self.metrics, self.progress, self.stop = metrics, progress, stop
+        self.sampler_threads = sampler_threads
         self.adam = Adam(model.dense_parameters(), lr=config.lr, weight_decay=config.weight_decay)
         tables = model.embedding_parameters()
-        # SparseAdam is a torch.optim.Optimizer, whose import of torch._dynamo takes seconds (train/optim.py):
-        # made only when some type has no features.
-        self.sparse = torch.optim.SparseAdam(tables, lr=config.lr) if tables else None
+        self.sparse = _table_optimizer(tables, config.lr) if tables else None
         self.train_idx = torch.from_numpy(np.array(graph.train_idx, dtype=np.int64))
         self.num_batches = -(-self.train_idx.shape[0] // config.batch_size)
         self.parameters = {"dense": sum(p.numel() for p in model.dense_parameters()),
@@ -218,47 +259,50 @@ class _TypedRun:
         check_every = DIVERGENCE_CHECK_STEPS if self.device.type == "cuda" else 1
         start = time.perf_counter()
         batches = torch.split(epoch_order(self.train_idx, config.seed, epoch), config.batch_size)
-        for index, seeds in enumerate(batches):
+        with Prefetcher(lambda: self._produce(epoch, batches), depth=config.prefetch, name="typed-producer",
+                        on_start=lambda: numba.set_num_threads(self.sampler_threads)) as produced:
             clock = time.perf_counter()
-            subgraph = self.sampler.sample(seeds.numpy(), batch_key(config.seed, epoch, index))
-            clock = _lap(seconds, "sample", clock)
-            features, ids = gather_inputs(self.graph, subgraph, self.device)
-            labels = torch.from_numpy(np.asarray(self.graph.labels[seeds.numpy()], dtype=np.int64)).to(self.device)
-            clock = _lap(seconds, "gather", clock)
-            logits = model([b.to(self.device) for b in subgraph.blocks], features, ids)
-            loss = self.task.loss(logits.float(), labels)
-            clock = _lap(seconds, "forward", clock)
-            self.adam.zero_grad(set_to_none=True)
-            if self.sparse is not None:
-                self.sparse.zero_grad(set_to_none=True)
-            loss.backward()
-            clock = _lap(seconds, "backward", clock)
-            self.adam.step()
-            if self.sparse is not None:
-                self.sparse.step()
-            _lap(seconds, "step", clock)
-            total += loss.detach()  # NaN and infinities survive the sum: it is finite iff every loss was
-            if (index + 1) % check_every == 0 or index + 1 == len(batches):
-                mean = float(total) / (index + 1)
-                if not math.isfinite(mean):
-                    raise TrainingError(f"the training loss became NaN or infinite in epoch {epoch} (within its "
-                                        f"first {index + 1} steps): the run diverged. Lower `lr`, or check the "
-                                        f"features for extreme values.")
-                if hasattr(self.progress, "loss"):
-                    self.progress.loss(epoch, mean)
-            edges += subgraph.num_sampled_edges
-            inputs += sum(int(v.shape[0]) for v in subgraph.input_nodes.values())
-            if self.first_step_at is None:
-                self.first_step_at = time.perf_counter()
-            if self.metrics.per_step:
-                step_losses.append(loss.detach())
-                if len(step_losses) == self.metrics.every:
-                    self.metrics.steps(epoch, index + 1 - len(step_losses), step_losses)
-                    step_losses = []
-            if self.progress is not None:
-                self.progress(epoch, index + 1, len(batches))
-            if self.stop is not None and self.stop.is_set():
-                raise Interrupted(f"stopped on request in epoch {epoch} after step {index + 1} of {len(batches)}")
+            for index, batch in enumerate(produced):
+                clock = _lap(seconds, "wait", clock)
+                for stage in ("sample", "gather"):
+                    seconds[stage] += batch.seconds[stage]
+                subgraph = batch.subgraph
+                logits = model(subgraph.blocks, batch.features, batch.ids)
+                loss = self.task.loss(logits.float(), batch.labels)
+                clock = _lap(seconds, "forward", clock)
+                self.adam.zero_grad(set_to_none=True)
+                if self.sparse is not None:
+                    self.sparse.zero_grad(set_to_none=True)
+                loss.backward()
+                clock = _lap(seconds, "backward", clock)
+                self.adam.step()
+                if self.sparse is not None:
+                    self.sparse.step()
+                total += loss.detach()  # NaN and infinities survive the sum: it is finite iff every loss was
+                if (index + 1) % check_every == 0 or index + 1 == len(batches):
+                    mean = float(total) / (index + 1)
+                    if not math.isfinite(mean):
+                        raise TrainingError(f"the training loss became NaN or infinite in epoch {epoch} (within "
+                                            f"its first {index + 1} steps): the run diverged. Lower `lr`, or check "
+                                            f"the features for extreme values.")
+                    if hasattr(self.progress, "loss"):
+                        self.progress.loss(epoch, mean)
+                edges += subgraph.num_sampled_edges
+                inputs += sum(int(v.shape[0]) for v in subgraph.input_nodes.values())
+                if self.first_step_at is None:
+                    self.first_step_at = time.perf_counter()
+                if self.metrics.per_step:
+                    step_losses.append(loss.detach())
+                    if len(step_losses) == self.metrics.every:
+                        self.metrics.steps(epoch, index + 1 - len(step_losses), step_losses)
+                        step_losses = []
+                clock = _lap(seconds, "step", clock)
+                if self.progress is not None:
+                    self.progress(epoch, index + 1, len(batches))
+                if self.stop is not None and self.stop.is_set():
+                    raise Interrupted(f"stopped on request in epoch {epoch} after step {index + 1} of "
+                                      f"{len(batches)}")
+                clock = time.perf_counter()
         if step_losses:
             self.metrics.steps(epoch, len(batches) - len(step_losses), step_losses)
         return {"epoch": epoch, "seconds": time.perf_counter() - start,
@@ -266,6 +310,20 @@ class _TypedRun:
                 "stage_seconds": {k: round(v, 4) for k, v in seconds.items()}, "batches": len(batches),
                 "sampled_edges": edges, "input_nodes_per_batch": inputs / max(1, len(batches)),
                 "peak_rss_mb": round(peak_rss_mb(), 1)}
+
+    def _produce(self, epoch: int, batches: tuple[torch.Tensor, ...]) -> Iterator["_TypedBatch"]:
+        """The epoch's batches, sampled and gathered on the producer thread: a sampler of its own (one per
+        thread), each batch drawn with its key ``batch_key(seed, epoch, index)``."""
+        sampler = TypedNeighborSampler(self.graph, self.sampler.fanouts)
+        for index, seeds in enumerate(batches):
+            clock = time.perf_counter()
+            subgraph = sampler.sample(seeds.numpy(), batch_key(self.config.seed, epoch, index))
+            sampled = time.perf_counter()
+            features, ids = gather_inputs(self.graph, subgraph, self.device)
+            labels = torch.from_numpy(np.asarray(self.graph.labels[seeds.numpy()], dtype=np.int64)).to(self.device)
+            subgraph.blocks = [b.to(self.device) for b in subgraph.blocks]
+            yield _TypedBatch(subgraph, features, ids, labels,
+                              {"sample": sampled - clock, "gather": time.perf_counter() - sampled})
 
     def evaluate(self, epoch: int) -> dict[str, float]:
         """The metric on the validation and test sets (``eval_max_nodes``: a fixed sample of each)."""
@@ -288,7 +346,7 @@ class _TypedRun:
     def _evaluations_since_best(self) -> int:
         return sum(1 for e in self.history if "val_acc" in e and e["epoch"] > self.best["epoch"])
 
-    def summary(self, status: str, started: float, data_seconds: float, threads: int) -> dict:
+    def summary(self, status: str, started: float, data_seconds: float, threads: Threads) -> dict:
         """The run summary, with the keys of the homogeneous one where they mean the same."""
         config, graph, key, best, last = self.config, self.graph, self.task.key, self.best, self.last_eval
         seconds = [e["seconds"] for e in self.history]
@@ -309,7 +367,7 @@ class _TypedRun:
             "fanouts": {relation_label(r): f for r, f in self.sampler.fanouts.items()},
             "device": str(self.device),
             "precision": {"name": "fp32", "reason": "typed graphs train in float32"},
-            "threads": {"train": threads},
+            "threads": {"train": threads.train, "sampler": threads.sampler},
             "epochs": self.history,
             "epoch_seconds_median": statistics.median(seconds) if seconds else None,
             "metric": self.task.metric,
