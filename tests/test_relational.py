@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from neutronorch.data import Relation, TypedGraph, synthetic_typed
-from neutronorch.nn.relational import RGATConv, RGCNConv, TypedSAGEConv, module_key
+from neutronorch.nn.relational import RGCNConv, TypedSAGEConv, module_key
+from neutronorch.nn.relational_attention import RGATConv
 from neutronorch.sampling.block import Block
 from neutronorch.sampling.typed_block import TypedBlock
 

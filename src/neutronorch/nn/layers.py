@@ -43,14 +43,14 @@ class SAGEConv(nn.Module):
     def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
         x_dst = block.dst_rows(x_src)
         share = sparse_input.dense_equivalent(x_src)
-        if share < 1.0 and _project_first(block, self.in_dim, 2 * self.out_dim, share):
+        if share < 1.0 and project_first(block, self.in_dim, 2 * self.out_dim, share):
             # Mostly-zero rows (bag-of-words features): one product through their nonzeros gives both the
             # destinations' own term and the sources' projection to average.
             both = sparse_input.project(x_src, [self.lin_self.weight, self.lin_neigh.weight])
             own, neigh = both[:, :self.out_dim], both[:, self.out_dim:]
             return (block.dst_rows(own) + self.lin_self.bias.to(own.dtype)
                     + mean_aggregate(block, neigh.contiguous()))
-        if _project_first(block, self.in_dim, self.out_dim, share):
+        if project_first(block, self.in_dim, self.out_dim, share):
             # mean(x) W == mean(x W): cheaper when the output is narrower than the input.
             return linear(self.lin_self, x_dst) + mean_aggregate(block, linear(self.lin_neigh, x_src))
         fused = fused_mean_linear(block, x_src, [self.lin_self.weight, self.lin_neigh.weight], self.lin_self.bias,
@@ -95,7 +95,7 @@ class GCNConv(nn.Module):
         return linear(self.lin, aggregated)
 
     def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
-        if _project_first(block, self.in_dim, self.out_dim, sparse_input.dense_equivalent(x_src)):
+        if project_first(block, self.in_dim, self.out_dim, sparse_input.dense_equivalent(x_src)):
             # The aggregation is linear and row-wise: aggregating x W equals (aggregating x) W.
             y = self.aggregate(block, project(x_src, self.lin.weight))
             return y + self.lin.bias.to(y.dtype)
@@ -182,7 +182,7 @@ class Residual(nn.Module):
         return linear(self.skip, x) if isinstance(self.skip, nn.Linear) else self.skip(x)
 
 
-def _project_first(block: Block, in_dim: int, out_dim: int, share: float = 1.0) -> bool:
+def project_first(block: Block, in_dim: int, out_dim: int, share: float = 1.0) -> bool:
     """Whether multiplying by the weight before aggregating costs fewer flops than after. ``share``: what
     a product of the source rows costs against a dense one (below 1 for mostly-zero rows, which are then
     also read once to find their nonzeros; ``sparse_input.dense_equivalent``)."""

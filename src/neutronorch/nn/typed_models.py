@@ -46,7 +46,8 @@ from torch.nn import functional as F
 
 from neutronorch.nn.activation import keyed_dropout, relu_dropout
 from neutronorch.nn.names import TYPED_MODELS
-from neutronorch.nn.relational import RGATConv, RGCNConv, TypedSAGEConv
+from neutronorch.nn.relational import RGCNConv, TypedSAGEConv
+from neutronorch.nn.relational_attention import RGATConv
 from neutronorch.sampling.typed_block import RelationType, TypedBlock
 
 if TYPE_CHECKING:

@@ -26,13 +26,11 @@ from pathlib import Path
 import torch
 
 from neutronorch.config import TrainConfig, auto_batch_size
-from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
-from neutronorch.data.typed_native import is_typed_dir
+from neutronorch.data import Graph, TypedGraph, load_dataset
 from neutronorch.errors import CheckpointError, ConfigError, Interrupted, OutputError, TrainingError
 from neutronorch.nn.custom import UserModel
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
-from neutronorch.nn.names import RELATIONAL_ONLY
 from neutronorch.nn.precision import Precision, resolve_precision
 from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table, write_timeline
 from neutronorch.orchestration.factory import Threads, build_mode
@@ -54,7 +52,7 @@ from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import summarise, topology_in_file_order
 from neutronorch.train.link_task import LinkTask, evaluate_links, is_link_split, link_graph
 from neutronorch.train.task import Task
-from neutronorch.train.typed_task import check_typed_config, train_typed
+from neutronorch.train.typed_entry import is_typed_run, train_typed_run
 
 logger = logging.getLogger("neutronorch")
 
@@ -106,19 +104,8 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     layout: ``is_typed_dataset``) trains in exact mode through ``train/typed_task.py``'s ``train_typed``."""
     started = time.perf_counter()
     config = dataclasses.replace(config).validate()  # resolved values (batch size) go into a copy
-    if isinstance(graph, TypedGraph) or (graph is None and is_typed_dataset(config.dataset)):
-        if model is not None:
-            raise ConfigError("your own module trains homogeneous graphs for now; a typed graph trains the "
-                              "built-in relational models (`model` sage, rgcn or rgat).")
-        if graph is None and not is_typed_dir(Path(config.dataset).expanduser()):
-            check_typed_config(config)  # OGB's layout takes parsing: settings and outputs are checked first
-            check_outputs(config)
-            graph = load_typed_dataset(config.dataset)
-        return train_typed(config, graph, progress, stop)
-    if config.model in RELATIONAL_ONLY:
-        raise ConfigError(f"`model` {config.model}: a relational model, for typed graphs (several vertex or "
-                          f"relation types); {graph.name if graph is not None else config.dataset} is homogeneous. "
-                          f"Choose sage, gcn or gat, or give a typed graph (docs/heterogeneous.md).")
+    if is_typed_run(config, graph):
+        return train_typed_run(config, graph, progress, stop, model)
     check_threading_layer()
     check_outputs(config, {"graph": graph.files()} if graph is not None else None)
     device = rank_device(resolve_device(config.device))

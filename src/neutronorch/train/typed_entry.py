@@ -1,0 +1,47 @@
+"""Where ``train`` hands a typed graph over: which runs are typed, and starting one.
+
+A run is typed when its graph is a ``TypedGraph``, or when none is given and ``config.dataset`` names a typed
+folder (the native typed layout or OGB's ogbn-mag layout: ``is_typed_dataset``). A relational-only model
+asked of a homogeneous graph is refused here, before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import torch
+
+from neutronorch.config import TrainConfig
+from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_typed_dataset
+from neutronorch.data.typed_native import is_typed_dir
+from neutronorch.errors import ConfigError
+from neutronorch.nn.names import RELATIONAL_ONLY
+from neutronorch.train.outputs import check_outputs
+from neutronorch.train.typed_task import check_typed_config, train_typed
+
+
+def is_typed_run(config: TrainConfig, graph: Graph | TypedGraph | None) -> bool:
+    """Whether ``train`` trains a typed graph; raises ``ConfigError`` for a relational-only model asked of a
+    homogeneous one."""
+    if isinstance(graph, TypedGraph) or (graph is None and is_typed_dataset(config.dataset)):
+        return True
+    if config.model in RELATIONAL_ONLY:
+        raise ConfigError(f"`model` {config.model}: a relational model, for typed graphs (several vertex or "
+                          f"relation types); {graph.name if graph is not None else config.dataset} is homogeneous. "
+                          f"Choose sage, gcn or gat, or give a typed graph (docs/heterogeneous.md).")
+    return False
+
+
+def train_typed_run(config: TrainConfig, graph: TypedGraph | None, progress, stop: threading.Event | None,
+                    model: torch.nn.Module | None) -> dict:
+    """``train`` for a typed run: the graph loaded when only named (OGB's layout takes parsing, so the settings
+    and outputs are checked first), then ``train_typed``."""
+    if model is not None:
+        raise ConfigError("your own module trains homogeneous graphs for now; a typed graph trains the "
+                          "built-in relational models (`model` sage, rgcn or rgat).")
+    if graph is None and not is_typed_dir(Path(config.dataset).expanduser()):
+        check_typed_config(config)
+        check_outputs(config)
+        graph = load_typed_dataset(config.dataset)
+    return train_typed(config, graph, progress, stop)
