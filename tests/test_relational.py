@@ -326,6 +326,42 @@ def test_rgcn_refuses_inputs_of_other_widths():
         layer(tblock, {t: x[t].float().index_select(0, ids) for t, ids in tblock.src_ids.items()})
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("graph_name", list(GRAPHS))
+def test_rgcn_folds_a_projection_into_its_weights(graph_name, weighted):
+    """Raw rows with ``projections`` give what the projected rows give: outputs, and the gradients of the
+    maps, the layer's weights and the raw rows (destinations without edges through a relation included)."""
+    graph, x, seeds = _case(graph_name)
+    tblock, _ = full_typed_block(graph, seeds)
+    torch.manual_seed(0)
+    layer = RGCNConv(OUT, 5, list(graph.relations), num_bases=2)
+    maps = {t: torch.nn.Linear(WIDTHS[t], OUT) for t in tblock.num_src}
+    gen = torch.Generator().manual_seed(3)
+    weights = ({r: torch.rand(b.num_edges, generator=gen) + 0.5 for r, b in tblock.blocks.items()}
+               if weighted else None)
+    raw = {t: x[t].float().index_select(0, ids) for t, ids in tblock.src_ids.items()}
+    grads = []
+    for fold in (False, True):
+        rows = {t: v.clone().requires_grad_() for t, v in raw.items()}
+        layer.zero_grad()
+        for lin in maps.values():
+            lin.zero_grad()
+        if fold:
+            out = layer(tblock, rows, weights, projections=maps)
+        else:
+            out = layer(tblock, {t: maps[t](v) for t, v in rows.items()}, weights)
+        sum((v * torch.linspace(-1, 1, v.numel()).view_as(v)).sum() for v in out.values()).backward()
+        params = [p.grad.clone() for p in [*layer.parameters(), *(q for m in maps.values() for q in m.parameters())]
+                  if p.grad is not None]
+        grads.append((out, params, [rows[t].grad for t in rows]))
+    (plain, plain_params, plain_rows), (folded, folded_params, folded_rows) = grads
+    for t in plain:
+        torch.testing.assert_close(folded[t], plain[t], **TOL[torch.float32])
+    assert len(plain_params) == len(folded_params)
+    for a, b in zip(folded_params + folded_rows, plain_params + plain_rows):
+        torch.testing.assert_close(a, b, **TOL[torch.float32])
+
+
 # ------------------------------------------------------------------------------------------------- R-GAT
 
 

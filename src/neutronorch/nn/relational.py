@@ -144,7 +144,15 @@ class RGCNConv(nn.Module):
     embeds each type to ``in_dim`` before this layer; the layer itself refuses other widths.
 
     A destination type no relation ends at still gets ``x_v W_root + b``. With ``edge_weight`` a relation's
-    mean is the weighted mean of the module docstring."""
+    mean is the weighted mean of the module docstring.
+
+    ``projections[t]`` (``forward``): a linear map ``h = P_t x + c_t`` to ``in_dim`` that type ``t``'s rows
+    still need, given raw (``P_t.in_features`` wide). The layer then computes what it computes on the
+    projected rows without projecting every source row: the mean is linear, so a relation from ``t``
+    contributes ``mean(x_u) (P_t^T W_r) + [N_r(v) nonempty] c_t W_r`` (with edge weights the bracket is the
+    weighted mean of ones), and only the destinations' own rows are projected for the root term. A bottom
+    layer reads far more source rows than it has destinations, so this saves most of the projection's work
+    (``TypedGNN`` passes the projections of types no wider than ``in_dim``)."""
 
     def __init__(self, in_dim: int, out_dim: int, relations: Iterable[RelationType], num_bases: int | None = None):
         super().__init__()
@@ -175,23 +183,36 @@ class RGCNConv(nn.Module):
                                                                       self.out_dim)
 
     def forward(self, tblock: TypedBlock, x_src: Mapping[str, torch.Tensor],
-                edge_weight: Mapping[RelationType, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+                edge_weight: Mapping[RelationType, torch.Tensor] | None = None,
+                projections: Mapping[str, nn.Linear] | None = None) -> dict[str, torch.Tensor]:
         check_block(self, tblock)
+        projections = projections or {}
         for t, x in x_src.items():
-            if x.shape[-1] != self.in_dim:
+            width = projections[t].in_features if t in projections else self.in_dim
+            if x.shape[-1] != width:
                 raise ValueError(f"R-GCN reads one input width, {self.in_dim}, for every type; {t!r} has "
-                                 f"{x.shape[-1]}. Project or embed each type to {self.in_dim} first.")
+                                 f"{x.shape[-1]}" + (f", its projection reads {width}" if t in projections else
+                                                     f". Project or embed each type to {self.in_dim} first."))
         weights = self.relation_weights()
         root_t = self.root.t()
         out = {}
         for t, n_dst in tblock.num_dst.items():
-            y = project(input_rows(x_src, t, None)[:n_dst], root_t, self.bias)
+            x_dst = input_rows(x_src, t, None)[:n_dst]
+            if t in projections:
+                x_dst = linear(projections[t], x_dst)
+            y = project(x_dst, root_t, self.bias)
             for r in self.relations:
                 block = tblock.blocks.get(r)
                 if r[2] != t or block is None:
                     continue
                 w = None if edge_weight is None else edge_weight.get(r)
-                y = y + mean_linear(block, input_rows(x_src, r[0], None), weights[self.index[r]].t(), None, w)
+                weight, lin = weights[self.index[r]], projections.get(r[0])
+                if lin is not None:  # P^T W_r: the relation's weight on the raw rows
+                    y = y + mean_linear(block, input_rows(x_src, r[0], None), (lin.weight.t() @ weight).t(), None, w)
+                    if lin.bias is not None:
+                        y = y + reached(block, w, y.dtype).unsqueeze(1) * (lin.bias @ weight).to(y.dtype)
+                else:
+                    y = y + mean_linear(block, input_rows(x_src, r[0], None), weight.t(), None, w)
             out[t] = y
         return out
 
@@ -224,6 +245,15 @@ def weighted_mean(block: Block, x_src: torch.Tensor, edge_weight: torch.Tensor) 
     out = out.index_add(0, edge_destinations(block), messages)
     count = block.in_degrees().clamp(min=1).to(acc).unsqueeze(1)
     return (out / count).to(x_src.dtype)
+
+
+def reached(block: Block, edge_weight: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """Per destination, the mean of ones over its edges: 1 with edges, 0 without; with ``edge_weight``, the
+    weighted mean ``sum_e w_e / deg``."""
+    if edge_weight is None:
+        return (block.in_degrees() > 0).to(dtype)
+    ones = torch.ones((block.num_src, 1), dtype=edge_weight.dtype, device=edge_weight.device)
+    return weighted_mean(block, ones, edge_weight).view(-1).to(dtype)
 
 
 def relation_list(relations: Iterable[RelationType]) -> tuple[RelationType, ...]:

@@ -20,7 +20,11 @@ of its input frontier: its gradient is sparse (those rows only), for ``torch.opt
 then moves only those rows (``embedding_parameters``; the dense weights go to Adam). R-GCN reads one width
 for every type (its root weight and bases act on all), so for ``rgcn`` every featured type first goes
 through a linear map of its own to ``hidden`` (no activation: the projection also gives each type its own
-view of the shared root weight) and the tables are ``hidden`` wide. For ``sage`` and ``rgat`` the tables
+view of the shared root weight) and the tables are ``hidden`` wide. A featured type no wider than
+``hidden`` is not projected row by row: the bottom layer takes its raw rows with the map (``RGCNConv``'s
+``projections``) and folds the map into each relation's weight, the mean being linear, which skips
+projecting every source row of the bottom frontier (most of a batch's rows); a wider type is projected
+first, the cheaper order for it. For ``sage`` and ``rgat`` the tables
 are ``embed_dim`` wide (default ``hidden``) and featured types enter at their own widths.
 
 Which relations a layer holds: only those whose destination type the layer can have. With ``L`` layers,
@@ -119,6 +123,7 @@ class TypedGNN(nn.Module):
                                          for t in self.input_types if not spec.feature_dims[t]})
         self.projections = nn.ModuleDict({t: nn.Linear(spec.feature_dims[t], hidden) for t in featured}
                                          if kind == "rgcn" else {})
+        self.folded = [t for t in self.projections if spec.feature_dims[t] <= hidden]  # see the module docstring
         in_dims = {t: spec.feature_dims[t] or width for t in self.input_types}
         if kind == "rgcn":
             in_dims = dict.fromkeys(self.input_types, hidden)
@@ -149,13 +154,13 @@ class TypedGNN(nn.Module):
     def inputs(self, features: Mapping[str, torch.Tensor], input_ids: Mapping[str, torch.Tensor]
                ) -> dict[str, torch.Tensor]:
         """The bottom layer's rows per type: ``features[t]`` (float32 rows of a featured type's input
-        frontier; for ``rgcn`` projected to ``hidden``), or the table rows of ``input_ids[t]`` for a
-        featureless type."""
+        frontier; for ``rgcn`` projected to ``hidden`` unless the bottom layer folds the map in), or the table
+        rows of ``input_ids[t]`` for a featureless type."""
         x = {}
         for t in input_ids:
             if t in self.embeddings:
                 x[t] = self.embeddings[t](input_ids[t])
-            elif t in self.projections:
+            elif t in self.projections and t not in self.folded:
                 x[t] = self.projections[t](features[t])
             else:
                 x[t] = features[t]
@@ -170,7 +175,10 @@ class TypedGNN(nn.Module):
             raise ValueError(f"{len(blocks)} blocks for a {self.num_layers}-layer model")
         x = self.inputs(features, input_ids)
         for index, (layer, tblock) in enumerate(zip(self.layers, blocks)):
-            y = layer(tblock, x)
+            if index == 0 and self.folded:
+                y = layer(tblock, x, projections={t: self.projections[t] for t in self.folded})
+            else:
+                y = layer(tblock, x)
             if index == self.num_layers - 1:
                 return y[self.spec.target]
             x = {t: self._activate(rows, tblock.dst_ids(t)) for t, rows in y.items()}
