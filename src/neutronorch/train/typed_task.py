@@ -76,7 +76,8 @@ from neutronorch.train.memory import peak_rss_mb
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
 from neutronorch.train.outputs import check_outputs, write_summary
-from neutronorch.train.resources import numba_threads, resolve_device, thread_budget, torch_threads
+from neutronorch.train.resources import (check_threading_layer, numba_threads, resolve_device, thread_budget,
+                                         torch_threads)
 from neutronorch.train.row_adam import RowAdam
 from neutronorch.train.task import Task
 
@@ -144,6 +145,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
     if eval_sampler.num_layers != sampler.num_layers:
         raise ConfigError(f"`eval_fanouts` has {eval_sampler.num_layers} entries but the fanouts give "
                           f"{sampler.num_layers} layers; give one per layer.")
+    check_threading_layer()  # the producer and the trainer run numba kernels at once
     budget = thread_budget(config)
     # The producer keeps its threads busy through most of a step here, so an automatic budget leaves its
     # cores to it: torch and numba pools of more threads than the free cores spin against each other.
