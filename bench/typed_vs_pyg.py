@@ -1,52 +1,58 @@
 #!/usr/bin/env python
 """Typed (heterogeneous) node classification: neutronorch's typed training against PyG 2.8's ``HeteroData`` +
-``NeighborLoader`` with the same models, on a MAG-like synthetic graph.
+``NeighborLoader`` and DGL 2.1's heterograph ``DataLoader`` with the same models, on a MAG-like synthetic graph.
 
-    python bench/typed_vs_pyg.py [--nodes 2000000] [--degree 10] [--models sage,rgcn] [--epochs 3] \
+    python bench/typed_vs_pyg.py [--nodes 2000000] [--degree 10.2] [--models sage,rgcn] [--epochs 3] \
         [--max-batches N] [--fanouts 10,10] [--relation-fanouts 'cites=5,5;rev_writes=15,10'] [--hidden 64] \
-        [--batch-size 1024] [--lr 0.003] [--dropout 0.5] [--eval-nodes 10000] [--threads 2] [--json OUT]
+        [--batch-size 1024] [--lr 0.003] [--dropout 0.5] [--eval-nodes 10000] [--peers pyg,dgl] [--threads 2] \
+        [--json OUT]
 
 **The graph.** ``synthetic_typed(nodes, degree, features)`` (``data/synthetic_typed.py``: paper, author,
 institution, field; writes, cites, affiliated_with, has_topic; about ``degree x nodes`` edges before the
-reverses), written once under ``bench/out/typed-<its name>/`` by ``write_typed`` and memory-mapped by every
-side (``read_typed``). Both sides then add the reverse of every relation (``with_reverse``: eight relations,
-twice the edges; the output gives both counts). Papers have ``--features`` features; authors, institutions and
-fields none.
+reverses, a little fewer once repeated edges are dropped), written once under ``bench/out/typed-n..-d..-f..-s0/``
+by ``write_typed`` and memory-mapped by every side (``read_typed``). Every side then adds the reverse of
+every relation (``with_reverse``: eight relations, twice the edges; the output gives both counts). Papers have
+``--features`` features; authors, institutions and fields none.
 
 **The models**, ``--hidden`` wide, one layer per fanout, ReLU and dropout between layers, the last layer's
 paper rows the logits; a layer holds only the relations into the types it can have as destinations (the top
 layer: those into paper). Featureless types get a learnable ``torch.nn.Embedding(vertices, hidden,
-sparse=True)`` on both sides (PyG: looked up by ``batch[type].n_id``), trained by a sparse Adam (ours: its
-row-wise Adam, the update of ``torch.optim.SparseAdam``; PyG: ``torch.optim.SparseAdam``); every other weight
-by Adam with ``--lr`` and ``--weight-decay``.
+sparse=True)`` on every side (the peers look them up by the batch's vertex ids: PyG ``batch[type].n_id``, DGL
+the input nodes), trained by a sparse Adam (ours ``RowAdam``, the update of ``torch.optim.SparseAdam``; the
+peers ``torch.optim.SparseAdam``); every other weight by Adam with ``--lr`` and ``--weight-decay``. Each
+library initialises its own layers its own way.
 
 - ``sage``: ours ``TypedSAGEConv`` (root per relation); PyG ``HeteroConv({rel: SAGEConv((in_s, in_d),
-  out)}, aggr="sum")``: the same function (tests/test_relational.py copies weights between them).
-- ``rgcn``: a linear map per featured type to ``hidden`` (papers), then ours ``RGCNConv``; PyG ``RGCNConv(
-  hidden, out, relations, aggr="mean")`` over each layer's batch made homogeneous (the types' rows stacked,
-  ``edge_type`` the relation's index), with the same input maps.
+  out)}, aggr="sum")``, the same function (tests/test_relational.py copies weights between them); DGL
+  ``HeteroGraphConv({rel: SAGEConv((in_s, in_d), out, "mean")}, aggregate="sum")``, the same function.
+- ``rgcn``: a linear map per featured type to ``hidden`` (papers), then R-GCN layers: ours ``RGCNConv``;
+  PyG ``RGCNConv(hidden, out, relations, aggr="mean")`` over each layer's batch made homogeneous (the types'
+  rows stacked, ``edge_type`` the relation's index); DGL the layer of its heterogeneous R-GCN example,
+  ``HeteroGraphConv({rel: GraphConv(hidden, out, norm="right")}, aggregate="sum")`` (mean times ``W_r``)
+  plus a root weight shared by every type and a bias (``RelGraphConv`` needs a homogeneous graph, which a
+  heterograph's sampled blocks are not).
 
-**Sampling**: the same fanouts per relation on both sides (``--fanouts`` for all, ``--relation-fanouts``
-overriding some by name, seed hop first as both take them), uniform without replacement, batches of
-``--batch-size`` target papers in a shuffled order. PyG: ``NeighborLoader(data, num_neighbors={rel: fanouts},
-input_nodes=("paper", train), batch_size, shuffle=True)`` (its torch-sparse sampler where pyg-lib is absent),
-and where pyg-lib is installed its model trims each layer to the vertices and edges the layers above need
-(``trim_to_layer`` with the batch's per-hop counts). Without pyg-lib (as here: none is built for torch 2.13)
-PyG's hetero sampler (torch-sparse's) gives no per-hop counts, so every layer computes every sampled vertex's
-row of the types it outputs, as PyG's hetero examples do. Ours:
-``train_typed`` (what ``neutronorch.train`` runs for a typed graph).
+**Sampling**: the same fanouts per relation on every side (``--fanouts`` for all, ``--relation-fanouts``
+overriding some by name), uniform without replacement, batches of ``--batch-size`` target papers in a
+shuffled order. PyG: ``NeighborLoader(data, num_neighbors={rel: fanouts}, input_nodes=("paper", train),
+batch_size, shuffle=True)``; where pyg-lib is installed its model trims each layer to the vertices and edges
+the layers above need (``trim_to_layer`` with the batch's per-hop counts). Without pyg-lib (as here: none is
+built for torch 2.13) PyG's hetero sampler (torch-sparse's) gives no per-hop counts, so each layer computes
+the rows of every sampled vertex of the types it outputs, as PyG's hetero examples do. DGL:
+``DataLoader(g, {"paper": train}, NeighborSampler([{rel: fanout}, ...]), batch_size, shuffle=True)`` over
+``dgl.heterograph`` of the relations (CSC built before timing), fanouts input layer first as DGL lists them;
+its blocks hold only what the layers above need. Ours: ``train_typed`` (what ``neutronorch.train`` runs for a
+typed graph), given one producer thread (sampling, gathering) and ``--threads`` - 1 training threads.
 
 **Timing.** One process per side; the sides take turns epoch by epoch, the order reversed every other epoch
 (``own_loop.Side``). An epoch's time is training only: ours the summary's epoch seconds less the time the
-process waited for its turn after the epoch's last step; PyG's the loop over its loader. Ratios are of the
-medians over the epochs. ``--max-batches N``: every side trains on the same fixed random N x batch-size of the
-training papers (N batches an epoch, reshuffled every epoch).
+process waited for its turn after the epoch's last step; a peer's the loop over its loader. Ratios are of
+the medians over the epochs. ``--max-batches N``: every side trains on the same fixed random N x batch-size of
+the training papers (N batches an epoch, reshuffled every epoch).
 
-**Accuracy**: one protocol on both sides: after the last epoch, the model in eval mode scores a fixed random
+**Accuracy**: one protocol on every side: after the last epoch, the model in eval mode scores a fixed random
 ``--eval-nodes`` of the test papers (``train/evaluate.py``'s ``_subset`` with seed ``--seed + 1``, the subset
 ours evaluates with ``eval_max_nodes``), each from its own sample with the training fanouts.
-
-DGL 2.1 is not a side yet (``docs/results/typed-vs-pyg-2026-12-03.md`` says why).
 """
 
 from __future__ import annotations
