@@ -42,7 +42,8 @@ the rows of every sampled vertex of the types it outputs, as PyG's hetero exampl
 ``DataLoader(g, {"paper": train}, NeighborSampler([{rel: fanout}, ...]), batch_size, shuffle=True)`` over
 ``dgl.heterograph`` of the relations (CSC built before timing), fanouts input layer first as DGL lists them;
 its blocks hold only what the layers above need. Ours: ``train_typed`` (what ``neutronorch.train`` runs for a
-typed graph), given one producer thread (sampling, gathering) and ``--threads`` - 1 training threads.
+typed graph), with ``--threads`` training threads (torch's and numba's) and one producer thread
+(sampling, gathering), on the same cores.
 
 **Timing.** One process per side; the sides take turns epoch by epoch, the order reversed every other epoch
 (``own_loop.Side``). An epoch's time is training only: ours the summary's epoch seconds less the time the
@@ -95,7 +96,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--peers", default="pyg,dgl", help="comma-separated peers of pyg and dgl (default: %(default)s)")
     p.add_argument("--threads", type=int, default=2,
-                   help="cores per side: PyG's torch threads; ours one producer thread and the rest training")
+                   help="torch threads per side (ours: also its trainer's numba threads, beside one producer)")
     p.add_argument("--peers-python", default=str(PEERS))
     p.add_argument("--ours-python", default=sys.executable)
     p.add_argument("--json", help="write every record here")
@@ -183,7 +184,7 @@ def ours_worker(args) -> None:
     config = TrainConfig(model=args.loop, epochs=args.epochs, fanouts=args.fanouts, hidden=args.hidden,
                          batch_size=args.batch_size, lr=args.lr, dropout=args.dropout,
                          weight_decay=args.weight_decay, eval_every=0, eval_max_nodes=args.eval_nodes,
-                         threads=max(1, args.threads - 1), sampler_threads=1, seed=args.seed, device="cpu")
+                         threads=args.threads, sampler_threads=1, seed=args.seed, device="cpu")
     _say({"side": "ours", "sampler": "neutronorch TypedNeighborSampler", "setup_seconds": time.perf_counter() - t0,
           "num_batches_per_epoch": -(-len(graph.train_idx) // args.batch_size)})
     waits: list[float] = []

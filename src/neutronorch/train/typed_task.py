@@ -14,7 +14,8 @@ The same seed gives the same losses: the seed order, the samples and the dropout
 Sampling and gathering run ahead of the training step on a producer thread, up to ``prefetch`` batches, as
 the homogeneous exact mode does (``orchestration/exact.py``): a sampler of its own per epoch (a sampler is
 single-threaded state), numba at ``sampler_threads`` there (``thread_budget``: half the cores by default), so
-the trainer's torch and numba work does not wait for the next batch's. A batch depends on its key only, so
+the trainer's torch and numba work does not wait for the next batch's. The trainer runs torch and numba at
+``threads`` (default all cores) each. A batch depends on its key only, so
 the losses are those of sampling inline. An epoch's ``stage_seconds`` hold the producer's ``sample`` and
 ``gather`` time (overlapped with training) and the trainer's ``wait`` for a batch besides ``forward``,
 ``backward`` and ``step``.
@@ -147,10 +148,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
                           f"{sampler.num_layers} layers; give one per layer.")
     check_threading_layer()  # the producer and the trainer run numba kernels at once
     budget = thread_budget(config)
-    # The producer keeps its threads busy through most of a step here, so an automatic budget leaves its
-    # cores to it: torch and numba pools of more threads than the free cores spin against each other.
-    threads = config.threads or max(1, budget.train - budget.sampler)
-    budget = dataclasses.replace(budget, train=threads)
+    threads = budget.train  # torch's and, in this thread, numba's: the two pools take turns
     task = Task.of(graph, config.metric)
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch_threads(threads))
