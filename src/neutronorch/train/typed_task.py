@@ -4,7 +4,7 @@
 this. One epoch: the target type's training vertices in the order ``epoch_order(seed, epoch)`` gives them
 (the homogeneous loaders' order), in batches of ``batch_size``; each batch sampled by a
 ``TypedNeighborSampler`` with the key ``batch_key(seed, epoch, batch)``; every input type's rows gathered for
-the bottom frontier (a numpy fancy index into the possibly memory-mapped features, as float32); a
+the bottom frontier (``gather_rows`` from the possibly memory-mapped features, as float32); a
 ``TypedGNN`` forward, the task's loss on the seeds' labels (``train/task.py``: cross-entropy, or binary
 cross-entropy for multi-label targets), and one step of two optimizers: Adam (``lr``, ``weight_decay``) for
 the dense weights, ``RowAdam`` (``train/row_adam.py``: ``torch.optim.SparseAdam``'s update, ``lr``, no
@@ -68,6 +68,7 @@ from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.orchestration.factory import Threads
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import epoch_order
+from neutronorch.sampling import kernels
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_block import TypedSubgraph
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -389,12 +390,19 @@ class _TypedRun:
 
 def gather_inputs(graph: TypedGraph, subgraph: TypedSubgraph, device: torch.device
                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """The bottom frontier's rows of every featured type (float32, read by a numpy fancy index, so a
-    memory-mapped array is read at those rows only) and every type's frontier ids, both on ``device``."""
+    """The bottom frontier's rows of every featured type (float32; a memory-mapped array is read at those rows
+    only) and every type's frontier ids, both on ``device``. Contiguous float32 rows go through
+    ``kernels.gather_rows`` (prefetching rows ahead: 100,000 random rows of 64 from a memory-mapped 800,000
+    took 3.5-4.6 ms on one thread, a numpy fancy index 16-80 ms); other storage through a fancy index."""
     features = {}
     for t, ids in subgraph.input_nodes.items():
         if t in graph.features:
-            rows = np.asarray(graph.features[t][ids.numpy()], dtype=np.float32)
+            source = graph.features[t]
+            if source.dtype == np.float32 and source.ndim == 2 and source.flags.c_contiguous:
+                rows = np.empty((ids.shape[0], source.shape[1]), np.float32)
+                kernels.gather_rows(source, ids.numpy(), kernels.NO_ORDER, rows)
+            else:
+                rows = np.asarray(source[ids.numpy()], dtype=np.float32)
             features[t] = torch.from_numpy(rows).to(device)
     return features, {t: ids.to(device) for t, ids in subgraph.input_nodes.items()}
 
