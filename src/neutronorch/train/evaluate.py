@@ -57,8 +57,8 @@ def evaluate(model: GNN, graph: Graph, store: FeatureStore, device: torch.device
     order (``--read-order``). ``progress(layer, done, total)`` after every chunk of inference (layer 0:
     sampled inference; data parallel, of this rank's share)."""
     task = task or Task.of(graph)
-    val = torch.from_numpy(_subset(graph.val_idx, max_nodes, seed))
-    test = torch.from_numpy(_subset(graph.test_idx, max_nodes, seed + 1))
+    val = torch.from_numpy(eval_subset(graph.val_idx, max_nodes, seed))
+    test = torch.from_numpy(eval_subset(graph.test_idx, max_nodes, seed + 1))
     nodes = torch.cat([val, test])
     if world is not None and world.distributed:
         logits = world.all_gather_rows(_logits_of_share(model, graph, store, nodes, device, fanouts, batch_size,
@@ -91,7 +91,7 @@ def _logits_of_share(model: GNN, graph: Graph, store: FeatureStore, nodes: torch
                           batch_size, seed, first_chunk=first, file_order=file_order, progress=progress)
 
 
-def _subset(index: np.ndarray, max_nodes: int, seed: int) -> np.ndarray:
+def eval_subset(index: np.ndarray, max_nodes: int, seed: int) -> np.ndarray:
     index = np.array(index, dtype=np.int64)  # small; a writable copy
     if max_nodes <= 0 or index.shape[0] <= max_nodes:
         return index

@@ -18,7 +18,8 @@ from neutronorch.data.typed_native import is_typed_dir
 from neutronorch.errors import ConfigError
 from neutronorch.nn.names import RELATIONAL_ONLY
 from neutronorch.train.outputs import check_outputs
-from neutronorch.train.typed_task import check_typed_config, train_typed
+from neutronorch.train.typed_config import check_typed_config
+from neutronorch.train.typed_task import train_typed
 
 
 def is_typed_run(config: TrainConfig, graph: Graph | TypedGraph | None) -> bool:

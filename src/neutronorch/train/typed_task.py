@@ -48,7 +48,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import os
 import statistics
 import threading
 import time
@@ -63,16 +62,14 @@ from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data.typed import TypedGraph, relation_label
 from neutronorch.data.typed_native import read_typed
 from neutronorch.errors import ConfigError, Interrupted, TrainingError
-from neutronorch.nn.names import TYPED_MODELS
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.orchestration.factory import Threads
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import epoch_order
-from neutronorch.sampling import kernels
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_block import TypedSubgraph
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
-from neutronorch.train.evaluate import _subset
+from neutronorch.train.evaluate import eval_subset
 from neutronorch.train.loop import DIVERGENCE_CHECK_STEPS, Progress, epoch_line
 from neutronorch.train.memory import peak_rss_mb
 from neutronorch.train.metrics_log import MetricLog
@@ -82,37 +79,12 @@ from neutronorch.train.resources import (check_threading_layer, numba_threads, r
                                          torch_threads)
 from neutronorch.train.row_adam import RowAdam
 from neutronorch.train.task import Task
+from neutronorch.train.typed_config import check_typed_config
+from neutronorch.train.typed_inputs import gather_inputs, typed_logits
 
 logger = logging.getLogger("neutronorch")
 
 STAGES = ("wait", "sample", "gather", "forward", "backward", "step")
-NOT_YET = "not available for typed graphs yet"
-
-
-def check_typed_config(config: TrainConfig) -> None:
-    """Raise ``ConfigError`` for the first setting a typed graph cannot train with yet; ``config`` validated."""
-    refused = [
-        (config.mode not in ("exact", "auto"),
-         f"`mode` {config.mode}: {NOT_YET}; give `mode` exact (or auto)."),
-        (config.task != "node", f"`task` {config.task}: {NOT_YET}; typed graphs train node classifiers."),
-        (config.model not in TYPED_MODELS,
-         f"`model` {config.model}: {NOT_YET}; choose one of {', '.join(TYPED_MODELS)}."),
-        (bool(config.checkpoint_dir or config.resume or config.checkpoint_every),
-         f"checkpoints (`checkpoint_dir`, `resume`, `checkpoint_every`) are {NOT_YET}; leave them out "
-         f"(`summary_json` still writes the run summary)."),
-        (bool(config.timeline), f"`timeline` is {NOT_YET}; leave it out."),
-        (config.precision == "bf16", f"`precision` bf16 is {NOT_YET}; give fp32."),
-        (config.architecture != "plain" or config.residual or config.norm != "none",
-         f"`architecture` blocks, `residual` and `norm` are {NOT_YET}; leave them at their defaults."),
-        (config.split is not None,
-         f"`split` {config.split}: a typed graph carries its own split on its target type; leave `split` out."),
-        (int(os.environ.get("WORLD_SIZE", "1")) > 1, f"data-parallel training is {NOT_YET}; run one process."),
-    ]
-    for bad, message in refused:
-        if bad:
-            raise ConfigError(f"{message} docs/heterogeneous.md says what typed graphs train with.")
-
-
 def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: Progress | None = None,
                 stop: threading.Event | None = None, fanouts=None, num_bases: int | None = None,
                 embed_dim: int | None = None) -> dict:
@@ -330,8 +302,8 @@ class _TypedRun:
         """The metric on the validation and test sets (``eval_max_nodes``: a fixed sample of each)."""
         config, scores, done = self.config, {}, 0
         evaluating = getattr(self.progress, "evaluating", None)
-        sets = {"val": _subset(self.graph.val_idx, config.eval_max_nodes, config.seed),
-                "test": _subset(self.graph.test_idx, config.eval_max_nodes, config.seed + 1)}
+        sets = {"val": eval_subset(self.graph.val_idx, config.eval_max_nodes, config.seed),
+                "test": eval_subset(self.graph.test_idx, config.eval_max_nodes, config.seed + 1)}
         total = sum(len(nodes) for nodes in sets.values())
         first_chunk = 0
         for name, nodes in sets.items():
@@ -355,7 +327,7 @@ class _TypedRun:
         return {
             "status": status,
             "mode": "exact",
-            "mode_choice": None if config.mode == "exact" else
+            "mode_choice": None if config.mode != "auto" else
             {"chosen": "exact", "reason": "typed graphs train in exact mode only", "measured": None},
             "model": {"kind": config.model, "typed": True, "parameters": self.parameters,
                       "arguments": self.model.arguments},
@@ -386,40 +358,6 @@ class _TypedRun:
                         "first_step_seconds": None if self.first_step_at is None
                         else round(self.first_step_at - started, 4)},
         }
-
-
-def gather_inputs(graph: TypedGraph, subgraph: TypedSubgraph, device: torch.device
-                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """The bottom frontier's rows of every featured type (float32; a memory-mapped array is read at those rows
-    only) and every type's frontier ids, both on ``device``. Contiguous float32 rows go through
-    ``kernels.gather_rows`` (prefetching rows ahead: 100,000 random rows of 64 from a memory-mapped 800,000
-    took 3.5-4.6 ms on one thread, a numpy fancy index 16-80 ms); other storage through a fancy index."""
-    features = {}
-    for t, ids in subgraph.input_nodes.items():
-        if t in graph.features:
-            source = graph.features[t]
-            if source.dtype == np.float32 and source.ndim == 2 and source.flags.c_contiguous:
-                rows = np.empty((ids.shape[0], source.shape[1]), np.float32)
-                kernels.gather_rows(source, ids.numpy(), kernels.NO_ORDER, rows)
-            else:
-                rows = np.asarray(source[ids.numpy()], dtype=np.float32)
-            features[t] = torch.from_numpy(rows).to(device)
-    return features, {t: ids.to(device) for t, ids in subgraph.input_nodes.items()}
-
-
-@torch.no_grad()
-def typed_logits(model: TypedGNN, graph: TypedGraph, sampler: TypedNeighborSampler, nodes: torch.Tensor,
-                 device: torch.device, batch_size: int, seed: int, first_chunk: int = 0) -> torch.Tensor:
-    """Logits of ``nodes`` (unique target ids), the model in eval mode, in chunks of ``batch_size`` sampled
-    with the fixed keys ``batch_key(seed, -1, chunk)``, chunks numbered from ``first_chunk``; float32 on the
-    CPU."""
-    model.eval()
-    outputs = [torch.zeros(0, model.arguments["num_classes"])]
-    for index, chunk in enumerate(torch.split(nodes, batch_size), start=first_chunk):
-        subgraph = sampler.sample(chunk.numpy(), batch_key(seed, -1, index))
-        features, ids = gather_inputs(graph, subgraph, device)
-        outputs.append(model([b.to(device) for b in subgraph.blocks], features, ids).float().cpu())
-    return torch.cat(outputs)
 
 
 def _lap(seconds: dict[str, float], stage: str, since: float) -> float:

@@ -1,0 +1,36 @@
+"""What a typed graph cannot train with yet: ``check_typed_config`` refuses each such setting with a
+``ConfigError`` that says so, before anything is loaded or trained."""
+
+from __future__ import annotations
+
+import os
+
+from neutronorch.config import TYPED_MODE_CHOICES, TrainConfig
+from neutronorch.errors import ConfigError
+from neutronorch.nn.names import TYPED_MODELS
+
+NOT_YET = "not available for typed graphs yet"
+
+
+def check_typed_config(config: TrainConfig) -> None:
+    """Raise ``ConfigError`` for the first setting a typed graph cannot train with yet; ``config`` validated."""
+    refused = [
+        (config.mode not in TYPED_MODE_CHOICES,
+         f"`mode` {config.mode}: {NOT_YET}; give `mode` exact (or auto)."),
+        (config.task != "node", f"`task` {config.task}: {NOT_YET}; typed graphs train node classifiers."),
+        (config.model not in TYPED_MODELS,
+         f"`model` {config.model}: {NOT_YET}; choose one of {', '.join(TYPED_MODELS)}."),
+        (bool(config.checkpoint_dir or config.resume or config.checkpoint_every),
+         f"checkpoints (`checkpoint_dir`, `resume`, `checkpoint_every`) are {NOT_YET}; leave them out "
+         f"(`summary_json` still writes the run summary)."),
+        (bool(config.timeline), f"`timeline` is {NOT_YET}; leave it out."),
+        (config.precision == "bf16", f"`precision` bf16 is {NOT_YET}; give fp32."),
+        (config.architecture != "plain" or config.residual or config.norm != "none",
+         f"`architecture` blocks, `residual` and `norm` are {NOT_YET}; leave them at their defaults."),
+        (config.split is not None,
+         f"`split` {config.split}: a typed graph carries its own split on its target type; leave `split` out."),
+        (int(os.environ.get("WORLD_SIZE", "1")) > 1, f"data-parallel training is {NOT_YET}; run one process."),
+    ]
+    for bad, message in refused:
+        if bad:
+            raise ConfigError(f"{message} docs/heterogeneous.md says what typed graphs train with.")
