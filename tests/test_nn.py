@@ -508,6 +508,24 @@ def test_gat_gradients_repeat_themselves_with_two_threads(small_csc):
             assert all(torch.equal(a, b) for a, b in zip(gradients(), first))
 
 
+@pytest.mark.parametrize("model", ["sage", "gcn", "gat"])
+def test_a_link_encoder_reading_large_rows_starts_with_its_first_weights_scaled_down(model):
+    from neutronorch.nn.link import LinkModel
+    from neutronorch.nn.models import GNN
+
+    def built(norm):
+        torch.manual_seed(0)
+        return LinkModel(GNN(model, 40, 32, 32, 2), "dot", input_norm=norm)
+
+    plain, unit, scaled = built(1.0), built(1.0004), built(5.0)
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), unit.parameters()))
+    first = {id(p) for p in plain.encoder.layers[0].parameters()}
+    for (name, a), b in zip(plain.named_parameters(), scaled.parameters()):
+        reads_input = a.dim() == 2 and a.shape[-1] == 40
+        assert torch.allclose(b, a / 5.0) if reads_input else torch.equal(a, b), name
+        assert not reads_input or id(a) in first
+
+
 def test_a_link_models_encoder_starts_from_glorot_weights():
     import math
 

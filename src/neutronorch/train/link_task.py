@@ -42,7 +42,7 @@ from neutronorch.train.layerwise import LayerProgress, last_layer_rows
 from neutronorch.train.link_metrics import PerPositiveScores, SharedScores
 from neutronorch.train.predict import scratch_folder
 
-__all__ = ["LinkTask", "evaluate_links", "link_graph", "DEFAULT_LINK_SPLIT"]
+__all__ = ["LinkTask", "evaluate_links", "link_graph", "rms_row_norm", "DEFAULT_LINK_SPLIT"]
 
 SCORE_CHUNK = 1 << 16  # pairs scored at a time
 REPORTED_HITS = (10, 50, 100)
@@ -51,6 +51,17 @@ DEFAULT_LINK_SPLIT = "edges:0.85,0.05"  # a graph without links of its own: 85% 
 
 def is_link_split(split: str | None) -> bool:
     return isinstance(split, str) and split.strip().lower().startswith("edges:")
+
+
+def rms_row_norm(features, rows: int = 4096) -> float:
+    """The root mean square of the L2 norms of up to ``rows`` evenly spaced feature rows (memory-mapped arrays
+    are read at those rows only): how large the encoder's inputs are, for its initial weights (``LinkModel``'s
+    ``input_norm``)."""
+    count = int(features.shape[0])
+    if count == 0:
+        return 1.0
+    sample = np.asarray(features[np.linspace(0, count - 1, min(rows, count)).astype(np.int64)], dtype=np.float64)
+    return float(np.sqrt((sample * sample).sum(axis=1).mean()))
 
 
 def link_graph(graph: Graph, config: TrainConfig) -> Graph:

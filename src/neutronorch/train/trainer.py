@@ -50,7 +50,7 @@ from neutronorch.train.outputs import (check_checkpoint_space, check_outputs, cl
                                        write_summary)
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import summarise, topology_in_file_order
-from neutronorch.train.link_task import LinkTask, evaluate_links, is_link_split, link_graph
+from neutronorch.train.link_task import LinkTask, evaluate_links, is_link_split, link_graph, rms_row_norm
 from neutronorch.train.task import Task
 from neutronorch.train.typed_entry import is_typed_run, train_typed_run
 
@@ -187,7 +187,9 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
         model = GNN(config.model, graph.feature_dim, config.hidden, config.hidden if link else graph.num_classes,
                     len(config.fanouts), dropout=config.dropout, heads=config.heads, gcn_norm=config.gcn_norm,
                     residual=config.residual, norm=config.norm, architecture=config.architecture)
-        model = (LinkModel(model, config.link_head) if link else model).to(device)
+        if link:
+            model = LinkModel(model, config.link_head, input_norm=rms_row_norm(graph.features))
+        model = model.to(device)
     if world.distributed:
         world.broadcast_module(model, "the initial weights' broadcast")  # the same seed made them equal; make sure
         logger.info(f"data parallel: {world.describe()}; batch size {config.batch_size} per rank, "
