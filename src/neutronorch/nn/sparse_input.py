@@ -79,58 +79,29 @@ def _compress(x):
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def _rows_times(indptr, columns, values, weight_t, out):
-    """``out[i] = sum_e values[e] * weight_t[columns[e]]`` over row ``i``'s nonzeros (``out`` zeroed)."""
-    n = out.shape[0]
+def _compressed_times(ptr, index, values, dense, out):
+    """``out[i] = sum_e values[e] * dense[index[e]]`` over ``e`` in ``ptr[i]:ptr[i+1]`` (``out`` zeroed), each
+    output row written by one thread. Rows by columns: ``x @ weight.T``; columns by rows (the transposed
+    nonzeros) times the output's gradient: the weight's gradient, transposed."""
     width = out.shape[1]
-    for i in prange(n):
+    for i in prange(out.shape[0]):
         o = out[i]
-        for e in range(indptr[i], indptr[i + 1]):
+        for e in range(ptr[i], ptr[i + 1]):
             v = values[e]
-            w = weight_t[columns[e]]
+            row = dense[index[e]]
             for j in range(width):
-                o[j] += v * w[j]
+                o[j] += v * row[j]
 
 
-@njit(cache=True, nogil=True)
-def _by_column(indptr, columns, values, width):
-    """The same nonzeros column by column (a stable counting sort): column pointers, rows, values."""
-    counts = np.zeros(width + 1, np.int64)
-    for e in range(columns.shape[0]):
-        counts[columns[e] + 1] += 1
-    colptr = np.cumsum(counts)
-    fill = colptr[:-1].copy()
-    rows = np.empty(columns.shape[0], np.int32)
-    vals = np.empty(columns.shape[0], np.float32)
-    for i in range(indptr.shape[0] - 1):
-        for e in range(indptr[i], indptr[i + 1]):
-            c = columns[e]
-            rows[fill[c]] = i
-            vals[fill[c]] = values[e]
-            fill[c] += 1
-    return colptr, rows, vals
-
-
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def _columns_times(colptr, rows, vals, grad, out):
-    """``out[c] = sum_e vals[e] * grad[rows[e]]`` over column ``c``'s nonzeros (``out`` zeroed): the
-    transposed rows times the output's gradient, i.e. the weight's gradient, transposed."""
-    width = out.shape[1]
-    for c in prange(out.shape[0]):
-        o = out[c]
-        for e in range(colptr[c], colptr[c + 1]):
-            v = vals[e]
-            g = grad[rows[e]]
-            for j in range(width):
-                o[j] += v * g[j]
+def _candidate(x: torch.Tensor) -> bool:
+    """A float32 or bfloat16 CPU matrix, at least ``MIN_WIDTH`` wide, with rows, that needs no gradient."""
+    return (x.device.type == "cpu" and x.dim() == 2 and x.dtype in (torch.float32, torch.bfloat16)
+            and x.shape[1] >= MIN_WIDTH and x.shape[0] > 0 and not x.requires_grad)
 
 
 def sparse_enough(x: torch.Tensor) -> bool:
     """Whether ``project`` should multiply ``x`` through its nonzeros (see the module docstring)."""
-    if (x.device.type != "cpu" or x.dim() != 2 or x.dtype not in (torch.float32, torch.bfloat16)
-            or x.shape[1] < MIN_WIDTH or x.shape[0] == 0 or x.requires_grad):
-        return False
-    return density(x) <= MAX_DENSITY
+    return _candidate(x) and density(x) <= MAX_DENSITY
 
 
 def density(x: torch.Tensor) -> float:
@@ -141,9 +112,8 @@ def density(x: torch.Tensor) -> float:
 def dense_equivalent(x: torch.Tensor) -> float:
     """The share of a dense product's cost that a product of ``x`` costs: 1 unless ``sparse_enough``, then
     the sampled density times ``SPARSE_PENALTY`` (at most 1)."""
-    if not sparse_enough(x):
-        return 1.0
-    return min(1.0, density(x) * SPARSE_PENALTY)
+    share = density(x) if _candidate(x) else 1.0
+    return min(1.0, share * SPARSE_PENALTY) if share <= MAX_DENSITY else 1.0
 
 
 class _SparseRowsProduct(torch.autograd.Function):
@@ -161,7 +131,7 @@ class _SparseRowsProduct(torch.autograd.Function):
             weight_t[:, start:start + width].copy_(w.detach().t())
             start += width
         out = torch.zeros(x.shape[0], weight_t.shape[1], dtype=torch.float32)
-        _rows_times(indptr, columns, values, weight_t.numpy(), out.numpy())
+        _compressed_times(indptr, columns, values, weight_t.numpy(), out.numpy())
         if bias is not None:
             out += bias.detach().float()
         ctx.compressed = (indptr, columns, values)
@@ -181,9 +151,13 @@ class _SparseRowsProduct(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_bias = grad.sum(0)
         if any(ctx.needs_input_grad[2:]):
-            colptr, rows, vals = _by_column(*ctx.compressed, ctx.in_width)
+            # aggregation imports bucket, which imports this module: imported here, not at the top
+            from neutronorch.nn.aggregation import transpose_edges  # noqa: PLC0415
+
+            indptr, columns, values = ctx.compressed
+            colptr, order, rows = transpose_edges(indptr, columns, ctx.in_width)  # the nonzeros column by column
             grad_t = torch.zeros(ctx.in_width, grad.shape[1], dtype=torch.float32)
-            _columns_times(colptr, rows, vals, grad.numpy(), grad_t.numpy())
+            _compressed_times(colptr, rows[order], values[order], grad.numpy(), grad_t.numpy())
             start = 0
             for i, (w, width) in enumerate(zip(weights, ctx.widths)):
                 if ctx.needs_input_grad[2 + i]:
