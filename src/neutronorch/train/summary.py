@@ -35,16 +35,7 @@ def summarise(run: "Run", last_eval: dict, timeline: dict | None, status: str, g
         "epochs": epochs,
         "epoch_seconds_median": statistics.median(seconds) if seconds else None,
         "metric": run.task.metric,
-        f"val_{key}": best["val"] if last_eval else None,
-        f"test_{key}": best["test"] if last_eval else None,
-        "best_epoch": best["epoch"] if last_eval else None,
-        f"final_val_{key}": last_eval.get("val"),
-        f"final_test_{key}": last_eval.get("test"),
-        # The same values under the names they had when accuracy was the only metric.
-        "val_acc": best["val"] if last_eval else None,
-        "test_acc": best["test"] if last_eval else None,
-        "final_val_acc": last_eval.get("val"),
-        "final_test_acc": last_eval.get("test"),
+        **score_fields(key, best, last_eval),
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "resident_mb": resident_mb(),  # at the end: own (anon) and mapped-file (file) memory
         "moved": moved,  # a resumed history's records may predate the host cache's keys
@@ -89,3 +80,15 @@ def topology_in_file_order(mode) -> bool:
     """Whether the mode's host samplers read the topology in file order (``--read-order``, as resolved)."""
     sampling = getattr(mode, "sampling", None)
     return bool(sampling is not None and sampling.file_order)
+
+
+def score_fields(key: str, best: dict, last: dict) -> dict:
+    """A summary's scores: the best evaluation's (``best``: val, test, epoch) and the last one's (``last``;
+    empty when nothing was evaluated, and then no score is reported), under the metric's ``key`` and again
+    under the names they had when accuracy was the only metric."""
+    evaluated = bool(last)
+    return {f"val_{key}": best["val"] if evaluated else None, f"test_{key}": best["test"] if evaluated else None,
+            "best_epoch": best["epoch"] if evaluated else None,
+            f"final_val_{key}": last.get("val"), f"final_test_{key}": last.get("test"),
+            "val_acc": best["val"] if evaluated else None, "test_acc": best["test"] if evaluated else None,
+            "final_val_acc": last.get("val"), "final_test_acc": last.get("test")}

@@ -78,6 +78,7 @@ from neutronorch.train.outputs import check_outputs, write_summary
 from neutronorch.train.resources import (check_threading_layer, numba_threads, resolve_device, thread_budget,
                                          torch_threads)
 from neutronorch.train.row_adam import RowAdam
+from neutronorch.train.summary import score_fields
 from neutronorch.train.task import Task
 from neutronorch.train.typed_config import check_typed_config
 from neutronorch.train.typed_inputs import gather_inputs, typed_logits
@@ -323,7 +324,6 @@ class _TypedRun:
         """The run summary, with the keys of the homogeneous one where they mean the same."""
         config, graph, key, best, last = self.config, self.graph, self.task.key, self.best, self.last_eval
         seconds = [e["seconds"] for e in self.history]
-        evaluated = bool(last)
         return {
             "status": status,
             "mode": "exact",
@@ -344,15 +344,7 @@ class _TypedRun:
             "epochs": self.history,
             "epoch_seconds_median": statistics.median(seconds) if seconds else None,
             "metric": self.task.metric,
-            f"val_{key}": best["val"] if evaluated else None,
-            f"test_{key}": best["test"] if evaluated else None,
-            "best_epoch": best["epoch"] if evaluated else None,
-            f"final_val_{key}": last.get("val"),
-            f"final_test_{key}": last.get("test"),
-            "val_acc": best["val"] if evaluated else None,
-            "test_acc": best["test"] if evaluated else None,
-            "final_val_acc": last.get("val"),
-            "final_test_acc": last.get("test"),
+            **score_fields(key, best, last),
             "peak_rss_mb": round(peak_rss_mb(), 1),
             "startup": {"data_seconds": round(data_seconds, 4),
                         "first_step_seconds": None if self.first_step_at is None
