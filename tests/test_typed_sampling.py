@@ -288,3 +288,53 @@ def test_one_sampler_per_thread():
     thread.start()
     thread.join()
     assert len(errors) == 1 and "one sampler per thread" in errors[0]
+
+
+def block_edges(typed, src_ids, dst_ids) -> dict:
+    """Per relation, each destination's (global id) drawn sources (global ids), as a set of pairs."""
+    out = {}
+    for relation, block in typed.blocks.items():
+        counts = torch.diff(block.indptr)
+        dst = torch.repeat_interleave(dst_ids[relation[2]][:block.num_dst], counts)
+        out[relation] = set(zip(src_ids[relation[0]][block.indices].tolist(), dst.tolist()))
+    return out
+
+
+def test_upper_hops_then_the_bottom_block_are_the_whole_sample(mag):
+    """``sample_hops(L - 1)`` and ``sample_bottom`` of its last frontier draw, to the block, what ``sample``
+    does: the split NeutronOrch plans its hot sets by."""
+    seeds = np.array([5, 17, 3, 250, 999], np.int64)
+    sampler = TypedNeighborSampler(mag, [4, 3, 2])
+    whole = sampler.sample(seeds, 77)
+    upper = sampler.sample_hops(seeds, 77, 2)
+    bottom = sampler.sample_bottom({t: ids.numpy() for t, ids in upper.frontiers[0].items()}, 77)
+    assert len(upper.blocks) == 2
+    for a, b in zip(whole.blocks[1:], upper.blocks):
+        assert a.num_dst == b.num_dst and a.num_src == b.num_src
+        for relation in a.blocks:
+            assert torch.equal(a.blocks[relation].indptr, b.blocks[relation].indptr)
+            assert torch.equal(a.blocks[relation].indices, b.blocks[relation].indices)
+    assert bottom.num_dst == whole.blocks[0].num_dst and bottom.num_src == whole.blocks[0].num_src
+    for t in bottom.src_ids:
+        assert torch.equal(bottom.src_ids[t], whole.blocks[0].src_ids[t])
+    for relation, block in whole.blocks[0].blocks.items():
+        assert torch.equal(bottom.blocks[relation].indptr, block.indptr)
+        assert torch.equal(bottom.blocks[relation].indices, block.indices)
+
+
+def test_the_bottom_block_of_some_destinations_draws_what_the_whole_sample_draws_for_them(mag):
+    seeds = np.arange(0, 600, 7, dtype=np.int64)
+    sampler = TypedNeighborSampler(mag, [5, 3])
+    whole = sampler.sample(seeds, 5)
+    full = whole.frontiers[1]
+    # every third destination of each type, in reverse order
+    chosen = {t: ids.numpy()[::-3].copy() for t, ids in full.items()}
+    part = sampler.sample_bottom(chosen, 5)
+    assert part.num_dst == {t: ids.shape[0] for t, ids in chosen.items()}
+    for t, ids in chosen.items():
+        assert torch.equal(part.src_ids[t][:ids.shape[0]], torch.from_numpy(ids))
+    mine = block_edges(part, part.src_ids, part.src_ids)
+    theirs = block_edges(whole.blocks[0], whole.blocks[0].src_ids, whole.blocks[0].src_ids)
+    for relation, pairs in mine.items():
+        wanted = {int(v) for v in chosen[relation[2]]}
+        assert pairs == {(u, v) for u, v in theirs[relation] if v in wanted}

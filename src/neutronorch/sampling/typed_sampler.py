@@ -158,16 +158,39 @@ class TypedNeighborSampler:
     def sample(self, seeds: np.ndarray, key: int) -> TypedSubgraph:
         """Sample the typed computation graph of ``seeds`` (unique local ids of ``graph.target``) with the
         batch key ``key``: ``num_layers`` blocks, bottom layer first."""
-        self._check_thread()
-        target = self.graph.target
+        return self.sample_hops(seeds, key, self.num_layers)
+
+    def sample_hops(self, seeds: np.ndarray, key: int, hops: int) -> TypedSubgraph:
+        """The top ``hops`` layers of ``sample(seeds, key)``, exactly as it draws them: ``frontiers[0]`` then
+        holds the destinations of the layer below (with ``hops = num_layers - 1``, the bottom layer's
+        destinations per type, which NeutronOrch plans its hot sets among)."""
         seeds = np.ascontiguousarray(seeds, dtype=np.int64)
+        blocks, frontiers = self._hops({self.graph.target: seeds}, key, 0, hops)
+        return TypedSubgraph(self.graph.target, torch.from_numpy(seeds), blocks, frontiers)
+
+    def sample_bottom(self, destinations: Mapping[str, np.ndarray], key: int) -> TypedBlock:
+        """The bottom layer's block of ``destinations`` (unique local ids per type) with the batch key ``key``:
+        each destination draws, through each relation, exactly the neighbours ``sample`` draws for it in that
+        hop (draws are keyed by vertex), its source frontier leading with the destinations in the order given."""
+        start = {t: np.ascontiguousarray(ids, dtype=np.int64) for t, ids in destinations.items()}
+        blocks, _ = self._hops(start, key, self.num_layers - 1, 1)
+        return blocks[0]
+
+    def _hops(self, start: dict[str, np.ndarray], key: int, first_hop: int, hops: int
+              ) -> tuple[list[TypedBlock], list[dict[str, torch.Tensor]]]:
+        """Hops ``first_hop`` to ``first_hop + hops - 1`` from the destinations ``start`` (per type): the blocks
+        and frontiers, bottom first (``frontiers[-1]`` is ``start``)."""
+        self._check_thread()
         # Per type, a buffer whose first size[t] entries are the frontier; exactly those are in the type's map.
-        frontier, size = {target: seeds}, {target: seeds.shape[0]}
-        kernels.map_nodes(seeds, self._maps[target])
+        types = [t for t in self.graph.num_nodes if t in start]
+        frontier = {t: start[t] for t in types}
+        size = {t: start[t].shape[0] for t in types}
         blocks: list[TypedBlock] = []
-        frontiers = [{target: torch.from_numpy(seeds)}]
+        frontiers = [{t: torch.from_numpy(start[t]) for t in types}]
+        for t in types:
+            kernels.map_nodes(start[t], self._maps[t])
         try:
-            for hop in range(self.num_layers):
+            for hop in range(first_hop, first_hop + hops):
                 num_dst = dict(size)
                 drawn = self._draw(hop, key, frontier, num_dst)
                 local = self._relabel(drawn, frontier, size)
@@ -179,7 +202,7 @@ class TypedNeighborSampler:
                 kernels.reset_map(buffer[:size[t]], self._maps[t])
         blocks.reverse()
         frontiers.reverse()
-        return TypedSubgraph(target, torch.from_numpy(seeds), blocks, frontiers)
+        return blocks, frontiers
 
     def _draw(self, hop: int, key: int, frontier: dict[str, np.ndarray], num_dst: dict[str, int]
               ) -> dict[RelationType, tuple[np.ndarray, np.ndarray]]:
