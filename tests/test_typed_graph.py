@@ -311,6 +311,93 @@ def test_pyg_round_trip():
         from_pyg_hetero(data, target="shop")
     with pytest.raises(DataError, match="type user carries y, train_mask"):
         from_pyg_hetero(data, target="item")
+    data["item"].x = data["user"].x[:2]  # PyG takes rows that do not fit; the typed graph's check does not
+    with pytest.raises(DataError, match=r"shop: type item: features have shape \(2, 2\), expected \(3, width\)"):
+        from_pyg_hetero(data, target="user", name="shop")
+    del data["item"].x
     del data["user"].train_mask, data["user"].val_mask, data["user"].test_mask
     drawn = from_pyg_hetero(data, target="user", split="ratio:0.4,0.2")
     assert drawn.notes and sorted([*drawn.train_idx, *drawn.val_idx, *drawn.test_idx]) == [0, 1, 2, 3, 4]
+
+
+# --- DGL ----------------------------------------------------------------------------------------------------
+
+def test_dgl_round_trip():
+    pytest.importorskip("dgl")
+    from neutronorch.data import from_dgl_hetero, to_dgl_hetero
+
+    graph = small()
+    graph.labels[4] = 0
+    g = to_dgl_hetero(graph)
+    assert g.num_nodes("user") == 5 and g.num_nodes("item") == 3 and "feat" not in g.nodes["item"].data
+    assert g.nodes["user"].data["feat"].shape == (5, 2) and g.edges[BUYS].data["feat"].shape == (6, 1)
+    assert g.num_edges(BUYS) == 6 and g.num_edges(FOLLOWS) == 5
+    assert g.nodes["user"].data["train_mask"].sum() == 2 and g.nodes["user"].data["label"].tolist() == [0, 1, 0, 1, 0]
+    back = from_dgl_hetero(g, target="user", name="shop")
+    # DGL keeps types and relations in name order: the same graph, listed in another order.
+    assert back.num_nodes == graph.num_nodes and set(back.relation_types) == set(graph.relation_types)
+    for key, relation in graph.relations.items():
+        assert pairs(back.relations[key]) == pairs(relation)
+        np.testing.assert_array_equal(back.relations[key].indptr, relation.indptr)
+    np.testing.assert_array_equal(back.relations[BUYS].edge_features, graph.relations[BUYS].edge_features)
+    assert back.relations[FOLLOWS].edge_features is None
+    np.testing.assert_array_equal(back.features["user"], graph.features["user"])
+    assert "item" not in back.features
+    np.testing.assert_array_equal(back.labels, graph.labels)
+    for split in ("train_idx", "val_idx", "test_idx"):
+        np.testing.assert_array_equal(getattr(back, split), getattr(graph, split))
+    assert back.num_classes == 2 and back.target == "user" and not back.notes
+
+
+def test_dgl_heterograph_read_as_a_typed_graph():
+    dgl = pytest.importorskip("dgl")
+    import torch
+
+    from neutronorch.data import from_dgl_hetero
+
+    def heterograph():
+        g = dgl.heterograph({("paper", "cites", "paper"): ([1, 2, 2, 3], [0, 0, 1, 1]),
+                             ("author", "writes", "paper"): ([0, 1, 1], [3, 3, 2])},
+                            num_nodes_dict={"paper": 4, "author": 2, "venue": 1})
+        g.nodes["paper"].data["x"] = torch.arange(12, dtype=torch.float64).reshape(4, 3)
+        g.nodes["paper"].data["y"] = torch.tensor([2, 0, -1, 1])
+        g.edges["writes"].data["w"] = torch.tensor([0.5, 1.0, 2.0])
+        return g
+
+    graph = from_dgl_hetero(heterograph(), target="paper", name="hand", split="ratio:0.4,0.3", seed=3)
+    assert graph.num_nodes == {"author": 2, "paper": 4, "venue": 1}
+    writes, cites = ("author", "writes", "paper"), ("paper", "cites", "paper")
+    assert graph.relation_types == (writes, cites)  # DGL's order: by relation name
+    assert pairs(graph.relations[cites]) == [(1, 0), (2, 0), (2, 1), (3, 1)]
+    assert pairs(graph.relations[writes]) == [(1, 2), (0, 3), (1, 3)]
+    assert graph.relations[writes].edge_features[:, 0].tolist() == [2.0, 0.5, 1.0]  # in CSC order
+    assert graph.features["paper"].dtype == np.float32 and graph.features["paper"][3].tolist() == [9, 10, 11]
+    assert graph.feature_dim("author") == 0 and graph.num_classes == 3
+    assert sorted([*graph.train_idx, *graph.val_idx, *graph.test_idx]) == [0, 1, 3]  # paper 2 has no label
+    assert graph.notes == ["no stored split: labelled vertices split by ratio:0.4,0.3 (seed 3)"]
+    assert graph.relation(writes) == writes and graph.describe().startswith("hand: 3 vertex types, 2 relations")
+
+    with pytest.raises(DataError, match=r"hand: no target type: 'venues' is not a node type of the DGL graph "
+                                        r"\(author, paper, venue\)"):
+        from_dgl_hetero(heterograph(), target="venues", name="hand")
+    with pytest.raises(DataError, match="type paper carries y, but the target is author"):
+        from_dgl_hetero(heterograph(), target="author")
+    g = heterograph()
+    del g.nodes["paper"].data["y"]
+    with pytest.raises(DataError, match="the target type paper has no label or y; give its labels"):
+        from_dgl_hetero(g, target="paper")
+    g = heterograph()
+    g.nodes["author"].data["feat"] = torch.ones(2)  # a row per vertex, but one number each
+    with pytest.raises(DataError, match=r"type author: feat has dtype float32 and shape \(2,\), expected a 2-D"):
+        from_dgl_hetero(g, target="paper")
+    g = heterograph()
+    g.nodes["paper"].data["train_mask"] = torch.tensor([True, True, False, False])
+    with pytest.raises(DataError, match="the target type has no val_mask, test_mask, but other split masks"):
+        from_dgl_hetero(g, target="paper")
+    g = heterograph()
+    with pytest.raises(dgl.DGLError, match="match number of nodes"):  # DGL itself refuses rows that do not fit
+        g.nodes["paper"].data["feat"] = torch.ones(3, 2)
+    g.nodes["paper"].data["y"] = torch.tensor([2.0, 0.0, -1.0, 1.0])
+    with pytest.raises(DataError, match="type paper: y has dtype float32, expected integer class ids"):
+        from_dgl_hetero(g, target="paper")
+

@@ -13,6 +13,7 @@ from pathlib import Path
 from neutronorch.data.files import reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.interop import from_dgl, from_pyg, to_dgl, to_pyg
+from neutronorch.data.interop_typed import from_dgl_hetero, from_pyg_hetero, to_dgl_hetero, to_pyg_hetero
 from neutronorch.data.native import is_native_dir, load_native, save_native
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
 from neutronorch.data.synthetic import SyntheticSpec, generate
@@ -24,7 +25,7 @@ from neutronorch.errors import DataError
 __all__ = ["Graph", "load_dataset", "load_native", "save_native", "SyntheticSpec", "generate",
            "make_split", "DEFAULT_SPLIT", "DATASET_SPEC_HELP", "dataset_paths", "from_pyg", "to_pyg", "from_dgl",
            "to_dgl", "TypedGraph", "Relation", "read_typed", "write_typed", "synthetic_typed", "is_typed_dataset",
-           "load_typed_dataset"]
+           "load_typed_dataset", "to_pyg_hetero", "from_pyg_hetero", "to_dgl_hetero", "from_dgl_hetero"]
 
 DATASET_SPEC_HELP = (
     "synthetic[:nodes=N,degree=D,features=F,classes=C,seed=S,...] | a native dataset directory "
