@@ -612,3 +612,23 @@ def test_the_typed_samplers_full_neighbour_blocks_give_the_same_outputs(kind):
         sampled = _run_ours(layers, [(tblock, {}) for tblock in subgraph.blocks], x)
         full = _run_ours(layers, _blocks(graph, seeds, 2), x)
     torch.testing.assert_close(sampled["paper"], full["paper"], **TOL[torch.float32])
+
+
+def test_summed_root_weights_keep_gradients_of_their_own():
+    """A type several relations lead into sums their root weights once; a second backward pass (NeutronOrch
+    adds its hot rows' gradient after the batch's) must add to each weight's own gradient, not to a buffer
+    the weights share."""
+    from neutronorch.nn.relational import TypedSAGEConv
+    from neutronorch.sampling.block import Block
+    from neutronorch.sampling.typed_block import TypedBlock
+
+    relations = [("a", "r1", "p"), ("p", "r2", "p")]
+    layer = TypedSAGEConv({"a": 3, "p": 3}, 4, relations)
+    block = lambda: Block(2, 2, torch.tensor([0, 1, 2]), torch.tensor([0, 1]))  # noqa: E731
+    tblock = TypedBlock({"p": 2, "a": 0}, {"p": 2, "a": 2}, {r: block() for r in relations})
+    x = {"a": torch.randn(2, 3), "p": torch.randn(2, 3)}
+    layer(tblock, x)["p"].sum().backward()
+    once = {name: p.grad.clone() for name, p in layer.named_parameters()}
+    layer(tblock, x)["p"].sum().backward()
+    for name, p in layer.named_parameters():
+        torch.testing.assert_close(p.grad, 2 * once[name], msg=name)

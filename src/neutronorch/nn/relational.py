@@ -32,6 +32,8 @@ weights). The weighted mean runs in torch ops (the numba kernels have no weights
 
 from __future__ import annotations
 
+import functools
+
 import math
 from typing import Iterable, Mapping
 
@@ -125,8 +127,11 @@ class TypedSAGEConv(nn.Module):
         if len(lins) == 1:
             return linear(lins[0], x_dst)
         # sum_r (R_r x + b_r) = (sum_r R_r) x + sum_r b_r: one product for the type, not one per relation.
-        weight = torch.stack([lin.weight for lin in lins]).sum(0)
-        bias = torch.stack([lin.bias for lin in lins]).sum(0)
+        # Summed with additions, not stack(...).sum(0): that one's backward hands every weight a view of one
+        # expanded gradient, which autograd may keep as each weight's .grad, so that the weights' gradients
+        # would share one buffer and a second backward pass (NeutronOrch's hot rows) add into all of them.
+        weight = functools.reduce(torch.add, [lin.weight for lin in lins])
+        bias = functools.reduce(torch.add, [lin.bias for lin in lins])
         return project(x_dst, weight, bias)
 
 

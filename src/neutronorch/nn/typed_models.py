@@ -52,6 +52,7 @@ from neutronorch.nn.activation import keyed_dropout, relu_dropout
 from neutronorch.nn.names import TYPED_MODELS
 from neutronorch.nn.relational import RGCNConv, TypedSAGEConv
 from neutronorch.nn.relational_attention import RGATConv
+from neutronorch.nn.splice import HotRows, splice, splice_relu_dropout
 from neutronorch.sampling.typed_block import RelationType, TypedBlock
 
 if TYPE_CHECKING:
@@ -151,38 +152,57 @@ class TypedGNN(nn.Module):
         sparse = {id(p) for p in self.embedding_parameters()}
         return [p for p in self.parameters() if id(p) not in sparse]
 
+    def input_rows(self, features: Mapping[str, torch.Tensor], input_ids: Mapping[str, torch.Tensor]
+                   ) -> dict[str, torch.Tensor]:
+        """The rows the bottom layer reads per type before any projection: ``features[t]`` (float32 rows of a
+        featured type's input frontier), or the table rows of ``input_ids[t]`` for a featureless type."""
+        return {t: self.embeddings[t](input_ids[t]) if t in self.embeddings else features[t] for t in input_ids}
+
     def inputs(self, features: Mapping[str, torch.Tensor], input_ids: Mapping[str, torch.Tensor]
                ) -> dict[str, torch.Tensor]:
-        """The bottom layer's rows per type: ``features[t]`` (float32 rows of a featured type's input
-        frontier; for ``rgcn`` projected to ``hidden`` unless the bottom layer folds the map in), or the table
-        rows of ``input_ids[t]`` for a featureless type."""
-        x = {}
-        for t in input_ids:
-            if t in self.embeddings:
-                x[t] = self.embeddings[t](input_ids[t])
-            elif t in self.projections and t not in self.folded:
-                x[t] = self.projections[t](features[t])
-            else:
-                x[t] = features[t]
-        return x
+        """The bottom layer's rows per type: ``input_rows``, for ``rgcn`` projected to ``hidden`` unless the
+        bottom layer folds the map in."""
+        return self.bottom_layer().project(self.input_rows(features, input_ids))
+
+    def bottom_layer(self) -> "TypedBottom":
+        """The bottom layer with its input projections, sharing this model's parameters: what NeutronOrch's
+        host computes the hot rows with (the embedding tables are not in it: their rows are its inputs)."""
+        return TypedBottom(self.layers[0], self.projections, self.folded)
 
     def forward(self, blocks: list[TypedBlock], features: Mapping[str, torch.Tensor],
-                input_ids: Mapping[str, torch.Tensor]) -> torch.Tensor:
+                input_ids: Mapping[str, torch.Tensor], hot: Mapping[str, HotRows] | None = None) -> torch.Tensor:
         """Logits of the last block's target destinations. ``blocks``: a ``TypedSubgraph``'s, bottom layer
         first; ``input_ids[t]``: the bottom block's source frontier of each type (``frontiers[0]``), on the
-        model's device; ``features[t]``: the rows of each featured type's frontier."""
+        model's device; ``features[t]``: the rows of each featured type's frontier.
+
+        ``hot`` (NeutronOrch): per destination type, bottom-layer output rows computed elsewhere; the bottom
+        block then holds the cold destinations only, and each type's bottom-layer output is spliced from its
+        cold rows and ``hot[t]``'s (``nn/splice.py``) into the order of ``blocks[1]``'s source frontier, before
+        the activation (whose dropout masks are keyed by those vertices, so they are the unspliced run's)."""
         if len(blocks) != self.num_layers:
             raise ValueError(f"{len(blocks)} blocks for a {self.num_layers}-layer model")
-        x = self.inputs(features, input_ids)
+        if hot and self.num_layers < 2:
+            raise ValueError("hot rows splice into the bottom layer's output, which a one-layer model returns "
+                             "as its logits")
+        x = self.input_rows(features, input_ids)
         for index, (layer, tblock) in enumerate(zip(self.layers, blocks)):
-            if index == 0 and self.folded:
-                y = layer(tblock, x, projections={t: self.projections[t] for t in self.folded})
-            else:
-                y = layer(tblock, x)
+            y = self.bottom_layer()(tblock, x) if index == 0 else layer(tblock, x)
             if index == self.num_layers - 1:
                 return y[self.spec.target]
-            x = {t: self._activate(rows, tblock.dst_ids(t)) for t, rows in y.items()}
+            if index == 0 and hot:
+                x = {t: self._splice(rows, hot.get(t), blocks[1].src_ids.get(t)) for t, rows in y.items()}
+            else:
+                x = {t: self._activate(rows, tblock.dst_ids(t)) for t, rows in y.items()}
         raise AssertionError("unreachable: a model has at least one layer")
+
+    def _splice(self, y_cold: torch.Tensor, hot: HotRows | None, ids: torch.Tensor | None) -> torch.Tensor:
+        """A type's bottom-layer output from its cold rows and its hot rows, activated (as ``_activate``)."""
+        if hot is None:
+            return self._activate(y_cold, ids)
+        if self.kind == "rgat":
+            y = splice(y_cold, hot.table, hot.index, hot.grad_acc)
+            return keyed_dropout(F.leaky_relu(y, LEAKY_SLOPE), self.dropout, self.training, ids)
+        return splice_relu_dropout(y_cold, hot.table, hot.index, self.dropout, self.training, hot.grad_acc, ids)
 
     def _activate(self, y: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
         """The activation between layers and the dropout after it, the masks keyed by the rows' vertex ids
@@ -190,6 +210,33 @@ class TypedGNN(nn.Module):
         if self.kind == "rgat":
             return keyed_dropout(F.leaky_relu(y, LEAKY_SLOPE), self.dropout, self.training, ids)
         return relu_dropout(y, self.dropout, self.training, ids)
+
+
+class TypedBottom(nn.Module):
+    """A relational model's bottom layer with the featured types' input projections (``rgcn``), over the rows
+    ``TypedGNN.input_rows`` gives: a type whose projection is folded into the layer enters raw, another is
+    projected first. Holds the model's own modules (``TypedGNN.bottom_layer``); a deep copy of it is
+    NeutronOrch's host layer."""
+
+    def __init__(self, layer: nn.Module, projections: nn.ModuleDict, folded: list[str]):
+        super().__init__()
+        self.layer, self.projections, self.folded = layer, projections, list(folded)
+
+    def project(self, rows: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The rows the layer reads: each unfolded projection applied to its type's rows."""
+        return {t: self.projections[t](x) if t in self.projections and t not in self.folded else x
+                for t, x in rows.items()}
+
+    def forward(self, tblock: TypedBlock, rows: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The bottom layer's output per destination type (before the activation)."""
+        x = self.project(rows)
+        if self.folded:
+            return self.layer(tblock, x, projections={t: self.projections[t] for t in self.folded})
+        return self.layer(tblock, x)
+
+    @property
+    def out_dim(self) -> int:
+        return self.layer.out_dim
 
 
 def _check_reached(spec: TypedSpec, reached: list[list[str]]) -> None:

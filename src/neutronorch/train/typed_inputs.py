@@ -5,6 +5,8 @@ target vertices chunk by chunk from fixed-key samples, the model in eval mode.""
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import numpy as np
 import torch
 
@@ -18,12 +20,19 @@ from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 def gather_inputs(graph: TypedGraph, subgraph: TypedSubgraph, device: torch.device
                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """The bottom frontier's rows of every featured type (float32; a memory-mapped array is read at those rows
-    only) and every type's frontier ids, both on ``device``. Contiguous float32 rows go through
+    """The bottom frontier's rows of every featured type and every type's frontier ids, both on ``device``
+    (``gather_frontier`` of ``subgraph.input_nodes``)."""
+    return gather_frontier(graph, subgraph.input_nodes, device)
+
+
+def gather_frontier(graph: TypedGraph, frontier: Mapping[str, torch.Tensor], device: torch.device
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The rows of every featured type's ids in ``frontier`` (float32; a memory-mapped array is read at those
+    rows only) and every type's ids, both on ``device``. Contiguous float32 rows go through
     ``kernels.gather_rows`` (prefetching rows ahead: 100,000 random rows of 64 from a memory-mapped 800,000
     took 3.5-4.6 ms on one thread, a numpy fancy index 16-80 ms); other storage through a fancy index."""
     features = {}
-    for t, ids in subgraph.input_nodes.items():
+    for t, ids in frontier.items():
         if t in graph.features:
             source = graph.features[t]
             if source.dtype == np.float32 and source.ndim == 2 and source.flags.c_contiguous:
@@ -32,7 +41,7 @@ def gather_inputs(graph: TypedGraph, subgraph: TypedSubgraph, device: torch.devi
             else:
                 rows = np.asarray(source[ids.numpy()], dtype=np.float32)
             features[t] = torch.from_numpy(rows).to(device)
-    return features, {t: ids.to(device) for t, ids in subgraph.input_nodes.items()}
+    return features, {t: ids.to(device) for t, ids in frontier.items()}
 
 
 @torch.no_grad()
