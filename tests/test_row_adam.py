@@ -53,3 +53,38 @@ def test_row_adam_refuses_what_it_does_not_update():
     dense.grad = torch.ones(4, 2)
     with pytest.raises(RuntimeError, match="sparse gradients"):
         RowAdam([dense]).step()
+
+
+def test_a_restored_row_adam_continues_bit_identically():
+    """Saved after 8 of 20 steps (through a file, as a checkpoint holds it), loaded into a new optimizer of a
+    new table holding the saved weights: the last 12 steps give the uninterrupted run's weights to the bit."""
+    import io
+
+    lookups = _lookups(repeat=True)
+    whole, _ = _steps(RowAdam, lookups, lr=0.01)
+    first, optimizer = _steps(RowAdam, lookups[:8], lr=0.01)
+    buffer = io.BytesIO()
+    torch.save({"weights": first, "optimizer": optimizer.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    table = torch.nn.Embedding(50, 8, sparse=True)
+    with torch.no_grad():
+        table.weight.copy_(saved["weights"])
+    restored = RowAdam(list(table.parameters()), lr=0.5)  # the saved hyperparameters replace these
+    restored.load_state_dict(saved["optimizer"])
+    assert restored.lr == 0.01 and restored.state[id(restored.params[0])]["step"] == 8
+    for step, ids in enumerate(lookups[8:], start=8):
+        restored.zero_grad()
+        target = torch.sin(torch.arange(ids.numel() * 8, dtype=torch.float32).view(-1, 8) + step)
+        ((table(ids) - target) ** 2).sum().backward()
+        restored.step()
+    assert torch.equal(table.weight.detach(), whole)
+
+
+def test_row_adam_refuses_the_state_of_other_tables():
+    optimizer = RowAdam([torch.nn.Parameter(torch.zeros(4, 2))])
+    with pytest.raises(ValueError, match="state of 2 table\\(s\\) given to an optimizer of 1"):
+        optimizer.load_state_dict({**optimizer.state_dict(), "tables": optimizer.state_dict()["tables"] * 2})
+    other = RowAdam([torch.nn.Parameter(torch.zeros(5, 2))]).state_dict()
+    with pytest.raises(ValueError, match="table 0's exp_avg is \\(5, 2\\), the table \\(4, 2\\)"):
+        optimizer.load_state_dict(other)

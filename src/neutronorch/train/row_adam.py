@@ -16,8 +16,10 @@ table's step count (rows not looked up keep their weights and moments, as there)
 twice (a table looked up twice in one step) is coalesced first, summing the repeats as SparseAdam does;
 which rows repeat is found by stamping each row with the step number (4 bytes per table row).
 
-Tables only: dense float32 CPU parameters with sparse gradients; no weight decay (SparseAdam has none), no
-state dict (typed runs keep no checkpoints yet).
+Tables only: dense float32 CPU parameters with sparse gradients; no weight decay (SparseAdam has none).
+``state_dict``/``load_state_dict`` hold the hyperparameters and every table's step count and two moments
+(what a typed checkpoint keeps: 8 bytes per table row per column besides the weights); the stamps are
+scratch, reset on loading, so a restored optimizer continues bit-identically.
 """
 
 from __future__ import annotations
@@ -86,6 +88,35 @@ class RowAdam:
                     p.grad = None
                 else:
                     p.grad.zero_()
+
+    def state_dict(self) -> dict:
+        """The hyperparameters and, per table in ``params``' order, its step count and moments (the tensors
+        themselves, not copies, as torch's optimizers give them)."""
+        return {"lr": self.lr, "betas": list(self.betas), "eps": self.eps,
+                "tables": [{key: self.state[id(p)][key] for key in ("step", "exp_avg", "exp_avg_sq")}
+                           for p in self.params]}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state_dict()``'s output: the hyperparameters replace these (as torch's optimizers
+        do), and each table's moments are copied in. Raises ``ValueError`` when ``state`` holds another
+        number of tables, or moments of another shape than their table."""
+        tables = state["tables"]
+        if len(tables) != len(self.params):
+            raise ValueError(f"RowAdam state of {len(tables)} table(s) given to an optimizer of {len(self.params)}")
+        for index, (p, saved) in enumerate(zip(self.params, tables)):
+            for key in ("exp_avg", "exp_avg_sq"):
+                if tuple(saved[key].shape) != tuple(p.shape):
+                    raise ValueError(f"RowAdam state: table {index}'s {key} is {tuple(saved[key].shape)}, the "
+                                     f"table {tuple(p.shape)}")
+        for p, saved in zip(self.params, tables):
+            mine = self.state[id(p)]
+            mine["step"] = int(saved["step"])
+            mine["exp_avg"].copy_(saved["exp_avg"])
+            mine["exp_avg_sq"].copy_(saved["exp_avg_sq"])
+            mine["stamp"].fill(-1)  # below every later step: no row counts as looked up twice
+        betas = state["betas"]
+        self.lr, self.betas, self.eps = float(state["lr"]), (float(betas[0]), float(betas[1])), float(state["eps"])
 
     @torch.no_grad()
     def step(self) -> None:
