@@ -198,15 +198,35 @@ def test_validation_names_the_file_an_array_came_from(mag):
     assert message.startswith(str(path)) and "type paper: test_idx holds 1 unlabelled vertices" in message
 
 
-def test_info_describes_a_typed_graph(mag, tmp_path, capsys):
+def test_info_describes_a_typed_graph_in_json(mag, tmp_path, capsys):
+    """The homogeneous info's keys where they mean the same, then the types and the relations."""
     folder, _ = mag
     assert main(["info", str(folder)]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("ogbn-mag: 4 vertex types, 4 relations, 40 edges; target paper (3 classes, split 6/2/1)")
-    assert "  paper                     10 vertices, 5 features" in out
-    assert "  author -writes-> paper: 14 edges" in out and "in-degrees per relation" in out
-    assert "self loops" in out.split("paper -cites-> paper: max")[1].splitlines()[0]
-    assert "note: OGB ogbn-mag: relations one way" in out
+    info = json.loads(capsys.readouterr().out)
+    graph = load_ogb_typed(folder)
+    assert list(info) == ["name", "nodes", "edges", "classes", "train", "val", "test", "target", "node_types",
+                          "relations", "device_gib", "metric", "notes"]
+    assert (info["name"], info["nodes"], info["edges"], info["classes"]) == ("ogbn-mag", 23, 40, 3)
+    assert (info["train"], info["val"], info["test"], info["target"]) == (6, 2, 1, "paper")
+    assert info["node_types"] == {"author": {"nodes": 6, "feature_dim": 0, "feature_dtype": None},
+                                  "field_of_study": {"nodes": 4, "feature_dim": 0, "feature_dtype": None},
+                                  "institution": {"nodes": 3, "feature_dim": 0, "feature_dtype": None},
+                                  "paper": {"nodes": 10, "feature_dim": 5, "feature_dtype": "float32"}}
+    assert [(r["src"], r["name"], r["dst"]) for r in info["relations"]] == list(RELATIONS)
+    assert [r["edges"] for r in info["relations"]] == list(RELATIONS.values())
+    for row, (key, relation) in zip(info["relations"], graph.relations.items()):
+        src, dst = relation.edges()
+        degrees = relation.in_degrees()
+        assert row["max_in_degree"] == degrees.max() and row["mean_in_degree"] == pytest.approx(degrees.mean())
+        assert row["duplicate_edges"] == len(src) - len(set(zip(src.tolist(), dst.tolist()))), key
+        assert row["edge_feature_dim"] == 0
+        if key[0] == key[2]:  # within one type: self loops and one-way edges too, as homogeneous info counts them
+            assert row["self_loops"] == int((src == dst).sum()) and "edges_without_reverse" in row
+        else:
+            assert "self_loops" not in row
+    topology = sum(r.indptr.nbytes + r.indices.nbytes for r in graph.relations.values())
+    assert info["device_gib"] == {"topology": round(topology / 2**30, 4), "features": round(10 * 5 * 4 / 2**30, 4)}
+    assert info["metric"] == "accuracy" and info["notes"][0].startswith("OGB ogbn-mag: relations one way")
 
 
 def test_convert_writes_the_typed_layout_and_guards_its_output(mag, tmp_path, capsys):
@@ -224,7 +244,8 @@ def test_convert_writes_the_typed_layout_and_guards_its_output(mag, tmp_path, ca
         np.testing.assert_array_equal(getattr(native, array), getattr(direct, array))
     assert native.notes == direct.notes and native.metric == "accuracy"
     assert main(["info", str(out)]) == 0  # a typed native folder too
-    assert capsys.readouterr().out.startswith("ogbn-mag: 4 vertex types")
+    assert json.loads(capsys.readouterr().out)["node_types"]["paper"] == {"nodes": 10, "feature_dim": 5,
+                                                                        "feature_dtype": "float32"}
     # Onto another run's output, onto the input or into it: refused before anything is read or written.
     before = sorted(p.name for p in out.iterdir())
     assert main(["convert", str(folder), str(out)]) == 2

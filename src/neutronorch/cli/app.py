@@ -17,12 +17,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from neutronorch.cli.info import dataset_info
 from neutronorch.cli.options import RUN_FOLDER_KEYS, build_parser
-from neutronorch.cli.typed import info_typed, write_typed_folder
+from neutronorch.cli.typed import write_typed_folder
 from neutronorch.config import TrainConfig, load_config_file
 from neutronorch.data import (SyntheticSpec, dataset_paths, generate, is_native_dir, is_typed_dataset, load_dataset,
                               load_typed_dataset, save_native)
-from neutronorch.data.csc import edge_hygiene
 from neutronorch.data.dtypes import bfloat16
 from neutronorch.data.typed_native import is_typed_dir
 from neutronorch.errors import ConfigError, Interrupted, NeutronorchError
@@ -346,23 +346,7 @@ def _cmd_embed(args: argparse.Namespace) -> int:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    if is_typed_dataset(args.dataset):
-        return info_typed(args.dataset)
-    graph = load_dataset(args.dataset)
-    degrees = graph.in_degrees()
-    print(json.dumps({"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
-                      "feature_dim": graph.feature_dim, "feature_dtype": str(graph.features.dtype),
-                      "classes": graph.num_classes, "train": len(graph.train_idx), "val": len(graph.val_idx),
-                      "test": len(graph.test_idx), "max_in_degree": int(degrees.max()),
-                      "mean_in_degree": float(degrees.mean()),
-                      # Loaders clean edge lists; a native directory is read as written, so say what it holds.
-                      **edge_hygiene(graph.indptr, graph.indices),
-                      # What placing it on a GPU takes (docs/gpu.md): CSC topology, and features as float32.
-                      "device_gib": {"topology": round((graph.indptr.nbytes + graph.indices.nbytes) / 2**30, 4),
-                                     "features": round(graph.num_nodes * graph.feature_dim * 4 / 2**30, 4)},
-                      # A link dataset's supervision edges (an OGB link folder): the sets' sizes and negatives.
-                      **({"links": graph.links.describe()} if graph.links is not None else {}),
-                      "notes": graph.notes}, indent=2))
+    print(json.dumps(dataset_info(args.dataset), indent=2))
     return 0
 
 

@@ -1,5 +1,5 @@
-"""``info`` and ``convert`` for typed graphs (a typed native folder, OGB's ogbn-mag layout): what they print
-and write where the homogeneous commands (``app.py``) print JSON and write the native format."""
+"""``convert`` for typed graphs (a typed native folder, OGB's ogbn-mag layout): what it writes where the
+homogeneous command (``app.py``) writes the native format. ``info`` for both kinds is ``info.py``."""
 
 from __future__ import annotations
 
@@ -8,30 +8,8 @@ import time
 
 import numpy as np
 
-from neutronorch.data import TypedGraph, load_typed_dataset, write_typed
+from neutronorch.data import TypedGraph, write_typed
 from neutronorch.data.dtypes import bfloat16
-
-
-def info_typed(spec: str) -> int:
-    """info for a typed graph: ``TypedGraph.describe()``, then per relation its in-degrees and repeated edges
-    (and self loops, between vertices of one type), what placing it on a GPU takes, and the notes."""
-    graph = load_typed_dataset(spec)
-    lines = [graph.describe(), "in-degrees per relation (max, mean), repeated edges:"]
-    for key, relation in graph.relations.items():
-        degrees = relation.in_degrees()
-        src, dst = relation.edges()
-        pairs = np.sort(dst * graph.num_nodes[key[0]] + src)  # one key per (src, dst): repeats sit side by side
-        loops = f", {int((src == dst).sum()):,} self loops" if key[0] == key[2] else ""
-        lines.append(f"  {key[0]} -{key[1]}-> {key[2]}: max {int(degrees.max()) if degrees.size else 0:,}, mean "
-                     f"{float(degrees.mean()) if degrees.size else 0.0:.2f}, "
-                     f"{int((pairs[1:] == pairs[:-1]).sum()):,} repeated{loops}")
-    topology = sum(r.indptr.nbytes + r.indices.nbytes for r in graph.relations.values())
-    features = sum(graph.num_nodes[t] * graph.feature_dim(t) * 4 for t in graph.features)
-    lines.append(f"on a GPU: topology {topology / 2**30:.4f} GiB, features {features / 2**30:.4f} GiB (float32); "
-                 f"metric {graph.metric or 'by labels'}")
-    lines += [f"note: {note}" for note in graph.notes]
-    print("\n".join(lines))
-    return 0
 
 
 def write_typed_folder(graph: TypedGraph, out: str, args: argparse.Namespace, t0: float) -> int:
