@@ -93,6 +93,20 @@ def test_train_help_fits_on_one_screen_and_lists_only_what_a_first_run_needs(cap
     assert re.search(r"--mode \{exact,device,neutronorch,auto\}", text)  # bench/regime.py reads the modes here
 
 
+COMMANDS = ["train", "convert", "generate", "predict", "embed", "info"]
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_every_short_help_fits_on_one_screen(command, capsys, monkeypatch):
+    lines = _help([command, "--help"] if command else ["--help"], capsys, monkeypatch).splitlines()
+    assert len(lines) <= 40 and max(map(len, lines)) <= 100, "\n".join(lines)
+
+
+def test_the_screen_check_covers_every_command():
+    parser = build_parser()
+    assert list(next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices) == COMMANDS
+
+
 def test_train_help_all_lists_every_option_the_advanced_ones_in_their_group(capsys, monkeypatch):
     text = _help(["train", "--help-all"], capsys, monkeypatch)
     assert _listed(text) == _flags(_subcommand("train")), _flags(_subcommand("train")) ^ _listed(text)

@@ -268,6 +268,52 @@ def _blind_propagation(graph: TypedGraph, hops: int) -> np.ndarray:
     return np.concatenate(blocks, axis=1)[offsets["paper"]:offsets["paper"] + graph.num_nodes["paper"]]
 
 
+def _same_graph(read: TypedGraph, made: TypedGraph) -> None:
+    assert (read.name, read.num_nodes, read.target, read.num_classes) == (made.name, made.num_nodes, made.target,
+                                                                          made.num_classes)
+    assert read.relation_types == made.relation_types and read.notes == made.notes
+    for key, relation in made.relations.items():
+        np.testing.assert_array_equal(read.relations[key].indptr, relation.indptr)
+        np.testing.assert_array_equal(read.relations[key].indices, relation.indices)
+    assert list(read.features) == list(made.features)
+    for array in ("labels", "train_idx", "val_idx", "test_idx"):
+        np.testing.assert_array_equal(getattr(read, array), getattr(made, array))
+
+
+def test_generate_typed_writes_the_synthetic_typed_graph_and_guards_its_output(tmp_path, capsys):
+    from neutronorch.cli import main
+
+    out = tmp_path / "mag-like"
+    args = ["generate", "synthetic", "--typed", "--nodes", "500", "--degree", "4", "--features", "8", "--seed", "3",
+            "--homophily", "0.6"]
+    assert main([*args, "--out", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote synthetic-typed-n500-d4-f8-ff0-t4-p0.6-h0.6-x0.5-s3: 4 vertex "
+                                              f"types, 4 relations")
+    made = synthetic_typed(nodes=500, degree=4, features=8, seed=3, homophily=0.6)
+    read = read_typed(out)
+    _same_graph(read, made)
+    np.testing.assert_array_equal(read.features["paper"], made.features["paper"])
+    # Options not given take synthetic_typed's defaults, not the homogeneous generator's.
+    assert main(["generate", "synthetic", "--typed", "--nodes", "500", "--out", str(tmp_path / "defaults")]) == 0
+    _same_graph(read_typed(tmp_path / "defaults"), synthetic_typed(nodes=500))
+    # An existing folder is refused without --overwrite, and with it one that holds anything but a typed graph.
+    before = sorted(p.name for p in out.rglob("*"))
+    assert main([*args, "--out", str(out)]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err and sorted(p.name for p in out.rglob("*")) == before
+    assert main(["generate", "synthetic", "--nodes", "300", "--out", str(tmp_path / "plain")]) == 0
+    assert main([*args, "--out", str(tmp_path / "plain"), "--overwrite"]) == 2
+    assert "holds files but no typed dataset" in capsys.readouterr().err
+    assert main([*args, "--classes", "4", "--out", str(tmp_path / "classes")]) == 2
+    err = capsys.readouterr().err
+    assert "--classes does not apply to --typed" in err and "Traceback" not in err
+    assert not (tmp_path / "classes").exists()
+    # --overwrite replaces a typed graph, here with halved features.
+    assert main([*args, "--out", str(out), "--overwrite", "--float16"]) == 0
+    halved = read_typed(out)
+    assert halved.features["paper"].dtype == np.float16
+    np.testing.assert_array_equal(halved.features["paper"], made.features["paper"].astype(np.float16))
+
+
 def _accuracy(rows: np.ndarray, graph: TypedGraph) -> float:
     """Test accuracy of a ridge least-squares classifier on standardised rows, fitted on the training set."""
     train = graph.train_idx

@@ -22,7 +22,7 @@ from neutronorch.cli.options import RUN_FOLDER_KEYS, build_parser
 from neutronorch.cli.typed import write_typed_folder
 from neutronorch.config import TrainConfig, load_config_file
 from neutronorch.data import (SyntheticSpec, dataset_paths, generate, is_native_dir, is_typed_dataset, load_dataset,
-                              load_typed_dataset, save_native)
+                              load_typed_dataset, save_native, synthetic_typed)
 from neutronorch.data.dtypes import bfloat16
 from neutronorch.data.typed_native import is_typed_dir
 from neutronorch.errors import ConfigError, Interrupted, NeutronorchError
@@ -236,7 +236,14 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    spec = SyntheticSpec(**{f.name: getattr(args, f.name) for f in fields(SyntheticSpec)})
+    given = {f.name: getattr(args, f.name) for f in fields(SyntheticSpec) if getattr(args, f.name) is not None}
+    if args.typed:  # synthetic_typed checks its arguments before it draws anything
+        if given.pop("classes", None) is not None:
+            raise ConfigError("--classes does not apply to --typed: a typed graph's classes are pairs of topics "
+                              "(16); leave --classes out, or call neutronorch.data.synthetic_typed(topics=...).")
+        _check_native_out("out", args.out, [], args.overwrite, typed=True)
+        return write_typed_folder(synthetic_typed(**given), args.out, args, t0)
+    spec = SyntheticSpec(**given)
     spec.check("generate synthetic")
     _check_native_out("out", args.out, [], args.overwrite)
     return _write_native(generate(spec), args.out, args, t0)

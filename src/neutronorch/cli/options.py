@@ -7,6 +7,7 @@ their own ("advanced"). Both views parse the same options the same way: only the
 from __future__ import annotations
 
 import argparse
+import inspect
 import re
 import sys
 import textwrap
@@ -16,7 +17,7 @@ from neutronorch.cli.help_texts import (HELP, METAVARS, RUN_FOLDER_KEYS, SHORT, 
                                         TRAIN_EPILOG_ALL, TRAIN_GROUPS)
 from neutronorch.config import (CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, HOT_GRADS, HOT_SETS, MODE_CHOICES,
                                 READ_ORDERS, TASKS, TrainConfig)
-from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec
+from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec, synthetic_typed
 from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, NORMS, PRECISIONS, RELATIONAL_ONLY
 
 __all__ = ["RUN_FOLDER_KEYS", "build_parser"]
@@ -167,7 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = commands.add_parser("generate", help="generate a synthetic graph",
                               description="Write a synthetic power-law graph with learnable labels "
-                                          "in the native format.", formatter_class=_Formatter, add_help=False)
+                                          "in the native format; with --typed, a typed graph whose labels "
+                                          "need its relations, in the typed native layout.",
+                              formatter_class=_Formatter, add_help=False)
     _add_generate_options(gen)
 
     pred = commands.add_parser("predict", help="predict classes, or score vertex pairs, with a trained model",
@@ -198,25 +201,34 @@ _GENERATE_HELP = {"nodes": "vertices", "degree": "average in-degree", "features"
 
 
 def _add_generate_options(gen: argparse.ArgumentParser, full: bool = False) -> None:
+    """The generator's options default to None, so that each generator (``SyntheticSpec``; with --typed,
+    ``synthetic_typed``) fills in its own defaults for those not given."""
     _help_options(gen, full, _add_generate_options)
     gen.add_argument("kind", choices=["synthetic"], help="generator")
+    gen.add_argument("--typed", action="store_true",
+                     help="a typed graph (papers, authors, institutions, fields; docs/heterogeneous.md) in the "
+                          "typed native layout")
     defaults = SyntheticSpec()
+    typed = {name: p.default for name, p in inspect.signature(synthetic_typed).parameters.items()}
     later = []
     for f in fields(SyntheticSpec):
         default = getattr(defaults, f.name)
-        text = f"{_GENERATE_HELP[f.name]} (default: {default})"
+        differs = ("" if typed.get(f.name) == default else
+                   f"; --typed: {typed[f.name]}" if f.name in typed else "; not with --typed")
+        text = f"{_GENERATE_HELP[f.name]} (default: {default}{differs})"
         if f.name in _GENERATE_ADVANCED:
             later.append((f.name, default, text))
             continue
-        gen.add_argument("--" + f.name, type=type(default), default=default, help=text)
+        gen.add_argument("--" + f.name, type=type(default), default=None, help=text)
     gen.add_argument("--out", required=True, help="output directory")
     gen_halves = gen.add_mutually_exclusive_group()
     gen_halves.add_argument("--float16", action="store_true", help="store features as float16")
     gen_halves.add_argument("--bfloat16", action="store_true", help="store features as bfloat16")
-    gen.add_argument("--overwrite", action="store_true", help="replace the native dataset in --out")
+    gen.add_argument("--overwrite", action="store_true",
+                     help="replace the native dataset in --out (with --typed, a typed one)")
     advanced = gen.add_argument_group("advanced", "the graph's shape beyond its size" if full else None)
     for name, default, text in later:
-        advanced.add_argument("--" + name, type=type(default), default=default, help=_shown(text, full))
+        advanced.add_argument("--" + name, type=type(default), default=None, help=_shown(text, full))
 
 
 def _add_predict_options(pred: argparse.ArgumentParser, full: bool = False) -> None:

@@ -1,5 +1,6 @@
-"""``convert`` for typed graphs (a typed native folder, OGB's ogbn-mag layout): what it writes where the
-homogeneous command (``app.py``) writes the native format. ``info`` for both kinds is ``info.py``."""
+"""``convert`` and ``generate`` for typed graphs (a typed native folder, OGB's ogbn-mag layout, a synthetic
+typed graph): what they write where the homogeneous commands (``app.py``) write the native format. ``info``
+for both kinds is ``info.py``."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from neutronorch.data.dtypes import bfloat16
 
 
 def write_typed_folder(graph: TypedGraph, out: str, args: argparse.Namespace, t0: float) -> int:
-    """convert's end for a typed graph: every type's features halved with --float16 or --bfloat16, the typed
-    folder written (``write_typed``: OUT_DIR was checked before the source was read), its first line said."""
+    """convert's and generate's end for a typed graph: every type's features halved with --float16 or
+    --bfloat16, the typed folder written (``write_typed``: the folder was checked before the source was read
+    or the graph generated), its first line said."""
     from neutronorch.train.output_guard import check_space
 
     if args.float16 or args.bfloat16:
@@ -24,7 +26,8 @@ def write_typed_folder(graph: TypedGraph, out: str, args: argparse.Namespace, t0
     for relation in graph.relations.values():
         arrays += [relation.indptr, relation.indices, relation.edge_features]
     # The old folder stays until the new one is complete: the whole graph must fit beside it.
-    check_space("OUT_DIR", out, sum(int(array.nbytes) for array in arrays if array is not None))
+    check_space("out" if args.command == "generate" else "OUT_DIR", out,
+                sum(int(array.nbytes) for array in arrays if array is not None))
     write_typed(graph, out, overwrite=args.overwrite)
     print(f"wrote {graph.describe().splitlines()[0]} to {out} in {time.perf_counter() - t0:.1f}s")
     return 0
