@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from neutronorch import TrainConfig, train
 from neutronorch.data.synthetic_typed import synthetic_typed
+from neutronorch.data.typed import TypedGraph
 from neutronorch.nn.splice import HotRows, SpliceIndex
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -65,3 +67,64 @@ def test_a_spliced_forward_and_its_gradients_equal_the_whole_ones(mag, kind):
     assert got.keys() == expected.keys()
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+# -- the mode -----------------------------------------------------------------------------------------------
+
+def small() -> TypedGraph:
+    return synthetic_typed(nodes=2000, degree=6, features=8, seed=2)
+
+
+def run_config(**settings) -> TrainConfig:
+    base = dict(dataset="-", epochs=3, batch_size=24, fanouts=[4, 3], hidden=16, lr=0.01, eval_every=1,
+                threads=1, seed=5, device="cpu")
+    return TrainConfig(**{**base, **settings})
+
+
+class Losses:
+    """A ``progress`` that keeps every step's loss (the trainer reports the epoch's running mean)."""
+
+    def __init__(self):
+        self.steps: list[float] = []
+        self._last = (None, 0)
+
+    def __call__(self, epoch, done, total):
+        pass
+
+    def loss(self, epoch, mean):
+        last_epoch, count = self._last
+        count = count + 1 if last_epoch == epoch else 1
+        previous = sum(self.steps[len(self.steps) - count + 1:]) if count > 1 else 0.0
+        self.steps.append(mean * count - previous)
+        self._last = (epoch, count)
+
+
+LOCKSTEP = dict(mode="neutronorch", super_batch=1, staleness_bound=0, hot_ratio=1.0, hot_grad="cpu", snapshot_lead=0)
+
+
+@pytest.mark.parametrize("kind", ["sage", "rgcn", "rgat"])
+def test_lockstep_neutronorch_equals_exact_mode(kind):
+    """P = 1, staleness 0, every reusable row hot and its gradient taken back through the host: every step's
+    loss, the scores and the summary's counts are exact mode's, though nearly every bottom-layer row was
+    computed by the host."""
+    graph = small()
+    exact, orch = Losses(), Losses()
+    a = train(run_config(model=kind), graph=graph, progress=exact)
+    b = train(run_config(model=kind, **LOCKSTEP), graph=graph, progress=orch)
+    assert b["mode"] == "neutronorch" and a["mode"] == "exact"
+    assert len(exact.steps) == len(orch.steps) > 10
+    np.testing.assert_allclose(orch.steps, exact.steps, rtol=2e-4, atol=1e-5)
+    assert b["neutronorch"]["hot_share"] > 0.5  # most bottom-layer rows came from the host
+    assert b["neutronorch"]["staleness_max_observed"] == 0
+    assert b["test_acc"] == pytest.approx(a["test_acc"], abs=2e-3)
+
+
+def test_without_the_hot_rows_gradient_lockstep_departs_from_exact_mode():
+    """``hot_grad="stop"``: the bottom layer never learns through the rows the host computed, so from the
+    second step on the losses differ (the gradient the lockstep test relies on is really taken)."""
+    graph = small()
+    exact, orch = Losses(), Losses()
+    train(run_config(), graph=graph, progress=exact)
+    train(run_config(**{**LOCKSTEP, "hot_grad": "stop"}), graph=graph, progress=orch)
+    assert orch.steps[0] == pytest.approx(exact.steps[0], rel=1e-5)
+    assert not np.allclose(orch.steps[1:], exact.steps[1:], rtol=1e-3)

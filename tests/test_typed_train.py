@@ -101,7 +101,6 @@ def test_a_typed_folder_trains_through_the_dataset_setting(mag, tmp_path):
 
 
 @pytest.mark.parametrize("settings, message", [
-    (dict(mode="neutronorch"), "`mode` neutronorch: not available for typed graphs yet"),
     (dict(mode="device"), "`mode` device: not available for typed graphs yet"),
     (dict(task="link"), "`task` link: not available for typed graphs yet"),
     (dict(checkpoint_dir="ckpt"), "checkpoints .* are not available for typed graphs yet"),

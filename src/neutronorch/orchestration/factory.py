@@ -25,6 +25,9 @@ from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
 from neutronorch.orchestration.neutronorch.node import NodeLink
+from neutronorch.orchestration.neutronorch.versions import Schedule
+from neutronorch.orchestration.typed_exact import Inputs, Labels, TypedExact
+from neutronorch.orchestration.typed_neutronorch import TypedNeutronOrch
 
 logger = logging.getLogger("neutronorch")
 
@@ -93,6 +96,24 @@ def build_mode(config: TrainConfig, graph: Graph, device: torch.device, threads:
         return DeviceMode(graph, sampling, access, spans, seeds)
     return NeutronOrchMode(graph, sampling, config.neutronorch, config.epochs, access, spans,
                            threads.sampler, threads.host, node, seeds)
+
+
+def build_typed_mode(config: TrainConfig, graph, model, fanouts: dict, train_idx: torch.Tensor, num_batches: int,
+                     device: torch.device, inputs: Inputs, labels: Labels, threads: Threads,
+                     ) -> TypedExact | TypedNeutronOrch:
+    """The mode of ``config`` for a typed graph (``TypedGraph``, two-way): exact (also what ``auto`` picks) or
+    NeutronOrch (``orchestration/typed_neutronorch.py``), over ``num_batches`` mini-batches per epoch of
+    ``train_idx`` in the model ``model`` (a ``TypedGNN``). ``inputs``/``labels``: a frontier's rows and the
+    seeds' labels."""
+    if config.mode != "neutronorch":
+        return TypedExact(graph, fanouts, train_idx, config.batch_size, config.seed, device, inputs, labels,
+                          config.prefetch, threads.sampler)
+    part = config.neutronorch
+    schedule = Schedule(config.epochs, num_batches, part.super_batch, part.resolved_staleness)
+    ratio = None if part.hot_ratio == "auto" else float(part.hot_ratio)
+    return TypedNeutronOrch(graph, model, fanouts, schedule, train_idx, config.batch_size, config.seed, ratio,
+                            part.hot_grad, part.snapshot_lead, device, inputs, labels, config.prefetch,
+                            threads.sampler, threads.host)
 
 
 def host_cache_size(config: TrainConfig, graph: Graph, sampling: SamplingConfig, file_order: bool,

@@ -52,9 +52,6 @@ import statistics
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
-
-import numba
 import numpy as np
 import torch
 
@@ -63,11 +60,8 @@ from neutronorch.data.typed import TypedGraph, relation_label
 from neutronorch.data.typed_native import read_typed
 from neutronorch.errors import ConfigError, Interrupted, TrainingError
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
-from neutronorch.orchestration.factory import Threads
-from neutronorch.orchestration.pipeline import Prefetcher
-from neutronorch.orchestration.seeds import epoch_order
-from neutronorch.sampling.neighbor_sampler import batch_key
-from neutronorch.sampling.typed_block import TypedSubgraph
+from neutronorch.orchestration.factory import Threads, build_typed_mode
+from neutronorch.orchestration.typed_planner import HotRecord
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.evaluate import eval_subset
 from neutronorch.train.loop import DIVERGENCE_CHECK_STEPS, Progress, epoch_line
@@ -81,7 +75,7 @@ from neutronorch.train.row_adam import RowAdam
 from neutronorch.train.summary import score_fields
 from neutronorch.train.task import Task
 from neutronorch.train.typed_config import check_typed_config
-from neutronorch.train.typed_inputs import gather_inputs, typed_logits
+from neutronorch.train.typed_inputs import gather_frontier, typed_logits
 
 logger = logging.getLogger("neutronorch")
 
@@ -136,9 +130,9 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         except ValueError as exc:
             raise ConfigError(f"{graph.name}: {exc}.") from None
         metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key)))
-        run = _TypedRun(config, graph, model, task, sampler, eval_sampler, device, metrics, progress, stop,
-                        sampler_threads=budget.sampler)
-        logger.info(f"mode exact, model {config.model} (typed: {', '.join(graph.node_types)}), fanouts "
+        run = _TypedRun(config, graph, model, task, sampler, eval_sampler, device, metrics, progress, stop, budget)
+        stack.enter_context(contextlib.closing(run.mode))
+        logger.info(f"mode {run.mode.name}, model {config.model} (typed: {', '.join(graph.node_types)}), fanouts "
                     f"{config.fanouts if fanouts is None else fanouts}, device {device}, batch size "
                     f"{config.batch_size}, train threads {threads}, sampler threads {budget.sampler}, "
                     f"{run.num_batches} batches per epoch, "
@@ -158,18 +152,6 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
     return summary
 
 
-@dataclasses.dataclass
-class _TypedBatch:
-    """A training batch as the producer hands it over: the sample (blocks on the device), the bottom
-    frontier's feature rows and ids per type, the seeds' labels, and the producer's seconds per stage."""
-
-    subgraph: TypedSubgraph
-    features: dict[str, torch.Tensor]
-    ids: dict[str, torch.Tensor]
-    labels: torch.Tensor
-    seconds: dict[str, float]
-
-
 def _table_optimizer(tables: list[torch.nn.Parameter], lr: float):
     """``RowAdam`` for float32 CPU tables; ``torch.optim.SparseAdam`` (the same update, as sparse-tensor ops)
     for tables elsewhere. SparseAdam is a ``torch.optim.Optimizer``, whose import of torch._dynamo takes
@@ -185,16 +167,22 @@ class _TypedRun:
     def __init__(self, config: TrainConfig, graph: TypedGraph, model: TypedGNN, task: Task,
                  sampler: TypedNeighborSampler, eval_sampler: TypedNeighborSampler, device: torch.device,
                  metrics: MetricLog, progress: Progress | None, stop: threading.Event | None,
-                 sampler_threads: int = 1):
+                 threads: Threads = Threads(1, 1, 1)):
         self.config, self.graph, self.model, self.task = config, graph, model, task
         self.sampler, self.eval_sampler, self.device = sampler, eval_sampler, device
         self.metrics, self.progress, self.stop = metrics, progress, stop
-        self.sampler_threads = sampler_threads
+        self.version = 0  # optimizer steps taken: the parameter version
+        self.hot = HotRecord()
         self.adam = Adam(model.dense_parameters(), lr=config.lr, weight_decay=config.weight_decay)
         tables = model.embedding_parameters()
         self.sparse = _table_optimizer(tables, config.lr) if tables else None
         self.train_idx = torch.from_numpy(np.array(graph.train_idx, dtype=np.int64))
         self.num_batches = -(-self.train_idx.shape[0] // config.batch_size)
+        # TypedExact or TypedNeutronOrch (which starts its threads now): closed by the caller
+        self.mode = build_typed_mode(config, graph, model, sampler.fanouts, self.train_idx, self.num_batches, device,
+                                     lambda frontier, where: gather_frontier(graph, frontier, where),
+                                     lambda seeds: torch.from_numpy(np.asarray(graph.labels[seeds], dtype=np.int64)),
+                                     threads)
         self.parameters = {"dense": sum(p.numel() for p in model.dense_parameters()),
                            "embedding": sum(p.numel() for p in tables)}
         self.history: list[dict] = []
@@ -232,28 +220,29 @@ class _TypedRun:
         total = torch.zeros((), dtype=torch.float32, device=self.device)  # read once a step on the CPU only
         check_every = DIVERGENCE_CHECK_STEPS if self.device.type == "cuda" else 1
         start = time.perf_counter()
-        batches = torch.split(epoch_order(self.train_idx, config.seed, epoch), config.batch_size)
-        with Prefetcher(lambda: self._produce(epoch, batches), depth=config.prefetch, name="typed-producer",
-                        on_start=lambda: numba.set_num_threads(self.sampler_threads)) as produced:
+        count, hot = self.num_batches, HotRecord()
+        with self.mode.epoch(epoch, count) as produced:
             clock = time.perf_counter()
             for index, batch in enumerate(produced):
                 clock = _lap(seconds, "wait", clock)
                 for stage in ("sample", "gather"):
                     seconds[stage] += batch.seconds[stage]
-                subgraph = batch.subgraph
-                logits = model(subgraph.blocks, batch.features, batch.ids)
+                hot.add(batch.stats)
+                logits = model(batch.blocks, batch.features, batch.ids, self.mode.hot_rows(batch, self.version))
                 loss = self.task.loss(logits.float(), batch.labels)
                 clock = _lap(seconds, "forward", clock)
                 self.adam.zero_grad(set_to_none=True)
                 if self.sparse is not None:
                     self.sparse.zero_grad(set_to_none=True)
                 loss.backward()
+                self.mode.finish(batch)  # NeutronOrch: the hot rows' gradient, at a super-batch's last step
                 clock = _lap(seconds, "backward", clock)
                 self.adam.step()
                 if self.sparse is not None:
                     self.sparse.step()
+                self.version += 1
                 total += loss.detach()  # NaN and infinities survive the sum: it is finite iff every loss was
-                if (index + 1) % check_every == 0 or index + 1 == len(batches):
+                if (index + 1) % check_every == 0 or index + 1 == count:
                     mean = float(total) / (index + 1)
                     if not math.isfinite(mean):
                         raise TrainingError(f"the training loss became NaN or infinite in epoch {epoch} (within "
@@ -261,8 +250,8 @@ class _TypedRun:
                                             f"the features for extreme values.")
                     if hasattr(self.progress, "loss"):
                         self.progress.loss(epoch, mean)
-                edges += subgraph.num_sampled_edges
-                inputs += sum(int(v.shape[0]) for v in subgraph.input_nodes.values())
+                edges += batch.num_sampled_edges
+                inputs += batch.num_inputs
                 if self.first_step_at is None:
                     self.first_step_at = time.perf_counter()
                 if self.metrics.per_step:
@@ -272,32 +261,19 @@ class _TypedRun:
                         step_losses = []
                 clock = _lap(seconds, "step", clock)
                 if self.progress is not None:
-                    self.progress(epoch, index + 1, len(batches))
+                    self.progress(epoch, index + 1, count)
                 if self.stop is not None and self.stop.is_set():
                     raise Interrupted(f"stopped on request in epoch {epoch} after step {index + 1} of "
-                                      f"{len(batches)}")
+                                      f"{count}")
                 clock = time.perf_counter()
         if step_losses:
-            self.metrics.steps(epoch, len(batches) - len(step_losses), step_losses)
+            self.metrics.steps(epoch, count - len(step_losses), step_losses)
+        self.hot.merge(hot)
         return {"epoch": epoch, "seconds": time.perf_counter() - start,
-                "train_loss": float(total) / max(1, len(batches)),
-                "stage_seconds": {k: round(v, 4) for k, v in seconds.items()}, "batches": len(batches),
-                "sampled_edges": edges, "input_nodes_per_batch": inputs / max(1, len(batches)),
-                "peak_rss_mb": round(peak_rss_mb(), 1)}
-
-    def _produce(self, epoch: int, batches: tuple[torch.Tensor, ...]) -> Iterator["_TypedBatch"]:
-        """The epoch's batches, sampled and gathered on the producer thread: a sampler of its own (one per
-        thread), each batch drawn with its key ``batch_key(seed, epoch, index)``."""
-        sampler = TypedNeighborSampler(self.graph, self.sampler.fanouts)
-        for index, seeds in enumerate(batches):
-            clock = time.perf_counter()
-            subgraph = sampler.sample(seeds.numpy(), batch_key(self.config.seed, epoch, index))
-            sampled = time.perf_counter()
-            features, ids = gather_inputs(self.graph, subgraph, self.device)
-            labels = torch.from_numpy(np.asarray(self.graph.labels[seeds.numpy()], dtype=np.int64)).to(self.device)
-            subgraph.blocks = [b.to(self.device) for b in subgraph.blocks]
-            yield _TypedBatch(subgraph, features, ids, labels,
-                              {"sample": sampled - clock, "gather": time.perf_counter() - sampled})
+                "train_loss": float(total) / max(1, count),
+                "stage_seconds": {k: round(v, 4) for k, v in seconds.items()}, "batches": count,
+                "sampled_edges": edges, "input_nodes_per_batch": inputs / max(1, count),
+                "peak_rss_mb": round(peak_rss_mb(), 1), **hot.record(), **self.mode.records()}
 
     def evaluate(self, epoch: int) -> dict[str, float]:
         """The metric on the validation and test sets (``eval_max_nodes``: a fixed sample of each)."""
@@ -306,11 +282,9 @@ class _TypedRun:
         sets = {"val": eval_subset(self.graph.val_idx, config.eval_max_nodes, config.seed),
                 "test": eval_subset(self.graph.test_idx, config.eval_max_nodes, config.seed + 1)}
         total = sum(len(nodes) for nodes in sets.values())
-        first_chunk = 0
         for name, nodes in sets.items():
             logits = typed_logits(self.model, self.graph, self.eval_sampler, torch.from_numpy(nodes), self.device,
-                                  config.eval_batch_size, config.seed, first_chunk)
-            first_chunk += -(-len(nodes) // config.eval_batch_size)
+                                  config.eval_batch_size, config.seed)
             scores[name] = self.task.score(logits, torch.from_numpy(np.asarray(self.graph.labels[nodes])))
             done += len(nodes)
             if evaluating is not None:
@@ -326,9 +300,10 @@ class _TypedRun:
         seconds = [e["seconds"] for e in self.history]
         return {
             "status": status,
-            "mode": "exact",
+            "mode": self.mode.name,
             "mode_choice": None if config.mode != "auto" else
-            {"chosen": "exact", "reason": "typed graphs train in exact mode only", "measured": None},
+            {"chosen": "exact", "reason": "auto picks exact mode for typed graphs", "measured": None},
+            **self.mode.summary(self.hot.record()),
             "model": {"kind": config.model, "typed": True, "parameters": self.parameters,
                       "arguments": self.model.arguments},
             "config": config.to_dict(),

@@ -1,0 +1,99 @@
+"""Exact mode on a typed graph: each mini-batch sampled whole (``TypedNeighborSampler.sample``) and gathered
+on a producer thread, ahead of the trainer.
+
+One producer thread per epoch (``Prefetcher``, up to ``prefetch`` batches ahead), with a sampler of its own
+(a sampler is single-threaded state) and numba at ``sampler_threads`` there, so the trainer's torch and
+numba work does not wait for the next batch's. Each batch is drawn with its key ``batch_key(seed, epoch,
+index)`` and depends on it alone: the losses are those of sampling inline. ``TypedNeutronOrch``
+(``typed_neutronorch.py``) is the other typed mode, behind the same four calls: ``epoch``, ``hot_rows``,
+``finish`` and ``close``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numba
+import numpy as np
+import torch
+
+from neutronorch.data.typed import RelationType, TypedGraph
+from neutronorch.orchestration.pipeline import Prefetcher
+from neutronorch.orchestration.seeds import epoch_order
+from neutronorch.sampling.neighbor_sampler import batch_key
+from neutronorch.sampling.typed_block import TypedBlock
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler
+
+# inputs(frontier, device) -> (rows of the featured types, ids of every type), both on ``device``
+Inputs = Callable[[dict[str, torch.Tensor], torch.device], tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]
+Labels = Callable[[np.ndarray], torch.Tensor]
+
+
+@dataclass
+class TypedBatch:
+    """A mini-batch as the trainer takes it: the blocks (bottom first, on the device), the bottom frontier's
+    featured rows and every type's ids, the seeds' labels, and the producer's seconds per stage."""
+
+    blocks: list[TypedBlock]
+    features: dict[str, torch.Tensor]
+    ids: dict[str, torch.Tensor]
+    labels: torch.Tensor
+    seconds: dict[str, float]
+    num_sampled_edges: int = 0
+    num_inputs: int = 0
+    stats: object = None  # NeutronOrch: the plan's stats, with a super-batch's first mini-batch
+    extra: dict = field(default_factory=dict)
+
+
+class TypedExact:
+    """The typed exact mode of one run."""
+
+    name = "exact"
+
+    def __init__(self, graph: TypedGraph, fanouts: dict[RelationType, list[int]], train_idx: torch.Tensor,
+                 batch_size: int, seed: int, device: torch.device, inputs: Inputs, labels: Labels,
+                 prefetch: int = 2, sampler_threads: int = 1):
+        self.graph, self.fanouts, self.train_idx = graph, fanouts, train_idx
+        self.batch_size, self.seed, self.device = batch_size, seed, device
+        self.inputs, self.labels = inputs, labels
+        self.prefetch, self.sampler_threads = prefetch, sampler_threads
+
+    def epoch(self, epoch: int, count: int) -> Prefetcher:
+        """The epoch's ``count`` mini-batches, produced ahead on a thread (a context manager: leaving it
+        stops the thread)."""
+        batches = torch.split(epoch_order(self.train_idx, self.seed, epoch), self.batch_size)
+        assert len(batches) == count, "the epoch's batch count is the trainer's"
+        return Prefetcher(lambda: self._produce(epoch, batches), depth=self.prefetch, name="typed-producer",
+                          on_start=lambda: numba.set_num_threads(self.sampler_threads))
+
+    def hot_rows(self, batch: TypedBatch, version: int) -> None:
+        """Exact mode reuses no rows."""
+        return None
+
+    def finish(self, batch: TypedBatch) -> None:
+        """Nothing to add to a step's gradients."""
+
+    def close(self) -> None:
+        """Nothing outlives an epoch."""
+
+    def records(self) -> dict:
+        """What the mode adds to an epoch's record: nothing."""
+        return {}
+
+    def summary(self, hot: dict) -> dict:
+        """What the mode adds to the run summary: nothing."""
+        return {}
+
+    def _produce(self, epoch: int, batches: tuple[torch.Tensor, ...]) -> Iterator[TypedBatch]:
+        sampler = TypedNeighborSampler(self.graph, self.fanouts)
+        for index, seeds in enumerate(batches):
+            clock = time.perf_counter()
+            subgraph = sampler.sample(seeds.numpy(), batch_key(self.seed, epoch, index))
+            sampled = time.perf_counter()
+            features, ids = self.inputs(subgraph.input_nodes, self.device)
+            labels = self.labels(seeds.numpy()).to(self.device)
+            yield TypedBatch([b.to(self.device) for b in subgraph.blocks], features, ids, labels,
+                             {"sample": sampled - clock, "gather": time.perf_counter() - sampled},
+                             subgraph.num_sampled_edges, sum(int(v.shape[0]) for v in subgraph.input_nodes.values()))
