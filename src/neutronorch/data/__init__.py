@@ -1,6 +1,6 @@
 """Graph data: the ``Graph`` type, the native format, loaders for common formats, synthetic graphs; and
-typed graphs (``TypedGraph``: their own native layout, OGB's ogbn-mag layout and a synthetic generator;
-``neutronorch.train`` trains them in exact mode, ``train/typed_task.py``).
+typed graphs (``TypedGraph``: their own native layout, OGB's ogbn-mag layout, IGBH's and MAG240M's arrays
+and a synthetic generator; ``neutronorch.train`` trains them in exact mode, ``train/typed_task.py``).
 
 ``load_dataset(spec)`` is the single entry point that turns a user's dataset spec into a validated graph;
 ``load_typed_dataset(spec)`` its typed counterpart, for the specs ``is_typed_dataset`` accepts.
@@ -35,7 +35,8 @@ DATASET_SPEC_HELP = (
     "heterophilous .npz | a SNAP edge list (.txt, .txt.gz, .edges, .tsv or .tsv.gz; features and labels "
     "are then synthetic) | "
     "pyg:NAME@ROOT (a PyG dataset already downloaded under ROOT, e.g. pyg:Cora@~/data) | "
-    "a typed graph: a typed native folder, or OGB's ogbn-mag folder")
+    "a typed graph: a typed native folder, OGB's ogbn-mag folder, an IGBH folder (<root>/<size>) or OGB-LSC's "
+    "MAG240M folder")
 
 
 @reads_files
@@ -97,32 +98,47 @@ def _load(spec: str, split: str | None, seed: int, split_index: int, progress) -
 
 
 def is_typed_dataset(spec: str) -> bool:
-    """Whether ``spec`` names a typed graph: a folder ``write_typed`` wrote, or OGB's heterogeneous layout
-    (ogbn-mag: ``raw/num-node-dict.csv.gz``, ``raw/relations/``)."""
-    from neutronorch.data.ogb_typed import is_ogb_typed_dir
-
+    """Whether ``spec`` names a typed graph: a folder ``write_typed`` wrote, OGB's heterogeneous layout
+    (ogbn-mag: ``raw/num-node-dict.csv.gz``, ``raw/relations/``), IGBH's (``processed/paper__written_by__author``)
+    or MAG240M's (``processed/author___writes___paper``)."""
     if spec.startswith("pyg:") or spec == "synthetic" or spec.startswith("synthetic:"):
         return False
     path = Path(spec).expanduser()
-    return path.is_dir() and (is_typed_dir(path) or is_ogb_typed_dir(path))
+    return path.is_dir() and (is_typed_dir(path) or _typed_reader(path) is not None)
+
+
+def _typed_reader(path: Path):
+    """The reader of the typed dataset layout in folder ``path`` (called with the folder and ``progress=``;
+    IGBH's with its defaults: 19 classes, MLPerf's seed files if there, else IGB's split), or None."""
+    from neutronorch.data.igbh import is_igbh_dir, load_igbh
+    from neutronorch.data.mag240m import is_mag240m_dir, load_mag240m
+    from neutronorch.data.ogb_typed import is_ogb_typed_dir, load_ogb_typed
+
+    if is_ogb_typed_dir(path):
+        return load_ogb_typed
+    if is_igbh_dir(path):
+        return load_igbh
+    if is_mag240m_dir(path):
+        return load_mag240m
+    return None
 
 
 @reads_files
 def load_typed_dataset(spec: str, split: str | None = None, progress=None) -> TypedGraph:
     """Open the typed graph ``spec`` names (``is_typed_dataset``): a typed native folder, memory-mapped, or
-    an OGB heterogeneous folder, parsed (``progress(file, bytes done, bytes total)`` meanwhile). Either
-    carries its own split; a ``split`` given is noted as ignored."""
-    from neutronorch.data.ogb_typed import is_ogb_typed_dir, load_ogb_typed
-
+    an OGB heterogeneous, IGBH or MAG240M folder, read (``progress(file, bytes done, bytes total)``
+    meanwhile). Each carries its own split (IGBH's: MLPerf's seed files, else IGB's rule); a ``split`` given
+    is noted as ignored."""
     path = Path(spec).expanduser()
     if is_typed_dir(path):
         graph = read_typed(path)
-    elif is_ogb_typed_dir(path):
-        graph = load_ogb_typed(path, progress)
+    elif (reader := _typed_reader(path)) is not None:
+        graph = reader(path, progress=progress)
     else:
         raise DataError(f"{spec}: not a typed graph: neither a folder write_typed wrote (its meta.json says "
-                        f"\"neutronorch-typed\") nor OGB's heterogeneous layout (raw/num-node-dict.csv.gz, "
-                        f"raw/relations/).")
+                        f"\"neutronorch-typed\"), OGB's heterogeneous layout (raw/num-node-dict.csv.gz, "
+                        f"raw/relations/), IGBH's (processed/paper__written_by__author/) nor MAG240M's "
+                        f"(processed/author___writes___paper/).")
     return _own_split(graph, split)
 
 

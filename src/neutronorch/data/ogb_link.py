@@ -87,7 +87,7 @@ def load_ogb_link(directory: str | os.PathLike, progress: Progress | None = None
 def _read_split(folder: Path) -> dict[str, dict]:
     """{"train": {...}, "valid": {...}, "test": {...}} from the three files or ``split_dict.pt``."""
     if not any((folder / f"{part}.pt").is_file() for part in PARTS) and (folder / "split_dict.pt").is_file():
-        whole = _safe_load(folder / "split_dict.pt")
+        whole = load_torch_file(folder / "split_dict.pt")
         missing = [part for part in PARTS if not isinstance(whole, dict) or part not in whole]
         if missing:
             raise DataError(f"{folder / 'split_dict.pt'}: lacks {missing}; it must map train, valid and test to "
@@ -100,7 +100,7 @@ def _read_split(folder: Path) -> dict[str, dict]:
             if not path.is_file():
                 raise DataError(f"{path}: file is missing; the OGB dataset is incomplete (its split is "
                                 f"{', '.join(f'{p}.pt' for p in PARTS)} in {folder}). Fetch it again.")
-            parts[part] = (_safe_load(path), path)
+            parts[part] = (load_torch_file(path), path)
     out = {}
     for part, (content, path) in parts.items():
         if not isinstance(content, dict):
@@ -119,13 +119,19 @@ def _array(value, path: Path, key: str) -> np.ndarray:
     return value
 
 
-def _safe_load(path: Path):
-    """``torch.load`` without arbitrary unpickling: tensors, containers and numpy arrays only."""
-    import torch  # noqa: PLC0415 - the data layer loads without torch; only these files need it
+def load_torch_file(path: Path):
+    """``torch.load`` without arbitrary unpickling: tensors, containers and numpy arrays only (OGB's split
+    files, MAG240M's ``split_dict.pt`` and ``meta.pt``, MLPerf's IGBH seeds). torch is imported here, when
+    such a file is read: the data layer loads without it."""
+    try:
+        import torch  # noqa: PLC0415 - the data layer loads without torch; only these files need it
+    except ImportError:
+        raise DataError(f"{path}: a file torch.save wrote; reading it needs torch, which is not installed here. "
+                        f"Install it (pip install torch).") from None
 
     # torch 2.6 takes allowed globals under a name of one's choosing: numpy 1 and 2 name the rebuilder apart.
     if tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) < (2, 6):
-        raise DataError(f"{path}: reading OGB's split files safely (never unpickling arbitrary objects) needs "
+        raise DataError(f"{path}: reading a dataset's .pt files safely (never unpickling arbitrary objects) needs "
                         f"torch 2.6 or later, and this is {torch.__version__}; upgrade it (pip install -U torch).")
     try:
         with torch.serialization.safe_globals(_numpy_globals()):
@@ -136,7 +142,7 @@ def _safe_load(path: Path):
             found = text.split("GLOBAL ")[-1].split(" ")[0] if "GLOBAL " in text else ""
             raise DataError(f"{path}: holds Python objects{f' ({found})' if found else ''} that only full "
                             f"unpickling could build, and unpickling can run any code, so neutronorch does not; "
-                            f"OGB's split files hold only arrays. Fetch the dataset again from OGB.") from None
+                            f"the dataset's .pt files hold only arrays and numbers. Fetch the dataset again.") from None
         raise _damaged(path, exc) from None
     except Exception as exc:  # noqa: BLE001 - damaged bytes fail anywhere in torch's reader, as anything
         raise _damaged(path, exc) from None

@@ -1,0 +1,189 @@
+"""IGBH (the Illinois Graph Benchmark's heterogeneous graphs: tiny, small, medium, large, full; full is MLPerf
+Training's GNN benchmark) as a typed graph, from the arrays IGB ships; neither ``igb``, DGL nor a download is
+needed.
+
+The layout and its meaning follow IGB's loader (IllinoisGraphBenchmark/IGB-Datasets ``igb/dataloader.py``:
+``IGBHeteroDGLDataset`` for tiny/small/medium, ``IGBHeteroDGLDatasetMassive`` for large/full) and MLPerf's
+(mlcommons/training ``retired_benchmarks/rgat/dataset.py``: ``IGBHeteroDataset``, with ``split_seeds.py``)::
+
+    <root>/<size>/processed/
+      paper/node_feat.npy                     (papers, 1024) float32; the papers' count
+      paper/node_label_19.npy, node_label_2K.npy   a class per paper (float32): 19 or 2983 classes
+      author/, institute/, fos/node_feat.npy  (count, 1024) float32; journal/, conference/ in large and full
+      paper__cites__paper/edge_index.npy      (E, 2) int64: a src,dst pair per row (paper -> paper)
+      paper__written_by__author/edge_index.npy         paper, author
+      author__affiliated_to__institute/edge_index.npy  author, institute
+      paper__topic__fos/edge_index.npy                 paper, fos
+      paper__published__journal/, paper__venue__conference/edge_index.npy   (large and full)
+      train_idx.pt, val_idx.pt                (optional) MLPerf's split, written by its split_seeds.py
+
+In large and full, paper's and author's ``node_feat.npy`` and the label files are raw float32 bytes without
+a ``.npy`` header (IGB's loaders open them with ``np.memmap``, 1024 wide); each file's first bytes say
+which it is, and the raw ones' row counts are checked against the loaders' constants. Full's labelled papers
+are its first 227,130,858 (19 classes) or 157,675,969 (2983), as both loaders count them; the rest get -1.
+
+The split: MLPerf's ``train_idx.pt`` and ``val_idx.pt`` when they are there (``split="auto"``, or
+``"mlperf"``), the test set then being the labelled papers in neither (MLPerf defines none: its target is
+validation accuracy); else IGB's rule (``"random"``): 60% of the labelled papers for training, 20% for
+validation and the rest for testing, in a random order. IGB draws that order with an unseeded
+``torch.randperm``, so its exact split cannot be redrawn; here ``seed`` draws it, the same every time.
+Relations are kept one way as stored (training adds the reverses); repeated edges are kept. Every array is
+memory-mapped; each relation's CSC is built a chunk at a time (``typed_arrays.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from neutronorch.data.files import reads_files
+from neutronorch.data.ogb_link import load_torch_file
+from neutronorch.data.typed import RelationType, TypedGraph, node_array
+from neutronorch.data.typed_arrays import (Progress, check_rows, class_ids, edge_files, is_npy, open_npy, open_raw,
+                                           present, read_relations, sorted_ids)
+from neutronorch.errors import DataError
+
+TYPES = ("paper", "author", "institute", "fos", "journal", "conference")
+RELATIONS: tuple[RelationType, ...] = (
+    ("paper", "cites", "paper"), ("paper", "written_by", "author"), ("author", "affiliated_to", "institute"),
+    ("paper", "topic", "fos"), ("paper", "published", "journal"), ("paper", "venue", "conference"))
+EXTRA = RELATIONS[4:]  # only in large and full
+LARGE_SIZES = ("large", "full")
+LABEL_FILES = {19: "node_label_19.npy", 2983: "node_label_2K.npy"}
+WIDTH = 1024  # features per row of the raw (headerless) files
+# The loaders' constants: raw files' vertices, and full's labelled papers (the first ones) per label set.
+RAW_COUNTS = {"large": {"paper": 100_000_000, "author": 116_959_896},
+              "full": {"paper": 269_346_174, "author": 277_220_883}}
+FULL_LABELLED = {19: 227_130_858, 2983: 157_675_969}
+SPLIT_RULES = ("auto", "mlperf", "random")
+TRAIN, VAL = 0.6, 0.2  # IGB's fractions (n_train = int(n * 0.6), n_val = int(n * 0.2))
+_SEEDS = ("train_idx.pt", "val_idx.pt")
+
+
+def processed_folder(path: str | os.PathLike) -> Path:
+    """``path/processed`` (``path`` being ``<root>/<size>``), or ``path`` itself when it is the ``processed``
+    folder."""
+    path = Path(path)
+    return path if path.name == "processed" and not (path / "processed").is_dir() else path / "processed"
+
+
+def is_igbh_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` (``<root>/<size>`` or its ``processed`` folder) holds IGBH's layout: a
+    ``paper__written_by__author`` folder beside ``paper__cites__paper`` (IGB's homogeneous graphs have only
+    the latter)."""
+    processed = processed_folder(path)
+    return (processed / "paper__cites__paper").is_dir() and (processed / "paper__written_by__author").is_dir()
+
+
+@reads_files
+def load_igbh(directory: str | os.PathLike, classes: int = 19, split: str = "auto", seed: int = 0,
+              progress: Progress | None = None) -> TypedGraph:
+    """The IGBH graph in ``directory`` (``<root>/<size>``, or its ``processed`` folder), validated: ``classes``
+    19 or 2983 (``node_label_19.npy`` or ``node_label_2K.npy``), ``split`` one of ``SPLIT_RULES`` (``seed``
+    draws the random one). ``progress(file, bytes done, bytes total)`` is called while the labels and edges are
+    read."""
+    if classes not in LABEL_FILES:
+        raise DataError(f"IGBH: classes {classes!r}; IGBH labels papers with 19 or 2983 classes. Give one of those.")
+    if split not in SPLIT_RULES:
+        raise DataError(f"IGBH: split {split!r}; give one of {', '.join(SPLIT_RULES)}.")
+    processed = processed_folder(directory)
+    size = processed.resolve().parent.name
+    keys = [key for key in RELATIONS if key not in EXTRA or size in LARGE_SIZES
+            or (processed / "__".join(key)).is_dir()]
+    edges = edge_files(processed, keys, "__")
+    types = [t for t in TYPES if any(t in (key[0], key[2]) for key in keys)]
+    files: dict[str, str] = {}
+    features = {t: _features(processed, t, size, files) for t in types}
+    num_nodes = {t: int(rows.shape[0]) for t, rows in features.items()}
+    counted = {t: f"{files[node_array(t, 'features')]} has {num_nodes[t]} rows: {num_nodes[t]} vertices of type {t}"
+               for t in types}
+    labels_path = processed / "paper" / LABEL_FILES[classes]
+    files[node_array("paper", "labels")] = str(labels_path)
+    labels = _labels(labels_path, size, num_nodes["paper"], counted["paper"], classes, progress)
+    notes = [f"IGBH {size}: relations one way as stored (training adds the reverses); citations as stored (IGB's "
+             f"and MLPerf's loaders add self loops, MLPerf's the reverse citations too)",
+             f"labels: {labels_path.name} ({classes} classes)"]
+    if size == "full":
+        notes.append(f"full's labelled papers are its first {FULL_LABELLED[classes]:,} (IGB's loader); the rest "
+                     f"have no label")
+    splits = _split(processed, labels, split, seed, files, notes)
+    relations = read_relations(edges, num_nodes, counted, True, files, progress)
+    graph = TypedGraph(name=f"igbh-{size}", num_nodes=num_nodes, relations=relations, features=features,
+                       target="paper", labels=labels, **splits, num_classes=classes, notes=notes, metric="accuracy")
+    graph.validate(str(processed), files)
+    return graph
+
+
+def _features(processed: Path, node_type: str, size: str, files: dict[str, str]) -> np.ndarray:
+    """A type's ``node_feat.npy``: a ``.npy`` array, or raw float32 rows of ``WIDTH`` (large and full)."""
+    path = processed / node_type / "node_feat.npy"
+    what = f"the features of type {node_type}, a row per vertex"
+    files[node_array(node_type, "features")] = str(path)
+    if is_npy(present(path, what)):
+        return open_npy(path, what)
+    rows = open_raw(path, np.float32, WIDTH, what)
+    _check_raw_count(rows, path, size, node_type, f"rows of {WIDTH} float32 values")
+    return rows
+
+
+def _check_raw_count(array: np.ndarray, path: Path, size: str, node_type: str, unit: str) -> None:
+    """A raw file of large or full holds the loaders' count of ``node_type``."""
+    count = RAW_COUNTS.get(size, {}).get(node_type)
+    if count is not None and array.shape[0] != count:
+        raise DataError(f"{path}: {array.shape[0]:,} {unit}, but IGBH {size} has {count:,} vertices of type "
+                        f"{node_type} (IGB's loader); the file is truncated or from another size. Fetch it again.")
+
+
+def _labels(path: Path, size: str, papers: int, counted: str, classes: int, progress: Progress | None) -> np.ndarray:
+    other = 19 if classes == 2983 else 2983
+    what = f"the papers' {classes}-class labels (for the other label set, {LABEL_FILES[other]}, give classes={other})"
+    if is_npy(present(path, what)):
+        values = open_npy(path, what)
+    else:
+        values = open_raw(path, np.float32, 0, what)
+        _check_raw_count(values, path, size, "paper", "float32 labels")
+    check_rows(values, papers, path, counted, "labels")
+    labels = class_ids(values, path, progress)
+    if size == "full":
+        labels[FULL_LABELLED[classes]:] = -1
+    return labels
+
+
+def _split(processed: Path, labels: np.ndarray, rule: str, seed: int, files: dict[str, str],
+           notes: list[str]) -> dict[str, np.ndarray]:
+    """MLPerf's seed files, or IGB's 60/20/20 rule over the labelled papers."""
+    seeds = [processed / name for name in _SEEDS]
+    if rule == "mlperf" or (rule == "auto" and any(path.is_file() for path in seeds)):
+        fix = "Run MLPerf's split_seeds.py to write both, or give split='random' (IGB's rule)."
+        train, val = (_seed_file(present(path, "MLPerf's split of the papers", fix), labels) for path in seeds)
+        files[node_array("paper", "train_idx")], files[node_array("paper", "val_idx")] = map(str, seeds)
+        rest = labels >= 0
+        rest[train] = rest[val] = False
+        test = np.flatnonzero(rest)
+        files[node_array("paper", "test_idx")] = f"{processed} (the labelled papers in neither of {', '.join(_SEEDS)})"
+        notes.append(f"split: MLPerf's {' and '.join(_SEEDS)} ({len(train):,}/{len(val):,}); test: the {len(test):,} "
+                     f"labelled papers in neither (MLPerf defines no test set)")
+        return {"train_idx": train, "val_idx": val, "test_idx": test}
+    labelled = np.flatnonzero(labels >= 0)
+    order = np.random.default_rng(seed).permutation(labelled)
+    n_train, n_val = int(labelled.shape[0] * TRAIN), int(labelled.shape[0] * VAL)
+    for name in ("train_idx", "val_idx", "test_idx"):
+        files[node_array("paper", name)] = f"{processed} (IGB's random split, seed {seed})"
+    notes.append(f"split: IGB's rule, 60%/20%/20% of the {labelled.shape[0]:,} labelled papers in a random order "
+                 f"(seed {seed}; IGB's own order is unseeded)")
+    return {"train_idx": np.sort(order[:n_train]), "val_idx": np.sort(order[n_train:n_train + n_val]),
+            "test_idx": np.sort(order[n_train + n_val:])}
+
+
+def _seed_file(path: Path, labels: np.ndarray) -> np.ndarray:
+    """One of MLPerf's seed files: a 1-D tensor of labelled paper ids, sorted."""
+    ids = sorted_ids(load_torch_file(path), path, "the paper ids", labels.shape[0],
+                     "It was made for another size of IGBH, or is damaged; run MLPerf's split_seeds.py for this one.")
+    unlabelled = np.flatnonzero(labels[ids] < 0)
+    if unlabelled.size:
+        raise DataError(f"{path}: holds {unlabelled.size:,} papers without a label (first: "
+                        f"{int(ids[unlabelled[0]])}); it was made for the other label set. Load with the classes "
+                        f"split_seeds.py was given (--num_classes), or run it again.")
+    return ids

@@ -1,0 +1,129 @@
+"""OGB-LSC's MAG240M (``mag240m_kddcup2021``) as a typed graph, from the folder the ``ogb`` package leaves
+(``dataset/mag240m_kddcup2021``); neither ``ogb`` nor a download is needed, torch only for the two ``.pt``
+files.
+
+The layout and its meaning follow ``ogb/lsc/mag240m.py`` (snap-stanford/ogb: ``MAG240MDataset``, its
+``to_pyg_hetero_data``; ``ogb/lsc/utils.py``'s ``split_test``)::
+
+    mag240m_kddcup2021/
+      meta.pt                     a dict: the counts of paper, author, institution; num_classes (153)
+      split_dict.pt               a dict of paper ids: train, valid, and test (or test-whole, test-dev and
+                                  test-challenge, which split_test derives from test)
+      processed/paper/node_feat.npy        (papers, 768) float16
+      processed/paper/node_label.npy       a class per paper as a float, NaN where there is none
+      processed/paper/node_year.npy        not read
+      processed/author___writes___paper/edge_index.npy              (2, E) int64: sources, destinations
+      processed/author___affiliated_with___institution/edge_index.npy
+      processed/paper___cites___paper/edge_index.npy
+
+Authors and institutions have no features (a model gives them embedding tables). The test papers' labels are
+hidden (NaN: OGB's leaderboard scores test-dev and test-challenge predictions), so, as OGB's examples report
+their validation accuracy, the test split here is the validation split and a note says so; the hidden test
+ids are not a split. Relations are kept one way as OGB stores them (training adds the reverses, as
+``to_pyg_hetero_data`` does); repeated edges are kept. Every array is memory-mapped; each relation's CSC is
+built a chunk at a time (``typed_arrays.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from neutronorch.data.files import reads_files
+from neutronorch.data.ogb_link import load_torch_file
+from neutronorch.data.typed import RelationType, TypedGraph, node_array
+from neutronorch.data.typed_arrays import (Progress, check_rows, class_ids, edge_files, open_npy, present,
+                                           read_relations, sorted_ids)
+from neutronorch.errors import DataError
+
+TYPES = ("paper", "author", "institution")
+RELATIONS: tuple[RelationType, ...] = (("author", "affiliated_with", "institution"), ("author", "writes", "paper"),
+                                       ("paper", "cites", "paper"))
+TEST_KEYS = ("test", "test-whole", "test-dev", "test-challenge")
+
+
+def is_mag240m_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` holds MAG240M's layout: ``processed/`` with a relation folder named as OGB names them
+    (``author___writes___paper`` or ``paper___cites___paper``; loading says which other file is missing)."""
+    processed = Path(path) / "processed"
+    return any((processed / "___".join(key)).is_dir() for key in RELATIONS[1:])
+
+
+@reads_files
+def load_mag240m(directory: str | os.PathLike, progress: Progress | None = None) -> TypedGraph:
+    """The MAG240M graph in ``directory`` (the ``mag240m_kddcup2021`` folder), validated.
+    ``progress(file, bytes done, bytes total)`` is called while the edges and labels are read."""
+    directory = Path(directory)
+    processed = directory / "processed"
+    meta_path, split_path = directory / "meta.pt", directory / "split_dict.pt"
+    present(meta_path, "the vertex counts and the class count")
+    present(split_path, "the split: train, valid and test paper ids")
+    edges = edge_files(processed, RELATIONS, "___")  # what is missing is said before the large files are read
+    feature_path, label_path = processed / "paper" / "node_feat.npy", processed / "paper" / "node_label.npy"
+    present(feature_path, "the papers' features, a row per paper")
+    present(label_path, "the papers' labels, one per paper")
+    num_nodes, num_classes = _meta(meta_path)
+    counted = {t: f"{meta_path} says {num_nodes[t]} vertices of type {t}" for t in TYPES}
+    files = {node_array("paper", "features"): str(feature_path), node_array("paper", "labels"): str(label_path)}
+    features = open_npy(feature_path, "the papers' features")
+    check_rows(features, num_nodes["paper"], feature_path, counted["paper"], "features")
+    values = open_npy(label_path, "the papers' labels")
+    check_rows(values, num_nodes["paper"], label_path, counted["paper"], "labels")
+    labels = class_ids(values, label_path, progress)
+    train, val, hidden = _split(split_path, num_nodes["paper"])
+    for name in ("train_idx", "val_idx", "test_idx"):
+        files[node_array("paper", name)] = str(split_path)
+    relations = read_relations(edges, num_nodes, counted, False, files, progress)
+    notes = ["OGB-LSC MAG240M: relations one way as OGB stores them (training adds the reverses); authors and "
+             "institutions have no features; node_year not read",
+             f"the {hidden:,} test papers' labels are hidden (OGB's leaderboard scores test-dev and test-challenge), "
+             f"so the test split is the validation split ({len(val):,} papers), whose accuracy OGB's examples report"]
+    graph = TypedGraph(name="mag240m", num_nodes=num_nodes, relations=relations, features={"paper": features},
+                       target="paper", labels=labels, train_idx=train, val_idx=val, test_idx=val.copy(),
+                       num_classes=num_classes, notes=notes, metric="accuracy")
+    graph.validate(str(directory), files)
+    return graph
+
+
+def _meta(path: Path) -> tuple[dict[str, int], int]:
+    """``meta.pt``'s counts of the three types, in ``TYPES``' order, and its class count."""
+    meta = load_torch_file(path)
+    if not isinstance(meta, dict):
+        raise DataError(f"{path}: holds a {type(meta).__name__}, where OGB stores a dict of counts (paper, author, "
+                        f"institution, num_classes). Fetch the dataset again.")
+    counts = {}
+    for key in (*TYPES, "num_classes"):
+        value = meta.get(key)
+        if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+            value = value.item()  # a 0-d tensor or numpy number
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+            raise DataError(f"{path}: {key!r} is {value!r}, expected a count (a whole number >= 0); it holds "
+                            f"{sorted(map(str, meta))}. The file is damaged or another dataset's; fetch it again.")
+        counts[key] = int(value)
+    return {t: counts[t] for t in TYPES}, counts["num_classes"]
+
+
+def _split(path: Path, papers: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """``split_dict.pt``'s train and valid paper ids (sorted), and how many test papers it holds (whose
+    labels are hidden): ``test``, or ``test-whole`` (``test-dev`` and ``test-challenge`` are its parts)."""
+    split = load_torch_file(path)
+    if not isinstance(split, dict):
+        raise DataError(f"{path}: holds a {type(split).__name__}, where OGB stores a dict of paper ids (train, "
+                        f"valid, test). Fetch the dataset again.")
+    parts = [_ids(split, key, path, papers) for key in ("train", "valid")]
+    whole = [key for key in TEST_KEYS[:2] if key in split][:1]  # test, else test-whole: else its two parts
+    tests = whole or [key for key in TEST_KEYS[2:] if key in split]
+    if not tests:
+        raise DataError(f"{path}: lacks the test papers ({', '.join(TEST_KEYS)}); it holds "
+                        f"{sorted(map(str, split))}. Fetch the dataset again.")
+    hidden = sum(_ids(split, key, path, papers).shape[0] for key in tests)
+    return parts[0], parts[1], int(hidden)
+
+
+def _ids(split: dict, key: str, path: Path, papers: int) -> np.ndarray:
+    if key not in split:
+        raise DataError(f"{path}: lacks {key!r}; it holds {sorted(map(str, split))}. Fetch the dataset again.")
+    return sorted_ids(split[key], path, f"{key!r}", papers, "The files come from different versions of the "
+                      "dataset (meta.pt counts the papers); fetch it again.")
