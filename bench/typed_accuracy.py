@@ -8,6 +8,9 @@ that seed and the same settings:
 
 - ``sage``, ``rgcn``, ``rgat``: ``neutronorch.train`` on the typed graph (exact mode, relations made two-way,
   learnable embeddings for the featureless author, institution and field types);
+- with ``--modes exact,neutronorch``, each typed model also in NeutronOrch mode (``sage@neutronorch``: hot rows
+  per type, ``--super-batch`` and ``--hot-ratio``), reported against the same model in exact mode with the
+  share of bottom-layer rows it served hot and the largest staleness it used;
 - ``blind-sage``: ``neutronorch.train`` with ``model="sage"`` on ``collapse(graph.with_reverse())``: the same
   vertices, edges and features as one homogeneous graph, one relation, featureless types as zero rows.
 
@@ -15,6 +18,8 @@ A run's accuracy is its test accuracy at its best-validation evaluation. Prints 
 run and the medians over the seeds, then each typed model's median minus the type-blind one's:
 
     NUMBA_NUM_THREADS=1 .venv/bin/python bench/typed_accuracy.py --threads 1 --out bench/out/typed-accuracy.json
+    NUMBA_NUM_THREADS=1 .venv/bin/python bench/typed_accuracy.py --threads 1 --models sage,rgcn,rgat \
+        --modes exact,neutronorch
 """
 from __future__ import annotations
 
@@ -36,6 +41,9 @@ BLIND = "blind-"
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of %(default)s")
+    p.add_argument("--modes", default="exact", help="comma-separated: exact, neutronorch (default: %(default)s)")
+    p.add_argument("--super-batch", type=int, default=8, help="NeutronOrch's P (default: %(default)s)")
+    p.add_argument("--hot-ratio", default="auto", help="NeutronOrch's hot ratio (default: %(default)s)")
     p.add_argument("--seeds", default="0,1", help="comma-separated seeds (default: %(default)s)")
     p.add_argument("--nodes", type=int, default=100_000, help="synthetic_typed vertices (default: %(default)s)")
     p.add_argument("--train", type=float, default=0.3, help="share of papers for training (default: %(default)s)")
@@ -55,11 +63,15 @@ def parse_args(argv=None):
     unknown = sorted(set(args.models.split(",")) - set(MODELS))
     if unknown:
         p.error(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
+    if set(args.modes.split(",")) - {"exact", "neutronorch"}:
+        p.error("--modes: exact and/or neutronorch")
     return args
 
 
 def run(args, model: str, seed: int, graph) -> dict:
-    config = TrainConfig(model=model.removeprefix(BLIND), epochs=args.epochs, fanouts=args.fanouts,
+    name, _, mode = model.partition("@")
+    orch = dict(super_batch=args.super_batch, hot_ratio=args.hot_ratio) if mode == "neutronorch" else {}
+    config = TrainConfig(model=name.removeprefix(BLIND), mode=mode or "exact", **orch, epochs=args.epochs, fanouts=args.fanouts,
                          hidden=args.hidden, heads=args.heads, batch_size=args.batch_size, lr=args.lr,
                          dropout=args.dropout, weight_decay=args.weight_decay, eval_every=args.eval_every,
                          threads=args.threads, seed=seed, device="cpu")
@@ -67,13 +79,17 @@ def run(args, model: str, seed: int, graph) -> dict:
     summary = train(config, graph=graph)
     return {"model": model, "seed": seed, "test_acc": summary["test_acc"], "val_acc": summary["val_acc"],
             "best_epoch": summary["best_epoch"], "seconds": round(time.perf_counter() - t0, 1),
-            "epoch_seconds_median": summary["epoch_seconds_median"], "graph": summary["dataset"]["name"]}
+            "epoch_seconds_median": summary["epoch_seconds_median"], "graph": summary["dataset"]["name"],
+            "hot_share": summary.get("neutronorch", {}).get("hot_share"),
+            "staleness_max": summary.get("neutronorch", {}).get("staleness_max_observed")}
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.getLogger("neutronorch").setLevel(logging.ERROR)  # the graph's note and the epoch lines
-    models, seeds = args.models.split(","), [int(s) for s in args.seeds.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    models = [f"{m}@neutronorch" if mode == "neutronorch" else m for m in args.models.split(",")
+              for mode in args.modes.split(",") if mode == "exact" or not m.startswith(BLIND)]
     results = []
     for seed in seeds:
         typed = synthetic_typed(nodes=args.nodes, train=args.train, val=args.val, seed=seed)
@@ -95,6 +111,12 @@ def main(argv=None) -> int:
         print(f"| {model} | " + " | ".join(f"{r['test_acc']:.4f}" for r in mine)
               + f" | {medians[model]:.4f} | {statistics.median(r['seconds'] for r in mine):.1f} |")
     blind_models = [m for m in models if m.startswith(BLIND)]
+    print()
+    for model in (m for m in models if m.endswith("@neutronorch") and m.split("@")[0] in medians):
+        mine = [r for r in results if r["model"] == model]
+        print(f"{model} - {model.split('@')[0]}: {100 * (medians[model] - medians[model.split('@')[0]]):+.2f} points "
+              f"(rows served hot: {statistics.median(r['hot_share'] or 0 for r in mine):.3f}, largest staleness "
+              f"{max(r['staleness_max'] or 0 for r in mine)} steps)")
     if blind_models:
         print()
         for model in (m for m in models if not m.startswith(BLIND)):

@@ -3,6 +3,8 @@ layer, and the mode that plans, computes and reuses them."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,8 @@ import torch
 from neutronorch import TrainConfig, train
 from neutronorch.data.synthetic_typed import synthetic_typed
 from neutronorch.data.typed import TypedGraph
+from neutronorch.errors import Interrupted
+from neutronorch.orchestration.typed_planner import TypedPlanner
 from neutronorch.nn.splice import HotRows, SpliceIndex
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -128,3 +132,96 @@ def test_without_the_hot_rows_gradient_lockstep_departs_from_exact_mode():
     train(run_config(**{**LOCKSTEP, "hot_grad": "stop"}), graph=graph, progress=orch)
     assert orch.steps[0] == pytest.approx(exact.steps[0], rel=1e-5)
     assert not np.allclose(orch.steps[1:], exact.steps[1:], rtol=1e-3)
+
+
+# -- the plan ----------------------------------------------------------------------------------------------
+
+def uppers_of(graph, sampler, batches):
+    return [(i, 1000 + i, sampler.sample_hops(seeds, 1000 + i, 1)) for i, seeds in enumerate(batches)]
+
+
+@pytest.mark.parametrize("ratio", [None, 0.0, 0.3, 1.0])
+def test_a_plan_splits_each_types_destinations_into_hot_and_cold(mag, ratio):
+    sampler = TypedNeighborSampler(mag, [4, 3])
+    train_idx = np.asarray(mag.train_idx)
+    batches = [train_idx[i * 40:(i + 1) * 40] for i in range(4)]
+    uppers = uppers_of(mag, sampler, batches)
+    plan = TypedPlanner(mag, {r: f[-1] for r, f in sampler.fanouts.items()}).plan(7, 0, uppers, ratio)
+    hot_sets = {t: set(ids.tolist()) for t, ids in plan.hot.items()}
+    appearances = {}
+    for (_, _, upper), batch in zip(uppers, plan.batches):
+        for t, ids in upper.frontiers[0].items():
+            seeds = set(upper.seeds.tolist()) if t == mag.target else set()
+            for v in ids.tolist():
+                if v not in seeds:
+                    appearances[t, v] = appearances.get((t, v), 0) + 1
+            cold, hot = batch.cold_pos[t], batch.hot_pos[t]
+            assert sorted(np.concatenate([cold, hot]).tolist()) == list(range(ids.shape[0]))
+            assert np.all(np.diff(cold) > 0) and np.all(np.diff(hot) > 0)
+            if hot.shape[0]:
+                np.testing.assert_array_equal(plan.hot[t][batch.hot_rows[t]], ids.numpy()[hot])
+            assert not seeds & set(ids.numpy()[hot].tolist()), "a mini-batch's own seeds are never hot in it"
+            # every destination of a hot vertex is served hot, unless it is the mini-batch's own seed
+            served = set(ids.numpy()[hot].tolist())
+            assert served == {v for v in ids.tolist() if v in hot_sets.get(t, set()) and v not in seeds}
+    total = sum(len(s) for s in hot_sets.values())
+    if ratio == 0.0:
+        assert total == 0 and plan.stats.hot_appearances == 0
+    elif ratio is None:
+        assert all(appearances[t, v] >= 2 for t, s in hot_sets.items() for v in s)
+        assert total == sum(1 for n in appearances.values() if n >= 2) > 0
+    elif ratio == 1.0:
+        assert total == len(appearances)
+    assert plan.stats.hot == {t: len(s) for t, s in hot_sets.items()}
+
+
+def test_the_hottest_vertices_of_each_type_are_chosen(mag):
+    sampler = TypedNeighborSampler(mag, [4, 3])
+    train_idx = np.asarray(mag.train_idx)
+    uppers = uppers_of(mag, sampler, [train_idx[i * 40:(i + 1) * 40] for i in range(4)])
+    plan = TypedPlanner(mag, {r: f[-1] for r, f in sampler.fanouts.items()}).plan(0, 0, uppers, 0.1)
+    for t, hot in plan.hot.items():
+        counts = {}
+        for _, _, upper in uppers:
+            seeds = set(upper.seeds.tolist()) if t == mag.target else set()
+            for v in upper.frontiers[0].get(t, torch.zeros(0, dtype=torch.int64)).tolist():
+                if v not in seeds:
+                    counts[v] = counts.get(v, 0) + 1
+        chosen = [counts[v] for v in hot.tolist()]
+        assert chosen == sorted(chosen, reverse=True)
+        assert min(chosen) >= max((n for v, n in counts.items() if v not in set(hot.tolist())), default=0)
+
+
+# -- the run -----------------------------------------------------------------------------------------------
+
+def test_super_batches_keep_within_the_staleness_bound_and_say_what_they_reused():
+    summary = train(run_config(mode="neutronorch", super_batch=4, hot_ratio="auto"), graph=small())
+    part = summary["neutronorch"]
+    assert part["super_batch"] == 4 and part["staleness_bound"] == 7
+    assert 0 < part["staleness_max_observed"] <= 7
+    assert 0 < part["hot_share"] < 1 and part["hot_per_super_batch"]
+    assert all("hot_share" in e and "staleness_max" in e for e in summary["epochs"])
+    assert summary["status"] == "completed"
+
+
+def test_a_failure_in_the_sampler_thread_reaches_the_trainer(monkeypatch):
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("planner broke")
+
+    monkeypatch.setattr(TypedPlanner, "plan", broken)
+    with pytest.raises(RuntimeError, match="planner broke"):
+        train(run_config(mode="neutronorch", super_batch=2), graph=small())
+    assert not [t for t in threading.enumerate() if t.name.startswith("typed-neutronorch")]
+
+
+def test_a_stopped_run_ends_its_threads():
+    stop = threading.Event()
+
+    class StopAfterThree(Losses):
+        def __call__(self, epoch, done, total):
+            if epoch == 1 and done == 3:
+                stop.set()
+
+    with pytest.raises(Interrupted):
+        train(run_config(mode="neutronorch", super_batch=2), graph=small(), progress=StopAfterThree(), stop=stop)
+    assert not [t for t in threading.enumerate() if t.name.startswith("typed-neutronorch")]
