@@ -225,3 +225,21 @@ def test_a_stopped_run_ends_its_threads():
     with pytest.raises(Interrupted):
         train(run_config(mode="neutronorch", super_batch=2), graph=small(), progress=StopAfterThree(), stop=stop)
     assert not [t for t in threading.enumerate() if t.name.startswith("typed-neutronorch")]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["sage", "rgcn"])
+def test_lockstep_neutronorch_equals_exact_mode_on_cuda(kind):
+    """The host computes on the CPU, the trainer splices on the GPU: still exact mode's steps."""
+    graph = small()
+    exact, orch = Losses(), Losses()
+    train(run_config(model=kind, device="cuda"), graph=graph, progress=exact)
+    summary = train(run_config(model=kind, device="cuda", **LOCKSTEP), graph=graph, progress=orch)
+    np.testing.assert_allclose(orch.steps, exact.steps, rtol=1e-3, atol=1e-4)
+    assert summary["device"].startswith("cuda") and summary["neutronorch"]["hot_share"] > 0.5
+
+
+@pytest.mark.cuda
+def test_super_batches_on_cuda_keep_within_the_bound():
+    summary = train(run_config(device="cuda", mode="neutronorch", super_batch=4), graph=small())
+    assert summary["status"] == "completed" and summary["neutronorch"]["staleness_max_observed"] <= 7
