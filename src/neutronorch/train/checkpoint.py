@@ -7,6 +7,10 @@ place, so a crash or a full disk mid-write leaves the previous checkpoint intact
 
 Reading one (``load_checkpoint``) needs no training state: it rebuilds the ``GNN`` from its stored
 arguments and loads its weights; unreadable, truncated or newer-format files get a clear error.
+
+A checkpoint says its ``kind``: ``homogeneous`` (written here), or ``typed`` (a typed graph's run,
+``train/typed_checkpoint.py``, which shares this file format: ``checkpoint_state``, ``read_state`` and
+``check_parts``). A reader given the other kind says what the file is and which reader takes it.
 """
 
 from __future__ import annotations
@@ -28,21 +32,34 @@ from neutronorch.nn.models import GNN
 from neutronorch.train.outputs import write_atomically
 
 # 2: GCN's normalisation became a setting (``gcn_norm``, default symmetric); format 1 files trained the mean.
-FORMAT_VERSION = 2
+# 3: a checkpoint says its kind (``kind``), as typed graphs' runs write checkpoints too: a reader of format 2,
+#    which knew of no typed checkpoints, refuses both kinds as newer instead of misreading a typed one.
+FORMAT_VERSION = 3
+HOMOGENEOUS, TYPED = "homogeneous", "typed"  # the kinds; a checkpoint of format 1 or 2 is homogeneous
+# How a reader expecting another kind names each kind, and what reads it.
+_KIND_READERS = {
+    HOMOGENEOUS: ("a homogeneous graph's run", "load_checkpoint, and predict, embed or resume it with a homogeneous "
+                                               "graph"),
+    TYPED: ("a typed graph's run", "load_typed_checkpoint, and predict, embed or resume it with its typed graph "
+                                   "(docs/heterogeneous.md)"),
+}
+
+
+def sample_crc(array) -> int:
+    """The CRC-32 of a strided sample of ``array``'s rows, about 4,096 of them: a strided view reads only
+    its rows, so a memory-mapped array larger than memory is never read whole."""
+    step = max(1, array.shape[0] // 4096)
+    return zlib.crc32(np.ascontiguousarray(array[::step]).tobytes())
 
 
 def dataset_fingerprint(graph: Graph) -> dict:
-    """What identifies a dataset cheaply: its sizes and checksums of strided samples of its arrays (about
-    4,096 rows of each, so a memory-mapped array larger than memory is never read whole)."""
-    def sample(array) -> int:
-        step = max(1, array.shape[0] // 4096)
-        return zlib.crc32(np.ascontiguousarray(array[::step]).tobytes())  # a strided view reads only its rows
-
+    """What identifies a dataset cheaply: its sizes and checksums of strided samples of its arrays
+    (``sample_crc``)."""
     return {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
             "feature_dim": graph.feature_dim, "classes": graph.num_classes,
-            "topology_crc": sample(graph.indices), "split_crc": sample(graph.train_idx),
-            "features_crc": sample(graph.features), "labels_crc": sample(graph.labels),
-            "val_crc": sample(graph.val_idx), "test_crc": sample(graph.test_idx)}
+            "topology_crc": sample_crc(graph.indices), "split_crc": sample_crc(graph.train_idx),
+            "features_crc": sample_crc(graph.features), "labels_crc": sample_crc(graph.labels),
+            "val_crc": sample_crc(graph.val_idx), "test_crc": sample_crc(graph.test_idx)}
 
 
 # What each fingerprint key stands for, in the message that says what changed.
@@ -69,28 +86,39 @@ def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Grap
                     world_size: int = 1, mode_choice: dict | None = None) -> Path:
     """Write a checkpoint atomically (temporary file, fsync, rename). It holds the random state, so a run
     resumed from it draws the dropout masks the uninterrupted run would have drawn."""
-    device = next(model.parameters()).device
     state = {
+        **checkpoint_state(HOMOGENEOUS, config, dataset_fingerprint(graph), model, optimizer, epoch, history,
+                           position, best),
+        "mode_state": mode_state or {},  # what the mode carries across the boundary (NeutronOrch's snapshots)
+        "world_size": world_size,  # data-parallel ranks (mode_state then holds each rank's under "ranks")
+        # mode auto: the mode chosen, why and from what (the config holds the chosen mode, which a resumed
+        # auto run keeps); None where the mode was given.
+        "mode_choice": mode_choice,
+    }
+    return write_atomically(path, lambda f: torch.save(state, f))
+
+
+def checkpoint_state(kind: str, config: TrainConfig, fingerprint: dict, model: torch.nn.Module, optimizer,
+                     epoch: int, history: list[dict], position: dict, best: dict | None) -> dict:
+    """The parts every kind of checkpoint holds (``CHECKPOINT_PARTS``), the random state included, so a run
+    resumed from it draws the dropout masks the uninterrupted run would have drawn."""
+    device = next(model.parameters()).device
+    return {
         "format_version": FORMAT_VERSION,
+        "kind": kind,
         "config": config.to_dict(),
-        "dataset": dataset_fingerprint(graph),
+        "dataset": fingerprint,
         "epoch": epoch,
         "history": history,
         "model_args": dict(model.arguments),
         "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
         "optimizer": optimizer.state_dict(),
         "best": best,
-        "mode_state": mode_state or {},  # what the mode carries across the boundary (NeutronOrch's snapshots)
-        "world_size": world_size,  # data-parallel ranks (mode_state then holds each rank's under "ranks")
-        # mode auto: the mode chosen, why and from what (the config holds the chosen mode, which a resumed
-        # auto run keeps); None where the mode was given.
-        "mode_choice": mode_choice,
         # Steps of ``epoch`` done and the float32 sum of their losses; all of them when the epoch is complete.
         "position": position,
         "rng": {"torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None},
     }
-    return write_atomically(path, lambda f: torch.save(state, f))
 
 
 @dataclass
@@ -118,6 +146,20 @@ def load_state(path: str | os.PathLike) -> dict:
     """The raw contents of a checkpoint file, checked to be one this neutronorch can read: every part
     training and prediction read is there, of its type, and the weights fit the model they belong to."""
     path = Path(path)
+    state = read_state(path, HOMOGENEOUS)
+    check_parts(state, path)
+    if state["format_version"] < 2:  # before the setting existed, GCN normalised by the mean
+        state["model_args"].setdefault("gcn_norm", "mean")
+        state["config"].setdefault("gcn_norm", "mean")
+    if "custom" not in state["model_args"]:  # a user's model is checked when its module is given
+        _model(state, path)  # the weights must fit the model their arguments build
+    return state
+
+
+def read_state(path: Path, kind: str) -> dict:
+    """A checkpoint file's contents, read safely (tensors and plain values only), of a format version this
+    neutronorch reads and of ``kind`` (a file of another kind is refused saying what it is); its parts are
+    not checked yet (``check_parts``)."""
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file.")
     try:
@@ -141,12 +183,16 @@ def load_state(path: str | os.PathLike) -> dict:
     if version > FORMAT_VERSION:
         raise CheckpointError(f"{path}: written in checkpoint format {version} by a newer "
                               f"neutronorch; this one reads format {FORMAT_VERSION}. Upgrade neutronorch.")
-    _check_parts(state, path)
-    if version < 2:  # before the setting existed, GCN normalised by the mean
-        state["model_args"].setdefault("gcn_norm", "mean")
-        state["config"].setdefault("gcn_norm", "mean")
-    if "custom" not in state["model_args"]:  # a user's model is checked when its module is given
-        _model(state, path)  # the weights must fit the model their arguments build
+    found = state.get("kind", HOMOGENEOUS)
+    if found != kind:
+        if found not in _KIND_READERS:
+            raise CheckpointError(f"{path}: a checkpoint of kind {found!r}, which this neutronorch does not read "
+                                  f"(it reads {' and '.join(_KIND_READERS)} ones).")
+        args = state.get("model_args") if isinstance(state.get("model_args"), dict) else {}
+        dataset = state.get("dataset") if isinstance(state.get("dataset"), dict) else {}
+        what, reader = _KIND_READERS[found]
+        raise CheckpointError(f"{path}: the checkpoint of {what} (model {args.get('kind', '?')}, dataset "
+                              f"{dataset.get('name', '?')}), not of {_KIND_READERS[kind][0]}; read it with {reader}.")
     return state
 
 
@@ -156,7 +202,7 @@ def _is_int(value) -> bool:
 
 # The parts of a checkpoint and what each must be; a part that fails is named, so a damaged or foreign file
 # is refused when it is read, not with a KeyError or TypeError wherever the part is first used.
-_PARTS = {
+CHECKPOINT_PARTS = {
     "config": (dict, "a dict of settings"),
     "dataset": (dict, "the dataset's fingerprint (a dict)"),
     "epoch": (_is_int, "a whole number"),
@@ -175,15 +221,18 @@ _PARTS = {
     "mode_choice": (lambda v: v is None or isinstance(v, dict), "the choice of mode auto (a dict or None)"),
 }
 # Parts a checkpoint may lack: written before they existed, or read only when a run resumes.
-_OPTIONAL = ("best", "mode_state", "position", "rng", "world_size", "mode_choice")
-_FINGERPRINT_KEYS = {"name": str, "nodes": int, "edges": int, "feature_dim": int, "classes": int}
+OPTIONAL_PARTS = ("best", "mode_state", "position", "rng", "world_size", "mode_choice")
+FINGERPRINT_KEYS = {"name": str, "nodes": int, "edges": int, "feature_dim": int, "classes": int}
 
 
-def _check_parts(state: dict, path: Path) -> None:
+def check_parts(state: dict, path: Path, parts: dict = CHECKPOINT_PARTS, optional: tuple = OPTIONAL_PARTS,
+                fingerprint: dict = FINGERPRINT_KEYS) -> None:
+    """Raise ``CheckpointError`` naming every part of ``state`` that is missing (unless ``optional``) or not
+    what ``parts`` says it must be, and every ``fingerprint`` key of its dataset not of its type."""
     problems = []
-    for key, (kind, meaning) in _PARTS.items():
+    for key, (kind, meaning) in parts.items():
         if key not in state:
-            if key not in _OPTIONAL:
+            if key not in optional:
                 problems.append(f"`{key}` is missing")
             continue
         value = state[key]
@@ -196,7 +245,7 @@ def _check_parts(state: dict, path: Path) -> None:
             problems.append("`config` or `model_args` has keys that are not names")
         if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state["model"].items()):
             problems.append("`model` holds entries that are not named tensors")
-        for key, kind in _FINGERPRINT_KEYS.items():
+        for key, kind in fingerprint.items():
             value = state["dataset"].get(key)
             if not isinstance(value, kind) or isinstance(value, bool):
                 problems.append(f"`dataset.{key}` is {value!r}, expected {kind.__name__}")
@@ -217,11 +266,11 @@ def _model(state: dict, path: Path, given: torch.nn.Module | None = None) -> GNN
         raise CheckpointError(f"{path}: its model arguments build no model ({type(exc).__name__}: {exc}). The file "
                               f"is damaged or from another program; use last.pt or best.pt of a "
                               f"--checkpoint-dir.") from None
-    return _holding_weights(model, state, path, "its weights do not fit the model its arguments describe",
-                            "The file is damaged; use another checkpoint or train again.")
+    return holding_weights(model, state, path, "its weights do not fit the model its arguments describe",
+                           "The file is damaged; use another checkpoint or train again.")
 
 
-def _holding_weights(model, state: dict, path: Path, problem: str, advice: str = ""):
+def holding_weights(model, state: dict, path: Path, problem: str, advice: str = ""):
     """``model`` with the checkpoint's weights loaded, or a CheckpointError saying ``problem``."""
     try:
         model.load_state_dict(state["model"])
@@ -246,7 +295,7 @@ def _user_model(state: dict, path: Path, given: torch.nn.Module | None) -> UserM
         model = UserModel.wrap(given, int(args["num_layers"]), int(args["width"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {problem} ({exc}).") from None
-    return _holding_weights(model, state, path, problem)
+    return holding_weights(model, state, path, problem)
 
 
 def check_resumable(state: dict, config: TrainConfig, graph: Graph, source: str, world_size: int = 1) -> None:
@@ -261,6 +310,12 @@ def check_resumable(state: dict, config: TrainConfig, graph: Graph, source: str,
         raise CheckpointError(f"{source}: written by a run of {state.get('world_size', 1)} data-parallel rank(s); "
                               f"resume with the same number (now {world_size}): torchrun --nproc-per-node and "
                               f"--nnodes as before.")
+    check_settings(state, config, source)
+
+
+def check_settings(state: dict, config: TrainConfig, source: str) -> None:
+    """A run may continue from ``state`` only with the settings it had (``RESUME_MAY_CHANGE`` aside), and
+    from a random state."""
     # A setting added after the checkpoint was written had its default then.
     saved, now, defaults = state["config"], config.to_dict(), TrainConfig().to_dict()
     differ = [f"`{k}` {saved.get(k, defaults[k])!r} then, {now[k]!r} now" for k in sorted(now)
