@@ -103,7 +103,8 @@ def test_a_typed_folder_trains_through_the_dataset_setting(mag, tmp_path):
 @pytest.mark.parametrize("settings, message", [
     (dict(mode="device"), "`mode` device: not available for typed graphs yet"),
     (dict(task="link"), "`task` link: not available for typed graphs yet"),
-    (dict(checkpoint_dir="ckpt"), "checkpoints .* are not available for typed graphs yet"),
+    (dict(mode="neutronorch", checkpoint_dir="ckpt", resume=True),
+     "`resume` and `checkpoint_every` of a typed run in `mode` neutronorch are not available"),
     (dict(model="gcn"), "`model` gcn: not available for typed graphs yet; choose one of sage, rgcn, rgat"),
     (dict(precision="bf16"), "`precision` bf16 is not available for typed graphs yet"),
     (dict(split="ratio:0.5,0.2"), "carries its own split"),
@@ -170,7 +171,8 @@ def test_the_command_line_trains_a_typed_folder(mag, tmp_path, capsys):
     assert main(["train", "--dataset", str(folder), "--model", "rgcn", "--run-name", "typed", *flags]) == 0
     out = capsys.readouterr().out
     assert "mode exact, model rgcn" in out and "results in runs/typed/" in out
-    summary = json.loads(open("runs/typed/summary.json").read())  # the run folder, without checkpoints
-    assert summary["model"]["kind"] == "rgcn" and summary["config"]["checkpoint_dir"] is None
+    summary = json.loads(open("runs/typed/summary.json").read())  # the run folder, its checkpoints too
+    assert summary["model"]["kind"] == "rgcn" and summary["config"]["checkpoint_dir"] == "runs/typed"
+    assert summary["checkpoints"] == {"last": "runs/typed/last.pt", "best": "runs/typed/best.pt"}
     assert main(["train", "--model", "rgat", "--no-save", *flags]) == 2
     assert "error: --model rgat: a relational model, for typed graphs" in capsys.readouterr().err

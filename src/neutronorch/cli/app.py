@@ -142,8 +142,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
     config = TrainConfig(**values)
     rank = _launched_rank()
     config, folder = _outputs(config, run_name, save, [args.config] if getattr(args, "config", None) else [], rank)
-    if folder is not None and is_typed_dataset(config.dataset):
-        config = dataclasses.replace(config, checkpoint_dir=None)  # typed runs write no checkpoints yet
     try:
         return _train(config, folder, rank)
     except BaseException:

@@ -46,7 +46,7 @@ def summarise(run: "Run", last_eval: dict, timeline: dict | None, status: str, g
         "read_order": {"features": "file" if mode.store.ordered else "batch",
                        "topology": "file" if topology_in_file_order(mode) else "batch"},
         "timeline": timeline,
-        "checkpoints": _checkpoints_written(config.checkpoint_dir),
+        "checkpoints": checkpoints_written(config.checkpoint_dir),
         "distributed": distributed,  # None in one process
         # Seconds from entering train() to the end of the first optimizer step (None: no step), of which
         # data_seconds loading the dataset (0 when the graph was passed in).
@@ -68,7 +68,7 @@ def _link_summary(run: "Run", last_eval: dict) -> dict:
             "best": others(run.best) if last_eval else None, "final": others(last_eval) if last_eval else None}
 
 
-def _checkpoints_written(directory: str | None) -> dict | None:
+def checkpoints_written(directory: str | None) -> dict | None:
     if not directory:
         return None
     return {name: str(Path(directory) / f"{name}.pt") if (Path(directory) / f"{name}.pt").is_file() else None

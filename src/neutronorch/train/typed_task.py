@@ -29,17 +29,20 @@ Fanouts: ``config.fanouts`` for every relation, or ``fanouts`` given here as ``t
 
 Evaluation (``eval_every``, as in homogeneous runs) scores the validation and test vertices in batches of
 ``eval_batch_size``, the model in eval mode, from sampled neighbourhoods with the training fanouts (or
-``eval_fanouts``, one list for every relation; -1 takes all) and fixed keys, ``batch_key(seed, -1,
-batch)``: every evaluation sees the same sample, so epochs' scores compare, and the model sees
+``eval_fanouts``, one list for every relation; -1 takes all) and one fixed key, ``inference_key(seed)``, as
+predictions sample: every evaluation sees the same sample, whatever the batches, so epochs' scores compare
+and ``predict`` of the test vertices gives the test score, and the model sees
 neighbourhoods of the size it trained on. Full neighbourhoods are not the default because through a hub
 relation (a popular field of study, linked to most papers) two hops from a batch reach nearly the whole
 graph; ``eval_fanouts -1`` asks for them where the graph is small enough.
 
 What typed graphs cannot do yet (each refused with a ``ConfigError`` that says so, ``check_typed_config``):
-the device and NeutronOrch modes, link tasks, checkpoints and resuming, timelines, bf16, your own model,
-graph blocks, residual connections and normalisation layers, data parallelism, and a ``split`` (the typed
-graph carries its own). Summary and metric logs (``summary_json``, ``log_jsonl``, ``log_csv``,
-``tensorboard``), ``patience``, ``eval_max_nodes`` and ``metric`` work as in homogeneous runs.
+the device mode, link tasks, timelines, bf16, your own model, graph blocks, residual connections and
+normalisation layers, data parallelism, and a ``split`` (the typed graph carries its own); and `resume` or
+`checkpoint_every` in NeutronOrch mode.
+Summary and metric logs (``summary_json``, ``log_jsonl``, ``log_csv``, ``tensorboard``), ``patience``,
+``eval_max_nodes``, ``metric`` and checkpoints (``checkpoint_dir``, ``checkpoint_every``, ``resume``: exact
+to the bit, ``train/typed_checkpoint.py``, called through ``run.checkpoints``) work as in homogeneous runs.
 """
 
 from __future__ import annotations
@@ -68,14 +71,15 @@ from neutronorch.train.loop import DIVERGENCE_CHECK_STEPS, Progress, epoch_line
 from neutronorch.train.memory import peak_rss_mb
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
-from neutronorch.train.outputs import check_outputs, write_summary
+from neutronorch.train.outputs import check_outputs, claim_checkpoint_dir, write_summary
 from neutronorch.train.resources import (check_threading_layer, numba_threads, resolve_device, thread_budget,
                                          torch_threads)
 from neutronorch.train.row_adam import RowAdam
-from neutronorch.train.summary import score_fields
+from neutronorch.train.summary import checkpoints_written, score_fields
 from neutronorch.train.task import Task
+from neutronorch.train.typed_checkpoint import typed_checkpoints
 from neutronorch.train.typed_config import check_typed_config
-from neutronorch.train.typed_inputs import gather_frontier, typed_logits
+from neutronorch.train.typed_inputs import gather_frontier, typed_files, typed_logits
 
 logger = logging.getLogger("neutronorch")
 
@@ -98,7 +102,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         graph = read_typed(Path(config.dataset).expanduser())
         data_seconds = time.perf_counter() - started
         logger.info(f"loaded {graph.name} in {data_seconds:.1f}s")
-    check_outputs(config, {"graph": _files(graph)})
+    check_outputs(config, {"graph": typed_files(graph)})
     if graph.labels is None:
         raise ConfigError(f"{graph.name}: its target type {graph.target!r} has no labels to train on.")
     for note in graph.notes:
@@ -119,6 +123,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
     threads = budget.train  # torch's and, in this thread, numba's: the two pools take turns
     task = Task.of(graph, config.metric)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(claim_checkpoint_dir(config))  # this run's alone while it lasts
         stack.enter_context(torch_threads(threads))
         stack.enter_context(numba_threads(threads))
         stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
@@ -129,9 +134,10 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
                              embed_dim=embed_dim).to(device)
         except ValueError as exc:
             raise ConfigError(f"{graph.name}: {exc}.") from None
-        metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key)))
+        metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key, append=config.resume)))
         run = _TypedRun(config, graph, model, task, sampler, eval_sampler, device, metrics, progress, stop, budget)
         stack.enter_context(contextlib.closing(run.mode))
+        run.checkpoints = typed_checkpoints(run)  # with `resume`, the run restored from last.pt
         logger.info(f"mode {run.mode.name}, model {config.model} (typed: {', '.join(graph.node_types)}), fanouts "
                     f"{config.fanouts if fanouts is None else fanouts}, device {device}, batch size "
                     f"{config.batch_size}, train threads {threads}, sampler threads {budget.sampler}, "
@@ -190,11 +196,13 @@ class _TypedRun:
         self.last_eval: dict = {}
         self.stopped_early = False
         self.first_step_at: float | None = None
+        self.start = (0, 0, 0.0)  # (epoch, step, loss sum of its steps before): where training starts
+        self.checkpoints = None  # typed_checkpoint.TypedCheckpoints: called after every step and epoch
 
     def epochs(self) -> None:
-        config = self.config
-        for epoch in range(config.epochs):
-            record = self.train_epoch(epoch)
+        config, (first_epoch, first_step, loss_sum) = self.config, self.start
+        for epoch in range(first_epoch, config.epochs):
+            record = self.train_epoch(epoch, *((first_step, loss_sum) if epoch == first_epoch else (0, 0.0)))
             last = epoch == config.epochs - 1
             if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or last) or (
                     config.eval_every == 0 and last):
@@ -204,6 +212,8 @@ class _TypedRun:
                 if self.last_eval["val"] > self.best["val"] or self.best["epoch"] < 0:
                     self.best = {**self.last_eval, "epoch": epoch}
             self.history.append(record)
+            if self.checkpoints is not None:
+                self.checkpoints.after_epoch(epoch, record)
             self.metrics.epoch(record)
             logger.info(epoch_line(record, stages=True, metric=self.task.metric))
             if config.patience and "val_acc" in record and self._evaluations_since_best() >= config.patience:
@@ -212,18 +222,21 @@ class _TypedRun:
                             f"evaluations (best {self.best['val']:.4f} at epoch {self.best['epoch']})")
                 break
 
-    def train_epoch(self, epoch: int) -> dict:
+    def train_epoch(self, epoch: int, first: int = 0, loss_sum: float = 0.0) -> dict:
+        """Train ``epoch`` from step ``first`` on (resumed: ``loss_sum``, the float32 sum of the losses before)."""
         config, model = self.config, self.model
         model.train()
         seconds = dict.fromkeys(STAGES, 0.0)
         edges, inputs, step_losses = 0, 0, []
-        total = torch.zeros((), dtype=torch.float32, device=self.device)  # read once a step on the CPU only
+        total = torch.full((), loss_sum, dtype=torch.float32, device=self.device)  # read once a step on the CPU only
         check_every = DIVERGENCE_CHECK_STEPS if self.device.type == "cuda" else 1
         start = time.perf_counter()
         count, hot = self.num_batches, HotRecord()
         with self.mode.epoch(epoch, count) as produced:
             clock = time.perf_counter()
             for index, batch in enumerate(produced):
+                if index < first:
+                    continue  # taken before the resume (a batch depends on its key alone)
                 clock = _lap(seconds, "wait", clock)
                 for stage in ("sample", "gather"):
                     seconds[stage] += batch.seconds[stage]
@@ -262,6 +275,8 @@ class _TypedRun:
                 clock = _lap(seconds, "step", clock)
                 if self.progress is not None:
                     self.progress(epoch, index + 1, count)
+                if self.checkpoints is not None:
+                    self.checkpoints.after_step(epoch, index + 1, count, total)
                 if self.stop is not None and self.stop.is_set():
                     raise Interrupted(f"stopped on request in epoch {epoch} after step {index + 1} of "
                                       f"{count}")
@@ -272,7 +287,7 @@ class _TypedRun:
         return {"epoch": epoch, "seconds": time.perf_counter() - start,
                 "train_loss": float(total) / max(1, count),
                 "stage_seconds": {k: round(v, 4) for k, v in seconds.items()}, "batches": count,
-                "sampled_edges": edges, "input_nodes_per_batch": inputs / max(1, count),
+                "sampled_edges": edges, "input_nodes_per_batch": inputs / max(1, count - first),
                 "peak_rss_mb": round(peak_rss_mb(), 1), **hot.record(), **self.mode.records()}
 
     def evaluate(self, epoch: int) -> dict[str, float]:
@@ -320,6 +335,7 @@ class _TypedRun:
             "epoch_seconds_median": statistics.median(seconds) if seconds else None,
             "metric": self.task.metric,
             **score_fields(key, best, last),
+            "checkpoints": checkpoints_written(config.checkpoint_dir),
             "peak_rss_mb": round(peak_rss_mb(), 1),
             "startup": {"data_seconds": round(data_seconds, 4),
                         "first_step_seconds": None if self.first_step_at is None
@@ -338,16 +354,3 @@ def _named(task: Task, scores: dict) -> dict:
     return {f"val_{task.key}": scores["val"], f"test_{task.key}": scores["test"],
             "val_acc": scores["val"], "test_acc": scores["test"]}
 
-
-def _files(graph: TypedGraph) -> list[str]:
-    """The files the graph's arrays are memory-mapped from (what no output may overwrite)."""
-    arrays = [graph.labels, graph.train_idx, graph.val_idx, graph.test_idx, *graph.features.values()]
-    for relation in graph.relations.values():
-        arrays += [relation.indptr, relation.indices, relation.edge_features]
-    found = []
-    for array in arrays:
-        while array is not None and getattr(array, "filename", None) is None:
-            array = getattr(array, "base", None)
-        if array is not None and array.filename not in found:
-            found.append(array.filename)
-    return found

@@ -1,0 +1,288 @@
+"""Checkpoints of typed runs: ``last.pt`` and ``best.pt`` in ``checkpoint_dir``, the exact resume from
+``last.pt``, and reading one back for ``predict`` and ``embed`` (``train/typed_predict.py``).
+
+A typed checkpoint is a file of ``checkpoint.py``'s format (the same atomic write, format version and part
+checks) whose ``kind`` is ``typed``. It holds every part a homogeneous one holds (the configuration, the
+epoch, the epoch records, the best evaluation, the position within the epoch, the random state, the model's
+constructor arguments, ``TypedGNN.arguments``, and its weights, embedding tables included, and Adam's state
+for the dense weights) and besides:
+
+- ``dataset``: the typed graph's fingerprint, as it was trained (reverse relations added): its name, the
+  vertex count and feature width of every type, every relation's edge count, the target and its classes,
+  and checksums of strided samples of every relation's topology, every type's features, the labels and the
+  three splits (``sample_crc``: about 4,096 rows of each, so a memory-mapped array is never read whole);
+- ``tables_optimizer``: the embedding tables' optimizer (``RowAdam``, or ``SparseAdam`` off the CPU): its
+  class and state, each table's step count and two moments;
+- ``fanouts``: every relation's fanouts as the sampler resolved them (per relation, when ``train_typed`` was
+  given a dict), which predictions sample with.
+
+Size: the weights and Adam's two moments, 12 bytes per parameter; an embedding table row of width ``w``
+costs ``12 w`` bytes (768 at the default 64), in each of ``last.pt`` and ``best.pt``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from neutronorch.config import TrainConfig
+from neutronorch.data.typed import TypedGraph, relation_label
+from neutronorch.errors import CheckpointError
+from neutronorch.nn.typed_models import TypedGNN, TypedSpec
+from neutronorch.train.checkpoint import (CHECKPOINT_PARTS, FINGERPRINT_NAMES, TYPED, check_parts, check_settings,
+                                          checkpoint_state, holding_weights, read_state, sample_crc)
+from neutronorch.train.outputs import check_checkpoint_space, save_or_rescue, write_atomically
+
+logger = logging.getLogger("neutronorch")
+
+# A typed checkpoint's parts: a homogeneous one's less the modes' (typed runs train in exact mode, in one
+# process), and the tables' optimizer and the fanouts.
+TYPED_PARTS = {**{k: v for k, v in CHECKPOINT_PARTS.items() if k not in ("mode_state", "world_size", "mode_choice")},
+               "tables_optimizer": (lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("state"), dict)),
+                                    "the embedding tables' optimizer (a dict holding a `state` dict, or None)"),
+               "fanouts": (lambda v: isinstance(v, list) and all(isinstance(f, list) and len(f) == 2 for f in v),
+                           "a list of [relation, fanouts] pairs")}
+TYPED_OPTIONAL = ("best", "position", "rng")
+TYPED_FINGERPRINT_KEYS = {"name": str, "num_nodes": dict, "edges": dict, "feature_dims": dict, "target": str,
+                          "classes": int}
+TYPED_NAMES = {**FINGERPRINT_NAMES, "num_nodes": "the vertex counts", "edges": "the relations' edge counts",
+               "feature_dims": "the feature widths", "target": "the target type"}
+
+
+def typed_fingerprint(graph: TypedGraph) -> dict:
+    """What identifies a typed graph cheaply: its sizes per type and relation, its target, and checksums of
+    strided samples of its arrays (``sample_crc``), per relation and type where there are several."""
+    relations = {relation_label(r): relation for r, relation in graph.relations.items()}
+    return {"name": graph.name, "num_nodes": {t: int(n) for t, n in graph.num_nodes.items()},
+            "edges": {label: int(relation.num_edges) for label, relation in relations.items()},
+            "feature_dims": {t: graph.feature_dim(t) for t in graph.num_nodes}, "target": graph.target,
+            "classes": int(graph.num_classes),
+            "topology_crc": {label: sample_crc(relation.indices) for label, relation in relations.items()},
+            "features_crc": {t: sample_crc(rows) for t, rows in graph.features.items()},
+            "labels_crc": sample_crc(graph.labels), "split_crc": sample_crc(graph.train_idx),
+            "val_crc": sample_crc(graph.val_idx), "test_crc": sample_crc(graph.test_idx)}
+
+
+def typed_changes(saved: dict, now: dict) -> list[str]:
+    """What differs between two typed fingerprints, naming the types and relations: ``the vertex counts
+    (author 1500 then, 1499 now)``, ``the features of paper``."""
+    changes = []
+    for key, value in now.items():
+        before = saved.get(key, value)
+        if before == value:
+            continue
+        name = TYPED_NAMES.get(key, key)
+        if not (isinstance(value, dict) and isinstance(before, dict)):
+            changes.append(name)
+            continue
+        parts = [part for part in {**before, **value} if before.get(part) != value.get(part)]
+        if key.endswith("_crc"):
+            changes.append(f"{name} of {', '.join(parts)}")
+        else:
+            changes.append(f"{name} ({'; '.join(f'{p} {before.get(p)} then, {value.get(p)} now' for p in parts)})")
+    return changes
+
+
+def spec_of(arguments: dict) -> TypedSpec:
+    """The ``TypedSpec`` a model's stored arguments describe (``TypedSpec.to_dict``'s inverse)."""
+    spec = arguments["spec"]
+    return TypedSpec(dict(spec["num_nodes"]), dict(spec["feature_dims"]), tuple(map(tuple, spec["relations"])),
+                     spec["target"])
+
+
+def fanouts_of(state: dict) -> dict[tuple, list[int]]:
+    """The fanouts per relation triple that a checkpoint's run sampled with."""
+    return {tuple(relation): list(fanouts) for relation, fanouts in state["fanouts"]}
+
+
+def save_typed_checkpoint(path: str | Path, run, epoch: int, position: dict, fingerprint: dict) -> Path:
+    """Write ``run``'s state (a typed run: its config, graph, model, ``adam``, ``sparse``, sampler, history
+    and best) atomically: the temporary file beside ``path``, flushed and renamed into place."""
+    state = {**checkpoint_state(TYPED, run.config, fingerprint, run.model, run.adam, epoch, run.history, position,
+                                run.best),
+             "tables_optimizer": None if run.sparse is None else {"class": type(run.sparse).__name__,
+                                                                  "state": run.sparse.state_dict()},
+             "fanouts": [[list(relation), list(f)] for relation, f in run.sampler.fanouts.items()]}
+    return write_atomically(path, lambda f: torch.save(state, f))
+
+
+def load_typed_state(path: str | Path) -> dict:
+    """The contents of a typed checkpoint, checked to be one this neutronorch reads: every part there and of
+    its type, and the weights fitting the model its arguments build (a homogeneous checkpoint is refused
+    saying so)."""
+    path = Path(path)
+    state = read_state(path, TYPED)
+    check_parts(state, path, TYPED_PARTS, TYPED_OPTIONAL, TYPED_FINGERPRINT_KEYS)
+    typed_model(state, path)
+    return state
+
+
+def typed_model(state: dict, path: Path) -> TypedGNN:
+    """The model a typed checkpoint's arguments build, holding its weights, in eval mode on the CPU."""
+    try:
+        model = TypedGNN(**{**state["model_args"], "spec": spec_of(state["model_args"])})
+    except Exception as exc:  # noqa: BLE001 - foreign arguments fail in the constructor in many ways
+        raise CheckpointError(f"{path}: its model arguments build no relational model ({type(exc).__name__}: "
+                              f"{exc}). The file is damaged or from another program; use last.pt or best.pt of a "
+                              f"--checkpoint-dir.") from None
+    model = holding_weights(model, state, path, "its weights do not fit the model its arguments describe",
+                            "The file is damaged; use another checkpoint or train again.")
+    return model.eval()
+
+
+@dataclass
+class TypedCheckpoint:
+    """A typed checkpoint read for inference: the model (eval mode, on the CPU) and what produced it."""
+
+    model: TypedGNN
+    config: TrainConfig
+    epoch: int
+    dataset: dict  # the fingerprint of the graph it was trained on (reverse relations added)
+    history: list[dict]
+    fanouts: dict[tuple, list[int]]  # per relation, as the run sampled
+
+
+def load_typed_checkpoint(path: str | Path) -> TypedCheckpoint:
+    """Read a typed run's checkpoint (``last.pt`` or ``best.pt``): its model, ready for inference, and what
+    produced it. ``predict`` and ``embed`` take it (or its path) with a ``TypedGraph``."""
+    state = load_typed_state(path)
+    config = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.keys()})
+    return TypedCheckpoint(typed_model(state, Path(path)), config, int(state["epoch"]), state["dataset"],
+                           state["history"], fanouts_of(state))
+
+
+def check_typed_fits(checkpoint: TypedCheckpoint, graph: TypedGraph, source: str) -> None:
+    """The model must fit ``graph`` (reverse relations added): the same target and classes, relations, and
+    for each type the model reads its feature width, and for a featureless type (an embedding table, a row per
+    vertex) its vertex count. The data may otherwise differ (other features, more papers)."""
+    args, spec = checkpoint.model.arguments, checkpoint.model.spec
+    differ = []
+    if graph.target != spec.target or graph.num_classes != args["num_classes"]:
+        differ.append(f"target {spec.target} of {args['num_classes']} classes (checkpoint) vs {graph.target} of "
+                      f"{graph.num_classes} (data)")
+    missing = [relation_label(r) for r in spec.relations if r not in graph.relations]
+    extra = [relation_label(r) for r in graph.relations if r not in spec.relations]
+    if missing or extra:
+        differ.append("relations " + "; ".join(
+            [f"{', '.join(missing)} missing from the data"] * bool(missing) + [f"{', '.join(extra)} unknown to the "
+                                                                                f"model"] * bool(extra)))
+    for t in checkpoint.model.input_types:
+        width = spec.feature_dims[t]
+        if t not in graph.num_nodes:
+            differ.append(f"vertex type {t} missing from the data")
+        elif graph.feature_dim(t) != width:
+            differ.append(f"{t} feature width {width} (checkpoint) vs {graph.feature_dim(t)} (data; 0: none)")
+        elif not width and graph.num_nodes[t] != spec.num_nodes[t]:
+            differ.append(f"{t} embedding table of {spec.num_nodes[t]:,} rows (checkpoint) vs {graph.num_nodes[t]:,} "
+                          f"vertices (data)")
+    if differ:
+        raise CheckpointError(f"{source}: the checkpoint's model does not fit this graph: {'; '.join(differ)}.")
+
+
+class TypedCheckpoints:
+    """A typed run's ``checkpoint_dir``: ``last.pt`` after every epoch, every ``checkpoint_every`` steps within
+    one and when the run is stopped; ``best.pt`` after each evaluation that improves on the best; and the
+    resume from ``last.pt``. ``run`` is the typed run (``train/typed_task.py``) whose hooks call these."""
+
+    def __init__(self, run):
+        self.run = run
+        self.folder = Path(run.config.checkpoint_dir)
+        self.fingerprint = typed_fingerprint(run.graph)  # the graph does not change while the run lasts
+
+    def after_step(self, epoch: int, done: int, total: int, loss_sum: torch.Tensor) -> None:
+        """After step ``done`` of ``total``: ``last.pt`` at that position when the run is stopping (at any
+        step) or every ``checkpoint_every`` steps (the epoch's end has a checkpoint of its own)."""
+        every, stop = self.run.config.checkpoint_every, self.run.stop
+        if (stop is not None and stop.is_set()) or (every and done % every == 0 and done < total):
+            self.save("last.pt", epoch, {"step": done, "loss_sum": float(loss_sum)})
+
+    def after_epoch(self, epoch: int, record: dict) -> None:
+        """``last.pt`` at the end of ``epoch`` (its record in the history), ``best.pt`` too when its evaluation
+        is the best so far; the seconds they took go into ``record``."""
+        started = time.perf_counter()
+        position = {"step": self.run.num_batches, "loss_sum": 0.0}
+        self.save("last.pt", epoch, position)
+        if "val_acc" in record and self.run.best["epoch"] == epoch:
+            self.save("best.pt", epoch, position)
+        record["checkpoint_seconds"] = round(time.perf_counter() - started, 4)
+
+    def save(self, name: str, epoch: int, position: dict) -> None:
+        summary = self.run.config.summary_json
+        save_or_rescue(self.folder / name, lambda path: save_typed_checkpoint(path, self.run, epoch, position,
+                                                                              self.fingerprint),
+                       [Path(summary).parent] if summary else [])
+
+    def resume(self) -> tuple[int, int, float]:
+        """Restore the run from ``last.pt`` (weights, both optimizers, random state, history, best) and return
+        where it continues: (epoch, step, the float32 loss sum of that epoch's steps before it)."""
+        run, path = self.run, self.folder / "last.pt"
+        if not path.is_file():
+            raise CheckpointError(f"{path}: no checkpoint to resume from; train with `checkpoint_dir` first.")
+        state = load_typed_state(path)
+        self.check_resumable(state, str(path))
+        try:  # the structure was checked; what is inside may still be damaged or foreign
+            run.model.load_state_dict(state["model"])
+            run.adam.load_state_dict(state["optimizer"])
+            if run.sparse is not None:
+                run.sparse.load_state_dict(state["tables_optimizer"]["state"])
+            torch.set_rng_state(state["rng"]["torch"])
+            if run.device.type == "cuda" and state["rng"]["cuda"] is not None:
+                torch.cuda.set_rng_state(state["rng"]["cuda"], run.device)
+            run.history, run.best = list(state["history"]), dict(state["best"])
+            run.last_eval = next(({"val": r["val_acc"], "test": r["test_acc"]} for r in reversed(run.history)
+                                  if "val_acc" in r), {})
+            epoch, step, loss_sum = int(state["epoch"]), state["position"]["step"], state["position"]["loss_sum"]
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(
+                f"{path}: its saved state cannot be restored ({type(exc).__name__}: {exc}); the file is damaged or "
+                "was not written by this run's neutronorch. Train anew with `overwrite` (which replaces it) or into "
+                "another `checkpoint_dir`.") from exc
+        # An epoch is complete once its record is in the history: a run stopped after an epoch's last step,
+        # before its evaluation, resumes at that step, with no batch left, and evaluates and records it.
+        start = (epoch + 1, 0, 0.0) if any(r["epoch"] == epoch for r in run.history) else (epoch, step, loss_sum)
+        run.metrics.continue_at(start[0] * run.num_batches + start[1])
+        logger.info(f"resumed from {path} at epoch {start[0]}, step {start[1]}")
+        return start
+
+    def check_resumable(self, state: dict, source: str) -> None:
+        """The run may continue from ``state`` only on the same graph, with the same settings, model arguments
+        (``train_typed``'s ``num_bases`` and ``embed_dim`` too), fanouts per relation and tables' optimizer."""
+        run = self.run
+        changed = typed_changes(state["dataset"], self.fingerprint)
+        if changed:
+            raise CheckpointError(f"{source}: written for another typed graph, or the graph changed since: "
+                                  f"{', '.join(changed)} differ ({state['dataset']['name']} then, {run.graph.name} "
+                                  f"now). Resume on the graph the run started with, or start a new run in another "
+                                  f"`checkpoint_dir`.")
+        check_settings(state, run.config, source)
+        saved, now = state["model_args"], run.model.arguments
+        differ = [f"the model's `{k}` {saved.get(k)!r} then, {now[k]!r} now" for k in now
+                  if k != "spec" and saved.get(k) != now[k]]
+        before, after = fanouts_of(state), run.sampler.fanouts
+        differ += [f"the fanouts of {relation_label(r)} {before.get(r)} then, {after.get(r)} now"
+                   for r in {**before, **after} if before.get(r) != after.get(r)]
+        tables = state["tables_optimizer"]
+        if (tables and tables.get("class")) != (run.sparse and type(run.sparse).__name__):
+            differ.append(f"the embedding tables' optimizer {tables and tables.get('class')} then (RowAdam for CPU "
+                          f"tables, SparseAdam elsewhere), {run.sparse and type(run.sparse).__name__} now: resume "
+                          f"on the device the run started on")
+        if differ:
+            raise CheckpointError(f"{source}: the run it continues trained otherwise: {'; '.join(differ)}. Resume "
+                                  f"with the same `fanouts`, `num_bases` and `embed_dim` (train_typed's arguments) "
+                                  f"and device, or start a new run in another `checkpoint_dir`.")
+
+
+def typed_checkpoints(run) -> TypedCheckpoints | None:
+    """``run``'s checkpoints (None without ``checkpoint_dir``), their disk space checked; with ``resume`` the
+    run restored from ``last.pt`` and ``run.start`` set to where it continues."""
+    if not run.config.checkpoint_dir:
+        return None
+    check_checkpoint_space(run.config, run.model.parameters())
+    checkpoints = TypedCheckpoints(run)
+    if run.config.resume:
+        run.start = checkpoints.resume()
+    return checkpoints

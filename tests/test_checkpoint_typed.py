@@ -1,0 +1,158 @@
+"""Checkpoints of typed runs (train/typed_checkpoint.py): last.pt and best.pt, an exact resume at an epoch
+boundary, mid-epoch after a stop and from a checkpoint_every write, and refusals naming what differs."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import threading
+
+import pytest
+import torch
+
+from neutronorch import (CheckpointError, ConfigError, Interrupted, TrainConfig, load_checkpoint, load_typed_checkpoint,
+                         train)
+from neutronorch.data import synthetic_typed
+from neutronorch.train import typed_checkpoint as typed_module
+from neutronorch.train.typed_task import train_typed
+
+
+@pytest.fixture(scope="module")
+def mag():
+    """1,200 papers (360 for training: 6 batches of 64), 1,500 authors, 60 institutions, 240 fields."""
+    return synthetic_typed(nodes=3000, train=0.3, val=0.1, seed=0)
+
+
+def config(directory, **settings) -> TrainConfig:
+    base = dict(epochs=3, fanouts=[4, 4], hidden=16, batch_size=64, lr=0.01, dropout=0.3, threads=1, device="cpu",
+                checkpoint_dir=str(directory), progress=False)
+    return TrainConfig(**{**base, **settings})
+
+
+def outcome(summary: dict, directory) -> tuple:
+    """What a resumed run must repeat to the bit: every epoch's loss and scores, the best, the final weights."""
+    epochs = [(e["epoch"], e["train_loss"], e.get("val_acc"), e.get("test_acc")) for e in summary["epochs"]]
+    weights = load_typed_checkpoint(directory / "last.pt").model.state_dict()
+    return epochs, (summary["val_acc"], summary["test_acc"], summary["best_epoch"]), weights
+
+
+def assert_same(a: tuple, b: tuple) -> None:
+    assert a[0] == b[0] and a[1] == b[1]
+    assert a[2].keys() == b[2].keys() and all(torch.equal(a[2][k], b[2][k]) for k in a[2]), \
+        [k for k in a[2] if not torch.equal(a[2][k], b[2][k])]
+
+
+@pytest.fixture(scope="module")
+def whole(mag, tmp_path_factory):
+    """An uninterrupted run of 4 epochs, evaluated after each: (summary, its checkpoint folder)."""
+    directory = tmp_path_factory.mktemp("whole")
+    return train(config(directory, epochs=4), graph=mag), directory
+
+
+def test_a_typed_run_writes_last_and_best_which_load_and_say_what_they_are(mag, whole, tmp_path):
+    summary, directory = whole
+    assert summary["checkpoints"] == {"last": str(directory / "last.pt"), "best": str(directory / "best.pt")}
+    assert all("checkpoint_seconds" in e for e in summary["epochs"])
+    last, best = load_typed_checkpoint(directory / "last.pt"), load_typed_checkpoint(directory / "best.pt")
+    assert last.epoch == 3 and [e["epoch"] for e in last.history] == [0, 1, 2, 3]
+    assert best.epoch == summary["best_epoch"] and not best.model.training
+    assert last.dataset["num_nodes"] == {"paper": 1200, "author": 1500, "institution": 60, "field": 240}
+    assert "(paper, rev_writes, author)" in last.dataset["edges"] and last.dataset["target"] == "paper"
+    assert set(last.model.embeddings) == {"author", "institution", "field"}
+    assert last.fanouts[("author", "writes", "paper")] == [4, 4]
+    # What it weighs: 12 bytes per parameter (the weights and Adam's or RowAdam's two moments), and a little.
+    parameters = sum(p.numel() for p in last.model.parameters())
+    size = (directory / "last.pt").stat().st_size
+    assert 12 * parameters < size < 12 * parameters + 200_000, (size, parameters)
+    # A homogeneous reader says what the file is, and the typed one refuses a homogeneous checkpoint.
+    with pytest.raises(CheckpointError, match="last.pt: the checkpoint of a typed graph's run \\(model sage, dataset "
+                                              "synthetic-typed.*not of a homogeneous graph's run; read it with "
+                                              "load_typed_checkpoint"):
+        load_checkpoint(directory / "last.pt")
+    homogeneous = tmp_path / "h"
+    train(TrainConfig(dataset="synthetic:nodes=300,degree=4,features=4,classes=3", fanouts=[2], hidden=8, epochs=1,
+                      checkpoint_dir=str(homogeneous), progress=False))
+    with pytest.raises(CheckpointError, match="the checkpoint of a homogeneous graph's run \\(model sage.*read it "
+                                              "with load_checkpoint"):
+        load_typed_checkpoint(homogeneous / "last.pt")
+
+
+def test_resumed_at_an_epoch_boundary_the_run_ends_bit_identical(mag, whole, tmp_path):
+    train(config(tmp_path, epochs=2), graph=mag)
+    resumed = train(config(tmp_path, epochs=4, resume=True), graph=mag)
+    assert resumed["status"] == "completed" and [e["epoch"] for e in resumed["epochs"]] == [0, 1, 2, 3]
+    assert_same(outcome(resumed, tmp_path), outcome(*whole))
+
+
+@pytest.mark.parametrize("step", [2, 6], ids=["mid-epoch", "after-the-epochs-last-step"])
+def test_stopped_mid_epoch_and_resumed_the_run_ends_bit_identical(mag, whole, tmp_path, step):
+    stop = threading.Event()
+
+    def progress(epoch, done, total):
+        assert total == 6
+        if (epoch, done) == (1, step):
+            stop.set()  # as a SIGTERM handler would: the step finishes, last.pt is written, the run stops
+
+    with pytest.raises(Interrupted, match=f"epoch 1 after step {step}"):
+        train(config(tmp_path, epochs=4), graph=mag, progress=progress, stop=stop)
+    state = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert (state["epoch"], state["position"]["step"]) == (1, step) and len(state["history"]) == 1
+    resumed = train(config(tmp_path, epochs=4, resume=True), graph=mag)
+    assert_same(outcome(resumed, tmp_path), outcome(*whole))
+
+
+def test_checkpoint_every_writes_positions_a_killed_run_resumes_from_exactly(mag, whole, tmp_path):
+    saved = tmp_path / "saved.pt"
+
+    def progress(epoch, done, total):
+        if (epoch, done) == (2, 5):  # last.pt holds step 4 of epoch 2: what a run killed now leaves
+            shutil.copy(tmp_path / "run" / "last.pt", saved)
+
+    train(config(tmp_path / "run", epochs=4, checkpoint_every=2), graph=mag, progress=progress)
+    shutil.copy(saved, tmp_path / "run" / "last.pt")
+    assert torch.load(saved, weights_only=True)["position"]["step"] == 4
+    resumed = train(config(tmp_path / "run", epochs=4, checkpoint_every=2, resume=True), graph=mag)
+    assert_same(outcome(resumed, tmp_path / "run"), outcome(*whole))
+
+
+def test_resuming_on_another_graph_or_with_other_settings_is_refused_naming_the_difference(mag, tmp_path):
+    train_typed(config(tmp_path, epochs=1), mag)
+    resume = dict(epochs=2, resume=True)
+    with pytest.raises(CheckpointError, match="last.pt: written for another typed graph.*the topology of "
+                                              "\\(author, writes, paper\\).*differ"):
+        train(config(tmp_path, **resume), graph=synthetic_typed(nodes=3000, train=0.3, val=0.1, seed=1))
+    fewer = dataclasses.replace(mag, num_nodes={**mag.num_nodes, "institution": 59})
+    fewer.relations = {r: rel for r, rel in mag.relations.items() if "institution" not in r}
+    with pytest.raises(CheckpointError, match="the vertex counts \\(institution 60 then, 59 now\\)"):
+        train(config(tmp_path, **resume), graph=fewer)
+    with pytest.raises(CheckpointError, match="`hidden` 16 then, 32 now"):
+        train(config(tmp_path, hidden=32, **resume), graph=mag)
+    with pytest.raises(CheckpointError, match="the model's `embed_dim` None then, 8 now"):
+        train_typed(config(tmp_path, **resume), mag, embed_dim=8)
+    with pytest.raises(CheckpointError, match="the fanouts of \\(author, writes, paper\\) \\[4, 4\\] then, \\[2, 2\\]"):
+        train_typed(config(tmp_path, **resume), mag, fanouts={"writes": [2, 2], "default": [4, 4]})
+    with pytest.raises(CheckpointError, match="no checkpoint to resume from"):
+        train(config(tmp_path / "empty", **resume), graph=mag)
+    with pytest.raises(ConfigError, match="already exists.*`resume`"):
+        train(config(tmp_path, epochs=1), graph=mag)  # a new run never replaces another's checkpoints
+    train(config(tmp_path, **resume), graph=mag)  # the same graph and settings, two epochs now
+
+
+def test_a_damaged_typed_checkpoint_is_refused_naming_the_part(whole, tmp_path):
+    state = torch.load(whole[1] / "last.pt", weights_only=True)
+    for damage, words in ((lambda s: s.pop("fanouts"), "`fanouts` is missing"),
+                          (lambda s: s["dataset"].pop("num_nodes"), "`dataset.num_nodes` is None"),
+                          (lambda s: s["model_args"].update(hidden=8), "weights do not fit the model")):
+        odd = {**state, "dataset": dict(state["dataset"]), "model_args": dict(state["model_args"])}
+        damage(odd)
+        torch.save(odd, tmp_path / "odd.pt")
+        with pytest.raises(CheckpointError, match=f"odd.pt: .*{words}"):
+            load_typed_checkpoint(tmp_path / "odd.pt")
+
+
+def test_typed_neutronorch_runs_write_checkpoints_but_do_not_resume_yet(mag, tmp_path):
+    summary = train(config(tmp_path, epochs=1, mode="neutronorch", super_batch=2), graph=mag)
+    assert load_typed_checkpoint(summary["checkpoints"]["last"]).epoch == 0
+    with pytest.raises(ConfigError, match="`resume` and `checkpoint_every` of a typed run in `mode` neutronorch"):
+        train(config(tmp_path, epochs=2, mode="neutronorch", super_batch=2, resume=True), graph=mag)
+    assert typed_module.TYPED_PARTS.keys() >= {"tables_optimizer", "fanouts", "rng"}
