@@ -77,6 +77,34 @@ def _below(state, bound):
     return state, np.int64((r * np.uint64(bound)) >> np.uint64(32))
 
 
+@njit(inline="always")
+def _drawn(indptr, v, fanout):
+    """How many in-neighbours of ``v`` a draw of ``fanout`` takes: all of them when the degree is at most
+    ``fanout`` or ``fanout`` < 0."""
+    deg = indptr[v + 1] - indptr[v]
+    return deg if (fanout < 0 or deg <= fanout) else fanout
+
+
+@njit(inline="always")
+def _draw_offsets(chosen, deg, key, v):
+    """A uniform ``len(chosen)``-subset of ``range(deg)`` into ``chosen``, keyed by (``key``, ``v``): Floyd's
+    algorithm, ``len(chosen)`` draws. Offsets are kept in the output slots, membership checked by a linear
+    scan (``len(chosen)`` is a small fanout). The one definition of a vertex's draws: the kernels that return
+    neighbours and those that return edge positions both take them from here."""
+    k = chosen.shape[0]
+    state = splitmix_key(key, v)
+    filled = 0
+    for top in range(deg - k, deg):
+        state, t = _below(state, top + 1)
+        seen = False
+        for q in range(filled):
+            if chosen[q] == t:
+                seen = True
+                break
+        chosen[filled] = top if seen else t
+        filled += 1
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def sample_neighbors(indptr, indices, dst_nodes, fanout, key, order):
     """Uniform sampling without replacement of up to ``fanout`` in-neighbours of each vertex.
@@ -93,9 +121,7 @@ def sample_neighbors(indptr, indices, dst_nodes, fanout, key, order):
     counts[0] = 0
     for step in prange(n):
         i = order[step] if ordered else np.int64(step)  # one integer type whatever prange's index is
-        v = dst_nodes[i]
-        deg = indptr[v + 1] - indptr[v]
-        counts[i + 1] = deg if (fanout < 0 or deg <= fanout) else fanout
+        counts[i + 1] = _drawn(indptr, dst_nodes[i], fanout)
     ptr = np.cumsum(counts)
     nbrs = np.empty(ptr[n], indices.dtype)
     for step in prange(n):
@@ -105,27 +131,47 @@ def sample_neighbors(indptr, indices, dst_nodes, fanout, key, order):
         deg = indptr[v + 1] - start
         # Slices, not nbrs[out + j]: an offset index is checked for wrap-around (see bfloat16's note).
         chosen = nbrs[ptr[i]:ptr[i + 1]]
-        k = chosen.shape[0]
         neighbours = indices[start:start + deg]
-        if k == deg:
+        if chosen.shape[0] == deg:
             chosen[:] = neighbours
             continue
-        # Floyd's algorithm: a uniform k-subset of range(deg) in k draws. Offsets are kept in the output
-        # slots first, membership checked by a linear scan (k is a small fanout).
-        state = splitmix_key(key, v)
-        filled = 0
-        for top in range(deg - k, deg):
-            state, t = _below(state, top + 1)
-            seen = False
-            for q in range(filled):
-                if chosen[q] == t:
-                    seen = True
-                    break
-            chosen[filled] = top if seen else t
-            filled += 1
-        for j in range(k):
+        _draw_offsets(chosen, deg, key, v)
+        for j in range(chosen.shape[0]):
             chosen[j] = neighbours[chosen[j]]
     return ptr, nbrs
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def sample_neighbor_edges(indptr, indices, dst_nodes, fanout, key, order):
+    """``sample_neighbors`` that also says which edges it drew: (ptr, nbrs, edges), ``edges[e]`` the position
+    in ``indices`` (int64) of the edge that brought ``nbrs[e]``, what indexes a relation's edge features.
+    The draws are ``sample_neighbors``' to the vertex (the same keyed offsets), so a sampler may take either
+    kernel without changing its sample; this one writes 8 more bytes per sampled edge."""
+    n = dst_nodes.shape[0]
+    ordered = order.shape[0] > 0
+    counts = np.empty(n + 1, np.int64)
+    counts[0] = 0
+    for step in prange(n):
+        i = order[step] if ordered else np.int64(step)
+        counts[i + 1] = _drawn(indptr, dst_nodes[i], fanout)
+    ptr = np.cumsum(counts)
+    nbrs = np.empty(ptr[n], indices.dtype)
+    edges = np.empty(ptr[n], np.int64)
+    for step in prange(n):
+        i = order[step] if ordered else np.int64(step)
+        v = dst_nodes[i]
+        start = indptr[v]
+        deg = indptr[v + 1] - start
+        chosen, out = edges[ptr[i]:ptr[i + 1]], nbrs[ptr[i]:ptr[i + 1]]
+        if chosen.shape[0] == deg:
+            for j in range(deg):
+                chosen[j] = j
+        else:
+            _draw_offsets(chosen, deg, key, v)
+        for j in range(chosen.shape[0]):
+            chosen[j] += start
+            out[j] = indices[chosen[j]]
+    return ptr, nbrs, edges
 
 
 @njit(cache=True, nogil=True)
