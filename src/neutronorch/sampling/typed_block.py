@@ -28,12 +28,20 @@ class TypedBlock:
     destination in this layer. ``blocks[(s, name, d)]``: the relation's block, ``num_dst == num_dst[d]``,
     ``num_src == num_src[s]``, its ``indices`` positions in ``s``'s frontier. ``src_ids[t]``: the global ids
     (within type ``t``) of ``t``'s source frontier, int64, when the sampler knows them.
+
+    ``edge_ids[r]``: the position in relation ``r``'s CSC ``indices`` of each of ``blocks[r]``'s edges (int64,
+    in the block's ``indices`` order), for the relations the sampler recorded them for (by default those with
+    edge features). ``edge_features[r]``: those edges' feature rows (``edges x width``) once gathered
+    (``train/typed_inputs.py``); the models read them as attention features or edge weights. ``to`` moves
+    every tensor.
     """
 
     num_dst: dict[str, int]
     num_src: dict[str, int]
     blocks: dict[RelationType, Block]
     src_ids: dict[str, torch.Tensor] = field(default_factory=dict)
+    edge_ids: dict[RelationType, torch.Tensor] = field(default_factory=dict)
+    edge_features: dict[RelationType, torch.Tensor] = field(default_factory=dict)
 
     @property
     def dst_types(self) -> tuple[str, ...]:
@@ -52,9 +60,12 @@ class TypedBlock:
         return {t: x_src[t][:n] for t, n in self.num_dst.items() if t in x_src}
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "TypedBlock":
+        def move(tensors: dict) -> dict:
+            return {key: t.to(device, non_blocking=non_blocking) for key, t in tensors.items()}
+
         return TypedBlock(dict(self.num_dst), dict(self.num_src),
                           {key: block.to(device, non_blocking) for key, block in self.blocks.items()},
-                          {t: ids.to(device, non_blocking=non_blocking) for t, ids in self.src_ids.items()})
+                          move(self.src_ids), move(self.edge_ids), move(self.edge_features))
 
 
 @dataclass

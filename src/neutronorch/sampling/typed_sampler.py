@@ -23,6 +23,14 @@ Randomness: relation ``r``'s draws in hop ``h`` of the batch of ``key`` use ``re
 by that key and the vertex, so a vertex's neighbours through a relation in a hop depend on (key, hop,
 relation, vertex) alone: not on the threads, the rest of the batch or the rank that samples it. Through a
 one-relation graph each hop is exactly ``NeighborSampler.sample_hop`` with that relation's key.
+
+Edge ids: for the relations it records them for (by default every relation with edge features; none on a
+graph without), a relation's draws go through ``kernels.sample_neighbor_edges``, which draws exactly what
+``sample_neighbors`` draws and also returns each drawn edge's position in the relation's ``indices``: the
+block's ``TypedBlock.edge_ids[relation]``. The sampler then reads those edges' feature rows into
+``TypedBlock.edge_features`` (``typed_edges.gather_edge_features``), so whatever samples a batch hands its
+models the edge features too. The other relations take ``sample_neighbors`` as before, so a graph without
+edge features samples as it did.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block
 from neutronorch.sampling.neighbor_sampler import layer_key, mix_key
 from neutronorch.sampling.typed_block import TypedBlock, TypedSubgraph
+from neutronorch.sampling.typed_edges import check_edge_features, gather_edge_features
 
 __all__ = ["DEFAULT", "TypedNeighborSampler", "out_degrees", "relation_key", "typed_fanouts"]
 
@@ -115,6 +124,20 @@ def _fanout_list(value, whose: str) -> list[int]:
     return fanouts
 
 
+def _edge_id_relations(graph: TypedGraph, edge_ids) -> frozenset[RelationType]:
+    """The relations ``TypedNeighborSampler(edge_ids=...)`` records edge positions for."""
+    if edge_ids is None:
+        return frozenset(r for r, rel in graph.relations.items() if rel.edge_features is not None)
+    if isinstance(edge_ids, bool):
+        return frozenset(graph.relations) if edge_ids else frozenset()
+    if isinstance(edge_ids, str):
+        raise ConfigError(f"`edge_ids` {edge_ids!r}: give True, False, None or a collection of relations.")
+    try:
+        return frozenset(graph.relation(r) for r in edge_ids)
+    except DataError as error:
+        raise ConfigError(f"`edge_ids`: {error}") from None
+
+
 def out_degrees(relation: Relation, num_src: int) -> np.ndarray:
     """Each source vertex's out-degree through ``relation`` (float32, ``num_src`` of them). Counts the
     indices a chunk at a time, so memory-mapped topology is read once and never copied whole."""
@@ -141,15 +164,27 @@ class TypedNeighborSampler:
     (``graph.in_degrees(r)`` holds it). The out-degrees are counted once, at construction: a pass over every
     relation's indices, and 4 bytes per source vertex per relation, per sampler.
 
+    ``edge_ids``: which relations' blocks record their edges' positions in the relation's ``indices``
+    (``TypedBlock.edge_ids``): None (the default) those with edge features, True every relation, False none,
+    or a collection of relations (triples or unique names). With ``edge_features`` (the default), the blocks
+    also carry those relations' edge feature rows (``TypedBlock.edge_features``, float32 on the CPU, moved by
+    ``TypedBlock.to``); without, ``typed_edges.gather_edge_features`` reads them later. Edge features whose
+    rows are not one per edge raise ``DataError`` naming the relation here.
+
     Not thread-safe: one instance per sampling thread (it owns a vertex -> position map per type, 8 bytes
     per vertex of the graph).
     """
 
-    def __init__(self, graph: TypedGraph, fanouts, degrees: bool = False):
+    def __init__(self, graph: TypedGraph, fanouts, degrees: bool = False, edge_ids=None,
+                 edge_features: bool = True):
         self.graph = graph
         self.fanouts = typed_fanouts(graph, fanouts)
         self.num_layers = len(next(iter(self.fanouts.values())))
         self.degrees = degrees
+        self.edge_ids = _edge_id_relations(graph, edge_ids)
+        check_edge_features(graph, self.edge_ids)
+        self.edge_features = edge_features and any(graph.relations[r].edge_features is not None
+                                                    for r in self.edge_ids)
         self._maps = {t: np.full(n, -1, dtype=np.int64) for t, n in graph.num_nodes.items()}
         self._out_degrees = ({r: out_degrees(rel, graph.num_nodes[r[0]]) for r, rel in graph.relations.items()}
                              if degrees else {})
@@ -200,20 +235,24 @@ class TypedNeighborSampler:
         finally:
             for t, buffer in frontier.items():
                 kernels.reset_map(buffer[:size[t]], self._maps[t])
+        if self.edge_features:
+            gather_edge_features(self.graph, blocks)
         blocks.reverse()
         frontiers.reverse()
         return blocks, frontiers
 
     def _draw(self, hop: int, key: int, frontier: dict[str, np.ndarray], num_dst: dict[str, int]
-              ) -> dict[RelationType, tuple[np.ndarray, np.ndarray]]:
-        """Every relation's (ptr, sampled source ids) for its destination type's destinations, when it has any."""
+              ) -> dict[RelationType, tuple]:
+        """Every relation's (ptr, sampled source ids[, edge positions]) for its destination type's
+        destinations, when it has any; the edge positions for the relations in ``self.edge_ids``."""
         drawn = {}
         for relation, csc in self.graph.relations.items():
             count = num_dst.get(relation[2], 0)
             if count:
-                drawn[relation] = kernels.sample_neighbors(
-                    csc.indptr, csc.indices, frontier[relation[2]][:count], self.fanouts[relation][hop],
-                    np.uint64(relation_key(key, hop, relation)), kernels.NO_ORDER)
+                kernel = kernels.sample_neighbor_edges if relation in self.edge_ids else kernels.sample_neighbors
+                drawn[relation] = kernel(csc.indptr, csc.indices, frontier[relation[2]][:count],
+                                         self.fanouts[relation][hop], np.uint64(relation_key(key, hop, relation)),
+                                         kernels.NO_ORDER)
         return drawn
 
     def _relabel(self, drawn, frontier: dict[str, np.ndarray], size: dict[str, int]
@@ -221,7 +260,7 @@ class TypedNeighborSampler:
         """Each relation's sampled sources as positions in its source type's frontier, appending the new ones
         (one buffer per type, grown once for all the relations that feed it, then filled in relation order)."""
         extra: dict[str, int] = {}
-        for (src_type, _, _), (_, nbrs) in drawn.items():
+        for (src_type, _, _), (_, nbrs, *_) in drawn.items():
             extra[src_type] = extra.get(src_type, 0) + nbrs.shape[0]
         for src_type, count in extra.items():
             n = size.get(src_type, 0)
@@ -230,7 +269,7 @@ class TypedNeighborSampler:
                 grown[:n] = frontier[src_type][:n]
             frontier[src_type], size[src_type] = grown, n
         local = {}
-        for relation, (_, nbrs) in drawn.items():
+        for relation, (_, nbrs, *_) in drawn.items():
             src_type = relation[0]
             local[relation], size[src_type] = kernels.relabel(frontier[src_type], size[src_type], nbrs,
                                                               self._maps[src_type])
@@ -242,9 +281,10 @@ class TypedNeighborSampler:
         ids = {t: frontier[t][:size[t]] for t in types}
         blocks = {relation: Block(num_dst[relation[2]], size[relation[0]], torch.from_numpy(ptr),
                                   torch.from_numpy(local[relation]), src_degree=self._degrees(relation, ids))
-                  for relation, (ptr, _) in drawn.items()}
+                  for relation, (ptr, *_) in drawn.items()}
+        edge_ids = {relation: torch.from_numpy(d[2]) for relation, d in drawn.items() if len(d) == 3}
         return TypedBlock({t: num_dst[t] for t in types if t in num_dst}, {t: size[t] for t in types}, blocks,
-                          {t: torch.from_numpy(ids[t]) for t in types})
+                          {t: torch.from_numpy(ids[t]) for t in types}, edge_ids)
 
     def _degrees(self, relation: RelationType, ids: dict[str, np.ndarray]) -> torch.Tensor | None:
         if not self.degrees:

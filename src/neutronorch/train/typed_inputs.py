@@ -9,40 +9,32 @@ from __future__ import annotations
 
 from typing import Mapping
 
-import numpy as np
 import torch
 
 from neutronorch.data.typed import TypedGraph
 from neutronorch.nn.typed_models import TypedGNN
-from neutronorch.sampling import kernels
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_block import TypedSubgraph
+from neutronorch.sampling.typed_edges import read_rows
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 
 def gather_inputs(graph: TypedGraph, subgraph: TypedSubgraph, device: torch.device
                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The bottom frontier's rows of every featured type and every type's frontier ids, both on ``device``
-    (``gather_frontier`` of ``subgraph.input_nodes``)."""
+    (``gather_frontier`` of ``subgraph.input_nodes``). The blocks' edge features are on the blocks already
+    (``TypedBlock.edge_features``: the sampler reads them), moved with them by ``TypedBlock.to``."""
     return gather_frontier(graph, subgraph.input_nodes, device)
 
 
 def gather_frontier(graph: TypedGraph, frontier: Mapping[str, torch.Tensor], device: torch.device
                     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The rows of every featured type's ids in ``frontier`` (float32; a memory-mapped array is read at those
-    rows only) and every type's ids, both on ``device``. Contiguous float32 rows go through
-    ``kernels.gather_rows`` (prefetching rows ahead: 100,000 random rows of 64 from a memory-mapped 800,000
-    took 3.5-4.6 ms on one thread, a numpy fancy index 16-80 ms); other storage through a fancy index."""
-    features = {}
-    for t, ids in frontier.items():
-        if t in graph.features:
-            source = graph.features[t]
-            if source.dtype == np.float32 and source.ndim == 2 and source.flags.c_contiguous:
-                rows = np.empty((ids.shape[0], source.shape[1]), np.float32)
-                kernels.gather_rows(source, ids.numpy(), kernels.NO_ORDER, rows)
-            else:
-                rows = np.asarray(source[ids.numpy()], dtype=np.float32)
-            features[t] = torch.from_numpy(rows).to(device)
+    rows only) and every type's ids, both on ``device``, by ``typed_edges.read_rows``: contiguous float32 rows
+    go through ``kernels.gather_rows`` (prefetching rows ahead: 100,000 random rows of 64 from a memory-mapped
+    800,000 took 3.5-4.6 ms on one thread, a numpy fancy index 16-80 ms); other storage through a fancy index."""
+    features = {t: torch.from_numpy(read_rows(graph.features[t], ids.numpy())).to(device)
+                for t, ids in frontier.items() if t in graph.features}
     return features, {t: ids.to(device) for t, ids in frontier.items()}
 
 

@@ -1,0 +1,65 @@
+"""Edge features of sampled typed blocks: each relation's rows at its sampled edges' ids.
+
+``TypedNeighborSampler`` records, per relation block, the position in the relation's CSC ``indices`` of every
+sampled edge (``TypedBlock.edge_ids``); ``gather_edge_features`` reads the relation's ``edge_features`` at
+those positions into ``TypedBlock.edge_features`` (float32, one row per edge in the block's ``indices``
+order), where the relational models find them. The sampler calls it on the blocks it returns (its
+``edge_features`` argument), so every caller of ``sample``, ``sample_hops`` and ``sample_bottom`` gets them
+without a gather of its own; a block sampled without them can be given them later by the same call.
+
+A memory-mapped array is read at the sampled rows only: contiguous float32 rows through
+``kernels.gather_rows`` (prefetching rows ahead), other storage (float16, bfloat16) through a numpy fancy
+index.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import torch
+
+from neutronorch.data.typed import RelationType, TypedGraph, relation_label
+from neutronorch.errors import DataError
+from neutronorch.sampling import kernels
+from neutronorch.sampling.typed_block import TypedBlock
+
+__all__ = ["check_edge_features", "gather_edge_features", "read_rows"]
+
+
+def read_rows(source: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``source[ids]`` as float32 rows (``ids`` int64). Contiguous float32 rows go through
+    ``kernels.gather_rows``, other storage through a numpy fancy index: either way a memory map is read at
+    those rows only."""
+    if source.dtype == np.float32 and source.ndim == 2 and source.flags.c_contiguous:
+        rows = np.empty((ids.shape[0], source.shape[1]), np.float32)
+        kernels.gather_rows(source, ids, kernels.NO_ORDER, rows)
+        return rows
+    return np.asarray(source[ids], dtype=np.float32)
+
+
+def check_edge_features(graph: TypedGraph, relations: Iterable[RelationType]) -> None:
+    """Raise ``DataError`` naming the relation when one of ``relations`` has edge features that are not one
+    row per edge (``edges x width``): a gather at the edges' ids would read past them."""
+    for relation in relations:
+        csc = graph.relations[relation]
+        source = csc.edge_features
+        if source is not None and (source.ndim != 2 or source.shape[0] != csc.num_edges):
+            raise DataError(f"{graph.name}: relation {relation_label(relation)} has edge features of shape "
+                            f"{tuple(source.shape)} for {csc.num_edges} edges; give one row (edges x width) per "
+                            f"edge.")
+
+
+def gather_edge_features(graph: TypedGraph, blocks: Iterable[TypedBlock],
+                         device: torch.device | str = "cpu") -> None:
+    """Set each typed block's ``edge_features[r]`` to relation ``r``'s edge feature rows at the block's
+    ``edge_ids[r]`` (float32, on ``device``), for every relation with edge features whose edge ids the
+    block holds. Raises ``DataError`` naming the relation when its edge features have a row count other than
+    its edges'."""
+    for tblock in blocks:
+        check_edge_features(graph, tblock.edge_ids)
+        for relation, ids in tblock.edge_ids.items():
+            source = graph.relations[relation].edge_features
+            if source is not None:
+                rows = read_rows(source, ids.cpu().numpy())
+                tblock.edge_features[relation] = torch.from_numpy(rows).to(device)
