@@ -35,19 +35,28 @@ destination of some layer must be one of some relation of it, or the next layer 
 graph whose relations all point one way (``writes`` into ``paper`` but nothing into ``author``) is refused
 with an error naming the type; ``TypedGraph.with_reverse`` adds the reverse relations that fix it.
 
+Edge features (``TypedBlock.edge_features``, which the typed sampler reads for every relation that has them)
+reach each layer, the bottom one included (``TypedBottom``): ``rgat`` attends over them (``RGATConv``'s
+``edge_dims``, PyG's ``GATConv(edge_dim=...)``), with every relation's width; ``sage`` and ``rgcn`` take a
+relation's one-column edge features as edge weights (the weighted mean of ``nn/relational.py``) and ignore
+wider ones, which only R-GAT reads (logged once, when the model is built). A relation without edge features
+runs exactly as before.
+
 The model takes what it needs of a graph as a ``TypedSpec`` (types, counts, feature widths, relations,
-target), so nothing here reads a loaded graph's arrays.
+edge feature widths, target), so nothing here reads a loaded graph's arrays.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from neutronorch.data.typed import relation_label
 from neutronorch.nn.activation import keyed_dropout, relu_dropout
 from neutronorch.nn.names import TYPED_MODELS
 from neutronorch.nn.relational import RGCNConv, TypedSAGEConv
@@ -58,28 +67,41 @@ from neutronorch.sampling.typed_block import RelationType, TypedBlock
 if TYPE_CHECKING:
     from neutronorch.data.typed import TypedGraph
 
+logger = logging.getLogger("neutronorch")
+
 LEAKY_SLOPE = 0.01  # torch's default, the slope IGB's and the MLPerf reference's R-GAT use between layers
 
 
 @dataclass(frozen=True)
 class TypedSpec:
     """What a relational model needs of a typed graph: every type's vertex count and feature width (0: no
-    features, so an embedding table), the relations in the graph's order and the target type."""
+    features, so an embedding table), the relations in the graph's order, the target type, and the width of
+    each relation's edge features (``edge_dims``: only the relations that have them)."""
 
     num_nodes: dict[str, int]
     feature_dims: dict[str, int]
     relations: tuple[RelationType, ...]
     target: str
+    edge_dims: dict[RelationType, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, graph: "TypedGraph") -> "TypedSpec":
         return cls(dict(graph.num_nodes), {t: graph.feature_dim(t) for t in graph.num_nodes},
-                   tuple(graph.relations), graph.target)
+                   tuple(graph.relations), graph.target,
+                   {r: rel.edge_feature_dim for r, rel in graph.relations.items() if rel.edge_feature_dim})
 
     def to_dict(self) -> dict:
-        """As a summary or checkpoint stores it (JSON: relations as lists)."""
+        """As a summary or checkpoint stores it (JSON: relations as lists, ``edge_dims`` as ``[src, name, dst,
+        width]`` lists); ``from_dict`` reads it back."""
         return {"num_nodes": dict(self.num_nodes), "feature_dims": dict(self.feature_dims),
-                "relations": [list(r) for r in self.relations], "target": self.target}
+                "relations": [list(r) for r in self.relations], "target": self.target,
+                "edge_dims": [[*r, width] for r, width in self.edge_dims.items()]}
+
+    @classmethod
+    def from_dict(cls, stored: Mapping) -> "TypedSpec":
+        """The spec ``to_dict`` stored (one stored without ``edge_dims`` has no edge features)."""
+        return cls(dict(stored["num_nodes"]), dict(stored["feature_dims"]), tuple(map(tuple, stored["relations"])),
+                   stored["target"], {tuple(e[:3]): int(e[3]) for e in stored.get("edge_dims", [])})
 
 
 def reachable_types(spec: TypedSpec, hops: int) -> list[list[str]]:
@@ -128,6 +150,8 @@ class TypedGNN(nn.Module):
         in_dims = {t: spec.feature_dims[t] or width for t in self.input_types}
         if kind == "rgcn":
             in_dims = dict.fromkeys(self.input_types, hidden)
+        # SAGE and R-GCN read one-column edge features as edge weights (R-GAT attends over any width).
+        self.weighted = () if kind == "rgat" else tuple(r for r, w in spec.edge_dims.items() if w == 1)
         layers = []
         for index in range(num_layers):
             last = index == num_layers - 1
@@ -139,9 +163,11 @@ class TypedGNN(nn.Module):
             elif kind == "rgcn":
                 layers.append(RGCNConv(hidden, out_dim, relations, num_bases=num_bases))
             else:
-                layers.append(RGATConv(in_dims, out_dim, relations, heads=1 if last else heads))
+                layers.append(RGATConv(in_dims, out_dim, relations, heads=1 if last else heads,
+                                       edge_dims={r: spec.edge_dims[r] for r in relations if r in spec.edge_dims}))
             in_dims = dict.fromkeys(in_dims, hidden)
         self.layers = nn.ModuleList(layers)
+        _log_ignored_edge_features(kind, spec, {r for layer in layers for r in layer.relations})
 
     def embedding_parameters(self) -> list[nn.Parameter]:
         """The featureless types' tables (sparse gradients: ``torch.optim.SparseAdam``)."""
@@ -167,7 +193,7 @@ class TypedGNN(nn.Module):
     def bottom_layer(self) -> "TypedBottom":
         """The bottom layer with its input projections, sharing this model's parameters: what NeutronOrch's
         host computes the hot rows with (the embedding tables are not in it: their rows are its inputs)."""
-        return TypedBottom(self.layers[0], self.projections, self.folded)
+        return TypedBottom(self.layers[0], self.projections, self.folded, self.weighted)
 
     def forward(self, blocks: list[TypedBlock], features: Mapping[str, torch.Tensor],
                 input_ids: Mapping[str, torch.Tensor], hot: Mapping[str, HotRows] | None = None) -> torch.Tensor:
@@ -178,7 +204,10 @@ class TypedGNN(nn.Module):
         ``hot`` (NeutronOrch): per destination type, bottom-layer output rows computed elsewhere; the bottom
         block then holds the cold destinations only, and each type's bottom-layer output is spliced from its
         cold rows and ``hot[t]``'s (``nn/splice.py``) into the order of ``blocks[1]``'s source frontier, before
-        the activation (whose dropout masks are keyed by those vertices, so they are the unspliced run's)."""
+        the activation (whose dropout masks are keyed by those vertices, so they are the unspliced run's).
+
+        Each layer reads its block's edge features (``edge_arguments``), for the relations ``self.spec`` gives
+        edge features."""
         if len(blocks) != self.num_layers:
             raise ValueError(f"{len(blocks)} blocks for a {self.num_layers}-layer model")
         if hot and self.num_layers < 2:
@@ -186,7 +215,8 @@ class TypedGNN(nn.Module):
                              "as its logits")
         x = self.input_rows(features, input_ids)
         for index, (layer, tblock) in enumerate(zip(self.layers, blocks)):
-            y = self.bottom_layer()(tblock, x) if index == 0 else layer(tblock, x)
+            y = (self.bottom_layer()(tblock, x) if index == 0
+                 else layer(tblock, x, **edge_arguments(layer, tblock, self.weighted)))
             if index == self.num_layers - 1:
                 return y[self.spec.target]
             if index == 0 and hot:
@@ -215,12 +245,15 @@ class TypedGNN(nn.Module):
 class TypedBottom(nn.Module):
     """A relational model's bottom layer with the featured types' input projections (``rgcn``), over the rows
     ``TypedGNN.input_rows`` gives: a type whose projection is folded into the layer enters raw, another is
-    projected first. Holds the model's own modules (``TypedGNN.bottom_layer``); a deep copy of it is
-    NeutronOrch's host layer."""
+    projected first; and the block's edge features, as the model hands them to every layer
+    (``edge_arguments``: ``weighted`` are the relations SAGE and R-GCN weight their means by). Holds the
+    model's own modules (``TypedGNN.bottom_layer``); a deep copy of it is NeutronOrch's host layer."""
 
-    def __init__(self, layer: nn.Module, projections: nn.ModuleDict, folded: list[str]):
+    def __init__(self, layer: nn.Module, projections: nn.ModuleDict, folded: list[str],
+                 weighted: Iterable[RelationType] = ()):
         super().__init__()
         self.layer, self.projections, self.folded = layer, projections, list(folded)
+        self.weighted = tuple(weighted)
 
     def project(self, rows: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The rows the layer reads: each unfolded projection applied to its type's rows."""
@@ -230,13 +263,51 @@ class TypedBottom(nn.Module):
     def forward(self, tblock: TypedBlock, rows: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The bottom layer's output per destination type (before the activation)."""
         x = self.project(rows)
+        extra = edge_arguments(self.layer, tblock, self.weighted)
         if self.folded:
-            return self.layer(tblock, x, projections={t: self.projections[t] for t in self.folded})
-        return self.layer(tblock, x)
+            extra["projections"] = {t: self.projections[t] for t in self.folded}
+        return self.layer(tblock, x, **extra)
 
     @property
     def out_dim(self) -> int:
         return self.layer.out_dim
+
+
+def edge_arguments(layer: nn.Module, tblock: TypedBlock, weighted: Iterable[RelationType]) -> dict:
+    """The keyword arguments that hand ``layer`` its block's edge features (``tblock.edge_features``): an
+    ``RGATConv`` its ``edge_attr`` for the relations it attends over edge features of (``edge_dims``);
+    another layer its ``edge_weight`` for those of its relations in ``weighted`` (one column each). Nothing
+    when none of them has a block, so a layer without edge features runs exactly as it always has. Raises
+    ``ValueError`` naming the relation when its block lacks the rows, or has another number or width."""
+    if isinstance(layer, RGATConv):
+        widths, name = layer.edge_dims, "edge_attr"
+    else:
+        widths, name = {r: 1 for r in weighted if r in layer.relations}, "edge_weight"
+    given = {}
+    for relation, width in widths.items():
+        block = tblock.blocks.get(relation)
+        if block is None:
+            continue
+        rows = tblock.edge_features.get(relation)
+        if rows is None:
+            raise ValueError(f"relation {relation_label(relation)} has edge features, but its sampled block "
+                             f"carries none: sample with a TypedNeighborSampler that reads them (its default), "
+                             f"or read them into the blocks with typed_edges.gather_edge_features")
+        if tuple(rows.shape) != (block.num_edges, width):
+            raise ValueError(f"relation {relation_label(relation)}: edge features of shape {tuple(rows.shape)} "
+                             f"for {block.num_edges} sampled edges; the model reads {width} column(s) per edge")
+        given[relation] = rows
+    return {name: given} if given else {}
+
+
+def _log_ignored_edge_features(kind: str, spec: TypedSpec, relations: set[RelationType]) -> None:
+    """Say once, when a SAGE or R-GCN model is built, which relations' edge features it leaves unread: those
+    wider than one column, which only R-GAT reads."""
+    wide = [f"{relation_label(r)} ({w} columns)" for r, w in spec.edge_dims.items() if w > 1 and r in relations]
+    if kind != "rgat" and wide:
+        logger.warning(f"{kind} reads one-column edge features as edge weights and ignores wider ones: the edge "
+                       f"features of {', '.join(wide)} are not used (R-GAT attends over edge features of any "
+                       f"width)")
 
 
 def _check_reached(spec: TypedSpec, reached: list[list[str]]) -> None:

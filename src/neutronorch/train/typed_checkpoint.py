@@ -88,10 +88,10 @@ def typed_changes(saved: dict, now: dict) -> list[str]:
 
 
 def spec_of(arguments: dict) -> TypedSpec:
-    """The ``TypedSpec`` a model's stored arguments describe (``TypedSpec.to_dict``'s inverse)."""
-    spec = arguments["spec"]
-    return TypedSpec(dict(spec["num_nodes"]), dict(spec["feature_dims"]), tuple(map(tuple, spec["relations"])),
-                     spec["target"])
+    """The ``TypedSpec`` a model's stored arguments describe (``TypedSpec.from_dict``, edge feature widths
+    included: R-GAT's ``lin_edge`` weights and the relations SAGE and R-GCN weight their means by follow from
+    them)."""
+    return TypedSpec.from_dict(arguments["spec"])
 
 
 def fanouts_of(state: dict) -> dict[tuple, list[int]]:
