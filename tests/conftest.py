@@ -22,6 +22,21 @@ def _scratch_working_folder(tmp_path_factory):
     os.chdir(before)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch and one numba thread for a module of tiny tensors (``pytest.mark.usefixtures("one_thread")``):
+    with two, on a machine whose cores other work kept busy, each small product or kernel waited milliseconds
+    for the second thread (the relational layers' file took a minute)."""
+    import numba
+
+    before = torch.get_num_threads(), numba.get_num_threads()
+    torch.set_num_threads(1)
+    numba.set_num_threads(1)
+    yield
+    torch.set_num_threads(before[0])
+    numba.set_num_threads(before[1])
+
+
 def pytest_collection_modifyitems(config, items):
     skip_cuda = pytest.mark.skip(reason="no CUDA device")
     for item in items:

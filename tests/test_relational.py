@@ -4,7 +4,6 @@ means equal a dense reference, and only destinations' rows are computed."""
 
 from dataclasses import replace
 
-import numba
 import numpy as np
 import pytest
 import torch
@@ -53,16 +52,7 @@ def _synthetic() -> TypedGraph:
     return replace(graph, relations=relations).with_reverse()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """The tensors here are tiny: one torch and one numba thread. With two, on a machine whose cores other work
-    kept busy, each small product or kernel waited milliseconds for the second thread (the file took a minute)."""
-    before = torch.get_num_threads(), numba.get_num_threads()
-    torch.set_num_threads(1)
-    numba.set_num_threads(1)
-    yield
-    torch.set_num_threads(before[0])
-    numba.set_num_threads(before[1])
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.py)
 
 
 GRAPHS = {"tiny": _tiny, "synthetic": _synthetic}

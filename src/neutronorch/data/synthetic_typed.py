@@ -16,6 +16,12 @@ neighbours together adds the two topics up and loses their order, as the feature
 is drawn by a Zipf weight within its class, as in ``synthetic.py``, so in-degrees follow a power law;
 out-degrees are geometric around their means. With ``field_features``, fields carry their topic's centroid
 (of their own space) under the same noise, which shows the field topic directly.
+
+With ``edge_weights``, every ``cites`` edge carries one edge feature, a weight: about 1 (0.75 to 1.25) when
+the two papers share a label, about 0.2 (0.15 to 0.25) when not (the edges drawn outside the label, a share
+``1 - homophily``). A model that weights its citations' mean by it (typed SAGE, R-GCN) or attends over it
+(R-GAT) hears mostly the citations that tell the label. The weights come from a generator of their own, so
+the graph is otherwise the one drawn without them.
 """
 
 from __future__ import annotations
@@ -54,11 +60,12 @@ class _Pool:
 
 def synthetic_typed(nodes: int = 20_000, degree: float = 10.0, features: int = 64, field_features: int = 0,
                     topics: int = 4, power: float = 0.6, homophily: float = 0.8, noise: float = 0.5,
-                    train: float = 0.1, val: float = 0.05, seed: int = 0) -> TypedGraph:
+                    train: float = 0.1, val: float = 0.05, seed: int = 0, edge_weights: bool = False) -> TypedGraph:
     """A MAG-like typed graph of about ``nodes`` vertices and ``degree * nodes`` edges (a little fewer once
     repeated edges are dropped), with ``topics ** 2`` classes; the same arguments give the same graph.
     ``noise`` is the feature noise's standard deviation per dimension (class centroids have unit norm),
-    ``homophily`` the chance that an edge's far end is drawn from the class the label asks for."""
+    ``homophily`` the chance that an edge's far end is drawn from the class the label asks for;
+    ``edge_weights``: a weight on every ``cites`` edge, high between papers of one label (module docstring)."""
     _check(nodes, degree, features, field_features, topics, power, homophily, noise, train, val)
     rng = np.random.default_rng(seed)
     num_classes = topics * topics
@@ -91,6 +98,8 @@ def synthetic_typed(nodes: int = 20_000, degree: float = 10.0, features: int = 6
         relations[key] = Relation.from_edges(src, dst, counts[key[0]], counts[key[2]], deduplicate=True,
                                              source=f"synthetic {key[1]}")
         del drawing, drawn, src, dst
+    if edge_weights:
+        relations[("paper", "cites", "paper")] = _weighted(relations[("paper", "cites", "paper")], labels, seed)
 
     topic_centroids = _centroids(rng, topics, features)
     paper = _noise(rng, counts["paper"], features, noise)
@@ -101,12 +110,22 @@ def synthetic_typed(nodes: int = 20_000, degree: float = 10.0, features: int = 6
         node_features["field"] += _centroids(rng, topics, field_features)[field_topics]
     train_idx, val_idx, test_idx = make_split(labels, num_classes, f"ratio:{train},{val}", seed)
     name = (f"synthetic-typed-n{nodes}-d{degree:g}-f{features}-ff{field_features}-t{topics}-p{power:g}"
-            f"-h{homophily:g}-x{noise:g}-s{seed}")
+            f"-h{homophily:g}-x{noise:g}-s{seed}" + ("-w" if edge_weights else ""))
     return TypedGraph(name=name, num_nodes=counts, relations=relations, features=node_features, target="paper",
                       labels=labels, train_idx=train_idx, val_idx=val_idx, test_idx=test_idx,
                       num_classes=num_classes,
                       notes=["synthetic typed graph: a paper's label is the ordered pair (its fields' topic, its "
                              "authors' institutions' topic); its features show both topics but not their order"])
+
+
+def _weighted(cites: Relation, labels: np.ndarray, seed: int) -> Relation:
+    """``cites`` with a weight per edge (one edge feature column): 0.75 to 1.25 between papers of one label,
+    0.15 to 0.25 between others, drawn by a generator of its own (keyed by ``seed``)."""
+    src, dst = cites.edges()
+    rng = np.random.default_rng([seed, 1])
+    weights = np.where(labels[src] == labels[dst], np.float32(1.0), np.float32(0.2))
+    weights *= rng.uniform(0.75, 1.25, src.shape[0]).astype(np.float32)
+    return Relation(cites.indptr, cites.indices, weights.reshape(-1, 1))
 
 
 def _balanced(rng: np.random.Generator, count: int, num_classes: int) -> np.ndarray:
