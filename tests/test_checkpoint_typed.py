@@ -1,5 +1,6 @@
 """Checkpoints of typed runs (train/typed_checkpoint.py): last.pt and best.pt, an exact resume at an epoch
-boundary, mid-epoch after a stop and from a checkpoint_every write, and refusals naming what differs."""
+boundary, mid-epoch after a stop and from a checkpoint_every write, refusals naming what differs, and
+predict/embed per vertex type (train/typed_predict.py) from the Python API and the command line."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import dataclasses
 import shutil
 import threading
 
+import numpy as np
 import pytest
 import torch
 
-from neutronorch import (CheckpointError, ConfigError, Interrupted, TrainConfig, load_checkpoint, load_typed_checkpoint,
-                         train)
-from neutronorch.data import synthetic_typed
+from neutronorch import (CheckpointError, ConfigError, Interrupted, TrainConfig, embed, load_checkpoint,
+                         load_typed_checkpoint, predict, train)
+from neutronorch.cli import main
+from neutronorch.data import synthetic_typed, write_typed
 from neutronorch.train import typed_checkpoint as typed_module
 from neutronorch.train.typed_task import train_typed
 
@@ -150,9 +153,102 @@ def test_a_damaged_typed_checkpoint_is_refused_naming_the_part(whole, tmp_path):
             load_typed_checkpoint(tmp_path / "odd.pt")
 
 
+def test_predicting_the_test_papers_gives_the_runs_test_score(mag, whole, tmp_path, capsys):
+    summary, directory = whole
+    classes = predict(directory / "best.pt", mag, "test")
+    assert float((classes == mag.labels[mag.test_idx]).mean()) == summary["test_acc"]
+    # A vertex's prediction depends on it alone: not on the chunk or the other vertices asked for.
+    everything = predict(directory / "best.pt", mag, "all", probabilities=True, chunk_size=100)
+    assert everything.shape == (1200, 16) and np.allclose(everything.sum(1), 1, atol=1e-5)
+    assert np.array_equal(everything.argmax(1)[mag.test_idx], classes)
+    assert np.array_equal(predict(directory / "best.pt", mag, [5, 0, 5]), everything.argmax(1)[[5, 0, 5]])
+    folder = write_typed(mag, tmp_path / "mag")
+    out = tmp_path / "preds.npy"
+    flags = ["--checkpoint", str(directory / "best.pt"), "--dataset", str(folder), "--device", "cpu"]
+    assert main(["predict", *flags, "--out", str(out)]) == 0
+    assert np.array_equal(np.load(out), classes)
+    assert f"test accuracy {summary['test_acc']:.4f}" in capsys.readouterr().out
+    # Outputs are checked before any work: never an input, never an existing file unless asked.
+    assert main(["predict", *flags, "--out", str(out)]) == 2
+    assert "--out " + str(out) + ": already exists" in capsys.readouterr().err
+    assert main(["predict", *flags, "--out", str(folder / "nodes" / "paper" / "labels.npy"), "--overwrite"]) == 2
+    assert "lies inside" in capsys.readouterr().err
+    np.save(tmp_path / "pairs.npy", np.array([[0, 1], [2, 3]]))
+    assert main(["predict", *flags, "--out", str(tmp_path / "p.npy"), "--pairs", str(tmp_path / "pairs.npy")]) == 2
+    assert "this checkpoint classifies vertices" in capsys.readouterr().err
+
+
+def test_a_typed_checkpoint_that_does_not_fit_the_graph_is_refused(whole):
+    _, directory = whole
+    wider = synthetic_typed(nodes=3000, train=0.3, val=0.1, seed=0, features=32)
+    with pytest.raises(CheckpointError, match="does not fit this graph: paper feature width 64 \\(checkpoint\\) vs 32"):
+        predict(directory / "best.pt", wider, "test")
+    more = synthetic_typed(nodes=4000, train=0.3, val=0.1, seed=0)
+    with pytest.raises(CheckpointError, match="author embedding table of 1,500 rows \\(checkpoint\\) vs 2,000"):
+        predict(directory / "best.pt", more, "test")
+    homogeneous = TrainConfig(dataset="synthetic:nodes=300,degree=4,features=4,classes=3")
+    with pytest.raises(ConfigError, match="a typed graph's checkpoint .* is homogeneous; give the typed graph"):
+        from neutronorch.data import load_dataset
+        predict(load_typed_checkpoint(directory / "best.pt"), load_dataset(homogeneous.dataset), "test")
+
+
+def test_embeddings_are_the_rows_the_layer_above_reads(mag, whole):
+    """The default: the target's rows at the last hidden layer, which the top layer reads for it."""
+    _, directory = whole
+    checkpoint = load_typed_checkpoint(directory / "best.pt")
+    rows = embed(checkpoint, mag, nodes=[7, 3, 11])
+    assert rows.shape == (3, 16) and rows.dtype == np.float32
+    from neutronorch.sampling.typed_sampler import TypedNeighborSampler
+    from neutronorch.train.typed_inputs import gather_inputs, inference_key
+
+    graph, model, read = mag.with_reverse(), checkpoint.model, {}
+    subgraph = TypedNeighborSampler(graph, checkpoint.fanouts).sample(np.array([7, 3, 11]), inference_key(0))
+    handle = model.layers[1].register_forward_pre_hook(lambda module, args: read.update(args[1]))
+    with torch.no_grad():
+        model(subgraph.blocks, *gather_inputs(graph, subgraph, torch.device("cpu")))
+    handle.remove()
+    # The seeds lead their type's frontier; the same neighbourhoods, the products over chunks of other sizes.
+    assert torch.allclose(read["paper"][:3], torch.from_numpy(rows), rtol=0, atol=1e-5)
+    authors = embed(checkpoint, mag, node_type="author")
+    assert authors.shape == (1500, 16)
+    assert np.allclose(authors[[4, 9]], embed(checkpoint, mag, 1, [4, 9], node_type="author"), rtol=0, atol=1e-5)
+    logits = embed(checkpoint, mag, 2, "test")
+    assert np.array_equal(logits.argmax(1), predict(checkpoint, mag, "test"))
+    for kwargs, words in ((dict(node_type="institution"), "layer 1 computes rows of paper, author, field only.*the "
+                                                          "model only reads institution's rows.*embedding table"),
+                          (dict(layer=2, node_type="author"), "layers 1..1 compute its rows: give `layer` 1"),
+                          (dict(node_type="author", nodes="test"), "the splits hold vertices of the target type"),
+                          (dict(node_type="venue"), "no such vertex type"),
+                          (dict(layer=3), "the model has layers 1..2")):
+        with pytest.raises(ConfigError, match=words):
+            embed(checkpoint, mag, **kwargs)
+
+
+def test_embed_writes_a_vertex_types_rows_from_the_command_line(mag, whole, tmp_path, capsys):
+    _, directory = whole
+    folder = write_typed(mag, tmp_path / "mag")
+    out = tmp_path / "authors.npy"
+    assert main(["embed", "--checkpoint", str(directory / "best.pt"), "--dataset", str(folder), "--node-type",
+                 "author", "--out", str(out), "--device", "cpu", "--no-progress"]) == 0
+    assert "1,500 x 16 embeddings (layer (the last hidden), vertex type author)" in capsys.readouterr().out
+    assert np.array_equal(np.load(out), embed(directory / "best.pt", mag, node_type="author"))
+    assert main(["embed", "--checkpoint", str(directory / "best.pt"), "--dataset", str(folder), "--node-type",
+                 "institution", "--out", str(tmp_path / "i.npy"), "--device", "cpu"]) == 2
+    assert "--node-type institution: layer 1 computes" in capsys.readouterr().err
+    assert not (tmp_path / "i.npy").exists()
+    # A homogeneous graph's embed still needs --layer, and has one vertex type: said before anything is read.
+    homogeneous = ["embed", "--checkpoint", str(tmp_path / "absent.pt"), "--dataset", "synthetic:nodes=300", "--out",
+                   str(tmp_path / "h.npy")]
+    assert main(homogeneous) == 2
+    assert "--layer: give the layer whose output to write" in capsys.readouterr().err
+    assert main([*homogeneous, "--layer", "1", "--node-type", "author"]) == 2
+    assert "--node-type author: for a typed graph's checkpoint" in capsys.readouterr().err
+
+
 def test_typed_neutronorch_runs_write_checkpoints_but_do_not_resume_yet(mag, tmp_path):
     summary = train(config(tmp_path, epochs=1, mode="neutronorch", super_batch=2), graph=mag)
-    assert load_typed_checkpoint(summary["checkpoints"]["last"]).epoch == 0
+    assert summary["checkpoints"]["last"] is not None
+    assert predict(tmp_path / "last.pt", mag, "test").shape == (len(mag.test_idx),)
     with pytest.raises(ConfigError, match="`resume` and `checkpoint_every` of a typed run in `mode` neutronorch"):
         train(config(tmp_path, epochs=2, mode="neutronorch", super_batch=2, resume=True), graph=mag)
     assert typed_module.TYPED_PARTS.keys() >= {"tables_optimizer", "fanouts", "rng"}

@@ -33,7 +33,7 @@ _FIELD = re.compile(r"(?<!`)`([a-z][a-z0-9_]*)`(?!`)")
 
 def as_flags(message: str) -> str:
     """The core's `field_name` references as the command line's --field-name flags."""
-    known = set(TrainConfig.keys()) | {"layer", "nodes", "pairs", "out", "scratch_dir",  # predict's, embed's
+    known = set(TrainConfig.keys()) | {"layer", "nodes", "pairs", "out", "scratch_dir", "node_type",  # predict, embed
                                        "run_name", "no_save"}  # and train's run folder
     return _FIELD.sub(lambda m: "--" + m[1].replace("_", "-") if m[1] in known else m[0], message)
 
@@ -290,18 +290,19 @@ def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
     from neutronorch.train.link_predict import read_pairs
     from neutronorch.train.predict import NODE_SETS, check_output_path, check_task
     from neutronorch.train.resources import resolve_device
+    from neutronorch.train.typed_checkpoint import load_typed_checkpoint
 
-    device = resolve_device(args.device)
+    device, typed = resolve_device(args.device), is_typed_dataset(args.dataset)  # typed: train/typed_predict.py
     scratch = None if args.scratch_dir == "memory" else args.scratch_dir
     given = getattr(args, "pairs", None)
     reads = {"checkpoint": [args.checkpoint], "dataset": dataset_paths(args.dataset),
              "nodes": [] if args.nodes in (None, *NODE_SETS) else [args.nodes], "pairs": [given] if given else []}
     check_output_path(args.out, scratch, reads, args.overwrite)
     options = {"pairs": read_pairs(given)} if pairs else {}
-    checkpoint = load_checkpoint(args.checkpoint)
+    checkpoint = (load_typed_checkpoint if typed else load_checkpoint)(args.checkpoint)
     if pairs is not None:
         check_task(checkpoint, pairs)
-    graph = load_dataset(args.dataset)
+    graph = (load_typed_dataset if typed else load_dataset)(args.dataset)
     options.update(device=str(device), out=args.out, scratch=scratch, overwrite=args.overwrite,
                    progress=_ProgressBar("layer", "vertex") if args.progress else None)
     return checkpoint, graph, options
@@ -340,13 +341,15 @@ def _score_pairs(args: argparse.Namespace, t0: float) -> int:
 
 
 def _cmd_embed(args: argparse.Namespace) -> int:
-    from neutronorch.train.predict import embed
+    from neutronorch.train.predict import check_embed_request, embed
 
     t0 = time.perf_counter()
+    check_embed_request(args.layer, args.node_type, typed=is_typed_dataset(args.dataset))  # before any data is read
     checkpoint, graph, options = _inference(args)
-    out = embed(checkpoint, graph, args.layer, args.nodes, **options)
-    print(f"wrote {out.shape[0]:,} x {out.shape[1]} embeddings (layer {args.layer}) of {graph.name} to "
-          f"{args.out} in {time.perf_counter() - t0:.1f}s")
+    out = embed(checkpoint, graph, args.layer, args.nodes, node_type=args.node_type, **options)
+    which = f"layer {args.layer or '(the last hidden)'}" + (f", vertex type {args.node_type}" if args.node_type else "")
+    print(f"wrote {out.shape[0]:,} x {out.shape[1]} embeddings ({which}) of {graph.name} to {args.out} in "
+          f"{time.perf_counter() - t0:.1f}s")
     return 0
 
 

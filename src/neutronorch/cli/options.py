@@ -176,13 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
     pred = commands.add_parser("predict", help="predict classes, or score vertex pairs, with a trained model",
                                description="Exact full-neighbour inference of a checkpoint's model: the classes "
                                            "of vertices (--nodes), or with a link checkpoint (train --task link) "
-                                           "the scores of vertex pairs (--pairs).",
+                                           "the scores of vertex pairs (--pairs). A typed graph's: the target type's "
+                                           "classes, over neighbourhoods sampled as its evaluation sampled them.",
                                formatter_class=_Formatter, add_help=False)
     _add_predict_options(pred)
 
     emb = commands.add_parser("embed", help="write a trained model's vertex embeddings",
                               description="The output of one layer of a checkpoint's model over complete "
-                                          "neighbourhoods (exact layer-wise inference).",
+                                          "neighbourhoods (exact layer-wise inference); of a typed graph's, a vertex "
+                                          "type's rows, over neighbourhoods sampled as its evaluation sampled them.",
                               formatter_class=_Formatter, add_help=False)
     _add_embed_options(emb)
 
@@ -255,9 +257,13 @@ def _add_embed_options(emb: argparse.ArgumentParser, full: bool = False) -> None
     _help_options(emb, full, _add_embed_options)
     emb.add_argument("--checkpoint", required=True, metavar="PATH", help="a checkpoint (DIR/best.pt or DIR/last.pt)")
     emb.add_argument("--dataset", required=True, metavar="SPEC", help=_dataset_help(full))
-    emb.add_argument("--layer", type=int, required=True, metavar="K",
+    emb.add_argument("--layer", type=int, metavar="K",
                      help="1 = the bottom layer's output (after its activation) ... the last layer (logits; of a "
-                          "link checkpoint, the embeddings its head scores)")
+                          "link checkpoint, the embeddings its head scores); a typed graph's default: the last "
+                          "hidden layer")
+    emb.add_argument("--node-type", metavar="TYPE",
+                     help="a typed graph: the vertex type whose rows to write (default: the target; one the layer "
+                          "computes)")
     emb.add_argument("--out", required=True, metavar="PATH",
                      help="write the embeddings here (.npy, float32, a row per vertex)")
     emb.add_argument("--nodes", default="all", help="test, val, train, all, or a .npy file of vertex ids "

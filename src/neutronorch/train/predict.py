@@ -1,7 +1,8 @@
 """Predictions from a trained model: exact full-neighbour inference of chosen vertices (never stale).
 
 A link checkpoint's model (``nn.link.LinkModel``) is an encoder and a head: inference runs the encoder's
-layers (``embed``), and its pairs are scored by ``link_predict.score_pairs``."""
+layers (``embed``), and its pairs are scored by ``link_predict.score_pairs``. A typed graph's checkpoint,
+given with its ``TypedGraph``, is read by ``typed_predict.py`` (``predict`` and ``embed`` hand it over)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 
 from neutronorch.data.graph import Graph
+from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.link import LinkModel
@@ -23,27 +25,37 @@ from neutronorch.features.memory import available_memory_bytes
 from neutronorch.train.output_guard import check_distinct, check_fresh, check_space
 from neutronorch.train.outputs import check_creatable, open_array_atomically
 from neutronorch.train.task import Task, score
+from neutronorch.train.typed_checkpoint import TypedCheckpoint
+from neutronorch.train.typed_inputs import typed_files
 
 NODE_SETS = ("test", "val", "train", "all")
 # What ``nodes`` may be: a set's name, a .npy file, or the vertex ids themselves.
 Nodes = Union[str, os.PathLike, np.ndarray, torch.Tensor, Sequence[int]]
 
 
-def select_nodes(graph: Graph, nodes: Nodes) -> np.ndarray:
+def select_nodes(graph: Graph | TypedGraph, nodes: Nodes, node_type: str | None = None) -> np.ndarray:
     """``test``, ``val``, ``train``, ``all``, a ``.npy`` file of vertex ids, or the ids themselves (a numpy
-    array, list, tuple or torch tensor), checked alike: 1-D integers in 0..num_nodes-1."""
+    array, list, tuple or torch tensor), checked alike: 1-D integers in 0..num_nodes-1. Of a typed graph, ids
+    of ``node_type`` (default: the target, whose vertices the splits hold)."""
+    count, of = graph.num_nodes, ""
+    if isinstance(graph, TypedGraph):
+        node_type = node_type or graph.target
+        count, of = graph.num_nodes[node_type], f" ({node_type} vertices)"
     if isinstance(nodes, (str, os.PathLike)):
         if nodes in ("test", "val", "train"):
+            if isinstance(graph, TypedGraph) and node_type != graph.target:
+                raise ConfigError(f"`nodes` {nodes}: the splits hold vertices of the target type {graph.target}; "
+                                  f"give all, or a .npy file of {node_type} ids.")
             return np.array(getattr(graph, f"{nodes}_idx"), dtype=np.int64)
         if nodes == "all":
-            return np.arange(graph.num_nodes, dtype=np.int64)
+            return np.arange(count, dtype=np.int64)
         ids, what = _read_ids(nodes), f"`nodes` {nodes}"
     else:
         ids, what = ids_in_memory(nodes), "`nodes` (vertex ids given in memory)"
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
         raise ConfigError(f"{what}: expected a 1-D array of integer vertex ids, got {ids.dtype} {ids.shape}.")
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= graph.num_nodes):
-        raise ConfigError(f"{what}: vertex ids must be in 0..{graph.num_nodes - 1}.")
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= count):
+        raise ConfigError(f"{what}: vertex ids must be in 0..{count - 1}{of}.")
     return ids.astype(np.int64)
 
 
@@ -71,10 +83,10 @@ def ids_in_memory(nodes, what: str = "`nodes` (vertex ids given in memory)") -> 
         raise ConfigError(f"{what}: cannot be read as an array ({exc}).") from None
 
 
-def predict(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, nodes: Nodes = "test",
-            probabilities: bool = False, device: str = "cpu", chunk_size: int = 4096, *,
+def predict(checkpoint: Checkpoint | TypedCheckpoint | str | os.PathLike, graph: Graph | TypedGraph,
+            nodes: Nodes = "test", probabilities: bool = False, device: str = "cpu", chunk_size: int = 4096, *,
             out: str | os.PathLike | None = None, scratch: str | None = "auto",
-            progress: LayerProgress | None = None, overwrite: bool = False) -> np.ndarray:
+            progress: LayerProgress | None = None, overwrite: bool = False, fanouts=None) -> np.ndarray:
     """Predicted classes (int64) of ``nodes``, or with ``probabilities`` their class probabilities
     (float32, one row per vertex), from the checkpoint's model over complete neighbourhoods. For a
     multi-label graph: a 0/1 row per vertex (int8), or with ``probabilities`` each task's probability.
@@ -87,28 +99,58 @@ def predict(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, nodes: Nod
     or in the system's temporary folder), a folder, or None (in memory). ``progress(layer, done, total)``
     is called after every chunk. ``out`` must not be one of the inputs (the checkpoint, the graph's files,
     the ``nodes`` file), and is not replaced if it exists unless ``overwrite``. A link checkpoint scores
-    pairs instead (``score_pairs``), and is refused here."""
-    check_prediction_output(out, scratch, checkpoint, graph, overwrite, {"nodes": _node_files(nodes)})
+    pairs instead (``score_pairs``), and is refused here.
+
+    A ``TypedGraph`` (with a typed checkpoint) is predicted by ``typed_predict.predict_typed``: the target
+    type's ``nodes``, from neighbourhoods sampled as the run's evaluation sampled them (``fanouts``: other
+    fanouts, -1 for all; ``scratch`` does not apply)."""
+    if isinstance(graph, TypedGraph):
+        from neutronorch.train.typed_predict import predict_typed  # noqa: PLC0415 - it imports this module
+
+        return predict_typed(checkpoint, graph, nodes, probabilities, device, chunk_size, out=out, progress=progress,
+                             overwrite=overwrite, fanouts=fanouts)
+    _homogeneous_only(fanouts=fanouts)
+    check_prediction_output(out, scratch, checkpoint, graph, overwrite, {"nodes": node_files(nodes)})
     checkpoint = checkpoint_for(checkpoint, graph, pairs=False)
-    task = Task.of(graph)
-    if probabilities:
-        shape, dtype, transform = (task.num_classes,), np.float32, task.probabilities
-    elif task.multilabel:
-        shape, dtype, transform = (task.num_classes,), np.int8, task.predictions
-    else:
-        shape, dtype, transform = (), np.int64, task.predictions
+    shape, dtype, transform = prediction_rows(Task.of(graph), probabilities)
     return _infer(checkpoint, graph, nodes, None, shape, dtype, transform, device, chunk_size, out, scratch, progress)
 
 
-def embed(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, layer: int, nodes: Nodes = "all",
-          device: str = "cpu", chunk_size: int = 4096, *, out: str | os.PathLike | None = None,
-          scratch: str | None = "auto", progress: LayerProgress | None = None,
-          overwrite: bool = False) -> np.ndarray:
+def prediction_rows(task: Task, probabilities: bool) -> tuple[tuple, type, object]:
+    """(row shape, dtype, transform of the logits) of ``predict``'s output for ``task``."""
+    if probabilities:
+        return (task.num_classes,), np.float32, task.probabilities
+    if task.multilabel:
+        return (task.num_classes,), np.int8, task.predictions
+    return (), np.int64, task.predictions
+
+
+def _homogeneous_only(**given) -> None:
+    """Refuse the settings that only typed graphs' predictions take."""
+    for name, value in given.items():
+        if value is not None:
+            raise ConfigError(f"`{name}` {value}: for a typed graph's checkpoint (a TypedGraph); a homogeneous "
+                              f"graph's predictions read every neighbour of its one vertex type.")
+
+
+def embed(checkpoint: Checkpoint | TypedCheckpoint | str | os.PathLike, graph: Graph | TypedGraph,
+          layer: int | None = None, nodes: Nodes = "all", device: str = "cpu", chunk_size: int = 4096, *,
+          out: str | os.PathLike | None = None, scratch: str | None = "auto", progress: LayerProgress | None = None,
+          overwrite: bool = False, node_type: str | None = None, fanouts=None) -> np.ndarray:
     """The output of layer ``layer`` (1 = the bottom layer, after its activation; the last layer gives the
     logits) of ``nodes``, as float32 rows, over complete neighbourhoods; ``out``, ``scratch``, ``progress``
     and ``overwrite`` as for ``predict``. For a link checkpoint the layers are its encoder's: the last
-    gives the embeddings its head scores."""
-    check_prediction_output(out, scratch, checkpoint, graph, overwrite, {"nodes": _node_files(nodes)})
+    gives the embeddings its head scores.
+
+    A ``TypedGraph`` is embedded by ``typed_predict.embed_typed``: ``node_type``'s rows (default the
+    target's) at ``layer`` (default the last hidden layer), sampled as ``predict`` samples."""
+    if isinstance(graph, TypedGraph):
+        from neutronorch.train.typed_predict import embed_typed  # noqa: PLC0415 - it imports this module
+
+        return embed_typed(checkpoint, graph, layer, nodes, device, chunk_size, node_type=node_type, out=out,
+                           progress=progress, overwrite=overwrite, fanouts=fanouts)
+    check_embed_request(layer, node_type, fanouts)
+    check_prediction_output(out, scratch, checkpoint, graph, overwrite, {"nodes": node_files(nodes)})
     checkpoint = checkpoint_for(checkpoint, graph)
     encoder = encoder_of(checkpoint.model)
     layers = encoder.num_layers
@@ -119,10 +161,23 @@ def embed(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, layer: int, 
                   progress)
 
 
+def check_embed_request(layer: int | None, node_type: str | None = None, fanouts=None, typed: bool = False) -> None:
+    """What ``embed`` of a homogeneous graph must be given (a typed graph's has defaults), checkable before any
+    data is read."""
+    if not typed:
+        _homogeneous_only(node_type=node_type, fanouts=fanouts)
+        if layer is None:
+            raise ConfigError("`layer`: give the layer whose output to write (1 = the bottom layer's; a typed "
+                              "graph's embeddings default to its last hidden layer).")
+
+
 def checkpoint_for(checkpoint: Checkpoint | str | os.PathLike, graph: Graph,
                    pairs: bool | None = None) -> Checkpoint:
     """The checkpoint (read if a path is given), checked to fit ``graph`` and, unless ``pairs`` is None, to
     do what is asked of it (``check_task``)."""
+    if isinstance(checkpoint, TypedCheckpoint):
+        raise ConfigError(f"a typed graph's checkpoint (model {checkpoint.model.kind}), and {graph.name} is "
+                          f"homogeneous; give the typed graph it was trained on.")
     if not isinstance(checkpoint, Checkpoint):
         checkpoint = load_checkpoint(checkpoint)
     if pairs is not None:
@@ -172,16 +227,18 @@ def write_rows(out: str | os.PathLike | None, shape: tuple, dtype, fill) -> np.n
     return np.load(out, mmap_mode="r")
 
 
-def _node_files(nodes: Nodes) -> list:
+def node_files(nodes: Nodes) -> list:
+    """The file ``nodes`` names, in a list (none for a set's name or ids in memory)."""
     return [nodes] if isinstance(nodes, (str, os.PathLike)) and nodes not in NODE_SETS else []
 
 
-def check_prediction_output(out, scratch, checkpoint, graph: Graph, overwrite: bool, inputs: dict[str, list]) -> None:
+def check_prediction_output(out, scratch, checkpoint, graph: Graph | TypedGraph, overwrite: bool,
+                            inputs: dict[str, list]) -> None:
     """``out`` of a prediction (None: nothing to check) checked before any work (``check_output_path``)
     against the checkpoint's file, the graph's and ``inputs`` (field -> the files it names)."""
     if out is not None:
-        reads = {"checkpoint": [] if isinstance(checkpoint, Checkpoint) else [checkpoint],
-                 "dataset": graph.files(), **inputs}
+        reads = {"checkpoint": [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else [],
+                 "dataset": typed_files(graph) if isinstance(graph, TypedGraph) else graph.files(), **inputs}
         check_output_path(out, scratch, reads, overwrite)
 
 

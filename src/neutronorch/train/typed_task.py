@@ -353,4 +353,3 @@ def _named(task: Task, scores: dict) -> dict:
     """An evaluation as an epoch record holds it: under the metric's name and as ``val_acc``/``test_acc``."""
     return {f"val_{task.key}": scores["val"], f"test_{task.key}": scores["test"],
             "val_acc": scores["val"], "test_acc": scores["test"]}
-

@@ -1,0 +1,197 @@
+"""Predictions and embeddings of a typed checkpoint's model: what ``predict`` and ``embed`` run for a
+``TypedGraph``.
+
+**What is sampled.** Inference samples neighbourhoods as the run's evaluation did: with the checkpoint's
+evaluation fanouts (``eval_fanouts`` for every relation if the run gave them, else its training fanouts per
+relation, as it resolved them; ``fanouts`` here overrides both: one list, or a dict as ``typed_fanouts``
+reads it, -1 for every neighbour) and the one key ``inference_key(seed)`` for every chunk. The sampler keys
+each vertex's draws by that key and the vertex, so a vertex's neighbourhood depends on the vertex alone, not
+on the chunk it falls in or the other vertices asked for (its output too, to float32 rounding: the products
+run over chunks of other sizes), and predicting the test vertices scores what the run's evaluation scored. Typed graphs have no full-neighbour layer-wise inference yet: with ``fanouts`` -1 every
+neighbour is read, but a chunk's whole computation graph is built at once.
+
+**Embeddings.** What a relational model holds for a vertex below its logits is the vertex's row at a hidden
+layer: layer ``k``'s output (1 = the bottom layer's, after its activation) exists for the types the layer has
+as destinations, those within ``L - k`` relations of the target (``reachable_types``; ``L`` layers), and is
+what layer ``k + 1`` reads. ``embed`` writes the last hidden layer's by default (``k = L - 1``: the target's
+own rows, which its logits are computed from, and those of every type one relation from it); ``node_type``
+picks another type, ``layer`` another layer (``L``: the target's logits). A type that layer ``k`` does not
+compute is refused, naming the layers that do; a type only ever read (institutions two relations from the
+papers, under two layers) has no hidden row at all: its rows are its features, or its embedding table
+(``model.embeddings``).
+
+A vertex's row at layer ``k`` is computed exactly as in a prediction where it sits ``L - k`` hops from the
+seeds: the sampler's hops ``L - k`` to ``L - 1`` drawn from it (``sample_bottom`` of samplers whose fanouts
+end at each hop in turn: each destination draws what ``sample`` draws for it in that hop), then the model's
+own forward, caught where layer ``k + 1`` reads its input. So the target's default embedding is the row the
+top layer reads for it when ``predict`` scores it: from the same neighbourhoods, equal to float32 rounding
+(the products run over chunks of other sizes).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from neutronorch.data.typed import TypedGraph
+from neutronorch.errors import ConfigError
+from neutronorch.nn.typed_models import TypedGNN, reachable_types
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler
+from neutronorch.train.layerwise import LayerProgress
+from neutronorch.train.predict import (Nodes, check_prediction_output, node_files, prediction_rows, select_nodes,
+                                      write_rows)
+from neutronorch.train.task import Task
+from neutronorch.train.typed_checkpoint import TypedCheckpoint, check_typed_fits, load_typed_checkpoint
+from neutronorch.train.typed_inputs import gather_frontier, inference_key, typed_logits
+
+
+def predict_typed(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGraph, nodes: Nodes = "test",
+                  probabilities: bool = False, device: str = "cpu", chunk_size: int = 4096, *,
+                  out: str | os.PathLike | None = None, progress: LayerProgress | None = None,
+                  overwrite: bool = False, fanouts=None) -> np.ndarray:
+    """Predicted classes (int64) of the target type's ``nodes``, or their class probabilities (float32 rows;
+    a multi-label target: 0/1 rows, int8, or each task's probability), as ``predict`` gives them; ``out``,
+    ``progress`` (``(0, done, total)`` after every chunk) and ``overwrite`` as there."""
+    check_prediction_output(out, None, checkpoint, graph, overwrite, {"nodes": node_files(nodes)})
+    checkpoint, graph, sampler = _prepared(checkpoint, graph, fanouts)
+    ids = select_nodes(graph, nodes)
+    shape, dtype, transform = prediction_rows(Task.of(graph), probabilities)
+    target, seed = torch.device(device), checkpoint.config.seed
+    model = checkpoint.model.to(target)
+    compute = lambda chunk: transform(typed_logits(  # noqa: E731
+        model, graph, sampler, torch.from_numpy(chunk), target, len(chunk), seed))
+    return write_rows(out, (ids.shape[0], *shape), dtype,
+                      lambda array: _fill(array, ids, chunk_size, progress, compute))
+
+
+def embed_typed(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGraph, layer: int | None = None,
+                nodes: Nodes = "all", device: str = "cpu", chunk_size: int = 4096, *, node_type: str | None = None,
+                out: str | os.PathLike | None = None, progress: LayerProgress | None = None,
+                overwrite: bool = False, fanouts=None) -> np.ndarray:
+    """The rows of ``node_type``'s ``nodes`` (default: the target's, every vertex) at layer ``layer``
+    (default: the last hidden layer), float32; ``nodes`` as ``predict`` takes them (the splits are of the
+    target: another type takes ``all`` or ids); the rest as ``predict_typed``."""
+    check_prediction_output(out, None, checkpoint, graph, overwrite, {"nodes": node_files(nodes)})
+    checkpoint, graph, sampler = _prepared(checkpoint, graph, fanouts)
+    model = checkpoint.model
+    layer, node_type = embedding_layer(model, layer), node_type or graph.target
+    check_computed(model, node_type, layer)
+    ids = select_nodes(graph, nodes, node_type)
+    target, seed = torch.device(device), checkpoint.config.seed
+    model.to(target)
+    if layer == model.num_layers:  # the logits
+        width = model.arguments["num_classes"]
+        compute = lambda chunk: typed_logits(  # noqa: E731
+            model, graph, sampler, torch.from_numpy(chunk), target, len(chunk), seed)
+    else:
+        width = model.arguments["hidden"]
+        # Hop h of a sample is the bottom hop of a sampler whose fanouts end at h (``sample_bottom``).
+        hops = [TypedNeighborSampler(graph, {r: f[:hop + 1] for r, f in sampler.fanouts.items()})
+                for hop in range(model.num_layers - layer, model.num_layers)]
+        compute = lambda chunk: hidden_rows(model, graph, hops, node_type, chunk, target, seed)  # noqa: E731
+    return write_rows(out, (ids.shape[0], width), np.float32,
+                      lambda array: _fill(array, ids, chunk_size, progress, compute))
+
+
+def embedding_layer(model: TypedGNN, layer: int | None) -> int:
+    """``layer``, checked to be one of the model's, or the last hidden layer when None."""
+    layers = model.num_layers
+    if layer is None:
+        if layers < 2:
+            raise ConfigError("`layer`: a one-layer model has no hidden layer (its only layer gives the logits); "
+                              "give `layer` 1 for them.")
+        return layers - 1
+    if not 1 <= layer <= layers:
+        raise ConfigError(f"`layer` {layer}: the model has layers 1..{layers} (1 reads the inputs; {layers} gives "
+                          f"the target's logits; default {layers - 1 or 1}, the last hidden layer).")
+    return layer
+
+
+def check_computed(model: TypedGNN, node_type: str, layer: int) -> None:
+    """Raise ``ConfigError`` unless layer ``layer`` computes rows of ``node_type``, naming the layers that do."""
+    spec, layers = model.spec, model.num_layers
+    if node_type not in spec.num_nodes:
+        raise ConfigError(f"`node_type` {node_type!r}: the model's graph has no such vertex type; its types: "
+                          f"{', '.join(spec.num_nodes)}.")
+    reached = reachable_types(spec, layers)
+    computed = reached[layers - layer]
+    if node_type in computed:
+        return
+    having = [k for k in range(1, layers + 1) if node_type in reached[layers - k]]
+    if having:
+        fix = f"layers 1..{having[-1]} compute its rows: give `layer` {having[-1]} or lower"
+    elif node_type in reached[layers]:
+        rows = "its features" if spec.feature_dims[node_type] else "its embedding table (model.embeddings)"
+        fix = f"the model only reads {node_type}'s rows, no layer computes them: they are {rows}"
+    else:
+        fix = f"the model never reads {node_type}"
+    raise ConfigError(f"`node_type` {node_type}: layer {layer} computes rows of {', '.join(computed)} only (the types "
+                      f"within {layers - layer} relation(s) of the target {spec.target}); {fix}.")
+
+
+class _Reached(Exception):
+    """Raised by the hook that catches a layer's input, ending the forward pass there."""
+
+
+@torch.no_grad()
+def hidden_rows(model: TypedGNN, graph: TypedGraph, hops: list[TypedNeighborSampler], node_type: str,
+                ids: np.ndarray, device: torch.device, seed: int) -> torch.Tensor:
+    """Rows of ``node_type``'s unique ``ids`` at layer ``len(hops)`` (float32 on the CPU): ``hops[i]`` draws hop
+    ``L - len(hops) + i`` from the previous hop's frontier (the first from ``ids``), and the model's forward
+    over those blocks is stopped where the next layer reads its input (a hook on it: the rows are exactly
+    what the model computes, activation included, with no code of its own here)."""
+    model.eval()
+    destinations, blocks = {node_type: ids}, []
+    for sampler in hops:
+        block = sampler.sample_bottom(destinations, inference_key(seed))
+        blocks.insert(0, block)
+        destinations = {t: v.numpy() for t, v in block.src_ids.items()}
+    features, input_ids = gather_frontier(graph, blocks[0].src_ids, device)
+    caught = {}
+
+    def catch(module, args):
+        caught.update(args[1])
+        raise _Reached
+
+    handle = model.layers[len(blocks)].register_forward_pre_hook(catch)
+    try:
+        model([b.to(device) for b in blocks] + [None] * (model.num_layers - len(blocks)), features, input_ids)
+    except _Reached:
+        pass
+    finally:
+        handle.remove()
+    return caught[node_type].float().cpu()
+
+
+def _prepared(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGraph, fanouts
+              ) -> tuple[TypedCheckpoint, TypedGraph, TypedNeighborSampler]:
+    """The checkpoint (read if a path), the graph with its reverse relations (as trained), checked to fit the
+    model, and the sampler inference draws with."""
+    if not isinstance(checkpoint, TypedCheckpoint):
+        checkpoint = load_typed_checkpoint(checkpoint)
+    graph = graph.with_reverse()
+    check_typed_fits(checkpoint, graph, graph.name)
+    config = checkpoint.config
+    chosen = fanouts if fanouts is not None else (
+        config.eval_fanouts if config.eval_fanouts is not None else checkpoint.fanouts)
+    sampler = TypedNeighborSampler(graph, chosen)
+    if sampler.num_layers != checkpoint.model.num_layers:
+        raise ConfigError(f"`fanouts` {fanouts}: {sampler.num_layers} layer(s), and the model has "
+                          f"{checkpoint.model.num_layers}; give one fanout per layer.")
+    return checkpoint, graph, sampler
+
+
+def _fill(array: np.ndarray, ids: np.ndarray, chunk_size: int, progress: LayerProgress | None, compute) -> None:
+    """``array[i]`` = ``compute``'s row of ``ids[i]``, a chunk of ``chunk_size`` ids at a time (a chunk's repeated
+    ids computed once: the sampler takes unique seeds)."""
+    if chunk_size < 1:
+        raise ConfigError(f"`chunk_size` {chunk_size}: must be positive.")
+    for start in range(0, ids.shape[0], chunk_size):
+        chunk = ids[start:start + chunk_size]
+        unique, inverse = np.unique(chunk, return_inverse=True)
+        rows = compute(chunk) if unique.shape[0] == chunk.shape[0] else compute(unique)[torch.from_numpy(inverse)]
+        array[start:start + chunk.shape[0]] = rows.numpy()
+        if progress is not None:
+            progress(0, start + chunk.shape[0], ids.shape[0])
