@@ -141,6 +141,17 @@ def test_resuming_on_another_graph_or_with_other_settings_is_refused_naming_the_
     train(config(tmp_path, **resume), graph=mag)  # the same graph and settings, two epochs now
 
 
+def test_resuming_on_other_edge_features_is_refused(tmp_path):
+    weighted = synthetic_typed(nodes=1000, train=0.3, val=0.1, edge_weights=True)
+    train(config(tmp_path, epochs=1), graph=weighted)
+    cites = ("paper", "cites", "paper")
+    heavier = dataclasses.replace(weighted.relations[cites], edge_features=weighted.relations[cites].edge_features * 2)
+    other = dataclasses.replace(weighted, relations={**weighted.relations, cites: heavier})
+    with pytest.raises(CheckpointError, match="the edge features of \\(paper, cites, paper\\)"):
+        train(config(tmp_path, epochs=2, resume=True), graph=other)
+    train(config(tmp_path, epochs=2, resume=True), graph=weighted)
+
+
 def test_a_damaged_typed_checkpoint_is_refused_naming_the_part(whole, tmp_path):
     state = torch.load(whole[1] / "last.pt", weights_only=True)
     for damage, words in ((lambda s: s.pop("fanouts"), "`fanouts` is missing"),

@@ -9,8 +9,8 @@ for the dense weights) and besides:
 
 - ``dataset``: the typed graph's fingerprint, as it was trained (reverse relations added): its name, the
   vertex count and feature width of every type, every relation's edge count, the target and its classes,
-  and checksums of strided samples of every relation's topology, every type's features, the labels and the
-  three splits (``sample_crc``: about 4,096 rows of each, so a memory-mapped array is never read whole);
+  and checksums of strided samples of every relation's topology and edge features, every type's features,
+  the labels and the three splits (``sample_crc``: about 4,096 rows of each, so a memory-mapped array is never read whole);
 - ``tables_optimizer``: the embedding tables' optimizer (``RowAdam``, or ``SparseAdam`` off the CPU): its
   class and state, each table's step count and two moments;
 - ``fanouts``: every relation's fanouts as the sampler resolved them (per relation, when ``train_typed`` was
@@ -50,7 +50,8 @@ TYPED_OPTIONAL = ("best", "position", "rng")
 TYPED_FINGERPRINT_KEYS = {"name": str, "num_nodes": dict, "edges": dict, "feature_dims": dict, "target": str,
                           "classes": int}
 TYPED_NAMES = {**FINGERPRINT_NAMES, "num_nodes": "the vertex counts", "edges": "the relations' edge counts",
-               "feature_dims": "the feature widths", "target": "the target type"}
+               "feature_dims": "the feature widths", "target": "the target type",
+               "edge_features_crc": "the edge features"}
 
 
 def typed_fingerprint(graph: TypedGraph) -> dict:
@@ -63,6 +64,8 @@ def typed_fingerprint(graph: TypedGraph) -> dict:
             "classes": int(graph.num_classes),
             "topology_crc": {label: sample_crc(relation.indices) for label, relation in relations.items()},
             "features_crc": {t: sample_crc(rows) for t, rows in graph.features.items()},
+            "edge_features_crc": {label: sample_crc(relation.edge_features) for label, relation in relations.items()
+                                  if relation.edge_features is not None},
             "labels_crc": sample_crc(graph.labels), "split_crc": sample_crc(graph.train_idx),
             "val_crc": sample_crc(graph.val_idx), "test_crc": sample_crc(graph.test_idx)}
 
