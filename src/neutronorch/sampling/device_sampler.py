@@ -105,6 +105,31 @@ class TritonNeighborSampler:
         blocks, frontiers = self._run([(dst.to(self.device, torch.int64), [(fanout, key)])])[0]
         return blocks[0], frontiers[1]
 
+    def draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> tuple[torch.Tensor, ...]:
+        """``TorchNeighborSampler.draw``: one hop's draws, not relabelled (``(ptr, nbrs)``, global ids; with
+        ``edges``, each drawn edge's position in ``indices`` too), so ``dst`` and the neighbours may be of two
+        vertex sets. One kernel and a read of the device (the edge count); fanouts of 0 and below, and no
+        destinations, run in the torch sampler."""
+        bound = dst.shape[0]
+        if fanout <= 0 or bound == 0:
+            return self._torch.draw(dst, fanout, key, edges)
+        k = self._k
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+            sizes = torch.full((1,), bound, dtype=torch.int64, device=self.device)
+            nbrs = torch.empty(bound * fanout, dtype=torch.int64, device=self.device)
+            positions = torch.empty(bound * fanout if edges else 0, dtype=torch.int64, device=self.device)
+            take = torch.empty(bound, dtype=torch.int64, device=self.device)
+            k.sample_kernel[(triton_cdiv(bound, k.ROWS),)](
+                self.indptr, self.indices, dst, sizes, 0, key, 0, nbrs, nbrs, take, bound,
+                positions if edges else nbrs, FANOUT=fanout, FANOUT_PAD=1 << max(0, (fanout - 1).bit_length()),
+                ROWS=k.ROWS, RELABEL=False, EDGES=edges)
+        ptr = torch.zeros(bound + 1, dtype=torch.int64, device=self.device)
+        torch.cumsum(take, 0, out=ptr[1:])
+        used = (torch.arange(fanout, device=self.device) < take.unsqueeze(1)).view(-1)  # slot order: compact order
+        kept = used.nonzero().squeeze(1)  # the read of the device
+        drawn = (ptr, nbrs.index_select(0, kept))
+        return (*drawn, positions.index_select(0, kept)) if edges else drawn
+
     def _codes(self, hops: int) -> int:
         """The map (allocated on first use) and the first of ``hops`` fresh generations' high bits."""
         if self._node_map is None or self._generation + hops >= self._k.GEN_TOP:
@@ -147,8 +172,8 @@ class TritonNeighborSampler:
             take = torch.empty(bound, dtype=torch.int64, device=device)
             pad = 1 << max(0, (fanout - 1).bit_length())
             k.sample_kernel[(triton_cdiv(bound, k.ROWS),)](
-                self.indptr, self.indices, dst, sizes, at, key, code, self._node_map, nbrs, take, bound,
-                FANOUT=fanout, FANOUT_PAD=pad, ROWS=k.ROWS)
+                self.indptr, self.indices, dst, sizes, at, key, code, self._node_map, nbrs, take, bound, nbrs,
+                FANOUT=fanout, FANOUT_PAD=pad, ROWS=k.ROWS, RELABEL=True, EDGES=False)
             grid = (triton_cdiv(slots, k.SLOTS),)
             flags = torch.empty(slots, dtype=torch.int32, device=device)
             k.first_kernel[grid](nbrs, take, self._node_map, code, flags, bound, FANOUT=fanout, SLOTS=k.SLOTS)

@@ -29,7 +29,8 @@ from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block, SampledSubgraph
 from neutronorch.sampling.fanouts import parse_fanouts
 
-__all__ = ["NeighborSampler", "TorchNeighborSampler", "batch_key", "layer_key", "mix_key", "parse_fanouts"]
+__all__ = ["NeighborSampler", "TorchNeighborSampler", "batch_key", "layer_key", "mix_key", "parse_fanouts",
+           "relabel_with_map"]
 
 
 _MASK = (1 << 64) - 1
@@ -162,7 +163,7 @@ class TorchNeighborSampler:
         frontier = seeds.to(self.device, torch.int64)
         blocks, frontiers = [], [frontier]
         for hop, fanout in enumerate(fanouts):
-            ptr, nbrs = self._sample_layer(frontier, fanout, layer_key(key, hop))
+            ptr, nbrs = self.draw(frontier, fanout, layer_key(key, hop))
             num_dst = frontier.shape[0]
             local, frontier = self._relabel(frontier, nbrs)
             blocks.append(Block(num_dst, frontier.shape[0], ptr, local, src_degree=self._degrees(frontier),
@@ -187,7 +188,7 @@ class TorchNeighborSampler:
         hop of ``sample``, each vertex gets exactly the neighbours ``sample`` draws for it there (and that the
         numba sampler draws with the same key)."""
         dst = dst.to(self.device, torch.int64)
-        ptr, nbrs = self._sample_layer(dst, fanout, key)
+        ptr, nbrs = self.draw(dst, fanout, key)
         local, frontier = self._relabel(dst, nbrs)
         return Block(dst.shape[0], frontier.shape[0], ptr, local, src_degree=self._degrees(frontier),
                      src_ids=frontier), frontier
@@ -197,7 +198,13 @@ class TorchNeighborSampler:
             return None
         return (self.indptr.index_select(0, sources + 1) - self.indptr.index_select(0, sources)).float()
 
-    def _sample_layer(self, dst: torch.Tensor, fanout: int, key: int):
+    def draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> tuple[torch.Tensor, ...]:
+        """The draws of one hop, not relabelled: ``(ptr, nbrs)``, up to ``fanout`` in-neighbours of each of
+        ``dst`` (int64 on this sampler's device; ``key`` a ``layer_key``) as global ids, row ``i``'s at
+        ``nbrs[ptr[i]:ptr[i + 1]]``; with ``edges``, ``(ptr, nbrs, positions)``, each drawn edge's position in
+        ``indices`` (int64, as ``kernels.sample_neighbor_edges`` gives them). No map over the vertices is kept,
+        so the neighbours may be ids of another vertex set than ``dst``'s (a typed relation's source type:
+        ``typed_device_sampler``)."""
         # index_select rather than advanced indexing throughout: the same result, several times faster on
         # the CPU.
         device = self.device
@@ -215,8 +222,9 @@ class TorchNeighborSampler:
             offset = torch.where(deg.index_select(0, row) > fanout, picks, slot)
         else:
             offset = slot
-        nbrs = self.indices.index_select(0, start.index_select(0, row) + offset).long()
-        return ptr, nbrs
+        positions = start.index_select(0, row) + offset
+        nbrs = self.indices.index_select(0, positions).long()
+        return (ptr, nbrs, positions) if edges else (ptr, nbrs)
 
     def _floyd(self, deg: torch.Tensor, k: int, dst: torch.Tensor, key: int) -> torch.Tensor:
         """A uniform k-subset of offsets [0, deg) for every row at once (Floyd's algorithm, vectorised over
@@ -239,19 +247,24 @@ class TorchNeighborSampler:
         return picks
 
     def _relabel(self, dst: torch.Tensor, nbrs: torch.Tensor):
-        """Local ids of ``nbrs`` in the frontier [dst, new vertices in first-appearance order], through a
-        vertex -> position map over the whole graph (no sort): each vertex's first position among
-        [dst, nbrs] is a scatter-min, first appearances are where that minimum sits, and their running
-        count is their local id. Only the entries touched are written, and they are left as scratch."""
-        everything = torch.cat([dst, nbrs])
-        m = everything.shape[0]
-        node_map = self._node_map
-        if node_map is None:
-            node_map = self._node_map = torch.empty(self.indptr.shape[0] - 1, dtype=torch.int64, device=self.device)
-        positions = torch.arange(m, device=self.device)
-        node_map.index_fill_(0, everything, m)
-        node_map.scatter_reduce_(0, everything, positions, reduce="amin")
-        first = node_map.index_select(0, everything) == positions
-        frontier = everything[first]  # one synchronisation: the frontier's size
-        node_map.index_copy_(0, frontier, torch.arange(frontier.shape[0], device=self.device))
-        return node_map.index_select(0, nbrs), frontier
+        if self._node_map is None:
+            self._node_map = torch.empty(self.indptr.shape[0] - 1, dtype=torch.int64, device=self.device)
+        return relabel_with_map(self._node_map, dst, nbrs)
+
+
+def relabel_with_map(node_map: torch.Tensor, dst: torch.Tensor, nbrs: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Local ids of ``nbrs`` in the frontier [dst, new vertices in first-appearance order], and that frontier,
+    through ``node_map`` (int64, one entry per vertex of the set ``dst`` and ``nbrs`` index; no sort): each
+    vertex's first position among [dst, nbrs] is a scatter-min, first appearances are where that minimum
+    sits, and their running count is their local id. Only the entries touched are written, and they are left
+    as scratch, so one map serves any number of calls (on one thread)."""
+    everything = torch.cat([dst, nbrs])
+    m = everything.shape[0]
+    positions = torch.arange(m, device=node_map.device)
+    node_map.index_fill_(0, everything, m)
+    node_map.scatter_reduce_(0, everything, positions, reduce="amin")
+    first = node_map.index_select(0, everything) == positions
+    frontier = everything[first]  # one synchronisation: the frontier's size
+    node_map.index_copy_(0, frontier, torch.arange(frontier.shape[0], device=node_map.device))
+    return node_map.index_select(0, nbrs), frontier

@@ -21,7 +21,9 @@ Kernels per hop, in order:
 
 1. ``sample_kernel`` (a block of rows per program): degree, Floyd's draw (the counter stream and
    multiply-shift of the numba and torch samplers, bit for bit), the neighbour reads, the row's ``take``,
-   and ``atomic_min`` of every destination's and neighbour's code.
+   and ``atomic_min`` of every destination's and neighbour's code (with ``RELABEL``; without, the draws
+   alone, which a typed relation's sampler relabels per vertex type; with ``EDGES``, each drawn edge's
+   position in ``indices`` too).
 2. ``first_kernel``: 1 where a slot holds its vertex's first appearance.
 3. a scan of those flags (``torch.cumsum``) and a scan of ``take`` into the block's ``indptr``.
 4. ``rank_kernel``: the new frontier (destinations, then first appearances at ``n_dst + rank``), the map's
@@ -57,8 +59,9 @@ def _mix(z):
 
 
 @triton.jit(do_not_specialize=["key", "code_high", "bound", "n_dst_at"])
-def sample_kernel(indptr, indices, dst, sizes, n_dst_at, key, code_high, node_map, nbrs, take_out, bound,
-                  FANOUT: tl.constexpr, FANOUT_PAD: tl.constexpr, ROWS: tl.constexpr):
+def sample_kernel(indptr, indices, dst, sizes, n_dst_at, key, code_high, node_map, nbrs, take_out, bound, edges,
+                  FANOUT: tl.constexpr, FANOUT_PAD: tl.constexpr, ROWS: tl.constexpr, RELABEL: tl.constexpr,
+                  EDGES: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
     n_dst = tl.load(sizes + n_dst_at)
@@ -71,7 +74,8 @@ def sample_kernel(indptr, indices, dst, sizes, n_dst_at, key, code_high, node_ma
     take = tl.where(live, take, 0)
     tl.store(take_out + rows, take, mask=in_bound)
     high = code_high.to(tl.int64) << 32
-    tl.atomic_min(node_map + v, high | rows.to(tl.int64), mask=live)
+    if RELABEL:  # else the draws alone (``TritonNeighborSampler.draw``): no map, which is then not read
+        tl.atomic_min(node_map + v, high | rows.to(tl.int64), mask=live)
 
     # Floyd's algorithm over all rows at once: step i draws t in [0, j], j = deg - FANOUT + i, and keeps t,
     # or j when t was kept already. Rows with deg <= FANOUT take every neighbour in order instead.
@@ -91,10 +95,14 @@ def sample_kernel(indptr, indices, dst, sizes, n_dst_at, key, code_high, node_ma
         picks = tl.where(cols[None, :] == i, t[:, None], picks)
     offset = tl.where(deg[:, None] > FANOUT, picks, cols[None, :].to(tl.int64))
     used = live[:, None] & (cols[None, :] < take[:, None])
-    nbr = tl.load(indices + start[:, None] + offset, mask=used, other=0).to(tl.int64)
+    position = start[:, None] + offset
+    nbr = tl.load(indices + position, mask=used, other=0).to(tl.int64)
     slot = rows[:, None].to(tl.int64) * FANOUT + cols[None, :]
     tl.store(nbrs + slot, nbr, mask=used)
-    tl.atomic_min(node_map + nbr, high | (bound + slot), mask=used)
+    if EDGES:  # each drawn edge's position in ``indices``, what a typed relation's edge features are read by
+        tl.store(edges + slot, position, mask=used)
+    if RELABEL:
+        tl.atomic_min(node_map + nbr, high | (bound + slot), mask=used)
 
 
 @triton.jit(do_not_specialize=["code_high", "bound"])

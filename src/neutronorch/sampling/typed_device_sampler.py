@@ -1,0 +1,197 @@
+"""The typed sampler on the training device: ``TypedNeighborSampler``'s contract on tensors of one device.
+
+Every relation's CSC lives on the device (``TypedTopology``) with a homogeneous device sampler of its own
+(``make_device_sampler``: Triton kernels on CUDA where Triton runs, torch ops elsewhere). A hop draws, for
+each relation whose destination type has destinations, the relation's neighbours with its
+``relation_key(key, hop, relation)`` (``draw``: the draws alone, global ids of the source type), then
+relabels per source type in torch (``relabel_with_map`` over a map of that type's vertices): the type's
+frontier is its destinations, then the new sources in first-appearance order over the relations in the
+graph's order. Those are the host sampler's draws and its order, so for the same seeds and key the blocks
+and frontiers are ``TypedNeighborSampler``'s, bit for bit (``tests/test_typed_device.py``), on the device.
+
+Edge ids and features as the host sampler gives them: for the relations in ``edge_ids`` (by default those
+with edge features) the draws also return each drawn edge's position in the relation's ``indices``
+(``TypedBlock.edge_ids``), and those edges' feature rows are read from the relation's edge features on the
+device (``TypedBlock.edge_features``, float32).
+
+The host reads the device where sizes are needed: each drawn relation's edge count and each relabelled
+type's frontier size, per hop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from neutronorch.data.typed import RelationType, TypedGraph, relation_label
+from neutronorch.sampling.block import Block
+from neutronorch.sampling.device_sampler import make_device_sampler
+from neutronorch.sampling.neighbor_sampler import relabel_with_map
+from neutronorch.sampling.typed_block import TypedBlock, TypedSubgraph
+from neutronorch.sampling.typed_edges import check_edge_features
+from neutronorch.sampling.typed_sampler import relation_key
+
+__all__ = ["TypedDeviceSampler", "TypedTopology", "edge_feature_bytes", "topology_bytes"]
+
+_DEGREE_CHUNK = 1 << 24  # indices counted at a time for the out-degrees
+
+
+def topology_bytes(graph: TypedGraph) -> int:
+    """Bytes of every relation's CSC as ``TypedTopology`` holds it (``indptr`` int64, ``indices`` as stored)."""
+    return sum(8 * rel.indptr.shape[0] + rel.indices.nbytes for rel in graph.relations.values())
+
+
+def edge_feature_bytes(graph: TypedGraph) -> int:
+    """Bytes of every relation's edge features as ``TypedTopology`` holds them (float32)."""
+    return sum(4 * int(np.prod(rel.edge_features.shape)) for rel in graph.relations.values()
+               if rel.edge_features is not None)
+
+
+def _as_tensor(array: np.ndarray, what: str) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array) if array.flags.writeable else np.array(array))
+
+
+@dataclass
+class TypedTopology:
+    """A typed graph's topology on one device: its types with their counts (in the graph's order), its
+    target, each relation's ``(indptr, indices)`` (``indptr`` int64) in the graph's relation order, and the
+    edge features (float32, ``edges x width``) of the relations that have them."""
+
+    num_nodes: dict[str, int]
+    target: str
+    relations: dict[RelationType, tuple[torch.Tensor, torch.Tensor]]
+    device: torch.device
+    edge_features: dict[RelationType, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, graph: TypedGraph, device: torch.device,
+           tensor: Callable[[np.ndarray, str], torch.Tensor] = _as_tensor) -> "TypedTopology":
+        """``graph``'s topology and edge features on ``device``; ``tensor(array, what)`` makes a host array a
+        tensor (default: ``torch.from_numpy``, then moved). Edge features without a row per edge raise
+        ``DataError`` naming the relation."""
+        check_edge_features(graph, graph.relations)
+        relations, edge_features = {}, {}
+        for relation, csc in graph.relations.items():
+            what = f"topology of {relation_label(relation)}"
+            relations[relation] = (tensor(csc.indptr, what).to(device, torch.int64),
+                                   tensor(csc.indices, what).to(device))
+            if csc.edge_features is not None:
+                rows = tensor(csc.edge_features, f"edge features of {relation_label(relation)}")
+                edge_features[relation] = rows.to(device, torch.float32)
+        return cls(dict(graph.num_nodes), graph.target, relations, torch.device(device), edge_features)
+
+
+class TypedDeviceSampler:
+    """``TypedNeighborSampler`` on a ``TypedTopology``: ``sample``, ``sample_hops`` and ``sample_bottom`` take
+    and return tensors on the topology's device. ``fanouts``: each relation's list, seed hop first, as
+    ``typed_fanouts`` resolves them (every relation of the topology). ``degrees``: each relation block's
+    source rows' out-degrees through the relation (float32), as the host sampler's. ``edge_ids``: the
+    relations whose blocks record their edges' positions (None: those with edge features; else a collection
+    of triples); ``edge_features``: those blocks also carry the relations' edge feature rows. ``backend``:
+    the homogeneous device sampler's (``make_device_sampler``).
+
+    Not thread-safe: one thread at a time (it owns a vertex -> position map per type, 8 bytes per vertex of
+    the types that are sources, made on first use)."""
+
+    def __init__(self, topology: TypedTopology, fanouts: Mapping[RelationType, list[int]], degrees: bool = False,
+                 edge_ids: Iterable[RelationType] | None = None, edge_features: bool = True,
+                 backend: str | None = None):
+        missing = [r for r in topology.relations if r not in fanouts]
+        if missing:
+            raise ValueError(f"no fanouts for relations {missing}; give every relation its list (typed_fanouts)")
+        self.topology = topology
+        self.device = topology.device
+        self.fanouts = {r: list(fanouts[r]) for r in topology.relations}
+        self.num_layers = len(next(iter(self.fanouts.values())))
+        self.degrees = degrees
+        self.edge_ids = frozenset(topology.edge_features if edge_ids is None else edge_ids)
+        self.edge_features = edge_features
+        self._samplers = {r: make_device_sampler(indptr, indices, self.fanouts[r], backend=backend)
+                          for r, (indptr, indices) in topology.relations.items()}
+        # the homogeneous sampler's kind (TritonNeighborSampler or TorchNeighborSampler; the same for every relation)
+        self.backend = type(next(iter(self._samplers.values()))).__name__
+        self._maps: dict[str, torch.Tensor] = {}
+        self._out_degrees = ({r: self._count_out_degrees(indices, topology.num_nodes[r[0]])
+                              for r, (_, indices) in topology.relations.items()} if degrees else {})
+
+    def sample(self, seeds: torch.Tensor, key: int) -> TypedSubgraph:
+        """The typed computation graph of ``seeds`` (unique target ids) with the batch key ``key``."""
+        return self.sample_hops(seeds, key, self.num_layers)
+
+    def sample_hops(self, seeds: torch.Tensor, key: int, hops: int) -> TypedSubgraph:
+        """The top ``hops`` layers of ``sample(seeds, key)``, as ``TypedNeighborSampler.sample_hops``."""
+        seeds = seeds.to(self.device, torch.int64)
+        blocks, frontiers = self._hops({self.topology.target: seeds}, key, 0, hops)
+        return TypedSubgraph(self.topology.target, seeds, blocks, frontiers)
+
+    def sample_bottom(self, destinations: Mapping[str, torch.Tensor], key: int) -> TypedBlock:
+        """The bottom layer's block of ``destinations`` (unique ids per type), as
+        ``TypedNeighborSampler.sample_bottom``."""
+        start = {t: ids.to(self.device, torch.int64) for t, ids in destinations.items()}
+        blocks, _ = self._hops(start, key, self.num_layers - 1, 1)
+        return blocks[0]
+
+    def _hops(self, start: dict[str, torch.Tensor], key: int, first_hop: int, hops: int
+              ) -> tuple[list[TypedBlock], list[dict[str, torch.Tensor]]]:
+        """Hops ``first_hop`` to ``first_hop + hops - 1`` from ``start``: blocks and frontiers, bottom first."""
+        frontier = {t: start[t] for t in self.topology.num_nodes if t in start}
+        blocks: list[TypedBlock] = []
+        frontiers = [dict(frontier)]
+        for hop in range(first_hop, first_hop + hops):
+            num_dst = {t: int(ids.shape[0]) for t, ids in frontier.items()}
+            drawn = {r: sampler.draw(frontier[r[2]], self.fanouts[r][hop], relation_key(key, hop, r),
+                                     r in self.edge_ids)
+                     for r, sampler in self._samplers.items() if num_dst.get(r[2], 0)}
+            local = self._relabel(drawn, frontier)
+            blocks.append(self._typed_block(num_dst, drawn, local, frontier))
+            frontiers.append(dict(blocks[-1].src_ids))
+        blocks.reverse()
+        frontiers.reverse()
+        return blocks, frontiers
+
+    def _relabel(self, drawn: dict[RelationType, tuple[torch.Tensor, ...]],
+                 frontier: dict[str, torch.Tensor]) -> dict[RelationType, torch.Tensor]:
+        """Each relation's sources as positions in its source type's frontier, which grows (in ``frontier``)
+        by the new ones in first-appearance order over the relations in order: one relabel per type."""
+        feeds: dict[str, list[RelationType]] = {}
+        for relation in drawn:
+            feeds.setdefault(relation[0], []).append(relation)
+        local = {}
+        for src_type, relations in feeds.items():
+            nbrs = [drawn[r][1] for r in relations]
+            dst = frontier.get(src_type, torch.empty(0, dtype=torch.int64, device=self.device))
+            positions, frontier[src_type] = relabel_with_map(self._map(src_type), dst, torch.cat(nbrs))
+            local.update(zip(relations, torch.split(positions, [int(n.shape[0]) for n in nbrs])))
+        return local
+
+    def _typed_block(self, num_dst: dict[str, int], drawn, local, frontier: dict[str, torch.Tensor]) -> TypedBlock:
+        types = [t for t in self.topology.num_nodes if t in frontier]
+        blocks = {r: Block(num_dst[r[2]], int(frontier[r[0]].shape[0]), ptr, local[r],
+                           src_degree=self._degrees(r, frontier)) for r, (ptr, *_) in drawn.items()}
+        edge_ids = {r: d[2] for r, d in drawn.items() if len(d) == 3}
+        rows = ({r: self.topology.edge_features[r].index_select(0, ids) for r, ids in edge_ids.items()
+                 if r in self.topology.edge_features} if self.edge_features else {})
+        return TypedBlock({t: num_dst[t] for t in types if t in num_dst},
+                          {t: int(frontier[t].shape[0]) for t in types}, blocks, {t: frontier[t] for t in types},
+                          edge_ids, rows)
+
+    def _map(self, node_type: str) -> torch.Tensor:
+        if node_type not in self._maps:
+            self._maps[node_type] = torch.empty(self.topology.num_nodes[node_type], dtype=torch.int64,
+                                                device=self.device)
+        return self._maps[node_type]
+
+    def _degrees(self, relation: RelationType, frontier: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        if not self.degrees:
+            return None
+        return self._out_degrees[relation].index_select(0, frontier[relation[0]])
+
+    def _count_out_degrees(self, indices: torch.Tensor, num_src: int) -> torch.Tensor:
+        """Each source vertex's out-degree through a relation (float32), counted a chunk at a time."""
+        counts = torch.zeros(num_src, dtype=torch.int64, device=self.device)
+        for begin in range(0, indices.shape[0], _DEGREE_CHUNK):
+            counts += torch.bincount(indices[begin:begin + _DEGREE_CHUNK], minlength=num_src)
+        return counts.float()
