@@ -101,7 +101,6 @@ def test_a_typed_folder_trains_through_the_dataset_setting(mag, tmp_path):
 
 
 @pytest.mark.parametrize("settings, message", [
-    (dict(mode="device"), "`mode` device: not available for typed graphs yet"),
     (dict(task="link"), "`task` link: not available for typed graphs yet"),
     (dict(mode="neutronorch", checkpoint_dir="ckpt", resume=True),
      "`resume` and `checkpoint_every` of a typed run in `mode` neutronorch are not available"),

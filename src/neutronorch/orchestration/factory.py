@@ -26,6 +26,7 @@ from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
 from neutronorch.orchestration.neutronorch.node import NodeLink
 from neutronorch.orchestration.neutronorch.versions import Schedule
+from neutronorch.orchestration.typed_device import TypedDevice
 from neutronorch.orchestration.typed_exact import Inputs, Labels, TypedExact
 from neutronorch.orchestration.typed_neutronorch import TypedNeutronOrch
 
@@ -100,11 +101,14 @@ def build_mode(config: TrainConfig, graph: Graph, device: torch.device, threads:
 
 def build_typed_mode(config: TrainConfig, graph, model, fanouts: dict, train_idx: torch.Tensor, num_batches: int,
                      device: torch.device, inputs: Inputs, labels: Labels, threads: Threads,
-                     ) -> TypedExact | TypedNeutronOrch:
-    """The mode of ``config`` for a typed graph (``TypedGraph``, two-way): exact (also what ``auto`` picks) or
-    NeutronOrch (``orchestration/typed_neutronorch.py``), over ``num_batches`` mini-batches per epoch of
-    ``train_idx`` in the model ``model`` (a ``TypedGNN``). ``inputs``/``labels``: a frontier's rows and the
-    seeds' labels."""
+                     ) -> TypedExact | TypedDevice | TypedNeutronOrch:
+    """The mode of ``config`` for a typed graph (``TypedGraph``, two-way): exact (also what ``auto`` picks),
+    device (``orchestration/typed_device.py``) or NeutronOrch (``orchestration/typed_neutronorch.py``), over
+    ``num_batches`` mini-batches per epoch of ``train_idx`` in the model ``model`` (a ``TypedGNN``, on
+    ``device``). ``inputs``/``labels``: a frontier's rows and the seeds' labels, read on the host."""
+    if config.mode == "device":
+        return TypedDevice(graph, model, fanouts, train_idx, config.batch_size, config.seed, device, config.prefetch,
+                           config.gpu_memory_gb)
     if config.mode != "neutronorch":
         return TypedExact(graph, fanouts, train_idx, config.batch_size, config.seed, device, inputs, labels,
                           config.prefetch, threads.sampler)

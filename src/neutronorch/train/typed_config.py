@@ -16,7 +16,7 @@ def check_typed_config(config: TrainConfig) -> None:
     """Raise ``ConfigError`` for the first setting a typed graph cannot train with yet; ``config`` validated."""
     refused = [
         (config.mode not in TYPED_MODE_CHOICES,
-         f"`mode` {config.mode}: {NOT_YET}; give `mode` exact or neutronorch (auto picks exact)."),
+         f"`mode` {config.mode}: {NOT_YET}; give `mode` {', '.join(TYPED_MODE_CHOICES)} (auto picks exact)."),
         (config.task != "node", f"`task` {config.task}: {NOT_YET}; typed graphs train node classifiers."),
         (config.model not in TYPED_MODELS,
          f"`model` {config.model}: {NOT_YET}; choose one of {', '.join(TYPED_MODELS)}."),
