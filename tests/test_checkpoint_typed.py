@@ -256,10 +256,44 @@ def test_embed_writes_a_vertex_types_rows_from_the_command_line(mag, whole, tmp_
     assert "--node-type author: for a typed graph's checkpoint" in capsys.readouterr().err
 
 
-def test_typed_neutronorch_runs_write_checkpoints_but_do_not_resume_yet(mag, tmp_path):
-    summary = train(config(tmp_path, epochs=1, mode="neutronorch", super_batch=2), graph=mag)
-    assert summary["checkpoints"]["last"] is not None
+ORCH = dict(mode="neutronorch", super_batch=4, hot_ratio=0.5)  # 6 batches an epoch: super-batches of 4 and 2
+
+
+@pytest.fixture(scope="module")
+def whole_orch(mag, tmp_path_factory):
+    """An uninterrupted NeutronOrch run of 3 epochs: (summary, its checkpoint folder)."""
+    directory = tmp_path_factory.mktemp("whole-orch")
+    return train(config(directory, **ORCH), graph=mag), directory
+
+
+@pytest.mark.parametrize("step", [1, 4, 6], ids=["mid-super-batch", "at-a-super-batch-boundary", "epoch-end"])
+def test_a_stopped_neutronorch_run_resumes_bit_identical(mag, whole_orch, tmp_path, step):
+    """Stopped inside a super-batch (its hot rows' gradient half summed, the next one's snapshot perhaps
+    taken), at its end, or at the epoch's: the resumed run ends with the uninterrupted run's losses, scores
+    and weights to the bit, and states what it reused."""
+    stop = threading.Event()
+
+    def progress(epoch, done, total):
+        if (epoch, done) == (1, step):
+            stop.set()
+
+    with pytest.raises(Interrupted):
+        train(config(tmp_path, **ORCH), graph=mag, progress=progress, stop=stop)
+    state = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert state["typed_mode_state"]["snapshots"] or step == 6
+    resumed = train(config(tmp_path, **ORCH, resume=True), graph=mag)
+    assert_same(outcome(resumed, tmp_path), outcome(*whole_orch))
+    assert resumed["neutronorch"]["staleness_max_observed"] == whole_orch[0]["neutronorch"]["staleness_max_observed"]
     assert predict(tmp_path / "last.pt", mag, "test").shape == (len(mag.test_idx),)
-    with pytest.raises(ConfigError, match="`resume` and `checkpoint_every` of a typed run in `mode` neutronorch"):
-        train(config(tmp_path, epochs=2, mode="neutronorch", super_batch=2, resume=True), graph=mag)
+
+
+def test_an_extended_neutronorch_run_resumes_within_its_bound(mag, whole_orch, tmp_path):
+    """A run extended past the epochs it planned: its last epoch took no snapshot for super-batches it did
+    not have, so the added epoch's first one is snapshot when it starts (fresher than the longer run's lead
+    would have made it). The epochs before are the longer run's to the bit; the rest stays within the bound."""
+    train(config(tmp_path, **{**ORCH, "epochs": 2}), graph=mag)
+    resumed = train(config(tmp_path, **ORCH, resume=True), graph=mag)
+    assert resumed["status"] == "completed" and [e["epoch"] for e in resumed["epochs"]] == [0, 1, 2]
+    assert outcome(resumed, tmp_path)[0][:2] == outcome(*whole_orch)[0][:2]
+    assert resumed["neutronorch"]["staleness_max_observed"] <= 7
     assert typed_module.TYPED_PARTS.keys() >= {"tables_optimizer", "fanouts", "rng"}

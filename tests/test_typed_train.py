@@ -102,10 +102,7 @@ def test_a_typed_folder_trains_through_the_dataset_setting(mag, tmp_path):
 
 @pytest.mark.parametrize("settings, message", [
     (dict(task="link"), "`task` link: not available for typed graphs yet"),
-    (dict(mode="neutronorch", checkpoint_dir="ckpt", resume=True),
-     "`resume` and `checkpoint_every` of a typed run in `mode` neutronorch are not available"),
     (dict(model="gcn"), "`model` gcn: not available for typed graphs yet; choose one of sage, rgcn, rgat"),
-    (dict(precision="bf16"), "`precision` bf16 is not available for typed graphs yet"),
     (dict(split="ratio:0.5,0.2"), "carries its own split"),
 ])
 def test_what_typed_graphs_cannot_do_yet_is_refused(mag, settings, message):
@@ -175,3 +172,16 @@ def test_the_command_line_trains_a_typed_folder(mag, tmp_path, capsys):
     assert summary["checkpoints"] == {"last": "runs/typed/last.pt", "best": "runs/typed/best.pt"}
     assert main(["train", "--model", "rgat", "--no-save", *flags]) == 2
     assert "error: --model rgat: a relational model, for typed graphs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["exact", "neutronorch"])
+def test_bf16_trains_a_typed_graph_under_autocast_and_evaluates_in_float32(mag, mode):
+    """bf16: the forward pass under autocast (the layers' products in bfloat16, sums and the softmax in
+    float32), the loss, embedding tables, optimizers and evaluation in float32; the losses track fp32's."""
+    fp32 = train(config(mode=mode), graph=mag)
+    bf16 = train(config(mode=mode, precision="bf16"), graph=mag)
+    assert bf16["precision"]["name"] == "bf16" and fp32["precision"]["name"] == "fp32"
+    assert bf16["config"]["precision"] == "bf16"
+    np.testing.assert_allclose(losses(bf16), losses(fp32), rtol=0.05)
+    assert losses(bf16)[-1] < losses(bf16)[0]
+    assert abs(bf16["test_acc"] - fp32["test_acc"]) < 0.05

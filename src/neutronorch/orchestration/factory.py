@@ -100,12 +100,13 @@ def build_mode(config: TrainConfig, graph: Graph, device: torch.device, threads:
 
 
 def build_typed_mode(config: TrainConfig, graph, model, fanouts: dict, train_idx: torch.Tensor, num_batches: int,
-                     device: torch.device, inputs: Inputs, labels: Labels, threads: Threads,
-                     ) -> TypedExact | TypedDevice | TypedNeutronOrch:
+                     device: torch.device, inputs: Inputs, labels: Labels, threads: Threads, start: int = 0,
+                     resumed: dict | None = None) -> TypedExact | TypedDevice | TypedNeutronOrch:
     """The mode of ``config`` for a typed graph (``TypedGraph``, two-way): exact (also what ``auto`` picks),
     device (``orchestration/typed_device.py``) or NeutronOrch (``orchestration/typed_neutronorch.py``), over
     ``num_batches`` mini-batches per epoch of ``train_idx`` in the model ``model`` (a ``TypedGNN``, on
-    ``device``). ``inputs``/``labels``: a frontier's rows and the seeds' labels, read on the host."""
+    ``device``). ``inputs``/``labels``: a frontier's rows and the seeds' labels, read on the host; ``start``:
+    the global step the run starts at, ``resumed``: the mode's ``state()`` a checkpoint kept there."""
     if config.mode == "device":
         return TypedDevice(graph, model, fanouts, train_idx, config.batch_size, config.seed, device, config.prefetch,
                            config.gpu_memory_gb)
@@ -117,7 +118,7 @@ def build_typed_mode(config: TrainConfig, graph, model, fanouts: dict, train_idx
     ratio = None if part.hot_ratio == "auto" else float(part.hot_ratio)
     return TypedNeutronOrch(graph, model, fanouts, schedule, train_idx, config.batch_size, config.seed, ratio,
                             part.hot_grad, part.snapshot_lead, device, inputs, labels, config.prefetch,
-                            threads.sampler, threads.host)
+                            threads.sampler, threads.host, start, resumed)
 
 
 def host_cache_size(config: TrainConfig, graph: Graph, sampling: SamplingConfig, file_order: bool,

@@ -60,12 +60,12 @@ class TypedExact:
         self.inputs, self.labels = inputs, labels
         self.prefetch, self.sampler_threads = prefetch, sampler_threads
 
-    def epoch(self, epoch: int, count: int) -> Prefetcher:
-        """The epoch's ``count`` mini-batches, produced ahead on a thread (a context manager: leaving it
-        stops the thread)."""
+    def epoch(self, epoch: int, count: int, first: int = 0) -> Prefetcher:
+        """The epoch's mini-batches from ``first`` (a resumed run's position) to ``count``, produced ahead on a
+        thread (a context manager: leaving it stops the thread)."""
         batches = torch.split(epoch_order(self.train_idx, self.seed, epoch), self.batch_size)
         assert len(batches) == count, "the epoch's batch count is the trainer's"
-        return Prefetcher(lambda: self._produce(epoch, batches), depth=self.prefetch, name="typed-producer",
+        return Prefetcher(lambda: self._produce(epoch, batches, first), depth=self.prefetch, name="typed-producer",
                           on_start=lambda: numba.set_num_threads(self.sampler_threads))
 
     def hot_rows(self, batch: TypedBatch, version: int) -> None:
@@ -86,9 +86,13 @@ class TypedExact:
         """What the mode adds to the run summary: nothing."""
         return {}
 
-    def _produce(self, epoch: int, batches: tuple[torch.Tensor, ...]) -> Iterator[TypedBatch]:
+    def state(self) -> None:
+        """Nothing of the mode outlives a step: a resumed run needs no state of it."""
+        return None
+
+    def _produce(self, epoch: int, batches: tuple[torch.Tensor, ...], first: int) -> Iterator[TypedBatch]:
         sampler = TypedNeighborSampler(self.graph, self.fanouts)
-        for index, seeds in enumerate(batches):
+        for index, seeds in enumerate(batches[first:], start=first):
             clock = time.perf_counter()
             subgraph = sampler.sample(seeds.numpy(), batch_key(self.seed, epoch, index))
             sampled = time.perf_counter()

@@ -123,6 +123,53 @@ class TypedOrchBatch(TypedBatch):
     splice: dict[str, SpliceIndex] = field(default_factory=dict)
 
 
+class TypedHostRows:
+    """The host thread's side: every super-batch's hot tables, in order, each computed from its snapshot with
+    a copy of the bottom layer (``template``) holding the snapshot's parameters. Owns nothing the other
+    threads touch; reads ``parts`` and ``snapshots``, writes ``hot``."""
+
+    def __init__(self, template: torch.nn.Module, track_grad: bool, device: torch.device, parts: Channel,
+                 snapshots: Channel, hot: Channel, threads: int):
+        self.template, self.track_grad, self.device = template, track_grad, device
+        self.parts, self.snapshots, self.hot, self.threads = parts, snapshots, hot, threads
+
+    def run(self, first: int, total: int) -> None:
+        """The thread's body: super-batches ``first`` to ``total - 1``."""
+        numba.set_num_threads(self.threads)
+        try:
+            for super_batch_id in range(first, total):
+                part: HotPart = self.parts.take(super_batch_id)
+                snapshot: TypedSnapshot = self.snapshots.take(super_batch_id)
+                self.hot.put(super_batch_id, self.tables(part, snapshot))
+        except Closed:
+            return
+        except BaseException as exc:  # noqa: BLE001 - handed to the trainer through the hot channel
+            self.hot.fail(exc)
+
+    def tables(self, part: HotPart, snapshot: TypedSnapshot) -> TypedHotTables:
+        if part.block is None:
+            return TypedHotTables(part.super_batch_id, snapshot.version, {})
+        start = time.perf_counter()
+        layer = copy.deepcopy(self.template)
+        params = list(layer.parameters())
+        with torch.no_grad():
+            for p, value in zip(params, snapshot.params):
+                p.copy_(value)
+        for p in params:
+            p.requires_grad_(self.track_grad)
+        rows = {t: r.requires_grad_(self.track_grad) for t, r in snapshot.rows.items()}
+        with torch.set_grad_enabled(self.track_grad):
+            out = layer(part.block, {**part.features, **rows})
+        outputs = {t: out[t] for t in part.hot}
+        tables = {t: y.detach().to(self.device) for t, y in outputs.items()}
+        grad_acc = ({t: torch.zeros(y.shape, dtype=torch.float32, device=self.device) for t, y in tables.items()}
+                    if self.track_grad else {})
+        return TypedHotTables(part.super_batch_id, snapshot.version, tables, grad_acc,
+                              outputs if self.track_grad else {}, params if self.track_grad else [],
+                              rows if self.track_grad else {}, snapshot.ids if self.track_grad else {},
+                              host_edges=part.block.num_edges, host_seconds=time.perf_counter() - start)
+
+
 class TypedNeutronOrch:
     """The typed NeutronOrch mode of one run; started at construction, ``close`` it (a context manager)."""
 
@@ -130,26 +177,36 @@ class TypedNeutronOrch:
 
     def __init__(self, graph: TypedGraph, model: TypedGNN, fanouts: dict[RelationType, list[int]],
                  schedule: Schedule, train_idx: torch.Tensor, batch_size: int, seed: int, ratio: float | None,
-                 hot_grad: str, lead: int | None, device: torch.device, inputs: Inputs, labels: Labels, prefetch: int = 2, sampler_threads: int = 1,
-                 host_threads: int = 1):
+                 hot_grad: str, lead: int | None, device: torch.device, inputs: Inputs, labels: Labels,
+                 prefetch: int = 2, sampler_threads: int = 1, host_threads: int = 1, start: int = 0,
+                 resumed: dict | None = None):
         self.graph, self.model, self.fanouts, self.schedule = graph, model, fanouts, schedule
         self.train_idx, self.batch_size, self.seed, self.ratio = train_idx, batch_size, seed, ratio
         self.track_grad = hot_grad == "cpu"
         self.lead = DEFAULT_LEAD if lead is None else lead
         self.device, self.inputs, self.labels = device, inputs, labels
         self.num_layers = model.num_layers
-        self.sampler_threads, self.host_threads = sampler_threads, host_threads
+        self.sampler_threads = sampler_threads
         self.live = model.bottom_layer()  # the trainer's: snapshots read it
-        self.template = copy.deepcopy(self.live).cpu().train()  # the host's: parameters replaced per snapshot
         self.staleness = StalenessCheck(schedule.staleness_bound)
         self.parts = Channel("parts")
         self.needs = Channel("needs")
         self.snapshots = Channel("snapshots")
         self.hot = Channel("hot")
         self._orders: dict[int, tuple[torch.Tensor, ...]] = {}
-        self._next_snapshot = 0
+        # Where the run starts: global step ``start``, in super-batch ``first[0]`` at position ``first[1]``.
+        steps = schedule.epochs * schedule.batches_per_epoch
+        self.first = schedule.at(start) if start < steps else (schedule.total, 0)
         self._table: TypedHotTables | None = None
-        self._host = threading.Thread(target=self._compute, name="typed-neutronorch-host", daemon=True)
+        self._kept: dict[int, TypedSnapshot] = {}  # published snapshots of super-batches not yet finished
+        self._next_snapshot = self.first[0]
+        self._resumed_grad = None
+        if resumed is not None:
+            self._restore(resumed)
+        host = TypedHostRows(copy.deepcopy(self.live).cpu().train(), self.track_grad, device, self.parts,
+                             self.snapshots, self.hot, host_threads)
+        self._host = threading.Thread(target=host.run, args=(self.first[0], schedule.total),
+                                      name="typed-neutronorch-host", daemon=True)
         self._host.start()
         self._batches = Prefetcher(self._produce, depth=prefetch, name="typed-neutronorch-sampler")
 
@@ -174,10 +231,10 @@ class TypedNeutronOrch:
 
     # -- the trainer's side ------------------------------------------------------------------------------
 
-    def epoch(self, epoch: int, count: int) -> contextlib.nullcontext:
-        """The next ``count`` mini-batches of the run's stream (epoch ``epoch``'s; the stream runs on
-        between epochs, so leaving one stops nothing)."""
-        return contextlib.nullcontext(next(self._batches) for _ in range(count))
+    def epoch(self, epoch: int, count: int, first: int = 0) -> contextlib.nullcontext:
+        """The next mini-batches of the run's stream: epoch ``epoch``'s from ``first`` to ``count`` (the stream
+        runs on between epochs, so leaving one stops nothing)."""
+        return contextlib.nullcontext(next(self._batches) for _ in range(first, count))
 
     def summary(self, hot: dict) -> dict:
         """The run summary's ``neutronorch`` part: the settings, what the plans did (``hot``, a
@@ -203,6 +260,10 @@ class TypedNeutronOrch:
             self._next_snapshot += 1
         if batch.position == 0 or self._table is None or self._table.super_batch_id != batch.super_batch_id:
             self._table = self.hot.take(batch.super_batch_id)
+            if self._resumed_grad is not None and batch.super_batch_id == self.first[0]:
+                for t, grad in self._resumed_grad.items():  # the steps of it taken before the resume
+                    self._table.grad_acc[t].copy_(grad)
+                self._resumed_grad = None
         table = self._table
         self.staleness.check(table, version)
         return {t: HotRows(table.tables[t], index, table.grad_acc.get(t)) for t, index in batch.splice.items()}
@@ -215,6 +276,8 @@ class TypedNeutronOrch:
         if not batch.last or table is None:
             return
         self._table = None
+        self._kept.pop(batch.super_batch_id, None)
+        self.needs.drop(batch.super_batch_id)
         if not (self.track_grad and table.outputs):
             return
         types = list(table.outputs)
@@ -242,45 +305,30 @@ class TypedNeutronOrch:
             params = [p.detach().to("cpu", copy=True) for p in self.live.parameters()]
             rows = {t: self.model.embeddings[t].weight.detach()[index.to(self.model.embeddings[t].weight.device)]
                     .to("cpu", copy=True) for t, index in ids.items()}
-        self.snapshots.put(super_batch_id, TypedSnapshot(version, params, rows, ids))
+        snapshot = TypedSnapshot(version, params, rows, ids)
+        self._kept[super_batch_id] = snapshot
+        self.snapshots.put(super_batch_id, snapshot)
 
-    # -- the host ------------------------------------------------------------------------------------------
+    def state(self) -> dict:
+        """What a checkpoint keeps of the mode for an exact resume: the snapshots published for super-batches
+        not yet finished (their versions are past) and, mid super-batch, the hot rows' gradient summed so far.
+        The plans are not kept: they depend on the seed, the epoch and the batches alone, and are made again."""
+        grad = ({t: g.detach().to("cpu", copy=True) for t, g in self._table.grad_acc.items()}
+                if self._table is not None else None)
+        return {"snapshots": {s: {"version": k.version, "params": k.params, "rows": k.rows, "ids": k.ids}
+                              for s, k in self._kept.items()},
+                "grad_acc": grad, "staleness": self.staleness.state_dict()}
 
-    def _compute(self) -> None:
-        """The host loop: every super-batch's hot tables, in order, each from its snapshot."""
-        numba.set_num_threads(self.host_threads)
-        try:
-            for super_batch_id in range(self.schedule.total):
-                part: HotPart = self.parts.take(super_batch_id)
-                snapshot: TypedSnapshot = self.snapshots.take(super_batch_id)
-                self.hot.put(super_batch_id, self._tables(part, snapshot))
-        except Closed:
-            return
-        except BaseException as exc:  # noqa: BLE001 - handed to the trainer through the hot channel
-            self.hot.fail(exc)
-
-    def _tables(self, part: HotPart, snapshot: TypedSnapshot) -> TypedHotTables:
-        if part.block is None:
-            return TypedHotTables(part.super_batch_id, snapshot.version, {})
-        start = time.perf_counter()
-        layer = copy.deepcopy(self.template)
-        params = list(layer.parameters())
-        with torch.no_grad():
-            for p, value in zip(params, snapshot.params):
-                p.copy_(value)
-        for p in params:
-            p.requires_grad_(self.track_grad)
-        rows = {t: r.requires_grad_(self.track_grad) for t, r in snapshot.rows.items()}
-        with torch.set_grad_enabled(self.track_grad):
-            out = layer(part.block, {**part.features, **rows})
-        outputs = {t: out[t] for t in part.hot}
-        tables = {t: y.detach().to(self.device) for t, y in outputs.items()}
-        grad_acc = ({t: torch.zeros(y.shape, dtype=torch.float32, device=self.device) for t, y in tables.items()}
-                    if self.track_grad else {})
-        return TypedHotTables(part.super_batch_id, snapshot.version, tables, grad_acc,
-                              outputs if self.track_grad else {}, params if self.track_grad else [],
-                              rows if self.track_grad else {}, snapshot.ids if self.track_grad else {},
-                              host_edges=part.block.num_edges, host_seconds=time.perf_counter() - start)
+    def _restore(self, state: dict) -> None:
+        """Continue from ``state`` (``state()`` of the run this one resumes): its snapshots published again,
+        the current super-batch's summed gradient kept for when its table arrives."""
+        for super_batch_id, saved in sorted(state["snapshots"].items()):
+            snapshot = TypedSnapshot(saved["version"], list(saved["params"]), dict(saved["rows"]), dict(saved["ids"]))
+            self._kept[super_batch_id] = snapshot
+            self.snapshots.put(super_batch_id, snapshot)
+            self._next_snapshot = max(self._next_snapshot, super_batch_id + 1)
+        self._resumed_grad = state["grad_acc"]
+        self.staleness.load_state_dict(state["staleness"])
 
     # -- the sampler -----------------------------------------------------------------------------------------
 
@@ -291,9 +339,10 @@ class TypedNeutronOrch:
             numba.set_num_threads(self.sampler_threads)
             sampler = TypedNeighborSampler(self.graph, self.fanouts)
             planner = TypedPlanner(self.graph, {r: f[-1] for r, f in sampler.fanouts.items()})
-            plans = (self._plan(s, sampler, planner) for s in range(self.schedule.total))
+            plans = (self._plan(s, sampler, planner) for s in range(self.first[0], self.schedule.total))
             for plan in one_ahead(plans):
-                for position in range(len(plan.batches)):
+                start = self.first[1] if plan.super_batch_id == self.first[0] else 0
+                for position in range(start, len(plan.batches)):
                     yield self._load(plan, position, sampler)
         except Closed:
             raise

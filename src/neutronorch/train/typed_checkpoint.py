@@ -46,7 +46,7 @@ TYPED_PARTS = {**{k: v for k, v in CHECKPOINT_PARTS.items() if k not in ("mode_s
                                     "the embedding tables' optimizer (a dict holding a `state` dict, or None)"),
                "fanouts": (lambda v: isinstance(v, list) and all(isinstance(f, list) and len(f) == 2 for f in v),
                            "a list of [relation, fanouts] pairs")}
-TYPED_OPTIONAL = ("best", "position", "rng")
+TYPED_OPTIONAL = ("best", "position", "rng", "typed_mode_state")
 TYPED_FINGERPRINT_KEYS = {"name": str, "num_nodes": dict, "edges": dict, "feature_dims": dict, "target": str,
                           "classes": int}
 TYPED_NAMES = {**FINGERPRINT_NAMES, "num_nodes": "the vertex counts", "edges": "the relations' edge counts",
@@ -109,7 +109,9 @@ def save_typed_checkpoint(path: str | Path, run, epoch: int, position: dict, fin
                                 run.best),
              "tables_optimizer": None if run.sparse is None else {"class": type(run.sparse).__name__,
                                                                   "state": run.sparse.state_dict()},
-             "fanouts": [[list(relation), list(f)] for relation, f in run.sampler.fanouts.items()]}
+             "fanouts": [[list(relation), list(f)] for relation, f in run.sampler.fanouts.items()],
+             # NeutronOrch: the snapshots and summed hot-row gradient in flight (None in the other modes)
+             "typed_mode_state": run.mode.state() if run.mode is not None else None}
     return write_atomically(path, lambda f: torch.save(state, f))
 
 
@@ -236,6 +238,7 @@ class TypedCheckpoints:
             if run.device.type == "cuda" and state["rng"]["cuda"] is not None:
                 torch.cuda.set_rng_state(state["rng"]["cuda"], run.device)
             run.history, run.best = list(state["history"]), dict(state["best"])
+            run.resumed_mode = state.get("typed_mode_state")
             run.last_eval = next(({"val": r["val_acc"], "test": r["test_acc"]} for r in reversed(run.history)
                                   if "val_acc" in r), {})
             epoch, step, loss_sum = int(state["epoch"]), state["position"]["step"], state["position"]["loss_sum"]

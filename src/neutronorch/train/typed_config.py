@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from neutronorch.config import TYPED_MODE_CHOICES, TYPED_RESUME_MODES, TrainConfig
+from neutronorch.config import TYPED_MODE_CHOICES, TrainConfig
 from neutronorch.errors import ConfigError
 from neutronorch.nn.names import TYPED_MODELS
 
@@ -20,12 +20,7 @@ def check_typed_config(config: TrainConfig) -> None:
         (config.task != "node", f"`task` {config.task}: {NOT_YET}; typed graphs train node classifiers."),
         (config.model not in TYPED_MODELS,
          f"`model` {config.model}: {NOT_YET}; choose one of {', '.join(TYPED_MODELS)}."),
-        (bool(config.resume or config.checkpoint_every) and config.mode not in TYPED_RESUME_MODES,
-         f"`resume` and `checkpoint_every` of a typed run in `mode` {config.mode} are {NOT_YET} (its hot rows' "
-         f"snapshots are not saved); give `mode` exact to resume, or leave them out (`checkpoint_dir` still "
-         f"writes last.pt and best.pt)."),
         (bool(config.timeline), f"`timeline` is {NOT_YET}; leave it out."),
-        (config.precision == "bf16", f"`precision` bf16 is {NOT_YET}; give fp32."),
         (config.architecture != "plain" or config.residual or config.norm != "none",
          f"`architecture` blocks, `residual` and `norm` are {NOT_YET}; leave them at their defaults."),
         (config.split is not None,

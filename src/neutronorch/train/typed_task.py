@@ -37,9 +37,8 @@ relation (a popular field of study, linked to most papers) two hops from a batch
 graph; ``eval_fanouts -1`` asks for them where the graph is small enough.
 
 What typed graphs cannot do yet (each refused with a ``ConfigError`` that says so, ``check_typed_config``):
-the device mode, link tasks, timelines, bf16, your own model, graph blocks, residual connections and
-normalisation layers, data parallelism, and a ``split`` (the typed graph carries its own); and `resume` or
-`checkpoint_every` in NeutronOrch mode.
+link tasks, timelines, your own model, graph blocks, residual connections and
+normalisation layers, data parallelism, and a ``split`` (the typed graph carries its own).
 Summary and metric logs (``summary_json``, ``log_jsonl``, ``log_csv``, ``tensorboard``), ``patience``,
 ``eval_max_nodes``, ``metric`` and checkpoints (``checkpoint_dir``, ``checkpoint_every``, ``resume``: exact
 to the bit, ``train/typed_checkpoint.py``, called through ``run.checkpoints``) work as in homogeneous runs.
@@ -62,6 +61,7 @@ from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data.typed import TypedGraph, relation_label
 from neutronorch.data.typed_native import read_typed
 from neutronorch.errors import ConfigError, Interrupted, TrainingError
+from neutronorch.nn.precision import Precision, resolve_precision
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.orchestration.factory import Threads, build_typed_mode
 from neutronorch.orchestration.typed_planner import HotRecord
@@ -110,6 +110,8 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
     graph = graph.with_reverse()
     logger.info(graph.describe())
     device = resolve_device(config.device)
+    precision = resolve_precision(config.precision, device)
+    config.precision = precision.name
     if config.batch_size == 0:
         config.batch_size = auto_batch_size(len(graph.train_idx))
     sampler = TypedNeighborSampler(graph, fanouts if fanouts is not None else config.fanouts)
@@ -136,8 +138,9 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
             raise ConfigError(f"{graph.name}: {exc}.") from None
         metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key, append=config.resume)))
         run = _TypedRun(config, graph, model, task, sampler, eval_sampler, device, metrics, progress, stop, budget)
-        stack.enter_context(contextlib.closing(run.mode))
+        run.precision = precision
         run.checkpoints = typed_checkpoints(run)  # with `resume`, the run restored from last.pt
+        stack.enter_context(contextlib.closing(run.open_mode()))  # where the run starts, its threads started
         logger.info(f"mode {run.mode.name}, model {config.model} (typed: {', '.join(graph.node_types)}), fanouts "
                     f"{config.fanouts if fanouts is None else fanouts}, device {device}, batch size "
                     f"{config.batch_size}, train threads {threads}, sampler threads {budget.sampler}, "
@@ -177,6 +180,8 @@ class _TypedRun:
         self.config, self.graph, self.model, self.task = config, graph, model, task
         self.sampler, self.eval_sampler, self.device = sampler, eval_sampler, device
         self.metrics, self.progress, self.stop = metrics, progress, stop
+        self.threads = threads
+        self.precision = Precision()  # bf16: the forward pass under autocast (``train_typed`` resolves it)
         self.version = 0  # optimizer steps taken: the parameter version
         self.hot = HotRecord()
         self.adam = Adam(model.dense_parameters(), lr=config.lr, weight_decay=config.weight_decay)
@@ -184,11 +189,8 @@ class _TypedRun:
         self.sparse = _table_optimizer(tables, config.lr) if tables else None
         self.train_idx = torch.from_numpy(np.array(graph.train_idx, dtype=np.int64))
         self.num_batches = -(-self.train_idx.shape[0] // config.batch_size)
-        # TypedExact or TypedNeutronOrch (which starts its threads now): closed by the caller
-        self.mode = build_typed_mode(config, graph, model, sampler.fanouts, self.train_idx, self.num_batches, device,
-                                     lambda frontier, where: gather_frontier(graph, frontier, where),
-                                     lambda seeds: torch.from_numpy(np.asarray(graph.labels[seeds], dtype=np.int64)),
-                                     threads)
+        self.mode = None  # the typed mode (open_mode), once the run knows where it starts
+        self.resumed_mode = None  # the mode's state a resumed checkpoint kept (typed_checkpoint.py)
         self.parameters = {"dense": sum(p.numel() for p in model.dense_parameters()),
                            "embedding": sum(p.numel() for p in tables)}
         self.history: list[dict] = []
@@ -198,6 +200,18 @@ class _TypedRun:
         self.first_step_at: float | None = None
         self.start = (0, 0, 0.0)  # (epoch, step, loss sum of its steps before): where training starts
         self.checkpoints = None  # typed_checkpoint.TypedCheckpoints: called after every step and epoch
+
+    def open_mode(self):
+        """Build the run's mode (exact, device or NeutronOrch, which starts its threads) at ``self.start``, with
+        the mode state a resumed checkpoint kept; the caller closes it."""
+        graph, (epoch, step, _) = self.graph, self.start
+        self.version = epoch * self.num_batches + step
+        self.mode = build_typed_mode(
+            self.config, graph, self.model, self.sampler.fanouts, self.train_idx, self.num_batches, self.device,
+            lambda frontier, where: gather_frontier(graph, frontier, where),
+            lambda seeds: torch.from_numpy(np.asarray(graph.labels[seeds], dtype=np.int64)), self.threads,
+            self.version, self.resumed_mode)
+        return self.mode
 
     def epochs(self) -> None:
         config, (first_epoch, first_step, loss_sum) = self.config, self.start
@@ -232,16 +246,18 @@ class _TypedRun:
         check_every = DIVERGENCE_CHECK_STEPS if self.device.type == "cuda" else 1
         start = time.perf_counter()
         count, hot = self.num_batches, HotRecord()
-        with self.mode.epoch(epoch, count) as produced:
+        if self.mode is None:
+            self.open_mode()
+        with self.mode.epoch(epoch, count, first) as produced:
             clock = time.perf_counter()
-            for index, batch in enumerate(produced):
-                if index < first:
-                    continue  # taken before the resume (a batch depends on its key alone)
+            for index, batch in enumerate(produced, start=first):
                 clock = _lap(seconds, "wait", clock)
                 for stage in ("sample", "gather"):
                     seconds[stage] += batch.seconds[stage]
                 hot.add(batch.stats)
-                logits = model(batch.blocks, batch.features, batch.ids, self.mode.hot_rows(batch, self.version))
+                reused = self.mode.hot_rows(batch, self.version)
+                with self.precision.autocast(self.device):
+                    logits = model(batch.blocks, batch.features, batch.ids, reused)
                 loss = self.task.loss(logits.float(), batch.labels)
                 clock = _lap(seconds, "forward", clock)
                 self.adam.zero_grad(set_to_none=True)
@@ -329,7 +345,7 @@ class _TypedRun:
                         "classes": graph.num_classes, "train": int(len(graph.train_idx))},
             "fanouts": {relation_label(r): f for r, f in self.sampler.fanouts.items()},
             "device": str(self.device),
-            "precision": {"name": "fp32", "reason": "typed graphs train in float32"},
+            "precision": {"name": self.precision.name, "reason": self.precision.reason},
             "threads": {"train": threads.train, "sampler": threads.sampler},
             "epochs": self.history,
             "epoch_seconds_median": statistics.median(seconds) if seconds else None,
