@@ -201,6 +201,9 @@ def test_super_batches_keep_within_the_staleness_bound_and_say_what_they_reused(
     assert 0 < part["staleness_max_observed"] <= 7
     assert 0 < part["hot_share"] < 1 and part["hot_per_super_batch"]
     assert all("hot_share" in e and "staleness_max" in e for e in summary["epochs"])
+    # the stage table's lanes: the producer's, the host's (its rows' seconds) and the trainer's
+    assert all({"sampler", "host", "trainer"} <= set(e["lane_busy"]) for e in summary["epochs"])
+    assert all(e["stage_seconds"]["host_compute"] > 0 for e in summary["epochs"])
     assert summary["status"] == "completed"
 
 

@@ -260,6 +260,7 @@ class TypedNeutronOrch:
             self._next_snapshot += 1
         if batch.position == 0 or self._table is None or self._table.super_batch_id != batch.super_batch_id:
             self._table = self.hot.take(batch.super_batch_id)
+            batch.seconds["host_compute"] = self._table.host_seconds  # the host's time on it, for the stage table
             if self._resumed_grad is not None and batch.super_batch_id == self.first[0]:
                 for t, grad in self._resumed_grad.items():  # the steps of it taken before the resume
                     self._table.grad_acc[t].copy_(grad)

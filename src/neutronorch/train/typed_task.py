@@ -67,6 +67,7 @@ from neutronorch.orchestration.factory import Threads, build_typed_mode
 from neutronorch.orchestration.typed_planner import HotRecord
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.evaluate import eval_subset
+from neutronorch.observe import StageTable, epoch_table
 from neutronorch.train.loop import DIVERGENCE_CHECK_STEPS, Progress, epoch_line
 from neutronorch.train.memory import peak_rss_mb
 from neutronorch.train.metrics_log import MetricLog
@@ -84,6 +85,8 @@ from neutronorch.train.typed_inputs import gather_frontier, typed_files, typed_l
 logger = logging.getLogger("neutronorch")
 
 STAGES = ("wait", "sample", "gather", "forward", "backward", "step")
+# The lanes of the stage table: the producer's sampling and gathering, NeutronOrch's host rows, the trainer.
+TYPED_STAGES = StageTable({"sample": "sampler", "gather": "sampler", "host_compute": "host"}, frozenset({"wait"}))
 def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: Progress | None = None,
                 stop: threading.Event | None = None, fanouts=None, num_bases: int | None = None,
                 embed_dim: int | None = None) -> dict:
@@ -229,7 +232,9 @@ class _TypedRun:
             if self.checkpoints is not None:
                 self.checkpoints.after_epoch(epoch, record)
             self.metrics.epoch(record)
-            logger.info(epoch_line(record, stages=True, metric=self.task.metric))
+            logger.info(epoch_line(record, stages=not config.stage_table, metric=self.task.metric))
+            if config.stage_table:
+                logger.info(epoch_table(record, TYPED_STAGES))
             if config.patience and "val_acc" in record and self._evaluations_since_best() >= config.patience:
                 self.stopped_early = True
                 logger.info(f"stopping early: no better validation {self.task.metric} in {config.patience} "
@@ -252,10 +257,10 @@ class _TypedRun:
             clock = time.perf_counter()
             for index, batch in enumerate(produced, start=first):
                 clock = _lap(seconds, "wait", clock)
-                for stage in ("sample", "gather"):
-                    seconds[stage] += batch.seconds[stage]
+                reused = self.mode.hot_rows(batch, self.version)  # NeutronOrch may add its host's seconds
+                for stage, value in batch.seconds.items():
+                    seconds[stage] = seconds.get(stage, 0.0) + value
                 hot.add(batch.stats)
-                reused = self.mode.hot_rows(batch, self.version)
                 with self.precision.autocast(self.device):
                     logits = model(batch.blocks, batch.features, batch.ids, reused)
                 loss = self.task.loss(logits.float(), batch.labels)
@@ -300,9 +305,10 @@ class _TypedRun:
         if step_losses:
             self.metrics.steps(epoch, count - len(step_losses), step_losses)
         self.hot.merge(hot)
-        return {"epoch": epoch, "seconds": time.perf_counter() - start,
-                "train_loss": float(total) / max(1, count),
+        wall = time.perf_counter() - start
+        return {"epoch": epoch, "seconds": wall, "train_loss": float(total) / max(1, count),
                 "stage_seconds": {k: round(v, 4) for k, v in seconds.items()}, "batches": count,
+                "lane_busy": TYPED_STAGES.lane_busy(seconds, wall),
                 "sampled_edges": edges, "input_nodes_per_batch": inputs / max(1, count - first),
                 "peak_rss_mb": round(peak_rss_mb(), 1), **hot.record(), **self.mode.records()}
 
