@@ -44,13 +44,18 @@ runs exactly as before.
 
 The model takes what it needs of a graph as a ``TypedSpec`` (types, counts, feature widths, relations,
 edge feature widths, target), so nothing here reads a loaded graph's arrays.
+
+Where the tables live: in memory, as ``nn.Embedding`` makes them, unless ``tables`` (a function of a type,
+its rows and width) gives a table's weights, already initialised: a float32 CPU tensor over a memory map
+(``train/typed_tables.py``), which lookups and the tables' optimizer read and update in place like any other.
+``table_shapes`` says which tables a model will have, before it is built.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 import torch
 from torch import nn
@@ -114,16 +119,28 @@ def reachable_types(spec: TypedSpec, hops: int) -> list[list[str]]:
     return [[t for t in spec.num_nodes if t in types] for types in reached]
 
 
+def table_shapes(kind: str, spec: TypedSpec, hidden: int, num_layers: int, embed_dim: int | None = None
+                 ) -> dict[str, tuple[int, int]]:
+    """The embedding tables a ``TypedGNN`` of these arguments holds: (rows, width) per featureless type it
+    reads, in the order it makes them."""
+    width = hidden if kind == "rgcn" else (embed_dim or hidden)
+    return {t: (spec.num_nodes[t], width) for t in reachable_types(spec, num_layers)[num_layers]
+            if not spec.feature_dims[t]}
+
+
 class TypedGNN(nn.Module):
     """A relational GNN of ``num_layers`` layers of ``kind`` (``TYPED_MODELS``) over ``spec``'s graph, whose
     last layer gives ``num_classes`` logits per target vertex. ``heads``: R-GAT's heads below the last layer
     (``hidden`` must divide among them); ``num_bases``: R-GCN's basis decomposition (None: a weight per
     relation); ``embed_dim``: the featureless types' table width for ``sage`` and ``rgat`` (default
-    ``hidden``; ``rgcn``'s are ``hidden`` wide); ``root``: ``TypedSAGEConv``'s root term."""
+    ``hidden``; ``rgcn``'s are ``hidden`` wide); ``root``: ``TypedSAGEConv``'s root term; ``tables(type, rows,
+    width)``: a table's initialised float32 weights, or None for ``nn.Embedding``'s own (None: all of them, in
+    memory; not among ``arguments``: where the tables live is no part of the model)."""
 
     def __init__(self, kind: str, spec: TypedSpec, hidden: int, num_classes: int, num_layers: int,
                  dropout: float = 0.5, heads: int = 4, num_bases: int | None = None, embed_dim: int | None = None,
-                 root: str | None = "relation"):
+                 root: str | None = "relation",
+                 tables: Callable[[str, int, int], torch.Tensor | None] | None = None):
         super().__init__()
         if kind not in TYPED_MODELS:
             raise ValueError(f"unknown relational model {kind!r}; choose one of {TYPED_MODELS}")
@@ -142,8 +159,8 @@ class TypedGNN(nn.Module):
         _check_reached(spec, reached)
         featured = [t for t in self.input_types if spec.feature_dims[t]]
         width = hidden if kind == "rgcn" else (embed_dim or hidden)
-        self.embeddings = nn.ModuleDict({t: nn.Embedding(spec.num_nodes[t], width, sparse=True)
-                                         for t in self.input_types if not spec.feature_dims[t]})
+        self.embeddings = nn.ModuleDict({t: _table(t, rows, columns, tables) for t, (rows, columns)
+                                         in table_shapes(kind, spec, hidden, num_layers, embed_dim).items()})
         self.projections = nn.ModuleDict({t: nn.Linear(spec.feature_dims[t], hidden) for t in featured}
                                          if kind == "rgcn" else {})
         self.folded = [t for t in self.projections if spec.feature_dims[t] <= hidden]  # see the module docstring
@@ -214,9 +231,8 @@ class TypedGNN(nn.Module):
             raise ValueError("hot rows splice into the bottom layer's output, which a one-layer model returns "
                              "as its logits")
         x = self.input_rows(features, input_ids)
-        for index, (layer, tblock) in enumerate(zip(self.layers, blocks)):
-            y = (self.bottom_layer()(tblock, x) if index == 0
-                 else layer(tblock, x, **edge_arguments(layer, tblock, self.weighted)))
+        for index, tblock in enumerate(blocks):
+            y = self.layer_output(index, tblock, x)
             if index == self.num_layers - 1:
                 return y[self.spec.target]
             if index == 0 and hot:
@@ -224,6 +240,19 @@ class TypedGNN(nn.Module):
             else:
                 x = {t: self._activate(rows, tblock.dst_ids(t)) for t, rows in y.items()}
         raise AssertionError("unreachable: a model has at least one layer")
+
+    def layer_output(self, index: int, tblock: TypedBlock, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Layer ``index``'s output per destination type of ``tblock``, before the activation, from its input
+        rows ``x`` (the bottom layer: ``input_rows``'; it projects them itself), its block's edge features
+        included: one step of ``forward``, which layer-wise inference also runs."""
+        if index == 0:
+            return self.bottom_layer()(tblock, x)
+        layer = self.layers[index]
+        return layer(tblock, x, **edge_arguments(layer, tblock, self.weighted))
+
+    def activate(self, y: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The activation between layers, and in training the dropout after it (masks keyed by ``ids``)."""
+        return self._activate(y, ids)
 
     def _splice(self, y_cold: torch.Tensor, hot: HotRows | None, ids: torch.Tensor | None) -> torch.Tensor:
         """A type's bottom-layer output from its cold rows and its hot rows, activated (as ``_activate``)."""
@@ -308,6 +337,18 @@ def _log_ignored_edge_features(kind: str, spec: TypedSpec, relations: set[Relati
         logger.warning(f"{kind} reads one-column edge features as edge weights and ignores wider ones: the edge "
                        f"features of {', '.join(wide)} are not used (R-GAT attends over edge features of any "
                        f"width)")
+
+
+def _table(node_type: str, rows: int, width: int, tables) -> nn.Embedding:
+    """A featureless type's table: ``tables``' weights for it when it gives some, else ``nn.Embedding``'s own
+    (drawn from the global generator: both ways draw the same, ``train/typed_tables.py``)."""
+    weight = tables(node_type, rows, width) if tables is not None else None
+    if weight is None:
+        return nn.Embedding(rows, width, sparse=True)
+    if tuple(weight.shape) != (rows, width) or weight.dtype != torch.float32:
+        raise ValueError(f"the table of {node_type} given is {tuple(weight.shape)} {weight.dtype}; the model reads "
+                         f"({rows}, {width}) float32")
+    return nn.Embedding.from_pretrained(weight, freeze=False, sparse=True)
 
 
 def _check_reached(spec: TypedSpec, reached: list[list[str]]) -> None:

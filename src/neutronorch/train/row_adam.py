@@ -19,13 +19,15 @@ which rows repeat is found by stamping each row with the step number (4 bytes pe
 Tables only: dense float32 CPU parameters with sparse gradients; no weight decay (SparseAdam has none).
 ``state_dict``/``load_state_dict`` hold the hyperparameters and every table's step count and two moments
 (what a typed checkpoint keeps: 8 bytes per table row per column besides the weights); the stamps are
-scratch, reset on loading, so a restored optimizer continues bit-identically.
+scratch, reset on loading, so a restored optimizer continues bit-identically. The moments are zero tensors
+of the table's shape, in memory, or given (``moments``: memory-mapped beside a memory-mapped table,
+``train/typed_tables.py``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -63,10 +65,12 @@ def _adam_rows(weight, exp_avg, exp_avg_sq, rows, grad, beta1, beta2, eps, step_
 
 class RowAdam:
     """``torch.optim.SparseAdam(params, lr, betas, eps)`` for embedding tables (float32 CPU weights, sparse
-    gradients), updating the looked-up rows in one kernel. ``zero_grad`` and ``step`` as in torch."""
+    gradients), updating the looked-up rows in one kernel. ``zero_grad`` and ``step`` as in torch.
+    ``moments(table)``: the table's two moments, zero float32 tensors of its shape, or None for ones in memory."""
 
     def __init__(self, params: Iterable[torch.Tensor], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8):
+                 eps: float = 1e-8,
+                 moments: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None] | None = None):
         if not 0.0 < lr or not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0 or not 0.0 <= eps:
             raise ValueError(f"RowAdam: lr must be positive, betas in [0, 1) and eps >= 0; got lr {lr}, betas "
                              f"{betas}, eps {eps}")
@@ -78,8 +82,16 @@ class RowAdam:
                 raise ValueError(f"RowAdam updates contiguous float32 CPU tables (rows x width), not a "
                                  f"{tuple(p.shape)} {p.dtype} tensor on {p.device}; use torch.optim.SparseAdam")
         self.lr, self.betas, self.eps = float(lr), (float(betas[0]), float(betas[1])), float(eps)
-        self.state = {id(p): {"step": 0, "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p),
-                              "stamp": np.full(p.shape[0], -1, dtype=np.int32)} for p in self.params}
+        self.state = {}
+        for p in self.params:
+            given = moments(p) if moments is not None else None
+            exp_avg, exp_avg_sq = given if given is not None else (torch.zeros_like(p), torch.zeros_like(p))
+            for moment in (exp_avg, exp_avg_sq):
+                if moment.shape != p.shape or moment.dtype != torch.float32 or not moment.is_contiguous():
+                    raise ValueError(f"RowAdam: a moment given for a {tuple(p.shape)} table is a {tuple(moment.shape)} "
+                                     f"{moment.dtype} tensor; give contiguous float32 ones of the table's shape")
+            self.state[id(p)] = {"step": 0, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq,
+                                 "stamp": np.full(p.shape[0], -1, dtype=np.int32)}
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
