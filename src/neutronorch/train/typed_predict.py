@@ -7,8 +7,10 @@ relation, as it resolved them; ``fanouts`` here overrides both: one list, or a d
 reads it, -1 for every neighbour) and the one key ``inference_key(seed)`` for every chunk. The sampler keys
 each vertex's draws by that key and the vertex, so a vertex's neighbourhood depends on the vertex alone, not
 on the chunk it falls in or the other vertices asked for (its output too, to float32 rounding: the products
-run over chunks of other sizes), and predicting the test vertices scores what the run's evaluation scored. Typed graphs have no full-neighbour layer-wise inference yet: with ``fanouts`` -1 every
-neighbour is read, but a chunk's whole computation graph is built at once.
+run over chunks of other sizes), and predicting the test vertices scores what the run's evaluation scored.
+With ``fanouts`` -1 (every neighbour of every relation) inference runs layer by layer instead
+(``typed_layerwise.py``): each layer once for every vertex a later layer reads, not each chunk's whole
+computation graph.
 
 **Embeddings.** What a relational model holds for a vertex below its logits is the vertex's row at a hidden
 layer: layer ``k``'s output (1 = the bottom layer's, after its activation) exists for the types the layer has
@@ -45,6 +47,7 @@ from neutronorch.train.predict import (Nodes, check_prediction_output, node_file
 from neutronorch.train.task import Task
 from neutronorch.train.typed_checkpoint import TypedCheckpoint, check_typed_fits, load_typed_checkpoint
 from neutronorch.train.typed_inputs import gather_frontier, inference_key, typed_logits
+from neutronorch.train.typed_layerwise import full_neighbours, layerwise_rows
 
 
 def predict_typed(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGraph, nodes: Nodes = "test",
@@ -60,6 +63,9 @@ def predict_typed(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedG
     shape, dtype, transform = prediction_rows(Task.of(graph), probabilities)
     target, seed = torch.device(device), checkpoint.config.seed
     model = checkpoint.model.to(target)
+    if full_neighbours(fanouts, model.num_layers):  # every neighbour: layer by layer
+        return write_rows(out, (ids.shape[0], *shape), dtype, lambda array: _assign(array, transform(layerwise_rows(
+            model, graph, graph.target, model.num_layers, ids, target, chunk_size, progress))))
     compute = lambda chunk: transform(typed_logits(  # noqa: E731
         model, graph, sampler, torch.from_numpy(chunk), target, len(chunk), seed))
     return write_rows(out, (ids.shape[0], *shape), dtype,
@@ -81,6 +87,10 @@ def embed_typed(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGra
     ids = select_nodes(graph, nodes, node_type)
     target, seed = torch.device(device), checkpoint.config.seed
     model.to(target)
+    if full_neighbours(fanouts, model.num_layers):  # every neighbour: layer by layer
+        width = model.arguments["num_classes" if layer == model.num_layers else "hidden"]
+        return write_rows(out, (ids.shape[0], width), np.float32, lambda array: _assign(array, layerwise_rows(
+            model, graph, node_type, layer, ids, target, chunk_size, progress)))
     if layer == model.num_layers:  # the logits
         width = model.arguments["num_classes"]
         compute = lambda chunk: typed_logits(  # noqa: E731
@@ -131,17 +141,12 @@ def check_computed(model: TypedGNN, node_type: str, layer: int) -> None:
                       f"within {layers - layer} relation(s) of the target {spec.target}); {fix}.")
 
 
-class _Reached(Exception):
-    """Raised by the hook that catches a layer's input, ending the forward pass there."""
-
-
 @torch.no_grad()
 def hidden_rows(model: TypedGNN, graph: TypedGraph, hops: list[TypedNeighborSampler], node_type: str,
                 ids: np.ndarray, device: torch.device, seed: int) -> torch.Tensor:
     """Rows of ``node_type``'s unique ``ids`` at layer ``len(hops)`` (float32 on the CPU): ``hops[i]`` draws hop
-    ``L - len(hops) + i`` from the previous hop's frontier (the first from ``ids``), and the model's forward
-    over those blocks is stopped where the next layer reads its input (a hook on it: the rows are exactly
-    what the model computes, activation included, with no code of its own here)."""
+    ``L - len(hops) + i`` from the previous hop's frontier (the first from ``ids``), and the model's own
+    layers (``layer_output``, ``activate``, in eval mode) run over those blocks up to that layer."""
     model.eval()
     destinations, blocks = {node_type: ids}, []
     for sampler in hops:
@@ -149,20 +154,11 @@ def hidden_rows(model: TypedGNN, graph: TypedGraph, hops: list[TypedNeighborSamp
         blocks.insert(0, block)
         destinations = {t: v.numpy() for t, v in block.src_ids.items()}
     features, input_ids = gather_frontier(graph, blocks[0].src_ids, device)
-    caught = {}
-
-    def catch(module, args):
-        caught.update(args[1])
-        raise _Reached
-
-    handle = model.layers[len(blocks)].register_forward_pre_hook(catch)
-    try:
-        model([b.to(device) for b in blocks] + [None] * (model.num_layers - len(blocks)), features, input_ids)
-    except _Reached:
-        pass
-    finally:
-        handle.remove()
-    return caught[node_type].float().cpu()
+    x = model.input_rows(features, input_ids)
+    for index, block in enumerate(blocks):
+        y = model.layer_output(index, block.to(device), x)
+        x = {t: model.activate(rows) for t, rows in y.items()}
+    return x[node_type].float().cpu()
 
 
 def _prepared(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGraph, fanouts
@@ -174,6 +170,8 @@ def _prepared(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGraph
     graph = graph.with_reverse()
     check_typed_fits(checkpoint, graph, graph.name)
     config = checkpoint.config
+    if isinstance(fanouts, int):  # -1: every neighbour, at every layer
+        fanouts = [fanouts] * checkpoint.model.num_layers
     chosen = fanouts if fanouts is not None else (
         config.eval_fanouts if config.eval_fanouts is not None else checkpoint.fanouts)
     sampler = TypedNeighborSampler(graph, chosen)
@@ -181,6 +179,10 @@ def _prepared(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGraph
         raise ConfigError(f"`fanouts` {fanouts}: {sampler.num_layers} layer(s), and the model has "
                           f"{checkpoint.model.num_layers}; give one fanout per layer.")
     return checkpoint, graph, sampler
+
+
+def _assign(array: np.ndarray, rows: torch.Tensor) -> None:
+    array[:] = rows.numpy()
 
 
 def _fill(array: np.ndarray, ids: np.ndarray, chunk_size: int, progress: LayerProgress | None, compute) -> None:

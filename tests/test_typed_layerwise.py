@@ -1,0 +1,57 @@
+"""Full-neighbour inference of typed checkpoints, layer by layer (train/typed_layerwise.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from neutronorch import TrainConfig, train
+from neutronorch.data import synthetic_typed
+from neutronorch.train.typed_checkpoint import load_typed_checkpoint
+from neutronorch.train.typed_layerwise import full_neighbours, needed_types
+from neutronorch.train.typed_predict import embed_typed, predict_typed
+
+EVERY = [10**6, 10**6]  # a sampled inference that draws every neighbour (fanouts above every degree)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return synthetic_typed(nodes=3000, train=0.3, val=0.1, seed=0, edge_weights=True)
+
+
+@pytest.fixture(scope="module", params=["sage", "rgcn", "rgat"])
+def checkpoint(request, graph, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    train(TrainConfig(model=request.param, epochs=1, fanouts=[4, 4], hidden=16, batch_size=64, threads=1,
+                      device="cpu", checkpoint_dir=str(folder), progress=False), graph=graph)
+    return folder / "last.pt"
+
+
+def test_layer_by_layer_predictions_are_every_neighbours_sampled_ones(graph, checkpoint):
+    layered = predict_typed(checkpoint, graph, "test", probabilities=True, fanouts=-1, chunk_size=97)
+    sampled = predict_typed(checkpoint, graph, "test", probabilities=True, fanouts=EVERY)
+    np.testing.assert_allclose(layered, sampled, atol=1e-5)
+    other = predict_typed(checkpoint, graph, "all", fanouts={"default": [-1, -1]}, chunk_size=5000)
+    np.testing.assert_array_equal(other[graph.test_idx], layered.argmax(1))
+
+
+@pytest.mark.parametrize("node_type, layer", [("paper", 1), ("author", 1), ("field", 1), ("paper", 2)])
+def test_layer_by_layer_embeddings_are_every_neighbours_sampled_ones(graph, checkpoint, node_type, layer):
+    layered = embed_typed(checkpoint, graph, layer=layer, node_type=node_type, fanouts=-1, chunk_size=333)
+    sampled = embed_typed(checkpoint, graph, layer=layer, node_type=node_type, fanouts=EVERY)
+    assert layered.shape == (graph.num_nodes[node_type], 16 if layer == 1 else graph.num_classes)
+    np.testing.assert_allclose(layered, sampled, atol=1e-5)
+
+
+def test_what_each_layer_computes(graph, checkpoint):
+    model = load_typed_checkpoint(checkpoint).model
+    sources = {r[0] for r in model.spec.relations if r[2] == "paper"}
+    assert needed_types(model, "paper", 2) == [{"paper"} | sources, {"paper"}]
+    assert needed_types(model, "author", 1) == [{"author"}]
+
+
+@pytest.mark.parametrize("fanouts, full", [(None, False), (-1, True), ([-1, -1], True), ([-1], True),
+                                            ([-1, 5], False), ({"default": [-1, -1]}, True),
+                                            ({"default": [-1, -1], "writes": [3, 3]}, False), ([10, 10], False)])
+def test_which_fanouts_ask_for_every_neighbour(fanouts, full):
+    assert full_neighbours(fanouts, 2) is full
