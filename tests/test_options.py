@@ -45,9 +45,9 @@ from neutronorch.config import load_config_file  # noqa: E402
 
 # Tuning and diagnostic knobs: listed by --help-all only, in its advanced group.
 ADVANCED = ["--snapshot-lead", "--hot-error-budget", "--hot-set", "--cache-policy", "--read-order",
-            "--host-cache-gb", "--host-cache-dir", "--sampler-threads", "--host-threads", "--threads", "--prefetch",
-            "--log-every", "--timeline", "--timeline-steps", "--device-sampling", "--dist-timeout", "--no-progress",
-            "--no-stage-table"]
+            "--host-cache-gb", "--host-cache-dir", "--embedding-storage", "--embedding-dir", "--sampler-threads",
+            "--host-threads", "--threads", "--prefetch", "--log-every", "--timeline", "--timeline-steps",
+            "--device-sampling", "--dist-timeout", "--no-progress", "--no-stage-table"]
 # What a first run needs: the options --help lists.
 ESSENTIAL = ["--dataset", "--split", "--task", "--model", "--hidden", "--fanouts", "--epochs", "--batch-size", "--lr",
              "--seed", "--mode", "--device", "--precision", "--gpu-memory-gb", "--hot-ratio", "--super-batch",
@@ -164,6 +164,8 @@ NOT_SHORT = [
     (["--read-order", "file"], "read_order", "file"),
     (["--host-cache-gb", "0"], "host_cache_gb", 0.0),
     (["--host-cache-dir", "scratch"], "host_cache_dir", "scratch"),
+    (["--embedding-storage", "mmap"], "embedding_storage", "mmap"),
+    (["--embedding-dir", "tables"], "embedding_dir", "tables"),
     (["--threads", "2"], "threads", 2),
     (["--sampler-threads", "1"], "sampler_threads", 1),
     (["--host-threads", "1"], "host_threads", 1),

@@ -38,6 +38,7 @@ DEVICES = ("auto", "cpu", "cuda")
 CACHE_POLICIES = ("presample", "degree")
 DEVICE_SAMPLING = ("auto", "on", "off")
 READ_ORDERS = ("auto", "file", "batch")
+EMBEDDING_STORAGES = ("auto", "memory", "mmap")  # where a typed graph's embedding tables live (train/typed_tables.py)
 
 
 @dataclass(init=False)
@@ -179,6 +180,8 @@ class TrainConfig:
              f"this run may use)."),
             (self.read_order in READ_ORDERS,
              f"`read_order` {self.read_order!r}: choose one of {', '.join(READ_ORDERS)}."),
+            (self.embedding_storage in EMBEDDING_STORAGES,
+             f"`embedding_storage` {self.embedding_storage!r}: choose one of {', '.join(EMBEDDING_STORAGES)}."),
             (self.cache_policy in CACHE_POLICIES,
              f"`cache_policy` {self.cache_policy!r}: choose one of {', '.join(CACHE_POLICIES)}."),
             (self.device_sampling in DEVICE_SAMPLING,
@@ -254,7 +257,7 @@ for _name, _part in _PART_OF.items():
 # Fields whose default is None, and the type their value must have when given.
 _OPTIONAL_TYPES = {"split": str, "staleness_bound": int, "snapshot_lead": int, "gpu_memory_gb": float,
                    "weight_decay": float, "summary_json": str, "timeline": str, "log_jsonl": str, "log_csv": str, "tensorboard": str,
-                   "checkpoint_dir": str, "host_cache_dir": str}
+                   "checkpoint_dir": str, "host_cache_dir": str, "embedding_dir": str}
 # Parsed by their own functions, which accept several forms.
 _PARSED = {"fanouts", "eval_fanouts", "hot_ratio", "gpu_cache_gb", "host_cache_gb"}
 

@@ -138,6 +138,8 @@ class PlacementConfig:
     read_order: str = setting("auto")  # memory-mapped features and topology: file order when they may not fit
     host_cache_gb: str | float = setting("auto")  # memory-mapped features: hottest rows in memory
     host_cache_dir: str | None = setting(None)  # the host cache's file of cold rows (None: next to the features)
+    embedding_storage: str = may_change("auto")  # typed graphs' embedding tables: memory, mmap (files) or auto
+    embedding_dir: str | None = may_change(None)  # mmap tables' files (None: checkpoint_dir, else the temp folder)
 
 
 @dataclass(frozen=True)

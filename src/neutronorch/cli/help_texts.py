@@ -111,6 +111,12 @@ HELP = {
     "host_cache_dir": "folder for the host cache's file of the rows it does not hold (deleted as soon as it "
                       "is open): needs that many bytes free (default: next to the features, else the "
                       "temporary folder)",
+    "embedding_storage": "typed graphs: where the featureless types' embedding tables and their two Adam "
+                         "moments live: memory; mmap, in files the OS pages rows of in and out (CPU runs; "
+                         "checkpoints keep them as files beside last.pt and best.pt); auto = memory while they take "
+                         "at most half the memory available, else mmap (default: %(default)s)",
+    "embedding_dir": "folder for mmap tables' files (deleted as soon as they are open; 12 bytes per table "
+                     "entry) (default: --checkpoint-dir, else the temporary folder, the first with room)",
     "cache_policy": "how the cache ranks rows: presample counts bottom-frontier appearances over a few "
                     "sampled mini-batches, degree uses out-degree (default: %(default)s)",
     "device_sampling": "neutronorch: sample the cold vertices' bottom hop on the device (topology placed "
@@ -181,8 +187,9 @@ TRAIN_GROUPS = [
                        "checkpoint_every", "log_jsonl", "log_csv", "tensorboard"]),
     ("advanced", "tuning and diagnostic knobs: the defaults suit nearly every run",
      ["snapshot_lead", "hot_error_budget", "hot_set", "device_sampling", "cache_policy", "read_order",
-      "host_cache_gb", "host_cache_dir", "threads", "sampler_threads", "host_threads", "prefetch", "timeline",
-      "timeline_steps", "log_every", "progress", "stage_table", "dist_timeout"]),
+      "host_cache_gb", "host_cache_dir", "embedding_storage", "embedding_dir", "threads", "sampler_threads",
+      "host_threads", "prefetch", "timeline", "timeline_steps", "log_every", "progress", "stage_table",
+      "dist_timeout"]),
 ]
 
 METAVARS = {"metric": "METRIC", "negatives": "K", "eval_negatives": "K", "dataset": "SPEC", "split": "SPEC", "split_index": "K", "layers": "N", "hidden": "N", "fanouts": "LIST",
@@ -192,7 +199,8 @@ METAVARS = {"metric": "METRIC", "negatives": "K", "eval_negatives": "K", "datase
             "staleness_bound": "S", "gpu_cache_gb": "G", "summary_json": "PATH", "checkpoint_dir": "DIR",
             "config": "FILE", "run_name": "NAME", "checkpoint_every": "N", "log_jsonl": "PATH", "log_csv": "PATH",
             "tensorboard": "DIR", "snapshot_lead": "N", "hot_error_budget": "E", "host_cache_gb": "G",
-            "host_cache_dir": "DIR", "threads": "N", "sampler_threads": "N", "host_threads": "N",
+            "host_cache_dir": "DIR", "embedding_dir": "DIR", "threads": "N", "sampler_threads": "N",
+            "host_threads": "N",
             "prefetch": "N", "timeline": "PNG", "timeline_steps": "N", "log_every": "N", "dist_timeout": "SECONDS"}
 
 # Options that are not TrainConfig fields or are spelt otherwise: (flag, dest, action, help). --config's path,

@@ -14,10 +14,13 @@ for the dense weights) and besides:
 - ``tables_optimizer``: the embedding tables' optimizer (``RowAdam``, or ``SparseAdam`` off the CPU): its
   class and state, each table's step count and two moments;
 - ``fanouts``: every relation's fanouts as the sampler resolved them (per relation, when ``train_typed`` was
-  given a dict), which predictions sample with.
+  given a dict), which predictions sample with;
+- ``table_files`` (memory-mapped tables, ``embedding_storage`` mmap): the folder beside the checkpoint that
+  holds those tables' weights and moments, which ``model`` and ``tables_optimizer`` then leave out
+  (``train/table_files.py``: written with the checkpoint, checked when read).
 
 Size: the weights and Adam's two moments, 12 bytes per parameter; an embedding table row of width ``w``
-costs ``12 w`` bytes (768 at the default 64), in each of ``last.pt`` and ``best.pt``.
+costs ``12 w`` bytes (768 at the default 64), in each of ``last.pt`` and ``best.pt`` (or its table folder).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.train.checkpoint import (CHECKPOINT_PARTS, FINGERPRINT_NAMES, TYPED, check_parts, check_settings,
                                           checkpoint_state, holding_weights, read_state, sample_crc)
 from neutronorch.train.outputs import check_checkpoint_space, save_or_rescue, write_atomically
+from neutronorch.train.table_files import attach_tables, checkpoint_tables, stored_tables
 
 logger = logging.getLogger("neutronorch")
 
@@ -112,7 +116,8 @@ def save_typed_checkpoint(path: str | Path, run, epoch: int, position: dict, fin
              "fanouts": [[list(relation), list(f)] for relation, f in run.sampler.fanouts.items()],
              # NeutronOrch: the snapshots and summed hot-row gradient in flight (None in the other modes)
              "typed_mode_state": run.mode.state() if run.mode is not None else None}
-    return write_atomically(path, lambda f: torch.save(state, f))
+    with stored_tables(state, Path(path), getattr(run, "tables", None), run.version):  # mapped tables: files beside
+        return write_atomically(path, lambda f: torch.save(state, f))
 
 
 def load_typed_state(path: str | Path) -> dict:
@@ -122,6 +127,7 @@ def load_typed_state(path: str | Path) -> dict:
     path = Path(path)
     state = read_state(path, TYPED)
     check_parts(state, path, TYPED_PARTS, TYPED_OPTIONAL, TYPED_FINGERPRINT_KEYS)
+    attach_tables(state, path)  # memory-mapped tables, from the files beside it
     typed_model(state, path)
     return state
 
@@ -129,7 +135,8 @@ def load_typed_state(path: str | Path) -> dict:
 def typed_model(state: dict, path: Path) -> TypedGNN:
     """The model a typed checkpoint's arguments build, holding its weights, in eval mode on the CPU."""
     try:
-        model = TypedGNN(**{**state["model_args"], "spec": spec_of(state["model_args"])})
+        model = TypedGNN(**{**state["model_args"], "spec": spec_of(state["model_args"])},
+                         tables=checkpoint_tables(state))
     except Exception as exc:  # noqa: BLE001 - foreign arguments fail in the constructor in many ways
         raise CheckpointError(f"{path}: its model arguments build no relational model ({type(exc).__name__}: "
                               f"{exc}). The file is damaged or from another program; use last.pt or best.pt of a "

@@ -81,6 +81,7 @@ from neutronorch.train.task import Task
 from neutronorch.train.typed_checkpoint import typed_checkpoints
 from neutronorch.train.typed_config import check_typed_config
 from neutronorch.train.typed_inputs import gather_frontier, typed_files, typed_logits
+from neutronorch.train.typed_tables import TypedTables, plan_tables
 
 logger = logging.getLogger("neutronorch")
 
@@ -127,8 +128,10 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
     budget = thread_budget(config)
     threads = budget.train  # torch's and, in this thread, numba's: the two pools take turns
     task = Task.of(graph, config.metric)
+    tables = plan_tables(config, graph, sampler.num_layers, embed_dim, device)  # where the tables live, checked
     with contextlib.ExitStack() as stack:
         stack.enter_context(claim_checkpoint_dir(config))  # this run's alone while it lasts
+        stack.enter_context(tables)  # memory-mapped tables: their files, open while the run lasts
         stack.enter_context(torch_threads(threads))
         stack.enter_context(numba_threads(threads))
         stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
@@ -136,11 +139,12 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         try:
             model = TypedGNN(config.model, TypedSpec.of(graph), config.hidden, graph.num_classes,
                              sampler.num_layers, dropout=config.dropout, heads=config.heads, num_bases=num_bases,
-                             embed_dim=embed_dim).to(device)
+                             embed_dim=embed_dim, tables=tables.maker).to(device)
         except ValueError as exc:
             raise ConfigError(f"{graph.name}: {exc}.") from None
         metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key, append=config.resume)))
-        run = _TypedRun(config, graph, model, task, sampler, eval_sampler, device, metrics, progress, stop, budget)
+        run = _TypedRun(config, graph, model, task, sampler, eval_sampler, device, metrics, progress, stop, budget,
+                        tables)
         run.precision = precision
         run.checkpoints = typed_checkpoints(run)  # with `resume`, the run restored from last.pt
         stack.enter_context(contextlib.closing(run.open_mode()))  # where the run starts, its threads started
@@ -164,12 +168,12 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
     return summary
 
 
-def _table_optimizer(tables: list[torch.nn.Parameter], lr: float):
+def _table_optimizer(tables: list[torch.nn.Parameter], lr: float, storage: TypedTables | None = None):
     """``RowAdam`` for float32 CPU tables; ``torch.optim.SparseAdam`` (the same update, as sparse-tensor ops)
     for tables elsewhere. SparseAdam is a ``torch.optim.Optimizer``, whose import of torch._dynamo takes
-    seconds (train/optim.py): made only when needed."""
+    seconds (train/optim.py): made only when needed. ``storage``: memory-mapped tables' moments."""
     if all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tables):
-        return RowAdam(tables, lr=lr)
+        return RowAdam(tables, lr=lr, moments=storage.moments if storage is not None else None)
     return torch.optim.SparseAdam(tables, lr=lr)
 
 
@@ -179,7 +183,7 @@ class _TypedRun:
     def __init__(self, config: TrainConfig, graph: TypedGraph, model: TypedGNN, task: Task,
                  sampler: TypedNeighborSampler, eval_sampler: TypedNeighborSampler, device: torch.device,
                  metrics: MetricLog, progress: Progress | None, stop: threading.Event | None,
-                 threads: Threads = Threads(1, 1, 1)):
+                 threads: Threads = Threads(1, 1, 1), storage: TypedTables | None = None):
         self.config, self.graph, self.model, self.task = config, graph, model, task
         self.sampler, self.eval_sampler, self.device = sampler, eval_sampler, device
         self.metrics, self.progress, self.stop = metrics, progress, stop
@@ -189,7 +193,8 @@ class _TypedRun:
         self.hot = HotRecord()
         self.adam = Adam(model.dense_parameters(), lr=config.lr, weight_decay=config.weight_decay)
         tables = model.embedding_parameters()
-        self.sparse = _table_optimizer(tables, config.lr) if tables else None
+        self.tables = storage  # where the tables live (train/typed_tables.py), memory-mapped ones' moments too
+        self.sparse = _table_optimizer(tables, config.lr, storage) if tables else None
         self.train_idx = torch.from_numpy(np.array(graph.train_idx, dtype=np.int64))
         self.num_batches = -(-self.train_idx.shape[0] // config.batch_size)
         self.mode = None  # the typed mode (open_mode), once the run knows where it starts
@@ -350,6 +355,7 @@ class _TypedRun:
                         "feature_dims": {t: graph.feature_dim(t) for t in graph.num_nodes},
                         "classes": graph.num_classes, "train": int(len(graph.train_idx))},
             "fanouts": {relation_label(r): f for r, f in self.sampler.fanouts.items()},
+            "embedding_tables": None if self.tables is None else self.tables.summary(),
             "device": str(self.device),
             "precision": {"name": self.precision.name, "reason": self.precision.reason},
             "threads": {"train": threads.train, "sampler": threads.sampler},

@@ -1,0 +1,277 @@
+"""Where a typed run's embedding tables live (``embedding_storage``): in memory, or in files the operating
+system pages rows of in and out, so that a table larger than memory still trains.
+
+Every featureless vertex type a relational model reads has a table (``TypedGNN``'s ``nn.Embedding``), and the
+tables' optimizer (``RowAdam``) keeps two moments of the table's size: 12 bytes per table entry in all
+(ogbn-mag's 1.2M featureless vertices at width 64: 0.9 GB; MAG240M's 122M authors: 94 GB).
+
+- ``memory``: as ``nn.Embedding`` makes them (what every run did before this setting).
+- ``mmap``: each table's weights and both moments in a ``.npy`` file of its own (float32), memory-mapped and
+  wrapped as a CPU tensor (``torch.from_numpy``): lookups read, and ``RowAdam`` updates in place, the rows a
+  batch touches; the page cache holds what fits. The weights are drawn straight into the file, a chunk of rows
+  at a time, by the same ``normal_`` draws ``nn.Embedding`` makes: chunks of a multiple of 16 values consume
+  torch's generator exactly as one call over the whole table does, so the same seed gives the same tables, and
+  the same run, either way (``tests/test_typed_tables.py``). CPU runs only: a run on a GPU moves its tables
+  there.
+- ``auto`` (the default): ``memory`` while the tables and moments take at most half the memory available
+  (``features/memory.py``: ``MemAvailable``, or a memory cgroup's room), else ``mmap``; the log says which,
+  with the sizes, and the summary's ``embedding_tables`` too.
+
+The files go to ``embedding_dir``; without one, to ``checkpoint_dir``, else the temporary folder: the first
+whose disk has room. They are deleted as soon as they are open (the mappings keep them), so a run leaves
+none behind, however it ends, and never writes over a file: each is new, of a name of its own. Before any
+work ``plan_tables`` refuses a folder that is a file, lies inside an input's folder, cannot be written, or
+whose disk lacks room for the files (and, on the same disk, three copies of them for checkpoints: ``last.pt``'s
+being replaced, the new one and ``best.pt``'s). Checkpoints keep mapped tables as files beside them
+(``train/table_files.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from neutronorch.atomic import reserve, write_error
+from neutronorch.config import TrainConfig
+from neutronorch.data import dataset_paths
+from neutronorch.data.typed import TypedGraph
+from neutronorch.errors import ConfigError, OutputError
+from neutronorch.features.memory import available_memory_bytes
+from neutronorch.nn.typed_models import TypedSpec, table_shapes
+from neutronorch.train.output_guard import check_creatable, check_distinct, check_space
+from neutronorch.train.table_files import CHECKPOINT_COPIES, check_table_folders, clear_table_folders
+from neutronorch.train.typed_inputs import typed_files
+
+logger = logging.getLogger("neutronorch")
+
+MEMORY, MMAP = "memory", "mmap"
+PARTS = ("weight", "exp_avg", "exp_avg_sq")  # a table's files: its weights and RowAdam's two moments
+COMFORT = 0.5  # auto keeps the tables in memory while they take at most this share of the memory available
+CHUNK_BYTES = 64 << 20  # drawn into a file this much at a time
+
+
+class TypedTables:
+    """A typed run's tables: where they live (``storage``, and ``reason``), their shapes per type
+    (``table_shapes``), and for ``mmap`` the folder of their files, open while the run lasts (a context
+    manager). ``maker`` is what ``TypedGNN`` takes as ``tables``, ``moments`` what ``RowAdam`` takes."""
+
+    def __init__(self, storage: str, reason: str, shapes: dict[str, tuple[int, int]], folder: Path | None = None,
+                 fill: bool = True, checkpoint_dir: str | None = None, clear: bool = False):
+        self.storage, self.reason, self.shapes, self.folder = storage, reason, shapes, folder
+        self.fill = fill  # draw the weights (a resumed run copies them from its checkpoint instead)
+        self.checkpoint_dir, self.clear = checkpoint_dir, clear
+        self.arrays: dict[str, dict[str, np.ndarray]] = {}  # type -> part -> its memory map
+        self.fds: dict[tuple[str, str], int] = {}  # (type, part) -> its file, open for reading (deleted)
+        self.by_pointer: dict[int, str] = {}  # a table's data pointer -> its type
+        self.written: tuple | None = None  # the files last written for a checkpoint (table_files.py)
+        self.draw_seconds = 0.0
+        self.made_folder = False
+
+    @property
+    def nbytes(self) -> int:
+        """The tables' and their two moments' bytes."""
+        return len(PARTS) * 4 * sum(rows * width for rows, width in self.shapes.values())
+
+    @property
+    def maker(self):
+        """``TypedGNN``'s ``tables``: None for tables in memory."""
+        return self.table if self.storage == MMAP else None
+
+    def __enter__(self) -> "TypedTables":
+        if self.clear and self.checkpoint_dir:
+            clear_table_folders(self.checkpoint_dir)  # `overwrite`: the earlier run's, under the folder's lock
+        if self.storage == MMAP and self.shapes and not self.folder.exists():
+            try:
+                self.folder.mkdir(parents=True)
+            except OSError as exc:
+                raise OutputError(f"`embedding_dir` {self.folder}: cannot be made ({exc.strerror or exc}). Choose "
+                                  f"a folder you can write to.") from None
+            self.made_folder = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the files (their mappings live on while tensors use them; the disk space goes with them)."""
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+        if self.made_folder:
+            try:
+                self.folder.rmdir()  # left in place when anything else is there
+            except OSError:
+                pass
+            self.made_folder = False
+
+    def table(self, node_type: str, rows: int, width: int) -> torch.Tensor | None:
+        """``node_type``'s table weights in a file of their own, with files for its two moments (zeros); the
+        weights drawn as ``nn.Embedding`` draws them, unless the run resumes. None (in memory) when empty."""
+        if rows * width == 0:
+            return None
+        arrays = {part: self._file(node_type, part, rows, width) for part in PARTS}
+        self.arrays[node_type] = arrays
+        weight = torch.from_numpy(arrays["weight"])
+        if self.fill:
+            started = time.perf_counter()
+            draw_like_embedding(weight)
+            self.draw_seconds += time.perf_counter() - started
+        self.by_pointer[weight.data_ptr()] = node_type
+        return weight
+
+    def moments(self, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``RowAdam``'s two moments of a memory-mapped table (None for one in memory)."""
+        node_type = self.by_pointer.get(table.data_ptr())
+        if node_type is None:
+            return None
+        arrays = self.arrays[node_type]
+        return torch.from_numpy(arrays["exp_avg"]), torch.from_numpy(arrays["exp_avg_sq"])
+
+    def mapped(self) -> dict[str, dict[str, np.ndarray]]:
+        """The memory-mapped tables: type -> part -> array."""
+        return self.arrays
+
+    def summary(self) -> dict:
+        """What the run summary says of the tables."""
+        return {"storage": self.storage, "reason": self.reason,
+                "tables": {t: list(shape) for t, shape in self.shapes.items()},
+                "gib": round(self.nbytes / 2**30, 4), "folder": str(self.folder) if self.folder else None,
+                "draw_seconds": round(self.draw_seconds, 3)}
+
+    def _file(self, node_type: str, part: str, rows: int, width: int) -> np.ndarray:
+        """A new float32 ``.npy`` file of (rows, width) zeros in ``folder``, its blocks reserved, memory-mapped
+        and deleted at once (an open descriptor is kept for copying it into checkpoints)."""
+        name = None
+        try:
+            fd, name = tempfile.mkstemp(prefix=f".neutronorch-table-{node_type}.{part}-", suffix=".npy",
+                                        dir=self.folder)
+            os.close(fd)
+            array = np.lib.format.open_memmap(name, mode="w+", dtype=np.float32, shape=(rows, width))
+            reserve(name)  # a disk that fills up later would kill the run with SIGBUS on a page's first write
+            self.fds[(node_type, part)] = os.open(name, os.O_RDONLY)
+        except OSError as exc:
+            raise write_error(Path(name or self.folder / f"{node_type}.{part}.npy"), exc, False) from exc
+        finally:
+            if name is not None:
+                Path(name).unlink(missing_ok=True)
+        return array
+
+
+def draw_like_embedding(weight: torch.Tensor) -> None:
+    """Fill a (rows, width) float32 table in place with what ``nn.Embedding`` draws for it (``normal_``: the
+    global generator, mean 0, std 1), a chunk of rows at a time. torch draws a contiguous float tensor of at
+    least 16 values as one uniform per value, then turns each run of 16 into normals (Box-Muller), and the
+    last 16 values again from 16 more uniforms when the count is not a multiple of 16: chunks of a multiple
+    of 16 values, the last of at least 16, draw exactly what one call draws, and leave the generator where it
+    leaves it."""
+    rows, width = weight.shape
+    step = max(16, (CHUNK_BYTES // max(1, 4 * width)) // 16 * 16)  # rows: a multiple of 16 values
+    start = 0
+    while start < rows:
+        end = rows if rows - start < 2 * step else start + step  # the last chunk: at least `step` rows
+        weight[start:end].normal_()
+        start = end
+
+
+def plan_tables(config: TrainConfig, graph: TypedGraph, num_layers: int, embed_dim: int | None,
+                device: torch.device, available: int | None = None) -> TypedTables:
+    """Where ``train_typed``'s tables will live, every check passed before any work: the storage
+    (``embedding_storage``; ``auto`` weighs the tables and moments against half of ``available`` bytes,
+    default the memory available now), and for ``mmap`` the folder, checked not to be a file or inside an
+    input's folder, to be writable, and its disk to have room. ``graph``: with its reverse relations."""
+    shapes = table_shapes(config.model, TypedSpec.of(graph), config.hidden, num_layers, embed_dim)
+    check_table_folders(config)
+    need = len(PARTS) * 4 * sum(rows * width for rows, width in shapes.values())
+    storage, reason = _storage(config, shapes, need, device, available)
+    size = f"{len(shapes)} table(s), {sum(r for r, _ in shapes.values()):,} rows, {_bytes(need)} with both moments"
+    folder = _folder(config, graph, need) if storage == MMAP and shapes else None
+    where = f"memory-mapped in {folder}" if folder else "in memory"
+    if shapes:
+        logger.info(f"embedding tables: {size}, {where} ({reason})")
+    return TypedTables(storage, reason, shapes, folder, fill=not config.resume, checkpoint_dir=config.checkpoint_dir,
+                       clear=config.overwrite and not config.resume)
+
+
+def _storage(config: TrainConfig, shapes: dict, need: int, device: torch.device, available: int | None
+             ) -> tuple[str, str]:
+    """The storage the setting resolves to, and why."""
+    chosen = config.embedding_storage
+    if chosen == MMAP and device.type != "cpu":
+        raise ConfigError(f"`embedding_storage` mmap: memory-mapped tables live on the host, and this run trains "
+                          f"on {device}, where the tables would be copied; give `device` cpu, or `embedding_storage` "
+                          f"memory or auto.")
+    if chosen != "auto":
+        return chosen, f"embedding_storage {chosen}"
+    if not shapes:
+        return MEMORY, "auto: no featureless type, no table"
+    if device.type != "cpu":
+        return MEMORY, f"auto: the tables train on {device}"
+    available = available_memory_bytes() if available is None else available
+    if available is None:
+        return MEMORY, "auto: the memory available is unknown"
+    fits = need <= COMFORT * available
+    return (MEMORY if fits else MMAP), (f"auto: {_bytes(need)} of tables and moments {'within' if fits else 'above'} "
+                                        f"half the {_bytes(available)} of memory available")
+
+
+def _folder(config: TrainConfig, graph: TypedGraph, need: int) -> Path:
+    """The folder for the tables' files: ``embedding_dir``, or the first of ``checkpoint_dir`` and the temporary
+    folder whose disk has room; checked."""
+    checkpoints = need * CHECKPOINT_COPIES if config.checkpoint_dir else 0
+    if config.embedding_dir:
+        folder = Path(config.embedding_dir).expanduser()
+        _check_folder(config, graph, folder)
+        _check_room(config, folder, need, checkpoints)
+        return folder
+    candidates = [Path(config.checkpoint_dir).expanduser()] if config.checkpoint_dir else []
+    candidates.append(Path(tempfile.gettempdir()))
+    refused = []
+    for folder in candidates:
+        try:
+            _check_folder(config, graph, folder)
+            _check_room(config, folder, need, checkpoints)
+        except (ConfigError, OutputError) as exc:
+            refused.append(str(exc))
+            continue
+        return folder
+    raise OutputError(f"`embedding_storage` mmap: no folder takes the tables' files ({_bytes(need)}): "
+                      f"{' '.join(refused)} Give `embedding_dir` on a disk with room, or `embedding_storage` "
+                      f"memory.")
+
+
+def _check_folder(config: TrainConfig, graph: TypedGraph, folder: Path) -> None:
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"`embedding_dir` {folder}: exists and is not a folder; give a folder for the tables' "
+                          f"files.")
+    files = typed_files(graph)
+    reads = {"dataset": dataset_paths(config.dataset), "graph": files + sorted({str(Path(f).parent) for f in files})}
+    check_distinct(reads, {"embedding_dir": [folder / ".neutronorch-tables"]})
+    check_creatable("embedding_dir", folder / ".neutronorch-tables")
+
+
+def _check_room(config: TrainConfig, folder: Path, need: int, checkpoints: int) -> None:
+    """The tables' files (and the checkpoints' copies, where they share its disk) fit on ``folder``'s disk."""
+    same = checkpoints and _device(folder) == _device(Path(config.checkpoint_dir).expanduser())
+    check_space("embedding_dir", folder, need + (checkpoints if same else 0))
+    if checkpoints and not same:
+        check_space("checkpoint_dir", config.checkpoint_dir, checkpoints)
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _device(path: Path) -> int | None:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return os.stat(path).st_dev
+    except OSError:
+        return None
