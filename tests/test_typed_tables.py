@@ -258,6 +258,9 @@ def test_predict_and_embed_read_mapped_tables_from_their_files(mag, mapped, in_m
                                                                               nodes="test"))
     assert np.array_equal(embed(mapped[1] / "best.pt", mag, node_type="author", nodes=np.arange(50)),
                           embed(in_memory[1] / "best.pt", mag, node_type="author", nodes=np.arange(50)))
+    # Layer by layer (every neighbour), the input layer's table rows read from the files too.
+    assert np.array_equal(predict(mapped[1] / "best.pt", mag, nodes=np.arange(40), fanouts=-1),
+                          predict(in_memory[1] / "best.pt", mag, nodes=np.arange(40), fanouts=-1))
 
 
 def test_a_failed_table_write_keeps_the_checkpoint_before_it_whole(mag, tmp_path, monkeypatch):
