@@ -277,3 +277,11 @@ def test_a_failed_table_write_keeps_the_checkpoint_before_it_whole(mag, tmp_path
     assert load_typed_checkpoint(tmp_path / "last.pt").epoch == 0  # with its tables, checked
     assert [p.name.split("-")[2] for p in folders(tmp_path, "last")] == ["6"]
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.parametrize("mode", ["device", "neutronorch"])
+def test_the_other_typed_modes_train_mapped_tables_as_those_in_memory(mag, tmp_path, mode):
+    runs = [train(config(tmp_path / storage, epochs=2, mode=mode, embedding_storage=storage), graph=mag)
+            for storage in ("memory", "mmap")]
+    assert [e["train_loss"] for e in runs[0]["epochs"]] == [e["train_loss"] for e in runs[1]["epochs"]]
+    assert runs[1]["embedding_tables"]["storage"] == "mmap"
