@@ -57,6 +57,7 @@ from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.nn.splice import HotRows, SpliceIndex
 from neutronorch.nn.typed_models import TypedGNN
 from neutronorch.orchestration.channel import Channel, Closed
+from neutronorch.orchestration.neutronorch.hot_rows import layer_holding
 from neutronorch.orchestration.neutronorch.plan_loop import one_ahead
 from neutronorch.orchestration.neutronorch.versions import Schedule, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
@@ -150,13 +151,7 @@ class TypedHostRows:
         if part.block is None:
             return TypedHotTables(part.super_batch_id, snapshot.version, {})
         start = time.perf_counter()
-        layer = copy.deepcopy(self.template)
-        params = list(layer.parameters())
-        with torch.no_grad():
-            for p, value in zip(params, snapshot.params):
-                p.copy_(value)
-        for p in params:
-            p.requires_grad_(self.track_grad)
+        layer, params = layer_holding(self.template, snapshot.params, self.track_grad)
         rows = {t: r.requires_grad_(self.track_grad) for t, r in snapshot.rows.items()}
         with torch.set_grad_enabled(self.track_grad):
             out = layer(part.block, {**part.features, **rows})

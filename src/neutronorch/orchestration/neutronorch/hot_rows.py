@@ -145,14 +145,7 @@ class HotRowComputer:
 
     def _layer_at(self, snapshot: Snapshot) -> tuple[torch.nn.Module, list[torch.Tensor]]:
         """A copy of the bottom layer holding the snapshot's parameters (tracked with ``hot_grad="cpu"``)."""
-        layer = copy.deepcopy(self.template)
-        params = list(layer.parameters())
-        with torch.no_grad():
-            for p, value in zip(params, snapshot.params):
-                p.copy_(value)
-        for p in params:
-            p.requires_grad_(self.track_grad)
-        return layer, params
+        return layer_holding(self.template, snapshot.params, self.track_grad)
 
     def _copy_to_device(self, table: torch.Tensor) -> tuple:
         """The table on the device, copied on this thread's stream through a pinned buffer (kept alive with
@@ -168,3 +161,17 @@ class HotRowComputer:
             ready.record(self.copy_stream)
         self.spans.count("device_bytes", pinned.nbytes)
         return on_device, grad_acc, ready, (pinned,)
+
+
+def layer_holding(template: torch.nn.Module, values: list[torch.Tensor], track_grad: bool
+                  ) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+    """A copy of ``template`` holding ``values`` as its parameters (in ``parameters()`` order), and those
+    parameters, tracked by autograd when ``track_grad`` (the hot rows' gradient goes back through them)."""
+    layer = copy.deepcopy(template)
+    params = list(layer.parameters())
+    with torch.no_grad():
+        for p, value in zip(params, values):
+            p.copy_(value)
+    for p in params:
+        p.requires_grad_(track_grad)
+    return layer, params
