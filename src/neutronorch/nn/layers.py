@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from neutronorch.nn import sparse_input
 from neutronorch.nn.activation import edge_ids, keyed_dropout
 from neutronorch.nn.aggregation import fused_mean_linear, mean_aggregate, symmetric_aggregate
 from neutronorch.nn.attention import attention_aggregate, attention_edges
 from neutronorch.nn.bucket import linear, project
+from neutronorch.nn.edge_softmax import edge_softmax, head_scores
 from neutronorch.nn.names import GCN_NORMS
-from neutronorch.nn.rows import take_rows
 from neutronorch.sampling.block import Block
 
 
@@ -133,26 +132,22 @@ class GATConv(nn.Module):
         nn.init.xavier_uniform_(self.attn_dst)
 
     def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
-        n_dst = block.num_dst
         z = linear(self.lin, x_src).view(-1, self.heads, self.head_dim)
         # Scores, softmax and the weighted sum in float32 whatever z's dtype (bfloat16 under autocast).
         z32 = z.float()
-        score_src = (z32 * self.attn_src).sum(-1)
-        score_dst = (block.dst_rows(z32) * self.attn_dst).sum(-1)
-        src, dst = attention_edges(block)  # the block's edges, then a self loop per destination
-        # Per edge: take_rows sums the gradients of a vertex's many edges in a fixed order (nn/rows.py).
-        logits = F.leaky_relu(take_rows(score_src, src) + take_rows(score_dst, dst), self.negative_slope)
-        peak = torch.full((n_dst, self.heads), float("-inf"), dtype=logits.dtype, device=logits.device)
-        peak = peak.scatter_reduce(0, dst.unsqueeze(1).expand_as(logits), logits.detach(), reduce="amax")
-        weights = torch.exp(logits - peak[dst])
-        total = torch.zeros_like(peak).index_add(0, dst, weights)
+        score_src, score_dst = head_scores(z32, self.attn_src, self.attn_dst, block.dst_offset, block.num_dst)
+        # Over the block's edges, then a self loop per destination (attention_edges), whose (source,
+        # destination) pairs the torch ops of other devices index by; CPU kernels need no edge-wide index.
+        edges = None if z32.device.type == "cpu" else attention_edges(block)
+        alpha = edge_softmax(block, score_src, score_dst, None, self.negative_slope, self_loops=True, edges=edges)
         # Dropout on the attention coefficients, as in the reference GAT (+1.4 points on Cora here).
         # Each edge's mask keyed by its (destination, source) vertex pair when the block knows its vertices.
         ids = None
         if self.training and self.attention_dropout > 0 and block.src_ids is not None:
+            src, dst = edges if edges is not None else attention_edges(block)
             ids = edge_ids(block.dst_ids.index_select(0, dst), block.src_ids.index_select(0, src))
-        alpha = keyed_dropout(weights / take_rows(total, dst), self.attention_dropout, self.training, ids)
-        out = attention_aggregate(block, z32.view(-1, self.out_dim), alpha, self.heads, (src, dst))
+        alpha = keyed_dropout(alpha, self.attention_dropout, self.training, ids)
+        out = attention_aggregate(block, z32.view(-1, self.out_dim), alpha, self.heads, edges)
         return (out + self.bias).to(z.dtype)
 
 

@@ -10,11 +10,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from neutronorch.nn.aggregation import edge_destinations
 from neutronorch.nn.attention import attention_aggregate
 from neutronorch.nn.bucket import linear, project
+from neutronorch.nn.edge_softmax import edge_softmax, head_scores
 from neutronorch.nn.relational import check_block, glorot, input_dims, input_rows, module_key, relation_list
-from neutronorch.nn.rows import take_rows
 from neutronorch.sampling.block import Block
 from neutronorch.sampling.typed_block import RelationType, TypedBlock
 
@@ -120,36 +119,30 @@ class RGATConv(nn.Module):
         # Scores, softmax and the weighted sum in float32 for half-precision z (bfloat16 under autocast).
         acc = torch.float32 if z.dtype in (torch.bfloat16, torch.float16) else z.dtype
         z32 = z.to(acc)
-        score_src = (z32 * conv.att_src).sum(-1)
         if s == t and conv.lin is not None:  # the destinations' projections are z's leading rows
-            score_dst = (z32[:n_dst] * conv.att_dst).sum(-1)
+            score_src, score_dst = head_scores(z32, conv.att_src, conv.att_dst, 0, n_dst)
         else:  # only a_dst . W x_v is needed: one width-``heads`` product, not the whole projection
+            score_src = head_scores(z32, conv.att_src)[0]
             lin_dst = conv.lin if conv.lin is not None else conv.lin_dst
             x_dst = input_rows(x_src, t, self.in_dims)[:n_dst]
             score_dst = project(x_dst, _score_weight(lin_dst.weight, conv.att_dst)).to(acc)
-        src, dst = block.indices.long(), edge_destinations(block)
-        # Per edge: take_rows sums the gradients of a vertex's many edges in a fixed order (nn/rows.py).
-        logits = take_rows(score_src, src) + take_rows(score_dst, dst)
+        edge_logits = None
         if conv.lin_edge is not None:
             if edge_attr is None:
                 raise ValueError(f"relation {relation} attends over edge features: pass edge_attr[{relation}]")
             attr = edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
             if attr.shape[0] != block.num_edges:
                 raise ValueError(f"edge_attr[{relation}] has {attr.shape[0]} rows for {block.num_edges} edges")
-            logits = logits + project(attr, _score_weight(conv.lin_edge.weight, conv.att_edge)).to(acc)
+            edge_logits = project(attr, _score_weight(conv.lin_edge.weight, conv.att_edge)).to(acc)
         elif edge_attr is not None:
             raise ValueError(f"edge_attr given for {relation}, which the layer built without edge features "
                              f"(edge_dims)")
-        logits = F.leaky_relu(logits, self.negative_slope)
-        peak = torch.full((n_dst, heads), float("-inf"), dtype=logits.dtype, device=logits.device)
-        peak = peak.scatter_reduce(0, dst.unsqueeze(1).expand_as(logits), logits.detach(), reduce="amax")
-        weights = torch.exp(logits - take_rows(peak, dst))
-        total = torch.zeros_like(peak).index_add(0, dst, weights)
-        alpha = F.dropout(weights / take_rows(total, dst), self.attention_dropout, self.training)
-        # attention_aggregate also sums one self loop per destination: here weighted 0, reading row
-        # dst_offset + i of z, which a source frontier smaller than the destinations lacks (zero rows
-        # appended then, the block widened to them: its kernels size their work by num_src).
-        alpha = torch.cat([alpha, alpha.new_zeros(n_dst, heads)])
+        # The block's edges' coefficients, then one row per destination for attention_aggregate's self loop,
+        # weighted 0 (edge_softmax without self loops). The self loop reads row dst_offset + i of z, which
+        # a source frontier smaller than the destinations lacks (zero rows appended then, the block widened
+        # to them: its kernels size their work by num_src).
+        alpha = edge_softmax(block, score_src, score_dst, edge_logits, self.negative_slope)
+        alpha = F.dropout(alpha, self.attention_dropout, self.training)
         flat = z32.view(-1, heads * self.head_dim)
         short = block.dst_offset + n_dst - flat.shape[0]
         if short > 0:
