@@ -12,6 +12,7 @@ import torch
 
 from neutronorch.config import SamplingConfig, TrainConfig
 from neutronorch.data.graph import Graph
+from neutronorch.errors import ConfigError
 from neutronorch.features.cache import hotness_order
 from neutronorch.features.host_cache import HostCache, host_cache_rows, sized_by_memory
 from neutronorch.features.memory import AutoSize
@@ -31,6 +32,10 @@ from neutronorch.orchestration.typed_exact import Inputs, Labels, TypedExact
 from neutronorch.orchestration.typed_neutronorch import TypedNeutronOrch
 
 logger = logging.getLogger("neutronorch")
+
+# The typed modes that train data parallel (each rank its part of every global batch); NeutronOrch mode's hot
+# sets per rank and its hot rows' gradient averaged over the ranks are not there for typed graphs yet.
+TYPED_DATA_PARALLEL_MODES = ("auto", "exact", "device")
 
 
 @dataclass(frozen=True)
@@ -101,18 +106,24 @@ def build_mode(config: TrainConfig, graph: Graph, device: torch.device, threads:
 
 def build_typed_mode(config: TrainConfig, graph, model, fanouts: dict, train_idx: torch.Tensor, num_batches: int,
                      device: torch.device, inputs: Inputs, labels: Labels, threads: Threads, start: int = 0,
-                     resumed: dict | None = None) -> TypedExact | TypedDevice | TypedNeutronOrch:
+                     resumed: dict | None = None, shard: tuple[int, int] = (0, 1)
+                     ) -> TypedExact | TypedDevice | TypedNeutronOrch:
     """The mode of ``config`` for a typed graph (``TypedGraph``, two-way): exact (also what ``auto`` picks),
     device (``orchestration/typed_device.py``) or NeutronOrch (``orchestration/typed_neutronorch.py``), over
     ``num_batches`` mini-batches per epoch of ``train_idx`` in the model ``model`` (a ``TypedGNN``, on
     ``device``). ``inputs``/``labels``: a frontier's rows and the seeds' labels, read on the host; ``start``:
-    the global step the run starts at, ``resumed``: the mode's ``state()`` a checkpoint kept there."""
+    the global step the run starts at, ``resumed``: the mode's ``state()`` a checkpoint kept there; ``shard`` =
+    (rank, world): data parallel, the mode trains part ``rank`` of each global batch (``TYPED_DATA_PARALLEL_MODES``
+    only; ``train/typed_config.py`` refuses the others first)."""
+    if shard[1] > 1 and config.mode not in TYPED_DATA_PARALLEL_MODES:
+        raise ConfigError(f"`mode` {config.mode} does not train typed graphs data parallel yet; give `mode` "
+                          f"{' or '.join(TYPED_DATA_PARALLEL_MODES[1:])}, or run one process.")
     if config.mode == "device":
         return TypedDevice(graph, model, fanouts, train_idx, config.batch_size, config.seed, device, config.prefetch,
-                           config.gpu_memory_gb)
+                           config.gpu_memory_gb, shard=shard)
     if config.mode != "neutronorch":
         return TypedExact(graph, fanouts, train_idx, config.batch_size, config.seed, device, inputs, labels,
-                          config.prefetch, threads.sampler)
+                          config.prefetch, threads.sampler, shard)
     part = config.neutronorch
     schedule = Schedule(config.epochs, num_batches, part.super_batch, part.resolved_staleness)
     ratio = None if part.hot_ratio == "auto" else float(part.hot_ratio)

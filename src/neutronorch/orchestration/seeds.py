@@ -69,10 +69,16 @@ def epoch_batches(train_idx: torch.Tensor, sampling: SamplingConfig, epoch: int)
     """This rank's seeds of every mini-batch of ``epoch``, in batch order (some may be empty when the last
     global batch has fewer seeds than there are ranks). Unshuffled (``sampling.shuffle`` False): in their
     given order every epoch."""
-    batches = global_batches(train_idx, sampling, epoch)
-    if sampling.world == 1:
-        return list(batches)
-    return [torch.tensor_split(batch, sampling.world)[sampling.rank] for batch in batches]
+    order = epoch_order(train_idx, sampling.seed, epoch) if sampling.shuffle else train_idx
+    return list(shard_batches(order, sampling.batch_size, sampling.rank, sampling.world))
+
+
+def shard_batches(order: torch.Tensor, batch_size: int, rank: int = 0, world: int = 1) -> tuple[torch.Tensor, ...]:
+    """Part ``rank`` of every global batch of ``order`` (``batch_size * world`` seeds each, the last one
+    partial), split by ``torch.tensor_split`` into ``world`` parts; the batches themselves in one process. What
+    the typed modes train (``typed_exact.py``, ``typed_device.py``)."""
+    batches = torch.split(order, batch_size * world)
+    return batches if world == 1 else tuple(torch.tensor_split(batch, world)[rank] for batch in batches)
 
 
 def global_batches(train_idx: torch.Tensor, sampling: SamplingConfig, epoch: int) -> tuple[torch.Tensor, ...]:

@@ -35,7 +35,7 @@ from neutronorch.errors import ConfigError
 from neutronorch.features.placement import GiB, workspace_bytes
 from neutronorch.orchestration.device_reader import place
 from neutronorch.orchestration.pipeline import Prefetcher
-from neutronorch.orchestration.seeds import epoch_order
+from neutronorch.orchestration.seeds import epoch_order, shard_batches
 from neutronorch.orchestration.typed_exact import TypedBatch
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_device_sampler import (TypedDeviceSampler, TypedTopology, edge_feature_bytes,
@@ -115,12 +115,13 @@ class TypedDevice:
 
     def __init__(self, graph: TypedGraph, model: torch.nn.Module, fanouts: dict[RelationType, list[int]],
                  train_idx: torch.Tensor, batch_size: int, seed: int, device: torch.device, prefetch: int = 2,
-                 gpu_memory_gb: float | None = None, backend: str | None = None):
+                 gpu_memory_gb: float | None = None, backend: str | None = None, shard: tuple[int, int] = (0, 1)):
         memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
         self.sizes = check_fits(graph, model, fanouts, batch_size, memory, gpu_memory_gb)
         clock = time.perf_counter()
         self.graph, self.train_idx, self.batch_size, self.seed = graph, train_idx, batch_size, seed
         self.device, self.prefetch = device, prefetch
+        self.shard = shard  # (rank, world): data parallel, this rank's part of each global batch (typed_exact.py)
         self.topology = TypedTopology.of(graph, device, lambda array, what: place(array, device, what))
         self.features = {t: place(rows, device, f"features of {t}").float() for t, rows in graph.features.items()}
         self.labels = place(np.asarray(graph.labels, dtype=np.int64), device, "labels")
@@ -136,7 +137,8 @@ class TypedDevice:
         """The epoch's mini-batches from ``first`` (a resumed run's position) to ``count``, sampled and gathered
         ahead on a thread (a context manager: leaving it stops the thread)."""
         order = epoch_order(self.train_idx, self.seed, epoch)
-        assert -(-order.shape[0] // self.batch_size) == count, "the epoch's batch count is the trainer's"
+        global_batch = self.batch_size * self.shard[1]
+        assert -(-order.shape[0] // global_batch) == count, "the epoch's batch count is the trainer's"
         return Prefetcher(lambda: self._produce(epoch, order, first), depth=self.prefetch,
                           name="typed-device-producer")
 
@@ -172,7 +174,7 @@ class TypedDevice:
 
     def _produce(self, epoch: int, order: torch.Tensor, first: int = 0) -> Iterator[TypedDeviceBatch]:
         with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
-            batches = torch.split(order.to(self.device), self.batch_size)  # the epoch's one copy
+            batches = shard_batches(order.to(self.device), self.batch_size, *self.shard)  # the epoch's one copy
             for index, seeds in enumerate(batches[first:], start=first):
                 clock = time.perf_counter()
                 subgraph = self.sampler.sample(seeds, batch_key(self.seed, epoch, index))

@@ -4,7 +4,10 @@ on a producer thread, ahead of the trainer.
 One producer thread per epoch (``Prefetcher``, up to ``prefetch`` batches ahead), with a sampler of its own
 (a sampler is single-threaded state) and numba at ``sampler_threads`` there, so the trainer's torch and
 numba work does not wait for the next batch's. Each batch is drawn with its key ``batch_key(seed, epoch,
-index)`` and depends on it alone: the losses are those of sampling inline. ``TypedNeutronOrch``
+index)`` and depends on it alone: the losses are those of sampling inline. Data parallel (``shard`` = (rank,
+world)), batch ``index`` is this rank's part of global batch ``index`` (``shard_batches``), drawn with the
+global batch's key: the sampler keys each vertex's draws by the key and the vertex, so the ranks together
+draw what one process draws for the global batch. ``TypedNeutronOrch``
 (``typed_neutronorch.py``) is the other typed mode, behind the same four calls: ``epoch``, ``hot_rows``,
 ``finish`` and ``close``.
 """
@@ -21,7 +24,7 @@ import torch
 
 from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.orchestration.pipeline import Prefetcher
-from neutronorch.orchestration.seeds import epoch_order
+from neutronorch.orchestration.seeds import epoch_order, shard_batches
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_block import TypedBlock
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -54,16 +57,17 @@ class TypedExact:
 
     def __init__(self, graph: TypedGraph, fanouts: dict[RelationType, list[int]], train_idx: torch.Tensor,
                  batch_size: int, seed: int, device: torch.device, inputs: Inputs, labels: Labels,
-                 prefetch: int = 2, sampler_threads: int = 1):
+                 prefetch: int = 2, sampler_threads: int = 1, shard: tuple[int, int] = (0, 1)):
         self.graph, self.fanouts, self.train_idx = graph, fanouts, train_idx
         self.batch_size, self.seed, self.device = batch_size, seed, device
         self.inputs, self.labels = inputs, labels
         self.prefetch, self.sampler_threads = prefetch, sampler_threads
+        self.shard = shard  # (rank, world): data parallel, this rank's part of each global batch
 
     def epoch(self, epoch: int, count: int, first: int = 0) -> Prefetcher:
         """The epoch's mini-batches from ``first`` (a resumed run's position) to ``count``, produced ahead on a
         thread (a context manager: leaving it stops the thread)."""
-        batches = torch.split(epoch_order(self.train_idx, self.seed, epoch), self.batch_size)
+        batches = shard_batches(epoch_order(self.train_idx, self.seed, epoch), self.batch_size, *self.shard)
         assert len(batches) == count, "the epoch's batch count is the trainer's"
         return Prefetcher(lambda: self._produce(epoch, batches, first), depth=self.prefetch, name="typed-producer",
                           on_start=lambda: numba.set_num_threads(self.sampler_threads))
