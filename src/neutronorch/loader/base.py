@@ -7,7 +7,8 @@ the device feature cache and, for memory-mapped features, the host cache and fil
 iteration is one epoch, ``mode.batches(epoch, start)`` under a ``with``, so its producer thread stops when
 the epoch ends, on ``break`` and on an exception.
 
-A subclass says what an epoch is made of (``_resolve``: the vertices or edges it takes, in batches of
+Epochs, resume and the iteration's lifetime are ``EpochSource``'s (epochs.py). A subclass says what an
+epoch is made of (``_resolve``: the vertices or edges it takes, in batches of
 ``batch_size``, and the view of the graph its mode reads them from) and what a batch looks like
 (``_make_batch``); the order of epoch ``e`` is the mode's own permutation of those items
 (``epoch_order(seed, e)``), so ``input_order`` names each batch's items without asking the mode.
@@ -24,11 +25,11 @@ import torch
 from neutronorch.config import TrainConfig
 from neutronorch.data import Graph
 from neutronorch.errors import ConfigError
-from neutronorch.loader.arguments import check_count, check_device, check_mode, resolve_graph
+from neutronorch.loader.arguments import check_device, check_mode, resolve_graph
 from neutronorch.loader.batch import SampledBatch
+from neutronorch.loader.epochs import EpochIterator, EpochSource
 from neutronorch.orchestration.factory import build_mode
 from neutronorch.orchestration.mode import Mode
-from neutronorch.orchestration.seeds import epoch_order
 from neutronorch.train.resources import check_threading_layer, thread_budget
 
 __all__ = ["EpochLoader", "EpochIterator", "LOADER_OPTIONS"]
@@ -38,11 +39,9 @@ LOADER_OPTIONS = ("hidden", "heads", "gcn_norm", "precision", "gpu_memory_gb", "
                   "read_order", "host_cache_gb", "host_cache_dir")
 
 
-class EpochLoader:
+class EpochLoader(EpochSource):
     """Mini-batches of sampled neighbourhoods, one epoch per iteration (``NeighborLoader`` and
     ``LinkNeighborLoader`` document the arguments)."""
-
-    items = "seeds"  # what an epoch is made of, in messages
 
     def __init__(self, graph, fanouts, batch_size: int, *, shuffle: bool = True, seed: int = 0, device="cpu",
                  mode: str = "exact", epoch: int = 0, start: int = 0, drop_last: bool = False,
@@ -50,16 +49,13 @@ class EpochLoader:
                  **options):
         self.graph = resolve_graph(graph)
         self.mode_name = check_mode(mode)
-        view, self._count, task = self._resolve()
-        self.batch_size = check_count("batch_size", batch_size, 1)
-        self.seed = check_count("seed", seed, 0)
-        self.epoch = check_count("epoch", epoch, 0)
+        view, count, task = self._resolve()
+        self._epochs(count, batch_size, seed, epoch, shuffle, drop_last)
         self.device = check_device(device)
-        self.shuffle, self.drop_last, self.reuse_buffers = bool(shuffle), bool(drop_last), bool(reuse_buffers)
+        self.reuse_buffers = bool(reuse_buffers)
         self.config = self._config(fanouts, model, prefetch, sampler_threads, options, task)
         self.fanouts = list(self.config.fanouts)
         self._start = self._check_start(start)
-        self._active: weakref.ref | None = None
         check_threading_layer()
         self.threads = thread_budget(self.config)
         self.mode: Mode | None = build_mode(self.config, view, self.device, self.threads)
@@ -89,48 +85,6 @@ class EpochLoader:
                              **options).validate()
         config.sampling = dataclasses.replace(config.sampling, shuffle=self.shuffle)  # the trainer always shuffles
         return config
-
-    def _check_start(self, start) -> int:
-        start = check_count("start", start, 0)
-        if start > len(self):
-            raise ConfigError(f"`start` {start}: an epoch has {len(self)} batches of the {self._count:,} "
-                              f"{self.items} (batch size {self.batch_size}); start at 0..{len(self)}.")
-        return start
-
-    # -- epochs ---------------------------------------------------------------------------------------
-    def __len__(self) -> int:
-        """Batches in an epoch."""
-        return self._count // self.batch_size if self.drop_last else -(-self._count // self.batch_size)
-
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch the next iteration runs (its order and draws)."""
-        self.epoch = check_count("epoch", epoch, 0)
-
-    def __iter__(self) -> "EpochIterator":
-        start, self._start = self._start, 0
-        return self.iter_from(start)
-
-    def iter_from(self, start: int = 0, epoch: int | None = None) -> "EpochIterator":
-        """Epoch ``epoch`` (default: the next, ``loader.epoch``) from batch ``start`` on: exactly the batches
-        ``start``, ``start + 1``, ... that a whole iteration of that epoch yields. Closes an iteration still
-        open; the epoch after this one comes next."""
-        if self.mode is None:
-            raise RuntimeError(f"this {type(self).__name__} is closed; make a new one")
-        epoch = self.epoch if epoch is None else check_count("epoch", epoch, 0)
-        start = self._check_start(start)
-        active = self._active() if self._active is not None else None
-        if active is not None:
-            active.close()
-        self.epoch = epoch + 1
-        iterator = EpochIterator(self._produce(epoch, start), epoch, start, len(self) - start)
-        self._active = weakref.ref(iterator)
-        return iterator
-
-    def input_order(self, epoch: int) -> torch.Tensor:
-        """Positions among the loader's items in the order epoch ``epoch`` takes them (the mode's own
-        permutation)."""
-        positions = torch.arange(self._count)
-        return epoch_order(positions, self.seed, epoch) if self.shuffle else positions
 
     def _produce(self, epoch: int, start: int) -> Iterator[SampledBatch]:
         stop = len(self)
@@ -164,53 +118,5 @@ class EpochLoader:
             minibatch.release()
         return self._make_batch(minibatch, inputs.blocks, x, input_id, reused)
 
-    # -- lifetime -------------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Stop the iteration in progress (its thread joined) and release what the mode holds."""
-        active = self._active() if self._active is not None else None
-        if active is not None:
-            active.close()
-        if self.mode is not None:
-            self._finalizer()
-            self.mode = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
-    def _describe(self) -> str:
-        return f"{self.items}={self._count:,}"
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}({self.graph.name}, fanouts={self.fanouts}, batch_size={self.batch_size}, "
-                f"{self._describe()}, mode={self.mode_name}, device={self.device}, epoch={self.epoch}, "
-                f"batches={len(self)})")
-
-
-class EpochIterator:
-    """One epoch's batches: an iterator (with ``len``) and a context manager. Its producer thread stops when
-    the epoch is done, when it is closed, or when it is dropped (``break``, an exception)."""
-
-    def __init__(self, batches: Iterator[SampledBatch], epoch: int, start: int, length: int):
-        self._batches = batches
-        self.epoch, self.start, self._length = epoch, start, length
-
-    def __iter__(self) -> "EpochIterator":
-        return self
-
-    def __next__(self) -> SampledBatch:
-        return next(self._batches)
-
-    def __len__(self) -> int:
-        return self._length
-
-    def close(self) -> None:
-        self._batches.close()
-
-    def __enter__(self) -> "EpochIterator":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
+    def _close_mode(self) -> None:
+        self._finalizer()
