@@ -12,7 +12,10 @@ type's rows to the target type's logits. ``kind``:
   the homogeneous GAT's has: the classes need not divide among heads.
 
 Dropout follows every activation (row masks keyed by vertex, as in ``nn/models.py``); the last layer's output
-is the logits, with no activation.
+is the logits, with no activation. A training forward draws one dropout key, and each layer's activation of
+each type draws its masks from that key, the layer and the type (``_masks``): a vertex's mask in a step depends
+on its layer, type and id alone, not on the other types a batch reaches, so data-parallel ranks that split a
+batch draw exactly one process's masks for it.
 
 Inputs. A type with features reads its rows as they are (float32). A type without features gets a learnable
 embedding table, ``nn.Embedding(vertices, width, sparse=True)``, of which a batch looks up only the rows
@@ -53,6 +56,7 @@ its rows and width) gives a table's weights, already initialised: a float32 CPU 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping
@@ -62,11 +66,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from neutronorch.data.typed import relation_label
-from neutronorch.nn.activation import keyed_dropout, relu_dropout
+from neutronorch.nn.activation import draw_key, dropout_keys, keyed_dropout, relu_dropout
 from neutronorch.nn.names import TYPED_MODELS
 from neutronorch.nn.relational import RGCNConv, TypedSAGEConv
 from neutronorch.nn.relational_attention import RGATConv
 from neutronorch.nn.splice import HotRows, splice, splice_relu_dropout
+from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.sampling.typed_block import RelationType, TypedBlock
 
 if TYPE_CHECKING:
@@ -231,15 +236,26 @@ class TypedGNN(nn.Module):
             raise ValueError("hot rows splice into the bottom layer's output, which a one-layer model returns "
                              "as its logits")
         x = self.input_rows(features, input_ids)
+        base = int(draw_key()) if self.training and self.dropout > 0 else None  # one dropout key a forward
         for index, tblock in enumerate(blocks):
             y = self.layer_output(index, tblock, x)
             if index == self.num_layers - 1:
                 return y[self.spec.target]
-            if index == 0 and hot:
-                x = {t: self._splice(rows, hot.get(t), blocks[1].src_ids.get(t)) for t, rows in y.items()}
-            else:
-                x = {t: self._activate(rows, tblock.dst_ids(t)) for t, rows in y.items()}
+            x = {}
+            for t, rows in y.items():
+                with self._masks(base, index, t):
+                    x[t] = (self._splice(rows, hot.get(t), blocks[1].src_ids.get(t)) if index == 0 and hot
+                            else self._activate(rows, tblock.dst_ids(t)))
         raise AssertionError("unreachable: a model has at least one layer")
+
+    def _masks(self, base: int | None, index: int, node_type: str):
+        """Where layer ``index``'s activation of ``node_type``'s rows draws its dropout key: from ``base`` (the
+        forward's one draw), the layer and the type, whatever else the batch holds, so a vertex's mask does not
+        depend on which other types a batch (a data-parallel rank's part of one) reaches."""
+        if base is None:
+            return contextlib.nullcontext()
+        types = list(self.spec.num_nodes)
+        return dropout_keys(mix_key(base, index * len(types) + types.index(node_type)))
 
     def layer_output(self, index: int, tblock: TypedBlock, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Layer ``index``'s output per destination type of ``tblock``, before the activation, from its input
