@@ -33,6 +33,7 @@ _WHERE = {
     "GNN": "neutronorch.nn.models",
     "NeighborLoader": "neutronorch.loader",
     "LinkNeighborLoader": "neutronorch.loader",
+    "TypedNeighborLoader": "neutronorch.loader",
     "to_pyg_model": "neutronorch.nn.pyg",
     "NeighborSampler": "neutronorch.sampling.neighbor_sampler",
     "TorchNeighborSampler": "neutronorch.sampling.neighbor_sampler",

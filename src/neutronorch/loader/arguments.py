@@ -8,7 +8,7 @@ import numbers
 import numpy as np
 import torch
 
-from neutronorch.data import Graph, load_dataset
+from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
 from neutronorch.errors import ConfigError
 
 SEED_SETS = {"train": "train_idx", "val": "val_idx", "valid": "val_idx", "test": "test_idx", "all": None}
@@ -26,6 +26,10 @@ def resolve_graph(graph) -> Graph:
     """A ``Graph`` as given, or the one a dataset spec string names (``load_dataset``)."""
     if isinstance(graph, Graph):
         return graph
+    if isinstance(graph, TypedGraph) or (isinstance(graph, str) and is_typed_dataset(graph)):
+        raise ConfigError(f"`graph`: {graph if isinstance(graph, str) else graph.name} is a typed graph (several "
+                          f"vertex or relation types); TypedNeighborLoader samples those (docs/loader.md, "
+                          f"'Typed graphs').")
     if isinstance(graph, str):
         return load_dataset(graph)
     raise ConfigError(f"`graph`: expected a neutronorch Graph or a dataset spec string (such as "
@@ -33,14 +37,16 @@ def resolve_graph(graph) -> Graph:
                       f"neutronorch.from_pyg(data) or a DGL graph with neutronorch.from_dgl(g).")
 
 
-def resolve_seeds(graph: Graph, seeds) -> np.ndarray:
+def resolve_seeds(graph: Graph | TypedGraph, seeds) -> np.ndarray:
     """The seed vertices as unique int64 ids: a split's name (train, val, test, all), ids (a tensor, an
-    array or a list), or a boolean mask over the vertices."""
-    n = graph.num_nodes
+    array or a list), or a boolean mask over the vertices (of a typed graph: over its target type's)."""
+    typed = isinstance(graph, TypedGraph)
+    n = graph.num_nodes[graph.target] if typed else graph.num_nodes
+    what = f"{graph.target} vertices" if typed else "vertices"
     if isinstance(seeds, str):
         if seeds not in SEED_SETS:
             raise ConfigError(f"`seeds` {seeds!r}: name a split ({', '.join(SEED_SETS)}) or give the vertex ids "
-                              f"(a tensor, an array or a list) or a boolean mask over the {n:,} vertices.")
+                              f"(a tensor, an array or a list) or a boolean mask over the {n:,} {what}.")
         name = SEED_SETS[seeds]
         ids = np.arange(n, dtype=np.int64) if name is None else np.array(getattr(graph, name), dtype=np.int64)
         if ids.size == 0:
@@ -49,12 +55,12 @@ def resolve_seeds(graph: Graph, seeds) -> np.ndarray:
     array = _as_array("seeds", seeds, "a split's name or vertex ids (a tensor, an array or a list)")
     if array.dtype == np.bool_:
         if array.shape != (n,):
-            raise ConfigError(f"`seeds`: a boolean mask must hold one entry per vertex ({n:,}), not shape "
+            raise ConfigError(f"`seeds`: a boolean mask must hold one entry per vertex ({n:,} {what}), not shape "
                               f"{tuple(array.shape)}.")
         array = np.flatnonzero(array)
     if array.ndim != 1:
         raise ConfigError(f"`seeds`: expected a 1-D list of vertex ids, not shape {tuple(array.shape)}.")
-    ids = _vertex_ids("seeds", array, n, "vertex")
+    ids = _vertex_ids("seeds", array, n, "vertex", what)
     unique = np.unique(ids)
     if unique.shape[0] != ids.shape[0]:
         counts = np.bincount(ids, minlength=0)
@@ -62,6 +68,21 @@ def resolve_seeds(graph: Graph, seeds) -> np.ndarray:
                           f"{int(np.flatnonzero(counts > 1)[0])}); each vertex may be a seed once per epoch "
                           f"(deduplicate with torch.unique).")
     return ids
+
+
+def resolve_typed_graph(graph) -> TypedGraph:
+    """A ``TypedGraph`` as given, or the one a typed dataset's path names (``load_typed_dataset``: a typed
+    native folder, OGB's ogbn-mag layout, IGBH or MAG240M)."""
+    if isinstance(graph, TypedGraph):
+        return graph
+    if isinstance(graph, str) and is_typed_dataset(graph):
+        return load_typed_dataset(graph)
+    if isinstance(graph, (Graph, str)):
+        raise ConfigError(f"`graph`: {graph if isinstance(graph, str) else graph.name} is not a typed graph; "
+                          f"NeighborLoader samples a graph of one vertex and one edge type.")
+    raise ConfigError(f"`graph`: expected a neutronorch TypedGraph or the path of a typed dataset, not a "
+                      f"{type(graph).__name__}. Convert a PyG HeteroData with neutronorch.data.from_pyg_hetero"
+                      f"(data, target=...) or a DGL heterograph with from_dgl_hetero(g, target=...).")
 
 
 def resolve_edges(graph: Graph, edges) -> np.ndarray:
@@ -101,7 +122,7 @@ def _as_array(name: str, value, expected: str) -> np.ndarray:
     raise ConfigError(f"`{name}`: expected {expected}, not a {type(value).__name__}.")
 
 
-def _vertex_ids(name: str, array: np.ndarray, n: int, what: str) -> np.ndarray:
+def _vertex_ids(name: str, array: np.ndarray, n: int, what: str, vertices: str = "vertices") -> np.ndarray:
     """``array`` as int64 vertex ids, refused when empty, not integers or out of 0..n-1."""
     if array.size and array.dtype.kind not in "iu":
         raise ConfigError(f"`{name}`: vertex ids must be integers, not {array.dtype}.")
@@ -111,7 +132,7 @@ def _vertex_ids(name: str, array: np.ndarray, n: int, what: str) -> np.ndarray:
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= n:
         bad = low if low < 0 else high
-        raise ConfigError(f"`{name}` holds vertex id {bad}, out of range for a graph of {n:,} vertices "
+        raise ConfigError(f"`{name}` holds vertex id {bad}, out of range for a graph of {n:,} {vertices} "
                           f"(0..{n - 1}).")
     return ids
 

@@ -112,6 +112,7 @@ class TypedDevice:
     """The typed device mode of one run: the data on ``device`` from construction on; ``close`` it."""
 
     name = "device"
+    shuffle = True  # False (a loader's choice, set on the mode): ``train_idx`` in its given order every epoch
 
     def __init__(self, graph: TypedGraph, model: torch.nn.Module, fanouts: dict[RelationType, list[int]],
                  train_idx: torch.Tensor, batch_size: int, seed: int, device: torch.device, prefetch: int = 2,
@@ -136,7 +137,7 @@ class TypedDevice:
     def epoch(self, epoch: int, count: int, first: int = 0) -> Prefetcher:
         """The epoch's mini-batches from ``first`` (a resumed run's position) to ``count``, sampled and gathered
         ahead on a thread (a context manager: leaving it stops the thread)."""
-        order = epoch_order(self.train_idx, self.seed, epoch)
+        order = epoch_order(self.train_idx, self.seed, epoch) if self.shuffle else self.train_idx
         global_batch = self.batch_size * self.shard[1]
         assert -(-order.shape[0] // global_batch) == count, "the epoch's batch count is the trainer's"
         return Prefetcher(lambda: self._produce(epoch, order, first), depth=self.prefetch,

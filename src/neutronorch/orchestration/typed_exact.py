@@ -54,6 +54,7 @@ class TypedExact:
     """The typed exact mode of one run."""
 
     name = "exact"
+    shuffle = True  # False (a loader's choice, set on the mode): ``train_idx`` in its given order every epoch
 
     def __init__(self, graph: TypedGraph, fanouts: dict[RelationType, list[int]], train_idx: torch.Tensor,
                  batch_size: int, seed: int, device: torch.device, inputs: Inputs, labels: Labels,
@@ -67,7 +68,8 @@ class TypedExact:
     def epoch(self, epoch: int, count: int, first: int = 0) -> Prefetcher:
         """The epoch's mini-batches from ``first`` (a resumed run's position) to ``count``, produced ahead on a
         thread (a context manager: leaving it stops the thread)."""
-        batches = shard_batches(epoch_order(self.train_idx, self.seed, epoch), self.batch_size, *self.shard)
+        order = epoch_order(self.train_idx, self.seed, epoch) if self.shuffle else self.train_idx
+        batches = shard_batches(order, self.batch_size, *self.shard)
         assert len(batches) == count, "the epoch's batch count is the trainer's"
         return Prefetcher(lambda: self._produce(epoch, batches, first), depth=self.prefetch, name="typed-producer",
                           on_start=lambda: numba.set_num_threads(self.sampler_threads))

@@ -87,3 +87,71 @@ class TypedSubgraph:
     @property
     def num_sampled_edges(self) -> int:
         return sum(block.num_edges for block in self.blocks)
+
+
+@dataclass
+class TypedPygForm:
+    """Typed blocks as PyG's heterogeneous ``NeighborLoader`` lays out a sampled subgraph (``typed_pyg_form``).
+
+    ``edge_index[r]``: (2, E) int64 in the local ids of each type's input frontier (row 0 the neighbour, of
+    ``r``'s source type; row 1 the vertex it was drawn for, of its destination type), the seed hop's edges
+    first, then each hop's. ``num_sampled_nodes[t]``: type ``t``'s vertices per hop (the seeds, then those
+    each hop added); ``num_sampled_edges[r]``: ``r``'s edges per hop; both what PyG's ``trim_to_layer`` reads.
+    ``edge_features[r]``/``edge_ids[r]``: the kept edges' rows and ids, for the relations whose blocks carry
+    them."""
+
+    edge_index: dict[RelationType, torch.Tensor]
+    num_sampled_nodes: dict[str, list[int]]
+    num_sampled_edges: dict[RelationType, list[int]]
+    edge_features: dict[RelationType, torch.Tensor]
+    edge_ids: dict[RelationType, torch.Tensor]
+
+
+def typed_pyg_form(blocks: list[TypedBlock], node_types, relations) -> TypedPygForm:
+    """``blocks`` (bottom layer first) in PyG's layout, over ``node_types`` and ``relations`` (those the
+    blocks lack get no vertex and no edge). As in PyG, a vertex's neighbours come from the hop after the one
+    that reached it (each vertex's neighbours once): of each relation's block, the rows of the destinations
+    that the hop before newly reached, a contiguous tail of its CSC (``sampling.block.pyg_form``, typed)."""
+    device = next((b.indptr.device for tblock in blocks for b in tblock.blocks.values()), torch.device("cpu"))
+    sizes = _sizes(blocks, node_types)
+    nodes = hop_counts(blocks, node_types)
+    parts: dict = {r: ([], [], [], []) for r in relations}  # sources, targets, edge features, edge ids
+    edges: dict[RelationType, list[int]] = {r: [] for r in relations}
+    for hop, tblock in enumerate(reversed(blocks)):
+        for r in relations:
+            block = tblock.blocks.get(r)
+            if block is None:
+                edges[r].append(0)
+                continue
+            first, end = (0 if hop == 0 else sizes[hop - 1][r[2]]), block.num_dst
+            ptr = block.indptr
+            lo, hi = int(ptr[first]), int(ptr[end])
+            rows = torch.arange(first, end, device=ptr.device)
+            sources, targets, features, ids = parts[r]
+            sources.append(block.indices[lo:hi].long())
+            targets.append(torch.repeat_interleave(rows, ptr[first + 1:end + 1] - ptr[first:end], output_size=hi - lo))
+            if r in tblock.edge_features:
+                features.append(tblock.edge_features[r][lo:hi])
+            if r in tblock.edge_ids:
+                ids.append(tblock.edge_ids[r][lo:hi])
+            edges[r].append(hi - lo)
+    empty = torch.zeros(0, dtype=torch.int64, device=device)
+    edge_index = {r: torch.stack([torch.cat(s), torch.cat(d)]) if s else torch.stack([empty, empty])
+                  for r, (s, d, _, _) in parts.items()}
+    return TypedPygForm(edge_index, nodes, edges, {r: torch.cat(p[2]) for r, p in parts.items() if p[2]},
+                        {r: torch.cat(p[3]) for r, p in parts.items() if p[3]})
+
+
+def hop_counts(blocks: list[TypedBlock], node_types) -> dict[str, list[int]]:
+    """Per type of ``node_types``, its vertices per hop of ``blocks`` (bottom layer first): the seeds (the
+    target's; 0 for the others), then those each hop added (PyG's ``num_sampled_nodes``)."""
+    sizes = _sizes(blocks, node_types)
+    return {t: [sizes[0][t]] + [after[t] - before[t] for before, after in zip(sizes, sizes[1:])] for t in node_types}
+
+
+def _sizes(blocks: list[TypedBlock], node_types) -> list[dict[str, int]]:
+    """Each type's vertices after 0, 1, ... hops (a type's frontier leads with those of the hop before)."""
+    if not blocks:
+        raise ValueError("no blocks: nothing was sampled")
+    sizes = [{t: blocks[-1].num_dst.get(t, 0) for t in node_types}]
+    return sizes + [{t: tblock.num_src.get(t, 0) for t in node_types} for tblock in reversed(blocks)]

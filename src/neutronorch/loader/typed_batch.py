@@ -1,0 +1,170 @@
+"""One mini-batch of a ``TypedNeighborLoader``, in the three forms a training loop may take.
+
+- Native (neutronorch's ``TypedGNN``, or any module taking the same): ``batch.blocks`` (``TypedBlock``s,
+  bottom layer first), ``batch.features`` (each featured type's input rows), ``batch.ids`` (each type's input
+  frontier, global ids within the type): ``model(batch.blocks, batch.features, batch.ids)``.
+- PyG: ``batch.to_pyg()``, a ``torch_geometric.data.HeteroData`` as PyG's ``NeighborLoader`` yields one for
+  heterogeneous data.
+- DGL: ``batch.to_dgl()``, one ``dgl.create_block`` per layer, input layer first.
+
+The blocks are the typed sampler's: every destination of a layer draws its neighbours at that layer (DGL's
+blocks). PyG's form keeps, of each relation's block, the rows of the destinations the hop before newly
+reached, so that each vertex's neighbours are drawn once, as PyG's sampler draws them
+(``sampling.typed_block.typed_pyg_form``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from neutronorch.orchestration.typed_exact import TypedBatch
+from neutronorch.sampling.typed_block import RelationType, TypedBlock, hop_counts, typed_pyg_form
+
+__all__ = ["TypedLoaderBatch", "TypedLayout"]
+
+
+@dataclass(frozen=True)
+class TypedLayout:
+    """What a batch's forms need of the graph: its types in order with their feature widths (0: none), its
+    relations (reverses included) with their edge feature widths, the target type, and the labels of target
+    ids (``labels(ids)``, on the ids' device)."""
+
+    feature_dims: dict[str, int]
+    relations: dict[RelationType, int]
+    target: str
+    labels: Callable[[torch.Tensor], torch.Tensor]
+
+
+class TypedLoaderBatch:
+    """A typed mini-batch: ``epoch``, ``index`` (its number in the epoch), ``blocks`` (bottom first),
+    ``features`` (the input rows of every featured type of the bottom frontier, float32), ``ids`` (every
+    type's bottom frontier, global ids within the type: what an embedding table of a featureless type is
+    looked up by; ``n_id`` is the same), ``seeds`` (the target type's seeds: ``ids[target][:batch_size]``),
+    ``y`` (their labels), ``batch_size``, ``input_id`` (the seeds' positions among the loader's seeds),
+    ``target``. Its tensors are its own (typed modes reuse no buffer): a batch may be kept."""
+
+    def __init__(self, batch: TypedBatch, epoch: int, index: int, input_id: torch.Tensor, layout: TypedLayout):
+        self.epoch, self.index = epoch, index
+        self.blocks: list[TypedBlock] = batch.blocks
+        self.features: dict[str, torch.Tensor] = batch.features
+        self.ids: dict[str, torch.Tensor] = batch.ids
+        self.y: torch.Tensor = batch.labels
+        self.input_id = input_id
+        self.target = layout.target
+        self._layout = layout
+        self._pyg = None
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.blocks[-1].num_dst[self.target])
+
+    @property
+    def n_id(self) -> dict[str, torch.Tensor]:
+        """Every type's sampled vertices (``ids``), PyG's name: the target's seeds first, then each hop's new
+        vertices in the order the hop first reached them."""
+        return self.ids
+
+    @property
+    def seeds(self) -> torch.Tensor:
+        return self.ids[self.target][:self.batch_size]
+
+    @property
+    def device(self) -> torch.device:
+        return self.y.device
+
+    @property
+    def num_sampled_nodes(self) -> dict[str, list[int]]:
+        """Per type, its vertices per hop: the seeds (the target's; 0 for the others), then those each hop
+        added (PyG's ``num_sampled_nodes_dict``)."""
+        return hop_counts(self.blocks, list(self._layout.feature_dims))
+
+    # -- the PyG form ---------------------------------------------------------------------------------
+    def to_pyg(self):
+        """A ``torch_geometric.data.HeteroData`` with what PyG's ``NeighborLoader`` puts in a heterogeneous
+        batch: every vertex type of the graph with ``n_id``, ``num_nodes`` and ``x`` (featured types; a
+        featureless type has ``n_id`` only, for an embedding table to look up), the target's ``y`` (a label per
+        vertex of its ``n_id``, the seeds' first), ``batch_size`` and ``input_id``; every relation (reverses
+        included) with ``edge_index`` (local ids in its end types' ``n_id``) and, where the graph has edge
+        features, ``edge_attr`` and ``e_id`` (the edges' positions in the relation's CSC, which is
+        ``to_pyg_hetero``'s edge order); and per type and relation ``num_sampled_nodes`` and
+        ``num_sampled_edges`` (``num_sampled_nodes_dict``, ``num_sampled_edges_dict``), which
+        ``trim_to_layer`` reads. A type or relation the batch did not reach is there, empty. Built once."""
+        if self._pyg is not None:
+            return self._pyg
+        try:
+            from torch_geometric.data import HeteroData  # noqa: PLC0415 - optional
+        except ImportError:
+            raise ImportError("batch.to_pyg() needs PyTorch Geometric: pip install torch-geometric (its "
+                              "NeighborLoader's sampler backends, pyg-lib or torch-sparse, are not needed)") from None
+        layout, device = self._layout, self.device
+        form = typed_pyg_form(self.blocks, list(layout.feature_dims), list(layout.relations))
+        data = HeteroData()
+        for node_type, width in layout.feature_dims.items():
+            ids = self.ids.get(node_type, torch.zeros(0, dtype=torch.int64, device=device))
+            store = data[node_type]
+            store.n_id, store.num_nodes = ids, int(ids.shape[0])
+            if width:
+                store.x = self.features.get(node_type, torch.zeros(0, width, device=device))
+        target = data[self.target]
+        target.y = layout.labels(target.n_id)
+        target.batch_size, target.input_id = self.batch_size, self.input_id
+        for relation, width in layout.relations.items():
+            store = data[relation]
+            store.edge_index = form.edge_index[relation]
+            if width:
+                store.edge_attr = form.edge_features.get(relation, torch.zeros(0, width, device=device))
+                store.e_id = form.edge_ids.get(relation, torch.zeros(0, dtype=torch.int64, device=device))
+        data.set_value_dict("num_sampled_nodes", form.num_sampled_nodes)
+        data.set_value_dict("num_sampled_edges", form.num_sampled_edges)
+        self._pyg = data
+        return data
+
+    # -- the DGL form ---------------------------------------------------------------------------------
+    def to_dgl(self) -> list:
+        """One DGL block per layer, input layer first (as ``dgl.dataloading`` yields them for a heterograph):
+        ``dgl.create_block`` over every relation (reverses included; one the layer did not draw has no edge)
+        with every type's source and destination counts, the sampler's blocks as they are (in CSC);
+        ``srcdata``/``dstdata`` ``dgl.NID`` per type (global ids within the type), the first block's
+        ``srcdata["feat"]`` per featured type, the last block's ``dstdata["label"]`` on the target, and
+        ``edata["feat"]`` and ``dgl.EID`` for relations with edge features."""
+        try:
+            import dgl  # noqa: PLC0415 - optional
+        except ImportError:
+            raise ImportError("batch.to_dgl() needs DGL: pip install dgl") from None
+        layout, out = self._layout, []
+        for tblock in self.blocks:
+            counts_src = {t: int(tblock.num_src.get(t, 0)) for t in layout.feature_dims}
+            counts_dst = {t: int(tblock.num_dst.get(t, 0)) for t in layout.feature_dims}
+            data = {}
+            for relation in layout.relations:
+                block = tblock.blocks.get(relation)
+                if block is None:
+                    indptr = torch.zeros(counts_dst[relation[2]] + 1, dtype=torch.int64, device=self.device)
+                    indices = torch.zeros(0, dtype=torch.int64, device=self.device)
+                else:
+                    indptr, indices = block.indptr.long(), block.indices.long()
+                data[relation] = ("csc", (indptr, indices, torch.zeros(0, dtype=torch.int64, device=self.device)))
+            g = dgl.create_block(data, num_src_nodes=counts_src, num_dst_nodes=counts_dst, device=self.device)
+            for node_type, ids in tblock.src_ids.items():
+                if node_type in counts_src:
+                    g.srcnodes[node_type].data[dgl.NID] = ids
+                    g.dstnodes[node_type].data[dgl.NID] = ids[:counts_dst[node_type]]
+            for relation, rows in tblock.edge_features.items():
+                g.edges[relation].data["feat"] = rows
+            for relation, ids in tblock.edge_ids.items():
+                g.edges[relation].data[dgl.EID] = ids
+            out.append(g)
+        for node_type, rows in self.features.items():
+            out[0].srcnodes[node_type].data["feat"] = rows
+        out[-1].dstnodes[self.target].data["label"] = self.y
+        return out
+
+    to_dgl_blocks = to_dgl  # NeighborLoader's name for it
+
+    def __repr__(self) -> str:
+        inputs = {t: int(ids.shape[0]) for t, ids in self.ids.items()}
+        return (f"TypedLoaderBatch(epoch={self.epoch}, index={self.index}, batch_size={self.batch_size}, "
+                f"inputs={inputs}, edges={[b.num_edges for b in self.blocks]}, device={self.device})")
