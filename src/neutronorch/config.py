@@ -30,6 +30,7 @@ TASK_WEIGHT_DECAY = {"node": 5e-3, "link": 0.0}
 MODES = ("exact", "device", "neutronorch")
 MODE_CHOICES = MODES + ("auto",)  # auto: one of MODES, chosen when the run starts (orchestration/choice.py)
 TYPED_MODE_CHOICES = ("exact", "device", "neutronorch", "auto")  # what a typed graph trains with (train/typed_config.py)
+TYPED_OWN_MODEL_MODES = ("exact", "device", "auto")  # your own module's, on a typed graph (train/typed_own.py)
 METRICS = ("accuracy", "rocauc", "f1-micro", "f1-macro")
 LINK_METRICS = re.compile(r"(mrr|rocauc|hits@[1-9][0-9]*)$")  # a link task's (train/link_metrics.py)
 HOT_GRADS = ("stop", "cpu")

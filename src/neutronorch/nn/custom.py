@@ -37,7 +37,7 @@ from torch import nn
 from neutronorch.nn.splice import HotRows, splice
 from neutronorch.sampling.block import Block, pyg_form
 
-__all__ = ["ModelProtocolError", "UserModel", "PROTOCOL"]
+__all__ = ["ModelProtocolError", "UserModel", "PROTOCOL", "forward_parameters"]
 
 PROTOCOL = ("forward(x, edge_index) returning a row per vertex of x (the PyG form), or forward(blocks, x) "
             "returning a row per destination of the last block (the block form); docs/models.md, 'Your own "
@@ -49,14 +49,20 @@ class ModelProtocolError(ValueError):
     """A module that does not follow the protocol: what it does and what the protocol expects."""
 
 
-def _form(module: nn.Module) -> tuple[str, bool]:
-    """(input form, whether it takes PyG's trimming counts) of ``module.forward``."""
+def forward_parameters(module: nn.Module, protocol: str) -> tuple[list[str], list[inspect.Parameter]]:
+    """The names of ``module.forward``'s positional parameters, and all its parameters; a
+    ``ModelProtocolError`` naming ``protocol`` where they cannot be read."""
     try:
         params = list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError) as exc:
         raise ModelProtocolError(f"cannot read the parameters of {type(module).__name__}.forward ({exc}); the "
-                                 f"protocol: {PROTOCOL}") from None
-    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+                                 f"protocol: {protocol}") from None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)], params
+
+
+def _form(module: nn.Module) -> tuple[str, bool]:
+    """(input form, whether it takes PyG's trimming counts) of ``module.forward``."""
+    positional, params = forward_parameters(module, PROTOCOL)
     names = {p.name for p in params}
     if positional[:2] == ["x", "edge_index"]:
         return "pyg", all(name in names for name in _TRIM)

@@ -19,6 +19,7 @@ from neutronorch.errors import ConfigError
 from neutronorch.nn.names import RELATIONAL_ONLY
 from neutronorch.train.outputs import check_outputs
 from neutronorch.train.typed_config import check_typed_config
+from neutronorch.train.typed_own import check_own_model_config
 from neutronorch.train.typed_task import train_typed
 
 
@@ -37,12 +38,12 @@ def is_typed_run(config: TrainConfig, graph: Graph | TypedGraph | None) -> bool:
 def train_typed_run(config: TrainConfig, graph: TypedGraph | None, progress, stop: threading.Event | None,
                     model: torch.nn.Module | None) -> dict:
     """``train`` for a typed run: the graph loaded when only named (OGB's layout takes parsing, so the settings
-    and outputs are checked first), then ``train_typed``."""
+    and outputs are checked first), then ``train_typed``, with ``model`` (your own module: ``train/typed_own.py``)
+    when given."""
     if model is not None:
-        raise ConfigError("your own module trains homogeneous graphs for now; a typed graph trains the "
-                          "built-in relational models (`model` sage, rgcn or rgat).")
+        check_own_model_config(config)  # before the graph is read
     if graph is None and not is_typed_dir(Path(config.dataset).expanduser()):
         check_typed_config(config)
         check_outputs(config)
         graph = load_typed_dataset(config.dataset)
-    return train_typed(config, graph, progress, stop)
+    return train_typed(config, graph, progress, stop, model=model)

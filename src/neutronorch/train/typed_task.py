@@ -37,7 +37,7 @@ relation (a popular field of study, linked to most papers) two hops from a batch
 graph; ``eval_fanouts -1`` asks for them where the graph is small enough.
 
 What typed graphs cannot do yet (each refused with a ``ConfigError`` that says so, ``check_typed_config``):
-link tasks, timelines, your own model, graph blocks, residual connections and
+link tasks, timelines, your own module in NeutronOrch mode or with checkpoints, graph blocks, residual connections and
 normalisation layers, data parallelism, and a ``split`` (the typed graph carries its own).
 Summary and metric logs (``summary_json``, ``log_jsonl``, ``log_csv``, ``tensorboard``), ``patience``,
 ``eval_max_nodes``, ``metric`` and checkpoints (``checkpoint_dir``, ``checkpoint_every``, ``resume``: exact
@@ -81,6 +81,7 @@ from neutronorch.train.task import Task
 from neutronorch.train.typed_checkpoint import typed_checkpoints
 from neutronorch.train.typed_config import check_typed_config
 from neutronorch.train.typed_inputs import gather_frontier, typed_files, typed_logits
+from neutronorch.train.typed_own import own_typed_model
 from neutronorch.train.typed_tables import TypedTables, plan_tables
 
 logger = logging.getLogger("neutronorch")
@@ -90,11 +91,12 @@ STAGES = ("wait", "sample", "gather", "forward", "backward", "step")
 TYPED_STAGES = StageTable({"sample": "sampler", "gather": "sampler", "host_compute": "host"}, frozenset({"wait"}))
 def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: Progress | None = None,
                 stop: threading.Event | None = None, fanouts=None, num_bases: int | None = None,
-                embed_dim: int | None = None) -> dict:
+                embed_dim: int | None = None, model: torch.nn.Module | None = None) -> dict:
     """Train ``config.model`` (sage, rgcn or rgat) on ``graph`` (default: the typed folder ``config.dataset``)
     in exact mode and return the run summary (also written to ``summary_json``). ``fanouts``: per-relation
     fanouts (``typed_fanouts``) instead of ``config.fanouts``; ``num_bases``: R-GCN's basis decomposition;
-    ``embed_dim``: the featureless types' table width for sage and rgat (default ``hidden``).
+    ``embed_dim``: the featureless types' table width for sage and rgat (default ``hidden``); ``model``: your
+    own module instead (``train/typed_own.py``: ``forward(blocks, features, ids)``, exact and device mode).
     ``progress(epoch, done, total)`` after every step (and its ``loss``/``evaluating`` methods, when it has
     them, as ``train`` calls them); setting ``stop`` ends the run after the current step, writes the summary
     marked interrupted and raises ``Interrupted``."""
@@ -125,6 +127,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         raise ConfigError(f"`eval_fanouts` has {eval_sampler.num_layers} entries but the fanouts give "
                           f"{sampler.num_layers} layers; give one per layer.")
     check_threading_layer()  # the producer and the trainer run numba kernels at once
+    own, config = own_typed_model(model, config, graph, sampler.num_layers, device)  # your own module, or None
     budget = thread_budget(config)
     threads = budget.train  # torch's and, in this thread, numba's: the two pools take turns
     task = Task.of(graph, config.metric)
@@ -137,14 +140,14 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
         torch.manual_seed(config.seed)
         try:
-            model = TypedGNN(config.model, TypedSpec.of(graph), config.hidden, graph.num_classes,
+            model = own or TypedGNN(config.model, TypedSpec.of(graph), config.hidden, graph.num_classes,
                              sampler.num_layers, dropout=config.dropout, heads=config.heads, num_bases=num_bases,
                              embed_dim=embed_dim, tables=tables.maker).to(device)
         except ValueError as exc:
             raise ConfigError(f"{graph.name}: {exc}.") from None
         metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key, append=config.resume)))
         run = _TypedRun(config, graph, model, task, sampler, eval_sampler, device, metrics, progress, stop, budget,
-                        tables)
+                        None if own else tables)  # your own module's tables are its own
         run.precision = precision
         run.checkpoints = typed_checkpoints(run)  # with `resume`, the run restored from last.pt
         stack.enter_context(contextlib.closing(run.open_mode()))  # where the run starts, its threads started
@@ -346,7 +349,7 @@ class _TypedRun:
             "mode_choice": None if config.mode != "auto" else
             {"chosen": "exact", "reason": "auto picks exact mode for typed graphs", "measured": None},
             **self.mode.summary(self.hot.record()),
-            "model": {"kind": config.model, "typed": True, "parameters": self.parameters,
+            "model": {"kind": self.model.kind, "typed": True, "parameters": self.parameters,
                       "arguments": self.model.arguments},
             "config": config.to_dict(),
             "dataset": {"name": graph.name, "nodes": sum(graph.num_nodes.values()), "edges": graph.num_edges,
