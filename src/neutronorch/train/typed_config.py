@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import os
-
 from neutronorch.config import TYPED_MODE_CHOICES, TrainConfig
 from neutronorch.errors import ConfigError
 from neutronorch.nn.names import TYPED_MODELS
+from neutronorch.orchestration.factory import TYPED_DATA_PARALLEL_MODES
+from neutronorch.train.typed_distributed import world_size
 
 NOT_YET = "not available for typed graphs yet"
 
@@ -25,7 +25,10 @@ def check_typed_config(config: TrainConfig) -> None:
          f"`architecture` blocks, `residual` and `norm` are {NOT_YET}; leave them at their defaults."),
         (config.split is not None,
          f"`split` {config.split}: a typed graph carries its own split on its target type; leave `split` out."),
-        (int(os.environ.get("WORLD_SIZE", "1")) > 1, f"data-parallel training is {NOT_YET}; run one process."),
+        (config.mode not in TYPED_DATA_PARALLEL_MODES and world_size() > 1,
+         f"`mode` {config.mode} on several ranks (data-parallel training) is {NOT_YET}: NeutronOrch mode's hot sets "
+         f"per rank and its hot rows' gradient averaged over the ranks are missing. Give `mode` "
+         f"{' or '.join(TYPED_DATA_PARALLEL_MODES[1:])}, which train data parallel, or run one process."),
     ]
     for bad, message in refused:
         if bad:

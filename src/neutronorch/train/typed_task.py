@@ -38,7 +38,9 @@ graph; ``eval_fanouts -1`` asks for them where the graph is small enough.
 
 What typed graphs cannot do yet (each refused with a ``ConfigError`` that says so, ``check_typed_config``):
 link tasks, timelines, your own module in NeutronOrch mode or with checkpoints, graph blocks, residual connections and
-normalisation layers, data parallelism, and a ``split`` (the typed graph carries its own).
+normalisation layers, NeutronOrch mode on several ranks, and a ``split`` (the typed graph carries its own).
+Data parallel (``torchrun``, a process group), exact and device mode train as one process with the global batch
+would: ``train/typed_distributed.py``, called through small hooks (``rank_settings`` to ``shared_logits``).
 Summary and metric logs (``summary_json``, ``log_jsonl``, ``log_csv``, ``tensorboard``), ``patience``,
 ``eval_max_nodes``, ``metric`` and checkpoints (``checkpoint_dir``, ``checkpoint_every``, ``resume``: exact
 to the bit, ``train/typed_checkpoint.py``, called through ``run.checkpoints``) work as in homogeneous runs.
@@ -72,14 +74,16 @@ from neutronorch.train.loop import DIVERGENCE_CHECK_STEPS, Progress, epoch_line
 from neutronorch.train.memory import peak_rss_mb
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
-from neutronorch.train.outputs import check_outputs, claim_checkpoint_dir, write_summary
+from neutronorch.train.outputs import check_outputs, write_summary
 from neutronorch.train.resources import (check_threading_layer, numba_threads, resolve_device, thread_budget,
                                          torch_threads)
 from neutronorch.train.row_adam import RowAdam
 from neutronorch.train.summary import checkpoints_written, score_fields
 from neutronorch.train.task import Task
-from neutronorch.train.typed_checkpoint import typed_checkpoints
+from neutronorch.train.distributed import World, rank_device
 from neutronorch.train.typed_config import check_typed_config
+from neutronorch.train.typed_distributed import (data_parallel, join_ranks, launched_rank, rank_checkpoints,
+                                                 rank_settings, ranks_here, shared_logits, step_masks)
 from neutronorch.train.typed_inputs import gather_frontier, typed_files, typed_logits
 from neutronorch.train.typed_own import own_typed_model
 from neutronorch.train.typed_tables import TypedTables, plan_tables
@@ -103,6 +107,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
     started = time.perf_counter()
     config = dataclasses.replace(config).validate()
     check_typed_config(config)
+    config = rank_settings(config)  # data parallel: only rank 0 writes the summary and logs
     data_seconds = 0.0
     if graph is None:
         graph = read_typed(Path(config.dataset).expanduser())
@@ -111,11 +116,11 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
     check_outputs(config, {"graph": typed_files(graph)})
     if graph.labels is None:
         raise ConfigError(f"{graph.name}: its target type {graph.target!r} has no labels to train on.")
-    for note in graph.notes:
+    for note in graph.notes if launched_rank() == 0 else []:  # the same on every rank
         logger.warning(f"note: {note}")
     graph = graph.with_reverse()
     logger.info(graph.describe())
-    device = resolve_device(config.device)
+    device = rank_device(resolve_device(config.device))  # data parallel on CUDA: this rank's GPU
     precision = resolve_precision(config.precision, device)
     config.precision = precision.name
     if config.batch_size == 0:
@@ -128,12 +133,12 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
                           f"{sampler.num_layers} layers; give one per layer.")
     check_threading_layer()  # the producer and the trainer run numba kernels at once
     own, config = own_typed_model(model, config, graph, sampler.num_layers, device)  # your own module, or None
-    budget = thread_budget(config)
+    budget = thread_budget(config, ranks_here())
     threads = budget.train  # torch's and, in this thread, numba's: the two pools take turns
     task = Task.of(graph, config.metric)
     tables = plan_tables(config, graph, sampler.num_layers, embed_dim, device)  # where the tables live, checked
     with contextlib.ExitStack() as stack:
-        stack.enter_context(claim_checkpoint_dir(config))  # this run's alone while it lasts
+        world = join_ranks(stack, config, device)  # data parallel: the ranks; rank 0 holds checkpoint_dir
         stack.enter_context(tables)  # memory-mapped tables: their files, open while the run lasts
         stack.enter_context(torch_threads(threads))
         stack.enter_context(numba_threads(threads))
@@ -149,7 +154,8 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         run = _TypedRun(config, graph, model, task, sampler, eval_sampler, device, metrics, progress, stop, budget,
                         None if own else tables)  # your own module's tables are its own
         run.precision = precision
-        run.checkpoints = typed_checkpoints(run)  # with `resume`, the run restored from last.pt
+        data_parallel(run, world)  # several ranks: global batches, the weights broadcast, run.sync and run.stop
+        run.checkpoints = rank_checkpoints(run, world)  # with `resume`, the run restored from last.pt
         stack.enter_context(contextlib.closing(run.open_mode()))  # where the run starts, its threads started
         logger.info(f"mode {run.mode.name}, model {config.model} (typed: {', '.join(graph.node_types)}), fanouts "
                     f"{config.fanouts if fanouts is None else fanouts}, device {device}, batch size "
@@ -211,6 +217,7 @@ class _TypedRun:
         self.first_step_at: float | None = None
         self.start = (0, 0, 0.0)  # (epoch, step, loss sum of its steps before): where training starts
         self.checkpoints = None  # typed_checkpoint.TypedCheckpoints: called after every step and epoch
+        self.world, self.sync = World(), None  # data parallel (typed_distributed.py): the ranks, the reduction
 
     def open_mode(self):
         """Build the run's mode (exact, device or NeutronOrch, which starts its threads) at ``self.start``, with
@@ -221,7 +228,7 @@ class _TypedRun:
             self.config, graph, self.model, self.sampler.fanouts, self.train_idx, self.num_batches, self.device,
             lambda frontier, where: gather_frontier(graph, frontier, where),
             lambda seeds: torch.from_numpy(np.asarray(graph.labels[seeds], dtype=np.int64)), self.threads,
-            self.version, self.resumed_mode)
+            self.version, self.resumed_mode, (self.world.rank, self.world.size))
         return self.mode
 
     def epochs(self) -> None:
@@ -269,7 +276,7 @@ class _TypedRun:
                 for stage, value in batch.seconds.items():
                     seconds[stage] = seconds.get(stage, 0.0) + value
                 hot.add(batch.stats)
-                with self.precision.autocast(self.device):
+                with self.precision.autocast(self.device), step_masks(config.seed, epoch, index):
                     logits = model(batch.blocks, batch.features, batch.ids, reused)
                 loss = self.task.loss(logits.float(), batch.labels)
                 clock = _lap(seconds, "forward", clock)
@@ -278,6 +285,8 @@ class _TypedRun:
                     self.sparse.zero_grad(set_to_none=True)
                 loss.backward()
                 self.mode.finish(batch)  # NeutronOrch: the hot rows' gradient, at a super-batch's last step
+                if self.sync is not None:  # data parallel: the ranks' gradients reduced, the global batch's loss
+                    loss = self.sync(self.task.loss_weight(batch.labels), loss)
                 clock = _lap(seconds, "backward", clock)
                 self.adam.step()
                 if self.sparse is not None:
@@ -328,8 +337,9 @@ class _TypedRun:
                 "test": eval_subset(self.graph.test_idx, config.eval_max_nodes, config.seed + 1)}
         total = sum(len(nodes) for nodes in sets.values())
         for name, nodes in sets.items():
-            logits = typed_logits(self.model, self.graph, self.eval_sampler, torch.from_numpy(nodes), self.device,
-                                  config.eval_batch_size, config.seed)
+            logits = shared_logits(self.world, lambda part: typed_logits(
+                self.model, self.graph, self.eval_sampler, part, self.device, config.eval_batch_size, config.seed),
+                torch.from_numpy(nodes))  # data parallel: a share on each rank, gathered
             scores[name] = self.task.score(logits, torch.from_numpy(np.asarray(self.graph.labels[nodes])))
             done += len(nodes)
             if evaluating is not None:
@@ -362,6 +372,7 @@ class _TypedRun:
             "device": str(self.device),
             "precision": {"name": self.precision.name, "reason": self.precision.reason},
             "threads": {"train": threads.train, "sampler": threads.sampler},
+            "distributed": self.world.summary(config.batch_size, gather=status in ("completed", "stopped_early")),
             "epochs": self.history,
             "epoch_seconds_median": statistics.median(seconds) if seconds else None,
             "metric": self.task.metric,
