@@ -271,5 +271,5 @@ def test_training_reads_the_ogb_folder(mag, capsys):
     out = capsys.readouterr().out
     assert "results in runs/mag/" in out
     summary = json.loads(Path("runs/mag/summary.json").read_text())
-    assert summary["dataset"]["name"] == "ogbn-mag" and summary["config"]["checkpoint_dir"] is None
+    assert summary["dataset"]["name"] == "ogbn-mag" and summary["config"]["checkpoint_dir"] == "runs/mag"
     shutil.rmtree("runs/mag")

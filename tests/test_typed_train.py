@@ -185,3 +185,14 @@ def test_bf16_trains_a_typed_graph_under_autocast_and_evaluates_in_float32(mag, 
     np.testing.assert_allclose(losses(bf16), losses(fp32), rtol=0.05)
     assert losses(bf16)[-1] < losses(bf16)[0]
     assert abs(bf16["test_acc"] - fp32["test_acc"]) < 0.05
+
+
+def test_threads_1_runs_torch_on_one_thread():
+    """numba's first call starts its OpenMP pool and resets torch's count: entering numba's threads after
+    torch's must keep torch's (a typed run at threads 1 ran torch's ops on two threads)."""
+    import subprocess
+    import sys
+    code = ("import torch\nfrom neutronorch.train.resources import torch_threads, numba_threads\n"
+            "with torch_threads(1), numba_threads(1):\n    print(torch.get_num_threads())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "1"

@@ -59,13 +59,18 @@ def torch_threads(count: int):
 @contextlib.contextmanager
 def numba_threads(count: int):
     """numba's threads for the calling thread (numba keeps the count per thread), at most
-    ``NUMBA_NUM_THREADS``; restored on leaving."""
+    ``NUMBA_NUM_THREADS``; restored on leaving. torch's thread count is kept: numba's first call starts its
+    OpenMP pool, which resets the count torch's OpenMP uses (torch ran 2 threads inside ``torch_threads(1)``
+    entered before this)."""
+    torch_count = torch.get_num_threads()  # first: numba's first call of any kind starts its pool
     before = numba.get_num_threads()
     numba.set_num_threads(max(1, min(count, numba.config.NUMBA_NUM_THREADS)))
+    torch.set_num_threads(torch_count)
     try:
         yield
     finally:
         numba.set_num_threads(before)
+        torch.set_num_threads(torch_count)
 
 
 @contextlib.contextmanager
