@@ -11,6 +11,7 @@ steady epoch time, and peak resident memory of the process and of each rank (tar
     python bench/distributed.py --dataset ../data/amazon_cs.npz --split ratio:0.6,0.2 --fanouts 10,10 \\
         --batch-size 256 --epochs 50 --eval-every 1
     python bench/distributed.py --mode neutronorch --hot-sets node,rank --epochs 3 --eval-every -1
+    python bench/distributed.py --dataset TYPED_FOLDER --fanouts 10,10 --hidden 64 --batch-size 256  # typed SAGE
 
 With ``--hot-sets``, NeutronOrch mode's ranks run once per ``--hot-set`` (rows hot on several ranks of a
 node computed by each, or once), side by side, with the hot rows each rank computed and its host lane.
@@ -111,7 +112,7 @@ def main() -> int:
     for name, run in runs.items():
         s = run["summary"]
         memory = s["distributed"]["resident_mb_per_rank"] if s["distributed"] else [
-            {"peak_rss": s["peak_rss_mb"], **s["resident_mb"]}]
+            {"peak_rss": s["peak_rss_mb"], **s.get("resident_mb", {})}]  # a typed run's summary has none
         test = s["test_acc"]
         column = lambda key: ", ".join(f"{m.get(key, float('nan')):.0f}" for m in memory)  # noqa: E731
         print(f"| {name} | {run['batch']} | {_epoch(run)} | "

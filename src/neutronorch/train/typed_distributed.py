@@ -214,8 +214,9 @@ def combine_rows(ranks: list[tuple[torch.Tensor, torch.Tensor]], weights: list[f
     ``sum_r weights[r] * rows_r`` per row id (a row several ranks or lookups hold, summed), divided by the
     weights' sum; a coalesced sparse tensor of ``shape`` on the CPU. Deterministic: the same inputs give the
     same bits."""
-    ids = torch.cat([ids for ids, _ in ranks])
-    rows = torch.cat([rows * w for (_, rows), w in zip(ranks, weights)])
-    unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
-    summed = rows.new_zeros((unique.shape[0], shape[1])).index_add_(0, inverse, rows).div_(sum(weights))
+    unique, inverse = torch.unique(torch.cat([ids for ids, _ in ranks]), sorted=True, return_inverse=True)
+    summed = torch.zeros((unique.shape[0], shape[1]))
+    for (ids, rows), w, where in zip(ranks, weights, torch.split(inverse, [ids.shape[0] for ids, _ in ranks])):
+        summed.index_add_(0, where, rows, alpha=w)  # rank by rank: w * rows added where each row's id is
+    summed.div_(sum(weights))
     return torch.sparse_coo_tensor(unique.unsqueeze(0), summed, shape, is_coalesced=True, check_invariants=False)
