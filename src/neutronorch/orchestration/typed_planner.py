@@ -152,24 +152,21 @@ class HotRecord:
         self.reached = self.appearances = self.hot_appearances = self.saved_edges = 0
 
     def add(self, stats: TypedPlanStats | None) -> None:
-        if stats is None:
-            return
-        self.plans += 1
-        for t, count in stats.hot.items():
-            self.hot[t] = self.hot.get(t, 0) + count
-        self.reached += stats.reached
-        self.appearances += stats.appearances
-        self.hot_appearances += stats.hot_appearances
-        self.saved_edges += stats.saved_edges
+        if stats is not None:
+            self._sum(1, stats.hot, stats.reached, stats.appearances, stats.hot_appearances, stats.saved_edges)
 
     def merge(self, other: "HotRecord") -> None:
-        self.plans += other.plans
-        for t, count in other.hot.items():
+        self._sum(other.plans, other.hot, other.reached, other.appearances, other.hot_appearances, other.saved_edges)
+
+    def _sum(self, plans: int, hot: dict[str, int], reached: int, appearances: int, hot_appearances: int,
+             saved_edges: int) -> None:
+        self.plans += plans
+        for t, count in hot.items():
             self.hot[t] = self.hot.get(t, 0) + count
-        self.reached += other.reached
-        self.appearances += other.appearances
-        self.hot_appearances += other.hot_appearances
-        self.saved_edges += other.saved_edges
+        self.reached += reached
+        self.appearances += appearances
+        self.hot_appearances += hot_appearances
+        self.saved_edges += saved_edges
 
     def record(self) -> dict:
         """``hot_share``: the bottom-layer destination rows served by hot rows; ``hot_per_super_batch``: the
