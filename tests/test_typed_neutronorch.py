@@ -246,3 +246,20 @@ def test_lockstep_neutronorch_equals_exact_mode_on_cuda(kind):
 def test_super_batches_on_cuda_keep_within_the_bound():
     summary = train(run_config(device="cuda", mode="neutronorch", super_batch=4), graph=small())
     assert summary["status"] == "completed" and summary["neutronorch"]["staleness_max_observed"] <= 7
+
+
+@pytest.mark.parametrize("mode", ["exact", "neutronorch"])
+def test_a_typed_run_draws_its_timeline(mode, tmp_path):
+    """The stages' spans of the second epoch's first steps, on their lanes: the producer's sampling and
+    gathering, the trainer's steps, and in NeutronOrch mode its planning and host rows."""
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "timeline.png"
+    summary = train(run_config(mode=mode, super_batch=2, timeline=str(path), timeline_steps=3), graph=small())
+    assert path.is_file() and summary["timeline"]["png"] == str(path)
+    import json
+    data = json.loads(path.with_suffix(".json").read_text())
+    lanes = {s["lane"] for s in data["spans"]}
+    assert {"sampler", "trainer"} <= lanes
+    if mode == "neutronorch":
+        assert {"planner", "host"} <= lanes
+    assert {s["stage"] for s in data["spans"] if s["lane"] == "trainer"} >= {"forward", "backward", "step"}

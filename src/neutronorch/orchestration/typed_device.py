@@ -188,5 +188,7 @@ class TypedDevice:
                 if self.stream is not None:
                     batch.ready = torch.cuda.Event()
                     batch.ready.record(self.stream)
-                batch.seconds["gather"] = time.perf_counter() - sampled
+                done = time.perf_counter()
+                batch.seconds["gather"] = done - sampled
+                batch.spans = [("sample", clock, sampled), ("gather", sampled, done)]
                 yield batch

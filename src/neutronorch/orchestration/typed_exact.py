@@ -48,6 +48,7 @@ class TypedBatch:
     num_inputs: int = 0
     stats: object = None  # NeutronOrch: the plan's stats, with a super-batch's first mini-batch
     extra: dict = field(default_factory=dict)
+    spans: list = field(default_factory=list)  # (stage, start, end) of the producer's (and host's) work on it
 
 
 class TypedExact:
@@ -104,6 +105,7 @@ class TypedExact:
             sampled = time.perf_counter()
             features, ids = self.inputs(subgraph.input_nodes, self.device)
             labels = self.labels(seeds.numpy()).to(self.device)
-            yield TypedBatch([b.to(self.device) for b in subgraph.blocks], features, ids, labels,
-                             {"sample": sampled - clock, "gather": time.perf_counter() - sampled},
-                             subgraph.num_sampled_edges, sum(int(v.shape[0]) for v in subgraph.input_nodes.values()))
+            blocks, done = [b.to(self.device) for b in subgraph.blocks], time.perf_counter()
+            yield TypedBatch(blocks, features, ids, labels, {"sample": sampled - clock, "gather": done - sampled},
+                             subgraph.num_sampled_edges, sum(int(v.shape[0]) for v in subgraph.input_nodes.values()),
+                             spans=[("sample", clock, sampled), ("gather", sampled, done)])

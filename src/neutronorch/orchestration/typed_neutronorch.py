@@ -107,6 +107,7 @@ class TypedHotTables:
     ids: dict[str, torch.Tensor] = field(default_factory=dict)  # ... and those rows' ids
     host_edges: int = 0
     host_seconds: float = 0.0
+    host_began: float = 0.0
 
     @property
     def num_hot(self) -> int:
@@ -162,7 +163,8 @@ class TypedHostRows:
         return TypedHotTables(part.super_batch_id, snapshot.version, tables, grad_acc,
                               outputs if self.track_grad else {}, params if self.track_grad else [],
                               rows if self.track_grad else {}, snapshot.ids if self.track_grad else {},
-                              host_edges=part.block.num_edges, host_seconds=time.perf_counter() - start)
+                              host_edges=part.block.num_edges, host_seconds=time.perf_counter() - start,
+                              host_began=start)
 
 
 class TypedNeutronOrch:
@@ -255,7 +257,9 @@ class TypedNeutronOrch:
             self._next_snapshot += 1
         if batch.position == 0 or self._table is None or self._table.super_batch_id != batch.super_batch_id:
             self._table = self.hot.take(batch.super_batch_id)
-            batch.seconds["host_compute"] = self._table.host_seconds  # the host's time on it, for the stage table
+            table = self._table  # the host's time on it, for the stage table and the timeline
+            batch.seconds["host_compute"] = table.host_seconds
+            batch.spans.append(("host_compute", table.host_began, table.host_began + table.host_seconds))
             if self._resumed_grad is not None and batch.super_batch_id == self.first[0]:
                 for t, grad in self._resumed_grad.items():  # the steps of it taken before the resume
                     self._table.grad_acc[t].copy_(grad)
@@ -369,7 +373,7 @@ class TypedNeutronOrch:
             needs = {t: ids[t] for t in self.model.embeddings if t in ids}
         self.needs.put(super_batch_id, needs)
         self.parts.put(super_batch_id, HotPart(super_batch_id, block, features, plan.hot))
-        plan.seconds = time.perf_counter() - clock
+        plan.began, plan.seconds = clock, time.perf_counter() - clock
         return plan
 
     def _load(self, plan: TypedPlan, position: int, sampler: TypedNeighborSampler) -> TypedOrchBatch:
@@ -383,10 +387,13 @@ class TypedNeutronOrch:
         splice = {t: SpliceIndex.build(int(upper.frontiers[0][t].shape[0]), planned.cold_pos[t], planned.hot_pos[t],
                                        planned.hot_rows[t]).to(self.device)
                   for t in plan.hot if planned.hot_pos[t].shape[0]}
-        blocks = [cold, *upper.blocks]
-        seconds = {"sample": sampled - clock + (plan.seconds if position == 0 else 0.0),
-                   "gather": time.perf_counter() - sampled}
+        blocks, done = [cold, *upper.blocks], time.perf_counter()
+        seconds = {"sample": sampled - clock, "gather": done - sampled}
+        spans = [("sample", clock, sampled), ("gather", sampled, done)]
+        if position == 0:  # the super-batch's plan, made before its first mini-batch
+            seconds["plan"] = plan.seconds
+            spans.insert(0, ("plan", plan.began, plan.began + plan.seconds))
         return TypedOrchBatch([b.to(self.device) for b in blocks], features, ids, labels, seconds,
                               sum(b.num_edges for b in blocks), sum(int(v.shape[0]) for v in cold.src_ids.values()),
-                              plan.stats if position == 0 else None, super_batch_id=plan.super_batch_id,
+                              plan.stats if position == 0 else None, spans=spans, super_batch_id=plan.super_batch_id,
                               position=position, last=position == len(plan.batches) - 1, splice=splice)

@@ -20,7 +20,6 @@ def check_typed_config(config: TrainConfig) -> None:
         (config.task != "node", f"`task` {config.task}: {NOT_YET}; typed graphs train node classifiers."),
         (config.model not in TYPED_MODELS,
          f"`model` {config.model}: {NOT_YET}; choose one of {', '.join(TYPED_MODELS)}."),
-        (bool(config.timeline), f"`timeline` is {NOT_YET}; leave it out."),
         (config.architecture != "plain" or config.residual or config.norm != "none",
          f"`architecture` blocks, `residual` and `norm` are {NOT_YET}; leave them at their defaults."),
         (config.split is not None,

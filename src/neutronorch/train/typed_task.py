@@ -37,7 +37,7 @@ relation (a popular field of study, linked to most papers) two hops from a batch
 graph; ``eval_fanouts -1`` asks for them where the graph is small enough.
 
 What typed graphs cannot do yet (each refused with a ``ConfigError`` that says so, ``check_typed_config``):
-link tasks, timelines, your own module in NeutronOrch mode or with checkpoints, graph blocks, residual connections and
+link tasks, your own module in NeutronOrch mode or with checkpoints, graph blocks, residual connections and
 normalisation layers, NeutronOrch mode on several ranks, and a ``split`` (the typed graph carries its own).
 Data parallel (``torchrun``, a process group), exact and device mode train as one process with the global batch
 would: ``train/typed_distributed.py``, called through small hooks (``rank_settings`` to ``shared_logits``).
@@ -52,7 +52,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import statistics
 import threading
 import time
 from pathlib import Path
@@ -60,7 +59,7 @@ import numpy as np
 import torch
 
 from neutronorch.config import TrainConfig, auto_batch_size
-from neutronorch.data.typed import TypedGraph, relation_label
+from neutronorch.data.typed import TypedGraph
 from neutronorch.data.typed_native import read_typed
 from neutronorch.errors import ConfigError, Interrupted, TrainingError
 from neutronorch.nn.precision import Precision, resolve_precision
@@ -69,16 +68,16 @@ from neutronorch.orchestration.factory import Threads, build_typed_mode
 from neutronorch.orchestration.typed_planner import HotRecord
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.evaluate import eval_subset
-from neutronorch.observe import StageTable, epoch_table
-from neutronorch.train.loop import DIVERGENCE_CHECK_STEPS, Progress, epoch_line
+from neutronorch.observe import Spans, epoch_table
+from neutronorch.train.loop import DIVERGENCE_CHECK_STEPS, Progress, TimelineWindow, epoch_line
 from neutronorch.train.memory import peak_rss_mb
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
 from neutronorch.train.outputs import check_outputs, write_summary
+from neutronorch.train.typed_summary import TYPED_STAGES, typed_summary, write_typed_timeline
 from neutronorch.train.resources import (check_threading_layer, numba_threads, resolve_device, thread_budget,
                                          torch_threads)
 from neutronorch.train.row_adam import RowAdam
-from neutronorch.train.summary import checkpoints_written, score_fields
 from neutronorch.train.task import Task
 from neutronorch.train.distributed import World, rank_device
 from neutronorch.train.typed_config import check_typed_config
@@ -91,8 +90,6 @@ from neutronorch.train.typed_tables import TypedTables, plan_tables
 logger = logging.getLogger("neutronorch")
 
 STAGES = ("wait", "sample", "gather", "forward", "backward", "step")
-# The lanes of the stage table: the producer's sampling and gathering, NeutronOrch's host rows, the trainer.
-TYPED_STAGES = StageTable({"sample": "sampler", "gather": "sampler", "host_compute": "host"}, frozenset({"wait"}))
 def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: Progress | None = None,
                 stop: threading.Event | None = None, fanouts=None, num_bases: int | None = None,
                 embed_dim: int | None = None, model: torch.nn.Module | None = None) -> dict:
@@ -173,6 +170,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
             raise
         summary = run.summary("stopped_early" if run.stopped_early else "completed", started, data_seconds,
                               budget)
+        summary["timeline"] = write_typed_timeline(run)
     write_summary(config, summary)
     return summary
 
@@ -218,6 +216,8 @@ class _TypedRun:
         self.start = (0, 0, 0.0)  # (epoch, step, loss sum of its steps before): where training starts
         self.checkpoints = None  # typed_checkpoint.TypedCheckpoints: called after every step and epoch
         self.world, self.sync = World(), None  # data parallel (typed_distributed.py): the ranks, the reduction
+        self.spans = Spans()  # every stage's spans; kept raw in the timeline's window
+        self.window = TimelineWindow(bool(config.timeline), config.epochs, config.timeline_steps)
 
     def open_mode(self):
         """Build the run's mode (exact, device or NeutronOrch, which starts its threads) at ``self.start``, with
@@ -268,18 +268,21 @@ class _TypedRun:
         count, hot = self.num_batches, HotRecord()
         if self.mode is None:
             self.open_mode()
+        self.window.begin_epoch(epoch, self.spans)
         with self.mode.epoch(epoch, count, first) as produced:
             clock = time.perf_counter()
             for index, batch in enumerate(produced, start=first):
-                clock = _lap(seconds, "wait", clock)
+                clock = _lap(seconds, "wait", clock, self.spans)
                 reused = self.mode.hot_rows(batch, self.version)  # NeutronOrch may add its host's seconds
                 for stage, value in batch.seconds.items():
                     seconds[stage] = seconds.get(stage, 0.0) + value
+                for stage, begun, ended in batch.spans:  # the producer's and the host's, on their lanes
+                    self.spans.add(stage, begun, ended)
                 hot.add(batch.stats)
                 with self.precision.autocast(self.device), step_masks(config.seed, epoch, index):
                     logits = model(batch.blocks, batch.features, batch.ids, reused)
                 loss = self.task.loss(logits.float(), batch.labels)
-                clock = _lap(seconds, "forward", clock)
+                clock = _lap(seconds, "forward", clock, self.spans)
                 self.adam.zero_grad(set_to_none=True)
                 if self.sparse is not None:
                     self.sparse.zero_grad(set_to_none=True)
@@ -287,7 +290,7 @@ class _TypedRun:
                 self.mode.finish(batch)  # NeutronOrch: the hot rows' gradient, at a super-batch's last step
                 if self.sync is not None:  # data parallel: the ranks' gradients reduced, the global batch's loss
                     loss = self.sync(self.task.loss_weight(batch.labels), loss)
-                clock = _lap(seconds, "backward", clock)
+                clock = _lap(seconds, "backward", clock, self.spans)
                 self.adam.step()
                 if self.sparse is not None:
                     self.sparse.step()
@@ -310,7 +313,8 @@ class _TypedRun:
                     if len(step_losses) == self.metrics.every:
                         self.metrics.steps(epoch, index + 1 - len(step_losses), step_losses)
                         step_losses = []
-                clock = _lap(seconds, "step", clock)
+                clock = _lap(seconds, "step", clock, self.spans)
+                self.window.after_step(self.spans, index + 1)
                 if self.progress is not None:
                     self.progress(epoch, index + 1, count)
                 if self.checkpoints is not None:
@@ -319,6 +323,7 @@ class _TypedRun:
                     raise Interrupted(f"stopped on request in epoch {epoch} after step {index + 1} of "
                                       f"{count}")
                 clock = time.perf_counter()
+        self.window.end_epoch(self.spans)
         if step_losses:
             self.metrics.steps(epoch, count - len(step_losses), step_losses)
         self.hot.merge(hot)
@@ -350,44 +355,14 @@ class _TypedRun:
         return sum(1 for e in self.history if "val_acc" in e and e["epoch"] > self.best["epoch"])
 
     def summary(self, status: str, started: float, data_seconds: float, threads: Threads) -> dict:
-        """The run summary, with the keys of the homogeneous one where they mean the same."""
-        config, graph, key, best, last = self.config, self.graph, self.task.key, self.best, self.last_eval
-        seconds = [e["seconds"] for e in self.history]
-        return {
-            "status": status,
-            "mode": self.mode.name,
-            "mode_choice": None if config.mode != "auto" else
-            {"chosen": "exact", "reason": "auto picks exact mode for typed graphs", "measured": None},
-            **self.mode.summary(self.hot.record()),
-            "model": {"kind": self.model.kind, "typed": True, "parameters": self.parameters,
-                      "arguments": self.model.arguments},
-            "config": config.to_dict(),
-            "dataset": {"name": graph.name, "nodes": sum(graph.num_nodes.values()), "edges": graph.num_edges,
-                        "node_types": dict(graph.num_nodes),
-                        "relations": [relation_label(r) for r in graph.relations], "target": graph.target,
-                        "feature_dims": {t: graph.feature_dim(t) for t in graph.num_nodes},
-                        "classes": graph.num_classes, "train": int(len(graph.train_idx))},
-            "fanouts": {relation_label(r): f for r, f in self.sampler.fanouts.items()},
-            "embedding_tables": None if self.tables is None else self.tables.summary(),
-            "device": str(self.device),
-            "precision": {"name": self.precision.name, "reason": self.precision.reason},
-            "threads": {"train": threads.train, "sampler": threads.sampler},
-            "distributed": self.world.summary(config.batch_size, gather=status in ("completed", "stopped_early")),
-            "epochs": self.history,
-            "epoch_seconds_median": statistics.median(seconds) if seconds else None,
-            "metric": self.task.metric,
-            **score_fields(key, best, last),
-            "checkpoints": checkpoints_written(config.checkpoint_dir),
-            "peak_rss_mb": round(peak_rss_mb(), 1),
-            "startup": {"data_seconds": round(data_seconds, 4),
-                        "first_step_seconds": None if self.first_step_at is None
-                        else round(self.first_step_at - started, 4)},
-        }
+        """The run summary (``typed_summary.py``), with the keys of the homogeneous one where they mean the same."""
+        return typed_summary(self, status, started, data_seconds, threads)
 
 
-def _lap(seconds: dict[str, float], stage: str, since: float) -> float:
+def _lap(seconds: dict[str, float], stage: str, since: float, spans: Spans) -> float:
     now = time.perf_counter()
     seconds[stage] += now - since
+    spans.add(stage, since, now)
     return now
 
 
