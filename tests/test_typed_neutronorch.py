@@ -254,7 +254,8 @@ def test_a_typed_run_draws_its_timeline(mode, tmp_path):
     gathering, the trainer's steps, and in NeutronOrch mode its planning and host rows."""
     pytest.importorskip("matplotlib")
     path = tmp_path / "timeline.png"
-    summary = train(run_config(mode=mode, super_batch=2, timeline=str(path), timeline_steps=3), graph=small())
+    graph = synthetic_typed(nodes=8000, degree=6, features=8, seed=2)  # 16 batches an epoch
+    summary = train(run_config(mode=mode, super_batch=2, timeline=str(path), timeline_steps=12), graph=graph)
     assert path.is_file() and summary["timeline"]["png"] == str(path)
     import json
     data = json.loads(path.with_suffix(".json").read_text())
@@ -263,3 +264,4 @@ def test_a_typed_run_draws_its_timeline(mode, tmp_path):
     if mode == "neutronorch":
         assert {"planner", "host"} <= lanes
     assert {s["stage"] for s in data["spans"] if s["lane"] == "trainer"} >= {"forward", "backward", "step"}
+    assert data["utilisation"] and all("utilisation" in e for e in summary["epochs"])

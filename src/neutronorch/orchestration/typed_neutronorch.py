@@ -31,13 +31,11 @@ the snapshot holds those rows too, read by the trainer at that version (``needs`
 the sampler sent ahead), so that every input of a hot row is of one version.
 
 **Staleness.** Every use is checked against the bound (``StalenessCheck``): a violation is a bug and raises.
-
 **Gradient** (``hot_grad``): ``stop`` treats hot rows as constants; ``cpu`` sums dL/dY of each hot row over
 the super-batch's steps (the splice's accumulator) and, at its last step, takes it through the host's graph
 of those rows into the bottom layer's weights and the tables' rows, added to that step's gradients. With
-P = 1, staleness 0 and ``cpu`` a step is exact mode's (``tests/test_typed_neutronorch.py``).
-
-Evaluation is exact mode's (``typed_logits``): no stale row ever reaches a score.
+P = 1, staleness 0 and ``cpu`` a step is exact mode's (``tests/test_typed_neutronorch.py``). Evaluation is
+exact mode's (``typed_logits``): no stale row ever reaches a score.
 """
 
 from __future__ import annotations
@@ -191,6 +189,7 @@ class TypedNeutronOrch:
         self.snapshots = Channel("snapshots")
         self.hot = Channel("hot")
         self._orders: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._planned: list[TypedPlan] = []  # the sampler thread's plans not yet reported with a mini-batch
         # Where the run starts: global step ``start``, in super-batch ``first[0]`` at position ``first[1]``.
         steps = schedule.epochs * schedule.batches_per_epoch
         self.first = schedule.at(start) if start < steps else (schedule.total, 0)
@@ -374,6 +373,7 @@ class TypedNeutronOrch:
         self.needs.put(super_batch_id, needs)
         self.parts.put(super_batch_id, HotPart(super_batch_id, block, features, plan.hot))
         plan.began, plan.seconds = clock, time.perf_counter() - clock
+        self._planned.append(plan)  # the sampler thread's: reported with the next mini-batch it loads
         return plan
 
     def _load(self, plan: TypedPlan, position: int, sampler: TypedNeighborSampler) -> TypedOrchBatch:
@@ -390,9 +390,10 @@ class TypedNeutronOrch:
         blocks, done = [cold, *upper.blocks], time.perf_counter()
         seconds = {"sample": sampled - clock, "gather": done - sampled}
         spans = [("sample", clock, sampled), ("gather", sampled, done)]
-        if position == 0:  # the super-batch's plan, made before its first mini-batch
-            seconds["plan"] = plan.seconds
-            spans.insert(0, ("plan", plan.began, plan.began + plan.seconds))
+        if self._planned:  # the plans made since the last mini-batch (one super-batch ahead of it)
+            seconds["plan"] = sum(p.seconds for p in self._planned)
+            spans[:0] = [("plan", p.began, p.began + p.seconds) for p in self._planned]
+            self._planned.clear()
         return TypedOrchBatch([b.to(self.device) for b in blocks], features, ids, labels, seconds,
                               sum(b.num_edges for b in blocks), sum(int(v.shape[0]) for v in cold.src_ids.values()),
                               plan.stats if position == 0 else None, spans=spans, super_batch_id=plan.super_batch_id,

@@ -69,7 +69,8 @@ def write_typed_timeline(run) -> dict | None:
     if not (config.timeline and run.spans.events and run.world.main):
         return None
     try:
-        written = write_timeline(config.timeline, run.spans.events, [], f"{run.mode.name} mode, {config.model} "
+        samples = run.util.samples if run.util is not None else []
+        written = write_timeline(config.timeline, run.spans.events, samples, f"{run.mode.name} mode, {config.model} "
                                  f"(typed), epoch {run.window.epoch}, first {config.timeline_steps} steps",
                                  TYPED_STAGES)
     except OSError as exc:

@@ -68,7 +68,7 @@ from neutronorch.orchestration.factory import Threads, build_typed_mode
 from neutronorch.orchestration.typed_planner import HotRecord
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.evaluate import eval_subset
-from neutronorch.observe import Spans, epoch_table
+from neutronorch.observe import Spans, Utilisation, epoch_table
 from neutronorch.train.loop import DIVERGENCE_CHECK_STEPS, Progress, TimelineWindow, epoch_line
 from neutronorch.train.memory import peak_rss_mb
 from neutronorch.train.metrics_log import MetricLog
@@ -151,6 +151,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         run = _TypedRun(config, graph, model, task, sampler, eval_sampler, device, metrics, progress, stop, budget,
                         None if own else tables)  # your own module's tables are its own
         run.precision = precision
+        run.util = stack.enter_context(contextlib.closing(Utilisation(device)))
         data_parallel(run, world)  # several ranks: global batches, the weights broadcast, run.sync and run.stop
         run.checkpoints = rank_checkpoints(run, world)  # with `resume`, the run restored from last.pt
         stack.enter_context(contextlib.closing(run.open_mode()))  # where the run starts, its threads started
@@ -217,6 +218,7 @@ class _TypedRun:
         self.checkpoints = None  # typed_checkpoint.TypedCheckpoints: called after every step and epoch
         self.world, self.sync = World(), None  # data parallel (typed_distributed.py): the ranks, the reduction
         self.spans = Spans()  # every stage's spans; kept raw in the timeline's window
+        self.util: Utilisation | None = None  # CPU (and GPU) busy, sampled on a thread (train_typed starts it)
         self.window = TimelineWindow(bool(config.timeline), config.epochs, config.timeline_steps)
 
     def open_mode(self):
@@ -268,7 +270,10 @@ class _TypedRun:
         count, hot = self.num_batches, HotRecord()
         if self.mode is None:
             self.open_mode()
-        self.window.begin_epoch(epoch, self.spans)
+        self.window.begin_epoch(epoch, self.spans, self.util)
+        opened = time.perf_counter()  # the producers' spans ended before (made ahead) stay off the timeline
+        if self.util is not None:
+            self.util.take()  # the epoch's means start here
         with self.mode.epoch(epoch, count, first) as produced:
             clock = time.perf_counter()
             for index, batch in enumerate(produced, start=first):
@@ -277,7 +282,8 @@ class _TypedRun:
                 for stage, value in batch.seconds.items():
                     seconds[stage] = seconds.get(stage, 0.0) + value
                 for stage, begun, ended in batch.spans:  # the producer's and the host's, on their lanes
-                    self.spans.add(stage, begun, ended)
+                    if ended >= opened:
+                        self.spans.add(stage, begun, ended)
                 hot.add(batch.stats)
                 with self.precision.autocast(self.device), step_masks(config.seed, epoch, index):
                     logits = model(batch.blocks, batch.features, batch.ids, reused)
@@ -314,7 +320,7 @@ class _TypedRun:
                         self.metrics.steps(epoch, index + 1 - len(step_losses), step_losses)
                         step_losses = []
                 clock = _lap(seconds, "step", clock, self.spans)
-                self.window.after_step(self.spans, index + 1)
+                self.window.after_step(self.spans, index + 1, self.util)
                 if self.progress is not None:
                     self.progress(epoch, index + 1, count)
                 if self.checkpoints is not None:
@@ -323,7 +329,7 @@ class _TypedRun:
                     raise Interrupted(f"stopped on request in epoch {epoch} after step {index + 1} of "
                                       f"{count}")
                 clock = time.perf_counter()
-        self.window.end_epoch(self.spans)
+        self.window.end_epoch(self.spans, self.util)
         if step_losses:
             self.metrics.steps(epoch, count - len(step_losses), step_losses)
         self.hot.merge(hot)
@@ -332,7 +338,8 @@ class _TypedRun:
                 "stage_seconds": {k: round(v, 4) for k, v in seconds.items()}, "batches": count,
                 "lane_busy": TYPED_STAGES.lane_busy(seconds, wall),
                 "sampled_edges": edges, "input_nodes_per_batch": inputs / max(1, count - first),
-                "peak_rss_mb": round(peak_rss_mb(), 1), **hot.record(), **self.mode.records()}
+                "peak_rss_mb": round(peak_rss_mb(), 1), **hot.record(), **self.mode.records(),
+                **({"utilisation": self.util.take()} if self.util is not None else {})}
 
     def evaluate(self, epoch: int) -> dict[str, float]:
         """The metric on the validation and test sets (``eval_max_nodes``: a fixed sample of each)."""
