@@ -47,7 +47,6 @@ class TypedBatch:
     num_sampled_edges: int = 0
     num_inputs: int = 0
     stats: object = None  # NeutronOrch: the plan's stats, with a super-batch's first mini-batch
-    extra: dict = field(default_factory=dict)
     spans: list = field(default_factory=list)  # (stage, start, end) of the producer's (and host's) work on it
 
 

@@ -1,4 +1,4 @@
-"""Node classification on typed graphs, exact mode: ``train_typed(config, graph)``.
+"""Node classification on typed graphs, in exact, device or NeutronOrch mode: ``train_typed(config, graph)``.
 
 ``neutronorch.train(config, graph=typed_graph)`` (or ``config.dataset`` naming a typed native folder) runs
 this. One epoch: the target type's training vertices in the order ``epoch_order(seed, epoch)`` gives them
@@ -11,14 +11,15 @@ the dense weights, ``RowAdam`` (``train/row_adam.py``: ``torch.optim.SparseAdam`
 weight decay) for the featureless types' embedding tables, which moves only the rows the batch looked up.
 The same seed gives the same losses: the seed order, the samples and the dropout masks are keyed by it.
 
-Sampling and gathering run ahead of the training step on a producer thread, up to ``prefetch`` batches, as
-the homogeneous exact mode does (``orchestration/exact.py``): a sampler of its own per epoch (a sampler is
-single-threaded state), numba at ``sampler_threads`` there (``thread_budget``: half the cores by default), so
-the trainer's torch and numba work does not wait for the next batch's. The trainer runs torch and numba at
-``threads`` (default all cores) each. A batch depends on its key only, so
-the losses are those of sampling inline. An epoch's ``stage_seconds`` hold the producer's ``sample`` and
-``gather`` time (overlapped with training) and the trainer's ``wait`` for a batch besides ``forward``,
-``backward`` and ``step``.
+The batches come from the run's mode (``orchestration/factory.py``'s ``build_typed_mode``): exact mode samples
+and gathers each batch whole on a producer thread (``orchestration/typed_exact.py``), device mode on the
+training device (``typed_device.py``), NeutronOrch mode reuses hot rows computed on a host thread
+(``typed_neutronorch.py``: ``hot_rows`` before the forward pass, ``finish`` after the backward pass). The
+producers run numba at ``sampler_threads`` (``thread_budget``: half the cores by default); the trainer runs
+torch and numba at ``threads`` (default all cores) each. A batch depends on its key only, so the losses are
+those of sampling inline. An epoch's ``stage_seconds`` hold the producer's ``sample`` and ``gather`` time
+(overlapped with training; NeutronOrch adds ``plan`` and ``host_compute``) and the trainer's ``wait`` for a
+batch besides ``forward``, ``backward`` and ``step``.
 
 The graph's relations are made two-way first (``TypedGraph.with_reverse``: a reverse for every relation
 without one, built in memory): papers then hear from their authors and authors from their papers, as PyG's
@@ -94,8 +95,9 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
                 stop: threading.Event | None = None, fanouts=None, num_bases: int | None = None,
                 embed_dim: int | None = None, model: torch.nn.Module | None = None) -> dict:
     """Train ``config.model`` (sage, rgcn or rgat) on ``graph`` (default: the typed folder ``config.dataset``)
-    in exact mode and return the run summary (also written to ``summary_json``). ``fanouts``: per-relation
-    fanouts (``typed_fanouts``) instead of ``config.fanouts``; ``num_bases``: R-GCN's basis decomposition;
+    in the mode ``config.mode`` names and return the run summary (also written to ``summary_json``).
+    ``fanouts``: per-relation fanouts (``typed_fanouts``) instead of ``config.fanouts``; ``num_bases``: R-GCN's
+    basis decomposition;
     ``embed_dim``: the featureless types' table width for sage and rgat (default ``hidden``); ``model``: your
     own module instead (``train/typed_own.py``: ``forward(blocks, features, ids)``, exact and device mode).
     ``progress(epoch, done, total)`` after every step (and its ``loss``/``evaluating`` methods, when it has
