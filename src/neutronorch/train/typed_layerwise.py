@@ -73,7 +73,8 @@ def layerwise_rows(model: TypedGNN, graph: TypedGraph, node_type: str, layer: in
         total = sum(v.shape[0] for v in targets.values())
         current, done = {}, 0
         for t, wanted in targets.items():
-            rows = None
+            width = model.arguments["num_classes" if k == layers - 1 else "hidden"]
+            rows = torch.empty((wanted.shape[0], width), dtype=torch.float32)  # a type without vertices: none
             for start in range(0, wanted.shape[0], chunk_size):
                 chunk = wanted[start:start + chunk_size]
                 block = sampler.sample_bottom({t: chunk}, 0)
@@ -84,12 +85,10 @@ def layerwise_rows(model: TypedGNN, graph: TypedGraph, node_type: str, layer: in
                     x = {s: previous[s][v].to(device) for s, v in block.src_ids.items() if s in previous}
                 y = model.layer_output(k, block.to(device), x)[t]
                 y = (y if k == layers - 1 else model.activate(y)).float().cpu()
-                if rows is None:
-                    rows = torch.empty((wanted.shape[0], y.shape[1]), dtype=torch.float32)
                 rows[start:start + chunk.shape[0]] = y
                 done += chunk.shape[0]
                 if progress is not None:
                     progress(k, done, total)
-            current[t] = rows if rows is not None else torch.empty((0, 0))
+            current[t] = rows
         previous = current
     return previous[node_type]
