@@ -260,3 +260,153 @@ def test_readme_train_command_is_the_short_help():
              for w in line.split() if w.strip("[]").startswith("--")}
     short = _short_help_options("train") - {"--help-all"}
     assert shown == short, f"README shows {sorted(shown - short)} that --help leaves out; misses {sorted(short - shown)}"
+
+
+# --- Reference docs state what is true now; docs/results/ keeps the history --------------------------------
+
+RESULTS = ROOT / "docs" / "results"
+# Phrases of a lab log: what the code or a default was at some time, or how a figure compares with past code.
+# A reference doc says what is true now and names the file in docs/results/ that holds the rest.
+HISTORY = [r"\buntil 20\d\d-\d\d", r"\bbefore 20\d\d-\d\d", r"\bsince 20\d\d-\d\d", r"\bbefore this (?:change|work)",
+           r"\bafter this change", r"\bthe defaults? then\b", r"\bthe code before\b", r"\bdefault since\b",
+           r"\bnow the defaults?\b", r"\ban earlier (?:run|version|set|invocation)\b(?!'s)",
+           r"\bprevious version of this page\b", r"\bthe old defaults?\b", r"\bbefore the change\b",
+           r"\bthe first runs used\b", r"\bit used to\b", r"\bbefore the rewrite\b", r"\bmeasured since\b"]
+
+
+def test_reference_docs_hold_no_history():
+    found = []
+    for path in DOC_FILES:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            found += [f"{path.relative_to(ROOT)}:{number}: {m.group(0)!r}" for pattern in HISTORY
+                      for m in re.finditer(pattern, line, flags=re.I)]
+    assert not found, ("reference docs read as a lab log (say what is true now; move the history to "
+                       f"docs/results/): {found}")
+
+
+def _results_paths(text: str, relative_to: Path) -> list[str]:
+    """The docs/results/ paths a text names: `docs/results/...` anywhere, and markdown links `](results/...)`
+    or `](file.md)` relative to the file (placeholders such as `gpu-<date>-...` left out)."""
+    named = re.findall(r"docs/results/[^\s`'\"()]*", text)
+    for link in re.findall(r"\]\(([^)#\s]+)", text):
+        if "://" in link:
+            continue
+        target = (relative_to / link).resolve()
+        if RESULTS in (target, *target.parents):
+            named.append(str(target.relative_to(ROOT)))
+    return [n.rstrip(".,;:") for n in named if "<" not in n]
+
+
+def test_every_results_file_a_doc_names_exists():
+    missing = []
+    for path in [*DOC_FILES, *sorted(RESULTS.glob("*.md"))]:
+        for name in _results_paths(path.read_text(), path.parent):
+            if not any(ROOT.glob(name.rstrip("/"))):
+                missing.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not missing, f"docs name results that are not in docs/results/: {missing}"
+
+
+def test_the_results_index_lists_every_result():
+    index = (RESULTS / "README.md").read_text()
+    unlisted = [p.name for p in sorted(RESULTS.iterdir()) if p.name != "README.md" and p.name not in index]
+    assert not unlisted, f"docs/results/README.md does not list {unlisted}"
+
+
+# A dated measurement in a reference doc names the file in docs/results/ that holds it (with its command and
+# date); checked in the docs that were rewritten to that rule, where a paragraph that gives a date names one.
+DATED_DOCS = ["accuracy.md", "neutronorch.md", "memory.md", "gpu.md", "benchmarks.md", "distributed.md",
+              "link-prediction.md"]
+
+
+def test_dated_figures_name_their_results_file():
+    unnamed = []
+    for name in DATED_DOCS:
+        text = (ROOT / "docs" / name).read_text()
+        for paragraph in re.split(r"\n\s*\n", re.sub(r"^```\w*\n.*?^```", "", text, flags=re.M | re.S)):
+            if re.search(r"\b20\d\d-\d\d-\d\d\b", paragraph) and not _results_paths(paragraph, ROOT / "docs"):
+                unnamed.append(f"docs/{name}: {paragraph.strip()[:80]!r}")
+    assert not unnamed, f"dated figures that name no file in docs/results/: {unnamed}"
+
+
+# Options of other programs that a doc names in a paragraph that does not name the program: the program.
+OTHER_PROGRAMS = {"--out-md": "bench/harness.py", "--out-json": "bench/harness.py", "--plot-dir": "bench/harness.py",
+                  "--budget-s": "bench/regime.py", "--no-eval": "bench/neutronorch_vs_exact.py",
+                  "--ops": "bench/step_profile.py", "--host-cache": "bench/larger_than_memory.py",
+                  "--shm-size": "docker", "--ulimit": "docker"}
+NOT_OPTIONS = {"--flags"}  # a word: "maps `field` names to --flags"
+NAMES_ANOTHER_PROGRAM = re.compile(r"bench/|examples/|\bpython3?\b|torchrun|\bsrun\b|SBATCH|docker|\bgit\b")
+
+
+def test_every_option_a_doc_names_exists():
+    """Every `--flag` README.md and docs/*.md name is an option of a neutronorch command, unless its paragraph
+    names another program (a bench script, torchrun, ...); the few other programs' options named alone are in
+    ``OTHER_PROGRAMS``, checked against the script that defines them."""
+    known = {s for parser in _subcommands().values() for a in parser._actions for s in a.option_strings}
+    unknown = []
+    for path in DOC_FILES:
+        for unit in _units(path.read_text()):
+            if NAMES_ANOTHER_PROGRAM.search(unit):
+                continue
+            for flag in set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", unit)) - known - NOT_OPTIONS:
+                if flag not in OTHER_PROGRAMS:
+                    unknown.append(f"{path.relative_to(ROOT)}: {flag}")
+    assert not unknown, f"docs name options no neutronorch command has: {sorted(set(unknown))}"
+    for flag, program in OTHER_PROGRAMS.items():
+        if program.startswith("bench/"):
+            assert f'"{flag}"' in (ROOT / program).read_text(), f"{program} has no {flag}"
+
+
+def _paragraph(text: str, marker: str) -> str:
+    found = [p for p in re.split(r"\n\s*\n", text) if marker in p]
+    assert len(found) == 1, f"{len(found)} paragraphs hold {marker!r}"
+    return found[0]
+
+
+def _sentence(text: str, marker: str) -> str:
+    """The sentence of ``text`` from ``marker`` on: up to the first full stop outside parentheses."""
+    text = text[text.index(marker):]
+    depth = 0
+    for i, char in enumerate(text):
+        depth = max(0, depth + {"(": 1, ")": -1}.get(char, 0))  # the marker may sit inside parentheses
+        if char == "." and depth == 0 and text[i + 1:i + 2] in (" ", ""):
+            return text[:i]
+    return text
+
+
+def test_readme_names_the_config_sections_and_top_level_keys():
+    """README's `--config` paragraph: the sections are TrainConfig's parts, the keys it says belong at the top
+    level only are the settings of no part, and every key it names is one a config file takes."""
+    from neutronorch.cli.help_texts import RUN_FOLDER_KEYS
+    from neutronorch.config import TrainConfig
+
+    text = _sentence(" ".join(_paragraph(README.read_text(), "`--config run.yaml`").split()), "`--config run.yaml`")
+    sections = TrainConfig.sections()
+    assert list(dict.fromkeys(re.findall(r"`\[(\w+)\]`", text))) == list(sections)
+    top = re.search(r";\s*((?:`\w+`,?\s*)+)at the top level only", text)
+    assert top, "README's --config paragraph does not say which keys belong at the top level only"
+    parts = {key for keys in sections.values() for key in keys}
+    assert set(re.findall(r"`(\w+)`", top[1])) == set(TrainConfig.keys()) - parts
+    keys = set(TrainConfig.keys()) | set(RUN_FOLDER_KEYS) | {"no_save"}
+    named = set(re.findall(r"`([a-z]+(?:_[a-z]+)+|[a-z]+)`", text)) - {"network"} - set(sections)
+    assert named <= keys, f"README's --config paragraph names keys a config file does not take: {named - keys}"
+
+
+# What the resume lists may say without naming each option.
+RESUME_GROUPS = {"logs": {"log_jsonl", "log_csv", "tensorboard"}, "progress": {"progress"},
+                 "stage table": {"stage_table"}, "dataset spec": {"dataset"}}
+
+
+@pytest.mark.parametrize("path, marker", [(README, "A resumed run may change only"),
+                                          (ROOT / "docs" / "checkpoints.md", "resume_may_change()")])
+def test_the_settings_a_resume_may_change_are_listed(path, marker):
+    """README's and docs/checkpoints.md's list of what a resume may change names each such setting (as its
+    option, or as a group: the logs, the progress bar and stage table) and nothing else."""
+    from neutronorch.config import TrainConfig
+
+    text = _sentence(" ".join(_paragraph(path.read_text(), marker).split()), marker)
+    may = set(TrainConfig.resume_may_change())
+    named = {flag[2:].replace("-", "_") for flag in re.findall(r"`(--[a-z][a-z0-9-]*)", text)}
+    assert named <= may, f"{path.name} says a resume may change {sorted(named - may)}, which it refuses"
+    grouped = {key for group, keys in RESUME_GROUPS.items() if group in text for key in keys}
+    missing = may - named - grouped - {"resume"}
+    assert not missing, f"{path.name} leaves out settings a resume may change: {sorted(missing)}"
