@@ -353,3 +353,37 @@ def test_a_deep_residual_normalised_model_trains_from_the_command_line(tmp_path)
     assert summary["config"]["fanouts"] == [4, 4, 4, 4] and summary["config"]["residual"] is True
     losses = [e["train_loss"] for e in summary["epochs"]]
     assert losses[-1] < losses[0] and summary["test_acc"] > 0.3  # learning (chance is 0.25)
+
+
+@pytest.mark.slow
+def test_a_collapsed_node_run_says_so_and_a_learning_one_does_not(caplog):
+    # Every vertex's features equal (zero): every vertex gets the same logits, one class for all. The epoch
+    # line, one warning and the summary say so, and the run goes on; a tiny run that learns is not flagged.
+    import dataclasses
+    import logging
+
+    graph = generate(SyntheticSpec(nodes=600, degree=5, features=8, classes=3))
+    flat = dataclasses.replace(graph, features=np.zeros_like(graph.features))
+    with caplog.at_level(logging.INFO, logger="neutronorch"):
+        summary = train(small_config(epochs=2, hidden=8, fanouts=[3, 3]), graph=flat)
+    assert summary["status"] == "completed"
+    assert all(e["collapsed"][0].startswith("one class (") for e in summary["epochs"]), summary["epochs"]
+    assert len(summary["warnings"]) == 1 and "normalise the features" in summary["warnings"][0]
+    assert sum("training has collapsed" in r.getMessage() for r in caplog.records) == 1
+    assert "| collapsed: one class (" in next(r.getMessage() for r in caplog.records
+                                               if r.getMessage().startswith("epoch   0"))
+    learning = train(small_config(epochs=1, hidden=8, fanouts=[3, 3]), graph=graph)
+    assert learning["warnings"] == [] and "collapsed" not in learning["epochs"][0]
+
+
+def test_a_loss_pinned_at_a_constant_outputs_value_is_a_collapse_two_epochs_running():
+    from neutronorch.train.health import Health
+
+    health = Health({"2 ln 2: one score for every pair": 2 * np.log(2)})
+    records = [{"epoch": e, "train_loss": loss} for e, loss in enumerate([3.1, 1.38630, 1.38629, 1.2])]
+    for record in records:
+        health.after_epoch(record)
+    # Only the epoch that sat there after one that did too; the first time near it may be passing through.
+    assert [r.get("collapsed") for r in records] == [None, None, ["loss pinned at 1.3863 (2 ln 2: one score for "
+                                                                  "every pair)"], None]
+    assert len(health.warnings) == 1 and "epoch 2" in health.warnings[0]

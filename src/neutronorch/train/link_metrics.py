@@ -155,6 +155,11 @@ class SharedScores(_Metrics):
     def roc_auc(self) -> float:
         return link_roc_auc(self.positive, self.negatives)
 
+    def all_tied(self) -> bool:
+        """Whether every score, positive and negative, is the same number (training collapsed)."""
+        scores = np.concatenate([self.positive.reshape(-1), self.negatives.reshape(-1)])
+        return bool(scores.size) and bool(scores.min() == scores.max())
+
 
 class PerPositiveScores(_Metrics):
     """Positive scores (P,) against per-positive negative scores given a chunk of rows at a time (``add``),
@@ -169,7 +174,7 @@ class PerPositiveScores(_Metrics):
             raise ValueError(f"positive scores must be 1-D (one per positive edge), got shape {self.positive.shape}")
         self.ordered = np.sort(self.positive)
         self.ranks = np.empty(self.positive.shape[0], np.float64)
-        self.rows = self.above = self.tied = self.negatives = 0
+        self.rows = self.above = self.tied = self.negatives = self.tied_rows = 0
         self.negatives_per_positive = None
 
     def add(self, start: int, negatives) -> None:
@@ -181,6 +186,7 @@ class PerPositiveScores(_Metrics):
                              f"got shape {negatives.shape}")
         count = negatives.shape[0]
         self.ranks[start:start + count] = ranks(self.positive[start:start + count], negatives)
+        self.tied_rows += int(np.count_nonzero((negatives == self.positive[start:start + count, None]).all(axis=1)))
         flat = np.sort(negatives.reshape(-1))  # sorted keys search a few times faster (each from the last)
         # Per negative: the positives at most its score, and those below it (each array summed as made).
         at_most = int(np.searchsorted(self.ordered, flat, side="right").sum())
@@ -206,6 +212,11 @@ class PerPositiveScores(_Metrics):
         if self.positive.size == 0 or self.negatives == 0:
             return float("nan")
         return float((self.above + 0.5 * self.tied) / (self.positive.shape[0] * self.negatives))
+
+    def all_tied(self) -> bool:
+        """Whether every positive scored exactly as each of its negatives (training collapsed: the MRR is the
+        tie level 1 / (1 + K/2))."""
+        return bool(self.positive.size) and self.tied_rows == self.positive.shape[0]
 
     def _ranks(self) -> np.ndarray:
         if self.rows != self.positive.shape[0]:
