@@ -119,14 +119,15 @@ def entropy(counts: np.ndarray) -> float:
 class Health:
     """A run's collapse record. ``evaluation(epoch)`` gives the check an evaluation reports to;
     ``after_epoch(record)`` marks the record (``collapsed``: the reasons) and warns the first time;
-    ``warnings`` is what the summary keeps. ``constant_losses``: what the loss is under a constant output
-    (description -> value)."""
+    ``warnings`` is what the summary keeps (``warnings`` given: those of the settings, said already).
+    ``constant_losses``: what the loss is under a constant output (description -> value)."""
 
-    def __init__(self, constant_losses: dict[str, float]):
+    def __init__(self, constant_losses: dict[str, float], warnings: list[str] | tuple = ()):
         self.constants = constant_losses
         self.pending: list[str] = []
         self.previous_loss: float | None = None
-        self.warnings: list[str] = []
+        self.warnings: list[str] = list(warnings)  # the settings' (train/feasible.py), then the first collapse
+        self.warned = False
 
     def evaluation(self, epoch: int | None) -> EvaluationCheck:
         self.pending = []
@@ -143,7 +144,8 @@ class Health:
             return
         merged = list(record.get("collapsed", []))
         record["collapsed"] = merged + [reason for reason in reasons if reason not in merged]
-        if not self.warnings:
+        if not self.warned:
+            self.warned = True
             message = (f"training has collapsed (epoch {record['epoch']}: {'; '.join(record['collapsed'])}); the "
                        f"scores reported measure no learning. {SUGGESTION}.")
             logger.warning(message)

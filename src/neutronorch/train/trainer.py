@@ -36,6 +36,7 @@ from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table, wri
 from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.orchestration.mode import Mode
 from neutronorch.train.evaluate import evaluate
+from neutronorch.train.feasible import check_trainable
 from neutronorch.train.health import Health
 from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, epoch_line, evaluation_progress,
                                     train_epoch)
@@ -183,6 +184,8 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     if user_model is not None and link:
         raise ConfigError("`task` link trains the built-in models (`model` sage, gcn or gat) as encoders; your own "
                           "module trains node tasks for now.")
+    warnings = check_trainable(graph.name, None if link else graph.labels, graph.train_idx, graph.num_classes,
+                               graph.labels.ndim == 2, None if user_model is not None else graph.feature_dim)
     if user_model is not None:
         # NeutronOrch mode asks for its bottom layer when it starts (UserModel.bottom says what it needs).
         model = UserModel.wrap(user_model, len(config.fanouts), graph.num_classes).to(device)
@@ -222,7 +225,7 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     run = Run(config, graph, device, threads, model, optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
               util, metrics, task, data_seconds=data_seconds, world=world,
               mode_choice=None if choice is None else choice.to_dict(),
-              health=Health(task.constant_losses(None if link else graph.labels[graph.train_idx])))
+              health=Health(task.constant_losses(None if link else graph.labels[graph.train_idx]), warnings))
     if resumed is not None:
         _resume(run, resumed)
     return run

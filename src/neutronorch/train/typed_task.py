@@ -69,6 +69,7 @@ from neutronorch.orchestration.factory import Threads, build_typed_mode
 from neutronorch.orchestration.typed_planner import HotRecord
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.evaluate import eval_subset, scored
+from neutronorch.train.feasible import check_trainable
 from neutronorch.train.health import Health
 from neutronorch.observe import Spans, Utilisation, epoch_table
 from neutronorch.train.loop import DIVERGENCE_CHECK_STEPS, Progress, TimelineWindow, epoch_line
@@ -119,6 +120,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         raise ConfigError(f"{graph.name}: its target type {graph.target!r} has no labels to train on.")
     for note in graph.notes if launched_rank() == 0 else []:  # the same on every rank
         logger.warning(f"note: {note}")
+    warnings = check_trainable(graph.name, graph.labels, graph.train_idx, graph.num_classes, graph.labels.ndim == 2)
     graph = graph.with_reverse()
     logger.info(graph.describe())
     device = rank_device(resolve_device(config.device))  # data parallel on CUDA: this rank's GPU
@@ -155,6 +157,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         run = _TypedRun(config, graph, model, task, sampler, eval_sampler, device, metrics, progress, stop, budget,
                         None if own else tables)  # your own module's tables are its own
         run.precision = precision
+        run.health.warnings[:0] = warnings  # the settings' (train/feasible.py), before any collapse
         run.util = stack.enter_context(contextlib.closing(Utilisation(device)))
         data_parallel(run, world)  # several ranks: global batches, the weights broadcast, run.sync and run.stop
         run.checkpoints = rank_checkpoints(run, world)  # with `resume`, the run restored from last.pt
