@@ -135,3 +135,19 @@ def test_the_loss_of_a_constant_output_is_derived_from_the_loss_used():
     assert list(balanced.values()) == [pytest.approx(np.log(2))]  # one value when the two agree
     multilabel = Task(True, 2, "rocauc").constant_losses(np.array([[1, 0], [0, -1], [1, 0], [1, 0]]))
     assert min(multilabel.values()) == pytest.approx(4 * -(0.75 * np.log(0.75) + 0.25 * np.log(0.25)) / 7)
+
+
+def test_a_split_predicted_as_one_class_or_with_one_row_of_scores_is_a_collapse():
+    from neutronorch.train.health import node_collapse
+
+    labels = torch.tensor([0, 1, 2, 1, -1])
+    one_class = torch.tensor([[0.1, 2.0, 0.3], [0.5, 3.0, 0.1], [0.0, 1.0, 0.9], [0.2, 2.2, 0.4], [9.0, 0, 0]])
+    assert node_collapse(one_class, labels, False) == "one class (1) predicted for every vertex"
+    same = torch.tensor([[0.1, 0.2, 0.3]]).repeat(5, 1) + 1e-8 * torch.rand(5, 3)
+    assert node_collapse(same, labels, False) == "every vertex given the same scores"
+    learnt = torch.eye(3)[torch.tensor([0, 1, 2, 1, 0])]
+    assert node_collapse(learnt, labels, False) is None
+    assert node_collapse(one_class, torch.tensor([1, 1, 1, 1, -1]), False) is None  # one class present: no sign
+    multilabel = torch.tensor([[1, 0], [0, 0], [1, -1]])
+    assert node_collapse(torch.tensor([[0.5, -1.0]]).repeat(3, 1), multilabel, True) == "every vertex given the same scores"
+    assert node_collapse(torch.tensor([[0.5, -1.0], [0.4, -1.0], [0.5, -1.0]]), multilabel, True) is None

@@ -9,6 +9,9 @@ Refused (a ``DataError`` naming the dataset and the fix):
 - ``num_classes`` far above the classes the labels use (more than twice the largest class id plus one):
   the model would give most of its outputs to classes no vertex has (a ``meta.json`` or a loader's count
   gone wrong); the fix is the count the labels show;
+- class ids at or above ``num_classes``, and a validation or test set without a labelled vertex (it would
+  score NaN): what ``Graph.validate`` and the loaders check of the data they read, checked here of a graph
+  given to ``train`` as it is;
 - no features (``feature_dim`` 0) on a homogeneous graph with a built-in model, which computes every output
   from features: every vertex would get the same one. A typed graph's featureless types get learnable
   embeddings, and your own module may hold its own, so neither is refused.
@@ -31,20 +34,25 @@ _CHUNK = 1 << 24  # labels counted this many at a time (they may be a memory map
 _SHOWN = 10  # classes a message lists
 
 
-def check_trainable(name: str, labels, train_idx, num_classes: int, multilabel: bool,
-                    feature_dim: int | None = None) -> list[str]:
-    """Raise ``DataError`` for a node task that cannot be learnt (module docstring); return the warnings
-    (logged here) for one that can. ``feature_dim``: the features' width when a built-in model reads them
-    (None: not checked). ``labels`` None: no node task (a link task), only the features are checked."""
+def check_trainable(graph, node_task: bool = True, feature_dim: int | None = None) -> list[str]:
+    """Raise ``DataError`` for a node task on ``graph`` (a ``Graph`` or ``TypedGraph``) that cannot be learnt
+    (module docstring); return the warnings (logged here) for one that can. ``feature_dim``: the features'
+    width when a built-in model reads them (None: not checked); without ``node_task`` (a link task) only
+    the features are checked."""
+    name, labels, num_classes = graph.name, graph.labels, graph.num_classes
     if feature_dim == 0:
         raise DataError(f"{name}: its vertices have no features (feature_dim 0), and the built-in models compute "
                         f"every output from them: every vertex would get the same one. Give features (a constant "
                         f"column, a one-hot id, a positional encoding), or train your own module that learns an "
                         f"embedding per vertex (`model` in Python).")
-    if labels is None:
+    if not node_task:
         return []
-    train = np.asarray(labels[np.asarray(train_idx)])
-    if multilabel:
+    for split in ("val", "test"):  # a split without labels would score NaN at every evaluation
+        if not (np.asarray(labels[np.asarray(getattr(graph, f"{split}_idx"))]) >= 0).any():
+            raise DataError(f"{name}: no vertex of the {split} set has a label, so it cannot be scored. Give a "
+                            f"split whose {split} set holds labelled vertices.")
+    train = np.asarray(labels[np.asarray(graph.train_idx)])
+    if labels.ndim == 2:
         known = train >= 0
         if not any(np.unique(train[known[:, t], t]).size > 1 for t in range(train.shape[1])):
             raise DataError(f"{name}: every task's known training labels are one value each: there is nothing "
@@ -59,6 +67,9 @@ def check_trainable(name: str, labels, train_idx, num_classes: int, multilabel: 
         raise DataError(f"{name}: every labelled vertex has class {int(present[0])}: there is nothing to learn. "
                         f"Give labels of two classes or more.")
     used = int(present[-1]) + 1
+    if used > num_classes:
+        raise DataError(f"{name}: labels hold class {used - 1}, beyond num_classes {num_classes} (classes "
+                        f"0..{num_classes - 1}). Remap the labels, or set num_classes to {used}.")
     if num_classes > 2 * used:
         raise DataError(f"{name}: num_classes is {num_classes}, but the labels use classes 0..{used - 1} only: "
                         f"{num_classes - used} of the model's outputs would be classes no vertex has. Set "

@@ -33,6 +33,9 @@ EVAL_MODE_HINT = ("Check what the model does in eval mode (dropout, batch normal
 SUGGESTION = ("Nothing is learnt this way: lower `lr`, normalise the features (raw counts or 0/1 rows), lower "
               "`dropout`, and check that the labels carry the classes")
 SPLIT_NAMES = {"val": "validation", "test": "test"}
+# Scores count as equal within this share of their size: a collapsed model's rows, computed in chunks of
+# other sizes, may differ in their last bits.
+TIE_TOLERANCE = 1e-5
 # How close (relative) a loss must sit to a constant output's value to count as pinned there.
 LOSS_TOLERANCE = 2e-4
 
@@ -90,19 +93,26 @@ def output_check(what: str, rows: str = "vertices"):
     return check
 
 
+def tied(values: torch.Tensor, reference: torch.Tensor) -> bool:
+    """Whether ``values`` all equal ``reference`` (broadcast against them) to ``TIE_TOLERANCE`` of its size."""
+    scale = max(1.0, float(reference.abs().max())) if reference.numel() else 1.0
+    return bool(((values - reference).abs() <= TIE_TOLERANCE * scale).all())
+
+
 def node_collapse(logits: torch.Tensor, labels: torch.Tensor, multilabel: bool) -> str | None:
-    """Why ``logits`` of a split's vertices show a collapse, or None: one class predicted for every vertex
-    where the labels hold several (multi-label: the same scores for every vertex where a task's labels
-    differ)."""
+    """Why ``logits`` of a split's vertices show a collapse, or None: where the labels hold several classes
+    (multi-label: a task both values), the same scores for every vertex, or one class predicted for all."""
     if logits.shape[0] < 2:
         return None
     if multilabel:
         known = labels >= 0
         varied = any(torch.unique(labels[known[:, t], t]).numel() > 1 for t in range(labels.shape[1]))
-        return "every vertex given the same scores" if varied and bool((logits == logits[0]).all()) else None
+        return "every vertex given the same scores" if varied and tied(logits, logits[:1]) else None
     labelled = labels >= 0
     if torch.unique(labels[labelled]).numel() < 2:
         return None
+    if tied(logits[labelled], logits[labelled][:1]):
+        return "every vertex given the same scores"
     predicted = logits[labelled].argmax(1)
     if bool((predicted == predicted[0]).all()):
         return f"one class ({int(predicted[0])}) predicted for every vertex"

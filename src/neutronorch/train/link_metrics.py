@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from neutronorch.errors import ConfigError
+from neutronorch.train.health import TIE_TOLERANCE
 from neutronorch.train.task import roc_auc
 
 __all__ = ["ranks", "mrr", "hits_at_k", "link_roc_auc", "link_score", "parse_link_metric", "PerPositiveScores",
@@ -156,9 +157,10 @@ class SharedScores(_Metrics):
         return link_roc_auc(self.positive, self.negatives)
 
     def all_tied(self) -> bool:
-        """Whether every score, positive and negative, is the same number (training collapsed)."""
-        scores = np.concatenate([self.positive.reshape(-1), self.negatives.reshape(-1)])
-        return bool(scores.size) and bool(scores.min() == scores.max())
+        """Whether every score, positive and negative, is the same number to ``TIE_TOLERANCE`` of its size
+        (training collapsed)."""
+        scores = np.concatenate([self.positive.reshape(-1), self.negatives.reshape(-1)]).astype(np.float64)
+        return bool(scores.size) and bool(np.ptp(scores) <= TIE_TOLERANCE * max(1.0, float(np.abs(scores).max())))
 
 
 class PerPositiveScores(_Metrics):
@@ -186,7 +188,11 @@ class PerPositiveScores(_Metrics):
                              f"got shape {negatives.shape}")
         count = negatives.shape[0]
         self.ranks[start:start + count] = ranks(self.positive[start:start + count], negatives)
-        self.tied_rows += int(np.count_nonzero((negatives == self.positive[start:start + count, None]).all(axis=1)))
+        if negatives.shape[1]:  # rows tied whole, from each row's extremes (P values, not P x K): all_tied
+            positive = self.positive[start:start + count].astype(np.float64)
+            margin = TIE_TOLERANCE * np.maximum(1.0, np.abs(positive))
+            self.tied_rows += int(np.count_nonzero((negatives.max(axis=1) - positive <= margin)
+                                                   & (positive - negatives.min(axis=1) <= margin)))
         flat = np.sort(negatives.reshape(-1))  # sorted keys search a few times faster (each from the last)
         # Per negative: the positives at most its score, and those below it (each array summed as made).
         at_most = int(np.searchsorted(self.ordered, flat, side="right").sum())
@@ -214,8 +220,8 @@ class PerPositiveScores(_Metrics):
         return float((self.above + 0.5 * self.tied) / (self.positive.shape[0] * self.negatives))
 
     def all_tied(self) -> bool:
-        """Whether every positive scored exactly as each of its negatives (training collapsed: the MRR is the
-        tie level 1 / (1 + K/2))."""
+        """Whether every positive scored as each of its negatives, to ``TIE_TOLERANCE`` of its size (training
+        collapsed: the MRR is the tie level 1 / (1 + K/2))."""
         return bool(self.positive.size) and self.tied_rows == self.positive.shape[0]
 
     def _ranks(self) -> np.ndarray:

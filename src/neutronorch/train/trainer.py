@@ -184,8 +184,7 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     if user_model is not None and link:
         raise ConfigError("`task` link trains the built-in models (`model` sage, gcn or gat) as encoders; your own "
                           "module trains node tasks for now.")
-    warnings = check_trainable(graph.name, None if link else graph.labels, graph.train_idx, graph.num_classes,
-                               graph.labels.ndim == 2, None if user_model is not None else graph.feature_dim)
+    warnings = check_trainable(graph, not link, None if user_model is not None else graph.feature_dim)
     if user_model is not None:
         # NeutronOrch mode asks for its bottom layer when it starts (UserModel.bottom says what it needs).
         model = UserModel.wrap(user_model, len(config.fanouts), graph.num_classes).to(device)

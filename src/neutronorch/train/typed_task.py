@@ -120,7 +120,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         raise ConfigError(f"{graph.name}: its target type {graph.target!r} has no labels to train on.")
     for note in graph.notes if launched_rank() == 0 else []:  # the same on every rank
         logger.warning(f"note: {note}")
-    warnings = check_trainable(graph.name, graph.labels, graph.train_idx, graph.num_classes, graph.labels.ndim == 2)
+    warnings = check_trainable(graph)
     graph = graph.with_reverse()
     logger.info(graph.describe())
     device = rank_device(resolve_device(config.device))  # data parallel on CUDA: this rank's GPU
