@@ -215,3 +215,7 @@ def test_every_score_tied_is_found_to_the_last_bits_and_a_real_spread_is_not():
     assert not spread.all_tied()  # one negative of each row apart: not every score equal
     assert SharedScores(positive, np.full(300, 0.73, np.float32)).all_tied()
     assert not SharedScores(positive, np.linspace(0, 1, 300)).all_tied()
+    # Most pairs tied, not all: the share of pairs scored exactly alike, per positive or shared.
+    assert spread.tie_share() == pytest.approx(24 / 25)
+    shared = SharedScores(np.array([0.73, 0.73, 0.2]), np.array([0.73, 0.73, 0.73, 0.1]))
+    assert not shared.all_tied() and shared.tie_share() == pytest.approx(6 / 12)

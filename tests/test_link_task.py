@@ -375,11 +375,9 @@ def test_evaluation_scores_that_are_not_numbers_are_an_error_naming_the_split(gr
     rng = np.random.default_rng(0)
     stored = graph
     if kind != "drawn":
-        val_neg = (rng.integers(0, graph.num_nodes, (2, 200)) if kind == "shared"
-                   else rng.integers(0, graph.num_nodes, (links.val.shape[1], 20)))
-        stored = dataclasses.replace(graph, links=LinkSplit(links.train, links.val, links.test, val_neg, val_neg
-                                                            if kind == "shared" else
-                                                            rng.integers(0, graph.num_nodes, (links.test.shape[1], 20)),
+        shape = lambda edges: (2, 200) if kind == "shared" else (edges.shape[1], 20)  # noqa: E731
+        negatives = [rng.integers(0, graph.num_nodes, shape(edges)) for edges in (links.val, links.test)]
+        stored = dataclasses.replace(graph, links=LinkSplit(links.train, links.val, links.test, *negatives,
                                                             links.undirected, negatives=kind))
     torch.manual_seed(0)
     model = LinkModel(GNN("sage", graph.feature_dim, 16, 16, 2), "dot")
@@ -409,4 +407,20 @@ def test_a_collapsed_link_run_says_so_and_a_learning_one_does_not(graph, caplog)
     assert "collapsed: every score equal" in next(r.getMessage() for r in caplog.records
                                                    if r.getMessage().startswith("epoch   1"))
     learning = train(config(epochs=2), graph=graph)
+    assert learning["warnings"] == [] and not any("collapsed" in e for e in learning["epochs"])
+
+
+@pytest.mark.slow
+def test_embeddings_dead_to_one_row_for_most_vertices_are_a_collapse():
+    # The issue's shape in small: raw 0/1 bag-of-words rows and too large a step leave most vertices'
+    # embeddings at one row, so that nearly every pair ties and the MRR sits at 1 / (1 + K/2) = 1/51; most
+    # scores differ from none, but ties decide the ranks. The same rows at a small step learn, unflagged.
+    bag = generate(SyntheticSpec.parse("synthetic:nodes=1500,degree=10,features=8,classes=4"))
+    rows = (np.random.default_rng(0).random((1500, 200)) < 0.05).astype(np.float32)
+    bag = dataclasses.replace(bag, features=rows)
+    settings = dict(fanouts=[10, 10], hidden=64, batch_size=512, epochs=2, dropout=0.5)
+    dead = train(config(lr=0.3, **settings), graph=bag)
+    assert [e["collapsed"] for e in dead["epochs"]] == [["most pairs scored alike (ties decide the ranks)"]] * 2
+    assert dead["epochs"][0]["val_mrr"] == pytest.approx(1 / 51, abs=0.005)
+    learning = train(config(lr=0.005, **settings), graph=bag)
     assert learning["warnings"] == [] and not any("collapsed" in e for e in learning["epochs"])

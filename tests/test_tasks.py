@@ -149,5 +149,6 @@ def test_a_split_predicted_as_one_class_or_with_one_row_of_scores_is_a_collapse(
     assert node_collapse(learnt, labels, False) is None
     assert node_collapse(one_class, torch.tensor([1, 1, 1, 1, -1]), False) is None  # one class present: no sign
     multilabel = torch.tensor([[1, 0], [0, 0], [1, -1]])
-    assert node_collapse(torch.tensor([[0.5, -1.0]]).repeat(3, 1), multilabel, True) == "every vertex given the same scores"
+    same_rows = torch.tensor([[0.5, -1.0]]).repeat(3, 1)
+    assert node_collapse(same_rows, multilabel, True) == "every vertex given the same scores"
     assert node_collapse(torch.tensor([[0.5, -1.0], [0.4, -1.0], [0.5, -1.0]]), multilabel, True) is None

@@ -38,7 +38,7 @@ from neutronorch.nn.rows import take_rows
 from neutronorch.orchestration.link_seeds import negative_generator
 from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.train.distributed import World
-from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, nonfinite_rows
+from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, link_collapse, nonfinite_rows
 from neutronorch.train.layerwise import LayerProgress, last_layer_rows
 from neutronorch.train.link_metrics import PerPositiveScores, SharedScores
 from neutronorch.train.predict import scratch_folder
@@ -131,7 +131,7 @@ def evaluate_links(model: LinkModel, graph: Graph, store: FeatureStore, device: 
                    progress: LayerProgress | None = None, check: EvaluationCheck | None = None) -> dict[str, float]:
     """``task``'s metric on the validation and test links, as {"val": ..., "test": ...}, and every reported
     metric under ``val_<name>``/``test_<name>`` (mrr, hits_K, rocauc). ``check`` (``health.py``): scores that
-    are not finite are an error, every score tied is noted as a collapse."""
+    are not finite are an error, every score (or most pairs) tied is noted as a collapse."""
     check = check or EvaluationCheck()
     links = graph.links
     sets = {name: _EvalSet.of(links, name, mix_key(seed, 0x4556_414C + offset), eval_negatives, graph.num_nodes)
@@ -151,7 +151,7 @@ def evaluate_links(model: LinkModel, graph: Graph, store: FeatureStore, device: 
         for name, pairs in sets.items():
             scores = _scores(model, row, pairs, lambda bad, total, what: check.nonfinite(
                 bad, total, SPLIT_NAMES[name], "scores", what))
-            check.collapsed("every score equal" if scores.all_tied() else None)
+            check.collapsed(link_collapse(scores))
             out.update(_reported(name, task.metric, scores))
     return out
 
