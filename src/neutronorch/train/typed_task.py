@@ -381,4 +381,3 @@ def _lap(seconds: dict[str, float], stage: str, since: float, spans: Spans) -> f
     seconds[stage] += now - since
     spans.add(stage, since, now)
     return now
-
