@@ -1,6 +1,8 @@
 """Your own model in ``train()``: the protocol of ``nn.custom``, a PyG model unchanged, a block-form model in
 every mode, checkpoints, predict, evaluation, and the errors of a module that does not follow it."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -8,7 +10,7 @@ from torch import nn
 
 from neutronorch import TrainConfig, train
 from neutronorch.data import SyntheticSpec, generate
-from neutronorch.errors import CheckpointError
+from neutronorch.errors import CheckpointError, TrainingError
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.custom import ModelProtocolError, UserModel
 from neutronorch.nn.layers import SAGEConv
@@ -193,3 +195,24 @@ def test_the_pyg_example_runs():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "test accuracy" in done.stdout and "predicted" in done.stdout
+
+
+class NaNInEval(BlockSage):
+    """Finite in training, NaN in evaluation (a branch on ``self.training`` gone wrong)."""
+
+    def forward(self, blocks, x):
+        out = super().forward(blocks, x)
+        return out if self.training else out * float("nan")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("eval_fanouts", [None, [5, 5]])
+def test_logits_that_are_not_numbers_in_evaluation_are_an_error_naming_the_epoch_and_split(tmp_path, eval_fanouts):
+    # Full-neighbour and sampled inference alike: never a score read from NaN rows (whose argmax is class 0).
+    summary_json = tmp_path / "summary.json"
+    with pytest.raises(TrainingError, match=r"the evaluation after epoch 0 gave NaN or infinite logits for 150 of "
+                                            r"the 150 validation vertices, while the training loss was finite.*eval "
+                                            r"mode"):
+        train(config(epochs=2, eval_fanouts=eval_fanouts, summary_json=str(summary_json)), model=NaNInEval())
+    summary = json.loads(summary_json.read_text())
+    assert summary["status"] == "failed" and "NaN or infinite logits" in summary["error"]

@@ -9,6 +9,7 @@ import torch
 from neutronorch import ConfigError, TrainConfig, embed, predict
 from neutronorch.cli import main
 from neutronorch.data import SyntheticSpec, generate
+from neutronorch.errors import CheckpointError
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.models import GNN
 from neutronorch.train import predict as predict_module
@@ -145,3 +146,21 @@ def test_the_input_layer_reads_features_in_place_with_the_gathered_result(graph,
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     # Below the last layer no feature row is copied; as the last layer it computes the requested rows only.
     assert (gathered == []) == (layers > 1)
+
+
+@pytest.mark.parametrize("kind", ["sage", "gat"])
+def test_outputs_that_are_not_numbers_are_refused_and_nothing_is_written(graph, tmp_path, kind):
+    # A checkpoint whose weights hold NaN (saved by a run that diverged) gives NaN logits: argmax would
+    # turn them into class 0 for every vertex; predict and embed refuse instead, and write nothing.
+    checkpoint = _checkpoint(graph, kind)
+    with torch.no_grad():
+        checkpoint.model.layers[-1].parameters().__next__().fill_(float("nan"))
+    out = tmp_path / "classes.npy"
+    with pytest.raises(CheckpointError, match=r"NaN or infinite logits for \d+ of a chunk of \d+ vertices; "
+                                              r"nothing was written"):
+        predict(checkpoint, graph, "all", out=out, chunk_size=100)
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(CheckpointError, match="NaN or infinite layer 3 outputs"):
+        embed(checkpoint, graph, 3, "test")
+    # A layer below the NaN weights is finite: its rows are written.
+    assert np.isfinite(embed(checkpoint, graph, 1, "test")).all()

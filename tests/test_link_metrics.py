@@ -199,3 +199,23 @@ def test_per_positive_scores_hold_the_positives_not_the_negatives():
     # The positives twice (160 kB), the ranks (160 kB), a chunk sorted (1 MB) and its search's 250k positions (2 MB).
     assert peak < 4_000_000, f"peak {peak:,} bytes"
     assert scores.roc_auc() == pytest.approx(link_roc_auc(positive, negatives), abs=1e-12)
+
+
+def test_every_score_tied_is_found_to_the_last_bits_and_a_real_spread_is_not():
+    rng = np.random.default_rng(0)
+    positive = np.full(40, 0.73, np.float32)
+    negatives = np.full((40, 25), 0.73, np.float32) + rng.normal(0, 1e-7, (40, 25)).astype(np.float32)
+    for chunk in (7, 40):
+        scores = PerPositiveScores(positive)
+        for start in range(0, 40, chunk):
+            scores.add(start, negatives[start:start + chunk])
+        assert scores.all_tied() and scores.mrr() == pytest.approx(1 / (1 + 25 / 2), rel=0.2)
+    spread = PerPositiveScores(positive)
+    spread.add(0, np.where(np.arange(25) == 3, 0.9, 0.73).astype(np.float32)[None].repeat(40, 0))
+    assert not spread.all_tied()  # one negative of each row apart: not every score equal
+    assert SharedScores(positive, np.full(300, 0.73, np.float32)).all_tied()
+    assert not SharedScores(positive, np.linspace(0, 1, 300)).all_tied()
+    # Most pairs tied, not all: the share of pairs scored exactly alike, per positive or shared.
+    assert spread.tie_share() == pytest.approx(24 / 25)
+    shared = SharedScores(np.array([0.73, 0.73, 0.2]), np.array([0.73, 0.73, 0.73, 0.1]))
+    assert not shared.all_tied() and shared.tie_share() == pytest.approx(6 / 12)

@@ -9,6 +9,7 @@ import torch
 from neutronorch import ConfigError, TrainConfig, embed, load_dataset, predict, score_pairs, train
 from neutronorch.cli import main
 from neutronorch.data import SyntheticSpec, generate
+from neutronorch.errors import CheckpointError
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
 from neutronorch.train.checkpoint import Checkpoint, dataset_fingerprint, load_checkpoint
@@ -210,3 +211,14 @@ def test_the_command_line_refuses_pairs_for_a_node_checkpoint(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "this checkpoint classifies vertices: use predict --nodes" in err and "Traceback" not in err
     assert not (tmp_path / "s.npy").exists()
+
+
+def test_scores_that_are_not_numbers_are_refused_and_nothing_is_written(graph, tmp_path):
+    checkpoint = _link_checkpoint(graph, "dot")
+    with torch.no_grad():
+        next(checkpoint.model.encoder.layers[-1].parameters()).fill_(float("inf"))
+    out = tmp_path / "scores.npy"
+    with pytest.raises(CheckpointError, match=r"NaN or infinite scores for 5 of a chunk of 5 pairs; nothing was "
+                                              r"written"):
+        score_pairs(checkpoint, graph, PAIRS, out=out)
+    assert not out.exists() and list(tmp_path.iterdir()) == []

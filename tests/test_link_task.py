@@ -2,6 +2,7 @@
 exact evaluation against stored or drawn negatives, checkpoints, and the errors of a misplaced split."""
 
 import dataclasses
+import logging
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from neutronorch import TrainConfig, train
 from neutronorch.config import SamplingConfig
 from neutronorch.data import SyntheticSpec, generate
 from neutronorch.data.links import LinkSplit
-from neutronorch.errors import ConfigError
+from neutronorch.errors import ConfigError, TrainingError
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
@@ -26,6 +27,7 @@ from neutronorch.train.checkpoint import load_checkpoint
 from neutronorch.train.layerwise import layerwise
 from neutronorch.train import layerwise as layerwise_module, link_task
 from neutronorch.train.link_metrics import hits_at_k, link_roc_auc, mrr
+from neutronorch.train.health import EvaluationCheck
 from neutronorch.train.link_task import LinkTask, drawn_negatives, evaluate_links, link_graph
 
 SPEC = "synthetic:nodes=2000,degree=10,features=16,classes=4,homophily=0.9"
@@ -365,3 +367,60 @@ def test_a_link_run_with_two_threads_repeats_itself_bit_for_bit():
         runs.append((steps.means, [float(e["train_loss"]).hex() for e in summary["epochs"]], summary["link"]["final"]))
     assert len(runs[0][0]) > 20
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("kind", ["drawn", "per-source", "shared"])
+def test_evaluation_scores_that_are_not_numbers_are_an_error_naming_the_split(graph, kind):
+    links = graph.links
+    rng = np.random.default_rng(0)
+    stored = graph
+    if kind != "drawn":
+        shape = lambda edges: (2, 200) if kind == "shared" else (edges.shape[1], 20)  # noqa: E731
+        negatives = [rng.integers(0, graph.num_nodes, shape(edges)) for edges in (links.val, links.test)]
+        stored = dataclasses.replace(graph, links=LinkSplit(links.train, links.val, links.test, *negatives,
+                                                            links.undirected, negatives=kind))
+    torch.manual_seed(0)
+    model = LinkModel(GNN("sage", graph.feature_dim, 16, 16, 2), "dot")
+    with torch.no_grad():
+        next(model.encoder.layers[-1].parameters()).fill_(float("nan"))
+    store = FeatureStore(graph.features, graph.labels)
+    with pytest.raises(TrainingError, match=r"evaluation after epoch 4 gave NaN or infinite scores for "
+                                            rf"{links.val.shape[1]:,} of the {links.val.shape[1]:,} validation "
+                                            r"positive pairs.*eval mode"):
+        evaluate_links(model, stored, store, torch.device("cpu"), 512, 0, 20, LinkTask.of(stored, model),
+                       check=EvaluationCheck(4))
+
+
+@pytest.mark.slow
+def test_a_collapsed_link_run_says_so_and_a_learning_one_does_not(graph, caplog):
+    # Every vertex's features equal (zero): the encoder gives every vertex one embedding, every pair one
+    # score, and the MRR is the tie level 1 / (1 + K/2) at every epoch. The epoch line, one warning and the
+    # summary say so; the run goes on.
+    flat = dataclasses.replace(graph, features=np.zeros_like(graph.features))
+    with caplog.at_level(logging.INFO, logger="neutronorch"):
+        summary = train(config(epochs=2, eval_negatives=50), graph=flat)
+    assert summary["status"] == "completed"
+    assert [e["val_mrr"] for e in summary["epochs"]] == [pytest.approx(1 / 26)] * 2
+    assert all(e["collapsed"][0] == "every score equal" for e in summary["epochs"])
+    assert len(summary["warnings"]) == 1 and "lower `lr`" in summary["warnings"][0]
+    assert sum("training has collapsed" in r.getMessage() for r in caplog.records) == 1
+    assert "collapsed: every score equal" in next(r.getMessage() for r in caplog.records
+                                                   if r.getMessage().startswith("epoch   1"))
+    learning = train(config(epochs=2), graph=graph)
+    assert learning["warnings"] == [] and not any("collapsed" in e for e in learning["epochs"])
+
+
+@pytest.mark.slow
+def test_embeddings_dead_to_one_row_for_most_vertices_are_a_collapse():
+    # The issue's shape in small: raw 0/1 bag-of-words rows and too large a step leave most vertices'
+    # embeddings at one row, so that nearly every pair ties and the MRR sits at 1 / (1 + K/2) = 1/51; most
+    # scores differ from none, but ties decide the ranks. The same rows at a small step learn, unflagged.
+    bag = generate(SyntheticSpec.parse("synthetic:nodes=1500,degree=10,features=8,classes=4"))
+    rows = (np.random.default_rng(0).random((1500, 200)) < 0.05).astype(np.float32)
+    bag = dataclasses.replace(bag, features=rows)
+    settings = dict(fanouts=[10, 10], hidden=64, batch_size=512, epochs=2, dropout=0.5)
+    dead = train(config(lr=0.3, **settings), graph=bag)
+    assert [e["collapsed"] for e in dead["epochs"]] == [["most pairs scored alike (ties decide the ranks)"]] * 2
+    assert dead["epochs"][0]["val_mrr"] == pytest.approx(1 / 51, abs=0.005)
+    learning = train(config(lr=0.005, **settings), graph=bag)
+    assert learning["warnings"] == [] and not any("collapsed" in e for e in learning["epochs"])

@@ -118,3 +118,37 @@ def test_the_summary_names_the_metric_and_keeps_the_old_keys(tmp_path):
     for key in ("val", "test", "final_val", "final_test"):
         assert summary[f"{key}_rocauc"] == summary[f"{key}_acc"]
     assert summary["epochs"][-1]["test_rocauc"] == summary["epochs"][-1]["test_acc"]
+
+
+def test_the_loss_of_a_constant_output_is_derived_from_the_loss_used():
+    # Cross-entropy: ln C for uniform outputs, the labels' entropy for the best constant output (their
+    # frequencies); each is what the loss gives for such outputs.
+    labels = np.array([0, 0, 0, 1, 2, 2, -1])
+    task = Task(False, 4, "accuracy")
+    values = task.constant_losses(labels)
+    entropy = -(0.5 * np.log(0.5) + (1 / 6) * np.log(1 / 6) + (1 / 3) * np.log(1 / 3))
+    assert sorted(values.values()) == pytest.approx([entropy, np.log(4)])
+    known = torch.from_numpy(labels[labels >= 0])
+    frequencies = torch.log(torch.tensor([3, 1, 2, 1e-30]) / 6).repeat(known.shape[0], 1)
+    assert min(values.values()) == pytest.approx(float(task.loss(frequencies, known)), rel=1e-5)
+    balanced = Task(False, 2, "accuracy").constant_losses(np.array([0, 1, 0, 1]))
+    assert list(balanced.values()) == [pytest.approx(np.log(2))]  # one value when the two agree
+    multilabel = Task(True, 2, "rocauc").constant_losses(np.array([[1, 0], [0, -1], [1, 0], [1, 0]]))
+    assert min(multilabel.values()) == pytest.approx(4 * -(0.75 * np.log(0.75) + 0.25 * np.log(0.25)) / 7)
+
+
+def test_a_split_predicted_as_one_class_or_with_one_row_of_scores_is_a_collapse():
+    from neutronorch.train.health import node_collapse
+
+    labels = torch.tensor([0, 1, 2, 1, -1])
+    one_class = torch.tensor([[0.1, 2.0, 0.3], [0.5, 3.0, 0.1], [0.0, 1.0, 0.9], [0.2, 2.2, 0.4], [9.0, 0, 0]])
+    assert node_collapse(one_class, labels, False) == "one class (1) predicted for every vertex"
+    same = torch.tensor([[0.1, 0.2, 0.3]]).repeat(5, 1) + 1e-8 * torch.rand(5, 3)
+    assert node_collapse(same, labels, False) == "every vertex given the same scores"
+    learnt = torch.eye(3)[torch.tensor([0, 1, 2, 1, 0])]
+    assert node_collapse(learnt, labels, False) is None
+    assert node_collapse(one_class, torch.tensor([1, 1, 1, 1, -1]), False) is None  # one class present: no sign
+    multilabel = torch.tensor([[1, 0], [0, 0], [1, -1]])
+    same_rows = torch.tensor([[0.5, -1.0]]).repeat(3, 1)
+    assert node_collapse(same_rows, multilabel, True) == "every vertex given the same scores"
+    assert node_collapse(torch.tensor([[0.5, -1.0], [0.4, -1.0], [0.5, -1.0]]), multilabel, True) is None

@@ -1,6 +1,8 @@
 """End to end: the trainer, the CLI contract, the summary JSON and the errors users see."""
 
+import dataclasses
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -12,6 +14,7 @@ import torch
 from neutronorch import ConfigError, TrainConfig, train
 from neutronorch.cli import main
 from neutronorch.data import SyntheticSpec, generate
+from neutronorch.errors import DataError
 from neutronorch.orchestration.pipeline import Prefetcher
 
 SMALL = "synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6"
@@ -353,3 +356,84 @@ def test_a_deep_residual_normalised_model_trains_from_the_command_line(tmp_path)
     assert summary["config"]["fanouts"] == [4, 4, 4, 4] and summary["config"]["residual"] is True
     losses = [e["train_loss"] for e in summary["epochs"]]
     assert losses[-1] < losses[0] and summary["test_acc"] > 0.3  # learning (chance is 0.25)
+
+
+@pytest.mark.slow
+def test_a_collapsed_node_run_says_so_and_a_learning_one_does_not(caplog):
+    # Every vertex's features equal (zero): every vertex gets the same logits, one class for all. The epoch
+    # line, one warning and the summary say so, and the run goes on; a tiny run that learns is not flagged.
+    graph = generate(SyntheticSpec(nodes=600, degree=5, features=8, classes=3))
+    flat = dataclasses.replace(graph, features=np.zeros_like(graph.features))
+    with caplog.at_level(logging.INFO, logger="neutronorch"):
+        summary = train(small_config(epochs=2, hidden=8, fanouts=[3, 3]), graph=flat)
+    assert summary["status"] == "completed"
+    said = ("every vertex given the same scores", "one class (")
+    assert all(e["collapsed"][0].startswith(said) for e in summary["epochs"]), summary["epochs"]
+    assert len(summary["warnings"]) == 1 and "normalise the features" in summary["warnings"][0]
+    assert sum("training has collapsed" in r.getMessage() for r in caplog.records) == 1
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch   0"))
+    assert any(f"| collapsed: {reason}" in line for reason in said)
+    learning = train(small_config(epochs=1, hidden=8, fanouts=[3, 3]), graph=graph)
+    assert learning["warnings"] == [] and "collapsed" not in learning["epochs"][0]
+
+
+def test_a_loss_pinned_at_a_constant_outputs_value_is_a_collapse_two_epochs_running():
+    from neutronorch.train.health import Health
+
+    health = Health({"2 ln 2: one score for every pair": 2 * np.log(2)})
+    records = [{"epoch": e, "train_loss": loss} for e, loss in enumerate([3.1, 1.38630, 1.38629, 1.2])]
+    for record in records:
+        health.after_epoch(record)
+    # Only the epoch that sat there after one that did too; the first time near it may be passing through.
+    assert [r.get("collapsed") for r in records] == [None, None, ["loss pinned at 1.3863 (2 ln 2: one score for "
+                                                                  "every pair)"], None]
+    assert len(health.warnings) == 1 and "epoch 2" in health.warnings[0]
+
+
+def _relabelled(labels=None, **changes):
+    graph = generate(SyntheticSpec(nodes=600, degree=5, features=8, classes=3))
+    return dataclasses.replace(graph, labels=graph.labels if labels is None else labels(graph), **changes)
+
+
+def _trained_without(graph, cls):
+    labels = graph.labels.copy()
+    train_idx = np.asarray(graph.train_idx)
+    labels[train_idx[labels[train_idx] == cls]] = (cls + 1) % 3
+    return labels
+
+
+@pytest.mark.parametrize("graph, message", [
+    (lambda: _relabelled(lambda g: np.zeros_like(g.labels)), r"every labelled vertex has class 0: there is "
+                                                              r"nothing to learn"),
+    (lambda: _relabelled(lambda g: np.where(np.isin(np.arange(600), g.train_idx), 1, g.labels)),
+     r"every training vertex has class 1 \(of 3 classes labelled\): nothing to tell apart.*per-class"),
+    (lambda: _relabelled(num_classes=40), r"num_classes is 40, but the labels use classes 0..2 only: 37 of the "
+                                          r"model's outputs.*Set num_classes to 3"),
+    (lambda: _relabelled(features=np.zeros((600, 0), np.float32)), r"no features \(feature_dim 0\).*own module"),
+    (lambda: _relabelled(lambda g: np.where(g.labels == 2, 7, g.labels)), r"labels hold class 7, beyond "
+                                                                           r"num_classes 3.*num_classes to 8"),
+    (lambda: _relabelled(lambda g: np.where(np.isin(np.arange(600), g.test_idx), -1, g.labels)),
+     r"no vertex of the test set has a label, so it cannot be scored"),
+])
+def test_settings_that_cannot_be_met_are_refused_before_training(graph, message):
+    with pytest.raises(DataError, match=message):
+        train(small_config(epochs=1, hidden=8, fanouts=[3, 3]), graph=graph())
+
+
+@pytest.mark.slow
+def test_a_class_without_a_training_vertex_is_a_warning_the_summary_keeps(caplog, tmp_path, capsys):
+    graph = _relabelled(lambda g: _trained_without(g, 2))
+    with caplog.at_level(logging.WARNING, logger="neutronorch"):
+        summary = train(small_config(epochs=1, hidden=8, fanouts=[3, 3]), graph=graph)
+    assert summary["status"] == "completed"
+    assert len(summary["warnings"]) == 1 and "1 labelled class (2) has no training vertex" in summary["warnings"][0]
+    assert any("has no training vertex" in r.getMessage() for r in caplog.records)
+    # A native folder whose meta.json overstates num_classes: one line on the command line, exit 2.
+    from neutronorch.data.native import save_native
+
+    directory = save_native(_relabelled(), tmp_path / "g")
+    meta = json.loads((directory / "meta.json").read_text())
+    (directory / "meta.json").write_text(json.dumps({**meta, "num_classes": 12}))
+    assert main(["train", "--dataset", str(directory), "--epochs", "1", "--no-save", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "neutronorch: error: " in err and "Set num_classes to 3" in err and "Traceback" not in err

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from neutronorch import TrainConfig, train
 from neutronorch.data import synthetic_typed
+from neutronorch.errors import CheckpointError
 from neutronorch.train.typed_checkpoint import load_typed_checkpoint
 from neutronorch.train.typed_layerwise import full_neighbours, needed_types
 from neutronorch.train.typed_predict import embed_typed, predict_typed
@@ -55,3 +57,19 @@ def test_what_each_layer_computes(graph, checkpoint):
                                             ({"default": [-1, -1], "writes": [3, 3]}, False), ([10, 10], False)])
 def test_which_fanouts_ask_for_every_neighbour(fanouts, full):
     assert full_neighbours(fanouts, 2) is full
+
+
+@pytest.mark.parametrize("fanouts", [None, -1])
+def test_outputs_that_are_not_numbers_are_refused_sampled_or_layer_by_layer(graph, checkpoint, fanouts, tmp_path):
+    damaged = load_typed_checkpoint(checkpoint)
+    with torch.no_grad():
+        for parameter in damaged.model.dense_parameters():
+            parameter.fill_(float("nan"))
+    out = tmp_path / "classes.npy"
+    with pytest.raises(CheckpointError, match=r"NaN or infinite logits for [\d,]+ of a chunk of [\d,]+ vertices; "
+                                              r"nothing"):
+        predict_typed(damaged, graph, "test", fanouts=fanouts, out=out)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(CheckpointError, match=r"NaN or infinite layer 1 outputs for [\d,]+ of a chunk of [\d,]+ "
+                                              r"author vertices"):
+        embed_typed(damaged, graph, layer=1, node_type="author", fanouts=fanouts)

@@ -11,7 +11,7 @@ from torch import nn
 
 from neutronorch import TrainConfig, train
 from neutronorch.data import synthetic_typed
-from neutronorch.errors import ConfigError
+from neutronorch.errors import ConfigError, TrainingError
 from neutronorch.nn.custom import ModelProtocolError
 from neutronorch.nn.typed_custom import TypedUserModel
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
@@ -134,3 +134,37 @@ def test_neutronorch_asks_an_adapted_module_for_a_bottom_layer_it_lacks(mag):
         TypedUserModel(Authors(mag), 1, mag.num_classes, "paper").bottom_layer()
     with pytest.raises(ModelProtocolError, match="torch.nn.Module"):
         TypedUserModel(np.zeros(3), 1, 2, "paper")
+
+
+class NaNInEval(Authors):
+    """Finite in training, NaN in evaluation."""
+
+    def forward(self, blocks, features, ids):
+        out = super().forward(blocks, features, ids)
+        return out if self.training else out * float("nan")
+
+
+class Constant(nn.Module):
+    """The same logits for every paper: a model that cannot tell vertices apart."""
+
+    def __init__(self, graph):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(graph.num_classes))
+
+    def forward(self, blocks, features, ids):
+        rows = blocks[-1].num_dst["paper"]
+        return self.bias.expand(rows, -1) + 0 * features["paper"][:rows, :1]
+
+
+def test_typed_evaluation_logits_that_are_not_numbers_are_an_error(mag):
+    with pytest.raises(TrainingError, match=r"the evaluation after epoch 0 gave NaN or infinite logits for \d+ of "
+                                            r"the \d+ validation vertices.*eval mode"):
+        train(config(fanouts=[4], epochs=1), graph=mag, model=NaNInEval(mag))
+
+
+def test_a_collapsed_typed_run_says_so_and_a_learning_one_does_not(mag):
+    collapsed = train(config(fanouts=[4], epochs=2), graph=mag, model=Constant(mag))
+    assert all(e["collapsed"] == ["every vertex given the same scores"] for e in collapsed["epochs"])
+    assert len(collapsed["warnings"]) == 1 and collapsed["status"] == "completed"
+    learning = train(config(fanouts=[4], epochs=2), graph=mag, model=Authors(mag))
+    assert learning["warnings"] == [] and not any("collapsed" in e for e in learning["epochs"])

@@ -15,7 +15,7 @@ from neutronorch import TrainConfig, train
 from neutronorch.data import Graph, synthetic_typed, write_typed
 from neutronorch.data.typed import Relation, TypedGraph
 from neutronorch.data.typed_collapse import collapse, type_offsets
-from neutronorch.errors import ConfigError
+from neutronorch.errors import ConfigError, DataError
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec, reachable_types
 from neutronorch.orchestration.seeds import epoch_order
 from neutronorch.sampling.neighbor_sampler import batch_key
@@ -196,3 +196,15 @@ def test_threads_1_runs_torch_on_one_thread():
             "with torch_threads(1), numba_threads(1):\n    print(torch.get_num_threads())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "1"
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda g: dict(num_classes=200), r"num_classes is 200, but the labels use classes 0..15 only.*Set num_classes "
+                                      r"to 16 \(the dataset's meta.json"),
+    (lambda g: dict(labels=np.where(np.asarray(g.labels) >= 0, 3, -1)), r"every labelled vertex has class 3"),
+    (lambda g: dict(labels=np.where(np.isin(np.arange(g.labels.shape[0]), g.train_idx), 5, g.labels)),
+     r"every training vertex has class 5"),
+])
+def test_typed_settings_that_cannot_be_met_are_refused_before_training(mag, change, message):
+    with pytest.raises(DataError, match=message):
+        train(config(epochs=1), graph=dataclasses.replace(mag, **change(mag)))

@@ -11,6 +11,7 @@ from neutronorch.features.store import FeatureStore
 from neutronorch.nn.models import GNN
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 from neutronorch.train.distributed import World
+from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, node_collapse
 from neutronorch.train.layerwise import LayerProgress, layerwise
 from neutronorch.train.task import Task
 
@@ -48,14 +49,15 @@ def sampled_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.T
 def evaluate(model: GNN, graph: Graph, store: FeatureStore, device: torch.device, fanouts: list[int] | None,
              batch_size: int, seed: int, max_nodes: int = 0, task: Task | None = None,
              world: World | None = None, file_order: bool = False,
-             progress: LayerProgress | None = None) -> dict[str, float]:
+             progress: LayerProgress | None = None, check: EvaluationCheck | None = None) -> dict[str, float]:
     """The task's metric (default: accuracy) on the validation and test sets in one pass, as
     {"val": ..., "test": ...}; with ``max_nodes``, each set is a seeded random sample of at most that many
     of its vertices (the same sample at every evaluation). Data parallel (``world``), each rank computes a
     contiguous share of the vertices (sampled inference: of the chunks, each keyed as in one process) and
     every rank scores the gathered logits. ``file_order``: sampled inference reads the topology in file
     order (``--read-order``). ``progress(layer, done, total)`` after every chunk of inference (layer 0:
-    sampled inference; data parallel, of this rank's share)."""
+    sampled inference; data parallel, of this rank's share). ``check`` (``health.py``): non-finite logits
+    are an error, a collapse is noted there."""
     task = task or Task.of(graph)
     val = torch.from_numpy(eval_subset(graph.val_idx, max_nodes, seed))
     test = torch.from_numpy(eval_subset(graph.test_idx, max_nodes, seed + 1))
@@ -70,8 +72,18 @@ def evaluate(model: GNN, graph: Graph, store: FeatureStore, device: torch.device
         logits = sampled_logits(model, graph, store, nodes, fanouts, device, batch_size, seed,
                                 file_order=file_order, progress=progress)
     labels = store.labels[nodes]
-    n_val = val.shape[0]
-    return {"val": task.score(logits[:n_val], labels[:n_val]), "test": task.score(logits[n_val:], labels[n_val:])}
+    return scored(task, {"val": (logits[:val.shape[0]], labels[:val.shape[0]]),
+                         "test": (logits[val.shape[0]:], labels[val.shape[0]:])}, check or EvaluationCheck())
+
+
+def scored(task: Task, sets: dict[str, tuple[torch.Tensor, torch.Tensor]], check: EvaluationCheck) -> dict[str, float]:
+    """``task``'s metric of each split's (logits, labels), the logits checked finite and for a collapse."""
+    scores = {}
+    for name, (logits, labels) in sets.items():
+        check.finite(logits, SPLIT_NAMES.get(name, name))
+        check.collapsed(node_collapse(logits, labels, task.multilabel))
+        scores[name] = task.score(logits, labels)
+    return scores
 
 
 def _logits_of_share(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,

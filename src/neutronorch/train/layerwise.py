@@ -56,10 +56,12 @@ Transform = Callable[[torch.Tensor], torch.Tensor]
 def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,
               chunk_size: int = 4096, layers: int | None = None, *, out: torch.Tensor | np.ndarray | None = None,
               transform: Transform | None = None, scratch: str | None = None,
-              progress: LayerProgress | None = None, world: World | None = None) -> torch.Tensor | np.ndarray:
+              progress: LayerProgress | None = None, world: World | None = None,
+              check: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor | np.ndarray:
     """The output of layer ``layers`` (default: the last, the logits; after its activation otherwise) of
     ``nodes``, written into ``out`` (one row per requested vertex, in their order; a new CPU float32
-    tensor when None) after ``transform`` of each chunk's float32 CPU rows. Returns ``out``."""
+    tensor when None) after ``check`` (raises on rows it refuses) and ``transform`` of each chunk's float32
+    CPU rows. Returns ``out``."""
     model.eval()
     upto = model.num_layers if layers is None else layers
     if out is None:
@@ -67,14 +69,14 @@ def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor
             raise ValueError("layerwise: give `out` with a `transform` (its rows' type and width)")
         out = torch.empty((nodes.shape[0], model.width(upto - 1)))
     if not getattr(model, "layerwise", True):  # a user's model: whole neighbourhoods, one chunk at a time
-        return _whole_neighbourhoods(model, graph, store, nodes, device, chunk_size, _Emitter(out, transform),
-                                     progress, out)
+        return _whole_neighbourhoods(model, graph, store, nodes, device, chunk_size,
+                                     _Emitter(out, transform, check), progress, out)
     run = _Run(model, graph, store, device, chunk_size, progress, world or World())
     hidden = None
     with _scratch(scratch) as folder:
         for layer in range(upto):
             if layer == upto - 1:
-                return run.last(layer, hidden, nodes, out, transform)
+                return run.last(layer, hidden, nodes, out, _Emitter(out, transform, check))
             buffer = _buffer((graph.num_nodes, model.width(layer)), device, folder, f"layer{layer + 1}")
             run.all_rows(layer, hidden, buffer)
             hidden = buffer
@@ -149,9 +151,8 @@ class _Run:
             bounds = [(int(share[0]), min(n, int(share[-1]) + step)) for share in shares if share.numel()]
             self.world.share_rows(buffer, bounds, f"sharing layer {layer + 1} of the evaluation")
 
-    def last(self, layer: int, hidden: torch.Tensor | None, nodes: torch.Tensor, out, transform) -> object:
-        """The requested rows of the last layer, chunk by chunk into ``out``."""
-        emit = _Emitter(out, transform)
+    def last(self, layer: int, hidden: torch.Tensor | None, nodes: torch.Tensor, out, emit: "_Emitter") -> object:
+        """The requested rows of the last layer, chunk by chunk into ``out`` by ``emit``."""
         # The input layer as the last one (a one-layer model, an embedding of layer 1) computes only the
         # requested vertices, as chunks of their own: the rows of whole in-place chunks would come from
         # products over other row counts, which round differently.
@@ -198,13 +199,15 @@ def _whole_neighbourhoods(model, graph: Graph, store: FeatureStore, nodes: torch
 
 
 class _Emitter:
-    """Writes chunks of final rows (float32 on the CPU, then ``transform``ed) into ``out``."""
+    """Writes chunks of final rows (float32 on the CPU, ``check``ed, then ``transform``ed) into ``out``."""
 
-    def __init__(self, out, transform: Transform | None):
-        self.out, self.transform = out, transform
+    def __init__(self, out, transform: Transform | None, check: Callable[[torch.Tensor], None] | None = None):
+        self.out, self.transform, self.check = out, transform, check
 
     def __call__(self, positions, values: torch.Tensor) -> None:
         values = values.float().cpu()
+        if self.check is not None:
+            self.check(values)
         if self.transform is not None:
             values = self.transform(values)
         if isinstance(self.out, np.ndarray):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from neutronorch.errors import ConfigError
+from neutronorch.train.health import TIE_TOLERANCE
 from neutronorch.train.task import roc_auc
 
 __all__ = ["ranks", "mrr", "hits_at_k", "link_roc_auc", "link_score", "parse_link_metric", "PerPositiveScores",
@@ -155,6 +156,18 @@ class SharedScores(_Metrics):
     def roc_auc(self) -> float:
         return link_roc_auc(self.positive, self.negatives)
 
+    def all_tied(self) -> bool:
+        """Whether every score, positive and negative, is the same number to ``TIE_TOLERANCE`` of its size
+        (training collapsed)."""
+        scores = np.concatenate([self.positive.reshape(-1), self.negatives.reshape(-1)]).astype(np.float64)
+        return bool(scores.size) and bool(np.ptp(scores) <= TIE_TOLERANCE * max(1.0, float(np.abs(scores).max())))
+
+    def tie_share(self) -> float:
+        """The share of (positive, negative) pairs scored exactly alike (0 without pairs)."""
+        ordered = np.sort(self.negatives)
+        tied = np.searchsorted(ordered, self.positive, "right") - np.searchsorted(ordered, self.positive, "left")
+        return float(tied.sum()) / max(1, self.positive.size * self.negatives.size)
+
 
 class PerPositiveScores(_Metrics):
     """Positive scores (P,) against per-positive negative scores given a chunk of rows at a time (``add``),
@@ -169,7 +182,7 @@ class PerPositiveScores(_Metrics):
             raise ValueError(f"positive scores must be 1-D (one per positive edge), got shape {self.positive.shape}")
         self.ordered = np.sort(self.positive)
         self.ranks = np.empty(self.positive.shape[0], np.float64)
-        self.rows = self.above = self.tied = self.negatives = 0
+        self.rows = self.above = self.tied = self.negatives = self.tied_rows = self.tied_pairs = 0
         self.negatives_per_positive = None
 
     def add(self, start: int, negatives) -> None:
@@ -181,6 +194,12 @@ class PerPositiveScores(_Metrics):
                              f"got shape {negatives.shape}")
         count = negatives.shape[0]
         self.ranks[start:start + count] = ranks(self.positive[start:start + count], negatives)
+        if negatives.shape[1]:  # rows tied whole, from each row's extremes (P values, not P x K): all_tied
+            positive = self.positive[start:start + count].astype(np.float64)
+            margin = TIE_TOLERANCE * np.maximum(1.0, np.abs(positive))
+            self.tied_rows += int(np.count_nonzero((negatives.max(axis=1) - positive <= margin)
+                                                   & (positive - negatives.min(axis=1) <= margin)))
+            self.tied_pairs += int(np.count_nonzero(negatives == self.positive[start:start + count, None]))
         flat = np.sort(negatives.reshape(-1))  # sorted keys search a few times faster (each from the last)
         # Per negative: the positives at most its score, and those below it (each array summed as made).
         at_most = int(np.searchsorted(self.ordered, flat, side="right").sum())
@@ -206,6 +225,15 @@ class PerPositiveScores(_Metrics):
         if self.positive.size == 0 or self.negatives == 0:
             return float("nan")
         return float((self.above + 0.5 * self.tied) / (self.positive.shape[0] * self.negatives))
+
+    def all_tied(self) -> bool:
+        """Whether every positive scored as each of its negatives, to ``TIE_TOLERANCE`` of its size (training
+        collapsed: the MRR is the tie level 1 / (1 + K/2))."""
+        return bool(self.positive.size) and self.tied_rows == self.positive.shape[0]
+
+    def tie_share(self) -> float:
+        """The share of (positive, own negative) pairs scored exactly alike (0 without pairs)."""
+        return self.tied_pairs / max(1, self.negatives)
 
     def _ranks(self) -> np.ndarray:
         if self.rows != self.positive.shape[0]:

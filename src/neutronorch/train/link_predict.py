@@ -20,6 +20,7 @@ from neutronorch.data.graph import Graph
 from neutronorch.errors import ConfigError
 from neutronorch.features.store import FeatureStore
 from neutronorch.train.checkpoint import Checkpoint
+from neutronorch.train.health import output_check
 from neutronorch.train.layerwise import LayerProgress, last_layer_rows
 from neutronorch.train.predict import (check_prediction_output, checkpoint_for, ids_in_memory, scratch_folder,
                                        write_rows)
@@ -125,6 +126,7 @@ def score_pairs(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, pairs:
     model = checkpoint.model.to(target).eval()
     encoder = model.encoder
     folder = scratch_folder(encoder, graph, encoder.num_layers, scratch, out)
+    check = output_check("scores", "pairs")
 
     def fill(scores: np.ndarray) -> None:
         nodes = torch.unique(pairs.reshape(-1))  # sorted: a pair's rows are found by binary search
@@ -135,6 +137,7 @@ def score_pairs(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, pairs:
             for start in range(0, pairs.shape[1], chunk_size):
                 chunk = pairs[:, start:start + chunk_size]
                 logits = model.score(row(chunk[0]), row(chunk[1])).float().cpu()
+                check(logits)
                 scores[start:start + chunk.shape[1]] = (torch.sigmoid(logits) if probabilities else logits).numpy()
 
     return write_rows(out, (pairs.shape[1],), np.float32, fill)

@@ -38,6 +38,7 @@ from neutronorch.nn.rows import take_rows
 from neutronorch.orchestration.link_seeds import negative_generator
 from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.train.distributed import World
+from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, link_collapse, nonfinite_rows
 from neutronorch.train.layerwise import LayerProgress, last_layer_rows
 from neutronorch.train.link_metrics import PerPositiveScores, SharedScores
 from neutronorch.train.predict import scratch_folder
@@ -114,6 +115,11 @@ class LinkTask:
         return (F.binary_cross_entropy_with_logits(positive, torch.ones_like(positive))
                 + F.binary_cross_entropy_with_logits(negative, torch.zeros_like(negative)))
 
+    def constant_losses(self, labels=None) -> dict[str, float]:
+        """What ``loss`` is at best when every pair gets one score: 2 ln 2 (at score 0; each of its two means
+        is at least ln 2 for a constant score), whatever the number of negatives."""
+        return {"2 ln 2: one score for every pair": float(2 * np.log(2))}
+
     def loss_weight(self, targets: torch.Tensor) -> torch.Tensor:
         """The positives a rank's loss averages (its weight in the data-parallel gradient mean)."""
         return torch.full((), float(targets.shape[0]), device=targets.device)  # a fill there, not a copy to it
@@ -122,9 +128,11 @@ class LinkTask:
 @torch.no_grad()
 def evaluate_links(model: LinkModel, graph: Graph, store: FeatureStore, device: torch.device, batch_size: int,
                    seed: int, eval_negatives: int, task: LinkTask, world: World | None = None,
-                   progress: LayerProgress | None = None) -> dict[str, float]:
+                   progress: LayerProgress | None = None, check: EvaluationCheck | None = None) -> dict[str, float]:
     """``task``'s metric on the validation and test links, as {"val": ..., "test": ...}, and every reported
-    metric under ``val_<name>``/``test_<name>`` (mrr, hits_K, rocauc)."""
+    metric under ``val_<name>``/``test_<name>`` (mrr, hits_K, rocauc). ``check`` (``health.py``): scores that
+    are not finite are an error, every score (or most pairs) tied is noted as a collapse."""
+    check = check or EvaluationCheck()
     links = graph.links
     sets = {name: _EvalSet.of(links, name, mix_key(seed, 0x4556_414C + offset), eval_negatives, graph.num_nodes)
             for offset, name in enumerate(("val", "test"))}
@@ -141,7 +149,10 @@ def evaluate_links(model: LinkModel, graph: Graph, store: FeatureStore, device: 
         else:
             row = lambda ids: embeddings[torch.searchsorted(nodes, ids)].to(device)  # noqa: E731
         for name, pairs in sets.items():
-            out.update(_reported(name, task.metric, _scores(model, row, pairs)))
+            scores = _scores(model, row, pairs, lambda bad, total, what: check.nonfinite(
+                bad, total, SPLIT_NAMES[name], "scores", what))
+            check.collapsed(link_collapse(scores))
+            out.update(_reported(name, task.metric, scores))
     return out
 
 
@@ -208,17 +219,24 @@ def _ids(array) -> torch.Tensor:
     return torch.from_numpy(np.array(array, dtype=np.int64))
 
 
-def _scores(model: LinkModel, row, pairs: _EvalSet) -> SharedScores | PerPositiveScores:
+def _scores(model: LinkModel, row, pairs: _EvalSet, nonfinite) -> SharedScores | PerPositiveScores:
     """The set's scores, ``row(ids)`` giving the embeddings: positives, and shared negatives, held whole (P
-    and N floats); per-positive negatives scored and reduced ``SCORE_CHUNK`` pairs at a time."""
+    and N floats); per-positive negatives scored and reduced ``SCORE_CHUNK`` pairs at a time. ``nonfinite(bad,
+    total, rows)`` is told how many rows of scores held NaN or infinities (one ``isfinite`` per chunk)."""
     positives = pairs.positives
     positive = _pair_scores(model, row, positives)
+    nonfinite(nonfinite_rows(positive), positive.shape[0], "positive pairs")
     if pairs.shared:
-        return SharedScores(positive, _pair_scores(model, row, pairs.stored))
-    scores = PerPositiveScores(positive)
+        negative = _pair_scores(model, row, pairs.stored)
+        nonfinite(nonfinite_rows(negative), negative.shape[0], "negative pairs")
+        return SharedScores(positive, negative)
+    scores, bad = PerPositiveScores(positive), 0
     for start, destinations in pairs.negatives(max(1, SCORE_CHUNK // max(1, pairs.per_positive))):
         sources = row(positives[0, start:start + destinations.shape[0]]).unsqueeze(1)
-        scores.add(start, model.score(sources, row(destinations)).float().cpu())
+        negative = model.score(sources, row(destinations)).float().cpu()
+        bad += nonfinite_rows(negative)
+        scores.add(start, negative)
+    nonfinite(bad, positive.shape[0], "positives' negative pairs")
     return scores
 
 

@@ -182,7 +182,8 @@ def evaluation_progress(progress: Progress | None, epoch: int) -> Callable[[int,
 
 def epoch_line(record: dict, stages: bool = True, metric: str = "accuracy") -> str:
     """The epoch's log line: loss, scores, training time and, when they ran, the evaluation's and the
-    checkpoints' times (the epoch's wall time is their sum); with ``stages``, seconds per stage."""
+    checkpoints' times (the epoch's wall time is their sum); a collapse when one was found
+    (``train/health.py``); with ``stages``, seconds per stage."""
     parts = [f"epoch {record['epoch']:3d}", f"loss {record['train_loss']:.4f}"]
     if "val_acc" in record:
         parts += [f"val {metric} {record['val_acc']:.4f}", f"test {record['test_acc']:.4f}"]
@@ -192,6 +193,8 @@ def epoch_line(record: dict, stages: bool = True, metric: str = "accuracy") -> s
     if "checkpoint_seconds" in record:
         times.append(f"checkpoint {record['checkpoint_seconds']:.2f}s")
     parts.append(" + ".join(times))
+    if record.get("collapsed"):  # train/health.py
+        parts.append("collapsed: " + "; ".join(record["collapsed"]))
     if stages:
         parts.append("[" + " ".join(f"{k} {v:.2f}" for k, v in record["stage_seconds"].items() if v) + "]")
     return " | ".join(parts)

@@ -20,6 +20,7 @@ from neutronorch.errors import ConfigError
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.link import LinkModel
 from neutronorch.train.checkpoint import Checkpoint, check_fits, load_checkpoint
+from neutronorch.train.health import output_check
 from neutronorch.train.layerwise import LayerProgress, layerwise
 from neutronorch.features.memory import available_memory_bytes
 from neutronorch.train.output_guard import check_distinct, check_fresh, check_space
@@ -208,9 +209,10 @@ def _infer(checkpoint: Checkpoint, graph: Graph, nodes: Nodes, layers: int | Non
     target = torch.device(device)
     model = encoder_of(checkpoint.model).to(target)
     folder = scratch_folder(model, graph, layers or model.num_layers, scratch, out)
+    check = output_check("logits" if layers is None else f"layer {layers} outputs")
     return write_rows(out, (ids.shape[0], *row_shape), dtype, lambda array: layerwise(
         model, graph, FeatureStore(graph.features, graph.labels), ids, target, chunk_size, layers, out=array,
-        transform=transform, scratch=folder, progress=progress))
+        transform=transform, scratch=folder, progress=progress, check=check))
 
 
 def write_rows(out: str | os.PathLike | None, shape: tuple, dtype, fill) -> np.ndarray:

@@ -36,6 +36,7 @@ def summarise(run: "Run", last_eval: dict, timeline: dict | None, status: str, g
         "epoch_seconds_median": statistics.median(seconds) if seconds else None,
         "metric": run.task.metric,
         **score_fields(key, best, last_eval),
+        "warnings": list(run.health.warnings),  # training that collapsed (train/health.py)
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "resident_mb": resident_mb(),  # at the end: own (anon) and mapped-file (file) memory
         "moved": moved,  # a resumed history's records may predate the host cache's keys
@@ -92,3 +93,11 @@ def score_fields(key: str, best: dict, last: dict) -> dict:
             f"final_val_{key}": last.get("val"), f"final_test_{key}": last.get("test"),
             "val_acc": best["val"] if evaluated else None, "test_acc": best["test"] if evaluated else None,
             "final_val_acc": last.get("val"), "final_test_acc": last.get("test")}
+
+
+def named_scores(task, scores: dict) -> dict:
+    """An evaluation as an epoch record holds it: under the metric's name, and (for compatibility) as
+    ``val_acc`` and ``test_acc``, which hold the metric too; a link task's other metrics as they are."""
+    return {f"val_{task.key}": scores["val"], f"test_{task.key}": scores["test"],
+            "val_acc": scores["val"], "test_acc": scores["test"],
+            **{key: value for key, value in scores.items() if key not in ("val", "test")}}

@@ -27,6 +27,7 @@ from torch.nn import functional as F
 
 from neutronorch.config import METRICS
 from neutronorch.data.graph import Graph
+from neutronorch.train.health import entropy
 
 __all__ = ["METRICS", "Task", "score", "roc_auc"]
 
@@ -60,6 +61,24 @@ class Task:
         total = F.binary_cross_entropy_with_logits(logits, labels.clamp(min=0).to(logits.dtype),
                                                    weight=known.to(logits.dtype), reduction="sum")
         return total / known.sum().clamp(min=1)
+
+    def constant_losses(self, labels: np.ndarray) -> dict[str, float]:
+        """What ``loss`` is when the model gives every vertex one output, for the training ``labels``: uniform
+        outputs (ln C; multi-label ln 2), and the best constant output, the labels' frequencies (their
+        entropy; multi-label the mean of each task's binary entropy over its known entries)."""
+        labels = np.asarray(labels)
+        if self.multilabel:
+            known = (labels >= 0).sum(0)
+            ones = (labels == 1).sum(0)
+            per_task = [entropy([o, k - o]) * k for o, k in zip(ones, known)]
+            out = {"ln 2: outputs of probability 1/2": float(np.log(2))}
+            best = float(sum(per_task) / max(1, known.sum()))
+        else:
+            out = {f"ln {self.num_classes}: uniform outputs": float(np.log(self.num_classes))}
+            best = entropy(np.bincount(labels[labels >= 0], minlength=self.num_classes))
+        if all(abs(best - value) > 1e-6 for value in out.values()):
+            out["the labels' entropy: the class frequencies for every vertex"] = best
+        return out
 
     def loss_weight(self, labels: torch.Tensor) -> torch.Tensor:
         """How many terms ``loss`` averages (known labels, or known entries of a multi-label task), as a

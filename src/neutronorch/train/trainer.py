@@ -36,6 +36,8 @@ from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table, wri
 from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.orchestration.mode import Mode
 from neutronorch.train.evaluate import evaluate
+from neutronorch.train.feasible import check_trainable
+from neutronorch.train.health import Health
 from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, epoch_line, evaluation_progress,
                                     train_epoch)
 from neutronorch.train.memory import keep_freed_memory
@@ -49,7 +51,7 @@ from neutronorch.train.distributed import GradientSync, World, joined, rank_devi
 from neutronorch.train.outputs import (check_checkpoint_space, check_outputs, claim_checkpoint_dir, save_or_rescue,
                                        write_summary)
 from neutronorch.train.step import TRAINER_STAGES
-from neutronorch.train.summary import summarise, topology_in_file_order
+from neutronorch.train.summary import named_scores, summarise, topology_in_file_order
 from neutronorch.train.link_task import LinkTask, evaluate_links, is_link_split, link_graph, rms_row_norm
 from neutronorch.train.task import Task
 from neutronorch.train.typed_entry import is_typed_run, train_typed_run
@@ -90,6 +92,7 @@ class Run:
     world: World = field(default_factory=World)  # data parallel: this rank among the others
     mode_choice: dict | None = None  # mode auto: the mode chosen, why, and from what (None: the mode was given)
     sync: GradientSync | None = None  # data parallel: the gradient all-reduce and stop agreement
+    health: Health = field(default_factory=lambda: Health({}))  # collapse (train/health.py)
 
 
 def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress: Progress | None = None,
@@ -143,9 +146,10 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
                     logger.error(str(lost))
             raise
         if config.epochs and not last_eval and config.eval_every >= 0:
-            last_eval = _evaluate(run)
+            last_eval = _evaluate(run, epoch=config.epochs - 1)
             run.best = {**last_eval, "epoch": config.epochs - 1}
-            run.history[-1].update(_named(run.task, last_eval))
+            run.history[-1].update(named_scores(run.task, last_eval))
+            run.health.after_epoch(run.history[-1], loss=False)
             _checkpoint(run, "best.pt", config.epochs - 1)
         summary = summarise(run, last_eval, timeline, "stopped_early" if run.stopped_early else "completed")
     if world.main:
@@ -180,6 +184,7 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     if user_model is not None and link:
         raise ConfigError("`task` link trains the built-in models (`model` sage, gcn or gat) as encoders; your own "
                           "module trains node tasks for now.")
+    warnings = check_trainable(graph, not link, None if user_model is not None else graph.feature_dim)
     if user_model is not None:
         # NeutronOrch mode asks for its bottom layer when it starts (UserModel.bottom says what it needs).
         model = UserModel.wrap(user_model, len(config.fanouts), graph.num_classes).to(device)
@@ -218,7 +223,8 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
                             f"{'tasks' if task.multilabel else 'classes'}, metric {task.metric}"))
     run = Run(config, graph, device, threads, model, optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
               util, metrics, task, data_seconds=data_seconds, world=world,
-              mode_choice=None if choice is None else choice.to_dict())
+              mode_choice=None if choice is None else choice.to_dict(),
+              health=Health(task.constant_losses(None if link else graph.labels[graph.train_idx]), warnings))
     if resumed is not None:
         _resume(run, resumed)
     return run
@@ -289,10 +295,11 @@ def run_epochs(run: Run, progress: Progress | None):
         mode.end_epoch(record)
         if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
             t0 = time.perf_counter()
-            last_eval = _evaluate(run, evaluation_progress(progress, epoch))
-            record.update(_named(run.task, last_eval), eval_seconds=time.perf_counter() - t0)
+            last_eval = _evaluate(run, evaluation_progress(progress, epoch), epoch)
+            record.update(named_scores(run.task, last_eval), eval_seconds=time.perf_counter() - t0)
             if last_eval["val"] > run.best["val"]:
                 run.best = {**last_eval, "epoch": epoch}
+        run.health.after_epoch(record)
         epochs.append(record)
         if config.checkpoint_dir:
             t0 = time.perf_counter()
@@ -369,27 +376,19 @@ def _checkpoint(run: Run, name: str, epoch: int, position: tuple[int, float] | N
         save_or_rescue(Path(run.config.checkpoint_dir) / name, save, [Path(summary).parent] if summary else [])
 
 
-def _evaluate(run: Run, progress=None) -> dict[str, float]:
+def _evaluate(run: Run, progress=None, epoch: int | None = None) -> dict[str, float]:
     """The metric on the validation and test sets: {"val": ..., "test": ...}; ``progress(layer, done, total)``
-    as inference goes."""
-    config = run.config
+    as inference goes; checked (``train/health.py``) as the evaluation after ``epoch``."""
+    config, check = run.config, run.health.evaluation(epoch)
     if run.world.distributed:  # batch normalisation's running statistics: rank 0's, on every rank
         run.world.broadcast_module(run.model, "the buffers' broadcast before evaluation", buffers_only=True)
     store = run.mode.store.as_dtype(torch.float32)  # evaluation runs in float32 whatever the training precision
     if isinstance(run.task, LinkTask):
         return evaluate_links(run.model, run.graph, store, run.device, config.eval_batch_size, config.seed,
-                              config.eval_negatives, run.task, run.world, progress)
+                              config.eval_negatives, run.task, run.world, progress, check)
     return evaluate(run.model, run.graph, store, run.device, config.eval_fanouts, config.eval_batch_size,
                     config.seed, config.eval_max_nodes, run.task, run.world, topology_in_file_order(run.mode),
-                    progress)
-
-
-def _named(task: Task, scores: dict) -> dict:
-    """An evaluation as a record holds it: under the metric's name, and (for compatibility) as ``val_acc``
-    and ``test_acc``, which hold the metric too."""
-    return {f"val_{task.key}": scores["val"], f"test_{task.key}": scores["test"],
-            "val_acc": scores["val"], "test_acc": scores["test"],
-            **{key: value for key, value in scores.items() if key not in ("val", "test")}}  # a link task's others
+                    progress, check)
 
 
 def _scores_of(record: dict) -> dict:

@@ -41,6 +41,7 @@ from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.nn.typed_models import TypedGNN, reachable_types
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
+from neutronorch.train.health import output_check
 from neutronorch.train.layerwise import LayerProgress
 from neutronorch.train.predict import (Nodes, check_prediction_output, node_files, prediction_rows, select_nodes,
                                       write_rows)
@@ -63,11 +64,12 @@ def predict_typed(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedG
     shape, dtype, transform = prediction_rows(Task.of(graph), probabilities)
     target, seed = torch.device(device), checkpoint.config.seed
     model = checkpoint.model.to(target)
+    check = output_check("logits")  # before the transform: an argmax of NaN rows is a class
     if full_neighbours(fanouts, model.num_layers):  # every neighbour: layer by layer
-        return write_rows(out, (ids.shape[0], *shape), dtype, lambda array: _assign(array, transform(layerwise_rows(
-            model, graph, graph.target, model.num_layers, ids, target, chunk_size, progress))))
-    compute = lambda chunk: transform(typed_logits(  # noqa: E731
-        model, graph, sampler, torch.from_numpy(chunk), target, len(chunk), seed))
+        return write_rows(out, (ids.shape[0], *shape), dtype, lambda array: _assign(array, transform(_checked(
+            check, layerwise_rows(model, graph, graph.target, model.num_layers, ids, target, chunk_size, progress)))))
+    compute = lambda chunk: transform(_checked(check, typed_logits(  # noqa: E731
+        model, graph, sampler, torch.from_numpy(chunk), target, len(chunk), seed)))
     return write_rows(out, (ids.shape[0], *shape), dtype,
                       lambda array: _fill(array, ids, chunk_size, progress, compute))
 
@@ -87,10 +89,11 @@ def embed_typed(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGra
     ids = select_nodes(graph, nodes, node_type)
     target, seed = torch.device(device), checkpoint.config.seed
     model.to(target)
+    check = output_check(f"layer {layer} outputs", f"{node_type} vertices")
     if full_neighbours(fanouts, model.num_layers):  # every neighbour: layer by layer
         width = model.arguments["num_classes" if layer == model.num_layers else "hidden"]
-        return write_rows(out, (ids.shape[0], width), np.float32, lambda array: _assign(array, layerwise_rows(
-            model, graph, node_type, layer, ids, target, chunk_size, progress)))
+        return write_rows(out, (ids.shape[0], width), np.float32, lambda array: _assign(array, _checked(
+            check, layerwise_rows(model, graph, node_type, layer, ids, target, chunk_size, progress))))
     if layer == model.num_layers:  # the logits
         width = model.arguments["num_classes"]
         compute = lambda chunk: typed_logits(  # noqa: E731
@@ -101,8 +104,9 @@ def embed_typed(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGra
         hops = [TypedNeighborSampler(graph, {r: f[:hop + 1] for r, f in sampler.fanouts.items()})
                 for hop in range(model.num_layers - layer, model.num_layers)]
         compute = lambda chunk: hidden_rows(model, graph, hops, node_type, chunk, target, seed)  # noqa: E731
+    checked = lambda chunk: _checked(check, compute(chunk))  # noqa: E731
     return write_rows(out, (ids.shape[0], width), np.float32,
-                      lambda array: _fill(array, ids, chunk_size, progress, compute))
+                      lambda array: _fill(array, ids, chunk_size, progress, checked))
 
 
 def embedding_layer(model: TypedGNN, layer: int | None) -> int:
@@ -179,6 +183,12 @@ def _prepared(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGraph
         raise ConfigError(f"`fanouts` {fanouts}: {sampler.num_layers} layer(s), and the model has "
                           f"{checkpoint.model.num_layers}; give one fanout per layer.")
     return checkpoint, graph, sampler
+
+
+def _checked(check, rows: torch.Tensor) -> torch.Tensor:
+    """``rows``, once ``check`` (``health.output_check``) has found them finite."""
+    check(rows)
+    return rows
 
 
 def _assign(array: np.ndarray, rows: torch.Tensor) -> None:

@@ -53,6 +53,7 @@ def typed_summary(run, status: str, started: float, data_seconds: float, threads
         "epoch_seconds_median": statistics.median(seconds) if seconds else None,
         "metric": run.task.metric,
         **score_fields(key, best, last),
+        "warnings": list(run.health.warnings),  # training that collapsed (train/health.py)
         "checkpoints": checkpoints_written(config.checkpoint_dir),
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "startup": {"data_seconds": round(data_seconds, 4),

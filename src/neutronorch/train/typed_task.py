@@ -68,13 +68,16 @@ from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.orchestration.factory import Threads, build_typed_mode
 from neutronorch.orchestration.typed_planner import HotRecord
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
-from neutronorch.train.evaluate import eval_subset
+from neutronorch.train.evaluate import eval_subset, scored
+from neutronorch.train.feasible import check_trainable
+from neutronorch.train.health import Health
 from neutronorch.observe import Spans, Utilisation, epoch_table
 from neutronorch.train.loop import DIVERGENCE_CHECK_STEPS, Progress, TimelineWindow, epoch_line
 from neutronorch.train.memory import peak_rss_mb
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
 from neutronorch.train.outputs import check_outputs, write_summary
+from neutronorch.train.summary import named_scores
 from neutronorch.train.typed_summary import TYPED_STAGES, typed_summary, write_typed_timeline
 from neutronorch.train.resources import (check_threading_layer, numba_threads, resolve_device, thread_budget,
                                          torch_threads)
@@ -117,6 +120,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         raise ConfigError(f"{graph.name}: its target type {graph.target!r} has no labels to train on.")
     for note in graph.notes if launched_rank() == 0 else []:  # the same on every rank
         logger.warning(f"note: {note}")
+    warnings = check_trainable(graph)
     graph = graph.with_reverse()
     logger.info(graph.describe())
     device = rank_device(resolve_device(config.device))  # data parallel on CUDA: this rank's GPU
@@ -153,6 +157,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         run = _TypedRun(config, graph, model, task, sampler, eval_sampler, device, metrics, progress, stop, budget,
                         None if own else tables)  # your own module's tables are its own
         run.precision = precision
+        run.health.warnings[:0] = warnings  # the settings' (train/feasible.py), before any collapse
         run.util = stack.enter_context(contextlib.closing(Utilisation(device)))
         data_parallel(run, world)  # several ranks: global batches, the weights broadcast, run.sync and run.stop
         run.checkpoints = rank_checkpoints(run, world)  # with `resume`, the run restored from last.pt
@@ -214,6 +219,7 @@ class _TypedRun:
         self.history: list[dict] = []
         self.best = {"val": -math.inf, "test": math.nan, "epoch": -1}
         self.last_eval: dict = {}
+        self.health = Health(task.constant_losses(np.asarray(graph.labels[np.asarray(graph.train_idx)])))
         self.stopped_early = False
         self.first_step_at: float | None = None
         self.start = (0, 0, 0.0)  # (epoch, step, loss sum of its steps before): where training starts
@@ -244,9 +250,10 @@ class _TypedRun:
                     config.eval_every == 0 and last):
                 t0 = time.perf_counter()
                 self.last_eval = self.evaluate(epoch)
-                record.update(_named(self.task, self.last_eval), eval_seconds=time.perf_counter() - t0)
+                record.update(named_scores(self.task, self.last_eval), eval_seconds=time.perf_counter() - t0)
                 if self.last_eval["val"] > self.best["val"] or self.best["epoch"] < 0:
                     self.best = {**self.last_eval, "epoch": epoch}
+            self.health.after_epoch(record)
             self.history.append(record)
             if self.checkpoints is not None:
                 self.checkpoints.after_epoch(epoch, record)
@@ -345,7 +352,7 @@ class _TypedRun:
 
     def evaluate(self, epoch: int) -> dict[str, float]:
         """The metric on the validation and test sets (``eval_max_nodes``: a fixed sample of each)."""
-        config, scores, done = self.config, {}, 0
+        config, scores, done, check = self.config, {}, 0, self.health.evaluation(epoch)
         evaluating = getattr(self.progress, "evaluating", None)
         sets = {"val": eval_subset(self.graph.val_idx, config.eval_max_nodes, config.seed),
                 "test": eval_subset(self.graph.test_idx, config.eval_max_nodes, config.seed + 1)}
@@ -354,7 +361,8 @@ class _TypedRun:
             logits = shared_logits(self.world, lambda part: typed_logits(
                 self.model, self.graph, self.eval_sampler, part, self.device, config.eval_batch_size, config.seed),
                 torch.from_numpy(nodes))  # data parallel: a share on each rank, gathered
-            scores[name] = self.task.score(logits, torch.from_numpy(np.asarray(self.graph.labels[nodes])))
+            labels = torch.from_numpy(np.asarray(self.graph.labels[nodes]))
+            scores.update(scored(self.task, {name: (logits, labels)}, check))  # finite, collapse noted
             done += len(nodes)
             if evaluating is not None:
                 evaluating(epoch, 0, done, total)
@@ -373,9 +381,3 @@ def _lap(seconds: dict[str, float], stage: str, since: float, spans: Spans) -> f
     seconds[stage] += now - since
     spans.add(stage, since, now)
     return now
-
-
-def _named(task: Task, scores: dict) -> dict:
-    """An evaluation as an epoch record holds it: under the metric's name and as ``val_acc``/``test_acc``."""
-    return {f"val_{task.key}": scores["val"], f"test_{task.key}": scores["test"],
-            "val_acc": scores["val"], "test_acc": scores["test"]}

@@ -1,0 +1,185 @@
+"""What an evaluation's outputs and the training loss say about a run: outputs that are not numbers, and
+training that has collapsed.
+
+- **Non-finite outputs** (``EvaluationCheck.finite``): an evaluation whose logits, embeddings or link scores
+  hold NaN or an infinity would score garbage (an argmax of NaN rows is class 0), so it is a
+  ``TrainingError`` naming the epoch, the split and how many rows were not finite. The check is one
+  ``isfinite().all()`` per tensor; rows are counted only when it fails. ``predict``, ``embed`` and
+  ``score_pairs`` check each chunk with ``output_check`` (a ``CheckpointError``: the checkpoint's model gave
+  them), before anything is written.
+- **Collapse** (``Health``): training whose every score is equal says nothing about the data. An epoch is
+  marked ``collapsed`` (its record's list of reasons, shown on the epoch line) when its evaluation found,
+  in every split, (a) every link score tied (each positive scored as all its negatives: MRR at the tie
+  level 1 / (1 + K/2)) or most pairs tied (``MOST_TIED``: ties decide the ranks), or (b) the same scores
+  for every vertex, or one class predicted for all of a split holding several classes; or when (c) the
+  training loss sat at a value a constant output gives (``Task.constant_losses``: ln C and the training
+  labels' entropy for cross-entropy, 2 ln 2 for a link task's loss) in this epoch and the one before.
+  Scores count as equal to ``TIE_TOLERANCE`` of their size, a loss as pinned to ``LOSS_TOLERANCE``. The
+  first collapse is logged once as a warning with what to change, and kept in the summary's
+  ``warnings``; the run goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from neutronorch.errors import CheckpointError, TrainingError
+
+logger = logging.getLogger("neutronorch")
+
+EVAL_MODE_HINT = ("Check what the model does in eval mode (dropout, batch normalisation's running statistics, "
+                  "code that branches on `self.training`) and its precision (float16 overflows past 65504)")
+SUGGESTION = ("Nothing is learnt this way: lower `lr`, normalise the features (raw counts or 0/1 rows), lower "
+              "`dropout`, and check that the labels carry the classes")
+SPLIT_NAMES = {"val": "validation", "test": "test"}
+# Scores count as equal within this share of their size: a collapsed model's rows, computed in chunks of
+# other sizes, may differ in their last bits.
+TIE_TOLERANCE = 1e-5
+# A link evaluation in which at least this share of (positive, negative) pairs tie is a collapse: a model
+# that tells vertices apart ties almost none.
+MOST_TIED = 0.5
+# How close (relative) a loss must sit to a constant output's value to count as pinned there: a loss printed
+# as 1.3863 sits within 5e-5 of 2 ln 2; a link run learning slowly from it was 6e-4 away after its second epoch.
+LOSS_TOLERANCE = 1e-4
+
+
+def nonfinite_rows(values: torch.Tensor) -> int:
+    """0 when every entry of ``values`` is finite (one ``isfinite().all()``); else how many rows (entries of
+    the first dimension) hold a NaN or an infinity."""
+    finite = torch.isfinite(values)
+    if bool(finite.all()):
+        return 0
+    return int((~finite.reshape(values.shape[0], -1).all(1)).sum()) if values.dim() else 1
+
+
+class EvaluationCheck:
+    """The checks of one evaluation (after ``epoch``, None when the run has no epoch to name): ``finite``
+    raises on outputs that are not numbers; ``collapsed`` is told each split's collapse (or None), and a
+    reason every split gave is kept in ``reasons`` (one split alone, a small one, may be chance)."""
+
+    def __init__(self, epoch: int | None = None, reasons: list[str] | None = None):
+        self.epoch = epoch
+        self.reasons = reasons if reasons is not None else []
+        self.splits: list[str | None] = []
+
+    def finite(self, values: torch.Tensor, split: str, what: str = "logits", rows: str = "vertices") -> None:
+        """``values`` (a row per vertex or pair of ``split``) are finite, else a ``TrainingError``."""
+        self.nonfinite(nonfinite_rows(values), values.shape[0], split, what, rows)
+
+    def nonfinite(self, bad: int, total: int, split: str, what: str, rows: str) -> None:
+        """``bad`` of ``total`` rows were not finite: a ``TrainingError`` unless none."""
+        if bad:
+            when = f"after epoch {self.epoch}" if self.epoch is not None else "of the run"
+            raise TrainingError(f"the evaluation {when} gave NaN or infinite {what} for {bad:,} of the {total:,} "
+                                f"{split} {rows}, while the training loss was finite: its scores would be "
+                                f"meaningless. {EVAL_MODE_HINT}; or lower `lr`.")
+
+    def collapsed(self, reason: str | None) -> None:
+        self.splits.append(reason)
+        self.reasons.clear()
+        if reason is not None and all(r == reason for r in self.splits):
+            self.reasons.append(reason)
+
+
+def output_check(what: str, rows: str = "vertices"):
+    """``check(values)`` for ``predict``, ``embed`` and ``score_pairs``: a chunk of output rows (``what``, one
+    per of ``rows``, before any transform) is finite, else a ``CheckpointError``: nothing is written."""
+
+    def check(values: torch.Tensor) -> None:
+        bad = nonfinite_rows(values)
+        if bad:
+            raise CheckpointError(
+                f"the checkpoint's model gave NaN or infinite {what} for {bad:,} of a chunk of {values.shape[0]:,} "
+                f"{rows}; nothing was written. Its weights may hold NaN or infinities (saved by a run that "
+                f"diverged), or this graph's features lie far outside those it was trained on. {EVAL_MODE_HINT}.")
+
+    return check
+
+
+def tied(values: torch.Tensor, reference: torch.Tensor) -> bool:
+    """Whether ``values`` all equal ``reference`` (broadcast against them) to ``TIE_TOLERANCE`` of its size."""
+    scale = max(1.0, float(reference.abs().max())) if reference.numel() else 1.0
+    return bool(((values - reference).abs() <= TIE_TOLERANCE * scale).all())
+
+
+def node_collapse(logits: torch.Tensor, labels: torch.Tensor, multilabel: bool) -> str | None:
+    """Why ``logits`` of a split's vertices show a collapse, or None: where the labels hold several classes
+    (multi-label: a task both values), the same scores for every vertex, or one class predicted for all."""
+    if logits.shape[0] < 2:
+        return None
+    if multilabel:
+        known = labels >= 0
+        varied = any(torch.unique(labels[known[:, t], t]).numel() > 1 for t in range(labels.shape[1]))
+        return "every vertex given the same scores" if varied and tied(logits, logits[:1]) else None
+    labelled = labels >= 0
+    if torch.unique(labels[labelled]).numel() < 2:
+        return None
+    if tied(logits[labelled], logits[labelled][:1]):
+        return "every vertex given the same scores"
+    predicted = logits[labelled].argmax(1)
+    if bool((predicted == predicted[0]).all()):
+        return f"one class ({int(predicted[0])}) predicted for every vertex"
+    return None
+
+
+def link_collapse(scores) -> str | None:
+    """Why a set's link scores (``link_metrics``' ``SharedScores`` or ``PerPositiveScores``) show a collapse,
+    or None: every score equal, or most pairs (``MOST_TIED``) scored exactly alike, so that ties decide the
+    ranks (vertices whose embeddings all died to one row)."""
+    if scores.all_tied():
+        return "every score equal"
+    return "most pairs scored alike (ties decide the ranks)" if scores.tie_share() >= MOST_TIED else None
+
+
+def entropy(counts: np.ndarray) -> float:
+    """The entropy (nats) of a distribution given by counts (zeros ignored)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum()) if p.size else 0.0
+
+
+class Health:
+    """A run's collapse record. ``evaluation(epoch)`` gives the check an evaluation reports to;
+    ``after_epoch(record)`` marks the record (``collapsed``: the reasons) and warns the first time;
+    ``warnings`` is what the summary keeps (``warnings`` given: those of the settings, said already).
+    ``constant_losses``: what the loss is under a constant output (description -> value)."""
+
+    def __init__(self, constant_losses: dict[str, float], warnings: list[str] | tuple = ()):
+        self.constants = constant_losses
+        self.pending: list[str] = []
+        self.previous_loss: float | None = None
+        self.warnings: list[str] = list(warnings)  # the settings' (train/feasible.py), then the first collapse
+        self.warned = False
+
+    def evaluation(self, epoch: int | None) -> EvaluationCheck:
+        self.pending = []
+        return EvaluationCheck(epoch, self.pending)
+
+    def after_epoch(self, record: dict, loss: bool = True) -> None:
+        reasons, self.pending = list(self.pending), []
+        if loss:
+            pinned = self._pinned(record["train_loss"])
+            if pinned is not None:
+                reasons.append(pinned)
+            self.previous_loss = record["train_loss"]
+        if not reasons:
+            return
+        merged = list(record.get("collapsed", []))
+        record["collapsed"] = merged + [reason for reason in reasons if reason not in merged]
+        if not self.warned:
+            self.warned = True
+            message = (f"training has collapsed (epoch {record['epoch']}: {'; '.join(record['collapsed'])}); the "
+                       f"scores reported measure no learning. {SUGGESTION}.")
+            logger.warning(message)
+            self.warnings.append(message)
+
+    def _pinned(self, loss: float) -> str | None:
+        """The reason when ``loss`` and the epoch's before sit at a constant output's loss."""
+        for name, value in self.constants.items():
+            near = lambda x: x is not None and abs(x - value) <= LOSS_TOLERANCE * max(1.0, value)  # noqa: E731
+            if near(loss) and near(self.previous_loss):
+                return f"loss pinned at {value:.4f} ({name})"
+        return None
