@@ -268,6 +268,10 @@ def test_a_misplaced_split_or_mode_is_a_clear_error(graph):
         config(metric="accuracy").validate()
     with pytest.raises(ConfigError, match="`negatives` 0"):
         config(negatives=0).validate()
+    with pytest.raises(ConfigError, match="`link_direction` directed: how a link task splits edges; give `task` link"):
+        config(task="node", link_direction="directed").validate()
+    with pytest.raises(ConfigError, match="`link_direction` undirected: .* carries its own link split"):
+        link_graph(graph, config(link_direction="undirected"))
 
 
 @pytest.mark.slow

@@ -241,3 +241,41 @@ def test_a_link_only_graph_validates_without_labels_and_a_bad_split_does_not():
         dataclasses.replace(link_only, links=None).validate("g")
     with pytest.raises(DataError, match="test names vertex"):
         dataclasses.replace(link_only, links=_split(test=np.array([[0], [N]]))).validate("g")
+
+
+def _one_way(graph, count):
+    """``graph`` without one direction of ``count`` of its edges (a symmetric graph with a few one-way edges)."""
+    src, dst = _edge_list(graph)
+    forward = np.flatnonzero(src < dst)[:count]
+    indptr, indices = drop_edges(*_csc_of(graph), np.sort(dst[forward] * N + src[forward]))
+    return dataclasses.replace(graph, indptr=indptr, indices=indices)
+
+
+def test_a_few_one_way_edges_leave_a_symmetric_graph_undirected_and_no_held_out_pair_leaks(caplog):
+    graph = _one_way(_graph(), 25)
+    assert not is_symmetric(*_csc_of(graph))
+    with caplog.at_level("INFO", logger="neutronorch"):
+        out = split_edges(graph, 0.7, 0.1, seed=2)
+    links = out.links
+    assert links.undirected and "have their reverse (at least 50%)" in links.direction
+    assert "links split as undirected" in caplog.text and "of the edges have their reverse" in out.notes[-1]
+    kept, train = _edge_set(out), _pairs(links.train)
+    held_out = _pairs(links.val) | _pairs(links.test)
+    # Neither direction of a held-out pair carries messages or is a training positive; each pair once.
+    assert not any((u, v) in kept or (v, u) in kept or (u, v) in train or (v, u) in train for u, v in held_out)
+    undirected = {(min(u, v), max(u, v)) for u, v in _edge_set(graph)}
+    assert train | held_out == undirected and all(u < v for u, v in train | held_out)
+
+
+def test_link_direction_forces_either_way_and_auto_calls_a_sparse_reciprocity_directed():
+    graph = _one_way(_graph(), 25)
+    directed = split_edges(graph, 0.7, 0.1, seed=2, direction="directed").links
+    assert not directed.undirected and "`link_direction` directed" in directed.direction
+    assert _pairs(directed.train) | _pairs(directed.val) | _pairs(directed.test) == _edge_set(graph)
+    one_way = _graph(undirected=False)  # a few reverses by chance only
+    assert not split_edges(one_way, 0.7, 0.1).links.undirected
+    forced = split_edges(one_way, 0.7, 0.1, direction="undirected")
+    held_out = _pairs(forced.links.val) | _pairs(forced.links.test)
+    assert forced.links.undirected and not any((v, u) in _edge_set(forced) for u, v in held_out)
+    with pytest.raises(ConfigError, match="`link_direction` 'sideways': choose one of auto, undirected, directed"):
+        split_edges(graph, 0.7, 0.1, direction="sideways")

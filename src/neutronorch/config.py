@@ -17,6 +17,7 @@ from neutronorch.config_keys import read_config_mapping
 from neutronorch.config_parts import (PARTS, EvaluationConfig, LinkConfig, LogConfig, NetworkConfig,
                                       NeutronOrchConfig, OptimizationConfig, OutputConfig, PlacementConfig,
                                       SamplingConfig, may_change, setting, settings_of)
+from neutronorch.data.links import LINK_DIRECTIONS
 from neutronorch.errors import ConfigError
 from neutronorch.nn.names import (ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, NORMS, PRECISIONS, RELATIONAL_ONLY,
                                   needs_degrees)
@@ -150,6 +151,11 @@ class TrainConfig:
              f"`metric` {self.metric!r}: a link task scores by auto (the dataset's own, else mrr), mrr, rocauc "
              f"or hits@K (hits@50)."),
             (self.link_head in LINK_HEADS, f"`link_head` {self.link_head!r}: choose one of {', '.join(LINK_HEADS)}."),
+            (self.link_direction in LINK_DIRECTIONS,
+             f"`link_direction` {self.link_direction!r}: choose one of {', '.join(LINK_DIRECTIONS)}."),
+            (self.task == "link" or self.link_direction == "auto",
+             f"`link_direction` {self.link_direction}: how a link task splits edges; give `task` link, or leave "
+             f"it out."),
             (self.negatives >= 1, f"`negatives` {self.negatives}: must be at least 1 per positive."),
             (self.eval_negatives >= 1, f"`eval_negatives` {self.eval_negatives}: must be at least 1 per positive."),
             (self.split_index >= 0, f"`split_index` {self.split_index}: must be 0 or more."),

@@ -73,9 +73,13 @@ def link_graph(graph: Graph, config: TrainConfig) -> Graph:
         if not is_link_split(spec):
             raise ConfigError(f"`split` {spec!r} splits vertices; a link task splits edges: give `split` "
                               f"edges:TRAIN,VAL (such as {DEFAULT_LINK_SPLIT}), or none for that default.")
-        graph = split_edges(graph, *parse_link_split(spec), seed=config.seed)
+        graph = split_edges(graph, *parse_link_split(spec), seed=config.seed, direction=config.link_direction)
     elif config.split:
         raise ConfigError(f"`split` {config.split!r}: {graph.name} carries its own link split; leave `split` out.")
+    elif config.link_direction != "auto":
+        raise ConfigError(f"`link_direction` {config.link_direction}: {graph.name} carries its own link split, "
+                          f"{'undirected' if graph.links.undirected else 'directed'}; the option chooses how "
+                          f"`split` edges:TRAIN,VAL splits a graph without one. Leave it out.")
     # Stored negatives that are positives of their own set were counted in a note by the loader (OGB's
     # evaluators score them as given); everything else about the split must hold.
     check_link_split(graph.links, graph.num_nodes, graph.name, negatives_may_be_positive=True)
