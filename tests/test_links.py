@@ -279,3 +279,27 @@ def test_link_direction_forces_either_way_and_auto_calls_a_sparse_reciprocity_di
     assert forced.links.undirected and not any((v, u) in _edge_set(forced) for u, v in held_out)
     with pytest.raises(ConfigError, match="`link_direction` 'sideways': choose one of auto, undirected, directed"):
         split_edges(graph, 0.7, 0.1, direction="sideways")
+
+
+def test_a_split_given_with_its_graph_that_leaks_is_refused_with_the_counts_and_oddities_are_kept(caplog):
+    from neutronorch import TrainConfig
+    from neutronorch.train.link_task import link_graph
+
+    split = split_edges(_graph(), 0.7, 0.1, seed=1)
+    links = split.links
+    config = TrainConfig(task="link")
+    leaky = dataclasses.replace(links, test=np.concatenate([links.train[:, :4], links.test], axis=1), issues=None)
+    with pytest.raises(DataError, match=r"the link split leaks: 4 test edges .* are in the graph's edges .*; 4 "
+                                         r"test edges \(first \d+ -> \d+\) are training positives too \(either direction\) \(of \d+\)"):
+        link_graph(dataclasses.replace(split, links=leaky), config)
+    reverse = links.val[::-1, :1]  # a held-out pair's reverse direction back in message passing
+    passing = Graph.from_arrays(*np.concatenate([np.stack(_edge_list(split)), reverse], axis=1), split.features,
+                                split.labels, undirected=False)
+    with pytest.raises(DataError, match=r"1 val edges \(first \d+ -> \d+\) are in the graph's edges \(either "):
+        link_graph(dataclasses.replace(passing, links=dataclasses.replace(links, issues=None)), config)
+    odd = dataclasses.replace(links, val=np.concatenate([links.val, [[5], [5]], links.val[:, :1]], axis=1),
+                              issues=None)
+    with caplog.at_level("WARNING", logger="neutronorch"):
+        out = link_graph(dataclasses.replace(split, links=odd), config)
+    assert out.links.issues == {"val_self_loops": 1, "val_repeated": 1}
+    assert "1 val edges (first 5 -> 5) are self loops" in caplog.text and "(kept)" in out.notes[-1]

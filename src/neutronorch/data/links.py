@@ -180,7 +180,8 @@ def split_edges(graph: Graph, train: float, val: float, seed: int = 0, direction
     new_indptr, new_indices = drop_edges(indptr, indices, held_out)
     kind = "undirected" if undirected else "directed"
     split = LinkSplit(train=_pairs(train_keys, num_nodes), val=_pairs(val_keys, num_nodes),
-                      test=_pairs(test_keys, num_nodes), undirected=undirected, direction=f"{kind}: {why}")
+                      test=_pairs(test_keys, num_nodes), undirected=undirected, direction=f"{kind}: {why}",
+                      issues={})  # nothing to find: no leak, self loop or repeat by construction
     logger.info(f"{graph.name}: links split as {kind}: {why}"
                 + ("; give `link_direction` directed to predict edges one way" if undirected and direction == "auto"
                    else ""))
@@ -335,5 +336,11 @@ def count_positive_negatives(split: LinkSplit, part: str, num_nodes: int) -> int
 
 
 def _members(keys: np.ndarray, known: np.ndarray) -> int:
-    at = np.minimum(np.searchsorted(known, keys), known.shape[0] - 1)
-    return int((known[at] == keys).sum())
+    return int(member_mask(keys, known).sum())
+
+
+def member_mask(keys: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """Which of ``keys`` are in the sorted array ``known`` (a binary search each)."""
+    if known.size == 0:
+        return np.zeros(keys.shape, bool)
+    return known[np.minimum(np.searchsorted(known, keys), known.size - 1)] == keys

@@ -21,6 +21,7 @@ before the next chunk. Held whole: the positives and their scores, and shared ne
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from torch.nn import functional as F
 
 from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
+from neutronorch.data.link_checks import check_stored_links
 from neutronorch.data.links import PER_SOURCE, SHARED, check_link_split, parse_link_split, split_edges
 from neutronorch.errors import ConfigError
 from neutronorch.features.store import FeatureStore
@@ -83,6 +85,9 @@ def link_graph(graph: Graph, config: TrainConfig) -> Graph:
     # Stored negatives that are positives of their own set were counted in a note by the loader (OGB's
     # evaluators score them as given); everything else about the split must hold.
     check_link_split(graph.links, graph.num_nodes, graph.name, negatives_may_be_positive=True)
+    if graph.links.issues is None:  # a split given with the graph that no loader checked: leaks refused
+        notes = check_stored_links(graph.links, graph.indptr, graph.indices, graph.name)
+        graph = dataclasses.replace(graph, notes=[*graph.notes, *notes]) if notes else graph
     return graph
 
 
