@@ -233,7 +233,11 @@ def test_break_leaves_no_thread_and_close_ends_it(graph):
     ({"edges": "training"}, "name a set of the graph's link split"),
     ({"edges": torch.tensor([[0, 1], [2, 2000]])}, "vertex id 2000, out of range"),
     ({"edges": torch.tensor([[0, -1], [2, 3]])}, "out of range"),
-    ({"edges": torch.tensor([[0, 1], [2, 3], [4, 5]])}, "transpose"),
+    ({"edges": torch.zeros(3, 4, dtype=torch.int64)}, "expected shape \\(2, E\\).* not \\(3, 4\\)"),
+    ({"edges": torch.tensor([[0, 1], [2, 3]])}, "2 x 2 array is ambiguous.*layout=\"columns\""),
+    ({"edges": torch.tensor([[0, 1, 2], [3, 4, 5]]), "layout": "rows"}, "says a pair per row, but the shape is"),
+    ({"edges": np.array([[0, 1, 2], [3, 4, 2 ** 64 - 1]], dtype=np.uint64)}, "vertex id 18446744073709551615, out of"),
+    ({"negatives": 2001}, "`negatives` 2,001: more negative destinations per positive than the 2,000 vertices"),
     ({"edges": torch.tensor([0, 1, 2])}, "shape \\(2, E\\)"),
     ({"edges": torch.zeros(2, 0, dtype=torch.long)}, "empty"),
     ({"edges": torch.tensor([[0.0, 1.0], [2.0, 3.0]])}, "integers"),
@@ -248,6 +252,14 @@ def test_break_leaves_no_thread_and_close_ends_it(graph):
 def test_bad_arguments_get_clear_errors(graph, kwargs, message):
     with pytest.raises(ConfigError, match=message):
         LinkNeighborLoader(graph, [5, 5], 1000, **kwargs)
+
+
+def test_one_rule_for_arrays_of_pairs_edge_rows_and_a_said_layout_read_as_columns(plain):
+    columns = torch.tensor([[0, 1, 2], [3, 4, 5]])
+    for given, layout in ((columns, None), (columns.T, None), (columns.T.numpy().tolist(), None),
+                          (columns[:, :2], "columns"), (columns[:, :2].T, "rows")):
+        loader = LinkNeighborLoader(plain, [5], 64, edges=given, layout=layout)
+        assert torch.equal(loader.edges, columns[:, :loader.edges.shape[1]])
 
 
 def test_a_graph_without_links_needs_edges(plain):

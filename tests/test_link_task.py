@@ -274,6 +274,25 @@ def test_a_misplaced_split_or_mode_is_a_clear_error(graph):
         link_graph(graph, config(link_direction="undirected"))
 
 
+
+def test_negatives_and_a_hits_metric_that_the_graph_cannot_give_are_refused_naming_both_numbers(graph):
+    for name in ("eval_negatives", "negatives"):
+        with pytest.raises(ConfigError, match=f"`{name}` 2,001: more negative destinations per positive than the "
+                                              f"2,000 vertices they are drawn from; give at most 2,000"):
+            link_graph(graph, config(**{name: 2001}))
+    link_graph(graph, config(eval_negatives=2000, metric="hits@50"))
+    with pytest.raises(ConfigError, match=r"`metric` hits@50: `eval_negatives` draws 20 per positive, fewer than "
+                                          r"K = 50, so every positive would be a hit; choose hits@K with K at most "
+                                          r"20, mrr or rocauc, or `eval_negatives` 50 or more"):
+        link_graph(graph, config(eval_negatives=20, metric="hits@50"))
+    stored = dataclasses.replace(graph.links, val_neg=graph.links.val[:, :30], test_neg=graph.links.test[:, :40],
+                                 negatives="shared")
+    with pytest.raises(ConfigError, match=r"stored negatives number 30 \(validation\) and 40 \(test\) per "
+                                          r"positive, fewer than K = 50"):
+        link_graph(dataclasses.replace(graph, links=stored), config(metric="hits@50"))
+    link_graph(dataclasses.replace(graph, links=stored), config(metric="hits@30", eval_negatives=5000))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("planned", ["host", "device"])
 def test_neutronorch_lockstep_equals_exact_mode_on_a_link_task(graph, planned):

@@ -244,8 +244,9 @@ def _add_predict_options(pred: argparse.ArgumentParser, full: bool = False) -> N
     pred.add_argument("--nodes", default=None,
                       help="test, val, train, all, or a .npy file of vertex ids (default: test)")
     pred.add_argument("--pairs", metavar="FILE",
-                      help="score these vertex pairs with a link checkpoint (instead of --nodes): a .npy file "
-                           "of a (P, 2) or (2, P) integer array, or a text file of 'u v' or 'u,v' lines")
+                      help="score these vertex pairs with a link checkpoint (instead of --nodes): a text file "
+                           "of 'u v' or 'u,v' lines, or a .npy file of a (P, 2) or (2, P) integer array (2 x 2 is "
+                           "ambiguous and refused: give a text file)")
     pred.add_argument("--probabilities", action="store_true",
                       help="write class probabilities (one float32 row per vertex) instead of classes; with "
                            "--pairs, each pair's probability (the sigmoid of its logit)")

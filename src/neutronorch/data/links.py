@@ -122,6 +122,14 @@ def parse_link_split(spec: str) -> tuple[float, float]:
     return train, val
 
 
+def check_negatives_fit(name: str, count: int, num_nodes: int) -> None:
+    """``count`` negative destinations per positive, drawn over ``num_nodes`` vertices, must not outnumber them:
+    ``ConfigError`` naming the setting ``name`` and both numbers."""
+    if count > num_nodes:
+        raise ConfigError(f"`{name}` {count:,}: more negative destinations per positive than the {num_nodes:,} "
+                          f"vertices they are drawn from; give at most {num_nodes:,}.")
+
+
 def _check_fractions(train: float, val: float, what: str) -> None:
     if not (0 < train < 1 and 0 < val < 1 and train + val < 1):  # NaN fails every comparison
         raise ConfigError(f"{what}: the training and validation shares must each lie in (0, 1) and sum to "

@@ -32,7 +32,8 @@ from torch.nn import functional as F
 from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.data.link_checks import check_stored_links
-from neutronorch.data.links import PER_SOURCE, SHARED, check_link_split, parse_link_split, split_edges
+from neutronorch.data.links import (PER_SOURCE, SHARED, check_link_split, check_negatives_fit, parse_link_split,
+                                    split_edges)
 from neutronorch.errors import ConfigError
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.link import LinkModel
@@ -41,7 +42,7 @@ from neutronorch.orchestration.link_seeds import negative_generator
 from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.train.distributed import World
 from neutronorch.train.layerwise import LayerProgress, last_layer_rows
-from neutronorch.train.link_metrics import PerPositiveScores, SharedScores
+from neutronorch.train.link_metrics import PerPositiveScores, SharedScores, parse_link_metric
 from neutronorch.train.predict import scratch_folder
 
 __all__ = ["LinkTask", "evaluate_links", "link_graph", "rms_row_norm", "DEFAULT_LINK_SPLIT"]
@@ -69,7 +70,9 @@ def rms_row_norm(features, rows: int = 4096) -> float:
 def link_graph(graph: Graph, config: TrainConfig) -> Graph:
     """The graph a link task trains on: ``graph`` when it carries its own links (an OGB link dataset), else
     ``graph`` split by ``config.split`` (``edges:TRAIN,VAL``; default ``DEFAULT_LINK_SPLIT``) seeded by
-    ``config.seed``, its validation and test edges out of its topology. The split is checked first."""
+    ``config.seed``, its validation and test edges out of its topology. The split is checked (a stored one
+against its graph: ``check_stored_links``), and the run's negatives and metric against it
+(``check_link_settings``)."""
     if graph.links is None:
         spec = config.split or DEFAULT_LINK_SPLIT
         if not is_link_split(spec):
@@ -88,7 +91,30 @@ def link_graph(graph: Graph, config: TrainConfig) -> Graph:
     if graph.links.issues is None:  # a split given with the graph that no loader checked: leaks refused
         notes = check_stored_links(graph.links, graph.indptr, graph.indices, graph.name)
         graph = dataclasses.replace(graph, notes=[*graph.notes, *notes]) if notes else graph
+    check_link_settings(graph, config)
     return graph
+
+
+def check_link_settings(graph: Graph, config: TrainConfig) -> None:
+    """Refuse the negatives and the metric a link run cannot honour on ``graph``: more negative destinations per
+    positive than the vertices they are drawn from (``negatives``, and ``eval_negatives`` where the data stores
+    none), and Hits@K with fewer negatives per positive than K (every positive would be a hit)."""
+    links = graph.links
+    stored = links.negative_kind in (SHARED, PER_SOURCE)
+    check_negatives_fit("negatives", config.negatives, graph.num_nodes)
+    if not stored:
+        check_negatives_fit("eval_negatives", config.eval_negatives, graph.num_nodes)
+    metric = (links.metric or "mrr") if config.metric == "auto" else config.metric
+    name, k = parse_link_metric(metric)
+    counts = ({part: int(getattr(links, f"{part}_neg").shape[1]) for part in ("val", "test")} if stored
+              else {"val": config.eval_negatives, "test": config.eval_negatives})
+    fewest = min(counts.values())
+    if name == "hits" and fewest < k:
+        source = (f"{graph.name}'s stored negatives number {counts['val']:,} (validation) and {counts['test']:,} "
+                  f"(test) per positive" if stored else f"`eval_negatives` draws {fewest:,} per positive")
+        raise ConfigError(f"`metric` {metric}: {source}, fewer than K = {k}, so every positive would be a hit; "
+                          f"choose hits@K with K at most {fewest:,}, mrr or rocauc"
+                          + ("." if stored else f", or `eval_negatives` {k} or more."))
 
 
 @dataclass(frozen=True)
