@@ -57,7 +57,7 @@ def check_stored_links(split: LinkSplit, indptr, indices, source: str, graph_nam
         if again.size:
             issues[f"{name}_repeated"] = int(again.size)
             examples[f"{name}_repeated"] = (int(again[0] % num_nodes), int(again[0] // num_nodes))
-    split.issues = issues
+    split.issues, split.checked = issues, split.checked_for(indices)
     either = " (either direction)" if split.undirected else ""
     if leaks and not benchmark:
         said = "; ".join(_said(kind, count, examples, split, graph_name, either) for kind, count in leaks.items())

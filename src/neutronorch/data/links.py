@@ -74,6 +74,12 @@ class LinkSplit:
     metric: str | None = None
     direction: str = ""
     issues: dict | None = field(default=None, compare=False)
+    # What ``issues`` was counted for: the ids of the three sets and of the topology's indices (``checked_for``).
+    checked: tuple | None = field(default=None, compare=False, repr=False)
+
+    def checked_for(self, indices) -> tuple:
+        """The identity of this split's sets and of ``indices``: a set replaced since is checked again."""
+        return id(self.train), id(self.val), id(self.test), id(indices)
 
     @property
     def negative_kind(self) -> str | None:
@@ -190,6 +196,7 @@ def split_edges(graph: Graph, train: float, val: float, seed: int = 0, direction
     split = LinkSplit(train=_pairs(train_keys, num_nodes), val=_pairs(val_keys, num_nodes),
                       test=_pairs(test_keys, num_nodes), undirected=undirected, direction=f"{kind}: {why}",
                       issues={})  # nothing to find: no leak, self loop or repeat by construction
+    split.checked = split.checked_for(new_indices)
     logger.info(f"{graph.name}: links split as {kind}: {why}"
                 + ("; give `link_direction` directed to predict edges one way" if undirected and direction == "auto"
                    else ""))
