@@ -268,8 +268,11 @@ def test_a_misplaced_split_or_mode_is_a_clear_error(graph):
         config(metric="accuracy").validate()
     with pytest.raises(ConfigError, match="`negatives` 0"):
         config(negatives=0).validate()
-    with pytest.raises(ConfigError, match="`link_direction` directed: how a link task splits edges; give `task` link"):
-        config(task="node", link_direction="directed").validate()
+    with pytest.raises(ConfigError, match="`link_direction` directed: a link task's settings .* give `task` link"):
+        train(config(task="node", link_direction="directed"))
+    with pytest.raises(ConfigError, match="`link_head` mlp, `eval_negatives` 7: a link task's settings .*`task` is "
+                                          "node; give `task` link, or leave them out"):
+        train(config(task="node", link_head="mlp", eval_negatives=7))
     with pytest.raises(ConfigError, match="`link_direction` undirected: .* carries its own link split"):
         link_graph(graph, config(link_direction="undirected"))
 
@@ -290,7 +293,10 @@ def test_negatives_and_a_hits_metric_that_the_graph_cannot_give_are_refused_nami
     with pytest.raises(ConfigError, match=r"stored negatives number 30 \(validation\) and 40 \(test\) per "
                                           r"positive, fewer than K = 50"):
         link_graph(dataclasses.replace(graph, links=stored), config(metric="hits@50"))
-    link_graph(dataclasses.replace(graph, links=stored), config(metric="hits@30", eval_negatives=5000))
+    link_graph(dataclasses.replace(graph, links=stored), config(metric="hits@30"))
+    with pytest.raises(ConfigError, match=r"`eval_negatives` 50: .* stores its own evaluation negatives \(shared\), "
+                                          r"which are scored instead; leave `eval_negatives` out"):
+        link_graph(dataclasses.replace(graph, links=stored), config(eval_negatives=50))
 
 
 @pytest.mark.slow

@@ -290,7 +290,8 @@ def test_a_split_given_with_its_graph_that_leaks_is_refused_with_the_counts_and_
     config = TrainConfig(task="link")
     leaky = dataclasses.replace(links, test=np.concatenate([links.train[:, :4], links.test], axis=1))  # checked again
     with pytest.raises(DataError, match=r"the link split leaks: 4 test edges .* are in the graph's edges .*; 4 "
-                                         r"test edges \(first \d+ -> \d+\) are training positives too \(either direction\) \(of \d+\)"):
+                                         r"test edges \(first \d+ -> \d+\) are training positives too \(either "
+                                         r"direction\) \(of \d+\)"):
         link_graph(dataclasses.replace(split, links=leaky), config)
     reverse = links.val[::-1, :1]  # a held-out pair's reverse direction back in message passing
     passing = Graph.from_arrays(*np.concatenate([np.stack(_edge_list(split)), reverse], axis=1), split.features,

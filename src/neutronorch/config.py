@@ -153,9 +153,6 @@ class TrainConfig:
             (self.link_head in LINK_HEADS, f"`link_head` {self.link_head!r}: choose one of {', '.join(LINK_HEADS)}."),
             (self.link_direction in LINK_DIRECTIONS,
              f"`link_direction` {self.link_direction!r}: choose one of {', '.join(LINK_DIRECTIONS)}."),
-            (self.task == "link" or self.link_direction == "auto",
-             f"`link_direction` {self.link_direction}: how a link task splits edges; give `task` link, or leave "
-             f"it out."),
             (self.negatives >= 1, f"`negatives` {self.negatives}: must be at least 1 per positive."),
             (self.eval_negatives >= 1, f"`eval_negatives` {self.eval_negatives}: must be at least 1 per positive."),
             (self.split_index >= 0, f"`split_index` {self.split_index}: must be 0 or more."),

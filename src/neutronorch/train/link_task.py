@@ -30,6 +30,7 @@ import torch
 from torch.nn import functional as F
 
 from neutronorch.config import TrainConfig
+from neutronorch.config_parts import LinkConfig, settings_of
 from neutronorch.data.graph import Graph
 from neutronorch.data.link_checks import check_stored_links
 from neutronorch.data.links import (PER_SOURCE, SHARED, check_link_split, check_negatives_fit, parse_link_split,
@@ -95,15 +96,32 @@ against its graph: ``check_stored_links``), and the run's negatives and metric a
     return graph
 
 
+def check_node_task(graph: Graph, config: TrainConfig) -> None:
+    """A node task's run refuses what only a link task uses: a link split (the graph's or ``config.split``)
+    and link settings given other values than their defaults (ignoring them would hide a mistaken task)."""
+    if graph.links is not None or is_link_split(config.split):
+        raise ConfigError(f"{graph.name if graph.links is not None else config.split}: a link split, for link "
+                          f"prediction; give `task` link (or a node split such as ratio:0.6,0.2 for a node task).")
+    given = [f"`{f.name}` {getattr(config, f.name)}" for f in settings_of(LinkConfig)
+             if getattr(config, f.name) != f.default]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: a link task's settings (how it scores pairs, draws negatives and "
+                          f"splits edges), and `task` is {config.task}; give `task` link, or leave them out.")
+
+
 def check_link_settings(graph: Graph, config: TrainConfig) -> None:
     """Refuse the negatives and the metric a link run cannot honour on ``graph``: more negative destinations per
     positive than the vertices they are drawn from (``negatives``, and ``eval_negatives`` where the data stores
-    none), and Hits@K with fewer negatives per positive than K (every positive would be a hit)."""
+    none; where it stores some, ``eval_negatives`` given at all), and Hits@K with fewer negatives per positive
+    than K (every positive would be a hit)."""
     links = graph.links
     stored = links.negative_kind in (SHARED, PER_SOURCE)
     check_negatives_fit("negatives", config.negatives, graph.num_nodes)
     if not stored:
         check_negatives_fit("eval_negatives", config.eval_negatives, graph.num_nodes)
+    elif config.eval_negatives != LinkConfig.eval_negatives:  # stored ones are scored: it would be ignored
+        raise ConfigError(f"`eval_negatives` {config.eval_negatives}: {graph.name} stores its own evaluation "
+                          f"negatives ({links.negative_kind}), which are scored instead; leave `eval_negatives` out.")
     metric = (links.metric or "mrr") if config.metric == "auto" else config.metric
     name, k = parse_link_metric(metric)
     counts = ({part: int(getattr(links, f"{part}_neg").shape[1]) for part in ("val", "test")} if stored
