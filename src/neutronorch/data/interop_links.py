@@ -197,7 +197,7 @@ def _direction(split: LinkSplit, indptr: np.ndarray, indices: np.ndarray) -> tup
     ``is_undirected=False``, keeps most of their reverses; a few one-way edges do not make a split directed)."""
     num_nodes = indptr.shape[0] - 1
     keys = _link_keys(indptr, indices, False)
-    share = reciprocity(keys, num_nodes)
+    share = reciprocity(indptr, indices)
     held_out = np.concatenate([split.val, split.test], axis=1)
     kept = float(member_mask(held_out[0] * num_nodes + held_out[1], keys).mean())
     undirected = share >= UNDIRECTED_SHARE and kept < UNDIRECTED_SHARE
