@@ -238,6 +238,8 @@ def test_break_leaves_no_thread_and_close_ends_it(graph):
     ({"edges": torch.tensor([[0, 1, 2], [3, 4, 5]]), "layout": "rows"}, "says a pair per row, but the shape is"),
     ({"edges": np.array([[0, 1, 2], [3, 4, 2 ** 64 - 1]], dtype=np.uint64)}, "vertex id 18446744073709551615, out of"),
     ({"negatives": 2001}, "`negatives` 2,001: more negative destinations per positive than the 2,000 vertices"),
+    ({"edges": "val", "layout": "rows"}, "`layout` rows: says how an array of edges holds them"),
+    ({"edges": torch.tensor([[0, 1, 2], [3, 4, 5]]), "layout": "diagonal"}, "`layout` 'diagonal': give"),
     ({"edges": torch.tensor([0, 1, 2])}, "shape \\(2, E\\)"),
     ({"edges": torch.zeros(2, 0, dtype=torch.long)}, "empty"),
     ({"edges": torch.tensor([[0.0, 1.0], [2.0, 3.0]])}, "integers"),

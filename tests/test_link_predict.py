@@ -91,6 +91,8 @@ def test_every_form_of_the_pairs_gives_the_same_scores(graph, tmp_path):
         score_pairs(checkpoint, graph, tmp_path / "square.npy")
     (tmp_path / "two.txt").write_text("\n".join(f"{u} {v}" for u, v in PAIRS[:2]))
     np.testing.assert_array_equal(score_pairs(checkpoint, graph, tmp_path / "two.txt"), expected[:2])
+    with pytest.raises(ConfigError, match="a text file holds a pair per line, so `layout` columns cannot apply"):
+        score_pairs(checkpoint, graph, tmp_path / "two.txt", layout="columns")
 
 
 def test_a_bad_id_in_a_pairs_file_names_the_file_and_its_line_and_shows_huge_ids_as_they_are(graph, tmp_path):

@@ -249,6 +249,8 @@ def test_a_link_run_resumes_exactly_and_its_checkpoint_embeds(tmp_path):
     resumed = train(config(epochs=2, checkpoint_dir=str(tmp_path), resume=True))
     assert resumed["epochs"][-1]["train_loss"] == straight["epochs"][-1]["train_loss"]
     assert resumed["final_test_mrr"] == straight["final_test_mrr"]
+    assert straight["link"]["direction"].startswith("undirected: 100.0% of the edges have their reverse")
+    assert straight["link"]["issues"] == {}
     checkpoint = load_checkpoint(tmp_path / "last.pt")
     assert isinstance(checkpoint.model, LinkModel) and checkpoint.model.arguments["link_head"] == "dot"
 
@@ -360,6 +362,8 @@ def test_an_ogb_link_dataset_trains_with_its_own_split_negatives_and_metric(tmp_
     assert "links 700/40/40 undirected" in json.loads(capsys.readouterr().out)["links"]
     summary = train(config(dataset=str(tmp_path / "ogbl_collab"), batch_size=64))
     assert summary["metric"] == "hits@50" and summary["link"]["negatives"] == "shared"
+    assert summary["link"]["direction"] == "undirected: OGB's own split"
+    assert summary["link"]["issues"]["train_repeated"] >= 1  # make_collab_like repeats a collaboration
     assert summary["final_test_hits_50"] == summary["link"]["final"]["test_hits_50"]
     make_citation2_like(tmp_path / "ogbl_citation2", negatives=20)
     summary = train(config(dataset=str(tmp_path / "ogbl_citation2"), batch_size=64, link_head="mlp"))

@@ -93,6 +93,9 @@ def resolve_edges(graph: Graph, edges, layout: str | None = None) -> np.ndarray:
     edges are kept (each is a positive of its own, as PyG keeps them)."""
     n = graph.num_nodes
     if isinstance(edges, str):
+        if layout is not None:
+            raise ConfigError(f"`layout` {layout}: says how an array of edges holds them, and `edges` {edges!r} "
+                              f"names a set of the link split (a (2, E) array); leave `layout` out.")
         if edges not in LINK_SETS:
             raise ConfigError(f"`edges` {edges!r}: name a set of the graph's link split ({', '.join(LINK_SETS)}) "
                               f"or give the supervision edges as a (2, E) tensor, array or list.")

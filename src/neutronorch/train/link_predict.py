@@ -57,6 +57,9 @@ def read_pairs(pairs: Pairs, num_nodes: int | None = None, layout: str | None = 
     if array.dtype.kind not in "iu":
         raise ConfigError(f"{what}: expected integer vertex ids, got {array.dtype}; give the ids as integers "
                           f"(an int32 or int64 array).")
+    if text and layout == "columns":
+        raise ConfigError(f"{what}: a text file holds a pair per line, so `layout` columns cannot apply; leave "
+                          f"`layout` out for a text file.")
     array = pair_columns(array, what, "rows" if text else layout)  # a text file's lines are pairs
     # Without the vertex count, ids int64 cannot hold are still out of range of any graph (never wrapped).
     _check_range(array, _INT64_LIMIT if num_nodes is None else num_nodes, what, named)
