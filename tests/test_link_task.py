@@ -270,7 +270,7 @@ def test_a_misplaced_split_or_mode_is_a_clear_error(graph):
         config(metric="accuracy").validate()
     with pytest.raises(ConfigError, match="`negatives` 0"):
         config(negatives=0).validate()
-    with pytest.raises(ConfigError, match="`link_direction` directed: a link task's settings .* give `task` link"):
+    with pytest.raises(ConfigError, match="`link_direction` directed: a link task's setting .* give `task` link, or leave it out"):
         train(config(task="node", link_direction="directed"))
     with pytest.raises(ConfigError, match="`link_head` mlp, `eval_negatives` 7: a link task's settings .*`task` is "
                                           "node; give `task` link, or leave them out"):

@@ -105,8 +105,9 @@ def check_node_task(graph: Graph, config: TrainConfig) -> None:
     given = [f"`{f.name}` {getattr(config, f.name)}" for f in settings_of(LinkConfig)
              if getattr(config, f.name) != f.default]
     if given:
-        raise ConfigError(f"{', '.join(given)}: a link task's settings (how it scores pairs, draws negatives and "
-                          f"splits edges), and `task` is {config.task}; give `task` link, or leave them out.")
+        which, them = ("a link task's setting", "it") if len(given) == 1 else ("a link task's settings", "them")
+        raise ConfigError(f"{', '.join(given)}: {which} (how it scores pairs, draws negatives and splits edges), "
+                          f"and `task` is {config.task}; give `task` link, or leave {them} out.")
 
 
 def check_link_settings(graph: Graph, config: TrainConfig) -> None:
