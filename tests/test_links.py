@@ -303,3 +303,38 @@ def test_a_split_given_with_its_graph_that_leaks_is_refused_with_the_counts_and_
         out = link_graph(dataclasses.replace(split, links=odd), config)
     assert out.links.issues == {"val_self_loops": 1, "val_repeated": 1}
     assert "1 val edges (first 5 -> 5) are self loops" in caplog.text and "(kept)" in out.notes[-1]
+
+
+def _pyg_like_stages(graph, links):
+    """Three objects laid out as RandomLinkSplit's Data (duck-typed: PyG itself is not needed)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    edge_index = torch.from_numpy(np.stack(_edge_list(graph)))
+    x = torch.from_numpy(np.asarray(graph.features))
+
+    def stage(positives):
+        negatives = RNG.integers(0, graph.num_nodes, positives.shape)
+        return SimpleNamespace(x=x, num_nodes=graph.num_nodes, edge_index=edge_index,
+                               edge_label_index=torch.from_numpy(np.concatenate([positives, negatives], 1)),
+                               edge_label=torch.cat([torch.ones(positives.shape[1]), torch.zeros(positives.shape[1])]))
+    return stage(links.train), stage(links.val), stage(links.test)
+
+
+def test_a_pyg_split_is_undirected_by_measure_and_one_stray_edge_is_a_leak_not_a_directed_split():
+    from neutronorch import from_pyg_link
+
+    base = _graph()
+    undirected = split_edges(base, 0.7, 0.1, seed=4)
+    read = from_pyg_link(*_pyg_like_stages(undirected, undirected.links))
+    assert read.links.undirected and read.links.direction.startswith("undirected: 100.0% of train_data.edge_index")
+    directed = split_edges(base, 0.7, 0.1, seed=4, direction="directed")  # RandomLinkSplit(is_undirected=False)
+    read = from_pyg_link(*_pyg_like_stages(directed, directed.links))
+    assert not read.links.undirected and "of the validation and test positives' reverses are in it" in read.notes[0]
+    val = undirected.links.val
+    stray = Graph.from_arrays(*np.concatenate([np.stack(_edge_list(undirected)), val[::-1, :1]], axis=1),
+                              undirected.features, undirected.labels, undirected=False)  # one reverse back in
+    with pytest.raises(DataError, match=r"the link split leaks: 1 val edges \(first \d+ -> \d+\) are in "
+                                         r"train_data.edge_index \(either direction\)"):
+        from_pyg_link(*_pyg_like_stages(stray, undirected.links))

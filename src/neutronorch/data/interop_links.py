@@ -74,9 +74,9 @@ def from_pyg_link(train_data, val_data, test_data, name: str = "pyg") -> Graph:
     del edge_index
     split.undirected, split.direction = _direction(split, indptr, indices)
     checked = check_stored_links(split, indptr, indices, name, "train_data.edge_index")
-    notes = [f"PyG link split: {_count(split.train)}/{_count(split.val)}/{_count(split.test)} "
-             f"{'undirected' if split.undirected else 'directed'} links"
-             + (f", {_count(negatives['train'])} training negatives dropped (drawn per batch instead)"
+    notes = [f"PyG link split: {_count(split.train)}/{_count(split.val)}/{_count(split.test)} links, "
+             f"{split.direction}"
+             + (f"; {_count(negatives['train'])} training negatives dropped (drawn per batch instead)"
                 if negatives["train"].shape[1] else "")] + checked
     for part in ("val", "test") if shared else ():
         clashes = count_positive_negatives(split, part, num_nodes)
