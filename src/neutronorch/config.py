@@ -92,6 +92,12 @@ class TrainConfig:
         """The settings a resumed run may change (declared with ``may_change``)."""
         return frozenset(f.name for f in _settings() if f.metadata.get("resume") == "may change")
 
+    def link_settings_given(self) -> list[str]:
+        """The link task's settings (``LinkConfig``) given other values than their defaults, as `name` value:
+        what a node task would ignore, and refuses (``check_node_task``, ``check_typed_config``)."""
+        return [f"`{f.name}` {getattr(self, f.name)}" for f in settings_of(LinkConfig)
+                if getattr(self, f.name) != f.default]
+
     def validate(self) -> "TrainConfig":
         """Normalise and check every field; raise ``ConfigError`` saying how to fix the first problem."""
         for part, kind in PARTS.items():

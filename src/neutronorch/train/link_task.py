@@ -30,7 +30,7 @@ import torch
 from torch.nn import functional as F
 
 from neutronorch.config import TrainConfig
-from neutronorch.config_parts import LinkConfig, settings_of
+from neutronorch.config_parts import LinkConfig
 from neutronorch.data.graph import Graph
 from neutronorch.data.link_checks import check_stored_links
 from neutronorch.data.links import (PER_SOURCE, SHARED, check_link_split, check_negatives_fit, parse_link_split,
@@ -72,8 +72,8 @@ def link_graph(graph: Graph, config: TrainConfig) -> Graph:
     """The graph a link task trains on: ``graph`` when it carries its own links (an OGB link dataset), else
     ``graph`` split by ``config.split`` (``edges:TRAIN,VAL``; default ``DEFAULT_LINK_SPLIT``) seeded by
     ``config.seed``, its validation and test edges out of its topology. The split is checked (a stored one
-against its graph: ``check_stored_links``), and the run's negatives and metric against it
-(``check_link_settings``)."""
+    against its graph: ``check_stored_links``), and the run's negatives and metric against it
+    (``check_link_settings``)."""
     if graph.links is None:
         spec = config.split or DEFAULT_LINK_SPLIT
         if not is_link_split(spec):
@@ -102,8 +102,7 @@ def check_node_task(graph: Graph, config: TrainConfig) -> None:
     if graph.links is not None or is_link_split(config.split):
         raise ConfigError(f"{graph.name if graph.links is not None else config.split}: a link split, for link "
                           f"prediction; give `task` link (or a node split such as ratio:0.6,0.2 for a node task).")
-    given = [f"`{f.name}` {getattr(config, f.name)}" for f in settings_of(LinkConfig)
-             if getattr(config, f.name) != f.default]
+    given = config.link_settings_given()
     if given:
         which, them = ("a link task's setting", "it") if len(given) == 1 else ("a link task's settings", "them")
         raise ConfigError(f"{', '.join(given)}: {which} (how it scores pairs, draws negatives and splits edges), "
