@@ -293,6 +293,8 @@ def test_a_split_given_with_its_graph_that_leaks_is_refused_with_the_counts_and_
                                          r"test edges \(first \d+ -> \d+\) are training positives too \(either "
                                          r"direction\) \(of \d+\)"):
         link_graph(dataclasses.replace(split, links=leaky), config)
+    with pytest.raises(DataError, match="the link split leaks"):  # refused again: a refusal marks nothing checked
+        link_graph(dataclasses.replace(split, links=leaky), config)
     reverse = links.val[::-1, :1]  # a held-out pair's reverse direction back in message passing
     passing = Graph.from_arrays(*np.concatenate([np.stack(_edge_list(split)), reverse], axis=1), split.features,
                                 split.labels, undirected=False)
