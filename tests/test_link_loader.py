@@ -264,6 +264,17 @@ def test_one_rule_for_arrays_of_pairs_edge_rows_and_a_said_layout_read_as_column
         assert torch.equal(loader.edges, columns[:, :loader.edges.shape[1]])
 
 
+def test_a_split_given_with_the_graph_that_leaks_is_refused_as_train_refuses_it(graph):
+    import dataclasses
+
+    from neutronorch.errors import DataError
+
+    links = graph.links
+    leaky = dataclasses.replace(links, test=np.concatenate([links.test, links.train[:, :2]], axis=1))
+    with pytest.raises(DataError, match=r"the link split leaks: 2 test edges .* are in the graph's edges"):
+        LinkNeighborLoader(dataclasses.replace(graph, links=leaky), [5], 64)
+
+
 def test_a_graph_without_links_needs_edges(plain):
     with pytest.raises(ConfigError, match="carries no link split.*link_graph.*\\(2, E\\) tensor"):
         LinkNeighborLoader(plain, [5], 64)

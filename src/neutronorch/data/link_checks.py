@@ -22,7 +22,7 @@ import numpy as np
 from neutronorch.data.links import LinkSplit, _link_keys, member_mask
 from neutronorch.errors import DataError
 
-__all__ = ["check_stored_links"]
+__all__ = ["check_stored_links", "check_graph_links"]
 
 logger = logging.getLogger("neutronorch")
 HELD_OUT = ("val", "test")
@@ -70,6 +70,16 @@ def check_stored_links(split: LinkSplit, indptr, indices, source: str, graph_nam
                                                else " (kept)"))
         notes.append(f"link split check: {text}" + (" (leak, kept: the benchmark's own)" if leak else " (kept)"))
     return notes
+
+
+def check_graph_links(graph) -> list[str]:
+    """``check_stored_links`` of a ``Graph``'s own split against its topology, unless that split was checked
+    against it already (by its loader, ``split_edges`` or an earlier call) and has not changed since: a split
+    given with the graph, or edited (``dataclasses.replace``), is checked, leaks refused. The notes to add."""
+    links = graph.links
+    if links is None or links.checked == links.checked_for(graph.indices):
+        return []
+    return check_stored_links(links, graph.indptr, graph.indices, graph.name)
 
 
 def _keys(pairs: np.ndarray, num_nodes: int, undirected: bool) -> np.ndarray:

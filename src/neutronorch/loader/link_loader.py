@@ -17,6 +17,7 @@ import dataclasses
 import numpy as np
 import torch
 
+from neutronorch.data.link_checks import check_graph_links
 from neutronorch.data.links import LinkSplit, check_negatives_fit
 from neutronorch.loader.arguments import check_negatives, resolve_edges
 from neutronorch.loader.base import EpochLoader
@@ -56,6 +57,7 @@ class LinkNeighborLoader(EpochLoader):
         super().__init__(graph, fanouts, batch_size, **settings)
 
     def _resolve(self):
+        check_graph_links(self.graph)  # a split given with the graph is checked as train() checks it
         edges = resolve_edges(self.graph, self._edges_given, self._layout)
         check_negatives_fit("negatives", self.negatives, self.graph.num_nodes)
         self.edges = torch.from_numpy(edges)

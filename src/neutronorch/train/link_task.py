@@ -32,7 +32,7 @@ from torch.nn import functional as F
 from neutronorch.config import TrainConfig
 from neutronorch.config_parts import LinkConfig
 from neutronorch.data.graph import Graph
-from neutronorch.data.link_checks import check_stored_links
+from neutronorch.data.link_checks import check_graph_links
 from neutronorch.data.links import (PER_SOURCE, SHARED, check_link_split, check_negatives_fit, parse_link_split,
                                     split_edges)
 from neutronorch.errors import ConfigError
@@ -89,9 +89,8 @@ def link_graph(graph: Graph, config: TrainConfig) -> Graph:
     # Stored negatives that are positives of their own set were counted in a note by the loader (OGB's
     # evaluators score them as given); everything else about the split must hold.
     check_link_split(graph.links, graph.num_nodes, graph.name, negatives_may_be_positive=True)
-    if graph.links.checked != graph.links.checked_for(graph.indices):  # given or changed since it was checked
-        notes = check_stored_links(graph.links, graph.indptr, graph.indices, graph.name)
-        graph = dataclasses.replace(graph, notes=[*graph.notes, *notes]) if notes else graph
+    notes = check_graph_links(graph)  # a split given with the graph, or changed since it was checked
+    graph = dataclasses.replace(graph, notes=[*graph.notes, *notes]) if notes else graph
     check_link_settings(graph, config)
     return graph
 
