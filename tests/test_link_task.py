@@ -296,6 +296,9 @@ def test_negatives_and_a_hits_metric_that_the_graph_cannot_give_are_refused_nami
                                           r"positive, fewer than K = 50"):
         link_graph(dataclasses.replace(graph, links=stored), config(metric="hits@50"))
     link_graph(dataclasses.replace(graph, links=stored), config(metric="hits@30"))
+    with pytest.raises(ConfigError, match="`eval_fanouts` 5,5, `eval_max_nodes` 100: a link task evaluates every "
+                                          "vertex .* they would be ignored; leave them out"):
+        link_graph(graph, config(eval_fanouts=[5, 5], eval_max_nodes=100))
     with pytest.raises(ConfigError, match=r"`eval_negatives` 50: .* stores its own evaluation negatives \(shared\), "
                                           r"which are scored instead; leave `eval_negatives` out"):
         link_graph(dataclasses.replace(graph, links=stored), config(eval_negatives=50))

@@ -109,11 +109,18 @@ def check_node_task(graph: Graph, config: TrainConfig) -> None:
 
 
 def check_link_settings(graph: Graph, config: TrainConfig) -> None:
-    """Refuse the negatives and the metric a link run cannot honour on ``graph``: more negative destinations per
+    """Refuse the settings a link run cannot honour on ``graph``: evaluation fanouts or a cap on the evaluated
+    vertices (its evaluation is exact, over every named vertex), more negative destinations per
     positive than the vertices they are drawn from (``negatives``, and ``eval_negatives`` where the data stores
     none; where it stores some, ``eval_negatives`` given at all), and Hits@K with fewer negatives per positive
     than K (every positive would be a hit)."""
     links = graph.links
+    ignored = ([f"`eval_fanouts` {','.join(map(str, config.eval_fanouts))}"] if config.eval_fanouts is not None
+               else []) + ([f"`eval_max_nodes` {config.eval_max_nodes}"] if config.eval_max_nodes else [])
+    if ignored:
+        raise ConfigError(f"{', '.join(ignored)}: a link task evaluates every vertex its validation and test pairs "
+                          f"name, over complete neighbourhoods, so {'it' if len(ignored) == 1 else 'they'} would be "
+                          f"ignored; leave {'it' if len(ignored) == 1 else 'them'} out.")
     stored = links.negative_kind in (SHARED, PER_SOURCE)
     check_negatives_fit("negatives", config.negatives, graph.num_nodes)
     if not stored:
