@@ -273,6 +273,9 @@ def test_a_split_given_with_the_graph_that_leaks_is_refused_as_train_refuses_it(
     leaky = dataclasses.replace(links, test=np.concatenate([links.test, links.train[:, :2]], axis=1))
     with pytest.raises(DataError, match=r"the link split leaks: 2 test edges .* are in the graph's edges"):
         LinkNeighborLoader(dataclasses.replace(graph, links=leaky), [5], 64)
+    transposed = dataclasses.replace(links, val=links.val.T.copy())
+    with pytest.raises(DataError, match=r"val has shape \(\d+, 2\), expected \(2, E\).*Transpose"):
+        LinkNeighborLoader(dataclasses.replace(graph, links=transposed), [5], 64)
 
 
 def test_a_graph_without_links_needs_edges(plain):

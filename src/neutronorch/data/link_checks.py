@@ -19,7 +19,7 @@ import logging
 
 import numpy as np
 
-from neutronorch.data.links import LinkSplit, _link_keys, member_mask
+from neutronorch.data.links import LinkSplit, _link_keys, check_link_split, member_mask
 from neutronorch.errors import DataError
 
 __all__ = ["check_stored_links", "check_graph_links"]
@@ -79,6 +79,7 @@ def check_graph_links(graph) -> list[str]:
     links = graph.links
     if links is None or links.checked == links.checked_for(graph.indices):
         return []
+    check_link_split(links, graph.num_nodes, graph.name, negatives_may_be_positive=True)  # shapes, ids in range
     return check_stored_links(links, graph.indptr, graph.indices, graph.name)
 
 
