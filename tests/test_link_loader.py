@@ -233,7 +233,13 @@ def test_break_leaves_no_thread_and_close_ends_it(graph):
     ({"edges": "training"}, "name a set of the graph's link split"),
     ({"edges": torch.tensor([[0, 1], [2, 2000]])}, "vertex id 2000, out of range"),
     ({"edges": torch.tensor([[0, -1], [2, 3]])}, "out of range"),
-    ({"edges": torch.tensor([[0, 1], [2, 3], [4, 5]])}, "transpose"),
+    ({"edges": torch.zeros(3, 4, dtype=torch.int64)}, "expected shape \\(2, E\\).* not \\(3, 4\\)"),
+    ({"edges": torch.tensor([[0, 1], [2, 3]])}, "2 x 2 array is ambiguous.*layout=\"columns\""),
+    ({"edges": torch.tensor([[0, 1, 2], [3, 4, 5]]), "layout": "rows"}, "says a pair per row, but the shape is"),
+    ({"edges": np.array([[0, 1, 2], [3, 4, 2 ** 64 - 1]], dtype=np.uint64)}, "vertex id 18446744073709551615, out of"),
+    ({"negatives": 2001}, "`negatives` 2,001: more negative destinations per positive than the 2,000 vertices"),
+    ({"edges": "val", "layout": "rows"}, "`layout` rows: says how an array of edges holds them"),
+    ({"edges": torch.tensor([[0, 1, 2], [3, 4, 5]]), "layout": "diagonal"}, "`layout` 'diagonal': give"),
     ({"edges": torch.tensor([0, 1, 2])}, "shape \\(2, E\\)"),
     ({"edges": torch.zeros(2, 0, dtype=torch.long)}, "empty"),
     ({"edges": torch.tensor([[0.0, 1.0], [2.0, 3.0]])}, "integers"),
@@ -248,6 +254,28 @@ def test_break_leaves_no_thread_and_close_ends_it(graph):
 def test_bad_arguments_get_clear_errors(graph, kwargs, message):
     with pytest.raises(ConfigError, match=message):
         LinkNeighborLoader(graph, [5, 5], 1000, **kwargs)
+
+
+def test_one_rule_for_arrays_of_pairs_edge_rows_and_a_said_layout_read_as_columns(plain):
+    columns = torch.tensor([[0, 1, 2], [3, 4, 5]])
+    for given, layout in ((columns, None), (columns.T, None), (columns.T.numpy().tolist(), None),
+                          (columns[:, :2], "columns"), (columns[:, :2].T, "rows")):
+        loader = LinkNeighborLoader(plain, [5], 64, edges=given, layout=layout)
+        assert torch.equal(loader.edges, columns[:, :loader.edges.shape[1]])
+
+
+def test_a_split_given_with_the_graph_that_leaks_is_refused_as_train_refuses_it(graph):
+    import dataclasses
+
+    from neutronorch.errors import DataError
+
+    links = graph.links
+    leaky = dataclasses.replace(links, test=np.concatenate([links.test, links.train[:, :2]], axis=1))
+    with pytest.raises(DataError, match=r"the link split leaks: 2 test edges .* are in the graph's edges"):
+        LinkNeighborLoader(dataclasses.replace(graph, links=leaky), [5], 64)
+    transposed = dataclasses.replace(links, val=links.val.T.copy())
+    with pytest.raises(DataError, match=r"val has shape \(\d+, 2\), expected \(2, E\).*Transpose"):
+        LinkNeighborLoader(dataclasses.replace(graph, links=transposed), [5], 64)
 
 
 def test_a_graph_without_links_needs_edges(plain):

@@ -2,6 +2,8 @@
 (score_pairs, predict --pairs), the pair forms read alike, the output rules of predict, and the errors of
 malformed pairs or a checkpoint of the other task."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -79,8 +81,48 @@ def test_every_form_of_the_pairs_gives_the_same_scores(graph, tmp_path):
              str(tmp_path / "spaces.txt"), tmp_path / "commas.csv", tmp_path / "rows.npy", tmp_path / "columns.npy"]
     for form in forms:
         np.testing.assert_array_equal(score_pairs(checkpoint, graph, form), expected)
-    # 2 x 2 is read as two (u, v) rows
-    np.testing.assert_array_equal(read_pairs([[1, 2], [3, 4]]), [[1, 3], [2, 4]])
+    # One rule (data/pairs.py): 2 x 2 is ambiguous unless `layout` says which; a text file's lines are pairs.
+    with pytest.raises(ConfigError, match=r"`pairs` \(given in memory\): a 2 x 2 array is ambiguous.*layout="):
+        read_pairs([[1, 2], [3, 4]])
+    np.testing.assert_array_equal(read_pairs([[1, 2], [3, 4]], layout="rows"), [[1, 3], [2, 4]])
+    np.testing.assert_array_equal(read_pairs([[1, 2], [3, 4]], layout="columns"), [[1, 2], [3, 4]])
+    np.testing.assert_array_equal(score_pairs(checkpoint, graph, PAIRS[:2].T, layout="columns"), expected[:2])
+    np.save(tmp_path / "square.npy", PAIRS[:2])
+    with pytest.raises(ConfigError, match=r"square.npy: a 2 x 2 array is ambiguous.*a text file of 'u v' lines"):
+        score_pairs(checkpoint, graph, tmp_path / "square.npy")
+    (tmp_path / "two.txt").write_text("\n".join(f"{u} {v}" for u, v in PAIRS[:2]))
+    np.testing.assert_array_equal(score_pairs(checkpoint, graph, tmp_path / "two.txt"), expected[:2])
+    with pytest.raises(ConfigError, match="a text file holds a pair per line, so `layout` columns cannot apply"):
+        score_pairs(checkpoint, graph, tmp_path / "two.txt", layout="columns")
+
+
+def test_a_bad_id_in_a_pairs_file_names_the_file_and_its_line_and_shows_huge_ids_as_they_are(graph, tmp_path):
+    checkpoint = _link_checkpoint(graph)
+    path = tmp_path / "pairs.txt"
+    path.write_text("# u v\n0 1\n\n2 700\n3 4\n")
+    message = rf"`pairs` {path}: 1 vertex id out of range 0\.\.699 .*in line 4 \(2, 700\)\. Give ids"
+    with pytest.raises(ConfigError, match=message):
+        score_pairs(checkpoint, graph, path)
+    # What the command line does: the file read first, its pairs scored once the data has loaded.
+    with pytest.raises(ConfigError, match=message):
+        score_pairs(checkpoint, graph, read_pairs(path), layout="columns", source=str(path))
+    huge = tmp_path / "huge.npy"
+    np.save(huge, np.array([[0, 1], [2, 3], [2**64 - 1, 5]], dtype=np.uint64))
+    with pytest.raises(ConfigError, match=rf"`pairs` {huge}: 1 vertex id out of range of int64 .*pair 2 "
+                                          r"\(18446744073709551615, 5\)"):
+        read_pairs(huge)
+    with pytest.raises(ConfigError, match=r"`nodes` \(vertex ids given in memory\): 1 vertex id out of range, the "
+                                          r"first 18446744073709551615 \(entry 1\)"):
+        predict(_node_checkpoint(graph), graph, np.array([3, 2**64 - 1], dtype=np.uint64))
+
+
+def test_a_link_checkpoint_embeds_and_scores_a_graph_of_other_classes_or_none(graph):
+    checkpoint = _link_checkpoint(graph)
+    link_only = dataclasses.replace(graph, num_classes=0, labels=np.full(graph.num_nodes, -1, np.int64))
+    np.testing.assert_array_equal(embed(checkpoint, link_only, 2), embed(checkpoint, graph, 2))
+    np.testing.assert_array_equal(score_pairs(checkpoint, link_only, PAIRS), score_pairs(checkpoint, graph, PAIRS))
+    with pytest.raises(ConfigError, match="this checkpoint scores pairs: give --pairs"):
+        predict(checkpoint, link_only, "all")
 
 
 def test_scores_are_written_atomically_and_never_over_an_input_or_silently(graph, tmp_path):
@@ -91,7 +133,7 @@ def test_scores_are_written_atomically_and_never_over_an_input_or_silently(graph
     np.testing.assert_array_equal(np.load(out), score_pairs(checkpoint, graph, PAIRS))
     with pytest.raises(ConfigError, match="already exists"):
         score_pairs(checkpoint, graph, PAIRS, out=out)
-    score_pairs(checkpoint, graph, PAIRS[:2], out=out, overwrite=True)
+    score_pairs(checkpoint, graph, PAIRS[:2], out=out, overwrite=True, layout="rows")
     assert np.load(out).shape == (2,)
     np.save(tmp_path / "pairs.npy", PAIRS)
     with pytest.raises(ConfigError, match="`pairs`"):  # the output may never be the input it reads
@@ -175,6 +217,7 @@ def test_the_command_line_scores_pairs_of_a_link_checkpoint(trained, tmp_path, c
     path, graph = trained
     pairs = np.random.default_rng(1).integers(0, graph.num_nodes, (50, 2))
     (tmp_path / "pairs.txt").write_text("\n".join(f"{u},{v}" for u, v in pairs))
+    (tmp_path / "bad.txt").write_text("1 2\n5 2000\n")
     out = tmp_path / "scores.npy"
     base = ["predict", "--checkpoint", str(path), "--dataset", SPEC, "--device", "cpu", "--no-progress"]
     command = base + ["--pairs", str(tmp_path / "pairs.txt"), "--out", str(out)]
@@ -191,7 +234,10 @@ def test_the_command_line_scores_pairs_of_a_link_checkpoint(trained, tmp_path, c
     for argv, message in [(base + ["--out", str(tmp_path / "p.npy")], "this checkpoint scores pairs"),
                           (command + ["--overwrite", "--nodes", "all"], "--nodes all and --pairs"),
                           (base + ["--pairs", str(tmp_path / "none.txt"), "--out", str(tmp_path / "p.npy")],
-                           "no such file")]:
+                           "no such file"),
+                          (base + ["--pairs", str(tmp_path / "bad.txt"), "--out", str(tmp_path / "p.npy")],
+                           f"--pairs {tmp_path / 'bad.txt'}: 1 vertex id out of range 0..1999 (the dataset has "
+                           f"2,000 vertices), in line 2 (5, 2000)")]:
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err

@@ -251,6 +251,8 @@ def test_a_link_run_resumes_exactly_and_its_checkpoint_embeds(tmp_path):
     resumed = train(config(epochs=2, checkpoint_dir=str(tmp_path), resume=True))
     assert resumed["epochs"][-1]["train_loss"] == straight["epochs"][-1]["train_loss"]
     assert resumed["final_test_mrr"] == straight["final_test_mrr"]
+    assert straight["link"]["direction"].startswith("undirected: 100.0% of the edges have their reverse")
+    assert straight["link"]["issues"] == {}
     checkpoint = load_checkpoint(tmp_path / "last.pt")
     assert isinstance(checkpoint.model, LinkModel) and checkpoint.model.arguments["link_head"] == "dot"
 
@@ -270,6 +272,38 @@ def test_a_misplaced_split_or_mode_is_a_clear_error(graph):
         config(metric="accuracy").validate()
     with pytest.raises(ConfigError, match="`negatives` 0"):
         config(negatives=0).validate()
+    with pytest.raises(ConfigError, match="`link_direction` directed: a link task's setting .* give `task` link, or leave it out"):
+        train(config(task="node", link_direction="directed"))
+    with pytest.raises(ConfigError, match="`link_head` mlp, `eval_negatives` 7: a link task's settings .*`task` is "
+                                          "node; give `task` link, or leave them out"):
+        train(config(task="node", link_head="mlp", eval_negatives=7))
+    with pytest.raises(ConfigError, match="`link_direction` undirected: .* carries its own link split"):
+        link_graph(graph, config(link_direction="undirected"))
+
+
+
+def test_negatives_and_a_hits_metric_that_the_graph_cannot_give_are_refused_naming_both_numbers(graph):
+    for name in ("eval_negatives", "negatives"):
+        with pytest.raises(ConfigError, match=f"`{name}` 2,001: more negative destinations per positive than the "
+                                              f"2,000 vertices they are drawn from; give at most 2,000"):
+            link_graph(graph, config(**{name: 2001}))
+    link_graph(graph, config(eval_negatives=2000, metric="hits@50"))
+    with pytest.raises(ConfigError, match=r"`metric` hits@50: `eval_negatives` draws 20 per positive, fewer than "
+                                          r"K = 50, so every positive would be a hit; choose hits@K with K at most "
+                                          r"20, mrr or rocauc, or `eval_negatives` 50 or more"):
+        link_graph(graph, config(eval_negatives=20, metric="hits@50"))
+    stored = dataclasses.replace(graph.links, val_neg=graph.links.val[:, :30], test_neg=graph.links.test[:, :40],
+                                 negatives="shared")
+    with pytest.raises(ConfigError, match=r"stored negatives number 30 \(validation\) and 40 \(test\) per "
+                                          r"positive, fewer than K = 50"):
+        link_graph(dataclasses.replace(graph, links=stored), config(metric="hits@50"))
+    link_graph(dataclasses.replace(graph, links=stored), config(metric="hits@30"))
+    with pytest.raises(ConfigError, match="`eval_fanouts` 5,5, `eval_max_nodes` 100: a link task evaluates every "
+                                          "vertex .* they would be ignored; leave them out"):
+        link_graph(graph, config(eval_fanouts=[5, 5], eval_max_nodes=100))
+    with pytest.raises(ConfigError, match=r"`eval_negatives` 50: .* stores its own evaluation negatives \(shared\), "
+                                          r"which are scored instead; leave `eval_negatives` out"):
+        link_graph(dataclasses.replace(graph, links=stored), config(eval_negatives=50))
 
 
 @pytest.mark.slow
@@ -333,6 +367,8 @@ def test_an_ogb_link_dataset_trains_with_its_own_split_negatives_and_metric(tmp_
     assert "links 700/40/40 undirected" in json.loads(capsys.readouterr().out)["links"]
     summary = train(config(dataset=str(tmp_path / "ogbl_collab"), batch_size=64))
     assert summary["metric"] == "hits@50" and summary["link"]["negatives"] == "shared"
+    assert summary["link"]["direction"] == "undirected: OGB's own split"
+    assert summary["link"]["issues"]["train_repeated"] >= 1  # make_collab_like repeats a collaboration
     assert summary["final_test_hits_50"] == summary["link"]["final"]["test_hits_50"]
     make_citation2_like(tmp_path / "ogbl_citation2", negatives=20)
     summary = train(config(dataset=str(tmp_path / "ogbl_citation2"), batch_size=64, link_head="mlp"))

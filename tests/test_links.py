@@ -241,3 +241,102 @@ def test_a_link_only_graph_validates_without_labels_and_a_bad_split_does_not():
         dataclasses.replace(link_only, links=None).validate("g")
     with pytest.raises(DataError, match="test names vertex"):
         dataclasses.replace(link_only, links=_split(test=np.array([[0], [N]]))).validate("g")
+
+
+def _one_way(graph, count):
+    """``graph`` without one direction of ``count`` of its edges (a symmetric graph with a few one-way edges)."""
+    src, dst = _edge_list(graph)
+    forward = np.flatnonzero(src < dst)[:count]
+    indptr, indices = drop_edges(*_csc_of(graph), np.sort(dst[forward] * N + src[forward]))
+    return dataclasses.replace(graph, indptr=indptr, indices=indices)
+
+
+def test_a_few_one_way_edges_leave_a_symmetric_graph_undirected_and_no_held_out_pair_leaks(caplog):
+    graph = _one_way(_graph(), 25)
+    assert not is_symmetric(*_csc_of(graph))
+    with caplog.at_level("INFO", logger="neutronorch"):
+        out = split_edges(graph, 0.7, 0.1, seed=2)
+    links = out.links
+    assert links.undirected and "have their reverse (at least 50%)" in links.direction
+    assert "links split as undirected" in caplog.text and "of the edges have their reverse" in out.notes[-1]
+    kept, train = _edge_set(out), _pairs(links.train)
+    held_out = _pairs(links.val) | _pairs(links.test)
+    # Neither direction of a held-out pair carries messages or is a training positive; each pair once.
+    assert not any((u, v) in kept or (v, u) in kept or (u, v) in train or (v, u) in train for u, v in held_out)
+    undirected = {(min(u, v), max(u, v)) for u, v in _edge_set(graph)}
+    assert train | held_out == undirected and all(u < v for u, v in train | held_out)
+
+
+def test_link_direction_forces_either_way_and_auto_calls_a_sparse_reciprocity_directed():
+    graph = _one_way(_graph(), 25)
+    directed = split_edges(graph, 0.7, 0.1, seed=2, direction="directed").links
+    assert not directed.undirected and "`link_direction` directed" in directed.direction
+    assert _pairs(directed.train) | _pairs(directed.val) | _pairs(directed.test) == _edge_set(graph)
+    one_way = _graph(undirected=False)  # a few reverses by chance only
+    assert not split_edges(one_way, 0.7, 0.1).links.undirected
+    forced = split_edges(one_way, 0.7, 0.1, direction="undirected")
+    held_out = _pairs(forced.links.val) | _pairs(forced.links.test)
+    assert forced.links.undirected and not any((v, u) in _edge_set(forced) for u, v in held_out)
+    with pytest.raises(ConfigError, match="`link_direction` 'sideways': choose one of auto, undirected, directed"):
+        split_edges(graph, 0.7, 0.1, direction="sideways")
+
+
+def test_a_split_given_with_its_graph_that_leaks_is_refused_with_the_counts_and_oddities_are_kept(caplog):
+    from neutronorch import TrainConfig
+    from neutronorch.train.link_task import link_graph
+
+    split = split_edges(_graph(), 0.7, 0.1, seed=1)
+    links = split.links
+    config = TrainConfig(task="link")
+    leaky = dataclasses.replace(links, test=np.concatenate([links.train[:, :4], links.test], axis=1))  # checked again
+    with pytest.raises(DataError, match=r"the link split leaks: 4 test edges .* are in the graph's edges .*; 4 "
+                                         r"test edges \(first \d+ -> \d+\) are training positives too \(either "
+                                         r"direction\) \(of \d+\)"):
+        link_graph(dataclasses.replace(split, links=leaky), config)
+    with pytest.raises(DataError, match="the link split leaks"):  # refused again: a refusal marks nothing checked
+        link_graph(dataclasses.replace(split, links=leaky), config)
+    reverse = links.val[::-1, :1]  # a held-out pair's reverse direction back in message passing
+    passing = Graph.from_arrays(*np.concatenate([np.stack(_edge_list(split)), reverse], axis=1), split.features,
+                                split.labels, undirected=False)
+    with pytest.raises(DataError, match=r"1 val edges \(first \d+ -> \d+\) are in the graph's edges \(either "):
+        link_graph(dataclasses.replace(passing, links=links), config)  # the same split, another graph
+    odd = dataclasses.replace(links, val=np.concatenate([links.val, [[5], [5]], links.val[:, :1]], axis=1))
+    with caplog.at_level("WARNING", logger="neutronorch"):
+        out = link_graph(dataclasses.replace(split, links=odd), config)
+    assert out.links.issues == {"val_self_loops": 1, "val_repeated": 1}
+    assert "1 val edges (first 5 -> 5) are self loops" in caplog.text and "(kept)" in out.notes[-1]
+
+
+def _pyg_like_stages(graph, links):
+    """Three objects laid out as RandomLinkSplit's Data (duck-typed: PyG itself is not needed)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    edge_index = torch.from_numpy(np.stack(_edge_list(graph)))
+    x = torch.from_numpy(np.asarray(graph.features))
+
+    def stage(positives):
+        negatives = RNG.integers(0, graph.num_nodes, positives.shape)
+        return SimpleNamespace(x=x, num_nodes=graph.num_nodes, edge_index=edge_index,
+                               edge_label_index=torch.from_numpy(np.concatenate([positives, negatives], 1)),
+                               edge_label=torch.cat([torch.ones(positives.shape[1]), torch.zeros(positives.shape[1])]))
+    return stage(links.train), stage(links.val), stage(links.test)
+
+
+def test_a_pyg_split_is_undirected_by_measure_and_one_stray_edge_is_a_leak_not_a_directed_split():
+    from neutronorch import from_pyg_link
+
+    base = _graph()
+    undirected = split_edges(base, 0.7, 0.1, seed=4)
+    read = from_pyg_link(*_pyg_like_stages(undirected, undirected.links))
+    assert read.links.undirected and read.links.direction.startswith("undirected: 100.0% of train_data.edge_index")
+    directed = split_edges(base, 0.7, 0.1, seed=4, direction="directed")  # RandomLinkSplit(is_undirected=False)
+    read = from_pyg_link(*_pyg_like_stages(directed, directed.links))
+    assert not read.links.undirected and "of the validation and test positives' reverses are in it" in read.notes[0]
+    val = undirected.links.val
+    stray = Graph.from_arrays(*np.concatenate([np.stack(_edge_list(undirected)), val[::-1, :1]], axis=1),
+                              undirected.features, undirected.labels, undirected=False)  # one reverse back in
+    with pytest.raises(DataError, match=r"the link split leaks: 1 val edges \(first \d+ -> \d+\) are in "
+                                         r"train_data.edge_index \(either direction\)"):
+        from_pyg_link(*_pyg_like_stages(stray, undirected.links))

@@ -235,3 +235,16 @@ def test_negatives_that_are_positives_are_kept_and_said(tmp_path):
     assert graph.links.test_neg.shape == (2, 8)
     assert any(note.startswith("3 of ogbl-ppa's test negatives are also test positives") for note in graph.notes)
     assert dataclasses.replace(graph.links).negative_kind == SHARED
+
+
+def test_a_stored_split_that_leaks_is_counted_warned_about_and_kept_as_the_benchmark_scores_it(tmp_path, caplog):
+    parts = make_ppa_like(tmp_path / "ogbl-ppa")
+    parts["test"]["edge"][:3] = parts["train"]["edge"][:3]  # three test positives are message-passing edges
+    parts["valid"]["edge"][0] = [7, 7]  # a self loop
+    _save(parts, tmp_path / "ogbl-ppa" / "split" / "throughput")
+    with caplog.at_level("WARNING", logger="neutronorch"):
+        graph = load_ogb_link(tmp_path / "ogbl-ppa")
+    issues = graph.links.issues
+    assert issues["test_in_message_passing"] >= 3 and issues["test_in_train"] >= 3 and issues["val_self_loops"] == 1
+    assert "test edges (first" in caplog.text and "a leak: the benchmark's own split" in caplog.text
+    assert any("val edges (first 7 -> 7) are self loops" in note for note in graph.notes)

@@ -136,6 +136,7 @@ NOT_SHORT = [
     (["--link-head", "mlp"], "link_head", "mlp"),
     (["--negatives", "4"], "negatives", 4),
     (["--eval-negatives", "50"], "eval_negatives", 50),
+    (["--link-direction", "directed"], "link_direction", "directed"),
     (["--heads", "8"], "heads", 8),
     (["--gcn-norm", "mean"], "gcn_norm", "mean"),
     (["--residual"], "residual", True),

@@ -104,6 +104,7 @@ def test_a_typed_folder_trains_through_the_dataset_setting(mag, tmp_path):
     (dict(task="link"), "`task` link: not available for typed graphs yet"),
     (dict(model="gcn"), "`model` gcn: not available for typed graphs yet; choose one of sage, rgcn, rgat"),
     (dict(split="ratio:0.5,0.2"), "carries its own split"),
+    (dict(negatives=4, link_head="mlp"), "`link_head` mlp, `negatives` 4: link task settings, and typed graphs"),
 ])
 def test_what_typed_graphs_cannot_do_yet_is_refused(mag, settings, message):
     with pytest.raises(ConfigError, match=message):

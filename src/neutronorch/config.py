@@ -17,6 +17,7 @@ from neutronorch.config_keys import read_config_mapping
 from neutronorch.config_parts import (PARTS, EvaluationConfig, LinkConfig, LogConfig, NetworkConfig,
                                       NeutronOrchConfig, OptimizationConfig, OutputConfig, PlacementConfig,
                                       SamplingConfig, may_change, setting, settings_of)
+from neutronorch.data.links import LINK_DIRECTIONS
 from neutronorch.errors import ConfigError
 from neutronorch.nn.names import (ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, NORMS, PRECISIONS, RELATIONAL_ONLY,
                                   needs_degrees)
@@ -91,6 +92,12 @@ class TrainConfig:
         """The settings a resumed run may change (declared with ``may_change``)."""
         return frozenset(f.name for f in _settings() if f.metadata.get("resume") == "may change")
 
+    def link_settings_given(self) -> list[str]:
+        """The link task's settings (``LinkConfig``) given other values than their defaults, as `name` value:
+        what a node task would ignore, and refuses (``check_node_task``, ``check_typed_config``)."""
+        return [f"`{f.name}` {getattr(self, f.name)}" for f in settings_of(LinkConfig)
+                if getattr(self, f.name) != f.default]
+
     def validate(self) -> "TrainConfig":
         """Normalise and check every field; raise ``ConfigError`` saying how to fix the first problem."""
         for part, kind in PARTS.items():
@@ -150,6 +157,8 @@ class TrainConfig:
              f"`metric` {self.metric!r}: a link task scores by auto (the dataset's own, else mrr), mrr, rocauc "
              f"or hits@K (hits@50)."),
             (self.link_head in LINK_HEADS, f"`link_head` {self.link_head!r}: choose one of {', '.join(LINK_HEADS)}."),
+            (self.link_direction in LINK_DIRECTIONS,
+             f"`link_direction` {self.link_direction!r}: choose one of {', '.join(LINK_DIRECTIONS)}."),
             (self.negatives >= 1, f"`negatives` {self.negatives}: must be at least 1 per positive."),
             (self.eval_negatives >= 1, f"`eval_negatives` {self.eval_negatives}: must be at least 1 per positive."),
             (self.split_index >= 0, f"`split_index` {self.split_index}: must be 0 or more."),

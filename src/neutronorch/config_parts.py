@@ -105,6 +105,7 @@ class LinkConfig:
     link_head: str = setting("dot")  # dot or mlp (nn/link.py)
     negatives: int = setting(1)  # destinations drawn per training positive
     eval_negatives: int = may_change(100)  # drawn per evaluation positive where the data stores none
+    link_direction: str = setting("auto")  # auto, undirected or directed: an edge and its reverse in edges:... splits
 
 
 @dataclass(frozen=True)

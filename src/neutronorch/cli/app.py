@@ -298,7 +298,8 @@ def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
     reads = {"checkpoint": [args.checkpoint], "dataset": dataset_paths(args.dataset),
              "nodes": [] if args.nodes in (None, *NODE_SETS) else [args.nodes], "pairs": [given] if given else []}
     check_output_path(args.out, scratch, reads, args.overwrite)
-    options = {"pairs": read_pairs(given)} if pairs else {}
+    # Read once, here, so a bad file fails before the data loads; the file stays named in later errors.
+    options = {"pairs": read_pairs(given), "layout": "columns", "source": given} if pairs else {}
     checkpoint = (load_typed_checkpoint if typed else load_checkpoint)(args.checkpoint)
     if pairs is not None:
         check_task(checkpoint, pairs)

@@ -12,6 +12,9 @@ HELP = {
                  "perceptron over their element-wise product, as OGB's examples) (default: %(default)s)",
     "negatives": "link task: destinations drawn uniformly per training positive, seeded like the neighbour "
                  "draws (default: %(default)s)",
+    "link_direction": "link task, --split edges:...: undirected (an edge and its reverse are one link, held out "
+                      "of message passing both ways), directed (each edge a link), or auto: undirected when at "
+                      "least half of the edges have their reverse (default: %(default)s)",
     "eval_negatives": "link task: destinations drawn per validation and test positive where the data stores "
                       "no negatives of its own (the same at every evaluation) (default: %(default)s)",
     "split": "split for data without one: ratio:TRAIN,VAL or per-class:TRAIN,VAL of the vertices; a link task: "
@@ -175,7 +178,7 @@ SHORT = {
 # `stage_table` are the --config, --no-progress and --no-stage-table flags); a field not placed here goes to
 # the advanced group. --help lists those in SHORT.
 TRAIN_GROUPS = [
-    ("data", None, ["dataset", "task", "split", "split_index"]),
+    ("data", None, ["dataset", "task", "split", "split_index", "link_direction"]),
     ("model", None, ["model", "layers", "hidden", "fanouts", "heads", "gcn_norm", "residual", "norm",
                      "architecture", "link_head"]),
     ("training", None, ["epochs", "batch_size", "lr", "seed", "weight_decay", "dropout", "patience", "negatives"]),

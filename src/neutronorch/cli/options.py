@@ -16,7 +16,7 @@ from dataclasses import fields
 from neutronorch.cli.help_texts import (HELP, METAVARS, RUN_FOLDER_KEYS, SHORT, SHORT_METAVARS, SWITCHES, TRAIN_EPILOG,
                                         TRAIN_EPILOG_ALL, TRAIN_GROUPS)
 from neutronorch.config import (CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, EMBEDDING_STORAGES, HOT_GRADS, HOT_SETS,
-                                MODE_CHOICES, READ_ORDERS, TASKS, TrainConfig)
+                                LINK_DIRECTIONS, MODE_CHOICES, READ_ORDERS, TASKS, TrainConfig)
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec, synthetic_typed
 from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, NORMS, PRECISIONS, RELATIONAL_ONLY
 
@@ -102,8 +102,8 @@ def _add_train_options(parser: argparse.ArgumentParser, full: bool = False) -> N
     choices = {"model": MODELS + RELATIONAL_ONLY, "mode": MODE_CHOICES, "device": DEVICES, "hot_grad": HOT_GRADS,
                "hot_set": HOT_SETS, "cache_policy": CACHE_POLICIES, "read_order": READ_ORDERS,
                "device_sampling": DEVICE_SAMPLING, "gcn_norm": GCN_NORMS, "norm": NORMS, "task": TASKS,
-               "link_head": LINK_HEADS, "architecture": ARCHITECTURES, "precision": PRECISIONS,
-               "embedding_storage": EMBEDDING_STORAGES}
+               "link_head": LINK_HEADS, "link_direction": LINK_DIRECTIONS, "architecture": ARCHITECTURES,
+               "precision": PRECISIONS, "embedding_storage": EMBEDDING_STORAGES}
     types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int, "gpu_memory_gb": float,
              "gpu_cache_gb": str, "host_cache_gb": str, "weight_decay": float}
     grouped = {name for _, _, names in TRAIN_GROUPS for name in names}
@@ -244,8 +244,9 @@ def _add_predict_options(pred: argparse.ArgumentParser, full: bool = False) -> N
     pred.add_argument("--nodes", default=None,
                       help="test, val, train, all, or a .npy file of vertex ids (default: test)")
     pred.add_argument("--pairs", metavar="FILE",
-                      help="score these vertex pairs with a link checkpoint (instead of --nodes): a .npy file "
-                           "of a (P, 2) or (2, P) integer array, or a text file of 'u v' or 'u,v' lines")
+                      help="score these vertex pairs with a link checkpoint (instead of --nodes): a text file "
+                           "of 'u v' or 'u,v' lines, or a .npy file of a (P, 2) or (2, P) integer array (2 x 2 is "
+                           "ambiguous and refused: give a text file)")
     pred.add_argument("--probabilities", action="store_true",
                       help="write class probabilities (one float32 row per vertex) instead of classes; with "
                            "--pairs, each pair's probability (the sigmoid of its logit)")

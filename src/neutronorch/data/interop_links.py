@@ -13,12 +13,13 @@ from __future__ import annotations
 import numpy as np
 
 from neutronorch.data.arrays import _array
-from neutronorch.data.csc import edges_to_csc, is_symmetric
+from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.dtypes import STORAGE_DTYPES, as_int64
 from neutronorch.data.graph import Graph
 from neutronorch.data.interop import _edges, _require
-from neutronorch.data.links import _KEY_LIMIT, PER_SOURCE, SHARED, LinkSplit, check_link_split, \
-    count_positive_negatives
+from neutronorch.data.link_checks import check_stored_links
+from neutronorch.data.links import _KEY_LIMIT, PER_SOURCE, SHARED, UNDIRECTED_SHARE, LinkSplit, _link_keys, \
+    check_link_split, count_positive_negatives, member_mask, reciprocity
 from neutronorch.errors import DataError
 
 STAGES = ("train", "val", "test")
@@ -34,14 +35,18 @@ def from_pyg_link(train_data, val_data, test_data, name: str = "pyg") -> Graph:
     - Topology: ``train_data.edge_index``, the training message-passing graph, without self loops and
       repeated edges. It is symmetrised only where it is symmetric already, so no validation or test edge
       can come back through the reverse of a training edge (a directed split keeps a held-out edge's
-      reverse for message passing, as PyG does); a validation or test positive found in it (either
-      direction for an undirected split) is an error. ``val_data.edge_index`` and ``test_data.edge_index``
+      reverse for message passing, as PyG does). The split is checked against it (``check_stored_links``):
+      a validation or test positive found in it (either direction for an undirected split) or among the
+      training positives is an error; self loops, repeated positives and validation positives that are test
+      positives too are counted in a warning and a note. ``val_data.edge_index`` and ``test_data.edge_index``
       are not read: neutronorch evaluates both sets over the training graph.
     - Links: the positives (label 1) of each stage in their order. Training negatives are dropped (the
       trainer draws its own per batch); validation and test negatives become ``val_neg``/``test_neg``,
       pairs shared by the set's positives (``negatives="shared"``), or, where neither stage has any, None;
       any that are positives of their own set are kept and counted in a note (PyG scores them as given).
-      ``undirected`` is whether the training graph is symmetric (RandomLinkSplit's ``is_undirected``).
+      ``undirected`` (RandomLinkSplit's ``is_undirected``) is decided by measure: at least half of the
+      training graph's edges have their reverse and fewer than half of the held-out positives' reverses are
+      in it (``_direction``; one stray one-way edge does not make a split directed).
       With ``disjoint_train_ratio`` the supervision edges stay out of message passing, as PyG leaves them.
     - Features from ``train_data.x``; no node task (``num_classes`` 0, labels -1, empty node splits).
     """
@@ -67,12 +72,12 @@ def from_pyg_link(train_data, val_data, test_data, name: str = "pyg") -> Graph:
     indptr, indices = edges_to_csc(edge_index[0], edge_index[1], num_nodes, symmetric=False,
                                    source=f"{name}: train_data.edge_index")
     del edge_index
-    split.undirected = is_symmetric(indptr, indices)
-    _refuse_leaks(split, indptr, indices, name)
-    notes = [f"PyG link split: {_count(split.train)}/{_count(split.val)}/{_count(split.test)} "
-             f"{'undirected' if split.undirected else 'directed'} links"
-             + (f", {_count(negatives['train'])} training negatives dropped (drawn per batch instead)"
-                if negatives["train"].shape[1] else "")]
+    split.undirected, split.direction = _direction(split, indptr, indices)
+    checked = check_stored_links(split, indptr, indices, name, "train_data.edge_index")
+    notes = [f"PyG link split: {_count(split.train)}/{_count(split.val)}/{_count(split.test)} links, "
+             f"{split.direction}"
+             + (f"; {_count(negatives['train'])} training negatives dropped (drawn per batch instead)"
+                if negatives["train"].shape[1] else "")] + checked
     for part in ("val", "test") if shared else ():
         clashes = count_positive_negatives(split, part, num_nodes)
         if clashes:  # scored as given, as PyG's evaluation would
@@ -186,32 +191,19 @@ def _features(x, name: str) -> np.ndarray:
     return features if features.dtype.name in STORAGE_DTYPES else features.astype(np.float32)
 
 
-def _refuse_leaks(split: LinkSplit, indptr: np.ndarray, indices: np.ndarray, name: str) -> None:
-    """Raise if a validation or test positive (or its reverse, undirected) is in the message-passing graph:
-    it would carry messages along the very edge the model is scored on."""
-    known = _csc_keys(indptr, indices)
-    for part in ("val", "test"):
-        edges = getattr(split, part)
-        for pairs in (edges, edges[::-1]) if split.undirected else (edges,):
-            found = _is_member(pairs[1] * (indptr.shape[0] - 1) + pairs[0], known)
-            if found.any():
-                first = pairs[:, np.argmax(found)].tolist()
-                both = "both directions, " if split.undirected else ""
-                raise DataError(f"{name}: {int(found.sum()):,} {part} edges (first {first[0]} -> {first[1]}) are "
-                                f"in train_data.edge_index, so they would carry messages during training. Take "
-                                f"validation and test edges out of it ({both}as RandomLinkSplit does).")
-
-
-def _csc_keys(indptr: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """Sorted keys dst * num_nodes + src of a CSC's edges (edges_to_csc sorts each column)."""
+def _direction(split: LinkSplit, indptr: np.ndarray, indices: np.ndarray) -> tuple[bool, str]:
+    """Whether a PyG split is undirected, and why, by measure: its training graph has most edges' reverse
+    (``UNDIRECTED_SHARE``) and its held-out positives mostly have not (a directed split of a symmetric graph,
+    ``is_undirected=False``, keeps most of their reverses; a few one-way edges do not make a split directed)."""
     num_nodes = indptr.shape[0] - 1
-    return np.repeat(np.arange(num_nodes, dtype=np.int64), np.diff(indptr)) * num_nodes + indices
-
-
-def _is_member(keys: np.ndarray, known: np.ndarray) -> np.ndarray:
-    if known.size == 0:
-        return np.zeros(keys.shape, bool)
-    return known[np.minimum(np.searchsorted(known, keys), known.size - 1)] == keys
+    keys = _link_keys(indptr, indices, False)
+    share = reciprocity(indptr, indices)
+    held_out = np.concatenate([split.val, split.test], axis=1)
+    kept = float(member_mask(held_out[0] * num_nodes + held_out[1], keys).mean())
+    undirected = share >= UNDIRECTED_SHARE and kept < UNDIRECTED_SHARE
+    why = (f"{share:.1%} of train_data.edge_index's edges have their reverse, {kept:.1%} of the validation and test "
+           f"positives' reverses are in it")
+    return undirected, f"{'undirected' if undirected else 'directed'}: {why}"
 
 
 def _count(pairs: np.ndarray) -> str:
@@ -252,7 +244,7 @@ def _draw_negatives(graph: Graph, train_graph: np.ndarray, counts: list[int], se
     for _ in range(_DRAW_ROUNDS):
         pairs[:, todo] = rng.integers(0, num_nodes, size=(2, todo.size))
         drawn = pairs[:, todo]
-        todo = todo[(drawn[0] == drawn[1]) | _is_member(drawn[1] * num_nodes + drawn[0], known)]
+        todo = todo[(drawn[0] == drawn[1]) | member_mask(drawn[1] * num_nodes + drawn[0], known)]
         if todo.size == 0:
             return np.split(pairs, np.cumsum(counts)[:-1], axis=1)
     raise DataError(f"{graph.name}: nearly every pair of vertices is an edge, so {todo.size:,} of {total:,} "

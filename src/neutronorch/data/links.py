@@ -11,14 +11,15 @@ negatives for training: that is the trainer's, per mini-batch.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import njit
 
-from neutronorch.data.csc import drop_edges, is_symmetric
+from neutronorch.data.csc import drop_edges, edge_hygiene
 from neutronorch.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -34,6 +35,13 @@ LINK_SPLIT_HELP = "edges:TRAIN,VAL (e.g. edges:0.85,0.05: shares of the edges fo
 # Edges are handled as int64 keys dst * num_nodes + src, which hold graphs of up to this many vertices.
 _KEY_LIMIT = math.isqrt(np.iinfo(np.int64).max)
 _CHUNK = 1 << 22  # elements compared at a time when counting negatives that are positives
+# How a split treats an edge and its reverse (``split_edges``'s ``direction``, the option `link_direction`).
+LINK_DIRECTIONS = ("auto", "undirected", "directed")
+# ``auto``: undirected when at least this share of the edges (self loops aside) has its reverse. From half on,
+# a directed split would leave at least half of the held-out links' reverse edges in message passing and among
+# the training positives; a few one-way edges in a symmetric graph cannot turn it into a directed one.
+UNDIRECTED_SHARE = 0.5
+logger = logging.getLogger("neutronorch")
 
 
 @dataclass
@@ -52,7 +60,9 @@ class LinkSplit:
 
     ``negatives`` names that form where the arrays' shapes cannot (a (2, K) array for a set of exactly 2
     positives could be either); left None, it is read from the shapes. ``metric`` is the benchmark's own
-    (``"mrr"``, ``"hits@50"``) when a loader knows it."""
+    (``"mrr"``, ``"hits@50"``) when a loader knows it. ``direction`` says how ``undirected`` was decided
+    (``split_edges``: the measured share of edges with their reverse). ``issues``: what the checks of a
+    stored split found and kept (``link_checks.check_stored_links``: a count per kind), None until checked."""
 
     train: np.ndarray
     val: np.ndarray
@@ -62,6 +72,14 @@ class LinkSplit:
     undirected: bool = False
     negatives: str | None = None
     metric: str | None = None
+    direction: str = ""
+    issues: dict | None = field(default=None, compare=False)
+    # What ``issues`` was counted for: the ids of the three sets and of the topology's indices (``checked_for``).
+    checked: tuple | None = field(default=None, compare=False, repr=False)
+
+    def checked_for(self, indices) -> tuple:
+        """The identity of this split's sets and of ``indices``: a set replaced since is checked again."""
+        return id(self.train), id(self.val), id(self.test), id(indices)
 
     @property
     def negative_kind(self) -> str | None:
@@ -110,6 +128,14 @@ def parse_link_split(spec: str) -> tuple[float, float]:
     return train, val
 
 
+def check_negatives_fit(name: str, count: int, num_nodes: int) -> None:
+    """``count`` negative destinations per positive, drawn over ``num_nodes`` vertices, must not outnumber them:
+    ``ConfigError`` naming the setting ``name`` and both numbers."""
+    if count > num_nodes:
+        raise ConfigError(f"`{name}` {count:,}: more negative destinations per positive than the {num_nodes:,} "
+                          f"vertices they are drawn from; give at most {num_nodes:,}.")
+
+
 def _check_fractions(train: float, val: float, what: str) -> None:
     if not (0 < train < 1 and 0 < val < 1 and train + val < 1):  # NaN fails every comparison
         raise ConfigError(f"{what}: the training and validation shares must each lie in (0, 1) and sum to "
@@ -117,17 +143,22 @@ def _check_fractions(train: float, val: float, what: str) -> None:
                           f"edges:0.85,0.05.")
 
 
-def split_edges(graph: Graph, train: float, val: float, seed: int = 0) -> Graph:
+def split_edges(graph: Graph, train: float, val: float, seed: int = 0, direction: str = "auto") -> Graph:
     """``graph`` with a seeded random ``LinkSplit`` of its edges in ``links``, its validation and test edges
     taken out of its topology.
 
-    A symmetric graph (every edge stored with its reverse, as every loader leaves it) is split as an
-    undirected one: an edge and its reverse are one link, on one side of the split, counted once and
-    removed both ways. Otherwise each directed edge is a link. Self loops are no links (they stay) and a
-    repeated edge is one. Features, labels and node splits are the input's own objects (nothing is copied);
-    the same seed gives the same split. Cost, for E stored edges: two passes over the topology, an int64
-    key per link and one random permutation of them (about 1.5 s for 10M edges on two busy cores)."""
+    ``direction``: ``"undirected"``: an edge and its reverse are one link, on one side of the split, counted
+    once (stored source < target) and removed both ways, so a held-out pair has neither direction in
+    message passing or among the training positives; ``"directed"``: each directed edge is a link (a held-out
+    edge's reverse stays); ``"auto"`` (default): undirected when at least ``UNDIRECTED_SHARE`` of the edges
+    have their reverse (``reciprocity``), logged and kept in ``links.direction`` with the share. Self loops
+    are no links (they stay) and a repeated edge is one. Features, labels and node splits are the input's
+    own objects (nothing is copied); the same seed gives the same split. Cost, for E stored edges: three
+    passes over the topology (one sorting a copy of each column to measure the reverses), an int64 key per
+    link and one random permutation of them."""
     _check_fractions(train, val, "split_edges")
+    if direction not in LINK_DIRECTIONS:
+        raise ConfigError(f"`link_direction` {direction!r}: choose one of {', '.join(LINK_DIRECTIONS)}.")
     if graph.links is not None:
         raise DataError(f"{graph.name}: already carries a link split, and its validation and test edges are "
                         f"out of its topology; split the graph it came from instead.")
@@ -136,8 +167,15 @@ def split_edges(graph: Graph, train: float, val: float, seed: int = 0) -> Graph:
         raise DataError(f"{graph.name}: {num_nodes:,} vertices are more than a link split handles "
                         f"({_KEY_LIMIT:,}: edges are keyed by int64 dst * num_nodes + src).")
     indptr, indices = np.asarray(graph.indptr), np.asarray(graph.indices)
-    undirected = is_symmetric(indptr, indices)
-    keys = _link_keys(indptr, indices, undirected)
+    share = reciprocity(indptr, indices)
+    undirected = direction == "undirected" or (direction == "auto" and share >= UNDIRECTED_SHARE)
+    why = (f"{share:.1%} of the edges have their reverse"
+           + (f" ({'at least' if undirected else 'below'} {UNDIRECTED_SHARE:.0%})" if direction == "auto"
+              else f"; `link_direction` {direction}"))
+    # Each pair once, keyed (larger, smaller): source < target. Stored both ways, the half with src < dst.
+    keys = _link_keys(indptr, indices, undirected and share == 1.0)
+    if undirected and share < 1.0:
+        keys = _canonical(keys, num_nodes)
     total = keys.shape[0]
     if total == 0:
         raise DataError(f"{graph.name}: has no edges to split (self loops are no links).")
@@ -155,13 +193,33 @@ def split_edges(graph: Graph, train: float, val: float, seed: int = 0) -> Graph:
         held_out = np.concatenate([held_out, (held_out % num_nodes) * num_nodes + held_out // num_nodes])
     held_out.sort()
     new_indptr, new_indices = drop_edges(indptr, indices, held_out)
-    split = LinkSplit(train=_pairs(train_keys, num_nodes), val=_pairs(val_keys, num_nodes),
-                      test=_pairs(test_keys, num_nodes), undirected=undirected)
     kind = "undirected" if undirected else "directed"
+    split = LinkSplit(train=_pairs(train_keys, num_nodes), val=_pairs(val_keys, num_nodes),
+                      test=_pairs(test_keys, num_nodes), undirected=undirected, direction=f"{kind}: {why}",
+                      issues={})  # nothing to find: no leak, self loop or repeat by construction
+    split.checked = split.checked_for(new_indices)
+    logger.info(f"{graph.name}: links split as {kind}: {why}"
+                + ("; give `link_direction` directed to predict edges one way" if undirected and direction == "auto"
+                   else ""))
     note = (f"link split {sizes[0]:,}/{sizes[1]:,}/{sizes[2]:,} of {total:,} {kind} edges (shares {train:g}/{val:g}, "
-            f"seed {seed}); validation and test edges left out of message passing")
+            f"seed {seed}; {why}); validation and test edges left out of message passing"
+            + (" in both directions" if undirected else ""))
     return dataclasses.replace(graph, indptr=new_indptr, indices=new_indices, links=split,
                                notes=[*graph.notes, note])
+
+
+def reciprocity(indptr: np.ndarray, indices: np.ndarray) -> float:
+    """The share of a CSC's stored edges (self loops aside) whose reverse is an edge too: 1.0 for a graph
+    stored both ways (and for one without edges), near 0 for citations (``edge_hygiene``'s count)."""
+    hygiene = edge_hygiene(indptr, indices)
+    linked = np.asarray(indices).shape[0] - hygiene["self_loops"]
+    return 1.0 if linked == 0 else 1.0 - hygiene["edges_without_reverse"] / linked
+
+
+def _canonical(keys: np.ndarray, num_nodes: int) -> np.ndarray:
+    """Sorted unique keys of the undirected pairs of edge keys: larger * num_nodes + smaller."""
+    src, dst = keys % num_nodes, keys // num_nodes
+    return np.unique(np.maximum(src, dst) * num_nodes + np.minimum(src, dst))
 
 
 def _link_keys(indptr: np.ndarray, indices: np.ndarray, undirected: bool) -> np.ndarray:
@@ -294,5 +352,11 @@ def count_positive_negatives(split: LinkSplit, part: str, num_nodes: int) -> int
 
 
 def _members(keys: np.ndarray, known: np.ndarray) -> int:
-    at = np.minimum(np.searchsorted(known, keys), known.shape[0] - 1)
-    return int((known[at] == keys).sum())
+    return int(member_mask(keys, known).sum())
+
+
+def member_mask(keys: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """Which of ``keys`` are in the sorted array ``known`` (a binary search each)."""
+    if known.size == 0:
+        return np.zeros(keys.shape, bool)
+    return known[np.minimum(np.searchsorted(known, keys), known.size - 1)] == keys

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
+from neutronorch.data.pairs import pair_columns
 from neutronorch.errors import ConfigError
 
 SEED_SETS = {"train": "train_idx", "val": "val_idx", "valid": "val_idx", "test": "test_idx", "all": None}
@@ -85,12 +86,16 @@ def resolve_typed_graph(graph) -> TypedGraph:
                       f"(data, target=...) or a DGL heterograph with from_dgl_hetero(g, target=...).")
 
 
-def resolve_edges(graph: Graph, edges) -> np.ndarray:
+def resolve_edges(graph: Graph, edges, layout: str | None = None) -> np.ndarray:
     """Supervision edges as a (2, E) int64 array: a set of the graph's link split (train, val, test) or
-    the edges themselves (a (2, E) tensor, array or list: row 0 the sources, row 1 the destinations).
-    Repeated edges are kept (each is a positive of its own, as PyG keeps them)."""
+    the edges themselves (a (2, E) tensor, array or list: row 0 the sources, row 1 the destinations; or
+    (E, 2), an edge per row; a 2 x 2 one needs ``layout``, ``data.pairs.pair_columns``' rule). Repeated
+    edges are kept (each is a positive of its own, as PyG keeps them)."""
     n = graph.num_nodes
     if isinstance(edges, str):
+        if layout is not None:
+            raise ConfigError(f"`layout` {layout}: says how an array of edges holds them, and `edges` {edges!r} "
+                              f"names a set of the link split (a (2, E) array); leave `layout` out.")
         if edges not in LINK_SETS:
             raise ConfigError(f"`edges` {edges!r}: name a set of the graph's link split ({', '.join(LINK_SETS)}) "
                               f"or give the supervision edges as a (2, E) tensor, array or list.")
@@ -106,12 +111,11 @@ def resolve_edges(graph: Graph, edges) -> np.ndarray:
                               f"the edges themselves.")
         return array.reshape(2, -1)
     array = _as_array("edges", edges, "a link set's name (train, val, test) or a (2, E) tensor of edges")
-    if array.ndim != 2 or array.shape[0] != 2:
-        hint = " (an (E, 2) list of pairs: transpose it, edges.t())" if array.ndim == 2 and array.shape[1] == 2 \
-            else ""
-        raise ConfigError(f"`edges`: expected shape (2, E), row 0 the sources and row 1 the destinations, not "
-                          f"{tuple(array.shape)}{hint}.")
-    return _vertex_ids("edges", array, n, "edge").reshape(2, -1)
+    if array.ndim != 2 or 2 not in array.shape:
+        raise ConfigError(f"`edges`: expected shape (2, E), row 0 the sources and row 1 the destinations (or (E, "
+                          f"2), an edge per row), not {tuple(array.shape)}.")
+    # The one rule for arrays of pairs (data/pairs.py): (E, 2) is read as rows, 2 x 2 needs `layout`.
+    return np.ascontiguousarray(pair_columns(_vertex_ids("edges", array, n, "edge"), "`edges`", layout))
 
 
 def _as_array(name: str, value, expected: str) -> np.ndarray:
@@ -128,13 +132,12 @@ def _vertex_ids(name: str, array: np.ndarray, n: int, what: str, vertices: str =
         raise ConfigError(f"`{name}`: vertex ids must be integers, not {array.dtype}.")
     if array.size == 0:
         raise ConfigError(f"`{name}` is empty: give at least one {what} to sample from.")
-    ids = array.astype(np.int64)
-    low, high = int(ids.min()), int(ids.max())
+    low, high = int(array.min()), int(array.max())  # in the ids' own type: 2**64-1 is shown as it is, not -1
     if low < 0 or high >= n:
         bad = low if low < 0 else high
         raise ConfigError(f"`{name}` holds vertex id {bad}, out of range for a graph of {n:,} {vertices} "
                           f"(0..{n - 1}).")
-    return ids
+    return array.astype(np.int64)
 
 
 def check_negatives(value) -> int:

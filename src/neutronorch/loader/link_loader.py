@@ -17,7 +17,8 @@ import dataclasses
 import numpy as np
 import torch
 
-from neutronorch.data.links import LinkSplit
+from neutronorch.data.link_checks import check_graph_links
+from neutronorch.data.links import LinkSplit, check_negatives_fit
 from neutronorch.loader.arguments import check_negatives, resolve_edges
 from neutronorch.loader.base import EpochLoader
 from neutronorch.loader.link_batch import LinkLoaderBatch
@@ -29,14 +30,16 @@ class LinkNeighborLoader(EpochLoader):
     """Mini-batches of seed edges, their negatives and the sampled neighbourhoods of their ends, one epoch
     per iteration.
 
-    ``LinkNeighborLoader(graph, fanouts, batch_size, *, edges="train", negatives=1, shuffle=True, seed=0,
-    device="cpu", mode="exact", epoch=0, start=0, drop_last=False, sampler_threads=0, prefetch=2,
+    ``LinkNeighborLoader(graph, fanouts, batch_size, *, edges="train", negatives=1, layout=None, shuffle=True,
+    seed=0, device="cpu", mode="exact", epoch=0, start=0, drop_last=False, sampler_threads=0, prefetch=2,
     reuse_buffers=True, model="sage", **options)``
 
     ``edges``: ``"train"`` (default), ``"val"`` or ``"test"``, a set of ``graph.links`` (a link graph:
     ``neutronorch.train.link_task.link_graph`` or an OGB link dataset), or a (2, E) tensor, array or list of
-    supervision edges of your own (the graph then needs no link split). ``batch_size`` counts seed edges;
-    ``negatives``: uniform negative destinations per positive (at least 1). Every other argument is
+    supervision edges of your own (the graph then needs no link split); an (E, 2) one is read as an edge per
+    row, a 2 x 2 one needs ``layout`` ``"columns"`` or ``"rows"`` (``data/pairs.py``). ``batch_size`` counts
+    seed edges; ``negatives``: uniform negative destinations per positive (at least 1, at most the vertex
+    count). Every other argument is
     ``NeighborLoader``'s: the order of epoch ``e``, its negatives and every draw derive from (``seed``,
     ``e``, batch number) alone; ``start``, ``iter_from``, ``set_epoch`` resume exactly.
 
@@ -47,13 +50,16 @@ class LinkNeighborLoader(EpochLoader):
 
     items = "seed edges"
 
-    def __init__(self, graph, fanouts, batch_size: int, *, edges="train", negatives: int = 1, **settings):
-        self._edges_given = edges
+    def __init__(self, graph, fanouts, batch_size: int, *, edges="train", negatives: int = 1,
+                 layout: str | None = None, **settings):
+        self._edges_given, self._layout = edges, layout
         self.negatives = check_negatives(negatives)
         super().__init__(graph, fanouts, batch_size, **settings)
 
     def _resolve(self):
-        edges = resolve_edges(self.graph, self._edges_given)
+        check_graph_links(self.graph)  # a split given with the graph is checked as train() checks it
+        edges = resolve_edges(self.graph, self._edges_given, self._layout)
+        check_negatives_fit("negatives", self.negatives, self.graph.num_nodes)
         self.edges = torch.from_numpy(edges)
         links = self.graph.links
         none = np.empty((2, 0), dtype=np.int64)

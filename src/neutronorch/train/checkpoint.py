@@ -329,9 +329,11 @@ def check_settings(state: dict, config: TrainConfig, source: str) -> None:
 
 
 def check_fits(checkpoint: Checkpoint, graph: Graph, source: str) -> None:
-    """The model's input width and classes must match the data it is applied to."""
+    """The model's input width and classes must match the data it is applied to; a link model's outputs are
+    embeddings, not classes, so only its input width must (its graph may have any classes, or none)."""
     found = dataset_fingerprint(graph)
+    keys = ("feature_dim",) if isinstance(checkpoint.model, LinkModel) else ("feature_dim", "classes")
     differ = [f"{key} {checkpoint.dataset[key]} (checkpoint) vs {found[key]} (data)"
-              for key in ("feature_dim", "classes") if checkpoint.dataset[key] != found[key]]
+              for key in keys if checkpoint.dataset[key] != found[key]]
     if differ:
         raise CheckpointError(f"{source}: the checkpoint's model does not fit this dataset: {'; '.join(differ)}.")

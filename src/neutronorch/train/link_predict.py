@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from neutronorch.data.graph import Graph
+from neutronorch.data.pairs import pair_columns
 from neutronorch.errors import ConfigError
 from neutronorch.features.store import FeatureStore
 from neutronorch.train.checkpoint import Checkpoint
@@ -29,32 +30,40 @@ __all__ = ["PAIR_FORMS", "read_pairs", "score_pairs"]
 
 # What ``pairs`` may be: a file, or the pairs themselves.
 Pairs = Union[str, os.PathLike, np.ndarray, torch.Tensor, Sequence]
-PAIR_FORMS = ("a .npy file of a (P, 2) or (2, P) integer array, or a text file of 'u v' or 'u,v' lines "
-              "(# starts a comment)")
+PAIR_FORMS = ("a .npy file of a (2, P) or (P, 2) integer array (not 2 x 2: ambiguous), or a text file of 'u v' "
+              "or 'u,v' lines (# starts a comment)")
 _SHOWN = 5  # out-of-range ids an error lists
+_INT64_LIMIT = 1 << 63  # ids from here on fit no int64 and name no vertex of any graph
 
 
-def read_pairs(pairs: Pairs, num_nodes: int | None = None) -> np.ndarray:
+def read_pairs(pairs: Pairs, num_nodes: int | None = None, layout: str | None = None,
+               source: str | None = None) -> np.ndarray:
     """The pairs as a (2, P) int64 array (row 0 the first vertex of each pair, row 1 the second), in their
-    order. ``pairs``: a (P, 2) or (2, P) integer array, tensor or list (a 2 x 2 one is read as two (u, v)
-    rows), a ``.npy`` file of either, or a text file of ``u v`` or ``u,v`` lines (blank lines and ``#``
-    comments skipped). With ``num_nodes``, every id must be in 0..num_nodes-1. Anything else is a
-    ``ConfigError`` saying what is wrong."""
-    if isinstance(pairs, (str, os.PathLike)):
-        array, what = _read_file(Path(pairs)), f"`pairs` {pairs}"
+    order. ``pairs``: a (2, P) or (P, 2) integer array, tensor or list, or a ``.npy`` file of one, read by
+    ``data.pairs.pair_columns``' rule (a 2 x 2 one is refused unless ``layout`` is ``"columns"`` or
+    ``"rows"``), or a text file of ``u v`` or ``u,v`` lines (a pair per line; blank lines and ``#``
+    comments skipped). With ``num_nodes``, every id must be in 0..num_nodes-1. ``source`` names pairs given
+    as an array in errors (the file they were read from). Anything else is a ``ConfigError`` saying what is
+    wrong, naming the file and, for a text file, the lines."""
+    path = Path(pairs) if isinstance(pairs, (str, os.PathLike)) else None
+    if path is not None:
+        array, what = _read_file(path), f"`pairs` {pairs}"
     else:
-        array, what = ids_in_memory(pairs, "`pairs` (given in memory)"), "`pairs` (given in memory)"
+        what = f"`pairs` {source}" if source is not None else "`pairs` (given in memory)"
+        array = ids_in_memory(pairs, what)
+    text = path is not None and path.suffix != ".npy"  # a pair per line
+    named = path if text else Path(source) if source is not None and not str(source).endswith(".npy") else None
     if array.size == 0:
         raise ConfigError(f"{what}: holds no pairs; give at least one (u, v) pair to score.")
     if array.dtype.kind not in "iu":
         raise ConfigError(f"{what}: expected integer vertex ids, got {array.dtype}; give the ids as integers "
                           f"(an int32 or int64 array).")
-    if array.ndim != 2 or 2 not in array.shape:
-        raise ConfigError(f"{what}: expected a (P, 2) or (2, P) array of vertex pairs, got shape "
-                          f"{tuple(array.shape)}.")
-    array = array.T if array.shape[1] == 2 else array  # (P, 2) rows, the 2 x 2 case included, to (2, P)
-    if num_nodes is not None:
-        _check_range(array, num_nodes, what)
+    if text and layout == "columns":
+        raise ConfigError(f"{what}: a text file holds a pair per line, so `layout` columns cannot apply; leave "
+                          f"`layout` out for a text file.")
+    array = pair_columns(array, what, "rows" if text else layout)  # a text file's lines are pairs
+    # Without the vertex count, ids int64 cannot hold are still out of range of any graph (never wrapped).
+    _check_range(array, _INT64_LIMIT if num_nodes is None else num_nodes, what, named)
     return np.ascontiguousarray(array, dtype=np.int64)
 
 
@@ -89,29 +98,49 @@ def _read_text(path: Path) -> np.ndarray:
     return array
 
 
-def _check_range(pairs: np.ndarray, num_nodes: int, what: str) -> None:
+def _check_range(pairs: np.ndarray, num_nodes: int, what: str, text: Path | None = None) -> None:
     """Every id in 0..num_nodes-1, else an error counting the ids out of range and showing the first few
-    with the positions of their pairs (compared in the ids' own type, so no huge unsigned id wraps)."""
+    with the positions of their pairs, or for a ``text`` file their lines (compared in the ids' own type, so
+    no huge unsigned id wraps, and shown with their true values)."""
     bad = (pairs < 0) | (pairs >= num_nodes)
     count = int(bad.sum())
     if count:
         where = np.flatnonzero(bad.any(axis=0))[:_SHOWN]
-        shown = ", ".join(f"pair {i} ({pairs[0, i]}, {pairs[1, i]})" for i in where)
-        raise ConfigError(f"{what}: {count:,} vertex id{'s' if count > 1 else ''} out of range 0..{num_nodes - 1} "
-                          f"(the dataset has {num_nodes:,} vertices), in {shown}"
-                          f"{', ...' if bad.any(axis=0).sum() > _SHOWN else ''} (pairs counted from 0). Give "
-                          f"ids of this dataset's vertices.")
+        lines = _data_lines(text, int(where[-1])) if text is not None else None
+        place = (lambda i: f"line {lines[i]}") if lines is not None else (lambda i: f"pair {i}")  # noqa: E731
+        shown = ", ".join(f"{place(i)} ({int(pairs[0, i])}, {int(pairs[1, i])})" for i in where)
+        limit = (f"0..{num_nodes - 1} (the dataset has {num_nodes:,} vertices)" if num_nodes < _INT64_LIMIT
+                 else "of int64 (no graph has such vertices)")
+        raise ConfigError(f"{what}: {count:,} vertex id{'s' if count > 1 else ''} out of range {limit}, in {shown}"
+                          f"{', ...' if bad.any(axis=0).sum() > _SHOWN else ''}"
+                          f"{'' if lines is not None else ' (pairs counted from 0)'}. Give ids of this dataset's "
+                          f"vertices.")
+
+
+def _data_lines(path: Path, last: int) -> list[int] | None:
+    """The line numbers (from 1) of a text file's pairs 0..last (blank and ``#`` lines skipped, as read)."""
+    lines = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if line.strip() and not line.lstrip().startswith("#"):
+                    lines.append(number)
+                    if len(lines) > last:
+                        return lines
+    except OSError:
+        return None
+    return None
 
 
 @torch.no_grad()
 def score_pairs(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, pairs: Pairs, device: str = "cpu",
                 chunk_size: int = 4096, *, probabilities: bool = False, out: str | os.PathLike | None = None,
                 scratch: str | None = "auto", progress: LayerProgress | None = None,
-                overwrite: bool = False) -> np.ndarray:
+                overwrite: bool = False, layout: str | None = None, source: str | None = None) -> np.ndarray:
     """One float32 score per pair, in the pairs' order: the link checkpoint's head applied to the encoder's
     embeddings of the pair's two vertices (its logit), or with ``probabilities`` its sigmoid. ``pairs`` as
-    ``read_pairs`` takes them: a (P, 2) or (2, P) integer array, tensor or list, a ``.npy`` file of either,
-    or a text file of ``u v`` or ``u,v`` lines.
+    ``read_pairs`` takes them (with ``layout`` and ``source``): a (2, P) or (P, 2) integer array, tensor or
+    list (a 2 x 2 one only with ``layout``), a ``.npy`` file of one, or a text file of ``u v`` or ``u,v`` lines.
 
     Memory: the last layer's rows of the distinct vertices the pairs name (in memory, or memory-mapped
     where ``scratch`` puts the intermediate layers), and the pairs. ``device``, ``chunk_size`` (vertices
@@ -121,7 +150,7 @@ def score_pairs(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, pairs:
     check_prediction_output(out, scratch, checkpoint, graph, overwrite,
                             {"pairs": [pairs] if isinstance(pairs, (str, os.PathLike)) else []})
     checkpoint = checkpoint_for(checkpoint, graph, pairs=True)
-    pairs = torch.from_numpy(read_pairs(pairs, graph.num_nodes))
+    pairs = torch.from_numpy(read_pairs(pairs, graph.num_nodes, layout, source))
     target = torch.device(device)
     model = checkpoint.model.to(target).eval()
     encoder = model.encoder

@@ -21,6 +21,7 @@ before the next chunk. Held whole: the positives and their scores, and shared ne
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -29,8 +30,11 @@ import torch
 from torch.nn import functional as F
 
 from neutronorch.config import TrainConfig
+from neutronorch.config_parts import LinkConfig
 from neutronorch.data.graph import Graph
-from neutronorch.data.links import PER_SOURCE, SHARED, check_link_split, parse_link_split, split_edges
+from neutronorch.data.link_checks import check_graph_links
+from neutronorch.data.links import (PER_SOURCE, SHARED, check_link_split, check_negatives_fit, parse_link_split,
+                                    split_edges)
 from neutronorch.errors import ConfigError
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.link import LinkModel
@@ -40,7 +44,7 @@ from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.train.distributed import World
 from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, link_collapse, nonfinite_rows
 from neutronorch.train.layerwise import LayerProgress, last_layer_rows
-from neutronorch.train.link_metrics import PerPositiveScores, SharedScores
+from neutronorch.train.link_metrics import PerPositiveScores, SharedScores, parse_link_metric
 from neutronorch.train.predict import scratch_folder
 
 __all__ = ["LinkTask", "evaluate_links", "link_graph", "rms_row_norm", "DEFAULT_LINK_SPLIT"]
@@ -68,19 +72,74 @@ def rms_row_norm(features, rows: int = 4096) -> float:
 def link_graph(graph: Graph, config: TrainConfig) -> Graph:
     """The graph a link task trains on: ``graph`` when it carries its own links (an OGB link dataset), else
     ``graph`` split by ``config.split`` (``edges:TRAIN,VAL``; default ``DEFAULT_LINK_SPLIT``) seeded by
-    ``config.seed``, its validation and test edges out of its topology. The split is checked first."""
+    ``config.seed``, its validation and test edges out of its topology. The split is checked (a stored one
+    against its graph: ``check_stored_links``), and the run's negatives and metric against it
+    (``check_link_settings``)."""
     if graph.links is None:
         spec = config.split or DEFAULT_LINK_SPLIT
         if not is_link_split(spec):
             raise ConfigError(f"`split` {spec!r} splits vertices; a link task splits edges: give `split` "
                               f"edges:TRAIN,VAL (such as {DEFAULT_LINK_SPLIT}), or none for that default.")
-        graph = split_edges(graph, *parse_link_split(spec), seed=config.seed)
+        graph = split_edges(graph, *parse_link_split(spec), seed=config.seed, direction=config.link_direction)
     elif config.split:
         raise ConfigError(f"`split` {config.split!r}: {graph.name} carries its own link split; leave `split` out.")
+    elif config.link_direction != "auto":
+        raise ConfigError(f"`link_direction` {config.link_direction}: {graph.name} carries its own link split, "
+                          f"{'undirected' if graph.links.undirected else 'directed'}; the option chooses how "
+                          f"`split` edges:TRAIN,VAL splits a graph without one. Leave it out.")
     # Stored negatives that are positives of their own set were counted in a note by the loader (OGB's
     # evaluators score them as given); everything else about the split must hold.
     check_link_split(graph.links, graph.num_nodes, graph.name, negatives_may_be_positive=True)
+    notes = check_graph_links(graph)  # a split given with the graph, or changed since it was checked
+    graph = dataclasses.replace(graph, notes=[*graph.notes, *notes]) if notes else graph
+    check_link_settings(graph, config)
     return graph
+
+
+def check_node_task(graph: Graph, config: TrainConfig) -> None:
+    """A node task's run refuses what only a link task uses: a link split (the graph's or ``config.split``)
+    and link settings given other values than their defaults (ignoring them would hide a mistaken task)."""
+    if graph.links is not None or is_link_split(config.split):
+        raise ConfigError(f"{graph.name if graph.links is not None else config.split}: a link split, for link "
+                          f"prediction; give `task` link (or a node split such as ratio:0.6,0.2 for a node task).")
+    given = config.link_settings_given()
+    if given:
+        which, them = ("a link task's setting", "it") if len(given) == 1 else ("a link task's settings", "them")
+        raise ConfigError(f"{', '.join(given)}: {which} (how it scores pairs, draws negatives and splits edges), "
+                          f"and `task` is {config.task}; give `task` link, or leave {them} out.")
+
+
+def check_link_settings(graph: Graph, config: TrainConfig) -> None:
+    """Refuse the settings a link run cannot honour on ``graph``: evaluation fanouts or a cap on the evaluated
+    vertices (its evaluation is exact, over every named vertex), more negative destinations per
+    positive than the vertices they are drawn from (``negatives``, and ``eval_negatives`` where the data stores
+    none; where it stores some, ``eval_negatives`` given at all), and Hits@K with fewer negatives per positive
+    than K (every positive would be a hit)."""
+    links = graph.links
+    ignored = ([f"`eval_fanouts` {','.join(map(str, config.eval_fanouts))}"] if config.eval_fanouts is not None
+               else []) + ([f"`eval_max_nodes` {config.eval_max_nodes}"] if config.eval_max_nodes else [])
+    if ignored:
+        raise ConfigError(f"{', '.join(ignored)}: a link task evaluates every vertex its validation and test pairs "
+                          f"name, over complete neighbourhoods, so {'it' if len(ignored) == 1 else 'they'} would be "
+                          f"ignored; leave {'it' if len(ignored) == 1 else 'them'} out.")
+    stored = links.negative_kind in (SHARED, PER_SOURCE)
+    check_negatives_fit("negatives", config.negatives, graph.num_nodes)
+    if not stored:
+        check_negatives_fit("eval_negatives", config.eval_negatives, graph.num_nodes)
+    elif config.eval_negatives != LinkConfig.eval_negatives:  # stored ones are scored: it would be ignored
+        raise ConfigError(f"`eval_negatives` {config.eval_negatives}: {graph.name} stores its own evaluation "
+                          f"negatives ({links.negative_kind}), which are scored instead; leave `eval_negatives` out.")
+    metric = (links.metric or "mrr") if config.metric == "auto" else config.metric
+    name, k = parse_link_metric(metric)
+    counts = ({part: int(getattr(links, f"{part}_neg").shape[1]) for part in ("val", "test")} if stored
+              else {"val": config.eval_negatives, "test": config.eval_negatives})
+    fewest = min(counts.values())
+    if name == "hits" and fewest < k:
+        source = (f"{graph.name}'s stored negatives number {counts['val']:,} (validation) and {counts['test']:,} "
+                  f"(test) per positive" if stored else f"`eval_negatives` draws {fewest:,} per positive")
+        raise ConfigError(f"`metric` {metric}: {source}, fewer than K = {k}, so every positive would be a hit; "
+                          f"choose hits@K with K at most {fewest:,}, mrr or rocauc"
+                          + ("." if stored else f", or `eval_negatives` {k} or more."))
 
 
 @dataclass(frozen=True)

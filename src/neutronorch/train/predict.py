@@ -55,8 +55,11 @@ def select_nodes(graph: Graph | TypedGraph, nodes: Nodes, node_type: str | None 
         ids, what = ids_in_memory(nodes), "`nodes` (vertex ids given in memory)"
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
         raise ConfigError(f"{what}: expected a 1-D array of integer vertex ids, got {ids.dtype} {ids.shape}.")
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= count):
-        raise ConfigError(f"{what}: vertex ids must be in 0..{count - 1}{of}.")
+    bad = (ids < 0) | (ids >= count)  # compared in the ids' own type: a huge unsigned id is shown as it is
+    if bad.any():
+        first = int(np.argmax(bad))
+        raise ConfigError(f"{what}: {int(bad.sum()):,} vertex id{'s' if bad.sum() > 1 else ''} out of range, the "
+                          f"first {int(ids[first])} (entry {first}); vertex ids must be in 0..{count - 1}{of}.")
     return ids.astype(np.int64)
 
 

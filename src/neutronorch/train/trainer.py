@@ -52,7 +52,8 @@ from neutronorch.train.outputs import (check_checkpoint_space, check_outputs, cl
                                        write_summary)
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import named_scores, summarise, topology_in_file_order
-from neutronorch.train.link_task import LinkTask, evaluate_links, is_link_split, link_graph, rms_row_norm
+from neutronorch.train.link_task import (LinkTask, check_node_task, evaluate_links, is_link_split, link_graph,
+                                         rms_row_norm)
 from neutronorch.train.task import Task
 from neutronorch.train.typed_entry import is_typed_run, train_typed_run
 
@@ -176,9 +177,8 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     if link:
         graph = link_graph(graph, config)
         logger.info(f"{graph.links.describe()}")
-    elif graph.links is not None or is_link_split(config.split):
-        raise ConfigError(f"{graph.name if graph.links is not None else config.split}: a link split, for link "
-                          f"prediction; give `task` link (or a node split such as ratio:0.6,0.2 for a node task).")
+    else:
+        check_node_task(graph, config)
     if config.batch_size == 0:
         config.batch_size = auto_batch_size(graph.links.train.shape[1] if link else len(graph.train_idx))
     if user_model is not None and link:

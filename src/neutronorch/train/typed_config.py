@@ -18,6 +18,8 @@ def check_typed_config(config: TrainConfig) -> None:
         (config.mode not in TYPED_MODE_CHOICES,
          f"`mode` {config.mode}: {NOT_YET}; give `mode` {', '.join(TYPED_MODE_CHOICES)} (auto picks exact)."),
         (config.task != "node", f"`task` {config.task}: {NOT_YET}; typed graphs train node classifiers."),
+        (bool(config.link_settings_given()), f"{', '.join(config.link_settings_given())}: link task settings, and "
+                                             f"typed graphs train node classifiers; leave them out."),
         (config.model not in TYPED_MODELS,
          f"`model` {config.model}: {NOT_YET}; choose one of {', '.join(TYPED_MODELS)}."),
         (config.architecture != "plain" or config.residual or config.norm != "none",

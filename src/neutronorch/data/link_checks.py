@@ -1,0 +1,116 @@
+"""The checks of a link split that comes with its graph (an OGB link dataset, a PyG split, a ``Graph`` built
+with ``links``) against that graph: what ``split_edges`` guarantees by construction, counted.
+
+Per set, as links (an edge and its reverse one link when the split is undirected):
+
+- *leaks*, which make the scores meaningless: validation or test positives that are edges of the graph that
+  messages pass over (either direction when undirected) or training positives too. Refused with the counts
+  (``DataError``), except in a benchmark's own split (``benchmark=True``: OGB's, scored as its evaluator scores
+  it), where they are a loud warning;
+- *oddities*, kept and warned about: self loops among the positives, a positive repeated within its set, a
+  pair that is both a validation and a test positive.
+
+Every count found is kept in ``LinkSplit.issues`` (the summary's ``link.issues``) and the graph's notes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from neutronorch.data.links import LinkSplit, _link_keys, check_link_split, member_mask
+from neutronorch.errors import DataError
+
+__all__ = ["check_stored_links", "check_graph_links"]
+
+logger = logging.getLogger("neutronorch")
+HELD_OUT = ("val", "test")
+
+
+def check_stored_links(split: LinkSplit, indptr, indices, source: str, graph_name: str = "the graph's edges",
+                       benchmark: bool = False) -> list[str]:
+    """Count the leaks and oddities of ``split`` (in range already: ``check_link_split``) against the
+    message-passing graph (``indptr``, ``indices``, named ``graph_name`` in messages); raise ``DataError`` for
+    leaks unless ``benchmark``; warn about the rest. Sets ``split.issues`` (kind -> count, those found) and
+    returns the notes to keep with the graph."""
+    num_nodes = np.asarray(indptr).shape[0] - 1
+    keys = {name: _keys(getattr(split, name), num_nodes, split.undirected) for name in ("train", "val", "test")}
+    passing = _link_keys(np.asarray(indptr), np.asarray(indices), False)
+    issues: dict[str, int] = {}
+    examples: dict[str, tuple[int, int]] = {}
+    for name in HELD_OUT:  # undirected: a held-out link passes messages if either of its directions does
+        _count(issues, examples, f"{name}_in_message_passing", keys[name], passing, num_nodes, split.undirected)
+        _count(issues, examples, f"{name}_in_train", keys[name], np.unique(keys["train"]), num_nodes)
+    leaks = dict(issues)
+    _count(issues, examples, "val_in_test", keys["val"], np.unique(keys["test"]), num_nodes)
+    for name in ("train", "val", "test"):
+        pairs = getattr(split, name)
+        loops = pairs[0] == pairs[1]
+        if loops.any():
+            issues[f"{name}_self_loops"] = int(loops.sum())
+            examples[f"{name}_self_loops"] = tuple(pairs[:, np.argmax(loops)].tolist())
+        ordered = np.sort(keys[name])
+        again = ordered[1:][ordered[1:] == ordered[:-1]]
+        if again.size:
+            issues[f"{name}_repeated"] = int(again.size)
+            examples[f"{name}_repeated"] = (int(again[0] % num_nodes), int(again[0] // num_nodes))
+    either = " (either direction)" if split.undirected else ""
+    if leaks and not benchmark:  # not marked checked: refused again however often it is given
+        said = "; ".join(_said(kind, count, examples, split, graph_name, either) for kind, count in leaks.items())
+        raise DataError(f"{source}: the link split leaks: {said}. The model would see the links it is scored on; "
+                        f"take validation and test links out of the message-passing graph and the training set "
+                        f"(both directions when undirected), as split_edges and RandomLinkSplit do.")
+    split.issues, split.checked = issues, split.checked_for(indices)
+    notes = []
+    for kind, count in issues.items():
+        text = _said(kind, count, examples, split, graph_name, either)
+        leak = kind in leaks
+        logger.warning(f"{source}: {text}" + (" (a leak: the benchmark's own split, scored as it is given)" if leak
+                                               else " (kept)"))
+        notes.append(f"link split check: {text}" + (" (leak, kept: the benchmark's own)" if leak else " (kept)"))
+    return notes
+
+
+def check_graph_links(graph) -> list[str]:
+    """``check_stored_links`` of a ``Graph``'s own split against its topology, unless that split was checked
+    against it already (by its loader, ``split_edges`` or an earlier call) and has not changed since: a split
+    given with the graph, or edited (``dataclasses.replace``), is checked, leaks refused. The notes to add."""
+    links = graph.links
+    if links is None or links.checked == links.checked_for(graph.indices):
+        return []
+    check_link_split(links, graph.num_nodes, graph.name, negatives_may_be_positive=True)  # shapes, ids in range
+    return check_stored_links(links, graph.indptr, graph.indices, graph.name)
+
+
+def _keys(pairs: np.ndarray, num_nodes: int, undirected: bool) -> np.ndarray:
+    """Each pair's key dst * num_nodes + src (undirected: larger * num_nodes + smaller), in the pairs' order."""
+    src, dst = pairs[0], pairs[1]
+    if undirected:
+        src, dst = np.minimum(src, dst), np.maximum(src, dst)
+    return dst * num_nodes + src
+
+
+def _count(issues: dict, examples: dict, kind: str, keys: np.ndarray, known: np.ndarray, num_nodes: int,
+           either: bool = False) -> None:
+    """How many of ``keys`` are in sorted ``known`` (``either``: or their reverses are), under ``kind`` when
+    any, with the first of them."""
+    found = member_mask(keys, known)
+    if either:
+        found |= member_mask((keys % num_nodes) * num_nodes + keys // num_nodes, known)
+    count = int(found.sum())
+    if count:
+        first = int(keys[np.argmax(found)])
+        issues[kind] = count
+        examples[kind] = (first % num_nodes, first // num_nodes)
+
+
+def _said(kind: str, count: int, examples: dict, split: LinkSplit, graph_name: str, either: str) -> str:
+    name, _, what = kind.partition("_")
+    total = getattr(split, name).shape[1]
+    first = f" (first {examples[kind][0]} -> {examples[kind][1]})" if kind in examples else ""
+    text = {"in_message_passing": f"are in {graph_name}{either}",
+            "in_train": f"are training positives too{either}", "in_test": f"are test positives too{either}",
+            "self_loops": "are self loops", "repeated": "repeat an edge of their own set"}[what]
+    return f"{count:,} {name} edges{first} {text} (of {total:,})"
+
