@@ -227,7 +227,8 @@ SWITCHES = {
                "train longer), mid-epoch included, in every mode"),
     "overwrite": ("--overwrite", "overwrite", "store_true",
                   "replace the outputs of an earlier run (--summary-json, the logs, --timeline, the checkpoints "
-                  "in --checkpoint-dir); without it a run refuses paths that already hold them"),
+                  "in --checkpoint-dir), kept aside until this run has written its first checkpoint (or its "
+                  "summary) and put back if it fails before; without it a run refuses paths that already hold them"),
     "residual": ("--residual", "residual", "store_true",
                  "skip connections around every layer but the output layer (identity, or a learned projection "
                  "where the widths differ)"),

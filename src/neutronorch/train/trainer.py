@@ -46,8 +46,8 @@ from neutronorch.train.resources import (check_threading_layer, memory_budget, r
                                          torch_threads)
 from neutronorch.train.checkpoint import check_resumable, load_state, save_checkpoint
 from neutronorch.train.distributed import GradientSync, World, joined, rank_device
-from neutronorch.train.outputs import (check_checkpoint_space, check_outputs, claim_checkpoint_dir, save_or_rescue,
-                                       write_summary)
+from neutronorch.train.outputs import check_checkpoint_space, check_outputs, save_or_rescue, write_summary
+from neutronorch.train.replacing import Replacement, claim_outputs
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import summarise, topology_in_file_order
 from neutronorch.train.link_task import LinkTask, evaluate_links, is_link_split, link_graph, rms_row_norm
@@ -90,6 +90,7 @@ class Run:
     world: World = field(default_factory=World)  # data parallel: this rank among the others
     mode_choice: dict | None = None  # mode auto: the mode chosen, why, and from what (None: the mode was given)
     sync: GradientSync | None = None  # data parallel: the gradient all-reduce and stop agreement
+    replacing: Replacement = field(default_factory=Replacement)  # the earlier outputs `overwrite` replaces
 
 
 def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress: Progress | None = None,
@@ -112,8 +113,8 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     keep_freed_memory()
     with contextlib.ExitStack() as stack:
         world = stack.enter_context(joined(device.type, config.dist_timeout))
-        if world.main:  # the rank that writes checkpoints holds their folder
-            stack.enter_context(claim_checkpoint_dir(config))
+        # The rank that writes holds the checkpoint folder, and sets aside what `overwrite` replaces.
+        replacing = stack.enter_context(claim_outputs(config, world.main))
         precision = resolve_precision(config.precision, device)
         config.precision = precision.name
         threads = thread_budget(config, world.local_size)
@@ -124,7 +125,7 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
         run = build_run(config, graph, device, threads, stack, world, model)
         if world.main:
             check_checkpoint_space(config, run.model.parameters())
-        run.stop, run.started, run.precision = stop, started, precision
+        run.stop, run.started, run.precision, run.replacing = stop, started, precision, replacing
         if world.distributed:
             run.sync = GradientSync(world, list(run.model.parameters()), stop, run.mode.averaged_gradients)
             run.stop = run.sync.agreed  # every rank stops after the same step
@@ -148,8 +149,8 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
             run.history[-1].update(_named(run.task, last_eval))
             _checkpoint(run, "best.pt", config.epochs - 1)
         summary = summarise(run, last_eval, timeline, "stopped_early" if run.stopped_early else "completed")
-    if world.main:
-        write_summary(config, summary)
+        if world.main:  # before the earlier outputs `overwrite` set aside are deleted, as the stack closes
+            write_summary(config, summary)
     return summary
 
 
@@ -367,6 +368,7 @@ def _checkpoint(run: Run, name: str, epoch: int, position: tuple[int, float] | N
             mode_state=mode_state, world_size=run.world.size, mode_choice=run.mode_choice)
         summary = run.config.summary_json
         save_or_rescue(Path(run.config.checkpoint_dir) / name, save, [Path(summary).parent] if summary else [])
+        run.replacing.checkpointed(stopping=run.stop is not None and run.stop.is_set())
 
 
 def _evaluate(run: Run, progress=None) -> dict[str, float]:

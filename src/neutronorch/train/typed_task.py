@@ -78,6 +78,7 @@ from neutronorch.train.outputs import check_outputs, write_summary
 from neutronorch.train.typed_summary import TYPED_STAGES, typed_summary, write_typed_timeline
 from neutronorch.train.resources import (check_threading_layer, numba_threads, resolve_device, thread_budget,
                                          torch_threads)
+from neutronorch.train.replacing import Replacement
 from neutronorch.train.row_adam import RowAdam
 from neutronorch.train.task import Task
 from neutronorch.train.distributed import World, rank_device
@@ -137,7 +138,8 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
     task = Task.of(graph, config.metric)
     tables = plan_tables(config, graph, sampler.num_layers, embed_dim, device)  # where the tables live, checked
     with contextlib.ExitStack() as stack:
-        world = join_ranks(stack, config, device)  # data parallel: the ranks; rank 0 holds checkpoint_dir
+        # Data parallel: the ranks; rank 0 holds checkpoint_dir and sets aside what `overwrite` replaces.
+        world, replacing = join_ranks(stack, config, device)
         stack.enter_context(tables)  # memory-mapped tables: their files, open while the run lasts
         stack.enter_context(torch_threads(threads))
         stack.enter_context(numba_threads(threads))
@@ -152,7 +154,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key, append=config.resume)))
         run = _TypedRun(config, graph, model, task, sampler, eval_sampler, device, metrics, progress, stop, budget,
                         None if own else tables)  # your own module's tables are its own
-        run.precision = precision
+        run.precision, run.replacing = precision, replacing
         run.util = stack.enter_context(contextlib.closing(Utilisation(device)))
         data_parallel(run, world)  # several ranks: global batches, the weights broadcast, run.sync and run.stop
         run.checkpoints = rank_checkpoints(run, world)  # with `resume`, the run restored from last.pt
@@ -174,7 +176,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         summary = run.summary("stopped_early" if run.stopped_early else "completed", started, data_seconds,
                               budget)
         summary["timeline"] = write_typed_timeline(run)
-    write_summary(config, summary)
+        write_summary(config, summary)  # before the earlier outputs `overwrite` set aside are deleted
     return summary
 
 
@@ -218,6 +220,7 @@ class _TypedRun:
         self.first_step_at: float | None = None
         self.start = (0, 0, 0.0)  # (epoch, step, loss sum of its steps before): where training starts
         self.checkpoints = None  # typed_checkpoint.TypedCheckpoints: called after every step and epoch
+        self.replacing = Replacement()  # the earlier outputs `overwrite` replaces (train/replacing.py)
         self.world, self.sync = World(), None  # data parallel (typed_distributed.py): the ranks, the reduction
         self.spans = Spans()  # every stage's spans; kept raw in the timeline's window
         self.util: Utilisation | None = None  # CPU (and GPU) busy, sampled on a thread (train_typed starts it)
