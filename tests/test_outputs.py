@@ -722,3 +722,27 @@ def test_a_full_disk_under_the_checkpoint_folder_leaves_no_temporary_file(tmp_pa
     monkeypatch.setattr(output_guard, "free_bytes", lambda path: 1000)
     assert main(["train", "--dataset", TINY, *TRAIN, "--checkpoint-dir", str(tmp_path / "new")]) == 2
     assert "needs about" in capsys.readouterr().err and not (tmp_path / "new").exists()
+
+
+@pytest.mark.slow
+def test_every_explicit_output_is_kept_until_replaced(datasets, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("tensorboard")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    first = ["train", "--dataset", str(datasets / "good"), *TRAIN, "--summary-json", "out/s.json", "--log-jsonl",
+             "out/m.jsonl", "--log-csv", "out/m.csv", "--timeline", "out/t.png", "--tensorboard", "tb",
+             "--log-every", "1"]
+    assert main(first) == 0
+    before = _digest(tmp_path)
+    assert {"out/t.png", "out/t.json", "out/m.jsonl"} <= set(before) and any(k.startswith("tb/events") for k in before)
+    _diverging(monkeypatch)
+    assert main(first + ["--overwrite"]) == 2  # no checkpoint folder: replaced only by a completed run
+    assert "diverged" in capsys.readouterr().err
+    assert _digest(tmp_path) == before and not list(tmp_path.rglob(".neutronorch-*"))
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert main(first + ["--overwrite"]) == 0
+    after = _digest(tmp_path)
+    assert sorted(k for k in after if not k.startswith("tb/")) == sorted(k for k in before if not k.startswith("tb/"))
+    assert len([k for k in after if k.startswith("tb/")]) == 1 and not set(after.items()) & set(before.items())
