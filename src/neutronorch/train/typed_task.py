@@ -62,7 +62,7 @@ import torch
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data.typed import TypedGraph
 from neutronorch.data.typed_native import read_typed
-from neutronorch.errors import ConfigError, Interrupted, TrainingError
+from neutronorch.errors import ConfigError, Interrupted, OutputError, TrainingError
 from neutronorch.nn.precision import Precision, resolve_precision
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.orchestration.factory import Threads, build_typed_mode
@@ -167,11 +167,15 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
                     f"embedding tables")
         try:
             run.epochs()
-        except (Interrupted, TrainingError) as exc:
+        except (Interrupted, TrainingError, OutputError) as exc:
+            # Nothing lost: what was trained is summarised (a checkpoint that could not be written too).
             summary = run.summary("interrupted" if isinstance(exc, Interrupted) else "failed", started,
                                   data_seconds, budget)
             summary["error"] = None if isinstance(exc, Interrupted) else str(exc)
-            write_summary(config, summary)
+            try:
+                write_summary(config, summary)
+            except OutputError as lost:  # the first error is the one to raise; say this one too
+                logger.error(str(lost))
             raise
         summary = run.summary("stopped_early" if run.stopped_early else "completed", started, data_seconds,
                               budget)
