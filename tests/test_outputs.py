@@ -746,3 +746,52 @@ def test_every_explicit_output_is_kept_until_replaced(datasets, tmp_path, monkey
     after = _digest(tmp_path)
     assert sorted(k for k in after if not k.startswith("tb/")) == sorted(k for k in before if not k.startswith("tb/"))
     assert len([k for k in after if k.startswith("tb/")]) == 1 and not set(after.items()) & set(before.items())
+
+
+@pytest.mark.slow
+def test_a_run_killed_while_replacing_leaves_the_earlier_outputs_recoverable(datasets, tmp_path, monkeypatch,
+                                                                              capsys):
+    monkeypatch.chdir(tmp_path)
+    base = ["train", "--dataset", str(datasets / "good"), *TRAIN, "--run-name", "X"]
+    assert main(base) == 0
+    folder = tmp_path / "runs" / "X"
+    earlier = _digest(folder)
+    hanging = ("import sys, time\nfrom neutronorch.train import trainer\n"
+               "def load(*a):\n print('loading', flush=True)\n time.sleep(600)\n"
+               "trainer.load_dataset = load\nfrom neutronorch.cli import main\nmain(sys.argv[1:])")
+    child = subprocess.Popen([sys.executable, "-c", hanging, *base, "--overwrite"], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                 [str(Path(__file__).resolve().parents[1] / "src"), os.environ.get("PYTHONPATH", "")])})
+    try:
+        assert child.stdout.readline().strip() == "loading"  # its earlier outputs set aside, its data loading
+    finally:
+        child.kill()  # kill -9: nothing of it runs again
+        child.wait()
+    asides = list(folder.glob(".neutronorch-replaced-*"))
+    assert len(asides) == 1 and _digest(asides[0]) == earlier  # whole, in one place
+    assert main(base + ["--overwrite"]) == 2
+    assert asides[0].name in capsys.readouterr().err
+    for path in asides[0].iterdir():  # what the message says to do to keep them
+        path.rename(folder / path.name)
+    asides[0].rmdir()
+    assert {k: v for k, v in _digest(folder).items() if k != ".neutronorch.lock"} == earlier  # the lock: kill -9's
+    assert main(base + ["--epochs", "2", "--resume"]) == 0
+
+
+def test_a_dataset_folder_that_cannot_be_swapped_in_stays_as_it_was(tmp_path, monkeypatch):
+    from neutronorch.data import native
+
+    save_native(generate(SyntheticSpec(nodes=300, degree=5, features=8, classes=3)), tmp_path / "g")
+    before = _digest(tmp_path)
+    real = Path.replace
+
+    def refused(self, target):
+        if native.temp_prefix(tmp_path / "g") in self.name:  # the new folder, renamed into place
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(self, target)
+
+    monkeypatch.setattr(Path, "replace", refused)
+    with pytest.raises(OutputError, match="cannot write .*g: Input/output error; what was there is kept"):
+        save_native(generate(SyntheticSpec(nodes=200, degree=5, features=8, classes=3)), tmp_path / "g",
+                    overwrite=True)
+    assert _digest(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["g"]
