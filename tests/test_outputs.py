@@ -261,6 +261,17 @@ def test_metric_logs_on_a_full_disk_are_a_warning_and_the_run_completes(small_di
     assert json.loads((tmp_path / "s.json").read_text())["status"] == "completed"
 
 
+@pytest.mark.slow
+def test_a_timeline_on_a_full_disk_is_a_warning_and_leaves_no_partial_file(small_disk, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    _fill(small_disk)
+    assert main(["train", "--dataset", TINY, *TRAIN, "--timeline", str(small_disk / "t.png"), "--summary-json",
+                 str(tmp_path / "s.json")]) == 0
+    assert "(the timeline); going on without it" in capsys.readouterr().err
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+    assert json.loads((tmp_path / "s.json").read_text())["timeline"] is None
+
+
 def _fill(disk: Path) -> None:
     with open(disk / "filler", "wb", buffering=0) as f:
         try:

@@ -217,7 +217,7 @@ def check_nothing_set_aside(field: str, folder: PathLike) -> None:
             if host == host_tag() and pid.isdigit() and process_running(int(pid)):
                 continue
             held = ", ".join(sorted(p.name for p in aside.iterdir())) or "nothing"
-            raise ConfigError(f"`{field}` {folder}: holds {aside.name}/, an earlier run's outputs ({held}) that a run "
-                              f"with `overwrite` (process {pid or '?'}) set aside and was stopped before it put them back "
-                              f"or wrote its own. To keep them: mv {aside}/* {folder}/ (over what that run left); to drop "
-                              f"them: rm -r {aside}. Then run again.")
+            raise ConfigError(f"`{field}` {folder}: holds {aside.name}/, an earlier run's outputs ({held}) that a "
+                              f"run with `overwrite` (process {pid or '?'}) set aside and was stopped before it put "
+                              f"them back or wrote its own. To keep them: mv {aside}/* {folder}/ (over what that run "
+                              f"left); to drop them: rm -r {aside}. Then run again.")

@@ -32,7 +32,7 @@ from neutronorch.nn.custom import UserModel
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
 from neutronorch.nn.precision import Precision, resolve_precision
-from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table, write_timeline
+from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table
 from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.orchestration.mode import Mode
 from neutronorch.train.evaluate import evaluate
@@ -49,7 +49,7 @@ from neutronorch.train.distributed import GradientSync, World, joined, rank_devi
 from neutronorch.train.outputs import check_checkpoint_space, check_outputs, save_or_rescue, write_summary
 from neutronorch.train.replacing import Replacement, claim_outputs
 from neutronorch.train.step import TRAINER_STAGES
-from neutronorch.train.summary import summarise, topology_in_file_order
+from neutronorch.train.summary import summarise, topology_in_file_order, write_run_timeline
 from neutronorch.train.link_task import LinkTask, evaluate_links, is_link_split, link_graph, rms_row_norm
 from neutronorch.train.task import Task
 from neutronorch.train.typed_entry import is_typed_run, train_typed_run
@@ -312,15 +312,8 @@ def run_epochs(run: Run, progress: Progress | None):
             logger.info(f"stopping early: no better validation {run.task.metric} in {config.patience} evaluations "
                         f"(best {run.best['val']:.4f} at epoch {run.best['epoch']})")
             break
-    timeline = None
-    if config.timeline and run.spans.events and run.world.main:
-        try:
-            timeline = write_timeline(config.timeline, run.spans.events, run.util.samples,
-                                      f"{mode.name} mode, {config.model}, epoch {window.epoch}, first "
-                                      f"{config.timeline_steps} steps", run.stages)
-            logger.info(f"timeline: {timeline['png']} ({timeline['spans']} spans; raw spans in {timeline['json']})")
-        except OSError as exc:  # a chart is not worth the run: what was trained is still saved and summarised
-            logger.warning(f"cannot write the timeline {config.timeline}: {exc.strerror or exc}; going on without it")
+    timeline = write_run_timeline(run, f"{mode.name} mode, {config.model}, epoch {window.epoch}, first "
+                                       f"{config.timeline_steps} steps", run.stages)
     return last_eval, timeline
 
 
