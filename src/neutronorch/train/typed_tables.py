@@ -153,7 +153,7 @@ class TypedTables:
             reserve(name)  # a disk that fills up later would kill the run with SIGBUS on a page's first write
             self.fds[(node_type, part)] = os.open(name, os.O_RDONLY)
         except OSError as exc:
-            raise write_error(Path(name or self.folder / f"{node_type}.{part}.npy"), exc, False) from exc
+            raise write_error(self.folder / f"{node_type}.{part}.npy", exc, False) from exc  # no temporary name
         finally:
             if name is not None:
                 Path(name).unlink(missing_ok=True)
