@@ -100,7 +100,8 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     layers read ``len(config.fanouts)`` hops), trained in place.
     ``progress(epoch, done, total)`` is called after every step. Setting ``stop`` (from a signal handler,
     another thread) finishes the current step, writes ``last.pt`` (with ``checkpoint_dir``) and the summary
-    marked ``interrupted``, and raises ``Interrupted``.
+    marked ``interrupted``, and raises ``Interrupted``. ``overwrite`` replaces an earlier run's outputs only once
+    this run has written its own, and puts them back if it ends before (``train/replacing.py``).
     A typed graph (``graph`` a ``TypedGraph``, or ``config.dataset`` a typed native folder or OGB's ogbn-mag
     layout: ``is_typed_dataset``) trains in exact mode through ``train/typed_task.py``'s ``train_typed``."""
     started = time.perf_counter()
