@@ -601,14 +601,26 @@ def _terminated_while_loading(monkeypatch):
     monkeypatch.setattr(trainer_module, "load_dataset", load)
 
 
+def _terminated_while_training(monkeypatch):
+    real = trainer_module.train_epoch
+
+    def epoch(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # the step finishes, last.pt is written at the epoch's end, it stops
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "train_epoch", epoch)
+
+
 # Each case: what the second run is given and what goes wrong, the exit status and what the error says.
 FAILED_REPLACEMENTS = [
     ("typo", ["--dataset", "{d}/good/typo"], 2, "no such"),
     ("fails-its-checks", ["--dataset", "{d}/nan"], 2, "NaN"),
     ("link-split-refused", ["--split", "edges:0.8,0.1"], 2, "a link split"),
     ("diverges", [], 2, "diverged"),
-    # Stopped on request before its first checkpoint: the one the stop writes does not replace the earlier run's.
-    ("sigterm", ["--epochs", "2"], 128 + signal.SIGTERM, "the earlier run's results it was to replace are kept"),
+    ("sigterm-while-loading", [], 128 + signal.SIGTERM, "the earlier run's results it was to replace are kept"),
+    # Stopped on request in its first epoch: the checkpoint the stop writes does not replace the earlier run's.
+    ("sigterm-while-training", ["--epochs", "2"], 128 + signal.SIGTERM,
+     "the earlier run's results it was to replace are kept"),
 ]
 
 
@@ -627,14 +639,28 @@ def test_overwrite_keeps_the_earlier_run_whole_until_the_new_one_has_its_own(
     assert any(name.endswith("best.pt") for name in before) and any(name.endswith("last.pt") for name in before)
     if case == "diverges":
         _diverging(monkeypatch)
-    if case == "sigterm":
+    if case == "sigterm-while-loading":
         _terminated_while_loading(monkeypatch)
+    if case == "sigterm-while-training":
+        _terminated_while_training(monkeypatch)
     again = [word.format(d=datasets) for word in first + args + ["--overwrite"]]
     assert main(again) == status
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert _digest(tmp_path) == before  # byte for byte; no set-aside folder, no lock, nothing of the new run
     assert not [p for p in tmp_path.rglob(".neutronorch-*")]
+
+
+@pytest.mark.slow
+def test_a_stop_asked_while_the_data_loads_stops_before_training(tmp_path, monkeypatch, capsys):
+    _terminated_while_loading(monkeypatch)
+    monkeypatch.setattr(trainer_module, "train_epoch", lambda *a, **k: pytest.fail("trained after the stop"))
+    summary = tmp_path / "s.json"
+    assert main(["train", "--dataset", TINY, *TRAIN, "--checkpoint-dir", str(tmp_path / "ck"), "--summary-json",
+                 str(summary)]) == 128 + signal.SIGTERM
+    assert "stopped on request before the first step; it stopped before its first checkpoint: there is nothing " \
+           "to resume, start it again" in capsys.readouterr().err
+    assert json.loads(summary.read_text())["status"] == "interrupted" and not (tmp_path / "ck").exists()
 
 
 @pytest.mark.slow
@@ -700,6 +726,18 @@ def test_a_typed_run_folder_is_kept_with_its_table_folders_until_replaced(tmp_pa
     monkeypatch.setattr(typed_task._TypedRun, "epochs", diverged)
     assert main(base + ["--overwrite"]) == 2
     assert "NaN or infinite" in capsys.readouterr().err
+    assert _digest(tmp_path) == before and not list(tmp_path.rglob(".neutronorch-*"))
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    real = typed_task.read_typed
+
+    def terminated_while_loading(*args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args)
+
+    monkeypatch.setattr(typed_task, "read_typed", terminated_while_loading)
+    assert main(base + ["--overwrite", "--epochs", "2"]) == 128 + signal.SIGTERM
+    assert "the earlier run's results it was to replace are kept" in capsys.readouterr().err
     assert _digest(tmp_path) == before and not list(tmp_path.rglob(".neutronorch-*"))
     monkeypatch.undo()
     monkeypatch.chdir(tmp_path)

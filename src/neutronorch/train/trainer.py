@@ -278,6 +278,8 @@ def run_epochs(run: Run, progress: Progress | None):
     config, mode, epochs = run.config, run.mode, run.history
     last_eval = next((scores for scores in map(_scores_of, reversed(epochs)) if scores), {})
     window = TimelineWindow(bool(config.timeline), config.epochs, config.timeline_steps)
+    if run.stop is not None and run.stop.is_set():  # asked while the data loaded: no step to finish first
+        raise Interrupted("stopped on request before the first step")
     mode.start(run.model)
     for epoch in range(run.start_epoch, config.epochs):
         resumed = epoch == run.start_epoch

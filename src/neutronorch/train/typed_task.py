@@ -244,6 +244,8 @@ class _TypedRun:
 
     def epochs(self) -> None:
         config, (first_epoch, first_step, loss_sum) = self.config, self.start
+        if self.stop is not None and self.stop.is_set():  # asked while the data loaded: no step to finish first
+            raise Interrupted("stopped on request before the first step")
         for epoch in range(first_epoch, config.epochs):
             record = self.train_epoch(epoch, *((first_step, loss_sum) if epoch == first_epoch else (0, 0.0)))
             last = epoch == config.epochs - 1
