@@ -769,7 +769,7 @@ def test_a_full_disk_under_the_checkpoint_folder_leaves_no_temporary_file(tmp_pa
     # Room found missing before the work: the folder the run made goes again.
     monkeypatch.setattr(torch, "save", real)
     monkeypatch.setattr(output_guard, "free_bytes", lambda path: 1000)
-    assert main(["train", "--dataset", TINY, *TRAIN, "--checkpoint-dir", str(tmp_path / "new")]) == 2
+    assert main(["train", "--dataset", TINY, *TRAIN, "--checkpoint-dir", str(tmp_path / "new" / "deeper")]) == 2
     assert "needs about" in capsys.readouterr().err and not (tmp_path / "new").exists()
 
 

@@ -158,14 +158,14 @@ def claim_folder(field: str, folder: PathLike) -> Iterator[Path]:
     import fcntl  # noqa: PLC0415 - POSIX only; the rest of this module is not
 
     folder = Path(folder)
-    made = not folder.exists()
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # the folder first, then its new parents
     folder.mkdir(parents=True, exist_ok=True)
     lock = folder / LOCK_NAME
     while True:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as exc:
-            _discard(folder, made)
+            _discard(made)
             raise OutputError(f"`{field}` {folder}: cannot be written ({exc.strerror or exc}). Choose a folder you "
                               f"can write to.") from None
         try:
@@ -188,7 +188,7 @@ def claim_folder(field: str, folder: PathLike) -> Iterator[Path]:
         with contextlib.suppress(OSError):
             lock.unlink()  # while still held: a run that opened this file meanwhile sees it gone and retries
         os.close(fd)  # releases the lock
-        _discard(folder, made)
+        _discard(made)
 
 
 def _still_named(fd: int, path: Path) -> bool:
@@ -199,10 +199,11 @@ def _still_named(fd: int, path: Path) -> bool:
         return False
 
 
-def _discard(folder: Path, made: bool) -> None:
-    if made:
-        with contextlib.suppress(OSError):
-            folder.rmdir()  # refused (kept) when anything is there
+def _discard(made: list[Path]) -> None:
+    """Remove the folders ``claim_folder`` made, innermost first, as long as they are empty."""
+    with contextlib.suppress(OSError):
+        for path in made:
+            path.rmdir()  # refused (kept, and its parents with it) when anything is there
 
 
 def check_nothing_set_aside(field: str, folder: PathLike) -> None:
