@@ -844,3 +844,11 @@ def test_a_dataset_folder_that_cannot_be_swapped_in_stays_as_it_was(tmp_path, mo
         save_native(generate(SyntheticSpec(nodes=200, degree=5, features=8, classes=3)), tmp_path / "g",
                     overwrite=True)
     assert _digest(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["g"]
+
+
+def test_resume_and_overwrite_together_are_refused_as_a_contradiction(tmp_path, monkeypatch, capsys):
+    _no_data_loaded(monkeypatch)
+    assert main(["train", "--dataset", TINY, *TRAIN, "--checkpoint-dir", str(tmp_path / "c"), "--resume",
+                 "--overwrite"]) == 2
+    assert "--resume and --overwrite contradict each other" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
