@@ -167,7 +167,7 @@ SHORT = {
     "summary_json": "write the run summary (accuracy, times, memory) here",
     "checkpoint_dir": "write last.pt after every epoch and best.pt at each better score",
     "resume": "continue the run of --run-name (or --checkpoint-dir) from its last.pt",
-    "overwrite": "replace an earlier run's outputs instead of refusing them",
+    "overwrite": "replace an earlier run's outputs once this run has its own",
     "config": "YAML, TOML or JSON file of options; the command line wins",
 }
 
