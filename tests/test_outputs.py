@@ -852,3 +852,29 @@ def test_resume_and_overwrite_together_are_refused_as_a_contradiction(tmp_path, 
                  "--overwrite"]) == 2
     assert "--resume and --overwrite contradict each other" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_once_the_new_run_has_a_checkpoint_it_keeps_its_own_when_it_fails_later(datasets, tmp_path, monkeypatch):
+    from neutronorch.errors import TrainingError
+    from neutronorch.train.task import Task
+
+    base = dict(dataset=str(datasets / "good"), fanouts=[4, 4], hidden=8, device="cpu", progress=False,
+                checkpoint_dir=str(tmp_path / "ck"), summary_json=str(tmp_path / "s.json"), eval_every=1)
+    train(TrainConfig(**base, epochs=3))
+    real, calls = Task.loss, []
+
+    def nan_in_epoch_1(self, *args):  # one step an epoch: the second step is epoch 1's
+        calls.append(1)
+        return real(self, *args) * (float("nan") if len(calls) > 1 else 1.0)
+
+    monkeypatch.setattr(Task, "loss", nan_in_epoch_1)
+    with pytest.raises(TrainingError, match="diverged"):
+        train(TrainConfig(**base, epochs=3, overwrite=True))
+    summary = json.loads((tmp_path / "s.json").read_text())  # this run's: it replaced the earlier at epoch 0
+    assert summary["status"] == "failed" and [e["epoch"] for e in summary["epochs"]] == [0]
+    from neutronorch import load_checkpoint
+
+    assert [load_checkpoint(tmp_path / "ck" / name).epoch for name in ("last.pt", "best.pt")] == [0, 0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "s.json"]
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["best.pt", "last.pt"]
