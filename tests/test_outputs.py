@@ -261,6 +261,17 @@ def test_metric_logs_on_a_full_disk_are_a_warning_and_the_run_completes(small_di
     assert json.loads((tmp_path / "s.json").read_text())["status"] == "completed"
 
 
+@pytest.mark.slow
+def test_a_timeline_on_a_full_disk_is_a_warning_and_leaves_no_partial_file(small_disk, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    _fill(small_disk)
+    assert main(["train", "--dataset", TINY, *TRAIN, "--timeline", str(small_disk / "t.png"), "--summary-json",
+                 str(tmp_path / "s.json")]) == 0
+    assert "(the timeline); going on without it" in capsys.readouterr().err
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+    assert json.loads((tmp_path / "s.json").read_text())["timeline"] is None
+
+
 def _fill(disk: Path) -> None:
     with open(disk / "filler", "wb", buffering=0) as f:
         try:
@@ -555,3 +566,315 @@ def test_the_python_api_keeps_nothing_unless_asked(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     train(TrainConfig(dataset=TINY, epochs=1, fanouts=[4, 4], hidden=8, progress=False, device="cpu"))
     assert list(tmp_path.iterdir()) == []
+
+
+# ----- --overwrite: the earlier run's outputs are replaced only once the new run has written its own ------------
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    """A native dataset, and a copy whose features hold a NaN (it loads, and fails its checks after)."""
+    root = tmp_path_factory.mktemp("datasets")
+    save_native(generate(SyntheticSpec(nodes=300, degree=5, features=8, classes=3)), root / "good")
+    bad = root / "nan"
+    save_native(generate(SyntheticSpec(nodes=300, degree=5, features=8, classes=3)), bad)
+    features = np.load(bad / "features.npy")
+    features[5, 2] = np.nan
+    np.save(bad / "features.npy", features)
+    return root
+
+
+def _diverging(monkeypatch):
+    from neutronorch.train.task import Task
+
+    real = Task.loss
+    monkeypatch.setattr(Task, "loss", lambda self, *a: real(self, *a) * float("nan"))  # NaN at the first step
+
+
+def _terminated_while_loading(monkeypatch):
+    real = trainer_module.load_dataset
+
+    def load(*args):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler asks the run to stop after its current step
+        return real(*args)
+
+    monkeypatch.setattr(trainer_module, "load_dataset", load)
+
+
+def _terminated_while_training(monkeypatch):
+    real = trainer_module.train_epoch
+
+    def epoch(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # the step finishes, last.pt is written at the epoch's end, it stops
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "train_epoch", epoch)
+
+
+# Each case: what the second run is given and what goes wrong, the exit status and what the error says.
+FAILED_REPLACEMENTS = [
+    ("typo", ["--dataset", "{d}/good/typo"], 2, "no such"),
+    ("fails-its-checks", ["--dataset", "{d}/nan"], 2, "NaN"),
+    ("link-split-refused", ["--split", "edges:0.8,0.1"], 2, "a link split"),
+    ("diverges", [], 2, "diverged"),
+    ("sigterm-while-loading", [], 128 + signal.SIGTERM, "the earlier run's results it was to replace are kept"),
+    # Stopped on request in its first epoch: the checkpoint the stop writes does not replace the earlier run's.
+    ("sigterm-while-training", ["--epochs", "2"], 128 + signal.SIGTERM,
+     "the earlier run's results it was to replace are kept"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case, args, status, message", FAILED_REPLACEMENTS, ids=[c[0] for c in FAILED_REPLACEMENTS])
+@pytest.mark.parametrize("where", ["run-folder", "checkpoint-dir"])
+def test_overwrite_keeps_the_earlier_run_whole_until_the_new_one_has_its_own(
+        datasets, tmp_path, monkeypatch, capsys, case, args, status, message, where):
+    monkeypatch.chdir(tmp_path)
+    outputs = (["--run-name", "X"] if where == "run-folder" else
+               ["--checkpoint-dir", "ck", "--summary-json", "out/s.json", "--log-csv", "out/m.csv"])
+    (tmp_path / "out").mkdir()
+    first = ["train", "--dataset", str(datasets / "good"), *TRAIN, "--eval-every", "1", *outputs]
+    assert main(first) == 0
+    before = _digest(tmp_path)
+    assert any(name.endswith("best.pt") for name in before) and any(name.endswith("last.pt") for name in before)
+    if case == "diverges":
+        _diverging(monkeypatch)
+    if case == "sigterm-while-loading":
+        _terminated_while_loading(monkeypatch)
+    if case == "sigterm-while-training":
+        _terminated_while_training(monkeypatch)
+    again = [word.format(d=datasets) for word in first + args + ["--overwrite"]]
+    assert main(again) == status
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert _digest(tmp_path) == before  # byte for byte; no set-aside folder, no lock, nothing of the new run
+    assert not [p for p in tmp_path.rglob(".neutronorch-*")]
+
+
+@pytest.mark.slow
+def test_a_stop_asked_while_the_data_loads_stops_before_training(tmp_path, monkeypatch, capsys):
+    _terminated_while_loading(monkeypatch)
+    monkeypatch.setattr(trainer_module, "train_epoch", lambda *a, **k: pytest.fail("trained after the stop"))
+    summary = tmp_path / "s.json"
+    assert main(["train", "--dataset", TINY, *TRAIN, "--checkpoint-dir", str(tmp_path / "ck"), "--summary-json",
+                 str(summary)]) == 128 + signal.SIGTERM
+    assert "stopped on request before the first step; it stopped before its first checkpoint: there is nothing " \
+           "to resume, start it again" in capsys.readouterr().err
+    assert json.loads(summary.read_text())["status"] == "interrupted" and not (tmp_path / "ck").exists()
+
+
+@pytest.mark.slow
+def test_a_run_that_overwrites_leaves_only_its_own_outputs(datasets, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    base = ["train", "--dataset", str(datasets / "good"), *TRAIN, "--run-name", "X"]
+    assert main(base + ["--eval-every", "1", "--epochs", "2"]) == 0
+    earlier = _digest(tmp_path / "runs" / "X")
+    assert main(base + ["--eval-every", "-1", "--overwrite"]) == 0  # no evaluation: no best.pt of its own
+    assert sorted(p.name for p in (tmp_path / "runs" / "X").iterdir()) == ["last.pt", "metrics.jsonl",
+                                                                        "summary.json"]
+    assert all(earlier[name] != digest for name, digest in _digest(tmp_path / "runs" / "X").items())
+    summary = json.loads((tmp_path / "runs" / "X" / "summary.json").read_text())
+    assert summary["checkpoints"]["best"] is None and len(summary["epochs"]) == 1
+
+
+@pytest.mark.slow
+def test_outputs_a_killed_run_set_aside_are_the_users_to_keep_or_drop(datasets, tmp_path, monkeypatch, capsys):
+    from neutronorch.atomic import host_tag
+
+    monkeypatch.chdir(tmp_path)
+    base = ["train", "--dataset", str(datasets / "good"), *TRAIN, "--run-name", "X"]
+    assert main(base) == 0
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    folder = tmp_path / "runs" / "X"
+    aside = folder / f".neutronorch-replaced-{dead}@{host_tag()}-0a1b2c3d"  # killed while replacing them
+    aside.mkdir()
+    for name in ("last.pt", "summary.json"):
+        (folder / name).rename(aside / name)
+    kept = _digest(folder)
+    for more in (["--overwrite"], ["--resume"]):
+        assert main(base + more) == 2
+        err = capsys.readouterr().err
+        assert f"holds {aside.name}/, an earlier run's outputs (last.pt, summary.json)" in err
+        shown = Path("runs") / "X" / aside.name
+        assert f"mv {shown}/* runs/X/" in err and f"rm -r {shown}" in err and "Traceback" not in err
+        assert _digest(folder) == kept
+    # A set-aside folder of a run still going is its own: not refused.
+    (folder / aside.name).rename(folder / f".neutronorch-replaced-{os.getpid()}@{host_tag()}-0a1b2c3d")
+    assert main(base + ["--overwrite"]) == 0
+
+
+@pytest.mark.slow
+def test_a_typed_run_folder_is_kept_with_its_table_folders_until_replaced(tmp_path, monkeypatch, capsys):
+    from neutronorch.data import synthetic_typed, write_typed
+    from neutronorch.train import typed_task
+
+    monkeypatch.chdir(tmp_path)
+    write_typed(synthetic_typed(nodes=1200, train=0.3, val=0.1, seed=0), tmp_path / "mag")
+    base = ["train", "--dataset", str(tmp_path / "mag"), *TRAIN, "--batch-size", "128", "--embedding-storage",
+            "mmap", "--run-name", "X"]
+    assert main(base) == 0
+    folder = tmp_path / "runs" / "X"
+    assert [p for p in folder.iterdir() if "-tables-" in p.name]
+    before = _digest(tmp_path)
+
+    def diverged(self):
+        raise TrainingError("the training loss became NaN or infinite in epoch 0 (within its first 1 steps)")
+
+    from neutronorch.errors import TrainingError
+
+    monkeypatch.setattr(typed_task._TypedRun, "epochs", diverged)
+    assert main(base + ["--overwrite"]) == 2
+    assert "NaN or infinite" in capsys.readouterr().err
+    assert _digest(tmp_path) == before and not list(tmp_path.rglob(".neutronorch-*"))
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    real = typed_task.read_typed
+
+    def terminated_while_loading(*args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args)
+
+    monkeypatch.setattr(typed_task, "read_typed", terminated_while_loading)
+    assert main(base + ["--overwrite", "--epochs", "2"]) == 128 + signal.SIGTERM
+    assert "the earlier run's results it was to replace are kept" in capsys.readouterr().err
+    assert _digest(tmp_path) == before and not list(tmp_path.rglob(".neutronorch-*"))
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert main(base + ["--overwrite", "--eval-every", "-1"]) == 0
+    tables = sorted(p.name.split("-")[0] for p in folder.iterdir() if "-tables-" in p.name)
+    assert tables == ["last"] and not (folder / "best.pt").exists()
+    from neutronorch import load_typed_checkpoint
+
+    assert load_typed_checkpoint(folder / "last.pt").epoch == 0  # its own tables, checked
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_the_checkpoint_folder_leaves_no_temporary_file(tmp_path, monkeypatch, capsys):
+    import torch
+
+    real = torch.save
+
+    def full(obj, f, *args, **kwargs):
+        f.write(b"x" * 100)  # part of it went in before the disk filled up
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(torch, "save", full)
+    ckpt = tmp_path / "ck"
+    ckpt.mkdir()
+    assert main(["train", "--dataset", TINY, *TRAIN, "--checkpoint-dir", str(ckpt)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write {ckpt / 'last.pt'}: No space left on device" in err and "Free some space" in err
+    assert list(ckpt.iterdir()) == []  # no temporary file, no lock file
+    # Room found missing before the work: the folder the run made goes again.
+    monkeypatch.setattr(torch, "save", real)
+    monkeypatch.setattr(output_guard, "free_bytes", lambda path: 1000)
+    assert main(["train", "--dataset", TINY, *TRAIN, "--checkpoint-dir", str(tmp_path / "new" / "deeper")]) == 2
+    assert "needs about" in capsys.readouterr().err and not (tmp_path / "new").exists()
+
+
+@pytest.mark.slow
+def test_every_explicit_output_is_kept_until_replaced(datasets, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("tensorboard")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    first = ["train", "--dataset", str(datasets / "good"), *TRAIN, "--summary-json", "out/s.json", "--log-jsonl",
+             "out/m.jsonl", "--log-csv", "out/m.csv", "--timeline", "out/t.png", "--tensorboard", "tb",
+             "--log-every", "1"]
+    assert main(first) == 0
+    before = _digest(tmp_path)
+    assert {"out/t.png", "out/t.json", "out/m.jsonl"} <= set(before) and any(k.startswith("tb/events") for k in before)
+    _diverging(monkeypatch)
+    assert main(first + ["--overwrite"]) == 2  # no checkpoint folder: replaced only by a completed run
+    assert "diverged" in capsys.readouterr().err
+    assert _digest(tmp_path) == before and not list(tmp_path.rglob(".neutronorch-*"))
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert main(first + ["--overwrite"]) == 0
+    after = _digest(tmp_path)
+    assert sorted(k for k in after if not k.startswith("tb/")) == sorted(k for k in before if not k.startswith("tb/"))
+    assert len([k for k in after if k.startswith("tb/")]) == 1 and not set(after.items()) & set(before.items())
+
+
+@pytest.mark.slow
+def test_a_run_killed_while_replacing_leaves_the_earlier_outputs_recoverable(datasets, tmp_path, monkeypatch,
+                                                                              capsys):
+    monkeypatch.chdir(tmp_path)
+    base = ["train", "--dataset", str(datasets / "good"), *TRAIN, "--run-name", "X"]
+    assert main(base) == 0
+    folder = tmp_path / "runs" / "X"
+    earlier = _digest(folder)
+    hanging = ("import sys, time\nfrom neutronorch.train import trainer\n"
+               "def load(*a):\n print('loading', flush=True)\n time.sleep(600)\n"
+               "trainer.load_dataset = load\nfrom neutronorch.cli import main\nmain(sys.argv[1:])")
+    child = subprocess.Popen([sys.executable, "-c", hanging, *base, "--overwrite"], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                 [str(Path(__file__).resolve().parents[1] / "src"), os.environ.get("PYTHONPATH", "")])})
+    try:
+        assert child.stdout.readline().strip() == "loading"  # its earlier outputs set aside, its data loading
+    finally:
+        child.kill()  # kill -9: nothing of it runs again
+        child.wait()
+    asides = list(folder.glob(".neutronorch-replaced-*"))
+    assert len(asides) == 1 and _digest(asides[0]) == earlier  # whole, in one place
+    assert main(base + ["--overwrite"]) == 2
+    assert asides[0].name in capsys.readouterr().err
+    for path in asides[0].iterdir():  # what the message says to do to keep them
+        path.rename(folder / path.name)
+    asides[0].rmdir()
+    assert {k: v for k, v in _digest(folder).items() if k != ".neutronorch.lock"} == earlier  # the lock: kill -9's
+    assert main(base + ["--epochs", "2", "--resume"]) == 0
+
+
+def test_a_dataset_folder_that_cannot_be_swapped_in_stays_as_it_was(tmp_path, monkeypatch):
+    from neutronorch.data import native
+
+    save_native(generate(SyntheticSpec(nodes=300, degree=5, features=8, classes=3)), tmp_path / "g")
+    before = _digest(tmp_path)
+    real = Path.replace
+
+    def refused(self, target):
+        if native.temp_prefix(tmp_path / "g") in self.name:  # the new folder, renamed into place
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(self, target)
+
+    monkeypatch.setattr(Path, "replace", refused)
+    with pytest.raises(OutputError, match="cannot write .*g: Input/output error; what was there is kept"):
+        save_native(generate(SyntheticSpec(nodes=200, degree=5, features=8, classes=3)), tmp_path / "g",
+                    overwrite=True)
+    assert _digest(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["g"]
+
+
+def test_resume_and_overwrite_together_are_refused_as_a_contradiction(tmp_path, monkeypatch, capsys):
+    _no_data_loaded(monkeypatch)
+    assert main(["train", "--dataset", TINY, *TRAIN, "--checkpoint-dir", str(tmp_path / "c"), "--resume",
+                 "--overwrite"]) == 2
+    assert "--resume and --overwrite contradict each other" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_once_the_new_run_has_a_checkpoint_it_keeps_its_own_when_it_fails_later(datasets, tmp_path, monkeypatch):
+    from neutronorch.errors import TrainingError
+    from neutronorch.train.task import Task
+
+    base = dict(dataset=str(datasets / "good"), fanouts=[4, 4], hidden=8, device="cpu", progress=False,
+                checkpoint_dir=str(tmp_path / "ck"), summary_json=str(tmp_path / "s.json"), eval_every=1)
+    train(TrainConfig(**base, epochs=3))
+    real, calls = Task.loss, []
+
+    def nan_in_epoch_1(self, *args):  # one step an epoch: the second step is epoch 1's
+        calls.append(1)
+        return real(self, *args) * (float("nan") if len(calls) > 1 else 1.0)
+
+    monkeypatch.setattr(Task, "loss", nan_in_epoch_1)
+    with pytest.raises(TrainingError, match="diverged"):
+        train(TrainConfig(**base, epochs=3, overwrite=True))
+    summary = json.loads((tmp_path / "s.json").read_text())  # this run's: it replaced the earlier at epoch 0
+    assert summary["status"] == "failed" and [e["epoch"] for e in summary["epochs"]] == [0]
+    from neutronorch import load_checkpoint
+
+    assert [load_checkpoint(tmp_path / "ck" / name).epoch for name in ("last.pt", "best.pt")] == [0, 0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "s.json"]
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["best.pt", "last.pt"]

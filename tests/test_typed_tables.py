@@ -6,7 +6,9 @@ ones; auto chooses by the memory available; predict and embed read them."""
 from __future__ import annotations
 
 import errno
+import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -277,6 +279,27 @@ def test_a_failed_table_write_keeps_the_checkpoint_before_it_whole(mag, tmp_path
     assert load_typed_checkpoint(tmp_path / "last.pt").epoch == 0  # with its tables, checked
     assert [p.name.split("-")[2] for p in folders(tmp_path, "last")] == ["6"]
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_a_checkpoint_the_disk_has_no_room_for_still_leaves_the_summary(mag, tmp_path, monkeypatch):
+    copy_file_range = os.copy_file_range
+
+    def full_disk_in_epoch_1(source, target, count, *offsets):  # the checkpoint folder's disk, not the summary's
+        where = os.readlink(f"/proc/self/fd/{target}")
+        if "-tables-12-" in where and "/ck/" in where:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return copy_file_range(source, target, count, *offsets)
+
+    monkeypatch.setattr(os, "copy_file_range", full_disk_in_epoch_1)
+    summary = tmp_path / "s.json"
+    with pytest.raises(OutputError, match="No space left on device"):
+        train(config(tmp_path / "ck", epochs=3, summary_json=str(summary)), graph=mag)
+    written = json.loads(summary.read_text())
+    assert written["status"] == "failed" and "No space left" in written["error"] and len(written["epochs"]) == 2
+    rescued = re.search(r"A copy was saved to (\S+) with its table folder (\S+)/ \(move both\)", written["error"])
+    assert rescued and (Path(rescued[1]).parent / rescued[2]).is_dir()
+    assert load_typed_checkpoint(rescued[1]).epoch == 1  # read with its tables, beside it
+    assert not [p for p in (tmp_path / "ck").iterdir() if ".tmp-" in p.name or p.name.startswith(".neutronorch")]
 
 
 @pytest.mark.parametrize("mode", ["device", "neutronorch"])

@@ -28,21 +28,22 @@ from neutronorch.errors import OutputError
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-def _host() -> str:
+def host_tag() -> str:
+    """This machine's name as temporary names carry it (letters and digits, ``_`` for the rest)."""
     return "".join(c if c.isalnum() else "_" for c in socket.gethostname()) or "host"
 
 
 def temp_prefix(target: Path) -> str:
-    return f".{target.name}.tmp-{os.getpid()}@{_host()}-"
+    return f".{target.name}.tmp-{os.getpid()}@{host_tag()}-"
 
 
 def sweep_stale(target: Path) -> None:
     """Remove the temporary files and folders that processes of this machine no longer running left beside
     ``target``."""
     with contextlib.suppress(OSError):
-        for leftover in target.parent.glob(f".{glob_escape(target.name)}.tmp-*@{_host()}-*"):
+        for leftover in target.parent.glob(f".{glob_escape(target.name)}.tmp-*@{host_tag()}-*"):
             pid = leftover.name[len(f".{target.name}.tmp-"):].split("@", 1)[0]
-            if pid.isdigit() and not _running(int(pid)):
+            if pid.isdigit() and not process_running(int(pid)):
                 if leftover.is_dir() and not leftover.is_symlink():
                     shutil.rmtree(leftover, ignore_errors=True)
                 else:
@@ -53,7 +54,8 @@ def glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
 
 
-def _running(pid: int) -> bool:
+def process_running(pid: int) -> bool:
+    """Whether process ``pid`` of this machine still runs (this one does)."""
     if pid == os.getpid():
         return True
     try:

@@ -207,6 +207,9 @@ class TrainConfig:
              "`checkpoint_every` writes `checkpoint_dir`/last.pt: give `checkpoint_dir` too."),
             (not self.resume or bool(self.checkpoint_dir),
              "`resume` continues from `checkpoint_dir`/last.pt: give `checkpoint_dir` too."),
+            (not (self.resume and self.overwrite),
+             "`resume` and `overwrite` contradict each other: `resume` continues the earlier run and adds to its "
+             "outputs, `overwrite` replaces them; give one."),
             (self.staleness_bound is None or self.staleness_bound >= self.super_batch - 1,
              f"`staleness_bound` {self.staleness_bound} is below `super_batch` {self.super_batch} minus 1: the "
              f"last mini-batch of a super-batch reuses hot embeddings at least P-1 = {self.super_batch - 1} "

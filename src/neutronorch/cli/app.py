@@ -198,6 +198,10 @@ def _train(config: TrainConfig, folder, rank: int | None) -> int:
                  if folder is not None else
                  f"continue from {config.checkpoint_dir}/last.pt with --resume" if config.checkpoint_dir
                  else "nothing was saved (no --checkpoint-dir)")
+        if config.checkpoint_dir and not (Path(config.checkpoint_dir) / "last.pt").is_file():
+            saved = "it stopped before its first checkpoint: there is nothing to resume, start it again"
+        if getattr(exc, "earlier_kept", False):  # --overwrite, stopped before this run's first checkpoint
+            saved = "it stopped before its first checkpoint: the earlier run's results it was to replace are kept"
         if not rank:
             print(f"neutronorch: interrupted: {exc}; {saved}", file=sys.stderr)
         return 128 + (received[0] if received else signal.SIGTERM)  # a rank stopped by another's signal

@@ -170,7 +170,7 @@ SHORT = {
     "summary_json": "write the run summary (accuracy, times, memory) here",
     "checkpoint_dir": "write last.pt after every epoch and best.pt at each better score",
     "resume": "continue the run of --run-name (or --checkpoint-dir) from its last.pt",
-    "overwrite": "replace an earlier run's outputs instead of refusing them",
+    "overwrite": "replace an earlier run's outputs once this run has its own",
     "config": "YAML, TOML or JSON file of options; the command line wins",
 }
 
@@ -230,7 +230,8 @@ SWITCHES = {
                "train longer), mid-epoch included, in every mode"),
     "overwrite": ("--overwrite", "overwrite", "store_true",
                   "replace the outputs of an earlier run (--summary-json, the logs, --timeline, the checkpoints "
-                  "in --checkpoint-dir); without it a run refuses paths that already hold them"),
+                  "in --checkpoint-dir), kept aside until this run has written its first checkpoint (or its "
+                  "summary) and put back if it fails before; without it a run refuses paths that already hold them"),
     "residual": ("--residual", "residual", "store_true",
                  "skip connections around every layer but the output layer (identity, or a learned projection "
                  "where the widths differ)"),

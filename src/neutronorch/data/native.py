@@ -191,8 +191,13 @@ def write_folder(target: Path, fill: Callable[[Path], None]) -> Path:
             # Not a temporary name of the sweep's: between the two renames it holds the only copy.
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
             target.replace(old / target.name)
-            partial.replace(target)
-            shutil.rmtree(old)
+            try:
+                partial.replace(target)
+            except BaseException:
+                (old / target.name).replace(target)  # what was there goes back
+                old.rmdir()
+                raise
+            shutil.rmtree(old, ignore_errors=True)
         else:
             partial.replace(target)
     except OSError as exc:

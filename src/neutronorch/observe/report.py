@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
+from typing import Callable
 
 from neutronorch.observe.spans import LANES, StageTable
 
@@ -36,9 +38,11 @@ def epoch_table(record: dict, table: StageTable) -> str:
     return "\n".join(lines)
 
 
-def write_timeline(path: str, events: list, samples: list, title: str, table: StageTable) -> dict:
+def write_timeline(path: str, events: list, samples: list, title: str, table: StageTable,
+                   save: Callable[[str, bytes], object] | None = None) -> dict:
     """Draw the spans (and the utilisation samples in their window) as a Gantt chart at ``path`` and write
-    the raw data next to it as ``.json``. Returns what was written.
+    the raw data next to it as ``.json``. Returns what was written. Both are made whole in memory first and
+    handed to ``save(path, data)`` (default: written as they are; the trainer writes them atomically).
 
     A sample is the mean since the one before, so the window's samples are those inside it, the first after
     it (covering its end) and the last before it (where the first one's interval starts); they are drawn
@@ -63,7 +67,7 @@ def write_timeline(path: str, events: list, samples: list, title: str, table: St
                          "gpu_percent": g} for t, c, m, g in window_samples],
     }
     json_path = str(Path(path).with_suffix(".json"))
-    Path(json_path).write_text(json.dumps(data) + "\n")
+    text = (json.dumps(data) + "\n").encode()
 
     stages = sorted({e[0] for e in events}, key=table.display_order)
     cmap = plt.get_cmap("tab20")
@@ -101,6 +105,10 @@ def write_timeline(path: str, events: list, samples: list, title: str, table: St
     else:
         ax.set_xlabel("seconds")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, dpi=110, format="png")
     plt.close(fig)
+    save = save or (lambda where, whole: Path(where).write_bytes(whole))
+    save(json_path, text)
+    save(path, png.getvalue())
     return {"png": path, "json": json_path, "spans": len(events)}

@@ -12,8 +12,11 @@ Every command that writes files calls these before it loads any data:
   removed), and its disk has room for what will be written.
 - ``claim_folder``: an exclusive lock on a folder for the life of the run, so a second run into the same
   checkpoint folder is refused instead of mixing its checkpoints with the first's.
+- ``check_nothing_set_aside``: no output folder holds an earlier run's outputs that a killed run set aside
+  while replacing them (``train/replacing.py``); they are the user's to put back or drop, never deleted here.
 
-It must never write anything but its probe files (removed at once) and the folder's lock file.
+It must never write anything but its probe files (removed at once) and the folder's lock file (removed when
+the run ends, with the folder when the lock made it and nothing else is there).
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
-from neutronorch.atomic import free_bytes
+from neutronorch.atomic import free_bytes, host_tag, process_running
 from neutronorch.errors import ConfigError, OutputError
 
 PathLike = str | os.PathLike
 LOCK_NAME = ".neutronorch.lock"
+SET_ASIDE = ".neutronorch-replaced-"  # + PID@HOST-RANDOM: an earlier run's outputs, set aside (replacing.py)
 
 
 def _resolved(path: PathLike) -> Path:
@@ -149,28 +153,72 @@ def _existing_ancestor(path: Path) -> Path:
 @contextlib.contextmanager
 def claim_folder(field: str, folder: PathLike) -> Iterator[Path]:
     """Hold an exclusive lock on ``folder`` (made if needed) until the block ends; refuse it while another
-    process holds it. The lock goes with the process, however it ends, so none is ever left stale."""
+    process holds it. The lock goes with the process, however it ends, so none is ever left stale; its file
+    is removed when the block ends, and the folder too when this lock made it and it holds nothing else."""
     import fcntl  # noqa: PLC0415 - POSIX only; the rest of this module is not
 
     folder = Path(folder)
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # the folder first, then its new parents
     folder.mkdir(parents=True, exist_ok=True)
     lock = folder / LOCK_NAME
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as exc:
-        raise OutputError(f"`{field}` {folder}: cannot be written ({exc.strerror or exc}). Choose a folder you "
-                          f"can write to.") from None
-    try:
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            _discard(made)
+            raise OutputError(f"`{field}` {folder}: cannot be written ({exc.strerror or exc}). Choose a folder you "
+                              f"can write to.") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
             raise ConfigError(f"`{field}` {folder}: in use by another run (process {holder}); two runs writing "
                               f"one folder would mix their checkpoints. Give this run another folder, or wait "
                               f"for that one to end.") from None
+        if _still_named(fd, lock):
+            break
+        os.close(fd)  # its holder removed the file as it ended: lock the one there now
+    try:
         with contextlib.suppress(OSError):  # who holds it, for the message above; the lock itself is enough
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield folder
     finally:
+        with contextlib.suppress(OSError):
+            lock.unlink()  # while still held: a run that opened this file meanwhile sees it gone and retries
         os.close(fd)  # releases the lock
+        _discard(made)
+
+
+def _still_named(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        return os.path.samestat(os.fstat(fd), path.stat())
+    except OSError:
+        return False
+
+
+def _discard(made: list[Path]) -> None:
+    """Remove the folders ``claim_folder`` made, innermost first, as long as they are empty."""
+    with contextlib.suppress(OSError):
+        for path in made:
+            path.rmdir()  # refused (kept, and its parents with it) when anything is there
+
+
+def check_nothing_set_aside(field: str, folder: PathLike) -> None:
+    """Refuse ``folder`` while it holds an earlier run's outputs that a run replacing them (``overwrite``)
+    set aside and neither put back nor deleted: its process was killed outright. Only the user can say which
+    results to keep; a set-aside folder of a run still going is its own."""
+    folder = Path(folder).expanduser()
+    with contextlib.suppress(OSError):
+        for aside in sorted(folder.glob(f"{SET_ASIDE}*")):
+            owner, _, _ = aside.name[len(SET_ASIDE):].rpartition("-")
+            pid, _, host = owner.partition("@")
+            if host == host_tag() and pid.isdigit() and process_running(int(pid)):
+                continue
+            held = ", ".join(sorted(p.name for p in aside.iterdir())) or "nothing"
+            raise ConfigError(f"`{field}` {folder}: holds {aside.name}/, an earlier run's outputs ({held}) that a "
+                              f"run with `overwrite` (process {pid or '?'}) set aside and was stopped before it put "
+                              f"them back or wrote its own. To keep them: mv {aside}/* {folder}/ (over what that run "
+                              f"left); to drop them: rm -r {aside}. Then run again.")

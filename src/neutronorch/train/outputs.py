@@ -13,17 +13,17 @@ import re
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
-from neutronorch.atomic import open_array_atomically, write_atomically
+from neutronorch.atomic import glob_escape, open_array_atomically, write_atomically
 from neutronorch.config import TrainConfig
 from neutronorch.data import dataset_paths
 from neutronorch.errors import ConfigError, OutputError
-from neutronorch.train.output_guard import (LOCK_NAME, check_creatable, check_distinct, check_fresh, check_space,
-                                              claim_folder)
+from neutronorch.train.output_guard import (LOCK_NAME, check_creatable, check_distinct, check_fresh,
+                                              check_nothing_set_aside, check_space)
 
 __all__ = ["CHECKPOINT_FILES", "OUTPUT_FIELDS", "RUNS", "RunFolder", "check_creatable", "check_outputs",
-           "check_checkpoint_space", "claim_checkpoint_dir", "generated_run_name", "names_outputs",
+           "check_checkpoint_space", "generated_run_name", "names_outputs",
            "open_array_atomically", "open_run_folder", "run_outputs", "save_or_rescue", "write_summary",
            "write_atomically", "write_json_atomically"]
 
@@ -45,7 +45,8 @@ def run_outputs(config: TrainConfig) -> dict[str, list[Path]]:
 def check_outputs(config: TrainConfig, reads: dict[str, list] | None = None, made: Path | None = None) -> None:
     """Fail before training (never after it) if an output cannot be written, would overwrite an input
     (the dataset, or the files in ``reads``) or another output, or holds an earlier run's results that
-    neither ``resume`` nor ``overwrite`` says to continue or replace. ``made``: a folder to be made for the
+    neither ``resume`` nor ``overwrite`` says to continue or replace, or shares a folder with outputs that a
+    killed run set aside while replacing them. ``made``: a folder to be made for the
     outputs once they pass (a run folder), which the logs' folder may be."""
     if config.timeline:
         _check_timeline(config.timeline)
@@ -61,24 +62,8 @@ def check_outputs(config: TrainConfig, reads: dict[str, list] | None = None, mad
             raise ConfigError(f"`{field}` {path}: the folder {Path(path).resolve().parent} does not exist.")
     for field, paths in {**outputs, **folders}.items():
         check_creatable(field, paths[0])
-
-
-@contextlib.contextmanager
-def claim_checkpoint_dir(config: TrainConfig) -> Iterator[None]:
-    """Hold ``checkpoint_dir`` for this run (another run into it is refused while this one lasts), and
-    check again under the lock that it holds no earlier run's checkpoints, unless ``resume`` (they are
-    continued) or ``overwrite`` (they are removed now, so none is ever taken for this run's)."""
-    if not config.checkpoint_dir:
-        yield
-        return
-    with claim_folder("checkpoint_dir", config.checkpoint_dir) as folder:
-        files = [folder / name for name in CHECKPOINT_FILES]
-        check_fresh({"checkpoint_dir": files}, config.overwrite, config.resume,
-                    again=" (or continue that run with `resume`)")
-        if config.overwrite and not config.resume:
-            for path in files:
-                path.unlink(missing_ok=True)
-        yield
+        # A killed run's set-aside outputs (train/replacing.py) are the user's to keep or drop first.
+        check_nothing_set_aside(field, paths[0] if field == "tensorboard" else paths[0].parent)
 
 
 def check_checkpoint_space(config: TrainConfig, parameters) -> None:
@@ -108,7 +93,9 @@ def save_or_rescue(path: str | os.PathLike, write: Callable[[Path], object], els
                 write(copy)
             except (OutputError, OSError):
                 continue
-            raise OutputError(f"{exc} A copy was saved to {copy} instead; move it to {path} once there is "
+            tables = sorted(p.name for p in copy.parent.glob(f"{glob_escape(copy.stem)}-tables-*"))  # a typed run's
+            beside = f" with its table folder {', '.join(tables)}/ (move both)" if tables else ""
+            raise OutputError(f"{exc} A copy was saved to {copy}{beside} instead; move it to {path} once there is "
                               f"room.") from exc
         raise
 
@@ -220,6 +207,7 @@ def open_run_folder(config: TrainConfig, name: str | None = None, reads: dict[st
             raise ConfigError(f"`run_name` {name}: {folder}/ already holds an earlier run's results, and a run "
                               f"never writes into another's folder. Give another name, continue that run with "
                               f"`resume`, or replace its results with `overwrite`.")
+        check_nothing_set_aside("run_name", folder)  # a killed run's: before the folder is judged by what it holds
         if config.resume and not (folder / "last.pt").is_file():
             raise ConfigError(f"`resume` `run_name` {name}: {folder}/ holds no last.pt to continue from"
                               f"{'' if folder.exists() else ' (no such run)'}. Give the name of a run that "

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from neutronorch.errors import OutputError
+from neutronorch.observe import StageTable, write_timeline
 from neutronorch.train.memory import peak_rss_mb, resident_mb
+from neutronorch.train.outputs import write_atomically
 
 if TYPE_CHECKING:
     from neutronorch.train.trainer import Run
+
+logger = logging.getLogger("neutronorch")
 
 
 def summarise(run: "Run", last_eval: dict, timeline: dict | None, status: str, gather: bool = True) -> dict:
@@ -76,6 +82,25 @@ def checkpoints_written(directory: str | None) -> dict | None:
     return {name: str(Path(directory) / f"{name}.pt") if (Path(directory) / f"{name}.pt").is_file() else None
             for name in ("last", "best")}
 
+
+
+def write_run_timeline(run, title: str, stages: StageTable) -> dict | None:
+    """The timeline of ``run``'s window (``timeline``: a .png, the raw spans beside it as .json), each file
+    written atomically by the main rank when spans were recorded; what was written, or None. A failure to
+    write (a full disk) is logged, not raised: the run's results are kept, and no partial file is left."""
+    config = run.config
+    if not (config.timeline and run.spans.events and run.world.main):
+        return None
+    samples = run.util.samples if run.util is not None else []
+    try:
+        written = write_timeline(config.timeline, run.spans.events, samples, title, stages,
+                                 save=lambda path, data: write_atomically(path, lambda f: f.write(data)))
+    except (OSError, OutputError) as exc:
+        reason = exc if isinstance(exc, OutputError) else f"cannot write {config.timeline}: {exc.strerror or exc}"
+        logger.warning(f"{reason} (the timeline); going on without it")
+        return None
+    logger.info(f"timeline: {written['png']} ({written['spans']} spans; raw spans in {written['json']})")
+    return written
 
 
 def topology_in_file_order(mode) -> bool:

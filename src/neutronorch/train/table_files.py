@@ -59,7 +59,8 @@ def table_folders(parent: Path, stem: str) -> list[Path]:
 
 def check_table_folders(config: TrainConfig) -> None:
     """Refuse a ``checkpoint_dir`` holding an earlier run's table folders, unless the run continues it
-    (``resume``) or replaces its results (``overwrite``); nothing is read or written."""
+    (``resume``) or replaces its results (``overwrite``: they are set aside with the checkpoints,
+    ``train/replacing.py``); nothing is read or written."""
     if not config.checkpoint_dir or config.resume or config.overwrite:
         return
     folder = Path(config.checkpoint_dir).expanduser()
@@ -69,14 +70,6 @@ def check_table_folders(config: TrainConfig) -> None:
         raise ConfigError(f"`checkpoint_dir` {folder}: holds an earlier run's embedding table files "
                           f"({', '.join(found)}) and they are never replaced silently. Give a new folder, continue "
                           f"that run with `resume`, or pass `overwrite` to replace them.")
-
-
-def clear_table_folders(checkpoint_dir: str) -> None:
-    """Remove an earlier run's table folders (``overwrite``, the folder locked for this run)."""
-    folder = Path(checkpoint_dir).expanduser()
-    for name in CHECKPOINT_FILES:
-        for path in table_folders(folder, Path(name).stem):
-            shutil.rmtree(path, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ from neutronorch.nn.custom import UserModel
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
 from neutronorch.nn.precision import Precision, resolve_precision
-from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table, write_timeline
+from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table
 from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.orchestration.mode import Mode
 from neutronorch.train.evaluate import evaluate
@@ -48,10 +48,10 @@ from neutronorch.train.resources import (check_threading_layer, memory_budget, r
                                          torch_threads)
 from neutronorch.train.checkpoint import check_resumable, load_state, save_checkpoint
 from neutronorch.train.distributed import GradientSync, World, joined, rank_device
-from neutronorch.train.outputs import (check_checkpoint_space, check_outputs, claim_checkpoint_dir, save_or_rescue,
-                                       write_summary)
+from neutronorch.train.outputs import check_checkpoint_space, check_outputs, save_or_rescue, write_summary
+from neutronorch.train.replacing import Replacement, claim_outputs
 from neutronorch.train.step import TRAINER_STAGES
-from neutronorch.train.summary import named_scores, summarise, topology_in_file_order
+from neutronorch.train.summary import named_scores, summarise, topology_in_file_order, write_run_timeline
 from neutronorch.train.link_task import (LinkTask, check_node_task, evaluate_links, is_link_split, link_graph,
                                          rms_row_norm)
 from neutronorch.train.task import Task
@@ -94,6 +94,7 @@ class Run:
     mode_choice: dict | None = None  # mode auto: the mode chosen, why, and from what (None: the mode was given)
     sync: GradientSync | None = None  # data parallel: the gradient all-reduce and stop agreement
     health: Health = field(default_factory=lambda: Health({}))  # collapse (train/health.py)
+    replacing: Replacement = field(default_factory=Replacement)  # the earlier outputs `overwrite` replaces
 
 
 def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress: Progress | None = None,
@@ -103,7 +104,8 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     layers read ``len(config.fanouts)`` hops), trained in place.
     ``progress(epoch, done, total)`` is called after every step. Setting ``stop`` (from a signal handler,
     another thread) finishes the current step, writes ``last.pt`` (with ``checkpoint_dir``) and the summary
-    marked ``interrupted``, and raises ``Interrupted``.
+    marked ``interrupted``, and raises ``Interrupted``. ``overwrite`` replaces an earlier run's outputs only once
+    this run has written its own, and puts them back if it ends before (``train/replacing.py``).
     A typed graph (``graph`` a ``TypedGraph``, or ``config.dataset`` a typed native folder or OGB's ogbn-mag
     layout: ``is_typed_dataset``) trains in exact mode through ``train/typed_task.py``'s ``train_typed``."""
     started = time.perf_counter()
@@ -116,8 +118,8 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     keep_freed_memory()
     with contextlib.ExitStack() as stack:
         world = stack.enter_context(joined(device.type, config.dist_timeout))
-        if world.main:  # the rank that writes checkpoints holds their folder
-            stack.enter_context(claim_checkpoint_dir(config))
+        # The rank that writes holds the checkpoint folder, and sets aside what `overwrite` replaces.
+        replacing = stack.enter_context(claim_outputs(config, world.main))
         precision = resolve_precision(config.precision, device)
         config.precision = precision.name
         threads = thread_budget(config, world.local_size)
@@ -128,7 +130,7 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
         run = build_run(config, graph, device, threads, stack, world, model)
         if world.main:
             check_checkpoint_space(config, run.model.parameters())
-        run.stop, run.started, run.precision = stop, started, precision
+        run.stop, run.started, run.precision, run.replacing = stop, started, precision, replacing
         if world.distributed:
             run.sync = GradientSync(world, list(run.model.parameters()), stop, run.mode.averaged_gradients)
             run.stop = run.sync.agreed  # every rank stops after the same step
@@ -153,8 +155,8 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
             run.health.after_epoch(run.history[-1], loss=False)
             _checkpoint(run, "best.pt", config.epochs - 1)
         summary = summarise(run, last_eval, timeline, "stopped_early" if run.stopped_early else "completed")
-    if world.main:
-        write_summary(config, summary)
+        if world.main:  # before the earlier outputs `overwrite` set aside are deleted, as the stack closes
+            write_summary(config, summary)
     return summary
 
 
@@ -282,6 +284,8 @@ def run_epochs(run: Run, progress: Progress | None):
     config, mode, epochs = run.config, run.mode, run.history
     last_eval = next((scores for scores in map(_scores_of, reversed(epochs)) if scores), {})
     window = TimelineWindow(bool(config.timeline), config.epochs, config.timeline_steps)
+    if run.stop is not None and run.stop.is_set():  # asked while the data loaded: no step to finish first
+        raise Interrupted("stopped on request before the first step")
     mode.start(run.model)
     for epoch in range(run.start_epoch, config.epochs):
         resumed = epoch == run.start_epoch
@@ -318,15 +322,8 @@ def run_epochs(run: Run, progress: Progress | None):
             logger.info(f"stopping early: no better validation {run.task.metric} in {config.patience} evaluations "
                         f"(best {run.best['val']:.4f} at epoch {run.best['epoch']})")
             break
-    timeline = None
-    if config.timeline and run.spans.events and run.world.main:
-        try:
-            timeline = write_timeline(config.timeline, run.spans.events, run.util.samples,
-                                      f"{mode.name} mode, {config.model}, epoch {window.epoch}, first "
-                                      f"{config.timeline_steps} steps", run.stages)
-            logger.info(f"timeline: {timeline['png']} ({timeline['spans']} spans; raw spans in {timeline['json']})")
-        except OSError as exc:  # a chart is not worth the run: what was trained is still saved and summarised
-            logger.warning(f"cannot write the timeline {config.timeline}: {exc.strerror or exc}; going on without it")
+    timeline = write_run_timeline(run, f"{mode.name} mode, {config.model}, epoch {window.epoch}, first "
+                                       f"{config.timeline_steps} steps", run.stages)
     return last_eval, timeline
 
 
@@ -374,6 +371,7 @@ def _checkpoint(run: Run, name: str, epoch: int, position: tuple[int, float] | N
             mode_state=mode_state, world_size=run.world.size, mode_choice=run.mode_choice)
         summary = run.config.summary_json
         save_or_rescue(Path(run.config.checkpoint_dir) / name, save, [Path(summary).parent] if summary else [])
+        run.replacing.checkpointed(stopping=run.stop is not None and run.stop.is_set())
 
 
 def _evaluate(run: Run, progress=None, epoch: int | None = None) -> dict[str, float]:

@@ -227,6 +227,7 @@ class TypedCheckpoints:
         save_or_rescue(self.folder / name, lambda path: save_typed_checkpoint(path, self.run, epoch, position,
                                                                               self.fingerprint),
                        [Path(summary).parent] if summary else [])
+        self.run.replacing.checkpointed(stopping=self.run.stop is not None and self.run.stop.is_set())
 
     def resume(self) -> tuple[int, int, float]:
         """Restore the run from ``last.pt`` (weights, both optimizers, random state, history, best) and return

@@ -49,7 +49,7 @@ from neutronorch.config import TrainConfig
 from neutronorch.nn.activation import dropout_keys
 from neutronorch.sampling.neighbor_sampler import batch_key, mix_key
 from neutronorch.train.distributed import GradientSync, World, environment_world_size, joined
-from neutronorch.train.outputs import claim_checkpoint_dir
+from neutronorch.train.replacing import Replacement, claim_outputs
 from neutronorch.train.typed_checkpoint import TypedCheckpoints, typed_checkpoints
 
 logger = logging.getLogger("neutronorch")
@@ -95,13 +95,12 @@ def rank_settings(config: TrainConfig) -> TrainConfig:
     return quiet
 
 
-def join_ranks(stack: contextlib.ExitStack, config: TrainConfig, device: torch.device) -> World:
+def join_ranks(stack: contextlib.ExitStack, config: TrainConfig, device: torch.device) -> tuple[World, Replacement]:
     """Join the run's ranks (one rank in one process; ``stack`` leaves a group it made); rank 0 holds
-    ``checkpoint_dir`` while the run lasts."""
+    ``checkpoint_dir`` while the run lasts and sets aside the earlier outputs ``overwrite`` replaces
+    (``train/replacing.py``)."""
     world = stack.enter_context(joined(device.type, config.dist_timeout))
-    if world.main:
-        stack.enter_context(claim_checkpoint_dir(config))  # this run's alone while it lasts
-    return world
+    return world, stack.enter_context(claim_outputs(config, world.main))
 
 
 def data_parallel(run, world: World) -> None:

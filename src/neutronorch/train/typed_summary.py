@@ -8,16 +8,13 @@ stages' spans in the window ``timeline_steps`` of the second epoch, on the lanes
 
 from __future__ import annotations
 
-import logging
 import statistics
 
 from neutronorch.data.typed import relation_label
-from neutronorch.observe import StageTable, write_timeline
+from neutronorch.observe import StageTable
 from neutronorch.orchestration.factory import Threads
 from neutronorch.train.memory import peak_rss_mb
-from neutronorch.train.summary import checkpoints_written, score_fields
-
-logger = logging.getLogger("neutronorch")
+from neutronorch.train.summary import checkpoints_written, score_fields, write_run_timeline
 
 # The lanes of the stage table and the timeline: NeutronOrch's planning and host rows, the producer's
 # sampling and gathering, the trainer (waiting for a batch is a wait, not work).
@@ -63,19 +60,6 @@ def typed_summary(run, status: str, started: float, data_seconds: float, threads
 
 
 def write_typed_timeline(run) -> dict | None:
-    """The timeline of ``run``'s window (``timeline``: a .png, the raw spans beside it as .json), written by
-    the main rank when spans were recorded; what was written, or None. A failure to write is logged, not
-    raised: the run's results are kept."""
-    config = run.config
-    if not (config.timeline and run.spans.events and run.world.main):
-        return None
-    try:
-        samples = run.util.samples if run.util is not None else []
-        written = write_timeline(config.timeline, run.spans.events, samples, f"{run.mode.name} mode, {config.model} "
-                                 f"(typed), epoch {run.window.epoch}, first {config.timeline_steps} steps",
-                                 TYPED_STAGES)
-    except OSError as exc:
-        logger.warning(f"cannot write the timeline {config.timeline}: {exc.strerror or exc}; going on without it")
-        return None
-    logger.info(f"timeline: {written['png']} ({written['spans']} spans; raw spans in {written['json']})")
-    return written
+    """The timeline of ``run``'s window (``write_run_timeline``)."""
+    return write_run_timeline(run, f"{run.mode.name} mode, {run.config.model} (typed), epoch {run.window.epoch}, "
+                                   f"first {run.config.timeline_steps} steps", TYPED_STAGES)

@@ -45,7 +45,7 @@ from neutronorch.errors import ConfigError, OutputError
 from neutronorch.features.memory import available_memory_bytes
 from neutronorch.nn.typed_models import TypedSpec, table_shapes
 from neutronorch.train.output_guard import check_creatable, check_distinct, check_space
-from neutronorch.train.table_files import CHECKPOINT_COPIES, check_table_folders, clear_table_folders
+from neutronorch.train.table_files import CHECKPOINT_COPIES, check_table_folders
 from neutronorch.train.typed_inputs import typed_files
 
 logger = logging.getLogger("neutronorch")
@@ -62,10 +62,9 @@ class TypedTables:
     manager). ``maker`` is what ``TypedGNN`` takes as ``tables``, ``moments`` what ``RowAdam`` takes."""
 
     def __init__(self, storage: str, reason: str, shapes: dict[str, tuple[int, int]], folder: Path | None = None,
-                 fill: bool = True, checkpoint_dir: str | None = None, clear: bool = False):
+                 fill: bool = True):
         self.storage, self.reason, self.shapes, self.folder = storage, reason, shapes, folder
         self.fill = fill  # draw the weights (a resumed run copies them from its checkpoint instead)
-        self.checkpoint_dir, self.clear = checkpoint_dir, clear
         self.arrays: dict[str, dict[str, np.ndarray]] = {}  # type -> part -> its memory map
         self.fds: dict[tuple[str, str], int] = {}  # (type, part) -> its file, open for reading (deleted)
         self.by_pointer: dict[int, str] = {}  # a table's data pointer -> its type
@@ -84,8 +83,6 @@ class TypedTables:
         return self.table if self.storage == MMAP else None
 
     def __enter__(self) -> "TypedTables":
-        if self.clear and self.checkpoint_dir:
-            clear_table_folders(self.checkpoint_dir)  # `overwrite`: the earlier run's, under the folder's lock
         if self.storage == MMAP and self.shapes and not self.folder.exists():
             try:
                 self.folder.mkdir(parents=True)
@@ -156,7 +153,7 @@ class TypedTables:
             reserve(name)  # a disk that fills up later would kill the run with SIGBUS on a page's first write
             self.fds[(node_type, part)] = os.open(name, os.O_RDONLY)
         except OSError as exc:
-            raise write_error(Path(name or self.folder / f"{node_type}.{part}.npy"), exc, False) from exc
+            raise write_error(self.folder / f"{node_type}.{part}.npy", exc, False) from exc  # no temporary name
         finally:
             if name is not None:
                 Path(name).unlink(missing_ok=True)
@@ -194,8 +191,7 @@ def plan_tables(config: TrainConfig, graph: TypedGraph, num_layers: int, embed_d
     where = f"memory-mapped in {folder}" if folder else "in memory"
     if shapes:
         logger.info(f"embedding tables: {size}, {where} ({reason})")
-    return TypedTables(storage, reason, shapes, folder, fill=not config.resume, checkpoint_dir=config.checkpoint_dir,
-                       clear=config.overwrite and not config.resume)
+    return TypedTables(storage, reason, shapes, folder, fill=not config.resume)
 
 
 def _storage(config: TrainConfig, shapes: dict, need: int, device: torch.device, available: int | None

@@ -62,7 +62,7 @@ import torch
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data.typed import TypedGraph
 from neutronorch.data.typed_native import read_typed
-from neutronorch.errors import ConfigError, Interrupted, TrainingError
+from neutronorch.errors import ConfigError, Interrupted, OutputError, TrainingError
 from neutronorch.nn.precision import Precision, resolve_precision
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.orchestration.factory import Threads, build_typed_mode
@@ -81,6 +81,7 @@ from neutronorch.train.summary import named_scores
 from neutronorch.train.typed_summary import TYPED_STAGES, typed_summary, write_typed_timeline
 from neutronorch.train.resources import (check_threading_layer, numba_threads, resolve_device, thread_budget,
                                          torch_threads)
+from neutronorch.train.replacing import Replacement
 from neutronorch.train.row_adam import RowAdam
 from neutronorch.train.task import Task
 from neutronorch.train.distributed import World, rank_device
@@ -141,7 +142,8 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
     task = Task.of(graph, config.metric)
     tables = plan_tables(config, graph, sampler.num_layers, embed_dim, device)  # where the tables live, checked
     with contextlib.ExitStack() as stack:
-        world = join_ranks(stack, config, device)  # data parallel: the ranks; rank 0 holds checkpoint_dir
+        # Data parallel: the ranks; rank 0 holds checkpoint_dir and sets aside what `overwrite` replaces.
+        world, replacing = join_ranks(stack, config, device)
         stack.enter_context(tables)  # memory-mapped tables: their files, open while the run lasts
         stack.enter_context(torch_threads(threads))
         stack.enter_context(numba_threads(threads))
@@ -156,7 +158,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key, append=config.resume)))
         run = _TypedRun(config, graph, model, task, sampler, eval_sampler, device, metrics, progress, stop, budget,
                         None if own else tables)  # your own module's tables are its own
-        run.precision = precision
+        run.precision, run.replacing = precision, replacing
         run.health.warnings[:0] = warnings  # the settings' (train/feasible.py), before any collapse
         run.util = stack.enter_context(contextlib.closing(Utilisation(device)))
         data_parallel(run, world)  # several ranks: global batches, the weights broadcast, run.sync and run.stop
@@ -170,16 +172,20 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
                     f"embedding tables")
         try:
             run.epochs()
-        except (Interrupted, TrainingError) as exc:
+        except (Interrupted, TrainingError, OutputError) as exc:
+            # Nothing lost: what was trained is summarised (a checkpoint that could not be written too).
             summary = run.summary("interrupted" if isinstance(exc, Interrupted) else "failed", started,
                                   data_seconds, budget)
             summary["error"] = None if isinstance(exc, Interrupted) else str(exc)
-            write_summary(config, summary)
+            try:
+                write_summary(config, summary)
+            except OutputError as lost:  # the first error is the one to raise; say this one too
+                logger.error(str(lost))
             raise
         summary = run.summary("stopped_early" if run.stopped_early else "completed", started, data_seconds,
                               budget)
         summary["timeline"] = write_typed_timeline(run)
-    write_summary(config, summary)
+        write_summary(config, summary)  # before the earlier outputs `overwrite` set aside are deleted
     return summary
 
 
@@ -224,6 +230,7 @@ class _TypedRun:
         self.first_step_at: float | None = None
         self.start = (0, 0, 0.0)  # (epoch, step, loss sum of its steps before): where training starts
         self.checkpoints = None  # typed_checkpoint.TypedCheckpoints: called after every step and epoch
+        self.replacing = Replacement()  # the earlier outputs `overwrite` replaces (train/replacing.py)
         self.world, self.sync = World(), None  # data parallel (typed_distributed.py): the ranks, the reduction
         self.spans = Spans()  # every stage's spans; kept raw in the timeline's window
         self.util: Utilisation | None = None  # CPU (and GPU) busy, sampled on a thread (train_typed starts it)
@@ -243,6 +250,8 @@ class _TypedRun:
 
     def epochs(self) -> None:
         config, (first_epoch, first_step, loss_sum) = self.config, self.start
+        if self.stop is not None and self.stop.is_set():  # asked while the data loaded: no step to finish first
+            raise Interrupted("stopped on request before the first step")
         for epoch in range(first_epoch, config.epochs):
             record = self.train_epoch(epoch, *((first_step, loss_sum) if epoch == first_epoch else (0, 0.0)))
             last = epoch == config.epochs - 1
