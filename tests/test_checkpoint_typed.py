@@ -184,7 +184,7 @@ def test_predicting_the_test_papers_gives_the_runs_test_score(mag, whole, tmp_pa
     assert "--out " + str(out) + ": already exists" in capsys.readouterr().err
     assert main(["predict", *flags, "--out", str(folder / "nodes" / "paper" / "labels.npy"), "--overwrite"]) == 2
     assert "lies inside" in capsys.readouterr().err
-    np.save(tmp_path / "pairs.npy", np.array([[0, 1], [2, 3]]))
+    np.save(tmp_path / "pairs.npy", np.array([[0, 1], [2, 3], [4, 5]]))
     assert main(["predict", *flags, "--out", str(tmp_path / "p.npy"), "--pairs", str(tmp_path / "pairs.npy")]) == 2
     assert "this checkpoint classifies vertices" in capsys.readouterr().err
 
