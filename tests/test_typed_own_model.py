@@ -111,8 +111,28 @@ class WrongShape(nn.Module):
         return self.lin(features["paper"])
 
 
+class NoParameters(nn.Module):
+    def forward(self, blocks, features, ids):
+        return torch.zeros(blocks[-1].num_dst["paper"], 3)
+
+
+class Frozen(WrongShape):
+    def __init__(self):
+        super().__init__()
+        self.requires_grad_(False)
+
+
+class Half(WrongShape):
+    def __init__(self):
+        super().__init__()
+        self.half()
+
+
 @pytest.mark.parametrize("module, settings, message", [
     (Authors, dict(mode="neutronorch"), "`mode` neutronorch trains the built-in"),
+    (NoParameters, {}, "`model`: .*NoParameters has no parameters, so training has nothing to update"),
+    (Frozen, {}, "none of the 2 parameters of .*Frozen requires a gradient .*requires_grad_"),
+    (Half, {}, r"2 trainable parameter\(s\) of .*Half are not float32 \(lin.weight is float16\).*module.float"),
     (Authors, dict(checkpoint_dir="ckpt"), "checkpoints of your own module"),
     (Authors, dict(embedding_storage="mmap"), "embedding_storage"),
     (PygForm, {}, "TypedNeighborLoader"),
@@ -127,6 +147,14 @@ def test_what_ones_own_module_cannot_do_is_refused_before_any_work(mag, module, 
 def test_a_wrong_output_is_named(mag):
     with pytest.raises(ModelProtocolError, match=r"\[64, 16\] tensor"):
         train(config(fanouts=[4]), graph=mag, model=WrongShape())
+
+    class Detached(Authors):
+        def forward(self, blocks, features, ids):
+            return super().forward(blocks, features, ids).detach()
+
+    with pytest.raises(ConfigError, match=r"forward\(blocks, features, ids\) returned logits that carry no "
+                                          r"gradient.*detach\(\)"):
+        train(config(fanouts=[4]), graph=mag, model=Detached(mag))
 
 
 def test_neutronorch_asks_an_adapted_module_for_a_bottom_layer_it_lacks(mag):

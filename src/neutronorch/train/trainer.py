@@ -182,7 +182,7 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
                           "module trains node tasks for now.")
     if user_model is not None:
         # NeutronOrch mode asks for its bottom layer when it starts (UserModel.bottom says what it needs).
-        model = UserModel.wrap(user_model, len(config.fanouts), graph.num_classes).to(device)
+        model = UserModel.to_train(user_model, len(config.fanouts), graph.num_classes).to(device)
     else:
         model = GNN(config.model, graph.feature_dim, config.hidden, config.hidden if link else graph.num_classes,
                     len(config.fanouts), dropout=config.dropout, heads=config.heads, gcn_norm=config.gcn_norm,
