@@ -100,6 +100,11 @@ def test_a_typed_folder_trains_through_the_dataset_setting(mag, tmp_path):
     assert json.loads(summary_path.read_text())["mode"] == "exact"
 
 
+def test_a_given_typed_graph_is_what_the_summary_names(mag):
+    summary = train(config(epochs=1, fanouts=[3]), graph=mag)  # `dataset` left at its default, synthetic
+    assert summary["config"]["dataset"] == f"graph:{mag.name}" and summary["dataset"]["name"] == mag.name
+
+
 @pytest.mark.parametrize("settings, message", [
     (dict(task="link"), "`task` link: not available for typed graphs yet"),
     (dict(model="gcn"), "`model` gcn: not available for typed graphs yet; choose one of sage, rgcn, rgat"),

@@ -6,10 +6,24 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from neutronorch.data import Graph, TypedGraph, dataset_paths
 from neutronorch.train.memory import peak_rss_mb, resident_mb
+from neutronorch.train.typed_inputs import typed_files
 
 if TYPE_CHECKING:
     from neutronorch.train.trainer import Run
+
+
+def given_dataset(graph, spec: str) -> str:
+    """The `dataset` a run records for ``graph``, given to ``train`` in memory (``spec`` as configured; None:
+    ``spec``): ``spec`` when the graph's arrays are memory-mapped from the files it names, else
+    ``graph:NAME``, so the summary, logs and checkpoints never name a dataset that was not trained."""
+    if not isinstance(graph, (Graph, TypedGraph)):
+        return spec
+    files = graph.files() if isinstance(graph, Graph) else typed_files(graph)
+    roots = [path.expanduser().resolve() for path in dataset_paths(spec)]
+    inside = lambda file: any(Path(file).resolve().is_relative_to(root) for root in roots)  # noqa: E731
+    return spec if files and all(inside(file) for file in files) else f"graph:{graph.name}"
 
 
 def summarise(run: "Run", last_eval: dict, timeline: dict | None, status: str, gather: bool = True) -> dict:

@@ -49,7 +49,7 @@ from neutronorch.train.distributed import GradientSync, World, joined, rank_devi
 from neutronorch.train.outputs import (check_checkpoint_space, check_outputs, claim_checkpoint_dir, save_or_rescue,
                                        write_summary)
 from neutronorch.train.step import TRAINER_STAGES
-from neutronorch.train.summary import summarise, topology_in_file_order
+from neutronorch.train.summary import given_dataset, summarise, topology_in_file_order
 from neutronorch.train.link_task import LinkTask, evaluate_links, is_link_split, link_graph, rms_row_norm
 from neutronorch.train.task import Task
 from neutronorch.train.typed_entry import is_typed_run, train_typed_run
@@ -103,7 +103,8 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     A typed graph (``graph`` a ``TypedGraph``, or ``config.dataset`` a typed native folder or OGB's ogbn-mag
     layout: ``is_typed_dataset``) trains in exact mode through ``train/typed_task.py``'s ``train_typed``."""
     started = time.perf_counter()
-    config = dataclasses.replace(config).validate()  # resolved values (batch size) go into a copy
+    # Resolved values (batch size) go into a copy, which names a graph given as what was trained.
+    config = dataclasses.replace(config, dataset=given_dataset(graph, config.dataset)).validate()
     if is_typed_run(config, graph):
         return train_typed_run(config, graph, progress, stop, model)
     check_threading_layer()
