@@ -114,6 +114,11 @@ BROKEN = {
     "split out of range": (lambda g: setattr(g, "val_idx", np.array([7])), ["type user", "val_idx", "id 7"]),
     "unlabelled in split": (lambda g: setattr(g, "test_idx", np.array([4])),
                             ["type user", "test_idx", "unlabelled", "first: 4"]),
+    "train in val": (lambda g: setattr(g, "val_idx", np.array([1, 2])),
+                     ["type user", "1 training vertices are also in val_idx (first: 1), of 2 training and 2"]),
+    "val in test": (lambda g: setattr(g, "test_idx", np.array([2, 3])),
+                    ["type user", "1 validation vertices are also in test_idx (first: 2), of 1 validation and 2 test",
+                     "disjoint"]),
     "no target": (lambda g: setattr(g, "target", "shop"), ["no target type", "'shop'"]),
     "name": (lambda g: g.num_nodes.update({"shop front": 1}), ["vertex type 'shop front'"]),
 }
