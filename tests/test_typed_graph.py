@@ -4,6 +4,7 @@ generator (and that its labels need typed paths), and the PyG round trip."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -210,6 +211,34 @@ def test_a_folder_without_meta_or_with_a_damaged_array_is_refused(tmp_path):
     (folder / "meta.json").unlink()  # as a folder killed mid-write would be
     with pytest.raises(DataError, match="meta.json: file is missing"):
         read_typed(folder)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("relations/user___likes___item/indptr.npy", "user___likes___item: a relation folder that meta.json does not "
+                                                 "list; list it in meta.json's relations"),
+    ("nodes/shop/features.npy", "nodes/shop: a vertex type folder that meta.json does not list; list it in "
+                                "meta.json's node_types"),
+    ("nodes/item/features.npy", "item/features.npy: an array that meta.json does not account for (type item's "
+                                "feature_dim is 0)"),
+    ("nodes/item/labels.npy", "labels and splits belong to the target type, user"),
+    ("relations/user___follows___user/edge_features.npy", "the relation's edge_feature_dim is 0"),
+    ("relations/user___buys___item/weights.npy", "not an array of the typed layout"),
+])
+def test_arrays_meta_json_does_not_list_are_refused(tmp_path, extra, message):
+    """A relation, a vertex type or an array on disk that meta.json leaves out is refused (as the ogbn-mag
+    reader refuses a relation folder its list leaves out), never silently left unread."""
+    folder = write_typed(small(), tmp_path / "shop")
+    read_typed(folder)
+    made = not (folder / extra).parent.exists()
+    (folder / extra).parent.mkdir(parents=True, exist_ok=True)
+    np.save(folder / extra, np.zeros(3, np.int64))
+    with pytest.raises(DataError, match=re.escape(message)):
+        read_typed(folder)
+    (folder / extra).unlink()
+    if made:
+        (folder / extra).parent.rmdir()
+    (folder / ".hidden").mkdir()  # hidden entries (a file manager's) are not the layout's
+    read_typed(folder)
 
 
 def test_the_homogeneous_reader_names_a_typed_folder(tmp_path):
