@@ -69,6 +69,7 @@ def summarise(run: "Run", last_eval: dict, timeline: dict | None, status: str, g
                     else round(run.first_step_at - run.started, 4)},
         **({"link": _link_summary(run, last_eval)} if config.task == "link" else {}),
         **mode.summary(),
+        **({"error": run.metrics.lost} if run.metrics.lost else {}),  # a log or the timeline lost
     }
 
 

@@ -148,10 +148,11 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
             run.best = {**last_eval, "epoch": config.epochs - 1}
             run.history[-1].update(_named(run.task, last_eval))
             _checkpoint(run, "best.pt", config.epochs - 1)
+        run.metrics.close()  # the logs' last lines: a full disk shows now, and in the summary
         summary = summarise(run, last_eval, timeline, "stopped_early" if run.stopped_early else "completed")
     if world.main:
         write_summary(config, summary)
-    return summary
+    return run.metrics.checked(summary)  # an OutputError for a log or timeline that could not be written
 
 
 def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, threads: Threads,
@@ -320,7 +321,7 @@ def run_epochs(run: Run, progress: Progress | None):
                                       f"{config.timeline_steps} steps", run.stages)
             logger.info(f"timeline: {timeline['png']} ({timeline['spans']} spans; raw spans in {timeline['json']})")
         except OSError as exc:  # a chart is not worth the run: what was trained is still saved and summarised
-            logger.warning(f"cannot write the timeline {config.timeline}: {exc.strerror or exc}; going on without it")
+            run.metrics.lose(config.timeline, exc)
     return last_eval, timeline
 
 

@@ -63,8 +63,8 @@ def typed_summary(run, status: str, started: float, data_seconds: float, threads
 
 def write_typed_timeline(run) -> dict | None:
     """The timeline of ``run``'s window (``timeline``: a .png, the raw spans beside it as .json), written by
-    the main rank when spans were recorded; what was written, or None. A failure to write is logged, not
-    raised: the run's results are kept."""
+    the main rank when spans were recorded; what was written, or None. A failure to write is said at once and
+    raised once the run's results are saved."""
     config = run.config
     if not (config.timeline and run.spans.events and run.world.main):
         return None
@@ -73,8 +73,8 @@ def write_typed_timeline(run) -> dict | None:
         written = write_timeline(config.timeline, run.spans.events, samples, f"{run.mode.name} mode, {config.model} "
                                  f"(typed), epoch {run.window.epoch}, first {config.timeline_steps} steps",
                                  TYPED_STAGES)
-    except OSError as exc:
-        logger.warning(f"cannot write the timeline {config.timeline}: {exc.strerror or exc}; going on without it")
+    except OSError as exc:  # the run ends with an OutputError once the rest is saved (MetricLog.checked)
+        run.metrics.lose(config.timeline, exc)
         return None
     logger.info(f"timeline: {written['png']} ({written['spans']} spans; raw spans in {written['json']})")
     return written

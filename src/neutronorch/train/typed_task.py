@@ -174,8 +174,11 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         summary = run.summary("stopped_early" if run.stopped_early else "completed", started, data_seconds,
                               budget)
         summary["timeline"] = write_typed_timeline(run)
+        run.metrics.close()  # the logs' last lines: a full disk shows now, and in the summary
+        if run.metrics.lost:  # a log or the timeline could not be written
+            summary["error"] = run.metrics.lost
     write_summary(config, summary)
-    return summary
+    return run.metrics.checked(summary)
 
 
 def _table_optimizer(tables: list[torch.nn.Parameter], lr: float, storage: TypedTables | None = None):
