@@ -219,6 +219,39 @@ def test_convert_never_destroys_its_source_and_refuses_unclear_targets(tmp_path,
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no partial or old folders left
 
 
+def test_convert_refuses_features_beyond_the_narrower_range_before_writing(tmp_path, capsys):
+    from neutronorch.cli import main
+
+    features = np.arange(15, dtype=np.float32).reshape(5, 3)
+    features[1, 2], features[3, 0] = 1e5, -7e4  # beyond float16's 65504
+    source = tmp_path / "source"
+    save_native(small_graph(features=features), source)
+    for out, extra in ((tmp_path / "half", []), (source, ["--overwrite"])):
+        assert main(["convert", str(source), str(out), "--float16", *extra]) == 2
+        err = capsys.readouterr().err
+        assert (f"{source}: 2 feature values lie beyond float16's range (largest finite 65504), the largest of "
+                f"magnitude 100000; float16 would store them as infinity. Convert with --bfloat16") in err, err
+        assert "Traceback" not in err and "RuntimeWarning" not in err
+    assert not (tmp_path / "half").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    np.testing.assert_array_equal(load_native(source).features, features)  # the source untouched
+    assert main(["convert", str(source), str(tmp_path / "bf16"), "--bfloat16"]) == 0  # bfloat16 holds them
+    assert np.isfinite(np.asarray(load_native(tmp_path / "bf16").features, np.float32)).all()
+
+
+@pytest.mark.parametrize("value, message", [
+    (np.nan, "the features hold NaN or infinity (first at row 2)"), (np.inf, "the features hold NaN or infinity (first at row 2)"),
+    (3.4e38, "1 feature values lie beyond bfloat16's range"),
+])
+def test_narrowing_names_what_it_cannot_store(value, message):
+    from neutronorch.data.dtypes import narrowed
+
+    rows = np.ones((4, 2), np.float32)
+    rows[2, 1] = value
+    with pytest.raises(DataError, match=re.escape(f"src: {message}")):
+        narrowed(rows, "bfloat16" if value == 3.4e38 else "float16", "src")
+    assert narrowed(np.full((3, 2), 65504, np.float32), "float16", "src").max() == 65504
+
+
 def test_a_failed_write_leaves_the_previous_dataset(tmp_path, monkeypatch):
     from neutronorch.data import native
 

@@ -346,6 +346,13 @@ def test_generate_typed_writes_the_synthetic_typed_graph_and_guards_its_output(t
     halved = read_typed(out)
     assert halved.features["paper"].dtype == np.float16
     np.testing.assert_array_equal(halved.features["paper"], made.features["paper"].astype(np.float16))
+    big = read_typed(out, mmap=False)
+    big.features["paper"] = big.features["paper"].astype(np.float32) * 1e6  # beyond float16's range
+    write_typed(big, tmp_path / "big")
+    assert main(["convert", str(tmp_path / "big"), str(tmp_path / "big16"), "--float16"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'big'}: type paper: " in err and "lie beyond float16's range" in err, err
+    assert not (tmp_path / "big16").exists()
 
 
 def _accuracy(rows: np.ndarray, graph: TypedGraph) -> float:
