@@ -170,6 +170,7 @@ class Detached(WrongShape):
     (lambda: WrongShape().requires_grad_(False), "none of the 2 parameters of .*WrongShape requires a gradient "
                                                  r"\(lin.weight has requires_grad False\)"),
     (lambda: WrongShape().to(torch.float64), r"2 trainable parameter\(s\) .* \(lin.weight is float64\).*float32"),
+    (lambda: WrongShape().to("meta"), r"2 parameter\(s\) of .*WrongShape are on the meta device \(lin.weight\)"),
     (Detached, r"Detached.forward\(blocks, x\) returned logits that carry no gradient.*detach\(\)"),
 ])
 def test_a_module_training_cannot_update_is_refused(module, message):

@@ -53,8 +53,9 @@ class ModelProtocolError(ConfigError, ValueError):
 
 def check_trainable(module: nn.Module, kind: str) -> None:
     """Refuse a module ``train()`` could not train, before any work: one without parameters, one whose
-    parameters all have ``requires_grad`` off, and trainable weights that are not float32 (weights and the
-    optimizer's state are float32; ``precision`` bf16 casts them under autocast)."""
+    parameters all have ``requires_grad`` off, parameters on the meta device (no values to move to the
+    training device), and trainable weights that are not float32 (weights and the optimizer's state are
+    float32; ``precision`` bf16 casts them under autocast)."""
     named = list(module.named_parameters())
     if not named:
         raise ModelProtocolError(f"{kind} has no parameters, so training has nothing to update; give it its "
@@ -64,6 +65,11 @@ def check_trainable(module: nn.Module, kind: str) -> None:
         raise ModelProtocolError(f"none of the {len(named)} parameters of {kind} requires a gradient ({named[0][0]} "
                                  f"has requires_grad False), so training has nothing to update; call "
                                  f"module.requires_grad_(True), or unfreeze the layers to train")
+    unmade = [name for name, p in named if p.is_meta]
+    if unmade:
+        raise ModelProtocolError(f"{len(unmade)} parameter(s) of {kind} are on the meta device ({unmade[0]}), "
+                                 f"shapes without values; give them values first (module.to_empty(device='cpu') "
+                                 f"and initialise them, or build the module off the meta device)")
     odd = [(name, p) for name, p in trainable if p.dtype != torch.float32]
     if odd:
         name, p = odd[0]
