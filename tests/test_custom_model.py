@@ -178,6 +178,7 @@ def test_a_module_training_cannot_update_is_refused(module, message):
         train(config(epochs=1), model=module())
 
 
+@pytest.mark.slow
 def test_a_frozen_module_predicts(tmp_path):
     """Frozen weights are for training only: predict takes a module with requires_grad off."""
     train(config(epochs=1, checkpoint_dir=str(tmp_path)), model=BlockSage())

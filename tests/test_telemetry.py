@@ -220,6 +220,7 @@ class _FillingFile:
         self._file.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option, room", [("log_jsonl", 0), ("log_jsonl", 3), ("log_csv", 0), ("log_csv", 4)])
 def test_a_log_on_a_full_disk_ends_the_run_with_an_error_after_saving_it(tmp_path, graph, monkeypatch, option,
                                                                           room, caplog):
@@ -242,6 +243,7 @@ def test_a_log_on_a_full_disk_ends_the_run_with_an_error_after_saving_it(tmp_pat
     assert f"cannot write {log}: No space left on device" in caplog.text  # said when it happened, too
 
 
+@pytest.mark.slow
 def test_a_timeline_that_cannot_be_written_ends_the_run_with_an_error(tmp_path, graph, monkeypatch):
     pytest.importorskip("matplotlib")
     from neutronorch import OutputError

@@ -256,6 +256,7 @@ def test_batch_size_zero_follows_the_training_set_size(tmp_path):
     assert summary["epochs"][0]["batches"] == 10
 
 
+@pytest.mark.slow
 def test_a_given_graph_is_what_the_summary_and_checkpoints_name(tmp_path):
     """train(config, graph=g) records the graph trained, never the configuration's (default) dataset."""
     from neutronorch.data import load_dataset, save_native

@@ -100,11 +100,13 @@ def test_a_typed_folder_trains_through_the_dataset_setting(mag, tmp_path):
     assert json.loads(summary_path.read_text())["mode"] == "exact"
 
 
+@pytest.mark.slow
 def test_a_given_typed_graph_is_what_the_summary_names(mag):
     summary = train(config(epochs=1, fanouts=[3]), graph=mag)  # `dataset` left at its default, synthetic
     assert summary["config"]["dataset"] == f"graph:{mag.name}" and summary["dataset"]["name"] == mag.name
 
 
+@pytest.mark.slow
 def test_a_typed_runs_log_on_a_full_disk_ends_it_with_an_error_after_the_summary(mag, tmp_path, monkeypatch):
     import errno
     import os

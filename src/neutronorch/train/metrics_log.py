@@ -143,6 +143,7 @@ class MetricLog:
                 except OSError as exc:
                     self.lose(self._paths[name], exc)
         self._jsonl = self._csv_file = self._csv = self._tb = None
+        self.per_step = False  # no log left to take step losses
 
 
 def _header_width(path: str) -> int:
