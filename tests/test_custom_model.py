@@ -164,6 +164,12 @@ class Detached(WrongShape):
         return torch.cat([super().forward(blocks, x), x[:blocks[-1].num_dst, :1]], 1).detach()
 
 
+class SparseTable(WrongShape):
+    def __init__(self):
+        super().__init__()
+        self.rows = nn.Embedding(3000, 3, sparse=True)
+
+
 @pytest.mark.parametrize("module, message", [
     (NoParameters, "NoParameters has no parameters, so training has nothing to update; give it its weights as "
                    "nn.Parameter"),
@@ -172,6 +178,7 @@ class Detached(WrongShape):
     (lambda: WrongShape().to(torch.float64), r"2 trainable parameter\(s\) .* \(lin.weight is float64\).*float32"),
     (lambda: WrongShape().to("meta"), r"2 parameter\(s\) of .*WrongShape are on the meta device \(lin.weight\)"),
     (Detached, r"Detached.forward\(blocks, x\) returned logits that carry no gradient.*detach\(\)"),
+    (SparseTable, r"SparseTable.rows is an embedding with sparse=True.*make it dense \(sparse=False\)"),
 ])
 def test_a_module_training_cannot_update_is_refused(module, message):
     with pytest.raises(ConfigError, match=message):

@@ -144,6 +144,24 @@ def test_what_ones_own_module_cannot_do_is_refused_before_any_work(mag, module, 
         train(config(fanouts=[4], **settings), graph=mag, model=instance)
 
 
+@pytest.mark.slow
+def test_a_module_whose_every_weight_is_a_sparse_table_trains(mag):
+    """No dense parameter: the tables' optimizer alone (no empty Adam)."""
+
+    class TablesOnly(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rows = nn.Embedding(mag.num_nodes["paper"], mag.num_classes, sparse=True)
+
+        def forward(self, blocks, features, ids):
+            return self.rows(ids["paper"][:blocks[-1].num_dst["paper"]])
+
+    module = TablesOnly()
+    before = module.rows.weight.detach().clone()
+    summary = train(config(epochs=1, fanouts=[3]), graph=mag, model=module)
+    assert summary["status"] == "completed" and not torch.equal(module.rows.weight.detach(), before)
+
+
 def test_a_wrong_output_is_named(mag):
     with pytest.raises(ModelProtocolError, match=r"\[64, 16\] tensor"):
         train(config(fanouts=[4]), graph=mag, model=WrongShape())

@@ -51,11 +51,13 @@ class ModelProtocolError(ConfigError, ValueError):
     """A module that does not follow the protocol: what it does and what the protocol expects."""
 
 
-def check_trainable(module: nn.Module, kind: str) -> None:
+def check_trainable(module: nn.Module, kind: str, sparse_tables: bool = False) -> None:
     """Refuse a module ``train()`` could not train, before any work: one without parameters, one whose
     parameters all have ``requires_grad`` off, parameters on the meta device (no values to move to the
     training device), and trainable weights that are not float32 (weights and the optimizer's state are
-    float32; ``precision`` bf16 casts them under autocast)."""
+    float32; ``precision`` bf16 casts them under autocast). ``sparse_tables``: whether the run moves
+    ``nn.Embedding(sparse=True)`` tables with an optimizer of their own (typed runs do; a homogeneous run's
+    Adam takes dense gradients only)."""
     named = list(module.named_parameters())
     if not named:
         raise ModelProtocolError(f"{kind} has no parameters, so training has nothing to update; give it its "
@@ -70,6 +72,12 @@ def check_trainable(module: nn.Module, kind: str) -> None:
         raise ModelProtocolError(f"{len(unmade)} parameter(s) of {kind} are on the meta device ({unmade[0]}), "
                                  f"shapes without values; give them values first (module.to_empty(device='cpu') "
                                  f"and initialise them, or build the module off the meta device)")
+    sparse = [name for name, m in module.named_modules()
+              if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse and m.weight.requires_grad]
+    if sparse and not sparse_tables:
+        raise ModelProtocolError(f"{kind}.{sparse[0]} is an embedding with sparse=True, whose sparse gradients "
+                                 f"the Adam of a homogeneous run cannot take; make it dense (sparse=False), or "
+                                 f"train it in a loop of your own over NeighborLoader's batches")
     odd = [(name, p) for name, p in trainable if p.dtype != torch.float32]
     if odd:
         name, p = odd[0]

@@ -60,7 +60,7 @@ def own_typed_model(module: torch.nn.Module | None, config: TrainConfig, graph: 
     check_own_model_config(config)
     try:
         model = TypedUserModel(module, num_layers, graph.num_classes, graph.target)
-        check_trainable(module, model.kind)
+        check_trainable(module, model.kind, sparse_tables=True)  # RowAdam or SparseAdam moves sparse tables
     except ModelProtocolError as exc:
         raise ConfigError(f"`model`: {exc}.") from None
     return model.to(device), dataclasses.replace(config, embedding_storage="memory")
