@@ -239,7 +239,8 @@ def test_convert_refuses_features_beyond_the_narrower_range_before_writing(tmp_p
 
 
 @pytest.mark.parametrize("value, message", [
-    (np.nan, "the features hold NaN or infinity (first at row 2)"), (np.inf, "the features hold NaN or infinity (first at row 2)"),
+    (np.nan, "the features hold NaN or infinity (first at row 2)"),
+    (np.inf, "the features hold NaN or infinity (first at row 2)"),
     (3.4e38, "1 feature values lie beyond bfloat16's range"),
 ])
 def test_narrowing_names_what_it_cannot_store(value, message):

@@ -232,8 +232,8 @@ def test_a_log_on_a_full_disk_ends_the_run_with_an_error_after_saving_it(tmp_pat
     log = tmp_path / ("m.jsonl" if option == "log_jsonl" else "m.csv")
     monkeypatch.setattr(metrics_log, "open", lambda path, *a, **k: _FillingFile(open(path, *a, **k), room),
                         raising=False)
-    settings = config(epochs=2, log_every=1, checkpoint_dir=str(tmp_path / "ckpt"), summary_json=str(tmp_path / "s.json"),
-                      **{option: str(log)})
+    settings = config(epochs=2, log_every=1, checkpoint_dir=str(tmp_path / "ckpt"),
+                      summary_json=str(tmp_path / "s.json"), **{option: str(log)})
     with pytest.raises(OutputError, match=rf"cannot write {log}: No space left on device \(.* MiB free\); what was "
                                           r"there is kept.*went on without it; what it trained was saved"):
         train(settings, graph)

@@ -81,7 +81,8 @@ class MetricLog:
             self._write("csv", lambda: self._csv.writerows(["step", epoch, step, loss, "", "", "", elapsed, "", ""]
                                                            [:self._csv_width] for step, loss in zip(steps, values)))
         if self._tb:
-            self._write("tb", lambda: [self._tb.add_scalar("train/loss", loss, step) for step, loss in zip(steps, values)])
+            self._write("tb", lambda: [self._tb.add_scalar("train/loss", loss, step)
+                                       for step, loss in zip(steps, values)])
 
     def epoch(self, record: dict) -> None:
         elapsed = round(time.perf_counter() - self._start, 3)
