@@ -243,6 +243,23 @@ def test_a_log_on_a_full_disk_ends_the_run_with_an_error_after_saving_it(tmp_pat
     assert f"cannot write {log}: No space left on device" in caplog.text  # said when it happened, too
 
 
+def test_a_log_that_cannot_be_opened_is_given_up_and_said_at_the_end(tmp_path, monkeypatch):
+    from neutronorch import OutputError
+    from neutronorch.config import LogConfig
+    from neutronorch.train import metrics_log
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(metrics_log, "open", full, raising=False)
+    log = metrics_log.MetricLog(LogConfig(str(tmp_path / "m.jsonl"), str(tmp_path / "m.csv"), None, 1), "acc")
+    assert not log.per_step
+    log.epoch({"epoch": 0, "train_loss": 0.5, "seconds": 1.0, "stage_seconds": {}})
+    log.close()
+    with pytest.raises(OutputError, match=rf"cannot write {tmp_path / 'm.jsonl'}: No space left on device"):
+        log.checked({})
+
+
 @pytest.mark.slow
 def test_a_timeline_that_cannot_be_written_ends_the_run_with_an_error(tmp_path, graph, monkeypatch):
     pytest.importorskip("matplotlib")

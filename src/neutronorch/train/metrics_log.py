@@ -48,19 +48,21 @@ class MetricLog:
         self._step = 0
         self._paths = {"jsonl": config.log_jsonl, "csv": config.log_csv, "tb": config.tensorboard}
         self.lost: str | None = None  # the first output that could not be written, said as an OutputError's message
-        mode, self._tb = ("a" if append else "w"), None
-        self._jsonl = open(config.log_jsonl, mode) if config.log_jsonl else None
+        mode, self._jsonl, self._csv_file, self._csv, self._tb = ("a" if append else "w"), None, None, None, None
+        if config.log_jsonl:
+            self._write("jsonl", lambda: setattr(self, "_jsonl", open(config.log_jsonl, mode)))
         fresh_csv = not (append and config.log_csv and Path(config.log_csv).is_file()
                          and Path(config.log_csv).stat().st_size > 0)
         # A resumed run keeps the header it finds (one written before the metric columns has 8 columns).
         self._csv_width = len(csv_columns(metric_key)) if fresh_csv else _header_width(config.log_csv)
-        self._csv_file = open(config.log_csv, mode, newline="") if config.log_csv else None
+        if config.log_csv and not self.lost:
+            self._write("csv", lambda: setattr(self, "_csv_file", open(config.log_csv, mode, newline="")))
         self._csv = csv.writer(self._csv_file) if self._csv_file else None
         if self._csv and fresh_csv:
             self._write("csv", lambda: self._csv.writerow(csv_columns(metric_key)))
         if config.tensorboard and not self.lost:
             from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - optional
-            self._tb = SummaryWriter(config.tensorboard)
+            self._write("tb", lambda: setattr(self, "_tb", SummaryWriter(config.tensorboard)))
         self.per_step = any(x is not None for x in (self._jsonl, self._csv, self._tb))
 
     def continue_at(self, step: int) -> None:
