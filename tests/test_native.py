@@ -295,6 +295,10 @@ def test_a_test_set_that_is_the_validation_set_is_allowed_and_said(tmp_path):
     assert sum("the test split is the validation split (1 vertices)" in note for note in graph.notes) == 1
     graph.validate("again")
     assert sum("the test split is the validation split" in note for note in graph.notes) == 1
+    from neutronorch.data.splits import split_overlap
+
+    notes = []
+    assert split_overlap([0, 1], [], [], notes) is None and notes == []  # no node split (a link task): no note
 
 
 def test_a_split_given_for_data_with_its_own_split_is_said_to_be_ignored(tmp_path):

@@ -31,7 +31,7 @@ def split_overlap(train, val, test, notes: list[str]) -> tuple[str, str, str] | 
     sets = {"train_idx": np.asarray(train), "val_idx": np.asarray(val), "test_idx": np.asarray(test)}
     for first, second in (("train_idx", "val_idx"), ("train_idx", "test_idx"), ("val_idx", "test_idx")):
         shared = np.intersect1d(sets[first], sets[second])
-        if first == "val_idx" and shared.shape[0] == sets[first].shape[0] == sets[second].shape[0]:
+        if first == "val_idx" and 0 < shared.shape[0] == sets[first].shape[0] == sets[second].shape[0]:
             if not any(TEST_IS_VALIDATION in note for note in notes):
                 notes.append(f"{TEST_IS_VALIDATION} ({shared.shape[0]:,} vertices): test scores repeat the "
                              f"validation scores")
