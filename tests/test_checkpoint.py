@@ -461,6 +461,33 @@ def test_resume_names_the_array_that_changed(tmp_path, array, words):
         checkpoint_module.check_resumable(state, config, graph, "last.pt")
 
 
+def test_every_fixed_setting_that_differs_is_named_before_the_data(tmp_path):
+    """Each setting that may not change on resume is named when it differs, even where the data a run
+    trains on differs with it (`task` link removes the validation and test edges): never 'changed data'."""
+    graph, state = _valid_state(tmp_path)
+    other = generate(SyntheticSpec(nodes=300, degree=4, features=4, classes=3, seed=9))
+    config = TrainConfig(dataset="given").validate()
+    fixed = sorted(set(config.to_dict()) - TrainConfig.resume_may_change())
+    assert {"task", "model", "split", "fanouts", "seed"} <= set(fixed)
+    for key in fixed:
+        saved = {**state, "config": {**state["config"], key: "<other>"}}
+        with pytest.raises(CheckpointError, match=f"other settings: `{key}` '<other>' then, .* now\\. Resume with"):
+            checkpoint_module.check_resumable(saved, config, other, "last.pt")
+    for key in sorted(TrainConfig.resume_may_change() - {"resume", "checkpoint_dir"}):
+        saved = {**state, "config": {**state["config"], key: "<other>"}}
+        checkpoint_module.check_resumable(saved, config, graph, "last.pt")  # may change: resumes
+
+
+@pytest.mark.slow
+def test_resuming_a_link_run_as_a_node_task_names_the_task(tmp_path, capsys):
+    base = ["train", "--dataset", "synthetic:nodes=400,degree=6,features=8,classes=3", "--fanouts", "3",
+            "--batch-size", "64", "--epochs", "1", "--checkpoint-dir", str(tmp_path / "d"), "--no-progress"]
+    assert main(base + ["--task", "link"]) == 0
+    assert main(base + ["--task", "node", "--resume", "--epochs", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--task 'link' then, 'node' now" in err and "another dataset" not in err and "Traceback" not in err, err
+
+
 def test_an_older_checkpoint_without_the_newer_checksums_still_resumes(tmp_path):
     graph, state = _valid_state(tmp_path)
     for key in ("features_crc", "labels_crc", "val_crc", "test_crc"):

@@ -130,6 +130,8 @@ def test_resuming_on_another_graph_or_with_other_settings_is_refused_naming_the_
         train(config(tmp_path, **resume), graph=fewer)
     with pytest.raises(CheckpointError, match="`hidden` 16 then, 32 now"):
         train(config(tmp_path, hidden=32, **resume), graph=mag)
+    with pytest.raises(CheckpointError, match="other settings: `model` 'sage' then, 'rgcn' now"):  # named first
+        train(config(tmp_path, model="rgcn", **resume), graph=fewer)
     with pytest.raises(CheckpointError, match="the model's `embed_dim` None then, 8 now"):
         train_typed(config(tmp_path, **resume), mag, embed_dim=8)
     with pytest.raises(CheckpointError, match="the fanouts of \\(author, writes, paper\\) \\[4, 4\\] then, \\[2, 2\\]"):

@@ -10,7 +10,7 @@ from torch import nn
 
 from neutronorch import TrainConfig, train
 from neutronorch.data import SyntheticSpec, generate
-from neutronorch.errors import CheckpointError, TrainingError
+from neutronorch.errors import CheckpointError, ConfigError, TrainingError
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.custom import ModelProtocolError, UserModel
 from neutronorch.nn.layers import SAGEConv
@@ -154,6 +154,46 @@ class WrongShape(nn.Module):
 
     def forward(self, blocks, x):
         return self.lin(x[:blocks[-1].num_dst])
+
+
+class NoParameters(nn.Module):
+    def forward(self, blocks, x):
+        return torch.zeros(blocks[-1].num_dst, 4)
+
+
+class Detached(WrongShape):
+    def forward(self, blocks, x):
+        return torch.cat([super().forward(blocks, x), x[:blocks[-1].num_dst, :1]], 1).detach()
+
+
+class SparseTable(WrongShape):
+    def __init__(self):
+        super().__init__()
+        self.rows = nn.Embedding(3000, 3, sparse=True)
+
+
+@pytest.mark.parametrize("module, message", [
+    (NoParameters, "NoParameters has no parameters, so training has nothing to update; give it its weights as "
+                   "nn.Parameter"),
+    (lambda: WrongShape().requires_grad_(False), "none of the 2 parameters of .*WrongShape requires a gradient "
+                                                 r"\(lin.weight has requires_grad False\)"),
+    (lambda: WrongShape().to(torch.float64), r"2 trainable parameter\(s\) .* \(lin.weight is float64\).*float32"),
+    (lambda: WrongShape().to("meta"), r"2 parameter\(s\) of .*WrongShape are on the meta device \(lin.weight\)"),
+    (Detached, r"Detached.forward\(blocks, x\) returned logits that carry no gradient.*detach\(\)"),
+    (SparseTable, r"SparseTable.rows is an embedding with sparse=True.*make it dense \(sparse=False\)"),
+])
+def test_a_module_training_cannot_update_is_refused(module, message):
+    with pytest.raises(ConfigError, match=message):
+        train(config(epochs=1), model=module())
+
+
+@pytest.mark.slow
+def test_a_frozen_module_predicts(tmp_path):
+    """Frozen weights are for training only: predict takes a module with requires_grad off."""
+    train(config(epochs=1, checkpoint_dir=str(tmp_path)), model=BlockSage())
+    checkpoint = load_checkpoint(tmp_path / "last.pt", model=BlockSage().requires_grad_(False))
+    graph = generate(SyntheticSpec.parse(SPEC))
+    assert predict(checkpoint, graph, "test").shape == graph.test_idx.shape
 
 
 def test_a_module_off_the_protocol_is_told_what_it_expects():

@@ -38,6 +38,10 @@ def test_from_arrays_cleans_edges_and_takes_masks_ids_or_a_drawn_split():
     assert len(drawn.train_idx) + len(drawn.val_idx) + len(drawn.test_idx) == 59
     directed = Graph.from_arrays(src, dst, features, labels, undirected=False)
     assert directed.num_edges == len(want)
+    with pytest.raises(DataError, match=r"4 validation vertices are also in test_idx \(first: 41\), of 15 "
+                                        r"validation and 19 test vertices"):
+        Graph.from_arrays(src, dst, features, labels, {"train": train_mask, "val": np.arange(30, 45),
+                                                       "test": np.arange(41, 60)})
 
 
 def test_from_arrays_reads_float_labels_with_nan_and_multi_label_rows():

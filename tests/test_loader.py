@@ -328,6 +328,51 @@ def test_break_and_exceptions_leave_no_thread(graph):
         iter(loader)
 
 
+def test_a_second_thread_is_refused_while_one_iterates(graph):
+    """Two threads on one loader: the second is told the loader runs one iteration at a time (a new one
+    would close the first's under its loop), never a traceback from inside, a hang or mixed batches."""
+    from neutronorch.loader import LinkNeighborLoader
+    edges = torch.stack([torch.arange(200), torch.arange(1, 201)])
+    for loader in (NeighborLoader(graph, [5], 16), LinkNeighborLoader(graph, [5], 16, edges=edges)):
+        started, finish, taken = threading.Event(), threading.Event(), []
+
+        def first():
+            it = iter(loader)
+            taken.append(next(it).index)
+            started.set()
+            finish.wait(10)
+            taken.extend(b.index for b in it)
+
+        worker = threading.Thread(target=first, name="first")
+        worker.start()
+        assert started.wait(10)
+        for attempt in (lambda: iter(loader), lambda: loader.iter_from(0), loader.close):
+            with pytest.raises(ConfigError, match="thread 'first' is iterating it .*epoch 0, 1 of .*"
+                                                  "one iteration at a time.*a loader of its own"):
+                attempt()
+        finish.set()
+        worker.join(10)
+        assert taken == list(range(len(loader)))  # the first thread's epoch whole
+        assert len(list(loader)) == len(loader)  # once it is done, another thread iterates
+        it, errors = iter(loader), []
+
+        def share():
+            try:
+                for _ in it:
+                    pass
+            except ConfigError as error:
+                errors.append(str(error))
+
+        threads = [threading.Thread(target=share) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert all("a batch cannot be taken while another is" in e for e in errors)
+        loader.close()
+    assert not producers()
+
+
 def test_a_batch_is_valid_until_the_next_unless_buffers_are_not_reused(graph):
     it = iter(NeighborLoader(graph, [5], 16))
     first = next(it)

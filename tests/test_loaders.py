@@ -275,6 +275,17 @@ def test_npz_yandex_layout_uses_split_zero(tmp_path):
     assert any("split 0" in note for note in graph.notes)
 
 
+def test_npz_stored_masks_that_overlap_are_refused_with_the_counts(tmp_path):
+    masks = np.zeros((3, 6), dtype=bool)
+    masks[0, [0, 1]] = masks[1, [2, 3]] = masks[2, [3, 4, 5]] = True  # vertex 3: validation and test
+    np.savez(tmp_path / "yandex.npz", node_features=FEATURES, node_labels=LABELS,
+             edges=np.array([[0, 1], [1, 2], [2, 3], [3, 4], [4, 5]]),
+             train_masks=masks[0], val_masks=masks[1], test_masks=masks[2])
+    with pytest.raises(DataError, match=r"yandex\.npz: 1 validation vertices are also in test_idx \(first: 3\), "
+                                        r"of 2 validation and 3 test vertices"):
+        load_npz(tmp_path / "yandex.npz")
+
+
 @pytest.fixture
 def fake_scipy(monkeypatch):
     """Let pickle write objects that name ``scipy.sparse._<format>.<class name>``, as scipy's do.

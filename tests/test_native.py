@@ -131,8 +131,8 @@ def test_wrong_dtype(tmp_path, name, array, message):
 def test_object_array_is_refused(tmp_path):
     save_native(small_graph(), tmp_path)
     np.save(tmp_path / "labels.npy", np.array([0, 1, 0, 1, None], dtype=object))
-    with pytest.raises(DataError, match=r"labels\.npy: cannot be read as a \.npy array"):
-        load_native(tmp_path)
+    with pytest.raises(DataError, match=r"labels\.npy: holds pickled Python objects, not numbers"):
+        load_native(tmp_path)  # memory-mapped, as by default: numpy's refusal is worded apart
 
 
 @pytest.mark.parametrize("bad_id", [5, -1])
@@ -219,6 +219,40 @@ def test_convert_never_destroys_its_source_and_refuses_unclear_targets(tmp_path,
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no partial or old folders left
 
 
+def test_convert_refuses_features_beyond_the_narrower_range_before_writing(tmp_path, capsys):
+    from neutronorch.cli import main
+
+    features = np.arange(15, dtype=np.float32).reshape(5, 3)
+    features[1, 2], features[3, 0] = 1e5, -7e4  # beyond float16's 65504
+    source = tmp_path / "source"
+    save_native(small_graph(features=features), source)
+    for out, extra in ((tmp_path / "half", []), (source, ["--overwrite"])):
+        assert main(["convert", str(source), str(out), "--float16", *extra]) == 2
+        err = capsys.readouterr().err
+        assert (f"{source}: 2 feature values lie beyond float16's range (largest finite 65504), the largest of "
+                f"magnitude 100000; float16 would store them as infinity. Convert with --bfloat16") in err, err
+        assert "Traceback" not in err and "RuntimeWarning" not in err
+    assert not (tmp_path / "half").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    np.testing.assert_array_equal(load_native(source).features, features)  # the source untouched
+    assert main(["convert", str(source), str(tmp_path / "bf16"), "--bfloat16"]) == 0  # bfloat16 holds them
+    assert np.isfinite(np.asarray(load_native(tmp_path / "bf16").features, np.float32)).all()
+
+
+@pytest.mark.parametrize("value, message", [
+    (np.nan, "the features hold NaN or infinity (first at row 2)"),
+    (np.inf, "the features hold NaN or infinity (first at row 2)"),
+    (3.4e38, "1 feature values lie beyond bfloat16's range"),
+])
+def test_narrowing_names_what_it_cannot_store(value, message):
+    from neutronorch.data.dtypes import narrowed
+
+    rows = np.ones((4, 2), np.float32)
+    rows[2, 1] = value
+    with pytest.raises(DataError, match=re.escape(f"src: {message}")):
+        narrowed(rows, "bfloat16" if value == 3.4e38 else "float16", "src")
+    assert narrowed(np.full((3, 2), 65504, np.float32), "float16", "src").max() == 65504
+
+
 def test_a_failed_write_leaves_the_previous_dataset(tmp_path, monkeypatch):
     from neutronorch.data import native
 
@@ -244,11 +278,27 @@ def test_a_failed_write_leaves_the_previous_dataset(tmp_path, monkeypatch):
     (dict(test_idx=np.array([3, 4, 3], dtype=np.int64)), "test_idx holds 1 duplicate"),
     (dict(val_idx=np.array([1], dtype=np.int64)), "1 training vertices are also in val_idx (first: 1)"),
     (dict(test_idx=np.array([0, 3], dtype=np.int64)), "also in test_idx (first: 0)"),
+    (dict(test_idx=np.array([2, 3, 4], dtype=np.int64)), "test_idx.npy: 1 validation vertices are also in test_idx "
+                                                         "(first: 2), of 1 validation and 3 test vertices"),
 ])
 def test_overlapping_or_repeated_splits_are_refused(tmp_path, overrides, message):
     save_native(small_graph(**overrides), tmp_path / "d")
     with pytest.raises(DataError, match=re.escape(message)):
         load_native(tmp_path / "d")
+
+
+def test_a_test_set_that_is_the_validation_set_is_allowed_and_said(tmp_path):
+    """Data without labelled test vertices may score its validation set twice (MAG240M's loader does): the
+    whole set, never part of it, and a note says so."""
+    save_native(small_graph(test_idx=np.array([2], dtype=np.int64)), tmp_path / "d")
+    graph = load_native(tmp_path / "d")
+    assert sum("the test split is the validation split (1 vertices)" in note for note in graph.notes) == 1
+    graph.validate("again")
+    assert sum("the test split is the validation split" in note for note in graph.notes) == 1
+    from neutronorch.data.splits import split_overlap
+
+    notes = []
+    assert split_overlap([0, 1], [], [], notes) is None and notes == []  # no node split (a link task): no note
 
 
 def test_a_split_given_for_data_with_its_own_split_is_said_to_be_ignored(tmp_path):
@@ -402,7 +452,7 @@ def test_a_key_given_twice_in_meta_json_is_refused(tmp_path):
         load_native(tmp_path)
 
 
-@pytest.mark.parametrize("mmap, message", [(False, "holds pickled Python objects"), (True, "cannot be read")])
+@pytest.mark.parametrize("mmap, message", [(False, "holds pickled Python objects"), (True, "holds pickled Python")])
 def test_a_pickled_array_is_refused_without_suggesting_allow_pickle(tmp_path, mmap, message):
     save_native(small_graph(), tmp_path)
     np.save(tmp_path / "labels.npy", np.array([0, 1, 0, 1, None], dtype=object))

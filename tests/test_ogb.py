@@ -205,6 +205,28 @@ def test_values_a_file_cannot_mean_are_refused_not_truncated(tmp_path, file, cha
         load_dataset(str(tmp_path / "ogbn_arxiv"))
 
 
+@pytest.mark.parametrize("part", ["train", "valid", "test"])
+def test_an_empty_split_file_is_said_to_be_empty(tmp_path, part):
+    make_arxiv_like(tmp_path / "ogbn_arxiv")
+    path = tmp_path / "ogbn_arxiv" / "split" / "time" / f"{part}.csv.gz"
+    with gzip.open(path, "wt"):
+        pass
+    with pytest.raises(DataError, match=rf"{part}\.csv\.gz: the split is empty \(no vertex ids\)"):
+        load_dataset(str(tmp_path / "ogbn_arxiv"))
+    path.write_bytes(b"")  # not even gzip's header
+    with pytest.raises(DataError, match=rf"{part}\.csv\.gz: the split is empty"):
+        load_dataset(str(tmp_path / "ogbn_arxiv"))
+
+
+def test_split_files_that_share_vertices_are_refused_with_the_counts(tmp_path):
+    _, _, _, splits = make_arxiv_like(tmp_path / "ogbn_arxiv")
+    folder = tmp_path / "ogbn_arxiv" / "split" / "time"
+    _write_csv(folder / "test.csv.gz", np.concatenate([splits["test"], splits["valid"][:3]]), "{}")
+    with pytest.raises(DataError, match=r"test\.csv\.gz: 3 validation vertices are also in test_idx \(first: \d+\), "
+                                        r"of 40 validation and 43 test vertices.*disjoint"):
+        load_dataset(str(tmp_path / "ogbn_arxiv"))
+
+
 @pytest.mark.parametrize("change, message", [
     (dict(num_nodes_list=np.array([N, N])), r"num_nodes_list holds 2 counts"),
     (dict(num_nodes_list=np.array([N + 1])), r"node_feat has shape \(200, 6\), but num_nodes_list says 201"),

@@ -189,6 +189,18 @@ def test_a_damaged_split_file_is_named(tmp_path):
         load_ogb_link(root)
 
 
+@pytest.mark.parametrize("part, key", [("valid", "edge"), ("test", "edge_neg"), ("train", "edge")])
+def test_an_empty_array_in_a_split_file_is_said_to_be_empty(tmp_path, part, key):
+    """An empty array pickles its data as bytes(): it is read (never called pickled objects) and named empty."""
+    root = tmp_path / "ogbl_ppa"
+    parts = make_ppa_like(root)
+    path = root / "split" / "throughput" / f"{part}.pt"
+    torch.save(dict(parts[part], **{key: np.empty((0, 2), np.int64)}), path)
+    with pytest.raises(DataError, match=rf"{part}\.pt: '{key}' is empty \(shape \(0, 2\)\)") as error:
+        load_ogb_link(root)
+    assert "objects" not in str(error.value)
+
+
 def test_counts_that_disagree_are_refused(tmp_path):
     root = tmp_path / "ogbl_citation2"
     parts = make_citation2_like(root, negatives=20)

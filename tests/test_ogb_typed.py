@@ -191,6 +191,17 @@ def test_a_split_on_a_type_without_labels_is_refused(mag):
     assert "split/time/author" in message and "type 'author', which has no labels" in message
 
 
+def test_an_empty_or_overlapping_split_is_named(mag):
+    folder, _ = mag
+    _write(folder / "split" / "time" / "paper" / "valid", [])
+    assert "paper/valid.csv.gz: the split is empty (no vertex ids)" in _error(folder)
+    _write(folder / "split" / "time" / "paper" / "valid", [1, 2])
+    path = _write(folder / "split" / "time" / "paper" / "test", [7, 2])
+    message = _error(folder)
+    assert message.startswith(str(path)) and ("type paper: 1 validation vertices are also in test_idx (first: 2), of 2 "
+                                              "validation and 2 test vertices") in message
+
+
 def test_validation_names_the_file_an_array_came_from(mag):
     folder, _ = mag
     path = _write(folder / "split" / "time" / "paper" / "test", [2, 5])  # paper 5 has no label

@@ -253,12 +253,15 @@ def test_a_real_full_disk_is_a_clear_error_and_keeps_the_previous_file(small_dis
     assert sorted(p.name for p in small_disk.iterdir()) == ["state.pt"]
 
 
-def test_metric_logs_on_a_full_disk_are_a_warning_and_the_run_completes(small_disk, tmp_path, capsys):
+def test_metric_logs_on_a_full_disk_end_a_completed_run_with_an_error(small_disk, tmp_path, capsys):
     _fill(small_disk)
-    assert main(["train", "--dataset", TINY, *TRAIN, "--epochs", "2", "--log-jsonl", str(small_disk / "m.jsonl"),
-                 "--log-every", "1", "--summary-json", str(tmp_path / "s.json")]) == 0
-    assert "cannot write the metric logs" in capsys.readouterr().err
-    assert json.loads((tmp_path / "s.json").read_text())["status"] == "completed"
+    log = small_disk / "m.jsonl"
+    assert main(["train", "--dataset", TINY, *TRAIN, "--epochs", "2", "--log-jsonl", str(log),
+                 "--log-every", "1", "--summary-json", str(tmp_path / "s.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"neutronorch: error: cannot write {log}: No space left on device" in err and "Traceback" not in err
+    written = json.loads((tmp_path / "s.json").read_text())
+    assert written["status"] == "completed" and str(log) in written["error"]
 
 
 @pytest.mark.slow

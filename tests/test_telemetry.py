@@ -1,7 +1,9 @@
 """Stage spans, utilisation, data counters, the per-epoch table, the timeline picture and the metric logs."""
 
 import csv
+import errno
 import json
+import os
 import threading
 import time
 
@@ -195,6 +197,83 @@ def test_csv_log_names_its_score_columns_by_metric_and_a_resumed_run_keeps_the_h
     log.close()
     lines = list(csv.reader(old.open()))
     assert [len(line) for line in lines] == [8, 8, 8] and lines[2][5] == "0.75"
+
+
+class _FillingFile:
+    """A log file whose disk fills up after ``room`` writes: every later write or flush raises ENOSPC."""
+
+    def __init__(self, file, room: int):
+        self._file, self._room = file, room
+
+    def write(self, text):
+        self._room -= 1
+        if self._room < 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self._file.write(text)
+
+    def flush(self):
+        if self._room < 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self._file.flush()
+
+    def close(self):
+        self._file.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("option, room", [("log_jsonl", 0), ("log_jsonl", 3), ("log_csv", 0), ("log_csv", 4)])
+def test_a_log_on_a_full_disk_ends_the_run_with_an_error_after_saving_it(tmp_path, graph, monkeypatch, option,
+                                                                          room, caplog):
+    """A log write that fails warns at once; training goes on, the checkpoints and the summary are written,
+    and the run ends with an OutputError naming the log (exit 2 on the command line), never as a success."""
+    from neutronorch import OutputError
+    from neutronorch.train import metrics_log
+
+    log = tmp_path / ("m.jsonl" if option == "log_jsonl" else "m.csv")
+    monkeypatch.setattr(metrics_log, "open", lambda path, *a, **k: _FillingFile(open(path, *a, **k), room),
+                        raising=False)
+    settings = config(epochs=2, log_every=1, checkpoint_dir=str(tmp_path / "ckpt"),
+                      summary_json=str(tmp_path / "s.json"), **{option: str(log)})
+    with pytest.raises(OutputError, match=rf"cannot write {log}: No space left on device \(.* MiB free\); what was "
+                                          r"there is kept.*went on without it; what it trained was saved"):
+        train(settings, graph)
+    written = json.loads((tmp_path / "s.json").read_text())
+    assert written["status"] == "completed" and len(written["epochs"]) == 2 and str(log) in written["error"]
+    assert (tmp_path / "ckpt" / "last.pt").is_file()
+    assert f"cannot write {log}: No space left on device" in caplog.text  # said when it happened, too
+
+
+def test_a_log_that_cannot_be_opened_is_given_up_and_said_at_the_end(tmp_path, monkeypatch):
+    from neutronorch import OutputError
+    from neutronorch.config import LogConfig
+    from neutronorch.train import metrics_log
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(metrics_log, "open", full, raising=False)
+    log = metrics_log.MetricLog(LogConfig(str(tmp_path / "m.jsonl"), str(tmp_path / "m.csv"), None, 1), "acc")
+    assert not log.per_step
+    log.epoch({"epoch": 0, "train_loss": 0.5, "seconds": 1.0, "stage_seconds": {}})
+    log.close()
+    with pytest.raises(OutputError, match=rf"cannot write {tmp_path / 'm.jsonl'}: No space left on device"):
+        log.checked({})
+
+
+@pytest.mark.slow
+def test_a_timeline_that_cannot_be_written_ends_the_run_with_an_error(tmp_path, graph, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from neutronorch import OutputError
+    from neutronorch.train import trainer
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(trainer, "write_timeline", full)
+    png = tmp_path / "t.png"
+    with pytest.raises(OutputError, match=rf"cannot write {png}: No space left on device"):
+        train(config(epochs=1, timeline=str(png), timeline_steps=2, summary_json=str(tmp_path / "s.json")), graph)
+    assert str(png) in json.loads((tmp_path / "s.json").read_text())["error"]
 
 
 @pytest.mark.slow

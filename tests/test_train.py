@@ -259,6 +259,26 @@ def test_batch_size_zero_follows_the_training_set_size(tmp_path):
     assert summary["epochs"][0]["batches"] == 10
 
 
+@pytest.mark.slow
+def test_a_given_graph_is_what_the_summary_and_checkpoints_name(tmp_path):
+    """train(config, graph=g) records the graph trained, never the configuration's (default) dataset."""
+    from neutronorch.data import load_dataset, save_native
+    from neutronorch.errors import DataError
+    from neutronorch.train.checkpoint import load_checkpoint
+
+    graph = generate(SyntheticSpec.parse("synthetic:nodes=400,degree=5,features=8,classes=3"))
+    summary = train(small_config(dataset="synthetic", epochs=1, checkpoint_dir=str(tmp_path / "ckpt")), graph=graph)
+    assert summary["config"]["dataset"] == f"graph:{graph.name}" and summary["dataset"]["name"] == graph.name
+    assert summary["dataset"]["nodes"] == 400
+    assert load_checkpoint(tmp_path / "ckpt" / "last.pt").config.dataset == f"graph:{graph.name}"
+    with pytest.raises(DataError, match="given to train\\(\\) in memory.*name the files it came from"):
+        load_dataset(f"graph:{graph.name}")
+    folder = save_native(graph, tmp_path / "native")  # memory-mapped from the folder configured: named so
+    assert train(small_config(dataset=str(folder), epochs=1), graph=load_dataset(str(folder)))["config"][
+        "dataset"] == str(folder)
+    assert train(small_config(epochs=1), graph=load_dataset(str(folder)))["config"]["dataset"].startswith("graph:")
+
+
 @pytest.mark.parametrize("text,message", [
     ('epochs: "three"', "`epochs` 'three': expected a whole number"),
     ('lr: "0.01"', "`lr` '0.01': expected a finite number"),

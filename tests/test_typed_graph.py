@@ -4,6 +4,7 @@ generator (and that its labels need typed paths), and the PyG round trip."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -114,6 +115,11 @@ BROKEN = {
     "split out of range": (lambda g: setattr(g, "val_idx", np.array([7])), ["type user", "val_idx", "id 7"]),
     "unlabelled in split": (lambda g: setattr(g, "test_idx", np.array([4])),
                             ["type user", "test_idx", "unlabelled", "first: 4"]),
+    "train in val": (lambda g: setattr(g, "val_idx", np.array([1, 2])),
+                     ["type user", "1 training vertices are also in val_idx (first: 1), of 2 training and 2"]),
+    "val in test": (lambda g: setattr(g, "test_idx", np.array([2, 3])),
+                    ["type user", "1 validation vertices are also in test_idx (first: 2), of 1 validation and 2 test",
+                     "disjoint"]),
     "no target": (lambda g: setattr(g, "target", "shop"), ["no target type", "'shop'"]),
     "name": (lambda g: g.num_nodes.update({"shop front": 1}), ["vertex type 'shop front'"]),
 }
@@ -205,6 +211,34 @@ def test_a_folder_without_meta_or_with_a_damaged_array_is_refused(tmp_path):
     (folder / "meta.json").unlink()  # as a folder killed mid-write would be
     with pytest.raises(DataError, match="meta.json: file is missing"):
         read_typed(folder)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("relations/user___likes___item/indptr.npy", "user___likes___item: a relation folder that meta.json does not "
+                                                 "list; list it in meta.json's relations"),
+    ("nodes/shop/features.npy", "nodes/shop: a vertex type folder that meta.json does not list; list it in "
+                                "meta.json's node_types"),
+    ("nodes/item/features.npy", "item/features.npy: an array that meta.json does not account for (type item's "
+                                "feature_dim is 0)"),
+    ("nodes/item/labels.npy", "labels and splits belong to the target type, user"),
+    ("relations/user___follows___user/edge_features.npy", "the relation's edge_feature_dim is 0"),
+    ("relations/user___buys___item/weights.npy", "not an array of the typed layout"),
+])
+def test_arrays_meta_json_does_not_list_are_refused(tmp_path, extra, message):
+    """A relation, a vertex type or an array on disk that meta.json leaves out is refused (as the ogbn-mag
+    reader refuses a relation folder its list leaves out), never silently left unread."""
+    folder = write_typed(small(), tmp_path / "shop")
+    read_typed(folder)
+    made = not (folder / extra).parent.exists()
+    (folder / extra).parent.mkdir(parents=True, exist_ok=True)
+    np.save(folder / extra, np.zeros(3, np.int64))
+    with pytest.raises(DataError, match=re.escape(message)):
+        read_typed(folder)
+    (folder / extra).unlink()
+    if made:
+        (folder / extra).parent.rmdir()
+    (folder / ".hidden").mkdir()  # hidden entries (a file manager's) are not the layout's
+    read_typed(folder)
 
 
 def test_the_homogeneous_reader_names_a_typed_folder(tmp_path):
@@ -312,6 +346,13 @@ def test_generate_typed_writes_the_synthetic_typed_graph_and_guards_its_output(t
     halved = read_typed(out)
     assert halved.features["paper"].dtype == np.float16
     np.testing.assert_array_equal(halved.features["paper"], made.features["paper"].astype(np.float16))
+    big = read_typed(out, mmap=False)
+    big.features["paper"] = big.features["paper"].astype(np.float32) * 1e6  # beyond float16's range
+    write_typed(big, tmp_path / "big")
+    assert main(["convert", str(tmp_path / "big"), str(tmp_path / "big16"), "--float16"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'big'}: type paper: " in err and "lie beyond float16's range" in err, err
+    assert not (tmp_path / "big16").exists()
 
 
 def _accuracy(rows: np.ndarray, graph: TypedGraph) -> float:

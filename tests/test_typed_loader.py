@@ -175,6 +175,29 @@ def test_break_and_exceptions_leave_no_thread(mag):
         iter(ours)
 
 
+def test_a_second_thread_is_refused_while_one_iterates(mag):
+    ours, opened, finish, taken = loader(mag), threading.Event(), threading.Event(), []
+
+    def first():
+        it = iter(ours)
+        taken.append(next(it).index)
+        opened.set()
+        finish.wait(10)
+        taken.extend(b.index for b in it)
+
+    worker = threading.Thread(target=first, name="first")
+    worker.start()
+    assert opened.wait(10)
+    with pytest.raises(ConfigError, match="TypedNeighborLoader: a new iteration cannot start .*thread 'first' "
+                                          "is iterating it .*a loader of its own"):
+        iter(ours)
+    finish.set()
+    worker.join(10)
+    assert taken == list(range(len(ours)))
+    ours.close()
+    assert not producers()
+
+
 # -- the native form ----------------------------------------------------------------------------------
 
 def test_a_typed_gnn_trains_on_the_native_form(mag):

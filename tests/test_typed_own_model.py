@@ -111,8 +111,28 @@ class WrongShape(nn.Module):
         return self.lin(features["paper"])
 
 
+class NoParameters(nn.Module):
+    def forward(self, blocks, features, ids):
+        return torch.zeros(blocks[-1].num_dst["paper"], 3)
+
+
+class Frozen(WrongShape):
+    def __init__(self):
+        super().__init__()
+        self.requires_grad_(False)
+
+
+class Half(WrongShape):
+    def __init__(self):
+        super().__init__()
+        self.half()
+
+
 @pytest.mark.parametrize("module, settings, message", [
     (Authors, dict(mode="neutronorch"), "`mode` neutronorch trains the built-in"),
+    (NoParameters, {}, "`model`: .*NoParameters has no parameters, so training has nothing to update"),
+    (Frozen, {}, "none of the 2 parameters of .*Frozen requires a gradient .*requires_grad_"),
+    (Half, {}, r"2 trainable parameter\(s\) of .*Half are not float32 \(lin.weight is float16\).*module.float"),
     (Authors, dict(checkpoint_dir="ckpt"), "checkpoints of your own module"),
     (Authors, dict(embedding_storage="mmap"), "embedding_storage"),
     (PygForm, {}, "TypedNeighborLoader"),
@@ -124,9 +144,35 @@ def test_what_ones_own_module_cannot_do_is_refused_before_any_work(mag, module, 
         train(config(fanouts=[4], **settings), graph=mag, model=instance)
 
 
+@pytest.mark.slow
+def test_a_module_whose_every_weight_is_a_sparse_table_trains(mag):
+    """No dense parameter: the tables' optimizer alone (no empty Adam)."""
+
+    class TablesOnly(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rows = nn.Embedding(mag.num_nodes["paper"], mag.num_classes, sparse=True)
+
+        def forward(self, blocks, features, ids):
+            return self.rows(ids["paper"][:blocks[-1].num_dst["paper"]])
+
+    module = TablesOnly()
+    before = module.rows.weight.detach().clone()
+    summary = train(config(epochs=1, fanouts=[3]), graph=mag, model=module)
+    assert summary["status"] == "completed" and not torch.equal(module.rows.weight.detach(), before)
+
+
 def test_a_wrong_output_is_named(mag):
     with pytest.raises(ModelProtocolError, match=r"\[64, 16\] tensor"):
         train(config(fanouts=[4]), graph=mag, model=WrongShape())
+
+    class Detached(Authors):
+        def forward(self, blocks, features, ids):
+            return super().forward(blocks, features, ids).detach()
+
+    with pytest.raises(ConfigError, match=r"forward\(blocks, features, ids\) returned logits that carry no "
+                                          r"gradient.*detach\(\)"):
+        train(config(fanouts=[4]), graph=mag, model=Detached(mag))
 
 
 def test_neutronorch_asks_an_adapted_module_for_a_bottom_layer_it_lacks(mag):

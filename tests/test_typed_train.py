@@ -100,6 +100,41 @@ def test_a_typed_folder_trains_through_the_dataset_setting(mag, tmp_path):
     assert json.loads(summary_path.read_text())["mode"] == "exact"
 
 
+@pytest.mark.slow
+def test_a_given_typed_graph_is_what_the_summary_names(mag):
+    summary = train(config(epochs=1, fanouts=[3]), graph=mag)  # `dataset` left at its default, synthetic
+    assert summary["config"]["dataset"] == f"graph:{mag.name}" and summary["dataset"]["name"] == mag.name
+
+
+@pytest.mark.slow
+def test_a_typed_runs_log_on_a_full_disk_ends_it_with_an_error_after_the_summary(mag, tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from neutronorch import OutputError
+    from neutronorch.train import metrics_log
+
+    class Full:
+        def __init__(self, file):
+            self.file = file
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        flush = write
+
+        def close(self):
+            self.file.close()
+
+    monkeypatch.setattr(metrics_log, "open", lambda path, *a, **k: Full(open(path, *a, **k)), raising=False)
+    log = tmp_path / "m.jsonl"
+    with pytest.raises(OutputError, match=rf"cannot write {log}: No space left on device"):
+        train(config(epochs=1, fanouts=[3], log_jsonl=str(log), log_every=1, summary_json=str(tmp_path / "s.json")),
+              graph=mag)
+    written = json.loads((tmp_path / "s.json").read_text())
+    assert written["status"] == "completed" and str(log) in written["error"]
+
+
 @pytest.mark.parametrize("settings, message", [
     (dict(task="link"), "`task` link: not available for typed graphs yet"),
     (dict(model="gcn"), "`model` gcn: not available for typed graphs yet; choose one of sage, rgcn, rgat"),

@@ -23,7 +23,7 @@ from neutronorch.cli.typed import write_typed_folder
 from neutronorch.config import TrainConfig, load_config_file
 from neutronorch.data import (SyntheticSpec, dataset_paths, generate, is_native_dir, is_typed_dataset, load_dataset,
                               load_typed_dataset, save_native, synthetic_typed)
-from neutronorch.data.dtypes import bfloat16
+from neutronorch.data.dtypes import BFLOAT16, narrowed
 from neutronorch.data.typed_native import is_typed_dir
 from neutronorch.errors import ConfigError, Interrupted, NeutronorchError
 
@@ -254,10 +254,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _write_native(graph, out: str, args: argparse.Namespace, t0: float) -> int:
     """convert's and generate's end: features halved with --float16 or --bfloat16, the folder written, one
     line said."""
-    if args.float16:
-        graph.features = graph.features.astype("float16")
-    elif args.bfloat16:
-        graph.features = graph.features.astype(bfloat16())  # rounded to nearest even, as torch rounds
+    if args.float16 or args.bfloat16:  # bfloat16: rounded to nearest even, as torch rounds; nothing overflows
+        graph.features = narrowed(graph.features, "float16" if args.float16 else BFLOAT16,
+                                  getattr(args, "source", None) or graph.name)
     from neutronorch.train.output_guard import check_space
 
     # The old folder stays until the new one is complete: the whole dataset must fit beside it.

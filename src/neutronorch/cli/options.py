@@ -159,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--split", default=None, help=HELP["split"])
     convert.add_argument("--seed", type=int, default=0, help="seed of the split (default: 0)")
     halves = convert.add_mutually_exclusive_group()
-    halves.add_argument("--float16", action="store_true", help="store features as float16 (half the disk)")
+    halves.add_argument("--float16", action="store_true",
+                        help="store features as float16 (half the disk; features beyond +-65504 are refused)")
     halves.add_argument("--bfloat16", action="store_true",
                         help="store features as bfloat16 (half the disk; float32's range, for features "
                              "beyond float16's +-65504 or below its 6e-8)")

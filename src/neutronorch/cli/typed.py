@@ -7,10 +7,8 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
-
 from neutronorch.data import TypedGraph, write_typed
-from neutronorch.data.dtypes import bfloat16
+from neutronorch.data.dtypes import BFLOAT16, narrowed
 
 
 def write_typed_folder(graph: TypedGraph, out: str, args: argparse.Namespace, t0: float) -> int:
@@ -19,9 +17,10 @@ def write_typed_folder(graph: TypedGraph, out: str, args: argparse.Namespace, t0
     or the graph generated), its first line said."""
     from neutronorch.train.output_guard import check_space
 
-    if args.float16 or args.bfloat16:
-        dtype = np.float16 if args.float16 else bfloat16()  # bfloat16: rounded to nearest even, as torch rounds
-        graph.features = {node_type: rows.astype(dtype) for node_type, rows in graph.features.items()}
+    if args.float16 or args.bfloat16:  # bfloat16: rounded to nearest even, as torch rounds; nothing overflows
+        graph.features = {node_type: narrowed(rows, "float16" if args.float16 else BFLOAT16,
+                                              f"{getattr(args, 'source', None) or graph.name}: type {node_type}")
+                          for node_type, rows in graph.features.items()}
     arrays = [graph.labels, graph.train_idx, graph.val_idx, graph.test_idx, *graph.features.values()]
     for relation in graph.relations.values():
         arrays += [relation.indptr, relation.indices, relation.edge_features]

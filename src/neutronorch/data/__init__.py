@@ -56,6 +56,9 @@ def load_dataset(spec: str, split: str | None = None, seed: int = 0, split_index
 
 
 def _load(spec: str, split: str | None, seed: int, split_index: int, progress) -> Graph:
+    if spec.startswith("graph:"):
+        raise DataError(f"{spec}: a graph that was given to train() in memory (its summary and checkpoints "
+                        f"record it so); name the files it came from instead. `dataset` takes {DATASET_SPEC_HELP}.")
     if spec.startswith("pyg:"):
         from neutronorch.data.interop import load_pyg_dataset
         return load_pyg_dataset(spec[len("pyg:"):], split_index)
@@ -101,7 +104,7 @@ def is_typed_dataset(spec: str) -> bool:
     """Whether ``spec`` names a typed graph: a folder ``write_typed`` wrote, OGB's heterogeneous layout
     (ogbn-mag: ``raw/num-node-dict.csv.gz``, ``raw/relations/``), IGBH's (``processed/paper__written_by__author``)
     or MAG240M's (``processed/author___writes___paper``)."""
-    if spec.startswith("pyg:") or spec == "synthetic" or spec.startswith("synthetic:"):
+    if spec.startswith(("pyg:", "graph:")) or spec == "synthetic" or spec.startswith("synthetic:"):
         return False
     path = Path(spec).expanduser()
     return path.is_dir() and (is_typed_dir(path) or _typed_reader(path) is not None)
@@ -147,7 +150,7 @@ def dataset_paths(spec: str) -> list[Path]:
     overwrite."""
     if spec.startswith("pyg:"):
         return [Path(spec.partition("@")[2] or ".").expanduser()]
-    if spec == "synthetic" or spec.startswith("synthetic:"):
+    if spec == "synthetic" or spec.startswith(("synthetic:", "graph:")):
         return []
     return [Path(spec).expanduser()]
 

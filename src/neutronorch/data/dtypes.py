@@ -31,6 +31,41 @@ def is_bfloat16(array: np.ndarray) -> bool:
     return array.dtype.name == BFLOAT16
 
 
+_NARROW_CHUNK = 1 << 22  # values converted at a time by ``narrowed``
+
+
+def narrowed(rows: np.ndarray, dtype_name: str, source: str) -> np.ndarray:
+    """``rows`` (features, any float dtype) as ``dtype_name`` (float16 or bfloat16), converted a chunk at a
+    time, or a ``DataError`` naming ``source``: a NaN or infinity in ``rows``, or finite values beyond the
+    narrower type's range, which it would store as infinity (float16's largest is 65504), said with how
+    many and the largest magnitude. Nothing is clamped."""
+    dtype = bfloat16() if dtype_name == BFLOAT16 else np.dtype(dtype_name)
+    flat_rows = max(1, _NARROW_CHUNK // max(1, int(np.prod(rows.shape[1:]))))
+    out = np.empty(rows.shape, dtype)
+    over, largest = 0, 0.0
+    for start in range(0, rows.shape[0], flat_rows):
+        part = np.asarray(rows[start:start + flat_rows])
+        finite = np.isfinite(part)
+        if not finite.all():
+            row = start + int(np.argwhere(~finite)[0][0])
+            raise DataError(f"{source}: the features hold NaN or infinity (first at row {row}); no precision "
+                            f"stores them as a number. Fix the source data before converting it.")
+        with np.errstate(over="ignore"):  # counted and said below
+            converted = part.astype(dtype)
+        lost = ~np.isfinite(converted)
+        if lost.any():
+            over += int(lost.sum())
+            largest = max(largest, float(np.abs(part[lost].astype(np.float64)).max()))
+        out[start:start + flat_rows] = converted
+    if over:
+        other = "--bfloat16 (float32's range, fewer digits) or " if dtype_name != BFLOAT16 else ""
+        raise DataError(f"{source}: {over:,} feature values lie beyond {dtype_name}'s range (largest finite "
+                        f"{float(np.finfo(dtype).max):.6g}), the largest of magnitude {largest:.6g}; {dtype_name} "
+                        f"would store them as infinity. Convert with {other}no narrower precision (float32 kept), "
+                        f"or scale the features first.")
+    return out
+
+
 # Floats represent every whole number up to 2**53 exactly; beyond it a float "id" is already rounded.
 _EXACT_FLOAT = 2.0 ** 53
 _INT64_MAX = np.iinfo(np.int64).max

@@ -27,6 +27,12 @@ def read_error(path, exc: BaseException, problem: str) -> DataError:
     return DataError(problem)
 
 
+def holds_objects(exc: BaseException) -> bool:
+    """Whether numpy refused a ``.npy`` array because it holds Python objects (``allow_pickle=False``, or a
+    memory map of an object dtype, empty or not): numpy's advice to load the pickle is never passed on."""
+    return isinstance(exc, ValueError) and ("allow_pickle" in str(exc) or "Python objects in dtype" in str(exc))
+
+
 def reads_files(loader):
     """Let a ``PermissionError`` escaping ``loader`` become a ``DataError`` naming the refused path (or the
     loader's first argument when the system names none)."""

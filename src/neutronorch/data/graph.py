@@ -17,6 +17,7 @@ import numpy as np
 
 from neutronorch.data.dtypes import STORAGE_DTYPES
 from neutronorch.data.links import LinkSplit, check_link_split
+from neutronorch.data.splits import split_overlap
 from neutronorch.errors import DataError
 
 # Checks over arrays that may be larger than RAM run in chunks of this many elements.
@@ -121,8 +122,8 @@ class Graph:
         files = files or {}
         link_only = self.links is not None and self.num_classes == 0  # no node task: no labels, no node splits
 
-        def fail(what: str, fix: str) -> None:
-            array = what.split()[0]  # every message starts with the array it is about
+        def fail(what: str, fix: str, array: str | None = None) -> None:
+            array = array or what.split()[0]  # every message starts with the array it is about, or names it
             raise DataError(f"{files.get(array, source)}: {what}. {fix}")
 
         if self.metric is not None and self.metric not in METRICS:
@@ -200,12 +201,10 @@ class Graph:
                 fail(f"{split_name} holds {idx.shape[0] - unique.shape[0]} duplicate vertex ids (first: "
                      f"{int(_first_duplicate(np.asarray(idx)))})",
                      "Each vertex may appear once per split; deduplicate it (np.unique).")
-        train = np.asarray(self.train_idx)
-        for split_name in ("val_idx", "test_idx"):
-            shared = np.intersect1d(train, np.asarray(getattr(self, split_name)))
-            if shared.shape[0]:
-                fail(f"{shared.shape[0]} training vertices are also in {split_name} (first: {int(shared[0])})",
-                     "Evaluation on training vertices overstates accuracy; make the splits disjoint.")
+        overlap = split_overlap(self.train_idx, self.val_idx, self.test_idx, self.notes)
+        if overlap is not None:
+            array, what, fix = overlap
+            fail(what, fix, array)
         if self.links is not None:  # a benchmark's fixed negatives are scored as they are (check_link_split)
             check_link_split(self.links, n, files.get("links", source), negatives_may_be_positive=True)
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from neutronorch.atomic import reserve, sweep_stale, temp_prefix, write_error
 from neutronorch.data.dtypes import BFLOAT16, bfloat16, is_bfloat16
-from neutronorch.data.files import read_error, reads_files
+from neutronorch.data.files import holds_objects, read_error, reads_files
 from neutronorch.data.graph import METRICS, Graph
 from neutronorch.data.typed import TYPED_FORMAT
 from neutronorch.errors import DataError
@@ -55,7 +55,7 @@ def _open_array(path: Path, mmap: bool) -> np.ndarray:
     except OSError as exc:
         raise read_error(path, exc, f"{path}: cannot be opened ({exc}).") from None
     except Exception as exc:  # noqa: BLE001 - a damaged header fails in many ways (EOF, tokenizer, syntax)
-        if isinstance(exc, ValueError) and "allow_pickle" in str(exc):
+        if holds_objects(exc):
             # numpy's own message suggests loading the pickle, which would run whatever code it names.
             raise DataError(f"{path}: holds pickled Python objects, not numbers; a native dataset stores plain "
                             f"numeric arrays. Convert the data again with `neutronorch convert`.") from None

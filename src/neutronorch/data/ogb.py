@@ -29,7 +29,7 @@ import numpy as np
 from neutronorch.data.arrays import class_labels
 from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.dtypes import STORAGE_DTYPES, as_int64
-from neutronorch.data.files import read_error, reads_files
+from neutronorch.data.files import holds_objects, read_error, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.textnum import TextError, first_line_width, read_numbers
 from neutronorch.errors import DataError
@@ -64,7 +64,9 @@ def load_ogb(directory: str | os.PathLike, progress: Progress | None = None) -> 
     graph = Graph(name=name, indptr=indptr, indices=indices, features=features, labels=labels, train_idx=train,
                   val_idx=val, test_idx=test, num_classes=num_classes, notes=notes,
                   metric="rocauc" if name in ROC_AUC_DATASETS else "accuracy")
-    graph.validate(str(directory))
+    scheme = split_folder(directory)  # a split's problem names its file
+    graph.validate(str(directory), {f"{part}_idx": str(scheme / f"{file}.csv.gz")
+                                    for part, file in (("train", "train"), ("val", "valid"), ("test", "test"))})
     return graph
 
 
@@ -168,16 +170,24 @@ def _split(directory: Path, num_nodes: int) -> tuple[np.ndarray, ...]:
         path = scheme / f"{part}.csv.gz"
         if not path.is_file():
             raise DataError(f"{path}: file is missing; the dataset is incomplete.")
-        ids = np.sort(_numbers(path, num_nodes, np.int64))
-        if ids.size and (ids[0] < 0 or ids[-1] >= num_nodes):
-            raise DataError(f"{path}: holds vertex id {ids[0] if ids[0] < 0 else ids[-1]}, outside 0..{num_nodes - 1} "
-                            f"(num-node-list says {num_nodes} vertices). The files come from different versions "
-                            f"of the dataset; fetch it again.")
-        if ids.size > 1 and (ids[1:] == ids[:-1]).any():
-            raise DataError(f"{path}: lists vertex {ids[1:][ids[1:] == ids[:-1]][0]} more than once. The file is "
-                            f"damaged; fetch the dataset again.")
-        out.append(ids)
+        out.append(split_ids(path, num_nodes))
     return tuple(out)
+
+
+def split_ids(path: Path, num_nodes: int) -> np.ndarray:
+    """The sorted vertex ids of a split file: at least one, each below ``num_nodes`` and listed once."""
+    ids = np.sort(_numbers(path, num_nodes, np.int64))
+    if not ids.size:
+        raise DataError(f"{path}: the split is empty (no vertex ids), and every split needs at least one vertex. "
+                        f"The file is truncated or damaged; fetch the dataset again.")
+    if ids[0] < 0 or ids[-1] >= num_nodes:
+        raise DataError(f"{path}: holds vertex id {ids[0] if ids[0] < 0 else ids[-1]}, outside 0..{num_nodes - 1} "
+                        f"(the vertex count file says {num_nodes} vertices). The files come from different "
+                        f"versions of the dataset; fetch it again.")
+    if ids.size > 1 and (ids[1:] == ids[:-1]).any():
+        raise DataError(f"{path}: lists vertex {ids[1:][ids[1:] == ids[:-1]][0]} more than once. The file is "
+                        f"damaged; fetch the dataset again.")
+    return ids
 
 
 def _present(path: Path) -> Path:
@@ -255,7 +265,7 @@ def _npz(path: Path, keys: tuple[str, ...]) -> dict:
                 raise DataError(f"{path}: lacks {missing}; it holds {archive.files}. Fetch the dataset again.")
             return {k: archive[k] for k in keys}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-        if isinstance(exc, ValueError) and "allow_pickle" in str(exc):  # numpy's advice would run the pickle
+        if holds_objects(exc):  # numpy's advice would run the pickle
             raise DataError(f"{path}: holds pickled Python objects where OGB stores plain arrays; it is not an "
                             f"OGB file. Fetch the dataset again.") from None
         raise read_error(path, exc, f"{path}: not a readable .npz ({type(exc).__name__}: {exc}); the file is "

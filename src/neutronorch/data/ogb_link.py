@@ -160,15 +160,25 @@ def _damaged(path: Path, exc: Exception) -> DataError:
                                  f"dataset again.")
 
 
+def _empty_bytes(*args) -> bytes:
+    """``bytes()``, which a pickled empty array's data is (protocol 2); any other call of ``bytes`` is refused
+    (``bytes(n)`` would allocate ``n`` bytes)."""
+    if args:
+        raise pickle.UnpicklingError("Unsupported global: GLOBAL builtins.bytes called with arguments")
+    return b""
+
+
 def _numpy_globals() -> list:
     """What rebuilding a pickled numpy array of numbers calls, under the names numpy 1 (OGB's files) and
-    numpy 2 write: the array rebuilder, ``ndarray``, ``dtype`` and the numeric dtype classes."""
+    numpy 2 write: the array rebuilder, ``ndarray``, ``dtype``, the numeric dtype classes and, for an empty
+    array's data, ``bytes()``."""
     try:
         from numpy._core.multiarray import _reconstruct
     except ImportError:  # numpy 1
         from numpy.core.multiarray import _reconstruct
     allowed: list = [(_reconstruct, "numpy.core.multiarray._reconstruct"),
-                     (_reconstruct, "numpy._core.multiarray._reconstruct"), np.ndarray, np.dtype]
+                     (_reconstruct, "numpy._core.multiarray._reconstruct"), np.ndarray, np.dtype,
+                     (_empty_bytes, "builtins.bytes"), (_empty_bytes, "__builtin__.bytes")]
     for kind in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
                  "float32", "float64"):
         dtype_class = type(np.dtype(kind))
@@ -216,6 +226,9 @@ def _ids(content: dict, key: str, path: Path, ndim: int) -> np.ndarray:
     if ids.ndim != ndim:
         raise DataError(f"{path}: {key!r} has shape {ids.shape}, expected {ndim} dimension(s). Fetch the dataset "
                         f"again.")
+    if not ids.size:
+        raise DataError(f"{path}: {key!r} is empty (shape {ids.shape}), and each array of the split holds at least "
+                        f"one entry. The file is truncated or damaged; fetch the dataset again.")
     return ids
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from neutronorch.data.arrays import class_labels
 from neutronorch.data.files import read_error, reads_files
-from neutronorch.data.ogb import Progress, _count, _numbers, _present, _width, dataset_name, split_folder
+from neutronorch.data.ogb import Progress, _count, _numbers, _present, _width, dataset_name, split_folder, split_ids
 from neutronorch.data.typed import Relation, RelationType, TypedGraph, node_array, relation_array, relation_label
 from neutronorch.data.typed_checks import SPLITS
 from neutronorch.errors import DataError
@@ -68,7 +68,7 @@ def load_ogb_typed(directory: str | os.PathLike, progress: Progress | None = Non
     labels_path = _file(raw / "node-label" / target, "node-label")
     files[node_array(target, "labels")] = str(labels_path)
     labels = _labels(labels_path, target, num_nodes[target], counts_path, progress)
-    splits = {split: np.sort(_numbers(path, num_nodes[target], np.int64)) for split, path in split_files.items()}
+    splits = {split: split_ids(path, num_nodes[target]) for split, path in split_files.items()}
     num_classes = labels.shape[1] if labels.ndim == 2 else (int(labels.max()) + 1 if labels.size else 0)
     unread = _unread(raw, relations)
     notes = [f"OGB {name}: relations one way as OGB gives them (training adds the reverses)"

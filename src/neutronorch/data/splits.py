@@ -15,6 +15,35 @@ import numpy as np
 from neutronorch.errors import ConfigError
 
 DEFAULT_SPLIT = "ratio:0.6,0.2"
+_SET_WORDS = {"train_idx": "training", "val_idx": "validation", "test_idx": "test"}
+
+
+TEST_IS_VALIDATION = "the test split is the validation split"  # how a note says so (MAG240M's loader)
+
+
+def split_overlap(train, val, test, notes: list[str]) -> tuple[str, str, str] | None:
+    """(the second set's name, what, fix) for the first two of the training, validation and test sets that
+    share vertices, with the counts (``3 validation vertices are also in test_idx (first: 17), of 20
+    validation and 40 test vertices``); None when the three are disjoint. Every graph's check
+    (``Graph.validate``, a typed graph's) calls it, whatever the split came from. A test set that is the
+    validation set, whole, is data without labelled test vertices scoring its validation set twice: it
+    is allowed, and said in ``notes`` (once)."""
+    sets = {"train_idx": np.asarray(train), "val_idx": np.asarray(val), "test_idx": np.asarray(test)}
+    for first, second in (("train_idx", "val_idx"), ("train_idx", "test_idx"), ("val_idx", "test_idx")):
+        shared = np.intersect1d(sets[first], sets[second])
+        if first == "val_idx" and 0 < shared.shape[0] == sets[first].shape[0] == sets[second].shape[0]:
+            if not any(TEST_IS_VALIDATION in note for note in notes):
+                notes.append(f"{TEST_IS_VALIDATION} ({shared.shape[0]:,} vertices): test scores repeat the "
+                             f"validation scores")
+            continue
+        if shared.shape[0]:
+            what = (f"{shared.shape[0]} {_SET_WORDS[first]} vertices are also in {second} (first: {int(shared[0])}), "
+                    f"of {sets[first].shape[0]:,} {_SET_WORDS[first]} and {sets[second].shape[0]:,} "
+                    f"{_SET_WORDS[second]} vertices")
+            why = ("evaluation on training vertices overstates accuracy" if first == "train_idx" else
+                   "a test score on vertices that chose the model overstates it")
+            return second, what, f"{why[0].upper()}{why[1:]}; make the splits disjoint."
+    return None
 
 
 def parse_split(spec: str) -> tuple[str, float, float]:

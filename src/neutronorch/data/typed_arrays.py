@@ -20,7 +20,7 @@ from numba import njit, prange
 
 from neutronorch.data.arrays import class_labels
 from neutronorch.data.dtypes import as_int64
-from neutronorch.data.files import read_error
+from neutronorch.data.files import holds_objects, read_error
 from neutronorch.data.typed import Relation, RelationType, relation_array, relation_label
 from neutronorch.errors import DataError
 
@@ -56,7 +56,7 @@ def open_npy(path: Path, what: str) -> np.ndarray:
     except OSError as exc:
         raise read_error(path, exc, f"{path}: cannot be opened ({exc}). {REFETCH}") from None
     except Exception as exc:  # noqa: BLE001 - a damaged header fails in many ways (EOF, tokenizer, syntax)
-        if isinstance(exc, ValueError) and "allow_pickle" in str(exc):  # numpy's advice would run the pickle
+        if holds_objects(exc):  # numpy's advice would run the pickle
             raise DataError(f"{path}: holds pickled Python objects where the dataset stores {what} as plain "
                             f"numbers; it is not the dataset's file. Fetch it again.") from None
         raise DataError(f"{path}: cannot be read as a .npy array ({type(exc).__name__}: {exc}). {REFETCH}") from None
@@ -178,15 +178,17 @@ def _sort_columns(indptr, indices):
 
 
 def sorted_ids(value, path: Path, what: str, count: int, fix: str) -> np.ndarray:
-    """Vertex ids read from a ``.pt`` file (a 1-D array or tensor) as sorted int64, each in ``0..count-1``;
-    else a ``DataError`` naming ``path`` and ``what``, ending with ``fix``."""
+    """Vertex ids read from a ``.pt`` file (a 1-D array or tensor) as sorted int64, at least one, each in
+    ``0..count-1``; else a ``DataError`` naming ``path`` and ``what``, ending with ``fix``."""
     if hasattr(value, "numpy"):  # a tensor: torch is loaded, reading the file
         value = value.numpy()
     if not isinstance(value, np.ndarray) or value.ndim != 1:
         raise DataError(f"{path}: {what} is a {type(value).__name__} {getattr(value, 'shape', '')}, expected a "
                         f"1-D array of vertex ids. {fix}")
     ids = np.sort(as_int64(value, str(path), what))
-    if ids.size and (ids[0] < 0 or ids[-1] >= count):
+    if not ids.size:
+        raise DataError(f"{path}: {what} is empty (no vertex ids), and a split needs at least one vertex. {fix}")
+    if ids[0] < 0 or ids[-1] >= count:
         raise DataError(f"{path}: {what} holds id {int(ids[0] if ids[0] < 0 else ids[-1])}, outside "
                         f"0..{count - 1}. {fix}")
     return ids

@@ -13,6 +13,7 @@ import numpy as np
 
 from neutronorch.data.dtypes import STORAGE_DTYPES
 from neutronorch.data.graph import _CHUNK, METRICS, _first_duplicate
+from neutronorch.data.splits import split_overlap
 from neutronorch.data.typed import Relation, node_array, relation_array, relation_label
 from neutronorch.errors import DataError
 
@@ -159,12 +160,10 @@ def _check_target(graph: "TypedGraph", fail: _Failure) -> None:
              "Remap the labels or fix num_classes.")
     for split in SPLITS:
         _check_split(graph, split, n, fail)
-    train = np.asarray(graph.train_idx)
-    for split in SPLITS[1:]:
-        shared = np.intersect1d(train, np.asarray(getattr(graph, split)))
-        if shared.shape[0]:
-            fail(node_array(target, split), f"type {target}: {shared.shape[0]} training vertices are also in "
-                 f"{split} (first: {int(shared[0])})", "Make the splits disjoint.")
+    overlap = split_overlap(graph.train_idx, graph.val_idx, graph.test_idx, graph.notes)
+    if overlap is not None:
+        array, what, fix = overlap
+        fail(node_array(target, array), f"type {target}: {what}", fix)
 
 
 def _check_split(graph: "TypedGraph", split: str, n: int, fail: _Failure) -> None:

@@ -120,6 +120,7 @@ def read_typed(folder: str | os.PathLike, mmap: bool = True, validate: bool = Tr
                         f"(A folder being written has none until it is complete.)")
     meta = _read_meta(meta_path, META_KEYS, OPTIONAL_KEYS)
     _check_meta(meta, meta_path)
+    _check_unlisted(directory, meta)
     files: dict[str, str] = {}
 
     def open_array(key: str, dtype_name: str | None = None) -> np.ndarray:
@@ -188,6 +189,45 @@ def _check_meta(meta: dict, meta_path: Path) -> None:
         raise DataError(f"{meta_path}: relations lists a relation more than once.")
     if meta["target"] not in names:
         raise DataError(f"{meta_path}: target {meta['target']!r} is not one of node_types ({', '.join(names)}).")
+
+
+def _check_unlisted(directory: Path, meta: dict) -> None:
+    """Every folder and array under ``nodes/`` and ``relations/`` is one meta.json accounts for (hidden
+    entries aside): a relation or vertex type left out of meta.json is refused, as the ogbn-mag reader
+    refuses a relation folder its list leaves out, never read as if it were not there."""
+    types = {entry["name"]: entry for entry in meta["node_types"]}
+    keys = {(e["src"], e["name"], e["dst"]): e for e in meta["relations"]}
+    expected = {node_array(t, "features") for t, entry in types.items() if entry["feature_dim"]}
+    expected |= {node_array(meta["target"], array) for array in ("labels", *SPLITS)}
+    for key, entry in keys.items():
+        expected |= {relation_array(key, array) for array in ("indptr", "indices")}
+        expected |= {relation_array(key, "edge_features")} if entry["edge_feature_dim"] else set()
+    folders = {"nodes", "relations"} | {f"nodes/{t}" for t in types} | {f"relations/{'___'.join(k)}" for k in keys}
+    for top in ("nodes", "relations"):
+        for path in sorted((directory / top).rglob("*")) if (directory / top).is_dir() else []:
+            name = path.relative_to(directory).as_posix()
+            if any(part.startswith(".") for part in path.relative_to(directory).parts):
+                continue
+            if path.is_dir() and name not in folders and name.count("/") == 1:
+                what = ("a relation folder", "relations (src, name, dst, num_edges, edge_feature_dim)") \
+                    if top == "relations" else ("a vertex type folder", "node_types (name, count, feature_dim)")
+                raise DataError(f"{path}: {what[0]} that meta.json does not list; list it in meta.json's "
+                                f"{what[1]}, or remove the folder.")
+            if not path.is_dir() and name.removesuffix(".npy") not in expected:
+                raise DataError(f"{path}: an array that meta.json does not account for ({_unlisted_why(name, meta)}); "
+                                f"list it in meta.json, or remove the file.")
+
+
+def _unlisted_why(name: str, meta: dict) -> str:
+    """Why meta.json leaves the file ``name`` (under ``nodes/`` or ``relations/``) out."""
+    parts = name.removesuffix(".npy").split("/")
+    if len(parts) == 3 and parts[0] == "nodes" and parts[2] == "features":
+        return f"type {parts[1]}'s feature_dim is 0"
+    if len(parts) == 3 and parts[0] == "nodes" and parts[2] in ("labels", *SPLITS):
+        return f"labels and splits belong to the target type, {meta['target']}"
+    if len(parts) == 3 and parts[0] == "relations" and parts[2] == "edge_features":
+        return "the relation's edge_feature_dim is 0"
+    return "not an array of the typed layout"
 
 
 def _check_value(value, kind: type, what: str, meta_path: Path) -> None:

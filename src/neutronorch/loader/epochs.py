@@ -11,6 +11,7 @@ expects.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Iterator
 
@@ -37,6 +38,7 @@ class EpochSource:
         self.epoch = check_count("epoch", epoch, 0)
         self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
         self._active: weakref.ref | None = None
+        self._iterating = threading.Lock()  # one thread at a time opens or closes an iteration
 
     def _check_start(self, start) -> int:
         start = check_count("start", start, 0)
@@ -74,10 +76,12 @@ class EpochSource:
             raise RuntimeError(f"this {type(self).__name__} is closed; make a new one")
         epoch = self.epoch if epoch is None else check_count("epoch", epoch, 0)
         start = self._check_start(start)
-        self._close_active()
-        self.epoch = epoch + 1
-        iterator = EpochIterator(self._produce(epoch, start), epoch, start, len(self) - start)
-        self._active = weakref.ref(iterator)
+        with self._iterating:
+            self._close_active()
+            self.epoch = epoch + 1
+            iterator = EpochIterator(self._produce(epoch, start), epoch, start, len(self) - start,
+                                     type(self).__name__)
+            self._active = weakref.ref(iterator)
         return iterator
 
     def input_order(self, epoch: int) -> torch.Tensor:
@@ -88,16 +92,20 @@ class EpochSource:
 
     # -- lifetime -------------------------------------------------------------------------------------
     def _close_active(self) -> None:
+        """Close the open iteration, which must be this thread's: a new iteration (or ``close``) from another
+        thread while one runs would end it under its loop, a short epoch or batches of two epochs mixed."""
         active = self._active() if self._active is not None else None
         if active is not None:
+            active._check_thread("a new iteration cannot start" if self.mode is not None else "the loader cannot close")
             active.close()
 
     def close(self) -> None:
         """Stop the iteration in progress (its thread joined) and release what the mode holds."""
-        self._close_active()
-        if self.mode is not None:
-            self._close_mode()
-            self.mode = None
+        with self._iterating:
+            self._close_active()
+            if self.mode is not None:
+                self._close_mode()
+                self.mode = None
 
     def __enter__(self):
         return self
@@ -116,23 +124,61 @@ class EpochSource:
 
 class EpochIterator:
     """One epoch's batches: an iterator (with ``len``) and a context manager. Its producer thread stops when
-    the epoch is done, when it is closed, or when it is dropped (``break``, an exception)."""
+    the epoch is done, when it is closed, or when it is dropped (``break``, an exception).
 
-    def __init__(self, batches: Iterator, epoch: int, start: int, length: int):
+    An iteration belongs to the thread that last took a batch from it (at first, the one that made it): a
+    second thread taking batches at the same time, or opening a new iteration of the loader while this one
+    is unfinished, is refused with a ``ConfigError`` (the loader has one iteration at a time; each thread
+    needs a loader of its own)."""
+
+    def __init__(self, batches: Iterator, epoch: int, start: int, length: int, loader: str = "loader"):
         self._batches = batches
         self.epoch, self.start, self._length = epoch, start, length
+        self._loader, self._taken, self._done = loader, 0, False
+        self._owner = threading.current_thread()
+        self._next_lock = threading.Lock()
 
     def __iter__(self) -> "EpochIterator":
         return self
 
     def __next__(self):
-        return next(self._batches)
+        if not self._next_lock.acquire(blocking=False):
+            self._refuse("a batch cannot be taken while another is")
+        try:
+            self._owner = threading.current_thread()
+            batch = next(self._batches)
+            self._taken += 1
+            return batch
+        except BaseException:  # the epoch's end, or an error that ended its generator
+            self._done = True
+            raise
+        finally:
+            self._next_lock.release()
 
     def __len__(self) -> int:
         return self._length
 
+    def _check_thread(self, what: str) -> None:
+        """Refuse ``what`` from this thread while another thread iterates this unfinished epoch."""
+        owner = self._owner
+        if not self._done and owner is not threading.current_thread() and owner.is_alive():
+            self._refuse(what)
+
+    def _refuse(self, what: str) -> None:
+        raise ConfigError(
+            f"{self._loader}: {what} in thread {threading.current_thread().name!r}: thread "
+            f"{self._owner.name!r} is iterating it (epoch {self.epoch}, {self._taken} of {self._length} batches "
+            f"taken), and a loader runs one iteration at a time. Give each thread a loader of its own, or "
+            f"iterate in one thread (set_epoch(e) or iter_from(start, epoch) choose the epoch).")
+
     def close(self) -> None:
-        self._batches.close()
+        if not self._next_lock.acquire(blocking=False):
+            self._refuse("the iteration cannot close while it takes a batch")
+        try:
+            self._done = True
+            self._batches.close()
+        finally:
+            self._next_lock.release()
 
     def __enter__(self) -> "EpochIterator":
         return self

@@ -38,7 +38,8 @@ class NeighborLoader(EpochLoader):
     caches as ``train()`` would; ``model="gcn"`` makes the blocks carry the sources' degrees.
 
     A batch's tensors stay valid until the next batch is asked for (``reuse_buffers=False``: for good, at the
-    cost of a copy). A new iteration closes the one before it; ``close()`` (or ``with``) ends everything."""
+    cost of a copy). A new iteration closes the one before
+    it (another thread's is refused: one loader per thread); ``close()`` (or ``with``) ends everything."""
 
     def __init__(self, graph, fanouts, batch_size: int, *, seeds="train", **settings):
         self._seeds_given = seeds

@@ -57,7 +57,8 @@ class TypedNeighborLoader(EpochSource):
 
     Each batch (``TypedLoaderBatch``) holds ``blocks``, ``features``, ``ids``, ``seeds``, ``y``,
     ``batch_size``, ``input_id``; ``to_pyg()`` gives PyG's ``HeteroData``, ``to_dgl()`` DGL's blocks. A new
-    iteration closes the one before it; ``close()`` (or ``with``) ends everything."""
+    iteration closes the one before it (another thread's is refused:
+    one loader per thread); ``close()`` (or ``with``) ends everything."""
 
     def __init__(self, graph, fanouts, batch_size: int, *, seeds="train", shuffle: bool = True, seed: int = 0,
                  device="cpu", mode: str = "exact", epoch: int = 0, start: int = 0, drop_last: bool = False,

@@ -34,10 +34,12 @@ import inspect
 import torch
 from torch import nn
 
+from neutronorch.errors import ConfigError
 from neutronorch.nn.splice import HotRows, splice
 from neutronorch.sampling.block import Block, pyg_form
 
-__all__ = ["ModelProtocolError", "UserModel", "PROTOCOL", "forward_parameters"]
+__all__ = ["ModelProtocolError", "UserModel", "PROTOCOL", "forward_parameters", "check_trainable",
+           "check_output_trains"]
 
 PROTOCOL = ("forward(x, edge_index) returning a row per vertex of x (the PyG form), or forward(blocks, x) "
             "returning a row per destination of the last block (the block form); docs/models.md, 'Your own "
@@ -45,8 +47,52 @@ PROTOCOL = ("forward(x, edge_index) returning a row per vertex of x (the PyG for
 _TRIM = ("num_sampled_nodes_per_hop", "num_sampled_edges_per_hop")
 
 
-class ModelProtocolError(ValueError):
+class ModelProtocolError(ConfigError, ValueError):
     """A module that does not follow the protocol: what it does and what the protocol expects."""
+
+
+def check_trainable(module: nn.Module, kind: str, sparse_tables: bool = False) -> None:
+    """Refuse a module ``train()`` could not train, before any work: one without parameters, one whose
+    parameters all have ``requires_grad`` off, parameters on the meta device (no values to move to the
+    training device), and trainable weights that are not float32 (weights and the optimizer's state are
+    float32; ``precision`` bf16 casts them under autocast). ``sparse_tables``: whether the run moves
+    ``nn.Embedding(sparse=True)`` tables with an optimizer of their own (typed runs do; a homogeneous run's
+    Adam takes dense gradients only)."""
+    named = list(module.named_parameters())
+    if not named:
+        raise ModelProtocolError(f"{kind} has no parameters, so training has nothing to update; give it its "
+                                 f"weights as nn.Parameter or submodules (a plain tensor attribute is no parameter)")
+    trainable = [(name, p) for name, p in named if p.requires_grad]
+    if not trainable:
+        raise ModelProtocolError(f"none of the {len(named)} parameters of {kind} requires a gradient ({named[0][0]} "
+                                 f"has requires_grad False), so training has nothing to update; call "
+                                 f"module.requires_grad_(True), or unfreeze the layers to train")
+    unmade = [name for name, p in named if p.is_meta]
+    if unmade:
+        raise ModelProtocolError(f"{len(unmade)} parameter(s) of {kind} are on the meta device ({unmade[0]}), "
+                                 f"shapes without values; give them values first (module.to_empty(device='cpu') "
+                                 f"and initialise them, or build the module off the meta device)")
+    sparse = [name for name, m in module.named_modules()
+              if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse and m.weight.requires_grad]
+    if sparse and not sparse_tables:
+        raise ModelProtocolError(f"{kind}.{sparse[0]} is an embedding with sparse=True, whose sparse gradients "
+                                 f"the Adam of a homogeneous run cannot take; make it dense (sparse=False), or "
+                                 f"train it in a loop of your own over NeighborLoader's batches")
+    odd = [(name, p) for name, p in trainable if p.dtype != torch.float32]
+    if odd:
+        name, p = odd[0]
+        raise ModelProtocolError(f"{len(odd)} trainable parameter(s) of {kind} are not float32 ({name} is "
+                                 f"{str(p.dtype).replace('torch.', '')}); weights train in float32 (`precision` "
+                                 f"bf16 computes in bfloat16 under autocast from float32 weights): call module.float()")
+
+
+def check_output_trains(out: torch.Tensor, module: nn.Module, kind: str, call: str) -> None:
+    """Refuse a training step's logits that carry no gradient (a ``detach()``, ``torch.no_grad()`` or
+    ``.data`` in ``forward``): the loss could not reach a parameter."""
+    if module.training and torch.is_grad_enabled() and not out.requires_grad:
+        raise ModelProtocolError(f"{kind}.{call} returned logits that carry no gradient (requires_grad False), "
+                                 f"so the loss cannot reach its parameters; remove the detach(), .data or "
+                                 f"torch.no_grad() that cuts them off in forward")
 
 
 def forward_parameters(module: nn.Module, protocol: str) -> tuple[list[str], list[inspect.Parameter]]:
@@ -102,6 +148,14 @@ class UserModel(nn.Module):
             return module
         return cls(module, num_layers, width)
 
+    @classmethod
+    def to_train(cls, module: nn.Module, num_layers: int, width: int) -> "UserModel":
+        """``wrap``, refusing a module training could not update (``check_trainable``); ``predict`` and
+        ``embed`` take a frozen one."""
+        model = cls.wrap(module, num_layers, width)
+        check_trainable(model.module, model.kind)
+        return model
+
     @property
     def reuses(self) -> bool:
         """Whether NeutronOrch mode can reuse its bottom layer (``bottom`` and ``upper`` given)."""
@@ -154,5 +208,6 @@ class UserModel(nn.Module):
         if out.dim() != 2 or out.shape[0] != rows or out.shape[1] != self.out_width:
             raise ModelProtocolError(f"{self.kind}.{call} returned shape {list(out.shape)}; the protocol "
                                      f"expects {expected}; {PROTOCOL})")
+        check_output_trains(out, self, self.kind, call)
         return out
 

@@ -25,7 +25,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from neutronorch.nn.custom import ModelProtocolError, forward_parameters
+from neutronorch.nn.custom import ModelProtocolError, check_output_trains, forward_parameters
 from neutronorch.sampling.typed_block import TypedBlock
 
 __all__ = ["TypedUserModel", "TYPED_PROTOCOL"]
@@ -84,6 +84,7 @@ class TypedUserModel(nn.Module):
             raise ModelProtocolError(f"{self.kind}.forward(blocks, features, ids) returned {got}; the protocol "
                                      f"expects a [{rows}, {width}] tensor (a row of logits per {self.target} seed, "
                                      f"a column per output): {TYPED_PROTOCOL}")
+        check_output_trains(out, self, self.kind, "forward(blocks, features, ids)")
         return out
 
 

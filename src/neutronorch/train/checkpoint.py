@@ -299,18 +299,20 @@ def _user_model(state: dict, path: Path, given: torch.nn.Module | None) -> UserM
 
 
 def check_resumable(state: dict, config: TrainConfig, graph: Graph, source: str, world_size: int = 1) -> None:
-    """A run may continue from ``state`` only on the same data with the same model and training settings."""
+    """A run may continue from ``state`` only on the same data with the same model and training settings.
+    The settings are compared first: one that shapes the data a run trains on (`task` link removes the
+    validation and test edges, `split`) is named, not reported as changed data."""
+    check_settings(state, config, source)
+    if int(state.get("world_size", 1)) != world_size:
+        raise CheckpointError(f"{source}: written by a run of {state.get('world_size', 1)} data-parallel rank(s); "
+                              f"resume with the same number (now {world_size}): torchrun --nproc-per-node and "
+                              f"--nnodes as before.")
     changed = fingerprint_changes(state["dataset"], dataset_fingerprint(graph))
     if changed:
         raise CheckpointError(f"{source}: written for another dataset, or the data changed since: "
                               f"{', '.join(changed)} differ ({state['dataset']['name']} then, {graph.name} now). "
                               f"Resume on the data the run started with, or start a new run in another "
                               f"`checkpoint_dir`.")
-    if int(state.get("world_size", 1)) != world_size:
-        raise CheckpointError(f"{source}: written by a run of {state.get('world_size', 1)} data-parallel rank(s); "
-                              f"resume with the same number (now {world_size}): torchrun --nproc-per-node and "
-                              f"--nnodes as before.")
-    check_settings(state, config, source)
 
 
 def check_settings(state: dict, config: TrainConfig, source: str) -> None:

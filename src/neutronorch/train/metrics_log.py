@@ -6,6 +6,11 @@ Scores go under the metric's own name (``val_rocauc``) and, for compatibility, u
 Step losses are read from the device once every ``--log-every`` steps (one synchronisation per group, never
 one per step). Files are written as the run goes and flushed after every epoch, so a run that stops early
 keeps what it logged.
+
+A log (or the timeline) that cannot be written (a full disk) is not worth stopping the training for: the
+run says so at once, goes on without the logs (what they hold so far stays), saves and summarises what it
+trained, and then ends with an ``OutputError`` naming the file (``checked``), so it never ends as if
+nothing was lost.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from pathlib import Path
 
 import torch
 
+from neutronorch.atomic import write_error
 from neutronorch.config import LogConfig
+from neutronorch.errors import OutputError
 
 
 logger = logging.getLogger("neutronorch")
@@ -39,20 +46,23 @@ class MetricLog:
         self.every = config.log_every
         self._start = time.perf_counter()
         self._step = 0
-        mode = "a" if append else "w"
-        self._jsonl = open(config.log_jsonl, mode) if config.log_jsonl else None
+        self._paths = {"jsonl": config.log_jsonl, "csv": config.log_csv, "tb": config.tensorboard}
+        self.lost: str | None = None  # the first output that could not be written, said as an OutputError's message
+        mode, self._jsonl, self._csv_file, self._csv, self._tb = ("a" if append else "w"), None, None, None, None
+        if config.log_jsonl:
+            self._write("jsonl", lambda: setattr(self, "_jsonl", open(config.log_jsonl, mode)))
         fresh_csv = not (append and config.log_csv and Path(config.log_csv).is_file()
                          and Path(config.log_csv).stat().st_size > 0)
         # A resumed run keeps the header it finds (one written before the metric columns has 8 columns).
         self._csv_width = len(csv_columns(metric_key)) if fresh_csv else _header_width(config.log_csv)
-        self._csv_file = open(config.log_csv, mode, newline="") if config.log_csv else None
+        if config.log_csv and not self.lost:
+            self._write("csv", lambda: setattr(self, "_csv_file", open(config.log_csv, mode, newline="")))
         self._csv = csv.writer(self._csv_file) if self._csv_file else None
         if self._csv and fresh_csv:
-            self._csv.writerow(csv_columns(metric_key))
-        self._tb = None
-        if config.tensorboard:
+            self._write("csv", lambda: self._csv.writerow(csv_columns(metric_key)))
+        if config.tensorboard and not self.lost:
             from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - optional
-            self._tb = SummaryWriter(config.tensorboard)
+            self._write("tb", lambda: setattr(self, "_tb", SummaryWriter(config.tensorboard)))
         self.per_step = any(x is not None for x in (self._jsonl, self._csv, self._tb))
 
     def continue_at(self, step: int) -> None:
@@ -61,72 +71,82 @@ class MetricLog:
 
     def steps(self, epoch: int, first_batch: int, losses: list[torch.Tensor]) -> None:
         """Log consecutive steps' losses (device tensors; read here in one transfer)."""
-        try:
-            self._steps(epoch, first_batch, losses)
-        except OSError as exc:
-            self._give_up(exc)
-
-    def epoch(self, record: dict) -> None:
-        try:
-            self._epoch(record)
-        except OSError as exc:
-            self._give_up(exc)
-
-    def _give_up(self, exc: OSError) -> None:
-        """A log that cannot be written (a full disk) is not worth the run: say so once and go on without
-        the logs; what they hold so far stays."""
-        logger.warning(f"cannot write the metric logs ({exc.strerror or exc}); training goes on without them")
-        self.close()
-
-    def _steps(self, epoch: int, first_batch: int, losses: list[torch.Tensor]) -> None:
         values = torch.stack(losses).float().cpu().tolist()
         elapsed = round(time.perf_counter() - self._start, 3)
-        for offset, loss in enumerate(values):
-            step = self._step
-            self._step += 1
-            if self._jsonl:
-                self._jsonl.write(json.dumps({"kind": "step", "epoch": epoch, "batch": first_batch + offset,
-                                              "step": step, "loss": loss, "elapsed": elapsed}) + "\n")
-            if self._csv:
-                self._csv.writerow(["step", epoch, step, loss, "", "", "", elapsed, "", ""][:self._csv_width])
-            if self._tb:
-                self._tb.add_scalar("train/loss", loss, step)
+        steps = list(range(self._step, self._step + len(values)))
+        self._step += len(values)
+        if self._jsonl:
+            self._write("jsonl", lambda: self._jsonl.write("".join(json.dumps(
+                {"kind": "step", "epoch": epoch, "batch": first_batch + offset, "step": step, "loss": loss,
+                 "elapsed": elapsed}) + "\n" for offset, (step, loss) in enumerate(zip(steps, values)))))
+        if self._csv:
+            self._write("csv", lambda: self._csv.writerows(["step", epoch, step, loss, "", "", "", elapsed, "", ""]
+                                                           [:self._csv_width] for step, loss in zip(steps, values)))
+        if self._tb:
+            self._write("tb", lambda: [self._tb.add_scalar("train/loss", loss, step)
+                                       for step, loss in zip(steps, values)])
 
-    def _epoch(self, record: dict) -> None:
+    def epoch(self, record: dict) -> None:
         elapsed = round(time.perf_counter() - self._start, 3)
         if self._jsonl:
-            self._jsonl.write(json.dumps({"kind": "epoch", "step": self._step, "elapsed": elapsed, **record}) + "\n")
-            self._jsonl.flush()
+            line = json.dumps({"kind": "epoch", "step": self._step, "elapsed": elapsed, **record}) + "\n"
+            self._write("jsonl", lambda: (self._jsonl.write(line), self._jsonl.flush()))
         if self._csv:
             val, test = record.get("val_acc", ""), record.get("test_acc", "")
-            self._csv.writerow(["epoch", record["epoch"], self._step, record["train_loss"], record["seconds"],
-                                val, test, elapsed, val, test][:self._csv_width])
-            self._csv_file.flush()
+            row = ["epoch", record["epoch"], self._step, record["train_loss"], record["seconds"], val, test, elapsed,
+                   val, test][:self._csv_width]
+            self._write("csv", lambda: (self._csv.writerow(row), self._csv_file.flush()))
         if self._tb:
-            tb, epoch = self._tb, record["epoch"]
-            tb.add_scalar("epoch/seconds", record["seconds"], epoch)
-            tb.add_scalar("epoch/train_loss", record["train_loss"], epoch)
-            for key in ("val_acc", "test_acc", *self._score_keys):
-                if key in record:
-                    tb.add_scalar(f"epoch/{key}", record[key], epoch)
-            for stage, seconds in record["stage_seconds"].items():
-                tb.add_scalar(f"stage_seconds/{stage}", seconds, epoch)
-            for lane, share in record.get("lane_busy", {}).items():
-                tb.add_scalar(f"busy/{lane}", share, epoch)
-            util = record.get("utilisation") or {}
-            for key in ("process_cores", "process_share", "machine_share", "gpu_percent"):
-                if util.get(key) is not None:
-                    tb.add_scalar(f"utilisation/{key}", util[key], epoch)
-            tb.flush()
+            self._write("tb", lambda: self._tensorboard_epoch(record))
+
+    def _write(self, log: str, write) -> None:
+        """Run ``write`` on ``log``; a failure gives the logs up (``lose``)."""
+        try:
+            write()
+        except OSError as exc:
+            self.lose(self._paths[log], exc)
+            self.close()
+
+    def lose(self, path, exc: OSError | OutputError) -> None:
+        """Note that ``path`` (a log, the timeline) could not be written: said at once, and by ``checked``
+        at the end of the run (the first such file)."""
+        error = str(exc if isinstance(exc, OutputError) else write_error(Path(path), exc, existed=True))
+        logger.warning(f"{error.split('; ')[0]}; training goes on without it, and the run will end with this error")
+        self.lost = self.lost or f"{error} The run went on without it; what it trained was saved and summarised."
+
+    def checked(self, summary: dict) -> dict:
+        """``summary``, once the run is saved and summarised, or an ``OutputError`` for the first log or
+        timeline that could not be written."""
+        if self.lost:
+            raise OutputError(self.lost)
+        return summary
+
+    def _tensorboard_epoch(self, record: dict) -> None:
+        tb, epoch = self._tb, record["epoch"]
+        tb.add_scalar("epoch/seconds", record["seconds"], epoch)
+        tb.add_scalar("epoch/train_loss", record["train_loss"], epoch)
+        for key in ("val_acc", "test_acc", *self._score_keys):
+            if key in record:
+                tb.add_scalar(f"epoch/{key}", record[key], epoch)
+        for stage, seconds in record["stage_seconds"].items():
+            tb.add_scalar(f"stage_seconds/{stage}", seconds, epoch)
+        for lane, share in record.get("lane_busy", {}).items():
+            tb.add_scalar(f"busy/{lane}", share, epoch)
+        util = record.get("utilisation") or {}
+        for key in ("process_cores", "process_share", "machine_share", "gpu_percent"):
+            if util.get(key) is not None:
+                tb.add_scalar(f"utilisation/{key}", util[key], epoch)
+        tb.flush()
 
     def close(self) -> None:
-        for log in (self._jsonl, self._csv_file, self._tb):
+        for name, log in (("jsonl", self._jsonl), ("csv", self._csv_file), ("tb", self._tb)):
             if log is not None:
                 try:
                     log.close()  # the last lines are flushed here: a full disk shows now
                 except OSError as exc:
-                    logger.warning(f"cannot write the end of a metric log ({exc.strerror or exc})")
+                    self.lose(self._paths[name], exc)
         self._jsonl = self._csv_file = self._csv = self._tb = None
+        self.per_step = False  # no log left to take step losses
 
 
 def _header_width(path: str) -> int:

@@ -7,15 +7,29 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from neutronorch.data import Graph, TypedGraph, dataset_paths
 from neutronorch.errors import OutputError
 from neutronorch.observe import StageTable, write_timeline
 from neutronorch.train.memory import peak_rss_mb, resident_mb
 from neutronorch.train.outputs import write_atomically
+from neutronorch.train.typed_inputs import typed_files
 
 if TYPE_CHECKING:
     from neutronorch.train.trainer import Run
 
 logger = logging.getLogger("neutronorch")
+
+
+def given_dataset(graph, spec: str) -> str:
+    """The `dataset` a run records for ``graph``, given to ``train`` in memory (``spec`` as configured; None:
+    ``spec``): ``spec`` when the graph's arrays are memory-mapped from the files it names, else
+    ``graph:NAME``, so the summary, logs and checkpoints never name a dataset that was not trained."""
+    if not isinstance(graph, (Graph, TypedGraph)):
+        return spec
+    files = graph.files() if isinstance(graph, Graph) else typed_files(graph)
+    roots = [path.expanduser().resolve() for path in dataset_paths(spec)]
+    inside = lambda file: any(Path(file).resolve().is_relative_to(root) for root in roots)  # noqa: E731
+    return spec if files and all(inside(file) for file in files) else f"graph:{graph.name}"
 
 
 def summarise(run: "Run", last_eval: dict, timeline: dict | None, status: str, gather: bool = True) -> dict:
@@ -62,6 +76,7 @@ def summarise(run: "Run", last_eval: dict, timeline: dict | None, status: str, g
                     else round(run.first_step_at - run.started, 4)},
         **({"link": _link_summary(run, last_eval)} if config.task == "link" else {}),
         **mode.summary(),
+        **({"error": run.metrics.lost} if run.metrics.lost else {}),  # a log or the timeline lost
     }
 
 
@@ -87,7 +102,8 @@ def checkpoints_written(directory: str | None) -> dict | None:
 def write_run_timeline(run, title: str, stages: StageTable) -> dict | None:
     """The timeline of ``run``'s window (``timeline``: a .png, the raw spans beside it as .json), each file
     written atomically by the main rank when spans were recorded; what was written, or None. A failure to
-    write (a full disk) is logged, not raised: the run's results are kept, and no partial file is left."""
+    write (a full disk) leaves no partial file and is said at once; the run ends with it once its results are
+    saved and summarised (``MetricLog.lose``)."""
     config = run.config
     if not (config.timeline and run.spans.events and run.world.main):
         return None
@@ -96,8 +112,7 @@ def write_run_timeline(run, title: str, stages: StageTable) -> dict | None:
         written = write_timeline(config.timeline, run.spans.events, samples, title, stages,
                                  save=lambda path, data: write_atomically(path, lambda f: f.write(data)))
     except (OSError, OutputError) as exc:
-        reason = exc if isinstance(exc, OutputError) else f"cannot write {config.timeline}: {exc.strerror or exc}"
-        logger.warning(f"{reason} (the timeline); going on without it")
+        run.metrics.lose(config.timeline, exc)
         return None
     logger.info(f"timeline: {written['png']} ({written['spans']} spans; raw spans in {written['json']})")
     return written

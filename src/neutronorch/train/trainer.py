@@ -51,7 +51,7 @@ from neutronorch.train.distributed import GradientSync, World, joined, rank_devi
 from neutronorch.train.outputs import check_checkpoint_space, check_outputs, save_or_rescue, write_summary
 from neutronorch.train.replacing import Replacement, claim_outputs
 from neutronorch.train.step import TRAINER_STAGES
-from neutronorch.train.summary import named_scores, summarise, topology_in_file_order, write_run_timeline
+from neutronorch.train.summary import given_dataset, named_scores, summarise, topology_in_file_order, write_run_timeline
 from neutronorch.train.link_task import (LinkTask, check_node_task, evaluate_links, is_link_split, link_graph,
                                          rms_row_norm)
 from neutronorch.train.task import Task
@@ -109,7 +109,8 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     A typed graph (``graph`` a ``TypedGraph``, or ``config.dataset`` a typed native folder or OGB's ogbn-mag
     layout: ``is_typed_dataset``) trains in exact mode through ``train/typed_task.py``'s ``train_typed``."""
     started = time.perf_counter()
-    config = dataclasses.replace(config).validate()  # resolved values (batch size) go into a copy
+    # Resolved values (batch size) go into a copy, which names a graph given as what was trained.
+    config = dataclasses.replace(config, dataset=given_dataset(graph, config.dataset)).validate()
     if is_typed_run(config, graph):
         return train_typed_run(config, graph, progress, stop, model)
     check_threading_layer()
@@ -154,10 +155,11 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
             run.history[-1].update(named_scores(run.task, last_eval))
             run.health.after_epoch(run.history[-1], loss=False)
             _checkpoint(run, "best.pt", config.epochs - 1)
+        run.metrics.close()  # the logs' last lines: a full disk shows now, and in the summary
         summary = summarise(run, last_eval, timeline, "stopped_early" if run.stopped_early else "completed")
         if world.main:  # before the earlier outputs `overwrite` set aside are deleted, as the stack closes
             write_summary(config, summary)
-    return summary
+    return run.metrics.checked(summary)  # an OutputError for a log or timeline that could not be written
 
 
 def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, threads: Threads,
@@ -189,7 +191,7 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     warnings = check_trainable(graph, not link, None if user_model is not None else graph.feature_dim)
     if user_model is not None:
         # NeutronOrch mode asks for its bottom layer when it starts (UserModel.bottom says what it needs).
-        model = UserModel.wrap(user_model, len(config.fanouts), graph.num_classes).to(device)
+        model = UserModel.to_train(user_model, len(config.fanouts), graph.num_classes).to(device)
     else:
         model = GNN(config.model, graph.feature_dim, config.hidden, config.hidden if link else graph.num_classes,
                     len(config.fanouts), dropout=config.dropout, heads=config.heads, gcn_norm=config.gcn_norm,

@@ -266,13 +266,13 @@ class TypedCheckpoints:
         """The run may continue from ``state`` only on the same graph, with the same settings, model arguments
         (``train_typed``'s ``num_bases`` and ``embed_dim`` too), fanouts per relation and tables' optimizer."""
         run = self.run
+        check_settings(state, run.config, source)  # a setting that differs is named before the graph
         changed = typed_changes(state["dataset"], self.fingerprint)
         if changed:
             raise CheckpointError(f"{source}: written for another typed graph, or the graph changed since: "
                                   f"{', '.join(changed)} differ ({state['dataset']['name']} then, {run.graph.name} "
                                   f"now). Resume on the graph the run started with, or start a new run in another "
                                   f"`checkpoint_dir`.")
-        check_settings(state, run.config, source)
         saved, now = state["model_args"], run.model.arguments
         differ = [f"the model's `{k}` {saved.get(k)!r} then, {now[k]!r} now" for k in now
                   if k != "spec" and saved.get(k) != now[k]]

@@ -23,7 +23,7 @@ import torch
 from neutronorch.config import TYPED_OWN_MODEL_MODES, TrainConfig
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
-from neutronorch.nn.custom import ModelProtocolError
+from neutronorch.nn.custom import ModelProtocolError, check_trainable
 from neutronorch.nn.typed_custom import TypedUserModel
 
 __all__ = ["check_own_model_config", "own_typed_model"]
@@ -60,6 +60,7 @@ def own_typed_model(module: torch.nn.Module | None, config: TrainConfig, graph: 
     check_own_model_config(config)
     try:
         model = TypedUserModel(module, num_layers, graph.num_classes, graph.target)
+        check_trainable(module, model.kind, sparse_tables=True)  # RowAdam or SparseAdam moves sparse tables
     except ModelProtocolError as exc:
         raise ConfigError(f"`model`: {exc}.") from None
     return model.to(device), dataclasses.replace(config, embedding_storage="memory")

@@ -185,8 +185,11 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         summary = run.summary("stopped_early" if run.stopped_early else "completed", started, data_seconds,
                               budget)
         summary["timeline"] = write_typed_timeline(run)
+        run.metrics.close()  # the logs' last lines: a full disk shows now, and in the summary
+        if run.metrics.lost:  # a log or the timeline could not be written
+            summary["error"] = run.metrics.lost
         write_summary(config, summary)  # before the earlier outputs `overwrite` set aside are deleted
-    return summary
+    return run.metrics.checked(summary)
 
 
 def _table_optimizer(tables: list[torch.nn.Parameter], lr: float, storage: TypedTables | None = None):
@@ -212,7 +215,8 @@ class _TypedRun:
         self.precision = Precision()  # bf16: the forward pass under autocast (``train_typed`` resolves it)
         self.version = 0  # optimizer steps taken: the parameter version
         self.hot = HotRecord()
-        self.adam = Adam(model.dense_parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        dense = model.dense_parameters()  # none where your own module keeps every weight in sparse tables
+        self.adam = Adam(dense, lr=config.lr, weight_decay=config.weight_decay) if dense else None
         tables = model.embedding_parameters()
         self.tables = storage  # where the tables live (train/typed_tables.py), memory-mapped ones' moments too
         self.sparse = _table_optimizer(tables, config.lr, storage) if tables else None
@@ -307,17 +311,17 @@ class _TypedRun:
                     logits = model(batch.blocks, batch.features, batch.ids, reused)
                 loss = self.task.loss(logits.float(), batch.labels)
                 clock = _lap(seconds, "forward", clock, self.spans)
-                self.adam.zero_grad(set_to_none=True)
-                if self.sparse is not None:
-                    self.sparse.zero_grad(set_to_none=True)
+                for optimizer in (self.adam, self.sparse):
+                    if optimizer is not None:
+                        optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 self.mode.finish(batch)  # NeutronOrch: the hot rows' gradient, at a super-batch's last step
                 if self.sync is not None:  # data parallel: the ranks' gradients reduced, the global batch's loss
                     loss = self.sync(self.task.loss_weight(batch.labels), loss)
                 clock = _lap(seconds, "backward", clock, self.spans)
-                self.adam.step()
-                if self.sparse is not None:
-                    self.sparse.step()
+                for optimizer in (self.adam, self.sparse):
+                    if optimizer is not None:
+                        optimizer.step()
                 self.version += 1
                 total += loss.detach()  # NaN and infinities survive the sum: it is finite iff every loss was
                 if (index + 1) % check_every == 0 or index + 1 == count:
