@@ -154,6 +154,17 @@ class WrongShape(nn.Module):
         return self.lin(x[:blocks[-1].num_dst])
 
 
+def test_a_module_off_the_protocol_is_a_neutronorch_error():
+    """A user can fix it, so it is a ConfigError (the command line's one line), and still a ValueError."""
+    from neutronorch.data.textnum import TextError
+    from neutronorch.errors import ConfigError, DataError, NeutronorchError
+
+    assert issubclass(ModelProtocolError, ConfigError) and issubclass(ModelProtocolError, ValueError)
+    assert issubclass(TextError, DataError) and issubclass(TextError, ValueError)
+    with pytest.raises(NeutronorchError, match="must be a torch.nn.Module"):
+        UserModel(lambda blocks, x: x, 2, 4)
+
+
 def test_a_module_off_the_protocol_is_told_what_it_expects():
     with pytest.raises(ModelProtocolError, match=r"takes \(a, b\).*forward\(x, edge_index\).*forward\(blocks, x\)"):
         train(config(epochs=1), model=TwoArguments())

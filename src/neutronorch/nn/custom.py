@@ -34,6 +34,7 @@ import inspect
 import torch
 from torch import nn
 
+from neutronorch.errors import ConfigError
 from neutronorch.nn.splice import HotRows, splice
 from neutronorch.sampling.block import Block, pyg_form
 
@@ -45,8 +46,9 @@ PROTOCOL = ("forward(x, edge_index) returning a row per vertex of x (the PyG for
 _TRIM = ("num_sampled_nodes_per_hop", "num_sampled_edges_per_hop")
 
 
-class ModelProtocolError(ValueError):
-    """A module that does not follow the protocol: what it does and what the protocol expects."""
+class ModelProtocolError(ConfigError, ValueError):
+    """A module that does not follow the protocol: what it does and what the protocol expects. A
+    ``ConfigError`` (the module is the run's model option), and a ``ValueError`` for callers that catch one."""
 
 
 def forward_parameters(module: nn.Module, protocol: str) -> tuple[list[str], list[inspect.Parameter]]:
