@@ -224,3 +224,28 @@ def test_a_config_file_takes_sections_named_after_the_configs_parts(tmp_path, ca
     # The command line reads its config file with the same sections, and says what is misplaced.
     assert main(["train", "--config", str(tmp_path / "wrong.yaml")]) != 0
     assert "belongs under [optimization]" in capsys.readouterr().err
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    """`neutronorch info DIR | head -1` and the like: the reader has gone, so the command stops as a Unix
+    tool stopped by SIGPIPE does (status 141), with no traceback, and what it wrote to disk stays."""
+    import os
+    import subprocess
+    import sys
+
+    def run(*argv):
+        read, write = os.pipe()
+        os.close(read)  # the reader has gone before the command writes
+        try:
+            done = subprocess.run([sys.executable, "-m", "neutronorch", *argv], stdout=write, stderr=subprocess.PIPE,
+                                  text=True, timeout=120)
+        finally:
+            os.close(write)
+        return done
+
+    out = tmp_path / "g"
+    done = run("generate", "synthetic", "--nodes", "200", "--out", str(out))
+    assert done.returncode == 141 and "Traceback" not in done.stderr, done.stderr
+    assert (out / "meta.json").is_file()
+    done = run("info", str(out))
+    assert done.returncode == 141 and done.stderr == "", done.stderr
