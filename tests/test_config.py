@@ -86,3 +86,37 @@ def test_weight_decay_defaults_to_the_tasks_and_keeps_a_given_one():
         TrainConfig(weight_decay=-1.0).validate()
     with pytest.raises(ConfigError, match="weight_decay"):
         TrainConfig(weight_decay="lots").validate()
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, 10**30])
+def test_a_seed_outside_64_bits_is_refused_wherever_it_is_given(seed, tmp_path):
+    """The run's seed, a config file's, a split's, generate's and a synthetic spec's: each a ConfigError naming
+    the range, never a traceback from the generator or a seed wrapped into another."""
+    from neutronorch.config import load_config_file
+    from neutronorch.data import SyntheticSpec, generate, load_dataset, synthetic_typed
+
+    with pytest.raises(ConfigError, match=r"`seed` .*from 0 to 18446744073709551615 \(2\*\*64 - 1\)"):
+        TrainConfig(seed=seed).validate()
+    (tmp_path / "run.yaml").write_text(f"sampling:\n  seed: {seed}\n")
+    with pytest.raises(ConfigError, match="2\\*\\*64 - 1"):
+        TrainConfig(**load_config_file(tmp_path / "run.yaml")).validate()
+    with pytest.raises(ConfigError, match="2\\*\\*64 - 1"):
+        load_dataset("synthetic:nodes=200", "ratio:0.5,0.2", seed=seed)
+    with pytest.raises(ConfigError, match="2\\*\\*64 - 1"):
+        load_dataset(f"synthetic:nodes=200,seed={seed}")
+    with pytest.raises(ConfigError, match="2\\*\\*64 - 1"):
+        generate(SyntheticSpec(nodes=200, seed=seed))
+    with pytest.raises(ConfigError, match="2\\*\\*64 - 1"):
+        synthetic_typed(nodes=200, seed=seed)
+
+
+def test_the_largest_seed_and_a_synthetic_specs_whole_numbers_are_kept_exactly():
+    from neutronorch.data import SyntheticSpec
+
+    assert TrainConfig(seed=2**64 - 1).validate().seed == 2**64 - 1
+    assert SyntheticSpec.parse("synthetic:nodes=200,seed=12345678901234567891").seed == 12345678901234567891
+    assert SyntheticSpec.parse("synthetic:nodes=2e3").nodes == 2000
+    for bad, why in (("nodes=200.5", "not a whole number"), ("seed=1e30", "not a whole number"),
+                     ("degree=nan", "not a finite number"), ("nodes=x", "not a number")):
+        with pytest.raises(ConfigError, match=why):
+            SyntheticSpec.parse(f"synthetic:{bad}")

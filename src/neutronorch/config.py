@@ -18,6 +18,7 @@ from neutronorch.config_parts import (PARTS, EvaluationConfig, LinkConfig, LogCo
                                       NeutronOrchConfig, OptimizationConfig, OutputConfig, PlacementConfig,
                                       SamplingConfig, may_change, setting, settings_of)
 from neutronorch.errors import ConfigError
+from neutronorch.limits import check_seed
 from neutronorch.nn.names import (ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, NORMS, PRECISIONS, RELATIONAL_ONLY,
                                   needs_degrees)
 from neutronorch.sampling.fanouts import parse_fanouts
@@ -98,6 +99,7 @@ class TrainConfig:
                 raise ConfigError(f"`{part}` {getattr(self, part)!r}: expected a {kind.__name__} (or give its "
                                   f"settings by name: {', '.join(f.name for f in settings_of(kind))}).")
         _check_types(self)
+        check_seed(self.seed)
         self.fanouts = parse_fanouts(self.fanouts)
         if self.layers < 0:
             raise ConfigError(f"`layers` {self.layers}: must be 0 (one per `fanouts` entry) or a number of layers.")
