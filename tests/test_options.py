@@ -249,3 +249,55 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
     assert (out / "meta.json").is_file()
     done = run("info", str(out))
     assert done.returncode == 141 and done.stderr == "", done.stderr
+
+
+BAD_ENVIRONMENT = [("NEUTRONORCH_DEVICE_SAMPLER", "bogus", "auto, torch, triton"),
+                   ("NEUTRONORCH_EDGE_SOFTMAX", "fast", "kernels, torch"), ("NEUTRONORCH_SYSTEM_MALLOC", "yes", "0, 1"),
+                   ("NUMBA_THREADING_LAYER", "bogus", "default, omp, tbb"),
+                   ("NUMBA_THREADING_LAYER", "workqueue", "cannot run numba kernels from several threads"),
+                   ("NUMBA_NUM_THREADS", "0", "whole number from 1"), ("NUMBA_NUM_THREADS", "four", "whole number from 1"),
+                   ("WORLD_SIZE", "two", "whole number from 1"), ("LOCAL_RANK", "-1", "whole number from 0")]
+
+
+@pytest.mark.parametrize("name, value, allowed", BAD_ENVIRONMENT)
+@pytest.mark.parametrize("command", [["train", "--dataset", "synthetic:nodes=200", "--epochs", "1", "--no-save"],
+                                     ["info", "synthetic:nodes=200"]])
+def test_a_bad_environment_variable_is_one_line_naming_it_and_its_values(name, value, allowed, command, capsys,
+                                                                          monkeypatch):
+    monkeypatch.setenv(name, value)
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"neutronorch: error: {name}=") and value in err and allowed in err, err
+    assert err.count("\n") == 1, err
+
+
+def test_a_triton_device_sampler_that_cannot_run_is_refused_before_the_run(capsys, monkeypatch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("Triton runs on this machine's GPU")
+    monkeypatch.setenv("NEUTRONORCH_DEVICE_SAMPLER", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert main(["train", "--dataset", "synthetic:nodes=200", "--epochs", "1", "--no-save", "--mode", "device"]) == 2
+    err = capsys.readouterr().err
+    assert "NEUTRONORCH_DEVICE_SAMPLER=triton" in err and "torch or auto" in err and "loaded" not in err, err
+
+
+@pytest.mark.parametrize("variable", ["NUMBA_NUM_THREADS=0", "NUMBA_THREADING_LAYER=forksafe"])
+def test_numba_variables_that_fail_its_import_or_its_threads_are_one_line(variable, tmp_path):
+    """numba reads NUMBA_NUM_THREADS when it is imported (0 fails the import); forksafe gives, on Linux,
+    the workqueue layer the pipeline cannot use, met only when the threads start."""
+    import os
+    import subprocess
+    import sys
+
+    name, value = variable.split("=")
+    environ = {**os.environ, name: value}
+    done = subprocess.run([sys.executable, "-m", "neutronorch", "train", "--dataset", "synthetic:nodes=200", "--epochs",
+                           "1", "--no-save"], capture_output=True, text=True, env=environ, timeout=300, cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.startswith(f"neutronorch: error: {name}="), done.stderr
+    assert "Traceback" not in done.stderr
+    if name == "NUMBA_NUM_THREADS":  # and from Python, where numba is first imported: the public names
+        done = subprocess.run([sys.executable, "-c", "from neutronorch import train"], capture_output=True, text=True,
+                              env=environ, timeout=300)
+        assert "ConfigError: NUMBA_NUM_THREADS='0' is not a whole number from 1" in done.stderr, done.stderr

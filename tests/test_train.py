@@ -327,6 +327,20 @@ def test_numbas_workqueue_threading_layer_is_refused_clearly(monkeypatch, capsys
     assert "NUMBA_THREADING_LAYER=workqueue" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("name, value", [("NEUTRONORCH_DEVICE_SAMPLER", "bogus"), ("NUMBA_NUM_THREADS", "four"),
+                                         ("NEUTRONORCH_EDGE_SOFTMAX", "fast")])
+def test_a_bad_environment_variable_is_refused_by_train_and_the_loader(name, value, monkeypatch):
+    """In Python as on the command line, before any data is read (the dataset here does not exist)."""
+    from neutronorch import NeighborLoader
+
+    graph = generate(SyntheticSpec(nodes=200))
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=f"{name}='{value}' is not"):
+        train(TrainConfig(dataset="/no/such/dataset", epochs=1, progress=False))
+    with pytest.raises(ConfigError, match=f"{name}='{value}' is not"):
+        NeighborLoader(graph, [2], 16)
+
+
 def test_layers_repeat_a_single_fanout_and_must_match_a_list():
     config = TrainConfig(layers=4, fanouts="10", eval_fanouts="20").validate()
     assert config.fanouts == [10] * 4 and config.eval_fanouts == [20] * 4

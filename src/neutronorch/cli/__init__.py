@@ -15,9 +15,17 @@ __all__ = ["as_flags", "build_parser", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run a command; Ctrl-C while the modules load (torch takes a second or more) is an interruption like
+    """Run a command. The environment is checked first (``environment.py``); Ctrl-C while the modules load (torch takes a second or more) is an interruption like
     any other, not a traceback. Output into a pipe whose reader has gone (``neutronorch info DIR | head -1``)
     ends the command quietly, as a Unix tool that SIGPIPE stops: exit status 141, no traceback."""
+    from neutronorch.environment import check_environment  # noqa: PLC0415
+    from neutronorch.errors import ConfigError  # noqa: PLC0415
+
+    try:
+        check_environment()  # before numba is imported: it reads its variables then, and some fail the import
+    except ConfigError as exc:
+        print(f"neutronorch: error: {exc}", file=sys.stderr)
+        return 2
     try:
         from neutronorch.cli.app import main as run  # noqa: PLC0415 - the slow imports, inside the guard
     except KeyboardInterrupt:

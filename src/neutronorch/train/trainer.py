@@ -104,9 +104,9 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     layout: ``is_typed_dataset``) trains in exact mode through ``train/typed_task.py``'s ``train_typed``."""
     started = time.perf_counter()
     config = dataclasses.replace(config).validate()  # resolved values (batch size) go into a copy
+    check_threading_layer(resolve_device(config.device))  # and the environment: before any data is read
     if is_typed_run(config, graph):
         return train_typed_run(config, graph, progress, stop, model)
-    check_threading_layer()
     check_outputs(config, {"graph": graph.files()} if graph is not None else None)
     device = rank_device(resolve_device(config.device))
     keep_freed_memory()
