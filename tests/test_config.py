@@ -120,3 +120,34 @@ def test_the_largest_seed_and_a_synthetic_specs_whole_numbers_are_kept_exactly()
                      ("degree=nan", "not a finite number"), ("nodes=x", "not a number")):
         with pytest.raises(ConfigError, match=why):
             SyntheticSpec.parse(f"synthetic:{bad}")
+
+
+def test_a_config_files_numbers_written_as_text_and_its_nulls(tmp_path):
+    """PyYAML reads 1e-3 (no dot) as text: a float setting takes it as the number it reads as, a whole-number
+    setting says how to write it. An empty section sets nothing, a null key keeps its default; neither is
+    an unknown key."""
+    from neutronorch.config import load_config_file
+
+    def read(text, name="run.yaml"):
+        (tmp_path / name).write_text(text)
+        return load_config_file(tmp_path / name, extra={"run_name": "outputs", "save": "outputs"})
+
+    assert read("lr: 1e-3\noptimization:\n  weight_decay: 5e-4\n") == {"lr": 0.001, "weight_decay": 0.0005}
+    assert read('{"lr": "2e-3", "network": null}', "run.json") == {"lr": 0.002}
+    assert TrainConfig(**read("lr: 1e-3\n")).validate().lr == 0.001
+    with pytest.raises(ConfigError, match=r"`epochs` '1e3': expected a whole number.*digits only \(1000\)"):
+        TrainConfig(**read("epochs: 1e3\n")).validate()
+    with pytest.raises(ConfigError, match=r"`lr` 'nan': expected a finite number, not a str\.$"):
+        TrainConfig(**read("lr: nan\n")).validate()  # text, as YAML reads nan; not a finite number
+    with pytest.raises(ConfigError, match=r"`lr` '1e-3'.*give it as a number \(1e-3, not quoted\)"):
+        TrainConfig(lr="1e-3").validate()  # in Python a number is a number
+    assert read("network:\nsampling:\n  fanouts: [3, 2]\nlogging: ~\n") == {"fanouts": [3, 2]}
+    assert read("lr: ~\nno_progress: null\nrun_name:\nno-save: ~\nhidden: 8\n") == {"hidden": 8}
+    defaults = TrainConfig(**read("lr: ~\nweight_decay: null\n")).validate()
+    assert defaults.lr == TrainConfig().lr and defaults.weight_decay == TrainConfig().validate().weight_decay
+    with pytest.raises(ConfigError, match="earlier key sets too"):
+        read("batch-size: ~\nbatch_size: 8\n")  # a null still counts as setting it
+    with pytest.raises(ConfigError, match=r"'no_progress' 'yes': expected true or false"):
+        read("no_progress: 'yes'\n")
+    with pytest.raises(ConfigError, match=r"'network' is a section, not a setting.*not 5"):
+        read("network: 5\n")

@@ -238,5 +238,6 @@ SWITCHES = {
 TRAIN_EPILOG = ("A run that names no output (--summary-json, --checkpoint-dir, a log) keeps its results in runs/.\n"
                 "--help-all lists every option, advanced ones too; a --config file takes every option as a key.")
 TRAIN_EPILOG_ALL = ("A --config file (YAML, TOML or JSON) takes every option as a key, with dashes or underscores "
-                    "(batch-size or batch_size; no-progress: true); options given on the command line win.")
+                    "(batch-size or batch_size; no-progress: true); a key set to null keeps its default; options given on the "
+                    "command line win.")
 SHORT_METAVARS = {"precision": "PREC", "model": "MODEL"}  # short help: the choices are in the text
