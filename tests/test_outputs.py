@@ -555,3 +555,50 @@ def test_the_python_api_keeps_nothing_unless_asked(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     train(TrainConfig(dataset=TINY, epochs=1, fanouts=[4, 4], hidden=8, progress=False, device="cpu"))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("option", ["--checkpoint-dir", "--summary-json", "--log-jsonl"])
+def test_a_failed_run_removes_every_folder_it_made_for_its_outputs(option, tmp_path, monkeypatch, capsys):
+    """Not only the last part of a/b/c: every folder the run made, while folders there before stay."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kept").mkdir()
+    path = "kept/a/b/c" + ("" if option == "--checkpoint-dir" else "/out.json")
+    if option == "--log-jsonl":  # the logs' folder must exist: made here, by the user, and kept
+        (tmp_path / "kept/a/b/c").mkdir(parents=True)
+    assert main(["train", "--dataset", str(tmp_path / "no-such-data"), *TRAIN, option, path]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert left == (["kept", "kept/a", "kept/a/b", "kept/a/b/c"] if option == "--log-jsonl" else ["kept"]), left
+
+
+def test_made_folders_are_removed_deepest_first_and_only_while_empty(tmp_path):
+    from neutronorch.atomic import make_folder, remove_made
+
+    (tmp_path / "there").mkdir()
+    made = make_folder(tmp_path / "there/a/b/c")
+    assert made == [tmp_path / "there/a/b/c", tmp_path / "there/a/b", tmp_path / "there/a"]
+    (tmp_path / "there/a/note").write_text("someone else's")
+    remove_made(made)
+    assert sorted(p.name for p in (tmp_path / "there").rglob("*")) == ["a", "note"]
+    with pytest.raises(OSError):  # a part of the path is a file: nothing it made is left
+        make_folder(tmp_path / "there/a/note/z")
+    assert sorted(p.name for p in (tmp_path / "there").rglob("*")) == ["a", "note"]
+    with pytest.raises(OutputError):
+        write_atomically(tmp_path / "there/p/q/out.bin", lambda f: (_ for _ in ()).throw(OSError(errno.EIO, "EIO")))
+    assert not (tmp_path / "there/p").exists()
+    with output_guard.claim_folder("checkpoint_dir", tmp_path / "there/ck/a/b"):
+        assert (tmp_path / "there/ck/a/b" / output_guard.LOCK_NAME).is_file()
+    assert not (tmp_path / "there/ck").exists()
+    with output_guard.claim_folder("checkpoint_dir", tmp_path / "there/ck/a/b"):
+        (tmp_path / "there/ck/a/b/last.pt").write_bytes(b"kept")
+    assert (tmp_path / "there/ck/a/b/last.pt").is_file()
+
+
+def test_a_typed_runs_embedding_folder_goes_with_its_parents(tmp_path):
+    from neutronorch.train.typed_tables import TypedTables
+
+    (tmp_path / "there").mkdir()
+    tables = TypedTables("mmap", "asked", {"author": (8, 4)}, folder=tmp_path / "there/a/b/c")
+    with tables:
+        assert tables.table("author", 8, 4) is not None
+    assert list((tmp_path / "there").iterdir()) == []

@@ -11,7 +11,8 @@ Every command that writes files calls these before it loads any data:
 - ``check_creatable`` / ``check_space``: each output's folder really takes a file (one is created and
   removed), and its disk has room for what will be written.
 - ``claim_folder``: an exclusive lock on a folder for the life of the run, so a second run into the same
-  checkpoint folder is refused instead of mixing its checkpoints with the first's.
+  checkpoint folder is refused instead of mixing its checkpoints with the first's. The folders it made (the
+  folder and its missing parents) are removed again when the run leaves nothing in them.
 
 It must never write anything but its probe files (removed at once) and the folder's lock file.
 """
@@ -24,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
-from neutronorch.atomic import free_bytes
+from neutronorch.atomic import free_bytes, make_folder, remove_made
 from neutronorch.errors import ConfigError, OutputError
 
 PathLike = str | os.PathLike
@@ -152,12 +153,12 @@ def claim_folder(field: str, folder: PathLike) -> Iterator[Path]:
     process holds it. The lock goes with the process, however it ends, so none is ever left stale."""
     import fcntl  # noqa: PLC0415 - POSIX only; the rest of this module is not
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    lock = folder / LOCK_NAME
+    folder, made = Path(folder), []
     try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        made = make_folder(folder)  # with its missing parents: removed again if the run leaves nothing in them
+        fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as exc:
+        remove_made(made)
         raise OutputError(f"`{field}` {folder}: cannot be written ({exc.strerror or exc}). Choose a folder you "
                           f"can write to.") from None
     try:
@@ -174,3 +175,4 @@ def claim_folder(field: str, folder: PathLike) -> Iterator[Path]:
         yield folder
     finally:
         os.close(fd)  # releases the lock
+        remove_made(made, also=(LOCK_NAME,))  # kept when the run wrote anything there

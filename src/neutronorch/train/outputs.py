@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from neutronorch.atomic import open_array_atomically, write_atomically
+from neutronorch.atomic import make_folder, open_array_atomically, remove_made, write_atomically
 from neutronorch.config import TrainConfig
 from neutronorch.data import dataset_paths
 from neutronorch.errors import ConfigError, OutputError
@@ -165,10 +165,7 @@ class RunFolder:
     def discard_if_empty(self) -> None:
         """Remove the folders this run made if it wrote nothing into them (it failed before its first
         output): a run that kept nothing leaves no folder."""
-        for folder in self.made:
-            with contextlib.suppress(OSError):
-                (folder / LOCK_NAME).unlink(missing_ok=True)
-                folder.rmdir()  # refused (kept) when anything else is there
+        remove_made(self.made, also=(LOCK_NAME,))  # each kept when anything else is there
 
 
 def names_outputs(config: TrainConfig) -> bool:
@@ -240,9 +237,8 @@ def open_run_folder(config: TrainConfig, name: str | None = None, reads: dict[st
                         "`checkpoint_dir`), or pass `no_save`.")
     check_outputs(checked, reads, made=folder)
     while True:
-        made = [p for p in (run.path, root) if not p.exists()]  # the run folder first, then runs/
         try:
-            run.path.mkdir(parents=True, exist_ok=existed)
+            made = make_folder(run.path, exist_ok=existed)  # the run folder, then runs/ if it was not there
         except FileExistsError:  # another run took this name meanwhile
             if name is not None:
                 raise ConfigError(f"`run_name` {name}: {run.path}/ was made by another run meanwhile; give "
