@@ -602,3 +602,24 @@ def test_a_typed_runs_embedding_folder_goes_with_its_parents(tmp_path):
     with tables:
         assert tables.table("author", 8, 4) is not None
     assert list((tmp_path / "there").iterdir()) == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--run-name", "漢" * 100], "--run-name '漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢'... (100 characters): the name is 300 "
+                                 "bytes long in UTF-8; names on this file system take at most 255 bytes"),
+    (["--checkpoint-dir", "ck/" + "é" * 128], "the name is 256 bytes long"),
+    (["--summary-json", "é" * 120 + ".json"], "the name is 245 bytes long in UTF-8, and it is written under a temporary"),
+    (["--log-jsonl", "x" * 256], "the name is 256 bytes long in UTF-8; names"),  # written in place
+])
+def test_a_name_too_long_in_bytes_is_refused_before_anything_is_made(args, message, tmp_path, monkeypatch, capsys):
+    """The file system counts a name's bytes, not its characters (a CJK character is 3 bytes), and an output is
+    written under a longer temporary name first: both are checked before the work, never met at its end."""
+    monkeypatch.chdir(tmp_path)
+    _no_data_loaded(monkeypatch)
+    assert main(["train", "--dataset", TINY, *TRAIN, *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+    assert main(["generate", "synthetic", "--nodes", "200", "--out", "漢" * 80]) == 2  # 240 bytes and a temporary name
+    assert "the name is 240 bytes long in UTF-8, and it is written under a temporary" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

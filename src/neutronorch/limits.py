@@ -10,6 +10,7 @@ from neutronorch.errors import ConfigError
 
 SEED_MAX = 2**64 - 1  # numpy's and torch's generators take seeds of 64 bits; a larger one would wrap
 NAME_MAX = 255  # bytes in one file or folder name on Linux, macOS and Windows file systems
+PATH_MAX = 4096  # bytes in a whole path, on Linux
 
 
 def check_seed(value, what: str = "`seed`") -> int:
@@ -25,9 +26,15 @@ def name_bytes(name: str) -> int:
     return len(os.fsencode(name))
 
 
-def name_max(folder: str | os.PathLike) -> int:
-    """The longest name, in bytes, that ``folder``'s file system takes (``NAME_MAX`` where it does not say)."""
+def name_max(folder: str | os.PathLike, which: str = "PC_NAME_MAX") -> int:
+    """The longest name (``PC_PATH_MAX``: path), in bytes, that ``folder``'s file system takes (``NAME_MAX``,
+    ``PATH_MAX`` where it does not say)."""
     try:
-        return int(os.pathconf(folder, "PC_NAME_MAX"))
+        return int(os.pathconf(folder, which))
     except (OSError, ValueError, AttributeError):
-        return NAME_MAX
+        return NAME_MAX if which == "PC_NAME_MAX" else PATH_MAX
+
+
+def shown(name: str, limit: int = 24) -> str:
+    """``name`` as an error message shows it: whole, or its start and length when it is long."""
+    return repr(name) if len(name) <= limit else f"{name[:limit]!r}... ({len(name)} characters)"

@@ -25,8 +25,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
-from neutronorch.atomic import free_bytes, make_folder, remove_made
+from neutronorch.atomic import free_bytes, make_folder, remove_made, temp_prefix
 from neutronorch.errors import ConfigError, OutputError
+from neutronorch.limits import name_bytes, name_max, shown
 
 PathLike = str | os.PathLike
 LOCK_NAME = ".neutronorch.lock"
@@ -117,6 +118,7 @@ def check_creatable(field: str, path: PathLike, what: str | None = None,
     """``path`` can be written: its folder exists or can be made, and really takes a new file (one is
     created there and removed: permissions, read-only disks and full inode tables all show). ``what``: how
     the message names the output (default: the field and the path); ``fix``: what it advises."""
+    check_name_lengths(field, path, what)
     what = what or f"`{field}` {path}"
     folder = _existing_ancestor(Path(path).expanduser().absolute().parent)
     if not folder.is_dir():
@@ -127,6 +129,31 @@ def check_creatable(field: str, path: PathLike, what: str | None = None,
         os.unlink(probe)
     except OSError as exc:
         raise OutputError(f"{what}: cannot be written ({folder}: {exc.strerror or exc}). {fix}") from None
+
+
+def check_name_lengths(field: str, path: PathLike, what: str | None = None, temporary: bool = False) -> None:
+    """Every name in ``path`` fits its file system's limit, which counts bytes (255 on the common ones; a CJK
+    character takes 3), with ``temporary`` the last one with room for the temporary name it is written under
+    (``.NAME.tmp-PID@HOST-RANDOM``, ``atomic.py``); and the whole path fits ``PATH_MAX``. ``what``: how the
+    message names the output (default: the field)."""
+    what = what or f"`{field}`"
+    path = Path(path).expanduser()
+    folder = _existing_ancestor(path.absolute().parent)
+    limit = name_max(folder)
+    for i, part in enumerate(path.parts):
+        if part in (path.anchor, ".", ".."):
+            continue
+        size, last = name_bytes(part), temporary and i == len(path.parts) - 1
+        extra = name_bytes(temp_prefix(Path(part))) + 12 - size if last else 0  # mkstemp's 8 or a folder's 12
+        if size + extra > limit:
+            written = f", and it is written under a temporary name {extra} bytes longer" if extra else ""
+            raise ConfigError(f"{what} {shown(part)}: the name is {size} bytes long in UTF-8{written}; names on "
+                              f"this file system take at most {limit} bytes. Give a name of at most "
+                              f"{limit - extra} bytes.")
+    total = name_bytes(str(path.absolute())) + 64
+    if total > name_max(folder, "PC_PATH_MAX"):
+        raise ConfigError(f"{what} {shown(str(path))}: the path is {total - 64} bytes long in UTF-8; paths take at "
+                          f"most {name_max(folder, 'PC_PATH_MAX')} bytes. Give a shorter path.")
 
 
 def check_space(field: str, path: PathLike, needed: int) -> None:

@@ -19,8 +19,8 @@ from neutronorch.atomic import make_folder, open_array_atomically, remove_made, 
 from neutronorch.config import TrainConfig
 from neutronorch.data import dataset_paths
 from neutronorch.errors import ConfigError, OutputError
-from neutronorch.train.output_guard import (LOCK_NAME, check_creatable, check_distinct, check_fresh, check_space,
-                                              claim_folder)
+from neutronorch.train.output_guard import (LOCK_NAME, check_creatable, check_distinct, check_fresh,
+                                              check_name_lengths, check_space, claim_folder)
 
 __all__ = ["CHECKPOINT_FILES", "OUTPUT_FIELDS", "RUNS", "RunFolder", "check_creatable", "check_outputs",
            "check_checkpoint_space", "claim_checkpoint_dir", "generated_run_name", "names_outputs",
@@ -47,10 +47,13 @@ def check_outputs(config: TrainConfig, reads: dict[str, list] | None = None, mad
     (the dataset, or the files in ``reads``) or another output, or holds an earlier run's results that
     neither ``resume`` nor ``overwrite`` says to continue or replace. ``made``: a folder to be made for the
     outputs once they pass (a run folder), which the logs' folder may be."""
-    if config.timeline:
-        _check_timeline(config.timeline)
     outputs = run_outputs(config)
     folders = {"tensorboard": [Path(config.tensorboard)]} if config.tensorboard else {}
+    for field, paths in {**outputs, **folders}.items():  # first: a name too long fails every check below
+        for path in paths:  # the summary and the checkpoints are written under a temporary name first
+            check_name_lengths(field, path, temporary=field in ("summary_json", "checkpoint_dir"))
+    if config.timeline:
+        _check_timeline(config.timeline)
     check_distinct({"dataset": dataset_paths(config.dataset), **(reads or {})}, {**outputs, **folders})
     if config.checkpoint_dir and Path(config.checkpoint_dir).exists() and not Path(config.checkpoint_dir).is_dir():
         raise ConfigError(f"`checkpoint_dir` {config.checkpoint_dir}: exists and is not a folder.")
@@ -193,12 +196,13 @@ def _dataset_word(spec: str) -> str:
     return word or "data"
 
 
-def check_run_name(name: str) -> None:
-    """A run name is one folder name: no path separator, not hidden, printable."""
-    if (not name or "/" in name or "\\" in name or name.startswith(".") or len(name) > 200
-            or not name.isprintable()):
+def check_run_name(name: str, root: Path = RUNS) -> None:
+    """A run name is one folder name: no path separator, not hidden, printable, and within the file system's
+    limit, which counts bytes (``check_name_lengths``)."""
+    if not name or "/" in name or "\\" in name or name.startswith(".") or not name.isprintable():
         raise ConfigError(f"`run_name` {name!r}: give a folder name (letters, digits, -, _, =, ...; no / and not "
-                          f"starting with a dot); the run's results go to {RUNS}/NAME/.")
+                          f"starting with a dot); the run's results go to {root}/NAME/.")
+    check_name_lengths("run_name", root / name / RUN_FILES["summary_json"], what="`run_name`")
 
 
 def open_run_folder(config: TrainConfig, name: str | None = None, reads: dict[str, list] | None = None,
@@ -209,7 +213,7 @@ def open_run_folder(config: TrainConfig, name: str | None = None, reads: dict[st
     outputs against the inputs in ``reads``, the folder writable) passes before the folder is made.
     Returns the config with its outputs in the folder, and the folder."""
     if name is not None:
-        check_run_name(name)
+        check_run_name(name, root)
         folder = base = root / name
         if folder.exists() and not folder.is_dir():
             raise ConfigError(f"`run_name` {name}: {folder} exists and is not a folder. Give another name.")
