@@ -63,8 +63,8 @@ def _flags(parser: argparse.ArgumentParser) -> set[str]:
     return {s for a in parser._actions for s in a.option_strings if s.startswith("--")}
 
 
-def _help(argv: list[str], capsys, monkeypatch) -> str:
-    monkeypatch.setenv("COLUMNS", "100")
+def _help(argv: list[str], capsys, monkeypatch, columns: int = 100) -> str:
+    monkeypatch.setenv("COLUMNS", str(columns))
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 0
@@ -100,6 +100,20 @@ COMMANDS = ["train", "convert", "generate", "predict", "embed", "info"]
 def test_every_short_help_fits_on_one_screen(command, capsys, monkeypatch):
     lines = _help([command, "--help"] if command else ["--help"], capsys, monkeypatch).splitlines()
     assert len(lines) <= 40 and max(map(len, lines)) <= 100, "\n".join(lines)
+    # and on an 80-column terminal, where the help texts wrap: at most 45 lines, none wider than the screen
+    lines = _help([command, "--help"] if command else ["--help"], capsys, monkeypatch, columns=80).splitlines()
+    assert len(lines) <= 45 and max(map(len, lines)) <= 80, f"{len(lines)} lines:\n" + "\n".join(lines)
+
+
+def test_train_help_at_80_columns_keeps_its_groups_and_an_option_a_line(capsys, monkeypatch):
+    text = _help(["train", "--help"], capsys, monkeypatch, columns=80)
+    lines = text.splitlines()
+    assert len(lines) <= 42, f"{len(lines)} lines:\n{text}"
+    for title in ("data:", "model:", "training:", "mode:", "outputs:"):
+        assert title in lines, title
+    assert set(ESSENTIAL) <= _listed(text)
+    wrapped = [line for line in lines if line.startswith(" " * 28)]  # a help text's second line
+    assert len(wrapped) <= 2, wrapped  # --mode's (its choices take the first line) and --split's
 
 
 def test_the_screen_check_covers_every_command():
