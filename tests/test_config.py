@@ -151,3 +151,9 @@ def test_a_config_files_numbers_written_as_text_and_its_nulls(tmp_path):
         read("no_progress: 'yes'\n")
     with pytest.raises(ConfigError, match=r"'network' is a section, not a setting.*not 5"):
         read("network: 5\n")
+
+
+@pytest.mark.parametrize("field", ["batch_size", "epochs", "threads", "eval_batch_size"])
+def test_a_count_beyond_64_bits_is_refused_not_overflowed(field):
+    with pytest.raises(ConfigError, match=f"`{field}` {2**64}: too large; counts are 64-bit whole numbers"):
+        TrainConfig(**{field: 2**64}).validate()

@@ -291,6 +291,8 @@ def _check_types(config: TrainConfig) -> None:
             kind = "a non-finite number" if isinstance(value, float) and want is float else f"a {type(value).__name__}"
             hint = number_hint(value, want) if isinstance(value, str) and want in (int, float) else ""
             raise ConfigError(f"`{f.name}` {value!r}: expected {what}, not {kind}{hint}.")
+        if want is int and f.name != "seed" and not -2**63 <= value < 2**63:  # the seed: check_seed's 64 bits
+            raise ConfigError(f"`{f.name}` {value}: too large; counts are 64-bit whole numbers, below 2**63.")
 
 
 def _parse_hot_ratio(value) -> str | float:
