@@ -258,7 +258,7 @@ def test_batch_size_zero_follows_the_training_set_size(tmp_path):
 
 @pytest.mark.parametrize("text,message", [
     ('epochs: "three"', "`epochs` 'three': expected a whole number"),
-    ('lr: "0.01"', "`lr` '0.01': expected a finite number"),
+    ('lr: "fast"', "`lr` 'fast': expected a finite number"),  # text that reads as a number is taken (test_config)
     ("hidden: [1, 2]", "`hidden` [1, 2]: expected a whole number"),
     ("epochs: 2.5", "`epochs` 2.5: expected a whole number"),
     ("batch_size: 64.7", "`batch_size` 64.7: expected a whole number"),
