@@ -157,3 +157,10 @@ def test_a_config_files_numbers_written_as_text_and_its_nulls(tmp_path):
 def test_a_count_beyond_64_bits_is_refused_not_overflowed(field):
     with pytest.raises(ConfigError, match=f"`{field}` {2**64}: too large; counts are 64-bit whole numbers"):
         TrainConfig(**{field: 2**64}).validate()
+
+
+@pytest.mark.parametrize("field, value, message", [("prefetch", 2**62, "must be 1 to 1024 mini-batches ahead"),
+                                                   ("threads", 2**62, "to 4096"), ("host_threads", 5000, "to 4096")])
+def test_a_count_a_run_cannot_hold_is_refused_before_it_hangs(field, value, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**{field: value}).validate()

@@ -40,6 +40,8 @@ DEVICES = ("auto", "cpu", "cuda")
 CACHE_POLICIES = ("presample", "degree")
 DEVICE_SAMPLING = ("auto", "on", "off")
 READ_ORDERS = ("auto", "file", "batch")
+MAX_PREFETCH = 1024  # mini-batches a producer may run ahead; a buffer each, allocated up front
+MAX_THREADS = 4096  # torch and numba take thread counts as 32-bit numbers, and no machine has more cores
 EMBEDDING_STORAGES = ("auto", "memory", "mmap")  # where a typed graph's embedding tables live (train/typed_tables.py)
 
 
@@ -165,14 +167,15 @@ class TrainConfig:
             (0 <= self.dropout < 1, f"`dropout` {self.dropout}: must be in [0, 1)."),
             (self.eval_every >= -1, f"`eval_every` {self.eval_every}: must be -1 (never), 0 (after the last "
                                     f"epoch only) or more."),
-            (self.prefetch >= 1, f"`prefetch` {self.prefetch}: must be at least 1."),
+            (1 <= self.prefetch <= MAX_PREFETCH, f"`prefetch` {self.prefetch}: must be 1 to {MAX_PREFETCH} mini-batches "
+                                                  f"ahead (each holds a buffer of its rows)."),
             (self.patience >= 0, f"`patience` {self.patience}: must be 0 (never stop early) or a number of "
                                  f"evaluations."),
             (not self.patience or self.eval_every > 0,
              "`patience` counts evaluations without a better validation accuracy: give `eval_every` 1 or "
              "more."),
-            (self.threads >= 0 and self.sampler_threads >= 0 and self.host_threads >= 0,
-             "`threads`/`sampler_threads`/`host_threads` must be >= 0 (0 picks automatically)."),
+            (all(0 <= n <= MAX_THREADS for n in (self.threads, self.sampler_threads, self.host_threads)),
+             f"`threads`/`sampler_threads`/`host_threads` must be 0 (picks automatically) to {MAX_THREADS}."),
             (self.hot_grad in HOT_GRADS, f"`hot_grad` {self.hot_grad!r}: choose one of {', '.join(HOT_GRADS)}."),
             (self.hot_set in HOT_SETS, f"`hot_set` {self.hot_set!r}: choose one of {', '.join(HOT_SETS)}."),
             (self.snapshot_lead is None or self.snapshot_lead >= 0,
