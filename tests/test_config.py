@@ -86,3 +86,81 @@ def test_weight_decay_defaults_to_the_tasks_and_keeps_a_given_one():
         TrainConfig(weight_decay=-1.0).validate()
     with pytest.raises(ConfigError, match="weight_decay"):
         TrainConfig(weight_decay="lots").validate()
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, 10**30])
+def test_a_seed_outside_64_bits_is_refused_wherever_it_is_given(seed, tmp_path):
+    """The run's seed, a config file's, a split's, generate's and a synthetic spec's: each a ConfigError naming
+    the range, never a traceback from the generator or a seed wrapped into another."""
+    from neutronorch.config import load_config_file
+    from neutronorch.data import SyntheticSpec, generate, load_dataset, synthetic_typed
+
+    with pytest.raises(ConfigError, match=r"`seed` .*from 0 to 18446744073709551615 \(2\*\*64 - 1\)"):
+        TrainConfig(seed=seed).validate()
+    (tmp_path / "run.yaml").write_text(f"sampling:\n  seed: {seed}\n")
+    with pytest.raises(ConfigError, match="2\\*\\*64 - 1"):
+        TrainConfig(**load_config_file(tmp_path / "run.yaml")).validate()
+    with pytest.raises(ConfigError, match="2\\*\\*64 - 1"):
+        load_dataset("synthetic:nodes=200", "ratio:0.5,0.2", seed=seed)
+    with pytest.raises(ConfigError, match="2\\*\\*64 - 1"):
+        load_dataset(f"synthetic:nodes=200,seed={seed}")
+    with pytest.raises(ConfigError, match="2\\*\\*64 - 1"):
+        generate(SyntheticSpec(nodes=200, seed=seed))
+    with pytest.raises(ConfigError, match="2\\*\\*64 - 1"):
+        synthetic_typed(nodes=200, seed=seed)
+
+
+def test_the_largest_seed_and_a_synthetic_specs_whole_numbers_are_kept_exactly():
+    from neutronorch.data import SyntheticSpec
+
+    assert TrainConfig(seed=2**64 - 1).validate().seed == 2**64 - 1
+    assert SyntheticSpec.parse("synthetic:nodes=200,seed=12345678901234567891").seed == 12345678901234567891
+    assert SyntheticSpec.parse("synthetic:nodes=2e3").nodes == 2000
+    for bad, why in (("nodes=200.5", "not a whole number"), ("seed=1e30", "not a whole number"),
+                     ("degree=nan", "not a finite number"), ("nodes=x", "not a number")):
+        with pytest.raises(ConfigError, match=why):
+            SyntheticSpec.parse(f"synthetic:{bad}")
+
+
+def test_a_config_files_numbers_written_as_text_and_its_nulls(tmp_path):
+    """PyYAML reads 1e-3 (no dot) as text: a float setting takes it as the number it reads as, a whole-number
+    setting says how to write it. An empty section sets nothing, a null key keeps its default; neither is
+    an unknown key."""
+    from neutronorch.config import load_config_file
+
+    def read(text, name="run.yaml"):
+        (tmp_path / name).write_text(text)
+        return load_config_file(tmp_path / name, extra={"run_name": "outputs", "save": "outputs"})
+
+    assert read("lr: 1e-3\noptimization:\n  weight_decay: 5e-4\n") == {"lr": 0.001, "weight_decay": 0.0005}
+    assert read('{"lr": "2e-3", "network": null}', "run.json") == {"lr": 0.002}
+    assert TrainConfig(**read("lr: 1e-3\n")).validate().lr == 0.001
+    with pytest.raises(ConfigError, match=r"`epochs` '1e3': expected a whole number.*digits only \(1000\)"):
+        TrainConfig(**read("epochs: 1e3\n")).validate()
+    with pytest.raises(ConfigError, match=r"`lr` 'nan': expected a finite number, not a str\.$"):
+        TrainConfig(**read("lr: nan\n")).validate()  # text, as YAML reads nan; not a finite number
+    with pytest.raises(ConfigError, match=r"`lr` '1e-3'.*give it as a number \(1e-3, not quoted\)"):
+        TrainConfig(lr="1e-3").validate()  # in Python a number is a number
+    assert read("network:\nsampling:\n  fanouts: [3, 2]\nlogging: ~\n") == {"fanouts": [3, 2]}
+    assert read("lr: ~\nno_progress: null\nrun_name:\nno-save: ~\nhidden: 8\n") == {"hidden": 8}
+    defaults = TrainConfig(**read("lr: ~\nweight_decay: null\n")).validate()
+    assert defaults.lr == TrainConfig().lr and defaults.weight_decay == TrainConfig().validate().weight_decay
+    with pytest.raises(ConfigError, match="earlier key sets too"):
+        read("batch-size: ~\nbatch_size: 8\n")  # a null still counts as setting it
+    with pytest.raises(ConfigError, match=r"'no_progress' 'yes': expected true or false"):
+        read("no_progress: 'yes'\n")
+    with pytest.raises(ConfigError, match=r"'network' is a section, not a setting.*not 5"):
+        read("network: 5\n")
+
+
+@pytest.mark.parametrize("field", ["batch_size", "epochs", "threads", "eval_batch_size"])
+def test_a_count_beyond_64_bits_is_refused_not_overflowed(field):
+    with pytest.raises(ConfigError, match=f"`{field}` {2**64}: too large; counts are 64-bit whole numbers"):
+        TrainConfig(**{field: 2**64}).validate()
+
+
+@pytest.mark.parametrize("field, value, message", [("prefetch", 2**62, "must be 1 to 1024 mini-batches ahead"),
+                                                   ("threads", 2**62, "to 4096"), ("host_threads", 5000, "to 4096")])
+def test_a_count_a_run_cannot_hold_is_refused_before_it_hangs(field, value, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**{field: value}).validate()

@@ -194,6 +194,15 @@ def test_a_frozen_module_predicts(tmp_path):
     checkpoint = load_checkpoint(tmp_path / "last.pt", model=BlockSage().requires_grad_(False))
     graph = generate(SyntheticSpec.parse(SPEC))
     assert predict(checkpoint, graph, "test").shape == graph.test_idx.shape
+def test_a_module_off_the_protocol_is_a_neutronorch_error():
+    """A user can fix it, so it is a ConfigError (the command line's one line), and still a ValueError."""
+    from neutronorch.data.textnum import TextError
+    from neutronorch.errors import ConfigError, DataError, NeutronorchError
+
+    assert issubclass(ModelProtocolError, ConfigError) and issubclass(ModelProtocolError, ValueError)
+    assert issubclass(TextError, DataError) and issubclass(TextError, ValueError)
+    with pytest.raises(NeutronorchError, match="must be a torch.nn.Module"):
+        UserModel(lambda blocks, x: x, 2, 4)
 
 
 def test_a_module_off_the_protocol_is_told_what_it_expects():

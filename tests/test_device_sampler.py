@@ -7,6 +7,7 @@ import torch
 
 from neutronorch import TrainConfig, train
 from neutronorch.data.csc import edges_to_csc
+from neutronorch.errors import ConfigError
 from neutronorch.sampling.device_sampler import TritonNeighborSampler, make_device_sampler, triton_available
 from neutronorch.sampling.neighbor_sampler import TorchNeighborSampler, batch_key, layer_key
 
@@ -94,13 +95,13 @@ def test_make_device_sampler_picks_and_refuses_clearly(monkeypatch):
     monkeypatch.delenv("NEUTRONORCH_DEVICE_SAMPLER", raising=False)
     # auto on host tensors: the torch sampler (Triton's interpreter is for tests, not for training).
     assert isinstance(make_device_sampler(ip, ix, [3]), TorchNeighborSampler)
-    with pytest.raises(ValueError, match="not one of auto, torch, triton"):
+    with pytest.raises(ConfigError, match="`backend`='cub' is not one of auto, torch, triton"):
         make_device_sampler(ip, ix, [3], backend="cub")
     monkeypatch.setenv("NEUTRONORCH_DEVICE_SAMPLER", "fast")
-    with pytest.raises(ValueError, match="NEUTRONORCH_DEVICE_SAMPLER"):
+    with pytest.raises(ConfigError, match="NEUTRONORCH_DEVICE_SAMPLER='fast' is not one of auto, torch, triton"):
         make_device_sampler(ip, ix, [3])
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(RuntimeError, match="(CUDA device|not installed).*torch sampler"):
+    with pytest.raises(ConfigError, match="(CUDA device|not installed).*Give torch or auto"):
         make_device_sampler(ip, ix, [3], backend="triton")
 
 

@@ -63,8 +63,8 @@ def _flags(parser: argparse.ArgumentParser) -> set[str]:
     return {s for a in parser._actions for s in a.option_strings if s.startswith("--")}
 
 
-def _help(argv: list[str], capsys, monkeypatch) -> str:
-    monkeypatch.setenv("COLUMNS", "100")
+def _help(argv: list[str], capsys, monkeypatch, columns: int = 100) -> str:
+    monkeypatch.setenv("COLUMNS", str(columns))
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 0
@@ -100,6 +100,20 @@ COMMANDS = ["train", "convert", "generate", "predict", "embed", "info"]
 def test_every_short_help_fits_on_one_screen(command, capsys, monkeypatch):
     lines = _help([command, "--help"] if command else ["--help"], capsys, monkeypatch).splitlines()
     assert len(lines) <= 40 and max(map(len, lines)) <= 100, "\n".join(lines)
+    # and on an 80-column terminal, where the help texts wrap: at most 45 lines, none wider than the screen
+    lines = _help([command, "--help"] if command else ["--help"], capsys, monkeypatch, columns=80).splitlines()
+    assert len(lines) <= 45 and max(map(len, lines)) <= 80, f"{len(lines)} lines:\n" + "\n".join(lines)
+
+
+def test_train_help_at_80_columns_keeps_its_groups_and_an_option_a_line(capsys, monkeypatch):
+    text = _help(["train", "--help"], capsys, monkeypatch, columns=80)
+    lines = text.splitlines()
+    assert len(lines) <= 42, f"{len(lines)} lines:\n{text}"
+    for title in ("data:", "model:", "training:", "mode:", "outputs:"):
+        assert title in lines, title
+    assert set(ESSENTIAL) <= _listed(text)
+    wrapped = [line for line in lines if line.startswith(" " * 28)]  # a help text's second line
+    assert len(wrapped) <= 2, wrapped  # --mode's (its choices take the first line) and --split's
 
 
 def test_the_screen_check_covers_every_command():
@@ -225,3 +239,80 @@ def test_a_config_file_takes_sections_named_after_the_configs_parts(tmp_path, ca
     # The command line reads its config file with the same sections, and says what is misplaced.
     assert main(["train", "--config", str(tmp_path / "wrong.yaml")]) != 0
     assert "belongs under [optimization]" in capsys.readouterr().err
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    """`neutronorch info DIR | head -1` and the like: the reader has gone, so the command stops as a Unix
+    tool stopped by SIGPIPE does (status 141), with no traceback, and what it wrote to disk stays."""
+    import os
+    import subprocess
+    import sys
+
+    def run(*argv):
+        read, write = os.pipe()
+        os.close(read)  # the reader has gone before the command writes
+        try:
+            done = subprocess.run([sys.executable, "-m", "neutronorch", *argv], stdout=write, stderr=subprocess.PIPE,
+                                  text=True, timeout=120)
+        finally:
+            os.close(write)
+        return done
+
+    out = tmp_path / "g"
+    done = run("generate", "synthetic", "--nodes", "200", "--out", str(out))
+    assert done.returncode == 141 and "Traceback" not in done.stderr, done.stderr
+    assert (out / "meta.json").is_file()
+    done = run("info", str(out))
+    assert done.returncode == 141 and done.stderr == "", done.stderr
+
+
+BAD_ENVIRONMENT = [("NEUTRONORCH_DEVICE_SAMPLER", "bogus", "auto, torch, triton"),
+                   ("NEUTRONORCH_EDGE_SOFTMAX", "fast", "kernels, torch"), ("NEUTRONORCH_SYSTEM_MALLOC", "yes", "0, 1"),
+                   ("NUMBA_THREADING_LAYER", "bogus", "default, omp, tbb"),
+                   ("NUMBA_THREADING_LAYER", "workqueue", "cannot run numba kernels from several threads"),
+                   ("NUMBA_NUM_THREADS", "0", "whole number from 1"), ("NUMBA_NUM_THREADS", "four", "whole number from 1"),
+                   ("WORLD_SIZE", "two", "whole number from 1"), ("LOCAL_RANK", "-1", "whole number from 0")]
+
+
+@pytest.mark.parametrize("name, value, allowed", BAD_ENVIRONMENT)
+@pytest.mark.parametrize("command", [["train", "--dataset", "synthetic:nodes=200", "--epochs", "1", "--no-save"],
+                                     ["info", "synthetic:nodes=200"]])
+def test_a_bad_environment_variable_is_one_line_naming_it_and_its_values(name, value, allowed, command, capsys,
+                                                                          monkeypatch):
+    monkeypatch.setenv(name, value)
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"neutronorch: error: {name}=") and value in err and allowed in err, err
+    assert err.count("\n") == 1, err
+
+
+def test_a_triton_device_sampler_that_cannot_run_is_refused_before_the_run(capsys, monkeypatch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("Triton runs on this machine's GPU")
+    monkeypatch.setenv("NEUTRONORCH_DEVICE_SAMPLER", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert main(["train", "--dataset", "synthetic:nodes=200", "--epochs", "1", "--no-save", "--mode", "device"]) == 2
+    err = capsys.readouterr().err
+    assert "NEUTRONORCH_DEVICE_SAMPLER=triton" in err and "torch or auto" in err and "loaded" not in err, err
+
+
+@pytest.mark.parametrize("variable", ["NUMBA_NUM_THREADS=0", "NUMBA_THREADING_LAYER=forksafe"])
+def test_numba_variables_that_fail_its_import_or_its_threads_are_one_line(variable, tmp_path):
+    """numba reads NUMBA_NUM_THREADS when it is imported (0 fails the import); forksafe gives, on Linux,
+    the workqueue layer the pipeline cannot use, met only when the threads start."""
+    import os
+    import subprocess
+    import sys
+
+    name, value = variable.split("=")
+    environ = {**os.environ, name: value}
+    done = subprocess.run([sys.executable, "-m", "neutronorch", "train", "--dataset", "synthetic:nodes=200", "--epochs",
+                           "1", "--no-save"], capture_output=True, text=True, env=environ, timeout=300, cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.startswith(f"neutronorch: error: {name}="), done.stderr
+    assert "Traceback" not in done.stderr
+    if name == "NUMBA_NUM_THREADS":  # and from Python, where numba is first imported: the public names
+        done = subprocess.run([sys.executable, "-c", "from neutronorch import train"], capture_output=True, text=True,
+                              env=environ, timeout=300)
+        assert "ConfigError: NUMBA_NUM_THREADS='0' is not a whole number from 1" in done.stderr, done.stderr

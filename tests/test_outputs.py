@@ -881,3 +881,69 @@ def test_once_the_new_run_has_a_checkpoint_it_keeps_its_own_when_it_fails_later(
     assert [load_checkpoint(tmp_path / "ck" / name).epoch for name in ("last.pt", "best.pt")] == [0, 0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "s.json"]
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["best.pt", "last.pt"]
+@pytest.mark.parametrize("option", ["--checkpoint-dir", "--summary-json", "--log-jsonl"])
+def test_a_failed_run_removes_every_folder_it_made_for_its_outputs(option, tmp_path, monkeypatch, capsys):
+    """Not only the last part of a/b/c: every folder the run made, while folders there before stay."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kept").mkdir()
+    path = "kept/a/b/c" + ("" if option == "--checkpoint-dir" else "/out.json")
+    if option == "--log-jsonl":  # the logs' folder must exist: made here, by the user, and kept
+        (tmp_path / "kept/a/b/c").mkdir(parents=True)
+    assert main(["train", "--dataset", str(tmp_path / "no-such-data"), *TRAIN, option, path]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert left == (["kept", "kept/a", "kept/a/b", "kept/a/b/c"] if option == "--log-jsonl" else ["kept"]), left
+
+
+def test_made_folders_are_removed_deepest_first_and_only_while_empty(tmp_path):
+    from neutronorch.atomic import make_folder, remove_made
+
+    (tmp_path / "there").mkdir()
+    made = make_folder(tmp_path / "there/a/b/c")
+    assert made == [tmp_path / "there/a/b/c", tmp_path / "there/a/b", tmp_path / "there/a"]
+    (tmp_path / "there/a/note").write_text("someone else's")
+    remove_made(made)
+    assert sorted(p.name for p in (tmp_path / "there").rglob("*")) == ["a", "note"]
+    with pytest.raises(OSError):  # a part of the path is a file: nothing it made is left
+        make_folder(tmp_path / "there/a/note/z")
+    assert sorted(p.name for p in (tmp_path / "there").rglob("*")) == ["a", "note"]
+    with pytest.raises(OutputError):
+        write_atomically(tmp_path / "there/p/q/out.bin", lambda f: (_ for _ in ()).throw(OSError(errno.EIO, "EIO")))
+    assert not (tmp_path / "there/p").exists()
+    with output_guard.claim_folder("checkpoint_dir", tmp_path / "there/ck/a/b"):
+        assert (tmp_path / "there/ck/a/b" / output_guard.LOCK_NAME).is_file()
+    assert not (tmp_path / "there/ck").exists()
+    with output_guard.claim_folder("checkpoint_dir", tmp_path / "there/ck/a/b"):
+        (tmp_path / "there/ck/a/b/last.pt").write_bytes(b"kept")
+    assert (tmp_path / "there/ck/a/b/last.pt").is_file()
+
+
+def test_a_typed_runs_embedding_folder_goes_with_its_parents(tmp_path):
+    from neutronorch.train.typed_tables import TypedTables
+
+    (tmp_path / "there").mkdir()
+    tables = TypedTables("mmap", "asked", {"author": (8, 4)}, folder=tmp_path / "there/a/b/c")
+    with tables:
+        assert tables.table("author", 8, 4) is not None
+    assert list((tmp_path / "there").iterdir()) == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--run-name", "漢" * 100], "--run-name '漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢漢'... (100 characters): the name is 300 "
+                                 "bytes long in UTF-8; names on this file system take at most 255 bytes"),
+    (["--checkpoint-dir", "ck/" + "é" * 128], "the name is 256 bytes long"),
+    (["--summary-json", "é" * 120 + ".json"], "the name is 245 bytes long in UTF-8, and it is written under a temporary"),
+    (["--log-jsonl", "x" * 256], "the name is 256 bytes long in UTF-8; names"),  # written in place
+])
+def test_a_name_too_long_in_bytes_is_refused_before_anything_is_made(args, message, tmp_path, monkeypatch, capsys):
+    """The file system counts a name's bytes, not its characters (a CJK character is 3 bytes), and an output is
+    written under a longer temporary name first: both are checked before the work, never met at its end."""
+    monkeypatch.chdir(tmp_path)
+    _no_data_loaded(monkeypatch)
+    assert main(["train", "--dataset", TINY, *TRAIN, *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+    assert main(["generate", "synthetic", "--nodes", "200", "--out", "漢" * 80]) == 2  # 240 bytes and a temporary name
+    assert "the name is 240 bytes long in UTF-8, and it is written under a temporary" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

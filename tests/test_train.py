@@ -281,7 +281,7 @@ def test_a_given_graph_is_what_the_summary_and_checkpoints_name(tmp_path):
 
 @pytest.mark.parametrize("text,message", [
     ('epochs: "three"', "`epochs` 'three': expected a whole number"),
-    ('lr: "0.01"', "`lr` '0.01': expected a finite number"),
+    ('lr: "fast"', "`lr` 'fast': expected a finite number"),  # text that reads as a number is taken (test_config)
     ("hidden: [1, 2]", "`hidden` [1, 2]: expected a whole number"),
     ("epochs: 2.5", "`epochs` 2.5: expected a whole number"),
     ("batch_size: 64.7", "`batch_size` 64.7: expected a whole number"),
@@ -348,6 +348,20 @@ def test_numbas_workqueue_threading_layer_is_refused_clearly(monkeypatch, capsys
     assert main(["train", "--epochs", "1"]) == 2
     err = capsys.readouterr().err
     assert "NUMBA_THREADING_LAYER=workqueue" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name, value", [("NEUTRONORCH_DEVICE_SAMPLER", "bogus"), ("NUMBA_NUM_THREADS", "four"),
+                                         ("NEUTRONORCH_EDGE_SOFTMAX", "fast")])
+def test_a_bad_environment_variable_is_refused_by_train_and_the_loader(name, value, monkeypatch):
+    """In Python as on the command line, before any data is read (the dataset here does not exist)."""
+    from neutronorch import NeighborLoader
+
+    graph = generate(SyntheticSpec(nodes=200))
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=f"{name}='{value}' is not"):
+        train(TrainConfig(dataset="/no/such/dataset", epochs=1, progress=False))
+    with pytest.raises(ConfigError, match=f"{name}='{value}' is not"):
+        NeighborLoader(graph, [2], 16)
 
 
 def test_layers_repeat_a_single_fanout_and_must_match_a_list():

@@ -488,3 +488,17 @@ def test_dgl_heterograph_read_as_a_typed_graph():
     with pytest.raises(DataError, match="type paper: y has dtype float32, expected integer class ids"):
         from_dgl_hetero(g, target="paper")
 
+
+
+def test_type_names_too_long_for_their_folders_are_refused_before_writing(tmp_path):
+    """A relation's folder joins three names, and the file system takes at most 255 bytes per name."""
+    from neutronorch.errors import OutputError
+
+    graph = small()
+    fits, too_long = ("user", "buys" * 60, "item"), ("user", "buys" * 70, "item")  # folders of 254 and 294 bytes
+    graph.relations = {fits: graph.relations[BUYS], FOLLOWS: graph.relations[FOLLOWS]}
+    write_typed(graph, tmp_path / "fits")
+    graph.relations = {too_long: graph.relations[fits], FOLLOWS: graph.relations[FOLLOWS]}
+    with pytest.raises(OutputError, match=r"of relations would be 294 bytes long in UTF-8.*at most 255 bytes"):
+        write_typed(graph, tmp_path / "too-long")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fits"]

@@ -57,6 +57,10 @@ del train  # noqa: F821 - bound by the import above
 def __getattr__(name: str):
     if name not in _WHERE:
         raise AttributeError(f"module 'neutronorch' has no attribute {name!r}")
+    if _WHERE[name] != "neutronorch.errors":
+        # Before the module imports numba, which reads its variables then (NUMBA_NUM_THREADS=0 fails the import).
+        from neutronorch.environment import check_environment
+        check_environment()
     value = getattr(importlib.import_module(_WHERE[name]), name)
     globals()[name] = value  # later lookups skip this function
     return value

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import shutil
 import socket
@@ -48,6 +49,43 @@ def sweep_stale(target: Path) -> None:
                     shutil.rmtree(leftover, ignore_errors=True)
                 else:
                     leftover.unlink(missing_ok=True)
+
+
+def make_folder(folder: str | os.PathLike, exist_ok: bool = True) -> list[Path]:
+    """Make ``folder`` and whichever of its parents are missing; return the folders made, deepest first, for
+    ``remove_made``. If the making fails, what it made is removed again before the ``OSError`` is raised."""
+    folder = Path(folder)
+    missing = list(itertools.takewhile(lambda path: not path.exists(), [folder, *folder.parents]))
+    made = []  # only what this call made: a folder another process makes meanwhile is never removed here
+    try:
+        for path in reversed(missing or [folder]):  # the topmost first
+            try:
+                path.mkdir()
+            except FileExistsError:
+                if (path == folder and not exist_ok) or not path.is_dir():
+                    raise
+                continue
+            made.append(path)
+    except OSError:
+        remove_made(made[::-1])
+        raise
+    return made[::-1]
+
+
+def remove_made(made: list[Path], also: tuple[str, ...] = ()) -> None:
+    """Remove the folders ``make_folder`` made (deepest first) while they are empty, once the files named in
+    ``also`` (a lock) are gone from them; the first that holds anything else is kept, and so are the folders
+    above it. Folders that were there before are never in ``made``."""
+    for folder in made:
+        with contextlib.suppress(OSError):
+            for name in also:
+                (folder / name).unlink(missing_ok=True)
+        try:
+            folder.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return
 
 
 def glob_escape(name: str) -> str:
@@ -115,13 +153,14 @@ class _Recording:
 def _temporary(target: Path, make: Callable[[str], None]) -> Iterator[str]:
     """A temporary path beside ``target`` made by ``make``, renamed onto ``target`` when the block ends
     without an error, removed otherwise. OS errors become ``OutputError``."""
-    existed = target.exists()
+    existed, made = target.exists(), []
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        made = make_folder(target.parent)  # removed again if the write fails
         sweep_stale(target)
         fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target), dir=target.parent)
         os.close(fd)
     except OSError as exc:
+        remove_made(made)
         raise write_error(target, exc, existed) from exc
     try:
         make(tmp)
@@ -132,9 +171,11 @@ def _temporary(target: Path, make: Callable[[str], None]) -> Iterator[str]:
         os.replace(tmp, target)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
+        remove_made(made)
         raise write_error(target, exc, existed) from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        remove_made(made)
         raise
 
 

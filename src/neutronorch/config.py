@@ -13,12 +13,13 @@ import os
 import re
 from dataclasses import MISSING, dataclass, field, fields, replace
 
-from neutronorch.config_keys import read_config_mapping
+from neutronorch.config_keys import float_text, number_hint, read_config_mapping
 from neutronorch.config_parts import (PARTS, EvaluationConfig, LinkConfig, LogConfig, NetworkConfig,
                                       NeutronOrchConfig, OptimizationConfig, OutputConfig, PlacementConfig,
                                       SamplingConfig, may_change, setting, settings_of)
 from neutronorch.data.links import LINK_DIRECTIONS
 from neutronorch.errors import ConfigError
+from neutronorch.limits import check_seed
 from neutronorch.nn.names import (ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, NORMS, PRECISIONS, RELATIONAL_ONLY,
                                   needs_degrees)
 from neutronorch.sampling.fanouts import parse_fanouts
@@ -40,6 +41,8 @@ DEVICES = ("auto", "cpu", "cuda")
 CACHE_POLICIES = ("presample", "degree")
 DEVICE_SAMPLING = ("auto", "on", "off")
 READ_ORDERS = ("auto", "file", "batch")
+MAX_PREFETCH = 1024  # mini-batches a producer may run ahead; a buffer each, allocated up front
+MAX_THREADS = 4096  # torch and numba take thread counts as 32-bit numbers, and no machine has more cores
 EMBEDDING_STORAGES = ("auto", "memory", "mmap")  # where a typed graph's embedding tables live (train/typed_tables.py)
 
 
@@ -105,6 +108,7 @@ class TrainConfig:
                 raise ConfigError(f"`{part}` {getattr(self, part)!r}: expected a {kind.__name__} (or give its "
                                   f"settings by name: {', '.join(f.name for f in settings_of(kind))}).")
         _check_types(self)
+        check_seed(self.seed)
         self.fanouts = parse_fanouts(self.fanouts)
         if self.layers < 0:
             raise ConfigError(f"`layers` {self.layers}: must be 0 (one per `fanouts` entry) or a number of layers.")
@@ -172,14 +176,15 @@ class TrainConfig:
             (0 <= self.dropout < 1, f"`dropout` {self.dropout}: must be in [0, 1)."),
             (self.eval_every >= -1, f"`eval_every` {self.eval_every}: must be -1 (never), 0 (after the last "
                                     f"epoch only) or more."),
-            (self.prefetch >= 1, f"`prefetch` {self.prefetch}: must be at least 1."),
+            (1 <= self.prefetch <= MAX_PREFETCH, f"`prefetch` {self.prefetch}: must be 1 to {MAX_PREFETCH} mini-batches "
+                                                  f"ahead (each holds a buffer of its rows)."),
             (self.patience >= 0, f"`patience` {self.patience}: must be 0 (never stop early) or a number of "
                                  f"evaluations."),
             (not self.patience or self.eval_every > 0,
              "`patience` counts evaluations without a better validation accuracy: give `eval_every` 1 or "
              "more."),
-            (self.threads >= 0 and self.sampler_threads >= 0 and self.host_threads >= 0,
-             "`threads`/`sampler_threads`/`host_threads` must be >= 0 (0 picks automatically)."),
+            (all(0 <= n <= MAX_THREADS for n in (self.threads, self.sampler_threads, self.host_threads)),
+             f"`threads`/`sampler_threads`/`host_threads` must be 0 (picks automatically) to {MAX_THREADS}."),
             (self.hot_grad in HOT_GRADS, f"`hot_grad` {self.hot_grad!r}: choose one of {', '.join(HOT_GRADS)}."),
             (self.hot_set in HOT_SETS, f"`hot_set` {self.hot_set!r}: choose one of {', '.join(HOT_SETS)}."),
             (self.snapshot_lead is None or self.snapshot_lead >= 0,
@@ -275,6 +280,11 @@ _OPTIONAL_TYPES = {"split": str, "staleness_bound": int, "snapshot_lead": int, "
 _PARSED = {"fanouts", "eval_fanouts", "hot_ratio", "gpu_cache_gb", "host_cache_gb"}
 
 
+def _wanted(f) -> type:
+    """The type a setting's value must have."""
+    return _OPTIONAL_TYPES.get(f.name) or type(f.default)
+
+
 def _check_types(config: TrainConfig) -> None:
     """Every field holds a value of its type (a config file can give any YAML value): a clear error
     instead of a ``TypeError`` deep inside the run."""
@@ -282,7 +292,7 @@ def _check_types(config: TrainConfig) -> None:
         value = getattr(config, f.name)
         if f.name in _PARSED or (value is None and f.default is None):
             continue
-        want = _OPTIONAL_TYPES.get(f.name) or type(f.default)
+        want = _wanted(f)
         if want is bool:
             ok, what = isinstance(value, bool), "true or false"
         elif want is int:
@@ -294,7 +304,10 @@ def _check_types(config: TrainConfig) -> None:
             ok, what = isinstance(value, want), "a string"
         if not ok:
             kind = "a non-finite number" if isinstance(value, float) and want is float else f"a {type(value).__name__}"
-            raise ConfigError(f"`{f.name}` {value!r}: expected {what}, not {kind}.")
+            hint = number_hint(value, want) if isinstance(value, str) and want in (int, float) else ""
+            raise ConfigError(f"`{f.name}` {value!r}: expected {what}, not {kind}{hint}.")
+        if want is int and f.name != "seed" and not -2**63 <= value < 2**63:  # the seed: check_seed's 64 bits
+            raise ConfigError(f"`{f.name}` {value}: too large; counts are 64-bit whole numbers, below 2**63.")
 
 
 def _parse_hot_ratio(value) -> str | float:
@@ -334,31 +347,43 @@ def load_config_file(path: str | os.PathLike, extra: dict[str, str | None] | Non
     of the caller's own (``extra``: each key and its section, such as the command line's ``run_name`` under
     ``outputs``). A part's settings may sit in a section named after the part (``[sampling]`` holding
     ``fanouts``, ``[neutronorch]`` holding ``super_batch``: ``TrainConfig.sections()``) or at the top level; a
-    key in another section than its own is an error that names its section."""
+    key in another section than its own is an error that names its section. A section with nothing under it
+    (``network:`` alone in YAML) sets nothing; a key set to null (``lr: ~``) keeps its default. A setting
+    that takes a float may be given as text that reads as one: YAML 1.1 (PyYAML) reads ``1e-3``, without a
+    dot, as a string."""
     data = read_config_mapping(path)
     extra = extra or {}
     known = set(TrainConfig.keys()) | set(extra)
     sections = TrainConfig.sections()
     home = {name: part for part, names in sections.items() for name in names}
     home.update({name: part for name, part in extra.items() if part is not None})
+    floats = {f.name for f in _settings() if _wanted(f) is float}
     flat = []  # (key as written, value, section or None)
     for key, value in data.items():
-        if isinstance(value, dict) and str(key) in sections:
-            flat.extend((inner, inner_value, str(key)) for inner, inner_value in value.items())
+        if str(key) in sections and (isinstance(value, dict) or value is None):
+            flat.extend((inner, inner_value, str(key)) for inner, inner_value in (value or {}).items())
+        elif str(key) in sections:
+            raise ConfigError(f"--config {path}: {key!r} is a section, not a setting: give its settings under it "
+                              f"({', '.join(sections[str(key)][:3])}, ...), not {value!r}.")
         else:
             flat.append((key, value, None))
-    out = {}
+    out, seen = {}, set()
     for key, value, section in flat:
         name = str(key).replace("-", "_")
-        if name in ("no_progress", "no_stage_table", "no_save") and isinstance(value, bool):
-            name, value = name[3:], not value  # the flags' spelling: --no-progress, --no-stage-table, --no-save
+        negated = name in ("no_progress", "no_stage_table", "no_save")  # the flags' spelling: --no-progress, ...
+        name = name[3:] if negated else name
         if name not in known:
             raise ConfigError(f"--config {path}: unknown key {key!r}. Known keys: {', '.join(sorted(known))}. "
                               f"Sections: {', '.join(sections)}.")
         if section is not None and home.get(name) != section:
             where = f"under [{home[name]}] (or at the top level)" if name in home else "at the top level"
             raise ConfigError(f"--config {path}: {key!r} is under [{section}], but belongs {where}.")
-        if name in out:  # batch-size and batch_size, or progress and no-progress: which one would be meant?
+        if name in seen:  # batch-size and batch_size, or progress and no-progress: which one would be meant?
             raise ConfigError(f"--config {path}: {key!r} sets `{name}`, which an earlier key sets too; give it once.")
-        out[name] = value
+        seen.add(name)
+        if value is None:
+            continue  # null: the default
+        if negated and not isinstance(value, bool):
+            raise ConfigError(f"--config {path}: {key!r} {value!r}: expected true or false.")
+        out[name] = float_text(value) if name in floats else (not value if negated else value)
     return out

@@ -1,9 +1,10 @@
 """Config files read strictly: a key given twice in one mapping is an error, where JSON and PyYAML would
-keep the last one silently (TOML refuses it itself)."""
+keep the last one silently (TOML refuses it itself); numbers that a YAML 1.1 parser (PyYAML) reads as text."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -68,3 +69,29 @@ def read_config_mapping(path: str | os.PathLike) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: expected a mapping of option names to values.")
     return data
+
+
+def float_text(value):
+    """A float setting's value as a config file gave it: text that reads as a finite number becomes that
+    number (PyYAML reads ``1e-3``, without a dot, as a string); anything else is left for ``validate`` to name."""
+    if not isinstance(value, str):
+        return value
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return number if math.isfinite(number) else value
+
+
+def number_hint(value: str, want: type) -> str:
+    """For a number written as text where ``want`` (int or float) is expected: how to write it as a number."""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    if not math.isfinite(number):
+        return ""
+    if want is int:
+        return (f"; write it with digits only ({int(number)}), which every config file reads as a number"
+                if number.is_integer() else "")
+    return f"; give it as a number ({value.strip()}, not quoted)"

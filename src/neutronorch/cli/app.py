@@ -273,8 +273,9 @@ def _check_native_out(field: str, out: str, sources: list[Path], overwrite: bool
     reads its old files until the new ones replace them whole, so that one input may be ``out`` itself."""
     from neutronorch.data.native import check_native_target
     from neutronorch.data.typed_native import check_typed_target
-    from neutronorch.train.output_guard import check_creatable, check_distinct
+    from neutronorch.train.output_guard import check_creatable, check_distinct, check_name_lengths
 
+    check_name_lengths(field, out, temporary=True)  # the folder is written under a temporary name beside it
     target = Path(out).expanduser().resolve()
     (check_typed_target if typed else check_native_target)(target, overwrite)
     is_dataset = is_typed_dir if typed else is_native_dir

@@ -122,9 +122,9 @@ HELP = {
                      "entry) (default: --checkpoint-dir, else the temporary folder, the first with room)",
     "cache_policy": "how the cache ranks rows: presample counts bottom-frontier appearances over a few "
                     "sampled mini-batches, degree uses out-degree (default: %(default)s)",
-    "device_sampling": "neutronorch: sample the cold vertices' bottom hop on the device (topology placed "
-                       "there, or read from pinned host memory) instead of on the host; auto = on with "
-                       "CUDA (default: %(default)s)",
+    "device_sampling": "neutronorch: sample every hop and plan each super-batch on the device (topology "
+                       "placed there, or read from pinned host memory) instead of on the host; auto = on "
+                       "with CUDA (default: %(default)s)",
     "summary_json": "write the run summary (config, per-epoch times, stages, utilisation, data moved, "
                     "accuracy, memory) here",
     "timeline": "draw the stage timeline (a Gantt chart of the host, sampler, copy and trainer lanes, with "
@@ -148,30 +148,30 @@ HELP = {
 
 
 # Short help for the options `train --help` lists (every other option is listed by --help-all only).
-SHORT = {
-    "dataset": "dataset folder or file, or synthetic[:nodes=N,...]; default: synthetic",
-    "task": "node (classification) or link (prediction; docs/link-prediction.md)",
-    "split": "ratio:TRAIN,VAL or per-class:TRAIN,VAL; link: edges:TRAIN,VAL",
-    "model": "sage, gcn or gat; typed graphs: sage, rgcn or rgat (default: sage)",
+SHORT = {  # at most 50 characters each (--split aside), so that an option takes one line of 80 columns
+    "dataset": "folder, file, or synthetic[:nodes=N] (the default)",
+    "task": "node (classification) or link (prediction)",
+    "split": "ratio:TRAIN,VAL or per-class:TRAIN,VAL; a link task: edges:TRAIN,VAL",
+    "model": "sage (default), gcn or gat; typed: also rgcn, rgat",
     "hidden": "hidden width (default: 256)",
-    "fanouts": "neighbours per layer, seed hop first; -1 takes all (default: 10,10)",
+    "fanouts": "neighbours per layer, -1 all (default: 10,10)",
     "epochs": "training epochs (default: 50)",
-    "batch_size": "seeds per mini-batch (default: from the training-set size)",
+    "batch_size": "seeds per mini-batch (default: from the train set)",
     "lr": "Adam learning rate (default: 0.003)",
-    "seed": "seed of the weights, the sampling and the seed order (default: 0)",
-    "mode": "exact, device or neutronorch (see README); auto picks (default: exact)",
-    "device": "training device; auto: CUDA when available (default: auto)",
-    "precision": "fp32, or bf16 activations; auto: bf16 where native (default: fp32)",
-    "gpu_memory_gb": "GPU memory the run may use, in GiB (default: the whole device)",
-    "hot_ratio": "neutronorch: share of vertices made hot, or auto (default: auto)",
-    "super_batch": "neutronorch: mini-batches per super-batch (default: 8)",
-    "run_name": "results in runs/NAME/ (default: runs/<UTC time>-<model>-<data>/)",
-    "save": "no run folder: keep only the outputs the options below name",
-    "summary_json": "write the run summary (accuracy, times, memory) here",
-    "checkpoint_dir": "write last.pt after every epoch and best.pt at each better score",
-    "resume": "continue the run of --run-name (or --checkpoint-dir) from its last.pt",
-    "overwrite": "replace an earlier run's outputs once this run has its own",
-    "config": "YAML, TOML or JSON file of options; the command line wins",
+    "seed": "seed of weights, sampling and order (default: 0)",
+    "mode": "exact (default), device, neutronorch; auto picks",
+    "device": "training device; auto (default): CUDA if present",
+    "precision": "fp32 (default) or bf16; auto: bf16 where native",
+    "gpu_memory_gb": "GiB of GPU memory the run may use (default: all)",
+    "hot_ratio": "neutronorch: share of vertices hot (default: auto)",
+    "super_batch": "neutronorch: batches per super-batch (default: 8)",
+    "run_name": "results in runs/NAME/ (default: time, model, data)",
+    "save": "no run folder: only the outputs named below",
+    "summary_json": "write the run summary (accuracy, times) here",
+    "checkpoint_dir": "write last.pt each epoch, best.pt at each best",
+    "resume": "continue the run of --run-name/--checkpoint-dir",
+    "overwrite": "replace an earlier run's outputs, not refuse them",
+    "config": "YAML, TOML or JSON options; the command line wins",
 }
 
 # train's options by group, as --help-all lists them (by TrainConfig field; `config`, `progress` and
@@ -239,8 +239,9 @@ SWITCHES = {
                     "no per-lane stage breakdown after each epoch line"),
 }
 
-TRAIN_EPILOG = ("A run that names no output (--summary-json, --checkpoint-dir, a log) keeps its results in runs/.\n"
-                "--help-all lists every option, advanced ones too; a --config file takes every option as a key.")
+TRAIN_EPILOG = ("A run that names no output (--summary-json, ...) keeps its results in runs/.\n"
+                "--help-all lists every option; a --config file takes every option as a key.")
 TRAIN_EPILOG_ALL = ("A --config file (YAML, TOML or JSON) takes every option as a key, with dashes or underscores "
-                    "(batch-size or batch_size; no-progress: true); options given on the command line win.")
+                    "(batch-size or batch_size; no-progress: true); a key set to null keeps its default; options given on the "
+                    "command line win.")
 SHORT_METAVARS = {"precision": "PREC", "model": "MODEL"}  # short help: the choices are in the text

@@ -94,7 +94,7 @@ def _shown(text: str, listed: bool) -> str:
 def _add_train_options(parser: argparse.ArgumentParser, full: bool = False) -> None:
     """train's options in their groups; ``full``: the help lists every option (--help-all), else those in
     ``SHORT`` with their short help. Parsing is the same either way."""
-    parser.usage = ("%(prog)s [-h | --help-all] [--dataset SPEC] [--model MODEL] [OPTION ...]"
+    parser.usage = ("%(prog)s [-h | --help-all] [--dataset SPEC] [OPTION ...]"
                     if not full else "%(prog)s [OPTION ...]")
     parser.epilog = TRAIN_EPILOG_ALL if full else TRAIN_EPILOG
     _help_options(parser, full, _add_train_options, listed=False)
@@ -146,8 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = commands.add_parser("train", help="train a GNN and report accuracy and time per epoch",
-                                description="Train GraphSAGE, GCN or GAT with neighbour sampling; typed graphs: "
-                                            "R-GCN, R-GAT too.",
+                                description="Train a GNN (GraphSAGE, GCN, GAT; typed graphs: R-GCN, R-GAT) by "
+                                            "sampling.",
                                 formatter_class=_Formatter, add_help=False)
     _add_train_options(train)
 

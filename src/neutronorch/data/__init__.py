@@ -21,6 +21,7 @@ from neutronorch.data.synthetic_typed import synthetic_typed
 from neutronorch.data.typed import Relation, TypedGraph
 from neutronorch.data.typed_native import is_typed_dir, read_typed, write_typed
 from neutronorch.errors import DataError
+from neutronorch.limits import check_seed
 
 __all__ = ["Graph", "load_dataset", "load_native", "save_native", "SyntheticSpec", "generate",
            "make_split", "DEFAULT_SPLIT", "DATASET_SPEC_HELP", "dataset_paths", "from_pyg", "to_pyg", "from_dgl",
@@ -50,6 +51,7 @@ def load_dataset(spec: str, split: str | None = None, seed: int = 0, split_index
     the splits. ``progress(file, bytes done, bytes total)`` is called while large text files are parsed
     (OGB's CSV layout).
     """
+    check_seed(seed)
     graph = _load(spec, split, seed, split_index, progress)
     graph.drop_unlabelled_from_splits()
     return graph

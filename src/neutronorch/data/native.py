@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from neutronorch.atomic import reserve, sweep_stale, temp_prefix, write_error
+from neutronorch.atomic import make_folder, remove_made, reserve, sweep_stale, temp_prefix, write_error
 from neutronorch.data.dtypes import BFLOAT16, bfloat16, is_bfloat16
 from neutronorch.data.files import holds_objects, read_error, reads_files
 from neutronorch.data.graph import METRICS, Graph
@@ -176,12 +176,13 @@ def write_folder(target: Path, fill: Callable[[Path], None]) -> Path:
     """Call ``fill`` on a new folder beside ``target`` and move that folder into place, replacing
     ``target`` (which the caller has checked may be replaced). A failed write leaves what was there before,
     and arrays memory-mapped from ``target`` itself stay readable while the new ones are written."""
-    existed = target.exists()
+    existed, made = target.exists(), []
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        made = make_folder(target.parent)  # removed again if the write fails
         sweep_stale(target)  # what a killed writer left beside it
         partial = _new_folder(target.parent, temp_prefix(target))
     except OSError as exc:
+        remove_made(made)
         raise write_error(target, exc, existed) from exc
     try:
         if target.is_dir():  # a folder that was there (empty, or a dataset replaced) keeps its permissions
@@ -202,9 +203,11 @@ def write_folder(target: Path, fill: Callable[[Path], None]) -> Path:
             partial.replace(target)
     except OSError as exc:
         shutil.rmtree(partial, ignore_errors=True)
+        remove_made(made)
         raise write_error(target, exc, existed) from exc
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
+        remove_made(made)
         raise
     return target
 

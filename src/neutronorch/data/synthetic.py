@@ -11,6 +11,8 @@ mean is strong evidence. So GNNs clearly beat an MLP, and time-to-accuracy compa
 
 from __future__ import annotations
 
+import contextlib
+import math
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -19,6 +21,7 @@ from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import make_split
 from neutronorch.errors import ConfigError
+from neutronorch.limits import SEED_MAX, check_seed
 
 
 @dataclass
@@ -51,11 +54,7 @@ class SyntheticSpec:
             if not eq or key not in known:
                 raise ConfigError(f"dataset spec {text!r}: {item!r} is not KEY=VALUE with KEY one of "
                                   f"{', '.join(known)}.")
-            current = getattr(spec, key)
-            try:
-                setattr(spec, key, type(current)(float(value)) if isinstance(current, int) else float(value))
-            except ValueError:
-                raise ConfigError(f"dataset spec {text!r}: {key}={value!r} is not a number.") from None
+            setattr(spec, key, _number(text, key, value.strip(), whole=isinstance(getattr(spec, key), int)))
         spec.check(text)
         return spec
 
@@ -69,13 +68,36 @@ class SyntheticSpec:
             problems.append("homophily must be in [0, 1], power and noise >= 0")
         if not (0 < self.train < 1 and 0 < self.val < 1 and self.train + self.val < 1):
             problems.append("train and val must be fractions in (0, 1) with train + val < 1")
+        if not 0 <= self.seed <= SEED_MAX:
+            problems.append(f"seed must be a whole number from 0 to {SEED_MAX} (2**64 - 1)")
         if problems:
             raise ConfigError(f"dataset spec {text!r}: " + "; ".join(problems) + ".")
+
+
+def _number(text: str, key: str, value: str, whole: bool) -> int | float:
+    """A spec's ``key=value``: a float, or with ``whole`` an exact whole number (``seed=12345678901234567891``
+    is never rounded through a float, ``nodes=2.5`` never truncated)."""
+    if whole:
+        with contextlib.suppress(ValueError):
+            return int(value)
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"dataset spec {text!r}: {key}={value!r} is not a number.") from None
+    if not math.isfinite(number):
+        raise ConfigError(f"dataset spec {text!r}: {key}={value!r} is not a finite number.")
+    if not whole:
+        return number
+    if not (number.is_integer() and abs(number) < 2**53):
+        raise ConfigError(f"dataset spec {text!r}: {key}={value!r} is not a whole number; write it with digits "
+                          f"only (such as {key}=1000).")
+    return int(number)
 
 
 def generate(spec: SyntheticSpec, split: str | None = None, split_seed: int | None = None) -> Graph:
     """The graph ``spec`` describes. Its own split (``train``, ``val`` of the spec) is drawn with the spec's
     seed; a ``split`` given instead is drawn with ``split_seed`` (the run's seed), as for any other data."""
+    check_seed(spec.seed)
     rng = np.random.default_rng(spec.seed)
     n, c = spec.nodes, spec.classes
     weights = (rng.permutation(n) + 1.0) ** -spec.power

@@ -32,6 +32,7 @@ from neutronorch.data.splits import make_split
 from neutronorch.data.synthetic import _draw
 from neutronorch.data.typed import Relation, TypedGraph
 from neutronorch.errors import ConfigError
+from neutronorch.limits import check_seed
 
 # Each type's share of the vertices and each relation's share of the edges (the edges' near ogbn-mag's).
 TYPE_SHARES = {"paper": 0.40, "author": 0.50, "institution": 0.02, "field": 0.08}
@@ -67,6 +68,7 @@ def synthetic_typed(nodes: int = 20_000, degree: float = 10.0, features: int = 6
     ``homophily`` the chance that an edge's far end is drawn from the class the label asks for;
     ``edge_weights``: a weight on every ``cites`` edge, high between papers of one label (module docstring)."""
     _check(nodes, degree, features, field_features, topics, power, homophily, noise, train, val)
+    check_seed(seed)
     rng = np.random.default_rng(seed)
     num_classes = topics * topics
     counts = {t: max(round(share * nodes), 2 * num_classes) for t, share in TYPE_SHARES.items()}

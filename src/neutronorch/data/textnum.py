@@ -5,8 +5,8 @@ array, so a file is never held whole in memory (OGB ships its arrays this way).
 newline-separated numbers in order and returns how many it read; ``first_line_width(path)`` is the number
 of values on the first line (a table's column count). Floats are parsed as decimal mantissa and exponent
 in float64 and rounded once to ``out``'s type; ``nan`` (any case) reads as NaN. Text that is not a number
-and, for integer arrays, numbers that are not whole or do not fit raise ``TextError`` (a ``ValueError``)
-saying where, instead of being read as something else.
+and, for integer arrays, numbers that are not whole or do not fit raise ``TextError`` (a ``DataError``, and a
+``ValueError``) saying where, instead of being read as something else.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from typing import Callable
 
 import numpy as np
 from numba import njit
+
+from neutronorch.errors import DataError
 
 BLOCK = 1 << 24  # bytes of text parsed at a time
 _POW10 = 10.0 ** np.arange(23)
@@ -122,7 +124,7 @@ def _parse(buf, out, start, pow10, width, in_line):
     return k, -1, in_line, 0
 
 
-class TextError(ValueError):
+class TextError(DataError, ValueError):
     """A text file that does not hold what its reader expects; the message names the file and the place."""
 
 

@@ -34,7 +34,8 @@ from neutronorch.data.native import _open_array, _read_meta, _save_array, check_
 from neutronorch.data.typed import (TYPED_FORMAT, Relation, RelationType, TypedGraph, node_array, relation_array,
                                     relation_label)
 from neutronorch.data.typed_checks import SPLITS
-from neutronorch.errors import DataError
+from neutronorch.errors import DataError, OutputError
+from neutronorch.limits import name_bytes, name_max, shown
 
 FORMAT_VERSION = 1
 META_KEYS = ("format", "format_version", "name", "node_types", "relations", "target", "num_classes")
@@ -63,7 +64,22 @@ def write_typed(graph: TypedGraph, folder: str | os.PathLike, overwrite: bool = 
     target = Path(folder)
     graph.validate()
     check_typed_target(target, overwrite)
+    _check_names(graph, target)
     return write_folder(target, lambda partial: _write_arrays(graph, partial))
+
+
+def _check_names(graph: TypedGraph, target: Path) -> None:
+    """The folders named after vertex types and relations (``nodes/<type>``, ``relations/<src>___<name>___<dst>``)
+    fit the file system's limit on a name, which counts bytes: refused before anything is written."""
+    ancestor = next(p for p in [target.absolute(), *target.absolute().parents] if p.exists())
+    limit = name_max(ancestor)
+    for key in [node_array(t, "features") for t in graph.num_nodes] + [relation_array(r, "indptr")
+                                                                       for r in graph.relations]:
+        name = key.split("/")[1]
+        if name_bytes(name) > limit:
+            raise OutputError(f"{target}: the folder {shown(name)} of {key.split('/')[0]} would be "
+                              f"{name_bytes(name)} bytes long in UTF-8, and names on this file system take at most "
+                              f"{limit} bytes. Give the vertex types and relations shorter names.")
 
 
 def check_typed_target(target: Path, overwrite: bool) -> None:

@@ -56,7 +56,7 @@ class EpochLoader(EpochSource):
         self.config = self._config(fanouts, model, prefetch, sampler_threads, options, task)
         self.fanouts = list(self.config.fanouts)
         self._start = self._check_start(start)
-        check_threading_layer()
+        check_threading_layer(self.device)
         self.threads = thread_budget(self.config)
         self.mode: Mode | None = build_mode(self.config, view, self.device, self.threads)
         self._finalizer = weakref.finalize(self, self.mode.close)

@@ -81,7 +81,7 @@ class TypedNeighborLoader(EpochSource):
         self.layout = TypedLayout({t: graph.feature_dim(t) for t in graph.num_nodes},
                                   {r: rel.edge_feature_dim for r, rel in graph.relations.items()}, graph.target,
                                   lambda ids: _labels(graph, ids.cpu().numpy()).to(ids.device))
-        check_threading_layer()
+        check_threading_layer(self.device)
         self.threads = thread_budget(self.config)
         self._batches = -(-self._count // self.batch_size)  # the mode's, the partial one included
         self.mode = build_typed_mode(

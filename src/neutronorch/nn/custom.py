@@ -48,7 +48,8 @@ _TRIM = ("num_sampled_nodes_per_hop", "num_sampled_edges_per_hop")
 
 
 class ModelProtocolError(ConfigError, ValueError):
-    """A module that does not follow the protocol: what it does and what the protocol expects."""
+    """A module that does not follow the protocol: what it does and what the protocol expects. A
+    ``ConfigError`` (the module is the run's model option), and a ``ValueError`` for callers that catch one."""
 
 
 def check_trainable(module: nn.Module, kind: str, sparse_tables: bool = False) -> None:

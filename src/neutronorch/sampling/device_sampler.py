@@ -19,10 +19,11 @@ import os
 
 import torch
 
+from neutronorch.errors import ConfigError
 from neutronorch.sampling.block import Block, SampledSubgraph
 from neutronorch.sampling.neighbor_sampler import TorchNeighborSampler, layer_key
 
-__all__ = ["TritonNeighborSampler", "make_device_sampler", "triton_available", "BACKENDS"]
+__all__ = ["TritonNeighborSampler", "check_device_sampler", "make_device_sampler", "triton_available", "BACKENDS"]
 
 BACKENDS = ("auto", "torch", "triton")
 ENV = "NEUTRONORCH_DEVICE_SAMPLER"
@@ -40,21 +41,29 @@ def triton_available(device: torch.device) -> bool:
     return device.type == "cuda" or (device.type == "cpu" and _interpreting())
 
 
-def make_device_sampler(indptr: torch.Tensor, indices: torch.Tensor, fanouts: list[int], degrees: bool = False,
-                        backend: str | None = None):
-    """The sampler for topology on ``indptr``'s device (see the module docstring for ``backend``)."""
+def check_device_sampler(device: torch.device, backend: str | None = None) -> str:
+    """The device sampler asked for (``backend``, else ``$NEUTRONORCH_DEVICE_SAMPLER``, else auto), checked
+    to run on ``device``: a ``ConfigError`` naming where it was asked for and why it cannot run."""
+    where = "the argument `backend`" if backend else ENV
     backend = backend or os.environ.get(ENV) or "auto"
     if backend not in BACKENDS:
-        raise ValueError(f"device sampler {backend!r} is not one of {', '.join(BACKENDS)} "
-                         f"(set by the argument or ${ENV})")
-    device = indptr.device
+        raise ConfigError(f"{where}={backend!r} is not one of {', '.join(BACKENDS)}; set it to one of them"
+                          + ("." if where != ENV else ", or unset it (auto)."))
     if backend == "triton" and not triton_available(device):
         why = ("Triton is not installed (pip install triton; CUDA builds of PyTorch ship it)"
                if importlib.util.find_spec("triton") is None else
-               f"Triton kernels need a CUDA device (topology is on {device}); on the CPU they run only "
-               "through Triton's interpreter, TRITON_INTERPRET=1")
-        raise RuntimeError(f"the Triton device sampler cannot run: {why}; use the torch sampler "
-                           f"(backend 'torch' or 'auto')")
+               f"Triton kernels need a CUDA device (this run's is {device}); on the CPU they run only through "
+               f"Triton's interpreter, TRITON_INTERPRET=1")
+        raise ConfigError(f"{where}=triton: the Triton device sampler cannot run: {why}. "
+                          + ("Set it to torch or auto, or unset it." if where == ENV else "Give torch or auto."))
+    return backend
+
+
+def make_device_sampler(indptr: torch.Tensor, indices: torch.Tensor, fanouts: list[int], degrees: bool = False,
+                        backend: str | None = None):
+    """The sampler for topology on ``indptr``'s device (see the module docstring for ``backend``)."""
+    device = indptr.device
+    backend = check_device_sampler(device, backend)
     if backend == "triton" or (backend == "auto" and device.type == "cuda" and triton_available(device)):
         return TritonNeighborSampler(indptr, indices, fanouts, degrees)
     return TorchNeighborSampler(indptr, indices, fanouts, degrees)

@@ -11,7 +11,8 @@ Every command that writes files calls these before it loads any data:
 - ``check_creatable`` / ``check_space``: each output's folder really takes a file (one is created and
   removed), and its disk has room for what will be written.
 - ``claim_folder``: an exclusive lock on a folder for the life of the run, so a second run into the same
-  checkpoint folder is refused instead of mixing its checkpoints with the first's.
+  checkpoint folder is refused instead of mixing its checkpoints with the first's. The folders it made (the
+  folder and its missing parents) are removed again when the run leaves nothing in them.
 - ``check_nothing_set_aside``: no output folder holds an earlier run's outputs that a killed run set aside
   while replacing them (``train/replacing.py``); they are the user's to put back or drop, never deleted here.
 
@@ -27,8 +28,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
-from neutronorch.atomic import free_bytes, host_tag, process_running
+from neutronorch.atomic import free_bytes, host_tag, make_folder, process_running, remove_made, temp_prefix
 from neutronorch.errors import ConfigError, OutputError
+from neutronorch.limits import name_bytes, name_max, shown
 
 PathLike = str | os.PathLike
 LOCK_NAME = ".neutronorch.lock"
@@ -120,6 +122,7 @@ def check_creatable(field: str, path: PathLike, what: str | None = None,
     """``path`` can be written: its folder exists or can be made, and really takes a new file (one is
     created there and removed: permissions, read-only disks and full inode tables all show). ``what``: how
     the message names the output (default: the field and the path); ``fix``: what it advises."""
+    check_name_lengths(field, path, what)
     what = what or f"`{field}` {path}"
     folder = _existing_ancestor(Path(path).expanduser().absolute().parent)
     if not folder.is_dir():
@@ -130,6 +133,31 @@ def check_creatable(field: str, path: PathLike, what: str | None = None,
         os.unlink(probe)
     except OSError as exc:
         raise OutputError(f"{what}: cannot be written ({folder}: {exc.strerror or exc}). {fix}") from None
+
+
+def check_name_lengths(field: str, path: PathLike, what: str | None = None, temporary: bool = False) -> None:
+    """Every name in ``path`` fits its file system's limit, which counts bytes (255 on the common ones; a CJK
+    character takes 3), with ``temporary`` the last one with room for the temporary name it is written under
+    (``.NAME.tmp-PID@HOST-RANDOM``, ``atomic.py``); and the whole path fits ``PATH_MAX``. ``what``: how the
+    message names the output (default: the field)."""
+    what = what or f"`{field}`"
+    path = Path(path).expanduser()
+    folder = _existing_ancestor(path.absolute().parent)
+    limit = name_max(folder)
+    for i, part in enumerate(path.parts):
+        if part in (path.anchor, ".", ".."):
+            continue
+        size, last = name_bytes(part), temporary and i == len(path.parts) - 1
+        extra = name_bytes(temp_prefix(Path(part))) + 12 - size if last else 0  # mkstemp's 8 or a folder's 12
+        if size + extra > limit:
+            written = f", and it is written under a temporary name {extra} bytes longer" if extra else ""
+            raise ConfigError(f"{what} {shown(part)}: the name is {size} bytes long in UTF-8{written}; names on "
+                              f"this file system take at most {limit} bytes. Give a name of at most "
+                              f"{limit - extra} bytes.")
+    total = name_bytes(str(path.absolute())) + 64
+    if total > name_max(folder, "PC_PATH_MAX"):
+        raise ConfigError(f"{what} {shown(str(path))}: the path is {total - 64} bytes long in UTF-8; paths take at "
+                          f"most {name_max(folder, 'PC_PATH_MAX')} bytes. Give a shorter path.")
 
 
 def check_space(field: str, path: PathLike, needed: int) -> None:
@@ -157,15 +185,14 @@ def claim_folder(field: str, folder: PathLike) -> Iterator[Path]:
     is removed when the block ends, and the folder too when this lock made it and it holds nothing else."""
     import fcntl  # noqa: PLC0415 - POSIX only; the rest of this module is not
 
-    folder = Path(folder)
-    made = [p for p in (folder, *folder.parents) if not p.exists()]  # the folder first, then its new parents
-    folder.mkdir(parents=True, exist_ok=True)
+    folder, made = Path(folder), []
     lock = folder / LOCK_NAME
     while True:
         try:
+            made = made or make_folder(folder)  # with its missing parents: removed again if the run leaves nothing
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as exc:
-            _discard(made)
+            remove_made(made)
             raise OutputError(f"`{field}` {folder}: cannot be written ({exc.strerror or exc}). Choose a folder you "
                               f"can write to.") from None
         try:
@@ -188,7 +215,7 @@ def claim_folder(field: str, folder: PathLike) -> Iterator[Path]:
         with contextlib.suppress(OSError):
             lock.unlink()  # while still held: a run that opened this file meanwhile sees it gone and retries
         os.close(fd)  # releases the lock
-        _discard(made)
+        remove_made(made)  # kept when the run wrote anything there
 
 
 def _still_named(fd: int, path: Path) -> bool:
@@ -197,13 +224,6 @@ def _still_named(fd: int, path: Path) -> bool:
         return os.path.samestat(os.fstat(fd), path.stat())
     except OSError:
         return False
-
-
-def _discard(made: list[Path]) -> None:
-    """Remove the folders ``claim_folder`` made, innermost first, as long as they are empty."""
-    with contextlib.suppress(OSError):
-        for path in made:
-            path.rmdir()  # refused (kept, and its parents with it) when anything is there
 
 
 def check_nothing_set_aside(field: str, folder: PathLike) -> None:

@@ -4,7 +4,6 @@ named)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -15,12 +14,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from neutronorch.atomic import glob_escape, open_array_atomically, write_atomically
+from neutronorch.atomic import glob_escape, make_folder, open_array_atomically, remove_made, write_atomically
 from neutronorch.config import TrainConfig
 from neutronorch.data import dataset_paths
 from neutronorch.errors import ConfigError, OutputError
 from neutronorch.train.output_guard import (LOCK_NAME, check_creatable, check_distinct, check_fresh,
-                                              check_nothing_set_aside, check_space)
+                                              check_name_lengths, check_nothing_set_aside, check_space)
 
 __all__ = ["CHECKPOINT_FILES", "OUTPUT_FIELDS", "RUNS", "RunFolder", "check_creatable", "check_outputs",
            "check_checkpoint_space", "generated_run_name", "names_outputs",
@@ -48,10 +47,13 @@ def check_outputs(config: TrainConfig, reads: dict[str, list] | None = None, mad
     neither ``resume`` nor ``overwrite`` says to continue or replace, or shares a folder with outputs that a
     killed run set aside while replacing them. ``made``: a folder to be made for the
     outputs once they pass (a run folder), which the logs' folder may be."""
-    if config.timeline:
-        _check_timeline(config.timeline)
     outputs = run_outputs(config)
     folders = {"tensorboard": [Path(config.tensorboard)]} if config.tensorboard else {}
+    for field, paths in {**outputs, **folders}.items():  # first: a name too long fails every check below
+        for path in paths:  # the summary and the checkpoints are written under a temporary name first
+            check_name_lengths(field, path, temporary=field in ("summary_json", "checkpoint_dir"))
+    if config.timeline:
+        _check_timeline(config.timeline)
     check_distinct({"dataset": dataset_paths(config.dataset), **(reads or {})}, {**outputs, **folders})
     if config.checkpoint_dir and Path(config.checkpoint_dir).exists() and not Path(config.checkpoint_dir).is_dir():
         raise ConfigError(f"`checkpoint_dir` {config.checkpoint_dir}: exists and is not a folder.")
@@ -152,10 +154,7 @@ class RunFolder:
     def discard_if_empty(self) -> None:
         """Remove the folders this run made if it wrote nothing into them (it failed before its first
         output): a run that kept nothing leaves no folder."""
-        for folder in self.made:
-            with contextlib.suppress(OSError):
-                (folder / LOCK_NAME).unlink(missing_ok=True)
-                folder.rmdir()  # refused (kept) when anything else is there
+        remove_made(self.made, also=(LOCK_NAME,))  # each kept when anything else is there
 
 
 def names_outputs(config: TrainConfig) -> bool:
@@ -183,12 +182,13 @@ def _dataset_word(spec: str) -> str:
     return word or "data"
 
 
-def check_run_name(name: str) -> None:
-    """A run name is one folder name: no path separator, not hidden, printable."""
-    if (not name or "/" in name or "\\" in name or name.startswith(".") or len(name) > 200
-            or not name.isprintable()):
+def check_run_name(name: str, root: Path = RUNS) -> None:
+    """A run name is one folder name: no path separator, not hidden, printable, and within the file system's
+    limit, which counts bytes (``check_name_lengths``)."""
+    if not name or "/" in name or "\\" in name or name.startswith(".") or not name.isprintable():
         raise ConfigError(f"`run_name` {name!r}: give a folder name (letters, digits, -, _, =, ...; no / and not "
-                          f"starting with a dot); the run's results go to {RUNS}/NAME/.")
+                          f"starting with a dot); the run's results go to {root}/NAME/.")
+    check_name_lengths("run_name", root / name / RUN_FILES["summary_json"], what="`run_name`")
 
 
 def open_run_folder(config: TrainConfig, name: str | None = None, reads: dict[str, list] | None = None,
@@ -199,7 +199,7 @@ def open_run_folder(config: TrainConfig, name: str | None = None, reads: dict[st
     outputs against the inputs in ``reads``, the folder writable) passes before the folder is made.
     Returns the config with its outputs in the folder, and the folder."""
     if name is not None:
-        check_run_name(name)
+        check_run_name(name, root)
         folder = base = root / name
         if folder.exists() and not folder.is_dir():
             raise ConfigError(f"`run_name` {name}: {folder} exists and is not a folder. Give another name.")
@@ -228,9 +228,8 @@ def open_run_folder(config: TrainConfig, name: str | None = None, reads: dict[st
                         "`checkpoint_dir`), or pass `no_save`.")
     check_outputs(checked, reads, made=folder)
     while True:
-        made = [p for p in (run.path, root) if not p.exists()]  # the run folder first, then runs/
         try:
-            run.path.mkdir(parents=True, exist_ok=existed)
+            made = make_folder(run.path, exist_ok=existed)  # the run folder, then runs/ if it was not there
         except FileExistsError:  # another run took this name meanwhile
             if name is not None:
                 raise ConfigError(f"`run_name` {name}: {run.path}/ was made by another run meanwhile; give "

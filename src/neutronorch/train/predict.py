@@ -23,7 +23,7 @@ from neutronorch.train.checkpoint import Checkpoint, check_fits, load_checkpoint
 from neutronorch.train.health import output_check
 from neutronorch.train.layerwise import LayerProgress, layerwise
 from neutronorch.features.memory import available_memory_bytes
-from neutronorch.train.output_guard import check_distinct, check_fresh, check_space
+from neutronorch.train.output_guard import check_distinct, check_fresh, check_name_lengths, check_space
 from neutronorch.train.outputs import check_creatable, open_array_atomically
 from neutronorch.train.task import Task, score
 from neutronorch.train.typed_checkpoint import TypedCheckpoint
@@ -251,6 +251,7 @@ def check_output_path(out: str | os.PathLike, scratch: str | None = "auto", read
                       overwrite: bool = False) -> None:
     """Fail before any data is loaded if the output or the scratch folder cannot be written, if the output
     is one of the inputs in ``reads`` (field -> paths), or if it exists and ``overwrite`` is not given."""
+    check_name_lengths("out", out, temporary=True)
     if Path(out).is_dir():
         raise ConfigError(f"`out` {out}: is a folder; give the path of the .npy file to write.")
     check_distinct(reads or {}, {"out": [out]})

@@ -7,11 +7,14 @@ import contextlib
 import os
 
 import numba
+import numba.np.ufunc.parallel
 import torch
 
 from neutronorch.config import TrainConfig
+from neutronorch.environment import WORKQUEUE, check_environment
 from neutronorch.errors import ConfigError
 from neutronorch.orchestration.factory import Threads
+from neutronorch.sampling.device_sampler import check_device_sampler
 
 
 def resolve_device(name: str) -> torch.device:
@@ -36,14 +39,32 @@ def thread_budget(config: TrainConfig, ranks_here: int = 1) -> Threads:
                    host=min(config.host_threads or half, numba_max))
 
 
-def check_threading_layer() -> None:
-    """The producers and the trainer call numba's parallel kernels from several threads at once, which
-    numba's workqueue layer does not allow (it aborts the process)."""
+def check_threading_layer(device: torch.device | None = None) -> None:
+    """The environment a run reads (``environment.py``; with ``device``, the device sampler asked for, checked
+    to run there), and numba's threading layer: started here, so that one numba cannot load is named before
+    any work, and refused if it is workqueue (asked for, or what ``default`` or ``forksafe`` fell back to):
+    the producers and the trainer call numba's parallel kernels from several threads at once, which
+    workqueue does not allow (it aborts the process)."""
+    check_environment()
     layer = str(numba.config.THREADING_LAYER).lower()
     if layer == "workqueue":
-        raise ConfigError("NUMBA_THREADING_LAYER=workqueue cannot run numba kernels from several threads at "
-                          "once, as neutronorch's pipeline does (numba would abort the run). Unset it (neutronorch "
-                          "then uses omp) or set it to omp or tbb.")
+        raise ConfigError(WORKQUEUE)
+    torch_count = torch.get_num_threads()  # starting numba's OpenMP pool resets torch's count (numba_threads)
+    try:
+        numba.np.ufunc.parallel._launch_threads()
+    except ValueError as exc:
+        reason = str(exc).strip().splitlines()[0].rstrip(".")
+        hint = " (pip install tbb)" if layer in ("tbb", "safe") else ""
+        raise ConfigError(f"NUMBA_THREADING_LAYER={layer}: numba cannot load it here ({reason}). Install it"
+                          f"{hint}, or unset the variable (neutronorch then uses omp).") from None
+    finally:
+        torch.set_num_threads(torch_count)
+    if numba.threading_layer() == "workqueue":
+        raise ConfigError(f"NUMBA_THREADING_LAYER={layer} gave numba's workqueue layer, which cannot run numba "
+                          f"kernels from several threads at once, as neutronorch's pipeline does. Set it to omp "
+                          f"or tbb, or unset it (neutronorch then uses omp).")
+    if device is not None:
+        check_device_sampler(device)
 
 
 @contextlib.contextmanager

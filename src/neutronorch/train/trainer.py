@@ -111,9 +111,9 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     started = time.perf_counter()
     # Resolved values (batch size) go into a copy, which names a graph given as what was trained.
     config = dataclasses.replace(config, dataset=given_dataset(graph, config.dataset)).validate()
+    check_threading_layer(resolve_device(config.device))  # and the environment: before any data is read
     if is_typed_run(config, graph):
         return train_typed_run(config, graph, progress, stop, model)
-    check_threading_layer()
     check_outputs(config, {"graph": graph.files()} if graph is not None else None)
     device = rank_device(resolve_device(config.device))
     keep_freed_memory()

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from neutronorch.atomic import reserve, write_error
+from neutronorch.atomic import make_folder, remove_made, reserve, write_error
 from neutronorch.config import TrainConfig
 from neutronorch.data import dataset_paths
 from neutronorch.data.typed import TypedGraph
@@ -70,7 +70,7 @@ class TypedTables:
         self.by_pointer: dict[int, str] = {}  # a table's data pointer -> its type
         self.written: tuple | None = None  # the files last written for a checkpoint (table_files.py)
         self.draw_seconds = 0.0
-        self.made_folder = False
+        self.made: list[Path] = []  # the folders made for the files (the table folder and its missing parents)
 
     @property
     def nbytes(self) -> int:
@@ -85,11 +85,10 @@ class TypedTables:
     def __enter__(self) -> "TypedTables":
         if self.storage == MMAP and self.shapes and not self.folder.exists():
             try:
-                self.folder.mkdir(parents=True)
+                self.made = make_folder(self.folder)  # and its missing parents, all removed by close
             except OSError as exc:
                 raise OutputError(f"`embedding_dir` {self.folder}: cannot be made ({exc.strerror or exc}). Choose "
                                   f"a folder you can write to.") from None
-            self.made_folder = True
         return self
 
     def __exit__(self, *exc) -> None:
@@ -100,12 +99,8 @@ class TypedTables:
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
-        if self.made_folder:
-            try:
-                self.folder.rmdir()  # left in place when anything else is there
-            except OSError:
-                pass
-            self.made_folder = False
+        remove_made(self.made)  # the folders made for the tables, kept where anything else is there
+        self.made = []
 
     def table(self, node_type: str, rows: int, width: int) -> torch.Tensor | None:
         """``node_type``'s table weights in a file of their own, with files for its two moments (zeros); the

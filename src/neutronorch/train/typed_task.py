@@ -135,7 +135,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
     if eval_sampler.num_layers != sampler.num_layers:
         raise ConfigError(f"`eval_fanouts` has {eval_sampler.num_layers} entries but the fanouts give "
                           f"{sampler.num_layers} layers; give one per layer.")
-    check_threading_layer()  # the producer and the trainer run numba kernels at once
+    check_threading_layer(device)  # the producer and the trainer run numba kernels at once
     own, config = own_typed_model(model, config, graph, sampler.num_layers, device)  # your own module, or None
     budget = thread_budget(config, ranks_here())
     threads = budget.train  # torch's and, in this thread, numba's: the two pools take turns
