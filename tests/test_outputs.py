@@ -265,14 +265,18 @@ def test_metric_logs_on_a_full_disk_end_a_completed_run_with_an_error(small_disk
 
 
 @pytest.mark.slow
-def test_a_timeline_on_a_full_disk_is_a_warning_and_leaves_no_partial_file(small_disk, tmp_path, capsys):
+def test_a_timeline_on_a_full_disk_ends_the_run_with_an_error_and_leaves_no_partial_file(small_disk, tmp_path,
+                                                                                         capsys):
+    """The run trains on and is summarised, then ends with the error (never a success that lost an output)."""
     pytest.importorskip("matplotlib")
     _fill(small_disk)
     assert main(["train", "--dataset", TINY, *TRAIN, "--timeline", str(small_disk / "t.png"), "--summary-json",
-                 str(tmp_path / "s.json")]) == 0
-    assert "(the timeline); going on without it" in capsys.readouterr().err
+                 str(tmp_path / "s.json")]) == 2
+    err = capsys.readouterr().err
+    assert "training goes on without it" in err and "neutronorch: error: cannot write" in err, err
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
-    assert json.loads((tmp_path / "s.json").read_text())["timeline"] is None
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["timeline"] is None and "No space left on device" in summary["error"]
 
 
 def _fill(disk: Path) -> None:

@@ -264,12 +264,12 @@ def test_a_log_that_cannot_be_opened_is_given_up_and_said_at_the_end(tmp_path, m
 def test_a_timeline_that_cannot_be_written_ends_the_run_with_an_error(tmp_path, graph, monkeypatch):
     pytest.importorskip("matplotlib")
     from neutronorch import OutputError
-    from neutronorch.train import trainer
+    from neutronorch.train import summary
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(trainer, "write_timeline", full)
+    monkeypatch.setattr(summary, "write_timeline", full)
     png = tmp_path / "t.png"
     with pytest.raises(OutputError, match=rf"cannot write {png}: No space left on device"):
         train(config(epochs=1, timeline=str(png), timeline_steps=2, summary_json=str(tmp_path / "s.json")), graph)
