@@ -164,3 +164,20 @@ def test_a_count_beyond_64_bits_is_refused_not_overflowed(field):
 def test_a_count_a_run_cannot_hold_is_refused_before_it_hangs(field, value, message):
     with pytest.raises(ConfigError, match=message):
         TrainConfig(**{field: value}).validate()
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(hidden=2**62), "`hidden` 4611686018427387904: wider than a layer can be built here \\(at most 65536"),
+    (dict(fanouts=[2**32, 2]), "a fanout above 2147483647 is more neighbours than a vertex can have"),
+    (dict(fanouts=[5], eval_fanouts=[2**40]), "`eval_fanouts` \\[1099511627776\\]: a fanout above 2147483647"),
+])
+def test_a_size_no_model_or_sampler_can_take_is_refused_before_any_work(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**settings).validate()
+    TrainConfig(hidden=65536, fanouts=[2**31 - 1, -1]).validate()  # the largest still taken
+
+
+def test_settings_given_names_those_off_their_defaults():
+    config = TrainConfig(read_order="file", hot_error_budget=0.02, embedding_dir="tables")
+    assert config.settings_given(["read_order", "hot_error_budget", "embedding_dir", "cache_policy"]) == [
+        "`read_order` file", "`embedding_dir` tables"]

@@ -44,6 +44,9 @@ def test_memory_mapped_layers_give_the_in_memory_result(graph, tmp_path, kind):
     assert seen[-1] == (3, 6, 6) and (1, 700, 700) in seen and (2, 700, 700) in seen
     every = layerwise(model, graph, store, torch.arange(700), CPU, chunk_size=64)
     torch.testing.assert_close(every[nodes], want, rtol=0, atol=0)
+    # A chunk larger than the graph (`--eval-batch-size 2**62`) is the whole graph, never an allocation of it.
+    whole = layerwise(model, graph, store, torch.arange(700), CPU, chunk_size=2**62)
+    torch.testing.assert_close(whole, every, rtol=1e-5, atol=1e-6)
 
 
 def test_predictions_and_embeddings_are_written_through_a_memory_map(graph, tmp_path, monkeypatch):

@@ -42,6 +42,7 @@ CACHE_POLICIES = ("presample", "degree")
 DEVICE_SAMPLING = ("auto", "on", "off")
 READ_ORDERS = ("auto", "file", "batch")
 MAX_PREFETCH = 1024  # mini-batches a producer may run ahead; a buffer each, allocated up front
+MAX_HIDDEN = 65536  # a layer's width: its hidden x hidden float32 weight takes 16 GiB at this width
 MAX_THREADS = 4096  # torch and numba take thread counts as 32-bit numbers, and no machine has more cores
 EMBEDDING_STORAGES = ("auto", "memory", "mmap")  # where a typed graph's embedding tables live (train/typed_tables.py)
 
@@ -95,11 +96,16 @@ class TrainConfig:
         """The settings a resumed run may change (declared with ``may_change``)."""
         return frozenset(f.name for f in _settings() if f.metadata.get("resume") == "may change")
 
+    def settings_given(self, names) -> list[str]:
+        """Those of the settings ``names`` given other values than their defaults, as `name` value: what a
+        run that has no use for them refuses instead of ignoring."""
+        defaults = {f.name: f.default for f in _settings()}
+        return [f"`{name}` {getattr(self, name)}" for name in names if getattr(self, name) != defaults[name]]
+
     def link_settings_given(self) -> list[str]:
-        """The link task's settings (``LinkConfig``) given other values than their defaults, as `name` value:
-        what a node task would ignore, and refuses (``check_node_task``, ``check_typed_config``)."""
-        return [f"`{f.name}` {getattr(self, f.name)}" for f in settings_of(LinkConfig)
-                if getattr(self, f.name) != f.default]
+        """The link task's settings (``LinkConfig``) given other values than their defaults: what a node task
+        would ignore, and refuses (``check_node_task``, ``check_typed_config``)."""
+        return self.settings_given(f.name for f in settings_of(LinkConfig))
 
     def validate(self) -> "TrainConfig":
         """Normalise and check every field; raise ``ConfigError`` saying how to fix the first problem."""
@@ -145,6 +151,9 @@ class TrainConfig:
             (self.eval_max_nodes >= 0, f"`eval_max_nodes` {self.eval_max_nodes}: must be 0 (every vertex) or "
                                        f"a positive number of vertices per set."),
             (self.hidden >= 1, f"`hidden` {self.hidden}: must be positive."),
+            (self.hidden <= MAX_HIDDEN, f"`hidden` {self.hidden}: wider than a layer can be built here (at most "
+                                        f"{MAX_HIDDEN}, whose square weight alone takes 16 GiB); give a width "
+                                        f"such as 256."),
             (self.heads >= 1, f"`heads` {self.heads}: must be positive."),
             (self.gcn_norm in GCN_NORMS, f"`gcn_norm` {self.gcn_norm!r}: choose one of {', '.join(GCN_NORMS)}."),
             (self.norm in NORMS, f"`norm` {self.norm!r}: choose one of {', '.join(NORMS)}."),

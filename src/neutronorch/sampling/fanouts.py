@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from neutronorch.errors import ConfigError
 
+FANOUT_MAX = 2**31 - 1  # the samplers count a vertex's neighbours in 32 bits
+
 
 def parse_fanouts(text: str | list[int] | tuple[int, ...], field: str = "fanouts") -> list[int]:
     """``"15,10,5"`` -> [15, 10, 5] (seed hop first). ``-1`` means all neighbours. Errors name ``field``."""
@@ -17,4 +19,7 @@ def parse_fanouts(text: str | list[int] | tuple[int, ...], field: str = "fanouts
     if not fanouts or any(f == 0 or f < -1 for f in fanouts):
         raise ConfigError(f"`{field}` {text!r}: each fanout must be a positive integer, or -1 for all "
                           f"neighbours; one per layer, seed hop first (e.g. 15,10,5).")
+    if any(f > FANOUT_MAX for f in fanouts):
+        raise ConfigError(f"`{field}` {text!r}: a fanout above {FANOUT_MAX} is more neighbours than a vertex can "
+                          f"have (degrees are 32-bit); give -1 to take all neighbours.")
     return fanouts

@@ -63,6 +63,7 @@ def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor
     tensor when None) after ``check`` (raises on rows it refuses) and ``transform`` of each chunk's float32
     CPU rows. Returns ``out``."""
     model.eval()
+    chunk_size = max(1, min(chunk_size, graph.num_nodes))  # a chunk larger than the graph is the whole graph
     upto = model.num_layers if layers is None else layers
     if out is None:
         if transform is not None:

@@ -55,6 +55,7 @@ from neutronorch.train.summary import given_dataset, named_scores, summarise, to
 from neutronorch.train.link_task import (LinkTask, check_node_task, evaluate_links, is_link_split, link_graph,
                                          rms_row_norm)
 from neutronorch.train.task import Task
+from neutronorch.train.typed_config import check_homogeneous_config
 from neutronorch.train.typed_entry import is_typed_run, train_typed_run
 
 logger = logging.getLogger("neutronorch")
@@ -114,6 +115,7 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     check_threading_layer(resolve_device(config.device))  # and the environment: before any data is read
     if is_typed_run(config, graph):
         return train_typed_run(config, graph, progress, stop, model)
+    check_homogeneous_config(config)
     check_outputs(config, {"graph": graph.files()} if graph is not None else None)
     device = rank_device(resolve_device(config.device))
     keep_freed_memory()

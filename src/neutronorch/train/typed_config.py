@@ -10,16 +10,23 @@ from neutronorch.orchestration.factory import TYPED_DATA_PARALLEL_MODES
 from neutronorch.train.typed_distributed import world_size
 
 NOT_YET = "not available for typed graphs yet"
+# Settings of homogeneous runs' placement and NeutronOrch tuning that typed runs do not read yet.
+HOMOGENEOUS_ONLY = ("hot_error_budget", "hot_set", "device_sampling", "gpu_cache_gb", "cache_policy", "read_order",
+                    "host_cache_gb", "host_cache_dir")
+TYPED_ONLY = ("embedding_storage", "embedding_dir")  # where a typed graph's embedding tables live
 
 
 def check_typed_config(config: TrainConfig) -> None:
     """Raise ``ConfigError`` for the first setting a typed graph cannot train with yet; ``config`` validated."""
+    ignored = config.settings_given(HOMOGENEOUS_ONLY)
+    them = "it" if len(ignored) == 1 else "them"
     refused = [
         (config.mode not in TYPED_MODE_CHOICES,
          f"`mode` {config.mode}: {NOT_YET}; give `mode` {', '.join(TYPED_MODE_CHOICES)} (auto picks exact)."),
         (config.task != "node", f"`task` {config.task}: {NOT_YET}; typed graphs train node classifiers."),
         (bool(config.link_settings_given()), f"{', '.join(config.link_settings_given())}: link task settings, and "
                                              f"typed graphs train node classifiers; leave them out."),
+        (bool(ignored), f"{', '.join(ignored)}: {NOT_YET} (a typed run would ignore {them}); leave {them} out."),
         (config.model not in TYPED_MODELS,
          f"`model` {config.model}: {NOT_YET}; choose one of {', '.join(TYPED_MODELS)}."),
         (config.architecture != "plain" or config.residual or config.norm != "none",
@@ -34,3 +41,12 @@ def check_typed_config(config: TrainConfig) -> None:
     for bad, message in refused:
         if bad:
             raise ConfigError(f"{message} docs/heterogeneous.md says what typed graphs train with.")
+
+
+def check_homogeneous_config(config: TrainConfig) -> None:
+    """Refuse, on a graph of one vertex type, the settings only typed graphs use (a run would ignore them)."""
+    given = config.settings_given(TYPED_ONLY)
+    if given:
+        raise ConfigError(f"{', '.join(given)}: where a typed graph keeps its featureless types' embedding tables, "
+                          f"and this graph has one vertex type and no tables; leave {'it' if len(given) == 1 else 'them'}"
+                          f" out.")
