@@ -167,3 +167,28 @@ def test_outputs_that_are_not_numbers_are_refused_and_nothing_is_written(graph, 
         embed(checkpoint, graph, 3, "test")
     # A layer below the NaN weights is finite: its rows are written.
     assert np.isfinite(embed(checkpoint, graph, 1, "test")).all()
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda ck, g: predict(ck, g, device="tpu"), "`device` 'tpu': give cpu, cuda, cuda:N or auto"),
+    (lambda ck, g: predict(ck, g, probabilities="no"), "`probabilities` 'no': expected True or False"),
+    (lambda ck, g: predict(ck, g, overwrite=1), "`overwrite` 1: expected True or False"),
+    (lambda ck, g: predict(ck, "synthetic"), "`graph`: expected the neutronorch Graph or TypedGraph"),
+    (lambda ck, g: embed(ck, g, 1.0), "`layer` 1.0: expected a whole number"),
+    (lambda ck, g: embed(ck, g, True), "`layer` True: expected a whole number"),
+    (lambda ck, g: embed(ck, g, 1, node_type=""), "`node_type` '': name a vertex type"),
+])
+def test_inference_arguments_that_mean_nothing_are_refused(graph, call, message):
+    with pytest.raises(ConfigError, match=message):
+        call(_checkpoint(graph), graph)
+
+
+def test_a_graph_changed_by_hand_is_checked_before_inference_reads_it(graph):
+    import dataclasses
+
+    from neutronorch.errors import DataError
+
+    indices = graph.indices.copy()
+    indices[0] = graph.num_nodes + 5  # read past the features' end, were it trusted
+    with pytest.raises(DataError, match="indices hold vertex id 705, out of range"):
+        embed(_checkpoint(graph), dataclasses.replace(graph, indices=indices), 1)

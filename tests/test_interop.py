@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from neutronorch import DataError, Graph, TrainConfig, from_pyg, load_dataset, to_pyg, train
+from neutronorch import ConfigError, DataError, Graph, TrainConfig, from_pyg, load_dataset, to_pyg, train
 
 SHARED = Path(os.environ.get("NEUTRONORCH_DATASETS", Path(__file__).resolve().parents[1].parent / "shared" / "datasets"))
 
@@ -263,3 +263,24 @@ def test_a_pyg_link_split_that_cannot_be_read_says_why():
 
 def _pairs_tensor(data, label):
     return data.edge_label_index[:, data.edge_label == label]
+
+
+@pytest.mark.parametrize("options, error, message", [
+    ({"splits": {"train": np.arange(30)}}, DataError, r"splits has the keys \['train'\]; give exactly train, val"),
+    ({"splits": {"train": [0], "val": [1], "test": [2], "tset": [3]}}, DataError, "splits has the keys"),
+    ({"num_classes": 3.5}, DataError, "num_classes is 3.5, expected a whole number"),
+    ({"num_classes": "3"}, DataError, "num_classes is '3', expected a whole number"),
+    ({"undirected": "no"}, ConfigError, "`undirected` 'no': expected True or False"),
+    ({"seed": -1}, ConfigError, "`seed` -1: must be a whole number from 0"),
+    ({"name": 5}, DataError, "`name` 5: expected a string"),
+])
+def test_from_arrays_refuses_options_it_would_misread(options, error, message):
+    src, dst, features, labels = _arrays()
+    with pytest.raises(error, match=message):
+        Graph.from_arrays(src, dst, features, labels, **options)
+
+
+def test_from_arrays_refuses_a_tensor_without_values():
+    src, dst, features, labels = _arrays()
+    with pytest.raises(DataError, match="src: a tensor on the meta device"):
+        Graph.from_arrays(torch.from_numpy(src).to("meta"), dst, features, labels)

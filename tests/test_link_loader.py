@@ -223,7 +223,7 @@ def test_break_leaves_no_thread_and_close_ends_it(graph):
     assert batch.x.shape[0] == batch.n_id.shape[0]  # the last batch handed out keeps its rows
     assert not [t for t in threading.enumerate() if t.name == "exact-producer" and t.is_alive()]
     loader.close()
-    with pytest.raises(RuntimeError, match="LinkNeighborLoader is closed"):
+    with pytest.raises(ConfigError, match="LinkNeighborLoader is closed"):
         iter(loader)
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from neutronorch.data import load_dataset
-from neutronorch.errors import ConfigError
+from neutronorch.errors import ConfigError, DataError
 from neutronorch.loader import NeighborLoader
 from neutronorch.nn.models import GNN
 from neutronorch.orchestration.pipeline import Prefetcher
@@ -324,7 +324,7 @@ def test_break_and_exceptions_leave_no_thread(graph):
     with loader:
         next(iter(loader))
     assert not producers()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ConfigError, match="closed"):
         iter(loader)
 
 
@@ -491,3 +491,26 @@ def test_the_example_runs():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "test accuracy" in done.stdout
+
+
+def test_switches_and_a_closed_loader_are_refused_with_what_to_do(graph):
+    for name in ("shuffle", "drop_last"):
+        with pytest.raises(ConfigError, match=f"`{name}` 'no': expected True or False"):
+            NeighborLoader(graph, [2], 16, **{name: "no"})
+    with pytest.raises(ConfigError, match="`seed` 36893488147419103232: must be a whole number from 0 to"):
+        NeighborLoader(graph, [2], 16, seed=2**65)
+    loader = NeighborLoader(graph, [2], 16)
+    loader.close()
+    with pytest.raises(ConfigError, match="NeighborLoader is closed .* make a new one"):
+        iter(loader)
+
+
+def test_a_graph_changed_by_hand_is_checked_before_it_is_sampled(graph):
+    import dataclasses
+
+    indices = graph.indices.copy()
+    indices[0] = 10**6  # the sampler's kernels would read past the arrays' ends, were it trusted
+    with pytest.raises(DataError, match="indices hold vertex id 1000000, out of range"):
+        NeighborLoader(dataclasses.replace(graph, indices=indices), [2], 16)
+    with pytest.raises(DataError, match="train_idx is a list, expected a numpy array"):
+        NeighborLoader(dataclasses.replace(graph, train_idx=list(graph.train_idx)), [2], 16)

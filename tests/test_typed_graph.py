@@ -502,3 +502,50 @@ def test_type_names_too_long_for_their_folders_are_refused_before_writing(tmp_pa
     with pytest.raises(OutputError, match=r"of relations would be 294 bytes long in UTF-8.*at most 255 bytes"):
         write_typed(graph, tmp_path / "too-long")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fits"]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda g: {"relations": {**g.relations, BUYS: replace(g.relations[BUYS], indices=[0, 1, 1, 4, 2, 1])}},
+     "indices is a list, expected a numpy array"),
+    (lambda g: {"relations": {**g.relations, BUYS: (g.relations[BUYS].indptr, g.relations[BUYS].indices)}},
+     "is a tuple, expected a Relation"),
+    (lambda g: {"relations": {("user", "item"): g.relations[BUYS], FOLLOWS: g.relations[FOLLOWS]}},
+     "not a .src_type, name, dst_type. triple"),
+    (lambda g: {"num_nodes": list(g.num_nodes.items())}, "num_nodes is a list, expected a dict"),
+    (lambda g: {"num_nodes": {"user": 5.0, "item": 3}}, "count 5.0 is not a whole number"),
+    (lambda g: {"labels": list(g.labels)}, "labels is a list, expected a numpy array"),
+    (lambda g: {"train_idx": np.isin(np.arange(5), [0, 1])}, "train_idx must be a 1-D integer array, got bool"),
+    (lambda g: {"num_classes": "2"}, "num_classes '2' is not a whole number"),
+    (lambda g: {"features": {**g.features, "shop": np.zeros((2, 2), np.float32)}}, "type 'shop', which the graph"),
+    (lambda g: {"target": "shop"}, "no target type"),
+])
+def test_a_typed_graph_built_by_hand_is_checked_where_it_is_given(change, message):
+    import torch
+
+    from neutronorch.config import TrainConfig
+    from neutronorch.loader import TypedNeighborLoader
+    from neutronorch.train.predict import embed
+    from neutronorch.train.trainer import train
+
+    graph = replace(small(), **change(small()))
+    with pytest.raises(DataError, match=message):
+        train(TrainConfig(model="rgcn", fanouts=[2], epochs=1, hidden=8), graph=graph)
+    with pytest.raises(DataError, match=message):
+        TypedNeighborLoader(graph, [2], 2, seeds=torch.tensor([0]))
+    with pytest.raises(DataError, match=message):
+        embed("no-checkpoint.pt", graph)
+
+
+def test_a_loaded_graph_is_not_checked_again_unless_it_changed(monkeypatch, tmp_path):
+    write_typed(small(), tmp_path / "shop")
+    graph = read_typed(tmp_path / "shop")
+    calls = []
+    monkeypatch.setattr(typed_checks, "check_typed_graph", lambda *args: calls.append(args))
+    graph.check_given()
+    assert calls == []
+    graph.labels = np.array([0, 1, 0, 1, 1])  # a field replaced: checked again
+    graph.check_given()
+    assert len(calls) == 1
+    changed = replace(graph)  # a new graph: checked
+    changed.check_given()
+    assert len(calls) == 2

@@ -171,7 +171,7 @@ def test_break_and_exceptions_leave_no_thread(mag):
     assert kept.features["paper"].shape[0] == kept.ids["paper"].shape[0]
     ours.close()
     assert not producers()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ConfigError, match="closed"):
         iter(ours)
 
 

@@ -1,6 +1,7 @@
-"""Bounds that user values meet below Python: seeds (64-bit random generators) and names (the file system
-counts a name's bytes, not its characters). Each check raises ``ConfigError`` naming the value, the limit and
-the fix, before any work; it imports nothing of ours but the errors."""
+"""Bounds that user values meet below Python: seeds (64-bit random generators), names (the file system
+counts a name's bytes, not its characters) and switches (True or False, never another value read as one).
+Each check raises ``ConfigError`` naming the value, the limit and the fix, before any work; it imports
+nothing of ours but the errors."""
 
 from __future__ import annotations
 
@@ -18,6 +19,13 @@ def check_seed(value, what: str = "`seed`") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
         raise ConfigError(f"{what} {value!r}: must be a whole number from 0 to {SEED_MAX} (2**64 - 1), the seeds "
                           f"the random generators take.")
+    return value
+
+
+def check_switch(value, what: str) -> bool:
+    """``value`` as a switch: True or False, never another value read as one (``shuffle="no"`` is true)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{what} {value!r}: expected True or False, not a {type(value).__name__}.")
     return value
 
 

@@ -17,6 +17,7 @@ from neutronorch.data.dtypes import STORAGE_DTYPES, as_int64, bfloat16
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
 from neutronorch.errors import DataError
+from neutronorch.limits import check_seed, check_switch
 
 SPLITS = ("train", "val", "test")
 
@@ -30,6 +31,13 @@ def from_arrays(src, dst, features, labels, splits: Mapping | Sequence | None = 
     vertex ids or a boolean mask over the vertices; None draws one by ``split`` and ``seed``.
     ``num_nodes`` defaults to the number of feature rows, ``num_classes`` to the labels' (largest class id
     + 1, or the columns of multi-label labels)."""
+    if not isinstance(name, str):
+        raise DataError(f"`name` {name!r}: expected a string (it names the graph in messages and summaries).")
+    check_switch(undirected, "`undirected`")
+    check_seed(seed)
+    if num_classes is not None and (not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool)
+                                    or num_classes < 0):
+        raise DataError(f"{name}: num_classes is {num_classes!r}, expected a whole number >= 0.")
     features = _array(features, "features")
     if features.ndim != 2:
         raise DataError(f"{name}: features must be a 2-D array (a row per vertex), got shape {features.shape}.")
@@ -59,6 +67,8 @@ def from_arrays(src, dst, features, labels, splits: Mapping | Sequence | None = 
 
 
 def _array(value, what: str) -> np.ndarray:
+    if getattr(value, "is_meta", False):
+        raise DataError(f"{what}: a tensor on the meta device, which holds no values; give one on the CPU or a GPU.")
     if hasattr(value, "detach"):  # a torch tensor (on any device)
         value = value.detach().cpu()
         if str(value.dtype) == "torch.bfloat16":  # numpy's bfloat16 over the same bits (torch is loaded)
@@ -93,6 +103,9 @@ def class_labels(labels: np.ndarray, n: int, name: str) -> np.ndarray:
 
 
 def _splits(splits: Mapping | Sequence, n: int, name: str) -> tuple[np.ndarray, ...]:
+    if isinstance(splits, Mapping) and set(splits) != set(SPLITS):
+        raise DataError(f"{name}: splits has the keys {sorted(map(str, splits))}; give exactly "
+                        f"{', '.join(SPLITS)} (a set left out would be empty, a key not one of them ignored).")
     parts = [splits[k] for k in SPLITS] if isinstance(splits, Mapping) else list(splits)
     if len(parts) != 3:
         raise DataError(f"{name}: splits must be train, val and test (a dict with those keys or a triple).")

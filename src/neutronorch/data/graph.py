@@ -11,7 +11,7 @@ task at all: then ``num_classes`` is 0, every label is -1 and the node splits ar
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -26,8 +26,43 @@ _CHUNK = 1 << 24
 METRICS = ("accuracy", "rocauc", "f1-micro", "f1-macro")
 
 
+class GivenChecked:
+    """``check_given``, for a graph given in Python (to ``train``, a loader, ``predict`` or ``embed``): it is
+    validated as a loaded one is, unless this object passed ``validate`` holding the parts it holds now (a
+    loader's graph, checked as it was read): one built or changed by hand is never trusted, and a loaded one
+    is not read twice."""
+
+    def check_given(self, classes: bool = True) -> None:
+        """Without ``classes`` (inference, which reads no label) a graph need not have classes to learn."""
+        if getattr(self, "_validated", None) not in ((self._parts(), True), (self._parts(), classes)):
+            self.validate(str(self.name), classes=classes)
+
+    def _mark_validated(self, classes: bool = True) -> None:
+        self._validated = (self._parts(), classes)
+
+    def _parts(self) -> tuple:
+        """Every field's object and the entries of its dicts (``check_given`` compares them)."""
+        parts = []
+        for value in (getattr(self, f.name) for f in fields(self)):
+            items = tuple((k, id(v)) for k, v in value.items()) if isinstance(value, dict) else ()
+            parts.append((id(value), items))
+        return tuple(parts)
+
+
+def check_kinds(arrays: dict, count, fail) -> None:
+    """``arrays`` (name -> value; None for an optional one absent) numpy arrays and ``count`` (num_classes) a
+    whole number >= 0, else ``fail(what, fix)``: a graph built by hand may hold lists, tensors or strings."""
+    for name, array in arrays.items():
+        if array is not None and not isinstance(array, np.ndarray):
+            fix = ".numpy()" if hasattr(array, "detach") else "np.asarray"
+            fail(f"{name} is a {type(array).__name__}, expected a numpy array",
+                 f"Convert it with {fix} (a memory map is a numpy array too).")
+    if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
+        fail(f"num_classes {count!r} is not a whole number >= 0", "Give the number of classes as an int.")
+
+
 @dataclass
-class Graph:
+class Graph(GivenChecked):
     """A node-classification graph in CSC form.
 
     ``indptr[v]:indptr[v+1]`` indexes ``indices``, which holds the in-neighbours of ``v``. ``labels`` is a
@@ -115,17 +150,21 @@ class Graph:
         return (f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, {self.feature_dim} features, "
                 f"{', '.join(tasks)}")
 
-    def validate(self, source: str, files: dict[str, str] | None = None) -> None:
+    def validate(self, source: str, files: dict[str, str] | None = None, classes: bool = True) -> None:
         """Raise ``DataError`` naming ``source`` if any array is inconsistent; return quietly otherwise.
-        ``files`` maps array names to the files they came from, named instead of ``source`` when known."""
+        ``files`` maps array names to the files they came from, named instead of ``source`` when known;
+        without ``classes`` a graph with ``num_classes`` 0 is taken (one to embed or score pairs of)."""
         n = self.num_nodes
         files = files or {}
-        link_only = self.links is not None and self.num_classes == 0  # no node task: no labels, no node splits
+        # No node task: no labels, no node splits.
+        link_only = (self.links is not None or not classes) and self.num_classes == 0
 
         def fail(what: str, fix: str, array: str | None = None) -> None:
             array = array or what.split()[0]  # every message starts with the array it is about, or names it
             raise DataError(f"{files.get(array, source)}: {what}. {fix}")
 
+        check_kinds({name: getattr(self, name) for name in ("indptr", "indices", "features", "labels", "train_idx",
+                                                             "val_idx", "test_idx")}, self.num_classes, fail)
         if self.metric is not None and self.metric not in METRICS:
             fail(f"metric {self.metric!r} names no metric", f"Use one of {', '.join(METRICS)}, or none.")
         if self.indptr.ndim != 1 or self.indptr.shape[0] < 2:
@@ -207,6 +246,7 @@ class Graph:
             fail(what, fix, array)
         if self.links is not None:  # a benchmark's fixed negatives are scored as they are (check_link_split)
             check_link_split(self.links, n, files.get("links", source), negatives_may_be_positive=True)
+        self._mark_validated(classes)
 
 
 def _first_duplicate(ids: np.ndarray) -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from neutronorch.data.dtypes import as_int64
+from neutronorch.data.graph import GivenChecked
 from neutronorch.errors import DataError
 
 RelationType = tuple[str, str, str]  # (source type, relation name, destination type)
@@ -144,7 +145,7 @@ def _csc_order(src: np.ndarray, dst: np.ndarray, num_src: int, num_dst: int, fea
 
 
 @dataclass
-class TypedGraph:
+class TypedGraph(GivenChecked):
     """A node-classification graph with typed vertices and relations.
 
     ``num_nodes`` lists the vertex types in their fixed order with their counts; ``relations`` maps each
@@ -244,13 +245,15 @@ class TypedGraph:
             lines.append(f"  {key[0]} -{key[1]}-> {key[2]}: {relation.num_edges:,} edges{extra}")
         return "\n".join(lines)
 
-    def validate(self, source: str | None = None, files: dict[str, str] | None = None) -> None:
+    def validate(self, source: str | None = None, files: dict[str, str] | None = None, classes: bool = True) -> None:
         """Raise ``DataError`` naming ``source`` (by default the graph's name), the type and the relation if
         anything is inconsistent; return quietly otherwise. ``files`` maps array keys (``node_array``,
-        ``relation_array``) to the files they came from, named instead of ``source`` when known."""
+        ``relation_array``) to the files they came from, named instead of ``source`` when known.
+        ``classes`` is ``Graph.validate``'s: a typed graph without labels (None) passes either way."""
         from neutronorch.data.typed_checks import check_typed_graph  # noqa: PLC0415 - it reads this module
 
         check_typed_graph(self, source or self.name, files or {})
+        self._mark_validated(classes)
 
 
 def _count(number: int, noun: str) -> str:

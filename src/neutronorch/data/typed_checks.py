@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from neutronorch.data.dtypes import STORAGE_DTYPES
-from neutronorch.data.graph import _CHUNK, METRICS, _first_duplicate
+from neutronorch.data.graph import _CHUNK, METRICS, _first_duplicate, check_kinds
 from neutronorch.data.splits import split_overlap
 from neutronorch.data.typed import Relation, node_array, relation_array, relation_label
 from neutronorch.errors import DataError
@@ -51,6 +51,7 @@ def check_names(graph: "TypedGraph", source: str) -> None:
     """Types and relations have names a folder can take, counts are whole numbers, and every relation
     joins two types the graph has: what writing a graph relies on, checked without reading an array."""
     fail = _Failure(source, {})
+    _check_kinds(graph, fail)
     if not graph.num_nodes:
         fail(None, "the graph has no vertex types", "Give num_nodes a count per type.")
     for node_type, count in graph.num_nodes.items():
@@ -74,6 +75,26 @@ def check_names(graph: "TypedGraph", source: str) -> None:
     if not isinstance(graph.target, str) or graph.target not in graph.num_nodes:
         fail(None, f"no target type: target is {graph.target!r}, not one of the types "
              f"({', '.join(graph.num_nodes)})", "Name the vertex type whose labels are predicted.")
+
+
+def _check_kinds(graph: "TypedGraph", fail: _Failure) -> None:
+    """Every part of the kind ``TypedGraph`` says (a graph built by hand may hold lists, tensors or tuples):
+    dicts, ``Relation`` values, numpy arrays (``graph.check_kinds``) and a whole ``num_classes``."""
+    say = lambda what, fix: fail(None, what, fix)  # noqa: E731
+    for name in ("num_nodes", "relations", "features"):
+        value = getattr(graph, name)
+        if not isinstance(value, dict):
+            say(f"{name} is a {type(value).__name__}, expected a dict",
+                "Build the TypedGraph as its docstring says (or read it with load_typed_dataset).")
+    for key, relation in graph.relations.items():
+        if not isinstance(relation, Relation):
+            say(f"relation {key!r} is a {type(relation).__name__}, expected a Relation",
+                "Give Relation(indptr, indices) (neutronorch.data.typed.Relation).")
+        check_kinds({f"relation {key!r}: {part}": getattr(relation, part)
+                     for part in ("indptr", "indices", "edge_features")}, 0, say)
+    arrays = {f"type {node_type}: features": array for node_type, array in graph.features.items()}
+    check_kinds({**arrays, **{f"type {graph.target}: {part}": getattr(graph, part) for part in ("labels", *SPLITS)}},
+                graph.num_classes, say)
 
 
 def _check_name(name, what: str, fail: _Failure) -> None:
@@ -140,8 +161,10 @@ def _check_target(graph: "TypedGraph", fail: _Failure) -> None:
     target, labels = graph.target, graph.labels
     n = int(graph.num_nodes[target])
     key = node_array(target, "labels")
-    if labels is None:
+    if labels is None:  # a graph to sample or embed, not to classify: no split either
         sizes = [int(np.asarray(getattr(graph, s)).shape[0]) for s in SPLITS]
+        if not any(sizes):
+            return
         fail(key, f"type {target}: the split ({'/'.join(map(str, sizes))} vertices) is on a type without labels",
              f"Give labels for the target type {target} (a class id per vertex, -1 for none).")
     if labels.shape not in ((n,), (n, graph.num_classes)):

@@ -26,6 +26,7 @@ _NEUTRONORCH = ("`mode` 'neutronorch' is not offered by the loader: NeutronOrch 
 def resolve_graph(graph) -> Graph:
     """A ``Graph`` as given, or the one a dataset spec string names (``load_dataset``)."""
     if isinstance(graph, Graph):
+        graph.check_given()
         return graph
     if isinstance(graph, TypedGraph) or (isinstance(graph, str) and is_typed_dataset(graph)):
         raise ConfigError(f"`graph`: {graph if isinstance(graph, str) else graph.name} is a typed graph (several "
@@ -75,6 +76,7 @@ def resolve_typed_graph(graph) -> TypedGraph:
     """A ``TypedGraph`` as given, or the one a typed dataset's path names (``load_typed_dataset``: a typed
     native folder, OGB's ogbn-mag layout, IGBH or MAG240M)."""
     if isinstance(graph, TypedGraph):
+        graph.check_given()
         return graph
     if isinstance(graph, str) and is_typed_dataset(graph):
         return load_typed_dataset(graph)

@@ -18,6 +18,7 @@ from typing import Iterator
 import torch
 
 from neutronorch.errors import ConfigError
+from neutronorch.limits import check_seed, check_switch
 from neutronorch.loader.arguments import check_count
 from neutronorch.orchestration.seeds import epoch_order
 
@@ -34,9 +35,9 @@ class EpochSource:
     def _epochs(self, count: int, batch_size, seed, epoch, shuffle, drop_last) -> None:
         self._count = count
         self.batch_size = check_count("batch_size", batch_size, 1)
-        self.seed = check_count("seed", seed, 0)
+        self.seed = check_seed(check_count("seed", seed, 0))
         self.epoch = check_count("epoch", epoch, 0)
-        self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
+        self.shuffle, self.drop_last = check_switch(shuffle, "`shuffle`"), check_switch(drop_last, "`drop_last`")
         self._active: weakref.ref | None = None
         self._iterating = threading.Lock()  # one thread at a time opens or closes an iteration
 
@@ -73,7 +74,8 @@ class EpochSource:
         ``start``, ``start + 1``, ... that a whole iteration of that epoch yields. Closes an iteration still
         open; the epoch after this one comes next."""
         if self.mode is None:
-            raise RuntimeError(f"this {type(self).__name__} is closed; make a new one")
+            raise ConfigError(f"this {type(self).__name__} is closed (close(), or its `with` block ended); make a "
+                              f"new one to iterate again.")
         epoch = self.epoch if epoch is None else check_count("epoch", epoch, 0)
         start = self._check_start(start)
         with self._iterating:

@@ -23,8 +23,8 @@ from neutronorch.features.store import FeatureStore
 from neutronorch.train.checkpoint import Checkpoint
 from neutronorch.train.health import output_check
 from neutronorch.train.layerwise import LayerProgress, last_layer_rows
-from neutronorch.train.predict import (check_prediction_output, checkpoint_for, ids_in_memory, scratch_folder,
-                                       write_rows)
+from neutronorch.train.predict import (check_prediction_output, check_request, checkpoint_for, ids_in_memory,
+                                       scratch_folder, write_rows)
 
 __all__ = ["PAIR_FORMS", "read_pairs", "score_pairs"]
 
@@ -147,6 +147,7 @@ def score_pairs(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, pairs:
     per layer-wise chunk, pairs per head chunk), ``out``, ``scratch``, ``progress`` and ``overwrite`` as for
     ``predict``; ``out`` must not be the checkpoint, a file of the graph or the ``pairs`` file. A
     node-classification checkpoint is refused (use ``predict``)."""
+    device = check_request(graph, device, probabilities=probabilities, overwrite=overwrite)
     check_prediction_output(out, scratch, checkpoint, graph, overwrite,
                             {"pairs": [pairs] if isinstance(pairs, (str, os.PathLike)) else []})
     checkpoint = checkpoint_for(checkpoint, graph, pairs=True)

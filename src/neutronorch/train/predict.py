@@ -6,6 +6,7 @@ given with its ``TypedGraph``, is read by ``typed_predict.py`` (``predict`` and 
 
 from __future__ import annotations
 
+import numbers
 import os
 import tempfile
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 from neutronorch.data.graph import Graph
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
+from neutronorch.limits import check_switch
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.link import LinkModel
 from neutronorch.train.checkpoint import Checkpoint, check_fits, load_checkpoint
@@ -25,6 +27,7 @@ from neutronorch.train.layerwise import LayerProgress, layerwise
 from neutronorch.features.memory import available_memory_bytes
 from neutronorch.train.output_guard import check_distinct, check_fresh, check_name_lengths, check_space
 from neutronorch.train.outputs import check_creatable, open_array_atomically
+from neutronorch.train.resources import resolve_device
 from neutronorch.train.task import Task, score
 from neutronorch.train.typed_checkpoint import TypedCheckpoint
 from neutronorch.train.typed_inputs import typed_files
@@ -108,6 +111,7 @@ def predict(checkpoint: Checkpoint | TypedCheckpoint | str | os.PathLike, graph:
     A ``TypedGraph`` (with a typed checkpoint) is predicted by ``typed_predict.predict_typed``: the target
     type's ``nodes``, from neighbourhoods sampled as the run's evaluation sampled them (``fanouts``: other
     fanouts, -1 for all; ``scratch`` does not apply)."""
+    device = check_request(graph, device, probabilities=probabilities, overwrite=overwrite)
     if isinstance(graph, TypedGraph):
         from neutronorch.train.typed_predict import predict_typed  # noqa: PLC0415 - it imports this module
 
@@ -148,6 +152,11 @@ def embed(checkpoint: Checkpoint | TypedCheckpoint | str | os.PathLike, graph: G
 
     A ``TypedGraph`` is embedded by ``typed_predict.embed_typed``: ``node_type``'s rows (default the
     target's) at ``layer`` (default the last hidden layer), sampled as ``predict`` samples."""
+    device = check_request(graph, device, overwrite=overwrite)
+    if layer is not None and (isinstance(layer, bool) or not isinstance(layer, numbers.Integral)):
+        raise ConfigError(f"`layer` {layer!r}: expected a whole number (1 = the bottom layer's output).")
+    if (node_type is not None and not isinstance(node_type, str)) or node_type == "":
+        raise ConfigError(f"`node_type` {node_type!r}: name a vertex type of the graph (None: the target's).")
     if isinstance(graph, TypedGraph):
         from neutronorch.train.typed_predict import embed_typed  # noqa: PLC0415 - it imports this module
 
@@ -163,6 +172,20 @@ def embed(checkpoint: Checkpoint | TypedCheckpoint | str | os.PathLike, graph: G
     width = encoder.width(layer - 1)
     return _infer(checkpoint, graph, nodes, layer, (width,), np.float32, None, device, chunk_size, out, scratch,
                   progress)
+
+
+def check_request(graph, device, **switches) -> torch.device:
+    """What ``predict``, ``embed`` and ``score_pairs`` are given, checked before any work: the graph (a
+    ``Graph`` or ``TypedGraph``, validated unless loaded as it is: ``check_given``), the device (returned)
+    and the switches (True or False)."""
+    if not isinstance(graph, (Graph, TypedGraph)):
+        raise ConfigError(f"`graph`: expected the neutronorch Graph or TypedGraph the checkpoint was trained on "
+                          f"(load_dataset, load_typed_dataset), not a {type(graph).__name__}.")
+    for name, value in switches.items():
+        check_switch(value, f"`{name}`")
+    device = resolve_device(device)
+    graph.check_given(classes=False)  # inference reads no label
+    return device
 
 
 def check_embed_request(layer: int | None, node_type: str | None = None, fanouts=None, typed: bool = False) -> None:

@@ -17,14 +17,22 @@ from neutronorch.orchestration.factory import Threads
 from neutronorch.sampling.device_sampler import check_device_sampler
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str | torch.device) -> torch.device:
+    """The device ``name`` says (auto: CUDA where there is one), refused unless it is a CPU or an available
+    CUDA device."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("`device` cuda: no CUDA device is available to this PyTorch "
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"`device` {name!r}: give cpu, cuda, cuda:N or auto.")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"`device` {name}: no CUDA device is available to this PyTorch "
                           f"(torch {torch.__version__}, cuda build: {torch.version.cuda or 'no'}). "
                           "Use `device` cpu, or install a CUDA build of PyTorch on a machine with a GPU.")
-    return torch.device(name)
+    return device
 
 
 def thread_budget(config: TrainConfig, ranks_here: int = 1) -> Threads:

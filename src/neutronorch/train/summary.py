@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from neutronorch.data import Graph, TypedGraph, dataset_paths
-from neutronorch.errors import OutputError
+from neutronorch.errors import ConfigError, OutputError
 from neutronorch.observe import StageTable, write_timeline
 from neutronorch.train.memory import peak_rss_mb, resident_mb
 from neutronorch.train.outputs import write_atomically
@@ -24,8 +24,12 @@ def given_dataset(graph, spec: str) -> str:
     """The `dataset` a run records for ``graph``, given to ``train`` in memory (``spec`` as configured; None:
     ``spec``): ``spec`` when the graph's arrays are memory-mapped from the files it names, else
     ``graph:NAME``, so the summary, logs and checkpoints never name a dataset that was not trained."""
-    if not isinstance(graph, (Graph, TypedGraph)):
+    if graph is None:
         return spec
+    if not isinstance(graph, (Graph, TypedGraph)):
+        raise ConfigError(f"`graph`: expected a neutronorch Graph or TypedGraph (load_dataset, Graph.from_arrays, "
+                          f"from_pyg), not a {type(graph).__name__}; a dataset's spec or folder goes in `dataset`.")
+    graph.check_given()  # its files are read below: one built by hand is checked first
     files = graph.files() if isinstance(graph, Graph) else typed_files(graph)
     roots = [path.expanduser().resolve() for path in dataset_paths(spec)]
     inside = lambda file: any(Path(file).resolve().is_relative_to(root) for root in roots)  # noqa: E731

@@ -42,6 +42,8 @@ def train_typed_run(config: TrainConfig, graph: TypedGraph | None, progress, sto
     when given."""
     if model is not None:
         check_own_model_config(config)  # before the graph is read
+    if graph is not None:
+        graph.check_given()  # one built or changed by hand is checked as a loaded one is
     if graph is None and not is_typed_dir(Path(config.dataset).expanduser()):
         check_typed_config(config)
         check_outputs(config)

@@ -171,6 +171,7 @@ def _prepared(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGraph
     model, and the sampler inference draws with."""
     if not isinstance(checkpoint, TypedCheckpoint):
         checkpoint = load_typed_checkpoint(checkpoint)
+    graph.check_given(classes=False)  # inference reads no label
     graph = graph.with_reverse()
     check_typed_fits(checkpoint, graph, graph.name)
     config = checkpoint.config
