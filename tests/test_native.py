@@ -493,3 +493,19 @@ def test_an_unreadable_folder_says_permission_denied(tmp_path, monkeypatch):
     monkeypatch.setattr(pathlib.Path, "is_file", refuse)
     with pytest.raises(DataError, match=r"cannot read .*d(/meta\.json)?: permission denied"):
         load_dataset(str(tmp_path / "d"))
+
+
+def test_a_loaded_graph_given_in_python_is_not_validated_again(tmp_path, monkeypatch):
+    from neutronorch.data import SyntheticSpec, generate, load_dataset
+
+    graph = generate(SyntheticSpec(nodes=200, degree=4, features=4, classes=3))
+    graph.labels[graph.train_idx[0]] = -1  # left out of the splits as the graph loads
+    save_native(graph, tmp_path / "g")
+    loaded = load_dataset(str(tmp_path / "g"))
+    calls = []
+    monkeypatch.setattr(Graph, "validate", lambda self, *args, **kwargs: calls.append(args))
+    loaded.check_given()
+    assert calls == []
+    loaded.features = np.asarray(loaded.features) * 2  # changed by hand: checked
+    loaded.check_given()
+    assert len(calls) == 1

@@ -119,6 +119,8 @@ class Graph(GivenChecked):
     def drop_unlabelled_from_splits(self) -> None:
         """Leave vertices without a label out of the training, validation and test sets (with a note):
         they count in neither the loss nor a metric."""
+        marked = getattr(self, "_validated", None)
+        valid = marked is not None and marked[0] == self._parts()
         dropped = []
         for name in ("train_idx", "val_idx", "test_idx"):
             idx = np.asarray(getattr(self, name))
@@ -131,6 +133,8 @@ class Graph(GivenChecked):
                 dropped.append(f"{int((~keep).sum()):,} from {name.removesuffix('_idx')}")
         if dropped:
             self.notes.append(f"vertices without a label left out of the splits: {', '.join(dropped)}")
+        if valid:  # fewer vertices in a valid split leave it valid: not checked again (check_given)
+            self._mark_validated(marked[1])
 
     def files(self) -> list[str]:
         """The files this graph's arrays are memory-mapped from (none for arrays held in memory)."""
