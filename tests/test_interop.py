@@ -284,3 +284,22 @@ def test_from_arrays_refuses_a_tensor_without_values():
     src, dst, features, labels = _arrays()
     with pytest.raises(DataError, match="src: a tensor on the meta device"):
         Graph.from_arrays(torch.from_numpy(src).to("meta"), dst, features, labels)
+
+
+def test_exports_and_imports_name_the_kind_of_graph_they_take(tmp_path):
+    from neutronorch.data import from_dgl, to_dgl, to_pyg_hetero
+    from neutronorch.data.synthetic_typed import synthetic_typed
+    from neutronorch.nn.pyg import to_pyg_model
+
+    typed = synthetic_typed(nodes=200)
+    graph = load_dataset("synthetic:nodes=200")
+    with pytest.raises(DataError, match="to_pyg: expected a neutronorch Graph, not a TypedGraph; to_pyg_hetero"):
+        to_pyg(typed)
+    with pytest.raises(DataError, match="to_dgl: expected a neutronorch Graph, not a str"):
+        to_dgl("synthetic")
+    with pytest.raises(DataError, match="to_pyg_hetero: expected a neutronorch TypedGraph, not a Graph; to_pyg"):
+        to_pyg_hetero(graph)
+    with pytest.raises(DataError, match="from_dgl reads a dgl.DGLGraph, not a dict"):
+        from_dgl({"feat": graph.features})
+    with pytest.raises(ConfigError, match="to_pyg_model exports a neutronorch GNN .*, not a NoneType"):
+        to_pyg_model(None)

@@ -35,6 +35,9 @@ def from_pyg(data, name: str = "pyg", split_index: int = 0, **options) -> Graph:
     """A ``torch_geometric.data.Data`` (``x``, ``y``, ``edge_index`` and, if present, ``train_mask``,
     ``val_mask``, ``test_mask``) as a graph; ``options`` go to ``from_arrays`` (``undirected``, ``split``,
     ``seed``, ``metric``)."""
+    if getattr(data, "node_types", None) and getattr(data, "edge_types", None) and len(data.node_types) > 1:
+        raise DataError(f"{name}: a HeteroData (types {', '.join(map(str, data.node_types))}); read it with "
+                        f"neutronorch.data.from_pyg_hetero(data, target=...).")
     for key in ("x", "y", "edge_index"):
         if getattr(data, key, None) is None:
             raise DataError(f"{name}: the PyG data has no `{key}`; neutronorch trains on node features (x), "
@@ -47,6 +50,7 @@ def from_pyg(data, name: str = "pyg", split_index: int = 0, **options) -> Graph:
 
 def to_pyg(graph: Graph):
     """The graph as a ``torch_geometric.data.Data`` (x, y, edge_index source-to-target, split masks)."""
+    check_exported(graph, "to_pyg")
     data = _require("torch_geometric.data", "to_pyg")
     import torch  # noqa: PLC0415 - torch is there when PyG is
 
@@ -59,6 +63,8 @@ def to_pyg(graph: Graph):
 def from_dgl(g, name: str = "dgl", split_index: int = 0, **options) -> Graph:
     """A ``dgl.DGLGraph`` with node data ``feat`` (or ``features``), ``label`` (or ``labels``) and, if
     present, ``train_mask``, ``val_mask``, ``test_mask``; ``options`` go to ``from_arrays``."""
+    if not (hasattr(g, "ndata") and hasattr(g, "edges")):
+        raise DataError(f"{name}: from_dgl reads a dgl.DGLGraph, not a {type(g).__name__}.")
     nodes = g.ndata
     features = next((nodes[k] for k in ("feat", "features", "x") if k in nodes), None)
     labels = next((nodes[k] for k in ("label", "labels", "y") if k in nodes), None)
@@ -72,6 +78,7 @@ def from_dgl(g, name: str = "dgl", split_index: int = 0, **options) -> Graph:
 
 def to_dgl(graph: Graph):
     """The graph as a ``dgl.DGLGraph`` with node data feat, label and the split masks."""
+    check_exported(graph, "to_dgl")
     dgl = _require("dgl", "to_dgl")
     import torch  # noqa: PLC0415 - torch is there when DGL is
 
@@ -148,6 +155,19 @@ def _mask_arrays(graph: Graph):
         mask = np.zeros(graph.num_nodes, dtype=bool)
         mask[np.asarray(getattr(graph, f"{key}_idx"))] = True
         yield key, mask
+
+
+def check_exported(graph, what: str, typed: bool = False) -> None:
+    """``graph`` of the kind ``what`` exports (``to_pyg``, ``to_dgl``: a ``Graph``; their ``_hetero`` forms, with
+    ``typed``: a ``TypedGraph``), else a ``DataError`` naming the one that exports it."""
+    from neutronorch.data.typed import TypedGraph  # noqa: PLC0415 - it reads this package
+
+    want, other = (TypedGraph, Graph) if typed else (Graph, TypedGraph)
+    if isinstance(graph, want):
+        return
+    partner = what.removesuffix("_hetero") if typed else f"{what}_hetero"
+    hint = f"; {partner} exports a {other.__name__}" if isinstance(graph, other) else ""
+    raise DataError(f"{what}: expected a neutronorch {want.__name__}, not a {type(graph).__name__}{hint}.")
 
 
 def _require(module: str, what: str):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from neutronorch.data.interop import _require
+from neutronorch.data.interop import _require, check_exported
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
 from neutronorch.data.typed import Relation, TypedGraph, relation_label
 from neutronorch.errors import DataError
@@ -30,6 +30,7 @@ def to_pyg_hetero(graph: TypedGraph):
     """The graph as a ``torch_geometric.data.HeteroData``: per type ``num_nodes`` and ``x`` (float32; none
     for a type without features), per relation ``edge_index`` (source to destination, int64) and
     ``edge_attr``, and on the target type ``y`` and ``train_mask``/``val_mask``/``test_mask``."""
+    check_exported(graph, "to_pyg_hetero", typed=True)
     pyg_data = _require("torch_geometric.data", "to_pyg_hetero")
     import torch  # noqa: PLC0415 - torch is there when PyG is
 
@@ -52,6 +53,7 @@ def to_dgl_hetero(graph: TypedGraph):
     without features), every relation a canonical edge type ``(src, name, dst)`` with its edges in CSC order
     and their ``feat``, and on the target type ``label`` and ``train_mask``/``val_mask``/``test_mask``. DGL
     lists types and relations in name order."""
+    check_exported(graph, "to_dgl_hetero", typed=True)
     dgl = _require("dgl", "to_dgl_hetero")
     import torch  # noqa: PLC0415 - torch is there when DGL is
 

@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import torch
 
+from neutronorch.errors import ConfigError
 from neutronorch.nn.models import GNN
 
 
 def to_pyg_model(model: GNN) -> torch.nn.Module:
     """PyG's ``GraphSAGE``, ``GCN`` or ``GAT`` with ``model``'s weights (on the CPU, in ``model``'s
     training or evaluation mode)."""
+    if not isinstance(model, GNN):
+        raise ConfigError(f"to_pyg_model exports a neutronorch GNN (a homogeneous checkpoint's model), not a "
+                          f"{type(model).__name__}.")
     try:
         from torch_geometric.nn import GATConv  # noqa: PLC0415 - optional
         from torch_geometric.nn import models as pyg  # noqa: PLC0415
