@@ -462,3 +462,11 @@ def test_blocks_are_typed_blocks_and_the_repr_names_the_target(mag):
     ours = loader(mag)
     batch = next(iter(ours))
     assert all(isinstance(b, TypedBlock) for b in batch.blocks) and "paper" in repr(ours) and "inputs" in repr(batch)
+
+
+def test_fanouts_that_do_not_fit_the_model_and_epochs_without_a_batch_are_refused(mag):
+    with pytest.raises(ConfigError, match="`drop_last` with `batch_size` 100000: the .* seeds fill no whole batch"):
+        TypedNeighborLoader(mag, [2], 100_000, drop_last=True)
+    model = type("TwoLayers", (torch.nn.Module,), {"num_layers": 2})()  # as the built-in models carry it
+    with pytest.raises(ConfigError, match="`fanouts` give 3 layer.s. and `model` has 2"):
+        TypedNeighborLoader(mag, [2, 2, 2], 16, model=model)

@@ -38,6 +38,10 @@ class EpochSource:
         self.seed = check_seed(check_count("seed", seed, 0))
         self.epoch = check_count("epoch", epoch, 0)
         self.shuffle, self.drop_last = check_switch(shuffle, "`shuffle`"), check_switch(drop_last, "`drop_last`")
+        if self.drop_last and count < self.batch_size:
+            raise ConfigError(f"`drop_last` with `batch_size` {self.batch_size}: the {count:,} {self.items} fill no "
+                              f"whole batch, so every epoch would be empty. Give a batch_size of at most "
+                              f"{count:,}, or drop_last=False.")
         self._active: weakref.ref | None = None
         self._iterating = threading.Lock()  # one thread at a time opens or closes an iteration
 

@@ -74,6 +74,10 @@ class TypedNeighborLoader(EpochSource):
         self.device = check_device(device)
         self.graph = graph = _labelled(graph.with_reverse())
         self.fanouts = typed_fanouts(graph, fanouts)
+        layers = {len(hops) for hops in self.fanouts.values()}
+        if getattr(model, "num_layers", None) is not None and layers != {model.num_layers}:
+            raise ConfigError(f"`fanouts` give {'/'.join(map(str, sorted(layers)))} layer(s) and `model` has "
+                              f"{model.num_layers}: its batches would not fit the model. Give one fanout per layer.")
         self.config = TrainConfig(dataset=graph.name, batch_size=self.batch_size, seed=self.seed, mode=self.mode_name,
                                   device=self.device.type, prefetch=prefetch, sampler_threads=sampler_threads,
                                   gpu_memory_gb=gpu_memory_gb, epochs=1).validate()
