@@ -471,3 +471,14 @@ def test_a_class_without_a_training_vertex_is_a_warning_the_summary_keeps(caplog
     assert main(["train", "--dataset", str(directory), "--epochs", "1", "--no-save", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "neutronorch: error: " in err and "Set num_classes to 3" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"config": {"epochs": 1}}, "`config`: expected a neutronorch TrainConfig, not a dict"),
+    ({"progress": 5}, "`progress`: expected a function progress.epoch, done, total., not a int"),
+    ({"stop": True}, "`stop`: expected a threading.Event .*, not a bool"),
+])
+def test_trains_own_arguments_are_checked_before_any_work(arguments, message):
+    given = {"config": TrainConfig(dataset="synthetic:nodes=300", epochs=1), **arguments}
+    with pytest.raises(ConfigError, match=message):
+        train(**given)

@@ -14,7 +14,8 @@ from typing import Callable
 
 import torch
 
-from neutronorch.errors import Interrupted, TrainingError
+from neutronorch.config import TrainConfig
+from neutronorch.errors import ConfigError, Interrupted, TrainingError
 from neutronorch.nn.precision import Precision
 from neutronorch.observe import Spans, StageTable, Utilisation
 from neutronorch.orchestration.mode import Mode
@@ -32,6 +33,21 @@ Progress = Callable[[int, int, int], None]
 # On CUDA the loss is checked for divergence every this many steps (reading it waits for the device);
 # on the CPU after every step.
 DIVERGENCE_CHECK_STEPS = 16
+
+
+def check_call(config, progress, stop):
+    """``train``'s own arguments, checked before any work: a ``TrainConfig`` (returned), a ``progress`` that
+    can be called and a ``stop`` that says whether it is set (a ``threading.Event``)."""
+    if not isinstance(config, TrainConfig):
+        raise ConfigError(f"`config`: expected a neutronorch TrainConfig, not a {type(config).__name__} "
+                          f"(TrainConfig(**options) takes a dict of options).")
+    if progress is not None and not callable(progress):
+        raise ConfigError(f"`progress`: expected a function progress(epoch, done, total), not a "
+                          f"{type(progress).__name__}.")
+    if stop is not None and not callable(getattr(stop, "is_set", None)):
+        raise ConfigError(f"`stop`: expected a threading.Event (set it to stop the run), not a "
+                          f"{type(stop).__name__}.")
+    return config
 
 
 @dataclass

@@ -38,8 +38,8 @@ from neutronorch.orchestration.mode import Mode
 from neutronorch.train.evaluate import evaluate
 from neutronorch.train.feasible import check_trainable
 from neutronorch.train.health import Health
-from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, epoch_line, evaluation_progress,
-                                    train_epoch)
+from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, check_call, epoch_line,
+                                    evaluation_progress, train_epoch)
 from neutronorch.train.memory import keep_freed_memory
 from neutronorch.train.mode_choice import resolve_mode
 from neutronorch.train.metrics_log import MetricLog
@@ -109,7 +109,7 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     this run has written its own, and puts them back if it ends before (``train/replacing.py``).
     A typed graph (``graph`` a ``TypedGraph``, or ``config.dataset`` a typed native folder or OGB's ogbn-mag
     layout: ``is_typed_dataset``) trains in exact mode through ``train/typed_task.py``'s ``train_typed``."""
-    started = time.perf_counter()
+    started, config = time.perf_counter(), check_call(config, progress, stop)
     # Resolved values (batch size) go into a copy, which names a graph given as what was trained.
     config = dataclasses.replace(config, dataset=given_dataset(graph, config.dataset)).validate()
     check_threading_layer(resolve_device(config.device))  # and the environment: before any data is read
