@@ -52,6 +52,10 @@ def test_from_edges_builds_a_csc_over_the_destination_type():
     assert pairs(once) == [(0, 2), (1, 2)] and once.edge_features[:, 0].tolist() == [3.0, 1.0]
     with pytest.raises(DataError, match="source id 7 is out of range for 5"):
         Relation.from_edges([7], [0], 5, 3)
+    with pytest.raises(DataError, match="num_src is 5.0, expected the number of source vertices"):
+        Relation.from_edges([1], [0], 5.0, 3)
+    with pytest.raises(DataError, match="num_dst is -3, expected the number of destination vertices"):
+        Relation.from_edges([1], [0], 5, -3)
 
 
 def test_properties_count_types_relations_edges_and_widths():
