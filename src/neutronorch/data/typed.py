@@ -89,7 +89,7 @@ class Relation:
                             f"of each per edge.")
         for ids, count, end in ((src, num_src, "source"), (dst, num_dst, "destination")):
             if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
-                raise DataError(f"{source}: num_{end[:3]} is {count!r}, expected the number of {end} vertices (a "
+                raise DataError(f"{source}: num_{'src' if end == 'source' else 'dst'} is {count!r}, expected the number of {end} vertices (a "
                                 f"whole number >= 0).")
             if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= count):
                 bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
