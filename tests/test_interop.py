@@ -273,9 +273,11 @@ def _pairs_tensor(data, label):
     ({"undirected": "no"}, ConfigError, "`undirected` 'no': expected True or False"),
     ({"seed": -1}, ConfigError, "`seed` -1: must be a whole number from 0"),
     ({"name": 5}, DataError, "`name` 5: expected a string"),
+    ({"src": np.zeros((2, 30), np.int64)}, DataError, r"`src` has shape \(2, 30\); give the edges' src ids as a 1-D"),
 ])
 def test_from_arrays_refuses_options_it_would_misread(options, error, message):
     src, dst, features, labels = _arrays()
+    src = options.pop("src", src)
     with pytest.raises(error, match=message):
         Graph.from_arrays(src, dst, features, labels, **options)
 

@@ -53,7 +53,12 @@ def from_arrays(src, dst, features, labels, splits: Mapping | Sequence | None = 
     if num_classes is None:
         labelled = labels[labels >= 0]
         num_classes = labels.shape[1] if labels.ndim == 2 else (int(labelled.max()) + 1 if labelled.size else 0)
-    indptr, indices = edges_to_csc(_array(src, "src"), _array(dst, "dst"), n, symmetric=undirected, source=name)
+    src, dst = _array(src, "src"), _array(dst, "dst")
+    for what, ends in (("src", src), ("dst", dst)):
+        if ends.ndim > 1:  # a (2, E) edge_index given as one end would be read flat, as edges it does not hold
+            raise DataError(f"{name}: `{what}` has shape {ends.shape}; give the edges' {what} ids as a 1-D array "
+                            f"(of a (2, E) edge_index: src=edge_index[0], dst=edge_index[1]).")
+    indptr, indices = edges_to_csc(src, dst, n, symmetric=undirected, source=name)
     if splits is None:
         train, val, test = make_split(labels if labels.ndim == 1 else np.zeros(n, np.int64), num_classes, split,
                                       seed)
