@@ -87,10 +87,10 @@ class Relation:
         if src.shape != dst.shape:
             raise DataError(f"{source}: {src.shape[0]} edge sources but {dst.shape[0]} destinations; give one "
                             f"of each per edge.")
-        for ids, count, end in ((src, num_src, "source"), (dst, num_dst, "destination")):
+        for ids, count, end, name in ((src, num_src, "source", "num_src"), (dst, num_dst, "destination", "num_dst")):
             if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
-                raise DataError(f"{source}: num_{'src' if end == 'source' else 'dst'} is {count!r}, expected the number of {end} vertices (a "
-                                f"whole number >= 0).")
+                raise DataError(f"{source}: {name} is {count!r}, expected the number of {end} vertices (a whole "
+                                f"number >= 0).")
             if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= count):
                 bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
                 raise DataError(f"{source}: {end} id {bad} is out of range for {count} vertices of the "
