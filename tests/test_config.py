@@ -122,6 +122,23 @@ def test_the_largest_seed_and_a_synthetic_specs_whole_numbers_are_kept_exactly()
             SyntheticSpec.parse(f"synthetic:{bad}")
 
 
+def test_a_generators_rates_and_sizes_it_cannot_draw_are_refused_however_given():
+    from neutronorch.data import SyntheticSpec, generate, synthetic_typed
+
+    # generate's flags build the spec without parse: NaN and infinities must not pass the range checks
+    for bad, why in ((dict(power=float("nan")), "power=nan is not a finite number"),
+                     (dict(noise=float("inf")), "noise=inf is not a finite number"),
+                     (dict(degree=1e30), "at most nodes - 1"), (dict(degree=1e-9), "at least one edge"),
+                     (dict(power=400.0), "leaving no edges")):
+        with pytest.raises(ConfigError, match=why):
+            generate(SyntheticSpec(nodes=300, **bad))
+    for bad, why in ((dict(degree=float("nan")), "degree=nan is not a finite number"),
+                     (dict(degree=1e30), "at most nodes - 1")):
+        with pytest.raises(ConfigError, match=why):
+            synthetic_typed(nodes=300, **bad)
+    assert generate(SyntheticSpec(nodes=40, degree=39, features=2, classes=2)).num_edges > 0
+
+
 def test_a_config_files_numbers_written_as_text_and_its_nulls(tmp_path):
     """PyYAML reads 1e-3 (no dot) as text: a float setting takes it as the number it reads as, a whole-number
     setting says how to write it. An empty section sets nothing, a null key keeps its default; neither is

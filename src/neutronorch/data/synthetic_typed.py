@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from neutronorch.data.splits import make_split
-from neutronorch.data.synthetic import _draw
+from neutronorch.data.synthetic import _draw, check_finite
 from neutronorch.data.typed import Relation, TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.limits import check_seed
@@ -147,9 +147,13 @@ def _noise(rng: np.random.Generator, rows: int, width: int, noise: float) -> np.
 
 
 def _check(nodes, degree, features, field_features, topics, power, homophily, noise, train, val) -> None:
+    check_finite("synthetic typed graph", dict(degree=degree, power=power, homophily=homophily, noise=noise,
+                                               train=train, val=val))
     problems = []
     if nodes < 100 or degree <= 0:
         problems.append("nodes must be at least 100 and degree > 0")
+    elif degree > nodes - 1:
+        problems.append(f"degree must be at most nodes - 1 ({nodes - 1}), the most neighbours a vertex has")
     if features < 1 or field_features < 0:
         problems.append("features must be >= 1 and field_features >= 0")
     if topics < 2:
