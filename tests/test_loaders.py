@@ -573,6 +573,23 @@ def test_snap_missing_file(tmp_path):
         load_snap(tmp_path / "absent.txt")
 
 
+def test_a_folder_or_a_named_pipe_where_a_file_is_read_is_named_as_such_never_missing(tmp_path):
+    from neutronorch.config_keys import read_config_mapping
+    from neutronorch.errors import CheckpointError, ConfigError
+    from neutronorch.train.checkpoint import load_checkpoint
+
+    (tmp_path / "folder.txt").mkdir()
+    os.mkfifo(tmp_path / "pipe.txt")  # never opened: reading it would wait for a writer
+    with pytest.raises(DataError, match=r"folder\.txt: is a folder, not a file"):
+        load_snap(tmp_path / "folder.txt")
+    with pytest.raises(DataError, match=r"pipe\.txt: is a named pipe, not a regular file"):
+        load_snap(tmp_path / "pipe.txt")
+    with pytest.raises(ConfigError, match=r"--config .*folder\.txt: is a folder, not a file"):
+        read_config_mapping(tmp_path / "folder.txt")
+    with pytest.raises(CheckpointError, match=r"is a folder, not a file \(give DIR/best\.pt or DIR/last\.pt"):
+        load_checkpoint(tmp_path)
+
+
 def test_snap_truncated_gzip(tmp_path):
     data = gzip.compress((SNAP_TEXT * 50).encode())
     (tmp_path / "cut.txt.gz").write_bytes(data[:len(data) // 2])

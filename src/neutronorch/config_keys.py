@@ -8,7 +8,7 @@ import math
 import os
 from pathlib import Path
 
-from neutronorch.errors import ConfigError
+from neutronorch.errors import ConfigError, not_a_file
 
 
 class RepeatedKey(Exception):
@@ -41,7 +41,7 @@ def read_config_mapping(path: str | os.PathLike) -> dict:
     ``ConfigError`` saying what is wrong with the file."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"--config {path}: no such file.")
+        raise ConfigError(f"--config {path}: {not_a_file(path, 'no such file')}.")
     try:
         text = path.read_text()
     except PermissionError:

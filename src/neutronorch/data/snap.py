@@ -26,7 +26,7 @@ from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.files import read_error, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
-from neutronorch.errors import DataError
+from neutronorch.errors import DataError, not_a_file
 
 # Standard deviation of the feature noise around the unit-variance class centroids.
 FEATURE_NOISE = 3.0
@@ -69,7 +69,7 @@ def load_snap(path: str | os.PathLike, split: str = DEFAULT_SPLIT, seed: int = 0
 
 def _read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if not path.is_file():
-        raise DataError(f"{path}: file is missing. Give the path of a SNAP edge list "
+        raise DataError(f"{path}: {not_a_file(path, 'file is missing')}. Give the path of a SNAP edge list "
                         "(.txt, .txt.gz, .edges, .tsv or .tsv.gz).")
     try:
         data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
