@@ -139,6 +139,19 @@ def test_a_generators_rates_and_sizes_it_cannot_draw_are_refused_however_given()
     assert generate(SyntheticSpec(nodes=40, degree=39, features=2, classes=2)).num_edges > 0
 
 
+def test_a_config_file_that_does_not_parse_is_named_on_one_line(tmp_path):
+    from neutronorch.config_keys import read_config_mapping
+
+    for name, text, where in (("tag.yaml", "epochs: !!python/object:os.system x\n", "line 1, column 9"),
+                              ("open.yaml", "a: [1, 2\nb: 3\n", "line 2, column 2"),
+                              ("tab.yaml", "a:\n\tb: 1\n", "line 2, column 1"),
+                              ("bad.toml", "a = \n", "line 1, column 5")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ConfigError, match="cannot be parsed") as caught:
+            read_config_mapping(tmp_path / name)
+        assert "\n" not in str(caught.value) and where in str(caught.value)
+
+
 def test_a_config_files_numbers_written_as_text_and_its_nulls(tmp_path):
     """PyYAML reads 1e-3 (no dot) as text: a float setting takes it as the number it reads as, a whole-number
     setting says how to write it. An empty section sets nothing, a null key keeps its default; neither is
