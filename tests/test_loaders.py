@@ -590,6 +590,20 @@ def test_a_folder_or_a_named_pipe_where_a_file_is_read_is_named_as_such_never_mi
         load_checkpoint(tmp_path)
 
 
+def test_snap_ids_up_to_the_largest_int64_a_byte_order_mark_and_self_loops_only(tmp_path):
+    edges = "".join(f"{i} {i + 1}\r\n" for i in range(9))
+    (tmp_path / "max.txt").write_text(edges + f"{2**63 - 1} 0\r\n")  # the largest int64 is an id
+    assert load_snap(tmp_path / "max.txt").num_nodes == 11
+    (tmp_path / "over.txt").write_text(edges + f"{2**63} 0\n")
+    with pytest.raises(DataError, match=r"line 10 holds a vertex id beyond the largest int64"):
+        load_snap(tmp_path / "over.txt")
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf" + edges.encode())  # as Windows editors save it
+    assert load_snap(tmp_path / "bom.txt").num_nodes == 10
+    (tmp_path / "loops.txt").write_text("".join(f"{i} {i}\n" for i in range(20)))
+    with pytest.raises(DataError, match=r"every one of its 20 edges is a self loop"):
+        load_snap(tmp_path / "loops.txt")
+
+
 def test_snap_truncated_gzip(tmp_path):
     data = gzip.compress((SNAP_TEXT * 50).encode())
     (tmp_path / "cut.txt.gz").write_bytes(data[:len(data) // 2])
