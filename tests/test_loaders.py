@@ -687,6 +687,7 @@ def test_npz_labels_that_wrap_are_refused(tmp_path):
     ("per-class:nan,2", "per-class counts must be whole numbers"),
     ("per-class:2.5,2", "per-class counts must be whole numbers"),
     ("per-class:3,3", "class 1 has 4 vertices, fewer than the 3 \\+ 3"),
+    ("edges:0.8,0.1", "an edge split is drawn as a link task trains \\(train --task link"),
 ])
 def test_a_split_is_never_clamped_to_what_a_class_holds(spec, message):
     from neutronorch.data.splits import make_split

@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                                               "(meta.json + memory-mappable .npy arrays).")
     convert.add_argument("source", help=f"dataset spec: {DATASET_SPEC_HELP}")
     convert.add_argument("out_dir", help="output directory")
-    convert.add_argument("--split", default=None, help=HELP["split"])
+    convert.add_argument("--split", default=None, help=HELP["convert_split"])
     convert.add_argument("--seed", type=int, default=0, help="seed of the split (default: 0)")
     halves = convert.add_mutually_exclusive_group()
     halves.add_argument("--float16", action="store_true",
