@@ -137,6 +137,10 @@ def test_a_generators_rates_and_sizes_it_cannot_draw_are_refused_however_given()
         with pytest.raises(ConfigError, match=why):
             synthetic_typed(nodes=300, **bad)
     assert generate(SyntheticSpec(nodes=40, degree=39, features=2, classes=2)).num_edges > 0
+    with pytest.raises(ConfigError, match="its arrays do not fit in memory"):  # numpy refuses at once
+        generate(SyntheticSpec(nodes=300, features=10**12))
+    with pytest.raises(ConfigError, match="its arrays do not fit in memory"):
+        synthetic_typed(nodes=300, features=10**12)
 
 
 def test_a_config_file_that_does_not_parse_is_named_on_one_line(tmp_path):

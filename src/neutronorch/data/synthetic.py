@@ -112,6 +112,21 @@ def generate(spec: SyntheticSpec, split: str | None = None, split_seed: int | No
     """The graph ``spec`` describes. Its own split (``train``, ``val`` of the spec) is drawn with the spec's
     seed; a ``split`` given instead is drawn with ``split_seed`` (the run's seed), as for any other data."""
     spec.check(spec.name)
+    try:
+        return _generate(spec, split, split_seed)
+    except MemoryError:  # numpy's refusal to allocate, named with what asked for it
+        raise ConfigError(too_large(f"dataset spec {spec.name}", spec.nodes, spec.features,
+                                    round(spec.nodes * spec.degree))) from None
+
+
+def too_large(what: str, nodes: int, features: int, edges: int) -> str:
+    """The error of a generator whose arrays do not fit in memory."""
+    return (f"{what}: its arrays do not fit in memory (the features alone {nodes * features * 4 / 2**30:,.1f} GiB "
+            f"for {nodes:,} vertices x {features:,}, beside some {edges:,} edges); give fewer nodes, a smaller "
+            f"degree or fewer features.")
+
+
+def _generate(spec: SyntheticSpec, split: str | None, split_seed: int | None) -> Graph:
     check_seed(spec.seed)
     rng = np.random.default_rng(spec.seed)
     n, c = spec.nodes, spec.classes
