@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 
+from neutronorch.cli import main
 from neutronorch.config import TrainConfig
 from neutronorch.config_parts import (PARTS, NetworkConfig, NeutronOrchConfig, SamplingConfig, settings_of)
 from neutronorch.errors import ConfigError
@@ -154,6 +155,13 @@ def test_a_config_file_that_does_not_parse_is_named_on_one_line(tmp_path):
         with pytest.raises(ConfigError, match="cannot be parsed") as caught:
             read_config_mapping(tmp_path / name)
         assert "\n" not in str(caught.value) and where in str(caught.value)
+
+
+def test_a_config_files_value_of_the_wrong_type_is_refused_even_where_a_flag_replaces_it(tmp_path):
+    (tmp_path / "run.yaml").write_text("epochs: [1, 2]\n")
+    code = main(["train", "--dataset", "synthetic:nodes=300", "--epochs", "1", "--no-save",
+                 "--config", str(tmp_path / "run.yaml")])
+    assert code == 2  # refused before anything is loaded, never trained with the file's mistake unseen
 
 
 def test_a_config_files_numbers_written_as_text_and_its_nulls(tmp_path):
