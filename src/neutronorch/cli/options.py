@@ -60,7 +60,12 @@ class _Parser(argparse.ArgumentParser):
                 joined[-1] = f"{joined[-1]}={word}"
             else:
                 joined.append(word)
-        return super().parse_known_args(joined, namespace)
+        namespace, rest = super().parse_known_args(joined, namespace)
+        for action in self._actions:  # "" is no path or value: read as the current folder or as not given
+            if isinstance(getattr(namespace, action.dest, None), str) and not getattr(namespace, action.dest).strip():
+                self.error(f"argument {'/'.join(action.option_strings) or action.metavar or action.dest}: an empty "
+                           f"value; give one, or leave the option out.")
+        return namespace, rest
 
 
 class _HelpAll(argparse.Action):
