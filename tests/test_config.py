@@ -144,6 +144,13 @@ def test_a_generators_rates_and_sizes_it_cannot_draw_are_refused_however_given()
         synthetic_typed(nodes=300, features=10**12)
 
 
+def test_generates_flags_are_named_as_such_not_as_a_dataset_spec(tmp_path, capsys):
+    assert main(["generate", "synthetic", "--out", str(tmp_path / "g"), "--nodes", "300", "--power", "nan"]) == 2
+    err = capsys.readouterr().err
+    assert "error: generate synthetic: power=nan is not a finite number" in err and "dataset spec" not in err
+    assert not (tmp_path / "g").exists()
+
+
 def test_a_config_file_that_does_not_parse_is_named_on_one_line(tmp_path):
     from neutronorch.config_keys import read_config_mapping
 

@@ -58,8 +58,10 @@ class SyntheticSpec:
         spec.check(text)
         return spec
 
-    def check(self, text: str) -> None:
-        check_finite(f"dataset spec {text!r}", {f.name: getattr(self, f.name) for f in fields(self)
+    def check(self, text: str, where: str | None = None) -> None:
+        """Refuse what no graph can be drawn from; errors start with ``where``, else the spec ``text``."""
+        where = where or f"dataset spec {text!r}"
+        check_finite(where, {f.name: getattr(self, f.name) for f in fields(self)
                                                  if f.type in (float, "float")})
         problems = []
         if self.nodes < 2 * self.classes:
@@ -77,7 +79,7 @@ class SyntheticSpec:
         if not 0 <= self.seed <= SEED_MAX:
             problems.append(f"seed must be a whole number from 0 to {SEED_MAX} (2**64 - 1)")
         if problems:
-            raise ConfigError(f"dataset spec {text!r}: " + "; ".join(problems) + ".")
+            raise ConfigError(f"{where}: " + "; ".join(problems) + ".")
 
 
 def check_finite(where: str, rates: dict) -> None:
