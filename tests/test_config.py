@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 
+from neutronorch.cli import main
 from neutronorch.config import TrainConfig
 from neutronorch.config_parts import (PARTS, NetworkConfig, NeutronOrchConfig, SamplingConfig, settings_of)
 from neutronorch.errors import ConfigError
@@ -120,6 +121,54 @@ def test_the_largest_seed_and_a_synthetic_specs_whole_numbers_are_kept_exactly()
                      ("degree=nan", "not a finite number"), ("nodes=x", "not a number")):
         with pytest.raises(ConfigError, match=why):
             SyntheticSpec.parse(f"synthetic:{bad}")
+
+
+def test_a_generators_rates_and_sizes_it_cannot_draw_are_refused_however_given():
+    from neutronorch.data import SyntheticSpec, generate, synthetic_typed
+
+    # generate's flags build the spec without parse: NaN and infinities must not pass the range checks
+    for bad, why in ((dict(power=float("nan")), "power=nan is not a finite number"),
+                     (dict(noise=float("inf")), "noise=inf is not a finite number"),
+                     (dict(degree=1e30), "at most nodes - 1"), (dict(degree=1e-9), "at least one edge"),
+                     (dict(power=400.0), "leaving no edges")):
+        with pytest.raises(ConfigError, match=why):
+            generate(SyntheticSpec(nodes=300, **bad))
+    for bad, why in ((dict(degree=float("nan")), "degree=nan is not a finite number"),
+                     (dict(degree=1e30), "at most nodes - 1")):
+        with pytest.raises(ConfigError, match=why):
+            synthetic_typed(nodes=300, **bad)
+    assert generate(SyntheticSpec(nodes=40, degree=39, features=2, classes=2)).num_edges > 0
+    with pytest.raises(ConfigError, match="its arrays do not fit in memory"):  # numpy refuses at once
+        generate(SyntheticSpec(nodes=300, features=10**12))
+    with pytest.raises(ConfigError, match="its arrays do not fit in memory"):
+        synthetic_typed(nodes=300, features=10**12)
+
+
+def test_generates_flags_are_named_as_such_not_as_a_dataset_spec(tmp_path, capsys):
+    assert main(["generate", "synthetic", "--out", str(tmp_path / "g"), "--nodes", "300", "--power", "nan"]) == 2
+    err = capsys.readouterr().err
+    assert "error: generate synthetic: power=nan is not a finite number" in err and "dataset spec" not in err
+    assert not (tmp_path / "g").exists()
+
+
+def test_a_config_file_that_does_not_parse_is_named_on_one_line(tmp_path):
+    from neutronorch.config_keys import read_config_mapping
+
+    for name, text, where in (("tag.yaml", "epochs: !!python/object:os.system x\n", "line 1, column 9"),
+                              ("open.yaml", "a: [1, 2\nb: 3\n", "line 2, column 2"),
+                              ("tab.yaml", "a:\n\tb: 1\n", "line 2, column 1"),
+                              ("bad.toml", "a = \n", "line 1, column 5")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ConfigError, match="cannot be parsed") as caught:
+            read_config_mapping(tmp_path / name)
+        assert "\n" not in str(caught.value) and where in str(caught.value)
+
+
+def test_a_config_files_value_of_the_wrong_type_is_refused_even_where_a_flag_replaces_it(tmp_path):
+    (tmp_path / "run.yaml").write_text("epochs: [1, 2]\n")
+    code = main(["train", "--dataset", "synthetic:nodes=300", "--epochs", "1", "--no-save",
+                 "--config", str(tmp_path / "run.yaml")])
+    assert code == 2  # refused before anything is loaded, never trained with the file's mistake unseen
 
 
 def test_a_config_files_numbers_written_as_text_and_its_nulls(tmp_path):

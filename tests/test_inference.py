@@ -107,6 +107,12 @@ def test_inference_outputs_are_checked_before_the_data_is_read(graph, tmp_path, 
     np.testing.assert_array_equal(np.load(tmp_path / "p.npy"), predict(checkpoint, graph, "all"))
     with pytest.raises(ConfigError, match="not a writable folder"):
         predict_module.check_output_path(tmp_path / "q.npy", str(tmp_path / "missing"))
+    for name in ("p.csv", "p", "p.npy.txt"):  # a .npy array under another name would pass for text or nothing
+        assert main(base + ["--out", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert "give a path ending in .npy" in err and "Traceback" not in err and not (tmp_path / name).exists()
+    with pytest.raises(ConfigError, match=r"ending in \.npy"):
+        embed(checkpoint, graph, "all", out=tmp_path / "e.csv")
 
 
 def test_vertex_ids_held_in_memory_are_taken_as_a_npy_file_is(graph, tmp_path):

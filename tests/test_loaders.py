@@ -573,6 +573,37 @@ def test_snap_missing_file(tmp_path):
         load_snap(tmp_path / "absent.txt")
 
 
+def test_a_folder_or_a_named_pipe_where_a_file_is_read_is_named_as_such_never_missing(tmp_path):
+    from neutronorch.config_keys import read_config_mapping
+    from neutronorch.errors import CheckpointError, ConfigError
+    from neutronorch.train.checkpoint import load_checkpoint
+
+    (tmp_path / "folder.txt").mkdir()
+    os.mkfifo(tmp_path / "pipe.txt")  # never opened: reading it would wait for a writer
+    with pytest.raises(DataError, match=r"folder\.txt: is a folder, not a file"):
+        load_snap(tmp_path / "folder.txt")
+    with pytest.raises(DataError, match=r"pipe\.txt: is a named pipe, not a regular file"):
+        load_snap(tmp_path / "pipe.txt")
+    with pytest.raises(ConfigError, match=r"--config .*folder\.txt: is a folder, not a file"):
+        read_config_mapping(tmp_path / "folder.txt")
+    with pytest.raises(CheckpointError, match=r"is a folder, not a file \(give DIR/best\.pt or DIR/last\.pt"):
+        load_checkpoint(tmp_path)
+
+
+def test_snap_ids_up_to_the_largest_int64_a_byte_order_mark_and_self_loops_only(tmp_path):
+    edges = "".join(f"{i} {i + 1}\r\n" for i in range(9))
+    (tmp_path / "max.txt").write_text(edges + f"{2**63 - 1} 0\r\n")  # the largest int64 is an id
+    assert load_snap(tmp_path / "max.txt").num_nodes == 11
+    (tmp_path / "over.txt").write_text(edges + f"{2**63} 0\n")
+    with pytest.raises(DataError, match=r"line 10 holds a vertex id beyond the largest int64"):
+        load_snap(tmp_path / "over.txt")
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf" + edges.encode())  # as Windows editors save it
+    assert load_snap(tmp_path / "bom.txt").num_nodes == 10
+    (tmp_path / "loops.txt").write_text("".join(f"{i} {i}\n" for i in range(20)))
+    with pytest.raises(DataError, match=r"every one of its 20 edges is a self loop"):
+        load_snap(tmp_path / "loops.txt")
+
+
 def test_snap_truncated_gzip(tmp_path):
     data = gzip.compress((SNAP_TEXT * 50).encode())
     (tmp_path / "cut.txt.gz").write_bytes(data[:len(data) // 2])
@@ -656,6 +687,7 @@ def test_npz_labels_that_wrap_are_refused(tmp_path):
     ("per-class:nan,2", "per-class counts must be whole numbers"),
     ("per-class:2.5,2", "per-class counts must be whole numbers"),
     ("per-class:3,3", "class 1 has 4 vertices, fewer than the 3 \\+ 3"),
+    ("edges:0.8,0.1", "an edge split is drawn as a link task trains \\(train --task link"),
 ])
 def test_a_split_is_never_clamped_to_what_a_class_holds(spec, message):
     from neutronorch.data.splits import make_split

@@ -37,6 +37,21 @@ def test_other_options_still_reject_a_missing_value(capsys):
 
 # ----- --help on one screen, --help-all with everything -------------------------------------------------
 
+@pytest.mark.parametrize("args, option", [
+    (["train", "--dataset", "synthetic:nodes=300", "--summary-json", ""], "--summary-json"),
+    (["train", "--dataset", "synthetic:nodes=300", "--config", " "], "--config"),
+    (["train", "--dataset", "", "--no-save"], "--dataset"),
+    (["convert", "synthetic:nodes=300", ""], "out_dir"),
+    (["predict", "--checkpoint", "c.pt", "--dataset", "synthetic", "--out", ""], "--out"),
+    (["info", ""], "dataset"),
+])
+def test_an_empty_value_is_refused_never_read_as_the_current_folder_or_as_not_given(args, option, capsys):
+    with pytest.raises(SystemExit) as caught:
+        build_parser().parse_args(args)
+    assert caught.value.code == 2
+    assert f"argument {option}: an empty value" in capsys.readouterr().err
+
+
 import argparse  # noqa: E402
 from dataclasses import fields  # noqa: E402
 

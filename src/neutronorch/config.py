@@ -395,4 +395,5 @@ def load_config_file(path: str | os.PathLike, extra: dict[str, str | None] | Non
         if negated and not isinstance(value, bool):
             raise ConfigError(f"--config {path}: {key!r} {value!r}: expected true or false.")
         out[name] = float_text(value) if name in floats else (not value if negated else value)
+    _check_types(TrainConfig(**{k: v for k, v in out.items() if k not in extra}))  # one a flag replaces too
     return out

@@ -8,7 +8,7 @@ import math
 import os
 from pathlib import Path
 
-from neutronorch.errors import ConfigError
+from neutronorch.errors import ConfigError, not_a_file
 
 
 class RepeatedKey(Exception):
@@ -41,7 +41,7 @@ def read_config_mapping(path: str | os.PathLike) -> dict:
     ``ConfigError`` saying what is wrong with the file."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"--config {path}: no such file.")
+        raise ConfigError(f"--config {path}: {not_a_file(path, 'no such file')}.")
     try:
         text = path.read_text()
     except PermissionError:
@@ -65,10 +65,20 @@ def read_config_mapping(path: str | os.PathLike) -> dict:
         raise ConfigError(f"--config {path}: gives {exc} more than once; the parser would keep only one of them. "
                           f"Say each option once.") from None
     except Exception as exc:  # noqa: BLE001 - every parser error becomes one clear message
-        raise ConfigError(f"--config {path}: cannot be parsed ({exc}).") from None
+        raise ConfigError(f"--config {path}: cannot be parsed ({_one_line(exc)}).") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: expected a mapping of option names to values.")
     return data
+
+
+def _one_line(exc: Exception) -> str:
+    """A parser's error on one line: YAML's names the problem and where (its own message quotes the line and
+    points at it on lines below), any other's whitespace is collapsed."""
+    mark = getattr(exc, "problem_mark", None)
+    if getattr(exc, "problem", None) and mark is not None:
+        context = f"{exc.context}, " if getattr(exc, "context", None) else ""
+        return f"{context}{exc.problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(exc).split())
 
 
 def float_text(value):

@@ -33,3 +33,20 @@ class Interrupted(NeutronorchError):
 
 class TrainingError(NeutronorchError):
     """Training cannot go on (the loss diverged)."""
+
+
+def not_a_file(path, missing: str) -> str:
+    """Why ``path``, which is no regular file, cannot be read as one: ``missing`` (the caller's wording) when
+    nothing is there, else what is there instead. A folder or a named pipe is never called missing, and a
+    pipe is never opened (reading one waits for a writer)."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return missing
+    if stat.S_ISDIR(mode):
+        return "is a folder, not a file"
+    kind = "a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+    return f"is {kind}, not a regular file"

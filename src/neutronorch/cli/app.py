@@ -246,7 +246,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         _check_native_out("out", args.out, [], args.overwrite, typed=True)
         return write_typed_folder(synthetic_typed(**given), args.out, args, t0)
     spec = SyntheticSpec(**given)
-    spec.check("generate synthetic")
+    spec.check("", where="generate synthetic")
     _check_native_out("out", args.out, [], args.overwrite)
     return _write_native(generate(spec), args.out, args, t0)
 

@@ -20,6 +20,9 @@ HELP = {
     "split": "split for data without one: ratio:TRAIN,VAL or per-class:TRAIN,VAL of the vertices; a link task: "
              "edges:TRAIN,VAL of the edges, validation and test edges left out of message passing (default: the "
              "data's own split, else ratio:0.6,0.2; synthetic graphs: ratio:0.1,0.05; link: edges:0.85,0.05)",
+    "convert_split": "split for data without one: ratio:TRAIN,VAL or per-class:TRAIN,VAL of the vertices (default: "
+                     "the data's own split, else ratio:0.6,0.2; synthetic graphs: ratio:0.1,0.05); a link task draws "
+                     "its edge split as it trains (train --task link --split edges:TRAIN,VAL)",
     "model": "GNN architecture: sage, gcn or gat; for a typed graph (docs/heterogeneous.md) sage, rgcn or rgat "
              "(default: %(default)s)",
     "fanouts": "neighbours sampled per layer, seed hop first; -1 takes all (default: 10,10)",

@@ -60,7 +60,12 @@ class _Parser(argparse.ArgumentParser):
                 joined[-1] = f"{joined[-1]}={word}"
             else:
                 joined.append(word)
-        return super().parse_known_args(joined, namespace)
+        namespace, rest = super().parse_known_args(joined, namespace)
+        for action in self._actions:  # "" is no path or value: read as the current folder or as not given
+            if isinstance(getattr(namespace, action.dest, None), str) and not getattr(namespace, action.dest).strip():
+                self.error(f"argument {'/'.join(action.option_strings) or action.metavar or action.dest}: an empty "
+                           f"value; give one, or leave the option out.")
+        return namespace, rest
 
 
 class _HelpAll(argparse.Action):
@@ -156,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                                               "(meta.json + memory-mappable .npy arrays).")
     convert.add_argument("source", help=f"dataset spec: {DATASET_SPEC_HELP}")
     convert.add_argument("out_dir", help="output directory")
-    convert.add_argument("--split", default=None, help=HELP["split"])
+    convert.add_argument("--split", default=None, help=HELP["convert_split"])
     convert.add_argument("--seed", type=int, default=0, help="seed of the split (default: 0)")
     halves = convert.add_mutually_exclusive_group()
     halves.add_argument("--float16", action="store_true",

@@ -33,7 +33,7 @@ from neutronorch.data.dtypes import BFLOAT16, bfloat16, is_bfloat16
 from neutronorch.data.files import holds_objects, read_error, reads_files
 from neutronorch.data.graph import METRICS, Graph
 from neutronorch.data.typed import TYPED_FORMAT
-from neutronorch.errors import DataError
+from neutronorch.errors import DataError, not_a_file
 
 FORMAT_VERSION = 1
 ARRAYS = ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx")
@@ -47,7 +47,7 @@ def is_native_dir(path: Path) -> bool:
 
 def _open_array(path: Path, mmap: bool) -> np.ndarray:
     if not path.is_file():
-        raise DataError(f"{path}: file is missing. A native dataset directory needs "
+        raise DataError(f"{path}: {not_a_file(path, 'file is missing')}. A native dataset directory needs "
                         f"{', '.join(a + '.npy' for a in ARRAYS)} and meta.json; "
                         f"write one with `neutronorch convert`.")
     try:

@@ -30,7 +30,7 @@ from neutronorch.data.files import read_error, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.sparse_pickle import SparseMatrix, csr_matrix, load_pickle
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
-from neutronorch.errors import DataError
+from neutronorch.errors import DataError, not_a_file
 
 _GRAPHGALLERY = ("adj_matrix", "node_attr", "node_label")
 _GNN_BENCHMARK = ("adj_data", "adj_indices", "adj_indptr", "adj_shape", "labels")
@@ -52,7 +52,7 @@ def load_npz(path: str | os.PathLike, split: str = DEFAULT_SPLIT, seed: int = 0,
     """
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: file is missing. Give the path of a .npz graph file.")
+        raise DataError(f"{path}: {not_a_file(path, 'file is missing')}. Give the path of a .npz graph file.")
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as exc:

@@ -32,7 +32,7 @@ from neutronorch.data.dtypes import STORAGE_DTYPES, as_int64
 from neutronorch.data.files import holds_objects, read_error, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.textnum import TextError, first_line_width, read_numbers
-from neutronorch.errors import DataError
+from neutronorch.errors import DataError, not_a_file
 
 # progress(what, done, total): bytes of the file being read.
 Progress = Callable[[str, int, int], None]
@@ -169,7 +169,7 @@ def _split(directory: Path, num_nodes: int) -> tuple[np.ndarray, ...]:
     for part in ("train", "valid", "test"):
         path = scheme / f"{part}.csv.gz"
         if not path.is_file():
-            raise DataError(f"{path}: file is missing; the dataset is incomplete.")
+            raise DataError(f"{path}: {not_a_file(path, 'file is missing')}; the dataset is incomplete.")
         out.append(split_ids(path, num_nodes))
     return tuple(out)
 
@@ -192,7 +192,8 @@ def split_ids(path: Path, num_nodes: int) -> np.ndarray:
 
 def _present(path: Path) -> Path:
     if not path.is_file():
-        raise DataError(f"{path}: file is missing; the OGB dataset is incomplete (fetch it with the ogb package).")
+        raise DataError(f"{path}: {not_a_file(path, 'file is missing')}; the OGB dataset is incomplete (fetch it "
+                        f"with the ogb package).")
     return path
 
 
@@ -257,7 +258,7 @@ def _numbers(path: Path, count: int, dtype, progress: Progress | None = None, *,
 
 def _npz(path: Path, keys: tuple[str, ...]) -> dict:
     if not path.is_file():
-        raise DataError(f"{path}: file is missing; the OGB dataset is incomplete.")
+        raise DataError(f"{path}: {not_a_file(path, 'file is missing')}; the OGB dataset is incomplete.")
     try:
         with np.load(path, allow_pickle=False) as archive:
             missing = [k for k in keys if k not in archive.files]

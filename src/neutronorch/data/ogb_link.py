@@ -36,7 +36,7 @@ from neutronorch.data.graph import Graph
 from neutronorch.data.link_checks import check_stored_links
 from neutronorch.data.links import PER_SOURCE, SHARED, LinkSplit, check_link_split, count_positive_negatives
 from neutronorch.data.ogb import Progress, dataset_name, read_edges, read_node_features, split_folder
-from neutronorch.errors import DataError
+from neutronorch.errors import DataError, not_a_file
 
 PARTS = ("train", "valid", "test")
 SPLIT_FILES = tuple(f"{part}.pt" for part in PARTS) + ("split_dict.pt",)
@@ -103,7 +103,7 @@ def _read_split(folder: Path) -> dict[str, dict]:
         for part in PARTS:
             path = folder / f"{part}.pt"
             if not path.is_file():
-                raise DataError(f"{path}: file is missing; the OGB dataset is incomplete (its split is "
+                raise DataError(f"{path}: {not_a_file(path, 'file is missing')}; the OGB dataset is incomplete (its split is "
                                 f"{', '.join(f'{p}.pt' for p in PARTS)} in {folder}). Fetch it again.")
             parts[part] = (load_torch_file(path), path)
     out = {}

@@ -26,7 +26,7 @@ from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.files import read_error, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
-from neutronorch.errors import DataError
+from neutronorch.errors import DataError, not_a_file
 
 # Standard deviation of the feature noise around the unit-variance class centroids.
 FEATURE_NOISE = 3.0
@@ -50,6 +50,9 @@ def load_snap(path: str | os.PathLike, split: str = DEFAULT_SPLIT, seed: int = 0
         raise DataError(f"{path}: only {num_nodes} vertices. An edge list gets {num_classes} synthetic classes, "
                         f"so it needs at least {num_classes} vertices; use a larger graph.")
     indptr, indices = edges_to_csc(ids[:src.shape[0]], ids[src.shape[0]:], num_nodes, source=str(path))
+    if indices.shape[0] == 0:  # self loops are dropped: a graph without edges has nothing to sample
+        raise DataError(f"{path}: every one of its {src.shape[0]:,} edges is a self loop (u u), which are dropped, "
+                        f"leaving no edges; give an edge list of edges between vertices.")
     rng = np.random.default_rng(seed)
     labels = _community_labels(indptr, indices, num_classes, rng)
     centroids = rng.standard_normal((num_classes, feature_dim), dtype=np.float32)
@@ -69,13 +72,15 @@ def load_snap(path: str | os.PathLike, split: str = DEFAULT_SPLIT, seed: int = 0
 
 def _read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if not path.is_file():
-        raise DataError(f"{path}: file is missing. Give the path of a SNAP edge list "
+        raise DataError(f"{path}: {not_a_file(path, 'file is missing')}. Give the path of a SNAP edge list "
                         "(.txt, .txt.gz, .edges, .tsv or .tsv.gz).")
     try:
         data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     except (OSError, EOFError, zlib.error) as exc:
         raise read_error(path, exc, f"{path}: cannot be read ({type(exc).__name__}: {exc}). The file is "
                                     f"truncated or not gzip data; fetch it again.") from None
+    if data.startswith(b"\xef\xbb\xbf"):  # the byte order mark some Windows editors write; a blank, as CR is
+        data = b"   " + data[3:]
     buf = np.frombuffer(data, dtype=np.uint8)
     src, dst, problem, at, columns = _parse_edges(buf)
     if problem:
@@ -159,7 +164,7 @@ def _parse_edges(buf):
     edges = 0
     columns = 0
     i = 0
-    limit = (np.iinfo(np.int64).max - 9) // 10
+    largest = np.iinfo(np.int64).max
     while i < n:
         start = i
         while i < n and (buf[i] == 32 or buf[i] == 9 or buf[i] == 13):
@@ -180,7 +185,7 @@ def _parse_edges(buf):
                 value = 0
                 digits = 0
                 while i < n and 48 <= buf[i] <= 57:
-                    if value > limit:
+                    if value > (largest - (buf[i] - 48)) // 10:  # 2**63 - 1 itself is taken
                         return src[:0], dst[:0], _TOO_LARGE, start, columns
                     value = value * 10 + (buf[i] - 48)
                     digits += 1

@@ -49,6 +49,10 @@ def split_overlap(train, val, test, notes: list[str]) -> tuple[str, str, str] | 
 def parse_split(spec: str) -> tuple[str, float, float]:
     kind, _, rest = spec.partition(":")
     parts = rest.split(",")
+    if kind == "edges":  # parsed by a link task's own reader; here a vertex split is drawn
+        raise ConfigError(f"`split` {spec!r}: an edge split is drawn as a link task trains (train --task link "
+                          f"--split {spec}), not stored with the data; give ratio:TRAIN,VAL or per-class:TRAIN,VAL "
+                          f"of the vertices, or no split.")
     if kind not in ("ratio", "per-class") or len(parts) != 2:
         raise ConfigError(f"`split` {spec!r} is not understood. Use ratio:TRAIN,VAL (e.g. ratio:0.6,0.2) "
                           f"or per-class:TRAIN,VAL (e.g. per-class:20,30).")

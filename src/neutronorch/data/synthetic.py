@@ -58,12 +58,20 @@ class SyntheticSpec:
         spec.check(text)
         return spec
 
-    def check(self, text: str) -> None:
+    def check(self, text: str, where: str | None = None) -> None:
+        """Refuse what no graph can be drawn from; errors start with ``where``, else the spec ``text``."""
+        where = where or f"dataset spec {text!r}"
+        check_finite(where, {f.name: getattr(self, f.name) for f in fields(self)
+                                                 if f.type in (float, "float")})
         problems = []
         if self.nodes < 2 * self.classes:
             problems.append(f"nodes must be at least 2*classes ({2 * self.classes})")
         if self.degree <= 0 or self.features < 1 or self.classes < 2:
             problems.append("degree must be > 0, features >= 1 and classes >= 2")
+        elif self.degree > max(self.nodes - 1, 1):
+            problems.append(f"degree must be at most nodes - 1 ({self.nodes - 1}), the most neighbours a vertex has")
+        elif round(self.nodes * self.degree / 2) < 1:
+            problems.append(f"nodes * degree / 2 must give at least one edge (degree={self.degree:g} gives none)")
         if not 0 <= self.homophily <= 1 or self.power < 0 or self.noise < 0:
             problems.append("homophily must be in [0, 1], power and noise >= 0")
         if not (0 < self.train < 1 and 0 < self.val < 1 and self.train + self.val < 1):
@@ -71,7 +79,15 @@ class SyntheticSpec:
         if not 0 <= self.seed <= SEED_MAX:
             problems.append(f"seed must be a whole number from 0 to {SEED_MAX} (2**64 - 1)")
         if problems:
-            raise ConfigError(f"dataset spec {text!r}: " + "; ".join(problems) + ".")
+            raise ConfigError(f"{where}: " + "; ".join(problems) + ".")
+
+
+def check_finite(where: str, rates: dict) -> None:
+    """Refuse a NaN or infinite rate of a generator: NaN passes every range check (each comparison is false)
+    and would draw a graph without edges, or with NaN features."""
+    bad = [f"{name}={value}" for name, value in rates.items() if not math.isfinite(value)]
+    if bad:
+        raise ConfigError(f"{where}: {', '.join(bad)} is not a finite number.")
 
 
 def _number(text: str, key: str, value: str, whole: bool) -> int | float:
@@ -97,6 +113,22 @@ def _number(text: str, key: str, value: str, whole: bool) -> int | float:
 def generate(spec: SyntheticSpec, split: str | None = None, split_seed: int | None = None) -> Graph:
     """The graph ``spec`` describes. Its own split (``train``, ``val`` of the spec) is drawn with the spec's
     seed; a ``split`` given instead is drawn with ``split_seed`` (the run's seed), as for any other data."""
+    spec.check(spec.name)
+    try:
+        return _generate(spec, split, split_seed)
+    except MemoryError:  # numpy's refusal to allocate, named with what asked for it
+        raise ConfigError(too_large(f"dataset spec {spec.name}", spec.nodes, spec.features,
+                                    round(spec.nodes * spec.degree))) from None
+
+
+def too_large(what: str, nodes: int, features: int, edges: int) -> str:
+    """The error of a generator whose arrays do not fit in memory."""
+    return (f"{what}: its arrays do not fit in memory (the features alone {nodes * features * 4 / 2**30:,.1f} GiB "
+            f"for {nodes:,} vertices x {features:,}, beside some {edges:,} edges); give fewer nodes, a smaller "
+            f"degree or fewer features.")
+
+
+def _generate(spec: SyntheticSpec, split: str | None, split_seed: int | None) -> Graph:
     check_seed(spec.seed)
     rng = np.random.default_rng(spec.seed)
     n, c = spec.nodes, spec.classes
@@ -118,6 +150,9 @@ def generate(spec: SyntheticSpec, split: str | None = None, split_seed: int | No
     hi = np.where(same, class_hi[labels[first]], cumulative[-1])
     second = by_class[_draw(rng, cumulative, lo, hi)]
     indptr, indices = edges_to_csc(first, second, n, symmetric=True)
+    if indices.shape[0] == 0:  # every draw fell on one vertex: only self loops, which are dropped
+        raise ConfigError(f"dataset spec {spec.name}: power={spec.power:g} draws every edge's two ends at the "
+                          f"same vertex, leaving no edges; give a smaller power (the default is 0.6).")
 
     # Unit-norm centroids (in expectation) make `noise` mean the same for every feature width.
     centroids = rng.standard_normal((c, spec.features), dtype=np.float32) / np.float32(np.sqrt(spec.features))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from neutronorch.data.splits import make_split
-from neutronorch.data.synthetic import _draw
+from neutronorch.data.synthetic import _draw, check_finite, too_large
 from neutronorch.data.typed import Relation, TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.limits import check_seed
@@ -69,6 +69,15 @@ def synthetic_typed(nodes: int = 20_000, degree: float = 10.0, features: int = 6
     ``edge_weights``: a weight on every ``cites`` edge, high between papers of one label (module docstring)."""
     _check(nodes, degree, features, field_features, topics, power, homophily, noise, train, val)
     check_seed(seed)
+    try:
+        return _draw_typed(nodes, degree, features, field_features, topics, power, homophily, noise, train, val,
+                           seed, edge_weights)
+    except MemoryError:  # numpy's refusal to allocate, named with what asked for it
+        raise ConfigError(too_large("synthetic typed graph", nodes, features, round(nodes * degree))) from None
+
+
+def _draw_typed(nodes, degree, features, field_features, topics, power, homophily, noise, train, val, seed,
+                edge_weights) -> TypedGraph:
     rng = np.random.default_rng(seed)
     num_classes = topics * topics
     counts = {t: max(round(share * nodes), 2 * num_classes) for t, share in TYPE_SHARES.items()}
@@ -147,9 +156,13 @@ def _noise(rng: np.random.Generator, rows: int, width: int, noise: float) -> np.
 
 
 def _check(nodes, degree, features, field_features, topics, power, homophily, noise, train, val) -> None:
+    check_finite("synthetic typed graph", dict(degree=degree, power=power, homophily=homophily, noise=noise,
+                                               train=train, val=val))
     problems = []
     if nodes < 100 or degree <= 0:
         problems.append("nodes must be at least 100 and degree > 0")
+    elif degree > nodes - 1:
+        problems.append(f"degree must be at most nodes - 1 ({nodes - 1}), the most neighbours a vertex has")
     if features < 1 or field_features < 0:
         problems.append("features must be >= 1 and field_features >= 0")
     if topics < 2:

@@ -22,7 +22,7 @@ from neutronorch.data.arrays import class_labels
 from neutronorch.data.dtypes import as_int64
 from neutronorch.data.files import holds_objects, read_error
 from neutronorch.data.typed import Relation, RelationType, relation_array, relation_label
-from neutronorch.errors import DataError
+from neutronorch.errors import DataError, not_a_file
 
 # progress(what, done, total): bytes of the file being read (each edge file is read twice: done runs to 2x).
 Progress = Callable[[str, int, int], None]
@@ -35,7 +35,7 @@ _INT32_LIMIT = np.iinfo(np.int32).max
 def present(path: Path, what: str, fix: str = REFETCH) -> Path:
     """``path``, or a ``DataError`` saying the file (``what``: its role) is missing, and ``fix``."""
     if not path.is_file():
-        raise DataError(f"{path}: file is missing; it holds {what}. {fix}")
+        raise DataError(f"{path}: {not_a_file(path, 'file is missing')}; it holds {what}. {fix}")
     return path
 
 

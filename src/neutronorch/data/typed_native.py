@@ -34,7 +34,7 @@ from neutronorch.data.native import _open_array, _read_meta, _save_array, check_
 from neutronorch.data.typed import (TYPED_FORMAT, Relation, RelationType, TypedGraph, node_array, relation_array,
                                     relation_label)
 from neutronorch.data.typed_checks import SPLITS
-from neutronorch.errors import DataError, OutputError
+from neutronorch.errors import DataError, OutputError, not_a_file
 from neutronorch.limits import name_bytes, name_max, shown
 
 FORMAT_VERSION = 1
@@ -143,7 +143,7 @@ def read_typed(folder: str | os.PathLike, mmap: bool = True, validate: bool = Tr
         path = directory / f"{key}.npy"
         files[key] = str(path)
         if not path.is_file():
-            raise DataError(f"{path}: file is missing; meta.json lists it. The folder is damaged: write it "
+            raise DataError(f"{path}: {not_a_file(path, 'file is missing')}; meta.json lists it. The folder is damaged: write it "
                             f"again with write_typed.")
         return _as_dtype(_open_array(path, mmap), dtype_name, path)
 

@@ -25,7 +25,7 @@ import torch
 
 from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
-from neutronorch.errors import CheckpointError
+from neutronorch.errors import CheckpointError, not_a_file
 from neutronorch.nn.custom import UserModel
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
@@ -161,7 +161,8 @@ def read_state(path: Path, kind: str) -> dict:
     neutronorch reads and of ``kind`` (a file of another kind is refused saying what it is); its parts are
     not checked yet (``check_parts``)."""
     if not path.is_file():
-        raise CheckpointError(f"{path}: no such checkpoint file.")
+        raise CheckpointError(f"{path}: {not_a_file(path, 'no such checkpoint file')}"
+                              + (" (give DIR/best.pt or DIR/last.pt of --checkpoint-dir)." if path.is_dir() else "."))
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a truncated or foreign file fails in many ways

@@ -18,7 +18,7 @@ import torch
 
 from neutronorch.data.graph import Graph
 from neutronorch.data.pairs import pair_columns
-from neutronorch.errors import ConfigError
+from neutronorch.errors import ConfigError, not_a_file
 from neutronorch.features.store import FeatureStore
 from neutronorch.train.checkpoint import Checkpoint
 from neutronorch.train.health import output_check
@@ -69,7 +69,7 @@ def read_pairs(pairs: Pairs, num_nodes: int | None = None, layout: str | None = 
 
 def _read_file(path: Path) -> np.ndarray:
     if not path.is_file():
-        raise ConfigError(f"`pairs` {path}: no such file; give {PAIR_FORMS}.")
+        raise ConfigError(f"`pairs` {path}: {not_a_file(path, 'no such file')}; give {PAIR_FORMS}.")
     try:
         if path.suffix == ".npy":
             return np.load(path, allow_pickle=False)

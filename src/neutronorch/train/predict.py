@@ -277,6 +277,9 @@ def check_output_path(out: str | os.PathLike, scratch: str | None = "auto", read
     check_name_lengths("out", out, temporary=True)
     if Path(out).is_dir():
         raise ConfigError(f"`out` {out}: is a folder; give the path of the .npy file to write.")
+    if Path(out).suffix.lower() != ".npy":  # the rows are a .npy array whatever the name says
+        raise ConfigError(f"`out` {out}: the rows are written as a .npy array; give a path ending in .npy "
+                          f"({Path(out).with_suffix('.npy')}), so that its name says what it holds.")
     check_distinct(reads or {}, {"out": [out]})
     check_fresh({"out": [out]}, overwrite)
     check_creatable("out", out)
