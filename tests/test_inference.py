@@ -112,7 +112,7 @@ def test_inference_outputs_are_checked_before_the_data_is_read(graph, tmp_path, 
         err = capsys.readouterr().err
         assert "give a path ending in .npy" in err and "Traceback" not in err and not (tmp_path / name).exists()
     with pytest.raises(ConfigError, match=r"ending in \.npy"):
-        embed(checkpoint, graph, "all", out=tmp_path / "e.csv")
+        embed(checkpoint, graph, 1, out=tmp_path / "e.csv")
 
 
 def test_vertex_ids_held_in_memory_are_taken_as_a_npy_file_is(graph, tmp_path):
