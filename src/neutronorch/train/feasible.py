@@ -1,4 +1,4 @@
-"""Settings a run cannot meet, refused before training (``check_trainable``), or said once where training
+"""Settings a run cannot meet, refused before training (``check_learnable``), or said once where training
 can still mean something.
 
 Refused (a ``DataError`` naming the dataset and the fix):
@@ -34,7 +34,7 @@ _CHUNK = 1 << 24  # labels counted this many at a time (they may be a memory map
 _SHOWN = 10  # classes a message lists
 
 
-def check_trainable(graph, node_task: bool = True, feature_dim: int | None = None) -> list[str]:
+def check_learnable(graph, node_task: bool = True, feature_dim: int | None = None) -> list[str]:
     """Raise ``DataError`` for a node task on ``graph`` (a ``Graph`` or ``TypedGraph``) that cannot be learnt
     (module docstring); return the warnings (logged here) for one that can. ``feature_dim``: the features'
     width when a built-in model reads them (None: not checked); without ``node_task`` (a link task) only

@@ -36,7 +36,7 @@ from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table
 from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.orchestration.mode import Mode
 from neutronorch.train.evaluate import evaluate
-from neutronorch.train.feasible import check_trainable
+from neutronorch.train.feasible import check_learnable
 from neutronorch.train.health import Health
 from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, check_call, epoch_line,
                                     evaluation_progress, train_epoch)
@@ -190,7 +190,7 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
     if user_model is not None and link:
         raise ConfigError("`task` link trains the built-in models (`model` sage, gcn or gat) as encoders; your own "
                           "module trains node tasks for now.")
-    warnings = check_trainable(graph, not link, None if user_model is not None else graph.feature_dim)
+    warnings = check_learnable(graph, not link, None if user_model is not None else graph.feature_dim)
     if user_model is not None:
         # NeutronOrch mode asks for its bottom layer when it starts (UserModel.bottom says what it needs).
         model = UserModel.to_train(user_model, len(config.fanouts), graph.num_classes).to(device)

@@ -69,7 +69,7 @@ from neutronorch.orchestration.factory import Threads, build_typed_mode
 from neutronorch.orchestration.typed_planner import HotRecord
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.evaluate import eval_subset, scored
-from neutronorch.train.feasible import check_trainable
+from neutronorch.train.feasible import check_learnable
 from neutronorch.train.health import Health
 from neutronorch.observe import Spans, Utilisation, epoch_table
 from neutronorch.train.loop import DIVERGENCE_CHECK_STEPS, Progress, TimelineWindow, epoch_line
@@ -121,7 +121,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         raise ConfigError(f"{graph.name}: its target type {graph.target!r} has no labels to train on.")
     for note in graph.notes if launched_rank() == 0 else []:  # the same on every rank
         logger.warning(f"note: {note}")
-    warnings = check_trainable(graph)
+    warnings = check_learnable(graph)
     graph = graph.with_reverse()
     logger.info(graph.describe())
     device = rank_device(resolve_device(config.device))  # data parallel on CUDA: this rank's GPU
