@@ -410,3 +410,13 @@ def test_the_settings_a_resume_may_change_are_listed(path, marker):
     grouped = {key for group, keys in RESUME_GROUPS.items() if group in text for key in keys}
     missing = may - named - grouped - {"resume"}
     assert not missing, f"{path.name} leaves out settings a resume may change: {sorted(missing)}"
+
+
+def test_the_table_of_what_runs_is_the_one_the_code_reads():
+    """docs/architecture.md's tables of what runs where are capabilities.markdown() as the code renders it."""
+    from neutronorch.capabilities import markdown
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    shown = re.search(r"<!-- generated: capabilities.markdown\(\) -->\n(.*?)<!-- end of the generated tables -->",
+                      text, flags=re.S)
+    assert shown is not None and shown.group(1) == markdown()

@@ -13,6 +13,7 @@ import os
 import re
 from dataclasses import MISSING, dataclass, field, fields, replace
 
+from neutronorch.capabilities import MODE_CHOICES, TASKS
 from neutronorch.config_keys import float_text, number_hint, read_config_mapping
 from neutronorch.config_parts import (PARTS, EvaluationConfig, LinkConfig, LogConfig, NetworkConfig,
                                       NeutronOrchConfig, OptimizationConfig, OutputConfig, PlacementConfig,
@@ -24,15 +25,10 @@ from neutronorch.nn.names import (ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, 
                                   needs_degrees)
 from neutronorch.sampling.fanouts import parse_fanouts
 
-TASKS = ("node", "link")
 # Adam's L2 weight decay when none is given, per task. Node classification: chosen on the small citation
 # graphs (docs/accuracy.md). Link prediction: none, as OGB's link baselines train; 5e-3 shrank a dot head's
 # embeddings until Cora's test MRR fell from 0.42 to 0.11 (docs/link-prediction.md).
 TASK_WEIGHT_DECAY = {"node": 5e-3, "link": 0.0}
-MODES = ("exact", "device", "neutronorch")
-MODE_CHOICES = MODES + ("auto",)  # auto: one of MODES, chosen when the run starts (orchestration/choice.py)
-TYPED_MODE_CHOICES = ("exact", "device", "neutronorch", "auto")  # what a typed graph trains with (train/typed_config.py)
-TYPED_OWN_MODEL_MODES = ("exact", "device", "auto")  # your own module's, on a typed graph (train/typed_own.py)
 METRICS = ("accuracy", "rocauc", "f1-micro", "f1-macro")
 LINK_METRICS = re.compile(r"(mrr|rocauc|hits@[1-9][0-9]*)$")  # a link task's (train/link_metrics.py)
 HOT_GRADS = ("stop", "cpu")
@@ -104,7 +100,7 @@ class TrainConfig:
 
     def link_settings_given(self) -> list[str]:
         """The link task's settings (``LinkConfig``) given other values than their defaults: what a node task
-        would ignore, and refuses (``check_node_task``, ``check_typed_config``)."""
+        would ignore, and refuses (``check_node_task``, ``capabilities.check_run``)."""
         return self.settings_given(f.name for f in settings_of(LinkConfig))
 
     def validate(self) -> "TrainConfig":

@@ -15,8 +15,9 @@ from dataclasses import fields
 
 from neutronorch.cli.help_texts import (HELP, METAVARS, RUN_FOLDER_KEYS, SHORT, SHORT_METAVARS, SWITCHES, TRAIN_EPILOG,
                                         TRAIN_EPILOG_ALL, TRAIN_GROUPS)
+from neutronorch.capabilities import MODE_CHOICES, TASKS
 from neutronorch.config import (CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, EMBEDDING_STORAGES, HOT_GRADS, HOT_SETS,
-                                LINK_DIRECTIONS, MODE_CHOICES, READ_ORDERS, TASKS, TrainConfig)
+                                LINK_DIRECTIONS, READ_ORDERS, TrainConfig)
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec, synthetic_typed
 from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, NORMS, PRECISIONS, RELATIONAL_ONLY
 
