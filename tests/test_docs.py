@@ -376,7 +376,7 @@ def _sentence(text: str, marker: str) -> str:
 def test_readme_names_the_config_sections_and_top_level_keys():
     """README's `--config` paragraph: the sections are TrainConfig's parts, the keys it says belong at the top
     level only are the settings of no part, and every key it names is one a config file takes."""
-    from neutronorch.cli.help_texts import RUN_FOLDER_KEYS
+    from neutronorch.cli.options import RUN_FOLDER_KEYS
     from neutronorch.config import TrainConfig
 
     text = _sentence(" ".join(_paragraph(README.read_text(), "`--config run.yaml`").split()), "`--config run.yaml`")
