@@ -19,7 +19,7 @@ MODES = ("exact", "device", "neutronorch")
 MODE_CHOICES = MODES + ("auto",)  # auto: one of MODES, chosen when the run starts (orchestration/choice.py)
 TASKS = ("node", "link")
 RANKS = ("one", "several")
-# What auto resolves to where no measurement chooses (a homogeneous run chooses among the modes that run).
+# What auto resolves to where no rules choose (on a homogeneous graph, orchestration/choice.py's rules and probe).
 AUTO = {"typed": "exact"}
 
 NOT_YET = "not available for typed graphs yet"
