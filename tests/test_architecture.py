@@ -25,6 +25,7 @@ FORBIDDEN = {
     "features": {"orchestration", "train", "loader", "cli"},
     "orchestration": {"train", "loader", "cli"},
     "config": {"train", "orchestration", "loader", "cli"},
+    "capabilities": {"train", "orchestration", "loader", "cli"},
     "observe": {"nn", "sampling", "data", "features", "orchestration", "train", "config", "errors", "loader", "cli"},
     "train": {"loader", "cli"},
     "loader": {"cli"},

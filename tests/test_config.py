@@ -1,12 +1,13 @@
 """TrainConfig is composed of the parts components take; every setting is still read, written and given by
 its own name."""
 
+import argparse
 import dataclasses
 
 import pytest
 
-from neutronorch.cli import main
-from neutronorch.config import TrainConfig
+from neutronorch.cli import build_parser, main
+from neutronorch.config import TrainConfig, setting_fields
 from neutronorch.config_parts import (PARTS, NetworkConfig, NeutronOrchConfig, SamplingConfig, settings_of)
 from neutronorch.errors import ConfigError
 
@@ -93,7 +94,7 @@ def test_weight_decay_defaults_to_the_tasks_and_keeps_a_given_one():
 def test_a_seed_outside_64_bits_is_refused_wherever_it_is_given(seed, tmp_path):
     """The run's seed, a config file's, a split's, generate's and a synthetic spec's: each a ConfigError naming
     the range, never a traceback from the generator or a seed wrapped into another."""
-    from neutronorch.config import load_config_file
+    from neutronorch.config_keys import load_config_file
     from neutronorch.data import SyntheticSpec, generate, load_dataset, synthetic_typed
 
     with pytest.raises(ConfigError, match=r"`seed` .*from 0 to 18446744073709551615 \(2\*\*64 - 1\)"):
@@ -175,7 +176,7 @@ def test_a_config_files_numbers_written_as_text_and_its_nulls(tmp_path):
     """PyYAML reads 1e-3 (no dot) as text: a float setting takes it as the number it reads as, a whole-number
     setting says how to write it. An empty section sets nothing, a null key keeps its default; neither is
     an unknown key."""
-    from neutronorch.config import load_config_file
+    from neutronorch.config_keys import load_config_file
 
     def read(text, name="run.yaml"):
         (tmp_path / name).write_text(text)
@@ -230,3 +231,19 @@ def test_settings_given_names_those_off_their_defaults():
     config = TrainConfig(read_order="file", hot_error_budget=0.02, embedding_dir="tables")
     assert config.settings_given(["read_order", "hot_error_budget", "embedding_dir", "cache_policy"]) == [
         "`read_order` file", "`embedding_dir` tables"]
+
+
+@pytest.mark.parametrize("name", [f.name for f in setting_fields() if f.metadata.get("choices")])
+def test_a_setting_with_choices_refuses_a_value_outside_them_as_its_flag_does(name):
+    """A setting's choices (its option) are what validate checks and what the command line offers."""
+    with pytest.raises(ConfigError, match=f"`{name}` 'nope': choose one of "):
+        TrainConfig(**{name: "nope"}).validate()
+    with pytest.raises((SystemExit, argparse.ArgumentError)):
+        build_parser().parse_args(["train", "--" + name.replace("_", "-"), "nope"])
+
+
+def test_every_setting_has_its_option():
+    """Each setting's field carries its help (and only the keys of an option), so its flag is made from it."""
+    for f in setting_fields():
+        assert f.metadata["help"] and set(f.metadata) <= {"resume", "help", "short", "choices", "type", "metavar"}
+

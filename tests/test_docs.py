@@ -376,7 +376,7 @@ def _sentence(text: str, marker: str) -> str:
 def test_readme_names_the_config_sections_and_top_level_keys():
     """README's `--config` paragraph: the sections are TrainConfig's parts, the keys it says belong at the top
     level only are the settings of no part, and every key it names is one a config file takes."""
-    from neutronorch.cli.help_texts import RUN_FOLDER_KEYS
+    from neutronorch.cli.options import RUN_FOLDER_KEYS
     from neutronorch.config import TrainConfig
 
     text = _sentence(" ".join(_paragraph(README.read_text(), "`--config run.yaml`").split()), "`--config run.yaml`")
@@ -410,3 +410,13 @@ def test_the_settings_a_resume_may_change_are_listed(path, marker):
     grouped = {key for group, keys in RESUME_GROUPS.items() if group in text for key in keys}
     missing = may - named - grouped - {"resume"}
     assert not missing, f"{path.name} leaves out settings a resume may change: {sorted(missing)}"
+
+
+def test_the_table_of_what_runs_is_the_one_the_code_reads():
+    """docs/architecture.md's tables of what runs where are capabilities.markdown() as the code renders it."""
+    from neutronorch.capabilities import markdown
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    shown = re.search(r"<!-- generated: capabilities.markdown\(\) -->\n(.*?)<!-- end of the generated tables -->",
+                      text, flags=re.S)
+    assert shown is not None and shown.group(1) == markdown()

@@ -702,7 +702,7 @@ def test_a_split_is_never_clamped_to_what_a_class_holds(spec, message):
     ("c.yaml", "epochs: 2\nepochs: 3\n"), ("c.json", '{"epochs": 2, "epochs": 3}'),
     ("c.yaml", "batch-size: 64\nbatch_size: 128\n"), ("c.yaml", "progress: true\nno-progress: true\n")])
 def test_a_config_file_that_sets_an_option_twice_is_refused(tmp_path, name, text):
-    from neutronorch.config import load_config_file
+    from neutronorch.config_keys import load_config_file
     from neutronorch.errors import ConfigError
 
     (tmp_path / name).write_text(text)

@@ -9,7 +9,7 @@ import torch
 
 from neutronorch import TrainConfig, train
 from neutronorch.cli import main
-from neutronorch.config import MODES
+from neutronorch.capabilities import MODES
 from neutronorch.errors import ConfigError
 from neutronorch.features.placement import GiB, plan_placement
 from neutronorch.nn.models import GNN

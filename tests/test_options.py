@@ -56,7 +56,7 @@ import argparse  # noqa: E402
 from dataclasses import fields  # noqa: E402
 
 from neutronorch.cli import main  # noqa: E402
-from neutronorch.config import load_config_file  # noqa: E402
+from neutronorch.config_keys import load_config_file  # noqa: E402
 
 # Tuning and diagnostic knobs: listed by --help-all only, in its advanced group.
 ADVANCED = ["--snapshot-lead", "--hot-error-budget", "--hot-set", "--cache-policy", "--read-order",

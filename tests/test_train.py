@@ -291,7 +291,7 @@ def test_a_given_graph_is_what_the_summary_and_checkpoints_name(tmp_path):
     ("lr: .inf", "`lr` inf: expected a finite number"),
 ])
 def test_config_file_values_get_the_same_clear_errors_as_flags(tmp_path, text, message):
-    from neutronorch.config import load_config_file
+    from neutronorch.config_keys import load_config_file
 
     path = tmp_path / "c.yaml"
     path.write_text(text + "\n")
@@ -301,7 +301,7 @@ def test_config_file_values_get_the_same_clear_errors_as_flags(tmp_path, text, m
 
 
 def test_config_files_take_the_flags_no_spellings(tmp_path):
-    from neutronorch.config import load_config_file
+    from neutronorch.config_keys import load_config_file
 
     path = tmp_path / "c.yaml"
     path.write_text("no_progress: true\nno-stage-table: true\n")

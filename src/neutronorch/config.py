@@ -9,42 +9,28 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import re
 from dataclasses import MISSING, dataclass, field, fields, replace
 
-from neutronorch.config_keys import float_text, number_hint, read_config_mapping
+from neutronorch.capabilities import MODE_CHOICES, TASKS
 from neutronorch.config_parts import (PARTS, EvaluationConfig, LinkConfig, LogConfig, NetworkConfig,
                                       NeutronOrchConfig, OptimizationConfig, OutputConfig, PlacementConfig,
                                       SamplingConfig, may_change, setting, settings_of)
-from neutronorch.data.links import LINK_DIRECTIONS
+from neutronorch.data import DATASET_SPEC_HELP
 from neutronorch.errors import ConfigError
 from neutronorch.limits import check_seed
-from neutronorch.nn.names import (ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, NORMS, PRECISIONS, RELATIONAL_ONLY,
-                                  needs_degrees)
+from neutronorch.nn.names import PRECISIONS, needs_degrees
 from neutronorch.sampling.fanouts import parse_fanouts
 
-TASKS = ("node", "link")
 # Adam's L2 weight decay when none is given, per task. Node classification: chosen on the small citation
 # graphs (docs/accuracy.md). Link prediction: none, as OGB's link baselines train; 5e-3 shrank a dot head's
 # embeddings until Cora's test MRR fell from 0.42 to 0.11 (docs/link-prediction.md).
 TASK_WEIGHT_DECAY = {"node": 5e-3, "link": 0.0}
-MODES = ("exact", "device", "neutronorch")
-MODE_CHOICES = MODES + ("auto",)  # auto: one of MODES, chosen when the run starts (orchestration/choice.py)
-TYPED_MODE_CHOICES = ("exact", "device", "neutronorch", "auto")  # what a typed graph trains with (train/typed_config.py)
-TYPED_OWN_MODEL_MODES = ("exact", "device", "auto")  # your own module's, on a typed graph (train/typed_own.py)
 METRICS = ("accuracy", "rocauc", "f1-micro", "f1-macro")
 LINK_METRICS = re.compile(r"(mrr|rocauc|hits@[1-9][0-9]*)$")  # a link task's (train/link_metrics.py)
-HOT_GRADS = ("stop", "cpu")
-HOT_SETS = ("node", "rank")
-DEVICES = ("auto", "cpu", "cuda")
-CACHE_POLICIES = ("presample", "degree")
-DEVICE_SAMPLING = ("auto", "on", "off")
-READ_ORDERS = ("auto", "file", "batch")
 MAX_PREFETCH = 1024  # mini-batches a producer may run ahead; a buffer each, allocated up front
 MAX_HIDDEN = 65536  # a layer's width: its hidden x hidden float32 weight takes 16 GiB at this width
 MAX_THREADS = 4096  # torch and numba take thread counts as 32-bit numbers, and no machine has more cores
-EMBEDDING_STORAGES = ("auto", "memory", "mmap")  # where a typed graph's embedding tables live (train/typed_tables.py)
 
 
 @dataclass(init=False)
@@ -57,15 +43,45 @@ class TrainConfig:
     may be given whole (``TrainConfig(sampling=SamplingConfig(...))``); settings given by name apply over it.
     ``to_dict`` and ``keys`` list the settings by name, flat, as checkpoints and summaries store them."""
 
-    dataset: str = may_change("synthetic")
-    task: str = setting("node")  # node (classification) or link (prediction; the `link` part)
-    split: str | None = setting(None)
-    split_index: int = setting(0)  # which of the dataset's stored splits (the heterophilous .npz files hold 10)
-    mode: str = setting("exact")  # exact, device, neutronorch, or auto (chosen when the run starts)
-    device: str = may_change("auto")
-    precision: str = may_change("fp32")  # fp32, bf16 or auto (bf16 where the device has it natively); nn/precision.py
-    threads: int = may_change(0)
-    dist_timeout: float = may_change(600.0)  # data parallel: seconds a collective waits for the other ranks
+    dataset: str = may_change(
+        "synthetic", metavar="SPEC", short="folder, file, or synthetic[:nodes=N] (the default)",
+        help=f"dataset spec: {DATASET_SPEC_HELP} (default: %(default)s)")
+    task: str = setting(
+        "node", choices=TASKS, short="node (classification) or link (prediction)",
+        help="node: classify vertices by their labels; link: predict edges, trained on seed edges with drawn "
+             "negatives and scored by MRR, Hits@K or ROC-AUC against held-out edges (docs/link-prediction.md) "
+             "(default: %(default)s)")
+    split: str | None = setting(
+        None, type=str, metavar="SPEC", short="ratio:TRAIN,VAL or per-class:TRAIN,VAL; a link task: edges:TRAIN,VAL",
+        help="split for data without one: ratio:TRAIN,VAL or per-class:TRAIN,VAL of the vertices; a link task: "
+             "edges:TRAIN,VAL of the edges, validation and test edges left out of message passing (default: the "
+             "data's own split, else ratio:0.6,0.2; synthetic graphs: ratio:0.1,0.05; link: edges:0.85,0.05)")
+    split_index: int = setting(
+        0, metavar="K",
+        help="which of the dataset's stored splits to use (the heterophilous .npz files hold 10: 0..9) (default: "
+             "%(default)s)")
+    mode: str = setting(
+        "exact", choices=MODE_CHOICES, short="exact (default), device, neutronorch; auto picks",
+        help="placement of the stages: exact samples and gathers on the host and computes every layer of every "
+             "mini-batch on the device; device also samples and gathers on the training device (graph and features "
+             "resident there, or read from pinned host memory beyond --gpu-memory-gb); neutronorch computes hot "
+             "vertices' bottom layer on the host once per super-batch and reuses it; auto chooses one when the run "
+             "starts, says which and why (the log and the summary's mode_choice) and keeps it when resumed: exact on "
+             "the CPU; on a GPU device while the topology and features fit --gpu-memory-gb, else device or "
+             "neutronorch by a short measured probe (default: %(default)s)")
+    device: str = may_change(
+        "auto", choices=("auto", "cpu", "cuda"), short="training device; auto (default): CUDA if present",
+        help="training device; auto picks CUDA when available (default: %(default)s)")
+    precision: str = may_change(
+        "fp32", choices=PRECISIONS, metavar="PREC", short="fp32 (default) or bf16; auto: bf16 where native",
+        help="fp32, or bf16: bfloat16 features, activations and matrix products (AMX on CPUs, tensor cores on GPUs) "
+             "with float32 weights, optimizer state, loss and evaluation; auto = bf16 where the training device "
+             "computes it natively, else fp32 (the run says which) (default: %(default)s)")
+    threads: int = may_change(0, metavar="N", help="training threads; 0 = all cores (default: %(default)s)")
+    dist_timeout: float = may_change(
+        600.0, metavar="SECONDS",
+        help="data parallel (launched with torchrun): seconds a collective waits for the other ranks before the run "
+             "fails saying so (default: %(default)s)")
     network: NetworkConfig = field(default_factory=NetworkConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     optimization: OptimizationConfig = field(default_factory=OptimizationConfig)
@@ -94,17 +110,17 @@ class TrainConfig:
     @classmethod
     def resume_may_change(cls) -> frozenset[str]:
         """The settings a resumed run may change (declared with ``may_change``)."""
-        return frozenset(f.name for f in _settings() if f.metadata.get("resume") == "may change")
+        return frozenset(f.name for f in setting_fields() if f.metadata.get("resume") == "may change")
 
     def settings_given(self, names) -> list[str]:
         """Those of the settings ``names`` given other values than their defaults, as `name` value: what a
         run that has no use for them refuses instead of ignoring."""
-        defaults = {f.name: f.default for f in _settings()}
+        defaults = {f.name: f.default for f in setting_fields()}
         return [f"`{name}` {getattr(self, name)}" for name in names if getattr(self, name) != defaults[name]]
 
     def link_settings_given(self) -> list[str]:
         """The link task's settings (``LinkConfig``) given other values than their defaults: what a node task
-        would ignore, and refuses (``check_node_task``, ``check_typed_config``)."""
+        would ignore, and refuses (``check_node_task``, ``capabilities.check_run``)."""
         return self.settings_given(f.name for f in settings_of(LinkConfig))
 
     def validate(self) -> "TrainConfig":
@@ -113,7 +129,7 @@ class TrainConfig:
             if not isinstance(getattr(self, part), kind):
                 raise ConfigError(f"`{part}` {getattr(self, part)!r}: expected a {kind.__name__} (or give its "
                                   f"settings by name: {', '.join(f.name for f in settings_of(kind))}).")
-        _check_types(self)
+        check_types(self)
         check_seed(self.seed)
         self.fanouts = parse_fanouts(self.fanouts)
         if self.layers < 0:
@@ -137,14 +153,11 @@ class TrainConfig:
         self.hot_ratio = _parse_hot_ratio(self.hot_ratio)
         self.gpu_cache_gb = _parse_cache_size(self.gpu_cache_gb)
         self.host_cache_gb = _parse_cache_size(self.host_cache_gb, "host_cache_gb", "host")
+        for f in setting_fields():  # each setting's choices (its option, config_parts.OPTION_SPEC)
+            if f.metadata.get("choices") is not None and getattr(self, f.name) not in f.metadata["choices"]:
+                raise ConfigError(f"`{f.name}` {getattr(self, f.name)!r}: choose one of "
+                                  f"{', '.join(f.metadata['choices'])}.")
         checks = [
-            (self.model in MODELS + RELATIONAL_ONLY,
-             f"`model` {self.model!r}: choose one of {', '.join(MODELS + RELATIONAL_ONLY)} "
-             f"({', '.join(RELATIONAL_ONLY)}: typed graphs only)."),
-            (self.mode in MODE_CHOICES, f"`mode` {self.mode!r}: choose one of {', '.join(MODE_CHOICES)}."),
-            (self.device in DEVICES, f"`device` {self.device!r}: choose one of {', '.join(DEVICES)}."),
-            (self.precision in PRECISIONS,
-             f"`precision` {self.precision!r}: choose one of {', '.join(PRECISIONS)}."),
             (self.batch_size >= 0, f"`batch_size` {self.batch_size}: must be a positive number of seeds "
                                    f"(or 0 to choose from the training-set size)."),
             (self.eval_batch_size >= 1, f"`eval_batch_size` {self.eval_batch_size}: must be positive."),
@@ -155,13 +168,8 @@ class TrainConfig:
                                         f"{MAX_HIDDEN}, whose square weight alone takes 16 GiB); give a width "
                                         f"such as 256."),
             (self.heads >= 1, f"`heads` {self.heads}: must be positive."),
-            (self.gcn_norm in GCN_NORMS, f"`gcn_norm` {self.gcn_norm!r}: choose one of {', '.join(GCN_NORMS)}."),
-            (self.norm in NORMS, f"`norm` {self.norm!r}: choose one of {', '.join(NORMS)}."),
-            (self.architecture in ARCHITECTURES,
-             f"`architecture` {self.architecture!r}: choose one of {', '.join(ARCHITECTURES)}."),
             (not (self.residual and self.architecture == "blocks"),
              "`residual`: graph blocks are residual already; give `residual` with `architecture` plain only."),
-            (self.task in TASKS, f"`task` {self.task!r}: choose one of {', '.join(TASKS)}."),
             (self.task == "link" or self.metric in ("auto",) + METRICS,
              f"`metric` {self.metric!r}: choose auto or one of {', '.join(METRICS)}"
              + (" (mrr, hits@K and rocauc score link tasks: give `task` link)." if LINK_METRICS.match(self.metric)
@@ -169,9 +177,6 @@ class TrainConfig:
             (self.task == "node" or self.metric == "auto" or bool(LINK_METRICS.match(self.metric)),
              f"`metric` {self.metric!r}: a link task scores by auto (the dataset's own, else mrr), mrr, rocauc "
              f"or hits@K (hits@50)."),
-            (self.link_head in LINK_HEADS, f"`link_head` {self.link_head!r}: choose one of {', '.join(LINK_HEADS)}."),
-            (self.link_direction in LINK_DIRECTIONS,
-             f"`link_direction` {self.link_direction!r}: choose one of {', '.join(LINK_DIRECTIONS)}."),
             (self.negatives >= 1, f"`negatives` {self.negatives}: must be at least 1 per positive."),
             (self.eval_negatives >= 1, f"`eval_negatives` {self.eval_negatives}: must be at least 1 per positive."),
             (self.split_index >= 0, f"`split_index` {self.split_index}: must be 0 or more."),
@@ -194,22 +199,12 @@ class TrainConfig:
              "more."),
             (all(0 <= n <= MAX_THREADS for n in (self.threads, self.sampler_threads, self.host_threads)),
              f"`threads`/`sampler_threads`/`host_threads` must be 0 (picks automatically) to {MAX_THREADS}."),
-            (self.hot_grad in HOT_GRADS, f"`hot_grad` {self.hot_grad!r}: choose one of {', '.join(HOT_GRADS)}."),
-            (self.hot_set in HOT_SETS, f"`hot_set` {self.hot_set!r}: choose one of {', '.join(HOT_SETS)}."),
             (self.snapshot_lead is None or self.snapshot_lead >= 0,
              f"`snapshot_lead` {self.snapshot_lead}: must be zero or more optimizer steps."),
             (self.hot_error_budget > 0, f"`hot_error_budget` {self.hot_error_budget}: must be positive."),
             (self.gpu_memory_gb is None or self.gpu_memory_gb > 0,
              f"`gpu_memory_gb` {self.gpu_memory_gb}: must be a positive number of GiB (the device memory "
              f"this run may use)."),
-            (self.read_order in READ_ORDERS,
-             f"`read_order` {self.read_order!r}: choose one of {', '.join(READ_ORDERS)}."),
-            (self.embedding_storage in EMBEDDING_STORAGES,
-             f"`embedding_storage` {self.embedding_storage!r}: choose one of {', '.join(EMBEDDING_STORAGES)}."),
-            (self.cache_policy in CACHE_POLICIES,
-             f"`cache_policy` {self.cache_policy!r}: choose one of {', '.join(CACHE_POLICIES)}."),
-            (self.device_sampling in DEVICE_SAMPLING,
-             f"`device_sampling` {self.device_sampling!r}: choose one of {', '.join(DEVICE_SAMPLING)}."),
             (self.super_batch >= 1, f"`super_batch` {self.super_batch}: must be at least 1 mini-batch."),
             (0 < self.dist_timeout < math.inf, f"`dist_timeout` {self.dist_timeout}: must be a positive number "
                                                  f"of seconds."),
@@ -242,7 +237,7 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         """Every setting by name, flat (as checkpoints and summaries store them)."""
-        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in _settings()}
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in setting_fields()}
 
     @property
     def hot_sets_per_node(self) -> bool:
@@ -252,7 +247,7 @@ class TrainConfig:
     @classmethod
     def keys(cls) -> list[str]:
         """Every setting's name."""
-        return [f.name for f in _settings()]
+        return [f.name for f in setting_fields()]
 
     @classmethod
     def sections(cls) -> dict[str, list[str]]:
@@ -260,8 +255,9 @@ class TrainConfig:
         return {part: [f.name for f in settings_of(kind)] for part, kind in PARTS.items()}
 
 
-def _settings() -> list:
-    """The ``Field`` of every setting: the run's own, then each part's."""
+def setting_fields() -> list:
+    """The ``Field`` of every setting, the run's own, then each part's: its name, default and option (its
+    metadata: ``config_parts.OPTION_SPEC``)."""
     own = [f for f in fields(TrainConfig) if f.name not in PARTS]
     return own + [f for kind in PARTS.values() for f in settings_of(kind)]
 
@@ -281,27 +277,23 @@ for _name, _part in _PART_OF.items():
     setattr(TrainConfig, _name, _by_name(_part, _name))
 
 
-# Fields whose default is None, and the type their value must have when given.
-_OPTIONAL_TYPES = {"split": str, "staleness_bound": int, "snapshot_lead": int, "gpu_memory_gb": float,
-                   "weight_decay": float, "summary_json": str, "timeline": str, "log_jsonl": str, "log_csv": str, "tensorboard": str,
-                   "checkpoint_dir": str, "host_cache_dir": str, "embedding_dir": str}
 # Parsed by their own functions, which accept several forms.
 _PARSED = {"fanouts", "eval_fanouts", "hot_ratio", "gpu_cache_gb", "host_cache_gb"}
 
 
-def _wanted(f) -> type:
-    """The type a setting's value must have."""
-    return _OPTIONAL_TYPES.get(f.name) or type(f.default)
+def value_type(f) -> type:
+    """The type a setting's value must have: its option's, else its default's."""
+    return f.metadata.get("type") or type(f.default)
 
 
-def _check_types(config: TrainConfig) -> None:
+def check_types(config: TrainConfig) -> None:
     """Every field holds a value of its type (a config file can give any YAML value): a clear error
     instead of a ``TypeError`` deep inside the run."""
-    for f in _settings():
+    for f in setting_fields():
         value = getattr(config, f.name)
         if f.name in _PARSED or (value is None and f.default is None):
             continue
-        want = _wanted(f)
+        want = value_type(f)
         if want is bool:
             ok, what = isinstance(value, bool), "true or false"
         elif want is int:
@@ -317,6 +309,20 @@ def _check_types(config: TrainConfig) -> None:
             raise ConfigError(f"`{f.name}` {value!r}: expected {what}, not {kind}{hint}.")
         if want is int and f.name != "seed" and not -2**63 <= value < 2**63:  # the seed: check_seed's 64 bits
             raise ConfigError(f"`{f.name}` {value}: too large; counts are 64-bit whole numbers, below 2**63.")
+
+
+def number_hint(value: str, want: type) -> str:
+    """For a number written as text where ``want`` (int or float) is expected: how to write it as a number."""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    if not math.isfinite(number):
+        return ""
+    if want is int:
+        return (f"; write it with digits only ({int(number)}), which every config file reads as a number"
+                if number.is_integer() else "")
+    return f"; give it as a number ({value.strip()}, not quoted)"
 
 
 def _parse_hot_ratio(value) -> str | float:
@@ -349,51 +355,3 @@ def auto_batch_size(num_train: int) -> int:
     """Seeds per mini-batch when none is given: about 32 optimizer steps per epoch on small training sets
     (140 Cora seeds in one batch learn far too slowly), never below 32 nor above 1024 seeds."""
     return min(1024, max(32, num_train // 32))
-
-
-def load_config_file(path: str | os.PathLike, extra: dict[str, str | None] | None = None) -> dict:
-    """Read a YAML, TOML or JSON file whose keys are ``TrainConfig`` settings (dashes or underscores), or keys
-    of the caller's own (``extra``: each key and its section, such as the command line's ``run_name`` under
-    ``outputs``). A part's settings may sit in a section named after the part (``[sampling]`` holding
-    ``fanouts``, ``[neutronorch]`` holding ``super_batch``: ``TrainConfig.sections()``) or at the top level; a
-    key in another section than its own is an error that names its section. A section with nothing under it
-    (``network:`` alone in YAML) sets nothing; a key set to null (``lr: ~``) keeps its default. A setting
-    that takes a float may be given as text that reads as one: YAML 1.1 (PyYAML) reads ``1e-3``, without a
-    dot, as a string."""
-    data = read_config_mapping(path)
-    extra = extra or {}
-    known = set(TrainConfig.keys()) | set(extra)
-    sections = TrainConfig.sections()
-    home = {name: part for part, names in sections.items() for name in names}
-    home.update({name: part for name, part in extra.items() if part is not None})
-    floats = {f.name for f in _settings() if _wanted(f) is float}
-    flat = []  # (key as written, value, section or None)
-    for key, value in data.items():
-        if str(key) in sections and (isinstance(value, dict) or value is None):
-            flat.extend((inner, inner_value, str(key)) for inner, inner_value in (value or {}).items())
-        elif str(key) in sections:
-            raise ConfigError(f"--config {path}: {key!r} is a section, not a setting: give its settings under it "
-                              f"({', '.join(sections[str(key)][:3])}, ...), not {value!r}.")
-        else:
-            flat.append((key, value, None))
-    out, seen = {}, set()
-    for key, value, section in flat:
-        name = str(key).replace("-", "_")
-        negated = name in ("no_progress", "no_stage_table", "no_save")  # the flags' spelling: --no-progress, ...
-        name = name[3:] if negated else name
-        if name not in known:
-            raise ConfigError(f"--config {path}: unknown key {key!r}. Known keys: {', '.join(sorted(known))}. "
-                              f"Sections: {', '.join(sections)}.")
-        if section is not None and home.get(name) != section:
-            where = f"under [{home[name]}] (or at the top level)" if name in home else "at the top level"
-            raise ConfigError(f"--config {path}: {key!r} is under [{section}], but belongs {where}.")
-        if name in seen:  # batch-size and batch_size, or progress and no-progress: which one would be meant?
-            raise ConfigError(f"--config {path}: {key!r} sets `{name}`, which an earlier key sets too; give it once.")
-        seen.add(name)
-        if value is None:
-            continue  # null: the default
-        if negated and not isinstance(value, bool):
-            raise ConfigError(f"--config {path}: {key!r} {value!r}: expected true or false.")
-        out[name] = float_text(value) if name in floats else (not value if negated else value)
-    _check_types(TrainConfig(**{k: v for k, v in out.items() if k not in extra}))  # one a flag replaces too
-    return out

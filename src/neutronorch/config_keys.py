@@ -1,5 +1,6 @@
-"""Config files read strictly: a key given twice in one mapping is an error, where JSON and PyYAML would
-keep the last one silently (TOML refuses it itself); numbers that a YAML 1.1 parser (PyYAML) reads as text."""
+"""Config files: their keys mapped onto ``TrainConfig``'s settings (``load_config_file``), read strictly: a key
+given twice in one mapping is an error, where JSON and PyYAML would keep the last one silently (TOML refuses it
+itself); numbers that a YAML 1.1 parser (PyYAML) reads as text."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import os
 from pathlib import Path
 
+from neutronorch.config import TrainConfig, check_types, setting_fields, value_type
 from neutronorch.errors import ConfigError, not_a_file
 
 
@@ -93,15 +95,50 @@ def float_text(value):
     return number if math.isfinite(number) else value
 
 
-def number_hint(value: str, want: type) -> str:
-    """For a number written as text where ``want`` (int or float) is expected: how to write it as a number."""
-    try:
-        number = float(value)
-    except ValueError:
-        return ""
-    if not math.isfinite(number):
-        return ""
-    if want is int:
-        return (f"; write it with digits only ({int(number)}), which every config file reads as a number"
-                if number.is_integer() else "")
-    return f"; give it as a number ({value.strip()}, not quoted)"
+def load_config_file(path: str | os.PathLike, extra: dict[str, str | None] | None = None) -> dict:
+    """Read a YAML, TOML or JSON file whose keys are ``TrainConfig`` settings (dashes or underscores), or keys
+    of the caller's own (``extra``: each key and its section, such as the command line's ``run_name`` under
+    ``outputs``). A part's settings may sit in a section named after the part (``[sampling]`` holding
+    ``fanouts``, ``[neutronorch]`` holding ``super_batch``: ``TrainConfig.sections()``) or at the top level; a
+    key in another section than its own is an error that names its section. A section with nothing under it
+    (``network:`` alone in YAML) sets nothing; a key set to null (``lr: ~``) keeps its default. A setting
+    that takes a float may be given as text that reads as one: YAML 1.1 (PyYAML) reads ``1e-3``, without a
+    dot, as a string."""
+    data = read_config_mapping(path)
+    extra = extra or {}
+    known = set(TrainConfig.keys()) | set(extra)
+    sections = TrainConfig.sections()
+    home = {name: part for part, names in sections.items() for name in names}
+    home.update({name: part for name, part in extra.items() if part is not None})
+    floats = {f.name for f in setting_fields() if value_type(f) is float}
+    negated_keys = {f"no_{f.name}" for f in setting_fields() if f.default is True} | {"no_save"}
+    flat = []  # (key as written, value, section or None)
+    for key, value in data.items():
+        if str(key) in sections and (isinstance(value, dict) or value is None):
+            flat.extend((inner, inner_value, str(key)) for inner, inner_value in (value or {}).items())
+        elif str(key) in sections:
+            raise ConfigError(f"--config {path}: {key!r} is a section, not a setting: give its settings under it "
+                              f"({', '.join(sections[str(key)][:3])}, ...), not {value!r}.")
+        else:
+            flat.append((key, value, None))
+    out, seen = {}, set()
+    for key, value, section in flat:
+        name = str(key).replace("-", "_")
+        negated = name in negated_keys  # the switches' spelling: --no-progress, ...
+        name = name[3:] if negated else name
+        if name not in known:
+            raise ConfigError(f"--config {path}: unknown key {key!r}. Known keys: {', '.join(sorted(known))}. "
+                              f"Sections: {', '.join(sections)}.")
+        if section is not None and home.get(name) != section:
+            where = f"under [{home[name]}] (or at the top level)" if name in home else "at the top level"
+            raise ConfigError(f"--config {path}: {key!r} is under [{section}], but belongs {where}.")
+        if name in seen:  # batch-size and batch_size, or progress and no-progress: which one would be meant?
+            raise ConfigError(f"--config {path}: {key!r} sets `{name}`, which an earlier key sets too; give it once.")
+        seen.add(name)
+        if value is None:
+            continue  # null: the default
+        if negated and not isinstance(value, bool):
+            raise ConfigError(f"--config {path}: {key!r} {value!r}: expected true or false.")
+        out[name] = float_text(value) if name in floats else (not value if negated else value)
+    check_types(TrainConfig(**{k: v for k, v in out.items() if k not in extra}))  # one a flag replaces too
+    return out

@@ -6,7 +6,7 @@ is a frozen dataclass: a component handed one cannot change the run's configurat
 
 - *settings* (``setting``/``may_change``): what a user gives, by keyword (``TrainConfig(fanouts=[15, 10])``),
   on the command line or in a config file's section named after the part (``[sampling]``). Each states once
-  whether a resumed run may change it.
+  whether a resumed run may change it, and its option: help, choices, type (``OPTION_SPEC``).
 - *resolved* (``resolved``): what the run works out when it starts (a data-parallel rank, whether blocks
   carry degrees); never a setting, never saved.
 
@@ -17,28 +17,42 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-# The field metadata every setting carries: may a resumed run change it (``TrainConfig.resume_may_change``)?
-_FIXED = {"resume": "fixed"}
-_MAY_CHANGE = {"resume": "may change"}
-_RESOLVED = {"resolved": True}
+from neutronorch.data.links import LINK_DIRECTIONS
+from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, NORMS, RELATIONAL_ONLY
+
+# A setting's option, beside its name and default: ``help`` (the full help, ``%(default)s`` standing for the
+# default), ``short`` (the help ``train --help`` lists it with; without one only ``--help-all`` lists it),
+# ``choices`` (the values it takes, which ``validate`` checks), ``type`` (its value's, where the default is
+# None), ``metavar`` (what the help shows for its value; with choices, in the short help only). The command
+# line's parser and help are made from these (cli/options.py); a bool setting is a switch there.
+OPTION_SPEC = ("help", "short", "choices", "type", "metavar")
 
 
-def setting(default=None, *, factory=None):
-    """A setting a resumed run must keep: it changes the model or the training."""
-    if factory is not None:
-        return field(default_factory=factory, metadata=_FIXED)
-    return field(default=default, metadata=_FIXED)
+def setting(default=None, *, factory=None, **spec):
+    """A setting a resumed run must keep: it changes the model or the training. ``spec``: its option."""
+    return _setting("fixed", default, factory, spec)
 
 
-def may_change(default):
+def may_change(default, **spec):
     """A setting a resumed run may change: where outputs go, how the run reports, how long it trains, its
-    threads and where it runs; results do not depend on them."""
-    return field(default=default, metadata=_MAY_CHANGE)
+    threads and where it runs; results do not depend on them. ``spec``: its option."""
+    return _setting("may change", default, None, spec)
+
+
+def _setting(resume: str, default, factory, spec: dict):
+    """A setting's field: its metadata says whether a resumed run may change it (``TrainConfig.resume_may_change``)
+    and holds its option (``OPTION_SPEC``)."""
+    if "help" not in spec or set(spec) - set(OPTION_SPEC):
+        raise TypeError(f"a setting's option takes help and any of {', '.join(OPTION_SPEC[1:])}, not {sorted(spec)}")
+    metadata = {"resume": resume, **spec}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def resolved(default):
     """Worked out when the run starts (``dataclasses.replace`` on the part); not a setting."""
-    return field(default=default, metadata=_RESOLVED)
+    return field(default=default, metadata={"resolved": True})
 
 
 def settings_of(part) -> list:
@@ -50,76 +64,167 @@ def settings_of(part) -> list:
 class NetworkConfig:
     """The model: which architecture, its widths and its regularisation."""
 
-    model: str = setting("sage")
-    layers: int = setting(0)  # 0: one per `fanouts` entry; N with a single fanout repeats it N times
-    hidden: int = setting(256)
-    heads: int = setting(4)
-    gcn_norm: str = setting("symmetric")
-    residual: bool = setting(False)  # skip connections around every layer but the output layer
-    norm: str = setting("none")  # between layers, before the activation: none, layer or batch
-    architecture: str = setting("plain")  # plain (a stack of layers) or blocks (residual graph blocks, nn/blocks.py)
-    dropout: float = setting(0.7)
+    model: str = setting(
+        "sage", choices=MODELS + RELATIONAL_ONLY, metavar="MODEL",
+        short="sage (default), gcn or gat; typed: also rgcn, rgat",
+        help="GNN architecture: sage, gcn or gat; for a typed graph (docs/heterogeneous.md) sage, rgcn or rgat "
+             "(default: %(default)s)")
+    layers: int = setting(
+        0, metavar="N",
+        help="number of layers; 0 = one per --fanouts entry; with a single fanout, that fanout in every layer "
+             "(default: %(default)s)")
+    hidden: int = setting(
+        256, metavar="N", short="hidden width (default: 256)", help="hidden width (default: %(default)s)")
+    heads: int = setting(4, metavar="N", help="GAT and R-GAT attention heads in hidden layers (default: %(default)s)")
+    gcn_norm: str = setting(
+        "symmetric", choices=GCN_NORMS,
+        help="GCN normalisation: symmetric = Kipf & Welling's D^-1/2 (A+I) D^-1/2 by graph degrees (PyG's GCNConv, "
+             "DGL's GraphConv), mean = the mean over the vertex and its sampled neighbours (default: %(default)s)")
+    residual: bool = setting(
+        False,
+        help="skip connections around every layer but the output layer (identity, or a learned projection where the "
+             "widths differ)")
+    norm: str = setting(
+        "none", choices=NORMS,
+        help="normalisation between layers, before the activation: none, layer (LayerNorm) or batch (BatchNorm) "
+             "(default: %(default)s)")
+    architecture: str = setting(
+        "plain", choices=ARCHITECTURES,
+        help="plain: a stack of graph layers with ReLU and dropout between; blocks: an input map, one residual block "
+             "h + FFN(aggregate(norm(h))) per layer, and a linear head, as the heterophilous-graph baselines of "
+             "Platonov et al. (docs/models.md) (default: %(default)s)")
+    dropout: float = setting(
+        0.7, metavar="P",
+        help="dropout after each hidden layer; on CPU resolved to steps of 1/256 (default: %(default)s)")
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
     """How mini-batches are drawn: the modes' and the cache ranking's part of the configuration."""
 
-    fanouts: list[int] = setting(factory=lambda: [10, 10])  # seed hop first
-    batch_size: int = setting(0)  # 0: auto_batch_size(training seeds); the run resolves it (never 0 in a mode)
-    seed: int = setting(0)  # also seeds the model's initial weights
-    prefetch: int = may_change(2)
+    fanouts: list[int] = setting(
+        factory=lambda: [10, 10], metavar="LIST", short="neighbours per layer, -1 all (default: 10,10)",
+        help="neighbours sampled per layer, seed hop first; -1 takes all (default: 10,10)")
+    # 0: auto_batch_size(training seeds); the run resolves it (never 0 in a mode)
+    batch_size: int = setting(
+        0, metavar="N", short="seeds per mini-batch (default: from the train set)",
+        help="seeds per mini-batch; 0 = min(1024, max(32, training seeds // 32)) (default: %(default)s)")
+    seed: int = setting(
+        0, metavar="S", short="seed of weights, sampling and order (default: 0)",
+        help="seed of model init, seed order and sampling (default: %(default)s)")
+    prefetch: int = may_change(2, metavar="N", help="mini-batches prepared ahead of training (default: %(default)s)")
     degrees: bool = resolved(False)  # blocks carry their sources' graph degrees (the model normalises by them)
     rank: int = resolved(0)  # data parallel: this rank trains part ``rank`` of each global batch of batch_size * world
     world: int = resolved(1)
     file_order: bool = resolved(False)  # host samplers read the topology in file order (``read_order``)
     shuffle: bool = resolved(True)  # False: every epoch takes the seeds in their given order (``NeighborLoader``)
-    sampler_threads: int = may_change(0)
+    sampler_threads: int = may_change(
+        0, metavar="N", help="sampler/gather threads; 0 = half the cores (default: %(default)s)")
 
 
 @dataclass(frozen=True)
 class OptimizationConfig:
     """How long and how the weights are trained."""
 
-    epochs: int = may_change(50)
-    lr: float = setting(0.003)
-    weight_decay: float | None = setting(None)  # None: the task's (``TASK_WEIGHT_DECAY``), resolved by validate
-    patience: int = may_change(0)  # stop after this many evaluations without a better validation score (0: never)
+    epochs: int = may_change(
+        50, metavar="N", short="training epochs (default: 50)", help="training epochs (default: %(default)s)")
+    lr: float = setting(
+        0.003, metavar="LR", short="Adam learning rate (default: 0.003)",
+        help="Adam learning rate (default: %(default)s)")
+    weight_decay: float | None = setting(
+        None, type=float, metavar="WD", help="Adam weight decay (default: 5e-3 for a node task, 0 for a link task)")
+    patience: int = may_change(
+        0, metavar="N",
+        help="stop after this many evaluations without a better validation score (--metric; the summary and best.pt "
+             "hold the best epoch); 0 = never stop early (default: %(default)s)")
 
 
 @dataclass(frozen=True)
 class EvaluationConfig:
     """What evaluation scores and how it samples."""
 
-    metric: str = setting("auto")  # accuracy, rocauc, f1-micro, f1-macro; auto: the dataset's (train/task.py)
-    eval_every: int = may_change(1)
-    eval_fanouts: list[int] | None = may_change(None)
-    eval_batch_size: int = may_change(4096)
-    eval_max_nodes: int = may_change(0)  # 0: every validation and test vertex
+    metric: str = setting(
+        "auto", metavar="METRIC",
+        help="what evaluation scores: accuracy, rocauc, f1-micro, f1-macro; auto = the dataset's own (ROC-AUC for the "
+             "binary heterophilous graphs), else ROC-AUC for multi-label labels, accuracy otherwise; a link task: "
+             "mrr, hits@K (hits@50) or rocauc, auto = the dataset's own, else mrr (default: %(default)s)")
+    eval_every: int = may_change(
+        1, metavar="N",
+        help="evaluate val/test every N epochs; 0 evaluates only after the last, -1 never (timing runs) (default: "
+             "%(default)s)")
+    eval_fanouts: list[int] | None = may_change(
+        None, metavar="LIST", help="sampled inference with these fanouts instead of exact full-neighbour inference")
+    eval_batch_size: int = may_change(4096, metavar="N", help="destinations per inference chunk (default: %(default)s)")
+    eval_max_nodes: int = may_change(
+        0, metavar="N",
+        help="evaluate on a seeded random sample of at most this many validation and test vertices each; with exact "
+             "inference only the last layer gets cheaper (every layer below runs over all vertices), so pair it with "
+             "--eval-fanouts to save real time; 0 = all (default: %(default)s)")
 
 
 @dataclass(frozen=True)
 class LinkConfig:
     """A link task's part (``task="link"``): how pairs are scored, and the negatives of each positive."""
 
-    link_head: str = setting("dot")  # dot or mlp (nn/link.py)
-    negatives: int = setting(1)  # destinations drawn per training positive
-    eval_negatives: int = may_change(100)  # drawn per evaluation positive where the data stores none
-    link_direction: str = setting("auto")  # auto, undirected or directed: an edge and its reverse in edges:... splits
+    link_head: str = setting(
+        "dot", choices=LINK_HEADS,
+        help="link task: how a pair of embeddings is scored: dot (their inner product) or mlp (a two-layer perceptron "
+             "over their element-wise product, as OGB's examples) (default: %(default)s)")
+    negatives: int = setting(
+        1, metavar="K",
+        help="link task: destinations drawn uniformly per training positive, seeded like the neighbour draws "
+             "(default: %(default)s)")
+    eval_negatives: int = may_change(
+        100, metavar="K",
+        help="link task: destinations drawn per validation and test positive where the data stores no negatives of "
+             "its own (the same at every evaluation) (default: %(default)s)")
+    link_direction: str = setting(
+        "auto", choices=LINK_DIRECTIONS,
+        help="link task, --split edges:...: undirected (an edge and its reverse are one link, held out of message "
+             "passing both ways), directed (each edge a link), or auto: undirected when at least half of the edges "
+             "have their reverse (default: %(default)s)")
 
 
 @dataclass(frozen=True)
 class NeutronOrchConfig:
     """NeutronOrch mode's part of the configuration."""
 
-    super_batch: int = setting(8)
-    hot_ratio: str | float = setting("auto")
-    staleness_bound: int | None = setting(None)  # None: 2 * super_batch - 1 (``resolved_staleness``)
-    hot_grad: str = setting("cpu")
-    hot_error_budget: float = setting(0.02)
-    snapshot_lead: int | None = setting(None)  # None: auto (2 steps, more while the trainer waits for hot rows)
-    hot_set: str = setting("rank")  # data parallel: rows hot on several ranks of a node computed by each or once
-    host_threads: int = may_change(0)
+    super_batch: int = setting(
+        8, metavar="P", short="neutronorch: batches per super-batch (default: 8)",
+        help="neutronorch: mini-batches per super-batch P; hot embeddings are computed once per super-batch (default: "
+             "%(default)s)")
+    hot_ratio: str | float = setting(
+        "auto", metavar="R", short="neutronorch: share of vertices hot (default: auto)",
+        help="neutronorch: share of the vertices a super-batch reaches in its bottom layer made hot, or auto to tune "
+             "it between epochs from measured host and device time, down to 0 (no hot rows, no host work, probed "
+             "again every few epochs) while reuse does not pay (default: %(default)s)")
+    staleness_bound: int | None = setting(
+        None, type=int, metavar="S",
+        help="neutronorch: most optimizer steps between the parameters hot embeddings were computed from and their "
+             "use; at least P-1 (default: 2P-1)")
+    hot_grad: str = setting(
+        "cpu", choices=("stop", "cpu"),
+        help="neutronorch: cpu adds the hot rows' bottom-layer gradient, computed on the host once per super-batch; "
+             "stop treats hot rows as constants (faster, but the bottom layer then learns nothing from them) "
+             "(default: %(default)s)")
+    hot_error_budget: float = setting(
+        0.02, metavar="E",
+        help="neutronorch with --hot-ratio auto: cap r so that (share of bottom-layer rows served hot) x (measured "
+             "drift of a row per step x mean staleness) stays below this (default: %(default)s)")
+    snapshot_lead: int | None = setting(
+        None, type=int, metavar="N",
+        help="neutronorch: optimizer steps between a super-batch's W0 snapshot and its first mini-batch (the host's "
+             "time to compute its hot rows); capped by S-P+1; default: auto (2, raised while the trainer waits for "
+             "hot rows)")
+    hot_set: str = setting(
+        "rank", choices=("node", "rank"),
+        help="neutronorch, data parallel: each rank plans its own hot sets; a row hot on several ranks of a node is "
+             "computed by each of them (rank) or by one of them and sent to the others (node: less host work, more "
+             "data moved between the ranks; see docs/distributed.md) (default: %(default)s)")
+    host_threads: int = may_change(
+        0, metavar="N",
+        help="neutronorch: threads of the planner's and of the host compute thread's sampling and aggregation kernels "
+             "(each); 0 = half the cores (default: %(default)s)")
 
     @property
     def resolved_staleness(self) -> int:
@@ -132,40 +237,105 @@ class NeutronOrchConfig:
 class PlacementConfig:
     """Where data lives and how it is read: the placement's and the feature store's part."""
 
-    gpu_memory_gb: float | None = setting(None)  # None: the device's memory
-    gpu_cache_gb: str | float = setting("auto")  # auto: as much as the budget holds (CUDA), none on the CPU; 0: none
-    cache_policy: str = setting("presample")
-    device_sampling: str = setting("auto")  # neutronorch: bottom hop sampled on the device (auto: on CUDA)
-    read_order: str = setting("auto")  # memory-mapped features and topology: file order when they may not fit
-    host_cache_gb: str | float = setting("auto")  # memory-mapped features: hottest rows in memory
-    host_cache_dir: str | None = setting(None)  # the host cache's file of cold rows (None: next to the features)
-    embedding_storage: str = may_change("auto")  # typed graphs' embedding tables: memory, mmap (files) or auto
-    embedding_dir: str | None = may_change(None)  # mmap tables' files (None: checkpoint_dir, else the temp folder)
+    gpu_memory_gb: float | None = setting(
+        None, type=float, metavar="G", short="GiB of GPU memory the run may use (default: all)",
+        help="device memory this run may use, in GiB: the budget for the training workspace, the topology (where the "
+             "device samples) and the feature cache; set it below the GPU's size to emulate a smaller GPU (default: "
+             "the whole device)")
+    gpu_cache_gb: str | float = setting(
+        "auto", metavar="G",
+        help="GiB of the hottest feature rows kept on the device; rows not cached are read from pinned host memory; "
+             "auto fills what the budget leaves (every row when they fit), 0 turns the cache off; on a CPU-only run a "
+             "number builds the cache in host memory (default: %(default)s)")
+    cache_policy: str = setting(
+        "presample", choices=("presample", "degree"),
+        help="how the cache ranks rows: presample counts bottom-frontier appearances over a few sampled mini-batches, "
+             "degree uses out-degree (default: %(default)s)")
+    device_sampling: str = setting(
+        "auto", choices=("auto", "on", "off"),
+        help="neutronorch: sample every hop and plan each super-batch on the device (topology placed there, or read "
+             "from pinned host memory) instead of on the host; auto = on with CUDA (default: %(default)s)")
+    read_order: str = setting(
+        "auto", choices=("auto", "file", "batch"),
+        help="how memory-mapped features and topology are read: file reads each mini-batch's rows and adjacency front "
+             "to back (needed when the page cache cannot keep them: in batch order, readahead then reads pages that "
+             "are evicted before use); batch in the batch's order (faster while everything stays in memory); auto = "
+             "file when the memory-mapped arrays are larger than half the memory left beside the run's working memory "
+             "(default: %(default)s)")
+    host_cache_gb: str | float = setting(
+        "auto", metavar="G",
+        help="GiB of the hottest feature rows (below those on the device) copied into memory when the features are a "
+             "memory map; the other rows are copied once into a compact file of their own, so each mini-batch's pass "
+             "over the file is that much shorter; auto = 60%% of the memory left beside the run's working memory when "
+             "the features do not fit in it (none when they do), 0 = off (default: %(default)s)")
+    host_cache_dir: str | None = setting(
+        None, type=str, metavar="DIR",
+        help="folder for the host cache's file of the rows it does not hold (deleted as soon as it is open): needs "
+             "that many bytes free (default: next to the features, else the temporary folder)")
+    embedding_storage: str = may_change(
+        "auto", choices=("auto", "memory", "mmap"),
+        help="typed graphs: where the featureless types' embedding tables and their two Adam moments live: memory; "
+             "mmap, in files the OS pages rows of in and out (CPU runs; checkpoints keep them as files beside last.pt "
+             "and best.pt); auto = memory while they take at most half the memory available, else mmap (default: "
+             "%(default)s)")
+    embedding_dir: str | None = may_change(
+        None, type=str, metavar="DIR",
+        help="folder for mmap tables' files (deleted as soon as they are open; 12 bytes per table entry) (default: "
+             "--checkpoint-dir, else the temporary folder, the first with room)")
 
 
 @dataclass(frozen=True)
 class OutputConfig:
     """What the run keeps: its summary and checkpoints."""
 
-    summary_json: str | None = may_change(None)
-    checkpoint_dir: str | None = may_change(None)  # last.pt after every epoch, best.pt at each better score
-    checkpoint_every: int = may_change(0)  # also write last.pt every this many steps (0: at epoch ends only)
-    resume: bool = may_change(False)  # continue from checkpoint_dir/last.pt
-    overwrite: bool = may_change(False)  # replace an earlier run's outputs (summary, logs, timeline, checkpoints)
+    summary_json: str | None = may_change(
+        None, type=str, metavar="PATH", short="write the run summary (accuracy, times) here",
+        help="write the run summary (config, per-epoch times, stages, utilisation, data moved, accuracy, memory) here")
+    checkpoint_dir: str | None = may_change(
+        None, type=str, metavar="DIR", short="write last.pt each epoch, best.pt at each best",
+        help="write DIR/last.pt after every epoch and DIR/best.pt whenever the validation score (--metric) improves "
+             "(model, optimizer, config, dataset fingerprint, history; written atomically); `neutronorch predict` "
+             "reads them")
+    checkpoint_every: int = may_change(
+        0, metavar="N",
+        help="also write DIR/last.pt every this many steps, so that a killed run loses at most that many; 0 = at "
+             "epoch ends only (default: %(default)s)")
+    resume: bool = may_change(
+        False, short="continue the run of --run-name/--checkpoint-dir",
+        help="continue the run whose checkpoints are in --checkpoint-dir from its last.pt (raise --epochs to train "
+             "longer), mid-epoch included, in every mode")
+    overwrite: bool = may_change(
+        False, short="replace an earlier run's outputs, not refuse them",
+        help="replace the outputs of an earlier run (--summary-json, the logs, --timeline, the checkpoints in "
+             "--checkpoint-dir), kept aside until this run has written its first checkpoint (or its summary) and put "
+             "back if it fails before; without it a run refuses paths that already hold them")
 
 
 @dataclass(frozen=True)
 class LogConfig:
     """How the run reports while it trains: the metric logs, the timeline and what the command line shows."""
 
-    log_jsonl: str | None = may_change(None)
-    log_csv: str | None = may_change(None)
-    tensorboard: str | None = may_change(None)
-    log_every: int = may_change(20)
-    timeline: str | None = may_change(None)  # .png; the raw spans go next to it as .json
-    timeline_steps: int = may_change(40)
-    progress: bool = may_change(True)  # the command line's progress bar (train() reports through its callback)
-    stage_table: bool = may_change(True)
+    log_jsonl: str | None = may_change(
+        None, type=str, metavar="PATH", help="write step losses and epoch records as JSON lines here")
+    log_csv: str | None = may_change(
+        None, type=str, metavar="PATH", help="write step losses and epoch results as CSV here")
+    tensorboard: str | None = may_change(
+        None, type=str, metavar="DIR",
+        help="write TensorBoard scalars (loss, epoch time, validation and test scores, stages, utilisation) to this "
+             "folder (needs tensorboard)")
+    log_every: int = may_change(
+        20, metavar="N",
+        help="steps per group of logged step losses, read from the device together (default: %(default)s)")
+    timeline: str | None = may_change(
+        None, type=str, metavar="PNG",
+        help="draw the stage timeline (a Gantt chart of the host, sampler, copy and trainer lanes, with CPU/GPU "
+             "utilisation) of a window of steps to this .png; the raw spans go next to it as .json (needs matplotlib)")
+    timeline_steps: int = may_change(
+        40, metavar="N",
+        help="steps in the timeline window, from the start of the second epoch (the first if the run has one epoch) "
+             "(default: %(default)s)")
+    progress: bool = may_change(True, help="no progress bar (the per-epoch lines stay)")
+    stage_table: bool = may_change(True, help="no per-lane stage breakdown after each epoch line")
 
 
 # TrainConfig's parts: the attribute each is held under, and its class. A config file's sections take these names.

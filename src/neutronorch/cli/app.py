@@ -20,7 +20,8 @@ from tqdm import tqdm
 from neutronorch.cli.info import dataset_info
 from neutronorch.cli.options import RUN_FOLDER_KEYS, build_parser
 from neutronorch.cli.typed import write_typed_folder
-from neutronorch.config import TrainConfig, load_config_file
+from neutronorch.config import TrainConfig
+from neutronorch.config_keys import load_config_file
 from neutronorch.data import (SyntheticSpec, dataset_paths, generate, is_native_dir, is_typed_dataset, load_dataset,
                               load_typed_dataset, save_native, synthetic_typed)
 from neutronorch.data.dtypes import BFLOAT16, narrowed

@@ -13,12 +13,10 @@ import sys
 import textwrap
 from dataclasses import fields
 
-from neutronorch.cli.help_texts import (HELP, METAVARS, RUN_FOLDER_KEYS, SHORT, SHORT_METAVARS, SWITCHES, TRAIN_EPILOG,
+from neutronorch.cli.help_texts import (CONVERT_SPLIT_HELP, RUN_FOLDER_KEYS, RUN_OPTIONS, TRAIN_EPILOG,
                                         TRAIN_EPILOG_ALL, TRAIN_GROUPS)
-from neutronorch.config import (CACHE_POLICIES, DEVICE_SAMPLING, DEVICES, EMBEDDING_STORAGES, HOT_GRADS, HOT_SETS,
-                                LINK_DIRECTIONS, MODE_CHOICES, READ_ORDERS, TASKS, TrainConfig)
+from neutronorch.config import TrainConfig, setting_fields
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec, synthetic_typed
-from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, NORMS, PRECISIONS, RELATIONAL_ONLY
 
 __all__ = ["RUN_FOLDER_KEYS", "build_parser"]
 
@@ -103,45 +101,45 @@ def _add_train_options(parser: argparse.ArgumentParser, full: bool = False) -> N
                     if not full else "%(prog)s [OPTION ...]")
     parser.epilog = TRAIN_EPILOG_ALL if full else TRAIN_EPILOG
     _help_options(parser, full, _add_train_options, listed=False)
-    defaults = TrainConfig()
-    choices = {"model": MODELS + RELATIONAL_ONLY, "mode": MODE_CHOICES, "device": DEVICES, "hot_grad": HOT_GRADS,
-               "hot_set": HOT_SETS, "cache_policy": CACHE_POLICIES, "read_order": READ_ORDERS,
-               "device_sampling": DEVICE_SAMPLING, "gcn_norm": GCN_NORMS, "norm": NORMS, "task": TASKS,
-               "link_head": LINK_HEADS, "link_direction": LINK_DIRECTIONS, "architecture": ARCHITECTURES,
-               "precision": PRECISIONS, "embedding_storage": EMBEDDING_STORAGES}
-    types = {"staleness_bound": int, "hot_ratio": str, "snapshot_lead": int, "gpu_memory_gb": float,
-             "gpu_cache_gb": str, "host_cache_gb": str, "weight_decay": float}
+    defaults, specs = TrainConfig(), {f.name: f for f in setting_fields()}  # each with its option (OPTION_SPEC)
     grouped = {name for _, _, names in TRAIN_GROUPS for name in names}
-    unlisted = [name for name in TrainConfig.keys() if name not in grouped]  # a new field: advanced until placed
+    unlisted = [name for name in specs if name not in grouped]  # a new setting: advanced until placed
     for title, description, names in TRAIN_GROUPS:
         group = parser.add_argument_group(title, description if full else None)
         for name in names + (unlisted if title == "advanced" else []):
-            listed = full or name in SHORT
-            if name in SWITCHES:
-                flag, dest, action, text = SWITCHES[name]
-                kwargs = {"dest": dest, "action": action, "default": argparse.SUPPRESS if name != "config" else None}
-                if action == "store":
-                    kwargs["metavar"] = METAVARS[name]
-                group.add_argument(flag, help=_shown(text if full else SHORT.get(name, text), listed), **kwargs)
+            if name in RUN_OPTIONS:  # the command line's own
+                flag, action, metavar, text, short = RUN_OPTIONS[name]
+                group.add_argument(flag, dest=name, action=action, help=text if full else short,
+                                   default=None if name == "config" else argparse.SUPPRESS,
+                                   **({"metavar": metavar} if metavar else {}))
                 continue
-            default = getattr(defaults, name)
-            text = HELP[name].replace("%(default)s", str(default)) if full else SHORT.get(name, "")
-            kwargs = {"dest": name, "default": argparse.SUPPRESS, "help": _shown(text, listed)}
-            if name in choices:
-                kwargs["choices"] = choices[name]
-                if not full and name in SHORT_METAVARS:
-                    kwargs["metavar"] = SHORT_METAVARS[name]
-            else:
-                kwargs["metavar"] = METAVARS.get(name, name.upper())
-                if name in types:
-                    kwargs["type"] = types[name]
-                elif isinstance(default, bool):
-                    raise AssertionError(name)
-                elif isinstance(default, int):
-                    kwargs["type"] = int
-                elif isinstance(default, float):
-                    kwargs["type"] = float
-            group.add_argument("--" + name.replace("_", "-"), **kwargs)
+            flag, kwargs = _train_option(specs[name], getattr(defaults, name), full)
+            group.add_argument(flag, **kwargs)
+
+
+def _train_option(spec, default, full: bool) -> tuple[str, dict]:
+    """A setting's flag and its ``add_argument`` keywords, from its option (``spec``, the setting's field): a
+    bool setting is a switch (``--residual``; ``--no-progress`` for one that is on by default)."""
+    option = spec.metadata
+    listed = full or option.get("short") is not None
+    flag = "--" + spec.name.replace("_", "-")
+    if isinstance(default, bool):
+        text = option["help"] if full else option.get("short") or option["help"]
+        return ("--no-" if default else "--") + flag[2:], {"dest": spec.name, "default": argparse.SUPPRESS,
+                                                            "action": "store_false" if default else "store_true",
+                                                            "help": _shown(text, listed)}
+    text = option["help"].replace("%(default)s", str(default)) if full else option.get("short", "")
+    kwargs = {"dest": spec.name, "default": argparse.SUPPRESS, "help": _shown(text, listed)}
+    if option.get("choices") is not None:
+        kwargs["choices"] = option["choices"]
+        if not full and option.get("metavar"):
+            kwargs["metavar"] = option["metavar"]
+        return flag, kwargs
+    kwargs["metavar"] = option.get("metavar", spec.name.upper())
+    kind = option.get("type") or type(default)
+    if kind in (int, float):
+        kwargs["type"] = kind
+    return flag, kwargs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -161,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
                                               "(meta.json + memory-mappable .npy arrays).")
     convert.add_argument("source", help=f"dataset spec: {DATASET_SPEC_HELP}")
     convert.add_argument("out_dir", help="output directory")
-    convert.add_argument("--split", default=None, help=HELP["convert_split"])
+    convert.add_argument("--split", default=None, help=CONVERT_SPLIT_HELP)
     convert.add_argument("--seed", type=int, default=0, help="seed of the split (default: 0)")
     halves = convert.add_mutually_exclusive_group()
     halves.add_argument("--float16", action="store_true",

@@ -8,19 +8,13 @@ import numbers
 import numpy as np
 import torch
 
+from neutronorch.capabilities import LOADER_MODES, LOADER_REFUSED
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
 from neutronorch.data.pairs import pair_columns
 from neutronorch.errors import ConfigError
 
 SEED_SETS = {"train": "train_idx", "val": "val_idx", "valid": "val_idx", "test": "test_idx", "all": None}
 LINK_SETS = {"train": "train", "val": "val", "valid": "val", "test": "test"}  # LinkSplit's sets
-LOADER_MODES = ("exact", "device")
-_NEUTRONORCH = ("`mode` 'neutronorch' is not offered by the loader: NeutronOrch reuses bottom-layer outputs that "
-                "the host computes from a snapshot of the model's weights taken between optimizer steps, and "
-                "checks their staleness against the steps taken, so its batches depend on the model and on every "
-                "step, which train() owns and a loader feeding your own loop does not see. Use `mode` exact "
-                "(sampling and gathering on the host, pipelined) or device (on the training device), or train() "
-                "for NeutronOrch.")
 
 
 def resolve_graph(graph) -> Graph:
@@ -153,8 +147,8 @@ def check_negatives(value) -> int:
 
 
 def check_mode(mode) -> str:
-    if mode == "neutronorch":
-        raise ConfigError(_NEUTRONORCH)
+    if mode in LOADER_REFUSED:
+        raise ConfigError(LOADER_REFUSED[mode])
     if mode not in LOADER_MODES:
         raise ConfigError(f"`mode` {mode!r}: the loader runs mode exact (sampling and gathering on the host, in a "
                           f"background thread) or device (on the training device).")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from neutronorch.capabilities import refusal
 from neutronorch.config import SamplingConfig, TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.errors import ConfigError
@@ -32,10 +33,6 @@ from neutronorch.orchestration.typed_exact import Inputs, Labels, TypedExact
 from neutronorch.orchestration.typed_neutronorch import TypedNeutronOrch
 
 logger = logging.getLogger("neutronorch")
-
-# The typed modes that train data parallel (each rank its part of every global batch); NeutronOrch mode's hot
-# sets per rank and its hot rows' gradient averaged over the ranks are not there for typed graphs yet.
-TYPED_DATA_PARALLEL_MODES = ("auto", "exact", "device")
 
 
 @dataclass(frozen=True)
@@ -113,11 +110,11 @@ def build_typed_mode(config: TrainConfig, graph, model, fanouts: dict, train_idx
     ``num_batches`` mini-batches per epoch of ``train_idx`` in the model ``model`` (a ``TypedGNN``, on
     ``device``). ``inputs``/``labels``: a frontier's rows and the seeds' labels, read on the host; ``start``:
     the global step the run starts at, ``resumed``: the mode's ``state()`` a checkpoint kept there; ``shard`` =
-    (rank, world): data parallel, the mode trains part ``rank`` of each global batch (``TYPED_DATA_PARALLEL_MODES``
-    only; ``train/typed_config.py`` refuses the others first)."""
-    if shard[1] > 1 and config.mode not in TYPED_DATA_PARALLEL_MODES:
-        raise ConfigError(f"`mode` {config.mode} does not train typed graphs data parallel yet; give `mode` "
-                          f"{' or '.join(TYPED_DATA_PARALLEL_MODES[1:])}, or run one process.")
+    (rank, world): data parallel, the mode trains part ``rank`` of each global batch (where ``capabilities.py``'s
+    table says it runs; ``check_run`` refuses the others first)."""
+    refused = refusal("typed", config.mode, config.task, shard[1])
+    if refused is not None:
+        raise ConfigError(refused)
     if config.mode == "device":
         return TypedDevice(graph, model, fanouts, train_idx, config.batch_size, config.seed, device, config.prefetch,
                            config.gpu_memory_gb, shard=shard)

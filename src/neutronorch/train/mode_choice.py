@@ -17,7 +17,8 @@ from contextlib import contextmanager
 
 import torch
 
-from neutronorch.config import MODES, TrainConfig
+from neutronorch.capabilities import MODES
+from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.observe import Spans
 from neutronorch.orchestration.choice import ModeChoice, choose_mode, mode_facts, probe_candidates

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from neutronorch.capabilities import check_run
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, TypedGraph, load_dataset
 from neutronorch.errors import CheckpointError, ConfigError, Interrupted, OutputError, TrainingError
@@ -47,7 +48,7 @@ from neutronorch.train.optim import Adam
 from neutronorch.train.resources import (check_threading_layer, memory_budget, resolve_device, thread_budget,
                                          torch_threads)
 from neutronorch.train.checkpoint import check_resumable, load_state, save_checkpoint
-from neutronorch.train.distributed import GradientSync, World, joined, rank_device
+from neutronorch.train.distributed import GradientSync, World, environment_world_size, joined, rank_device
 from neutronorch.train.outputs import check_checkpoint_space, check_outputs, save_or_rescue, write_summary
 from neutronorch.train.replacing import Replacement, claim_outputs
 from neutronorch.train.step import TRAINER_STAGES
@@ -55,7 +56,6 @@ from neutronorch.train.summary import given_dataset, named_scores, summarise, to
 from neutronorch.train.link_task import (LinkTask, check_node_task, evaluate_links, is_link_split, link_graph,
                                          rms_row_norm)
 from neutronorch.train.task import Task
-from neutronorch.train.typed_config import check_homogeneous_config
 from neutronorch.train.typed_entry import is_typed_run, train_typed_run
 
 logger = logging.getLogger("neutronorch")
@@ -115,7 +115,7 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     check_threading_layer(resolve_device(config.device))  # and the environment: before any data is read
     if is_typed_run(config, graph):
         return train_typed_run(config, graph, progress, stop, model)
-    check_homogeneous_config(config)
+    check_run(config, "homogeneous", environment_world_size())
     check_outputs(config, {"graph": graph.files()} if graph is not None else None)
     device = rank_device(resolve_device(config.device))
     keep_freed_memory()

@@ -31,7 +31,7 @@ What a homogeneous data-parallel run promises, for typed graphs:
 - **Files** (``rank_settings``, ``join_ranks``, ``rank_checkpoints``): rank 0 alone holds the checkpoint
   folder and writes checkpoints, the summary and the metric logs; every rank resumes from rank 0's ``last.pt``.
 
-Typed NeutronOrch mode is refused on several ranks (``TYPED_DATA_PARALLEL_MODES``): its hot sets per rank and
+Typed NeutronOrch mode is refused on several ranks (``capabilities.py``'s table): its hot sets per rank and
 the hot rows' gradient averaged over the ranks are not there yet.
 """
 

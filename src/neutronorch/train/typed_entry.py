@@ -1,8 +1,7 @@
 """Where ``train`` hands a typed graph over: which runs are typed, and starting one.
 
 A run is typed when its graph is a ``TypedGraph``, or when none is given and ``config.dataset`` names a typed
-folder (the native typed layout or OGB's ogbn-mag layout: ``is_typed_dataset``). A relational-only model
-asked of a homogeneous graph is refused here, before anything is loaded.
+folder (the native typed layout or OGB's ogbn-mag layout: ``is_typed_dataset``).
 """
 
 from __future__ import annotations
@@ -12,27 +11,19 @@ from pathlib import Path
 
 import torch
 
+from neutronorch.capabilities import check_run
 from neutronorch.config import TrainConfig
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_typed_dataset
 from neutronorch.data.typed_native import is_typed_dir
-from neutronorch.errors import ConfigError
-from neutronorch.nn.names import RELATIONAL_ONLY
 from neutronorch.train.outputs import check_outputs
-from neutronorch.train.typed_config import check_typed_config
+from neutronorch.train.typed_distributed import world_size
 from neutronorch.train.typed_own import check_own_model_config
 from neutronorch.train.typed_task import train_typed
 
 
 def is_typed_run(config: TrainConfig, graph: Graph | TypedGraph | None) -> bool:
-    """Whether ``train`` trains a typed graph; raises ``ConfigError`` for a relational-only model asked of a
-    homogeneous one."""
-    if isinstance(graph, TypedGraph) or (graph is None and is_typed_dataset(config.dataset)):
-        return True
-    if config.model in RELATIONAL_ONLY:
-        raise ConfigError(f"`model` {config.model}: a relational model, for typed graphs (several vertex or "
-                          f"relation types); {graph.name if graph is not None else config.dataset} is homogeneous. "
-                          f"Choose sage, gcn or gat, or give a typed graph (docs/heterogeneous.md).")
-    return False
+    """Whether ``train`` trains a typed graph."""
+    return isinstance(graph, TypedGraph) or (graph is None and is_typed_dataset(config.dataset))
 
 
 def train_typed_run(config: TrainConfig, graph: TypedGraph | None, progress, stop: threading.Event | None,
@@ -45,7 +36,7 @@ def train_typed_run(config: TrainConfig, graph: TypedGraph | None, progress, sto
     if graph is not None:
         graph.check_given()  # one built or changed by hand is checked as a loaded one is
     if graph is None and not is_typed_dir(Path(config.dataset).expanduser()):
-        check_typed_config(config)
+        check_run(config, "typed", world_size())
         check_outputs(config)
         graph = load_typed_dataset(config.dataset)
     return train_typed(config, graph, progress, stop, model=model)

@@ -20,7 +20,8 @@ import dataclasses
 
 import torch
 
-from neutronorch.config import TYPED_OWN_MODEL_MODES, TrainConfig
+from neutronorch.capabilities import OWN_MODULE_REFUSED
+from neutronorch.config import TrainConfig
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.nn.custom import ModelProtocolError, check_trainable
@@ -32,11 +33,7 @@ __all__ = ["check_own_model_config", "own_typed_model"]
 def check_own_model_config(config: TrainConfig) -> None:
     """Raise ``ConfigError`` for a setting your own module cannot train a typed graph with (before any work)."""
     refused = [
-        (config.mode not in TYPED_OWN_MODEL_MODES,
-         f"`mode` {config.mode} trains the built-in relational models (`model` sage, rgcn or rgat) on a typed "
-         f"graph: it computes hot vertices' bottom layer on the host with a copy of the model's bottom layer and "
-         f"snapshots of its embedding rows, which your own module does not expose. Train your module in `mode` "
-         f"exact or device."),
+        (("typed", config.mode) in OWN_MODULE_REFUSED, OWN_MODULE_REFUSED.get(("typed", config.mode))),
         (bool(config.checkpoint_dir),
          "`checkpoint_dir`: checkpoints of your own module in a typed run are not written yet (a typed checkpoint "
          "rebuilds a built-in model from its arguments; yours needs your module to load into). Leave "

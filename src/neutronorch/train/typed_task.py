@@ -37,7 +37,7 @@ neighbourhoods of the size it trained on. Full neighbourhoods are not the defaul
 relation (a popular field of study, linked to most papers) two hops from a batch reach nearly the whole
 graph; ``eval_fanouts -1`` asks for them where the graph is small enough.
 
-What typed graphs cannot do yet (each refused with a ``ConfigError`` that says so, ``check_typed_config``):
+What typed graphs cannot do yet (each refused with a ``ConfigError`` that says so, ``capabilities.check_run``):
 link tasks, your own module in NeutronOrch mode or with checkpoints, graph blocks, residual connections and
 normalisation layers, NeutronOrch mode on several ranks, and a ``split`` (the typed graph carries its own).
 Data parallel (``torchrun``, a process group), exact and device mode train as one process with the global batch
@@ -59,6 +59,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from neutronorch.capabilities import check_run
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data.typed import TypedGraph
 from neutronorch.data.typed_native import read_typed
@@ -85,9 +86,8 @@ from neutronorch.train.replacing import Replacement
 from neutronorch.train.row_adam import RowAdam
 from neutronorch.train.task import Task
 from neutronorch.train.distributed import World, rank_device
-from neutronorch.train.typed_config import check_typed_config
 from neutronorch.train.typed_distributed import (data_parallel, join_ranks, launched_rank, rank_checkpoints,
-                                                 rank_settings, ranks_here, shared_logits, step_masks)
+                                                 rank_settings, ranks_here, shared_logits, step_masks, world_size)
 from neutronorch.train.typed_inputs import gather_frontier, typed_files, typed_logits
 from neutronorch.train.typed_own import own_typed_model
 from neutronorch.train.typed_tables import TypedTables, plan_tables
@@ -109,7 +109,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
     marked interrupted and raises ``Interrupted``."""
     started = time.perf_counter()
     config = dataclasses.replace(config).validate()
-    check_typed_config(config)
+    check_run(config, "typed", world_size())
     config = rank_settings(config)  # data parallel: only rank 0 writes the summary and logs
     data_seconds = 0.0
     if graph is None:

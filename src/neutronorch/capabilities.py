@@ -1,0 +1,132 @@
+"""What a run can train with, in one table: graph kind x mode x task x ranks -> runs, or why not; the
+settings one kind of graph cannot honour; and what the loaders and your own module offer.
+
+The configuration's mode choices, the checks a run makes when it starts (``check_run``), the factory, the
+loaders, the command line and the docs (``markdown``, in docs/architecture.md) all read it here, so what
+runs where is said once. Torch-free, and like config.py it uses nothing above it.
+"""
+
+from __future__ import annotations
+
+from itertools import product
+
+from neutronorch.config_parts import LinkConfig, settings_of
+from neutronorch.errors import ConfigError
+from neutronorch.nn.names import MODELS, RELATIONAL_ONLY, TYPED_MODELS
+
+KINDS = ("homogeneous", "typed")
+MODES = ("exact", "device", "neutronorch")
+MODE_CHOICES = MODES + ("auto",)  # auto: one of MODES, chosen when the run starts (orchestration/choice.py)
+TASKS = ("node", "link")
+RANKS = ("one", "several")
+# What auto resolves to where no rules choose (on a homogeneous graph, orchestration/choice.py's rules and probe).
+AUTO = {"typed": "exact"}
+
+NOT_YET = "not available for typed graphs yet"
+TYPED_DOCS = " docs/heterogeneous.md says what typed graphs train with."
+
+# The cells that do not run: (kind, mode, task, ranks), None matching any; the first that matches says why.
+REFUSED = (
+    (("typed", None, "link", None), f"`task` link: {NOT_YET}; typed graphs train node classifiers."),
+    (("typed", "neutronorch", None, "several"),
+     f"`mode` neutronorch on several ranks (data-parallel training) is {NOT_YET}: NeutronOrch mode's hot sets per "
+     f"rank and its hot rows' gradient averaged over the ranks are missing. Give `mode` exact or device, which "
+     f"train data parallel, or run one process."),
+)
+
+# Settings one kind of graph cannot honour: (kind, settings, values refused (None: any but the default), why).
+# ``{it}`` in a reason is "it" or "them", as many settings as were given.
+UNHONOURED = (
+    ("typed", tuple(f.name for f in settings_of(LinkConfig)), None,
+     "link task settings, and typed graphs train node classifiers; leave {it} out."),
+    ("typed", ("hot_error_budget", "hot_set", "device_sampling", "gpu_cache_gb", "cache_policy", "read_order",
+               "host_cache_gb", "host_cache_dir"), None,
+     f"{NOT_YET} (a typed run would ignore {{it}}); leave {{it}} out."),
+    ("typed", ("model",), tuple(m for m in MODELS if m not in TYPED_MODELS),
+     f"{NOT_YET}; choose one of {', '.join(TYPED_MODELS)}."),
+    ("typed", ("architecture", "residual", "norm"), None, f"{NOT_YET}; leave {{it}} out."),
+    ("typed", ("split",), None, "a typed graph carries its own split on its target type; leave `split` out."),
+    ("homogeneous", ("model",), RELATIONAL_ONLY,
+     f"a relational model, for typed graphs (several vertex or relation types), and this graph is homogeneous; "
+     f"choose one of {', '.join(MODELS)}, or give a typed graph (docs/heterogeneous.md)."),
+    ("homogeneous", ("embedding_storage", "embedding_dir"), None,
+     "where a typed graph keeps its featureless types' embedding tables, and this graph has one vertex type and "
+     "no tables; leave {it} out."),
+)
+
+# What a loader feeding your own loop (loader/) offers: every mode but these.
+LOADER_REFUSED = {
+    "neutronorch": "`mode` 'neutronorch' is not offered by the loader: NeutronOrch reuses bottom-layer outputs that "
+                   "the host computes from a snapshot of the model's weights taken between optimizer steps, and "
+                   "checks their staleness against the steps taken, so its batches depend on the model and on "
+                   "every step, which train() owns and a loader feeding your own loop does not see. Use `mode` "
+                   "exact (sampling and gathering on the host, pipelined) or device (on the training device), or "
+                   "train() for NeutronOrch.",
+}
+LOADER_MODES = tuple(mode for mode in MODES if mode not in LOADER_REFUSED)
+# Your own module (train(config, graph, model=module)): the modes it cannot train in, by graph kind. A
+# homogeneous module trains in NeutronOrch mode when it exposes its bottom layer (nn/custom.py).
+OWN_MODULE_REFUSED = {
+    ("typed", "neutronorch"):
+        "`mode` neutronorch trains the built-in relational models (`model` sage, rgcn or rgat) on a typed graph: "
+        "it computes hot vertices' bottom layer on the host with a copy of the model's bottom layer and snapshots "
+        "of its embedding rows, which your own module does not expose. Train your module in `mode` exact or "
+        "device.",
+}
+
+
+def refusal(kind: str, mode: str, task: str, ranks: int | str = 1) -> str | None:
+    """Why a run of ``task`` on a graph of ``kind`` in ``mode`` on ``ranks`` (a count, or one/several) does not
+    run, or None where it runs. ``auto`` runs where the mode it resolves to runs (``AUTO``), or where any does."""
+    ranks = ranks if isinstance(ranks, str) else "one" if ranks <= 1 else "several"
+    if mode == "auto":
+        reasons = [refusal(kind, m, task, ranks) for m in ((AUTO[kind],) if kind in AUTO else MODES)]
+        return None if None in reasons else reasons[0]
+    for cell, reason in REFUSED:
+        if all(want is None or want == got for want, got in zip(cell, (kind, mode, task, ranks))):
+            return reason
+    return None
+
+
+def check_run(config, kind: str, ranks: int = 1) -> None:
+    """Raise ``ConfigError`` for the first thing the run of ``config`` (validated) on a graph of ``kind`` cannot
+    do: its cell of the table, then a setting its kind of graph cannot honour. Called before any work."""
+    reason = refusal(kind, config.mode, config.task, ranks)
+    for rule_kind, names, values, why in UNHONOURED:
+        if reason is not None:
+            break
+        given = (config.settings_given(names) if values is None
+                 else [f"`{name}` {getattr(config, name)}" for name in names if getattr(config, name) in values])
+        if rule_kind == kind and given:
+            reason = f"{', '.join(given)}: {why.format(it='it' if len(given) == 1 else 'them')}"
+    if reason is not None:
+        raise ConfigError(reason + (TYPED_DOCS if kind == "typed" else ""))
+
+
+def markdown() -> str:
+    """The tables as docs/architecture.md shows them (``tests/test_docs.py`` checks that it does)."""
+    reasons: list[str] = []
+
+    def cell(kind, mode, task, ranks):
+        reason = refusal(kind, mode, task, ranks)
+        if reason is None:
+            return "runs"
+        if reason not in reasons:
+            reasons.append(reason)
+        return f"refused ({reasons.index(reason) + 1})"
+
+    lines = ["| graph | task | mode | one rank | several ranks |", "|---|---|---|---|---|"]
+    for kind, task, mode in product(KINDS, TASKS, MODES):
+        lines.append(f"| {kind} | {task} | {mode} | {cell(kind, mode, task, 'one')} | "
+                     f"{cell(kind, mode, task, 'several')} |")
+    lines += [""] + [f"{n}. {reason}" for n, reason in enumerate(reasons, 1)]
+    lines += ["", "| graph | refuses the settings | because |", "|---|---|---|"]
+    for kind, names, values, why in UNHONOURED:
+        settings = ", ".join(f"`{name}`" for name in names)
+        if values is not None:
+            settings += " " + " or ".join(values)
+        lines.append(f"| {kind} | {settings} | {why.format(it='them' if len(names) > 1 else 'it')} |")
+    lines += ["", "The loaders (`NeighborLoader`, `LinkNeighborLoader`, `TypedNeighborLoader`) offer "
+                  f"{' and '.join(LOADER_MODES)} mode; " + " ".join(LOADER_REFUSED.values())]
+    lines += [f"Your own module on a {kind} graph: {reason}" for (kind, _), reason in OWN_MODULE_REFUSED.items()]
+    return "\n".join(lines) + "\n"

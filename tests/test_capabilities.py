@@ -1,0 +1,66 @@
+"""The table of what runs (capabilities.py): every cell it says is refused is refused by the check a run makes
+when it starts, and every cell it says runs passes it, without training."""
+
+from itertools import product
+
+import pytest
+
+from neutronorch.capabilities import (KINDS, LOADER_MODES, LOADER_REFUSED, MODE_CHOICES, OWN_MODULE_REFUSED, RANKS,
+                                      TASKS, UNHONOURED, check_run, refusal)
+from neutronorch.config import TrainConfig
+from neutronorch.errors import ConfigError
+from neutronorch.loader.arguments import check_mode
+
+CELLS = list(product(KINDS, MODE_CHOICES, TASKS, RANKS))
+# A value other than the default for every setting the table names.
+GIVEN = {"link_head": "mlp", "negatives": 4, "eval_negatives": 5, "link_direction": "directed",
+         "hot_error_budget": 0.1, "hot_set": "node", "device_sampling": "on", "gpu_cache_gb": 1.0,
+         "cache_policy": "degree", "read_order": "file", "host_cache_gb": 1.0, "host_cache_dir": "cold",
+         "architecture": "blocks", "residual": True, "norm": "layer", "split": "ratio:0.5,0.2",
+         "embedding_storage": "mmap", "embedding_dir": "tables"}
+
+
+@pytest.mark.parametrize("kind, mode, task, ranks", CELLS, ids=lambda v: str(v))
+def test_each_cell_runs_or_is_refused_as_the_table_says(kind, mode, task, ranks):
+    config = TrainConfig(mode=mode, task=task).validate()
+    reason = refusal(kind, mode, task, ranks)
+    count = 1 if ranks == "one" else 2
+    if reason is None:
+        check_run(config, kind, count)
+    else:
+        with pytest.raises(ConfigError) as refused:
+            check_run(config, kind, count)
+        assert str(refused.value).startswith(reason)
+
+
+def test_the_refused_cells_are_typed_link_tasks_and_typed_neutronorch_on_several_ranks():
+    refused = {cell for cell in CELLS if refusal(*cell)}
+    assert refused == ({("typed", m, "link", r) for m in MODE_CHOICES for r in RANKS}
+                       | {("typed", "neutronorch", "node", "several")})
+    assert refusal("typed", "auto", "node", 2) is None  # auto picks exact, which trains data parallel
+
+
+@pytest.mark.parametrize("rule", UNHONOURED, ids=lambda rule: f"{rule[0]}-{rule[1][0]}")
+def test_each_setting_a_kind_cannot_honour_is_refused_and_the_other_kind_takes_it(rule):
+    kind, names, values, why = rule
+    other = next(k for k in KINDS if k != kind)
+    for name in names:
+        config = TrainConfig(**{name: values[0] if values else GIVEN[name]}).validate()
+        with pytest.raises(ConfigError, match=f"`{name}`"):
+            check_run(config, kind)
+        check_run(config, other)
+
+
+def test_the_loaders_and_your_own_module_refuse_the_modes_the_table_names():
+    for mode in LOADER_MODES:
+        assert check_mode(mode) == mode
+    for mode, reason in LOADER_REFUSED.items():
+        with pytest.raises(ConfigError) as refused:
+            check_mode(mode)
+        assert str(refused.value) == reason
+    from neutronorch.train.typed_own import check_own_model_config
+    for (kind, mode), reason in OWN_MODULE_REFUSED.items():
+        with pytest.raises(ConfigError) as refused:
+            check_own_model_config(TrainConfig(mode=mode).validate())
+        assert str(refused.value).startswith(reason)
+    check_own_model_config(TrainConfig(mode="auto").validate())
