@@ -5,17 +5,14 @@ from __future__ import annotations
 import logging
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from neutronorch.data import Graph, TypedGraph, dataset_paths
 from neutronorch.errors import ConfigError, OutputError
 from neutronorch.observe import StageTable, write_timeline
 from neutronorch.train.memory import peak_rss_mb, resident_mb
 from neutronorch.train.outputs import write_atomically
+from neutronorch.train.run import Run
 from neutronorch.train.typed_inputs import typed_files
-
-if TYPE_CHECKING:
-    from neutronorch.train.trainer import Run
 
 logger = logging.getLogger("neutronorch")
 
@@ -36,7 +33,7 @@ def given_dataset(graph, spec: str) -> str:
     return spec if files and all(inside(file) for file in files) else f"graph:{graph.name}"
 
 
-def summarise(run: "Run", last_eval: dict, timeline: dict | None, status: str, gather: bool = True) -> dict:
+def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str, gather: bool = True) -> dict:
     """The run summary; ``status`` is completed, interrupted or failed. Data parallel, ``gather`` collects
     every rank's peak resident memory (a collective: every rank must call it)."""
     config, graph, mode, epochs, best = run.config, run.graph, run.mode, run.history, run.best
@@ -84,7 +81,7 @@ def summarise(run: "Run", last_eval: dict, timeline: dict | None, status: str, g
     }
 
 
-def _link_summary(run: "Run", last_eval: dict) -> dict:
+def _link_summary(run: Run, last_eval: dict) -> dict:
     """A link task's split and every metric it reports, at the best and at the last evaluation."""
     links = run.graph.links
     others = lambda scores: {k: v for k, v in scores.items() if k.startswith(("val_", "test_"))}  # noqa: E731
