@@ -45,7 +45,7 @@ from neutronorch.train.distributed import World
 from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, link_collapse, nonfinite_rows
 from neutronorch.train.layerwise import LayerProgress, last_layer_rows
 from neutronorch.train.link_metrics import PerPositiveScores, SharedScores, parse_link_metric
-from neutronorch.train.predict import scratch_folder
+from neutronorch.train.prediction_io import scratch_folder
 
 __all__ = ["LinkTask", "evaluate_links", "link_graph", "rms_row_norm", "DEFAULT_LINK_SPLIT"]
 
