@@ -17,7 +17,7 @@ from neutronorch.config_keys import float_text, number_hint, read_config_mapping
 from neutronorch.config_parts import (PARTS, EvaluationConfig, LinkConfig, LogConfig, NetworkConfig,
                                       NeutronOrchConfig, OptimizationConfig, OutputConfig, PlacementConfig,
                                       SamplingConfig, may_change, setting, settings_of)
-from neutronorch.data.links import LINK_DIRECTIONS
+from neutronorch.data.edge_split import LINK_DIRECTIONS
 from neutronorch.errors import ConfigError
 from neutronorch.limits import check_seed
 from neutronorch.nn.names import (ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, NORMS, PRECISIONS, RELATIONAL_ONLY,

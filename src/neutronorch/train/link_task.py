@@ -33,8 +33,8 @@ from neutronorch.config import TrainConfig
 from neutronorch.config_parts import LinkConfig
 from neutronorch.data.graph import Graph
 from neutronorch.data.link_checks import check_graph_links
-from neutronorch.data.links import (PER_SOURCE, SHARED, check_link_split, check_negatives_fit, parse_link_split,
-                                    split_edges)
+from neutronorch.data.edge_split import parse_link_split, split_edges
+from neutronorch.data.links import PER_SOURCE, SHARED, check_link_split, check_negatives_fit
 from neutronorch.errors import ConfigError
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.link import LinkModel
