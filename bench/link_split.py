@@ -1,5 +1,5 @@
-"""How long a link task's edge split takes (``data/links.py``'s ``split_edges``), with the direction measured
-(``--link-direction auto``: the share of edges whose reverse is stored) and given (``undirected``), and the
+"""How long a link task's edge split takes (``data/edge_split.py``'s ``split_edges``), with the direction
+measured (``--link-direction auto``: the share of edges whose reverse is stored) and given (``undirected``), and the
 measure alone (``reciprocity``), on a symmetric random graph.
 
     NUMBA_NUM_THREADS=1 python bench/link_split.py                 # 500,000 vertices, 2.5M stored edges
@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from neutronorch import Graph
-from neutronorch.data.links import reciprocity, split_edges
+from neutronorch.data.edge_split import reciprocity, split_edges
 
 
 def timed(call, repeats: int) -> list[float]:

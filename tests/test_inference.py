@@ -13,6 +13,7 @@ from neutronorch.errors import CheckpointError
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.models import GNN
 from neutronorch.train import predict as predict_module
+from neutronorch.train import prediction_io
 from neutronorch.train.checkpoint import Checkpoint, dataset_fingerprint, save_checkpoint
 from neutronorch.train.layerwise import layerwise
 
@@ -55,12 +56,12 @@ def test_predictions_and_embeddings_are_written_through_a_memory_map(graph, tmp_
     probabilities = predict(checkpoint, graph, "test", probabilities=True)
     hidden = embed(checkpoint, graph, layer=2)
     # Too little memory for two layers of every vertex: the intermediate layers go to a scratch folder.
-    monkeypatch.setattr(predict_module, "available_memory_bytes", lambda: 1000)
+    monkeypatch.setattr(prediction_io, "available_memory_bytes", lambda: 1000)
     folders = []
     real = predict_module.layerwise
     monkeypatch.setattr(predict_module, "layerwise", lambda *a, **k: folders.append(k["scratch"]) or real(*a, **k))
-    assert predict_module.scratch_folder(checkpoint.model, graph, 3, "auto", tmp_path / "x.npy") == str(tmp_path)
-    assert predict_module.scratch_folder(checkpoint.model, graph, 1, "auto", None) is None  # no intermediate layer
+    assert prediction_io.scratch_folder(checkpoint.model, graph, 3, "auto", tmp_path / "x.npy") == str(tmp_path)
+    assert prediction_io.scratch_folder(checkpoint.model, graph, 1, "auto", None) is None  # no intermediate layer
     written = predict(checkpoint, graph, "all", out=tmp_path / "classes.npy")
     assert isinstance(written, np.memmap) and not written.flags.writeable
     np.testing.assert_array_equal(written, classes)
@@ -106,7 +107,7 @@ def test_inference_outputs_are_checked_before_the_data_is_read(graph, tmp_path, 
     assert main(base + ["--out", str(tmp_path / "p.npy"), "--scratch-dir", str(tmp_path), "--nodes", "all"]) == 0
     np.testing.assert_array_equal(np.load(tmp_path / "p.npy"), predict(checkpoint, graph, "all"))
     with pytest.raises(ConfigError, match="not a writable folder"):
-        predict_module.check_output_path(tmp_path / "q.npy", str(tmp_path / "missing"))
+        prediction_io.check_output_path(tmp_path / "q.npy", str(tmp_path / "missing"))
     for name in ("p.csv", "p", "p.npy.txt"):  # a .npy array under another name would pass for text or nothing
         assert main(base + ["--out", str(tmp_path / name)]) == 2
         err = capsys.readouterr().err

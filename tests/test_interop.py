@@ -206,7 +206,7 @@ def test_to_pyg_link_lays_a_split_out_as_random_link_split_and_comes_back_unchan
     pytest.importorskip("torch_geometric")
     from neutronorch import from_pyg_link, to_pyg_link
     from neutronorch.data import SyntheticSpec, generate
-    from neutronorch.data.links import split_edges
+    from neutronorch.data.edge_split import split_edges
 
     graph = split_edges(generate(SyntheticSpec.parse("synthetic:nodes=300,degree=6,features=8")), 0.8, 0.1, seed=2)
     train_data, val_data, test_data = to_pyg_link(graph, seed=1)

@@ -667,13 +667,13 @@ def test_snap_ids_are_never_clamped_and_lines_never_merged(tmp_path, text, messa
     (dict(features=np.ones((4, 2), np.complex64)), r"features have dtype complex64, expected real numbers"),
 ])
 def test_from_arrays_never_truncates_or_wraps_what_it_is_given(kwargs, message):
-    from neutronorch.data.arrays import from_arrays
+    from neutronorch.data.graph import Graph
 
     values = dict(src=np.array([0, 1, 2]), dst=np.array([1, 2, 3]), features=np.ones((4, 2), np.float32),
                   labels=np.array([0, 1, 1, 0]), splits=([0, 1], [2], [3]))
     values.update(kwargs)
     with pytest.raises(DataError, match=message):
-        from_arrays(**values)
+        Graph.from_arrays(**values)
 
 
 def test_npz_labels_that_wrap_are_refused(tmp_path):

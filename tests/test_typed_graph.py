@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from neutronorch.data import typed_checks
+from neutronorch.data import typed, typed_checks
 from neutronorch.data.dtypes import bfloat16
 from neutronorch.data.native import load_native
 from neutronorch.data.synthetic_typed import synthetic_typed
@@ -544,7 +544,7 @@ def test_a_loaded_graph_is_not_checked_again_unless_it_changed(monkeypatch, tmp_
     write_typed(small(), tmp_path / "shop")
     graph = read_typed(tmp_path / "shop")
     calls = []
-    monkeypatch.setattr(typed_checks, "check_typed_graph", lambda *args: calls.append(args))
+    monkeypatch.setattr(typed, "check_typed_graph", lambda *args: calls.append(args))
     graph.check_given()
     assert calls == []
     graph.labels = np.array([0, 1, 0, 1, 1])  # a field replaced: checked again

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from neutronorch.data.links import LINK_DIRECTIONS
+from neutronorch.data.edge_split import LINK_DIRECTIONS
 from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, NORMS, RELATIONAL_ONLY
 
 # A setting's option, beside its name and default: ``help`` (the full help, ``%(default)s`` standing for the

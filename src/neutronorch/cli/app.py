@@ -293,7 +293,8 @@ def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
     overwrite; and the pairs, read once)."""
     from neutronorch.train.checkpoint import load_checkpoint
     from neutronorch.train.link_predict import read_pairs
-    from neutronorch.train.predict import NODE_SETS, check_output_path, check_task
+    from neutronorch.train.predict import check_task
+    from neutronorch.train.prediction_io import NODE_SETS, check_output_path
     from neutronorch.train.resources import resolve_device
     from neutronorch.train.typed_checkpoint import load_typed_checkpoint
 

@@ -1,4 +1,5 @@
-"""A ``Graph`` from arrays a user already holds (numpy arrays or torch tensors): ``Graph.from_arrays``.
+"""What ``Graph.from_arrays`` makes of arrays a user already holds (numpy arrays or torch tensors): the
+fields of a graph, read without truncating or wrapping a value.
 
 What is done to them is what every loader does: edges are made undirected (``undirected=True``), self
 loops and repeated edges are dropped (``csc.py`` says why), labels become class ids with -1 for a missing
@@ -14,7 +15,6 @@ import numpy as np
 
 from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.dtypes import STORAGE_DTYPES, as_int64, bfloat16
-from neutronorch.data.graph import Graph
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
 from neutronorch.errors import DataError
 from neutronorch.limits import check_seed, check_switch
@@ -22,10 +22,11 @@ from neutronorch.limits import check_seed, check_switch
 SPLITS = ("train", "val", "test")
 
 
-def from_arrays(src, dst, features, labels, splits: Mapping | Sequence | None = None, *, name: str = "arrays",
-                num_nodes: int | None = None, undirected: bool = True, split: str = DEFAULT_SPLIT, seed: int = 0,
-                num_classes: int | None = None, metric: str | None = None) -> Graph:
-    """The graph with edges ``src[i] -> dst[i]``, a feature row and a label per vertex.
+def graph_fields(src, dst, features, labels, splits: Mapping | Sequence | None = None, *, name: str = "arrays",
+                 num_nodes: int | None = None, undirected: bool = True, split: str = DEFAULT_SPLIT, seed: int = 0,
+                 num_classes: int | None = None, metric: str | None = None) -> dict:
+    """The fields of the graph (``Graph``'s keywords) with edges ``src[i] -> dst[i]``, a feature row and a
+    label per vertex.
 
     ``splits``: {"train": ..., "val": ..., "test": ...} or a (train, val, test) triple, each an array of
     vertex ids or a boolean mask over the vertices; None draws one by ``split`` and ``seed``.
@@ -64,11 +65,8 @@ def from_arrays(src, dst, features, labels, splits: Mapping | Sequence | None = 
                                       seed)
     else:
         train, val, test = _splits(splits, n, name)
-    graph = Graph(name=name, indptr=indptr, indices=indices, features=features, labels=labels, train_idx=train,
-                  val_idx=val, test_idx=test, num_classes=int(num_classes), metric=metric)
-    graph.validate(name)
-    graph.drop_unlabelled_from_splits()
-    return graph
+    return dict(name=name, indptr=indptr, indices=indices, features=features, labels=labels, train_idx=train,
+                val_idx=val, test_idx=test, num_classes=int(num_classes), metric=metric)
 
 
 def _array(value, what: str) -> np.ndarray:

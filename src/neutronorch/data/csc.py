@@ -1,9 +1,11 @@
-"""Building the CSC topology of a ``Graph`` from an edge list, and reading or thinning one.
+"""Building the CSC topology of a ``Graph`` from an edge list, and reading, thinning or transposing one.
 
 Every loader and the synthetic generator go through ``edges_to_csc``, so all graphs share one convention:
 column ``v`` of the CSC lists the in-neighbours of ``v`` in ascending order, without self loops and without
 duplicates, and an undirected input becomes two directed entries per edge. ``is_symmetric`` and
-``drop_edges`` read a CSC as stored (possibly memory-mapped) without copying it.
+``drop_edges`` read a CSC as stored (possibly memory-mapped) without copying it. ``transpose_edges`` turns
+any compressed form around (a sampled block's, or a matrix's nonzeros row by row): the layers' backward
+passes gather through it.
 """
 
 from __future__ import annotations
@@ -199,3 +201,23 @@ def _copy_kept(indptr, indices, keys, starts, kept, out):
             if not _dropped(keys, starts[v], starts[v + 1], base + indices[k]):
                 out[at] = indices[k]
                 at += 1
+
+
+@njit(cache=True, nogil=True)
+def transpose_edges(indptr, indices, num_src):
+    """For each source, the edges that read it (CSR of the transpose, in a stable order), and every edge's
+    destination: ``(src_ptr, edges, dst)``, ``edges[src_ptr[u]:src_ptr[u + 1]]`` the edges from ``u``."""
+    counts = np.zeros(num_src + 1, np.int64)
+    for e in range(indices.shape[0]):
+        counts[indices[e] + 1] += 1
+    src_ptr = np.cumsum(counts)
+    fill = src_ptr[:-1].copy()
+    edges = np.empty(indices.shape[0], np.int64)
+    dst = np.empty(indices.shape[0], np.int64)
+    for d in range(indptr.shape[0] - 1):
+        for e in range(indptr[d], indptr[d + 1]):
+            u = indices[e]
+            edges[fill[u]] = e
+            fill[u] += 1
+            dst[e] = d
+    return src_ptr, edges, dst

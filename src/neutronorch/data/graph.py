@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from neutronorch.data.arrays import graph_fields
 from neutronorch.data.dtypes import STORAGE_DTYPES
 from neutronorch.data.links import LinkSplit, check_link_split
 from neutronorch.data.splits import split_overlap
@@ -101,11 +102,13 @@ class Graph(GivenChecked):
 
     @staticmethod
     def from_arrays(src, dst, features, labels, splits=None, **options) -> "Graph":
-        """A graph from edge endpoints, features, labels and optional splits (numpy or torch); see
-        ``neutronorch.data.arrays.from_arrays`` for the options."""
-        from neutronorch.data.arrays import from_arrays  # noqa: PLC0415 - it builds on this module
-
-        return from_arrays(src, dst, features, labels, splits, **options)
+        """A graph from edge endpoints, features, labels and optional splits (numpy or torch), cleaned as a
+        loaded one is, validated, and without unlabelled vertices in its splits; see
+        ``neutronorch.data.arrays.graph_fields`` for the options."""
+        graph = Graph(**graph_fields(src, dst, features, labels, splits, **options))
+        graph.validate(graph.name)
+        graph.drop_unlabelled_from_splits()
+        return graph
 
     def is_labelled(self, ids: np.ndarray) -> np.ndarray:
         """Whether each of ``ids`` has a label (multi-label: at least one known entry)."""

@@ -1,8 +1,8 @@
 """Graphs from and to PyTorch Geometric and DGL, when those libraries are installed (neither is needed
 otherwise): ``from_pyg``/``to_pyg``, ``from_dgl``/``to_dgl``, and ``pyg:NAME@ROOT`` dataset specs.
 
-Conversions go through ``from_arrays``, so a converted graph is cleaned like any loaded one (undirected,
-no self loops or repeated edges; vertices without a label leave the splits). Masks with one column per
+Conversions go through ``Graph.from_arrays``, so a converted graph is cleaned like any loaded one
+(undirected, no self loops or repeated edges; vertices without a label leave the splits). Masks with one column per
 split (PyG's heterophilous datasets store 10) take ``split_index``. Link splits (``RandomLinkSplit``'s three
 ``Data``) go through ``from_pyg_link``/``to_pyg_link`` in ``interop_links.py``.
 """
@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from neutronorch.data.arrays import from_arrays
 from neutronorch.data.graph import Graph
 from neutronorch.errors import DataError
 
@@ -33,8 +32,8 @@ _MASKS = {"train": ("train_mask",), "val": ("val_mask", "valid_mask"), "test": (
 
 def from_pyg(data, name: str = "pyg", split_index: int = 0, **options) -> Graph:
     """A ``torch_geometric.data.Data`` (``x``, ``y``, ``edge_index`` and, if present, ``train_mask``,
-    ``val_mask``, ``test_mask``) as a graph; ``options`` go to ``from_arrays`` (``undirected``, ``split``,
-    ``seed``, ``metric``)."""
+    ``val_mask``, ``test_mask``) as a graph; ``options`` go to ``Graph.from_arrays`` (``undirected``,
+    ``split``, ``seed``, ``metric``)."""
     if getattr(data, "node_types", None) and getattr(data, "edge_types", None) and len(data.node_types) > 1:
         raise DataError(f"{name}: a HeteroData (types {', '.join(map(str, data.node_types))}); read it with "
                         f"neutronorch.data.from_pyg_hetero(data, target=...).")
@@ -44,8 +43,8 @@ def from_pyg(data, name: str = "pyg", split_index: int = 0, **options) -> Graph:
                             f"node labels (y) and edges (edge_index).")
     edge_index = data.edge_index
     splits = _masks(lambda key: getattr(data, key, None), name, split_index)
-    return from_arrays(edge_index[0], edge_index[1], data.x, data.y, splits, name=name,
-                       num_nodes=int(data.num_nodes), **options)
+    return Graph.from_arrays(edge_index[0], edge_index[1], data.x, data.y, splits, name=name,
+                             num_nodes=int(data.num_nodes), **options)
 
 
 def to_pyg(graph: Graph):
@@ -62,7 +61,7 @@ def to_pyg(graph: Graph):
 
 def from_dgl(g, name: str = "dgl", split_index: int = 0, **options) -> Graph:
     """A ``dgl.DGLGraph`` with node data ``feat`` (or ``features``), ``label`` (or ``labels``) and, if
-    present, ``train_mask``, ``val_mask``, ``test_mask``; ``options`` go to ``from_arrays``."""
+    present, ``train_mask``, ``val_mask``, ``test_mask``; ``options`` go to ``Graph.from_arrays``."""
     if not (hasattr(g, "ndata") and hasattr(g, "edges")):
         raise DataError(f"{name}: from_dgl reads a dgl.DGLGraph, not a {type(g).__name__}.")
     nodes = g.ndata
@@ -73,7 +72,8 @@ def from_dgl(g, name: str = "dgl", split_index: int = 0, **options) -> Graph:
                         f"{sorted(nodes.keys())}).")
     src, dst = g.edges()
     splits = _masks(lambda key: nodes[key] if key in nodes else None, name, split_index)
-    return from_arrays(src, dst, features, labels, splits, name=name, num_nodes=int(g.num_nodes()), **options)
+    return Graph.from_arrays(src, dst, features, labels, splits, name=name, num_nodes=int(g.num_nodes()),
+                             **options)
 
 
 def to_dgl(graph: Graph):

@@ -18,8 +18,9 @@ from neutronorch.data.dtypes import STORAGE_DTYPES, as_int64
 from neutronorch.data.graph import Graph
 from neutronorch.data.interop import _edges, _require
 from neutronorch.data.link_checks import check_stored_links
-from neutronorch.data.links import _KEY_LIMIT, PER_SOURCE, SHARED, UNDIRECTED_SHARE, LinkSplit, _link_keys, \
-    check_link_split, count_positive_negatives, member_mask, reciprocity
+from neutronorch.data.edge_split import _KEY_LIMIT, UNDIRECTED_SHARE, _link_keys, reciprocity
+from neutronorch.data.links import (PER_SOURCE, SHARED, LinkSplit, check_link_split, count_positive_negatives,
+                                    member_mask)
 from neutronorch.errors import DataError
 
 STAGES = ("train", "val", "test")

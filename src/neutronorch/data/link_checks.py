@@ -19,7 +19,8 @@ import logging
 
 import numpy as np
 
-from neutronorch.data.links import LinkSplit, _link_keys, check_link_split, member_mask
+from neutronorch.data.edge_split import _link_keys
+from neutronorch.data.links import LinkSplit, check_link_split, member_mask
 from neutronorch.errors import DataError
 
 __all__ = ["check_stored_links", "check_graph_links"]

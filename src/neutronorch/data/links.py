@@ -1,5 +1,5 @@
-"""Supervision edges for link prediction: the ``LinkSplit`` a graph carries, a seeded edge split of any
-graph, and the checks a split from outside must pass.
+"""Supervision edges for link prediction: the ``LinkSplit`` a graph carries and the checks a split from
+outside must pass (a seeded split of any graph's edges is ``edge_split.py``'s).
 
 A link-prediction graph is a ``Graph`` whose ``links`` field holds its ``LinkSplit``; the graph's own
 topology is then the *message-passing* graph, from which the validation and test edges are absent, so
@@ -10,38 +10,18 @@ negatives for training: that is the trainer's, per mini-batch.
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
-from numba import njit
 
-from neutronorch.data.csc import drop_edges, edge_hygiene
 from neutronorch.errors import ConfigError, DataError
-
-if TYPE_CHECKING:
-    from neutronorch.data.graph import Graph
 
 # What ``LinkSplit.val_neg`` and ``test_neg`` hold, and so how evaluation scores a set:
 SAMPLED = "sampled"  # none: the trainer draws negatives (score by sampled MRR, Hits@K or ROC-AUC)
 SHARED = "shared"  # (2, K) pairs, one list for all positives (ogbl-collab, -ppa: Hits@K)
 PER_SOURCE = "per-source"  # (P, K) targets per positive, paired with its source (ogbl-citation2: MRR)
 NEGATIVE_KINDS = (SAMPLED, SHARED, PER_SOURCE)
-LINK_SPLIT_HELP = "edges:TRAIN,VAL (e.g. edges:0.85,0.05: shares of the edges for training and validation; " \
-                  "the rest is the test set)"
-# Edges are handled as int64 keys dst * num_nodes + src, which hold graphs of up to this many vertices.
-_KEY_LIMIT = math.isqrt(np.iinfo(np.int64).max)
 _CHUNK = 1 << 22  # elements compared at a time when counting negatives that are positives
-# How a split treats an edge and its reverse (``split_edges``'s ``direction``, the option `link_direction`).
-LINK_DIRECTIONS = ("auto", "undirected", "directed")
-# ``auto``: undirected when at least this share of the edges (self loops aside) has its reverse. From half on,
-# a directed split would leave at least half of the held-out links' reverse edges in message passing and among
-# the training positives; a few one-way edges in a symmetric graph cannot turn it into a directed one.
-UNDIRECTED_SHARE = 0.5
-logger = logging.getLogger("neutronorch")
 
 
 @dataclass
@@ -114,145 +94,12 @@ def _inferred_kind(split: LinkSplit) -> str | None:
     return kinds.pop() if len(kinds) == 1 else None
 
 
-def parse_link_split(spec: str) -> tuple[float, float]:
-    """``edges:TRAIN,VAL`` as (train, val) fractions of the edges; the test set is the rest."""
-    kind, colon, rest = spec.partition(":")
-    parts = rest.split(",")
-    if kind.strip() != "edges" or not colon or len(parts) != 2:
-        raise ConfigError(f"link split {spec!r} is not understood. Use {LINK_SPLIT_HELP}.")
-    try:
-        train, val = float(parts[0]), float(parts[1])
-    except ValueError:
-        raise ConfigError(f"link split {spec!r}: TRAIN and VAL must be numbers, as in edges:0.85,0.05.") from None
-    _check_fractions(train, val, f"link split {spec!r}")
-    return train, val
-
-
 def check_negatives_fit(name: str, count: int, num_nodes: int) -> None:
     """``count`` negative destinations per positive, drawn over ``num_nodes`` vertices, must not outnumber them:
     ``ConfigError`` naming the setting ``name`` and both numbers."""
     if count > num_nodes:
         raise ConfigError(f"`{name}` {count:,}: more negative destinations per positive than the {num_nodes:,} "
                           f"vertices they are drawn from; give at most {num_nodes:,}.")
-
-
-def _check_fractions(train: float, val: float, what: str) -> None:
-    if not (0 < train < 1 and 0 < val < 1 and train + val < 1):  # NaN fails every comparison
-        raise ConfigError(f"{what}: the training and validation shares must each lie in (0, 1) and sum to "
-                          f"less than 1, leaving edges for the test set (got {train} and {val}); e.g. "
-                          f"edges:0.85,0.05.")
-
-
-def split_edges(graph: Graph, train: float, val: float, seed: int = 0, direction: str = "auto") -> Graph:
-    """``graph`` with a seeded random ``LinkSplit`` of its edges in ``links``, its validation and test edges
-    taken out of its topology.
-
-    ``direction``: ``"undirected"``: an edge and its reverse are one link, on one side of the split, counted
-    once (stored source < target) and removed both ways, so a held-out pair has neither direction in
-    message passing or among the training positives; ``"directed"``: each directed edge is a link (a held-out
-    edge's reverse stays); ``"auto"`` (default): undirected when at least ``UNDIRECTED_SHARE`` of the edges
-    have their reverse (``reciprocity``), logged and kept in ``links.direction`` with the share. Self loops
-    are no links (they stay) and a repeated edge is one. Features, labels and node splits are the input's
-    own objects (nothing is copied); the same seed gives the same split. Cost, for E stored edges: three
-    passes over the topology (one sorting a copy of each column to measure the reverses), an int64 key per
-    link and one random permutation of them."""
-    _check_fractions(train, val, "split_edges")
-    if direction not in LINK_DIRECTIONS:
-        raise ConfigError(f"`link_direction` {direction!r}: choose one of {', '.join(LINK_DIRECTIONS)}.")
-    if graph.links is not None:
-        raise DataError(f"{graph.name}: already carries a link split, and its validation and test edges are "
-                        f"out of its topology; split the graph it came from instead.")
-    num_nodes = graph.num_nodes
-    if num_nodes > _KEY_LIMIT:
-        raise DataError(f"{graph.name}: {num_nodes:,} vertices are more than a link split handles "
-                        f"({_KEY_LIMIT:,}: edges are keyed by int64 dst * num_nodes + src).")
-    indptr, indices = np.asarray(graph.indptr), np.asarray(graph.indices)
-    share = reciprocity(indptr, indices)
-    undirected = direction == "undirected" or (direction == "auto" and share >= UNDIRECTED_SHARE)
-    why = (f"{share:.1%} of the edges have their reverse"
-           + (f" ({'at least' if undirected else 'below'} {UNDIRECTED_SHARE:.0%})" if direction == "auto"
-              else f"; `link_direction` {direction}"))
-    # Each pair once, keyed (larger, smaller): source < target. Stored both ways, the half with src < dst.
-    keys = _link_keys(indptr, indices, undirected and share == 1.0)
-    if undirected and share < 1.0:
-        keys = _canonical(keys, num_nodes)
-    total = keys.shape[0]
-    if total == 0:
-        raise DataError(f"{graph.name}: has no edges to split (self loops are no links).")
-    sizes = (round(train * total), round(val * total))
-    sizes = (*sizes, total - sizes[0] - sizes[1])
-    if min(sizes) == 0:
-        empty = ("training", "validation", "test")[sizes.index(0)]
-        raise ConfigError(f"split_edges: shares {train} and {val} of {total} links leave the {empty} set empty; "
-                          f"choose shares that give each set at least one edge.")
-    order = np.random.default_rng(seed).permutation(total)
-    train_keys, val_keys, test_keys = (np.sort(keys[part]) for part in np.split(order, np.cumsum(sizes[:2])))
-    del order, keys
-    held_out = np.concatenate([val_keys, test_keys])
-    if undirected:
-        held_out = np.concatenate([held_out, (held_out % num_nodes) * num_nodes + held_out // num_nodes])
-    held_out.sort()
-    new_indptr, new_indices = drop_edges(indptr, indices, held_out)
-    kind = "undirected" if undirected else "directed"
-    split = LinkSplit(train=_pairs(train_keys, num_nodes), val=_pairs(val_keys, num_nodes),
-                      test=_pairs(test_keys, num_nodes), undirected=undirected, direction=f"{kind}: {why}",
-                      issues={})  # nothing to find: no leak, self loop or repeat by construction
-    split.checked = split.checked_for(new_indices)
-    logger.info(f"{graph.name}: links split as {kind}: {why}"
-                + ("; give `link_direction` directed to predict edges one way" if undirected and direction == "auto"
-                   else ""))
-    note = (f"link split {sizes[0]:,}/{sizes[1]:,}/{sizes[2]:,} of {total:,} {kind} edges (shares {train:g}/{val:g}, "
-            f"seed {seed}; {why}); validation and test edges left out of message passing"
-            + (" in both directions" if undirected else ""))
-    return dataclasses.replace(graph, indptr=new_indptr, indices=new_indices, links=split,
-                               notes=[*graph.notes, note])
-
-
-def reciprocity(indptr: np.ndarray, indices: np.ndarray) -> float:
-    """The share of a CSC's stored edges (self loops aside) whose reverse is an edge too: 1.0 for a graph
-    stored both ways (and for one without edges), near 0 for citations (``edge_hygiene``'s count)."""
-    hygiene = edge_hygiene(indptr, indices)
-    linked = np.asarray(indices).shape[0] - hygiene["self_loops"]
-    return 1.0 if linked == 0 else 1.0 - hygiene["edges_without_reverse"] / linked
-
-
-def _canonical(keys: np.ndarray, num_nodes: int) -> np.ndarray:
-    """Sorted unique keys of the undirected pairs of edge keys: larger * num_nodes + smaller."""
-    src, dst = keys % num_nodes, keys // num_nodes
-    return np.unique(np.maximum(src, dst) * num_nodes + np.minimum(src, dst))
-
-
-def _link_keys(indptr: np.ndarray, indices: np.ndarray, undirected: bool) -> np.ndarray:
-    """Sorted unique keys dst * num_nodes + src of the graph's links (undirected: those with src < dst)."""
-    keys = _edge_keys(indptr, indices, undirected)
-    if keys.size > 1 and np.any(keys[1:] < keys[:-1]):  # columns stored unsorted
-        keys.sort()
-    if keys.size > 1:
-        keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
-    return keys
-
-
-@njit(cache=True, nogil=True)
-def _edge_keys(indptr, indices, lower_only):
-    num_nodes = indptr.shape[0] - 1
-    count = 0
-    for v in range(num_nodes):
-        for k in range(indptr[v], indptr[v + 1]):
-            if indices[k] < v or (indices[k] > v and not lower_only):
-                count += 1
-    keys = np.empty(count, np.int64)
-    at = 0
-    for v in range(num_nodes):
-        for k in range(indptr[v], indptr[v + 1]):
-            if indices[k] < v or (indices[k] > v and not lower_only):
-                keys[at] = np.int64(v) * num_nodes + indices[k]
-                at += 1
-    return keys
-
-
-def _pairs(keys: np.ndarray, num_nodes: int) -> np.ndarray:
-    """Keys dst * num_nodes + src as a (2, E) int64 array of (src, dst)."""
-    return np.stack([keys % num_nodes, keys // num_nodes])
 
 
 def check_link_split(split: LinkSplit, num_nodes: int, source: str = "link split", *,

@@ -21,7 +21,7 @@ from numba import njit, prange
 from neutronorch.data.arrays import class_labels
 from neutronorch.data.dtypes import as_int64
 from neutronorch.data.files import holds_objects, read_error
-from neutronorch.data.typed import Relation, RelationType, relation_array, relation_label
+from neutronorch.data.relation import Relation, RelationType, relation_array, relation_label
 from neutronorch.errors import DataError, not_a_file
 
 # progress(what, done, total): bytes of the file being read (each edge file is read twice: done runs to 2x).

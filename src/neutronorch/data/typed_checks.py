@@ -2,23 +2,21 @@
 
 Every message names the vertex type or the relation it is about, the problem and the fix. Arrays may be
 memory maps larger than RAM, so topology, features and labels are read in chunks and never copied whole.
+Each check's ``graph`` is the ``TypedGraph`` being checked; ``typed.py``, which runs them, imports this module,
+so the checks read relations and their names from ``relation.py`` instead.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from neutronorch.data.dtypes import STORAGE_DTYPES
 from neutronorch.data.graph import _CHUNK, METRICS, _first_duplicate, check_kinds
+from neutronorch.data.relation import Relation, node_array, relation_array, relation_label
 from neutronorch.data.splits import split_overlap
-from neutronorch.data.typed import Relation, node_array, relation_array, relation_label
 from neutronorch.errors import DataError
-
-if TYPE_CHECKING:
-    from neutronorch.data.typed import TypedGraph
 
 # Type and relation names become folder names on disk (typed_native.py); "___" joins a relation's three.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -35,7 +33,7 @@ class _Failure:
         raise DataError(f"{self.files.get(key, self.source) if key else self.source}: {what}. {fix}")
 
 
-def check_typed_graph(graph: "TypedGraph", source: str, files: dict[str, str]) -> None:
+def check_typed_graph(graph, source: str, files: dict[str, str]) -> None:
     fail = _Failure(source, files)
     check_names(graph, source)
     if graph.metric is not None and graph.metric not in METRICS:
@@ -47,7 +45,7 @@ def check_typed_graph(graph: "TypedGraph", source: str, files: dict[str, str]) -
     _check_target(graph, fail)
 
 
-def check_names(graph: "TypedGraph", source: str) -> None:
+def check_names(graph, source: str) -> None:
     """Types and relations have names a folder can take, counts are whole numbers, and every relation
     joins two types the graph has: what writing a graph relies on, checked without reading an array."""
     fail = _Failure(source, {})
@@ -77,7 +75,7 @@ def check_names(graph: "TypedGraph", source: str) -> None:
              f"({', '.join(graph.num_nodes)})", "Name the vertex type whose labels are predicted.")
 
 
-def _check_kinds(graph: "TypedGraph", fail: _Failure) -> None:
+def _check_kinds(graph, fail: _Failure) -> None:
     """Every part of the kind ``TypedGraph`` says (a graph built by hand may hold lists, tensors or tuples):
     dicts, ``Relation`` values, numpy arrays (``graph.check_kinds``) and a whole ``num_classes``."""
     say = lambda what, fix: fail(None, what, fix)  # noqa: E731
@@ -103,7 +101,7 @@ def _check_name(name, what: str, fail: _Failure) -> None:
              "Use letters, digits, '_', '-' and '.', starting with a letter or digit, and no '___'.")
 
 
-def _check_relation(graph: "TypedGraph", key, relation: Relation, fail: _Failure) -> None:
+def _check_relation(graph, key, relation: Relation, fail: _Failure) -> None:
     label = relation_label(key)
     num_src, num_dst = int(graph.num_nodes[key[0]]), int(graph.num_nodes[key[2]])
     indptr, indices = relation.indptr, relation.indices
@@ -136,7 +134,7 @@ def _check_relation(graph: "TypedGraph", key, relation: Relation, fail: _Failure
                     "edge (one per entry of indices)", relation_array(key, "edge_features"), fail)
 
 
-def _check_features(graph: "TypedGraph", node_type: str, features: np.ndarray, fail: _Failure) -> None:
+def _check_features(graph, node_type: str, features: np.ndarray, fail: _Failure) -> None:
     _check_rows(features, int(graph.num_nodes[node_type]), f"type {node_type}: features",
                 f"{node_type} vertex", node_array(node_type, "features"), fail)
 
@@ -157,7 +155,7 @@ def _check_rows(array: np.ndarray, rows: int, what: str, row: str, key: str, fai
                  "Replace non-finite values (e.g. np.nan_to_num).")
 
 
-def _check_target(graph: "TypedGraph", fail: _Failure) -> None:
+def _check_target(graph, fail: _Failure) -> None:
     target, labels = graph.target, graph.labels
     n = int(graph.num_nodes[target])
     key = node_array(target, "labels")
@@ -189,7 +187,7 @@ def _check_target(graph: "TypedGraph", fail: _Failure) -> None:
         fail(node_array(target, array), f"type {target}: {what}", fix)
 
 
-def _check_split(graph: "TypedGraph", split: str, n: int, fail: _Failure) -> None:
+def _check_split(graph, split: str, n: int, fail: _Failure) -> None:
     target, key = graph.target, node_array(graph.target, split)
     idx = np.asarray(getattr(graph, split))
     if idx.ndim != 1 or idx.dtype.kind not in "iu":

@@ -17,6 +17,7 @@ from numba import njit, prange
 from torch.nn import functional as F
 
 from neutronorch.bfloat16 import accumulator, finish, flush, load, numpy_view, store, supported
+from neutronorch.data.csc import transpose_edges
 from neutronorch.nn.bucket import head_rows, leading_rows, needs_buckets, padded_rows
 from neutronorch.prefetch import AHEAD, prefetch_part, prefetch_row
 from neutronorch.sampling.block import Block
@@ -63,26 +64,6 @@ def _layer_input_forward(indptr, indices, x, dst_offset, self_columns, include_s
                     acc[j] += load(row[j])
             count = end - start + (1 if include_self else 0)
             finish(o, offset, acc, np.float32(1.0) / np.float32(max(count, 1)))
-
-
-@njit(cache=True, nogil=True)
-def transpose_edges(indptr, indices, num_src):
-    """For each source, the edges that read it (CSR of the transposed block, in a stable order), and every
-    edge's destination."""
-    counts = np.zeros(num_src + 1, np.int64)
-    for e in range(indices.shape[0]):
-        counts[indices[e] + 1] += 1
-    src_ptr = np.cumsum(counts)
-    fill = src_ptr[:-1].copy()
-    edges = np.empty(indices.shape[0], np.int64)
-    dst = np.empty(indices.shape[0], np.int64)
-    for d in range(indptr.shape[0] - 1):
-        for e in range(indptr[d], indptr[d + 1]):
-            u = indices[e]
-            edges[fill[u]] = e
-            fill[u] += 1
-            dst[e] = d
-    return src_ptr, edges, dst
 
 
 @njit(cache=True, nogil=True)

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from neutronorch.nn.aggregation import CHUNK, edge_destinations, transpose_edges
+from neutronorch.data.csc import transpose_edges
+from neutronorch.nn.aggregation import CHUNK, edge_destinations
 from neutronorch.prefetch import AHEAD, prefetch_row
 from neutronorch.sampling.block import Block
 

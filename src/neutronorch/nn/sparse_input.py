@@ -22,6 +22,7 @@ import torch
 from numba import njit, prange
 
 from neutronorch.bfloat16 import load, numpy_view
+from neutronorch.data.csc import transpose_edges
 
 MIN_WIDTH = 256  # narrower rows cost little densely, and the form's overhead is a larger share
 # The most nonzeros (as a share of the sampled entries) at which the compressed product is taken. Measured
@@ -151,9 +152,6 @@ class _SparseRowsProduct(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_bias = grad.sum(0)
         if any(ctx.needs_input_grad[2:]):
-            # aggregation imports bucket, which imports this module: imported here, not at the top
-            from neutronorch.nn.aggregation import transpose_edges  # noqa: PLC0415
-
             indptr, columns, values = ctx.compressed
             colptr, order, rows = transpose_edges(indptr, columns, ctx.in_width)  # the nonzeros column by column
             grad_t = torch.zeros(ctx.in_width, grad.shape[1], dtype=torch.float32)

@@ -23,8 +23,8 @@ from neutronorch.features.store import FeatureStore
 from neutronorch.train.checkpoint import Checkpoint
 from neutronorch.train.health import output_check
 from neutronorch.train.layerwise import LayerProgress, last_layer_rows
-from neutronorch.train.predict import (check_prediction_output, check_request, checkpoint_for, ids_in_memory,
-                                       scratch_folder, write_rows)
+from neutronorch.train.predict import check_request, checkpoint_for
+from neutronorch.train.prediction_io import check_prediction_output, ids_in_memory, scratch_folder, write_rows
 
 __all__ = ["PAIR_FORMS", "read_pairs", "score_pairs"]
 

@@ -33,8 +33,8 @@ from neutronorch.config import TrainConfig
 from neutronorch.config_parts import LinkConfig
 from neutronorch.data.graph import Graph
 from neutronorch.data.link_checks import check_graph_links
-from neutronorch.data.links import (PER_SOURCE, SHARED, check_link_split, check_negatives_fit, parse_link_split,
-                                    split_edges)
+from neutronorch.data.edge_split import parse_link_split, split_edges
+from neutronorch.data.links import PER_SOURCE, SHARED, check_link_split, check_negatives_fit
 from neutronorch.errors import ConfigError
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.link import LinkModel
@@ -45,7 +45,7 @@ from neutronorch.train.distributed import World
 from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, link_collapse, nonfinite_rows
 from neutronorch.train.layerwise import LayerProgress, last_layer_rows
 from neutronorch.train.link_metrics import PerPositiveScores, SharedScores, parse_link_metric
-from neutronorch.train.predict import scratch_folder
+from neutronorch.train.prediction_io import scratch_folder
 
 __all__ = ["LinkTask", "evaluate_links", "link_graph", "rms_row_norm", "DEFAULT_LINK_SPLIT"]
 

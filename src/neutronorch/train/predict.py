@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import numbers
 import os
-import tempfile
-from pathlib import Path
-from typing import Sequence, Union
 
 import numpy as np
 import torch
@@ -24,70 +21,12 @@ from neutronorch.nn.link import LinkModel
 from neutronorch.train.checkpoint import Checkpoint, check_fits, load_checkpoint
 from neutronorch.train.health import output_check
 from neutronorch.train.layerwise import LayerProgress, layerwise
-from neutronorch.features.memory import available_memory_bytes
-from neutronorch.train.output_guard import check_distinct, check_fresh, check_name_lengths, check_space
-from neutronorch.train.outputs import check_creatable, open_array_atomically
+from neutronorch.train.prediction_io import (Nodes, check_prediction_output, node_files, prediction_rows,
+                                             scratch_folder, select_nodes, write_rows)
 from neutronorch.train.resources import resolve_device
 from neutronorch.train.task import Task, score
 from neutronorch.train.typed_checkpoint import TypedCheckpoint
-from neutronorch.train.typed_inputs import typed_files
-
-NODE_SETS = ("test", "val", "train", "all")
-# What ``nodes`` may be: a set's name, a .npy file, or the vertex ids themselves.
-Nodes = Union[str, os.PathLike, np.ndarray, torch.Tensor, Sequence[int]]
-
-
-def select_nodes(graph: Graph | TypedGraph, nodes: Nodes, node_type: str | None = None) -> np.ndarray:
-    """``test``, ``val``, ``train``, ``all``, a ``.npy`` file of vertex ids, or the ids themselves (a numpy
-    array, list, tuple or torch tensor), checked alike: 1-D integers in 0..num_nodes-1. Of a typed graph, ids
-    of ``node_type`` (default: the target, whose vertices the splits hold)."""
-    count, of = graph.num_nodes, ""
-    if isinstance(graph, TypedGraph):
-        node_type = node_type or graph.target
-        count, of = graph.num_nodes[node_type], f" ({node_type} vertices)"
-    if isinstance(nodes, (str, os.PathLike)):
-        if nodes in ("test", "val", "train"):
-            if isinstance(graph, TypedGraph) and node_type != graph.target:
-                raise ConfigError(f"`nodes` {nodes}: the splits hold vertices of the target type {graph.target}; "
-                                  f"give all, or a .npy file of {node_type} ids.")
-            return np.array(getattr(graph, f"{nodes}_idx"), dtype=np.int64)
-        if nodes == "all":
-            return np.arange(count, dtype=np.int64)
-        ids, what = _read_ids(nodes), f"`nodes` {nodes}"
-    else:
-        ids, what = ids_in_memory(nodes), "`nodes` (vertex ids given in memory)"
-    if ids.ndim != 1 or ids.dtype.kind not in "iu":
-        raise ConfigError(f"{what}: expected a 1-D array of integer vertex ids, got {ids.dtype} {ids.shape}.")
-    bad = (ids < 0) | (ids >= count)  # compared in the ids' own type: a huge unsigned id is shown as it is
-    if bad.any():
-        first = int(np.argmax(bad))
-        raise ConfigError(f"{what}: {int(bad.sum()):,} vertex id{'s' if bad.sum() > 1 else ''} out of range, the "
-                          f"first {int(ids[first])} (entry {first}); vertex ids must be in 0..{count - 1}{of}.")
-    return ids.astype(np.int64)
-
-
-def _read_ids(nodes: str | os.PathLike) -> np.ndarray:
-    path = Path(nodes)
-    if path.suffix != ".npy" or not path.is_file():
-        raise ConfigError(f"`nodes` {str(nodes)!r}: give one of {', '.join(NODE_SETS)}, an existing .npy file of "
-                          f"vertex ids, or the ids (an array, list or tensor).")
-    try:
-        return np.load(path, allow_pickle=False)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
-        raise ConfigError(f"`nodes` {nodes}: cannot be read as a .npy array ({exc}).") from None
-
-
-def ids_in_memory(nodes, what: str = "`nodes` (vertex ids given in memory)") -> np.ndarray:
-    """Vertex ids a caller holds: a numpy array, list, tuple or torch tensor (on any device); ``what``
-    names them in the error a value that is no array gets."""
-    if isinstance(nodes, torch.Tensor):
-        return nodes.detach().cpu().numpy()
-    if isinstance(nodes, (list, tuple)) and len(nodes) == 0:
-        return np.zeros(0, dtype=np.int64)  # np.asarray([]) would be float64
-    try:
-        return np.asarray(nodes)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{what}: cannot be read as an array ({exc}).") from None
+from neutronorch.train.typed_predict import embed_typed, predict_typed
 
 
 def predict(checkpoint: Checkpoint | TypedCheckpoint | str | os.PathLike, graph: Graph | TypedGraph,
@@ -113,8 +52,6 @@ def predict(checkpoint: Checkpoint | TypedCheckpoint | str | os.PathLike, graph:
     fanouts, -1 for all; ``scratch`` does not apply)."""
     device = check_request(graph, device, probabilities=probabilities, overwrite=overwrite)
     if isinstance(graph, TypedGraph):
-        from neutronorch.train.typed_predict import predict_typed  # noqa: PLC0415 - it imports this module
-
         return predict_typed(checkpoint, graph, nodes, probabilities, device, chunk_size, out=out, progress=progress,
                              overwrite=overwrite, fanouts=fanouts)
     _homogeneous_only(fanouts=fanouts)
@@ -122,15 +59,6 @@ def predict(checkpoint: Checkpoint | TypedCheckpoint | str | os.PathLike, graph:
     checkpoint = checkpoint_for(checkpoint, graph, pairs=False)
     shape, dtype, transform = prediction_rows(Task.of(graph), probabilities)
     return _infer(checkpoint, graph, nodes, None, shape, dtype, transform, device, chunk_size, out, scratch, progress)
-
-
-def prediction_rows(task: Task, probabilities: bool) -> tuple[tuple, type, object]:
-    """(row shape, dtype, transform of the logits) of ``predict``'s output for ``task``."""
-    if probabilities:
-        return (task.num_classes,), np.float32, task.probabilities
-    if task.multilabel:
-        return (task.num_classes,), np.int8, task.predictions
-    return (), np.int64, task.predictions
 
 
 def _homogeneous_only(**given) -> None:
@@ -158,8 +86,6 @@ def embed(checkpoint: Checkpoint | TypedCheckpoint | str | os.PathLike, graph: G
     if (node_type is not None and not isinstance(node_type, str)) or node_type == "":
         raise ConfigError(f"`node_type` {node_type!r}: name a vertex type of the graph (None: the target's).")
     if isinstance(graph, TypedGraph):
-        from neutronorch.train.typed_predict import embed_typed  # noqa: PLC0415 - it imports this module
-
         return embed_typed(checkpoint, graph, layer, nodes, device, chunk_size, node_type=node_type, out=out,
                            progress=progress, overwrite=overwrite, fanouts=fanouts)
     check_embed_request(layer, node_type, fanouts)
@@ -239,66 +165,6 @@ def _infer(checkpoint: Checkpoint, graph: Graph, nodes: Nodes, layers: int | Non
     return write_rows(out, (ids.shape[0], *row_shape), dtype, lambda array: layerwise(
         model, graph, FeatureStore(graph.features, graph.labels), ids, target, chunk_size, layers, out=array,
         transform=transform, scratch=folder, progress=progress, check=check))
-
-
-def write_rows(out: str | os.PathLike | None, shape: tuple, dtype, fill) -> np.ndarray:
-    """``fill(array)`` of a new array of ``shape`` and ``dtype``: in memory (``out`` None, returned), or a
-    memory-mapped ``.npy`` file ``out`` written atomically (its space checked first), returned opened
-    read-only."""
-    if out is None:
-        array = np.empty(shape, dtype)
-        fill(array)
-        return array
-    check_space("out", out, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
-    with open_array_atomically(out, shape, dtype) as array:
-        fill(array)
-    return np.load(out, mmap_mode="r")
-
-
-def node_files(nodes: Nodes) -> list:
-    """The file ``nodes`` names, in a list (none for a set's name or ids in memory)."""
-    return [nodes] if isinstance(nodes, (str, os.PathLike)) and nodes not in NODE_SETS else []
-
-
-def check_prediction_output(out, scratch, checkpoint, graph: Graph | TypedGraph, overwrite: bool,
-                            inputs: dict[str, list]) -> None:
-    """``out`` of a prediction (None: nothing to check) checked before any work (``check_output_path``)
-    against the checkpoint's file, the graph's and ``inputs`` (field -> the files it names)."""
-    if out is not None:
-        reads = {"checkpoint": [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else [],
-                 "dataset": typed_files(graph) if isinstance(graph, TypedGraph) else graph.files(), **inputs}
-        check_output_path(out, scratch, reads, overwrite)
-
-
-def check_output_path(out: str | os.PathLike, scratch: str | None = "auto", reads: dict | None = None,
-                      overwrite: bool = False) -> None:
-    """Fail before any data is loaded if the output or the scratch folder cannot be written, if the output
-    is one of the inputs in ``reads`` (field -> paths), or if it exists and ``overwrite`` is not given."""
-    check_name_lengths("out", out, temporary=True)
-    if Path(out).is_dir():
-        raise ConfigError(f"`out` {out}: is a folder; give the path of the .npy file to write.")
-    if Path(out).suffix.lower() != ".npy":  # the rows are a .npy array whatever the name says
-        raise ConfigError(f"`out` {out}: the rows are written as a .npy array; give a path ending in .npy "
-                          f"({Path(out).with_suffix('.npy')}), so that its name says what it holds.")
-    check_distinct(reads or {}, {"out": [out]})
-    check_fresh({"out": [out]}, overwrite)
-    check_creatable("out", out)
-    if scratch not in ("auto", None) and not (Path(scratch).is_dir() and os.access(scratch, os.W_OK)):
-        raise ConfigError(f"`scratch_dir` {scratch}: not a writable folder (or give auto, or memory).")
-
-
-def scratch_folder(model: torch.nn.Module, graph: Graph, layers: int, scratch: str | None,
-                   out: str | os.PathLike | None) -> str | None:
-    """Where the intermediate layers' embeddings go: None (memory) or a folder (memory maps)."""
-    if scratch != "auto" or not getattr(model, "layerwise", True):  # a user's model keeps no layer's rows
-        return scratch if scratch != "auto" else None
-    widths = [model.width(i) for i in range(layers - 1)]
-    # Two layers' rows of every vertex are alive at once (the one read and the one written).
-    needed = 2 * graph.num_nodes * max(widths, default=0) * 4
-    available = available_memory_bytes()
-    if not widths or available is None or needed <= available // 2:
-        return None
-    return str(Path(out).resolve().parent) if out is not None else tempfile.gettempdir()
 
 
 def prediction_score(graph: Graph, nodes: Nodes, output: np.ndarray, probabilities: bool,

@@ -1,21 +1,28 @@
-"""The run summary: what ``train`` returns and writes to ``summary_json`` (README lists its keys)."""
+"""The run summary: what ``train`` returns and writes to ``summary_json`` (README lists its keys), and the
+run's timeline, for a homogeneous run (``summarise``) and a typed one (``typed_summary``).
+
+A typed run's summary has the homogeneous summary's keys where they mean the same, plus the typed ones (the
+model's kind and arguments, the types and relations, the fanouts per relation, the tables' storage,
+NeutronOrch's part). Either timeline is the picture (``observe/report.py``) of the stages' spans in the window
+``timeline_steps`` of the second epoch, on the lanes of the run's stage table (a typed run's:
+``TYPED_STAGES``).
+"""
 
 from __future__ import annotations
 
 import logging
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from neutronorch.data import Graph, TypedGraph, dataset_paths
+from neutronorch.data.relation import relation_label
 from neutronorch.errors import ConfigError, OutputError
 from neutronorch.observe import StageTable, write_timeline
+from neutronorch.orchestration.factory import Threads
 from neutronorch.train.memory import peak_rss_mb, resident_mb
 from neutronorch.train.outputs import write_atomically
+from neutronorch.train.run import Run
 from neutronorch.train.typed_inputs import typed_files
-
-if TYPE_CHECKING:
-    from neutronorch.train.trainer import Run
 
 logger = logging.getLogger("neutronorch")
 
@@ -36,7 +43,7 @@ def given_dataset(graph, spec: str) -> str:
     return spec if files and all(inside(file) for file in files) else f"graph:{graph.name}"
 
 
-def summarise(run: "Run", last_eval: dict, timeline: dict | None, status: str, gather: bool = True) -> dict:
+def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str, gather: bool = True) -> dict:
     """The run summary; ``status`` is completed, interrupted or failed. Data parallel, ``gather`` collects
     every rank's peak resident memory (a collective: every rank must call it)."""
     config, graph, mode, epochs, best = run.config, run.graph, run.mode, run.history, run.best
@@ -84,7 +91,7 @@ def summarise(run: "Run", last_eval: dict, timeline: dict | None, status: str, g
     }
 
 
-def _link_summary(run: "Run", last_eval: dict) -> dict:
+def _link_summary(run: Run, last_eval: dict) -> dict:
     """A link task's split and every metric it reports, at the best and at the last evaluation."""
     links = run.graph.links
     others = lambda scores: {k: v for k, v in scores.items() if k.startswith(("val_", "test_"))}  # noqa: E731
@@ -100,7 +107,6 @@ def checkpoints_written(directory: str | None) -> dict | None:
         return None
     return {name: str(Path(directory) / f"{name}.pt") if (Path(directory) / f"{name}.pt").is_file() else None
             for name in ("last", "best")}
-
 
 
 def write_run_timeline(run, title: str, stages: StageTable) -> dict | None:
@@ -146,3 +152,52 @@ def named_scores(task, scores: dict) -> dict:
     return {f"val_{task.key}": scores["val"], f"test_{task.key}": scores["test"],
             "val_acc": scores["val"], "test_acc": scores["test"],
             **{key: value for key, value in scores.items() if key not in ("val", "test")}}
+
+
+# The lanes of the stage table and the timeline: NeutronOrch's planning and host rows, the producer's
+# sampling and gathering, the trainer (waiting for a batch is a wait, not work).
+TYPED_STAGES = StageTable({"plan": "planner", "host_compute": "host", "sample": "sampler", "gather": "sampler"},
+                          frozenset({"wait"}))
+
+
+def typed_summary(run, status: str, started: float, data_seconds: float, threads: Threads) -> dict:
+    """The summary of the typed run ``run`` (``typed_task._TypedRun``) as it stands."""
+    config, graph, key, best, last = run.config, run.graph, run.task.key, run.best, run.last_eval
+    seconds = [e["seconds"] for e in run.history]
+    return {
+        "status": status,
+        "mode": run.mode.name,
+        "mode_choice": None if config.mode != "auto" else
+        {"chosen": "exact", "reason": "auto picks exact mode for typed graphs", "measured": None},
+        **run.mode.summary(run.hot.record()),
+        "model": {"kind": run.model.kind, "typed": True, "parameters": run.parameters,
+                  "arguments": run.model.arguments},
+        "config": config.to_dict(),
+        "dataset": {"name": graph.name, "nodes": sum(graph.num_nodes.values()), "edges": graph.num_edges,
+                    "node_types": dict(graph.num_nodes),
+                    "relations": [relation_label(r) for r in graph.relations], "target": graph.target,
+                    "feature_dims": {t: graph.feature_dim(t) for t in graph.num_nodes},
+                    "classes": graph.num_classes, "train": int(len(graph.train_idx))},
+        "fanouts": {relation_label(r): f for r, f in run.sampler.fanouts.items()},
+        "embedding_tables": None if run.tables is None else run.tables.summary(),
+        "device": str(run.device),
+        "precision": {"name": run.precision.name, "reason": run.precision.reason},
+        "threads": {"train": threads.train, "sampler": threads.sampler},
+        "distributed": run.world.summary(config.batch_size, gather=status in ("completed", "stopped_early")),
+        "epochs": run.history,
+        "epoch_seconds_median": statistics.median(seconds) if seconds else None,
+        "metric": run.task.metric,
+        **score_fields(key, best, last),
+        "warnings": list(run.health.warnings),  # training that collapsed (train/health.py)
+        "checkpoints": checkpoints_written(config.checkpoint_dir),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "startup": {"data_seconds": round(data_seconds, 4),
+                    "first_step_seconds": None if run.first_step_at is None
+                    else round(run.first_step_at - started, 4)},
+    }
+
+
+def write_typed_timeline(run) -> dict | None:
+    """The timeline of ``run``'s window (``write_run_timeline``)."""
+    return write_run_timeline(run, f"{run.mode.name} mode, {run.config.model} (typed), epoch {run.window.epoch}, "
+                                   f"first {run.config.timeline_steps} steps", TYPED_STAGES)

@@ -20,7 +20,6 @@ import dataclasses
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,10 +31,9 @@ from neutronorch.errors import CheckpointError, ConfigError, Interrupted, Output
 from neutronorch.nn.custom import UserModel
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
-from neutronorch.nn.precision import Precision, resolve_precision
-from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table
+from neutronorch.nn.precision import resolve_precision
+from neutronorch.observe import Spans, Utilisation, epoch_table
 from neutronorch.orchestration.factory import Threads, build_mode
-from neutronorch.orchestration.mode import Mode
 from neutronorch.train.evaluate import evaluate
 from neutronorch.train.feasible import check_learnable
 from neutronorch.train.health import Health
@@ -50,7 +48,8 @@ from neutronorch.train.resources import (check_threading_layer, memory_budget, r
 from neutronorch.train.checkpoint import check_resumable, load_state, save_checkpoint
 from neutronorch.train.distributed import GradientSync, World, environment_world_size, joined, rank_device
 from neutronorch.train.outputs import check_checkpoint_space, check_outputs, save_or_rescue, write_summary
-from neutronorch.train.replacing import Replacement, claim_outputs
+from neutronorch.train.replacing import claim_outputs
+from neutronorch.train.run import Run
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import given_dataset, named_scores, summarise, topology_in_file_order, write_run_timeline
 from neutronorch.train.link_task import (LinkTask, check_node_task, evaluate_links, is_link_split, link_graph,
@@ -59,43 +58,6 @@ from neutronorch.train.task import Task
 from neutronorch.train.typed_entry import is_typed_run, train_typed_run
 
 logger = logging.getLogger("neutronorch")
-
-
-@dataclass
-class Run:
-    """Everything one run holds; its resources are released by the ``ExitStack`` it was built in."""
-
-    config: TrainConfig
-    graph: Graph
-    device: torch.device
-    threads: Threads
-    model: GNN
-    optimizer: Adam
-    mode: Mode
-    spans: Spans
-    stages: StageTable
-    util: Utilisation
-    metrics: MetricLog
-    task: Task
-    history: list = field(default_factory=list)  # the epoch records so far (a resumed run's included)
-    # The best evaluation so far: the metric on the validation and test sets, and its epoch.
-    best: dict = field(default_factory=lambda: {"val": -float("inf"), "test": float("nan"), "epoch": -1})
-    start_epoch: int = 0  # where training starts: > 0, or a mid-epoch start_step, when resumed
-    start_step: int = 0
-    loss_sum: float = 0.0  # the resumed epoch's loss sum over its first start_step steps
-    stop: threading.Event | None = None  # set: finish the step, save, stop (Interrupted)
-    stopped_early: bool = False  # --patience ran out
-    # Time to the first step: train() entry and the end of the run's first optimizer step (perf_counter),
-    # and the seconds of those spent loading the dataset.
-    started: float = 0.0
-    first_step_at: float | None = None
-    data_seconds: float = 0.0
-    precision: Precision = field(default_factory=Precision)
-    world: World = field(default_factory=World)  # data parallel: this rank among the others
-    mode_choice: dict | None = None  # mode auto: the mode chosen, why, and from what (None: the mode was given)
-    sync: GradientSync | None = None  # data parallel: the gradient all-reduce and stop agreement
-    health: Health = field(default_factory=lambda: Health({}))  # collapse (train/health.py)
-    replacing: Replacement = field(default_factory=Replacement)  # the earlier outputs `overwrite` replaces
 
 
 def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress: Progress | None = None,

@@ -43,8 +43,8 @@ from neutronorch.nn.typed_models import TypedGNN, reachable_types
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.health import output_check
 from neutronorch.train.layerwise import LayerProgress
-from neutronorch.train.predict import (Nodes, check_prediction_output, node_files, prediction_rows, select_nodes,
-                                      write_rows)
+from neutronorch.train.prediction_io import (Nodes, check_prediction_output, node_files, prediction_rows,
+                                             select_nodes, write_rows)
 from neutronorch.train.task import Task
 from neutronorch.train.typed_checkpoint import TypedCheckpoint, check_typed_fits, load_typed_checkpoint
 from neutronorch.train.typed_inputs import gather_frontier, inference_key, typed_logits

@@ -78,8 +78,7 @@ from neutronorch.train.memory import peak_rss_mb
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
 from neutronorch.train.outputs import check_outputs, write_summary
-from neutronorch.train.summary import named_scores
-from neutronorch.train.typed_summary import TYPED_STAGES, typed_summary, write_typed_timeline
+from neutronorch.train.summary import TYPED_STAGES, named_scores, typed_summary, write_typed_timeline
 from neutronorch.train.resources import (check_threading_layer, numba_threads, resolve_device, thread_budget,
                                          torch_threads)
 from neutronorch.train.replacing import Replacement
@@ -385,7 +384,7 @@ class _TypedRun:
         return sum(1 for e in self.history if "val_acc" in e and e["epoch"] > self.best["epoch"])
 
     def summary(self, status: str, started: float, data_seconds: float, threads: Threads) -> dict:
-        """The run summary (``typed_summary.py``), with the keys of the homogeneous one where they mean the same."""
+        """The run summary (``typed_summary``), with the keys of the homogeneous one where they mean the same."""
         return typed_summary(self, status, started, data_seconds, threads)
 
 

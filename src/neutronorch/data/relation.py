@@ -1,0 +1,137 @@
+"""A typed graph's relations: the ``(src_type, name, dst_type)`` triple that names one, how messages and the
+native layout name it and its arrays, and ``Relation``, one relation's edges as a CSC over its destination
+type. ``typed.py``'s ``TypedGraph`` holds them, and its checks (``typed_checks.py``) read them from here, not
+from ``typed.py``, which runs those checks. Like ``typed.py``, this imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from neutronorch.data.dtypes import as_int64
+from neutronorch.errors import DataError
+
+RelationType = tuple[str, str, str]  # (source type, relation name, destination type)
+# Source and destination ids below this product make one int64 sort key per edge (the cheapest sort).
+_KEY_LIMIT = 1 << 62
+_INT32_LIMIT = np.iinfo(np.int32).max
+
+
+def relation_label(relation: RelationType) -> str:
+    """How messages name a relation: ``(author, writes, paper)``."""
+    return f"({', '.join(relation)})"
+
+
+def node_array(node_type: str, array: str) -> str:
+    """An array of one vertex type as the native layout names it (``nodes/paper/features``); the key of
+    ``validate``'s ``files``."""
+    return f"nodes/{node_type}/{array}"
+
+
+def relation_array(relation: RelationType, array: str) -> str:
+    """An array of one relation as the native layout names it (``relations/author___writes___paper/indptr``)."""
+    return f"relations/{'___'.join(relation)}/{array}"
+
+
+@dataclass
+class Relation:
+    """One relation's edges as a CSC over its destination type.
+
+    ``indptr`` has a row per destination vertex plus one; ``indices`` holds source-type ids (int32 or int64);
+    ``edge_features`` (edges x width, float) follows ``indices``' order, or is None."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    edge_features: np.ndarray | None = None
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.shape[0])
+
+    @property
+    def edge_feature_dim(self) -> int:
+        return 0 if self.edge_features is None else int(self.edge_features.shape[1])
+
+    def in_degrees(self) -> np.ndarray:
+        return np.diff(np.asarray(self.indptr))
+
+    def edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(src, dst)`` of every edge as int64, in CSC order (reads the whole topology)."""
+        dst = np.repeat(np.arange(self.indptr.shape[0] - 1, dtype=np.int64), self.in_degrees())
+        return np.asarray(self.indices, dtype=np.int64), dst
+
+    @staticmethod
+    def from_edges(src, dst, num_src: int, num_dst: int, edge_features=None, deduplicate: bool = False,
+                   source: str = "edge list") -> "Relation":
+        """The relation with edges ``src[i] -> dst[i]`` (numpy arrays or anything ``np.asarray`` takes).
+
+        Each destination's in-neighbours come in ascending source order; repeated edges are kept (two
+        transactions between the same accounts are two edges), unless ``deduplicate`` (the first one's edge
+        features are then kept). Float edge features other than float32/float16/bfloat16 become float32.
+        Ids out of range raise ``DataError`` naming ``source``. Cost: one int64 sort of the edges (a stable
+        lexicographic sort when there are edge features, to carry them along)."""
+        src = as_int64(src, source, "edge sources").ravel()
+        dst = as_int64(dst, source, "edge destinations").ravel()
+        if src.shape != dst.shape:
+            raise DataError(f"{source}: {src.shape[0]} edge sources but {dst.shape[0]} destinations; give one "
+                            f"of each per edge.")
+        for ids, count, end, name in ((src, num_src, "source", "num_src"), (dst, num_dst, "destination", "num_dst")):
+            if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
+                raise DataError(f"{source}: {name} is {count!r}, expected the number of {end} vertices (a whole "
+                                f"number >= 0).")
+            if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= count):
+                bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+                raise DataError(f"{source}: {end} id {bad} is out of range for {count} vertices of the "
+                                f"{end} type; ids are 0..{count - 1}.")
+        features = _edge_feature_rows(edge_features, src.shape[0], source)
+        src, dst, features = _csc_order(src, dst, num_src, num_dst, features)
+        if deduplicate and src.size:
+            keep = np.empty(src.shape[0], dtype=bool)
+            keep[0] = True
+            keep[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
+            if not keep.all():
+                src, dst = src[keep], dst[keep]
+                features = features[keep] if features is not None else None
+        indptr = np.zeros(num_dst + 1, dtype=np.int64)
+        np.cumsum(np.bincount(dst, minlength=num_dst), out=indptr[1:])
+        index_dtype = np.int32 if num_src <= _INT32_LIMIT else np.int64
+        return Relation(indptr, src.astype(index_dtype, copy=False), features)
+
+    def transpose(self, num_src: int) -> "Relation":
+        """The same edges reversed: a CSC over this relation's source type (``num_src`` vertices), edge
+        features carried along. Builds in memory (8 bytes an edge a few times over)."""
+        src, dst = self.edges()
+        features = None if self.edge_features is None else np.asarray(self.edge_features)
+        return Relation.from_edges(dst, src, self.indptr.shape[0] - 1, num_src, features,
+                                   source="a relation's transpose")
+
+
+def _edge_feature_rows(edge_features, num_edges: int, source: str) -> np.ndarray | None:
+    if edge_features is None:
+        return None
+    features = np.asarray(edge_features)
+    if features.ndim == 1:
+        features = features.reshape(-1, 1)  # one weight per edge
+    if features.ndim != 2 or features.shape[0] != num_edges:
+        raise DataError(f"{source}: edge features of shape {features.shape} for {num_edges} edges; give one "
+                        f"row per edge.")
+    if features.dtype.name in ("float32", "float16", "bfloat16"):
+        return features
+    if features.dtype.kind not in "fiub":
+        raise DataError(f"{source}: edge features have dtype {features.dtype}, expected real numbers.")
+    return features.astype(np.float32)
+
+
+def _csc_order(src: np.ndarray, dst: np.ndarray, num_src: int, num_dst: int, features: np.ndarray | None):
+    """``src``, ``dst`` and ``features`` sorted by destination, then source; repeated pairs keep their order."""
+    if features is None and num_src * num_dst < _KEY_LIMIT:
+        keys = dst * num_src  # a new array: the caller's dst is not changed
+        keys += src
+        keys.sort()
+        dst = keys // max(num_src, 1)
+        keys -= dst * num_src
+        return keys, dst, None
+    order = np.lexsort((src, dst))
+    return src[order], dst[order], (features[order] if features is not None else None)
