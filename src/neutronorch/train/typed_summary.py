@@ -3,7 +3,8 @@
 The summary has the homogeneous summary's keys where they mean the same (``train/summary.py``), plus the
 typed ones (the model's kind and arguments, the types and relations, the fanouts per relation, the tables'
 storage, NeutronOrch's part). The timeline is the homogeneous one's picture (``observe/report.py``) of the
-stages' spans in the window ``timeline_steps`` of the second epoch, on the lanes of ``TYPED_STAGES``.
+stages' spans in the window ``timeline_steps`` of the second epoch, on the lanes of the run's stages (the
+trainer's and its mode's).
 """
 
 from __future__ import annotations
@@ -11,15 +12,9 @@ from __future__ import annotations
 import statistics
 
 from neutronorch.data.typed import relation_label
-from neutronorch.observe import StageTable
 from neutronorch.orchestration.factory import Threads
 from neutronorch.train.memory import peak_rss_mb
 from neutronorch.train.summary import checkpoints_written, score_fields, write_run_timeline
-
-# The lanes of the stage table and the timeline: NeutronOrch's planning and host rows, the producer's
-# sampling and gathering, the trainer (waiting for a batch is a wait, not work).
-TYPED_STAGES = StageTable({"plan": "planner", "host_compute": "host", "sample": "sampler", "gather": "sampler"},
-                          frozenset({"wait"}))
 
 
 def typed_summary(run, status: str, started: float, data_seconds: float, threads: Threads) -> dict:
@@ -31,7 +26,7 @@ def typed_summary(run, status: str, started: float, data_seconds: float, threads
         "mode": run.mode.name,
         "mode_choice": None if config.mode != "auto" else
         {"chosen": "exact", "reason": "auto picks exact mode for typed graphs", "measured": None},
-        **run.mode.summary(run.hot.record()),
+        **run.mode.summary(),
         "model": {"kind": run.model.kind, "typed": True, "parameters": run.parameters,
                   "arguments": run.model.arguments},
         "config": config.to_dict(),
@@ -62,4 +57,4 @@ def typed_summary(run, status: str, started: float, data_seconds: float, threads
 def write_typed_timeline(run) -> dict | None:
     """The timeline of ``run``'s window (``write_run_timeline``)."""
     return write_run_timeline(run, f"{run.mode.name} mode, {run.config.model} (typed), epoch {run.window.epoch}, "
-                                   f"first {run.config.timeline_steps} steps", TYPED_STAGES)
+                                   f"first {run.config.timeline_steps} steps", run.stages)
