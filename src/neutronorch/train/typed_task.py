@@ -168,8 +168,8 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         stack.enter_context(contextlib.closing(run.open_mode()))  # where the run starts, its threads started
         logger.info(f"mode {run.mode.name}, model {config.model} (typed: {', '.join(graph.node_types)}), fanouts "
                     f"{config.fanouts if fanouts is None else fanouts}, device {device}, batch size "
-                    f"{config.batch_size}, train threads {threads}, sampler threads {budget.sampler}, "
-                    f"{run.num_batches} batches per epoch, "
+                    f"{config.batch_size}, train threads {threads}, {run.mode.describe()}, {run.num_batches} batches "
+                    f"per epoch, "
                     f"parameters {run.parameters['dense']:,} dense + {run.parameters['embedding']:,} in "
                     f"embedding tables")
         try:
