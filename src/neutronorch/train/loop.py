@@ -131,7 +131,7 @@ def train_epoch(model: torch.nn.Module, optimizer, mode: Mode, epoch: int, spans
                 batch = next(batches, None)
             if batch is None:
                 break
-            counts = batch.counts()  # before the step releases the batch's buffer
+            batch_counts = batch.counts()  # before the step releases the batch's buffer
             loss = train_step(model, optimizer, mode, batch, spans, num_batches, loss_fn, precision, sync, masks)
             total_loss += loss  # NaN and infinities survive the sum: it is finite iff every loss was
             if (num_batches + 1) % check_every == 0:
@@ -146,7 +146,7 @@ def train_epoch(model: torch.nn.Module, optimizer, mode: Mode, epoch: int, spans
                     metrics.steps(epoch, num_batches + 1 - len(step_losses), step_losses)
                     step_losses = []
             num_batches += 1
-            moved = [total + n for total, n in zip(moved, counts)]
+            moved = [total + n for total, n in zip(moved, batch_counts)]
             window.after_step(spans, num_batches, util)
             if progress is not None:
                 progress(epoch, num_batches, mode.num_batches)
