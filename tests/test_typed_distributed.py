@@ -28,13 +28,12 @@ from neutronorch.data import synthetic_typed, write_typed
 from neutronorch.errors import ConfigError, Interrupted
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.orchestration.seeds import epoch_order
-from neutronorch.orchestration.typed_device import TypedDevice
-from neutronorch.orchestration.typed_exact import TypedExact
+from neutronorch.orchestration.factory import build_mode
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.task import Task
 from neutronorch.train.typed_distributed import combine_rows, own_rows, step_masks
-from neutronorch.train.typed_inputs import gather_frontier, gather_inputs
+from neutronorch.train.typed_inputs import gather_inputs
 
 LOSS_RTOL = 1e-5  # as the homogeneous tests: the same arithmetic up to the order of float sums
 # 121 training papers in global batches of 2 x 30: 60, 60, then one seed, of which rank 1 has no part.
@@ -220,18 +219,14 @@ def forward(model, graph, sampler, seeds, key, epoch=1):
 @pytest.mark.parametrize("mode", ["exact", "device"])
 def test_typed_modes_train_their_ranks_part_of_each_global_batch(mode):
     graph = small_graph().with_reverse()
-    fanouts = TypedNeighborSampler(graph, [2, 2]).fanouts
-    train_idx = torch.from_numpy(np.asarray(graph.train_idx))
     model = TypedGNN("sage", TypedSpec.of(graph), 8, graph.num_classes, 2)
     cpu = torch.device("cpu")
 
     def seeds(batch_size, shard):
-        if mode == "device":
-            made = TypedDevice(graph, model, fanouts, train_idx, batch_size, 0, cpu, shard=shard)
-        else:
-            made = TypedExact(graph, fanouts, train_idx, batch_size, 0, cpu, lambda f, where: gather_frontier(
-                graph, f, where), lambda s: torch.from_numpy(np.asarray(graph.labels[s])), shard=shard)
-        with made.epoch(1, 3) as produced:
+        made = build_mode(TrainConfig(mode=mode, batch_size=batch_size, fanouts=[2, 2], device="cpu"), graph, cpu,
+                          shard=shard)
+        made.start(model)
+        with made.batches(1) as produced:
             return [b.blocks[-1].dst_ids(graph.target) if b.blocks[-1].blocks else torch.zeros(0, dtype=torch.int64)
                     for b in produced]
 

@@ -1,10 +1,10 @@
 """``TypedNeighborLoader``: the typed training pipeline's mini-batches for a training loop of your own.
 
-The loader builds its mode as ``train()`` builds a typed run's (``build_typed_mode``, over the graph with
-its reverse relations added, fanouts per relation resolved by ``typed_fanouts``, the rows gathered by
-``gather_frontier``, threads from ``thread_budget``), so its batches come from the same producer thread,
-the same prefetching and the same device placement. Its seeds reach the mode as the mode's seeds (the
-target type's training vertices in ``train()``); ``shuffle=False`` keeps their given order every epoch.
+The loader builds its mode as ``train()`` builds a typed run's (``build_mode`` given the graph with its
+reverse relations added, fanouts per relation resolved by ``typed_fanouts``, threads from
+``thread_budget``), so its batches come from the same producer thread, the same prefetching and the same
+device placement. Its seeds reach the mode as the graph's ``train_idx`` (the target type's training
+vertices in ``train()``); ``shuffle=False`` keeps their given order every epoch.
 Epochs, resume and the iteration's lifetime are ``EpochSource``'s (epochs.py).
 
 NeutronOrch mode is not offered: its batches hold bottom-layer rows the host computes from snapshots of
@@ -27,10 +27,10 @@ from neutronorch.errors import ConfigError
 from neutronorch.loader.arguments import check_device, check_mode, resolve_seeds, resolve_typed_graph
 from neutronorch.loader.epochs import EpochSource
 from neutronorch.loader.typed_batch import TypedLayout, TypedLoaderBatch
-from neutronorch.orchestration.factory import build_typed_mode
+from neutronorch.orchestration.factory import build_mode
+from neutronorch.orchestration.typed_exact import target_labels
 from neutronorch.sampling.typed_sampler import typed_fanouts
 from neutronorch.train.resources import check_threading_layer, thread_budget
-from neutronorch.train.typed_inputs import gather_frontier
 
 __all__ = ["TypedNeighborLoader"]
 
@@ -81,34 +81,30 @@ class TypedNeighborLoader(EpochSource):
         self.config = TrainConfig(dataset=graph.name, batch_size=self.batch_size, seed=self.seed, mode=self.mode_name,
                                   device=self.device.type, prefetch=prefetch, sampler_threads=sampler_threads,
                                   gpu_memory_gb=gpu_memory_gb, epochs=1).validate()
+        self.config.sampling = dataclasses.replace(self.config.sampling, shuffle=self.shuffle)  # train() shuffles
         self._start = self._check_start(start)
         self.layout = TypedLayout({t: graph.feature_dim(t) for t in graph.num_nodes},
                                   {r: rel.edge_feature_dim for r, rel in graph.relations.items()}, graph.target,
-                                  lambda ids: _labels(graph, ids.cpu().numpy()).to(ids.device))
+                                  lambda ids: target_labels(graph, ids.cpu().numpy()).to(ids.device))
         check_threading_layer(self.device)
         self.threads = thread_budget(self.config)
-        self._batches = -(-self._count // self.batch_size)  # the mode's, the partial one included
-        self.mode = build_typed_mode(
-            self.config, graph, model if model is not None else torch.nn.Module(), self.fanouts, self.seeds,
-            self._batches, self.device, lambda frontier, where: gather_frontier(graph, frontier, where),
-            lambda ids: _labels(graph, ids), self.threads)
-        self.mode.shuffle = self.shuffle  # False: the seeds in their given order (train() always shuffles)
+        self.mode = build_mode(self.config, dataclasses.replace(graph, train_idx=self.seeds.numpy()), self.device,
+                               self.threads, fanouts=self.fanouts)
         self._finalizer = weakref.finalize(self, self.mode.close)
+        self.mode.start(model if model is not None else torch.nn.Module())  # device mode: its data placed
 
     def _produce(self, epoch: int, start: int) -> Iterator[TypedLoaderBatch]:
         stop = len(self)
         if start >= stop:
             return
         order = self.input_order(epoch)
-        with self.mode.epoch(epoch, self._batches, start) as produced:  # its thread stops when this is closed
-            for index, batch in enumerate(produced, start=start):
-                if index >= stop:  # drop_last: the partial batch
+        with self.mode.batches(epoch, start) as produced:  # its thread stops when this is closed
+            for batch in produced:
+                if batch.index >= stop:  # drop_last: the partial batch
                     break
-                # What the trainer calls first on a batch: device mode's stream waits for the batch there (the
-                # loader's modes reuse no rows).
-                self.mode.hot_rows(batch, 0)
-                k = index * self.batch_size
-                yield TypedLoaderBatch(batch, epoch, index, order[k:k + self.batch_size].to(self.device),
+                self.mode.step_inputs(batch)  # device mode's: the current stream waits for the batch
+                k = batch.index * self.batch_size
+                yield TypedLoaderBatch(batch, epoch, batch.index, order[k:k + self.batch_size].to(self.device),
                                        self.layout)
 
     def _close_mode(self) -> None:
@@ -124,7 +120,3 @@ def _labelled(graph):
         return graph
     return dataclasses.replace(graph, labels=np.full(graph.num_nodes[graph.target], -1, dtype=np.int64))
 
-
-def _labels(graph, ids: np.ndarray) -> torch.Tensor:
-    """The labels of target ids, int64 (a memory-mapped array is read at those rows only)."""
-    return torch.from_numpy(np.asarray(graph.labels[ids], dtype=np.int64))

@@ -41,6 +41,13 @@ class MiniBatch:
         """Every tensor a training step reads."""
         return [self.features, self.labels] + [t for b in self.blocks for t in b.tensors()]
 
+    def counts(self) -> tuple[int, int, int, int, int]:
+        """(sampled edges, input rows, their feature bytes, rows the device cache served, bytes copied to the
+        device for it): what an epoch's record sums."""
+        subgraph = self.subgraph
+        return (subgraph.num_sampled_edges, subgraph.input_nodes.shape[0], self.features.nbytes, self.cache_hits,
+                self.device_bytes)
+
     def transfer_bytes(self) -> int:
         """Bytes that ``to`` would copy from host memory to a device."""
         return sum(t.nbytes for t in self.tensors() if t.device.type == "cpu")

@@ -13,6 +13,7 @@ import torch
 from neutronorch.capabilities import refusal
 from neutronorch.config import SamplingConfig, TrainConfig
 from neutronorch.data.graph import Graph
+from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.features.cache import hotness_order
 from neutronorch.features.host_cache import HostCache, host_cache_rows, sized_by_memory
@@ -27,10 +28,10 @@ from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
 from neutronorch.orchestration.neutronorch.node import NodeLink
-from neutronorch.orchestration.neutronorch.versions import Schedule
 from neutronorch.orchestration.typed_device import TypedDevice
-from neutronorch.orchestration.typed_exact import Inputs, Labels, TypedExact
+from neutronorch.orchestration.typed_exact import TypedExact
 from neutronorch.orchestration.typed_neutronorch import TypedNeutronOrch
+from neutronorch.sampling.typed_sampler import typed_fanouts
 
 logger = logging.getLogger("neutronorch")
 
@@ -53,14 +54,18 @@ def samples_on_device(config: TrainConfig, device: torch.device) -> bool:
     return False
 
 
-def build_mode(config: TrainConfig, graph: Graph, device: torch.device, threads: Threads | None = None,
-               spans: Spans | None = None, shard: tuple[int, int] = (0, 1), node: NodeLink | None = None) -> Mode:
+def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.device, threads: Threads | None = None,
+               spans: Spans | None = None, shard: tuple[int, int] = (0, 1), node: NodeLink | None = None,
+               fanouts: dict[RelationType, list[int]] | None = None) -> Mode:
     """The mode of ``config`` (validated, batch size and precision resolved) over ``graph`` on ``device``, its stages
     recording into ``spans`` (default: a recorder of its own) with ``threads`` (default: one per stage).
     ``shard`` = (rank, world): data parallel, the mode trains part ``rank`` of each global batch; ``node``:
-    the ranks of this node, that NeutronOrch mode's hot sets are shared by (``hot_set="node"``)."""
+    the ranks of this node, that NeutronOrch mode's hot sets are shared by (``hot_set="node"``). A
+    ``TypedGraph`` gets its typed mode (``typed_mode``; ``fanouts``: per relation)."""
     threads = threads or Threads(1, 1, 1)
     spans = spans if spans is not None else Spans()
+    if isinstance(graph, TypedGraph):
+        return typed_mode(config, graph, device, threads, spans, shard, fanouts)
     link = config.task == "link"
     if link:  # the caches rank rows by where mini-batches start: the training edges' ends, not a node split
         graph = dataclasses.replace(graph, train_idx=np.unique(np.asarray(graph.links.train).reshape(-1)))
@@ -101,32 +106,23 @@ def build_mode(config: TrainConfig, graph: Graph, device: torch.device, threads:
                            threads.sampler, threads.host, node, seeds)
 
 
-def build_typed_mode(config: TrainConfig, graph, model, fanouts: dict, train_idx: torch.Tensor, num_batches: int,
-                     device: torch.device, inputs: Inputs, labels: Labels, threads: Threads, start: int = 0,
-                     resumed: dict | None = None, shard: tuple[int, int] = (0, 1)
-                     ) -> TypedExact | TypedDevice | TypedNeutronOrch:
-    """The mode of ``config`` for a typed graph (``TypedGraph``, two-way): exact (also what ``auto`` picks),
-    device (``orchestration/typed_device.py``) or NeutronOrch (``orchestration/typed_neutronorch.py``), over
-    ``num_batches`` mini-batches per epoch of ``train_idx`` in the model ``model`` (a ``TypedGNN``, on
-    ``device``). ``inputs``/``labels``: a frontier's rows and the seeds' labels, read on the host; ``start``:
-    the global step the run starts at, ``resumed``: the mode's ``state()`` a checkpoint kept there; ``shard`` =
-    (rank, world): data parallel, the mode trains part ``rank`` of each global batch (where ``capabilities.py``'s
-    table says it runs; ``check_run`` refuses the others first)."""
+def typed_mode(config: TrainConfig, graph: TypedGraph, device: torch.device, threads: Threads, spans: Spans,
+               shard: tuple[int, int], fanouts: dict[RelationType, list[int]] | None) -> Mode:
+    """``build_mode`` for a typed graph (two-way: ``with_reverse``): exact (also what ``auto`` picks), device
+    (``typed_device.py``) or NeutronOrch (``typed_neutronorch.py``) over its ``train_idx``; ``fanouts``: per
+    relation, default ``config.fanouts`` for every relation. Data parallel where ``capabilities.py``'s table says
+    it runs (``check_run`` refuses the others first)."""
     refused = refusal("typed", config.mode, config.task, shard[1])
     if refused is not None:
         raise ConfigError(refused)
+    fanouts = typed_fanouts(graph, config.fanouts if fanouts is None else fanouts)
+    sampling = dataclasses.replace(config.sampling, rank=shard[0], world=shard[1])
     if config.mode == "device":
-        return TypedDevice(graph, model, fanouts, train_idx, config.batch_size, config.seed, device, config.prefetch,
-                           config.gpu_memory_gb, shard=shard)
-    if config.mode != "neutronorch":
-        return TypedExact(graph, fanouts, train_idx, config.batch_size, config.seed, device, inputs, labels,
-                          config.prefetch, threads.sampler, shard)
-    part = config.neutronorch
-    schedule = Schedule(config.epochs, num_batches, part.super_batch, part.resolved_staleness)
-    ratio = None if part.hot_ratio == "auto" else float(part.hot_ratio)
-    return TypedNeutronOrch(graph, model, fanouts, schedule, train_idx, config.batch_size, config.seed, ratio,
-                            part.hot_grad, part.snapshot_lead, device, inputs, labels, config.prefetch,
-                            threads.sampler, threads.host, start, resumed)
+        return TypedDevice(graph, fanouts, sampling, device, spans, config.gpu_memory_gb)
+    if config.mode == "neutronorch":
+        return TypedNeutronOrch(graph, fanouts, sampling, config.neutronorch, config.epochs, device, spans,
+                                threads.sampler, threads.host)
+    return TypedExact(graph, fanouts, sampling, device, spans, threads.sampler)
 
 
 def host_cache_size(config: TrainConfig, graph: Graph, sampling: SamplingConfig, file_order: bool,

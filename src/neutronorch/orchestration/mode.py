@@ -2,7 +2,9 @@
 
 A mode arranges the stages of a mini-batch (sample, gather, copy; for NeutronOrch also the host producer)
 on the processors and threads it chooses. The trainer sees only this protocol: modes are siblings that
-implement it, none inherits from another, and nothing outside a mode branches on its name.
+implement it, none inherits from another, and nothing outside a mode branches on its name. A typed graph's
+modes (``typed_exact.py``, ``typed_device.py``, ``typed_neutronorch.py``) implement it too: their batches
+are ``TypedBatch``es and their model also takes every type's input ids (``StepInputs.ids``).
 
 One training step, whatever the mode (``train.step.train_step``)::
 
@@ -13,7 +15,7 @@ One training step, whatever the mode (``train.step.train_step``)::
 
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple, Protocol, runtime_checkable
+from typing import Iterator, Protocol, runtime_checkable
 
 import torch
 
@@ -26,20 +28,26 @@ from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.sampling.block import Block
 
 
-class StepInputs(NamedTuple):
-    """The model's inputs for one step: ``model(blocks, features, hot)``."""
+class StepInputs(tuple):
+    """The model's arguments for one step, in the order it takes them (``model(*inputs)``): a homogeneous
+    graph's ``(blocks, features, hot)``; a typed graph's ``(blocks, features, ids, hot)``, with ``features``
+    and ``hot`` by vertex type and ``ids`` every type's input vertices (an embedding table's rows)."""
 
-    blocks: list[Block]
-    features: torch.Tensor
-    hot: HotRows | None = None
+    def __new__(cls, blocks: list[Block], features: torch.Tensor | dict[str, torch.Tensor],
+                hot: HotRows | dict[str, HotRows] | None = None, ids: dict[str, torch.Tensor] | None = None):
+        return super().__new__(cls, (blocks, features, hot) if ids is None else (blocks, features, ids, hot))
+
+    blocks = property(lambda self: self[0])
+    features = property(lambda self: self[1])
+    hot = property(lambda self: self[-1])
 
 
 @runtime_checkable
 class Mode(Protocol):
     name: str
     stages: StageTable  # the lane of every stage this mode records
-    store: FeatureStore
-    placement: Placement
+    store: FeatureStore | None  # None: a typed graph's modes read its rows without one
+    placement: Placement | None  # ... and place nothing by a homogeneous ``Placement``
     cache: FeatureCache | None
     num_batches: int
     threads: dict[str, int]  # the threads of its own stages' kernels, by stage ("sampler", "host")

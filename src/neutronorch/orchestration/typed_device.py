@@ -1,15 +1,15 @@
 """Mode ``device`` on a typed graph: every relation's topology and every featured type's rows on the training
 device, each mini-batch sampled and gathered there.
 
-The homogeneous device mode (``device.py``) made typed. At construction the topology (each relation's
-``indptr``/``indices`` and edge features, ``TypedTopology``), the featured types' rows (as float32) and the
-target's labels are moved to the device once, after checking that they fit beside training's workspace
+The homogeneous device mode (``device.py``) made typed. When the run starts (``start(model)``) the topology (each
+relation's ``indptr``/``indices`` and edge features, ``TypedTopology``), the featured types' rows (as float32)
+and the target's labels are moved to the device once, after checking that they fit beside training's workspace
 (``check_fits``: the budget is ``gpu_memory_gb``, else the device's memory; a ``ConfigError`` naming the
 sizes otherwise). Each
 epoch's seed order crosses once; a producer thread (``Prefetcher``, up to ``prefetch`` batches ahead)
 samples each batch with ``TypedDeviceSampler`` (``sampling/typed_device_sampler.py``: for the same key, the
 host sampler's blocks, bit for bit) and gathers its rows and labels with ``index_select``, on a CUDA stream
-of its own; each batch carries an event that the trainer's stream waits on before reading it (``hot_rows``,
+of its own; each batch carries an event that the trainer's stream waits on before reading it (``step_inputs``,
 the trainer's first call on a batch). Nothing crosses from the host per batch but the sampler's reads of
 sizes. On the CPU the "device" is host memory: the same code on host tensors, which is how the tests check
 it (exact mode's losses, step for step).
@@ -30,13 +30,16 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from neutronorch.config import SamplingConfig
 from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.features.placement import GiB, workspace_bytes
+from neutronorch.observe import Spans
 from neutronorch.orchestration.device_reader import place
+from neutronorch.orchestration.mode import StepHooksUnused, StepInputs
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import epoch_order, shard_batches
-from neutronorch.orchestration.typed_exact import TypedBatch
+from neutronorch.orchestration.typed_exact import TYPED_SAMPLING_STAGES, TypedBatch, train_seeds
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_device_sampler import (TypedDeviceSampler, TypedTopology, edge_feature_bytes,
                                                       topology_bytes)
@@ -108,25 +111,34 @@ def check_fits(graph: TypedGraph, model: torch.nn.Module, fanouts: dict[Relation
     return sizes
 
 
-class TypedDevice:
-    """The typed device mode of one run: the data on ``device`` from construction on; ``close`` it."""
+class TypedDevice(StepHooksUnused):
+    """The typed device mode of one run: the data on ``device`` from ``start`` on; ``close`` it."""
 
     name = "device"
-    shuffle = True  # False (a loader's choice, set on the mode): ``train_idx`` in its given order every epoch
+    stages = TYPED_SAMPLING_STAGES
+    resumable = resumable_mid_epoch = True  # its batches depend only on (seed, epoch, batch)
+    store = placement = cache = None  # every featured type's rows on the device, no cache of them
+    threads: dict[str, int] = {}  # its sampler runs torch ops on the training threads
 
-    def __init__(self, graph: TypedGraph, model: torch.nn.Module, fanouts: dict[RelationType, list[int]],
-                 train_idx: torch.Tensor, batch_size: int, seed: int, device: torch.device, prefetch: int = 2,
-                 gpu_memory_gb: float | None = None, backend: str | None = None, shard: tuple[int, int] = (0, 1)):
+    def __init__(self, graph: TypedGraph, fanouts: dict[RelationType, list[int]], sampling: SamplingConfig,
+                 device: torch.device, spans: Spans, gpu_memory_gb: float | None = None, backend: str | None = None):
+        self.graph, self.fanouts, self.sampling, self.device, self.spans = graph, fanouts, sampling, device, spans
+        self.gpu_memory_gb, self.backend = gpu_memory_gb, backend
+        self.train_idx = train_seeds(graph)
+        self.num_batches = -(-self.train_idx.shape[0] // (sampling.batch_size * sampling.world))
+        self.sizes, self.sampler, self.stream = device_bytes(graph), None, None
+
+    def start(self, model: torch.nn.Module) -> None:
+        """Place the topology, the featured types' rows and the labels on the device, after checking that they
+        fit beside ``model``'s training (``check_fits``)."""
+        graph, device = self.graph, self.device
         memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-        self.sizes = check_fits(graph, model, fanouts, batch_size, memory, gpu_memory_gb)
+        self.sizes = check_fits(graph, model, self.fanouts, self.sampling.batch_size, memory, self.gpu_memory_gb)
         clock = time.perf_counter()
-        self.graph, self.train_idx, self.batch_size, self.seed = graph, train_idx, batch_size, seed
-        self.device, self.prefetch = device, prefetch
-        self.shard = shard  # (rank, world): data parallel, this rank's part of each global batch (typed_exact.py)
         self.topology = TypedTopology.of(graph, device, lambda array, what: place(array, device, what))
         self.features = {t: place(rows, device, f"features of {t}").float() for t, rows in graph.features.items()}
         self.labels = place(np.asarray(graph.labels, dtype=np.int64), device, "labels")
-        self.sampler = TypedDeviceSampler(self.topology, fanouts, backend=backend)
+        self.sampler = TypedDeviceSampler(self.topology, self.fanouts, backend=self.backend)
         self.backend = self.sampler.backend
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         if self.stream is not None:
@@ -134,61 +146,45 @@ class TypedDevice:
         logger.info(f"device mode: {sum(self.sizes.values()) / GiB:.2f} GiB of topology, features, labels and "
                     f"maps on {device} in {time.perf_counter() - clock:.1f} s; sampling with {self.backend}")
 
-    def epoch(self, epoch: int, count: int, first: int = 0) -> Prefetcher:
-        """The epoch's mini-batches from ``first`` (a resumed run's position) to ``count``, sampled and gathered
-        ahead on a thread (a context manager: leaving it stops the thread)."""
-        order = epoch_order(self.train_idx, self.seed, epoch) if self.shuffle else self.train_idx
-        global_batch = self.batch_size * self.shard[1]
-        assert -(-order.shape[0] // global_batch) == count, "the epoch's batch count is the trainer's"
-        return Prefetcher(lambda: self._produce(epoch, order, first), depth=self.prefetch,
+    def batches(self, epoch: int, start: int = 0) -> Prefetcher:
+        """The epoch's mini-batches from ``start`` (a resumed run's position) on, sampled and gathered ahead on a
+        thread (a context manager: leaving it stops the thread)."""
+        order = epoch_order(self.train_idx, self.sampling.seed, epoch) if self.sampling.shuffle else self.train_idx
+        return Prefetcher(lambda: self._produce(epoch, order, start), depth=self.sampling.prefetch,
                           name="typed-device-producer")
 
-    def hot_rows(self, batch: TypedDeviceBatch, version: int) -> None:
-        """Device mode reuses no rows. The trainer's first call on a batch: its stream waits for the batch."""
+    def step_inputs(self, batch: TypedDeviceBatch) -> StepInputs:
+        """The trainer's first call on a batch: its stream waits for the batch."""
         batch.wait()
-        return None
+        return StepInputs(batch.blocks, batch.features, None, batch.ids)
 
-    def finish(self, batch: TypedDeviceBatch) -> None:
-        """Nothing to add to a step's gradients."""
-
-    def state(self) -> None:
-        """Nothing of the mode outlives a step: a resumed run needs no state of it."""
-        return None
+    def describe(self) -> str:
+        return "sampling and gathering on the training device"
 
     def close(self) -> None:
         """Let go of the device's copies (a run's end)."""
         self.topology = self.sampler = None
         self.features = {}
 
-    def records(self) -> dict:
-        """What the mode adds to an epoch's record: nothing."""
-        return {}
-
-    def summary(self, hot: dict) -> dict:
+    def summary(self) -> dict:
         """What the mode adds to the run summary: what it keeps on the device and its sampler."""
         return {"device_data": {"bytes": dict(self.sizes), "sampler": self.backend}}
 
-    def state(self) -> None:
-        """Nothing of the mode outlives a step (a batch depends on its key alone): a resumed run needs no state
-        of it."""
-        return None
-
     def _produce(self, epoch: int, order: torch.Tensor, first: int = 0) -> Iterator[TypedDeviceBatch]:
+        s = self.sampling
         with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
-            batches = shard_batches(order.to(self.device), self.batch_size, *self.shard)  # the epoch's one copy
+            batches = shard_batches(order.to(self.device), s.batch_size, s.rank, s.world)  # the epoch's one copy
             for index, seeds in enumerate(batches[first:], start=first):
-                clock = time.perf_counter()
-                subgraph = self.sampler.sample(seeds, batch_key(self.seed, epoch, index))
-                sampled = time.perf_counter()
-                frontier = subgraph.input_nodes
-                features = {t: rows.index_select(0, frontier[t]) for t, rows in self.features.items() if t in frontier}
-                batch = TypedDeviceBatch(subgraph.blocks, features, dict(frontier), self.labels.index_select(0, seeds),
-                                         {"sample": sampled - clock, "gather": 0.0}, subgraph.num_sampled_edges,
-                                         sum(int(ids.shape[0]) for ids in frontier.values()))
-                if self.stream is not None:
-                    batch.ready = torch.cuda.Event()
-                    batch.ready.record(self.stream)
-                done = time.perf_counter()
-                batch.seconds["gather"] = done - sampled
-                batch.spans = [("sample", clock, sampled), ("gather", sampled, done)]
+                with self.spans.stage("sample", index):
+                    subgraph = self.sampler.sample(seeds, batch_key(s.seed, epoch, index))
+                with self.spans.stage("gather", index):
+                    frontier = subgraph.input_nodes
+                    features = {t: rows.index_select(0, frontier[t]) for t, rows in self.features.items()
+                                if t in frontier}
+                    batch = TypedDeviceBatch(epoch, index, subgraph.blocks, features, dict(frontier),
+                                             self.labels.index_select(0, seeds), subgraph.num_sampled_edges,
+                                             sum(int(ids.shape[0]) for ids in frontier.values()))
+                    if self.stream is not None:
+                        batch.ready = torch.cuda.Event()
+                        batch.ready.record(self.stream)
                 yield batch

@@ -3,7 +3,8 @@ super-batch and reused under a strictly bounded staleness.
 
 The homogeneous mode (``neutronorch/mode.py``) made typed: the same schedule of versions and the same
 staleness check (``neutronorch/versions.py``), the same splice (``nn/splice.py``), a plan per destination
-type (``typed_planner.py``). Three threads, each with its own objects; what crosses between them::
+type (``typed_planner.py``). Three threads, each with its own objects (the producers' in
+``typed_producers.py``: ``TypedColdSampler``, ``TypedHostRows``); what crosses between them::
 
     sampler (typed-neutronorch-sampler)      host (typed-neutronorch-host)     trainer (caller)
       its TypedNeighborSampler, TypedPlanner    a copy of the bottom layer        the model, version,
@@ -30,6 +31,10 @@ there). A featureless type's inputs are rows of its embedding table, which the o
 the snapshot holds those rows too, read by the trainer at that version (``needs``: the hot frontier's ids
 the sampler sent ahead), so that every input of a hot row is of one version.
 
+**Protocol.** The ``Mode`` of ``mode.py``: the threads start with ``start(model)``, at the parameter version
+(optimizer steps taken, counted by ``after_step``) a resumed run's ``load_state_dict`` gave; ``step_inputs``
+publishes the snapshots due and hands the model its hot rows, ``before_step`` adds their gradient.
+
 **Staleness.** Every use is checked against the bound (``StalenessCheck``): a violation is a bug and raises.
 **Gradient** (``hot_grad``): ``stop`` treats hot rows as constants; ``cpu`` sums dL/dY of each hot row over
 the super-batch's steps (the splice's accumulator) and, at its last step, takes it through the host's graph
@@ -43,180 +48,85 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
-import time
-from dataclasses import dataclass, field
-from typing import Iterator
 
-import numba
-import numpy as np
 import torch
 
+from neutronorch.config import NeutronOrchConfig, SamplingConfig
 from neutronorch.data.typed import RelationType, TypedGraph
-from neutronorch.nn.splice import HotRows, SpliceIndex
+from neutronorch.nn.splice import HotRows
 from neutronorch.nn.typed_models import TypedGNN
-from neutronorch.orchestration.channel import Channel, Closed
-from neutronorch.orchestration.neutronorch.hot_rows import layer_holding
-from neutronorch.orchestration.neutronorch.plan_loop import one_ahead
+from neutronorch.observe import Spans, StageTable
+from neutronorch.orchestration.channel import Channel
+from neutronorch.orchestration.mode import StepInputs
 from neutronorch.orchestration.neutronorch.versions import Schedule, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
-from neutronorch.orchestration.seeds import epoch_order
-from neutronorch.orchestration.typed_exact import Inputs, Labels, TypedBatch
-from neutronorch.orchestration.typed_planner import TypedPlan, TypedPlanner, TypedPlanStats
-from neutronorch.sampling.neighbor_sampler import batch_key
-from neutronorch.sampling.typed_block import TypedBlock
-from neutronorch.sampling.typed_sampler import TypedNeighborSampler
+from neutronorch.orchestration.typed_exact import train_seeds
+from neutronorch.orchestration.typed_planner import HotRecord
+from neutronorch.orchestration.typed_producers import (TypedColdSampler, TypedHostRows, TypedHotTables, TypedOrchBatch,
+                                                      TypedSnapshot)
 
 DEFAULT_LEAD = 2  # steps a snapshot precedes its super-batch by default: the host's time to compute it
 
 
-@dataclass
-class HotPart:
-    """What the host computes super-batch s's hot rows from (made by the sampler): H_s's bottom block and
-    its input frontier's featured rows (host memory), or no block when nothing is hot."""
-
-    super_batch_id: int
-    block: TypedBlock | None
-    features: dict[str, torch.Tensor]
-    hot: dict[str, np.ndarray]
-
-
-@dataclass
-class TypedSnapshot:
-    """The bottom layer's parameters and the tables' rows the hot frontier reads, at one version."""
-
-    version: int
-    params: list[torch.Tensor]
-    rows: dict[str, torch.Tensor]  # featureless type -> its table rows at the hot frontier's ids
-    ids: dict[str, torch.Tensor]  # ... and those ids
-
-
-@dataclass
-class TypedHotTables:
-    """Super-batch s's hot rows per type, as the trainer reads them: complete and frozen when they cross (the
-    trainer writes only into ``grad_acc``)."""
-
-    super_batch_id: int
-    version: int
-    tables: dict[str, torch.Tensor]  # type -> (|H_s[t]|, width) on the training device
-    grad_acc: dict[str, torch.Tensor] = field(default_factory=dict)  # hot_grad="cpu": dL/dY summed
-    outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # hot_grad="cpu": the host's rows, attached
-    params: list[torch.Tensor] = field(default_factory=list)  # ... the snapshot's parameters they came from
-    rows: dict[str, torch.Tensor] = field(default_factory=dict)  # ... and table rows (leaves)
-    ids: dict[str, torch.Tensor] = field(default_factory=dict)  # ... and those rows' ids
-    host_edges: int = 0
-    host_seconds: float = 0.0
-    host_began: float = 0.0
-
-    @property
-    def num_hot(self) -> int:
-        return sum(int(t.shape[0]) for t in self.tables.values())
-
-
-@dataclass
-class TypedOrchBatch(TypedBatch):
-    """A mini-batch whose bottom block holds its cold destinations only, with each type's splice of its
-    bottom-layer output (``blocks[1]``'s source frontier) and its place in its super-batch."""
-
-    super_batch_id: int = 0
-    position: int = 0  # in its super-batch
-    last: bool = True  # the super-batch's last mini-batch
-    splice: dict[str, SpliceIndex] = field(default_factory=dict)
-
-
-class TypedHostRows:
-    """The host thread's side: every super-batch's hot tables, in order, each computed from its snapshot with
-    a copy of the bottom layer (``template``) holding the snapshot's parameters. Owns nothing the other
-    threads touch; reads ``parts`` and ``snapshots``, writes ``hot``."""
-
-    def __init__(self, template: torch.nn.Module, track_grad: bool, device: torch.device, parts: Channel,
-                 snapshots: Channel, hot: Channel, threads: int):
-        self.template, self.track_grad, self.device = template, track_grad, device
-        self.parts, self.snapshots, self.hot, self.threads = parts, snapshots, hot, threads
-
-    def run(self, first: int, total: int) -> None:
-        """The thread's body: super-batches ``first`` to ``total - 1``."""
-        numba.set_num_threads(self.threads)
-        try:
-            for super_batch_id in range(first, total):
-                part: HotPart = self.parts.take(super_batch_id)
-                snapshot: TypedSnapshot = self.snapshots.take(super_batch_id)
-                self.hot.put(super_batch_id, self.tables(part, snapshot))
-        except Closed:
-            return
-        except BaseException as exc:  # noqa: BLE001 - handed to the trainer through the hot channel
-            self.hot.fail(exc)
-
-    def tables(self, part: HotPart, snapshot: TypedSnapshot) -> TypedHotTables:
-        if part.block is None:
-            return TypedHotTables(part.super_batch_id, snapshot.version, {})
-        start = time.perf_counter()
-        layer, params = layer_holding(self.template, snapshot.params, self.track_grad)
-        rows = {t: r.requires_grad_(self.track_grad) for t, r in snapshot.rows.items()}
-        with torch.set_grad_enabled(self.track_grad):
-            out = layer(part.block, {**part.features, **rows})
-        outputs = {t: out[t] for t in part.hot}
-        tables = {t: y.detach().to(self.device) for t, y in outputs.items()}
-        grad_acc = ({t: torch.zeros(y.shape, dtype=torch.float32, device=self.device) for t, y in tables.items()}
-                    if self.track_grad else {})
-        return TypedHotTables(part.super_batch_id, snapshot.version, tables, grad_acc,
-                              outputs if self.track_grad else {}, params if self.track_grad else [],
-                              rows if self.track_grad else {}, snapshot.ids if self.track_grad else {},
-                              host_edges=part.block.num_edges, host_seconds=time.perf_counter() - start,
-                              host_began=start)
-
-
 class TypedNeutronOrch:
-    """The typed NeutronOrch mode of one run; started at construction, ``close`` it (a context manager)."""
+    """The typed NeutronOrch mode of one run; its threads run from ``start`` to ``close``."""
 
     name = "neutronorch"
+    stages = StageTable({"plan": "planner", "host_compute": "host", "sample": "sampler", "gather": "sampler"})
+    resumable = resumable_mid_epoch = True  # ``state_dict`` after any step
+    store = placement = cache = None  # it reads a typed graph's rows itself (``gather_frontier``), no device cache
 
-    def __init__(self, graph: TypedGraph, model: TypedGNN, fanouts: dict[RelationType, list[int]],
-                 schedule: Schedule, train_idx: torch.Tensor, batch_size: int, seed: int, ratio: float | None,
-                 hot_grad: str, lead: int | None, device: torch.device, inputs: Inputs, labels: Labels,
-                 prefetch: int = 2, sampler_threads: int = 1, host_threads: int = 1, start: int = 0,
-                 resumed: dict | None = None):
-        self.graph, self.model, self.fanouts, self.schedule = graph, model, fanouts, schedule
-        self.train_idx, self.batch_size, self.seed, self.ratio = train_idx, batch_size, seed, ratio
-        self.track_grad = hot_grad == "cpu"
-        self.lead = DEFAULT_LEAD if lead is None else lead
-        self.device, self.inputs, self.labels = device, inputs, labels
-        self.num_layers = model.num_layers
-        self.sampler_threads = sampler_threads
-        self.live = model.bottom_layer()  # the trainer's: snapshots read it
-        self.staleness = StalenessCheck(schedule.staleness_bound)
+    def __init__(self, graph: TypedGraph, fanouts: dict[RelationType, list[int]], sampling: SamplingConfig,
+                 config: NeutronOrchConfig, epochs: int, device: torch.device, spans: Spans,
+                 sampler_threads: int = 1, host_threads: int = 1):
+        self.graph, self.fanouts, self.sampling, self.device, self.spans = graph, fanouts, sampling, device, spans
+        self.train_idx = train_seeds(graph)
+        self.num_batches = -(-self.train_idx.shape[0] // sampling.batch_size)
+        self.schedule = Schedule(epochs, self.num_batches, config.super_batch, config.resolved_staleness)
+        self.ratio = None if config.hot_ratio == "auto" else float(config.hot_ratio)
+        self.track_grad = config.hot_grad == "cpu"
+        self.lead = DEFAULT_LEAD if config.snapshot_lead is None else config.snapshot_lead
+        self.sampler_threads, self.host_threads = sampler_threads, host_threads
+        self.threads = {"sampler": sampler_threads, "host": host_threads}
+        self.staleness = StalenessCheck(self.schedule.staleness_bound)
+        self.version = 0  # optimizer steps taken: the parameter version
+        self.hot_epoch, self.hot_run = HotRecord(), HotRecord()  # what the plans did, this epoch and in the run
         self.parts = Channel("parts")
         self.needs = Channel("needs")
         self.snapshots = Channel("snapshots")
         self.hot = Channel("hot")
-        self._orders: dict[int, tuple[torch.Tensor, ...]] = {}
-        self._planned: list[TypedPlan] = []  # the sampler thread's plans not yet reported with a mini-batch
-        # Where the run starts: global step ``start``, in super-batch ``first[0]`` at position ``first[1]``.
-        steps = schedule.epochs * schedule.batches_per_epoch
-        self.first = schedule.at(start) if start < steps else (schedule.total, 0)
         self._table: TypedHotTables | None = None
         self._kept: dict[int, TypedSnapshot] = {}  # published snapshots of super-batches not yet finished
-        self._next_snapshot = self.first[0]
+        self._resumed: dict | None = None
         self._resumed_grad = None
-        if resumed is not None:
-            self._restore(resumed)
-        host = TypedHostRows(copy.deepcopy(self.live).cpu().train(), self.track_grad, device, self.parts,
-                             self.snapshots, self.hot, host_threads)
-        self._host = threading.Thread(target=host.run, args=(self.first[0], schedule.total),
+        self._host = self._batches = None
+
+    def start(self, model: TypedGNN) -> None:
+        """Start the sampler and host threads at the run's parameter version (a resumed run's snapshots
+        published again)."""
+        self.model, self.live, self.num_layers = model, model.bottom_layer(), model.num_layers  # snapshots read it
+        steps = self.schedule.epochs * self.schedule.batches_per_epoch
+        # Where the run starts: in super-batch ``first[0]`` at position ``first[1]``.
+        self.first = self.schedule.at(self.version) if self.version < steps else (self.schedule.total, 0)
+        self._next_snapshot = self.first[0]
+        if self._resumed is not None:
+            self._restore(self._resumed)
+        host = TypedHostRows(copy.deepcopy(self.live).cpu().train(), self.track_grad, self.device, self.parts,
+                             self.snapshots, self.hot, self.host_threads)
+        self._host = threading.Thread(target=host.run, args=(self.first[0], self.schedule.total),
                                       name="typed-neutronorch-host", daemon=True)
         self._host.start()
-        self._batches = Prefetcher(self._produce, depth=prefetch, name="typed-neutronorch-sampler")
-
-    def __enter__(self) -> "TypedNeutronOrch":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        sampler = TypedColdSampler(self.graph, self.fanouts, self.sampling, self.schedule, self.ratio, self.device,
+                                   self.spans, self.sampler_threads, tuple(model.embeddings), self.first,
+                                   self.parts, self.needs)
+        self._batches = Prefetcher(sampler.run, depth=self.sampling.prefetch, name="typed-neutronorch-sampler")
 
     def close(self) -> None:
         for channel in (self.parts, self.needs, self.snapshots, self.hot):
             channel.close()
-        self._batches.close()
-        self._host.join(timeout=10)
+        if self._batches is not None:
+            self._batches.close()
+            self._host.join(timeout=10)
 
     def snapshot_version(self, super_batch_id: int) -> int:
         """The version super-batch ``super_batch_id``'s hot rows are computed from (see the module docstring)."""
@@ -227,47 +137,63 @@ class TypedNeutronOrch:
 
     # -- the trainer's side ------------------------------------------------------------------------------
 
-    def epoch(self, epoch: int, count: int, first: int = 0) -> contextlib.nullcontext:
-        """The next mini-batches of the run's stream: epoch ``epoch``'s from ``first`` to ``count`` (the stream
-        runs on between epochs, so leaving one stops nothing)."""
-        return contextlib.nullcontext(next(self._batches) for _ in range(first, count))
+    def batches(self, epoch: int, start: int = 0) -> contextlib.nullcontext:
+        """The next mini-batches of the run's stream: epoch ``epoch``'s from ``start`` on (the stream runs on
+        between epochs, so leaving one stops nothing)."""
+        if epoch * self.num_batches + start != self.version:
+            raise RuntimeError(f"NeutronOrch's pipeline is at parameter version {self.version}, not at step {start} "
+                               f"of epoch {epoch}: epochs run in order, from where the run (or its resume) is")
+        return contextlib.nullcontext(next(self._batches) for _ in range(start, self.num_batches))
 
-    def summary(self, hot: dict) -> dict:
-        """The run summary's ``neutronorch`` part: the settings, what the plans did (``hot``, a
-        ``HotRecord``'s) and the staleness observed."""
+    def describe(self) -> str:
+        return (f"super-batch {self.schedule.super_batch}, staleness bound {self.schedule.staleness_bound}, "
+                f"sampler threads {self.sampler_threads}, host threads {self.host_threads}")
+
+    def summary(self) -> dict:
+        """The run summary's ``neutronorch`` part: the settings, what the plans did and the staleness observed."""
         return {"neutronorch": {"super_batch": self.schedule.super_batch,
                                 "staleness_bound": self.schedule.staleness_bound,
                                 "hot_ratio": "auto" if self.ratio is None else self.ratio,
                                 "hot_grad": "cpu" if self.track_grad else "stop", "snapshot_lead": self.lead,
                                 "staleness_max_observed": self.staleness.max_observed,
-                                "staleness_mean_observed": round(self.staleness.mean_observed, 3), **hot}}
+                                "staleness_mean_observed": round(self.staleness.mean_observed, 3),
+                                **self.hot_run.record()}}
 
-    def records(self) -> dict:
-        """What the mode adds to an epoch's record: the staleness observed so far."""
-        return {"staleness_max": self.staleness.max_observed,
-                "staleness_mean": round(self.staleness.mean_observed, 3)}
+    def end_epoch(self, record: dict) -> None:
+        """What the plans did in the epoch, and the staleness observed so far."""
+        record.update(self.hot_epoch.record(), staleness_max=self.staleness.max_observed,
+                      staleness_mean=round(self.staleness.mean_observed, 3))
+        self.hot_run.merge(self.hot_epoch)
+        self.hot_epoch = HotRecord()
 
-    def hot_rows(self, batch: TypedOrchBatch, version: int) -> dict[str, HotRows]:
-        """The hot rows ``batch`` splices in at parameter version ``version`` (optimizer steps so far):
+    def averaged_gradients(self) -> None:
+        return None  # one process: typed NeutronOrch mode does not train data parallel
+
+    def step_inputs(self, batch: TypedOrchBatch) -> StepInputs:
+        """The model's inputs with the hot rows ``batch`` splices in at the current parameter version:
         publishes every snapshot due by then, waits for its super-batch's tables at its first mini-batch and
         checks the staleness of every use."""
+        version = self.version
+        self.hot_epoch.add(batch.stats)
         while self._next_snapshot < self.schedule.total and self.snapshot_version(self._next_snapshot) <= version:
             self._publish(self._next_snapshot, version)
             self._next_snapshot += 1
         if batch.position == 0 or self._table is None or self._table.super_batch_id != batch.super_batch_id:
-            self._table = self.hot.take(batch.super_batch_id)
-            table = self._table  # the host's time on it, for the stage table and the timeline
-            batch.seconds["host_compute"] = table.host_seconds
-            batch.spans.append(("host_compute", table.host_began, table.host_began + table.host_seconds))
+            self._table = table = self.hot.take(batch.super_batch_id)
+            self.spans.add("host_compute", table.host_began, table.host_began + table.host_seconds)
             if self._resumed_grad is not None and batch.super_batch_id == self.first[0]:
                 for t, grad in self._resumed_grad.items():  # the steps of it taken before the resume
                     self._table.grad_acc[t].copy_(grad)
                 self._resumed_grad = None
         table = self._table
         self.staleness.check(table, version)
-        return {t: HotRows(table.tables[t], index, table.grad_acc.get(t)) for t, index in batch.splice.items()}
+        hot = {t: HotRows(table.tables[t], index, table.grad_acc.get(t)) for t, index in batch.splice.items()}
+        return StepInputs(batch.blocks, batch.features, hot, batch.ids)
 
-    def finish(self, batch: TypedOrchBatch) -> None:
+    def after_step(self, batch: TypedOrchBatch) -> None:
+        self.version += 1
+
+    def before_step(self, batch: TypedOrchBatch) -> None:
         """After ``batch``'s backward pass, before its optimizer step: at a super-batch's last mini-batch with
         ``hot_grad="cpu"``, the summed dL/dY of its hot rows taken through the host's graph and added to the
         bottom layer's gradients and the tables' rows'."""
@@ -308,19 +234,25 @@ class TypedNeutronOrch:
         self._kept[super_batch_id] = snapshot
         self.snapshots.put(super_batch_id, snapshot)
 
-    def state(self) -> dict:
-        """What a checkpoint keeps of the mode for an exact resume: the snapshots published for super-batches
-        not yet finished (their versions are past) and, mid super-batch, the hot rows' gradient summed so far.
-        The plans are not kept: they depend on the seed, the epoch and the batches alone, and are made again."""
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the mode for an exact resume: the parameter version, the snapshots
+        published for super-batches not yet finished (their versions are past) and, mid super-batch, the hot
+        rows' gradient summed so far. The plans are not kept: they depend on the seed, the epoch and the batches
+        alone, and are made again."""
         grad = ({t: g.detach().to("cpu", copy=True) for t, g in self._table.grad_acc.items()}
                 if self._table is not None else None)
-        return {"snapshots": {s: {"version": k.version, "params": k.params, "rows": k.rows, "ids": k.ids}
+        return {"version": self.version,
+                "snapshots": {s: {"version": k.version, "params": k.params, "rows": k.rows, "ids": k.ids}
                               for s, k in self._kept.items()},
                 "grad_acc": grad, "staleness": self.staleness.state_dict()}
 
+    def load_state_dict(self, state: dict) -> None:
+        """Before ``start``: continue from ``state`` (``state_dict()`` of the run this one resumes)."""
+        self.version, self._resumed = state["version"], state
+
     def _restore(self, state: dict) -> None:
-        """Continue from ``state`` (``state()`` of the run this one resumes): its snapshots published again,
-        the current super-batch's summed gradient kept for when its table arrives."""
+        """Its snapshots published again, the current super-batch's summed gradient kept for when its table
+        arrives."""
         for super_batch_id, saved in sorted(state["snapshots"].items()):
             snapshot = TypedSnapshot(saved["version"], list(saved["params"]), dict(saved["rows"]), dict(saved["ids"]))
             self._kept[super_batch_id] = snapshot
@@ -328,73 +260,3 @@ class TypedNeutronOrch:
             self._next_snapshot = max(self._next_snapshot, super_batch_id + 1)
         self._resumed_grad = state["grad_acc"]
         self.staleness.load_state_dict(state["staleness"])
-
-    # -- the sampler -----------------------------------------------------------------------------------------
-
-    def _produce(self) -> Iterator[TypedOrchBatch]:
-        """The sampler thread's body: every mini-batch of the run, in order. A failure here also fails the
-        channels the host and the trainer wait on for its plans, so neither waits for one that never comes."""
-        try:
-            numba.set_num_threads(self.sampler_threads)
-            sampler = TypedNeighborSampler(self.graph, self.fanouts)
-            planner = TypedPlanner(self.graph, {r: f[-1] for r, f in sampler.fanouts.items()})
-            plans = (self._plan(s, sampler, planner) for s in range(self.first[0], self.schedule.total))
-            for plan in one_ahead(plans):
-                start = self.first[1] if plan.super_batch_id == self.first[0] else 0
-                for position in range(start, len(plan.batches)):
-                    yield self._load(plan, position, sampler)
-        except Closed:
-            raise
-        except BaseException as exc:
-            self.needs.fail(exc)
-            self.parts.fail(exc)
-            raise
-
-    def _seeds(self, epoch: int, index: int) -> np.ndarray:
-        if epoch not in self._orders:
-            self._orders = {epoch: torch.split(epoch_order(self.train_idx, self.seed, epoch), self.batch_size)}
-        return self._orders[epoch][index].numpy()
-
-    def _plan(self, super_batch_id: int, sampler: TypedNeighborSampler, planner: TypedPlanner) -> TypedPlan:
-        """Plan super-batch ``super_batch_id`` and hand its hot part to the host and its table ids to the
-        trainer."""
-        epoch, first, end = self.schedule.locate(super_batch_id)
-        clock = time.perf_counter()
-        uppers = []
-        for index in range(first, end):
-            key = batch_key(self.seed, epoch, index)
-            uppers.append((index, key, sampler.sample_hops(self._seeds(epoch, index), key, self.num_layers - 1)))
-        plan = planner.plan(super_batch_id, epoch, uppers, self.ratio)
-        block, features, needs = None, {}, {}
-        if plan.hot:
-            block = sampler.sample_bottom(plan.hot, uppers[0][1])
-            features, ids = self.inputs(block.src_ids, torch.device("cpu"))
-            needs = {t: ids[t] for t in self.model.embeddings if t in ids}
-        self.needs.put(super_batch_id, needs)
-        self.parts.put(super_batch_id, HotPart(super_batch_id, block, features, plan.hot))
-        plan.began, plan.seconds = clock, time.perf_counter() - clock
-        self._planned.append(plan)  # the sampler thread's: reported with the next mini-batch it loads
-        return plan
-
-    def _load(self, plan: TypedPlan, position: int, sampler: TypedNeighborSampler) -> TypedOrchBatch:
-        planned = plan.batches[position]
-        clock = time.perf_counter()
-        upper = planned.upper
-        cold = sampler.sample_bottom(planned.cold_destinations(), planned.key)
-        sampled = time.perf_counter()
-        features, ids = self.inputs(cold.src_ids, self.device)
-        labels = self.labels(upper.seeds.numpy()).to(self.device)
-        splice = {t: SpliceIndex.build(int(upper.frontiers[0][t].shape[0]), planned.cold_pos[t], planned.hot_pos[t],
-                                       planned.hot_rows[t]).to(self.device)
-                  for t in plan.hot if planned.hot_pos[t].shape[0]}
-        blocks, done = [cold, *upper.blocks], time.perf_counter()
-        seconds = {"sample": sampled - clock, "gather": done - sampled}
-        spans = [("sample", clock, sampled), ("gather", sampled, done)]
-        if self._planned:  # the plans made since the last mini-batch (one super-batch ahead of it)
-            seconds["plan"] = sum(p.seconds for p in self._planned)
-            spans[:0] = [("plan", p.began, p.began + p.seconds) for p in self._planned]
-            self._planned.clear()
-        return TypedOrchBatch([b.to(self.device) for b in blocks], features, ids, labels, seconds,
-                              sum(b.num_edges for b in blocks), sum(int(v.shape[0]) for v in cold.src_ids.values()),
-                              plan.stats if position == 0 else None, spans=spans, super_batch_id=plan.super_batch_id,
-                              position=position, last=position == len(plan.batches) - 1, splice=splice)

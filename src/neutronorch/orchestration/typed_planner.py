@@ -71,8 +71,6 @@ class TypedPlan:
     batches: list[TypedPlannedBatch]
     hot: dict[str, np.ndarray]  # H_s per type (only the types with hot vertices), hottest first
     stats: TypedPlanStats
-    seconds: float = 0.0  # the sampler's time to plan it (upper hops, plan, hot part)
-    began: float = 0.0  # when (time.perf_counter)
 
     @property
     def num_hot(self) -> int:

@@ -62,6 +62,9 @@ class EpochControl:
     stop: threading.Event | None = None
     checkpoint_every: int = 0
     save: Callable[[int, int, torch.Tensor], None] | None = None
+    # A stop after the epoch's last step saves and raises too, before the epoch's record (a typed run's);
+    # else the epoch's end has its own checkpoint and stop check.
+    stop_at_last_step: bool = False
 
 
 class TimelineWindow:
@@ -97,14 +100,16 @@ def _diverged(epoch: int, steps: int) -> TrainingError:
                          f"steps): the run diverged. Lower `lr`, or check the features for extreme values.")
 
 
-def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: Mode, epoch: int, spans: Spans,
+def train_epoch(model: torch.nn.Module, optimizer, mode: Mode, epoch: int, spans: Spans,
                 stages: StageTable, util: Utilisation, metrics: MetricLog, window: TimelineWindow,
                 progress: Progress | None = None, control: EpochControl | None = None,
                 loss_fn: Callable | None = None, precision: Precision | None = None,
-                sync: Callable | None = None, loss_progress: Callable[[int, float], None] | None = None) -> dict:
+                sync: Callable | None = None, loss_progress: Callable[[int, float], None] | None = None,
+                masks: Callable | None = None) -> dict:
     """Train one epoch (from ``control.start_step`` on) with ``loss_fn(logits, labels)`` (default:
     cross-entropy); return its record (without evaluation). Counters of rows, edges and bytes cover the
-    steps run here; the loss covers the whole epoch, as does ``loss_progress(epoch, running mean)``."""
+    steps run here; the loss covers the whole epoch, as does ``loss_progress(epoch, running mean)``.
+    ``optimizer``, ``masks``: ``train_step``'s."""
     control = control or EpochControl()
     model.train()
     spans.take()  # drop what the producers recorded between epochs (evaluation time)
@@ -113,10 +118,11 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
     total_loss = torch.full((), control.loss_sum, dtype=torch.float32, device=device)
     check_every = DIVERGENCE_CHECK_STEPS if device.type == "cuda" else 1
     step_losses = []
-    sampled_edges = input_nodes = feature_bytes = device_bytes = cache_hits = 0
+    moved = [0] * 5  # sampled edges, input rows, feature bytes, device cache hits, bytes copied to the device
     num_batches = control.start_step
     start = time.perf_counter()
-    mode.store.take_counts()  # rows gathered outside training (evaluation) are not this epoch's
+    if mode.store is not None:
+        mode.store.take_counts()  # rows gathered outside training (evaluation) are not this epoch's
     window.begin_epoch(epoch, spans, util)
     with mode.batches(epoch, control.start_step) as batches:
         batches = iter(batches)
@@ -125,7 +131,8 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
                 batch = next(batches, None)
             if batch is None:
                 break
-            loss = train_step(model, optimizer, mode, batch, spans, num_batches, loss_fn, precision, sync)
+            batch_counts = batch.counts()  # before the step releases the batch's buffer
+            loss = train_step(model, optimizer, mode, batch, spans, num_batches, loss_fn, precision, sync, masks)
             total_loss += loss  # NaN and infinities survive the sum: it is finite iff every loss was
             if (num_batches + 1) % check_every == 0:
                 mean = float(total_loss) / (num_batches + 1)  # the steps before start_step included
@@ -139,16 +146,12 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
                     metrics.steps(epoch, num_batches + 1 - len(step_losses), step_losses)
                     step_losses = []
             num_batches += 1
-            sampled_edges += batch.subgraph.num_sampled_edges
-            input_nodes += batch.subgraph.input_nodes.shape[0]
-            feature_bytes += batch.features.nbytes
-            cache_hits += batch.cache_hits
-            device_bytes += batch.device_bytes
+            moved = [total + n for total, n in zip(moved, batch_counts)]
             window.after_step(spans, num_batches, util)
             if progress is not None:
                 progress(epoch, num_batches, mode.num_batches)
             stopping = control.stop is not None and control.stop.is_set()
-            if num_batches < mode.num_batches:  # the epoch's end has its own checkpoint and stop check
+            if num_batches < mode.num_batches or (stopping and control.stop_at_last_step):
                 due = control.checkpoint_every and num_batches % control.checkpoint_every == 0
                 if control.save is not None and (stopping or due):
                     control.save(epoch, num_batches, total_loss)
@@ -164,7 +167,8 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
     seconds = time.perf_counter() - start
     window.end_epoch(spans, util)
     stage_seconds, counts = spans.take()
-    host_rows, host_hits = mode.store.take_counts()
+    host_rows, host_hits = mode.store.take_counts() if mode.store is not None else (0, 0)
+    sampled_edges, input_nodes, feature_bytes, cache_hits, device_bytes = moved
     return {
         "epoch": epoch,
         "seconds": seconds,
@@ -185,6 +189,29 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: 
         "input_nodes_per_batch": input_nodes / max(1, num_batches - control.start_step),
         "peak_rss_mb": round(peak_rss_mb(), 1),  # high-water mark so far, before this epoch's evaluation
     }
+
+
+def noting_first_step(run, progress: Progress | None) -> Progress | None:
+    """``progress``, noting in ``run.first_step_at`` when the run's first step ended (progress is called
+    right after each step); ``run``: the trainer's or a typed run."""
+    if run.first_step_at is not None:
+        return progress
+
+    def noting(epoch: int, done: int, total: int) -> None:
+        if run.first_step_at is None:
+            run.first_step_at = time.perf_counter()
+        if progress is not None:
+            progress(epoch, done, total)
+
+    return noting
+
+
+def step_sync(run):
+    """The data-parallel step's reduction, ``sync(batch, loss)`` (None in one process)."""
+    if run.sync is None:
+        return None
+    sync, weight = run.sync, run.task.loss_weight
+    return lambda batch, loss: sync(weight(batch.labels), loss)
 
 
 def evaluation_progress(progress: Progress | None, epoch: int) -> Callable[[int, int, int], None] | None:

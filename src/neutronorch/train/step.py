@@ -6,8 +6,8 @@ chooses (the trainer once per epoch).
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Callable, Sequence
 
 import torch
 from torch.nn import functional as F
@@ -23,29 +23,35 @@ TRAINER_STAGES = StageTable({"wait": "trainer", "forward": "trainer", "backward"
                             waits=frozenset({"wait"}))
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: Mode, batch: MiniBatch,
-               spans: Spans | None = None, step: int = -1, loss_fn: Callable | None = None,
-               precision: Precision | None = None, sync: Callable | None = None) -> torch.Tensor:
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
+               mode: Mode, batch: MiniBatch, spans: Spans | None = None, step: int = -1,
+               loss_fn: Callable | None = None, precision: Precision | None = None, sync: Callable | None = None,
+               masks: Callable[[MiniBatch], AbstractContextManager] | None = None) -> torch.Tensor:
     """Forward, loss (``loss_fn(logits, labels)``, default cross-entropy: the task's), backward and
     optimizer step on ``batch``; returns the (detached) loss. The gradients stay in the parameters until
     the next step clears them; the batch's host buffer is released. The forward pass runs in
-    ``precision`` (default float32); the loss is computed from float32 logits either way. ``sync(batch, loss)``,
-    data parallel, makes every rank's gradients the global batch's before the optimizer step and returns
-    the global batch's loss, which is returned instead of this rank's."""
+    ``precision`` (default float32) and in ``masks(batch)`` (a typed run's dropout keys: ``step_masks``); the
+    loss is computed from float32 logits either way. ``sync(batch, loss)``, data parallel, makes every rank's
+    gradients the global batch's before the optimizer step and returns the global batch's loss, which is
+    returned instead of this rank's. ``optimizer``: one, or several that step together (a typed model's Adam
+    for its dense weights and ``RowAdam`` for its embedding tables)."""
+    optimizers = optimizer if isinstance(optimizer, Sequence) else (optimizer,)
     inputs = mode.step_inputs(batch)
     with _stage(spans, "forward", step):
-        with (precision or Precision()).autocast(batch.labels.device):
+        with (precision or Precision()).autocast(batch.labels.device), masks(batch) if masks else nullcontext():
             logits = model(*inputs)
         loss = (loss_fn or F.cross_entropy)(logits.float(), batch.labels)
     with _stage(spans, "backward", step):
-        optimizer.zero_grad(set_to_none=True)
+        for each in optimizers:
+            each.zero_grad(set_to_none=True)
         loss.backward()
     mode.before_step(batch)
     if sync is not None:
         with _stage(spans, "all_reduce", step):
             loss = sync(batch, loss.detach())
     with _stage(spans, "step", step):
-        optimizer.step()
+        for each in optimizers:
+            each.step()
     mode.after_step(batch)
     batch.release()
     return loss.detach()

@@ -4,8 +4,7 @@ run's timeline, for a homogeneous run (``summarise``) and a typed one (``typed_s
 A typed run's summary has the homogeneous summary's keys where they mean the same, plus the typed ones (the
 model's kind and arguments, the types and relations, the fanouts per relation, the tables' storage,
 NeutronOrch's part). Either timeline is the picture (``observe/report.py``) of the stages' spans in the window
-``timeline_steps`` of the second epoch, on the lanes of the run's stage table (a typed run's:
-``TYPED_STAGES``).
+``timeline_steps`` of the second epoch, on the lanes of the run's stage table (the trainer's and its mode's).
 """
 
 from __future__ import annotations
@@ -154,12 +153,6 @@ def named_scores(task, scores: dict) -> dict:
             **{key: value for key, value in scores.items() if key not in ("val", "test")}}
 
 
-# The lanes of the stage table and the timeline: NeutronOrch's planning and host rows, the producer's
-# sampling and gathering, the trainer (waiting for a batch is a wait, not work).
-TYPED_STAGES = StageTable({"plan": "planner", "host_compute": "host", "sample": "sampler", "gather": "sampler"},
-                          frozenset({"wait"}))
-
-
 def typed_summary(run, status: str, started: float, data_seconds: float, threads: Threads) -> dict:
     """The summary of the typed run ``run`` (``typed_task._TypedRun``) as it stands."""
     config, graph, key, best, last = run.config, run.graph, run.task.key, run.best, run.last_eval
@@ -169,7 +162,7 @@ def typed_summary(run, status: str, started: float, data_seconds: float, threads
         "mode": run.mode.name,
         "mode_choice": None if config.mode != "auto" else
         {"chosen": "exact", "reason": "auto picks exact mode for typed graphs", "measured": None},
-        **run.mode.summary(run.hot.record()),
+        **run.mode.summary(),
         "model": {"kind": run.model.kind, "typed": True, "parameters": run.parameters,
                   "arguments": run.model.arguments},
         "config": config.to_dict(),
@@ -200,4 +193,4 @@ def typed_summary(run, status: str, started: float, data_seconds: float, threads
 def write_typed_timeline(run) -> dict | None:
     """The timeline of ``run``'s window (``write_run_timeline``)."""
     return write_run_timeline(run, f"{run.mode.name} mode, {run.config.model} (typed), epoch {run.window.epoch}, "
-                                   f"first {run.config.timeline_steps} steps", TYPED_STAGES)
+                                   f"first {run.config.timeline_steps} steps", run.stages)

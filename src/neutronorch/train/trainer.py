@@ -38,7 +38,7 @@ from neutronorch.train.evaluate import evaluate
 from neutronorch.train.feasible import check_learnable
 from neutronorch.train.health import Health
 from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, check_call, epoch_line,
-                                    evaluation_progress, train_epoch)
+                                    evaluation_progress, noting_first_step, step_sync, train_epoch)
 from neutronorch.train.memory import keep_freed_memory
 from neutronorch.train.mode_choice import resolve_mode
 from neutronorch.train.metrics_log import MetricLog
@@ -260,8 +260,8 @@ def run_epochs(run: Run, progress: Progress | None):
                                (lambda e, k, loss: _checkpoint(run, "last.pt", e, (k, float(loss))))
                                if config.checkpoint_dir and mode.resumable_mid_epoch else None)
         record = train_epoch(run.model, run.optimizer, mode, epoch, run.spans, run.stages, run.util, run.metrics,
-                             window, _noting_first_step(run, progress), control, run.task.loss, run.precision,
-                             _sync_step(run), getattr(progress, "loss", None))
+                             window, noting_first_step(run, progress), control, run.task.loss, run.precision,
+                             step_sync(run), getattr(progress, "loss", None))
         mode.end_epoch(record)
         if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
             t0 = time.perf_counter()
@@ -291,29 +291,6 @@ def run_epochs(run: Run, progress: Progress | None):
     timeline = write_run_timeline(run, f"{mode.name} mode, {config.model}, epoch {window.epoch}, first "
                                        f"{config.timeline_steps} steps", run.stages)
     return last_eval, timeline
-
-
-def _noting_first_step(run: Run, progress: Progress | None) -> Progress | None:
-    """``progress``, noting in ``run.first_step_at`` when the run's first step ended (progress is called
-    right after each step)."""
-    if run.first_step_at is not None:
-        return progress
-
-    def noting(epoch: int, done: int, total: int) -> None:
-        if run.first_step_at is None:
-            run.first_step_at = time.perf_counter()
-        if progress is not None:
-            progress(epoch, done, total)
-
-    return noting
-
-
-def _sync_step(run: Run):
-    """The data-parallel step's reduction, ``sync(batch, loss)`` (None in one process)."""
-    if run.sync is None:
-        return None
-    sync, weight = run.sync, run.task.loss_weight
-    return lambda batch, loss: sync(weight(batch.labels), loss)
 
 
 def _evaluations_since_best(run: Run) -> int:

@@ -114,9 +114,10 @@ def save_typed_checkpoint(path: str | Path, run, epoch: int, position: dict, fin
              "tables_optimizer": None if run.sparse is None else {"class": type(run.sparse).__name__,
                                                                   "state": run.sparse.state_dict()},
              "fanouts": [[list(relation), list(f)] for relation, f in run.sampler.fanouts.items()],
-             # NeutronOrch: the snapshots and summed hot-row gradient in flight (None in the other modes)
-             "typed_mode_state": run.mode.state() if run.mode is not None else None}
-    with stored_tables(state, Path(path), getattr(run, "tables", None), run.version):  # mapped tables: files beside
+             # NeutronOrch: the version, the snapshots and summed hot-row gradient in flight ({} in the others)
+             "typed_mode_state": run.mode.state_dict() if run.mode is not None else None}
+    version = epoch * run.num_batches + position["step"]  # optimizer steps taken
+    with stored_tables(state, Path(path), getattr(run, "tables", None), version):  # mapped tables: files beside
         return write_atomically(path, lambda f: torch.save(state, f))
 
 
@@ -197,20 +198,14 @@ def check_typed_fits(checkpoint: TypedCheckpoint, graph: TypedGraph, source: str
 
 class TypedCheckpoints:
     """A typed run's ``checkpoint_dir``: ``last.pt`` after every epoch, every ``checkpoint_every`` steps within
-    one and when the run is stopped; ``best.pt`` after each evaluation that improves on the best; and the
-    resume from ``last.pt``. ``run`` is the typed run (``train/typed_task.py``) whose hooks call these."""
+    one and when the run is stopped (``save``, called by the loop: ``EpochControl.save``); ``best.pt`` after
+    each evaluation that improves on the best; and the resume from ``last.pt``. ``run`` is the typed run
+    (``train/typed_task.py``) whose hooks call these."""
 
     def __init__(self, run):
         self.run = run
         self.folder = Path(run.config.checkpoint_dir)
         self.fingerprint = typed_fingerprint(run.graph)  # the graph does not change while the run lasts
-
-    def after_step(self, epoch: int, done: int, total: int, loss_sum: torch.Tensor) -> None:
-        """After step ``done`` of ``total``: ``last.pt`` at that position when the run is stopping (at any
-        step) or every ``checkpoint_every`` steps (the epoch's end has a checkpoint of its own)."""
-        every, stop = self.run.config.checkpoint_every, self.run.stop
-        if (stop is not None and stop.is_set()) or (every and done % every == 0 and done < total):
-            self.save("last.pt", epoch, {"step": done, "loss_sum": float(loss_sum)})
 
     def after_epoch(self, epoch: int, record: dict) -> None:
         """``last.pt`` at the end of ``epoch`` (its record in the history), ``best.pt`` too when its evaluation

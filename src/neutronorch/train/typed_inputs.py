@@ -7,15 +7,13 @@ target vertices chunk by chunk from samples of one fixed key (``inference_key``)
 
 from __future__ import annotations
 
-from typing import Mapping
-
 import torch
 
 from neutronorch.data.typed import TypedGraph
 from neutronorch.nn.typed_models import TypedGNN
+from neutronorch.orchestration.typed_exact import gather_frontier
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_block import TypedSubgraph
-from neutronorch.sampling.typed_edges import read_rows
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 
@@ -25,17 +23,6 @@ def gather_inputs(graph: TypedGraph, subgraph: TypedSubgraph, device: torch.devi
     (``gather_frontier`` of ``subgraph.input_nodes``). The blocks' edge features are on the blocks already
     (``TypedBlock.edge_features``: the sampler reads them), moved with them by ``TypedBlock.to``."""
     return gather_frontier(graph, subgraph.input_nodes, device)
-
-
-def gather_frontier(graph: TypedGraph, frontier: Mapping[str, torch.Tensor], device: torch.device
-                    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """The rows of every featured type's ids in ``frontier`` (float32; a memory-mapped array is read at those
-    rows only) and every type's ids, both on ``device``, by ``typed_edges.read_rows``: contiguous float32 rows
-    go through ``kernels.gather_rows`` (prefetching rows ahead: 100,000 random rows of 64 from a memory-mapped
-    800,000 took 3.5-4.6 ms on one thread, a numpy fancy index 16-80 ms); other storage through a fancy index."""
-    features = {t: torch.from_numpy(read_rows(graph.features[t], ids.numpy())).to(device)
-                for t, ids in frontier.items() if t in graph.features}
-    return features, {t: ids.to(device) for t, ids in frontier.items()}
 
 
 def inference_key(seed: int) -> int:

@@ -11,15 +11,18 @@ the dense weights, ``RowAdam`` (``train/row_adam.py``: ``torch.optim.SparseAdam`
 weight decay) for the featureless types' embedding tables, which moves only the rows the batch looked up.
 The same seed gives the same losses: the seed order, the samples and the dropout masks are keyed by it.
 
-The batches come from the run's mode (``orchestration/factory.py``'s ``build_typed_mode``): exact mode samples
-and gathers each batch whole on a producer thread (``orchestration/typed_exact.py``), device mode on the
-training device (``typed_device.py``), NeutronOrch mode reuses hot rows computed on a host thread
-(``typed_neutronorch.py``: ``hot_rows`` before the forward pass, ``finish`` after the backward pass). The
-producers run numba at ``sampler_threads`` (``thread_budget``: half the cores by default); the trainer runs
-torch and numba at ``threads`` (default all cores) each. A batch depends on its key only, so the losses are
-those of sampling inline. An epoch's ``stage_seconds`` hold the producer's ``sample`` and ``gather`` time
-(overlapped with training; NeutronOrch adds ``plan`` and ``host_compute``) and the trainer's ``wait`` for a
-batch besides ``forward``, ``backward`` and ``step``.
+The batches come from the run's mode (``orchestration/factory.py``'s ``build_mode``, given the typed graph),
+and the epochs run through the homogeneous runs' loop (``train/loop.py``'s ``train_epoch``, each step
+``train/step.py``'s ``train_step`` with both optimizers and the forward pass in ``step_masks``): exact mode
+samples and gathers each batch whole on a producer thread (``orchestration/typed_exact.py``), device mode on
+the training device (``typed_device.py``), NeutronOrch mode reuses hot rows computed on a host thread
+(``typed_neutronorch.py``: the mode protocol's ``step_inputs`` hands them to the model, ``before_step`` adds
+their gradient). The producers run numba at ``sampler_threads`` (``thread_budget``: half the cores by
+default); the trainer runs torch and numba at ``threads`` (default all cores) each. A batch depends on its key
+only, so the losses are those of sampling inline. An epoch's record is a homogeneous one's (its
+``stage_seconds`` hold the producer's ``sample`` and ``gather`` time, overlapped with training, NeutronOrch's
+``plan`` and ``host_compute``, and the trainer's ``wait`` for a batch besides ``forward``, ``backward`` and
+``step``), and NeutronOrch's ``hot_share``, ``hot_per_super_batch``, ``saved_edges`` and staleness.
 
 The graph's relations are made two-way first (``TypedGraph.with_reverse``: a reverse for every relation
 without one, built in memory): papers then hear from their authors and authors from their papers, as PyG's
@@ -66,19 +69,19 @@ from neutronorch.data.typed_native import read_typed
 from neutronorch.errors import ConfigError, Interrupted, OutputError, TrainingError
 from neutronorch.nn.precision import Precision, resolve_precision
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
-from neutronorch.orchestration.factory import Threads, build_typed_mode
-from neutronorch.orchestration.typed_planner import HotRecord
+from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.evaluate import eval_subset, scored
 from neutronorch.train.feasible import check_learnable
 from neutronorch.train.health import Health
 from neutronorch.observe import Spans, Utilisation, epoch_table
-from neutronorch.train.loop import DIVERGENCE_CHECK_STEPS, Progress, TimelineWindow, epoch_line
-from neutronorch.train.memory import peak_rss_mb
+from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, epoch_line, noting_first_step, step_sync,
+                                    train_epoch)
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
 from neutronorch.train.outputs import check_outputs, write_summary
-from neutronorch.train.summary import TYPED_STAGES, named_scores, typed_summary, write_typed_timeline
+from neutronorch.train.summary import named_scores, typed_summary, write_typed_timeline
+from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.resources import (check_threading_layer, numba_threads, resolve_device, thread_budget,
                                          torch_threads)
 from neutronorch.train.replacing import Replacement
@@ -87,13 +90,12 @@ from neutronorch.train.task import Task
 from neutronorch.train.distributed import World, rank_device
 from neutronorch.train.typed_distributed import (data_parallel, join_ranks, launched_rank, rank_checkpoints,
                                                  rank_settings, ranks_here, shared_logits, step_masks, world_size)
-from neutronorch.train.typed_inputs import gather_frontier, typed_files, typed_logits
+from neutronorch.train.typed_inputs import typed_files, typed_logits
 from neutronorch.train.typed_own import own_typed_model
 from neutronorch.train.typed_tables import TypedTables, plan_tables
 
 logger = logging.getLogger("neutronorch")
 
-STAGES = ("wait", "sample", "gather", "forward", "backward", "step")
 def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: Progress | None = None,
                 stop: threading.Event | None = None, fanouts=None, num_bases: int | None = None,
                 embed_dim: int | None = None, model: torch.nn.Module | None = None) -> dict:
@@ -159,14 +161,14 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
                         None if own else tables)  # your own module's tables are its own
         run.precision, run.replacing = precision, replacing
         run.health.warnings[:0] = warnings  # the settings' (train/feasible.py), before any collapse
-        run.util = stack.enter_context(contextlib.closing(Utilisation(device)))
+        stack.enter_context(contextlib.closing(run.util))
         data_parallel(run, world)  # several ranks: global batches, the weights broadcast, run.sync and run.stop
         run.checkpoints = rank_checkpoints(run, world)  # with `resume`, the run restored from last.pt
         stack.enter_context(contextlib.closing(run.open_mode()))  # where the run starts, its threads started
         logger.info(f"mode {run.mode.name}, model {config.model} (typed: {', '.join(graph.node_types)}), fanouts "
                     f"{config.fanouts if fanouts is None else fanouts}, device {device}, batch size "
-                    f"{config.batch_size}, train threads {threads}, sampler threads {budget.sampler}, "
-                    f"{run.num_batches} batches per epoch, "
+                    f"{config.batch_size}, train threads {threads}, {run.mode.describe()}, {run.num_batches} batches "
+                    f"per epoch, "
                     f"parameters {run.parameters['dense']:,} dense + {run.parameters['embedding']:,} in "
                     f"embedding tables")
         try:
@@ -212,8 +214,6 @@ class _TypedRun:
         self.metrics, self.progress, self.stop = metrics, progress, stop
         self.threads = threads
         self.precision = Precision()  # bf16: the forward pass under autocast (``train_typed`` resolves it)
-        self.version = 0  # optimizer steps taken: the parameter version
-        self.hot = HotRecord()
         dense = model.dense_parameters()  # none where your own module keeps every weight in sparse tables
         self.adam = Adam(dense, lr=config.lr, weight_decay=config.weight_decay) if dense else None
         tables = model.embedding_parameters()
@@ -222,6 +222,7 @@ class _TypedRun:
         self.train_idx = torch.from_numpy(np.array(graph.train_idx, dtype=np.int64))
         self.num_batches = -(-self.train_idx.shape[0] // config.batch_size)
         self.mode = None  # the typed mode (open_mode), once the run knows where it starts
+        self.stages = TRAINER_STAGES  # with the mode's (open_mode)
         self.resumed_mode = None  # the mode's state a resumed checkpoint kept (typed_checkpoint.py)
         self.parameters = {"dense": sum(p.numel() for p in model.dense_parameters()),
                            "embedding": sum(p.numel() for p in tables)}
@@ -236,27 +237,37 @@ class _TypedRun:
         self.replacing = Replacement()  # the earlier outputs `overwrite` replaces (train/replacing.py)
         self.world, self.sync = World(), None  # data parallel (typed_distributed.py): the ranks, the reduction
         self.spans = Spans()  # every stage's spans; kept raw in the timeline's window
-        self.util: Utilisation | None = None  # CPU (and GPU) busy, sampled on a thread (train_typed starts it)
+        self.util = Utilisation(device)  # CPU (and GPU) busy, sampled on a thread (train_typed closes it)
         self.window = TimelineWindow(bool(config.timeline), config.epochs, config.timeline_steps)
 
     def open_mode(self):
-        """Build the run's mode (exact, device or NeutronOrch, which starts its threads) at ``self.start``, with
-        the mode state a resumed checkpoint kept; the caller closes it."""
-        graph, (epoch, step, _) = self.graph, self.start
-        self.version = epoch * self.num_batches + step
-        self.mode = build_typed_mode(
-            self.config, graph, self.model, self.sampler.fanouts, self.train_idx, self.num_batches, self.device,
-            lambda frontier, where: gather_frontier(graph, frontier, where),
-            lambda seeds: torch.from_numpy(np.asarray(graph.labels[seeds], dtype=np.int64)), self.threads,
-            self.version, self.resumed_mode, (self.world.rank, self.world.size))
+        """Build the run's mode (exact, device or NeutronOrch) and start it where the run starts, with the mode
+        state a resumed checkpoint kept; the caller closes it."""
+        self.mode = build_mode(self.config, self.graph, self.device, self.threads, self.spans,
+                               (self.world.rank, self.world.size), fanouts=self.sampler.fanouts)
+        self.stages = TRAINER_STAGES.merge(self.mode.stages)
+        if self.resumed_mode:
+            self.mode.load_state_dict(self.resumed_mode)
+        self.mode.start(self.model)
         return self.mode
 
     def epochs(self) -> None:
         config, (first_epoch, first_step, loss_sum) = self.config, self.start
         if self.stop is not None and self.stop.is_set():  # asked while the data loaded: no step to finish first
             raise Interrupted("stopped on request before the first step")
+        optimizers = [o for o in (self.adam, self.sparse) if o is not None]
+        checkpoints = self.checkpoints
+        save = None if checkpoints is None else (
+            lambda e, k, loss: checkpoints.save("last.pt", e, {"step": k, "loss_sum": float(loss)}))
+        masks = lambda batch: step_masks(config.seed, batch.epoch, batch.index)  # noqa: E731
         for epoch in range(first_epoch, config.epochs):
-            record = self.train_epoch(epoch, *((first_step, loss_sum) if epoch == first_epoch else (0, 0.0)))
+            control = EpochControl(*((first_step, loss_sum) if epoch == first_epoch else (0, 0.0)), self.stop,
+                                   config.checkpoint_every, save, stop_at_last_step=True)
+            record = train_epoch(self.model, optimizers, self.mode, epoch, self.spans, self.stages, self.util,
+                                 self.metrics, self.window, noting_first_step(self, self.progress), control,
+                                 self.task.loss, self.precision, step_sync(self), getattr(self.progress, "loss", None),
+                                 masks)
+            self.mode.end_epoch(record)
             last = epoch == config.epochs - 1
             if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or last) or (
                     config.eval_every == 0 and last):
@@ -272,95 +283,12 @@ class _TypedRun:
             self.metrics.epoch(record)
             logger.info(epoch_line(record, stages=not config.stage_table, metric=self.task.metric))
             if config.stage_table:
-                logger.info(epoch_table(record, TYPED_STAGES))
+                logger.info(epoch_table(record, self.stages))
             if config.patience and "val_acc" in record and self._evaluations_since_best() >= config.patience:
                 self.stopped_early = True
                 logger.info(f"stopping early: no better validation {self.task.metric} in {config.patience} "
                             f"evaluations (best {self.best['val']:.4f} at epoch {self.best['epoch']})")
                 break
-
-    def train_epoch(self, epoch: int, first: int = 0, loss_sum: float = 0.0) -> dict:
-        """Train ``epoch`` from step ``first`` on (resumed: ``loss_sum``, the float32 sum of the losses before)."""
-        config, model = self.config, self.model
-        model.train()
-        seconds = dict.fromkeys(STAGES, 0.0)
-        edges, inputs, step_losses = 0, 0, []
-        total = torch.full((), loss_sum, dtype=torch.float32, device=self.device)  # read once a step on the CPU only
-        check_every = DIVERGENCE_CHECK_STEPS if self.device.type == "cuda" else 1
-        start = time.perf_counter()
-        count, hot = self.num_batches, HotRecord()
-        if self.mode is None:
-            self.open_mode()
-        self.window.begin_epoch(epoch, self.spans, self.util)
-        opened = time.perf_counter()  # the producers' spans ended before (made ahead) stay off the timeline
-        if self.util is not None:
-            self.util.take()  # the epoch's means start here
-        with self.mode.epoch(epoch, count, first) as produced:
-            clock = time.perf_counter()
-            for index, batch in enumerate(produced, start=first):
-                clock = _lap(seconds, "wait", clock, self.spans)
-                reused = self.mode.hot_rows(batch, self.version)  # NeutronOrch may add its host's seconds
-                for stage, value in batch.seconds.items():
-                    seconds[stage] = seconds.get(stage, 0.0) + value
-                for stage, begun, ended in batch.spans:  # the producer's and the host's, on their lanes
-                    if ended >= opened:
-                        self.spans.add(stage, begun, ended)
-                hot.add(batch.stats)
-                with self.precision.autocast(self.device), step_masks(config.seed, epoch, index):
-                    logits = model(batch.blocks, batch.features, batch.ids, reused)
-                loss = self.task.loss(logits.float(), batch.labels)
-                clock = _lap(seconds, "forward", clock, self.spans)
-                for optimizer in (self.adam, self.sparse):
-                    if optimizer is not None:
-                        optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                self.mode.finish(batch)  # NeutronOrch: the hot rows' gradient, at a super-batch's last step
-                if self.sync is not None:  # data parallel: the ranks' gradients reduced, the global batch's loss
-                    loss = self.sync(self.task.loss_weight(batch.labels), loss)
-                clock = _lap(seconds, "backward", clock, self.spans)
-                for optimizer in (self.adam, self.sparse):
-                    if optimizer is not None:
-                        optimizer.step()
-                self.version += 1
-                total += loss.detach()  # NaN and infinities survive the sum: it is finite iff every loss was
-                if (index + 1) % check_every == 0 or index + 1 == count:
-                    mean = float(total) / (index + 1)
-                    if not math.isfinite(mean):
-                        raise TrainingError(f"the training loss became NaN or infinite in epoch {epoch} (within "
-                                            f"its first {index + 1} steps): the run diverged. Lower `lr`, or check "
-                                            f"the features for extreme values.")
-                    if hasattr(self.progress, "loss"):
-                        self.progress.loss(epoch, mean)
-                edges += batch.num_sampled_edges
-                inputs += batch.num_inputs
-                if self.first_step_at is None:
-                    self.first_step_at = time.perf_counter()
-                if self.metrics.per_step:
-                    step_losses.append(loss.detach())
-                    if len(step_losses) == self.metrics.every:
-                        self.metrics.steps(epoch, index + 1 - len(step_losses), step_losses)
-                        step_losses = []
-                clock = _lap(seconds, "step", clock, self.spans)
-                self.window.after_step(self.spans, index + 1, self.util)
-                if self.progress is not None:
-                    self.progress(epoch, index + 1, count)
-                if self.checkpoints is not None:
-                    self.checkpoints.after_step(epoch, index + 1, count, total)
-                if self.stop is not None and self.stop.is_set():
-                    raise Interrupted(f"stopped on request in epoch {epoch} after step {index + 1} of "
-                                      f"{count}")
-                clock = time.perf_counter()
-        self.window.end_epoch(self.spans, self.util)
-        if step_losses:
-            self.metrics.steps(epoch, count - len(step_losses), step_losses)
-        self.hot.merge(hot)
-        wall = time.perf_counter() - start
-        return {"epoch": epoch, "seconds": wall, "train_loss": float(total) / max(1, count),
-                "stage_seconds": {k: round(v, 4) for k, v in seconds.items()}, "batches": count,
-                "lane_busy": TYPED_STAGES.lane_busy(seconds, wall),
-                "sampled_edges": edges, "input_nodes_per_batch": inputs / max(1, count - first),
-                "peak_rss_mb": round(peak_rss_mb(), 1), **hot.record(), **self.mode.records(),
-                **({"utilisation": self.util.take()} if self.util is not None else {})}
 
     def evaluate(self, epoch: int) -> dict[str, float]:
         """The metric on the validation and test sets (``eval_max_nodes``: a fixed sample of each)."""
@@ -387,9 +315,3 @@ class _TypedRun:
         """The run summary (``typed_summary``), with the keys of the homogeneous one where they mean the same."""
         return typed_summary(self, status, started, data_seconds, threads)
 
-
-def _lap(seconds: dict[str, float], stage: str, since: float, spans: Spans) -> float:
-    now = time.perf_counter()
-    seconds[stage] += now - since
-    spans.add(stage, since, now)
-    return now

@@ -1,0 +1,208 @@
+"""Typed NeutronOrch mode's two producer threads, each with an object of its own that owns nothing the other
+threads touch: the sampler's (``TypedColdSampler``: plans, and mini-batches with their cold bottom hop) and the
+host's (``TypedHostRows``: each super-batch's hot rows), and what crosses between them and the trainer.
+
+The sampler thread hands the host a ``HotPart`` (H_s's bottom block and its featured rows), the trainer a
+``TypedSnapshot`` (the bottom layer's parameters and the tables' rows at one version); it hands back
+``TypedHotTables``, complete and frozen (the trainer writes only into their ``grad_acc``), with the host's
+time on them, which the trainer records when it takes them: the epoch that uses a super-batch's rows counts
+their ``host_compute``, wherever the host computed them ahead. The mode that
+runs it is ``typed_neutronorch.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numba
+import numpy as np
+import torch
+
+from neutronorch.config import SamplingConfig
+from neutronorch.data.typed import RelationType, TypedGraph
+from neutronorch.nn.splice import SpliceIndex
+from neutronorch.observe import Spans
+from neutronorch.orchestration.channel import Channel, Closed
+from neutronorch.orchestration.neutronorch.hot_rows import layer_holding
+from neutronorch.orchestration.neutronorch.plan_loop import one_ahead
+from neutronorch.orchestration.neutronorch.versions import Schedule
+from neutronorch.orchestration.seeds import epoch_order
+from neutronorch.orchestration.typed_exact import TypedBatch, gather_frontier, target_labels, train_seeds
+from neutronorch.orchestration.typed_planner import TypedPlan, TypedPlanner
+from neutronorch.sampling.neighbor_sampler import batch_key
+from neutronorch.sampling.typed_block import TypedBlock
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler
+
+
+@dataclass
+class HotPart:
+    """What the host computes super-batch s's hot rows from (made by the sampler): H_s's bottom block and
+    its input frontier's featured rows (host memory), or no block when nothing is hot."""
+
+    super_batch_id: int
+    block: TypedBlock | None
+    features: dict[str, torch.Tensor]
+    hot: dict[str, np.ndarray]
+
+
+@dataclass
+class TypedSnapshot:
+    """The bottom layer's parameters and the tables' rows the hot frontier reads, at one version."""
+
+    version: int
+    params: list[torch.Tensor]
+    rows: dict[str, torch.Tensor]  # featureless type -> its table rows at the hot frontier's ids
+    ids: dict[str, torch.Tensor]  # ... and those ids
+
+
+@dataclass
+class TypedHotTables:
+    """Super-batch s's hot rows per type, as the trainer reads them: complete and frozen when they cross (the
+    trainer writes only into ``grad_acc``)."""
+
+    super_batch_id: int
+    version: int
+    tables: dict[str, torch.Tensor]  # type -> (|H_s[t]|, width) on the training device
+    grad_acc: dict[str, torch.Tensor] = field(default_factory=dict)  # hot_grad="cpu": dL/dY summed
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # hot_grad="cpu": the host's rows, attached
+    params: list[torch.Tensor] = field(default_factory=list)  # ... the snapshot's parameters they came from
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)  # ... and table rows (leaves)
+    ids: dict[str, torch.Tensor] = field(default_factory=dict)  # ... and those rows' ids
+    host_began: float = 0.0  # when the host began computing them (time.perf_counter) ...
+    host_seconds: float = 0.0  # ... and its seconds on them
+
+    @property
+    def num_hot(self) -> int:
+        return sum(int(t.shape[0]) for t in self.tables.values())
+
+
+@dataclass
+class TypedOrchBatch(TypedBatch):
+    """A mini-batch whose bottom block holds its cold destinations only, with each type's splice of its
+    bottom-layer output (``blocks[1]``'s source frontier) and its place in its super-batch."""
+
+    super_batch_id: int = 0
+    position: int = 0  # in its super-batch
+    last: bool = True  # the super-batch's last mini-batch
+    splice: dict[str, SpliceIndex] = field(default_factory=dict)
+
+
+class TypedHostRows:
+    """The host thread's side: every super-batch's hot tables, in order, each computed from its snapshot with
+    a copy of the bottom layer (``template``) holding the snapshot's parameters. Owns nothing the other
+    threads touch; reads ``parts`` and ``snapshots``, writes ``hot``."""
+
+    def __init__(self, template: torch.nn.Module, track_grad: bool, device: torch.device, parts: Channel,
+                 snapshots: Channel, hot: Channel, threads: int):
+        self.template, self.track_grad, self.device = template, track_grad, device
+        self.parts, self.snapshots, self.hot, self.threads = parts, snapshots, hot, threads
+
+    def run(self, first: int, total: int) -> None:
+        """The thread's body: super-batches ``first`` to ``total - 1``."""
+        numba.set_num_threads(self.threads)
+        try:
+            for super_batch_id in range(first, total):
+                part: HotPart = self.parts.take(super_batch_id)
+                snapshot: TypedSnapshot = self.snapshots.take(super_batch_id)
+                began = time.perf_counter()
+                tables = self.tables(part, snapshot)
+                tables.host_began, tables.host_seconds = began, time.perf_counter() - began
+                self.hot.put(super_batch_id, tables)
+        except Closed:
+            return
+        except BaseException as exc:  # noqa: BLE001 - handed to the trainer through the hot channel
+            self.hot.fail(exc)
+
+    def tables(self, part: HotPart, snapshot: TypedSnapshot) -> TypedHotTables:
+        if part.block is None:
+            return TypedHotTables(part.super_batch_id, snapshot.version, {})
+        layer, params = layer_holding(self.template, snapshot.params, self.track_grad)
+        rows = {t: r.requires_grad_(self.track_grad) for t, r in snapshot.rows.items()}
+        with torch.set_grad_enabled(self.track_grad):
+            out = layer(part.block, {**part.features, **rows})
+        outputs = {t: out[t] for t in part.hot}
+        tables = {t: y.detach().to(self.device) for t, y in outputs.items()}
+        grad_acc = ({t: torch.zeros(y.shape, dtype=torch.float32, device=self.device) for t, y in tables.items()}
+                    if self.track_grad else {})
+        return TypedHotTables(part.super_batch_id, snapshot.version, tables, grad_acc,
+                              outputs if self.track_grad else {}, params if self.track_grad else [],
+                              rows if self.track_grad else {}, snapshot.ids if self.track_grad else {})
+
+
+class TypedColdSampler:
+    """The sampler thread's side: plans each super-batch one ahead of the mini-batches it loads, hands the host
+    its hot part (``parts``) and the trainer its table ids (``needs``), and loads each mini-batch with the
+    bottom hop of its cold destinations only. Its sampler, planner and seed orders are its own."""
+
+    def __init__(self, graph: TypedGraph, fanouts: dict[RelationType, list[int]], sampling: SamplingConfig,
+                 schedule: Schedule, ratio: float | None, device: torch.device, spans: Spans, threads: int,
+                 tables: tuple[str, ...], first: tuple[int, int], parts: Channel, needs: Channel):
+        self.graph, self.fanouts, self.sampling, self.schedule = graph, fanouts, sampling, schedule
+        self.ratio, self.device, self.spans, self.threads, self.tables = ratio, device, spans, threads, tables
+        self.first, self.parts, self.needs = first, parts, needs
+        self.train_idx = train_seeds(graph)
+        self.num_layers = len(next(iter(fanouts.values())))
+        self._orders: dict[int, tuple[torch.Tensor, ...]] = {}
+
+    def run(self) -> Iterator[TypedOrchBatch]:
+        """The sampler thread's body: every mini-batch of the run, in order. A failure here also fails the
+        channels the host and the trainer wait on for its plans, so neither waits for one that never comes."""
+        try:
+            numba.set_num_threads(self.threads)
+            sampler = TypedNeighborSampler(self.graph, self.fanouts)
+            planner = TypedPlanner(self.graph, {r: f[-1] for r, f in sampler.fanouts.items()})
+            plans = (self._plan(s, sampler, planner) for s in range(self.first[0], self.schedule.total))
+            for plan in one_ahead(plans):
+                start = self.first[1] if plan.super_batch_id == self.first[0] else 0
+                for position in range(start, len(plan.batches)):
+                    yield self._load(plan, position, sampler)
+        except Closed:
+            raise
+        except BaseException as exc:
+            self.needs.fail(exc)
+            self.parts.fail(exc)
+            raise
+
+    def _seeds(self, epoch: int, index: int) -> np.ndarray:
+        if epoch not in self._orders:
+            order = epoch_order(self.train_idx, self.sampling.seed, epoch)
+            self._orders = {epoch: torch.split(order, self.sampling.batch_size)}
+        return self._orders[epoch][index].numpy()
+
+    def _plan(self, super_batch_id: int, sampler: TypedNeighborSampler, planner: TypedPlanner) -> TypedPlan:
+        """Plan super-batch ``super_batch_id`` and hand its hot part to the host and its table ids to the
+        trainer."""
+        epoch, first, end = self.schedule.locate(super_batch_id)
+        with self.spans.stage("plan"):
+            uppers = []
+            for index in range(first, end):
+                key = batch_key(self.sampling.seed, epoch, index)
+                uppers.append((index, key, sampler.sample_hops(self._seeds(epoch, index), key, self.num_layers - 1)))
+            plan = planner.plan(super_batch_id, epoch, uppers, self.ratio)
+            block, features, needs = None, {}, {}
+            if plan.hot:
+                block = sampler.sample_bottom(plan.hot, uppers[0][1])
+                features, ids = gather_frontier(self.graph, block.src_ids, torch.device("cpu"))
+                needs = {t: ids[t] for t in self.tables if t in ids}
+        self.needs.put(super_batch_id, needs)
+        self.parts.put(super_batch_id, HotPart(super_batch_id, block, features, plan.hot))
+        return plan
+
+    def _load(self, plan: TypedPlan, position: int, sampler: TypedNeighborSampler) -> TypedOrchBatch:
+        planned = plan.batches[position]
+        upper = planned.upper
+        with self.spans.stage("sample", planned.index):
+            cold = sampler.sample_bottom(planned.cold_destinations(), planned.key)
+        with self.spans.stage("gather", planned.index):
+            features, ids = gather_frontier(self.graph, cold.src_ids, self.device)
+            labels = target_labels(self.graph, upper.seeds.numpy()).to(self.device)
+            splice = {t: SpliceIndex.build(int(upper.frontiers[0][t].shape[0]), planned.cold_pos[t],
+                                           planned.hot_pos[t], planned.hot_rows[t]).to(self.device)
+                      for t in plan.hot if planned.hot_pos[t].shape[0]}
+            blocks = [b.to(self.device) for b in [cold, *upper.blocks]]
+        return TypedOrchBatch(plan.epoch, planned.index, blocks, features, ids, labels,
+                              sum(b.num_edges for b in blocks), sum(int(v.shape[0]) for v in cold.src_ids.values()),
+                              plan.stats if position == 0 else None, super_batch_id=plan.super_batch_id,
+                              position=position, last=position == len(plan.batches) - 1, splice=splice)
