@@ -1,0 +1,67 @@
+"""One graph model: a homogeneous graph is the typed graph of one vertex type and one relation.
+
+``TypedGraph.of`` shares the graph's arrays (no copy), and the typed samplers over it draw exactly the blocks
+and frontiers the homogeneous samplers draw: the same keys, the same kernels, the same relabelling order."""
+
+import numpy as np
+import pytest
+
+from neutronorch.data.csc import edges_to_csc
+from neutronorch.data.graph import Graph
+from neutronorch.data.typed import EDGE, VERTEX, Relation, TypedGraph
+from neutronorch.errors import DataError
+
+
+def _graph(symmetric: bool, n: int = 300) -> Graph:
+    rng = np.random.default_rng(11)
+    dst = np.repeat(np.arange(n), rng.integers(0, 40, n))
+    indptr, indices = edges_to_csc(rng.integers(0, n, dst.shape[0]), dst, n, symmetric=symmetric)
+    ids = rng.permutation(n)
+    return Graph("small", indptr, indices, rng.random((n, 4), dtype=np.float32), rng.integers(0, 3, n),
+                 ids[:100], ids[100:150], ids[150:200], 3, notes=["a note"], metric="accuracy")
+
+
+def test_a_graph_seen_as_typed_shares_every_array():
+    graph = _graph(symmetric=False)
+    typed = TypedGraph.of(graph)
+    typed.validate()
+    assert typed.num_nodes == {VERTEX: graph.num_nodes} and list(typed.relations) == [EDGE]
+    assert typed.target == VERTEX and typed.num_classes == 3 and typed.metric == "accuracy"
+    relation = typed.relations[EDGE]
+    pairs = [(relation.indptr, graph.indptr), (relation.indices, graph.indices),
+             (typed.features[VERTEX], graph.features), (typed.labels, graph.labels),
+             (typed.train_idx, graph.train_idx), (typed.val_idx, graph.val_idx), (typed.test_idx, graph.test_idx)]
+    for seen, own in pairs:
+        assert seen is own  # the same array object: the same storage, nothing copied
+    relation.indices[0] = relation.indices[0]  # written through the view, visible in the graph
+    assert np.shares_memory(relation.indices, graph.indices)
+    back = typed.as_graph()
+    for name in ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx"):
+        assert getattr(back, name) is getattr(graph, name)
+    back.validate("back")
+
+
+def test_a_memory_mapped_graph_stays_mapped(tmp_path):
+    graph = _graph(symmetric=True)
+    np.save(tmp_path / "indices.npy", graph.indices)
+    graph.indices = np.load(tmp_path / "indices.npy", mmap_mode="r")
+    typed = TypedGraph.of(graph)
+    assert isinstance(typed.relations[EDGE].indices, np.memmap)
+    assert typed.relations[EDGE].indices is graph.indices
+
+
+def test_only_a_one_type_one_relation_graph_is_a_graph():
+    typed = TypedGraph.of(_graph(symmetric=False))
+    relation = typed.relations[EDGE]
+    with_two = TypedGraph(typed.name, typed.num_nodes, {EDGE: relation, (VERTEX, "cites", VERTEX): relation},
+                          typed.features, VERTEX, typed.labels, typed.train_idx, typed.val_idx, typed.test_idx, 3)
+    with_weights = TypedGraph(typed.name, typed.num_nodes,
+                              {EDGE: Relation(relation.indptr, relation.indices,
+                                              np.ones((relation.num_edges, 1), np.float32))},
+                              typed.features, VERTEX, typed.labels, typed.train_idx, typed.val_idx, typed.test_idx, 3)
+    featureless = TypedGraph(typed.name, typed.num_nodes, typed.relations, {}, VERTEX, typed.labels,
+                             typed.train_idx, typed.val_idx, typed.test_idx, 3)
+    for graph, why in ((with_two, "one vertex type and one relation"), (with_weights, "edge features"),
+                       (featureless, "no features")):
+        with pytest.raises(DataError, match=why):
+            graph.as_graph()
