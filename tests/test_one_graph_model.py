@@ -5,11 +5,17 @@ and frontiers the homogeneous samplers draw: the same keys, the same kernels, th
 
 import numpy as np
 import pytest
+import torch
 
 from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.graph import Graph
 from neutronorch.data.typed import EDGE, VERTEX, Relation, TypedGraph
 from neutronorch.errors import DataError
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, TorchNeighborSampler, batch_key
+from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _graph(symmetric: bool, n: int = 300) -> Graph:
@@ -65,3 +71,54 @@ def test_only_a_one_type_one_relation_graph_is_a_graph():
                        (featureless, "no features")):
         with pytest.raises(DataError, match=why):
             graph.as_graph()
+
+
+def _assert_same(typed_sample, sample):
+    """A typed sample over the view equals the homogeneous one: frontiers, and each block's topology."""
+    assert len(typed_sample.blocks) == len(sample.blocks)
+    for typed_frontier, frontier in zip(typed_sample.frontiers, sample.frontiers):
+        assert torch.equal(typed_frontier[VERTEX], frontier)
+    for tblock, block in zip(typed_sample.blocks, sample.blocks):
+        relation_block = tblock.blocks[EDGE]
+        assert (relation_block.num_dst, relation_block.num_src) == (block.num_dst, block.num_src)
+        assert torch.equal(relation_block.indptr, block.indptr)
+        assert torch.equal(relation_block.indices, block.indices)
+        assert torch.equal(tblock.src_ids[VERTEX], block.src_ids)
+        if block.src_degree is None:
+            assert relation_block.src_degree is None
+        else:  # out-degrees through the relation: the in-degrees of a symmetric graph
+            assert torch.equal(relation_block.src_degree, block.src_degree)
+
+
+FANOUTS = ([5, 3], [-1, 2], [4, 0, 3], [0], [12, -1])
+
+
+@pytest.mark.parametrize("degrees", [False, True])
+@pytest.mark.parametrize("fanouts", FANOUTS)
+def test_the_typed_host_sampler_draws_the_homogeneous_samplers_blocks(fanouts, degrees):
+    graph = _graph(symmetric=degrees)  # degrees agree (out = in) on a symmetric graph, as GCN assumes
+    typed = TypedNeighborSampler(TypedGraph.of(graph), fanouts, degrees=degrees)
+    homogeneous = NeighborSampler(graph.indptr, graph.indices, fanouts, degrees=degrees)
+    for seed in range(3):
+        seeds = np.random.default_rng(seed).choice(graph.num_nodes, 40, replace=False)
+        key = batch_key(seed, 1, 2)
+        _assert_same(typed.sample(seeds, key), homogeneous.sample(seeds, key))
+
+
+@pytest.mark.parametrize("degrees", [False, True])
+@pytest.mark.parametrize("fanouts", FANOUTS)
+def test_the_typed_device_sampler_draws_the_torch_samplers_blocks(fanouts, degrees):
+    graph = _graph(symmetric=degrees)
+    typed_graph = TypedGraph.of(graph)
+    topology = TypedTopology.of(typed_graph, torch.device("cpu"))
+    typed = TypedDeviceSampler(topology, {EDGE: fanouts}, degrees=degrees, backend="torch")
+    homogeneous = TorchNeighborSampler(torch.from_numpy(graph.indptr), torch.from_numpy(graph.indices), fanouts,
+                                       degrees=degrees)
+    host = TypedNeighborSampler(typed_graph, fanouts, degrees=degrees)
+    for seed in range(3):
+        seeds = torch.from_numpy(np.random.default_rng(seed).choice(graph.num_nodes, 40, replace=False))
+        key = batch_key(seed, 0, 5)
+        sample = typed.sample(seeds, key)
+        _assert_same(sample, homogeneous.sample(seeds, key))
+        _assert_same(sample, NeighborSampler(graph.indptr, graph.indices, fanouts, degrees).sample(seeds.numpy(), key))
+        assert torch.equal(sample.blocks[0].src_ids[VERTEX], host.sample(seeds.numpy(), key).blocks[0].src_ids[VERTEX])

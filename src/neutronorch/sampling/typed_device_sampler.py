@@ -2,8 +2,8 @@
 
 Every relation's CSC lives on the device (``TypedTopology``) with a homogeneous device sampler of its own
 (``make_device_sampler``: Triton kernels on CUDA where Triton runs, torch ops elsewhere). A hop draws, for
-each relation whose destination type has destinations, the relation's neighbours with its
-``relation_key(key, hop, relation)`` (``draw``: the draws alone, global ids of the source type), then
+each relation whose destination type has destinations, the relation's neighbours with its key
+(``hop_keys(key, hop, relations)``; ``draw``: the draws alone, global ids of the source type), then
 relabels per source type in torch (``relabel_with_map`` over a map of that type's vertices): the type's
 frontier is its destinations, then the new sources in first-appearance order over the relations in the
 graph's order. Those are the host sampler's draws and its order, so for the same seeds and key the blocks
@@ -32,7 +32,7 @@ from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.neighbor_sampler import relabel_with_map
 from neutronorch.sampling.typed_block import TypedBlock, TypedSubgraph
 from neutronorch.sampling.typed_edges import check_edge_features
-from neutronorch.sampling.typed_sampler import relation_key
+from neutronorch.sampling.typed_sampler import hop_keys
 
 __all__ = ["TypedDeviceSampler", "TypedTopology", "edge_feature_bytes", "topology_bytes"]
 
@@ -142,8 +142,8 @@ class TypedDeviceSampler:
         frontiers = [dict(frontier)]
         for hop in range(first_hop, first_hop + hops):
             num_dst = {t: int(ids.shape[0]) for t, ids in frontier.items()}
-            drawn = {r: sampler.draw(frontier[r[2]], self.fanouts[r][hop], relation_key(key, hop, r),
-                                     r in self.edge_ids)
+            keys = hop_keys(key, hop, self.topology.relations)
+            drawn = {r: sampler.draw(frontier[r[2]], self.fanouts[r][hop], keys[r], r in self.edge_ids)
                      for r, sampler in self._samplers.items() if num_dst.get(r[2], 0)}
             local = self._relabel(drawn, frontier)
             blocks.append(self._typed_block(num_dst, drawn, local, frontier))

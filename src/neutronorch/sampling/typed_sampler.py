@@ -18,11 +18,13 @@ Which blocks and types a layer holds:
   exactly the next layer's source types (``num_src``), zero counts included, and ``frontiers[l]`` has the
   keys of ``blocks[l].num_src``. Types are listed in ``graph.num_nodes``' order.
 
-Randomness: relation ``r``'s draws in hop ``h`` of the batch of ``key`` use ``relation_key(key, h, r)``,
-``layer_key(key, h)`` mixed with a stable hash of the relation. ``sample_neighbors`` keys each vertex's draws
-by that key and the vertex, so a vertex's neighbours through a relation in a hop depend on (key, hop,
-relation, vertex) alone: not on the threads, the rest of the batch or the rank that samples it. Through a
-one-relation graph each hop is exactly ``NeighborSampler.sample_hop`` with that relation's key.
+Randomness: relation ``r``'s draws in hop ``h`` of the batch of ``key`` use ``hop_keys(key, h, relations)[r]``:
+``layer_key(key, h)`` mixed with a stable hash of the relation, or, when the graph has one relation,
+``layer_key(key, h)`` itself. ``sample_neighbors`` keys each vertex's draws by that key and the vertex, so a
+vertex's neighbours through a relation in a hop depend on (key, hop, relation, vertex) alone: not on the
+threads, the rest of the batch or the rank that samples it. A one-relation graph (``TypedGraph.of`` a
+homogeneous one) is therefore sampled exactly as ``NeighborSampler`` samples it: the same blocks and
+frontiers, bit for bit.
 
 Edge ids: for the relations it records them for (by default every relation with edge features; none on a
 graph without), a relation's draws go through ``kernels.sample_neighbor_edges``, which draws exactly what
@@ -50,7 +52,7 @@ from neutronorch.sampling.neighbor_sampler import layer_key, mix_key
 from neutronorch.sampling.typed_block import TypedBlock, TypedSubgraph
 from neutronorch.sampling.typed_edges import check_edge_features, gather_edge_features
 
-__all__ = ["DEFAULT", "TypedNeighborSampler", "out_degrees", "relation_key", "typed_fanouts"]
+__all__ = ["DEFAULT", "TypedNeighborSampler", "hop_keys", "out_degrees", "relation_key", "typed_fanouts"]
 
 DEFAULT = "default"  # the key of a fanouts dict whose list serves every relation the dict does not name
 _DEGREE_CHUNK = 1 << 24  # indices counted at a time by out_degrees (128 MiB as int64)
@@ -61,6 +63,16 @@ def relation_key(key: int, hop: int, relation: RelationType) -> int:
     with the CRC-32 of ``"src/name/dst"`` (names hold no ``/``). A stable hash, the same in every process and
     on every machine; Python's ``hash`` of a string is salted per process, so ranks would disagree."""
     return mix_key(layer_key(key, hop), zlib.crc32("/".join(relation).encode()))
+
+
+def hop_keys(key: int, hop: int, relations) -> dict[RelationType, int]:
+    """Each of ``relations``' keys (a graph's, all of them) in hop ``hop`` of the batch of ``key``: its
+    ``relation_key``, or ``layer_key(key, hop)`` for a graph's only relation, so that the typed samplers draw
+    on a homogeneous graph what the homogeneous ones draw."""
+    relations = tuple(relations)
+    if len(relations) == 1:
+        return {relations[0]: layer_key(key, hop)}
+    return {relation: relation_key(key, hop, relation) for relation in relations}
 
 
 def typed_fanouts(graph: TypedGraph, fanouts) -> dict[RelationType, list[int]]:
@@ -246,12 +258,13 @@ class TypedNeighborSampler:
         """Every relation's (ptr, sampled source ids[, edge positions]) for its destination type's
         destinations, when it has any; the edge positions for the relations in ``self.edge_ids``."""
         drawn = {}
+        keys = hop_keys(key, hop, self.graph.relations)
         for relation, csc in self.graph.relations.items():
             count = num_dst.get(relation[2], 0)
             if count:
                 kernel = kernels.sample_neighbor_edges if relation in self.edge_ids else kernels.sample_neighbors
                 drawn[relation] = kernel(csc.indptr, csc.indices, frontier[relation[2]][:count],
-                                         self.fanouts[relation][hop], np.uint64(relation_key(key, hop, relation)),
+                                         self.fanouts[relation][hop], np.uint64(keys[relation]),
                                          kernels.NO_ORDER)
         return drawn
 
