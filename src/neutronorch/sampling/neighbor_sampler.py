@@ -21,6 +21,7 @@ offset, so a hop sampled on the device equals that hop sampled on the host.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -30,10 +31,12 @@ from neutronorch.sampling.block import Block, SampledSubgraph
 from neutronorch.sampling.fanouts import parse_fanouts
 
 __all__ = ["NeighborSampler", "TorchNeighborSampler", "batch_key", "layer_key", "mix_key", "parse_fanouts",
-           "relabel_with_map"]
+           "relabel_with_map", "start_relabel", "together"]
 
 
 _MASK = (1 << 64) - 1
+# A step started on the device: a size it waits for (a device scalar), and what finishes it given that size.
+Started = tuple[torch.Tensor, Callable[[int], tuple]]
 
 
 def mix_key(a: int, b: int) -> int:
@@ -204,27 +207,34 @@ class TorchNeighborSampler:
         ``nbrs[ptr[i]:ptr[i + 1]]``; with ``edges``, ``(ptr, nbrs, positions)``, each drawn edge's position in
         ``indices`` (int64, as ``kernels.sample_neighbor_edges`` gives them). No map over the vertices is kept,
         so the neighbours may be ids of another vertex set than ``dst``'s (a typed relation's source type:
-        ``typed_device_sampler``)."""
+        ``typed_device_sampler``). One read of the device (the edge count); ``start_draw`` and ``together``
+        share one read among several draws."""
+        return together([self.start_draw(dst, fanout, key, edges)])[0]
+
+    def start_draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> Started:
+        """``draw`` up to its read of the device: the edge count (on the device) and what finishes the draw
+        given it (``together``)."""
         # index_select rather than advanced indexing throughout: the same result, several times faster on
         # the CPU.
-        device = self.device
         start = self.indptr.index_select(0, dst)
         deg = self.indptr.index_select(0, dst + 1) - start
         take = deg if fanout < 0 else deg.clamp(max=fanout)
-        ptr = torch.zeros(dst.shape[0] + 1, dtype=torch.int64, device=device)
+        ptr = torch.zeros(dst.shape[0] + 1, dtype=torch.int64, device=self.device)
         torch.cumsum(take, 0, out=ptr[1:])
-        total = int(ptr[-1])
-        row = torch.repeat_interleave(torch.arange(dst.shape[0], device=device), take, output_size=total)
-        slot = torch.arange(total, device=device) - ptr.index_select(0, row)
-        if fanout > 0:
-            # Rows with degree <= fanout take every neighbour in order; the others take Floyd's subset.
-            picks = self._floyd(deg, fanout, dst, key).view(-1).index_select(0, row * fanout + slot)
-            offset = torch.where(deg.index_select(0, row) > fanout, picks, slot)
-        else:
-            offset = slot
-        positions = start.index_select(0, row) + offset
-        nbrs = self.indices.index_select(0, positions).long()
-        return (ptr, nbrs, positions) if edges else (ptr, nbrs)
+
+        def finish(total: int) -> tuple[torch.Tensor, ...]:
+            row, slot = drawn_slots(ptr, take, total)
+            if fanout > 0:
+                # Rows with degree <= fanout take every neighbour in order; the others take Floyd's subset.
+                picks = self._floyd(deg, fanout, dst, key).view(-1).index_select(0, row * fanout + slot)
+                offset = torch.where(deg.index_select(0, row) > fanout, picks, slot)
+            else:
+                offset = slot
+            positions = start.index_select(0, row) + offset
+            nbrs = self.indices.index_select(0, positions).long()
+            return (ptr, nbrs, positions) if edges else (ptr, nbrs)
+
+        return ptr[-1], finish
 
     def _floyd(self, deg: torch.Tensor, k: int, dst: torch.Tensor, key: int) -> torch.Tensor:
         """A uniform k-subset of offsets [0, deg) for every row at once (Floyd's algorithm, vectorised over
@@ -255,16 +265,44 @@ class TorchNeighborSampler:
 def relabel_with_map(node_map: torch.Tensor, dst: torch.Tensor, nbrs: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Local ids of ``nbrs`` in the frontier [dst, new vertices in first-appearance order], and that frontier,
-    through ``node_map`` (int64, one entry per vertex of the set ``dst`` and ``nbrs`` index; no sort): each
-    vertex's first position among [dst, nbrs] is a scatter-min, first appearances are where that minimum
-    sits, and their running count is their local id. Only the entries touched are written, and they are left
-    as scratch, so one map serves any number of calls (on one thread)."""
+    through ``node_map`` (int64, one entry per vertex of the set ``dst`` and ``nbrs`` index; no sort). Only
+    the entries touched are written, and they are left as scratch, so one map serves any number of calls (on
+    one thread). One read of the device (the frontier's size); ``start_relabel`` and ``together`` share one
+    read among the relabels of several maps."""
+    return together([start_relabel(node_map, dst, nbrs)])[0]
+
+
+def start_relabel(node_map: torch.Tensor, dst: torch.Tensor, nbrs: torch.Tensor) -> Started:
+    """``relabel_with_map`` up to its read of the device: the frontier's size (on the device) and what
+    finishes the relabel given it. Each vertex's first position among [dst, nbrs] is a scatter-min, first
+    appearances are where that minimum sits, and their running count is their local id."""
     everything = torch.cat([dst, nbrs])
     m = everything.shape[0]
     positions = torch.arange(m, device=node_map.device)
     node_map.index_fill_(0, everything, m)
     node_map.scatter_reduce_(0, everything, positions, reduce="amin")
     first = node_map.index_select(0, everything) == positions
-    frontier = everything[first]  # one synchronisation: the frontier's size
-    node_map.index_copy_(0, frontier, torch.arange(frontier.shape[0], device=node_map.device))
-    return node_map.index_select(0, nbrs), frontier
+
+    def finish(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        frontier = everything.index_select(0, torch.nonzero_static(first, size=size).squeeze(1))
+        node_map.index_copy_(0, frontier, torch.arange(size, device=node_map.device))
+        return node_map.index_select(0, nbrs), frontier
+
+    return first.sum(), finish
+
+
+def drawn_slots(ptr: torch.Tensor, take: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each of ``total`` drawn edges in compact order (row ``i``'s ``take[i]`` edges from ``ptr[i]``), its
+    row and its slot within the row."""
+    row = torch.repeat_interleave(torch.arange(take.shape[0], device=ptr.device), take, output_size=total)
+    return row, torch.arange(total, device=ptr.device) - ptr.index_select(0, row)
+
+
+def together(started: list[Started]) -> list:
+    """Finish steps started on the device (``start_draw``, ``start_relabel``), each waiting for a size, after
+    one read of the device for all their sizes: what lets a typed hop read the device once for all its
+    relations' draws and once for all its types' relabels."""
+    if not started:
+        return []
+    sizes = [int(started[0][0])] if len(started) == 1 else torch.stack([size for size, _ in started]).tolist()
+    return [finish(size) for (_, finish), size in zip(started, sizes)]

@@ -4,7 +4,7 @@ Every relation's CSC lives on the device (``TypedTopology``) with a homogeneous 
 (``make_device_sampler``: Triton kernels on CUDA where Triton runs, torch ops elsewhere). A hop draws, for
 each relation whose destination type has destinations, the relation's neighbours with its key
 (``hop_keys(key, hop, relations)``; ``draw``: the draws alone, global ids of the source type), then
-relabels per source type in torch (``relabel_with_map`` over a map of that type's vertices): the type's
+relabels per source type in torch (``start_relabel`` over a map of that type's vertices): the type's
 frontier is its destinations, then the new sources in first-appearance order over the relations in the
 graph's order. Those are the host sampler's draws and its order, so for the same seeds and key the blocks
 and frontiers are ``TypedNeighborSampler``'s, bit for bit (``tests/test_typed_device.py``), on the device.
@@ -14,8 +14,9 @@ with edge features) the draws also return each drawn edge's position in the rela
 (``TypedBlock.edge_ids``), and those edges' feature rows are read from the relation's edge features on the
 device (``TypedBlock.edge_features``, float32).
 
-The host reads the device where sizes are needed: each drawn relation's edge count and each relabelled
-type's frontier size, per hop.
+The host reads the device twice per hop, whatever the number of relations and types: once for every drawn
+relation's edge count, once for every relabelled type's frontier size (``together``; the homogeneous torch
+sampler reads as often, per hop, for its one relation and type).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 from neutronorch.data.typed import RelationType, TypedGraph, relation_label
 from neutronorch.sampling.block import Block
 from neutronorch.sampling.device_sampler import make_device_sampler
-from neutronorch.sampling.neighbor_sampler import relabel_with_map
+from neutronorch.sampling.neighbor_sampler import start_relabel, together
 from neutronorch.sampling.typed_block import TypedBlock, TypedSubgraph
 from neutronorch.sampling.typed_edges import check_edge_features
 from neutronorch.sampling.typed_sampler import hop_keys
@@ -143,8 +144,10 @@ class TypedDeviceSampler:
         for hop in range(first_hop, first_hop + hops):
             num_dst = {t: int(ids.shape[0]) for t, ids in frontier.items()}
             keys = hop_keys(key, hop, self.topology.relations)
-            drawn = {r: sampler.draw(frontier[r[2]], self.fanouts[r][hop], keys[r], r in self.edge_ids)
-                     for r, sampler in self._samplers.items() if num_dst.get(r[2], 0)}
+            relations = [r for r in self._samplers if num_dst.get(r[2], 0)]
+            drawn = dict(zip(relations, together([  # one read of the device for every relation's edge count
+                self._samplers[r].start_draw(frontier[r[2]], self.fanouts[r][hop], keys[r], r in self.edge_ids)
+                for r in relations])))
             local = self._relabel(drawn, frontier)
             blocks.append(self._typed_block(num_dst, drawn, local, frontier))
             frontiers.append(dict(blocks[-1].src_ids))
@@ -159,12 +162,13 @@ class TypedDeviceSampler:
         feeds: dict[str, list[RelationType]] = {}
         for relation in drawn:
             feeds.setdefault(relation[0], []).append(relation)
+        nbrs = {t: [drawn[r][1] for r in relations] for t, relations in feeds.items()}
+        empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        relabelled = together([start_relabel(self._map(t), frontier.get(t, empty), torch.cat(nbrs[t]))
+                               for t in feeds])  # one read of the device for every type's frontier size
         local = {}
-        for src_type, relations in feeds.items():
-            nbrs = [drawn[r][1] for r in relations]
-            dst = frontier.get(src_type, torch.empty(0, dtype=torch.int64, device=self.device))
-            positions, frontier[src_type] = relabel_with_map(self._map(src_type), dst, torch.cat(nbrs))
-            local.update(zip(relations, torch.split(positions, [int(n.shape[0]) for n in nbrs])))
+        for (src_type, relations), (positions, frontier[src_type]) in zip(feeds.items(), relabelled):
+            local.update(zip(relations, torch.split(positions, [int(n.shape[0]) for n in nbrs[src_type]])))
         return local
 
     def _typed_block(self, num_dst: dict[str, int], drawn, local, frontier: dict[str, torch.Tensor]) -> TypedBlock:
