@@ -54,7 +54,21 @@ def layer_key(key: int, hop: int) -> int:
     return mix_key(key, hop + 1)
 
 
-class NeighborSampler:
+class OneThread:
+    """A sampler that owns per-instance position maps, so is used from one thread only: ``_check_thread``
+    raises when a second thread calls it (sharing the maps would corrupt samples)."""
+
+    _owner: int | None = None
+
+    def _check_thread(self) -> None:
+        me = threading.get_ident()
+        if self._owner is None:
+            self._owner = me
+        elif self._owner != me:
+            raise RuntimeError(f"{type(self).__name__} used from two threads; create one sampler per thread")
+
+
+class NeighborSampler(OneThread):
     """Host sampler over a CSC graph (``indptr``, ``indices`` as numpy arrays or memory maps). With
     ``degrees``, every block carries its source rows' in-degrees in the graph (``Block.src_degree``).
 
@@ -77,7 +91,6 @@ class NeighborSampler:
         self.degrees = degrees
         num_nodes = indptr.shape[0] - 1
         self._node_map = np.full(num_nodes, -1, dtype=np.int64)
-        self._owner: int | None = None
 
     def _order(self, dst: np.ndarray) -> np.ndarray:
         if not self.file_order:
@@ -86,30 +99,9 @@ class NeighborSampler:
 
     def sample(self, seeds: np.ndarray, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
         """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first."""
-        self._check_thread()
         fanouts = self.fanouts if fanouts is None else fanouts
         seeds = np.ascontiguousarray(seeds, dtype=np.int64)
-        node_map = self._node_map
-        kernels.map_nodes(seeds, node_map)
-        frontier = seeds
-        num_frontier = seeds.shape[0]
-        blocks: list[Block] = []
-        frontiers = [torch.from_numpy(seeds)]
-        try:
-            for hop, fanout in enumerate(fanouts):
-                ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, frontier[:num_frontier],
-                                                     fanout, np.uint64(layer_key(key, hop)),
-                                                     self._order(frontier[:num_frontier]))
-                grown = np.empty(num_frontier + nbrs.shape[0], np.int64)
-                grown[:num_frontier] = frontier[:num_frontier]
-                local, size = kernels.relabel(grown, num_frontier, nbrs, node_map)
-                sources = torch.from_numpy(grown[:size])
-                blocks.append(Block(num_frontier, size, torch.from_numpy(ptr), torch.from_numpy(local),
-                                    src_degree=self._degrees(grown[:size]), src_ids=sources))
-                frontier, num_frontier = grown, size
-                frontiers.append(sources)
-        finally:
-            kernels.reset_map(frontier[:num_frontier], node_map)
+        blocks, frontiers = self._hops(seeds, [(fanout, layer_key(key, hop)) for hop, fanout in enumerate(fanouts)])
         blocks.reverse()
         frontiers.reverse()
         return SampledSubgraph(torch.from_numpy(seeds), blocks, frontiers)
@@ -119,34 +111,34 @@ class NeighborSampler:
         with the per-vertex randomness of ``key`` (a ``layer_key``). Returns the block and its source
         frontier (global ids, ``dst`` first). With the same key, each vertex gets exactly the neighbours
         ``sample`` draws for it in that hop."""
+        blocks, frontiers = self._hops(np.ascontiguousarray(dst, dtype=np.int64), [(fanout, key)])
+        return blocks[0], frontiers[1].numpy()
+
+    def _hops(self, start: np.ndarray, hops: list[tuple[int, int]]) -> tuple[list[Block], list[torch.Tensor]]:
+        """The blocks and frontiers (seed hop first, ``frontiers[0]`` is ``start``) of ``hops``, each a
+        (fanout, layer key), from the destinations ``start``."""
         self._check_thread()
-        dst = np.ascontiguousarray(dst, dtype=np.int64)
         node_map = self._node_map
-        kernels.map_nodes(dst, node_map)
-        frontier = dst
-        size = dst.shape[0]
+        kernels.map_nodes(start, node_map)
+        frontier, blocks, frontiers = start, [], [torch.from_numpy(start)]
         try:
-            ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, dst, fanout, np.uint64(key),
-                                                 self._order(dst))
-            frontier = np.empty(dst.shape[0] + nbrs.shape[0], np.int64)
-            frontier[:dst.shape[0]] = dst
-            local, size = kernels.relabel(frontier, dst.shape[0], nbrs, node_map)
+            for fanout, key in hops:
+                num_dst = frontier.shape[0]
+                ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, frontier, fanout, np.uint64(key),
+                                                     self._order(frontier))
+                grown = np.empty(num_dst + nbrs.shape[0], np.int64)
+                grown[:num_dst] = frontier
+                local, size = kernels.relabel(grown, num_dst, nbrs, node_map)
+                frontier = grown[:size]
+                frontiers.append(torch.from_numpy(frontier))
+                blocks.append(Block(num_dst, size, torch.from_numpy(ptr), torch.from_numpy(local),
+                                    src_degree=self._degrees(frontier), src_ids=frontiers[-1]))
         finally:
-            kernels.reset_map(frontier[:size], node_map)
-        block = Block(dst.shape[0], size, torch.from_numpy(ptr), torch.from_numpy(local),
-                      src_degree=self._degrees(frontier[:size]), src_ids=torch.from_numpy(frontier[:size]))
-        return block, frontier[:size]
+            kernels.reset_map(frontier, node_map)
+        return blocks, frontiers
 
     def _degrees(self, sources: np.ndarray) -> torch.Tensor | None:
         return torch.from_numpy(kernels.in_degrees(self.indptr, sources)) if self.degrees else None
-
-    def _check_thread(self) -> None:
-        me = threading.get_ident()
-        if self._owner is None:
-            self._owner = me
-        elif self._owner != me:
-            # The position map is per-instance state; sharing it across threads corrupts samples.
-            raise RuntimeError("NeighborSampler used from two threads; create one sampler per thread")
 
 
 class TorchNeighborSampler:

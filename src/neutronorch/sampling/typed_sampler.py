@@ -37,7 +37,6 @@ edge features samples as it did.
 
 from __future__ import annotations
 
-import threading
 import zlib
 from collections.abc import Mapping
 
@@ -48,7 +47,7 @@ from neutronorch.data.typed import Relation, RelationType, TypedGraph, relation_
 from neutronorch.errors import ConfigError, DataError
 from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block
-from neutronorch.sampling.neighbor_sampler import layer_key, mix_key
+from neutronorch.sampling.neighbor_sampler import OneThread, layer_key, mix_key
 from neutronorch.sampling.typed_block import TypedBlock, TypedSubgraph
 from neutronorch.sampling.typed_edges import check_edge_features, gather_edge_features
 
@@ -159,7 +158,7 @@ def out_degrees(relation: Relation, num_src: int) -> np.ndarray:
     return counts.astype(np.float32)
 
 
-class TypedNeighborSampler:
+class TypedNeighborSampler(OneThread):
     """Host sampler over a typed graph's relations (numpy arrays or memory maps); ``fanouts`` as
     ``typed_fanouts`` reads them, resolved per relation in ``self.fanouts``.
 
@@ -200,7 +199,6 @@ class TypedNeighborSampler:
         self._maps = {t: np.full(n, -1, dtype=np.int64) for t, n in graph.num_nodes.items()}
         self._out_degrees = ({r: out_degrees(rel, graph.num_nodes[r[0]]) for r, rel in graph.relations.items()}
                              if degrees else {})
-        self._owner: int | None = None
 
     def sample(self, seeds: np.ndarray, key: int) -> TypedSubgraph:
         """Sample the typed computation graph of ``seeds`` (unique local ids of ``graph.target``) with the
@@ -303,11 +301,3 @@ class TypedNeighborSampler:
         if not self.degrees:
             return None
         return torch.from_numpy(self._out_degrees[relation][ids[relation[0]]])
-
-    def _check_thread(self) -> None:
-        me = threading.get_ident()
-        if self._owner is None:
-            self._owner = me
-        elif self._owner != me:
-            # The position maps are per-instance state; sharing them across threads corrupts samples.
-            raise RuntimeError("TypedNeighborSampler used from two threads; create one sampler per thread")
