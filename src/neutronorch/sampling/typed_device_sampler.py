@@ -28,12 +28,10 @@ import numpy as np
 import torch
 
 from neutronorch.data.typed import RelationType, TypedGraph, relation_label
-from neutronorch.sampling.block import Block
 from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.neighbor_sampler import start_relabel, together
-from neutronorch.sampling.typed_block import TypedBlock, TypedSubgraph
 from neutronorch.sampling.typed_edges import check_edge_features
-from neutronorch.sampling.typed_sampler import hop_keys
+from neutronorch.sampling.typed_sampler import TypedHops
 
 __all__ = ["TypedDeviceSampler", "TypedTopology", "edge_feature_bytes", "topology_bytes"]
 
@@ -85,7 +83,7 @@ class TypedTopology:
         return cls(dict(graph.num_nodes), graph.target, relations, torch.device(device), edge_features)
 
 
-class TypedDeviceSampler:
+class TypedDeviceSampler(TypedHops):
     """``TypedNeighborSampler`` on a ``TypedTopology``: ``sample``, ``sample_hops`` and ``sample_bottom`` take
     and return tensors on the topology's device. ``fanouts``: each relation's list, seed hop first, as
     ``typed_fanouts`` resolves them (every relation of the topology). ``degrees``: each relation block's
@@ -104,6 +102,7 @@ class TypedDeviceSampler:
         if missing:
             raise ValueError(f"no fanouts for relations {missing}; give every relation its list (typed_fanouts)")
         self.topology = topology
+        self.num_nodes, self.target = topology.num_nodes, topology.target
         self.device = topology.device
         self.fanouts = {r: list(fanouts[r]) for r in topology.relations}
         self.num_layers = len(next(iter(self.fanouts.values())))
@@ -118,42 +117,14 @@ class TypedDeviceSampler:
         self._out_degrees = ({r: self._count_out_degrees(indices, topology.num_nodes[r[0]])
                               for r, (_, indices) in topology.relations.items()} if degrees else {})
 
-    def sample(self, seeds: torch.Tensor, key: int) -> TypedSubgraph:
-        """The typed computation graph of ``seeds`` (unique target ids) with the batch key ``key``."""
-        return self.sample_hops(seeds, key, self.num_layers)
+    def _ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids.to(self.device, torch.int64)
 
-    def sample_hops(self, seeds: torch.Tensor, key: int, hops: int) -> TypedSubgraph:
-        """The top ``hops`` layers of ``sample(seeds, key)``, as ``TypedNeighborSampler.sample_hops``."""
-        seeds = seeds.to(self.device, torch.int64)
-        blocks, frontiers = self._hops({self.topology.target: seeds}, key, 0, hops)
-        return TypedSubgraph(self.topology.target, seeds, blocks, frontiers)
-
-    def sample_bottom(self, destinations: Mapping[str, torch.Tensor], key: int) -> TypedBlock:
-        """The bottom layer's block of ``destinations`` (unique ids per type), as
-        ``TypedNeighborSampler.sample_bottom``."""
-        start = {t: ids.to(self.device, torch.int64) for t, ids in destinations.items()}
-        blocks, _ = self._hops(start, key, self.num_layers - 1, 1)
-        return blocks[0]
-
-    def _hops(self, start: dict[str, torch.Tensor], key: int, first_hop: int, hops: int
-              ) -> tuple[list[TypedBlock], list[dict[str, torch.Tensor]]]:
-        """Hops ``first_hop`` to ``first_hop + hops - 1`` from ``start``: blocks and frontiers, bottom first."""
-        frontier = {t: start[t] for t in self.topology.num_nodes if t in start}
-        blocks: list[TypedBlock] = []
-        frontiers = [dict(frontier)]
-        for hop in range(first_hop, first_hop + hops):
-            num_dst = {t: int(ids.shape[0]) for t, ids in frontier.items()}
-            keys = hop_keys(key, hop, self.topology.relations)
-            relations = [r for r in self._samplers if num_dst.get(r[2], 0)]
-            drawn = dict(zip(relations, together([  # one read of the device for every relation's edge count
-                self._samplers[r].start_draw(frontier[r[2]], self.fanouts[r][hop], keys[r], r in self.edge_ids)
-                for r in relations])))
-            local = self._relabel(drawn, frontier)
-            blocks.append(self._typed_block(num_dst, drawn, local, frontier))
-            frontiers.append(dict(blocks[-1].src_ids))
-        blocks.reverse()
-        frontiers.reverse()
-        return blocks, frontiers
+    def _draw(self, calls: dict[RelationType, tuple]) -> dict[RelationType, tuple[torch.Tensor, ...]]:
+        """Each relation's draws for its ``(destinations, fanout, key)``, after one read of the device for all
+        their edge counts."""
+        return dict(zip(calls, together([self._samplers[r].start_draw(dst, fanout, key, r in self.edge_ids)
+                                         for r, (dst, fanout, key) in calls.items()])))
 
     def _relabel(self, drawn: dict[RelationType, tuple[torch.Tensor, ...]],
                  frontier: dict[str, torch.Tensor]) -> dict[RelationType, torch.Tensor]:
@@ -171,27 +142,17 @@ class TypedDeviceSampler:
             local.update(zip(relations, torch.split(positions, [int(n.shape[0]) for n in nbrs[src_type]])))
         return local
 
-    def _typed_block(self, num_dst: dict[str, int], drawn, local, frontier: dict[str, torch.Tensor]) -> TypedBlock:
-        types = [t for t in self.topology.num_nodes if t in frontier]
-        blocks = {r: Block(num_dst[r[2]], int(frontier[r[0]].shape[0]), ptr, local[r],
-                           src_degree=self._degrees(r, frontier)) for r, (ptr, *_) in drawn.items()}
-        edge_ids = {r: d[2] for r, d in drawn.items() if len(d) == 3}
-        rows = ({r: self.topology.edge_features[r].index_select(0, ids) for r, ids in edge_ids.items()
-                 if r in self.topology.edge_features} if self.edge_features else {})
-        return TypedBlock({t: num_dst[t] for t in types if t in num_dst},
-                          {t: int(frontier[t].shape[0]) for t in types}, blocks, {t: frontier[t] for t in types},
-                          edge_ids, rows)
+    def _edge_rows(self, edge_ids: dict[RelationType, torch.Tensor]) -> dict[RelationType, torch.Tensor]:
+        if not self.edge_features:
+            return {}
+        return {r: self.topology.edge_features[r].index_select(0, ids) for r, ids in edge_ids.items()
+                if r in self.topology.edge_features}
 
     def _map(self, node_type: str) -> torch.Tensor:
         if node_type not in self._maps:
             self._maps[node_type] = torch.empty(self.topology.num_nodes[node_type], dtype=torch.int64,
                                                 device=self.device)
         return self._maps[node_type]
-
-    def _degrees(self, relation: RelationType, frontier: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        if not self.degrees:
-            return None
-        return self._out_degrees[relation].index_select(0, frontier[relation[0]])
 
     def _count_out_degrees(self, indices: torch.Tensor, num_src: int) -> torch.Tensor:
         """Each source vertex's out-degree through a relation (float32), counted a chunk at a time."""
