@@ -47,7 +47,8 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from neutronorch.data.typed import Relation, RelationType, TypedGraph, relation_label
+from neutronorch.data.csc import out_degrees
+from neutronorch.data.typed import RelationType, TypedGraph, relation_label
 from neutronorch.errors import ConfigError, DataError
 from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block
@@ -55,10 +56,9 @@ from neutronorch.sampling.neighbor_sampler import OneThread, layer_key, mix_key
 from neutronorch.sampling.typed_block import TypedBlock, TypedSubgraph
 from neutronorch.sampling.typed_edges import check_edge_features, read_rows
 
-__all__ = ["DEFAULT", "TypedHops", "TypedNeighborSampler", "hop_keys", "out_degrees", "relation_key", "typed_fanouts"]
+__all__ = ["DEFAULT", "TypedHops", "TypedNeighborSampler", "hop_keys", "relation_key", "typed_fanouts"]
 
 DEFAULT = "default"  # the key of a fanouts dict whose list serves every relation the dict does not name
-_DEGREE_CHUNK = 1 << 24  # indices counted at a time by out_degrees (128 MiB as int64)
 
 
 def relation_key(key: int, hop: int, relation: RelationType) -> int:
@@ -151,15 +151,6 @@ def _edge_id_relations(graph: TypedGraph, edge_ids) -> frozenset[RelationType]:
         return frozenset(graph.relation(r) for r in edge_ids)
     except DataError as error:
         raise ConfigError(f"`edge_ids`: {error}") from None
-
-
-def out_degrees(relation: Relation, num_src: int) -> np.ndarray:
-    """Each source vertex's out-degree through ``relation`` (float32, ``num_src`` of them). Counts the
-    indices a chunk at a time, so memory-mapped topology is read once and never copied whole."""
-    counts = np.zeros(num_src, np.int64)
-    for start in range(0, relation.num_edges, _DEGREE_CHUNK):
-        counts += np.bincount(relation.indices[start:start + _DEGREE_CHUNK], minlength=num_src)
-    return counts.astype(np.float32)
 
 
 class TypedHops:
@@ -271,7 +262,7 @@ class TypedNeighborSampler(OneThread, TypedHops):
         self.edge_features = edge_features and any(graph.relations[r].edge_features is not None
                                                     for r in self.edge_ids)
         self._maps = {t: np.full(n, -1, dtype=np.int64) for t, n in graph.num_nodes.items()}
-        self._out_degrees = ({r: torch.from_numpy(out_degrees(rel, graph.num_nodes[r[0]]))
+        self._out_degrees = ({r: torch.from_numpy(out_degrees(rel.indices, graph.num_nodes[r[0]]).astype(np.float32))
                               for r, rel in graph.relations.items()} if degrees else {})
 
     def _ids(self, ids) -> torch.Tensor:
@@ -316,7 +307,8 @@ class TypedNeighborSampler(OneThread, TypedHops):
             ids = frontier.get(src_type)
             positions, size = kernels.relabel(buffers[src_type], 0 if ids is None else ids.shape[0], nbrs.numpy(),
                                               self._maps[src_type])
-            local[relation], frontier[src_type] = torch.from_numpy(positions), torch.from_numpy(buffers[src_type][:size])
+            local[relation] = torch.from_numpy(positions)
+            frontier[src_type] = torch.from_numpy(buffers[src_type][:size])
         return local
 
     def _edge_rows(self, edge_ids: dict[RelationType, torch.Tensor]) -> dict[RelationType, torch.Tensor]:
