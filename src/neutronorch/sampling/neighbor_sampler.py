@@ -150,7 +150,7 @@ class TorchNeighborSampler:
         self.fanouts = list(fanouts)
         self.degrees = degrees
         self.device = indptr.device
-        self._node_map: torch.Tensor | None = None  # scratch of _relabel; so one sampler per thread
+        self._node_map: torch.Tensor | None = None  # scratch of the relabel; so one sampler per thread
 
     def sample(self, seeds: torch.Tensor, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
         """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first."""
@@ -158,11 +158,8 @@ class TorchNeighborSampler:
         frontier = seeds.to(self.device, torch.int64)
         blocks, frontiers = [], [frontier]
         for hop, fanout in enumerate(fanouts):
-            ptr, nbrs = self.draw(frontier, fanout, layer_key(key, hop))
-            num_dst = frontier.shape[0]
-            local, frontier = self._relabel(frontier, nbrs)
-            blocks.append(Block(num_dst, frontier.shape[0], ptr, local, src_degree=self._degrees(frontier),
-                                src_ids=frontier))
+            block, frontier = self.sample_hop(frontier, fanout, layer_key(key, hop))
+            blocks.append(block)
             frontiers.append(frontier)
         blocks.reverse()
         frontiers.reverse()
@@ -184,7 +181,9 @@ class TorchNeighborSampler:
         numba sampler draws with the same key)."""
         dst = dst.to(self.device, torch.int64)
         ptr, nbrs = self.draw(dst, fanout, key)
-        local, frontier = self._relabel(dst, nbrs)
+        if self._node_map is None:
+            self._node_map = torch.empty(self.indptr.shape[0] - 1, dtype=torch.int64, device=self.device)
+        local, frontier = relabel_with_map(self._node_map, dst, nbrs)
         return Block(dst.shape[0], frontier.shape[0], ptr, local, src_degree=self._degrees(frontier),
                      src_ids=frontier), frontier
 
@@ -247,11 +246,6 @@ class TorchNeighborSampler:
             taken = (picks[:, :i] == picks[:, i:i + 1]).any(1)
             picks[:, i] = torch.where(taken, j[:, i], picks[:, i])
         return picks
-
-    def _relabel(self, dst: torch.Tensor, nbrs: torch.Tensor):
-        if self._node_map is None:
-            self._node_map = torch.empty(self.indptr.shape[0] - 1, dtype=torch.int64, device=self.device)
-        return relabel_with_map(self._node_map, dst, nbrs)
 
 
 def relabel_with_map(node_map: torch.Tensor, dst: torch.Tensor, nbrs: torch.Tensor
