@@ -31,7 +31,7 @@ from neutronorch.sampling.block import Block, SampledSubgraph
 from neutronorch.sampling.fanouts import parse_fanouts
 
 __all__ = ["NeighborSampler", "TorchNeighborSampler", "batch_key", "layer_key", "mix_key", "parse_fanouts",
-           "relabel_with_map", "start_relabel", "together"]
+           "relabel_into", "relabel_with_map", "start_relabel", "together"]
 
 
 _MASK = (1 << 64) - 1
@@ -126,12 +126,9 @@ class NeighborSampler(OneThread):
                 num_dst = frontier.shape[0]
                 ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, frontier, fanout, np.uint64(key),
                                                      self._order(frontier))
-                grown = np.empty(num_dst + nbrs.shape[0], np.int64)
-                grown[:num_dst] = frontier
-                local, size = kernels.relabel(grown, num_dst, nbrs, node_map)
-                frontier = grown[:size]
+                (local,), frontier = relabel_into(frontier, [nbrs], node_map)
                 frontiers.append(torch.from_numpy(frontier))
-                blocks.append(Block(num_dst, size, torch.from_numpy(ptr), torch.from_numpy(local),
+                blocks.append(Block(num_dst, frontier.shape[0], torch.from_numpy(ptr), torch.from_numpy(local),
                                     src_degree=self._degrees(frontier), src_ids=frontiers[-1]))
         finally:
             kernels.reset_map(frontier, node_map)
@@ -139,6 +136,21 @@ class NeighborSampler(OneThread):
 
     def _degrees(self, sources: np.ndarray) -> torch.Tensor | None:
         return torch.from_numpy(kernels.in_degrees(self.indptr, sources)) if self.degrees else None
+
+
+def relabel_into(frontier: np.ndarray, parts: list[np.ndarray], node_map: np.ndarray
+                 ) -> tuple[list[np.ndarray], np.ndarray]:
+    """The host's relabel: each of ``parts`` (sampled global ids) as local ids in the frontier [``frontier``,
+    new vertices in first-appearance order over the parts in order], and that frontier (int64). ``node_map``
+    holds ``frontier``'s positions (-1 elsewhere) and is left holding the new frontier's."""
+    size = frontier.shape[0]
+    grown = np.empty(size + sum(part.shape[0] for part in parts), np.int64)
+    grown[:size] = frontier
+    local = []
+    for part in parts:
+        positions, size = kernels.relabel(grown, size, part, node_map)
+        local.append(positions)
+    return local, grown[:size]
 
 
 class TorchNeighborSampler:

@@ -126,20 +126,17 @@ class TypedDeviceSampler(TypedHops):
         return dict(zip(calls, together([self._samplers[r].start_draw(dst, fanout, key, r in self.edge_ids)
                                          for r, (dst, fanout, key) in calls.items()])))
 
-    def _relabel(self, drawn: dict[RelationType, tuple[torch.Tensor, ...]],
-                 frontier: dict[str, torch.Tensor]) -> dict[RelationType, torch.Tensor]:
-        """Each relation's sources as positions in its source type's frontier, which grows (in ``frontier``)
-        by the new ones in first-appearance order over the relations in order: one relabel per type."""
-        feeds: dict[str, list[RelationType]] = {}
-        for relation in drawn:
-            feeds.setdefault(relation[0], []).append(relation)
-        nbrs = {t: [drawn[r][1] for r in relations] for t, relations in feeds.items()}
+    def _relabel(self, parts: dict[str, list[torch.Tensor]], frontier: dict[str, torch.Tensor]
+                 ) -> dict[str, list[torch.Tensor]]:
+        """Per source type, its relations' sources as positions in its frontier, which grows (in ``frontier``)
+        by the new ones in first-appearance order over the relations in order: one relabel per type, and one
+        read of the device for every type's frontier size."""
         empty = torch.empty(0, dtype=torch.int64, device=self.device)
-        relabelled = together([start_relabel(self._map(t), frontier.get(t, empty), torch.cat(nbrs[t]))
-                               for t in feeds])  # one read of the device for every type's frontier size
+        relabelled = together([start_relabel(self._map(t), frontier.get(t, empty), torch.cat(nbrs))
+                               for t, nbrs in parts.items()])
         local = {}
-        for (src_type, relations), (positions, frontier[src_type]) in zip(feeds.items(), relabelled):
-            local.update(zip(relations, torch.split(positions, [int(n.shape[0]) for n in nbrs[src_type]])))
+        for (node_type, nbrs), (positions, frontier[node_type]) in zip(parts.items(), relabelled):
+            local[node_type] = torch.split(positions, [int(n.shape[0]) for n in nbrs])
         return local
 
     def _edge_rows(self, edge_ids: dict[RelationType, torch.Tensor]) -> dict[RelationType, torch.Tensor]:

@@ -52,7 +52,7 @@ from neutronorch.data.typed import RelationType, TypedGraph, relation_label
 from neutronorch.errors import ConfigError, DataError
 from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block
-from neutronorch.sampling.neighbor_sampler import OneThread, layer_key, mix_key
+from neutronorch.sampling.neighbor_sampler import OneThread, layer_key, mix_key, relabel_into
 from neutronorch.sampling.typed_block import TypedBlock, TypedSubgraph
 from neutronorch.sampling.typed_edges import check_edge_features, read_rows
 
@@ -196,7 +196,11 @@ class TypedHops:
                 keys = hop_keys(key, hop, self.fanouts)
                 drawn = self._draw({r: (frontier[r[2]], fanouts[hop], keys[r]) for r, fanouts in self.fanouts.items()
                                     if num_dst.get(r[2], 0)})
-                local = self._relabel(drawn, frontier)
+                feeds: dict[str, list[RelationType]] = {}  # each source type's relations, in order
+                for relation in drawn:
+                    feeds.setdefault(relation[0], []).append(relation)
+                positions = self._relabel({t: [drawn[r][1] for r in feed] for t, feed in feeds.items()}, frontier)
+                local = {r: part for t, feed in feeds.items() for r, part in zip(feed, positions[t])}
                 blocks.append(self._typed_block(num_dst, drawn, local, frontier))
                 frontiers.append(dict(blocks[-1].src_ids))
         finally:
@@ -288,27 +292,15 @@ class TypedNeighborSampler(OneThread, TypedHops):
                                                                  np.uint64(key), kernels.NO_ORDER)))
         return drawn
 
-    def _relabel(self, drawn, frontier: dict[str, torch.Tensor]) -> dict[RelationType, torch.Tensor]:
-        """Each relation's sampled sources as positions in its source type's frontier, appending the new ones
-        (one buffer per type, grown once for all the relations that feed it, then filled in relation order)."""
-        extra: dict[str, int] = {}
-        for (src_type, _, _), (_, nbrs, *_) in drawn.items():
-            extra[src_type] = extra.get(src_type, 0) + nbrs.shape[0]
-        buffers = {}
-        for src_type, count in extra.items():
-            ids = frontier.get(src_type)
-            n = 0 if ids is None else ids.shape[0]
-            buffers[src_type] = np.empty(n + count, np.int64)
-            if n:
-                buffers[src_type][:n] = ids.numpy()
+    def _relabel(self, parts: dict[str, list[torch.Tensor]], frontier: dict[str, torch.Tensor]
+                 ) -> dict[str, list[torch.Tensor]]:
+        """Per source type, its relations' sampled sources as positions in its frontier, which grows (in
+        ``frontier``) by the new ones in first-appearance order over the relations in order."""
         local = {}
-        for relation, (_, nbrs, *_) in drawn.items():
-            src_type = relation[0]
-            ids = frontier.get(src_type)
-            positions, size = kernels.relabel(buffers[src_type], 0 if ids is None else ids.shape[0], nbrs.numpy(),
-                                              self._maps[src_type])
-            local[relation] = torch.from_numpy(positions)
-            frontier[src_type] = torch.from_numpy(buffers[src_type][:size])
+        for node_type, nbrs in parts.items():
+            ids = frontier[node_type].numpy() if node_type in frontier else np.empty(0, np.int64)
+            positions, grown = relabel_into(ids, [n.numpy() for n in nbrs], self._maps[node_type])
+            local[node_type], frontier[node_type] = list(map(torch.from_numpy, positions)), torch.from_numpy(grown)
         return local
 
     def _edge_rows(self, edge_ids: dict[RelationType, torch.Tensor]) -> dict[RelationType, torch.Tensor]:
