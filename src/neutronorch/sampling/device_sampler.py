@@ -21,7 +21,7 @@ import torch
 
 from neutronorch.errors import ConfigError
 from neutronorch.sampling.block import Block, SampledSubgraph
-from neutronorch.sampling.neighbor_sampler import Started, TorchNeighborSampler, drawn_slots, layer_key, together
+from neutronorch.sampling.neighbor_sampler import Started, TorchNeighborSampler, drawn_slots, layer_key
 
 __all__ = ["TritonNeighborSampler", "check_device_sampler", "make_device_sampler", "triton_available", "BACKENDS"]
 
@@ -114,16 +114,11 @@ class TritonNeighborSampler:
         blocks, frontiers = self._run([(dst.to(self.device, torch.int64), [(fanout, key)])])[0]
         return blocks[0], frontiers[1]
 
-    def draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> tuple[torch.Tensor, ...]:
-        """``TorchNeighborSampler.draw``: one hop's draws, not relabelled (``(ptr, nbrs)``, global ids; with
-        ``edges``, each drawn edge's position in ``indices`` too), so ``dst`` and the neighbours may be of two
-        vertex sets. One kernel and a read of the device (the edge count), which ``start_draw`` and
-        ``together`` share among several draws; fanouts of 0 and below, and no destinations, run in the
-        torch sampler."""
-        return together([self.start_draw(dst, fanout, key, edges)])[0]
-
     def start_draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> Started:
-        """``draw`` up to its read of the device, as ``TorchNeighborSampler.start_draw``."""
+        """``TorchNeighborSampler.start_draw``: one hop's draws, not relabelled (``(ptr, nbrs)``, global ids;
+        with ``edges``, each drawn edge's position in ``indices`` too), so ``dst`` and the neighbours may be of
+        two vertex sets; finished by ``together`` after a read of the edge count. One kernel; fanouts of 0 and
+        below, and no destinations, run in the torch sampler."""
         bound = dst.shape[0]
         if fanout <= 0 or bound == 0:
             return self._torch.start_draw(dst, fanout, key, edges)
