@@ -11,6 +11,7 @@ from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.graph import Graph
 from neutronorch.data.typed import EDGE, VERTEX, Relation, TypedGraph
 from neutronorch.errors import DataError
+from neutronorch.sampling.device_sampler import make_device_sampler, triton_available
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, TorchNeighborSampler, batch_key
 from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -122,3 +123,15 @@ def test_the_typed_device_sampler_draws_the_torch_samplers_blocks(fanouts, degre
         _assert_same(sample, homogeneous.sample(seeds, key))
         _assert_same(sample, NeighborSampler(graph.indptr, graph.indices, fanouts, degrees).sample(seeds.numpy(), key))
         assert torch.equal(sample.blocks[0].src_ids[VERTEX], host.sample(seeds.numpy(), key).blocks[0].src_ids[VERTEX])
+
+
+@pytest.mark.skipif(not triton_available(torch.device("cpu")), reason="Triton is not installed")
+@pytest.mark.parametrize("fanouts", [[6, 3], [6, -1, 3]])  # with -1, the Triton sampler runs the torch one
+def test_the_typed_device_sampler_on_triton_draws_the_triton_samplers_blocks(fanouts):
+    graph = _graph(symmetric=False)
+    typed = TypedDeviceSampler(TypedTopology.of(TypedGraph.of(graph), torch.device("cpu")), {EDGE: fanouts},
+                               backend="triton")
+    homogeneous = make_device_sampler(torch.from_numpy(graph.indptr), torch.from_numpy(graph.indices), fanouts,
+                                      backend="triton")
+    seeds = torch.arange(0, graph.num_nodes, 7)
+    _assert_same(typed.sample(seeds, batch_key(4, 0, 1)), homogeneous.sample(seeds, batch_key(4, 0, 1)))
