@@ -45,6 +45,20 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def log_reads(monkeypatch):
+    """``log_reads()`` starts logging every read of a tensor's values into Python (each a host
+    synchronisation on a GPU) by the name of the method, and returns the log; ``monkeypatch.undo()`` stops it."""
+    def start() -> list[str]:
+        reads = []
+        for name in ("item", "tolist", "__int__", "__bool__", "__index__", "__float__", "nonzero", "numpy", "cpu"):
+            original = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name,
+                                lambda self, *a, _o=original, _n=name, **k: reads.append(_n) or _o(self, *a, **k))
+        return reads
+    return start
+
+
+@pytest.fixture
 def small_csc():
     """A random directed graph of 300 vertices with varied in-degrees (0 to 60)."""
     rng = np.random.default_rng(7)

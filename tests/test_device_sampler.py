@@ -144,18 +144,14 @@ def test_triton_sampler_reads_the_device_once_and_launches_few_kernels():
 
 
 @needs_triton
-def test_triton_sampler_reads_sizes_from_the_device_once_per_call(monkeypatch):
+def test_triton_sampler_reads_sizes_from_the_device_once_per_call(log_reads, monkeypatch):
     # What makes one host synchronisation per mini-batch on a GPU, checked on any device: the only reads of
     # a tensor's values into Python are one ``tolist`` per call (every hop's sizes at once).
     indptr, indices = _graph()
     _, sampler = _pair(indptr, indices, [6, 4, 2])
     seeds = torch.arange(0, 400, 11, device=DEVICE)
     sampler.sample(seeds, 0)
-    reads = []
-    for name in ("item", "tolist", "__int__", "__bool__", "__index__", "__float__", "nonzero", "numpy", "cpu"):
-        original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name,
-                            lambda self, *a, _o=original, _n=name, **k: reads.append(_n) or _o(self, *a, **k))
+    reads = log_reads()
     sampler.sample(seeds, 1)
     sampler.sample_hop(seeds, 3, 2)
     many = sampler.sample_many([seeds, seeds[:5], seeds[3:]], [4, 5, 6])  # several mini-batches, one read

@@ -9,9 +9,9 @@ import torch
 
 from neutronorch.data.synthetic_typed import synthetic_typed
 from neutronorch.sampling.device_sampler import triton_available
-from neutronorch.sampling.neighbor_sampler import batch_key
+from neutronorch.sampling.neighbor_sampler import batch_key, relabel_with_map
 from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology
-from neutronorch.sampling.typed_sampler import TypedNeighborSampler
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler, hop_keys
 
 CPU = torch.device("cpu")
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -127,3 +127,35 @@ def test_the_device_sampler_on_cuda_draws_the_host_samplers_blocks(weighted):
                             edge_ids=True)
         seeds = np.asarray(weighted.train_idx[:64])
         assert_same(host.sample(seeds, 5), device.sample(torch.from_numpy(seeds).cuda(), 5))
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_a_hop_reads_the_device_once_for_its_draws_and_once_for_its_relabels(mag, backend, log_reads, monkeypatch):
+    # Whatever the number of relations and types: every relation's edge count in one read, every type's
+    # frontier size in another (on a GPU, two host synchronisations per hop).
+    host, device = pair(mag, [4, 3], backend=backend, device=DEVICE)
+    seeds = torch.from_numpy(np.asarray(mag.train_idx)[:50]).to(DEVICE)
+    device.sample(seeds, 0)
+    reads = log_reads()
+    sample = device.sample(seeds, batch_key(5, 0, 1))
+    monkeypatch.undo()
+    assert reads == ["tolist"] * 4, reads
+    assert_same(host.sample(seeds.cpu().numpy(), batch_key(5, 0, 1)), sample)
+
+
+def test_grouped_draws_are_each_relations_own(mag):
+    # The top hop drawn relation by relation (a read each) and relabelled type by type equals the grouped one.
+    _, device = pair(mag, [4, 3])
+    seeds = torch.from_numpy(np.asarray(mag.train_idx)[:60])
+    key = batch_key(2, 3, 4)
+    top = device.sample(seeds, key).blocks[-1]
+    keys = hop_keys(key, 0, mag.relations)
+    for src_type in top.src_ids:
+        into = [r for r in mag.relations if r[2] == mag.target and r[0] == src_type]
+        drawn = [device._samplers[r].draw(seeds, 4, keys[r]) for r in into]
+        start = seeds if src_type == mag.target else torch.empty(0, dtype=torch.int64)
+        node_map = torch.empty(mag.num_nodes[src_type], dtype=torch.int64)
+        local, frontier = relabel_with_map(node_map, start, torch.cat([nbrs for _, nbrs in drawn]))
+        assert torch.equal(top.src_ids[src_type], frontier)
+        for r, (ptr, nbrs), part in zip(into, drawn, torch.split(local, [n.shape[0] for _, n in drawn])):
+            assert torch.equal(top.blocks[r].indptr, ptr) and torch.equal(top.blocks[r].indices, part)

@@ -16,7 +16,7 @@ from neutronorch.data.typed import Relation, TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.sampling import kernels
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, layer_key
-from neutronorch.sampling.typed_sampler import TypedNeighborSampler, relation_key, typed_fanouts
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler, hop_keys, relation_key, typed_fanouts
 
 WRITES = ("author", "writes", "paper")
 CITES = ("paper", "cites", "paper")
@@ -187,7 +187,7 @@ def test_a_vertex_draws_the_same_neighbours_in_any_batch_sampler_or_thread_count
     assert shared > 100  # vertices reached at hop 1 in both samples too, not only the seeds
 
 
-def test_each_hop_of_a_one_relation_graph_is_neighbor_samplers_hop_with_the_relation_key(small_csc):
+def test_each_hop_of_a_one_relation_graph_is_neighbor_samplers_hop_with_the_layer_key(small_csc):
     indptr, indices = small_csc
     edge = ("vertex", "to", "vertex")
     graph = TypedGraph(name="one", num_nodes={"vertex": 300}, relations={edge: Relation(indptr, indices)},
@@ -199,11 +199,13 @@ def test_each_hop_of_a_one_relation_graph_is_neighbor_samplers_hop_with_the_rela
     for hop, fanout in enumerate(fanouts):
         typed, layer = sg.blocks[-1 - hop], -1 - hop
         block, frontier = homogeneous.sample_hop(sg.frontiers[layer]["vertex"].numpy(), fanout,
-                                                 relation_key(key, hop, edge))
+                                                 layer_key(key, hop))
         assert np.array_equal(frontier, sg.frontiers[layer - 1]["vertex"].numpy())
         assert torch.equal(typed.blocks[edge].indptr, block.indptr)
         assert torch.equal(typed.blocks[edge].indices, block.indices)
-    assert relation_key(key, 0, edge) != layer_key(key, 0)  # the relation is always mixed in
+    # One relation draws with the layer key itself; of several, each mixes its own name in.
+    assert hop_keys(key, 0, [edge]) == {edge: layer_key(key, 0)}
+    assert hop_keys(key, 0, [edge, WRITES]) == {r: relation_key(key, 0, r) for r in (edge, WRITES)}
 
 
 def test_each_relations_draws_are_the_kernels_with_its_key(mag):

@@ -18,6 +18,7 @@ from neutronorch.errors import DataError
 
 # Graphs with fewer vertices than this store neighbour ids as int32, halving the size of ``indices``.
 _INT32_LIMIT = np.iinfo(np.int32).max
+_DEGREE_CHUNK = 1 << 24  # indices counted at a time by out_degrees (128 MiB as int64)
 
 
 def edges_to_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, symmetric: bool = True,
@@ -70,6 +71,15 @@ def edges_to_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, symmetric: bo
     keys -= destinations
     index_dtype = np.int32 if num_nodes <= _INT32_LIMIT else np.int64
     return indptr, keys.astype(index_dtype, copy=False)
+
+
+def out_degrees(indices: np.ndarray, num_nodes: int) -> np.ndarray:
+    """How often each of ``num_nodes`` vertices occurs in a CSC's ``indices`` (its out-degree; int64),
+    counted a chunk at a time, so memory-mapped topology is read once and never copied whole."""
+    counts = np.zeros(num_nodes, np.int64)
+    for start in range(0, indices.shape[0], _DEGREE_CHUNK):
+        counts += np.bincount(indices[start:start + _DEGREE_CHUNK], minlength=num_nodes)
+    return counts
 
 
 def edge_hygiene(indptr: np.ndarray, indices: np.ndarray) -> dict[str, int]:

@@ -17,13 +17,16 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from neutronorch.data.graph import GivenChecked
+from neutronorch.data.graph import GivenChecked, Graph
 from neutronorch.data.relation import Relation, RelationType, relation_label
 from neutronorch.data.typed_checks import check_typed_graph
 from neutronorch.errors import DataError
 
 TYPED_FORMAT = "neutronorch-typed"  # meta.json's "format" for a typed graph on disk (typed_native.py)
 REVERSE_PREFIX = "rev_"
+# A homogeneous graph seen as a typed one (``TypedGraph.of``): its one vertex type and one relation.
+VERTEX = "vertex"
+EDGE: RelationType = (VERTEX, "to", VERTEX)
 
 
 @dataclass
@@ -48,6 +51,30 @@ class TypedGraph(GivenChecked):
     num_classes: int
     notes: list[str] = field(default_factory=list)
     metric: str | None = None
+
+    @classmethod
+    def of(cls, graph: Graph) -> "TypedGraph":
+        """``graph`` as the typed graph of one vertex type (``VERTEX``) and one relation (``EDGE``), sharing
+        its arrays (topology, features, labels, splits: none is copied, a memory map stays mapped). A link
+        split is not carried: a typed graph has none."""
+        return cls(graph.name, {VERTEX: graph.num_nodes}, {EDGE: Relation(graph.indptr, graph.indices)},
+                   {VERTEX: graph.features}, VERTEX, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx,
+                   graph.num_classes, list(graph.notes), graph.metric)
+
+    def as_graph(self) -> Graph:
+        """A graph of one vertex type and one relation between its vertices as a homogeneous ``Graph``
+        sharing its arrays (``TypedGraph.of``'s way back). ``DataError`` for any other graph, or one whose
+        type has no features or labels or whose relation has edge features (a ``Graph`` holds none)."""
+        (node_type, _, _), relation = next(iter(self.relations.items()), ((None, None, None), None))
+        one = len(self.num_nodes) == len(self.relations) == 1
+        why = ("it has not one vertex type and one relation" if not one else
+               "its vertices have no features" if node_type not in self.features else
+               "its target has no labels" if self.labels is None else
+               "its relation has edge features" if relation.edge_features is not None else None)
+        if why:
+            raise DataError(f"{self.name}: not a homogeneous graph: {why}. Train it as a typed graph.")
+        return Graph(self.name, relation.indptr, relation.indices, self.features[node_type], self.labels,
+                     self.train_idx, self.val_idx, self.test_idx, self.num_classes, list(self.notes), self.metric)
 
     @property
     def node_types(self) -> tuple[str, ...]:

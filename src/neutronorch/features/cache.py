@@ -21,14 +21,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from neutronorch.data.csc import out_degrees
 from neutronorch.features.placement import to_device_in_slices
 from neutronorch.features.store import FeatureStore
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
-
-
-def out_degrees(indices: np.ndarray, num_nodes: int) -> np.ndarray:
-    """How often each vertex occurs as an in-neighbour in the CSC (its out-degree)."""
-    return np.bincount(np.asarray(indices), minlength=num_nodes)
 
 
 def hotness_order(indptr: np.ndarray, indices: np.ndarray, train_idx: np.ndarray, fanouts: list[int],

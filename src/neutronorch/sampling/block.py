@@ -44,6 +44,15 @@ class Block:
     def in_degrees(self) -> torch.Tensor:
         return self.indptr[1:] - self.indptr[:-1]
 
+    def edges_of(self, first: int, end: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """The edges of destinations ``first`` to ``end - 1``, a contiguous run of ``indices``: their sources
+        and destinations (int64) and the run's bounds in ``indices``."""
+        ptr = self.indptr
+        lo, hi = int(ptr[first]), int(ptr[end])
+        rows = torch.arange(first, end, device=ptr.device)
+        targets = torch.repeat_interleave(rows, ptr[first + 1:end + 1] - ptr[first:end], output_size=hi - lo)
+        return self.indices[lo:hi].long(), targets, lo, hi
+
     def dst_rows(self, x_src: torch.Tensor) -> torch.Tensor:
         """The destinations' own rows of a source-frontier tensor."""
         return x_src[self.dst_offset:self.dst_offset + self.num_dst]
@@ -95,11 +104,8 @@ def pyg_form(blocks: list[Block]) -> tuple[torch.Tensor, list[int], list[int]]:
     nodes = [sizes[0]] + [b - a for a, b in zip(sizes, sizes[1:])]
     sources, targets, edges = [], [], []
     for hop, block in enumerate(reversed(blocks)):
-        first, end = (0 if hop == 0 else sizes[hop - 1]), sizes[hop]
-        ptr = block.indptr
-        lo, hi = int(ptr[first]), int(ptr[end])
-        rows = torch.arange(first, end, device=ptr.device)
-        targets.append(torch.repeat_interleave(rows, ptr[first + 1:end + 1] - ptr[first:end], output_size=hi - lo))
-        sources.append(block.indices[lo:hi].long())
+        hop_sources, hop_targets, lo, hi = block.edges_of(0 if hop == 0 else sizes[hop - 1], sizes[hop])
+        sources.append(hop_sources)
+        targets.append(hop_targets)
         edges.append(hi - lo)
     return torch.stack([torch.cat(sources), torch.cat(targets)]), nodes, edges

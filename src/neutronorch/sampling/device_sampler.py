@@ -21,7 +21,7 @@ import torch
 
 from neutronorch.errors import ConfigError
 from neutronorch.sampling.block import Block, SampledSubgraph
-from neutronorch.sampling.neighbor_sampler import TorchNeighborSampler, layer_key
+from neutronorch.sampling.neighbor_sampler import Started, TorchNeighborSampler, drawn_slots, layer_key
 
 __all__ = ["TritonNeighborSampler", "check_device_sampler", "make_device_sampler", "triton_available", "BACKENDS"]
 
@@ -114,14 +114,14 @@ class TritonNeighborSampler:
         blocks, frontiers = self._run([(dst.to(self.device, torch.int64), [(fanout, key)])])[0]
         return blocks[0], frontiers[1]
 
-    def draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> tuple[torch.Tensor, ...]:
-        """``TorchNeighborSampler.draw``: one hop's draws, not relabelled (``(ptr, nbrs)``, global ids; with
-        ``edges``, each drawn edge's position in ``indices`` too), so ``dst`` and the neighbours may be of two
-        vertex sets. One kernel and a read of the device (the edge count); fanouts of 0 and below, and no
-        destinations, run in the torch sampler."""
+    def start_draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> Started:
+        """``TorchNeighborSampler.start_draw``: one hop's draws, not relabelled (``(ptr, nbrs)``, global ids;
+        with ``edges``, each drawn edge's position in ``indices`` too), so ``dst`` and the neighbours may be of
+        two vertex sets; finished by ``together`` after a read of the edge count. One kernel; fanouts of 0 and
+        below, and no destinations, run in the torch sampler."""
         bound = dst.shape[0]
         if fanout <= 0 or bound == 0:
-            return self._torch.draw(dst, fanout, key, edges)
+            return self._torch.start_draw(dst, fanout, key, edges)
         k = self._k
         with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
             sizes = torch.full((1,), bound, dtype=torch.int64, device=self.device)
@@ -134,10 +134,14 @@ class TritonNeighborSampler:
                 ROWS=k.ROWS, RELABEL=False, EDGES=edges)
         ptr = torch.zeros(bound + 1, dtype=torch.int64, device=self.device)
         torch.cumsum(take, 0, out=ptr[1:])
-        used = (torch.arange(fanout, device=self.device) < take.unsqueeze(1)).view(-1)  # slot order: compact order
-        kept = used.nonzero().squeeze(1)  # the read of the device
-        drawn = (ptr, nbrs.index_select(0, kept))
-        return (*drawn, positions.index_select(0, kept)) if edges else drawn
+
+        def finish(total: int) -> tuple[torch.Tensor, ...]:
+            row, slot = drawn_slots(ptr, take, total)
+            kept = row * fanout + slot  # the used slots, in compact order
+            drawn = (ptr, nbrs.index_select(0, kept))
+            return (*drawn, positions.index_select(0, kept)) if edges else drawn
+
+        return ptr[-1], finish
 
     def _codes(self, hops: int) -> int:
         """The map (allocated on first use) and the first of ``hops`` fresh generations' high bits."""

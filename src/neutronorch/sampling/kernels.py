@@ -106,6 +106,19 @@ def _draw_offsets(chosen, deg, key, v):
 
 
 @njit(parallel=True, cache=True, nogil=True)
+def _drawn_ptr(indptr, dst_nodes, fanout, order):
+    """The row pointer of a draw: ``ptr[i + 1] - ptr[i]`` neighbours drawn for ``dst_nodes[i]``."""
+    n = dst_nodes.shape[0]
+    ordered = order.shape[0] > 0
+    counts = np.empty(n + 1, np.int64)
+    counts[0] = 0
+    for step in prange(n):
+        i = order[step] if ordered else np.int64(step)  # one integer type whatever prange's index is
+        counts[i + 1] = _drawn(indptr, dst_nodes[i], fanout)
+    return np.cumsum(counts)
+
+
+@njit(parallel=True, cache=True, nogil=True)
 def sample_neighbors(indptr, indices, dst_nodes, fanout, key, order):
     """Uniform sampling without replacement of up to ``fanout`` in-neighbours of each vertex.
 
@@ -117,12 +130,7 @@ def sample_neighbors(indptr, indices, dst_nodes, fanout, key, order):
     """
     n = dst_nodes.shape[0]
     ordered = order.shape[0] > 0
-    counts = np.empty(n + 1, np.int64)
-    counts[0] = 0
-    for step in prange(n):
-        i = order[step] if ordered else np.int64(step)  # one integer type whatever prange's index is
-        counts[i + 1] = _drawn(indptr, dst_nodes[i], fanout)
-    ptr = np.cumsum(counts)
+    ptr = _drawn_ptr(indptr, dst_nodes, fanout, order)
     nbrs = np.empty(ptr[n], indices.dtype)
     for step in prange(n):
         i = order[step] if ordered else np.int64(step)  # one integer type whatever prange's index is
@@ -149,12 +157,7 @@ def sample_neighbor_edges(indptr, indices, dst_nodes, fanout, key, order):
     kernel without changing its sample; this one writes 8 more bytes per sampled edge."""
     n = dst_nodes.shape[0]
     ordered = order.shape[0] > 0
-    counts = np.empty(n + 1, np.int64)
-    counts[0] = 0
-    for step in prange(n):
-        i = order[step] if ordered else np.int64(step)
-        counts[i + 1] = _drawn(indptr, dst_nodes[i], fanout)
-    ptr = np.cumsum(counts)
+    ptr = _drawn_ptr(indptr, dst_nodes, fanout, order)
     nbrs = np.empty(ptr[n], indices.dtype)
     edges = np.empty(ptr[n], np.int64)
     for step in prange(n):

@@ -21,6 +21,7 @@ offset, so a hop sampled on the device equals that hop sampled on the host.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -30,10 +31,12 @@ from neutronorch.sampling.block import Block, SampledSubgraph
 from neutronorch.sampling.fanouts import parse_fanouts
 
 __all__ = ["NeighborSampler", "TorchNeighborSampler", "batch_key", "layer_key", "mix_key", "parse_fanouts",
-           "relabel_with_map"]
+           "relabel_into", "relabel_with_map", "start_relabel", "together"]
 
 
 _MASK = (1 << 64) - 1
+# A step started on the device: a size it waits for (a device scalar), and what finishes it given that size.
+Started = tuple[torch.Tensor, Callable[[int], tuple]]
 
 
 def mix_key(a: int, b: int) -> int:
@@ -51,7 +54,21 @@ def layer_key(key: int, hop: int) -> int:
     return mix_key(key, hop + 1)
 
 
-class NeighborSampler:
+class OneThread:
+    """A sampler that owns per-instance position maps, so is used from one thread only: ``_check_thread``
+    raises when a second thread calls it (sharing the maps would corrupt samples)."""
+
+    _owner: int | None = None
+
+    def _check_thread(self) -> None:
+        me = threading.get_ident()
+        if self._owner is None:
+            self._owner = me
+        elif self._owner != me:
+            raise RuntimeError(f"{type(self).__name__} used from two threads; create one sampler per thread")
+
+
+class NeighborSampler(OneThread):
     """Host sampler over a CSC graph (``indptr``, ``indices`` as numpy arrays or memory maps). With
     ``degrees``, every block carries its source rows' in-degrees in the graph (``Block.src_degree``).
 
@@ -74,7 +91,6 @@ class NeighborSampler:
         self.degrees = degrees
         num_nodes = indptr.shape[0] - 1
         self._node_map = np.full(num_nodes, -1, dtype=np.int64)
-        self._owner: int | None = None
 
     def _order(self, dst: np.ndarray) -> np.ndarray:
         if not self.file_order:
@@ -83,30 +99,9 @@ class NeighborSampler:
 
     def sample(self, seeds: np.ndarray, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
         """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first."""
-        self._check_thread()
         fanouts = self.fanouts if fanouts is None else fanouts
         seeds = np.ascontiguousarray(seeds, dtype=np.int64)
-        node_map = self._node_map
-        kernels.map_nodes(seeds, node_map)
-        frontier = seeds
-        num_frontier = seeds.shape[0]
-        blocks: list[Block] = []
-        frontiers = [torch.from_numpy(seeds)]
-        try:
-            for hop, fanout in enumerate(fanouts):
-                ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, frontier[:num_frontier],
-                                                     fanout, np.uint64(layer_key(key, hop)),
-                                                     self._order(frontier[:num_frontier]))
-                grown = np.empty(num_frontier + nbrs.shape[0], np.int64)
-                grown[:num_frontier] = frontier[:num_frontier]
-                local, size = kernels.relabel(grown, num_frontier, nbrs, node_map)
-                sources = torch.from_numpy(grown[:size])
-                blocks.append(Block(num_frontier, size, torch.from_numpy(ptr), torch.from_numpy(local),
-                                    src_degree=self._degrees(grown[:size]), src_ids=sources))
-                frontier, num_frontier = grown, size
-                frontiers.append(sources)
-        finally:
-            kernels.reset_map(frontier[:num_frontier], node_map)
+        blocks, frontiers = self._hops(seeds, [(fanout, layer_key(key, hop)) for hop, fanout in enumerate(fanouts)])
         blocks.reverse()
         frontiers.reverse()
         return SampledSubgraph(torch.from_numpy(seeds), blocks, frontiers)
@@ -116,34 +111,46 @@ class NeighborSampler:
         with the per-vertex randomness of ``key`` (a ``layer_key``). Returns the block and its source
         frontier (global ids, ``dst`` first). With the same key, each vertex gets exactly the neighbours
         ``sample`` draws for it in that hop."""
+        blocks, frontiers = self._hops(np.ascontiguousarray(dst, dtype=np.int64), [(fanout, key)])
+        return blocks[0], frontiers[1].numpy()
+
+    def _hops(self, start: np.ndarray, hops: list[tuple[int, int]]) -> tuple[list[Block], list[torch.Tensor]]:
+        """The blocks and frontiers (seed hop first, ``frontiers[0]`` is ``start``) of ``hops``, each a
+        (fanout, layer key), from the destinations ``start``."""
         self._check_thread()
-        dst = np.ascontiguousarray(dst, dtype=np.int64)
         node_map = self._node_map
-        kernels.map_nodes(dst, node_map)
-        frontier = dst
-        size = dst.shape[0]
+        kernels.map_nodes(start, node_map)
+        frontier, blocks, frontiers = start, [], [torch.from_numpy(start)]
         try:
-            ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, dst, fanout, np.uint64(key),
-                                                 self._order(dst))
-            frontier = np.empty(dst.shape[0] + nbrs.shape[0], np.int64)
-            frontier[:dst.shape[0]] = dst
-            local, size = kernels.relabel(frontier, dst.shape[0], nbrs, node_map)
+            for fanout, key in hops:
+                num_dst = frontier.shape[0]
+                ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, frontier, fanout, np.uint64(key),
+                                                     self._order(frontier))
+                (local,), frontier = relabel_into(frontier, [nbrs], node_map)
+                frontiers.append(torch.from_numpy(frontier))
+                blocks.append(Block(num_dst, frontier.shape[0], torch.from_numpy(ptr), torch.from_numpy(local),
+                                    src_degree=self._degrees(frontier), src_ids=frontiers[-1]))
         finally:
-            kernels.reset_map(frontier[:size], node_map)
-        block = Block(dst.shape[0], size, torch.from_numpy(ptr), torch.from_numpy(local),
-                      src_degree=self._degrees(frontier[:size]), src_ids=torch.from_numpy(frontier[:size]))
-        return block, frontier[:size]
+            kernels.reset_map(frontier, node_map)
+        return blocks, frontiers
 
     def _degrees(self, sources: np.ndarray) -> torch.Tensor | None:
         return torch.from_numpy(kernels.in_degrees(self.indptr, sources)) if self.degrees else None
 
-    def _check_thread(self) -> None:
-        me = threading.get_ident()
-        if self._owner is None:
-            self._owner = me
-        elif self._owner != me:
-            # The position map is per-instance state; sharing it across threads corrupts samples.
-            raise RuntimeError("NeighborSampler used from two threads; create one sampler per thread")
+
+def relabel_into(frontier: np.ndarray, parts: list[np.ndarray], node_map: np.ndarray
+                 ) -> tuple[list[np.ndarray], np.ndarray]:
+    """The host's relabel: each of ``parts`` (sampled global ids) as local ids in the frontier [``frontier``,
+    new vertices in first-appearance order over the parts in order], and that frontier (int64). ``node_map``
+    holds ``frontier``'s positions (-1 elsewhere) and is left holding the new frontier's."""
+    size = frontier.shape[0]
+    grown = np.empty(size + sum(part.shape[0] for part in parts), np.int64)
+    grown[:size] = frontier
+    local = []
+    for part in parts:
+        positions, size = kernels.relabel(grown, size, part, node_map)
+        local.append(positions)
+    return local, grown[:size]
 
 
 class TorchNeighborSampler:
@@ -155,7 +162,7 @@ class TorchNeighborSampler:
         self.fanouts = list(fanouts)
         self.degrees = degrees
         self.device = indptr.device
-        self._node_map: torch.Tensor | None = None  # scratch of _relabel; so one sampler per thread
+        self._node_map: torch.Tensor | None = None  # scratch of the relabel; so one sampler per thread
 
     def sample(self, seeds: torch.Tensor, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
         """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first."""
@@ -163,11 +170,8 @@ class TorchNeighborSampler:
         frontier = seeds.to(self.device, torch.int64)
         blocks, frontiers = [], [frontier]
         for hop, fanout in enumerate(fanouts):
-            ptr, nbrs = self.draw(frontier, fanout, layer_key(key, hop))
-            num_dst = frontier.shape[0]
-            local, frontier = self._relabel(frontier, nbrs)
-            blocks.append(Block(num_dst, frontier.shape[0], ptr, local, src_degree=self._degrees(frontier),
-                                src_ids=frontier))
+            block, frontier = self.sample_hop(frontier, fanout, layer_key(key, hop))
+            blocks.append(block)
             frontiers.append(frontier)
         blocks.reverse()
         frontiers.reverse()
@@ -189,7 +193,9 @@ class TorchNeighborSampler:
         numba sampler draws with the same key)."""
         dst = dst.to(self.device, torch.int64)
         ptr, nbrs = self.draw(dst, fanout, key)
-        local, frontier = self._relabel(dst, nbrs)
+        if self._node_map is None:
+            self._node_map = torch.empty(self.indptr.shape[0] - 1, dtype=torch.int64, device=self.device)
+        local, frontier = relabel_with_map(self._node_map, dst, nbrs)
         return Block(dst.shape[0], frontier.shape[0], ptr, local, src_degree=self._degrees(frontier),
                      src_ids=frontier), frontier
 
@@ -204,27 +210,34 @@ class TorchNeighborSampler:
         ``nbrs[ptr[i]:ptr[i + 1]]``; with ``edges``, ``(ptr, nbrs, positions)``, each drawn edge's position in
         ``indices`` (int64, as ``kernels.sample_neighbor_edges`` gives them). No map over the vertices is kept,
         so the neighbours may be ids of another vertex set than ``dst``'s (a typed relation's source type:
-        ``typed_device_sampler``)."""
+        ``typed_device_sampler``). One read of the device (the edge count); ``start_draw`` and ``together``
+        share one read among several draws."""
+        return together([self.start_draw(dst, fanout, key, edges)])[0]
+
+    def start_draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> Started:
+        """``draw`` up to its read of the device: the edge count (on the device) and what finishes the draw
+        given it (``together``)."""
         # index_select rather than advanced indexing throughout: the same result, several times faster on
         # the CPU.
-        device = self.device
         start = self.indptr.index_select(0, dst)
         deg = self.indptr.index_select(0, dst + 1) - start
         take = deg if fanout < 0 else deg.clamp(max=fanout)
-        ptr = torch.zeros(dst.shape[0] + 1, dtype=torch.int64, device=device)
+        ptr = torch.zeros(dst.shape[0] + 1, dtype=torch.int64, device=self.device)
         torch.cumsum(take, 0, out=ptr[1:])
-        total = int(ptr[-1])
-        row = torch.repeat_interleave(torch.arange(dst.shape[0], device=device), take, output_size=total)
-        slot = torch.arange(total, device=device) - ptr.index_select(0, row)
-        if fanout > 0:
-            # Rows with degree <= fanout take every neighbour in order; the others take Floyd's subset.
-            picks = self._floyd(deg, fanout, dst, key).view(-1).index_select(0, row * fanout + slot)
-            offset = torch.where(deg.index_select(0, row) > fanout, picks, slot)
-        else:
-            offset = slot
-        positions = start.index_select(0, row) + offset
-        nbrs = self.indices.index_select(0, positions).long()
-        return (ptr, nbrs, positions) if edges else (ptr, nbrs)
+
+        def finish(total: int) -> tuple[torch.Tensor, ...]:
+            row, slot = drawn_slots(ptr, take, total)
+            if fanout > 0:
+                # Rows with degree <= fanout take every neighbour in order; the others take Floyd's subset.
+                picks = self._floyd(deg, fanout, dst, key).view(-1).index_select(0, row * fanout + slot)
+                offset = torch.where(deg.index_select(0, row) > fanout, picks, slot)
+            else:
+                offset = slot
+            positions = start.index_select(0, row) + offset
+            nbrs = self.indices.index_select(0, positions).long()
+            return (ptr, nbrs, positions) if edges else (ptr, nbrs)
+
+        return ptr[-1], finish
 
     def _floyd(self, deg: torch.Tensor, k: int, dst: torch.Tensor, key: int) -> torch.Tensor:
         """A uniform k-subset of offsets [0, deg) for every row at once (Floyd's algorithm, vectorised over
@@ -246,25 +259,48 @@ class TorchNeighborSampler:
             picks[:, i] = torch.where(taken, j[:, i], picks[:, i])
         return picks
 
-    def _relabel(self, dst: torch.Tensor, nbrs: torch.Tensor):
-        if self._node_map is None:
-            self._node_map = torch.empty(self.indptr.shape[0] - 1, dtype=torch.int64, device=self.device)
-        return relabel_with_map(self._node_map, dst, nbrs)
-
 
 def relabel_with_map(node_map: torch.Tensor, dst: torch.Tensor, nbrs: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Local ids of ``nbrs`` in the frontier [dst, new vertices in first-appearance order], and that frontier,
-    through ``node_map`` (int64, one entry per vertex of the set ``dst`` and ``nbrs`` index; no sort): each
-    vertex's first position among [dst, nbrs] is a scatter-min, first appearances are where that minimum
-    sits, and their running count is their local id. Only the entries touched are written, and they are left
-    as scratch, so one map serves any number of calls (on one thread)."""
+    through ``node_map`` (int64, one entry per vertex of the set ``dst`` and ``nbrs`` index; no sort). Only
+    the entries touched are written, and they are left as scratch, so one map serves any number of calls (on
+    one thread). One read of the device (the frontier's size); ``start_relabel`` and ``together`` share one
+    read among the relabels of several maps."""
+    return together([start_relabel(node_map, dst, nbrs)])[0]
+
+
+def start_relabel(node_map: torch.Tensor, dst: torch.Tensor, nbrs: torch.Tensor) -> Started:
+    """``relabel_with_map`` up to its read of the device: the frontier's size (on the device) and what
+    finishes the relabel given it. Each vertex's first position among [dst, nbrs] is a scatter-min, first
+    appearances are where that minimum sits, and their running count is their local id."""
     everything = torch.cat([dst, nbrs])
     m = everything.shape[0]
     positions = torch.arange(m, device=node_map.device)
     node_map.index_fill_(0, everything, m)
     node_map.scatter_reduce_(0, everything, positions, reduce="amin")
     first = node_map.index_select(0, everything) == positions
-    frontier = everything[first]  # one synchronisation: the frontier's size
-    node_map.index_copy_(0, frontier, torch.arange(frontier.shape[0], device=node_map.device))
-    return node_map.index_select(0, nbrs), frontier
+
+    def finish(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        frontier = everything.index_select(0, torch.nonzero_static(first, size=size).squeeze(1))
+        node_map.index_copy_(0, frontier, torch.arange(size, device=node_map.device))
+        return node_map.index_select(0, nbrs), frontier
+
+    return first.sum(), finish
+
+
+def drawn_slots(ptr: torch.Tensor, take: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each of ``total`` drawn edges in compact order (row ``i``'s ``take[i]`` edges from ``ptr[i]``), its
+    row and its slot within the row."""
+    row = torch.repeat_interleave(torch.arange(take.shape[0], device=ptr.device), take, output_size=total)
+    return row, torch.arange(total, device=ptr.device) - ptr.index_select(0, row)
+
+
+def together(started: list[Started]) -> list:
+    """Finish steps started on the device (``start_draw``, ``start_relabel``), each waiting for a size, after
+    one read of the device for all their sizes: what lets a typed hop read the device once for all its
+    relations' draws and once for all its types' relabels."""
+    if not started:
+        return []
+    sizes = [int(started[0][0])] if len(started) == 1 else torch.stack([size for size, _ in started]).tolist()
+    return [finish(size) for (_, finish), size in zip(started, sizes)]

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from neutronorch.data.relation import RelationType
 from neutronorch.sampling.block import Block
-
-RelationType = tuple[str, str, str]
 
 
 @dataclass
@@ -123,13 +122,10 @@ def typed_pyg_form(blocks: list[TypedBlock], node_types, relations) -> TypedPygF
             if block is None:
                 edges[r].append(0)
                 continue
-            first, end = (0 if hop == 0 else sizes[hop - 1][r[2]]), block.num_dst
-            ptr = block.indptr
-            lo, hi = int(ptr[first]), int(ptr[end])
-            rows = torch.arange(first, end, device=ptr.device)
+            hop_sources, hop_targets, lo, hi = block.edges_of(0 if hop == 0 else sizes[hop - 1][r[2]], block.num_dst)
             sources, targets, features, ids = parts[r]
-            sources.append(block.indices[lo:hi].long())
-            targets.append(torch.repeat_interleave(rows, ptr[first + 1:end + 1] - ptr[first:end], output_size=hi - lo))
+            sources.append(hop_sources)
+            targets.append(hop_targets)
             if r in tblock.edge_features:
                 features.append(tblock.edge_features[r][lo:hi])
             if r in tblock.edge_ids:

@@ -2,9 +2,9 @@
 
 Every relation's CSC lives on the device (``TypedTopology``) with a homogeneous device sampler of its own
 (``make_device_sampler``: Triton kernels on CUDA where Triton runs, torch ops elsewhere). A hop draws, for
-each relation whose destination type has destinations, the relation's neighbours with its
-``relation_key(key, hop, relation)`` (``draw``: the draws alone, global ids of the source type), then
-relabels per source type in torch (``relabel_with_map`` over a map of that type's vertices): the type's
+each relation whose destination type has destinations, the relation's neighbours with its key
+(``hop_keys(key, hop, relations)``; ``draw``: the draws alone, global ids of the source type), then
+relabels per source type in torch (``start_relabel`` over a map of that type's vertices): the type's
 frontier is its destinations, then the new sources in first-appearance order over the relations in the
 graph's order. Those are the host sampler's draws and its order, so for the same seeds and key the blocks
 and frontiers are ``TypedNeighborSampler``'s, bit for bit (``tests/test_typed_device.py``), on the device.
@@ -14,8 +14,9 @@ with edge features) the draws also return each drawn edge's position in the rela
 (``TypedBlock.edge_ids``), and those edges' feature rows are read from the relation's edge features on the
 device (``TypedBlock.edge_features``, float32).
 
-The host reads the device where sizes are needed: each drawn relation's edge count and each relabelled
-type's frontier size, per hop.
+The host reads the device twice per hop, whatever the number of relations and types: once for every drawn
+relation's edge count, once for every relabelled type's frontier size (``together``; the homogeneous torch
+sampler reads as often, per hop, for its one relation and type).
 """
 
 from __future__ import annotations
@@ -27,12 +28,10 @@ import numpy as np
 import torch
 
 from neutronorch.data.typed import RelationType, TypedGraph, relation_label
-from neutronorch.sampling.block import Block
 from neutronorch.sampling.device_sampler import make_device_sampler
-from neutronorch.sampling.neighbor_sampler import relabel_with_map
-from neutronorch.sampling.typed_block import TypedBlock, TypedSubgraph
+from neutronorch.sampling.neighbor_sampler import start_relabel, together
 from neutronorch.sampling.typed_edges import check_edge_features
-from neutronorch.sampling.typed_sampler import relation_key
+from neutronorch.sampling.typed_sampler import TypedHops
 
 __all__ = ["TypedDeviceSampler", "TypedTopology", "edge_feature_bytes", "topology_bytes"]
 
@@ -84,7 +83,7 @@ class TypedTopology:
         return cls(dict(graph.num_nodes), graph.target, relations, torch.device(device), edge_features)
 
 
-class TypedDeviceSampler:
+class TypedDeviceSampler(TypedHops):
     """``TypedNeighborSampler`` on a ``TypedTopology``: ``sample``, ``sample_hops`` and ``sample_bottom`` take
     and return tensors on the topology's device. ``fanouts``: each relation's list, seed hop first, as
     ``typed_fanouts`` resolves them (every relation of the topology). ``degrees``: each relation block's
@@ -103,6 +102,7 @@ class TypedDeviceSampler:
         if missing:
             raise ValueError(f"no fanouts for relations {missing}; give every relation its list (typed_fanouts)")
         self.topology = topology
+        self.num_nodes, self.target = topology.num_nodes, topology.target
         self.device = topology.device
         self.fanouts = {r: list(fanouts[r]) for r in topology.relations}
         self.num_layers = len(next(iter(self.fanouts.values())))
@@ -117,77 +117,39 @@ class TypedDeviceSampler:
         self._out_degrees = ({r: self._count_out_degrees(indices, topology.num_nodes[r[0]])
                               for r, (_, indices) in topology.relations.items()} if degrees else {})
 
-    def sample(self, seeds: torch.Tensor, key: int) -> TypedSubgraph:
-        """The typed computation graph of ``seeds`` (unique target ids) with the batch key ``key``."""
-        return self.sample_hops(seeds, key, self.num_layers)
+    def _ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids.to(self.device, torch.int64)
 
-    def sample_hops(self, seeds: torch.Tensor, key: int, hops: int) -> TypedSubgraph:
-        """The top ``hops`` layers of ``sample(seeds, key)``, as ``TypedNeighborSampler.sample_hops``."""
-        seeds = seeds.to(self.device, torch.int64)
-        blocks, frontiers = self._hops({self.topology.target: seeds}, key, 0, hops)
-        return TypedSubgraph(self.topology.target, seeds, blocks, frontiers)
+    def _draw(self, calls: dict[RelationType, tuple]) -> dict[RelationType, tuple[torch.Tensor, ...]]:
+        """Each relation's draws for its ``(destinations, fanout, key)``, after one read of the device for all
+        their edge counts."""
+        return dict(zip(calls, together([self._samplers[r].start_draw(dst, fanout, key, r in self.edge_ids)
+                                         for r, (dst, fanout, key) in calls.items()])))
 
-    def sample_bottom(self, destinations: Mapping[str, torch.Tensor], key: int) -> TypedBlock:
-        """The bottom layer's block of ``destinations`` (unique ids per type), as
-        ``TypedNeighborSampler.sample_bottom``."""
-        start = {t: ids.to(self.device, torch.int64) for t, ids in destinations.items()}
-        blocks, _ = self._hops(start, key, self.num_layers - 1, 1)
-        return blocks[0]
-
-    def _hops(self, start: dict[str, torch.Tensor], key: int, first_hop: int, hops: int
-              ) -> tuple[list[TypedBlock], list[dict[str, torch.Tensor]]]:
-        """Hops ``first_hop`` to ``first_hop + hops - 1`` from ``start``: blocks and frontiers, bottom first."""
-        frontier = {t: start[t] for t in self.topology.num_nodes if t in start}
-        blocks: list[TypedBlock] = []
-        frontiers = [dict(frontier)]
-        for hop in range(first_hop, first_hop + hops):
-            num_dst = {t: int(ids.shape[0]) for t, ids in frontier.items()}
-            drawn = {r: sampler.draw(frontier[r[2]], self.fanouts[r][hop], relation_key(key, hop, r),
-                                     r in self.edge_ids)
-                     for r, sampler in self._samplers.items() if num_dst.get(r[2], 0)}
-            local = self._relabel(drawn, frontier)
-            blocks.append(self._typed_block(num_dst, drawn, local, frontier))
-            frontiers.append(dict(blocks[-1].src_ids))
-        blocks.reverse()
-        frontiers.reverse()
-        return blocks, frontiers
-
-    def _relabel(self, drawn: dict[RelationType, tuple[torch.Tensor, ...]],
-                 frontier: dict[str, torch.Tensor]) -> dict[RelationType, torch.Tensor]:
-        """Each relation's sources as positions in its source type's frontier, which grows (in ``frontier``)
-        by the new ones in first-appearance order over the relations in order: one relabel per type."""
-        feeds: dict[str, list[RelationType]] = {}
-        for relation in drawn:
-            feeds.setdefault(relation[0], []).append(relation)
+    def _relabel(self, parts: dict[str, list[torch.Tensor]], frontier: dict[str, torch.Tensor]
+                 ) -> dict[str, list[torch.Tensor]]:
+        """Per source type, its relations' sources as positions in its frontier, which grows (in ``frontier``)
+        by the new ones in first-appearance order over the relations in order: one relabel per type, and one
+        read of the device for every type's frontier size."""
+        empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        relabelled = together([start_relabel(self._map(t), frontier.get(t, empty), torch.cat(nbrs))
+                               for t, nbrs in parts.items()])
         local = {}
-        for src_type, relations in feeds.items():
-            nbrs = [drawn[r][1] for r in relations]
-            dst = frontier.get(src_type, torch.empty(0, dtype=torch.int64, device=self.device))
-            positions, frontier[src_type] = relabel_with_map(self._map(src_type), dst, torch.cat(nbrs))
-            local.update(zip(relations, torch.split(positions, [int(n.shape[0]) for n in nbrs])))
+        for (node_type, nbrs), (positions, frontier[node_type]) in zip(parts.items(), relabelled):
+            local[node_type] = torch.split(positions, [int(n.shape[0]) for n in nbrs])
         return local
 
-    def _typed_block(self, num_dst: dict[str, int], drawn, local, frontier: dict[str, torch.Tensor]) -> TypedBlock:
-        types = [t for t in self.topology.num_nodes if t in frontier]
-        blocks = {r: Block(num_dst[r[2]], int(frontier[r[0]].shape[0]), ptr, local[r],
-                           src_degree=self._degrees(r, frontier)) for r, (ptr, *_) in drawn.items()}
-        edge_ids = {r: d[2] for r, d in drawn.items() if len(d) == 3}
-        rows = ({r: self.topology.edge_features[r].index_select(0, ids) for r, ids in edge_ids.items()
-                 if r in self.topology.edge_features} if self.edge_features else {})
-        return TypedBlock({t: num_dst[t] for t in types if t in num_dst},
-                          {t: int(frontier[t].shape[0]) for t in types}, blocks, {t: frontier[t] for t in types},
-                          edge_ids, rows)
+    def _edge_rows(self, edge_ids: dict[RelationType, torch.Tensor]) -> dict[RelationType, torch.Tensor]:
+        if not self.edge_features:
+            return {}
+        return {r: self.topology.edge_features[r].index_select(0, ids) for r, ids in edge_ids.items()
+                if r in self.topology.edge_features}
 
     def _map(self, node_type: str) -> torch.Tensor:
         if node_type not in self._maps:
             self._maps[node_type] = torch.empty(self.topology.num_nodes[node_type], dtype=torch.int64,
                                                 device=self.device)
         return self._maps[node_type]
-
-    def _degrees(self, relation: RelationType, frontier: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        if not self.degrees:
-            return None
-        return self._out_degrees[relation].index_select(0, frontier[relation[0]])
 
     def _count_out_degrees(self, indices: torch.Tensor, num_src: int) -> torch.Tensor:
         """Each source vertex's out-degree through a relation (float32), counted a chunk at a time."""

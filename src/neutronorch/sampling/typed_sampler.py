@@ -18,42 +18,47 @@ Which blocks and types a layer holds:
   exactly the next layer's source types (``num_src``), zero counts included, and ``frontiers[l]`` has the
   keys of ``blocks[l].num_src``. Types are listed in ``graph.num_nodes``' order.
 
-Randomness: relation ``r``'s draws in hop ``h`` of the batch of ``key`` use ``relation_key(key, h, r)``,
-``layer_key(key, h)`` mixed with a stable hash of the relation. ``sample_neighbors`` keys each vertex's draws
-by that key and the vertex, so a vertex's neighbours through a relation in a hop depend on (key, hop,
-relation, vertex) alone: not on the threads, the rest of the batch or the rank that samples it. Through a
-one-relation graph each hop is exactly ``NeighborSampler.sample_hop`` with that relation's key.
+Randomness: relation ``r``'s draws in hop ``h`` of the batch of ``key`` use ``hop_keys(key, h, relations)[r]``:
+``layer_key(key, h)`` mixed with a stable hash of the relation, or, when the graph has one relation,
+``layer_key(key, h)`` itself. ``sample_neighbors`` keys each vertex's draws by that key and the vertex, so a
+vertex's neighbours through a relation in a hop depend on (key, hop, relation, vertex) alone: not on the
+threads, the rest of the batch or the rank that samples it. A one-relation graph (``TypedGraph.of`` a
+homogeneous one) is therefore sampled exactly as ``NeighborSampler`` samples it: the same blocks and
+frontiers, bit for bit.
+
+``TypedHops`` is the loop of hops this sampler and ``TypedDeviceSampler`` share: the two differ only in
+how they draw (numba kernels on host arrays; the homogeneous device samplers), relabel (numba, a map per
+type; torch) and read edge feature rows.
 
 Edge ids: for the relations it records them for (by default every relation with edge features; none on a
 graph without), a relation's draws go through ``kernels.sample_neighbor_edges``, which draws exactly what
 ``sample_neighbors`` draws and also returns each drawn edge's position in the relation's ``indices``: the
 block's ``TypedBlock.edge_ids[relation]``. The sampler then reads those edges' feature rows into
-``TypedBlock.edge_features`` (``typed_edges.gather_edge_features``), so whatever samples a batch hands its
+``TypedBlock.edge_features`` (``typed_edges.read_rows``), so whatever samples a batch hands its
 models the edge features too. The other relations take ``sample_neighbors`` as before, so a graph without
 edge features samples as it did.
 """
 
 from __future__ import annotations
 
-import threading
 import zlib
 from collections.abc import Mapping
 
 import numpy as np
 import torch
 
-from neutronorch.data.typed import Relation, RelationType, TypedGraph, relation_label
+from neutronorch.data.csc import out_degrees
+from neutronorch.data.typed import RelationType, TypedGraph, relation_label
 from neutronorch.errors import ConfigError, DataError
 from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block
-from neutronorch.sampling.neighbor_sampler import layer_key, mix_key
+from neutronorch.sampling.neighbor_sampler import OneThread, layer_key, mix_key, relabel_into
 from neutronorch.sampling.typed_block import TypedBlock, TypedSubgraph
-from neutronorch.sampling.typed_edges import check_edge_features, gather_edge_features
+from neutronorch.sampling.typed_edges import check_edge_features, read_rows
 
-__all__ = ["DEFAULT", "TypedNeighborSampler", "out_degrees", "relation_key", "typed_fanouts"]
+__all__ = ["DEFAULT", "TypedHops", "TypedNeighborSampler", "hop_keys", "relation_key", "typed_fanouts"]
 
 DEFAULT = "default"  # the key of a fanouts dict whose list serves every relation the dict does not name
-_DEGREE_CHUNK = 1 << 24  # indices counted at a time by out_degrees (128 MiB as int64)
 
 
 def relation_key(key: int, hop: int, relation: RelationType) -> int:
@@ -61,6 +66,16 @@ def relation_key(key: int, hop: int, relation: RelationType) -> int:
     with the CRC-32 of ``"src/name/dst"`` (names hold no ``/``). A stable hash, the same in every process and
     on every machine; Python's ``hash`` of a string is salted per process, so ranks would disagree."""
     return mix_key(layer_key(key, hop), zlib.crc32("/".join(relation).encode()))
+
+
+def hop_keys(key: int, hop: int, relations) -> dict[RelationType, int]:
+    """Each of ``relations``' keys (a graph's, all of them) in hop ``hop`` of the batch of ``key``: its
+    ``relation_key``, or ``layer_key(key, hop)`` for a graph's only relation, so that the typed samplers draw
+    on a homogeneous graph what the homogeneous ones draw."""
+    relations = tuple(relations)
+    if len(relations) == 1:
+        return {relations[0]: layer_key(key, hop)}
+    return {relation: relation_key(key, hop, relation) for relation in relations}
 
 
 def typed_fanouts(graph: TypedGraph, fanouts) -> dict[RelationType, list[int]]:
@@ -138,16 +153,80 @@ def _edge_id_relations(graph: TypedGraph, edge_ids) -> frozenset[RelationType]:
         raise ConfigError(f"`edge_ids`: {error}") from None
 
 
-def out_degrees(relation: Relation, num_src: int) -> np.ndarray:
-    """Each source vertex's out-degree through ``relation`` (float32, ``num_src`` of them). Counts the
-    indices a chunk at a time, so memory-mapped topology is read once and never copied whole."""
-    counts = np.zeros(num_src, np.int64)
-    for start in range(0, relation.num_edges, _DEGREE_CHUNK):
-        counts += np.bincount(relation.indices[start:start + _DEGREE_CHUNK], minlength=num_src)
-    return counts.astype(np.float32)
+class TypedHops:
+    """The hops both typed samplers run (``TypedNeighborSampler`` on the host, ``TypedDeviceSampler`` on the
+    training device): per hop, the draws of every relation whose destination type has destinations, with
+    the hop's keys (``hop_keys``); the relabelling of each source type's draws into its frontier; one
+    ``TypedBlock``. The frontiers are int64 tensors (on the host, views of numpy arrays). A sampler gives its
+    ``num_nodes``, ``target``, ``fanouts`` (resolved per relation), ``num_layers``, ``degrees`` (each relation's
+    out-degrees as a float32 tensor in ``_out_degrees`` when set), ``edge_ids``, and implements ``_ids``,
+    ``_draw``, ``_relabel`` and ``_edge_rows`` (``_enter`` and ``_leave`` where it keeps state per call)."""
+
+    def sample(self, seeds, key: int) -> TypedSubgraph:
+        """Sample the typed computation graph of ``seeds`` (unique local ids of the target type) with the
+        batch key ``key``: ``num_layers`` blocks, bottom layer first."""
+        return self.sample_hops(seeds, key, self.num_layers)
+
+    def sample_hops(self, seeds, key: int, hops: int) -> TypedSubgraph:
+        """The top ``hops`` layers of ``sample(seeds, key)``, exactly as it draws them: ``frontiers[0]`` then
+        holds the destinations of the layer below (with ``hops = num_layers - 1``, the bottom layer's
+        destinations per type, which NeutronOrch plans its hot sets among)."""
+        seeds = self._ids(seeds)
+        blocks, frontiers = self._hops({self.target: seeds}, key, 0, hops)
+        return TypedSubgraph(self.target, seeds, blocks, frontiers)
+
+    def sample_bottom(self, destinations: Mapping, key: int) -> TypedBlock:
+        """The bottom layer's block of ``destinations`` (unique local ids per type) with the batch key ``key``:
+        each destination draws, through each relation, exactly the neighbours ``sample`` draws for it in that
+        hop (draws are keyed by vertex), its source frontier leading with the destinations in the order given."""
+        blocks, _ = self._hops({t: self._ids(ids) for t, ids in destinations.items()}, key, self.num_layers - 1, 1)
+        return blocks[0]
+
+    def _hops(self, start: dict[str, torch.Tensor], key: int, first_hop: int, hops: int
+              ) -> tuple[list[TypedBlock], list[dict[str, torch.Tensor]]]:
+        """Hops ``first_hop`` to ``first_hop + hops - 1`` from the destinations ``start`` (per type): the blocks
+        and frontiers, bottom first (``frontiers[-1]`` is ``start``)."""
+        frontier = {t: start[t] for t in self.num_nodes if t in start}
+        blocks: list[TypedBlock] = []
+        frontiers = [dict(frontier)]
+        self._enter(frontier)
+        try:
+            for hop in range(first_hop, first_hop + hops):
+                num_dst = {t: int(ids.shape[0]) for t, ids in frontier.items()}
+                keys = hop_keys(key, hop, self.fanouts)
+                drawn = self._draw({r: (frontier[r[2]], fanouts[hop], keys[r]) for r, fanouts in self.fanouts.items()
+                                    if num_dst.get(r[2], 0)})
+                feeds: dict[str, list[RelationType]] = {}  # each source type's relations, in order
+                for relation in drawn:
+                    feeds.setdefault(relation[0], []).append(relation)
+                positions = self._relabel({t: [drawn[r][1] for r in feed] for t, feed in feeds.items()}, frontier)
+                local = {r: part for t, feed in feeds.items() for r, part in zip(feed, positions[t])}
+                blocks.append(self._typed_block(num_dst, drawn, local, frontier))
+                frontiers.append(dict(blocks[-1].src_ids))
+        finally:
+            self._leave(frontier)
+        blocks.reverse()
+        frontiers.reverse()
+        return blocks, frontiers
+
+    def _typed_block(self, num_dst: dict[str, int], drawn, local, frontier: dict[str, torch.Tensor]) -> TypedBlock:
+        types = [t for t in self.num_nodes if t in frontier]
+        blocks = {r: Block(num_dst[r[2]], int(frontier[r[0]].shape[0]), ptr, local[r],
+                           src_degree=self._out_degrees[r].index_select(0, frontier[r[0]]) if self.degrees else None)
+                  for r, (ptr, *_) in drawn.items()}
+        edge_ids = {r: d[2] for r, d in drawn.items() if len(d) == 3}
+        return TypedBlock({t: num_dst[t] for t in types if t in num_dst},
+                          {t: int(frontier[t].shape[0]) for t in types}, blocks, {t: frontier[t] for t in types},
+                          edge_ids, self._edge_rows(edge_ids))
+
+    def _enter(self, frontier: dict[str, torch.Tensor]) -> None:
+        """Before the first hop from ``frontier``."""
+
+    def _leave(self, frontier: dict[str, torch.Tensor]) -> None:
+        """After the last hop (or a failed one), ``frontier`` the last reached."""
 
 
-class TypedNeighborSampler:
+class TypedNeighborSampler(OneThread, TypedHops):
     """Host sampler over a typed graph's relations (numpy arrays or memory maps); ``fanouts`` as
     ``typed_fanouts`` reads them, resolved per relation in ``self.fanouts``.
 
@@ -178,6 +257,7 @@ class TypedNeighborSampler:
     def __init__(self, graph: TypedGraph, fanouts, degrees: bool = False, edge_ids=None,
                  edge_features: bool = True):
         self.graph = graph
+        self.num_nodes, self.target = graph.num_nodes, graph.target
         self.fanouts = typed_fanouts(graph, fanouts)
         self.num_layers = len(next(iter(self.fanouts.values())))
         self.degrees = degrees
@@ -186,115 +266,45 @@ class TypedNeighborSampler:
         self.edge_features = edge_features and any(graph.relations[r].edge_features is not None
                                                     for r in self.edge_ids)
         self._maps = {t: np.full(n, -1, dtype=np.int64) for t, n in graph.num_nodes.items()}
-        self._out_degrees = ({r: out_degrees(rel, graph.num_nodes[r[0]]) for r, rel in graph.relations.items()}
-                             if degrees else {})
-        self._owner: int | None = None
+        self._out_degrees = ({r: torch.from_numpy(out_degrees(rel.indices, graph.num_nodes[r[0]]).astype(np.float32))
+                              for r, rel in graph.relations.items()} if degrees else {})
 
-    def sample(self, seeds: np.ndarray, key: int) -> TypedSubgraph:
-        """Sample the typed computation graph of ``seeds`` (unique local ids of ``graph.target``) with the
-        batch key ``key``: ``num_layers`` blocks, bottom layer first."""
-        return self.sample_hops(seeds, key, self.num_layers)
+    def _ids(self, ids) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
 
-    def sample_hops(self, seeds: np.ndarray, key: int, hops: int) -> TypedSubgraph:
-        """The top ``hops`` layers of ``sample(seeds, key)``, exactly as it draws them: ``frontiers[0]`` then
-        holds the destinations of the layer below (with ``hops = num_layers - 1``, the bottom layer's
-        destinations per type, which NeutronOrch plans its hot sets among)."""
-        seeds = np.ascontiguousarray(seeds, dtype=np.int64)
-        blocks, frontiers = self._hops({self.graph.target: seeds}, key, 0, hops)
-        return TypedSubgraph(self.graph.target, torch.from_numpy(seeds), blocks, frontiers)
-
-    def sample_bottom(self, destinations: Mapping[str, np.ndarray], key: int) -> TypedBlock:
-        """The bottom layer's block of ``destinations`` (unique local ids per type) with the batch key ``key``:
-        each destination draws, through each relation, exactly the neighbours ``sample`` draws for it in that
-        hop (draws are keyed by vertex), its source frontier leading with the destinations in the order given."""
-        start = {t: np.ascontiguousarray(ids, dtype=np.int64) for t, ids in destinations.items()}
-        blocks, _ = self._hops(start, key, self.num_layers - 1, 1)
-        return blocks[0]
-
-    def _hops(self, start: dict[str, np.ndarray], key: int, first_hop: int, hops: int
-              ) -> tuple[list[TypedBlock], list[dict[str, torch.Tensor]]]:
-        """Hops ``first_hop`` to ``first_hop + hops - 1`` from the destinations ``start`` (per type): the blocks
-        and frontiers, bottom first (``frontiers[-1]`` is ``start``)."""
+    def _enter(self, frontier: dict[str, torch.Tensor]) -> None:
         self._check_thread()
-        # Per type, a buffer whose first size[t] entries are the frontier; exactly those are in the type's map.
-        types = [t for t in self.graph.num_nodes if t in start]
-        frontier = {t: start[t] for t in types}
-        size = {t: start[t].shape[0] for t in types}
-        blocks: list[TypedBlock] = []
-        frontiers = [{t: torch.from_numpy(start[t]) for t in types}]
-        for t in types:
-            kernels.map_nodes(start[t], self._maps[t])
-        try:
-            for hop in range(first_hop, first_hop + hops):
-                num_dst = dict(size)
-                drawn = self._draw(hop, key, frontier, num_dst)
-                local = self._relabel(drawn, frontier, size)
-                block = self._typed_block(num_dst, drawn, local, frontier, size)
-                blocks.append(block)
-                frontiers.append(dict(block.src_ids))
-        finally:
-            for t, buffer in frontier.items():
-                kernels.reset_map(buffer[:size[t]], self._maps[t])
-        if self.edge_features:
-            gather_edge_features(self.graph, blocks)
-        blocks.reverse()
-        frontiers.reverse()
-        return blocks, frontiers
+        for t, ids in frontier.items():
+            kernels.map_nodes(ids.numpy(), self._maps[t])
 
-    def _draw(self, hop: int, key: int, frontier: dict[str, np.ndarray], num_dst: dict[str, int]
-              ) -> dict[RelationType, tuple]:
-        """Every relation's (ptr, sampled source ids[, edge positions]) for its destination type's
-        destinations, when it has any; the edge positions for the relations in ``self.edge_ids``."""
+    def _leave(self, frontier: dict[str, torch.Tensor]) -> None:
+        for t, ids in frontier.items():  # exactly the frontiers' vertices are in the maps
+            kernels.reset_map(ids.numpy(), self._maps[t])
+
+    def _draw(self, calls: dict[RelationType, tuple]) -> dict[RelationType, tuple[torch.Tensor, ...]]:
+        """Each relation's (ptr, sampled source ids[, edge positions]) for its ``(destinations, fanout, key)``;
+        the edge positions for the relations in ``self.edge_ids``."""
         drawn = {}
-        for relation, csc in self.graph.relations.items():
-            count = num_dst.get(relation[2], 0)
-            if count:
-                kernel = kernels.sample_neighbor_edges if relation in self.edge_ids else kernels.sample_neighbors
-                drawn[relation] = kernel(csc.indptr, csc.indices, frontier[relation[2]][:count],
-                                         self.fanouts[relation][hop], np.uint64(relation_key(key, hop, relation)),
-                                         kernels.NO_ORDER)
+        for relation, (dst, fanout, key) in calls.items():
+            csc = self.graph.relations[relation]
+            kernel = kernels.sample_neighbor_edges if relation in self.edge_ids else kernels.sample_neighbors
+            drawn[relation] = tuple(map(torch.from_numpy, kernel(csc.indptr, csc.indices, dst.numpy(), fanout,
+                                                                 np.uint64(key), kernels.NO_ORDER)))
         return drawn
 
-    def _relabel(self, drawn, frontier: dict[str, np.ndarray], size: dict[str, int]
-                 ) -> dict[RelationType, np.ndarray]:
-        """Each relation's sampled sources as positions in its source type's frontier, appending the new ones
-        (one buffer per type, grown once for all the relations that feed it, then filled in relation order)."""
-        extra: dict[str, int] = {}
-        for (src_type, _, _), (_, nbrs, *_) in drawn.items():
-            extra[src_type] = extra.get(src_type, 0) + nbrs.shape[0]
-        for src_type, count in extra.items():
-            n = size.get(src_type, 0)
-            grown = np.empty(n + count, np.int64)
-            if n:
-                grown[:n] = frontier[src_type][:n]
-            frontier[src_type], size[src_type] = grown, n
+    def _relabel(self, parts: dict[str, list[torch.Tensor]], frontier: dict[str, torch.Tensor]
+                 ) -> dict[str, list[torch.Tensor]]:
+        """Per source type, its relations' sampled sources as positions in its frontier, which grows (in
+        ``frontier``) by the new ones in first-appearance order over the relations in order."""
         local = {}
-        for relation, (_, nbrs, *_) in drawn.items():
-            src_type = relation[0]
-            local[relation], size[src_type] = kernels.relabel(frontier[src_type], size[src_type], nbrs,
-                                                              self._maps[src_type])
+        for node_type, nbrs in parts.items():
+            ids = frontier[node_type].numpy() if node_type in frontier else np.empty(0, np.int64)
+            positions, grown = relabel_into(ids, [n.numpy() for n in nbrs], self._maps[node_type])
+            local[node_type], frontier[node_type] = list(map(torch.from_numpy, positions)), torch.from_numpy(grown)
         return local
 
-    def _typed_block(self, num_dst: dict[str, int], drawn, local, frontier: dict[str, np.ndarray],
-                     size: dict[str, int]) -> TypedBlock:
-        types = [t for t in self.graph.num_nodes if t in size]
-        ids = {t: frontier[t][:size[t]] for t in types}
-        blocks = {relation: Block(num_dst[relation[2]], size[relation[0]], torch.from_numpy(ptr),
-                                  torch.from_numpy(local[relation]), src_degree=self._degrees(relation, ids))
-                  for relation, (ptr, *_) in drawn.items()}
-        edge_ids = {relation: torch.from_numpy(d[2]) for relation, d in drawn.items() if len(d) == 3}
-        return TypedBlock({t: num_dst[t] for t in types if t in num_dst}, {t: size[t] for t in types}, blocks,
-                          {t: torch.from_numpy(ids[t]) for t in types}, edge_ids)
-
-    def _degrees(self, relation: RelationType, ids: dict[str, np.ndarray]) -> torch.Tensor | None:
-        if not self.degrees:
-            return None
-        return torch.from_numpy(self._out_degrees[relation][ids[relation[0]]])
-
-    def _check_thread(self) -> None:
-        me = threading.get_ident()
-        if self._owner is None:
-            self._owner = me
-        elif self._owner != me:
-            # The position maps are per-instance state; sharing them across threads corrupts samples.
-            raise RuntimeError("TypedNeighborSampler used from two threads; create one sampler per thread")
+    def _edge_rows(self, edge_ids: dict[RelationType, torch.Tensor]) -> dict[RelationType, torch.Tensor]:
+        if not self.edge_features:
+            return {}
+        return {r: torch.from_numpy(read_rows(self.graph.relations[r].edge_features, ids.numpy()))
+                for r, ids in edge_ids.items() if self.graph.relations[r].edge_features is not None}
