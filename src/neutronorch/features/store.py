@@ -16,8 +16,6 @@ import threading
 import numpy as np
 import torch
 
-from neutronorch.bfloat16 import numpy_view
-from neutronorch.data.dtypes import is_bfloat16
 from neutronorch.features.memory import available_memory_bytes
 from neutronorch.sampling import kernels
 
@@ -95,14 +93,15 @@ class FeatureStore:
     (float32, or bfloat16 for bfloat16 training: half the bytes written and copied). With a ``HostCache``
     (``attach_cache``) rows come from its memory or its file of cold rows; ``take_counts`` says how many."""
 
-    def __init__(self, features: np.ndarray, labels: np.ndarray, dtype: torch.dtype = torch.float32,
+    def __init__(self, features: np.ndarray, labels: np.ndarray | None = None, dtype: torch.dtype = torch.float32,
                  ordered: bool | None = None):
         self.features = features
         self.dtype = dtype
         self.ordered = beyond_memory([features]) if ordered is None else ordered
         self.rows_per_region = max(1, kernels.REGION_BYTES // max(1, features.strides[0]))
-        # Small; a writable copy (a class id per vertex, or a 0/1/-1 row per vertex for multi-label tasks).
-        self.labels = torch.from_numpy(np.array(labels, dtype=np.int64))
+        # Small; a writable copy (a class id per vertex, or a 0/1/-1 row per vertex for multi-label tasks). None:
+        # a typed graph's featured type, whose labels (the target's) the run reads on its own.
+        self.labels = None if labels is None else torch.from_numpy(np.array(labels, dtype=np.int64))
         self.host_cache = None
         self._counts = _Counts()
 
@@ -134,7 +133,7 @@ class FeatureStore:
         if cache is None:
             order = (kernels.region_order(ids, self.rows_per_region, self.features.shape[0]) if self.ordered
                      else kernels.NO_ORDER)
-            self._copy(self.features, ids, order, out)
+            kernels.gather_stored(self.features, ids, order, out)
             self._counts.add(ids.shape[0], 0)
             return out
         with cache.reading() as (where_of, table, cold):  # a consistent view: the cache may resize itself
@@ -143,20 +142,11 @@ class FeatureStore:
             order, hits = kernels.split_order(where, self.rows_per_region if self.ordered else max(1, cold_rows),
                                               max(1, cold_rows))
             if hits:  # a part of ``order`` visits only those positions; an empty one would visit every one
-                self._copy(table, -1 - where, order[:hits], out)
+                kernels.gather_stored(table, -1 - where, order[:hits], out)
             if hits < ids.shape[0]:
-                self._copy(cold, where, order[hits:], out)
+                kernels.gather_stored(cold, where, order[hits:], out)
         self._counts.add(ids.shape[0], int(hits))
         return out
-
-    def _copy(self, source: np.ndarray, rows: np.ndarray, order: np.ndarray, out: torch.Tensor) -> None:
-        """out[i] = source[rows[i]] for the positions of ``order`` (every one when it is empty)."""
-        if source.dtype == np.float16:
-            table = kernels.HALF_TO_BF16 if out.dtype == torch.bfloat16 else kernels.HALF_TO_FLOAT
-            kernels.gather_half_rows(source.view(np.uint16), rows, order, table, numpy_view(out))
-        else:  # bfloat16 storage as its bits: copied into bfloat16 rows, widened into float32 ones
-            kernels.gather_rows(source.view(np.uint16) if is_bfloat16(source) else source, rows, order,
-                                numpy_view(out))
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:
         """Allocate and fill (for cold paths such as inference)."""

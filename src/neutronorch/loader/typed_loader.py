@@ -2,7 +2,7 @@
 
 The loader builds its mode as ``train()`` builds a typed run's (``build_typed_mode``, over the graph with
 its reverse relations added, fanouts per relation resolved by ``typed_fanouts``, the rows gathered by
-``gather_frontier``, threads from ``thread_budget``), so its batches come from the same producer thread,
+``TypedInputs``, threads from ``thread_budget``), so its batches come from the same producer thread,
 the same prefetching and the same device placement. Its seeds reach the mode as the mode's seeds (the
 target type's training vertices in ``train()``); ``shuffle=False`` keeps their given order every epoch.
 Epochs, resume and the iteration's lifetime are ``EpochSource``'s (epochs.py).
@@ -30,7 +30,7 @@ from neutronorch.loader.typed_batch import TypedLayout, TypedLoaderBatch
 from neutronorch.orchestration.factory import build_typed_mode
 from neutronorch.sampling.typed_sampler import typed_fanouts
 from neutronorch.train.resources import check_threading_layer, thread_budget
-from neutronorch.train.typed_inputs import gather_frontier
+from neutronorch.train.typed_inputs import TypedInputs
 
 __all__ = ["TypedNeighborLoader"]
 
@@ -90,7 +90,7 @@ class TypedNeighborLoader(EpochSource):
         self._batches = -(-self._count // self.batch_size)  # the mode's, the partial one included
         self.mode = build_typed_mode(
             self.config, graph, model if model is not None else torch.nn.Module(), self.fanouts, self.seeds,
-            self._batches, self.device, lambda frontier, where: gather_frontier(graph, frontier, where),
+            self._batches, self.device, TypedInputs(graph),
             lambda ids: _labels(graph, ids), self.threads)
         self.mode.shuffle = self.shuffle  # False: the seeds in their given order (train() always shuffles)
         self._finalizer = weakref.finalize(self, self.mode.close)

@@ -1,9 +1,9 @@
 """A typed batch's inputs and a typed model's logits: what training, evaluation and prediction of a typed graph
 share.
 
-``gather_inputs`` reads the bottom frontier's feature rows of every featured type; ``typed_logits`` scores
-target vertices chunk by chunk from samples of one fixed key (``inference_key``), the model in eval mode;
-``typed_files`` lists the files a graph is memory-mapped from (what no output may overwrite)."""
+``TypedInputs`` reads the bottom frontier's feature rows of every featured type (``gather_inputs`` and
+``gather_frontier``: once); ``typed_logits`` scores target vertices chunk by chunk from samples of one fixed key
+(``inference_key``), the model in eval mode; ``typed_files`` lists the files a graph is memory-mapped from (what no output may overwrite)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,28 @@ from typing import Mapping
 import torch
 
 from neutronorch.data.typed import TypedGraph
+from neutronorch.features.store import FeatureStore
 from neutronorch.nn.typed_models import TypedGNN
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_block import TypedSubgraph
-from neutronorch.sampling.typed_edges import read_rows
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
+
+
+class TypedInputs:
+    """``inputs(frontier, device) -> (features, ids)``, what the typed modes are handed: the rows of every
+    featured type's ids in ``frontier`` (float32) and every type's ids, both on ``device``. Each featured type's
+    rows come from a ``FeatureStore`` over its array (``stores``, one per featured type; default: each reads a
+    memory map in file order when it does not fit, as ``FeatureStore`` decides), the gather homogeneous runs
+    read through: a memory-mapped array is read at those rows only, float16 and bfloat16 storage decoded."""
+
+    def __init__(self, graph: TypedGraph, stores: Mapping[str, FeatureStore] | None = None):
+        self.stores = dict(stores) if stores is not None else {t: FeatureStore(rows)
+                                                               for t, rows in graph.features.items()}
+
+    def __call__(self, frontier: Mapping[str, torch.Tensor], device: torch.device
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        features = {t: self.stores[t].gather(ids).to(device) for t, ids in frontier.items() if t in self.stores}
+        return features, {t: ids.to(device) for t, ids in frontier.items()}
 
 
 def gather_inputs(graph: TypedGraph, subgraph: TypedSubgraph, device: torch.device
@@ -29,13 +46,9 @@ def gather_inputs(graph: TypedGraph, subgraph: TypedSubgraph, device: torch.devi
 
 def gather_frontier(graph: TypedGraph, frontier: Mapping[str, torch.Tensor], device: torch.device
                     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """The rows of every featured type's ids in ``frontier`` (float32; a memory-mapped array is read at those
-    rows only) and every type's ids, both on ``device``, by ``typed_edges.read_rows``: contiguous float32 rows
-    go through ``kernels.gather_rows`` (prefetching rows ahead: 100,000 random rows of 64 from a memory-mapped
-    800,000 took 3.5-4.6 ms on one thread, a numpy fancy index 16-80 ms); other storage through a fancy index."""
-    features = {t: torch.from_numpy(read_rows(graph.features[t], ids.numpy())).to(device)
-                for t, ids in frontier.items() if t in graph.features}
-    return features, {t: ids.to(device) for t, ids in frontier.items()}
+    """One read of ``frontier``'s inputs (``TypedInputs``) by stores made for it: evaluation, prediction and
+    tests; a run reads through the stores it made once (``TypedInputs`` of its own)."""
+    return TypedInputs(graph)(frontier, device)
 
 
 def inference_key(seed: int) -> int:

@@ -87,7 +87,7 @@ from neutronorch.train.task import Task
 from neutronorch.train.distributed import World, rank_device
 from neutronorch.train.typed_distributed import (data_parallel, join_ranks, launched_rank, rank_checkpoints,
                                                  rank_settings, ranks_here, shared_logits, step_masks, world_size)
-from neutronorch.train.typed_inputs import gather_frontier, typed_files, typed_logits
+from neutronorch.train.typed_inputs import TypedInputs, typed_files, typed_logits
 from neutronorch.train.typed_own import own_typed_model
 from neutronorch.train.typed_tables import TypedTables, plan_tables
 
@@ -246,7 +246,7 @@ class _TypedRun:
         self.version = epoch * self.num_batches + step
         self.mode = build_typed_mode(
             self.config, graph, self.model, self.sampler.fanouts, self.train_idx, self.num_batches, self.device,
-            lambda frontier, where: gather_frontier(graph, frontier, where),
+            TypedInputs(graph),
             lambda seeds: torch.from_numpy(np.asarray(graph.labels[seeds], dtype=np.int64)), self.threads,
             self.version, self.resumed_mode, (self.world.rank, self.world.size))
         return self.mode
