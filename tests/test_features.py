@@ -100,11 +100,12 @@ def test_buffer_pool_reuses_buffers_and_blocks_when_all_are_in_use():
 
 def test_the_read_order_setting_decides_both_orders():
     from neutronorch.data import SyntheticSpec, generate
-    from neutronorch.orchestration.factory import read_orders
+    from neutronorch.features.reading import read_orders
 
     graph = generate(SyntheticSpec(nodes=300, degree=4, features=8, classes=3))
-    assert read_orders("file", graph, 0) == (True, True) and read_orders("batch", graph, 0) == (False, False)
-    assert read_orders("auto", graph, 1 << 50) == (False, False)  # in memory, not memory maps: never
+    arrays = [graph.features], [graph.indices, graph.indptr]
+    assert read_orders("file", *arrays, 0) == (True, True) and read_orders("batch", *arrays, 0) == (False, False)
+    assert read_orders("auto", *arrays, 1 << 50) == (False, False)  # in memory, not memory maps: never
 
 
 def test_typed_inputs_read_each_featured_type_as_stored_for_every_dtype(tmp_path):

@@ -191,6 +191,8 @@ def typed_summary(run, status: str, started: float, data_seconds: float, threads
         "warnings": list(run.health.warnings),  # training that collapsed (train/health.py)
         "checkpoints": checkpoints_written(config.checkpoint_dir),
         "peak_rss_mb": round(peak_rss_mb(), 1),
+        # The host caches of memory-mapped featured types and how their rows were read (TypedInputs.summary).
+        **(run.inputs.summary() if run.inputs is not None else {"host_cache": None, "read_order": None}),
         "startup": {"data_seconds": round(data_seconds, 4),
                     "first_step_seconds": None if run.first_step_at is None
                     else round(run.first_step_at - started, 4)},

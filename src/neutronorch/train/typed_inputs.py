@@ -2,8 +2,9 @@
 share.
 
 ``TypedInputs`` reads the bottom frontier's feature rows of every featured type (``gather_inputs`` and
-``gather_frontier``: once); ``typed_logits`` scores target vertices chunk by chunk from samples of one fixed key
-(``inference_key``), the model in eval mode; ``typed_files`` lists the files a graph is memory-mapped from (what no output may overwrite)."""
+``gather_frontier``: once); ``typed_logits`` scores target vertices chunk by chunk from samples of one fixed
+key (``inference_key``), the model in eval mode; ``typed_files`` lists the files a graph is memory-mapped from
+(what no output may overwrite)."""
 
 from __future__ import annotations
 
@@ -22,18 +23,41 @@ from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 class TypedInputs:
     """``inputs(frontier, device) -> (features, ids)``, what the typed modes are handed: the rows of every
     featured type's ids in ``frontier`` (float32) and every type's ids, both on ``device``. Each featured type's
-    rows come from a ``FeatureStore`` over its array (``stores``, one per featured type; default: each reads a
-    memory map in file order when it does not fit, as ``FeatureStore`` decides), the gather homogeneous runs
-    read through: a memory-mapped array is read at those rows only, float16 and bfloat16 storage decoded."""
+    rows come from a ``FeatureStore`` over its array (``stores``, one per featured type: a run's come from
+    ``features/reading.py``'s ``typed_stores``, in file order and through a host cache as configured; default:
+    each reads a memory map in file order when it does not fit, as ``FeatureStore`` decides), the gather
+    homogeneous runs read through: a memory-mapped array is read at those rows only, float16 and bfloat16
+    storage decoded."""
 
     def __init__(self, graph: TypedGraph, stores: Mapping[str, FeatureStore] | None = None):
         self.stores = dict(stores) if stores is not None else {t: FeatureStore(rows)
                                                                for t, rows in graph.features.items()}
+        self._moved: dict[str, tuple[int, int]] = {}  # (rows gathered, host-cache hits) per type, summarised
 
     def __call__(self, frontier: Mapping[str, torch.Tensor], device: torch.device
                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         features = {t: self.stores[t].gather(ids).to(device) for t, ids in frontier.items() if t in self.stores}
         return features, {t: ids.to(device) for t, ids in frontier.items()}
+
+    def summary(self) -> dict:
+        """``host_cache`` and ``read_order`` as a homogeneous run's summary has them: the host caches' rows,
+        GiB and build seconds summed over the cached types, their hit rate over the rows those types gathered,
+        and each type's own (``types``); how the featured types' rows were read (``file`` when any type's
+        were) and the topology (the typed sampler's: in batch order)."""
+        for t, store in self.stores.items():
+            rows, hits = store.take_counts()
+            self._moved[t] = (self._moved.get(t, (0, 0))[0] + rows, self._moved.get(t, (0, 0))[1] + hits)
+        caches = {t: store.host_cache.summary(*self._moved[t]) for t, store in self.stores.items()
+                  if store.host_cache is not None}
+        rows, hits = (sum(self._moved[t][i] for t in caches) for i in (0, 1))
+        host_cache = None if not caches else {
+            "rows": sum(c["rows"] for c in caches.values()), "gib": round(sum(c["gib"] for c in caches.values()), 3),
+            "cold_file": all(c["cold_file"] for c in caches.values()),
+            "build_seconds": round(sum(c["build_seconds"] for c in caches.values()), 2),
+            "hit_rate": hits / rows if rows else None, "types": caches}
+        ordered = any(store.ordered for store in self.stores.values())
+        return {"host_cache": host_cache, "read_order": {"features": "file" if ordered else "batch",
+                                                         "topology": "batch"}}
 
 
 def gather_inputs(graph: TypedGraph, subgraph: TypedSubgraph, device: torch.device

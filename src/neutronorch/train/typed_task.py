@@ -66,7 +66,7 @@ from neutronorch.data.typed_native import read_typed
 from neutronorch.errors import ConfigError, Interrupted, OutputError, TrainingError
 from neutronorch.nn.precision import Precision, resolve_precision
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
-from neutronorch.orchestration.factory import Threads, build_typed_mode
+from neutronorch.orchestration.factory import Threads, build_typed_mode, gathers_on_host
 from neutronorch.orchestration.typed_planner import HotRecord
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.evaluate import eval_subset, scored
@@ -87,6 +87,7 @@ from neutronorch.train.task import Task
 from neutronorch.train.distributed import World, rank_device
 from neutronorch.train.typed_distributed import (data_parallel, join_ranks, launched_rank, rank_checkpoints,
                                                  rank_settings, ranks_here, shared_logits, step_masks, world_size)
+from neutronorch.features.reading import typed_stores
 from neutronorch.train.typed_inputs import TypedInputs, typed_files, typed_logits
 from neutronorch.train.typed_own import own_typed_model
 from neutronorch.train.typed_tables import TypedTables, plan_tables
@@ -222,6 +223,7 @@ class _TypedRun:
         self.train_idx = torch.from_numpy(np.array(graph.train_idx, dtype=np.int64))
         self.num_batches = -(-self.train_idx.shape[0] // config.batch_size)
         self.mode = None  # the typed mode (open_mode), once the run knows where it starts
+        self.inputs = None  # its featured types' rows (TypedInputs), made with the mode
         self.resumed_mode = None  # the mode's state a resumed checkpoint kept (typed_checkpoint.py)
         self.parameters = {"dense": sum(p.numel() for p in model.dense_parameters()),
                            "embedding": sum(p.numel() for p in tables)}
@@ -244,9 +246,11 @@ class _TypedRun:
         the mode state a resumed checkpoint kept; the caller closes it."""
         graph, (epoch, step, _) = self.graph, self.start
         self.version = epoch * self.num_batches + step
+        self.inputs = TypedInputs(graph, typed_stores(self.config, graph, self.sampler, self.world.size > 1,
+                                                      gathers_on_host(self.config)))
         self.mode = build_typed_mode(
             self.config, graph, self.model, self.sampler.fanouts, self.train_idx, self.num_batches, self.device,
-            TypedInputs(graph),
+            self.inputs,
             lambda seeds: torch.from_numpy(np.asarray(graph.labels[seeds], dtype=np.int64)), self.threads,
             self.version, self.resumed_mode, (self.world.rank, self.world.size))
         return self.mode
