@@ -458,6 +458,12 @@ def test_a_typed_run_trains_the_same_losses_in_file_order_and_through_host_cache
     assert plain["host_cache"] is None and plain["read_order"] == {"features": "batch", "topology": "batch"}
     _, ordered = run(read_order="file", host_cache_gb=0)
     assert [e["train_loss"] for e in ordered["epochs"]] == losses and ordered["read_order"]["features"] == "file"
+    # NeutronOrch mode's host thread reads its hot rows through the same stores.
+    hot = dict(mode="neutronorch", hot_ratio=0.3, super_batch=4)
+    _, reused = run(read_order="batch", host_cache_gb=0, **hot)
+    _, reused_cached = run(read_order="file", host_cache_gb=gib, **hot)
+    assert [e["train_loss"] for e in reused_cached["epochs"]] == [e["train_loss"] for e in reused["epochs"]]
+    assert reused_cached["host_cache"]["hit_rate"] > 0
     config, cached = run(read_order="batch", host_cache_gb=gib)
     assert [e["train_loss"] for e in cached["epochs"]] == losses
     summary = cached["host_cache"]
