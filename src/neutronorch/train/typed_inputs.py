@@ -45,8 +45,7 @@ class TypedInputs:
         and each type's own (``types``); how the featured types' rows were read (``file`` when any type's
         were) and the topology (the typed sampler's: in batch order)."""
         for t, store in self.stores.items():
-            rows, hits = store.take_counts()
-            self._moved[t] = (self._moved.get(t, (0, 0))[0] + rows, self._moved.get(t, (0, 0))[1] + hits)
+            self._moved[t] = tuple(a + b for a, b in zip(self._moved.get(t, (0, 0)), store.take_counts()))
         caches = {t: store.host_cache.summary(*self._moved[t]) for t, store in self.stores.items()
                   if store.host_cache is not None}
         rows, hits = (sum(self._moved[t][i] for t in caches) for i in (0, 1))
@@ -70,8 +69,8 @@ def gather_inputs(graph: TypedGraph, subgraph: TypedSubgraph, device: torch.devi
 
 def gather_frontier(graph: TypedGraph, frontier: Mapping[str, torch.Tensor], device: torch.device
                     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """One read of ``frontier``'s inputs (``TypedInputs``) by stores made for it: evaluation, prediction and
-    tests; a run reads through the stores it made once (``TypedInputs`` of its own)."""
+    """One read of ``frontier``'s inputs (``TypedInputs``) by stores made for it (prediction, embeddings); a
+    run and an evaluation read through stores made once (a ``TypedInputs`` of their own)."""
     return TypedInputs(graph)(frontier, device)
 
 
@@ -89,10 +88,10 @@ def typed_logits(model: TypedGNN, graph: TypedGraph, sampler: TypedNeighborSampl
     """Logits of ``nodes`` (unique target ids), the model in eval mode, in chunks of ``batch_size`` sampled
     with the one key ``inference_key(seed)``; float32 on the CPU."""
     model.eval()
-    outputs = [torch.zeros(0, model.arguments["num_classes"])]
+    outputs, inputs = [torch.zeros(0, model.arguments["num_classes"])], TypedInputs(graph)
     for chunk in torch.split(nodes, batch_size):
         subgraph = sampler.sample(chunk.numpy(), inference_key(seed))
-        features, ids = gather_inputs(graph, subgraph, device)
+        features, ids = inputs(subgraph.input_nodes, device)
         outputs.append(model([b.to(device) for b in subgraph.blocks], features, ids).float().cpu())
     return torch.cat(outputs)
 
