@@ -122,6 +122,6 @@ def typed_stores(config: TrainConfig, graph: TypedGraph, sampler: TypedNeighborS
                         f"GiB) in memory, " + (f"{cache.cold.shape[0]:,} copied to a file of cold rows"
                                                if cache.cold_file else "the others read in place")
                         + f"; built in {cache.seconds:.1f} s")
-        elif setting != "auto":
-            logger.info(f"no host feature cache of {t}: {why}")
+        elif setting != "auto":  # memory-mapped, so only a share too small for one row
+            logger.info(f"no host feature cache of {t}: its share of host_cache_gb holds no row")
     return stores
