@@ -100,8 +100,42 @@ def test_buffer_pool_reuses_buffers_and_blocks_when_all_are_in_use():
 
 def test_the_read_order_setting_decides_both_orders():
     from neutronorch.data import SyntheticSpec, generate
-    from neutronorch.orchestration.factory import read_orders
+    from neutronorch.features.reading import read_orders
 
     graph = generate(SyntheticSpec(nodes=300, degree=4, features=8, classes=3))
-    assert read_orders("file", graph, 0) == (True, True) and read_orders("batch", graph, 0) == (False, False)
-    assert read_orders("auto", graph, 1 << 50) == (False, False)  # in memory, not memory maps: never
+    arrays = [graph.features], [graph.indices, graph.indptr]
+    assert read_orders("file", *arrays, 0) == (True, True) and read_orders("batch", *arrays, 0) == (False, False)
+    assert read_orders("auto", *arrays, 1 << 50) == (False, False)  # in memory, not memory maps: never
+
+
+def test_typed_inputs_read_each_featured_type_as_stored_for_every_dtype(tmp_path):
+    # A typed run's rows (one FeatureStore per featured type) are the stored rows as float32: float16 and
+    # bfloat16 decoded exactly, other dtypes converted as numpy converts them, in memory or memory-mapped,
+    # contiguous or not; edge features through the same gather.
+    import dataclasses
+
+    from neutronorch.data.dtypes import bfloat16
+    from neutronorch.data.synthetic_typed import synthetic_typed
+    from neutronorch.data.typed_native import read_typed, write_typed
+    from neutronorch.features.store import TypedInputs
+
+    rng = np.random.default_rng(2)
+    values = rng.standard_normal((120, 10)) * 3
+    ids = torch.from_numpy(rng.integers(0, 120, 300))
+    for stored in (values.astype(np.float32), values.astype(np.float16), values.astype(bfloat16()), values,
+                   values.astype(np.float32)[:, ::2], (values * 10).astype(np.int32)):
+        graph = dataclasses.replace(synthetic_typed(nodes=400, features=4), features={"paper": stored})
+        features, got_ids = TypedInputs(graph)({"paper": ids, "author": ids[:5]}, torch.device("cpu"))
+        assert set(features) == {"paper"} and torch.equal(got_ids["author"], ids[:5])
+        assert features["paper"].dtype == torch.float32
+        assert np.array_equal(features["paper"].numpy(), np.asarray(stored[ids.numpy()], dtype=np.float32))
+    graph = synthetic_typed(nodes=400, features=6, field_features=3)
+    for dtype in ("float16", "bfloat16"):
+        narrow = dataclasses.replace(graph, features={t: rows.astype(bfloat16() if dtype == "bfloat16" else dtype)
+                                                      for t, rows in graph.features.items()})
+        mapped = read_typed(write_typed(narrow, tmp_path / dtype))
+        assert all(isinstance(rows, np.memmap) for rows in mapped.features.values())
+        frontier = {t: torch.from_numpy(rng.integers(0, mapped.num_nodes[t], 50)) for t in mapped.features}
+        features, _ = TypedInputs(mapped)(frontier, torch.device("cpu"))
+        for t, rows in features.items():
+            assert np.array_equal(rows.numpy(), np.asarray(mapped.features[t][frontier[t].numpy()], np.float32))

@@ -228,6 +228,7 @@ def test_auto_sizes_the_cache_from_the_presampled_working_memory(tmp_path, monke
     from neutronorch.data import SyntheticSpec, generate
     from neutronorch.data.native import load_native, save_native
     from neutronorch.features.cache import hotness_order
+    from neutronorch.features.reading import auto_size, host_cache_size
     from neutronorch.orchestration import factory
 
     graph = load_native(save_native(generate(SyntheticSpec(nodes=3000, degree=8, features=20, classes=4)),
@@ -236,16 +237,20 @@ def test_auto_sizes_the_cache_from_the_presampled_working_memory(tmp_path, monke
     config = TrainConfig(fanouts=[5, 5], batch_size=64, hidden=16).validate()
     sampling = config.sampling
     order = hotness_order(graph.indptr, graph.indices, graph.train_idx, [5, 5], 64, config.seed)
-    rows, why, ranked = factory.host_cache_size(config, graph, sampling, file_order=True)
+    rank = lambda: hotness_order(graph.indptr, graph.indices, graph.train_idx, sampling.fanouts,  # noqa: E731
+                                 sampling.batch_size, sampling.seed)
+    rows, why, ranked = host_cache_size(config.host_cache_gb, graph.features, True, rank)
     assert rows == 0 and "first mini-batches" in why
     assert np.array_equal(ranked, order)  # the ranking is passed on, not computed twice
-    assert factory.host_cache_size(config, graph, sampling, file_order=False) == (
+    assert host_cache_size(config.host_cache_gb, graph.features, False, rank) == (
         0, "memory-mapped features fit in memory", None)  # fits: none
-    sized = factory.auto_size(graph)
+    topology = [graph.indptr, graph.indices]
+    sized = auto_size([graph.features], topology)
     assert sized.files == graph.indptr.nbytes + graph.indices.nbytes and sized.ranks == 1
     assert str(graph.features.filename) in sized.exclude
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert factory.auto_size(graph, distributed=True).ranks == 2
+    assert auto_size([graph.features], topology, distributed=True).ranks == 2
+    assert auto_size([graph.features], topology, distributed=True, caches=3).ranks == 6  # a typed run's types
     # Built for a run: the store reads through a cache sized by measurement, empty until then.
     monkeypatch.setattr(factory, "read_orders", lambda *args: (True, True))
     mode = factory.build_mode(config, graph, torch.device("cpu"))
@@ -385,3 +390,91 @@ def test_auto_holding_every_row_still_shrinks_into_a_file_of_its_own(tmp_path, m
     assert torch.equal(store.gather(rows), torch.from_numpy(features)[rows])
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".neutronorch-cold")]
 
+
+
+def _typed_folder(tmp_path):
+    from neutronorch.data.synthetic_typed import synthetic_typed
+    from neutronorch.data.typed_native import read_typed, write_typed
+
+    folder = tmp_path / "typed"
+    if not folder.exists():
+        write_typed(synthetic_typed(nodes=1200, features=8, field_features=4), folder)
+    graph = read_typed(folder)
+    assert all(isinstance(rows, np.memmap) for rows in graph.features.values())
+    return folder, graph
+
+
+def test_a_typed_types_hot_rows_are_those_its_training_batches_read_most(tmp_path):
+    # Per featured type: out-degree summed over the relations out of the type, plus (presample) the rows'
+    # appearances in the input frontiers of presampled training batches, as hotness_order ranks them.
+    from neutronorch.features.cache import out_degrees, typed_hotness_order
+    from neutronorch.sampling.neighbor_sampler import batch_key
+    from neutronorch.sampling.typed_sampler import TypedNeighborSampler
+
+    _, graph = _typed_folder(tmp_path)
+    graph = graph.with_reverse()
+    sampler = TypedNeighborSampler(graph, [4, 4])
+    by_degree = typed_hotness_order(graph, sampler, graph.train_idx, 32, 0, policy="degree")
+    ranked = typed_hotness_order(graph, sampler, graph.train_idx, 32, 0)
+    assert set(ranked) == set(by_degree) == set(graph.features)
+    for t, order in ranked.items():
+        degree = sum(out_degrees(r.indices, graph.num_nodes[t]) for (s, _, _), r in graph.relations.items() if s == t)
+        assert np.array_equal(by_degree[t], np.argsort(-degree, kind="stable"))
+        assert np.array_equal(np.sort(order), np.arange(graph.num_nodes[t]))
+    # The hottest tenth of the papers serves more of the training batches' paper rows than a tenth does.
+    counts = np.zeros(graph.num_nodes["paper"])
+    for epoch in range(3):
+        order = np.random.default_rng(epoch + 5).permutation(np.asarray(graph.train_idx))
+        for b, seeds in enumerate(np.array_split(order, 8)):
+            counts[sampler.sample(seeds, batch_key(1, epoch, b)).input_nodes["paper"].numpy()] += 1
+    tenth = graph.num_nodes["paper"] // 10
+    served = counts[ranked["paper"][:tenth]].sum()
+    assert served > 1.3 * tenth / graph.num_nodes["paper"] * counts.sum()
+    assert served >= counts[by_degree["paper"][:tenth]].sum()  # the presample sees where the seeds are
+
+
+def test_a_typed_run_trains_the_same_losses_in_file_order_and_through_host_caches(tmp_path):
+    # Memory-mapped featured types read in file order, through host caches of a fixed size (shared by the
+    # types in proportion to their bytes) or sized by measurement: the same rows, so the same losses to the
+    # bit, and the summary reports the caches as a homogeneous run's does.
+    from neutronorch.config import TrainConfig
+    from neutronorch.features.cache import typed_hotness_order
+    from neutronorch.features.reading import typed_stores
+    from neutronorch.sampling.typed_sampler import TypedNeighborSampler
+    from neutronorch.train.typed_task import train_typed
+
+    folder, graph = _typed_folder(tmp_path)
+    paper, field = graph.features["paper"], graph.features["field"]
+    gib = 300 * paper.strides[0] * (paper.nbytes + field.nbytes) / paper.nbytes / 2**30  # 300 papers' rows
+
+    def run(**settings):
+        config = TrainConfig(dataset=str(folder), model="rgcn", fanouts=[4, 4], hidden=16, batch_size=32, epochs=2,
+                             eval_every=0, seed=1, threads=1, sampler_threads=1, host_cache_dir=str(tmp_path),
+                             **settings)
+        return config, train_typed(config, graph)
+
+    _, plain = run(read_order="batch", host_cache_gb=0)
+    losses = [e["train_loss"] for e in plain["epochs"]]
+    assert plain["host_cache"] is None and plain["read_order"] == {"features": "batch", "topology": "batch"}
+    _, ordered = run(read_order="file", host_cache_gb=0)
+    assert [e["train_loss"] for e in ordered["epochs"]] == losses and ordered["read_order"]["features"] == "file"
+    # NeutronOrch mode's host thread reads its hot rows through the same stores.
+    hot = dict(mode="neutronorch", hot_ratio=0.3, super_batch=4)
+    _, reused = run(read_order="batch", host_cache_gb=0, **hot)
+    _, reused_cached = run(read_order="file", host_cache_gb=gib, **hot)
+    assert [e["train_loss"] for e in reused_cached["epochs"]] == [e["train_loss"] for e in reused["epochs"]]
+    assert reused_cached["host_cache"]["hit_rate"] > 0
+    config, cached = run(read_order="batch", host_cache_gb=gib)
+    assert [e["train_loss"] for e in cached["epochs"]] == losses
+    summary = cached["host_cache"]
+    assert summary["types"]["paper"]["rows"] == 300 and summary["rows"] == 300 + summary["types"]["field"]["rows"]
+    assert set(summary) >= {"rows", "gib", "cold_file", "build_seconds", "hit_rate"} and 0 < summary["hit_rate"] < 1
+    _, measured = run(read_order="file", host_cache_gb="auto")
+    assert [e["train_loss"] for e in measured["epochs"]] == losses
+    assert measured["host_cache"]["types"]["paper"]["sizing"] is None  # too few gathers to size it
+    # The papers cached are the hottest ones.
+    two_way = graph.with_reverse()
+    sampler = TypedNeighborSampler(two_way, [4, 4])
+    cache = typed_stores(config, two_way, sampler)["paper"].host_cache
+    hottest = typed_hotness_order(two_way, sampler, two_way.train_idx, 32, 1)["paper"]
+    assert cache.rows == 300 and (cache.where[hottest[:300]] < 0).all() and (cache.where[hottest[300:]] >= 0).all()

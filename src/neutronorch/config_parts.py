@@ -257,17 +257,18 @@ class PlacementConfig:
              "from pinned host memory) instead of on the host; auto = on with CUDA (default: %(default)s)")
     read_order: str = setting(
         "auto", choices=("auto", "file", "batch"),
-        help="how memory-mapped features and topology are read: file reads each mini-batch's rows and adjacency front "
-             "to back (needed when the page cache cannot keep them: in batch order, readahead then reads pages that "
-             "are evicted before use); batch in the batch's order (faster while everything stays in memory); auto = "
-             "file when the memory-mapped arrays are larger than half the memory left beside the run's working memory "
-             "(default: %(default)s)")
+        help="how memory-mapped features and topology are read (a typed graph's relations: in batch order): file "
+             "reads each mini-batch's rows and adjacency front to back (needed when the page cache cannot keep them: "
+             "in batch order, readahead then reads pages that are evicted before use); batch in the batch's order "
+             "(faster while everything stays in memory); auto = file when the memory-mapped arrays are larger than "
+             "half the memory left beside the run's working memory (default: %(default)s)")
     host_cache_gb: str | float = setting(
         "auto", metavar="G",
         help="GiB of the hottest feature rows (below those on the device) copied into memory when the features are a "
              "memory map; the other rows are copied once into a compact file of their own, so each mini-batch's pass "
              "over the file is that much shorter; auto = 60%% of the memory left beside the run's working memory when "
-             "the features do not fit in it (none when they do), 0 = off (default: %(default)s)")
+             "the features do not fit in it (none when they do), 0 = off; a typed graph's memory-mapped featured types "
+             "share it by their bytes (default: %(default)s)")
     host_cache_dir: str | None = setting(
         None, type=str, metavar="DIR",
         help="folder for the host cache's file of the rows it does not hold (deleted as soon as it is open): needs "

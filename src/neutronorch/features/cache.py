@@ -22,9 +22,11 @@ import numpy as np
 import torch
 
 from neutronorch.data.csc import out_degrees
+from neutronorch.data.typed import TypedGraph
 from neutronorch.features.placement import to_device_in_slices
 from neutronorch.features.store import FeatureStore
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 
 def hotness_order(indptr: np.ndarray, indices: np.ndarray, train_idx: np.ndarray, fanouts: list[int],
@@ -54,6 +56,36 @@ def hotness_order(indptr: np.ndarray, indices: np.ndarray, train_idx: np.ndarray
         largest = sizes if b == 0 else [max(a, z) for a, z in zip(largest, sizes)]
     if frontiers is not None:
         frontiers[:] = largest
+    return _ranked(counts, degree)
+
+
+def typed_hotness_order(graph: TypedGraph, sampler: TypedNeighborSampler, train_idx: np.ndarray, batch_size: int,
+                        seed: int, policy: str = "presample", batches: int = 32) -> dict[str, np.ndarray]:
+    """Every vertex of each featured type of the typed ``graph``, hottest first: ``hotness_order``'s ranking
+    per type. A vertex's degree is its out-degree summed over the relations out of its type (how often it can
+    be drawn as someone's neighbour); ``presample`` adds its appearances in the input frontiers of ``batches``
+    mini-batches of the training seeds sampled by ``sampler`` (a ``TypedNeighborSampler`` with the training
+    fanouts, so the rows read most by the training batches' sampling rank first)."""
+    featured = [t for t in graph.features if graph.num_nodes[t] > 0]
+    degree = {t: np.zeros(graph.num_nodes[t], np.float64) for t in featured}
+    for (source, _, _), relation in graph.relations.items():
+        if source in degree:
+            degree[source] += out_degrees(relation.indices, graph.num_nodes[source])
+    counts = {t: np.zeros(graph.num_nodes[t], np.float64) for t in featured}
+    if policy != "degree" and len(train_idx):
+        order = np.random.default_rng(seed).permutation(np.asarray(train_idx, dtype=np.int64))
+        for b in range(min(batches, -(-order.shape[0] // batch_size))):
+            subgraph = sampler.sample(order[b * batch_size:(b + 1) * batch_size], batch_key(seed, -1, b))
+            for t, ids in subgraph.input_nodes.items():
+                if t in counts:
+                    counts[t][ids.numpy()] += 1  # frontiers hold distinct vertices
+    # A type the presampled batches never reached (or ``degree``): by degree alone.
+    return {t: _ranked(counts[t], degree[t]) if counts[t].any() else np.argsort(-degree[t], kind="stable")
+            for t in featured}
+
+
+def _ranked(counts: np.ndarray, degree: np.ndarray) -> np.ndarray:
+    """Vertices by ``counts`` plus a degree prior worth the same total, hottest first (ties: lower id first)."""
     prior = degree * (counts.sum() / max(1.0, degree.sum()))
     return np.argsort(-(counts + prior), kind="stable")
 

@@ -12,12 +12,12 @@ import collections
 import copy
 import queue
 import threading
+from typing import Mapping
 
 import numpy as np
 import torch
 
-from neutronorch.bfloat16 import numpy_view
-from neutronorch.data.dtypes import is_bfloat16
+from neutronorch.data.typed import TypedGraph
 from neutronorch.features.memory import available_memory_bytes
 from neutronorch.sampling import kernels
 
@@ -95,14 +95,15 @@ class FeatureStore:
     (float32, or bfloat16 for bfloat16 training: half the bytes written and copied). With a ``HostCache``
     (``attach_cache``) rows come from its memory or its file of cold rows; ``take_counts`` says how many."""
 
-    def __init__(self, features: np.ndarray, labels: np.ndarray, dtype: torch.dtype = torch.float32,
+    def __init__(self, features: np.ndarray, labels: np.ndarray | None = None, dtype: torch.dtype = torch.float32,
                  ordered: bool | None = None):
         self.features = features
         self.dtype = dtype
         self.ordered = beyond_memory([features]) if ordered is None else ordered
         self.rows_per_region = max(1, kernels.REGION_BYTES // max(1, features.strides[0]))
-        # Small; a writable copy (a class id per vertex, or a 0/1/-1 row per vertex for multi-label tasks).
-        self.labels = torch.from_numpy(np.array(labels, dtype=np.int64))
+        # Small; a writable copy (a class id per vertex, or a 0/1/-1 row per vertex for multi-label tasks). None:
+        # a typed graph's featured type, whose labels (the target's) the run reads on its own.
+        self.labels = None if labels is None else torch.from_numpy(np.array(labels, dtype=np.int64))
         self.host_cache = None
         self._counts = _Counts()
 
@@ -134,7 +135,7 @@ class FeatureStore:
         if cache is None:
             order = (kernels.region_order(ids, self.rows_per_region, self.features.shape[0]) if self.ordered
                      else kernels.NO_ORDER)
-            self._copy(self.features, ids, order, out)
+            kernels.gather_stored(self.features, ids, order, out)
             self._counts.add(ids.shape[0], 0)
             return out
         with cache.reading() as (where_of, table, cold):  # a consistent view: the cache may resize itself
@@ -143,20 +144,11 @@ class FeatureStore:
             order, hits = kernels.split_order(where, self.rows_per_region if self.ordered else max(1, cold_rows),
                                               max(1, cold_rows))
             if hits:  # a part of ``order`` visits only those positions; an empty one would visit every one
-                self._copy(table, -1 - where, order[:hits], out)
+                kernels.gather_stored(table, -1 - where, order[:hits], out)
             if hits < ids.shape[0]:
-                self._copy(cold, where, order[hits:], out)
+                kernels.gather_stored(cold, where, order[hits:], out)
         self._counts.add(ids.shape[0], int(hits))
         return out
-
-    def _copy(self, source: np.ndarray, rows: np.ndarray, order: np.ndarray, out: torch.Tensor) -> None:
-        """out[i] = source[rows[i]] for the positions of ``order`` (every one when it is empty)."""
-        if source.dtype == np.float16:
-            table = kernels.HALF_TO_BF16 if out.dtype == torch.bfloat16 else kernels.HALF_TO_FLOAT
-            kernels.gather_half_rows(source.view(np.uint16), rows, order, table, numpy_view(out))
-        else:  # bfloat16 storage as its bits: copied into bfloat16 rows, widened into float32 ones
-            kernels.gather_rows(source.view(np.uint16) if is_bfloat16(source) else source, rows, order,
-                                numpy_view(out))
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:
         """Allocate and fill (for cold paths such as inference)."""
@@ -179,3 +171,49 @@ class _Counts:
         with self._lock:
             taken, self._rows, self._hits = (self._rows, self._hits), 0, 0
         return taken
+
+
+class TypedInputs:
+    """``inputs(frontier, device) -> (features, ids)``, what the typed modes are handed: the rows of every
+    featured type's ids in ``frontier`` (float32) and every type's ids, both on ``device``. Each featured type's
+    rows come from a ``FeatureStore`` over its array (``stores``, one per featured type: a run's come from
+    ``reading.typed_stores``, in file order and through a host cache as configured; default:
+    each reads a memory map in file order when it does not fit, as ``FeatureStore`` decides), the gather
+    homogeneous runs read through: a memory-mapped array is read at those rows only, float16 and bfloat16
+    storage decoded."""
+
+    def __init__(self, graph: TypedGraph, stores: Mapping[str, FeatureStore] | None = None):
+        self.stores = dict(stores) if stores is not None else {t: FeatureStore(rows)
+                                                               for t, rows in graph.features.items()}
+        self._moved: dict[str, tuple[int, int]] = {}  # (rows gathered, host-cache hits) per type, summarised
+
+    def __call__(self, frontier: Mapping[str, torch.Tensor], device: torch.device
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        features = {t: self.stores[t].gather(ids).to(device) for t, ids in frontier.items() if t in self.stores}
+        return features, {t: ids.to(device) for t, ids in frontier.items()}
+
+    def summary(self) -> dict:
+        """``host_cache`` and ``read_order`` as a homogeneous run's summary has them: the host caches' rows,
+        GiB and build seconds summed over the cached types, their hit rate over the rows those types gathered,
+        and each type's own (``types``); how the featured types' rows were read (``file`` when any type's
+        were) and the topology (the typed sampler's: in batch order)."""
+        for t, store in self.stores.items():
+            self._moved[t] = tuple(a + b for a, b in zip(self._moved.get(t, (0, 0)), store.take_counts()))
+        caches = {t: store.host_cache.summary(*self._moved[t]) for t, store in self.stores.items()
+                  if store.host_cache is not None}
+        rows, hits = (sum(self._moved[t][i] for t in caches) for i in (0, 1))
+        host_cache = None if not caches else {
+            "rows": sum(c["rows"] for c in caches.values()), "gib": round(sum(c["gib"] for c in caches.values()), 3),
+            "cold_file": all(c["cold_file"] for c in caches.values()),
+            "build_seconds": round(sum(c["build_seconds"] for c in caches.values()), 2),
+            "hit_rate": hits / rows if rows else None, "types": caches}
+        ordered = any(store.ordered for store in self.stores.values())
+        return {"host_cache": host_cache, "read_order": {"features": "file" if ordered else "batch",
+                                                         "topology": "batch"}}
+
+
+def gather_frontier(graph: TypedGraph, frontier: Mapping[str, torch.Tensor], device: torch.device
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One read of ``frontier``'s inputs (``TypedInputs``) by stores made for it (prediction, embeddings); a
+    run and an evaluation read through stores made once (a ``TypedInputs`` of their own)."""
+    return TypedInputs(graph)(frontier, device)

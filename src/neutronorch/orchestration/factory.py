@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from neutronorch.capabilities import refusal
-from neutronorch.config import SamplingConfig, TrainConfig
+from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.features.cache import hotness_order
-from neutronorch.features.host_cache import HostCache, host_cache_rows, sized_by_memory
-from neutronorch.features.memory import AutoSize
+from neutronorch.features.host_cache import HostCache
 from neutronorch.features.placement import placement_for, workspace_bytes
-from neutronorch.features.store import beyond_memory
+from neutronorch.features.reading import auto_size, host_cache_size, read_orders, typed_stores
+from neutronorch.features.store import TypedInputs
 from neutronorch.observe import Spans
 from neutronorch.orchestration.access import build_feature_access
 from neutronorch.orchestration.device import DeviceMode
@@ -73,13 +72,16 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
     seeds_per_batch = config.batch_size * (2 + config.negatives) if link else config.batch_size
     workspace = workspace_bytes(graph.num_nodes, graph.feature_dim, config.hidden, graph.num_classes,
                                 config.fanouts, seeds_per_batch, config.heads if config.model == "gat" else 1)
-    features_in_file_order, topology_in_file_order = read_orders(config.read_order, graph, workspace)
+    features_in_file_order, topology_in_file_order = read_orders(config.read_order, [graph.features],
+                                                                 [graph.indices, graph.indptr], workspace)
     # Device mode samples from topology copied to the device (or pinned): no host sampler reads the file.
     sampling = dataclasses.replace(config.sampling, rank=shard[0], world=shard[1],
                                    file_order=topology_in_file_order and config.mode != "device")
     dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
     placement = placement_for(graph, config.placement, device, samples_on_device(config, device), workspace, dtype)
-    host_rows, why, order = host_cache_size(config, graph, sampling, features_in_file_order, shard[1] > 1)
+    host_rows, why, order = host_cache_size(config.host_cache_gb, graph.features, features_in_file_order, lambda: (
+        hotness_order(graph.indptr, graph.indices, graph.train_idx, sampling.fanouts, sampling.batch_size,
+                      sampling.seed, config.cache_policy)))
     access = build_feature_access(graph, placement, device, sampling, config.cache_policy, dtype,
                                   features_in_file_order, host_rows, config.host_cache_dir, order)
     cache = access.store.host_cache
@@ -87,7 +89,8 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
         device_rows = placement.cache_rows if access.cache is not None else 0
         if device_rows < graph.num_nodes:
             access.store.attach_cache(HostCache(graph.features, order[device_rows:], config.host_cache_dir,
-                                                auto_size(graph, shard[1] > 1)))
+                                                auto_size([graph.features], [graph.indptr, graph.indices],
+                                                          shard[1] > 1)))
             logger.info("host feature cache: sized once the first mini-batches have shown the memory they use "
                         "(until then rows are read from the features in place)")
     elif cache is not None:
@@ -118,50 +121,12 @@ def typed_mode(config: TrainConfig, graph: TypedGraph, device: torch.device, thr
     fanouts = typed_fanouts(graph, config.fanouts if fanouts is None else fanouts)
     sampling = dataclasses.replace(config.sampling, rank=shard[0], world=shard[1])
     if config.mode == "device":
+        if config.host_cache_gb not in (0, "auto"):
+            logger.info("no host feature cache: the mode keeps every featured type's rows on the device")
         return TypedDevice(graph, fanouts, sampling, device, spans, config.gpu_memory_gb)
+    # The featured types' rows, read on the host (in file order, through host caches, as configured).
+    inputs = TypedInputs(graph, typed_stores(config, graph, fanouts, shard[1] > 1))
     if config.mode == "neutronorch":
         return TypedNeutronOrch(graph, fanouts, sampling, config.neutronorch, config.epochs, device, spans,
-                                threads.sampler, threads.host)
-    return TypedExact(graph, fanouts, sampling, device, spans, threads.sampler)
-
-
-def host_cache_size(config: TrainConfig, graph: Graph, sampling: SamplingConfig, file_order: bool,
-                    distributed: bool = False) -> tuple[int, str, np.ndarray | None]:
-    """Rows of the host feature cache (``TrainConfig.host_cache_gb``; see ``features/host_cache.py``), why,
-    and the vertices hottest first where they were ranked for it. ``auto``, where the memory-mapped features
-    do not fit: 0 rows and the ranking, the cache then sizing itself from the memory the first mini-batches
-    use (``auto_size``); estimates of the working memory missed by up to 0.6 GiB on the 1M-vertex benchmark
-    graph."""
-    setting = config.host_cache_gb
-    if setting == 0:
-        return 0, "host_cache_gb 0", None
-    if sized_by_memory(setting, graph.features, file_order):
-        order = hotness_order(graph.indptr, graph.indices, graph.train_idx, sampling.fanouts, sampling.batch_size,
-                              sampling.seed, config.cache_policy)
-        return 0, "sized after the first mini-batches", order
-    return (*host_cache_rows(setting, graph.features, file_order), None)
-
-
-def auto_size(graph: Graph, distributed: bool = False) -> AutoSize:
-    """How a cache sized by measurement keeps room for the page cache: the memory-mapped topology is read all
-    through training; ``distributed``: each of the node's ranks (``LOCAL_WORLD_SIZE``) takes its share."""
-    mapped = [a for a in (graph.indptr, graph.indices) if isinstance(a, np.memmap)]
-    paths = [getattr(a, "filename", None) for a in mapped + [graph.features]]
-    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if distributed else 1
-    return AutoSize(files=sum(a.nbytes for a in mapped), exclude=tuple(str(p) for p in paths if p),
-                    ranks=max(1, ranks))
-
-
-def read_orders(setting: str, graph: Graph, workspace: int) -> tuple[bool, bool]:
-    """Whether the features and the topology are read in file order (``TrainConfig.read_order``): with
-    ``auto``, the memory-mapped ones, when together they are larger than half the memory left beside the
-    run's estimated working memory."""
-    features, topology = graph.features, graph.indices
-    if setting != "auto":
-        return setting == "file", setting == "file"
-    if not beyond_memory([features, topology, graph.indptr], reserve=workspace):
-        return False, False
-    mapped = [isinstance(a, np.memmap) for a in (features, topology)]
-    logger.info(f"memory-mapped {' and '.join(n for n, m in zip(('features', 'topology'), mapped) if m)} larger than "
-                f"half the memory left beside the run's working memory: read in file order (--read-order)")
-    return mapped[0], mapped[1]
+                                threads.sampler, threads.host, inputs)
+    return TypedExact(graph, fanouts, sampling, device, spans, threads.sampler, inputs)

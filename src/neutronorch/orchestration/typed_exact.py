@@ -15,7 +15,7 @@ protocol (``mode.py``) as the homogeneous ones do; the model takes a typed batch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Iterator
 
 import numba
 import numpy as np
@@ -23,27 +23,16 @@ import torch
 
 from neutronorch.config import SamplingConfig
 from neutronorch.data.typed import RelationType, TypedGraph
+from neutronorch.features.store import TypedInputs
 from neutronorch.observe import Spans, StageTable
 from neutronorch.orchestration.mode import StepHooksUnused, StepInputs
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import epoch_order, shard_batches
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_block import TypedBlock
-from neutronorch.sampling.typed_edges import read_rows
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 TYPED_SAMPLING_STAGES = StageTable({"sample": "sampler", "gather": "sampler"})
-
-
-def gather_frontier(graph: TypedGraph, frontier: Mapping[str, torch.Tensor], device: torch.device
-                    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """The rows of every featured type's ids in ``frontier`` (float32; a memory-mapped array is read at those
-    rows only) and every type's ids, both on ``device``, by ``typed_edges.read_rows``: contiguous float32 rows
-    go through ``kernels.gather_rows`` (prefetching rows ahead: 100,000 random rows of 64 from a memory-mapped
-    800,000 took 3.5-4.6 ms on one thread, a numpy fancy index 16-80 ms); other storage through a fancy index."""
-    features = {t: torch.from_numpy(read_rows(graph.features[t], ids.numpy())).to(device)
-                for t, ids in frontier.items() if t in graph.features}
-    return features, {t: ids.to(device) for t, ids in frontier.items()}
 
 
 def target_labels(graph: TypedGraph, seeds: np.ndarray) -> torch.Tensor:
@@ -86,11 +75,12 @@ class TypedExact(StepHooksUnused):
     name = "exact"
     stages = TYPED_SAMPLING_STAGES
     resumable = resumable_mid_epoch = True  # its batches depend only on (seed, epoch, batch)
-    store = placement = cache = None  # it reads a typed graph's rows itself (``gather_frontier``), no device cache
+    store = placement = cache = None  # it reads a typed graph's rows through ``inputs``' stores, no device cache
 
     def __init__(self, graph: TypedGraph, fanouts: dict[RelationType, list[int]], sampling: SamplingConfig,
-                 device: torch.device, spans: Spans, sampler_threads: int = 1):
+                 device: torch.device, spans: Spans, sampler_threads: int = 1, inputs: TypedInputs | None = None):
         self.graph, self.fanouts, self.sampling, self.device, self.spans = graph, fanouts, sampling, device, spans
+        self.inputs = inputs if inputs is not None else TypedInputs(graph)  # the featured types' stores
         self.train_idx = train_seeds(graph)
         self.sampler_threads = sampler_threads
         self.threads = {"sampler": sampler_threads}
@@ -104,6 +94,10 @@ class TypedExact(StepHooksUnused):
         batches = shard_batches(order, s.batch_size, s.rank, s.world)
         return Prefetcher(lambda: self._produce(epoch, batches, start), depth=s.prefetch, name="typed-producer",
                           on_start=lambda: numba.set_num_threads(self.sampler_threads))
+
+    def summary(self) -> dict:
+        """The host caches of its featured types and how their rows were read (``TypedInputs.summary``)."""
+        return self.inputs.summary()
 
     def step_inputs(self, batch: TypedBatch) -> StepInputs:
         return StepInputs(batch.blocks, batch.features, None, batch.ids)
@@ -120,7 +114,7 @@ class TypedExact(StepHooksUnused):
             with self.spans.stage("sample", index):
                 subgraph = sampler.sample(seeds.numpy(), batch_key(self.sampling.seed, epoch, index))
             with self.spans.stage("gather", index):
-                features, ids = gather_frontier(self.graph, subgraph.input_nodes, self.device)
+                features, ids = self.inputs(subgraph.input_nodes, self.device)
                 labels = target_labels(self.graph, seeds.numpy()).to(self.device)
                 blocks = [b.to(self.device) for b in subgraph.blocks]
             yield TypedBatch(epoch, index, blocks, features, ids, labels, subgraph.num_sampled_edges,

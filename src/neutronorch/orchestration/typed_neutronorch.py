@@ -53,6 +53,7 @@ import torch
 
 from neutronorch.config import NeutronOrchConfig, SamplingConfig
 from neutronorch.data.typed import RelationType, TypedGraph
+from neutronorch.features.store import TypedInputs
 from neutronorch.nn.splice import HotRows
 from neutronorch.nn.typed_models import TypedGNN
 from neutronorch.observe import Spans, StageTable
@@ -74,12 +75,13 @@ class TypedNeutronOrch:
     name = "neutronorch"
     stages = StageTable({"plan": "planner", "host_compute": "host", "sample": "sampler", "gather": "sampler"})
     resumable = resumable_mid_epoch = True  # ``state_dict`` after any step
-    store = placement = cache = None  # it reads a typed graph's rows itself (``gather_frontier``), no device cache
+    store = placement = cache = None  # it reads a typed graph's rows through ``inputs``' stores, no device cache
 
     def __init__(self, graph: TypedGraph, fanouts: dict[RelationType, list[int]], sampling: SamplingConfig,
                  config: NeutronOrchConfig, epochs: int, device: torch.device, spans: Spans,
-                 sampler_threads: int = 1, host_threads: int = 1):
+                 sampler_threads: int = 1, host_threads: int = 1, inputs: TypedInputs | None = None):
         self.graph, self.fanouts, self.sampling, self.device, self.spans = graph, fanouts, sampling, device, spans
+        self.inputs = inputs if inputs is not None else TypedInputs(graph)  # the featured types' stores
         self.train_idx = train_seeds(graph)
         self.num_batches = -(-self.train_idx.shape[0] // sampling.batch_size)
         self.schedule = Schedule(epochs, self.num_batches, config.super_batch, config.resolved_staleness)
@@ -118,7 +120,7 @@ class TypedNeutronOrch:
         self._host.start()
         sampler = TypedColdSampler(self.graph, self.fanouts, self.sampling, self.schedule, self.ratio, self.device,
                                    self.spans, self.sampler_threads, tuple(model.embeddings), self.first,
-                                   self.parts, self.needs)
+                                   self.parts, self.needs, self.inputs)
         self._batches = Prefetcher(sampler.run, depth=self.sampling.prefetch, name="typed-neutronorch-sampler")
 
     def close(self) -> None:
@@ -151,7 +153,7 @@ class TypedNeutronOrch:
 
     def summary(self) -> dict:
         """The run summary's ``neutronorch`` part: the settings, what the plans did and the staleness observed."""
-        return {"neutronorch": {"super_batch": self.schedule.super_batch,
+        return {**self.inputs.summary(), "neutronorch": {"super_batch": self.schedule.super_batch,
                                 "staleness_bound": self.schedule.staleness_bound,
                                 "hot_ratio": "auto" if self.ratio is None else self.ratio,
                                 "hot_grad": "cpu" if self.track_grad else "stop", "snapshot_lead": self.lead,

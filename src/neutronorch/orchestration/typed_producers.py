@@ -22,6 +22,7 @@ import torch
 
 from neutronorch.config import SamplingConfig
 from neutronorch.data.typed import RelationType, TypedGraph
+from neutronorch.features.store import TypedInputs
 from neutronorch.nn.splice import SpliceIndex
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
@@ -29,7 +30,7 @@ from neutronorch.orchestration.neutronorch.hot_rows import layer_holding
 from neutronorch.orchestration.neutronorch.plan_loop import one_ahead
 from neutronorch.orchestration.neutronorch.versions import Schedule
 from neutronorch.orchestration.seeds import epoch_order
-from neutronorch.orchestration.typed_exact import TypedBatch, gather_frontier, target_labels, train_seeds
+from neutronorch.orchestration.typed_exact import TypedBatch, target_labels, train_seeds
 from neutronorch.orchestration.typed_planner import TypedPlan, TypedPlanner
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_block import TypedBlock
@@ -138,8 +139,10 @@ class TypedColdSampler:
 
     def __init__(self, graph: TypedGraph, fanouts: dict[RelationType, list[int]], sampling: SamplingConfig,
                  schedule: Schedule, ratio: float | None, device: torch.device, spans: Spans, threads: int,
-                 tables: tuple[str, ...], first: tuple[int, int], parts: Channel, needs: Channel):
+                 tables: tuple[str, ...], first: tuple[int, int], parts: Channel, needs: Channel,
+                 inputs: TypedInputs):
         self.graph, self.fanouts, self.sampling, self.schedule = graph, fanouts, sampling, schedule
+        self.inputs = inputs  # the featured types' stores
         self.ratio, self.device, self.spans, self.threads, self.tables = ratio, device, spans, threads, tables
         self.first, self.parts, self.needs = first, parts, needs
         self.train_idx = train_seeds(graph)
@@ -184,7 +187,7 @@ class TypedColdSampler:
             block, features, needs = None, {}, {}
             if plan.hot:
                 block = sampler.sample_bottom(plan.hot, uppers[0][1])
-                features, ids = gather_frontier(self.graph, block.src_ids, torch.device("cpu"))
+                features, ids = self.inputs(block.src_ids, torch.device("cpu"))
                 needs = {t: ids[t] for t in self.tables if t in ids}
         self.needs.put(super_batch_id, needs)
         self.parts.put(super_batch_id, HotPart(super_batch_id, block, features, plan.hot))
@@ -196,7 +199,7 @@ class TypedColdSampler:
         with self.spans.stage("sample", planned.index):
             cold = sampler.sample_bottom(planned.cold_destinations(), planned.key)
         with self.spans.stage("gather", planned.index):
-            features, ids = gather_frontier(self.graph, cold.src_ids, self.device)
+            features, ids = self.inputs(cold.src_ids, self.device)
             labels = target_labels(self.graph, upper.seeds.numpy()).to(self.device)
             splice = {t: SpliceIndex.build(int(upper.frontiers[0][t].shape[0]), planned.cold_pos[t],
                                            planned.hot_pos[t], planned.hot_rows[t]).to(self.device)

@@ -14,7 +14,8 @@ import torch
 from numba import njit, prange
 
 import neutronorch.jit  # noqa: F401 - says when these kernels are compiled (a cold cache)
-from neutronorch.bfloat16 import store
+from neutronorch.bfloat16 import numpy_view, store
+from neutronorch.data.dtypes import is_bfloat16
 from neutronorch.prefetch import AHEAD, prefetch_row
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -306,3 +307,14 @@ def gather_half_rows(source_bits, rows, order, table, out):
             row, o = source_bits[rows[i]], out[i]
             for j in range(row.shape[0]):
                 store(o, j, table[row[j]])
+
+
+def gather_stored(source: np.ndarray, rows: np.ndarray, order: np.ndarray, out: torch.Tensor) -> None:
+    """out[i] = source[rows[i]] for the positions of ``order`` (every one when it is empty), ``source`` as it
+    is stored (float32, float16 or bfloat16; any other numeric dtype converted as numpy's ``astype`` would)
+    into float32 or bfloat16 rows: float16 decoded through a table, bfloat16 bits copied or widened."""
+    if source.dtype == np.float16:
+        table = HALF_TO_BF16 if out.dtype == torch.bfloat16 else HALF_TO_FLOAT
+        gather_half_rows(source.view(np.uint16), rows, order, table, numpy_view(out))
+    else:
+        gather_rows(source.view(np.uint16) if is_bfloat16(source) else source, rows, order, numpy_view(out))

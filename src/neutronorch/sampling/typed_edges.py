@@ -7,16 +7,14 @@ order), where the relational models find them. The sampler calls it on the block
 ``edge_features`` argument), so every caller of ``sample``, ``sample_hops`` and ``sample_bottom`` gets them
 without a gather of its own; a block sampled without them can be given them later by the same call.
 
-A memory-mapped array is read at the sampled rows only: contiguous float32 rows through
-``kernels.gather_rows`` (prefetching rows ahead), other storage (float16, bfloat16) through a numpy fancy
-index.
+A memory-mapped array is read at the sampled rows only, by the gather feature rows go through
+(``kernels.gather_stored``: prefetching rows ahead; float16 and bfloat16 storage decoded into float32).
 """
 
 from __future__ import annotations
 
 from typing import Iterable
 
-import numpy as np
 import torch
 
 from neutronorch.data.typed import RelationType, TypedGraph, relation_label
@@ -24,18 +22,14 @@ from neutronorch.errors import DataError
 from neutronorch.sampling import kernels
 from neutronorch.sampling.typed_block import TypedBlock
 
-__all__ = ["check_edge_features", "gather_edge_features", "read_rows"]
+__all__ = ["check_edge_features", "edge_rows", "gather_edge_features"]
 
 
-def read_rows(source: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """``source[ids]`` as float32 rows (``ids`` int64). Contiguous float32 rows go through
-    ``kernels.gather_rows``, other storage through a numpy fancy index: either way a memory map is read at
-    those rows only."""
-    if source.dtype == np.float32 and source.ndim == 2 and source.flags.c_contiguous:
-        rows = np.empty((ids.shape[0], source.shape[1]), np.float32)
-        kernels.gather_rows(source, ids, kernels.NO_ORDER, rows)
-        return rows
-    return np.asarray(source[ids], dtype=np.float32)
+def edge_rows(source, ids) -> torch.Tensor:
+    """``source``'s rows (edges x width) at the edge ids ``ids`` (int64 numpy), float32 on the CPU."""
+    rows = torch.empty((ids.shape[0], source.shape[1]), dtype=torch.float32)
+    kernels.gather_stored(source, ids, kernels.NO_ORDER, rows)
+    return rows
 
 
 def check_edge_features(graph: TypedGraph, relations: Iterable[RelationType]) -> None:
@@ -61,5 +55,4 @@ def gather_edge_features(graph: TypedGraph, blocks: Iterable[TypedBlock],
         for relation, ids in tblock.edge_ids.items():
             source = graph.relations[relation].edge_features
             if source is not None:
-                rows = read_rows(source, ids.cpu().numpy())
-                tblock.edge_features[relation] = torch.from_numpy(rows).to(device)
+                tblock.edge_features[relation] = edge_rows(source, ids.cpu().numpy()).to(device)

@@ -34,7 +34,7 @@ Edge ids: for the relations it records them for (by default every relation with 
 graph without), a relation's draws go through ``kernels.sample_neighbor_edges``, which draws exactly what
 ``sample_neighbors`` draws and also returns each drawn edge's position in the relation's ``indices``: the
 block's ``TypedBlock.edge_ids[relation]``. The sampler then reads those edges' feature rows into
-``TypedBlock.edge_features`` (``typed_edges.read_rows``), so whatever samples a batch hands its
+``TypedBlock.edge_features`` (``typed_edges.edge_rows``), so whatever samples a batch hands its
 models the edge features too. The other relations take ``sample_neighbors`` as before, so a graph without
 edge features samples as it did.
 """
@@ -54,7 +54,7 @@ from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block
 from neutronorch.sampling.neighbor_sampler import OneThread, layer_key, mix_key, relabel_into
 from neutronorch.sampling.typed_block import TypedBlock, TypedSubgraph
-from neutronorch.sampling.typed_edges import check_edge_features, read_rows
+from neutronorch.sampling.typed_edges import check_edge_features, edge_rows
 
 __all__ = ["DEFAULT", "TypedHops", "TypedNeighborSampler", "hop_keys", "relation_key", "typed_fanouts"]
 
@@ -306,5 +306,5 @@ class TypedNeighborSampler(OneThread, TypedHops):
     def _edge_rows(self, edge_ids: dict[RelationType, torch.Tensor]) -> dict[RelationType, torch.Tensor]:
         if not self.edge_features:
             return {}
-        return {r: torch.from_numpy(read_rows(self.graph.relations[r].edge_features, ids.numpy()))
+        return {r: edge_rows(self.graph.relations[r].edge_features, ids.numpy())
                 for r, ids in edge_ids.items() if self.graph.relations[r].edge_features is not None}

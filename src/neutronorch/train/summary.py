@@ -162,6 +162,9 @@ def typed_summary(run, status: str, started: float, data_seconds: float, threads
         "mode": run.mode.name,
         "mode_choice": None if config.mode != "auto" else
         {"chosen": "exact", "reason": "auto picks exact mode for typed graphs", "measured": None},
+        # The host caches of memory-mapped featured types and how their rows were read (TypedInputs.summary,
+        # in the summary of a mode that reads them on the host); then the mode's own entries.
+        "host_cache": None, "read_order": None,
         **run.mode.summary(),
         "model": {"kind": run.model.kind, "typed": True, "parameters": run.parameters,
                   "arguments": run.model.arguments},

@@ -1,7 +1,8 @@
 """A typed batch's inputs and a typed model's logits: what training, evaluation and prediction of a typed graph
 share.
 
-``gather_inputs`` reads the bottom frontier's feature rows of every featured type; ``typed_logits`` scores
+``gather_inputs`` reads the bottom frontier's feature rows of every featured type (through
+``features.store.TypedInputs``, the feature stores of a typed graph); ``typed_logits`` scores
 target vertices chunk by chunk from samples of one fixed key (``inference_key``), the model in eval mode;
 ``typed_files`` lists the files a graph is memory-mapped from (what no output may overwrite)."""
 
@@ -10,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from neutronorch.data.typed import TypedGraph
+from neutronorch.features.store import TypedInputs, gather_frontier
 from neutronorch.nn.typed_models import TypedGNN
-from neutronorch.orchestration.typed_exact import gather_frontier
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_block import TypedSubgraph
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -39,10 +40,10 @@ def typed_logits(model: TypedGNN, graph: TypedGraph, sampler: TypedNeighborSampl
     """Logits of ``nodes`` (unique target ids), the model in eval mode, in chunks of ``batch_size`` sampled
     with the one key ``inference_key(seed)``; float32 on the CPU."""
     model.eval()
-    outputs = [torch.zeros(0, model.arguments["num_classes"])]
+    outputs, inputs = [torch.zeros(0, model.arguments["num_classes"])], TypedInputs(graph)
     for chunk in torch.split(nodes, batch_size):
         subgraph = sampler.sample(chunk.numpy(), inference_key(seed))
-        features, ids = gather_inputs(graph, subgraph, device)
+        features, ids = inputs(subgraph.input_nodes, device)
         outputs.append(model([b.to(device) for b in subgraph.blocks], features, ids).float().cpu())
     return torch.cat(outputs)
 

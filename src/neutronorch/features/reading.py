@@ -1,0 +1,129 @@
+"""How a run reads its memory-mapped feature rows: in file order or in batch order (``read_orders``), through a
+host cache of which size (``host_cache_size``, ``auto_size``), decided once when the run starts, for a
+homogeneous graph's features and for each featured type of a typed graph (``typed_stores``) alike.
+
+The rows themselves are read by ``store.FeatureStore`` (one per feature array) and cached by
+``host_cache.HostCache``; this module decides, builds and logs, and never reads a row."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Callable
+
+import numpy as np
+
+from neutronorch.config import TrainConfig
+from neutronorch.data.typed import RelationType, TypedGraph
+from neutronorch.features.cache import typed_hotness_order
+from neutronorch.features.host_cache import HostCache, host_cache_rows, sized_by_memory
+from neutronorch.features.memory import AutoSize
+from neutronorch.features.placement import workspace_bytes
+from neutronorch.features.store import FeatureStore, beyond_memory
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler
+
+logger = logging.getLogger("neutronorch")
+
+
+def read_orders(setting: str, features: list[np.ndarray], topology: list[np.ndarray], workspace: int
+                ) -> tuple[bool, bool]:
+    """Whether the feature arrays and the topology arrays are read in file order (``TrainConfig.read_order``):
+    with ``auto``, the memory-mapped ones, when together they are larger than half the memory left beside the
+    run's estimated working memory (``workspace`` bytes)."""
+    if setting != "auto":
+        return setting == "file", setting == "file"
+    if not beyond_memory([*features, *topology], reserve=workspace):
+        return False, False
+    mapped = [any(isinstance(a, np.memmap) for a in arrays) for arrays in (features, topology)]
+    logger.info(f"memory-mapped {' and '.join(n for n, m in zip(('features', 'topology'), mapped) if m)} larger than "
+                f"half the memory left beside the run's working memory: read in file order (--read-order)")
+    return mapped[0], mapped[1]
+
+
+def host_cache_size(setting: str | float, features: np.ndarray, file_order: bool,
+                    ranked: Callable[[], np.ndarray]) -> tuple[int, str, np.ndarray | None]:
+    """Rows of the host feature cache of ``features`` (``setting``: ``TrainConfig.host_cache_gb``; see
+    ``host_cache.py``), why, and the vertices hottest first (``ranked()``) where they were ranked for it.
+    ``auto``, where the memory-mapped features do not fit: 0 rows and the ranking, the cache then sizing itself
+    from the memory the first mini-batches use (``auto_size``); estimates of the working memory missed by up to
+    0.6 GiB on the 1M-vertex benchmark graph."""
+    if setting == 0:
+        return 0, "host_cache_gb 0", None
+    if sized_by_memory(setting, features, file_order):
+        return 0, "sized after the first mini-batches", ranked()
+    return (*host_cache_rows(setting, features, file_order), None)
+
+
+def auto_size(features: list[np.ndarray], topology: list[np.ndarray], distributed: bool = False,
+              caches: int = 1) -> AutoSize:
+    """How a cache sized by measurement keeps room for the page cache: the memory-mapped topology is read all
+    through training; ``distributed``: each of the node's ranks (``LOCAL_WORLD_SIZE``) takes its share, and of
+    that each of the run's ``caches`` (a typed graph's cached types) its own."""
+    mapped = [a for a in topology if isinstance(a, np.memmap)]
+    paths = [getattr(a, "filename", None) for a in mapped + list(features)]
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if distributed else 1
+    return AutoSize(files=sum(a.nbytes for a in mapped), exclude=tuple(str(p) for p in paths if p),
+                    ranks=max(1, ranks) * max(1, caches))
+
+
+def typed_stores(config: TrainConfig, graph: TypedGraph, fanouts: dict[RelationType, list[int]],
+                 distributed: bool = False, on_host: bool = True) -> dict[str, FeatureStore]:
+    """One ``FeatureStore`` per featured type of the typed ``graph`` (two-way, as trained), each read in file
+    order or not and through a host cache or not as ``config`` (validated) says, with a homogeneous run's
+    meaning; ``fanouts``: the training fanouts per relation, whose batches rank the hot rows
+    (``typed_hotness_order``).
+
+    ``read_order`` decides the featured types' rows (``auto``: the memory-mapped ones, when they and the
+    relations' topology are larger than half the memory left beside the run's estimated working memory); the
+    typed sampler reads the relations in batch order. A fixed ``host_cache_gb`` is shared by the memory-mapped
+    featured types in proportion to their bytes (each caches the same share of its rows); ``auto`` sizes each
+    type's cache by measurement, each taking its share of the memory left. ``on_host``: whether the run's mode
+    reads rows on the host at all (device mode keeps every featured type's rows on the device): where it
+    does not, no cache is built."""
+    features = dict(graph.features)
+    topology = [a for relation in graph.relations.values() for a in (relation.indptr, relation.indices)]
+    width = max([graph.feature_dim(t) for t in graph.num_nodes] + [1])
+    # An upper estimate of a batch's frontiers: every relation drawing the largest fanout (all: 64, as there).
+    layers = [max(f[h] if f[h] > 0 else 64 for f in fanouts.values()) * len(fanouts)
+              for h in range(len(next(iter(fanouts.values()))))]
+    workspace = workspace_bytes(sum(graph.num_nodes.values()), width, config.hidden, graph.num_classes, layers,
+                                config.batch_size)
+    in_file_order, _ = read_orders(config.read_order, list(features.values()), topology, workspace)
+    stores = {t: FeatureStore(rows, ordered=in_file_order and (config.read_order == "file"
+                                                                or isinstance(rows, np.memmap)))
+              for t, rows in features.items()}
+    setting = config.host_cache_gb
+    mapped = {t: rows for t, rows in features.items() if isinstance(rows, np.memmap)}
+    if setting == 0 or not mapped:
+        return stores
+    if not on_host:
+        logger.info("no host feature cache: the mode keeps every featured type's rows on the device")
+        return stores
+    total = sum(rows.nbytes for rows in mapped.values())
+    ranking: dict[str, np.ndarray] = {}
+
+    def ranked(t: str) -> np.ndarray:
+        if not ranking:  # one presample ranks every type
+            sampler = TypedNeighborSampler(graph, fanouts)  # the training batches' draws
+            ranking.update(typed_hotness_order(graph, sampler, graph.train_idx, config.batch_size, config.seed,
+                                               config.cache_policy))
+        return ranking[t]
+
+    for t, rows in mapped.items():
+        share = setting if setting == "auto" else float(setting) * rows.nbytes / max(1, total)
+        count, why, order = host_cache_size(share, rows, stores[t].ordered, lambda: ranked(t))
+        if order is not None:
+            stores[t].attach_cache(HostCache(rows, order, config.host_cache_dir,
+                                             auto_size(list(features.values()), topology, distributed, len(mapped))))
+            logger.info(f"host feature cache of {t}: sized once the first mini-batches have shown the memory they "
+                        f"use (until then rows are read from the features in place)")
+        elif count > 0:
+            cache = HostCache(rows, ranked(t)[:count], config.host_cache_dir)
+            stores[t].attach_cache(cache)
+            logger.info(f"host feature cache of {t} ({why}): {cache.rows:,} rows ({cache.table.nbytes / 2**30:.2f} "
+                        f"GiB) in memory, " + (f"{cache.cold.shape[0]:,} copied to a file of cold rows"
+                                               if cache.cold_file else "the others read in place")
+                        + f"; built in {cache.seconds:.1f} s")
+        elif setting != "auto":  # memory-mapped, so only a share too small for one row
+            logger.info(f"no host feature cache of {t}: its share of host_cache_gb holds no row")
+    return stores
