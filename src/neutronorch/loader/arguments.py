@@ -17,20 +17,19 @@ SEED_SETS = {"train": "train_idx", "val": "val_idx", "valid": "val_idx", "test":
 LINK_SETS = {"train": "train", "val": "val", "valid": "val", "test": "test"}  # LinkSplit's sets
 
 
-def resolve_graph(graph) -> Graph:
-    """A ``Graph`` as given, or the one a dataset spec string names (``load_dataset``)."""
-    if isinstance(graph, Graph):
+def resolve_graph(graph) -> Graph | TypedGraph:
+    """A ``Graph`` or ``TypedGraph`` as given, or the one a dataset spec string names (``load_dataset``; a typed
+    dataset's path: ``load_typed_dataset``)."""
+    if isinstance(graph, (Graph, TypedGraph)):
         graph.check_given()
         return graph
-    if isinstance(graph, TypedGraph) or (isinstance(graph, str) and is_typed_dataset(graph)):
-        raise ConfigError(f"`graph`: {graph if isinstance(graph, str) else graph.name} is a typed graph (several "
-                          f"vertex or relation types); TypedNeighborLoader samples those (docs/loader.md, "
-                          f"'Typed graphs').")
     if isinstance(graph, str):
-        return load_dataset(graph)
-    raise ConfigError(f"`graph`: expected a neutronorch Graph or a dataset spec string (such as "
+        return load_typed_dataset(graph) if is_typed_dataset(graph) else load_dataset(graph)
+    raise ConfigError(f"`graph`: expected a neutronorch TypedGraph, Graph or a dataset spec string (such as "
                       f"'synthetic:nodes=2000'), not a {type(graph).__name__}. Convert a PyG Data with "
-                      f"neutronorch.from_pyg(data) or a DGL graph with neutronorch.from_dgl(g).")
+                      f"neutronorch.from_pyg(data) (a HeteroData with neutronorch.data.from_pyg_hetero(data, "
+                      f"target=...)), a DGL graph with neutronorch.from_dgl(g) (a heterograph with "
+                      f"from_dgl_hetero(g, target=...)).")
 
 
 def resolve_seeds(graph: Graph | TypedGraph, seeds) -> np.ndarray:
@@ -64,22 +63,6 @@ def resolve_seeds(graph: Graph | TypedGraph, seeds) -> np.ndarray:
                           f"{int(np.flatnonzero(counts > 1)[0])}); each vertex may be a seed once per epoch "
                           f"(deduplicate with torch.unique).")
     return ids
-
-
-def resolve_typed_graph(graph) -> TypedGraph:
-    """A ``TypedGraph`` as given, or the one a typed dataset's path names (``load_typed_dataset``: a typed
-    native folder, OGB's ogbn-mag layout, IGBH or MAG240M)."""
-    if isinstance(graph, TypedGraph):
-        graph.check_given()
-        return graph
-    if isinstance(graph, str) and is_typed_dataset(graph):
-        return load_typed_dataset(graph)
-    if isinstance(graph, (Graph, str)):
-        raise ConfigError(f"`graph`: {graph if isinstance(graph, str) else graph.name} is not a typed graph; "
-                          f"NeighborLoader samples a graph of one vertex and one edge type.")
-    raise ConfigError(f"`graph`: expected a neutronorch TypedGraph or the path of a typed dataset, not a "
-                      f"{type(graph).__name__}. Convert a PyG HeteroData with neutronorch.data.from_pyg_hetero"
-                      f"(data, target=...) or a DGL heterograph with from_dgl_hetero(g, target=...).")
 
 
 def resolve_edges(graph: Graph, edges, layout: str | None = None) -> np.ndarray:

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from neutronorch.orchestration.batch import MiniBatch
+from neutronorch.orchestration.mode import StepInputs
 from neutronorch.sampling.block import Block, pyg_form
 
 __all__ = ["SampledBatch", "LoaderBatch"]
@@ -35,12 +36,15 @@ class SampledBatch:
     you need by copying it, or build the loader with ``reuse_buffers=False``. The last batch an iteration
     handed out (``next(iter(loader))``, a ``break``) keeps its rows when the iteration closes."""
 
-    def __init__(self, minibatch: MiniBatch, blocks: list[Block], x: torch.Tensor, input_id: torch.Tensor,
-                 reused: bool = True):
+    def __init__(self, minibatch: MiniBatch, inputs: StepInputs, input_id: torch.Tensor, reused: bool = True):
         self.minibatch = minibatch
         self._reused = reused  # x may be the pool's buffer, refilled after the next batch is asked for
         self.epoch, self.index = minibatch.epoch, minibatch.index
-        self._blocks, self._x = blocks, x
+        self._blocks, self._x = inputs.blocks, inputs.features
+        if not reused:  # a copy of its own, the buffer back in the pool at once
+            if self._x.device.type == "cpu":
+                self._x = self._x.clone()
+            minibatch.release()
         self.input_id = input_id
         self._pyg = None
         self._released = False
@@ -171,9 +175,9 @@ class LoaderBatch(SampledBatch):
     """A mini-batch handed out by ``NeighborLoader``: ``SampledBatch``'s fields and ``y``, the seeds'
     labels (one per seed, or one row of tasks)."""
 
-    def __init__(self, minibatch: MiniBatch, blocks: list[Block], x: torch.Tensor, input_id: torch.Tensor,
+    def __init__(self, minibatch: MiniBatch, inputs: StepInputs, input_id: torch.Tensor,
                  labels: Callable[[torch.Tensor], torch.Tensor], reused: bool = True):
-        super().__init__(minibatch, blocks, x, input_id, reused)
+        super().__init__(minibatch, inputs, input_id, reused)
         self.y = minibatch.labels
         self._labels = labels  # global ids -> labels, on the batch's device
 

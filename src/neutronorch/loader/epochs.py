@@ -1,10 +1,10 @@
 """Epochs as every loader has them: each iteration one epoch, its order and draws from (seed, epoch, batch),
 resume from a batch, and the producer thread's lifetime.
 
-``EpochSource`` is what ``NeighborLoader``, ``LinkNeighborLoader`` (``base.py``'s ``EpochLoader``) and
-``TypedNeighborLoader`` (``typed_loader.py``) share; a subclass says how an epoch's batches are produced
-(``_produce(epoch, start)``: a generator that runs its mode's producer under a ``with``, so the thread stops
-when the generator is closed) and what its mode releases (``_close_mode``). Each ``iter(loader)`` runs epoch
+``EpochSource`` is the part of ``base.py``'s ``EpochLoader`` (``NeighborLoader``, ``LinkNeighborLoader``)
+that knows no mode: the loader says how an epoch's batches are produced (``_produce(epoch, start)``: a
+generator that runs its mode's producer under a ``with``, so the thread stops when the generator is closed)
+and what its mode releases (``_close_mode``). Each ``iter(loader)`` runs epoch
 ``loader.epoch`` and moves it on by one, as an unchanged PyG loop that iterates the loader once per epoch
 expects.
 """

@@ -49,6 +49,7 @@ class LinkNeighborLoader(EpochLoader):
     ``to_dgl_pair_graphs()``) DGL's."""
 
     items = "seed edges"
+    task = "link"
 
     def __init__(self, graph, fanouts, batch_size: int, *, edges="train", negatives: int = 1,
                  layout: str | None = None, **settings):
@@ -68,8 +69,8 @@ class LinkNeighborLoader(EpochLoader):
                                    notes=list(self.graph.notes))
         return view, int(edges.shape[1]), {"task": "link", "negatives": self.negatives}
 
-    def _make_batch(self, minibatch, blocks, x, input_id, reused) -> LinkLoaderBatch:
-        return LinkLoaderBatch(minibatch, blocks, x, input_id, reused)
+    def _make_batch(self, minibatch, inputs, input_id) -> LinkLoaderBatch:
+        return LinkLoaderBatch(minibatch, inputs, input_id, self.reuse_buffers)
 
     def _describe(self) -> str:
         return f"edges={self._count:,}, negatives={self.negatives}"

@@ -1,4 +1,4 @@
-"""One mini-batch of a ``TypedNeighborLoader``, in the three forms a training loop may take.
+"""One mini-batch of a ``NeighborLoader`` over a typed graph, in the three forms a training loop may take.
 
 - Native (neutronorch's ``TypedGNN``, or any module taking the same): ``batch.blocks`` (``TypedBlock``s,
   bottom layer first), ``batch.features`` (each featured type's input rows), ``batch.ids`` (each type's input
@@ -46,8 +46,8 @@ class TypedLoaderBatch:
     ``y`` (their labels), ``batch_size``, ``input_id`` (the seeds' positions among the loader's seeds),
     ``target``. Its tensors are its own (typed modes reuse no buffer): a batch may be kept."""
 
-    def __init__(self, batch: TypedBatch, epoch: int, index: int, input_id: torch.Tensor, layout: TypedLayout):
-        self.epoch, self.index = epoch, index
+    def __init__(self, batch: TypedBatch, input_id: torch.Tensor, layout: TypedLayout):
+        self.epoch, self.index = batch.epoch, batch.index
         self.blocks: list[TypedBlock] = batch.blocks
         self.features: dict[str, torch.Tensor] = batch.features
         self.ids: dict[str, torch.Tensor] = batch.ids
@@ -162,7 +162,12 @@ class TypedLoaderBatch:
         out[-1].dstnodes[self.target].data["label"] = self.y
         return out
 
-    to_dgl_blocks = to_dgl  # NeighborLoader's name for it
+    to_dgl_blocks = to_dgl  # a homogeneous batch's name for it
+
+    def _release(self) -> None:
+        """Its tensors are its own (typed modes reuse no buffer): nothing to give back as the loader moves on."""
+
+    _keep = _release
 
     def __repr__(self) -> str:
         inputs = {t: int(ids.shape[0]) for t, ids in self.ids.items()}
