@@ -8,16 +8,18 @@ features, the host cache and file-ordered reads. Each iteration is one epoch, ``
 under a ``with``, so its producer thread stops when the epoch ends, on ``break`` and on an exception. What
 runs on which kind of graph is ``capabilities.py``'s table (``refusal``).
 
-Epochs, resume and the iteration's lifetime are ``EpochSource``'s (epochs.py). A subclass says what an
-epoch is made of (``_resolve``: the vertices or edges it takes, in batches of
-``batch_size``, and the view of the graph its mode reads them from) and what a batch looks like
-(``_make_batch``); the order of epoch ``e`` is the mode's own permutation of those items
-(``epoch_order(seed, e)``), so ``input_order`` names each batch's items without asking the mode.
+Each ``iter(loader)`` runs epoch ``loader.epoch`` and moves it on by one, as an unchanged PyG loop that
+iterates the loader once per epoch expects; an iteration is an ``EpochIterator`` (epochs.py). A subclass says
+what an epoch is made of (``_resolve``: the vertices or edges it takes, in batches of ``batch_size``, and the
+view of the graph its mode reads them from) and what a batch looks like (``_make_batch``); the order of epoch
+``e`` is the mode's own permutation of those items (``epoch_order(seed, e)``), so ``input_order`` names each
+batch's items without asking the mode.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import weakref
 from typing import Iterator
 
@@ -27,11 +29,13 @@ from neutronorch.capabilities import TYPED_DOCS, check_run, refusal
 from neutronorch.config import TrainConfig
 from neutronorch.data import Graph, TypedGraph
 from neutronorch.errors import ConfigError
-from neutronorch.loader.arguments import check_device, check_mode, resolve_graph
+from neutronorch.limits import check_seed, check_switch
+from neutronorch.loader.arguments import check_count, check_device, check_mode, resolve_graph
 from neutronorch.loader.batch import SampledBatch
-from neutronorch.loader.epochs import EpochIterator, EpochSource
+from neutronorch.loader.epochs import EpochIterator
 from neutronorch.orchestration.factory import build_mode
 from neutronorch.orchestration.mode import Mode, StepInputs
+from neutronorch.orchestration.seeds import epoch_order
 from neutronorch.sampling.typed_sampler import typed_fanouts
 from neutronorch.train.resources import check_threading_layer, thread_budget
 
@@ -43,11 +47,14 @@ LOADER_OPTIONS = ("hidden", "heads", "gcn_norm", "precision", "gpu_memory_gb", "
 TYPED_OPTIONS = ("gpu_memory_gb",)  # a typed graph's modes size nothing else by the model's settings
 
 
-class EpochLoader(EpochSource):
-    """Mini-batches of sampled neighbourhoods of a ``Graph`` or a ``TypedGraph``, one epoch per iteration
-    (``NeighborLoader`` and ``LinkNeighborLoader`` document the arguments)."""
+class EpochLoader:
+    """Mini-batches of sampled neighbourhoods of a ``Graph`` or a ``TypedGraph``, ``batch_size`` of an epoch's
+    ``_count`` items (seeds or seed edges) each, one epoch per iteration (``NeighborLoader`` and
+    ``LinkNeighborLoader`` document the arguments)."""
 
     task = "node"  # capabilities.py's task of the loader's batches
+    items = "seeds"  # what an epoch is made of, in messages
+    mode = None  # None once closed
 
     def __init__(self, graph, fanouts, batch_size: int, *, shuffle: bool = True, seed: int = 0, device="cpu",
                  mode: str = "exact", epoch: int = 0, start: int = 0, drop_last: bool = False,
@@ -140,5 +147,90 @@ class EpochLoader(EpochSource):
         k = minibatch.index * self.batch_size
         return self._make_batch(minibatch, inputs, order[k:k + self.batch_size].to(self.device, non_blocking=True))
 
-    def _close_mode(self) -> None:
-        self._finalizer()
+    # -- epochs ---------------------------------------------------------------------------------------
+    def _epochs(self, count: int, batch_size, seed, epoch, shuffle, drop_last) -> None:
+        """The epochs' settings: ``count`` items in batches of ``batch_size``."""
+        self._count = count
+        self.batch_size = check_count("batch_size", batch_size, 1)
+        self.seed = check_seed(check_count("seed", seed, 0))
+        self.epoch = check_count("epoch", epoch, 0)
+        self.shuffle, self.drop_last = check_switch(shuffle, "`shuffle`"), check_switch(drop_last, "`drop_last`")
+        if self.drop_last and count < self.batch_size:
+            raise ConfigError(f"`drop_last` with `batch_size` {self.batch_size}: the {count:,} {self.items} fill no "
+                              f"whole batch, so every epoch would be empty. Give a batch_size of at most "
+                              f"{count:,}, or drop_last=False.")
+        self._active: weakref.ref | None = None
+        self._iterating = threading.Lock()  # one thread at a time opens or closes an iteration
+
+    def _check_start(self, start) -> int:
+        start = check_count("start", start, 0)
+        if start > len(self):
+            raise ConfigError(f"`start` {start}: an epoch has {len(self)} batches of the {self._count:,} "
+                              f"{self.items} (batch size {self.batch_size}); start at 0..{len(self)}.")
+        return start
+
+    def __len__(self) -> int:
+        """Batches in an epoch."""
+        return self._count // self.batch_size if self.drop_last else -(-self._count // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration runs (its order and draws)."""
+        self.epoch = check_count("epoch", epoch, 0)
+
+    def __iter__(self) -> "EpochIterator":
+        start, self._start = self._start, 0
+        return self.iter_from(start)
+
+    def iter_from(self, start: int = 0, epoch: int | None = None) -> "EpochIterator":
+        """Epoch ``epoch`` (default: the next, ``loader.epoch``) from batch ``start`` on: exactly the batches
+        ``start``, ``start + 1``, ... that a whole iteration of that epoch yields. Closes an iteration still
+        open; the epoch after this one comes next."""
+        if self.mode is None:
+            raise ConfigError(f"this {type(self).__name__} is closed (close(), or its `with` block ended); make a "
+                              f"new one to iterate again.")
+        epoch = self.epoch if epoch is None else check_count("epoch", epoch, 0)
+        start = self._check_start(start)
+        with self._iterating:
+            self._close_active()
+            self.epoch = epoch + 1
+            iterator = EpochIterator(self._produce(epoch, start), epoch, start, len(self) - start,
+                                     type(self).__name__)
+            self._active = weakref.ref(iterator)
+        return iterator
+
+    def input_order(self, epoch: int) -> torch.Tensor:
+        """Positions among the loader's items in the order epoch ``epoch`` takes them (the mode's own
+        permutation)."""
+        positions = torch.arange(self._count)
+        return epoch_order(positions, self.seed, epoch) if self.shuffle else positions
+
+    # -- lifetime -------------------------------------------------------------------------------------
+    def _close_active(self) -> None:
+        """Close the open iteration, which must be this thread's: a new iteration (or ``close``) from another
+        thread while one runs would end it under its loop, a short epoch or batches of two epochs mixed."""
+        active = self._active() if self._active is not None else None
+        if active is not None:
+            active._check_thread("a new iteration cannot start" if self.mode is not None else "the loader cannot close")
+            active.close()
+
+    def close(self) -> None:
+        """Stop the iteration in progress (its thread joined) and release what the mode holds."""
+        with self._iterating:
+            self._close_active()
+            if self.mode is not None:
+                self._finalizer()
+                self.mode = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _describe(self) -> str:
+        return f"{self.items}={self._count:,}"
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.graph.name}, fanouts={self.fanouts}, batch_size={self.batch_size}, "
+                f"{self._describe()}, mode={self.mode_name}, device={self.device}, epoch={self.epoch}, "
+                f"batches={len(self)})")

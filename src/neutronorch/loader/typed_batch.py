@@ -15,27 +15,13 @@ reached, so that each vertex's neighbours are drawn once, as PyG's sampler draws
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import torch
 
-from neutronorch.orchestration.typed_exact import TypedBatch
-from neutronorch.sampling.typed_block import RelationType, TypedBlock, hop_counts, typed_pyg_form
+from neutronorch.data.typed import TypedGraph
+from neutronorch.orchestration.typed_exact import TypedBatch, target_labels
+from neutronorch.sampling.typed_block import TypedBlock, hop_counts, typed_pyg_form
 
-__all__ = ["TypedLoaderBatch", "TypedLayout"]
-
-
-@dataclass(frozen=True)
-class TypedLayout:
-    """What a batch's forms need of the graph: its types in order with their feature widths (0: none), its
-    relations (reverses included) with their edge feature widths, the target type, and the labels of target
-    ids (``labels(ids)``, on the ids' device)."""
-
-    feature_dims: dict[str, int]
-    relations: dict[RelationType, int]
-    target: str
-    labels: Callable[[torch.Tensor], torch.Tensor]
+__all__ = ["TypedLoaderBatch"]
 
 
 class TypedLoaderBatch:
@@ -46,15 +32,15 @@ class TypedLoaderBatch:
     ``y`` (their labels), ``batch_size``, ``input_id`` (the seeds' positions among the loader's seeds),
     ``target``. Its tensors are its own (typed modes reuse no buffer): a batch may be kept."""
 
-    def __init__(self, batch: TypedBatch, input_id: torch.Tensor, layout: TypedLayout):
+    def __init__(self, batch: TypedBatch, input_id: torch.Tensor, graph: TypedGraph):
         self.epoch, self.index = batch.epoch, batch.index
         self.blocks: list[TypedBlock] = batch.blocks
         self.features: dict[str, torch.Tensor] = batch.features
         self.ids: dict[str, torch.Tensor] = batch.ids
         self.y: torch.Tensor = batch.labels
         self.input_id = input_id
-        self.target = layout.target
-        self._layout = layout
+        self.target = graph.target
+        self._graph = graph  # the loader's, its reverse relations added: every type and relation a form names
         self._pyg = None
 
     @property
@@ -79,7 +65,7 @@ class TypedLoaderBatch:
     def num_sampled_nodes(self) -> dict[str, list[int]]:
         """Per type, its vertices per hop: the seeds (the target's; 0 for the others), then those each hop
         added (PyG's ``num_sampled_nodes_dict``)."""
-        return hop_counts(self.blocks, list(self._layout.feature_dims))
+        return hop_counts(self.blocks, list(self._graph.num_nodes))
 
     # -- the PyG form ---------------------------------------------------------------------------------
     def to_pyg(self):
@@ -99,20 +85,21 @@ class TypedLoaderBatch:
         except ImportError:
             raise ImportError("batch.to_pyg() needs PyTorch Geometric: pip install torch-geometric (its "
                               "NeighborLoader's sampler backends, pyg-lib or torch-sparse, are not needed)") from None
-        layout, device = self._layout, self.device
-        form = typed_pyg_form(self.blocks, list(layout.feature_dims), list(layout.relations))
+        graph, device = self._graph, self.device
+        form = typed_pyg_form(self.blocks, list(graph.num_nodes), list(graph.relations))
         data = HeteroData()
-        for node_type, width in layout.feature_dims.items():
+        for node_type in graph.num_nodes:
+            width = graph.feature_dim(node_type)
             ids = self.ids.get(node_type, torch.zeros(0, dtype=torch.int64, device=device))
             store = data[node_type]
             store.n_id, store.num_nodes = ids, int(ids.shape[0])
             if width:
                 store.x = self.features.get(node_type, torch.zeros(0, width, device=device))
         target = data[self.target]
-        target.y = layout.labels(target.n_id)
+        target.y = target_labels(graph, target.n_id.cpu().numpy()).to(device)
         target.batch_size, target.input_id = self.batch_size, self.input_id
-        for relation, width in layout.relations.items():
-            store = data[relation]
+        for relation, rel in graph.relations.items():
+            store, width = data[relation], rel.edge_feature_dim
             store.edge_index = form.edge_index[relation]
             if width:
                 store.edge_attr = form.edge_features.get(relation, torch.zeros(0, width, device=device))
@@ -134,12 +121,12 @@ class TypedLoaderBatch:
             import dgl  # noqa: PLC0415 - optional
         except ImportError:
             raise ImportError("batch.to_dgl() needs DGL: pip install dgl") from None
-        layout, out = self._layout, []
+        graph, out = self._graph, []
         for tblock in self.blocks:
-            counts_src = {t: int(tblock.num_src.get(t, 0)) for t in layout.feature_dims}
-            counts_dst = {t: int(tblock.num_dst.get(t, 0)) for t in layout.feature_dims}
+            counts_src = {t: int(tblock.num_src.get(t, 0)) for t in graph.num_nodes}
+            counts_dst = {t: int(tblock.num_dst.get(t, 0)) for t in graph.num_nodes}
             data = {}
-            for relation in layout.relations:
+            for relation in graph.relations:
                 block = tblock.blocks.get(relation)
                 if block is None:
                     indptr = torch.zeros(counts_dst[relation[2]] + 1, dtype=torch.int64, device=self.device)
