@@ -14,6 +14,7 @@ reached, so that each vertex's neighbours are drawn once, as PyG's sampler draws
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
 import torch
@@ -22,7 +23,20 @@ from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.sampling.block import Block, pyg_form
 
-__all__ = ["SampledBatch", "LoaderBatch"]
+__all__ = ["SampledBatch", "LoaderBatch", "optional"]
+
+INSTALL = {"torch_geometric.data": "PyTorch Geometric: pip install torch-geometric (its NeighborLoader's sampler "
+                                  "backends, pyg-lib or torch-sparse, are not needed)",
+           "dgl": "DGL: pip install dgl"}
+
+
+def optional(module: str, form: str):
+    """``module`` (``torch_geometric.data`` or ``dgl``), which a batch's ``form`` needs and neutronorch does not,
+    or an ``ImportError`` saying how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(f"batch.{form}() needs {INSTALL[module]}") from None
 
 
 class SampledBatch:
@@ -94,16 +108,11 @@ class SampledBatch:
         edge positions (neutronorch graphs have no edge features to index). Built once per batch."""
         self._check()
         if self._pyg is None:
-            try:
-                from torch_geometric.data import Data  # noqa: PLC0415 - optional
-            except ImportError:
-                raise ImportError("batch.to_pyg() needs PyTorch Geometric: pip install torch-geometric (its "
-                                  "NeighborLoader's sampler backends, pyg-lib or torch-sparse, are not needed)"
-                                  ) from None
+            pyg = optional("torch_geometric.data", "to_pyg")
             edge_index, nodes, edges = pyg_form(self._blocks)
             n_id = self.n_id
-            self._pyg = Data(x=self._x, edge_index=edge_index, n_id=n_id, input_id=self.input_id,
-                             num_sampled_nodes=nodes, num_sampled_edges=edges, **self._pyg_fields(n_id))
+            self._pyg = pyg.Data(x=self._x, edge_index=edge_index, n_id=n_id, input_id=self.input_id,
+                                 num_sampled_nodes=nodes, num_sampled_edges=edges, **self._pyg_fields(n_id))
         return self._pyg
 
     def _pyg_fields(self, n_id: torch.Tensor) -> dict:
@@ -117,10 +126,7 @@ class SampledBatch:
         ``srcdata["feat"]`` holds ``x`` (and, from ``NeighborLoader``, the last block's ``dstdata["label"]``
         the seeds' labels)."""
         self._check()
-        try:
-            import dgl  # noqa: PLC0415 - optional
-        except ImportError:
-            raise ImportError("batch.to_dgl_blocks() needs DGL: pip install dgl") from None
+        dgl = optional("dgl", "to_dgl_blocks")
         out = []
         for block in self._blocks:
             # Handed over in CSC, the form the sampler made and the one DGL's message passing to the

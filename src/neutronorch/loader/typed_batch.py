@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from neutronorch.data.typed import TypedGraph
+from neutronorch.loader.batch import optional
 from neutronorch.orchestration.typed_exact import TypedBatch, target_labels
 from neutronorch.sampling.typed_block import TypedBlock, hop_counts, typed_pyg_form
 
@@ -70,24 +71,14 @@ class TypedLoaderBatch:
     # -- the PyG form ---------------------------------------------------------------------------------
     def to_pyg(self):
         """A ``torch_geometric.data.HeteroData`` with what PyG's ``NeighborLoader`` puts in a heterogeneous
-        batch: every vertex type of the graph with ``n_id``, ``num_nodes`` and ``x`` (featured types; a
-        featureless type has ``n_id`` only, for an embedding table to look up), the target's ``y`` (a label per
-        vertex of its ``n_id``, the seeds' first), ``batch_size`` and ``input_id``; every relation (reverses
-        included) with ``edge_index`` (local ids in its end types' ``n_id``) and, where the graph has edge
-        features, ``edge_attr`` and ``e_id`` (the edges' positions in the relation's CSC, which is
-        ``to_pyg_hetero``'s edge order); and per type and relation ``num_sampled_nodes`` and
-        ``num_sampled_edges`` (``num_sampled_nodes_dict``, ``num_sampled_edges_dict``), which
-        ``trim_to_layer`` reads. A type or relation the batch did not reach is there, empty. Built once."""
+        batch (docs/loader.md has the fields): every type and relation of the graph, reverses included, empty
+        where the batch did not reach it; ``e_id`` and ``edge_attr`` where a relation has edge features (the
+        edges' positions in its CSC, ``to_pyg_hetero``'s edge order). Built once."""
         if self._pyg is not None:
             return self._pyg
-        try:
-            from torch_geometric.data import HeteroData  # noqa: PLC0415 - optional
-        except ImportError:
-            raise ImportError("batch.to_pyg() needs PyTorch Geometric: pip install torch-geometric (its "
-                              "NeighborLoader's sampler backends, pyg-lib or torch-sparse, are not needed)") from None
+        data = optional("torch_geometric.data", "to_pyg").HeteroData()
         graph, device = self._graph, self.device
         form = typed_pyg_form(self.blocks, list(graph.num_nodes), list(graph.relations))
-        data = HeteroData()
         for node_type in graph.num_nodes:
             width = graph.feature_dim(node_type)
             ids = self.ids.get(node_type, torch.zeros(0, dtype=torch.int64, device=device))
@@ -111,16 +102,11 @@ class TypedLoaderBatch:
 
     # -- the DGL form ---------------------------------------------------------------------------------
     def to_dgl(self) -> list:
-        """One DGL block per layer, input layer first (as ``dgl.dataloading`` yields them for a heterograph):
-        ``dgl.create_block`` over every relation (reverses included; one the layer did not draw has no edge)
-        with every type's source and destination counts, the sampler's blocks as they are (in CSC);
-        ``srcdata``/``dstdata`` ``dgl.NID`` per type (global ids within the type), the first block's
-        ``srcdata["feat"]`` per featured type, the last block's ``dstdata["label"]`` on the target, and
-        ``edata["feat"]`` and ``dgl.EID`` for relations with edge features."""
-        try:
-            import dgl  # noqa: PLC0415 - optional
-        except ImportError:
-            raise ImportError("batch.to_dgl() needs DGL: pip install dgl") from None
+        """One DGL block per layer, input layer first (as ``dgl.dataloading`` yields them for a heterograph),
+        over every relation (one the layer did not draw has no edge), the sampler's blocks as they are (CSC):
+        ``dgl.NID`` per type, the first block's ``srcdata["feat"]``, the last's ``dstdata["label"]`` on the
+        target, ``edata["feat"]`` and ``dgl.EID`` where a relation has edge features."""
+        dgl = optional("dgl", "to_dgl")
         graph, out = self._graph, []
         for tblock in self.blocks:
             counts_src = {t: int(tblock.num_src.get(t, 0)) for t in graph.num_nodes}
