@@ -8,7 +8,7 @@ import numbers
 import numpy as np
 import torch
 
-from neutronorch.capabilities import LOADER_MODES, LOADER_REFUSED
+from neutronorch.capabilities import LOADER_MODES, LOADER_REFUSED, TYPED_DOCS, refusal
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
 from neutronorch.data.pairs import pair_columns
 from neutronorch.errors import ConfigError
@@ -129,12 +129,16 @@ def check_negatives(value) -> int:
     return check_count("negatives", value, 1)
 
 
-def check_mode(mode) -> str:
+def check_mode(mode, kind: str = "homogeneous", task: str = "node") -> str:
+    """``mode``, where a loader runs it for ``task`` on a graph of ``kind`` (``capabilities.py``'s table)."""
     if mode in LOADER_REFUSED:
         raise ConfigError(LOADER_REFUSED[mode])
     if mode not in LOADER_MODES:
         raise ConfigError(f"`mode` {mode!r}: the loader runs mode exact (sampling and gathering on the host, in a "
                           f"background thread) or device (on the training device).")
+    refused = refusal(kind, mode, task)
+    if refused is not None:
+        raise ConfigError(refused + (TYPED_DOCS if kind == "typed" else ""))
     return mode
 
 

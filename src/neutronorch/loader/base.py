@@ -25,7 +25,7 @@ from typing import Iterator
 
 import torch
 
-from neutronorch.capabilities import TYPED_DOCS, check_run, refusal
+from neutronorch.capabilities import check_run
 from neutronorch.config import TrainConfig
 from neutronorch.data import Graph, TypedGraph
 from neutronorch.errors import ConfigError
@@ -61,10 +61,8 @@ class EpochLoader:
                  sampler_threads: int = 0, prefetch: int = 2, reuse_buffers: bool = True, model=None, **options):
         self.graph = resolve_graph(graph)
         self.typed = isinstance(self.graph, TypedGraph)
-        self.mode_name = check_mode(mode)
-        refused = refusal("typed" if self.typed else "homogeneous", self.mode_name, self.task)
-        if refused is not None:
-            raise ConfigError(refused + (TYPED_DOCS if self.typed else ""))
+        self.kind = "typed" if self.typed else "homogeneous"  # capabilities.py's name for it
+        self.mode_name = check_mode(mode, self.kind, self.task)
         if self.typed and model is not None and not isinstance(model, torch.nn.Module):
             raise ConfigError(f"`model`: on a typed graph, your torch.nn.Module (device mode counts its parameters "
                               f"in the device's budget), not a {type(model).__name__}.")
@@ -95,9 +93,8 @@ class EpochLoader:
         taken = TYPED_OPTIONS if self.typed else LOADER_OPTIONS
         unknown = sorted(set(options) - set(taken))
         if unknown:
-            raise ConfigError(f"{type(self).__name__} got unexpected option(s) {', '.join(unknown)}; on a "
-                              f"{'typed' if self.typed else 'homogeneous'} graph it takes {', '.join(taken)} "
-                              f"besides its named arguments.")
+            raise ConfigError(f"{type(self).__name__} got unexpected option(s) {', '.join(unknown)}; on a {self.kind} "
+                              f"graph it takes {', '.join(taken)} besides its named arguments.")
         if self.typed:
             self.fanouts = typed_fanouts(self.graph, fanouts)
             layers = {len(hops) for hops in self.fanouts.values()}
@@ -115,7 +112,7 @@ class EpochLoader:
         config = TrainConfig(dataset=self.graph.name, batch_size=self.batch_size, seed=self.seed,
                              mode=self.mode_name, device=self.device.type, prefetch=prefetch,
                              sampler_threads=sampler_threads, epochs=1, **task, **options).validate()
-        check_run(config, "typed" if self.typed else "homogeneous")  # a setting this kind of graph cannot honour
+        check_run(config, self.kind)  # a setting this kind of graph cannot honour
         config.sampling = dataclasses.replace(config.sampling, shuffle=self.shuffle)  # the trainer always shuffles
         if not self.typed:
             self.fanouts = list(config.fanouts)

@@ -53,7 +53,10 @@ class NeighborLoader(EpochLoader):
     def _resolve(self):
         self.seeds = torch.from_numpy(resolve_seeds(self.graph, self._seeds_given))
         if self.typed:
-            self.graph = _labelled(self.graph.with_reverse())
+            self.graph = self.graph.with_reverse()
+            if self.graph.labels is None:  # its batches' y: -1
+                target = self.graph.num_nodes[self.graph.target]
+                self.graph = dataclasses.replace(self.graph, labels=np.full(target, -1, dtype=np.int64))
             return dataclasses.replace(self.graph, train_idx=self.seeds.numpy()), int(self.seeds.shape[0]), {}
         view = dataclasses.replace(self.graph, train_idx=self.seeds.numpy(), notes=list(self.graph.notes))
         return view, int(self.seeds.shape[0]), {}
@@ -74,10 +77,3 @@ class NeighborLoader(EpochLoader):
 
 
 TypedNeighborLoader = NeighborLoader  # the name it had for typed graphs, kept for code that imports it
-
-
-def _labelled(graph):
-    """``graph``, given labels of -1 on its target where it has none (its batches' ``y``)."""
-    if graph.labels is not None:
-        return graph
-    return dataclasses.replace(graph, labels=np.full(graph.num_nodes[graph.target], -1, dtype=np.int64))
