@@ -225,7 +225,7 @@ class EpochLoader:
         self.close()
 
     def _describe(self) -> str:
-        return f"{self.items}={self._count:,}"
+        return f"{self.items}={self._count:,}" + (f" of {self.graph.target}" if self.typed else "")
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.graph.name}, fanouts={self.fanouts}, batch_size={self.batch_size}, "

@@ -1,5 +1,6 @@
-"""One mini-batch of a loader, in the three forms a training loop may take (``NeighborLoader``'s here; a
-``LinkNeighborLoader``'s, with its pairs, in link_batch.py).
+"""One mini-batch of a loader over a homogeneous graph, in the three forms a training loop may take
+(``NeighborLoader``'s here; a ``LinkNeighborLoader``'s, with its pairs, in link_batch.py; a typed graph's in
+typed_batch.py).
 
 - Plain (neutronorch's own models): ``batch.blocks`` (bottom layer first), ``batch.x`` (the bottom block's
   source rows), ``batch.y`` (the seeds' labels), ``batch.seeds``: ``GNN(...)(batch.blocks, batch.x)``.

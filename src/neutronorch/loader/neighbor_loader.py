@@ -72,8 +72,5 @@ class NeighborLoader(EpochLoader):
             self._labels = self.mode.store.labels.to(ids.device)
         return self._labels.index_select(0, ids)
 
-    def _describe(self) -> str:
-        return f"seeds={self._count:,}" + (f" of {self.graph.target}" if self.typed else "")
-
 
 TypedNeighborLoader = NeighborLoader  # the name it had for typed graphs, kept for code that imports it
