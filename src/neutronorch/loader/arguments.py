@@ -148,17 +148,3 @@ def check_count(name: str, value, low: int) -> int:
     if value < low:
         raise ConfigError(f"`{name}` {value}: must be at least {low}.")
     return int(value)
-
-
-def check_device(device) -> torch.device:
-    try:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" \
-            else torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ConfigError(f"`device` {device!r}: give cpu, cuda, cuda:N or auto.") from None
-    if device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"`device` {device}: the loader places batches on the CPU or a CUDA device.")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"`device` {device}: no CUDA device is available to this PyTorch (torch "
-                          f"{torch.__version__}); use cpu.")
-    return device

@@ -30,14 +30,14 @@ from neutronorch.config import TrainConfig
 from neutronorch.data import Graph, TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.limits import check_seed, check_switch
-from neutronorch.loader.arguments import check_count, check_device, check_mode, resolve_graph
+from neutronorch.loader.arguments import check_count, check_mode, resolve_graph
 from neutronorch.loader.batch import SampledBatch
 from neutronorch.loader.epochs import EpochIterator
 from neutronorch.orchestration.factory import build_mode
 from neutronorch.orchestration.mode import Mode, StepInputs
 from neutronorch.orchestration.seeds import epoch_order
 from neutronorch.sampling.typed_sampler import typed_fanouts
-from neutronorch.train.resources import check_threading_layer, thread_budget
+from neutronorch.train.resources import check_threading_layer, resolve_device, thread_budget
 
 __all__ = ["EpochLoader", "EpochIterator", "LOADER_OPTIONS"]
 
@@ -68,7 +68,7 @@ class EpochLoader:
                               f"in the device's budget), not a {type(model).__name__}.")
         view, count, task = self._resolve()
         self._epochs(count, batch_size, seed, epoch, shuffle, drop_last)
-        self.device = check_device(device)
+        self.device = resolve_device(device)
         self.reuse_buffers = bool(reuse_buffers)
         self.config = self._config(fanouts, model, prefetch, sampler_threads, options, task)
         self._start = self._check_start(start)
