@@ -1,4 +1,4 @@
-"""TypedNeighborLoader: the typed pipeline's batches for a loop of one's own (train()'s batches, epochs,
+"""NeighborLoader on a typed graph: the typed pipeline's batches for a loop of one's own (train()'s batches, epochs,
 resume, device mode on the CPU), in neutronorch's, PyG's and DGL's form; a PyG heterogeneous model trains on
 them and computes what the same model computes on the whole graph; and what the loader refuses."""
 
@@ -188,7 +188,7 @@ def test_a_second_thread_is_refused_while_one_iterates(mag):
     worker = threading.Thread(target=first, name="first")
     worker.start()
     assert opened.wait(10)
-    with pytest.raises(ConfigError, match="TypedNeighborLoader: a new iteration cannot start .*thread 'first' "
+    with pytest.raises(ConfigError, match="NeighborLoader: a new iteration cannot start .*thread 'first' "
                                           "is iterating it .*a loader of its own"):
         iter(ours)
     finish.set()
@@ -437,16 +437,24 @@ def test_bad_arguments_get_clear_errors(mag, kwargs, message):
         TypedNeighborLoader(mag, settings.pop("fanouts"), settings.pop("batch_size"), **settings)
 
 
-def test_graphs_of_the_other_kind_name_the_other_loader(mag):
+def test_one_loader_takes_either_kind_of_graph(mag):
+    """NeighborLoader (TypedNeighborLoader is another name for it) yields a typed graph's batches as
+    TypedLoaderBatch and a homogeneous graph's as LoaderBatch; link batches of a typed graph are refused."""
     from neutronorch.data import load_dataset
-    from neutronorch.loader import NeighborLoader
+    from neutronorch.loader import LinkNeighborLoader, LoaderBatch, NeighborLoader, TypedLoaderBatch
 
-    with pytest.raises(ConfigError, match="NeighborLoader samples"):
-        TypedNeighborLoader(load_dataset("synthetic:nodes=200,degree=4,features=4,classes=2"), [2], 8)
-    with pytest.raises(ConfigError, match="TypedNeighborLoader"):
-        NeighborLoader(mag, [2], 8)
+    assert TypedNeighborLoader is NeighborLoader
+    assert isinstance(next(iter(NeighborLoader(mag, [2], 8, sampler_threads=1))), TypedLoaderBatch)
+    homogeneous = load_dataset("synthetic:nodes=200,degree=4,features=4,classes=2")
+    assert isinstance(next(iter(NeighborLoader(homogeneous, [2], 8, sampler_threads=1))), LoaderBatch)
+    with pytest.raises(ConfigError, match="`model` rgcn: a relational model, for typed graphs"):
+        NeighborLoader(homogeneous, [2], 8, model="rgcn")
+    with pytest.raises(ConfigError, match="`task` link: not available for typed graphs"):
+        LinkNeighborLoader(mag, [2], 8, edges=[[0], [1]])
     with pytest.raises(ConfigError, match="from_pyg_hetero"):
-        TypedNeighborLoader(42, [2], 8)
+        NeighborLoader(42, [2], 8)
+    with pytest.raises(ConfigError, match="on a typed graph it takes gpu_memory_gb"):
+        NeighborLoader(mag, [2], 8, hidden=16)
 
 
 def test_a_graph_without_labels_gives_minus_one(mag):

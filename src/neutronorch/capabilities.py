@@ -125,7 +125,7 @@ def markdown() -> str:
         if values is not None:
             settings += " " + " or ".join(values)
         lines.append(f"| {kind} | {settings} | {why.format(it='them' if len(names) > 1 else 'it')} |")
-    lines += ["", "The loaders (`NeighborLoader`, `LinkNeighborLoader`, `TypedNeighborLoader`) offer "
+    lines += ["", "The loaders (`NeighborLoader`, on either kind of graph, and `LinkNeighborLoader`) offer "
                   f"{' and '.join(LOADER_MODES)} mode; " + " ".join(LOADER_REFUSED.values())]
     lines += [f"Your own module on a {kind} graph: {reason}" for (kind, _), reason in OWN_MODULE_REFUSED.items()]
     return "\n".join(lines) + "\n"

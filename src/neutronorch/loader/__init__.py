@@ -1,5 +1,5 @@
-"""The engine as a library: ``NeighborLoader`` (seed vertices), ``LinkNeighborLoader`` (seed edges and their
-negatives) and ``TypedNeighborLoader`` (seed vertices of a typed graph's target type) hand the training
+"""The engine as a library: ``NeighborLoader`` (seed vertices of a homogeneous or a typed graph; also named
+``TypedNeighborLoader``) and ``LinkNeighborLoader`` (seed edges and their negatives) hand the training
 pipeline's mini-batches to your own loop, as PyG data (``batch.to_pyg()``: a ``Data``, or a ``HeteroData`` for
 a typed graph), DGL blocks (``batch.to_dgl_blocks()``) or neutronorch's blocks and rows (``batch.blocks``,
 ``batch.x``; a typed batch's ``batch.features`` and ``batch.ids``). ``docs/loader.md`` has examples and what
@@ -9,9 +9,8 @@ from neutronorch.loader.batch import LoaderBatch
 from neutronorch.loader.epochs import EpochIterator
 from neutronorch.loader.link_batch import LinkLoaderBatch
 from neutronorch.loader.link_loader import LinkNeighborLoader
-from neutronorch.loader.neighbor_loader import NeighborLoader
+from neutronorch.loader.neighbor_loader import NeighborLoader, TypedNeighborLoader
 from neutronorch.loader.typed_batch import TypedLoaderBatch
-from neutronorch.loader.typed_loader import TypedNeighborLoader
 
 __all__ = ["NeighborLoader", "LinkNeighborLoader", "TypedNeighborLoader", "LoaderBatch", "LinkLoaderBatch",
            "TypedLoaderBatch", "EpochIterator"]

@@ -8,7 +8,7 @@ import numbers
 import numpy as np
 import torch
 
-from neutronorch.capabilities import LOADER_MODES, LOADER_REFUSED
+from neutronorch.capabilities import LOADER_MODES, LOADER_REFUSED, TYPED_DOCS, refusal
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
 from neutronorch.data.pairs import pair_columns
 from neutronorch.errors import ConfigError
@@ -17,20 +17,19 @@ SEED_SETS = {"train": "train_idx", "val": "val_idx", "valid": "val_idx", "test":
 LINK_SETS = {"train": "train", "val": "val", "valid": "val", "test": "test"}  # LinkSplit's sets
 
 
-def resolve_graph(graph) -> Graph:
-    """A ``Graph`` as given, or the one a dataset spec string names (``load_dataset``)."""
-    if isinstance(graph, Graph):
+def resolve_graph(graph) -> Graph | TypedGraph:
+    """A ``Graph`` or ``TypedGraph`` as given, or the one a dataset spec string names (``load_dataset``; a typed
+    dataset's path: ``load_typed_dataset``)."""
+    if isinstance(graph, (Graph, TypedGraph)):
         graph.check_given()
         return graph
-    if isinstance(graph, TypedGraph) or (isinstance(graph, str) and is_typed_dataset(graph)):
-        raise ConfigError(f"`graph`: {graph if isinstance(graph, str) else graph.name} is a typed graph (several "
-                          f"vertex or relation types); TypedNeighborLoader samples those (docs/loader.md, "
-                          f"'Typed graphs').")
     if isinstance(graph, str):
-        return load_dataset(graph)
-    raise ConfigError(f"`graph`: expected a neutronorch Graph or a dataset spec string (such as "
+        return load_typed_dataset(graph) if is_typed_dataset(graph) else load_dataset(graph)
+    raise ConfigError(f"`graph`: expected a neutronorch TypedGraph, Graph or a dataset spec string (such as "
                       f"'synthetic:nodes=2000'), not a {type(graph).__name__}. Convert a PyG Data with "
-                      f"neutronorch.from_pyg(data) or a DGL graph with neutronorch.from_dgl(g).")
+                      f"neutronorch.from_pyg(data) (a HeteroData with neutronorch.data.from_pyg_hetero(data, "
+                      f"target=...)), a DGL graph with neutronorch.from_dgl(g) (a heterograph with "
+                      f"from_dgl_hetero(g, target=...)).")
 
 
 def resolve_seeds(graph: Graph | TypedGraph, seeds) -> np.ndarray:
@@ -64,22 +63,6 @@ def resolve_seeds(graph: Graph | TypedGraph, seeds) -> np.ndarray:
                           f"{int(np.flatnonzero(counts > 1)[0])}); each vertex may be a seed once per epoch "
                           f"(deduplicate with torch.unique).")
     return ids
-
-
-def resolve_typed_graph(graph) -> TypedGraph:
-    """A ``TypedGraph`` as given, or the one a typed dataset's path names (``load_typed_dataset``: a typed
-    native folder, OGB's ogbn-mag layout, IGBH or MAG240M)."""
-    if isinstance(graph, TypedGraph):
-        graph.check_given()
-        return graph
-    if isinstance(graph, str) and is_typed_dataset(graph):
-        return load_typed_dataset(graph)
-    if isinstance(graph, (Graph, str)):
-        raise ConfigError(f"`graph`: {graph if isinstance(graph, str) else graph.name} is not a typed graph; "
-                          f"NeighborLoader samples a graph of one vertex and one edge type.")
-    raise ConfigError(f"`graph`: expected a neutronorch TypedGraph or the path of a typed dataset, not a "
-                      f"{type(graph).__name__}. Convert a PyG HeteroData with neutronorch.data.from_pyg_hetero"
-                      f"(data, target=...) or a DGL heterograph with from_dgl_hetero(g, target=...).")
 
 
 def resolve_edges(graph: Graph, edges, layout: str | None = None) -> np.ndarray:
@@ -146,12 +129,16 @@ def check_negatives(value) -> int:
     return check_count("negatives", value, 1)
 
 
-def check_mode(mode) -> str:
+def check_mode(mode, kind: str = "homogeneous", task: str = "node") -> str:
+    """``mode``, where a loader runs it for ``task`` on a graph of ``kind`` (``capabilities.py``'s table)."""
     if mode in LOADER_REFUSED:
         raise ConfigError(LOADER_REFUSED[mode])
     if mode not in LOADER_MODES:
         raise ConfigError(f"`mode` {mode!r}: the loader runs mode exact (sampling and gathering on the host, in a "
                           f"background thread) or device (on the training device).")
+    refused = refusal(kind, mode, task)
+    if refused is not None:
+        raise ConfigError(refused + (TYPED_DOCS if kind == "typed" else ""))
     return mode
 
 
@@ -161,17 +148,3 @@ def check_count(name: str, value, low: int) -> int:
     if value < low:
         raise ConfigError(f"`{name}` {value}: must be at least {low}.")
     return int(value)
-
-
-def check_device(device) -> torch.device:
-    try:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" \
-            else torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ConfigError(f"`device` {device!r}: give cpu, cuda, cuda:N or auto.") from None
-    if device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"`device` {device}: the loader places batches on the CPU or a CUDA device.")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"`device` {device}: no CUDA device is available to this PyTorch (torch "
-                          f"{torch.__version__}); use cpu.")
-    return device

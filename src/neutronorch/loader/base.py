@@ -1,89 +1,121 @@
 """What every loader shares: arguments, the mode, epochs, iteration, resume and the lifetime of batches.
 
 A loader builds a mode exactly as ``train()`` does (``build_mode`` from a ``TrainConfig``, threads from
-``thread_budget``), so its batches come from the same pipeline: the multi-threaded numba sampler in a
-background producer, gathers into pooled (on CUDA pinned) buffers, copies to the device on a side stream,
-the device feature cache and, for memory-mapped features, the host cache and file-ordered reads. Each
-iteration is one epoch, ``mode.batches(epoch, start)`` under a ``with``, so its producer thread stops when
-the epoch ends, on ``break`` and on an exception.
+``thread_budget``; a ``TypedGraph`` gets its typed mode, with fanouts per relation), so its batches come from
+the same pipeline: the multi-threaded numba sampler in a background producer, gathers into pooled (on CUDA
+pinned) buffers, copies to the device on a side stream, the device feature cache and, for memory-mapped
+features, the host cache and file-ordered reads. Each iteration is one epoch, ``mode.batches(epoch, start)``
+under a ``with``, so its producer thread stops when the epoch ends, on ``break`` and on an exception. What
+runs on which kind of graph is ``capabilities.py``'s table (``refusal``).
 
-Epochs, resume and the iteration's lifetime are ``EpochSource``'s (epochs.py). A subclass says what an
-epoch is made of (``_resolve``: the vertices or edges it takes, in batches of
-``batch_size``, and the view of the graph its mode reads them from) and what a batch looks like
-(``_make_batch``); the order of epoch ``e`` is the mode's own permutation of those items
-(``epoch_order(seed, e)``), so ``input_order`` names each batch's items without asking the mode.
+Each ``iter(loader)`` runs epoch ``loader.epoch`` and moves it on by one, as an unchanged PyG loop that
+iterates the loader once per epoch expects; an iteration is an ``EpochIterator`` (epochs.py). A subclass says
+what an epoch is made of (``_resolve``: the vertices or edges it takes, in batches of ``batch_size``, and the
+view of the graph its mode reads them from) and what a batch looks like (``_make_batch``); the order of epoch
+``e`` is the mode's own permutation of those items (``epoch_order(seed, e)``), so ``input_order`` names each
+batch's items without asking the mode.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import weakref
 from typing import Iterator
 
 import torch
 
+from neutronorch.capabilities import check_run
 from neutronorch.config import TrainConfig
-from neutronorch.data import Graph
+from neutronorch.data import Graph, TypedGraph
 from neutronorch.errors import ConfigError
-from neutronorch.loader.arguments import check_device, check_mode, resolve_graph
+from neutronorch.limits import check_seed, check_switch
+from neutronorch.loader.arguments import check_count, check_mode, resolve_graph
 from neutronorch.loader.batch import SampledBatch
-from neutronorch.loader.epochs import EpochIterator, EpochSource
+from neutronorch.loader.epochs import EpochIterator
 from neutronorch.orchestration.factory import build_mode
-from neutronorch.orchestration.mode import Mode
-from neutronorch.train.resources import check_threading_layer, thread_budget
+from neutronorch.orchestration.mode import Mode, StepInputs
+from neutronorch.orchestration.seeds import epoch_order
+from neutronorch.sampling.typed_sampler import typed_fanouts
+from neutronorch.train.resources import check_threading_layer, resolve_device, thread_budget
 
 __all__ = ["EpochLoader", "EpochIterator", "LOADER_OPTIONS"]
 
 # TrainConfig settings a loader passes on (the rest are the trainer's: model, optimizer, evaluation, outputs).
 LOADER_OPTIONS = ("hidden", "heads", "gcn_norm", "precision", "gpu_memory_gb", "gpu_cache_gb", "cache_policy",
                   "read_order", "host_cache_gb", "host_cache_dir")
+TYPED_OPTIONS = ("gpu_memory_gb",)  # a typed graph's modes size nothing else by the model's settings
 
 
-class EpochLoader(EpochSource):
-    """Mini-batches of sampled neighbourhoods, one epoch per iteration (``NeighborLoader`` and
+class EpochLoader:
+    """Mini-batches of sampled neighbourhoods of a ``Graph`` or a ``TypedGraph``, ``batch_size`` of an epoch's
+    ``_count`` items (seeds or seed edges) each, one epoch per iteration (``NeighborLoader`` and
     ``LinkNeighborLoader`` document the arguments)."""
+
+    task = "node"  # capabilities.py's task of the loader's batches
+    items = "seeds"  # what an epoch is made of, in messages
+    mode = None  # None once closed
 
     def __init__(self, graph, fanouts, batch_size: int, *, shuffle: bool = True, seed: int = 0, device="cpu",
                  mode: str = "exact", epoch: int = 0, start: int = 0, drop_last: bool = False,
-                 sampler_threads: int = 0, prefetch: int = 2, reuse_buffers: bool = True, model: str = "sage",
-                 **options):
+                 sampler_threads: int = 0, prefetch: int = 2, reuse_buffers: bool = True, model=None, **options):
         self.graph = resolve_graph(graph)
-        self.mode_name = check_mode(mode)
+        self.typed = isinstance(self.graph, TypedGraph)
+        self.kind = "typed" if self.typed else "homogeneous"  # capabilities.py's name for it
+        self.mode_name = check_mode(mode, self.kind, self.task)
+        if self.typed and model is not None and not isinstance(model, torch.nn.Module):
+            raise ConfigError(f"`model`: on a typed graph, your torch.nn.Module (device mode counts its parameters "
+                              f"in the device's budget), not a {type(model).__name__}.")
         view, count, task = self._resolve()
         self._epochs(count, batch_size, seed, epoch, shuffle, drop_last)
-        self.device = check_device(device)
+        self.device = resolve_device(device)
         self.reuse_buffers = bool(reuse_buffers)
         self.config = self._config(fanouts, model, prefetch, sampler_threads, options, task)
-        self.fanouts = list(self.config.fanouts)
         self._start = self._check_start(start)
         check_threading_layer(self.device)
         self.threads = thread_budget(self.config)
-        self.mode: Mode | None = build_mode(self.config, view, self.device, self.threads)
+        self.mode: Mode | None = build_mode(self.config, view, self.device, self.threads,
+                                            fanouts=self.fanouts if self.typed else None)
         self._finalizer = weakref.finalize(self, self.mode.close)
+        self.mode.start(model if self.typed and model is not None else torch.nn.Module())  # typed device mode: placed
 
-    def _resolve(self) -> tuple[Graph, int, dict]:
+    def _resolve(self) -> tuple[Graph | TypedGraph, int, dict]:
         """The graph the mode samples from, the items of an epoch and the ``TrainConfig`` settings of the
         task (a subclass's)."""
         raise NotImplementedError
 
-    def _make_batch(self, minibatch, blocks, x: torch.Tensor, input_id: torch.Tensor, reused: bool) -> SampledBatch:
+    def _make_batch(self, minibatch, inputs: StepInputs, input_id: torch.Tensor):
         raise NotImplementedError
 
     def _config(self, fanouts, model, prefetch, sampler_threads, options, task) -> TrainConfig:
-        unknown = sorted(set(options) - set(LOADER_OPTIONS))
+        """The run's settings as ``train()`` would take them; a typed graph's ``fanouts`` per relation
+        (``typed_fanouts``), checked against the layers of ``model`` where it says how many it has."""
+        taken = TYPED_OPTIONS if self.typed else LOADER_OPTIONS
+        unknown = sorted(set(options) - set(taken))
         if unknown:
-            raise ConfigError(f"{type(self).__name__} got unexpected option(s) {', '.join(unknown)}; it takes "
-                              f"{', '.join(LOADER_OPTIONS)} besides its named arguments.")
-        if options.get("precision", "fp32") not in ("fp32", "bf16"):
-            raise ConfigError(f"`precision` {options['precision']!r}: the loader's rows are fp32 or bf16.")
-        if isinstance(fanouts, bool) or isinstance(fanouts, (int, float, dict, set)):
-            raise ConfigError(f"`fanouts` {fanouts!r}: expected a list of neighbours per hop, seed hop first, "
-                              f"such as [15, 10, 5] or '15,10,5' (-1: every neighbour).")
-        config = TrainConfig(dataset=self.graph.name, fanouts=fanouts, batch_size=self.batch_size,
-                             seed=self.seed, mode=self.mode_name, device=self.device.type, model=model,
-                             prefetch=prefetch, sampler_threads=sampler_threads, epochs=1, **task,
-                             **options).validate()
+            raise ConfigError(f"{type(self).__name__} got unexpected option(s) {', '.join(unknown)}; on a {self.kind} "
+                              f"graph it takes {', '.join(taken)} besides its named arguments.")
+        if self.typed:
+            self.fanouts = typed_fanouts(self.graph, fanouts)
+            layers = {len(hops) for hops in self.fanouts.values()}
+            if getattr(model, "num_layers", None) is not None and layers != {model.num_layers}:
+                raise ConfigError(f"`fanouts` give {'/'.join(map(str, sorted(layers)))} layer(s) and `model` has "
+                                  f"{model.num_layers}: its batches would not fit the model. Give one fanout per "
+                                  f"layer.")
+        else:
+            if options.get("precision", "fp32") not in ("fp32", "bf16"):
+                raise ConfigError(f"`precision` {options['precision']!r}: the loader's rows are fp32 or bf16.")
+            if isinstance(fanouts, bool) or isinstance(fanouts, (int, float, dict, set)):
+                raise ConfigError(f"`fanouts` {fanouts!r}: expected a list of neighbours per hop, seed hop first, "
+                                  f"such as [15, 10, 5] or '15,10,5' (-1: every neighbour).")
+            task = dict(task, fanouts=fanouts, model="sage" if model is None else model)
+        config = TrainConfig(dataset=self.graph.name, batch_size=self.batch_size, seed=self.seed,
+                             mode=self.mode_name, device=self.device.type, prefetch=prefetch,
+                             sampler_threads=sampler_threads, epochs=1, **task, **options).validate()
+        check_run(config, self.kind)  # a setting this kind of graph cannot honour
         config.sampling = dataclasses.replace(config.sampling, shuffle=self.shuffle)  # the trainer always shuffles
+        if not self.typed:
+            self.fanouts = list(config.fanouts)
         return config
 
     def _produce(self, epoch: int, start: int) -> Iterator[SampledBatch]:
@@ -107,16 +139,95 @@ class EpochLoader(EpochSource):
                 if held is not None:  # the last batch handed out stays valid, its buffer back in the pool
                     held._keep()
 
-    def _batch(self, minibatch, order: torch.Tensor) -> SampledBatch:
+    def _batch(self, minibatch, order: torch.Tensor):
         inputs = self.mode.step_inputs(minibatch)  # on CUDA: the current stream waits for the batch's copies
         k = minibatch.index * self.batch_size
-        input_id = order[k:k + self.batch_size].to(self.device, non_blocking=True)
-        x, reused = inputs.features, self.reuse_buffers
-        if not reused:
-            if x.device.type == "cpu":
-                x = x.clone()
-            minibatch.release()
-        return self._make_batch(minibatch, inputs.blocks, x, input_id, reused)
+        return self._make_batch(minibatch, inputs, order[k:k + self.batch_size].to(self.device, non_blocking=True))
 
-    def _close_mode(self) -> None:
-        self._finalizer()
+    # -- epochs ---------------------------------------------------------------------------------------
+    def _epochs(self, count: int, batch_size, seed, epoch, shuffle, drop_last) -> None:
+        """The epochs' settings: ``count`` items in batches of ``batch_size``."""
+        self._count = count
+        self.batch_size = check_count("batch_size", batch_size, 1)
+        self.seed = check_seed(check_count("seed", seed, 0))
+        self.epoch = check_count("epoch", epoch, 0)
+        self.shuffle, self.drop_last = check_switch(shuffle, "`shuffle`"), check_switch(drop_last, "`drop_last`")
+        if self.drop_last and count < self.batch_size:
+            raise ConfigError(f"`drop_last` with `batch_size` {self.batch_size}: the {count:,} {self.items} fill no "
+                              f"whole batch, so every epoch would be empty. Give a batch_size of at most "
+                              f"{count:,}, or drop_last=False.")
+        self._active: weakref.ref | None = None
+        self._iterating = threading.Lock()  # one thread at a time opens or closes an iteration
+
+    def _check_start(self, start) -> int:
+        start = check_count("start", start, 0)
+        if start > len(self):
+            raise ConfigError(f"`start` {start}: an epoch has {len(self)} batches of the {self._count:,} "
+                              f"{self.items} (batch size {self.batch_size}); start at 0..{len(self)}.")
+        return start
+
+    def __len__(self) -> int:
+        """Batches in an epoch."""
+        return self._count // self.batch_size if self.drop_last else -(-self._count // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration runs (its order and draws)."""
+        self.epoch = check_count("epoch", epoch, 0)
+
+    def __iter__(self) -> "EpochIterator":
+        start, self._start = self._start, 0
+        return self.iter_from(start)
+
+    def iter_from(self, start: int = 0, epoch: int | None = None) -> "EpochIterator":
+        """Epoch ``epoch`` (default: the next, ``loader.epoch``) from batch ``start`` on: exactly the batches
+        ``start``, ``start + 1``, ... that a whole iteration of that epoch yields. Closes an iteration still
+        open; the epoch after this one comes next."""
+        if self.mode is None:
+            raise ConfigError(f"this {type(self).__name__} is closed (close(), or its `with` block ended); make a "
+                              f"new one to iterate again.")
+        epoch = self.epoch if epoch is None else check_count("epoch", epoch, 0)
+        start = self._check_start(start)
+        with self._iterating:
+            self._close_active()
+            self.epoch = epoch + 1
+            iterator = EpochIterator(self._produce(epoch, start), epoch, start, len(self) - start,
+                                     type(self).__name__)
+            self._active = weakref.ref(iterator)
+        return iterator
+
+    def input_order(self, epoch: int) -> torch.Tensor:
+        """Positions among the loader's items in the order epoch ``epoch`` takes them (the mode's own
+        permutation)."""
+        positions = torch.arange(self._count)
+        return epoch_order(positions, self.seed, epoch) if self.shuffle else positions
+
+    # -- lifetime -------------------------------------------------------------------------------------
+    def _close_active(self) -> None:
+        """Close the open iteration, which must be this thread's: a new iteration (or ``close``) from another
+        thread while one runs would end it under its loop, a short epoch or batches of two epochs mixed."""
+        active = self._active() if self._active is not None else None
+        if active is not None:
+            active._check_thread("a new iteration cannot start" if self.mode is not None else "the loader cannot close")
+            active.close()
+
+    def close(self) -> None:
+        """Stop the iteration in progress (its thread joined) and release what the mode holds."""
+        with self._iterating:
+            self._close_active()
+            if self.mode is not None:
+                self._finalizer()
+                self.mode = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _describe(self) -> str:
+        return f"{self.items}={self._count:,}" + (f" of {self.graph.target}" if self.typed else "")
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.graph.name}, fanouts={self.fanouts}, batch_size={self.batch_size}, "
+                f"{self._describe()}, mode={self.mode_name}, device={self.device}, epoch={self.epoch}, "
+                f"batches={len(self)})")

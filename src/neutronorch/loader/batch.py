@@ -1,5 +1,6 @@
-"""One mini-batch of a loader, in the three forms a training loop may take (``NeighborLoader``'s here; a
-``LinkNeighborLoader``'s, with its pairs, in link_batch.py).
+"""One mini-batch of a loader over a homogeneous graph, in the three forms a training loop may take
+(``NeighborLoader``'s here; a ``LinkNeighborLoader``'s, with its pairs, in link_batch.py; a typed graph's in
+typed_batch.py).
 
 - Plain (neutronorch's own models): ``batch.blocks`` (bottom layer first), ``batch.x`` (the bottom block's
   source rows), ``batch.y`` (the seeds' labels), ``batch.seeds``: ``GNN(...)(batch.blocks, batch.x)``.
@@ -14,14 +15,29 @@ reached, so that each vertex's neighbours are drawn once, as PyG's sampler draws
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
 import torch
 
 from neutronorch.orchestration.batch import MiniBatch
+from neutronorch.orchestration.mode import StepInputs
 from neutronorch.sampling.block import Block, pyg_form
 
-__all__ = ["SampledBatch", "LoaderBatch"]
+__all__ = ["SampledBatch", "LoaderBatch", "optional"]
+
+INSTALL = {"torch_geometric.data": "PyTorch Geometric: pip install torch-geometric (its NeighborLoader's sampler "
+                                  "backends, pyg-lib or torch-sparse, are not needed)",
+           "dgl": "DGL: pip install dgl"}
+
+
+def optional(module: str, form: str):
+    """``module`` (``torch_geometric.data`` or ``dgl``), which a batch's ``form`` needs and neutronorch does not,
+    or an ``ImportError`` saying how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(f"batch.{form}() needs {INSTALL[module]}") from None
 
 
 class SampledBatch:
@@ -35,12 +51,15 @@ class SampledBatch:
     you need by copying it, or build the loader with ``reuse_buffers=False``. The last batch an iteration
     handed out (``next(iter(loader))``, a ``break``) keeps its rows when the iteration closes."""
 
-    def __init__(self, minibatch: MiniBatch, blocks: list[Block], x: torch.Tensor, input_id: torch.Tensor,
-                 reused: bool = True):
+    def __init__(self, minibatch: MiniBatch, inputs: StepInputs, input_id: torch.Tensor, reused: bool = True):
         self.minibatch = minibatch
         self._reused = reused  # x may be the pool's buffer, refilled after the next batch is asked for
         self.epoch, self.index = minibatch.epoch, minibatch.index
-        self._blocks, self._x = blocks, x
+        self._blocks, self._x = inputs.blocks, inputs.features
+        if not reused:  # a copy of its own, the buffer back in the pool at once
+            if self._x.device.type == "cpu":
+                self._x = self._x.clone()
+            minibatch.release()
         self.input_id = input_id
         self._pyg = None
         self._released = False
@@ -90,16 +109,11 @@ class SampledBatch:
         edge positions (neutronorch graphs have no edge features to index). Built once per batch."""
         self._check()
         if self._pyg is None:
-            try:
-                from torch_geometric.data import Data  # noqa: PLC0415 - optional
-            except ImportError:
-                raise ImportError("batch.to_pyg() needs PyTorch Geometric: pip install torch-geometric (its "
-                                  "NeighborLoader's sampler backends, pyg-lib or torch-sparse, are not needed)"
-                                  ) from None
+            pyg = optional("torch_geometric.data", "to_pyg")
             edge_index, nodes, edges = pyg_form(self._blocks)
             n_id = self.n_id
-            self._pyg = Data(x=self._x, edge_index=edge_index, n_id=n_id, input_id=self.input_id,
-                             num_sampled_nodes=nodes, num_sampled_edges=edges, **self._pyg_fields(n_id))
+            self._pyg = pyg.Data(x=self._x, edge_index=edge_index, n_id=n_id, input_id=self.input_id,
+                                 num_sampled_nodes=nodes, num_sampled_edges=edges, **self._pyg_fields(n_id))
         return self._pyg
 
     def _pyg_fields(self, n_id: torch.Tensor) -> dict:
@@ -113,10 +127,7 @@ class SampledBatch:
         ``srcdata["feat"]`` holds ``x`` (and, from ``NeighborLoader``, the last block's ``dstdata["label"]``
         the seeds' labels)."""
         self._check()
-        try:
-            import dgl  # noqa: PLC0415 - optional
-        except ImportError:
-            raise ImportError("batch.to_dgl_blocks() needs DGL: pip install dgl") from None
+        dgl = optional("dgl", "to_dgl_blocks")
         out = []
         for block in self._blocks:
             # Handed over in CSC, the form the sampler made and the one DGL's message passing to the
@@ -171,9 +182,9 @@ class LoaderBatch(SampledBatch):
     """A mini-batch handed out by ``NeighborLoader``: ``SampledBatch``'s fields and ``y``, the seeds'
     labels (one per seed, or one row of tasks)."""
 
-    def __init__(self, minibatch: MiniBatch, blocks: list[Block], x: torch.Tensor, input_id: torch.Tensor,
+    def __init__(self, minibatch: MiniBatch, inputs: StepInputs, input_id: torch.Tensor,
                  labels: Callable[[torch.Tensor], torch.Tensor], reused: bool = True):
-        super().__init__(minibatch, blocks, x, input_id, reused)
+        super().__init__(minibatch, inputs, input_id, reused)
         self.y = minibatch.labels
         self._labels = labels  # global ids -> labels, on the batch's device
 

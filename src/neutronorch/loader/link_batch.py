@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from neutronorch.loader.batch import SampledBatch
+from neutronorch.loader.batch import SampledBatch, optional
 
 __all__ = ["LinkLoaderBatch"]
 
@@ -74,10 +74,7 @@ class LinkLoaderBatch(SampledBatch):
         ``ndata[dgl.NID]`` the global ids), as DGL's ``as_edge_prediction_sampler`` yields them beside the
         blocks: score ``h = model(blocks, x)`` on ``pos_graph.edges()`` and ``neg_graph.edges()``."""
         self._check()
-        try:
-            import dgl  # noqa: PLC0415 - optional
-        except ImportError:
-            raise ImportError("batch.to_dgl_pair_graphs() needs DGL: pip install dgl") from None
+        dgl = optional("dgl", "to_dgl_pair_graphs")
         pos_src, pos_dst, neg_src, neg_dst = self.pair_ids()
         graphs = []
         for src, dst in ((pos_src, pos_dst), (neg_src, neg_dst)):

@@ -32,16 +32,15 @@ class LinkNeighborLoader(EpochLoader):
 
     ``LinkNeighborLoader(graph, fanouts, batch_size, *, edges="train", negatives=1, layout=None, shuffle=True,
     seed=0, device="cpu", mode="exact", epoch=0, start=0, drop_last=False, sampler_threads=0, prefetch=2,
-    reuse_buffers=True, model="sage", **options)``
+    reuse_buffers=True, model=None, **options)``, on a homogeneous graph (``docs/loader.md``).
 
     ``edges``: ``"train"`` (default), ``"val"`` or ``"test"``, a set of ``graph.links`` (a link graph:
     ``neutronorch.train.link_task.link_graph`` or an OGB link dataset), or a (2, E) tensor, array or list of
     supervision edges of your own (the graph then needs no link split); an (E, 2) one is read as an edge per
     row, a 2 x 2 one needs ``layout`` ``"columns"`` or ``"rows"`` (``data/pairs.py``). ``batch_size`` counts
     seed edges; ``negatives``: uniform negative destinations per positive (at least 1, at most the vertex
-    count). Every other argument is
-    ``NeighborLoader``'s: the order of epoch ``e``, its negatives and every draw derive from (``seed``,
-    ``e``, batch number) alone; ``start``, ``iter_from``, ``set_epoch`` resume exactly.
+    count). Every other argument is ``NeighborLoader``'s: the order of epoch ``e``, its negatives and every
+    draw derive from (``seed``, ``e``, batch number) alone; ``start``, ``iter_from``, ``set_epoch`` resume.
 
     Each batch (``LinkLoaderBatch``) holds ``blocks``, ``x``, ``seeds`` (the pairs' distinct ends, sorted),
     ``pairs`` (P, 2 + K), ``edge_label_index``, ``edge_label``, ``input_id`` (the positives' positions in
@@ -49,6 +48,7 @@ class LinkNeighborLoader(EpochLoader):
     ``to_dgl_pair_graphs()``) DGL's."""
 
     items = "seed edges"
+    task = "link"
 
     def __init__(self, graph, fanouts, batch_size: int, *, edges="train", negatives: int = 1,
                  layout: str | None = None, **settings):
@@ -68,8 +68,8 @@ class LinkNeighborLoader(EpochLoader):
                                    notes=list(self.graph.notes))
         return view, int(edges.shape[1]), {"task": "link", "negatives": self.negatives}
 
-    def _make_batch(self, minibatch, blocks, x, input_id, reused) -> LinkLoaderBatch:
-        return LinkLoaderBatch(minibatch, blocks, x, input_id, reused)
+    def _make_batch(self, minibatch, inputs, input_id) -> LinkLoaderBatch:
+        return LinkLoaderBatch(minibatch, inputs, input_id, self.reuse_buffers)
 
     def _describe(self) -> str:
         return f"edges={self._count:,}, negatives={self.negatives}"

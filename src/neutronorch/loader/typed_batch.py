@@ -1,4 +1,4 @@
-"""One mini-batch of a ``TypedNeighborLoader``, in the three forms a training loop may take.
+"""One mini-batch of a ``NeighborLoader`` over a typed graph, in the three forms a training loop may take.
 
 - Native (neutronorch's ``TypedGNN``, or any module taking the same): ``batch.blocks`` (``TypedBlock``s,
   bottom layer first), ``batch.features`` (each featured type's input rows), ``batch.ids`` (each type's input
@@ -15,27 +15,14 @@ reached, so that each vertex's neighbours are drawn once, as PyG's sampler draws
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import torch
 
-from neutronorch.orchestration.typed_exact import TypedBatch
-from neutronorch.sampling.typed_block import RelationType, TypedBlock, hop_counts, typed_pyg_form
+from neutronorch.data.typed import TypedGraph
+from neutronorch.loader.batch import optional
+from neutronorch.orchestration.typed_exact import TypedBatch, target_labels
+from neutronorch.sampling.typed_block import TypedBlock, hop_counts, typed_pyg_form
 
-__all__ = ["TypedLoaderBatch", "TypedLayout"]
-
-
-@dataclass(frozen=True)
-class TypedLayout:
-    """What a batch's forms need of the graph: its types in order with their feature widths (0: none), its
-    relations (reverses included) with their edge feature widths, the target type, and the labels of target
-    ids (``labels(ids)``, on the ids' device)."""
-
-    feature_dims: dict[str, int]
-    relations: dict[RelationType, int]
-    target: str
-    labels: Callable[[torch.Tensor], torch.Tensor]
+__all__ = ["TypedLoaderBatch"]
 
 
 class TypedLoaderBatch:
@@ -46,15 +33,15 @@ class TypedLoaderBatch:
     ``y`` (their labels), ``batch_size``, ``input_id`` (the seeds' positions among the loader's seeds),
     ``target``. Its tensors are its own (typed modes reuse no buffer): a batch may be kept."""
 
-    def __init__(self, batch: TypedBatch, epoch: int, index: int, input_id: torch.Tensor, layout: TypedLayout):
-        self.epoch, self.index = epoch, index
+    def __init__(self, batch: TypedBatch, input_id: torch.Tensor, graph: TypedGraph):
+        self.epoch, self.index = batch.epoch, batch.index
         self.blocks: list[TypedBlock] = batch.blocks
         self.features: dict[str, torch.Tensor] = batch.features
         self.ids: dict[str, torch.Tensor] = batch.ids
         self.y: torch.Tensor = batch.labels
         self.input_id = input_id
-        self.target = layout.target
-        self._layout = layout
+        self.target = graph.target
+        self._graph = graph  # the loader's, its reverse relations added: every type and relation a form names
         self._pyg = None
 
     @property
@@ -79,40 +66,31 @@ class TypedLoaderBatch:
     def num_sampled_nodes(self) -> dict[str, list[int]]:
         """Per type, its vertices per hop: the seeds (the target's; 0 for the others), then those each hop
         added (PyG's ``num_sampled_nodes_dict``)."""
-        return hop_counts(self.blocks, list(self._layout.feature_dims))
+        return hop_counts(self.blocks, list(self._graph.num_nodes))
 
     # -- the PyG form ---------------------------------------------------------------------------------
     def to_pyg(self):
         """A ``torch_geometric.data.HeteroData`` with what PyG's ``NeighborLoader`` puts in a heterogeneous
-        batch: every vertex type of the graph with ``n_id``, ``num_nodes`` and ``x`` (featured types; a
-        featureless type has ``n_id`` only, for an embedding table to look up), the target's ``y`` (a label per
-        vertex of its ``n_id``, the seeds' first), ``batch_size`` and ``input_id``; every relation (reverses
-        included) with ``edge_index`` (local ids in its end types' ``n_id``) and, where the graph has edge
-        features, ``edge_attr`` and ``e_id`` (the edges' positions in the relation's CSC, which is
-        ``to_pyg_hetero``'s edge order); and per type and relation ``num_sampled_nodes`` and
-        ``num_sampled_edges`` (``num_sampled_nodes_dict``, ``num_sampled_edges_dict``), which
-        ``trim_to_layer`` reads. A type or relation the batch did not reach is there, empty. Built once."""
+        batch (docs/loader.md has the fields): every type and relation of the graph, reverses included, empty
+        where the batch did not reach it; ``e_id`` and ``edge_attr`` where a relation has edge features (the
+        edges' positions in its CSC, ``to_pyg_hetero``'s edge order). Built once."""
         if self._pyg is not None:
             return self._pyg
-        try:
-            from torch_geometric.data import HeteroData  # noqa: PLC0415 - optional
-        except ImportError:
-            raise ImportError("batch.to_pyg() needs PyTorch Geometric: pip install torch-geometric (its "
-                              "NeighborLoader's sampler backends, pyg-lib or torch-sparse, are not needed)") from None
-        layout, device = self._layout, self.device
-        form = typed_pyg_form(self.blocks, list(layout.feature_dims), list(layout.relations))
-        data = HeteroData()
-        for node_type, width in layout.feature_dims.items():
+        data = optional("torch_geometric.data", "to_pyg").HeteroData()
+        graph, device = self._graph, self.device
+        form = typed_pyg_form(self.blocks, list(graph.num_nodes), list(graph.relations))
+        for node_type in graph.num_nodes:
+            width = graph.feature_dim(node_type)
             ids = self.ids.get(node_type, torch.zeros(0, dtype=torch.int64, device=device))
             store = data[node_type]
             store.n_id, store.num_nodes = ids, int(ids.shape[0])
             if width:
                 store.x = self.features.get(node_type, torch.zeros(0, width, device=device))
         target = data[self.target]
-        target.y = layout.labels(target.n_id)
+        target.y = target_labels(graph, target.n_id.cpu().numpy()).to(device)
         target.batch_size, target.input_id = self.batch_size, self.input_id
-        for relation, width in layout.relations.items():
-            store = data[relation]
+        for relation, rel in graph.relations.items():
+            store, width = data[relation], rel.edge_feature_dim
             store.edge_index = form.edge_index[relation]
             if width:
                 store.edge_attr = form.edge_features.get(relation, torch.zeros(0, width, device=device))
@@ -124,22 +102,17 @@ class TypedLoaderBatch:
 
     # -- the DGL form ---------------------------------------------------------------------------------
     def to_dgl(self) -> list:
-        """One DGL block per layer, input layer first (as ``dgl.dataloading`` yields them for a heterograph):
-        ``dgl.create_block`` over every relation (reverses included; one the layer did not draw has no edge)
-        with every type's source and destination counts, the sampler's blocks as they are (in CSC);
-        ``srcdata``/``dstdata`` ``dgl.NID`` per type (global ids within the type), the first block's
-        ``srcdata["feat"]`` per featured type, the last block's ``dstdata["label"]`` on the target, and
-        ``edata["feat"]`` and ``dgl.EID`` for relations with edge features."""
-        try:
-            import dgl  # noqa: PLC0415 - optional
-        except ImportError:
-            raise ImportError("batch.to_dgl() needs DGL: pip install dgl") from None
-        layout, out = self._layout, []
+        """One DGL block per layer, input layer first (as ``dgl.dataloading`` yields them for a heterograph),
+        over every relation (one the layer did not draw has no edge), the sampler's blocks as they are (CSC):
+        ``dgl.NID`` per type, the first block's ``srcdata["feat"]``, the last's ``dstdata["label"]`` on the
+        target, ``edata["feat"]`` and ``dgl.EID`` where a relation has edge features."""
+        dgl = optional("dgl", "to_dgl")
+        graph, out = self._graph, []
         for tblock in self.blocks:
-            counts_src = {t: int(tblock.num_src.get(t, 0)) for t in layout.feature_dims}
-            counts_dst = {t: int(tblock.num_dst.get(t, 0)) for t in layout.feature_dims}
+            counts_src = {t: int(tblock.num_src.get(t, 0)) for t in graph.num_nodes}
+            counts_dst = {t: int(tblock.num_dst.get(t, 0)) for t in graph.num_nodes}
             data = {}
-            for relation in layout.relations:
+            for relation in graph.relations:
                 block = tblock.blocks.get(relation)
                 if block is None:
                     indptr = torch.zeros(counts_dst[relation[2]] + 1, dtype=torch.int64, device=self.device)
@@ -162,7 +135,12 @@ class TypedLoaderBatch:
         out[-1].dstnodes[self.target].data["label"] = self.y
         return out
 
-    to_dgl_blocks = to_dgl  # NeighborLoader's name for it
+    to_dgl_blocks = to_dgl  # a homogeneous batch's name for it
+
+    def _release(self) -> None:
+        """Its tensors are its own (typed modes reuse no buffer): nothing to give back as the loader moves on."""
+
+    _keep = _release
 
     def __repr__(self) -> str:
         inputs = {t: int(ids.shape[0]) for t, ids in self.ids.items()}
