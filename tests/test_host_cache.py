@@ -475,6 +475,6 @@ def test_a_typed_run_trains_the_same_losses_in_file_order_and_through_host_cache
     # The papers cached are the hottest ones.
     two_way = graph.with_reverse()
     sampler = TypedNeighborSampler(two_way, [4, 4])
-    cache = typed_stores(config, two_way, sampler)["paper"].host_cache
+    cache = typed_stores(config, two_way, sampler.fanouts)["paper"].host_cache
     hottest = typed_hotness_order(two_way, sampler, two_way.train_idx, 32, 1)["paper"]
     assert cache.rows == 300 and (cache.where[hottest[:300]] < 0).all() and (cache.where[hottest[300:]] >= 0).all()
