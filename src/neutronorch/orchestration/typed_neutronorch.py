@@ -8,13 +8,15 @@ type (``typed_planner.py``). Three threads, each with its own objects (the produ
 
     sampler (typed-neutronorch-sampler)      host (typed-neutronorch-host)     trainer (caller)
       its TypedNeighborSampler, TypedPlanner    a copy of the bottom layer        the model, version,
-                                                                                  StalenessCheck
+                                                                                  StalenessCheck,
+                                                                                  SnapshotPublisher,
+                                                                                  HotTableReader
       plans s + 1 before it loads s's batches
       hot part of s (Channel "parts") -------> |
       table ids of s (Channel "needs") ---------------------------------------> |
       TypedOrchBatch (Prefetcher) ---------------------------------------------> |
-                                               | <---- snapshot of s (Channel "snapshots")
-                                               | hot tables of s (Channel "hot") -------> |
+                                               | <---- Snapshot of s (Channel "snapshots")
+                                               | HotEmbeddings of s (Channel "hot") ----> |
 
 **Sampler.** For super-batch s (P mini-batches, numbered across epochs: the pipeline never drains) it
 samples each mini-batch's upper hops with the mini-batch's key (``sample_hops``), plans H_s per type, samples
@@ -23,13 +25,14 @@ that mini-batch draws) and gathers its inputs; then, per mini-batch, the bottom 
 only (``sample_bottom``: each draws what exact mode draws for it) and their inputs. Hot destinations'
 neighbours are never sampled or gathered for the mini-batches.
 
-**Snapshots.** Super-batch s's hot rows are computed from the bottom layer's parameters (with the featured
-types' input projections: ``TypedBottom``) at the version ``snapshot_version(s)``, ``lead`` steps (the
-``snapshot_lead`` setting, default 2) before its first step, never older than the bound allows for its last
-step and never before super-batch s - 1 begins (so the plan of s, made before s - 1's batches are loaded, is
-there). A featureless type's inputs are rows of its embedding table, which the optimizer moves every step:
-the snapshot holds those rows too, read by the trainer at that version (``needs``: the hot frontier's ids
-the sampler sent ahead), so that every input of a hot row is of one version.
+**Snapshots** (``neutronorch/snapshots.py``, the homogeneous mode's publisher). Super-batch s's hot rows are
+computed from the bottom layer's parameters (with the featured types' input projections: ``TypedBottom``) at
+the version the publisher assigns s, ``lead`` steps (the ``snapshot_lead`` setting, default 2) before its
+first step, never older than the bound allows for its last step and never before super-batch s - 1 begins
+(so the plan of s, made before s - 1's batches are loaded, is there). A featureless type's inputs are rows of
+its embedding table, which the optimizer moves every step: the snapshot holds those rows too, read by the
+trainer at that version (``needs``: the hot frontier's ids the sampler sent ahead), so that every input of a
+hot row is of one version.
 
 **Protocol.** The ``Mode`` of ``mode.py``: the threads start with ``start(model)``, at the parameter version
 (optimizer steps taken, counted by ``after_step``) a resumed run's ``load_state_dict`` gave; ``step_inputs``
@@ -58,12 +61,13 @@ from neutronorch.nn.typed_models import TypedGNN
 from neutronorch.observe import Spans, StageTable
 from neutronorch.orchestration.channel import Channel
 from neutronorch.orchestration.mode import StepInputs
+from neutronorch.orchestration.neutronorch.hot_table import HotTableReader
+from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
 from neutronorch.orchestration.neutronorch.versions import Schedule, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.typed_exact import train_seeds
 from neutronorch.orchestration.typed_planner import HotRecord
-from neutronorch.orchestration.typed_producers import (TypedColdSampler, TypedHostRows, TypedHotTables, TypedOrchBatch,
-                                                      TypedSnapshot)
+from neutronorch.orchestration.typed_producers import TypedColdSampler, TypedHostRows, TypedOrchBatch
 
 DEFAULT_LEAD = 2  # steps a snapshot precedes its super-batch by default: the host's time to compute it
 
@@ -72,7 +76,8 @@ class TypedNeutronOrch:
     """The typed NeutronOrch mode of one run; its threads run from ``start`` to ``close``."""
 
     name = "neutronorch"
-    stages = StageTable({"plan": "planner", "host_compute": "host", "sample": "sampler", "gather": "sampler"})
+    stages = StageTable({"plan": "planner", "host_compute": "host", "sample": "sampler", "gather": "sampler",
+                         "wait_hot": "trainer"}, waits=frozenset({"wait_hot"}))
     resumable = resumable_mid_epoch = True  # ``state_dict`` after any step
     store = placement = cache = None  # it reads a typed graph's rows itself (``gather_frontier``), no device cache
 
@@ -93,12 +98,8 @@ class TypedNeutronOrch:
         self.hot_epoch, self.hot_run = HotRecord(), HotRecord()  # what the plans did, this epoch and in the run
         self.parts = Channel("parts")
         self.needs = Channel("needs")
-        self.snapshots = Channel("snapshots")
-        self.hot = Channel("hot")
-        self._table: TypedHotTables | None = None
-        self._kept: dict[int, TypedSnapshot] = {}  # published snapshots of super-batches not yet finished
-        self._resumed: dict | None = None
-        self._resumed_grad = None
+        self.snapshots = SnapshotPublisher(self.schedule, device.type == "cuda", self._table_rows)
+        self.hot_table = HotTableReader(spans, device)
         self._host = self._batches = None
 
     def start(self, model: TypedGNN) -> None:
@@ -108,11 +109,9 @@ class TypedNeutronOrch:
         steps = self.schedule.epochs * self.schedule.batches_per_epoch
         # Where the run starts: in super-batch ``first[0]`` at position ``first[1]``.
         self.first = self.schedule.at(self.version) if self.version < steps else (self.schedule.total, 0)
-        self._next_snapshot = self.first[0]
-        if self._resumed is not None:
-            self._restore(self._resumed)
+        self.snapshots.start()
         host = TypedHostRows(copy.deepcopy(self.live).cpu().train(), self.track_grad, self.device, self.parts,
-                             self.snapshots, self.hot, self.host_threads)
+                             self.snapshots.channel, self.hot_table.channel, self.host_threads)
         self._host = threading.Thread(target=host.run, args=(self.first[0], self.schedule.total),
                                       name="typed-neutronorch-host", daemon=True)
         self._host.start()
@@ -122,18 +121,13 @@ class TypedNeutronOrch:
         self._batches = Prefetcher(sampler.run, depth=self.sampling.prefetch, name="typed-neutronorch-sampler")
 
     def close(self) -> None:
-        for channel in (self.parts, self.needs, self.snapshots, self.hot):
+        for channel in (self.parts, self.needs):
             channel.close()
+        self.snapshots.close()
+        self.hot_table.close()
         if self._batches is not None:
             self._batches.close()
             self._host.join(timeout=10)
-
-    def snapshot_version(self, super_batch_id: int) -> int:
-        """The version super-batch ``super_batch_id``'s hot rows are computed from (see the module docstring)."""
-        version = self.schedule.snapshot_version(super_batch_id, self.lead)
-        if super_batch_id > 0:
-            version = max(version, self.schedule.first_step(super_batch_id - 1))
-        return version
 
     # -- the trainer's side ------------------------------------------------------------------------------
 
@@ -173,90 +167,67 @@ class TypedNeutronOrch:
         """The model's inputs with the hot rows ``batch`` splices in at the current parameter version:
         publishes every snapshot due by then, waits for its super-batch's tables at its first mini-batch and
         checks the staleness of every use."""
-        version = self.version
         self.hot_epoch.add(batch.stats)
-        while self._next_snapshot < self.schedule.total and self.snapshot_version(self._next_snapshot) <= version:
-            self._publish(self._next_snapshot, version)
-            self._next_snapshot += 1
-        if batch.position == 0 or self._table is None or self._table.super_batch_id != batch.super_batch_id:
-            self._table = table = self.hot.take(batch.super_batch_id)
-            self.spans.add("host_compute", table.host_began, table.host_began + table.host_seconds)
-            if self._resumed_grad is not None and batch.super_batch_id == self.first[0]:
-                for t, grad in self._resumed_grad.items():  # the steps of it taken before the resume
-                    self._table.grad_acc[t].copy_(grad)
-                self._resumed_grad = None
-        table = self._table
-        self.staleness.check(table, version)
-        hot = {t: HotRows(table.tables[t], index, table.grad_acc.get(t)) for t, index in batch.splice.items()}
-        return StepInputs(batch.blocks, batch.features, hot, batch.ids)
+        self.snapshots.publish_due(self.live, self.version, self.lead)
+        previous = self.hot_table.current
+        hot, _ = self.hot_table.table(batch.super_batch_id)
+        if hot is not previous:
+            self.spans.add("host_compute", hot.host_began, hot.host_began + hot.host_seconds)
+        self.staleness.check(hot, self.version)
+        rows = {t: HotRows(hot.table[t], index, hot.grad_acc.get(t)) for t, index in batch.splice.items()}
+        return StepInputs(batch.blocks, batch.features, rows, batch.ids)
 
     def after_step(self, batch: TypedOrchBatch) -> None:
         self.version += 1
+        if batch.last:
+            self.hot_table.trained(batch.super_batch_id)
+            self.snapshots.trained(batch.super_batch_id)
+            self.needs.drop(batch.super_batch_id)
 
     def before_step(self, batch: TypedOrchBatch) -> None:
         """After ``batch``'s backward pass, before its optimizer step: at a super-batch's last mini-batch with
         ``hot_grad="cpu"``, the summed dL/dY of its hot rows taken through the host's graph and added to the
         bottom layer's gradients and the tables' rows'."""
-        table = self._table
-        if not batch.last or table is None:
+        hot = self.hot_table.current
+        if not (batch.last and self.track_grad and hot is not None and hot.output):
             return
-        self._table = None
-        self._kept.pop(batch.super_batch_id, None)
-        self.needs.drop(batch.super_batch_id)
-        if not (self.track_grad and table.outputs):
-            return
-        types = list(table.outputs)
-        torch.autograd.backward([table.outputs[t] for t in types], [table.grad_acc[t].cpu() for t in types])
+        types = list(hot.output)
+        torch.autograd.backward([hot.output[t] for t in types], [hot.grad_acc[t].cpu() for t in types])
         with torch.no_grad():
-            for param, host in zip(self.live.parameters(), table.params):
+            for param, host in zip(self.live.parameters(), hot.params):
                 if host.grad is None:
                     continue
                 grad = host.grad.to(param.device)
                 param.grad = grad if param.grad is None else param.grad + grad
-            for t, rows in table.rows.items():
+            for t, rows in hot.rows.items():
                 if rows.grad is None:
                     continue
                 weight = self.model.embeddings[t].weight
-                ids = table.ids[t].to(weight.device)
+                ids = hot.ids[t].to(weight.device)
                 extra = torch.sparse_coo_tensor(ids.unsqueeze(0), rows.grad.to(weight.device), weight.shape,
                                                 check_invariants=False)
                 weight.grad = extra if weight.grad is None else weight.grad + extra
 
-    def _publish(self, super_batch_id: int, version: int) -> None:
-        """Snapshot super-batch ``super_batch_id``'s inputs at ``version``: the bottom layer's parameters and
-        the table rows its hot frontier reads (the sampler sent their ids ahead)."""
+    def _table_rows(self, super_batch_id: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The table rows super-batch ``super_batch_id``'s hot frontier reads, now (the sampler sent their
+        ids ahead), for its snapshot."""
         ids = self.needs.take(super_batch_id)
         with torch.no_grad():
-            params = [p.detach().to("cpu", copy=True) for p in self.live.parameters()]
             rows = {t: self.model.embeddings[t].weight.detach()[index.to(self.model.embeddings[t].weight.device)]
                     .to("cpu", copy=True) for t, index in ids.items()}
-        snapshot = TypedSnapshot(version, params, rows, ids)
-        self._kept[super_batch_id] = snapshot
-        self.snapshots.put(super_batch_id, snapshot)
+        return rows, ids
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps of the mode for an exact resume: the parameter version, the snapshots
-        published for super-batches not yet finished (their versions are past) and, mid super-batch, the hot
-        rows' gradient summed so far. The plans are not kept: they depend on the seed, the epoch and the batches
-        alone, and are made again."""
-        grad = ({t: g.detach().to("cpu", copy=True) for t, g in self._table.grad_acc.items()}
-                if self._table is not None else None)
-        return {"version": self.version,
-                "snapshots": {s: {"version": k.version, "params": k.params, "rows": k.rows, "ids": k.ids}
-                              for s, k in self._kept.items()},
-                "grad_acc": grad, "staleness": self.staleness.state_dict()}
+        published for super-batches not yet finished (their versions are past) and, mid super-batch, its hot
+        set and the hot rows' gradient summed so far. The plans are not kept: they depend on the seed, the
+        epoch and the batches alone, and are made again."""
+        return {"version": self.version, **self.snapshots.state_dict(), "in_progress": self.hot_table.state_dict(),
+                "staleness": self.staleness.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Before ``start``: continue from ``state`` (``state_dict()`` of the run this one resumes)."""
-        self.version, self._resumed = state["version"], state
-
-    def _restore(self, state: dict) -> None:
-        """Its snapshots published again, the current super-batch's summed gradient kept for when its table
-        arrives."""
-        for super_batch_id, saved in sorted(state["snapshots"].items()):
-            snapshot = TypedSnapshot(saved["version"], list(saved["params"]), dict(saved["rows"]), dict(saved["ids"]))
-            self._kept[super_batch_id] = snapshot
-            self.snapshots.put(super_batch_id, snapshot)
-            self._next_snapshot = max(self._next_snapshot, super_batch_id + 1)
-        self._resumed_grad = state["grad_acc"]
+        self.version = state["version"]
+        self.snapshots.load_state_dict(state)
+        self.hot_table.load_state_dict(state["in_progress"])
         self.staleness.load_state_dict(state["staleness"])

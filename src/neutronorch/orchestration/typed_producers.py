@@ -2,12 +2,13 @@
 threads touch: the sampler's (``TypedColdSampler``: plans, and mini-batches with their cold bottom hop) and the
 host's (``TypedHostRows``: each super-batch's hot rows), and what crosses between them and the trainer.
 
-The sampler thread hands the host a ``HotPart`` (H_s's bottom block and its featured rows), the trainer a
-``TypedSnapshot`` (the bottom layer's parameters and the tables' rows at one version); it hands back
-``TypedHotTables``, complete and frozen (the trainer writes only into their ``grad_acc``), with the host's
-time on them, which the trainer records when it takes them: the epoch that uses a super-batch's rows counts
-their ``host_compute``, wherever the host computed them ahead. The mode that
-runs it is ``typed_neutronorch.py``.
+The sampler thread hands the host a ``HotPart`` (H_s's bottom block and its featured rows) and the trainer
+the table ids H_s's frontier reads; the trainer hands the host a ``Snapshot`` (the bottom layer's parameters
+and those table rows at one version, ``neutronorch/snapshots.py``); the host hands back the
+``HotEmbeddings`` of ``neutronorch/versions.py``, one table per type, complete and frozen (the trainer
+writes only into their ``grad_acc``), with the host's time on them, which the trainer records when it takes
+them: the epoch that uses a super-batch's rows counts their ``host_compute``, wherever the host computed them
+ahead. The mode that runs it is ``typed_neutronorch.py``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.hot_rows import layer_holding
 from neutronorch.orchestration.neutronorch.plan_loop import one_ahead
-from neutronorch.orchestration.neutronorch.versions import Schedule
+from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
 from neutronorch.orchestration.seeds import epoch_order
 from neutronorch.orchestration.typed_exact import TypedBatch, gather_frontier, target_labels, train_seeds
 from neutronorch.orchestration.typed_planner import TypedPlan, TypedPlanner
@@ -45,37 +46,6 @@ class HotPart:
     block: TypedBlock | None
     features: dict[str, torch.Tensor]
     hot: dict[str, np.ndarray]
-
-
-@dataclass
-class TypedSnapshot:
-    """The bottom layer's parameters and the tables' rows the hot frontier reads, at one version."""
-
-    version: int
-    params: list[torch.Tensor]
-    rows: dict[str, torch.Tensor]  # featureless type -> its table rows at the hot frontier's ids
-    ids: dict[str, torch.Tensor]  # ... and those ids
-
-
-@dataclass
-class TypedHotTables:
-    """Super-batch s's hot rows per type, as the trainer reads them: complete and frozen when they cross (the
-    trainer writes only into ``grad_acc``)."""
-
-    super_batch_id: int
-    version: int
-    tables: dict[str, torch.Tensor]  # type -> (|H_s[t]|, width) on the training device
-    grad_acc: dict[str, torch.Tensor] = field(default_factory=dict)  # hot_grad="cpu": dL/dY summed
-    outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # hot_grad="cpu": the host's rows, attached
-    params: list[torch.Tensor] = field(default_factory=list)  # ... the snapshot's parameters they came from
-    rows: dict[str, torch.Tensor] = field(default_factory=dict)  # ... and table rows (leaves)
-    ids: dict[str, torch.Tensor] = field(default_factory=dict)  # ... and those rows' ids
-    host_began: float = 0.0  # when the host began computing them (time.perf_counter) ...
-    host_seconds: float = 0.0  # ... and its seconds on them
-
-    @property
-    def num_hot(self) -> int:
-        return sum(int(t.shape[0]) for t in self.tables.values())
 
 
 @dataclass
@@ -105,30 +75,34 @@ class TypedHostRows:
         try:
             for super_batch_id in range(first, total):
                 part: HotPart = self.parts.take(super_batch_id)
-                snapshot: TypedSnapshot = self.snapshots.take(super_batch_id)
-                began = time.perf_counter()
-                tables = self.tables(part, snapshot)
-                tables.host_began, tables.host_seconds = began, time.perf_counter() - began
-                self.hot.put(super_batch_id, tables)
+                snapshot: Snapshot = self.snapshots.take(super_batch_id)
+                if snapshot.ready is not None:
+                    snapshot.ready.synchronize()
+                self.hot.put(super_batch_id, self.embeddings(part, snapshot, time.perf_counter()))
         except Closed:
             return
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer through the hot channel
             self.hot.fail(exc)
 
-    def tables(self, part: HotPart, snapshot: TypedSnapshot) -> TypedHotTables:
+    def embeddings(self, part: HotPart, snapshot: Snapshot, began: float) -> HotEmbeddings:
+        """H_s's rows per type at the snapshot's version; with ``hot_grad="cpu"`` their graph back to the
+        snapshot's parameters and table rows, and a zeroed accumulator per type."""
         if part.block is None:
-            return TypedHotTables(part.super_batch_id, snapshot.version, {})
+            return HotEmbeddings(part.super_batch_id, snapshot.version, {}, 0, {}, grad_acc={}, output={})
         layer, params = layer_holding(self.template, snapshot.params, self.track_grad)
-        rows = {t: r.requires_grad_(self.track_grad) for t, r in snapshot.rows.items()}
+        rows = {t: r.detach().requires_grad_(self.track_grad) for t, r in snapshot.rows.items()}
         with torch.set_grad_enabled(self.track_grad):
             out = layer(part.block, {**part.features, **rows})
         outputs = {t: out[t] for t in part.hot}
         tables = {t: y.detach().to(self.device) for t, y in outputs.items()}
         grad_acc = ({t: torch.zeros(y.shape, dtype=torch.float32, device=self.device) for t, y in tables.items()}
                     if self.track_grad else {})
-        return TypedHotTables(part.super_batch_id, snapshot.version, tables, grad_acc,
-                              outputs if self.track_grad else {}, params if self.track_grad else [],
-                              rows if self.track_grad else {}, snapshot.ids if self.track_grad else {})
+        track = self.track_grad
+        num_hot = sum(int(y.shape[0]) for y in tables.values())
+        return HotEmbeddings(part.super_batch_id, snapshot.version, tables, num_hot, part.hot, grad_acc=grad_acc,
+                             output=outputs if track else {}, params=params if track else None,
+                             rows=rows if track else {}, ids=snapshot.ids if track else {}, host_began=began,
+                             host_seconds=time.perf_counter() - began)
 
 
 class TypedColdSampler:
