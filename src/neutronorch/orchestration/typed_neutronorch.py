@@ -52,6 +52,7 @@ import contextlib
 import copy
 import threading
 
+import numpy as np
 import torch
 
 from neutronorch.config import NeutronOrchConfig, SamplingConfig
@@ -61,16 +62,16 @@ from neutronorch.nn.typed_models import TypedGNN
 from neutronorch.observe import Spans, StageTable
 from neutronorch.orchestration.channel import Channel
 from neutronorch.orchestration.mode import StepInputs
+from neutronorch.orchestration.neutronorch.controller import RatioController
 from neutronorch.orchestration.neutronorch.hot_table import HotTableReader
 from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
 from neutronorch.orchestration.neutronorch.versions import Schedule, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
-from neutronorch.orchestration.typed_exact import train_seeds
+from neutronorch.orchestration.typed_exact import gather_frontier, train_seeds
 from neutronorch.orchestration.typed_planner import HotRecord
 from neutronorch.orchestration.typed_producers import TypedColdSampler, TypedHostRows, TypedOrchBatch
-
-DEFAULT_LEAD = 2  # steps a snapshot precedes its super-batch by default: the host's time to compute it
-
+from neutronorch.sampling.neighbor_sampler import mix_key
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 class TypedNeutronOrch:
     """The typed NeutronOrch mode of one run; its threads run from ``start`` to ``close``."""
@@ -88,9 +89,10 @@ class TypedNeutronOrch:
         self.train_idx = train_seeds(graph)
         self.num_batches = -(-self.train_idx.shape[0] // sampling.batch_size)
         self.schedule = Schedule(epochs, self.num_batches, config.super_batch, config.resolved_staleness)
-        self.ratio = None if config.hot_ratio == "auto" else float(config.hot_ratio)
+        self.hot_ratio = config.hot_ratio
         self.track_grad = config.hot_grad == "cpu"
-        self.lead = DEFAULT_LEAD if config.snapshot_lead is None else config.snapshot_lead
+        self.controller = RatioController(config, self.schedule, shared_cores=device.type != "cuda",
+                                          probe_inputs=self._probe_inputs, lead_adapts=False)
         self.sampler_threads, self.host_threads = sampler_threads, host_threads
         self.threads = {"sampler": sampler_threads, "host": host_threads}
         self.staleness = StalenessCheck(self.schedule.staleness_bound)
@@ -115,7 +117,8 @@ class TypedNeutronOrch:
         self._host = threading.Thread(target=host.run, args=(self.first[0], self.schedule.total),
                                       name="typed-neutronorch-host", daemon=True)
         self._host.start()
-        sampler = TypedColdSampler(self.graph, self.fanouts, self.sampling, self.schedule, self.ratio, self.device,
+        sampler = TypedColdSampler(self.graph, self.fanouts, self.sampling, self.schedule, self.controller.published,
+                                   self.device,
                                    self.spans, self.sampler_threads, tuple(model.embeddings), self.first,
                                    self.parts, self.needs)
         self._batches = Prefetcher(sampler.run, depth=self.sampling.prefetch, name="typed-neutronorch-sampler")
@@ -147,8 +150,9 @@ class TypedNeutronOrch:
         """The run summary's ``neutronorch`` part: the settings, what the plans did and the staleness observed."""
         return {"neutronorch": {"super_batch": self.schedule.super_batch,
                                 "staleness_bound": self.schedule.staleness_bound,
-                                "hot_ratio": "auto" if self.ratio is None else self.ratio,
-                                "hot_grad": "cpu" if self.track_grad else "stop", "snapshot_lead": self.lead,
+                                "hot_ratio": self.hot_ratio,
+                                "hot_grad": "cpu" if self.track_grad else "stop",
+                                "snapshot_lead": self.controller.lead, **self.controller.summary(),
                                 "staleness_max_observed": self.staleness.max_observed,
                                 "staleness_mean_observed": round(self.staleness.mean_observed, 3),
                                 **self.hot_run.record()}}
@@ -157,6 +161,7 @@ class TypedNeutronOrch:
         """What the plans did in the epoch, and the staleness observed so far."""
         record.update(self.hot_epoch.record(), staleness_max=self.staleness.max_observed,
                       staleness_mean=round(self.staleness.mean_observed, 3))
+        record.update(self.controller.end_epoch(record, self.hot_epoch.hot_ratio, self.stages))
         self.hot_run.merge(self.hot_epoch)
         self.hot_epoch = HotRecord()
 
@@ -168,11 +173,13 @@ class TypedNeutronOrch:
         publishes every snapshot due by then, waits for its super-batch's tables at its first mini-batch and
         checks the staleness of every use."""
         self.hot_epoch.add(batch.stats)
-        self.snapshots.publish_due(self.live, self.version, self.lead)
+        self.snapshots.publish_due(self.live, self.version, self.controller.lead)
         previous = self.hot_table.current
         hot, _ = self.hot_table.table(batch.super_batch_id)
         if hot is not previous:
             self.spans.add("host_compute", hot.host_began, hot.host_began + hot.host_seconds)
+        if batch.probe is not None:
+            self.controller.saw_plan(batch.probe)
         self.staleness.check(hot, self.version)
         rows = {t: HotRows(hot.table[t], index, hot.grad_acc.get(t)) for t, index in batch.splice.items()}
         return StepInputs(batch.blocks, batch.features, rows, batch.ids)
@@ -180,6 +187,7 @@ class TypedNeutronOrch:
     def after_step(self, batch: TypedOrchBatch) -> None:
         self.version += 1
         if batch.last:
+            self.controller.at_boundary(self.live, self.version)  # before the next snapshots: the error plans read
             self.hot_table.trained(batch.super_batch_id)
             self.snapshots.trained(batch.super_batch_id)
             self.needs.drop(batch.super_batch_id)
@@ -223,7 +231,7 @@ class TypedNeutronOrch:
         set and the hot rows' gradient summed so far. The plans are not kept: they depend on the seed, the
         epoch and the batches alone, and are made again."""
         return {"version": self.version, **self.snapshots.state_dict(), "in_progress": self.hot_table.state_dict(),
-                "staleness": self.staleness.state_dict()}
+                "staleness": self.staleness.state_dict(), "controller": self.controller.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Before ``start``: continue from ``state`` (``state_dict()`` of the run this one resumes)."""
@@ -231,3 +239,12 @@ class TypedNeutronOrch:
         self.snapshots.load_state_dict(state)
         self.hot_table.load_state_dict(state["in_progress"])
         self.staleness.load_state_dict(state["staleness"])
+        self.controller.load_state_dict(state["controller"], self.device)
+
+    def _probe_inputs(self, ids: dict[str, np.ndarray]):
+        """The drift probe's bottom block (a fixed sample of its own key) and, at each measurement, its rows:
+        the featured types' and the embedding tables' current ones (they move with the weights)."""
+        block = TypedNeighborSampler(self.graph, self.fanouts).sample_bottom(ids, mix_key(self.sampling.seed, 0x9E37))
+        features, input_ids = gather_frontier(self.graph, block.src_ids, self.device)
+        block = block.to(self.device)
+        return lambda: (block, self.model.input_rows(features, input_ids))

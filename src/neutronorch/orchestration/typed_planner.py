@@ -8,11 +8,9 @@ homogeneous plan per type over that type's destinations (``upper.frontiers[0][t]
 how often each appears among the super-batch's mini-batches, ranked most frequent first (ties in order of
 first appearance), the top of them hot.
 
-How many are hot, per type: ``ratio`` of the type's distinct destinations (at most those a hot row can
-serve), or, with ``ratio=None`` (``hot_ratio="auto"``), every vertex that appears in at least two of the
-super-batch's mini-batches: a row computed once and read at least twice, where reuse saves work; a vertex
-read once costs the host what it would have cost the device. The homogeneous mode's speed tuner and
-staleness-error cap are not used for typed graphs.
+How many are hot, per type: the ratio setting's share of the type's distinct destinations (at most those a
+hot row can serve), with ``hot_ratio="auto"`` capped by the staleness-error cap, as in the homogeneous plan
+(``controller.py``: the ratio controller tunes the ratio and measures the error for both kinds of graph).
 
 A mini-batch's own seeds (the target type's first ``len(seeds)`` destinations: every hop keeps its
 destinations first) are never served hot in it, and their appearances there do not count towards their
@@ -26,7 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from neutronorch.data.typed import RelationType, TypedGraph
-from neutronorch.orchestration.neutronorch.planner import (fresh_entries, index_appearances, rank_by_count,
+from neutronorch.orchestration.neutronorch.controller import RatioSetting, error_cap
+from neutronorch.orchestration.neutronorch.planner import (PROBE_ROWS, fresh_entries, index_appearances, rank_by_count,
                                                            split_hot_cold)
 from neutronorch.sampling.typed_block import TypedSubgraph
 
@@ -62,6 +61,11 @@ class TypedPlanStats:
     appearances: int = 0  # bottom-layer destination rows over its mini-batches
     hot_appearances: int = 0  # of which served by hot rows
     saved_edges: int = 0
+    error_capped: bool = False  # the staleness-error cap lowered some type's |H_s| below the ratio's
+
+    @property
+    def hot_share(self) -> float:
+        return sum(self.hot.values()) / max(1, self.reached)
 
 
 @dataclass
@@ -71,6 +75,7 @@ class TypedPlan:
     batches: list[TypedPlannedBatch]
     hot: dict[str, np.ndarray]  # H_s per type (only the types with hot vertices), hottest first
     stats: TypedPlanStats
+    probe: dict[str, np.ndarray] = field(default_factory=dict)  # per type its hottest (the drift probe's)
 
     @property
     def num_hot(self) -> int:
@@ -89,12 +94,12 @@ class TypedPlanner:
                       for t in graph.num_nodes}
 
     def plan(self, super_batch_id: int, epoch: int, uppers: list[tuple[int, int, TypedSubgraph]],
-             ratio: float | None) -> TypedPlan:
-        """``uppers``: (mini-batch index, key, upper hops) of each mini-batch of the super-batch; ``ratio``:
-        the share of each type's reached destinations made hot, or None for those read at least twice."""
+             setting: RatioSetting) -> TypedPlan:
+        """``uppers``: (mini-batch index, key, upper hops) of each mini-batch of the super-batch; ``setting``:
+        the ratio controller's (the share of each type's reached destinations made hot, and the error cap)."""
         types = [t for t in self._slot if any(t in upper.frontiers[0] for _, _, upper in uppers)]
         stats = TypedPlanStats(epoch)
-        per_type = {t: self._plan_type(t, uppers, ratio, stats) for t in types}
+        per_type = {t: self._plan_type(t, uppers, setting, stats) for t in types}
         batches = []
         for b, (index, key, upper) in enumerate(uppers):
             cold, hot_pos, hot_rows, saved = {}, {}, {}, 0
@@ -104,9 +109,10 @@ class TypedPlanner:
             batches.append(TypedPlannedBatch(index, key, upper, cold, hot_pos, hot_rows, saved))
         hot = {t: plan[0] for t, plan in per_type.items() if plan[0].shape[0]}
         stats.hot = {t: int(ids.shape[0]) for t, ids in hot.items()}
-        return TypedPlan(super_batch_id, epoch, batches, hot, stats)
+        probe = {t: plan[2] for t, plan in per_type.items() if plan[2].shape[0]}
+        return TypedPlan(super_batch_id, epoch, batches, hot, stats, probe)
 
-    def _plan_type(self, t: str, uppers, ratio: float | None, stats: TypedPlanStats):
+    def _plan_type(self, t: str, uppers, setting: RatioSetting, stats: TypedPlanStats):
         """H_s of type ``t`` and, per mini-batch, (cold positions, hot positions, hot rows, spared edges)."""
         slot = self._slot[t]
         bottoms = [upper.frontiers[0][t].numpy() if t in upper.frontiers[0] else EMPTY for _, _, upper in uppers]
@@ -119,10 +125,11 @@ class TypedPlanner:
         # Only the appearances a hot row can serve count: not those as their own mini-batch's seeds.
         appear -= np.bincount(index[cold], minlength=distinct.shape[0]).astype(np.int32)
         ranked = rank_by_count(appear)
-        if ratio is None:
-            num_hot = int(np.count_nonzero(appear >= 2))
-        else:
-            num_hot = min(int(np.count_nonzero(appear)), int(round(ratio * distinct.shape[0])))
+        num_hot = min(int(np.count_nonzero(appear)), int(round(setting.ratio * distinct.shape[0])))
+        if setting.auto:
+            limit, capped = error_cap(appear[ranked], setting)
+            num_hot = min(num_hot, limit)
+            stats.error_capped |= capped
         hot = distinct[ranked[:num_hot]]
         row_of = np.full(distinct.shape[0], -1, np.int32)
         row_of[ranked[:num_hot]] = np.arange(num_hot, dtype=np.int32)
@@ -139,7 +146,7 @@ class TypedPlanner:
         for b in range(len(uppers)):
             lo, mid, hi = offsets[b], offsets[b] + hot_counts[b], offsets[b + 1]
             per_batch.append((positions[mid:hi], positions[lo:mid], rows[lo:mid], int(saved[b])))
-        return hot, per_batch
+        return hot, per_batch, distinct[ranked[:PROBE_ROWS]]
 
 
 class HotRecord:
@@ -166,6 +173,11 @@ class HotRecord:
         self.appearances += appearances
         self.hot_appearances += hot_appearances
         self.saved_edges += saved_edges
+
+    @property
+    def hot_ratio(self) -> float | None:
+        """The share of the reached destinations made hot (None without plans): what the tuner measured."""
+        return sum(self.hot.values()) / max(1, self.reached) if self.plans else None
 
     def record(self) -> dict:
         """``hot_share``: the bottom-layer destination rows served by hot rows; ``hot_per_super_batch``: the

@@ -26,6 +26,7 @@ from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.nn.splice import SpliceIndex
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
+from neutronorch.orchestration.neutronorch.controller import PublishedSetting
 from neutronorch.orchestration.neutronorch.hot_rows import layer_holding
 from neutronorch.orchestration.neutronorch.plan_loop import one_ahead
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
@@ -57,6 +58,7 @@ class TypedOrchBatch(TypedBatch):
     position: int = 0  # in its super-batch
     last: bool = True  # the super-batch's last mini-batch
     splice: dict[str, SpliceIndex] = field(default_factory=dict)
+    probe: dict[str, np.ndarray] | None = None  # its first: the plan's hottest per type (the drift probe's)
 
 
 class TypedHostRows:
@@ -111,10 +113,11 @@ class TypedColdSampler:
     bottom hop of its cold destinations only. Its sampler, planner and seed orders are its own."""
 
     def __init__(self, graph: TypedGraph, fanouts: dict[RelationType, list[int]], sampling: SamplingConfig,
-                 schedule: Schedule, ratio: float | None, device: torch.device, spans: Spans, threads: int,
+                 schedule: Schedule, published: PublishedSetting, device: torch.device, spans: Spans, threads: int,
                  tables: tuple[str, ...], first: tuple[int, int], parts: Channel, needs: Channel):
         self.graph, self.fanouts, self.sampling, self.schedule = graph, fanouts, sampling, schedule
-        self.ratio, self.device, self.spans, self.threads, self.tables = ratio, device, spans, threads, tables
+        self.published = published  # the ratio controller's setting (replaced whole by the trainer)
+        self.device, self.spans, self.threads, self.tables = device, spans, threads, tables
         self.first, self.parts, self.needs = first, parts, needs
         self.train_idx = train_seeds(graph)
         self.num_layers = len(next(iter(fanouts.values())))
@@ -154,7 +157,7 @@ class TypedColdSampler:
             for index in range(first, end):
                 key = batch_key(self.sampling.seed, epoch, index)
                 uppers.append((index, key, sampler.sample_hops(self._seeds(epoch, index), key, self.num_layers - 1)))
-            plan = planner.plan(super_batch_id, epoch, uppers, self.ratio)
+            plan = planner.plan(super_batch_id, epoch, uppers, self.published.read()[1])
             block, features, needs = None, {}, {}
             if plan.hot:
                 block = sampler.sample_bottom(plan.hot, uppers[0][1])
@@ -179,4 +182,5 @@ class TypedColdSampler:
         return TypedOrchBatch(plan.epoch, planned.index, blocks, features, ids, labels,
                               sum(b.num_edges for b in blocks), sum(int(v.shape[0]) for v in cold.src_ids.values()),
                               plan.stats if position == 0 else None, super_batch_id=plan.super_batch_id,
+                              probe=plan.probe if position == 0 else None,
                               position=position, last=position == len(plan.batches) - 1, splice=splice)
