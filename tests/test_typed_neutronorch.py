@@ -14,7 +14,7 @@ from neutronorch.data.synthetic_typed import synthetic_typed
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import Interrupted
 from neutronorch.orchestration.neutronorch.controller import RatioSetting
-from neutronorch.orchestration.typed_planner import TypedPlanner
+from neutronorch.orchestration.neutronorch.planner import TypedPlanner
 from neutronorch.nn.splice import HotRows, SpliceIndex
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -150,7 +150,8 @@ def test_a_plan_splits_each_types_destinations_into_hot_and_cold(mag, ratio):
     batches = [train_idx[i * 40:(i + 1) * 40] for i in range(4)]
     uppers = uppers_of(mag, sampler, batches)
     setting = RatioSetting(1.0, True, 0.1, 0.02) if ratio == "auto" else RatioSetting(ratio)
-    plan = TypedPlanner(mag, {r: f[-1] for r, f in sampler.fanouts.items()}).plan(7, 0, uppers, setting)
+    plan = TypedPlanner(mag, {r: f[-1] for r, f in sampler.fanouts.items()}).plan(7, 0, uppers, setting.ratio,
+                                                                               setting.cap())
     hot_sets = {t: set(ids.tolist()) for t, ids in plan.hot.items()}
     appearances = {}
     for (_, _, upper), batch in zip(uppers, plan.batches):
@@ -185,7 +186,7 @@ def test_the_hottest_vertices_of_each_type_are_chosen(mag):
     sampler = TypedNeighborSampler(mag, [4, 3])
     train_idx = np.asarray(mag.train_idx)
     uppers = uppers_of(mag, sampler, [train_idx[i * 40:(i + 1) * 40] for i in range(4)])
-    plan = TypedPlanner(mag, {r: f[-1] for r, f in sampler.fanouts.items()}).plan(0, 0, uppers, RatioSetting(0.1))
+    plan = TypedPlanner(mag, {r: f[-1] for r, f in sampler.fanouts.items()}).plan(0, 0, uppers, 0.1)
     for t, hot in plan.hot.items():
         counts = {}
         for _, _, upper in uppers:

@@ -3,7 +3,7 @@ super-batch and reused under a strictly bounded staleness.
 
 The homogeneous mode (``neutronorch/mode.py``) made typed: the same schedule of versions and the same
 staleness check (``neutronorch/versions.py``), the same splice (``nn/splice.py``), a plan per destination
-type (``typed_planner.py``). Three threads, each with its own objects (the producers' in
+type (``neutronorch/planner.py``'s ``TypedPlanner``). Three threads, each with its own objects (the producers' in
 ``typed_producers.py``: ``TypedColdSampler``, ``TypedHostRows``); what crosses between them::
 
     sampler (typed-neutronorch-sampler)      host (typed-neutronorch-host)     trainer (caller)
@@ -65,10 +65,10 @@ from neutronorch.orchestration.mode import StepInputs
 from neutronorch.orchestration.neutronorch.controller import RatioController
 from neutronorch.orchestration.neutronorch.hot_table import HotTableReader
 from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
+from neutronorch.orchestration.neutronorch.stats import HotRecord
 from neutronorch.orchestration.neutronorch.versions import Schedule, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.typed_exact import gather_frontier, train_seeds
-from neutronorch.orchestration.typed_planner import HotRecord
 from neutronorch.orchestration.typed_producers import TypedColdSampler, TypedHostRows, TypedOrchBatch
 from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler

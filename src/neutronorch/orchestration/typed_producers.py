@@ -29,10 +29,10 @@ from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.controller import PublishedSetting
 from neutronorch.orchestration.neutronorch.hot_rows import layer_holding
 from neutronorch.orchestration.neutronorch.plan_loop import one_ahead
+from neutronorch.orchestration.neutronorch.planner import TypedPlan, TypedPlanner
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
 from neutronorch.orchestration.seeds import epoch_order
 from neutronorch.orchestration.typed_exact import TypedBatch, gather_frontier, target_labels, train_seeds
-from neutronorch.orchestration.typed_planner import TypedPlan, TypedPlanner
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_block import TypedBlock
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -157,7 +157,8 @@ class TypedColdSampler:
             for index in range(first, end):
                 key = batch_key(self.sampling.seed, epoch, index)
                 uppers.append((index, key, sampler.sample_hops(self._seeds(epoch, index), key, self.num_layers - 1)))
-            plan = planner.plan(super_batch_id, epoch, uppers, self.published.read()[1])
+            setting = self.published.read()[1]
+            plan = planner.plan(super_batch_id, epoch, uppers, setting.ratio, setting.cap())
             block, features, needs = None, {}, {}
             if plan.hot:
                 block = sampler.sample_bottom(plan.hot, uppers[0][1])

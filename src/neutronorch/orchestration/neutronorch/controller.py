@@ -75,6 +75,10 @@ class RatioSetting:
     stale_error: HostScalar | torch.Tensor | float | None = None
     error_budget: float = 0.02
 
+    def cap(self) -> Callable[[np.ndarray], tuple[int, bool]] | None:
+        """The planner's cap of a hot set: with ``auto`` the staleness-error cap, with a fixed ratio none."""
+        return (lambda ranked: error_cap(ranked, self)) if self.auto else None
+
 
 def error_cap(ranked_counts: np.ndarray, setting: RatioSetting) -> tuple[int, bool]:
     """The most hot vertices (hottest first) whose reuse keeps the expected staleness error within the

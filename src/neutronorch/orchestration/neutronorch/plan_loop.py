@@ -26,7 +26,7 @@ from neutronorch.config import SamplingConfig
 from neutronorch.data.graph import Graph
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
-from neutronorch.orchestration.neutronorch.controller import PublishedSetting, error_cap
+from neutronorch.orchestration.neutronorch.controller import PublishedSetting
 from neutronorch.orchestration.neutronorch.planner import Plan, Planner, all_cold
 from neutronorch.orchestration.neutronorch.versions import Schedule
 from neutronorch.orchestration.seeds import NodeSeeds, SeedBatch
@@ -82,9 +82,8 @@ class PlanLoop:
             if setting.ratio == 0 and hot is None:  # nothing to make hot: no counting, no ranking
                 plan = all_cold(super_batch_id, epoch, uppers)
             else:
-                cap = (lambda ranked: error_cap(ranked, setting)) if setting.auto else None
                 fresh = [b.batch_seeds for b in batches] if any(b.batch_seeds is not None for b in batches) else None
-                plan = planner.plan(super_batch_id, epoch, uppers, setting.ratio, cap, hot, fresh)
+                plan = planner.plan(super_batch_id, epoch, uppers, setting.ratio, setting.cap(), hot, fresh)
             plan.stats.setting = number
         for item, batch in zip(plan.batches, batches):
             item.targets, item.exclude = batch.targets, batch.exclude
