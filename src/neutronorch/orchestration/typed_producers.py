@@ -38,7 +38,7 @@ from neutronorch.sampling.typed_block import TypedBlock
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 
-@dataclass
+@dataclass(frozen=True)
 class HotPart:
     """What the host computes super-batch s's hot rows from (made by the sampler): H_s's bottom block and
     its input frontier's featured rows (host memory), or no block when nothing is hot."""

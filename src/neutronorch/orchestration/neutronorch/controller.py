@@ -251,7 +251,7 @@ class RatioController:
         return {"ratio": self.setting.ratio, "stale_error": None if published is None else float(published),
                 "lead": self.lead,
                 "tuner": self.tuner.state_dict() if self.tuner else None,
-                "probe_ids": None if self._probe_ids is None else _per_type(torch.from_numpy, self._probe_ids),
+                "probe_ids": None if self._probe_ids is None else _per_type(torch.tensor, self._probe_ids),
                 "probe": None if probe is None else {"drift": cpu(probe.drift), "stale_error": cpu(probe.stale_error),
                                                      "history": [(cpu(y), v) for y, v in probe._history]}}
 

@@ -74,9 +74,9 @@ class HotTableReader:
         copy = lambda t: t.detach().to("cpu", copy=True)  # noqa: E731
         if isinstance(current.vertices, dict):
             return {"gsid": current.super_batch_id,
-                    "vertices": {t: torch.from_numpy(v) for t, v in current.vertices.items()},
+                    "vertices": {t: torch.tensor(v) for t, v in current.vertices.items()},
                     "grad_acc": {t: copy(g) for t, g in current.grad_acc.items()}}
-        return {"gsid": current.super_batch_id, "vertices": torch.from_numpy(current.vertices),
+        return {"gsid": current.super_batch_id, "vertices": torch.tensor(current.vertices),
                 "grad_acc": None if current.grad_acc is None else copy(current.grad_acc)}
 
     def load_state_dict(self, in_progress: dict | None) -> None:

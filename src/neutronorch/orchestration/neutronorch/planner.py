@@ -22,7 +22,7 @@ that ranks serve hot exactly the rows one process would.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -35,7 +35,7 @@ from neutronorch.sampling.typed_block import TypedSubgraph
 PROBE_ROWS = 256  # vertices whose bottom-layer output measures the per-step drift (the hottest of a plan)
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlannedBatch:
     index: int  # mini-batch number in its epoch
     key: int  # its ``batch_key``
@@ -48,7 +48,7 @@ class PlannedBatch:
     exclude: object = None  # edges its sampled graph must not hold (``SeedBatch.exclude``), bottom hop included
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlanStats:
     """What one plan did, for the summary (accounted by the trainer when it reaches the super-batch)."""
 
@@ -66,11 +66,14 @@ class PlanStats:
         return self.hot / max(1, self.reached)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
+    """A super-batch's plan. Frozen, with its hot set read-only: it crosses from the planning thread to the
+    host's and the cold sampler's (``read_only``)."""
+
     super_batch_id: int
     epoch: int
-    batches: list[PlannedBatch]
+    batches: tuple[PlannedBatch, ...]
     hot: np.ndarray  # H_s, hottest first
     probe: np.ndarray  # the hottest PROBE_ROWS vertices (the drift probe's candidates)
     stats: PlanStats
@@ -82,9 +85,16 @@ def all_cold(super_batch_id: int, epoch: int, uppers: list[tuple[int, int, Sampl
     without counting or ranking them (``reached`` and the probe are then unknown: 0 and none)."""
     empty = np.empty(0, np.int64)
     sizes = [int(upper.frontiers[0].shape[0]) for _, _, upper in uppers]
-    planned = [PlannedBatch(batch, key, upper, np.arange(n, dtype=np.int64), empty, empty, 0)
-               for (batch, key, upper), n in zip(uppers, sizes)]
-    return Plan(super_batch_id, epoch, planned, empty, empty, PlanStats(epoch, 0, 0, sum(sizes), 0, 0))
+    planned = tuple(PlannedBatch(batch, key, upper, np.arange(n, dtype=np.int64), empty, empty, 0)
+                    for (batch, key, upper), n in zip(uppers, sizes))
+    return Plan(super_batch_id, epoch, planned, read_only(np.empty(0, np.int64)), empty,
+                PlanStats(epoch, 0, 0, sum(sizes), 0, 0))
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """``array``, no longer writeable: a hot set, which the plan hands to other threads."""
+    array.flags.writeable = False
+    return array
 
 
 @njit(cache=True, nogil=True)
@@ -278,14 +288,14 @@ class Planner:
         bottoms = [upper.frontiers[0].numpy() for _, _, upper in uppers]
         own = np.array([upper.seeds.shape[0] for _, _, upper in uppers], np.int64)
         c = choose(self._slot, [(self.indptr, self.bottom_fanout)], bottoms, own, ratio, cap, hot, fresh)
-        planned = [PlannedBatch(batch, key, upper, c.cold_pos[b], c.hot_pos[b], c.hot_rows[b], int(c.saved[b]))
-                   for b, (batch, key, upper) in enumerate(uppers)]
+        planned = tuple(PlannedBatch(batch, key, upper, c.cold_pos[b], c.hot_pos[b], c.hot_rows[b], int(c.saved[b]))
+                        for b, (batch, key, upper) in enumerate(uppers))
         stats = PlanStats(epoch, c.hot.shape[0], c.reached, c.appearances, c.hot_appearances, int(c.saved.sum()),
                           error_capped=c.capped)
-        return Plan(super_batch_id, epoch, planned, c.hot, c.probe, stats)
+        return Plan(super_batch_id, epoch, planned, read_only(c.hot), c.probe, stats)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TypedPlannedBatch:
     """One mini-batch of a typed plan: its upper hops and, per destination type of its bottom layer, the
     positions (among ``upper.frontiers[0][t]``) of its cold destinations (ascending) and of its hot ones,
@@ -304,24 +314,26 @@ class TypedPlannedBatch:
         return {t: ids.numpy()[self.cold_pos[t]] for t, ids in self.upper.frontiers[0].items()}
 
 
-@dataclass
+@dataclass(frozen=True)
 class TypedPlanStats:
     """What one typed plan did, for the epoch records and the summary (summed over the types)."""
 
     epoch: int
-    hot: dict[str, int] = field(default_factory=dict)  # |H_s| per type
-    reached: int = 0
-    appearances: int = 0
-    hot_appearances: int = 0
-    saved_edges: int = 0
-    error_capped: bool = False
+    hot: dict[str, int]  # |H_s| per type
+    reached: int
+    appearances: int
+    hot_appearances: int
+    saved_edges: int
+    error_capped: bool
 
 
-@dataclass
+@dataclass(frozen=True)
 class TypedPlan:
+    """A typed super-batch's plan, frozen as ``Plan`` is."""
+
     super_batch_id: int
     epoch: int
-    batches: list[TypedPlannedBatch]
+    batches: tuple[TypedPlannedBatch, ...]
     hot: dict[str, np.ndarray]  # H_s per type (only the types with hot vertices), hottest first
     stats: TypedPlanStats
     probe: dict[str, np.ndarray]  # per type its hottest (the drift probe's candidates)
@@ -344,21 +356,21 @@ class TypedPlanner:
         """``uppers``: (mini-batch index, key, upper hops) of each mini-batch; ``ratio`` and ``cap`` as
         ``Planner.plan`` takes them, applied to each type."""
         empty = np.empty(0, np.int64)
-        stats, choices = TypedPlanStats(epoch), {}
+        choices = {}
         for t in [t for t in self._slot if any(t in upper.frontiers[0] for _, _, upper in uppers)]:
             bottoms = [upper.frontiers[0][t].numpy() if t in upper.frontiers[0] else empty for _, _, upper in uppers]
             own = np.array([upper.seeds.shape[0] if t == self.target else 0 for _, _, upper in uppers], np.int64)
-            choices[t] = c = choose(self._slot[t], self._into[t], bottoms, own, ratio, cap)
-            stats.reached += c.reached
-            stats.appearances += c.appearances
-            stats.hot_appearances += c.hot_appearances
-            stats.saved_edges += int(c.saved.sum())
-            stats.error_capped |= c.capped
-        batches = [TypedPlannedBatch(index, key, upper, *({t: getattr(choices[t], part)[b] for t in upper.frontiers[0]}
-                                                          for part in ("cold_pos", "hot_pos", "hot_rows")),
-                                     sum(int(choices[t].saved[b]) for t in upper.frontiers[0]))
-                   for b, (index, key, upper) in enumerate(uppers)]
-        hot = {t: c.hot for t, c in choices.items() if c.hot.shape[0]}
-        stats.hot = {t: int(ids.shape[0]) for t, ids in hot.items()}
+            choices[t] = choose(self._slot[t], self._into[t], bottoms, own, ratio, cap)
+        batches = tuple(TypedPlannedBatch(index, key, upper,
+                                          *({t: getattr(choices[t], part)[b] for t in upper.frontiers[0]}
+                                            for part in ("cold_pos", "hot_pos", "hot_rows")),
+                                          sum(int(choices[t].saved[b]) for t in upper.frontiers[0]))
+                        for b, (index, key, upper) in enumerate(uppers))
+        hot = {t: read_only(c.hot) for t, c in choices.items() if c.hot.shape[0]}
+        total = lambda part: sum(getattr(c, part) for c in choices.values())  # noqa: E731
+        stats = TypedPlanStats(epoch, {t: int(ids.shape[0]) for t, ids in hot.items()}, total("reached"),
+                               total("appearances"), total("hot_appearances"),
+                               sum(int(c.saved.sum()) for c in choices.values()),
+                               any(c.capped for c in choices.values()))
         return TypedPlan(super_batch_id, epoch, batches, hot, stats,
                          {t: c.probe for t, c in choices.items() if c.probe.shape[0]})

@@ -61,10 +61,11 @@ class Schedule:
         return max(0, version)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Snapshot:
     """A copy of the bottom layer's parameters at one parameter version (host memory), with, on a typed
-    graph, the embedding-table rows the super-batch's hot rows read at that version."""
+    graph, the embedding-table rows the super-batch's hot rows read at that version. Frozen: it crosses from
+    the trainer to the host, and its tensors are copies outside autograd, which nobody writes to."""
 
     version: int
     params: list[torch.Tensor]
