@@ -1,9 +1,8 @@
 """Mode ``neutronorch`` on a typed graph: each type's hot bottom-layer rows computed on the host once per
 super-batch and reused under a strictly bounded staleness.
 
-The homogeneous mode (``neutronorch/mode.py``) made typed: the same schedule of versions and the same
-staleness check (``neutronorch/versions.py``), the same splice (``nn/splice.py``), a plan per destination
-type (``neutronorch/planner.py``'s ``TypedPlanner``). Three threads, each with its own objects (the producers' in
+The homogeneous mode (``neutronorch/mode.py``) with a plan per destination type (``neutronorch/planner.py``'s
+``TypedPlanner``) and the splice of ``nn/splice.py``. Three threads, each with its own objects (the producers' in
 ``typed_producers.py``: ``TypedColdSampler``, ``TypedHostRows``); what crosses between them::
 
     sampler (typed-neutronorch-sampler)      host (typed-neutronorch-host)     trainer (caller)
@@ -25,30 +24,18 @@ that mini-batch draws) and gathers its inputs; then, per mini-batch, the bottom 
 only (``sample_bottom``: each draws what exact mode draws for it) and their inputs. Hot destinations'
 neighbours are never sampled or gathered for the mini-batches.
 
-**Snapshots** (``neutronorch/snapshots.py``, the homogeneous mode's publisher). Super-batch s's hot rows are
-computed from the bottom layer's parameters (with the featured types' input projections: ``TypedBottom``) at
-the version the publisher assigns s, ``lead`` steps (the ``snapshot_lead`` setting, default 2) before its
-first step, never older than the bound allows for its last step and never before super-batch s - 1 begins
-(so the plan of s, made before s - 1's batches are loaded, is there). A featureless type's inputs are rows of
-its embedding table, which the optimizer moves every step: the snapshot holds those rows too, read by the
-trainer at that version (``needs``: the hot frontier's ids the sampler sent ahead), so that every input of a
-hot row is of one version.
-
-**Protocol.** The ``Mode`` of ``mode.py``: the threads start with ``start(model)``, at the parameter version
-(optimizer steps taken, counted by ``after_step``) a resumed run's ``load_state_dict`` gave; ``step_inputs``
-publishes the snapshots due and hands the model its hot rows, ``before_step`` adds their gradient.
-
-**Staleness.** Every use is checked against the bound (``StalenessCheck``): a violation is a bug and raises.
+**The rest is the homogeneous mode's** (``neutronorch/``): the snapshots (``SnapshotPublisher``, which also
+takes the table rows a featureless type's hot inputs are, at the snapshot's version, from the ids the
+sampler sent ahead on ``needs``), the hot table (``HotTableReader``), the staleness check at every use, the
+ratio controller (``auto``: tuner, drift probe, error cap) and the ``Mode`` protocol (``mode.py``).
 **Gradient** (``hot_grad``): ``stop`` treats hot rows as constants; ``cpu`` sums dL/dY of each hot row over
-the super-batch's steps (the splice's accumulator) and, at its last step, takes it through the host's graph
-of those rows into the bottom layer's weights and the tables' rows, added to that step's gradients. With
-P = 1, staleness 0 and ``cpu`` a step is exact mode's (``tests/test_typed_neutronorch.py``). Evaluation is
-exact mode's (``typed_logits``): no stale row ever reaches a score.
+the super-batch's steps and, at its last step, takes it through the host's graph of those rows into the
+bottom layer's weights and the tables' rows. With P = 1, staleness 0 and ``cpu`` a step is exact mode's
+(``tests/test_typed_neutronorch.py``). Evaluation is exact mode's: no stale row ever reaches a score.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import threading
 
@@ -68,7 +55,9 @@ from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
 from neutronorch.orchestration.neutronorch.stats import HotRecord
 from neutronorch.orchestration.neutronorch.versions import Schedule, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
-from neutronorch.orchestration.typed_exact import gather_frontier, train_seeds
+from neutronorch.orchestration.neutronorch.mode import NeutronOrchMode
+from neutronorch.orchestration.seeds import batches_per_epoch
+from neutronorch.orchestration.typed_exact import gather_frontier
 from neutronorch.orchestration.typed_producers import TypedColdSampler, TypedHostRows, TypedOrchBatch
 from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -86,8 +75,7 @@ class TypedNeutronOrch:
                  config: NeutronOrchConfig, epochs: int, device: torch.device, spans: Spans,
                  sampler_threads: int = 1, host_threads: int = 1):
         self.graph, self.fanouts, self.sampling, self.device, self.spans = graph, fanouts, sampling, device, spans
-        self.train_idx = train_seeds(graph)
-        self.num_batches = -(-self.train_idx.shape[0] // sampling.batch_size)
+        self.num_batches = batches_per_epoch(graph, sampling)
         self.schedule = Schedule(epochs, self.num_batches, config.super_batch, config.resolved_staleness)
         self.hot_ratio = config.hot_ratio
         self.track_grad = config.hot_grad == "cpu"
@@ -102,7 +90,7 @@ class TypedNeutronOrch:
         self.needs = Channel("needs")
         self.snapshots = SnapshotPublisher(self.schedule, device.type == "cuda", self._table_rows)
         self.hot_table = HotTableReader(spans, device)
-        self._host = self._batches = None
+        self._host = self._stream = None
 
     def start(self, model: TypedGNN) -> None:
         """Start the sampler and host threads at the run's parameter version (a resumed run's snapshots
@@ -118,29 +106,22 @@ class TypedNeutronOrch:
                                       name="typed-neutronorch-host", daemon=True)
         self._host.start()
         sampler = TypedColdSampler(self.graph, self.fanouts, self.sampling, self.schedule, self.controller.published,
-                                   self.device,
-                                   self.spans, self.sampler_threads, tuple(model.embeddings), self.first,
-                                   self.parts, self.needs)
-        self._batches = Prefetcher(sampler.run, depth=self.sampling.prefetch, name="typed-neutronorch-sampler")
+                                   self.device, self.spans, self.sampler_threads, tuple(model.embeddings),
+                                   self.first, self.parts, self.needs)
+        self._stream = Prefetcher(sampler.run, depth=self.sampling.prefetch, name="typed-neutronorch-sampler")
 
     def close(self) -> None:
         for channel in (self.parts, self.needs):
             channel.close()
         self.snapshots.close()
         self.hot_table.close()
-        if self._batches is not None:
-            self._batches.close()
+        if self._stream is not None:
+            self._stream.close()
             self._host.join(timeout=10)
 
     # -- the trainer's side ------------------------------------------------------------------------------
 
-    def batches(self, epoch: int, start: int = 0) -> contextlib.nullcontext:
-        """The next mini-batches of the run's stream: epoch ``epoch``'s from ``start`` on (the stream runs on
-        between epochs, so leaving one stops nothing)."""
-        if epoch * self.num_batches + start != self.version:
-            raise RuntimeError(f"NeutronOrch's pipeline is at parameter version {self.version}, not at step {start} "
-                               f"of epoch {epoch}: epochs run in order, from where the run (or its resume) is")
-        return contextlib.nullcontext(next(self._batches) for _ in range(start, self.num_batches))
+    batches = NeutronOrchMode.batches  # epoch ``epoch``'s from ``start`` on, out of the run's one stream
 
     def describe(self) -> str:
         return (f"super-batch {self.schedule.super_batch}, staleness bound {self.schedule.staleness_bound}, "

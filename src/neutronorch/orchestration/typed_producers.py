@@ -31,8 +31,8 @@ from neutronorch.orchestration.neutronorch.hot_rows import layer_holding
 from neutronorch.orchestration.neutronorch.plan_loop import one_ahead
 from neutronorch.orchestration.neutronorch.planner import TypedPlan, TypedPlanner
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
-from neutronorch.orchestration.seeds import epoch_order
-from neutronorch.orchestration.typed_exact import TypedBatch, gather_frontier, target_labels, train_seeds
+from neutronorch.orchestration.seeds import NodeSeeds
+from neutronorch.orchestration.typed_exact import TypedBatch, gather_frontier, target_labels
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_block import TypedBlock
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -110,7 +110,8 @@ class TypedHostRows:
 class TypedColdSampler:
     """The sampler thread's side: plans each super-batch one ahead of the mini-batches it loads, hands the host
     its hot part (``parts``) and the trainer its table ids (``needs``), and loads each mini-batch with the
-    bottom hop of its cold destinations only. Its sampler, planner and seed orders are its own."""
+    bottom hop of its cold destinations only. Its sampler, planner and seeds (``NodeSeeds``, as a homogeneous
+    run's: the target type's training vertices) are its own."""
 
     def __init__(self, graph: TypedGraph, fanouts: dict[RelationType, list[int]], sampling: SamplingConfig,
                  schedule: Schedule, published: PublishedSetting, device: torch.device, spans: Spans, threads: int,
@@ -119,9 +120,8 @@ class TypedColdSampler:
         self.published = published  # the ratio controller's setting (replaced whole by the trainer)
         self.device, self.spans, self.threads, self.tables = device, spans, threads, tables
         self.first, self.parts, self.needs = first, parts, needs
-        self.train_idx = train_seeds(graph)
+        self.seeds, self._batches = NodeSeeds(graph, sampling), {}  # the seeds of an epoch's mini-batches
         self.num_layers = len(next(iter(fanouts.values())))
-        self._orders: dict[int, tuple[torch.Tensor, ...]] = {}
 
     def run(self) -> Iterator[TypedOrchBatch]:
         """The sampler thread's body: every mini-batch of the run, in order. A failure here also fails the
@@ -142,21 +142,18 @@ class TypedColdSampler:
             self.parts.fail(exc)
             raise
 
-    def _seeds(self, epoch: int, index: int) -> np.ndarray:
-        if epoch not in self._orders:
-            order = epoch_order(self.train_idx, self.sampling.seed, epoch)
-            self._orders = {epoch: torch.split(order, self.sampling.batch_size)}
-        return self._orders[epoch][index].numpy()
-
     def _plan(self, super_batch_id: int, sampler: TypedNeighborSampler, planner: TypedPlanner) -> TypedPlan:
         """Plan super-batch ``super_batch_id`` and hand its hot part to the host and its table ids to the
         trainer."""
         epoch, first, end = self.schedule.locate(super_batch_id)
+        if epoch not in self._batches:
+            self._batches = {epoch: self.seeds.epoch(epoch)}
         with self.spans.stage("plan"):
             uppers = []
             for index in range(first, end):
                 key = batch_key(self.sampling.seed, epoch, index)
-                uppers.append((index, key, sampler.sample_hops(self._seeds(epoch, index), key, self.num_layers - 1)))
+                uppers.append((index, key, sampler.sample_hops(self._batches[epoch][index].seeds.numpy(), key,
+                                                                 self.num_layers - 1)))
             setting = self.published.read()[1]
             plan = planner.plan(super_batch_id, epoch, uppers, setting.ratio, setting.cap())
             block, features, needs = None, {}, {}
