@@ -610,3 +610,38 @@ def test_each_plan_records_the_ratio_setting_it_followed(graph):
     second = next(plans)
     assert (first.stats.setting, second.stats.setting) == (0, 1)
     assert second.stats.hot == round(0.1 * second.stats.reached) < first.stats.hot
+
+
+def test_what_crosses_a_thread_is_frozen(graph):
+    """Plans, snapshots, hot embeddings and the ratio setting cross between threads, so their types forbid
+    changing them: frozen dataclasses, a plan's mini-batches a tuple and its hot set read-only, a
+    snapshot's parameters copies outside autograd that later steps do not move."""
+    import dataclasses
+
+    from neutronorch.orchestration.neutronorch.controller import RatioSetting
+    from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch, PlanStats, TypedPlan
+    from neutronorch.orchestration.neutronorch.planner import TypedPlannedBatch, TypedPlanStats
+    from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
+    from neutronorch.orchestration.typed_producers import HotPart
+
+    for kind in (Plan, PlannedBatch, PlanStats, TypedPlan, TypedPlannedBatch, TypedPlanStats, Snapshot,
+                 HotEmbeddings, HotPart, RatioSetting):
+        assert dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen, kind.__name__
+    sampler = NeighborSampler(graph.indptr, graph.indices, [4, 3, 3])
+    uppers = [(i, 100 + i, sampler.sample(np.asarray(graph.train_idx[i * 50:(i + 1) * 50]), 100 + i, [4, 3]))
+              for i in range(3)]
+    plan = Planner(graph.indptr, bottom_fanout=3).plan(7, 0, uppers, ratio=0.5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.hot = plan.hot[:1]
+    with pytest.raises(ValueError, match="read-only"):
+        plan.hot[0] = -1
+    assert isinstance(plan.batches, tuple)
+    publisher = SnapshotPublisher(Schedule(1, 4, 2, 3), on_cuda=False)
+    layer = torch.nn.Linear(3, 2)
+    publisher.publish_due(layer, 0, 0)
+    snapshot = publisher.channel.take(0)
+    before = [p.clone() for p in snapshot.params]
+    with torch.no_grad():
+        layer.weight.add_(1.0)
+    assert all(not p.requires_grad for p in snapshot.params)
+    assert all(torch.equal(p, q) for p, q in zip(snapshot.params, before))

@@ -13,7 +13,8 @@ from neutronorch import TrainConfig, train
 from neutronorch.data.synthetic_typed import synthetic_typed
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import Interrupted
-from neutronorch.orchestration.typed_planner import TypedPlanner
+from neutronorch.orchestration.neutronorch.controller import RatioSetting
+from neutronorch.orchestration.neutronorch.planner import TypedPlanner
 from neutronorch.nn.splice import HotRows, SpliceIndex
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -140,13 +141,17 @@ def uppers_of(graph, sampler, batches):
     return [(i, 1000 + i, sampler.sample_hops(seeds, 1000 + i, 1)) for i, seeds in enumerate(batches)]
 
 
-@pytest.mark.parametrize("ratio", [None, 0.0, 0.3, 1.0])
+@pytest.mark.parametrize("ratio", ["auto", 0.0, 0.3, 1.0])
 def test_a_plan_splits_each_types_destinations_into_hot_and_cold(mag, ratio):
+    """``auto``: every vertex may be hot, but the staleness-error cap (a measured error of 0.1 against a budget
+    of 0.02) keeps the appearances served hot within a fifth of each type's."""
     sampler = TypedNeighborSampler(mag, [4, 3])
     train_idx = np.asarray(mag.train_idx)
     batches = [train_idx[i * 40:(i + 1) * 40] for i in range(4)]
     uppers = uppers_of(mag, sampler, batches)
-    plan = TypedPlanner(mag, {r: f[-1] for r, f in sampler.fanouts.items()}).plan(7, 0, uppers, ratio)
+    setting = RatioSetting(1.0, True, 0.1, 0.02) if ratio == "auto" else RatioSetting(ratio)
+    plan = TypedPlanner(mag, {r: f[-1] for r, f in sampler.fanouts.items()}).plan(7, 0, uppers, setting.ratio,
+                                                                               setting.cap())
     hot_sets = {t: set(ids.tolist()) for t, ids in plan.hot.items()}
     appearances = {}
     for (_, _, upper), batch in zip(uppers, plan.batches):
@@ -167,9 +172,11 @@ def test_a_plan_splits_each_types_destinations_into_hot_and_cold(mag, ratio):
     total = sum(len(s) for s in hot_sets.values())
     if ratio == 0.0:
         assert total == 0 and plan.stats.hot_appearances == 0
-    elif ratio is None:
-        assert all(appearances[t, v] >= 2 for t, s in hot_sets.items() for v in s)
-        assert total == sum(1 for n in appearances.values() if n >= 2) > 0
+    elif ratio == "auto":
+        for t, hot in hot_sets.items():
+            served = sum(appearances[t, v] for v in hot)
+            assert 0 < served <= 0.2 * sum(n for (u, _), n in appearances.items() if u == t)
+        assert total > 0 and plan.stats.error_capped
     elif ratio == 1.0:
         assert total == len(appearances)
     assert plan.stats.hot == {t: len(s) for t, s in hot_sets.items()}
@@ -195,7 +202,7 @@ def test_the_hottest_vertices_of_each_type_are_chosen(mag):
 # -- the run -----------------------------------------------------------------------------------------------
 
 def test_super_batches_keep_within_the_staleness_bound_and_say_what_they_reused():
-    summary = train(run_config(mode="neutronorch", super_batch=4, hot_ratio="auto"), graph=small())
+    summary = train(run_config(mode="neutronorch", super_batch=4, hot_ratio=0.3), graph=small())
     part = summary["neutronorch"]
     assert part["super_batch"] == 4 and part["staleness_bound"] == 7
     assert 0 < part["staleness_max_observed"] <= 7
@@ -205,6 +212,18 @@ def test_super_batches_keep_within_the_staleness_bound_and_say_what_they_reused(
     assert all({"sampler", "host", "trainer"} <= set(e["lane_busy"]) for e in summary["epochs"])
     assert all(e["stage_seconds"]["host_compute"] > 0 for e in summary["epochs"])
     assert summary["status"] == "completed"
+
+
+def test_auto_is_the_homogeneous_controllers_with_its_error_budget():
+    """``hot_ratio auto`` on a typed graph: the tuner decides each epoch's ratio, the drift probe measures the
+    stale error, and the plans are capped by ``hot_error_budget`` (nothing is hot before the error is known)."""
+    summary = train(run_config(mode="neutronorch", super_batch=2, hot_ratio="auto", hot_error_budget=0.05),
+                    graph=small())
+    part, epochs = summary["neutronorch"], summary["epochs"]
+    assert part["hot_ratio"] == "auto" and part["error_budget"] == 0.05 and part["stale_error"] > 0
+    assert [e["hot_ratio_auto"]["decision"] for e in epochs][0] == "warm-up"
+    assert epochs[0]["hot_share"] == 0.0  # the first plans come before any measured error
+    assert part["staleness_max_observed"] <= part["staleness_bound"]
 
 
 def test_a_failure_in_the_sampler_thread_reaches_the_trainer(monkeypatch):

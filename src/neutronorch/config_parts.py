@@ -215,7 +215,7 @@ class NeutronOrchConfig:
         None, type=int, metavar="N",
         help="neutronorch: optimizer steps between a super-batch's W0 snapshot and its first mini-batch (the host's "
              "time to compute its hot rows); capped by S-P+1; default: auto (2, raised while the trainer waits for "
-             "hot rows)")
+             "hot rows; on a typed graph it stays 2)")
     hot_set: str = setting(
         "rank", choices=("node", "rank"),
         help="neutronorch, data parallel: each rank plans its own hot sets; a row hot on several ranks of a node is "

@@ -2,12 +2,13 @@
 threads touch: the sampler's (``TypedColdSampler``: plans, and mini-batches with their cold bottom hop) and the
 host's (``TypedHostRows``: each super-batch's hot rows), and what crosses between them and the trainer.
 
-The sampler thread hands the host a ``HotPart`` (H_s's bottom block and its featured rows), the trainer a
-``TypedSnapshot`` (the bottom layer's parameters and the tables' rows at one version); it hands back
-``TypedHotTables``, complete and frozen (the trainer writes only into their ``grad_acc``), with the host's
-time on them, which the trainer records when it takes them: the epoch that uses a super-batch's rows counts
-their ``host_compute``, wherever the host computed them ahead. The mode that
-runs it is ``typed_neutronorch.py``.
+The sampler thread hands the host a ``HotPart`` (H_s's bottom block and its featured rows) and the trainer
+the table ids H_s's frontier reads; the trainer hands the host a ``Snapshot`` (the bottom layer's parameters
+and those table rows at one version, ``neutronorch/snapshots.py``); the host hands back the
+``HotEmbeddings`` of ``neutronorch/versions.py``, one table per type, complete and frozen (the trainer
+writes only into their ``grad_acc``), with the host's time on them, which the trainer records when it takes
+them: the epoch that uses a super-batch's rows counts their ``host_compute``, wherever the host computed them
+ahead. The mode that runs it is ``typed_neutronorch.py``.
 """
 
 from __future__ import annotations
@@ -26,18 +27,19 @@ from neutronorch.features.store import TypedInputs
 from neutronorch.nn.splice import SpliceIndex
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
+from neutronorch.orchestration.neutronorch.controller import PublishedSetting
 from neutronorch.orchestration.neutronorch.hot_rows import layer_holding
 from neutronorch.orchestration.neutronorch.plan_loop import one_ahead
-from neutronorch.orchestration.neutronorch.versions import Schedule
-from neutronorch.orchestration.seeds import epoch_order
-from neutronorch.orchestration.typed_exact import TypedBatch, target_labels, train_seeds
-from neutronorch.orchestration.typed_planner import TypedPlan, TypedPlanner
+from neutronorch.orchestration.neutronorch.planner import TypedPlan, TypedPlanner
+from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
+from neutronorch.orchestration.seeds import NodeSeeds
+from neutronorch.orchestration.typed_exact import TypedBatch, target_labels
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_block import TypedBlock
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 
-@dataclass
+@dataclass(frozen=True)
 class HotPart:
     """What the host computes super-batch s's hot rows from (made by the sampler): H_s's bottom block and
     its input frontier's featured rows (host memory), or no block when nothing is hot."""
@@ -49,37 +51,6 @@ class HotPart:
 
 
 @dataclass
-class TypedSnapshot:
-    """The bottom layer's parameters and the tables' rows the hot frontier reads, at one version."""
-
-    version: int
-    params: list[torch.Tensor]
-    rows: dict[str, torch.Tensor]  # featureless type -> its table rows at the hot frontier's ids
-    ids: dict[str, torch.Tensor]  # ... and those ids
-
-
-@dataclass
-class TypedHotTables:
-    """Super-batch s's hot rows per type, as the trainer reads them: complete and frozen when they cross (the
-    trainer writes only into ``grad_acc``)."""
-
-    super_batch_id: int
-    version: int
-    tables: dict[str, torch.Tensor]  # type -> (|H_s[t]|, width) on the training device
-    grad_acc: dict[str, torch.Tensor] = field(default_factory=dict)  # hot_grad="cpu": dL/dY summed
-    outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # hot_grad="cpu": the host's rows, attached
-    params: list[torch.Tensor] = field(default_factory=list)  # ... the snapshot's parameters they came from
-    rows: dict[str, torch.Tensor] = field(default_factory=dict)  # ... and table rows (leaves)
-    ids: dict[str, torch.Tensor] = field(default_factory=dict)  # ... and those rows' ids
-    host_began: float = 0.0  # when the host began computing them (time.perf_counter) ...
-    host_seconds: float = 0.0  # ... and its seconds on them
-
-    @property
-    def num_hot(self) -> int:
-        return sum(int(t.shape[0]) for t in self.tables.values())
-
-
-@dataclass
 class TypedOrchBatch(TypedBatch):
     """A mini-batch whose bottom block holds its cold destinations only, with each type's splice of its
     bottom-layer output (``blocks[1]``'s source frontier) and its place in its super-batch."""
@@ -88,6 +59,7 @@ class TypedOrchBatch(TypedBatch):
     position: int = 0  # in its super-batch
     last: bool = True  # the super-batch's last mini-batch
     splice: dict[str, SpliceIndex] = field(default_factory=dict)
+    probe: dict[str, np.ndarray] | None = None  # its first: the plan's hottest per type (the drift probe's)
 
 
 class TypedHostRows:
@@ -106,48 +78,53 @@ class TypedHostRows:
         try:
             for super_batch_id in range(first, total):
                 part: HotPart = self.parts.take(super_batch_id)
-                snapshot: TypedSnapshot = self.snapshots.take(super_batch_id)
-                began = time.perf_counter()
-                tables = self.tables(part, snapshot)
-                tables.host_began, tables.host_seconds = began, time.perf_counter() - began
-                self.hot.put(super_batch_id, tables)
+                snapshot: Snapshot = self.snapshots.take(super_batch_id)
+                if snapshot.ready is not None:
+                    snapshot.ready.synchronize()
+                self.hot.put(super_batch_id, self.embeddings(part, snapshot, time.perf_counter()))
         except Closed:
             return
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer through the hot channel
             self.hot.fail(exc)
 
-    def tables(self, part: HotPart, snapshot: TypedSnapshot) -> TypedHotTables:
+    def embeddings(self, part: HotPart, snapshot: Snapshot, began: float) -> HotEmbeddings:
+        """H_s's rows per type at the snapshot's version; with ``hot_grad="cpu"`` their graph back to the
+        snapshot's parameters and table rows, and a zeroed accumulator per type."""
         if part.block is None:
-            return TypedHotTables(part.super_batch_id, snapshot.version, {})
+            return HotEmbeddings(part.super_batch_id, snapshot.version, {}, 0, {}, grad_acc={}, output={})
         layer, params = layer_holding(self.template, snapshot.params, self.track_grad)
-        rows = {t: r.requires_grad_(self.track_grad) for t, r in snapshot.rows.items()}
+        rows = {t: r.detach().requires_grad_(self.track_grad) for t, r in snapshot.rows.items()}
         with torch.set_grad_enabled(self.track_grad):
             out = layer(part.block, {**part.features, **rows})
         outputs = {t: out[t] for t in part.hot}
         tables = {t: y.detach().to(self.device) for t, y in outputs.items()}
         grad_acc = ({t: torch.zeros(y.shape, dtype=torch.float32, device=self.device) for t, y in tables.items()}
                     if self.track_grad else {})
-        return TypedHotTables(part.super_batch_id, snapshot.version, tables, grad_acc,
-                              outputs if self.track_grad else {}, params if self.track_grad else [],
-                              rows if self.track_grad else {}, snapshot.ids if self.track_grad else {})
+        track = self.track_grad
+        num_hot = sum(int(y.shape[0]) for y in tables.values())
+        return HotEmbeddings(part.super_batch_id, snapshot.version, tables, num_hot, part.hot, grad_acc=grad_acc,
+                             output=outputs if track else {}, params=params if track else None,
+                             rows=rows if track else {}, ids=snapshot.ids if track else {}, host_began=began,
+                             host_seconds=time.perf_counter() - began)
 
 
 class TypedColdSampler:
     """The sampler thread's side: plans each super-batch one ahead of the mini-batches it loads, hands the host
     its hot part (``parts``) and the trainer its table ids (``needs``), and loads each mini-batch with the
-    bottom hop of its cold destinations only. Its sampler, planner and seed orders are its own."""
+    bottom hop of its cold destinations only. Its sampler, planner and seeds (``NodeSeeds``, as a homogeneous
+    run's: the target type's training vertices) are its own."""
 
     def __init__(self, graph: TypedGraph, fanouts: dict[RelationType, list[int]], sampling: SamplingConfig,
-                 schedule: Schedule, ratio: float | None, device: torch.device, spans: Spans, threads: int,
+                 schedule: Schedule, published: PublishedSetting, device: torch.device, spans: Spans, threads: int,
                  tables: tuple[str, ...], first: tuple[int, int], parts: Channel, needs: Channel,
                  inputs: TypedInputs):
         self.graph, self.fanouts, self.sampling, self.schedule = graph, fanouts, sampling, schedule
+        self.published = published  # the ratio controller's setting (replaced whole by the trainer)
         self.inputs = inputs  # the featured types' stores
-        self.ratio, self.device, self.spans, self.threads, self.tables = ratio, device, spans, threads, tables
+        self.device, self.spans, self.threads, self.tables = device, spans, threads, tables
         self.first, self.parts, self.needs = first, parts, needs
-        self.train_idx = train_seeds(graph)
+        self.seeds, self._batches = NodeSeeds(graph, sampling), {}  # the seeds of an epoch's mini-batches
         self.num_layers = len(next(iter(fanouts.values())))
-        self._orders: dict[int, tuple[torch.Tensor, ...]] = {}
 
     def run(self) -> Iterator[TypedOrchBatch]:
         """The sampler thread's body: every mini-batch of the run, in order. A failure here also fails the
@@ -168,25 +145,24 @@ class TypedColdSampler:
             self.parts.fail(exc)
             raise
 
-    def _seeds(self, epoch: int, index: int) -> np.ndarray:
-        if epoch not in self._orders:
-            order = epoch_order(self.train_idx, self.sampling.seed, epoch)
-            self._orders = {epoch: torch.split(order, self.sampling.batch_size)}
-        return self._orders[epoch][index].numpy()
-
     def _plan(self, super_batch_id: int, sampler: TypedNeighborSampler, planner: TypedPlanner) -> TypedPlan:
         """Plan super-batch ``super_batch_id`` and hand its hot part to the host and its table ids to the
         trainer."""
         epoch, first, end = self.schedule.locate(super_batch_id)
+        if epoch not in self._batches:
+            self._batches = {epoch: self.seeds.epoch(epoch)}
         with self.spans.stage("plan"):
             uppers = []
             for index in range(first, end):
                 key = batch_key(self.sampling.seed, epoch, index)
-                uppers.append((index, key, sampler.sample_hops(self._seeds(epoch, index), key, self.num_layers - 1)))
-            plan = planner.plan(super_batch_id, epoch, uppers, self.ratio)
+                uppers.append((index, key, sampler.sample_hops(self._batches[epoch][index].seeds.numpy(), key,
+                                                                 self.num_layers - 1)))
+            setting = self.published.read()[1]
+            plan = planner.plan(super_batch_id, epoch, uppers, setting.ratio, setting.cap())
             block, features, needs = None, {}, {}
             if plan.hot:
-                block = sampler.sample_bottom(plan.hot, uppers[0][1])
+                # a writable copy: the plan's hot set is read-only, and the block's frontier is made from it
+                block = sampler.sample_bottom({t: ids.copy() for t, ids in plan.hot.items()}, uppers[0][1])
                 features, ids = self.inputs(block.src_ids, torch.device("cpu"))
                 needs = {t: ids[t] for t in self.tables if t in ids}
         self.needs.put(super_batch_id, needs)
@@ -208,4 +184,5 @@ class TypedColdSampler:
         return TypedOrchBatch(plan.epoch, planned.index, blocks, features, ids, labels,
                               sum(b.num_edges for b in blocks), sum(int(v.shape[0]) for v in cold.src_ids.values()),
                               plan.stats if position == 0 else None, super_batch_id=plan.super_batch_id,
+                              probe=plan.probe if position == 0 else None,
                               position=position, last=position == len(plan.batches) - 1, splice=splice)

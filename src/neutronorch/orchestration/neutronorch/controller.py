@@ -75,6 +75,10 @@ class RatioSetting:
     stale_error: HostScalar | torch.Tensor | float | None = None
     error_budget: float = 0.02
 
+    def cap(self) -> Callable[[np.ndarray], tuple[int, bool]] | None:
+        """The planner's cap of a hot set: with ``auto`` the staleness-error cap, with a fixed ratio none."""
+        return (lambda ranked: error_cap(ranked, self)) if self.auto else None
+
 
 def error_cap(ranked_counts: np.ndarray, setting: RatioSetting) -> tuple[int, bool]:
     """The most hot vertices (hottest first) whose reuse keeps the expected staleness error within the
@@ -113,7 +117,9 @@ class DriftProbe:
     boundaries (kept as device tensors; read as numbers only when reported or published)."""
 
     def __init__(self, inputs):
-        self.inputs = inputs  # (block, features) of the probe vertices, on the training device
+        # (block, features) of the probe vertices on the training device, or a function giving them at each
+        # measurement (a typed graph's: its tables' rows move with the weights)
+        self.inputs = inputs
         self.drift: torch.Tensor | None = None  # relative change per optimizer step
         self.stale_error: torch.Tensor | None = None  # relative change over the mean staleness
         self._history: list[tuple[torch.Tensor, int]] = []
@@ -122,8 +128,10 @@ class DriftProbe:
         training = bottom.training
         bottom.eval()
         with torch.no_grad():
-            y = bottom(*self.inputs)
+            y = bottom(*(self.inputs() if callable(self.inputs) else self.inputs))
         bottom.train(training)
+        if isinstance(y, dict):  # a typed graph's bottom layer: one output per vertex type
+            y = torch.cat([y[t] for t in sorted(y)])
         # Compare with the boundary whose distance in steps is closest to the mean staleness of a reused
         # row: the error measured over about that many steps, scaled to it. (Per-step drift times the
         # staleness would overstate it: Adam's steps partly cancel over a few steps.)
@@ -143,18 +151,20 @@ class RatioController:
 
     Trainer thread only; the planning loop reads ``published`` (``setting`` is its latest value).
     ``probe_inputs(ids)`` returns the probe vertices' bottom block and features on the training device
-    (sampled once, when first needed).
+    (sampled once, when first needed). ``lead_adapts=False`` keeps an unset snapshot lead at 2 (typed runs:
+    their snapshots, and so their losses at a fixed ratio, do not depend on measured times).
     """
 
     def __init__(self, config: NeutronOrchConfig, schedule: Schedule, shared_cores: bool,
-                 probe_inputs: Callable[[np.ndarray], tuple] | None = None):
+                 probe_inputs: Callable[[np.ndarray], tuple] | None = None, lead_adapts: bool = True):
         self.schedule = schedule
         self.auto = config.hot_ratio == "auto"
         ratio = AUTO_START_RATIO if self.auto else float(config.hot_ratio)
         self.published = PublishedSetting(RatioSetting(ratio, self.auto, None, config.hot_error_budget))
         self.tuner = HotRatioTuner(ratio, shared_cores) if self.auto else None
-        self.auto_lead = config.snapshot_lead is None
-        self.lead = min(schedule.max_lead, 2 if self.auto_lead else config.snapshot_lead)
+        # An unset lead starts at 2 and, where it adapts, grows while the trainer waits for hot rows.
+        self.auto_lead = config.snapshot_lead is None and lead_adapts
+        self.lead = min(schedule.max_lead, 2 if config.snapshot_lead is None else config.snapshot_lead)
         self._probe_inputs = probe_inputs
         self._probe_ids: np.ndarray | None = None
         self.probe: DriftProbe | None = None
@@ -167,10 +177,10 @@ class RatioController:
     def setting(self, value: RatioSetting) -> None:
         self.published.publish(value)
 
-    def saw_plan(self, probe_ids: np.ndarray) -> None:
+    def saw_plan(self, probe_ids: np.ndarray | dict[str, np.ndarray]) -> None:
         """The first plan's hottest vertices become the drift probe (a plan that ranked nothing, made while the
         ratio was 0, has none)."""
-        if self._probe_ids is None and probe_ids.shape[0] > 0:
+        if self._probe_ids is None and len(probe_ids) > 0:
             self._probe_ids = probe_ids
 
     def at_boundary(self, bottom: torch.nn.Module, version: int) -> None:
@@ -178,7 +188,7 @@ class RatioController:
         if not self.auto:
             return
         if self.probe is None:
-            if self._probe_ids is None or self._probe_ids.shape[0] == 0 or self._probe_inputs is None:
+            if self._probe_ids is None or len(self._probe_ids) == 0 or self._probe_inputs is None:
                 return
             self.probe = DriftProbe(self._probe_inputs(self._probe_ids))
         # The mean staleness of a reused row: the lead plus half a super-batch.
@@ -241,7 +251,7 @@ class RatioController:
         return {"ratio": self.setting.ratio, "stale_error": None if published is None else float(published),
                 "lead": self.lead,
                 "tuner": self.tuner.state_dict() if self.tuner else None,
-                "probe_ids": None if self._probe_ids is None else torch.from_numpy(self._probe_ids),
+                "probe_ids": None if self._probe_ids is None else _per_type(torch.tensor, self._probe_ids),
                 "probe": None if probe is None else {"drift": cpu(probe.drift), "stale_error": cpu(probe.stale_error),
                                                      "history": [(cpu(y), v) for y, v in probe._history]}}
 
@@ -254,7 +264,7 @@ class RatioController:
         if self.tuner is not None and state["tuner"] is not None:
             self.tuner.load_state_dict(state["tuner"])
         if state["probe_ids"] is not None:
-            self._probe_ids = state["probe_ids"].numpy()
+            self._probe_ids = _per_type(lambda ids: ids.numpy(), state["probe_ids"])
         if state["probe"] is not None and self._probe_inputs is not None:
             self.probe = DriftProbe(self._probe_inputs(self._probe_ids))
             self.probe.drift, self.probe.stale_error = on(state["probe"]["drift"]), on(state["probe"]["stale_error"])
@@ -264,3 +274,8 @@ class RatioController:
         return {"ratio": round(self.setting.ratio, 4),
                 "error_budget": self.setting.error_budget if self.auto else None,
                 "drift_per_step": self.drift_per_step, "stale_error": self.stale_error}
+
+
+def _per_type(convert: Callable, ids):
+    """``convert`` of the probe's vertices: an array, or on a typed graph one per vertex type."""
+    return {t: convert(v) for t, v in ids.items()} if isinstance(ids, dict) else convert(ids)

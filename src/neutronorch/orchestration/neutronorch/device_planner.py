@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from neutronorch.orchestration.neutronorch.planner import PROBE_ROWS, Plan, PlannedBatch, PlanStats
+from neutronorch.orchestration.neutronorch.planner import PROBE_ROWS, Plan, PlannedBatch, PlanStats, read_only
 from neutronorch.sampling.block import SampledSubgraph
 
 
@@ -72,7 +72,7 @@ class DevicePlanner:
             hot_distinct = ranked[:num_hot]
             hot_ids = distinct.index_select(0, hot_distinct)
         else:  # a resumed super-batch's hot set (reached again: the same draws), found among the distinct ones
-            hot_ids = torch.from_numpy(np.asarray(hot, np.int64)).to(device)
+            hot_ids = torch.tensor(hot, dtype=torch.int64).to(device)
             num_hot = hot_ids.shape[0]
             hot_distinct = slot.index_select(0, hot_ids)
             if num_hot and not torch.equal(distinct.index_select(0, hot_distinct.clamp(0, max(0, num_distinct - 1))),
@@ -105,4 +105,5 @@ class DevicePlanner:
         stats = PlanStats(epoch, num_hot, num_distinct, n, int(sum(hot_counts)), int(sum(saved)),
                           error_capped=capped)
         probe = distinct.index_select(0, ranked[:PROBE_ROWS])
-        return Plan(super_batch_id, epoch, planned, hot_ids.cpu().numpy(), probe.cpu().numpy(), stats)
+        hot = read_only(hot_ids.cpu().numpy())
+        return Plan(super_batch_id, epoch, tuple(planned), hot, probe.cpu().numpy(), stats)

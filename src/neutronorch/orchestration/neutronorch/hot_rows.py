@@ -111,7 +111,7 @@ class HotRowComputer:
         with torch.set_grad_enabled(self.track_grad), bf16, masks:
             # Separable layers (SAGE, GCN): the same two calls that define the device layer, timed apart.
             with self.spans.stage("host_aggregate" if separable else "host_compute"):
-                layer, params = self._layer_at(snapshot)
+                layer, params = layer_holding(self.template, snapshot.params, self.track_grad)
                 output = layer.aggregate(block, x) if separable else layer(block, x)
             if separable:
                 with self.spans.stage("host_matmul"):
@@ -142,10 +142,6 @@ class HotRowComputer:
         first = self.schedule.first_step(plan.super_batch_id)
         self.hot.put(plan.super_batch_id, HotEmbeddings(plan.super_batch_id, first, table, 0, plan.hot))
         self.snapshots.take(plan.super_batch_id)
-
-    def _layer_at(self, snapshot: Snapshot) -> tuple[torch.nn.Module, list[torch.Tensor]]:
-        """A copy of the bottom layer holding the snapshot's parameters (tracked with ``hot_grad="cpu"``)."""
-        return layer_holding(self.template, snapshot.params, self.track_grad)
 
     def _copy_to_device(self, table: torch.Tensor) -> tuple:
         """The table on the device, copied on this thread's stream through a pinned buffer (kept alive with

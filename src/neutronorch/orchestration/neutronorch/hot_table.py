@@ -5,7 +5,7 @@ channel, complete and frozen. ``HotTableReader``, owned by the trainer's thread,
 super-batch a mini-batch belongs to when the first of its mini-batches arrives (on CUDA making the
 trainer's stream wait for the table's copy), keeps it for the super-batch's other mini-batches and drops
 it after the last. The only thing written after the table crossed is its gradient accumulator, and only
-by the trainer.
+by the trainer. On a typed graph the table, its accumulator and its hot set hold one entry per vertex type.
 """
 
 from __future__ import annotations
@@ -47,10 +47,15 @@ class HotTableReader:
     def _continue(self, hot: HotEmbeddings) -> None:
         """The resumed super-batch's hot rows, recomputed from its saved snapshot: same set, same gradient."""
         resumed, self.resumed = self.resumed, None
-        if not np.array_equal(hot.vertices, resumed["vertices"]):
+        before, now = (resumed["vertices"], hot.vertices) if isinstance(hot.vertices, dict) else (
+            {"": resumed["vertices"]}, {"": hot.vertices})
+        if before.keys() != now.keys() or not all(np.array_equal(now[t], before[t]) for t in now):
             raise RuntimeError(f"super-batch {hot.super_batch_id} was resumed with another hot set than it "
                                "started with")
-        if hot.grad_acc is not None:
+        if isinstance(hot.grad_acc, dict):
+            for t, grad in hot.grad_acc.items():
+                grad.copy_(resumed["grad_acc"][t])
+        elif hot.grad_acc is not None:
             hot.grad_acc.copy_(resumed["grad_acc"])
 
     def trained(self, super_batch_id: int) -> None:
@@ -64,9 +69,20 @@ class HotTableReader:
     def state_dict(self) -> dict | None:
         """The super-batch in progress: its hot set and accumulated hot gradient (its rows are recomputed)."""
         current = self.current
-        return None if current is None else {
-            "gsid": current.super_batch_id, "vertices": torch.from_numpy(current.vertices),
-            "grad_acc": None if current.grad_acc is None else current.grad_acc.detach().cpu().clone()}
+        if current is None:
+            return None
+        copy = lambda t: t.detach().to("cpu", copy=True)  # noqa: E731
+        if isinstance(current.vertices, dict):
+            return {"gsid": current.super_batch_id,
+                    "vertices": {t: torch.tensor(v) for t, v in current.vertices.items()},
+                    "grad_acc": {t: copy(g) for t, g in current.grad_acc.items()}}
+        return {"gsid": current.super_batch_id, "vertices": torch.tensor(current.vertices),
+                "grad_acc": None if current.grad_acc is None else copy(current.grad_acc)}
 
     def load_state_dict(self, in_progress: dict | None) -> None:
-        self.resumed = None if in_progress is None else {**in_progress, "vertices": in_progress["vertices"].numpy()}
+        if in_progress is None:
+            self.resumed = None
+            return
+        vertices = in_progress["vertices"]
+        vertices = {t: v.numpy() for t, v in vertices.items()} if isinstance(vertices, dict) else vertices.numpy()
+        self.resumed = {**in_progress, "vertices": vertices}

@@ -115,7 +115,7 @@ class NodeHotSet:
 
     def exchange(self, hot: np.ndarray) -> Exchange:
         """A collective (host thread): every rank of the node calls it for each super-batch."""
-        sets = [t.numpy() for t in self.link.gather_ids(torch.from_numpy(np.ascontiguousarray(hot, np.int64)))]
+        sets = [t.numpy() for t in self.link.gather_ids(torch.tensor(hot, dtype=torch.int64))]
         return plan_exchange(sets, self.link.local_rank)
 
     def assemble(self, rows: torch.Tensor, plan: Exchange, num_hot: int, version: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ The loop owns the epochs' seed orders; the sampler and planner it is given belon
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterator
 
 import numba
@@ -26,7 +27,7 @@ from neutronorch.config import SamplingConfig
 from neutronorch.data.graph import Graph
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
-from neutronorch.orchestration.neutronorch.controller import PublishedSetting, error_cap
+from neutronorch.orchestration.neutronorch.controller import PublishedSetting
 from neutronorch.orchestration.neutronorch.planner import Plan, Planner, all_cold
 from neutronorch.orchestration.neutronorch.versions import Schedule
 from neutronorch.orchestration.seeds import NodeSeeds, SeedBatch
@@ -82,15 +83,13 @@ class PlanLoop:
             if setting.ratio == 0 and hot is None:  # nothing to make hot: no counting, no ranking
                 plan = all_cold(super_batch_id, epoch, uppers)
             else:
-                cap = (lambda ranked: error_cap(ranked, setting)) if setting.auto else None
                 fresh = [b.batch_seeds for b in batches] if any(b.batch_seeds is not None for b in batches) else None
-                plan = planner.plan(super_batch_id, epoch, uppers, setting.ratio, cap, hot, fresh)
-            plan.stats.setting = number
-        for item, batch in zip(plan.batches, batches):
-            item.targets, item.exclude = batch.targets, batch.exclude
-        if batches and batches[0].exclude is not None:
-            plan.exclude = torch.cat([batch.exclude for batch in batches], 1)
-        return plan
+                plan = planner.plan(super_batch_id, epoch, uppers, setting.ratio, setting.cap(), hot, fresh)
+        # A plan is frozen: what the seeds add to it is set by making it anew, before it crosses to another thread.
+        exclude = torch.cat([b.exclude for b in batches], 1) if batches and batches[0].exclude is not None else None
+        return replace(plan, stats=replace(plan.stats, setting=number), exclude=exclude,
+                       batches=tuple(replace(item, targets=batch.targets, exclude=batch.exclude)
+                                     for item, batch in zip(plan.batches, batches)))
 
 
 def one_ahead(plans: Iterator[Plan]) -> Iterator[Plan]:

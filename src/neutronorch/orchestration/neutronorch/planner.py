@@ -4,8 +4,10 @@ Pure: the upper hops of the super-batch's P mini-batches go in (already sampled)
 No threads, no parameters, no device: tested on its own. The planning loop calls it once per super-batch.
 
 The hot set H_s is the top ``ratio`` of the vertices reached among the super-batch's bottom-layer
-destinations, ranked by how often they appear there (most frequent first), optionally capped by
-``cap(ranked counts)`` (the staleness-error cap of ``controller.py``).
+destinations, ranked by how often they appear there (most frequent first, ties in order of first
+appearance), optionally capped by ``cap(ranked counts)`` (the staleness-error cap of ``controller.py``).
+On a typed graph (``TypedPlanner``) the same choice is made once per vertex type, among that type's
+bottom-layer destinations (``choose`` is the one choice).
 
 A mini-batch's own seeds are never served hot in it: their bottom-layer rows are computed fresh on the
 device, and only their appearances in other mini-batches count towards their rank. A seed's bottom row
@@ -26,12 +28,14 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
+from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.sampling.block import SampledSubgraph
+from neutronorch.sampling.typed_block import TypedSubgraph
 
 PROBE_ROWS = 256  # vertices whose bottom-layer output measures the per-step drift (the hottest of a plan)
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlannedBatch:
     index: int  # mini-batch number in its epoch
     key: int  # its ``batch_key``
@@ -44,7 +48,7 @@ class PlannedBatch:
     exclude: object = None  # edges its sampled graph must not hold (``SeedBatch.exclude``), bottom hop included
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlanStats:
     """What one plan did, for the summary (accounted by the trainer when it reaches the super-batch)."""
 
@@ -62,11 +66,14 @@ class PlanStats:
         return self.hot / max(1, self.reached)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
+    """A super-batch's plan. Frozen, with its hot set read-only: it crosses from the planning thread to the
+    host's and the cold sampler's (``read_only``)."""
+
     super_batch_id: int
     epoch: int
-    batches: list[PlannedBatch]
+    batches: tuple[PlannedBatch, ...]
     hot: np.ndarray  # H_s, hottest first
     probe: np.ndarray  # the hottest PROBE_ROWS vertices (the drift probe's candidates)
     stats: PlanStats
@@ -78,9 +85,16 @@ def all_cold(super_batch_id: int, epoch: int, uppers: list[tuple[int, int, Sampl
     without counting or ranking them (``reached`` and the probe are then unknown: 0 and none)."""
     empty = np.empty(0, np.int64)
     sizes = [int(upper.frontiers[0].shape[0]) for _, _, upper in uppers]
-    planned = [PlannedBatch(batch, key, upper, np.arange(n, dtype=np.int64), empty, empty, 0)
-               for (batch, key, upper), n in zip(uppers, sizes)]
-    return Plan(super_batch_id, epoch, planned, empty, empty, PlanStats(epoch, 0, 0, sum(sizes), 0, 0))
+    planned = tuple(PlannedBatch(batch, key, upper, np.arange(n, dtype=np.int64), empty, empty, 0)
+                    for (batch, key, upper), n in zip(uppers, sizes))
+    return Plan(super_batch_id, epoch, planned, read_only(np.empty(0, np.int64)), empty,
+                PlanStats(epoch, 0, 0, sum(sizes), 0, 0))
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """``array``, no longer writeable: a hot set, which the plan hands to other threads."""
+    array.flags.writeable = False
+    return array
 
 
 @njit(cache=True, nogil=True)
@@ -192,6 +206,69 @@ def concatenated(parts: list) -> tuple[np.ndarray, np.ndarray]:
     return (np.concatenate(arrays) if arrays else np.empty(0, np.int64)), offsets
 
 
+@dataclass
+class Choice:
+    """The hot set of one kind of destination (a typed graph's vertex type) in a super-batch and, per
+    mini-batch, where its hot and cold destinations are: what ``choose`` gives."""
+
+    hot: np.ndarray  # hottest first
+    probe: np.ndarray  # the hottest PROBE_ROWS reached (the drift probe's candidates)
+    cold_pos: list[np.ndarray]  # per mini-batch, ascending
+    hot_pos: list[np.ndarray]
+    hot_rows: list[np.ndarray]
+    saved: np.ndarray  # per mini-batch: bottom-hop edges not sampled on the device
+    reached: int
+    appearances: int
+    hot_appearances: int
+    capped: bool
+
+
+def choose(slot: np.ndarray, into: list[tuple[np.ndarray, int]], bottoms: list[np.ndarray], own: np.ndarray,
+           ratio: float, cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot: np.ndarray | None = None,
+           fresh: list | None = None) -> Choice:
+    """The plan of one kind of destination: ``bottoms``, each mini-batch's bottom-layer destinations, whose
+    first ``own[b]`` are its seeds; ``into``: the (indptr, bottom fanout) of each relation into them (what a
+    hot destination spares the device); ``slot``: scratch of one int32 per vertex, all -1 (left so).
+    ``ratio``, ``cap``, ``hot`` and ``fresh`` as ``Planner.plan`` takes them."""
+    offsets = np.zeros(len(bottoms) + 1, np.int64)
+    np.cumsum([b.shape[0] for b in bottoms], out=offsets[1:])
+    dst = np.concatenate(bottoms) if bottoms else np.empty(0, np.int64)
+    extra, extra_offsets = concatenated(fresh if fresh is not None else [None] * len(bottoms))
+    cold = fresh_entries(dst, offsets, own, extra, extra_offsets, slot)
+    distinct, appear, index = index_appearances(dst, slot)
+    # Only the appearances a hot row can serve count: not those as their own mini-batch's seeds.
+    appear -= np.bincount(index[cold], minlength=distinct.shape[0]).astype(np.int32)
+    ranked = rank_by_count(appear)
+    capped = False
+    row_of = np.full(distinct.shape[0], -1, np.int32)  # per distinct vertex: its hot row, or -1
+    if hot is None:
+        servable = int(np.count_nonzero(appear))
+        num_hot = min(servable, int(round(ratio * distinct.shape[0])))
+        if cap is not None:
+            limit, capped = cap(appear[ranked])
+            num_hot = min(num_hot, limit)
+        hot = distinct[ranked[:num_hot]]
+        row_of[ranked[:num_hot]] = np.arange(num_hot, dtype=np.int32)
+    else:  # a resumed super-batch's hot set: find its vertices among the distinct ones
+        slot[hot] = np.arange(hot.shape[0], dtype=np.int32)
+        row_of[:] = slot[distinct]
+        slot[hot] = -1
+    # The bottom-hop edges each hot vertex spares the device (all its neighbours with fanout -1).
+    hot_distinct = np.flatnonzero(row_of >= 0)
+    vertices = distinct[hot_distinct]
+    saved_of = np.zeros(distinct.shape[0], np.int64)
+    for indptr, fanout in into:
+        degree = indptr[vertices + 1] - indptr[vertices]
+        saved_of[hot_distinct] += degree if fanout < 0 else np.minimum(degree, fanout)
+    positions, rows, hot_counts, saved = split_hot_cold(index, offsets, row_of, saved_of, cold)
+    mids = offsets[:-1] + hot_counts
+    return Choice(hot, distinct[ranked[:PROBE_ROWS]],
+                  [positions[mid:hi] for mid, hi in zip(mids, offsets[1:])],
+                  [positions[lo:mid] for lo, mid in zip(offsets[:-1], mids)],
+                  [rows[lo:mid] for lo, mid in zip(offsets[:-1], mids)], saved,
+                  int(distinct.shape[0]), int(dst.shape[0]), int(hot_counts.sum()), capped)
+
+
 class Planner:
     """Plans super-batches over one graph; owns scratch arrays of one entry per vertex (one per thread)."""
 
@@ -199,7 +276,7 @@ class Planner:
         num_nodes = indptr.shape[0] - 1
         self.indptr = indptr
         self.bottom_fanout = bottom_fanout
-        self._slot = np.full(num_nodes, -1, np.int32)  # index_appearances' scratch, left -1
+        self._slot = np.full(num_nodes, -1, np.int32)  # choose's scratch, left -1
 
     def plan(self, super_batch_id: int, epoch: int, uppers: list[tuple[int, int, SampledSubgraph]], ratio: float,
              cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot: np.ndarray | None = None,
@@ -209,44 +286,91 @@ class Planner:
         ``fresh``: per mini-batch, vertices never served hot in it besides its own seeds (data parallel: the
         global batch's seeds, ``SeedBatch.batch_seeds``; None: none)."""
         bottoms = [upper.frontiers[0].numpy() for _, _, upper in uppers]
-        offsets = np.zeros(len(bottoms) + 1, np.int64)
-        np.cumsum([b.shape[0] for b in bottoms], out=offsets[1:])
-        dst = np.concatenate(bottoms) if bottoms else np.empty(0, np.int64)
         own = np.array([upper.seeds.shape[0] for _, _, upper in uppers], np.int64)
-        extra, extra_offsets = concatenated(fresh if fresh is not None else [None] * len(uppers))
-        cold = fresh_entries(dst, offsets, own, extra, extra_offsets, self._slot)
-        distinct, appear, index = index_appearances(dst, self._slot)
-        # Only the appearances a hot row can serve count: not those as their own mini-batch's seeds.
-        appear -= np.bincount(index[cold], minlength=distinct.shape[0]).astype(np.int32)
-        ranked = rank_by_count(appear)
-        capped = False
-        row_of = np.full(distinct.shape[0], -1, np.int32)  # per distinct vertex: its hot row, or -1
-        if hot is None:
-            servable = int(np.count_nonzero(appear))
-            num_hot = min(servable, int(round(ratio * distinct.shape[0])))
-            if cap is not None:
-                limit, capped = cap(appear[ranked])
-                num_hot = min(num_hot, limit)
-            hot = distinct[ranked[:num_hot]]
-            row_of[ranked[:num_hot]] = np.arange(num_hot, dtype=np.int32)
-        else:  # a resumed super-batch's hot set: find its vertices among the distinct ones
-            slot = self._slot
-            slot[hot] = np.arange(hot.shape[0], dtype=np.int32)
-            row_of[:] = slot[distinct]
-            slot[hot] = -1
-        num_hot = hot.shape[0]
-        # The bottom-hop edges each hot vertex spares the device (all its neighbours with fanout -1).
-        hot_distinct = np.flatnonzero(row_of >= 0)
-        vertices = distinct[hot_distinct]
-        degree = self.indptr[vertices + 1] - self.indptr[vertices]
-        saved_of = np.zeros(distinct.shape[0], np.int64)
-        saved_of[hot_distinct] = degree if self.bottom_fanout < 0 else np.minimum(degree, self.bottom_fanout)
-        positions, rows, hot_counts, saved = split_hot_cold(index, offsets, row_of, saved_of, cold)
-        planned = []
-        for b, (batch, key, upper) in enumerate(uppers):
-            lo, mid, hi = offsets[b], offsets[b] + hot_counts[b], offsets[b + 1]
-            planned.append(PlannedBatch(batch, key, upper, positions[mid:hi], positions[lo:mid], rows[lo:mid],
-                                        int(saved[b])))
-        stats = PlanStats(epoch, num_hot, int(distinct.shape[0]), int(dst.shape[0]), int(hot_counts.sum()),
-                          int(saved.sum()), error_capped=capped)
-        return Plan(super_batch_id, epoch, planned, hot, distinct[ranked[:PROBE_ROWS]], stats)
+        c = choose(self._slot, [(self.indptr, self.bottom_fanout)], bottoms, own, ratio, cap, hot, fresh)
+        planned = tuple(PlannedBatch(batch, key, upper, c.cold_pos[b], c.hot_pos[b], c.hot_rows[b], int(c.saved[b]))
+                        for b, (batch, key, upper) in enumerate(uppers))
+        stats = PlanStats(epoch, c.hot.shape[0], c.reached, c.appearances, c.hot_appearances, int(c.saved.sum()),
+                          error_capped=c.capped)
+        return Plan(super_batch_id, epoch, planned, read_only(c.hot), c.probe, stats)
+
+
+@dataclass(frozen=True)
+class TypedPlannedBatch:
+    """One mini-batch of a typed plan: its upper hops and, per destination type of its bottom layer, the
+    positions (among ``upper.frontiers[0][t]``) of its cold destinations (ascending) and of its hot ones,
+    with the hot ones' rows of the type's hot table."""
+
+    index: int
+    key: int
+    upper: TypedSubgraph
+    cold_pos: dict[str, np.ndarray]
+    hot_pos: dict[str, np.ndarray]
+    hot_rows: dict[str, np.ndarray]
+    saved_edges: int
+
+    def cold_destinations(self) -> dict[str, np.ndarray]:
+        """Per type, the cold destinations' vertex ids, in the order of their positions."""
+        return {t: ids.numpy()[self.cold_pos[t]] for t, ids in self.upper.frontiers[0].items()}
+
+
+@dataclass(frozen=True)
+class TypedPlanStats:
+    """What one typed plan did, for the epoch records and the summary (summed over the types)."""
+
+    epoch: int
+    hot: dict[str, int]  # |H_s| per type
+    reached: int
+    appearances: int
+    hot_appearances: int
+    saved_edges: int
+    error_capped: bool
+
+
+@dataclass(frozen=True)
+class TypedPlan:
+    """A typed super-batch's plan, frozen as ``Plan`` is."""
+
+    super_batch_id: int
+    epoch: int
+    batches: tuple[TypedPlannedBatch, ...]
+    hot: dict[str, np.ndarray]  # H_s per type (only the types with hot vertices), hottest first
+    stats: TypedPlanStats
+    probe: dict[str, np.ndarray]  # per type its hottest (the drift probe's candidates)
+
+
+class TypedPlanner:
+    """Plans super-batches over a typed graph: a relational model's bottom layer writes one output per
+    destination type, so a plan is ``choose`` once per type over that type's destinations, the target
+    type's first ``len(seeds)`` being each mini-batch's own seeds. ``bottom_fanouts``: each relation's fanout
+    in the bottom hop. Owns scratch arrays of one entry per vertex (one planner per thread)."""
+
+    def __init__(self, graph: TypedGraph, bottom_fanouts: dict[RelationType, int]):
+        self.target = graph.target
+        self._slot = {t: np.full(n, -1, np.int32) for t, n in graph.num_nodes.items()}
+        self._into = {t: [(graph.relations[r].indptr, bottom_fanouts[r]) for r in graph.relations if r[2] == t]
+                      for t in graph.num_nodes}
+
+    def plan(self, super_batch_id: int, epoch: int, uppers: list[tuple[int, int, TypedSubgraph]], ratio: float,
+             cap: Callable[[np.ndarray], tuple[int, bool]] | None = None) -> TypedPlan:
+        """``uppers``: (mini-batch index, key, upper hops) of each mini-batch; ``ratio`` and ``cap`` as
+        ``Planner.plan`` takes them, applied to each type."""
+        empty = np.empty(0, np.int64)
+        choices = {}
+        for t in [t for t in self._slot if any(t in upper.frontiers[0] for _, _, upper in uppers)]:
+            bottoms = [upper.frontiers[0][t].numpy() if t in upper.frontiers[0] else empty for _, _, upper in uppers]
+            own = np.array([upper.seeds.shape[0] if t == self.target else 0 for _, _, upper in uppers], np.int64)
+            choices[t] = choose(self._slot[t], self._into[t], bottoms, own, ratio, cap)
+        batches = tuple(TypedPlannedBatch(index, key, upper,
+                                          *({t: getattr(choices[t], part)[b] for t in upper.frontiers[0]}
+                                            for part in ("cold_pos", "hot_pos", "hot_rows")),
+                                          sum(int(choices[t].saved[b]) for t in upper.frontiers[0]))
+                        for b, (index, key, upper) in enumerate(uppers))
+        hot = {t: read_only(c.hot) for t, c in choices.items() if c.hot.shape[0]}
+        total = lambda part: sum(getattr(c, part) for c in choices.values())  # noqa: E731
+        stats = TypedPlanStats(epoch, {t: int(ids.shape[0]) for t, ids in hot.items()}, total("reached"),
+                               total("appearances"), total("hot_appearances"),
+                               sum(int(c.saved.sum()) for c in choices.values()),
+                               any(c.capped for c in choices.values()))
+        return TypedPlan(super_batch_id, epoch, batches, hot, stats,
+                         {t: c.probe for t, c in choices.items() if c.probe.shape[0]})

@@ -5,19 +5,31 @@ assigns it (``Schedule.snapshot_version``, with the controller's current lead). 
 owned by the trainer's thread, takes that snapshot when training reaches the version and puts it on the
 ``snapshots`` channel, which the hot-row computer (``hot_rows.py``) takes from. A snapshot is a
 frozen copy: on CUDA pinned host buffers behind an event, so the trainer never waits for the copy.
+
+On a typed graph a featureless type's inputs are rows of its embedding table, which the optimizer moves
+every step like the weights: a snapshot also holds the table rows its super-batch's hot frontier reads,
+taken at the same version (``table_rows``), so that every input of a hot row is of one version. Those
+rows' ids come with the super-batch's plan, made when the super-batch before it begins loading: a typed
+snapshot is therefore never taken before that super-batch's first step, nor for a super-batch past the
+run's end (no plan comes for it).
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
 from neutronorch.orchestration.channel import Channel
 from neutronorch.orchestration.neutronorch.versions import Schedule, Snapshot
 
+TableRows = Callable[[int], tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]
+
 
 class SnapshotPublisher:
-    def __init__(self, schedule: Schedule, on_cuda: bool):
+    def __init__(self, schedule: Schedule, on_cuda: bool, table_rows: TableRows | None = None):
         self.schedule, self.on_cuda = schedule, on_cuda
+        self.table_rows = table_rows  # typed: (rows, ids) of the tables a super-batch's hot rows read, now
         self.channel = Channel("snapshots")
         self._next = 0  # the next super-batch to receive its snapshot
         self._published: dict[int, Snapshot] = {}  # snapshots of super-batches not yet trained
@@ -27,14 +39,25 @@ class SnapshotPublisher:
         for super_batch_id, snapshot in self._published.items():
             self.channel.put(super_batch_id, snapshot)
 
+    def version_of(self, super_batch_id: int, lead: int) -> int | None:
+        """The version super-batch ``super_batch_id``'s snapshot is taken at; None for none (see above)."""
+        version = self.schedule.snapshot_version(super_batch_id, lead)
+        if self.table_rows is None:
+            return version
+        if super_batch_id >= self.schedule.total:
+            return None
+        return version if super_batch_id == 0 else max(version, self.schedule.first_step(super_batch_id - 1))
+
     def publish_due(self, bottom: torch.nn.Module, version: int, lead: int) -> None:
         """Publish the snapshot to every super-batch whose assigned version is now reached, those past the
         run's last epoch included: a checkpoint keeps them, so a run resumed with more epochs uses the very
         weights the longer run would have used (they cannot be taken again later)."""
-        snapshot = None
-        while self.schedule.snapshot_version(self._next, lead) <= version:
-            if snapshot is None:
-                snapshot = self._take(bottom, version)
+        params = ready = None
+        while (due := self.version_of(self._next, lead)) is not None and due <= version:
+            if params is None:
+                params, ready = self._take(bottom)
+            rows, ids = self.table_rows(self._next) if self.table_rows is not None else ({}, {})
+            snapshot = Snapshot(version, params, ready, rows, ids)
             self.channel.put(self._next, snapshot)
             self._published[self._next] = snapshot
             self._next += 1
@@ -43,16 +66,16 @@ class SnapshotPublisher:
         """Super-batch ``super_batch_id`` is over: its snapshot is no longer a checkpoint's business."""
         self._published.pop(super_batch_id, None)
 
-    def _take(self, bottom: torch.nn.Module, version: int) -> Snapshot:
+    def _take(self, bottom: torch.nn.Module) -> tuple[list[torch.Tensor], object]:
         params = [p.detach() for p in bottom.parameters()]
         if not self.on_cuda:
-            return Snapshot(version, [p.clone() for p in params])
+            return [p.clone() for p in params], None
         host = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in params]
         for h, p in zip(host, params):
             h.copy_(p, non_blocking=True)
         ready = torch.cuda.Event()
         ready.record()
-        return Snapshot(version, host, ready)
+        return host, ready
 
     def close(self) -> None:
         self.channel.close()
@@ -62,10 +85,11 @@ class SnapshotPublisher:
         for super_batch_id, snapshot in self._published.items():
             if snapshot.ready is not None:
                 snapshot.ready.synchronize()
-            snapshots[super_batch_id] = {"version": snapshot.version,
-                                         "params": [p.clone() for p in snapshot.params]}
+            snapshots[super_batch_id] = {"version": snapshot.version, "params": [p.clone() for p in snapshot.params],
+                                         "rows": snapshot.rows, "ids": snapshot.ids}
         return {"next_snapshot": self._next, "snapshots": snapshots}
 
     def load_state_dict(self, state: dict) -> None:
         self._next = state["next_snapshot"]
-        self._published = {g: Snapshot(s["version"], s["params"]) for g, s in state["snapshots"].items()}
+        self._published = {g: Snapshot(s["version"], s["params"], None, dict(s.get("rows", {})), dict(s.get("ids", {})))
+                           for g, s in state["snapshots"].items()}

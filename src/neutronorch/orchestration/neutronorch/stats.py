@@ -1,8 +1,9 @@
-"""What the hot sets did over the run, for the epoch records and the summary (trainer thread only)."""
+"""What the hot sets did over the run, for the epoch records and the summary (trainer thread only):
+``HotStats`` on a homogeneous graph, ``HotRecord`` per vertex type on a typed one."""
 
 from __future__ import annotations
 
-from neutronorch.orchestration.neutronorch.planner import PlanStats
+from neutronorch.orchestration.neutronorch.planner import PlanStats, TypedPlanStats
 
 
 class HotStats:
@@ -50,3 +51,43 @@ class HotStats:
             "super_batches": self.super_batches,
             "error_capped_super_batches": self.error_capped if auto else None,
         }
+
+
+class HotRecord:
+    """What the plans of an epoch (or a run) did, summed from their ``TypedPlanStats``; empty in exact mode."""
+
+    def __init__(self):
+        self.plans = 0
+        self.hot: dict[str, int] = {}
+        self.reached = self.appearances = self.hot_appearances = self.saved_edges = 0
+
+    def add(self, stats: TypedPlanStats | None) -> None:
+        if stats is not None:
+            self._sum(1, stats.hot, stats.reached, stats.appearances, stats.hot_appearances, stats.saved_edges)
+
+    def merge(self, other: "HotRecord") -> None:
+        self._sum(other.plans, other.hot, other.reached, other.appearances, other.hot_appearances, other.saved_edges)
+
+    def _sum(self, plans: int, hot: dict[str, int], reached: int, appearances: int, hot_appearances: int,
+             saved_edges: int) -> None:
+        self.plans += plans
+        for t, count in hot.items():
+            self.hot[t] = self.hot.get(t, 0) + count
+        self.reached += reached
+        self.appearances += appearances
+        self.hot_appearances += hot_appearances
+        self.saved_edges += saved_edges
+
+    @property
+    def hot_ratio(self) -> float | None:
+        """The share of the reached destinations made hot (None without plans): what the tuner measured."""
+        return sum(self.hot.values()) / max(1, self.reached) if self.plans else None
+
+    def record(self) -> dict:
+        """``hot_share``: the bottom-layer destination rows served by hot rows; ``hot_per_super_batch``: the
+        mean |H_s| per type; ``saved_edges``: bottom-hop edges not sampled for the mini-batches."""
+        if not self.plans:
+            return {}
+        return {"hot_share": round(self.hot_appearances / max(1, self.appearances), 4),
+                "hot_per_super_batch": {t: round(n / self.plans, 1) for t, n in self.hot.items()},
+                "saved_edges": self.saved_edges}

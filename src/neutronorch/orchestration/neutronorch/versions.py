@@ -8,7 +8,7 @@ verifies it at every use anyway (a violation is a bug and raises).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -61,25 +61,30 @@ class Schedule:
         return max(0, version)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Snapshot:
-    """A copy of the bottom layer's parameters at one parameter version (host memory)."""
+    """A copy of the bottom layer's parameters at one parameter version (host memory), with, on a typed
+    graph, the embedding-table rows the super-batch's hot rows read at that version. Frozen: it crosses from
+    the trainer to the host, and its tensors are copies outside autograd, which nobody writes to."""
 
     version: int
     params: list[torch.Tensor]
     ready: object = None  # on CUDA: the event after which the pinned copies are complete
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)  # featureless type -> its rows at ``ids``
+    ids: dict[str, torch.Tensor] = field(default_factory=dict)  # ... the hot frontier's vertices of the type
 
 
 @dataclass(frozen=True)
 class HotEmbeddings:
     """The bottom-layer output of one super-batch's hot set, as the device reads it: made complete by the
-    hot-row computer, frozen when it crosses to the trainer (which writes only into ``grad_acc``)."""
+    hot-row computer, frozen when it crosses to the trainer (which writes only into ``grad_acc``). On a
+    typed graph ``table``, ``grad_acc``, ``output`` and ``vertices`` hold one entry per vertex type."""
 
     super_batch_id: int
     version: int
-    table: torch.Tensor  # (|H_s|, width) on the training device
+    table: torch.Tensor | dict[str, torch.Tensor]  # (|H_s|, width) on the training device
     num_hot: int
-    vertices: np.ndarray | None = None  # H_s, the vertex of each table row
+    vertices: np.ndarray | dict[str, np.ndarray] | None = None  # H_s, the vertex of each table row
     host_edges: int = 0  # bottom-hop edges the host sampled for the hot set (for the rows this rank computed)
     exchange: object = None  # hot_set="node": which rows this rank computed (``node.Exchange``)
     grad_acc: torch.Tensor | None = None  # hot_grad="cpu": dL/dY summed over the super-batch's steps
@@ -87,6 +92,10 @@ class HotEmbeddings:
     params: list[torch.Tensor] | None = None  # hot_grad="cpu": the snapshot parameters it was computed from
     ready: object = None  # on CUDA: the event after which ``table`` holds the data
     keep: tuple = ()  # host buffers that must outlive an asynchronous copy
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)  # typed, hot_grad="cpu": the snapshot's table rows
+    ids: dict[str, torch.Tensor] = field(default_factory=dict)  # ... (leaves of ``output``'s graph) and their ids
+    host_began: float = 0.0  # when the host began computing the rows (time.perf_counter) ...
+    host_seconds: float = 0.0  # ... and its seconds on them
 
 
 class StalenessCheck:
