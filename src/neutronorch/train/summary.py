@@ -17,13 +17,12 @@ from neutronorch.data import Graph, TypedGraph, dataset_paths
 from neutronorch.data.relation import relation_label
 from neutronorch.errors import ConfigError, OutputError
 from neutronorch.observe import StageTable, write_timeline
-from neutronorch.orchestration.factory import Threads
 from neutronorch.train.memory import peak_rss_mb, resident_mb
 from neutronorch.train.outputs import write_atomically
-from neutronorch.train.run import Run
 from neutronorch.train.typed_inputs import typed_files
 
 logger = logging.getLogger("neutronorch")
+ENDED = ("completed", "stopped_early")  # a summary's statuses when every epoch ran, or patience ran out
 
 
 def given_dataset(graph, spec: str) -> str:
@@ -42,7 +41,7 @@ def given_dataset(graph, spec: str) -> str:
     return spec if files and all(inside(file) for file in files) else f"graph:{graph.name}"
 
 
-def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str, gather: bool = True) -> dict:
+def summarise(run, last_eval: dict, timeline: dict | None, status: str, gather: bool = True) -> dict:
     """The run summary; ``status`` is completed, interrupted or failed. Data parallel, ``gather`` collects
     every rank's peak resident memory (a collective: every rank must call it)."""
     config, graph, mode, epochs, best = run.config, run.graph, run.mode, run.history, run.best
@@ -90,7 +89,7 @@ def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str, gat
     }
 
 
-def _link_summary(run: Run, last_eval: dict) -> dict:
+def _link_summary(run, last_eval: dict) -> dict:
     """A link task's split and every metric it reports, at the best and at the last evaluation."""
     links = run.graph.links
     others = lambda scores: {k: v for k, v in scores.items() if k.startswith(("val_", "test_"))}  # noqa: E731
@@ -153,9 +152,9 @@ def named_scores(task, scores: dict) -> dict:
             **{key: value for key, value in scores.items() if key not in ("val", "test")}}
 
 
-def typed_summary(run, status: str, started: float, data_seconds: float, threads: Threads) -> dict:
+def typed_summary(run, status: str, timeline: dict | None) -> dict:
     """The summary of the typed run ``run`` (``typed_task._TypedRun``) as it stands."""
-    config, graph, key, best, last = run.config, run.graph, run.task.key, run.best, run.last_eval
+    config, graph, key, best, last, threads = run.config, run.graph, run.task.key, run.best, run.last_eval, run.threads
     seconds = [e["seconds"] for e in run.history]
     return {
         "status": status,
@@ -176,7 +175,7 @@ def typed_summary(run, status: str, started: float, data_seconds: float, threads
         "device": str(run.device),
         "precision": {"name": run.precision.name, "reason": run.precision.reason},
         "threads": {"train": threads.train, "sampler": threads.sampler},
-        "distributed": run.world.summary(config.batch_size, gather=status in ("completed", "stopped_early")),
+        "distributed": run.world.summary(config.batch_size, gather=status in ENDED),
         "epochs": run.history,
         "epoch_seconds_median": statistics.median(seconds) if seconds else None,
         "metric": run.task.metric,
@@ -184,13 +183,10 @@ def typed_summary(run, status: str, started: float, data_seconds: float, threads
         "warnings": list(run.health.warnings),  # training that collapsed (train/health.py)
         "checkpoints": checkpoints_written(config.checkpoint_dir),
         "peak_rss_mb": round(peak_rss_mb(), 1),
-        "startup": {"data_seconds": round(data_seconds, 4),
+        "startup": {"data_seconds": round(run.data_seconds, 4),
                     "first_step_seconds": None if run.first_step_at is None
-                    else round(run.first_step_at - started, 4)},
+                    else round(run.first_step_at - run.started, 4)},
+        "timeline": timeline,
+        **({"error": run.metrics.lost} if run.metrics.lost else {}),  # a log or the timeline lost
     }
 
-
-def write_typed_timeline(run) -> dict | None:
-    """The timeline of ``run``'s window (``write_run_timeline``)."""
-    return write_run_timeline(run, f"{run.mode.name} mode, {run.config.model} (typed), epoch {run.window.epoch}, "
-                                   f"first {run.config.timeline_steps} steps", run.stages)

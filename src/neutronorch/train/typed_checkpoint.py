@@ -26,7 +26,6 @@ costs ``12 w`` bytes (768 at the default 64), in each of ``last.pt`` and ``best.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,25 +196,13 @@ def check_typed_fits(checkpoint: TypedCheckpoint, graph: TypedGraph, source: str
 
 
 class TypedCheckpoints:
-    """A typed run's ``checkpoint_dir``: ``last.pt`` after every epoch, every ``checkpoint_every`` steps within
-    one and when the run is stopped (``save``, called by the loop: ``EpochControl.save``); ``best.pt`` after
-    each evaluation that improves on the best; and the resume from ``last.pt``. ``run`` is the typed run
-    (``train/typed_task.py``) whose hooks call these."""
+    """A typed run's ``checkpoint_dir``: ``save`` (``last.pt`` and ``best.pt`` when ``run_epochs`` says, through
+    the run's ``checkpoint``) and the resume from ``last.pt``. ``run`` is the typed run (``train/typed_task.py``)."""
 
     def __init__(self, run):
         self.run = run
         self.folder = Path(run.config.checkpoint_dir)
         self.fingerprint = typed_fingerprint(run.graph)  # the graph does not change while the run lasts
-
-    def after_epoch(self, epoch: int, record: dict) -> None:
-        """``last.pt`` at the end of ``epoch`` (its record in the history), ``best.pt`` too when its evaluation
-        is the best so far; the seconds they took go into ``record``."""
-        started = time.perf_counter()
-        position = {"step": self.run.num_batches, "loss_sum": 0.0}
-        self.save("last.pt", epoch, position)
-        if "val_acc" in record and self.run.best["epoch"] == epoch:
-            self.save("best.pt", epoch, position)
-        record["checkpoint_seconds"] = round(time.perf_counter() - started, 4)
 
     def save(self, name: str, epoch: int, position: dict) -> None:
         summary = self.run.config.summary_json
@@ -242,8 +229,6 @@ class TypedCheckpoints:
                 torch.cuda.set_rng_state(state["rng"]["cuda"], run.device)
             run.history, run.best = list(state["history"]), dict(state["best"])
             run.resumed_mode = state.get("typed_mode_state")
-            run.last_eval = next(({"val": r["val_acc"], "test": r["test_acc"]} for r in reversed(run.history)
-                                  if "val_acc" in r), {})
             epoch, step, loss_sum = int(state["epoch"]), state["position"]["step"], state["position"]["loss_sum"]
         except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
             raise CheckpointError(
@@ -287,11 +272,11 @@ class TypedCheckpoints:
 
 def typed_checkpoints(run) -> TypedCheckpoints | None:
     """``run``'s checkpoints (None without ``checkpoint_dir``), their disk space checked; with ``resume`` the
-    run restored from ``last.pt`` and ``run.start`` set to where it continues."""
+    run restored from ``last.pt`` and set to start where it continues."""
     if not run.config.checkpoint_dir:
         return None
     check_checkpoint_space(run.config, run.model.parameters())
     checkpoints = TypedCheckpoints(run)
     if run.config.resume:
-        run.start = checkpoints.resume()
+        run.start_epoch, run.start_step, run.loss_sum = checkpoints.resume()
     return checkpoints
