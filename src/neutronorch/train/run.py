@@ -14,24 +14,15 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
 from neutronorch.errors import Interrupted, OutputError, TrainingError
 from neutronorch.observe import epoch_table
 from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, epoch_line, evaluation_progress,
                                     noting_first_step)
-from neutronorch.train.outputs import save_or_rescue, write_summary
+from neutronorch.train.outputs import write_summary
 from neutronorch.train.summary import named_scores, write_run_timeline
 
 logger = logging.getLogger("neutronorch")
-
-
-def saved_once(run, name: str, save) -> None:
-    """``save(path)`` of ``checkpoint_dir``/``name``, rescued beside the summary when the disk is full
-    (``save_or_rescue``); then what `overwrite` replaces may go (``train/replacing.py``)."""
-    summary = run.config.summary_json
-    save_or_rescue(Path(run.config.checkpoint_dir) / name, save, [Path(summary).parent] if summary else [])
-    run.replacing.checkpointed(stopping=run.stop is not None and run.stop.is_set())
 
 
 def run_epochs(run, progress: Progress | None) -> dict | None:

@@ -50,7 +50,8 @@ from neutronorch.train.checkpoint import check_resumable, load_state, save_check
 from neutronorch.train.distributed import GradientSync, World, environment_world_size, joined, rank_device
 from neutronorch.train.outputs import check_checkpoint_space, check_outputs
 from neutronorch.train.replacing import Replacement, claim_outputs
-from neutronorch.train.run import run_epochs, saved_once, summarised
+from neutronorch.train.resume import last_checkpoint, restore, write_checkpoint
+from neutronorch.train.run import run_epochs, summarised
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import ENDED, given_dataset, summarise, topology_in_file_order
 from neutronorch.train.link_task import (LinkTask, check_node_task, evaluate_links, is_link_split, link_graph,
@@ -103,6 +104,10 @@ class Run:
     stop_at_last_step = False  # a stop after an epoch's last step: the epoch is recorded and saved first
     label = ""  # after the model's name in the timeline's title
 
+    @property
+    def num_batches(self) -> int:
+        return self.mode.num_batches
+
     def epochs(self) -> dict | None:
         return run_epochs(self, self.progress)
 
@@ -139,7 +144,7 @@ class Run:
             path, config=self.config, graph=self.graph, model=self.model, optimizer=self.optimizer, epoch=epoch,
             history=self.history, best=self.best, position={"step": step, "loss_sum": loss_sum},
             mode_state=mode_state, world_size=self.world.size, mode_choice=self.mode_choice)
-        saved_once(self, name, save)
+        write_checkpoint(self, name, save)
 
     def summary(self, status: str, timeline: dict | None = None) -> dict:
         """The run summary (``summarise``): an ended run's scores; a stopped or failed one's, none."""
@@ -234,7 +239,7 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
         logger.info(f"data parallel: {world.describe()}; batch size {config.batch_size} per rank, "
                     f"{config.batch_size * world.size} per global batch")
     optimizer = Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    resumed = _checkpoint_state(config) if config.resume else None
+    path, resumed = last_checkpoint(config, load_state) if config.resume else (None, None)
     task = LinkTask.of(graph, model, config.metric) if link else Task.of(graph, config.metric)
     choice = resolve_mode(config, graph, device, threads, model, world, resumed, loss_fn=task.loss)
     spans = Spans()
@@ -260,22 +265,13 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
               mode_choice=None if choice is None else choice.to_dict(),
               health=Health(task.constant_losses(None if link else graph.labels[graph.train_idx]), warnings))
     if resumed is not None:
-        _resume(run, resumed)
+        _resume(run, path, resumed)
     return run
 
 
-def _checkpoint_state(config: TrainConfig) -> dict:
-    """The contents of ``checkpoint_dir``/last.pt, which a resumed run continues (checked readable)."""
-    path = Path(config.checkpoint_dir) / "last.pt"
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no checkpoint to resume from; train with `checkpoint_dir` first.")
-    return load_state(path)
-
-
-def _resume(run: Run, state: dict) -> None:
-    """Continue from ``checkpoint_dir``/last.pt (``state``): weights, optimizer, random state, history, position
-    and the mode's state (NeutronOrch's snapshots, super-batch in progress and controller)."""
-    path = Path(run.config.checkpoint_dir) / "last.pt"
+def _resume(run: Run, path: Path, state: dict) -> None:
+    """Continue from ``checkpoint_dir``/last.pt (``state``, read from ``path``): ``restore``'s parts, the
+    optimizer and the mode's state (NeutronOrch's snapshots, super-batch in progress and controller)."""
     check_resumable(state, run.config, run.graph, str(path), run.world.size)
     if not run.mode.resumable:
         raise CheckpointError(f"{run.mode.name} mode cannot resume from a checkpoint.")
@@ -285,26 +281,10 @@ def _resume(run: Run, state: dict) -> None:
         raise CheckpointError(f"{path}: the run it continues trained {describe(saved_model)}; this one trains "
                               f"{describe(model)}. Resume with the same model, or start a new run in another "
                               f"`checkpoint_dir`.")
-    try:  # the structure was checked above; what is inside may still be damaged or foreign
-        run.model.load_state_dict(state["model"])
+
+    def optimizer_and_mode(state: dict) -> None:
         run.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"]["torch"])
-        if run.device.type == "cuda" and state["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state(state["rng"]["cuda"], run.device)
         mode_state = state["mode_state"]
         run.mode.load_state_dict(mode_state["ranks"][run.world.rank] if run.world.distributed else mode_state)
-        run.history, run.best = list(state["history"]), dict(state["best"])
-        if "val_acc" in run.best:  # written before the metric was a setting: accuracy under its old keys
-            run.best = {"val": run.best["val_acc"], "test": run.best["test_acc"], "epoch": run.best["epoch"]}
-        step, run.loss_sum = state["position"]["step"], state["position"]["loss_sum"]
-        if step < run.mode.num_batches:
-            run.start_epoch, run.start_step = int(state["epoch"]), step
-        else:
-            run.start_epoch = int(state["epoch"]) + 1
-    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(
-            f"{path}: its saved state cannot be restored ({type(exc).__name__}: {exc}); the file is damaged or "
-            "was not written by this run's neutronorch. Train anew with `overwrite` (which replaces it) or into "
-            "another `checkpoint_dir`.") from exc
-    run.metrics.continue_at(run.start_epoch * run.mode.num_batches + run.start_step)
-    logger.info(f"resumed from {path} at epoch {run.start_epoch}, step {run.start_step}")
+
+    restore(run, state, path, optimizer_and_mode)

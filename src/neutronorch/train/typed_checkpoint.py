@@ -25,7 +25,6 @@ costs ``12 w`` bytes (768 at the default 64), in each of ``last.pt`` and ``best.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,12 +34,11 @@ from neutronorch.config import TrainConfig
 from neutronorch.data.typed import TypedGraph, relation_label
 from neutronorch.errors import CheckpointError
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
-from neutronorch.train.checkpoint import (CHECKPOINT_PARTS, FINGERPRINT_NAMES, TYPED, check_parts, check_settings,
-                                          checkpoint_state, holding_weights, read_state, sample_crc)
-from neutronorch.train.outputs import check_checkpoint_space, save_or_rescue, write_atomically
+from neutronorch.train.checkpoint import (CHECKPOINT_PARTS, TYPED, check_parts, checkpoint_state, holding_weights,
+                                          read_state, sample_crc)
+from neutronorch.train.outputs import check_checkpoint_space, write_atomically
+from neutronorch.train.resume import check_same_data, check_settings, last_checkpoint, restore, write_checkpoint
 from neutronorch.train.table_files import attach_tables, checkpoint_tables, stored_tables
-
-logger = logging.getLogger("neutronorch")
 
 # A typed checkpoint's parts: a homogeneous one's less the modes' (typed runs train in exact mode, in one
 # process), and the tables' optimizer and the fanouts.
@@ -52,9 +50,7 @@ TYPED_PARTS = {**{k: v for k, v in CHECKPOINT_PARTS.items() if k not in ("mode_s
 TYPED_OPTIONAL = ("best", "position", "rng", "typed_mode_state")
 TYPED_FINGERPRINT_KEYS = {"name": str, "num_nodes": dict, "edges": dict, "feature_dims": dict, "target": str,
                           "classes": int}
-TYPED_NAMES = {**FINGERPRINT_NAMES, "num_nodes": "the vertex counts", "edges": "the relations' edge counts",
-               "feature_dims": "the feature widths", "target": "the target type",
-               "edge_features_crc": "the edge features"}
+
 
 
 def typed_fingerprint(graph: TypedGraph) -> dict:
@@ -71,26 +67,6 @@ def typed_fingerprint(graph: TypedGraph) -> dict:
                                   if relation.edge_features is not None},
             "labels_crc": sample_crc(graph.labels), "split_crc": sample_crc(graph.train_idx),
             "val_crc": sample_crc(graph.val_idx), "test_crc": sample_crc(graph.test_idx)}
-
-
-def typed_changes(saved: dict, now: dict) -> list[str]:
-    """What differs between two typed fingerprints, naming the types and relations: ``the vertex counts
-    (author 1500 then, 1499 now)``, ``the features of paper``."""
-    changes = []
-    for key, value in now.items():
-        before = saved.get(key, value)
-        if before == value:
-            continue
-        name = TYPED_NAMES.get(key, key)
-        if not (isinstance(value, dict) and isinstance(before, dict)):
-            changes.append(name)
-            continue
-        parts = [part for part in {**before, **value} if before.get(part) != value.get(part)]
-        if key.endswith("_crc"):
-            changes.append(f"{name} of {', '.join(parts)}")
-        else:
-            changes.append(f"{name} ({'; '.join(f'{p} {before.get(p)} then, {value.get(p)} now' for p in parts)})")
-    return changes
 
 
 def spec_of(arguments: dict) -> TypedSpec:
@@ -201,58 +177,33 @@ class TypedCheckpoints:
 
     def __init__(self, run):
         self.run = run
-        self.folder = Path(run.config.checkpoint_dir)
         self.fingerprint = typed_fingerprint(run.graph)  # the graph does not change while the run lasts
 
     def save(self, name: str, epoch: int, position: dict) -> None:
-        summary = self.run.config.summary_json
-        save_or_rescue(self.folder / name, lambda path: save_typed_checkpoint(path, self.run, epoch, position,
-                                                                              self.fingerprint),
-                       [Path(summary).parent] if summary else [])
-        self.run.replacing.checkpointed(stopping=self.run.stop is not None and self.run.stop.is_set())
+        write_checkpoint(self.run, name, lambda path: save_typed_checkpoint(path, self.run, epoch, position,
+                                                                            self.fingerprint))
 
-    def resume(self) -> tuple[int, int, float]:
-        """Restore the run from ``last.pt`` (weights, both optimizers, random state, history, best) and return
-        where it continues: (epoch, step, the float32 loss sum of that epoch's steps before it)."""
-        run, path = self.run, self.folder / "last.pt"
-        if not path.is_file():
-            raise CheckpointError(f"{path}: no checkpoint to resume from; train with `checkpoint_dir` first.")
-        state = load_typed_state(path)
+    def resume(self) -> None:
+        """Restore the run from ``last.pt`` (``restore``: weights, both optimizers, random state, history, best,
+        the mode's state) and set where it continues."""
+        run = self.run
+        path, state = last_checkpoint(run.config, load_typed_state)
         self.check_resumable(state, str(path))
-        try:  # the structure was checked; what is inside may still be damaged or foreign
-            run.model.load_state_dict(state["model"])
+
+        def optimizers_and_mode(state: dict) -> None:
             run.adam.load_state_dict(state["optimizer"])
             if run.sparse is not None:
                 run.sparse.load_state_dict(state["tables_optimizer"]["state"])
-            torch.set_rng_state(state["rng"]["torch"])
-            if run.device.type == "cuda" and state["rng"]["cuda"] is not None:
-                torch.cuda.set_rng_state(state["rng"]["cuda"], run.device)
-            run.history, run.best = list(state["history"]), dict(state["best"])
-            run.resumed_mode = state.get("typed_mode_state")
-            epoch, step, loss_sum = int(state["epoch"]), state["position"]["step"], state["position"]["loss_sum"]
-        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
-            raise CheckpointError(
-                f"{path}: its saved state cannot be restored ({type(exc).__name__}: {exc}); the file is damaged or "
-                "was not written by this run's neutronorch. Train anew with `overwrite` (which replaces it) or into "
-                "another `checkpoint_dir`.") from exc
-        # An epoch is complete once its record is in the history: a run stopped after an epoch's last step,
-        # before its evaluation, resumes at that step, with no batch left, and evaluates and records it.
-        start = (epoch + 1, 0, 0.0) if any(r["epoch"] == epoch for r in run.history) else (epoch, step, loss_sum)
-        run.metrics.continue_at(start[0] * run.num_batches + start[1])
-        logger.info(f"resumed from {path} at epoch {start[0]}, step {start[1]}")
-        return start
+            run.resumed_mode = state.get("typed_mode_state")  # loaded into the mode once it is built
+
+        restore(run, state, path, optimizers_and_mode)
 
     def check_resumable(self, state: dict, source: str) -> None:
         """The run may continue from ``state`` only on the same graph, with the same settings, model arguments
         (``train_typed``'s ``num_bases`` and ``embed_dim`` too), fanouts per relation and tables' optimizer."""
         run = self.run
         check_settings(state, run.config, source)  # a setting that differs is named before the graph
-        changed = typed_changes(state["dataset"], self.fingerprint)
-        if changed:
-            raise CheckpointError(f"{source}: written for another typed graph, or the graph changed since: "
-                                  f"{', '.join(changed)} differ ({state['dataset']['name']} then, {run.graph.name} "
-                                  f"now). Resume on the graph the run started with, or start a new run in another "
-                                  f"`checkpoint_dir`.")
+        check_same_data(state, self.fingerprint, source, "typed graph")
         saved, now = state["model_args"], run.model.arguments
         differ = [f"the model's `{k}` {saved.get(k)!r} then, {now[k]!r} now" for k in now
                   if k != "spec" and saved.get(k) != now[k]]
@@ -278,5 +229,5 @@ def typed_checkpoints(run) -> TypedCheckpoints | None:
     check_checkpoint_space(run.config, run.model.parameters())
     checkpoints = TypedCheckpoints(run)
     if run.config.resume:
-        run.start_epoch, run.start_step, run.loss_sum = checkpoints.resume()
+        checkpoints.resume()
     return checkpoints
