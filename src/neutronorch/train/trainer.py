@@ -47,9 +47,9 @@ from neutronorch.train.optim import Adam
 from neutronorch.train.resources import (check_threading_layer, memory_budget, resolve_device, thread_budget,
                                          torch_threads)
 from neutronorch.train.checkpoint import check_resumable, load_state, save_checkpoint
-from neutronorch.train.distributed import GradientSync, World, environment_world_size, joined, rank_device
+from neutronorch.train.distributed import GradientSync, World, join_ranks, rank_device, world_size
 from neutronorch.train.outputs import check_checkpoint_space, check_outputs
-from neutronorch.train.replacing import Replacement, claim_outputs
+from neutronorch.train.replacing import Replacement
 from neutronorch.train.resume import last_checkpoint, restore, write_checkpoint
 from neutronorch.train.run import run_epochs, summarised
 from neutronorch.train.step import TRAINER_STAGES
@@ -57,7 +57,7 @@ from neutronorch.train.summary import ENDED, given_dataset, summarise, topology_
 from neutronorch.train.link_task import (LinkTask, check_node_task, evaluate_links, is_link_split, link_graph,
                                          rms_row_norm)
 from neutronorch.train.task import Task
-from neutronorch.train.typed_entry import is_typed_run, train_typed_run
+from neutronorch.train.typed_task import is_typed_run, train_typed_run
 
 logger = logging.getLogger("neutronorch")
 
@@ -169,14 +169,12 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     check_threading_layer(resolve_device(config.device))  # and the environment: before any data is read
     if is_typed_run(config, graph):
         return train_typed_run(config, graph, progress, stop, model)
-    check_run(config, "homogeneous", environment_world_size())
+    check_run(config, "homogeneous", world_size())
     check_outputs(config, {"graph": graph.files()} if graph is not None else None)
     device = rank_device(resolve_device(config.device))
     keep_freed_memory()
     with contextlib.ExitStack() as stack:
-        world = stack.enter_context(joined(device.type, config.dist_timeout))
-        # The rank that writes holds the checkpoint folder, and sets aside what `overwrite` replaces.
-        replacing = stack.enter_context(claim_outputs(config, world.main))
+        world, replacing = join_ranks(stack, config, device)
         precision = resolve_precision(config.precision, device)
         config.precision = precision.name
         threads = thread_budget(config, world.local_size)

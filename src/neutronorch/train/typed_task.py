@@ -1,7 +1,7 @@
 """Node classification on typed graphs, in exact, device or NeutronOrch mode: ``train_typed(config, graph)``.
 
-``neutronorch.train(config, graph=typed_graph)`` (or ``config.dataset`` naming a typed native folder) runs
-this. One epoch: the target type's training vertices in the order ``epoch_order(seed, epoch)`` gives them
+``neutronorch.train(config, graph=typed_graph)`` (or ``config.dataset`` naming a typed folder, the native typed
+layout or OGB's ogbn-mag layout: ``is_typed_run``) runs this, through ``train_typed_run``. One epoch: the target type's training vertices in the order ``epoch_order(seed, epoch)`` gives them
 (the homogeneous loaders' order), in batches of ``batch_size``; each batch sampled by a
 ``TypedNeighborSampler`` with the key ``batch_key(seed, epoch, batch)``; every input type's rows gathered for
 the bottom frontier (``gather_rows`` from the possibly memory-mapped features, as float32); a
@@ -66,8 +66,8 @@ import torch
 
 from neutronorch.capabilities import check_run
 from neutronorch.config import TrainConfig, auto_batch_size
-from neutronorch.data.typed import TypedGraph
-from neutronorch.data.typed_native import read_typed
+from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_typed_dataset
+from neutronorch.data.typed_native import is_typed_dir, read_typed
 from neutronorch.errors import ConfigError
 from neutronorch.nn.precision import Precision, resolve_precision
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
@@ -89,14 +89,36 @@ from neutronorch.train.resources import (check_threading_layer, numba_threads, r
 from neutronorch.train.replacing import Replacement
 from neutronorch.train.row_adam import RowAdam
 from neutronorch.train.task import Task
-from neutronorch.train.distributed import World, rank_device
-from neutronorch.train.typed_distributed import (data_parallel, join_ranks, launched_rank, rank_checkpoints,
-                                                 rank_settings, ranks_here, shared_logits, step_masks, world_size)
+from neutronorch.train.distributed import World, join_ranks, launched_rank, rank_device, ranks_here, world_size
+from neutronorch.train.typed_checkpoint import typed_checkpoints
+from neutronorch.train.typed_distributed import data_parallel, rank_settings, shared_logits, step_masks
 from neutronorch.train.typed_inputs import typed_files, typed_logits
-from neutronorch.train.typed_own import own_typed_model
+from neutronorch.train.typed_own import check_own_model_config, own_typed_model
 from neutronorch.train.typed_tables import TypedTables, plan_tables
 
 logger = logging.getLogger("neutronorch")
+
+
+def is_typed_run(config: TrainConfig, graph: Graph | TypedGraph | None) -> bool:
+    """Whether ``train`` trains a typed graph."""
+    return isinstance(graph, TypedGraph) or (graph is None and is_typed_dataset(config.dataset))
+
+
+def train_typed_run(config: TrainConfig, graph: TypedGraph | None, progress, stop: threading.Event | None,
+                    model: torch.nn.Module | None) -> dict:
+    """``train`` for a typed run: the graph loaded when only named (OGB's layout takes parsing, so the settings
+    and outputs are checked first), then ``train_typed``, with ``model`` (your own module: ``train/typed_own.py``)
+    when given."""
+    if model is not None:
+        check_own_model_config(config)  # before the graph is read
+    if graph is not None:
+        graph.check_given()  # one built or changed by hand is checked as a loaded one is
+    if graph is None and not is_typed_dir(Path(config.dataset).expanduser()):
+        check_run(config, "typed", world_size())
+        check_outputs(config)
+        graph = load_typed_dataset(config.dataset)
+    return train_typed(config, graph, progress, stop, model=model)
+
 
 def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: Progress | None = None,
                 stop: threading.Event | None = None, fanouts=None, num_bases: int | None = None,
@@ -165,7 +187,8 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         run.health.warnings[:0] = warnings  # the settings' (train/feasible.py), before any collapse
         stack.enter_context(contextlib.closing(run.util))
         data_parallel(run, world)  # several ranks: global batches, the weights broadcast, run.sync and run.stop
-        run.checkpoints = rank_checkpoints(run, world)  # with `resume`, the run restored from last.pt
+        checkpoints = typed_checkpoints(run)  # with `resume`, every rank restored from last.pt
+        run.checkpoints = checkpoints if world.main else None  # which rank 0 alone writes
         stack.enter_context(contextlib.closing(run.open_mode()))  # where the run starts, its threads started
         logger.info(f"mode {run.mode.name}, model {config.model} (typed: {', '.join(graph.node_types)}), fanouts "
                     f"{config.fanouts if fanouts is None else fanouts}, device {device}, batch size "
