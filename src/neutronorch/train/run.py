@@ -13,16 +13,52 @@ the start position, stop, health, metrics, stages, world, ``stop_at_last_step`` 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from dataclasses import dataclass, field
 
 from neutronorch.errors import Interrupted, OutputError, TrainingError
+from neutronorch.nn.precision import Precision
 from neutronorch.observe import epoch_table
 from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, epoch_line, evaluation_progress,
                                     noting_first_step)
+from neutronorch.train.distributed import GradientSync, World
+from neutronorch.train.health import Health
 from neutronorch.train.outputs import write_summary
+from neutronorch.train.replacing import Replacement
 from neutronorch.train.summary import named_scores, write_run_timeline
 
 logger = logging.getLogger("neutronorch")
+
+
+@dataclass(kw_only=True)
+class RunState:
+    """What a run of either kind holds for ``run_epochs`` and its summary, besides its parts (model, mode,
+    optimizers), which each kind's run adds."""
+
+    history: list = field(default_factory=list)  # the epoch records so far (a resumed run's included)
+    # The best evaluation so far: the metric on the validation and test sets, and its epoch.
+    best: dict = field(default_factory=lambda: {"val": -float("inf"), "test": float("nan"), "epoch": -1})
+    last_eval: dict = field(default_factory=dict)  # the last evaluation ({} before the first)
+    start_epoch: int = 0  # where training starts: > 0, or a mid-epoch start_step, when resumed
+    start_step: int = 0
+    loss_sum: float = 0.0  # the resumed epoch's loss sum over its first start_step steps
+    stop: threading.Event | None = None  # set: finish the step, save, stop (Interrupted)
+    progress: Progress | None = None
+    stopped_early: bool = False  # --patience ran out
+    # Time to the first step: train() entry and the end of the run's first optimizer step (perf_counter),
+    # and the seconds of those spent loading the dataset.
+    started: float = 0.0
+    first_step_at: float | None = None
+    data_seconds: float = 0.0
+    precision: Precision = field(default_factory=Precision)
+    world: World = field(default_factory=World)  # data parallel: this rank among the others
+    sync: GradientSync | None = None  # data parallel: the gradient all-reduce and stop agreement
+    health: Health = field(default_factory=lambda: Health({}))  # collapse (train/health.py)
+    replacing: Replacement = field(default_factory=Replacement)  # the earlier outputs `overwrite` replaces
+    window: TimelineWindow | None = None  # the steps whose spans the timeline draws (run_epochs)
+    stop_at_last_step = False  # a stop after an epoch's last step: the epoch is recorded and saved first
+    label = ""  # after the model's name in the timeline's title
 
 
 def run_epochs(run, progress: Progress | None) -> dict | None:

@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,7 +32,7 @@ from neutronorch.errors import CheckpointError, ConfigError
 from neutronorch.nn.custom import UserModel
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
-from neutronorch.nn.precision import Precision, resolve_precision
+from neutronorch.nn.precision import resolve_precision
 from neutronorch.observe import Spans, StageTable, Utilisation
 from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.orchestration.mode import Mode
@@ -49,9 +49,8 @@ from neutronorch.train.resources import (check_threading_layer, memory_budget, r
 from neutronorch.train.checkpoint import check_resumable, load_state, save_checkpoint
 from neutronorch.train.distributed import GradientSync, World, join_ranks, rank_device, world_size
 from neutronorch.train.outputs import check_checkpoint_space, check_outputs
-from neutronorch.train.replacing import Replacement
 from neutronorch.train.resume import last_checkpoint, restore, write_checkpoint
-from neutronorch.train.run import run_epochs, summarised
+from neutronorch.train.run import RunState, run_epochs, summarised
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import ENDED, given_dataset, summarise, topology_in_file_order
 from neutronorch.train.link_task import (LinkTask, check_node_task, evaluate_links, is_link_split, link_graph,
@@ -62,9 +61,8 @@ from neutronorch.train.typed_task import is_typed_run, train_typed_run
 logger = logging.getLogger("neutronorch")
 
 
-
 @dataclass
-class Run:
+class Run(RunState):
     """Everything one homogeneous run holds; its resources are released by the ``ExitStack`` it was built in."""
 
     config: TrainConfig
@@ -79,30 +77,7 @@ class Run:
     util: Utilisation
     metrics: MetricLog
     task: Task
-    history: list = field(default_factory=list)  # the epoch records so far (a resumed run's included)
-    # The best evaluation so far: the metric on the validation and test sets, and its epoch.
-    best: dict = field(default_factory=lambda: {"val": -float("inf"), "test": float("nan"), "epoch": -1})
-    last_eval: dict = field(default_factory=dict)  # the last evaluation ({} before the first)
-    start_epoch: int = 0  # where training starts: > 0, or a mid-epoch start_step, when resumed
-    start_step: int = 0
-    loss_sum: float = 0.0  # the resumed epoch's loss sum over its first start_step steps
-    stop: threading.Event | None = None  # set: finish the step, save, stop (Interrupted)
-    progress: Progress | None = None
-    stopped_early: bool = False  # --patience ran out
-    # Time to the first step: train() entry and the end of the run's first optimizer step (perf_counter),
-    # and the seconds of those spent loading the dataset.
-    started: float = 0.0
-    first_step_at: float | None = None
-    data_seconds: float = 0.0
-    precision: Precision = field(default_factory=Precision)
-    world: World = field(default_factory=World)  # data parallel: this rank among the others
     mode_choice: dict | None = None  # mode auto: the mode chosen, why, and from what (None: the mode was given)
-    sync: GradientSync | None = None  # data parallel: the gradient all-reduce and stop agreement
-    health: Health = field(default_factory=lambda: Health({}))  # collapse (train/health.py)
-    replacing: Replacement = field(default_factory=Replacement)  # the earlier outputs `overwrite` replaces
-    window: TimelineWindow | None = None  # the steps whose spans the timeline draws (run_epochs)
-    stop_at_last_step = False  # a stop after an epoch's last step: the epoch is recorded and saved first
-    label = ""  # after the model's name in the timeline's title
 
     @property
     def num_batches(self) -> int:

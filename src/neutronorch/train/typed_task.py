@@ -57,7 +57,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import threading
 import time
 from pathlib import Path
@@ -69,7 +68,7 @@ from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_typed_dataset
 from neutronorch.data.typed_native import is_typed_dir, read_typed
 from neutronorch.errors import ConfigError
-from neutronorch.nn.precision import Precision, resolve_precision
+from neutronorch.nn.precision import resolve_precision
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -81,15 +80,14 @@ from neutronorch.train.loop import EpochControl, Progress, TimelineWindow, step_
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
 from neutronorch.train.outputs import check_outputs
-from neutronorch.train.run import run_epochs, summarised
+from neutronorch.train.run import RunState, run_epochs, summarised
 from neutronorch.train.summary import typed_summary
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.resources import (check_threading_layer, numba_threads, resolve_device, thread_budget,
                                          torch_threads)
-from neutronorch.train.replacing import Replacement
 from neutronorch.train.row_adam import RowAdam
 from neutronorch.train.task import Task
-from neutronorch.train.distributed import World, join_ranks, launched_rank, rank_device, ranks_here, world_size
+from neutronorch.train.distributed import join_ranks, launched_rank, rank_device, ranks_here, world_size
 from neutronorch.train.typed_checkpoint import typed_checkpoints
 from neutronorch.train.typed_distributed import data_parallel, rank_settings, shared_logits, step_masks
 from neutronorch.train.typed_inputs import typed_files, typed_logits
@@ -209,7 +207,7 @@ def _table_optimizer(tables: list[torch.nn.Parameter], lr: float, storage: Typed
     return torch.optim.SparseAdam(tables, lr=lr)
 
 
-class _TypedRun:
+class _TypedRun(RunState):
     """One typed run: its model, optimizers, samplers, history and best evaluation; ``run_epochs`` trains it."""
 
     stop_at_last_step = True  # a stop after an epoch's last step saves it unrecorded (typed_checkpoint.py resumes it)
@@ -219,11 +217,10 @@ class _TypedRun:
                  sampler: TypedNeighborSampler, eval_sampler: TypedNeighborSampler, device: torch.device,
                  metrics: MetricLog, progress: Progress | None, stop: threading.Event | None,
                  threads: Threads = Threads(1, 1, 1), storage: TypedTables | None = None):
+        super().__init__(stop=stop, progress=progress)  # precision: ``train_typed`` resolves it
         self.config, self.graph, self.model, self.task = config, graph, model, task
         self.sampler, self.eval_sampler, self.device = sampler, eval_sampler, device
-        self.metrics, self.progress, self.stop = metrics, progress, stop
-        self.threads = threads
-        self.precision = Precision()  # bf16: the forward pass under autocast (``train_typed`` resolves it)
+        self.metrics, self.threads = metrics, threads
         dense = model.dense_parameters()  # none where your own module keeps every weight in sparse tables
         self.adam = Adam(dense, lr=config.lr, weight_decay=config.weight_decay) if dense else None
         tables = model.embedding_parameters()
@@ -237,20 +234,10 @@ class _TypedRun:
         self.resumed_mode = None  # the mode's state a resumed checkpoint kept (typed_checkpoint.py)
         self.parameters = {"dense": sum(p.numel() for p in model.dense_parameters()),
                            "embedding": sum(p.numel() for p in tables)}
-        self.history: list[dict] = []
-        self.best = {"val": -math.inf, "test": math.nan, "epoch": -1}
-        self.last_eval: dict = {}
         self.health = Health(task.constant_losses(np.asarray(graph.labels[np.asarray(graph.train_idx)])))
-        self.stopped_early = False
-        self.started, self.data_seconds, self.first_step_at = time.perf_counter(), 0.0, None
-        # Where training starts (a resumed run's epoch, step and the float32 loss sum of the steps before it).
-        self.start_epoch, self.start_step, self.loss_sum = 0, 0, 0.0
-        self.checkpoints = None  # typed_checkpoint.TypedCheckpoints: called after every step and epoch
-        self.replacing = Replacement()  # the earlier outputs `overwrite` replaces (train/replacing.py)
-        self.world, self.sync = World(), None  # data parallel (typed_distributed.py): the ranks, the reduction
+        self.checkpoints = None  # typed_checkpoint.TypedCheckpoints: the rank that writes, with checkpoint_dir
         self.spans = Spans()  # every stage's spans; kept raw in the timeline's window
         self.util = Utilisation(device)  # CPU (and GPU) busy, sampled on a thread (train_typed closes it)
-        self.window = None  # the steps whose spans the timeline draws (run_epochs)
 
     def open_mode(self):
         """Build the run's mode (exact, device or NeutronOrch), with the mode state a resumed checkpoint kept
