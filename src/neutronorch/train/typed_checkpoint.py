@@ -36,8 +36,8 @@ from neutronorch.errors import CheckpointError
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.train.checkpoint import (CHECKPOINT_PARTS, TYPED, check_parts, checkpoint_state, holding_weights,
                                           read_state, sample_crc)
-from neutronorch.train.outputs import check_checkpoint_space, write_atomically
-from neutronorch.train.resume import check_same_data, check_settings, last_checkpoint, restore, write_checkpoint
+from neutronorch.train.outputs import write_atomically
+from neutronorch.train.resume import check_same_data, check_settings, last_checkpoint, restore
 from neutronorch.train.table_files import attach_tables, checkpoint_tables, stored_tables
 
 # A typed checkpoint's parts: a homogeneous one's less the modes' (typed runs train in exact mode, in one
@@ -171,63 +171,35 @@ def check_typed_fits(checkpoint: TypedCheckpoint, graph: TypedGraph, source: str
         raise CheckpointError(f"{source}: the checkpoint's model does not fit this graph: {'; '.join(differ)}.")
 
 
-class TypedCheckpoints:
-    """A typed run's ``checkpoint_dir``: ``save`` (``last.pt`` and ``best.pt`` when ``run_epochs`` says, through
-    the run's ``checkpoint``) and the resume from ``last.pt``. ``run`` is the typed run (``train/typed_task.py``)."""
+def resume_typed(run) -> None:
+    """Restore the typed run ``run`` from ``checkpoint_dir``/last.pt (``restore``: weights, both optimizers,
+    random state, history, best, the mode's state) and set where it continues, once the checkpoint's run is
+    one it may continue: the same graph, settings, model arguments (``train_typed``'s ``num_bases`` and
+    ``embed_dim`` too), fanouts per relation and tables' optimizer."""
+    path, state = last_checkpoint(run.config, load_typed_state)
+    source = str(path)
+    check_settings(state, run.config, source)  # a setting that differs is named before the graph
+    check_same_data(state, typed_fingerprint(run.graph), source, "typed graph")
+    saved, now = state["model_args"], run.model.arguments
+    differ = [f"the model's `{k}` {saved.get(k)!r} then, {now[k]!r} now" for k in now
+              if k != "spec" and saved.get(k) != now[k]]
+    before, after = fanouts_of(state), run.sampler.fanouts
+    differ += [f"the fanouts of {relation_label(r)} {before.get(r)} then, {after.get(r)} now"
+               for r in {**before, **after} if before.get(r) != after.get(r)]
+    tables = state["tables_optimizer"]
+    if (tables and tables.get("class")) != (run.sparse and type(run.sparse).__name__):
+        differ.append(f"the embedding tables' optimizer {tables and tables.get('class')} then (RowAdam for CPU "
+                      f"tables, SparseAdam elsewhere), {run.sparse and type(run.sparse).__name__} now: resume "
+                      f"on the device the run started on")
+    if differ:
+        raise CheckpointError(f"{source}: the run it continues trained otherwise: {'; '.join(differ)}. Resume "
+                              f"with the same `fanouts`, `num_bases` and `embed_dim` (train_typed's arguments) "
+                              f"and device, or start a new run in another `checkpoint_dir`.")
 
-    def __init__(self, run):
-        self.run = run
-        self.fingerprint = typed_fingerprint(run.graph)  # the graph does not change while the run lasts
+    def optimizers_and_mode(state: dict) -> None:
+        run.adam.load_state_dict(state["optimizer"])
+        if run.sparse is not None:
+            run.sparse.load_state_dict(state["tables_optimizer"]["state"])
+        run.resumed_mode = state.get("typed_mode_state")  # loaded into the mode once it is built
 
-    def save(self, name: str, epoch: int, position: dict) -> None:
-        write_checkpoint(self.run, name, lambda path: save_typed_checkpoint(path, self.run, epoch, position,
-                                                                            self.fingerprint))
-
-    def resume(self) -> None:
-        """Restore the run from ``last.pt`` (``restore``: weights, both optimizers, random state, history, best,
-        the mode's state) and set where it continues."""
-        run = self.run
-        path, state = last_checkpoint(run.config, load_typed_state)
-        self.check_resumable(state, str(path))
-
-        def optimizers_and_mode(state: dict) -> None:
-            run.adam.load_state_dict(state["optimizer"])
-            if run.sparse is not None:
-                run.sparse.load_state_dict(state["tables_optimizer"]["state"])
-            run.resumed_mode = state.get("typed_mode_state")  # loaded into the mode once it is built
-
-        restore(run, state, path, optimizers_and_mode)
-
-    def check_resumable(self, state: dict, source: str) -> None:
-        """The run may continue from ``state`` only on the same graph, with the same settings, model arguments
-        (``train_typed``'s ``num_bases`` and ``embed_dim`` too), fanouts per relation and tables' optimizer."""
-        run = self.run
-        check_settings(state, run.config, source)  # a setting that differs is named before the graph
-        check_same_data(state, self.fingerprint, source, "typed graph")
-        saved, now = state["model_args"], run.model.arguments
-        differ = [f"the model's `{k}` {saved.get(k)!r} then, {now[k]!r} now" for k in now
-                  if k != "spec" and saved.get(k) != now[k]]
-        before, after = fanouts_of(state), run.sampler.fanouts
-        differ += [f"the fanouts of {relation_label(r)} {before.get(r)} then, {after.get(r)} now"
-                   for r in {**before, **after} if before.get(r) != after.get(r)]
-        tables = state["tables_optimizer"]
-        if (tables and tables.get("class")) != (run.sparse and type(run.sparse).__name__):
-            differ.append(f"the embedding tables' optimizer {tables and tables.get('class')} then (RowAdam for CPU "
-                          f"tables, SparseAdam elsewhere), {run.sparse and type(run.sparse).__name__} now: resume "
-                          f"on the device the run started on")
-        if differ:
-            raise CheckpointError(f"{source}: the run it continues trained otherwise: {'; '.join(differ)}. Resume "
-                                  f"with the same `fanouts`, `num_bases` and `embed_dim` (train_typed's arguments) "
-                                  f"and device, or start a new run in another `checkpoint_dir`.")
-
-
-def typed_checkpoints(run) -> TypedCheckpoints | None:
-    """``run``'s checkpoints (None without ``checkpoint_dir``), their disk space checked; with ``resume`` the
-    run restored from ``last.pt`` and set to start where it continues."""
-    if not run.config.checkpoint_dir:
-        return None
-    check_checkpoint_space(run.config, run.model.parameters())
-    checkpoints = TypedCheckpoints(run)
-    if run.config.resume:
-        checkpoints.resume()
-    return checkpoints
+    restore(run, state, path, optimizers_and_mode)

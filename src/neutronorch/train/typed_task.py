@@ -79,7 +79,8 @@ from neutronorch.observe import Spans, Utilisation
 from neutronorch.train.loop import EpochControl, Progress, TimelineWindow, step_sync, train_epoch
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
-from neutronorch.train.outputs import check_outputs
+from neutronorch.train.outputs import check_checkpoint_space, check_outputs
+from neutronorch.train.resume import write_checkpoint
 from neutronorch.train.run import RunState, run_epochs, summarised
 from neutronorch.train.summary import typed_summary
 from neutronorch.train.step import TRAINER_STAGES
@@ -88,7 +89,7 @@ from neutronorch.train.resources import (check_threading_layer, numba_threads, r
 from neutronorch.train.row_adam import RowAdam
 from neutronorch.train.task import Task
 from neutronorch.train.distributed import join_ranks, launched_rank, rank_device, ranks_here, world_size
-from neutronorch.train.typed_checkpoint import typed_checkpoints
+from neutronorch.train.typed_checkpoint import resume_typed, save_typed_checkpoint, typed_fingerprint
 from neutronorch.train.typed_distributed import data_parallel, rank_settings, shared_logits, step_masks
 from neutronorch.train.typed_inputs import typed_files, typed_logits
 from neutronorch.train.typed_own import check_own_model_config, own_typed_model
@@ -185,8 +186,11 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         run.health.warnings[:0] = warnings  # the settings' (train/feasible.py), before any collapse
         stack.enter_context(contextlib.closing(run.util))
         data_parallel(run, world)  # several ranks: global batches, the weights broadcast, run.sync and run.stop
-        checkpoints = typed_checkpoints(run)  # with `resume`, every rank restored from last.pt
-        run.checkpoints = checkpoints if world.main else None  # which rank 0 alone writes
+        if config.checkpoint_dir:
+            check_checkpoint_space(config, run.model.parameters())
+            run.fingerprint = typed_fingerprint(graph)  # the graph does not change while the run lasts
+            if config.resume:
+                resume_typed(run)  # every rank, from last.pt
         stack.enter_context(contextlib.closing(run.open_mode()))  # where the run starts, its threads started
         logger.info(f"mode {run.mode.name}, model {config.model} (typed: {', '.join(graph.node_types)}), fanouts "
                     f"{config.fanouts if fanouts is None else fanouts}, device {device}, batch size "
@@ -235,7 +239,7 @@ class _TypedRun(RunState):
         self.parameters = {"dense": sum(p.numel() for p in model.dense_parameters()),
                            "embedding": sum(p.numel() for p in tables)}
         self.health = Health(task.constant_losses(np.asarray(graph.labels[np.asarray(graph.train_idx)])))
-        self.checkpoints = None  # typed_checkpoint.TypedCheckpoints: the rank that writes, with checkpoint_dir
+        self.fingerprint = None  # the graph's, which checkpoints hold (with checkpoint_dir)
         self.spans = Spans()  # every stage's spans; kept raw in the timeline's window
         self.util = Utilisation(device)  # CPU (and GPU) busy, sampled on a thread (train_typed closes it)
 
@@ -280,9 +284,10 @@ class _TypedRun(RunState):
     def checkpoint(self, name: str, epoch: int, position: tuple[int, float] | None = None) -> None:
         """Save the run (the rank that writes, with ``checkpoint_dir``); ``position`` (steps done, their loss
         sum) when mid-epoch, else the epoch is complete."""
-        if self.checkpoints is not None:
+        if self.world.main:
             step, loss_sum = position if position is not None else (self.num_batches, 0.0)
-            self.checkpoints.save(name, epoch, {"step": step, "loss_sum": loss_sum})
+            write_checkpoint(self, name, lambda path: save_typed_checkpoint(
+                path, self, epoch, {"step": step, "loss_sum": loss_sum}, self.fingerprint))
 
     def summary(self, status: str, timeline: dict | None = None) -> dict:
         """The run summary (``typed_summary``), with the keys of the homogeneous one where they mean the same."""
