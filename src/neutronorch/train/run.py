@@ -6,8 +6,9 @@ What differs by kind is asked of the run: a homogeneous run is ``trainer.py``'s 
 ``typed_task.py``'s ``_TypedRun``. Each has ``epochs()`` (``run_epochs`` with its progress),
 ``train_epoch(epoch, control, window, progress, loss_progress)`` (``train/loop.py``'s, with the run's
 optimizers and dropout keys), ``evaluate(epoch, progress)``, ``checkpoint(name, epoch, position)`` and
-``summary(status, timeline)``, and the fields the loop reads (config, mode, task, history, best, last_eval,
-the start position, stop, health, metrics, stages, world, ``stop_at_last_step`` and ``label``).
+``summary(status, timeline)``, and the fields the loop reads: ``RunState``'s (history, best, last_eval, the
+start position, stop, health, world, ...) and its parts' (config, mode, task, metrics, stages). How a
+checkpoint is written and a run resumed from one is ``resume.py``'s, for both kinds.
 """
 
 from __future__ import annotations
