@@ -30,6 +30,7 @@ from neutronorch.nn.custom import UserModel
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
 from neutronorch.train.outputs import write_atomically
+from neutronorch.train.resume import check_same_data, check_settings
 
 # 2: GCN's normalisation became a setting (``gcn_norm``, default symmetric); format 1 files trained the mean.
 # 3: a checkpoint says its kind (``kind``), as typed graphs' runs write checkpoints too: a reader of format 2,
@@ -60,24 +61,6 @@ def dataset_fingerprint(graph: Graph) -> dict:
             "topology_crc": sample_crc(graph.indices), "split_crc": sample_crc(graph.train_idx),
             "features_crc": sample_crc(graph.features), "labels_crc": sample_crc(graph.labels),
             "val_crc": sample_crc(graph.val_idx), "test_crc": sample_crc(graph.test_idx)}
-
-
-# What each fingerprint key stands for, in the message that says what changed.
-FINGERPRINT_NAMES = {"name": "the name", "nodes": "the vertex count", "edges": "the edge count",
-                     "feature_dim": "the feature width", "classes": "the class count",
-                     "topology_crc": "the topology", "split_crc": "the training split", "features_crc": "the features",
-                     "labels_crc": "the labels", "val_crc": "the validation split", "test_crc": "the test split"}
-
-
-def fingerprint_changes(saved: dict, now: dict) -> list[str]:
-    """What differs between two fingerprints. A key an older checkpoint lacks (its neutronorch did not
-    fingerprint that array yet) is no difference, so older checkpoints keep resuming."""
-    return [FINGERPRINT_NAMES.get(key, key) for key, value in now.items() if key in saved and saved[key] != value]
-
-
-# Settings a resumed run may change (each declared so where it is defined, ``config.may_change``); any other
-# difference changes the model or the training and is refused.
-RESUME_MAY_CHANGE = TrainConfig.resume_may_change()
 
 
 def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Graph, model: GNN,
@@ -308,27 +291,7 @@ def check_resumable(state: dict, config: TrainConfig, graph: Graph, source: str,
         raise CheckpointError(f"{source}: written by a run of {state.get('world_size', 1)} data-parallel rank(s); "
                               f"resume with the same number (now {world_size}): torchrun --nproc-per-node and "
                               f"--nnodes as before.")
-    changed = fingerprint_changes(state["dataset"], dataset_fingerprint(graph))
-    if changed:
-        raise CheckpointError(f"{source}: written for another dataset, or the data changed since: "
-                              f"{', '.join(changed)} differ ({state['dataset']['name']} then, {graph.name} now). "
-                              f"Resume on the data the run started with, or start a new run in another "
-                              f"`checkpoint_dir`.")
-
-
-def check_settings(state: dict, config: TrainConfig, source: str) -> None:
-    """A run may continue from ``state`` only with the settings it had (``RESUME_MAY_CHANGE`` aside), and
-    from a random state."""
-    # A setting added after the checkpoint was written had its default then.
-    saved, now, defaults = state["config"], config.to_dict(), TrainConfig().to_dict()
-    differ = [f"`{k}` {saved.get(k, defaults[k])!r} then, {now[k]!r} now" for k in sorted(now)
-              if k not in RESUME_MAY_CHANGE and saved.get(k, defaults[k]) != now[k]]
-    if differ:
-        raise CheckpointError(f"{source}: the run it continues had other settings: {'; '.join(differ)}. Resume "
-                              f"with the same settings (only outputs, epochs, evaluation, threads, device and precision may "
-                              f"change), or start a new run in another `checkpoint_dir`.")
-    if state.get("rng") is None:
-        raise CheckpointError(f"{source}: holds no random state to resume from.")
+    check_same_data(state, dataset_fingerprint(graph), source, "dataset")
 
 
 def check_fits(checkpoint: Checkpoint, graph: Graph, source: str) -> None:

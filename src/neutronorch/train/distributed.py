@@ -33,8 +33,10 @@ from dataclasses import dataclass
 
 import torch
 
+from neutronorch.config import TrainConfig
 from neutronorch.errors import ConfigError, TrainingError
 from neutronorch.train.memory import peak_rss_mb, resident_mb
+from neutronorch.train.replacing import Replacement, claim_outputs
 
 
 @dataclass
@@ -210,13 +212,40 @@ def environment_world_size() -> int:
                           f"torchrun --nproc-per-node N.") from None
 
 
+def world_size() -> int:
+    """The ranks of a run started here: the caller's process group's, else the launcher's ``WORLD_SIZE``."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else environment_world_size()
+
+
+def launched_rank() -> int:
+    """This process's rank, known before the ranks join: the caller's process group's, else the launcher's
+    ``RANK`` (0 in one process)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0")) if world_size() > 1 else 0
+
+
+def ranks_here() -> int:
+    """Ranks on this machine, which share its cores (``thread_budget``): the launcher's ``LOCAL_WORLD_SIZE``."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if world_size() > 1 else 1
+
+
+def join_ranks(stack: contextlib.ExitStack, config: TrainConfig, device: torch.device) -> tuple[World, Replacement]:
+    """Join the run's ranks (one rank in one process; ``stack`` leaves a group it made); rank 0 holds
+    ``checkpoint_dir`` while the run lasts and sets aside the earlier outputs ``overwrite`` replaces
+    (``train/replacing.py``)."""
+    world = stack.enter_context(joined(device.type, config.dist_timeout))
+    return world, stack.enter_context(claim_outputs(config, world.main))
+
+
 def rank_device(device: torch.device) -> torch.device:
     """A launched rank's own GPU on CUDA (``LOCAL_RANK`` modulo the GPUs it sees), made current before
     the process group forms (NCCL binds to the current device); ``device`` itself otherwise."""
     if device.type != "cuda" or device.index is not None:
         return device
-    launched = environment_world_size() > 1 or (torch.distributed.is_available() and torch.distributed.is_initialized())
-    if not launched:
+    if world_size() <= 1:
         return device
     here, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count()
     if here > gpus:
@@ -234,7 +263,7 @@ def joined(device_kind: str, timeout: float):
     caller's group otherwise. ``device_kind``: "cuda" or "cpu", the training device's kind."""
     dist = torch.distributed
     already = dist.is_available() and dist.is_initialized()
-    size = dist.get_world_size() if already else environment_world_size()
+    size = world_size()
     if size <= 1:
         yield World()
         return

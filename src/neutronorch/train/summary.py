@@ -17,13 +17,12 @@ from neutronorch.data import Graph, TypedGraph, dataset_paths
 from neutronorch.data.relation import relation_label
 from neutronorch.errors import ConfigError, OutputError
 from neutronorch.observe import StageTable, write_timeline
-from neutronorch.orchestration.factory import Threads
 from neutronorch.train.memory import peak_rss_mb, resident_mb
 from neutronorch.train.outputs import write_atomically
-from neutronorch.train.run import Run
 from neutronorch.train.typed_inputs import typed_files
 
 logger = logging.getLogger("neutronorch")
+ENDED = ("completed", "stopped_early")  # a summary's statuses when every epoch ran, or patience ran out
 
 
 def given_dataset(graph, spec: str) -> str:
@@ -42,32 +41,17 @@ def given_dataset(graph, spec: str) -> str:
     return spec if files and all(inside(file) for file in files) else f"graph:{graph.name}"
 
 
-def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str, gather: bool = True) -> dict:
-    """The run summary; ``status`` is completed, interrupted or failed. Data parallel, ``gather`` collects
-    every rank's peak resident memory (a collective: every rank must call it)."""
-    config, graph, mode, epochs, best = run.config, run.graph, run.mode, run.history, run.best
-    distributed = run.world.summary(config.batch_size, gather)
-    key = run.task.key
-    seconds = [e["seconds"] for e in epochs]
+def summarise(run, last_eval: dict, timeline: dict | None, status: str, gather: bool = True) -> dict:
+    """The homogeneous run summary (``run_summary``'s parts and its own)."""
+    graph, mode, epochs = run.graph, run.mode, run.history
     moved = {name: sum(e["moved"].get(name, 0) for e in epochs)
              for name in ("feature_rows", "feature_bytes", "device_bytes", "cache_hits", "host_rows", "host_cache_hits")}
-    return {
-        "status": status,
-        "mode": mode.name,
+    return run_summary(run, status, last_eval, timeline, gather, {
         "mode_choice": run.mode_choice,  # mode auto: {"chosen", "reason", "measured"}; None where it was given
-        "config": config.to_dict(),
         "dataset": {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
                     "feature_dim": graph.feature_dim, "classes": graph.num_classes,
                     "train": int(len(graph.train_idx))},
-        "device": str(run.device),
-        "precision": {"name": run.precision.name, "reason": run.precision.reason},
         "threads": {"train": run.threads.train, **mode.threads},
-        "epochs": epochs,
-        "epoch_seconds_median": statistics.median(seconds) if seconds else None,
-        "metric": run.task.metric,
-        **score_fields(key, best, last_eval),
-        "warnings": list(run.health.warnings),  # training that collapsed (train/health.py)
-        "peak_rss_mb": round(peak_rss_mb(), 1),
         "resident_mb": resident_mb(),  # at the end: own (anon) and mapped-file (file) memory
         "moved": moved,  # a resumed history's records may predate the host cache's keys
         "host_cache": None if mode.store.host_cache is None
@@ -76,6 +60,28 @@ def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str, gat
         # --read-order as resolved: how memory-mapped features and the host samplers' topology were read.
         "read_order": {"features": "file" if mode.store.ordered else "batch",
                        "topology": "file" if topology_in_file_order(mode) else "batch"},
+        **({"link": _link_summary(run, last_eval)} if run.config.task == "link" else {}),
+    })
+
+
+def run_summary(run, status: str, last_eval: dict, timeline: dict | None, gather: bool, own: dict) -> dict:
+    """A run summary of either kind: the keys both have, the mode's (``Mode.summary``) and the kind's
+    ``own``. ``status`` is completed, stopped_early, interrupted or failed. Data parallel, ``gather`` collects
+    every rank's peak resident memory (a collective: every rank must call it)."""
+    config, seconds = run.config, [e["seconds"] for e in run.history]
+    distributed = run.world.summary(config.batch_size, gather)
+    return {
+        "status": status,
+        "mode": run.mode.name,
+        "config": config.to_dict(),
+        "device": str(run.device),
+        "precision": {"name": run.precision.name, "reason": run.precision.reason},
+        "epochs": run.history,
+        "epoch_seconds_median": statistics.median(seconds) if seconds else None,
+        "metric": run.task.metric,
+        **score_fields(run.task.key, run.best, last_eval),
+        "warnings": list(run.health.warnings),  # training that collapsed (train/health.py)
+        "peak_rss_mb": round(peak_rss_mb(), 1),
         "timeline": timeline,
         "checkpoints": checkpoints_written(config.checkpoint_dir),
         "distributed": distributed,  # None in one process
@@ -84,13 +90,13 @@ def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str, gat
         "startup": {"data_seconds": round(run.data_seconds, 4),
                     "first_step_seconds": None if run.first_step_at is None
                     else round(run.first_step_at - run.started, 4)},
-        **({"link": _link_summary(run, last_eval)} if config.task == "link" else {}),
-        **mode.summary(),
+        **own,
+        **run.mode.summary(),
         **({"error": run.metrics.lost} if run.metrics.lost else {}),  # a log or the timeline lost
     }
 
 
-def _link_summary(run: Run, last_eval: dict) -> dict:
+def _link_summary(run, last_eval: dict) -> dict:
     """A link task's split and every metric it reports, at the best and at the last evaluation."""
     links = run.graph.links
     others = lambda scores: {k: v for k, v in scores.items() if k.startswith(("val_", "test_"))}  # noqa: E731
@@ -153,22 +159,18 @@ def named_scores(task, scores: dict) -> dict:
             **{key: value for key, value in scores.items() if key not in ("val", "test")}}
 
 
-def typed_summary(run, status: str, started: float, data_seconds: float, threads: Threads) -> dict:
-    """The summary of the typed run ``run`` (``typed_task._TypedRun``) as it stands."""
-    config, graph, key, best, last = run.config, run.graph, run.task.key, run.best, run.last_eval
-    seconds = [e["seconds"] for e in run.history]
-    return {
-        "status": status,
-        "mode": run.mode.name,
+def typed_summary(run, status: str, timeline: dict | None) -> dict:
+    """The summary of the typed run ``run`` (``typed_task._TypedRun``) as it stands: ``run_summary``'s parts
+    and the typed ones."""
+    config, graph = run.config, run.graph
+    return run_summary(run, status, run.last_eval, timeline, status in ENDED, {
         "mode_choice": None if config.mode != "auto" else
         {"chosen": "exact", "reason": "auto picks exact mode for typed graphs", "measured": None},
-        # The host caches of memory-mapped featured types and how their rows were read (TypedInputs.summary,
-        # in the summary of a mode that reads them on the host); then the mode's own entries.
+        # The host caches of memory-mapped featured types and how their rows were read: a mode that reads them on
+        # the host gives its own (TypedInputs.summary, in the mode's summary, which run_summary adds after these).
         "host_cache": None, "read_order": None,
-        **run.mode.summary(),
         "model": {"kind": run.model.kind, "typed": True, "parameters": run.parameters,
                   "arguments": run.model.arguments},
-        "config": config.to_dict(),
         "dataset": {"name": graph.name, "nodes": sum(graph.num_nodes.values()), "edges": graph.num_edges,
                     "node_types": dict(graph.num_nodes),
                     "relations": [relation_label(r) for r in graph.relations], "target": graph.target,
@@ -176,24 +178,5 @@ def typed_summary(run, status: str, started: float, data_seconds: float, threads
                     "classes": graph.num_classes, "train": int(len(graph.train_idx))},
         "fanouts": {relation_label(r): f for r, f in run.sampler.fanouts.items()},
         "embedding_tables": None if run.tables is None else run.tables.summary(),
-        "device": str(run.device),
-        "precision": {"name": run.precision.name, "reason": run.precision.reason},
-        "threads": {"train": threads.train, "sampler": threads.sampler},
-        "distributed": run.world.summary(config.batch_size, gather=status in ("completed", "stopped_early")),
-        "epochs": run.history,
-        "epoch_seconds_median": statistics.median(seconds) if seconds else None,
-        "metric": run.task.metric,
-        **score_fields(key, best, last),
-        "warnings": list(run.health.warnings),  # training that collapsed (train/health.py)
-        "checkpoints": checkpoints_written(config.checkpoint_dir),
-        "peak_rss_mb": round(peak_rss_mb(), 1),
-        "startup": {"data_seconds": round(data_seconds, 4),
-                    "first_step_seconds": None if run.first_step_at is None
-                    else round(run.first_step_at - started, 4)},
-    }
-
-
-def write_typed_timeline(run) -> dict | None:
-    """The timeline of ``run``'s window (``write_run_timeline``)."""
-    return write_run_timeline(run, f"{run.mode.name} mode, {run.config.model} (typed), epoch {run.window.epoch}, "
-                                   f"first {run.config.timeline_steps} steps", run.stages)
+        "threads": {"train": run.threads.train, "sampler": run.threads.sampler},
+    })

@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,18 +28,18 @@ import torch
 from neutronorch.capabilities import check_run
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, TypedGraph, load_dataset
-from neutronorch.errors import CheckpointError, ConfigError, Interrupted, OutputError, TrainingError
+from neutronorch.errors import CheckpointError, ConfigError
 from neutronorch.nn.custom import UserModel
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
 from neutronorch.nn.precision import resolve_precision
-from neutronorch.observe import Spans, Utilisation, epoch_table
+from neutronorch.observe import Spans, StageTable, Utilisation
 from neutronorch.orchestration.factory import Threads, build_mode
+from neutronorch.orchestration.mode import Mode
 from neutronorch.train.evaluate import evaluate
 from neutronorch.train.feasible import check_learnable
 from neutronorch.train.health import Health
-from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, check_call, epoch_line,
-                                    evaluation_progress, noting_first_step, step_sync, train_epoch)
+from neutronorch.train.loop import EpochControl, Progress, TimelineWindow, check_call, step_sync, train_epoch
 from neutronorch.train.memory import keep_freed_memory
 from neutronorch.train.mode_choice import resolve_mode
 from neutronorch.train.metrics_log import MetricLog
@@ -46,18 +47,84 @@ from neutronorch.train.optim import Adam
 from neutronorch.train.resources import (check_threading_layer, memory_budget, resolve_device, thread_budget,
                                          torch_threads)
 from neutronorch.train.checkpoint import check_resumable, load_state, save_checkpoint
-from neutronorch.train.distributed import GradientSync, World, environment_world_size, joined, rank_device
-from neutronorch.train.outputs import check_checkpoint_space, check_outputs, save_or_rescue, write_summary
-from neutronorch.train.replacing import claim_outputs
-from neutronorch.train.run import Run
+from neutronorch.train.distributed import GradientSync, World, join_ranks, rank_device, world_size
+from neutronorch.train.outputs import check_checkpoint_space, check_outputs
+from neutronorch.train.resume import last_checkpoint, restore, write_checkpoint
+from neutronorch.train.run import RunState, run_epochs, summarised
 from neutronorch.train.step import TRAINER_STAGES
-from neutronorch.train.summary import given_dataset, named_scores, summarise, topology_in_file_order, write_run_timeline
+from neutronorch.train.summary import ENDED, given_dataset, summarise, topology_in_file_order
 from neutronorch.train.link_task import (LinkTask, check_node_task, evaluate_links, is_link_split, link_graph,
                                          rms_row_norm)
 from neutronorch.train.task import Task
-from neutronorch.train.typed_entry import is_typed_run, train_typed_run
+from neutronorch.train.typed_task import is_typed_run, train_typed_run
 
 logger = logging.getLogger("neutronorch")
+
+
+@dataclass
+class Run(RunState):
+    """Everything one homogeneous run holds; its resources are released by the ``ExitStack`` it was built in."""
+
+    config: TrainConfig
+    graph: Graph
+    device: torch.device
+    threads: Threads
+    model: GNN
+    optimizer: Adam
+    mode: Mode
+    spans: Spans
+    stages: StageTable
+    util: Utilisation
+    metrics: MetricLog
+    task: Task
+    mode_choice: dict | None = None  # mode auto: the mode chosen, why, and from what (None: the mode was given)
+
+    @property
+    def num_batches(self) -> int:
+        return self.mode.num_batches
+
+    def epochs(self) -> dict | None:
+        return run_epochs(self, self.progress)
+
+    def train_epoch(self, epoch: int, control: EpochControl, window: TimelineWindow, progress: Progress | None,
+                    loss_progress) -> dict:
+        return train_epoch(self.model, self.optimizer, self.mode, epoch, self.spans, self.stages, self.util,
+                           self.metrics, window, progress, control, self.task.loss, self.precision, step_sync(self),
+                           loss_progress)
+
+    def evaluate(self, epoch: int, progress=None) -> dict[str, float]:
+        """The metric on the validation and test sets: {"val": ..., "test": ...}; ``progress(layer, done,
+        total)`` as inference goes; checked (``train/health.py``) as the evaluation after ``epoch``."""
+        config, check = self.config, self.health.evaluation(epoch)
+        if self.world.distributed:  # batch normalisation's running statistics: rank 0's, on every rank
+            self.world.broadcast_module(self.model, "the buffers' broadcast before evaluation", buffers_only=True)
+        store = self.mode.store.as_dtype(torch.float32)  # evaluation runs in float32 whatever the training precision
+        if isinstance(self.task, LinkTask):
+            return evaluate_links(self.model, self.graph, store, self.device, config.eval_batch_size, config.seed,
+                                  config.eval_negatives, self.task, self.world, progress, check)
+        return evaluate(self.model, self.graph, store, self.device, config.eval_fanouts, config.eval_batch_size,
+                        config.seed, config.eval_max_nodes, self.task, self.world, topology_in_file_order(self.mode),
+                        progress, check)
+
+    def checkpoint(self, name: str, epoch: int, position: tuple[int, float] | None = None) -> None:
+        """Save the run; ``position`` (steps done, their loss sum) when mid-epoch, else the epoch is complete."""
+        step, loss_sum = position if position is not None else (self.mode.num_batches, 0.0)
+        mode_state = self.mode.state_dict()
+        if self.world.distributed:  # every rank's (NeutronOrch's hot sets differ); rank 0 writes them all
+            states = self.world.gather_objects(mode_state, f"gathering the mode state for {name}")
+            if not self.world.main:
+                return
+            mode_state = {"ranks": states}
+        save = lambda path: save_checkpoint(  # noqa: E731
+            path, config=self.config, graph=self.graph, model=self.model, optimizer=self.optimizer, epoch=epoch,
+            history=self.history, best=self.best, position={"step": step, "loss_sum": loss_sum},
+            mode_state=mode_state, world_size=self.world.size, mode_choice=self.mode_choice)
+        write_checkpoint(self, name, save)
+
+    def summary(self, status: str, timeline: dict | None = None) -> dict:
+        """The run summary (``summarise``): an ended run's scores; a stopped or failed one's, none."""
+        ended = status in ENDED
+        return summarise(self, self.last_eval if ended else {}, timeline, status, gather=ended)
 
 
 def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress: Progress | None = None,
@@ -77,14 +144,12 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     check_threading_layer(resolve_device(config.device))  # and the environment: before any data is read
     if is_typed_run(config, graph):
         return train_typed_run(config, graph, progress, stop, model)
-    check_run(config, "homogeneous", environment_world_size())
+    check_run(config, "homogeneous", world_size())
     check_outputs(config, {"graph": graph.files()} if graph is not None else None)
     device = rank_device(resolve_device(config.device))
     keep_freed_memory()
     with contextlib.ExitStack() as stack:
-        world = stack.enter_context(joined(device.type, config.dist_timeout))
-        # The rank that writes holds the checkpoint folder, and sets aside what `overwrite` replaces.
-        replacing = stack.enter_context(claim_outputs(config, world.main))
+        world, replacing = join_ranks(stack, config, device)
         precision = resolve_precision(config.precision, device)
         config.precision = precision.name
         threads = thread_budget(config, world.local_size)
@@ -96,33 +161,12 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
         if world.main:
             check_checkpoint_space(config, run.model.parameters())
         run.stop, run.started, run.precision, run.replacing = stop, started, precision, replacing
+        run.progress = progress
         if world.distributed:
             run.sync = GradientSync(world, list(run.model.parameters()), stop, run.mode.averaged_gradients)
             run.stop = run.sync.agreed  # every rank stops after the same step
         logger.info(f"precision {precision.name} ({precision.reason})")
-        try:
-            last_eval, timeline = run_epochs(run, progress)
-        except (Interrupted, TrainingError, OutputError) as exc:
-            # Nothing lost: what was trained is summarised (and, stopped on request, saved) before raising.
-            summary = summarise(run, {}, None, "interrupted" if isinstance(exc, Interrupted) else "failed",
-                                gather=False)  # another rank may be gone: no collective here
-            summary["error"] = None if isinstance(exc, Interrupted) else str(exc)
-            if world.main:
-                try:
-                    write_summary(config, summary)
-                except OutputError as lost:  # the first error is the one to raise; say this one too
-                    logger.error(str(lost))
-            raise
-        if config.epochs and not last_eval and config.eval_every >= 0:
-            last_eval = _evaluate(run, epoch=config.epochs - 1)
-            run.best = {**last_eval, "epoch": config.epochs - 1}
-            run.history[-1].update(named_scores(run.task, last_eval))
-            run.health.after_epoch(run.history[-1], loss=False)
-            _checkpoint(run, "best.pt", config.epochs - 1)
-        run.metrics.close()  # the logs' last lines: a full disk shows now, and in the summary
-        summary = summarise(run, last_eval, timeline, "stopped_early" if run.stopped_early else "completed")
-        if world.main:  # before the earlier outputs `overwrite` set aside are deleted, as the stack closes
-            write_summary(config, summary)
+        summary = summarised(run)  # written before the earlier outputs `overwrite` set aside are deleted
     return run.metrics.checked(summary)  # an OutputError for a log or timeline that could not be written
 
 
@@ -168,7 +212,7 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
         logger.info(f"data parallel: {world.describe()}; batch size {config.batch_size} per rank, "
                     f"{config.batch_size * world.size} per global batch")
     optimizer = Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    resumed = _checkpoint_state(config) if config.resume else None
+    path, resumed = last_checkpoint(config, load_state) if config.resume else (None, None)
     task = LinkTask.of(graph, model, config.metric) if link else Task.of(graph, config.metric)
     choice = resolve_mode(config, graph, device, threads, model, world, resumed, loss_fn=task.loss)
     spans = Spans()
@@ -194,22 +238,13 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
               mode_choice=None if choice is None else choice.to_dict(),
               health=Health(task.constant_losses(None if link else graph.labels[graph.train_idx]), warnings))
     if resumed is not None:
-        _resume(run, resumed)
+        _resume(run, path, resumed)
     return run
 
 
-def _checkpoint_state(config: TrainConfig) -> dict:
-    """The contents of ``checkpoint_dir``/last.pt, which a resumed run continues (checked readable)."""
-    path = Path(config.checkpoint_dir) / "last.pt"
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no checkpoint to resume from; train with `checkpoint_dir` first.")
-    return load_state(path)
-
-
-def _resume(run: Run, state: dict) -> None:
-    """Continue from ``checkpoint_dir``/last.pt (``state``): weights, optimizer, random state, history, position
-    and the mode's state (NeutronOrch's snapshots, super-batch in progress and controller)."""
-    path = Path(run.config.checkpoint_dir) / "last.pt"
+def _resume(run: Run, path: Path, state: dict) -> None:
+    """Continue from ``checkpoint_dir``/last.pt (``state``, read from ``path``): ``restore``'s parts, the
+    optimizer and the mode's state (NeutronOrch's snapshots, super-batch in progress and controller)."""
     check_resumable(state, run.config, run.graph, str(path), run.world.size)
     if not run.mode.resumable:
         raise CheckpointError(f"{run.mode.name} mode cannot resume from a checkpoint.")
@@ -219,119 +254,10 @@ def _resume(run: Run, state: dict) -> None:
         raise CheckpointError(f"{path}: the run it continues trained {describe(saved_model)}; this one trains "
                               f"{describe(model)}. Resume with the same model, or start a new run in another "
                               f"`checkpoint_dir`.")
-    try:  # the structure was checked above; what is inside may still be damaged or foreign
-        run.model.load_state_dict(state["model"])
+
+    def optimizer_and_mode(state: dict) -> None:
         run.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"]["torch"])
-        if run.device.type == "cuda" and state["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state(state["rng"]["cuda"], run.device)
         mode_state = state["mode_state"]
         run.mode.load_state_dict(mode_state["ranks"][run.world.rank] if run.world.distributed else mode_state)
-        run.history, run.best = list(state["history"]), dict(state["best"])
-        if "val_acc" in run.best:  # written before the metric was a setting: accuracy under its old keys
-            run.best = {"val": run.best["val_acc"], "test": run.best["test_acc"], "epoch": run.best["epoch"]}
-        step, run.loss_sum = state["position"]["step"], state["position"]["loss_sum"]
-        if step < run.mode.num_batches:
-            run.start_epoch, run.start_step = int(state["epoch"]), step
-        else:
-            run.start_epoch = int(state["epoch"]) + 1
-    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(
-            f"{path}: its saved state cannot be restored ({type(exc).__name__}: {exc}); the file is damaged or "
-            "was not written by this run's neutronorch. Train anew with `overwrite` (which replaces it) or into "
-            "another `checkpoint_dir`.") from exc
-    run.metrics.continue_at(run.start_epoch * run.mode.num_batches + run.start_step)
-    logger.info(f"resumed from {path} at epoch {run.start_epoch}, step {run.start_step}")
 
-
-def run_epochs(run: Run, progress: Progress | None):
-    """Train every epoch, evaluating as configured, into ``run.history`` and ``run.best``. Returns (last
-    evaluation, timeline written or None)."""
-    config, mode, epochs = run.config, run.mode, run.history
-    last_eval = next((scores for scores in map(_scores_of, reversed(epochs)) if scores), {})
-    window = TimelineWindow(bool(config.timeline), config.epochs, config.timeline_steps)
-    if run.stop is not None and run.stop.is_set():  # asked while the data loaded: no step to finish first
-        raise Interrupted("stopped on request before the first step")
-    mode.start(run.model)
-    for epoch in range(run.start_epoch, config.epochs):
-        resumed = epoch == run.start_epoch
-        control = EpochControl(run.start_step if resumed else 0, run.loss_sum if resumed else 0.0, run.stop,
-                               config.checkpoint_every,
-                               (lambda e, k, loss: _checkpoint(run, "last.pt", e, (k, float(loss))))
-                               if config.checkpoint_dir and mode.resumable_mid_epoch else None)
-        record = train_epoch(run.model, run.optimizer, mode, epoch, run.spans, run.stages, run.util, run.metrics,
-                             window, noting_first_step(run, progress), control, run.task.loss, run.precision,
-                             step_sync(run), getattr(progress, "loss", None))
-        mode.end_epoch(record)
-        if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
-            t0 = time.perf_counter()
-            last_eval = _evaluate(run, evaluation_progress(progress, epoch), epoch)
-            record.update(named_scores(run.task, last_eval), eval_seconds=time.perf_counter() - t0)
-            if last_eval["val"] > run.best["val"]:
-                run.best = {**last_eval, "epoch": epoch}
-        run.health.after_epoch(record)
-        epochs.append(record)
-        if config.checkpoint_dir:
-            t0 = time.perf_counter()
-            _checkpoint(run, "last.pt", epoch)
-            if config.eval_every > 0 and last_eval and run.best["epoch"] == epoch:
-                _checkpoint(run, "best.pt", epoch)
-            record["checkpoint_seconds"] = round(time.perf_counter() - t0, 4)
-        run.metrics.epoch(record)
-        logger.info(epoch_line(record, stages=not config.stage_table, metric=run.task.metric))
-        if config.stage_table:
-            logger.info(epoch_table(record, run.stages))
-        if run.stop is not None and run.stop.is_set() and epoch + 1 < config.epochs:
-            raise Interrupted(f"stopped on request after epoch {epoch}")
-        if config.patience and _scores_of(record) and _evaluations_since_best(run) >= config.patience:
-            run.stopped_early = True
-            logger.info(f"stopping early: no better validation {run.task.metric} in {config.patience} evaluations "
-                        f"(best {run.best['val']:.4f} at epoch {run.best['epoch']})")
-            break
-    timeline = write_run_timeline(run, f"{mode.name} mode, {config.model}, epoch {window.epoch}, first "
-                                       f"{config.timeline_steps} steps", run.stages)
-    return last_eval, timeline
-
-
-def _evaluations_since_best(run: Run) -> int:
-    evaluated = [e["epoch"] for e in run.history if _scores_of(e)]
-    return sum(1 for epoch in evaluated if epoch > run.best["epoch"])
-
-
-def _checkpoint(run: Run, name: str, epoch: int, position: tuple[int, float] | None = None) -> None:
-    """Save the run; ``position`` (steps done, their loss sum) when mid-epoch, else the epoch is complete."""
-    if run.config.checkpoint_dir:
-        step, loss_sum = position if position is not None else (run.mode.num_batches, 0.0)
-        mode_state = run.mode.state_dict()
-        if run.world.distributed:  # every rank's (NeutronOrch's hot sets differ); rank 0 writes them all
-            states = run.world.gather_objects(mode_state, f"gathering the mode state for {name}")
-            if not run.world.main:
-                return
-            mode_state = {"ranks": states}
-        save = lambda path: save_checkpoint(  # noqa: E731
-            path, config=run.config, graph=run.graph, model=run.model, optimizer=run.optimizer, epoch=epoch,
-            history=run.history, best=run.best, position={"step": step, "loss_sum": loss_sum},
-            mode_state=mode_state, world_size=run.world.size, mode_choice=run.mode_choice)
-        summary = run.config.summary_json
-        save_or_rescue(Path(run.config.checkpoint_dir) / name, save, [Path(summary).parent] if summary else [])
-        run.replacing.checkpointed(stopping=run.stop is not None and run.stop.is_set())
-
-
-def _evaluate(run: Run, progress=None, epoch: int | None = None) -> dict[str, float]:
-    """The metric on the validation and test sets: {"val": ..., "test": ...}; ``progress(layer, done, total)``
-    as inference goes; checked (``train/health.py``) as the evaluation after ``epoch``."""
-    config, check = run.config, run.health.evaluation(epoch)
-    if run.world.distributed:  # batch normalisation's running statistics: rank 0's, on every rank
-        run.world.broadcast_module(run.model, "the buffers' broadcast before evaluation", buffers_only=True)
-    store = run.mode.store.as_dtype(torch.float32)  # evaluation runs in float32 whatever the training precision
-    if isinstance(run.task, LinkTask):
-        return evaluate_links(run.model, run.graph, store, run.device, config.eval_batch_size, config.seed,
-                              config.eval_negatives, run.task, run.world, progress, check)
-    return evaluate(run.model, run.graph, store, run.device, config.eval_fanouts, config.eval_batch_size,
-                    config.seed, config.eval_max_nodes, run.task, run.world, topology_in_file_order(run.mode),
-                    progress, check)
-
-
-def _scores_of(record: dict) -> dict:
-    """A record's evaluation as {"val": ..., "test": ...}, or {} if it was not evaluated."""
-    return {"val": record["val_acc"], "test": record["test_acc"]} if "val_acc" in record else {}
+    restore(run, state, path, optimizer_and_mode)

@@ -25,8 +25,6 @@ costs ``12 w`` bytes (768 at the default 64), in each of ``last.pt`` and ``best.
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,12 +34,11 @@ from neutronorch.config import TrainConfig
 from neutronorch.data.typed import TypedGraph, relation_label
 from neutronorch.errors import CheckpointError
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
-from neutronorch.train.checkpoint import (CHECKPOINT_PARTS, FINGERPRINT_NAMES, TYPED, check_parts, check_settings,
-                                          checkpoint_state, holding_weights, read_state, sample_crc)
-from neutronorch.train.outputs import check_checkpoint_space, save_or_rescue, write_atomically
+from neutronorch.train.checkpoint import (CHECKPOINT_PARTS, TYPED, check_parts, checkpoint_state, holding_weights,
+                                          read_state, sample_crc)
+from neutronorch.train.outputs import write_atomically
+from neutronorch.train.resume import check_same_data, check_settings, last_checkpoint, restore
 from neutronorch.train.table_files import attach_tables, checkpoint_tables, stored_tables
-
-logger = logging.getLogger("neutronorch")
 
 # A typed checkpoint's parts: a homogeneous one's less the modes' (typed runs train in exact mode, in one
 # process), and the tables' optimizer and the fanouts.
@@ -53,9 +50,7 @@ TYPED_PARTS = {**{k: v for k, v in CHECKPOINT_PARTS.items() if k not in ("mode_s
 TYPED_OPTIONAL = ("best", "position", "rng", "typed_mode_state")
 TYPED_FINGERPRINT_KEYS = {"name": str, "num_nodes": dict, "edges": dict, "feature_dims": dict, "target": str,
                           "classes": int}
-TYPED_NAMES = {**FINGERPRINT_NAMES, "num_nodes": "the vertex counts", "edges": "the relations' edge counts",
-               "feature_dims": "the feature widths", "target": "the target type",
-               "edge_features_crc": "the edge features"}
+
 
 
 def typed_fingerprint(graph: TypedGraph) -> dict:
@@ -72,26 +67,6 @@ def typed_fingerprint(graph: TypedGraph) -> dict:
                                   if relation.edge_features is not None},
             "labels_crc": sample_crc(graph.labels), "split_crc": sample_crc(graph.train_idx),
             "val_crc": sample_crc(graph.val_idx), "test_crc": sample_crc(graph.test_idx)}
-
-
-def typed_changes(saved: dict, now: dict) -> list[str]:
-    """What differs between two typed fingerprints, naming the types and relations: ``the vertex counts
-    (author 1500 then, 1499 now)``, ``the features of paper``."""
-    changes = []
-    for key, value in now.items():
-        before = saved.get(key, value)
-        if before == value:
-            continue
-        name = TYPED_NAMES.get(key, key)
-        if not (isinstance(value, dict) and isinstance(before, dict)):
-            changes.append(name)
-            continue
-        parts = [part for part in {**before, **value} if before.get(part) != value.get(part)]
-        if key.endswith("_crc"):
-            changes.append(f"{name} of {', '.join(parts)}")
-        else:
-            changes.append(f"{name} ({'; '.join(f'{p} {before.get(p)} then, {value.get(p)} now' for p in parts)})")
-    return changes
 
 
 def spec_of(arguments: dict) -> TypedSpec:
@@ -196,102 +171,35 @@ def check_typed_fits(checkpoint: TypedCheckpoint, graph: TypedGraph, source: str
         raise CheckpointError(f"{source}: the checkpoint's model does not fit this graph: {'; '.join(differ)}.")
 
 
-class TypedCheckpoints:
-    """A typed run's ``checkpoint_dir``: ``last.pt`` after every epoch, every ``checkpoint_every`` steps within
-    one and when the run is stopped (``save``, called by the loop: ``EpochControl.save``); ``best.pt`` after
-    each evaluation that improves on the best; and the resume from ``last.pt``. ``run`` is the typed run
-    (``train/typed_task.py``) whose hooks call these."""
+def resume_typed(run) -> None:
+    """Restore the typed run ``run`` from ``checkpoint_dir``/last.pt (``restore``: weights, both optimizers,
+    random state, history, best, the mode's state) and set where it continues, once the checkpoint's run is
+    one it may continue: the same graph, settings, model arguments (``train_typed``'s ``num_bases`` and
+    ``embed_dim`` too), fanouts per relation and tables' optimizer."""
+    path, state = last_checkpoint(run.config, load_typed_state)
+    source = str(path)
+    check_settings(state, run.config, source)  # a setting that differs is named before the graph
+    check_same_data(state, typed_fingerprint(run.graph), source, "typed graph")
+    saved, now = state["model_args"], run.model.arguments
+    differ = [f"the model's `{k}` {saved.get(k)!r} then, {now[k]!r} now" for k in now
+              if k != "spec" and saved.get(k) != now[k]]
+    before, after = fanouts_of(state), run.sampler.fanouts
+    differ += [f"the fanouts of {relation_label(r)} {before.get(r)} then, {after.get(r)} now"
+               for r in {**before, **after} if before.get(r) != after.get(r)]
+    tables = state["tables_optimizer"]
+    if (tables and tables.get("class")) != (run.sparse and type(run.sparse).__name__):
+        differ.append(f"the embedding tables' optimizer {tables and tables.get('class')} then (RowAdam for CPU "
+                      f"tables, SparseAdam elsewhere), {run.sparse and type(run.sparse).__name__} now: resume "
+                      f"on the device the run started on")
+    if differ:
+        raise CheckpointError(f"{source}: the run it continues trained otherwise: {'; '.join(differ)}. Resume "
+                              f"with the same `fanouts`, `num_bases` and `embed_dim` (train_typed's arguments) "
+                              f"and device, or start a new run in another `checkpoint_dir`.")
 
-    def __init__(self, run):
-        self.run = run
-        self.folder = Path(run.config.checkpoint_dir)
-        self.fingerprint = typed_fingerprint(run.graph)  # the graph does not change while the run lasts
+    def optimizers_and_mode(state: dict) -> None:
+        run.adam.load_state_dict(state["optimizer"])
+        if run.sparse is not None:
+            run.sparse.load_state_dict(state["tables_optimizer"]["state"])
+        run.resumed_mode = state.get("typed_mode_state")  # loaded into the mode once it is built
 
-    def after_epoch(self, epoch: int, record: dict) -> None:
-        """``last.pt`` at the end of ``epoch`` (its record in the history), ``best.pt`` too when its evaluation
-        is the best so far; the seconds they took go into ``record``."""
-        started = time.perf_counter()
-        position = {"step": self.run.num_batches, "loss_sum": 0.0}
-        self.save("last.pt", epoch, position)
-        if "val_acc" in record and self.run.best["epoch"] == epoch:
-            self.save("best.pt", epoch, position)
-        record["checkpoint_seconds"] = round(time.perf_counter() - started, 4)
-
-    def save(self, name: str, epoch: int, position: dict) -> None:
-        summary = self.run.config.summary_json
-        save_or_rescue(self.folder / name, lambda path: save_typed_checkpoint(path, self.run, epoch, position,
-                                                                              self.fingerprint),
-                       [Path(summary).parent] if summary else [])
-        self.run.replacing.checkpointed(stopping=self.run.stop is not None and self.run.stop.is_set())
-
-    def resume(self) -> tuple[int, int, float]:
-        """Restore the run from ``last.pt`` (weights, both optimizers, random state, history, best) and return
-        where it continues: (epoch, step, the float32 loss sum of that epoch's steps before it)."""
-        run, path = self.run, self.folder / "last.pt"
-        if not path.is_file():
-            raise CheckpointError(f"{path}: no checkpoint to resume from; train with `checkpoint_dir` first.")
-        state = load_typed_state(path)
-        self.check_resumable(state, str(path))
-        try:  # the structure was checked; what is inside may still be damaged or foreign
-            run.model.load_state_dict(state["model"])
-            run.adam.load_state_dict(state["optimizer"])
-            if run.sparse is not None:
-                run.sparse.load_state_dict(state["tables_optimizer"]["state"])
-            torch.set_rng_state(state["rng"]["torch"])
-            if run.device.type == "cuda" and state["rng"]["cuda"] is not None:
-                torch.cuda.set_rng_state(state["rng"]["cuda"], run.device)
-            run.history, run.best = list(state["history"]), dict(state["best"])
-            run.resumed_mode = state.get("typed_mode_state")
-            run.last_eval = next(({"val": r["val_acc"], "test": r["test_acc"]} for r in reversed(run.history)
-                                  if "val_acc" in r), {})
-            epoch, step, loss_sum = int(state["epoch"]), state["position"]["step"], state["position"]["loss_sum"]
-        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
-            raise CheckpointError(
-                f"{path}: its saved state cannot be restored ({type(exc).__name__}: {exc}); the file is damaged or "
-                "was not written by this run's neutronorch. Train anew with `overwrite` (which replaces it) or into "
-                "another `checkpoint_dir`.") from exc
-        # An epoch is complete once its record is in the history: a run stopped after an epoch's last step,
-        # before its evaluation, resumes at that step, with no batch left, and evaluates and records it.
-        start = (epoch + 1, 0, 0.0) if any(r["epoch"] == epoch for r in run.history) else (epoch, step, loss_sum)
-        run.metrics.continue_at(start[0] * run.num_batches + start[1])
-        logger.info(f"resumed from {path} at epoch {start[0]}, step {start[1]}")
-        return start
-
-    def check_resumable(self, state: dict, source: str) -> None:
-        """The run may continue from ``state`` only on the same graph, with the same settings, model arguments
-        (``train_typed``'s ``num_bases`` and ``embed_dim`` too), fanouts per relation and tables' optimizer."""
-        run = self.run
-        check_settings(state, run.config, source)  # a setting that differs is named before the graph
-        changed = typed_changes(state["dataset"], self.fingerprint)
-        if changed:
-            raise CheckpointError(f"{source}: written for another typed graph, or the graph changed since: "
-                                  f"{', '.join(changed)} differ ({state['dataset']['name']} then, {run.graph.name} "
-                                  f"now). Resume on the graph the run started with, or start a new run in another "
-                                  f"`checkpoint_dir`.")
-        saved, now = state["model_args"], run.model.arguments
-        differ = [f"the model's `{k}` {saved.get(k)!r} then, {now[k]!r} now" for k in now
-                  if k != "spec" and saved.get(k) != now[k]]
-        before, after = fanouts_of(state), run.sampler.fanouts
-        differ += [f"the fanouts of {relation_label(r)} {before.get(r)} then, {after.get(r)} now"
-                   for r in {**before, **after} if before.get(r) != after.get(r)]
-        tables = state["tables_optimizer"]
-        if (tables and tables.get("class")) != (run.sparse and type(run.sparse).__name__):
-            differ.append(f"the embedding tables' optimizer {tables and tables.get('class')} then (RowAdam for CPU "
-                          f"tables, SparseAdam elsewhere), {run.sparse and type(run.sparse).__name__} now: resume "
-                          f"on the device the run started on")
-        if differ:
-            raise CheckpointError(f"{source}: the run it continues trained otherwise: {'; '.join(differ)}. Resume "
-                                  f"with the same `fanouts`, `num_bases` and `embed_dim` (train_typed's arguments) "
-                                  f"and device, or start a new run in another `checkpoint_dir`.")
-
-
-def typed_checkpoints(run) -> TypedCheckpoints | None:
-    """``run``'s checkpoints (None without ``checkpoint_dir``), their disk space checked; with ``resume`` the
-    run restored from ``last.pt`` and ``run.start`` set to where it continues."""
-    if not run.config.checkpoint_dir:
-        return None
-    check_checkpoint_space(run.config, run.model.parameters())
-    checkpoints = TypedCheckpoints(run)
-    if run.config.resume:
-        run.start = checkpoints.resume()
-    return checkpoints
+    restore(run, state, path, optimizers_and_mode)

@@ -28,7 +28,7 @@ What a homogeneous data-parallel run promises, for typed graphs:
   agrees on the best epoch and on early stopping.
 - **Stopping**: a stop request on any rank is agreed on after the step it came in (``GradientSync``'s
   all-reduce), so every rank stops after the same step.
-- **Files** (``rank_settings``, ``join_ranks``, ``rank_checkpoints``): rank 0 alone holds the checkpoint
+- **Files** (``rank_settings``, ``distributed.py``'s ``join_ranks``): rank 0 alone holds the checkpoint
   folder and writes checkpoints, the summary and the metric logs; every rank resumes from rank 0's ``last.pt``.
 
 Typed NeutronOrch mode is refused on several ranks (``capabilities.py``'s table): its hot sets per rank and
@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 from typing import Callable
 
 import torch
@@ -48,33 +47,11 @@ import torch
 from neutronorch.config import TrainConfig
 from neutronorch.nn.activation import dropout_keys
 from neutronorch.sampling.neighbor_sampler import batch_key, mix_key
-from neutronorch.train.distributed import GradientSync, World, environment_world_size, joined
-from neutronorch.train.replacing import Replacement, claim_outputs
-from neutronorch.train.typed_checkpoint import TypedCheckpoints, typed_checkpoints
+from neutronorch.train.distributed import GradientSync, World, launched_rank
 
 logger = logging.getLogger("neutronorch")
 
 TRAINING_DROPOUT = 0x7479_7065_645F_6470  # mixed into a batch's key: its training forward's dropout key stream
-
-
-def world_size() -> int:
-    """The ranks of a run started here: the caller's process group's, else the launcher's ``WORLD_SIZE``."""
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else environment_world_size()
-
-
-def launched_rank() -> int:
-    """This process's rank, known before the ranks join: the caller's process group's, else the launcher's
-    ``RANK`` (0 in one process)."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return int(os.environ.get("RANK", "0")) if world_size() > 1 else 0
-
-
-def ranks_here() -> int:
-    """Ranks on this machine, which share its cores (``thread_budget``): the launcher's ``LOCAL_WORLD_SIZE``."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if world_size() > 1 else 1
 
 
 def step_masks(seed: int, epoch: int, index: int) -> contextlib.AbstractContextManager:
@@ -95,14 +72,6 @@ def rank_settings(config: TrainConfig) -> TrainConfig:
     return quiet
 
 
-def join_ranks(stack: contextlib.ExitStack, config: TrainConfig, device: torch.device) -> tuple[World, Replacement]:
-    """Join the run's ranks (one rank in one process; ``stack`` leaves a group it made); rank 0 holds
-    ``checkpoint_dir`` while the run lasts and sets aside the earlier outputs ``overwrite`` replaces
-    (``train/replacing.py``)."""
-    world = stack.enter_context(joined(device.type, config.dist_timeout))
-    return world, stack.enter_context(claim_outputs(config, world.main))
-
-
 def data_parallel(run, world: World) -> None:
     """Make ``run`` (``train_typed``'s) rank ``world.rank`` of the ranks: its batches global (``batch_size`` per
     rank), rank 0's weights on every rank, the step's reduction (``run.sync``) and the stop agreed on by every
@@ -117,13 +86,6 @@ def data_parallel(run, world: World) -> None:
     run.stop = run.sync.agreed  # every rank stops after the same step
     logger.info(f"data parallel: {world.describe()}; batch size {batch} per rank, {batch * world.size} per global "
                 f"batch, {run.num_batches} global batches per epoch")
-
-
-def rank_checkpoints(run, world: World) -> TypedCheckpoints | None:
-    """``typed_checkpoints(run)``: every rank resumes from ``last.pt`` (with ``resume``); only rank 0 keeps the
-    checkpoints it writes, the others None."""
-    checkpoints = typed_checkpoints(run)
-    return checkpoints if world.main else None
 
 
 def shared_logits(world: World, compute: Callable[[torch.Tensor], torch.Tensor], nodes: torch.Tensor

@@ -1,7 +1,7 @@
 """Node classification on typed graphs, in exact, device or NeutronOrch mode: ``train_typed(config, graph)``.
 
-``neutronorch.train(config, graph=typed_graph)`` (or ``config.dataset`` naming a typed native folder) runs
-this. One epoch: the target type's training vertices in the order ``epoch_order(seed, epoch)`` gives them
+``neutronorch.train(config, graph=typed_graph)`` (or ``config.dataset`` naming a typed folder, the native typed
+layout or OGB's ogbn-mag layout: ``is_typed_run``) runs this, through ``train_typed_run``. One epoch: the target type's training vertices in the order ``epoch_order(seed, epoch)`` gives them
 (the homogeneous loaders' order), in batches of ``batch_size``; each batch sampled by a
 ``TypedNeighborSampler`` with the key ``batch_key(seed, epoch, batch)``; every input type's rows gathered for
 the bottom frontier (``gather_rows`` from the possibly memory-mapped features, as float32); a
@@ -47,7 +47,9 @@ Data parallel (``torchrun``, a process group), exact and device mode train as on
 would: ``train/typed_distributed.py``, called through small hooks (``rank_settings`` to ``shared_logits``).
 Summary and metric logs (``summary_json``, ``log_jsonl``, ``log_csv``, ``tensorboard``), ``patience``,
 ``eval_max_nodes``, ``metric`` and checkpoints (``checkpoint_dir``, ``checkpoint_every``, ``resume``: exact
-to the bit, ``train/typed_checkpoint.py``, called through ``run.checkpoints``) work as in homogeneous runs.
+to the bit, ``train/typed_checkpoint.py``) work as in homogeneous runs: the same driver (``train/run.py``'s
+``run_epochs`` and ``summarised``) runs both, asking the run for what differs (``_TypedRun``'s ``train_epoch``,
+``evaluate``, ``checkpoint`` and ``summary``).
 """
 
 from __future__ import annotations
@@ -55,7 +57,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import threading
 import time
 from pathlib import Path
@@ -64,37 +65,59 @@ import torch
 
 from neutronorch.capabilities import check_run
 from neutronorch.config import TrainConfig, auto_batch_size
-from neutronorch.data.typed import TypedGraph
-from neutronorch.data.typed_native import read_typed
-from neutronorch.errors import ConfigError, Interrupted, OutputError, TrainingError
-from neutronorch.nn.precision import Precision, resolve_precision
+from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_typed_dataset
+from neutronorch.data.typed_native import is_typed_dir, read_typed
+from neutronorch.errors import ConfigError
+from neutronorch.nn.precision import resolve_precision
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.evaluate import eval_subset, scored
 from neutronorch.train.feasible import check_learnable
 from neutronorch.train.health import Health
-from neutronorch.observe import Spans, Utilisation, epoch_table
-from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, epoch_line, noting_first_step, step_sync,
-                                    train_epoch)
+from neutronorch.observe import Spans, Utilisation
+from neutronorch.train.loop import EpochControl, Progress, TimelineWindow, step_sync, train_epoch
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
-from neutronorch.train.outputs import check_outputs, write_summary
-from neutronorch.train.summary import named_scores, typed_summary, write_typed_timeline
+from neutronorch.train.outputs import check_checkpoint_space, check_outputs
+from neutronorch.train.resume import write_checkpoint
+from neutronorch.train.run import RunState, run_epochs, summarised
+from neutronorch.train.summary import typed_summary
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.resources import (check_threading_layer, numba_threads, resolve_device, thread_budget,
                                          torch_threads)
-from neutronorch.train.replacing import Replacement
 from neutronorch.train.row_adam import RowAdam
 from neutronorch.train.task import Task
-from neutronorch.train.distributed import World, rank_device
-from neutronorch.train.typed_distributed import (data_parallel, join_ranks, launched_rank, rank_checkpoints,
-                                                 rank_settings, ranks_here, shared_logits, step_masks, world_size)
+from neutronorch.train.distributed import join_ranks, launched_rank, rank_device, ranks_here, world_size
+from neutronorch.train.typed_checkpoint import resume_typed, save_typed_checkpoint, typed_fingerprint
+from neutronorch.train.typed_distributed import data_parallel, rank_settings, shared_logits, step_masks
 from neutronorch.train.typed_inputs import typed_files, typed_logits
-from neutronorch.train.typed_own import own_typed_model
+from neutronorch.train.typed_own import check_own_model_config, own_typed_model
 from neutronorch.train.typed_tables import TypedTables, plan_tables
 
 logger = logging.getLogger("neutronorch")
+
+
+def is_typed_run(config: TrainConfig, graph: Graph | TypedGraph | None) -> bool:
+    """Whether ``train`` trains a typed graph."""
+    return isinstance(graph, TypedGraph) or (graph is None and is_typed_dataset(config.dataset))
+
+
+def train_typed_run(config: TrainConfig, graph: TypedGraph | None, progress, stop: threading.Event | None,
+                    model: torch.nn.Module | None) -> dict:
+    """``train`` for a typed run: the graph loaded when only named (OGB's layout takes parsing, so the settings
+    and outputs are checked first), then ``train_typed``, with ``model`` (your own module: ``train/typed_own.py``)
+    when given."""
+    if model is not None:
+        check_own_model_config(config)  # before the graph is read
+    if graph is not None:
+        graph.check_given()  # one built or changed by hand is checked as a loaded one is
+    if graph is None and not is_typed_dir(Path(config.dataset).expanduser()):
+        check_run(config, "typed", world_size())
+        check_outputs(config)
+        graph = load_typed_dataset(config.dataset)
+    return train_typed(config, graph, progress, stop, model=model)
+
 
 def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: Progress | None = None,
                 stop: threading.Event | None = None, fanouts=None, num_bases: int | None = None,
@@ -159,11 +182,15 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key, append=config.resume)))
         run = _TypedRun(config, graph, model, task, sampler, eval_sampler, device, metrics, progress, stop, budget,
                         None if own else tables)  # your own module's tables are its own
-        run.precision, run.replacing = precision, replacing
+        run.precision, run.replacing, run.started, run.data_seconds = precision, replacing, started, data_seconds
         run.health.warnings[:0] = warnings  # the settings' (train/feasible.py), before any collapse
         stack.enter_context(contextlib.closing(run.util))
         data_parallel(run, world)  # several ranks: global batches, the weights broadcast, run.sync and run.stop
-        run.checkpoints = rank_checkpoints(run, world)  # with `resume`, the run restored from last.pt
+        if config.checkpoint_dir:
+            check_checkpoint_space(config, run.model.parameters())
+            run.fingerprint = typed_fingerprint(graph)  # the graph does not change while the run lasts
+            if config.resume:
+                resume_typed(run)  # every rank, from last.pt
         stack.enter_context(contextlib.closing(run.open_mode()))  # where the run starts, its threads started
         logger.info(f"mode {run.mode.name}, model {config.model} (typed: {', '.join(graph.node_types)}), fanouts "
                     f"{config.fanouts if fanouts is None else fanouts}, device {device}, batch size "
@@ -171,25 +198,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
                     f"per epoch, "
                     f"parameters {run.parameters['dense']:,} dense + {run.parameters['embedding']:,} in "
                     f"embedding tables")
-        try:
-            run.epochs()
-        except (Interrupted, TrainingError, OutputError) as exc:
-            # Nothing lost: what was trained is summarised (a checkpoint that could not be written too).
-            summary = run.summary("interrupted" if isinstance(exc, Interrupted) else "failed", started,
-                                  data_seconds, budget)
-            summary["error"] = None if isinstance(exc, Interrupted) else str(exc)
-            try:
-                write_summary(config, summary)
-            except OutputError as lost:  # the first error is the one to raise; say this one too
-                logger.error(str(lost))
-            raise
-        summary = run.summary("stopped_early" if run.stopped_early else "completed", started, data_seconds,
-                              budget)
-        summary["timeline"] = write_typed_timeline(run)
-        run.metrics.close()  # the logs' last lines: a full disk shows now, and in the summary
-        if run.metrics.lost:  # a log or the timeline could not be written
-            summary["error"] = run.metrics.lost
-        write_summary(config, summary)  # before the earlier outputs `overwrite` set aside are deleted
+        summary = summarised(run)  # written before the earlier outputs `overwrite` set aside are deleted
     return run.metrics.checked(summary)
 
 
@@ -202,23 +211,26 @@ def _table_optimizer(tables: list[torch.nn.Parameter], lr: float, storage: Typed
     return torch.optim.SparseAdam(tables, lr=lr)
 
 
-class _TypedRun:
-    """One typed run: its model, optimizers, samplers, history and best evaluation."""
+class _TypedRun(RunState):
+    """One typed run: its model, optimizers, samplers, history and best evaluation; ``run_epochs`` trains it."""
+
+    stop_at_last_step = True  # a stop after an epoch's last step saves it unrecorded (typed_checkpoint.py resumes it)
+    label = " (typed)"  # after the model's name in the timeline's title
 
     def __init__(self, config: TrainConfig, graph: TypedGraph, model: TypedGNN, task: Task,
                  sampler: TypedNeighborSampler, eval_sampler: TypedNeighborSampler, device: torch.device,
                  metrics: MetricLog, progress: Progress | None, stop: threading.Event | None,
                  threads: Threads = Threads(1, 1, 1), storage: TypedTables | None = None):
+        super().__init__(stop=stop, progress=progress)  # precision: ``train_typed`` resolves it
         self.config, self.graph, self.model, self.task = config, graph, model, task
         self.sampler, self.eval_sampler, self.device = sampler, eval_sampler, device
-        self.metrics, self.progress, self.stop = metrics, progress, stop
-        self.threads = threads
-        self.precision = Precision()  # bf16: the forward pass under autocast (``train_typed`` resolves it)
+        self.metrics, self.threads = metrics, threads
         dense = model.dense_parameters()  # none where your own module keeps every weight in sparse tables
         self.adam = Adam(dense, lr=config.lr, weight_decay=config.weight_decay) if dense else None
         tables = model.embedding_parameters()
         self.tables = storage  # where the tables live (train/typed_tables.py), memory-mapped ones' moments too
         self.sparse = _table_optimizer(tables, config.lr, storage) if tables else None
+        self.optimizer = [o for o in (self.adam, self.sparse) if o is not None]
         self.train_idx = torch.from_numpy(np.array(graph.train_idx, dtype=np.int64))
         self.num_batches = -(-self.train_idx.shape[0] // config.batch_size)
         self.mode = None  # the typed mode (open_mode), once the run knows where it starts
@@ -226,74 +238,35 @@ class _TypedRun:
         self.resumed_mode = None  # the mode's state a resumed checkpoint kept (typed_checkpoint.py)
         self.parameters = {"dense": sum(p.numel() for p in model.dense_parameters()),
                            "embedding": sum(p.numel() for p in tables)}
-        self.history: list[dict] = []
-        self.best = {"val": -math.inf, "test": math.nan, "epoch": -1}
-        self.last_eval: dict = {}
         self.health = Health(task.constant_losses(np.asarray(graph.labels[np.asarray(graph.train_idx)])))
-        self.stopped_early = False
-        self.first_step_at: float | None = None
-        self.start = (0, 0, 0.0)  # (epoch, step, loss sum of its steps before): where training starts
-        self.checkpoints = None  # typed_checkpoint.TypedCheckpoints: called after every step and epoch
-        self.replacing = Replacement()  # the earlier outputs `overwrite` replaces (train/replacing.py)
-        self.world, self.sync = World(), None  # data parallel (typed_distributed.py): the ranks, the reduction
+        self.fingerprint = None  # the graph's, which checkpoints hold (with checkpoint_dir)
         self.spans = Spans()  # every stage's spans; kept raw in the timeline's window
         self.util = Utilisation(device)  # CPU (and GPU) busy, sampled on a thread (train_typed closes it)
-        self.window = TimelineWindow(bool(config.timeline), config.epochs, config.timeline_steps)
 
     def open_mode(self):
-        """Build the run's mode (exact, device or NeutronOrch) and start it where the run starts, with the mode
-        state a resumed checkpoint kept; the caller closes it."""
+        """Build the run's mode (exact, device or NeutronOrch), with the mode state a resumed checkpoint kept
+        (``run_epochs`` starts it); the caller closes it."""
         self.mode = build_mode(self.config, self.graph, self.device, self.threads, self.spans,
                                (self.world.rank, self.world.size), fanouts=self.sampler.fanouts)
         self.stages = TRAINER_STAGES.merge(self.mode.stages)
         if self.resumed_mode:
             self.mode.load_state_dict(self.resumed_mode)
-        self.mode.start(self.model)
         return self.mode
 
-    def epochs(self) -> None:
-        config, (first_epoch, first_step, loss_sum) = self.config, self.start
-        if self.stop is not None and self.stop.is_set():  # asked while the data loaded: no step to finish first
-            raise Interrupted("stopped on request before the first step")
-        optimizers = [o for o in (self.adam, self.sparse) if o is not None]
-        checkpoints = self.checkpoints
-        save = None if checkpoints is None else (
-            lambda e, k, loss: checkpoints.save("last.pt", e, {"step": k, "loss_sum": float(loss)}))
-        masks = lambda batch: step_masks(config.seed, batch.epoch, batch.index)  # noqa: E731
-        for epoch in range(first_epoch, config.epochs):
-            control = EpochControl(*((first_step, loss_sum) if epoch == first_epoch else (0, 0.0)), self.stop,
-                                   config.checkpoint_every, save, stop_at_last_step=True)
-            record = train_epoch(self.model, optimizers, self.mode, epoch, self.spans, self.stages, self.util,
-                                 self.metrics, self.window, noting_first_step(self, self.progress), control,
-                                 self.task.loss, self.precision, step_sync(self), getattr(self.progress, "loss", None),
-                                 masks)
-            self.mode.end_epoch(record)
-            last = epoch == config.epochs - 1
-            if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or last) or (
-                    config.eval_every == 0 and last):
-                t0 = time.perf_counter()
-                self.last_eval = self.evaluate(epoch)
-                record.update(named_scores(self.task, self.last_eval), eval_seconds=time.perf_counter() - t0)
-                if self.last_eval["val"] > self.best["val"] or self.best["epoch"] < 0:
-                    self.best = {**self.last_eval, "epoch": epoch}
-            self.health.after_epoch(record)
-            self.history.append(record)
-            if self.checkpoints is not None:
-                self.checkpoints.after_epoch(epoch, record)
-            self.metrics.epoch(record)
-            logger.info(epoch_line(record, stages=not config.stage_table, metric=self.task.metric))
-            if config.stage_table:
-                logger.info(epoch_table(record, self.stages))
-            if config.patience and "val_acc" in record and self._evaluations_since_best() >= config.patience:
-                self.stopped_early = True
-                logger.info(f"stopping early: no better validation {self.task.metric} in {config.patience} "
-                            f"evaluations (best {self.best['val']:.4f} at epoch {self.best['epoch']})")
-                break
+    def epochs(self) -> dict | None:
+        return run_epochs(self, self.progress)
 
-    def evaluate(self, epoch: int) -> dict[str, float]:
-        """The metric on the validation and test sets (``eval_max_nodes``: a fixed sample of each)."""
+    def train_epoch(self, epoch: int, control: EpochControl, window: TimelineWindow, progress: Progress | None,
+                    loss_progress) -> dict:
+        masks = lambda batch: step_masks(self.config.seed, batch.epoch, batch.index)  # noqa: E731
+        return train_epoch(self.model, self.optimizer, self.mode, epoch, self.spans, self.stages, self.util,
+                           self.metrics, window, progress, control, self.task.loss, self.precision, step_sync(self),
+                           loss_progress, masks)
+
+    def evaluate(self, epoch: int, progress=None) -> dict[str, float]:
+        """The metric on the validation and test sets (``eval_max_nodes``: a fixed sample of each);
+        ``progress(0, done, total)`` after each set."""
         config, scores, done, check = self.config, {}, 0, self.health.evaluation(epoch)
-        evaluating = getattr(self.progress, "evaluating", None)
         sets = {"val": eval_subset(self.graph.val_idx, config.eval_max_nodes, config.seed),
                 "test": eval_subset(self.graph.test_idx, config.eval_max_nodes, config.seed + 1)}
         total = sum(len(nodes) for nodes in sets.values())
@@ -304,14 +277,18 @@ class _TypedRun:
             labels = torch.from_numpy(np.asarray(self.graph.labels[nodes]))
             scores.update(scored(self.task, {name: (logits, labels)}, check))  # finite, collapse noted
             done += len(nodes)
-            if evaluating is not None:
-                evaluating(epoch, 0, done, total)
+            if progress is not None:
+                progress(0, done, total)
         return scores
 
-    def _evaluations_since_best(self) -> int:
-        return sum(1 for e in self.history if "val_acc" in e and e["epoch"] > self.best["epoch"])
+    def checkpoint(self, name: str, epoch: int, position: tuple[int, float] | None = None) -> None:
+        """Save the run (the rank that writes, with ``checkpoint_dir``); ``position`` (steps done, their loss
+        sum) when mid-epoch, else the epoch is complete."""
+        if self.world.main:
+            step, loss_sum = position if position is not None else (self.num_batches, 0.0)
+            write_checkpoint(self, name, lambda path: save_typed_checkpoint(
+                path, self, epoch, {"step": step, "loss_sum": loss_sum}, self.fingerprint))
 
-    def summary(self, status: str, started: float, data_seconds: float, threads: Threads) -> dict:
+    def summary(self, status: str, timeline: dict | None = None) -> dict:
         """The run summary (``typed_summary``), with the keys of the homogeneous one where they mean the same."""
-        return typed_summary(self, status, started, data_seconds, threads)
-
+        return typed_summary(self, status, timeline)

@@ -1,0 +1,123 @@
+"""A run's checkpoints, either kind of graph's: one written where ``run_epochs`` says (``write_checkpoint``),
+the resume from ``last.pt`` (``last_checkpoint``, ``restore``), and what a resumed run may not change: its
+settings (``check_settings``) and its data (``check_same_data``, comparing the fingerprints of the graph the
+checkpoint was written for and of the one given now). The file formats are ``checkpoint.py``'s and
+``typed_checkpoint.py``'s; the parts of a run that differ by kind (the optimizers, the mode's state, the typed
+model's arguments and fanouts) are restored by the callers, through ``restore``'s ``restore_more``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from neutronorch.config import TrainConfig
+from neutronorch.errors import CheckpointError
+from neutronorch.train.outputs import save_or_rescue
+
+logger = logging.getLogger("neutronorch")
+
+# What each fingerprint key stands for, in the message that says what changed (a typed graph's per type and
+# relation: a dict).
+FINGERPRINT_NAMES = {"name": "the name", "nodes": "the vertex count", "edges": "the edge count",
+                     "feature_dim": "the feature width", "classes": "the class count",
+                     "topology_crc": "the topology", "split_crc": "the training split", "features_crc": "the features",
+                     "labels_crc": "the labels", "val_crc": "the validation split", "test_crc": "the test split",
+                     "num_nodes": "the vertex counts", "feature_dims": "the feature widths",
+                     "target": "the target type", "edge_features_crc": "the edge features"}
+
+
+def fingerprint_changes(saved: dict, now: dict) -> list[str]:
+    """What differs between two fingerprints, naming a typed graph's types and relations: ``the vertex counts
+    (author 1500 then, 1499 now)``, ``the features of paper``. A key an older checkpoint lacks (its
+    neutronorch did not fingerprint that array yet) is no difference, so older checkpoints keep resuming."""
+    changes = []
+    for key, value in now.items():
+        before = saved.get(key, value)
+        if before == value:
+            continue
+        name = FINGERPRINT_NAMES.get(key, key)
+        if not (isinstance(value, dict) and isinstance(before, dict)):
+            changes.append(name)
+            continue
+        parts = [part for part in {**before, **value} if before.get(part) != value.get(part)]
+        if key.endswith("_crc"):
+            changes.append(f"{name} of {', '.join(parts)}")
+        else:
+            changes.append(f"{name} ({'; '.join(f'{p} {before.get(p)} then, {value.get(p)} now' for p in parts)})")
+    return changes
+
+
+def check_same_data(state: dict, now: dict, source: str, what: str) -> None:
+    """A run may continue from ``state`` only on the data it started with (``now``: its fingerprint);
+    ``what`` the data is called (a dataset, a typed graph)."""
+    changed = fingerprint_changes(state["dataset"], now)
+    if changed:
+        raise CheckpointError(f"{source}: written for another {what}, or the data changed since: {', '.join(changed)} "
+                              f"differ ({state['dataset']['name']} then, {now['name']} now). Resume on the data the "
+                              f"run started with, or start a new run in another `checkpoint_dir`.")
+
+
+# Settings a resumed run may change (each declared so where it is defined, ``config.may_change``); any other
+# difference changes the model or the training and is refused.
+RESUME_MAY_CHANGE = TrainConfig.resume_may_change()
+
+
+def check_settings(state: dict, config: TrainConfig, source: str) -> None:
+    """A run may continue from ``state`` only with the settings it had (``RESUME_MAY_CHANGE`` aside), and
+    from a random state."""
+    # A setting added after the checkpoint was written had its default then.
+    saved, now, defaults = state["config"], config.to_dict(), TrainConfig().to_dict()
+    differ = [f"`{k}` {saved.get(k, defaults[k])!r} then, {now[k]!r} now" for k in sorted(now)
+              if k not in RESUME_MAY_CHANGE and saved.get(k, defaults[k]) != now[k]]
+    if differ:
+        raise CheckpointError(f"{source}: the run it continues had other settings: {'; '.join(differ)}. Resume "
+                              f"with the same settings (only outputs, epochs, evaluation, threads, device and precision may "
+                              f"change), or start a new run in another `checkpoint_dir`.")
+    if state.get("rng") is None:
+        raise CheckpointError(f"{source}: holds no random state to resume from.")
+
+
+def write_checkpoint(run, name: str, save: Callable[[Path], Path]) -> None:
+    """``save(path)`` (an atomic write) of ``checkpoint_dir``/``name``, rescued beside the summary when the
+    disk is full (``save_or_rescue``); what `overwrite` replaces may go once it is written."""
+    summary = run.config.summary_json
+    save_or_rescue(Path(run.config.checkpoint_dir) / name, save, [Path(summary).parent] if summary else [])
+    run.replacing.checkpointed(stopping=run.stop is not None and run.stop.is_set())
+
+
+def last_checkpoint(config: TrainConfig, read: Callable[[Path], dict]) -> tuple[Path, dict]:
+    """``checkpoint_dir``/last.pt, which a resumed run continues, and its contents (``read``: checked)."""
+    path = Path(config.checkpoint_dir) / "last.pt"
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no checkpoint to resume from; train with `checkpoint_dir` first.")
+    return path, read(path)
+
+
+def restore(run, state: dict, path: Path, restore_more: Callable[[dict], None]) -> None:
+    """Continue ``run`` (either kind) from ``state``, read from ``path`` and checked resumable: its weights,
+    random state, history and best evaluation, what ``restore_more(state)`` adds (the optimizers, the mode's
+    state), and where it starts. An epoch is complete once its record is in the history: a typed run stopped
+    after an epoch's last step, before its evaluation, resumes at that step, with no batch left."""
+    try:  # the structure was checked; what is inside may still be damaged or foreign
+        run.model.load_state_dict(state["model"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if run.device.type == "cuda" and state["rng"]["cuda"] is not None:
+            torch.cuda.set_rng_state(state["rng"]["cuda"], run.device)
+        restore_more(state)
+        run.history, run.best = list(state["history"]), dict(state["best"])
+        if "val_acc" in run.best:  # written before the metric was a setting: accuracy under its old keys
+            run.best = {"val": run.best["val_acc"], "test": run.best["test_acc"], "epoch": run.best["epoch"]}
+        epoch, step, loss_sum = int(state["epoch"]), state["position"]["step"], state["position"]["loss_sum"]
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(
+            f"{path}: its saved state cannot be restored ({type(exc).__name__}: {exc}); the file is damaged or "
+            "was not written by this run's neutronorch. Train anew with `overwrite` (which replaces it) or into "
+            "another `checkpoint_dir`.") from exc
+    done = any(record["epoch"] == epoch for record in run.history)
+    run.start_epoch, run.start_step, run.loss_sum = (epoch + 1, 0, 0.0) if done else (epoch, step, loss_sum)
+    run.metrics.continue_at(run.start_epoch * run.num_batches + run.start_step)
+    logger.info(f"resumed from {path} at epoch {run.start_epoch}, step {run.start_step}")
