@@ -1,5 +1,4 @@
-"""Predictions and embeddings of a typed checkpoint's model: what ``predict`` and ``embed`` run for a
-``TypedGraph``.
+"""How ``predict`` and ``embed`` (``predict.py``) compute a typed checkpoint's rows, given a ``TypedGraph``.
 
 **What is sampled.** Inference samples neighbourhoods as the run's evaluation did: with the checkpoint's
 evaluation fanouts (``eval_fanouts`` for every relation if the run gave them, else its training fanouts per
@@ -41,86 +40,51 @@ from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.nn.typed_models import TypedGNN, reachable_types
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
-from neutronorch.train.health import output_check
 from neutronorch.train.layerwise import LayerProgress
-from neutronorch.train.prediction_io import (Nodes, check_prediction_output, node_files, prediction_rows,
-                                             select_nodes, write_rows)
-from neutronorch.train.task import Task
 from neutronorch.train.typed_checkpoint import TypedCheckpoint, check_typed_fits, load_typed_checkpoint
 from neutronorch.train.typed_inputs import gather_frontier, inference_key, typed_logits
 from neutronorch.train.typed_layerwise import full_neighbours, layerwise_rows
 
 
-def predict_typed(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGraph, nodes: Nodes = "test",
-                  probabilities: bool = False, device: str = "cpu", chunk_size: int = 4096, *,
-                  out: str | os.PathLike | None = None, progress: LayerProgress | None = None,
-                  overwrite: bool = False, fanouts=None) -> np.ndarray:
-    """Predicted classes (int64) of the target type's ``nodes``, or their class probabilities (float32 rows;
-    a multi-label target: 0/1 rows, int8, or each task's probability), as ``predict`` gives them; ``out``,
-    ``progress`` (``(0, done, total)`` after every chunk) and ``overwrite`` as there."""
-    check_prediction_output(out, None, checkpoint, graph, overwrite, {"nodes": node_files(nodes)})
-    checkpoint, graph, sampler = _prepared(checkpoint, graph, fanouts)
-    ids = select_nodes(graph, nodes)
-    shape, dtype, transform = prediction_rows(Task.of(graph), probabilities)
-    target, seed = torch.device(device), checkpoint.config.seed
-    model = checkpoint.model.to(target)
-    check = output_check("logits")  # before the transform: an argmax of NaN rows is a class
-    if full_neighbours(fanouts, model.num_layers):  # every neighbour: layer by layer
-        return write_rows(out, (ids.shape[0], *shape), dtype, lambda array: _assign(array, transform(_checked(
-            check, layerwise_rows(model, graph, graph.target, model.num_layers, ids, target, chunk_size, progress)))))
-    compute = lambda chunk: transform(_checked(check, typed_logits(  # noqa: E731
-        model, graph, sampler, torch.from_numpy(chunk), target, len(chunk), seed)))
-    return write_rows(out, (ids.shape[0], *shape), dtype,
-                      lambda array: _fill(array, ids, chunk_size, progress, compute))
+def typed_model(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGraph, fanouts
+                ) -> tuple[TypedCheckpoint, TypedGraph, TypedNeighborSampler]:
+    """The checkpoint (read if a path), the graph with its reverse relations (as trained), checked to fit the
+    model, and the sampler inference draws with."""
+    if not isinstance(checkpoint, TypedCheckpoint):
+        checkpoint = load_typed_checkpoint(checkpoint)
+    graph = graph.with_reverse()
+    check_typed_fits(checkpoint, graph, graph.name)
+    config = checkpoint.config
+    if isinstance(fanouts, int):  # -1: every neighbour, at every layer
+        fanouts = [fanouts] * checkpoint.model.num_layers
+    chosen = fanouts if fanouts is not None else (
+        config.eval_fanouts if config.eval_fanouts is not None else checkpoint.fanouts)
+    sampler = TypedNeighborSampler(graph, chosen)
+    if sampler.num_layers != checkpoint.model.num_layers:
+        raise ConfigError(f"`fanouts` {fanouts}: {sampler.num_layers} layer(s), and the model has "
+                          f"{checkpoint.model.num_layers}; give one fanout per layer.")
+    return checkpoint, graph, sampler
 
 
-def embed_typed(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGraph, layer: int | None = None,
-                nodes: Nodes = "all", device: str = "cpu", chunk_size: int = 4096, *, node_type: str | None = None,
-                out: str | os.PathLike | None = None, progress: LayerProgress | None = None,
-                overwrite: bool = False, fanouts=None) -> np.ndarray:
-    """The rows of ``node_type``'s ``nodes`` (default: the target's, every vertex) at layer ``layer``
-    (default: the last hidden layer), float32; ``nodes`` as ``predict`` takes them (the splits are of the
-    target: another type takes ``all`` or ids); the rest as ``predict_typed``."""
-    check_prediction_output(out, None, checkpoint, graph, overwrite, {"nodes": node_files(nodes)})
-    checkpoint, graph, sampler = _prepared(checkpoint, graph, fanouts)
-    model = checkpoint.model
-    layer, node_type = embedding_layer(model, layer), node_type or graph.target
-    check_computed(model, node_type, layer)
-    ids = select_nodes(graph, nodes, node_type)
-    target, seed = torch.device(device), checkpoint.config.seed
-    model.to(target)
-    check = output_check(f"layer {layer} outputs", f"{node_type} vertices")
+def typed_fill(model: TypedGNN, graph: TypedGraph, sampler: TypedNeighborSampler, fanouts, node_type: str,
+               layer: int, ids: np.ndarray, device: torch.device, chunk_size: int, progress: LayerProgress | None,
+               check, transform, seed: int):
+    """``fill(array)``: ``array[i]`` = ``transform`` (None: none) of ``node_type``'s row of ``ids[i]`` at layer
+    ``layer`` (``model.num_layers``: the target's logits), once ``check`` has found it finite. Layer by layer
+    with every neighbour (``fanouts`` -1), else sampled by ``sampler`` a chunk at a time."""
+    finish = lambda rows: _checked(check, rows) if transform is None else transform(_checked(check, rows))  # noqa: E731
     if full_neighbours(fanouts, model.num_layers):  # every neighbour: layer by layer
-        width = model.arguments["num_classes" if layer == model.num_layers else "hidden"]
-        return write_rows(out, (ids.shape[0], width), np.float32, lambda array: _assign(array, _checked(
-            check, layerwise_rows(model, graph, node_type, layer, ids, target, chunk_size, progress))))
+        return lambda array: _assign(array, finish(
+            layerwise_rows(model, graph, node_type, layer, ids, device, chunk_size, progress)))
     if layer == model.num_layers:  # the logits
-        width = model.arguments["num_classes"]
         compute = lambda chunk: typed_logits(  # noqa: E731
-            model, graph, sampler, torch.from_numpy(chunk), target, len(chunk), seed)
+            model, graph, sampler, torch.from_numpy(chunk), device, len(chunk), seed)
     else:
-        width = model.arguments["hidden"]
         # Hop h of a sample is the bottom hop of a sampler whose fanouts end at h (``sample_bottom``).
         hops = [TypedNeighborSampler(graph, {r: f[:hop + 1] for r, f in sampler.fanouts.items()})
                 for hop in range(model.num_layers - layer, model.num_layers)]
-        compute = lambda chunk: hidden_rows(model, graph, hops, node_type, chunk, target, seed)  # noqa: E731
-    checked = lambda chunk: _checked(check, compute(chunk))  # noqa: E731
-    return write_rows(out, (ids.shape[0], width), np.float32,
-                      lambda array: _fill(array, ids, chunk_size, progress, checked))
-
-
-def embedding_layer(model: TypedGNN, layer: int | None) -> int:
-    """``layer``, checked to be one of the model's, or the last hidden layer when None."""
-    layers = model.num_layers
-    if layer is None:
-        if layers < 2:
-            raise ConfigError("`layer`: a one-layer model has no hidden layer (its only layer gives the logits); "
-                              "give `layer` 1 for them.")
-        return layers - 1
-    if not 1 <= layer <= layers:
-        raise ConfigError(f"`layer` {layer}: the model has layers 1..{layers} (1 reads the inputs; {layers} gives "
-                          f"the target's logits; default {layers - 1 or 1}, the last hidden layer).")
-    return layer
+        compute = lambda chunk: hidden_rows(model, graph, hops, node_type, chunk, device, seed)  # noqa: E731
+    return lambda array: _fill(array, ids, chunk_size, progress, lambda chunk: finish(compute(chunk)))
 
 
 def check_computed(model: TypedGNN, node_type: str, layer: int) -> None:
@@ -165,27 +129,6 @@ def hidden_rows(model: TypedGNN, graph: TypedGraph, hops: list[TypedNeighborSamp
     return x[node_type].float().cpu()
 
 
-def _prepared(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGraph, fanouts
-              ) -> tuple[TypedCheckpoint, TypedGraph, TypedNeighborSampler]:
-    """The checkpoint (read if a path), the graph with its reverse relations (as trained), checked to fit the
-    model, and the sampler inference draws with."""
-    if not isinstance(checkpoint, TypedCheckpoint):
-        checkpoint = load_typed_checkpoint(checkpoint)
-    graph.check_given(classes=False)  # inference reads no label
-    graph = graph.with_reverse()
-    check_typed_fits(checkpoint, graph, graph.name)
-    config = checkpoint.config
-    if isinstance(fanouts, int):  # -1: every neighbour, at every layer
-        fanouts = [fanouts] * checkpoint.model.num_layers
-    chosen = fanouts if fanouts is not None else (
-        config.eval_fanouts if config.eval_fanouts is not None else checkpoint.fanouts)
-    sampler = TypedNeighborSampler(graph, chosen)
-    if sampler.num_layers != checkpoint.model.num_layers:
-        raise ConfigError(f"`fanouts` {fanouts}: {sampler.num_layers} layer(s), and the model has "
-                          f"{checkpoint.model.num_layers}; give one fanout per layer.")
-    return checkpoint, graph, sampler
-
-
 def _checked(check, rows: torch.Tensor) -> torch.Tensor:
     """``rows``, once ``check`` (``health.output_check``) has found them finite."""
     check(rows)
@@ -199,8 +142,6 @@ def _assign(array: np.ndarray, rows: torch.Tensor) -> None:
 def _fill(array: np.ndarray, ids: np.ndarray, chunk_size: int, progress: LayerProgress | None, compute) -> None:
     """``array[i]`` = ``compute``'s row of ``ids[i]``, a chunk of ``chunk_size`` ids at a time (a chunk's repeated
     ids computed once: the sampler takes unique seeds)."""
-    if chunk_size < 1:
-        raise ConfigError(f"`chunk_size` {chunk_size}: must be positive.")
     for start in range(0, ids.shape[0], chunk_size):
         chunk = ids[start:start + chunk_size]
         unique, inverse = np.unique(chunk, return_inverse=True)
