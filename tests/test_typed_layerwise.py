@@ -1,4 +1,4 @@
-"""Full-neighbour inference of typed checkpoints, layer by layer (train/typed_layerwise.py)."""
+"""Full-neighbour inference of typed checkpoints, layer by layer (train/typed_predict.py, layerwise.lower_layers)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch
 from neutronorch import TrainConfig, train
 from neutronorch.data import synthetic_typed
 from neutronorch.errors import CheckpointError
-from neutronorch.train.typed_checkpoint import load_typed_checkpoint
-from neutronorch.train.typed_layerwise import full_neighbours, needed_types
 from neutronorch.train.predict import embed, predict
+from neutronorch.train.typed_checkpoint import load_typed_checkpoint
+from neutronorch.train.typed_predict import full_neighbours, needed_types
 
 EVERY = [10**6, 10**6]  # a sampled inference that draws every neighbour (fanouts above every degree)
 

@@ -149,6 +149,7 @@ def markdown() -> str:
     lines += [f"Your own module on a {kind} graph: {reason}" for (kind, _), reason in OWN_MODULE_REFUSED.items()]
     lines += ["", "| graph | `predict` and `embed` refuse | because |", "|---|---|---|"]
     for kind, name, honoured, why in PREDICTION_UNHONOURED:
-        but = "" if honoured == (None,) else " other than " + " or ".join("None (memory)" if v is None else v for v in honoured)
+        but = "" if honoured == (None,) else " other than " + " or ".join(
+            "None (memory)" if v is None else v for v in honoured)
         lines.append(f"| {kind} | `{name}`{but} | {why} |")
     return "\n".join(lines) + "\n"

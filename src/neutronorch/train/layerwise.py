@@ -2,7 +2,9 @@
 
 Layer l is computed for every vertex that a later layer needs, from all of its in-neighbours, one chunk
 of destinations at a time: each vertex's embedding is computed once per layer, instead of once per
-appearance in an L-hop neighbourhood. Where the rows go is the caller's choice:
+appearance in an L-hop neighbourhood. ``lower_layers`` is that per-layer loop for either kind of graph (a
+typed graph's every-neighbour inference, ``typed_predict.py``, gives it how one layer of a ``TypedGNN`` is
+applied to a chunk; ``_Run.rows`` is a ``GNN``'s). Where the rows go is the caller's choice:
 
 - the intermediate layers' embeddings (one row per vertex) are kept in memory, or memory-mapped in a
   ``scratch`` folder when they would not fit (then anonymous memory stays at a few chunks);
@@ -72,16 +74,44 @@ def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor
     if not getattr(model, "layerwise", True):  # a user's model: whole neighbourhoods, one chunk at a time
         return _whole_neighbourhoods(model, graph, store, nodes, device, chunk_size,
                                      _Emitter(out, transform, check), progress, out)
+    if upto < 1:
+        raise ValueError("`layers` must be at least 1")
     run = _Run(model, graph, store, device, chunk_size, progress, world or World())
-    hidden = None
     with _scratch(scratch) as folder:
-        for layer in range(upto):
-            if layer == upto - 1:
-                return run.last(layer, hidden, nodes, out, _Emitter(out, transform, check))
-            buffer = _buffer((graph.num_nodes, model.width(layer)), device, folder, f"layer{layer + 1}")
-            run.all_rows(layer, hidden, buffer)
-            hidden = buffer
-    raise ValueError("`layers` must be at least 1")
+        below = lower_layers(upto, lambda layer: {None: graph.num_nodes}, run.rows,
+                             lambda layer, _: model.width(layer), device, folder, chunk_size, progress, world)
+        return run.last(upto - 1, None if below is None else below[None], nodes, out, _Emitter(out, transform, check))
+
+
+def lower_layers(upto: int, sizes: Callable[[int], dict], compute, width: Callable[[int, object], int],
+                 device: torch.device, folder: str | None, chunk_size: int, progress: LayerProgress | None,
+                 world: World | None = None) -> dict | None:
+    """Layers 1..``upto - 1`` (``layer`` 0-based below) of every vertex a later layer reads, for either kind of
+    graph: for each key of ``sizes(layer)`` (key -> vertex count; a vertex type, None for a homogeneous
+    graph's one), chunks of vertices ``start..end-1`` computed by ``compute(layer, key, start, end,
+    previous)`` (``previous``: the layer below's rows by key, None under the bottom layer) into a buffer of
+    ``width(layer, key)`` columns (on ``device``, or memory-mapped in ``folder``). With ``world``, each rank
+    computes a contiguous share of the chunks (whole chunks: each computed as in one process) and the ranks
+    share their rows. Returns layer ``upto - 1``'s buffers by key (None when ``upto`` is 1)."""
+    world, previous = world or World(), None
+    for layer in range(upto - 1):
+        counts = sizes(layer)
+        total, done, current = sum(counts.values()), 0, {}
+        for key, count in counts.items():
+            name = f"layer{layer + 1}" if key is None else f"layer{layer + 1}-{key}"
+            buffer = current[key] = _buffer((count, width(layer, key)), device, folder, name)
+            shares = torch.tensor_split(torch.arange(0, count, chunk_size), world.size)
+            for start in shares[world.rank].tolist():
+                end = min(count, start + chunk_size)
+                buffer[start:end] = compute(layer, key, start, end, previous).to(buffer.device)
+                if progress is not None:
+                    progress(layer + 1, done + end, total)
+            if world.distributed:
+                bounds = [(int(share[0]), min(count, int(share[-1]) + chunk_size)) for share in shares if share.numel()]
+                world.share_rows(buffer, bounds, f"sharing layer {layer + 1} of the evaluation")
+            done += count
+        previous = current
+    return previous
 
 
 @contextlib.contextmanager
@@ -135,22 +165,13 @@ class _Run:
         x_src = self.store.gather(sources) if hidden is None else hidden[sources.to(hidden.device)]
         return self.model.layer_forward(layer, subgraph.blocks[0].to(self.device), x_src.to(self.device))
 
-    def all_rows(self, layer: int, hidden: torch.Tensor | None, buffer: torch.Tensor) -> None:
-        n, step = self.graph.num_nodes, self.chunk_size
-        starts = torch.arange(0, n, step)
-        shares = torch.tensor_split(starts, self.world.size)  # whole chunks: each computed as in one process
+    def rows(self, layer: int, _key, start: int, end: int, previous: dict | None) -> torch.Tensor:
+        """Layer ``layer`` of vertices start..end-1 (``lower_layers``' ``compute``)."""
+        hidden = None if previous is None else previous[None]
         source = self.in_place(layer, hidden)
-        for start in shares[self.world.rank].tolist():
-            end = min(n, start + step)
-            if source is not None:
-                rows = self.contiguous(layer, source, start, end)
-            else:
-                rows = self.relabelled(layer, hidden, torch.arange(start, end))
-            buffer[start:end] = rows.to(buffer.device)
-            self._report(layer, end, n)
-        if self.world.distributed:
-            bounds = [(int(share[0]), min(n, int(share[-1]) + step)) for share in shares if share.numel()]
-            self.world.share_rows(buffer, bounds, f"sharing layer {layer + 1} of the evaluation")
+        if source is not None:
+            return self.contiguous(layer, source, start, end)
+        return self.relabelled(layer, hidden, torch.arange(start, end))
 
     def last(self, layer: int, hidden: torch.Tensor | None, nodes: torch.Tensor, out, emit: "_Emitter") -> object:
         """The requested rows of the last layer, chunk by chunk into ``out`` by ``emit``."""

@@ -7,9 +7,16 @@ reads it, -1 for every neighbour) and the one key ``inference_key(seed)`` for ev
 each vertex's draws by that key and the vertex, so a vertex's neighbourhood depends on the vertex alone, not
 on the chunk it falls in or the other vertices asked for (its output too, to float32 rounding: the products
 run over chunks of other sizes), and predicting the test vertices scores what the run's evaluation scored.
-With ``fanouts`` -1 (every neighbour of every relation) inference runs layer by layer instead
-(``typed_layerwise.py``): each layer once for every vertex a later layer reads, not each chunk's whole
-computation graph.
+
+**Every neighbour, layer by layer.** With ``fanouts`` -1 (every neighbour of every relation) inference runs
+layer by layer instead (``layerwise.lower_layers``, the driver homogeneous graphs' inference runs too): two hops
+through a hub relation (a field of study linked to most papers) reach most of the graph from any chunk, so
+each chunk's whole computation graph would repeat most of the graph. Layer ``k`` (0-based) computes, for every
+vertex, the types layer ``k + 1`` reads (``needed_types``, working back from the asked type and layer), chunk
+by chunk of destinations from their in-neighbours through every relation (``sample_bottom`` with fanout -1,
+edge features included), by the model's own ``layer_output`` and ``activate``; only the asked layer is limited
+to the asked vertices. It holds one float32 table per computed type and layer (``vertices x hidden``) in
+memory, and its rows equal sampled inference with fanout -1 to float32 rounding.
 
 **Embeddings.** What a relational model holds for a vertex below its logits is the vertex's row at a hidden
 layer: layer ``k``'s output (1 = the bottom layer's, after its activation) exists for the types the layer has
@@ -40,10 +47,9 @@ from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.nn.typed_models import TypedGNN, reachable_types
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
-from neutronorch.train.layerwise import LayerProgress
+from neutronorch.train.layerwise import LayerProgress, lower_layers
 from neutronorch.train.typed_checkpoint import TypedCheckpoint, check_typed_fits, load_typed_checkpoint
 from neutronorch.train.typed_inputs import gather_frontier, inference_key, typed_logits
-from neutronorch.train.typed_layerwise import full_neighbours, layerwise_rows
 
 
 def typed_model(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGraph, fanouts
@@ -74,8 +80,10 @@ def typed_fill(model: TypedGNN, graph: TypedGraph, sampler: TypedNeighborSampler
     with every neighbour (``fanouts`` -1), else sampled by ``sampler`` a chunk at a time."""
     finish = lambda rows: _checked(check, rows) if transform is None else transform(_checked(check, rows))  # noqa: E731
     if full_neighbours(fanouts, model.num_layers):  # every neighbour: layer by layer
-        return lambda array: _assign(array, finish(
-            layerwise_rows(model, graph, node_type, layer, ids, device, chunk_size, progress)))
+        def fill(array: np.ndarray) -> None:
+            top = full_neighbour_layers(model, graph, node_type, layer, device, chunk_size, progress)
+            _fill(array, ids, chunk_size, layer, progress, lambda chunk: finish(top(chunk)))
+        return fill
     if layer == model.num_layers:  # the logits
         compute = lambda chunk: typed_logits(  # noqa: E731
             model, graph, sampler, torch.from_numpy(chunk), device, len(chunk), seed)
@@ -84,7 +92,7 @@ def typed_fill(model: TypedGNN, graph: TypedGraph, sampler: TypedNeighborSampler
         hops = [TypedNeighborSampler(graph, {r: f[:hop + 1] for r, f in sampler.fanouts.items()})
                 for hop in range(model.num_layers - layer, model.num_layers)]
         compute = lambda chunk: hidden_rows(model, graph, hops, node_type, chunk, device, seed)  # noqa: E731
-    return lambda array: _fill(array, ids, chunk_size, progress, lambda chunk: finish(compute(chunk)))
+    return lambda array: _fill(array, ids, chunk_size, layer, progress, lambda chunk: finish(compute(chunk)))
 
 
 def check_computed(model: TypedGNN, node_type: str, layer: int) -> None:
@@ -129,23 +137,66 @@ def hidden_rows(model: TypedGNN, graph: TypedGraph, hops: list[TypedNeighborSamp
     return x[node_type].float().cpu()
 
 
+def full_neighbours(fanouts, layers: int) -> bool:
+    """Whether ``fanouts`` (as ``predict`` takes them) asks for every neighbour of every relation."""
+    if fanouts is None:
+        return False
+    if isinstance(fanouts, int):
+        return fanouts == -1
+    if isinstance(fanouts, dict):
+        return all(all(f == -1 for f in ([v] if isinstance(v, int) else v)) for v in fanouts.values())
+    values = list(fanouts)
+    return len(values) in (1, layers) and all(v == -1 for v in values)
+
+
+def needed_types(model: TypedGNN, node_type: str, layer: int) -> list[set[str]]:
+    """``out[k]``: the types layer ``k`` (0-based) must compute for ``node_type`` at layer ``layer`` (1-based)."""
+    relations = model.spec.relations
+    needed = [set() for _ in range(layer)]
+    needed[layer - 1] = {node_type}
+    for k in range(layer - 1, 0, -1):
+        needed[k - 1] = needed[k] | {r[0] for r in relations if r[2] in needed[k]}
+    return needed
+
+
+def full_neighbour_layers(model: TypedGNN, graph: TypedGraph, node_type: str, layer: int, device: torch.device,
+                          chunk_size: int, progress: LayerProgress | None):
+    """``top(ids)``: the rows of ``node_type``'s unique ``ids`` at layer ``layer`` (1-based; ``model.num_layers``:
+    the target's logits), every neighbourhood whole, float32 on the CPU, once the layers below it are computed
+    for every vertex a later layer reads (here, before it returns). ``graph`` two-way, as trained."""
+    model.eval()
+    sampler, needed = TypedNeighborSampler(graph, [-1] * model.num_layers), needed_types(model, node_type, layer)
+
+    @torch.no_grad()
+    def rows(k: int, t: str, chunk: np.ndarray, previous: dict | None) -> torch.Tensor:
+        block = sampler.sample_bottom({t: chunk}, 0)
+        if previous is None:
+            x = model.input_rows(*gather_frontier(graph, block.src_ids, device))
+        else:
+            x = {s: previous[s][v].to(device) for s, v in block.src_ids.items() if s in previous}
+        y = model.layer_output(k, block.to(device), x)[t]
+        return (y if k == model.num_layers - 1 else model.activate(y)).float().cpu()
+
+    below = lower_layers(layer, lambda k: {t: graph.num_nodes[t] for t in graph.num_nodes if t in needed[k]},
+                         lambda k, t, start, end, previous: rows(k, t, np.arange(start, end, dtype=np.int64), previous),
+                         lambda k, t: model.arguments["hidden"], torch.device("cpu"), None, chunk_size, progress)
+    return lambda ids: rows(layer - 1, node_type, np.asarray(ids, dtype=np.int64), below)
+
+
 def _checked(check, rows: torch.Tensor) -> torch.Tensor:
     """``rows``, once ``check`` (``health.output_check``) has found them finite."""
     check(rows)
     return rows
 
 
-def _assign(array: np.ndarray, rows: torch.Tensor) -> None:
-    array[:] = rows.numpy()
-
-
-def _fill(array: np.ndarray, ids: np.ndarray, chunk_size: int, progress: LayerProgress | None, compute) -> None:
+def _fill(array: np.ndarray, ids: np.ndarray, chunk_size: int, layer: int, progress: LayerProgress | None,
+          compute) -> None:
     """``array[i]`` = ``compute``'s row of ``ids[i]``, a chunk of ``chunk_size`` ids at a time (a chunk's repeated
-    ids computed once: the sampler takes unique seeds)."""
+    ids computed once: the sampler takes unique seeds), ``progress(layer, done, total)`` after each."""
     for start in range(0, ids.shape[0], chunk_size):
         chunk = ids[start:start + chunk_size]
         unique, inverse = np.unique(chunk, return_inverse=True)
         rows = compute(chunk) if unique.shape[0] == chunk.shape[0] else compute(unique)[torch.from_numpy(inverse)]
         array[start:start + chunk.shape[0]] = rows.numpy()
         if progress is not None:
-            progress(0, start + chunk.shape[0], ids.shape[0])
+            progress(layer, start + chunk.shape[0], ids.shape[0])
