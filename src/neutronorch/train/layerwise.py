@@ -73,14 +73,14 @@ def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor
         out = torch.empty((nodes.shape[0], model.width(upto - 1)))
     if not getattr(model, "layerwise", True):  # a user's model: whole neighbourhoods, one chunk at a time
         return _whole_neighbourhoods(model, graph, store, nodes, device, chunk_size,
-                                     _Emitter(out, transform, check), progress, out)
+                                     Emitter(out, transform, check), progress, out)
     if upto < 1:
         raise ValueError("`layers` must be at least 1")
     run = _Run(model, graph, store, device, chunk_size, progress, world or World())
     with _scratch(scratch) as folder:
         below = lower_layers(upto, lambda layer: {None: graph.num_nodes}, run.rows,
                              lambda layer, _: model.width(layer), device, folder, chunk_size, progress, world)
-        return run.last(upto - 1, None if below is None else below[None], nodes, out, _Emitter(out, transform, check))
+        return run.last(upto - 1, None if below is None else below[None], nodes, out, Emitter(out, transform, check))
 
 
 def lower_layers(upto: int, sizes: Callable[[int], dict], compute, width: Callable[[int, object], int],
@@ -173,7 +173,7 @@ class _Run:
             return self.contiguous(layer, source, start, end)
         return self.relabelled(layer, hidden, torch.arange(start, end))
 
-    def last(self, layer: int, hidden: torch.Tensor | None, nodes: torch.Tensor, out, emit: "_Emitter") -> object:
+    def last(self, layer: int, hidden: torch.Tensor | None, nodes: torch.Tensor, out, emit: "Emitter") -> object:
         """The requested rows of the last layer, chunk by chunk into ``out`` by ``emit``."""
         # The input layer as the last one (a one-layer model, an embedding of layer 1) computes only the
         # requested vertices, as chunks of their own: the rows of whole in-place chunks would come from
@@ -192,10 +192,8 @@ class _Run:
                     emit(order[lo:hi], rows[(ranked[lo:hi] - start).to(rows.device)])
                 self._report(layer, hi, nodes.shape[0])
         else:
-            for start in range(0, nodes.shape[0], self.chunk_size):
-                chunk = nodes[start:start + self.chunk_size]
-                emit(slice(start, start + chunk.shape[0]), self.relabelled(layer, hidden, chunk))
-                self._report(layer, start + chunk.shape[0], nodes.shape[0])
+            emit_chunks(nodes, self.chunk_size, lambda chunk: self.relabelled(layer, hidden, chunk), emit, layer + 1,
+                        self.progress)
         return out
 
     def _report(self, layer: int, done: int, total: int) -> None:
@@ -205,22 +203,32 @@ class _Run:
 
 @torch.no_grad()
 def _whole_neighbourhoods(model, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,
-                          chunk_size: int, emit: "_Emitter", progress: LayerProgress | None, out):
+                          chunk_size: int, emit: "Emitter", progress: LayerProgress | None, out):
     """The logits of a model that runs only as a whole (``nn.custom.UserModel``): every neighbour of every hop
     sampled for each chunk of ``nodes``, the same result layer-by-layer inference gives, at the cost of each
     chunk's whole neighbourhood."""
     sampler = NeighborSampler(graph.indptr, graph.indices, [-1] * model.num_layers, model.needs_degrees)
-    for start in range(0, nodes.shape[0], chunk_size):
-        chunk = nodes[start:start + chunk_size]
+
+    def logits(chunk: torch.Tensor) -> torch.Tensor:
         subgraph = sampler.sample(chunk.numpy(), 0)
-        x = store.gather(subgraph.input_nodes).to(device)
-        emit(slice(start, start + chunk.shape[0]), model([b.to(device) for b in subgraph.blocks], x))
-        if progress is not None:
-            progress(model.num_layers, start + chunk.shape[0], nodes.shape[0])
+        return model([b.to(device) for b in subgraph.blocks], store.gather(subgraph.input_nodes).to(device))
+
+    emit_chunks(nodes, chunk_size, logits, emit, model.num_layers, progress)
     return out
 
 
-class _Emitter:
+def emit_chunks(nodes: torch.Tensor | np.ndarray, chunk_size: int, compute, emit: "Emitter", layer: int,
+                progress: LayerProgress | None) -> None:
+    """The asked vertices' rows, of either kind of graph: ``emit`` of ``compute(chunk)`` for each chunk of
+    ``chunk_size`` of ``nodes`` in order, then ``progress(layer, done, total)``."""
+    for start in range(0, nodes.shape[0], chunk_size):
+        chunk = nodes[start:start + chunk_size]
+        emit(slice(start, start + chunk.shape[0]), compute(chunk))
+        if progress is not None:
+            progress(layer, start + chunk.shape[0], nodes.shape[0])
+
+
+class Emitter:
     """Writes chunks of final rows (float32 on the CPU, ``check``ed, then ``transform``ed) into ``out``."""
 
     def __init__(self, out, transform: Transform | None, check: Callable[[torch.Tensor], None] | None = None):

@@ -47,7 +47,7 @@ from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.nn.typed_models import TypedGNN, reachable_types
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
-from neutronorch.train.layerwise import LayerProgress, lower_layers
+from neutronorch.train.layerwise import Emitter, LayerProgress, emit_chunks, lower_layers
 from neutronorch.train.typed_checkpoint import TypedCheckpoint, check_typed_fits, load_typed_checkpoint
 from neutronorch.train.typed_inputs import gather_frontier, inference_key, typed_logits
 
@@ -78,21 +78,19 @@ def typed_fill(model: TypedGNN, graph: TypedGraph, sampler: TypedNeighborSampler
     """``fill(array)``: ``array[i]`` = ``transform`` (None: none) of ``node_type``'s row of ``ids[i]`` at layer
     ``layer`` (``model.num_layers``: the target's logits), once ``check`` has found it finite. Layer by layer
     with every neighbour (``fanouts`` -1), else sampled by ``sampler`` a chunk at a time."""
-    finish = lambda rows: _checked(check, rows) if transform is None else transform(_checked(check, rows))  # noqa: E731
-    if full_neighbours(fanouts, model.num_layers):  # every neighbour: layer by layer
-        def fill(array: np.ndarray) -> None:
-            top = full_neighbour_layers(model, graph, node_type, layer, device, chunk_size, progress)
-            _fill(array, ids, chunk_size, layer, progress, lambda chunk: finish(top(chunk)))
-        return fill
-    if layer == model.num_layers:  # the logits
-        compute = lambda chunk: typed_logits(  # noqa: E731
-            model, graph, sampler, torch.from_numpy(chunk), device, len(chunk), seed)
-    else:
-        # Hop h of a sample is the bottom hop of a sampler whose fanouts end at h (``sample_bottom``).
-        hops = [TypedNeighborSampler(graph, {r: f[:hop + 1] for r, f in sampler.fanouts.items()})
-                for hop in range(model.num_layers - layer, model.num_layers)]
-        compute = lambda chunk: hidden_rows(model, graph, hops, node_type, chunk, device, seed)  # noqa: E731
-    return lambda array: _fill(array, ids, chunk_size, layer, progress, lambda chunk: finish(compute(chunk)))
+    def fill(array: np.ndarray) -> None:
+        if full_neighbours(fanouts, model.num_layers):  # every neighbour: layer by layer (the layers below first)
+            compute = full_neighbour_layers(model, graph, node_type, layer, device, chunk_size, progress)
+        elif layer == model.num_layers:  # the logits
+            compute = lambda chunk: typed_logits(  # noqa: E731
+                model, graph, sampler, torch.from_numpy(chunk), device, len(chunk), seed)
+        else:
+            # Hop h of a sample is the bottom hop of a sampler whose fanouts end at h (``sample_bottom``).
+            hops = [TypedNeighborSampler(graph, {r: f[:hop + 1] for r, f in sampler.fanouts.items()})
+                    for hop in range(model.num_layers - layer, model.num_layers)]
+            compute = lambda chunk: hidden_rows(model, graph, hops, node_type, chunk, device, seed)  # noqa: E731
+        emit_chunks(ids, chunk_size, _unique_seeds(compute), Emitter(array, transform, check), layer, progress)
+    return fill
 
 
 def check_computed(model: TypedGNN, node_type: str, layer: int) -> None:
@@ -183,20 +181,9 @@ def full_neighbour_layers(model: TypedGNN, graph: TypedGraph, node_type: str, la
     return lambda ids: rows(layer - 1, node_type, np.asarray(ids, dtype=np.int64), below)
 
 
-def _checked(check, rows: torch.Tensor) -> torch.Tensor:
-    """``rows``, once ``check`` (``health.output_check``) has found them finite."""
-    check(rows)
-    return rows
-
-
-def _fill(array: np.ndarray, ids: np.ndarray, chunk_size: int, layer: int, progress: LayerProgress | None,
-          compute) -> None:
-    """``array[i]`` = ``compute``'s row of ``ids[i]``, a chunk of ``chunk_size`` ids at a time (a chunk's repeated
-    ids computed once: the sampler takes unique seeds), ``progress(layer, done, total)`` after each."""
-    for start in range(0, ids.shape[0], chunk_size):
-        chunk = ids[start:start + chunk_size]
+def _unique_seeds(compute):
+    """``compute`` of a chunk's ids, a repeated id computed once (the sampler takes unique seeds)."""
+    def rows(chunk: np.ndarray) -> torch.Tensor:
         unique, inverse = np.unique(chunk, return_inverse=True)
-        rows = compute(chunk) if unique.shape[0] == chunk.shape[0] else compute(unique)[torch.from_numpy(inverse)]
-        array[start:start + chunk.shape[0]] = rows.numpy()
-        if progress is not None:
-            progress(layer, start + chunk.shape[0], ids.shape[0])
+        return compute(chunk) if unique.shape[0] == chunk.shape[0] else compute(unique)[torch.from_numpy(inverse)]
+    return rows
