@@ -86,13 +86,12 @@ def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor
 def lower_layers(upto: int, sizes: Callable[[int], dict], compute, width: Callable[[int, object], int],
                  device: torch.device, folder: str | None, chunk_size: int, progress: LayerProgress | None,
                  world: World | None = None) -> dict | None:
-    """Layers 1..``upto - 1`` (``layer`` 0-based below) of every vertex a later layer reads, for either kind of
-    graph: for each key of ``sizes(layer)`` (key -> vertex count; a vertex type, None for a homogeneous
-    graph's one), chunks of vertices ``start..end-1`` computed by ``compute(layer, key, start, end,
-    previous)`` (``previous``: the layer below's rows by key, None under the bottom layer) into a buffer of
-    ``width(layer, key)`` columns (on ``device``, or memory-mapped in ``folder``). With ``world``, each rank
-    computes a contiguous share of the chunks (whole chunks: each computed as in one process) and the ranks
-    share their rows. Returns layer ``upto - 1``'s buffers by key (None when ``upto`` is 1)."""
+    """Layers 1..``upto - 1`` of every vertex a later layer reads, for either kind of graph: for each key of
+    ``sizes(layer)`` (key -> vertex count; a vertex type, None for a homogeneous graph), chunks of vertices
+    ``start..end-1`` computed by ``compute(layer, key, start, end, previous)`` (``previous``: the layer below's
+    rows by key, None under the bottom layer) into a buffer on ``device`` or memory-mapped in ``folder``. With
+    ``world`` each rank computes a contiguous share of whole chunks and the ranks share their rows. Returns
+    layer ``upto - 1``'s rows by key (None when ``upto`` is 1)."""
     world, previous = world or World(), None
     for layer in range(upto - 1):
         counts = sizes(layer)

@@ -38,21 +38,19 @@ def predict(checkpoint: Checkpoint | TypedCheckpoint | str | os.PathLike, graph:
             nodes: Nodes = "test", probabilities: bool = False, device: str = "cpu", chunk_size: int = 4096, *,
             out: str | os.PathLike | None = None, scratch: str | None = "auto",
             progress: LayerProgress | None = None, overwrite: bool = False, fanouts=None) -> np.ndarray:
-    """Predicted classes (int64) of ``nodes``, or with ``probabilities`` their class probabilities
-    (float32, one row per vertex), from the checkpoint's model. For a multi-label graph: a 0/1 row per vertex
-    (int8), or with ``probabilities`` each task's probability. ``nodes``: ``test``, ``val``, ``train``,
-    ``all``, a ``.npy`` file of vertex ids, or the ids themselves (a numpy array, list, tuple or torch
-    tensor); the rows follow their order. A homogeneous graph's rows come from complete neighbourhoods; a
+    """Predicted classes (int64) of ``nodes``, or with ``probabilities`` their class probabilities (float32, a
+    row per vertex; a multi-label graph's: a 0/1 row per vertex, int8, or each task's probability), in the order
+    of ``nodes``: ``test``, ``val``, ``train``, ``all``, a ``.npy`` file of vertex ids, or the ids (a numpy
+    array, list, tuple or torch tensor). A homogeneous graph's rows come from complete neighbourhoods; a
     ``TypedGraph``'s (with a typed checkpoint) are its target type's, from neighbourhoods sampled as the run's
     evaluation sampled them (``fanouts``: other fanouts, -1 for all; ``typed_predict.py``).
 
-    With ``out`` (a ``.npy`` path) the rows are written there chunk by chunk through a memory map (atomically)
-    and the file is returned opened read-only; ``scratch`` is where a homogeneous graph's intermediate layers'
-    embeddings are memory-mapped: ``"auto"`` (in memory when they fit in half the available memory, else
-    beside ``out`` or in the system's temporary folder), a folder, or None (in memory; a typed graph's are
-    always in memory). ``progress(layer, done, total)`` is called after every chunk. ``out`` must not be one
-    of the inputs (the checkpoint, the graph's files, the ``nodes`` file), and is not replaced if it exists
-    unless ``overwrite``. A link checkpoint scores pairs instead (``score_pairs``), and is refused here."""
+    With ``out`` (a ``.npy`` path, never one of the inputs, replaced only with ``overwrite``) the rows are
+    written there chunk by chunk through a memory map, atomically, and the file is returned opened read-only.
+    ``scratch``: where a homogeneous graph's intermediate layers go, ``"auto"`` (in memory when they fit in
+    half the available memory, else memory-mapped beside ``out`` or in the temporary folder), a folder, or None
+    (in memory; a typed graph's always are). ``progress(layer, done, total)`` is called after every chunk. A
+    link checkpoint scores pairs instead (``score_pairs``), and is refused here."""
     device = check_request(graph, device, chunk_size, probabilities=probabilities, overwrite=overwrite)
     check_asked(graph, fanouts=fanouts, scratch=scratch)
     return _rows(checkpoint, graph, nodes, None, None, prediction_rows(Task.of(graph), probabilities), device,

@@ -1,39 +1,24 @@
-"""How ``predict`` and ``embed`` (``predict.py``) compute a typed checkpoint's rows, given a ``TypedGraph``.
+"""How ``predict`` and ``embed`` (``predict.py``) compute a typed checkpoint's rows, given a ``TypedGraph``
+(docs/heterogeneous.md, Predictions, says more).
 
-**What is sampled.** Inference samples neighbourhoods as the run's evaluation did: with the checkpoint's
-evaluation fanouts (``eval_fanouts`` for every relation if the run gave them, else its training fanouts per
-relation, as it resolved them; ``fanouts`` here overrides both: one list, or a dict as ``typed_fanouts``
-reads it, -1 for every neighbour) and the one key ``inference_key(seed)`` for every chunk. The sampler keys
-each vertex's draws by that key and the vertex, so a vertex's neighbourhood depends on the vertex alone, not
-on the chunk it falls in or the other vertices asked for (its output too, to float32 rounding: the products
-run over chunks of other sizes), and predicting the test vertices scores what the run's evaluation scored.
+**What is sampled.** As the run's evaluation sampled: its ``eval_fanouts`` for every relation, else its training
+fanouts per relation (``fanouts`` overrides both: one list, or a dict as ``typed_fanouts`` reads it), with the
+one key ``inference_key(seed)`` for every chunk. The sampler keys each vertex's draws by that key and the
+vertex, so a vertex's rows depend on the vertex alone (to float32 rounding: the products run over chunks of
+other sizes), not on its chunk, and predicting the test vertices scores what the run's evaluation scored.
 
-**Every neighbour, layer by layer.** With ``fanouts`` -1 (every neighbour of every relation) inference runs
-layer by layer instead (``layerwise.lower_layers``, the driver homogeneous graphs' inference runs too): two hops
-through a hub relation (a field of study linked to most papers) reach most of the graph from any chunk, so
-each chunk's whole computation graph would repeat most of the graph. Layer ``k`` (0-based) computes, for every
-vertex, the types layer ``k + 1`` reads (``needed_types``, working back from the asked type and layer), chunk
-by chunk of destinations from their in-neighbours through every relation (``sample_bottom`` with fanout -1,
-edge features included), by the model's own ``layer_output`` and ``activate``; only the asked layer is limited
-to the asked vertices. It holds one float32 table per computed type and layer (``vertices x hidden``) in
-memory, and its rows equal sampled inference with fanout -1 to float32 rounding.
+**Embeddings.** Layer ``k``'s output (1 = the bottom layer's, after its activation) exists for the types within
+``L - k`` relations of the target (``reachable_types``; ``L`` layers) and is what layer ``k + 1`` reads; a type
+no layer computes is refused, naming the layers that do. A vertex's row at layer ``k`` is computed as in a
+prediction where it sits ``L - k`` hops from the seeds: the sampler's hops ``L - k`` to ``L - 1`` drawn from it
+(``sample_bottom`` of samplers whose fanouts end at each hop in turn), then the model's own layers up to ``k``.
 
-**Embeddings.** What a relational model holds for a vertex below its logits is the vertex's row at a hidden
-layer: layer ``k``'s output (1 = the bottom layer's, after its activation) exists for the types the layer has
-as destinations, those within ``L - k`` relations of the target (``reachable_types``; ``L`` layers), and is
-what layer ``k + 1`` reads. ``embed`` writes the last hidden layer's by default (``k = L - 1``: the target's
-own rows, which its logits are computed from, and those of every type one relation from it); ``node_type``
-picks another type, ``layer`` another layer (``L``: the target's logits). A type that layer ``k`` does not
-compute is refused, naming the layers that do; a type only ever read (institutions two relations from the
-papers, under two layers) has no hidden row at all: its rows are its features, or its embedding table
-(``model.embeddings``).
-
-A vertex's row at layer ``k`` is computed exactly as in a prediction where it sits ``L - k`` hops from the
-seeds: the sampler's hops ``L - k`` to ``L - 1`` drawn from it (``sample_bottom`` of samplers whose fanouts
-end at each hop in turn: each destination draws what ``sample`` draws for it in that hop), then the model's
-own forward, caught where layer ``k + 1`` reads its input. So the target's default embedding is the row the
-top layer reads for it when ``predict`` scores it: from the same neighbourhoods, equal to float32 rounding
-(the products run over chunks of other sizes).
+**Every neighbour, layer by layer.** With ``fanouts`` -1 for every relation, inference runs layer by layer
+(``layerwise.lower_layers``, the per-layer driver a homogeneous graph's inference runs too): two hops through a
+hub relation reach most of the graph from any chunk, so each chunk's whole computation graph would repeat most
+of it. Layer ``k`` computes, for every vertex, the types a later layer reads (``needed_types``), chunk by chunk
+of destinations from all their in-neighbours through every relation; only the asked layer is limited to the
+asked vertices. One float32 table per computed type and layer is held in memory.
 """
 
 from __future__ import annotations
