@@ -64,3 +64,16 @@ def test_the_loaders_and_your_own_module_refuse_the_modes_the_table_names():
             check_own_model_config(TrainConfig(mode=mode).validate())
         assert str(refused.value).startswith(reason)
     check_own_model_config(TrainConfig(mode="auto").validate())
+
+
+def test_a_prediction_refuses_what_its_kind_of_graph_cannot_honour_and_takes_the_rest():
+    from neutronorch.capabilities import check_prediction
+
+    check_prediction("typed", scratch_dir="auto", fanouts=[-1, 5], node_type="author")
+    check_prediction("typed", scratch_dir=None)
+    check_prediction("homogeneous", scratch_dir="/scratch", fanouts=None, node_type=None)
+    with pytest.raises(ConfigError, match="`scratch_dir` /scratch: a typed graph's predictions hold their rows in "
+                                          "memory"):
+        check_prediction("typed", scratch_dir="/scratch")
+    with pytest.raises(ConfigError, match="`node_type` author: for a typed graph's checkpoint"):
+        check_prediction("homogeneous", node_type="author")

@@ -256,6 +256,10 @@ def test_embed_writes_a_vertex_types_rows_from_the_command_line(mag, whole, tmp_
     assert "--layer: give the layer whose output to write" in capsys.readouterr().err
     assert main([*homogeneous, "--layer", "1", "--node-type", "author"]) == 2
     assert "--node-type author: for a typed graph's checkpoint" in capsys.readouterr().err
+    # A typed graph's rows stay in memory: a scratch folder is refused, before anything is read.
+    assert main(["embed", "--checkpoint", str(tmp_path / "absent.pt"), "--dataset", str(folder), "--out",
+                 str(tmp_path / "t.npy"), "--scratch-dir", str(tmp_path)]) == 2
+    assert f"--scratch-dir {tmp_path}: a typed graph's predictions hold their rows in memory" in capsys.readouterr().err
 
 
 ORCH = dict(mode="neutronorch", super_batch=4, hot_ratio=0.5)  # 6 batches an epoch: super-batches of 4 and 2

@@ -184,6 +184,8 @@ def test_outputs_that_are_not_numbers_are_refused_and_nothing_is_written(graph, 
     (lambda ck, g: embed(ck, g, 1.0), "`layer` 1.0: expected a whole number"),
     (lambda ck, g: embed(ck, g, True), "`layer` True: expected a whole number"),
     (lambda ck, g: embed(ck, g, 1, node_type=""), "`node_type` '': name a vertex type"),
+    (lambda ck, g: predict(ck, g, chunk_size=0), "`chunk_size` 0: must be a positive whole number"),
+    (lambda ck, g: embed(ck, g, 1, fanouts=-1), "`fanouts` -1: for a typed graph's checkpoint"),
 ])
 def test_inference_arguments_that_mean_nothing_are_refused(graph, call, message):
     with pytest.raises(ConfigError, match=message):

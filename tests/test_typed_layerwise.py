@@ -1,4 +1,4 @@
-"""Full-neighbour inference of typed checkpoints, layer by layer (train/typed_layerwise.py)."""
+"""Full-neighbour inference of typed checkpoints, layer by layer (train/typed_predict.py, layerwise.lower_layers)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch
 from neutronorch import TrainConfig, train
 from neutronorch.data import synthetic_typed
 from neutronorch.errors import CheckpointError
+from neutronorch.train.predict import embed, predict
 from neutronorch.train.typed_checkpoint import load_typed_checkpoint
-from neutronorch.train.typed_layerwise import full_neighbours, needed_types
-from neutronorch.train.typed_predict import embed_typed, predict_typed
+from neutronorch.train.typed_predict import full_neighbours, needed_types
 
 EVERY = [10**6, 10**6]  # a sampled inference that draws every neighbour (fanouts above every degree)
 
@@ -30,17 +30,17 @@ def checkpoint(request, graph, tmp_path_factory):
 
 
 def test_layer_by_layer_predictions_are_every_neighbours_sampled_ones(graph, checkpoint):
-    layered = predict_typed(checkpoint, graph, "test", probabilities=True, fanouts=-1, chunk_size=97)
-    sampled = predict_typed(checkpoint, graph, "test", probabilities=True, fanouts=EVERY)
+    layered = predict(checkpoint, graph, "test", probabilities=True, fanouts=-1, chunk_size=97)
+    sampled = predict(checkpoint, graph, "test", probabilities=True, fanouts=EVERY)
     np.testing.assert_allclose(layered, sampled, atol=1e-5)
-    other = predict_typed(checkpoint, graph, "all", fanouts={"default": [-1, -1]}, chunk_size=5000)
+    other = predict(checkpoint, graph, "all", fanouts={"default": [-1, -1]}, chunk_size=5000)
     np.testing.assert_array_equal(other[graph.test_idx], layered.argmax(1))
 
 
 @pytest.mark.parametrize("node_type, layer", [("paper", 1), ("author", 1), ("field", 1), ("paper", 2)])
 def test_layer_by_layer_embeddings_are_every_neighbours_sampled_ones(graph, checkpoint, node_type, layer):
-    layered = embed_typed(checkpoint, graph, layer=layer, node_type=node_type, fanouts=-1, chunk_size=333)
-    sampled = embed_typed(checkpoint, graph, layer=layer, node_type=node_type, fanouts=EVERY)
+    layered = embed(checkpoint, graph, layer=layer, node_type=node_type, fanouts=-1, chunk_size=333)
+    sampled = embed(checkpoint, graph, layer=layer, node_type=node_type, fanouts=EVERY)
     assert layered.shape == (graph.num_nodes[node_type], 16 if layer == 1 else graph.num_classes)
     np.testing.assert_allclose(layered, sampled, atol=1e-5)
 
@@ -68,8 +68,8 @@ def test_outputs_that_are_not_numbers_are_refused_sampled_or_layer_by_layer(grap
     out = tmp_path / "classes.npy"
     with pytest.raises(CheckpointError, match=r"NaN or infinite logits for [\d,]+ of a chunk of [\d,]+ vertices; "
                                               r"nothing"):
-        predict_typed(damaged, graph, "test", fanouts=fanouts, out=out)
+        predict(damaged, graph, "test", fanouts=fanouts, out=out)
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(CheckpointError, match=r"NaN or infinite layer 1 outputs for [\d,]+ of a chunk of [\d,]+ "
                                               r"author vertices"):
-        embed_typed(damaged, graph, layer=1, node_type="author", fanouts=fanouts)
+        embed(damaged, graph, layer=1, node_type="author", fanouts=fanouts)

@@ -53,6 +53,17 @@ UNHONOURED = (
      "no tables; leave {it} out."),
 )
 
+# What a prediction (``predict``, ``embed``) of one kind of graph cannot honour: (kind, argument, the values it
+# honours, why the others are refused).
+PREDICTION_UNHONOURED = (
+    ("homogeneous", "fanouts", (None,), "for a typed graph's checkpoint (a TypedGraph); a homogeneous graph's "
+     "predictions read every neighbour of its one vertex type."),
+    ("homogeneous", "node_type", (None,), "for a typed graph's checkpoint (a TypedGraph); a homogeneous graph has "
+     "one vertex type."),
+    ("typed", "scratch_dir", ("auto", None), "a typed graph's predictions hold their rows in memory (a chunk's "
+     "samples, or with every neighbour one table per type and layer); give auto or memory."),
+)
+
 # What a loader feeding your own loop (loader/) offers: every mode but these.
 LOADER_REFUSED = {
     "neutronorch": "`mode` 'neutronorch' is not offered by the loader: NeutronOrch reuses bottom-layer outputs that "
@@ -102,6 +113,14 @@ def check_run(config, kind: str, ranks: int = 1) -> None:
         raise ConfigError(reason + (TYPED_DOCS if kind == "typed" else ""))
 
 
+def check_prediction(kind: str, **given) -> None:
+    """Raise ``ConfigError`` for the first argument of ``given`` (name -> value) that a prediction of a graph of
+    ``kind`` cannot honour (``PREDICTION_UNHONOURED``)."""
+    for rule_kind, name, honoured, why in PREDICTION_UNHONOURED:
+        if rule_kind == kind and name in given and given[name] not in honoured:
+            raise ConfigError(f"`{name}` {given[name]}: {why}")
+
+
 def markdown() -> str:
     """The tables as docs/architecture.md shows them (``tests/test_docs.py`` checks that it does)."""
     reasons: list[str] = []
@@ -128,4 +147,9 @@ def markdown() -> str:
     lines += ["", "The loaders (`NeighborLoader`, on either kind of graph, and `LinkNeighborLoader`) offer "
                   f"{' and '.join(LOADER_MODES)} mode; " + " ".join(LOADER_REFUSED.values())]
     lines += [f"Your own module on a {kind} graph: {reason}" for (kind, _), reason in OWN_MODULE_REFUSED.items()]
+    lines += ["", "| graph | `predict` and `embed` refuse | because |", "|---|---|---|"]
+    for kind, name, honoured, why in PREDICTION_UNHONOURED:
+        but = "" if honoured == (None,) else " other than " + " or ".join(
+            "None (memory)" if v is None else v for v in honoured)
+        lines.append(f"| {kind} | `{name}`{but} | {why} |")
     return "\n".join(lines) + "\n"

@@ -286,20 +286,22 @@ def _check_native_out(field: str, out: str, sources: list[Path], overwrite: bool
 
 
 def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
-    """predict's and embed's shared part: outputs checked, the pairs read (``pairs``: predict --pairs), the
-    checkpoint read (and unless ``pairs`` is None, checked to score pairs or classify vertices as asked),
-    then the data loaded, so that a wrong request fails before a large dataset is read. Returns the
-    checkpoint, the graph and their keywords (device, where the rows go, scratch folder, progress bar,
-    overwrite; and the pairs, read once)."""
+    """predict's and embed's shared part: the request and outputs checked, the pairs read (``pairs``: predict
+    --pairs), the checkpoint read (unless ``pairs`` is None, checked to score pairs or classify vertices as
+    asked), then the data loaded, so that a wrong request fails before a large dataset is read. Returns the
+    checkpoint, the graph and their keywords (device, out, scratch, progress, overwrite; the pairs, read once)."""
     from neutronorch.train.checkpoint import load_checkpoint
     from neutronorch.train.link_predict import read_pairs
-    from neutronorch.train.predict import check_task
+    from neutronorch.train.predict import check_asked, check_task
     from neutronorch.train.prediction_io import NODE_SETS, check_output_path
     from neutronorch.train.resources import resolve_device
     from neutronorch.train.typed_checkpoint import load_typed_checkpoint
 
-    device, typed = resolve_device(args.device), is_typed_dataset(args.dataset)  # typed: train/typed_predict.py
+    typed, device = is_typed_dataset(args.dataset), resolve_device(args.device)
     scratch = None if args.scratch_dir == "memory" else args.scratch_dir
+    if not pairs:  # what the graph's kind cannot honour, said before anything is read
+        check_asked("typed" if typed else "homogeneous", scratch=scratch, embedding=pairs is None,
+                    layer=getattr(args, "layer", None), node_type=getattr(args, "node_type", None))
     given = getattr(args, "pairs", None)
     reads = {"checkpoint": [args.checkpoint], "dataset": dataset_paths(args.dataset),
              "nodes": [] if args.nodes in (None, *NODE_SETS) else [args.nodes], "pairs": [given] if given else []}
@@ -348,10 +350,9 @@ def _score_pairs(args: argparse.Namespace, t0: float) -> int:
 
 
 def _cmd_embed(args: argparse.Namespace) -> int:
-    from neutronorch.train.predict import check_embed_request, embed
+    from neutronorch.train.predict import embed
 
     t0 = time.perf_counter()
-    check_embed_request(args.layer, args.node_type, typed=is_typed_dataset(args.dataset))  # before any data is read
     checkpoint, graph, options = _inference(args)
     out = embed(checkpoint, graph, args.layer, args.nodes, node_type=args.node_type, **options)
     which = f"layer {args.layer or '(the last hidden)'}" + (f", vertex type {args.node_type}" if args.node_type else "")

@@ -2,7 +2,9 @@
 
 Layer l is computed for every vertex that a later layer needs, from all of its in-neighbours, one chunk
 of destinations at a time: each vertex's embedding is computed once per layer, instead of once per
-appearance in an L-hop neighbourhood. Where the rows go is the caller's choice:
+appearance in an L-hop neighbourhood. ``lower_layers`` is that per-layer loop for either kind of graph (a
+typed graph's every-neighbour inference, ``typed_predict.py``, gives it how one layer of a ``TypedGNN`` is
+applied to a chunk; ``_Run.rows`` is a ``GNN``'s). Where the rows go is the caller's choice:
 
 - the intermediate layers' embeddings (one row per vertex) are kept in memory, or memory-mapped in a
   ``scratch`` folder when they would not fit (then anonymous memory stays at a few chunks);
@@ -71,17 +73,44 @@ def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor
         out = torch.empty((nodes.shape[0], model.width(upto - 1)))
     if not getattr(model, "layerwise", True):  # a user's model: whole neighbourhoods, one chunk at a time
         return _whole_neighbourhoods(model, graph, store, nodes, device, chunk_size,
-                                     _Emitter(out, transform, check), progress, out)
+                                     Emitter(out, transform, check), progress, out)
+    if upto < 1:
+        raise ValueError("`layers` must be at least 1")
     run = _Run(model, graph, store, device, chunk_size, progress, world or World())
-    hidden = None
     with _scratch(scratch) as folder:
-        for layer in range(upto):
-            if layer == upto - 1:
-                return run.last(layer, hidden, nodes, out, _Emitter(out, transform, check))
-            buffer = _buffer((graph.num_nodes, model.width(layer)), device, folder, f"layer{layer + 1}")
-            run.all_rows(layer, hidden, buffer)
-            hidden = buffer
-    raise ValueError("`layers` must be at least 1")
+        below = lower_layers(upto, lambda layer: {None: graph.num_nodes}, run.rows,
+                             lambda layer, _: model.width(layer), device, folder, chunk_size, progress, world)
+        return run.last(upto - 1, None if below is None else below[None], nodes, out, Emitter(out, transform, check))
+
+
+def lower_layers(upto: int, sizes: Callable[[int], dict], compute, width: Callable[[int, object], int],
+                 device: torch.device, folder: str | None, chunk_size: int, progress: LayerProgress | None,
+                 world: World | None = None) -> dict | None:
+    """Layers 1..``upto - 1`` of every vertex a later layer reads, for either kind of graph: for each key of
+    ``sizes(layer)`` (key -> vertex count; a vertex type, None for a homogeneous graph), chunks of vertices
+    ``start..end-1`` computed by ``compute(layer, key, start, end, previous)`` (``previous``: the layer below's
+    rows by key, None under the bottom layer) into a buffer on ``device`` or memory-mapped in ``folder``. With
+    ``world`` each rank computes a contiguous share of whole chunks and the ranks share their rows. Returns
+    layer ``upto - 1``'s rows by key (None when ``upto`` is 1)."""
+    world, previous = world or World(), None
+    for layer in range(upto - 1):
+        counts = sizes(layer)
+        total, done, current = sum(counts.values()), 0, {}
+        for key, count in counts.items():
+            name = f"layer{layer + 1}" if key is None else f"layer{layer + 1}-{key}"
+            buffer = current[key] = _buffer((count, width(layer, key)), device, folder, name)
+            shares = torch.tensor_split(torch.arange(0, count, chunk_size), world.size)
+            for start in shares[world.rank].tolist():
+                end = min(count, start + chunk_size)
+                buffer[start:end] = compute(layer, key, start, end, previous).to(buffer.device)
+                if progress is not None:
+                    progress(layer + 1, done + end, total)
+            if world.distributed:
+                bounds = [(int(share[0]), min(count, int(share[-1]) + chunk_size)) for share in shares if share.numel()]
+                world.share_rows(buffer, bounds, f"sharing layer {layer + 1} of the evaluation")
+            done += count
+        previous = current
+    return previous
 
 
 @contextlib.contextmanager
@@ -135,24 +164,15 @@ class _Run:
         x_src = self.store.gather(sources) if hidden is None else hidden[sources.to(hidden.device)]
         return self.model.layer_forward(layer, subgraph.blocks[0].to(self.device), x_src.to(self.device))
 
-    def all_rows(self, layer: int, hidden: torch.Tensor | None, buffer: torch.Tensor) -> None:
-        n, step = self.graph.num_nodes, self.chunk_size
-        starts = torch.arange(0, n, step)
-        shares = torch.tensor_split(starts, self.world.size)  # whole chunks: each computed as in one process
+    def rows(self, layer: int, _key, start: int, end: int, previous: dict | None) -> torch.Tensor:
+        """Layer ``layer`` of vertices start..end-1 (``lower_layers``' ``compute``)."""
+        hidden = None if previous is None else previous[None]
         source = self.in_place(layer, hidden)
-        for start in shares[self.world.rank].tolist():
-            end = min(n, start + step)
-            if source is not None:
-                rows = self.contiguous(layer, source, start, end)
-            else:
-                rows = self.relabelled(layer, hidden, torch.arange(start, end))
-            buffer[start:end] = rows.to(buffer.device)
-            self._report(layer, end, n)
-        if self.world.distributed:
-            bounds = [(int(share[0]), min(n, int(share[-1]) + step)) for share in shares if share.numel()]
-            self.world.share_rows(buffer, bounds, f"sharing layer {layer + 1} of the evaluation")
+        if source is not None:
+            return self.contiguous(layer, source, start, end)
+        return self.relabelled(layer, hidden, torch.arange(start, end))
 
-    def last(self, layer: int, hidden: torch.Tensor | None, nodes: torch.Tensor, out, emit: "_Emitter") -> object:
+    def last(self, layer: int, hidden: torch.Tensor | None, nodes: torch.Tensor, out, emit: "Emitter") -> object:
         """The requested rows of the last layer, chunk by chunk into ``out`` by ``emit``."""
         # The input layer as the last one (a one-layer model, an embedding of layer 1) computes only the
         # requested vertices, as chunks of their own: the rows of whole in-place chunks would come from
@@ -171,10 +191,8 @@ class _Run:
                     emit(order[lo:hi], rows[(ranked[lo:hi] - start).to(rows.device)])
                 self._report(layer, hi, nodes.shape[0])
         else:
-            for start in range(0, nodes.shape[0], self.chunk_size):
-                chunk = nodes[start:start + self.chunk_size]
-                emit(slice(start, start + chunk.shape[0]), self.relabelled(layer, hidden, chunk))
-                self._report(layer, start + chunk.shape[0], nodes.shape[0])
+            emit_chunks(nodes, self.chunk_size, lambda chunk: self.relabelled(layer, hidden, chunk), emit, layer + 1,
+                        self.progress)
         return out
 
     def _report(self, layer: int, done: int, total: int) -> None:
@@ -184,22 +202,32 @@ class _Run:
 
 @torch.no_grad()
 def _whole_neighbourhoods(model, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,
-                          chunk_size: int, emit: "_Emitter", progress: LayerProgress | None, out):
+                          chunk_size: int, emit: "Emitter", progress: LayerProgress | None, out):
     """The logits of a model that runs only as a whole (``nn.custom.UserModel``): every neighbour of every hop
     sampled for each chunk of ``nodes``, the same result layer-by-layer inference gives, at the cost of each
     chunk's whole neighbourhood."""
     sampler = NeighborSampler(graph.indptr, graph.indices, [-1] * model.num_layers, model.needs_degrees)
-    for start in range(0, nodes.shape[0], chunk_size):
-        chunk = nodes[start:start + chunk_size]
+
+    def logits(chunk: torch.Tensor) -> torch.Tensor:
         subgraph = sampler.sample(chunk.numpy(), 0)
-        x = store.gather(subgraph.input_nodes).to(device)
-        emit(slice(start, start + chunk.shape[0]), model([b.to(device) for b in subgraph.blocks], x))
-        if progress is not None:
-            progress(model.num_layers, start + chunk.shape[0], nodes.shape[0])
+        return model([b.to(device) for b in subgraph.blocks], store.gather(subgraph.input_nodes).to(device))
+
+    emit_chunks(nodes, chunk_size, logits, emit, model.num_layers, progress)
     return out
 
 
-class _Emitter:
+def emit_chunks(nodes: torch.Tensor | np.ndarray, chunk_size: int, compute, emit: "Emitter", layer: int,
+                progress: LayerProgress | None) -> None:
+    """The asked vertices' rows, of either kind of graph: ``emit`` of ``compute(chunk)`` for each chunk of
+    ``chunk_size`` of ``nodes`` in order, then ``progress(layer, done, total)``."""
+    for start in range(0, nodes.shape[0], chunk_size):
+        chunk = nodes[start:start + chunk_size]
+        emit(slice(start, start + chunk.shape[0]), compute(chunk))
+        if progress is not None:
+            progress(layer, start + chunk.shape[0], nodes.shape[0])
+
+
+class Emitter:
     """Writes chunks of final rows (float32 on the CPU, ``check``ed, then ``transform``ed) into ``out``."""
 
     def __init__(self, out, transform: Transform | None, check: Callable[[torch.Tensor], None] | None = None):

@@ -1,33 +1,24 @@
-"""Predictions and embeddings of a typed checkpoint's model: what ``predict`` and ``embed`` run for a
-``TypedGraph``.
+"""How ``predict`` and ``embed`` (``predict.py``) compute a typed checkpoint's rows, given a ``TypedGraph``
+(docs/heterogeneous.md, Predictions, says more).
 
-**What is sampled.** Inference samples neighbourhoods as the run's evaluation did: with the checkpoint's
-evaluation fanouts (``eval_fanouts`` for every relation if the run gave them, else its training fanouts per
-relation, as it resolved them; ``fanouts`` here overrides both: one list, or a dict as ``typed_fanouts``
-reads it, -1 for every neighbour) and the one key ``inference_key(seed)`` for every chunk. The sampler keys
-each vertex's draws by that key and the vertex, so a vertex's neighbourhood depends on the vertex alone, not
-on the chunk it falls in or the other vertices asked for (its output too, to float32 rounding: the products
-run over chunks of other sizes), and predicting the test vertices scores what the run's evaluation scored.
-With ``fanouts`` -1 (every neighbour of every relation) inference runs layer by layer instead
-(``typed_layerwise.py``): each layer once for every vertex a later layer reads, not each chunk's whole
-computation graph.
+**What is sampled.** As the run's evaluation sampled: its ``eval_fanouts`` for every relation, else its training
+fanouts per relation (``fanouts`` overrides both: one list, or a dict as ``typed_fanouts`` reads it), with the
+one key ``inference_key(seed)`` for every chunk. The sampler keys each vertex's draws by that key and the
+vertex, so a vertex's rows depend on the vertex alone (to float32 rounding: the products run over chunks of
+other sizes), not on its chunk, and predicting the test vertices scores what the run's evaluation scored.
 
-**Embeddings.** What a relational model holds for a vertex below its logits is the vertex's row at a hidden
-layer: layer ``k``'s output (1 = the bottom layer's, after its activation) exists for the types the layer has
-as destinations, those within ``L - k`` relations of the target (``reachable_types``; ``L`` layers), and is
-what layer ``k + 1`` reads. ``embed`` writes the last hidden layer's by default (``k = L - 1``: the target's
-own rows, which its logits are computed from, and those of every type one relation from it); ``node_type``
-picks another type, ``layer`` another layer (``L``: the target's logits). A type that layer ``k`` does not
-compute is refused, naming the layers that do; a type only ever read (institutions two relations from the
-papers, under two layers) has no hidden row at all: its rows are its features, or its embedding table
-(``model.embeddings``).
+**Embeddings.** Layer ``k``'s output (1 = the bottom layer's, after its activation) exists for the types within
+``L - k`` relations of the target (``reachable_types``; ``L`` layers) and is what layer ``k + 1`` reads; a type
+no layer computes is refused, naming the layers that do. A vertex's row at layer ``k`` is computed as in a
+prediction where it sits ``L - k`` hops from the seeds: the sampler's hops ``L - k`` to ``L - 1`` drawn from it
+(``sample_bottom`` of samplers whose fanouts end at each hop in turn), then the model's own layers up to ``k``.
 
-A vertex's row at layer ``k`` is computed exactly as in a prediction where it sits ``L - k`` hops from the
-seeds: the sampler's hops ``L - k`` to ``L - 1`` drawn from it (``sample_bottom`` of samplers whose fanouts
-end at each hop in turn: each destination draws what ``sample`` draws for it in that hop), then the model's
-own forward, caught where layer ``k + 1`` reads its input. So the target's default embedding is the row the
-top layer reads for it when ``predict`` scores it: from the same neighbourhoods, equal to float32 rounding
-(the products run over chunks of other sizes).
+**Every neighbour, layer by layer.** With ``fanouts`` -1 for every relation, inference runs layer by layer
+(``layerwise.lower_layers``, the per-layer driver a homogeneous graph's inference runs too): two hops through a
+hub relation reach most of the graph from any chunk, so each chunk's whole computation graph would repeat most
+of it. Layer ``k`` computes, for every vertex, the types a later layer reads (``needed_types``), chunk by chunk
+of destinations from all their in-neighbours through every relation; only the asked layer is limited to the
+asked vertices. One float32 table per computed type and layer is held in memory.
 """
 
 from __future__ import annotations
@@ -41,86 +32,50 @@ from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.nn.typed_models import TypedGNN, reachable_types
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
-from neutronorch.train.health import output_check
-from neutronorch.train.layerwise import LayerProgress
-from neutronorch.train.prediction_io import (Nodes, check_prediction_output, node_files, prediction_rows,
-                                             select_nodes, write_rows)
-from neutronorch.train.task import Task
+from neutronorch.train.layerwise import Emitter, LayerProgress, emit_chunks, lower_layers
 from neutronorch.train.typed_checkpoint import TypedCheckpoint, check_typed_fits, load_typed_checkpoint
 from neutronorch.train.typed_inputs import gather_frontier, inference_key, typed_logits
-from neutronorch.train.typed_layerwise import full_neighbours, layerwise_rows
 
 
-def predict_typed(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGraph, nodes: Nodes = "test",
-                  probabilities: bool = False, device: str = "cpu", chunk_size: int = 4096, *,
-                  out: str | os.PathLike | None = None, progress: LayerProgress | None = None,
-                  overwrite: bool = False, fanouts=None) -> np.ndarray:
-    """Predicted classes (int64) of the target type's ``nodes``, or their class probabilities (float32 rows;
-    a multi-label target: 0/1 rows, int8, or each task's probability), as ``predict`` gives them; ``out``,
-    ``progress`` (``(0, done, total)`` after every chunk) and ``overwrite`` as there."""
-    check_prediction_output(out, None, checkpoint, graph, overwrite, {"nodes": node_files(nodes)})
-    checkpoint, graph, sampler = _prepared(checkpoint, graph, fanouts)
-    ids = select_nodes(graph, nodes)
-    shape, dtype, transform = prediction_rows(Task.of(graph), probabilities)
-    target, seed = torch.device(device), checkpoint.config.seed
-    model = checkpoint.model.to(target)
-    check = output_check("logits")  # before the transform: an argmax of NaN rows is a class
-    if full_neighbours(fanouts, model.num_layers):  # every neighbour: layer by layer
-        return write_rows(out, (ids.shape[0], *shape), dtype, lambda array: _assign(array, transform(_checked(
-            check, layerwise_rows(model, graph, graph.target, model.num_layers, ids, target, chunk_size, progress)))))
-    compute = lambda chunk: transform(_checked(check, typed_logits(  # noqa: E731
-        model, graph, sampler, torch.from_numpy(chunk), target, len(chunk), seed)))
-    return write_rows(out, (ids.shape[0], *shape), dtype,
-                      lambda array: _fill(array, ids, chunk_size, progress, compute))
+def typed_model(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGraph, fanouts
+                ) -> tuple[TypedCheckpoint, TypedGraph, TypedNeighborSampler]:
+    """The checkpoint (read if a path), the graph with its reverse relations (as trained), checked to fit the
+    model, and the sampler inference draws with."""
+    if not isinstance(checkpoint, TypedCheckpoint):
+        checkpoint = load_typed_checkpoint(checkpoint)
+    graph = graph.with_reverse()
+    check_typed_fits(checkpoint, graph, graph.name)
+    config = checkpoint.config
+    if isinstance(fanouts, int):  # -1: every neighbour, at every layer
+        fanouts = [fanouts] * checkpoint.model.num_layers
+    chosen = fanouts if fanouts is not None else (
+        config.eval_fanouts if config.eval_fanouts is not None else checkpoint.fanouts)
+    sampler = TypedNeighborSampler(graph, chosen)
+    if sampler.num_layers != checkpoint.model.num_layers:
+        raise ConfigError(f"`fanouts` {fanouts}: {sampler.num_layers} layer(s), and the model has "
+                          f"{checkpoint.model.num_layers}; give one fanout per layer.")
+    return checkpoint, graph, sampler
 
 
-def embed_typed(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGraph, layer: int | None = None,
-                nodes: Nodes = "all", device: str = "cpu", chunk_size: int = 4096, *, node_type: str | None = None,
-                out: str | os.PathLike | None = None, progress: LayerProgress | None = None,
-                overwrite: bool = False, fanouts=None) -> np.ndarray:
-    """The rows of ``node_type``'s ``nodes`` (default: the target's, every vertex) at layer ``layer``
-    (default: the last hidden layer), float32; ``nodes`` as ``predict`` takes them (the splits are of the
-    target: another type takes ``all`` or ids); the rest as ``predict_typed``."""
-    check_prediction_output(out, None, checkpoint, graph, overwrite, {"nodes": node_files(nodes)})
-    checkpoint, graph, sampler = _prepared(checkpoint, graph, fanouts)
-    model = checkpoint.model
-    layer, node_type = embedding_layer(model, layer), node_type or graph.target
-    check_computed(model, node_type, layer)
-    ids = select_nodes(graph, nodes, node_type)
-    target, seed = torch.device(device), checkpoint.config.seed
-    model.to(target)
-    check = output_check(f"layer {layer} outputs", f"{node_type} vertices")
-    if full_neighbours(fanouts, model.num_layers):  # every neighbour: layer by layer
-        width = model.arguments["num_classes" if layer == model.num_layers else "hidden"]
-        return write_rows(out, (ids.shape[0], width), np.float32, lambda array: _assign(array, _checked(
-            check, layerwise_rows(model, graph, node_type, layer, ids, target, chunk_size, progress))))
-    if layer == model.num_layers:  # the logits
-        width = model.arguments["num_classes"]
-        compute = lambda chunk: typed_logits(  # noqa: E731
-            model, graph, sampler, torch.from_numpy(chunk), target, len(chunk), seed)
-    else:
-        width = model.arguments["hidden"]
-        # Hop h of a sample is the bottom hop of a sampler whose fanouts end at h (``sample_bottom``).
-        hops = [TypedNeighborSampler(graph, {r: f[:hop + 1] for r, f in sampler.fanouts.items()})
-                for hop in range(model.num_layers - layer, model.num_layers)]
-        compute = lambda chunk: hidden_rows(model, graph, hops, node_type, chunk, target, seed)  # noqa: E731
-    checked = lambda chunk: _checked(check, compute(chunk))  # noqa: E731
-    return write_rows(out, (ids.shape[0], width), np.float32,
-                      lambda array: _fill(array, ids, chunk_size, progress, checked))
-
-
-def embedding_layer(model: TypedGNN, layer: int | None) -> int:
-    """``layer``, checked to be one of the model's, or the last hidden layer when None."""
-    layers = model.num_layers
-    if layer is None:
-        if layers < 2:
-            raise ConfigError("`layer`: a one-layer model has no hidden layer (its only layer gives the logits); "
-                              "give `layer` 1 for them.")
-        return layers - 1
-    if not 1 <= layer <= layers:
-        raise ConfigError(f"`layer` {layer}: the model has layers 1..{layers} (1 reads the inputs; {layers} gives "
-                          f"the target's logits; default {layers - 1 or 1}, the last hidden layer).")
-    return layer
+def typed_fill(model: TypedGNN, graph: TypedGraph, sampler: TypedNeighborSampler, fanouts, node_type: str,
+               layer: int, ids: np.ndarray, device: torch.device, chunk_size: int, progress: LayerProgress | None,
+               check, transform, seed: int):
+    """``fill(array)``: ``array[i]`` = ``transform`` (None: none) of ``node_type``'s row of ``ids[i]`` at layer
+    ``layer`` (``model.num_layers``: the target's logits), once ``check`` has found it finite. Layer by layer
+    with every neighbour (``fanouts`` -1), else sampled by ``sampler`` a chunk at a time."""
+    def fill(array: np.ndarray) -> None:
+        if full_neighbours(fanouts, model.num_layers):  # every neighbour: layer by layer (the layers below first)
+            compute = full_neighbour_layers(model, graph, node_type, layer, device, chunk_size, progress)
+        elif layer == model.num_layers:  # the logits
+            compute = lambda chunk: typed_logits(  # noqa: E731
+                model, graph, sampler, torch.from_numpy(chunk), device, len(chunk), seed)
+        else:
+            # Hop h of a sample is the bottom hop of a sampler whose fanouts end at h (``sample_bottom``).
+            hops = [TypedNeighborSampler(graph, {r: f[:hop + 1] for r, f in sampler.fanouts.items()})
+                    for hop in range(model.num_layers - layer, model.num_layers)]
+            compute = lambda chunk: hidden_rows(model, graph, hops, node_type, chunk, device, seed)  # noqa: E731
+        emit_chunks(ids, chunk_size, _unique_seeds(compute), Emitter(array, transform, check), layer, progress)
+    return fill
 
 
 def check_computed(model: TypedGNN, node_type: str, layer: int) -> None:
@@ -165,46 +120,55 @@ def hidden_rows(model: TypedGNN, graph: TypedGraph, hops: list[TypedNeighborSamp
     return x[node_type].float().cpu()
 
 
-def _prepared(checkpoint: TypedCheckpoint | str | os.PathLike, graph: TypedGraph, fanouts
-              ) -> tuple[TypedCheckpoint, TypedGraph, TypedNeighborSampler]:
-    """The checkpoint (read if a path), the graph with its reverse relations (as trained), checked to fit the
-    model, and the sampler inference draws with."""
-    if not isinstance(checkpoint, TypedCheckpoint):
-        checkpoint = load_typed_checkpoint(checkpoint)
-    graph.check_given(classes=False)  # inference reads no label
-    graph = graph.with_reverse()
-    check_typed_fits(checkpoint, graph, graph.name)
-    config = checkpoint.config
-    if isinstance(fanouts, int):  # -1: every neighbour, at every layer
-        fanouts = [fanouts] * checkpoint.model.num_layers
-    chosen = fanouts if fanouts is not None else (
-        config.eval_fanouts if config.eval_fanouts is not None else checkpoint.fanouts)
-    sampler = TypedNeighborSampler(graph, chosen)
-    if sampler.num_layers != checkpoint.model.num_layers:
-        raise ConfigError(f"`fanouts` {fanouts}: {sampler.num_layers} layer(s), and the model has "
-                          f"{checkpoint.model.num_layers}; give one fanout per layer.")
-    return checkpoint, graph, sampler
+def full_neighbours(fanouts, layers: int) -> bool:
+    """Whether ``fanouts`` (as ``predict`` takes them) asks for every neighbour of every relation."""
+    if fanouts is None:
+        return False
+    if isinstance(fanouts, int):
+        return fanouts == -1
+    if isinstance(fanouts, dict):
+        return all(all(f == -1 for f in ([v] if isinstance(v, int) else v)) for v in fanouts.values())
+    values = list(fanouts)
+    return len(values) in (1, layers) and all(v == -1 for v in values)
 
 
-def _checked(check, rows: torch.Tensor) -> torch.Tensor:
-    """``rows``, once ``check`` (``health.output_check``) has found them finite."""
-    check(rows)
-    return rows
+def needed_types(model: TypedGNN, node_type: str, layer: int) -> list[set[str]]:
+    """``out[k]``: the types layer ``k`` (0-based) must compute for ``node_type`` at layer ``layer`` (1-based)."""
+    relations = model.spec.relations
+    needed = [set() for _ in range(layer)]
+    needed[layer - 1] = {node_type}
+    for k in range(layer - 1, 0, -1):
+        needed[k - 1] = needed[k] | {r[0] for r in relations if r[2] in needed[k]}
+    return needed
 
 
-def _assign(array: np.ndarray, rows: torch.Tensor) -> None:
-    array[:] = rows.numpy()
+def full_neighbour_layers(model: TypedGNN, graph: TypedGraph, node_type: str, layer: int, device: torch.device,
+                          chunk_size: int, progress: LayerProgress | None):
+    """``top(ids)``: the rows of ``node_type``'s unique ``ids`` at layer ``layer`` (1-based; ``model.num_layers``:
+    the target's logits), every neighbourhood whole, float32 on the CPU, once the layers below it are computed
+    for every vertex a later layer reads (here, before it returns). ``graph`` two-way, as trained."""
+    model.eval()
+    sampler, needed = TypedNeighborSampler(graph, [-1] * model.num_layers), needed_types(model, node_type, layer)
+
+    @torch.no_grad()
+    def rows(k: int, t: str, chunk: np.ndarray, previous: dict | None) -> torch.Tensor:
+        block = sampler.sample_bottom({t: chunk}, 0)
+        if previous is None:
+            x = model.input_rows(*gather_frontier(graph, block.src_ids, device))
+        else:
+            x = {s: previous[s][v].to(device) for s, v in block.src_ids.items() if s in previous}
+        y = model.layer_output(k, block.to(device), x)[t]
+        return (y if k == model.num_layers - 1 else model.activate(y)).float().cpu()
+
+    below = lower_layers(layer, lambda k: {t: graph.num_nodes[t] for t in graph.num_nodes if t in needed[k]},
+                         lambda k, t, start, end, previous: rows(k, t, np.arange(start, end, dtype=np.int64), previous),
+                         lambda k, t: model.arguments["hidden"], torch.device("cpu"), None, chunk_size, progress)
+    return lambda ids: rows(layer - 1, node_type, np.asarray(ids, dtype=np.int64), below)
 
 
-def _fill(array: np.ndarray, ids: np.ndarray, chunk_size: int, progress: LayerProgress | None, compute) -> None:
-    """``array[i]`` = ``compute``'s row of ``ids[i]``, a chunk of ``chunk_size`` ids at a time (a chunk's repeated
-    ids computed once: the sampler takes unique seeds)."""
-    if chunk_size < 1:
-        raise ConfigError(f"`chunk_size` {chunk_size}: must be positive.")
-    for start in range(0, ids.shape[0], chunk_size):
-        chunk = ids[start:start + chunk_size]
+def _unique_seeds(compute):
+    """``compute`` of a chunk's ids, a repeated id computed once (the sampler takes unique seeds)."""
+    def rows(chunk: np.ndarray) -> torch.Tensor:
         unique, inverse = np.unique(chunk, return_inverse=True)
-        rows = compute(chunk) if unique.shape[0] == chunk.shape[0] else compute(unique)[torch.from_numpy(inverse)]
-        array[start:start + chunk.shape[0]] = rows.numpy()
-        if progress is not None:
-            progress(0, start + chunk.shape[0], ids.shape[0])
+        return compute(chunk) if unique.shape[0] == chunk.shape[0] else compute(unique)[torch.from_numpy(inverse)]
+    return rows
