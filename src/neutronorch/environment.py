@@ -57,3 +57,22 @@ def _default(name: str) -> str:
             "NEUTRONORCH_EDGE_SOFTMAX": " (kernels)", "NEUTRONORCH_SYSTEM_MALLOC": " (0: malloc tuned)",
             "NUMBA_THREADING_LAYER": " (neutronorch then uses omp)",
             "NUMBA_NUM_THREADS": " (numba then takes one per core)"}.get(name, " (a launcher such as torchrun sets it)")
+
+
+def launcher_world_size() -> int:
+    """``WORLD_SIZE`` as a launcher (torchrun) set it; 1 without a launcher."""
+    value = os.environ.get("WORLD_SIZE", "1")
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"WORLD_SIZE={value!r} is not a number of processes; unset it, or launch with "
+                          f"torchrun --nproc-per-node N.") from None
+
+
+def launcher_rank() -> int | None:
+    """This process's rank when a launcher started several; None otherwise (or when ``RANK`` is unreadable,
+    which ``check_environment`` reports)."""
+    try:
+        return int(os.environ["RANK"]) if launcher_world_size() > 1 else None
+    except (KeyError, ValueError, ConfigError):
+        return None

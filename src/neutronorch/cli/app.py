@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
 import re
 import signal
 import sys
@@ -26,6 +25,7 @@ from neutronorch.data import (SyntheticSpec, dataset_paths, generate, is_native_
                               load_typed_dataset, save_native, synthetic_typed)
 from neutronorch.data.dtypes import BFLOAT16, narrowed
 from neutronorch.data.typed_native import is_typed_dir
+from neutronorch.environment import launcher_rank
 from neutronorch.errors import ConfigError, Interrupted, NeutronorchError
 
 
@@ -70,19 +70,11 @@ class _FlagFormatter(logging.Formatter):
         return "\n".join(self.prefix + line for line in text.split("\n")) if self.prefix else text
 
 
-def _launched_rank() -> int | None:
-    """This process's rank when a launcher (torchrun) started several; None otherwise."""
-    try:
-        return int(os.environ["RANK"]) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
-    except (KeyError, ValueError):
-        return None
-
-
 def _configure_logging() -> None:
     """Log lines to stderr. Launched data parallel, rank 0 logs as one process does and the other ranks
     only their warnings and errors, each line prefixed with the rank."""
     logger = logging.getLogger("neutronorch")
-    rank = _launched_rank()
+    rank = launcher_rank()
     if not any(getattr(h, "_neutronorch_cli", False) for h in logger.handlers):
         handler = _StderrHandler()
         handler.setFormatter(_FlagFormatter("" if rank is None else f"[rank {rank}] "))
@@ -141,7 +133,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     values.update({k: v for k, v in vars(args).items() if k not in ("command", "config")})
     run_name, save = values.pop("run_name", None), values.pop("save", True)
     config = TrainConfig(**values)
-    rank = _launched_rank()
+    rank = launcher_rank()
     config, folder = _outputs(config, run_name, save, [args.config] if getattr(args, "config", None) else [], rank)
     try:
         return _train(config, folder, rank)
@@ -382,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except NeutronorchError as exc:
-        rank = _launched_rank()
+        rank = launcher_rank()
         where = "" if rank is None else f" (rank {rank})"
         print(f"neutronorch: error{where}: {as_flags(str(exc))}", file=sys.stderr)
         return 2

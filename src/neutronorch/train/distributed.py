@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from neutronorch.config import TrainConfig
+from neutronorch.environment import launcher_world_size
 from neutronorch.errors import ConfigError, TrainingError
 from neutronorch.train.memory import peak_rss_mb, resident_mb
 from neutronorch.train.replacing import Replacement, claim_outputs
@@ -202,20 +203,10 @@ def _reason(exc: BaseException) -> str:
     return text.split(". ")[0].rstrip(".")
 
 
-def environment_world_size() -> int:
-    """``WORLD_SIZE`` as a launcher set it (1 without a launcher)."""
-    value = os.environ.get("WORLD_SIZE", "1")
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(f"WORLD_SIZE={value!r} is not a number of processes; unset it, or launch with "
-                          f"torchrun --nproc-per-node N.") from None
-
-
 def world_size() -> int:
     """The ranks of a run started here: the caller's process group's, else the launcher's ``WORLD_SIZE``."""
     dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else environment_world_size()
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else launcher_world_size()
 
 
 def launched_rank() -> int:
