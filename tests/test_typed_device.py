@@ -136,7 +136,8 @@ def test_a_partial_device_cache_reads_its_misses_through_uva_on_cuda(weighted):
     a = train(config(device="cuda", mode="device"), graph=weighted, progress=whole)
     b = train(config(device="cuda", mode="device", gpu_cache_gb=4 * 8 * 300 / 2**30), graph=weighted, progress=part)
     assert b["device_data"]["cache"]["paper"] == {"rows": 300, "of": 800, "misses": "uva"}
-    assert [m for _, m in part.means] == [m for _, m in whole.means]
+    # The same rows; the GPU's scatter-adds may order their sums differently from run to run.
+    np.testing.assert_allclose([m for _, m in part.means], [m for _, m in whole.means], rtol=1e-5, atol=1e-6)
     assert all(e["moved"]["cache_hits"] > 0 and e["moved"]["device_bytes"] > 0 for e in b["epochs"])
 
 
