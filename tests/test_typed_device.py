@@ -115,6 +115,7 @@ def test_a_partial_device_cache_trains_as_every_row_cached(weighted, kind):
     hits = [e["moved"]["cache_hits"] for e in b["epochs"]]
     everything = [e["moved"]["cache_hits"] for e in a["epochs"]]
     assert all(0 < h < e for h, e in zip(hits, everything))
+    assert b["moved"]["cache_hits"] == sum(hits) and a["moved"]["feature_rows"] == b["moved"]["feature_rows"]
 
 
 @pytest.mark.parametrize("kind", ["sage", "rgat"])

@@ -42,6 +42,12 @@ def given_dataset(graph, spec: str) -> str:
     return spec if files and all(inside(file) for file in files) else f"graph:{graph.name}"
 
 
+def moved_totals(epochs: list[dict]) -> dict:
+    """The rows and bytes the epochs' records moved (``moved``), summed over the run."""
+    return {name: sum(e["moved"].get(name, 0) for e in epochs)
+            for name in ("feature_rows", "feature_bytes", "device_bytes", "cache_hits", "host_rows", "host_cache_hits")}
+
+
 def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str, gather: bool = True) -> dict:
     """The run summary; ``status`` is completed, interrupted or failed. Data parallel, ``gather`` collects
     every rank's peak resident memory (a collective: every rank must call it)."""
@@ -49,8 +55,7 @@ def summarise(run: Run, last_eval: dict, timeline: dict | None, status: str, gat
     distributed = run.world.summary(config.batch_size, gather)
     key = run.task.key
     seconds = [e["seconds"] for e in epochs]
-    moved = {name: sum(e["moved"].get(name, 0) for e in epochs)
-             for name in ("feature_rows", "feature_bytes", "device_bytes", "cache_hits", "host_rows", "host_cache_hits")}
+    moved = moved_totals(epochs)
     return {
         "status": status,
         "mode": mode.name,
@@ -182,6 +187,7 @@ def typed_summary(run, status: str, started: float, data_seconds: float, threads
         "distributed": run.world.summary(config.batch_size, gather=status in ("completed", "stopped_early")),
         "epochs": run.history,
         "epoch_seconds_median": statistics.median(seconds) if seconds else None,
+        "moved": moved_totals(run.history),  # device mode: the rows its device caches served, as cache_hits
         "metric": run.task.metric,
         **score_fields(key, best, last),
         "warnings": list(run.health.warnings),  # training that collapsed (train/health.py)
