@@ -118,6 +118,18 @@ def test_a_partial_device_cache_trains_as_every_row_cached(weighted, kind):
     assert b["moved"]["cache_hits"] == sum(hits) and a["moved"]["feature_rows"] == b["moved"]["feature_rows"]
 
 
+def test_misses_the_device_cannot_read_in_place_are_gathered_by_the_host(mag, monkeypatch):
+    """Where no view of the host rows is made (no UVA on a GPU, rows beyond memory), the type's store gathers the
+    misses (``staged_fetch``): the same losses."""
+    import neutronorch.orchestration.typed_device as typed_device
+
+    whole, staged = Means(), Means()
+    train(config(mode="device"), graph=mag, progress=whole)
+    monkeypatch.setattr(typed_device, "misses_in_place", lambda *args: None)
+    b = train(config(mode="device", gpu_cache_gb=4 * 8 * 100 / 2**30), graph=mag, progress=staged)
+    assert staged.means == whole.means and b["device_data"]["cache"]["paper"]["rows"] == 100
+
+
 @pytest.mark.parametrize("kind", ["sage", "rgat"])
 def test_device_mode_reads_edge_features_exactly_as_exact_mode(weighted, kind):
     exact, device = Means(), Means()
