@@ -152,7 +152,7 @@ class TypedDevice(StepHooksUnused):
         self.placement_config, self.inputs, self.backend = placement, inputs, backend
         self.train_idx = train_seeds(graph)
         self.num_batches = -(-self.train_idx.shape[0] // (sampling.batch_size * sampling.world))
-        self.sizes, self.sampler, self.stream, self.caches = device_bytes(graph), None, None, {}
+        self.sizes, self.sampler, self.stream, self.caches, self.misses = device_bytes(graph), None, None, {}, {}
         self._keep: list[torch.Tensor] = []  # pinned host tensors that UVA views read
 
     def start(self, model: torch.nn.Module) -> None:
