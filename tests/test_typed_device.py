@@ -1,5 +1,6 @@
-"""Device mode on typed graphs: every relation, row and label on the training device, against exact mode step
-for step; what does not fit is refused naming its sizes; a stopped run resumes to the bit."""
+"""Device mode on typed graphs: every relation and label on the training device, the featured types' rows in
+device caches, against exact mode step for step; a partial cache trains as a whole one; what does not fit is
+refused naming its sizes; a stopped run resumes to the bit."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from neutronorch import TrainConfig, train
 from neutronorch.data.synthetic_typed import synthetic_typed
 from neutronorch.errors import ConfigError, Interrupted
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
-from neutronorch.orchestration.typed_device import check_fits, device_bytes
+from neutronorch.config_parts import PlacementConfig
+from neutronorch.orchestration.typed_device import device_bytes, typed_cache_rows
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.typed_checkpoint import load_typed_checkpoint
 
@@ -64,19 +66,68 @@ def test_device_mode_trains_exactly_as_exact_mode(mag, kind):
     assert b["device_data"]["bytes"] == device_bytes(mag)
 
 
-def test_what_does_not_fit_the_device_is_refused_with_its_sizes(mag):
+def test_the_featured_types_share_what_the_budget_leaves_and_the_rest_is_refused_with_its_sizes(mag):
     model = TypedGNN("sage", TypedSpec.of(mag), 16, mag.num_classes, 2)
     fanouts = TypedNeighborSampler(mag, [4, 3]).fanouts
-    sizes = check_fits(mag, model, fanouts, 24, device_memory=None, gpu_memory_gb=0.001)  # the CPU: no budget
-    assert sizes == device_bytes(mag) and sizes["maps"] == 8 * sum(mag.num_nodes.values())
-    assert sizes["features"] == 4 * 8 * mag.num_nodes["paper"]
-    assert check_fits(mag, model, fanouts, 24, device_memory=80 << 30, gpu_memory_gb=None) == sizes
+    papers = mag.num_nodes["paper"]
+
+    def rows(memory, **settings):
+        return typed_cache_rows(mag, model, fanouts, 24, memory, PlacementConfig(**settings))
+
+    assert rows(None, gpu_memory_gb=0.001) == {"paper": papers}  # the CPU: no budget, every row
+    assert rows(None, gpu_cache_gb=4 * 8 * 200 / 2**30) == {"paper": 200}  # a number: a cache of that many bytes
+    assert rows(80 << 30) == {"paper": papers}
+    assert rows(80 << 30, gpu_cache_gb=0) == {"paper": 0}  # no cache: every row read from the host
+    assert rows(80 << 30, gpu_cache_gb=4 * 8 * 300 / 2**30) == {"paper": 300}
+    low, high = 0, 1 << 31  # the least budget that holds all but the feature rows
+    while low < high:
+        middle = (low + high) // 2
+        try:
+            rows(middle)
+            high = middle
+        except ConfigError:
+            low = middle + 1
+    assert rows(low) == {"paper": 0}
+    budget = rows(low + 4 * papers + 4 * 8 * 100)["paper"]  # room for a slot map and 100 rows
+    assert budget == 100 and rows(low + 4 * papers + 4 * 8 * 150, gpu_cache_gb=4 * 8 * 120 / 2**30)["paper"] == 120
+    assert rows(low + 4 * 8 * papers) == {"paper": papers}  # every row: no slot map
+    assert device_bytes(mag, {"paper": budget})["features"] == 4 * 8 * budget + 4 * papers  # with its slot map
     with pytest.raises(ConfigError, match=r"does not fit on the device\. Its topology and edge features take "
-                                          r"0\.00 GiB.*0\.50 GiB against 0\.25 GiB \(`gpu_memory_gb` 0\.25\)\. "
-                                          r"Raise `gpu_memory_gb`"):
-        check_fits(mag, model, fanouts, 24, device_memory=80 << 30, gpu_memory_gb=0.25)
+                                          r"0\.00 GiB.*0\.50 GiB before any feature row, against 0\.25 GiB "
+                                          r"\(`gpu_memory_gb` 0\.25\)\. Raise `gpu_memory_gb`"):
+        rows(80 << 30, gpu_memory_gb=0.25)
     with pytest.raises(ConfigError, match=r"against 0\.40 GiB \(the device's memory\)"):
-        check_fits(mag, model, fanouts, 24, device_memory=int(0.4 * 2**30), gpu_memory_gb=None)
+        rows(int(0.4 * 2**30))
+
+
+@pytest.mark.parametrize("kind", ["sage", "rgat"])
+def test_a_partial_device_cache_trains_as_every_row_cached(weighted, kind):
+    """The hottest rows on the device, the others read from the host: the same rows, so the same losses to the
+    bit; the rows the cache served are counted as a homogeneous run counts them."""
+    whole, part = Means(), Means()
+    a = train(config(model=kind, heads=2, mode="device"), graph=weighted, progress=whole)
+    b = train(config(model=kind, heads=2, mode="device", cache_policy="degree", gpu_cache_gb=4 * 8 * 300 / 2**30),
+              graph=weighted, progress=part)
+    assert part.means == whole.means and b["test_acc"] == a["test_acc"]
+    assert a["device_data"]["cache"] == {"paper": {"rows": 800, "of": 800, "misses": "none"}}
+    assert b["device_data"]["cache"] == {"paper": {"rows": 300, "of": 800, "misses": "host"}}
+    assert b["device_data"]["bytes"]["features"] == 4 * 8 * 300 + 4 * 800
+    hits = [e["moved"]["cache_hits"] for e in b["epochs"]]
+    everything = [e["moved"]["cache_hits"] for e in a["epochs"]]
+    assert all(0 < h < e for h, e in zip(hits, everything))
+    assert b["moved"]["cache_hits"] == sum(hits) and a["moved"]["feature_rows"] == b["moved"]["feature_rows"]
+
+
+def test_misses_the_device_cannot_read_in_place_are_gathered_by_the_host(mag, monkeypatch):
+    """Where no view of the host rows is made (no UVA on a GPU, rows beyond memory), the type's store gathers the
+    misses (``staged_fetch``): the same losses."""
+    import neutronorch.orchestration.typed_device as typed_device
+
+    whole, staged = Means(), Means()
+    train(config(mode="device"), graph=mag, progress=whole)
+    monkeypatch.setattr(typed_device, "misses_in_place", lambda *args: None)
+    b = train(config(mode="device", gpu_cache_gb=4 * 8 * 100 / 2**30), graph=mag, progress=staged)
+    assert staged.means == whole.means and b["device_data"]["cache"]["paper"]["rows"] == 100
 
 
 @pytest.mark.parametrize("kind", ["sage", "rgat"])
@@ -88,6 +139,19 @@ def test_device_mode_reads_edge_features_exactly_as_exact_mode(weighted, kind):
     assert b["device_data"]["bytes"]["topology"] > device_bytes(dataclasses.replace(
         weighted, relations={r: dataclasses.replace(rel, edge_features=None)
                              for r, rel in weighted.relations.items()}))["topology"]
+
+
+@pytest.mark.cuda
+def test_a_partial_device_cache_reads_its_misses_through_uva_on_cuda(weighted):
+    """On a GPU: the rows not cached are read from pinned host memory in place; the losses are every row
+    cached's."""
+    whole, part = Means(), Means()
+    a = train(config(device="cuda", mode="device"), graph=weighted, progress=whole)
+    b = train(config(device="cuda", mode="device", gpu_cache_gb=4 * 8 * 300 / 2**30), graph=weighted, progress=part)
+    assert b["device_data"]["cache"]["paper"] == {"rows": 300, "of": 800, "misses": "uva"}
+    # The same rows; the GPU's scatter-adds may order their sums differently from run to run.
+    np.testing.assert_allclose([m for _, m in part.means], [m for _, m in whole.means], rtol=1e-5, atol=1e-6)
+    assert all(e["moved"]["cache_hits"] > 0 and e["moved"]["device_bytes"] > 0 for e in b["epochs"])
 
 
 @pytest.mark.cuda

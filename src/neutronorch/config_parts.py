@@ -246,7 +246,8 @@ class PlacementConfig:
         "auto", metavar="G",
         help="GiB of the hottest feature rows kept on the device; rows not cached are read from pinned host memory; "
              "auto fills what the budget leaves (every row when they fit), 0 turns the cache off; on a CPU-only run a "
-             "number builds the cache in host memory (default: %(default)s)")
+             "number builds the cache in host memory; a typed graph's featured types share it in proportion to their "
+             "bytes (default: %(default)s)")
     cache_policy: str = setting(
         "presample", choices=("presample", "degree"),
         help="how the cache ranks rows: presample counts bottom-frontier appearances over a few sampled mini-batches, "

@@ -117,22 +117,16 @@ def plan_placement(*, device: str, samples_on_device: bool, num_nodes: int, num_
         # The "device" is host memory: nothing to budget. Where the device samples, its tensors are the
         # host's (every row "on the device"); a partial cache is made only when asked for explicitly (it
         # then runs the same orchestration as on a GPU, which is how the CPU tests cover it).
-        rows = num_nodes if samples_on_device and features_fit else 0
         if not features_fit:
             notes.append("memory-mapped features larger than the memory available: rows are read from the file")
-        if isinstance(gpu_cache_gb, (int, float)):
-            rows = min(num_nodes, int(gpu_cache_gb * GiB) // max(1, row_bytes))
         if gpu_memory_gb is not None:
             notes.append("`gpu_memory_gb` has no effect without a GPU")
+        rows = cache_rows(gpu_cache_gb, None, {"": (num_nodes, row_bytes)}, samples_on_device and features_fit,
+                          notes)[""]
         return _decide(device, None, 0, "device" if samples_on_device else "host", rows, num_nodes,
                        samples_on_device, topology_bytes, row_bytes, notes)
 
-    total = device_memory
-    budget = int(gpu_memory_gb * GiB) if gpu_memory_gb is not None else total
-    if gpu_memory_gb is not None and total and budget > total:
-        notes.append(f"`gpu_memory_gb` {gpu_memory_gb} is more than the device has "
-                     f"({total / GiB:.1f} GiB); using {total / GiB:.1f} GiB")
-        budget = total
+    budget = device_budget(device_memory, gpu_memory_gb, notes)
     if samples_on_device:
         workspace += 8 * num_nodes  # the device sampler's vertex map (int64 per vertex)
     free = budget - workspace
@@ -149,22 +143,49 @@ def plan_placement(*, device: str, samples_on_device: bool, num_nodes: int, num_
             topology = "uva"
             notes.append(f"topology ({topology_bytes / GiB:.2f} GiB) exceeds the budget left after the "
                          f"workspace; the device reads it from pinned host memory")
-    cap_rows = free // max(1, row_bytes)
-    if cap_rows < num_nodes and samples_on_device:
-        # A partial cache looked up on the device needs its slot map there (int32 per vertex).
-        cap_rows = max(0, free - 4 * num_nodes) // max(1, row_bytes)
-    if gpu_cache_gb is None:
-        rows = 0
-    elif gpu_cache_gb == "auto":
-        rows = min(num_nodes, cap_rows)
-    else:
-        asked = int(float(gpu_cache_gb) * GiB) // max(1, row_bytes)
-        rows = min(num_nodes, asked, cap_rows)
-        if asked > cap_rows and cap_rows < num_nodes:
-            notes.append(f"`gpu_cache_gb` {gpu_cache_gb} does not fit the budget; the cache holds "
-                         f"{rows * row_bytes / GiB:.2f} GiB")
+    rows = cache_rows(gpu_cache_gb, free, {"": (num_nodes, row_bytes)}, samples_on_device, notes)[""]
     return _decide(device, budget, workspace, topology, rows, num_nodes, samples_on_device, topology_bytes,
                    row_bytes, notes)
+
+
+def device_budget(device_memory: int, gpu_memory_gb: float | None, notes: list[str]) -> int:
+    """The bytes a run may use on a device of ``device_memory`` bytes: ``gpu_memory_gb``, at most the device's
+    memory (with a note when more was asked), else the whole device."""
+    if gpu_memory_gb is None:
+        return device_memory
+    budget = int(gpu_memory_gb * GiB)
+    if device_memory and budget > device_memory:
+        notes.append(f"`gpu_memory_gb` {gpu_memory_gb} is more than the device has "
+                     f"({device_memory / GiB:.1f} GiB); using {device_memory / GiB:.1f} GiB")
+        return device_memory
+    return budget
+
+
+def cache_rows(gpu_cache_gb: float | str | None, free: int | None, tables: dict, device_lookup: bool,
+               notes: list[str]) -> dict:
+    """Rows of each feature table (``tables``: key -> (rows, bytes per row on the device)) that the device
+    cache holds: a homogeneous graph's one table or a typed graph's featured types. ``free``: the budget's
+    bytes left for the cache (None on the CPU: nothing to budget, every row where ``device_lookup``, else
+    none, unless ``gpu_cache_gb`` is a number). ``gpu_cache_gb`` None: no cache; ``auto``: every row when
+    they fit in ``free``, else ``free`` less the slot maps a cache looked up on the device keeps there (int32
+    per row, where ``device_lookup``); a number: at most that. The bytes are shared over the tables in
+    proportion to their bytes, so each caches the same share of its rows."""
+    total = sum(n * width for n, width in tables.values())
+    if free is None:
+        if not isinstance(gpu_cache_gb, (int, float)):
+            return {key: n if device_lookup else 0 for key, (n, _) in tables.items()}
+        held = asked = int(gpu_cache_gb * GiB)
+    else:
+        room = free if total <= free else max(0, free - (4 * sum(n for n, _ in tables.values())
+                                                          if device_lookup else 0))
+        asked = room if gpu_cache_gb == "auto" else 0 if gpu_cache_gb is None else int(float(gpu_cache_gb) * GiB)
+        held = min(asked, room)
+    rows = {key: min(n, held * n * width // max(1, total) // max(1, width)) for key, (n, width) in tables.items()}
+    if held < asked and any(min(n, asked * n * width // max(1, total) // max(1, width)) > rows[key]
+                            for key, (n, width) in tables.items()):
+        notes.append(f"`gpu_cache_gb` {gpu_cache_gb} does not fit the budget; the cache holds "
+                     f"{sum(rows[key] * width for key, (_, width) in tables.items()) / GiB:.2f} GiB")
+    return rows
 
 
 def _decide(device, budget, workspace, topology, rows, num_nodes, samples_on_device, topology_bytes,

@@ -78,7 +78,7 @@ def typed_stores(config: TrainConfig, graph: TypedGraph, fanouts: dict[RelationT
     typed sampler reads the relations in batch order. A fixed ``host_cache_gb`` is shared by the memory-mapped
     featured types in proportion to their bytes (each caches the same share of its rows); ``auto`` sizes each
     type's cache by measurement, each taking its share of the memory left. ``on_host``: whether the run's mode
-    reads rows on the host at all (device mode keeps every featured type's rows on the device): where it
+    reads its rows through host caches (device mode reads what its device caches miss in place): where it
     does not, no cache is built."""
     features = dict(graph.features)
     topology = [a for relation in graph.relations.values() for a in (relation.indptr, relation.indices)]
@@ -97,7 +97,7 @@ def typed_stores(config: TrainConfig, graph: TypedGraph, fanouts: dict[RelationT
     if setting == 0 or not mapped:
         return stores
     if not on_host:
-        logger.info("no host feature cache: the mode keeps every featured type's rows on the device")
+        logger.info("no host feature cache: device mode reads the rows its device caches miss in place")
         return stores
     total = sum(rows.nbytes for rows in mapped.values())
     ranking: dict[str, np.ndarray] = {}

@@ -120,12 +120,11 @@ def typed_mode(config: TrainConfig, graph: TypedGraph, device: torch.device, thr
         raise ConfigError(refused)
     fanouts = typed_fanouts(graph, config.fanouts if fanouts is None else fanouts)
     sampling = dataclasses.replace(config.sampling, rank=shard[0], world=shard[1])
+    # The featured types' rows, read on the host (in file order, through host caches, as configured); device
+    # mode reads there only what its device caches miss, in place.
+    inputs = TypedInputs(graph, typed_stores(config, graph, fanouts, shard[1] > 1, on_host=config.mode != "device"))
     if config.mode == "device":
-        if config.host_cache_gb not in (0, "auto"):
-            logger.info("no host feature cache: the mode keeps every featured type's rows on the device")
-        return TypedDevice(graph, fanouts, sampling, device, spans, config.gpu_memory_gb)
-    # The featured types' rows, read on the host (in file order, through host caches, as configured).
-    inputs = TypedInputs(graph, typed_stores(config, graph, fanouts, shard[1] > 1))
+        return TypedDevice(graph, fanouts, sampling, device, spans, config.placement, inputs)
     if config.mode == "neutronorch":
         return TypedNeutronOrch(graph, fanouts, sampling, config.neutronorch, config.epochs, device, spans,
                                 threads.sampler, threads.host, inputs)

@@ -41,11 +41,16 @@ def given_dataset(graph, spec: str) -> str:
     return spec if files and all(inside(file) for file in files) else f"graph:{graph.name}"
 
 
+def moved_totals(epochs: list[dict]) -> dict:
+    """The rows and bytes the epochs' records moved (``moved``), summed over the run."""
+    return {name: sum(e["moved"].get(name, 0) for e in epochs)
+            for name in ("feature_rows", "feature_bytes", "device_bytes", "cache_hits", "host_rows", "host_cache_hits")}
+
+
 def summarise(run, last_eval: dict, timeline: dict | None, status: str, gather: bool = True) -> dict:
     """The homogeneous run summary (``run_summary``'s parts and its own)."""
     graph, mode, epochs = run.graph, run.mode, run.history
-    moved = {name: sum(e["moved"].get(name, 0) for e in epochs)
-             for name in ("feature_rows", "feature_bytes", "device_bytes", "cache_hits", "host_rows", "host_cache_hits")}
+    moved = moved_totals(epochs)
     return run_summary(run, status, last_eval, timeline, gather, {
         "mode_choice": run.mode_choice,  # mode auto: {"chosen", "reason", "measured"}; None where it was given
         "dataset": {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
@@ -179,4 +184,5 @@ def typed_summary(run, status: str, timeline: dict | None) -> dict:
         "fanouts": {relation_label(r): f for r, f in run.sampler.fanouts.items()},
         "embedding_tables": None if run.tables is None else run.tables.summary(),
         "threads": {"train": run.threads.train, "sampler": run.threads.sampler},
+        "moved": moved_totals(run.history),  # device mode: the rows its device caches served, as cache_hits
     })
