@@ -35,11 +35,13 @@ from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.features.placement import GiB, workspace_bytes
 from neutronorch.observe import Spans
+from neutronorch.orchestration.batch import TypedBatch
 from neutronorch.orchestration.device_reader import place
+from neutronorch.orchestration.host_loader import TYPED_SAMPLING_STAGES
 from neutronorch.orchestration.mode import StepHooksUnused, StepInputs
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import epoch_order, shard_batches
-from neutronorch.orchestration.typed_exact import TYPED_SAMPLING_STAGES, TypedBatch, train_seeds
+from neutronorch.orchestration.seeds import training_seeds as train_seeds
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_device_sampler import (TypedDeviceSampler, TypedTopology, edge_feature_bytes,
                                                       topology_bytes)
