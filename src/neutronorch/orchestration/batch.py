@@ -4,7 +4,8 @@ A batch moves itself: ``to(device)`` copies what is still on the host (asynchron
 ``transfer_bytes`` says how much that is, ``wait(stream)`` orders a consumer stream after the copy and
 tells the caching allocator that the stream uses the tensors, and ``release`` hands the host buffer its
 features were gathered into back to its pool. Modes that need more (NeutronOrch's spliced batches) extend
-it in their own package; nothing here knows of them.
+it in their own package; nothing here knows of them. A typed graph's modes hand over a ``TypedBatch``: its
+rows by vertex type, already on the device.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 
+from neutronorch.data.typed import TypedGraph
 from neutronorch.sampling.block import Block, SampledSubgraph
+from neutronorch.sampling.typed_block import TypedBlock
 
 
 def _nothing() -> None:
@@ -81,3 +85,32 @@ class MiniBatch:
         """The step no longer needs the host buffer the features were gathered into."""
         release, self._release = self._release, _nothing
         release()
+
+
+def target_labels(graph: TypedGraph, seeds: np.ndarray) -> torch.Tensor:
+    """The labels of target ids, int64 (a memory-mapped array is read at those rows only)."""
+    return torch.from_numpy(np.asarray(graph.labels[seeds], dtype=np.int64))
+
+
+@dataclass
+class TypedBatch:
+    """A mini-batch as the trainer takes it: the blocks (bottom first, on the device), the bottom frontier's
+    featured rows and every type's ids, the seeds' labels, and where it is in its epoch."""
+
+    epoch: int
+    index: int
+    blocks: list[TypedBlock]
+    features: dict[str, torch.Tensor]
+    ids: dict[str, torch.Tensor]
+    labels: torch.Tensor
+    num_sampled_edges: int = 0
+    num_inputs: int = 0
+    stats: object = None  # NeutronOrch: the plan's stats, with a super-batch's first mini-batch
+
+    def counts(self) -> tuple[int, int, int, int, int]:
+        """(sampled edges, input rows, their feature bytes, rows a device cache served, bytes copied to the
+        device for it): what an epoch's record sums (``MiniBatch.counts``); no typed mode caches rows."""
+        return (self.num_sampled_edges, self.num_inputs, sum(x.nbytes for x in self.features.values()), 0, 0)
+
+    def release(self) -> None:
+        """Its tensors are its own: no buffer to give back."""

@@ -23,14 +23,16 @@ from neutronorch.observe import Spans
 from neutronorch.orchestration.access import build_feature_access
 from neutronorch.orchestration.device import DeviceMode
 from neutronorch.orchestration.exact import ExactMode
+from neutronorch.orchestration.host_loader import HostLoader, TypedHostLoader
 from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
 from neutronorch.orchestration.neutronorch.node import NodeLink
+from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.orchestration.typed_device import TypedDevice
-from neutronorch.orchestration.typed_exact import TypedExact
 from neutronorch.orchestration.typed_neutronorch import TypedNeutronOrch
-from neutronorch.sampling.typed_sampler import typed_fanouts
+from neutronorch.sampling.neighbor_sampler import NeighborSampler
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler, typed_fanouts
 
 logger = logging.getLogger("neutronorch")
 
@@ -102,7 +104,9 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
     # A link task's graph carries its links (train/link_task.py's link_graph); its batches are seed edges.
     seeds = LinkSeeds(graph.links.train, graph.num_nodes, sampling, config.negatives) if link else None
     if config.mode == "exact":
-        return ExactMode(graph, sampling, access, spans, threads.sampler, seeds)
+        return ExactMode(seeds or NodeSeeds(graph, sampling), lambda: NeighborSampler(
+            graph.indptr, graph.indices, sampling.fanouts, sampling.degrees, sampling.file_order),
+            HostLoader(access, spans), sampling, spans, threads.sampler)
     if config.mode == "device":
         return DeviceMode(graph, sampling, access, spans, seeds)
     return NeutronOrchMode(graph, sampling, config.neutronorch, config.epochs, access, spans,
@@ -128,4 +132,5 @@ def typed_mode(config: TrainConfig, graph: TypedGraph, device: torch.device, thr
     if config.mode == "neutronorch":
         return TypedNeutronOrch(graph, fanouts, sampling, config.neutronorch, config.epochs, device, spans,
                                 threads.sampler, threads.host, inputs)
-    return TypedExact(graph, fanouts, sampling, device, spans, threads.sampler, inputs)
+    return ExactMode(NodeSeeds(graph, sampling), lambda: TypedNeighborSampler(graph, fanouts),
+                     TypedHostLoader(graph, inputs, device, spans), sampling, spans, threads.sampler)

@@ -1,9 +1,12 @@
-"""Loading a host-sampled mini-batch: gather its rows on the host, ship them to the device.
+"""Loading a host-sampled mini-batch: gather its rows on the host, ship them to the device. A loader also
+says which stages it records and what a step reads of its batches (``stages``, ``step_inputs``).
 
 Gather: the batch's input rows go into a pooled buffer (pinned on CUDA); with a device feature cache only
 the rows it misses. Ship (CUDA): the batch copies itself on a side stream, the device assembles the rows
 from the cache and the copied misses, and the buffer returns to the pool once the copy's event has
-completed, without blocking this thread. On the CPU nothing is copied.
+completed, without blocking this thread. On the CPU nothing is copied. A typed graph's batch
+(``TypedHostLoader``): every featured type's rows read through ``TypedInputs`` and copied, with the blocks
+and the seeds' labels, to the device as part of the gather stage.
 """
 
 from __future__ import annotations
@@ -12,15 +15,26 @@ from typing import Callable
 
 import torch
 
-from neutronorch.observe import Spans
+from neutronorch.data.typed import TypedGraph
+from neutronorch.features.store import TypedInputs
+from neutronorch.observe import Spans, StageTable
 from neutronorch.orchestration.access import FeatureAccess
-from neutronorch.orchestration.batch import MiniBatch
+from neutronorch.orchestration.batch import MiniBatch, TypedBatch, target_labels
+from neutronorch.orchestration.mode import StepInputs
 from neutronorch.sampling.block import SampledSubgraph
+from neutronorch.sampling.typed_block import TypedSubgraph
+
+HOST_SAMPLING_STAGES = StageTable({"sample": "sampler", "gather": "sampler", "copy": "copy"})
+TYPED_SAMPLING_STAGES = StageTable({"sample": "sampler", "gather": "sampler"})
 
 
 class HostLoader:
+    stages = HOST_SAMPLING_STAGES
+    producer = "exact-producer"  # the name of exact mode's producer thread over it
+
     def __init__(self, access: FeatureAccess, spans: Spans):
         self.access = access
+        self.store, self.placement, self.cache = access.store, access.placement, access.cache
         self.spans = spans
         self.copy_stream = torch.cuda.Stream(access.device) if access.on_cuda else None
 
@@ -68,3 +82,37 @@ class HostLoader:
             batch.mark_ready()
         # The pinned buffer is refilled only after the copy out of it has finished.
         self.access.pool.release_after(buffer, batch.ready)
+
+    def step_inputs(self, batch: MiniBatch) -> StepInputs:
+        batch.wait()
+        return StepInputs(batch.blocks, batch.features)
+
+    def summary(self) -> dict:
+        return {}
+
+
+class TypedHostLoader:
+    """A typed graph's batches (node tasks only): no feature store of one row type, no device cache."""
+
+    stages = TYPED_SAMPLING_STAGES
+    producer = "typed-producer"
+    store = placement = cache = None
+
+    def __init__(self, graph: TypedGraph, inputs: TypedInputs, device: torch.device, spans: Spans):
+        self.graph, self.inputs, self.device, self.spans = graph, inputs, device, spans
+
+    def load(self, epoch: int, index: int, subgraph: TypedSubgraph, targets: None = None) -> TypedBatch:
+        """The batch of ``subgraph``, on the device, labelled with its seeds' labels."""
+        with self.spans.stage("gather", index):
+            features, ids = self.inputs(subgraph.input_nodes, self.device)
+            labels = target_labels(self.graph, subgraph.seeds.numpy()).to(self.device)
+            blocks = [b.to(self.device) for b in subgraph.blocks]
+        return TypedBatch(epoch, index, blocks, features, ids, labels, subgraph.num_sampled_edges,
+                          sum(int(v.shape[0]) for v in subgraph.input_nodes.values()))
+
+    def step_inputs(self, batch: TypedBatch) -> StepInputs:
+        return StepInputs(batch.blocks, batch.features, None, batch.ids)
+
+    def summary(self) -> dict:
+        """The host caches of its featured types and how their rows were read (``TypedInputs.summary``)."""
+        return self.inputs.summary()

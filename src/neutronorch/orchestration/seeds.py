@@ -14,6 +14,7 @@ import torch
 
 from neutronorch.config import SamplingConfig
 from neutronorch.data.graph import Graph
+from neutronorch.data.typed import TypedGraph
 from neutronorch.sampling.neighbor_sampler import mix_key
 
 
@@ -35,9 +36,10 @@ class SeedBatch:
 
 
 class NodeSeeds:
-    """A node task's mini-batches: the training vertices in the epoch's order (``epoch_batches``)."""
+    """A node task's mini-batches: the training vertices in the epoch's order (``epoch_batches``); a typed
+    graph's are its target type's (``train_idx``)."""
 
-    def __init__(self, graph: Graph, sampling: SamplingConfig):
+    def __init__(self, graph: Graph | TypedGraph, sampling: SamplingConfig):
         self.graph, self.train_idx = graph, training_seeds(graph)
         self.sampling = sampling
         self.num_batches = batches_per_epoch(graph, sampling)
@@ -54,7 +56,7 @@ class NodeSeeds:
         return rank_shares(self.graph, self.sampling, epoch)
 
 
-def training_seeds(graph: Graph) -> torch.Tensor:
+def training_seeds(graph: Graph | TypedGraph) -> torch.Tensor:
     """The training vertices as an int64 tensor (a small, writable copy of a possibly read-only map)."""
     return torch.from_numpy(np.array(graph.train_idx, dtype=np.int64))
 
@@ -76,7 +78,7 @@ def epoch_batches(train_idx: torch.Tensor, sampling: SamplingConfig, epoch: int)
 def shard_batches(order: torch.Tensor, batch_size: int, rank: int = 0, world: int = 1) -> tuple[torch.Tensor, ...]:
     """Part ``rank`` of every global batch of ``order`` (``batch_size * world`` seeds each, the last one
     partial), split by ``torch.tensor_split`` into ``world`` parts; the batches themselves in one process. What
-    the typed modes train (``typed_exact.py``, ``typed_device.py``)."""
+    the typed device mode trains (``typed_device.py``)."""
     batches = torch.split(order, batch_size * world)
     return batches if world == 1 else tuple(torch.tensor_split(batch, world)[rank] for batch in batches)
 

@@ -42,11 +42,13 @@ from neutronorch.features.memory import fits_in_memory
 from neutronorch.features.placement import GiB, cache_rows, device_budget, workspace_bytes
 from neutronorch.features.store import BufferPool, TypedInputs
 from neutronorch.observe import Spans
+from neutronorch.orchestration.batch import TypedBatch
 from neutronorch.orchestration.device_reader import misses_in_place, place, release, staged_fetch
+from neutronorch.orchestration.host_loader import TYPED_SAMPLING_STAGES
 from neutronorch.orchestration.mode import StepHooksUnused, StepInputs
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import epoch_order, shard_batches
-from neutronorch.orchestration.typed_exact import TYPED_SAMPLING_STAGES, TypedBatch, train_seeds
+from neutronorch.orchestration.seeds import training_seeds as train_seeds
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_device_sampler import (TypedDeviceSampler, TypedTopology, edge_feature_bytes,
                                                       topology_bytes)

@@ -26,6 +26,7 @@ from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.features.store import TypedInputs
 from neutronorch.nn.splice import SpliceIndex
 from neutronorch.observe import Spans
+from neutronorch.orchestration.batch import TypedBatch, target_labels
 from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.controller import PublishedSetting
 from neutronorch.orchestration.neutronorch.hot_rows import layer_holding
@@ -33,7 +34,6 @@ from neutronorch.orchestration.neutronorch.plan_loop import one_ahead
 from neutronorch.orchestration.neutronorch.planner import TypedPlan, TypedPlanner
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
 from neutronorch.orchestration.seeds import NodeSeeds
-from neutronorch.orchestration.typed_exact import TypedBatch, target_labels
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_block import TypedBlock
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
