@@ -51,6 +51,7 @@ from neutronorch.observe import Spans, StageTable
 from neutronorch.orchestration.channel import Channel
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.orchestration.neutronorch.controller import RatioController
+from neutronorch.orchestration.neutronorch.hot_grad import HotGradient
 from neutronorch.orchestration.neutronorch.hot_table import HotTableReader
 from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
 from neutronorch.orchestration.neutronorch.stats import HotRecord
@@ -80,6 +81,7 @@ class TypedNeutronOrch:
         self.schedule = Schedule(epochs, self.num_batches, config.super_batch, config.resolved_staleness)
         self.hot_ratio = config.hot_ratio
         self.track_grad = config.hot_grad == "cpu"
+        self.hot_grad = HotGradient(None, sampling, self.num_batches, None)
         self.controller = RatioController(config, self.schedule, shared_cores=device.type != "cuda",
                                           probe_inputs=self._probe_inputs, lead_adapts=False)
         self.sampler_threads, self.host_threads = sampler_threads, host_threads
@@ -178,25 +180,8 @@ class TypedNeutronOrch:
         """After ``batch``'s backward pass, before its optimizer step: at a super-batch's last mini-batch with
         ``hot_grad="cpu"``, the summed dL/dY of its hot rows taken through the host's graph and added to the
         bottom layer's gradients and the tables' rows'."""
-        hot = self.hot_table.current
-        if not (batch.last and self.track_grad and hot is not None and hot.output):
-            return
-        types = list(hot.output)
-        torch.autograd.backward([hot.output[t] for t in types], [hot.grad_acc[t].cpu() for t in types])
-        with torch.no_grad():
-            for param, host in zip(self.live.parameters(), hot.params):
-                if host.grad is None:
-                    continue
-                grad = host.grad.to(param.device)
-                param.grad = grad if param.grad is None else param.grad + grad
-            for t, rows in hot.rows.items():
-                if rows.grad is None:
-                    continue
-                weight = self.model.embeddings[t].weight
-                ids = hot.ids[t].to(weight.device)
-                extra = torch.sparse_coo_tensor(ids.unsqueeze(0), rows.grad.to(weight.device), weight.shape,
-                                                check_invariants=False)
-                weight.grad = extra if weight.grad is None else weight.grad + extra
+        if batch.last and self.track_grad:
+            self.hot_grad.finish(self.hot_table.current, self.live, False, self.model.embeddings)
 
     def _table_rows(self, super_batch_id: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The table rows super-batch ``super_batch_id``'s hot frontier reads, now (the sampler sent their
