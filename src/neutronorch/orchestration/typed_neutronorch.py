@@ -54,7 +54,7 @@ from neutronorch.orchestration.neutronorch.controller import RatioController
 from neutronorch.orchestration.neutronorch.hot_grad import HotGradient
 from neutronorch.orchestration.neutronorch.hot_table import HotTableReader
 from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
-from neutronorch.orchestration.neutronorch.stats import HotRecord
+from neutronorch.orchestration.neutronorch.stats import HotStats
 from neutronorch.orchestration.neutronorch.versions import Schedule, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.neutronorch.mode import NeutronOrchMode
@@ -88,7 +88,7 @@ class TypedNeutronOrch:
         self.threads = {"sampler": sampler_threads, "host": host_threads}
         self.staleness = StalenessCheck(self.schedule.staleness_bound)
         self.version = 0  # optimizer steps taken: the parameter version
-        self.hot_epoch, self.hot_run = HotRecord(), HotRecord()  # what the plans did, this epoch and in the run
+        self.hot_epoch, self.hot_run = HotStats(), HotStats()  # what the plans did, this epoch and in the run
         self.parts = Channel("parts")
         self.needs = Channel("needs")
         self.snapshots = SnapshotPublisher(self.schedule, device.type == "cuda", self._table_rows)
@@ -146,8 +146,7 @@ class TypedNeutronOrch:
         record.update(self.hot_epoch.record(), staleness_max=self.staleness.max_observed,
                       staleness_mean=round(self.staleness.mean_observed, 3))
         record.update(self.controller.end_epoch(record, self.hot_epoch.hot_ratio, self.stages))
-        self.hot_run.merge(self.hot_epoch)
-        self.hot_epoch = HotRecord()
+        self.hot_epoch = HotStats()
 
     def averaged_gradients(self) -> None:
         return None  # one process: typed NeutronOrch mode does not train data parallel
@@ -156,7 +155,9 @@ class TypedNeutronOrch:
         """The model's inputs with the hot rows ``batch`` splices in at the current parameter version:
         publishes every snapshot due by then, waits for its super-batch's tables at its first mini-batch and
         checks the staleness of every use."""
-        self.hot_epoch.add(batch.stats)
+        if batch.stats is not None:
+            self.hot_epoch.account(batch.stats)
+            self.hot_run.account(batch.stats)
         self.snapshots.publish_due(self.live, self.version, self.controller.lead)
         previous = self.hot_table.current
         hot, _ = self.hot_table.table(batch.super_batch_id)

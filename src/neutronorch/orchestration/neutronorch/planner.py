@@ -61,10 +61,6 @@ class PlanStats:
     error_capped: bool = False  # the staleness-error cap lowered |H_s| below the ratio's
     setting: int = 0  # the number of the ratio setting's publication the plan followed
 
-    @property
-    def hot_share(self) -> float:
-        return self.hot / max(1, self.reached)
-
 
 @dataclass(frozen=True)
 class Plan:
