@@ -88,7 +88,7 @@ class TypedNeutronOrch:
         self.threads = {"sampler": sampler_threads, "host": host_threads}
         self.staleness = StalenessCheck(self.schedule.staleness_bound)
         self.version = 0  # optimizer steps taken: the parameter version
-        self.hot_epoch, self.hot_run = HotStats(), HotStats()  # what the plans did, this epoch and in the run
+        self.hot_epoch, self.stats = HotStats(), HotStats()  # what the plans did, this epoch and in the run
         self.parts = Channel("parts")
         self.needs = Channel("needs")
         self.snapshots = SnapshotPublisher(self.schedule, device.type == "cuda", self._table_rows)
@@ -139,7 +139,7 @@ class TypedNeutronOrch:
                                 "snapshot_lead": self.controller.lead, **self.controller.summary(),
                                 "staleness_max_observed": self.staleness.max_observed,
                                 "staleness_mean_observed": round(self.staleness.mean_observed, 3),
-                                **self.hot_run.record()}}
+                                **self.stats.record()}}
 
     def end_epoch(self, record: dict) -> None:
         """What the plans did in the epoch, and the staleness observed so far."""
@@ -157,7 +157,7 @@ class TypedNeutronOrch:
         checks the staleness of every use."""
         if batch.stats is not None:
             self.hot_epoch.account(batch.stats)
-            self.hot_run.account(batch.stats)
+            self.stats.account(batch.stats)
         self.snapshots.publish_due(self.live, self.version, self.controller.lead)
         previous = self.hot_table.current
         hot, _ = self.hot_table.table(batch.super_batch_id)
@@ -193,21 +193,9 @@ class TypedNeutronOrch:
                     .to("cpu", copy=True) for t, index in ids.items()}
         return rows, ids
 
-    def state_dict(self) -> dict:
-        """What a checkpoint keeps of the mode for an exact resume: the parameter version, the snapshots
-        published for super-batches not yet finished (their versions are past) and, mid super-batch, its hot
-        set and the hot rows' gradient summed so far. The plans are not kept: they depend on the seed, the
-        epoch and the batches alone, and are made again."""
-        return {"version": self.version, **self.snapshots.state_dict(), "in_progress": self.hot_table.state_dict(),
-                "staleness": self.staleness.state_dict(), "controller": self.controller.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Before ``start``: continue from ``state`` (``state_dict()`` of the run this one resumes)."""
-        self.version = state["version"]
-        self.snapshots.load_state_dict(state)
-        self.hot_table.load_state_dict(state["in_progress"])
-        self.staleness.load_state_dict(state["staleness"])
-        self.controller.load_state_dict(state["controller"], self.device)
+    # After any step, what a checkpoint keeps for an exact resume is the homogeneous mode's. The plans are not
+    # kept: they depend on the seed, the epoch and the batches alone, and are made again.
+    state_dict, load_state_dict = NeutronOrchMode.state_dict, NeutronOrchMode.load_state_dict
 
     def _probe_inputs(self, ids: dict[str, np.ndarray]):
         """The drift probe's bottom block (a fixed sample of its own key) and, at each measurement, its rows:
