@@ -284,3 +284,19 @@ def test_a_typed_run_draws_its_timeline(mode, tmp_path):
         assert {"planner", "host"} <= lanes
     assert {s["stage"] for s in data["spans"] if s["lane"] == "trainer"} >= {"forward", "backward", "step"}
     assert data["utilisation"] and all("utilisation" in e for e in summary["epochs"])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_device_sampling_trains_host_samplings_steps(device):
+    """``device_sampling on``: the mini-batches' hops are drawn on the training device (torch ops on the CPU)
+    with the host sampler's draws, so the plans and the steps are host sampling's."""
+    graph, host, drawn = small(), Losses(), Losses()
+    settings = dict(mode="neutronorch", super_batch=4, hot_ratio=0.3, device=device)
+    a = train(run_config(**settings, device_sampling="off"), graph=graph, progress=host)
+    b = train(run_config(**settings, device_sampling="on"), graph=graph, progress=drawn)
+    assert b["neutronorch"]["hot_per_super_batch"] == a["neutronorch"]["hot_per_super_batch"]
+    assert b["neutronorch"]["saved_edges"] == a["neutronorch"]["saved_edges"] > 0
+    if device == "cpu":
+        assert drawn.steps == host.steps and b["test_acc"] == a["test_acc"]
+    else:
+        np.testing.assert_allclose(drawn.steps, host.steps, rtol=1e-3, atol=1e-4)

@@ -74,7 +74,8 @@ class TypedNeutronOrch:
 
     def __init__(self, graph: TypedGraph, fanouts: dict[RelationType, list[int]], sampling: SamplingConfig,
                  config: NeutronOrchConfig, epochs: int, device: torch.device, spans: Spans,
-                 sampler_threads: int = 1, host_threads: int = 1, inputs: TypedInputs | None = None):
+                 sampler_threads: int = 1, host_threads: int = 1, inputs: TypedInputs | None = None,
+                 device_sampling: bool = False):
         self.graph, self.fanouts, self.sampling, self.device, self.spans = graph, fanouts, sampling, device, spans
         self.inputs = inputs if inputs is not None else TypedInputs(graph)  # the featured types' stores
         self.num_batches = batches_per_epoch(graph, sampling)
@@ -85,6 +86,7 @@ class TypedNeutronOrch:
         self.controller = RatioController(config, self.schedule, shared_cores=device.type != "cuda",
                                           probe_inputs=self._probe_inputs, lead_adapts=False)
         self.sampler_threads, self.host_threads = sampler_threads, host_threads
+        self.device_sampling = device_sampling  # the mini-batches' hops drawn on the device
         self.threads = {"sampler": sampler_threads, "host": host_threads}
         self.staleness = StalenessCheck(self.schedule.staleness_bound)
         self.version = 0  # optimizer steps taken: the parameter version
@@ -110,7 +112,7 @@ class TypedNeutronOrch:
         self._host.start()
         sampler = TypedColdSampler(self.graph, self.fanouts, self.sampling, self.schedule, self.controller.published,
                                    self.device, self.spans, self.sampler_threads, tuple(model.embeddings),
-                                   self.first, self.parts, self.needs, self.inputs)
+                                   self.first, self.parts, self.needs, self.inputs, self.device_sampling)
         self._stream = Prefetcher(sampler.run, depth=self.sampling.prefetch, name="typed-neutronorch-sampler")
 
     def close(self) -> None:
@@ -128,7 +130,8 @@ class TypedNeutronOrch:
 
     def describe(self) -> str:
         return (f"super-batch {self.schedule.super_batch}, staleness bound {self.schedule.staleness_bound}, "
-                f"sampler threads {self.sampler_threads}, host threads {self.host_threads}")
+                f"sampler threads {self.sampler_threads}, host threads {self.host_threads}"
+                + (", device sampling" if self.device_sampling else ""))
 
     def summary(self) -> dict:
         """The run summary's ``neutronorch`` part: the settings, what the plans did and the staleness observed."""

@@ -307,7 +307,7 @@ class TypedPlannedBatch:
 
     def cold_destinations(self) -> dict[str, np.ndarray]:
         """Per type, the cold destinations' vertex ids, in the order of their positions."""
-        return {t: ids.numpy()[self.cold_pos[t]] for t, ids in self.upper.frontiers[0].items()}
+        return {t: ids.cpu().numpy()[self.cold_pos[t]] for t, ids in self.upper.frontiers[0].items()}
 
 
 @dataclass(frozen=True)
@@ -354,7 +354,8 @@ class TypedPlanner:
         empty = np.empty(0, np.int64)
         choices = {}
         for t in [t for t in self._slot if any(t in upper.frontiers[0] for _, _, upper in uppers)]:
-            bottoms = [upper.frontiers[0][t].numpy() if t in upper.frontiers[0] else empty for _, _, upper in uppers]
+            bottoms = [upper.frontiers[0][t].cpu().numpy() if t in upper.frontiers[0] else empty
+                       for _, _, upper in uppers]
             own = np.array([upper.seeds.shape[0] if t == self.target else 0 for _, _, upper in uppers], np.int64)
             choices[t] = choose(self._slot[t], self._into[t], bottoms, own, ratio, cap)
         batches = tuple(TypedPlannedBatch(index, key, upper,
