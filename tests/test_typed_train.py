@@ -144,8 +144,8 @@ def test_a_typed_runs_log_on_a_full_disk_ends_it_with_an_error_after_the_summary
     (dict(negatives=4, link_head="mlp"), "`link_head` mlp, `negatives` 4: link task settings, and typed graphs"),
     (dict(cache_policy="degree"), "`cache_policy` degree: not available for typed graphs yet \\(a typed run would "
                                   "ignore it"),
-    (dict(hot_error_budget=0.1, gpu_cache_gb=1.0), "`hot_error_budget` 0.1, `gpu_cache_gb` 1.0: not available "
-                                                   "for typed graphs yet \\(a typed run would ignore them"),
+    (dict(hot_set="node", gpu_cache_gb=1.0), "`hot_set` node, `gpu_cache_gb` 1.0: not available "
+                                             "for typed graphs yet \\(a typed run would ignore them"),
 ])
 def test_what_typed_graphs_cannot_do_yet_is_refused(mag, settings, message):
     with pytest.raises(ConfigError, match=message):
