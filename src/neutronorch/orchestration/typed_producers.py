@@ -28,6 +28,8 @@ from neutronorch.nn.splice import SpliceIndex
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.controller import PublishedSetting
+from neutronorch.orchestration.neutronorch.cold_sampler import splice_index
+from neutronorch.orchestration.neutronorch.device_planner import TypedDevicePlanner
 from neutronorch.orchestration.neutronorch.hot_rows import layer_holding
 from neutronorch.orchestration.neutronorch.plan_loop import one_ahead
 from neutronorch.orchestration.neutronorch.planner import TypedPlan, TypedPlanner
@@ -114,8 +116,8 @@ class TypedColdSampler:
     its hot part (``parts``) and the trainer its table ids (``needs``), and loads each mini-batch with the
     bottom hop of its cold destinations only. Its samplers, planner and seeds (``NodeSeeds``, as a homogeneous
     run's: the target type's training vertices) are its own. With ``on_device`` (device sampling) the
-    mini-batches' hops are drawn on the training device (``TypedDeviceSampler``, the host sampler's draws)
-    and the plan is made from their bottom destinations read back; the hot part is drawn on the host."""
+    mini-batches' hops are drawn and planned on the training device (``TypedDeviceSampler``, the host
+    sampler's draws; ``TypedDevicePlanner``, the host planner's plan); the hot part is drawn on the host."""
 
     def __init__(self, graph: TypedGraph, fanouts: dict[RelationType, list[int]], sampling: SamplingConfig,
                  schedule: Schedule, published: PublishedSetting, device: torch.device, spans: Spans, threads: int,
@@ -137,7 +139,9 @@ class TypedColdSampler:
             host = TypedNeighborSampler(self.graph, self.fanouts)
             sampler = (TypedDeviceSampler(TypedTopology.of(self.graph, self.device), host.fanouts)
                        if self.on_device else host)
-            planner = TypedPlanner(self.graph, {r: f[-1] for r, f in host.fanouts.items()})
+            bottom = {r: f[-1] for r, f in host.fanouts.items()}
+            planner = (TypedDevicePlanner(self.graph, {r: ip for r, (ip, _) in sampler.topology.relations.items()},
+                                          bottom) if self.on_device else TypedPlanner(self.graph, bottom))
             plans = (self._plan(s, sampler, host, planner) for s in range(self.first[0], self.schedule.total))
             for plan in one_ahead(plans):
                 start = self.first[1] if plan.super_batch_id == self.first[0] else 0
@@ -180,15 +184,14 @@ class TypedColdSampler:
         planned = plan.batches[position]
         upper = planned.upper
         with self.spans.stage("sample", planned.index):
-            cold = planned.cold_destinations()
-            if self.on_device:
-                cold = {t: torch.from_numpy(ids) for t, ids in cold.items()}
+            cold = ({t: ids[planned.cold_pos[t]] for t, ids in upper.frontiers[0].items()} if self.on_device
+                    else planned.cold_destinations())
             cold = sampler.sample_bottom(cold, planned.key)
         with self.spans.stage("gather", planned.index):
             features, ids = self.inputs({t: v.cpu() for t, v in cold.src_ids.items()}, self.device)
             labels = target_labels(self.graph, upper.seeds.cpu().numpy()).to(self.device)
-            splice = {t: SpliceIndex.build(int(upper.frontiers[0][t].shape[0]), planned.cold_pos[t],
-                                           planned.hot_pos[t], planned.hot_rows[t]).to(self.device)
+            splice = {t: splice_index(int(upper.frontiers[0][t].shape[0]), planned.cold_pos[t], planned.hot_pos[t],
+                                      planned.hot_rows[t]).to(self.device)
                       for t in plan.hot if planned.hot_pos[t].shape[0]}
             blocks = [b.to(self.device) for b in [cold, *upper.blocks]]
         return TypedOrchBatch(plan.epoch, planned.index, blocks, features, ids, labels,

@@ -281,14 +281,19 @@ class Planner:
         ``hot``: the hot set, already chosen (a resumed super-batch's), instead of ranking by ``ratio``.
         ``fresh``: per mini-batch, vertices never served hot in it besides its own seeds (data parallel: the
         global batch's seeds, ``SeedBatch.batch_seeds``; None: none)."""
-        bottoms = [upper.frontiers[0].numpy() for _, _, upper in uppers]
-        own = np.array([upper.seeds.shape[0] for _, _, upper in uppers], np.int64)
-        c = choose(self._slot, [(self.indptr, self.bottom_fanout)], bottoms, own, ratio, cap, hot, fresh)
+        c = self._choose([upper.frontiers[0] for _, _, upper in uppers],
+                         [upper.seeds.shape[0] for _, _, upper in uppers], ratio, cap, hot, fresh, super_batch_id)
         planned = tuple(PlannedBatch(batch, key, upper, c.cold_pos[b], c.hot_pos[b], c.hot_rows[b], int(c.saved[b]))
                         for b, (batch, key, upper) in enumerate(uppers))
         stats = PlanStats(epoch, c.hot.shape[0], c.reached, c.appearances, c.hot_appearances, int(c.saved.sum()),
                           error_capped=c.capped)
         return Plan(super_batch_id, epoch, planned, read_only(c.hot), c.probe, stats)
+
+    def _choose(self, bottoms: list, own: list[int], ratio: float, cap, hot, fresh, super_batch_id: int) -> Choice:
+        """The choice among the bottom-layer destinations ``bottoms`` (each mini-batch's tensor; its first
+        ``own[b]`` its seeds)."""
+        return choose(self._slot, [(self.indptr, self.bottom_fanout)], [b.numpy() for b in bottoms],
+                      np.array(own, np.int64), ratio, cap, hot, fresh)
 
 
 @dataclass(frozen=True)
@@ -307,7 +312,7 @@ class TypedPlannedBatch:
 
     def cold_destinations(self) -> dict[str, np.ndarray]:
         """Per type, the cold destinations' vertex ids, in the order of their positions."""
-        return {t: ids.cpu().numpy()[self.cold_pos[t]] for t, ids in self.upper.frontiers[0].items()}
+        return {t: ids.numpy()[self.cold_pos[t]] for t, ids in self.upper.frontiers[0].items()}
 
 
 @dataclass(frozen=True)
@@ -351,13 +356,8 @@ class TypedPlanner:
              cap: Callable[[np.ndarray], tuple[int, bool]] | None = None) -> TypedPlan:
         """``uppers``: (mini-batch index, key, upper hops) of each mini-batch; ``ratio`` and ``cap`` as
         ``Planner.plan`` takes them, applied to each type."""
-        empty = np.empty(0, np.int64)
-        choices = {}
-        for t in [t for t in self._slot if any(t in upper.frontiers[0] for _, _, upper in uppers)]:
-            bottoms = [upper.frontiers[0][t].cpu().numpy() if t in upper.frontiers[0] else empty
-                       for _, _, upper in uppers]
-            own = np.array([upper.seeds.shape[0] if t == self.target else 0 for _, _, upper in uppers], np.int64)
-            choices[t] = choose(self._slot[t], self._into[t], bottoms, own, ratio, cap)
+        choices = {t: self._choose(t, uppers, ratio, cap)
+                   for t in self._slot if any(t in upper.frontiers[0] for _, _, upper in uppers)}
         batches = tuple(TypedPlannedBatch(index, key, upper,
                                           *({t: getattr(choices[t], part)[b] for t in upper.frontiers[0]}
                                             for part in ("cold_pos", "hot_pos", "hot_rows")),
@@ -371,3 +371,11 @@ class TypedPlanner:
                                any(c.capped for c in choices.values()))
         return TypedPlan(super_batch_id, epoch, batches, hot, stats,
                          {t: c.probe for t, c in choices.items() if c.probe.shape[0]})
+
+    def _choose(self, t: str, uppers: list[tuple[int, int, TypedSubgraph]], ratio: float,
+                cap: Callable[[np.ndarray], tuple[int, bool]] | None) -> Choice:
+        """The choice among type ``t``'s bottom-layer destinations."""
+        empty = np.empty(0, np.int64)
+        bottoms = [upper.frontiers[0][t].numpy() if t in upper.frontiers[0] else empty for _, _, upper in uppers]
+        own = np.array([upper.seeds.shape[0] if t == self.target else 0 for _, _, upper in uppers], np.int64)
+        return choose(self._slot[t], self._into[t], bottoms, own, ratio, cap)
