@@ -184,9 +184,8 @@ class TypedColdSampler:
         planned = plan.batches[position]
         upper = planned.upper
         with self.spans.stage("sample", planned.index):
-            cold = ({t: ids[planned.cold_pos[t]] for t, ids in upper.frontiers[0].items()} if self.on_device
-                    else planned.cold_destinations())
-            cold = sampler.sample_bottom(cold, planned.key)
+            cold = sampler.sample_bottom({t: ids[planned.cold_pos[t]] for t, ids in upper.frontiers[0].items()},
+                                         planned.key)
         with self.spans.stage("gather", planned.index):
             features, ids = self.inputs({t: v.cpu() for t, v in cold.src_ids.items()}, self.device)
             labels = target_labels(self.graph, upper.seeds.cpu().numpy()).to(self.device)

@@ -300,7 +300,7 @@ class Planner:
 class TypedPlannedBatch:
     """One mini-batch of a typed plan: its upper hops and, per destination type of its bottom layer, the
     positions (among ``upper.frontiers[0][t]``) of its cold destinations (ascending) and of its hot ones,
-    with the hot ones' rows of the type's hot table."""
+    with the hot ones' rows of the type's hot table (tensors on the device where it planned there)."""
 
     index: int
     key: int
@@ -309,10 +309,6 @@ class TypedPlannedBatch:
     hot_pos: dict[str, np.ndarray]
     hot_rows: dict[str, np.ndarray]
     saved_edges: int
-
-    def cold_destinations(self) -> dict[str, np.ndarray]:
-        """Per type, the cold destinations' vertex ids, in the order of their positions."""
-        return {t: ids.numpy()[self.cold_pos[t]] for t, ids in self.upper.frontiers[0].items()}
 
 
 @dataclass(frozen=True)
