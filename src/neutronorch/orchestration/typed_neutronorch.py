@@ -6,7 +6,7 @@ The homogeneous mode (``neutronorch/mode.py``) with a plan per destination type 
 ``typed_producers.py``: ``TypedColdSampler``, ``TypedHostRows``); what crosses between them::
 
     sampler (typed-neutronorch-sampler)      host (typed-neutronorch-host)     trainer (caller)
-      its TypedNeighborSampler, TypedPlanner    a copy of the bottom layer        the model, version,
+      its samplers, its planner                 a copy of the bottom layer        the model, version,
                                                                                   StalenessCheck,
                                                                                   SnapshotPublisher,
                                                                                   HotTableReader
@@ -22,7 +22,9 @@ samples each mini-batch's upper hops with the mini-batch's key (``sample_hops``)
 H_s's bottom hop once with the key of the super-batch's first mini-batch (with P = 1, exactly the neighbours
 that mini-batch draws) and gathers its inputs; then, per mini-batch, the bottom hop of its cold destinations
 only (``sample_bottom``: each draws what exact mode draws for it) and their inputs. Hot destinations'
-neighbours are never sampled or gathered for the mini-batches.
+neighbours are never sampled or gathered for the mini-batches. With device sampling the mini-batches' hops
+and the plans are made on the training device (``TypedDeviceSampler``, ``TypedDevicePlanner``), with the
+same draws and plans.
 
 **The rest is the homogeneous mode's** (``neutronorch/``): the snapshots (``SnapshotPublisher``, which also
 takes the table rows a featureless type's hot inputs are, at the snapshot's version, from the ids the
