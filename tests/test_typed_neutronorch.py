@@ -324,3 +324,17 @@ def test_device_sampling_trains_host_samplings_steps(device):
         assert drawn.steps == host.steps and b["test_acc"] == a["test_acc"]
     else:
         np.testing.assert_allclose(drawn.steps, host.steps, rtol=1e-3, atol=1e-4)
+
+
+def test_device_sampling_on_cuda_needs_room_for_the_topology():
+    """On CUDA the topology is placed whole: ``auto`` samples on the host where it would take more than half the
+    free memory, and ``on`` is refused there, naming the sizes and what to set."""
+    from neutronorch.errors import ConfigError
+    from neutronorch.orchestration.typed_neutronorch import draws_on_device
+
+    graph, cuda = small(), torch.device("cuda")
+    assert draws_on_device("on", graph, CPU) and not draws_on_device("auto", graph, CPU)
+    assert draws_on_device("auto", graph, cuda, free=1 << 40) and not draws_on_device("off", graph, cuda)
+    assert not draws_on_device("auto", graph, cuda, free=1024)
+    with pytest.raises(ConfigError, match="`device_sampling` on: typed NeutronOrch places .* `device_sampling` off"):
+        draws_on_device("on", graph, cuda, free=1024)

@@ -128,5 +128,5 @@ def typed_mode(config: TrainConfig, graph: TypedGraph, device: torch.device, thr
     inputs = TypedInputs(graph, typed_stores(config, graph, fanouts, shard[1] > 1))
     if config.mode == "neutronorch":
         return TypedNeutronOrch(graph, fanouts, sampling, config.neutronorch, config.epochs, device, spans,
-                                threads.sampler, threads.host, inputs, samples_on_device(config, device))
+                                threads.sampler, threads.host, inputs, config.device_sampling)
     return TypedExact(graph, fanouts, sampling, device, spans, threads.sampler, inputs)

@@ -39,6 +39,7 @@ bottom layer's weights and the tables' rows. With P = 1, staleness 0 and ``cpu``
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 
 import numpy as np
@@ -46,6 +47,8 @@ import torch
 
 from neutronorch.config import NeutronOrchConfig, SamplingConfig
 from neutronorch.data.typed import RelationType, TypedGraph
+from neutronorch.errors import ConfigError
+from neutronorch.features.placement import GiB
 from neutronorch.features.store import TypedInputs
 from neutronorch.nn.splice import HotRows
 from neutronorch.nn.typed_models import TypedGNN
@@ -63,7 +66,30 @@ from neutronorch.orchestration.neutronorch.mode import NeutronOrchMode
 from neutronorch.orchestration.seeds import batches_per_epoch
 from neutronorch.orchestration.typed_producers import TypedColdSampler, TypedHostRows, TypedOrchBatch
 from neutronorch.sampling.neighbor_sampler import mix_key
+from neutronorch.sampling.typed_device_sampler import edge_feature_bytes, topology_bytes
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
+
+logger = logging.getLogger("neutronorch")
+
+def draws_on_device(setting: str, graph: TypedGraph, device: torch.device, free: int | None = None) -> bool:
+    """Whether the mini-batches are drawn on ``device`` (``device_sampling`` ``setting``): ``on``, or ``auto``
+    with CUDA where the topology and edge features, placed there whole, take at most half its free memory
+    (``free`` bytes, default what CUDA says); ``on`` beyond that is refused."""
+    on = setting == "on" or (setting == "auto" and device.type == "cuda")
+    if not on or device.type != "cuda":
+        return on
+    free = torch.cuda.mem_get_info(device)[0] if free is None else free
+    need = topology_bytes(graph) + edge_feature_bytes(graph)
+    if need <= free // 2:
+        return True
+    if setting == "on":
+        raise ConfigError(f"`device_sampling` on: typed NeutronOrch places the graph's topology and edge features "
+                          f"on {device} whole ({need / GiB:.2f} GiB), more than half its free {free / GiB:.2f} GiB; "
+                          f"set `device_sampling` off to sample on the host")
+    logger.info(f"device sampling off: the topology ({need / GiB:.2f} GiB) takes more than half of {device}'s free "
+                f"memory")
+    return False
+
 
 class TypedNeutronOrch:
     """The typed NeutronOrch mode of one run; its threads run from ``start`` to ``close``."""
@@ -77,7 +103,7 @@ class TypedNeutronOrch:
     def __init__(self, graph: TypedGraph, fanouts: dict[RelationType, list[int]], sampling: SamplingConfig,
                  config: NeutronOrchConfig, epochs: int, device: torch.device, spans: Spans,
                  sampler_threads: int = 1, host_threads: int = 1, inputs: TypedInputs | None = None,
-                 device_sampling: bool = False):
+                 device_sampling: str = "off"):
         self.graph, self.fanouts, self.sampling, self.device, self.spans = graph, fanouts, sampling, device, spans
         self.inputs = inputs if inputs is not None else TypedInputs(graph)  # the featured types' stores
         self.num_batches = batches_per_epoch(graph, sampling)
@@ -88,7 +114,7 @@ class TypedNeutronOrch:
         self.controller = RatioController(config, self.schedule, shared_cores=device.type != "cuda",
                                           probe_inputs=self._probe_inputs, lead_adapts=False)
         self.sampler_threads, self.host_threads = sampler_threads, host_threads
-        self.device_sampling = device_sampling  # the mini-batches' hops drawn on the device
+        self.device_sampling = draws_on_device(device_sampling, graph, device)  # the mini-batches' hops there
         self.threads = {"sampler": sampler_threads, "host": host_threads}
         self.staleness = StalenessCheck(self.schedule.staleness_bound)
         self.version = 0  # optimizer steps taken: the parameter version
