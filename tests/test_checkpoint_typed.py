@@ -290,6 +290,8 @@ def test_a_stopped_neutronorch_run_resumes_bit_identical(mag, whole_orch, tmp_pa
     resumed = train(config(tmp_path, **ORCH, resume=True), graph=mag)
     assert_same(outcome(resumed, tmp_path), outcome(*whole_orch))
     assert resumed["neutronorch"]["staleness_max_observed"] == whole_orch[0]["neutronorch"]["staleness_max_observed"]
+    totals = ("hot_share", "hot_per_super_batch", "saved_edges")  # the checkpoint keeps the hot sets' totals
+    assert [resumed["neutronorch"][k] for k in totals] == [whole_orch[0]["neutronorch"][k] for k in totals]
     assert predict(tmp_path / "last.pt", mag, "test").shape == (len(mag.test_idx),)
 
 

@@ -14,9 +14,11 @@ from neutronorch.data.synthetic_typed import synthetic_typed
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import Interrupted
 from neutronorch.orchestration.neutronorch.controller import RatioSetting
+from neutronorch.orchestration.neutronorch.device_planner import TypedDevicePlanner
 from neutronorch.orchestration.neutronorch.planner import TypedPlanner
 from neutronorch.nn.splice import HotRows, SpliceIndex
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
+from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.typed_inputs import gather_frontier, gather_inputs
 
@@ -139,6 +141,28 @@ def test_without_the_hot_rows_gradient_lockstep_departs_from_exact_mode():
 
 def uppers_of(graph, sampler, batches):
     return [(i, 1000 + i, sampler.sample_hops(seeds, 1000 + i, 1)) for i, seeds in enumerate(batches)]
+
+
+@pytest.mark.parametrize("ratio", ["auto", 0.0, 0.3, 1.0])
+def test_the_device_planner_makes_the_host_planners_plan(mag, ratio):
+    """``TypedDevicePlanner`` on the typed device sampler's upper hops (the host sampler's draws): the host
+    planner's plan, entry for entry, its positions on the device."""
+    host = TypedNeighborSampler(mag, [4, 3])
+    device = TypedDeviceSampler(TypedTopology.of(mag, CPU), host.fanouts)
+    batches = [np.asarray(mag.train_idx)[i * 40:(i + 1) * 40] for i in range(4)]
+    setting = RatioSetting(1.0, True, 0.1, 0.02) if ratio == "auto" else RatioSetting(ratio)
+    bottom = {r: f[-1] for r, f in host.fanouts.items()}
+    a = TypedPlanner(mag, bottom).plan(7, 0, uppers_of(mag, host, batches), setting.ratio, setting.cap())
+    indptrs = {r: indptr for r, (indptr, _) in device.topology.relations.items()}
+    on_device = uppers_of(mag, device, [torch.from_numpy(s) for s in batches])
+    b = TypedDevicePlanner(mag, indptrs, bottom).plan(7, 0, on_device, setting.ratio, setting.cap())
+    assert a.hot.keys() == b.hot.keys() and all(np.array_equal(a.hot[t], b.hot[t]) for t in a.hot)
+    assert a.probe.keys() == b.probe.keys() and all(np.array_equal(a.probe[t], b.probe[t]) for t in a.probe)
+    assert vars(a.stats) == vars(b.stats)
+    for x, y in zip(a.batches, b.batches):
+        assert x.saved_edges == y.saved_edges
+        for name in ("cold_pos", "hot_pos", "hot_rows"):
+            assert all(np.array_equal(getattr(x, name)[t], getattr(y, name)[t].numpy()) for t in getattr(x, name))
 
 
 @pytest.mark.parametrize("ratio", ["auto", 0.0, 0.3, 1.0])
@@ -284,3 +308,33 @@ def test_a_typed_run_draws_its_timeline(mode, tmp_path):
         assert {"planner", "host"} <= lanes
     assert {s["stage"] for s in data["spans"] if s["lane"] == "trainer"} >= {"forward", "backward", "step"}
     assert data["utilisation"] and all("utilisation" in e for e in summary["epochs"])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_device_sampling_trains_host_samplings_steps(device):
+    """``device_sampling on``: the mini-batches' hops are drawn on the training device (torch ops on the CPU)
+    with the host sampler's draws, so the plans and the steps are host sampling's."""
+    graph, host, drawn = small(), Losses(), Losses()
+    settings = dict(mode="neutronorch", super_batch=4, hot_ratio=0.3, device=device)
+    a = train(run_config(**settings, device_sampling="off"), graph=graph, progress=host)
+    b = train(run_config(**settings, device_sampling="on"), graph=graph, progress=drawn)
+    assert b["neutronorch"]["hot_per_super_batch"] == a["neutronorch"]["hot_per_super_batch"]
+    assert b["neutronorch"]["saved_edges"] == a["neutronorch"]["saved_edges"] > 0
+    if device == "cpu":
+        assert drawn.steps == host.steps and b["test_acc"] == a["test_acc"]
+    else:
+        np.testing.assert_allclose(drawn.steps, host.steps, rtol=1e-3, atol=1e-4)
+
+
+def test_device_sampling_on_cuda_needs_room_for_the_topology():
+    """On CUDA the topology is placed whole: ``auto`` samples on the host where it would take more than half the
+    free memory, and ``on`` is refused there, naming the sizes and what to set."""
+    from neutronorch.errors import ConfigError
+    from neutronorch.orchestration.typed_neutronorch import draws_on_device
+
+    graph, cuda = small(), torch.device("cuda")
+    assert draws_on_device("on", graph, CPU) and not draws_on_device("auto", graph, CPU)
+    assert draws_on_device("auto", graph, cuda, free=1 << 40) and not draws_on_device("off", graph, cuda)
+    assert not draws_on_device("auto", graph, cuda, free=1024)
+    with pytest.raises(ConfigError, match="`device_sampling` on: typed NeutronOrch places .* `device_sampling` off"):
+        draws_on_device("on", graph, cuda, free=1024)

@@ -255,7 +255,8 @@ class PlacementConfig:
     device_sampling: str = setting(
         "auto", choices=("auto", "on", "off"),
         help="neutronorch: sample every hop and plan each super-batch on the device (topology placed there, or read "
-             "from pinned host memory) instead of on the host; auto = on with CUDA (default: %(default)s)")
+             "from pinned host memory; a typed graph's placed there) instead of on the host; auto = on with CUDA "
+             "(default: %(default)s)")
     read_order: str = setting(
         "auto", choices=("auto", "file", "batch"),
         help="how memory-mapped features and topology are read (a typed graph's relations: in batch order): file "

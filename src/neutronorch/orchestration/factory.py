@@ -131,6 +131,6 @@ def typed_mode(config: TrainConfig, graph: TypedGraph, device: torch.device, thr
         return TypedDevice(graph, fanouts, sampling, device, spans, config.placement, inputs)
     if config.mode == "neutronorch":
         return TypedNeutronOrch(graph, fanouts, sampling, config.neutronorch, config.epochs, device, spans,
-                                threads.sampler, threads.host, inputs)
+                                threads.sampler, threads.host, inputs, config.device_sampling)
     return ExactMode(NodeSeeds(graph, sampling), lambda: TypedNeighborSampler(graph, fanouts),
                      TypedHostLoader(graph, inputs, device, spans), sampling, spans, threads.sampler)

@@ -6,7 +6,7 @@ The homogeneous mode (``neutronorch/mode.py``) with a plan per destination type 
 ``typed_producers.py``: ``TypedColdSampler``, ``TypedHostRows``); what crosses between them::
 
     sampler (typed-neutronorch-sampler)      host (typed-neutronorch-host)     trainer (caller)
-      its TypedNeighborSampler, TypedPlanner    a copy of the bottom layer        the model, version,
+      its samplers, its planner                 a copy of the bottom layer        the model, version,
                                                                                   StalenessCheck,
                                                                                   SnapshotPublisher,
                                                                                   HotTableReader
@@ -22,7 +22,9 @@ samples each mini-batch's upper hops with the mini-batch's key (``sample_hops``)
 H_s's bottom hop once with the key of the super-batch's first mini-batch (with P = 1, exactly the neighbours
 that mini-batch draws) and gathers its inputs; then, per mini-batch, the bottom hop of its cold destinations
 only (``sample_bottom``: each draws what exact mode draws for it) and their inputs. Hot destinations'
-neighbours are never sampled or gathered for the mini-batches.
+neighbours are never sampled or gathered for the mini-batches. With device sampling the mini-batches' hops
+and the plans are made on the training device (``TypedDeviceSampler``, ``TypedDevicePlanner``), with the
+same draws and plans.
 
 **The rest is the homogeneous mode's** (``neutronorch/``): the snapshots (``SnapshotPublisher``, which also
 takes the table rows a featureless type's hot inputs are, at the snapshot's version, from the ids the
@@ -37,6 +39,7 @@ bottom layer's weights and the tables' rows. With P = 1, staleness 0 and ``cpu``
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 
 import numpy as np
@@ -44,6 +47,8 @@ import torch
 
 from neutronorch.config import NeutronOrchConfig, SamplingConfig
 from neutronorch.data.typed import RelationType, TypedGraph
+from neutronorch.errors import ConfigError
+from neutronorch.features.placement import GiB
 from neutronorch.features.store import TypedInputs
 from neutronorch.nn.splice import HotRows
 from neutronorch.nn.typed_models import TypedGNN
@@ -51,16 +56,40 @@ from neutronorch.observe import Spans, StageTable
 from neutronorch.orchestration.channel import Channel
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.orchestration.neutronorch.controller import RatioController
+from neutronorch.orchestration.neutronorch.hot_grad import HotGradient
 from neutronorch.orchestration.neutronorch.hot_table import HotTableReader
 from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
-from neutronorch.orchestration.neutronorch.stats import HotRecord
+from neutronorch.orchestration.neutronorch.stats import HotStats
 from neutronorch.orchestration.neutronorch.versions import Schedule, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.neutronorch.mode import NeutronOrchMode
 from neutronorch.orchestration.seeds import batches_per_epoch
 from neutronorch.orchestration.typed_producers import TypedColdSampler, TypedHostRows, TypedOrchBatch
 from neutronorch.sampling.neighbor_sampler import mix_key
+from neutronorch.sampling.typed_device_sampler import edge_feature_bytes, topology_bytes
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
+
+logger = logging.getLogger("neutronorch")
+
+def draws_on_device(setting: str, graph: TypedGraph, device: torch.device, free: int | None = None) -> bool:
+    """Whether the mini-batches are drawn on ``device`` (``device_sampling`` ``setting``): ``on``, or ``auto``
+    with CUDA where the topology and edge features, placed there whole, take at most half its free memory
+    (``free`` bytes, default what CUDA says); ``on`` beyond that is refused."""
+    on = setting == "on" or (setting == "auto" and device.type == "cuda")
+    if not on or device.type != "cuda":
+        return on
+    free = torch.cuda.mem_get_info(device)[0] if free is None else free
+    need = topology_bytes(graph) + edge_feature_bytes(graph)
+    if need <= free // 2:
+        return True
+    if setting == "on":
+        raise ConfigError(f"`device_sampling` on: typed NeutronOrch places the graph's topology and edge features "
+                          f"on {device} whole ({need / GiB:.2f} GiB), more than half its free {free / GiB:.2f} GiB; "
+                          f"set `device_sampling` off to sample on the host")
+    logger.info(f"device sampling off: the topology ({need / GiB:.2f} GiB) takes more than half of {device}'s free "
+                f"memory")
+    return False
+
 
 class TypedNeutronOrch:
     """The typed NeutronOrch mode of one run; its threads run from ``start`` to ``close``."""
@@ -73,20 +102,23 @@ class TypedNeutronOrch:
 
     def __init__(self, graph: TypedGraph, fanouts: dict[RelationType, list[int]], sampling: SamplingConfig,
                  config: NeutronOrchConfig, epochs: int, device: torch.device, spans: Spans,
-                 sampler_threads: int = 1, host_threads: int = 1, inputs: TypedInputs | None = None):
+                 sampler_threads: int = 1, host_threads: int = 1, inputs: TypedInputs | None = None,
+                 device_sampling: str = "off"):
         self.graph, self.fanouts, self.sampling, self.device, self.spans = graph, fanouts, sampling, device, spans
         self.inputs = inputs if inputs is not None else TypedInputs(graph)  # the featured types' stores
         self.num_batches = batches_per_epoch(graph, sampling)
         self.schedule = Schedule(epochs, self.num_batches, config.super_batch, config.resolved_staleness)
         self.hot_ratio = config.hot_ratio
         self.track_grad = config.hot_grad == "cpu"
+        self.hot_grad = HotGradient(None, sampling, self.num_batches, None)
         self.controller = RatioController(config, self.schedule, shared_cores=device.type != "cuda",
                                           probe_inputs=self._probe_inputs, lead_adapts=False)
         self.sampler_threads, self.host_threads = sampler_threads, host_threads
+        self.device_sampling = draws_on_device(device_sampling, graph, device)  # the mini-batches' hops there
         self.threads = {"sampler": sampler_threads, "host": host_threads}
         self.staleness = StalenessCheck(self.schedule.staleness_bound)
         self.version = 0  # optimizer steps taken: the parameter version
-        self.hot_epoch, self.hot_run = HotRecord(), HotRecord()  # what the plans did, this epoch and in the run
+        self.hot_epoch, self.stats = HotStats(), HotStats()  # what the plans did, this epoch and in the run
         self.parts = Channel("parts")
         self.needs = Channel("needs")
         self.snapshots = SnapshotPublisher(self.schedule, device.type == "cuda", self._table_rows)
@@ -108,7 +140,7 @@ class TypedNeutronOrch:
         self._host.start()
         sampler = TypedColdSampler(self.graph, self.fanouts, self.sampling, self.schedule, self.controller.published,
                                    self.device, self.spans, self.sampler_threads, tuple(model.embeddings),
-                                   self.first, self.parts, self.needs, self.inputs)
+                                   self.first, self.parts, self.needs, self.inputs, self.device_sampling)
         self._stream = Prefetcher(sampler.run, depth=self.sampling.prefetch, name="typed-neutronorch-sampler")
 
     def close(self) -> None:
@@ -126,7 +158,8 @@ class TypedNeutronOrch:
 
     def describe(self) -> str:
         return (f"super-batch {self.schedule.super_batch}, staleness bound {self.schedule.staleness_bound}, "
-                f"sampler threads {self.sampler_threads}, host threads {self.host_threads}")
+                f"sampler threads {self.sampler_threads}, host threads {self.host_threads}"
+                + (", device sampling" if self.device_sampling else ""))
 
     def summary(self) -> dict:
         """The run summary's ``neutronorch`` part: the settings, what the plans did and the staleness observed."""
@@ -137,15 +170,14 @@ class TypedNeutronOrch:
                                 "snapshot_lead": self.controller.lead, **self.controller.summary(),
                                 "staleness_max_observed": self.staleness.max_observed,
                                 "staleness_mean_observed": round(self.staleness.mean_observed, 3),
-                                **self.hot_run.record()}}
+                                **self.stats.record()}}
 
     def end_epoch(self, record: dict) -> None:
         """What the plans did in the epoch, and the staleness observed so far."""
         record.update(self.hot_epoch.record(), staleness_max=self.staleness.max_observed,
                       staleness_mean=round(self.staleness.mean_observed, 3))
         record.update(self.controller.end_epoch(record, self.hot_epoch.hot_ratio, self.stages))
-        self.hot_run.merge(self.hot_epoch)
-        self.hot_epoch = HotRecord()
+        self.hot_epoch = HotStats()
 
     def averaged_gradients(self) -> None:
         return None  # one process: typed NeutronOrch mode does not train data parallel
@@ -154,7 +186,9 @@ class TypedNeutronOrch:
         """The model's inputs with the hot rows ``batch`` splices in at the current parameter version:
         publishes every snapshot due by then, waits for its super-batch's tables at its first mini-batch and
         checks the staleness of every use."""
-        self.hot_epoch.add(batch.stats)
+        if batch.stats is not None:
+            self.hot_epoch.account(batch.stats)
+            self.stats.account(batch.stats)
         self.snapshots.publish_due(self.live, self.version, self.controller.lead)
         previous = self.hot_table.current
         hot, _ = self.hot_table.table(batch.super_batch_id)
@@ -178,25 +212,8 @@ class TypedNeutronOrch:
         """After ``batch``'s backward pass, before its optimizer step: at a super-batch's last mini-batch with
         ``hot_grad="cpu"``, the summed dL/dY of its hot rows taken through the host's graph and added to the
         bottom layer's gradients and the tables' rows'."""
-        hot = self.hot_table.current
-        if not (batch.last and self.track_grad and hot is not None and hot.output):
-            return
-        types = list(hot.output)
-        torch.autograd.backward([hot.output[t] for t in types], [hot.grad_acc[t].cpu() for t in types])
-        with torch.no_grad():
-            for param, host in zip(self.live.parameters(), hot.params):
-                if host.grad is None:
-                    continue
-                grad = host.grad.to(param.device)
-                param.grad = grad if param.grad is None else param.grad + grad
-            for t, rows in hot.rows.items():
-                if rows.grad is None:
-                    continue
-                weight = self.model.embeddings[t].weight
-                ids = hot.ids[t].to(weight.device)
-                extra = torch.sparse_coo_tensor(ids.unsqueeze(0), rows.grad.to(weight.device), weight.shape,
-                                                check_invariants=False)
-                weight.grad = extra if weight.grad is None else weight.grad + extra
+        if batch.last and self.track_grad:
+            self.hot_grad.finish(self.hot_table.current, self.live, False, self.model.embeddings)
 
     def _table_rows(self, super_batch_id: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The table rows super-batch ``super_batch_id``'s hot frontier reads, now (the sampler sent their
@@ -207,21 +224,9 @@ class TypedNeutronOrch:
                     .to("cpu", copy=True) for t, index in ids.items()}
         return rows, ids
 
-    def state_dict(self) -> dict:
-        """What a checkpoint keeps of the mode for an exact resume: the parameter version, the snapshots
-        published for super-batches not yet finished (their versions are past) and, mid super-batch, its hot
-        set and the hot rows' gradient summed so far. The plans are not kept: they depend on the seed, the
-        epoch and the batches alone, and are made again."""
-        return {"version": self.version, **self.snapshots.state_dict(), "in_progress": self.hot_table.state_dict(),
-                "staleness": self.staleness.state_dict(), "controller": self.controller.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Before ``start``: continue from ``state`` (``state_dict()`` of the run this one resumes)."""
-        self.version = state["version"]
-        self.snapshots.load_state_dict(state)
-        self.hot_table.load_state_dict(state["in_progress"])
-        self.staleness.load_state_dict(state["staleness"])
-        self.controller.load_state_dict(state["controller"], self.device)
+    # After any step, what a checkpoint keeps for an exact resume is the homogeneous mode's. The plans are not
+    # kept: they depend on the seed, the epoch and the batches alone, and are made again.
+    state_dict, load_state_dict = NeutronOrchMode.state_dict, NeutronOrchMode.load_state_dict
 
     def _probe_inputs(self, ids: dict[str, np.ndarray]):
         """The drift probe's bottom block (a fixed sample of its own key) and, at each measurement, its rows:

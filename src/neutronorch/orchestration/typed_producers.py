@@ -29,6 +29,8 @@ from neutronorch.observe import Spans
 from neutronorch.orchestration.batch import TypedBatch, target_labels
 from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.controller import PublishedSetting
+from neutronorch.orchestration.neutronorch.cold_sampler import splice_index
+from neutronorch.orchestration.neutronorch.device_planner import TypedDevicePlanner
 from neutronorch.orchestration.neutronorch.hot_rows import layer_holding
 from neutronorch.orchestration.neutronorch.plan_loop import one_ahead
 from neutronorch.orchestration.neutronorch.planner import TypedPlan, TypedPlanner
@@ -36,7 +38,8 @@ from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedu
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_block import TypedBlock
-from neutronorch.sampling.typed_sampler import TypedNeighborSampler
+from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology
+from neutronorch.sampling.typed_sampler import TypedHops, TypedNeighborSampler
 
 
 @dataclass(frozen=True)
@@ -111,18 +114,20 @@ class TypedHostRows:
 class TypedColdSampler:
     """The sampler thread's side: plans each super-batch one ahead of the mini-batches it loads, hands the host
     its hot part (``parts``) and the trainer its table ids (``needs``), and loads each mini-batch with the
-    bottom hop of its cold destinations only. Its sampler, planner and seeds (``NodeSeeds``, as a homogeneous
-    run's: the target type's training vertices) are its own."""
+    bottom hop of its cold destinations only. Its samplers, planner and seeds (``NodeSeeds``, as a homogeneous
+    run's: the target type's training vertices) are its own. With ``on_device`` (device sampling) the
+    mini-batches' hops are drawn and planned on the training device (``TypedDeviceSampler``, the host
+    sampler's draws; ``TypedDevicePlanner``, the host planner's plan); the hot part is drawn on the host."""
 
     def __init__(self, graph: TypedGraph, fanouts: dict[RelationType, list[int]], sampling: SamplingConfig,
                  schedule: Schedule, published: PublishedSetting, device: torch.device, spans: Spans, threads: int,
                  tables: tuple[str, ...], first: tuple[int, int], parts: Channel, needs: Channel,
-                 inputs: TypedInputs):
+                 inputs: TypedInputs, on_device: bool = False):
         self.graph, self.fanouts, self.sampling, self.schedule = graph, fanouts, sampling, schedule
         self.published = published  # the ratio controller's setting (replaced whole by the trainer)
         self.inputs = inputs  # the featured types' stores
         self.device, self.spans, self.threads, self.tables = device, spans, threads, tables
-        self.first, self.parts, self.needs = first, parts, needs
+        self.first, self.parts, self.needs, self.on_device = first, parts, needs, on_device
         self.seeds, self._batches = NodeSeeds(graph, sampling), {}  # the seeds of an epoch's mini-batches
         self.num_layers = len(next(iter(fanouts.values())))
 
@@ -131,9 +136,13 @@ class TypedColdSampler:
         channels the host and the trainer wait on for its plans, so neither waits for one that never comes."""
         try:
             numba.set_num_threads(self.threads)
-            sampler = TypedNeighborSampler(self.graph, self.fanouts)
-            planner = TypedPlanner(self.graph, {r: f[-1] for r, f in sampler.fanouts.items()})
-            plans = (self._plan(s, sampler, planner) for s in range(self.first[0], self.schedule.total))
+            host = TypedNeighborSampler(self.graph, self.fanouts)
+            sampler = (TypedDeviceSampler(TypedTopology.of(self.graph, self.device), host.fanouts)
+                       if self.on_device else host)
+            bottom = {r: f[-1] for r, f in host.fanouts.items()}
+            planner = (TypedDevicePlanner(self.graph, {r: ip for r, (ip, _) in sampler.topology.relations.items()},
+                                          bottom) if self.on_device else TypedPlanner(self.graph, bottom))
+            plans = (self._plan(s, sampler, host, planner) for s in range(self.first[0], self.schedule.total))
             for plan in one_ahead(plans):
                 start = self.first[1] if plan.super_batch_id == self.first[0] else 0
                 for position in range(start, len(plan.batches)):
@@ -145,9 +154,10 @@ class TypedColdSampler:
             self.parts.fail(exc)
             raise
 
-    def _plan(self, super_batch_id: int, sampler: TypedNeighborSampler, planner: TypedPlanner) -> TypedPlan:
-        """Plan super-batch ``super_batch_id`` and hand its hot part to the host and its table ids to the
-        trainer."""
+    def _plan(self, super_batch_id: int, sampler: TypedHops, host: TypedNeighborSampler,
+              planner: TypedPlanner) -> TypedPlan:
+        """Plan super-batch ``super_batch_id`` and hand its hot part (drawn by ``host``) to the host and its
+        table ids to the trainer."""
         epoch, first, end = self.schedule.locate(super_batch_id)
         if epoch not in self._batches:
             self._batches = {epoch: self.seeds.epoch(epoch)}
@@ -155,30 +165,32 @@ class TypedColdSampler:
             uppers = []
             for index in range(first, end):
                 key = batch_key(self.sampling.seed, epoch, index)
-                uppers.append((index, key, sampler.sample_hops(self._batches[epoch][index].seeds.numpy(), key,
+                seeds = self._batches[epoch][index].seeds
+                uppers.append((index, key, sampler.sample_hops(seeds if self.on_device else seeds.numpy(), key,
                                                                  self.num_layers - 1)))
             setting = self.published.read()[1]
             plan = planner.plan(super_batch_id, epoch, uppers, setting.ratio, setting.cap())
             block, features, needs = None, {}, {}
             if plan.hot:
                 # a writable copy: the plan's hot set is read-only, and the block's frontier is made from it
-                block = sampler.sample_bottom({t: ids.copy() for t, ids in plan.hot.items()}, uppers[0][1])
+                block = host.sample_bottom({t: ids.copy() for t, ids in plan.hot.items()}, uppers[0][1])
                 features, ids = self.inputs(block.src_ids, torch.device("cpu"))
                 needs = {t: ids[t] for t in self.tables if t in ids}
         self.needs.put(super_batch_id, needs)
         self.parts.put(super_batch_id, HotPart(super_batch_id, block, features, plan.hot))
         return plan
 
-    def _load(self, plan: TypedPlan, position: int, sampler: TypedNeighborSampler) -> TypedOrchBatch:
+    def _load(self, plan: TypedPlan, position: int, sampler: TypedHops) -> TypedOrchBatch:
         planned = plan.batches[position]
         upper = planned.upper
         with self.spans.stage("sample", planned.index):
-            cold = sampler.sample_bottom(planned.cold_destinations(), planned.key)
+            cold = sampler.sample_bottom({t: ids[planned.cold_pos[t]] for t, ids in upper.frontiers[0].items()},
+                                         planned.key)
         with self.spans.stage("gather", planned.index):
-            features, ids = self.inputs(cold.src_ids, self.device)
-            labels = target_labels(self.graph, upper.seeds.numpy()).to(self.device)
-            splice = {t: SpliceIndex.build(int(upper.frontiers[0][t].shape[0]), planned.cold_pos[t],
-                                           planned.hot_pos[t], planned.hot_rows[t]).to(self.device)
+            features, ids = self.inputs({t: v.cpu() for t, v in cold.src_ids.items()}, self.device)
+            labels = target_labels(self.graph, upper.seeds.cpu().numpy()).to(self.device)
+            splice = {t: splice_index(int(upper.frontiers[0][t].shape[0]), planned.cold_pos[t], planned.hot_pos[t],
+                                      planned.hot_rows[t]).to(self.device)
                       for t in plan.hot if planned.hot_pos[t].shape[0]}
             blocks = [b.to(self.device) for b in [cold, *upper.blocks]]
         return TypedOrchBatch(plan.epoch, planned.index, blocks, features, ids, labels,

@@ -24,7 +24,7 @@ from neutronorch.observe import Spans
 from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.host_loader import HostLoader
 from neutronorch.orchestration.neutronorch.batch import Splice, SplicedBatch, spliced
-from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch
+from neutronorch.orchestration.neutronorch.planner import Plan
 from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.exclude import exclude_from_block
@@ -72,7 +72,8 @@ class ColdSampler:
                             block = exclude_from_block(block, frontier, item.exclude, self.graph.num_nodes)
                         subgraph = SampledSubgraph(item.upper.seeds, [block] + item.upper.blocks,
                                                    [frontier] + item.upper.frontiers)
-                        splice = Splice(plan.super_batch_id, splice_index(dst.shape[0], item),
+                        splice = Splice(plan.super_batch_id,
+                                        splice_index(dst.shape[0], item.cold_pos, item.hot_pos, item.hot_rows),
                                         position == len(plan.batches) - 1,
                                         plan.stats, plan.probe)
                     source = self.reader if on_device else self.loader
@@ -80,12 +81,11 @@ class ColdSampler:
                 skip = 0
 
 
-def splice_index(num_rows: int, item: PlannedBatch) -> SpliceIndex:
-    """The splice index of a planned mini-batch: from numpy positions (planned on the host) or from tensors
-    (planned on the device, where it is built without leaving it)."""
-    if isinstance(item.cold_pos, np.ndarray):
-        return SpliceIndex.build(num_rows, item.cold_pos, item.hot_pos, item.hot_rows)
-    cold_pos, hot_pos, hot_rows = item.cold_pos, item.hot_pos, item.hot_rows
+def splice_index(num_rows: int, cold_pos, hot_pos, hot_rows) -> SpliceIndex:
+    """The splice index of a planned mini-batch's destinations (of one type): from numpy positions (planned on
+    the host) or from tensors (planned on the device, where it is built without leaving it)."""
+    if isinstance(cold_pos, np.ndarray):
+        return SpliceIndex.build(num_rows, cold_pos, hot_pos, hot_rows)
     origin = torch.empty(num_rows, dtype=torch.int64, device=cold_pos.device)
     origin.index_copy_(0, cold_pos, torch.arange(cold_pos.shape[0], device=cold_pos.device))
     origin.index_copy_(0, hot_pos, -1 - hot_rows)

@@ -15,6 +15,9 @@ through the host's autograd graph of those rows.
   after), so the average is exactly one process's sum.
 - **Rows computed once per node**: the node's ranks sum the shared rows' dL/dY first, and each
   back-propagates the rows it computed (``node.py``).
+- **A typed graph** (one process): one accumulator per vertex type; the gradient reaches the bottom
+  layer's parameters and the snapshot's embedding-table rows the hot rows read, which it adds to the
+  tables as sparse rows.
 """
 
 from __future__ import annotations
@@ -55,9 +58,13 @@ class HotGradient:
             hot.grad_acc.mul_(self._scale)
             self._scale = 1.0
 
-    def finish(self, hot: HotEmbeddings, bottom: torch.nn.Module, on_cuda: bool) -> None:
+    def finish(self, hot: HotEmbeddings, bottom: torch.nn.Module, on_cuda: bool,
+               tables: torch.nn.ModuleDict | None = None) -> None:
         """At the super-batch's last step: W0's gradient from the accumulated dL/dY (of the rows this rank
-        computed, shared ones summed over the node), added to ``bottom``'s gradient or kept for ``averaged``."""
+        computed, shared ones summed over the node), added to ``bottom``'s gradient or kept for ``averaged``.
+        On a typed graph also the gradient of the table rows the hot rows read, added to ``tables``."""
+        if isinstance(hot.output, dict):
+            return _finish_typed(hot, bottom, tables)
         nothing = hot.output is None or hot.num_hot == 0
         if nothing and not self.distributed:
             return
@@ -82,3 +89,25 @@ class HotGradient:
     def averaged(self, bottom: torch.nn.Module) -> dict[torch.Tensor, torch.Tensor] | None:
         grads, self._averaged = self._averaged, None
         return None if grads is None else dict(zip(bottom.parameters(), grads))
+
+
+def _finish_typed(hot: HotEmbeddings, bottom: torch.nn.Module, tables: torch.nn.ModuleDict) -> None:
+    """``finish`` on a typed graph: dL/dY of each type's hot rows through the host's graph, to the bottom
+    layer's parameters it reached and to the snapshot's table rows (a sparse gradient of their tables)."""
+    if not hot.output:
+        return
+    types, params = list(hot.output), list(bottom.parameters())
+    grads = torch.autograd.grad([hot.output[t] for t in types], [*hot.params, *hot.rows.values()],
+                                [hot.grad_acc[t].cpu() for t in types], allow_unused=True)
+    with torch.no_grad():
+        for param, grad in zip(params, grads):
+            if grad is not None:
+                grad = grad.to(param.device)
+                param.grad = grad if param.grad is None else param.grad + grad
+        for t, grad in zip(hot.rows, grads[len(params):]):
+            if grad is None:
+                continue
+            weight = tables[t].weight
+            extra = torch.sparse_coo_tensor(hot.ids[t].to(weight.device).unsqueeze(0), grad.to(weight.device),
+                                            weight.shape, check_invariants=False)
+            weight.grad = extra if weight.grad is None else weight.grad + extra

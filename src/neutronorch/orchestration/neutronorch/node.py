@@ -73,7 +73,6 @@ def plan_exchange(sets: list[np.ndarray], rank: int) -> Exchange:
     sizes = [s.shape[0] for s in sets]
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     ids = np.concatenate(sets).astype(np.int64, copy=False) if sets else np.empty(0, np.int64)
-    holder = np.repeat(np.arange(len(sets)), sizes)
     order = np.argsort(ids, kind="stable")  # by vertex, its holders in rank order
     ordered = ids[order]
     starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if ids.shape[0] else np.empty(0, np.int64)

@@ -61,10 +61,6 @@ class PlanStats:
     error_capped: bool = False  # the staleness-error cap lowered |H_s| below the ratio's
     setting: int = 0  # the number of the ratio setting's publication the plan followed
 
-    @property
-    def hot_share(self) -> float:
-        return self.hot / max(1, self.reached)
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -285,21 +281,26 @@ class Planner:
         ``hot``: the hot set, already chosen (a resumed super-batch's), instead of ranking by ``ratio``.
         ``fresh``: per mini-batch, vertices never served hot in it besides its own seeds (data parallel: the
         global batch's seeds, ``SeedBatch.batch_seeds``; None: none)."""
-        bottoms = [upper.frontiers[0].numpy() for _, _, upper in uppers]
-        own = np.array([upper.seeds.shape[0] for _, _, upper in uppers], np.int64)
-        c = choose(self._slot, [(self.indptr, self.bottom_fanout)], bottoms, own, ratio, cap, hot, fresh)
+        c = self._choose([upper.frontiers[0] for _, _, upper in uppers],
+                         [upper.seeds.shape[0] for _, _, upper in uppers], ratio, cap, hot, fresh, super_batch_id)
         planned = tuple(PlannedBatch(batch, key, upper, c.cold_pos[b], c.hot_pos[b], c.hot_rows[b], int(c.saved[b]))
                         for b, (batch, key, upper) in enumerate(uppers))
         stats = PlanStats(epoch, c.hot.shape[0], c.reached, c.appearances, c.hot_appearances, int(c.saved.sum()),
                           error_capped=c.capped)
         return Plan(super_batch_id, epoch, planned, read_only(c.hot), c.probe, stats)
 
+    def _choose(self, bottoms: list, own: list[int], ratio: float, cap, hot, fresh, super_batch_id: int) -> Choice:
+        """The choice among the bottom-layer destinations ``bottoms`` (each mini-batch's tensor; its first
+        ``own[b]`` its seeds)."""
+        return choose(self._slot, [(self.indptr, self.bottom_fanout)], [b.numpy() for b in bottoms],
+                      np.array(own, np.int64), ratio, cap, hot, fresh)
+
 
 @dataclass(frozen=True)
 class TypedPlannedBatch:
     """One mini-batch of a typed plan: its upper hops and, per destination type of its bottom layer, the
     positions (among ``upper.frontiers[0][t]``) of its cold destinations (ascending) and of its hot ones,
-    with the hot ones' rows of the type's hot table."""
+    with the hot ones' rows of the type's hot table (tensors on the device where it planned there)."""
 
     index: int
     key: int
@@ -308,10 +309,6 @@ class TypedPlannedBatch:
     hot_pos: dict[str, np.ndarray]
     hot_rows: dict[str, np.ndarray]
     saved_edges: int
-
-    def cold_destinations(self) -> dict[str, np.ndarray]:
-        """Per type, the cold destinations' vertex ids, in the order of their positions."""
-        return {t: ids.numpy()[self.cold_pos[t]] for t, ids in self.upper.frontiers[0].items()}
 
 
 @dataclass(frozen=True)
@@ -355,12 +352,8 @@ class TypedPlanner:
              cap: Callable[[np.ndarray], tuple[int, bool]] | None = None) -> TypedPlan:
         """``uppers``: (mini-batch index, key, upper hops) of each mini-batch; ``ratio`` and ``cap`` as
         ``Planner.plan`` takes them, applied to each type."""
-        empty = np.empty(0, np.int64)
-        choices = {}
-        for t in [t for t in self._slot if any(t in upper.frontiers[0] for _, _, upper in uppers)]:
-            bottoms = [upper.frontiers[0][t].numpy() if t in upper.frontiers[0] else empty for _, _, upper in uppers]
-            own = np.array([upper.seeds.shape[0] if t == self.target else 0 for _, _, upper in uppers], np.int64)
-            choices[t] = choose(self._slot[t], self._into[t], bottoms, own, ratio, cap)
+        choices = {t: self._choose(t, uppers, ratio, cap)
+                   for t in self._slot if any(t in upper.frontiers[0] for _, _, upper in uppers)}
         batches = tuple(TypedPlannedBatch(index, key, upper,
                                           *({t: getattr(choices[t], part)[b] for t in upper.frontiers[0]}
                                             for part in ("cold_pos", "hot_pos", "hot_rows")),
@@ -374,3 +367,11 @@ class TypedPlanner:
                                any(c.capped for c in choices.values()))
         return TypedPlan(super_batch_id, epoch, batches, hot, stats,
                          {t: c.probe for t, c in choices.items() if c.probe.shape[0]})
+
+    def _choose(self, t: str, uppers: list[tuple[int, int, TypedSubgraph]], ratio: float,
+                cap: Callable[[np.ndarray], tuple[int, bool]] | None) -> Choice:
+        """The choice among type ``t``'s bottom-layer destinations."""
+        empty = np.empty(0, np.int64)
+        bottoms = [upper.frontiers[0][t].numpy() if t in upper.frontiers[0] else empty for _, _, upper in uppers]
+        own = np.array([upper.seeds.shape[0] if t == self.target else 0 for _, _, upper in uppers], np.int64)
+        return choose(self._slot[t], self._into[t], bottoms, own, ratio, cap)
