@@ -16,7 +16,7 @@ from neutronorch.data.synthetic_typed import synthetic_typed
 from neutronorch.errors import ConfigError, Interrupted
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.config_parts import PlacementConfig
-from neutronorch.orchestration.typed_device import device_bytes, typed_cache_rows
+from neutronorch.orchestration.device_reader import device_bytes, typed_cache_rows
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.typed_checkpoint import load_typed_checkpoint
 
@@ -121,11 +121,11 @@ def test_a_partial_device_cache_trains_as_every_row_cached(weighted, kind):
 def test_misses_the_device_cannot_read_in_place_are_gathered_by_the_host(mag, monkeypatch):
     """Where no view of the host rows is made (no UVA on a GPU, rows beyond memory), the type's store gathers the
     misses (``staged_fetch``): the same losses."""
-    import neutronorch.orchestration.typed_device as typed_device
+    import neutronorch.orchestration.device_reader as device_reader
 
     whole, staged = Means(), Means()
     train(config(mode="device"), graph=mag, progress=whole)
-    monkeypatch.setattr(typed_device, "misses_in_place", lambda *args: None)
+    monkeypatch.setattr(device_reader, "misses_in_place", lambda *args: None)
     b = train(config(mode="device", gpu_cache_gb=4 * 8 * 100 / 2**30), graph=mag, progress=staged)
     assert staged.means == whole.means and b["device_data"]["cache"]["paper"]["rows"] == 100
 

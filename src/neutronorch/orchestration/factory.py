@@ -22,6 +22,7 @@ from neutronorch.features.store import TypedInputs
 from neutronorch.observe import Spans
 from neutronorch.orchestration.access import build_feature_access
 from neutronorch.orchestration.device import DeviceMode
+from neutronorch.orchestration.device_reader import DeviceReader, TypedDeviceReader
 from neutronorch.orchestration.exact import ExactMode
 from neutronorch.orchestration.host_loader import HostLoader, TypedHostLoader
 from neutronorch.orchestration.link_seeds import LinkSeeds
@@ -29,8 +30,8 @@ from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
 from neutronorch.orchestration.neutronorch.node import NodeLink
 from neutronorch.orchestration.seeds import NodeSeeds
-from neutronorch.orchestration.typed_device import TypedDevice
 from neutronorch.orchestration.typed_neutronorch import TypedNeutronOrch
+from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.neighbor_sampler import NeighborSampler
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler, typed_fanouts
 
@@ -108,7 +109,9 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
             graph.indptr, graph.indices, sampling.fanouts, sampling.degrees, sampling.file_order),
             HostLoader(access, spans), sampling, spans, threads.sampler)
     if config.mode == "device":
-        return DeviceMode(graph, sampling, access, spans, seeds)
+        reader = DeviceReader(graph, access, spans)
+        return DeviceMode(seeds or NodeSeeds(graph, sampling), lambda: make_device_sampler(
+            reader.indptr, reader.indices, sampling.fanouts, sampling.degrees), reader, sampling, spans)
     return NeutronOrchMode(graph, sampling, config.neutronorch, config.epochs, access, spans,
                            threads.sampler, threads.host, node, seeds)
 
@@ -116,9 +119,9 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
 def typed_mode(config: TrainConfig, graph: TypedGraph, device: torch.device, threads: Threads, spans: Spans,
                shard: tuple[int, int], fanouts: dict[RelationType, list[int]] | None) -> Mode:
     """``build_mode`` for a typed graph (two-way: ``with_reverse``): exact (also what ``auto`` picks), device
-    (``typed_device.py``) or NeutronOrch (``typed_neutronorch.py``) over its ``train_idx``; ``fanouts``: per
-    relation, default ``config.fanouts`` for every relation. Data parallel where ``capabilities.py``'s table says
-    it runs (``check_run`` refuses the others first)."""
+    (reading through ``TypedDeviceReader``) or NeutronOrch (``typed_neutronorch.py``) over its ``train_idx``;
+    ``fanouts``: per relation, default ``config.fanouts`` for every relation. Data parallel where
+    ``capabilities.py``'s table says it runs (``check_run`` refuses the others first)."""
     refused = refusal("typed", config.mode, config.task, shard[1])
     if refused is not None:
         raise ConfigError(refused)
@@ -128,7 +131,8 @@ def typed_mode(config: TrainConfig, graph: TypedGraph, device: torch.device, thr
     # mode reads there only what its device caches miss, in place.
     inputs = TypedInputs(graph, typed_stores(config, graph, fanouts, shard[1] > 1, on_host=config.mode != "device"))
     if config.mode == "device":
-        return TypedDevice(graph, fanouts, sampling, device, spans, config.placement, inputs)
+        reader = TypedDeviceReader(graph, fanouts, sampling, device, spans, config.placement, inputs)
+        return DeviceMode(NodeSeeds(graph, sampling), lambda: reader.sampler, reader, sampling, spans)
     if config.mode == "neutronorch":
         return TypedNeutronOrch(graph, fanouts, sampling, config.neutronorch, config.epochs, device, spans,
                                 threads.sampler, threads.host, inputs, config.device_sampling)

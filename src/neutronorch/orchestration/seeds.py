@@ -46,11 +46,11 @@ class NodeSeeds:
 
     def epoch(self, epoch: int) -> list[SeedBatch]:
         """Every mini-batch of ``epoch`` (a sequence: ``len`` and indexing, as ``LinkSeeds.epoch``'s)."""
-        sampling = self.sampling
+        sampling, batches = self.sampling, global_batches(self.train_idx, self.sampling, epoch)
         if sampling.world == 1:
-            return [SeedBatch(seeds) for seeds in epoch_batches(self.train_idx, sampling, epoch)]
+            return [SeedBatch(seeds) for seeds in batches]
         return [SeedBatch(torch.tensor_split(batch, sampling.world)[sampling.rank], batch_seeds=batch)
-                for batch in global_batches(self.train_idx, sampling, epoch)]
+                for batch in batches]
 
     def rank_shares(self, epoch: int) -> np.ndarray:
         return rank_shares(self.graph, self.sampling, epoch)
@@ -71,16 +71,9 @@ def epoch_batches(train_idx: torch.Tensor, sampling: SamplingConfig, epoch: int)
     """This rank's seeds of every mini-batch of ``epoch``, in batch order (some may be empty when the last
     global batch has fewer seeds than there are ranks). Unshuffled (``sampling.shuffle`` False): in their
     given order every epoch."""
-    order = epoch_order(train_idx, sampling.seed, epoch) if sampling.shuffle else train_idx
-    return list(shard_batches(order, sampling.batch_size, sampling.rank, sampling.world))
-
-
-def shard_batches(order: torch.Tensor, batch_size: int, rank: int = 0, world: int = 1) -> tuple[torch.Tensor, ...]:
-    """Part ``rank`` of every global batch of ``order`` (``batch_size * world`` seeds each, the last one
-    partial), split by ``torch.tensor_split`` into ``world`` parts; the batches themselves in one process. What
-    the typed device mode trains (``typed_device.py``)."""
-    batches = torch.split(order, batch_size * world)
-    return batches if world == 1 else tuple(torch.tensor_split(batch, world)[rank] for batch in batches)
+    world = sampling.world
+    return [b if world == 1 else torch.tensor_split(b, world)[sampling.rank]
+            for b in global_batches(train_idx, sampling, epoch)]
 
 
 def global_batches(train_idx: torch.Tensor, sampling: SamplingConfig, epoch: int) -> tuple[torch.Tensor, ...]:

@@ -167,6 +167,10 @@ class TypedHops:
         batch key ``key``: ``num_layers`` blocks, bottom layer first."""
         return self.sample_hops(seeds, key, self.num_layers)
 
+    def sample_many(self, seeds: list, keys: list[int]) -> list[TypedSubgraph]:
+        """``sample`` of several mini-batches (``seeds[i]`` with ``keys[i]``), as the device sampler takes them."""
+        return [self.sample(s, key) for s, key in zip(seeds, keys)]
+
     def sample_hops(self, seeds, key: int, hops: int) -> TypedSubgraph:
         """The top ``hops`` layers of ``sample(seeds, key)``, exactly as it draws them: ``frontiers[0]`` then
         holds the destinations of the layer below (with ``hops = num_layers - 1``, the bottom layer's

@@ -4,7 +4,7 @@ a process group the caller made; ``train/distributed.py``), in exact or device m
 What a homogeneous data-parallel run promises, for typed graphs:
 
 - **Batches.** Mini-batch ``k`` of an epoch is global: ``batch_size * world`` target seeds of the epoch's order,
-  rank ``r`` training part ``r`` of it (``orchestration/seeds.py``'s ``shard_batches``: sizes differ by at most
+  rank ``r`` training part ``r`` of it (``orchestration/seeds.py``'s ``NodeSeeds``: sizes differ by at most
   one, a rank may have none of a last batch). Each part is sampled with the global batch's key, and the typed
   sampler keys a vertex's draws by (key, hop, relation, vertex), so the ranks together draw exactly the
   neighbourhoods one process draws for the global batch.

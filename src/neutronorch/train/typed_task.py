@@ -15,7 +15,7 @@ The batches come from the run's mode (``orchestration/factory.py``'s ``build_mod
 and the epochs run through the homogeneous runs' loop (``train/loop.py``'s ``train_epoch``, each step
 ``train/step.py``'s ``train_step`` with both optimizers and the forward pass in ``step_masks``): exact mode
 samples and gathers each batch whole on a producer thread (``orchestration/exact.py``), device mode on
-the training device (``typed_device.py``), NeutronOrch mode reuses hot rows computed on a host thread
+the training device (``orchestration/device.py``), NeutronOrch mode reuses hot rows computed on a host thread
 (``typed_neutronorch.py``: the mode protocol's ``step_inputs`` hands them to the model, ``before_step`` adds
 their gradient). The producers run numba at ``sampler_threads`` (``thread_budget``: half the cores by
 default); the trainer runs torch and numba at ``threads`` (default all cores) each. A batch depends on its key
