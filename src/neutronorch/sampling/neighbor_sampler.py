@@ -118,6 +118,8 @@ class NeighborSampler(OneThread):
         """The blocks and frontiers (seed hop first, ``frontiers[0]`` is ``start``) of ``hops``, each a
         (fanout, layer key), from the destinations ``start``."""
         self._check_thread()
+        if not start.flags.writeable:  # a plan's hot set is read-only: its frontier tensors get a copy
+            start = start.copy()
         node_map = self._node_map
         kernels.map_nodes(start, node_map)
         frontier, blocks, frontiers = start, [], [torch.from_numpy(start)]
