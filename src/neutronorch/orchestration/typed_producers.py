@@ -172,8 +172,7 @@ class TypedColdSampler:
             plan = planner.plan(super_batch_id, epoch, uppers, setting.ratio, setting.cap())
             block, features, needs = None, {}, {}
             if plan.hot:
-                # a writable copy: the plan's hot set is read-only, and the block's frontier is made from it
-                block = host.sample_bottom({t: ids.copy() for t, ids in plan.hot.items()}, uppers[0][1])
+                block = host.sample_bottom(plan.hot, uppers[0][1])  # the sampler copies the read-only hot set
                 features, ids = self.inputs(block.src_ids, torch.device("cpu"))
                 needs = {t: ids[t] for t in self.tables if t in ids}
         self.needs.put(super_batch_id, needs)

@@ -274,7 +274,9 @@ class TypedNeighborSampler(OneThread, TypedHops):
                               for r, rel in graph.relations.items()} if degrees else {})
 
     def _ids(self, ids) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        # a read-only array (a plan's frozen hot set) is copied: the frontier tensors are made from it
+        return torch.from_numpy(ids if ids.flags.writeable else ids.copy())
 
     def _enter(self, frontier: dict[str, torch.Tensor]) -> None:
         self._check_thread()
