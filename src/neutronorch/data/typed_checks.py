@@ -109,7 +109,7 @@ def _check_relation(graph, key, relation: Relation, fail: _Failure) -> None:
     for name, array in (("indptr", indptr), ("indices", indices)):
         if array.ndim != 1 or array.dtype not in (np.int32, np.int64):
             fail(relation_array(key, name), f"relation {label}: {name} must be a 1-D int32 or int64 array, got "
-                 f"{array.dtype} {array.shape}", f"Save it with .astype(np.int64).")
+                 f"{array.dtype} {array.shape}", "Save it with .astype(np.int64).")
     if indptr.shape[0] != num_dst + 1:
         fail(where, f"relation {label}: indptr has {indptr.shape[0]} entries, expected {num_dst + 1} (one per "
              f"{key[2]} vertex, plus one)", f"Build the CSC over the destination type {key[2]}.")
