@@ -1,6 +1,7 @@
 """NeighborLoader: the pipeline's batches for a loop of one's own, in PyG, DGL and neutronorch's own form."""
 
 import itertools
+import os
 import subprocess
 import sys
 import threading
@@ -16,7 +17,7 @@ from neutronorch.data import load_dataset
 from neutronorch.errors import ConfigError, DataError
 from neutronorch.loader import NeighborLoader
 from neutronorch.nn.models import GNN
-from neutronorch.orchestration.pipeline import Prefetcher
+from neutronorch.orchestration.pipeline import Prefetcher, _openmp_runtimes
 from neutronorch.sampling.block import pyg_form
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -409,6 +410,26 @@ def test_an_item_made_as_the_prefetcher_closes_goes_back():
         time.sleep(0.01)
     prefetcher.close()
     assert sorted(released) == made[1:]
+
+
+@pytest.mark.skipif(not _openmp_runtimes() or torch.get_num_threads() < 2,
+                    reason="needs a listed OpenMP runtime and torch on 2 or more threads")
+@pytest.mark.parametrize("budget", [None, 1])
+def test_a_producer_keeps_to_its_thread_budget(budget):
+    """With a budget of one thread a producer's parallel torch operator starts no OpenMP team of its own
+    (the process's thread count stays), and the other threads keep torch's count; without one it does."""
+    tasks = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731
+    main_threads = torch.get_num_threads()
+
+    def produce():
+        before = tasks()
+        torch.arange(100_000)[torch.randperm(100_000)]  # a parallel indexing operator
+        yield tasks() - before
+
+    with Prefetcher(produce, depth=1, threads=budget) as prefetcher:
+        grown = next(prefetcher)
+    assert (grown > 0) == (budget is None)
+    assert torch.get_num_threads() == main_threads
 
 
 # -- errors ---------------------------------------------------------------------------------------------

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-import numba
-
 from neutronorch.config import SamplingConfig
 from neutronorch.observe import Spans
 from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES, HostLoader, TypedHostLoader
@@ -44,7 +42,7 @@ class ExactMode(StepHooksUnused):
     def batches(self, epoch: int, start: int = 0) -> Prefetcher:
         """This epoch's mini-batches from number ``start`` on, produced ahead in a background thread."""
         return Prefetcher(lambda: self._produce(epoch, start), depth=self.sampling.prefetch,
-                          name=self.loader.producer, on_start=lambda: numba.set_num_threads(self.sampler_threads))
+                          name=self.loader.producer, threads=self.sampler_threads)
 
     def _produce(self, epoch: int, start: int) -> Iterator:
         sampler = self.new_sampler()
