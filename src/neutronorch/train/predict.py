@@ -5,16 +5,12 @@ vertex type, one chunk loop and non-finite check (``layerwise.emit_chunks``, ``E
 are computed differs by kind: a homogeneous graph's by exact layer-wise inference over complete
 neighbourhoods (``layerwise.py``, never stale), a typed graph's as its run's evaluation sampled them.
 
-**A typed graph's rows** (docs/heterogeneous.md, Predictions, says more). They are sampled as the run's
-evaluation sampled: its ``eval_fanouts`` for every relation, else its training fanouts per relation
-(``fanouts`` overrides both: one list, or a dict as ``typed_fanouts`` reads it), with the one key
-``inference_key(seed)`` for every chunk, so a vertex's rows depend on the vertex alone (to float32 rounding),
-not on its chunk. Layer ``k``'s output (1 = the bottom layer's, after its activation) exists for the types
-within ``L - k`` relations of the target (``reachable_types``; ``L`` layers); a type no layer computes is
-refused, naming the layers that do. A vertex's row at layer ``k`` is computed as in a prediction where it sits
-``L - k`` hops from the seeds: the sampler's hops ``L - k`` to ``L - 1`` drawn from it (``sample_bottom``),
-then the model's own layers up to ``k``. With ``fanouts`` -1 for every relation, inference runs layer by
-layer instead (``layerwise.typed_layers``).
+**A typed graph's rows** (docs/heterogeneous.md, Predictions, says more) are sampled as its run's evaluation
+sampled (its ``eval_fanouts``, else its training fanouts; ``fanouts`` overrides them), every chunk with the one
+key ``inference_key(seed)``, so a vertex's rows depend on the vertex alone (to float32 rounding), not on its
+chunk. Layer ``k``'s rows exist for the types within ``L - k`` relations of the target (``check_computed``), a
+vertex's computed as in a prediction where it sits ``L - k`` hops from the seeds (``hidden_rows``). With
+``fanouts`` -1 for every relation, inference runs layer by layer instead (``layerwise.typed_layers``).
 
 A link checkpoint's model (``nn.link.LinkModel``) is an encoder and a head: inference runs the encoder's
 layers (``embed``), and its pairs are scored by ``link_predict.score_pairs``."""
