@@ -90,7 +90,7 @@ def _rows(checkpoint, graph: Graph | TypedGraph, nodes: Nodes, layer: int | None
     check_prediction_output(out, scratch, checkpoint, graph, overwrite, {"nodes": node_files(nodes)})
     typed, predicting = isinstance(graph, TypedGraph), form is not None
     checkpoint, graph = checkpoint_for(checkpoint, graph, pairs=False if predicting else None)
-    model = encoder_of(checkpoint.model)
+    model = checkpoint.model.encoder if isinstance(checkpoint.model, LinkModel) else checkpoint.model  # its layers
     layers = model.num_layers
     layer = layers if predicting else embedding_layer(layers, layer)
     if typed:
@@ -191,11 +191,6 @@ def check_task(checkpoint: Checkpoint, pairs: bool) -> None:
     if pairs and not isinstance(checkpoint.model, LinkModel):
         raise ConfigError("this checkpoint classifies vertices: use predict --nodes (in Python, predict); pairs "
                           "are scored by a checkpoint of a run with --task link.")
-
-
-def encoder_of(model: torch.nn.Module) -> torch.nn.Module:
-    """The model whose layers inference runs: a link model's encoder, else the model itself."""
-    return model.encoder if isinstance(model, LinkModel) else model
 
 
 def prediction_score(graph: Graph, nodes: Nodes, output: np.ndarray, probabilities: bool,
