@@ -1,6 +1,6 @@
 """Checkpoints of typed runs (train/typed_checkpoint.py): last.pt and best.pt, an exact resume at an epoch
 boundary, mid-epoch after a stop and from a checkpoint_every write, refusals naming what differs, and
-predict/embed per vertex type (train/typed_predict.py) from the Python API and the command line."""
+predict/embed per vertex type (train/predict.py) from the Python API and the command line."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Full-neighbour inference of typed checkpoints, layer by layer (train/typed_predict.py, layerwise.lower_layers)."""
+"""Full-neighbour inference of typed checkpoints, layer by layer (layerwise.typed_layers, lower_layers)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import torch
 from neutronorch import TrainConfig, train
 from neutronorch.data import synthetic_typed
 from neutronorch.errors import CheckpointError
+from neutronorch.train import predict as predict_module
+from neutronorch.train.layerwise import needed_types
 from neutronorch.train.predict import embed, predict
 from neutronorch.train.typed_checkpoint import load_typed_checkpoint
-from neutronorch.train.typed_predict import full_neighbours, needed_types
 
 EVERY = [10**6, 10**6]  # a sampled inference that draws every neighbour (fanouts above every degree)
 
@@ -52,11 +53,19 @@ def test_what_each_layer_computes(graph, checkpoint):
     assert needed_types(model, "author", 1) == [{"author"}]
 
 
-@pytest.mark.parametrize("fanouts, full", [(None, False), (-1, True), ([-1, -1], True), ([-1], True),
-                                            ([-1, 5], False), ({"default": [-1, -1]}, True),
+@pytest.mark.parametrize("fanouts, full", [(None, False), (-1, True), ([-1, -1], True), ([-1, 5], False),
+                                            ({"default": [-1, -1]}, True),
                                             ({"default": [-1, -1], "writes": [3, 3]}, False), ([10, 10], False)])
-def test_which_fanouts_ask_for_every_neighbour(fanouts, full):
-    assert full_neighbours(fanouts, 2) is full
+def test_which_fanouts_ask_for_every_neighbour(graph, checkpoint, monkeypatch, fanouts, full):
+    """Layer by layer only when the fanouts given resolve to -1 for every relation and layer."""
+    layered = []
+    monkeypatch.setattr(predict_module, "typed_layers", lambda *args: layered.append(args) or (lambda ids: 1 / 0))
+    if full:
+        with pytest.raises(ZeroDivisionError):
+            predict(checkpoint, graph, [0], fanouts=fanouts)
+    else:
+        predict(checkpoint, graph, [0], fanouts=fanouts)
+    assert bool(layered) is full
 
 
 @pytest.mark.parametrize("fanouts", [None, -1])

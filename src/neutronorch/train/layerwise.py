@@ -2,9 +2,9 @@
 
 Layer l is computed for every vertex that a later layer needs, from all of its in-neighbours, one chunk
 of destinations at a time: each vertex's embedding is computed once per layer, instead of once per
-appearance in an L-hop neighbourhood. ``lower_layers`` is that per-layer loop for either kind of graph (a
-typed graph's every-neighbour inference, ``typed_predict.py``, gives it how one layer of a ``TypedGNN`` is
-applied to a chunk; ``_Run.rows`` is a ``GNN``'s). Where the rows go is the caller's choice:
+appearance in an L-hop neighbourhood. ``lower_layers`` is that per-layer loop for either kind of graph, given
+how one layer is applied to a chunk: a ``GNN``'s by ``_Run.rows``, a ``TypedGNN``'s by ``typed_layers`` (a typed
+checkpoint's predictions with every neighbour). Where the rows go is the caller's choice:
 
 - the intermediate layers' embeddings (one row per vertex) are kept in memory, or memory-mapped in a
   ``scratch`` folder when they would not fit (then anonymous memory stays at a few chunks);
@@ -43,10 +43,13 @@ import torch
 
 from neutronorch.atomic import reserve, sweep_stale, temp_prefix, write_error
 from neutronorch.data.graph import Graph
-from neutronorch.features.store import FeatureStore
+from neutronorch.data.typed import TypedGraph
+from neutronorch.features.store import FeatureStore, gather_frontier
 from neutronorch.nn.models import GNN
+from neutronorch.nn.typed_models import TypedGNN
 from neutronorch.sampling.block import Block
 from neutronorch.sampling.neighbor_sampler import NeighborSampler
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.distributed import World
 
 # progress(layer 1.., rows done, rows of that layer): called after every chunk.
@@ -111,6 +114,41 @@ def lower_layers(upto: int, sizes: Callable[[int], dict], compute, width: Callab
             done += count
         previous = current
     return previous
+
+
+def typed_layers(model: TypedGNN, graph: TypedGraph, node_type: str, layer: int, device: torch.device,
+                 chunk_size: int, progress: LayerProgress | None):
+    """``top(ids)``: the rows of ``node_type``'s unique ``ids`` at layer ``layer`` (1-based; ``model.num_layers``:
+    the target's logits), every neighbourhood whole, float32 on the CPU, once the layers below it are computed
+    (here, before it returns) for every vertex of the types a later layer reads (``needed_types``), one float32
+    table per type and layer in memory. ``graph`` two-way, as trained."""
+    model.eval()
+    sampler, needed = TypedNeighborSampler(graph, [-1] * model.num_layers), needed_types(model, node_type, layer)
+
+    @torch.no_grad()
+    def rows(k: int, t: str, chunk: np.ndarray, previous: dict | None) -> torch.Tensor:
+        block = sampler.sample_bottom({t: chunk}, 0)
+        if previous is None:
+            x = model.input_rows(*gather_frontier(graph, block.src_ids, device))
+        else:
+            x = {s: previous[s][v].to(device) for s, v in block.src_ids.items() if s in previous}
+        y = model.layer_output(k, block.to(device), x)[t]
+        return (y if k == model.num_layers - 1 else model.activate(y)).float().cpu()
+
+    below = lower_layers(layer, lambda k: {t: graph.num_nodes[t] for t in graph.num_nodes if t in needed[k]},
+                         lambda k, t, start, end, previous: rows(k, t, np.arange(start, end, dtype=np.int64), previous),
+                         lambda k, t: model.arguments["hidden"], torch.device("cpu"), None, chunk_size, progress)
+    return lambda ids: rows(layer - 1, node_type, np.asarray(ids, dtype=np.int64), below)
+
+
+def needed_types(model: TypedGNN, node_type: str, layer: int) -> list[set[str]]:
+    """``out[k]``: the types layer ``k`` (0-based) must compute for ``node_type`` at layer ``layer`` (1-based)."""
+    relations = model.spec.relations
+    needed = [set() for _ in range(layer)]
+    needed[layer - 1] = {node_type}
+    for k in range(layer - 1, 0, -1):
+        needed[k - 1] = needed[k] | {r[0] for r in relations if r[2] in needed[k]}
+    return needed
 
 
 @contextlib.contextmanager

@@ -150,7 +150,7 @@ def score_pairs(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, pairs:
     device = check_request(graph, device, probabilities=probabilities, overwrite=overwrite)
     check_prediction_output(out, scratch, checkpoint, graph, overwrite,
                             {"pairs": [pairs] if isinstance(pairs, (str, os.PathLike)) else []})
-    checkpoint = checkpoint_for(checkpoint, graph, pairs=True)
+    checkpoint, graph = checkpoint_for(checkpoint, graph, pairs=True)
     pairs = torch.from_numpy(read_pairs(pairs, graph.num_nodes, layout, source))
     target = torch.device(device)
     model = checkpoint.model.to(target).eval()

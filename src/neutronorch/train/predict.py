@@ -1,9 +1,16 @@
 """Predictions from a trained model, of either kind of graph: ``predict`` (the classes or class probabilities of
-chosen vertices) and ``embed`` (one layer's rows). One request check, one output path (checked before any
-work, written atomically, the scratch folder, progress) and one rule for the layer and the vertex type; only
-how the rows are computed differs by kind: a homogeneous graph's by exact layer-wise inference over complete
-neighbourhoods (``layerwise.py``, never stale), a typed graph's as its run's evaluation sampled them
-(``typed_predict.py``).
+chosen vertices) and ``embed`` (one layer's rows). One request check, one checkpoint check, one output path
+(checked before any work, written atomically, the scratch folder, progress), one rule for the layer and the
+vertex type, one chunk loop and non-finite check (``layerwise.emit_chunks``, ``Emitter``); only how the rows
+are computed differs by kind: a homogeneous graph's by exact layer-wise inference over complete
+neighbourhoods (``layerwise.py``, never stale), a typed graph's as its run's evaluation sampled them.
+
+**A typed graph's rows** (docs/heterogeneous.md, Predictions, says more) are sampled as its run's evaluation
+sampled (its ``eval_fanouts``, else its training fanouts; ``fanouts`` overrides them), every chunk with the one
+key ``inference_key(seed)``, so a vertex's rows depend on the vertex alone (to float32 rounding), not on its
+chunk. Layer ``k``'s rows exist for the types within ``L - k`` relations of the target (``check_computed``), a
+vertex's computed as in a prediction where it sits ``L - k`` hops from the seeds (``hidden_rows``). With
+``fanouts`` -1 for every relation, inference runs layer by layer instead (``layerwise.typed_layers``).
 
 A link checkpoint's model (``nn.link.LinkModel``) is an encoder and a head: inference runs the encoder's
 layers (``embed``), and its pairs are scored by ``link_predict.score_pairs``."""
@@ -21,17 +28,19 @@ from neutronorch.data.graph import Graph
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.limits import check_switch
-from neutronorch.features.store import FeatureStore
+from neutronorch.features.store import FeatureStore, gather_frontier
 from neutronorch.nn.link import LinkModel
+from neutronorch.nn.typed_models import TypedGNN, reachable_types
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.checkpoint import Checkpoint, check_fits, load_checkpoint
 from neutronorch.train.health import output_check
-from neutronorch.train.layerwise import LayerProgress, layerwise
+from neutronorch.train.layerwise import Emitter, LayerProgress, emit_chunks, layerwise, typed_layers
 from neutronorch.train.prediction_io import (Nodes, check_prediction_output, node_files, prediction_rows,
                                              scratch_folder, select_nodes, write_rows)
 from neutronorch.train.resources import resolve_device
 from neutronorch.train.task import Task, score
-from neutronorch.train.typed_checkpoint import TypedCheckpoint
-from neutronorch.train.typed_predict import check_computed, typed_fill, typed_model
+from neutronorch.train.typed_checkpoint import TypedCheckpoint, check_typed_fits, load_typed_checkpoint
+from neutronorch.train.typed_inputs import inference_key, typed_logits
 
 
 def predict(checkpoint: Checkpoint | TypedCheckpoint | str | os.PathLike, graph: Graph | TypedGraph,
@@ -43,7 +52,7 @@ def predict(checkpoint: Checkpoint | TypedCheckpoint | str | os.PathLike, graph:
     of ``nodes``: ``test``, ``val``, ``train``, ``all``, a ``.npy`` file of vertex ids, or the ids (a numpy
     array, list, tuple or torch tensor). A homogeneous graph's rows come from complete neighbourhoods; a
     ``TypedGraph``'s (with a typed checkpoint) are its target type's, from neighbourhoods sampled as the run's
-    evaluation sampled them (``fanouts``: other fanouts, -1 for all; ``typed_predict.py``).
+    evaluation sampled them (``fanouts``: other fanouts, -1 for all).
 
     With ``out`` (a ``.npy`` path, never one of the inputs, replaced only with ``overwrite``) the rows are
     written there chunk by chunk through a memory map, atomically, and the file is returned opened read-only.
@@ -64,7 +73,7 @@ def embed(checkpoint: Checkpoint | TypedCheckpoint | str | os.PathLike, graph: G
     """The output of layer ``layer`` (1 = the bottom layer, after its activation; the last layer gives the
     logits) of ``nodes``, as float32 rows; the rest as for ``predict``. For a link checkpoint the layers are
     its encoder's: the last gives the embeddings its head scores. A ``TypedGraph``'s rows are ``node_type``'s
-    (default the target's), ``layer`` by default its last hidden layer (``typed_predict.py`` says which types
+    (default the target's), ``layer`` by default its last hidden layer (the module docstring says which types
     a layer computes); a homogeneous graph's ``embed`` is given its ``layer``."""
     device = check_request(graph, device, chunk_size, overwrite=overwrite)
     check_asked(graph, fanouts=fanouts, scratch=scratch, embedding=True, layer=layer, node_type=node_type)
@@ -80,12 +89,8 @@ def _rows(checkpoint, graph: Graph | TypedGraph, nodes: Nodes, layer: int | None
     checked to fit, the layer and vertex type resolved, then the rows written (``write_rows``)."""
     check_prediction_output(out, scratch, checkpoint, graph, overwrite, {"nodes": node_files(nodes)})
     typed, predicting = isinstance(graph, TypedGraph), form is not None
-    if typed:
-        checkpoint, graph, sampler = typed_model(checkpoint, graph, fanouts)
-        model = checkpoint.model
-    else:
-        checkpoint = checkpoint_for(checkpoint, graph, pairs=False if predicting else None)
-        model = encoder_of(checkpoint.model)
+    checkpoint, graph = checkpoint_for(checkpoint, graph, pairs=False if predicting else None)
+    model = checkpoint.model.encoder if isinstance(checkpoint.model, LinkModel) else checkpoint.model  # its layers
     layers = model.num_layers
     layer = layers if predicting else embedding_layer(layers, layer)
     if typed:
@@ -101,8 +106,8 @@ def _rows(checkpoint, graph: Graph | TypedGraph, nodes: Nodes, layer: int | None
         [f"{node_type} vertices"] if typed else []))
     model.to(device)
     if typed:
-        fill = typed_fill(model, graph, sampler, fanouts, node_type, layer, ids, device, chunk_size, progress, check,
-                          transform, checkpoint.config.seed)
+        fill = typed_fill(checkpoint, graph, fanouts, node_type, layer, ids, device, chunk_size, progress, check,
+                          transform)
     else:
         folder = scratch_folder(model, graph, layer, scratch, out)
         fill = lambda array: layerwise(  # noqa: E731
@@ -156,19 +161,25 @@ def embedding_layer(layers: int, layer: int | None) -> int:
     return layer
 
 
-def checkpoint_for(checkpoint: Checkpoint | str | os.PathLike, graph: Graph,
-                   pairs: bool | None = None) -> Checkpoint:
-    """The checkpoint (read if a path is given), checked to fit ``graph`` and, unless ``pairs`` is None, to
-    do what is asked of it (``check_task``)."""
-    if isinstance(checkpoint, TypedCheckpoint):
-        raise ConfigError(f"a typed graph's checkpoint (model {checkpoint.model.kind}), and {graph.name} is "
-                          f"homogeneous; give the typed graph it was trained on.")
-    if not isinstance(checkpoint, Checkpoint):
-        checkpoint = load_checkpoint(checkpoint)
+def checkpoint_for(checkpoint: Checkpoint | TypedCheckpoint | str | os.PathLike, graph: Graph | TypedGraph,
+                   pairs: bool | None = None) -> tuple[Checkpoint | TypedCheckpoint, Graph | TypedGraph]:
+    """The checkpoint (read if a path is given, as the graph's kind reads one), checked to fit ``graph`` and,
+    unless ``pairs`` is None, to do what is asked of it (``check_task``); and the graph as the model reads it
+    (a typed graph with its reverse relations, as trained)."""
+    typed = isinstance(graph, TypedGraph)
+    if isinstance(checkpoint, TypedCheckpoint if not typed else Checkpoint):
+        kinds = ("typed", "homogeneous") if not typed else ("homogeneous", "typed")
+        model = getattr(checkpoint.model, "kind", type(checkpoint.model).__name__)
+        raise ConfigError(f"a {kinds[0]} graph's checkpoint (model {model}), and {graph.name} is "
+                          f"{kinds[1]}; give the {kinds[0]} graph it was trained on.")
+    if not isinstance(checkpoint, (Checkpoint, TypedCheckpoint)):
+        checkpoint = (load_typed_checkpoint if typed else load_checkpoint)(checkpoint)
     if pairs is not None:
         check_task(checkpoint, pairs)
-    check_fits(checkpoint, graph, graph.name)
-    return checkpoint
+    if typed:
+        graph = graph.with_reverse()
+    (check_typed_fits if typed else check_fits)(checkpoint, graph, graph.name)
+    return checkpoint, graph
 
 
 def check_task(checkpoint: Checkpoint, pairs: bool) -> None:
@@ -180,11 +191,6 @@ def check_task(checkpoint: Checkpoint, pairs: bool) -> None:
     if pairs and not isinstance(checkpoint.model, LinkModel):
         raise ConfigError("this checkpoint classifies vertices: use predict --nodes (in Python, predict); pairs "
                           "are scored by a checkpoint of a run with --task link.")
-
-
-def encoder_of(model: torch.nn.Module) -> torch.nn.Module:
-    """The model whose layers inference runs: a link model's encoder, else the model itself."""
-    return model.encoder if isinstance(model, LinkModel) else model
 
 
 def prediction_score(graph: Graph, nodes: Nodes, output: np.ndarray, probabilities: bool,
@@ -200,3 +206,84 @@ def prediction_score(graph: Graph, nodes: Nodes, output: np.ndarray, probabiliti
         output = output.astype(np.float32) if task.multilabel else np.eye(task.num_classes, dtype=np.float32)[output]
     return task.metric, score(task.metric, task.multilabel, task.num_classes, np.asarray(output), labels)
 
+
+def typed_fill(checkpoint: TypedCheckpoint, graph: TypedGraph, fanouts, node_type: str, layer: int, ids: np.ndarray,
+               device: torch.device, chunk_size: int, progress: LayerProgress | None, check, transform):
+    """``fill(array)``: ``array[i]`` = ``transform`` (None: none) of ``node_type``'s row of ``ids[i]`` at layer
+    ``layer`` (``model.num_layers``: the target's logits), once ``check`` has found it finite; sampled a chunk
+    at a time with the run's evaluation fanouts or ``fanouts``, layer by layer when every one is -1. The
+    fanouts are checked here, before any work."""
+    model, config = checkpoint.model, checkpoint.config
+    if isinstance(fanouts, int):  # -1: every neighbour, at every layer
+        fanouts = [fanouts] * model.num_layers
+    sampler = TypedNeighborSampler(graph, fanouts if fanouts is not None else (
+        config.eval_fanouts if config.eval_fanouts is not None else checkpoint.fanouts))
+    if sampler.num_layers != model.num_layers:
+        raise ConfigError(f"`fanouts` {fanouts}: {sampler.num_layers} layer(s), and the model has "
+                          f"{model.num_layers}; give one fanout per layer.")
+    every = fanouts is not None and all(f == -1 for drawn in sampler.fanouts.values() for f in drawn)
+
+    def fill(array: np.ndarray) -> None:
+        if every:  # every neighbour: layer by layer (the layers below first)
+            compute = typed_layers(model, graph, node_type, layer, device, chunk_size, progress)
+        elif layer == model.num_layers:  # the logits
+            compute = lambda chunk: typed_logits(  # noqa: E731
+                model, graph, sampler, torch.from_numpy(chunk), device, len(chunk), config.seed)
+        else:
+            # Hop h of a sample is the bottom hop of a sampler whose fanouts end at h (``sample_bottom``).
+            hops = [TypedNeighborSampler(graph, {r: f[:hop + 1] for r, f in sampler.fanouts.items()})
+                    for hop in range(model.num_layers - layer, model.num_layers)]
+            compute = lambda chunk: hidden_rows(model, graph, hops, node_type, chunk, device,  # noqa: E731
+                                                config.seed)
+        emit_chunks(ids, chunk_size, _unique_seeds(compute), Emitter(array, transform, check), layer, progress)
+    return fill
+
+
+def check_computed(model: TypedGNN, node_type: str, layer: int) -> None:
+    """Raise ``ConfigError`` unless layer ``layer`` computes rows of ``node_type``, naming the layers that do."""
+    spec, layers = model.spec, model.num_layers
+    if node_type not in spec.num_nodes:
+        raise ConfigError(f"`node_type` {node_type!r}: the model's graph has no such vertex type; its types: "
+                          f"{', '.join(spec.num_nodes)}.")
+    reached = reachable_types(spec, layers)
+    computed = reached[layers - layer]
+    if node_type in computed:
+        return
+    having = [k for k in range(1, layers + 1) if node_type in reached[layers - k]]
+    if having:
+        fix = f"layers 1..{having[-1]} compute its rows: give `layer` {having[-1]} or lower"
+    elif node_type in reached[layers]:
+        rows = "its features" if spec.feature_dims[node_type] else "its embedding table (model.embeddings)"
+        fix = f"the model only reads {node_type}'s rows, no layer computes them: they are {rows}"
+    else:
+        fix = f"the model never reads {node_type}"
+    raise ConfigError(f"`node_type` {node_type}: layer {layer} computes rows of {', '.join(computed)} only (the types "
+                      f"within {layers - layer} relation(s) of the target {spec.target}); {fix}.")
+
+
+@torch.no_grad()
+def hidden_rows(model: TypedGNN, graph: TypedGraph, hops: list[TypedNeighborSampler], node_type: str,
+                ids: np.ndarray, device: torch.device, seed: int) -> torch.Tensor:
+    """Rows of ``node_type``'s unique ``ids`` at layer ``len(hops)`` (float32 on the CPU): ``hops[i]`` draws hop
+    ``L - len(hops) + i`` from the previous hop's frontier (the first from ``ids``), and the model's own
+    layers (``layer_output``, ``activate``, in eval mode) run over those blocks up to that layer."""
+    model.eval()
+    destinations, blocks = {node_type: ids}, []
+    for sampler in hops:
+        block = sampler.sample_bottom(destinations, inference_key(seed))
+        blocks.insert(0, block)
+        destinations = {t: v.numpy() for t, v in block.src_ids.items()}
+    features, input_ids = gather_frontier(graph, blocks[0].src_ids, device)
+    x = model.input_rows(features, input_ids)
+    for index, block in enumerate(blocks):
+        y = model.layer_output(index, block.to(device), x)
+        x = {t: model.activate(rows) for t, rows in y.items()}
+    return x[node_type].float().cpu()
+
+
+def _unique_seeds(compute):
+    """``compute`` of a chunk's ids, a repeated id computed once (the sampler takes unique seeds)."""
+    def rows(chunk: np.ndarray) -> torch.Tensor:
+        unique, inverse = np.unique(chunk, return_inverse=True)
+        return compute(chunk) if unique.shape[0] == chunk.shape[0] else compute(unique)[torch.from_numpy(inverse)]
+    return rows
