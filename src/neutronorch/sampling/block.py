@@ -68,18 +68,20 @@ class Block:
 
 @dataclass
 class SampledSubgraph:
-    """The L-hop sampled computation graph of a set of seeds.
+    """The L-hop sampled computation graph of a set of seeds, of either kind of graph.
 
     ``blocks`` are ordered as a model consumes them: the bottom (input) layer first, the seed layer last.
-    ``frontiers[l]`` holds the global ids of block l's source frontier; ``frontiers[-1]`` is the seeds.
+    ``frontiers[l]`` holds the global ids of block l's source frontier; ``frontiers[-1]`` is the seeds. On a
+    typed graph the blocks are ``TypedBlock``s, the frontiers dicts of each type's ids (within the type) and
+    the seeds of the target type.
     """
 
     seeds: torch.Tensor
-    blocks: list[Block]
-    frontiers: list[torch.Tensor]
+    blocks: list
+    frontiers: list
 
     @property
-    def input_nodes(self) -> torch.Tensor:
+    def input_nodes(self):
         return self.frontiers[0]
 
     @property
@@ -87,6 +89,11 @@ class SampledSubgraph:
         return sum(b.num_edges for b in self.blocks)
 
     def pyg_form(self) -> tuple[torch.Tensor, list[int], list[int]]:
+        """``pyg_form(self.blocks)`` (homogeneous blocks)."""
+        return pyg_form(self.blocks)
+
+
+def pyg_form(self) -> tuple[torch.Tensor, list[int], list[int]]:
         """``pyg_form(self.blocks)``."""
         return pyg_form(self.blocks)
 

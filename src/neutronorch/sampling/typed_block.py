@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from neutronorch.data.relation import RelationType
-from neutronorch.sampling.block import Block
+from neutronorch.sampling.block import Block, SampledSubgraph
 
 
 @dataclass
@@ -67,25 +67,7 @@ class TypedBlock:
                           move(self.src_ids), move(self.edge_ids), move(self.edge_features))
 
 
-@dataclass
-class TypedSubgraph:
-    """The L-hop typed computation graph of seeds of one target type.
-
-    ``blocks`` bottom layer first, as a model consumes them; ``frontiers[l][t]`` the global ids (within type
-    ``t``) of block ``l``'s source frontier of type ``t``; ``frontiers[-1]`` holds the seeds alone."""
-
-    target: str
-    seeds: torch.Tensor
-    blocks: list[TypedBlock]
-    frontiers: list[dict[str, torch.Tensor]]
-
-    @property
-    def input_nodes(self) -> dict[str, torch.Tensor]:
-        return self.frontiers[0]
-
-    @property
-    def num_sampled_edges(self) -> int:
-        return sum(block.num_edges for block in self.blocks)
+TypedSubgraph = SampledSubgraph  # the one subgraph type, its blocks TypedBlocks
 
 
 @dataclass
