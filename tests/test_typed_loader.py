@@ -18,7 +18,7 @@ from neutronorch.errors import ConfigError
 from neutronorch.loader import TypedNeighborLoader
 from neutronorch.nn.relational import module_key
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
-from neutronorch.sampling.typed_block import TypedBlock
+from neutronorch.sampling.block import TypedBlock
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),  # small tensors (conftest.py)
               pytest.mark.filterwarnings("ignore:There exist node types")]  # a HeteroConv of some types

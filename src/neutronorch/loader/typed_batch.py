@@ -20,7 +20,7 @@ import torch
 from neutronorch.data.typed import TypedGraph
 from neutronorch.loader.batch import optional
 from neutronorch.orchestration.batch import TypedBatch, target_labels
-from neutronorch.sampling.typed_block import TypedBlock, hop_counts, typed_pyg_form
+from neutronorch.sampling.block import TypedBlock, hop_counts, typed_pyg_form
 
 __all__ = ["TypedLoaderBatch"]
 

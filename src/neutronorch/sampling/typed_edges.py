@@ -20,7 +20,7 @@ import torch
 from neutronorch.data.typed import RelationType, TypedGraph, relation_label
 from neutronorch.errors import DataError
 from neutronorch.sampling import kernels
-from neutronorch.sampling.typed_block import TypedBlock
+from neutronorch.sampling.block import TypedBlock
 
 __all__ = ["check_edge_features", "edge_rows", "gather_edge_features"]
 

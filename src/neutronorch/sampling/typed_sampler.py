@@ -51,10 +51,9 @@ from neutronorch.data.csc import out_degrees
 from neutronorch.data.typed import RelationType, TypedGraph, relation_label
 from neutronorch.errors import ConfigError, DataError
 from neutronorch.sampling import kernels
-from neutronorch.sampling.block import Block, SampledSubgraph
+from neutronorch.sampling.block import Block, SampledSubgraph, TypedBlock
 from neutronorch.sampling.fanouts import parse_fanouts
 from neutronorch.sampling.neighbor_sampler import OneThread, layer_key, mix_key, relabel_into
-from neutronorch.sampling.typed_block import TypedBlock
 from neutronorch.sampling.typed_edges import check_edge_features, edge_rows
 
 __all__ = ["DEFAULT", "TypedHops", "TypedNeighborSampler", "hop_keys", "relation_key", "typed_fanouts"]
