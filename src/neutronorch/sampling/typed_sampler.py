@@ -30,13 +30,8 @@ frontiers, bit for bit.
 how they draw (numba kernels on host arrays; the homogeneous device samplers), relabel (numba, a map per
 type; torch) and read edge feature rows.
 
-Edge ids: for the relations it records them for (by default every relation with edge features; none on a
-graph without), a relation's draws go through ``kernels.sample_neighbor_edges``, which draws exactly what
-``sample_neighbors`` draws and also returns each drawn edge's position in the relation's ``indices``: the
-block's ``TypedBlock.edge_ids[relation]``. The sampler then reads those edges' feature rows into
-``TypedBlock.edge_features`` (``typed_edges.edge_rows``), so whatever samples a batch hands its
-models the edge features too. The other relations take ``sample_neighbors`` as before, so a graph without
-edge features samples as it did.
+Edge ids and edge feature rows, for the relations with edge features by default: ``TypedNeighborSampler``'s
+``edge_ids`` and ``edge_features``; a graph without edge features samples as it would without them.
 """
 
 from __future__ import annotations
