@@ -129,6 +129,16 @@ def test_hotness_orders_every_vertex_by_measured_appearances(graph):
     assert np.all(np.diff(degree[by_degree]) <= 0)
 
 
+@pytest.mark.parametrize("batches, train", [(0, None), (32, "none")])
+def test_hotness_without_a_presampled_batch_ranks_by_degree(graph, batches, train):
+    """No batch to presample (``batches=0``, or no training seed): the ranking is the degree's, as the
+    ``degree`` policy gives it, not the vertices in id order."""
+    train_idx = graph.train_idx if train is None else np.empty(0, np.int64)
+    order = hotness_order(graph.indptr, graph.indices, train_idx, [5, 5], 128, seed=0, batches=batches)
+    by_degree = hotness_order(graph.indptr, graph.indices, graph.train_idx, [5, 5], 128, 0, policy="degree")
+    assert np.array_equal(order, by_degree)
+
+
 @pytest.mark.parametrize("rows", [0, 700, 3000])
 def test_cache_paths_assemble_exactly_the_requested_rows(graph, rows):
     store = FeatureStore(graph.features, graph.labels)

@@ -11,8 +11,7 @@ import torch
 from neutronorch.data import Relation, TypedGraph, synthetic_typed
 from neutronorch.nn.relational import RGCNConv, TypedSAGEConv, module_key
 from neutronorch.nn.relational_attention import RGATConv
-from neutronorch.sampling.block import Block
-from neutronorch.sampling.typed_block import TypedBlock
+from neutronorch.sampling.block import Block, TypedBlock
 
 WIDTHS = {"paper": 12, "author": 8, "institution": 6, "field": 10, "topic": 5}
 OUT, HIDDEN, HEADS = 8, 12, 3
@@ -609,8 +608,7 @@ def test_summed_root_weights_keep_gradients_of_their_own():
     adds its hot rows' gradient after the batch's) must add to each weight's own gradient, not to a buffer
     the weights share."""
     from neutronorch.nn.relational import TypedSAGEConv
-    from neutronorch.sampling.block import Block
-    from neutronorch.sampling.typed_block import TypedBlock
+    from neutronorch.sampling.block import Block, TypedBlock
 
     relations = [("a", "r1", "p"), ("p", "r2", "p")]
     layer = TypedSAGEConv({"a": 3, "p": 3}, 4, relations)

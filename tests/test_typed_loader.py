@@ -18,7 +18,7 @@ from neutronorch.errors import ConfigError
 from neutronorch.loader import TypedNeighborLoader
 from neutronorch.nn.relational import module_key
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
-from neutronorch.sampling.typed_block import TypedBlock
+from neutronorch.sampling.block import TypedBlock
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),  # small tensors (conftest.py)
               pytest.mark.filterwarnings("ignore:There exist node types")]  # a HeteroConv of some types
@@ -469,7 +469,7 @@ def test_a_graph_without_labels_gives_minus_one(mag):
 def test_blocks_are_typed_blocks_and_the_repr_names_the_target(mag):
     ours = loader(mag)
     batch = next(iter(ours))
-    assert all(isinstance(b, TypedBlock) for b in batch.blocks) and "paper" in repr(ours) and "inputs" in repr(batch)
+    assert all(isinstance(b, TypedBlock) for b in batch.blocks) and "paper" in repr(ours) and "nodes" in repr(batch)
 
 
 def test_fanouts_that_do_not_fit_the_model_and_epochs_without_a_batch_are_refused(mag):

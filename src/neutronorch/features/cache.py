@@ -30,62 +30,56 @@ from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 
 def hotness_order(indptr: np.ndarray, indices: np.ndarray, train_idx: np.ndarray, fanouts: list[int],
-                  batch_size: int, seed: int, policy: str = "presample", batches: int = 32,
-                  frontiers: list | None = None) -> np.ndarray:
+                  batch_size: int, seed: int, policy: str = "presample", batches: int = 32) -> np.ndarray:
     """Every vertex, hottest first (see the module docstring).
 
     ``presample`` scores a vertex by its appearances in the input frontiers of ``batches`` sampled
     mini-batches plus a degree prior worth the same total (each vertex's share of the appearances if they
     followed out-degree): a shrinkage estimate, since counts over a few batches are noisy for all but the
     hottest vertices. Measured (bench/cache_hit_rate.py) it serves at least as many rows as ``degree`` and
-    more where training seeds are not spread evenly over the graph. ``frontiers``, when given, receives the
-    largest frontier sizes seen, seeds first and input rows last (as ``workspace_bytes`` takes them)."""
+    more where training seeds are not spread evenly over the graph."""
     num_nodes = indptr.shape[0] - 1
-    degree = out_degrees(indices, num_nodes).astype(np.float64)
-    if policy == "degree" or len(train_idx) == 0:
-        return np.argsort(-degree, kind="stable")
-    sampler = NeighborSampler(indptr, indices, fanouts)
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(np.asarray(train_idx, dtype=np.int64))
     counts = np.zeros(num_nodes, np.float64)
-    for b in range(min(batches, -(-order.shape[0] // batch_size))):
-        seeds = order[b * batch_size:(b + 1) * batch_size]
-        subgraph = sampler.sample(seeds, batch_key(seed, -1, b))
-        counts[subgraph.input_nodes.numpy()] += 1  # frontiers hold distinct vertices
-        sizes = [f.shape[0] for f in reversed(subgraph.frontiers)]
-        largest = sizes if b == 0 else [max(a, z) for a, z in zip(largest, sizes)]
-    if frontiers is not None:
-        frontiers[:] = largest
-    return _ranked(counts, degree)
+    if policy != "degree" and len(train_idx):
+        for subgraph in _presampled(NeighborSampler(indptr, indices, fanouts), train_idx, batch_size, seed, batches):
+            counts[subgraph.input_nodes.numpy()] += 1  # frontiers hold distinct vertices
+    return _ranked(counts, out_degrees(indices, num_nodes).astype(np.float64))
 
 
 def typed_hotness_order(graph: TypedGraph, sampler: TypedNeighborSampler, train_idx: np.ndarray, batch_size: int,
                         seed: int, policy: str = "presample", batches: int = 32) -> dict[str, np.ndarray]:
-    """Every vertex of each featured type of the typed ``graph``, hottest first: ``hotness_order``'s ranking
-    per type. A vertex's degree is its out-degree summed over the relations out of its type (how often it can
-    be drawn as someone's neighbour); ``presample`` adds its appearances in the input frontiers of ``batches``
-    mini-batches of the training seeds sampled by ``sampler`` (a ``TypedNeighborSampler`` with the training
-    fanouts, so the rows read most by the training batches' sampling rank first)."""
+    """``hotness_order`` per featured type of the typed ``graph``. A vertex's degree is its out-degree summed
+    over the relations out of its type (how often it can be drawn as someone's neighbour); ``presample`` counts
+    its appearances in the input frontiers of the training seeds' mini-batches sampled by ``sampler`` (a
+    ``TypedNeighborSampler`` with the training fanouts, so the rows read most by the training batches'
+    sampling rank first)."""
     featured = [t for t in graph.features if graph.num_nodes[t] > 0]
     degree = {t: np.zeros(graph.num_nodes[t], np.float64) for t in featured}
     for (source, _, _), relation in graph.relations.items():
         if source in degree:
             degree[source] += out_degrees(relation.indices, graph.num_nodes[source])
     counts = {t: np.zeros(graph.num_nodes[t], np.float64) for t in featured}
-    if policy != "degree" and len(train_idx):
-        order = np.random.default_rng(seed).permutation(np.asarray(train_idx, dtype=np.int64))
-        for b in range(min(batches, -(-order.shape[0] // batch_size))):
-            subgraph = sampler.sample(order[b * batch_size:(b + 1) * batch_size], batch_key(seed, -1, b))
+    if policy != "degree":
+        for subgraph in _presampled(sampler, train_idx, batch_size, seed, batches):
             for t, ids in subgraph.input_nodes.items():
                 if t in counts:
                     counts[t][ids.numpy()] += 1  # frontiers hold distinct vertices
-    # A type the presampled batches never reached (or ``degree``): by degree alone.
-    return {t: _ranked(counts[t], degree[t]) if counts[t].any() else np.argsort(-degree[t], kind="stable")
-            for t in featured}
+    return {t: _ranked(counts[t], degree[t]) for t in featured}
+
+
+def _presampled(sampler, train_idx: np.ndarray, batch_size: int, seed: int, batches: int):
+    """The subgraphs of the first ``batches`` mini-batches of the training seeds in an order shuffled by
+    ``seed``, sampled by ``sampler`` with epoch -1's keys."""
+    order = np.random.default_rng(seed).permutation(np.asarray(train_idx, dtype=np.int64))
+    for b in range(min(batches, -(-order.shape[0] // batch_size))):
+        yield sampler.sample(order[b * batch_size:(b + 1) * batch_size], batch_key(seed, -1, b))
 
 
 def _ranked(counts: np.ndarray, degree: np.ndarray) -> np.ndarray:
-    """Vertices by ``counts`` plus a degree prior worth the same total, hottest first (ties: lower id first)."""
+    """Vertices by ``counts`` plus a degree prior worth the same total, hottest first (ties: lower id first);
+    by degree alone where nothing was counted (``degree``, no training seed or batch, a type never reached)."""
+    if not counts.any():
+        return np.argsort(-degree, kind="stable")
     prior = degree * (counts.sum() / max(1.0, degree.sum()))
     return np.argsort(-(counts + prior), kind="stable")
 

@@ -5,12 +5,11 @@ a typed graph), DGL blocks (``batch.to_dgl_blocks()``) or neutronorch's blocks a
 ``batch.x``; a typed batch's ``batch.features`` and ``batch.ids``). ``docs/loader.md`` has examples and what
 they do not do."""
 
-from neutronorch.loader.batch import LoaderBatch
+from neutronorch.loader.batch import LoaderBatch, TypedLoaderBatch
 from neutronorch.loader.epochs import EpochIterator
 from neutronorch.loader.link_batch import LinkLoaderBatch
 from neutronorch.loader.link_loader import LinkNeighborLoader
 from neutronorch.loader.neighbor_loader import NeighborLoader, TypedNeighborLoader
-from neutronorch.loader.typed_batch import TypedLoaderBatch
 
 __all__ = ["NeighborLoader", "LinkNeighborLoader", "TypedNeighborLoader", "LoaderBatch", "LinkLoaderBatch",
            "TypedLoaderBatch", "EpochIterator"]

@@ -1,11 +1,15 @@
-"""One mini-batch of a loader over a homogeneous graph, in the three forms a training loop may take
-(``NeighborLoader``'s here; a ``LinkNeighborLoader``'s, with its pairs, in link_batch.py; a typed graph's in
-typed_batch.py).
+"""One mini-batch of a loader, in the three forms a training loop may take: ``NeighborLoader``'s over either
+kind of graph here (``LoaderBatch``, ``TypedLoaderBatch``); a ``LinkNeighborLoader``'s, with its pairs, in
+link_batch.py.
 
 - Plain (neutronorch's own models): ``batch.blocks`` (bottom layer first), ``batch.x`` (the bottom block's
-  source rows), ``batch.y`` (the seeds' labels), ``batch.seeds``: ``GNN(...)(batch.blocks, batch.x)``.
-- PyG: ``batch.to_pyg()``, a ``torch_geometric.data.Data`` as PyG's ``NeighborLoader`` yields one.
-- DGL: ``batch.to_dgl_blocks()``, one ``dgl.create_block`` per layer, input layer first.
+  source rows; of a typed graph, each featured type's, also ``batch.features``), ``batch.y`` (the seeds'
+  labels), ``batch.seeds``: ``GNN(...)(batch.blocks, batch.x)``; a typed graph's ``TypedGNN`` also takes
+  ``batch.ids`` (each type's input frontier, global ids within the type).
+- PyG: ``batch.to_pyg()``, a ``torch_geometric.data.Data`` (of a typed graph, a ``HeteroData``) as PyG's
+  ``NeighborLoader`` yields one.
+- DGL: ``batch.to_dgl_blocks()`` (a typed batch's also ``to_dgl()``), one ``dgl.create_block`` per layer,
+  input layer first.
 
 The blocks are the sampler's: every destination of a layer draws its neighbours at that layer (DGL's
 blocks). PyG's form keeps, of each layer's block, the rows of the vertices that the hop before newly
@@ -20,11 +24,12 @@ from typing import Callable
 
 import torch
 
-from neutronorch.orchestration.batch import MiniBatch
+from neutronorch.data.typed import TypedGraph
+from neutronorch.orchestration.batch import MiniBatch, TypedBatch, target_labels
 from neutronorch.orchestration.mode import StepInputs
-from neutronorch.sampling.block import Block, pyg_form
+from neutronorch.sampling.block import Block, TypedBlock, hop_counts, pyg_form, typed_pyg_form
 
-__all__ = ["SampledBatch", "LoaderBatch", "optional"]
+__all__ = ["SampledBatch", "LoaderBatch", "TypedLoaderBatch", "optional"]
 
 INSTALL = {"torch_geometric.data": "PyTorch Geometric: pip install torch-geometric (its NeighborLoader's sampler "
                                   "backends, pyg-lib or torch-sparse, are not needed)",
@@ -41,7 +46,8 @@ def optional(module: str, form: str):
 
 
 class SampledBatch:
-    """What every loader's batch holds: ``epoch``, ``index`` (its number in the epoch), ``batch_size``
+    """What every loader's batch holds (a typed one's, per type: see ``TypedLoaderBatch``): ``epoch``, ``index``
+    (its number in the epoch), ``batch_size``
     (seeds), ``seeds`` (their global ids), ``input_id`` (the positions of what the batch was made of among
     the loader's seeds or edges), ``n_id`` (the global ids of every sampled vertex, seeds first),
     ``blocks``, ``x``.
@@ -194,3 +200,119 @@ class LoaderBatch(SampledBatch):
 
     def _dgl_fields(self, blocks: list) -> None:
         blocks[-1].dstdata["label"] = self.y
+
+
+class TypedLoaderBatch(SampledBatch):
+    """A typed mini-batch: ``SampledBatch``'s fields per type. ``blocks`` (``TypedBlock``s), ``x`` and
+    ``features`` (the input rows of every featured type of the bottom frontier, float32), ``ids`` (every
+    type's bottom frontier, global ids within the type: what an embedding table of a featureless type is
+    looked up by; ``n_id`` is the same), ``seeds`` (the target type's seeds: ``ids[target][:batch_size]``),
+    ``y`` (their labels), ``batch_size``, ``input_id`` (the seeds' positions among the loader's seeds),
+    ``target``. Its tensors are its own (typed modes reuse no buffer): a batch may be kept."""
+
+    def __init__(self, batch: TypedBatch, input_id: torch.Tensor, graph: TypedGraph):
+        self.minibatch, self._reused, self._released = batch, False, False
+        self.epoch, self.index = batch.epoch, batch.index
+        self._blocks: list[TypedBlock] = batch.blocks
+        self._x: dict[str, torch.Tensor] = batch.features
+        self.ids: dict[str, torch.Tensor] = batch.ids
+        self.y: torch.Tensor = batch.labels
+        self.input_id = input_id
+        self.target = graph.target
+        self._graph = graph  # the loader's, its reverse relations added: every type and relation a form names
+        self._pyg = None
+
+    features = SampledBatch.x
+
+    @property
+    def batch_size(self) -> int:
+        return int(self._blocks[-1].num_dst[self.target])
+
+    @property
+    def n_id(self) -> dict[str, torch.Tensor]:
+        """Every type's sampled vertices (``ids``), PyG's name: the target's seeds first, then each hop's new
+        vertices in the order the hop first reached them."""
+        return self.ids
+
+    @property
+    def seeds(self) -> torch.Tensor:
+        return self.ids[self.target][:self.batch_size]
+
+    @property
+    def device(self) -> torch.device:
+        return self.y.device
+
+    @property
+    def num_sampled_nodes(self) -> dict[str, list[int]]:
+        """Per type, its vertices per hop: the seeds (the target's; 0 for the others), then those each hop
+        added (PyG's ``num_sampled_nodes_dict``)."""
+        return hop_counts(self.blocks, list(self._graph.num_nodes))
+
+    # -- the PyG form ---------------------------------------------------------------------------------
+    def to_pyg(self):
+        """A ``torch_geometric.data.HeteroData`` with what PyG's ``NeighborLoader`` puts in a heterogeneous
+        batch (docs/loader.md has the fields): every type and relation of the graph, reverses included, empty
+        where the batch did not reach it; ``e_id`` and ``edge_attr`` where a relation has edge features (the
+        edges' positions in its CSC, ``to_pyg_hetero``'s edge order). Built once."""
+        if self._pyg is not None:
+            return self._pyg
+        data = optional("torch_geometric.data", "to_pyg").HeteroData()
+        graph, device = self._graph, self.device
+        form = typed_pyg_form(self.blocks, list(graph.num_nodes), list(graph.relations))
+        for node_type in graph.num_nodes:
+            width = graph.feature_dim(node_type)
+            ids = self.ids.get(node_type, torch.zeros(0, dtype=torch.int64, device=device))
+            store = data[node_type]
+            store.n_id, store.num_nodes = ids, int(ids.shape[0])
+            if width:
+                store.x = self.features.get(node_type, torch.zeros(0, width, device=device))
+        target = data[self.target]
+        target.y = target_labels(graph, target.n_id.cpu().numpy()).to(device)
+        target.batch_size, target.input_id = self.batch_size, self.input_id
+        for relation, rel in graph.relations.items():
+            store, width = data[relation], rel.edge_feature_dim
+            store.edge_index = form.edge_index[relation]
+            if width:
+                store.edge_attr = form.edge_features.get(relation, torch.zeros(0, width, device=device))
+                store.e_id = form.edge_ids.get(relation, torch.zeros(0, dtype=torch.int64, device=device))
+        data.set_value_dict("num_sampled_nodes", form.num_sampled_nodes)
+        data.set_value_dict("num_sampled_edges", form.num_sampled_edges)
+        self._pyg = data
+        return data
+
+    # -- the DGL form ---------------------------------------------------------------------------------
+    def to_dgl(self) -> list:
+        """One DGL block per layer, input layer first (as ``dgl.dataloading`` yields them for a heterograph),
+        over every relation (one the layer did not draw has no edge), the sampler's blocks as they are (CSC):
+        ``dgl.NID`` per type, the first block's ``srcdata["feat"]``, the last's ``dstdata["label"]`` on the
+        target, ``edata["feat"]`` and ``dgl.EID`` where a relation has edge features."""
+        dgl = optional("dgl", "to_dgl")
+        graph, out = self._graph, []
+        for tblock in self.blocks:
+            counts_src = {t: int(tblock.num_src.get(t, 0)) for t in graph.num_nodes}
+            counts_dst = {t: int(tblock.num_dst.get(t, 0)) for t in graph.num_nodes}
+            data = {}
+            for relation in graph.relations:
+                block = tblock.blocks.get(relation)
+                if block is None:
+                    indptr = torch.zeros(counts_dst[relation[2]] + 1, dtype=torch.int64, device=self.device)
+                    indices = torch.zeros(0, dtype=torch.int64, device=self.device)
+                else:
+                    indptr, indices = block.indptr.long(), block.indices.long()
+                data[relation] = ("csc", (indptr, indices, torch.zeros(0, dtype=torch.int64, device=self.device)))
+            g = dgl.create_block(data, num_src_nodes=counts_src, num_dst_nodes=counts_dst, device=self.device)
+            for node_type, ids in tblock.src_ids.items():
+                if node_type in counts_src:
+                    g.srcnodes[node_type].data[dgl.NID] = ids
+                    g.dstnodes[node_type].data[dgl.NID] = ids[:counts_dst[node_type]]
+            for relation, rows in tblock.edge_features.items():
+                g.edges[relation].data["feat"] = rows
+            for relation, ids in tblock.edge_ids.items():
+                g.edges[relation].data[dgl.EID] = ids
+            out.append(g)
+        for node_type, rows in self.features.items():
+            out[0].srcnodes[node_type].data["feat"] = rows
+        out[-1].dstnodes[self.target].data["label"] = self.y
+        return out
+
+    to_dgl_blocks = to_dgl  # a homogeneous batch's name for it

@@ -18,8 +18,7 @@ import torch
 
 from neutronorch.loader.arguments import resolve_seeds
 from neutronorch.loader.base import EpochLoader
-from neutronorch.loader.batch import LoaderBatch
-from neutronorch.loader.typed_batch import TypedLoaderBatch
+from neutronorch.loader.batch import LoaderBatch, TypedLoaderBatch
 
 __all__ = ["NeighborLoader", "TypedNeighborLoader"]
 

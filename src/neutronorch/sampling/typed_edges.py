@@ -1,14 +1,7 @@
-"""Edge features of sampled typed blocks: each relation's rows at its sampled edges' ids.
-
-``TypedNeighborSampler`` records, per relation block, the position in the relation's CSC ``indices`` of every
-sampled edge (``TypedBlock.edge_ids``); ``gather_edge_features`` reads the relation's ``edge_features`` at
-those positions into ``TypedBlock.edge_features`` (float32, one row per edge in the block's ``indices``
-order), where the relational models find them. The sampler calls it on the blocks it returns (its
-``edge_features`` argument), so every caller of ``sample``, ``sample_hops`` and ``sample_bottom`` gets them
-without a gather of its own; a block sampled without them can be given them later by the same call.
-
-A memory-mapped array is read at the sampled rows only, by the gather feature rows go through
-(``kernels.gather_stored``: prefetching rows ahead; float16 and bfloat16 storage decoded into float32).
+"""Edge features of sampled typed blocks: each relation's rows at its sampled edges' ids
+(``TypedBlock.edge_ids``), read by the gather feature rows go through (``kernels.gather_stored``: a memory map
+at the sampled rows only; float16 and bfloat16 storage decoded into float32). The typed samplers read them
+into the blocks they return; ``gather_edge_features`` gives them to a block sampled without them.
 """
 
 from __future__ import annotations
@@ -20,7 +13,7 @@ import torch
 from neutronorch.data.typed import RelationType, TypedGraph, relation_label
 from neutronorch.errors import DataError
 from neutronorch.sampling import kernels
-from neutronorch.sampling.typed_block import TypedBlock
+from neutronorch.sampling.block import TypedBlock
 
 __all__ = ["check_edge_features", "edge_rows", "gather_edge_features"]
 

@@ -1,4 +1,4 @@
-"""Per-relation uniform neighbour sampling on typed graphs: seeds of the target type in, a ``TypedSubgraph``
+"""Per-relation uniform neighbour sampling on typed graphs: seeds of the target type in, a ``SampledSubgraph``
 out (one ``TypedBlock`` per layer, one ``Block`` per relation).
 
 Hop by hop from the seeds, each type's destinations are its frontier reached so far. Every relation
@@ -30,13 +30,8 @@ frontiers, bit for bit.
 how they draw (numba kernels on host arrays; the homogeneous device samplers), relabel (numba, a map per
 type; torch) and read edge feature rows.
 
-Edge ids: for the relations it records them for (by default every relation with edge features; none on a
-graph without), a relation's draws go through ``kernels.sample_neighbor_edges``, which draws exactly what
-``sample_neighbors`` draws and also returns each drawn edge's position in the relation's ``indices``: the
-block's ``TypedBlock.edge_ids[relation]``. The sampler then reads those edges' feature rows into
-``TypedBlock.edge_features`` (``typed_edges.edge_rows``), so whatever samples a batch hands its
-models the edge features too. The other relations take ``sample_neighbors`` as before, so a graph without
-edge features samples as it did.
+Edge ids and edge feature rows, for the relations with edge features by default: ``TypedNeighborSampler``'s
+``edge_ids`` and ``edge_features``; a graph without edge features samples as it would without them.
 """
 
 from __future__ import annotations
@@ -51,9 +46,9 @@ from neutronorch.data.csc import out_degrees
 from neutronorch.data.typed import RelationType, TypedGraph, relation_label
 from neutronorch.errors import ConfigError, DataError
 from neutronorch.sampling import kernels
-from neutronorch.sampling.block import Block
+from neutronorch.sampling.block import Block, SampledSubgraph, TypedBlock
+from neutronorch.sampling.fanouts import parse_fanouts
 from neutronorch.sampling.neighbor_sampler import OneThread, layer_key, mix_key, relabel_into
-from neutronorch.sampling.typed_block import TypedBlock, TypedSubgraph
 from neutronorch.sampling.typed_edges import check_edge_features, edge_rows
 
 __all__ = ["DEFAULT", "TypedHops", "TypedNeighborSampler", "hop_keys", "relation_key", "typed_fanouts"]
@@ -91,13 +86,13 @@ def typed_fanouts(graph: TypedGraph, fanouts) -> dict[RelationType, list[int]]:
     if not graph.relations:
         raise ConfigError(f"{graph.name}: a typed graph without relations has no neighbours to sample.")
     if not isinstance(fanouts, Mapping):
-        shared = _fanout_list(fanouts, "every relation")
+        shared = parse_fanouts(fanouts, whose="every relation", none=True)
         return {relation: list(shared) for relation in graph.relations}
     given: dict[RelationType, list[int]] = {}
     default = None
     for name, value in fanouts.items():
         if name == DEFAULT:
-            default = _fanout_list(value, "the default")
+            default = parse_fanouts(value, whose="the default", none=True)
             continue
         try:
             relation = graph.relation(name)
@@ -105,7 +100,7 @@ def typed_fanouts(graph: TypedGraph, fanouts) -> dict[RelationType, list[int]]:
             raise ConfigError(f"`fanouts` key {name!r}: {error}") from None
         if relation in given:
             raise ConfigError(f"`fanouts` names relation {relation_label(relation)} twice; give it one list.")
-        given[relation] = _fanout_list(value, relation_label(relation))
+        given[relation] = parse_fanouts(value, whose=relation_label(relation), none=True)
     missing = [relation for relation in graph.relations if relation not in given]
     if missing and default is None:
         raise ConfigError(f"`fanouts` gives no list for {', '.join(map(relation_label, missing))}; give every "
@@ -123,20 +118,6 @@ def typed_fanouts(graph: TypedGraph, fanouts) -> dict[RelationType, list[int]]:
 
 def _layers(count: int) -> str:
     return f"{count} layer{'' if count == 1 else 's'}"
-
-
-def _fanout_list(value, whose: str) -> list[int]:
-    items = value.split(",") if isinstance(value, str) else value
-    try:
-        if not isinstance(items, (list, tuple)) or any(isinstance(f, (bool, float)) for f in items):
-            raise TypeError
-        fanouts = [int(f) for f in items]
-    except (TypeError, ValueError):
-        raise ConfigError(f"`fanouts` for {whose}: {value!r} is not a list of integers such as [10, 5].") from None
-    if not fanouts or any(f < -1 for f in fanouts):
-        raise ConfigError(f"`fanouts` for {whose}: {value!r}; give one fanout per layer, seed hop first, each a "
-                          f"positive integer, -1 for all neighbours or 0 for none.")
-    return fanouts
 
 
 def _edge_id_relations(graph: TypedGraph, edge_ids) -> frozenset[RelationType]:
@@ -162,22 +143,22 @@ class TypedHops:
     out-degrees as a float32 tensor in ``_out_degrees`` when set), ``edge_ids``, and implements ``_ids``,
     ``_draw``, ``_relabel`` and ``_edge_rows`` (``_enter`` and ``_leave`` where it keeps state per call)."""
 
-    def sample(self, seeds, key: int) -> TypedSubgraph:
+    def sample(self, seeds, key: int) -> SampledSubgraph:
         """Sample the typed computation graph of ``seeds`` (unique local ids of the target type) with the
         batch key ``key``: ``num_layers`` blocks, bottom layer first."""
         return self.sample_hops(seeds, key, self.num_layers)
 
-    def sample_many(self, seeds: list, keys: list[int]) -> list[TypedSubgraph]:
+    def sample_many(self, seeds: list, keys: list[int]) -> list[SampledSubgraph]:
         """``sample`` of several mini-batches (``seeds[i]`` with ``keys[i]``), as the device sampler takes them."""
         return [self.sample(s, key) for s, key in zip(seeds, keys)]
 
-    def sample_hops(self, seeds, key: int, hops: int) -> TypedSubgraph:
+    def sample_hops(self, seeds, key: int, hops: int) -> SampledSubgraph:
         """The top ``hops`` layers of ``sample(seeds, key)``, exactly as it draws them: ``frontiers[0]`` then
         holds the destinations of the layer below (with ``hops = num_layers - 1``, the bottom layer's
         destinations per type, which NeutronOrch plans its hot sets among)."""
         seeds = self._ids(seeds)
         blocks, frontiers = self._hops({self.target: seeds}, key, 0, hops)
-        return TypedSubgraph(self.target, seeds, blocks, frontiers)
+        return SampledSubgraph(seeds, blocks, frontiers)
 
     def sample_bottom(self, destinations: Mapping, key: int) -> TypedBlock:
         """The bottom layer's block of ``destinations`` (unique local ids per type) with the batch key ``key``:
