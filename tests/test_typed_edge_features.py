@@ -292,7 +292,7 @@ def test_every_layer_and_the_bottom_one_read_their_blocks_edge_features(mag, kin
     with torch.no_grad():
         ours = model(subgraph.blocks, features, ids)
         rows = model.input_rows(features, ids)
-        bottom = model.bottom_layer()(subgraph.blocks[0], rows)
+        bottom = model.bottom(subgraph.blocks[0], rows)
         h = model.inputs(features, ids)
         folded = {"projections": {t: model.projections[t] for t in model.folded}} if model.folded else {}
         for index, (layer, tblock) in enumerate(zip(model.layers, subgraph.blocks)):
