@@ -1,9 +1,10 @@
 """Your own model: any ``torch.nn.Module`` that follows a small protocol trains like the built-in ones.
 
 ``UserModel`` adapts it to what the engine calls (``forward(blocks, x, hot)``, ``num_layers``, ``width``,
-``needs_degrees``, ``bottom``, ``arguments``); ``train(config, model=module)`` wraps a module with it. The
-protocol (``docs/models.md``, "Your own model"): the module's ``forward`` takes one of two input forms,
-told apart by the names of its first two parameters.
+``needs_degrees``, ``bottom``, ``arguments``, ``embedding_parameters``); ``train(config, model=module)`` wraps
+a module with it. The protocol (``docs/models.md``, "Your own model"; ``docs/heterogeneous.md``, "Your own
+module"): the module's ``forward`` takes one of three input forms, told apart by the graph and the names of
+its first parameters.
 
 - ``forward(x, edge_index, ...)``, the PyG form: ``x`` holds the rows of every sampled vertex (seeds
   first), ``edge_index`` the sampled edges (row 0 the neighbour, row 1 the vertex it was sampled for), as
@@ -15,16 +16,12 @@ told apart by the names of its first two parameters.
 - ``forward(blocks, x)``, the block form: ``blocks`` are the sampled layers (``sampling.Block``, bottom
   layer first; the destinations lead each source frontier), ``x`` the bottom block's source rows; it
   returns one row per destination of the last block.
-
-- ``forward(blocks, features, ids)``, the typed form, on a typed graph (``target`` given;
-  ``docs/heterogeneous.md``, "Your own module"): ``blocks`` the sampled ``TypedBlock``s (bottom layer
-  first), ``features[t]`` the float32 input rows of each featured type of the bottom frontier and ``ids[t]``
-  every type's bottom frontier (global ids within the type: what a featureless type's embedding table is
-  looked up by); it returns the logits of the target's seeds (the destinations of the last block's target
-  type, in their order). A module taking PyG's form (``x_dict, edge_index_dict``) is refused, naming
-  ``TypedNeighborLoader``'s ``to_pyg()``, the loop of one's own that feeds it. Every ``nn.Embedding`` (or
-  ``nn.EmbeddingBag``) made with ``sparse=True`` is a table, moved by the tables' optimizer
-  (``embedding_parameters``), as the built-in models' are.
+- ``forward(blocks, features, ids)``, the typed form (a typed graph: ``target`` given): ``blocks`` the
+  sampled ``TypedBlock``s, ``features[t]`` the float32 input rows of each featured type of the bottom
+  frontier, ``ids[t]`` every type's bottom frontier (global ids within the type, which a featureless type's
+  table is looked up by); it returns a row per destination of the last block's target type. PyG's typed form
+  (``x_dict, edge_index_dict``) is refused, naming ``TypedNeighborLoader``'s ``to_pyg()``. Its sparse
+  ``nn.Embedding``s are tables, moved by the tables' optimizer as the built-in models' are.
 
 Each returns ``[rows, outputs]`` logits (``outputs``: the classes, or the tasks of a multi-label graph).
 NeutronOrch mode also needs the bottom layer apart (the block form only): an attribute ``bottom``, a module

@@ -28,26 +28,20 @@ from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, needs_
 from neutronorch.nn.splice import HotRows, splice, splice_relu_dropout
 from neutronorch.sampling.block import Block
 
-__all__ = ["ARCHITECTURES", "GCN_NORMS", "GNN", "LayerStack", "MODELS", "NORMS", "needs_degrees", "table_weights"]
-
-
-def table_weights(module: nn.Module) -> list[nn.Parameter]:
-    """The weights of every ``nn.Embedding``/``nn.EmbeddingBag`` made with ``sparse=True`` in ``module`` (sparse
-    gradients: the tables' optimizer, RowAdam or SparseAdam), each once, in module order."""
-    found, seen = [], set()
-    for sub in module.modules():
-        if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) and sub.sparse and id(sub.weight) not in seen:
-            seen.add(id(sub.weight))
-            found.append(sub.weight)
-    return found
+__all__ = ["ARCHITECTURES", "GCN_NORMS", "GNN", "LayerStack", "MODELS", "NORMS", "Tables", "needs_degrees"]
 
 
 class Tables:
-    """``embedding_parameters`` (the sparse tables) and ``dense_parameters`` (every other weight: Adam) of a
-    model, built-in or one's own."""
+    """A model's weights by optimizer: ``embedding_parameters``, those of every ``nn.Embedding`` or
+    ``nn.EmbeddingBag`` made with ``sparse=True`` (each once, in module order: the tables' optimizer), and
+    ``dense_parameters``, every other (Adam)."""
 
     def embedding_parameters(self) -> list[nn.Parameter]:
-        return table_weights(self)
+        found = {}
+        for sub in self.modules():
+            if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) and sub.sparse:
+                found.setdefault(id(sub.weight), sub.weight)
+        return list(found.values())
 
     def dense_parameters(self) -> list[nn.Parameter]:
         sparse = {id(p) for p in self.embedding_parameters()}
@@ -55,34 +49,36 @@ class Tables:
 
 
 def each(rows, step: Callable):
-    """``step(type, rows)`` on each type's rows of a typed model, or ``step(None, rows)`` on a homogeneous
-    model's one tensor."""
-    if isinstance(rows, torch.Tensor):
-        return step(None, rows)
-    return {t: step(t, r) for t, r in rows.items()}
+    """``step(type, rows)`` on each type's rows of a typed model, ``step(None, rows)`` on a homogeneous one's."""
+    return step(None, rows) if isinstance(rows, torch.Tensor) else {t: step(t, r) for t, r in rows.items()}
+
+
+def _typed(value, node_type: str | None):
+    """A homogeneous block's ``value``, or a typed block's of ``node_type`` (a mapping's entry or a method's)."""
+    if node_type is None or value is None:
+        return value
+    return value(node_type) if callable(value) else value.get(node_type)
 
 
 class LayerStack(Tables, nn.Module):
     """``num_layers`` layers (``layers``) with the activation of the module docstring between them. A subclass
-    gives ``layer_output`` where a layer needs more than ``(block, rows)``, ``activate`` where more than the
-    nonlinearity follows a layer, and ``masks`` where a forward's dropout masks come from one key."""
+    overrides ``layer_output`` where a layer reads more than ``(block, rows)``, ``activate`` where more than
+    the nonlinearity follows a layer, and ``forward_key`` and ``masks`` where a forward's dropout masks come
+    from one key (by default every activation draws its own)."""
 
     slope: float | None = None  # None: ReLU between layers; a number: LeakyReLU of that negative slope
 
     def __init__(self, arguments: dict):
         super().__init__()
-        # What rebuilds this model (a checkpoint stores it next to the weights).
-        self.arguments = arguments
+        self.arguments = arguments  # what rebuilds the model (a checkpoint stores it next to the weights)
         self.kind, self.num_layers, self.dropout = arguments["kind"], arguments["num_layers"], arguments["dropout"]
 
     @property
     def bottom(self) -> nn.Module:
-        """The layer that reads the input rows, ``bottom(block, rows)`` its output before the activation: what
-        NeutronOrch's host computes hot rows with."""
+        """The layer that reads the input rows (its output before the activation): NeutronOrch's host layer."""
         return self.layers[0]
 
     def bottom_layer(self) -> nn.Module:
-        """``bottom``, by the name typed NeutronOrch calls it."""
         return self.bottom
 
     def width(self, index: int) -> int:
@@ -91,7 +87,7 @@ class LayerStack(Tables, nn.Module):
 
     @property
     def fuses_splice(self) -> bool:
-        """Whether the bottom layer's splice and activation may run as one pass (``splice_relu_dropout``)."""
+        """Whether the splice and the activation after it run as one pass (``splice_relu_dropout``)."""
         return self.slope is None
 
     def layer_output(self, index: int, block, x):
@@ -99,31 +95,27 @@ class LayerStack(Tables, nn.Module):
         return (self.bottom if index == 0 else self.layers[index])(block, x)
 
     def activate(self, y: torch.Tensor, ids: torch.Tensor | None = None, layer: int = 0) -> torch.Tensor:
-        """What follows layer ``layer``'s output rows ``y`` (nothing after the last layer): the activation and,
-        in training, the dropout after it, masks keyed by the rows' vertex ``ids``."""
+        """What follows layer ``layer``'s rows ``y`` (nothing after the last): the activation, then in training
+        the dropout, masks keyed by the rows' vertex ``ids``."""
         if layer == self.num_layers - 1:
             return y
         if self.slope is None:
             return relu_dropout(y, self.dropout, self.training, ids)
         return keyed_dropout(F.leaky_relu(y, self.slope), self.dropout, self.training, ids)
 
-    def masks(self, key: int | None, index: int, node_type: str | None):
-        """Where layer ``index``'s activation of ``node_type``'s rows draws its dropout keys (here: torch's
-        generator, a key a call)."""
-        return contextlib.nullcontext()
-
     def forward_key(self) -> int | None:
-        """The one dropout key of a forward pass that ``masks`` derives every layer's keys from (here: none)."""
         return None
 
+    def masks(self, key: int | None, index: int, node_type: str | None):
+        return contextlib.nullcontext()
+
     def layer_forward(self, index: int, block, x):
-        """Layer ``index`` and the activation after it (outside a forward pass: full-neighbour inference)."""
-        return each(self.layer_output(index, block, x),
-                    lambda t, y: self.activate(y, _dst_ids(block, t), index))
+        """Layer ``index`` and the activation after it (full-neighbour inference)."""
+        return each(self.layer_output(index, block, x), lambda t, y: self.activate(y, _typed(block.dst_ids, t), index))
 
     def run(self, blocks: list, x, hot=None):
         """The last layer's output for ``blocks[-1]``'s destinations from ``blocks[0]``'s source rows ``x``.
-        ``hot``: HotRows (per type on a typed model) spliced into the bottom layer's output, in the order of
+        ``hot``: ``HotRows`` (per type on a typed model) spliced into the bottom layer's output in the order of
         ``blocks[1]``'s source frontier, whose vertices key the activation's dropout masks."""
         if len(blocks) != self.num_layers:
             raise ValueError(f"{len(blocks)} blocks for a {self.num_layers}-layer model")
@@ -131,10 +123,10 @@ class LayerStack(Tables, nn.Module):
         for index, block in enumerate(blocks):
             y = self.layer_output(index, block, x)
             if index == 0 and hot:
-                above = blocks[1] if self.num_layers > 1 else None
-                x = each(y, lambda t, rows: self._spliced(key, t, rows, _of(hot, t), _src_ids(above, t)))
+                above = blocks[1].src_ids if self.num_layers > 1 else None
+                x = each(y, lambda t, rows: self._spliced(key, t, rows, _typed(hot, t), _typed(above, t)))
             else:
-                x = each(y, lambda t, rows: self._activated(key, index, t, rows, _dst_ids(block, t)))
+                x = each(y, lambda t, rows: self._activated(key, index, t, rows, _typed(block.dst_ids, t)))
         return x
 
     def _activated(self, key, index, node_type, y, ids):
@@ -142,7 +134,6 @@ class LayerStack(Tables, nn.Module):
             return self.activate(y, ids, index)
 
     def _spliced(self, key, node_type, y_cold, hot: HotRows | None, ids):
-        """A type's bottom-layer output from its cold rows and its hot rows, activated."""
         if hot is None:
             return self._activated(key, 0, node_type, y_cold, ids)
         with self.masks(key, 0, node_type):
@@ -150,20 +141,6 @@ class LayerStack(Tables, nn.Module):
                 return splice_relu_dropout(y_cold, hot.table, hot.index, self.dropout, self.training, hot.grad_acc,
                                            ids)
             return self.activate(splice(y_cold, hot.table, hot.index, hot.grad_acc), ids, 0)
-
-
-def _of(hot, node_type):
-    return hot if node_type is None else hot.get(node_type)
-
-
-def _dst_ids(block, node_type):
-    return block.dst_ids if node_type is None else block.dst_ids(node_type)
-
-
-def _src_ids(block, node_type):
-    if block is None:
-        return None
-    return block.src_ids if node_type is None else block.src_ids.get(node_type)
 
 
 class GNN(LayerStack):

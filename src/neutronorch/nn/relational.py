@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 
 import math
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import torch
 from torch import nn
@@ -95,30 +95,18 @@ class TypedSAGEConv(nn.Module):
 
     def forward(self, tblock: TypedBlock, x_src: Mapping[str, torch.Tensor],
                 edge_weight: Mapping[RelationType, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        check_block(self, tblock)
-        out = {}
-        for t, n_dst in tblock.num_dst.items():
-            into = [r for r in self.relations if r[2] == t]
-            if not into:
-                continue
-            y = self._root(t, into, x_src, n_dst)
-            for r in into:
-                block = tblock.blocks.get(r)
-                lin = self.neigh[module_key(r)]
-                if block is None:  # no edges: only a bias of the relation's own (root=None) applies
-                    if lin.bias is None:
-                        continue
-                    term = lin.bias.unsqueeze(0).repeat(n_dst, 1)
-                else:
-                    weights = None if edge_weight is None else edge_weight.get(r)
-                    term = mean_linear(block, input_rows(x_src, r[0], self.in_dims), lin.weight, lin.bias, weights)
-                y = term if y is None else y + term
-            out[t] = y
-        return out
+        def term(r: RelationType, block: Block | None, n_dst: int) -> torch.Tensor | None:
+            lin = self.neigh[module_key(r)]
+            if block is None:  # no edges: only a bias of the relation's own (root=None) applies
+                return None if lin.bias is None else lin.bias.unsqueeze(0).repeat(n_dst, 1)
+            weights = None if edge_weight is None else edge_weight.get(r)
+            return mean_linear(block, input_rows(x_src, r[0], self.in_dims), lin.weight, lin.bias, weights)
 
-    def _root(self, t: str, into: list[RelationType], x_src: Mapping[str, torch.Tensor],
-              n_dst: int) -> torch.Tensor | None:
-        if self.root is None:
+        return relation_sums(self, tblock, lambda t, n_dst: self._root(t, x_src, n_dst), term)
+
+    def _root(self, t: str, x_src: Mapping[str, torch.Tensor], n_dst: int) -> torch.Tensor | None:
+        into = [r for r in self.relations if r[2] == t]
+        if self.root is None or not into:
             return None
         x_dst = input_rows(x_src, t, self.in_dims)[:n_dst]
         if self.root_mode == "type":
@@ -190,7 +178,6 @@ class RGCNConv(nn.Module):
     def forward(self, tblock: TypedBlock, x_src: Mapping[str, torch.Tensor],
                 edge_weight: Mapping[RelationType, torch.Tensor] | None = None,
                 projections: Mapping[str, nn.Linear] | None = None) -> dict[str, torch.Tensor]:
-        check_block(self, tblock)
         projections = projections or {}
         for t, x in x_src.items():
             width = projections[t].in_features if t in projections else self.in_dim
@@ -198,28 +185,43 @@ class RGCNConv(nn.Module):
                 raise ValueError(f"R-GCN reads one input width, {self.in_dim}, for every type; {t!r} has "
                                  f"{x.shape[-1]}" + (f", its projection reads {width}" if t in projections else
                                                      f". Project or embed each type to {self.in_dim} first."))
-        weights = self.relation_weights()
-        root_t = self.root.t()
-        out = {}
-        for t, n_dst in tblock.num_dst.items():
+        weights, root_t = self.relation_weights(), self.root.t()
+
+        def root(t: str, n_dst: int) -> torch.Tensor:
             x_dst = input_rows(x_src, t, None)[:n_dst]
-            if t in projections:
-                x_dst = linear(projections[t], x_dst)
-            y = project(x_dst, root_t, self.bias)
-            for r in self.relations:
-                block = tblock.blocks.get(r)
-                if r[2] != t or block is None:
-                    continue
-                w = None if edge_weight is None else edge_weight.get(r)
-                weight, lin = weights[self.index[r]], projections.get(r[0])
-                if lin is not None:  # P^T W_r: the relation's weight on the raw rows
-                    y = y + mean_linear(block, input_rows(x_src, r[0], None), (lin.weight.t() @ weight).t(), None, w)
-                    if lin.bias is not None:
-                        y = y + reached(block, w, y.dtype).unsqueeze(1) * (lin.bias @ weight).to(y.dtype)
-                else:
-                    y = y + mean_linear(block, input_rows(x_src, r[0], None), weight.t(), None, w)
+            return project(linear(projections[t], x_dst) if t in projections else x_dst, root_t, self.bias)
+
+        def term(r: RelationType, block: Block | None, n_dst: int) -> torch.Tensor | None:
+            if block is None:
+                return None
+            w = None if edge_weight is None else edge_weight.get(r)
+            weight, lin = weights[self.index[r]], projections.get(r[0])
+            if lin is None:
+                return mean_linear(block, input_rows(x_src, r[0], None), weight.t(), None, w)
+            # P^T W_r: the relation's weight on the raw rows
+            y = mean_linear(block, input_rows(x_src, r[0], None), (lin.weight.t() @ weight).t(), None, w)
+            if lin.bias is not None:
+                y = y + reached(block, w, y.dtype).unsqueeze(1) * (lin.bias @ weight).to(y.dtype)
+            return y
+
+        return relation_sums(self, tblock, root, term)
+
+
+def relation_sums(layer: nn.Module, tblock: TypedBlock, root: Callable, term: Callable) -> dict[str, torch.Tensor]:
+    """Per destination type ``t`` of ``tblock``: ``root(t, rows)`` plus ``term(r, block, rows)`` for each of the
+    layer's relations ``r`` into ``t`` in their order (``block`` None where ``tblock`` lacks ``r``); either may
+    be None (nothing), and a type with nothing at all gets no output."""
+    check_block(layer, tblock)
+    out = {}
+    for t, n_dst in tblock.num_dst.items():
+        y = root(t, n_dst)
+        for r in layer.relations:
+            if r[2] == t:
+                value = term(r, tblock.blocks.get(r), n_dst)
+                y = value if y is None else y if value is None else y + value
+        if y is not None:
             out[t] = y
-        return out
+    return out
 
 
 def mean_linear(block: Block, x_src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -19,16 +19,14 @@ process's masks for it.
 
 Inputs. A type with features reads its rows as they are (float32). A type without features gets a learnable
 embedding table, ``nn.Embedding(vertices, width, sparse=True)``, of which a batch looks up only the rows
-of its input frontier: its gradient is sparse (those rows only), for ``torch.optim.SparseAdam``, which
-then moves only those rows (``embedding_parameters``; the dense weights go to Adam). R-GCN reads one width
-for every type (its root weight and bases act on all), so for ``rgcn`` every featured type first goes
-through a linear map of its own to ``hidden`` (no activation: the projection also gives each type its own
-view of the shared root weight) and the tables are ``hidden`` wide. A featured type no wider than
-``hidden`` is not projected row by row: the bottom layer takes its raw rows with the map (``RGCNConv``'s
-``projections``) and folds the map into each relation's weight, the mean being linear, which skips
-projecting every source row of the bottom frontier (most of a batch's rows); a wider type is projected
-first, the cheaper order for it. For ``sage`` and ``rgat`` the tables
-are ``embed_dim`` wide (default ``hidden``) and featured types enter at their own widths.
+of its input frontier, so its gradient is sparse (``embedding_parameters``: the tables' optimizer moves only
+those rows; the dense weights go to Adam). R-GCN reads one width for every type (its root weight and bases
+act on all), so for ``rgcn`` every featured type goes through a linear map of its own to ``hidden`` (no
+activation: the projection also gives each type its own view of the shared root weight) and the tables
+are ``hidden`` wide; a featured type no wider than ``hidden`` enters the bottom layer raw, which folds its
+map into each relation's weight (``RGCNConv``'s ``projections``), a wider one is projected first, the
+cheaper order for it. For ``sage`` and ``rgat`` the tables are ``embed_dim`` wide (default ``hidden``) and
+featured types enter at their own widths.
 
 Which relations a layer holds: only those whose destination type the layer can have. With ``L`` layers,
 the top layer's destinations are target vertices, layer ``L - 2``'s are of the types one relation away
@@ -38,12 +36,10 @@ destination of some layer must be one of some relation of it, or the next layer 
 graph whose relations all point one way (``writes`` into ``paper`` but nothing into ``author``) is refused
 with an error naming the type; ``TypedGraph.with_reverse`` adds the reverse relations that fix it.
 
-Edge features (``TypedBlock.edge_features``, which the typed sampler reads for every relation that has them)
-reach each layer, the bottom one included (``TypedBottom``): ``rgat`` attends over them (``RGATConv``'s
-``edge_dims``, PyG's ``GATConv(edge_dim=...)``), with every relation's width; ``sage`` and ``rgcn`` take a
-relation's one-column edge features as edge weights (the weighted mean of ``nn/relational.py``) and ignore
-wider ones, which only R-GAT reads (logged once, when the model is built). A relation without edge features
-runs exactly as before.
+Edge features (``TypedBlock.edge_features``) reach each layer, the bottom one included (``TypedBottom``):
+``rgat`` attends over them at any width (``RGATConv``'s ``edge_dims``); ``sage`` and ``rgcn`` take a
+relation's one-column edge features as edge weights (``nn/relational.py``) and ignore wider ones (logged
+once, when the model is built).
 
 The model takes what it needs of a graph as a ``TypedSpec`` (types, counts, feature widths, relations,
 edge feature widths, target), so nothing here reads a loaded graph's arrays.
