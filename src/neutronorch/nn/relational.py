@@ -26,8 +26,8 @@ block, in its ``indices``' order) multiply each message inside the mean, which s
 edges: ``sum_{e into v} w_e x_{u_e} / |N_r(v)|``. With every weight 1 it is the plain mean; it is what PyG's
 ``GraphConv(aggr="mean")`` and DGL's ``SAGEConv(edge_weight=...)`` compute, and it keeps a sampled block's mean
 an unbiased estimate of the full neighbourhood's (a normalised ``sum w x / sum w`` would not be linear in the
-weights). The weighted mean runs in torch ops (the numba kernels have no weights); unweighted relations run
-``mean_aggregate``'s kernels.
+weights): ``mean_aggregate``'s ``edge_weight``, in torch ops (the kernels, which unweighted relations run,
+have no weights).
 """
 
 from __future__ import annotations
@@ -41,10 +41,9 @@ import torch
 from torch import nn
 
 from neutronorch.nn import sparse_input
-from neutronorch.nn.aggregation import edge_destinations, mean_aggregate
+from neutronorch.nn.aggregation import mean_aggregate
 from neutronorch.nn.bucket import linear, project
 from neutronorch.nn.layers import project_first
-from neutronorch.nn.rows import take_rows
 from neutronorch.sampling.block import Block
 from neutronorch.sampling.typed_block import RelationType, TypedBlock
 
@@ -226,32 +225,14 @@ def relation_sums(layer: nn.Module, tblock: TypedBlock, root: Callable, term: Ca
 
 def mean_linear(block: Block, x_src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
-    """``mean_{u in N(v)} x_u`` (weighted by ``edge_weight`` when given: ``weighted_mean``) times ``weight``
-    (``out x in``, as ``F.linear`` takes it) plus ``bias``, for the block's destinations: projecting before
-    aggregating when that costs fewer flops (the mean is linear and row-wise), as the homogeneous layers do."""
-    aggregate = (lambda x: mean_aggregate(block, x)) if edge_weight is None else (
-        lambda x: weighted_mean(block, x, edge_weight))
+    """``mean_{u in N(v)} x_u`` (weighted by ``edge_weight`` when given) times ``weight`` (``out x in``, as
+    ``F.linear`` takes it) plus ``bias``, for the block's destinations: projecting before aggregating when
+    that costs fewer flops (the mean is linear and row-wise), as the homogeneous layers do."""
     out_dim, in_dim = weight.shape
     if project_first(block, in_dim, out_dim, sparse_input.dense_equivalent(x_src)):
-        y = aggregate(project(x_src, weight))
+        y = mean_aggregate(block, project(x_src, weight), edge_weight=edge_weight)
         return y if bias is None else y + bias.to(y.dtype)
-    return project(aggregate(x_src), weight, bias)
-
-
-def weighted_mean(block: Block, x_src: torch.Tensor, edge_weight: torch.Tensor) -> torch.Tensor:
-    """Row ``i`` = ``sum_e w_e x_src[u_e] / deg(i)`` over destination ``i``'s edges ``e`` (zero for a destination
-    without edges): each message scaled by its edge's weight, divided by the edge count, not by the weights'
-    sum. ``edge_weight``: ``(edges,)`` or ``(edges, 1)`` in ``block.indices``' order. Sums are float32 for
-    half-precision rows; the result has ``x_src``'s dtype. Torch ops on every device (a gradient reaches
-    ``edge_weight`` too)."""
-    if edge_weight.numel() != block.num_edges:
-        raise ValueError(f"{edge_weight.numel()} edge weights for {block.num_edges} edges")
-    acc = torch.float32 if x_src.dtype in (torch.bfloat16, torch.float16) else x_src.dtype
-    messages = take_rows(x_src, block.indices.long()).to(acc) * edge_weight.reshape(-1, 1).to(acc)
-    out = torch.zeros((block.num_dst, x_src.shape[1]), dtype=acc, device=x_src.device)
-    out = out.index_add(0, edge_destinations(block), messages)
-    count = block.in_degrees().clamp(min=1).to(acc).unsqueeze(1)
-    return (out / count).to(x_src.dtype)
+    return project(mean_aggregate(block, x_src, edge_weight=edge_weight), weight, bias)
 
 
 def reached(block: Block, edge_weight: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
@@ -260,7 +241,7 @@ def reached(block: Block, edge_weight: torch.Tensor | None, dtype: torch.dtype) 
     if edge_weight is None:
         return (block.in_degrees() > 0).to(dtype)
     ones = torch.ones((block.num_src, 1), dtype=edge_weight.dtype, device=edge_weight.device)
-    return weighted_mean(block, ones, edge_weight).view(-1).to(dtype)
+    return mean_aggregate(block, ones, edge_weight=edge_weight).view(-1).to(dtype)
 
 
 def relation_list(relations: Iterable[RelationType]) -> tuple[RelationType, ...]:

@@ -190,12 +190,6 @@ class TypedGNN(LayerStack):
         featured type's input frontier), or the table rows of ``input_ids[t]`` for a featureless type."""
         return {t: self.embeddings[t](input_ids[t]) if t in self.embeddings else features[t] for t in input_ids}
 
-    def inputs(self, features: Mapping[str, torch.Tensor], input_ids: Mapping[str, torch.Tensor]
-               ) -> dict[str, torch.Tensor]:
-        """The bottom layer's rows per type: ``input_rows``, for ``rgcn`` projected to ``hidden`` unless the
-        bottom layer folds the map in."""
-        return self.bottom.project(self.input_rows(features, input_ids))
-
     @property
     def bottom(self) -> "TypedBottom":
         """The bottom layer with its input projections, sharing this model's parameters: what NeutronOrch's
@@ -244,7 +238,7 @@ class TypedBottom(nn.Module):
     ``TypedGNN.input_rows`` gives: a type whose projection is folded into the layer enters raw, another is
     projected first; and the block's edge features, as the model hands them to every layer
     (``edge_arguments``: ``weighted`` are the relations SAGE and R-GCN weight their means by). Holds the
-    model's own modules (``TypedGNN.bottom_layer``); a deep copy of it is NeutronOrch's host layer."""
+    model's own modules (``TypedGNN.bottom``); a deep copy of it is NeutronOrch's host layer."""
 
     def __init__(self, layer: nn.Module, projections: nn.ModuleDict, folded: list[str],
                  weighted: Iterable[RelationType] = ()):
@@ -252,14 +246,10 @@ class TypedBottom(nn.Module):
         self.layer, self.projections, self.folded = layer, projections, list(folded)
         self.weighted = tuple(weighted)
 
-    def project(self, rows: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The rows the layer reads: each unfolded projection applied to its type's rows."""
-        return {t: self.projections[t](x) if t in self.projections and t not in self.folded else x
-                for t, x in rows.items()}
-
     def forward(self, tblock: TypedBlock, rows: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The bottom layer's output per destination type (before the activation)."""
-        x = self.project(rows)
+        x = {t: self.projections[t](r) if t in self.projections and t not in self.folded else r
+             for t, r in rows.items()}
         extra = edge_arguments(self.layer, tblock, self.weighted)
         if self.folded:
             extra["projections"] = {t: self.projections[t] for t in self.folded}
