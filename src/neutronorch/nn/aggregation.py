@@ -352,6 +352,12 @@ def symmetric_aggregate(block: Block, x_src: torch.Tensor) -> torch.Tensor:
             + block.dst_rows(x_src).to(acc) * self_coef.to(acc).unsqueeze(1)).to(x_src.dtype)
 
 
+def gcn_aggregate(block: Block, x_src: torch.Tensor, norm: str) -> torch.Tensor:
+    """GCN's aggregation with a self loop, normalised as ``norm`` says (``GCNConv``): ``symmetric_aggregate``,
+    or the mean over the vertex and its sampled neighbours."""
+    return symmetric_aggregate(block, x_src) if norm == "symmetric" else mean_aggregate(block, x_src, True)
+
+
 def edge_destinations(block: Block) -> torch.Tensor:
     """The destination of every edge of ``block`` (CSR rows expanded)."""
     return torch.repeat_interleave(torch.arange(block.num_dst, device=block.indptr.device),
