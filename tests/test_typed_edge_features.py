@@ -292,8 +292,9 @@ def test_every_layer_and_the_bottom_one_read_their_blocks_edge_features(mag, kin
     with torch.no_grad():
         ours = model(subgraph.blocks, features, ids)
         rows = model.input_rows(features, ids)
-        bottom = model.bottom_layer()(subgraph.blocks[0], rows)
-        h = model.inputs(features, ids)
+        bottom = model.bottom(subgraph.blocks[0], rows)
+        h = {t: model.projections[t](r) if t in model.projections and t not in model.folded else r
+             for t, r in rows.items()}  # the unfolded projections applied, as the bottom layer applies them
         folded = {"projections": {t: model.projections[t] for t in model.folded}} if model.folded else {}
         for index, (layer, tblock) in enumerate(zip(model.layers, subgraph.blocks)):
             given = {r: f for r, f in tblock.edge_features.items() if r in wanted and r in layer.relations}

@@ -58,7 +58,7 @@ def test_a_spliced_forward_and_its_gradients_equal_the_whole_ones(mag, kind):
     cold_pos = {t: np.arange(ids.shape[0])[0::2] for t, ids in destinations.items()}
     hot_block = sampler.sample_bottom({t: ids.numpy()[hot_pos[t]] for t, ids in destinations.items()}, 9)
     features, ids = gather_frontier(mag, hot_block.src_ids, CPU)
-    tables = model.bottom_layer()(hot_block, model.input_rows(features, ids))
+    tables = model.bottom(hot_block, model.input_rows(features, ids))
     cold_block = sampler.sample_bottom({t: ids.numpy()[cold_pos[t]] for t, ids in destinations.items()}, 9)
     hot = {t: HotRows(tables[t].detach(), SpliceIndex.build(ids.shape[0], cold_pos[t], hot_pos[t],
                                                              np.arange(hot_pos[t].shape[0])),

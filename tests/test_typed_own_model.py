@@ -1,4 +1,4 @@
-"""Your own module on a typed graph through train() (``train/typed_own.py``, ``nn/typed_custom.py``): a
+"""Your own module on a typed graph through train() (``train/typed_own.py``, ``nn/custom.py``): a
 TypedGNN handed over as one's own trains to the bit as the built-in one, in exact and device mode; a module
 written by hand trains, its sparse tables moved only where a batch looked; and what is refused."""
 
@@ -12,8 +12,7 @@ from torch import nn
 from neutronorch import TrainConfig, train
 from neutronorch.data import synthetic_typed
 from neutronorch.errors import ConfigError, TrainingError
-from neutronorch.nn.custom import ModelProtocolError
-from neutronorch.nn.typed_custom import TypedUserModel
+from neutronorch.nn.custom import ModelProtocolError, UserModel
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 
 WRITES, TOPIC = ("author", "writes", "paper"), ("field", "rev_has_topic", "paper")
@@ -77,7 +76,7 @@ def test_a_typed_gnn_of_ones_own_trains_as_the_built_in_one(mag, mode):
 
 def test_a_module_written_by_hand_trains_and_its_sparse_table_moves_where_looked_up(mag):
     model = Authors(mag)
-    adapted = TypedUserModel(model, 1, mag.num_classes, "paper")
+    adapted = UserModel(model, 1, mag.num_classes, "paper")
     assert [id(p) for p in adapted.embedding_parameters()] == [id(model.authors.weight)]
     assert id(model.fields.weight) in {id(p) for p in adapted.dense_parameters()}
     before = model.authors.weight.detach().clone()
@@ -177,9 +176,9 @@ def test_a_wrong_output_is_named(mag):
 
 def test_neutronorch_asks_an_adapted_module_for_a_bottom_layer_it_lacks(mag):
     with pytest.raises(ModelProtocolError, match="exact or device"):
-        TypedUserModel(Authors(mag), 1, mag.num_classes, "paper").bottom_layer()
+        _ = UserModel(Authors(mag), 1, mag.num_classes, "paper").bottom
     with pytest.raises(ModelProtocolError, match="torch.nn.Module"):
-        TypedUserModel(np.zeros(3), 1, 2, "paper")
+        UserModel(np.zeros(3), 1, 2, "paper")
 
 
 class NaNInEval(Authors):

@@ -19,6 +19,7 @@ from torch.nn import functional as F
 from neutronorch.bfloat16 import accumulator, finish, flush, load, numpy_view, store, supported
 from neutronorch.data.csc import transpose_edges
 from neutronorch.nn.bucket import head_rows, leading_rows, needs_buckets, padded_rows
+from neutronorch.nn.rows import take_rows
 from neutronorch.prefetch import AHEAD, prefetch_part, prefetch_row
 from neutronorch.sampling.block import Block
 
@@ -208,23 +209,31 @@ def fused_mean_linear(block: Block, x_src: torch.Tensor, weights: list[torch.Ten
     return _FusedMeanLinear.apply(x_src, weight, block, self_columns, include_self)
 
 
-def mean_aggregate(block: Block, x_src: torch.Tensor, include_self: bool = False) -> torch.Tensor:
+def mean_aggregate(block: Block, x_src: torch.Tensor, include_self: bool = False,
+                   edge_weight: torch.Tensor | None = None) -> torch.Tensor:
     """Row ``i`` = mean of ``x_src`` over destination ``i``'s sampled sources (and ``x_src[i]`` itself
     when ``include_self``); zero for a destination with nothing to average. Sums are float32 whatever
-    ``x_src``'s dtype; the result has ``x_src``'s."""
-    if _numba_ok(x_src):
+    ``x_src``'s dtype; the result has ``x_src``'s. ``edge_weight`` (``(edges,)`` or ``(edges, 1)`` in
+    ``block.indices``' order) scales each message, the sum still divided by the count: ``sum_e w_e x_{u_e} /
+    deg`` (torch ops; a gradient reaches the weights too)."""
+    if edge_weight is None and _numba_ok(x_src):
         return _NumbaMean.apply(x_src, block, include_self)
-    return mean_aggregate_torch(block, x_src, include_self)
+    return mean_aggregate_torch(block, x_src, include_self, edge_weight)
 
 
-def mean_aggregate_torch(block: Block, x_src: torch.Tensor, include_self: bool = False) -> torch.Tensor:
+def mean_aggregate_torch(block: Block, x_src: torch.Tensor, include_self: bool = False,
+                         edge_weight: torch.Tensor | None = None) -> torch.Tensor:
     """The same definition in plain torch ops (any device); autograd derives the backward pass."""
-    degrees = block.in_degrees()
-    dst = edge_destinations(block)
     acc = _sum_dtype(x_src)
+    if edge_weight is None:
+        messages = x_src[block.indices.long()].to(acc)
+    elif edge_weight.numel() != block.num_edges:
+        raise ValueError(f"{edge_weight.numel()} edge weights for {block.num_edges} edges")
+    else:
+        messages = take_rows(x_src, block.indices.long()).to(acc) * edge_weight.reshape(-1, 1).to(acc)
     out = torch.zeros((block.num_dst, x_src.shape[1]), dtype=acc, device=x_src.device)
-    out = out.index_add(0, dst, x_src[block.indices.long()].to(acc))
-    count = degrees.to(acc)
+    out = out.index_add(0, edge_destinations(block), messages)
+    count = block.in_degrees().to(acc)
     if include_self:
         out = out + block.dst_rows(x_src)
         count = count + 1
@@ -341,6 +350,12 @@ def symmetric_aggregate(block: Block, x_src: torch.Tensor) -> torch.Tensor:
     out = out.index_add(0, edge_destinations(block), x_src[indices].to(acc) * weight.unsqueeze(1))
     return (out * neigh_coef.to(acc).unsqueeze(1)
             + block.dst_rows(x_src).to(acc) * self_coef.to(acc).unsqueeze(1)).to(x_src.dtype)
+
+
+def gcn_aggregate(block: Block, x_src: torch.Tensor, norm: str) -> torch.Tensor:
+    """GCN's aggregation with a self loop, normalised as ``norm`` says (``GCNConv``): ``symmetric_aggregate``,
+    or the mean over the vertex and its sampled neighbours."""
+    return symmetric_aggregate(block, x_src) if norm == "symmetric" else mean_aggregate(block, x_src, True)
 
 
 def edge_destinations(block: Block) -> torch.Tensor:

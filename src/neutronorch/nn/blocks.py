@@ -18,9 +18,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from neutronorch.nn.activation import keyed_dropout
-from neutronorch.nn.aggregation import mean_aggregate, symmetric_aggregate
+from neutronorch.nn.aggregation import gcn_aggregate, mean_aggregate
 from neutronorch.nn.bucket import linear
 from neutronorch.nn.layers import GATConv
+from neutronorch.nn.names import needs_degrees
 from neutronorch.sampling.block import Block
 
 
@@ -52,7 +53,7 @@ class GraphBlock(nn.Module):
     def __init__(self, kind: str, dim: int, norm: str, dropout: float, heads: int, gcn_norm: str):
         super().__init__()
         self.kind, self.in_dim, self.out_dim = kind, dim, dim
-        self.needs_degrees = kind == "gcn" and gcn_norm == "symmetric"
+        self.needs_degrees = needs_degrees(kind, gcn_norm)
         self.gcn_norm = gcn_norm
         self.norm = norm_layer(norm, dim)
         self.attention = GATConv(dim, dim, heads=heads, attention_dropout=dropout) if kind == "gat" else None
@@ -63,8 +64,7 @@ class GraphBlock(nn.Module):
         if self.kind == "sage":
             message = torch.cat([block.dst_rows(h), mean_aggregate(block, h)], dim=1)
         elif self.kind == "gcn":
-            message = (symmetric_aggregate(block, h) if self.gcn_norm == "symmetric"
-                       else mean_aggregate(block, h, include_self=True))
+            message = gcn_aggregate(block, h, self.gcn_norm)
         else:
             message = self.attention(block, h)
         return block.dst_rows(x_src) + self.ffn(message, block.dst_ids)

@@ -1,9 +1,10 @@
 """Your own model: any ``torch.nn.Module`` that follows a small protocol trains like the built-in ones.
 
 ``UserModel`` adapts it to what the engine calls (``forward(blocks, x, hot)``, ``num_layers``, ``width``,
-``needs_degrees``, ``bottom``, ``arguments``); ``train(config, model=module)`` wraps a module with it. The
-protocol (``docs/models.md``, "Your own model"): the module's ``forward`` takes one of two input forms,
-told apart by the names of its first two parameters.
+``needs_degrees``, ``bottom``, ``arguments``, ``embedding_parameters``); ``train(config, model=module)`` wraps
+a module with it. The protocol (``docs/models.md``, "Your own model"; ``docs/heterogeneous.md``, "Your own
+module"): the module's ``forward`` takes one of three input forms, told apart by the graph and the names of
+its first parameters.
 
 - ``forward(x, edge_index, ...)``, the PyG form: ``x`` holds the rows of every sampled vertex (seeds
   first), ``edge_index`` the sampled edges (row 0 the neighbour, row 1 the vertex it was sampled for), as
@@ -15,8 +16,14 @@ told apart by the names of its first two parameters.
 - ``forward(blocks, x)``, the block form: ``blocks`` are the sampled layers (``sampling.Block``, bottom
   layer first; the destinations lead each source frontier), ``x`` the bottom block's source rows; it
   returns one row per destination of the last block.
+- ``forward(blocks, features, ids)``, the typed form (a typed graph: ``target`` given): ``blocks`` the
+  sampled ``TypedBlock``s, ``features[t]`` the float32 input rows of each featured type of the bottom
+  frontier, ``ids[t]`` every type's bottom frontier (global ids within the type, which a featureless type's
+  table is looked up by); it returns a row per destination of the last block's target type. PyG's typed form
+  (``x_dict, edge_index_dict``) is refused, naming ``TypedNeighborLoader``'s ``to_pyg()``. Its sparse
+  ``nn.Embedding``s are tables, moved by the tables' optimizer as the built-in models' are.
 
-Either returns ``[rows, outputs]`` logits (``outputs``: the classes, or the tasks of a multi-label graph).
+Each returns ``[rows, outputs]`` logits (``outputs``: the classes, or the tasks of a multi-label graph).
 NeutronOrch mode also needs the bottom layer apart (the block form only): an attribute ``bottom``, a module
 with ``bottom(block, x)`` returning the bottom layer's output before its activation and an ``out_dim``
 giving that width, and a method ``upper(blocks, h)`` that applies the activation to ``h`` (the bottom
@@ -25,6 +32,8 @@ equal ``upper(blocks[1:], bottom(blocks[0], x))``.
 
 Evaluation of a model without layer-by-layer inference samples every neighbour of every hop (the exact
 result, as the built-in models' full-neighbour inference gives) unless sampled evaluation fanouts are set.
+NeutronOrch mode is not offered on a typed graph: it computes hot vertices' bottom layer apart from
+snapshots of the embedding rows it reads, which a module of one's own does not expose.
 """
 
 from __future__ import annotations
@@ -35,16 +44,20 @@ import torch
 from torch import nn
 
 from neutronorch.errors import ConfigError
-from neutronorch.nn.splice import HotRows, splice
-from neutronorch.sampling.block import Block, pyg_form
+from neutronorch.nn.models import Tables
+from neutronorch.nn.splice import splice
+from neutronorch.sampling.block import pyg_form
 
-__all__ = ["ModelProtocolError", "UserModel", "PROTOCOL", "forward_parameters", "check_trainable",
-           "check_output_trains"]
+__all__ = ["ModelProtocolError", "UserModel", "TypedUserModel", "PROTOCOL", "TYPED_PROTOCOL", "forward_parameters",
+           "check_trainable", "check_output_trains"]
 
 PROTOCOL = ("forward(x, edge_index) returning a row per vertex of x (the PyG form), or forward(blocks, x) "
             "returning a row per destination of the last block (the block form); docs/models.md, 'Your own "
             "model'")
+TYPED_PROTOCOL = ("forward(blocks, features, ids) returning the logits of the seeds, a row per destination of "
+                  "the last block's target type (TypedGNN's call; docs/heterogeneous.md, 'Your own module')")
 _TRIM = ("num_sampled_nodes_per_hop", "num_sampled_edges_per_hop")
+_PYG_NAMES = ("x", "x_dict", "data", "batch")
 
 
 class ModelProtocolError(ConfigError, ValueError):
@@ -107,37 +120,49 @@ def forward_parameters(module: nn.Module, protocol: str) -> tuple[list[str], lis
     return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)], params
 
 
-def _form(module: nn.Module) -> tuple[str, bool]:
-    """(input form, whether it takes PyG's trimming counts) of ``module.forward``."""
-    positional, params = forward_parameters(module, PROTOCOL)
+def _form(module: nn.Module, typed: bool) -> tuple[str, bool]:
+    """(input form, whether it takes PyG's trimming counts) of ``module.forward``, on a typed graph or not."""
+    name = type(module).__name__
+    positional, params = forward_parameters(module, TYPED_PROTOCOL if typed else PROTOCOL)
     names = {p.name for p in params}
+    if typed:
+        if positional[:1] and positional[0] in _PYG_NAMES:
+            raise ModelProtocolError(f"{name}.forward takes ({', '.join(positional)}), PyG's form; train() calls a "
+                                     f"typed graph's model as {TYPED_PROTOCOL}. A PyG model trains in a loop of "
+                                     f"your own over TypedNeighborLoader's batch.to_pyg() (docs/loader.md, 'Typed "
+                                     f"graphs').")
+        if len(positional) < 3 and not any(p.kind == p.VAR_POSITIONAL for p in params):
+            raise ModelProtocolError(f"{name}.forward takes ({', '.join(positional) or 'nothing'}); a typed graph's "
+                                     f"model must take {TYPED_PROTOCOL}")
+        return "typed", False
     if positional[:2] == ["x", "edge_index"]:
         return "pyg", all(name in names for name in _TRIM)
     if positional[:2] == ["blocks", "x"]:
         return "blocks", False
-    raise ModelProtocolError(f"{type(module).__name__}.forward takes ({', '.join(positional) or 'nothing'}); a "
+    raise ModelProtocolError(f"{name}.forward takes ({', '.join(positional) or 'nothing'}); a "
                              f"model trained here must take {PROTOCOL}")
 
 
-class UserModel(nn.Module):
+class UserModel(Tables, nn.Module):
     """A user's module behind the interface the engine calls. ``num_layers``: the sampled hops it reads;
-    ``width``: its output width (the task's)."""
+    ``width``: its output width (the task's); ``target``: on a typed graph, the type whose seeds it scores."""
 
     layerwise = False  # no layer-by-layer inference: evaluation samples every neighbour of every hop
 
-    def __init__(self, module: nn.Module, num_layers: int, width: int):
+    def __init__(self, module: nn.Module, num_layers: int, width: int, target: str | None = None):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise ModelProtocolError(f"the model must be a torch.nn.Module, not {type(module).__name__}")
         self.module = module
-        self.form, self.trims = _form(module)
-        self.num_layers = num_layers
-        self.out_width = width
+        self.form, self.trims = _form(module, target is not None)
+        self.num_layers, self.out_width, self.target = num_layers, width, target
         self.needs_degrees = bool(getattr(module, "needs_degrees", False))
         kind = type(module)
         self.kind = f"{kind.__module__}.{kind.__qualname__}"
-        # Not what rebuilds it (only its own code can): what a checkpoint needs to check the module given.
-        self.arguments = {"custom": self.kind, "num_layers": num_layers, "width": width}
+        # Not what rebuilds it (only its own code can): what a checkpoint needs to check the module given
+        # (a typed run's summary names the width num_classes, as TypedGNN's arguments do).
+        self.arguments = {"custom": self.kind, "num_layers": num_layers,
+                          ("width" if target is None else "num_classes"): width}
 
     @classmethod
     def wrap(cls, module: nn.Module, num_layers: int, width: int) -> "UserModel":
@@ -165,6 +190,8 @@ class UserModel(nn.Module):
 
     @property
     def bottom(self) -> nn.Module:
+        if self.form == "typed":
+            self._no_typed_bottom()
         if not self.reuses:
             raise ModelProtocolError(
                 f"NeutronOrch mode computes the bottom layer of hot vertices apart, so {self.kind} must take the "
@@ -177,15 +204,34 @@ class UserModel(nn.Module):
                                      "which NeutronOrch mode needs for its table of hot rows")
         return bottom
 
+    def _no_typed_bottom(self):
+        raise ModelProtocolError(f"NeutronOrch mode computes hot vertices' bottom layer apart, with a copy of a "
+                                 f"TypedGNN's bottom layer and snapshots of the embedding rows it reads, which "
+                                 f"{self.kind} does not expose; train it in `mode` exact or device")
+
+    def bottom_layer(self) -> nn.Module:
+        """``bottom``, by the name typed NeutronOrch calls it."""
+        return self.bottom
+
     def width(self, index: int) -> int:
         if index != self.num_layers - 1:
             raise ModelProtocolError(f"{self.kind} gives its final output only; a layer's embedding (embed "
                                      "--layer) needs a built-in model")
         return self.out_width
 
-    def forward(self, blocks: list[Block], x: torch.Tensor, hot: HotRows | None = None) -> torch.Tensor:
+    def forward(self, blocks: list, *inputs) -> torch.Tensor:
+        """``inputs``: ``(x[, hot])`` (``features, ids[, hot]`` in the typed form), as a built-in model's."""
+        typed = self.form == "typed"
+        x, hot = inputs[:1 + typed], (inputs[1 + typed:] or [None])[0]
+        if typed and hot:
+            self._no_typed_bottom()  # hot rows are NeutronOrch's
         if len(blocks) != self.num_layers:
             raise ValueError(f"{len(blocks)} blocks for a {self.num_layers}-layer model")
+        if typed:
+            rows = int(blocks[-1].num_dst.get(self.target, 0))
+            return self._checked(self.module(blocks, *x), rows, "forward(blocks, features, ids)",
+                                 f"{self.target} seed", TYPED_PROTOCOL)
+        x = x[0]
         rows = blocks[-1].num_dst
         if hot is not None:
             h = splice(self.bottom(blocks[0], x), hot.table, hot.index, hot.grad_acc)
@@ -201,14 +247,16 @@ class UserModel(nn.Module):
             out = out[:rows]
         return self._checked(out, rows, "forward(x, edge_index)", "seed, the first rows of x")
 
-    def _checked(self, out, rows: int, call: str, per: str = "seed") -> torch.Tensor:
+    def _checked(self, out, rows: int, call: str, per: str = "seed", protocol: str = PROTOCOL) -> torch.Tensor:
         expected = f"a [{rows}, {self.out_width}] tensor (one row of logits per {per}, one column per output"
         if not isinstance(out, torch.Tensor):
             raise ModelProtocolError(f"{self.kind}.{call} returned {type(out).__name__}; the protocol expects "
                                      f"{expected})")
         if out.dim() != 2 or out.shape[0] != rows or out.shape[1] != self.out_width:
             raise ModelProtocolError(f"{self.kind}.{call} returned shape {list(out.shape)}; the protocol "
-                                     f"expects {expected}; {PROTOCOL})")
+                                     f"expects {expected}; {protocol})")
         check_output_trains(out, self, self.kind, call)
         return out
 
+
+TypedUserModel = UserModel  # the name a typed run adapts a module by: UserModel(module, layers, classes, target)

@@ -13,7 +13,7 @@ from torch import nn
 
 from neutronorch.nn import sparse_input
 from neutronorch.nn.activation import edge_ids, keyed_dropout
-from neutronorch.nn.aggregation import fused_mean_linear, mean_aggregate, symmetric_aggregate
+from neutronorch.nn.aggregation import fused_mean_linear, gcn_aggregate, mean_aggregate
 from neutronorch.nn.attention import attention_aggregate, attention_edges
 from neutronorch.nn.bucket import linear, project
 from neutronorch.nn.edge_softmax import edge_softmax, head_scores
@@ -57,8 +57,6 @@ class SAGEConv(nn.Module):
         return fused if fused is not None else self.transform(x_dst, self.aggregate(block, x_src))
 
 
-
-
 class GCNConv(nn.Module):
     """Graph convolution with a self loop (Kipf & Welling, ICLR 2017), normalised one of two ways:
 
@@ -86,9 +84,7 @@ class GCNConv(nn.Module):
         return self.norm == "symmetric"
 
     def aggregate(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
-        if self.norm == "symmetric":
-            return symmetric_aggregate(block, x_src)
-        return mean_aggregate(block, x_src, include_self=True)
+        return gcn_aggregate(block, x_src, self.norm)
 
     def transform(self, x_dst: torch.Tensor, aggregated: torch.Tensor) -> torch.Tensor:
         return linear(self.lin, aggregated)

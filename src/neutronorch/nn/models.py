@@ -1,45 +1,165 @@
-"""Stacks of GNN layers: GraphSAGE, GCN and GAT of any depth.
+"""The one model stack: ``LayerStack``, what every built-in model is, and ``GNN`` (GraphSAGE, GCN and GAT of
+any depth) on it; the relational models (``nn/typed_models.py``) are the same stack over typed blocks.
 
-``GNN.forward(blocks, x)`` runs the usual stack (ReLU and dropout between layers). With ``hot`` (NeutronOrch
-mode), the bottom block holds only the destinations computed here, and the bottom layer's output is
-spliced together from them and the hot rows computed elsewhere, before the activation that follows it:
-the model, not a mode, decides how layers and activations compose. ``GNN.layer_forward`` runs a single
-layer with the activation that follows it (full-neighbour inference).
+A stack maps the bottom block's source rows, layer by layer, to the logits of the last block's destinations:
+after every layer but the last an activation (ReLU, or LeakyReLU of ``slope``) and in training the dropout
+after it, each row's mask keyed by its vertex (``nn/activation.py``). Rows are one tensor on a homogeneous
+graph and one tensor per vertex type on a typed one (``TypedBlock``s); the loop is the same. With ``hot``
+(NeutronOrch mode), the bottom block holds only the destinations computed here, and the bottom layer's output
+is spliced together from them and the hot rows computed elsewhere (``nn/splice.py``), before the activation
+that follows it: the model, not a mode, decides how layers and activations compose. ``bottom`` is the layer
+NeutronOrch's host computes hot rows with; ``layer_forward`` runs one layer with the activation that follows
+it (full-neighbour inference).
 """
 
 from __future__ import annotations
 
+import contextlib
+from typing import Callable
+
 import torch
 from torch import nn
+from torch.nn import functional as F
 
-from neutronorch.nn.activation import relu_dropout
+from neutronorch.nn.activation import keyed_dropout, relu_dropout
 from neutronorch.nn.blocks import GraphBlock, Head, InputBlock, norm_layer
 from neutronorch.nn.layers import GATConv, GCNConv, Residual, SAGEConv
 from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, needs_degrees
 from neutronorch.nn.splice import HotRows, splice, splice_relu_dropout
 from neutronorch.sampling.block import Block
 
-__all__ = ["ARCHITECTURES", "GCN_NORMS", "GNN", "MODELS", "NORMS", "needs_degrees"]
+__all__ = ["ARCHITECTURES", "GCN_NORMS", "GNN", "LayerStack", "MODELS", "NORMS", "Tables", "needs_degrees"]
 
 
-class GNN(nn.Module):
+class Tables:
+    """A model's weights by optimizer: ``embedding_parameters``, those of every ``nn.Embedding`` or
+    ``nn.EmbeddingBag`` made with ``sparse=True`` (each once, in module order: the tables' optimizer), and
+    ``dense_parameters``, every other (Adam)."""
+
+    def embedding_parameters(self) -> list[nn.Parameter]:
+        found = {}
+        for sub in self.modules():
+            if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) and sub.sparse:
+                found.setdefault(id(sub.weight), sub.weight)
+        return list(found.values())
+
+    def dense_parameters(self) -> list[nn.Parameter]:
+        sparse = {id(p) for p in self.embedding_parameters()}
+        return [p for p in self.parameters() if id(p) not in sparse]
+
+
+def each(rows, step: Callable):
+    """``step(type, rows)`` on each type's rows of a typed model, ``step(None, rows)`` on a homogeneous one's."""
+    return step(None, rows) if isinstance(rows, torch.Tensor) else {t: step(t, r) for t, r in rows.items()}
+
+
+def _typed(value, node_type: str | None):
+    """A homogeneous block's ``value``, or a typed block's of ``node_type`` (a mapping's entry or a method's)."""
+    if node_type is None or value is None:
+        return value
+    return value(node_type) if callable(value) else value.get(node_type)
+
+
+class LayerStack(Tables, nn.Module):
+    """``num_layers`` layers (``layers``) with the activation of the module docstring between them. A subclass
+    overrides ``layer_output`` where a layer reads more than ``(block, rows)``, ``activate`` where more than
+    the nonlinearity follows a layer, and ``forward_key`` and ``masks`` where a forward's dropout masks come
+    from one key (by default every activation draws its own)."""
+
+    slope: float | None = None  # None: ReLU between layers; a number: LeakyReLU of that negative slope
+
+    def __init__(self, arguments: dict):
+        super().__init__()
+        self.arguments = arguments  # what rebuilds the model (a checkpoint stores it next to the weights)
+        self.kind, self.num_layers, self.dropout = arguments["kind"], arguments["num_layers"], arguments["dropout"]
+
+    @property
+    def bottom(self) -> nn.Module:
+        """The layer that reads the input rows (its output before the activation): NeutronOrch's host layer."""
+        return self.layers[0]
+
+    def bottom_layer(self) -> nn.Module:
+        return self.bottom
+
+    def width(self, index: int) -> int:
+        """The width of ``layer_forward(index, ...)``'s rows."""
+        return self.layers[index].out_dim
+
+    @property
+    def fuses_splice(self) -> bool:
+        """Whether the splice and the activation after it run as one pass (``splice_relu_dropout``)."""
+        return self.slope is None
+
+    def layer_output(self, index: int, block, x):
+        """Layer ``index``'s output before the activation, from its block's source rows ``x``."""
+        return (self.bottom if index == 0 else self.layers[index])(block, x)
+
+    def activate(self, y: torch.Tensor, ids: torch.Tensor | None = None, layer: int = 0) -> torch.Tensor:
+        """What follows layer ``layer``'s rows ``y`` (nothing after the last): the activation, then in training
+        the dropout, masks keyed by the rows' vertex ``ids``."""
+        if layer == self.num_layers - 1:
+            return y
+        if self.slope is None:
+            return relu_dropout(y, self.dropout, self.training, ids)
+        return keyed_dropout(F.leaky_relu(y, self.slope), self.dropout, self.training, ids)
+
+    def forward_key(self) -> int | None:
+        return None
+
+    def masks(self, key: int | None, index: int, node_type: str | None):
+        return contextlib.nullcontext()
+
+    def layer_forward(self, index: int, block, x):
+        """Layer ``index`` and the activation after it (full-neighbour inference)."""
+        return each(self.layer_output(index, block, x), lambda t, y: self.activate(y, _typed(block.dst_ids, t), index))
+
+    def run(self, blocks: list, x, hot=None):
+        """The last layer's output for ``blocks[-1]``'s destinations from ``blocks[0]``'s source rows ``x``.
+        ``hot``: ``HotRows`` (per type on a typed model) spliced into the bottom layer's output in the order of
+        ``blocks[1]``'s source frontier, whose vertices key the activation's dropout masks."""
+        if len(blocks) != self.num_layers:
+            raise ValueError(f"{len(blocks)} blocks for a {self.num_layers}-layer model")
+        key = self.forward_key()
+        for index, block in enumerate(blocks):
+            y = self.layer_output(index, block, x)
+            if index == 0 and hot:
+                above = blocks[1].src_ids if self.num_layers > 1 else None
+                x = each(y, lambda t, rows: self._spliced(key, t, rows, _typed(hot, t), _typed(above, t)))
+            else:
+                x = each(y, lambda t, rows: self._activated(key, index, t, rows, _typed(block.dst_ids, t)))
+        return x
+
+    def _activated(self, key, index, node_type, y, ids):
+        with self.masks(key, index, node_type):
+            return self.activate(y, ids, index)
+
+    def _spliced(self, key, node_type, y_cold, hot: HotRows | None, ids):
+        if hot is None:
+            return self._activated(key, 0, node_type, y_cold, ids)
+        with self.masks(key, 0, node_type):
+            if self.fuses_splice and self.num_layers > 1:
+                return splice_relu_dropout(y_cold, hot.table, hot.index, self.dropout, self.training, hot.grad_acc,
+                                           ids)
+            return self.activate(splice(y_cold, hot.table, hot.index, hot.grad_acc), ids, 0)
+
+
+class GNN(LayerStack):
+    """GraphSAGE, GCN or GAT (``kind``) of ``num_layers`` layers, optionally ``residual`` (every layer but the
+    output layer), with a ``norm`` between layers before the activation, or residual graph blocks between an
+    input map and a head (``architecture`` "blocks", ``nn/blocks.py``)."""
+
     def __init__(self, kind: str, in_dim: int, hidden: int, num_classes: int, num_layers: int,
                  dropout: float = 0.5, heads: int = 4, gcn_norm: str = "symmetric", residual: bool = False,
                  norm: str = "none", architecture: str = "plain"):
-        super().__init__()
         if kind not in MODELS:
             raise ValueError(f"unknown model {kind!r}; choose one of {MODELS}")
-        self.kind = kind
-        # What rebuilds this model (a checkpoint stores it next to the weights).
-        self.arguments = {"kind": kind, "in_dim": in_dim, "hidden": hidden, "num_classes": num_classes,
+        super().__init__({"kind": kind, "in_dim": in_dim, "hidden": hidden, "num_classes": num_classes,
                           "num_layers": num_layers, "dropout": dropout, "heads": heads, "gcn_norm": gcn_norm,
-                          "residual": residual, "norm": norm, "architecture": architecture}
+                          "residual": residual, "norm": norm, "architecture": architecture})
         if norm not in NORMS:
             raise ValueError(f"unknown normalisation {norm!r}; choose one of {NORMS}")
         if architecture not in ARCHITECTURES:
             raise ValueError(f"unknown architecture {architecture!r}; choose one of {ARCHITECTURES}")
-        self.num_layers = num_layers
-        self.dropout = dropout
         self.norm = norm
         self.head = None
         if architecture == "blocks":
@@ -69,56 +189,31 @@ class GNN(nn.Module):
         return any(layer.needs_degrees for layer in self.layers)
 
     def width(self, index: int) -> int:
-        """The width of ``layer_forward(index, ...)``'s rows (the head's classes after the last block)."""
+        """The head's classes after the last graph block, else the layer's width."""
         if self.head is not None and index == self.num_layers - 1:
             return self.head.lin.out_features
-        return self.layers[index].out_dim
+        return super().width(index)
 
     @property
-    def bottom(self) -> nn.Module:
-        """The layer that reads raw features."""
-        return self.layers[0]
+    def fuses_splice(self) -> bool:
+        return self.norm == "none" and self.head is None
 
-    def activate(self, index: int, y: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
-        """What follows layer ``index``'s pre-activation output (nothing after the last layer; with graph
-        blocks, nothing between them and the head after the last). ``ids``: the rows' vertex ids, which key
-        their dropout masks."""
+    def activate(self, y: torch.Tensor, ids: torch.Tensor | None = None, layer: int = 0) -> torch.Tensor:
+        """With graph blocks, nothing between them and the head after the last; else the ``norm``, then the
+        activation."""
         if self.head is not None:
-            return self.head(y) if index == self.num_layers - 1 else y
-        if index == self.num_layers - 1:
-            return y
-        if self.norm != "none":
-            y = self.norms[index](y)
-        return relu_dropout(y, self.dropout, self.training, ids)
-
-    def layer_forward(self, index: int, block: Block, x_src: torch.Tensor) -> torch.Tensor:
-        return self.activate(index, self.layers[index](block, x_src), block.dst_ids)
+            return self.head(y) if layer == self.num_layers - 1 else y
+        if self.norm != "none" and layer < self.num_layers - 1:
+            y = self.norms[layer](y)
+        return super().activate(y, ids, layer)
 
     def forward(self, blocks: list[Block], x: torch.Tensor, hot: HotRows | None = None) -> torch.Tensor:
         """Logits of the last block's destinations. ``x`` holds the bottom block's source rows; with
         ``hot``, ``blocks[0]`` covers only the bottom-layer destinations ``hot.index`` calls cold."""
-        if len(blocks) != self.num_layers:
-            raise ValueError(f"{len(blocks)} blocks for a {self.num_layers}-layer model")
-        if hot is None:
-            return self.forward_from(0, blocks, x)
-        index = hot.index
-        if blocks[0].num_dst != index.cold_pos.shape[0] or (
-                self.num_layers > 1 and blocks[1].num_src != index.num_rows):
-            raise ValueError(f"splice mismatch: the bottom block has {blocks[0].num_dst} destinations and the "
-                             f"splice {index.cold_pos.shape[0]} cold of {index.num_rows} rows")
-        y_cold = self.layers[0](blocks[0], x)
-        if self.num_layers == 1:
-            return self.activate(0, splice(y_cold, hot.table, index, hot.grad_acc))
-        ids = blocks[1].src_ids  # the spliced rows' vertices: the next block's source frontier
-        if self.norm == "none" and self.head is None:
-            h = splice_relu_dropout(y_cold, hot.table, index, self.dropout, self.training, hot.grad_acc, ids)
-        else:
-            h = self.activate(0, splice(y_cold, hot.table, index, hot.grad_acc), ids)
-        return self.forward_from(1, blocks, h)
-
-    def forward_from(self, start: int, blocks: list[Block], x: torch.Tensor) -> torch.Tensor:
-        """Layers ``start`` and above; ``x`` is the source frontier of ``blocks[start]``."""
-        for index in range(start, self.num_layers):
-            x = self.layer_forward(index, blocks[index], x)
-        return x
-
+        if hot is not None:
+            index = hot.index
+            if blocks[0].num_dst != index.cold_pos.shape[0] or (
+                    self.num_layers > 1 and len(blocks) > 1 and blocks[1].num_src != index.num_rows):
+                raise ValueError(f"splice mismatch: the bottom block has {blocks[0].num_dst} destinations and the "
+                                 f"splice {index.cold_pos.shape[0]} cold of {index.num_rows} rows")
+        return self.run(blocks, x, hot)

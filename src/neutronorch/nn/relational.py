@@ -26,8 +26,8 @@ block, in its ``indices``' order) multiply each message inside the mean, which s
 edges: ``sum_{e into v} w_e x_{u_e} / |N_r(v)|``. With every weight 1 it is the plain mean; it is what PyG's
 ``GraphConv(aggr="mean")`` and DGL's ``SAGEConv(edge_weight=...)`` compute, and it keeps a sampled block's mean
 an unbiased estimate of the full neighbourhood's (a normalised ``sum w x / sum w`` would not be linear in the
-weights). The weighted mean runs in torch ops (the numba kernels have no weights); unweighted relations run
-``mean_aggregate``'s kernels.
+weights): ``mean_aggregate``'s ``edge_weight``, in torch ops (the kernels, which unweighted relations run,
+have no weights).
 """
 
 from __future__ import annotations
@@ -35,16 +35,15 @@ from __future__ import annotations
 import functools
 
 import math
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import torch
 from torch import nn
 
 from neutronorch.nn import sparse_input
-from neutronorch.nn.aggregation import edge_destinations, mean_aggregate
+from neutronorch.nn.aggregation import mean_aggregate
 from neutronorch.nn.bucket import linear, project
 from neutronorch.nn.layers import project_first
-from neutronorch.nn.rows import take_rows
 from neutronorch.sampling.block import Block
 from neutronorch.sampling.typed_block import RelationType, TypedBlock
 
@@ -95,30 +94,18 @@ class TypedSAGEConv(nn.Module):
 
     def forward(self, tblock: TypedBlock, x_src: Mapping[str, torch.Tensor],
                 edge_weight: Mapping[RelationType, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        check_block(self, tblock)
-        out = {}
-        for t, n_dst in tblock.num_dst.items():
-            into = [r for r in self.relations if r[2] == t]
-            if not into:
-                continue
-            y = self._root(t, into, x_src, n_dst)
-            for r in into:
-                block = tblock.blocks.get(r)
-                lin = self.neigh[module_key(r)]
-                if block is None:  # no edges: only a bias of the relation's own (root=None) applies
-                    if lin.bias is None:
-                        continue
-                    term = lin.bias.unsqueeze(0).repeat(n_dst, 1)
-                else:
-                    weights = None if edge_weight is None else edge_weight.get(r)
-                    term = mean_linear(block, input_rows(x_src, r[0], self.in_dims), lin.weight, lin.bias, weights)
-                y = term if y is None else y + term
-            out[t] = y
-        return out
+        def term(r: RelationType, block: Block | None, n_dst: int) -> torch.Tensor | None:
+            lin = self.neigh[module_key(r)]
+            if block is None:  # no edges: only a bias of the relation's own (root=None) applies
+                return None if lin.bias is None else lin.bias.unsqueeze(0).repeat(n_dst, 1)
+            weights = None if edge_weight is None else edge_weight.get(r)
+            return mean_linear(block, input_rows(x_src, r[0], self.in_dims), lin.weight, lin.bias, weights)
 
-    def _root(self, t: str, into: list[RelationType], x_src: Mapping[str, torch.Tensor],
-              n_dst: int) -> torch.Tensor | None:
-        if self.root is None:
+        return relation_sums(self, tblock, lambda t, n_dst: self._root(t, x_src, n_dst), term)
+
+    def _root(self, t: str, x_src: Mapping[str, torch.Tensor], n_dst: int) -> torch.Tensor | None:
+        into = [r for r in self.relations if r[2] == t]
+        if self.root is None or not into:
             return None
         x_dst = input_rows(x_src, t, self.in_dims)[:n_dst]
         if self.root_mode == "type":
@@ -190,7 +177,6 @@ class RGCNConv(nn.Module):
     def forward(self, tblock: TypedBlock, x_src: Mapping[str, torch.Tensor],
                 edge_weight: Mapping[RelationType, torch.Tensor] | None = None,
                 projections: Mapping[str, nn.Linear] | None = None) -> dict[str, torch.Tensor]:
-        check_block(self, tblock)
         projections = projections or {}
         for t, x in x_src.items():
             width = projections[t].in_features if t in projections else self.in_dim
@@ -198,58 +184,55 @@ class RGCNConv(nn.Module):
                 raise ValueError(f"R-GCN reads one input width, {self.in_dim}, for every type; {t!r} has "
                                  f"{x.shape[-1]}" + (f", its projection reads {width}" if t in projections else
                                                      f". Project or embed each type to {self.in_dim} first."))
-        weights = self.relation_weights()
-        root_t = self.root.t()
-        out = {}
-        for t, n_dst in tblock.num_dst.items():
+        weights, root_t = self.relation_weights(), self.root.t()
+
+        def root(t: str, n_dst: int) -> torch.Tensor:
             x_dst = input_rows(x_src, t, None)[:n_dst]
-            if t in projections:
-                x_dst = linear(projections[t], x_dst)
-            y = project(x_dst, root_t, self.bias)
-            for r in self.relations:
-                block = tblock.blocks.get(r)
-                if r[2] != t or block is None:
-                    continue
-                w = None if edge_weight is None else edge_weight.get(r)
-                weight, lin = weights[self.index[r]], projections.get(r[0])
-                if lin is not None:  # P^T W_r: the relation's weight on the raw rows
-                    y = y + mean_linear(block, input_rows(x_src, r[0], None), (lin.weight.t() @ weight).t(), None, w)
-                    if lin.bias is not None:
-                        y = y + reached(block, w, y.dtype).unsqueeze(1) * (lin.bias @ weight).to(y.dtype)
-                else:
-                    y = y + mean_linear(block, input_rows(x_src, r[0], None), weight.t(), None, w)
+            return project(linear(projections[t], x_dst) if t in projections else x_dst, root_t, self.bias)
+
+        def term(r: RelationType, block: Block | None, n_dst: int) -> torch.Tensor | None:
+            if block is None:
+                return None
+            w = None if edge_weight is None else edge_weight.get(r)
+            weight, lin = weights[self.index[r]], projections.get(r[0])
+            if lin is None:
+                return mean_linear(block, input_rows(x_src, r[0], None), weight.t(), None, w)
+            # P^T W_r: the relation's weight on the raw rows
+            y = mean_linear(block, input_rows(x_src, r[0], None), (lin.weight.t() @ weight).t(), None, w)
+            if lin.bias is not None:
+                y = y + reached(block, w, y.dtype).unsqueeze(1) * (lin.bias @ weight).to(y.dtype)
+            return y
+
+        return relation_sums(self, tblock, root, term)
+
+
+def relation_sums(layer: nn.Module, tblock: TypedBlock, root: Callable, term: Callable) -> dict[str, torch.Tensor]:
+    """Per destination type ``t`` of ``tblock``: ``root(t, rows)`` plus ``term(r, block, rows)`` for each of the
+    layer's relations ``r`` into ``t`` in their order (``block`` None where ``tblock`` lacks ``r``); either may
+    be None (nothing), and a type with nothing at all gets no output."""
+    check_block(layer, tblock)
+    out = {}
+    for t, n_dst in tblock.num_dst.items():
+        y = root(t, n_dst)
+        for r in layer.relations:
+            if r[2] == t:
+                value = term(r, tblock.blocks.get(r), n_dst)
+                y = value if y is None else y if value is None else y + value
+        if y is not None:
             out[t] = y
-        return out
+    return out
 
 
 def mean_linear(block: Block, x_src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
-    """``mean_{u in N(v)} x_u`` (weighted by ``edge_weight`` when given: ``weighted_mean``) times ``weight``
-    (``out x in``, as ``F.linear`` takes it) plus ``bias``, for the block's destinations: projecting before
-    aggregating when that costs fewer flops (the mean is linear and row-wise), as the homogeneous layers do."""
-    aggregate = (lambda x: mean_aggregate(block, x)) if edge_weight is None else (
-        lambda x: weighted_mean(block, x, edge_weight))
+    """``mean_{u in N(v)} x_u`` (weighted by ``edge_weight`` when given) times ``weight`` (``out x in``, as
+    ``F.linear`` takes it) plus ``bias``, for the block's destinations: projecting before aggregating when
+    that costs fewer flops (the mean is linear and row-wise), as the homogeneous layers do."""
     out_dim, in_dim = weight.shape
     if project_first(block, in_dim, out_dim, sparse_input.dense_equivalent(x_src)):
-        y = aggregate(project(x_src, weight))
+        y = mean_aggregate(block, project(x_src, weight), edge_weight=edge_weight)
         return y if bias is None else y + bias.to(y.dtype)
-    return project(aggregate(x_src), weight, bias)
-
-
-def weighted_mean(block: Block, x_src: torch.Tensor, edge_weight: torch.Tensor) -> torch.Tensor:
-    """Row ``i`` = ``sum_e w_e x_src[u_e] / deg(i)`` over destination ``i``'s edges ``e`` (zero for a destination
-    without edges): each message scaled by its edge's weight, divided by the edge count, not by the weights'
-    sum. ``edge_weight``: ``(edges,)`` or ``(edges, 1)`` in ``block.indices``' order. Sums are float32 for
-    half-precision rows; the result has ``x_src``'s dtype. Torch ops on every device (a gradient reaches
-    ``edge_weight`` too)."""
-    if edge_weight.numel() != block.num_edges:
-        raise ValueError(f"{edge_weight.numel()} edge weights for {block.num_edges} edges")
-    acc = torch.float32 if x_src.dtype in (torch.bfloat16, torch.float16) else x_src.dtype
-    messages = take_rows(x_src, block.indices.long()).to(acc) * edge_weight.reshape(-1, 1).to(acc)
-    out = torch.zeros((block.num_dst, x_src.shape[1]), dtype=acc, device=x_src.device)
-    out = out.index_add(0, edge_destinations(block), messages)
-    count = block.in_degrees().clamp(min=1).to(acc).unsqueeze(1)
-    return (out / count).to(x_src.dtype)
+    return project(mean_aggregate(block, x_src, edge_weight=edge_weight), weight, bias)
 
 
 def reached(block: Block, edge_weight: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
@@ -258,7 +241,7 @@ def reached(block: Block, edge_weight: torch.Tensor | None, dtype: torch.dtype) 
     if edge_weight is None:
         return (block.in_degrees() > 0).to(dtype)
     ones = torch.ones((block.num_src, 1), dtype=edge_weight.dtype, device=edge_weight.device)
-    return weighted_mean(block, ones, edge_weight).view(-1).to(dtype)
+    return mean_aggregate(block, ones, edge_weight=edge_weight).view(-1).to(dtype)
 
 
 def relation_list(relations: Iterable[RelationType]) -> tuple[RelationType, ...]:

@@ -13,7 +13,7 @@ from torch.nn import functional as F
 from neutronorch.nn.attention import attention_aggregate
 from neutronorch.nn.bucket import linear, project
 from neutronorch.nn.edge_softmax import edge_softmax, head_scores
-from neutronorch.nn.relational import check_block, glorot, input_dims, input_rows, module_key, relation_list
+from neutronorch.nn.relational import glorot, input_dims, input_rows, module_key, relation_list, relation_sums
 from neutronorch.sampling.block import Block
 from neutronorch.sampling.typed_block import RelationType, TypedBlock
 
@@ -91,24 +91,13 @@ class RGATConv(nn.Module):
 
     def forward(self, tblock: TypedBlock, x_src: Mapping[str, torch.Tensor],
                 edge_attr: Mapping[RelationType, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        check_block(self, tblock)
-        out = {}
-        for t, n_dst in tblock.num_dst.items():
-            y = None
-            for r in self.relations:
-                if r[2] != t:
-                    continue
-                conv = self.convs[module_key(r)]
-                block = tblock.blocks.get(r)
-                if block is None:
-                    term = conv.bias.unsqueeze(0).repeat(n_dst, 1)
-                else:
-                    attr = None if edge_attr is None else edge_attr.get(r)
-                    term = self._relation(conv, r, block, x_src, n_dst, attr)
-                y = term if y is None else y + term
-            if y is not None:
-                out[t] = y
-        return out
+        def term(r: RelationType, block: Block | None, n_dst: int) -> torch.Tensor:
+            conv = self.convs[module_key(r)]
+            if block is None:
+                return conv.bias.unsqueeze(0).repeat(n_dst, 1)
+            return self._relation(conv, r, block, x_src, n_dst, None if edge_attr is None else edge_attr.get(r))
+
+        return relation_sums(self, tblock, lambda t, n_dst: None, term)
 
     def _relation(self, conv: RelationAttention, relation: RelationType, block: Block,
                   x_src: Mapping[str, torch.Tensor], n_dst: int, edge_attr: torch.Tensor | None) -> torch.Tensor:

@@ -11,24 +11,22 @@ type's rows to the target type's logits. ``kind``:
   its last layer; here, as for every kind, the last layer gives the logits). Its last layer has one head, as
   the homogeneous GAT's has: the classes need not divide among heads.
 
-Dropout follows every activation (row masks keyed by vertex, as in ``nn/models.py``); the last layer's output
-is the logits, with no activation. A training forward draws one dropout key, and each layer's activation of
-each type draws its masks from that key, the layer and the type (``_masks``): a vertex's mask in a step depends
-on its layer, type and id alone, not on the other types a batch reaches, so data-parallel ranks that split a
-batch draw exactly one process's masks for it.
+The layer loop, activations, dropout and NeutronOrch's splice are ``LayerStack``'s (``nn/models.py``); a
+training forward draws one dropout key, and each layer's activation of each type draws its masks from that
+key, the layer and the type (``masks``): a vertex's mask in a step depends on its layer, type and id alone,
+not on the other types a batch reaches, so data-parallel ranks that split a batch draw exactly one
+process's masks for it.
 
 Inputs. A type with features reads its rows as they are (float32). A type without features gets a learnable
 embedding table, ``nn.Embedding(vertices, width, sparse=True)``, of which a batch looks up only the rows
-of its input frontier: its gradient is sparse (those rows only), for ``torch.optim.SparseAdam``, which
-then moves only those rows (``embedding_parameters``; the dense weights go to Adam). R-GCN reads one width
-for every type (its root weight and bases act on all), so for ``rgcn`` every featured type first goes
-through a linear map of its own to ``hidden`` (no activation: the projection also gives each type its own
-view of the shared root weight) and the tables are ``hidden`` wide. A featured type no wider than
-``hidden`` is not projected row by row: the bottom layer takes its raw rows with the map (``RGCNConv``'s
-``projections``) and folds the map into each relation's weight, the mean being linear, which skips
-projecting every source row of the bottom frontier (most of a batch's rows); a wider type is projected
-first, the cheaper order for it. For ``sage`` and ``rgat`` the tables
-are ``embed_dim`` wide (default ``hidden``) and featured types enter at their own widths.
+of its input frontier, so its gradient is sparse (``embedding_parameters``: the tables' optimizer moves only
+those rows; the dense weights go to Adam). R-GCN reads one width for every type (its root weight and bases
+act on all), so for ``rgcn`` every featured type goes through a linear map of its own to ``hidden`` (no
+activation: the projection also gives each type its own view of the shared root weight) and the tables
+are ``hidden`` wide; a featured type no wider than ``hidden`` enters the bottom layer raw, which folds its
+map into each relation's weight (``RGCNConv``'s ``projections``), a wider one is projected first, the
+cheaper order for it. For ``sage`` and ``rgat`` the tables are ``embed_dim`` wide (default ``hidden``) and
+featured types enter at their own widths.
 
 Which relations a layer holds: only those whose destination type the layer can have. With ``L`` layers,
 the top layer's destinations are target vertices, layer ``L - 2``'s are of the types one relation away
@@ -38,12 +36,10 @@ destination of some layer must be one of some relation of it, or the next layer 
 graph whose relations all point one way (``writes`` into ``paper`` but nothing into ``author``) is refused
 with an error naming the type; ``TypedGraph.with_reverse`` adds the reverse relations that fix it.
 
-Edge features (``TypedBlock.edge_features``, which the typed sampler reads for every relation that has them)
-reach each layer, the bottom one included (``TypedBottom``): ``rgat`` attends over them (``RGATConv``'s
-``edge_dims``, PyG's ``GATConv(edge_dim=...)``), with every relation's width; ``sage`` and ``rgcn`` take a
-relation's one-column edge features as edge weights (the weighted mean of ``nn/relational.py``) and ignore
-wider ones, which only R-GAT reads (logged once, when the model is built). A relation without edge features
-runs exactly as before.
+Edge features (``TypedBlock.edge_features``) reach each layer, the bottom one included (``TypedBottom``):
+``rgat`` attends over them at any width (``RGATConv``'s ``edge_dims``); ``sage`` and ``rgcn`` take a
+relation's one-column edge features as edge weights (``nn/relational.py``) and ignore wider ones (logged
+once, when the model is built).
 
 The model takes what it needs of a graph as a ``TypedSpec`` (types, counts, feature widths, relations,
 edge feature widths, target), so nothing here reads a loaded graph's arrays.
@@ -56,21 +52,20 @@ its rows and width) gives a table's weights, already initialised: a float32 CPU 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from neutronorch.data.typed import relation_label
-from neutronorch.nn.activation import draw_key, dropout_keys, keyed_dropout, relu_dropout
+from neutronorch.nn.activation import draw_key, dropout_keys
+from neutronorch.nn.models import LayerStack
 from neutronorch.nn.names import TYPED_MODELS
 from neutronorch.nn.relational import RGCNConv, TypedSAGEConv
 from neutronorch.nn.relational_attention import RGATConv
-from neutronorch.nn.splice import HotRows, splice, splice_relu_dropout
+from neutronorch.nn.splice import HotRows
 from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.sampling.typed_block import RelationType, TypedBlock
 
@@ -133,7 +128,7 @@ def table_shapes(kind: str, spec: TypedSpec, hidden: int, num_layers: int, embed
             if not spec.feature_dims[t]}
 
 
-class TypedGNN(nn.Module):
+class TypedGNN(LayerStack):
     """A relational GNN of ``num_layers`` layers of ``kind`` (``TYPED_MODELS``) over ``spec``'s graph, whose
     last layer gives ``num_classes`` logits per target vertex. ``heads``: R-GAT's heads below the last layer
     (``hidden`` must divide among them); ``num_bases``: R-GCN's basis decomposition (None: a weight per
@@ -146,19 +141,17 @@ class TypedGNN(nn.Module):
                  dropout: float = 0.5, heads: int = 4, num_bases: int | None = None, embed_dim: int | None = None,
                  root: str | None = "relation",
                  tables: Callable[[str, int, int], torch.Tensor | None] | None = None):
-        super().__init__()
         if kind not in TYPED_MODELS:
             raise ValueError(f"unknown relational model {kind!r}; choose one of {TYPED_MODELS}")
         if num_layers < 1:
             raise ValueError(f"a relational model needs at least one layer, not {num_layers}")
         if kind == "rgat" and num_layers > 1 and hidden % heads:
             raise ValueError(f"R-GAT width {hidden} is not divisible by {heads} heads")
-        self.kind, self.spec = kind, spec
-        self.num_layers, self.dropout = num_layers, dropout
-        # What rebuilds this model (a checkpoint would store it next to the weights).
-        self.arguments = {"kind": kind, "spec": spec.to_dict(), "hidden": hidden, "num_classes": num_classes,
+        super().__init__({"kind": kind, "spec": spec.to_dict(), "hidden": hidden, "num_classes": num_classes,
                           "num_layers": num_layers, "dropout": dropout, "heads": heads, "num_bases": num_bases,
-                          "embed_dim": embed_dim, "root": root}
+                          "embed_dim": embed_dim, "root": root})
+        self.spec = spec
+        self.slope = LEAKY_SLOPE if kind == "rgat" else None
         reached = reachable_types(spec, num_layers)
         self.input_types = reached[num_layers]
         _check_reached(spec, reached)
@@ -191,28 +184,14 @@ class TypedGNN(nn.Module):
         self.layers = nn.ModuleList(layers)
         _log_ignored_edge_features(kind, spec, {r for layer in layers for r in layer.relations})
 
-    def embedding_parameters(self) -> list[nn.Parameter]:
-        """The featureless types' tables (sparse gradients: ``torch.optim.SparseAdam``)."""
-        return [table.weight for table in self.embeddings.values()]
-
-    def dense_parameters(self) -> list[nn.Parameter]:
-        """Every other weight (dense gradients: Adam)."""
-        sparse = {id(p) for p in self.embedding_parameters()}
-        return [p for p in self.parameters() if id(p) not in sparse]
-
     def input_rows(self, features: Mapping[str, torch.Tensor], input_ids: Mapping[str, torch.Tensor]
                    ) -> dict[str, torch.Tensor]:
         """The rows the bottom layer reads per type before any projection: ``features[t]`` (float32 rows of a
         featured type's input frontier), or the table rows of ``input_ids[t]`` for a featureless type."""
         return {t: self.embeddings[t](input_ids[t]) if t in self.embeddings else features[t] for t in input_ids}
 
-    def inputs(self, features: Mapping[str, torch.Tensor], input_ids: Mapping[str, torch.Tensor]
-               ) -> dict[str, torch.Tensor]:
-        """The bottom layer's rows per type: ``input_rows``, for ``rgcn`` projected to ``hidden`` unless the
-        bottom layer folds the map in."""
-        return self.bottom_layer().project(self.input_rows(features, input_ids))
-
-    def bottom_layer(self) -> "TypedBottom":
+    @property
+    def bottom(self) -> "TypedBottom":
         """The bottom layer with its input projections, sharing this model's parameters: what NeutronOrch's
         host computes the hot rows with (the embedding tables are not in it: their rows are its inputs)."""
         return TypedBottom(self.layers[0], self.projections, self.folded, self.weighted)
@@ -230,61 +209,28 @@ class TypedGNN(nn.Module):
 
         Each layer reads its block's edge features (``edge_arguments``), for the relations ``self.spec`` gives
         edge features."""
-        if len(blocks) != self.num_layers:
-            raise ValueError(f"{len(blocks)} blocks for a {self.num_layers}-layer model")
-        if hot and self.num_layers < 2:
-            raise ValueError("hot rows splice into the bottom layer's output, which a one-layer model returns "
-                             "as its logits")
-        x = self.input_rows(features, input_ids)
-        base = int(draw_key()) if self.training and self.dropout > 0 else None  # one dropout key a forward
-        for index, tblock in enumerate(blocks):
-            y = self.layer_output(index, tblock, x)
-            if index == self.num_layers - 1:
-                return y[self.spec.target]
-            x = {}
-            for t, rows in y.items():
-                with self._masks(base, index, t):
-                    x[t] = (self._splice(rows, hot.get(t), blocks[1].src_ids.get(t)) if index == 0 and hot
-                            else self._activate(rows, tblock.dst_ids(t)))
-        raise AssertionError("unreachable: a model has at least one layer")
+        return self.run(blocks, self.input_rows(features, input_ids), hot)[self.spec.target]
 
-    def _masks(self, base: int | None, index: int, node_type: str):
-        """Where layer ``index``'s activation of ``node_type``'s rows draws its dropout key: from ``base`` (the
-        forward's one draw), the layer and the type, whatever else the batch holds, so a vertex's mask does not
-        depend on which other types a batch (a data-parallel rank's part of one) reaches."""
-        if base is None:
-            return contextlib.nullcontext()
+    def forward_key(self) -> int | None:
+        return int(draw_key()) if self.training and self.dropout > 0 else None
+
+    def masks(self, key: int | None, index: int, node_type: str):
+        """From ``key`` (the forward's one draw), the layer and the type, whatever else the batch holds, so a
+        vertex's mask does not depend on which other types a batch (a data-parallel rank's part of one)
+        reaches."""
+        if key is None:
+            return super().masks(key, index, node_type)
         types = list(self.spec.num_nodes)
-        return dropout_keys(mix_key(base, index * len(types) + types.index(node_type)))
+        return dropout_keys(mix_key(key, index * len(types) + types.index(node_type)))
 
     def layer_output(self, index: int, tblock: TypedBlock, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Layer ``index``'s output per destination type of ``tblock``, before the activation, from its input
         rows ``x`` (the bottom layer: ``input_rows``'; it projects them itself), its block's edge features
-        included: one step of ``forward``, which layer-wise inference also runs."""
+        included."""
         if index == 0:
-            return self.bottom_layer()(tblock, x)
+            return self.bottom(tblock, x)
         layer = self.layers[index]
         return layer(tblock, x, **edge_arguments(layer, tblock, self.weighted))
-
-    def activate(self, y: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
-        """The activation between layers, and in training the dropout after it (masks keyed by ``ids``)."""
-        return self._activate(y, ids)
-
-    def _splice(self, y_cold: torch.Tensor, hot: HotRows | None, ids: torch.Tensor | None) -> torch.Tensor:
-        """A type's bottom-layer output from its cold rows and its hot rows, activated (as ``_activate``)."""
-        if hot is None:
-            return self._activate(y_cold, ids)
-        if self.kind == "rgat":
-            y = splice(y_cold, hot.table, hot.index, hot.grad_acc)
-            return keyed_dropout(F.leaky_relu(y, LEAKY_SLOPE), self.dropout, self.training, ids)
-        return splice_relu_dropout(y_cold, hot.table, hot.index, self.dropout, self.training, hot.grad_acc, ids)
-
-    def _activate(self, y: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
-        """The activation between layers and the dropout after it, the masks keyed by the rows' vertex ids
-        (ids of different types may coincide: every call draws its own key, so their masks differ)."""
-        if self.kind == "rgat":
-            return keyed_dropout(F.leaky_relu(y, LEAKY_SLOPE), self.dropout, self.training, ids)
-        return relu_dropout(y, self.dropout, self.training, ids)
 
 
 class TypedBottom(nn.Module):
@@ -292,7 +238,7 @@ class TypedBottom(nn.Module):
     ``TypedGNN.input_rows`` gives: a type whose projection is folded into the layer enters raw, another is
     projected first; and the block's edge features, as the model hands them to every layer
     (``edge_arguments``: ``weighted`` are the relations SAGE and R-GCN weight their means by). Holds the
-    model's own modules (``TypedGNN.bottom_layer``); a deep copy of it is NeutronOrch's host layer."""
+    model's own modules (``TypedGNN.bottom``); a deep copy of it is NeutronOrch's host layer."""
 
     def __init__(self, layer: nn.Module, projections: nn.ModuleDict, folded: list[str],
                  weighted: Iterable[RelationType] = ()):
@@ -300,14 +246,10 @@ class TypedBottom(nn.Module):
         self.layer, self.projections, self.folded = layer, projections, list(folded)
         self.weighted = tuple(weighted)
 
-    def project(self, rows: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The rows the layer reads: each unfolded projection applied to its type's rows."""
-        return {t: self.projections[t](x) if t in self.projections and t not in self.folded else x
-                for t, x in rows.items()}
-
     def forward(self, tblock: TypedBlock, rows: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The bottom layer's output per destination type (before the activation)."""
-        x = self.project(rows)
+        x = {t: self.projections[t](r) if t in self.projections and t not in self.folded else r
+             for t, r in rows.items()}
         extra = edge_arguments(self.layer, tblock, self.weighted)
         if self.folded:
             extra["projections"] = {t: self.projections[t] for t in self.folded}
