@@ -44,7 +44,8 @@ What typed graphs cannot do yet (each refused with a ``ConfigError`` that says s
 link tasks, your own module in NeutronOrch mode or with checkpoints, graph blocks, residual connections and
 normalisation layers, NeutronOrch mode on several ranks, and a ``split`` (the typed graph carries its own).
 Data parallel (``torchrun``, a process group), exact and device mode train as one process with the global batch
-would: ``train/typed_distributed.py``, called through small hooks (``rank_settings`` to ``shared_logits``).
+would: ``train/distributed.py``'s ``GradientSync`` (the embedding tables' sparse rows too, ``sparse_sync.py``),
+``rank_settings`` and ``shared_logits``, and ``step.py``'s ``step_masks``.
 Summary and metric logs (``summary_json``, ``log_jsonl``, ``log_csv``, ``tensorboard``), ``patience``,
 ``eval_max_nodes``, ``metric`` and checkpoints (``checkpoint_dir``, ``checkpoint_every``, ``resume``: exact
 to the bit, ``train/typed_checkpoint.py``) work as in homogeneous runs: the same driver (``train/run.py``'s
@@ -83,14 +84,14 @@ from neutronorch.train.outputs import check_checkpoint_space, check_outputs
 from neutronorch.train.resume import write_checkpoint
 from neutronorch.train.run import RunState, run_epochs, summarised
 from neutronorch.train.summary import typed_summary
-from neutronorch.train.step import TRAINER_STAGES
+from neutronorch.train.step import TRAINER_STAGES, step_masks
 from neutronorch.train.resources import (check_threading_layer, numba_threads, resolve_device, thread_budget,
                                          torch_threads)
 from neutronorch.train.row_adam import RowAdam
 from neutronorch.train.task import Task
-from neutronorch.train.distributed import join_ranks, launched_rank, rank_device, ranks_here, world_size
+from neutronorch.train.distributed import (GradientSync, World, join_ranks, launched_rank, rank_device, rank_settings,
+                                           ranks_here, shared_logits, world_size)
 from neutronorch.train.typed_checkpoint import resume_typed, save_typed_checkpoint, typed_fingerprint
-from neutronorch.train.typed_distributed import data_parallel, rank_settings, shared_logits, step_masks
 from neutronorch.train.typed_inputs import typed_files, typed_logits
 from neutronorch.train.typed_own import check_own_model_config, own_typed_model
 from neutronorch.train.typed_tables import TypedTables, plan_tables
@@ -200,6 +201,23 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
                     f"embedding tables")
         summary = summarised(run)  # written before the earlier outputs `overwrite` set aside are deleted
     return run.metrics.checked(summary)
+
+
+def data_parallel(run, world: World) -> None:
+    """Make ``run`` rank ``world.rank`` of the ranks (``distributed.py``): its batches global (``batch_size`` per
+    rank), rank 0's weights on every rank, the step's reduction (``run.sync``, the embedding tables' sparse rows
+    too) and the stop agreed on by every rank (``run.stop``). One rank: only ``run.world`` is set. Before the run
+    resumes or opens its mode."""
+    run.world = world
+    if not world.distributed:
+        return
+    batch = run.config.batch_size
+    run.num_batches = -(-run.train_idx.shape[0] // (batch * world.size))
+    world.broadcast_module(run.model, "the initial weights' broadcast")
+    run.sync = GradientSync(world, run.model.dense_parameters(), run.stop, tables=run.model.embedding_parameters())
+    run.stop = run.sync.agreed  # every rank stops after the same step
+    logger.info(f"data parallel: {world.describe()}; batch size {batch} per rank, {batch * world.size} per global "
+                f"batch, {run.num_batches} global batches per epoch")
 
 
 def _table_optimizer(tables: list[torch.nn.Parameter], lr: float, storage: TypedTables | None = None):
