@@ -10,7 +10,7 @@ from neutronorch import TrainConfig, train
 from neutronorch.data import synthetic_typed
 from neutronorch.errors import CheckpointError
 from neutronorch.train.predict import embed, predict
-from neutronorch.train.typed_checkpoint import load_typed_checkpoint
+from neutronorch.train.checkpoint import load_typed_checkpoint
 from neutronorch.train.typed_predict import full_neighbours, needed_types
 
 EVERY = [10**6, 10**6]  # a sampled inference that draws every neighbour (fanouts above every degree)

@@ -30,7 +30,7 @@ from neutronorch.train.prediction_io import (Nodes, check_prediction_output, nod
                                              scratch_folder, select_nodes, write_rows)
 from neutronorch.train.resources import resolve_device
 from neutronorch.train.task import Task, score
-from neutronorch.train.typed_checkpoint import TypedCheckpoint
+from neutronorch.train.checkpoint import TypedCheckpoint
 from neutronorch.train.typed_predict import check_computed, typed_fill, typed_model
 
 

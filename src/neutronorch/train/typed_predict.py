@@ -33,7 +33,7 @@ from neutronorch.errors import ConfigError
 from neutronorch.nn.typed_models import TypedGNN, reachable_types
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.layerwise import Emitter, LayerProgress, emit_chunks, lower_layers
-from neutronorch.train.typed_checkpoint import TypedCheckpoint, check_typed_fits, load_typed_checkpoint
+from neutronorch.train.checkpoint import TypedCheckpoint, check_typed_fits, load_typed_checkpoint
 from neutronorch.train.typed_inputs import gather_frontier, inference_key, typed_logits
 
 

@@ -67,8 +67,9 @@ import torch
 from neutronorch.capabilities import check_run
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_typed_dataset
+from neutronorch.data.typed import relation_label
 from neutronorch.data.typed_native import is_typed_dir, read_typed
-from neutronorch.errors import ConfigError
+from neutronorch.errors import CheckpointError, ConfigError
 from neutronorch.nn.precision import resolve_precision
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.orchestration.factory import Threads, build_mode
@@ -81,7 +82,6 @@ from neutronorch.train.loop import EpochControl, Progress, TimelineWindow, step_
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
 from neutronorch.train.outputs import check_checkpoint_space, check_outputs
-from neutronorch.train.resume import write_checkpoint
 from neutronorch.train.run import RunState, run_epochs, summarised
 from neutronorch.train.summary import typed_summary
 from neutronorch.train.step import TRAINER_STAGES, step_masks
@@ -91,7 +91,9 @@ from neutronorch.train.row_adam import RowAdam
 from neutronorch.train.task import Task
 from neutronorch.train.distributed import (GradientSync, World, join_ranks, launched_rank, rank_device, rank_settings,
                                            ranks_here, shared_logits, world_size)
-from neutronorch.train.typed_checkpoint import resume_typed, save_typed_checkpoint, typed_fingerprint
+from neutronorch.train.checkpoint import TYPED, fanouts_of, load_state, save_checkpoint
+from neutronorch.train.resume import (check_same_data, check_settings, dataset_fingerprint, last_checkpoint,
+                                      restore, write_checkpoint)
 from neutronorch.train.typed_inputs import typed_files, typed_logits
 from neutronorch.train.typed_own import check_own_model_config, own_typed_model
 from neutronorch.train.typed_tables import TypedTables, plan_tables
@@ -189,7 +191,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         data_parallel(run, world)  # several ranks: global batches, the weights broadcast, run.sync and run.stop
         if config.checkpoint_dir:
             check_checkpoint_space(config, run.model.parameters())
-            run.fingerprint = typed_fingerprint(graph)  # the graph does not change while the run lasts
+            run.fingerprint = dataset_fingerprint(graph)  # the graph does not change while the run lasts
             if config.resume:
                 resume_typed(run)  # every rank, from last.pt
         stack.enter_context(contextlib.closing(run.open_mode()))  # where the run starts, its threads started
@@ -201,6 +203,40 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
                     f"embedding tables")
         summary = summarised(run)  # written before the earlier outputs `overwrite` set aside are deleted
     return run.metrics.checked(summary)
+
+
+def resume_typed(run) -> None:
+    """Restore the typed run ``run`` from ``checkpoint_dir``/last.pt (``restore``: weights, both optimizers,
+    random state, history, best, the mode's state) and set where it continues, once the checkpoint's run is
+    one it may continue: the same graph, settings, model arguments (``train_typed``'s ``num_bases`` and
+    ``embed_dim`` too), fanouts per relation and tables' optimizer."""
+    path, state = last_checkpoint(run.config, lambda p: load_state(p, TYPED))
+    source = str(path)
+    check_settings(state, run.config, source)  # a setting that differs is named before the graph
+    check_same_data(state, run.fingerprint, source, "typed graph")
+    saved, now = state["model_args"], run.model.arguments
+    differ = [f"the model's `{k}` {saved.get(k)!r} then, {now[k]!r} now" for k in now
+              if k != "spec" and saved.get(k) != now[k]]
+    before, after = fanouts_of(state), run.sampler.fanouts
+    differ += [f"the fanouts of {relation_label(r)} {before.get(r)} then, {after.get(r)} now"
+               for r in {**before, **after} if before.get(r) != after.get(r)]
+    tables = state["tables_optimizer"]
+    if (tables and tables.get("class")) != (run.sparse and type(run.sparse).__name__):
+        differ.append(f"the embedding tables' optimizer {tables and tables.get('class')} then (RowAdam for CPU "
+                      f"tables, SparseAdam elsewhere), {run.sparse and type(run.sparse).__name__} now: resume "
+                      f"on the device the run started on")
+    if differ:
+        raise CheckpointError(f"{source}: the run it continues trained otherwise: {'; '.join(differ)}. Resume "
+                              f"with the same `fanouts`, `num_bases` and `embed_dim` (train_typed's arguments) "
+                              f"and device, or start a new run in another `checkpoint_dir`.")
+
+    def optimizers_and_mode(state: dict) -> None:
+        run.adam.load_state_dict(state["optimizer"])
+        if run.sparse is not None:
+            run.sparse.load_state_dict(state["tables_optimizer"]["state"])
+        run.resumed_mode = state.get("mode_state")  # loaded into the mode once it is built
+
+    restore(run, state, path, optimizers_and_mode)
 
 
 def data_parallel(run, world: World) -> None:
@@ -304,8 +340,11 @@ class _TypedRun(RunState):
         sum) when mid-epoch, else the epoch is complete."""
         if self.world.main:
             step, loss_sum = position if position is not None else (self.num_batches, 0.0)
-            write_checkpoint(self, name, lambda path: save_typed_checkpoint(
-                path, self, epoch, {"step": step, "loss_sum": loss_sum}, self.fingerprint))
+            write_checkpoint(self, name, lambda path: save_checkpoint(
+                path, config=self.config, graph=self.graph, model=self.model, optimizer=self.adam, epoch=epoch,
+                history=self.history, position={"step": step, "loss_sum": loss_sum}, best=self.best,
+                mode_state=self.mode.state_dict(), world_size=self.world.size, fingerprint=self.fingerprint,
+                typed=(self.sparse, self.sampler.fanouts, self.tables, epoch * self.num_batches + step)))
 
     def summary(self, status: str, timeline: dict | None = None) -> dict:
         """The run summary (``typed_summary``), with the keys of the homogeneous one where they mean the same."""
