@@ -266,8 +266,8 @@ def test_checkpoint_every_writes_mid_epoch_positions_that_resume_exactly(tmp_pat
             raise KeyboardInterrupt  # killed right after the checkpoint of step 4 of epoch 1 was written
         return real(path, **kwargs)
 
-    from neutronorch.train import trainer
-    monkeypatch.setattr(trainer, "save_checkpoint", spy)
+    from neutronorch.train import run
+    monkeypatch.setattr(run, "save_checkpoint", spy)
     with pytest.raises(KeyboardInterrupt):
         _run(mode, tmp_path / "split", epochs=2, batch_size=64, checkpoint_every=2, **extra)
     monkeypatch.undo()

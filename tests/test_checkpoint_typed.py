@@ -17,7 +17,7 @@ from neutronorch import (CheckpointError, ConfigError, Interrupted, TrainConfig,
 from neutronorch.cli import main
 from neutronorch.data import synthetic_typed, write_typed
 from neutronorch.train import checkpoint as checkpoint_module
-from neutronorch.train.typed_task import train_typed
+from neutronorch.train.heterogeneous import train_typed
 
 
 @pytest.fixture(scope="module")

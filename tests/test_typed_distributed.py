@@ -62,17 +62,17 @@ def _step_losses(path: Path) -> list[float]:
 
 def _trained(config: TrainConfig, graph, stop=None, progress=None) -> tuple[dict | str, dict]:
     """``train``, and the run's weights, tables and table moments at its end (caught where the run is made)."""
-    typed_task = importlib.import_module("neutronorch.train.typed_task")  # the package's name is train()'s
-    runs, original = [], typed_task.data_parallel
-    typed_task.data_parallel = lambda run, world: (runs.append(run), original(run, world))[1]
+    heterogeneous = importlib.import_module("neutronorch.train.heterogeneous")  # the package's name is train()'s
+    runs, original = [], heterogeneous.typed_run
+    heterogeneous.typed_run = lambda *args: (lambda run: (runs.append(run), run)[1])(original(*args))
     try:
         summary = train(config, graph=graph, stop=stop, progress=progress)
     except Interrupted as exc:
         summary = str(exc)
     finally:
-        typed_task.data_parallel = original
+        heterogeneous.typed_run = original
     run = runs[0]
-    tables = run.sparse.state_dict()["tables"]
+    tables = run.typed.sparse.state_dict()["tables"]
     state = {**{k: v.detach().clone() for k, v in run.model.state_dict().items()},
              **{f"table{i}.{k}": t[k].clone() for i, t in enumerate(tables) for k in ("exp_avg", "exp_avg_sq")},
              **{f"table{i}.step": torch.tensor(t["step"]) for i, t in enumerate(tables)}}

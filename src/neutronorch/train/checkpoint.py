@@ -284,16 +284,19 @@ def _user_model(state: dict, path: Path, given: torch.nn.Module | None) -> UserM
     return holding_weights(model, state, path, problem)
 
 
-def check_resumable(state: dict, config: TrainConfig, graph: Graph, source: str, world_size: int = 1) -> None:
-    """A run may continue from ``state`` only on the same data with the same model and training settings.
-    The settings are compared first: one that shapes the data a run trains on (`task` link removes the
-    validation and test edges, `split`) is named, not reported as changed data."""
+def check_resumable(state: dict, config: TrainConfig, graph: Graph | TypedGraph, source: str, world_size: int = 1,
+                    fingerprint: dict | None = None) -> None:
+    """A run may continue from ``state`` only on the same data (``fingerprint``: the graph's, when known) with
+    the same model and training settings. The settings are compared first: one that shapes the data a run
+    trains on (`task` link removes the validation and test edges, `split`) is named, not reported as changed
+    data."""
     check_settings(state, config, source)
     if int(state.get("world_size", 1)) != world_size:
         raise CheckpointError(f"{source}: written by a run of {state.get('world_size', 1)} data-parallel rank(s); "
                               f"resume with the same number (now {world_size}): torchrun --nproc-per-node and "
                               f"--nnodes as before.")
-    check_same_data(state, dataset_fingerprint(graph), source, "dataset")
+    check_same_data(state, fingerprint or dataset_fingerprint(graph), source,
+                    "typed graph" if isinstance(graph, TypedGraph) else "dataset")
 
 
 def check_fits(checkpoint: Checkpoint, graph: Graph, source: str) -> None:
