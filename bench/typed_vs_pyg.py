@@ -177,7 +177,7 @@ def ours_worker(args) -> None:
     """``train_typed`` on the graph; it waits for its turn in the progress callback after an epoch's last
     step (inside the epoch's timed span: that wait is subtracted from the summary's epoch seconds)."""
     from neutronorch import TrainConfig
-    from neutronorch.train.typed_task import train_typed
+    from neutronorch.train.heterogeneous import train_typed
 
     t0 = time.perf_counter()
     graph = load(args)

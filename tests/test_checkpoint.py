@@ -11,6 +11,7 @@ from neutronorch import CheckpointError, OutputError, TrainConfig, load_checkpoi
 from neutronorch.cli import main
 from neutronorch.data import SyntheticSpec, generate
 from neutronorch.train import checkpoint as checkpoint_module
+from neutronorch.train import resume as resume_module
 
 SMALL = "synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6"
 
@@ -265,8 +266,8 @@ def test_checkpoint_every_writes_mid_epoch_positions_that_resume_exactly(tmp_pat
             raise KeyboardInterrupt  # killed right after the checkpoint of step 4 of epoch 1 was written
         return real(path, **kwargs)
 
-    from neutronorch.train import trainer
-    monkeypatch.setattr(trainer, "save_checkpoint", spy)
+    from neutronorch.train import run
+    monkeypatch.setattr(run, "save_checkpoint", spy)
     with pytest.raises(KeyboardInterrupt):
         _run(mode, tmp_path / "split", epochs=2, batch_size=64, checkpoint_every=2, **extra)
     monkeypatch.undo()
@@ -503,7 +504,7 @@ def test_the_fingerprint_reads_samples_not_whole_arrays(tmp_path, monkeypatch):
     graph = generate(SyntheticSpec(nodes=20000, degree=4, features=8, classes=3))
     read = []
     original = np.ascontiguousarray
-    monkeypatch.setattr(checkpoint_module.np, "ascontiguousarray", lambda a: read.append(a.shape[0]) or original(a))
+    monkeypatch.setattr(resume_module.np, "ascontiguousarray", lambda a: read.append(a.shape[0]) or original(a))
     checkpoint_module.dataset_fingerprint(graph)
     assert read and max(read) <= 2 * 4096
 

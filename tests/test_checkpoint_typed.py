@@ -1,4 +1,4 @@
-"""Checkpoints of typed runs (train/typed_checkpoint.py): last.pt and best.pt, an exact resume at an epoch
+"""Checkpoints of typed runs (train/checkpoint.py, one layout for both kinds): last.pt and best.pt, an exact resume at an epoch
 boundary, mid-epoch after a stop and from a checkpoint_every write, refusals naming what differs, and
 predict/embed per vertex type (train/predict.py) from the Python API and the command line."""
 
@@ -16,8 +16,8 @@ from neutronorch import (CheckpointError, ConfigError, Interrupted, TrainConfig,
                          load_typed_checkpoint, predict, train)
 from neutronorch.cli import main
 from neutronorch.data import synthetic_typed, write_typed
-from neutronorch.train import typed_checkpoint as typed_module
-from neutronorch.train.typed_task import train_typed
+from neutronorch.train import checkpoint as checkpoint_module
+from neutronorch.train.heterogeneous import train_typed
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +84,24 @@ def test_resumed_at_an_epoch_boundary_the_run_ends_bit_identical(mag, whole, tmp
     train(config(tmp_path, epochs=2), graph=mag)
     resumed = train(config(tmp_path, epochs=4, resume=True), graph=mag)
     assert resumed["status"] == "completed" and [e["epoch"] for e in resumed["epochs"]] == [0, 1, 2, 3]
+    assert_same(outcome(resumed, tmp_path), outcome(*whole))
+
+
+def old_layout(path) -> None:
+    """Rewrite the checkpoint at ``path`` as format 3 wrote typed ones: the mode's state as
+    ``typed_mode_state``, no ``world_size`` and no ``mode_choice``."""
+    state = torch.load(path, weights_only=True)
+    state["typed_mode_state"] = state.pop("mode_state") or None
+    del state["world_size"], state["mode_choice"]
+    torch.save({**state, "format_version": 3}, path)
+
+
+def test_a_typed_checkpoint_of_format_3_loads_predicts_and_resumes(mag, whole, tmp_path):
+    train(config(tmp_path, epochs=2), graph=mag)
+    old_layout(tmp_path / "last.pt")
+    assert load_typed_checkpoint(tmp_path / "last.pt").epoch == 1
+    assert predict(tmp_path / "last.pt", mag, "test").shape == (len(mag.test_idx),)
+    resumed = train(config(tmp_path, epochs=4, resume=True), graph=mag)
     assert_same(outcome(resumed, tmp_path), outcome(*whole))
 
 
@@ -286,7 +304,7 @@ def test_a_stopped_neutronorch_run_resumes_bit_identical(mag, whole_orch, tmp_pa
     with pytest.raises(Interrupted):
         train(config(tmp_path, **ORCH), graph=mag, progress=progress, stop=stop)
     state = torch.load(tmp_path / "last.pt", weights_only=True)
-    assert state["typed_mode_state"]["snapshots"] or step == 6
+    assert state["mode_state"]["snapshots"] or step == 6
     resumed = train(config(tmp_path, **ORCH, resume=True), graph=mag)
     assert_same(outcome(resumed, tmp_path), outcome(*whole_orch))
     assert resumed["neutronorch"]["staleness_max_observed"] == whole_orch[0]["neutronorch"]["staleness_max_observed"]
@@ -304,4 +322,4 @@ def test_an_extended_neutronorch_run_resumes_within_its_bound(mag, whole_orch, t
     assert resumed["status"] == "completed" and [e["epoch"] for e in resumed["epochs"]] == [0, 1, 2]
     assert outcome(resumed, tmp_path)[0][:2] == outcome(*whole_orch)[0][:2]
     assert resumed["neutronorch"]["staleness_max_observed"] <= 7
-    assert typed_module.TYPED_PARTS.keys() >= {"tables_optimizer", "fanouts", "rng"}
+    assert checkpoint_module.CHECKPOINT_PARTS.keys() >= {"tables_optimizer", "fanouts", "rng"}

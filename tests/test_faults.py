@@ -12,7 +12,7 @@ from neutronorch.features.store import FeatureStore
 from neutronorch.nn.splice import SpliceIndex
 from neutronorch.orchestration.neutronorch.planner import Planner
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, TorchNeighborSampler
-from neutronorch.train import trainer
+from neutronorch.train import run
 
 PIPELINE_THREADS = ("exact-producer", "device-producer", "neutronorch-")
 
@@ -59,7 +59,7 @@ def inject(monkeypatch, owner, name, after_calls, raised_at):
 STAGES = [
     ("exact", "sampler", NeighborSampler, "sample", 3),
     ("exact", "gather", FeatureStore, "gather_into", 3),
-    ("exact", "evaluation", trainer, "evaluate", 0),
+    ("exact", "evaluation", run, "evaluate", 0),
     ("device", "sampler", TorchNeighborSampler, "sample", 3),
     ("device", "gather", FeatureCache, "gather", 3),
     ("neutronorch", "planner", Planner, "plan", 2),

@@ -441,7 +441,7 @@ def test_a_typed_run_trains_the_same_losses_in_file_order_and_through_host_cache
     from neutronorch.features.cache import typed_hotness_order
     from neutronorch.features.reading import typed_stores
     from neutronorch.sampling.typed_sampler import TypedNeighborSampler
-    from neutronorch.train.typed_task import train_typed
+    from neutronorch.train.heterogeneous import train_typed
 
     folder, graph = _typed_folder(tmp_path)
     paper, field = graph.features["paper"], graph.features["field"]

@@ -22,6 +22,7 @@ from neutronorch.cli import main
 from neutronorch.data import SyntheticSpec, generate, save_native
 from neutronorch.train import output_guard
 from neutronorch.train import outputs as outputs_module
+from neutronorch.train import run as run_module
 from neutronorch.train import trainer as trainer_module
 
 TINY = "synthetic:nodes=300,degree=5,features=8,classes=3"
@@ -183,7 +184,7 @@ def test_an_output_folder_that_takes_no_file_is_found_before_the_data_is_loaded(
 
 def test_a_disk_without_room_for_the_checkpoints_is_found_before_training(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(output_guard, "free_bytes", lambda path: 1000)  # what the disk has left
-    monkeypatch.setattr(trainer_module, "run_epochs", lambda *a: pytest.fail("trained"))
+    monkeypatch.setattr(run_module, "run_epochs", lambda *a: pytest.fail("trained"))
     assert main(["train", "--dataset", TINY, *TRAIN, "--checkpoint-dir", str(tmp_path / "c")]) == 2
     err = capsys.readouterr().err
     assert "--checkpoint-dir" in err and "needs about" in err and "free" in err
@@ -191,7 +192,7 @@ def test_a_disk_without_room_for_the_checkpoints_is_found_before_training(tmp_pa
 
 def test_a_checkpoint_that_cannot_be_written_still_leaves_the_summary_and_a_rescued_copy(tmp_path, monkeypatch,
                                                                                        capsys):
-    real = trainer_module.save_checkpoint
+    real = run_module.save_checkpoint
     ckpt = tmp_path / "ckpt"
 
     def full_after_one_epoch(path, **kwargs):
@@ -199,7 +200,7 @@ def test_a_checkpoint_that_cannot_be_written_still_leaves_the_summary_and_a_resc
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # the disk filled up during epoch 1
         return real(path, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "save_checkpoint",
+    monkeypatch.setattr(run_module, "save_checkpoint",
                         lambda path, **kw: _as_output_error(full_after_one_epoch, path, **kw))
     summary = tmp_path / "elsewhere" / "s.json"
     assert main(["train", "--dataset", TINY, *TRAIN, "--epochs", "3", "--checkpoint-dir", str(ckpt),
@@ -609,13 +610,13 @@ def _terminated_while_loading(monkeypatch):
 
 
 def _terminated_while_training(monkeypatch):
-    real = trainer_module.train_epoch
+    real = run_module.train_epoch
 
     def epoch(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)  # the step finishes, last.pt is written at the epoch's end, it stops
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "train_epoch", epoch)
+    monkeypatch.setattr(run_module, "train_epoch", epoch)
 
 
 # Each case: what the second run is given and what goes wrong, the exit status and what the error says.
@@ -661,7 +662,7 @@ def test_overwrite_keeps_the_earlier_run_whole_until_the_new_one_has_its_own(
 @pytest.mark.slow
 def test_a_stop_asked_while_the_data_loads_stops_before_training(tmp_path, monkeypatch, capsys):
     _terminated_while_loading(monkeypatch)
-    monkeypatch.setattr(trainer_module, "train_epoch", lambda *a, **k: pytest.fail("trained after the stop"))
+    monkeypatch.setattr(run_module, "train_epoch", lambda *a, **k: pytest.fail("trained after the stop"))
     summary = tmp_path / "s.json"
     assert main(["train", "--dataset", TINY, *TRAIN, "--checkpoint-dir", str(tmp_path / "ck"), "--summary-json",
                  str(summary)]) == 128 + signal.SIGTERM
@@ -714,7 +715,7 @@ def test_outputs_a_killed_run_set_aside_are_the_users_to_keep_or_drop(datasets, 
 @pytest.mark.slow
 def test_a_typed_run_folder_is_kept_with_its_table_folders_until_replaced(tmp_path, monkeypatch, capsys):
     from neutronorch.data import synthetic_typed, write_typed
-    from neutronorch.train import typed_task
+    from neutronorch.train import heterogeneous, run
 
     monkeypatch.chdir(tmp_path)
     write_typed(synthetic_typed(nodes=1200, train=0.3, val=0.1, seed=0), tmp_path / "mag")
@@ -730,19 +731,19 @@ def test_a_typed_run_folder_is_kept_with_its_table_folders_until_replaced(tmp_pa
 
     from neutronorch.errors import TrainingError
 
-    monkeypatch.setattr(typed_task._TypedRun, "epochs", diverged)
+    monkeypatch.setattr(run.Run, "epochs", diverged)
     assert main(base + ["--overwrite"]) == 2
     assert "NaN or infinite" in capsys.readouterr().err
     assert _digest(tmp_path) == before and not list(tmp_path.rglob(".neutronorch-*"))
     monkeypatch.undo()
     monkeypatch.chdir(tmp_path)
-    real = typed_task.read_typed
+    real = heterogeneous.read_typed
 
     def terminated_while_loading(*args):
         os.kill(os.getpid(), signal.SIGTERM)
         return real(*args)
 
-    monkeypatch.setattr(typed_task, "read_typed", terminated_while_loading)
+    monkeypatch.setattr(heterogeneous, "read_typed", terminated_while_loading)
     assert main(base + ["--overwrite", "--epochs", "2"]) == 128 + signal.SIGTERM
     assert "the earlier run's results it was to replace are kept" in capsys.readouterr().err
     assert _digest(tmp_path) == before and not list(tmp_path.rglob(".neutronorch-*"))

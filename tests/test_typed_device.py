@@ -18,7 +18,7 @@ from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.config_parts import PlacementConfig
 from neutronorch.orchestration.device_reader import device_bytes, typed_cache_rows
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
-from neutronorch.train.typed_checkpoint import load_typed_checkpoint
+from neutronorch.train.checkpoint import load_typed_checkpoint
 
 
 @pytest.fixture(scope="module")

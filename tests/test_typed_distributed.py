@@ -1,4 +1,4 @@
-"""Data-parallel typed runs (``train/typed_distributed.py``): two CPU ranks with gloo, launched by
+"""Data-parallel typed runs (``train/distributed.py``, ``train/sparse_sync.py``): two CPU ranks with gloo, launched by
 ``torch.multiprocessing.spawn`` into a process group the test makes (the ``train(config, graph=typed)`` path)
 and by torchrun (the command line).
 
@@ -32,7 +32,8 @@ from neutronorch.orchestration.factory import build_mode
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.task import Task
-from neutronorch.train.typed_distributed import combine_rows, own_rows, step_masks
+from neutronorch.train.sparse_sync import combine_rows, own_rows
+from neutronorch.train.step import step_masks
 from neutronorch.train.typed_inputs import gather_inputs
 
 LOSS_RTOL = 1e-5  # as the homogeneous tests: the same arithmetic up to the order of float sums
@@ -61,17 +62,17 @@ def _step_losses(path: Path) -> list[float]:
 
 def _trained(config: TrainConfig, graph, stop=None, progress=None) -> tuple[dict | str, dict]:
     """``train``, and the run's weights, tables and table moments at its end (caught where the run is made)."""
-    typed_task = importlib.import_module("neutronorch.train.typed_task")  # the package's name is train()'s
-    runs, original = [], typed_task.data_parallel
-    typed_task.data_parallel = lambda run, world: (runs.append(run), original(run, world))[1]
+    heterogeneous = importlib.import_module("neutronorch.train.heterogeneous")  # the package's name is train()'s
+    runs, original = [], heterogeneous.typed_run
+    heterogeneous.typed_run = lambda *args: (lambda run: (runs.append(run), run)[1])(original(*args))
     try:
         summary = train(config, graph=graph, stop=stop, progress=progress)
     except Interrupted as exc:
         summary = str(exc)
     finally:
-        typed_task.data_parallel = original
+        heterogeneous.typed_run = original
     run = runs[0]
-    tables = run.sparse.state_dict()["tables"]
+    tables = run.typed.sparse.state_dict()["tables"]
     state = {**{k: v.detach().clone() for k, v in run.model.state_dict().items()},
              **{f"table{i}.{k}": t[k].clone() for i, t in enumerate(tables) for k in ("exp_avg", "exp_avg_sq")},
              **{f"table{i}.step": torch.tensor(t["step"]) for i, t in enumerate(tables)}}

@@ -12,7 +12,7 @@ from neutronorch.errors import CheckpointError
 from neutronorch.train import predict as predict_module
 from neutronorch.train.layerwise import needed_types
 from neutronorch.train.predict import embed, predict
-from neutronorch.train.typed_checkpoint import load_typed_checkpoint
+from neutronorch.train.checkpoint import load_typed_checkpoint
 
 EVERY = [10**6, 10**6]  # a sampled inference that draws every neighbour (fanouts above every degree)
 

@@ -1,4 +1,4 @@
-"""Training node classifiers on typed graphs, exact mode (``train/typed_task.py``, ``nn/typed_models.py``):
+"""Training node classifiers on typed graphs, exact mode (``train/heterogeneous.py``, ``nn/typed_models.py``):
 the loss falls, runs repeat, embedding tables move only where a batch looked, the relational models learn,
 ``train`` dispatches typed graphs and refuses what they cannot do yet; and ``collapse``, the type-blind view."""
 
@@ -23,7 +23,7 @@ from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.task import Task
-from neutronorch.train.typed_task import _TypedRun, train_typed
+from neutronorch.train.heterogeneous import train_typed, typed_run
 
 CHANCE = 1 / 16  # synthetic_typed's default 4 topics: 16 classes, balanced
 
@@ -79,10 +79,10 @@ def test_embedding_tables_change_only_in_the_rows_a_batch_touched(mag):
     sampler = TypedNeighborSampler(seeds, cfg.fanouts)
     torch.manual_seed(0)
     model = TypedGNN("sage", TypedSpec.of(seeds), 32, seeds.num_classes, 2)
-    run = _TypedRun(cfg, seeds, model, Task.of(seeds), sampler, sampler, torch.device("cpu"),
-                    MetricLog(cfg.logging, "accuracy"), None, None)
     before = {t: table.weight.detach().clone() for t, table in model.embeddings.items()}
-    with contextlib.closing(run.open_mode()):
+    run = typed_run(cfg, seeds, model, Task.of(seeds), sampler, sampler, torch.device("cpu"),
+                    MetricLog(cfg.logging, "accuracy"), None, None)
+    with contextlib.closing(run.mode), contextlib.closing(run.util):
         run.epochs()
     order = epoch_order(torch.from_numpy(np.asarray(seeds.train_idx)), cfg.seed, 0)
     touched = TypedNeighborSampler(seeds, cfg.fanouts).sample(order.numpy(), batch_key(cfg.seed, 0, 0)).input_nodes
@@ -90,7 +90,7 @@ def test_embedding_tables_change_only_in_the_rows_a_batch_touched(mag):
         changed = torch.nonzero((table.weight.detach() != before[t]).any(1)).flatten()
         assert set(changed.tolist()) == set(touched[t].tolist()), t
         assert 0 < changed.shape[0] < table.weight.shape[0], t  # some moved, some did not
-    assert run.sparse is not None and run.parameters["embedding"] == sum(
+    assert run.typed.sparse is not None and run.typed.parameters["embedding"] == sum(
         table.weight.numel() for table in model.embeddings.values())
 
 

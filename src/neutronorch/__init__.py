@@ -38,7 +38,7 @@ _WHERE = {
     "NeighborSampler": "neutronorch.sampling.neighbor_sampler",
     "TorchNeighborSampler": "neutronorch.sampling.neighbor_sampler",
     "load_checkpoint": "neutronorch.train.checkpoint",
-    "load_typed_checkpoint": "neutronorch.train.typed_checkpoint",
+    "load_typed_checkpoint": "neutronorch.train.checkpoint",
     "predict": "neutronorch.train.predict",
     "embed": "neutronorch.train.predict",
     "score_pairs": "neutronorch.train.link_predict",

@@ -287,7 +287,7 @@ def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
     from neutronorch.train.predict import check_asked, check_task
     from neutronorch.train.prediction_io import NODE_SETS, check_output_path
     from neutronorch.train.resources import resolve_device
-    from neutronorch.train.typed_checkpoint import load_typed_checkpoint
+    from neutronorch.train.checkpoint import load_typed_checkpoint
 
     typed, device = is_typed_dataset(args.dataset), resolve_device(args.device)
     scratch = None if args.scratch_dir == "memory" else args.scratch_dir

@@ -1,41 +1,49 @@
-"""Checkpoints: the trained model written safely after every epoch, and read back for prediction.
+"""Checkpoints, of both kinds of graph: the trained model written safely after every epoch, and read back for
+prediction and resume.
 
-A checkpoint is one ``torch.save`` file holding a format version, the configuration, a fingerprint of the
-dataset, the epoch, the metric history, the model's constructor arguments and weights, and the
-optimizer's state. It is written to a temporary file in the same folder, flushed to disk and renamed into
-place, so a crash or a full disk mid-write leaves the previous checkpoint intact.
+A checkpoint is one ``torch.save`` file holding a format version, its ``kind`` (``homogeneous``, or ``typed``:
+a typed graph's run), the configuration, a fingerprint of the data (``resume.py``), the epoch, the metric
+history, the model's constructor arguments and weights, the optimizer's state, the best evaluation, the
+position within the epoch, the random state, the mode's state, the ranks and the choice of mode auto
+(``CHECKPOINT_PARTS``). A typed one holds besides the embedding tables' optimizer (``RowAdam``, or
+``SparseAdam`` off the CPU: its class and state), every relation's fanouts as the sampler resolved them
+(which predictions sample with) and, for memory-mapped tables, ``table_files``: the folder beside it with
+those tables' weights and moments (``train/table_files.py``). It is written to a temporary file in the same
+folder, flushed to disk and renamed into place, so a crash or a full disk mid-write leaves the previous
+checkpoint intact.
 
-Reading one (``load_checkpoint``) needs no training state: it rebuilds the ``GNN`` from its stored
-arguments and loads its weights; unreadable, truncated or newer-format files get a clear error.
-
-A checkpoint says its ``kind``: ``homogeneous`` (written here), or ``typed`` (a typed graph's run,
-``train/typed_checkpoint.py``, which shares this file format: ``checkpoint_state``, ``read_state`` and
-``check_parts``). A reader given the other kind says what the file is and which reader takes it.
+Reading one (``load_checkpoint``, ``load_typed_checkpoint``) needs no training state: it rebuilds the model
+(``GNN`` or ``TypedGNN``) from its stored arguments and loads its weights; unreadable, truncated,
+newer-format or damaged files get a clear error, and a reader given the other kind says what the file is
+and which reader takes it.
 """
 
 from __future__ import annotations
 
 import os
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
+from neutronorch.data.typed import TypedGraph, relation_label
 from neutronorch.errors import CheckpointError, not_a_file
 from neutronorch.nn.custom import UserModel
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
+from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.train.outputs import write_atomically
-from neutronorch.train.resume import check_same_data, check_settings
+from neutronorch.train.resume import check_same_data, check_settings, dataset_fingerprint, sample_crc  # noqa: F401
+from neutronorch.train.table_files import attach_tables, checkpoint_tables, stored_tables
 
 # 2: GCN's normalisation became a setting (``gcn_norm``, default symmetric); format 1 files trained the mean.
 # 3: a checkpoint says its kind (``kind``), as typed graphs' runs write checkpoints too: a reader of format 2,
 #    which knew of no typed checkpoints, refuses both kinds as newer instead of misreading a typed one.
-FORMAT_VERSION = 3
+# 4: one layout for both kinds: a typed checkpoint holds the mode's state as ``mode_state`` (format 3:
+#    ``typed_mode_state``), and ``world_size`` and ``mode_choice`` as a homogeneous one does.
+FORMAT_VERSION = 4
 HOMOGENEOUS, TYPED = "homogeneous", "typed"  # the kinds; a checkpoint of format 1 or 2 is homogeneous
 # How a reader expecting another kind names each kind, and what reads it.
 _KIND_READERS = {
@@ -46,62 +54,41 @@ _KIND_READERS = {
 }
 
 
-def sample_crc(array) -> int:
-    """The CRC-32 of a strided sample of ``array``'s rows, about 4,096 of them: a strided view reads only
-    its rows, so a memory-mapped array larger than memory is never read whole."""
-    step = max(1, array.shape[0] // 4096)
-    return zlib.crc32(np.ascontiguousarray(array[::step]).tobytes())
-
-
-def dataset_fingerprint(graph: Graph) -> dict:
-    """What identifies a dataset cheaply: its sizes and checksums of strided samples of its arrays
-    (``sample_crc``)."""
-    return {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
-            "feature_dim": graph.feature_dim, "classes": graph.num_classes,
-            "topology_crc": sample_crc(graph.indices), "split_crc": sample_crc(graph.train_idx),
-            "features_crc": sample_crc(graph.features), "labels_crc": sample_crc(graph.labels),
-            "val_crc": sample_crc(graph.val_idx), "test_crc": sample_crc(graph.test_idx)}
-
-
-def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Graph, model: GNN,
-                    optimizer: torch.optim.Optimizer, epoch: int, history: list[dict],
-                    position: dict, best: dict | None = None, mode_state: dict | None = None,
-                    world_size: int = 1, mode_choice: dict | None = None) -> Path:
+def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Graph | TypedGraph, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer, epoch: int, history: list[dict], position: dict,
+                    best: dict | None = None, mode_state: dict | None = None, world_size: int = 1,
+                    mode_choice: dict | None = None, fingerprint: dict | None = None, typed=None) -> Path:
     """Write a checkpoint atomically (temporary file, fsync, rename). It holds the random state, so a run
-    resumed from it draws the dropout masks the uninterrupted run would have drawn."""
+    resumed from it draws the dropout masks the uninterrupted run would have drawn. ``position``: steps of
+    ``epoch`` done and the float32 sum of their losses (all of them when the epoch is complete). A typed
+    graph's run gives ``typed``: (its tables' optimizer or None, fanouts per relation, its ``TypedTables`` or
+    None, optimizer steps taken: the version of memory-mapped tables' files)."""
+    device = next(model.parameters()).device
     state = {
-        **checkpoint_state(HOMOGENEOUS, config, dataset_fingerprint(graph), model, optimizer, epoch, history,
-                           position, best),
+        "format_version": FORMAT_VERSION,
+        "kind": TYPED if typed is not None else HOMOGENEOUS,
+        "config": config.to_dict(),
+        "dataset": fingerprint or dataset_fingerprint(graph),
+        "epoch": epoch, "history": history, "best": best, "position": position,
+        "model_args": dict(model.arguments),
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "optimizer": optimizer.state_dict(),
+        "rng": {"torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None},
         "mode_state": mode_state or {},  # what the mode carries across the boundary (NeutronOrch's snapshots)
         "world_size": world_size,  # data-parallel ranks (mode_state then holds each rank's under "ranks")
         # mode auto: the mode chosen, why and from what (the config holds the chosen mode, which a resumed
         # auto run keeps); None where the mode was given.
         "mode_choice": mode_choice,
     }
-    return write_atomically(path, lambda f: torch.save(state, f))
-
-
-def checkpoint_state(kind: str, config: TrainConfig, fingerprint: dict, model: torch.nn.Module, optimizer,
-                     epoch: int, history: list[dict], position: dict, best: dict | None) -> dict:
-    """The parts every kind of checkpoint holds (``CHECKPOINT_PARTS``), the random state included, so a run
-    resumed from it draws the dropout masks the uninterrupted run would have drawn."""
-    device = next(model.parameters()).device
-    return {
-        "format_version": FORMAT_VERSION,
-        "kind": kind,
-        "config": config.to_dict(),
-        "dataset": fingerprint,
-        "epoch": epoch,
-        "history": history,
-        "model_args": dict(model.arguments),
-        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        "optimizer": optimizer.state_dict(),
-        "best": best,
-        # Steps of ``epoch`` done and the float32 sum of their losses; all of them when the epoch is complete.
-        "position": position,
-        "rng": {"torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None},
-    }
+    if typed is None:
+        return write_atomically(path, lambda f: torch.save(state, f))
+    sparse, fanouts, tables, version = typed
+    state["tables_optimizer"] = None if sparse is None else {"class": type(sparse).__name__,
+                                                             "state": sparse.state_dict()}
+    state["fanouts"] = [[list(relation), list(f)] for relation, f in fanouts.items()]
+    with stored_tables(state, Path(path), tables, version):  # memory-mapped tables: files beside it
+        return write_atomically(path, lambda f: torch.save(state, f))
 
 
 @dataclass
@@ -125,11 +112,19 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module | None = Non
     return Checkpoint(model, config, int(state["epoch"]), state["dataset"], state["history"], state["optimizer"])
 
 
-def load_state(path: str | os.PathLike) -> dict:
-    """The raw contents of a checkpoint file, checked to be one this neutronorch can read: every part
-    training and prediction read is there, of its type, and the weights fit the model they belong to."""
+def load_state(path: str | os.PathLike, kind: str = HOMOGENEOUS) -> dict:
+    """The raw contents of a checkpoint file of ``kind``, checked to be one this neutronorch can read: every
+    part training and prediction read is there, of its type, and the weights fit the model they belong to (a
+    typed one's memory-mapped tables attached from the files beside it)."""
     path = Path(path)
-    state = read_state(path, HOMOGENEOUS)
+    state = read_state(path, kind)
+    if kind == TYPED:
+        if "typed_mode_state" in state:  # format 3's name for the mode's state
+            state["mode_state"] = state.pop("typed_mode_state") or {}
+        check_parts(state, path, optional=OPTIONAL_PARTS[:-2], fingerprint=TYPED_FINGERPRINT_KEYS)
+        attach_tables(state, path)
+        typed_model(state, path)
+        return state
     check_parts(state, path)
     if state["format_version"] < 2:  # before the setting existed, GCN normalised by the mean
         state["model_args"].setdefault("gcn_norm", "mean")
@@ -203,10 +198,17 @@ CHECKPOINT_PARTS = {
             "the random state (a dict holding a `torch` tensor)"),
     "world_size": (lambda v: _is_int(v) and v >= 1, "a whole number >= 1"),
     "mode_choice": (lambda v: v is None or isinstance(v, dict), "the choice of mode auto (a dict or None)"),
+    "tables_optimizer": (lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("state"), dict)),
+                         "the embedding tables' optimizer (a dict holding a `state` dict, or None)"),
+    "fanouts": (lambda v: isinstance(v, list) and all(isinstance(f, list) and len(f) == 2 for f in v),
+                "a list of [relation, fanouts] pairs"),
 }
-# Parts a checkpoint may lack: written before they existed, or read only when a run resumes.
-OPTIONAL_PARTS = ("best", "mode_state", "position", "rng", "world_size", "mode_choice")
+# Parts a checkpoint may lack: written before they existed, read only when a run resumes, or (the last two)
+# a typed one's alone.
+OPTIONAL_PARTS = ("best", "mode_state", "position", "rng", "world_size", "mode_choice", "tables_optimizer", "fanouts")
 FINGERPRINT_KEYS = {"name": str, "nodes": int, "edges": int, "feature_dim": int, "classes": int}
+TYPED_FINGERPRINT_KEYS = {"name": str, "num_nodes": dict, "edges": dict, "feature_dims": dict, "target": str,
+                          "classes": int}
 
 
 def check_parts(state: dict, path: Path, parts: dict = CHECKPOINT_PARTS, optional: tuple = OPTIONAL_PARTS,
@@ -282,16 +284,19 @@ def _user_model(state: dict, path: Path, given: torch.nn.Module | None) -> UserM
     return holding_weights(model, state, path, problem)
 
 
-def check_resumable(state: dict, config: TrainConfig, graph: Graph, source: str, world_size: int = 1) -> None:
-    """A run may continue from ``state`` only on the same data with the same model and training settings.
-    The settings are compared first: one that shapes the data a run trains on (`task` link removes the
-    validation and test edges, `split`) is named, not reported as changed data."""
+def check_resumable(state: dict, config: TrainConfig, graph: Graph | TypedGraph, source: str, world_size: int = 1,
+                    fingerprint: dict | None = None) -> None:
+    """A run may continue from ``state`` only on the same data (``fingerprint``: the graph's, when known) with
+    the same model and training settings. The settings are compared first: one that shapes the data a run
+    trains on (`task` link removes the validation and test edges, `split`) is named, not reported as changed
+    data."""
     check_settings(state, config, source)
     if int(state.get("world_size", 1)) != world_size:
         raise CheckpointError(f"{source}: written by a run of {state.get('world_size', 1)} data-parallel rank(s); "
                               f"resume with the same number (now {world_size}): torchrun --nproc-per-node and "
                               f"--nnodes as before.")
-    check_same_data(state, dataset_fingerprint(graph), source, "dataset")
+    check_same_data(state, fingerprint or dataset_fingerprint(graph), source,
+                    "typed graph" if isinstance(graph, TypedGraph) else "dataset")
 
 
 def check_fits(checkpoint: Checkpoint, graph: Graph, source: str) -> None:
@@ -303,3 +308,78 @@ def check_fits(checkpoint: Checkpoint, graph: Graph, source: str) -> None:
               for key in keys if checkpoint.dataset[key] != found[key]]
     if differ:
         raise CheckpointError(f"{source}: the checkpoint's model does not fit this dataset: {'; '.join(differ)}.")
+
+
+def spec_of(arguments: dict) -> TypedSpec:
+    """The ``TypedSpec`` a model's stored arguments describe (``TypedSpec.from_dict``, edge feature widths
+    included: R-GAT's ``lin_edge`` weights and the relations SAGE and R-GCN weight their means by follow from
+    them)."""
+    return TypedSpec.from_dict(arguments["spec"])
+
+
+def fanouts_of(state: dict) -> dict[tuple, list[int]]:
+    """The fanouts per relation triple that a checkpoint's run sampled with."""
+    return {tuple(relation): list(fanouts) for relation, fanouts in state["fanouts"]}
+
+
+def typed_model(state: dict, path: Path) -> TypedGNN:
+    """The model a typed checkpoint's arguments build, holding its weights, in eval mode on the CPU."""
+    try:
+        model = TypedGNN(**{**state["model_args"], "spec": spec_of(state["model_args"])},
+                         tables=checkpoint_tables(state))
+    except Exception as exc:  # noqa: BLE001 - foreign arguments fail in the constructor in many ways
+        raise CheckpointError(f"{path}: its model arguments build no relational model ({type(exc).__name__}: "
+                              f"{exc}). The file is damaged or from another program; use last.pt or best.pt of a "
+                              f"--checkpoint-dir.") from None
+    model = holding_weights(model, state, path, "its weights do not fit the model its arguments describe",
+                            "The file is damaged; use another checkpoint or train again.")
+    return model.eval()
+
+
+@dataclass
+class TypedCheckpoint:
+    """A typed checkpoint read for inference: the model (eval mode, on the CPU) and what produced it."""
+
+    model: TypedGNN
+    config: TrainConfig
+    epoch: int
+    dataset: dict  # the fingerprint of the graph it was trained on (reverse relations added)
+    history: list[dict]
+    fanouts: dict[tuple, list[int]]  # per relation, as the run sampled
+
+
+def load_typed_checkpoint(path: str | Path) -> TypedCheckpoint:
+    """Read a typed run's checkpoint (``last.pt`` or ``best.pt``): its model, ready for inference, and what
+    produced it. ``predict`` and ``embed`` take it (or its path) with a ``TypedGraph``."""
+    state = load_state(path, TYPED)
+    config = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.keys()})
+    return TypedCheckpoint(typed_model(state, Path(path)), config, int(state["epoch"]), state["dataset"],
+                           state["history"], fanouts_of(state))
+
+
+def check_typed_fits(checkpoint: TypedCheckpoint, graph: TypedGraph, source: str) -> None:
+    """The model must fit ``graph`` (reverse relations added): the same target and classes, relations, and
+    for each type the model reads its feature width, and for a featureless type (an embedding table, a row per
+    vertex) its vertex count. The data may otherwise differ (other features, more papers)."""
+    args, spec = checkpoint.model.arguments, checkpoint.model.spec
+    differ = []
+    if graph.target != spec.target or graph.num_classes != args["num_classes"]:
+        differ.append(f"target {spec.target} of {args['num_classes']} classes (checkpoint) vs {graph.target} of "
+                      f"{graph.num_classes} (data)")
+    missing = [relation_label(r) for r in spec.relations if r not in graph.relations]
+    extra = [relation_label(r) for r in graph.relations if r not in spec.relations]
+    if missing or extra:
+        differ.append("relations " + "; ".join(
+            [f"{', '.join(missing)} missing from the data"] * bool(missing) + [f"{', '.join(extra)} unknown to the "
+                                                                                f"model"] * bool(extra)))
+    for t in checkpoint.model.input_types:
+        width = spec.feature_dims[t]
+        if t not in graph.num_nodes:
+            differ.append(f"vertex type {t} missing from the data")
+        elif graph.feature_dim(t) != width:
+            differ.append(f"{t} feature width {width} (checkpoint) vs {graph.feature_dim(t)} (data; 0: none)")
+        elif not width and graph.num_nodes[t] != spec.num_nodes[t]:
+            differ.append(f"{t} embedding table of {spec.num_nodes[t]:,} rows (checkpoint) vs {graph.num_nodes[t]:,} "
+                          f"vertices (data)")
+    if differ:
+        raise CheckpointError(f"{source}: the checkpoint's model does not fit this graph: {'; '.join(differ)}.")

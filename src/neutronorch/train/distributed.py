@@ -25,6 +25,7 @@ host.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import os
 import re
@@ -38,6 +39,7 @@ from neutronorch.environment import launcher_world_size
 from neutronorch.errors import ConfigError, TrainingError
 from neutronorch.train.memory import peak_rss_mb, resident_mb
 from neutronorch.train.replacing import Replacement, claim_outputs
+from neutronorch.train.sparse_sync import reduce_tables
 
 
 @dataclass
@@ -231,6 +233,27 @@ def join_ranks(stack: contextlib.ExitStack, config: TrainConfig, device: torch.d
     return world, stack.enter_context(claim_outputs(config, world.main))
 
 
+def rank_settings(config: TrainConfig) -> TrainConfig:
+    """The settings this rank runs with: ``config`` on rank 0 (and in one process), which writes every output;
+    on the other ranks the same less the summary and metric logs (they read ``checkpoint_dir``, to resume, and
+    write nothing). Known before the ranks join (the launcher's ``RANK``, or the caller's process group), so
+    another rank never checks outputs that rank 0 may have begun to write."""
+    if launched_rank() == 0:
+        return config
+    quiet = dataclasses.replace(config)
+    quiet.summary_json = quiet.log_jsonl = quiet.log_csv = quiet.tensorboard = None
+    return quiet
+
+
+def shared_logits(world: World, compute, nodes: torch.Tensor) -> torch.Tensor:
+    """``compute(nodes)`` (CPU logits, a row per vertex in order), each rank computing a contiguous share of
+    ``nodes`` and every rank getting all the rows."""
+    if not world.distributed:
+        return compute(nodes)
+    mine = compute(torch.tensor_split(nodes, world.size)[world.rank])
+    return world.all_gather_rows(mine.contiguous(), "gathering the evaluation's logits")
+
+
 def rank_device(device: torch.device) -> torch.device:
     """A launched rank's own GPU on CUDA (``LOCAL_RANK`` modulo the GPUs it sees), made current before
     the process group forms (NCCL binds to the current device); ``device`` itself otherwise."""
@@ -295,12 +318,14 @@ class GradientSync:
     the mean loss over the global batch. Gradients the mode hands over apart (``averaged()``: NeutronOrch's
     hot rows' gradient, a sum of several steps' means) travel in the same buffer and are averaged with
     equal weights. A parameter that has no gradient on any rank keeps none (Adam leaves it and its moments
-    as they are, as in one process)."""
+    as they are, as in one process). ``tables``: embedding tables with sparse gradients (a typed model's),
+    whose rows differ per rank: gathered and combined first (``sparse_sync.py``'s ``reduce_tables``)."""
 
     def __init__(self, world: World, params: list[torch.Tensor], request: threading.Event | None,
-                 averaged=None):
+                 averaged=None, tables: list[torch.Tensor] = ()):
         self.world = world
         self.params = params
+        self.tables = list(tables)
         self.request = request  # set by a signal handler on this rank
         self.averaged = averaged  # () -> {parameter: gradient} | None, the same steps on every rank
         self.agreed = threading.Event()  # set on every rank at the same step once any rank was asked to stop
@@ -308,6 +333,8 @@ class GradientSync:
     def __call__(self, weight: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
         """Reduce the gradients (this rank's loss averaged ``weight`` terms); returns the global batch's
         mean loss."""
+        if self.tables:
+            reduce_tables(self.world, self.tables, float(weight))
         params = self.params
         device = params[0].device
         extra = {id(p): g for p, g in ((self.averaged() if self.averaged is not None else None) or {}).items()}

@@ -193,7 +193,7 @@ def train_epoch(model: torch.nn.Module, optimizer, mode: Mode, epoch: int, spans
 
 def noting_first_step(run, progress: Progress | None) -> Progress | None:
     """``progress``, noting in ``run.first_step_at`` when the run's first step ended (progress is called
-    right after each step); ``run``: the trainer's or a typed run."""
+    right after each step); ``run``: a ``Run`` (run.py)."""
     if run.first_step_at is not None:
         return progress
 

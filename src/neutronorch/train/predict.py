@@ -39,7 +39,7 @@ from neutronorch.train.prediction_io import (Nodes, check_prediction_output, nod
                                              scratch_folder, select_nodes, write_rows)
 from neutronorch.train.resources import resolve_device
 from neutronorch.train.task import Task, score
-from neutronorch.train.typed_checkpoint import TypedCheckpoint, check_typed_fits, load_typed_checkpoint
+from neutronorch.train.checkpoint import TypedCheckpoint, check_typed_fits, load_typed_checkpoint
 from neutronorch.train.typed_inputs import inference_key, typed_logits
 
 

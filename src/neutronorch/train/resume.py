@@ -1,24 +1,62 @@
 """A run's checkpoints, either kind of graph's: one written where ``run_epochs`` says (``write_checkpoint``),
 the resume from ``last.pt`` (``last_checkpoint``, ``restore``), and what a resumed run may not change: its
 settings (``check_settings``) and its data (``check_same_data``, comparing the fingerprints of the graph the
-checkpoint was written for and of the one given now). The file formats are ``checkpoint.py``'s and
-``typed_checkpoint.py``'s; the parts of a run that differ by kind (the optimizers, the mode's state, the typed
-model's arguments and fanouts) are restored by the callers, through ``restore``'s ``restore_more``.
+checkpoint was written for and of the one given now: ``dataset_fingerprint``, a typed graph's per type and
+relation). The file layout is ``checkpoint.py``'s, one for both kinds; the parts of a run that differ by kind
+(the optimizers, the mode's state) are restored by the caller, through ``restore``'s ``restore_more``.
 """
 
 from __future__ import annotations
 
 import logging
+import zlib
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
 from neutronorch.config import TrainConfig
+from neutronorch.data.typed import TypedGraph, relation_label
 from neutronorch.errors import CheckpointError
 from neutronorch.train.outputs import save_or_rescue
 
 logger = logging.getLogger("neutronorch")
+
+def sample_crc(array) -> int:
+    """The CRC-32 of a strided sample of ``array``'s rows, about 4,096 of them: a strided view reads only
+    its rows, so a memory-mapped array larger than memory is never read whole."""
+    step = max(1, array.shape[0] // 4096)
+    return zlib.crc32(np.ascontiguousarray(array[::step]).tobytes())
+
+
+def dataset_fingerprint(graph) -> dict:
+    """What identifies a graph cheaply: its sizes and checksums of strided samples of its arrays
+    (``sample_crc``); a typed graph's per type and relation (``typed_fingerprint``)."""
+    if isinstance(graph, TypedGraph):
+        return typed_fingerprint(graph)
+    return {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
+            "feature_dim": graph.feature_dim, "classes": graph.num_classes,
+            "topology_crc": sample_crc(graph.indices), "split_crc": sample_crc(graph.train_idx),
+            "features_crc": sample_crc(graph.features), "labels_crc": sample_crc(graph.labels),
+            "val_crc": sample_crc(graph.val_idx), "test_crc": sample_crc(graph.test_idx)}
+
+
+def typed_fingerprint(graph: TypedGraph) -> dict:
+    """What identifies a typed graph cheaply: its sizes per type and relation, its target, and checksums of
+    strided samples of its arrays (``sample_crc``), per relation and type where there are several."""
+    relations = {relation_label(r): relation for r, relation in graph.relations.items()}
+    return {"name": graph.name, "num_nodes": {t: int(n) for t, n in graph.num_nodes.items()},
+            "edges": {label: int(relation.num_edges) for label, relation in relations.items()},
+            "feature_dims": {t: graph.feature_dim(t) for t in graph.num_nodes}, "target": graph.target,
+            "classes": int(graph.num_classes),
+            "topology_crc": {label: sample_crc(relation.indices) for label, relation in relations.items()},
+            "features_crc": {t: sample_crc(rows) for t, rows in graph.features.items()},
+            "edge_features_crc": {label: sample_crc(relation.edge_features) for label, relation in relations.items()
+                                  if relation.edge_features is not None},
+            "labels_crc": sample_crc(graph.labels), "split_crc": sample_crc(graph.train_idx),
+            "val_crc": sample_crc(graph.val_idx), "test_crc": sample_crc(graph.test_idx)}
+
 
 # What each fingerprint key stands for, in the message that says what changed (a typed graph's per type and
 # relation: a dict).

@@ -1,14 +1,12 @@
-"""A run's epochs, for both kinds of graph: ``run_epochs`` (evaluation every ``eval_every``, the best validation
-score, checkpoints after each epoch, ``patience``, the epoch's log line and stage table) and ``summarised`` (the
-summary, written whether the run ends, fails or is stopped).
+"""A run, of either kind of graph: ``Run`` (its parts, what it holds for the loop, and what it does: train an
+epoch, evaluate, checkpoint, resume, summarise), ``run_epochs`` (evaluation every ``eval_every``, the best
+validation score, checkpoints after each epoch, ``patience``, the epoch's log line and stage table) and
+``summarised`` (the summary, written whether the run ends, fails or is stopped).
 
-What differs by kind is asked of the run: a homogeneous run is ``trainer.py``'s ``Run``, a typed one
-``typed_task.py``'s ``_TypedRun``. Each has ``epochs()`` (``run_epochs`` with its progress),
-``train_epoch(epoch, control, window, progress, loss_progress)`` (``train/loop.py``'s, with the run's
-optimizers and dropout keys), ``evaluate(epoch, progress)``, ``checkpoint(name, epoch, position)`` and
-``summary(status, timeline)``, and the fields the loop reads: ``RunState``'s (history, best, last_eval, the
-start position, stop, health, world, ...) and its parts' (config, mode, task, metrics, stages). How a
-checkpoint is written and a run resumed from one is ``resume.py``'s, for both kinds.
+``trainer.py``'s ``build_run`` builds a homogeneous graph's run, ``heterogeneous.py``'s ``train_typed`` a typed
+graph's: the same ``Run``, with ``typed`` holding what a typed graph's run adds (its samplers per relation,
+its embedding tables and their optimizer, its fingerprint, its evaluation: ``heterogeneous.TypedParts``).
+How a checkpoint is written and a run resumed from one is ``resume.py``'s, for both kinds.
 """
 
 from __future__ import annotations
@@ -17,26 +15,55 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from neutronorch.errors import Interrupted, OutputError, TrainingError
+import torch
+
+from neutronorch.config import TrainConfig
+from neutronorch.data import Graph, TypedGraph
+from neutronorch.errors import CheckpointError, Interrupted, OutputError, TrainingError
 from neutronorch.nn.precision import Precision
-from neutronorch.observe import epoch_table
+from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table
+from neutronorch.orchestration.factory import Threads
+from neutronorch.orchestration.mode import Mode
+from neutronorch.train.checkpoint import check_resumable, save_checkpoint
+from neutronorch.train.evaluate import evaluate
 from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, epoch_line, evaluation_progress,
-                                    noting_first_step)
+                                    noting_first_step, step_sync, train_epoch)
 from neutronorch.train.distributed import GradientSync, World
 from neutronorch.train.health import Health
+from neutronorch.train.link_task import LinkTask, evaluate_links
+from neutronorch.train.metrics_log import MetricLog
+from neutronorch.train.optim import Adam
 from neutronorch.train.outputs import write_summary
 from neutronorch.train.replacing import Replacement
-from neutronorch.train.summary import named_scores, write_run_timeline
+from neutronorch.train.resume import restore, write_checkpoint
+from neutronorch.train.step import step_masks
+from neutronorch.train.summary import (ENDED, named_scores, summarise, topology_in_file_order, typed_summary,
+                                       write_run_timeline)
+from neutronorch.train.task import Task
 
 logger = logging.getLogger("neutronorch")
 
 
-@dataclass(kw_only=True)
-class RunState:
-    """What a run of either kind holds for ``run_epochs`` and its summary, besides its parts (model, mode,
-    optimizers), which each kind's run adds."""
+@dataclass
+class Run:
+    """One run; its resources are released by the ``ExitStack`` it was built in."""
 
+    config: TrainConfig
+    graph: Graph | TypedGraph
+    device: torch.device
+    threads: Threads
+    model: torch.nn.Module
+    optimizer: Adam | list  # a typed model's: Adam for its dense weights and its tables' (``typed``)
+    mode: Mode
+    spans: Spans
+    stages: StageTable
+    util: Utilisation
+    metrics: MetricLog
+    task: Task | LinkTask
+    mode_choice: dict | None = None  # mode auto: the mode chosen, why, and from what (None: the mode was given)
+    typed: object = None  # a typed graph's run: ``heterogeneous.TypedParts``
     history: list = field(default_factory=list)  # the epoch records so far (a resumed run's included)
     # The best evaluation so far: the metric on the validation and test sets, and its epoch.
     best: dict = field(default_factory=lambda: {"val": -float("inf"), "test": float("nan"), "epoch": -1})
@@ -58,12 +85,105 @@ class RunState:
     health: Health = field(default_factory=lambda: Health({}))  # collapse (train/health.py)
     replacing: Replacement = field(default_factory=Replacement)  # the earlier outputs `overwrite` replaces
     window: TimelineWindow | None = None  # the steps whose spans the timeline draws (run_epochs)
-    stop_at_last_step = False  # a stop after an epoch's last step: the epoch is recorded and saved first
-    label = ""  # after the model's name in the timeline's title
+
+    @property
+    def num_batches(self) -> int:
+        return self.mode.num_batches
+
+    @property
+    def stop_at_last_step(self) -> bool:
+        """A stop after an epoch's last step: a homogeneous run records and saves the epoch first, a typed one
+        saves it unrecorded (and resumes at that step, with no batch left)."""
+        return self.typed is not None
+
+    @property
+    def label(self) -> str:
+        """After the model's name in the timeline's title."""
+        return " (typed)" if self.typed is not None else ""
+
+    def epochs(self) -> dict | None:
+        return run_epochs(self, self.progress)
+
+    def train_epoch(self, epoch: int, control: EpochControl, window: TimelineWindow, progress: Progress | None,
+                    loss_progress) -> dict:
+        seed = self.config.seed  # a typed model's dropout masks are keyed by the global batch (step.py)
+        masks = (lambda batch: step_masks(seed, batch.epoch, batch.index)) if self.typed is not None else None
+        return train_epoch(self.model, self.optimizer, self.mode, epoch, self.spans, self.stages, self.util,
+                           self.metrics, window, progress, control, self.task.loss, self.precision, step_sync(self),
+                           loss_progress, masks)
+
+    def evaluate(self, epoch: int, progress=None) -> dict[str, float]:
+        """The metric on the validation and test sets: {"val": ..., "test": ...}; ``progress(layer, done,
+        total)`` as inference goes; checked (``train/health.py``) as the evaluation after ``epoch``."""
+        config, check = self.config, self.health.evaluation(epoch)
+        if self.typed is not None:
+            return self.typed.evaluate(self, check, progress)
+        if self.world.distributed:  # batch normalisation's running statistics: rank 0's, on every rank
+            self.world.broadcast_module(self.model, "the buffers' broadcast before evaluation", buffers_only=True)
+        store = self.mode.store.as_dtype(torch.float32)  # evaluation runs in float32 whatever the training precision
+        if isinstance(self.task, LinkTask):
+            return evaluate_links(self.model, self.graph, store, self.device, config.eval_batch_size, config.seed,
+                                  config.eval_negatives, self.task, self.world, progress, check)
+        return evaluate(self.model, self.graph, store, self.device, config.eval_fanouts, config.eval_batch_size,
+                        config.seed, config.eval_max_nodes, self.task, self.world, topology_in_file_order(self.mode),
+                        progress, check)
+
+    def checkpoint(self, name: str, epoch: int, position: tuple[int, float] | None = None) -> None:
+        """Save the run; ``position`` (steps done, their loss sum) when mid-epoch, else the epoch is complete."""
+        step, loss_sum = position if position is not None else (self.mode.num_batches, 0.0)
+        mode_state = self.mode.state_dict()
+        if self.world.distributed:  # every rank's (NeutronOrch's hot sets differ); rank 0 writes them all
+            states = self.world.gather_objects(mode_state, f"gathering the mode state for {name}")
+            if not self.world.main:
+                return
+            mode_state = {"ranks": states}
+        typed = self.typed
+        save = lambda path: save_checkpoint(  # noqa: E731
+            path, config=self.config, graph=self.graph, model=self.model,
+            optimizer=self.optimizer if typed is None else typed.adam, epoch=epoch, history=self.history,
+            best=self.best, position={"step": step, "loss_sum": loss_sum}, mode_state=mode_state,
+            world_size=self.world.size, mode_choice=self.mode_choice, fingerprint=typed and typed.fingerprint,
+            typed=typed and (typed.sparse, typed.sampler.fanouts, typed.tables, epoch * self.num_batches + step))
+        write_checkpoint(self, name, save)
+
+    def resume(self, path: Path, state: dict) -> None:
+        """Continue from ``checkpoint_dir``/last.pt (``state``, read from ``path``): ``restore``'s parts, the
+        optimizers and the mode's state (NeutronOrch's snapshots, super-batch in progress and controller), once
+        the checkpoint's run is one this run may continue."""
+        typed = self.typed
+        check_resumable(state, self.config, self.graph, str(path), self.world.size, typed and typed.fingerprint)
+        if not self.mode.resumable:
+            raise CheckpointError(f"{self.mode.name} mode cannot resume from a checkpoint.")
+        saved_model, model = state["model_args"].get("custom"), getattr(self.model, "arguments", {}).get("custom")
+        if saved_model != model:
+            describe = lambda name: f"your own model {name}" if name else "a built-in model"  # noqa: E731
+            raise CheckpointError(f"{path}: the run it continues trained {describe(saved_model)}; this one trains "
+                                  f"{describe(model)}. Resume with the same model, or start a new run in another "
+                                  f"`checkpoint_dir`.")
+        if typed is not None:
+            typed.check_resumable(state, self.model, str(path))
+
+        def optimizers_and_mode(state: dict) -> None:
+            if typed is None:
+                self.optimizer.load_state_dict(state["optimizer"])
+            else:
+                typed.load_optimizers(state)
+            mode_state = state["mode_state"]
+            self.mode.load_state_dict(mode_state["ranks"][self.world.rank] if self.world.distributed else mode_state)
+
+        restore(self, state, path, optimizers_and_mode)
+
+    def summary(self, status: str, timeline: dict | None = None) -> dict:
+        """The run summary (``summarise``, ``typed_summary``): an ended run's scores; a stopped or failed one's,
+        none."""
+        if self.typed is not None:
+            return typed_summary(self, status, timeline)
+        ended = status in ENDED
+        return summarise(self, self.last_eval if ended else {}, timeline, status, gather=ended)
 
 
-def run_epochs(run, progress: Progress | None) -> dict | None:
-    """Train every epoch of ``run`` (a ``Run`` or a typed run), evaluating as configured, into ``run.history``,
+def run_epochs(run: Run, progress: Progress | None) -> dict | None:
+    """Train every epoch of ``run``, evaluating as configured, into ``run.history``,
     ``run.best`` and ``run.last_eval``; returns the timeline written (or None)."""
     config, mode, epochs = run.config, run.mode, run.history
     run.last_eval = next((scores for scores in map(scores_of, reversed(epochs)) if scores), {})

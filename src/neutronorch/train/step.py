@@ -12,15 +12,26 @@ from typing import Callable, Sequence
 import torch
 from torch.nn import functional as F
 
+from neutronorch.nn.activation import dropout_keys
 from neutronorch.nn.precision import Precision
 from neutronorch.observe import Spans, StageTable
 from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.orchestration.mode import Mode
+from neutronorch.sampling.neighbor_sampler import batch_key, mix_key
 
 # The trainer's own stages (the mode's go on their lanes; see each mode's ``stages``).
 TRAINER_STAGES = StageTable({"wait": "trainer", "forward": "trainer", "backward": "trainer",
                              "all_reduce": "trainer", "step": "trainer"},
                             waits=frozenset({"wait"}))
+TRAINING_DROPOUT = 0x7479_7065_645F_6470  # mixed into a batch's key: its training forward's dropout key stream
+
+
+def step_masks(seed: int, epoch: int, index: int) -> AbstractContextManager:
+    """Within it, this thread's dropout keys come from global batch ``index`` of ``epoch``'s stream, not from
+    torch's generator (a typed model's forward runs in it): a mask is keyed by (that key, the call, the row's
+    vertex), so a vertex's mask is one process's whichever rank holds it, and a rank whose part reaches fewer
+    types (or none: an empty part) makes fewer calls without moving anything the next steps draw."""
+    return dropout_keys(mix_key(batch_key(seed, epoch, index), TRAINING_DROPOUT))
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],

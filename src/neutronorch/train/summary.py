@@ -165,7 +165,7 @@ def named_scores(task, scores: dict) -> dict:
 
 
 def typed_summary(run, status: str, timeline: dict | None) -> dict:
-    """The summary of the typed run ``run`` (``typed_task._TypedRun``) as it stands: ``run_summary``'s parts
+    """The summary of the typed graph's run ``run`` (``run.typed``: ``heterogeneous.TypedParts``) as it stands: ``run_summary``'s parts
     and the typed ones."""
     config, graph = run.config, run.graph
     return run_summary(run, status, run.last_eval, timeline, status in ENDED, {
@@ -174,15 +174,15 @@ def typed_summary(run, status: str, timeline: dict | None) -> dict:
         # The host caches of memory-mapped featured types and how their rows were read: a mode that reads them on
         # the host gives its own (TypedInputs.summary, in the mode's summary, which run_summary adds after these).
         "host_cache": None, "read_order": None,
-        "model": {"kind": run.model.kind, "typed": True, "parameters": run.parameters,
+        "model": {"kind": run.model.kind, "typed": True, "parameters": run.typed.parameters,
                   "arguments": run.model.arguments},
         "dataset": {"name": graph.name, "nodes": sum(graph.num_nodes.values()), "edges": graph.num_edges,
                     "node_types": dict(graph.num_nodes),
                     "relations": [relation_label(r) for r in graph.relations], "target": graph.target,
                     "feature_dims": {t: graph.feature_dim(t) for t in graph.num_nodes},
                     "classes": graph.num_classes, "train": int(len(graph.train_idx))},
-        "fanouts": {relation_label(r): f for r, f in run.sampler.fanouts.items()},
-        "embedding_tables": None if run.tables is None else run.tables.summary(),
+        "fanouts": {relation_label(r): f for r, f in run.typed.sampler.fanouts.items()},
+        "embedding_tables": None if run.typed.tables is None else run.typed.tables.summary(),
         "threads": {"train": run.threads.train, "sampler": run.threads.sampler},
         "moved": moved_totals(run.history),  # device mode: the rows its device caches served, as cache_hits
     })

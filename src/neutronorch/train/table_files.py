@@ -1,6 +1,6 @@
 """Memory-mapped embedding tables in checkpoints: files beside ``last.pt`` and ``best.pt``, not inside them.
 
-A typed checkpoint (``train/typed_checkpoint.py``) holds the tables in memory as weights and optimizer state,
+A typed checkpoint (``train/checkpoint.py``) holds the tables in memory as weights and optimizer state,
 like every other parameter. A table in files (``embedding_storage`` mmap, ``train/typed_tables.py``) is too
 large for that: its weights and both moments are copied into a folder beside the checkpoint,
 ``<stem>-tables-<version>-<random>/`` (``last-tables-120-1f2e3d4c/author.weight.npy``, ``.exp_avg.npy``,
@@ -39,7 +39,7 @@ from neutronorch.atomic import glob_escape, sweep_stale
 from neutronorch.config import TrainConfig
 from neutronorch.data.native import write_folder
 from neutronorch.errors import CheckpointError, ConfigError
-from neutronorch.train.checkpoint import sample_crc
+from neutronorch.train.resume import sample_crc
 from neutronorch.train.outputs import CHECKPOINT_FILES
 
 CHECKPOINT_COPIES = 3  # on a checkpoint disk at once: last.pt's tables, their replacement being written, best.pt's

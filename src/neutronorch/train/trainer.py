@@ -20,111 +20,40 @@ import dataclasses
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from neutronorch.capabilities import check_run
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, TypedGraph, load_dataset
-from neutronorch.errors import CheckpointError, ConfigError
+from neutronorch.errors import ConfigError
 from neutronorch.nn.custom import UserModel
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
 from neutronorch.nn.precision import resolve_precision
-from neutronorch.observe import Spans, StageTable, Utilisation
+from neutronorch.observe import Spans, Utilisation
 from neutronorch.orchestration.factory import Threads, build_mode
-from neutronorch.orchestration.mode import Mode
-from neutronorch.train.evaluate import evaluate
 from neutronorch.train.feasible import check_learnable
 from neutronorch.train.health import Health
-from neutronorch.train.loop import EpochControl, Progress, TimelineWindow, check_call, step_sync, train_epoch
+from neutronorch.train.heterogeneous import is_typed_run, train_typed_run
+from neutronorch.train.loop import Progress, check_call
 from neutronorch.train.memory import keep_freed_memory
 from neutronorch.train.mode_choice import resolve_mode
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
 from neutronorch.train.resources import (check_threading_layer, memory_budget, resolve_device, thread_budget,
                                          torch_threads)
-from neutronorch.train.checkpoint import check_resumable, load_state, save_checkpoint
+from neutronorch.train.checkpoint import load_state
 from neutronorch.train.distributed import GradientSync, World, join_ranks, rank_device, world_size
 from neutronorch.train.outputs import check_checkpoint_space, check_outputs
-from neutronorch.train.resume import last_checkpoint, restore, write_checkpoint
-from neutronorch.train.run import RunState, run_epochs, summarised
+from neutronorch.train.resume import last_checkpoint
+from neutronorch.train.run import Run, summarised
 from neutronorch.train.step import TRAINER_STAGES
-from neutronorch.train.summary import ENDED, given_dataset, summarise, topology_in_file_order
-from neutronorch.train.link_task import (LinkTask, check_node_task, evaluate_links, is_link_split, link_graph,
-                                         rms_row_norm)
+from neutronorch.train.summary import given_dataset
+from neutronorch.train.link_task import LinkTask, check_node_task, is_link_split, link_graph, rms_row_norm
 from neutronorch.train.task import Task
-from neutronorch.train.typed_task import is_typed_run, train_typed_run
 
 logger = logging.getLogger("neutronorch")
-
-
-@dataclass
-class Run(RunState):
-    """Everything one homogeneous run holds; its resources are released by the ``ExitStack`` it was built in."""
-
-    config: TrainConfig
-    graph: Graph
-    device: torch.device
-    threads: Threads
-    model: GNN
-    optimizer: Adam
-    mode: Mode
-    spans: Spans
-    stages: StageTable
-    util: Utilisation
-    metrics: MetricLog
-    task: Task
-    mode_choice: dict | None = None  # mode auto: the mode chosen, why, and from what (None: the mode was given)
-
-    @property
-    def num_batches(self) -> int:
-        return self.mode.num_batches
-
-    def epochs(self) -> dict | None:
-        return run_epochs(self, self.progress)
-
-    def train_epoch(self, epoch: int, control: EpochControl, window: TimelineWindow, progress: Progress | None,
-                    loss_progress) -> dict:
-        return train_epoch(self.model, self.optimizer, self.mode, epoch, self.spans, self.stages, self.util,
-                           self.metrics, window, progress, control, self.task.loss, self.precision, step_sync(self),
-                           loss_progress)
-
-    def evaluate(self, epoch: int, progress=None) -> dict[str, float]:
-        """The metric on the validation and test sets: {"val": ..., "test": ...}; ``progress(layer, done,
-        total)`` as inference goes; checked (``train/health.py``) as the evaluation after ``epoch``."""
-        config, check = self.config, self.health.evaluation(epoch)
-        if self.world.distributed:  # batch normalisation's running statistics: rank 0's, on every rank
-            self.world.broadcast_module(self.model, "the buffers' broadcast before evaluation", buffers_only=True)
-        store = self.mode.store.as_dtype(torch.float32)  # evaluation runs in float32 whatever the training precision
-        if isinstance(self.task, LinkTask):
-            return evaluate_links(self.model, self.graph, store, self.device, config.eval_batch_size, config.seed,
-                                  config.eval_negatives, self.task, self.world, progress, check)
-        return evaluate(self.model, self.graph, store, self.device, config.eval_fanouts, config.eval_batch_size,
-                        config.seed, config.eval_max_nodes, self.task, self.world, topology_in_file_order(self.mode),
-                        progress, check)
-
-    def checkpoint(self, name: str, epoch: int, position: tuple[int, float] | None = None) -> None:
-        """Save the run; ``position`` (steps done, their loss sum) when mid-epoch, else the epoch is complete."""
-        step, loss_sum = position if position is not None else (self.mode.num_batches, 0.0)
-        mode_state = self.mode.state_dict()
-        if self.world.distributed:  # every rank's (NeutronOrch's hot sets differ); rank 0 writes them all
-            states = self.world.gather_objects(mode_state, f"gathering the mode state for {name}")
-            if not self.world.main:
-                return
-            mode_state = {"ranks": states}
-        save = lambda path: save_checkpoint(  # noqa: E731
-            path, config=self.config, graph=self.graph, model=self.model, optimizer=self.optimizer, epoch=epoch,
-            history=self.history, best=self.best, position={"step": step, "loss_sum": loss_sum},
-            mode_state=mode_state, world_size=self.world.size, mode_choice=self.mode_choice)
-        write_checkpoint(self, name, save)
-
-    def summary(self, status: str, timeline: dict | None = None) -> dict:
-        """The run summary (``summarise``): an ended run's scores; a stopped or failed one's, none."""
-        ended = status in ENDED
-        return summarise(self, self.last_eval if ended else {}, timeline, status, gather=ended)
 
 
 def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress: Progress | None = None,
@@ -137,7 +66,7 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     marked ``interrupted``, and raises ``Interrupted``. ``overwrite`` replaces an earlier run's outputs only once
     this run has written its own, and puts them back if it ends before (``train/replacing.py``).
     A typed graph (``graph`` a ``TypedGraph``, or ``config.dataset`` a typed native folder or OGB's ogbn-mag
-    layout: ``is_typed_dataset``) trains in exact mode through ``train/typed_task.py``'s ``train_typed``."""
+    layout: ``is_typed_dataset``) trains through ``train/heterogeneous.py``'s ``train_typed``."""
     started, config = time.perf_counter(), check_call(config, progress, stop)
     # Resolved values (batch size) go into a copy, which names a graph given as what was trained.
     config = dataclasses.replace(config, dataset=given_dataset(graph, config.dataset)).validate()
@@ -238,26 +167,5 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
               mode_choice=None if choice is None else choice.to_dict(),
               health=Health(task.constant_losses(None if link else graph.labels[graph.train_idx]), warnings))
     if resumed is not None:
-        _resume(run, path, resumed)
+        run.resume(path, resumed)
     return run
-
-
-def _resume(run: Run, path: Path, state: dict) -> None:
-    """Continue from ``checkpoint_dir``/last.pt (``state``, read from ``path``): ``restore``'s parts, the
-    optimizer and the mode's state (NeutronOrch's snapshots, super-batch in progress and controller)."""
-    check_resumable(state, run.config, run.graph, str(path), run.world.size)
-    if not run.mode.resumable:
-        raise CheckpointError(f"{run.mode.name} mode cannot resume from a checkpoint.")
-    saved_model, model = state["model_args"].get("custom"), getattr(run.model, "arguments", {}).get("custom")
-    if saved_model != model:
-        describe = lambda name: f"your own model {name}" if name else "a built-in model"  # noqa: E731
-        raise CheckpointError(f"{path}: the run it continues trained {describe(saved_model)}; this one trains "
-                              f"{describe(model)}. Resume with the same model, or start a new run in another "
-                              f"`checkpoint_dir`.")
-
-    def optimizer_and_mode(state: dict) -> None:
-        run.optimizer.load_state_dict(state["optimizer"])
-        mode_state = state["mode_state"]
-        run.mode.load_state_dict(mode_state["ranks"][run.world.rank] if run.world.distributed else mode_state)
-
-    restore(run, state, path, optimizer_and_mode)
