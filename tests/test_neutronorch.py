@@ -622,10 +622,9 @@ def test_what_crosses_a_thread_is_frozen(graph):
     from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch, PlanStats, TypedPlan
     from neutronorch.orchestration.neutronorch.planner import TypedPlannedBatch, TypedPlanStats
     from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
-    from neutronorch.orchestration.typed_producers import HotPart
 
     for kind in (Plan, PlannedBatch, PlanStats, TypedPlan, TypedPlannedBatch, TypedPlanStats, Snapshot,
-                 HotEmbeddings, HotPart, RatioSetting):
+                 HotEmbeddings, RatioSetting):
         assert dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen, kind.__name__
     sampler = NeighborSampler(graph.indptr, graph.indices, [4, 3, 3])
     uppers = [(i, 100 + i, sampler.sample(np.asarray(graph.train_idx[i * 50:(i + 1) * 50]), 100 + i, [4, 3]))

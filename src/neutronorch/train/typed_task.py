@@ -16,13 +16,13 @@ and the epochs run through the homogeneous runs' loop (``train/loop.py``'s ``tra
 ``train/step.py``'s ``train_step`` with both optimizers and the forward pass in ``step_masks``): exact mode
 samples and gathers each batch whole on a producer thread (``orchestration/exact.py``), device mode on
 the training device (``orchestration/device.py``), NeutronOrch mode reuses hot rows computed on a host thread
-(``typed_neutronorch.py``: the mode protocol's ``step_inputs`` hands them to the model, ``before_step`` adds
+(``orchestration/neutronorch/``: the mode protocol's ``step_inputs`` hands them to the model, ``before_step`` adds
 their gradient). The producers run numba at ``sampler_threads`` (``thread_budget``: half the cores by
 default); the trainer runs torch and numba at ``threads`` (default all cores) each. A batch depends on its key
 only, so the losses are those of sampling inline. An epoch's record is a homogeneous one's (its
 ``stage_seconds`` hold the producer's ``sample`` and ``gather`` time, overlapped with training, NeutronOrch's
-``plan`` and ``host_compute``, and the trainer's ``wait`` for a batch besides ``forward``, ``backward`` and
-``step``), and NeutronOrch's ``hot_share``, ``hot_per_super_batch``, ``saved_edges`` and staleness.
+planning and host stages, and the trainer's ``wait`` for a batch besides ``forward``, ``backward`` and
+``step``), with NeutronOrch's ``hot_ratio`` and ``snapshot_lead``.
 
 The graph's relations are made two-way first (``TypedGraph.with_reverse``: a reverse for every relation
 without one, built in memory): papers then hear from their authors and authors from their papers, as PyG's
