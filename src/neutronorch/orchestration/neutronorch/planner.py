@@ -23,7 +23,8 @@ that ranks serve hot exactly the rows one process would.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from types import MappingProxyType
+from typing import Callable, Mapping
 
 import numpy as np
 from numba import njit, prange
@@ -336,7 +337,7 @@ class TypedPlan:
     super_batch_id: int
     epoch: int
     batches: tuple[TypedPlannedBatch, ...]
-    hot: dict[str, np.ndarray]  # H_s per type (only the types with hot vertices), hottest first
+    hot: Mapping[str, np.ndarray]  # H_s per type (only the types with hot vertices), hottest first; read-only
     stats: TypedPlanStats
     probe: dict[str, np.ndarray]  # per type its hottest (the drift probe's candidates)
     exclude: None = None  # as ``Plan``'s
@@ -369,7 +370,7 @@ class TypedPlanner:
                                             for part in ("cold_pos", "hot_pos", "hot_rows")),
                                           sum(int(choices[t].saved[b]) for t in upper.frontiers[0]))
                         for b, (index, key, upper) in enumerate(uppers))
-        hot = {t: read_only(c.hot) for t, c in choices.items() if c.hot.shape[0]}
+        hot = MappingProxyType({t: read_only(c.hot) for t, c in choices.items() if c.hot.shape[0]})
         total = lambda part: sum(getattr(c, part) for c in choices.values())  # noqa: E731
         stats = TypedPlanStats(epoch, {t: int(ids.shape[0]) for t, ids in hot.items()}, total("reached"),
                                total("appearances"), total("hot_appearances"),
