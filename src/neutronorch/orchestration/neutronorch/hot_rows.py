@@ -139,7 +139,7 @@ class HotRowComputer:
             if separable:
                 with self.spans.stage("host_matmul"):
                     output = layer.transform(block.dst_rows(x), output)
-        if isinstance(output, dict):  # a typed graph: one table per hot type, copied as it is made
+        if isinstance(output, dict):  # a typed graph: one table per hot type, copied to the device here
             return self._hand_over_typed(plan, snapshot, block, {t: output[t] for t in plan.hot}, params, rows)
         table = output.detach().to(self.table_dtype)
         if exchange is not None:
