@@ -80,8 +80,8 @@ def run(args, model: str, seed: int, graph) -> dict:
     return {"model": model, "seed": seed, "test_acc": summary["test_acc"], "val_acc": summary["val_acc"],
             "best_epoch": summary["best_epoch"], "seconds": round(time.perf_counter() - t0, 1),
             "epoch_seconds_median": summary["epoch_seconds_median"], "graph": summary["dataset"]["name"],
-            "hot_share": summary.get("neutronorch", {}).get("hot_share"),
-            "staleness_max": summary.get("neutronorch", {}).get("staleness_max_observed")}
+            "hot_share": summary.get("hot", {}).get("reuse_rate"),
+            "staleness_max": summary.get("staleness", {}).get("max_observed")}
 
 
 def main(argv=None) -> int:

@@ -60,7 +60,7 @@ def main(argv=None) -> int:
         exact, orch = statistics.median(seconds["exact"]), statistics.median(seconds["neutronorch"])
         stages = ", ".join(f"{k} {v:.2f}" for k, v in last["epochs"][-1]["stage_seconds"].items() if v >= 0.005)
         print(f"| {model} | {exact:.3f} | {orch:.3f} | **{orch / exact:.3f}** | "
-              f"{last['neutronorch']['hot_share']:.3f} | {stages} |", flush=True)
+              f"{last['hot']['reuse_rate']:.3f} | {stages} |", flush=True)
     return 0
 
 

@@ -10,11 +10,10 @@ from neutronorch.orchestration.device import DeviceMode
 from neutronorch.orchestration.exact import ExactMode
 from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
-from neutronorch.orchestration.typed_neutronorch import TypedNeutronOrch
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "neutronorch"
 MODULES = sorted(p for p in SRC.rglob("*.py"))
-MODES = (ExactMode, DeviceMode, NeutronOrchMode, TypedNeutronOrch)
+MODES = (ExactMode, DeviceMode, NeutronOrchMode)
 
 # package -> packages it must never import (docs/architecture.md, "which part may know which")
 # The loader (the engine for a loop of one's own) sits beside train: it builds modes as train does, and

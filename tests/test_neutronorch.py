@@ -614,18 +614,20 @@ def test_each_plan_records_the_ratio_setting_it_followed(graph):
 
 def test_what_crosses_a_thread_is_frozen(graph):
     """Plans, snapshots, hot embeddings and the ratio setting cross between threads, so their types forbid
-    changing them: frozen dataclasses, a plan's mini-batches a tuple and its hot set read-only, a
-    snapshot's parameters copies outside autograd that later steps do not move."""
+    changing them: frozen dataclasses, a plan's mini-batches a tuple and its hot set read-only (a typed plan's a
+    read-only mapping of read-only sets), a snapshot's parameters copies outside autograd that later steps do
+    not move."""
     import dataclasses
 
     from neutronorch.orchestration.neutronorch.controller import RatioSetting
     from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch, PlanStats, TypedPlan
-    from neutronorch.orchestration.neutronorch.planner import TypedPlannedBatch, TypedPlanStats
+    from neutronorch.orchestration.neutronorch.planner import TypedPlannedBatch, TypedPlanner, TypedPlanStats
+    from neutronorch.data.synthetic_typed import synthetic_typed
+    from neutronorch.sampling.typed_sampler import TypedNeighborSampler
     from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
-    from neutronorch.orchestration.typed_producers import HotPart
 
     for kind in (Plan, PlannedBatch, PlanStats, TypedPlan, TypedPlannedBatch, TypedPlanStats, Snapshot,
-                 HotEmbeddings, HotPart, RatioSetting):
+                 HotEmbeddings, RatioSetting):
         assert dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen, kind.__name__
     sampler = NeighborSampler(graph.indptr, graph.indices, [4, 3, 3])
     uppers = [(i, 100 + i, sampler.sample(np.asarray(graph.train_idx[i * 50:(i + 1) * 50]), 100 + i, [4, 3]))
@@ -636,6 +638,16 @@ def test_what_crosses_a_thread_is_frozen(graph):
     with pytest.raises(ValueError, match="read-only"):
         plan.hot[0] = -1
     assert isinstance(plan.batches, tuple)
+    typed = synthetic_typed(nodes=600, degree=4, features=4, seed=1)
+    sampler = TypedNeighborSampler(typed, [3, 3])
+    uppers = [(i, 100 + i, sampler.sample_hops(np.asarray(typed.train_idx[i * 20:(i + 1) * 20]), 100 + i, 1))
+              for i in range(2)]
+    plan = TypedPlanner(typed, {r: f[-1] for r, f in sampler.fanouts.items()}).plan(3, 0, uppers, ratio=0.5)
+    assert plan.hot, "a typed plan with hot vertices"
+    with pytest.raises(TypeError):
+        plan.hot[typed.target] = np.empty(0, np.int64)  # its hot sets: a read-only mapping of read-only arrays
+    with pytest.raises(ValueError, match="read-only"):
+        next(iter(plan.hot.values()))[0] = -1
     publisher = SnapshotPublisher(Schedule(1, 4, 2, 3), on_cuda=False)
     layer = torch.nn.Linear(3, 2)
     publisher.publish_due(layer, 0, 0)

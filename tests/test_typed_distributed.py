@@ -273,7 +273,8 @@ def test_neutronorch_mode_on_several_ranks_is_refused_and_exact_mode_is_not(monk
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ConfigError, match="`mode` neutronorch on several ranks .* not available for typed graphs "
-                                          "yet: NeutronOrch mode's hot sets per rank .* Give `mode` exact or device"):
+                                          "yet: a typed plan does not keep the other ranks' seeds cold.* Give `mode` "
+                                          "exact or device"):
         train(settings(mode="neutronorch"), graph=small_graph())
     with pytest.raises(ConfigError, match="WORLD_SIZE=2 but MASTER_ADDR, MASTER_PORT is not set"):
         train(settings(mode="exact"), graph=small_graph())  # past the typed checks: joining the ranks

@@ -348,7 +348,7 @@ def test_lockstep_neutronorch_with_edge_features_equals_exact_mode(kind):
     exact = train(TrainConfig(**base), graph=graph)
     orch = train(TrainConfig(**base, mode="neutronorch", super_batch=1, staleness_bound=0, hot_ratio=1.0,
                              hot_grad="cpu", snapshot_lead=0), graph=graph)
-    assert orch["mode"] == "neutronorch" and orch["neutronorch"]["hot_share"] > 0.5
+    assert orch["mode"] == "neutronorch" and orch["hot"]["reuse_rate"] > 0.5
     np.testing.assert_allclose([e["train_loss"] for e in orch["epochs"]], [e["train_loss"] for e in exact["epochs"]],
                                rtol=2e-4, atol=1e-5)
     assert orch["test_acc"] == pytest.approx(exact["test_acc"], abs=2e-3)

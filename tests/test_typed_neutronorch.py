@@ -121,8 +121,8 @@ def test_lockstep_neutronorch_equals_exact_mode(kind):
     assert b["mode"] == "neutronorch" and a["mode"] == "exact"
     assert len(exact.steps) == len(orch.steps) > 10
     np.testing.assert_allclose(orch.steps, exact.steps, rtol=2e-4, atol=1e-5)
-    assert b["neutronorch"]["hot_share"] > 0.5  # most bottom-layer rows came from the host
-    assert b["neutronorch"]["staleness_max_observed"] == 0
+    assert b["hot"]["reuse_rate"] > 0.5  # most bottom-layer rows came from the host
+    assert b["staleness"]["max_observed"] == 0
     assert b["test_acc"] == pytest.approx(a["test_acc"], abs=2e-3)
 
 
@@ -227,14 +227,15 @@ def test_the_hottest_vertices_of_each_type_are_chosen(mag):
 
 def test_super_batches_keep_within_the_staleness_bound_and_say_what_they_reused():
     summary = train(run_config(mode="neutronorch", super_batch=4, hot_ratio=0.3), graph=small())
-    part = summary["neutronorch"]
-    assert part["super_batch"] == 4 and part["staleness_bound"] == 7
-    assert 0 < part["staleness_max_observed"] <= 7
-    assert 0 < part["hot_share"] < 1 and part["hot_per_super_batch"]
-    assert all("hot_share" in e and "staleness_max" in e for e in summary["epochs"])
-    # the stage table's lanes: the producer's, the host's (its rows' seconds) and the trainer's
-    assert all({"sampler", "host", "trainer"} <= set(e["lane_busy"]) for e in summary["epochs"])
-    assert all(e["stage_seconds"]["host_compute"] > 0 for e in summary["epochs"])
+    staleness, hot = summary["staleness"], summary["hot"]
+    assert summary["neutronorch"]["super_batch"] == 4 and staleness["bound"] == 7
+    assert 0 < staleness["max_observed"] <= 7
+    assert 0 < hot["reuse_rate"] < 1 and hot["mean_hot_per_super_batch"] > 0
+    assert all(0 < e["hot_ratio"] < 1 for e in summary["epochs"])
+    # the stage table's lanes: the producer's, the host's (its rows' seconds, in the epoch it computed them:
+    # it runs ahead across epochs) and the trainer's
+    assert {"sampler", "host", "trainer"} <= set().union(*(e["lane_busy"] for e in summary["epochs"]))
+    assert sum(e["stage_seconds"].get("host_compute", 0.0) for e in summary["epochs"]) > 0
     assert summary["status"] == "completed"
 
 
@@ -243,11 +244,12 @@ def test_auto_is_the_homogeneous_controllers_with_its_error_budget():
     stale error, and the plans are capped by ``hot_error_budget`` (nothing is hot before the error is known)."""
     summary = train(run_config(mode="neutronorch", super_batch=2, hot_ratio="auto", hot_error_budget=0.05),
                     graph=small())
-    part, epochs = summary["neutronorch"], summary["epochs"]
-    assert part["hot_ratio"] == "auto" and part["error_budget"] == 0.05 and part["stale_error"] > 0
+    hot, epochs = summary["hot"], summary["epochs"]
+    assert summary["neutronorch"]["hot_ratio_setting"] == "auto"
+    assert hot["error_budget"] == 0.05 and hot["stale_error"] > 0
     assert [e["hot_ratio_auto"]["decision"] for e in epochs][0] == "warm-up"
-    assert epochs[0]["hot_share"] == 0.0  # the first plans come before any measured error
-    assert part["staleness_max_observed"] <= part["staleness_bound"]
+    assert epochs[0]["hot_ratio"] == 0.0  # the first plans come before any measured error
+    assert summary["staleness"]["max_observed"] <= summary["staleness"]["bound"]
 
 
 def test_a_failure_in_the_sampler_thread_reaches_the_trainer(monkeypatch):
@@ -257,7 +259,7 @@ def test_a_failure_in_the_sampler_thread_reaches_the_trainer(monkeypatch):
     monkeypatch.setattr(TypedPlanner, "plan", broken)
     with pytest.raises(RuntimeError, match="planner broke"):
         train(run_config(mode="neutronorch", super_batch=2), graph=small())
-    assert not [t for t in threading.enumerate() if t.name.startswith("typed-neutronorch")]
+    assert not [t for t in threading.enumerate() if t.name.startswith("neutronorch")]
 
 
 def test_a_stopped_run_ends_its_threads():
@@ -270,7 +272,7 @@ def test_a_stopped_run_ends_its_threads():
 
     with pytest.raises(Interrupted):
         train(run_config(mode="neutronorch", super_batch=2), graph=small(), progress=StopAfterThree(), stop=stop)
-    assert not [t for t in threading.enumerate() if t.name.startswith("typed-neutronorch")]
+    assert not [t for t in threading.enumerate() if t.name.startswith("neutronorch")]
 
 
 @pytest.mark.cuda
@@ -282,13 +284,13 @@ def test_lockstep_neutronorch_equals_exact_mode_on_cuda(kind):
     train(run_config(model=kind, device="cuda"), graph=graph, progress=exact)
     summary = train(run_config(model=kind, device="cuda", **LOCKSTEP), graph=graph, progress=orch)
     np.testing.assert_allclose(orch.steps, exact.steps, rtol=1e-3, atol=1e-4)
-    assert summary["device"].startswith("cuda") and summary["neutronorch"]["hot_share"] > 0.5
+    assert summary["device"].startswith("cuda") and summary["hot"]["reuse_rate"] > 0.5
 
 
 @pytest.mark.cuda
 def test_super_batches_on_cuda_keep_within_the_bound():
     summary = train(run_config(device="cuda", mode="neutronorch", super_batch=4), graph=small())
-    assert summary["status"] == "completed" and summary["neutronorch"]["staleness_max_observed"] <= 7
+    assert summary["status"] == "completed" and summary["staleness"]["max_observed"] <= 7
 
 
 @pytest.mark.parametrize("mode", ["exact", "neutronorch"])
@@ -318,8 +320,8 @@ def test_device_sampling_trains_host_samplings_steps(device):
     settings = dict(mode="neutronorch", super_batch=4, hot_ratio=0.3, device=device)
     a = train(run_config(**settings, device_sampling="off"), graph=graph, progress=host)
     b = train(run_config(**settings, device_sampling="on"), graph=graph, progress=drawn)
-    assert b["neutronorch"]["hot_per_super_batch"] == a["neutronorch"]["hot_per_super_batch"]
-    assert b["neutronorch"]["saved_edges"] == a["neutronorch"]["saved_edges"] > 0
+    assert b["hot"]["mean_hot_per_super_batch"] == a["hot"]["mean_hot_per_super_batch"]
+    assert b["hot"]["bottom_edges_saved"] == a["hot"]["bottom_edges_saved"] > 0
     if device == "cpu":
         assert drawn.steps == host.steps and b["test_acc"] == a["test_acc"]
     else:
@@ -330,7 +332,7 @@ def test_device_sampling_on_cuda_needs_room_for_the_topology():
     """On CUDA the topology is placed whole: ``auto`` samples on the host where it would take more than half the
     free memory, and ``on`` is refused there, naming the sizes and what to set."""
     from neutronorch.errors import ConfigError
-    from neutronorch.orchestration.typed_neutronorch import draws_on_device
+    from neutronorch.orchestration.neutronorch.cold_sampler import draws_on_device
 
     graph, cuda = small(), torch.device("cuda")
     assert draws_on_device("on", graph, CPU) and not draws_on_device("auto", graph, CPU)

@@ -28,9 +28,10 @@ from neutronorch.orchestration.host_loader import HostLoader, TypedHostLoader
 from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
+from neutronorch.orchestration.neutronorch.cold_sampler import draws_on_device
+from neutronorch.orchestration.neutronorch.mode import TypedRun
 from neutronorch.orchestration.neutronorch.node import NodeLink
 from neutronorch.orchestration.seeds import NodeSeeds
-from neutronorch.orchestration.typed_neutronorch import TypedNeutronOrch
 from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.neighbor_sampler import NeighborSampler
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler, typed_fanouts
@@ -119,7 +120,7 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
 def typed_mode(config: TrainConfig, graph: TypedGraph, device: torch.device, threads: Threads, spans: Spans,
                shard: tuple[int, int], fanouts: dict[RelationType, list[int]] | None) -> Mode:
     """``build_mode`` for a typed graph (two-way: ``with_reverse``): exact (also what ``auto`` picks), device
-    (reading through ``TypedDeviceReader``) or NeutronOrch (``typed_neutronorch.py``) over its ``train_idx``;
+    (reading through ``TypedDeviceReader``) or NeutronOrch (``neutronorch/``) over its ``train_idx``;
     ``fanouts``: per relation, default ``config.fanouts`` for every relation. Data parallel where
     ``capabilities.py``'s table says it runs (``check_run`` refuses the others first)."""
     refused = refusal("typed", config.mode, config.task, shard[1])
@@ -134,7 +135,8 @@ def typed_mode(config: TrainConfig, graph: TypedGraph, device: torch.device, thr
         reader = TypedDeviceReader(graph, fanouts, sampling, device, spans, config.placement, inputs)
         return DeviceMode(NodeSeeds(graph, sampling), lambda: reader.sampler, reader, sampling, spans)
     if config.mode == "neutronorch":
-        return TypedNeutronOrch(graph, fanouts, sampling, config.neutronorch, config.epochs, device, spans,
-                                threads.sampler, threads.host, inputs, config.device_sampling)
+        run = TypedRun(fanouts, device, draws_on_device(config.device_sampling, graph, device))
+        return NeutronOrchMode(graph, sampling, config.neutronorch, config.epochs, inputs, spans, threads.sampler,
+                               threads.host, typed=run)
     return ExactMode(NodeSeeds(graph, sampling), lambda: TypedNeighborSampler(graph, fanouts),
                      TypedHostLoader(graph, inputs, device, spans), sampling, spans, threads.sampler)

@@ -9,9 +9,7 @@
 - ``versions.py``: the snapshot schedule, the versioned buffers and the staleness check;
 - ``controller.py`` and ``tuner.py``: the hot ratio and snapshot lead, tuned from measured speed and drift;
 - ``batch.py``: the spliced mini-batch; ``stats.py``: what the hot sets did;
-- the typed mode (``typed_neutronorch.py`` beside this package) uses its schedule, snapshots, hot table,
-  staleness check, controller and planner;
-- ``mode.py``: the mode the trainer drives, on the trainer's thread.
+- ``mode.py``: the mode the trainer drives, on the trainer's thread, over either kind of graph.
 """
 
 from neutronorch.orchestration.neutronorch.mode import NeutronOrchMode

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from neutronorch.nn.splice import SpliceIndex
-from neutronorch.orchestration.batch import MiniBatch
-from neutronorch.orchestration.neutronorch.planner import PlanStats
+from neutronorch.orchestration.batch import MiniBatch, TypedBatch
+from neutronorch.orchestration.neutronorch.planner import PlanStats, TypedPlanStats
 
 
 @dataclass
@@ -23,10 +23,10 @@ class Splice:
     """A mini-batch's place in its super-batch and how its bottom-layer output is assembled."""
 
     super_batch_id: int  # the super-batch (numbered across epochs)
-    index: SpliceIndex
+    index: SpliceIndex | dict[str, SpliceIndex]  # a typed graph's: per hot vertex type
     last: bool  # the last mini-batch of its super-batch
-    plan: PlanStats  # what the super-batch's plan did (shared by its mini-batches)
-    probe: np.ndarray  # the plan's hottest vertices (the drift probe's candidates)
+    plan: PlanStats | TypedPlanStats  # what the super-batch's plan did (shared by its mini-batches)
+    probe: np.ndarray | dict[str, np.ndarray]  # the plan's hottest vertices (the drift probe's candidates)
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "Splice":
         return Splice(self.super_batch_id, self.index.to(device, non_blocking), self.last, self.plan, self.probe)
@@ -43,6 +43,16 @@ class SplicedBatch(MiniBatch):
         super().to(device, non_blocking)
         self.splice = self.splice.to(device, non_blocking)
         return self
+
+
+@dataclass
+class TypedSplicedBatch(TypedBatch):
+    """A typed graph's: ``splice.index`` holds each hot type's splice (already on the device, as the batch is)."""
+
+    splice: Splice | None = field(default=None, kw_only=True)
+
+    def wait(self) -> None:
+        pass
 
 
 def spliced(splice: Splice):

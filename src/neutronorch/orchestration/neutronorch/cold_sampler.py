@@ -5,12 +5,16 @@ its sampler. Hot destinations are never sampled, gathered or moved. Without devi
 hop is drawn on the host with the numba sampler (with the mini-batch's own key, so together with the
 planner's upper hops it draws exactly what exact mode draws) and loaded like exact mode's batches; with
 it (``device_sampling``, on by default with CUDA), it is drawn on the device with the torch sampler and
-its rows come from the device feature cache, as in device mode.
+its rows come from the device feature cache, as in device mode. On a typed graph each type's cold
+destinations are drawn with the typed sampler (``draws_on_device``: on the device or on the host) and their
+rows read on the host (``TypedHostLoader``).
 """
 
 from __future__ import annotations
 
+import logging
 from contextlib import nullcontext
+from dataclasses import fields
 from typing import Callable, Iterable, Iterator
 
 import numba
@@ -19,25 +23,58 @@ import torch
 
 from neutronorch.config import SamplingConfig
 from neutronorch.data.graph import Graph
+from neutronorch.data.typed import TypedGraph
+from neutronorch.errors import ConfigError
+from neutronorch.features.placement import GiB
 from neutronorch.nn.splice import SpliceIndex
 from neutronorch.observe import Spans
 from neutronorch.orchestration.device_reader import DeviceReader
-from neutronorch.orchestration.host_loader import HostLoader
-from neutronorch.orchestration.neutronorch.batch import Splice, SplicedBatch, spliced
-from neutronorch.orchestration.neutronorch.planner import Plan
+from neutronorch.orchestration.host_loader import HostLoader, TypedHostLoader
+from neutronorch.orchestration.neutronorch.batch import Splice, SplicedBatch, TypedSplicedBatch, spliced
+from neutronorch.orchestration.neutronorch.planner import Plan, TypedPlan, TypedPlannedBatch
 from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.exclude import exclude_from_block
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key
+from neutronorch.sampling.typed_block import TypedSubgraph
+from neutronorch.sampling.typed_device_sampler import edge_feature_bytes, topology_bytes
+from neutronorch.sampling.typed_sampler import TypedHops
+
+logger = logging.getLogger("neutronorch")
+
+
+def draws_on_device(setting: str, graph: TypedGraph, device: torch.device, free: int | None = None) -> bool:
+    """Whether a typed graph's mini-batches are drawn on ``device`` (``device_sampling`` ``setting``): ``on``, or
+    ``auto`` with CUDA where the topology and edge features, placed there whole, take at most half its free
+    memory (``free`` bytes, default what CUDA says); ``on`` beyond that is refused."""
+    on = setting == "on" or (setting == "auto" and device.type == "cuda")
+    if not on or device.type != "cuda":
+        return on
+    free = torch.cuda.mem_get_info(device)[0] if free is None else free
+    need = topology_bytes(graph) + edge_feature_bytes(graph)
+    if need <= free // 2:
+        return True
+    if setting == "on":
+        raise ConfigError(f"`device_sampling` on: typed NeutronOrch places the graph's topology and edge features "
+                          f"on {device} whole ({need / GiB:.2f} GiB), more than half its free {free / GiB:.2f} GiB; "
+                          f"set `device_sampling` off to sample on the host")
+    logger.info(f"device sampling off: the topology ({need / GiB:.2f} GiB) takes more than half of {device}'s free "
+                f"memory")
+    return False
 
 
 class ColdSampler:
-    def __init__(self, graph: Graph, sampling: SamplingConfig, spans: Spans, threads: int, loader: HostLoader | None,
-                 reader: DeviceReader | None):
+    """On a typed graph ``loader`` is its ``TypedHostLoader`` and ``sample`` makes this thread's sampler (the
+    host's, or with device sampling ``TypedDeviceSampler`` on the training device); its rows are read on the
+    host either way."""
+
+    def __init__(self, graph: Graph | TypedGraph, sampling: SamplingConfig, spans: Spans, threads: int,
+                 loader: HostLoader | TypedHostLoader | None, reader: DeviceReader | None,
+                 sample: Callable[[], TypedHops] | None = None):
         self.graph, self.fanouts, self.degrees = graph, sampling.fanouts, sampling.degrees
         self.file_order = sampling.file_order
         self.spans, self.threads = spans, threads
-        self.loader, self.reader = loader, reader
+        self.loader, self.reader, self.sample = loader, reader, sample
         on_cuda = reader is not None and reader.device.type == "cuda"
         self.stream = torch.cuda.Stream(reader.device) if on_cuda else None
 
@@ -47,26 +84,31 @@ class ColdSampler:
         ``skip`` mini-batches of the first plan (a resumed super-batch's, trained already)."""
         numba.set_num_threads(self.threads)
         on_device = self.reader is not None
-        if on_device:
+        if self.sample is not None:
+            sampler = self.sample()
+        elif on_device:
             sampler = make_device_sampler(self.reader.indptr, self.reader.indices, self.fanouts, self.degrees)
         else:
             sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.fanouts, self.degrees,
                                       self.file_order)
-        bottom_hop, fanout = len(self.fanouts) - 1, self.fanouts[-1]
         with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
             for plan in plans(sampler):
                 for position, item in enumerate(plan.batches):
                     if position < skip:
                         continue
+                    last = position == len(plan.batches) - 1
+                    if self.sample is not None:
+                        yield self._typed(plan, item, last, sampler)
+                        continue
                     with self.spans.stage("sample"):
                         dst = item.upper.frontiers[0]
-                        key = layer_key(item.key, bottom_hop)
+                        key = layer_key(item.key, len(self.fanouts) - 1)
                         if on_device:  # planned on the device: positions are tensors there
                             dst = dst.to(self.reader.device)
                             cold = dst.index_select(0, torch.as_tensor(item.cold_pos, device=dst.device))
-                            block, frontier = sampler.sample_hop(cold, fanout, key)
+                            block, frontier = sampler.sample_hop(cold, self.fanouts[-1], key)
                         else:
-                            block, frontier = sampler.sample_hop(dst.numpy()[item.cold_pos], fanout, key)
+                            block, frontier = sampler.sample_hop(dst.numpy()[item.cold_pos], self.fanouts[-1], key)
                             frontier = torch.from_numpy(frontier)
                         if item.exclude is not None:
                             block = exclude_from_block(block, frontier, item.exclude, self.graph.num_nodes)
@@ -74,11 +116,27 @@ class ColdSampler:
                                                    [frontier] + item.upper.frontiers)
                         splice = Splice(plan.super_batch_id,
                                         splice_index(dst.shape[0], item.cold_pos, item.hot_pos, item.hot_rows),
-                                        position == len(plan.batches) - 1,
-                                        plan.stats, plan.probe)
+                                        last, plan.stats, plan.probe)
                     source = self.reader if on_device else self.loader
                     yield source.load(plan.epoch, item.index, subgraph, make=spliced(splice), targets=item.targets)
                 skip = 0
+
+    def _typed(self, plan: TypedPlan, item: TypedPlannedBatch, last: bool, sampler: TypedHops) -> TypedSplicedBatch:
+        """A typed mini-batch: the bottom hop of each type's cold destinations (with the batch key: what exact
+        mode draws for them), loaded with its rows read on the host, and each hot type's splice."""
+        upper = item.upper
+        with self.spans.stage("sample", item.index):
+            cold = sampler.sample_bottom({t: ids[item.cold_pos[t]] for t, ids in upper.frontiers[0].items()},
+                                         item.key)
+            # Read on the host (``TypedHostLoader``) whichever device drew them.
+            subgraph = TypedSubgraph(upper.target, upper.seeds.cpu(), [cold, *upper.blocks],
+                                     [{t: v.cpu() for t, v in cold.src_ids.items()}, *upper.frontiers])
+        batch = self.loader.load(plan.epoch, item.index, subgraph)
+        index = {t: splice_index(int(upper.frontiers[0][t].shape[0]), item.cold_pos[t], item.hot_pos[t],
+                                 item.hot_rows[t]).to(self.loader.device)
+                 for t in plan.hot if item.hot_pos[t].shape[0]}
+        return TypedSplicedBatch(**{f.name: getattr(batch, f.name) for f in fields(batch)},
+                                 splice=Splice(plan.super_batch_id, index, last, plan.stats, plan.probe))
 
 
 def splice_index(num_rows: int, cold_pos, hot_pos, hot_rows) -> SpliceIndex:

@@ -27,6 +27,8 @@ class DevicePlanner(Planner):
     """``Planner`` on the device holding ``indptr``: the uppers' tensors there, the plan's positions too; owns
     one scratch entry per vertex (one planner per thread)."""
 
+    on_device = True
+
     def __init__(self, indptr: torch.Tensor, bottom_fanout: int):
         self.indptr = indptr
         self.device = indptr.device
@@ -44,6 +46,8 @@ class TypedDevicePlanner(TypedPlanner):
     destination type, the plan's positions on the device; owns one scratch entry per vertex (one planner per
     thread)."""
 
+    on_device = True
+
     def __init__(self, graph: TypedGraph, indptrs: dict[RelationType, torch.Tensor],
                  bottom_fanouts: dict[RelationType, int]):
         self.target = graph.target
@@ -53,10 +57,10 @@ class TypedDevicePlanner(TypedPlanner):
                       for t in graph.num_nodes}
 
     def _choose(self, t: str, uppers: list[tuple[int, int, TypedSubgraph]], ratio: float,
-                cap: Callable[[np.ndarray], tuple[int, bool]] | None) -> Choice:
+                cap: Callable[[np.ndarray], tuple[int, bool]] | None, hot: np.ndarray | None) -> Choice:
         empty = torch.empty(0, dtype=torch.int64, device=self._slot[t].device)
         return choose(self._slot[t], self._into[t], [upper.frontiers[0].get(t, empty) for _, _, upper in uppers],
-                      [upper.seeds.shape[0] if t == self.target else 0 for _, _, upper in uppers], ratio, cap)
+                      [upper.seeds.shape[0] if t == self.target else 0 for _, _, upper in uppers], ratio, cap, hot)
 
 
 def choose(slot: torch.Tensor, into: list[tuple[torch.Tensor, int]], bottoms: list[torch.Tensor], own: list[int],

@@ -7,7 +7,9 @@ once and gathers its raw features, waits for the W0 snapshot the schedule assign
 bottom-layer output with exactly the device layer's code, in training mode (dropout inside the layer, such
 as the graph blocks' and GAT's, draws masks keyed by the super-batch and the vertex; batch normalisation
 uses the hot rows' statistics), and puts the hot embeddings on the ``hot`` channel (on CUDA, copied on
-its own stream). An empty hot set costs it nothing but taking the snapshot it was assigned.
+its own stream). An empty hot set costs it nothing but taking the snapshot it was assigned. On a typed
+graph it draws every hot type's bottom block at once (``sample_bottom``), reads the snapshot's table rows
+beside the featured rows, and hands over one table per type.
 
 Planning does not depend on the weights, so it runs ahead while this loop waits for snapshots or
 computes. It runs at most two plans ahead of the compute loop, which the snapshots pace.
@@ -22,30 +24,38 @@ import torch
 
 from neutronorch.config import NeutronOrchConfig, SamplingConfig
 from neutronorch.data.graph import Graph
-from neutronorch.features.store import FeatureStore
+from neutronorch.data.typed import TypedGraph
+from neutronorch.features.store import FeatureStore, TypedInputs
 from neutronorch.nn.activation import dropout_keys
 from neutronorch.nn.precision import cpu_bf16_units
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.node import Exchange, NodeHotSet
-from neutronorch.orchestration.neutronorch.planner import Plan
+from neutronorch.orchestration.neutronorch.planner import Plan, TypedPlan
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
 from neutronorch.sampling.exclude import exclude_from_block
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 HOST_DROPOUT = 0xD7  # mixed into a super-batch's key for the dropout masks of its hot rows
 
 
 class HotRowComputer:
-    def __init__(self, graph: Graph, store: FeatureStore, sampling: SamplingConfig, config: NeutronOrchConfig,
-                 schedule: Schedule, bottom: torch.nn.Module, snapshots: Channel, hot: Channel, spans: Spans,
-                 device: torch.device, threads: int, node: NodeHotSet | None = None):
+    """On a typed graph ``store`` is its ``TypedInputs``, ``fanouts`` its fanouts per relation, and ``needs``
+    the channel on which the ids of the embedding-table rows each hot frontier reads go to the trainer
+    (``tables``: the tables' types), which takes those rows at the snapshot's version."""
+
+    def __init__(self, graph: Graph | TypedGraph, store: FeatureStore | TypedInputs, sampling: SamplingConfig,
+                 config: NeutronOrchConfig, schedule: Schedule, bottom: torch.nn.Module, snapshots: Channel,
+                 hot: Channel, spans: Spans, device: torch.device, threads: int, node: NodeHotSet | None = None,
+                 fanouts: dict | None = None, needs: Channel | None = None, tables: tuple[str, ...] = ()):
         self.graph, self.store, self.sampling = graph, store, sampling
+        self.fanouts, self.needs, self.tables = fanouts, needs, tables
         # Hot rows go out in the training precision. The host computes them in bfloat16 where the CPU does
         # it natively; elsewhere it reads float32 rows, computes in float32 and rounds the table once.
-        self.table_dtype = store.dtype
-        self.host_bf16 = store.dtype == torch.bfloat16 and bool(cpu_bf16_units())
-        if not self.host_bf16:
+        self.table_dtype = torch.float32 if needs is not None else store.dtype
+        self.host_bf16 = self.table_dtype == torch.bfloat16 and bool(cpu_bf16_units())
+        if not self.host_bf16 and needs is None:
             self.store = store.as_dtype(torch.float32)
         self.track_grad = config.hot_grad == "cpu"
         self.schedule = schedule
@@ -64,12 +74,13 @@ class HotRowComputer:
     def compute(self, start: int = 0) -> None:
         """The compute loop: the hot embeddings of every planned super-batch from ``start`` on, in order."""
         numba.set_num_threads(self.threads)
-        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees,
-                                  self.sampling.file_order)
+        sampler = (TypedNeighborSampler(self.graph, self.fanouts) if self.needs is not None else
+                   NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees,
+                                   self.sampling.file_order))
         try:
             for super_batch_id in range(start, self.schedule.total):
                 plan = self.planned.take(super_batch_id)
-                if plan.hot.shape[0] == 0 and self.node is None:
+                if len(plan.hot) == 0 and self.node is None:
                     self._nothing_hot(plan)
                     continue
                 self._finish_hot(plan, *self._gather_hot(plan, sampler))
@@ -77,6 +88,8 @@ class HotRowComputer:
             return
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer through the hot channel
             self.hot.fail(exc)  # wakes a trainer waiting for hot embeddings
+            if self.needs is not None:
+                self.needs.fail(exc)  # ... or for the table ids of a typed snapshot
 
     def close(self) -> None:
         self.planned.close()
@@ -90,6 +103,13 @@ class HotRowComputer:
         if self.node is not None:
             with self.spans.stage("host_share"):
                 exchange = self.node.exchange(plan.hot)
+        if self.needs is not None:  # a typed graph: every hot type's block, from the batch key
+            with self.spans.stage("host_sample"):
+                block = sampler.sample_bottom(plan.hot, plan.batches[0].key)
+            with self.spans.stage("host_gather"):
+                x, ids = self.store(block.src_ids, torch.device("cpu"))
+            self.needs.put(plan.super_batch_id, {t: ids[t] for t in self.tables if t in ids})
+            return block, x, exchange
         with self.spans.stage("host_sample"):
             key = layer_key(plan.batches[0].key, len(self.sampling.fanouts) - 1)
             ids = plan.hot if exchange is None else plan.hot[exchange.computed]
@@ -108,14 +128,19 @@ class HotRowComputer:
         separable = getattr(self.template, "separable", False)
         bf16 = torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.host_bf16)
         masks = dropout_keys(mix_key(plan.batches[0].key, HOST_DROPOUT))
+        # A typed graph's featureless types read the snapshot's table rows, leaves of the host's graph.
+        rows = {t: r.detach().requires_grad_(self.track_grad) for t, r in snapshot.rows.items()}
         with torch.set_grad_enabled(self.track_grad), bf16, masks:
             # Separable layers (SAGE, GCN): the same two calls that define the device layer, timed apart.
             with self.spans.stage("host_aggregate" if separable else "host_compute"):
                 layer, params = layer_holding(self.template, snapshot.params, self.track_grad)
+                x = {**x, **rows} if isinstance(x, dict) else x
                 output = layer.aggregate(block, x) if separable else layer(block, x)
             if separable:
                 with self.spans.stage("host_matmul"):
                     output = layer.transform(block.dst_rows(x), output)
+        if isinstance(output, dict):  # a typed graph: one table per hot type, copied to the device here
+            return self._hand_over_typed(plan, snapshot, block, {t: output[t] for t in plan.hot}, params, rows)
         table = output.detach().to(self.table_dtype)
         if exchange is not None:
             with self.spans.stage("host_share"):
@@ -134,11 +159,27 @@ class HotRowComputer:
             exchange=exchange, grad_acc=grad_acc, output=output if self.track_grad else None,
             params=params if self.track_grad else None, ready=ready, keep=keep))
 
-    def _nothing_hot(self, plan: Plan) -> None:
+    def _hand_over_typed(self, plan: TypedPlan, snapshot: Snapshot, block, output: dict, params: list,
+                         rows: dict) -> None:
+        """``_finish_hot``'s end on a typed graph: each hot type's table on the device, and with
+        ``hot_grad="cpu"`` the host's graph back to the snapshot's parameters and table rows."""
+        tables = {t: y.detach().to(self.device) for t, y in output.items()}
+        track = self.track_grad
+        grad_acc = {t: torch.zeros(y.shape, dtype=torch.float32, device=self.device) for t, y in tables.items()
+                    } if track else {}
+        self.hot.put(plan.super_batch_id, HotEmbeddings(
+            plan.super_batch_id, snapshot.version, tables, sum(int(y.shape[0]) for y in tables.values()), plan.hot,
+            host_edges=block.num_edges, grad_acc=grad_acc, output=output if track else {},
+            params=params if track else None, rows=rows if track else {}, ids=snapshot.ids if track else {}))
+
+    def _nothing_hot(self, plan: Plan | TypedPlan) -> None:
         """An empty hot set: no sampling, gathering or computing. Its (empty) rows are handed over at once,
         versioned at the super-batch's first step, so within the bound at every use; its snapshot is then
         taken only to be dropped."""
-        table = torch.empty((0, self.template.out_dim), dtype=self.table_dtype, device=self.device)
+        if self.needs is not None:
+            self.needs.put(plan.super_batch_id, {})  # its snapshot reads no table rows
+        table = {} if self.needs is not None else torch.empty((0, self.template.out_dim), dtype=self.table_dtype,
+                                                              device=self.device)
         first = self.schedule.first_step(plan.super_batch_id)
         self.hot.put(plan.super_batch_id, HotEmbeddings(plan.super_batch_id, first, table, 0, plan.hot))
         self.snapshots.take(plan.super_batch_id)

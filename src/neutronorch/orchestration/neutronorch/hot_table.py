@@ -10,6 +10,8 @@ by the trainer. On a typed graph the table, its accumulator and its hot set hold
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 
@@ -47,7 +49,7 @@ class HotTableReader:
     def _continue(self, hot: HotEmbeddings) -> None:
         """The resumed super-batch's hot rows, recomputed from its saved snapshot: same set, same gradient."""
         resumed, self.resumed = self.resumed, None
-        before, now = (resumed["vertices"], hot.vertices) if isinstance(hot.vertices, dict) else (
+        before, now = (resumed["vertices"], hot.vertices) if isinstance(hot.vertices, Mapping) else (
             {"": resumed["vertices"]}, {"": hot.vertices})
         if before.keys() != now.keys() or not all(np.array_equal(now[t], before[t]) for t in now):
             raise RuntimeError(f"super-batch {hot.super_batch_id} was resumed with another hot set than it "
@@ -72,7 +74,7 @@ class HotTableReader:
         if current is None:
             return None
         copy = lambda t: t.detach().to("cpu", copy=True)  # noqa: E731
-        if isinstance(current.vertices, dict):
+        if isinstance(current.vertices, Mapping):
             return {"gsid": current.super_batch_id,
                     "vertices": {t: torch.tensor(v) for t, v in current.vertices.items()},
                     "grad_acc": {t: copy(g) for t, g in current.grad_acc.items()}}

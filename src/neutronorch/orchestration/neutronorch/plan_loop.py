@@ -10,7 +10,8 @@ mini-batches are sampled:
   ``device_planner.DevicePlanner`` on the sampler's stream, one super-batch ahead of the batches it loads,
   so that the host computes H_{s+1} while s trains.
 
-Either way each plan also goes on the ``plans`` channel to the hot-row computer (``hot_rows.py``).
+Either way each plan also goes on the ``plans`` channel to the hot-row computer (``hot_rows.py``). On a
+typed graph the samplers and planners are the typed ones (``TypedPlanner``, ``TypedDevicePlanner``).
 The loop owns the epochs' seed orders; the sampler and planner it is given belong to its thread.
 """
 
@@ -25,20 +26,24 @@ import torch
 
 from neutronorch.config import SamplingConfig
 from neutronorch.data.graph import Graph
+from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.controller import PublishedSetting
-from neutronorch.orchestration.neutronorch.planner import Plan, Planner, all_cold
+from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner, TypedDevicePlanner
+from neutronorch.orchestration.neutronorch.planner import Plan, Planner, TypedPlanner, all_cold
 from neutronorch.orchestration.neutronorch.versions import Schedule
 from neutronorch.orchestration.seeds import NodeSeeds, SeedBatch
 from neutronorch.sampling.exclude import exclude_edges
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 
 class PlanLoop:
     def __init__(self, seeds: NodeSeeds, sampling: SamplingConfig, schedule: Schedule,
-                 published: PublishedSetting, planned: Channel, spans: Spans, num_nodes: int = 0):
+                 published: PublishedSetting, planned: Channel, spans: Spans, num_nodes: int = 0, num_layers: int = 0):
         self.seeds, self.sampling, self.schedule = seeds, sampling, schedule
+        self.num_layers = num_layers  # a typed graph's (its fanouts are per relation)
         self.num_nodes = num_nodes  # bounds the vertex ids of a link task's excluded pairs
         self.published = published  # the controller's ratio setting (replaced whole by the trainer, numbered)
         self.planned = planned
@@ -68,19 +73,20 @@ class PlanLoop:
             if epoch not in self._batches:
                 self._batches = {epoch: self.seeds.epoch(epoch)}
             uppers, batches = [], []
-            fanouts = self.sampling.fanouts[:-1]
-            on_device = torch.is_tensor(planner.indptr)
+            typed = isinstance(planner, TypedPlanner)
             for index in range(first, end):
                 key = batch_key(self.sampling.seed, epoch, index)
                 batch = self._batches[epoch][index]
                 batches.append(batch)
-                upper = sampler.sample(batch.seeds if on_device else batch.seeds.numpy(), key, fanouts)
+                seeds = batch.seeds if planner.on_device else batch.seeds.numpy()
+                upper = (sampler.sample_hops(seeds, key, self.num_layers - 1) if typed
+                         else sampler.sample(seeds, key, self.sampling.fanouts[:-1]))
                 if batch.exclude is not None:
                     upper = exclude_edges(upper, batch.exclude, self.num_nodes)
                 uppers.append((index, key, upper))
         with self.spans.stage("hot_select"):
             number, setting = self.published.read()
-            if setting.ratio == 0 and hot is None:  # nothing to make hot: no counting, no ranking
+            if setting.ratio == 0 and hot is None and not typed:  # nothing to make hot: no counting, no ranking
                 plan = all_cold(super_batch_id, epoch, uppers)
             else:
                 fresh = [b.batch_seeds for b in batches] if any(b.batch_seeds is not None for b in batches) else None
@@ -102,9 +108,21 @@ def one_ahead(plans: Iterator[Plan]) -> Iterator[Plan]:
         current = upcoming
 
 
-def host_planning(graph: Graph, sampling: SamplingConfig, threads: int) -> tuple[NeighborSampler, Planner]:
+def host_planning(graph: Graph | TypedGraph, sampling: SamplingConfig, threads: int,
+                  fanouts: dict[RelationType, list[int]] | None = None) -> tuple[NeighborSampler, Planner]:
     """The planning loop's sampler and planner on the host, for the thread that calls this (whose numba
-    kernels then run on ``threads`` threads)."""
+    kernels then run on ``threads`` threads); a typed graph's (``fanouts``: per relation) plan per type."""
     numba.set_num_threads(threads)
+    if fanouts is not None:
+        return TypedNeighborSampler(graph, fanouts), TypedPlanner(graph, {r: f[-1] for r, f in fanouts.items()})
     return (NeighborSampler(graph.indptr, graph.indices, sampling.fanouts, sampling.degrees, sampling.file_order),
             Planner(graph.indptr, sampling.fanouts[-1]))
+
+
+def device_planner(graph: Graph | TypedGraph, sampler, reader, sampling: SamplingConfig) -> Planner:
+    """The planner beside the device sampler ``sampler`` (a typed graph's: ``TypedDeviceSampler``; else over
+    ``reader``'s topology)."""
+    if isinstance(graph, TypedGraph):
+        return TypedDevicePlanner(graph, {r: indptr for r, (indptr, _) in sampler.topology.relations.items()},
+                                  {r: f[-1] for r, f in sampler.fanouts.items()})
+    return DevicePlanner(reader.indptr, sampling.fanouts[-1])

@@ -23,7 +23,8 @@ that ranks serve hot exactly the rows one process would.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from types import MappingProxyType
+from typing import Callable, Mapping
 
 import numpy as np
 from numba import njit, prange
@@ -268,6 +269,8 @@ def choose(slot: np.ndarray, into: list[tuple[np.ndarray, int]], bottoms: list[n
 class Planner:
     """Plans super-batches over one graph; owns scratch arrays of one entry per vertex (one per thread)."""
 
+    on_device = False  # the uppers it takes, and the positions it gives, are tensors on the training device
+
     def __init__(self, indptr: np.ndarray, bottom_fanout: int):
         num_nodes = indptr.shape[0] - 1
         self.indptr = indptr
@@ -309,6 +312,8 @@ class TypedPlannedBatch:
     hot_pos: dict[str, np.ndarray]
     hot_rows: dict[str, np.ndarray]
     saved_edges: int
+    targets: None = None  # as ``PlannedBatch``'s: a typed graph's tasks have none
+    exclude: None = None
 
 
 @dataclass(frozen=True)
@@ -322,6 +327,7 @@ class TypedPlanStats:
     hot_appearances: int
     saved_edges: int
     error_capped: bool
+    setting: int = 0  # as ``PlanStats``'s
 
 
 @dataclass(frozen=True)
@@ -331,9 +337,10 @@ class TypedPlan:
     super_batch_id: int
     epoch: int
     batches: tuple[TypedPlannedBatch, ...]
-    hot: dict[str, np.ndarray]  # H_s per type (only the types with hot vertices), hottest first
+    hot: Mapping[str, np.ndarray]  # H_s per type (only the types with hot vertices), hottest first; read-only
     stats: TypedPlanStats
     probe: dict[str, np.ndarray]  # per type its hottest (the drift probe's candidates)
+    exclude: None = None  # as ``Plan``'s
 
 
 class TypedPlanner:
@@ -342,6 +349,8 @@ class TypedPlanner:
     type's first ``len(seeds)`` being each mini-batch's own seeds. ``bottom_fanouts``: each relation's fanout
     in the bottom hop. Owns scratch arrays of one entry per vertex (one planner per thread)."""
 
+    on_device = False
+
     def __init__(self, graph: TypedGraph, bottom_fanouts: dict[RelationType, int]):
         self.target = graph.target
         self._slot = {t: np.full(n, -1, np.int32) for t, n in graph.num_nodes.items()}
@@ -349,17 +358,19 @@ class TypedPlanner:
                       for t in graph.num_nodes}
 
     def plan(self, super_batch_id: int, epoch: int, uppers: list[tuple[int, int, TypedSubgraph]], ratio: float,
-             cap: Callable[[np.ndarray], tuple[int, bool]] | None = None) -> TypedPlan:
-        """``uppers``: (mini-batch index, key, upper hops) of each mini-batch; ``ratio`` and ``cap`` as
-        ``Planner.plan`` takes them, applied to each type."""
-        choices = {t: self._choose(t, uppers, ratio, cap)
+             cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot: dict[str, np.ndarray] | None = None,
+             fresh: None = None) -> TypedPlan:
+        """``uppers``: (mini-batch index, key, upper hops) of each mini-batch; ``ratio``, ``cap`` and ``hot``
+        (per type) as ``Planner.plan`` takes them, applied to each type (one process: no ``fresh``)."""
+        empty = np.empty(0, np.int64)
+        choices = {t: self._choose(t, uppers, ratio, cap, None if hot is None else hot.get(t, empty))
                    for t in self._slot if any(t in upper.frontiers[0] for _, _, upper in uppers)}
         batches = tuple(TypedPlannedBatch(index, key, upper,
                                           *({t: getattr(choices[t], part)[b] for t in upper.frontiers[0]}
                                             for part in ("cold_pos", "hot_pos", "hot_rows")),
                                           sum(int(choices[t].saved[b]) for t in upper.frontiers[0]))
                         for b, (index, key, upper) in enumerate(uppers))
-        hot = {t: read_only(c.hot) for t, c in choices.items() if c.hot.shape[0]}
+        hot = MappingProxyType({t: read_only(c.hot) for t, c in choices.items() if c.hot.shape[0]})
         total = lambda part: sum(getattr(c, part) for c in choices.values())  # noqa: E731
         stats = TypedPlanStats(epoch, {t: int(ids.shape[0]) for t, ids in hot.items()}, total("reached"),
                                total("appearances"), total("hot_appearances"),
@@ -369,9 +380,9 @@ class TypedPlanner:
                          {t: c.probe for t, c in choices.items() if c.probe.shape[0]})
 
     def _choose(self, t: str, uppers: list[tuple[int, int, TypedSubgraph]], ratio: float,
-                cap: Callable[[np.ndarray], tuple[int, bool]] | None) -> Choice:
+                cap: Callable[[np.ndarray], tuple[int, bool]] | None, hot: np.ndarray | None) -> Choice:
         """The choice among type ``t``'s bottom-layer destinations."""
         empty = np.empty(0, np.int64)
         bottoms = [upper.frontiers[0][t].numpy() if t in upper.frontiers[0] else empty for _, _, upper in uppers]
         own = np.array([upper.seeds.shape[0] if t == self.target else 0 for _, _, upper in uppers], np.int64)
-        return choose(self._slot[t], self._into[t], bottoms, own, ratio, cap)
+        return choose(self._slot[t], self._into[t], bottoms, own, ratio, cap, hot)

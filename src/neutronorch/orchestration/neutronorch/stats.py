@@ -1,5 +1,5 @@
 """What the hot sets did over the run, for the epoch records and the summary (trainer thread only); on a
-typed graph |H_s| is also counted per vertex type."""
+typed graph |H_s| sums its vertex types'."""
 
 from __future__ import annotations
 
@@ -7,22 +7,17 @@ from neutronorch.orchestration.neutronorch.planner import PlanStats, TypedPlanSt
 
 
 class HotStats:
-    """Summed over the plans accounted (a run's, or on a typed graph also an epoch's)."""
+    """Summed over the plans accounted."""
 
     def __init__(self):
         self.super_batches = self.hot = self.reached = self.appearances = self.hot_appearances = 0
         self.saved_edges = self.host_edges = self.error_capped = self.computed = 0
-        self.hot_types: dict[str, int] = {}  # a typed graph's |H_s| per type, summed
         self._epoch_shares: dict[int, list[float]] = {}
 
     def account(self, plan: PlanStats | TypedPlanStats, host_edges: int = 0, computed: int | None = None) -> None:
         """Once per super-batch, when the trainer reaches it (``computed``: hot rows this rank computed, if
         not all)."""
-        hot = plan.hot
-        if isinstance(hot, dict):
-            for t, count in hot.items():
-                self.hot_types[t] = self.hot_types.get(t, 0) + count
-            hot = sum(hot.values())
+        hot = sum(plan.hot.values()) if isinstance(plan.hot, dict) else plan.hot
         self.super_batches += 1
         self.hot += hot
         self.computed += hot if computed is None else computed
@@ -60,18 +55,3 @@ class HotStats:
             "super_batches": self.super_batches,
             "error_capped_super_batches": self.error_capped if auto else None,
         }
-
-    @property
-    def hot_ratio(self) -> float | None:
-        """The share of the reached destinations made hot (None without plans)."""
-        return self.hot / max(1, self.reached) if self.super_batches else None
-
-    def record(self) -> dict:
-        """A typed run's epoch record and summary: ``hot_share``, the bottom-layer destination rows served by
-        hot rows; ``hot_per_super_batch``, the mean |H_s| per type; ``saved_edges``, bottom-hop edges not
-        sampled for the mini-batches. Empty without plans."""
-        if not self.super_batches:
-            return {}
-        return {"hot_share": round(self.hot_appearances / max(1, self.appearances), 4),
-                "hot_per_super_batch": {t: round(n / self.super_batches, 1) for t, n in self.hot_types.items()},
-                "saved_edges": self.saved_edges}

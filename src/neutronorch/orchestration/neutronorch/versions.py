@@ -94,8 +94,6 @@ class HotEmbeddings:
     keep: tuple = ()  # host buffers that must outlive an asynchronous copy
     rows: dict[str, torch.Tensor] = field(default_factory=dict)  # typed, hot_grad="cpu": the snapshot's table rows
     ids: dict[str, torch.Tensor] = field(default_factory=dict)  # ... (leaves of ``output``'s graph) and their ids
-    host_began: float = 0.0  # when the host began computing the rows (time.perf_counter) ...
-    host_seconds: float = 0.0  # ... and its seconds on them
 
 
 class StalenessCheck:
