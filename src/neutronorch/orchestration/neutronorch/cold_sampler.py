@@ -129,7 +129,7 @@ class ColdSampler:
             cold = sampler.sample_bottom({t: ids[item.cold_pos[t]] for t, ids in upper.frontiers[0].items()},
                                          item.key)
             # Read on the host (``TypedHostLoader``) whichever device drew them.
-            subgraph = TypedSubgraph(upper.target, upper.seeds.cpu(), [cold, *upper.blocks],
+            subgraph = TypedSubgraph(upper.seeds.cpu(), [cold, *upper.blocks],
                                      [{t: v.cpu() for t, v in cold.src_ids.items()}, *upper.frontiers])
         batch = self.loader.load(plan.epoch, item.index, subgraph)
         index = {t: splice_index(int(upper.frontiers[0][t].shape[0]), item.cold_pos[t], item.hot_pos[t],
