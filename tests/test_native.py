@@ -115,8 +115,9 @@ def test_meta_disagrees_with_arrays(tmp_path, key, value):
 
 
 @pytest.mark.parametrize("name, array, message", [
-    ("indices", np.array([1, 4, 0, 2, 1, 3, 2, 4, 3, 0], dtype=np.float64), "indices has dtype float64"),
-    ("indptr", np.array([0, 2, 4, 6, 8, 10], dtype=np.uint8), "indptr has dtype uint8"),
+    ("indices", np.array([1, 4, 0, 2, 1, 3, 2, 4, 3, 0], dtype=np.float64),
+     "indices must be a 1-D int32 or int64 array, got float64"),
+    ("indptr", np.array([0, 2, 4, 6, 8, 10], dtype=np.uint8), "indptr must be a 1-D int32 or int64 array, got uint8"),
     ("features", np.zeros((5, 3), dtype=np.float64), "features have dtype float64"),
     ("labels", np.zeros(5, dtype=np.float32), "labels have dtype float32"),
     ("train_idx", np.array([0.0, 1.0]), "train_idx must be a 1-D integer array"),
@@ -173,7 +174,7 @@ def test_empty_split(tmp_path, split):
 
 def test_split_out_of_range(tmp_path):
     save_native(small_graph(test_idx=np.array([3, 9], dtype=np.int64)), tmp_path)
-    with pytest.raises(DataError, match=r"test_idx\.npy: test_idx holds vertex ids outside 0\.\.4"):
+    with pytest.raises(DataError, match=r"test_idx\.npy: test_idx holds vertex id 9, outside 0\.\.4"):
         load_native(tmp_path)
 
 

@@ -31,12 +31,11 @@ import numpy as np
 from neutronorch.atomic import make_folder, remove_made, reserve, sweep_stale, temp_prefix, write_error
 from neutronorch.data.dtypes import BFLOAT16, bfloat16, is_bfloat16
 from neutronorch.data.files import holds_objects, read_error, reads_files
-from neutronorch.data.graph import METRICS, Graph
+from neutronorch.data.graph import ARRAYS, METRICS, Graph
 from neutronorch.data.typed import TYPED_FORMAT
 from neutronorch.errors import DataError, not_a_file
 
 FORMAT_VERSION = 1
-ARRAYS = ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx")
 META_KEYS = ("name", "num_nodes", "num_edges", "feature_dim", "num_classes", "format_version")
 OPTIONAL_KEYS = ("notes", "metric", "feature_dtype")
 

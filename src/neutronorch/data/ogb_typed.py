@@ -36,7 +36,7 @@ from neutronorch.data.files import read_error, reads_files
 from neutronorch.data.ogb import Progress, _count, _numbers, _present, _width, dataset_name, split_folder, split_ids
 from neutronorch.data.relation import Relation, RelationType, node_array, relation_array, relation_label
 from neutronorch.data.typed import TypedGraph
-from neutronorch.data.typed_checks import SPLITS
+from neutronorch.data.checks import SPLITS
 from neutronorch.errors import DataError
 
 _PARTS = dict(zip(SPLITS, ("train", "valid", "test")))  # TypedGraph's split -> OGB's file

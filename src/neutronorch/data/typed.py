@@ -5,7 +5,7 @@ A ``TypedGraph`` keeps, for each relation ``(src_type, name, dst_type)``, a CSC 
 in-neighbours through that relation, with optional edge features in the same order. Features are kept per
 type, and a type may have none (a model then gives it a learnable embedding table); labels and the split
 belong to the target type. Arrays may be numpy memory maps, so nothing here may copy a whole array without
-need. ``validate`` (``typed_checks.py``) is the one place that checks a typed graph coming from outside; the
+need. ``validate`` (``checks.py``) is the one place that checks a typed graph coming from outside; the
 rest of the package trusts a validated one.
 
 This is the data layer only: it knows nothing of sampling or models, and, like ``graph.py``, imports no torch.
@@ -19,7 +19,7 @@ import numpy as np
 
 from neutronorch.data.graph import GivenChecked, Graph
 from neutronorch.data.relation import Relation, RelationType, relation_label
-from neutronorch.data.typed_checks import check_typed_graph
+from neutronorch.data.checks import check_typed_graph
 from neutronorch.errors import DataError
 
 TYPED_FORMAT = "neutronorch-typed"  # meta.json's "format" for a typed graph on disk (typed_native.py)

@@ -33,7 +33,7 @@ from neutronorch.data.files import reads_files
 from neutronorch.data.native import _open_array, _read_meta, _save_array, check_dataset_folder, write_folder
 from neutronorch.data.relation import Relation, RelationType, node_array, relation_array, relation_label
 from neutronorch.data.typed import TYPED_FORMAT, TypedGraph
-from neutronorch.data.typed_checks import SPLITS
+from neutronorch.data.checks import SPLITS
 from neutronorch.errors import DataError, OutputError, not_a_file
 from neutronorch.limits import name_bytes, name_max, shown
 
