@@ -259,7 +259,7 @@ def test_a_failed_write_leaves_the_previous_dataset(tmp_path, monkeypatch):
 
     save_native(small_graph(), tmp_path / "d")
     calls = {"n": 0}
-    real = native._save_array
+    real = native.save_array
 
     def failing(path, arr):
         calls["n"] += 1
@@ -267,7 +267,7 @@ def test_a_failed_write_leaves_the_previous_dataset(tmp_path, monkeypatch):
             raise OSError("disk full")
         real(path, arr)
 
-    monkeypatch.setattr(native, "_save_array", failing)
+    monkeypatch.setattr(native, "save_array", failing)
     with pytest.raises(OutputError, match="cannot write .*d: disk full; what was there is kept"):
         save_native(small_graph(labels=np.array([1, 1, 1, 1, 1], dtype=np.int64)), tmp_path / "d", overwrite=True)
     assert load_native(tmp_path / "d").labels.tolist() == small_graph().labels.tolist()
@@ -434,7 +434,7 @@ def test_a_saved_dataset_folder_gets_the_permissions_mkdir_gives_and_a_replaced_
                                 r"classes 0\.\.1\)\. Set it to 2"),
     (dict(metric="auroc"), r"meta\.json: metric is 'auroc', which names no metric; use one of accuracy, rocauc"),
     (dict(metric=3), r"meta\.json: metric is 3, which names no metric"),
-    (dict(name=["ring"]), r"meta\.json: name is \['ring'\], expected the dataset's name as a string"),
+    (dict(name=["ring"]), r"meta\.json: name is \['ring'\], expected a name"),
     (dict(metrc="rocauc"), r"meta\.json: unknown keys \['metrc'\]"),
     (dict(num_nodes=5.0), r"meta\.json: num_nodes is 5\.0, expected a whole number"),
 ])

@@ -38,12 +38,12 @@ from pathlib import Path
 
 import numpy as np
 
-from neutronorch.data.files import reads_files
+from neutronorch.data.files import open_npy, present, reads_files
 from neutronorch.data.ogb_link import load_torch_file
 from neutronorch.data.relation import RelationType, node_array
 from neutronorch.data.typed import TypedGraph
-from neutronorch.data.typed_arrays import (Progress, check_rows, class_ids, edge_files, is_npy, open_npy, open_raw,
-                                           present, read_relations, sorted_ids)
+from neutronorch.data.typed_arrays import (Progress, check_rows, class_ids, edge_files, is_npy, open_raw,
+                                           read_relations, sorted_ids)
 from neutronorch.errors import DataError
 
 TYPES = ("paper", "author", "institute", "fos", "journal", "conference")
