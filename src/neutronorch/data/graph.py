@@ -124,11 +124,14 @@ class Graph(GivenChecked):
         if valid:  # fewer vertices in a valid split leave it valid: not checked again (check_given)
             self._mark_validated(marked[1])
 
+    def arrays(self) -> list[np.ndarray]:
+        """The graph's arrays, in the native format's order (``ARRAYS``)."""
+        return [getattr(self, name) for name in ARRAYS]
+
     def files(self) -> list[str]:
         """The files this graph's arrays are memory-mapped from (none for arrays held in memory)."""
         found = []
-        for name in ARRAYS:
-            array = getattr(self, name)
+        for array in self.arrays():
             while array is not None and getattr(array, "filename", None) is None:
                 array = getattr(array, "base", None)  # a view of a map (a bfloat16 view, a slice)
             if array is not None and array.filename not in found:

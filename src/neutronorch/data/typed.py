@@ -99,6 +99,14 @@ class TypedGraph(GivenChecked):
         features = self.features.get(node_type)
         return 0 if features is None else int(features.shape[1])
 
+    def arrays(self) -> list[np.ndarray | None]:
+        """The graph's arrays: the target's labels and splits, every type's features, every relation's CSC and
+        edge features (None where absent)."""
+        arrays = [self.labels, self.train_idx, self.val_idx, self.test_idx, *self.features.values()]
+        for relation in self.relations.values():
+            arrays += [relation.indptr, relation.indices, relation.edge_features]
+        return arrays
+
     def relation(self, key: RelationType | str) -> RelationType:
         """The relation type ``key`` names: a ``(src, name, dst)`` triple, or a name only one relation has."""
         if isinstance(key, tuple):
