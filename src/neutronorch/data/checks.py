@@ -25,7 +25,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 SPLITS = ("train_idx", "val_idx", "test_idx")
 # Checks over arrays that may be larger than RAM run in chunks of this many elements.
 _CHUNK = 1 << 24
-# The metrics a dataset may name as its own (``Graph.metric``); config.METRICS lists the same for --metric.
+# The metrics a dataset may name as its own (``Graph.metric``) and --metric takes (config.py).
 METRICS = ("accuracy", "rocauc", "f1-micro", "f1-macro")
 
 
