@@ -24,11 +24,41 @@ from neutronorch.errors import DataError
 ARRAYS = ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx")
 
 
-class GivenChecked:
-    """``check_given``, for a graph given in Python (to ``train``, a loader, ``predict`` or ``embed``): it is
+class GraphCommon:
+    """What ``Graph`` and ``TypedGraph`` share: which of the (target's) vertices have a label, and
+    ``check_given``, for a graph given in Python (to ``train``, a loader, ``predict`` or ``embed``): it is
     validated as a loaded one is, unless this object passed ``validate`` holding the parts it holds now (a
     loader's graph, checked as it was read): one built or changed by hand is never trusted, and a loaded one
     is not read twice."""
+
+    def is_labelled(self, ids: np.ndarray) -> np.ndarray:
+        """Whether each of ``ids`` has a label (multi-label: at least one known entry)."""
+        labels = np.asarray(self.labels[ids])
+        return (labels >= 0).any(axis=1) if labels.ndim == 2 else labels >= 0
+
+    def loss_terms(self, ids: np.ndarray) -> int:
+        """How many terms a loss over ``ids`` averages: their known labels (multi-label: known entries)."""
+        return int((np.asarray(self.labels[ids]) >= 0).sum())
+
+    def drop_unlabelled_from_splits(self) -> None:
+        """Leave vertices without a label out of the training, validation and test sets (with a note):
+        they count in neither the loss nor a metric."""
+        marked = getattr(self, "_validated", None)
+        valid = marked is not None and marked[0] == self._parts()
+        dropped = []
+        for name in ("train_idx", "val_idx", "test_idx"):
+            idx = np.asarray(getattr(self, name))
+            keep = self.is_labelled(idx)
+            if not keep.all():
+                if not keep.any():
+                    raise DataError(f"{self.name}: no vertex of {name} has a label; give a split whose "
+                                    f"{name.removesuffix('_idx')} set holds labelled vertices.")
+                setattr(self, name, idx[keep])
+                dropped.append(f"{int((~keep).sum()):,} from {name.removesuffix('_idx')}")
+        if dropped:
+            self.notes.append(f"vertices without a label left out of the splits: {', '.join(dropped)}")
+        if valid:  # fewer vertices in a valid split leave it valid: not checked again (check_given)
+            self._mark_validated(marked[1])
 
     def check_given(self, classes: bool = True) -> None:
         """Without ``classes`` (inference, which reads no label) a graph need not have classes to learn."""
@@ -48,7 +78,7 @@ class GivenChecked:
 
 
 @dataclass
-class Graph(GivenChecked):
+class Graph(GraphCommon):
     """A node-classification graph in CSC form.
 
     ``indptr[v]:indptr[v+1]`` indexes ``indices``, which holds the in-neighbours of ``v``. ``labels`` is a
@@ -94,35 +124,6 @@ class Graph(GivenChecked):
         graph.validate(graph.name)
         graph.drop_unlabelled_from_splits()
         return graph
-
-    def is_labelled(self, ids: np.ndarray) -> np.ndarray:
-        """Whether each of ``ids`` has a label (multi-label: at least one known entry)."""
-        labels = np.asarray(self.labels[ids])
-        return (labels >= 0).any(axis=1) if labels.ndim == 2 else labels >= 0
-
-    def loss_terms(self, ids: np.ndarray) -> int:
-        """How many terms a loss over ``ids`` averages: their known labels (multi-label: known entries)."""
-        return int((np.asarray(self.labels[ids]) >= 0).sum())
-
-    def drop_unlabelled_from_splits(self) -> None:
-        """Leave vertices without a label out of the training, validation and test sets (with a note):
-        they count in neither the loss nor a metric."""
-        marked = getattr(self, "_validated", None)
-        valid = marked is not None and marked[0] == self._parts()
-        dropped = []
-        for name in ("train_idx", "val_idx", "test_idx"):
-            idx = np.asarray(getattr(self, name))
-            keep = self.is_labelled(idx)
-            if not keep.all():
-                if not keep.any():
-                    raise DataError(f"{self.name}: no vertex of {name} has a label; give a split whose "
-                                    f"{name.removesuffix('_idx')} set holds labelled vertices.")
-                setattr(self, name, idx[keep])
-                dropped.append(f"{int((~keep).sum()):,} from {name.removesuffix('_idx')}")
-        if dropped:
-            self.notes.append(f"vertices without a label left out of the splits: {', '.join(dropped)}")
-        if valid:  # fewer vertices in a valid split leave it valid: not checked again (check_given)
-            self._mark_validated(marked[1])
 
     def arrays(self) -> list[np.ndarray]:
         """The graph's arrays, in the native format's order (``ARRAYS``)."""

@@ -155,6 +155,7 @@ def _typed_graph(name: str, num_nodes: dict[str, int], stores: dict, edges: dict
     splits, notes = _splits(stores[target], labels, classes, split, seed)
     graph = TypedGraph(name=name, num_nodes=num_nodes, relations=relations, features=features, target=target,
                        labels=labels, num_classes=classes, notes=notes, **splits)
+    graph.drop_unlabelled_from_splits()
     graph.validate(name)
     return graph
 
@@ -196,26 +197,20 @@ def _labels(store, target: str, name: str, num_classes: int | None, keys: tuple[
     if num_classes is None:
         num_classes = int(labels.shape[1]) if labels.ndim == 2 else int(labels.max(initial=-1)) + 1
     return labels, num_classes
+
+
 def _splits(store, labels: np.ndarray, num_classes: int, split: str | None, seed: int):
-    """The target's splits from its masks, or drawn over its labelled vertices; and what was done, as notes."""
-    known = (labels >= 0).any(axis=1) if labels.ndim == 2 else labels >= 0
+    """The target's splits from its masks (unlabelled vertices are left out later), or drawn over its labelled
+    vertices; and what was done, as notes."""
     masks = {part: next((store[k] for k in keys if k in store), None) for part, keys in MASKS.items()}
     missing = [keys[0] for part, keys in MASKS.items() if masks[part] is None]
     if missing and len(missing) < len(masks):
         raise DataError(f"the target type has no {', '.join(missing)}, but other split masks; give all three "
                         f"masks, or none to have the split drawn.")
     if missing:
-        labelled = np.flatnonzero(known)
+        labelled = np.flatnonzero((labels >= 0).any(axis=1) if labels.ndim == 2 else labels >= 0)
         drawn = make_split(labels[labelled], num_classes, split or DEFAULT_SPLIT, seed)
         spec = split or DEFAULT_SPLIT
         return ({part: labelled[idx] for part, idx in zip(MASKS, drawn)},
                 [f"no stored split: labelled vertices split by {spec} (seed {seed})"])
-    splits, dropped = {}, []
-    for part, mask in masks.items():
-        idx = np.flatnonzero(_numpy(mask).astype(bool))
-        keep = known[idx]
-        if not keep.all():
-            dropped.append(f"{int((~keep).sum()):,} from {part.removesuffix('_idx')}")
-        splits[part] = idx[keep]
-    notes = [f"vertices without a label left out of the splits: {', '.join(dropped)}"] if dropped else []
-    return splits, notes
+    return {part: np.flatnonzero(_numpy(mask).astype(bool)) for part, mask in masks.items()}, []

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from neutronorch.data.graph import GivenChecked, Graph
+from neutronorch.data.graph import Graph, GraphCommon
 from neutronorch.data.relation import Relation, RelationType, relation_label
 from neutronorch.data.checks import check_typed_graph
 from neutronorch.errors import DataError
@@ -30,7 +30,7 @@ EDGE: RelationType = (VERTEX, "to", VERTEX)
 
 
 @dataclass
-class TypedGraph(GivenChecked):
+class TypedGraph(GraphCommon):
     """A node-classification graph with typed vertices and relations.
 
     ``num_nodes`` lists the vertex types in their fixed order with their counts; ``relations`` maps each
