@@ -247,7 +247,7 @@ def test_arrays_meta_json_does_not_list_are_refused(tmp_path, extra, message):
 
 def test_the_homogeneous_reader_names_a_typed_folder(tmp_path):
     folder = write_typed(small(), tmp_path / "shop")
-    with pytest.raises(DataError, match="holds a typed graph.*not available yet"):
+    with pytest.raises(DataError, match="holds a typed graph.*not as a homogeneous graph"):
         load_native(folder)
 
 

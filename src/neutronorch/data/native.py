@@ -101,10 +101,7 @@ def read_meta(meta_path: Path, keys: tuple[str, ...] = META_KEYS, optional: tupl
     if not isinstance(meta, dict):
         raise DataError(f"{meta_path}: expected a JSON object with the keys {list(keys)}.")
     if meta.get("format") == TYPED_FORMAT and "format" not in keys:
-        raise DataError(f"{meta_path}: holds a typed graph (several vertex and relation types), which `neutronorch "
-                        f"train`, `info` and `convert` read (docs/heterogeneous.md); reading it as a homogeneous "
-                        f"graph (predict, embed) is not available yet. Read it in Python with "
-                        f"neutronorch.data.read_typed.")
+        raise DataError(typed_refusal(meta_path.parent))
     missing = [k for k in keys if k not in meta]
     if missing:
         raise DataError(f"{meta_path}: missing keys {missing}. It needs {list(keys)}.")
@@ -135,6 +132,13 @@ def as_stored(array: np.ndarray, dtype_name: str | None, path: Path) -> np.ndarr
         raise DataError(f"{path}: meta.json's feature_dtype is {dtype_name!r}, but the file holds {array.dtype}. "
                         f"Write the dataset again.")
     return array
+
+
+def typed_refusal(path) -> str:
+    """Why a homogeneous reader refuses the typed graph at ``path``, and what reads it."""
+    return (f"{path}: holds a typed graph (several vertex and relation types), which the commands read "
+            f"(docs/heterogeneous.md) but not as a homogeneous graph. Read it in Python with "
+            f"neutronorch.data.load_typed_dataset.")
 
 
 def check_meta_value(value, kind: type, what: str, meta_path: Path) -> None:
