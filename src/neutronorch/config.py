@@ -151,7 +151,8 @@ class TrainConfig:
         if self.weight_decay is None and self.task in TASK_WEIGHT_DECAY:
             self.weight_decay = TASK_WEIGHT_DECAY[self.task]
         self.hot_ratio = _auto_or(self.hot_ratio, "hot_ratio", "a fraction in [0, 1] such as 0.1",
-                                  lambda ratio: 0 <= ratio <= 1, "the share of reached bottom-layer vertices made hot must be in [0, 1] (or 'auto')")
+                                  lambda ratio: 0 <= ratio <= 1,
+                                  "the share of reached bottom-layer vertices made hot must be in [0, 1] (or 'auto')")
         for name, which in (("gpu_cache_gb", "device"), ("host_cache_gb", "host")):
             setattr(self, name, _auto_or(getattr(self, name), name, f"a size in GiB such as 2.5 (0 turns the {which} "
                                          f"feature cache off)", lambda size: math.isfinite(size) and size >= 0,
