@@ -78,8 +78,9 @@ def load_native(directory: str | os.PathLike, mmap: bool = True, validate: bool 
 def read_meta(meta_path: Path, keys: tuple[str, ...] = META_KEYS, optional: tuple[str, ...] = OPTIONAL_KEYS,
               counts: tuple[str, ...] = META_KEYS[1:], written_by: str = "`neutronorch convert` or `generate`") -> dict:
     """``meta.json`` (which a folder being written gets last) as a dict holding every one of ``keys``, no key
-    outside ``keys`` and ``optional`` (a misspelt optional key would otherwise be ignored), each key once; its ``counts`` whole numbers >= 0, its
-    name a name, its notes strings, its metric one of ``METRICS`` and its ``format_version`` the one read."""
+    outside ``keys`` and ``optional`` (a misspelt optional key would otherwise be ignored), each key once; its
+    ``counts`` whole numbers >= 0, its name a name, its notes strings, its metric one of ``METRICS`` and its
+    ``format_version`` the one read."""
     if not meta_path.is_file():
         raise DataError(f"{meta_path}: file is missing. Is {meta_path.parent} a dataset written by {written_by}? "
                         f"(A folder being written has none until it is complete.)")
