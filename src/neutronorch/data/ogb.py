@@ -32,6 +32,7 @@ from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.dtypes import STORAGE_DTYPES, as_int64
 from neutronorch.data.files import holds_objects, read_error, reads_files
 from neutronorch.data.graph import Graph
+from neutronorch.data.splits import stored_split
 from neutronorch.data.textnum import TextError, first_line_width, read_numbers
 from neutronorch.errors import DataError, not_a_file
 
@@ -187,19 +188,9 @@ def csv_file(folder: Path, stem: str) -> Path:
 
 
 def split_ids(path: Path, num_nodes: int) -> np.ndarray:
-    """The sorted vertex ids of a split file: at least one, each below ``num_nodes`` and listed once."""
-    ids = np.sort(_numbers(path, num_nodes, np.int64))
-    if not ids.size:
-        raise DataError(f"{path}: the split is empty (no vertex ids), and every split needs at least one vertex. "
-                        f"The file is truncated or damaged; fetch the dataset again.")
-    if ids[0] < 0 or ids[-1] >= num_nodes:
-        raise DataError(f"{path}: holds vertex id {ids[0] if ids[0] < 0 else ids[-1]}, outside 0..{num_nodes - 1} "
-                        f"(the vertex count file says {num_nodes} vertices). The files come from different "
-                        f"versions of the dataset; fetch it again.")
-    if ids.size > 1 and (ids[1:] == ids[:-1]).any():
-        raise DataError(f"{path}: lists vertex {ids[1:][ids[1:] == ids[:-1]][0]} more than once. The file is "
-                        f"damaged; fetch the dataset again.")
-    return ids
+    """The sorted vertex ids of a split file (``splits.stored_split``'s checks)."""
+    return stored_split(_numbers(path, num_nodes, np.int64), path, "the split", num_nodes, "The file is truncated "
+                        "or damaged, or comes from another version of the dataset; fetch the dataset again.")
 
 
 def _present(path: Path) -> Path:

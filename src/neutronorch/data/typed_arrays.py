@@ -155,23 +155,6 @@ def _sort_columns(indptr, indices):
         column.sort()
 
 
-def sorted_ids(value, path: Path, what: str, count: int, fix: str) -> np.ndarray:
-    """Vertex ids read from a ``.pt`` file (a 1-D array or tensor) as sorted int64, at least one, each in
-    ``0..count-1``; else a ``DataError`` naming ``path`` and ``what``, ending with ``fix``."""
-    if hasattr(value, "numpy"):  # a tensor: torch is loaded, reading the file
-        value = value.numpy()
-    if not isinstance(value, np.ndarray) or value.ndim != 1:
-        raise DataError(f"{path}: {what} is a {type(value).__name__} {getattr(value, 'shape', '')}, expected a "
-                        f"1-D array of vertex ids. {fix}")
-    ids = np.sort(as_int64(value, str(path), what))
-    if not ids.size:
-        raise DataError(f"{path}: {what} is empty (no vertex ids), and a split needs at least one vertex. {fix}")
-    if ids[0] < 0 or ids[-1] >= count:
-        raise DataError(f"{path}: {what} holds id {int(ids[0] if ids[0] < 0 else ids[-1])}, outside "
-                        f"0..{count - 1}. {fix}")
-    return ids
-
-
 def class_ids(values: np.ndarray, path: Path, progress: Progress | None = None) -> np.ndarray:
     """int64 class ids (-1 where a float label is NaN: none) of the 1-D label array ``values``, converted a
     chunk at a time (a whole label must be a whole number)."""
