@@ -117,7 +117,7 @@ def check_names(graph, source: str) -> None:
 
 def _check_kinds(graph, fail: Failure) -> None:
     """Every part of the kind ``TypedGraph`` says (a graph built by hand may hold lists, tensors or tuples):
-    dicts, ``Relation`` values, numpy arrays (``graph.check_kinds``) and a whole ``num_classes``."""
+    dicts, ``Relation`` values, numpy arrays (``check_kinds``) and a whole ``num_classes``."""
     say = lambda what, fix: fail(None, what, fix)  # noqa: E731
     for name in ("num_nodes", "relations", "features"):
         value = getattr(graph, name)
