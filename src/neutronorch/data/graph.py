@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from neutronorch.data.arrays import graph_fields
-from neutronorch.data.checks import METRICS, Failure, check_csc, check_kinds, check_metric, check_rows, check_target
+from neutronorch.data.checks import Failure, check_csc, check_kinds, check_metric, check_rows, check_target
 from neutronorch.data.links import LinkSplit, check_link_split
 from neutronorch.errors import DataError
 

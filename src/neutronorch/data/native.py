@@ -29,11 +29,12 @@ from typing import Callable
 import numpy as np
 
 from neutronorch.atomic import make_folder, remove_made, reserve, sweep_stale, temp_prefix, write_error
+from neutronorch.data.checks import METRICS
 from neutronorch.data.dtypes import BFLOAT16, bfloat16, is_bfloat16
 from neutronorch.data.files import open_npy, read_error, reads_files
-from neutronorch.data.graph import ARRAYS, METRICS, Graph
+from neutronorch.data.graph import ARRAYS, Graph
 from neutronorch.data.typed import TYPED_FORMAT
-from neutronorch.errors import DataError, not_a_file
+from neutronorch.errors import DataError
 
 FORMAT_VERSION = 1
 META_KEYS = ("name", "num_nodes", "num_edges", "feature_dim", "num_classes", "format_version")

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from neutronorch.data.checks import check_typed_graph
 from neutronorch.data.graph import Graph, GraphCommon
 from neutronorch.data.relation import Relation, RelationType, relation_label
-from neutronorch.data.checks import check_typed_graph
 from neutronorch.errors import DataError
 
 TYPED_FORMAT = "neutronorch-typed"  # meta.json's "format" for a typed graph on disk (typed_native.py)
