@@ -193,8 +193,8 @@ def _merge_lines(text: str, at: int) -> str:
     ("edge.csv.gz", lambda t: _merge_lines(t, 1), r"edge\.csv\.gz: line 2 holds 4 values, where every line holds 2"),
     ("node-feat.csv.gz", lambda t: _merge_lines(t, 1), r"node-feat\.csv\.gz: line 2 holds 12 values, where every"),
     ("node-label.csv.gz", lambda t: "nonsense\n" + t.split("\n", 1)[1], r"line 1 holds 'nonsense', which is not"),
-    ("split/time/train.csv.gz", lambda t: f"{N + 3}\n" + t, r"train\.csv\.gz: holds vertex id 203, outside 0\.\.199"),
-    ("split/time/valid.csv.gz", lambda t: t + t.split("\n", 1)[0] + "\n", r"valid\.csv\.gz: lists vertex .* more than"),
+    ("split/time/train.csv.gz", lambda t: f"{N + 3}\n" + t, r"train\.csv\.gz: the split holds id 203, outside 0\.\.199"),
+    ("split/time/valid.csv.gz", lambda t: t + t.split("\n", 1)[0] + "\n", r"valid\.csv\.gz: the split lists vertex .* more than"),
     ("split/time/test.csv.gz", lambda t: t.replace("\n", ".25\n", 1), r"test\.csv\.gz: value number 1 is .*\.25"),
 ])
 def test_values_a_file_cannot_mean_are_refused_not_truncated(tmp_path, file, change, message):

@@ -310,7 +310,7 @@ def test_sigterm_during_predict_leaves_no_partial_file(workspace, tmp_path, monk
 def test_sigterm_during_convert_leaves_no_partial_folder(tmp_path, monkeypatch):
     from neutronorch.data import native
 
-    real, calls = native._save_array, []
+    real, calls = native.save_array, []
 
     def terminated_midway(path, array):
         calls.append(path)
@@ -318,7 +318,7 @@ def test_sigterm_during_convert_leaves_no_partial_folder(tmp_path, monkeypatch):
             os.kill(os.getpid(), signal.SIGTERM)
         return real(path, array)
 
-    monkeypatch.setattr(native, "_save_array", terminated_midway)
+    monkeypatch.setattr(native, "save_array", terminated_midway)
     assert main(["generate", "synthetic", "--nodes", "300", "--out", str(tmp_path / "g")]) == 128 + signal.SIGTERM
     assert list(tmp_path.iterdir()) == []
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from neutronorch.data import typed, typed_checks
+from neutronorch.data import checks, typed
 from neutronorch.data.dtypes import bfloat16
 from neutronorch.data.native import load_native
 from neutronorch.data.synthetic_typed import synthetic_typed
@@ -142,11 +142,11 @@ def test_validate_names_the_type_and_relation(case):
 
 
 def test_validate_reads_large_arrays_in_chunks(monkeypatch):
-    monkeypatch.setattr(typed_checks, "_CHUNK", 2)  # every array spans several chunks
+    monkeypatch.setattr(checks, "_CHUNK", 2)  # every array spans several chunks
     graph = small()
     graph.validate()
     _relation(graph, FOLLOWS, indices=np.array([1, 2, 3, 4, 5]))  # the bad id is in the last chunk
-    with pytest.raises(DataError, match=r"\(user, follows, user\): indices hold id 5"):
+    with pytest.raises(DataError, match=r"\(user, follows, user\): indices hold vertex id 5"):
         graph.validate()
 
 
@@ -247,7 +247,7 @@ def test_arrays_meta_json_does_not_list_are_refused(tmp_path, extra, message):
 
 def test_the_homogeneous_reader_names_a_typed_folder(tmp_path):
     folder = write_typed(small(), tmp_path / "shop")
-    with pytest.raises(DataError, match="holds a typed graph.*not available yet"):
+    with pytest.raises(DataError, match="holds a typed graph.*not as a homogeneous graph"):
         load_native(folder)
 
 

@@ -17,6 +17,7 @@ from neutronorch.config_parts import (PARTS, EvaluationConfig, LinkConfig, LogCo
                                       NeutronOrchConfig, OptimizationConfig, OutputConfig, PlacementConfig,
                                       SamplingConfig, may_change, setting, settings_of)
 from neutronorch.data import DATASET_SPEC_HELP
+from neutronorch.data.checks import METRICS
 from neutronorch.errors import ConfigError
 from neutronorch.limits import check_seed
 from neutronorch.nn.names import PRECISIONS, needs_degrees
@@ -26,7 +27,6 @@ from neutronorch.sampling.fanouts import parse_fanouts
 # graphs (docs/accuracy.md). Link prediction: none, as OGB's link baselines train; 5e-3 shrank a dot head's
 # embeddings until Cora's test MRR fell from 0.42 to 0.11 (docs/link-prediction.md).
 TASK_WEIGHT_DECAY = {"node": 5e-3, "link": 0.0}
-METRICS = ("accuracy", "rocauc", "f1-micro", "f1-macro")
 LINK_METRICS = re.compile(r"(mrr|rocauc|hits@[1-9][0-9]*)$")  # a link task's (train/link_metrics.py)
 MAX_PREFETCH = 1024  # mini-batches a producer may run ahead; a buffer each, allocated up front
 MAX_HIDDEN = 65536  # a layer's width: its hidden x hidden float32 weight takes 16 GiB at this width
@@ -150,9 +150,13 @@ class TrainConfig:
         self.sampling = replace(self.sampling, degrees=needs_degrees(self.model, self.gcn_norm))
         if self.weight_decay is None and self.task in TASK_WEIGHT_DECAY:
             self.weight_decay = TASK_WEIGHT_DECAY[self.task]
-        self.hot_ratio = _parse_hot_ratio(self.hot_ratio)
-        self.gpu_cache_gb = _parse_cache_size(self.gpu_cache_gb)
-        self.host_cache_gb = _parse_cache_size(self.host_cache_gb, "host_cache_gb", "host")
+        self.hot_ratio = _auto_or(self.hot_ratio, "hot_ratio", "a fraction in [0, 1] such as 0.1",
+                                  lambda ratio: 0 <= ratio <= 1,
+                                  "the share of reached bottom-layer vertices made hot must be in [0, 1] (or 'auto')")
+        for name, which in (("gpu_cache_gb", "device"), ("host_cache_gb", "host")):
+            setattr(self, name, _auto_or(getattr(self, name), name, f"a size in GiB such as 2.5 (0 turns the {which} "
+                                         f"feature cache off)", lambda size: math.isfinite(size) and size >= 0,
+                                         "must be 'auto' or zero or more GiB"))
         for f in setting_fields():  # each setting's choices (its option, config_parts.OPTION_SPEC)
             if f.metadata.get("choices") is not None and getattr(self, f.name) not in f.metadata["choices"]:
                 raise ConfigError(f"`{f.name}` {getattr(self, f.name)!r}: choose one of "
@@ -325,30 +329,18 @@ def number_hint(value: str, want: type) -> str:
     return f"; give it as a number ({value.strip()}, not quoted)"
 
 
-def _parse_hot_ratio(value) -> str | float:
+def _auto_or(value, field: str, expected: str, allowed, why: str) -> str | float:
+    """``value`` as "auto" or a number (``expected`` words it) that ``allowed`` takes, else a ``ConfigError``
+    naming ``field`` and ``why`` the number is refused."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
     try:
-        ratio = float(value)
+        number = float(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"`hot_ratio` {value!r}: expected 'auto' or a fraction in [0, 1] such as 0.1.") from None
-    if not 0 <= ratio <= 1:
-        raise ConfigError(f"`hot_ratio` {value!r}: the share of reached bottom-layer vertices made hot must "
-                          f"be in [0, 1] (or 'auto').")
-    return ratio
-
-
-def _parse_cache_size(value, field: str = "gpu_cache_gb", which: str = "device") -> str | float:
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"
-    try:
-        size = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"`{field}` {value!r}: expected 'auto' or a size in GiB such as 2.5 (0 turns "
-                          f"the {which} feature cache off).") from None
-    if not math.isfinite(size) or size < 0:
-        raise ConfigError(f"`{field}` {value!r}: must be 'auto' or zero or more GiB.")
-    return size
+        raise ConfigError(f"`{field}` {value!r}: expected 'auto' or {expected}.") from None
+    if not allowed(number):
+        raise ConfigError(f"`{field}` {value!r}: {why}.")
+    return number
 
 
 def auto_batch_size(num_train: int) -> int:

@@ -18,11 +18,10 @@ from tqdm import tqdm
 
 from neutronorch.cli.info import dataset_info
 from neutronorch.cli.options import RUN_FOLDER_KEYS, build_parser
-from neutronorch.cli.typed import write_typed_folder
 from neutronorch.config import TrainConfig
 from neutronorch.config_keys import load_config_file
-from neutronorch.data import (SyntheticSpec, dataset_paths, generate, is_native_dir, is_typed_dataset, load_dataset,
-                              load_typed_dataset, save_native, synthetic_typed)
+from neutronorch.data import (SyntheticSpec, TypedGraph, dataset_paths, generate, is_native_dir, is_typed_dataset,
+                              load_dataset, load_typed_dataset, save_native, synthetic_typed, write_typed)
 from neutronorch.data.dtypes import BFLOAT16, narrowed
 from neutronorch.data.typed_native import is_typed_dir
 from neutronorch.environment import launcher_rank
@@ -226,7 +225,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                  else load_dataset(args.source, args.split, args.seed, progress=bar))
     finally:
         bar.close()
-    return (write_typed_folder if typed else _write_native)(graph, args.out_dir, args, t0)
+    return _write_dataset(graph, args.out_dir, args, t0)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -237,26 +236,30 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             raise ConfigError("--classes does not apply to --typed: a typed graph's classes are pairs of topics "
                               "(16); leave --classes out, or call neutronorch.data.synthetic_typed(topics=...).")
         _check_native_out("out", args.out, [], args.overwrite, typed=True)
-        return write_typed_folder(synthetic_typed(**given), args.out, args, t0)
+        return _write_dataset(synthetic_typed(**given), args.out, args, t0)
     spec = SyntheticSpec(**given)
     spec.check("", where="generate synthetic")
     _check_native_out("out", args.out, [], args.overwrite)
-    return _write_native(generate(spec), args.out, args, t0)
+    return _write_dataset(generate(spec), args.out, args, t0)
 
 
-def _write_native(graph, out: str, args: argparse.Namespace, t0: float) -> int:
-    """convert's and generate's end: features halved with --float16 or --bfloat16, the folder written, one
-    line said."""
-    if args.float16 or args.bfloat16:  # bfloat16: rounded to nearest even, as torch rounds; nothing overflows
-        graph.features = narrowed(graph.features, "float16" if args.float16 else BFLOAT16,
-                                  getattr(args, "source", None) or graph.name)
+def _write_dataset(graph, out: str, args: argparse.Namespace, t0: float) -> int:
+    """convert's and generate's end, for either kind of graph: the features (a typed graph's, every type's)
+    halved with --float16 or --bfloat16, the native or typed folder written (checked before the source was
+    read or the graph generated), its first line said."""
     from neutronorch.train.output_guard import check_space
 
+    typed, source = isinstance(graph, TypedGraph), getattr(args, "source", None) or graph.name
+    if args.float16 or args.bfloat16:  # bfloat16: rounded to nearest even, as torch rounds; nothing overflows
+        dtype = "float16" if args.float16 else BFLOAT16
+        graph.features = ({node_type: narrowed(rows, dtype, f"{source}: type {node_type}")
+                           for node_type, rows in graph.features.items()} if typed
+                          else narrowed(graph.features, dtype, source))
     # The old folder stays until the new one is complete: the whole dataset must fit beside it.
-    check_space("out" if args.command == "generate" else "OUT_DIR", out, sum(int(getattr(graph, name).nbytes) for name in
-                                ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx")))
-    save_native(graph, out, overwrite=args.overwrite)
-    print(f"wrote {graph.describe()} to {out} in {time.perf_counter() - t0:.1f}s")
+    check_space("out" if args.command == "generate" else "OUT_DIR", out,
+                sum(int(array.nbytes) for array in graph.arrays() if array is not None))
+    (write_typed if typed else save_native)(graph, out, overwrite=args.overwrite)
+    print(f"wrote {graph.describe().splitlines()[0]} to {out} in {time.perf_counter() - t0:.1f}s")
     return 0
 
 

@@ -161,15 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("out_dir", help="output directory")
     convert.add_argument("--split", default=None, help=CONVERT_SPLIT_HELP)
     convert.add_argument("--seed", type=int, default=0, help="seed of the split (default: 0)")
-    halves = convert.add_mutually_exclusive_group()
-    halves.add_argument("--float16", action="store_true",
-                        help="store features as float16 (half the disk; features beyond +-65504 are refused)")
-    halves.add_argument("--bfloat16", action="store_true",
-                        help="store features as bfloat16 (half the disk; float32's range, for features "
-                             "beyond float16's +-65504 or below its 6e-8)")
-    convert.add_argument("--overwrite", action="store_true",
-                         help="replace the native dataset in OUT_DIR (it may be SOURCE itself); without it "
-                              "OUT_DIR must not exist or be empty")
+    _add_write_options(convert, "OUT_DIR", " (it may be SOURCE itself)")
 
     gen = commands.add_parser("generate", help="generate a synthetic graph",
                               description="Write a synthetic power-law graph with learnable labels "
@@ -228,14 +220,23 @@ def _add_generate_options(gen: argparse.ArgumentParser, full: bool = False) -> N
             continue
         gen.add_argument("--" + f.name, type=type(default), default=None, help=text)
     gen.add_argument("--out", required=True, help="output directory")
-    gen_halves = gen.add_mutually_exclusive_group()
-    gen_halves.add_argument("--float16", action="store_true", help="store features as float16")
-    gen_halves.add_argument("--bfloat16", action="store_true", help="store features as bfloat16")
-    gen.add_argument("--overwrite", action="store_true",
-                     help="replace the native dataset in --out (with --typed, a typed one)")
+    _add_write_options(gen, "--out")
     advanced = gen.add_argument_group("advanced", "the graph's shape beyond its size" if full else None)
     for name, default, text in later:
         advanced.add_argument("--" + name, type=type(default), default=None, help=_shown(text, full))
+
+
+def _add_write_options(parser: argparse.ArgumentParser, out: str, same: str = "") -> None:
+    """What convert and generate take about the folder they write: halved features, replacing a dataset."""
+    halves = parser.add_mutually_exclusive_group()
+    halves.add_argument("--float16", action="store_true",
+                        help="store features as float16 (half the disk; features beyond +-65504 are refused)")
+    halves.add_argument("--bfloat16", action="store_true",
+                        help="store features as bfloat16 (half the disk; float32's range, for features "
+                             "beyond float16's +-65504 or below its 6e-8)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help=f"replace the dataset (native or typed) in {out}{same}; without it {out} must not "
+                             f"exist or be empty")
 
 
 def _add_predict_options(pred: argparse.ArgumentParser, full: bool = False) -> None:

@@ -14,7 +14,7 @@ from neutronorch.data.files import reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.interop import from_dgl, from_pyg, to_dgl, to_pyg
 from neutronorch.data.interop_typed import from_dgl_hetero, from_pyg_hetero, to_dgl_hetero, to_pyg_hetero
-from neutronorch.data.native import is_native_dir, load_native, save_native
+from neutronorch.data.native import is_native_dir, load_native, save_native, typed_refusal
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
 from neutronorch.data.synthetic import SyntheticSpec, generate
 from neutronorch.data.synthetic_typed import synthetic_typed
@@ -74,10 +74,7 @@ def _load(spec: str, split: str | None, seed: int, split_index: int, progress) -
     if not path.exists():
         raise DataError(f"{spec}: no such file or directory. `dataset` takes {DATASET_SPEC_HELP}.")
     if is_typed_dataset(spec):
-        raise DataError(f"{path}: holds a typed graph (several vertex and relation types), which `neutronorch "
-                        f"train`, `info` and `convert` read (docs/heterogeneous.md); reading it as a homogeneous "
-                        f"graph (predict, embed) is not available yet. Read it in Python with "
-                        f"neutronorch.data.load_typed_dataset.")
+        raise DataError(typed_refusal(path))
     if is_native_dir(path):
         return _own_split(load_native(path), split)
     if path.is_dir():

@@ -1,4 +1,8 @@
-"""Turning the operating system's refusals to read an input into ``DataError``s that say what to do.
+"""Opening a dataset's files, and turning the operating system's refusals to read one into ``DataError``s
+that say what to do.
+
+``open_npy`` is the one way a ``.npy`` array is opened (memory-mapped, never unpickled), by every loader
+and both native formats; ``present`` names a missing file with its role and fix.
 
 A loader that catches ``OSError`` to report a truncated or damaged file must not tell a user whose file is
 merely unreadable to fetch it again: ``read_error`` words a permission problem as one. ``reads_files``
@@ -10,8 +14,13 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 
-from neutronorch.errors import DataError
+import numpy as np
+
+from neutronorch.errors import DataError, not_a_file
+
+REFETCH = "The dataset is incomplete or damaged; fetch it again."
 
 
 def permission_message(path) -> str:
@@ -45,3 +54,26 @@ def reads_files(loader):
             raise DataError(permission_message(path or "an input file")) from None
 
     return wrapper
+
+
+def present(path: Path, what: str, fix: str = REFETCH) -> Path:
+    """``path``, or a ``DataError`` saying the file (``what``: its role) is missing, and ``fix``."""
+    if not path.is_file():
+        raise DataError(f"{path}: {not_a_file(path, 'file is missing')}; it holds {what}. {fix}")
+    return path
+
+
+def open_npy(path: Path, what: str, fix: str = REFETCH, mmap: bool = True) -> np.ndarray:
+    """The ``.npy`` array at ``path`` (``what``: its role), a read-only memory map unless ``mmap`` is False;
+    plain numbers only: a pickle is refused, never loaded. ``fix`` ends every error."""
+    present(path, what, fix)
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except OSError as exc:
+        raise read_error(path, exc, f"{path}: cannot be opened ({exc}). {fix}") from None
+    except Exception as exc:  # noqa: BLE001 - a damaged header fails in many ways (EOF, tokenizer, syntax)
+        if holds_objects(exc):  # numpy's advice would run the pickle
+            raise DataError(f"{path}: holds pickled Python objects, not numbers; it holds {what} as plain "
+                            f"numbers. {fix}") from None
+        raise DataError(f"{path}: cannot be read as a .npy array ({type(exc).__name__}: {exc}); the file is "
+                        f"truncated or not a .npy file. {fix}") from None

@@ -16,22 +16,49 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from neutronorch.data.arrays import graph_fields
-from neutronorch.data.dtypes import STORAGE_DTYPES
+from neutronorch.data.checks import Failure, check_csc, check_kinds, check_metric, check_rows, check_target
 from neutronorch.data.links import LinkSplit, check_link_split
-from neutronorch.data.splits import split_overlap
 from neutronorch.errors import DataError
 
-# Checks over arrays that may be larger than RAM run in chunks of this many elements.
-_CHUNK = 1 << 24
-# The metrics a dataset may name as its own (``Graph.metric``); config.METRICS lists the same for --metric.
-METRICS = ("accuracy", "rocauc", "f1-micro", "f1-macro")
+# The arrays of a graph, as the native format names its files.
+ARRAYS = ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx")
 
 
-class GivenChecked:
-    """``check_given``, for a graph given in Python (to ``train``, a loader, ``predict`` or ``embed``): it is
+class GraphCommon:
+    """What ``Graph`` and ``TypedGraph`` share: which of the (target's) vertices have a label, and
+    ``check_given``, for a graph given in Python (to ``train``, a loader, ``predict`` or ``embed``): it is
     validated as a loaded one is, unless this object passed ``validate`` holding the parts it holds now (a
     loader's graph, checked as it was read): one built or changed by hand is never trusted, and a loaded one
     is not read twice."""
+
+    def is_labelled(self, ids: np.ndarray) -> np.ndarray:
+        """Whether each of ``ids`` has a label (multi-label: at least one known entry)."""
+        labels = np.asarray(self.labels[ids])
+        return (labels >= 0).any(axis=1) if labels.ndim == 2 else labels >= 0
+
+    def loss_terms(self, ids: np.ndarray) -> int:
+        """How many terms a loss over ``ids`` averages: their known labels (multi-label: known entries)."""
+        return int((np.asarray(self.labels[ids]) >= 0).sum())
+
+    def drop_unlabelled_from_splits(self) -> None:
+        """Leave vertices without a label out of the training, validation and test sets (with a note):
+        they count in neither the loss nor a metric."""
+        marked = getattr(self, "_validated", None)
+        valid = marked is not None and marked[0] == self._parts()
+        dropped = []
+        for name in ("train_idx", "val_idx", "test_idx"):
+            idx = np.asarray(getattr(self, name))
+            keep = self.is_labelled(idx)
+            if not keep.all():
+                if not keep.any():
+                    raise DataError(f"{self.name}: no vertex of {name} has a label; give a split whose "
+                                    f"{name.removesuffix('_idx')} set holds labelled vertices.")
+                setattr(self, name, idx[keep])
+                dropped.append(f"{int((~keep).sum()):,} from {name.removesuffix('_idx')}")
+        if dropped:
+            self.notes.append(f"vertices without a label left out of the splits: {', '.join(dropped)}")
+        if valid:  # fewer vertices in a valid split leave it valid: not checked again (check_given)
+            self._mark_validated(marked[1])
 
     def check_given(self, classes: bool = True) -> None:
         """Without ``classes`` (inference, which reads no label) a graph need not have classes to learn."""
@@ -50,20 +77,8 @@ class GivenChecked:
         return tuple(parts)
 
 
-def check_kinds(arrays: dict, count, fail) -> None:
-    """``arrays`` (name -> value; None for an optional one absent) numpy arrays and ``count`` (num_classes) a
-    whole number >= 0, else ``fail(what, fix)``: a graph built by hand may hold lists, tensors or strings."""
-    for name, array in arrays.items():
-        if array is not None and not isinstance(array, np.ndarray):
-            fix = ".numpy()" if hasattr(array, "detach") else "np.asarray"
-            fail(f"{name} is a {type(array).__name__}, expected a numpy array",
-                 f"Convert it with {fix} (a memory map is a numpy array too).")
-    if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
-        fail(f"num_classes {count!r} is not a whole number >= 0", "Give the number of classes as an int.")
-
-
 @dataclass
-class Graph(GivenChecked):
+class Graph(GraphCommon):
     """A node-classification graph in CSC form.
 
     ``indptr[v]:indptr[v+1]`` indexes ``indices``, which holds the in-neighbours of ``v``. ``labels`` is a
@@ -110,40 +125,14 @@ class Graph(GivenChecked):
         graph.drop_unlabelled_from_splits()
         return graph
 
-    def is_labelled(self, ids: np.ndarray) -> np.ndarray:
-        """Whether each of ``ids`` has a label (multi-label: at least one known entry)."""
-        labels = np.asarray(self.labels[ids])
-        return (labels >= 0).any(axis=1) if labels.ndim == 2 else labels >= 0
-
-    def loss_terms(self, ids: np.ndarray) -> int:
-        """How many terms a loss over ``ids`` averages: their known labels (multi-label: known entries)."""
-        return int((np.asarray(self.labels[ids]) >= 0).sum())
-
-    def drop_unlabelled_from_splits(self) -> None:
-        """Leave vertices without a label out of the training, validation and test sets (with a note):
-        they count in neither the loss nor a metric."""
-        marked = getattr(self, "_validated", None)
-        valid = marked is not None and marked[0] == self._parts()
-        dropped = []
-        for name in ("train_idx", "val_idx", "test_idx"):
-            idx = np.asarray(getattr(self, name))
-            keep = self.is_labelled(idx)
-            if not keep.all():
-                if not keep.any():
-                    raise DataError(f"{self.name}: no vertex of {name} has a label; give a split whose "
-                                    f"{name.removesuffix('_idx')} set holds labelled vertices.")
-                setattr(self, name, idx[keep])
-                dropped.append(f"{int((~keep).sum()):,} from {name.removesuffix('_idx')}")
-        if dropped:
-            self.notes.append(f"vertices without a label left out of the splits: {', '.join(dropped)}")
-        if valid:  # fewer vertices in a valid split leave it valid: not checked again (check_given)
-            self._mark_validated(marked[1])
+    def arrays(self) -> list[np.ndarray]:
+        """The graph's arrays, in the native format's order (``ARRAYS``)."""
+        return [getattr(self, name) for name in ARRAYS]
 
     def files(self) -> list[str]:
         """The files this graph's arrays are memory-mapped from (none for arrays held in memory)."""
         found = []
-        for name in ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx"):
-            array = getattr(self, name)
+        for array in self.arrays():
             while array is not None and getattr(array, "filename", None) is None:
                 array = getattr(array, "base", None)  # a view of a map (a bfloat16 view, a slice)
             if array is not None and array.filename not in found:
@@ -162,100 +151,18 @@ class Graph(GivenChecked):
         ``files`` maps array names to the files they came from, named instead of ``source`` when known;
         without ``classes`` a graph with ``num_classes`` 0 is taken (one to embed or score pairs of)."""
         n = self.num_nodes
-        files = files or {}
-        # No node task: no labels, no node splits.
-        link_only = (self.links is not None or not classes) and self.num_classes == 0
-
-        def fail(what: str, fix: str, array: str | None = None) -> None:
-            array = array or what.split()[0]  # every message starts with the array it is about, or names it
-            raise DataError(f"{files.get(array, source)}: {what}. {fix}")
-
-        check_kinds({name: getattr(self, name) for name in ("indptr", "indices", "features", "labels", "train_idx",
-                                                             "val_idx", "test_idx")}, self.num_classes, fail)
-        if self.metric is not None and self.metric not in METRICS:
-            fail(f"metric {self.metric!r} names no metric", f"Use one of {', '.join(METRICS)}, or none.")
+        fail = Failure(source, files or {})
+        check_kinds({name: getattr(self, name) for name in ARRAYS}, self.num_classes,
+                    lambda what, fix: fail(what.split()[0], what, fix))
+        check_metric(self.metric, fail)
         if self.indptr.ndim != 1 or self.indptr.shape[0] < 2:
-            fail(f"indptr must be a 1-D array of num_nodes+1 offsets, got shape {self.indptr.shape}",
+            fail("indptr", f"indptr must be a 1-D array of num_nodes+1 offsets, got shape {self.indptr.shape}",
                  "Write the CSC offsets (length num_nodes+1).")
-        for arr_name, arr in (("indptr", self.indptr), ("indices", self.indices)):
-            if arr.dtype not in (np.int32, np.int64):
-                fail(f"{arr_name} has dtype {arr.dtype}, expected int32 or int64",
-                     f"Save {arr_name} with .astype(np.int64).")
-        if int(self.indptr[0]) != 0 or int(self.indptr[-1]) != self.indices.shape[0]:
-            fail(f"indptr must start at 0 and end at len(indices)={self.indices.shape[0]}, "
-                 f"got {int(self.indptr[0])}..{int(self.indptr[-1])}",
-                 "The file is truncated or indptr and indices come from different graphs.")
-        if self.indices.ndim != 1:
-            fail(f"indices must be 1-D, got shape {self.indices.shape}", "Flatten it.")
-        for start in range(0, n + 1, _CHUNK):
-            chunk = np.asarray(self.indptr[start:start + _CHUNK + 1])
-            if chunk.shape[0] > 1 and np.any(np.diff(chunk) < 0):
-                fail("indptr is not non-decreasing", "Rebuild the CSC offsets with a cumulative sum of degrees.")
-        for start in range(0, self.num_edges, _CHUNK):
-            chunk = np.asarray(self.indices[start:start + _CHUNK])
-            lo, hi = int(chunk.min()), int(chunk.max())
-            if lo < 0 or hi >= n:
-                bad = lo if lo < 0 else hi
-                fail(f"indices hold vertex id {bad}, out of range for {n} nodes",
-                     "Vertex ids must be 0..num_nodes-1; relabel the edges or fix num_nodes.")
-        if self.features.ndim != 2 or self.features.shape[0] != n:
-            fail(f"features must have shape (num_nodes={n}, feature_dim), got {self.features.shape}",
-                 "Write one feature row per vertex.")
-        if self.features.dtype.name not in STORAGE_DTYPES:
-            fail(f"features have dtype {self.features.dtype}, expected float32, float16 or bfloat16",
-                 "Convert with .astype(np.float32).")
-        rows = max(1, _CHUNK // max(1, self.feature_dim))
-        for start in range(0, n, rows):
-            chunk = np.asarray(self.features[start:start + rows])
-            if not np.isfinite(chunk).all():
-                bad_row = start + int(np.argwhere(~np.isfinite(chunk))[0][0])
-                fail(f"features contain NaN or inf (first at vertex {bad_row})",
-                     "Replace non-finite values (e.g. np.nan_to_num) before training.")
-        if self.labels.shape not in ((n,), (n, self.num_classes)):
-            fail(f"labels must have shape ({n},) (a class per vertex) or ({n}, num_classes={self.num_classes}) "
-                 f"(multi-label), got {self.labels.shape}", "Write one label (or one row of 0/1) per vertex.")
-        if self.labels.dtype.kind not in "iu":
-            fail(f"labels have dtype {self.labels.dtype}, expected integers",
-                 "Convert with .astype(np.int64) (-1 marks a missing label).")
-        lab = np.asarray(self.labels)
-        if lab.ndim == 2:
-            if self.num_classes < 1:
-                fail(f"num_classes is {self.num_classes}", "A multi-label graph needs at least 1 task.")
-            if lab.size and (int(lab.min()) < -1 or int(lab.max()) > 1):
-                fail(f"labels range over {int(lab.min())}..{int(lab.max())}, outside -1..1",
-                     "Multi-label labels are 0 or 1 per task, -1 where unknown.")
-        else:
-            if self.num_classes < 2 and not link_only:
-                fail(f"num_classes is {self.num_classes}", "Node classification needs at least 2 classes.")
-            if lab.size and (int(lab.min()) < -1 or int(lab.max()) >= self.num_classes):
-                fail(f"labels range over {int(lab.min())}..{int(lab.max())}, outside 0..{self.num_classes - 1} "
-                     f"(and -1 for no label)",
-                     "Labels must be class ids 0..num_classes-1, or -1; remap them or fix num_classes.")
-        for split_name in ("train_idx", "val_idx", "test_idx"):
-            idx = getattr(self, split_name)
-            if idx.ndim != 1 or idx.dtype.kind not in "iu":
-                fail(f"{split_name} must be a 1-D integer array, got {idx.dtype} {idx.shape}",
-                     "Save it with .astype(np.int64).")
-            if idx.size == 0:
-                if link_only:
-                    continue
-                fail(f"{split_name} is empty", "Give every split at least one vertex (see `split`).")
-            if int(idx.min()) < 0 or int(idx.max()) >= n:
-                fail(f"{split_name} holds vertex ids outside 0..{n - 1}", "Fix the split or num_nodes.")
-            unique = np.unique(np.asarray(idx))
-            if unique.shape[0] != idx.shape[0]:
-                fail(f"{split_name} holds {idx.shape[0] - unique.shape[0]} duplicate vertex ids (first: "
-                     f"{int(_first_duplicate(np.asarray(idx)))})",
-                     "Each vertex may appear once per split; deduplicate it (np.unique).")
-        overlap = split_overlap(self.train_idx, self.val_idx, self.test_idx, self.notes)
-        if overlap is not None:
-            array, what, fix = overlap
-            fail(what, fix, array)
+        check_csc(self.indptr, self.indices, n, fail)
+        check_rows(self.features, n, "features", "vertex", "features", fail)
+        # No node task (a link graph's, or one to embed): no labels, no node splits.
+        check_target(self, n, fail, link_only=(self.links is not None or not classes) and self.num_classes == 0)
         if self.links is not None:  # a benchmark's fixed negatives are scored as they are (check_link_split)
-            check_link_split(self.links, n, files.get("links", source), negatives_may_be_positive=True)
+            check_link_split(self.links, n, (files or {}).get("links", source), negatives_may_be_positive=True)
         self._mark_validated(classes)
 
-
-def _first_duplicate(ids: np.ndarray) -> int:
-    ordered = np.sort(ids)
-    return ordered[np.flatnonzero(ordered[1:] == ordered[:-1])[0]]

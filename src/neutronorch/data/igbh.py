@@ -38,12 +38,12 @@ from pathlib import Path
 
 import numpy as np
 
-from neutronorch.data.files import reads_files
+from neutronorch.data.files import open_npy, present, reads_files
 from neutronorch.data.ogb_link import load_torch_file
 from neutronorch.data.relation import RelationType, node_array
+from neutronorch.data.splits import stored_split
 from neutronorch.data.typed import TypedGraph
-from neutronorch.data.typed_arrays import (Progress, check_rows, class_ids, edge_files, is_npy, open_npy, open_raw,
-                                           present, read_relations, sorted_ids)
+from neutronorch.data.typed_arrays import Progress, check_rows, class_ids, edge_files, is_npy, open_raw, read_relations
 from neutronorch.errors import DataError
 
 TYPES = ("paper", "author", "institute", "fos", "journal", "conference")
@@ -180,7 +180,7 @@ def _split(processed: Path, labels: np.ndarray, rule: str, seed: int, files: dic
 
 def _seed_file(path: Path, labels: np.ndarray) -> np.ndarray:
     """One of MLPerf's seed files: a 1-D tensor of labelled paper ids, sorted."""
-    ids = sorted_ids(load_torch_file(path), path, "the paper ids", labels.shape[0],
+    ids = stored_split(load_torch_file(path), path, "the paper ids", labels.shape[0],
                      "It was made for another size of IGBH, or is damaged; run MLPerf's split_seeds.py for this one.")
     unlabelled = np.flatnonzero(labels[ids] < 0)
     if unlabelled.size:

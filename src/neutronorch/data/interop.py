@@ -27,7 +27,8 @@ PYG_NAMES = {
     "coauthor-cs": ("Coauthor", "CS"), "coauthor-physics": ("Coauthor", "Physics"),
     "wikics": ("WikiCS", None), "reddit": ("Reddit", None), "flickr": ("Flickr", None), "yelp": ("Yelp", None),
 }
-_MASKS = {"train": ("train_mask",), "val": ("val_mask", "valid_mask"), "test": ("test_mask",)}
+# Each split's boolean mask as PyG and DGL name it (the first name is the one written).
+MASKS = {"train_idx": ("train_mask",), "val_idx": ("val_mask", "valid_mask"), "test_idx": ("test_mask",)}
 
 
 def from_pyg(data, name: str = "pyg", split_index: int = 0, **options) -> Graph:
@@ -56,7 +57,7 @@ def to_pyg(graph: Graph):
     src, dst = _edges(graph)
     return data.Data(x=torch.from_numpy(np.asarray(graph.features, dtype=np.float32)),
                 edge_index=torch.from_numpy(np.stack([src, dst])), y=torch.from_numpy(np.asarray(graph.labels)),
-                num_nodes=graph.num_nodes, **{f"{k}_mask": torch.from_numpy(m) for k, m in _mask_arrays(graph)})
+                num_nodes=graph.num_nodes, **{k: torch.from_numpy(m) for k, m in split_masks(graph, graph.num_nodes)})
 
 
 def from_dgl(g, name: str = "dgl", split_index: int = 0, **options) -> Graph:
@@ -86,8 +87,8 @@ def to_dgl(graph: Graph):
     g = dgl.graph((torch.from_numpy(src), torch.from_numpy(dst)), num_nodes=graph.num_nodes)
     g.ndata["feat"] = torch.from_numpy(np.asarray(graph.features, dtype=np.float32))
     g.ndata["label"] = torch.from_numpy(np.asarray(graph.labels))
-    for key, mask in _mask_arrays(graph):
-        g.ndata[f"{key}_mask"] = torch.from_numpy(mask)
+    for key, mask in split_masks(graph, graph.num_nodes):
+        g.ndata[key] = torch.from_numpy(mask)
     return g
 
 
@@ -129,7 +130,7 @@ def load_pyg_dataset(spec: str, split_index: int = 0) -> Graph:
 
 def _masks(get, name: str, split_index: int) -> tuple | None:
     found = {}
-    for part, keys in _MASKS.items():
+    for part, keys in MASKS.items():
         mask = next((m for m in map(get, keys) if m is not None), None)
         if mask is None:
             return None  # no stored split: drawn by `split`
@@ -141,7 +142,7 @@ def _masks(get, name: str, split_index: int) -> tuple | None:
             mask = mask[:, split_index]
         elif split_index:
             raise DataError(f"{name}: stores a single split, so `split_index` {split_index} has nothing to pick.")
-        found[part] = mask.astype(bool)
+        found[part.removesuffix("_idx")] = mask.astype(bool)
     return found
 
 
@@ -150,11 +151,13 @@ def _edges(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(graph.indices, dtype=np.int64), dst
 
 
-def _mask_arrays(graph: Graph):
-    for key in ("train", "val", "test"):
-        mask = np.zeros(graph.num_nodes, dtype=bool)
-        mask[np.asarray(getattr(graph, f"{key}_idx"))] = True
-        yield key, mask
+def split_masks(graph, count: int):
+    """``(name, mask)`` per split of ``graph`` (a typed graph's: its target's): a boolean mask over ``count``
+    vertices, under the name PyG and DGL give it."""
+    for split, (name, *_) in MASKS.items():
+        mask = np.zeros(count, dtype=bool)
+        mask[np.asarray(getattr(graph, split))] = True
+        yield name, mask
 
 
 def check_exported(graph, what: str, typed: bool = False) -> None:

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from neutronorch.data.interop import _require, check_exported
+from neutronorch.data.interop import MASKS, _require, check_exported, split_masks
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
 from neutronorch.data.typed import Relation, TypedGraph, relation_label
 from neutronorch.errors import DataError
 
-_MASKS = {"train_idx": ("train_mask",), "val_idx": ("val_mask", "valid_mask"), "test_idx": ("test_mask",)}
-_MASK_KEYS = tuple(key for keys in _MASKS.values() for key in keys)
+_MASK_KEYS = tuple(key for keys in MASKS.values() for key in keys)
 # Where each library keeps a type's features and the target's labels, first the name it writes.
 _PYG = {"features": ("x",), "labels": ("y",), "holder": "HeteroData"}
 _DGL = {"features": ("feat", "x"), "labels": ("label", "y"), "holder": "DGL graph"}
@@ -122,9 +121,7 @@ def _put_target(graph: TypedGraph, store, label_key: str, torch) -> None:
     """The target's labels under ``label_key`` (when it has some) and one boolean mask per split."""
     if graph.labels is not None:
         store[label_key] = torch.from_numpy(np.asarray(graph.labels, dtype=np.int64))
-    for split, (mask_name, *_) in _MASKS.items():
-        mask = np.zeros(graph.num_nodes[graph.target], dtype=bool)
-        mask[np.asarray(getattr(graph, split))] = True
+    for mask_name, mask in split_masks(graph, graph.num_nodes[graph.target]):
         store[mask_name] = torch.from_numpy(mask)
 
 
@@ -158,6 +155,7 @@ def _typed_graph(name: str, num_nodes: dict[str, int], stores: dict, edges: dict
     splits, notes = _splits(stores[target], labels, classes, split, seed)
     graph = TypedGraph(name=name, num_nodes=num_nodes, relations=relations, features=features, target=target,
                        labels=labels, num_classes=classes, notes=notes, **splits)
+    graph.drop_unlabelled_from_splits()
     graph.validate(name)
     return graph
 
@@ -199,26 +197,20 @@ def _labels(store, target: str, name: str, num_classes: int | None, keys: tuple[
     if num_classes is None:
         num_classes = int(labels.shape[1]) if labels.ndim == 2 else int(labels.max(initial=-1)) + 1
     return labels, num_classes
+
+
 def _splits(store, labels: np.ndarray, num_classes: int, split: str | None, seed: int):
-    """The target's splits from its masks, or drawn over its labelled vertices; and what was done, as notes."""
-    known = (labels >= 0).any(axis=1) if labels.ndim == 2 else labels >= 0
-    masks = {part: next((store[k] for k in keys if k in store), None) for part, keys in _MASKS.items()}
-    missing = [keys[0] for part, keys in _MASKS.items() if masks[part] is None]
+    """The target's splits from its masks (unlabelled vertices are left out later), or drawn over its labelled
+    vertices; and what was done, as notes."""
+    masks = {part: next((store[k] for k in keys if k in store), None) for part, keys in MASKS.items()}
+    missing = [keys[0] for part, keys in MASKS.items() if masks[part] is None]
     if missing and len(missing) < len(masks):
         raise DataError(f"the target type has no {', '.join(missing)}, but other split masks; give all three "
                         f"masks, or none to have the split drawn.")
     if missing:
-        labelled = np.flatnonzero(known)
+        labelled = np.flatnonzero((labels >= 0).any(axis=1) if labels.ndim == 2 else labels >= 0)
         drawn = make_split(labels[labelled], num_classes, split or DEFAULT_SPLIT, seed)
         spec = split or DEFAULT_SPLIT
-        return ({part: labelled[idx] for part, idx in zip(_MASKS, drawn)},
+        return ({part: labelled[idx] for part, idx in zip(MASKS, drawn)},
                 [f"no stored split: labelled vertices split by {spec} (seed {seed})"])
-    splits, dropped = {}, []
-    for part, mask in masks.items():
-        idx = np.flatnonzero(_numpy(mask).astype(bool))
-        keep = known[idx]
-        if not keep.all():
-            dropped.append(f"{int((~keep).sum()):,} from {part.removesuffix('_idx')}")
-        splits[part] = idx[keep]
-    notes = [f"vertices without a label left out of the splits: {', '.join(dropped)}"] if dropped else []
-    return splits, notes
+    return {part: np.flatnonzero(_numpy(mask).astype(bool)) for part, mask in masks.items()}, []

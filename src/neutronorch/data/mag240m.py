@@ -31,12 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
-from neutronorch.data.files import reads_files
+from neutronorch.data.files import open_npy, present, reads_files
 from neutronorch.data.ogb_link import load_torch_file
 from neutronorch.data.relation import RelationType, node_array
+from neutronorch.data.splits import stored_split
 from neutronorch.data.typed import TypedGraph
-from neutronorch.data.typed_arrays import (Progress, check_rows, class_ids, edge_files, open_npy, present,
-                                           read_relations, sorted_ids)
+from neutronorch.data.typed_arrays import Progress, check_rows, class_ids, edge_files, read_relations
 from neutronorch.errors import DataError
 
 TYPES = ("paper", "author", "institution")
@@ -126,5 +126,5 @@ def _split(path: Path, papers: int) -> tuple[np.ndarray, np.ndarray, int]:
 def _ids(split: dict, key: str, path: Path, papers: int) -> np.ndarray:
     if key not in split:
         raise DataError(f"{path}: lacks {key!r}; it holds {sorted(map(str, split))}. Fetch the dataset again.")
-    return sorted_ids(split[key], path, f"{key!r}", papers, "The files come from different versions of the "
+    return stored_split(split[key], path, f"{key!r}", papers, "The files come from different versions of the "
                       "dataset (meta.pt counts the papers); fetch it again.")

@@ -29,39 +29,21 @@ from typing import Callable
 import numpy as np
 
 from neutronorch.atomic import make_folder, remove_made, reserve, sweep_stale, temp_prefix, write_error
+from neutronorch.data.checks import METRICS
 from neutronorch.data.dtypes import BFLOAT16, bfloat16, is_bfloat16
-from neutronorch.data.files import holds_objects, read_error, reads_files
-from neutronorch.data.graph import METRICS, Graph
+from neutronorch.data.files import open_npy, read_error, reads_files
+from neutronorch.data.graph import ARRAYS, Graph
 from neutronorch.data.typed import TYPED_FORMAT
-from neutronorch.errors import DataError, not_a_file
+from neutronorch.errors import DataError
 
 FORMAT_VERSION = 1
-ARRAYS = ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx")
 META_KEYS = ("name", "num_nodes", "num_edges", "feature_dim", "num_classes", "format_version")
 OPTIONAL_KEYS = ("notes", "metric", "feature_dtype")
+REWRITE = "Write the dataset again with `neutronorch convert` (or `generate`)."
 
 
 def is_native_dir(path: Path) -> bool:
     return path.is_dir() and (path / "meta.json").is_file()
-
-
-def _open_array(path: Path, mmap: bool) -> np.ndarray:
-    if not path.is_file():
-        raise DataError(f"{path}: {not_a_file(path, 'file is missing')}. A native dataset directory needs "
-                        f"{', '.join(a + '.npy' for a in ARRAYS)} and meta.json; "
-                        f"write one with `neutronorch convert`.")
-    try:
-        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except OSError as exc:
-        raise read_error(path, exc, f"{path}: cannot be opened ({exc}).") from None
-    except Exception as exc:  # noqa: BLE001 - a damaged header fails in many ways (EOF, tokenizer, syntax)
-        if holds_objects(exc):
-            # numpy's own message suggests loading the pickle, which would run whatever code it names.
-            raise DataError(f"{path}: holds pickled Python objects, not numbers; a native dataset stores plain "
-                            f"numeric arrays. Convert the data again with `neutronorch convert`.") from None
-        raise DataError(f"{path}: cannot be read as a .npy array ({type(exc).__name__}: {exc}). The file is "
-                        f"truncated or not a .npy file; write it again with numpy.save or `neutronorch "
-                        f"convert`.") from None
 
 
 @reads_files
@@ -69,37 +51,9 @@ def load_native(directory: str | os.PathLike, mmap: bool = True, validate: bool 
     """Open a native dataset directory; arrays are memory-mapped unless ``mmap`` is False."""
     directory = Path(directory)
     meta_path = directory / "meta.json"
-    if not meta_path.is_file():
-        raise DataError(f"{meta_path}: file is missing. Is {directory} a dataset written by "
-                        f"`neutronorch convert` or `neutronorch generate`?")
-    meta = _read_meta(meta_path)
-    for key in META_KEYS[1:]:
-        if not isinstance(meta[key], int) or isinstance(meta[key], bool) or meta[key] < 0:
-            raise DataError(f"{meta_path}: {key} is {meta[key]!r}, expected a whole number >= 0. Fix or "
-                            f"regenerate the file.")
-    if not isinstance(meta["name"], str) or not meta["name"]:
-        raise DataError(f"{meta_path}: name is {meta['name']!r}, expected the dataset's name as a string.")
-    notes = meta.get("notes", [])
-    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
-        raise DataError(f"{meta_path}: notes is {notes!r}, expected a list of strings.")
-    if meta["format_version"] != FORMAT_VERSION:
-        raise DataError(f"{meta_path}: format_version {meta['format_version']} is not supported "
-                        f"(this neutronorch reads version {FORMAT_VERSION}). Convert the data again.")
-    arrays = {name: _open_array(directory / f"{name}.npy", mmap) for name in ARRAYS}
-    feature_dtype = meta.get("feature_dtype")
-    if feature_dtype is not None:
-        if feature_dtype != BFLOAT16:
-            raise DataError(f"{meta_path}: feature_dtype is {feature_dtype!r}; the only value it takes is "
-                            f"\"{BFLOAT16}\" (float32 and float16 features need none).")
-        if arrays["features"].dtype != np.uint16:
-            raise DataError(f"{directory / 'features.npy'}: meta.json says the features are bfloat16, stored "
-                            f"as uint16 bits, but the file holds {arrays['features'].dtype}. Convert the "
-                            f"data again.")
-        arrays["features"] = arrays["features"].view(bfloat16())
-    metric = meta.get("metric")
-    if metric is not None and metric not in METRICS:
-        raise DataError(f"{meta_path}: metric is {metric!r}, which names no metric; use one of "
-                        f"{', '.join(METRICS)}, or leave the key out.")
+    meta = read_meta(meta_path)
+    arrays = {name: open_npy(directory / f"{name}.npy", f"the graph's {name}", REWRITE, mmap) for name in ARRAYS}
+    arrays["features"] = as_stored(arrays["features"], meta.get("feature_dtype"), directory / "features.npy")
     if arrays["labels"].ndim == 1 and meta["num_classes"] > max(2, arrays["labels"].shape[0]):
         # A class per vertex at most: anything beyond is a damaged count, and the model's output layer
         # (num_classes wide) would be allocated from it.
@@ -108,7 +62,7 @@ def load_native(directory: str | os.PathLike, mmap: bool = True, validate: bool 
                         f"{arrays['labels'].shape[0]} labels can carry (they use classes 0..{top}). Set it to "
                         f"{max(top + 1, 2)}, or convert the data again.")
     graph = Graph(name=meta["name"], num_classes=int(meta["num_classes"]),
-                  notes=list(notes), metric=metric, **arrays)
+                  notes=list(meta.get("notes", [])), metric=meta.get("metric"), **arrays)
     expected = {"num_nodes": graph.num_nodes, "num_edges": graph.num_edges}
     if graph.features.ndim == 2:
         expected["feature_dim"] = graph.feature_dim
@@ -122,10 +76,16 @@ def load_native(directory: str | os.PathLike, mmap: bool = True, validate: bool 
     return graph
 
 
-def _read_meta(meta_path: Path, keys: tuple[str, ...] = META_KEYS,
-               optional: tuple[str, ...] = OPTIONAL_KEYS) -> dict:
-    """``meta.json`` as a dict holding every one of ``keys``, no key outside ``keys`` and ``optional`` (a
-    misspelt optional key would otherwise be ignored), each key once."""
+def read_meta(meta_path: Path, keys: tuple[str, ...] = META_KEYS, optional: tuple[str, ...] = OPTIONAL_KEYS,
+              counts: tuple[str, ...] = META_KEYS[1:], written_by: str = "`neutronorch convert` or `generate`") -> dict:
+    """``meta.json`` (which a folder being written gets last) as a dict holding every one of ``keys``, no key
+    outside ``keys`` and ``optional`` (a misspelt optional key would otherwise be ignored), each key once; its
+    ``counts`` whole numbers >= 0, its name a name, its notes strings, its metric one of ``METRICS`` and its
+    ``format_version`` the one read."""
+    if not meta_path.is_file():
+        raise DataError(f"{meta_path}: file is missing. Is {meta_path.parent} a dataset written by {written_by}? "
+                        f"(A folder being written has none until it is complete.)")
+
     def unique(pairs):
         names = [k for k, _ in pairs]
         repeated = sorted({k for k in names if names.count(k) > 1})
@@ -143,10 +103,7 @@ def _read_meta(meta_path: Path, keys: tuple[str, ...] = META_KEYS,
     if not isinstance(meta, dict):
         raise DataError(f"{meta_path}: expected a JSON object with the keys {list(keys)}.")
     if meta.get("format") == TYPED_FORMAT and "format" not in keys:
-        raise DataError(f"{meta_path}: holds a typed graph (several vertex and relation types), which `neutronorch "
-                        f"train`, `info` and `convert` read (docs/heterogeneous.md); reading it as a homogeneous "
-                        f"graph (predict, embed) is not available yet. Read it in Python with "
-                        f"neutronorch.data.read_typed.")
+        raise DataError(typed_refusal(meta_path.parent))
     missing = [k for k in keys if k not in meta]
     if missing:
         raise DataError(f"{meta_path}: missing keys {missing}. It needs {list(keys)}.")
@@ -154,7 +111,45 @@ def _read_meta(meta_path: Path, keys: tuple[str, ...] = META_KEYS,
     if unknown:
         raise DataError(f"{meta_path}: unknown keys {unknown}; it takes {list(keys)} and optionally "
                         f"{list(optional)}. Fix the spelling or remove them.")
+    for key in ("name", *counts):
+        check_meta_value(meta[key], str if key == "name" else int, key, meta_path)
+    notes = meta.get("notes", [])
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise DataError(f"{meta_path}: notes is {notes!r}, expected a list of strings.")
+    if meta.get("metric") is not None and meta["metric"] not in METRICS:
+        raise DataError(f"{meta_path}: metric is {meta['metric']!r}, which names no metric; use one of "
+                        f"{', '.join(METRICS)}, or leave the key out.")
+    if meta["format_version"] != FORMAT_VERSION:
+        raise DataError(f"{meta_path}: format_version {meta['format_version']!r} is not supported (this "
+                        f"neutronorch reads version {FORMAT_VERSION}). Write the dataset again.")
     return meta
+
+
+def as_stored(array: np.ndarray, dtype_name: str | None, path: Path) -> np.ndarray:
+    """An array as meta.json says it is stored (``dtype_name``; None: as it is): bfloat16 from its uint16 bits,
+    the others as they are."""
+    if dtype_name == BFLOAT16 and array.dtype == np.uint16:
+        return array.view(bfloat16())
+    if dtype_name is not None and array.dtype.name != dtype_name:
+        raise DataError(f"{path}: meta.json's feature_dtype is {dtype_name!r}, but the file holds {array.dtype}. "
+                        f"Write the dataset again.")
+    return array
+
+
+def typed_refusal(path) -> str:
+    """Why a homogeneous reader refuses the typed graph at ``path``, and what reads it."""
+    return (f"{path}: holds a typed graph (several vertex and relation types), which the commands read "
+            f"(docs/heterogeneous.md) but not as a homogeneous graph. Read it in Python with "
+            f"neutronorch.data.load_typed_dataset.")
+
+
+def check_meta_value(value, kind: type, what: str, meta_path: Path) -> None:
+    """A value of meta.json is a whole number >= 0 (``kind`` int) or a name (str)."""
+    if kind is int and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise DataError(f"{meta_path}: {what} is {value!r}, expected a whole number >= 0. Fix or regenerate the "
+                        f"file.")
+    if kind is str and (not isinstance(value, str) or not value):
+        raise DataError(f"{meta_path}: {what} is {value!r}, expected a name.")
 
 
 def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = False) -> Path:
@@ -259,9 +254,7 @@ def _write_arrays(graph: Graph, directory: Path) -> None:
             arr = np.asarray(arr, dtype=np.int8)  # 0/1 or -1 per task
         elif name in ("labels", "train_idx", "val_idx", "test_idx"):
             arr = np.asarray(arr, dtype=np.int64)
-        elif name == "features" and is_bfloat16(arr):
-            arr = arr.view(np.uint16)
-        _save_array(directory / f"{name}.npy", arr)
+        save_array(directory / f"{name}.npy", arr)
     meta = {
         "name": graph.name,
         "num_nodes": graph.num_nodes,
@@ -278,8 +271,9 @@ def _write_arrays(graph: Graph, directory: Path) -> None:
     (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def _save_array(path: Path, arr: np.ndarray) -> None:
-    """Write in chunks so a memory-mapped source is never loaded whole."""
+def save_array(path: Path, arr: np.ndarray) -> None:
+    """Write in chunks so a memory-mapped source is never loaded whole; bfloat16 as its uint16 bits."""
+    arr = arr.view(np.uint16) if is_bfloat16(arr) else arr
     out = np.lib.format.open_memmap(path, mode="w+", dtype=arr.dtype, shape=arr.shape)
     reserve(path)  # a disk too small is an error here, not a SIGBUS while the map is filled
     step = max(1, (1 << 26) // max(1, int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.itemsize))

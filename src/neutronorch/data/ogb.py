@@ -27,10 +27,12 @@ from typing import Callable
 import numpy as np
 
 from neutronorch.data.arrays import class_labels
+from neutronorch.data.checks import SPLITS
 from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.dtypes import STORAGE_DTYPES, as_int64
 from neutronorch.data.files import holds_objects, read_error, reads_files
 from neutronorch.data.graph import Graph
+from neutronorch.data.splits import stored_split
 from neutronorch.data.textnum import TextError, first_line_width, read_numbers
 from neutronorch.errors import DataError, not_a_file
 
@@ -56,7 +58,8 @@ def load_ogb(directory: str | os.PathLike, progress: Progress | None = None) -> 
         src, dst, features, labels, num_nodes = _csv(raw, name, progress)
     indptr, indices = edges_to_csc(src, dst, num_nodes, source=str(raw))
     del src, dst
-    train, val, test = _split(directory, num_nodes)
+    files = {split: str(path) for split, path in split_files(split_folder(directory)).items()}
+    train, val, test = (split_ids(Path(path), num_nodes) for path in files.values())
     num_classes = labels.shape[1] if labels.ndim == 2 else (int(labels.max()) + 1 if labels.size else 0)
     notes = [f"OGB {name}: edges made undirected"]
     if name == "ogbn-proteins":
@@ -64,9 +67,7 @@ def load_ogb(directory: str | os.PathLike, progress: Progress | None = None) -> 
     graph = Graph(name=name, indptr=indptr, indices=indices, features=features, labels=labels, train_idx=train,
                   val_idx=val, test_idx=test, num_classes=num_classes, notes=notes,
                   metric="rocauc" if name in ROC_AUC_DATASETS else "accuracy")
-    scheme = split_folder(directory)  # a split's problem names its file
-    graph.validate(str(directory), {f"{part}_idx": str(scheme / f"{file}.csv.gz")
-                                    for part, file in (("train", "train"), ("val", "valid"), ("test", "test"))})
+    graph.validate(str(directory), files)  # a split's problem names its file
     return graph
 
 
@@ -77,11 +78,8 @@ def dataset_name(directory: Path) -> str:
 
 def _csv(raw: Path, name: str, progress: Progress | None):
     edges, num_nodes = read_edges(raw, progress)
-    labels_path = raw / "node-label.csv.gz"
-    width = _width(labels_path)
-    labels = _numbers(labels_path, num_nodes * width, np.float64, progress, width=width,
-                      expect=f"{raw / 'num-node-list.csv.gz'} says {num_nodes} vertices")
-    labels = class_labels(labels.reshape(num_nodes, width) if width > 1 else labels, num_nodes, str(labels_path))
+    labels = read_labels(raw / "node-label.csv.gz", num_nodes, f"{raw / 'num-node-list.csv.gz'} says {num_nodes} "
+                         f"vertices", progress)
     features = read_node_features(raw, edges, num_nodes, progress)
     return edges[:, 0], edges[:, 1], features, labels, num_nodes
 
@@ -91,13 +89,25 @@ def read_edges(raw: Path, progress: Progress | None = None) -> tuple[np.ndarray,
     ``num-*-list.csv.gz``."""
     num_nodes = _count(raw / "num-node-list.csv.gz", "vertices")
     num_edges = _count(raw / "num-edge-list.csv.gz", "edges")
-    edge_path = raw / "edge.csv.gz"
-    if _width(edge_path) != 2:
-        raise DataError(f"{edge_path}: the first line holds {_width(edge_path)} values; each line must be one "
-                        f"'src,dst' edge. The file is damaged; fetch the dataset again.")
-    edges = _numbers(edge_path, 2 * num_edges, np.int64, progress, width=2,
-                     expect=f"{raw / 'num-edge-list.csv.gz'} says {num_edges} edges").reshape(num_edges, 2)
-    return edges, num_nodes
+    return read_pairs(raw / "edge.csv.gz", num_edges, f"{raw / 'num-edge-list.csv.gz'} says {num_edges} edges",
+                      progress), num_nodes
+
+
+def read_pairs(path: Path, num_edges: int, expect: str, progress: Progress | None = None, what: str = "") -> np.ndarray:
+    """The (num_edges, 2) int64 ``src,dst`` lines of ``path`` (``expect``: which file gives the count; ``what``:
+    whose edges they are, for an error)."""
+    if num_edges and _width(path) != 2:
+        raise DataError(f"{path}: the first line holds {_width(path)} values; each line{what} must be one 'src,dst' "
+                        f"edge. The file is damaged; fetch the dataset again.")
+    return (_numbers(path, 2 * num_edges, np.int64, progress, width=2, expect=expect) if num_edges
+            else np.empty(0, np.int64)).reshape(num_edges, 2)
+
+
+def read_labels(path: Path, count: int, expect: str, progress: Progress | None = None) -> np.ndarray:
+    """Class ids of ``count`` vertices (-1 for NaN: no label), or 0/1/-1 rows of a multi-label task."""
+    width = _width(path)
+    values = _numbers(path, count * width, np.float64, progress, width=width, expect=expect)
+    return class_labels(values.reshape(count, width) if width > 1 else values, count, str(path))
 
 
 def read_node_features(raw: Path, edges: np.ndarray, num_nodes: int, progress: Progress | None = None) -> np.ndarray:
@@ -163,31 +173,24 @@ def split_folder(directory: Path) -> Path:
     return schemes[0]
 
 
-def _split(directory: Path, num_nodes: int) -> tuple[np.ndarray, ...]:
-    scheme = split_folder(directory)
-    out = []
-    for part in ("train", "valid", "test"):
-        path = scheme / f"{part}.csv.gz"
-        if not path.is_file():
-            raise DataError(f"{path}: {not_a_file(path, 'file is missing')}; the dataset is incomplete.")
-        out.append(split_ids(path, num_nodes))
-    return tuple(out)
+def split_files(folder: Path) -> dict[str, Path]:
+    """``folder``'s ``train``, ``valid`` and ``test`` files, each there, by the split they hold (``train_idx``,
+    ``val_idx``, ``test_idx``)."""
+    return {split: _present(csv_file(folder, part)) for split, part in zip(SPLITS, ("train", "valid", "test"))}
+
+
+def csv_file(folder: Path, stem: str) -> Path:
+    """``folder/stem.csv.gz``, else ``folder/stem.csv`` when only that is there (the missing name is the
+    compressed one, as OGB ships it)."""
+    compressed = folder / f"{stem}.csv.gz"
+    plain = folder / f"{stem}.csv"
+    return plain if not compressed.is_file() and plain.is_file() else compressed
 
 
 def split_ids(path: Path, num_nodes: int) -> np.ndarray:
-    """The sorted vertex ids of a split file: at least one, each below ``num_nodes`` and listed once."""
-    ids = np.sort(_numbers(path, num_nodes, np.int64))
-    if not ids.size:
-        raise DataError(f"{path}: the split is empty (no vertex ids), and every split needs at least one vertex. "
-                        f"The file is truncated or damaged; fetch the dataset again.")
-    if ids[0] < 0 or ids[-1] >= num_nodes:
-        raise DataError(f"{path}: holds vertex id {ids[0] if ids[0] < 0 else ids[-1]}, outside 0..{num_nodes - 1} "
-                        f"(the vertex count file says {num_nodes} vertices). The files come from different "
-                        f"versions of the dataset; fetch it again.")
-    if ids.size > 1 and (ids[1:] == ids[:-1]).any():
-        raise DataError(f"{path}: lists vertex {ids[1:][ids[1:] == ids[:-1]][0]} more than once. The file is "
-                        f"damaged; fetch the dataset again.")
-    return ids
+    """The sorted vertex ids of a split file (``splits.stored_split``'s checks)."""
+    return stored_split(_numbers(path, num_nodes, np.int64), path, "the split", num_nodes, "The file is truncated "
+                        "or damaged, or comes from another version of the dataset; fetch the dataset again.")
 
 
 def _present(path: Path) -> Path:

@@ -31,15 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
-from neutronorch.data.arrays import class_labels
 from neutronorch.data.files import read_error, reads_files
-from neutronorch.data.ogb import Progress, _count, _numbers, _present, _width, dataset_name, split_folder, split_ids
+from neutronorch.data.ogb import (Progress, _count, _numbers, _present, _width, csv_file, dataset_name, read_labels,
+                                  read_pairs, split_files, split_folder, split_ids)
 from neutronorch.data.relation import Relation, RelationType, node_array, relation_array, relation_label
 from neutronorch.data.typed import TypedGraph
-from neutronorch.data.typed_checks import SPLITS
 from neutronorch.errors import DataError
 
-_PARTS = dict(zip(SPLITS, ("train", "valid", "test")))  # TypedGraph's split -> OGB's file
 _SMALL = 1 << 20  # bytes a list file (counts, relation names) may hold: more is not one of OGB's
 _LINE_BLOCK = 1 << 24
 
@@ -59,16 +57,17 @@ def load_ogb_typed(directory: str | os.PathLike, progress: Progress | None = Non
     directory = Path(directory)
     name = dataset_name(directory)
     raw = directory / "raw"
-    counts_path = _file(raw, "num-node-dict")
+    counts_path = csv_file(raw, "num-node-dict")
     num_nodes = _node_counts(counts_path)
     keys, target = _relation_types(raw, num_nodes, counts_path), _target(raw, num_nodes)
     split_files = _split_files(directory, target)  # what is missing is said before the large files are read
     files = {node_array(target, split): str(path) for split, path in split_files.items()}
     relations = {key: _relation(raw, key, num_nodes, counts_path, files, progress) for key in keys}
     features = _features(raw, num_nodes, counts_path, files, progress)
-    labels_path = _file(raw / "node-label" / target, "node-label")
+    labels_path = csv_file(raw / "node-label" / target, "node-label")
     files[node_array(target, "labels")] = str(labels_path)
-    labels = _labels(labels_path, target, num_nodes[target], counts_path, progress)
+    labels = read_labels(labels_path, num_nodes[target], f"{counts_path} says {num_nodes[target]} vertices of type "
+                                                         f"{target}, a label each", progress)
     splits = {split: split_ids(path, num_nodes[target]) for split, path in split_files.items()}
     num_classes = labels.shape[1] if labels.ndim == 2 else (int(labels.max()) + 1 if labels.size else 0)
     unread = _unread(raw, relations)
@@ -79,14 +78,6 @@ def load_ogb_typed(directory: str | os.PathLike, progress: Progress | None = Non
                        metric="accuracy" if labels.ndim == 1 else None)
     graph.validate(str(directory), files)
     return graph
-
-
-def _file(folder: Path, stem: str) -> Path:
-    """``folder/stem.csv.gz``, else ``folder/stem.csv`` when only that is there (the missing name is the
-    compressed one, as OGB ships it)."""
-    compressed = folder / f"{stem}.csv.gz"
-    plain = folder / f"{stem}.csv"
-    return plain if not compressed.is_file() and plain.is_file() else compressed
 
 
 def _rows(path: Path) -> list[list[str]]:
@@ -137,7 +128,7 @@ def _relation_types(raw: Path, num_nodes: dict[str, int], counts_path: Path) -> 
         raise DataError(f"{folder}: folder is missing; an OGB heterogeneous dataset keeps each relation's edges "
                         f"in raw/relations/<src>___<name>___<dst>/. The dataset is incomplete; fetch it again.")
     found = sorted(p.name for p in folder.iterdir() if p.is_dir())
-    listing = _file(raw, "triplet-type-list")
+    listing = csv_file(raw, "triplet-type-list")
     if listing.is_file():
         keys = []
         for row in _rows(listing):
@@ -172,21 +163,16 @@ def _relation_types(raw: Path, num_nodes: dict[str, int], counts_path: Path) -> 
 def _relation(raw: Path, key: RelationType, num_nodes: dict[str, int], counts_path: Path, files: dict[str, str],
               progress: Progress | None) -> Relation:
     folder = raw / "relations" / "___".join(key)
-    path = _file(folder, "edge")
+    path = csv_file(folder, "edge")
     files[relation_array(key, "indptr")] = files[relation_array(key, "indices")] = str(path)
-    count_path = _file(folder, "num-edge-list")
+    count_path = csv_file(folder, "num-edge-list")
     if count_path.is_file():
         num_edges = _count(count_path, "edges")
         expect = f"{count_path} says {num_edges} edges"
     else:
         num_edges = _lines(_present(path))
         expect = f"the file has {num_edges} lines, one edge each"
-    if num_edges and _width(path) != 2:
-        raise DataError(f"{path}: the first line holds {_width(path)} values; each line of relation "
-                        f"{relation_label(key)} must be one 'src,dst' edge. The file is damaged; fetch the dataset "
-                        f"again.")
-    edges = (_numbers(path, 2 * num_edges, np.int64, progress, width=2, expect=expect) if num_edges
-             else np.empty(0, np.int64)).reshape(num_edges, 2)
+    edges = read_pairs(path, num_edges, expect, progress, f" of relation {relation_label(key)}")
     for column, end, node_type in ((0, "source", key[0]), (1, "destination", key[2])):
         count = num_nodes[node_type]
         if num_edges and (int(edges[:, column].min()) < 0 or int(edges[:, column].max()) >= count):
@@ -223,7 +209,7 @@ def _features(raw: Path, num_nodes: dict[str, int], counts_path: Path, files: di
             raise DataError(f"{entry}: features for type {node_type!r}, which {counts_path} does not list (types: "
                             f"{', '.join(num_nodes)}). The files come from different versions of the dataset; "
                             f"fetch it again.")
-        path = _file(entry, "node-feat")
+        path = csv_file(entry, "node-feat")
         if not path.is_file():
             continue
         count, dim = num_nodes[node_type], _width(path)
@@ -247,7 +233,7 @@ def _target(raw: Path, num_nodes: dict[str, int]) -> str:
     """The one type with labels: a ``node-label/<type>/`` folder, or one ``nodetype-has-label`` marks."""
     folder = raw / "node-label"
     labelled = [p.name for p in sorted(folder.iterdir()) if p.is_dir()] if folder.is_dir() else []
-    flags = _file(raw, "nodetype-has-label")
+    flags = csv_file(raw, "nodetype-has-label")
     if flags.is_file():
         rows = _rows(flags)
         if len(rows) != 2 or len(rows[0]) != len(rows[1]):
@@ -257,9 +243,9 @@ def _target(raw: Path, num_nodes: dict[str, int]) -> str:
     for node_type in labelled:
         if node_type not in num_nodes:
             raise DataError(f"{folder / node_type}: labels for type {node_type!r}, which "
-                            f"{_file(raw, 'num-node-dict').name} does not list (types: {', '.join(num_nodes)}). "
+                            f"{csv_file(raw, 'num-node-dict').name} does not list (types: {', '.join(num_nodes)}). "
                             f"The files come from different versions of the dataset; fetch it again.")
-        _present(_file(folder / node_type, "node-label"))
+        _present(csv_file(folder / node_type, "node-label"))
     if not labelled:
         raise DataError(f"{folder}: no vertex type has labels (raw/node-label/<type>/node-label.csv.gz); this is "
                         f"not a node-property dataset. (OGB's heterogeneous link-prediction datasets, such as "
@@ -268,14 +254,6 @@ def _target(raw: Path, num_nodes: dict[str, int]) -> str:
         raise DataError(f"{folder}: types {', '.join(labelled)} all have labels; neutronorch trains one target "
                         f"type. Remove the others' labels.")
     return labelled[0]
-
-
-def _labels(path: Path, target: str, count: int, counts_path: Path, progress: Progress | None) -> np.ndarray:
-    """Class ids per target vertex (-1 for NaN: no label), or 0/1/-1 rows of a multi-label task."""
-    width = _width(path)
-    values = _numbers(path, count * width, np.float64, progress, width=width,
-                      expect=f"{counts_path} says {count} vertices of type {target}, a label each")
-    return class_labels(values.reshape(count, width) if width > 1 else values, count, str(path))
 
 
 def _split_files(directory: Path, target: str) -> dict[str, Path]:
@@ -287,4 +265,4 @@ def _split_files(directory: Path, target: str) -> dict[str, Path]:
             raise DataError(f"{entry}: a split of type {entry.name!r}, which has no labels (the labelled type, "
                             f"the target, is {target}). The files come from different versions of the dataset; "
                             f"fetch it again.")
-    return {split: _present(_file(scheme / target, part)) for split, part in _PARTS.items()}
+    return split_files(scheme / target)

@@ -1,6 +1,6 @@
 """A typed graph's relations: the ``(src_type, name, dst_type)`` triple that names one, how messages and the
 native layout name it and its arrays, and ``Relation``, one relation's edges as a CSC over its destination
-type. ``typed.py``'s ``TypedGraph`` holds them, and its checks (``typed_checks.py``) read them from here, not
+type. ``typed.py``'s ``TypedGraph`` holds them, and its checks (``checks.py``) read them from here, not
 from ``typed.py``, which runs those checks. Like ``typed.py``, this imports no torch.
 """
 

@@ -1,4 +1,5 @@
-"""Train/val/test splits for data that comes without one.
+"""Train/val/test splits for data that comes without one, and the checks of a split a file stores
+(``stored_split``).
 
 Spec strings (seeded, so a split is reproducible):
 
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from neutronorch.errors import ConfigError
+from neutronorch.data.dtypes import as_int64
+from neutronorch.errors import ConfigError, DataError
 
 DEFAULT_SPLIT = "ratio:0.6,0.2"
 _SET_WORDS = {"train_idx": "training", "val_idx": "validation", "test_idx": "test"}
@@ -102,3 +104,22 @@ def make_split(labels: np.ndarray, num_classes: int, spec: str, seed: int = 0
             raise ConfigError(f"`split` {spec!r} leaves the {name} set empty on a graph with {n} vertices; "
                               f"choose larger fractions or smaller per-class counts.")
     return out
+
+
+def stored_split(value, path, what: str, count: int, fix: str) -> np.ndarray:
+    """Vertex ids a file stores for one split (a 1-D array or tensor) as sorted int64: at least one, each in
+    ``0..count-1`` and listed once; else a ``DataError`` naming ``path`` and ``what``, ending with ``fix``."""
+    if hasattr(value, "numpy"):  # a tensor: torch is loaded, reading the file
+        value = value.numpy()
+    if not isinstance(value, np.ndarray) or value.ndim != 1:
+        raise DataError(f"{path}: {what} is a {type(value).__name__} {getattr(value, 'shape', '')}, expected a "
+                        f"1-D array of vertex ids. {fix}")
+    ids = np.sort(as_int64(value, str(path), what))
+    if not ids.size:
+        raise DataError(f"{path}: {what} is empty (no vertex ids), and a split needs at least one vertex. {fix}")
+    if ids[0] < 0 or ids[-1] >= count:
+        raise DataError(f"{path}: {what} holds id {int(ids[0] if ids[0] < 0 else ids[-1])}, outside "
+                        f"0..{count - 1}. {fix}")
+    if ids.size > 1 and (ids[1:] == ids[:-1]).any():
+        raise DataError(f"{path}: {what} lists vertex {ids[1:][ids[1:] == ids[:-1]][0]} more than once. {fix}")
+    return ids

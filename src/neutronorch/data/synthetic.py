@@ -134,21 +134,10 @@ def _generate(spec: SyntheticSpec, split: str | None, split_seed: int | None) ->
     n, c = spec.nodes, spec.classes
     weights = (rng.permutation(n) + 1.0) ** -spec.power
     labels = rng.integers(0, c, n, dtype=np.int64)
-
-    # Vertices ordered by class, with a cumulative weight table: a weighted draw inside one class is a
-    # uniform draw in that class's slice of the table.
-    by_class = np.argsort(labels, kind="stable")
-    cumulative = np.cumsum(weights[by_class])
-    class_end = np.searchsorted(labels[by_class], np.arange(c), side="right")
-    class_hi = cumulative[class_end - 1]
-    class_lo = np.concatenate(([0.0], class_hi[:-1]))
-
+    pool = Pool(weights, labels, c)
     num_pairs = int(round(n * spec.degree / 2))
-    first = by_class[_draw(rng, cumulative, np.zeros(num_pairs), np.full(num_pairs, cumulative[-1]))]
-    same = rng.random(num_pairs) < spec.homophily
-    lo = np.where(same, class_lo[labels[first]], 0.0)
-    hi = np.where(same, class_hi[labels[first]], cumulative[-1])
-    second = by_class[_draw(rng, cumulative, lo, hi)]
+    first = pool.draw_any(rng, num_pairs)
+    second = pool.draw(rng, labels[first], spec.homophily)
     indptr, indices = edges_to_csc(first, second, n, symmetric=True)
     if indices.shape[0] == 0:  # every draw fell on one vertex: only self loops, which are dropped
         raise ConfigError(f"dataset spec {spec.name}: power={spec.power:g} draws every edge's two ends at the "
@@ -168,6 +157,30 @@ def _generate(spec: SyntheticSpec, split: str | None, split_seed: int | None) ->
     return Graph(name=spec.name, indptr=indptr, indices=indices, features=features, labels=labels,
                  train_idx=train_idx, val_idx=val_idx, test_idx=test_idx, num_classes=c,
                  notes=["synthetic graph: degree-weighted block model, features = class centroid + noise"])
+
+
+class Pool:
+    """Vertices with a class and a weight each, ordered by class beside a cumulative weight table, so that a
+    weighted draw inside one class is a uniform draw in that class's slice of the table."""
+
+    def __init__(self, weights: np.ndarray, classes: np.ndarray, num_classes: int):
+        self.by_class = np.argsort(classes, kind="stable")
+        self.cumulative = np.cumsum(weights[self.by_class])
+        end = np.searchsorted(classes[self.by_class], np.arange(num_classes), side="right")
+        self.class_hi = self.cumulative[end - 1]
+        self.class_lo = np.concatenate(([0.0], self.class_hi[:-1]))
+
+    def draw_any(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        """``count`` vertices, by weight."""
+        return self.by_class[_draw(rng, self.cumulative, np.zeros(count), np.full(count, self.cumulative[-1]))]
+
+    def draw(self, rng: np.random.Generator, wanted: np.ndarray, homophily: float) -> np.ndarray:
+        """One vertex per entry of ``wanted``, by weight: of that class with probability ``homophily``, else
+        any."""
+        same = rng.random(wanted.shape[0]) < homophily
+        lo = np.where(same, self.class_lo[wanted], 0.0)
+        hi = np.where(same, self.class_hi[wanted], self.cumulative[-1])
+        return self.by_class[_draw(rng, self.cumulative, lo, hi)]
 
 
 def _draw(rng: np.random.Generator, cumulative: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from neutronorch.data.splits import make_split
-from neutronorch.data.synthetic import _draw, check_finite, too_large
+from neutronorch.data.synthetic import Pool, check_finite, too_large
 from neutronorch.data.typed import Relation, TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.limits import check_seed
@@ -39,24 +39,9 @@ TYPE_SHARES = {"paper": 0.40, "author": 0.50, "institution": 0.02, "field": 0.08
 EDGE_SHARES = {"writes": 0.36, "cites": 0.26, "affiliated_with": 0.06, "has_topic": 0.32}
 
 
-class _Pool:
-    """The vertices of one type, each with a class and a Zipf weight; draws a vertex by weight, from one
-    class or from all."""
-
-    def __init__(self, rng: np.random.Generator, classes: np.ndarray, num_classes: int, power: float):
-        weights = (rng.permutation(classes.shape[0]) + 1.0) ** -power
-        self.by_class = np.argsort(classes, kind="stable")
-        self.cumulative = np.cumsum(weights[self.by_class])
-        end = np.searchsorted(classes[self.by_class], np.arange(num_classes), side="right")
-        self.class_hi = self.cumulative[end - 1]  # every class has a member (``_balanced``)
-        self.class_lo = np.concatenate(([0.0], self.class_hi[:-1]))
-
-    def draw(self, rng: np.random.Generator, wanted: np.ndarray, homophily: float) -> np.ndarray:
-        """One vertex per entry of ``wanted``: of that class with probability ``homophily``, else any."""
-        same = rng.random(wanted.shape[0]) < homophily
-        lo = np.where(same, self.class_lo[wanted], 0.0)
-        hi = np.where(same, self.class_hi[wanted], self.cumulative[-1])
-        return self.by_class[_draw(rng, self.cumulative, lo, hi)]
+def _pool(rng: np.random.Generator, classes: np.ndarray, num_classes: int, power: float) -> Pool:
+    """The vertices of one type, each with its class and a Zipf weight (drawn after the classes)."""
+    return Pool((rng.permutation(classes.shape[0]) + 1.0) ** -power, classes, num_classes)
 
 
 def synthetic_typed(nodes: int = 20_000, degree: float = 10.0, features: int = 64, field_features: int = 0,
@@ -85,10 +70,10 @@ def _draw_typed(nodes, degree, features, field_features, topics, power, homophil
     field_topic, institution_topic = labels // topics, labels % topics
     author_topic = _balanced(rng, counts["author"], topics)
     field_topics = _balanced(rng, counts["field"], topics)
-    pools = {"paper": _Pool(rng, labels, num_classes, power),
-             "author": _Pool(rng, author_topic, topics, power),
-             "institution": _Pool(rng, _balanced(rng, counts["institution"], topics), topics, power),
-             "field": _Pool(rng, field_topics, topics, power)}
+    pools = {"paper": _pool(rng, labels, num_classes, power),  # every class has a member (``_balanced``)
+             "author": _pool(rng, author_topic, topics, power),
+             "institution": _pool(rng, _balanced(rng, counts["institution"], topics), topics, power),
+             "field": _pool(rng, field_topics, topics, power)}
     # Each relation: (source, name, destination), the type whose vertices draw its edges, the type drawn
     # and the class asked of it per drawing vertex. Papers draw authors, cited papers and fields; authors
     # draw institutions.

@@ -5,7 +5,7 @@ A ``TypedGraph`` keeps, for each relation ``(src_type, name, dst_type)``, a CSC 
 in-neighbours through that relation, with optional edge features in the same order. Features are kept per
 type, and a type may have none (a model then gives it a learnable embedding table); labels and the split
 belong to the target type. Arrays may be numpy memory maps, so nothing here may copy a whole array without
-need. ``validate`` (``typed_checks.py``) is the one place that checks a typed graph coming from outside; the
+need. ``validate`` (``checks.py``) is the one place that checks a typed graph coming from outside; the
 rest of the package trusts a validated one.
 
 This is the data layer only: it knows nothing of sampling or models, and, like ``graph.py``, imports no torch.
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from neutronorch.data.graph import GivenChecked, Graph
+from neutronorch.data.checks import check_typed_graph
+from neutronorch.data.graph import Graph, GraphCommon
 from neutronorch.data.relation import Relation, RelationType, relation_label
-from neutronorch.data.typed_checks import check_typed_graph
 from neutronorch.errors import DataError
 
 TYPED_FORMAT = "neutronorch-typed"  # meta.json's "format" for a typed graph on disk (typed_native.py)
@@ -30,7 +30,7 @@ EDGE: RelationType = (VERTEX, "to", VERTEX)
 
 
 @dataclass
-class TypedGraph(GivenChecked):
+class TypedGraph(GraphCommon):
     """A node-classification graph with typed vertices and relations.
 
     ``num_nodes`` lists the vertex types in their fixed order with their counts; ``relations`` maps each
@@ -98,6 +98,14 @@ class TypedGraph(GivenChecked):
             raise DataError(f"{self.name}: no vertex type {node_type!r}; the types are {', '.join(self.num_nodes)}.")
         features = self.features.get(node_type)
         return 0 if features is None else int(features.shape[1])
+
+    def arrays(self) -> list[np.ndarray | None]:
+        """The graph's arrays: the target's labels and splits, every type's features, every relation's CSC and
+        edge features (None where absent)."""
+        arrays = [self.labels, self.train_idx, self.val_idx, self.test_idx, *self.features.values()]
+        for relation in self.relations.values():
+            arrays += [relation.indptr, relation.indices, relation.edge_features]
+        return arrays
 
     def relation(self, key: RelationType | str) -> RelationType:
         """The relation type ``key`` names: a ``(src, name, dst)`` triple, or a name only one relation has."""

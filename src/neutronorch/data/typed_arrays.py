@@ -20,23 +20,15 @@ from numba import njit, prange
 
 from neutronorch.data.arrays import class_labels
 from neutronorch.data.dtypes import as_int64
-from neutronorch.data.files import holds_objects, read_error
+from neutronorch.data.files import REFETCH, open_npy, present, read_error
 from neutronorch.data.relation import Relation, RelationType, relation_array, relation_label
-from neutronorch.errors import DataError, not_a_file
+from neutronorch.errors import DataError
 
 # progress(what, done, total): bytes of the file being read (each edge file is read twice: done runs to 2x).
 Progress = Callable[[str, int, int], None]
 CHUNK = 1 << 22  # edges or rows read from a memory map at a time
 NPY_MAGIC = b"\x93NUMPY"
-REFETCH = "The dataset is incomplete or damaged; fetch it again."
 _INT32_LIMIT = np.iinfo(np.int32).max
-
-
-def present(path: Path, what: str, fix: str = REFETCH) -> Path:
-    """``path``, or a ``DataError`` saying the file (``what``: its role) is missing, and ``fix``."""
-    if not path.is_file():
-        raise DataError(f"{path}: {not_a_file(path, 'file is missing')}; it holds {what}. {fix}")
-    return path
 
 
 def is_npy(path: Path) -> bool:
@@ -46,20 +38,6 @@ def is_npy(path: Path) -> bool:
             return file.read(len(NPY_MAGIC)) == NPY_MAGIC
     except OSError as exc:
         raise read_error(path, exc, f"{path}: cannot be read ({exc}). {REFETCH}") from None
-
-
-def open_npy(path: Path, what: str) -> np.ndarray:
-    """The ``.npy`` array at ``path`` as a read-only memory map (plain numbers only: a pickle is refused)."""
-    present(path, what)
-    try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except OSError as exc:
-        raise read_error(path, exc, f"{path}: cannot be opened ({exc}). {REFETCH}") from None
-    except Exception as exc:  # noqa: BLE001 - a damaged header fails in many ways (EOF, tokenizer, syntax)
-        if holds_objects(exc):  # numpy's advice would run the pickle
-            raise DataError(f"{path}: holds pickled Python objects where the dataset stores {what} as plain "
-                            f"numbers; it is not the dataset's file. Fetch it again.") from None
-        raise DataError(f"{path}: cannot be read as a .npy array ({type(exc).__name__}: {exc}). {REFETCH}") from None
 
 
 def open_raw(path: Path, dtype, width: int, what: str) -> np.ndarray:
@@ -175,23 +153,6 @@ def _sort_columns(indptr, indices):
     for v in prange(indptr.shape[0] - 1):
         column = indices[indptr[v]:indptr[v + 1]]
         column.sort()
-
-
-def sorted_ids(value, path: Path, what: str, count: int, fix: str) -> np.ndarray:
-    """Vertex ids read from a ``.pt`` file (a 1-D array or tensor) as sorted int64, at least one, each in
-    ``0..count-1``; else a ``DataError`` naming ``path`` and ``what``, ending with ``fix``."""
-    if hasattr(value, "numpy"):  # a tensor: torch is loaded, reading the file
-        value = value.numpy()
-    if not isinstance(value, np.ndarray) or value.ndim != 1:
-        raise DataError(f"{path}: {what} is a {type(value).__name__} {getattr(value, 'shape', '')}, expected a "
-                        f"1-D array of vertex ids. {fix}")
-    ids = np.sort(as_int64(value, str(path), what))
-    if not ids.size:
-        raise DataError(f"{path}: {what} is empty (no vertex ids), and a split needs at least one vertex. {fix}")
-    if ids[0] < 0 or ids[-1] >= count:
-        raise DataError(f"{path}: {what} holds id {int(ids[0] if ids[0] < 0 else ids[-1])}, outside "
-                        f"0..{count - 1}. {fix}")
-    return ids
 
 
 def class_ids(values: np.ndarray, path: Path, progress: Progress | None = None) -> np.ndarray:

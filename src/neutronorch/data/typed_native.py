@@ -28,16 +28,15 @@ from pathlib import Path
 
 import numpy as np
 
-from neutronorch.data.dtypes import BFLOAT16, bfloat16, is_bfloat16
-from neutronorch.data.files import reads_files
-from neutronorch.data.native import _open_array, _read_meta, _save_array, check_dataset_folder, write_folder
+from neutronorch.data.checks import SPLITS
+from neutronorch.data.files import open_npy, reads_files
+from neutronorch.data.native import (FORMAT_VERSION, as_stored, check_dataset_folder, check_meta_value, read_meta,
+                                     save_array, write_folder)
 from neutronorch.data.relation import Relation, RelationType, node_array, relation_array, relation_label
 from neutronorch.data.typed import TYPED_FORMAT, TypedGraph
-from neutronorch.data.typed_checks import SPLITS
-from neutronorch.errors import DataError, OutputError, not_a_file
+from neutronorch.errors import DataError, OutputError
 from neutronorch.limits import name_bytes, name_max, shown
 
-FORMAT_VERSION = 1
 META_KEYS = ("format", "format_version", "name", "node_types", "relations", "target", "num_classes")
 OPTIONAL_KEYS = ("notes", "metric")
 # The fields of one entry of meta.json's node_types and relations, with their types (int: a count >= 0).
@@ -123,7 +122,7 @@ def _write_arrays(graph: TypedGraph, folder: Path) -> None:
 def _save(folder: Path, key: str, array: np.ndarray) -> None:
     path = folder / f"{key}.npy"
     path.parent.mkdir(parents=True, exist_ok=True)
-    _save_array(path, array.view(np.uint16) if is_bfloat16(array) else array)
+    save_array(path, array)
 
 
 @reads_files
@@ -131,10 +130,7 @@ def read_typed(folder: str | os.PathLike, mmap: bool = True, validate: bool = Tr
     """Open a typed graph written by ``write_typed``; arrays are memory-mapped unless ``mmap`` is False."""
     directory = Path(folder)
     meta_path = directory / "meta.json"
-    if not meta_path.is_file():
-        raise DataError(f"{meta_path}: file is missing. Is {directory} a typed graph written by write_typed? "
-                        f"(A folder being written has none until it is complete.)")
-    meta = _read_meta(meta_path, META_KEYS, OPTIONAL_KEYS)
+    meta = read_meta(meta_path, META_KEYS, OPTIONAL_KEYS, ("num_classes",), "write_typed")
     _check_meta(meta, meta_path)
     _check_unlisted(directory, meta)
     files: dict[str, str] = {}
@@ -142,10 +138,8 @@ def read_typed(folder: str | os.PathLike, mmap: bool = True, validate: bool = Tr
     def open_array(key: str, dtype_name: str | None = None) -> np.ndarray:
         path = directory / f"{key}.npy"
         files[key] = str(path)
-        if not path.is_file():
-            raise DataError(f"{path}: {not_a_file(path, 'file is missing')}; meta.json lists it. The folder is damaged: write it "
-                            f"again with write_typed.")
-        return _as_dtype(_open_array(path, mmap), dtype_name, path)
+        return as_stored(open_npy(path, "an array meta.json lists", "The folder is damaged: write it again with "
+                                  "write_typed.", mmap), dtype_name, path)
 
     num_nodes = {entry["name"]: entry["count"] for entry in meta["node_types"]}
     features = {entry["name"]: open_array(node_array(entry["name"], "features"), entry.get("feature_dtype"))
@@ -173,14 +167,7 @@ def _check_meta(meta: dict, meta_path: Path) -> None:
     if meta["format"] != TYPED_FORMAT:
         raise DataError(f"{meta_path}: format is {meta['format']!r}, not {TYPED_FORMAT!r}; this folder holds no "
                         f"typed graph.")
-    if meta["format_version"] != FORMAT_VERSION:
-        raise DataError(f"{meta_path}: format_version {meta['format_version']!r} is not supported (this "
-                        f"neutronorch reads version {FORMAT_VERSION}). Write the graph again.")
-    for key, kind in (("name", str), ("target", str), ("num_classes", int)):
-        _check_value(meta[key], kind, key, meta_path)
-    notes = meta.get("notes", [])
-    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
-        raise DataError(f"{meta_path}: notes is {notes!r}, expected a list of strings.")
+    check_meta_value(meta["target"], str, "target", meta_path)
     for key, fields in (("node_types", _NODE_FIELDS), ("relations", _RELATION_FIELDS)):
         entries = meta[key]
         if not isinstance(entries, list):
@@ -191,7 +178,7 @@ def _check_meta(meta: dict, meta_path: Path) -> None:
                 raise DataError(f"{meta_path}: an entry of {key} is {entry!r}; each takes "
                                 f"{', '.join(fields)} (and optionally {', '.join(optional)}).")
             for field, kind in fields.items():
-                _check_value(entry[field], kind, f"{key} entry {entry.get('name')!r}: {field}", meta_path)
+                check_meta_value(entry[field], kind, f"{key} entry {entry.get('name')!r}: {field}", meta_path)
     names = [entry["name"] for entry in meta["node_types"]]
     if len(set(names)) != len(names):
         raise DataError(f"{meta_path}: node_types lists a type more than once ({names}).")
@@ -244,23 +231,6 @@ def _unlisted_why(name: str, meta: dict) -> str:
     if len(parts) == 3 and parts[0] == "relations" and parts[2] == "edge_features":
         return "the relation's edge_feature_dim is 0"
     return "not an array of the typed layout"
-
-
-def _check_value(value, kind: type, what: str, meta_path: Path) -> None:
-    if kind is int and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-        raise DataError(f"{meta_path}: {what} is {value!r}, expected a whole number >= 0.")
-    if kind is str and (not isinstance(value, str) or not value):
-        raise DataError(f"{meta_path}: {what} is {value!r}, expected a name.")
-
-
-def _as_dtype(array: np.ndarray, dtype_name: str | None, path: Path) -> np.ndarray:
-    """Features as meta.json says they are stored: bfloat16 from its uint16 bits, the others as they are."""
-    if dtype_name == BFLOAT16 and array.dtype == np.uint16:
-        return array.view(bfloat16())
-    if dtype_name is not None and array.dtype.name != dtype_name:
-        raise DataError(f"{path}: meta.json says {dtype_name}, the file holds {array.dtype}. Write the graph "
-                        f"again.")
-    return array
 
 
 def _check_against_meta(graph: TypedGraph, meta: dict, files: dict[str, str]) -> None:
