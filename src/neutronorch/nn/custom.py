@@ -48,7 +48,7 @@ from neutronorch.nn.models import Tables
 from neutronorch.nn.splice import splice
 from neutronorch.sampling.block import pyg_form
 
-__all__ = ["ModelProtocolError", "UserModel", "TypedUserModel", "PROTOCOL", "TYPED_PROTOCOL", "forward_parameters",
+__all__ = ["ModelProtocolError", "UserModel", "PROTOCOL", "TYPED_PROTOCOL", "forward_parameters",
            "check_trainable", "check_output_trains"]
 
 PROTOCOL = ("forward(x, edge_index) returning a row per vertex of x (the PyG form), or forward(blocks, x) "
@@ -209,10 +209,6 @@ class UserModel(Tables, nn.Module):
                                  f"TypedGNN's bottom layer and snapshots of the embedding rows it reads, which "
                                  f"{self.kind} does not expose; train it in `mode` exact or device")
 
-    def bottom_layer(self) -> nn.Module:
-        """``bottom``, by the name typed NeutronOrch calls it."""
-        return self.bottom
-
     def width(self, index: int) -> int:
         if index != self.num_layers - 1:
             raise ModelProtocolError(f"{self.kind} gives its final output only; a layer's embedding (embed "
@@ -257,6 +253,3 @@ class UserModel(Tables, nn.Module):
                                      f"expects {expected}; {protocol})")
         check_output_trains(out, self, self.kind, call)
         return out
-
-
-TypedUserModel = UserModel  # the name a typed run adapts a module by: UserModel(module, layers, classes, target)

@@ -78,9 +78,6 @@ class LayerStack(Tables, nn.Module):
         """The layer that reads the input rows (its output before the activation): NeutronOrch's host layer."""
         return self.layers[0]
 
-    def bottom_layer(self) -> nn.Module:
-        return self.bottom
-
     def width(self, index: int) -> int:
         """The width of ``layer_forward(index, ...)``'s rows."""
         return self.layers[index].out_dim

@@ -45,7 +45,7 @@ from neutronorch.nn.aggregation import mean_aggregate
 from neutronorch.nn.bucket import linear, project
 from neutronorch.nn.layers import project_first
 from neutronorch.sampling.block import Block
-from neutronorch.sampling.typed_block import RelationType, TypedBlock
+from neutronorch.sampling.block import RelationType, TypedBlock
 
 SAGE_ROOTS = ("relation", "type", None)
 

@@ -15,7 +15,7 @@ from neutronorch.nn.bucket import linear, project
 from neutronorch.nn.edge_softmax import edge_softmax, head_scores
 from neutronorch.nn.relational import glorot, input_dims, input_rows, module_key, relation_list, relation_sums
 from neutronorch.sampling.block import Block
-from neutronorch.sampling.typed_block import RelationType, TypedBlock
+from neutronorch.sampling.block import RelationType, TypedBlock
 
 
 class RelationAttention(nn.Module):

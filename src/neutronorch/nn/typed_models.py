@@ -1,6 +1,6 @@
 """Relational models: stacks of the relational layers (``nn/relational.py``) over a typed sampler's blocks.
 
-``TypedGNN(kind, spec, hidden, num_classes, num_layers)`` maps a ``TypedSubgraph``'s blocks and each input
+``TypedGNN(kind, spec, hidden, num_classes, num_layers)`` maps a ``SampledSubgraph``'s blocks and each input
 type's rows to the target type's logits. ``kind``:
 
 - ``sage``: ``TypedSAGEConv`` (a GraphSAGE-mean per relation, summed per destination type), ReLU between
@@ -67,7 +67,7 @@ from neutronorch.nn.relational import RGCNConv, TypedSAGEConv
 from neutronorch.nn.relational_attention import RGATConv
 from neutronorch.nn.splice import HotRows
 from neutronorch.sampling.neighbor_sampler import mix_key
-from neutronorch.sampling.typed_block import RelationType, TypedBlock
+from neutronorch.sampling.block import RelationType, TypedBlock
 
 if TYPE_CHECKING:
     from neutronorch.data.typed import TypedGraph
@@ -198,7 +198,7 @@ class TypedGNN(LayerStack):
 
     def forward(self, blocks: list[TypedBlock], features: Mapping[str, torch.Tensor],
                 input_ids: Mapping[str, torch.Tensor], hot: Mapping[str, HotRows] | None = None) -> torch.Tensor:
-        """Logits of the last block's target destinations. ``blocks``: a ``TypedSubgraph``'s, bottom layer
+        """Logits of the last block's target destinations. ``blocks``: a ``SampledSubgraph``'s, bottom layer
         first; ``input_ids[t]``: the bottom block's source frontier of each type (``frontiers[0]``), on the
         model's device; ``features[t]``: the rows of each featured type's frontier.
 

@@ -17,8 +17,7 @@ import numpy as np
 import torch
 
 from neutronorch.data.typed import TypedGraph
-from neutronorch.sampling.block import Block, SampledSubgraph
-from neutronorch.sampling.typed_block import TypedBlock
+from neutronorch.sampling.block import Block, SampledSubgraph, TypedBlock
 
 
 def _nothing() -> None:

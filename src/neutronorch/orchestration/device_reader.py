@@ -42,7 +42,6 @@ from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.batch import MiniBatch, TypedBatch
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.sampling.block import SampledSubgraph
-from neutronorch.sampling.typed_block import TypedSubgraph
 from neutronorch.sampling.typed_device_sampler import (TypedDeviceSampler, TypedTopology, edge_feature_bytes,
                                                       topology_bytes)
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -310,7 +309,7 @@ class TypedDeviceReader:
                     f"labels and maps on {device} in {time.perf_counter() - clock:.1f} s; sampling with "
                     f"{self.backend}")
 
-    def load(self, epoch: int, index: int, subgraph: TypedSubgraph, targets: None = None) -> TypedDeviceBatch:
+    def load(self, epoch: int, index: int, subgraph: SampledSubgraph, targets: None = None) -> TypedDeviceBatch:
         """The batch of ``subgraph`` (on the device): each featured type's rows through its cache
         (``FeatureCache.gather``, the misses read in place or staged) and the seeds' labels, its ready event
         recorded (call on the sampling stream)."""

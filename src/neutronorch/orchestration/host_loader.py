@@ -22,7 +22,6 @@ from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.batch import MiniBatch, TypedBatch, target_labels
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.sampling.block import SampledSubgraph
-from neutronorch.sampling.typed_block import TypedSubgraph
 
 HOST_SAMPLING_STAGES = StageTable({"sample": "sampler", "gather": "sampler", "copy": "copy"})
 TYPED_SAMPLING_STAGES = StageTable({"sample": "sampler", "gather": "sampler"})
@@ -101,7 +100,7 @@ class TypedHostLoader:
     def __init__(self, graph: TypedGraph, inputs: TypedInputs, device: torch.device, spans: Spans):
         self.graph, self.inputs, self.device, self.spans = graph, inputs, device, spans
 
-    def load(self, epoch: int, index: int, subgraph: TypedSubgraph, targets: None = None) -> TypedBatch:
+    def load(self, epoch: int, index: int, subgraph: SampledSubgraph, targets: None = None) -> TypedBatch:
         """The batch of ``subgraph``, on the device, labelled with its seeds' labels."""
         with self.spans.stage("gather", index):
             features, ids = self.inputs(subgraph.input_nodes, self.device)

@@ -14,11 +14,11 @@ from neutronorch.data.typed import TypedGraph
 from neutronorch.features.store import TypedInputs, gather_frontier
 from neutronorch.nn.typed_models import TypedGNN
 from neutronorch.sampling.neighbor_sampler import batch_key
-from neutronorch.sampling.typed_block import TypedSubgraph
+from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 
-def gather_inputs(graph: TypedGraph, subgraph: TypedSubgraph, device: torch.device
+def gather_inputs(graph: TypedGraph, subgraph: SampledSubgraph, device: torch.device
                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The bottom frontier's rows of every featured type and every type's frontier ids, both on ``device``
     (``gather_frontier`` of ``subgraph.input_nodes``). The blocks' edge features are on the blocks already

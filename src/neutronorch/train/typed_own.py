@@ -1,5 +1,5 @@
 """Your own module in a typed run (``train(config, graph=typed, model=module)``): the settings it trains with,
-checked before any work, and the module adapted (``nn/typed_custom.py``'s ``TypedUserModel``).
+checked before any work, and the module adapted (``nn/custom.py``'s ``UserModel``).
 
 It trains in exact and device mode, with the built-in models' optimizers (Adam for its dense parameters,
 ``RowAdam`` or ``SparseAdam`` for its sparse ``nn.Embedding`` tables), evaluation and logs. Refused, each with
@@ -24,8 +24,7 @@ from neutronorch.capabilities import OWN_MODULE_REFUSED
 from neutronorch.config import TrainConfig
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
-from neutronorch.nn.custom import ModelProtocolError, check_trainable
-from neutronorch.nn.typed_custom import TypedUserModel
+from neutronorch.nn.custom import ModelProtocolError, UserModel, check_trainable
 
 __all__ = ["check_own_model_config", "own_typed_model"]
 
@@ -48,7 +47,7 @@ def check_own_model_config(config: TrainConfig) -> None:
 
 
 def own_typed_model(module: torch.nn.Module | None, config: TrainConfig, graph: TypedGraph, num_layers: int,
-                    device: torch.device) -> tuple[TypedUserModel | None, TrainConfig]:
+                    device: torch.device) -> tuple[UserModel | None, TrainConfig]:
     """``module`` adapted for ``graph``'s run and moved to ``device``, after ``check_own_model_config``, and
     ``config`` with no built-in model's tables to plan (``embedding_storage`` memory); None and ``config`` as
     it is without a module (the built-in ``config.model`` trains)."""
@@ -56,7 +55,7 @@ def own_typed_model(module: torch.nn.Module | None, config: TrainConfig, graph: 
         return None, config
     check_own_model_config(config)
     try:
-        model = TypedUserModel(module, num_layers, graph.num_classes, graph.target)
+        model = UserModel(module, num_layers, graph.num_classes, graph.target)
         check_trainable(module, model.kind, sparse_tables=True)  # RowAdam or SparseAdam moves sparse tables
     except ModelProtocolError as exc:
         raise ConfigError(f"`model`: {exc}.") from None

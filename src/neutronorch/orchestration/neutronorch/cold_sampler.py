@@ -17,7 +17,6 @@ from contextlib import nullcontext
 from dataclasses import fields
 from typing import Callable, Iterable, Iterator
 
-import numba
 import numpy as np
 import torch
 
@@ -32,11 +31,11 @@ from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.host_loader import HostLoader, TypedHostLoader
 from neutronorch.orchestration.neutronorch.batch import Splice, SplicedBatch, TypedSplicedBatch, spliced
 from neutronorch.orchestration.neutronorch.planner import Plan, TypedPlan, TypedPlannedBatch
+from neutronorch.orchestration.pipeline import thread_budget
 from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.exclude import exclude_from_block
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key
-from neutronorch.sampling.typed_block import TypedSubgraph
 from neutronorch.sampling.typed_device_sampler import edge_feature_bytes, topology_bytes
 from neutronorch.sampling.typed_sampler import TypedHops
 
@@ -82,7 +81,7 @@ class ColdSampler:
         """The sampler's loop (the body of its thread): one batch per planned mini-batch of ``plans(sampler)``
         (given this thread's sampler, which plans on the device sample with), in order, but for the first
         ``skip`` mini-batches of the first plan (a resumed super-batch's, trained already)."""
-        numba.set_num_threads(self.threads)
+        thread_budget(self.threads)
         on_device = self.reader is not None
         if self.sample is not None:
             sampler = self.sample()
@@ -129,8 +128,8 @@ class ColdSampler:
             cold = sampler.sample_bottom({t: ids[item.cold_pos[t]] for t, ids in upper.frontiers[0].items()},
                                          item.key)
             # Read on the host (``TypedHostLoader``) whichever device drew them.
-            subgraph = TypedSubgraph(upper.seeds.cpu(), [cold, *upper.blocks],
-                                     [{t: v.cpu() for t, v in cold.src_ids.items()}, *upper.frontiers])
+            subgraph = SampledSubgraph(upper.seeds.cpu(), [cold, *upper.blocks],
+                                       [{t: v.cpu() for t, v in cold.src_ids.items()}, *upper.frontiers])
         batch = self.loader.load(plan.epoch, item.index, subgraph)
         index = {t: splice_index(int(upper.frontiers[0][t].shape[0]), item.cold_pos[t], item.hot_pos[t],
                                  item.hot_rows[t]).to(self.loader.device)

@@ -20,7 +20,7 @@ import torch
 
 from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.orchestration.neutronorch.planner import PROBE_ROWS, Choice, Planner, TypedPlanner, read_only
-from neutronorch.sampling.typed_block import TypedSubgraph
+from neutronorch.sampling.block import SampledSubgraph
 
 
 class DevicePlanner(Planner):
@@ -56,7 +56,7 @@ class TypedDevicePlanner(TypedPlanner):
         self._into = {t: [(indptrs[r], bottom_fanouts[r]) for r in graph.relations if r[2] == t]
                       for t in graph.num_nodes}
 
-    def _choose(self, t: str, uppers: list[tuple[int, int, TypedSubgraph]], ratio: float,
+    def _choose(self, t: str, uppers: list[tuple[int, int, SampledSubgraph]], ratio: float,
                 cap: Callable[[np.ndarray], tuple[int, bool]] | None, hot: np.ndarray | None) -> Choice:
         empty = torch.empty(0, dtype=torch.int64, device=self._slot[t].device)
         return choose(self._slot[t], self._into[t], [upper.frontiers[0].get(t, empty) for _, _, upper in uppers],

@@ -142,7 +142,7 @@ class NeutronOrchMode:
 
     def start(self, model: torch.nn.Module) -> None:
         self.model, typed = model, self.typed
-        self.bottom = model.bottom if typed is None else model.bottom_layer()
+        self.bottom = model.bottom
         tables = tuple(getattr(model, "embeddings", ()))  # a typed model's embedding tables
         producer = HotRowComputer(self.graph, self.access if typed else self.store, self.sampling, self.config,
                                   self.schedule, self.bottom, self.snapshots.channel, self.hot_table.channel,

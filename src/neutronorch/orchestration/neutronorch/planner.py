@@ -31,7 +31,6 @@ from numba import njit, prange
 
 from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.sampling.block import SampledSubgraph
-from neutronorch.sampling.typed_block import TypedSubgraph
 
 PROBE_ROWS = 256  # vertices whose bottom-layer output measures the per-step drift (the hottest of a plan)
 
@@ -307,7 +306,7 @@ class TypedPlannedBatch:
 
     index: int
     key: int
-    upper: TypedSubgraph
+    upper: SampledSubgraph
     cold_pos: dict[str, np.ndarray]
     hot_pos: dict[str, np.ndarray]
     hot_rows: dict[str, np.ndarray]
@@ -357,7 +356,7 @@ class TypedPlanner:
         self._into = {t: [(graph.relations[r].indptr, bottom_fanouts[r]) for r in graph.relations if r[2] == t]
                       for t in graph.num_nodes}
 
-    def plan(self, super_batch_id: int, epoch: int, uppers: list[tuple[int, int, TypedSubgraph]], ratio: float,
+    def plan(self, super_batch_id: int, epoch: int, uppers: list[tuple[int, int, SampledSubgraph]], ratio: float,
              cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot: dict[str, np.ndarray] | None = None,
              fresh: None = None) -> TypedPlan:
         """``uppers``: (mini-batch index, key, upper hops) of each mini-batch; ``ratio``, ``cap`` and ``hot``
@@ -379,7 +378,7 @@ class TypedPlanner:
         return TypedPlan(super_batch_id, epoch, batches, hot, stats,
                          {t: c.probe for t, c in choices.items() if c.probe.shape[0]})
 
-    def _choose(self, t: str, uppers: list[tuple[int, int, TypedSubgraph]], ratio: float,
+    def _choose(self, t: str, uppers: list[tuple[int, int, SampledSubgraph]], ratio: float,
                 cap: Callable[[np.ndarray], tuple[int, bool]] | None, hot: np.ndarray | None) -> Choice:
         """The choice among type ``t``'s bottom-layer destinations."""
         empty = np.empty(0, np.int64)
