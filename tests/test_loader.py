@@ -16,7 +16,7 @@ from neutronorch.data import load_dataset
 from neutronorch.errors import ConfigError, DataError
 from neutronorch.loader import NeighborLoader
 from neutronorch.nn.models import GNN
-from neutronorch.orchestration.pipeline import Prefetcher, _openmp_runtimes
+from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.sampling.block import pyg_form
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -409,32 +409,6 @@ def test_an_item_made_as_the_prefetcher_closes_goes_back():
         time.sleep(0.01)
     prefetcher.close()
     assert sorted(released) == made[1:]
-
-
-BUDGET_CHECK = """
-import os, torch
-from neutronorch.orchestration.pipeline import Prefetcher
-torch.set_num_threads(2)
-tasks = lambda: len(os.listdir("/proc/self/task"))
-def produce():
-    before = tasks()
-    torch.arange(100_000)[torch.randperm(100_000)]  # a parallel indexing operator
-    yield tasks() - before
-for budget in (1, None):
-    with Prefetcher(produce, depth=1, threads=budget) as prefetcher:
-        print(budget, next(prefetcher), torch.get_num_threads())
-"""
-
-
-@pytest.mark.skipif(not _openmp_runtimes(), reason="needs a listed OpenMP runtime")
-def test_a_producer_keeps_to_its_thread_budget():
-    """With a budget of one thread a producer's parallel torch operator starts no OpenMP team of its own
-    (the process's thread count stays), and the other threads keep torch's count; without one it does. In
-    a fresh process: the OpenMP runtime keeps idle threads of earlier teams, which a test process has."""
-    out = subprocess.run([sys.executable, "-c", BUDGET_CHECK], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    grown = {line.split()[0]: (int(line.split()[1]), int(line.split()[2])) for line in out.stdout.splitlines()}
-    assert grown == {"1": (0, 2), "None": (grown["None"][0], 2)} and grown["None"][0] > 0
 
 
 # -- errors ---------------------------------------------------------------------------------------------

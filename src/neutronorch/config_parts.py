@@ -119,8 +119,7 @@ class SamplingConfig:
     file_order: bool = resolved(False)  # host samplers read the topology in file order (``read_order``)
     shuffle: bool = resolved(True)  # False: every epoch takes the seeds in their given order (``NeighborLoader``)
     sampler_threads: int = may_change(
-        0, metavar="N", help="threads of the sampler/gather thread's kernels and torch operators; 0 = half the cores "
-                               "(default: %(default)s)")
+        0, metavar="N", help="sampler/gather threads; 0 = half the cores (default: %(default)s)")
 
 
 @dataclass(frozen=True)
@@ -224,7 +223,7 @@ class NeutronOrchConfig:
              "data moved between the ranks; see docs/distributed.md) (default: %(default)s)")
     host_threads: int = may_change(
         0, metavar="N",
-        help="neutronorch: threads of the planner's and of the host compute thread's kernels and torch operators "
+        help="neutronorch: threads of the planner's and of the host compute thread's sampling and aggregation kernels "
              "(each); 0 = half the cores (default: %(default)s)")
 
     @property

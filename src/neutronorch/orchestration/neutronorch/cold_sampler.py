@@ -31,7 +31,7 @@ from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.host_loader import HostLoader, TypedHostLoader
 from neutronorch.orchestration.neutronorch.batch import Splice, SplicedBatch, TypedSplicedBatch, spliced
 from neutronorch.orchestration.neutronorch.planner import Plan, TypedPlan, TypedPlannedBatch
-from neutronorch.orchestration.pipeline import thread_budget
+from neutronorch.orchestration.pipeline import use_threads
 from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.exclude import exclude_from_block
@@ -81,7 +81,7 @@ class ColdSampler:
         """The sampler's loop (the body of its thread): one batch per planned mini-batch of ``plans(sampler)``
         (given this thread's sampler, which plans on the device sample with), in order, but for the first
         ``skip`` mini-batches of the first plan (a resumed super-batch's, trained already)."""
-        thread_budget(self.threads)
+        use_threads(self.threads)
         on_device = self.reader is not None
         if self.sample is not None:
             sampler = self.sample()

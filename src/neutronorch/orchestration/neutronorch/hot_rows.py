@@ -32,7 +32,7 @@ from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.node import Exchange, NodeHotSet
 from neutronorch.orchestration.neutronorch.planner import Plan, TypedPlan
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
-from neutronorch.orchestration.pipeline import thread_budget
+from neutronorch.orchestration.pipeline import use_threads
 from neutronorch.sampling.exclude import exclude_from_block
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -73,7 +73,7 @@ class HotRowComputer:
 
     def compute(self, start: int = 0) -> None:
         """The compute loop: the hot embeddings of every planned super-batch from ``start`` on, in order."""
-        thread_budget(self.threads)
+        use_threads(self.threads)
         sampler = (TypedNeighborSampler(self.graph, self.fanouts) if self.needs is not None else
                    NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees,
                                    self.sampling.file_order))

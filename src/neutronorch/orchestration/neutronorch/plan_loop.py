@@ -33,7 +33,7 @@ from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner, 
 from neutronorch.orchestration.neutronorch.planner import Plan, Planner, TypedPlanner, all_cold
 from neutronorch.orchestration.neutronorch.versions import Schedule
 from neutronorch.orchestration.seeds import NodeSeeds, SeedBatch
-from neutronorch.orchestration.pipeline import thread_budget
+from neutronorch.orchestration.pipeline import use_threads
 from neutronorch.sampling.exclude import exclude_edges
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -112,7 +112,7 @@ def host_planning(graph: Graph | TypedGraph, sampling: SamplingConfig, threads: 
                   fanouts: dict[RelationType, list[int]] | None = None) -> tuple[NeighborSampler, Planner]:
     """The planning loop's sampler and planner on the host, for the thread that calls this (whose numba
     kernels then run on ``threads`` threads); a typed graph's (``fanouts``: per relation) plan per type."""
-    thread_budget(threads)
+    use_threads(threads)
     if fanouts is not None:
         return TypedNeighborSampler(graph, fanouts), TypedPlanner(graph, {r: f[-1] for r, f in fanouts.items()})
     return (NeighborSampler(graph.indptr, graph.indices, sampling.fanouts, sampling.degrees, sampling.file_order),
