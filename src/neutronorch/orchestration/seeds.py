@@ -89,7 +89,7 @@ def epoch_order(train_idx: torch.Tensor, seed: int, epoch: int) -> torch.Tensor:
     # Indexed by numpy: modes draw the order on their producer thread, where a parallel torch operator would
     # start an OpenMP team of its own. The runtime, then holding more threads than cores, stops spinning the
     # trainer's waiting workers and each of its operators pays a wake-up (a typed exact epoch at 2 threads:
-    # 0.46 s against 0.30 s; docs/results/one-engine-2026-12-05-round-two.md).
+    # 0.46 s against 0.32 s; docs/results/one-engine-2026-12-05-round-two.md).
     return torch.from_numpy(train_idx.numpy()[torch.randperm(train_idx.shape[0], generator=generator).numpy()])
 
 
