@@ -77,9 +77,10 @@ def main() -> int:
                                  str(args.ranks), "-m", "neutronorch", "train"], args.batch_size, per_rank,
                           ["--hot-set", hot_set] if hot_set else [], "ranks" + (f"-{hot_set}" if hot_set else "")))
     def run(launcher, batch, thr, extra, stem):
-        command = launcher + common + extra + ["--batch-size", str(batch), "--threads", str(thr), "--sampler-threads",
-                                               str(max(1, thr // 2)), "--host-threads", str(max(1, thr // 2)),
-                                               "--overwrite", "--summary-json", f"{stem}.json", "--log-jsonl", f"{stem}.jsonl"]
+        host = ["--host-threads", str(max(1, thr // 2))] if args.mode == "neutronorch" else []  # its mode's only
+        command = launcher + common + extra + host + ["--batch-size", str(batch), "--threads", str(thr),
+                                                      "--sampler-threads", str(max(1, thr // 2)), "--overwrite",
+                                                      "--summary-json", f"{stem}.json", "--log-jsonl", f"{stem}.jsonl"]
         if not args.report_only:
             print("$ " + " ".join(command), file=sys.stderr, flush=True)
             env = {**os.environ, "OMP_NUM_THREADS": str(thr), "NUMBA_NUM_THREADS": str(max(1, thr))}

@@ -5,8 +5,8 @@ from itertools import product
 
 import pytest
 
-from neutronorch.capabilities import (KINDS, LOADER_MODES, LOADER_REFUSED, MODE_CHOICES, OWN_MODULE_REFUSED, RANKS,
-                                      TASKS, UNHONOURED, check_run, refusal)
+from neutronorch.capabilities import (KINDS, LOADER_MODES, LOADER_REFUSED, MODE_CHOICES, MODE_ONLY, OWN_MODULE_REFUSED,
+                                      RANKS, TASKS, UNHONOURED, check_run, refusal)
 from neutronorch.config import TrainConfig
 from neutronorch.errors import ConfigError
 from neutronorch.loader.arguments import check_mode
@@ -45,7 +45,8 @@ def test_each_setting_a_kind_cannot_honour_is_refused_and_the_other_kind_takes_i
     kind, names, values, why = rule
     other = next(k for k in KINDS if k != kind)
     for name in names:
-        config = TrainConfig(**{name: values[0] if values else GIVEN[name]}).validate()
+        mode = {"mode": "neutronorch"} if name in MODE_ONLY[0][1] else {}  # used in that mode only
+        config = TrainConfig(**{name: values[0] if values else GIVEN[name]}, **mode).validate()
         with pytest.raises(ConfigError, match=f"`{name}`"):
             check_run(config, kind)
         check_run(config, other)
@@ -77,3 +78,18 @@ def test_a_prediction_refuses_what_its_kind_of_graph_cannot_honour_and_takes_the
         check_prediction("typed", scratch_dir="/scratch")
     with pytest.raises(ConfigError, match="`node_type` author: for a typed graph's checkpoint"):
         check_prediction("homogeneous", node_type="author")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mode", MODE_CHOICES)
+def test_neutronorch_settings_are_refused_in_the_modes_that_ignore_them(kind, mode):
+    """`--hot-ratio 0.3 --host-threads 1` with mode exact or device would be ignored: refused, naming them; with
+    neutronorch they are used, with auto the run chooses."""
+    config = TrainConfig(mode=mode, hot_ratio="0.3", host_threads=1).validate()
+    if mode in ("exact", "device"):
+        with pytest.raises(ConfigError, match=rf"`hot_ratio` 0.3, `host_threads` 1: NeutronOrch mode's, and "
+                                              rf"`mode` {mode} would ignore them; give `mode` neutronorch"):
+            check_run(config, kind)
+    else:
+        check_run(config, kind)
+    check_run(TrainConfig(mode=mode).validate(), kind)  # the defaults are given to every mode

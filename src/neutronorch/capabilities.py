@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from itertools import product
 
-from neutronorch.config_parts import LinkConfig, settings_of
+from neutronorch.config_parts import LinkConfig, NeutronOrchConfig, settings_of
 from neutronorch.errors import ConfigError
 from neutronorch.nn.names import MODELS, RELATIONAL_ONLY, TYPED_MODELS
 
@@ -53,6 +53,12 @@ UNHONOURED = (
      "no tables; leave {it} out."),
 )
 
+# Settings only some modes honour: (those modes, the settings, why), refused when `mode` names another (with
+# `auto` the run chooses its mode, and says which).
+MODE_ONLY = (
+    (("neutronorch",), tuple(f.name for f in settings_of(NeutronOrchConfig)),
+     "NeutronOrch mode's, and `mode` {mode} would ignore {it}; give `mode` neutronorch (or auto), or leave {it} out."),
+)
 # What a prediction (``predict``, ``embed``) of one kind of graph cannot honour: (kind, argument, the values it
 # honours, why the others are refused).
 PREDICTION_UNHONOURED = (
@@ -109,6 +115,10 @@ def check_run(config, kind: str, ranks: int = 1) -> None:
                  else [f"`{name}` {getattr(config, name)}" for name in names if getattr(config, name) in values])
         if rule_kind == kind and given:
             reason = f"{', '.join(given)}: {why.format(it='it' if len(given) == 1 else 'them')}"
+    for modes, names, why in MODE_ONLY:
+        given = config.settings_given(names) if config.mode not in (*modes, "auto") else []
+        if reason is None and given:
+            reason = f"{', '.join(given)}: {why.format(it='it' if len(given) == 1 else 'them', mode=config.mode)}"
     if reason is not None:
         raise ConfigError(reason + (TYPED_DOCS if kind == "typed" else ""))
 
@@ -144,6 +154,10 @@ def markdown() -> str:
         if values is not None:
             settings += " " + " or ".join(values)
         lines.append(f"| {kind} | {settings} | {why.format(it='them' if len(names) > 1 else 'it')} |")
+    for modes, names, why in MODE_ONLY:
+        others = " or ".join(m for m in MODES if m not in modes)
+        lines.append(f"| either, in `mode` {others} | {', '.join(f'`{name}`' for name in names)} | "
+                     f"{why.format(it='them', mode=others)} |")
     lines += ["", "The loaders (`NeighborLoader`, on either kind of graph, and `LinkNeighborLoader`) offer "
                   f"{' and '.join(LOADER_MODES)} mode; " + " ".join(LOADER_REFUSED.values())]
     lines += [f"Your own module on a {kind} graph: {reason}" for (kind, _), reason in OWN_MODULE_REFUSED.items()]
