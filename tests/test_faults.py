@@ -23,8 +23,8 @@ def graph():
 
 
 def run_config(mode: str, **overrides) -> TrainConfig:
-    values = dict(dataset="given", mode=mode, fanouts=[4, 3], hidden=16, batch_size=32, epochs=3, super_batch=2,
-                  hot_ratio=0.3, progress=False, eval_every=1)
+    values = dict(dataset="given", mode=mode, fanouts=[4, 3], hidden=16, batch_size=32, epochs=3, progress=False,
+                  eval_every=1, **(dict(super_batch=2, hot_ratio=0.3) if mode == "neutronorch" else {}))
     values.update(overrides)
     return TrainConfig(**values)
 

@@ -181,7 +181,8 @@ def test_precision_setting_resolves_by_the_hardware(monkeypatch):
 @pytest.mark.parametrize("mode", ["exact", "neutronorch"])
 def test_bfloat16_training_matches_float32(mode):
     base = dict(dataset="synthetic:nodes=4000,degree=10,features=32,classes=4", fanouts=[6, 4], hidden=64,
-                epochs=3, mode=mode, threads=1, sampler_threads=1, host_threads=1, progress=False)
+                epochs=3, mode=mode, threads=1, sampler_threads=1, progress=False,
+                **({"host_threads": 1} if mode == "neutronorch" else {}))
     fp32 = train(TrainConfig(**base))
     bf16 = train(TrainConfig(**base, precision="bf16"))
     assert bf16["precision"]["name"] == "bf16" and fp32["precision"]["name"] == "fp32"

@@ -300,7 +300,8 @@ def test_a_typed_run_draws_its_timeline(mode, tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "timeline.png"
     graph = synthetic_typed(nodes=8000, degree=6, features=8, seed=2)  # 16 batches an epoch
-    summary = train(run_config(mode=mode, super_batch=2, timeline=str(path), timeline_steps=12), graph=graph)
+    orch = {"super_batch": 2} if mode == "neutronorch" else {}
+    summary = train(run_config(mode=mode, timeline=str(path), timeline_steps=12, **orch), graph=graph)
     assert path.is_file() and summary["timeline"]["png"] == str(path)
     import json
     data = json.loads(path.with_suffix(".json").read_text())
