@@ -100,14 +100,16 @@ class TypedHostLoader:
     def __init__(self, graph: TypedGraph, inputs: TypedInputs, device: torch.device, spans: Spans):
         self.graph, self.inputs, self.device, self.spans = graph, inputs, device, spans
 
-    def load(self, epoch: int, index: int, subgraph: SampledSubgraph, targets: None = None) -> TypedBatch:
-        """The batch of ``subgraph``, on the device, labelled with its seeds' labels."""
+    def load(self, epoch: int, index: int, subgraph: SampledSubgraph, make: Callable[..., TypedBatch] = TypedBatch,
+             targets: None = None) -> TypedBatch:
+        """The batch of ``subgraph``, built by ``make`` (a ``TypedBatch`` type), on the device, labelled with its
+        seeds' labels."""
         with self.spans.stage("gather", index):
             features, ids = self.inputs(subgraph.input_nodes, self.device)
             labels = target_labels(self.graph, subgraph.seeds.numpy()).to(self.device)
             blocks = [b.to(self.device) for b in subgraph.blocks]
-        return TypedBatch(epoch, index, blocks, features, ids, labels, subgraph.num_sampled_edges,
-                          sum(int(v.shape[0]) for v in subgraph.input_nodes.values()))
+        return make(epoch, index, blocks, features, ids, labels, subgraph.num_sampled_edges,
+                    sum(int(v.shape[0]) for v in subgraph.input_nodes.values()))
 
     def step_inputs(self, batch: TypedBatch) -> StepInputs:
         return StepInputs(batch.blocks, batch.features, None, batch.ids)

@@ -55,9 +55,10 @@ class TypedSplicedBatch(TypedBatch):
         pass
 
 
-def spliced(splice: Splice):
-    """A ``make`` for the loaders: builds a ``SplicedBatch`` carrying ``splice``."""
-    def make(*args, **kwargs) -> SplicedBatch:
-        return SplicedBatch(*args, splice=splice, **kwargs)
+def spliced(splice: Splice, kind: type = SplicedBatch):
+    """A ``make`` for the loaders: builds a ``kind`` (``SplicedBatch``, or a typed graph's ``TypedSplicedBatch``)
+    carrying ``splice``."""
+    def make(*args, **kwargs) -> SplicedBatch | TypedSplicedBatch:
+        return kind(*args, splice=splice, **kwargs)
     return make
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from contextlib import nullcontext
-from dataclasses import fields
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -130,12 +129,11 @@ class ColdSampler:
             # Read on the host (``TypedHostLoader``) whichever device drew them.
             subgraph = SampledSubgraph(upper.seeds.cpu(), [cold, *upper.blocks],
                                        [{t: v.cpu() for t, v in cold.src_ids.items()}, *upper.frontiers])
-        batch = self.loader.load(plan.epoch, item.index, subgraph)
         index = {t: splice_index(int(upper.frontiers[0][t].shape[0]), item.cold_pos[t], item.hot_pos[t],
                                  item.hot_rows[t]).to(self.loader.device)
                  for t in plan.hot if item.hot_pos[t].shape[0]}
-        return TypedSplicedBatch(**{f.name: getattr(batch, f.name) for f in fields(batch)},
-                                 splice=Splice(plan.super_batch_id, index, last, plan.stats, plan.probe))
+        splice = Splice(plan.super_batch_id, index, last, plan.stats, plan.probe)
+        return self.loader.load(plan.epoch, item.index, subgraph, make=spliced(splice, TypedSplicedBatch))
 
 
 def splice_index(num_rows: int, cold_pos, hot_pos, hot_rows) -> SpliceIndex:
