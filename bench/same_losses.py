@@ -33,12 +33,12 @@ from common import OUT
 from harness import check_imports, child_env, materialise_baseline
 
 MODES = ("exact", "device", "neutronorch")
-COMMON = ["--threads", "1", "--sampler-threads", "1", "--host-threads", "1", "--eval-every", "0", "--seed", "3"]
+COMMON = ["--threads", "1", "--sampler-threads", "1", "--eval-every", "0", "--seed", "3"]
 NODE = ["--fanouts", "5,5", "--hidden", "32", "--batch-size", "128"]
 TYPED = ["--fanouts", "4,4", "--hidden", "32", "--batch-size", "128", "--model", "rgcn"]
 # NeutronOrch with reuse on and nothing measured deciding: with `auto` the hot ratio and the snapshot lead follow
 # measured times, which differ from run to run (and on graphs this small auto may make nothing hot).
-FIXED = {"neutronorch": ["--hot-ratio", "0.3", "--super-batch", "4", "--snapshot-lead", "2"]}
+FIXED = {"neutronorch": ["--hot-ratio", "0.3", "--super-batch", "4", "--snapshot-lead", "2", "--host-threads", "1"]}
 CASES = {f"{m}-node": ("homogeneous", [*NODE, "--mode", m, *FIXED.get(m, [])]) for m in MODES}
 CASES.update({f"{m}-link": ("homogeneous", [*NODE, "--mode", m, "--task", "link", *FIXED.get(m, [])]) for m in MODES})
 CASES.update({f"typed-{m}": ("typed", [*TYPED, "--mode", m, *FIXED.get(m, [])]) for m in MODES})
