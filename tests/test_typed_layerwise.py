@@ -10,7 +10,7 @@ from neutronorch import TrainConfig, train
 from neutronorch.data import synthetic_typed
 from neutronorch.errors import CheckpointError
 from neutronorch.train import predict as predict_module
-from neutronorch.train.layerwise import needed_types
+from neutronorch.nn.typed_models import reachable_types
 from neutronorch.train.predict import embed, predict
 from neutronorch.train.checkpoint import load_typed_checkpoint
 
@@ -49,8 +49,8 @@ def test_layer_by_layer_embeddings_are_every_neighbours_sampled_ones(graph, chec
 def test_what_each_layer_computes(graph, checkpoint):
     model = load_typed_checkpoint(checkpoint).model
     sources = {r[0] for r in model.spec.relations if r[2] == "paper"}
-    assert needed_types(model, "paper", 2) == [{"paper"} | sources, {"paper"}]
-    assert needed_types(model, "author", 1) == [{"author"}]
+    assert [set(t) for t in reachable_types(model.spec, 1, "paper")] == [{"paper"}, {"paper"} | sources]
+    assert reachable_types(model.spec, 0, "author") == [["author"]]
 
 
 @pytest.mark.parametrize("fanouts, full", [(None, False), (-1, True), ([-1, -1], True), ([-1, 5], False),

@@ -62,8 +62,8 @@ class SampledBatch:
         self._reused = reused  # x may be the pool's buffer, refilled after the next batch is asked for
         self.epoch, self.index = minibatch.epoch, minibatch.index
         self._blocks, self._x = inputs.blocks, inputs.features
-        if not reused:  # a copy of its own, the buffer back in the pool at once
-            if self._x.device.type == "cpu":
+        if not reused:  # a copy of its own, the buffer back in the pool at once (a typed batch's rows are its own)
+            if isinstance(self._x, torch.Tensor) and self._x.device.type == "cpu":
                 self._x = self._x.clone()
             minibatch.release()
         self.input_id = input_id
@@ -210,17 +210,12 @@ class TypedLoaderBatch(SampledBatch):
     ``y`` (their labels), ``batch_size``, ``input_id`` (the seeds' positions among the loader's seeds),
     ``target``. Its tensors are its own (typed modes reuse no buffer): a batch may be kept."""
 
-    def __init__(self, batch: TypedBatch, input_id: torch.Tensor, graph: TypedGraph):
-        self.minibatch, self._reused, self._released = batch, False, False
-        self.epoch, self.index = batch.epoch, batch.index
-        self._blocks: list[TypedBlock] = batch.blocks
-        self._x: dict[str, torch.Tensor] = batch.features
+    def __init__(self, batch: TypedBatch, inputs: StepInputs, input_id: torch.Tensor, graph: TypedGraph):
+        super().__init__(batch, inputs, input_id, reused=False)
         self.ids: dict[str, torch.Tensor] = batch.ids
         self.y: torch.Tensor = batch.labels
-        self.input_id = input_id
         self.target = graph.target
         self._graph = graph  # the loader's, its reverse relations added: every type and relation a form names
-        self._pyg = None
 
     features = SampledBatch.x
 

@@ -62,7 +62,7 @@ class NeighborLoader(EpochLoader):
 
     def _make_batch(self, minibatch, inputs, input_id) -> LoaderBatch | TypedLoaderBatch:
         if self.typed:
-            return TypedLoaderBatch(minibatch, input_id, self.graph)
+            return TypedLoaderBatch(minibatch, inputs, input_id, self.graph)
         return LoaderBatch(minibatch, inputs, input_id, self._labels_of, self.reuse_buffers)
 
     def _labels_of(self, ids: torch.Tensor) -> torch.Tensor:

@@ -1,33 +1,14 @@
-"""Relational GNN layers over typed blocks: each computes only its destinations' outputs.
+"""Relational GNN layers over typed blocks (``TypedSAGEConv``, ``RGCNConv``; ``RGATConv`` in
+``nn/relational_attention.py``); what each computes and its PyG counterpart: docs/heterogeneous.md,
+"Relational layers".
 
-Every layer maps ``(tblock, x_src) -> y_dst`` (pre-activation): ``tblock`` a ``TypedBlock`` (one homogeneous
-``Block`` per relation ``(src_type, name, dst_type)`` over per-type source frontiers, each type's
-destinations leading its frontier), ``x_src`` one tensor of source rows per vertex type, ``y_dst`` one tensor
+Every layer maps ``(tblock, x_src) -> y_dst`` (pre-activation): ``tblock`` a ``TypedBlock`` (one ``Block`` per
+relation ``(src_type, name, dst_type)``), ``x_src`` one tensor of source rows per vertex type, ``y_dst`` one
 per destination type, ``tblock.num_dst[t]`` rows. A relation reads ``x_src[src_type]`` through its own block;
-a destination's own row is ``x_src[dst_type][i]``, never a row of the source type's tensor.
-
-- ``TypedSAGEConv``: a GraphSAGE-mean per relation, summed per destination type (PyG's
-  ``HeteroConv({rel: SAGEConv((in_s, in_d), out)}, aggr="sum")``).
-- ``RGCNConv``: R-GCN, ``W_root x_v + sum_r mean_{N_r(v)} W_r x_u + b``, optionally with a basis
-  decomposition (PyG's ``RGCNConv(aggr="mean")`` on the graph with every type stacked).
-- ``RGATConv``: a GAT per relation without self loops, summed per destination type, optionally attending
-  over edge features: the layer of the MLPerf GNN benchmark's R-GAT (PyG's ``HeteroConv({rel: GATConv(in,
-  out // heads, heads, add_self_loops=False)})``).
-  It lives in ``nn/relational_attention.py``.
-
-The relations a layer is built with are its parameters' keys. A relation the layer knows but the block lacks
-counts as one with no edges (its bias and root terms still apply), so a vertex's output never depends on
-whether a sampler kept an empty block; a block of a relation the layer does not know is an error. A
-destination type gets an output when some relation of the layer ends at it (R-GCN: every destination type,
-its root term applying to all).
-
-Edge weights (``TypedSAGEConv``, ``RGCNConv``: ``edge_weight[rel]``, one number per edge of the relation's
-block, in its ``indices``' order) multiply each message inside the mean, which still divides by the number of
-edges: ``sum_{e into v} w_e x_{u_e} / |N_r(v)|``. With every weight 1 it is the plain mean; it is what PyG's
-``GraphConv(aggr="mean")`` and DGL's ``SAGEConv(edge_weight=...)`` compute, and it keeps a sampled block's mean
-an unbiased estimate of the full neighbourhood's (a normalised ``sum w x / sum w`` would not be linear in the
-weights): ``mean_aggregate``'s ``edge_weight``, in torch ops (the kernels, which unweighted relations run,
-have no weights).
+a destination's own row is ``x_src[dst_type][i]``. The relations a layer is built with are its parameters'
+keys: one the block lacks counts as one with no edges (its bias and root terms still apply), one the layer
+does not know is an error. Edge weights (``edge_weight[rel]``, one per edge in ``indices``' order) scale each
+message inside the mean, which still divides by the edge count (``mean_aggregate``'s ``edge_weight``).
 """
 
 from __future__ import annotations
@@ -56,23 +37,11 @@ def module_key(relation: RelationType) -> str:
 
 
 class TypedSAGEConv(nn.Module):
-    """Relational GraphSAGE-mean: for a vertex ``v`` of type ``t``,
-    ``y_v = sum_{r = (s, name, t)} (W_r mean_{u in N_r(v)} x_u) + root_t(x_v)``, one neighbour weight ``W_r``
-    (``in_dims[s]`` wide) per relation, the relations ending at ``t`` summed.
-
-    The self (root) term, by ``root``:
-
-    - ``"relation"`` (the default): a root weight and bias per relation, ``root_t(x) = sum_r (R_r x + b_r)``,
-      exactly the parameters of PyG's ``HeteroConv({rel: SAGEConv((in_s, in_t), out)}, aggr="sum")``
-      (``lin_l`` = ``neigh[rel]`` with ``root[rel]``'s bias, ``lin_r`` = ``root[rel]``), so weights copy one to
-      one either way. The relations' root weights are summed before the product: one product per type.
-    - ``"type"``: one root weight and bias per destination type, ``root_t(x) = R_t x + b_t``. It computes the
-      same functions (``R_t = sum_r R_r``) with fewer parameters; PyG's layer with every ``lin_r`` of a type
-      set to ``R_t / k`` (``k`` relations end at ``t``) is its counterpart.
-    - ``None``: no root term, a bias per relation (PyG's ``SAGEConv(root_weight=False)``, the MLPerf
-      benchmark's R-SAGE).
-
-    With ``edge_weight`` a relation's mean is the weighted mean of the module docstring."""
+    """Relational GraphSAGE-mean: for ``v`` of type ``t``, ``y_v = sum_{r = (s, name, t)} (W_r mean_{N_r(v)} x_u)
+    + root_t(x_v)``. ``root``: ``"relation"``, a root weight and bias per relation (PyG's ``HeteroConv`` of
+    ``SAGEConv((in_s, in_t), out)``, weights copying one to one: ``lin_l`` = ``neigh[rel]`` with ``root[rel]``'s
+    bias, ``lin_r`` = ``root[rel]``), summed before the product; ``"type"``, one per destination type (the
+    same functions, fewer parameters); ``None``, no root term and a bias per relation (MLPerf's R-SAGE)."""
 
     def __init__(self, in_dims: Mapping[str, int] | int, out_dim: int, relations: Iterable[RelationType],
                  root: str | None = "relation"):
@@ -123,28 +92,17 @@ class TypedSAGEConv(nn.Module):
 
 
 class RGCNConv(nn.Module):
-    """R-GCN (Schlichtkrull et al., ESWC 2018) with mean normalisation: for a vertex ``v``,
-    ``y_v = x_v W_root + sum_r mean_{u in N_r(v)} x_u W_r + b``, ``W_root`` and ``b`` shared by every type,
-    one ``W_r`` per relation. With ``num_bases`` B, ``W_r = sum_b comp[r, b] basis[b]`` (the basis
-    decomposition). PyG's ``RGCNConv(in_dim, out_dim, len(relations), num_bases, aggr="mean")`` on the graph
-    with every type's vertices stacked and ``edge_type`` a relation's position in ``relations`` computes the
-    same: ``weight`` (or ``basis``), ``comp``, ``root`` and ``bias`` copy one to one (PyG calls ``basis``
-    ``weight``), all laid out ``in x out`` as there.
+    """R-GCN (Schlichtkrull et al., ESWC 2018) with mean normalisation: ``y_v = x_v W_root + sum_r mean_{N_r(v)}
+    x_u W_r + b``, ``W_root`` and ``b`` shared by every type (a type no relation ends at still gets
+    ``x_v W_root + b``), optionally ``W_r = sum_b comp[r, b] basis[b]`` (``num_bases``); parameters laid out
+    ``in x out`` as PyG's ``RGCNConv(aggr="mean")`` has them (its ``weight`` is ``basis`` here). Every type's
+    input has one width, ``in_dim``; other widths are refused.
 
-    Every type's input has one width, ``in_dim``, as in PyG's layer and in the paper: ``W_root`` and the
-    basis act on every type's rows. A model whose types differ in width (or have no features) projects or
-    embeds each type to ``in_dim`` before this layer; the layer itself refuses other widths.
-
-    A destination type no relation ends at still gets ``x_v W_root + b``. With ``edge_weight`` a relation's
-    mean is the weighted mean of the module docstring.
-
-    ``projections[t]`` (``forward``): a linear map ``h = P_t x + c_t`` to ``in_dim`` that type ``t``'s rows
-    still need, given raw (``P_t.in_features`` wide). The layer then computes what it computes on the
-    projected rows without projecting every source row: the mean is linear, so a relation from ``t``
-    contributes ``mean(x_u) (P_t^T W_r) + [N_r(v) nonempty] c_t W_r`` (with edge weights the bracket is the
-    weighted mean of ones), and only the destinations' own rows are projected for the root term. A bottom
-    layer reads far more source rows than it has destinations, so this saves most of the projection's work
-    (``TypedGNN`` passes the projections of types no wider than ``in_dim``)."""
+    ``projections[t]`` (``forward``): a linear map ``h = P_t x + c_t`` to ``in_dim`` that type ``t``'s raw rows
+    still need. The mean is linear, so a relation from ``t`` contributes ``mean(x_u) (P_t^T W_r) + [N_r(v)
+    nonempty] c_t W_r`` (with edge weights the bracket is the weighted mean of ones), and only the
+    destinations' own rows are projected for the root term: a bottom layer reads far more source rows than it
+    has destinations."""
 
     def __init__(self, in_dim: int, out_dim: int, relations: Iterable[RelationType], num_bases: int | None = None):
         super().__init__()

@@ -1,53 +1,17 @@
-"""Relational models: stacks of the relational layers (``nn/relational.py``) over a typed sampler's blocks.
+"""Relational models: ``TypedGNN``, the one layer stack (``LayerStack``, ``nn/models.py``: its loop,
+activations, dropout and NeutronOrch's splice) over the relational layers (``nn/relational.py``,
+``nn/relational_attention.py``) and a typed sampler's blocks, and the ``TypedSpec`` it is built from (types,
+counts, feature widths, relations, edge feature widths, target: nothing here reads a loaded graph's arrays).
+What each kind computes, its inputs (embedding tables for featureless types, R-GCN's input projections),
+its edge features and which relations each layer holds: docs/heterogeneous.md, "Training".
 
-``TypedGNN(kind, spec, hidden, num_classes, num_layers)`` maps a ``SampledSubgraph``'s blocks and each input
-type's rows to the target type's logits. ``kind``:
-
-- ``sage``: ``TypedSAGEConv`` (a GraphSAGE-mean per relation, summed per destination type), ReLU between
-  layers;
-- ``rgcn``: ``RGCNConv`` (optionally with ``num_bases`` bases), ReLU between layers;
-- ``rgat``: ``RGATConv`` (``heads`` heads, concatenated), LeakyReLU (slope 0.01) between layers, as the
-  MLPerf GNN benchmark's R-GAT model (IGB's ``RGNN``) has it (that model also ends in a linear head over
-  its last layer; here, as for every kind, the last layer gives the logits). Its last layer has one head, as
-  the homogeneous GAT's has: the classes need not divide among heads.
-
-The layer loop, activations, dropout and NeutronOrch's splice are ``LayerStack``'s (``nn/models.py``); a
-training forward draws one dropout key, and each layer's activation of each type draws its masks from that
-key, the layer and the type (``masks``): a vertex's mask in a step depends on its layer, type and id alone,
-not on the other types a batch reaches, so data-parallel ranks that split a batch draw exactly one
-process's masks for it.
-
-Inputs. A type with features reads its rows as they are (float32). A type without features gets a learnable
-embedding table, ``nn.Embedding(vertices, width, sparse=True)``, of which a batch looks up only the rows
-of its input frontier, so its gradient is sparse (``embedding_parameters``: the tables' optimizer moves only
-those rows; the dense weights go to Adam). R-GCN reads one width for every type (its root weight and bases
-act on all), so for ``rgcn`` every featured type goes through a linear map of its own to ``hidden`` (no
-activation: the projection also gives each type its own view of the shared root weight) and the tables
-are ``hidden`` wide; a featured type no wider than ``hidden`` enters the bottom layer raw, which folds its
-map into each relation's weight (``RGCNConv``'s ``projections``), a wider one is projected first, the
-cheaper order for it. For ``sage`` and ``rgat`` the tables are ``embed_dim`` wide (default ``hidden``) and
-featured types enter at their own widths.
-
-Which relations a layer holds: only those whose destination type the layer can have. With ``L`` layers,
-the top layer's destinations are target vertices, layer ``L - 2``'s are of the types one relation away
-from the target (and the target), and so on (``reachable_types``), exactly the types the typed sampler
-reaches hop by hop; relations into other types would hold weights no batch ever reads. A type that is a
-destination of some layer must be one of some relation of it, or the next layer would lack its rows: a
-graph whose relations all point one way (``writes`` into ``paper`` but nothing into ``author``) is refused
-with an error naming the type; ``TypedGraph.with_reverse`` adds the reverse relations that fix it.
-
-Edge features (``TypedBlock.edge_features``) reach each layer, the bottom one included (``TypedBottom``):
-``rgat`` attends over them at any width (``RGATConv``'s ``edge_dims``); ``sage`` and ``rgcn`` take a
-relation's one-column edge features as edge weights (``nn/relational.py``) and ignore wider ones (logged
-once, when the model is built).
-
-The model takes what it needs of a graph as a ``TypedSpec`` (types, counts, feature widths, relations,
-edge feature widths, target), so nothing here reads a loaded graph's arrays.
-
-Where the tables live: in memory, as ``nn.Embedding`` makes them, unless ``tables`` (a function of a type,
-its rows and width) gives a table's weights, already initialised: a float32 CPU tensor over a memory map
-(``train/typed_tables.py``), which lookups and the tables' optimizer read and update in place like any other.
-``table_shapes`` says which tables a model will have, before it is built.
+What a relational model adds to the stack: per-type input rows (``input_rows``; a featureless type's table
+rows, ``nn.Embedding(sparse=True)`` or ``tables``' weights, ``train/typed_tables.py``), the bottom layer with
+its projections (``TypedBottom``, NeutronOrch's host layer), each layer's edge features
+(``edge_arguments``), and dropout masks from one key per forward, the layer and the type (``masks``): a
+vertex's mask depends on its layer, type and id alone, so data-parallel ranks that split a batch draw exactly
+one process's masks. A layer holds only the relations into the types it can have as destinations
+(``reachable_types``); a type some layer must compute that no relation leads into is refused, naming it.
 """
 
 from __future__ import annotations
@@ -109,10 +73,10 @@ class TypedSpec:
                    stored["target"], {tuple(e[:3]): int(e[3]) for e in stored.get("edge_dims", [])})
 
 
-def reachable_types(spec: TypedSpec, hops: int) -> list[list[str]]:
-    """``out[h]``: the types a typed sampler's frontier holds after ``h`` hops from target seeds (``out[0]``
-    the target alone), each list in ``spec.num_nodes``' order; ``hops + 1`` lists."""
-    reached = [{spec.target}]
+def reachable_types(spec: TypedSpec, hops: int, start: str | None = None) -> list[list[str]]:
+    """``out[h]``: the types a typed sampler's frontier holds after ``h`` hops from seeds of ``start`` (default
+    the target; ``out[0]`` that type alone), each list in ``spec.num_nodes``' order; ``hops + 1`` lists."""
+    reached = [{start or spec.target}]
     for _ in range(hops):
         last = reached[-1]
         reached.append(last | {r[0] for r in spec.relations if r[2] in last})
@@ -161,7 +125,9 @@ class TypedGNN(LayerStack):
                                          in table_shapes(kind, spec, hidden, num_layers, embed_dim).items()})
         self.projections = nn.ModuleDict({t: nn.Linear(spec.feature_dims[t], hidden) for t in featured}
                                          if kind == "rgcn" else {})
-        self.folded = [t for t in self.projections if spec.feature_dims[t] <= hidden]  # see the module docstring
+        # A type no wider than hidden enters the bottom layer raw, its map folded into each relation's weight
+        # (RGCNConv's projections); a wider one is projected first, the cheaper order for it.
+        self.folded = [t for t in self.projections if spec.feature_dims[t] <= hidden]
         in_dims = {t: spec.feature_dims[t] or width for t in self.input_types}
         if kind == "rgcn":
             in_dims = dict.fromkeys(self.input_types, hidden)
@@ -198,17 +164,9 @@ class TypedGNN(LayerStack):
 
     def forward(self, blocks: list[TypedBlock], features: Mapping[str, torch.Tensor],
                 input_ids: Mapping[str, torch.Tensor], hot: Mapping[str, HotRows] | None = None) -> torch.Tensor:
-        """Logits of the last block's target destinations. ``blocks``: a ``SampledSubgraph``'s, bottom layer
-        first; ``input_ids[t]``: the bottom block's source frontier of each type (``frontiers[0]``), on the
-        model's device; ``features[t]``: the rows of each featured type's frontier.
-
-        ``hot`` (NeutronOrch): per destination type, bottom-layer output rows computed elsewhere; the bottom
-        block then holds the cold destinations only, and each type's bottom-layer output is spliced from its
-        cold rows and ``hot[t]``'s (``nn/splice.py``) into the order of ``blocks[1]``'s source frontier, before
-        the activation (whose dropout masks are keyed by those vertices, so they are the unspliced run's).
-
-        Each layer reads its block's edge features (``edge_arguments``), for the relations ``self.spec`` gives
-        edge features."""
+        """Logits of the last block's target destinations (``LayerStack.run``; ``hot`` per type). ``blocks``: a
+        ``SampledSubgraph``'s, bottom layer first; ``input_ids[t]``: the bottom block's source frontier of each
+        type, on the model's device; ``features[t]``: the rows of each featured type's frontier."""
         return self.run(blocks, self.input_rows(features, input_ids), hot)[self.spec.target]
 
     def forward_key(self) -> int | None:
@@ -224,9 +182,8 @@ class TypedGNN(LayerStack):
         return dropout_keys(mix_key(key, index * len(types) + types.index(node_type)))
 
     def layer_output(self, index: int, tblock: TypedBlock, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Layer ``index``'s output per destination type of ``tblock``, before the activation, from its input
-        rows ``x`` (the bottom layer: ``input_rows``'; it projects them itself), its block's edge features
-        included."""
+        """As ``LayerStack``'s, per destination type, with the block's edge features (the bottom layer reads
+        ``input_rows``' rows and projects them itself)."""
         if index == 0:
             return self.bottom(tblock, x)
         layer = self.layers[index]

@@ -46,7 +46,7 @@ from neutronorch.data.graph import Graph
 from neutronorch.data.typed import TypedGraph
 from neutronorch.features.store import FeatureStore, gather_frontier
 from neutronorch.nn.models import GNN
-from neutronorch.nn.typed_models import TypedGNN
+from neutronorch.nn.typed_models import TypedGNN, reachable_types
 from neutronorch.sampling.block import Block
 from neutronorch.sampling.neighbor_sampler import NeighborSampler
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -120,10 +120,11 @@ def typed_layers(model: TypedGNN, graph: TypedGraph, node_type: str, layer: int,
                  chunk_size: int, progress: LayerProgress | None):
     """``top(ids)``: the rows of ``node_type``'s unique ``ids`` at layer ``layer`` (1-based; ``model.num_layers``:
     the target's logits), every neighbourhood whole, float32 on the CPU, once the layers below it are computed
-    (here, before it returns) for every vertex of the types a later layer reads (``needed_types``), one float32
+    (here, before it returns) for every vertex of the types a later layer reads (``reachable_types`` from ``node_type``), one float32
     table per type and layer in memory. ``graph`` two-way, as trained."""
     model.eval()
-    sampler, needed = TypedNeighborSampler(graph, [-1] * model.num_layers), needed_types(model, node_type, layer)
+    sampler = TypedNeighborSampler(graph, [-1] * model.num_layers)
+    needed = reachable_types(model.spec, layer - 1, node_type)[::-1]  # by layer: the types it must compute
 
     @torch.no_grad()
     def rows(k: int, t: str, chunk: np.ndarray, previous: dict | None) -> torch.Tensor:
@@ -132,23 +133,12 @@ def typed_layers(model: TypedGNN, graph: TypedGraph, node_type: str, layer: int,
             x = model.input_rows(*gather_frontier(graph, block.src_ids, device))
         else:
             x = {s: previous[s][v].to(device) for s, v in block.src_ids.items() if s in previous}
-        y = model.layer_output(k, block.to(device), x)[t]
-        return (y if k == model.num_layers - 1 else model.activate(y)).float().cpu()
+        return model.layer_forward(k, block.to(device), x)[t].float().cpu()
 
     below = lower_layers(layer, lambda k: {t: graph.num_nodes[t] for t in graph.num_nodes if t in needed[k]},
                          lambda k, t, start, end, previous: rows(k, t, np.arange(start, end, dtype=np.int64), previous),
                          lambda k, t: model.arguments["hidden"], torch.device("cpu"), None, chunk_size, progress)
     return lambda ids: rows(layer - 1, node_type, np.asarray(ids, dtype=np.int64), below)
-
-
-def needed_types(model: TypedGNN, node_type: str, layer: int) -> list[set[str]]:
-    """``out[k]``: the types layer ``k`` (0-based) must compute for ``node_type`` at layer ``layer`` (1-based)."""
-    relations = model.spec.relations
-    needed = [set() for _ in range(layer)]
-    needed[layer - 1] = {node_type}
-    for k in range(layer - 1, 0, -1):
-        needed[k - 1] = needed[k] | {r[0] for r in relations if r[2] in needed[k]}
-    return needed
 
 
 @contextlib.contextmanager
