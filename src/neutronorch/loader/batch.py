@@ -1,20 +1,8 @@
-"""One mini-batch of a loader, in the three forms a training loop may take: ``NeighborLoader``'s over either
-kind of graph here (``LoaderBatch``, ``TypedLoaderBatch``); a ``LinkNeighborLoader``'s, with its pairs, in
-link_batch.py.
-
-- Plain (neutronorch's own models): ``batch.blocks`` (bottom layer first), ``batch.x`` (the bottom block's
-  source rows; of a typed graph, each featured type's, also ``batch.features``), ``batch.y`` (the seeds'
-  labels), ``batch.seeds``: ``GNN(...)(batch.blocks, batch.x)``; a typed graph's ``TypedGNN`` also takes
-  ``batch.ids`` (each type's input frontier, global ids within the type).
-- PyG: ``batch.to_pyg()``, a ``torch_geometric.data.Data`` (of a typed graph, a ``HeteroData``) as PyG's
-  ``NeighborLoader`` yields one.
-- DGL: ``batch.to_dgl_blocks()`` (a typed batch's also ``to_dgl()``), one ``dgl.create_block`` per layer,
-  input layer first.
-
-The blocks are the sampler's: every destination of a layer draws its neighbours at that layer (DGL's
-blocks). PyG's form keeps, of each layer's block, the rows of the vertices that the hop before newly
-reached, so that each vertex's neighbours are drawn once, as PyG's sampler draws them
-(``sampling.block.pyg_form``, the layout ``train()`` feeds a PyG model too).
+"""One mini-batch of a loader, either kind of graph's (``LoaderBatch``, ``TypedLoaderBatch``; a
+``LinkNeighborLoader``'s in link_batch.py), in three forms: plain (``batch.blocks``, ``batch.x``, ``batch.y``;
+a typed batch's also ``ids``), PyG's (``to_pyg()``: ``Data`` or ``HeteroData``, each vertex's neighbours kept
+once as PyG's sampler draws them, ``sampling.block.pyg_form``) and DGL's (``to_dgl_blocks()``). The fields of
+each form: docs/loader.md, "The batch forms" and "Typed graphs".
 """
 
 from __future__ import annotations
@@ -46,11 +34,9 @@ def optional(module: str, form: str):
 
 
 class SampledBatch:
-    """What every loader's batch holds (a typed one's, per type: see ``TypedLoaderBatch``): ``epoch``, ``index``
-    (its number in the epoch), ``batch_size``
-    (seeds), ``seeds`` (their global ids), ``input_id`` (the positions of what the batch was made of among
-    the loader's seeds or edges), ``n_id`` (the global ids of every sampled vertex, seeds first),
-    ``blocks``, ``x``.
+    """What every loader's batch holds (a typed one's per type): ``epoch``, ``index`` (its number in the
+    epoch), ``batch_size``, ``seeds``, ``input_id`` (the positions of what the batch was made of among the
+    loader's seeds or edges), ``n_id`` (every sampled vertex, seeds first), ``blocks``, ``x``.
 
     ``x`` may be a view of a reused gather buffer (the pipeline's own, as in ``train()``): it is valid until
     the iteration is asked for the next batch, after which reading it through this object raises. Keep what
@@ -108,11 +94,8 @@ class SampledBatch:
 
     # -- the PyG form ---------------------------------------------------------------------------------
     def to_pyg(self):
-        """A ``torch_geometric.data.Data`` with what PyG's loaders put in one: ``x``, ``edge_index`` (row 0
-        the neighbour, row 1 the vertex it was sampled for, local ids; the seed hop's edges first), ``n_id``,
-        ``input_id`` and the per-hop ``num_sampled_nodes`` and ``num_sampled_edges`` that ``trim_to_layer``
-        and ``BasicGNN`` read, and the task's own fields. No ``e_id``: the samplers draw neighbours, not
-        edge positions (neutronorch graphs have no edge features to index). Built once per batch."""
+        """A ``torch_geometric.data.Data`` with what PyG's loaders put in one, and the task's own fields
+        (docs/loader.md). Built once per batch."""
         self._check()
         if self._pyg is None:
             pyg = optional("torch_geometric.data", "to_pyg")
@@ -128,10 +111,8 @@ class SampledBatch:
 
     # -- the DGL form ---------------------------------------------------------------------------------
     def to_dgl_blocks(self) -> list:
-        """One DGL block per layer, input layer first (as ``dgl.dataloading`` yields them): the sampler's
-        blocks as they are, with ``srcdata``/``dstdata`` ``dgl.NID`` (global ids); the first block's
-        ``srcdata["feat"]`` holds ``x`` (and, from ``NeighborLoader``, the last block's ``dstdata["label"]``
-        the seeds' labels)."""
+        """One DGL block per layer, input layer first (as ``dgl.dataloading`` yields them), the sampler's blocks
+        in CSC as they are, ``dgl.NID`` on both ends, the first's ``srcdata["feat"]`` ``x``."""
         self._check()
         dgl = optional("dgl", "to_dgl_blocks")
         out = []
@@ -203,12 +184,10 @@ class LoaderBatch(SampledBatch):
 
 
 class TypedLoaderBatch(SampledBatch):
-    """A typed mini-batch: ``SampledBatch``'s fields per type. ``blocks`` (``TypedBlock``s), ``x`` and
-    ``features`` (the input rows of every featured type of the bottom frontier, float32), ``ids`` (every
-    type's bottom frontier, global ids within the type: what an embedding table of a featureless type is
-    looked up by; ``n_id`` is the same), ``seeds`` (the target type's seeds: ``ids[target][:batch_size]``),
-    ``y`` (their labels), ``batch_size``, ``input_id`` (the seeds' positions among the loader's seeds),
-    ``target``. Its tensors are its own (typed modes reuse no buffer): a batch may be kept."""
+    """A typed mini-batch: ``SampledBatch``'s fields per type (``TypedBlock``s; ``x``, also ``features``, each
+    featured type's input rows), ``ids`` (also ``n_id``: every type's bottom frontier, what a featureless
+    type's table is looked up by), ``y`` (the target seeds' labels), ``target``. Its tensors are its own
+    (typed modes reuse no buffer): a batch may be kept."""
 
     def __init__(self, batch: TypedBatch, inputs: StepInputs, input_id: torch.Tensor, graph: TypedGraph):
         super().__init__(batch, inputs, input_id, reused=False)
@@ -246,9 +225,7 @@ class TypedLoaderBatch(SampledBatch):
     # -- the PyG form ---------------------------------------------------------------------------------
     def to_pyg(self):
         """A ``torch_geometric.data.HeteroData`` with what PyG's ``NeighborLoader`` puts in a heterogeneous
-        batch (docs/loader.md has the fields): every type and relation of the graph, reverses included, empty
-        where the batch did not reach it; ``e_id`` and ``edge_attr`` where a relation has edge features (the
-        edges' positions in its CSC, ``to_pyg_hetero``'s edge order). Built once."""
+        batch (docs/loader.md): every type and relation of the graph, reverses included. Built once."""
         if self._pyg is not None:
             return self._pyg
         data = optional("torch_geometric.data", "to_pyg").HeteroData()
@@ -277,10 +254,8 @@ class TypedLoaderBatch(SampledBatch):
 
     # -- the DGL form ---------------------------------------------------------------------------------
     def to_dgl(self) -> list:
-        """One DGL block per layer, input layer first (as ``dgl.dataloading`` yields them for a heterograph),
-        over every relation (one the layer did not draw has no edge), the sampler's blocks as they are (CSC):
-        ``dgl.NID`` per type, the first block's ``srcdata["feat"]``, the last's ``dstdata["label"]`` on the
-        target, ``edata["feat"]`` and ``dgl.EID`` where a relation has edge features."""
+        """``to_dgl_blocks``' blocks for a heterograph, over every relation (one the layer did not draw has no
+        edge), ``edata["feat"]`` and ``dgl.EID`` where a relation has edge features (docs/loader.md)."""
         dgl = optional("dgl", "to_dgl")
         graph, out = self._graph, []
         for tblock in self.blocks:

@@ -1,39 +1,17 @@
-"""Your own model: any ``torch.nn.Module`` that follows a small protocol trains like the built-in ones.
+"""Your own model: any ``torch.nn.Module`` that follows a small protocol trains like the built-in ones
+(docs/models.md, "Your own model"; docs/heterogeneous.md, "Your own module").
 
 ``UserModel`` adapts it to what the engine calls (``forward(blocks, x, hot)``, ``num_layers``, ``width``,
-``needs_degrees``, ``bottom``, ``arguments``, ``embedding_parameters``); ``train(config, model=module)`` wraps
-a module with it. The protocol (``docs/models.md``, "Your own model"; ``docs/heterogeneous.md``, "Your own
-module"): the module's ``forward`` takes one of three input forms, told apart by the graph and the names of
-its first parameters.
-
-- ``forward(x, edge_index, ...)``, the PyG form: ``x`` holds the rows of every sampled vertex (seeds
-  first), ``edge_index`` the sampled edges (row 0 the neighbour, row 1 the vertex it was sampled for), as
-  PyG's ``NeighborLoader`` builds them (``SampledSubgraph.pyg_form``). It returns one row per vertex of
-  ``x`` (fewer where it trims its layers, the seeds' always), of which the seeds' (the first rows) are
-  used. Parameters named ``num_sampled_nodes_per_hop`` and ``num_sampled_edges_per_hop`` (PyG's
-  ``BasicGNN`` has them) receive the counts that let it trim each layer to the vertices that layer needs.
-  A PyG model trains unchanged.
-- ``forward(blocks, x)``, the block form: ``blocks`` are the sampled layers (``sampling.Block``, bottom
-  layer first; the destinations lead each source frontier), ``x`` the bottom block's source rows; it
-  returns one row per destination of the last block.
-- ``forward(blocks, features, ids)``, the typed form (a typed graph: ``target`` given): ``blocks`` the
-  sampled ``TypedBlock``s, ``features[t]`` the float32 input rows of each featured type of the bottom
-  frontier, ``ids[t]`` every type's bottom frontier (global ids within the type, which a featureless type's
-  table is looked up by); it returns a row per destination of the last block's target type. PyG's typed form
-  (``x_dict, edge_index_dict``) is refused, naming ``TypedNeighborLoader``'s ``to_pyg()``. Its sparse
-  ``nn.Embedding``s are tables, moved by the tables' optimizer as the built-in models' are.
-
-Each returns ``[rows, outputs]`` logits (``outputs``: the classes, or the tasks of a multi-label graph).
-NeutronOrch mode also needs the bottom layer apart (the block form only): an attribute ``bottom``, a module
-with ``bottom(block, x)`` returning the bottom layer's output before its activation and an ``out_dim``
-giving that width, and a method ``upper(blocks, h)`` that applies the activation to ``h`` (the bottom
-layer's rows for ``blocks[0]``'s source frontier) and runs the layers above. ``forward(blocks, x)`` must
-equal ``upper(blocks[1:], bottom(blocks[0], x))``.
-
-Evaluation of a model without layer-by-layer inference samples every neighbour of every hop (the exact
-result, as the built-in models' full-neighbour inference gives) unless sampled evaluation fanouts are set.
-NeutronOrch mode is not offered on a typed graph: it computes hot vertices' bottom layer apart from
-snapshots of the embedding rows it reads, which a module of one's own does not expose.
+``needs_degrees``, ``bottom``, ``arguments``, ``embedding_parameters``). The module's ``forward`` takes one
+of three input forms, told apart by the graph and the names of its first parameters: PyG's ``forward(x,
+edge_index, ...)`` (``SampledSubgraph.pyg_form``; ``num_sampled_nodes_per_hop`` and
+``num_sampled_edges_per_hop`` receive the counts PyG's ``BasicGNN`` trims its layers by), the block form
+``forward(blocks, x)``, or on a typed graph ``forward(blocks, features, ids)`` (its sparse ``nn.Embedding``s
+moved by the tables' optimizer). Each returns ``[rows, outputs]`` logits. NeutronOrch mode also needs, in the
+block form, ``bottom`` (a module with ``out_dim``: the bottom layer's output before its activation) and
+``upper(blocks, h)``, with ``forward(blocks, x) == upper(blocks[1:], bottom(blocks[0], x))``; it is not
+offered on a typed graph. A model without layer-by-layer inference is evaluated on every neighbour of every
+hop unless sampled evaluation fanouts are set.
 """
 
 from __future__ import annotations

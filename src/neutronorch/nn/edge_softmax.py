@@ -1,15 +1,11 @@
-"""Attention's scores and per-edge softmax on CPU: ``head_scores`` and ``edge_softmax``.
+"""Attention's scores and per-edge softmax: ``head_scores`` and ``edge_softmax``.
 
 ``alpha[e, h] = softmax over the edges of e's destination of LeakyReLU(score_src[u_e, h] + score_dst[d_e, h]
-[+ edge_logits[e, h]])``, the coefficients GAT and R-GAT weigh their sums with. A block lists its edges by
-destination (destination ``d`` owns ``indptr[d]:indptr[d + 1]``), so on CPU one numba kernel computes a
-destination's whole softmax (logits, maximum, exponentials, sum, division) in one task, in parallel over
-destinations and without atomics; the backward pass is one kernel too (the softmax's and the LeakyReLU's
-derivatives per destination, then the sources' sums). These replace about ten torch ops over
-(edges x heads) tensors and their backward ops. The scores themselves (``head_scores``: a dot product per
-vertex and head with the attention weights) are one kernel each way over the projected rows, where the
-torch ops wrote and read several tensors as large as those rows. Every other device runs the torch ops
-(``edge_softmax_torch``, and ``head_scores``' own); tests prove both equal.
+[+ edge_logits[e, h]])``, the coefficients GAT and R-GAT weigh their sums with. On CPU numba kernels compute a
+destination's whole softmax in one task (a block lists its edges by destination), in parallel and without
+atomics, and the scores in one pass over the projected rows each way; every other device runs the torch ops
+(``edge_softmax_torch``, and ``head_scores``' own); tests prove both equal. Why and what it saves:
+docs/performance.md, "Attention's scores and softmax on the CPU".
 
 The result has ``E + num_dst`` rows, the layout ``attention.attention_aggregate`` reads
 (``attention.attention_edges``' order): the block's edges, then one self loop per destination, which takes
@@ -18,10 +14,8 @@ part in its destination's softmax with ``self_loops`` (GAT: source ``dst_offset 
 Sums are float32 (scores of another floating dtype are widened first, as under bfloat16 autocast) and in a
 fixed order: a destination's terms in edge order, its self loop last; a source's gradient over the edges
 that read it in edge order, its self loop last. That is ``index_add``'s order, so the result is the same
-bits whatever the thread count (``nn/rows.py``).
-
-``NEUTRONORCH_EDGE_SOFTMAX=torch`` in the environment (or ``kernels = False`` here) runs the torch ops on
-CPU too, for comparisons.
+bits whatever the thread count (``nn/rows.py``). ``NEUTRONORCH_EDGE_SOFTMAX=torch`` in the environment (or
+``kernels = False`` here) runs the torch ops on CPU too, for comparisons.
 """
 
 from __future__ import annotations

@@ -10,13 +10,9 @@ turns into the bottom layer's weight gradient once per super-batch.
 On CPU the splice is fused with the ReLU and dropout that follow the bottom layer (one pass over the
 output instead of two, each way); the dropout masks are exactly those ``relu_dropout`` draws for the
 assembled output (both kernels write a row through ``activation.relu_dropout_row``), so the fused path
-equals splice-then-activate. Elsewhere (CUDA) it is two torch ops forward (every row gathered from the
-table, the cold rows copied over them) and one backward, three with an accumulator. Either way a table of
-another dtype than the rows is read as it is and only the rows used are converted, never the whole table.
-
-What the splice costs beyond the plain step's in-place activation is in ``docs/performance.md``: an output
-written apart from its sources, the table's rows read in random order (the CPU kernel asks for them ahead),
-and with an accumulator the hot rows' gradients added into random rows of it.
+equals splice-then-activate. Elsewhere (CUDA) it is torch's indexing ops. Either way a table of another
+dtype than the rows is read as it is and only the rows used are converted. What it costs:
+docs/performance.md, "NeutronOrch's spliced step against the plain step".
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Layer l is computed for every vertex that a later layer needs, from all of its in-neighbours, one chunk
 of destinations at a time: each vertex's embedding is computed once per layer, instead of once per
 appearance in an L-hop neighbourhood. ``lower_layers`` is that per-layer loop for either kind of graph, given
-how one layer is applied to a chunk: a ``GNN``'s by ``_Run.rows``, a ``TypedGNN``'s by ``typed_layers`` (a typed
-checkpoint's predictions with every neighbour). Where the rows go is the caller's choice:
+how one layer is applied to a chunk: a ``GNN``'s by ``_Run.rows``, a ``TypedGNN``'s by ``typed_layers``.
+Where the rows go is the caller's choice:
 
 - the intermediate layers' embeddings (one row per vertex) are kept in memory, or memory-mapped in a
   ``scratch`` folder when they would not fit (then anonymous memory stays at a few chunks);
@@ -19,15 +19,10 @@ ranks broadcast their shares to each other, so every rank holds the whole layer 
 each computes the last layer for the ``nodes`` it was given.
 
 Separable layers read their input rows in place, with global ids as source positions, so nothing is
-copied per chunk: later layers the previous layer's embeddings, and an input layer below the last the
-features themselves when the model runs on the CPU and they can be read as they are (float32 rows, in
-memory or in a memory map the page cache keeps, without a host cache). Otherwise the input layer gathers
-each chunk's sources (a float16 or bfloat16 file, a host cache, a file read in file order, features bound
-for a GPU, or the input layer as the last one, computed for the requested vertices only): on Coauthor
-Physics (8415 features, 14 neighbours on average) a chunk of 4096 vertices reads 30k rows, 1 GB gathered
-per chunk, where the rows in place cost nothing and give the same results (the same chunks, the same
-products). Non-separable layers (GAT), and a previous layer that lives on the host while the model runs
-on a GPU, use relabelled chunks.
+copied per chunk: later layers the previous layer's rows, and an input layer below the last the features
+themselves where they can be read as they are (``_features_in_place``; why: docs/memory.md, "Evaluation reads
+the features in place"); otherwise the input layer gathers each chunk's sources. Non-separable layers (GAT),
+and a previous layer on the host while the model runs on a GPU, use relabelled chunks.
 """
 
 from __future__ import annotations
