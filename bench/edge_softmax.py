@@ -34,7 +34,7 @@ import torch
 from torch.nn import functional as F
 
 from neutronorch.data import SyntheticSpec, generate, synthetic_typed
-from neutronorch.nn import attention, edge_softmax, layers, relational_attention
+from neutronorch.nn import attention, edge_softmax, layers, relational
 from neutronorch.nn.models import GNN
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
@@ -50,12 +50,12 @@ PATHS = {"kernels": (True, attention.attention_aggregate), "torch ops": (False, 
 def using(path: str):
     kernels, aggregate = PATHS[path]
     edge_softmax.kernels = kernels
-    layers.attention_aggregate = relational_attention.attention_aggregate = aggregate
+    layers.attention_aggregate = relational.attention_aggregate = aggregate
     try:
         yield
     finally:
         edge_softmax.kernels = True
-        layers.attention_aggregate = relational_attention.attention_aggregate = attention.attention_aggregate
+        layers.attention_aggregate = relational.attention_aggregate = attention.attention_aggregate
 
 
 def load_before(path: str) -> None:

@@ -9,7 +9,7 @@ import torch
 
 from neutronorch.nn import edge_softmax as es
 from neutronorch.nn.layers import GATConv
-from neutronorch.nn.relational_attention import RGATConv
+from neutronorch.nn.relational import RGATConv
 from neutronorch.sampling.block import Block, TypedBlock
 
 pytestmark = pytest.mark.usefixtures("one_thread")

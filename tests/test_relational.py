@@ -10,7 +10,7 @@ import torch
 
 from neutronorch.data import Relation, TypedGraph, synthetic_typed
 from neutronorch.nn.relational import RGCNConv, TypedSAGEConv, module_key
-from neutronorch.nn.relational_attention import RGATConv
+from neutronorch.nn.relational import RGATConv
 from neutronorch.sampling.block import Block, TypedBlock
 
 WIDTHS = {"paper": 12, "author": 8, "institution": 6, "field": 10, "topic": 5}

@@ -1,12 +1,9 @@
 """Matrix products whose row count is rounded up to a few sizes, for bfloat16 on the CPU.
 
 On the CPU, bfloat16 products go through oneDNN, which builds (and keeps) a kernel and its buffers for every
-new shape. A mini-batch's row counts differ from batch to batch, so without care every step adds shapes:
-600 products of 80,000-84,000 rows grew a process by 1.5 GB, and a bfloat16 epoch on the 1M-vertex
-benchmark graph grew it by 1.4 GB, epoch after epoch. Rounding the rows up to one of 32 sizes per power of
-two (at most 1/32 more rows, zeros) bounds the shapes: the same 600 products stayed flat.
-
-float32 products (MKL) and GPU products are shape-agnostic and run unpadded.
+new shape, and a mini-batch's row counts differ from batch to batch. Rounding the rows up to one of 32 sizes
+per power of two (at most 1/32 more rows, zeros) bounds the shapes, and so the memory (docs/performance.md,
+"bfloat16 products on the CPU: a bounded set of shapes"). float32 (MKL) and GPU products run unpadded.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Products of mostly-zero input rows with a weight, at the cost of their nonzeros.
-
-Bag-of-words features are mostly zeros: Cora's 1,433 columns hold 1.3% nonzeros, CiteSeer's 3,703 hold
-0.85%. A dense product of a batch's rows with the first layer's weight multiplies every zero anyway, and on
-the small citation graphs it was most of a step (Cora, a link batch of 1,024 positives: two products of
-about 2,700 x 1,433 rows by a 1,433 x 128 weight, 27 of 35 ms forward and backward). Here the rows are read
-once into a compressed form (a row's nonzero columns and values) and multiplied at the cost of the nonzeros;
-the weight's gradient is the same sum, transposed, over the same nonzeros.
+"""Products of mostly-zero input rows (bag-of-words features) with a weight, at the cost of their nonzeros:
+the rows are read once into a compressed form (a row's nonzero columns and values) and multiplied through
+it; the weight's gradient is the same sum, transposed. Measurements: docs/performance.md, "Mostly-zero feature
+rows".
 
 ``sparse_enough(x)`` looks at a few evenly spaced rows and says whether ``x`` qualifies: a float32 or
 bfloat16 CPU matrix that needs no gradient (feature rows; activations always need one in training), at least

@@ -1,7 +1,7 @@
 """Relational models: ``TypedGNN``, the one layer stack (``LayerStack``, ``nn/models.py``: its loop,
-activations, dropout and NeutronOrch's splice) over the relational layers (``nn/relational.py``,
-``nn/relational_attention.py``) and a typed sampler's blocks, and the ``TypedSpec`` it is built from (types,
-counts, feature widths, relations, edge feature widths, target: nothing here reads a loaded graph's arrays).
+activations, dropout and NeutronOrch's splice) over the relational layers (``nn/relational.py``) and a typed
+sampler's blocks, and the ``TypedSpec`` it is built from (types, counts, feature widths, relations, edge
+feature widths, target: nothing here reads a loaded graph's arrays).
 What each kind computes, its inputs (embedding tables for featureless types, R-GCN's input projections),
 its edge features and which relations each layer holds: docs/heterogeneous.md, "Training".
 
@@ -27,8 +27,7 @@ from neutronorch.data.typed import relation_label
 from neutronorch.nn.activation import draw_key, dropout_keys
 from neutronorch.nn.models import LayerStack
 from neutronorch.nn.names import TYPED_MODELS
-from neutronorch.nn.relational import RGCNConv, TypedSAGEConv
-from neutronorch.nn.relational_attention import RGATConv
+from neutronorch.nn.relational import RGATConv, RGCNConv, TypedSAGEConv
 from neutronorch.nn.splice import HotRows
 from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.sampling.block import RelationType, TypedBlock
