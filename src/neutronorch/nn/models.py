@@ -110,18 +110,23 @@ class LayerStack(Tables, nn.Module):
         """Layer ``index`` and the activation after it (full-neighbour inference)."""
         return each(self.layer_output(index, block, x), lambda t, y: self.activate(y, _typed(block.dst_ids, t), index))
 
+    def forward(self, blocks: list[Block], x: torch.Tensor, hot: HotRows | None = None) -> torch.Tensor:
+        """Logits of the last block's destinations (``run``)."""
+        return self.run(blocks, x, hot)
+
     def run(self, blocks: list, x, hot=None):
         """The last layer's output for ``blocks[-1]``'s destinations from ``blocks[0]``'s source rows ``x``.
         ``hot``: ``HotRows`` (per type on a typed model) spliced into the bottom layer's output in the order of
-        ``blocks[1]``'s source frontier, whose vertices key the activation's dropout masks."""
+        ``blocks[1]``'s source frontier, whose vertices key the activation's dropout masks; ``blocks[0]`` then
+        covers only the bottom-layer destinations ``hot.index`` calls cold."""
         if len(blocks) != self.num_layers:
             raise ValueError(f"{len(blocks)} blocks for a {self.num_layers}-layer model")
         key = self.forward_key()
         for index, block in enumerate(blocks):
             y = self.layer_output(index, block, x)
             if index == 0 and hot:
-                above = blocks[1].src_ids if self.num_layers > 1 else None
-                x = each(y, lambda t, rows: self._spliced(key, t, rows, _typed(hot, t), _typed(above, t)))
+                above = blocks[1] if self.num_layers > 1 else None
+                x = each(y, lambda t, rows: self._spliced(key, t, rows, _typed(hot, t), above))
             else:
                 x = each(y, lambda t, rows: self._activated(key, index, t, rows, _typed(block.dst_ids, t)))
         return x
@@ -130,9 +135,14 @@ class LayerStack(Tables, nn.Module):
         with self.masks(key, index, node_type):
             return self.activate(y, ids, index)
 
-    def _spliced(self, key, node_type, y_cold, hot: HotRows | None, ids):
+    def _spliced(self, key, node_type, y_cold, hot: HotRows | None, above):
+        ids = None if above is None else _typed(above.src_ids, node_type)
         if hot is None:
             return self._activated(key, 0, node_type, y_cold, ids)
+        rows = hot.index.num_rows if above is None else _typed(above.num_src, node_type)
+        if y_cold.shape[0] != hot.index.cold_pos.shape[0] or rows != hot.index.num_rows:
+            raise ValueError(f"splice mismatch: the bottom block has {y_cold.shape[0]} destinations and the splice "
+                             f"{hot.index.cold_pos.shape[0]} cold of {hot.index.num_rows} rows")
         with self.masks(key, 0, node_type):
             if self.fuses_splice and self.num_layers > 1:
                 return splice_relu_dropout(y_cold, hot.table, hot.index, self.dropout, self.training, hot.grad_acc,
@@ -203,14 +213,3 @@ class GNN(LayerStack):
         if self.norm != "none" and layer < self.num_layers - 1:
             y = self.norms[layer](y)
         return super().activate(y, ids, layer)
-
-    def forward(self, blocks: list[Block], x: torch.Tensor, hot: HotRows | None = None) -> torch.Tensor:
-        """Logits of the last block's destinations. ``x`` holds the bottom block's source rows; with
-        ``hot``, ``blocks[0]`` covers only the bottom-layer destinations ``hot.index`` calls cold."""
-        if hot is not None:
-            index = hot.index
-            if blocks[0].num_dst != index.cold_pos.shape[0] or (
-                    self.num_layers > 1 and len(blocks) > 1 and blocks[1].num_src != index.num_rows):
-                raise ValueError(f"splice mismatch: the bottom block has {blocks[0].num_dst} destinations and the "
-                                 f"splice {index.cold_pos.shape[0]} cold of {index.num_rows} rows")
-        return self.run(blocks, x, hot)
