@@ -2,11 +2,9 @@
 
 A loader builds a mode exactly as ``train()`` does (``build_mode`` from a ``TrainConfig``, threads from
 ``thread_budget``; a ``TypedGraph`` gets its typed mode, with fanouts per relation), so its batches come from
-the same pipeline: the multi-threaded numba sampler in a background producer, gathers into pooled (on CUDA
-pinned) buffers, copies to the device on a side stream, the device feature cache and, for memory-mapped
-features, the host cache and file-ordered reads. Each iteration is one epoch, ``mode.batches(epoch, start)``
-under a ``with``, so its producer thread stops when the epoch ends, on ``break`` and on an exception. What
-runs on which kind of graph is ``capabilities.py``'s table (``refusal``).
+the same pipeline (docs/loader.md). Each iteration is one epoch, ``mode.batches(epoch, start)`` under a
+``with``, so its producer thread stops when the epoch ends, on ``break`` and on an exception. What runs on
+which kind of graph is ``capabilities.py``'s table (``refusal``).
 
 Each ``iter(loader)`` runs epoch ``loader.epoch`` and moves it on by one, as an unchanged PyG loop that
 iterates the loader once per epoch expects; an iteration is an ``EpochIterator`` (epochs.py). A subclass says

@@ -51,12 +51,10 @@ def dropout_bytes(keep, i, key, vertex):
 def relu_dropout_row(src, r, out, keep, i, threshold, scale, key, vertex, relu=True):
     """Row ``i`` (of vertex ``vertex``) of the fused ReLU + dropout from row ``r`` of ``src``: ``out[i, j]``
     is ``src[r, j] * scale`` where kept (random byte at least ``threshold``, see ``dropout_bytes``) and
-    positive (without ``relu``: kept), else 0, and ``keep[i, j]`` is 1 there, else 0. ``src`` may be ``out`` (in place); both hold float32 or bfloat16 bits.
-
-    Two passes over the row, each a loop the compiler vectorises: the random bytes, then a branch-free select
-    through row views. One pass that branched per element ran 2-4 (float32) and 6-10 (bfloat16) times slower
-    on a 102k x 256 tensor (one thread); in place, the same select indexing the 2-d arrays ran scalar (the
-    compiler's overlap check failed), 2-8 times slower than through the row views."""
+    positive (without ``relu``: kept), else 0, and ``keep[i, j]`` is 1 there, else 0. ``src`` may be ``out`` (in
+    place); both hold float32 or bfloat16 bits. Two passes over the row, each a loop the compiler vectorises:
+    the random bytes, then a branch-free select through row views (why: docs/performance.md, "Kernels in
+    bfloat16")."""
     dropout_bytes(keep, i, key, vertex)
     source, target, mask = src[r], out[i], keep[i]
     for j in range(target.shape[0]):

@@ -9,12 +9,8 @@ Heads (``LINK_HEADS``), each mapping two (..., D) embeddings to (...) logits:
 Both are symmetric in ``u`` and ``v``, so an undirected link scores the same either way round.
 
 The encoder starts as DGL's ``SAGEConv`` does (``glorot_``): linear weights from Glorot's uniform with the
-ReLU gain, not torch's default (about 3.3 times narrower for 1,433 inputs), and zero biases, not torch's
-uniform ones. With the dot head the weights trained Cora and CiteSeer links to a test MRR 4 to 8 points
-higher, and the zero biases added 2.2 points on Cora, 0.6 on CiteSeer and 4.5 on Amazon Photo (medians;
-2-layer SAGE; ``docs/link-prediction.md``): a bias shared by every embedding adds the same direction to
-all of them, which a dot product rewards whatever the pair. Input rows larger than unit norm (raw features)
-scale the first layer's weights down (``glorot_``'s ``input_norm``).
+ReLU gain and zero biases, not torch's defaults, and input rows larger than unit norm (raw features) scale
+the first layer's weights down (``input_norm``); why, with the measurements: docs/link-prediction.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """A trained model as PyTorch Geometric builds it, for those who serve or fine-tune with PyG.
 
 ``to_pyg_model(model)`` returns PyG's own model class for the architecture (``GraphSAGE``, ``GCN`` or
-``GAT`` of ``torch_geometric.nn.models``) holding the same weights. Called on a whole graph,
-``pyg_model(x, edge_index)`` gives the logits of neutronorch's full-neighbour inference (tested to 1e-5 on
-graphs without self loops, which neutronorch's loaders remove: PyG's layers add a self loop only where
-there is none, neutronorch's always add one). PyG is optional: imported here, when asked for.
-
-How the layers map:
-
-- ``SAGEConv`` -> PyG ``SAGEConv(aggr="mean")``: ``lin_l`` (neighbours, with the bias) = ``lin_neigh`` and
-  ``lin_self``'s bias, ``lin_r`` = ``lin_self``.
-- ``GCNConv(norm="symmetric")`` -> PyG ``GCNConv`` (normalised, with self loops): ``lin`` = ``lin``'s weight,
-  ``bias`` = ``lin``'s bias. The ``mean`` variant has no PyG layer and is refused.
-- ``GATConv`` -> PyG ``GATConv(heads, concat=True)``: ``lin``, ``att_src``, ``att_dst``, ``bias``. PyG's
-  ``GAT`` averages ``heads`` heads in its output layer; neutronorch's output layer has one head, so the
-  returned ``GAT``'s last convolution is replaced by a one-head ``GATConv`` (its forward is PyG's).
+``GAT`` of ``torch_geometric.nn.models``) holding the same weights, giving on a whole graph without self loops
+the logits of neutronorch's full-neighbour inference; how the weights map, and what is refused:
+docs/models.md, "Serving with PyG". PyG is optional: imported here, when asked for.
 """
 
 from __future__ import annotations

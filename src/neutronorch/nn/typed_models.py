@@ -108,8 +108,6 @@ class TypedGNN(LayerStack):
             raise ValueError(f"unknown relational model {kind!r}; choose one of {TYPED_MODELS}")
         if num_layers < 1:
             raise ValueError(f"a relational model needs at least one layer, not {num_layers}")
-        if kind == "rgat" and num_layers > 1 and hidden % heads:
-            raise ValueError(f"R-GAT width {hidden} is not divisible by {heads} heads")
         super().__init__({"kind": kind, "spec": spec.to_dict(), "hidden": hidden, "num_classes": num_classes,
                           "num_layers": num_layers, "dropout": dropout, "heads": heads, "num_bases": num_bases,
                           "embed_dim": embed_dim, "root": root})
@@ -127,9 +125,7 @@ class TypedGNN(LayerStack):
         # A type no wider than hidden enters the bottom layer raw, its map folded into each relation's weight
         # (RGCNConv's projections); a wider one is projected first, the cheaper order for it.
         self.folded = [t for t in self.projections if spec.feature_dims[t] <= hidden]
-        in_dims = {t: spec.feature_dims[t] or width for t in self.input_types}
-        if kind == "rgcn":
-            in_dims = dict.fromkeys(self.input_types, hidden)
+        in_dims = {t: spec.feature_dims[t] or width for t in self.input_types}  # rgcn's: hidden for every type
         # SAGE and R-GCN read one-column edge features as edge weights (R-GAT attends over any width).
         self.weighted = () if kind == "rgat" else tuple(r for r, w in spec.edge_dims.items() if w == 1)
         layers = []
