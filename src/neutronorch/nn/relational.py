@@ -58,7 +58,8 @@ class TypedSAGEConv(nn.Module):
             self.root = nn.ModuleDict({module_key(r): nn.Linear(self.in_dims[r[2]], out_dim)
                                        for r in self.relations})
         elif root == "type":
-            self.root = nn.ModuleDict({t: nn.Linear(self.in_dims[t], out_dim) for t in destination_types(self.relations)})
+            self.root = nn.ModuleDict({t: nn.Linear(self.in_dims[t], out_dim)
+                                       for t in dict.fromkeys(r[2] for r in self.relations)})
         else:
             self.root = None
 
@@ -292,7 +293,9 @@ def relation_sums(layer: nn.Module, tblock: TypedBlock, root: Callable, term: Ca
     """Per destination type ``t`` of ``tblock``: ``root(t, rows)`` plus ``term(r, block, rows)`` for each of the
     layer's relations ``r`` into ``t`` in their order (``block`` None where ``tblock`` lacks ``r``); either may
     be None (nothing), and a type with nothing at all gets no output."""
-    check_block(layer, tblock)
+    unknown = [r for r in tblock.blocks if r not in layer.relations]
+    if unknown:
+        raise ValueError(f"the block holds relation(s) {unknown} the layer has no weights for")
     out = {}
     for t, n_dst in tblock.num_dst.items():
         y = root(t, n_dst)
@@ -346,16 +349,6 @@ def input_dims(in_dims: Mapping[str, int] | int, relations: tuple[RelationType, 
     if missing:
         raise ValueError(f"no input width for vertex type(s) {missing}")
     return dict(in_dims)
-
-
-def destination_types(relations: tuple[RelationType, ...]) -> list[str]:
-    return list(dict.fromkeys(r[2] for r in relations))
-
-
-def check_block(layer: nn.Module, tblock: TypedBlock) -> None:
-    unknown = [r for r in tblock.blocks if r not in layer.relations]
-    if unknown:
-        raise ValueError(f"the block holds relation(s) {unknown} the layer has no weights for")
 
 
 def input_rows(x_src: Mapping[str, torch.Tensor], node_type: str, in_dims: Mapping[str, int] | None) -> torch.Tensor:

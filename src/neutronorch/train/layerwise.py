@@ -212,15 +212,12 @@ class _Run:
                 if lo < hi:
                     rows = self.contiguous(layer, source, start, min(n, start + step))
                     emit(order[lo:hi], rows[(ranked[lo:hi] - start).to(rows.device)])
-                self._report(layer, hi, nodes.shape[0])
+                if self.progress is not None:
+                    self.progress(layer + 1, hi, nodes.shape[0])
         else:
             emit_chunks(nodes, self.chunk_size, lambda chunk: self.relabelled(layer, hidden, chunk), emit, layer + 1,
                         self.progress)
         return out
-
-    def _report(self, layer: int, done: int, total: int) -> None:
-        if self.progress is not None:
-            self.progress(layer + 1, done, total)
 
 
 @torch.no_grad()
