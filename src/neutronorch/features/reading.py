@@ -18,7 +18,7 @@ from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.features.cache import typed_hotness_order
 from neutronorch.features.host_cache import HostCache, host_cache_rows, sized_by_memory
 from neutronorch.features.memory import AutoSize
-from neutronorch.features.placement import workspace_bytes
+from neutronorch.features.placement import typed_workspace
 from neutronorch.features.store import FeatureStore, beyond_memory
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
@@ -82,13 +82,8 @@ def typed_stores(config: TrainConfig, graph: TypedGraph, fanouts: dict[RelationT
     does not, no cache is built."""
     features = dict(graph.features)
     topology = [a for relation in graph.relations.values() for a in (relation.indptr, relation.indices)]
-    width = max([graph.feature_dim(t) for t in graph.num_nodes] + [1])
-    # An upper estimate of a batch's frontiers: every relation drawing the largest fanout (all: 64, as there).
-    layers = [max(f[h] if f[h] > 0 else 64 for f in fanouts.values()) * len(fanouts)
-              for h in range(len(next(iter(fanouts.values()))))]
-    workspace = workspace_bytes(sum(graph.num_nodes.values()), width, config.hidden, graph.num_classes, layers,
-                                config.batch_size)
-    in_file_order, _ = read_orders(config.read_order, list(features.values()), topology, workspace)
+    in_file_order, _ = read_orders(config.read_order, list(features.values()), topology,
+                                   typed_workspace(graph, fanouts, config.hidden, config.batch_size))
     stores = {t: FeatureStore(rows, ordered=in_file_order and (config.read_order == "file"
                                                                 or isinstance(rows, np.memmap)))
               for t, rows in features.items()}

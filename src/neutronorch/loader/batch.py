@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from neutronorch.data.typed import TypedGraph
-from neutronorch.orchestration.batch import MiniBatch, TypedBatch, target_labels
+from neutronorch.orchestration.batch import MiniBatch, target_labels
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.sampling.block import Block, TypedBlock, hop_counts, pyg_form, typed_pyg_form
 
@@ -210,7 +210,7 @@ class TypedLoaderBatch(SampledBatch):
     ``y`` (their labels), ``batch_size``, ``input_id`` (the seeds' positions among the loader's seeds),
     ``target``. Its tensors are its own (typed modes reuse no buffer): a batch may be kept."""
 
-    def __init__(self, batch: TypedBatch, input_id: torch.Tensor, graph: TypedGraph):
+    def __init__(self, batch: MiniBatch, input_id: torch.Tensor, graph: TypedGraph):
         self.minibatch, self._reused, self._released = batch, False, False
         self.epoch, self.index = batch.epoch, batch.index
         self._blocks: list[TypedBlock] = batch.blocks

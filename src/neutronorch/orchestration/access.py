@@ -1,7 +1,8 @@
 """How a run reads feature rows: the host store, the device feature cache, and the pool of gather buffers.
 
 Built once per run from the placement (``features/placement.py``) and shared by the mode's stages: the host
-loader (modes that sample on the host) and the device reader (modes that sample on the device).
+loader (modes that sample on the host) and the device reader (modes that sample on the device). A typed
+graph's (``FeatureAccess.typed``) holds its ``TypedInputs`` instead.
 """
 
 from __future__ import annotations
@@ -13,20 +14,29 @@ import torch
 
 from neutronorch.config import SamplingConfig
 from neutronorch.data.graph import Graph
+from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.features.cache import FeatureCache, hotness_order
 from neutronorch.features.host_cache import HostCache
 from neutronorch.features.placement import Placement
-from neutronorch.features.store import BufferPool, FeatureStore
+from neutronorch.features.store import BufferPool, FeatureStore, TypedInputs
 
 
 @dataclass
 class FeatureAccess:
     device: torch.device
-    store: FeatureStore
-    placement: Placement
+    store: FeatureStore | None  # None: a typed graph's (``inputs``)
+    placement: Placement | None
     cache: FeatureCache | None  # None: every row is gathered on the host
-    pool: BufferPool  # gather buffers (pinned on CUDA): the queue, one being filled, one being trained on
+    pool: BufferPool | None  # gather buffers (pinned on CUDA): the queue, one being filled, one being trained on
+    inputs: TypedInputs | None = None  # a typed graph's rows: a ``FeatureStore`` per featured type
+    graph: TypedGraph | None = None  # ... and the graph whose target's labels its batches read
+
+    @classmethod
+    def typed(cls, graph: TypedGraph, inputs: TypedInputs, device: torch.device) -> "FeatureAccess":
+        """A typed graph's: its rows read by ``inputs`` on the host, no device cache (device mode's reader keeps
+        one per featured type)."""
+        return cls(device, None, None, None, None, inputs, graph)
 
     @property
     def on_cuda(self) -> bool:

@@ -9,9 +9,8 @@ elsewhere: ``sampling/device_sampler.py``, ``sampling/typed_device_sampler.py``)
 ``index_select``, on its own CUDA stream, so nothing but seed ids and cache misses crosses the host-device
 boundary during training. With ``--device cpu`` the same orchestration runs on host tensors.
 
-What differs by kind of graph is handed in by the factory: the sampler over the device topology and the reader
-of a sampled subgraph's rows into a batch (``device_reader.py``: ``DeviceReader``, or ``TypedDeviceReader``
-with its per-type caches, placed when the run starts). Each batch is drawn with its key
+The reader (``device_reader.py``: ``DeviceReader``) places the device topology (a typed graph's, with its
+per-type caches, when the run starts), makes the sampler over it and reads a sampled subgraph's rows into a batch. Each batch is drawn with its key
 ``batch_key(seed, epoch, index)`` and depends on it alone, so a run resumes at any step; data parallel, the
 key is the global batch's.
 
@@ -22,13 +21,13 @@ memory, and the whole bottom layer is still computed on the device for every min
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
 from neutronorch.config import SamplingConfig
 from neutronorch.observe import Spans, StageTable
-from neutronorch.orchestration.device_reader import DeviceReader, TypedDeviceReader
+from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.mode import StepHooksUnused, StepInputs
 from neutronorch.orchestration.pipeline import Prefetcher
@@ -46,9 +45,8 @@ class DeviceMode(StepHooksUnused):
     resumable = resumable_mid_epoch = True  # its batches depend only on (seed, epoch, batch)
     threads: dict[str, int] = {}  # its sampler runs torch ops on the training threads
 
-    def __init__(self, seeds: NodeSeeds | LinkSeeds, new_sampler: Callable, reader: DeviceReader | TypedDeviceReader,
-                 sampling: SamplingConfig, spans: Spans):
-        self.seeds, self.new_sampler, self.reader = seeds, new_sampler, reader
+    def __init__(self, seeds: NodeSeeds | LinkSeeds, reader: DeviceReader, sampling: SamplingConfig, spans: Spans):
+        self.seeds, self.reader = seeds, reader
         self.sampling, self.spans = sampling, spans
         self.device = reader.device
         self.store, self.placement, self.cache = reader.store, reader.placement, reader.cache
@@ -67,7 +65,7 @@ class DeviceMode(StepHooksUnused):
         return Prefetcher(lambda: self._produce(epoch, start), depth=self.sampling.prefetch, name=self.reader.producer)
 
     def _produce(self, epoch: int, start: int) -> Iterator:
-        sampler = self.new_sampler()
+        sampler = self.reader.new_sampler()
         batches = self.seeds.epoch(epoch)
         with torch.cuda.stream(self.sample_stream) if self.sample_stream is not None else nullcontext():
             # A few mini-batches per call: the device sampler reads the device once for them all.

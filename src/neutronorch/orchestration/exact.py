@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 from neutronorch.config import SamplingConfig
 from neutronorch.observe import Spans
-from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES, HostLoader, TypedHostLoader
+from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES, HostLoader
 from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.mode import StepHooksUnused, StepInputs
 from neutronorch.orchestration.pipeline import Prefetcher
@@ -31,7 +31,7 @@ class ExactMode(StepHooksUnused):
     resumable = resumable_mid_epoch = True  # its batches depend only on (seed, epoch, batch)
 
     def __init__(self, seeds: NodeSeeds | LinkSeeds, new_sampler: Callable[[], NeighborSampler | TypedNeighborSampler],
-                 loader: HostLoader | TypedHostLoader, sampling: SamplingConfig, spans: Spans, sampler_threads: int):
+                 loader: HostLoader, sampling: SamplingConfig, spans: Spans, sampler_threads: int):
         self.seeds, self.new_sampler, self.loader = seeds, new_sampler, loader
         self.sampling, self.spans, self.sampler_threads = sampling, spans, sampler_threads
         self.stages = loader.stages

@@ -3,8 +3,7 @@
 A mode arranges the stages of a mini-batch (sample, gather, copy; for NeutronOrch also the host producer)
 on the processors and threads it chooses. The trainer sees only this protocol: modes are siblings that
 implement it, none inherits from another, and nothing outside a mode branches on its name. On a typed graph
-(``exact.py``, ``device.py``, ``neutronorch/``) the batches are ``TypedBatch``es and the model
-also takes every type's input ids (``StepInputs.ids``).
+the batches hold their data by vertex type and the model also takes every type's input ids (``StepInputs.ids``).
 
 One training step, whatever the mode (``train.step.train_step``)::
 
