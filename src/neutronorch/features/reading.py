@@ -106,19 +106,28 @@ def typed_stores(config: TrainConfig, graph: TypedGraph, fanouts: dict[RelationT
 
     for t, rows in mapped.items():
         share = setting if setting == "auto" else float(setting) * rows.nbytes / max(1, total)
-        count, why, order = host_cache_size(share, rows, stores[t].ordered, lambda: ranked(t))
-        if order is not None:
-            stores[t].attach_cache(HostCache(rows, order, config.host_cache_dir,
-                                             auto_size(list(features.values()), topology, distributed, len(mapped))))
-            logger.info(f"host feature cache of {t}: sized once the first mini-batches have shown the memory they "
-                        f"use (until then rows are read from the features in place)")
-        elif count > 0:
-            cache = HostCache(rows, ranked(t)[:count], config.host_cache_dir)
-            stores[t].attach_cache(cache)
-            logger.info(f"host feature cache of {t} ({why}): {cache.rows:,} rows ({cache.table.nbytes / 2**30:.2f} "
-                        f"GiB) in memory, " + (f"{cache.cold.shape[0]:,} copied to a file of cold rows"
-                                               if cache.cold_file else "the others read in place")
-                        + f"; built in {cache.seconds:.1f} s")
-        elif setting != "auto":  # memory-mapped, so only a share too small for one row
-            logger.info(f"no host feature cache of {t}: its share of host_cache_gb holds no row")
+        attach_host_cache(stores[t], share, lambda t=t: ranked(t), config.host_cache_dir,
+                          lambda: auto_size(list(features.values()), topology, distributed, len(mapped)), name=t)
     return stores
+
+
+def attach_host_cache(store: FeatureStore, setting: str | float, ranked: Callable[[], np.ndarray],
+                      directory: str | None, auto: Callable[[], AutoSize], skip: int = 0, name: str = "") -> None:
+    """Give ``store`` the host cache ``setting`` asks for (``host_cache_size``; a typed graph's type ``name``: its
+    share of ``host_cache_gb``), of the hottest rows (``ranked()``) below the ``skip`` a device cache holds: sized
+    by measurement (``auto()``) or of a fixed size; and log what was decided."""
+    count, why, order = host_cache_size(setting, store.features, store.ordered, ranked)
+    of, left = f" of {name}" if name else "", store.features.shape[0] - skip
+    if order is not None:
+        if left > 0:
+            store.attach_cache(HostCache(store.features, order[skip:], directory, auto()))
+            logger.info(f"host feature cache{of}: sized once the first mini-batches have shown the memory they use "
+                        f"(until then rows are read from the features in place)")
+    elif min(count, left) > 0:
+        cache = HostCache(store.features, ranked()[skip:skip + count], directory)
+        store.attach_cache(cache)
+        logger.info(f"host feature cache{of} ({why}): {cache.rows:,} rows ({cache.table.nbytes / 2**30:.2f} GiB) in "
+                    f"memory, " + (f"{cache.cold.shape[0]:,} copied to a file of cold rows" if cache.cold_file
+                                   else "the others read in place") + f"; built in {cache.seconds:.1f} s")
+    elif setting not in (0, "auto"):
+        logger.info(f"no host feature cache{of}: {why if count == 0 else 'the device cache holds every row'}")

@@ -39,8 +39,7 @@ from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.device_sampler import make_device_sampler
-from neutronorch.sampling.typed_device_sampler import (TypedDeviceSampler, TypedTopology, edge_feature_bytes,
-                                                      topology_bytes)
+from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology, topology_bytes
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 logger = logging.getLogger("neutronorch")
@@ -247,7 +246,7 @@ def device_bytes(graph: TypedGraph, rows: dict[str, int] | None = None) -> dict[
     vertex)."""
     rows = {t: graph.num_nodes[t] for t in graph.features} if rows is None else rows
     slot_maps = sum(4 * graph.num_nodes[t] for t in graph.features if rows[t] < graph.num_nodes[t])
-    return {"topology": topology_bytes(graph) + edge_feature_bytes(graph),
+    return {"topology": topology_bytes(graph),
             "features": sum(4 * rows[t] * graph.feature_dim(t) for t in graph.features) + slot_maps,
             "labels": 8 * int(np.prod(graph.labels.shape)),
             "maps": 8 * sum(graph.num_nodes.values())}

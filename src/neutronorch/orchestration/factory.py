@@ -15,9 +15,8 @@ from neutronorch.data.graph import Graph
 from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.features.cache import hotness_order
-from neutronorch.features.host_cache import HostCache
 from neutronorch.features.placement import placement_for, workspace_bytes
-from neutronorch.features.reading import auto_size, host_cache_size, read_orders, typed_stores
+from neutronorch.features.reading import attach_host_cache, auto_size, read_orders, typed_stores
 from neutronorch.features.store import TypedInputs
 from neutronorch.observe import Spans
 from neutronorch.orchestration.access import FeatureAccess, build_feature_access
@@ -102,26 +101,18 @@ def homogeneous_access(config: TrainConfig, graph: Graph, device: torch.device, 
                                    file_order=topology_in_file_order and config.mode != "device")
     dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
     placement = placement_for(graph, config.placement, device, samples_on_device(config, device), workspace, dtype)
-    host_rows, why, order = host_cache_size(config.host_cache_gb, graph.features, features_in_file_order, lambda: (
-        hotness_order(graph.indptr, graph.indices, graph.train_idx, sampling.fanouts, sampling.batch_size,
-                      sampling.seed, config.cache_policy)))
-    access = build_feature_access(graph, placement, device, sampling, config.cache_policy, dtype,
-                                  features_in_file_order, host_rows, config.host_cache_dir, order)
-    cache = access.store.host_cache
-    if order is not None and host_rows == 0:  # auto, where the features do not fit: sized by measurement
-        device_rows = placement.cache_rows if access.cache is not None else 0
-        if device_rows < graph.num_nodes:
-            access.store.attach_cache(HostCache(graph.features, order[device_rows:], config.host_cache_dir,
-                                                auto_size([graph.features], [graph.indptr, graph.indices],
-                                                          shard[1] > 1)))
-            logger.info("host feature cache: sized once the first mini-batches have shown the memory they use "
-                        "(until then rows are read from the features in place)")
-    elif cache is not None:
-        logger.info(f"host feature cache ({why}): {cache.rows:,} rows ({cache.table.nbytes / 2**30:.2f} GiB) in "
-                    f"memory, " + (f"{cache.cold.shape[0]:,} copied to a file of cold rows" if cache.cold_file
-                                   else "the others read in place") + f"; built in {cache.seconds:.1f} s")
-    elif config.host_cache_gb not in (0, "auto"):
-        logger.info(f"no host feature cache: {why if host_rows == 0 else 'the device cache holds every row'}")
+    ranking: list[np.ndarray] = []  # the vertices hottest first, ranked once if a cache needs them
+
+    def ranked() -> np.ndarray:
+        if not ranking:
+            ranking.append(hotness_order(graph.indptr, graph.indices, graph.train_idx, sampling.fanouts,
+                                         sampling.batch_size, sampling.seed, config.cache_policy))
+        return ranking[0]
+
+    access = build_feature_access(graph, placement, device, sampling, ranked, dtype, features_in_file_order)
+    attach_host_cache(access.store, config.host_cache_gb, ranked, config.host_cache_dir,
+                      lambda: auto_size([graph.features], [graph.indptr, graph.indices], shard[1] > 1),
+                      placement.cache_rows if access.cache is not None else 0)
     # A link task's graph carries its links (train/link_task.py's link_graph); its batches are seed edges.
     seeds = LinkSeeds(graph.links.train, graph.num_nodes, sampling, config.negatives) if link else \
         NodeSeeds(graph, sampling)

@@ -33,20 +33,17 @@ from neutronorch.sampling.neighbor_sampler import start_relabel, together
 from neutronorch.sampling.typed_edges import check_edge_features
 from neutronorch.sampling.typed_sampler import TypedHops
 
-__all__ = ["TypedDeviceSampler", "TypedTopology", "edge_feature_bytes", "topology_bytes"]
+__all__ = ["TypedDeviceSampler", "TypedTopology", "topology_bytes"]
 
 _DEGREE_CHUNK = 1 << 24  # indices counted at a time for the out-degrees
 
 
 def topology_bytes(graph: TypedGraph) -> int:
-    """Bytes of every relation's CSC as ``TypedTopology`` holds it (``indptr`` int64, ``indices`` as stored)."""
-    return sum(8 * rel.indptr.shape[0] + rel.indices.nbytes for rel in graph.relations.values())
-
-
-def edge_feature_bytes(graph: TypedGraph) -> int:
-    """Bytes of every relation's edge features as ``TypedTopology`` holds them (float32)."""
-    return sum(4 * int(np.prod(rel.edge_features.shape)) for rel in graph.relations.values()
-               if rel.edge_features is not None)
+    """Bytes of every relation's CSC and edge features as ``TypedTopology`` holds them (``indptr`` int64,
+    ``indices`` as stored, edge features float32)."""
+    return sum(8 * rel.indptr.shape[0] + rel.indices.nbytes + (0 if rel.edge_features is None else
+                                                                4 * int(np.prod(rel.edge_features.shape)))
+               for rel in graph.relations.values())
 
 
 def _as_tensor(array: np.ndarray, what: str) -> torch.Tensor:

@@ -35,7 +35,7 @@ from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.exclude import exclude_from_block
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key
-from neutronorch.sampling.typed_device_sampler import edge_feature_bytes, topology_bytes
+from neutronorch.sampling.typed_device_sampler import topology_bytes
 from neutronorch.sampling.typed_sampler import TypedHops
 
 logger = logging.getLogger("neutronorch")
@@ -49,7 +49,7 @@ def draws_on_device(setting: str, graph: TypedGraph, device: torch.device, free:
     if not on or device.type != "cuda":
         return on
     free = torch.cuda.mem_get_info(device)[0] if free is None else free
-    need = topology_bytes(graph) + edge_feature_bytes(graph)
+    need = topology_bytes(graph)
     if need <= free // 2:
         return True
     if setting == "on":
