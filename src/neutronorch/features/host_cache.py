@@ -66,8 +66,7 @@ def host_cache_rows(setting: str | float, features: np.ndarray, file_order: bool
         return 0, "features in memory"
     if setting == "auto":
         return 0, ("sized after the first mini-batches" if file_order else "memory-mapped features fit in memory")
-    rows = min(num_rows, int(float(setting) * GiB) // row_bytes)
-    return rows, "host_cache_gb" if rows else "host_cache_gb (or its share of it) holds no row"
+    return min(num_rows, int(float(setting) * GiB) // row_bytes), "host_cache_gb"
 
 
 def sized_by_memory(setting: str | float, features: np.ndarray, file_order: bool) -> bool:

@@ -130,4 +130,5 @@ def attach_host_cache(store: FeatureStore, setting: str | float, ranked: Callabl
                     f"memory, " + (f"{cache.cold.shape[0]:,} copied to a file of cold rows" if cache.cold_file
                                    else "the others read in place") + f"; built in {cache.seconds:.1f} s")
     elif setting not in (0, "auto"):
-        logger.info(f"no host feature cache{of}: {why if count == 0 else 'the device cache holds every row'}")
+        why = "the device cache holds every row" if count else why + (" holds no row" if why == "host_cache_gb" else "")
+        logger.info(f"no host feature cache{of}: {why}")

@@ -219,6 +219,8 @@ class DeviceReader:
         return self.caches[node_type].gather(rows, view, lambda missed: staged_fetch(missed, store, pool))
 
     def step_inputs(self, batch: MiniBatch) -> StepInputs:
+        """The trainer's first call on a batch: its stream waits for the batch."""
+        batch.wait()
         return StepInputs(batch.blocks, batch.features, None, batch.ids)
 
     def close(self) -> None:

@@ -84,9 +84,16 @@ class HostLoader:
         if buffer is not None:  # the pinned buffer is refilled only after the copy out of it has finished
             self.access.pool.release_after(buffer, batch.ready)
 
+    def start(self, model: torch.nn.Module) -> None:
+        pass  # nothing waits for the model
+
     def step_inputs(self, batch: MiniBatch) -> StepInputs:
+        """The trainer's first call on a batch: its stream waits for the batch's copies."""
         batch.wait()
         return StepInputs(batch.blocks, batch.features, None, batch.ids)
+
+    def close(self) -> None:
+        pass
 
     def summary(self) -> dict:
         """A typed graph's: the host caches of its featured types and how their rows were read
