@@ -1,22 +1,10 @@
 """The typed sampler on the training device: ``TypedNeighborSampler``'s contract on tensors of one device.
 
-Every relation's CSC lives on the device (``TypedTopology``) with a homogeneous device sampler of its own
-(``make_device_sampler``: Triton kernels on CUDA where Triton runs, torch ops elsewhere). A hop draws, for
-each relation whose destination type has destinations, the relation's neighbours with its key
-(``hop_keys(key, hop, relations)``; ``draw``: the draws alone, global ids of the source type), then
-relabels per source type in torch (``start_relabel`` over a map of that type's vertices): the type's
-frontier is its destinations, then the new sources in first-appearance order over the relations in the
-graph's order. Those are the host sampler's draws and its order, so for the same seeds and key the blocks
-and frontiers are ``TypedNeighborSampler``'s, bit for bit (``tests/test_typed_device.py``), on the device.
-
-Edge ids and features as the host sampler gives them: for the relations in ``edge_ids`` (by default those
-with edge features) the draws also return each drawn edge's position in the relation's ``indices``
-(``TypedBlock.edge_ids``), and those edges' feature rows are read from the relation's edge features on the
-device (``TypedBlock.edge_features``, float32).
-
-The host reads the device twice per hop, whatever the number of relations and types: once for every drawn
-relation's edge count, once for every relabelled type's frontier size (``together``; the homogeneous torch
-sampler reads as often, per hop, for its one relation and type).
+Every relation's CSC (and edge features) lives on the device (``TypedTopology``) with a homogeneous device
+sampler of its own (``make_device_sampler``), whose per-hop draws (``start_draw``) the hops of ``TypedHops``
+relabel per source type in torch (``start_relabel``). For the same seeds and key the blocks, frontiers, edge
+ids and rows are ``TypedNeighborSampler``'s, bit for bit, and the host reads the device twice per hop
+whatever the number of relations and types (``together``): docs/heterogeneous.md, "Device mode".
 """
 
 from __future__ import annotations
