@@ -70,16 +70,10 @@ def typed_stores(config: TrainConfig, graph: TypedGraph, fanouts: dict[RelationT
                  distributed: bool = False, on_host: bool = True) -> dict[str, FeatureStore]:
     """One ``FeatureStore`` per featured type of the typed ``graph`` (two-way, as trained), each read in file
     order or not and through a host cache or not as ``config`` (validated) says, with a homogeneous run's
-    meaning; ``fanouts``: the training fanouts per relation, whose batches rank the hot rows
-    (``typed_hotness_order``).
-
-    ``read_order`` decides the featured types' rows (``auto``: the memory-mapped ones, when they and the
-    relations' topology are larger than half the memory left beside the run's estimated working memory); the
-    typed sampler reads the relations in batch order. A fixed ``host_cache_gb`` is shared by the memory-mapped
-    featured types in proportion to their bytes (each caches the same share of its rows); ``auto`` sizes each
-    type's cache by measurement, each taking its share of the memory left. ``on_host``: whether the run's mode
-    reads its rows through host caches (device mode reads what its device caches miss in place): where it
-    does not, no cache is built."""
+    meaning (docs/memory.md, "Typed graphs' features": a fixed ``host_cache_gb`` shared by the memory-mapped
+    types in proportion to their bytes); ``fanouts``: the training fanouts per relation, whose batches rank the
+    hot rows. ``on_host``: whether the run's mode reads its rows through host caches (device mode reads what
+    its device caches miss in place): where it does not, no cache is built."""
     features = dict(graph.features)
     topology = [a for relation in graph.relations.values() for a in (relation.indptr, relation.indices)]
     in_file_order, _ = read_orders(config.read_order, list(features.values()), topology,
