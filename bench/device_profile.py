@@ -266,7 +266,7 @@ class Stages:
 def profile_sampler(kind: str, args, graph, mode, model, opt, seeds, stages: Stages, fanouts, degrees):
     """The stage rows of one sampler, the mean input rows of its batches, and the operator tables of a
     few of its batches sampled and gathered."""
-    reader, device = mode.reader, stages.device
+    reader, device = mode.loader, stages.device
     sampler, what = make_sampler(kind, reader.indptr, reader.indices, fanouts, degrees)
 
     def sample(i, s):

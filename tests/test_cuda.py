@@ -376,7 +376,7 @@ def test_device_mode_without_uva_stages_feature_misses_and_refuses_unmappable_to
     cfg = TrainConfig(dataset="given", mode="device", fanouts=[5, 5], hidden=32, batch_size=128,
                       gpu_cache_gb=ROWS_1000).validate()
     mode = build_mode(cfg, graph, torch.device("cuda"))
-    assert mode.reader.host_features is None  # misses go through a host gather and a pinned copy
+    assert mode.loader.misses[""][0] is None  # misses go through a host gather and a pinned copy
     with mode.batches(0) as batches:
         for batch in batches:
             batch.ready.synchronize()

@@ -22,7 +22,7 @@ from neutronorch.sampling.block import TypedBlock
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),  # small tensors (conftest.py)
               pytest.mark.filterwarnings("ignore:There exist node types")]  # a HeteroConv of some types
-PRODUCERS = ("typed-producer", "typed-device-producer")
+PRODUCERS = ("exact-producer", "device-producer")
 
 
 @pytest.fixture(scope="module")

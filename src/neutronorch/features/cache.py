@@ -38,12 +38,9 @@ def hotness_order(indptr: np.ndarray, indices: np.ndarray, train_idx: np.ndarray
     followed out-degree): a shrinkage estimate, since counts over a few batches are noisy for all but the
     hottest vertices. Measured (bench/cache_hit_rate.py) it serves at least as many rows as ``degree`` and
     more where training seeds are not spread evenly over the graph."""
-    num_nodes = indptr.shape[0] - 1
-    counts = np.zeros(num_nodes, np.float64)
-    if policy != "degree" and len(train_idx):
-        for subgraph in _presampled(NeighborSampler(indptr, indices, fanouts), train_idx, batch_size, seed, batches):
-            counts[subgraph.input_nodes.numpy()] += 1  # frontiers hold distinct vertices
-    return _ranked(counts, out_degrees(indices, num_nodes).astype(np.float64))
+    degree = {"": out_degrees(indices, indptr.shape[0] - 1).astype(np.float64)}
+    return _hotness(NeighborSampler(indptr, indices, fanouts), degree, train_idx, batch_size, seed, policy,
+                    batches)[""]
 
 
 def typed_hotness_order(graph: TypedGraph, sampler: TypedNeighborSampler, train_idx: np.ndarray, batch_size: int,
@@ -51,28 +48,27 @@ def typed_hotness_order(graph: TypedGraph, sampler: TypedNeighborSampler, train_
     """``hotness_order`` per featured type of the typed ``graph``. A vertex's degree is its out-degree summed
     over the relations out of its type (how often it can be drawn as someone's neighbour); ``presample`` counts
     its appearances in the input frontiers of the training seeds' mini-batches sampled by ``sampler`` (a
-    ``TypedNeighborSampler`` with the training fanouts, so the rows read most by the training batches'
-    sampling rank first)."""
-    featured = [t for t in graph.features if graph.num_nodes[t] > 0]
-    degree = {t: np.zeros(graph.num_nodes[t], np.float64) for t in featured}
+    ``TypedNeighborSampler`` with the training fanouts)."""
+    degree = {t: np.zeros(graph.num_nodes[t], np.float64) for t in graph.features if graph.num_nodes[t] > 0}
     for (source, _, _), relation in graph.relations.items():
         if source in degree:
             degree[source] += out_degrees(relation.indices, graph.num_nodes[source])
-    counts = {t: np.zeros(graph.num_nodes[t], np.float64) for t in featured}
-    if policy != "degree":
-        for subgraph in _presampled(sampler, train_idx, batch_size, seed, batches):
-            for t, ids in subgraph.input_nodes.items():
-                if t in counts:
-                    counts[t][ids.numpy()] += 1  # frontiers hold distinct vertices
-    return {t: _ranked(counts[t], degree[t]) for t in featured}
+    return _hotness(sampler, degree, train_idx, batch_size, seed, policy, batches)
 
 
-def _presampled(sampler, train_idx: np.ndarray, batch_size: int, seed: int, batches: int):
-    """The subgraphs of the first ``batches`` mini-batches of the training seeds in an order shuffled by
-    ``seed``, sampled by ``sampler`` with epoch -1's keys."""
+def _hotness(sampler, degree: dict[str, np.ndarray], train_idx: np.ndarray, batch_size: int, seed: int, policy: str,
+             batches: int) -> dict[str, np.ndarray]:
+    """Each type's vertices (``degree``'s keys; a homogeneous graph's one, "") ranked by ``_ranked``, their
+    appearances counted in the input frontiers that ``sampler`` draws for the first ``batches`` mini-batches of
+    the training seeds in an order shuffled by ``seed`` (epoch -1's keys)."""
+    counts = {t: np.zeros(d.shape[0], np.float64) for t, d in degree.items()}
     order = np.random.default_rng(seed).permutation(np.asarray(train_idx, dtype=np.int64))
-    for b in range(min(batches, -(-order.shape[0] // batch_size))):
-        yield sampler.sample(order[b * batch_size:(b + 1) * batch_size], batch_key(seed, -1, b))
+    for b in range(min(batches, -(-order.shape[0] // batch_size)) if policy != "degree" else 0):
+        frontier = sampler.sample(order[b * batch_size:(b + 1) * batch_size], batch_key(seed, -1, b)).input_nodes
+        for t, ids in frontier.items() if isinstance(frontier, dict) else [("", frontier)]:
+            if t in counts:
+                counts[t][ids.numpy()] += 1  # frontiers hold distinct vertices
+    return {t: _ranked(counts[t], degree[t]) for t in degree}
 
 
 def _ranked(counts: np.ndarray, degree: np.ndarray) -> np.ndarray:

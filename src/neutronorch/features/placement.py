@@ -100,6 +100,18 @@ def workspace_bytes(num_nodes: int, feature_dim: int, hidden: int, num_classes: 
     return int(2 * activations + 4 * params + CONTEXT_RESERVE)  # x2: the batch in flight and the next one
 
 
+def typed_workspace(graph, fanouts: dict, hidden: int | None, batch_size: int) -> int:
+    """``workspace_bytes`` of a typed graph's mini-batches (``fanouts`` per relation): per layer, the largest
+    sum of the fanouts over the relations into one type; the widest featured type's rows; the model's
+    parameters as its ``hidden`` width (None: the rows' width) gives them."""
+    layers = range(len(next(iter(fanouts.values()))))
+    per_layer = [max(sum(f[h] if f[h] >= 0 else 64 for r, f in fanouts.items() if r[2] == t)
+                     for t in graph.num_nodes) for h in layers]
+    width = max([graph.feature_dim(t) for t in graph.num_nodes] + [1])
+    return workspace_bytes(sum(graph.num_nodes.values()), width, width if hidden is None else hidden,
+                           graph.num_classes, per_layer, batch_size)
+
+
 def plan_placement(*, device: str, samples_on_device: bool, num_nodes: int, num_edges: int,
                    indices_itemsize: int, feature_dim: int, workspace: int, device_memory: int | None,
                    gpu_memory_gb: float | None, gpu_cache_gb: float | str | None,

@@ -18,7 +18,7 @@ from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.features.cache import typed_hotness_order
 from neutronorch.features.host_cache import HostCache, host_cache_rows, sized_by_memory
 from neutronorch.features.memory import AutoSize
-from neutronorch.features.placement import workspace_bytes
+from neutronorch.features.placement import typed_workspace
 from neutronorch.features.store import FeatureStore, beyond_memory
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
@@ -70,25 +70,14 @@ def typed_stores(config: TrainConfig, graph: TypedGraph, fanouts: dict[RelationT
                  distributed: bool = False, on_host: bool = True) -> dict[str, FeatureStore]:
     """One ``FeatureStore`` per featured type of the typed ``graph`` (two-way, as trained), each read in file
     order or not and through a host cache or not as ``config`` (validated) says, with a homogeneous run's
-    meaning; ``fanouts``: the training fanouts per relation, whose batches rank the hot rows
-    (``typed_hotness_order``).
-
-    ``read_order`` decides the featured types' rows (``auto``: the memory-mapped ones, when they and the
-    relations' topology are larger than half the memory left beside the run's estimated working memory); the
-    typed sampler reads the relations in batch order. A fixed ``host_cache_gb`` is shared by the memory-mapped
-    featured types in proportion to their bytes (each caches the same share of its rows); ``auto`` sizes each
-    type's cache by measurement, each taking its share of the memory left. ``on_host``: whether the run's mode
-    reads its rows through host caches (device mode reads what its device caches miss in place): where it
-    does not, no cache is built."""
+    meaning (docs/memory.md, "Typed graphs' features": a fixed ``host_cache_gb`` shared by the memory-mapped
+    types in proportion to their bytes); ``fanouts``: the training fanouts per relation, whose batches rank the
+    hot rows. ``on_host``: whether the run's mode reads its rows through host caches (device mode reads what
+    its device caches miss in place): where it does not, no cache is built."""
     features = dict(graph.features)
     topology = [a for relation in graph.relations.values() for a in (relation.indptr, relation.indices)]
-    width = max([graph.feature_dim(t) for t in graph.num_nodes] + [1])
-    # An upper estimate of a batch's frontiers: every relation drawing the largest fanout (all: 64, as there).
-    layers = [max(f[h] if f[h] > 0 else 64 for f in fanouts.values()) * len(fanouts)
-              for h in range(len(next(iter(fanouts.values()))))]
-    workspace = workspace_bytes(sum(graph.num_nodes.values()), width, config.hidden, graph.num_classes, layers,
-                                config.batch_size)
-    in_file_order, _ = read_orders(config.read_order, list(features.values()), topology, workspace)
+    in_file_order, _ = read_orders(config.read_order, list(features.values()), topology,
+                                   typed_workspace(graph, fanouts, config.hidden, config.batch_size))
     stores = {t: FeatureStore(rows, ordered=in_file_order and (config.read_order == "file"
                                                                 or isinstance(rows, np.memmap)))
               for t, rows in features.items()}
@@ -111,19 +100,29 @@ def typed_stores(config: TrainConfig, graph: TypedGraph, fanouts: dict[RelationT
 
     for t, rows in mapped.items():
         share = setting if setting == "auto" else float(setting) * rows.nbytes / max(1, total)
-        count, why, order = host_cache_size(share, rows, stores[t].ordered, lambda: ranked(t))
-        if order is not None:
-            stores[t].attach_cache(HostCache(rows, order, config.host_cache_dir,
-                                             auto_size(list(features.values()), topology, distributed, len(mapped))))
-            logger.info(f"host feature cache of {t}: sized once the first mini-batches have shown the memory they "
-                        f"use (until then rows are read from the features in place)")
-        elif count > 0:
-            cache = HostCache(rows, ranked(t)[:count], config.host_cache_dir)
-            stores[t].attach_cache(cache)
-            logger.info(f"host feature cache of {t} ({why}): {cache.rows:,} rows ({cache.table.nbytes / 2**30:.2f} "
-                        f"GiB) in memory, " + (f"{cache.cold.shape[0]:,} copied to a file of cold rows"
-                                               if cache.cold_file else "the others read in place")
-                        + f"; built in {cache.seconds:.1f} s")
-        elif setting != "auto":  # memory-mapped, so only a share too small for one row
-            logger.info(f"no host feature cache of {t}: its share of host_cache_gb holds no row")
+        attach_host_cache(stores[t], share, lambda t=t: ranked(t), config.host_cache_dir,
+                          lambda: auto_size(list(features.values()), topology, distributed, len(mapped)), name=t)
     return stores
+
+
+def attach_host_cache(store: FeatureStore, setting: str | float, ranked: Callable[[], np.ndarray],
+                      directory: str | None, auto: Callable[[], AutoSize], skip: int = 0, name: str = "") -> None:
+    """Give ``store`` the host cache ``setting`` asks for (``host_cache_size``; a typed graph's type ``name``: its
+    share of ``host_cache_gb``), of the hottest rows (``ranked()``) below the ``skip`` a device cache holds: sized
+    by measurement (``auto()``) or of a fixed size; and log what was decided."""
+    count, why, order = host_cache_size(setting, store.features, store.ordered, ranked)
+    of, left = f" of {name}" if name else "", store.features.shape[0] - skip
+    if order is not None:
+        if left > 0:
+            store.attach_cache(HostCache(store.features, order[skip:], directory, auto()))
+            logger.info(f"host feature cache{of}: sized once the first mini-batches have shown the memory they use "
+                        f"(until then rows are read from the features in place)")
+    elif min(count, left) > 0:
+        cache = HostCache(store.features, ranked()[skip:skip + count], directory)
+        store.attach_cache(cache)
+        logger.info(f"host feature cache{of} ({why}): {cache.rows:,} rows ({cache.table.nbytes / 2**30:.2f} GiB) in "
+                    f"memory, " + (f"{cache.cold.shape[0]:,} copied to a file of cold rows" if cache.cold_file
+                                   else "the others read in place") + f"; built in {cache.seconds:.1f} s")
+    elif setting not in (0, "auto"):
+        why = "the device cache holds every row" if count else why + (" holds no row" if why == "host_cache_gb" else "")
+        logger.info(f"no host feature cache{of}: {why}")

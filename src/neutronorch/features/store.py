@@ -189,8 +189,12 @@ class TypedInputs:
 
     def __call__(self, frontier: Mapping[str, torch.Tensor], device: torch.device
                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        features = {t: self.stores[t].gather(ids).to(device) for t, ids in frontier.items() if t in self.stores}
+        features = {t: rows.to(device) for t, rows in self.rows(frontier).items()}
         return features, {t: ids.to(device) for t, ids in frontier.items()}
+
+    def rows(self, frontier: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every featured type's rows of ``frontier``'s ids, on the host (tensors of their own)."""
+        return {t: self.stores[t].gather(ids) for t, ids in frontier.items() if t in self.stores}
 
     def summary(self) -> dict:
         """``host_cache`` and ``read_order`` as a homogeneous run's summary has them: the host caches' rows,

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from neutronorch.data.typed import TypedGraph
-from neutronorch.orchestration.batch import MiniBatch, TypedBatch, target_labels
+from neutronorch.orchestration.batch import MiniBatch, target_labels
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.sampling.block import Block, TypedBlock, hop_counts, pyg_form, typed_pyg_form
 
@@ -189,7 +189,7 @@ class TypedLoaderBatch(SampledBatch):
     type's table is looked up by), ``y`` (the target seeds' labels), ``target``. Its tensors are its own
     (typed modes reuse no buffer): a batch may be kept."""
 
-    def __init__(self, batch: TypedBatch, inputs: StepInputs, input_id: torch.Tensor, graph: TypedGraph):
+    def __init__(self, batch: MiniBatch, inputs: StepInputs, input_id: torch.Tensor, graph: TypedGraph):
         super().__init__(batch, inputs, input_id, reused=False)
         self.ids: dict[str, torch.Tensor] = batch.ids
         self.y: torch.Tensor = batch.labels

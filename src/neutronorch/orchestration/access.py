@@ -1,32 +1,42 @@
 """How a run reads feature rows: the host store, the device feature cache, and the pool of gather buffers.
 
 Built once per run from the placement (``features/placement.py``) and shared by the mode's stages: the host
-loader (modes that sample on the host) and the device reader (modes that sample on the device).
+loader (modes that sample on the host) and the device reader (modes that sample on the device). A typed
+graph's (``FeatureAccess.typed``) holds its ``TypedInputs`` instead.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 
 from neutronorch.config import SamplingConfig
 from neutronorch.data.graph import Graph
+from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
-from neutronorch.features.cache import FeatureCache, hotness_order
-from neutronorch.features.host_cache import HostCache
+from neutronorch.features.cache import FeatureCache
 from neutronorch.features.placement import Placement
-from neutronorch.features.store import BufferPool, FeatureStore
+from neutronorch.features.store import BufferPool, FeatureStore, TypedInputs
 
 
 @dataclass
 class FeatureAccess:
     device: torch.device
-    store: FeatureStore
-    placement: Placement
+    store: FeatureStore | None  # None: a typed graph's (``inputs``)
+    placement: Placement | None
     cache: FeatureCache | None  # None: every row is gathered on the host
-    pool: BufferPool  # gather buffers (pinned on CUDA): the queue, one being filled, one being trained on
+    pool: BufferPool | None  # gather buffers (pinned on CUDA): the queue, one being filled, one being trained on
+    inputs: TypedInputs | None = None  # a typed graph's rows: a ``FeatureStore`` per featured type
+    graph: TypedGraph | None = None  # ... and the graph whose target's labels its batches read
+
+    @classmethod
+    def typed(cls, graph: TypedGraph, inputs: TypedInputs, device: torch.device) -> "FeatureAccess":
+        """A typed graph's: its rows read by ``inputs`` on the host, no device cache (device mode's reader keeps
+        one per featured type)."""
+        return cls(device, None, None, None, None, inputs, graph)
 
     @property
     def on_cuda(self) -> bool:
@@ -34,25 +44,17 @@ class FeatureAccess:
 
 
 def build_feature_access(graph: Graph, placement: Placement, device: torch.device, sampling: SamplingConfig,
-                         cache_policy: str, dtype: torch.dtype = torch.float32,
-                         file_order: bool | None = None, host_cache_rows: int = 0,
-                         host_cache_dir: str | None = None, hot_order: np.ndarray | None = None) -> FeatureAccess:
+                         ranked: Callable[[], np.ndarray], dtype: torch.dtype = torch.float32,
+                         file_order: bool | None = None) -> FeatureAccess:
     """Rows are read as ``dtype`` (bfloat16 in bfloat16 runs) wherever they come from; a memory-mapped
-    file in file order or not (``file_order``; None: ``FeatureStore``'s choice). ``host_cache_rows`` > 0:
-    a ``HostCache`` of that many rows, the hottest below those the device cache holds (its file of cold
-    rows in ``host_cache_dir``). ``hot_order``: the vertices hottest first, where already ranked."""
+    file in file order or not (``file_order``; None: ``FeatureStore``'s choice). A device cache of some rows
+    but not all holds the first of ``ranked()`` (the vertices hottest first)."""
     store = FeatureStore(graph.features, graph.labels, dtype, file_order)
     pool = BufferPool(sampling.prefetch + 2, store.width, dtype, pin=device.type == "cuda")
     # Where the device samples, its reads go through the cache even when it holds no row.
     needs_cache = placement.features != "host" or placement.topology != "host"
     device_rows = placement.cache_rows if needs_cache else 0
-    order = np.empty(0, np.int64) if hot_order is None else hot_order
-    if hot_order is None and (0 < device_rows < graph.num_nodes or host_cache_rows > 0):
-        order = hotness_order(graph.indptr, graph.indices, graph.train_idx, sampling.fanouts, sampling.batch_size,
-                              sampling.seed, cache_policy)
-    host_rows = min(host_cache_rows, max(0, graph.num_nodes - device_rows))
-    if host_rows > 0:
-        store.attach_cache(HostCache(graph.features, order[device_rows:device_rows + host_rows], host_cache_dir))
+    order = ranked() if 0 < device_rows < graph.num_nodes else np.empty(0, np.int64)
     cache = _build_cache(store, placement, device, order) if needs_cache else None
     return FeatureAccess(device, store, placement, cache, pool)
 

@@ -1,11 +1,13 @@
-"""The mini-batch a mode hands to the trainer: a sampled subgraph with its gathered inputs.
+"""The mini-batch a mode hands to the trainer: a sampled subgraph with its gathered inputs, of either kind of
+graph.
 
 A batch moves itself: ``to(device)`` copies what is still on the host (asynchronously from pinned memory),
 ``transfer_bytes`` says how much that is, ``wait(stream)`` orders a consumer stream after the copy and
 tells the caching allocator that the stream uses the tensors, and ``release`` hands the host buffer its
 features were gathered into back to its pool. Modes that need more (NeutronOrch's spliced batches) extend
-it in their own package; nothing here knows of them. A typed graph's modes hand over a ``TypedBatch``: its
-rows by vertex type, already on the device.
+it in their own package; nothing here knows of them. A typed graph's batch is the same type with its data
+by vertex type: ``features`` each featured type's rows, ``ids`` every type's input ids, the blocks
+``TypedBlock``s.
 """
 
 from __future__ import annotations
@@ -24,12 +26,17 @@ def _nothing() -> None:
     pass
 
 
+def _values(tensors: torch.Tensor | dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    return list(tensors.values()) if isinstance(tensors, dict) else [tensors]
+
+
 @dataclass
 class MiniBatch:
     epoch: int
     index: int
     subgraph: SampledSubgraph
-    features: torch.Tensor  # rows of ``subgraph.input_nodes`` (or only the cache's misses until assembled)
+    # Rows of ``subgraph.input_nodes`` (or only the cache's misses until assembled); a typed graph's by featured type.
+    features: torch.Tensor | dict[str, torch.Tensor]
     labels: torch.Tensor
     cache_hits: int = 0  # input rows served by the device feature cache
     device_bytes: int = 0  # bytes copied from the host to the device for this batch
@@ -37,34 +44,49 @@ class MiniBatch:
     _release: Callable[[], None] = field(default=_nothing, repr=False)
 
     @property
-    def blocks(self) -> list[Block]:
+    def blocks(self) -> list[Block] | list[TypedBlock]:
         return self.subgraph.blocks
+
+    @property
+    def ids(self) -> dict[str, torch.Tensor] | None:
+        """A typed graph's: every type's input vertices (moved with the batch); None on a homogeneous graph."""
+        frontier = self.subgraph.input_nodes
+        return frontier if isinstance(frontier, dict) else None
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor a training step reads."""
-        return [self.features, self.labels] + [t for b in self.blocks for t in b.tensors()]
+        return [*_values(self.features), self.labels, *_values(self.ids or {}),
+                *(t for b in self.blocks for t in b.tensors())]
 
     def counts(self) -> tuple[int, int, int, int, int]:
         """(sampled edges, input rows, their feature bytes, rows the device cache served, bytes copied to the
         device for it): what an epoch's record sums."""
         subgraph = self.subgraph
-        return (subgraph.num_sampled_edges, subgraph.input_nodes.shape[0], self.features.nbytes, self.cache_hits,
-                self.device_bytes)
+        return (subgraph.num_sampled_edges, sum(int(ids.shape[0]) for ids in _values(subgraph.input_nodes)),
+                sum(x.nbytes for x in _values(self.features)), self.cache_hits, self.device_bytes)
 
     def transfer_bytes(self) -> int:
         """Bytes that ``to`` would copy from host memory to a device."""
         return sum(t.nbytes for t in self.tensors() if t.device.type == "cpu")
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "MiniBatch":
-        """Move features, labels and blocks to ``device`` (in place; returns the batch)."""
-        self.features = self.features.to(device, non_blocking=non_blocking)
-        self.labels = self.labels.to(device, non_blocking=non_blocking)
-        self.subgraph.blocks = [b.to(device, non_blocking=non_blocking) for b in self.blocks]
+        """Move features, labels, blocks (and a typed graph's input ids) to ``device`` (in place; returns the
+        batch)."""
+        def move(tensors):
+            if isinstance(tensors, dict):
+                return {t: x.to(device, non_blocking=non_blocking) for t, x in tensors.items()}
+            return tensors.to(device, non_blocking=non_blocking)
+
+        self.features, self.labels = move(self.features), move(self.labels)
+        subgraph = self.subgraph
+        subgraph.blocks = [b.to(device, non_blocking=non_blocking) for b in subgraph.blocks]
+        if self.ids is not None:
+            subgraph.frontiers = [move(self.ids), *subgraph.frontiers[1:]]
         return self
 
     def mark_ready(self) -> None:
         """On CUDA: record the event that ends this batch's work on the current stream."""
-        if self.features.is_cuda:
+        if self.labels.is_cuda:
             self.ready = torch.cuda.Event()
             self.ready.record()
 
@@ -72,7 +94,7 @@ class MiniBatch:
         """Order ``stream`` (default: the current one) after the batch's copies; no-op off CUDA."""
         if self.ready is None:
             return
-        stream = stream or torch.cuda.current_stream(self.features.device)
+        stream = stream or torch.cuda.current_stream(self.labels.device)
         stream.wait_event(self.ready)
         for tensor in self.tensors():
             tensor.record_stream(stream)
@@ -89,27 +111,3 @@ class MiniBatch:
 def target_labels(graph: TypedGraph, seeds: np.ndarray) -> torch.Tensor:
     """The labels of target ids, int64 (a memory-mapped array is read at those rows only)."""
     return torch.from_numpy(np.asarray(graph.labels[seeds], dtype=np.int64))
-
-
-@dataclass
-class TypedBatch:
-    """A mini-batch as the trainer takes it: the blocks (bottom first, on the device), the bottom frontier's
-    featured rows and every type's ids, the seeds' labels, and where it is in its epoch."""
-
-    epoch: int
-    index: int
-    blocks: list[TypedBlock]
-    features: dict[str, torch.Tensor]
-    ids: dict[str, torch.Tensor]
-    labels: torch.Tensor
-    num_sampled_edges: int = 0
-    num_inputs: int = 0
-    stats: object = None  # NeutronOrch: the plan's stats, with a super-batch's first mini-batch
-
-    def counts(self) -> tuple[int, int, int, int, int]:
-        """(sampled edges, input rows, their feature bytes, rows a device cache served, bytes copied to the
-        device for it): what an epoch's record sums (``MiniBatch.counts``); no typed mode caches rows."""
-        return (self.num_sampled_edges, self.num_inputs, sum(x.nbytes for x in self.features.values()), 0, 0)
-
-    def release(self) -> None:
-        """Its tensors are its own: no buffer to give back."""

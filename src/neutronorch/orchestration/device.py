@@ -9,9 +9,8 @@ elsewhere: ``sampling/device_sampler.py``, ``sampling/typed_device_sampler.py``)
 ``index_select``, on its own CUDA stream, so nothing but seed ids and cache misses crosses the host-device
 boundary during training. With ``--device cpu`` the same orchestration runs on host tensors.
 
-What differs by kind of graph is handed in by the factory: the sampler over the device topology and the reader
-of a sampled subgraph's rows into a batch (``device_reader.py``: ``DeviceReader``, or ``TypedDeviceReader``
-with its per-type caches, placed when the run starts). Each batch is drawn with its key
+The reader (``device_reader.py``: ``DeviceReader``) places the device topology (a typed graph's, with its
+per-type caches, when the run starts), makes the sampler over it and reads a sampled subgraph's rows into a batch. Each batch is drawn with its key
 ``batch_key(seed, epoch, index)`` and depends on it alone, so a run resumes at any step; data parallel, the
 key is the global batch's.
 
@@ -22,16 +21,15 @@ memory, and the whole bottom layer is still computed on the device for every min
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
 from neutronorch.config import SamplingConfig
 from neutronorch.observe import Spans, StageTable
-from neutronorch.orchestration.device_reader import DeviceReader, TypedDeviceReader
+from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.link_seeds import LinkSeeds
-from neutronorch.orchestration.mode import StepHooksUnused, StepInputs
-from neutronorch.orchestration.pipeline import Prefetcher
+from neutronorch.orchestration.mode import LoadingMode
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.exclude import exclude_edges
 from neutronorch.sampling.neighbor_sampler import batch_key
@@ -40,34 +38,24 @@ from neutronorch.sampling.neighbor_sampler import batch_key
 SAMPLE_GROUP = 4
 
 
-class DeviceMode(StepHooksUnused):
+class DeviceMode(LoadingMode):
     name = "device"
     stages = StageTable({"sample": "sampler", "gather": "sampler"})
-    resumable = resumable_mid_epoch = True  # its batches depend only on (seed, epoch, batch)
     threads: dict[str, int] = {}  # its sampler runs torch ops on the training threads
 
-    def __init__(self, seeds: NodeSeeds | LinkSeeds, new_sampler: Callable, reader: DeviceReader | TypedDeviceReader,
-                 sampling: SamplingConfig, spans: Spans):
-        self.seeds, self.new_sampler, self.reader = seeds, new_sampler, reader
-        self.sampling, self.spans = sampling, spans
+    def __init__(self, seeds: NodeSeeds | LinkSeeds, reader: DeviceReader, sampling: SamplingConfig, spans: Spans):
+        super().__init__(seeds, reader, sampling, spans)
         self.device = reader.device
-        self.store, self.placement, self.cache = reader.store, reader.placement, reader.cache
-        self.num_batches = seeds.num_batches
         self.sample_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def start(self, model: torch.nn.Module) -> None:
         """Place what the reader places once ``model`` is known (a typed graph's topology and caches)."""
-        self.reader.start(model)
+        self.loader.start(model)
         if self.sample_stream is not None:
             self.sample_stream.wait_stream(torch.cuda.current_stream(self.device))  # the copies, made on that stream
 
-    def batches(self, epoch: int, start: int = 0) -> Prefetcher:
-        """This epoch's mini-batches from number ``start`` on, sampled and gathered on the device in a
-        background thread."""
-        return Prefetcher(lambda: self._produce(epoch, start), depth=self.sampling.prefetch, name=self.reader.producer)
-
     def _produce(self, epoch: int, start: int) -> Iterator:
-        sampler = self.new_sampler()
+        sampler = self.loader.new_sampler()
         batches = self.seeds.epoch(epoch)
         with torch.cuda.stream(self.sample_stream) if self.sample_stream is not None else nullcontext():
             # A few mini-batches per call: the device sampler reads the device once for them all.
@@ -82,18 +70,7 @@ class DeviceMode(StepHooksUnused):
                                                self.seeds.num_nodes)
                                  for (_, batch), subgraph in zip(group, subgraphs)]
                 for (index, batch), subgraph in zip(group, subgraphs):
-                    yield self.reader.load(epoch, index, subgraph, targets=batch.targets)
-
-    def step_inputs(self, batch) -> StepInputs:
-        """The trainer's first call on a batch: its stream waits for the batch."""
-        batch.wait()
-        return self.reader.step_inputs(batch)
-
-    def summary(self) -> dict:
-        return self.reader.summary()
+                    yield self.loader.load(epoch, index, subgraph, targets=batch.targets)
 
     def describe(self) -> str:
         return "sampling and gathering on the training device"
-
-    def close(self) -> None:
-        self.reader.close()

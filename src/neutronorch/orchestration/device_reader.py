@@ -1,27 +1,23 @@
-"""Reading a device-sampled mini-batch's inputs on the device itself.
+"""Reading a device-sampled mini-batch's inputs on the device itself, for both kinds of graph (``DeviceReader``:
+device mode, and NeutronOrch's device sampling on a homogeneous graph).
 
 What the placement left in host memory (topology beyond the budget, feature rows not cached) is read by
 the device in place: pinned host memory seen through a UVA view, or, where the platform cannot map it,
 rows gathered on the host into pooled pinned buffers and copied (the staged fallback). On the CPU the
-"device" is host memory and the same code runs on host tensors. ``DeviceReader`` serves device mode and
-NeutronOrch's device sampling on a homogeneous graph.
+"device" is host memory and the same code runs on host tensors.
 
-A typed graph's (``TypedDeviceReader``): when the run starts (``start(model)``) each relation's topology and
-edge features (``TypedTopology``) and the target's labels are moved to the device once, after checking that
-they fit beside training's workspace (``typed_cache_rows``: the budget is ``gpu_memory_gb``, else the device's
+A typed graph's data are placed when the run starts (``start(model)``): each relation's topology and edge
+features (``TypedTopology``) and the target's labels are moved to the device once, after checking that they
+fit beside training's workspace (``typed_cache_rows``: the budget is ``gpu_memory_gb``, else the device's
 memory; a ``ConfigError`` naming the sizes otherwise). What the budget still holds becomes a ``FeatureCache``
-per featured type (``placement.cache_rows``, the homogeneous decision: every row when they fit, else the
-hottest rows by ``typed_hotness_order`` under ``cache_policy``, the bytes shared over the types in proportion
-to theirs, ``gpu_cache_gb`` capping them); the rows a cache misses are read in place or gathered by the type's
-``FeatureStore`` and copied, as above. Its sampler is ``TypedDeviceSampler`` (for the same key, the host
-sampler's blocks, bit for bit).
+per featured type (``placement.cache_rows``, the homogeneous decision, the bytes shared over the types in
+proportion to theirs); the rows a cache misses are read as above. Its sampler is ``TypedDeviceSampler``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -35,15 +31,15 @@ from neutronorch.errors import ConfigError
 from neutronorch.features import memory
 from neutronorch.features.cache import FeatureCache, typed_hotness_order
 from neutronorch.features.placement import (GiB, cache_rows, device_budget, pin, to_device_in_slices, unpin,
-                                            uva_view, workspace_bytes)
-from neutronorch.features.store import BufferPool, FeatureStore, TypedInputs
+                                            typed_workspace, uva_view)
+from neutronorch.features.store import BufferPool, FeatureStore
 from neutronorch.observe import Spans
 from neutronorch.orchestration.access import FeatureAccess
-from neutronorch.orchestration.batch import MiniBatch, TypedBatch
+from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.sampling.block import SampledSubgraph
-from neutronorch.sampling.typed_device_sampler import (TypedDeviceSampler, TypedTopology, edge_feature_bytes,
-                                                      topology_bytes)
+from neutronorch.sampling.device_sampler import make_device_sampler
+from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology, topology_bytes
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 logger = logging.getLogger("neutronorch")
@@ -130,48 +126,85 @@ def staged_fetch(missed: torch.Tensor, store: FeatureStore, pool: BufferPool) ->
 
 
 class DeviceReader:
-    """The topology as the device's sampler reads it, and the gathering of a batch's rows and labels."""
+    """The topology as the device's sampler reads it (``new_sampler``), and the gathering of a batch's rows and
+    labels there; ``close`` it. A typed graph's (``access.inputs``; ``config``: its placement settings,
+    ``fanouts``: per relation) is placed when the run starts (``start``), with a device cache per featured
+    type."""
 
     producer = "device-producer"  # the name of device mode's producer thread over it
 
-    def __init__(self, graph: Graph, access: FeatureAccess, spans: Spans):
-        self.access = access
+    def __init__(self, graph: Graph | TypedGraph, access: FeatureAccess, spans: Spans, sampling: SamplingConfig,
+                 config: PlacementConfig | None = None, fanouts: dict[RelationType, list[int]] | None = None):
+        self.graph, self.access, self.spans, self.sampling = graph, access, spans, sampling
         self.store, self.placement, self.cache = access.store, access.placement, access.cache
         self.device = access.device
-        self.spans = spans
+        self.placement_config, self.fanouts, self.sampler, self.backend = config, fanouts, None, None
         self._keep: list[torch.Tensor] = []  # pinned host tensors that UVA views read
+        if access.inputs is not None:  # a typed graph's: placed by ``start``
+            self.sizes, self.stores, self.caches, self.misses = device_bytes(graph), access.inputs.stores, {}, {}
+            return
         if access.placement.topology == "device":
             self.indptr = place(graph.indptr, self.device, "topology")
             self.indices = place(graph.indices, self.device, "topology")
         else:
             self.indptr = host_readable(graph.indptr, self.device, "topology (indptr)", self._keep, required=True)
             self.indices = host_readable(graph.indices, self.device, "topology (indices)", self._keep, required=True)
-        self.host_features = misses_in_place(access.cache, access.store, self.device, "features", self._keep)
+        # A homogeneous graph's rows are its one type's ("").
+        self.stores, self.caches = {"": access.store}, {"": access.cache}
+        self.misses = {"": (misses_in_place(access.cache, access.store, self.device, "features", self._keep),
+                            access.pool)}
         self.labels = access.store.labels.to(self.device)
 
     def start(self, model: torch.nn.Module) -> None:
-        pass  # everything is placed when it is made
+        """A typed graph's: place the topology and the labels on the device, after checking that they fit beside
+        ``model``'s training, and fill each featured type's cache with as many of its hottest rows as the budget
+        holds (a homogeneous graph's is placed when the reader is made)."""
+        if self.access.inputs is None:
+            return
+        graph, device, sampling = self.graph, self.device, self.sampling
+        memory_size = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+        rows = typed_cache_rows(graph, model, self.fanouts, sampling.batch_size, memory_size, self.placement_config)
+        self.sizes = device_bytes(graph, rows)
+        clock = time.perf_counter()
+        topology = TypedTopology.of(graph, device, lambda array, what: place(array, device, what))
+        order: dict[str, np.ndarray] = {}
+        if any(rows[t] < graph.num_nodes[t] for t in rows):  # one presample ranks every type
+            order = typed_hotness_order(graph, TypedNeighborSampler(graph, self.fanouts), graph.train_idx,
+                                        sampling.batch_size, sampling.seed, self.placement_config.cache_policy)
+        stores = self.stores
+        self.caches = {t: FeatureCache(stores[t], order.get(t, np.empty(0, np.int64)), rows[t], device)
+                       for t in graph.features}
+        self.misses = {t: (misses_in_place(cache, stores[t], device, f"features of {t}", self._keep),
+                           BufferPool(sampling.prefetch + 2, stores[t].width, stores[t].dtype,
+                                      pin=device.type == "cuda")) for t, cache in self.caches.items()}
+        self.labels = place(np.asarray(graph.labels, dtype=np.int64), device, "labels")
+        self.sampler = TypedDeviceSampler(topology, self.fanouts)
+        self.backend = self.sampler.backend
+        cached = ", ".join(f"{t} {rows[t]:,} of {graph.num_nodes[t]:,}" for t in rows)
+        logger.info(f"device mode: {sum(self.sizes.values()) / GiB:.2f} GiB of topology, cached rows ({cached}), "
+                    f"labels and maps on {device} in {time.perf_counter() - clock:.1f} s; sampling with "
+                    f"{self.backend}")
 
-    def step_inputs(self, batch: MiniBatch) -> StepInputs:
-        return StepInputs(batch.blocks, batch.features)
-
-    def summary(self) -> dict:
-        return {}
-
-    def close(self) -> None:
-        """Unpin what was pinned in place (the views over it must no longer be used)."""
-        release(self._keep)
-        self.indptr = self.indices = self.host_features = None
+    def new_sampler(self):
+        """The sampler of a producer thread (a typed graph's: the one ``start`` made)."""
+        if self.access.inputs is not None:
+            return self.sampler
+        return make_device_sampler(self.indptr, self.indices, self.sampling.fanouts, self.sampling.degrees)
 
     def load(self, epoch: int, index: int, subgraph: SampledSubgraph,
              make: Callable[..., MiniBatch] = MiniBatch, targets: torch.Tensor | None = None) -> MiniBatch:
-        """The batch of ``subgraph`` (input frontier on the device), built by ``make``: its rows and labels
-        (or ``targets``, ``SeedBatch.targets``) gathered there, what is still on the host moved over, and its
-        ready event recorded (call on the sampling stream)."""
-        with self.spans.stage("gather"):
-            store, pool = self.access.store, self.access.pool
-            features, hits, moved = self.access.cache.gather(
-                subgraph.input_nodes, self.host_features, lambda missed: staged_fetch(missed, store, pool))
+        """The batch of ``subgraph`` (input frontier on the device), built by ``make``: its rows (a typed graph's,
+        each featured type's) through their cache (``FeatureCache.gather``, the misses read in place or staged)
+        and its labels (or ``targets``, ``SeedBatch.targets``) gathered there, what is still on the host moved
+        over, and its ready event recorded (call on the sampling stream)."""
+        with self.spans.stage("gather", index):
+            frontier = subgraph.input_nodes
+            if isinstance(frontier, dict):
+                read = {t: self._gather(t, frontier[t]) for t in self.caches if t in frontier}
+                features = {t: rows for t, (rows, _, _) in read.items()}
+                hits, moved = sum(r[1] for r in read.values()), sum(r[2] for r in read.values())
+            else:
+                features, hits, moved = self._gather("", frontier)
             labels = (self.labels.index_select(0, subgraph.seeds.to(self.device, non_blocking=True))
                       if targets is None else targets)
             batch = make(epoch, index, subgraph, features, labels, cache_hits=hits)
@@ -181,35 +214,31 @@ class DeviceReader:
                 batch.mark_ready()
         return batch
 
+    def _gather(self, node_type: str, rows: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+        (view, pool), store = self.misses[node_type], self.stores[node_type]
+        return self.caches[node_type].gather(rows, view, lambda missed: staged_fetch(missed, store, pool))
 
-@dataclass
-class TypedDeviceBatch(TypedBatch):
-    """A batch made on the sampling stream: on CUDA, ``ready`` is the event after which it may be read."""
+    def step_inputs(self, batch: MiniBatch) -> StepInputs:
+        """The trainer's first call on a batch: its stream waits for the batch."""
+        batch.wait()
+        return StepInputs(batch.blocks, batch.features, None, batch.ids)
 
-    ready: object = None
-    cache_hits: int = 0  # input rows served by the device caches
-    device_bytes: int = 0  # bytes their misses moved from the host to the device
+    def close(self) -> None:
+        """Let go of the device's copies and unpin what was pinned in place (the views over it must no longer be
+        used: a run's end)."""
+        release(self._keep)
+        self.indptr = self.indices = self.sampler = None
+        self.caches, self.misses = {}, {}
 
-    def counts(self) -> tuple[int, int, int, int, int]:
-        """``TypedBatch.counts`` with the rows the device caches served and the bytes their misses moved."""
-        return (*super().counts()[:3], self.cache_hits, self.device_bytes)
-
-    def tensors(self) -> list[torch.Tensor]:
-        """Every tensor a training step reads."""
-        found = [*self.features.values(), *self.ids.values(), self.labels]
-        for tblock in self.blocks:
-            found += [t for block in tblock.blocks.values() for t in block.tensors()]
-            found += [*tblock.src_ids.values(), *tblock.edge_ids.values(), *tblock.edge_features.values()]
-        return found
-
-    def wait(self) -> None:
-        """Order the current stream after the batch's sampling and gathering; no-op off CUDA."""
-        if self.ready is None:
-            return
-        stream = torch.cuda.current_stream(self.labels.device)
-        stream.wait_event(self.ready)
-        for tensor in self.tensors():
-            tensor.record_stream(stream)
+    def summary(self) -> dict:
+        """A typed graph's: what device mode keeps on the device (``cache``: each featured type's cached rows
+        and how its misses are read) and its sampler."""
+        if self.access.inputs is None:
+            return {}
+        cache = {t: {"rows": c.rows, "of": self.graph.num_nodes[t],
+                     "misses": "none" if c.full else "uva" if self.misses[t][0] is not None and
+                     self.device.type == "cuda" else "host"} for t, c in self.caches.items()}
+        return {"device_data": {"bytes": dict(self.sizes), "sampler": self.backend, "cache": cache}}
 
 
 def device_bytes(graph: TypedGraph, rows: dict[str, int] | None = None) -> dict[str, int]:
@@ -219,7 +248,7 @@ def device_bytes(graph: TypedGraph, rows: dict[str, int] | None = None) -> dict[
     vertex)."""
     rows = {t: graph.num_nodes[t] for t in graph.features} if rows is None else rows
     slot_maps = sum(4 * graph.num_nodes[t] for t in graph.features if rows[t] < graph.num_nodes[t])
-    return {"topology": topology_bytes(graph) + edge_feature_bytes(graph),
+    return {"topology": topology_bytes(graph),
             "features": sum(4 * rows[t] * graph.feature_dim(t) for t in graph.features) + slot_maps,
             "labels": 8 * int(np.prod(graph.labels.shape)),
             "maps": 8 * sum(graph.num_nodes.values())}
@@ -239,13 +268,7 @@ def typed_cache_rows(graph: TypedGraph, model: torch.nn.Module, fanouts: dict[Re
         return cache_rows(setting, None, tables, all(memory.fits_in_memory(a) for a in graph.features.values()),
                           notes)
     budget = device_budget(device_memory, config.gpu_memory_gb, notes)
-    layers = len(next(iter(fanouts.values())))
-    per_layer = [max(sum(f[h] if f[h] >= 0 else 64 for r, f in fanouts.items() if r[2] == t)
-                     for t in graph.num_nodes) for h in range(layers)]
-    width = max([graph.feature_dim(t) for t in graph.num_nodes] + [1])
-    hidden = getattr(model, "arguments", {}).get("hidden", width)
-    workspace = workspace_bytes(sum(graph.num_nodes.values()), width, hidden, graph.num_classes, per_layer,
-                                batch_size)
+    workspace = typed_workspace(graph, fanouts, getattr(model, "arguments", {}).get("hidden"), batch_size)
     workspace += 4 * sum(p.numel() * p.element_size() for p in model.parameters())
     sizes = device_bytes(graph, {t: 0 for t in graph.features})
     need = sum(sizes.values()) - sizes["features"] + workspace
@@ -263,86 +286,3 @@ def typed_cache_rows(graph: TypedGraph, model: torch.nn.Module, fanouts: dict[Re
     for note in notes:
         logger.info(f"device mode: {note}")
     return rows
-
-
-class TypedDeviceReader:
-    """A typed graph's topology, labels and device caches on ``device`` from ``start`` on, and the gathering of a
-    batch's rows and labels there; ``close`` it."""
-
-    producer = "typed-device-producer"
-    store = placement = cache = None  # one device cache per featured type (``caches``), none of the graph's
-
-    def __init__(self, graph: TypedGraph, fanouts: dict[RelationType, list[int]], sampling: SamplingConfig,
-                 device: torch.device, spans: Spans, placement: PlacementConfig, inputs: TypedInputs,
-                 backend: str | None = None):
-        self.graph, self.fanouts, self.sampling, self.device, self.spans = graph, fanouts, sampling, device, spans
-        self.placement_config, self.inputs, self.backend = placement, inputs, backend
-        self.sizes, self.sampler, self.caches, self.misses = device_bytes(graph), None, {}, {}
-        self._keep: list[torch.Tensor] = []  # pinned host tensors that UVA views read
-
-    def start(self, model: torch.nn.Module) -> None:
-        """Place the topology and the labels on the device, after checking that they fit beside ``model``'s
-        training, and fill each featured type's cache with as many of its hottest rows as the budget holds."""
-        graph, device = self.graph, self.device
-        memory_size = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-        rows = typed_cache_rows(graph, model, self.fanouts, self.sampling.batch_size, memory_size,
-                                self.placement_config)
-        self.sizes = device_bytes(graph, rows)
-        clock = time.perf_counter()
-        topology = TypedTopology.of(graph, device, lambda array, what: place(array, device, what))
-        order: dict[str, np.ndarray] = {}
-        if any(rows[t] < graph.num_nodes[t] for t in rows):  # one presample ranks every type
-            order = typed_hotness_order(graph, TypedNeighborSampler(graph, self.fanouts), graph.train_idx,
-                                        self.sampling.batch_size, self.sampling.seed,
-                                        self.placement_config.cache_policy)
-        stores = self.inputs.stores
-        self.caches = {t: FeatureCache(stores[t], order.get(t, np.empty(0, np.int64)), rows[t], device)
-                       for t in graph.features}
-        self.misses = {t: (misses_in_place(cache, stores[t], device, f"features of {t}", self._keep),
-                           BufferPool(self.sampling.prefetch + 2, stores[t].width, stores[t].dtype,
-                                      pin=device.type == "cuda")) for t, cache in self.caches.items()}
-        self.labels = place(np.asarray(graph.labels, dtype=np.int64), device, "labels")
-        self.sampler = TypedDeviceSampler(topology, self.fanouts, backend=self.backend)
-        self.backend = self.sampler.backend
-        cached = ", ".join(f"{t} {rows[t]:,} of {graph.num_nodes[t]:,}" for t in rows)
-        logger.info(f"device mode: {sum(self.sizes.values()) / GiB:.2f} GiB of topology, cached rows ({cached}), "
-                    f"labels and maps on {device} in {time.perf_counter() - clock:.1f} s; sampling with "
-                    f"{self.backend}")
-
-    def load(self, epoch: int, index: int, subgraph: SampledSubgraph, targets: None = None) -> TypedDeviceBatch:
-        """The batch of ``subgraph`` (on the device): each featured type's rows through its cache
-        (``FeatureCache.gather``, the misses read in place or staged) and the seeds' labels, its ready event
-        recorded (call on the sampling stream)."""
-        with self.spans.stage("gather", index):
-            frontier, features, hits, moved = subgraph.input_nodes, {}, 0, 0
-            for t, cache in self.caches.items():
-                if t in frontier:
-                    (view, pool), store = self.misses[t], self.inputs.stores[t]
-                    features[t], served, read = cache.gather(frontier[t], view,
-                                                             lambda missed: staged_fetch(missed, store, pool))
-                    hits, moved = hits + served, moved + read
-            on_cuda = self.device.type == "cuda"
-            batch = TypedDeviceBatch(epoch, index, subgraph.blocks, features, dict(frontier),
-                                     self.labels.index_select(0, subgraph.seeds), subgraph.num_sampled_edges,
-                                     sum(int(ids.shape[0]) for ids in frontier.values()), cache_hits=hits,
-                                     device_bytes=moved if on_cuda else 0)
-            if on_cuda:
-                batch.ready = torch.cuda.Event()
-                batch.ready.record()
-        return batch
-
-    def step_inputs(self, batch: TypedDeviceBatch) -> StepInputs:
-        return StepInputs(batch.blocks, batch.features, None, batch.ids)
-
-    def close(self) -> None:
-        """Let go of the device's copies and unpin what the caches' misses were read from (a run's end)."""
-        self.sampler, self.caches, self.misses = None, {}, {}
-        release(self._keep)
-
-    def summary(self) -> dict:
-        """What device mode adds to the run summary: what it keeps on the device (``cache``: each featured type's
-        cached rows and how its misses are read) and its sampler."""
-        cache = {t: {"rows": c.rows, "of": self.graph.num_nodes[t],
-                     "misses": "none" if c.full else "uva" if self.misses[t][0] is not None and
-                     self.device.type == "cuda" else "host"} for t, c in self.caches.items()}
-        return {"device_data": {"bytes": dict(self.sizes), "sampler": self.backend, "cache": cache}}

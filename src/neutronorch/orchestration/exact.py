@@ -15,34 +15,24 @@ from typing import Callable, Iterator
 
 from neutronorch.config import SamplingConfig
 from neutronorch.observe import Spans
-from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES, HostLoader, TypedHostLoader
+from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES, HostLoader
 from neutronorch.orchestration.link_seeds import LinkSeeds
-from neutronorch.orchestration.mode import StepHooksUnused, StepInputs
-from neutronorch.orchestration.pipeline import Prefetcher
+from neutronorch.orchestration.mode import LoadingMode
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.exclude import exclude_edges
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 
-class ExactMode(StepHooksUnused):
+class ExactMode(LoadingMode):
     name = "exact"
     stages = HOST_SAMPLING_STAGES  # a run's: its loader's
-    resumable = resumable_mid_epoch = True  # its batches depend only on (seed, epoch, batch)
 
     def __init__(self, seeds: NodeSeeds | LinkSeeds, new_sampler: Callable[[], NeighborSampler | TypedNeighborSampler],
-                 loader: HostLoader | TypedHostLoader, sampling: SamplingConfig, spans: Spans, sampler_threads: int):
-        self.seeds, self.new_sampler, self.loader = seeds, new_sampler, loader
-        self.sampling, self.spans, self.sampler_threads = sampling, spans, sampler_threads
-        self.stages = loader.stages
-        self.store, self.placement, self.cache = loader.store, loader.placement, loader.cache
+                 loader: HostLoader, sampling: SamplingConfig, spans: Spans, sampler_threads: int):
+        super().__init__(seeds, loader, sampling, spans)
+        self.new_sampler, self.producer_threads = new_sampler, sampler_threads
         self.threads = {"sampler": sampler_threads}
-        self.num_batches = seeds.num_batches
-
-    def batches(self, epoch: int, start: int = 0) -> Prefetcher:
-        """This epoch's mini-batches from number ``start`` on, produced ahead in a background thread."""
-        return Prefetcher(lambda: self._produce(epoch, start), depth=self.sampling.prefetch,
-                          name=self.loader.producer, threads=self.sampler_threads)
 
     def _produce(self, epoch: int, start: int) -> Iterator:
         sampler = self.new_sampler()
@@ -55,14 +45,5 @@ class ExactMode(StepHooksUnused):
                     subgraph = exclude_edges(subgraph, batch.exclude, self.seeds.num_nodes)
             yield self.loader.load(epoch, index, subgraph, targets=batch.targets)
 
-    def step_inputs(self, batch) -> StepInputs:
-        return self.loader.step_inputs(batch)
-
-    def summary(self) -> dict:
-        return self.loader.summary()
-
     def describe(self) -> str:
-        return f"sampler threads {self.sampler_threads}"
-
-    def close(self) -> None:
-        pass
+        return f"sampler threads {self.producer_threads}"

@@ -10,21 +10,20 @@ import numpy as np
 import torch
 
 from neutronorch.capabilities import refusal
-from neutronorch.config import TrainConfig
+from neutronorch.config import SamplingConfig, TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.features.cache import hotness_order
-from neutronorch.features.host_cache import HostCache
 from neutronorch.features.placement import placement_for, workspace_bytes
-from neutronorch.features.reading import auto_size, host_cache_size, read_orders, typed_stores
+from neutronorch.features.reading import attach_host_cache, auto_size, read_orders, typed_stores
 from neutronorch.features.store import TypedInputs
 from neutronorch.observe import Spans
-from neutronorch.orchestration.access import build_feature_access
+from neutronorch.orchestration.access import FeatureAccess, build_feature_access
 from neutronorch.orchestration.device import DeviceMode
-from neutronorch.orchestration.device_reader import DeviceReader, TypedDeviceReader
+from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.exact import ExactMode
-from neutronorch.orchestration.host_loader import HostLoader, TypedHostLoader
+from neutronorch.orchestration.host_loader import HostLoader
 from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
@@ -32,7 +31,6 @@ from neutronorch.orchestration.neutronorch.cold_sampler import draws_on_device
 from neutronorch.orchestration.neutronorch.mode import TypedRun
 from neutronorch.orchestration.neutronorch.node import NodeLink
 from neutronorch.orchestration.seeds import NodeSeeds
-from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.neighbor_sampler import NeighborSampler
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler, typed_fanouts
 
@@ -64,11 +62,31 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
     recording into ``spans`` (default: a recorder of its own) with ``threads`` (default: one per stage).
     ``shard`` = (rank, world): data parallel, the mode trains part ``rank`` of each global batch; ``node``:
     the ranks of this node, that NeutronOrch mode's hot sets are shared by (``hot_set="node"``). A
-    ``TypedGraph`` gets its typed mode (``typed_mode``; ``fanouts``: per relation)."""
+    ``TypedGraph``'s rows are read as ``typed_access`` sets up (``fanouts``: per relation)."""
     threads = threads or Threads(1, 1, 1)
     spans = spans if spans is not None else Spans()
-    if isinstance(graph, TypedGraph):
-        return typed_mode(config, graph, device, threads, spans, shard, fanouts)
+    typed = isinstance(graph, TypedGraph)
+    if typed:
+        fanouts, sampling, access = typed_access(config, graph, device, shard, fanouts)
+        seeds, host_sampler = NodeSeeds(graph, sampling), lambda: TypedNeighborSampler(graph, fanouts)
+    else:
+        graph, sampling, access, seeds = homogeneous_access(config, graph, device, shard)
+        host_sampler = lambda: NeighborSampler(graph.indptr, graph.indices, sampling.fanouts,  # noqa: E731
+                                               sampling.degrees, sampling.file_order)
+    if config.mode == "exact":
+        return ExactMode(seeds, host_sampler, HostLoader(access, spans), sampling, spans, threads.sampler)
+    if config.mode == "device":
+        reader = DeviceReader(graph, access, spans, sampling, config.placement, fanouts)
+        return DeviceMode(seeds, reader, sampling, spans)
+    run = TypedRun(fanouts, device, draws_on_device(config.device_sampling, graph, device)) if typed else None
+    return NeutronOrchMode(graph, sampling, config.neutronorch, config.epochs, access, spans, threads.sampler,
+                           threads.host, None if typed else node, seeds, typed=run)
+
+
+def homogeneous_access(config: TrainConfig, graph: Graph, device: torch.device, shard: tuple[int, int]
+                       ) -> tuple[Graph, SamplingConfig, FeatureAccess, NodeSeeds | LinkSeeds]:
+    """A homogeneous graph's (a link task's, with its training edges' ends as ``train_idx``), its sampling
+    settings, how its rows are read (placement, device and host caches, read order) and its batches' seeds."""
     link = config.task == "link"
     if link:  # the caches rank rows by where mini-batches start: the training edges' ends, not a node split
         graph = dataclasses.replace(graph, train_idx=np.unique(np.asarray(graph.links.train).reshape(-1)))
@@ -83,60 +101,35 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
                                    file_order=topology_in_file_order and config.mode != "device")
     dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
     placement = placement_for(graph, config.placement, device, samples_on_device(config, device), workspace, dtype)
-    host_rows, why, order = host_cache_size(config.host_cache_gb, graph.features, features_in_file_order, lambda: (
-        hotness_order(graph.indptr, graph.indices, graph.train_idx, sampling.fanouts, sampling.batch_size,
-                      sampling.seed, config.cache_policy)))
-    access = build_feature_access(graph, placement, device, sampling, config.cache_policy, dtype,
-                                  features_in_file_order, host_rows, config.host_cache_dir, order)
-    cache = access.store.host_cache
-    if order is not None and host_rows == 0:  # auto, where the features do not fit: sized by measurement
-        device_rows = placement.cache_rows if access.cache is not None else 0
-        if device_rows < graph.num_nodes:
-            access.store.attach_cache(HostCache(graph.features, order[device_rows:], config.host_cache_dir,
-                                                auto_size([graph.features], [graph.indptr, graph.indices],
-                                                          shard[1] > 1)))
-            logger.info("host feature cache: sized once the first mini-batches have shown the memory they use "
-                        "(until then rows are read from the features in place)")
-    elif cache is not None:
-        logger.info(f"host feature cache ({why}): {cache.rows:,} rows ({cache.table.nbytes / 2**30:.2f} GiB) in "
-                    f"memory, " + (f"{cache.cold.shape[0]:,} copied to a file of cold rows" if cache.cold_file
-                                   else "the others read in place") + f"; built in {cache.seconds:.1f} s")
-    elif config.host_cache_gb not in (0, "auto"):
-        logger.info(f"no host feature cache: {why if host_rows == 0 else 'the device cache holds every row'}")
+    ranking: list[np.ndarray] = []  # the vertices hottest first, ranked once if a cache needs them
+
+    def ranked() -> np.ndarray:
+        if not ranking:
+            ranking.append(hotness_order(graph.indptr, graph.indices, graph.train_idx, sampling.fanouts,
+                                         sampling.batch_size, sampling.seed, config.cache_policy))
+        return ranking[0]
+
+    access = build_feature_access(graph, placement, device, sampling, ranked, dtype, features_in_file_order)
+    attach_host_cache(access.store, config.host_cache_gb, ranked, config.host_cache_dir,
+                      lambda: auto_size([graph.features], [graph.indptr, graph.indices], shard[1] > 1),
+                      placement.cache_rows if access.cache is not None else 0)
     # A link task's graph carries its links (train/link_task.py's link_graph); its batches are seed edges.
-    seeds = LinkSeeds(graph.links.train, graph.num_nodes, sampling, config.negatives) if link else None
-    if config.mode == "exact":
-        return ExactMode(seeds or NodeSeeds(graph, sampling), lambda: NeighborSampler(
-            graph.indptr, graph.indices, sampling.fanouts, sampling.degrees, sampling.file_order),
-            HostLoader(access, spans), sampling, spans, threads.sampler)
-    if config.mode == "device":
-        reader = DeviceReader(graph, access, spans)
-        return DeviceMode(seeds or NodeSeeds(graph, sampling), lambda: make_device_sampler(
-            reader.indptr, reader.indices, sampling.fanouts, sampling.degrees), reader, sampling, spans)
-    return NeutronOrchMode(graph, sampling, config.neutronorch, config.epochs, access, spans,
-                           threads.sampler, threads.host, node, seeds)
+    seeds = LinkSeeds(graph.links.train, graph.num_nodes, sampling, config.negatives) if link else \
+        NodeSeeds(graph, sampling)
+    return graph, sampling, access, seeds
 
 
-def typed_mode(config: TrainConfig, graph: TypedGraph, device: torch.device, threads: Threads, spans: Spans,
-               shard: tuple[int, int], fanouts: dict[RelationType, list[int]] | None) -> Mode:
-    """``build_mode`` for a typed graph (two-way: ``with_reverse``): exact (also what ``auto`` picks), device
-    (reading through ``TypedDeviceReader``) or NeutronOrch (``neutronorch/``) over its ``train_idx``;
-    ``fanouts``: per relation, default ``config.fanouts`` for every relation. Data parallel where
-    ``capabilities.py``'s table says it runs (``check_run`` refuses the others first)."""
+def typed_access(config: TrainConfig, graph: TypedGraph, device: torch.device, shard: tuple[int, int],
+                 fanouts: dict[RelationType, list[int]] | None
+                 ) -> tuple[dict[RelationType, list[int]], SamplingConfig, FeatureAccess]:
+    """A typed graph's (two-way: ``with_reverse``) fanouts per relation (default ``config.fanouts`` for every
+    relation), sampling settings and rows: each featured type's read on the host (in file order, through host
+    caches, as configured; device mode reads there only what its device caches miss, in place). Data parallel
+    where ``capabilities.py``'s table says it runs (``check_run`` refuses the others first)."""
     refused = refusal("typed", config.mode, config.task, shard[1])
     if refused is not None:
         raise ConfigError(refused)
     fanouts = typed_fanouts(graph, config.fanouts if fanouts is None else fanouts)
     sampling = dataclasses.replace(config.sampling, rank=shard[0], world=shard[1])
-    # The featured types' rows, read on the host (in file order, through host caches, as configured); device
-    # mode reads there only what its device caches miss, in place.
-    inputs = TypedInputs(graph, typed_stores(config, graph, fanouts, shard[1] > 1, on_host=config.mode != "device"))
-    if config.mode == "device":
-        reader = TypedDeviceReader(graph, fanouts, sampling, device, spans, config.placement, inputs)
-        return DeviceMode(NodeSeeds(graph, sampling), lambda: reader.sampler, reader, sampling, spans)
-    if config.mode == "neutronorch":
-        run = TypedRun(fanouts, device, draws_on_device(config.device_sampling, graph, device))
-        return NeutronOrchMode(graph, sampling, config.neutronorch, config.epochs, inputs, spans, threads.sampler,
-                               threads.host, typed=run)
-    return ExactMode(NodeSeeds(graph, sampling), lambda: TypedNeighborSampler(graph, fanouts),
-                     TypedHostLoader(graph, inputs, device, spans), sampling, spans, threads.sampler)
+    stores = typed_stores(config, graph, fanouts, shard[1] > 1, on_host=config.mode != "device")
+    return fanouts, sampling, FeatureAccess.typed(graph, TypedInputs(graph, stores), device)

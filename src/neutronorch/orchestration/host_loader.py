@@ -2,11 +2,10 @@
 says which stages it records and what a step reads of its batches (``stages``, ``step_inputs``).
 
 Gather: the batch's input rows go into a pooled buffer (pinned on CUDA); with a device feature cache only
-the rows it misses. Ship (CUDA): the batch copies itself on a side stream, the device assembles the rows
-from the cache and the copied misses, and the buffer returns to the pool once the copy's event has
-completed, without blocking this thread. On the CPU nothing is copied. A typed graph's batch
-(``TypedHostLoader``): every featured type's rows read through ``TypedInputs`` and copied, with the blocks
-and the seeds' labels, to the device as part of the gather stage.
+the rows it misses. A typed graph's: every featured type's rows read through its ``TypedInputs`` into tensors
+of their own (a loader's typed batch may be kept). Ship (CUDA): the batch copies itself on a side stream, the
+device assembles the rows from the cache and the copied misses, and the buffer returns to the pool once the
+copy's event has completed, without blocking this thread. On the CPU nothing is copied.
 """
 
 from __future__ import annotations
@@ -15,16 +14,13 @@ from typing import Callable
 
 import torch
 
-from neutronorch.data.typed import TypedGraph
-from neutronorch.features.store import TypedInputs
 from neutronorch.observe import Spans, StageTable
 from neutronorch.orchestration.access import FeatureAccess
-from neutronorch.orchestration.batch import MiniBatch, TypedBatch, target_labels
+from neutronorch.orchestration.batch import MiniBatch, target_labels
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.sampling.block import SampledSubgraph
 
 HOST_SAMPLING_STAGES = StageTable({"sample": "sampler", "gather": "sampler", "copy": "copy"})
-TYPED_SAMPLING_STAGES = StageTable({"sample": "sampler", "gather": "sampler"})
 
 
 class HostLoader:
@@ -34,6 +30,7 @@ class HostLoader:
     def __init__(self, access: FeatureAccess, spans: Spans):
         self.access = access
         self.store, self.placement, self.cache = access.store, access.placement, access.cache
+        self.device = access.device
         self.spans = spans
         self.copy_stream = torch.cuda.Stream(access.device) if access.on_cuda else None
 
@@ -42,33 +39,38 @@ class HostLoader:
         """The batch of ``subgraph``, built by ``make`` (a ``MiniBatch`` type), its rows gathered and, on
         CUDA, its copy to the device started (not waited for). ``targets``: what the loss reads instead of
         the seeds' labels (``SeedBatch.targets``)."""
-        store, pool, cache = self.access.store, self.access.pool, self.access.cache
-        with self.spans.stage("gather"):
-            rows = subgraph.input_nodes
-            parts = None
-            if cache is None:
+        access = self.access
+        store, pool, cache = access.store, access.pool, access.cache
+        with self.spans.stage("gather", index):
+            rows, buffer, parts, hits = subgraph.input_nodes, None, None, 0
+            if access.inputs is not None:
+                features = access.inputs.rows(rows)
+            elif cache is None:
                 buffer = pool.acquire(rows.shape[0])
                 features = store.gather_into(rows, buffer)
-                hits = 0
             else:
                 slots, miss_pos, missed = cache.split(rows)
                 buffer = pool.acquire(missed.shape[0])
                 features = store.gather_into(torch.from_numpy(missed), buffer)
                 parts = [torch.from_numpy(slots), torch.from_numpy(miss_pos)]
                 hits = rows.shape[0] - missed.shape[0]
-            labels = store.labels[subgraph.seeds] if targets is None else targets
+            if targets is not None:
+                labels = targets
+            else:
+                labels = store.labels[subgraph.seeds] if store is not None else target_labels(
+                    access.graph, subgraph.seeds.numpy())
             batch = make(epoch, index, subgraph, features, labels, cache_hits=hits)
-        if self.access.on_cuda:
-            with self.spans.stage("copy"):
+        if access.on_cuda:
+            with self.spans.stage("copy", index):
                 self._ship(batch, buffer, parts)
         elif parts is not None:
             batch.features = cache.assemble(*parts, features)  # a copy: the buffer is free
             pool.release(buffer)
-        else:
+        elif buffer is not None:
             batch.on_release(lambda: pool.release(buffer))
         return batch
 
-    def _ship(self, batch: MiniBatch, buffer: torch.Tensor, parts: list | None) -> None:
+    def _ship(self, batch: MiniBatch, buffer: torch.Tensor | None, parts: list | None) -> None:
         """Start the batch's copy on the copy stream. With ``parts`` (every row's cache slot, the misses'
         positions), ``batch.features`` holds only the missed rows until the device assembles them."""
         device = self.access.device
@@ -79,41 +81,21 @@ class HostLoader:
                 slots, miss_pos = (t.pin_memory().to(device, non_blocking=True) for t in parts)
                 batch.features = self.access.cache.assemble(slots, miss_pos, batch.features)
             batch.mark_ready()
-        # The pinned buffer is refilled only after the copy out of it has finished.
-        self.access.pool.release_after(buffer, batch.ready)
+        if buffer is not None:  # the pinned buffer is refilled only after the copy out of it has finished
+            self.access.pool.release_after(buffer, batch.ready)
+
+    def start(self, model: torch.nn.Module) -> None:
+        pass  # nothing waits for the model
 
     def step_inputs(self, batch: MiniBatch) -> StepInputs:
+        """The trainer's first call on a batch: its stream waits for the batch's copies."""
         batch.wait()
-        return StepInputs(batch.blocks, batch.features)
-
-    def summary(self) -> dict:
-        return {}
-
-
-class TypedHostLoader:
-    """A typed graph's batches (node tasks only): no feature store of one row type, no device cache."""
-
-    stages = TYPED_SAMPLING_STAGES
-    producer = "typed-producer"
-    store = placement = cache = None
-
-    def __init__(self, graph: TypedGraph, inputs: TypedInputs, device: torch.device, spans: Spans):
-        self.graph, self.inputs, self.device, self.spans = graph, inputs, device, spans
-
-    def load(self, epoch: int, index: int, subgraph: SampledSubgraph, make: Callable[..., TypedBatch] = TypedBatch,
-             targets: None = None) -> TypedBatch:
-        """The batch of ``subgraph``, built by ``make`` (a ``TypedBatch`` type), on the device, labelled with its
-        seeds' labels."""
-        with self.spans.stage("gather", index):
-            features, ids = self.inputs(subgraph.input_nodes, self.device)
-            labels = target_labels(self.graph, subgraph.seeds.numpy()).to(self.device)
-            blocks = [b.to(self.device) for b in subgraph.blocks]
-        return make(epoch, index, blocks, features, ids, labels, subgraph.num_sampled_edges,
-                    sum(int(v.shape[0]) for v in subgraph.input_nodes.values()))
-
-    def step_inputs(self, batch: TypedBatch) -> StepInputs:
         return StepInputs(batch.blocks, batch.features, None, batch.ids)
 
+    def close(self) -> None:
+        pass
+
     def summary(self) -> dict:
-        """The host caches of its featured types and how their rows were read (``TypedInputs.summary``)."""
-        return self.inputs.summary()
+        """A typed graph's: the host caches of its featured types and how their rows were read
+        (``TypedInputs.summary``)."""
+        return {} if self.access.inputs is None else self.access.inputs.summary()

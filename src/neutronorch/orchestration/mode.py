@@ -3,8 +3,7 @@
 A mode arranges the stages of a mini-batch (sample, gather, copy; for NeutronOrch also the host producer)
 on the processors and threads it chooses. The trainer sees only this protocol: modes are siblings that
 implement it, none inherits from another, and nothing outside a mode branches on its name. On a typed graph
-(``exact.py``, ``device.py``, ``neutronorch/``) the batches are ``TypedBatch``es and the model
-also takes every type's input ids (``StepInputs.ids``).
+the batches hold their data by vertex type and the model also takes every type's input ids (``StepInputs.ids``).
 
 One training step, whatever the mode (``train.step.train_step``)::
 
@@ -25,6 +24,7 @@ from neutronorch.features.store import FeatureStore
 from neutronorch.nn.splice import HotRows
 from neutronorch.observe import StageTable
 from neutronorch.orchestration.batch import MiniBatch
+from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.sampling.block import Block
 
 
@@ -93,11 +93,36 @@ class Mode(Protocol):
         """After the last epoch, or on any error: stop every thread the mode runs, release what it holds."""
 
 
-class StepHooksUnused:
-    """The protocol's hooks for a mode that needs none of them (a mixin of no-ops, not a mode)."""
+class LoadingMode:
+    """What exact and device mode share (a mixin, not a mode): batches made by their ``_produce`` on a producer
+    thread named after their ``loader`` (``HostLoader`` or ``DeviceReader``), each depending only on (seed,
+    epoch, batch), so nothing carries over and a run resumes at any step; the loader's step inputs, summary,
+    start and end; none of the step hooks."""
+
+    resumable = resumable_mid_epoch = True
+    producer_threads: int | None = None  # the producer's numba threads (None: numba's count)
+
+    def __init__(self, seeds, loader, sampling, spans):
+        self.seeds, self.loader, self.sampling, self.spans = seeds, loader, sampling, spans
+        self.store, self.placement, self.cache = loader.store, loader.placement, loader.cache
+        self.num_batches = seeds.num_batches
+
+    def batches(self, epoch: int, start: int = 0) -> Prefetcher:
+        """This epoch's mini-batches from number ``start`` on, produced ahead in a background thread."""
+        return Prefetcher(lambda: self._produce(epoch, start), depth=self.sampling.prefetch,
+                          name=self.loader.producer, threads=self.producer_threads)
 
     def start(self, model: torch.nn.Module) -> None:
-        pass
+        self.loader.start(model)
+
+    def step_inputs(self, batch: MiniBatch) -> StepInputs:
+        return self.loader.step_inputs(batch)
+
+    def summary(self) -> dict:
+        return self.loader.summary()
+
+    def close(self) -> None:
+        self.loader.close()
 
     def before_step(self, batch: MiniBatch) -> None:
         pass
@@ -111,11 +136,8 @@ class StepHooksUnused:
     def end_epoch(self, record: dict) -> None:
         pass
 
-    def summary(self) -> dict:
-        return {}
-
     def state_dict(self) -> dict:
-        return {}  # batches depend only on (seed, epoch, batch): nothing to carry over
+        return {}
 
     def load_state_dict(self, state: dict) -> None:
         pass

@@ -117,6 +117,11 @@ class TypedBlock:
         """Each destination type's own rows of per-type source-frontier tensors."""
         return {t: x_src[t][:n] for t, n in self.num_dst.items() if t in x_src}
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the layer: each relation's block's, the frontiers' ids, the edges' ids and rows."""
+        return [t for block in self.blocks.values() for t in block.tensors()] + [
+            *self.src_ids.values(), *self.edge_ids.values(), *self.edge_features.values()]
+
     def to(self, device: torch.device, non_blocking: bool = False) -> "TypedBlock":
         def move(tensors: dict) -> dict:
             return {key: t.to(device, non_blocking=non_blocking) for key, t in tensors.items()}

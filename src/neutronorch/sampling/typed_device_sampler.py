@@ -1,22 +1,10 @@
 """The typed sampler on the training device: ``TypedNeighborSampler``'s contract on tensors of one device.
 
-Every relation's CSC lives on the device (``TypedTopology``) with a homogeneous device sampler of its own
-(``make_device_sampler``: Triton kernels on CUDA where Triton runs, torch ops elsewhere). A hop draws, for
-each relation whose destination type has destinations, the relation's neighbours with its key
-(``hop_keys(key, hop, relations)``; ``draw``: the draws alone, global ids of the source type), then
-relabels per source type in torch (``start_relabel`` over a map of that type's vertices): the type's
-frontier is its destinations, then the new sources in first-appearance order over the relations in the
-graph's order. Those are the host sampler's draws and its order, so for the same seeds and key the blocks
-and frontiers are ``TypedNeighborSampler``'s, bit for bit (``tests/test_typed_device.py``), on the device.
-
-Edge ids and features as the host sampler gives them: for the relations in ``edge_ids`` (by default those
-with edge features) the draws also return each drawn edge's position in the relation's ``indices``
-(``TypedBlock.edge_ids``), and those edges' feature rows are read from the relation's edge features on the
-device (``TypedBlock.edge_features``, float32).
-
-The host reads the device twice per hop, whatever the number of relations and types: once for every drawn
-relation's edge count, once for every relabelled type's frontier size (``together``; the homogeneous torch
-sampler reads as often, per hop, for its one relation and type).
+Every relation's CSC (and edge features) lives on the device (``TypedTopology``) with a homogeneous device
+sampler of its own (``make_device_sampler``), whose per-hop draws (``start_draw``) the hops of ``TypedHops``
+relabel per source type in torch (``start_relabel``). For the same seeds and key the blocks, frontiers, edge
+ids and rows are ``TypedNeighborSampler``'s, bit for bit, and the host reads the device twice per hop
+whatever the number of relations and types (``together``): docs/heterogeneous.md, "Device mode".
 """
 
 from __future__ import annotations
@@ -33,20 +21,17 @@ from neutronorch.sampling.neighbor_sampler import start_relabel, together
 from neutronorch.sampling.typed_edges import check_edge_features
 from neutronorch.sampling.typed_sampler import TypedHops
 
-__all__ = ["TypedDeviceSampler", "TypedTopology", "edge_feature_bytes", "topology_bytes"]
+__all__ = ["TypedDeviceSampler", "TypedTopology", "topology_bytes"]
 
 _DEGREE_CHUNK = 1 << 24  # indices counted at a time for the out-degrees
 
 
 def topology_bytes(graph: TypedGraph) -> int:
-    """Bytes of every relation's CSC as ``TypedTopology`` holds it (``indptr`` int64, ``indices`` as stored)."""
-    return sum(8 * rel.indptr.shape[0] + rel.indices.nbytes for rel in graph.relations.values())
-
-
-def edge_feature_bytes(graph: TypedGraph) -> int:
-    """Bytes of every relation's edge features as ``TypedTopology`` holds them (float32)."""
-    return sum(4 * int(np.prod(rel.edge_features.shape)) for rel in graph.relations.values()
-               if rel.edge_features is not None)
+    """Bytes of every relation's CSC and edge features as ``TypedTopology`` holds them (``indptr`` int64,
+    ``indices`` as stored, edge features float32)."""
+    return sum(8 * rel.indptr.shape[0] + rel.indices.nbytes + (0 if rel.edge_features is None else
+                                                                4 * int(np.prod(rel.edge_features.shape)))
+               for rel in graph.relations.values())
 
 
 def _as_tensor(array: np.ndarray, what: str) -> torch.Tensor:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from neutronorch.nn.splice import SpliceIndex
-from neutronorch.orchestration.batch import MiniBatch, TypedBatch
+from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.orchestration.neutronorch.planner import PlanStats, TypedPlanStats
 
 
@@ -28,16 +28,24 @@ class Splice:
     plan: PlanStats | TypedPlanStats  # what the super-batch's plan did (shared by its mini-batches)
     probe: np.ndarray | dict[str, np.ndarray]  # the plan's hottest vertices (the drift probe's candidates)
 
+    def indexes(self) -> list[SpliceIndex]:
+        return list(self.index.values()) if isinstance(self.index, dict) else [self.index]
+
     def to(self, device: torch.device, non_blocking: bool = False) -> "Splice":
-        return Splice(self.super_batch_id, self.index.to(device, non_blocking), self.last, self.plan, self.probe)
+        move = lambda index: index.to(device, non_blocking)  # noqa: E731
+        index = ({t: move(i) for t, i in self.index.items()} if isinstance(self.index, dict)
+                 else move(self.index))
+        return Splice(self.super_batch_id, index, self.last, self.plan, self.probe)
 
 
 @dataclass
 class SplicedBatch(MiniBatch):
+    """Either kind of graph's (a typed graph's ``splice.index`` holds each hot type's splice)."""
+
     splice: Splice | None = field(default=None, kw_only=True)
 
     def tensors(self) -> list[torch.Tensor]:
-        return super().tensors() + self.splice.index.tensors()
+        return super().tensors() + [t for index in self.splice.indexes() for t in index.tensors()]
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "SplicedBatch":
         super().to(device, non_blocking)
@@ -45,20 +53,8 @@ class SplicedBatch(MiniBatch):
         return self
 
 
-@dataclass
-class TypedSplicedBatch(TypedBatch):
-    """A typed graph's: ``splice.index`` holds each hot type's splice (already on the device, as the batch is)."""
-
-    splice: Splice | None = field(default=None, kw_only=True)
-
-    def wait(self) -> None:
-        pass
-
-
-def spliced(splice: Splice, kind: type = SplicedBatch):
-    """A ``make`` for the loaders: builds a ``kind`` (``SplicedBatch``, or a typed graph's ``TypedSplicedBatch``)
-    carrying ``splice``."""
-    def make(*args, **kwargs) -> SplicedBatch | TypedSplicedBatch:
-        return kind(*args, splice=splice, **kwargs)
+def spliced(splice: Splice):
+    """A ``make`` for the loaders: builds a ``SplicedBatch`` carrying ``splice``."""
+    def make(*args, **kwargs) -> SplicedBatch:
+        return SplicedBatch(*args, splice=splice, **kwargs)
     return make
-

@@ -7,7 +7,7 @@ planner's upper hops it draws exactly what exact mode draws) and loaded like exa
 it (``device_sampling``, on by default with CUDA), it is drawn on the device with the torch sampler and
 its rows come from the device feature cache, as in device mode. On a typed graph each type's cold
 destinations are drawn with the typed sampler (``draws_on_device``: on the device or on the host) and their
-rows read on the host (``TypedHostLoader``).
+rows read on the host (``HostLoader``).
 """
 
 from __future__ import annotations
@@ -27,15 +27,15 @@ from neutronorch.features.placement import GiB
 from neutronorch.nn.splice import SpliceIndex
 from neutronorch.observe import Spans
 from neutronorch.orchestration.device_reader import DeviceReader
-from neutronorch.orchestration.host_loader import HostLoader, TypedHostLoader
-from neutronorch.orchestration.neutronorch.batch import Splice, SplicedBatch, TypedSplicedBatch, spliced
+from neutronorch.orchestration.host_loader import HostLoader
+from neutronorch.orchestration.neutronorch.batch import Splice, SplicedBatch, spliced
 from neutronorch.orchestration.neutronorch.planner import Plan, TypedPlan, TypedPlannedBatch
 from neutronorch.orchestration.pipeline import use_threads
 from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.exclude import exclude_from_block
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key
-from neutronorch.sampling.typed_device_sampler import edge_feature_bytes, topology_bytes
+from neutronorch.sampling.typed_device_sampler import topology_bytes
 from neutronorch.sampling.typed_sampler import TypedHops
 
 logger = logging.getLogger("neutronorch")
@@ -49,7 +49,7 @@ def draws_on_device(setting: str, graph: TypedGraph, device: torch.device, free:
     if not on or device.type != "cuda":
         return on
     free = torch.cuda.mem_get_info(device)[0] if free is None else free
-    need = topology_bytes(graph) + edge_feature_bytes(graph)
+    need = topology_bytes(graph)
     if need <= free // 2:
         return True
     if setting == "on":
@@ -62,12 +62,12 @@ def draws_on_device(setting: str, graph: TypedGraph, device: torch.device, free:
 
 
 class ColdSampler:
-    """On a typed graph ``loader`` is its ``TypedHostLoader`` and ``sample`` makes this thread's sampler (the
+    """On a typed graph ``loader`` reads its rows (``HostLoader`` over its ``TypedInputs``) and ``sample`` makes this thread's sampler (the
     host's, or with device sampling ``TypedDeviceSampler`` on the training device); its rows are read on the
     host either way."""
 
     def __init__(self, graph: Graph | TypedGraph, sampling: SamplingConfig, spans: Spans, threads: int,
-                 loader: HostLoader | TypedHostLoader | None, reader: DeviceReader | None,
+                 loader: HostLoader | None, reader: DeviceReader | None,
                  sample: Callable[[], TypedHops] | None = None):
         self.graph, self.fanouts, self.degrees = graph, sampling.fanouts, sampling.degrees
         self.file_order = sampling.file_order
@@ -119,21 +119,21 @@ class ColdSampler:
                     yield source.load(plan.epoch, item.index, subgraph, make=spliced(splice), targets=item.targets)
                 skip = 0
 
-    def _typed(self, plan: TypedPlan, item: TypedPlannedBatch, last: bool, sampler: TypedHops) -> TypedSplicedBatch:
+    def _typed(self, plan: TypedPlan, item: TypedPlannedBatch, last: bool, sampler: TypedHops) -> SplicedBatch:
         """A typed mini-batch: the bottom hop of each type's cold destinations (with the batch key: what exact
         mode draws for them), loaded with its rows read on the host, and each hot type's splice."""
         upper = item.upper
         with self.spans.stage("sample", item.index):
             cold = sampler.sample_bottom({t: ids[item.cold_pos[t]] for t, ids in upper.frontiers[0].items()},
                                          item.key)
-            # Read on the host (``TypedHostLoader``) whichever device drew them.
+            # Read on the host (``HostLoader``) whichever device drew them.
             subgraph = SampledSubgraph(upper.seeds.cpu(), [cold, *upper.blocks],
                                        [{t: v.cpu() for t, v in cold.src_ids.items()}, *upper.frontiers])
         index = {t: splice_index(int(upper.frontiers[0][t].shape[0]), item.cold_pos[t], item.hot_pos[t],
                                  item.hot_rows[t]).to(self.loader.device)
                  for t in plan.hot if item.hot_pos[t].shape[0]}
         splice = Splice(plan.super_batch_id, index, last, plan.stats, plan.probe)
-        return self.loader.load(plan.epoch, item.index, subgraph, make=spliced(splice, TypedSplicedBatch))
+        return self.loader.load(plan.epoch, item.index, subgraph, make=spliced(splice))
 
 
 def splice_index(num_rows: int, cold_pos, hot_pos, hot_rows) -> SpliceIndex:

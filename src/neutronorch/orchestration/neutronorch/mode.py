@@ -42,14 +42,13 @@ import torch
 from neutronorch.config import NeutronOrchConfig, SamplingConfig
 from neutronorch.data.graph import Graph
 from neutronorch.data.typed import RelationType, TypedGraph
-from neutronorch.features.store import TypedInputs
 from neutronorch.nn.splice import HotRows
 from neutronorch.observe import Spans, StageTable
 from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.exact import HOST_SAMPLING_STAGES
 from neutronorch.orchestration.channel import Channel
-from neutronorch.orchestration.host_loader import HostLoader, TypedHostLoader
+from neutronorch.orchestration.host_loader import HostLoader
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.orchestration.neutronorch.batch import SplicedBatch
 from neutronorch.orchestration.neutronorch.cold_sampler import ColdSampler
@@ -98,15 +97,14 @@ class NeutronOrchMode:
     resumable = resumable_mid_epoch = True
 
     def __init__(self, graph: Graph | TypedGraph, sampling: SamplingConfig, config: NeutronOrchConfig, epochs: int,
-                 access: FeatureAccess | TypedInputs, spans: Spans, sampler_threads: int, host_threads: int,
+                 access: FeatureAccess, spans: Spans, sampler_threads: int, host_threads: int,
                  node: NodeLink | None = None, seeds: NodeSeeds | None = None, typed: TypedRun | None = None):
-        """On a typed graph ``access`` is its ``TypedInputs`` and ``typed`` the rest of what it needs."""
+        """On a typed graph ``access`` is its ``FeatureAccess.typed`` and ``typed`` the rest of what it needs."""
         self.graph, self.sampling, self.config = graph, sampling, config
         self.access, self.spans, self.typed = access, spans, typed
-        self.device = access.device if typed is None else typed.device
+        self.device = access.device
         on_cuda = self.device.type == "cuda"
-        self.store, self.placement, self.cache = (access.store, access.placement, access.cache) if typed is None \
-            else (None, None, None)
+        self.store, self.placement, self.cache = access.store, access.placement, access.cache
         self.sampler_threads, self.host_threads = sampler_threads, host_threads
         self.threads = {"sampler": sampler_threads, "host": host_threads}
         self.seeds = seeds if seeds is not None else NodeSeeds(graph, sampling)  # a link task's: LinkSeeds
@@ -125,9 +123,8 @@ class NeutronOrchMode:
         # there, or read from pinned host memory); otherwise on the host like exact mode.
         # A typed graph's rows are read on the host whichever device draws its mini-batches (``TypedRun``).
         on_device = typed is None and access.placement.topology != "host"
-        self.reader = DeviceReader(graph, access, spans) if on_device else None
-        self.loader = (TypedHostLoader(graph, access, self.device, spans) if typed is not None
-                       else HostLoader(access, spans) if self.reader is None else None)
+        self.reader = DeviceReader(graph, access, spans, sampling) if on_device else None
+        self.loader = HostLoader(access, spans) if self.reader is None else None
         self.model: torch.nn.Module | None = None
         # A typed graph's snapshots also hold the table rows its hot rows read, whose ids the host sends ahead.
         self.needs = Channel("needs") if typed is not None else None
@@ -144,7 +141,7 @@ class NeutronOrchMode:
         self.model, typed = model, self.typed
         self.bottom = model.bottom
         tables = tuple(getattr(model, "embeddings", ()))  # a typed model's embedding tables
-        producer = HotRowComputer(self.graph, self.access if typed else self.store, self.sampling, self.config,
+        producer = HotRowComputer(self.graph, self.access.inputs if typed else self.store, self.sampling, self.config,
                                   self.schedule, self.bottom, self.snapshots.channel, self.hot_table.channel,
                                   self.spans, self.device, self.host_threads, self.node,
                                   typed.fanouts if typed else None, self.needs, tables)
@@ -224,7 +221,7 @@ class NeutronOrchMode:
         if self.typed is not None:
             sampler = TypedNeighborSampler(self.graph, self.typed.fanouts)
             block = sampler.sample_bottom(ids, mix_key(self.sampling.seed, 0x9E37))
-            features, input_ids = self.access(block.src_ids, self.device)
+            features, input_ids = self.access.inputs(block.src_ids, self.device)
             block = block.to(self.device)
             return lambda: (block, self.model.input_rows(features, input_ids))
         sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees)
