@@ -15,7 +15,7 @@ from neutronorch.data.dtypes import bfloat16
 from neutronorch.data.native import load_native
 from neutronorch.data.synthetic_typed import synthetic_typed
 from neutronorch.data.typed import TYPED_FORMAT, Relation, TypedGraph
-from neutronorch.data.typed_native import is_typed_dir, read_typed, write_typed
+from neutronorch.data.native import is_typed_dir, read_typed, write_typed
 from neutronorch.errors import DataError
 
 BUYS = ("user", "buys", "item")
