@@ -383,7 +383,7 @@ def test_generator_labels_need_typed_paths():
 
 def test_pyg_round_trip():
     pytest.importorskip("torch_geometric")
-    from neutronorch.data.interop_typed import from_pyg_hetero, to_pyg_hetero
+    from neutronorch.data.interop import from_pyg_hetero, to_pyg_hetero
 
     graph = small()
     graph.labels[4] = 0

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from neutronorch.data.files import reads_files
 from neutronorch.data.graph import Graph
-from neutronorch.data.interop import from_dgl, from_pyg, to_dgl, to_pyg
-from neutronorch.data.interop_typed import from_dgl_hetero, from_pyg_hetero, to_dgl_hetero, to_pyg_hetero
+from neutronorch.data.interop import (from_dgl, from_dgl_hetero, from_pyg, from_pyg_hetero, to_dgl, to_dgl_hetero,
+                                      to_pyg, to_pyg_hetero)
 from neutronorch.data.native import (is_native_dir, is_typed_dir, load_native, read_typed, save_native, typed_refusal,
                                      write_typed)
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split

@@ -105,18 +105,21 @@ def read_pairs(path: Path, num_edges: int, expect: str, progress: Progress | Non
 
 def read_labels(path: Path, count: int, expect: str, progress: Progress | None = None) -> np.ndarray:
     """Class ids of ``count`` vertices (-1 for NaN: no label), or 0/1/-1 rows of a multi-label task."""
+    return class_labels(read_rows(path, count, np.float64, expect, progress), count, str(path))
+
+
+def read_rows(path: Path, count: int, dtype, expect: str, progress: Progress | None = None) -> np.ndarray:
+    """``count`` rows of ``path``, each as wide as its first line (``expect``: which file gives the count)."""
     width = _width(path)
-    values = _numbers(path, count * width, np.float64, progress, width=width, expect=expect)
-    return class_labels(values.reshape(count, width) if width > 1 else values, count, str(path))
+    return _numbers(path, count * width, dtype, progress, width=width, expect=expect).reshape(count, width)
 
 
 def read_node_features(raw: Path, edges: np.ndarray, num_nodes: int, progress: Progress | None = None) -> np.ndarray:
     """A float32 row per vertex: ``raw/node-feat.csv.gz``, else the mean of its edges' ``edge-feat.csv.gz``."""
     feature_path = raw / "node-feat.csv.gz"
     if feature_path.is_file():
-        dim = _width(feature_path)
-        return _numbers(feature_path, num_nodes * dim, np.float32, progress, width=dim,
-                        expect=f"{raw / 'num-node-list.csv.gz'} says {num_nodes} vertices").reshape(num_nodes, dim)
+        return read_rows(feature_path, num_nodes, np.float32, f"{raw / 'num-node-list.csv.gz'} says {num_nodes} "
+                         f"vertices", progress)
     if (raw / "edge-feat.csv.gz").is_file():
         return _edge_mean_features(raw / "edge-feat.csv.gz", edges, num_nodes, progress)
     raise DataError(f"{raw}: holds neither node-feat.csv.gz nor edge-feat.csv.gz; neutronorch needs node "
@@ -125,10 +128,9 @@ def read_node_features(raw: Path, edges: np.ndarray, num_nodes: int, progress: P
 
 def _edge_mean_features(path: Path, edges: np.ndarray, num_nodes: int, progress: Progress | None) -> np.ndarray:
     """Each vertex's mean over the features of the edges it touches (ogbn-proteins)."""
-    dim = _width(path)
-    edge_features = _numbers(path, edges.shape[0] * dim, np.float32, progress, width=dim,
-                             expect=f"{path.parent / 'num-edge-list.csv.gz'} says {edges.shape[0]} edges")
-    edge_features = edge_features.reshape(edges.shape[0], dim)
+    edge_features = read_rows(path, edges.shape[0], np.float32, f"{path.parent / 'num-edge-list.csv.gz'} says "
+                              f"{edges.shape[0]} edges", progress)
+    dim = edge_features.shape[1]
     count = np.maximum(np.bincount(edges.ravel(), minlength=num_nodes), 1)
     out = np.empty((num_nodes, dim), np.float32)
     for d in range(dim):  # a weighted count per column: one pass over the edges each (np.add.at is slow)
