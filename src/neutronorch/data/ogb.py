@@ -1,19 +1,10 @@
 """OGB node-property datasets from the directory the ``ogb`` package leaves on disk (``dataset/ogbn_arxiv``
-and the like); neither ``ogb`` nor a download is needed.
+and the like); neither ``ogb`` nor a download is needed. docs/datasets.md ("OGB directories") gives both
+layouts: CSV (ogbn-arxiv, -products, -proteins), parsed in blocks straight into the arrays (``textnum.py``: the
+text is never held whole), and binary (ogbn-papers100M: ``raw/data.npz``, ``raw/node-label.npz``).
 
-Two layouts:
-
-- **CSV** (ogbn-arxiv, ogbn-products, ogbn-proteins): ``raw/num-node-list.csv.gz``,
-  ``raw/num-edge-list.csv.gz``, ``raw/edge.csv.gz`` (one ``src,dst`` per line), ``raw/node-feat.csv.gz``
-  (a row per vertex), ``raw/node-label.csv.gz`` (a class id per vertex, or ogbn-proteins' 112 0/1 task
-  labels), ``split/<scheme>/{train,valid,test}.csv.gz`` (vertex ids). Parsed in blocks straight into the
-  arrays (``textnum.py``): the text is never held whole.
-- **Binary** (ogbn-papers100M): ``raw/data.npz`` (``edge_index``, ``node_feat``, ``num_nodes_list``) and
-  ``raw/node-label.npz`` (``node_label``, NaN for the vertices without a label), with the same split files.
-
-ogbn-proteins has no node features: a vertex's features are the mean of the 8 features of its edges (as
-OGB's own examples form them), and its metric is ROC-AUC over its 112 tasks; the others' is accuracy, as
-OGB's evaluator scores them. Edges are made undirected like every loader's (docs/datasets.md).
+ogbn-proteins has no node features: a vertex's are the mean of its edges' 8 features; its metric is ROC-AUC
+over its 112 tasks, the others' accuracy, as OGB's evaluator scores them. Edges are made undirected.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """OGB heterogeneous node-property datasets (ogbn-mag) as typed graphs, from the folder the ``ogb`` package
 leaves on disk (``dataset/ogbn_mag``); neither ``ogb`` nor a download is needed.
 
-The CSV layout, as OGB ships ogbn-mag (each file ``.csv.gz``, or plain ``.csv``)::
-
-    raw/num-node-dict.csv.gz                      a header row of type names, one row of their counts
-    raw/triplet-type-list.csv.gz                  (optional) one ``src,name,dst`` relation per line
-    raw/relations/<src>___<name>___<dst>/edge.csv.gz          one ``src,dst`` pair of local ids per line
-    raw/relations/<src>___<name>___<dst>/num-edge-list.csv.gz (optional) the edge count
-    raw/relations/<src>___<name>___<dst>/edge_reltype.csv.gz  (optional, not read)
-    raw/node-feat/<type>/node-feat.csv.gz         (only some types: in ogbn-mag, paper) a row per vertex
-    raw/node-feat/<type>/node_year.csv.gz         (optional, not read)
-    raw/nodetype-has-label.csv.gz                 (optional) a header row of types, one row of True/False
-    raw/node-label/<type>/node-label.csv.gz       the target type's labels: a class id per vertex (NaN: none)
-    split/<scheme>/<type>/{train,valid,test}.csv.gz           the target type's split (ogbn-mag: time/paper)
-
-The type with labels is the target (one only). Relations are kept one way, as OGB gives them (training adds
-the reverses); repeated edges are kept. The numbers are parsed in blocks by ``textnum.py``, as the
-homogeneous reader (``ogb.py``) parses them; the graph is validated with every array named by the file it
-came from. OGB's binary form (``raw/*.npz`` and a pickled ``split_dict.pt``) is not read.
+docs/heterogeneous.md ("Reading OGB's ogbn-mag layout") gives the layout and what is refused. The type with
+labels is the target (one only); relations are kept one way, as OGB gives them, repeated edges too; the numbers
+are parsed by the homogeneous reader's functions (``ogb.py``); the graph is validated with every array named by
+the file it came from. OGB's binary form (``raw/*.npz``, a pickled ``split_dict.pt``) is not read.
 """
 
 from __future__ import annotations
