@@ -1,5 +1,5 @@
 """Graph data: the ``Graph`` type, the native format, loaders for common formats, synthetic graphs; and
-typed graphs (``TypedGraph``: their own native layout, OGB's ogbn-mag layout, IGBH's and MAG240M's arrays
+typed graphs (``TypedGraph``: the native format's typed layout, OGB's ogbn-mag layout, IGBH's and MAG240M's arrays
 and a synthetic generator; ``neutronorch.train`` trains them, ``train/heterogeneous.py``).
 
 ``load_dataset(spec)`` is the single entry point that turns a user's dataset spec into a validated graph;

@@ -2,7 +2,7 @@
 say what to do, and writing a dataset folder whole or not at all (``write_folder``).
 
 ``open_npy`` is the one way a ``.npy`` array is opened (memory-mapped, never unpickled), by every loader
-and both native formats; ``present`` names a missing file with its role and fix.
+and the native reader; ``present`` names a missing file with its role and fix.
 
 A loader that catches ``OSError`` to report a truncated or damaged file must not tell a user whose file is
 merely unreadable to fetch it again: ``read_error`` words a permission problem as one. ``reads_files``

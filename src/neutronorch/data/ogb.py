@@ -17,10 +17,10 @@ from typing import Callable
 
 import numpy as np
 
-from neutronorch.data.arrays import class_labels
+from neutronorch.data.arrays import class_labels, feature_rows
 from neutronorch.data.checks import SPLITS
 from neutronorch.data.csc import edges_to_csc
-from neutronorch.data.dtypes import STORAGE_DTYPES, as_int64
+from neutronorch.data.dtypes import as_int64
 from neutronorch.data.files import holds_objects, read_error, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import stored_split
@@ -144,14 +144,10 @@ def _binary(raw: Path):
     if edge_index.ndim != 2 or edge_index.shape[0] != 2:
         raise DataError(f"{path}: edge_index has shape {edge_index.shape}, expected (2, num_edges). The file is "
                         f"damaged; fetch the dataset again.")
-    features = np.asarray(data["node_feat"])
-    if features.ndim != 2 or features.shape[0] != num_nodes:
+    features = feature_rows(data["node_feat"], f"{path}: node_feat")
+    if features.shape[0] != num_nodes:
         raise DataError(f"{path}: node_feat has shape {features.shape}, but num_nodes_list says {num_nodes} "
                         f"vertices (a row each). The file is damaged; fetch the dataset again.")
-    if features.dtype.kind not in "fiub":
-        raise DataError(f"{path}: node_feat has dtype {features.dtype}, expected numbers.")
-    if features.dtype.name not in STORAGE_DTYPES:
-        features = features.astype(np.float32)
     labels = _npz(raw / "node-label.npz", ("node_label",))["node_label"]
     return (edge_index[0], edge_index[1], features,
             class_labels(np.asarray(labels), num_nodes, str(raw / "node-label.npz")), num_nodes)
