@@ -307,7 +307,7 @@ def pyg_worker(args) -> None:
         import torch_geometric.typing as pyg_typing
         from torch_geometric.loader import NeighborLoader
 
-        from neutronorch.data.interop_typed import to_pyg_hetero
+        from neutronorch.data.interop import to_pyg_hetero
         from neutronorch.sampling.typed_sampler import typed_fanouts
     warnings.filterwarnings("ignore", message=".*without a 'pyg-lib' installation is deprecated.*")
 

@@ -116,7 +116,7 @@ def test_typed_inputs_read_each_featured_type_as_stored_for_every_dtype(tmp_path
 
     from neutronorch.data.dtypes import bfloat16
     from neutronorch.data.synthetic_typed import synthetic_typed
-    from neutronorch.data.typed_native import read_typed, write_typed
+    from neutronorch.data.native import read_typed, write_typed
     from neutronorch.features.store import TypedInputs
 
     rng = np.random.default_rng(2)

@@ -394,7 +394,7 @@ def test_auto_holding_every_row_still_shrinks_into_a_file_of_its_own(tmp_path, m
 
 def _typed_folder(tmp_path):
     from neutronorch.data.synthetic_typed import synthetic_typed
-    from neutronorch.data.typed_native import read_typed, write_typed
+    from neutronorch.data.native import read_typed, write_typed
 
     folder = tmp_path / "typed"
     if not folder.exists():

@@ -836,14 +836,12 @@ def test_a_run_killed_while_replacing_leaves_the_earlier_outputs_recoverable(dat
 
 
 def test_a_dataset_folder_that_cannot_be_swapped_in_stays_as_it_was(tmp_path, monkeypatch):
-    from neutronorch.data import native
-
     save_native(generate(SyntheticSpec(nodes=300, degree=5, features=8, classes=3)), tmp_path / "g")
     before = _digest(tmp_path)
     real = Path.replace
 
     def refused(self, target):
-        if native.temp_prefix(tmp_path / "g") in self.name:  # the new folder, renamed into place
+        if temp_prefix(tmp_path / "g") in self.name:  # the new folder, renamed into place
             raise OSError(errno.EIO, os.strerror(errno.EIO))
         return real(self, target)
 

@@ -15,7 +15,7 @@ from neutronorch.data.dtypes import bfloat16
 from neutronorch.data.native import load_native
 from neutronorch.data.synthetic_typed import synthetic_typed
 from neutronorch.data.typed import TYPED_FORMAT, Relation, TypedGraph
-from neutronorch.data.typed_native import is_typed_dir, read_typed, write_typed
+from neutronorch.data.native import is_typed_dir, read_typed, write_typed
 from neutronorch.errors import DataError
 
 BUYS = ("user", "buys", "item")
@@ -383,7 +383,7 @@ def test_generator_labels_need_typed_paths():
 
 def test_pyg_round_trip():
     pytest.importorskip("torch_geometric")
-    from neutronorch.data.interop_typed import from_pyg_hetero, to_pyg_hetero
+    from neutronorch.data.interop import from_pyg_hetero, to_pyg_hetero
 
     graph = small()
     graph.labels[4] = 0

@@ -23,7 +23,7 @@ from neutronorch.config_keys import load_config_file
 from neutronorch.data import (SyntheticSpec, TypedGraph, dataset_paths, generate, is_native_dir, is_typed_dataset,
                               load_dataset, load_typed_dataset, save_native, synthetic_typed, write_typed)
 from neutronorch.data.dtypes import BFLOAT16, narrowed
-from neutronorch.data.typed_native import is_typed_dir
+from neutronorch.data.native import is_typed_dir
 from neutronorch.environment import launcher_rank
 from neutronorch.errors import ConfigError, Interrupted, NeutronorchError
 
@@ -267,13 +267,12 @@ def _check_native_out(field: str, out: str, sources: list[Path], overwrite: bool
     """Before anything is read: the dataset folder ``out`` (``typed``: for a typed graph) can be written
     and holds none of the inputs. A dataset rewritten in place (``--overwrite``, to halve its features)
     reads its old files until the new ones replace them whole, so that one input may be ``out`` itself."""
-    from neutronorch.data.native import check_native_target
-    from neutronorch.data.typed_native import check_typed_target
+    from neutronorch.data.native import check_target
     from neutronorch.train.output_guard import check_creatable, check_distinct, check_name_lengths
 
     check_name_lengths(field, out, temporary=True)  # the folder is written under a temporary name beside it
     target = Path(out).expanduser().resolve()
-    (check_typed_target if typed else check_native_target)(target, overwrite)
+    check_target(target, overwrite, typed)
     is_dataset = is_typed_dir if typed else is_native_dir
     if not any(source.expanduser().resolve() == target and is_dataset(target) for source in sources):
         check_distinct({"SOURCE": sources}, {field: [target]}, replaces={field: target})

@@ -1,70 +1,55 @@
 """What ``neutronorch info`` prints: one JSON object per dataset, homogeneous or typed, with the same keys
 where they mean the same (name, nodes, edges, classes, the split sizes, device_gib, notes); a typed graph adds
 its target, its types and its relations, each relation with the in-degree and edge counts a homogeneous graph
-gives for its one edge set."""
+gives for its one edge set (read from its ``TypedGraph.of`` view)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
+from neutronorch.data import TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
 from neutronorch.data.csc import edge_hygiene
 
 
 def dataset_info(spec: str) -> dict:
-    """``info``'s object for the dataset ``spec`` names."""
-    if is_typed_dataset(spec):
-        return typed_info(load_typed_dataset(spec))
-    return graph_info(load_dataset(spec))
-
-
-def graph_info(graph: Graph) -> dict:
-    degrees = graph.in_degrees()
-    return {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
-            "feature_dim": graph.feature_dim, "feature_dtype": str(graph.features.dtype),
-            "classes": graph.num_classes, **_split_sizes(graph), "max_in_degree": int(degrees.max()),
-            "mean_in_degree": float(degrees.mean()),
-            # Loaders clean edge lists; a native directory is read as written, so say what it holds.
-            **edge_hygiene(graph.indptr, graph.indices),
-            # What placing it on a GPU takes (docs/gpu.md): CSC topology, and features as float32.
-            "device_gib": _device_gib([graph.indptr, graph.indices], graph.num_nodes * graph.feature_dim),
-            # A link dataset's supervision edges (an OGB link folder): the sets' sizes and negatives.
-            **({"links": graph.links.describe()} if graph.links is not None else {}),
-            "notes": graph.notes}
-
-
-def typed_info(graph: TypedGraph) -> dict:
-    """Per type its vertices and feature width (0 and no dtype: none); per relation its edges, edge feature
-    width, in-degrees and repeated edges, and within one type its self loops and one-way edges, counted in
-    the relation as stored (``edge_hygiene``)."""
-    types = {t: {"nodes": int(count), "feature_dim": graph.feature_dim(t),
-                 "feature_dtype": str(graph.features[t].dtype) if t in graph.features else None}
-             for t, count in graph.num_nodes.items()}
+    """``info``'s object for the dataset ``spec`` names. Per type its vertices and feature width (0 and no
+    dtype: none); per relation its edges, edge feature width, in-degrees and repeated edges, and within one
+    type its self loops and one-way edges, counted in the relation as stored (``edge_hygiene``: loaders clean
+    edge lists, a native folder is read as written)."""
+    typed = is_typed_dataset(spec)
+    graph = load_typed_dataset(spec) if typed else load_dataset(spec)
+    view = graph if typed else TypedGraph.of(graph)
+    types = {t: {"nodes": int(count), "feature_dim": view.feature_dim(t),
+                 "feature_dtype": str(view.features[t].dtype) if t in view.features else None}
+             for t, count in view.num_nodes.items()}
     relations = []
-    for (src, name, dst), relation in graph.relations.items():
+    for (src, name, dst), relation in view.relations.items():
         degrees = relation.in_degrees()
         relations.append({"src": src, "name": name, "dst": dst, "edges": relation.num_edges,
                           "edge_feature_dim": relation.edge_feature_dim,
                           "max_in_degree": int(degrees.max()) if degrees.size else 0,
                           "mean_in_degree": float(degrees.mean()) if degrees.size else 0.0,
                           **(edge_hygiene(relation.indptr, relation.indices) if src == dst
-                             else {"duplicate_edges": _repeated(relation, graph.num_nodes[src])})})
-    rows = sum(graph.num_nodes[t] * graph.feature_dim(t) for t in graph.features)
-    return {"name": graph.name, "nodes": sum(graph.num_nodes.values()), "edges": graph.num_edges,
-            "classes": graph.num_classes, **_split_sizes(graph), "target": graph.target, "node_types": types,
-            "relations": relations,
-            "device_gib": _device_gib([a for r in graph.relations.values() for a in (r.indptr, r.indices)], rows),
-            "metric": graph.metric, "notes": graph.notes}
-
-
-def _split_sizes(graph: Graph | TypedGraph) -> dict[str, int]:
-    return {"train": len(graph.train_idx), "val": len(graph.val_idx), "test": len(graph.test_idx)}
-
-
-def _device_gib(topology: list[np.ndarray], feature_values: int) -> dict[str, float]:
-    """What placing a graph on a GPU takes (docs/gpu.md): its CSC arrays, and its features as float32."""
-    return {"topology": round(sum(array.nbytes for array in topology) / 2**30, 4),
-            "features": round(feature_values * 4 / 2**30, 4)}
+                             else {"duplicate_edges": _repeated(relation, view.num_nodes[src])})})
+    info = {"name": graph.name, "nodes": sum(view.num_nodes.values()), "edges": view.num_edges}
+    if not typed:
+        info.update({key: types[view.target][key] for key in ("feature_dim", "feature_dtype")})
+    info.update({"classes": graph.num_classes, "train": len(graph.train_idx), "val": len(graph.val_idx),
+                 "test": len(graph.test_idx)})
+    if typed:
+        info.update({"target": graph.target, "node_types": types, "relations": relations})
+    else:
+        info.update({key: value for key, value in relations[0].items() if key not in ("src", "name", "dst", "edges",
+                                                                                       "edge_feature_dim")})
+    # What placing it on a GPU takes (docs/gpu.md): CSC topology, and features as float32.
+    topology = sum(a.nbytes for r in view.relations.values() for a in (r.indptr, r.indices))
+    features = sum(view.num_nodes[t] * view.feature_dim(t) for t in view.features)
+    info["device_gib"] = {"topology": round(topology / 2**30, 4), "features": round(features * 4 / 2**30, 4)}
+    if typed:
+        info["metric"] = graph.metric
+    elif graph.links is not None:  # a link dataset's supervision edges (an OGB link folder): sizes, negatives
+        info["links"] = graph.links.describe()
+    return {**info, "notes": graph.notes}
 
 
 def _repeated(relation, num_src: int) -> int:

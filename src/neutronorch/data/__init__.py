@@ -1,5 +1,5 @@
 """Graph data: the ``Graph`` type, the native format, loaders for common formats, synthetic graphs; and
-typed graphs (``TypedGraph``: their own native layout, OGB's ogbn-mag layout, IGBH's and MAG240M's arrays
+typed graphs (``TypedGraph``: the native format's typed layout, OGB's ogbn-mag layout, IGBH's and MAG240M's arrays
 and a synthetic generator; ``neutronorch.train`` trains them, ``train/heterogeneous.py``).
 
 ``load_dataset(spec)`` is the single entry point that turns a user's dataset spec into a validated graph;
@@ -12,14 +12,14 @@ from pathlib import Path
 
 from neutronorch.data.files import reads_files
 from neutronorch.data.graph import Graph
-from neutronorch.data.interop import from_dgl, from_pyg, to_dgl, to_pyg
-from neutronorch.data.interop_typed import from_dgl_hetero, from_pyg_hetero, to_dgl_hetero, to_pyg_hetero
-from neutronorch.data.native import is_native_dir, load_native, save_native, typed_refusal
+from neutronorch.data.interop import (from_dgl, from_dgl_hetero, from_pyg, from_pyg_hetero, to_dgl, to_dgl_hetero,
+                                      to_pyg, to_pyg_hetero)
+from neutronorch.data.native import (is_native_dir, is_typed_dir, load_native, read_typed, save_native, typed_refusal,
+                                     write_typed)
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
 from neutronorch.data.synthetic import SyntheticSpec, generate
 from neutronorch.data.synthetic_typed import synthetic_typed
 from neutronorch.data.typed import Relation, TypedGraph
-from neutronorch.data.typed_native import is_typed_dir, read_typed, write_typed
 from neutronorch.errors import DataError
 from neutronorch.limits import check_seed
 

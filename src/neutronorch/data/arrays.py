@@ -39,13 +39,7 @@ def graph_fields(src, dst, features, labels, splits: Mapping | Sequence | None =
     if num_classes is not None and (not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool)
                                     or num_classes < 0):
         raise DataError(f"{name}: num_classes is {num_classes!r}, expected a whole number >= 0.")
-    features = _array(features, "features")
-    if features.ndim != 2:
-        raise DataError(f"{name}: features must be a 2-D array (a row per vertex), got shape {features.shape}.")
-    if features.dtype.kind not in "fiub" and features.dtype.name not in STORAGE_DTYPES:
-        raise DataError(f"{name}: features have dtype {features.dtype}, expected real numbers.")
-    if features.dtype.name not in STORAGE_DTYPES:  # float32, float16 and bfloat16 are kept as they are
-        features = features.astype(np.float32)
+    features = feature_rows(features, f"{name}: features")
     if num_nodes is not None and (not isinstance(num_nodes, (int, np.integer)) or isinstance(num_nodes, bool)
                                   or num_nodes < 0):
         raise DataError(f"{name}: num_nodes is {num_nodes!r}, expected a whole number >= 0.")
@@ -82,6 +76,17 @@ def _array(value, what: str) -> np.ndarray:
         return np.asarray(value)
     except (TypeError, ValueError) as exc:
         raise DataError(f"{what}: cannot be read as an array ({exc}).") from None
+
+
+def feature_rows(value, what: str) -> np.ndarray:
+    """``value`` (an array or a tensor) as a feature row per vertex: float32, float16 and bfloat16 kept as they
+    are, other real numbers as float32; ``what`` names it in an error."""
+    features = _array(value, what)
+    if features.ndim != 2:
+        raise DataError(f"{what} must be a 2-D array (a row per vertex), got shape {features.shape}.")
+    if features.dtype.kind not in "fiub" and features.dtype.name not in STORAGE_DTYPES:
+        raise DataError(f"{what} have dtype {features.dtype}, expected real numbers.")
+    return features if features.dtype.name in STORAGE_DTYPES else features.astype(np.float32)
 
 
 def class_labels(labels: np.ndarray, n: int, name: str) -> np.ndarray:

@@ -20,7 +20,7 @@ from neutronorch.data.relation import Relation, node_array, relation_array, rela
 from neutronorch.data.splits import split_overlap
 from neutronorch.errors import DataError
 
-# Type and relation names become folder names on disk (typed_native.py); "___" joins a relation's three.
+# Type and relation names become folder names on disk (native.py); "___" joins a relation's three.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 SPLITS = ("train_idx", "val_idx", "test_idx")
 # Checks over arrays that may be larger than RAM run in chunks of this many elements.

@@ -17,7 +17,7 @@ from neutronorch.data.dtypes import as_int64
 from neutronorch.errors import DataError
 
 # Graphs with fewer vertices than this store neighbour ids as int32, halving the size of ``indices``.
-_INT32_LIMIT = np.iinfo(np.int32).max
+INT32_LIMIT = np.iinfo(np.int32).max
 _DEGREE_CHUNK = 1 << 24  # indices counted at a time by out_degrees (128 MiB as int64)
 
 
@@ -57,20 +57,26 @@ def edges_to_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, symmetric: bo
         np.multiply(src, num_nodes, out=keys[num_kept:])
         keys[num_kept:] += dst
     del src, dst
+    return csc_from_keys(keys, num_nodes, num_nodes, deduplicate=True)
+
+
+def csc_from_keys(keys: np.ndarray, num_src: int, num_dst: int, deduplicate: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(indptr, indices)`` of the edges whose int64 keys ``dst * num_src + src`` are ``keys`` (sorted here, in
+    place; sorted keys are CSC order): each column's sources ascending, a repeated edge kept once with
+    ``deduplicate``. ``indptr`` is int64; ``indices`` int32 when ``num_src`` fits, else int64."""
     keys.sort()
-    if keys.size:
+    if deduplicate and keys.size:
         first = np.empty(keys.shape[0], dtype=bool)
         first[0] = True
         np.not_equal(keys[1:], keys[:-1], out=first[1:])
         keys = keys[first]
         del first
-    destinations = keys // num_nodes
-    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
-    np.cumsum(np.bincount(destinations, minlength=num_nodes), out=indptr[1:])
-    destinations *= num_nodes
+    destinations = keys // max(num_src, 1)
+    indptr = np.zeros(num_dst + 1, dtype=np.int64)
+    np.cumsum(np.bincount(destinations, minlength=num_dst), out=indptr[1:])
+    destinations *= num_src
     keys -= destinations
-    index_dtype = np.int32 if num_nodes <= _INT32_LIMIT else np.int64
-    return indptr, keys.astype(index_dtype, copy=False)
+    return indptr, keys.astype(np.int32 if num_src <= INT32_LIMIT else np.int64, copy=False)
 
 
 def out_degrees(indices: np.ndarray, num_nodes: int) -> np.ndarray:

@@ -1,8 +1,8 @@
-"""Opening a dataset's files, and turning the operating system's refusals to read one into ``DataError``s
-that say what to do.
+"""Opening a dataset's files, turning the operating system's refusals to read one into ``DataError``s that
+say what to do, and writing a dataset folder whole or not at all (``write_folder``).
 
 ``open_npy`` is the one way a ``.npy`` array is opened (memory-mapped, never unpickled), by every loader
-and both native formats; ``present`` names a missing file with its role and fix.
+and the native reader; ``present`` names a missing file with its role and fix.
 
 A loader that catches ``OSError`` to report a truncated or damaged file must not tell a user whose file is
 merely unreadable to fetch it again: ``read_error`` words a permission problem as one. ``reads_files``
@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
+import stat
+import tempfile
+import uuid
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
+from neutronorch.atomic import make_folder, remove_made, sweep_stale, temp_prefix, write_error
 from neutronorch.errors import DataError, not_a_file
 
 REFETCH = "The dataset is incomplete or damaged; fetch it again."
@@ -77,3 +83,55 @@ def open_npy(path: Path, what: str, fix: str = REFETCH, mmap: bool = True) -> np
                             f"numbers. {fix}") from None
         raise DataError(f"{path}: cannot be read as a .npy array ({type(exc).__name__}: {exc}); the file is "
                         f"truncated or not a .npy file. {fix}") from None
+
+
+def write_folder(target: Path, fill: Callable[[Path], None]) -> Path:
+    """Call ``fill`` on a new folder beside ``target`` and move that folder into place, replacing
+    ``target`` (which the caller has checked may be replaced). A failed write leaves what was there before,
+    and arrays memory-mapped from ``target`` itself stay readable while the new ones are written."""
+    existed, made = target.exists(), []
+    try:
+        made = make_folder(target.parent)  # removed again if the write fails
+        sweep_stale(target)  # what a killed writer left beside it
+        partial = _new_folder(target.parent, temp_prefix(target))
+    except OSError as exc:
+        remove_made(made)
+        raise write_error(target, exc, existed) from exc
+    try:
+        if target.is_dir():  # a folder that was there (empty, or a dataset replaced) keeps its permissions
+            os.chmod(partial, stat.S_IMODE(target.stat().st_mode))
+        fill(partial)
+        if target.exists():
+            # Not a temporary name of the sweep's: between the two renames it holds the only copy.
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            target.replace(old / target.name)
+            try:
+                partial.replace(target)
+            except BaseException:
+                (old / target.name).replace(target)  # what was there goes back
+                old.rmdir()
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            partial.replace(target)
+    except OSError as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        remove_made(made)
+        raise write_error(target, exc, existed) from exc
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        remove_made(made)
+        raise
+    return target
+
+
+def _new_folder(parent: Path, prefix: str) -> Path:
+    """A new empty folder named ``prefix`` + random letters, with the permissions a plain ``mkdir`` gives
+    (``tempfile.mkdtemp`` would make it private, 0700, and the dataset with it)."""
+    while True:
+        path = parent / f"{prefix}{uuid.uuid4().hex[:12]}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue

@@ -1,34 +1,12 @@
-"""IGBH (the Illinois Graph Benchmark's heterogeneous graphs: tiny, small, medium, large, full; full is MLPerf
-Training's GNN benchmark) as a typed graph, from the arrays IGB ships; neither ``igb``, DGL nor a download is
-needed.
+"""IGBH (the Illinois Graph Benchmark's heterogeneous graphs, tiny to full; full is MLPerf Training's GNN
+benchmark) as a typed graph, from the arrays IGB ships; neither ``igb``, DGL nor a download is needed.
 
-The layout and its meaning follow IGB's loader (IllinoisGraphBenchmark/IGB-Datasets ``igb/dataloader.py``:
-``IGBHeteroDGLDataset`` for tiny/small/medium, ``IGBHeteroDGLDatasetMassive`` for large/full) and MLPerf's
-(mlcommons/training ``retired_benchmarks/rgat/dataset.py``: ``IGBHeteroDataset``, with ``split_seeds.py``)::
-
-    <root>/<size>/processed/
-      paper/node_feat.npy                     (papers, 1024) float32; the papers' count
-      paper/node_label_19.npy, node_label_2K.npy   a class per paper (float32): 19 or 2983 classes
-      author/, institute/, fos/node_feat.npy  (count, 1024) float32; journal/, conference/ in large and full
-      paper__cites__paper/edge_index.npy      (E, 2) int64: a src,dst pair per row (paper -> paper)
-      paper__written_by__author/edge_index.npy         paper, author
-      author__affiliated_to__institute/edge_index.npy  author, institute
-      paper__topic__fos/edge_index.npy                 paper, fos
-      paper__published__journal/, paper__venue__conference/edge_index.npy   (large and full)
-      train_idx.pt, val_idx.pt                (optional) MLPerf's split, written by its split_seeds.py
-
-In large and full, paper's and author's ``node_feat.npy`` and the label files are raw float32 bytes without
-a ``.npy`` header (IGB's loaders open them with ``np.memmap``, 1024 wide); each file's first bytes say
-which it is, and the raw ones' row counts are checked against the loaders' constants. Full's labelled papers
-are its first 227,130,858 (19 classes) or 157,675,969 (2983), as both loaders count them; the rest get -1.
-
-The split: MLPerf's ``train_idx.pt`` and ``val_idx.pt`` when they are there (``split="auto"``, or
-``"mlperf"``), the test set then being the labelled papers in neither (MLPerf defines none: its target is
-validation accuracy); else IGB's rule (``"random"``): 60% of the labelled papers for training, 20% for
-validation and the rest for testing, in a random order. IGB draws that order with an unseeded
-``torch.randperm``, so its exact split cannot be redrawn; here ``seed`` draws it, the same every time.
-Relations are kept one way as stored (training adds the reverses); repeated edges are kept. Every array is
-memory-mapped; each relation's CSC is built a chunk at a time (``typed_arrays.py``).
+docs/heterogeneous.md ("Reading IGBH's arrays") gives the layout, what each file means (after IGB's and
+MLPerf's loaders), the split rules and what is refused. Key contracts: large and full's headerless float32
+files are told apart by their first bytes and their row counts checked against the loaders' constants
+(``RAW_COUNTS``); full's labelled papers are its first ``FULL_LABELLED``; relations are kept one way as
+stored, repeated edges too; every array is memory-mapped and each relation's CSC built a chunk at a time
+(``typed_arrays.py``).
 """
 
 from __future__ import annotations

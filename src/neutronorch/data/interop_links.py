@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from neutronorch.data.arrays import _array
+from neutronorch.data.arrays import _array, feature_rows
 from neutronorch.data.csc import edges_to_csc
-from neutronorch.data.dtypes import STORAGE_DTYPES, as_int64
+from neutronorch.data.dtypes import as_int64
 from neutronorch.data.graph import Graph
 from neutronorch.data.interop import _edges, _require
 from neutronorch.data.link_checks import check_stored_links
@@ -83,7 +83,7 @@ def from_pyg_link(train_data, val_data, test_data, name: str = "pyg") -> Graph:
         clashes = count_positive_negatives(split, part, num_nodes)
         if clashes:  # scored as given, as PyG's evaluation would
             notes.append(f"{clashes:,} of {name}'s {part} negatives are also {part} positives (kept)")
-    graph = Graph(name=name, indptr=indptr, indices=indices, features=_features(train_data.x, name),
+    graph = Graph(name=name, indptr=indptr, indices=indices, features=feature_rows(train_data.x, f"{name}: train_data.x"),
                   labels=np.full(num_nodes, -1, np.int64), train_idx=np.empty(0, np.int64),
                   val_idx=np.empty(0, np.int64), test_idx=np.empty(0, np.int64), num_classes=0, notes=notes,
                   links=split)
@@ -181,15 +181,6 @@ def _pairs(value, what: str) -> np.ndarray:
         raise DataError(f"{what} has shape {tuple(pairs.shape)}, expected (2, E): a row of sources over a row "
                         f"of targets.")
     return np.ascontiguousarray(pairs)
-
-
-def _features(x, name: str) -> np.ndarray:
-    features = _array(x, f"{name}: train_data.x")
-    if features.ndim != 2 or (features.dtype.kind not in "fiub" and features.dtype.name not in STORAGE_DTYPES):
-        raise DataError(f"{name}: train_data.x has shape {tuple(features.shape)} and dtype {features.dtype}; "
-                        f"expected a row of real numbers per vertex.")
-    # float32, float16 and bfloat16 are kept as they are, as from_pyg keeps them
-    return features if features.dtype.name in STORAGE_DTYPES else features.astype(np.float32)
 
 
 def _direction(split: LinkSplit, indptr: np.ndarray, indices: np.ndarray) -> tuple[bool, str]:

@@ -1,27 +1,10 @@
-"""OGB-LSC's MAG240M (``mag240m_kddcup2021``) as a typed graph, from the folder the ``ogb`` package leaves
-(``dataset/mag240m_kddcup2021``); neither ``ogb`` nor a download is needed, torch only for the two ``.pt``
-files.
+"""OGB-LSC's MAG240M (``mag240m_kddcup2021``) as a typed graph, from the folder the ``ogb`` package leaves;
+neither ``ogb`` nor a download is needed, torch only for the two ``.pt`` files.
 
-The layout and its meaning follow ``ogb/lsc/mag240m.py`` (snap-stanford/ogb: ``MAG240MDataset``, its
-``to_pyg_hetero_data``; ``ogb/lsc/utils.py``'s ``split_test``)::
-
-    mag240m_kddcup2021/
-      meta.pt                     a dict: the counts of paper, author, institution; num_classes (153)
-      split_dict.pt               a dict of paper ids: train, valid, and test (or test-whole, test-dev and
-                                  test-challenge, which split_test derives from test)
-      processed/paper/node_feat.npy        (papers, 768) float16
-      processed/paper/node_label.npy       a class per paper as a float, NaN where there is none
-      processed/paper/node_year.npy        not read
-      processed/author___writes___paper/edge_index.npy              (2, E) int64: sources, destinations
-      processed/author___affiliated_with___institution/edge_index.npy
-      processed/paper___cites___paper/edge_index.npy
-
-Authors and institutions have no features (a model gives them embedding tables). The test papers' labels are
-hidden (NaN: OGB's leaderboard scores test-dev and test-challenge predictions), so, as OGB's examples report
-their validation accuracy, the test split here is the validation split and a note says so; the hidden test
-ids are not a split. Relations are kept one way as OGB stores them (training adds the reverses, as
-``to_pyg_hetero_data`` does); repeated edges are kept. Every array is memory-mapped; each relation's CSC is
-built a chunk at a time (``typed_arrays.py``).
+docs/heterogeneous.md ("Reading MAG240M's arrays") gives the layout (after ``ogb/lsc/mag240m.py``) and what is
+refused. Key contracts: the test papers' labels are hidden, so the test split is the validation split (a note
+says so); authors and institutions have no features; relations are kept one way as OGB stores them, repeated
+edges too; every array is memory-mapped and each relation's CSC built a chunk at a time (``typed_arrays.py``).
 """
 
 from __future__ import annotations

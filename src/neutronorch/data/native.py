@@ -1,79 +1,147 @@
-"""The native on-disk format: one directory of ``.npy`` arrays plus ``meta.json``.
+"""The native on-disk format: one folder of ``.npy`` arrays plus ``meta.json``, for a homogeneous graph and a
+typed one alike. Arrays are opened as memory maps (a graph larger than RAM opens; nothing here loads a whole
+array eagerly), and a folder is written whole or not at all, ``meta.json`` last (``files.write_folder``).
 
-Arrays are opened as memory maps, so a graph larger than RAM can be opened and only the rows a
-mini-batch touches are read. This module must never load a whole array eagerly.
+The typed layout (``"format": "neutronorch-typed"``, ``format_version`` 1)::
 
-Layout (``format_version`` 1)::
+    meta.json        format, format_version, name, node_types, relations, target, num_classes[, notes, metric]
+                     node_types: [{name, count, feature_dim[, feature_dtype]}], in the graph's type order
+                     relations: [{src, name, dst, num_edges, edge_feature_dim[, edge_feature_dtype]}]
+    nodes/<type>/features.npy         float32/float16, count x feature_dim (bfloat16: its uint16 bits, with
+                                      feature_dtype "bfloat16"); none for a type without features
+    nodes/<target>/labels.npy         int64 per vertex (-1: none), or int8 rows of 0/1/-1 (multi-label)
+    nodes/<target>/train_idx.npy, val_idx.npy, test_idx.npy     int64 local ids of the target type
+    relations/<src>___<name>___<dst>/indptr.npy          int64, count(dst)+1: the CSC over the destination
+    relations/<src>___<name>___<dst>/indices.npy         int32/int64 local ids of the source type
+    relations/<src>___<name>___<dst>/edge_features.npy   edges x edge_feature_dim (only when there are any)
+
+A homogeneous graph is its one-type case (``TypedGraph.of``), stored flat, and read by the same reader as the
+typed ``meta.json`` it stands for (``_as_typed``)::
 
     meta.json      name, num_nodes, num_edges, feature_dim, num_classes, format_version[, notes, metric,
                    feature_dtype]
-    indptr.npy     int32/int64, num_nodes+1   CSC offsets
-    indices.npy    int32/int64, num_edges     in-neighbour ids
-    features.npy   float32/float16, num_nodes x feature_dim; or bfloat16 stored as its uint16 bits, with
-                   "feature_dtype": "bfloat16" in meta.json (numpy has no bfloat16 of its own)
-    labels.npy     int64, num_nodes (-1: no label); or int8, num_nodes x num_classes (multi-label, -1: unknown)
-    train_idx.npy, val_idx.npy, test_idx.npy   int64 vertex ids
+    indptr.npy, indices.npy (int32/int64), features.npy, labels.npy, train_idx.npy, val_idx.npy, test_idx.npy
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import stat
-import tempfile
-import uuid
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
-from neutronorch.atomic import make_folder, remove_made, reserve, sweep_stale, temp_prefix, write_error
-from neutronorch.data.checks import METRICS
+from neutronorch.atomic import reserve
+from neutronorch.data.checks import METRICS, SPLITS
 from neutronorch.data.dtypes import BFLOAT16, bfloat16, is_bfloat16
-from neutronorch.data.files import open_npy, read_error, reads_files
+from neutronorch.data.files import open_npy, read_error, reads_files, write_folder
 from neutronorch.data.graph import ARRAYS, Graph
-from neutronorch.data.typed import TYPED_FORMAT
-from neutronorch.errors import DataError
+from neutronorch.data.relation import Relation, RelationType, node_array, relation_array, relation_label
+from neutronorch.data.typed import EDGE, TYPED_FORMAT, VERTEX, TypedGraph
+from neutronorch.errors import DataError, OutputError
+from neutronorch.limits import name_bytes, name_max, shown
 
 FORMAT_VERSION = 1
 META_KEYS = ("name", "num_nodes", "num_edges", "feature_dim", "num_classes", "format_version")
 OPTIONAL_KEYS = ("notes", "metric", "feature_dtype")
-REWRITE = "Write the dataset again with `neutronorch convert` (or `generate`)."
+TYPED_KEYS = ("format", "format_version", "name", "node_types", "relations", "target", "num_classes")
+# The fields of one entry of meta.json's node_types and relations, with their types (int: a count >= 0).
+_NODE_FIELDS = {"name": str, "count": int, "feature_dim": int}
+_RELATION_FIELDS = {"src": str, "name": str, "dst": str, "num_edges": int, "edge_feature_dim": int}
+# A flat folder's arrays under the keys of the typed layout they stand for.
+_FLAT = {node_array(VERTEX, name): name for name in ("features", "labels", *SPLITS)}
+_FLAT.update({relation_array(EDGE, name): name for name in ("indptr", "indices")})
 
 
 def is_native_dir(path: Path) -> bool:
     return path.is_dir() and (path / "meta.json").is_file()
 
 
+def is_typed_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder holding a typed graph (its meta.json names the typed format)."""
+    try:
+        return json.loads((Path(path) / "meta.json").read_text()).get("format") == TYPED_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 @reads_files
 def load_native(directory: str | os.PathLike, mmap: bool = True, validate: bool = True) -> Graph:
-    """Open a native dataset directory; arrays are memory-mapped unless ``mmap`` is False."""
+    """Open a homogeneous dataset folder; arrays are memory-mapped unless ``mmap`` is False."""
     directory = Path(directory)
     meta_path = directory / "meta.json"
-    meta = read_meta(meta_path)
-    arrays = {name: open_npy(directory / f"{name}.npy", f"the graph's {name}", REWRITE, mmap) for name in ARRAYS}
-    arrays["features"] = as_stored(arrays["features"], meta.get("feature_dtype"), directory / "features.npy")
-    if arrays["labels"].ndim == 1 and meta["num_classes"] > max(2, arrays["labels"].shape[0]):
-        # A class per vertex at most: anything beyond is a damaged count, and the model's output layer
-        # (num_classes wide) would be allocated from it.
-        top = int(np.max(arrays["labels"])) if arrays["labels"].size else -1
-        raise DataError(f"{meta_path}: num_classes is {meta['num_classes']}, more than the "
-                        f"{arrays['labels'].shape[0]} labels can carry (they use classes 0..{top}). Set it to "
-                        f"{max(top + 1, 2)}, or convert the data again.")
-    graph = Graph(name=meta["name"], num_classes=int(meta["num_classes"]),
-                  notes=list(meta.get("notes", [])), metric=meta.get("metric"), **arrays)
-    expected = {"num_nodes": graph.num_nodes, "num_edges": graph.num_edges}
-    if graph.features.ndim == 2:
-        expected["feature_dim"] = graph.feature_dim
-    for key, actual in expected.items():
-        if int(meta[key]) != actual:
-            raise DataError(f"{directory}: meta.json says {key}={meta[key]} but the arrays hold {actual}. "
-                            f"One of the files is truncated or from another graph; convert the data again.")
+    graph = _read(directory, _as_typed(read_meta(meta_path)), mmap, {}, flat=True).as_graph()
     if validate:
         files = {name: str(directory / f"{name}.npy") for name in ARRAYS}
         graph.validate(str(directory), {**files, "num_classes": str(meta_path), "metric": str(meta_path)})
     return graph
+
+
+@reads_files
+def read_typed(folder: str | os.PathLike, mmap: bool = True, validate: bool = True) -> TypedGraph:
+    """Open a typed graph written by ``write_typed``; arrays are memory-mapped unless ``mmap`` is False."""
+    directory = Path(folder)
+    meta_path = directory / "meta.json"
+    meta = read_meta(meta_path, TYPED_KEYS, ("notes", "metric"), ("num_classes",), "write_typed")
+    _check_meta(meta, meta_path)
+    _check_unlisted(directory, meta)
+    files: dict[str, str] = {}
+    graph = _read(directory, meta, mmap, files)
+    if validate:
+        graph.validate(str(directory), files)
+    return graph
+
+
+def _as_typed(meta: dict) -> dict:
+    """A flat (homogeneous) ``meta.json`` as the typed one of its one type and one relation."""
+    node = {"name": VERTEX, "count": meta["num_nodes"], "feature_dim": meta["feature_dim"]}
+    return {**meta, "target": VERTEX, "node_types": [{**node, "feature_dtype": meta.get("feature_dtype")}],
+            "relations": [{"src": VERTEX, "name": EDGE[1], "dst": VERTEX, "num_edges": meta["num_edges"],
+                           "edge_feature_dim": 0}]}
+
+
+def _read(directory: Path, meta: dict, mmap: bool, files: dict[str, str], flat: bool = False) -> TypedGraph:
+    """The graph of a checked typed ``meta`` (``flat``: one ``_as_typed`` made, its arrays under flat names),
+    its arrays opened, each of the shape meta.json gives it; ``files`` gets the file of each array key."""
+    def open_array(key: str, shape: tuple | None = None, dtype_name: str | None = None) -> np.ndarray:
+        """The array ``key``, of ``shape`` where meta.json gives one (else a truncated or foreign file)."""
+        path = directory / f"{_FLAT[key] if flat else key}.npy"
+        files[key] = str(path)
+        array = open_npy(path, f"the graph's {_FLAT[key]}" if flat else "an array meta.json lists",
+                         "Write the dataset again with `neutronorch convert` (or `generate`)." if flat else
+                         "The folder is damaged: write it again with write_typed.", mmap)
+        if shape is not None and array.shape != shape:
+            raise DataError(f"{path}: holds shape {array.shape}, but meta.json says {shape}. The file is truncated "
+                            f"or from another graph; write the graph again.")
+        if dtype_name == BFLOAT16 and array.dtype == np.uint16:
+            return array.view(bfloat16())
+        if dtype_name is not None and array.dtype.name != dtype_name:
+            raise DataError(f"{path}: meta.json's feature_dtype is {dtype_name!r}, but the file holds {array.dtype}. "
+                            f"Write the dataset again.")
+        return array
+
+    num_nodes = {entry["name"]: entry["count"] for entry in meta["node_types"]}
+    relations: dict[RelationType, Relation] = {}
+    for entry in meta["relations"]:
+        key, edges = (entry["src"], entry["name"], entry["dst"]), entry["num_edges"]
+        edge_features = (open_array(relation_array(key, "edge_features"), (edges, entry["edge_feature_dim"]),
+                                    entry.get("edge_feature_dtype")) if entry["edge_feature_dim"] else None)
+        relations[key] = Relation(open_array(relation_array(key, "indptr"), (num_nodes[key[2]] + 1,)),
+                                  open_array(relation_array(key, "indices"), (edges,)), edge_features)
+    features = {entry["name"]: open_array(node_array(entry["name"], "features"),
+                                          (entry["count"], entry["feature_dim"]), entry.get("feature_dtype"))
+                for entry in meta["node_types"] if entry["feature_dim"] or flat}
+    target, labels, classes = meta["target"], open_array(node_array(meta["target"], "labels")), meta["num_classes"]
+    if labels.ndim == 1 and classes > max(2, labels.shape[0]):
+        # A class per vertex at most: anything beyond is a damaged count, and the model's output layer
+        # (num_classes wide) would be allocated from it.
+        top = int(np.max(labels)) if labels.size else -1
+        raise DataError(f"{directory / 'meta.json'}: num_classes is {classes}, more than the {labels.shape[0]} "
+                        f"labels can carry (they use classes 0..{top}). Set it to {max(top + 1, 2)}, or convert "
+                        f"the data again.")
+    return TypedGraph(name=meta["name"], num_nodes=num_nodes, relations=relations, features=features,
+                      target=target, labels=labels, **{split: open_array(node_array(target, split)) for split in SPLITS},
+                      num_classes=classes, notes=list(meta.get("notes", [])), metric=meta.get("metric"))
 
 
 def read_meta(meta_path: Path, keys: tuple[str, ...] = META_KEYS, optional: tuple[str, ...] = OPTIONAL_KEYS,
@@ -125,17 +193,6 @@ def read_meta(meta_path: Path, keys: tuple[str, ...] = META_KEYS, optional: tupl
     return meta
 
 
-def as_stored(array: np.ndarray, dtype_name: str | None, path: Path) -> np.ndarray:
-    """An array as meta.json says it is stored (``dtype_name``; None: as it is): bfloat16 from its uint16 bits,
-    the others as they are."""
-    if dtype_name == BFLOAT16 and array.dtype == np.uint16:
-        return array.view(bfloat16())
-    if dtype_name is not None and array.dtype.name != dtype_name:
-        raise DataError(f"{path}: meta.json's feature_dtype is {dtype_name!r}, but the file holds {array.dtype}. "
-                        f"Write the dataset again.")
-    return array
-
-
 def typed_refusal(path) -> str:
     """Why a homogeneous reader refuses the typed graph at ``path``, and what reads it."""
     return (f"{path}: holds a typed graph (several vertex and relation types), which the commands read "
@@ -153,122 +210,77 @@ def check_meta_value(value, kind: type, what: str, meta_path: Path) -> None:
 
 
 def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Write ``graph`` to ``directory``; features keep their dtype.
+    """Write ``graph`` to ``directory`` (the flat layout); features keep their dtype.
 
-    ``directory`` must not exist or be empty, unless ``overwrite`` (then it must hold a native dataset,
-    which is replaced). The arrays are written into a temporary folder beside it and moved into place at
-    the end, so a failed write leaves what was there before, and a graph memory-mapped from ``directory``
-    itself can be written back over it (its old files stay readable until the swap)."""
+    ``directory`` must not exist or be empty, unless ``overwrite`` (then it must hold a native dataset, which
+    is replaced; a graph memory-mapped from ``directory`` itself may be written back over it)."""
     target = Path(directory)
     if graph.links is not None:  # it would be written without them, and read back as a graph with no task
         raise DataError(f"{graph.name}: the native format does not store a link split yet; train from the "
                         f"dataset it was read from (an OGB link-prediction folder loads directly).")
-    check_native_target(target, overwrite)
-    return write_folder(target, lambda folder: _write_arrays(graph, folder))
-
-
-def write_folder(target: Path, fill: Callable[[Path], None]) -> Path:
-    """Call ``fill`` on a new folder beside ``target`` and move that folder into place, replacing
-    ``target`` (which the caller has checked may be replaced). A failed write leaves what was there before,
-    and arrays memory-mapped from ``target`` itself stay readable while the new ones are written."""
-    existed, made = target.exists(), []
-    try:
-        made = make_folder(target.parent)  # removed again if the write fails
-        sweep_stale(target)  # what a killed writer left beside it
-        partial = _new_folder(target.parent, temp_prefix(target))
-    except OSError as exc:
-        remove_made(made)
-        raise write_error(target, exc, existed) from exc
-    try:
-        if target.is_dir():  # a folder that was there (empty, or a dataset replaced) keeps its permissions
-            os.chmod(partial, stat.S_IMODE(target.stat().st_mode))
-        fill(partial)
-        if target.exists():
-            # Not a temporary name of the sweep's: between the two renames it holds the only copy.
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-            target.replace(old / target.name)
-            try:
-                partial.replace(target)
-            except BaseException:
-                (old / target.name).replace(target)  # what was there goes back
-                old.rmdir()
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            partial.replace(target)
-    except OSError as exc:
-        shutil.rmtree(partial, ignore_errors=True)
-        remove_made(made)
-        raise write_error(target, exc, existed) from exc
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        remove_made(made)
-        raise
-    return target
-
-
-def check_native_target(target: Path, overwrite: bool) -> None:
-    """``save_native`` may write ``target``: a new or empty folder, or with ``overwrite`` a native dataset
-    holding nothing else (replacing the folder replaces all it holds)."""
-    check_dataset_folder(target, overwrite, "native", is_native_dir(target),
-                         {"meta.json", *(f"{name}.npy" for name in ARRAYS)})
-
-
-def check_dataset_folder(target: Path, overwrite: bool, kind: str, is_dataset: bool, own: set[str]) -> None:
-    """A ``kind`` dataset may be written to ``target``: a new or empty folder, or with ``overwrite`` a
-    ``kind`` dataset (``is_dataset``) holding nothing but its ``own`` entries (replacing the folder replaces
-    all it holds)."""
-    if target.exists() and not target.is_dir():
-        raise DataError(f"{target}: exists and is a file; the {kind} format is a folder. Choose another path.")
-    replace = target.is_dir() and any(target.iterdir())
-    if replace and not overwrite:
-        raise DataError(f"{target}: exists and is not empty. Choose a new folder, or pass --overwrite to "
-                        f"replace the dataset in it.")
-    if replace and not is_dataset:
-        raise DataError(f"{target}: holds files but no {kind} dataset (no meta.json of one); refusing to "
-                        f"replace it. Choose a new folder.")
-    if replace:
-        others = sorted(p.name for p in target.iterdir() if p.name not in own)
-        if others:
-            raise DataError(f"{target}: holds {', '.join(others[:5])}{' ...' if len(others) > 5 else ''} besides "
-                            f"the dataset; replacing the folder would delete them. Move them out first, or "
-                            f"choose a new folder.")
-
-
-def _new_folder(parent: Path, prefix: str) -> Path:
-    """A new empty folder named ``prefix`` + random letters, with the permissions a plain ``mkdir`` gives
-    (``tempfile.mkdtemp`` would make it private, 0700, and the dataset with it)."""
-    while True:
-        path = parent / f"{prefix}{uuid.uuid4().hex[:12]}"
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            continue
-
-
-def _write_arrays(graph: Graph, directory: Path) -> None:
-    for name in ARRAYS:
-        arr = getattr(graph, name)
-        if name == "labels" and arr.ndim == 2:
-            arr = np.asarray(arr, dtype=np.int8)  # 0/1 or -1 per task
-        elif name in ("labels", "train_idx", "val_idx", "test_idx"):
-            arr = np.asarray(arr, dtype=np.int64)
-        save_array(directory / f"{name}.npy", arr)
-    meta = {
-        "name": graph.name,
-        "num_nodes": graph.num_nodes,
-        "num_edges": graph.num_edges,
-        "feature_dim": graph.feature_dim,
-        "num_classes": int(graph.num_classes),
-        "format_version": FORMAT_VERSION,
-        "notes": list(graph.notes),
-    }
+    check_target(target, overwrite)
+    arrays = {name: getattr(graph, name) for name in ARRAYS}
+    arrays["labels"] = _stored_labels(graph.labels)
+    arrays.update({split: np.asarray(arrays[split], dtype=np.int64) for split in SPLITS})
+    meta = {"name": graph.name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
+            "feature_dim": graph.feature_dim, "num_classes": int(graph.num_classes),
+            "format_version": FORMAT_VERSION, "notes": list(graph.notes)}
     if graph.metric:
         meta["metric"] = graph.metric
     if is_bfloat16(graph.features):
         meta["feature_dtype"] = BFLOAT16
-    (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return _write(target, arrays, meta)
+
+
+def write_typed(graph: TypedGraph, folder: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Write ``graph`` (validated first) to ``folder``; arrays keep their dtypes.
+
+    ``folder`` must not exist or be empty, unless ``overwrite`` (then it must hold a typed graph and nothing
+    else, which is replaced; a graph memory-mapped from ``folder`` itself may be written back over it). Every
+    refusal comes before anything is written."""
+    target = Path(folder)
+    graph.validate()
+    check_target(target, overwrite, typed=True)
+    _check_names(graph, target)
+    arrays, node_types, relations = {}, [], []
+    for node_type, count in graph.num_nodes.items():
+        node_types.append({"name": node_type, "count": int(count), "feature_dim": graph.feature_dim(node_type)})
+        if (features := graph.features.get(node_type)) is not None:
+            node_types[-1]["feature_dtype"] = features.dtype.name
+            arrays[node_array(node_type, "features")] = features
+    arrays[node_array(graph.target, "labels")] = _stored_labels(graph.labels)
+    for split in SPLITS:
+        arrays[node_array(graph.target, split)] = np.asarray(getattr(graph, split), dtype=np.int64)
+    for key, relation in graph.relations.items():
+        relations.append({"src": key[0], "name": key[1], "dst": key[2], "num_edges": relation.num_edges,
+                          "edge_feature_dim": relation.edge_feature_dim})
+        arrays[relation_array(key, "indptr")] = relation.indptr.astype(np.int64, copy=False)
+        arrays[relation_array(key, "indices")] = relation.indices
+        if relation.edge_features is not None:
+            relations[-1]["edge_feature_dtype"] = relation.edge_features.dtype.name
+            arrays[relation_array(key, "edge_features")] = relation.edge_features
+    meta = {"format": TYPED_FORMAT, "format_version": FORMAT_VERSION, "name": graph.name, "node_types": node_types,
+            "relations": relations, "target": graph.target, "num_classes": int(graph.num_classes),
+            "notes": list(graph.notes)}
+    if graph.metric:
+        meta["metric"] = graph.metric
+    return _write(target, arrays, meta)
+
+
+def _stored_labels(labels: np.ndarray) -> np.ndarray:
+    """Labels as stored: int64 class ids, or int8 rows of 0/1/-1 (multi-label)."""
+    return np.asarray(labels, dtype=np.int8 if labels.ndim == 2 else np.int64)
+
+
+def _write(target: Path, arrays: dict[str, np.ndarray], meta: dict) -> Path:
+    """``arrays`` (by path in the folder, less ``.npy``), then ``meta.json``, written to ``target`` whole."""
+    def fill(folder: Path) -> None:
+        for key, array in arrays.items():
+            (folder / key).parent.mkdir(parents=True, exist_ok=True)
+            save_array(folder / f"{key}.npy", array)
+        (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")  # last: the folder is complete
+
+    return write_folder(target, fill)
 
 
 def save_array(path: Path, arr: np.ndarray) -> None:
@@ -280,4 +292,109 @@ def save_array(path: Path, arr: np.ndarray) -> None:
     for start in range(0, arr.shape[0], step):
         out[start:start + step] = arr[start:start + step]
     out.flush()
-    del out
+
+
+def _check_names(graph: TypedGraph, target: Path) -> None:
+    """The folders named after vertex types and relations (``nodes/<type>``, ``relations/<src>___<name>___<dst>``)
+    fit the file system's limit on a name, which counts bytes: refused before anything is written."""
+    ancestor = next(p for p in [target.absolute(), *target.absolute().parents] if p.exists())
+    limit = name_max(ancestor)
+    for key in [node_array(t, "features") for t in graph.num_nodes] + [relation_array(r, "indptr")
+                                                                       for r in graph.relations]:
+        name = key.split("/")[1]
+        if name_bytes(name) > limit:
+            raise OutputError(f"{target}: the folder {shown(name)} of {key.split('/')[0]} would be "
+                              f"{name_bytes(name)} bytes long in UTF-8, and names on this file system take at most "
+                              f"{limit} bytes. Give the vertex types and relations shorter names.")
+
+
+def check_target(target: Path, overwrite: bool, typed: bool = False) -> None:
+    """A dataset (``typed``: a typed graph) may be written to ``target``: a new or empty folder, or with
+    ``overwrite`` one of that kind holding nothing but its own entries (replacing the folder replaces all)."""
+    kind = "typed" if typed else "native"
+    own = {"meta.json", "nodes", "relations"} if typed else {"meta.json", *(f"{name}.npy" for name in ARRAYS)}
+    if target.exists() and not target.is_dir():
+        raise DataError(f"{target}: exists and is a file; the {kind} format is a folder. Choose another path.")
+    replace = target.is_dir() and any(target.iterdir())
+    if replace and not overwrite:
+        raise DataError(f"{target}: exists and is not empty. Choose a new folder, or pass --overwrite to "
+                        f"replace the dataset in it.")
+    if replace and not (is_typed_dir(target) if typed else is_native_dir(target)):
+        raise DataError(f"{target}: holds files but no {kind} dataset (no meta.json of one); refusing to "
+                        f"replace it. Choose a new folder.")
+    others = sorted(p.name for p in target.iterdir() if p.name not in own) if replace else []
+    if others:
+        raise DataError(f"{target}: holds {', '.join(others[:5])}{' ...' if len(others) > 5 else ''} besides "
+                        f"the dataset; replacing the folder would delete them. Move them out first, or "
+                        f"choose a new folder.")
+
+
+def _check_meta(meta: dict, meta_path: Path) -> None:
+    """A typed meta.json's values have the types and structure ``read_typed`` relies on."""
+    if meta["format"] != TYPED_FORMAT:
+        raise DataError(f"{meta_path}: format is {meta['format']!r}, not {TYPED_FORMAT!r}; this folder holds no "
+                        f"typed graph.")
+    check_meta_value(meta["target"], str, "target", meta_path)
+    for key, fields in (("node_types", _NODE_FIELDS), ("relations", _RELATION_FIELDS)):
+        entries = meta[key]
+        if not isinstance(entries, list):
+            raise DataError(f"{meta_path}: {key} is {entries!r}, expected a list of objects.")
+        for entry in entries:
+            optional = {"feature_dtype"} if key == "node_types" else {"edge_feature_dtype"}
+            if not isinstance(entry, dict) or set(fields) - set(entry) or set(entry) - set(fields) - optional:
+                raise DataError(f"{meta_path}: an entry of {key} is {entry!r}; each takes "
+                                f"{', '.join(fields)} (and optionally {', '.join(optional)}).")
+            for field, kind in fields.items():
+                check_meta_value(entry[field], kind, f"{key} entry {entry.get('name')!r}: {field}", meta_path)
+    names = [entry["name"] for entry in meta["node_types"]]
+    if len(set(names)) != len(names):
+        raise DataError(f"{meta_path}: node_types lists a type more than once ({names}).")
+    for entry in meta["relations"]:
+        missing = [t for t in (entry["src"], entry["dst"]) if t not in names]
+        if missing:
+            raise DataError(f"{meta_path}: relation {relation_label((entry['src'], entry['name'], entry['dst']))} "
+                            f"names type {missing[0]!r}, which node_types does not list.")
+    triples = [(entry["src"], entry["name"], entry["dst"]) for entry in meta["relations"]]
+    if len(set(triples)) != len(triples):
+        raise DataError(f"{meta_path}: relations lists a relation more than once.")
+    if meta["target"] not in names:
+        raise DataError(f"{meta_path}: target {meta['target']!r} is not one of node_types ({', '.join(names)}).")
+
+
+def _check_unlisted(directory: Path, meta: dict) -> None:
+    """Every folder and array under ``nodes/`` and ``relations/`` is one meta.json accounts for (hidden
+    entries aside): a relation or vertex type left out of meta.json is refused, as the ogbn-mag reader
+    refuses a relation folder its list leaves out, never read as if it were not there."""
+    types = {entry["name"]: entry for entry in meta["node_types"]}
+    keys = {(e["src"], e["name"], e["dst"]): e for e in meta["relations"]}
+    expected = {node_array(t, "features") for t, entry in types.items() if entry["feature_dim"]}
+    expected |= {node_array(meta["target"], array) for array in ("labels", *SPLITS)}
+    for key, entry in keys.items():
+        expected |= {relation_array(key, array) for array in ("indptr", "indices")}
+        expected |= {relation_array(key, "edge_features")} if entry["edge_feature_dim"] else set()
+    folders = {"nodes", "relations"} | {f"nodes/{t}" for t in types} | {f"relations/{'___'.join(k)}" for k in keys}
+    for top in ("nodes", "relations"):
+        for path in sorted((directory / top).rglob("*")) if (directory / top).is_dir() else []:
+            name = path.relative_to(directory).as_posix()
+            if any(part.startswith(".") for part in path.relative_to(directory).parts):
+                continue
+            if path.is_dir() and name not in folders and name.count("/") == 1:
+                what = ("a relation folder", "relations (src, name, dst, num_edges, edge_feature_dim)") \
+                    if top == "relations" else ("a vertex type folder", "node_types (name, count, feature_dim)")
+                raise DataError(f"{path}: {what[0]} that meta.json does not list; list it in meta.json's "
+                                f"{what[1]}, or remove the folder.")
+            if not path.is_dir() and name.removesuffix(".npy") not in expected:
+                raise DataError(f"{path}: an array that meta.json does not account for ({_unlisted_why(name, meta)}); "
+                                f"list it in meta.json, or remove the file.")
+
+
+def _unlisted_why(name: str, meta: dict) -> str:
+    """Why meta.json leaves the file ``name`` (under ``nodes/`` or ``relations/``) out."""
+    parts = name.removesuffix(".npy").split("/")
+    if len(parts) == 3 and parts[0] == "nodes" and parts[2] == "features":
+        return f"type {parts[1]}'s feature_dim is 0"
+    if len(parts) == 3 and parts[0] == "nodes" and parts[2] in ("labels", *SPLITS):
+        return f"labels and splits belong to the target type, {meta['target']}"
+    if len(parts) == 3 and parts[0] == "relations" and parts[2] == "edge_features":
+        return "the relation's edge_feature_dim is 0"
+    return "not an array of the typed layout"

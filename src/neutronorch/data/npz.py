@@ -28,7 +28,7 @@ from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.dtypes import as_int64
 from neutronorch.data.files import read_error, reads_files
 from neutronorch.data.graph import Graph
-from neutronorch.data.sparse_pickle import SparseMatrix, csr_matrix, load_pickle
+from neutronorch.data.sparse_pickle import SparseMatrix, csr_matrix, dense_features, load_pickle
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
 from neutronorch.errors import DataError, not_a_file
 
@@ -119,7 +119,7 @@ def _load_graphgallery(entries: _Entries, path: Path, split: str, seed: int) -> 
     features = entries.matrix("node_attr")
     labels = entries.array("node_label")
     num_nodes, src, dst = _matrix_edges(adjacency, f"{path} (entry adj_matrix)")
-    features = _dense_features(features, f"{path} (entry node_attr)")
+    features = dense_features(features, f"{path} (entry node_attr)")
     return _assemble(path, num_nodes, src, dst, features, labels, split, seed, notes=[])
 
 
@@ -130,9 +130,9 @@ def _load_gnn_benchmark(entries: _Entries, path: Path, split: str, seed: int) ->
     notes = []
     if all(key in entries.keys for key in _ATTR_CSR):
         attributes = csr_matrix(*(entries.array(key) for key in _ATTR_CSR))
-        features = _dense_features(attributes, f"{path} (entries attr_*)")
+        features = dense_features(attributes, f"{path} (entries attr_*)")
     elif "attr_matrix" in entries.keys:
-        features = _dense_features(entries.array("attr_matrix"), f"{path} (entry attr_matrix)")
+        features = dense_features(entries.array("attr_matrix"), f"{path} (entry attr_matrix)")
     else:
         rng = np.random.default_rng(seed)
         features = rng.standard_normal((num_nodes, SYNTHETIC_FEATURE_DIM), dtype=np.float32)
@@ -146,7 +146,7 @@ def _load_yandex(entries: _Entries, path: Path, split_index: int = 0) -> Graph:
     if edges.ndim != 2 or edges.shape[1] != 2:
         raise DataError(f"{path} (entry edges): expected shape (num_edges, 2), got {edges.shape}. "
                         f"The file is corrupt; fetch it again.")
-    features = _dense_features(entries.array("node_features"), f"{path} (entry node_features)")
+    features = dense_features(entries.array("node_features"), f"{path} (entry node_features)")
     labels = entries.array("node_labels")
     masks = []
     for key in ("train_masks", "val_masks", "test_masks"):
@@ -200,12 +200,3 @@ def _matrix_edges(adjacency: SparseMatrix | np.ndarray, source: str) -> tuple[in
     if isinstance(adjacency, np.ndarray):
         src, dst = np.nonzero(adjacency)
     return shape[0], src, dst
-
-
-def _dense_features(features: SparseMatrix | np.ndarray, source: str) -> np.ndarray:
-    if isinstance(features, SparseMatrix):
-        return features.toarray(source)
-    if features.ndim != 2 or features.dtype.kind not in "fiub":
-        raise DataError(f"{source}: features must be a 2-D numeric array, got {features.dtype} {features.shape}. "
-                        f"Store one feature row per vertex.")
-    return features.astype(np.float32)

@@ -1,19 +1,10 @@
 """OGB node-property datasets from the directory the ``ogb`` package leaves on disk (``dataset/ogbn_arxiv``
-and the like); neither ``ogb`` nor a download is needed.
+and the like); neither ``ogb`` nor a download is needed. docs/datasets.md ("OGB directories") gives both
+layouts: CSV (ogbn-arxiv, -products, -proteins), parsed in blocks straight into the arrays (``textnum.py``: the
+text is never held whole), and binary (ogbn-papers100M: ``raw/data.npz``, ``raw/node-label.npz``).
 
-Two layouts:
-
-- **CSV** (ogbn-arxiv, ogbn-products, ogbn-proteins): ``raw/num-node-list.csv.gz``,
-  ``raw/num-edge-list.csv.gz``, ``raw/edge.csv.gz`` (one ``src,dst`` per line), ``raw/node-feat.csv.gz``
-  (a row per vertex), ``raw/node-label.csv.gz`` (a class id per vertex, or ogbn-proteins' 112 0/1 task
-  labels), ``split/<scheme>/{train,valid,test}.csv.gz`` (vertex ids). Parsed in blocks straight into the
-  arrays (``textnum.py``): the text is never held whole.
-- **Binary** (ogbn-papers100M): ``raw/data.npz`` (``edge_index``, ``node_feat``, ``num_nodes_list``) and
-  ``raw/node-label.npz`` (``node_label``, NaN for the vertices without a label), with the same split files.
-
-ogbn-proteins has no node features: a vertex's features are the mean of the 8 features of its edges (as
-OGB's own examples form them), and its metric is ROC-AUC over its 112 tasks; the others' is accuracy, as
-OGB's evaluator scores them. Edges are made undirected like every loader's (docs/datasets.md).
+ogbn-proteins has no node features: a vertex's are the mean of its edges' 8 features; its metric is ROC-AUC
+over its 112 tasks, the others' accuracy, as OGB's evaluator scores them. Edges are made undirected.
 """
 
 from __future__ import annotations
@@ -26,10 +17,10 @@ from typing import Callable
 
 import numpy as np
 
-from neutronorch.data.arrays import class_labels
+from neutronorch.data.arrays import class_labels, feature_rows
 from neutronorch.data.checks import SPLITS
 from neutronorch.data.csc import edges_to_csc
-from neutronorch.data.dtypes import STORAGE_DTYPES, as_int64
+from neutronorch.data.dtypes import as_int64
 from neutronorch.data.files import holds_objects, read_error, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import stored_split
@@ -105,18 +96,21 @@ def read_pairs(path: Path, num_edges: int, expect: str, progress: Progress | Non
 
 def read_labels(path: Path, count: int, expect: str, progress: Progress | None = None) -> np.ndarray:
     """Class ids of ``count`` vertices (-1 for NaN: no label), or 0/1/-1 rows of a multi-label task."""
+    return class_labels(read_rows(path, count, np.float64, expect, progress), count, str(path))
+
+
+def read_rows(path: Path, count: int, dtype, expect: str, progress: Progress | None = None) -> np.ndarray:
+    """``count`` rows of ``path``, each as wide as its first line (``expect``: which file gives the count)."""
     width = _width(path)
-    values = _numbers(path, count * width, np.float64, progress, width=width, expect=expect)
-    return class_labels(values.reshape(count, width) if width > 1 else values, count, str(path))
+    return _numbers(path, count * width, dtype, progress, width=width, expect=expect).reshape(count, width)
 
 
 def read_node_features(raw: Path, edges: np.ndarray, num_nodes: int, progress: Progress | None = None) -> np.ndarray:
     """A float32 row per vertex: ``raw/node-feat.csv.gz``, else the mean of its edges' ``edge-feat.csv.gz``."""
     feature_path = raw / "node-feat.csv.gz"
     if feature_path.is_file():
-        dim = _width(feature_path)
-        return _numbers(feature_path, num_nodes * dim, np.float32, progress, width=dim,
-                        expect=f"{raw / 'num-node-list.csv.gz'} says {num_nodes} vertices").reshape(num_nodes, dim)
+        return read_rows(feature_path, num_nodes, np.float32, f"{raw / 'num-node-list.csv.gz'} says {num_nodes} "
+                         f"vertices", progress)
     if (raw / "edge-feat.csv.gz").is_file():
         return _edge_mean_features(raw / "edge-feat.csv.gz", edges, num_nodes, progress)
     raise DataError(f"{raw}: holds neither node-feat.csv.gz nor edge-feat.csv.gz; neutronorch needs node "
@@ -125,10 +119,9 @@ def read_node_features(raw: Path, edges: np.ndarray, num_nodes: int, progress: P
 
 def _edge_mean_features(path: Path, edges: np.ndarray, num_nodes: int, progress: Progress | None) -> np.ndarray:
     """Each vertex's mean over the features of the edges it touches (ogbn-proteins)."""
-    dim = _width(path)
-    edge_features = _numbers(path, edges.shape[0] * dim, np.float32, progress, width=dim,
-                             expect=f"{path.parent / 'num-edge-list.csv.gz'} says {edges.shape[0]} edges")
-    edge_features = edge_features.reshape(edges.shape[0], dim)
+    edge_features = read_rows(path, edges.shape[0], np.float32, f"{path.parent / 'num-edge-list.csv.gz'} says "
+                              f"{edges.shape[0]} edges", progress)
+    dim = edge_features.shape[1]
     count = np.maximum(np.bincount(edges.ravel(), minlength=num_nodes), 1)
     out = np.empty((num_nodes, dim), np.float32)
     for d in range(dim):  # a weighted count per column: one pass over the edges each (np.add.at is slow)
@@ -151,14 +144,10 @@ def _binary(raw: Path):
     if edge_index.ndim != 2 or edge_index.shape[0] != 2:
         raise DataError(f"{path}: edge_index has shape {edge_index.shape}, expected (2, num_edges). The file is "
                         f"damaged; fetch the dataset again.")
-    features = np.asarray(data["node_feat"])
-    if features.ndim != 2 or features.shape[0] != num_nodes:
+    features = feature_rows(data["node_feat"], f"{path}: node_feat")
+    if features.shape[0] != num_nodes:
         raise DataError(f"{path}: node_feat has shape {features.shape}, but num_nodes_list says {num_nodes} "
                         f"vertices (a row each). The file is damaged; fetch the dataset again.")
-    if features.dtype.kind not in "fiub":
-        raise DataError(f"{path}: node_feat has dtype {features.dtype}, expected numbers.")
-    if features.dtype.name not in STORAGE_DTYPES:
-        features = features.astype(np.float32)
     labels = _npz(raw / "node-label.npz", ("node_label",))["node_label"]
     return (edge_index[0], edge_index[1], features,
             class_labels(np.asarray(labels), num_nodes, str(raw / "node-label.npz")), num_nodes)

@@ -1,23 +1,10 @@
 """OGB heterogeneous node-property datasets (ogbn-mag) as typed graphs, from the folder the ``ogb`` package
 leaves on disk (``dataset/ogbn_mag``); neither ``ogb`` nor a download is needed.
 
-The CSV layout, as OGB ships ogbn-mag (each file ``.csv.gz``, or plain ``.csv``)::
-
-    raw/num-node-dict.csv.gz                      a header row of type names, one row of their counts
-    raw/triplet-type-list.csv.gz                  (optional) one ``src,name,dst`` relation per line
-    raw/relations/<src>___<name>___<dst>/edge.csv.gz          one ``src,dst`` pair of local ids per line
-    raw/relations/<src>___<name>___<dst>/num-edge-list.csv.gz (optional) the edge count
-    raw/relations/<src>___<name>___<dst>/edge_reltype.csv.gz  (optional, not read)
-    raw/node-feat/<type>/node-feat.csv.gz         (only some types: in ogbn-mag, paper) a row per vertex
-    raw/node-feat/<type>/node_year.csv.gz         (optional, not read)
-    raw/nodetype-has-label.csv.gz                 (optional) a header row of types, one row of True/False
-    raw/node-label/<type>/node-label.csv.gz       the target type's labels: a class id per vertex (NaN: none)
-    split/<scheme>/<type>/{train,valid,test}.csv.gz           the target type's split (ogbn-mag: time/paper)
-
-The type with labels is the target (one only). Relations are kept one way, as OGB gives them (training adds
-the reverses); repeated edges are kept. The numbers are parsed in blocks by ``textnum.py``, as the
-homogeneous reader (``ogb.py``) parses them; the graph is validated with every array named by the file it
-came from. OGB's binary form (``raw/*.npz`` and a pickled ``split_dict.pt``) is not read.
+docs/heterogeneous.md ("Reading OGB's ogbn-mag layout") gives the layout and what is refused. The type with
+labels is the target (one only); relations are kept one way, as OGB gives them, repeated edges too; the numbers
+are parsed by the homogeneous reader's functions (``ogb.py``); the graph is validated with every array named by
+the file it came from. OGB's binary form (``raw/*.npz``, a pickled ``split_dict.pt``) is not read.
 """
 
 from __future__ import annotations
@@ -32,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from neutronorch.data.files import read_error, reads_files
-from neutronorch.data.ogb import (Progress, _count, _numbers, _present, _width, csv_file, dataset_name, read_labels,
-                                  read_pairs, split_files, split_folder, split_ids)
+from neutronorch.data.ogb import (Progress, _count, _present, csv_file, dataset_name, read_labels, read_pairs, read_rows,
+                                  split_files, split_folder, split_ids)
 from neutronorch.data.relation import Relation, RelationType, node_array, relation_array, relation_label
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import DataError
@@ -83,13 +70,7 @@ def load_ogb_typed(directory: str | os.PathLike, progress: Progress | None = Non
 def _rows(path: Path) -> list[list[str]]:
     """The comma-separated rows of a small text file (type names, counts, relation names), blank lines left
     out."""
-    _present(path)
-    try:
-        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as text:
-            data = text.read(_SMALL + 1)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise read_error(path, exc, f"{path}: cannot be read ({exc}); the file is truncated or corrupt. Fetch "
-                                    f"the dataset again.") from None
+    data = next(_blocks(_present(path), _SMALL + 1), b"")
     if len(data) > _SMALL:
         raise DataError(f"{path}: holds more than {_SMALL} bytes, far more than a list of types or relations; it "
                         f"is not OGB's file. Fetch the dataset again.")
@@ -187,15 +168,21 @@ def _lines(path: Path) -> int:
     """The lines of a (gzip-compressed) text file that hold something: an edge count, where no
     ``num-edge-list`` gives one."""
     lines, last = 0, b"\n"
+    for block in _blocks(path, _LINE_BLOCK):
+        lines += block.count(b"\n")
+        last = block[-1:]
+    return lines + (last != b"\n")
+
+
+def _blocks(path: Path, size: int):
+    """The bytes of ``path`` (a gzip-compressed file when it ends in ``.gz``), ``size`` at a time."""
     try:
         with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as text:
-            while block := text.read(_LINE_BLOCK):
-                lines += block.count(b"\n")
-                last = block[-1:]
+            while block := text.read(size):
+                yield block
     except (OSError, EOFError, zlib.error) as exc:
         raise read_error(path, exc, f"{path}: cannot be read ({exc}); the file is truncated or corrupt. Fetch "
                                     f"the dataset again.") from None
-    return lines + (last != b"\n")
 
 
 def _features(raw: Path, num_nodes: dict[str, int], counts_path: Path, files: dict[str, str],
@@ -212,10 +199,9 @@ def _features(raw: Path, num_nodes: dict[str, int], counts_path: Path, files: di
         path = csv_file(entry, "node-feat")
         if not path.is_file():
             continue
-        count, dim = num_nodes[node_type], _width(path)
-        features[node_type] = _numbers(path, count * dim, np.float32, progress, width=dim,
-                                       expect=f"{counts_path} says {count} vertices of type {node_type}, a row "
-                                              f"each").reshape(count, dim)
+        count = num_nodes[node_type]
+        features[node_type] = read_rows(path, count, np.float32, f"{counts_path} says {count} vertices of type "
+                                                                 f"{node_type}, a row each", progress)
         files[node_array(node_type, "features")] = str(path)
     return features
 

@@ -17,7 +17,7 @@ import numpy as np
 from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.files import reads_files
 from neutronorch.data.graph import Graph
-from neutronorch.data.sparse_pickle import SparseMatrix, load_pickle
+from neutronorch.data.sparse_pickle import SparseMatrix, dense_features, load_pickle
 from neutronorch.errors import DataError, not_a_file
 
 # The public split validates on the 500 vertices after the training vertices (Kipf & Welling, PyG).
@@ -37,7 +37,7 @@ def load_planetoid(directory: str | os.PathLike, name: str | None = None) -> Gra
     y, allx, ally, tx, ty, adjacency = (_read_pickle(Path(f"{prefix}.{part}"))
                                         for part in ("y", "allx", "ally", "tx", "ty", "graph"))
     test_index = _read_test_index(Path(f"{prefix}.test.index"))
-    allx, tx = _dense(allx, f"{prefix}.allx"), _dense(tx, f"{prefix}.tx")
+    allx, tx = dense_features(allx, f"{prefix}.allx"), dense_features(tx, f"{prefix}.tx")
     ally, ty = _labels(ally, f"{prefix}.ally"), _labels(ty, f"{prefix}.ty")
     for part, features, labels in (("all", allx, ally), ("t", tx, ty)):
         if features.shape[0] != labels.shape[0]:
@@ -123,14 +123,6 @@ def _read_test_index(path: Path) -> np.ndarray:
     if np.unique(ids).size != ids.size:
         raise DataError(f"{path}: lists a test id twice. The file is corrupt; fetch it again.")
     return ids
-
-
-def _dense(matrix, source: str) -> np.ndarray:
-    if isinstance(matrix, SparseMatrix):
-        return matrix.toarray(source)
-    if isinstance(matrix, np.ndarray) and matrix.ndim == 2:
-        return matrix.astype(np.float32)
-    raise DataError(f"{source}: expected a feature matrix, found {type(matrix).__name__}. Fetch the file again.")
 
 
 def _labels(matrix, source: str) -> np.ndarray:

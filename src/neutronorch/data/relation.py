@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from neutronorch.data.csc import INT32_LIMIT, csc_from_keys
 from neutronorch.data.dtypes import as_int64
 from neutronorch.errors import DataError
 
 RelationType = tuple[str, str, str]  # (source type, relation name, destination type)
 # Source and destination ids below this product make one int64 sort key per edge (the cheapest sort).
 _KEY_LIMIT = 1 << 62
-_INT32_LIMIT = np.iinfo(np.int32).max
 
 
 def relation_label(relation: RelationType) -> str:
@@ -86,7 +86,12 @@ class Relation:
                 raise DataError(f"{source}: {end} id {bad} is out of range for {count} vertices of the "
                                 f"{end} type; ids are 0..{count - 1}.")
         features = _edge_feature_rows(edge_features, src.shape[0], source)
-        src, dst, features = _csc_order(src, dst, num_src, num_dst, features)
+        if features is None and num_src * num_dst < _KEY_LIMIT:  # one int64 sort key per edge: the cheapest sort
+            keys = dst * num_src  # a new array: the caller's dst is not changed
+            keys += src
+            return Relation(*csc_from_keys(keys, num_src, num_dst, deduplicate))
+        order = np.lexsort((src, dst))  # stable: repeated pairs keep their features' order
+        src, dst, features = src[order], dst[order], (features[order] if features is not None else None)
         if deduplicate and src.size:
             keep = np.empty(src.shape[0], dtype=bool)
             keep[0] = True
@@ -96,8 +101,7 @@ class Relation:
                 features = features[keep] if features is not None else None
         indptr = np.zeros(num_dst + 1, dtype=np.int64)
         np.cumsum(np.bincount(dst, minlength=num_dst), out=indptr[1:])
-        index_dtype = np.int32 if num_src <= _INT32_LIMIT else np.int64
-        return Relation(indptr, src.astype(index_dtype, copy=False), features)
+        return Relation(indptr, src.astype(np.int32 if num_src <= INT32_LIMIT else np.int64, copy=False), features)
 
     def transpose(self, num_src: int) -> "Relation":
         """The same edges reversed: a CSC over this relation's source type (``num_src`` vertices), edge
@@ -122,16 +126,3 @@ def _edge_feature_rows(edge_features, num_edges: int, source: str) -> np.ndarray
     if features.dtype.kind not in "fiub":
         raise DataError(f"{source}: edge features have dtype {features.dtype}, expected real numbers.")
     return features.astype(np.float32)
-
-
-def _csc_order(src: np.ndarray, dst: np.ndarray, num_src: int, num_dst: int, features: np.ndarray | None):
-    """``src``, ``dst`` and ``features`` sorted by destination, then source; repeated pairs keep their order."""
-    if features is None and num_src * num_dst < _KEY_LIMIT:
-        keys = dst * num_src  # a new array: the caller's dst is not changed
-        keys += src
-        keys.sort()
-        dst = keys // max(num_src, 1)
-        keys -= dst * num_src
-        return keys, dst, None
-    order = np.lexsort((src, dst))
-    return src[order], dst[order], (features[order] if features is not None else None)

@@ -1,27 +1,13 @@
-"""Synthetic typed graphs shaped like ogbn-mag, whose labels depend on typed paths.
+"""Synthetic typed graphs shaped like ogbn-mag, whose labels depend on typed paths (docs/heterogeneous.md,
+"A synthetic typed graph", gives the types, relations and measured accuracies).
 
-Four vertex types: ``paper`` (the target, with features and labels), ``author`` and ``institution`` (no
-features: a model gives them learnable embeddings), ``field`` (features of ``field_features`` width, or
-none). Relations: author -writes-> paper, paper -cites-> paper, author -affiliated_with-> institution and
-paper -has_topic-> field.
-
-Labels: every field and every institution has a hidden topic (one of ``topics``), and an author is
-affiliated mostly with institutions of its own topic. A paper's label is an ordered pair of topics,
-``field_topic * topics + institution_topic``: it takes its fields mostly from its field topic, its authors
-mostly from its institution topic, and cites mostly papers of its own label. Its features mix the words of
-both topics alike (the two topics' centroids, summed, under heavy noise), so the features tell which two
-topics a paper is about but not which came from where: only the relation a signal arrives through does
-(has_topic for the first, writes, and on to affiliated_with, for the second). A model that averages all
-neighbours together adds the two topics up and loses their order, as the features alone do. Every endpoint
-is drawn by a Zipf weight within its class, as in ``synthetic.py``, so in-degrees follow a power law;
-out-degrees are geometric around their means. With ``field_features``, fields carry their topic's centroid
-(of their own space) under the same noise, which shows the field topic directly.
-
-With ``edge_weights``, every ``cites`` edge carries one edge feature, a weight: about 1 (0.75 to 1.25) when
-the two papers share a label, about 0.2 (0.15 to 0.25) when not (the edges drawn outside the label, a share
-``1 - homophily``). A model that weights its citations' mean by it (typed SAGE, R-GCN) or attends over it
-(R-GAT) hears mostly the citations that tell the label. The weights come from a generator of their own, so
-the graph is otherwise the one drawn without them.
+Every field and institution has a hidden topic; a paper's label is the ordered pair ``field_topic * topics +
+institution_topic``, taken from its fields (has_topic) and its authors' institutions (writes, then
+affiliated_with); it cites mostly papers of its own label. Its features sum both topics' centroids under heavy
+noise, so they tell which two topics but not their order: only the relation a signal arrives through does.
+Endpoints are drawn by a Zipf weight within their class, as in ``synthetic.py``. ``edge_weights`` puts a weight
+on every ``cites`` edge (about 1 within a label, about 0.2 across), drawn by a generator of its own, so the
+graph is otherwise the one drawn without it.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from neutronorch.data.graph import Graph, GraphCommon
 from neutronorch.data.relation import Relation, RelationType, relation_label
 from neutronorch.errors import DataError
 
-TYPED_FORMAT = "neutronorch-typed"  # meta.json's "format" for a typed graph on disk (typed_native.py)
+TYPED_FORMAT = "neutronorch-typed"  # meta.json's "format" for a typed graph on disk (native.py)
 REVERSE_PREFIX = "rev_"
 # A homogeneous graph seen as a typed one (``TypedGraph.of``): its one vertex type and one relation.
 VERTEX = "vertex"

@@ -19,6 +19,7 @@ import numpy as np
 from numba import njit, prange
 
 from neutronorch.data.arrays import class_labels
+from neutronorch.data.csc import INT32_LIMIT
 from neutronorch.data.dtypes import as_int64
 from neutronorch.data.files import REFETCH, open_npy, present, read_error
 from neutronorch.data.relation import Relation, RelationType, relation_array, relation_label
@@ -28,7 +29,6 @@ from neutronorch.errors import DataError
 Progress = Callable[[str, int, int], None]
 CHUNK = 1 << 22  # edges or rows read from a memory map at a time
 NPY_MAGIC = b"\x93NUMPY"
-_INT32_LIMIT = np.iinfo(np.int32).max
 
 
 def is_npy(path: Path) -> bool:
@@ -113,7 +113,7 @@ def relation_from_edge_index(edges: np.ndarray, key: RelationType, num_nodes: di
         if report:
             report(total // 2 * stop // max(num_edges, 1))
     indptr = np.cumsum(counts, out=counts)
-    indices = np.empty(num_edges, np.int32 if num_src <= _INT32_LIMIT else np.int64)
+    indices = np.empty(num_edges, np.int32 if num_src <= INT32_LIMIT else np.int64)
     fill = indptr[:-1].copy()
     for stop, (src, dst) in chunks():
         _place(src, dst, fill, indices)

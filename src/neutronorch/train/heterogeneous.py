@@ -34,7 +34,7 @@ from neutronorch.capabilities import check_run
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_typed_dataset
 from neutronorch.data.typed import relation_label
-from neutronorch.data.typed_native import is_typed_dir, read_typed
+from neutronorch.data.native import is_typed_dir, read_typed
 from neutronorch.errors import CheckpointError, ConfigError
 from neutronorch.nn.precision import resolve_precision
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec

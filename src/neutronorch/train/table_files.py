@@ -37,7 +37,7 @@ import torch
 
 from neutronorch.atomic import glob_escape, sweep_stale
 from neutronorch.config import TrainConfig
-from neutronorch.data.native import write_folder
+from neutronorch.data.files import write_folder
 from neutronorch.errors import CheckpointError, ConfigError
 from neutronorch.train.resume import sample_crc
 from neutronorch.train.outputs import CHECKPOINT_FILES
