@@ -13,9 +13,9 @@ folder, flushed to disk and renamed into place, so a crash or a full disk mid-wr
 checkpoint intact.
 
 Reading one (``load_checkpoint``, of either kind: ``load_typed_checkpoint`` reads a typed one) needs no
-training state: it rebuilds the model (``GNN`` or ``TypedGNN``) from its stored arguments and loads its weights; unreadable, truncated,
-newer-format or damaged files get a clear error, and a reader given the other kind says what the file is
-and which reader takes it.
+training state: it rebuilds the model (``GNN`` or ``TypedGNN``) from its stored arguments and loads its
+weights; unreadable, truncated, newer-format or damaged files get a clear error, and a reader given the other
+kind says what the file is and which reader takes it.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from neutronorch.train.prediction_io import (Nodes, check_prediction_output, nod
                                              scratch_folder, select_nodes, write_rows)
 from neutronorch.train.resources import resolve_device
 from neutronorch.train.task import Task, score
-from neutronorch.train.typed_inputs import inference_key, typed_logits
+from neutronorch.train.evaluate import inference_key, typed_logits
 
 
 def predict(checkpoint: Checkpoint | str | os.PathLike, graph: Graph | TypedGraph,

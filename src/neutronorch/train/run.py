@@ -3,10 +3,11 @@ epoch, evaluate, checkpoint, resume, summarise), ``run_epochs`` (evaluation ever
 validation score, checkpoints after each epoch, ``patience``, the epoch's log line and stage table) and
 ``summarised`` (the summary, written whether the run ends, fails or is stopped).
 
-``trainer.py``'s ``build_run`` builds a homogeneous graph's run, ``heterogeneous.py``'s ``train_typed`` a typed
-graph's: the same ``Run``, with ``typed`` holding what a typed graph's run adds (its samplers per relation,
-its embedding tables and their optimizer, its fingerprint, its evaluation: ``heterogeneous.TypedParts``).
-How a checkpoint is written and a run resumed from one is ``resume.py``'s, for both kinds.
+``trainer.py``'s ``build_run`` builds either kind's run from what the kind builds (``Built``: a typed graph's
+by ``heterogeneous.py``'s ``typed_model``): the same ``Run``, with ``typed`` holding what a typed graph's run
+adds (its samplers per relation, its embedding tables and their optimizer, its fingerprint, its evaluation:
+``heterogeneous.TypedParts``). How a checkpoint is written and a run resumed from one is ``resume.py``'s, for
+both kinds.
 """
 
 from __future__ import annotations
@@ -39,11 +40,30 @@ from neutronorch.train.outputs import write_summary
 from neutronorch.train.replacing import Replacement
 from neutronorch.train.resume import restore, write_checkpoint
 from neutronorch.train.step import step_masks
-from neutronorch.train.summary import (ENDED, named_scores, summarise, topology_in_file_order, typed_summary,
-                                       write_run_timeline)
+from neutronorch.train.summary import named_scores, summarise, topology_in_file_order, write_run_timeline
 from neutronorch.train.task import Task
 
 logger = logging.getLogger("neutronorch")
+
+
+@dataclass
+class Built:
+    """What a kind of graph builds for its run (``build_run``): the graph as trained (a typed one with its
+    reverse relations, a link task's split), the model, its optimizer (a typed model's: Adam and its tables'),
+    the task, the warnings of ``check_learnable``, the weights the ranks reduce (``dense``; ``tables``: the
+    sparse embedding tables), a typed run's ``TypedParts`` and what the mode log line says of the model."""
+
+    graph: Graph | TypedGraph
+    model: torch.nn.Module
+    optimizer: Adam | list
+    task: Task | LinkTask
+    warnings: list[str]
+    dense: list
+    tables: list = field(default_factory=list)
+    typed: object = None  # ``heterogeneous.TypedParts``
+    describe: str = ""
+    note: str = ""
+    mode_choice: dict | None = None
 
 
 @dataclass
@@ -174,12 +194,7 @@ class Run:
         restore(self, state, path, optimizers_and_mode)
 
     def summary(self, status: str, timeline: dict | None = None) -> dict:
-        """The run summary (``summarise``, ``typed_summary``): an ended run's scores; a stopped or failed one's,
-        none."""
-        if self.typed is not None:
-            return typed_summary(self, status, timeline)
-        ended = status in ENDED
-        return summarise(self, self.last_eval if ended else {}, timeline, status, gather=ended)
+        return summarise(self, status, timeline)
 
 
 def run_epochs(run: Run, progress: Progress | None) -> dict | None:
