@@ -1,25 +1,13 @@
-"""A typed graph's part of a run: ``train(config, graph=typed_graph)`` (or ``config.dataset`` naming a typed folder
-or OGB's ogbn-mag layout: ``is_typed_run``) builds the same ``Run`` (``run.py``) through the same ``build_run``
-(``trainer.py``) as a homogeneous graph's, and ``typed_model`` here builds what is typed; docs/heterogeneous.md
-describes what it trains and how.
-
-The graph trains with its reverse relations added (``TypedGraph.with_reverse``); what differs is held in
-``TypedParts``: the samplers per relation (``config.fanouts`` for every relation, or ``fanouts`` as
-``typed_fanouts`` reads them; evaluation's from ``eval_fanouts``), the model (``TypedGNN``, or your own module),
-the embedding tables (``typed_tables.py``) and their optimizer (``RowAdam`` on the CPU, ``SparseAdam``
-elsewhere) beside Adam for the dense weights, the graph's fingerprint, and the evaluation: the validation and
-test vertices scored in batches of ``eval_batch_size`` from samples of the one key ``inference_key(seed)``, as
-predictions sample, so every evaluation sees the same neighbourhoods whatever the batches. A training
-forward's dropout masks are keyed by the global batch (``step.py``'s ``step_masks``), so the same seed gives
-the same losses, on one rank or several (``distributed.py``'s ``GradientSync`` reduces the tables' sparse rows
-too).
-
-Your own module (``train(config, graph=typed, model=module)``) trains in exact and device mode, with the
-built-in models' optimizers, evaluation and logs. Refused before any work (``check_own_model_config``), each
-with the reason: NeutronOrch mode (it computes hot vertices' bottom layer apart, with a copy of a
-``TypedGNN``'s bottom layer, parts a module of one's own does not expose), checkpoints (a typed checkpoint
-rebuilds a ``TypedGNN`` from its arguments; save ``module.state_dict()`` after ``train()``) and
-``embedding_storage`` mmap (it places the built-in models' tables; your module's are its own).
+"""A typed graph's part of a run (docs/heterogeneous.md says what it trains and how). ``typed_model`` builds, for
+``trainer.build_run``, what a typed graph's run has beside every run's: the graph with its reverse relations
+(``TypedGraph.with_reverse``), samplers per relation (``config.fanouts`` for every relation, or
+``TypedOptions.fanouts`` as ``typed_fanouts`` reads them; evaluation's from ``eval_fanouts``), the model
+(``TypedGNN``, or your own module, refused before any work what it cannot train with:
+``check_own_model_config``), the embedding tables (``typed_tables.py``) and their optimizer (``RowAdam`` on the
+CPU, ``SparseAdam`` elsewhere) beside Adam for the dense weights. ``TypedParts`` is what the ``Run`` holds of
+them: its evaluation scores the validation and test vertices from samples of the one key
+``inference_key(seed)``, as predictions sample, so every evaluation sees the same neighbourhoods whatever the
+batches; what a resumed run may not change; the summary's typed keys.
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
         graph = load_typed_dataset(config.dataset) if options is not None else load_dataset(
             config.dataset, None if is_link_split(config.split) else config.split, config.seed, config.split_index)
         data_seconds = time.perf_counter() - t0
-        logger.info(f"loaded {graph.name} in {data_seconds:.1f}s")
+        logger.info(f"loaded {graph.describe()} in {data_seconds:.1f}s")
     for note in graph.notes if world.main else []:  # the same on every rank
         logger.warning(f"note: {note}")
     if options is not None:
@@ -128,7 +128,8 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
         world.broadcast_module(model, "the initial weights' broadcast")  # the same seed made them equal; make sure
     path, resumed = last_checkpoint(config, lambda path: load_state(path, TYPED if built.typed else HOMOGENEOUS)
                                     ) if config.resume else (None, None)
-    choice = resolve_mode(config, graph, device, threads, model, world, resumed, loss_fn=task.loss)
+    choice = None if built.typed else resolve_mode(config, graph, device, threads, model, world, resumed,
+                                                   loss_fn=task.loss)  # a typed graph's auto: exact, always
     spans = Spans()
     node = world.node_link() if config.hot_sets_per_node else None
     mode = build_mode(config, graph, device, threads, spans, shard=(world.rank, world.size), node=node,
