@@ -1,5 +1,5 @@
 """A run, of either kind of graph: ``Run`` (its parts, what it holds for the loop, and what it does: train an
-epoch, evaluate, checkpoint, resume, summarise), ``run_epochs`` (evaluation every ``eval_every``, the best
+epoch, evaluate, checkpoint, resume), ``run_epochs`` (evaluation every ``eval_every``, the best
 validation score, checkpoints after each epoch, ``patience``, the epoch's log line and stage table) and
 ``summarised`` (the summary, written whether the run ends, fails or is stopped).
 
@@ -121,9 +121,6 @@ class Run:
         """After the model's name in the timeline's title."""
         return " (typed)" if self.typed is not None else ""
 
-    def epochs(self) -> dict | None:
-        return run_epochs(self, self.progress)
-
     def train_epoch(self, epoch: int, control: EpochControl, window: TimelineWindow, progress: Progress | None,
                     loss_progress) -> dict:
         seed = self.config.seed  # a typed model's dropout masks are keyed by the global batch (step.py)
@@ -193,9 +190,6 @@ class Run:
 
         restore(self, state, path, optimizers_and_mode)
 
-    def summary(self, status: str, timeline: dict | None = None) -> dict:
-        return summarise(self, status, timeline)
-
 
 def run_epochs(run: Run, progress: Progress | None) -> dict | None:
     """Train every epoch of ``run``, evaluating as configured, into ``run.history``,
@@ -254,14 +248,14 @@ def run_epochs(run: Run, progress: Progress | None) -> dict | None:
 
 
 def summarised(run) -> dict:
-    """Train ``run``'s epochs (``run.epochs()``) and return its summary, written by the rank that writes to
+    """Train ``run``'s epochs (``run_epochs``) and return its summary, written by the rank that writes to
     ``summary_json`` before the earlier outputs `overwrite` set aside are deleted. Nothing is lost when the run
     fails or is stopped: what was trained is summarised (and, stopped on request, saved) before raising."""
     try:
-        timeline = run.epochs()
+        timeline = run_epochs(run, run.progress)
     except (Interrupted, TrainingError, OutputError) as exc:
         # Not ENDED: another rank may be gone, so the summary makes no collective.
-        summary = run.summary("interrupted" if isinstance(exc, Interrupted) else "failed")
+        summary = summarise(run, "interrupted" if isinstance(exc, Interrupted) else "failed")
         summary["error"] = None if isinstance(exc, Interrupted) else str(exc)
         if run.world.main:
             try:
@@ -270,7 +264,7 @@ def summarised(run) -> dict:
                 logger.error(str(lost))
         raise
     run.metrics.close()  # the logs' last lines: a full disk shows now, and in the summary
-    summary = run.summary("stopped_early" if run.stopped_early else "completed", timeline)
+    summary = summarise(run, "stopped_early" if run.stopped_early else "completed", timeline)
     if run.world.main:
         write_summary(run.config, summary)
     return summary
