@@ -137,7 +137,6 @@ class TypedParts:
     sparse: object  # the embedding tables' (``_table_optimizer``), or None without tables
     tables: TypedTables | None  # where the tables live (train/typed_tables.py), memory-mapped ones' moments too
     parameters: dict  # {"dense": ..., "embedding": ...} counts
-    fingerprint: dict | None = None  # the graph's, which checkpoints hold (with checkpoint_dir)
 
     def evaluate(self, run, check, progress=None) -> dict[str, float]:
         """The metric on the validation and test sets (``eval_max_nodes``: a fixed sample of each), from

@@ -5,7 +5,7 @@ validation score, checkpoints after each epoch, ``patience``, the epoch's log li
 
 ``trainer.py``'s ``build_run`` builds either kind's run from what the kind builds (``Built``: a typed graph's
 by ``heterogeneous.py``'s ``typed_model``): the same ``Run``, with ``typed`` holding what a typed graph's run
-adds (its samplers per relation, its embedding tables and their optimizer, its fingerprint, its evaluation:
+adds (its samplers per relation, its embedding tables and their optimizer, its evaluation:
 ``heterogeneous.TypedParts``). How a checkpoint is written and a run resumed from one is ``resume.py``'s, for
 both kinds.
 """
@@ -105,6 +105,7 @@ class Run:
     health: Health = field(default_factory=lambda: Health({}))  # collapse (train/health.py)
     replacing: Replacement = field(default_factory=Replacement)  # the earlier outputs `overwrite` replaces
     window: TimelineWindow | None = None  # the steps whose spans the timeline draws (run_epochs)
+    fingerprint: dict | None = None  # the graph's, which checkpoints hold (with checkpoint_dir)
 
     @property
     def num_batches(self) -> int:
@@ -159,7 +160,7 @@ class Run:
             path, config=self.config, graph=self.graph, model=self.model,
             optimizer=self.optimizer if typed is None else typed.adam, epoch=epoch, history=self.history,
             best=self.best, position={"step": step, "loss_sum": loss_sum}, mode_state=mode_state,
-            world_size=self.world.size, mode_choice=self.mode_choice, fingerprint=typed and typed.fingerprint,
+            world_size=self.world.size, mode_choice=self.mode_choice, fingerprint=self.fingerprint,
             typed=typed and (typed.sparse, typed.sampler.fanouts, typed.tables, epoch * self.num_batches + step))
         write_checkpoint(self, name, save)
 
@@ -168,7 +169,7 @@ class Run:
         optimizers and the mode's state (NeutronOrch's snapshots, super-batch in progress and controller), once
         the checkpoint's run is one this run may continue."""
         typed = self.typed
-        check_resumable(state, self.config, self.graph, str(path), self.world.size, typed and typed.fingerprint)
+        check_resumable(state, self.config, self.graph, str(path), self.world.size, self.fingerprint)
         if not self.mode.resumable:
             raise CheckpointError(f"{self.mode.name} mode cannot resume from a checkpoint.")
         saved_model, model = state["model_args"].get("custom"), getattr(self.model, "arguments", {}).get("custom")

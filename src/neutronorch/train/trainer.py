@@ -68,7 +68,7 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     this run has written its own, and puts them back if it ends before (``train/replacing.py``).
     A typed graph (``graph`` a ``TypedGraph``, or ``config.dataset`` a typed native folder or OGB's ogbn-mag
     layout: ``is_typed_dataset``) trains the same way, its relational model built by ``train/heterogeneous.py``
-    (``options``: its per-relation fanouts, R-GCN's bases and its tables' width, as ``train_typed`` takes them)."""
+    (``options``: a ``TypedOptions`` of its per-relation fanouts, R-GCN's bases and its tables' width)."""
     started, config = time.perf_counter(), check_call(config, progress, stop)
     # Resolved values (batch size) go into a copy, which names a graph given as what was trained.
     config = dataclasses.replace(config, dataset=given_dataset(graph, config.dataset)).validate()
@@ -153,8 +153,8 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
               util, metrics, task, data_seconds=data_seconds, world=world, typed=built.typed, stop=stop,
               mode_choice=built.mode_choice if choice is None else choice.to_dict(),
               health=Health(task.constant_losses(None if link else graph.labels[graph.train_idx]), built.warnings))
-    if built.typed is not None and config.checkpoint_dir:
-        built.typed.fingerprint = dataset_fingerprint(graph)  # the graph does not change while the run lasts
+    if config.checkpoint_dir:
+        run.fingerprint = dataset_fingerprint(graph)  # once: the graph does not change while the run lasts
     if world.distributed:
         run.sync = GradientSync(world, built.dense, stop, mode.averaged_gradients, built.tables)
         run.stop = run.sync.agreed  # every rank stops after the same step
