@@ -111,17 +111,6 @@ class Run:
     def num_batches(self) -> int:
         return self.mode.num_batches
 
-    @property
-    def stop_at_last_step(self) -> bool:
-        """A stop after an epoch's last step: a homogeneous run records and saves the epoch first, a typed one
-        saves it unrecorded (and resumes at that step, with no batch left)."""
-        return self.typed is not None
-
-    @property
-    def label(self) -> str:
-        """After the model's name in the timeline's title."""
-        return " (typed)" if self.typed is not None else ""
-
     def train_epoch(self, epoch: int, control: EpochControl, window: TimelineWindow, progress: Progress | None,
                     loss_progress) -> dict:
         seed = self.config.seed  # a typed model's dropout masks are keyed by the global batch (step.py)
@@ -207,7 +196,7 @@ def run_epochs(run: Run, progress: Progress | None) -> dict | None:
         control = EpochControl(run.start_step if resumed else 0, run.loss_sum if resumed else 0.0, run.stop,
                                config.checkpoint_every,
                                (lambda e, k, loss: run.checkpoint("last.pt", e, (k, float(loss)))) if saving else None,
-                               run.stop_at_last_step)
+                               run.typed is not None)
         record = run.train_epoch(epoch, control, window, noting_first_step(run, progress),
                                  getattr(progress, "loss", None))
         mode.end_epoch(record)
@@ -236,7 +225,7 @@ def run_epochs(run: Run, progress: Progress | None) -> dict | None:
             logger.info(f"stopping early: no better validation {run.task.metric} in {config.patience} evaluations "
                         f"(best {run.best['val']:.4f} at epoch {run.best['epoch']})")
             break
-    timeline = write_run_timeline(run, f"{mode.name} mode, {config.model}{run.label}, epoch {window.epoch}, first "
+    timeline = write_run_timeline(run, f"{mode.name} mode, {config.model}{' (typed)' * bool(run.typed)}, epoch {window.epoch}, first "
                                        f"{config.timeline_steps} steps", run.stages)
     if config.epochs and not run.last_eval and config.eval_every >= 0:  # eval_every 0: after the last epoch
         run.last_eval = run.evaluate(config.epochs - 1)
