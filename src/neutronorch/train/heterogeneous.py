@@ -157,7 +157,7 @@ class TypedParts:
         return scores
 
     def check_resumable(self, state: dict, model: TypedGNN, source: str) -> None:
-        """A typed run continues the checkpoint's only with its model arguments (``train_typed``'s
+        """A typed run continues the checkpoint's only with its model arguments (``TypedOptions``'
         ``num_bases`` and ``embed_dim`` too), fanouts per relation and tables' optimizer."""
         saved, now = state["model_args"], model.arguments
         differ = [f"the model's `{k}` {saved.get(k)!r} then, {now[k]!r} now" for k in now
@@ -171,7 +171,7 @@ class TypedParts:
                           f"tables, SparseAdam elsewhere), {sparse} now: resume on the device the run started on")
         if differ:
             raise CheckpointError(f"{source}: the run it continues trained otherwise: {'; '.join(differ)}. Resume "
-                                  f"with the same `fanouts`, `num_bases` and `embed_dim` (train_typed's arguments) "
+                                  f"with the same `fanouts`, `num_bases` and `embed_dim` (`TypedOptions`) "
                                   f"and device, or start a new run in another `checkpoint_dir`.")
 
     def summary(self, run) -> dict:

@@ -172,7 +172,7 @@ def draw_like_embedding(weight: torch.Tensor) -> None:
 
 def plan_tables(config: TrainConfig, graph: TypedGraph, num_layers: int, embed_dim: int | None,
                 device: torch.device, available: int | None = None) -> TypedTables:
-    """Where ``train_typed``'s tables will live, every check passed before any work: the storage
+    """Where a typed run's tables will live, every check passed before any work: the storage
     (``embedding_storage``; ``auto`` weighs the tables and moments against half of ``available`` bytes,
     default the memory available now), and for ``mmap`` the folder, checked not to be a file or inside an
     input's folder, to be writable, and its disk to have room. ``graph``: with its reverse relations."""
