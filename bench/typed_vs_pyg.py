@@ -41,8 +41,7 @@ built for torch 2.13) PyG's hetero sampler (torch-sparse's) gives no per-hop cou
 the rows of every sampled vertex of the types it outputs, as PyG's hetero examples do. DGL:
 ``DataLoader(g, {"paper": train}, NeighborSampler([{rel: fanout}, ...]), batch_size, shuffle=True)`` over
 ``dgl.heterograph`` of the relations (CSC built before timing), fanouts input layer first as DGL lists them;
-its blocks hold only what the layers above need. Ours: ``train_typed`` (what ``neutronorch.train`` runs for a
-typed graph), with ``--threads`` training threads (torch's and numba's) and one producer thread
+its blocks hold only what the layers above need. Ours: ``neutronorch.train`` of the typed graph, with ``--threads`` training threads (torch's and numba's) and one producer thread
 (sampling, gathering), on the same cores.
 
 **Timing.** One process per side; the sides take turns epoch by epoch, the order reversed every other epoch
@@ -174,10 +173,9 @@ def _say(record: dict) -> None:
 # ------------------------------------------------------------------------------------------- ours
 
 def ours_worker(args) -> None:
-    """``train_typed`` on the graph; it waits for its turn in the progress callback after an epoch's last
+    """``train`` on the graph (its fanouts per relation as ``TypedOptions``); it waits for its turn in the progress callback after an epoch's last
     step (inside the epoch's timed span: that wait is subtracted from the summary's epoch seconds)."""
-    from neutronorch import TrainConfig
-    from neutronorch.train.heterogeneous import train_typed
+    from neutronorch import TrainConfig, TypedOptions, train
 
     t0 = time.perf_counter()
     graph = load(args)
@@ -204,7 +202,7 @@ def ours_worker(args) -> None:
         waits.append(state["released"] - now)
 
     next_command()
-    summary = train_typed(config, graph, progress=progress, fanouts=fanout_spec(args))
+    summary = train(config, graph, progress=progress, options=TypedOptions(fanouts=fanout_spec(args)))
     epochs = summary["epochs"]
     _say({"test_accuracy": summary["final_test_acc"], "epoch_seconds": [e["seconds"] - w for e, w in zip(epochs, waits)],
           "losses": [e["train_loss"] for e in epochs], "stages": [e["stage_seconds"] for e in epochs],

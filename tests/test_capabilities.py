@@ -59,7 +59,7 @@ def test_the_loaders_and_your_own_module_refuse_the_modes_the_table_names():
         with pytest.raises(ConfigError) as refused:
             check_mode(mode)
         assert str(refused.value) == reason
-    from neutronorch.train.typed_own import check_own_model_config
+    from neutronorch.train.heterogeneous import check_own_model_config
     for (kind, mode), reason in OWN_MODULE_REFUSED.items():
         with pytest.raises(ConfigError) as refused:
             check_own_model_config(TrainConfig(mode=mode).validate())

@@ -17,7 +17,7 @@ from neutronorch import (CheckpointError, ConfigError, Interrupted, TrainConfig,
 from neutronorch.cli import main
 from neutronorch.data import synthetic_typed, write_typed
 from neutronorch.train import checkpoint as checkpoint_module
-from neutronorch.train.heterogeneous import train_typed
+from neutronorch.train.heterogeneous import TypedOptions
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +137,7 @@ def test_checkpoint_every_writes_positions_a_killed_run_resumes_from_exactly(mag
 
 
 def test_resuming_on_another_graph_or_with_other_settings_is_refused_naming_the_difference(mag, tmp_path):
-    train_typed(config(tmp_path, epochs=1), mag)
+    train(config(tmp_path, epochs=1), mag)
     resume = dict(epochs=2, resume=True)
     with pytest.raises(CheckpointError, match="last.pt: written for another typed graph.*the topology of "
                                               "\\(author, writes, paper\\).*differ"):
@@ -151,9 +151,9 @@ def test_resuming_on_another_graph_or_with_other_settings_is_refused_naming_the_
     with pytest.raises(CheckpointError, match="other settings: `model` 'sage' then, 'rgcn' now"):  # named first
         train(config(tmp_path, model="rgcn", **resume), graph=fewer)
     with pytest.raises(CheckpointError, match="the model's `embed_dim` None then, 8 now"):
-        train_typed(config(tmp_path, **resume), mag, embed_dim=8)
+        train(config(tmp_path, **resume), mag, options=TypedOptions(embed_dim=8))
     with pytest.raises(CheckpointError, match="the fanouts of \\(author, writes, paper\\) \\[4, 4\\] then, \\[2, 2\\]"):
-        train_typed(config(tmp_path, **resume), mag, fanouts={"writes": [2, 2], "default": [4, 4]})
+        train(config(tmp_path, **resume), mag, options=TypedOptions(fanouts={"writes": [2, 2], "default": [4, 4]}))
     with pytest.raises(CheckpointError, match="no checkpoint to resume from"):
         train(config(tmp_path / "empty", **resume), graph=mag)
     with pytest.raises(ConfigError, match="already exists.*`resume`"):
@@ -230,13 +230,14 @@ def test_embeddings_are_the_rows_the_layer_above_reads(mag, whole):
     rows = embed(checkpoint, mag, nodes=[7, 3, 11])
     assert rows.shape == (3, 16) and rows.dtype == np.float32
     from neutronorch.sampling.typed_sampler import TypedNeighborSampler
-    from neutronorch.train.typed_inputs import gather_inputs, inference_key
+    from neutronorch.features.store import gather_frontier
+    from neutronorch.train.evaluate import inference_key
 
     graph, model, read = mag.with_reverse(), checkpoint.model, {}
     subgraph = TypedNeighborSampler(graph, checkpoint.fanouts).sample(np.array([7, 3, 11]), inference_key(0))
     handle = model.layers[1].register_forward_pre_hook(lambda module, args: read.update(args[1]))
     with torch.no_grad():
-        model(subgraph.blocks, *gather_inputs(graph, subgraph, torch.device("cpu")))
+        model(subgraph.blocks, *gather_frontier(graph, subgraph.input_nodes, torch.device("cpu")))
     handle.remove()
     # The seeds lead their type's frontier; the same neighbourhoods, the products over chunks of other sizes.
     assert torch.allclose(read["paper"][:3], torch.from_numpy(rows), rtol=0, atol=1e-5)

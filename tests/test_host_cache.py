@@ -441,7 +441,7 @@ def test_a_typed_run_trains_the_same_losses_in_file_order_and_through_host_cache
     from neutronorch.features.cache import typed_hotness_order
     from neutronorch.features.reading import typed_stores
     from neutronorch.sampling.typed_sampler import TypedNeighborSampler
-    from neutronorch.train.heterogeneous import train_typed
+    from neutronorch import train
 
     folder, graph = _typed_folder(tmp_path)
     paper, field = graph.features["paper"], graph.features["field"]
@@ -451,7 +451,7 @@ def test_a_typed_run_trains_the_same_losses_in_file_order_and_through_host_cache
         config = TrainConfig(dataset=str(folder), model="rgcn", fanouts=[4, 4], hidden=16, batch_size=32, epochs=2,
                              eval_every=0, seed=1, threads=1, sampler_threads=1, host_cache_dir=str(tmp_path),
                              **settings)
-        return config, train_typed(config, graph)
+        return config, train(config, graph)
 
     _, plain = run(read_order="batch", host_cache_gb=0)
     losses = [e["train_loss"] for e in plain["epochs"]]

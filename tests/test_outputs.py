@@ -715,7 +715,7 @@ def test_outputs_a_killed_run_set_aside_are_the_users_to_keep_or_drop(datasets, 
 @pytest.mark.slow
 def test_a_typed_run_folder_is_kept_with_its_table_folders_until_replaced(tmp_path, monkeypatch, capsys):
     from neutronorch.data import synthetic_typed, write_typed
-    from neutronorch.train import heterogeneous, run
+    from neutronorch.train import run, trainer
 
     monkeypatch.chdir(tmp_path)
     write_typed(synthetic_typed(nodes=1200, train=0.3, val=0.1, seed=0), tmp_path / "mag")
@@ -726,24 +726,24 @@ def test_a_typed_run_folder_is_kept_with_its_table_folders_until_replaced(tmp_pa
     assert [p for p in folder.iterdir() if "-tables-" in p.name]
     before = _digest(tmp_path)
 
-    def diverged(self):
+    def diverged(*args):
         raise TrainingError("the training loss became NaN or infinite in epoch 0 (within its first 1 steps)")
 
     from neutronorch.errors import TrainingError
 
-    monkeypatch.setattr(run.Run, "epochs", diverged)
+    monkeypatch.setattr(run, "run_epochs", diverged)
     assert main(base + ["--overwrite"]) == 2
     assert "NaN or infinite" in capsys.readouterr().err
     assert _digest(tmp_path) == before and not list(tmp_path.rglob(".neutronorch-*"))
     monkeypatch.undo()
     monkeypatch.chdir(tmp_path)
-    real = heterogeneous.read_typed
+    real = trainer.load_typed_dataset
 
     def terminated_while_loading(*args):
         os.kill(os.getpid(), signal.SIGTERM)
         return real(*args)
 
-    monkeypatch.setattr(heterogeneous, "read_typed", terminated_while_loading)
+    monkeypatch.setattr(trainer, "load_typed_dataset", terminated_while_loading)
     assert main(base + ["--overwrite", "--epochs", "2"]) == 128 + signal.SIGTERM
     assert "the earlier run's results it was to replace are kept" in capsys.readouterr().err
     assert _digest(tmp_path) == before and not list(tmp_path.rglob(".neutronorch-*"))

@@ -34,7 +34,7 @@ from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.task import Task
 from neutronorch.train.sparse_sync import combine_rows, own_rows
 from neutronorch.train.step import step_masks
-from neutronorch.train.typed_inputs import gather_inputs
+from neutronorch.features.store import gather_frontier
 
 LOSS_RTOL = 1e-5  # as the homogeneous tests: the same arithmetic up to the order of float sums
 # 121 training papers in global batches of 2 x 30: 60, 60, then one seed, of which rank 1 has no part.
@@ -62,15 +62,15 @@ def _step_losses(path: Path) -> list[float]:
 
 def _trained(config: TrainConfig, graph, stop=None, progress=None) -> tuple[dict | str, dict]:
     """``train``, and the run's weights, tables and table moments at its end (caught where the run is made)."""
-    heterogeneous = importlib.import_module("neutronorch.train.heterogeneous")  # the package's name is train()'s
-    runs, original = [], heterogeneous.typed_run
-    heterogeneous.typed_run = lambda *args: (lambda run: (runs.append(run), run)[1])(original(*args))
+    trainer = importlib.import_module("neutronorch.train.trainer")  # the package's name is train()'s
+    runs, original = [], trainer.build_run
+    trainer.build_run = lambda *args: (lambda run: (runs.append(run), run)[1])(original(*args))
     try:
         summary = train(config, graph=graph, stop=stop, progress=progress)
     except Interrupted as exc:
         summary = str(exc)
     finally:
-        heterogeneous.typed_run = original
+        trainer.build_run = original
     run = runs[0]
     tables = run.typed.sparse.state_dict()["tables"]
     state = {**{k: v.detach().clone() for k, v in run.model.state_dict().items()},
@@ -212,7 +212,7 @@ def neighbours(subgraph) -> dict[tuple, tuple]:
 
 def forward(model, graph, sampler, seeds, key, epoch=1):
     subgraph = sampler.sample(seeds, key)
-    features, ids = gather_inputs(graph, subgraph, torch.device("cpu"))
+    features, ids = gather_frontier(graph, subgraph.input_nodes, torch.device("cpu"))
     with step_masks(0, epoch, 2):
         return model(subgraph.blocks, features, ids)
 
@@ -249,7 +249,7 @@ def test_the_ranks_table_rows_combine_into_the_global_batchs_gradient():
     def gradients(part):
         model.zero_grad(set_to_none=True)
         subgraph = sampler.sample(part, 7)
-        features, ids = gather_inputs(graph, subgraph, torch.device("cpu"))
+        features, ids = gather_frontier(graph, subgraph.input_nodes, torch.device("cpu"))
         with step_masks(0, 0, 0):
             logits = model(subgraph.blocks, features, ids)
         labels = torch.from_numpy(np.asarray(graph.labels[part], dtype=np.int64))

@@ -20,7 +20,7 @@ from neutronorch.nn.splice import HotRows, SpliceIndex
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
-from neutronorch.train.typed_inputs import gather_frontier, gather_inputs
+from neutronorch.features.store import gather_frontier
 
 CPU = torch.device("cpu")
 
@@ -47,7 +47,7 @@ def test_a_spliced_forward_and_its_gradients_equal_the_whole_ones(mag, kind):
     seeds = np.asarray(mag.train_idx[:64])
     whole = sampler.sample(seeds, 9)
     torch.manual_seed(0)
-    reference = model(whole.blocks, *gather_inputs(mag, whole, CPU))
+    reference = model(whole.blocks, *gather_frontier(mag, whole.input_nodes, CPU))
     reference.square().sum().backward()
     expected = grads(model)
     model.zero_grad(set_to_none=True)

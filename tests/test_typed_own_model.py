@@ -1,4 +1,4 @@
-"""Your own module on a typed graph through train() (``train/typed_own.py``, ``nn/custom.py``): a
+"""Your own module on a typed graph through train() (``train/heterogeneous.py``, ``nn/custom.py``): a
 TypedGNN handed over as one's own trains to the bit as the built-in one, in exact and device mode; a module
 written by hand trains, its sparse tables moved only where a batch looked; and what is refused."""
 

@@ -43,6 +43,7 @@ _WHERE = {
     "embed": "neutronorch.train.predict",
     "score_pairs": "neutronorch.train.link_predict",
     "train": "neutronorch.train.trainer",
+    "TypedOptions": "neutronorch.train.heterogeneous",
 }
 __all__ = list(_WHERE)
 

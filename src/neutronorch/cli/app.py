@@ -284,12 +284,11 @@ def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
     --pairs), the checkpoint read (unless ``pairs`` is None, checked to score pairs or classify vertices as
     asked), then the data loaded, so that a wrong request fails before a large dataset is read. Returns the
     checkpoint, the graph and their keywords (device, out, scratch, progress, overwrite; the pairs, read once)."""
-    from neutronorch.train.checkpoint import load_checkpoint
+    from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, load_checkpoint
     from neutronorch.train.link_predict import read_pairs
     from neutronorch.train.predict import check_asked, check_task
     from neutronorch.train.prediction_io import NODE_SETS, check_output_path
     from neutronorch.train.resources import resolve_device
-    from neutronorch.train.checkpoint import load_typed_checkpoint
 
     typed, device = is_typed_dataset(args.dataset), resolve_device(args.device)
     scratch = None if args.scratch_dir == "memory" else args.scratch_dir
@@ -302,7 +301,7 @@ def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
     check_output_path(args.out, scratch, reads, args.overwrite)
     # Read once, here, so a bad file fails before the data loads; the file stays named in later errors.
     options = {"pairs": read_pairs(given), "layout": "columns", "source": given} if pairs else {}
-    checkpoint = (load_typed_checkpoint if typed else load_checkpoint)(args.checkpoint)
+    checkpoint = load_checkpoint(args.checkpoint, kind=TYPED if typed else HOMOGENEOUS)
     if pairs is not None:
         check_task(checkpoint, pairs)
     graph = (load_typed_dataset if typed else load_dataset)(args.dataset)

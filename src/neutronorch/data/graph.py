@@ -68,6 +68,16 @@ class GraphCommon:
     def _mark_validated(self, classes: bool = True) -> None:
         self._validated = (self._parts(), classes)
 
+    def files(self) -> list[str]:
+        """The files this graph's arrays (``arrays``) are memory-mapped from (none for arrays held in memory)."""
+        found = []
+        for array in self.arrays():
+            while array is not None and getattr(array, "filename", None) is None:
+                array = getattr(array, "base", None)  # a view of a map (a bfloat16 view, a slice)
+            if array is not None and array.filename not in found:
+                found.append(array.filename)
+        return found
+
     def _parts(self) -> tuple:
         """Every field's object and the entries of its dicts (``check_given`` compares them)."""
         parts = []
@@ -128,16 +138,6 @@ class Graph(GraphCommon):
     def arrays(self) -> list[np.ndarray]:
         """The graph's arrays, in the native format's order (``ARRAYS``)."""
         return [getattr(self, name) for name in ARRAYS]
-
-    def files(self) -> list[str]:
-        """The files this graph's arrays are memory-mapped from (none for arrays held in memory)."""
-        found = []
-        for array in self.arrays():
-            while array is not None and getattr(array, "filename", None) is None:
-                array = getattr(array, "base", None)  # a view of a map (a bfloat16 view, a slice)
-            if array is not None and array.filename not in found:
-                found.append(array.filename)
-        return found
 
     def describe(self) -> str:
         tasks = [f"{self.num_classes} classes, split {len(self.train_idx):,}/{len(self.val_idx):,}/"

@@ -90,8 +90,8 @@ class TypedBlock:
     ``edge_ids[r]``: the position in relation ``r``'s CSC ``indices`` of each of ``blocks[r]``'s edges (int64,
     in the block's ``indices`` order), for the relations the sampler recorded them for (by default those with
     edge features). ``edge_features[r]``: those edges' feature rows (``edges x width``) once gathered
-    (``train/typed_inputs.py``); the models read them as attention features or edge weights. ``to`` moves
-    every tensor.
+    (``sampling/typed_edges.py``, as the sampler draws them); the models read them as attention features or
+    edge weights. ``to`` moves every tensor.
     """
 
     num_dst: dict[str, int]

@@ -12,10 +12,10 @@ those tables' weights and moments (``train/table_files.py``). It is written to a
 folder, flushed to disk and renamed into place, so a crash or a full disk mid-write leaves the previous
 checkpoint intact.
 
-Reading one (``load_checkpoint``, ``load_typed_checkpoint``) needs no training state: it rebuilds the model
-(``GNN`` or ``TypedGNN``) from its stored arguments and loads its weights; unreadable, truncated,
-newer-format or damaged files get a clear error, and a reader given the other kind says what the file is
-and which reader takes it.
+Reading one (``load_checkpoint``, of either kind: ``load_typed_checkpoint`` reads a typed one) needs no
+training state: it rebuilds the model (``GNN`` or ``TypedGNN``) from its stored arguments and loads its
+weights; unreadable, truncated, newer-format or damaged files get a clear error, and a reader given the other
+kind says what the file is and which reader takes it.
 """
 
 from __future__ import annotations
@@ -93,23 +93,36 @@ def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Grap
 
 @dataclass
 class Checkpoint:
-    model: GNN  # in eval mode, on the CPU
+    """A checkpoint read for inference, of either kind: the model (eval mode, on the CPU) and what produced it."""
+
+    model: torch.nn.Module  # GNN, LinkModel, your own model's UserModel, or a typed run's TypedGNN
     config: TrainConfig
     epoch: int
-    dataset: dict  # the fingerprint of the data it was trained on
+    dataset: dict  # the fingerprint of the data it was trained on (a typed graph's with its reverse relations)
     history: list[dict]
     optimizer: dict
+    fanouts: dict[tuple, list[int]] | None = None  # a typed run's, per relation, as it sampled; None: homogeneous
+
+    @property
+    def typed(self) -> bool:
+        return self.fanouts is not None
 
 
-def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module | None = None) -> Checkpoint:
-    """Read a checkpoint written by training: the model (ready for inference) and what produced it. A run of
-    your own model (``train(..., model=...)``) saved its weights only: give ``model``, a module of the same
-    class, which receives them."""
-    state = load_state(path)
-    model = _model(state, Path(path), model)
-    model.eval()
+def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module | None = None,
+                    kind: str = HOMOGENEOUS) -> Checkpoint:
+    """Read a checkpoint of ``kind`` written by training: the model (ready for inference) and what produced
+    it. A run of your own model (``train(..., model=...)``) saved its weights only: give ``model``, a module
+    of the same class, which receives them."""
+    state = load_state(path, kind)
     config = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.keys()})
-    return Checkpoint(model, config, int(state["epoch"]), state["dataset"], state["history"], state["optimizer"])
+    return Checkpoint(_model(state, Path(path), model).eval(), config, int(state["epoch"]), state["dataset"],
+                      state["history"], state["optimizer"], fanouts_of(state) if kind == TYPED else None)
+
+
+def load_typed_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """``load_checkpoint`` of a typed run's checkpoint (``last.pt`` or ``best.pt``), which ``predict`` and
+    ``embed`` take (or its path) with a ``TypedGraph``."""
+    return load_checkpoint(path, kind=TYPED)
 
 
 def load_state(path: str | os.PathLike, kind: str = HOMOGENEOUS) -> dict:
@@ -123,9 +136,8 @@ def load_state(path: str | os.PathLike, kind: str = HOMOGENEOUS) -> dict:
             state["mode_state"] = state.pop("typed_mode_state") or {}
         check_parts(state, path, optional=OPTIONAL_PARTS[:-2], fingerprint=TYPED_FINGERPRINT_KEYS)
         attach_tables(state, path)
-        typed_model(state, path)
-        return state
-    check_parts(state, path)
+    else:
+        check_parts(state, path)
     if state["format_version"] < 2:  # before the setting existed, GCN normalised by the mean
         state["model_args"].setdefault("gcn_norm", "mean")
         state["config"].setdefault("gcn_norm", "mean")
@@ -241,17 +253,22 @@ def check_parts(state: dict, path: Path, parts: dict = CHECKPOINT_PARTS, optiona
                               f"--checkpoint-dir, or train again.")
 
 
-def _model(state: dict, path: Path, given: torch.nn.Module | None = None) -> GNN | UserModel:
-    """The model the checkpoint's arguments build (or, for a user's model, ``given``), holding its weights."""
-    args = state["model_args"]
+def _model(state: dict, path: Path, given: torch.nn.Module | None = None) -> torch.nn.Module:
+    """The model the checkpoint's arguments build (or, for a user's model, ``given``), holding its weights: a
+    typed one's ``TypedGNN`` (its ``TypedSpec`` from the stored arguments, edge feature widths included, and
+    its memory-mapped tables attached), a link model, or a ``GNN``."""
+    args, typed = state["model_args"], state.get("kind") == TYPED
     if "custom" in args or given is not None:
         return _user_model(state, path, given)
     try:
-        model = LinkModel.from_arguments(args) if "link_head" in args else GNN(**args)
+        if typed:
+            model = TypedGNN(**{**args, "spec": TypedSpec.from_dict(args["spec"])}, tables=checkpoint_tables(state))
+        else:
+            model = LinkModel.from_arguments(args) if "link_head" in args else GNN(**args)
     except Exception as exc:  # noqa: BLE001 - foreign arguments fail in the constructor in many ways
-        raise CheckpointError(f"{path}: its model arguments build no model ({type(exc).__name__}: {exc}). The file "
-                              f"is damaged or from another program; use last.pt or best.pt of a "
-                              f"--checkpoint-dir.") from None
+        raise CheckpointError(f"{path}: its model arguments build no {'relational ' * typed}model "
+                              f"({type(exc).__name__}: {exc}). The file is damaged or from another program; use "
+                              f"last.pt or best.pt of a --checkpoint-dir.") from None
     return holding_weights(model, state, path, "its weights do not fit the model its arguments describe",
                            "The file is damaged; use another checkpoint or train again.")
 
@@ -299,69 +316,31 @@ def check_resumable(state: dict, config: TrainConfig, graph: Graph | TypedGraph,
                     "typed graph" if isinstance(graph, TypedGraph) else "dataset")
 
 
-def check_fits(checkpoint: Checkpoint, graph: Graph, source: str) -> None:
-    """The model's input width and classes must match the data it is applied to; a link model's outputs are
-    embeddings, not classes, so only its input width must (its graph may have any classes, or none)."""
-    found = dataset_fingerprint(graph)
-    keys = ("feature_dim",) if isinstance(checkpoint.model, LinkModel) else ("feature_dim", "classes")
-    differ = [f"{key} {checkpoint.dataset[key]} (checkpoint) vs {found[key]} (data)"
-              for key in keys if checkpoint.dataset[key] != found[key]]
-    if differ:
-        raise CheckpointError(f"{source}: the checkpoint's model does not fit this dataset: {'; '.join(differ)}.")
-
-
-def spec_of(arguments: dict) -> TypedSpec:
-    """The ``TypedSpec`` a model's stored arguments describe (``TypedSpec.from_dict``, edge feature widths
-    included: R-GAT's ``lin_edge`` weights and the relations SAGE and R-GCN weight their means by follow from
-    them)."""
-    return TypedSpec.from_dict(arguments["spec"])
-
-
 def fanouts_of(state: dict) -> dict[tuple, list[int]]:
     """The fanouts per relation triple that a checkpoint's run sampled with."""
     return {tuple(relation): list(fanouts) for relation, fanouts in state["fanouts"]}
 
 
-def typed_model(state: dict, path: Path) -> TypedGNN:
-    """The model a typed checkpoint's arguments build, holding its weights, in eval mode on the CPU."""
-    try:
-        model = TypedGNN(**{**state["model_args"], "spec": spec_of(state["model_args"])},
-                         tables=checkpoint_tables(state))
-    except Exception as exc:  # noqa: BLE001 - foreign arguments fail in the constructor in many ways
-        raise CheckpointError(f"{path}: its model arguments build no relational model ({type(exc).__name__}: "
-                              f"{exc}). The file is damaged or from another program; use last.pt or best.pt of a "
-                              f"--checkpoint-dir.") from None
-    model = holding_weights(model, state, path, "its weights do not fit the model its arguments describe",
-                            "The file is damaged; use another checkpoint or train again.")
-    return model.eval()
+def check_fits(checkpoint: Checkpoint, graph: Graph | TypedGraph, source: str) -> None:
+    """The model must fit the data it is applied to. A homogeneous one: its input width and classes (a link
+    model's outputs are embeddings, not classes, so only its input width: its graph may have any classes, or
+    none). A typed one (``graph`` with its reverse relations): the same target and classes, relations, and for
+    each type the model reads its feature width, and for a featureless type (an embedding table, a row per
+    vertex) its vertex count; the data may otherwise differ (other features, more papers)."""
+    if checkpoint.typed:
+        differ = _typed_misfits(checkpoint.model, graph)
+    else:
+        found = dataset_fingerprint(graph)
+        keys = ("feature_dim",) if isinstance(checkpoint.model, LinkModel) else ("feature_dim", "classes")
+        differ = [f"{key} {checkpoint.dataset[key]} (checkpoint) vs {found[key]} (data)"
+                  for key in keys if checkpoint.dataset[key] != found[key]]
+    if differ:
+        data = "graph" if checkpoint.typed else "dataset"
+        raise CheckpointError(f"{source}: the checkpoint's model does not fit this {data}: {'; '.join(differ)}.")
 
 
-@dataclass
-class TypedCheckpoint:
-    """A typed checkpoint read for inference: the model (eval mode, on the CPU) and what produced it."""
-
-    model: TypedGNN
-    config: TrainConfig
-    epoch: int
-    dataset: dict  # the fingerprint of the graph it was trained on (reverse relations added)
-    history: list[dict]
-    fanouts: dict[tuple, list[int]]  # per relation, as the run sampled
-
-
-def load_typed_checkpoint(path: str | Path) -> TypedCheckpoint:
-    """Read a typed run's checkpoint (``last.pt`` or ``best.pt``): its model, ready for inference, and what
-    produced it. ``predict`` and ``embed`` take it (or its path) with a ``TypedGraph``."""
-    state = load_state(path, TYPED)
-    config = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.keys()})
-    return TypedCheckpoint(typed_model(state, Path(path)), config, int(state["epoch"]), state["dataset"],
-                           state["history"], fanouts_of(state))
-
-
-def check_typed_fits(checkpoint: TypedCheckpoint, graph: TypedGraph, source: str) -> None:
-    """The model must fit ``graph`` (reverse relations added): the same target and classes, relations, and
-    for each type the model reads its feature width, and for a featureless type (an embedding table, a row per
-    vertex) its vertex count. The data may otherwise differ (other features, more papers)."""
-    args, spec = checkpoint.model.arguments, checkpoint.model.spec
+def _typed_misfits(model: TypedGNN, graph: TypedGraph) -> list[str]:
+    args, spec = model.arguments, model.spec
     differ = []
     if graph.target != spec.target or graph.num_classes != args["num_classes"]:
         differ.append(f"target {spec.target} of {args['num_classes']} classes (checkpoint) vs {graph.target} of "
@@ -372,7 +351,7 @@ def check_typed_fits(checkpoint: TypedCheckpoint, graph: TypedGraph, source: str
         differ.append("relations " + "; ".join(
             [f"{', '.join(missing)} missing from the data"] * bool(missing) + [f"{', '.join(extra)} unknown to the "
                                                                                 f"model"] * bool(extra)))
-    for t in checkpoint.model.input_types:
+    for t in model.input_types:
         width = spec.feature_dims[t]
         if t not in graph.num_nodes:
             differ.append(f"vertex type {t} missing from the data")
@@ -381,5 +360,4 @@ def check_typed_fits(checkpoint: TypedCheckpoint, graph: TypedGraph, source: str
         elif not width and graph.num_nodes[t] != spec.num_nodes[t]:
             differ.append(f"{t} embedding table of {spec.num_nodes[t]:,} rows (checkpoint) vs {graph.num_nodes[t]:,} "
                           f"vertices (data)")
-    if differ:
-        raise CheckpointError(f"{source}: the checkpoint's model does not fit this graph: {'; '.join(differ)}.")
+    return differ

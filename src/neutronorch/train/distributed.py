@@ -220,11 +220,6 @@ def launched_rank() -> int:
     return int(os.environ.get("RANK", "0")) if world_size() > 1 else 0
 
 
-def ranks_here() -> int:
-    """Ranks on this machine, which share its cores (``thread_budget``): the launcher's ``LOCAL_WORLD_SIZE``."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if world_size() > 1 else 1
-
-
 def join_ranks(stack: contextlib.ExitStack, config: TrainConfig, device: torch.device) -> tuple[World, Replacement]:
     """Join the run's ranks (one rank in one process; ``stack`` leaves a group it made); rank 0 holds
     ``checkpoint_dir`` while the run lasts and sets aside the earlier outputs ``overwrite`` replaces

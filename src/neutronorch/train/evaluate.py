@@ -1,5 +1,6 @@
 """Exact evaluation: full-neighbour layer-wise inference (``layerwise.py``), or sampled inference for huge
-graphs. Evaluation is never stale, in every mode."""
+graphs; a typed graph's sampled inference (``typed_logits``, which its evaluation and its predictions use).
+Evaluation is never stale, in every mode."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import numpy as np
 import torch
 
 from neutronorch.data.graph import Graph
-from neutronorch.features.store import FeatureStore
+from neutronorch.data.typed import TypedGraph
+from neutronorch.features.store import FeatureStore, TypedInputs
 from neutronorch.nn.models import GNN
+from neutronorch.nn.typed_models import TypedGNN
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.distributed import World
 from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, node_collapse
 from neutronorch.train.layerwise import LayerProgress, layerwise
@@ -43,6 +47,28 @@ def sampled_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.T
         outputs.append(model(blocks, x).float().cpu())
         if progress is not None:
             progress(0, min(nodes.shape[0], (index - first_chunk + 1) * batch_size), nodes.shape[0])
+    return torch.cat(outputs)
+
+
+def inference_key(seed: int) -> int:
+    """The key every chunk of an evaluation or a prediction samples with. The sampler keys each vertex's draws
+    by the key and the vertex, so with one key for all chunks a vertex's neighbourhood depends on the vertex
+    alone (its output too, to float32 rounding): not on the chunk it falls in, the chunk size or the other
+    vertices asked for."""
+    return batch_key(seed, -1, 0)
+
+
+@torch.no_grad()
+def typed_logits(model: TypedGNN, graph: TypedGraph, sampler: TypedNeighborSampler, nodes: torch.Tensor,
+                 device: torch.device, batch_size: int, seed: int) -> torch.Tensor:
+    """Logits of ``nodes`` (unique target ids), the model in eval mode, in chunks of ``batch_size`` sampled
+    with the one key ``inference_key(seed)``; float32 on the CPU."""
+    model.eval()
+    outputs, inputs = [torch.zeros(0, model.arguments["num_classes"])], TypedInputs(graph)
+    for chunk in torch.split(nodes, batch_size):
+        subgraph = sampler.sample(chunk.numpy(), inference_key(seed))
+        features, ids = inputs(subgraph.input_nodes, device)
+        outputs.append(model([b.to(device) for b in subgraph.blocks], features, ids).float().cpu())
     return torch.cat(outputs)
 
 

@@ -1,68 +1,40 @@
-"""A typed graph's run: ``train_typed(config, graph)``, which ``neutronorch.train(config, graph=typed_graph)`` (or
-``config.dataset`` naming a typed folder or OGB's ogbn-mag layout: ``is_typed_run``) runs through
-``train_typed_run``; docs/heterogeneous.md describes what it trains and how.
-
-It builds the same ``Run`` (``run.py``) as a homogeneous graph's, over the graph with its reverse relations
-added (``TypedGraph.with_reverse``), with what differs held in ``TypedParts``: the samplers per relation
-(``config.fanouts`` for every relation, or ``fanouts`` as ``typed_fanouts`` reads them; evaluation's from
-``eval_fanouts``), the model (``TypedGNN``, or your own module: ``typed_own.py``), the embedding tables
-(``typed_tables.py``) and their optimizer (``RowAdam`` on the CPU, ``SparseAdam`` elsewhere) beside Adam for
-the dense weights, the graph's fingerprint, and the evaluation: the validation and test vertices scored in
-batches of ``eval_batch_size`` from samples of the one key ``inference_key(seed)``, as predictions sample, so
-every evaluation sees the same neighbourhoods whatever the batches. Batches come from the run's mode
-(``build_mode`` given the typed graph) and train through the same loop and step; a training forward's dropout
-masks are keyed by the global batch (``step.py``'s ``step_masks``), so the same seed gives the same losses,
-on one rank or several (``distributed.py``'s ``GradientSync`` reduces the tables' sparse rows too).
-
-What typed graphs cannot do yet is refused with the reason (``capabilities.check_run``).
+"""A typed graph's part of a run (docs/heterogeneous.md says what it trains and how). ``typed_model`` builds, for
+``trainer.build_run``, what a typed graph's run has beside every run's: the graph with its reverse relations
+(``TypedGraph.with_reverse``), samplers per relation (``config.fanouts`` for every relation, or
+``TypedOptions.fanouts`` as ``typed_fanouts`` reads them; evaluation's from ``eval_fanouts``), the model
+(``TypedGNN``, or your own module, refused before any work what it cannot train with:
+``check_own_model_config``), the embedding tables (``typed_tables.py``) and their optimizer (``RowAdam`` on the
+CPU, ``SparseAdam`` elsewhere) beside Adam for the dense weights. ``TypedParts`` is what the ``Run`` holds of
+them: its evaluation scores the validation and test vertices from samples of the one key
+``inference_key(seed)``, as predictions sample, so every evaluation sees the same neighbourhoods whatever the
+batches; what a resumed run may not change; the summary's typed keys.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import logging
-import threading
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from neutronorch.capabilities import check_run
+from neutronorch.capabilities import OWN_MODULE_REFUSED
 from neutronorch.config import TrainConfig, auto_batch_size
-from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_typed_dataset
+from neutronorch.data import Graph, TypedGraph, is_typed_dataset
 from neutronorch.data.typed import relation_label
-from neutronorch.data.native import is_typed_dir, read_typed
 from neutronorch.errors import CheckpointError, ConfigError
-from neutronorch.nn.precision import resolve_precision
+from neutronorch.nn.custom import ModelProtocolError, UserModel, check_trainable
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
-from neutronorch.observe import Spans, Utilisation
-from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
-from neutronorch.train.checkpoint import TYPED, fanouts_of, load_state
-from neutronorch.train.distributed import (GradientSync, World, join_ranks, launched_rank, rank_device, rank_settings,
-                                           ranks_here, shared_logits, world_size)
-from neutronorch.train.evaluate import eval_subset, scored
+from neutronorch.train.checkpoint import fanouts_of
+from neutronorch.train.distributed import shared_logits
+from neutronorch.train.evaluate import eval_subset, scored, typed_logits
 from neutronorch.train.feasible import check_learnable
-from neutronorch.train.health import Health
-from neutronorch.train.loop import Progress
-from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
-from neutronorch.train.outputs import check_checkpoint_space, check_outputs
-from neutronorch.train.resources import (check_threading_layer, numba_threads, resolve_device, thread_budget,
-                                         torch_threads)
-from neutronorch.train.resume import dataset_fingerprint, last_checkpoint
 from neutronorch.train.row_adam import RowAdam
-from neutronorch.train.run import Run, summarised
-from neutronorch.train.step import TRAINER_STAGES
+from neutronorch.train.run import Built
 from neutronorch.train.task import Task
-from neutronorch.train.typed_inputs import typed_files, typed_logits
-from neutronorch.train.typed_own import check_own_model_config, own_typed_model
 from neutronorch.train.typed_tables import TypedTables, plan_tables
-
-logger = logging.getLogger("neutronorch")
 
 
 def is_typed_run(config: TrainConfig, graph: Graph | TypedGraph | None) -> bool:
@@ -70,102 +42,80 @@ def is_typed_run(config: TrainConfig, graph: Graph | TypedGraph | None) -> bool:
     return isinstance(graph, TypedGraph) or (graph is None and is_typed_dataset(config.dataset))
 
 
-def train_typed_run(config: TrainConfig, graph: TypedGraph | None, progress, stop: threading.Event | None,
-                    model: torch.nn.Module | None) -> dict:
-    """``train`` for a typed run: the graph loaded when only named (OGB's layout takes parsing, so the settings
-    and outputs are checked first), then ``train_typed``, with ``model`` (your own module: ``train/typed_own.py``)
-    when given."""
-    if model is not None:
-        check_own_model_config(config)  # before the graph is read
-    if graph is not None:
-        graph.check_given()  # one built or changed by hand is checked as a loaded one is
-    if graph is None and not is_typed_dir(Path(config.dataset).expanduser()):
-        check_run(config, "typed", world_size())
-        check_outputs(config)
-        graph = load_typed_dataset(config.dataset)
-    return train_typed(config, graph, progress, stop, model=model)
+@dataclass
+class TypedOptions:
+    """A typed run's model settings beyond ``TrainConfig``'s: per-relation ``fanouts`` (``typed_fanouts``)
+    instead of ``config.fanouts``, R-GCN's ``num_bases`` (basis decomposition), and ``embed_dim``, the
+    featureless types' table width for sage and rgat (default ``hidden``)."""
+
+    fanouts: object = None
+    num_bases: int | None = None
+    embed_dim: int | None = None
 
 
-def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: Progress | None = None,
-                stop: threading.Event | None = None, fanouts=None, num_bases: int | None = None,
-                embed_dim: int | None = None, model: torch.nn.Module | None = None) -> dict:
-    """Train ``config.model`` (sage, rgcn or rgat) on ``graph`` (default: the typed folder ``config.dataset``)
-    in the mode ``config.mode`` names and return the run summary (also written to ``summary_json``).
-    ``fanouts``: per-relation fanouts (``typed_fanouts``) instead of ``config.fanouts``; ``num_bases``: R-GCN's
-    basis decomposition;
-    ``embed_dim``: the featureless types' table width for sage and rgat (default ``hidden``); ``model``: your
-    own module instead (``train/typed_own.py``: ``forward(blocks, features, ids)``, exact and device mode).
-    ``progress(epoch, done, total)`` after every step (and its ``loss``/``evaluating`` methods, when it has
-    them, as ``train`` calls them); setting ``stop`` ends the run after the current step, writes the summary
-    marked interrupted and raises ``Interrupted``."""
-    started = time.perf_counter()
-    config = dataclasses.replace(config).validate()
-    check_run(config, "typed", world_size())
-    config = rank_settings(config)  # data parallel: only rank 0 writes the summary and logs
-    data_seconds = 0.0
-    if graph is None:
-        graph = read_typed(Path(config.dataset).expanduser())
-        data_seconds = time.perf_counter() - started
-        logger.info(f"loaded {graph.name} in {data_seconds:.1f}s")
-    check_outputs(config, {"graph": typed_files(graph)})
+def check_own_model_config(config: TrainConfig) -> None:
+    """Raise ``ConfigError`` for a setting your own module cannot train a typed graph with (before any work)."""
+    refused = [
+        (("typed", config.mode) in OWN_MODULE_REFUSED, OWN_MODULE_REFUSED.get(("typed", config.mode))),
+        (bool(config.checkpoint_dir),
+         "`checkpoint_dir`: checkpoints of your own module in a typed run are not written yet (a typed checkpoint "
+         "rebuilds a built-in model from its arguments; yours needs your module to load into). Leave "
+         "`checkpoint_dir`, `checkpoint_every` and `resume` out, and save module.state_dict() after train()."),
+        (config.embedding_storage not in ("auto", "memory"),
+         f"`embedding_storage` {config.embedding_storage}: it places the built-in models' embedding tables; your "
+         f"module's tables are its own. Leave `embedding_storage` out."),
+    ]
+    for bad, message in refused:
+        if bad:
+            raise ConfigError(f"{message} docs/heterogeneous.md, 'Your own module'.")
+
+
+def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, user_model: torch.nn.Module | None,
+                options: TypedOptions, stack: contextlib.ExitStack) -> Built:
+    """A typed graph's part of ``build_run``: the graph with its reverse relations, its samplers, its model
+    (``TypedGNN``, or ``user_model`` adapted by ``UserModel``), its tables (``plan_tables``: where they live,
+    checked; open while ``stack`` is) and optimizers (Adam for the dense weights, ``_table_optimizer`` for the
+    tables)."""
     if graph.labels is None:
         raise ConfigError(f"{graph.name}: its target type {graph.target!r} has no labels to train on.")
-    for note in graph.notes if launched_rank() == 0 else []:  # the same on every rank
-        logger.warning(f"note: {note}")
     warnings = check_learnable(graph)
     graph = graph.with_reverse()
-    logger.info(graph.describe())
-    device = rank_device(resolve_device(config.device))  # data parallel on CUDA: this rank's GPU
-    precision = resolve_precision(config.precision, device)
-    config.precision = precision.name
     if config.batch_size == 0:
         config.batch_size = auto_batch_size(len(graph.train_idx))
-    sampler = TypedNeighborSampler(graph, fanouts if fanouts is not None else config.fanouts)
+    sampler = TypedNeighborSampler(graph, options.fanouts if options.fanouts is not None else config.fanouts)
     eval_sampler = (TypedNeighborSampler(graph, config.eval_fanouts) if config.eval_fanouts is not None
                     else TypedNeighborSampler(graph, sampler.fanouts))
     if eval_sampler.num_layers != sampler.num_layers:
         raise ConfigError(f"`eval_fanouts` has {eval_sampler.num_layers} entries but the fanouts give "
                           f"{sampler.num_layers} layers; give one per layer.")
-    check_threading_layer(device)  # the producer and the trainer run numba kernels at once
-    own, config = own_typed_model(model, config, graph, sampler.num_layers, device)  # your own module, or None
-    budget = thread_budget(config, ranks_here())
-    threads = budget.train  # torch's and, in this thread, numba's: the two pools take turns
-    task = Task.of(graph, config.metric)
-    tables = plan_tables(config, graph, sampler.num_layers, embed_dim, device)  # where the tables live, checked
-    with contextlib.ExitStack() as stack:
-        # Data parallel: the ranks; rank 0 holds checkpoint_dir and sets aside what `overwrite` replaces.
-        world, replacing = join_ranks(stack, config, device)
-        stack.enter_context(tables)  # memory-mapped tables: their files, open while the run lasts
-        stack.enter_context(torch_threads(threads))
-        stack.enter_context(numba_threads(threads))
-        stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
-        torch.manual_seed(config.seed)
+    if user_model is not None:
         try:
-            model = own or TypedGNN(config.model, TypedSpec.of(graph), config.hidden, graph.num_classes,
-                             sampler.num_layers, dropout=config.dropout, heads=config.heads, num_bases=num_bases,
-                             embed_dim=embed_dim, tables=tables.maker).to(device)
+            model = UserModel(user_model, sampler.num_layers, graph.num_classes, graph.target)
+            check_trainable(user_model, model.kind, sparse_tables=True)  # RowAdam or SparseAdam moves sparse tables
+        except ModelProtocolError as exc:
+            raise ConfigError(f"`model`: {exc}.") from None
+        config.embedding_storage = "memory"  # no built-in model's tables to plan: your module's are its own
+    tables = stack.enter_context(plan_tables(config, graph, sampler.num_layers, options.embed_dim, device))
+    if user_model is None:
+        try:
+            model = TypedGNN(config.model, TypedSpec.of(graph), config.hidden, graph.num_classes, sampler.num_layers,
+                             dropout=config.dropout, heads=config.heads, num_bases=options.num_bases,
+                             embed_dim=options.embed_dim, tables=tables.maker)
         except ValueError as exc:
             raise ConfigError(f"{graph.name}: {exc}.") from None
-        metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key, append=config.resume)))
-        util = stack.enter_context(contextlib.closing(Utilisation(device)))
-        run = typed_run(config, graph, model, task, sampler, eval_sampler, device, metrics, progress, stop, budget,
-                        None if own else tables, world, util)  # your own module's tables are its own
-        stack.callback(run.mode.close)
-        run.precision, run.replacing, run.started, run.data_seconds = precision, replacing, started, data_seconds
-        run.health.warnings[:0] = warnings  # the settings' (train/feasible.py), before any collapse
-        if config.checkpoint_dir:
-            check_checkpoint_space(config, run.model.parameters())
-            run.typed.fingerprint = dataset_fingerprint(graph)  # the graph does not change while the run lasts
-            if config.resume:  # every rank, from last.pt
-                run.resume(*last_checkpoint(config, lambda path: load_state(path, TYPED)))
-        parameters = run.typed.parameters
-        logger.info(f"mode {run.mode.name}, model {config.model} (typed: {', '.join(graph.node_types)}), fanouts "
-                    f"{config.fanouts if fanouts is None else fanouts}, device {device}, batch size "
-                    f"{config.batch_size}, train threads {threads}, {run.mode.describe()}, {run.num_batches} batches "
-                    f"per epoch, parameters {parameters['dense']:,} dense + {parameters['embedding']:,} in "
-                    f"embedding tables")
-        summary = summarised(run)  # written before the earlier outputs `overwrite` set aside are deleted
-    return run.metrics.checked(summary)
+    model = model.to(device)
+    dense = model.dense_parameters()  # none where your own module keeps every weight in sparse tables
+    adam = Adam(dense, lr=config.lr, weight_decay=config.weight_decay) if dense else None
+    embeddings = model.embedding_parameters()
+    storage = None if user_model is not None else tables
+    sparse = _table_optimizer(embeddings, config.lr, storage) if embeddings else None
+    parameters = {"dense": sum(p.numel() for p in dense), "embedding": sum(p.numel() for p in embeddings)}
+    parts = TypedParts(sampler, eval_sampler, adam, sparse, storage, parameters)
+    auto = {"chosen": "exact", "reason": "auto picks exact mode for typed graphs", "measured": None}
+    return Built(graph, model, [o for o in (adam, sparse) if o is not None], Task.of(graph, config.metric), warnings,
+                 dense, embeddings, parts, describe=f"{config.model} (typed: {', '.join(graph.node_types)})",
+                 note=f", parameters {parameters['dense']:,} dense + {parameters['embedding']:,} in embedding tables",
+                 mode_choice=auto if config.mode == "auto" else None)
 
 
 def _table_optimizer(tables: list[torch.nn.Parameter], lr: float, storage: TypedTables | None = None):
@@ -187,7 +137,6 @@ class TypedParts:
     sparse: object  # the embedding tables' (``_table_optimizer``), or None without tables
     tables: TypedTables | None  # where the tables live (train/typed_tables.py), memory-mapped ones' moments too
     parameters: dict  # {"dense": ..., "embedding": ...} counts
-    fingerprint: dict | None = None  # the graph's, which checkpoints hold (with checkpoint_dir)
 
     def evaluate(self, run, check, progress=None) -> dict[str, float]:
         """The metric on the validation and test sets (``eval_max_nodes``: a fixed sample of each), from
@@ -208,7 +157,7 @@ class TypedParts:
         return scores
 
     def check_resumable(self, state: dict, model: TypedGNN, source: str) -> None:
-        """A typed run continues the checkpoint's only with its model arguments (``train_typed``'s
+        """A typed run continues the checkpoint's only with its model arguments (``TypedOptions``'
         ``num_bases`` and ``embed_dim`` too), fanouts per relation and tables' optimizer."""
         saved, now = state["model_args"], model.arguments
         differ = [f"the model's `{k}` {saved.get(k)!r} then, {now[k]!r} now" for k in now
@@ -222,43 +171,29 @@ class TypedParts:
                           f"tables, SparseAdam elsewhere), {sparse} now: resume on the device the run started on")
         if differ:
             raise CheckpointError(f"{source}: the run it continues trained otherwise: {'; '.join(differ)}. Resume "
-                                  f"with the same `fanouts`, `num_bases` and `embed_dim` (train_typed's arguments) "
+                                  f"with the same `fanouts`, `num_bases` and `embed_dim` (`TypedOptions`) "
                                   f"and device, or start a new run in another `checkpoint_dir`.")
+
+    def summary(self, run) -> dict:
+        """A typed run's own summary keys (``summary.summarise``). The host caches of memory-mapped featured
+        types and how their rows were read: a mode that reads them on the host gives its own
+        (``TypedInputs.summary``, in the mode's summary, which ``summarise`` adds after these)."""
+        graph = run.graph
+        return {
+            "host_cache": None, "read_order": None,
+            "model": {"kind": run.model.kind, "typed": True, "parameters": self.parameters,
+                      "arguments": run.model.arguments},
+            "dataset": {"name": graph.name, "nodes": sum(graph.num_nodes.values()), "edges": graph.num_edges,
+                        "node_types": dict(graph.num_nodes),
+                        "relations": [relation_label(r) for r in graph.relations], "target": graph.target,
+                        "feature_dims": {t: graph.feature_dim(t) for t in graph.num_nodes},
+                        "classes": graph.num_classes, "train": int(len(graph.train_idx))},
+            "fanouts": {relation_label(r): f for r, f in self.sampler.fanouts.items()},
+            "embedding_tables": None if self.tables is None else self.tables.summary(),
+            "threads": {"train": run.threads.train, "sampler": run.threads.sampler},
+        }
 
     def load_optimizers(self, state: dict) -> None:
         self.adam.load_state_dict(state["optimizer"])
         if self.sparse is not None:
             self.sparse.load_state_dict(state["tables_optimizer"]["state"])
-
-
-def typed_run(config: TrainConfig, graph: TypedGraph, model: TypedGNN, task: Task, sampler: TypedNeighborSampler,
-              eval_sampler: TypedNeighborSampler, device: torch.device, metrics: MetricLog,
-              progress: Progress | None, stop: threading.Event | None, threads: Threads = Threads(1, 1, 1),
-              storage: TypedTables | None = None, world: World | None = None, util: Utilisation | None = None
-              ) -> Run:
-    """A typed graph's ``Run``: its optimizers (Adam for the dense weights, ``_table_optimizer`` for the
-    tables) and its mode, rank ``world.rank`` of the ranks (data parallel: batches of ``batch_size`` per rank,
-    rank 0's weights on every rank, the step's reduction ``run.sync`` with the tables' sparse rows, and the
-    stop agreed on by every rank). The caller closes ``run.mode`` (and ``util``)."""
-    world = world or World()
-    dense = model.dense_parameters()  # none where your own module keeps every weight in sparse tables
-    adam = Adam(dense, lr=config.lr, weight_decay=config.weight_decay) if dense else None
-    tables = model.embedding_parameters()
-    sparse = _table_optimizer(tables, config.lr, storage) if tables else None
-    parts = TypedParts(sampler, eval_sampler, adam, sparse, storage,
-                       {"dense": sum(p.numel() for p in dense), "embedding": sum(p.numel() for p in tables)})
-    if world.distributed:
-        world.broadcast_module(model, "the initial weights' broadcast")
-    spans = Spans()  # every stage's spans; kept raw in the timeline's window
-    mode = build_mode(config, graph, device, threads, spans, (world.rank, world.size), fanouts=sampler.fanouts)
-    run = Run(config, graph, device, threads, model, [o for o in (adam, sparse) if o is not None], mode, spans,
-              TRAINER_STAGES.merge(mode.stages), util or Utilisation(device), metrics, task, typed=parts,
-              stop=stop, progress=progress, world=world,
-              health=Health(task.constant_losses(np.asarray(graph.labels[np.asarray(graph.train_idx)]))))
-    if world.distributed:
-        run.sync = GradientSync(world, dense, stop, tables=tables)
-        run.stop = run.sync.agreed  # every rank stops after the same step
-        batch = config.batch_size
-        logger.info(f"data parallel: {world.describe()}; batch size {batch} per rank, {batch * world.size} per "
-                    f"global batch, {run.num_batches} global batches per epoch")
-    return run

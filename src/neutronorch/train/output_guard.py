@@ -164,11 +164,11 @@ def check_space(field: str, path: PathLike, needed: int) -> None:
     """``path``'s disk has at least ``needed`` bytes free (it is refused before the work, not after)."""
     free = free_bytes(path)
     if free is not None and free < needed:
-        raise OutputError(f"`{field}` {path}: needs about {_size(needed)}, and its disk has {_size(free)} free. "
-                          f"Free some space, or choose a path on another disk.")
+        raise OutputError(f"`{field}` {path}: needs about {size_text(needed)}, and its disk has {size_text(free)} "
+                          f"free. Free some space, or choose a path on another disk.")
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 

@@ -32,18 +32,17 @@ from neutronorch.features.store import FeatureStore, gather_frontier
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.typed_models import TypedGNN, reachable_types
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
-from neutronorch.train.checkpoint import Checkpoint, check_fits, load_checkpoint
+from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, Checkpoint, check_fits, load_checkpoint
 from neutronorch.train.health import output_check
 from neutronorch.train.layerwise import Emitter, LayerProgress, emit_chunks, layerwise, typed_layers
 from neutronorch.train.prediction_io import (Nodes, check_prediction_output, node_files, prediction_rows,
                                              scratch_folder, select_nodes, write_rows)
 from neutronorch.train.resources import resolve_device
 from neutronorch.train.task import Task, score
-from neutronorch.train.checkpoint import TypedCheckpoint, check_typed_fits, load_typed_checkpoint
-from neutronorch.train.typed_inputs import inference_key, typed_logits
+from neutronorch.train.evaluate import inference_key, typed_logits
 
 
-def predict(checkpoint: Checkpoint | TypedCheckpoint | str | os.PathLike, graph: Graph | TypedGraph,
+def predict(checkpoint: Checkpoint | str | os.PathLike, graph: Graph | TypedGraph,
             nodes: Nodes = "test", probabilities: bool = False, device: str = "cpu", chunk_size: int = 4096, *,
             out: str | os.PathLike | None = None, scratch: str | None = "auto",
             progress: LayerProgress | None = None, overwrite: bool = False, fanouts=None) -> np.ndarray:
@@ -66,7 +65,7 @@ def predict(checkpoint: Checkpoint | TypedCheckpoint | str | os.PathLike, graph:
                  chunk_size, out, scratch, progress, overwrite, fanouts)
 
 
-def embed(checkpoint: Checkpoint | TypedCheckpoint | str | os.PathLike, graph: Graph | TypedGraph,
+def embed(checkpoint: Checkpoint | str | os.PathLike, graph: Graph | TypedGraph,
           layer: int | None = None, nodes: Nodes = "all", device: str = "cpu", chunk_size: int = 4096, *,
           out: str | os.PathLike | None = None, scratch: str | None = "auto", progress: LayerProgress | None = None,
           overwrite: bool = False, node_type: str | None = None, fanouts=None) -> np.ndarray:
@@ -161,24 +160,24 @@ def embedding_layer(layers: int, layer: int | None) -> int:
     return layer
 
 
-def checkpoint_for(checkpoint: Checkpoint | TypedCheckpoint | str | os.PathLike, graph: Graph | TypedGraph,
-                   pairs: bool | None = None) -> tuple[Checkpoint | TypedCheckpoint, Graph | TypedGraph]:
+def checkpoint_for(checkpoint: Checkpoint | str | os.PathLike, graph: Graph | TypedGraph,
+                   pairs: bool | None = None) -> tuple[Checkpoint, Graph | TypedGraph]:
     """The checkpoint (read if a path is given, as the graph's kind reads one), checked to fit ``graph`` and,
     unless ``pairs`` is None, to do what is asked of it (``check_task``); and the graph as the model reads it
     (a typed graph with its reverse relations, as trained)."""
     typed = isinstance(graph, TypedGraph)
-    if isinstance(checkpoint, TypedCheckpoint if not typed else Checkpoint):
+    if isinstance(checkpoint, Checkpoint) and checkpoint.typed != typed:
         kinds = ("typed", "homogeneous") if not typed else ("homogeneous", "typed")
         model = getattr(checkpoint.model, "kind", type(checkpoint.model).__name__)
         raise ConfigError(f"a {kinds[0]} graph's checkpoint (model {model}), and {graph.name} is "
                           f"{kinds[1]}; give the {kinds[0]} graph it was trained on.")
-    if not isinstance(checkpoint, (Checkpoint, TypedCheckpoint)):
-        checkpoint = (load_typed_checkpoint if typed else load_checkpoint)(checkpoint)
+    if not isinstance(checkpoint, Checkpoint):
+        checkpoint = load_checkpoint(checkpoint, kind=TYPED if typed else HOMOGENEOUS)
     if pairs is not None:
         check_task(checkpoint, pairs)
     if typed:
         graph = graph.with_reverse()
-    (check_typed_fits if typed else check_fits)(checkpoint, graph, graph.name)
+    check_fits(checkpoint, graph, graph.name)
     return checkpoint, graph
 
 
@@ -207,7 +206,7 @@ def prediction_score(graph: Graph, nodes: Nodes, output: np.ndarray, probabiliti
     return task.metric, score(task.metric, task.multilabel, task.num_classes, np.asarray(output), labels)
 
 
-def typed_fill(checkpoint: TypedCheckpoint, graph: TypedGraph, fanouts, node_type: str, layer: int, ids: np.ndarray,
+def typed_fill(checkpoint: Checkpoint, graph: TypedGraph, fanouts, node_type: str, layer: int, ids: np.ndarray,
                device: torch.device, chunk_size: int, progress: LayerProgress | None, check, transform):
     """``fill(array)``: ``array[i]`` = ``transform`` (None: none) of ``node_type``'s row of ``ids[i]`` at layer
     ``layer`` (``model.num_layers``: the target's logits), once ``check`` has found it finite; sampled a chunk

@@ -20,7 +20,6 @@ from neutronorch.features.memory import available_memory_bytes
 from neutronorch.train.output_guard import check_distinct, check_fresh, check_name_lengths, check_space
 from neutronorch.train.outputs import check_creatable, open_array_atomically
 from neutronorch.train.task import Task
-from neutronorch.train.typed_inputs import typed_files
 
 NODE_SETS = ("test", "val", "train", "all")
 # What ``nodes`` may be: a set's name, a .npy file, or the vertex ids themselves.
@@ -114,7 +113,7 @@ def check_prediction_output(out, scratch, checkpoint, graph: Graph | TypedGraph,
     against the checkpoint's file, the graph's and ``inputs`` (field -> the files it names)."""
     if out is not None:
         reads = {"checkpoint": [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else [],
-                 "dataset": typed_files(graph) if isinstance(graph, TypedGraph) else graph.files(), **inputs}
+                 "dataset": graph.files(), **inputs}
         check_output_path(out, scratch, reads, overwrite)
 
 

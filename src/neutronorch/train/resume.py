@@ -32,19 +32,13 @@ def sample_crc(array) -> int:
 
 def dataset_fingerprint(graph) -> dict:
     """What identifies a graph cheaply: its sizes and checksums of strided samples of its arrays
-    (``sample_crc``); a typed graph's per type and relation (``typed_fingerprint``)."""
-    if isinstance(graph, TypedGraph):
-        return typed_fingerprint(graph)
-    return {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
-            "feature_dim": graph.feature_dim, "classes": graph.num_classes,
-            "topology_crc": sample_crc(graph.indices), "split_crc": sample_crc(graph.train_idx),
-            "features_crc": sample_crc(graph.features), "labels_crc": sample_crc(graph.labels),
-            "val_crc": sample_crc(graph.val_idx), "test_crc": sample_crc(graph.test_idx)}
-
-
-def typed_fingerprint(graph: TypedGraph) -> dict:
-    """What identifies a typed graph cheaply: its sizes per type and relation, its target, and checksums of
-    strided samples of its arrays (``sample_crc``), per relation and type where there are several."""
+    (``sample_crc``); a typed graph's per type and relation where there are several, and its target."""
+    splits = {"labels_crc": sample_crc(graph.labels), "split_crc": sample_crc(graph.train_idx),
+              "val_crc": sample_crc(graph.val_idx), "test_crc": sample_crc(graph.test_idx)}
+    if not isinstance(graph, TypedGraph):
+        return {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
+                "feature_dim": graph.feature_dim, "classes": graph.num_classes,
+                "topology_crc": sample_crc(graph.indices), "features_crc": sample_crc(graph.features), **splits}
     relations = {relation_label(r): relation for r, relation in graph.relations.items()}
     return {"name": graph.name, "num_nodes": {t: int(n) for t, n in graph.num_nodes.items()},
             "edges": {label: int(relation.num_edges) for label, relation in relations.items()},
@@ -53,9 +47,7 @@ def typed_fingerprint(graph: TypedGraph) -> dict:
             "topology_crc": {label: sample_crc(relation.indices) for label, relation in relations.items()},
             "features_crc": {t: sample_crc(rows) for t, rows in graph.features.items()},
             "edge_features_crc": {label: sample_crc(relation.edge_features) for label, relation in relations.items()
-                                  if relation.edge_features is not None},
-            "labels_crc": sample_crc(graph.labels), "split_crc": sample_crc(graph.train_idx),
-            "val_crc": sample_crc(graph.val_idx), "test_crc": sample_crc(graph.test_idx)}
+                                  if relation.edge_features is not None}, **splits}
 
 
 # What each fingerprint key stands for, in the message that says what changed (a typed graph's per type and

@@ -1,12 +1,13 @@
 """A run, of either kind of graph: ``Run`` (its parts, what it holds for the loop, and what it does: train an
-epoch, evaluate, checkpoint, resume, summarise), ``run_epochs`` (evaluation every ``eval_every``, the best
+epoch, evaluate, checkpoint, resume), ``run_epochs`` (evaluation every ``eval_every``, the best
 validation score, checkpoints after each epoch, ``patience``, the epoch's log line and stage table) and
 ``summarised`` (the summary, written whether the run ends, fails or is stopped).
 
-``trainer.py``'s ``build_run`` builds a homogeneous graph's run, ``heterogeneous.py``'s ``train_typed`` a typed
-graph's: the same ``Run``, with ``typed`` holding what a typed graph's run adds (its samplers per relation,
-its embedding tables and their optimizer, its fingerprint, its evaluation: ``heterogeneous.TypedParts``).
-How a checkpoint is written and a run resumed from one is ``resume.py``'s, for both kinds.
+``trainer.py``'s ``build_run`` builds either kind's run from what the kind builds (``Built``: a typed graph's
+by ``heterogeneous.py``'s ``typed_model``): the same ``Run``, with ``typed`` holding what a typed graph's run
+adds (its samplers per relation, its embedding tables and their optimizer, its evaluation:
+``heterogeneous.TypedParts``). How a checkpoint is written and a run resumed from one is ``resume.py``'s, for
+both kinds.
 """
 
 from __future__ import annotations
@@ -39,11 +40,30 @@ from neutronorch.train.outputs import write_summary
 from neutronorch.train.replacing import Replacement
 from neutronorch.train.resume import restore, write_checkpoint
 from neutronorch.train.step import step_masks
-from neutronorch.train.summary import (ENDED, named_scores, summarise, topology_in_file_order, typed_summary,
-                                       write_run_timeline)
+from neutronorch.train.summary import named_scores, summarise, topology_in_file_order, write_run_timeline
 from neutronorch.train.task import Task
 
 logger = logging.getLogger("neutronorch")
+
+
+@dataclass
+class Built:
+    """What a kind of graph builds for its run (``build_run``): the graph as trained (a typed one with its
+    reverse relations, a link task's split), the model, its optimizer (a typed model's: Adam and its tables'),
+    the task, the warnings of ``check_learnable``, the weights the ranks reduce (``dense``; ``tables``: the
+    sparse embedding tables), a typed run's ``TypedParts`` and what the mode log line says of the model."""
+
+    graph: Graph | TypedGraph
+    model: torch.nn.Module
+    optimizer: Adam | list
+    task: Task | LinkTask
+    warnings: list[str]
+    dense: list
+    tables: list = field(default_factory=list)
+    typed: object = None  # ``heterogeneous.TypedParts``
+    describe: str = ""
+    note: str = ""
+    mode_choice: dict | None = None
 
 
 @dataclass
@@ -85,24 +105,11 @@ class Run:
     health: Health = field(default_factory=lambda: Health({}))  # collapse (train/health.py)
     replacing: Replacement = field(default_factory=Replacement)  # the earlier outputs `overwrite` replaces
     window: TimelineWindow | None = None  # the steps whose spans the timeline draws (run_epochs)
+    fingerprint: dict | None = None  # the graph's, which checkpoints hold (with checkpoint_dir)
 
     @property
     def num_batches(self) -> int:
         return self.mode.num_batches
-
-    @property
-    def stop_at_last_step(self) -> bool:
-        """A stop after an epoch's last step: a homogeneous run records and saves the epoch first, a typed one
-        saves it unrecorded (and resumes at that step, with no batch left)."""
-        return self.typed is not None
-
-    @property
-    def label(self) -> str:
-        """After the model's name in the timeline's title."""
-        return " (typed)" if self.typed is not None else ""
-
-    def epochs(self) -> dict | None:
-        return run_epochs(self, self.progress)
 
     def train_epoch(self, epoch: int, control: EpochControl, window: TimelineWindow, progress: Progress | None,
                     loss_progress) -> dict:
@@ -142,7 +149,7 @@ class Run:
             path, config=self.config, graph=self.graph, model=self.model,
             optimizer=self.optimizer if typed is None else typed.adam, epoch=epoch, history=self.history,
             best=self.best, position={"step": step, "loss_sum": loss_sum}, mode_state=mode_state,
-            world_size=self.world.size, mode_choice=self.mode_choice, fingerprint=typed and typed.fingerprint,
+            world_size=self.world.size, mode_choice=self.mode_choice, fingerprint=self.fingerprint,
             typed=typed and (typed.sparse, typed.sampler.fanouts, typed.tables, epoch * self.num_batches + step))
         write_checkpoint(self, name, save)
 
@@ -151,7 +158,7 @@ class Run:
         optimizers and the mode's state (NeutronOrch's snapshots, super-batch in progress and controller), once
         the checkpoint's run is one this run may continue."""
         typed = self.typed
-        check_resumable(state, self.config, self.graph, str(path), self.world.size, typed and typed.fingerprint)
+        check_resumable(state, self.config, self.graph, str(path), self.world.size, self.fingerprint)
         if not self.mode.resumable:
             raise CheckpointError(f"{self.mode.name} mode cannot resume from a checkpoint.")
         saved_model, model = state["model_args"].get("custom"), getattr(self.model, "arguments", {}).get("custom")
@@ -173,14 +180,6 @@ class Run:
 
         restore(self, state, path, optimizers_and_mode)
 
-    def summary(self, status: str, timeline: dict | None = None) -> dict:
-        """The run summary (``summarise``, ``typed_summary``): an ended run's scores; a stopped or failed one's,
-        none."""
-        if self.typed is not None:
-            return typed_summary(self, status, timeline)
-        ended = status in ENDED
-        return summarise(self, self.last_eval if ended else {}, timeline, status, gather=ended)
-
 
 def run_epochs(run: Run, progress: Progress | None) -> dict | None:
     """Train every epoch of ``run``, evaluating as configured, into ``run.history``,
@@ -197,7 +196,7 @@ def run_epochs(run: Run, progress: Progress | None) -> dict | None:
         control = EpochControl(run.start_step if resumed else 0, run.loss_sum if resumed else 0.0, run.stop,
                                config.checkpoint_every,
                                (lambda e, k, loss: run.checkpoint("last.pt", e, (k, float(loss)))) if saving else None,
-                               run.stop_at_last_step)
+                               run.typed is not None)
         record = run.train_epoch(epoch, control, window, noting_first_step(run, progress),
                                  getattr(progress, "loss", None))
         mode.end_epoch(record)
@@ -226,7 +225,7 @@ def run_epochs(run: Run, progress: Progress | None) -> dict | None:
             logger.info(f"stopping early: no better validation {run.task.metric} in {config.patience} evaluations "
                         f"(best {run.best['val']:.4f} at epoch {run.best['epoch']})")
             break
-    timeline = write_run_timeline(run, f"{mode.name} mode, {config.model}{run.label}, epoch {window.epoch}, first "
+    timeline = write_run_timeline(run, f"{mode.name} mode, {config.model}{' (typed)' * bool(run.typed)}, epoch {window.epoch}, first "
                                        f"{config.timeline_steps} steps", run.stages)
     if config.epochs and not run.last_eval and config.eval_every >= 0:  # eval_every 0: after the last epoch
         run.last_eval = run.evaluate(config.epochs - 1)
@@ -239,14 +238,14 @@ def run_epochs(run: Run, progress: Progress | None) -> dict | None:
 
 
 def summarised(run) -> dict:
-    """Train ``run``'s epochs (``run.epochs()``) and return its summary, written by the rank that writes to
+    """Train ``run``'s epochs (``run_epochs``) and return its summary, written by the rank that writes to
     ``summary_json`` before the earlier outputs `overwrite` set aside are deleted. Nothing is lost when the run
     fails or is stopped: what was trained is summarised (and, stopped on request, saved) before raising."""
     try:
-        timeline = run.epochs()
+        timeline = run_epochs(run, run.progress)
     except (Interrupted, TrainingError, OutputError) as exc:
         # Not ENDED: another rank may be gone, so the summary makes no collective.
-        summary = run.summary("interrupted" if isinstance(exc, Interrupted) else "failed")
+        summary = summarise(run, "interrupted" if isinstance(exc, Interrupted) else "failed")
         summary["error"] = None if isinstance(exc, Interrupted) else str(exc)
         if run.world.main:
             try:
@@ -255,7 +254,7 @@ def summarised(run) -> dict:
                 logger.error(str(lost))
         raise
     run.metrics.close()  # the logs' last lines: a full disk shows now, and in the summary
-    summary = run.summary("stopped_early" if run.stopped_early else "completed", timeline)
+    summary = summarise(run, "stopped_early" if run.stopped_early else "completed", timeline)
     if run.world.main:
         write_summary(run.config, summary)
     return summary

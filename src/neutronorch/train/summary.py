@@ -1,10 +1,11 @@
 """The run summary: what ``train`` returns and writes to ``summary_json`` (README lists its keys), and the
-run's timeline, for a homogeneous run (``summarise``) and a typed one (``typed_summary``).
+run's timeline, for either kind of run (``summarise``).
 
-A typed run's summary has the homogeneous summary's keys where they mean the same, plus the typed ones (the
-model's kind and arguments, the types and relations, the fanouts per relation, the tables' storage,
-NeutronOrch's part). Either timeline is the picture (``observe/report.py``) of the stages' spans in the window
-``timeline_steps`` of the second epoch, on the lanes of the run's stage table (the trainer's and its mode's).
+A typed run's summary has the homogeneous summary's keys where they mean the same, plus the typed ones
+(``heterogeneous.TypedParts.summary``: the model's kind and arguments, the types and relations, the fanouts
+per relation, the tables' storage). Either timeline is the picture (``observe/report.py``) of the stages'
+spans in the window ``timeline_steps`` of the second epoch, on the lanes of the run's stage table (the
+trainer's and its mode's).
 """
 
 from __future__ import annotations
@@ -14,12 +15,10 @@ import statistics
 from pathlib import Path
 
 from neutronorch.data import Graph, TypedGraph, dataset_paths
-from neutronorch.data.relation import relation_label
 from neutronorch.errors import ConfigError, OutputError
 from neutronorch.observe import StageTable, write_timeline
 from neutronorch.train.memory import peak_rss_mb, resident_mb
 from neutronorch.train.outputs import write_atomically
-from neutronorch.train.typed_inputs import typed_files
 
 logger = logging.getLogger("neutronorch")
 ENDED = ("completed", "stopped_early")  # a summary's statuses when every epoch ran, or patience ran out
@@ -35,7 +34,7 @@ def given_dataset(graph, spec: str) -> str:
         raise ConfigError(f"`graph`: expected a neutronorch Graph or TypedGraph (load_dataset, Graph.from_arrays, "
                           f"from_pyg), not a {type(graph).__name__}; a dataset's spec or folder goes in `dataset`.")
     graph.check_given()  # its files are read below: one built by hand is checked first
-    files = graph.files() if isinstance(graph, Graph) else typed_files(graph)
+    files = graph.files()
     roots = [path.expanduser().resolve() for path in dataset_paths(spec)]
     inside = lambda file: any(Path(file).resolve().is_relative_to(root) for root in roots)  # noqa: E731
     return spec if files and all(inside(file) for file in files) else f"graph:{graph.name}"
@@ -47,34 +46,14 @@ def moved_totals(epochs: list[dict]) -> dict:
             for name in ("feature_rows", "feature_bytes", "device_bytes", "cache_hits", "host_rows", "host_cache_hits")}
 
 
-def summarise(run, last_eval: dict, timeline: dict | None, status: str, gather: bool = True) -> dict:
-    """The homogeneous run summary (``run_summary``'s parts and its own)."""
-    graph, mode, epochs = run.graph, run.mode, run.history
-    moved = moved_totals(epochs)
-    return run_summary(run, status, last_eval, timeline, gather, {
-        "mode_choice": run.mode_choice,  # mode auto: {"chosen", "reason", "measured"}; None where it was given
-        "dataset": {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
-                    "feature_dim": graph.feature_dim, "classes": graph.num_classes,
-                    "train": int(len(graph.train_idx))},
-        "threads": {"train": run.threads.train, **mode.threads},
-        "resident_mb": resident_mb(),  # at the end: own (anon) and mapped-file (file) memory
-        "moved": moved,  # a resumed history's records may predate the host cache's keys
-        "host_cache": None if mode.store.host_cache is None
-        else mode.store.host_cache.summary(moved["host_rows"], moved["host_cache_hits"]),
-        "placement": mode.placement.to_dict(),
-        # --read-order as resolved: how memory-mapped features and the host samplers' topology were read.
-        "read_order": {"features": "file" if mode.store.ordered else "batch",
-                       "topology": "file" if topology_in_file_order(mode) else "batch"},
-        **({"link": _link_summary(run, last_eval)} if run.config.task == "link" else {}),
-    })
-
-
-def run_summary(run, status: str, last_eval: dict, timeline: dict | None, gather: bool, own: dict) -> dict:
-    """A run summary of either kind: the keys both have, the mode's (``Mode.summary``) and the kind's
-    ``own``. ``status`` is completed, stopped_early, interrupted or failed. Data parallel, ``gather`` collects
-    every rank's peak resident memory (a collective: every rank must call it)."""
-    config, seconds = run.config, [e["seconds"] for e in run.history]
-    distributed = run.world.summary(config.batch_size, gather)
+def summarise(run, status: str, timeline: dict | None = None) -> dict:
+    """The summary of ``run`` (either kind) as it stands: ``status`` is completed, stopped_early, interrupted
+    or failed; an ended run's scores (a stopped or failed one's, none); the keys both kinds have, the kind's
+    own (a typed run's: ``TypedParts.summary``) and the mode's (``Mode.summary``). An ended run's summary,
+    data parallel, gathers every rank's peak resident memory (a collective: every rank makes it)."""
+    config, seconds, ended = run.config, [e["seconds"] for e in run.history], status in ENDED
+    last_eval = run.last_eval if ended else {}
+    distributed = run.world.summary(config.batch_size, ended)
     return {
         "status": status,
         "mode": run.mode.name,
@@ -95,9 +74,29 @@ def run_summary(run, status: str, last_eval: dict, timeline: dict | None, gather
         "startup": {"data_seconds": round(run.data_seconds, 4),
                     "first_step_seconds": None if run.first_step_at is None
                     else round(run.first_step_at - run.started, 4)},
-        **own,
+        "mode_choice": run.mode_choice,  # mode auto: {"chosen", "reason", "measured"}; None where it was given
+        "moved": moved_totals(run.history),  # a resumed history's records may predate the host cache's keys
+        **(run.typed.summary(run) if run.typed is not None else _homogeneous(run, last_eval)),
         **run.mode.summary(),
         **({"error": run.metrics.lost} if run.metrics.lost else {}),  # a log or the timeline lost
+    }
+
+
+def _homogeneous(run, last_eval: dict) -> dict:
+    graph, mode, moved = run.graph, run.mode, moved_totals(run.history)
+    return {
+        "dataset": {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
+                    "feature_dim": graph.feature_dim, "classes": graph.num_classes,
+                    "train": int(len(graph.train_idx))},
+        "threads": {"train": run.threads.train, **mode.threads},
+        "resident_mb": resident_mb(),  # at the end: own (anon) and mapped-file (file) memory
+        "host_cache": None if mode.store.host_cache is None
+        else mode.store.host_cache.summary(moved["host_rows"], moved["host_cache_hits"]),
+        "placement": mode.placement.to_dict(),
+        # --read-order as resolved: how memory-mapped features and the host samplers' topology were read.
+        "read_order": {"features": "file" if mode.store.ordered else "batch",
+                       "topology": "file" if topology_in_file_order(mode) else "batch"},
+        **({"link": _link_summary(run, last_eval)} if run.config.task == "link" else {}),
     }
 
 
@@ -162,27 +161,3 @@ def named_scores(task, scores: dict) -> dict:
     return {f"val_{task.key}": scores["val"], f"test_{task.key}": scores["test"],
             "val_acc": scores["val"], "test_acc": scores["test"],
             **{key: value for key, value in scores.items() if key not in ("val", "test")}}
-
-
-def typed_summary(run, status: str, timeline: dict | None) -> dict:
-    """The summary of the typed graph's run ``run`` (``run.typed``: ``heterogeneous.TypedParts``) as it stands: ``run_summary``'s parts
-    and the typed ones."""
-    config, graph = run.config, run.graph
-    return run_summary(run, status, run.last_eval, timeline, status in ENDED, {
-        "mode_choice": None if config.mode != "auto" else
-        {"chosen": "exact", "reason": "auto picks exact mode for typed graphs", "measured": None},
-        # The host caches of memory-mapped featured types and how their rows were read: a mode that reads them on
-        # the host gives its own (TypedInputs.summary, in the mode's summary, which run_summary adds after these).
-        "host_cache": None, "read_order": None,
-        "model": {"kind": run.model.kind, "typed": True, "parameters": run.typed.parameters,
-                  "arguments": run.model.arguments},
-        "dataset": {"name": graph.name, "nodes": sum(graph.num_nodes.values()), "edges": graph.num_edges,
-                    "node_types": dict(graph.num_nodes),
-                    "relations": [relation_label(r) for r in graph.relations], "target": graph.target,
-                    "feature_dims": {t: graph.feature_dim(t) for t in graph.num_nodes},
-                    "classes": graph.num_classes, "train": int(len(graph.train_idx))},
-        "fanouts": {relation_label(r): f for r, f in run.typed.sampler.fanouts.items()},
-        "embedding_tables": None if run.typed.tables is None else run.typed.tables.summary(),
-        "threads": {"train": run.threads.train, "sampler": run.threads.sampler},
-        "moved": moved_totals(run.history),  # device mode: the rows its device caches served, as cache_hits
-    })

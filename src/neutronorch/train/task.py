@@ -50,6 +50,10 @@ class Task:
         """The metric's name in summary keys (``val_rocauc``, ``test_f1_micro``)."""
         return self.metric.replace("-", "_")
 
+    def describe(self) -> str:
+        return (f"{'multi-label' if self.multilabel else 'multi-class'}, {self.num_classes} "
+                f"{'tasks' if self.multilabel else 'classes'}, metric {self.metric}")
+
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The mean loss over the known labels (a zero that keeps the graph when there are none: a data
         parallel rank's empty share of a last batch)."""

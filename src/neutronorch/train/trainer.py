@@ -25,7 +25,7 @@ import torch
 
 from neutronorch.capabilities import check_run
 from neutronorch.config import TrainConfig, auto_batch_size
-from neutronorch.data import Graph, TypedGraph, load_dataset
+from neutronorch.data import Graph, TypedGraph, load_dataset, load_typed_dataset
 from neutronorch.errors import ConfigError
 from neutronorch.nn.custom import UserModel
 from neutronorch.nn.link import LinkModel
@@ -35,19 +35,19 @@ from neutronorch.observe import Spans, Utilisation
 from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.train.feasible import check_learnable
 from neutronorch.train.health import Health
-from neutronorch.train.heterogeneous import is_typed_run, train_typed_run
+from neutronorch.train.heterogeneous import TypedOptions, check_own_model_config, is_typed_run, typed_model
 from neutronorch.train.loop import Progress, check_call
 from neutronorch.train.memory import keep_freed_memory
 from neutronorch.train.mode_choice import resolve_mode
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
-from neutronorch.train.resources import (check_threading_layer, memory_budget, resolve_device, thread_budget,
-                                         torch_threads)
-from neutronorch.train.checkpoint import load_state
-from neutronorch.train.distributed import GradientSync, World, join_ranks, rank_device, world_size
+from neutronorch.train.resources import (check_threading_layer, memory_budget, numba_threads, resolve_device,
+                                         thread_budget, torch_threads)
+from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, load_state
+from neutronorch.train.distributed import GradientSync, World, join_ranks, rank_device, rank_settings, world_size
 from neutronorch.train.outputs import check_checkpoint_space, check_outputs
-from neutronorch.train.resume import last_checkpoint
-from neutronorch.train.run import Run, summarised
+from neutronorch.train.resume import dataset_fingerprint, last_checkpoint
+from neutronorch.train.run import Built, Run, summarised
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import given_dataset
 from neutronorch.train.link_task import LinkTask, check_node_task, is_link_split, link_graph, rms_row_norm
@@ -57,7 +57,8 @@ logger = logging.getLogger("neutronorch")
 
 
 def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress: Progress | None = None,
-          stop: threading.Event | None = None, model: torch.nn.Module | None = None) -> dict:
+          stop: threading.Event | None = None, model: torch.nn.Module | None = None,
+          options: TypedOptions | None = None) -> dict:
     """Train as ``config`` says and return the run summary (also written to ``config.summary_json``).
     ``model``: your own module instead of the built-in ``config.model`` (``nn.custom``'s protocol; its
     layers read ``len(config.fanouts)`` hops), trained in place.
@@ -66,14 +67,17 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     marked ``interrupted``, and raises ``Interrupted``. ``overwrite`` replaces an earlier run's outputs only once
     this run has written its own, and puts them back if it ends before (``train/replacing.py``).
     A typed graph (``graph`` a ``TypedGraph``, or ``config.dataset`` a typed native folder or OGB's ogbn-mag
-    layout: ``is_typed_dataset``) trains through ``train/heterogeneous.py``'s ``train_typed``."""
+    layout: ``is_typed_dataset``) trains the same way, its relational model built by ``train/heterogeneous.py``
+    (``options``: a ``TypedOptions`` of its per-relation fanouts, R-GCN's bases and its tables' width)."""
     started, config = time.perf_counter(), check_call(config, progress, stop)
     # Resolved values (batch size) go into a copy, which names a graph given as what was trained.
     config = dataclasses.replace(config, dataset=given_dataset(graph, config.dataset)).validate()
     check_threading_layer(resolve_device(config.device))  # and the environment: before any data is read
-    if is_typed_run(config, graph):
-        return train_typed_run(config, graph, progress, stop, model)
-    check_run(config, "homogeneous", world_size())
+    typed = options is not None or is_typed_run(config, graph)
+    if typed and model is not None:
+        check_own_model_config(config)  # before the graph is read
+    check_run(config, TYPED if typed else HOMOGENEOUS, world_size())
+    config = rank_settings(config)  # data parallel: only rank 0 writes the summary and logs
     check_outputs(config, {"graph": graph.files()} if graph is not None else None)
     device = rank_device(resolve_device(config.device))
     keep_freed_memory()
@@ -84,37 +88,86 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
         threads = thread_budget(config, world.local_size)
         stack.enter_context(memory_budget(device, config.gpu_memory_gb))
         stack.enter_context(torch_threads(threads.train))
+        if typed:  # its trainer runs numba kernels too: torch's and, in this thread, numba's pools take turns
+            stack.enter_context(numba_threads(threads.train))
         stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
         torch.manual_seed(config.seed)
-        run = build_run(config, graph, device, threads, stack, world, model)
+        run = build_run(config, graph, device, threads, stack, world, model,
+                        (options or TypedOptions()) if typed else None, stop)
         if world.main:
             check_checkpoint_space(config, run.model.parameters())
-        run.stop, run.started, run.precision, run.replacing = stop, started, precision, replacing
-        run.progress = progress
-        if world.distributed:
-            run.sync = GradientSync(world, list(run.model.parameters()), stop, run.mode.averaged_gradients)
-            run.stop = run.sync.agreed  # every rank stops after the same step
+        run.started, run.precision, run.replacing, run.progress = started, precision, replacing, progress
         logger.info(f"precision {precision.name} ({precision.reason})")
         summary = summarised(run)  # written before the earlier outputs `overwrite` set aside are deleted
     return run.metrics.checked(summary)  # an OutputError for a log or timeline that could not be written
 
 
-def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, threads: Threads,
-              stack: contextlib.ExitStack, world: World | None = None, user_model: torch.nn.Module | None = None
-              ) -> Run:
-    """Load the data, build the model, optimizer and mode; every resource is closed by ``stack``. Data
-    parallel (``world``), only rank 0 writes metric logs, and rank 0's initial weights go to every rank."""
+def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: torch.device, threads: Threads,
+              stack: contextlib.ExitStack, world: World | None = None, user_model: torch.nn.Module | None = None,
+              options: TypedOptions | None = None, stop: threading.Event | None = None) -> Run:
+    """Load the data, build the model, optimizer and mode; every resource is closed by ``stack``. ``options``:
+    a typed graph's run (``heterogeneous.typed_model`` builds its model). Data parallel (``world``), rank 0's
+    initial weights go to every rank, the step's reduction is ``run.sync`` (a typed model's tables' sparse rows
+    too) and the stop is agreed on by every rank."""
     world = world or World()
     data_seconds = 0.0
-    link = config.task == "link"
     if graph is None:
         t0 = time.perf_counter()
-        graph = load_dataset(config.dataset, None if is_link_split(config.split) else config.split, config.seed,
-                             config.split_index)
+        graph = load_typed_dataset(config.dataset) if options is not None else load_dataset(
+            config.dataset, None if is_link_split(config.split) else config.split, config.seed, config.split_index)
         data_seconds = time.perf_counter() - t0
         logger.info(f"loaded {graph.describe()} in {data_seconds:.1f}s")
     for note in graph.notes if world.main else []:  # the same on every rank
         logger.warning(f"note: {note}")
+    if options is not None:
+        built = typed_model(config, graph, device, user_model, options, stack)
+    else:
+        built = homogeneous_model(config, graph, device, user_model)
+    graph, model, task = built.graph, built.model, built.task
+    if world.distributed:
+        world.broadcast_module(model, "the initial weights' broadcast")  # the same seed made them equal; make sure
+    path, resumed = last_checkpoint(config, lambda path: load_state(path, TYPED if built.typed else HOMOGENEOUS)
+                                    ) if config.resume else (None, None)
+    choice = None if built.typed else resolve_mode(config, graph, device, threads, model, world, resumed,
+                                                   loss_fn=task.loss)  # a typed graph's auto: exact, always
+    spans = Spans()
+    node = world.node_link() if config.hot_sets_per_node else None
+    mode = build_mode(config, graph, device, threads, spans, shard=(world.rank, world.size), node=node,
+                      fanouts=built.typed and built.typed.sampler.fanouts)
+    stack.callback(mode.close)
+    if world.distributed:
+        logger.info(f"data parallel: {world.describe()}; batch size {config.batch_size} per rank, "
+                    f"{config.batch_size * world.size} per global batch, {mode.num_batches} global batches per epoch")
+    logger.info(f"mode {mode.name}, model {built.describe}, fanouts {config.fanouts}, device {device}, batch size "
+                f"{config.batch_size}, train threads {threads.train}, {mode.describe()}, {mode.num_batches} "
+                f"batches per epoch{built.note}")
+    if mode.placement is not None and (device.type == "cuda" or mode.cache is not None):
+        logger.info(f"placement: {mode.placement.describe()}")
+    for note in mode.placement.notes if mode.placement is not None else []:
+        logger.warning(f"note: {note}")
+    util = stack.enter_context(contextlib.closing(Utilisation(device)))
+    metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key, append=config.resume)))
+    logger.info(f"task: {task.describe()}")
+    link = isinstance(task, LinkTask)
+    run = Run(config, graph, device, threads, model, built.optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
+              util, metrics, task, data_seconds=data_seconds, world=world, typed=built.typed, stop=stop,
+              mode_choice=built.mode_choice if choice is None else choice.to_dict(),
+              health=Health(task.constant_losses(None if link else graph.labels[graph.train_idx]), built.warnings))
+    if config.checkpoint_dir:
+        run.fingerprint = dataset_fingerprint(graph)  # once: the graph does not change while the run lasts
+    if world.distributed:
+        run.sync = GradientSync(world, built.dense, stop, mode.averaged_gradients, built.tables)
+        run.stop = run.sync.agreed  # every rank stops after the same step
+    if resumed is not None:
+        run.resume(path, resumed)
+    return run
+
+
+def homogeneous_model(config: TrainConfig, graph: Graph, device: torch.device,
+                      user_model: torch.nn.Module | None) -> Built:
+    """A homogeneous graph's model (``GNN``, a link task's ``LinkModel`` over one, or your own module's
+    ``UserModel``), its Adam and its task."""
+    link = config.task == "link"
     if link:
         graph = link_graph(graph, config)
         logger.info(f"{graph.links.describe()}")
@@ -136,36 +189,7 @@ def build_run(config: TrainConfig, graph: Graph | None, device: torch.device, th
         if link:
             model = LinkModel(model, config.link_head, input_norm=rms_row_norm(graph.features))
         model = model.to(device)
-    if world.distributed:
-        world.broadcast_module(model, "the initial weights' broadcast")  # the same seed made them equal; make sure
-        logger.info(f"data parallel: {world.describe()}; batch size {config.batch_size} per rank, "
-                    f"{config.batch_size * world.size} per global batch")
     optimizer = Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    path, resumed = last_checkpoint(config, load_state) if config.resume else (None, None)
     task = LinkTask.of(graph, model, config.metric) if link else Task.of(graph, config.metric)
-    choice = resolve_mode(config, graph, device, threads, model, world, resumed, loss_fn=task.loss)
-    spans = Spans()
-    node = world.node_link() if config.hot_sets_per_node else None
-    mode = build_mode(config, graph, device, threads, spans, shard=(world.rank, world.size), node=node)
-    stack.callback(mode.close)
-    logger.info(f"mode {mode.name}, model {getattr(model, 'kind', config.model)}, fanouts {config.fanouts}, device {device}, batch size "
-                f"{config.batch_size}, train threads {threads.train}, {mode.describe()}, {mode.num_batches} "
-                f"batches per epoch")
-    if device.type == "cuda" or mode.cache is not None:
-        logger.info(f"placement: {mode.placement.describe()}")
-    for note in mode.placement.notes:
-        logger.warning(f"note: {note}")
-    util = stack.enter_context(contextlib.closing(Utilisation(device)))
-    logs = config.logging if world.main else dataclasses.replace(config.logging, log_jsonl=None, log_csv=None,
-                                                                  tensorboard=None)
-    metrics = stack.enter_context(contextlib.closing(MetricLog(logs, task.key, append=config.resume)))
-    logger.info("task: " + (task.describe() if link else
-                            f"{'multi-label' if task.multilabel else 'multi-class'}, {task.num_classes} "
-                            f"{'tasks' if task.multilabel else 'classes'}, metric {task.metric}"))
-    run = Run(config, graph, device, threads, model, optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
-              util, metrics, task, data_seconds=data_seconds, world=world,
-              mode_choice=None if choice is None else choice.to_dict(),
-              health=Health(task.constant_losses(None if link else graph.labels[graph.train_idx]), warnings))
-    if resumed is not None:
-        run.resume(path, resumed)
-    return run
+    return Built(graph, model, optimizer, task, warnings, list(model.parameters()),
+                 describe=getattr(model, "kind", config.model))

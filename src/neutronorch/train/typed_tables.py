@@ -44,9 +44,8 @@ from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError, OutputError
 from neutronorch.features.memory import available_memory_bytes
 from neutronorch.nn.typed_models import TypedSpec, table_shapes
-from neutronorch.train.output_guard import check_creatable, check_distinct, check_space
+from neutronorch.train.output_guard import check_creatable, check_distinct, check_space, size_text
 from neutronorch.train.table_files import CHECKPOINT_COPIES, check_table_folders
-from neutronorch.train.typed_inputs import typed_files
 
 logger = logging.getLogger("neutronorch")
 
@@ -173,7 +172,7 @@ def draw_like_embedding(weight: torch.Tensor) -> None:
 
 def plan_tables(config: TrainConfig, graph: TypedGraph, num_layers: int, embed_dim: int | None,
                 device: torch.device, available: int | None = None) -> TypedTables:
-    """Where ``train_typed``'s tables will live, every check passed before any work: the storage
+    """Where a typed run's tables will live, every check passed before any work: the storage
     (``embedding_storage``; ``auto`` weighs the tables and moments against half of ``available`` bytes,
     default the memory available now), and for ``mmap`` the folder, checked not to be a file or inside an
     input's folder, to be writable, and its disk to have room. ``graph``: with its reverse relations."""
@@ -181,7 +180,8 @@ def plan_tables(config: TrainConfig, graph: TypedGraph, num_layers: int, embed_d
     check_table_folders(config)
     need = len(PARTS) * 4 * sum(rows * width for rows, width in shapes.values())
     storage, reason = _storage(config, shapes, need, device, available)
-    size = f"{len(shapes)} table(s), {sum(r for r, _ in shapes.values()):,} rows, {_bytes(need)} with both moments"
+    size = (f"{len(shapes)} table(s), {sum(r for r, _ in shapes.values()):,} rows, {size_text(need)} with both "
+            f"moments")
     folder = _folder(config, graph, need) if storage == MMAP and shapes else None
     where = f"memory-mapped in {folder}" if folder else "in memory"
     if shapes:
@@ -207,8 +207,9 @@ def _storage(config: TrainConfig, shapes: dict, need: int, device: torch.device,
     if available is None:
         return MEMORY, "auto: the memory available is unknown"
     fits = need <= COMFORT * available
-    return (MEMORY if fits else MMAP), (f"auto: {_bytes(need)} of tables and moments {'within' if fits else 'above'} "
-                                        f"half the {_bytes(available)} of memory available")
+    return (MEMORY if fits else MMAP), (f"auto: {size_text(need)} of tables and moments "
+                                        f"{'within' if fits else 'above'} half the {size_text(available)} of memory "
+                                        f"available")
 
 
 def _folder(config: TrainConfig, graph: TypedGraph, need: int) -> Path:
@@ -231,7 +232,7 @@ def _folder(config: TrainConfig, graph: TypedGraph, need: int) -> Path:
             refused.append(str(exc))
             continue
         return folder
-    raise OutputError(f"`embedding_storage` mmap: no folder takes the tables' files ({_bytes(need)}): "
+    raise OutputError(f"`embedding_storage` mmap: no folder takes the tables' files ({size_text(need)}): "
                       f"{' '.join(refused)} Give `embedding_dir` on a disk with room, or `embedding_storage` "
                       f"memory.")
 
@@ -240,7 +241,7 @@ def _check_folder(config: TrainConfig, graph: TypedGraph, folder: Path) -> None:
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"`embedding_dir` {folder}: exists and is not a folder; give a folder for the tables' "
                           f"files.")
-    files = typed_files(graph)
+    files = graph.files()
     reads = {"dataset": dataset_paths(config.dataset), "graph": files + sorted({str(Path(f).parent) for f in files})}
     check_distinct(reads, {"embedding_dir": [folder / ".neutronorch-tables"]})
     check_creatable("embedding_dir", folder / ".neutronorch-tables")
@@ -252,10 +253,6 @@ def _check_room(config: TrainConfig, folder: Path, need: int, checkpoints: int) 
     check_space("embedding_dir", folder, need + (checkpoints if same else 0))
     if checkpoints and not same:
         check_space("checkpoint_dir", config.checkpoint_dir, checkpoints)
-
-
-def _bytes(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def _device(path: Path) -> int | None:
