@@ -29,7 +29,7 @@ from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
 from neutronorch.orchestration.neutronorch.cold_sampler import draws_on_device
-from neutronorch.orchestration.neutronorch.mode import TypedRun
+from neutronorch.orchestration.neutronorch.kinds import HomogeneousKind, TypedKind
 from neutronorch.orchestration.neutronorch.node import NodeLink
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.device_sampler import make_device_sampler
@@ -113,7 +113,7 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
         reader = DeviceReader(graph, access, spans)
         return DeviceMode(seeds or NodeSeeds(graph, sampling), lambda: make_device_sampler(
             reader.indptr, reader.indices, sampling.fanouts, sampling.degrees), reader, sampling, spans)
-    return NeutronOrchMode(graph, sampling, config.neutronorch, config.epochs, access, spans,
+    return NeutronOrchMode(HomogeneousKind(graph, access, spans), sampling, config.neutronorch, config.epochs, spans,
                            threads.sampler, threads.host, node, seeds)
 
 
@@ -135,8 +135,7 @@ def typed_mode(config: TrainConfig, graph: TypedGraph, device: torch.device, thr
         reader = TypedDeviceReader(graph, fanouts, sampling, device, spans, config.placement, inputs)
         return DeviceMode(NodeSeeds(graph, sampling), lambda: reader.sampler, reader, sampling, spans)
     if config.mode == "neutronorch":
-        run = TypedRun(fanouts, device, draws_on_device(config.device_sampling, graph, device))
-        return NeutronOrchMode(graph, sampling, config.neutronorch, config.epochs, inputs, spans, threads.sampler,
-                               threads.host, typed=run)
+        kind = TypedKind(graph, inputs, fanouts, device, draws_on_device(config.device_sampling, graph, device), spans)
+        return NeutronOrchMode(kind, sampling, config.neutronorch, config.epochs, spans, threads.sampler, threads.host)
     return ExactMode(NodeSeeds(graph, sampling), lambda: TypedNeighborSampler(graph, fanouts),
                      TypedHostLoader(graph, inputs, device, spans), sampling, spans, threads.sampler)

@@ -29,7 +29,7 @@ from neutronorch.observe import Spans
 from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.host_loader import HostLoader, TypedHostLoader
 from neutronorch.orchestration.neutronorch.batch import Splice, SplicedBatch, TypedSplicedBatch, spliced
-from neutronorch.orchestration.neutronorch.planner import Plan, TypedPlan, TypedPlannedBatch
+from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch
 from neutronorch.orchestration.pipeline import use_threads
 from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.device_sampler import make_device_sampler
@@ -119,7 +119,7 @@ class ColdSampler:
                     yield source.load(plan.epoch, item.index, subgraph, make=spliced(splice), targets=item.targets)
                 skip = 0
 
-    def _typed(self, plan: TypedPlan, item: TypedPlannedBatch, last: bool, sampler: TypedHops) -> TypedSplicedBatch:
+    def _typed(self, plan: Plan, item: PlannedBatch, last: bool, sampler: TypedHops) -> TypedSplicedBatch:
         """A typed mini-batch: the bottom hop of each type's cold destinations (with the batch key: what exact
         mode draws for them), loaded with its rows read on the host, and each hot type's splice."""
         upper = item.upper

@@ -30,7 +30,7 @@ from neutronorch.nn.precision import cpu_bf16_units
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.node import Exchange, NodeHotSet
-from neutronorch.orchestration.neutronorch.planner import Plan, TypedPlan
+from neutronorch.orchestration.neutronorch.planner import Plan
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
 from neutronorch.orchestration.pipeline import use_threads
 from neutronorch.sampling.exclude import exclude_from_block
@@ -159,7 +159,7 @@ class HotRowComputer:
             exchange=exchange, grad_acc=grad_acc, output=output if self.track_grad else None,
             params=params if self.track_grad else None, ready=ready, keep=keep))
 
-    def _hand_over_typed(self, plan: TypedPlan, snapshot: Snapshot, block, output: dict, params: list,
+    def _hand_over_typed(self, plan: Plan, snapshot: Snapshot, block, output: dict, params: list,
                          rows: dict) -> None:
         """``_finish_hot``'s end on a typed graph: each hot type's table on the device, and with
         ``hot_grad="cpu"`` the host's graph back to the snapshot's parameters and table rows."""
@@ -172,7 +172,7 @@ class HotRowComputer:
             host_edges=block.num_edges, grad_acc=grad_acc, output=output if track else {},
             params=params if track else None, rows=rows if track else {}, ids=snapshot.ids if track else {}))
 
-    def _nothing_hot(self, plan: Plan | TypedPlan) -> None:
+    def _nothing_hot(self, plan: Plan) -> None:
         """An empty hot set: no sampling, gathering or computing. Its (empty) rows are handed over at once,
         versioned at the super-batch's first step, so within the bound at every use; its snapshot is then
         taken only to be dropped."""

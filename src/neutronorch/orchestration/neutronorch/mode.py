@@ -22,34 +22,22 @@ publishes when it reaches that version, and every use is checked (``versions.py`
 gradient by the host's autograd graph at the super-batch's last step (version difference again within
 the bound). The pipeline runs across epochs without draining.
 
-**A typed graph** runs on the same threads and classes (``TypedRun``): the plan loop plans once per vertex
-type (``TypedPlanner``), the hot-row computer computes every hot type's rows from one bottom block drawn
-with the super-batch's first key and sends ahead (Channel "needs") the ids of the embedding-table rows they
-read, which the trainer's snapshot takes at the snapshot's version; the cold sampler draws each type's cold
-destinations with the typed sampler (on the training device with ``device_sampling``, the host sampler's
-draws) and reads their rows on the host. With P = 1, staleness 0 and ``hot_grad="cpu"`` a typed step is
-exact mode's (``tests/test_typed_neutronorch.py``).
+**A typed graph** runs on the same threads and classes (``kinds.py`` holds what differs): plans are made
+per vertex type, the host computes every hot type's rows from one bottom block, and snapshots also hold the
+embedding-table rows those read. With P = 1, staleness 0 and ``hot_grad="cpu"`` a typed step is exact mode's
+(``tests/test_typed_neutronorch.py``).
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from neutronorch.config import NeutronOrchConfig, SamplingConfig
-from neutronorch.data.graph import Graph
-from neutronorch.data.typed import RelationType, TypedGraph
-from neutronorch.features.store import TypedInputs
-from neutronorch.nn.splice import HotRows
 from neutronorch.observe import Spans, StageTable
-from neutronorch.orchestration.access import FeatureAccess
-from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.exact import HOST_SAMPLING_STAGES
-from neutronorch.orchestration.channel import Channel
-from neutronorch.orchestration.host_loader import HostLoader, TypedHostLoader
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.orchestration.neutronorch.batch import SplicedBatch
 from neutronorch.orchestration.neutronorch.cold_sampler import ColdSampler
@@ -57,6 +45,7 @@ from neutronorch.orchestration.neutronorch.controller import RatioController
 from neutronorch.orchestration.neutronorch.hot_rows import HotRowComputer
 from neutronorch.orchestration.neutronorch.hot_grad import HotGradient
 from neutronorch.orchestration.neutronorch.hot_table import HotTableReader
+from neutronorch.orchestration.neutronorch.kinds import HomogeneousKind, TypedKind
 from neutronorch.orchestration.neutronorch.node import NodeHotSet, NodeLink
 from neutronorch.orchestration.neutronorch.plan_loop import PlanLoop, device_planner, host_planning, one_ahead
 from neutronorch.orchestration.neutronorch.stats import HotStats
@@ -64,30 +53,12 @@ from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
 from neutronorch.orchestration.neutronorch.versions import Schedule, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import NodeSeeds
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
-from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology
-from neutronorch.sampling.typed_sampler import TypedHops, TypedNeighborSampler
 
 STAGES = HOST_SAMPLING_STAGES.merge(StageTable(
     {"hot_select": "planner", "host_sample": "host", "host_gather": "host", "host_wait_weights": "host",
      "host_compute": "host", "host_aggregate": "host", "host_matmul": "host", "host_copy": "host",
      "host_share": "host", "wait_hot": "trainer", "hot_grad": "trainer", "publish": "trainer"},
     waits=frozenset({"wait_hot", "host_wait_weights", "host_share"})))
-
-
-@dataclass(frozen=True)
-class TypedRun:
-    """What a typed graph's run needs besides its ``TypedInputs``: the fanouts per relation, the training
-    device and whether the mini-batches are drawn there (``cold_sampler.draws_on_device``)."""
-
-    fanouts: dict[RelationType, list[int]]
-    device: torch.device
-    on_device: bool = False
-
-    def sampler(self, graph: TypedGraph) -> TypedHops:
-        """The cold sampler's (this thread's): on the training device with ``on_device``."""
-        host = TypedNeighborSampler(graph, self.fanouts)
-        return TypedDeviceSampler(TypedTopology.of(graph, self.device), host.fanouts) if self.on_device else host
 
 
 class NeutronOrchMode:
@@ -97,41 +68,33 @@ class NeutronOrchMode:
     # (its hot set and accumulated hot gradient; its hot rows are recomputed from its saved snapshot).
     resumable = resumable_mid_epoch = True
 
-    def __init__(self, graph: Graph | TypedGraph, sampling: SamplingConfig, config: NeutronOrchConfig, epochs: int,
-                 access: FeatureAccess | TypedInputs, spans: Spans, sampler_threads: int, host_threads: int,
-                 node: NodeLink | None = None, seeds: NodeSeeds | None = None, typed: TypedRun | None = None):
-        """On a typed graph ``access`` is its ``TypedInputs`` and ``typed`` the rest of what it needs."""
-        self.graph, self.sampling, self.config = graph, sampling, config
-        self.access, self.spans, self.typed = access, spans, typed
-        self.device = access.device if typed is None else typed.device
+    def __init__(self, kind: HomogeneousKind | TypedKind, sampling: SamplingConfig, config: NeutronOrchConfig,
+                 epochs: int, spans: Spans, sampler_threads: int, host_threads: int, node: NodeLink | None = None,
+                 seeds: NodeSeeds | None = None):
+        """``kind``: what the graph's kind reads and draws with (``kinds.py``)."""
+        self.kind, self.graph, self.sampling, self.config = kind, kind.graph, sampling, config
+        self.spans, self.device = spans, kind.device
+        self.store, self.placement, self.cache = kind.store, kind.placement, kind.cache
         on_cuda = self.device.type == "cuda"
-        self.store, self.placement, self.cache = (access.store, access.placement, access.cache) if typed is None \
-            else (None, None, None)
         self.sampler_threads, self.host_threads = sampler_threads, host_threads
         self.threads = {"sampler": sampler_threads, "host": host_threads}
-        self.seeds = seeds if seeds is not None else NodeSeeds(graph, sampling)  # a link task's: LinkSeeds
+        self.seeds = seeds if seeds is not None else NodeSeeds(self.graph, sampling)  # a link task's: LinkSeeds
         self.num_batches = self.seeds.num_batches
         self.schedule = Schedule(epochs, self.num_batches, config.super_batch, config.resolved_staleness)
         self.staleness = StalenessCheck(config.resolved_staleness)
         self.controller = RatioController(config, self.schedule, shared_cores=not on_cuda,
-                                          probe_inputs=self._probe_inputs, lead_adapts=typed is None)
+                                          probe_inputs=self._probe_inputs, lead_adapts=kind.lead_adapts)
         self.stats = HotStats()
         # Data parallel: with a node link, rows hot on several of the node's ranks are computed once (``node.py``).
         self.distributed = sampling.world > 1
         self.node = NodeHotSet(node) if node is not None and node.local_size > 1 else None
         self.hot_grad = HotGradient(self.seeds, sampling, self.num_batches, self.node)
         self.version = 0  # optimizer steps taken
-        # Device sampling: the cold bottom hop is sampled and gathered on the device (its topology placed
-        # there, or read from pinned host memory); otherwise on the host like exact mode.
-        # A typed graph's rows are read on the host whichever device draws its mini-batches (``TypedRun``).
-        on_device = typed is None and access.placement.topology != "host"
-        self.reader = DeviceReader(graph, access, spans) if on_device else None
-        self.loader = (TypedHostLoader(graph, access, self.device, spans) if typed is not None
-                       else HostLoader(access, spans) if self.reader is None else None)
+        self.reader, self.loader = kind.reader, kind.loader
         self.model: torch.nn.Module | None = None
         # A typed graph's snapshots also hold the table rows its hot rows read, whose ids the host sends ahead.
-        self.needs = Channel("needs") if typed is not None else None
-        self.snapshots = SnapshotPublisher(self.schedule, on_cuda, self._table_rows if typed else None)
+        self.snapshots = SnapshotPublisher(self.schedule, on_cuda, None if kind.needs is None else (
+            lambda super_batch_id: kind.table_rows(self.model, super_batch_id)))
         self.hot_table = HotTableReader(spans, self.device)  # the host's hot embeddings -> the splice
         self._producer: HotRowComputer | None = None
         self._plans: Prefetcher | None = None
@@ -141,17 +104,16 @@ class NeutronOrchMode:
     # ----- lifecycle -------------------------------------------------------------------------------------
 
     def start(self, model: torch.nn.Module) -> None:
-        self.model, typed = model, self.typed
+        self.model, kind = model, self.kind
         self.bottom = model.bottom
         tables = tuple(getattr(model, "embeddings", ()))  # a typed model's embedding tables
-        producer = HotRowComputer(self.graph, self.access if typed else self.store, self.sampling, self.config,
-                                  self.schedule, self.bottom, self.snapshots.channel, self.hot_table.channel,
-                                  self.spans, self.device, self.host_threads, self.node,
-                                  typed.fanouts if typed else None, self.needs, tables)
+        producer = HotRowComputer(self.graph, kind.source, self.sampling, self.config, self.schedule, self.bottom,
+                                  self.snapshots.channel, self.hot_table.channel, self.spans, self.device,
+                                  self.host_threads, self.node, kind.fanouts, kind.needs, tables)
         plans = PlanLoop(self.seeds, self.sampling, self.schedule, self.controller.published, producer.planned,
-                         self.spans, 0 if typed else self.graph.num_nodes, getattr(model, "num_layers", 0))
+                         self.spans, self.graph.num_nodes, getattr(model, "num_layers", 0))
         sampler = ColdSampler(self.graph, self.sampling, self.spans, self.sampler_threads, self.loader, self.reader,
-                              (lambda: typed.sampler(self.graph)) if typed else None)
+                              kind.cold_sampler)
         self.snapshots.start()
         start, position = self.schedule.at(self.version)
         hot = None
@@ -161,10 +123,9 @@ class NeutronOrchMode:
                 raise RuntimeError(f"resumed at step {position} of super-batch {start} without its saved state")
             hot = resumed["vertices"]
         self._producer = producer
-        if not (self.reader or typed and typed.on_device):  # planned on the host, in a thread of its own
-            fanouts = typed.fanouts if typed else None
+        if not kind.plans_on_device:  # planned on the host, in a thread of its own
             self._plans = Prefetcher(lambda: plans.run(*host_planning(self.graph, self.sampling, self.host_threads,
-                                                                      fanouts), start, hot),
+                                                                      kind.fanouts), start, hot),
                                      depth=1, name="neutronorch-planner")
             source = lambda _sampler: self._plans  # noqa: E731
         else:  # planned on the device, by the cold sampler's thread with its sampler
@@ -180,8 +141,8 @@ class NeutronOrchMode:
     def close(self) -> None:
         self.snapshots.close()
         self.hot_table.close()
-        if self.needs is not None:
-            self.needs.close()
+        if self.kind.needs is not None:
+            self.kind.needs.close()
         if self._producer is not None:
             self._producer.close()
         for prefetcher in (self._plans, self._stream):
@@ -213,26 +174,11 @@ class NeutronOrchMode:
             self.controller.saw_plan(splice.probe)
         self.staleness.check(hot, self.version)
         self.hot_grad.weigh(hot, self.version)
-        if isinstance(splice.index, dict):  # a typed graph: each hot type's rows
-            rows = {t: HotRows(hot.table[t], index, hot.grad_acc.get(t)) for t, index in splice.index.items()}
-            return StepInputs(batch.blocks, batch.features, rows, batch.ids)
-        return StepInputs(batch.blocks, batch.features, HotRows(hot.table, splice.index, hot.grad_acc))
+        return self.kind.inputs(batch, hot, splice.index)
 
-    def _probe_inputs(self, ids: np.ndarray | dict[str, np.ndarray]) -> tuple:
-        """The drift probe's bottom block and features (a fixed sample of its own key), on the device; on a
-        typed graph a function giving them at each measurement (the table rows move with the weights)."""
-        if self.typed is not None:
-            sampler = TypedNeighborSampler(self.graph, self.typed.fanouts)
-            block = sampler.sample_bottom(ids, mix_key(self.sampling.seed, 0x9E37))
-            features, input_ids = self.access(block.src_ids, self.device)
-            block = block.to(self.device)
-            return lambda: (block, self.model.input_rows(features, input_ids))
-        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees)
-        key = layer_key(mix_key(self.sampling.seed, 0x9E37), len(self.sampling.fanouts) - 1)
-        block, frontier = sampler.sample_hop(ids, self.sampling.fanouts[-1], key)
-        # float32 whatever the run's precision: the probe runs outside autocast, and drift is a small difference.
-        rows = self.store.as_dtype(torch.float32).gather(torch.from_numpy(frontier))
-        return block.to(self.device), rows.to(self.device)
+    def _probe_inputs(self, ids: np.ndarray | dict[str, np.ndarray]):
+        """The drift probe's inputs (``kinds.py``)."""
+        return self.kind.probe_inputs(ids, self.sampling, lambda: self.model)
 
     def before_step(self, batch: SplicedBatch) -> None:
         """``hot_grad="cpu"``: at the super-batch's last step, the hot rows' W0 gradient (``hot_grad.py``)."""
@@ -262,15 +208,6 @@ class NeutronOrchMode:
 
     def _publish_due(self) -> None:
         self.snapshots.publish_due(self.bottom, self.version, self.controller.lead)
-
-    def _table_rows(self, super_batch_id: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """A typed graph's: the embedding-table rows super-batch ``super_batch_id``'s hot frontier reads, now,
-        for its snapshot (the host sent their ids ahead)."""
-        ids = self.needs.take(super_batch_id)
-        with torch.no_grad():
-            rows = {t: self.model.embeddings[t].weight.detach()[index.to(self.model.embeddings[t].weight.device)]
-                    .to("cpu", copy=True) for t, index in ids.items()}
-        return rows, ids
 
     # ----- checkpoints -----------------------------------------------------------------------------------
 
