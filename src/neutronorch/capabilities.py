@@ -28,10 +28,6 @@ TYPED_DOCS = " docs/heterogeneous.md says what typed graphs train with."
 # The cells that do not run: (kind, mode, task, ranks), None matching any; the first that matches says why.
 REFUSED = (
     (("typed", None, "link", None), f"`task` link: {NOT_YET}; typed graphs train node classifiers."),
-    (("typed", "neutronorch", None, "several"),
-     f"`mode` neutronorch on several ranks (data-parallel training) is {NOT_YET}: a typed plan does not keep the "
-     f"other ranks' seeds cold, and its hot rows' gradient (bottom layer and embedding-table rows) is not averaged "
-     f"over the ranks. Give `mode` exact or device, which train data parallel, or run one process."),
 )
 
 # Settings one kind of graph cannot honour: (kind, settings, values refused (None: any but the default), why).

@@ -256,7 +256,7 @@ def typed_run(config: TrainConfig, graph: TypedGraph, model: TypedGNN, task: Tas
               stop=stop, progress=progress, world=world,
               health=Health(task.constant_losses(np.asarray(graph.labels[np.asarray(graph.train_idx)]))))
     if world.distributed:
-        run.sync = GradientSync(world, dense, stop, tables=tables)
+        run.sync = GradientSync(world, dense, stop, mode.averaged_gradients, tables)
         run.stop = run.sync.agreed  # every rank stops after the same step
         batch = config.batch_size
         logger.info(f"data parallel: {world.describe()}; batch size {batch} per rank, {batch * world.size} per "
