@@ -279,10 +279,12 @@ NEUTRONORCH = dict(mode="neutronorch", hot_ratio=1.0, super_batch=2, snapshot_le
 
 
 def _neutronorch_rank(rank: int, folder: str) -> None:
+    os.environ["GROUP_RANK"] = "0"  # both ranks on one node, which can share hot rows
     torch.distributed.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2)
-    _, state = _trained(settings(**NEUTRONORCH, log_jsonl=f"{folder}/two.jsonl", summary_json=f"{folder}/two.json"),
-                        small_graph())
-    torch.save(state, Path(folder) / f"rank-{rank}.pt")
+    for hot_set in ("rank", "node"):
+        _, state = _trained(settings(**NEUTRONORCH, hot_set=hot_set, log_jsonl=f"{folder}/{hot_set}.jsonl",
+                                     summary_json=f"{folder}/{hot_set}.json"), small_graph())
+        torch.save(state, Path(folder) / f"{hot_set}-{rank}.pt")
     torch.distributed.destroy_process_group()
 
 
@@ -291,20 +293,30 @@ def test_neutronorch_on_two_ranks_trains_as_one_process_with_twice_the_batch(tmp
     """Data-parallel NeutronOrch on a typed graph: each rank keeps the other's seeds of a global batch cold,
     and the hot rows' gradient (bottom layer and embedding-table rows) is averaged over the ranks, weighed as
     one process weighs it where the last global batch is uneven (rank 1 has no part of it): the ranks end
-    identical, and as one process with twice the batch up to the order of float sums."""
+    identical, and as one process with twice the batch up to the order of float sums; whether each rank
+    computes its hot rows or the node computes a row hot on both once (``hot_set``)."""
     _spawn(_neutronorch_rank, tmp_path)
     summary, one = _trained(settings(**NEUTRONORCH, batch_size=2 * BATCH, log_jsonl=str(tmp_path / "one.jsonl")),
                             small_graph())
-    ranks = [torch.load(tmp_path / f"rank-{r}.pt") for r in range(2)]
-    assert ranks[0].keys() == one.keys() and any(k.startswith("embeddings.") for k in one)
-    for key in one:
-        assert torch.equal(ranks[0][key], ranks[1][key]), key  # bit for bit
-        torch.testing.assert_close(ranks[0][key], one[key], rtol=1e-4, atol=1e-5, msg=key)
-    torch.testing.assert_close(torch.tensor(_step_losses(tmp_path / "two.jsonl")),
-                               torch.tensor(_step_losses(tmp_path / "one.jsonl")), rtol=LOSS_RTOL, atol=0)
-    two = json.loads((tmp_path / "two.json").read_text())
-    assert two["distributed"]["world_size"] == 2 and two["neutronorch"]["hot_set"] == "rank"
-    assert 0 < two["hot"]["mean_hot_per_super_batch"] < summary["hot"]["mean_hot_per_super_batch"]
+    hot = {}
+    for hot_set in ("rank", "node"):
+        ranks = [torch.load(tmp_path / f"{hot_set}-{r}.pt") for r in range(2)]
+        assert ranks[0].keys() == one.keys() and any(k.startswith("embeddings.") for k in one)
+        for key in one:
+            assert torch.equal(ranks[0][key], ranks[1][key]), key  # bit for bit
+            torch.testing.assert_close(ranks[0][key], one[key], rtol=1e-4, atol=1e-5, msg=key)
+        torch.testing.assert_close(torch.tensor(_step_losses(tmp_path / f"{hot_set}.jsonl")),
+                                   torch.tensor(_step_losses(tmp_path / "one.jsonl")), rtol=LOSS_RTOL, atol=0)
+        two = json.loads((tmp_path / f"{hot_set}.json").read_text())
+        assert two["distributed"]["world_size"] == 2 and two["neutronorch"]["hot_set"] == hot_set
+        hot[hot_set] = two["hot"]
+    # The same hot sets either way, each rank's fewer than the one process's; per node, rank 0 computed only
+    # part of its rows, the others coming from rank 1.
+    assert hot["node"]["mean_hot_per_super_batch"] == hot["rank"]["mean_hot_per_super_batch"]
+    assert 0 < hot["rank"]["mean_hot_per_super_batch"] < summary["hot"]["mean_hot_per_super_batch"]
+    assert hot["rank"]["mean_computed_per_super_batch"] == hot["rank"]["mean_hot_per_super_batch"]
+    assert (hot["node"]["mean_hot_per_super_batch"] / 2 < hot["node"]["mean_computed_per_super_batch"]
+            < hot["node"]["mean_hot_per_super_batch"])
 
 
 def test_a_vertex_keeps_its_masks_when_its_part_of_the_batch_reaches_fewer_types():

@@ -35,8 +35,6 @@ REFUSED = (
 UNHONOURED = (
     ("typed", tuple(f.name for f in settings_of(LinkConfig)), None,
      "link task settings, and typed graphs train node classifiers; leave {it} out."),
-    ("typed", ("hot_set",), None,
-     f"{NOT_YET} (a typed run would ignore {{it}}); leave {{it}} out."),
     ("typed", ("model",), tuple(m for m in MODELS if m not in TYPED_MODELS),
      f"{NOT_YET}; choose one of {', '.join(TYPED_MODELS)}."),
     ("typed", ("architecture", "residual", "norm"), None, f"{NOT_YET}; leave {{it}} out."),

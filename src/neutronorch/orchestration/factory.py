@@ -68,7 +68,7 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
     threads = threads or Threads(1, 1, 1)
     spans = spans if spans is not None else Spans()
     if isinstance(graph, TypedGraph):
-        return typed_mode(config, graph, device, threads, spans, shard, fanouts)
+        return typed_mode(config, graph, device, threads, spans, shard, fanouts, node)
     link = config.task == "link"
     if link:  # the caches rank rows by where mini-batches start: the training edges' ends, not a node split
         graph = dataclasses.replace(graph, train_idx=np.unique(np.asarray(graph.links.train).reshape(-1)))
@@ -118,7 +118,8 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
 
 
 def typed_mode(config: TrainConfig, graph: TypedGraph, device: torch.device, threads: Threads, spans: Spans,
-               shard: tuple[int, int], fanouts: dict[RelationType, list[int]] | None) -> Mode:
+               shard: tuple[int, int], fanouts: dict[RelationType, list[int]] | None, node: NodeLink | None = None
+               ) -> Mode:
     """``build_mode`` for a typed graph (two-way: ``with_reverse``): exact (also what ``auto`` picks), device
     (reading through ``TypedDeviceReader``) or NeutronOrch (``neutronorch/``) over its ``train_idx``;
     ``fanouts``: per relation, default ``config.fanouts`` for every relation. Data parallel where
@@ -136,6 +137,7 @@ def typed_mode(config: TrainConfig, graph: TypedGraph, device: torch.device, thr
         return DeviceMode(NodeSeeds(graph, sampling), lambda: reader.sampler, reader, sampling, spans)
     if config.mode == "neutronorch":
         kind = TypedKind(graph, inputs, fanouts, device, draws_on_device(config.device_sampling, graph, device), spans)
-        return NeutronOrchMode(kind, sampling, config.neutronorch, config.epochs, spans, threads.sampler, threads.host)
+        return NeutronOrchMode(kind, sampling, config.neutronorch, config.epochs, spans, threads.sampler, threads.host,
+                               node)
     return ExactMode(NodeSeeds(graph, sampling), lambda: TypedNeighborSampler(graph, fanouts),
                      TypedHostLoader(graph, inputs, device, spans), sampling, spans, threads.sampler)

@@ -250,7 +250,8 @@ def typed_run(config: TrainConfig, graph: TypedGraph, model: TypedGNN, task: Tas
     if world.distributed:
         world.broadcast_module(model, "the initial weights' broadcast")
     spans = Spans()  # every stage's spans; kept raw in the timeline's window
-    mode = build_mode(config, graph, device, threads, spans, (world.rank, world.size), fanouts=sampler.fanouts)
+    node = world.node_link() if config.hot_sets_per_node else None
+    mode = build_mode(config, graph, device, threads, spans, (world.rank, world.size), node, sampler.fanouts)
     run = Run(config, graph, device, threads, model, [o for o in (adam, sparse) if o is not None], mode, spans,
               TRAINER_STAGES.merge(mode.stages), util or Utilisation(device), metrics, task, typed=parts,
               stop=stop, progress=progress, world=world,

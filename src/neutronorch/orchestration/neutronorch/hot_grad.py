@@ -100,8 +100,15 @@ class HotGradient:
         """``finish`` on a typed graph: dL/dY of each type's hot rows through the host's graph, to the bottom
         layer's parameters it reached and to the snapshot's table rows (a sparse gradient of their tables)."""
         types, params = list(hot.output), list(bottom.parameters())
+        grad_y = {t: hot.grad_acc[t].cpu() for t in types}
+        if hot.exchange is not None:  # of the rows this rank computed, shared ones summed over the node
+            order = list(self.node.offsets)
+            flat = torch.cat([torch.zeros((0, bottom.out_dim)), *(hot.grad_acc[t].cpu() for t in order
+                                                                   if t in hot.grad_acc)])
+            grad_y = self.node.by_type(self.node.gradient(flat, hot.exchange),
+                                       [len(hot.output[t]) if t in hot.output else 0 for t in order])
         grads = torch.autograd.grad([hot.output[t] for t in types], [*hot.params, *hot.rows.values()],
-                                    [hot.grad_acc[t].cpu() for t in types], allow_unused=True) if types else ()
+                                    [grad_y[t] for t in types], allow_unused=True) if types else [None] * len(params)
         dense = [None if g is None else g.to(p.device) for p, g in zip(params, grads)]
         rows = [(tables[t].weight, torch.sparse_coo_tensor(hot.ids[t].to(tables[t].weight.device).unsqueeze(0),
                                                            grad.to(tables[t].weight.device), tables[t].weight.shape,

@@ -105,7 +105,8 @@ class HotRowComputer:
                 exchange = self.node.exchange(plan.hot)
         if self.needs is not None:  # a typed graph: every hot type's block, from the batch key
             with self.spans.stage("host_sample"):
-                block = sampler.sample_bottom(plan.hot, plan.batches[0].key)
+                hot = plan.hot if exchange is None else self.node.computed(plan.hot, exchange)
+                block = sampler.sample_bottom(hot, plan.batches[0].key)
             with self.spans.stage("host_gather"):
                 x, ids = self.store(block.src_ids, torch.device("cpu"))
             self.needs.put(plan.super_batch_id, {t: ids[t] for t in self.tables if t in ids})
@@ -140,7 +141,8 @@ class HotRowComputer:
                 with self.spans.stage("host_matmul"):
                     output = layer.transform(block.dst_rows(x), output)
         if isinstance(output, dict):  # a typed graph: one table per hot type, copied to the device here
-            return self._hand_over_typed(plan, snapshot, block, {t: output[t] for t in plan.hot}, params, rows)
+            return self._hand_over_typed(plan, snapshot, block, {t: y for t, y in output.items() if len(y)}, params,
+                                         rows, exchange)
         table = output.detach().to(self.table_dtype)
         if exchange is not None:
             with self.spans.stage("host_share"):
@@ -160,16 +162,25 @@ class HotRowComputer:
             params=params if self.track_grad else None, ready=ready, keep=keep))
 
     def _hand_over_typed(self, plan: Plan, snapshot: Snapshot, block, output: dict, params: list,
-                         rows: dict) -> None:
-        """``_finish_hot``'s end on a typed graph: each hot type's table on the device, and with
-        ``hot_grad="cpu"`` the host's graph back to the snapshot's parameters and table rows."""
-        tables = {t: y.detach().to(self.device) for t, y in output.items()}
+                         rows: dict, exchange: Exchange | None) -> None:
+        """``_finish_hot``'s end on a typed graph: each hot type's table on the device (with ``hot_set="node"``
+        assembled from the node's rows), and with ``hot_grad="cpu"`` the host's graph back to the snapshot's
+        parameters and table rows."""
+        tables = {t: y.detach() for t, y in output.items()}
+        if exchange is not None:
+            node, sizes = self.node, self.node.sizes(plan.hot)
+            mine = [tables[t] for t in node.offsets if t in tables]
+            with self.spans.stage("host_share"):
+                table = node.assemble(torch.cat(mine) if mine else torch.zeros((0, self.template.out_dim)), exchange,
+                                      sum(sizes), snapshot.version)
+            tables = node.by_type(table, sizes)
+        tables = {t: y.to(self.device) for t, y in tables.items()}
         track = self.track_grad
         grad_acc = {t: torch.zeros(y.shape, dtype=torch.float32, device=self.device) for t, y in tables.items()
                     } if track else {}
         self.hot.put(plan.super_batch_id, HotEmbeddings(
             plan.super_batch_id, snapshot.version, tables, sum(int(y.shape[0]) for y in tables.values()), plan.hot,
-            host_edges=block.num_edges, grad_acc=grad_acc, output=output if track else {},
+            host_edges=block.num_edges, exchange=exchange, grad_acc=grad_acc, output=output if track else {},
             params=params if track else None, rows=rows if track else {}, ids=snapshot.ids if track else {}))
 
     def _nothing_hot(self, plan: Plan) -> None:

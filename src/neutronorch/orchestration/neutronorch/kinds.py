@@ -33,7 +33,7 @@ PROBE_KEY = 0x9E37  # mixed into the run's seed for the drift probe's fixed samp
 
 class HomogeneousKind:
     fanouts = None  # the sampling configuration's
-    needs = None
+    needs = type_sizes = None
     lead_adapts = True  # the snapshot lead may grow while the trainer waits for hot rows
 
     def __init__(self, graph: Graph, access: FeatureAccess, spans: Spans):
@@ -68,6 +68,7 @@ class TypedKind:
     def __init__(self, graph: TypedGraph, inputs: TypedInputs, fanouts: dict[RelationType, list[int]],
                  device: torch.device, on_device: bool, spans: Spans):
         self.graph, self.source, self.fanouts, self.device = graph, inputs, fanouts, device
+        self.type_sizes = graph.num_nodes  # how a node numbers its ranks' hot sets as one (``node.py``)
         self.loader = TypedHostLoader(graph, inputs, device, spans)
         self.plans_on_device = on_device
         self.needs = Channel("needs")  # the ids of the table rows each super-batch's hot rows read

@@ -87,7 +87,7 @@ class NeutronOrchMode:
         self.stats = HotStats()
         # Data parallel: with a node link, rows hot on several of the node's ranks are computed once (``node.py``).
         self.distributed = sampling.world > 1
-        self.node = NodeHotSet(node) if node is not None and node.local_size > 1 else None
+        self.node = NodeHotSet(node, kind.type_sizes) if node is not None and node.local_size > 1 else None
         self.hot_grad = HotGradient(self.seeds, sampling, self.num_batches, self.node)
         self.version = 0  # optimizer steps taken
         self.reader, self.loader = kind.reader, kind.loader
