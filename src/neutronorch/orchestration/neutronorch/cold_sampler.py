@@ -1,13 +1,10 @@
 """The cold sampler: per mini-batch, the bottom hop of the cold destinations only, then gather and ship.
 
 Runs on its own thread (``neutronorch-sampler``), consuming the planning loop's plans in order, and owns
-its sampler. Hot destinations are never sampled, gathered or moved. Without device sampling the bottom
-hop is drawn on the host with the numba sampler (with the mini-batch's own key, so together with the
-planner's upper hops it draws exactly what exact mode draws) and loaded like exact mode's batches; with
-it (``device_sampling``, on by default with CUDA), it is drawn on the device with the torch sampler and
-its rows come from the device feature cache, as in device mode. On a typed graph each type's cold
-destinations are drawn with the typed sampler (``draws_on_device``: on the device or on the host) and their
-rows read on the host (``TypedHostLoader``).
+its sampler. Hot destinations are never sampled, gathered or moved. The bottom hop is drawn with the
+mini-batch's own key, so with the planner's upper hops it draws exactly what exact mode draws, and loaded as
+exact mode (on the host) or device mode (with device sampling) loads it; a typed graph's rows are read on the
+host whichever device draws them (``kinds.py``).
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """The planner on the training device: the plan of ``planner.py``, from upper hops sampled there.
 
-With device sampling the cold sampler samples every hop of every mini-batch on the device, as device mode
-does, and plans each super-batch there too: the host neither samples upper hops nor counts destinations,
-and receives only H_s, whose rows it computes. The plan is the host planner's, entry for entry: the
-distinct bottom-layer destinations in order of first appearance (a scatter-min of positions over a
-per-vertex scratch array), their counts where a hot row can serve them (a bincount of the entries that
-are not their mini-batch's own seeds), ranked by count with ties in first-appearance order (one stable
-sort), the top ``ratio`` (capped as the host caps it) made hot. A handful of small reads back per
-super-batch (sizes and the hot set), none per destination. On a typed graph the choice is made once per
-destination type, as ``Planner`` makes it.
+With device sampling every hop is sampled and each super-batch planned on the device: the host receives
+only H_s. The plan is the host planner's, entry for entry (first appearances by a scatter-min of positions,
+counts by a bincount, one stable sort), with a handful of small reads back per super-batch (sizes and the
+hot set), none per destination.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """The hot-row computer: computes each super-batch's hot vertices' bottom layer on the host.
 
-``compute`` is the body of thread ``neutronorch-host`` and owns what it touches there (its sampler, the
-copy of the bottom layer). The plans come from the planning loop (``plan_loop.py``, on the host or on the
-device) through the ``plans`` channel this computer owns. For each plan it samples the bottom hop of H_s
-once and gathers its raw features, waits for the W0 snapshot the schedule assigns to s, computes H_s's
-bottom-layer output with exactly the device layer's code, in training mode (dropout inside the layer, such
-as the graph blocks' and GAT's, draws masks keyed by the super-batch and the vertex; batch normalisation
-uses the hot rows' statistics), and puts the hot embeddings on the ``hot`` channel (on CUDA, copied on
-its own stream). An empty hot set costs it nothing but taking the snapshot it was assigned. On a typed
-graph it draws every hot type's bottom block at once (``sample_bottom``), reads the snapshot's table rows
-beside the featured rows, and hands over one table per type.
-
-Planning does not depend on the weights, so it runs ahead while this loop waits for snapshots or
-computes. It runs at most two plans ahead of the compute loop, which the snapshots pace.
+``compute`` is the body of thread ``neutronorch-host`` and owns its sampler and copy of the bottom layer.
+For each plan (from the ``plans`` channel it owns) it samples the bottom hop of H_s once and gathers its raw
+features, waits for the W0 snapshot the schedule assigns to s, computes H_s's bottom-layer output with
+exactly the device layer's code, in training mode (dropout masks keyed by the super-batch and the vertex;
+batch normalisation over the hot rows), and puts the hot embeddings on the ``hot`` channel (on CUDA copied
+on its own stream). An empty hot set costs it nothing but taking its snapshot. On a typed graph it draws
+every hot type's bottom block at once, reads the snapshot's table rows beside the featured rows, and hands
+over one table per type. Planning runs at most two plans ahead of this loop, which the snapshots pace.
 """
 
 from __future__ import annotations

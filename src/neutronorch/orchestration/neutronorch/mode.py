@@ -1,19 +1,8 @@
 """Mode ``neutronorch``: hot vertices' bottom layer on the host, reused under a strictly bounded staleness.
 
-Threads, each with its own objects; what crosses between them is named here::
-
-    planning loop (PlanLoop)      host compute (neutronorch-host)  cold sampler (neutronorch-   trainer (caller)
-      neutronorch-planner, or       HotRowComputer: its sampler,     sampler) ColdSampler:       NeutronOrchMode:
-      with device sampling the      bottom-layer copy                its sampler                 version, staleness,
-      cold sampler's thread                                                                     stats, controller,
-                                                                                                SnapshotPublisher,
-                                                                                                HotTableReader
-      plans (Prefetcher, or made by the cold sampler itself) -------> |                             |
-      plans (Channel "plans") -> |                                    | SplicedBatch (Prefetcher) -> |
-                                 | <------------------ W0 snapshots (Channel "snapshots") -------- |
-                                 | hot embeddings, frozen (Channel "hot") ------------------------> |
-      reads controller.setting (an immutable RatioSetting the trainer replaces) <------------------ |
-    every thread records spans into the run's Spans (thread-safe); every arrow but the setting is a Channel
+Its threads (planning loop, host compute, cold sampler, and the trainer's, which runs this class), what each
+owns and what crosses between them (only through ``Channel``s, and the ratio setting the trainer replaces
+whole) are in docs/architecture.md.
 
 Staleness is bounded by construction: the hot embeddings of super-batch s are computed from the
 parameters at version ``snapshot_version(s)`` (version = optimizer steps taken), a snapshot the trainer

@@ -1,18 +1,11 @@
 """The planning loop: the plans of the super-batches, in order, each handed to the hot-row computer.
 
 For each super-batch s it samples the upper hops of its P mini-batches (the same per-vertex randomness as
-exact mode), reads the ratio controller's current setting and plans the hot set H_s. It runs where the
-mini-batches are sampled:
-
-- **on the host** (no device sampling): in a thread of its own, ``neutronorch-planner``, with the numba
-  sampler and ``planner.Planner``; the cold sampler reads its plans through a ``Prefetcher``;
-- **on the device** (device sampling): inside the cold sampler's thread, with the torch sampler and
-  ``device_planner.DevicePlanner`` on the sampler's stream, one super-batch ahead of the batches it loads,
-  so that the host computes H_{s+1} while s trains.
-
-Either way each plan also goes on the ``plans`` channel to the hot-row computer (``hot_rows.py``). On a
-typed graph the samplers are the typed ones.
-The loop owns the epochs' seed orders; the sampler and planner it is given belong to its thread.
+exact mode), reads the ratio controller's current setting and plans the hot set H_s, where the mini-batches
+are sampled: on the host in a thread of its own (``host_planning``), or with device sampling in the cold
+sampler's thread (``device_planner``), one super-batch ahead of the batches it loads, so that the host
+computes H_{s+1} while s trains. Each plan also goes on the ``plans`` channel to the hot-row computer. The
+loop owns the epochs' seed orders; the sampler and planner it is given belong to its thread.
 """
 
 from __future__ import annotations
