@@ -29,7 +29,7 @@ from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
 from neutronorch.orchestration.neutronorch.cold_sampler import draws_on_device
-from neutronorch.orchestration.neutronorch.kinds import HomogeneousKind, TypedKind
+from neutronorch.orchestration.neutronorch.mode import HomogeneousKind, TypedKind
 from neutronorch.orchestration.neutronorch.node import NodeLink
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.device_sampler import make_device_sampler

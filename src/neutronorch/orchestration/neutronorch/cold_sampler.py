@@ -4,7 +4,7 @@ Runs on its own thread (``neutronorch-sampler``), consuming the planning loop's 
 its sampler. Hot destinations are never sampled, gathered or moved. The bottom hop is drawn with the
 mini-batch's own key, so with the planner's upper hops it draws exactly what exact mode draws, and loaded as
 exact mode (on the host) or device mode (with device sampling) loads it; a typed graph's rows are read on the
-host whichever device draws them (``kinds.py``).
+host whichever device draws them (``mode.py``'s ``TypedKind``).
 """
 
 from __future__ import annotations

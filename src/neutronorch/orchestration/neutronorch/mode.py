@@ -11,10 +11,12 @@ publishes when it reaches that version, and every use is checked (``versions.py`
 gradient by the host's autograd graph at the super-batch's last step (version difference again within
 the bound). The pipeline runs across epochs without draining.
 
-**A typed graph** runs on the same threads and classes (``kinds.py`` holds what differs): plans are made
-per vertex type, the host computes every hot type's rows from one bottom block, and snapshots also hold the
-embedding-table rows those read. With P = 1, staleness 0 and ``hot_grad="cpu"`` a typed step is exact mode's
-(``tests/test_typed_neutronorch.py``).
+**A typed graph** runs on the same threads and classes; what differs per kind of graph is in one small object
+(``HomogeneousKind``, ``TypedKind``): where a mini-batch's rows are read and its hops drawn (a typed graph's
+featured rows on the host, whichever device draws its mini-batches), the drift probe's inputs, the hot rows a
+step reads, and a typed graph's featureless inputs, embedding-table rows, which its snapshots also hold (their
+ids sent ahead by the host on the ``needs`` channel). With P = 1, staleness 0 and ``hot_grad="cpu"`` a typed
+step is exact mode's (``tests/test_typed_neutronorch.py``).
 """
 
 from __future__ import annotations
@@ -25,8 +27,16 @@ import numpy as np
 import torch
 
 from neutronorch.config import NeutronOrchConfig, SamplingConfig
+from neutronorch.data.graph import Graph
+from neutronorch.data.typed import RelationType, TypedGraph
+from neutronorch.features.store import TypedInputs
+from neutronorch.nn.splice import HotRows
 from neutronorch.observe import Spans, StageTable
+from neutronorch.orchestration.access import FeatureAccess
+from neutronorch.orchestration.channel import Channel
+from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.exact import HOST_SAMPLING_STAGES
+from neutronorch.orchestration.host_loader import HostLoader, TypedHostLoader
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.orchestration.neutronorch.batch import SplicedBatch
 from neutronorch.orchestration.neutronorch.cold_sampler import ColdSampler
@@ -34,7 +44,6 @@ from neutronorch.orchestration.neutronorch.controller import RatioController
 from neutronorch.orchestration.neutronorch.hot_rows import HotRowComputer
 from neutronorch.orchestration.neutronorch.hot_grad import HotGradient
 from neutronorch.orchestration.neutronorch.hot_table import HotTableReader
-from neutronorch.orchestration.neutronorch.kinds import HomogeneousKind, TypedKind
 from neutronorch.orchestration.neutronorch.node import NodeHotSet, NodeLink
 from neutronorch.orchestration.neutronorch.plan_loop import PlanLoop, device_planner, host_planning, one_ahead
 from neutronorch.orchestration.neutronorch.stats import HotStats
@@ -42,12 +51,88 @@ from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
 from neutronorch.orchestration.neutronorch.versions import Schedule, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import NodeSeeds
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
+from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 STAGES = HOST_SAMPLING_STAGES.merge(StageTable(
     {"hot_select": "planner", "host_sample": "host", "host_gather": "host", "host_wait_weights": "host",
      "host_compute": "host", "host_aggregate": "host", "host_matmul": "host", "host_copy": "host",
      "host_share": "host", "wait_hot": "trainer", "hot_grad": "trainer", "publish": "trainer"},
     waits=frozenset({"wait_hot", "host_wait_weights", "host_share"})))
+
+
+PROBE_KEY = 0x9E37  # mixed into the run's seed for the drift probe's fixed sample
+
+
+class HomogeneousKind:
+    fanouts = None  # the sampling configuration's
+    needs = type_sizes = None
+    lead_adapts = True  # the snapshot lead may grow while the trainer waits for hot rows
+
+    def __init__(self, graph: Graph, access: FeatureAccess, spans: Spans):
+        self.graph, self.device = graph, access.device
+        self.store, self.placement, self.cache = access.store, access.placement, access.cache
+        self.source = access.store  # what the host reads the hot rows' inputs from
+        # Device sampling: the cold bottom hop is sampled and gathered on the device (its topology placed
+        # there, or read from pinned host memory); otherwise on the host like exact mode.
+        self.reader = DeviceReader(graph, access, spans) if access.placement.topology != "host" else None
+        self.loader = HostLoader(access, spans) if self.reader is None else None
+        self.plans_on_device = self.reader is not None
+        self.cold_sampler = None  # the cold sampler makes its own
+
+    def inputs(self, batch, hot, index) -> StepInputs:
+        """The step's model inputs: the batch's, and the super-batch's hot rows at ``index``."""
+        return StepInputs(batch.blocks, batch.features, HotRows(hot.table, index, hot.grad_acc))
+
+    def probe_inputs(self, ids: np.ndarray, sampling: SamplingConfig, model) -> tuple:
+        """The drift probe's bottom block and float32 rows (the probe runs outside autocast, and drift is a
+        small difference), a fixed sample of its own key, on the device."""
+        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, sampling.fanouts, sampling.degrees)
+        key = layer_key(mix_key(sampling.seed, PROBE_KEY), len(sampling.fanouts) - 1)
+        block, frontier = sampler.sample_hop(ids, sampling.fanouts[-1], key)
+        rows = self.store.as_dtype(torch.float32).gather(torch.from_numpy(frontier))
+        return block.to(self.device), rows.to(self.device)
+
+
+class TypedKind:
+    lead_adapts = False  # a typed run at a fixed ratio trains the same steps whatever the times measured
+    reader = store = placement = cache = None  # (a homogeneous graph's feature access)
+
+    def __init__(self, graph: TypedGraph, inputs: TypedInputs, fanouts: dict[RelationType, list[int]],
+                 device: torch.device, on_device: bool, spans: Spans):
+        self.graph, self.source, self.fanouts, self.device = graph, inputs, fanouts, device
+        self.type_sizes = graph.num_nodes  # how a node numbers its ranks' hot sets as one (``node.py``)
+        self.loader = TypedHostLoader(graph, inputs, device, spans)
+        self.plans_on_device = on_device
+        self.needs = Channel("needs")  # the ids of the table rows each super-batch's hot rows read
+
+    def cold_sampler(self):
+        """The cold sampler's (made on its thread): on the training device with ``plans_on_device``."""
+        if self.plans_on_device:
+            return TypedDeviceSampler(TypedTopology.of(self.graph, self.device), self.fanouts)
+        return TypedNeighborSampler(self.graph, self.fanouts)
+
+    def inputs(self, batch, hot, index: dict) -> StepInputs:
+        return StepInputs(batch.blocks, batch.features,
+                          {t: HotRows(hot.table[t], i, hot.grad_acc.get(t)) for t, i in index.items()}, batch.ids)
+
+    def probe_inputs(self, ids: dict[str, np.ndarray], sampling: SamplingConfig, model):
+        """A function giving the drift probe's bottom block and inputs at each measurement (the table rows
+        move with the weights)."""
+        block = TypedNeighborSampler(self.graph, self.fanouts).sample_bottom(ids, mix_key(sampling.seed, PROBE_KEY))
+        features, input_ids = self.source(block.src_ids, self.device)
+        block = block.to(self.device)
+        return lambda: (block, model().input_rows(features, input_ids))
+
+    def table_rows(self, model: torch.nn.Module, super_batch_id: int) -> tuple[dict, dict]:
+        """The embedding-table rows super-batch ``super_batch_id``'s hot frontier reads, now, for its snapshot
+        (the host sent their ids ahead)."""
+        ids = self.needs.take(super_batch_id)
+        with torch.no_grad():
+            rows = {t: model.embeddings[t].weight.detach()[index.to(model.embeddings[t].weight.device)]
+                    .to("cpu", copy=True) for t, index in ids.items()}
+        return rows, ids
 
 
 class NeutronOrchMode:
@@ -60,7 +145,7 @@ class NeutronOrchMode:
     def __init__(self, kind: HomogeneousKind | TypedKind, sampling: SamplingConfig, config: NeutronOrchConfig,
                  epochs: int, spans: Spans, sampler_threads: int, host_threads: int, node: NodeLink | None = None,
                  seeds: NodeSeeds | None = None):
-        """``kind``: what the graph's kind reads and draws with (``kinds.py``)."""
+        """``kind``: what the graph's kind reads and draws with."""
         self.kind, self.graph, self.sampling, self.config = kind, kind.graph, sampling, config
         self.spans, self.device = spans, kind.device
         self.store, self.placement, self.cache = kind.store, kind.placement, kind.cache
@@ -166,7 +251,7 @@ class NeutronOrchMode:
         return self.kind.inputs(batch, hot, splice.index)
 
     def _probe_inputs(self, ids: np.ndarray | dict[str, np.ndarray]):
-        """The drift probe's inputs (``kinds.py``)."""
+        """The drift probe's inputs (the kind's)."""
         return self.kind.probe_inputs(ids, self.sampling, lambda: self.model)
 
     def before_step(self, batch: SplicedBatch) -> None:
