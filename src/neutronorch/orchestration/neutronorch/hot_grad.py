@@ -61,55 +61,26 @@ class HotGradient:
                 grad.mul_(self._scale)
             self._scale = 1.0
 
-    def finish(self, hot: HotEmbeddings, bottom: torch.nn.Module, on_cuda: bool,
-               tables: torch.nn.ModuleDict | None = None) -> None:
+    def finish(self, hot: HotEmbeddings, bottom: torch.nn.Module, tables: torch.nn.ModuleDict | None = None) -> None:
         """At the super-batch's last step: W0's gradient from the accumulated dL/dY (of the rows this rank
-        computed, shared ones summed over the node), added to ``bottom``'s gradient or kept for ``averaged``.
-        On a typed graph also the gradient of the table rows the hot rows read, added to ``tables``."""
-        if isinstance(hot.output, dict):
-            return self._finish_typed(hot, bottom, tables)
-        nothing = hot.output is None or hot.num_hot == 0
-        if nothing and not self.distributed:
+        computed, shared ones summed over the node) through the host's graph, added to ``bottom``'s gradient
+        or kept for ``averaged``; on a typed graph (one output per type) also the gradient of the table rows
+        the hot rows read, a sparse gradient of ``tables``."""
+        typed = isinstance(hot.output, dict)
+        outputs = hot.output if typed else {} if hot.output is None or hot.num_hot == 0 else {None: hot.output}
+        if not outputs and not self.distributed:
             return
         params = list(bottom.parameters())
-        grads = [None] * len(params)
-        if not nothing:
-            grad_y = hot.grad_acc.cpu() if on_cuda else hot.grad_acc
-            if hot.exchange is not None:
-                grad_y = self.node.gradient(grad_y, hot.exchange)
-            if grad_y.shape[0]:
-                grads = torch.autograd.grad(hot.output, hot.params, grad_y.to(hot.output.dtype), allow_unused=True)
-        grads = [torch.zeros_like(p) if g is None else g.to(p.device, non_blocking=True) for p, g in zip(params, grads)]
-        if self.distributed:
-            self._averaged = grads  # every rank hands one over at this step, zeros where nothing was hot
-            return
-        for p, g in zip(params, grads):
-            if p.grad is None:
-                p.grad = g
-            else:
-                p.grad.add_(g)
-
-    def averaged(self, bottom: torch.nn.Module) -> dict[torch.Tensor, torch.Tensor] | None:
-        grads, self._averaged = self._averaged, None
-        if grads is None:
-            return None
-        params = list(bottom.parameters())
-        return {**dict(zip(params, grads[:len(params)])), **dict(grads[len(params):])}
-
-    def _finish_typed(self, hot: HotEmbeddings, bottom: torch.nn.Module, tables: torch.nn.ModuleDict) -> None:
-        """``finish`` on a typed graph: dL/dY of each type's hot rows through the host's graph, to the bottom
-        layer's parameters it reached and to the snapshot's table rows (a sparse gradient of their tables)."""
-        types, params = list(hot.output), list(bottom.parameters())
-        grad_y = {t: hot.grad_acc[t].cpu() for t in types}
-        if hot.exchange is not None:  # of the rows this rank computed, shared ones summed over the node
-            order = list(self.node.offsets)
-            flat = torch.cat([torch.zeros((0, bottom.out_dim)), *(hot.grad_acc[t].cpu() for t in order
-                                                                   if t in hot.grad_acc)])
-            grad_y = self.node.by_type(self.node.gradient(flat, hot.exchange),
-                                       [len(hot.output[t]) if t in hot.output else 0 for t in order])
-        grads = torch.autograd.grad([hot.output[t] for t in types], [*hot.params, *hot.rows.values()],
-                                    [grad_y[t] for t in types], allow_unused=True) if types else [None] * len(params)
-        dense = [None if g is None else g.to(p.device) for p, g in zip(params, grads)]
+        accumulated = hot.grad_acc if typed else {None: hot.grad_acc}
+        grad_y = {t: accumulated[t].cpu() for t in outputs}
+        if hot.exchange is not None:
+            grad_y = self.node.gradient_by_type(accumulated, hot.exchange, {t: len(y) for t, y in outputs.items()},
+                                                bottom.out_dim)
+        live = [t for t in outputs if grad_y[t].shape[0]]
+        grads = torch.autograd.grad([outputs[t] for t in live], [*hot.params, *hot.rows.values()],
+                                    [grad_y[t].to(outputs[t].dtype) for t in live], allow_unused=True
+                                    ) if live else [None] * len(params)
+        dense = [None if g is None else g.to(p.device, non_blocking=True) for p, g in zip(params, grads)]
         rows = [(tables[t].weight, torch.sparse_coo_tensor(hot.ids[t].to(tables[t].weight.device).unsqueeze(0),
                                                            grad.to(tables[t].weight.device), tables[t].weight.shape,
                                                            check_invariants=False))
@@ -118,9 +89,18 @@ class HotGradient:
             self._averaged = [torch.zeros_like(p) if g is None else g for p, g in zip(params, dense)] + rows
             return
         with torch.no_grad():
-            for param, grad in [*zip(params, dense), *rows]:
+            for param, grad in zip(params, dense):
                 if grad is not None:
-                    param.grad = grad if param.grad is None else param.grad + grad
+                    param.grad = grad if param.grad is None else param.grad.add_(grad)
+            for table, grad in rows:
+                table.grad = grad if table.grad is None else table.grad + grad
+
+    def averaged(self, bottom: torch.nn.Module) -> dict[torch.Tensor, torch.Tensor] | None:
+        grads, self._averaged = self._averaged, None
+        if grads is None:
+            return None
+        params = list(bottom.parameters())
+        return {**dict(zip(params, grads[:len(params)])), **dict(grads[len(params):])}
 
 
 def _accumulators(hot: HotEmbeddings) -> list[torch.Tensor]:

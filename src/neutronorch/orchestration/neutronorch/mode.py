@@ -261,10 +261,10 @@ class NeutronOrchMode:
         if not batch.splice.last or self.config.hot_grad != "cpu":
             return
         if hot.output is None or hot.num_hot == 0:  # nothing hot: nothing to add (zeros for the reduction)
-            return self.hot_grad.finish(hot, self.bottom, self.device.type == "cuda")
+            return self.hot_grad.finish(hot, self.bottom)
         with self.spans.stage("hot_grad"):
             self.staleness.check(hot, self.version)
-            self.hot_grad.finish(hot, self.bottom, self.device.type == "cuda", getattr(self.model, "embeddings", None))
+            self.hot_grad.finish(hot, self.bottom, getattr(self.model, "embeddings", None))
 
     def averaged_gradients(self) -> dict[torch.Tensor, torch.Tensor] | None:
         """Data parallel, at a super-batch's last step: the hot rows' W0 gradient (``hot_grad.py``)."""

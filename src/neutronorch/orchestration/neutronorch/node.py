@@ -153,6 +153,14 @@ class NodeHotSet:
             table[torch.from_numpy(plan.held[wanted])] = received[torch.from_numpy(wanted)]
         return table
 
+    def gradient_by_type(self, grad_acc: dict, plan: Exchange, computed: dict, width: int) -> dict:
+        """``gradient`` of a graph's accumulators (a homogeneous graph's as the one type ``None``), split back by
+        type as its rows this rank computed (``computed``: how many per type)."""
+        if self.offsets is None:
+            return {None: self.gradient(grad_acc[None].cpu(), plan)}
+        flat = torch.cat([torch.zeros((0, width)), *(grad_acc[t].cpu() for t in self.offsets if t in grad_acc)])
+        return self.by_type(self.gradient(flat, plan), [computed.get(t, 0) for t in self.offsets])
+
     def gradient(self, grad_acc: torch.Tensor, plan: Exchange) -> torch.Tensor:
         """A collective (trainer thread): dL/dY of the rows this rank computed, those of the shared ones
         summed over the node's ranks holding them."""
