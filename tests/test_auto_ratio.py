@@ -12,7 +12,7 @@ from neutronorch.data import SyntheticSpec, generate
 from neutronorch.orchestration.neutronorch import controller as controller_module
 from neutronorch.orchestration.neutronorch.controller import HotRatioTuner, RatioController
 from neutronorch.orchestration.neutronorch.mode import STAGES
-from neutronorch.orchestration.neutronorch.planner import Planner, all_cold
+from neutronorch.orchestration.neutronorch.planner import Planner
 from neutronorch.orchestration.neutronorch.versions import Schedule
 from neutronorch.sampling.neighbor_sampler import NeighborSampler
 from neutronorch.train.step import TRAINER_STAGES
@@ -196,8 +196,9 @@ def test_a_plan_at_ratio_0_is_the_planner_s_plan_without_the_ranking(graph):
     sampler = NeighborSampler(graph.indptr, graph.indices, [4, 3, 3])
     seeds = [np.asarray(graph.train_idx[i * 32:(i + 1) * 32]) for i in range(3)]
     uppers = [(i, 100 + i, sampler.sample(s, 100 + i, [4, 3])) for i, s in enumerate(seeds)]
-    ranked = Planner(graph.indptr, 3).plan(5, 1, uppers, 0.0)
-    cold = all_cold(5, 1, uppers)
+    planner = Planner(graph, 3)
+    ranked = planner.plan(5, 1, uppers, 0.0, hot=np.empty(0, np.int64))  # an empty hot set, found by ranking
+    cold = planner.plan(5, 1, uppers, 0.0)
     assert cold.hot.shape[0] == 0 and cold.stats.hot == cold.stats.hot_appearances == cold.stats.saved_edges == 0
     assert cold.stats.appearances == ranked.stats.appearances
     for a, b in zip(ranked.batches, cold.batches):

@@ -33,10 +33,9 @@ def test_each_cell_runs_or_is_refused_as_the_table_says(kind, mode, task, ranks)
         assert str(refused.value).startswith(reason)
 
 
-def test_the_refused_cells_are_typed_link_tasks_and_typed_neutronorch_on_several_ranks():
+def test_the_refused_cells_are_typed_link_tasks():
     refused = {cell for cell in CELLS if refusal(*cell)}
-    assert refused == ({("typed", m, "link", r) for m in MODE_CHOICES for r in RANKS}
-                       | {("typed", "neutronorch", "node", "several")})
+    assert refused == {("typed", m, "link", r) for m in MODE_CHOICES for r in RANKS}
     assert refusal("typed", "auto", "node", 2) is None  # auto picks exact, which trains data parallel
 
 

@@ -128,9 +128,9 @@ def test_the_device_planner_on_cuda_plans_what_the_host_planner_plans():
     cuda_sampler = TorchNeighborSampler(torch.from_numpy(graph.indptr).cuda(), torch.from_numpy(graph.indices).cuda(),
                                         [6, 4, 3])
     seeds = [np.asarray(graph.train_idx[i * 40:(i + 1) * 40]) for i in range(4)]
-    host = Planner(graph.indptr, 3).plan(0, 0, [(i, 9 + i, host_sampler.sample(s, 9 + i, [6, 4]))
+    host = Planner(graph, 3).plan(0, 0, [(i, 9 + i, host_sampler.sample(s, 9 + i, [6, 4]))
                                                for i, s in enumerate(seeds)], ratio=0.4)
-    cuda = DevicePlanner(cuda_sampler.indptr, 3).plan(0, 0, [(i, 9 + i, cuda_sampler.sample(torch.from_numpy(s).cuda(),
+    cuda = DevicePlanner(graph, 3, cuda_sampler.indptr).plan(0, 0, [(i, 9 + i, cuda_sampler.sample(torch.from_numpy(s).cuda(),
                                                                                          9 + i, [6, 4]))
                                                             for i, s in enumerate(seeds)], ratio=0.4)
     assert np.array_equal(host.hot, cuda.hot) and vars(host.stats) == vars(cuda.stats)

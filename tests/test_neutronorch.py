@@ -249,7 +249,7 @@ def test_the_planner_makes_the_most_frequent_destinations_hot(graph):
     sampler = NeighborSampler(graph.indptr, graph.indices, [4, 3, 3])
     uppers = [(i, 100 + i, sampler.sample(np.asarray(graph.train_idx[i * 50:(i + 1) * 50]), 100 + i, [4, 3]))
               for i in range(3)]
-    planner = Planner(graph.indptr, bottom_fanout=3)
+    planner = Planner(graph, 3)
     plan = planner.plan(7, 0, uppers, ratio=0.5)
     # A mini-batch's seeds lead its bottom-layer destinations; only their other appearances can be served hot.
     for _, _, u in uppers:
@@ -296,7 +296,7 @@ def test_the_device_planner_plans_what_the_host_planner_plans(graph, fanout):
     host_uppers = [(i, 100 + i, host_sampler.sample(s, 100 + i, [4, 3])) for i, s in enumerate(seeds)]
     device_uppers = [(i, 100 + i, device_sampler.sample(torch.from_numpy(s), 100 + i, [4, 3]))
                      for i, s in enumerate(seeds)]
-    host, device = Planner(graph.indptr, fanout), DevicePlanner(torch.from_numpy(graph.indptr), fanout)
+    host, device = Planner(graph, fanout), DevicePlanner(graph, fanout, torch.from_numpy(graph.indptr))
     # ``fresh``: vertices kept cold besides each batch's own seeds (data parallel: the global batch's seeds).
     others = [None, np.asarray(graph.train_idx[:80]), None, np.asarray(graph.train_idx[200:210])]
     cases = [dict(ratio=0.5), dict(ratio=0.0), dict(ratio=1.0), dict(ratio=0.5, cap=lambda ranked: (3, True)),
@@ -620,19 +620,18 @@ def test_what_crosses_a_thread_is_frozen(graph):
     import dataclasses
 
     from neutronorch.orchestration.neutronorch.controller import RatioSetting
-    from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch, PlanStats, TypedPlan
-    from neutronorch.orchestration.neutronorch.planner import TypedPlannedBatch, TypedPlanner, TypedPlanStats
+    from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch, PlanStats
     from neutronorch.data.synthetic_typed import synthetic_typed
     from neutronorch.sampling.typed_sampler import TypedNeighborSampler
     from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
 
-    for kind in (Plan, PlannedBatch, PlanStats, TypedPlan, TypedPlannedBatch, TypedPlanStats, Snapshot,
+    for kind in (Plan, PlannedBatch, PlanStats, Snapshot,
                  HotEmbeddings, RatioSetting):
         assert dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen, kind.__name__
     sampler = NeighborSampler(graph.indptr, graph.indices, [4, 3, 3])
     uppers = [(i, 100 + i, sampler.sample(np.asarray(graph.train_idx[i * 50:(i + 1) * 50]), 100 + i, [4, 3]))
               for i in range(3)]
-    plan = Planner(graph.indptr, bottom_fanout=3).plan(7, 0, uppers, ratio=0.5)
+    plan = Planner(graph, 3).plan(7, 0, uppers, ratio=0.5)
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.hot = plan.hot[:1]
     with pytest.raises(ValueError, match="read-only"):
@@ -642,7 +641,7 @@ def test_what_crosses_a_thread_is_frozen(graph):
     sampler = TypedNeighborSampler(typed, [3, 3])
     uppers = [(i, 100 + i, sampler.sample_hops(np.asarray(typed.train_idx[i * 20:(i + 1) * 20]), 100 + i, 1))
               for i in range(2)]
-    plan = TypedPlanner(typed, {r: f[-1] for r, f in sampler.fanouts.items()}).plan(3, 0, uppers, ratio=0.5)
+    plan = Planner(typed, {r: f[-1] for r, f in sampler.fanouts.items()}).plan(3, 0, uppers, ratio=0.5)
     assert plan.hot, "a typed plan with hot vertices"
     with pytest.raises(TypeError):
         plan.hot[typed.target] = np.empty(0, np.int64)  # its hot sets: a read-only mapping of read-only arrays

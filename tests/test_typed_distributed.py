@@ -25,7 +25,7 @@ import torch
 
 from neutronorch import TrainConfig, train
 from neutronorch.data import synthetic_typed, write_typed
-from neutronorch.errors import ConfigError, Interrupted
+from neutronorch.errors import Interrupted
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.orchestration.seeds import epoch_order
 from neutronorch.orchestration.factory import build_mode
@@ -100,20 +100,25 @@ def _rank(rank: int, folder: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory) -> Path:
-    """The runs of ``_rank`` on two spawned ranks, and one process with twice the batch (``one-*``)."""
-    folder = tmp_path_factory.mktemp("typed-ranks")
+def _spawn(rank_function, folder: Path) -> None:
+    """``rank_function(rank, folder)`` on two spawned ranks."""
     before = {name: os.environ.get(name) for name in _env()}
     os.environ.update(_env())  # before the children start: numba reads its thread count at import
     try:
-        torch.multiprocessing.spawn(_rank, args=(str(folder),), nprocs=2)
+        torch.multiprocessing.spawn(rank_function, args=(str(folder),), nprocs=2)
     finally:
         for name, value in before.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    """The runs of ``_rank`` on two spawned ranks, and one process with twice the batch (``one-*``)."""
+    folder = tmp_path_factory.mktemp("typed-ranks")
+    _spawn(_rank, folder)
     summary, state = _trained(settings(batch_size=2 * BATCH, log_jsonl=str(folder / "one.jsonl"),
                                        summary_json=str(folder / "one.json")), small_graph())
     torch.save(state, folder / "one.pt")
@@ -268,16 +273,50 @@ def test_the_ranks_table_rows_combine_into_the_global_batchs_gradient():
         assert set(first[k][0].tolist()) & set(second[k][0].tolist())  # some rows both parts looked up
 
 
-def test_neutronorch_mode_on_several_ranks_is_refused_and_exact_mode_is_not(monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    for name in ("MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
-    with pytest.raises(ConfigError, match="`mode` neutronorch on several ranks .* not available for typed graphs "
-                                          "yet: a typed plan does not keep the other ranks' seeds cold.* Give `mode` "
-                                          "exact or device"):
-        train(settings(mode="neutronorch"), graph=small_graph())
-    with pytest.raises(ConfigError, match="WORLD_SIZE=2 but MASTER_ADDR, MASTER_PORT is not set"):
-        train(settings(mode="exact"), graph=small_graph())  # past the typed checks: joining the ranks
+# Every bottom-layer destination but the global batch's seeds hot, so that both ranks and one process serve
+# every such row from the host, computed from the same snapshots.
+NEUTRONORCH = dict(mode="neutronorch", hot_ratio=1.0, super_batch=2, snapshot_lead=2, host_threads=1)
+
+
+def _neutronorch_rank(rank: int, folder: str) -> None:
+    os.environ["GROUP_RANK"] = "0"  # both ranks on one node, which can share hot rows
+    torch.distributed.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2)
+    for hot_set in ("rank", "node"):
+        _, state = _trained(settings(**NEUTRONORCH, hot_set=hot_set, log_jsonl=f"{folder}/{hot_set}.jsonl",
+                                     summary_json=f"{folder}/{hot_set}.json"), small_graph())
+        torch.save(state, Path(folder) / f"{hot_set}-{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_neutronorch_on_two_ranks_trains_as_one_process_with_twice_the_batch(tmp_path):
+    """Data-parallel NeutronOrch on a typed graph: each rank keeps the other's seeds of a global batch cold,
+    and the hot rows' gradient (bottom layer and embedding-table rows) is averaged over the ranks, weighed as
+    one process weighs it where the last global batch is uneven (rank 1 has no part of it): the ranks end
+    identical, and as one process with twice the batch up to the order of float sums; whether each rank
+    computes its hot rows or the node computes a row hot on both once (``hot_set``)."""
+    _spawn(_neutronorch_rank, tmp_path)
+    summary, one = _trained(settings(**NEUTRONORCH, batch_size=2 * BATCH, log_jsonl=str(tmp_path / "one.jsonl")),
+                            small_graph())
+    hot = {}
+    for hot_set in ("rank", "node"):
+        ranks = [torch.load(tmp_path / f"{hot_set}-{r}.pt") for r in range(2)]
+        assert ranks[0].keys() == one.keys() and any(k.startswith("embeddings.") for k in one)
+        for key in one:
+            assert torch.equal(ranks[0][key], ranks[1][key]), key  # bit for bit
+            torch.testing.assert_close(ranks[0][key], one[key], rtol=1e-4, atol=1e-5, msg=key)
+        torch.testing.assert_close(torch.tensor(_step_losses(tmp_path / f"{hot_set}.jsonl")),
+                                   torch.tensor(_step_losses(tmp_path / "one.jsonl")), rtol=LOSS_RTOL, atol=0)
+        two = json.loads((tmp_path / f"{hot_set}.json").read_text())
+        assert two["distributed"]["world_size"] == 2 and two["neutronorch"]["hot_set"] == hot_set
+        hot[hot_set] = two["hot"]
+    # The same hot sets either way, each rank's fewer than the one process's; per node, rank 0 computed only
+    # part of its rows, the others coming from rank 1.
+    assert hot["node"]["mean_hot_per_super_batch"] == hot["rank"]["mean_hot_per_super_batch"]
+    assert 0 < hot["rank"]["mean_hot_per_super_batch"] < summary["hot"]["mean_hot_per_super_batch"]
+    assert hot["rank"]["mean_computed_per_super_batch"] == hot["rank"]["mean_hot_per_super_batch"]
+    assert (hot["node"]["mean_hot_per_super_batch"] / 2 < hot["node"]["mean_computed_per_super_batch"]
+            < hot["node"]["mean_hot_per_super_batch"])
 
 
 def test_a_vertex_keeps_its_masks_when_its_part_of_the_batch_reaches_fewer_types():

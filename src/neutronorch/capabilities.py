@@ -28,10 +28,6 @@ TYPED_DOCS = " docs/heterogeneous.md says what typed graphs train with."
 # The cells that do not run: (kind, mode, task, ranks), None matching any; the first that matches says why.
 REFUSED = (
     (("typed", None, "link", None), f"`task` link: {NOT_YET}; typed graphs train node classifiers."),
-    (("typed", "neutronorch", None, "several"),
-     f"`mode` neutronorch on several ranks (data-parallel training) is {NOT_YET}: a typed plan does not keep the "
-     f"other ranks' seeds cold, and its hot rows' gradient (bottom layer and embedding-table rows) is not averaged "
-     f"over the ranks. Give `mode` exact or device, which train data parallel, or run one process."),
 )
 
 # Settings one kind of graph cannot honour: (kind, settings, values refused (None: any but the default), why).
@@ -39,8 +35,6 @@ REFUSED = (
 UNHONOURED = (
     ("typed", tuple(f.name for f in settings_of(LinkConfig)), None,
      "link task settings, and typed graphs train node classifiers; leave {it} out."),
-    ("typed", ("hot_set",), None,
-     f"{NOT_YET} (a typed run would ignore {{it}}); leave {{it}} out."),
     ("typed", ("model",), tuple(m for m in MODELS if m not in TYPED_MODELS),
      f"{NOT_YET}; choose one of {', '.join(TYPED_MODELS)}."),
     ("typed", ("architecture", "residual", "norm"), None, f"{NOT_YET}; leave {{it}} out."),

@@ -28,7 +28,7 @@ from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
 from neutronorch.orchestration.neutronorch.cold_sampler import draws_on_device
-from neutronorch.orchestration.neutronorch.mode import TypedRun
+from neutronorch.orchestration.neutronorch.mode import HomogeneousKind, TypedKind
 from neutronorch.orchestration.neutronorch.node import NodeLink
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.neighbor_sampler import NeighborSampler
@@ -78,9 +78,10 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
     if config.mode == "device":
         reader = DeviceReader(graph, access, spans, sampling, config.placement, fanouts)
         return DeviceMode(seeds, reader, sampling, spans)
-    run = TypedRun(fanouts, device, draws_on_device(config.device_sampling, graph, device)) if typed else None
-    return NeutronOrchMode(graph, sampling, config.neutronorch, config.epochs, access, spans, threads.sampler,
-                           threads.host, None if typed else node, seeds, typed=run)
+    kind = (TypedKind(graph, access, fanouts, draws_on_device(config.device_sampling, graph, device), spans) if typed
+            else HomogeneousKind(graph, access, spans, sampling))
+    return NeutronOrchMode(kind, sampling, config.neutronorch, config.epochs, spans, threads.sampler, threads.host,
+                           node, seeds)
 
 
 def homogeneous_access(config: TrainConfig, graph: Graph, device: torch.device, shard: tuple[int, int]

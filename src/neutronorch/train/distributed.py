@@ -314,7 +314,8 @@ class GradientSync:
     hot rows' gradient, a sum of several steps' means) travel in the same buffer and are averaged with
     equal weights. A parameter that has no gradient on any rank keeps none (Adam leaves it and its moments
     as they are, as in one process). ``tables``: embedding tables with sparse gradients (a typed model's),
-    whose rows differ per rank: gathered and combined first (``sparse_sync.py``'s ``reduce_tables``)."""
+    whose rows differ per rank: gathered and combined first (``sparse_sync.py``'s ``reduce_tables``; rows
+    handed over apart, with equal weights)."""
 
     def __init__(self, world: World, params: list[torch.Tensor], request: threading.Event | None,
                  averaged=None, tables: list[torch.Tensor] = ()):
@@ -328,11 +329,14 @@ class GradientSync:
     def __call__(self, weight: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
         """Reduce the gradients (this rank's loss averaged ``weight`` terms); returns the global batch's
         mean loss."""
+        handed = self.averaged() if self.averaged is not None else None
+        extra = {id(p): g for p, g in (handed or {}).items()}
         if self.tables:
             reduce_tables(self.world, self.tables, float(weight))
+            if handed is not None:  # the same steps on every rank
+                reduce_tables(self.world, self.tables, 1.0, [extra.pop(id(t), None) for t in self.tables])
         params = self.params
         device = params[0].device
-        extra = {id(p): g for p, g in ((self.averaged() if self.averaged is not None else None) or {}).items()}
         apart = [p for p in params if id(p) in extra]
         present = [p.grad is not None or id(p) in extra for p in params]
         # One buffer, one copy: [gradients..., averaged apart..., loss, 1] with the gradients, loss and 1

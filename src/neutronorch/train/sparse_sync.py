@@ -15,11 +15,13 @@ from __future__ import annotations
 import torch
 
 
-def reduce_tables(world, tables: list[torch.Tensor], weight: float) -> None:
+def reduce_tables(world, tables: list[torch.Tensor], weight: float, apart: list | None = None) -> None:
     """Every table's gradient (``world``: ``distributed.py``'s ``World``): the rows of every rank, weighted, summed and divided (``combine_rows``), in
-    two all-gathers: each rank's weight and row counts, then its rows."""
+    two all-gathers: each rank's weight and row counts, then its rows. ``apart``: per table a sparse gradient
+    (or None) reduced instead of the table's and added to it (with ``weight`` 1: their mean over the ranks)."""
     widths = [table.shape[1] for table in tables]
-    parts = [own_rows(table) for table in tables]
+    parts = ([own_rows(table) for table in tables] if apart is None
+             else [own_rows(grad, width) for grad, width in zip(apart, widths)])
     # Per rank: its weight, then per table whether it has a gradient and its row count.
     meta = torch.tensor([[weight, *[x for ids, _, present in parts for x in (present, ids.shape[0])]]],
                         dtype=torch.float64)
@@ -34,8 +36,12 @@ def reduce_tables(world, tables: list[torch.Tensor], weight: float) -> None:
     weights = [m[0] for m in metas]
     for k, table in enumerate(tables):
         present = any(m[1 + 2 * k] for m in metas)
-        table.grad = (combine_rows([rows[k] for rows in received], weights, tuple(table.shape)).to(table.device)
-                      if present and sum(weights) > 0 else None)
+        grad = (combine_rows([rows[k] for rows in received], weights, tuple(table.shape)).to(table.device)
+                if present and sum(weights) > 0 else None)
+        if apart is None:
+            table.grad = grad
+        elif grad is not None:
+            table.grad = grad if table.grad is None else (table.grad + grad).coalesce()
 
 
 def pack(tables: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -55,11 +61,12 @@ def unpack(flat: torch.Tensor, counts: list[int], widths: list[int]) -> list[tup
     return tables
 
 
-def own_rows(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """A table's gradient on this rank as (row ids int64, rows float32, whether there is one), on the CPU."""
-    grad = table.grad
+def own_rows(table: torch.Tensor | None, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """A table's gradient on this rank (or, given its ``width``, the sparse gradient ``table``) as (row ids int64,
+    rows float32, whether there is one), on the CPU."""
+    grad = table.grad if width is None else table
     if grad is None:
-        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, table.shape[1]), False
+        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, table.shape[1] if width is None else width), False
     if not grad.is_sparse:
         raise RuntimeError("typed data-parallel training reduces the sparse gradients of embedding tables "
                            "(nn.Embedding(sparse=True)); this table's gradient is dense")

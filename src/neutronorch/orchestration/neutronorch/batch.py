@@ -15,7 +15,7 @@ import torch
 
 from neutronorch.nn.splice import SpliceIndex
 from neutronorch.orchestration.batch import MiniBatch
-from neutronorch.orchestration.neutronorch.planner import PlanStats, TypedPlanStats
+from neutronorch.orchestration.neutronorch.planner import PlanStats
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Splice:
     super_batch_id: int  # the super-batch (numbered across epochs)
     index: SpliceIndex | dict[str, SpliceIndex]  # a typed graph's: per hot vertex type
     last: bool  # the last mini-batch of its super-batch
-    plan: PlanStats | TypedPlanStats  # what the super-batch's plan did (shared by its mini-batches)
+    plan: PlanStats  # what the super-batch's plan did (shared by its mini-batches)
     probe: np.ndarray | dict[str, np.ndarray]  # the plan's hottest vertices (the drift probe's candidates)
 
     def indexes(self) -> list[SpliceIndex]:

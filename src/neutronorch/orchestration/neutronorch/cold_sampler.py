@@ -1,13 +1,10 @@
 """The cold sampler: per mini-batch, the bottom hop of the cold destinations only, then gather and ship.
 
 Runs on its own thread (``neutronorch-sampler``), consuming the planning loop's plans in order, and owns
-its sampler. Hot destinations are never sampled, gathered or moved. Without device sampling the bottom
-hop is drawn on the host with the numba sampler (with the mini-batch's own key, so together with the
-planner's upper hops it draws exactly what exact mode draws) and loaded like exact mode's batches; with
-it (``device_sampling``, on by default with CUDA), it is drawn on the device with the torch sampler and
-its rows come from the device feature cache, as in device mode. On a typed graph each type's cold
-destinations are drawn with the typed sampler (``draws_on_device``: on the device or on the host) and their
-rows read on the host (``HostLoader``).
+its sampler. Hot destinations are never sampled, gathered or moved. The bottom hop is drawn with the
+mini-batch's own key, so with the planner's upper hops it draws exactly what exact mode draws, and loaded as
+exact mode (on the host) or device mode (with device sampling) loads it; a typed graph's rows are read on the
+host whichever device draws them (``mode.py``'s ``TypedKind``).
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from neutronorch.observe import Spans
 from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.host_loader import HostLoader
 from neutronorch.orchestration.neutronorch.batch import Splice, SplicedBatch, spliced
-from neutronorch.orchestration.neutronorch.planner import Plan, TypedPlan, TypedPlannedBatch
+from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch
 from neutronorch.orchestration.pipeline import use_threads
 from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.device_sampler import make_device_sampler
@@ -119,7 +116,7 @@ class ColdSampler:
                     yield source.load(plan.epoch, item.index, subgraph, make=spliced(splice), targets=item.targets)
                 skip = 0
 
-    def _typed(self, plan: TypedPlan, item: TypedPlannedBatch, last: bool, sampler: TypedHops) -> SplicedBatch:
+    def _typed(self, plan: Plan, item: PlannedBatch, last: bool, sampler: TypedHops) -> SplicedBatch:
         """A typed mini-batch: the bottom hop of each type's cold destinations (with the batch key: what exact
         mode draws for them), loaded with its rows read on the host, and each hot type's splice."""
         upper = item.upper

@@ -1,14 +1,9 @@
 """The planner on the training device: the plan of ``planner.py``, from upper hops sampled there.
 
-With device sampling the cold sampler samples every hop of every mini-batch on the device, as device mode
-does, and plans each super-batch there too: the host neither samples upper hops nor counts destinations,
-and receives only H_s, whose rows it computes. The plan is the host planner's, entry for entry: the
-distinct bottom-layer destinations in order of first appearance (a scatter-min of positions over a
-per-vertex scratch array), their counts where a hot row can serve them (a bincount of the entries that
-are not their mini-batch's own seeds), ranked by count with ties in first-appearance order (one stable
-sort), the top ``ratio`` (capped as the host caps it) made hot. A handful of small reads back per
-super-batch (sizes and the hot set), none per destination. On a typed graph (``TypedDevicePlanner``) the
-choice is made once per destination type, as ``TypedPlanner`` makes it.
+With device sampling every hop is sampled and each super-batch planned on the device: the host receives
+only H_s. The plan is the host planner's, entry for entry (first appearances by a scatter-min of positions,
+counts by a bincount, one stable sort), with a handful of small reads back per super-batch (sizes and the
+hot set), none per destination.
 """
 
 from __future__ import annotations
@@ -18,49 +13,33 @@ from typing import Callable
 import numpy as np
 import torch
 
+from neutronorch.data.graph import Graph
 from neutronorch.data.typed import RelationType, TypedGraph
-from neutronorch.orchestration.neutronorch.planner import PROBE_ROWS, Choice, Planner, TypedPlanner, read_only
-from neutronorch.sampling.block import SampledSubgraph
+from neutronorch.orchestration.neutronorch.planner import PROBE_ROWS, Choice, Planner, read_only
 
 
 class DevicePlanner(Planner):
-    """``Planner`` on the device holding ``indptr``: the uppers' tensors there, the plan's positions too; owns
-    one scratch entry per vertex (one planner per thread)."""
+    """``Planner`` on the device holding ``indptrs`` (a typed graph's: each relation's): the uppers' tensors
+    there, the plan's positions too; owns one scratch entry per vertex (one planner per thread)."""
 
     on_device = True
 
-    def __init__(self, indptr: torch.Tensor, bottom_fanout: int):
-        self.indptr = indptr
-        self.device = indptr.device
-        self.bottom_fanout = bottom_fanout
-        self._slot = torch.empty(indptr.shape[0] - 1, dtype=torch.int64, device=self.device)  # scratch
+    def __init__(self, graph: Graph | TypedGraph, bottom_fanouts: int | dict[RelationType, int], indptrs):
+        self.device = (indptrs if isinstance(indptrs, torch.Tensor) else next(iter(indptrs.values()))).device
+        super().__init__(graph, bottom_fanouts, indptrs)
 
-    def _choose(self, bottoms: list[torch.Tensor], own: list[int], ratio: float, cap, hot, fresh,
+    def _scratch(self, n: int) -> torch.Tensor:
+        return torch.empty(n, dtype=torch.int64, device=self.device)
+
+    def _empty(self, t) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.int64, device=self.device)
+
+    def _positions(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device)
+
+    def _choose(self, t, bottoms: list[torch.Tensor], own: list[int], ratio: float, cap, hot, fresh,
                 super_batch_id: int) -> Choice:
-        return choose(self._slot, [(self.indptr, self.bottom_fanout)], bottoms, own, ratio, cap, hot, fresh,
-                      super_batch_id)
-
-
-class TypedDevicePlanner(TypedPlanner):
-    """``TypedPlanner`` on the device holding ``indptrs`` (each relation's): the device's choice once per
-    destination type, the plan's positions on the device; owns one scratch entry per vertex (one planner per
-    thread)."""
-
-    on_device = True
-
-    def __init__(self, graph: TypedGraph, indptrs: dict[RelationType, torch.Tensor],
-                 bottom_fanouts: dict[RelationType, int]):
-        self.target = graph.target
-        device = next(iter(indptrs.values())).device
-        self._slot = {t: torch.empty(n, dtype=torch.int64, device=device) for t, n in graph.num_nodes.items()}
-        self._into = {t: [(indptrs[r], bottom_fanouts[r]) for r in graph.relations if r[2] == t]
-                      for t in graph.num_nodes}
-
-    def _choose(self, t: str, uppers: list[tuple[int, int, SampledSubgraph]], ratio: float,
-                cap: Callable[[np.ndarray], tuple[int, bool]] | None, hot: np.ndarray | None) -> Choice:
-        empty = torch.empty(0, dtype=torch.int64, device=self._slot[t].device)
-        return choose(self._slot[t], self._into[t], [upper.frontiers[0].get(t, empty) for _, _, upper in uppers],
-                      [upper.seeds.shape[0] if t == self.target else 0 for _, _, upper in uppers], ratio, cap, hot)
+        return choose(self._slot[t], self._into[t], bottoms, own, ratio, cap, hot, fresh, super_batch_id)
 
 
 def choose(slot: torch.Tensor, into: list[tuple[torch.Tensor, int]], bottoms: list[torch.Tensor], own: list[int],

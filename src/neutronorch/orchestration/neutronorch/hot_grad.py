@@ -15,9 +15,10 @@ through the host's autograd graph of those rows.
   after), so the average is exactly one process's sum.
 - **Rows computed once per node**: the node's ranks sum the shared rows' dL/dY first, and each
   back-propagates the rows it computed (``node.py``).
-- **A typed graph** (one process): one accumulator per vertex type; the gradient reaches the bottom
-  layer's parameters and the snapshot's embedding-table rows the hot rows read, which it adds to the
-  tables as sparse rows.
+- **A typed graph**: one accumulator per vertex type; the gradient reaches the bottom layer's parameters
+  and the snapshot's embedding-table rows the hot rows read, which it adds to the tables as sparse rows
+  (data parallel, hands over to be averaged as the bottom layer's: ``GradientSync`` averages a table's
+  rows handed over apart with equal weights too).
 """
 
 from __future__ import annotations
@@ -49,65 +50,61 @@ class HotGradient:
             self._shares = (epoch, self.seeds.rank_shares(epoch))
         scale = float(self._shares[1][index])
         if scale not in (0.0, 1.0):  # 0: no loss terms here, so no gradient to scale
-            hot.grad_acc.div_(scale)
+            for grad in _accumulators(hot):
+                grad.div_(scale)
             self._scale = scale
 
     def unweigh(self, hot: HotEmbeddings) -> None:
         """After the backward pass: the accumulator back in its units."""
         if self._scale != 1.0:
-            hot.grad_acc.mul_(self._scale)
+            for grad in _accumulators(hot):
+                grad.mul_(self._scale)
             self._scale = 1.0
 
-    def finish(self, hot: HotEmbeddings, bottom: torch.nn.Module, on_cuda: bool,
-               tables: torch.nn.ModuleDict | None = None) -> None:
+    def finish(self, hot: HotEmbeddings, bottom: torch.nn.Module, tables: torch.nn.ModuleDict | None = None) -> None:
         """At the super-batch's last step: W0's gradient from the accumulated dL/dY (of the rows this rank
-        computed, shared ones summed over the node), added to ``bottom``'s gradient or kept for ``averaged``.
-        On a typed graph also the gradient of the table rows the hot rows read, added to ``tables``."""
-        if isinstance(hot.output, dict):
-            return _finish_typed(hot, bottom, tables)
-        nothing = hot.output is None or hot.num_hot == 0
-        if nothing and not self.distributed:
+        computed, shared ones summed over the node) through the host's graph, added to ``bottom``'s gradient
+        or kept for ``averaged``; on a typed graph (one output per type) also the gradient of the table rows
+        the hot rows read, a sparse gradient of ``tables``."""
+        typed = isinstance(hot.output, dict)
+        outputs = hot.output if typed else {} if hot.output is None or hot.num_hot == 0 else {None: hot.output}
+        if not outputs and not self.distributed:
             return
         params = list(bottom.parameters())
-        grads = [None] * len(params)
-        if not nothing:
-            grad_y = hot.grad_acc.cpu() if on_cuda else hot.grad_acc
-            if hot.exchange is not None:
-                grad_y = self.node.gradient(grad_y, hot.exchange)
-            if grad_y.shape[0]:
-                grads = torch.autograd.grad(hot.output, hot.params, grad_y.to(hot.output.dtype), allow_unused=True)
-        grads = [torch.zeros_like(p) if g is None else g.to(p.device, non_blocking=True) for p, g in zip(params, grads)]
-        if self.distributed:
-            self._averaged = grads  # every rank hands one over at this step, zeros where nothing was hot
+        accumulated = hot.grad_acc if typed else {None: hot.grad_acc}
+        grad_y = {t: accumulated[t].cpu() for t in outputs}
+        if hot.exchange is not None:
+            grad_y = self.node.gradient_by_type(accumulated, hot.exchange, {t: len(y) for t, y in outputs.items()},
+                                                bottom.out_dim)
+        live = [t for t in outputs if grad_y[t].shape[0]]
+        grads = torch.autograd.grad([outputs[t] for t in live], [*hot.params, *hot.rows.values()],
+                                    [grad_y[t].to(outputs[t].dtype) for t in live], allow_unused=True
+                                    ) if live else [None] * len(params)
+        dense = [None if g is None else g.to(p.device, non_blocking=True) for p, g in zip(params, grads)]
+        rows = [(tables[t].weight, torch.sparse_coo_tensor(hot.ids[t].to(tables[t].weight.device).unsqueeze(0),
+                                                           grad.to(tables[t].weight.device), tables[t].weight.shape,
+                                                           check_invariants=False))
+                for t, grad in zip(hot.rows, grads[len(params):]) if grad is not None]
+        if self.distributed:  # every rank hands them over at this step, zeros where nothing was hot
+            self._averaged = [torch.zeros_like(p) if g is None else g for p, g in zip(params, dense)] + rows
             return
-        for p, g in zip(params, grads):
-            if p.grad is None:
-                p.grad = g
-            else:
-                p.grad.add_(g)
+        with torch.no_grad():
+            for param, grad in zip(params, dense):
+                if grad is not None:
+                    param.grad = grad if param.grad is None else param.grad.add_(grad)
+            for table, grad in rows:
+                table.grad = grad if table.grad is None else table.grad + grad
 
     def averaged(self, bottom: torch.nn.Module) -> dict[torch.Tensor, torch.Tensor] | None:
         grads, self._averaged = self._averaged, None
-        return None if grads is None else dict(zip(bottom.parameters(), grads))
+        if grads is None:
+            return None
+        params = list(bottom.parameters())
+        return {**dict(zip(params, grads[:len(params)])), **dict(grads[len(params):])}
 
 
-def _finish_typed(hot: HotEmbeddings, bottom: torch.nn.Module, tables: torch.nn.ModuleDict) -> None:
-    """``finish`` on a typed graph: dL/dY of each type's hot rows through the host's graph, to the bottom
-    layer's parameters it reached and to the snapshot's table rows (a sparse gradient of their tables)."""
-    if not hot.output:
-        return
-    types, params = list(hot.output), list(bottom.parameters())
-    grads = torch.autograd.grad([hot.output[t] for t in types], [*hot.params, *hot.rows.values()],
-                                [hot.grad_acc[t].cpu() for t in types], allow_unused=True)
-    with torch.no_grad():
-        for param, grad in zip(params, grads):
-            if grad is not None:
-                grad = grad.to(param.device)
-                param.grad = grad if param.grad is None else param.grad + grad
-        for t, grad in zip(hot.rows, grads[len(params):]):
-            if grad is None:
-                continue
-            weight = tables[t].weight
-            extra = torch.sparse_coo_tensor(hot.ids[t].to(weight.device).unsqueeze(0), grad.to(weight.device),
-                                            weight.shape, check_invariants=False)
-            weight.grad = extra if weight.grad is None else weight.grad + extra
+def _accumulators(hot: HotEmbeddings) -> list[torch.Tensor]:
+    """The hot rows' gradient accumulators (a typed graph's: one per type)."""
+    if hot.grad_acc is None:
+        return []
+    return list(hot.grad_acc.values()) if isinstance(hot.grad_acc, dict) else [hot.grad_acc]

@@ -1,18 +1,13 @@
 """The hot-row computer: computes each super-batch's hot vertices' bottom layer on the host.
 
-``compute`` is the body of thread ``neutronorch-host`` and owns what it touches there (its sampler, the
-copy of the bottom layer). The plans come from the planning loop (``plan_loop.py``, on the host or on the
-device) through the ``plans`` channel this computer owns. For each plan it samples the bottom hop of H_s
-once and gathers its raw features, waits for the W0 snapshot the schedule assigns to s, computes H_s's
-bottom-layer output with exactly the device layer's code, in training mode (dropout inside the layer, such
-as the graph blocks' and GAT's, draws masks keyed by the super-batch and the vertex; batch normalisation
-uses the hot rows' statistics), and puts the hot embeddings on the ``hot`` channel (on CUDA, copied on
-its own stream). An empty hot set costs it nothing but taking the snapshot it was assigned. On a typed
-graph it draws every hot type's bottom block at once (``sample_bottom``), reads the snapshot's table rows
-beside the featured rows, and hands over one table per type.
-
-Planning does not depend on the weights, so it runs ahead while this loop waits for snapshots or
-computes. It runs at most two plans ahead of the compute loop, which the snapshots pace.
+``compute`` is the body of thread ``neutronorch-host`` and owns its sampler and copy of the bottom layer.
+For each plan (from the ``plans`` channel it owns) it samples the bottom hop of H_s once and gathers its raw
+features, waits for the W0 snapshot the schedule assigns to s, computes H_s's bottom-layer output with
+exactly the device layer's code, in training mode (dropout masks keyed by the super-batch and the vertex;
+batch normalisation over the hot rows), and puts the hot embeddings on the ``hot`` channel (on CUDA copied
+on its own stream). An empty hot set costs it nothing but taking its snapshot. On a typed graph it draws
+every hot type's bottom block at once, reads the snapshot's table rows beside the featured rows, and hands
+over one table per type. Planning runs at most two plans ahead of this loop, which the snapshots pace.
 """
 
 from __future__ import annotations
@@ -30,7 +25,7 @@ from neutronorch.nn.precision import cpu_bf16_units
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.node import Exchange, NodeHotSet
-from neutronorch.orchestration.neutronorch.planner import Plan, TypedPlan
+from neutronorch.orchestration.neutronorch.planner import Plan
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
 from neutronorch.orchestration.pipeline import use_threads
 from neutronorch.sampling.exclude import exclude_from_block
@@ -105,7 +100,8 @@ class HotRowComputer:
                 exchange = self.node.exchange(plan.hot)
         if self.needs is not None:  # a typed graph: every hot type's block, from the batch key
             with self.spans.stage("host_sample"):
-                block = sampler.sample_bottom(plan.hot, plan.batches[0].key)
+                hot = plan.hot if exchange is None else self.node.computed(plan.hot, exchange)
+                block = sampler.sample_bottom(hot, plan.batches[0].key)
             with self.spans.stage("host_gather"):
                 x, ids = self.store(block.src_ids, torch.device("cpu"))
             self.needs.put(plan.super_batch_id, {t: ids[t] for t in self.tables if t in ids})
@@ -140,7 +136,8 @@ class HotRowComputer:
                 with self.spans.stage("host_matmul"):
                     output = layer.transform(block.dst_rows(x), output)
         if isinstance(output, dict):  # a typed graph: one table per hot type, copied to the device here
-            return self._hand_over_typed(plan, snapshot, block, {t: output[t] for t in plan.hot}, params, rows)
+            return self._hand_over_typed(plan, snapshot, block, {t: y for t, y in output.items() if len(y)}, params,
+                                         rows, exchange)
         table = output.detach().to(self.table_dtype)
         if exchange is not None:
             with self.spans.stage("host_share"):
@@ -159,20 +156,29 @@ class HotRowComputer:
             exchange=exchange, grad_acc=grad_acc, output=output if self.track_grad else None,
             params=params if self.track_grad else None, ready=ready, keep=keep))
 
-    def _hand_over_typed(self, plan: TypedPlan, snapshot: Snapshot, block, output: dict, params: list,
-                         rows: dict) -> None:
-        """``_finish_hot``'s end on a typed graph: each hot type's table on the device, and with
-        ``hot_grad="cpu"`` the host's graph back to the snapshot's parameters and table rows."""
-        tables = {t: y.detach().to(self.device) for t, y in output.items()}
+    def _hand_over_typed(self, plan: Plan, snapshot: Snapshot, block, output: dict, params: list,
+                         rows: dict, exchange: Exchange | None) -> None:
+        """``_finish_hot``'s end on a typed graph: each hot type's table on the device (with ``hot_set="node"``
+        assembled from the node's rows), and with ``hot_grad="cpu"`` the host's graph back to the snapshot's
+        parameters and table rows."""
+        tables = {t: y.detach() for t, y in output.items()}
+        if exchange is not None:
+            node, sizes = self.node, self.node.sizes(plan.hot)
+            mine = [tables[t] for t in node.offsets if t in tables]
+            with self.spans.stage("host_share"):
+                table = node.assemble(torch.cat(mine) if mine else torch.zeros((0, self.template.out_dim)), exchange,
+                                      sum(sizes), snapshot.version)
+            tables = node.by_type(table, sizes)
+        tables = {t: y.to(self.device) for t, y in tables.items()}
         track = self.track_grad
         grad_acc = {t: torch.zeros(y.shape, dtype=torch.float32, device=self.device) for t, y in tables.items()
                     } if track else {}
         self.hot.put(plan.super_batch_id, HotEmbeddings(
             plan.super_batch_id, snapshot.version, tables, sum(int(y.shape[0]) for y in tables.values()), plan.hot,
-            host_edges=block.num_edges, grad_acc=grad_acc, output=output if track else {},
+            host_edges=block.num_edges, exchange=exchange, grad_acc=grad_acc, output=output if track else {},
             params=params if track else None, rows=rows if track else {}, ids=snapshot.ids if track else {}))
 
-    def _nothing_hot(self, plan: Plan | TypedPlan) -> None:
+    def _nothing_hot(self, plan: Plan) -> None:
         """An empty hot set: no sampling, gathering or computing. Its (empty) rows are handed over at once,
         versioned at the super-batch's first step, so within the bound at every use; its snapshot is then
         taken only to be dropped."""

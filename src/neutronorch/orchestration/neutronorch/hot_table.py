@@ -49,16 +49,13 @@ class HotTableReader:
     def _continue(self, hot: HotEmbeddings) -> None:
         """The resumed super-batch's hot rows, recomputed from its saved snapshot: same set, same gradient."""
         resumed, self.resumed = self.resumed, None
-        before, now = (resumed["vertices"], hot.vertices) if isinstance(hot.vertices, Mapping) else (
-            {"": resumed["vertices"]}, {"": hot.vertices})
+        before, now = _by_type(resumed["vertices"]), _by_type(hot.vertices)
         if before.keys() != now.keys() or not all(np.array_equal(now[t], before[t]) for t in now):
             raise RuntimeError(f"super-batch {hot.super_batch_id} was resumed with another hot set than it "
                                "started with")
-        if isinstance(hot.grad_acc, dict):
-            for t, grad in hot.grad_acc.items():
-                grad.copy_(resumed["grad_acc"][t])
-        elif hot.grad_acc is not None:
-            hot.grad_acc.copy_(resumed["grad_acc"])
+        saved = _by_type(resumed["grad_acc"])
+        for t, grad in _by_type(hot.grad_acc).items():
+            grad.copy_(saved[t])
 
     def trained(self, super_batch_id: int) -> None:
         """The super-batch's last mini-batch is done: its table goes."""
@@ -73,18 +70,23 @@ class HotTableReader:
         current = self.current
         if current is None:
             return None
-        copy = lambda t: t.detach().to("cpu", copy=True)  # noqa: E731
-        if isinstance(current.vertices, Mapping):
-            return {"gsid": current.super_batch_id,
-                    "vertices": {t: torch.tensor(v) for t, v in current.vertices.items()},
-                    "grad_acc": {t: copy(g) for t, g in current.grad_acc.items()}}
-        return {"gsid": current.super_batch_id, "vertices": torch.tensor(current.vertices),
-                "grad_acc": None if current.grad_acc is None else copy(current.grad_acc)}
+        return {"gsid": current.super_batch_id, "vertices": _each(current.vertices, torch.tensor),
+                "grad_acc": _each(current.grad_acc, lambda g: g.detach().to("cpu", copy=True))}
 
     def load_state_dict(self, in_progress: dict | None) -> None:
         if in_progress is None:
             self.resumed = None
             return
-        vertices = in_progress["vertices"]
-        vertices = {t: v.numpy() for t, v in vertices.items()} if isinstance(vertices, dict) else vertices.numpy()
-        self.resumed = {**in_progress, "vertices": vertices}
+        self.resumed = {**in_progress, "vertices": _each(in_progress["vertices"], lambda v: v.numpy())}
+
+
+def _each(value, change):
+    """``change`` of ``value``, or of each of its values (a typed graph's, per type); None stays None."""
+    if value is None:
+        return None
+    return {t: change(v) for t, v in value.items()} if isinstance(value, Mapping) else change(value)
+
+
+def _by_type(value) -> Mapping:
+    """``value`` per type: a typed graph's as it is, a homogeneous graph's as its one entry (none for None)."""
+    return value if isinstance(value, Mapping) else {} if value is None else {"": value}

@@ -1,19 +1,8 @@
 """Mode ``neutronorch``: hot vertices' bottom layer on the host, reused under a strictly bounded staleness.
 
-Threads, each with its own objects; what crosses between them is named here::
-
-    planning loop (PlanLoop)      host compute (neutronorch-host)  cold sampler (neutronorch-   trainer (caller)
-      neutronorch-planner, or       HotRowComputer: its sampler,     sampler) ColdSampler:       NeutronOrchMode:
-      with device sampling the      bottom-layer copy                its sampler                 version, staleness,
-      cold sampler's thread                                                                     stats, controller,
-                                                                                                SnapshotPublisher,
-                                                                                                HotTableReader
-      plans (Prefetcher, or made by the cold sampler itself) -------> |                             |
-      plans (Channel "plans") -> |                                    | SplicedBatch (Prefetcher) -> |
-                                 | <------------------ W0 snapshots (Channel "snapshots") -------- |
-                                 | hot embeddings, frozen (Channel "hot") ------------------------> |
-      reads controller.setting (an immutable RatioSetting the trainer replaces) <------------------ |
-    every thread records spans into the run's Spans (thread-safe); every arrow but the setting is a Channel
+Its threads (planning loop, host compute, cold sampler, and the trainer's, which runs this class), what each
+owns and what crosses between them (only through ``Channel``s, and the ratio setting the trainer replaces
+whole) are in docs/architecture.md.
 
 Staleness is bounded by construction: the hot embeddings of super-batch s are computed from the
 parameters at version ``snapshot_version(s)`` (version = optimizer steps taken), a snapshot the trainer
@@ -22,19 +11,17 @@ publishes when it reaches that version, and every use is checked (``versions.py`
 gradient by the host's autograd graph at the super-batch's last step (version difference again within
 the bound). The pipeline runs across epochs without draining.
 
-**A typed graph** runs on the same threads and classes (``TypedRun``): the plan loop plans once per vertex
-type (``TypedPlanner``), the hot-row computer computes every hot type's rows from one bottom block drawn
-with the super-batch's first key and sends ahead (Channel "needs") the ids of the embedding-table rows they
-read, which the trainer's snapshot takes at the snapshot's version; the cold sampler draws each type's cold
-destinations with the typed sampler (on the training device with ``device_sampling``, the host sampler's
-draws) and reads their rows on the host. With P = 1, staleness 0 and ``hot_grad="cpu"`` a typed step is
-exact mode's (``tests/test_typed_neutronorch.py``).
+**A typed graph** runs on the same threads and classes; what differs per kind of graph is in one small object
+(``HomogeneousKind``, ``TypedKind``): where a mini-batch's rows are read and its hops drawn (a typed graph's
+featured rows on the host, whichever device draws its mini-batches), the drift probe's inputs, the hot rows a
+step reads, and a typed graph's featureless inputs, embedding-table rows, which its snapshots also hold (their
+ids sent ahead by the host on the ``needs`` channel). With P = 1, staleness 0 and ``hot_grad="cpu"`` a typed
+step is exact mode's (``tests/test_typed_neutronorch.py``).
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -45,9 +32,9 @@ from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.nn.splice import HotRows
 from neutronorch.observe import Spans, StageTable
 from neutronorch.orchestration.access import FeatureAccess
+from neutronorch.orchestration.channel import Channel
 from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.exact import HOST_SAMPLING_STAGES
-from neutronorch.orchestration.channel import Channel
 from neutronorch.orchestration.host_loader import HostLoader
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.orchestration.neutronorch.batch import SplicedBatch
@@ -65,7 +52,7 @@ from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
 from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology
-from neutronorch.sampling.typed_sampler import TypedHops, TypedNeighborSampler
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 STAGES = HOST_SAMPLING_STAGES.merge(StageTable(
     {"hot_select": "planner", "host_sample": "host", "host_gather": "host", "host_wait_weights": "host",
@@ -74,19 +61,77 @@ STAGES = HOST_SAMPLING_STAGES.merge(StageTable(
     waits=frozenset({"wait_hot", "host_wait_weights", "host_share"})))
 
 
-@dataclass(frozen=True)
-class TypedRun:
-    """What a typed graph's run needs besides its ``TypedInputs``: the fanouts per relation, the training
-    device and whether the mini-batches are drawn there (``cold_sampler.draws_on_device``)."""
+PROBE_KEY = 0x9E37  # mixed into the run's seed for the drift probe's fixed sample
 
-    fanouts: dict[RelationType, list[int]]
-    device: torch.device
-    on_device: bool = False
 
-    def sampler(self, graph: TypedGraph) -> TypedHops:
-        """The cold sampler's (this thread's): on the training device with ``on_device``."""
-        host = TypedNeighborSampler(graph, self.fanouts)
-        return TypedDeviceSampler(TypedTopology.of(graph, self.device), host.fanouts) if self.on_device else host
+class HomogeneousKind:
+    fanouts = None  # the sampling configuration's
+    needs = type_sizes = None
+    lead_adapts = True  # the snapshot lead may grow while the trainer waits for hot rows
+
+    def __init__(self, graph: Graph, access: FeatureAccess, spans: Spans, sampling: SamplingConfig):
+        self.graph, self.device = graph, access.device
+        self.store, self.placement, self.cache = access.store, access.placement, access.cache
+        self.source = access.store  # what the host reads the hot rows' inputs from
+        # Device sampling: the cold bottom hop is sampled and gathered on the device (its topology placed
+        # there, or read from pinned host memory); otherwise on the host like exact mode.
+        self.reader = DeviceReader(graph, access, spans, sampling) if access.placement.topology != "host" else None
+        self.loader = HostLoader(access, spans) if self.reader is None else None
+        self.plans_on_device = self.reader is not None
+        self.cold_sampler = None  # the cold sampler makes its own
+
+    def inputs(self, batch, hot, index) -> StepInputs:
+        """The step's model inputs: the batch's, and the super-batch's hot rows at ``index``."""
+        return StepInputs(batch.blocks, batch.features, HotRows(hot.table, index, hot.grad_acc))
+
+    def probe_inputs(self, ids: np.ndarray, sampling: SamplingConfig, model) -> tuple:
+        """The drift probe's bottom block and float32 rows (the probe runs outside autocast, and drift is a
+        small difference), a fixed sample of its own key, on the device."""
+        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, sampling.fanouts, sampling.degrees)
+        key = layer_key(mix_key(sampling.seed, PROBE_KEY), len(sampling.fanouts) - 1)
+        block, frontier = sampler.sample_hop(ids, sampling.fanouts[-1], key)
+        rows = self.store.as_dtype(torch.float32).gather(torch.from_numpy(frontier))
+        return block.to(self.device), rows.to(self.device)
+
+
+class TypedKind:
+    lead_adapts = False  # a typed run at a fixed ratio trains the same steps whatever the times measured
+    reader = store = placement = cache = None  # (a homogeneous graph's feature access)
+
+    def __init__(self, graph: TypedGraph, access: FeatureAccess, fanouts: dict[RelationType, list[int]],
+                 on_device: bool, spans: Spans):
+        self.graph, self.source, self.fanouts, self.device = graph, access.inputs, fanouts, access.device
+        self.type_sizes = graph.num_nodes  # how a node numbers its ranks' hot sets as one (``node.py``)
+        self.loader = HostLoader(access, spans)  # its ``TypedInputs``
+        self.plans_on_device = on_device
+        self.needs = Channel("needs")  # the ids of the table rows each super-batch's hot rows read
+
+    def cold_sampler(self):
+        """The cold sampler's (made on its thread): on the training device with ``plans_on_device``."""
+        if self.plans_on_device:
+            return TypedDeviceSampler(TypedTopology.of(self.graph, self.device), self.fanouts)
+        return TypedNeighborSampler(self.graph, self.fanouts)
+
+    def inputs(self, batch, hot, index: dict) -> StepInputs:
+        return StepInputs(batch.blocks, batch.features,
+                          {t: HotRows(hot.table[t], i, hot.grad_acc.get(t)) for t, i in index.items()}, batch.ids)
+
+    def probe_inputs(self, ids: dict[str, np.ndarray], sampling: SamplingConfig, model):
+        """A function giving the drift probe's bottom block and inputs at each measurement (the table rows
+        move with the weights)."""
+        block = TypedNeighborSampler(self.graph, self.fanouts).sample_bottom(ids, mix_key(sampling.seed, PROBE_KEY))
+        features, input_ids = self.source(block.src_ids, self.device)
+        block = block.to(self.device)
+        return lambda: (block, model().input_rows(features, input_ids))
+
+    def table_rows(self, model: torch.nn.Module, super_batch_id: int) -> tuple[dict, dict]:
+        """The embedding-table rows super-batch ``super_batch_id``'s hot frontier reads, now, for its snapshot
+        (the host sent their ids ahead)."""
+        ids = self.needs.take(super_batch_id)
+        with torch.no_grad():
+            rows = {t: model.embeddings[t].weight.detach()[index.to(model.embeddings[t].weight.device)]
+                    .to("cpu", copy=True) for t, index in ids.items()}
+        return rows, ids
 
 
 class NeutronOrchMode:
@@ -96,39 +141,33 @@ class NeutronOrchMode:
     # (its hot set and accumulated hot gradient; its hot rows are recomputed from its saved snapshot).
     resumable = resumable_mid_epoch = True
 
-    def __init__(self, graph: Graph | TypedGraph, sampling: SamplingConfig, config: NeutronOrchConfig, epochs: int,
-                 access: FeatureAccess, spans: Spans, sampler_threads: int, host_threads: int,
-                 node: NodeLink | None = None, seeds: NodeSeeds | None = None, typed: TypedRun | None = None):
-        """On a typed graph ``access`` is its ``FeatureAccess.typed`` and ``typed`` the rest of what it needs."""
-        self.graph, self.sampling, self.config = graph, sampling, config
-        self.access, self.spans, self.typed = access, spans, typed
-        self.device = access.device
+    def __init__(self, kind: HomogeneousKind | TypedKind, sampling: SamplingConfig, config: NeutronOrchConfig,
+                 epochs: int, spans: Spans, sampler_threads: int, host_threads: int, node: NodeLink | None = None,
+                 seeds: NodeSeeds | None = None):
+        """``kind``: what the graph's kind reads and draws with."""
+        self.kind, self.graph, self.sampling, self.config = kind, kind.graph, sampling, config
+        self.spans, self.device = spans, kind.device
+        self.store, self.placement, self.cache = kind.store, kind.placement, kind.cache
         on_cuda = self.device.type == "cuda"
-        self.store, self.placement, self.cache = access.store, access.placement, access.cache
         self.sampler_threads, self.host_threads = sampler_threads, host_threads
         self.threads = {"sampler": sampler_threads, "host": host_threads}
-        self.seeds = seeds if seeds is not None else NodeSeeds(graph, sampling)  # a link task's: LinkSeeds
+        self.seeds = seeds if seeds is not None else NodeSeeds(self.graph, sampling)  # a link task's: LinkSeeds
         self.num_batches = self.seeds.num_batches
         self.schedule = Schedule(epochs, self.num_batches, config.super_batch, config.resolved_staleness)
         self.staleness = StalenessCheck(config.resolved_staleness)
         self.controller = RatioController(config, self.schedule, shared_cores=not on_cuda,
-                                          probe_inputs=self._probe_inputs, lead_adapts=typed is None)
+                                          probe_inputs=self._probe_inputs, lead_adapts=kind.lead_adapts)
         self.stats = HotStats()
         # Data parallel: with a node link, rows hot on several of the node's ranks are computed once (``node.py``).
         self.distributed = sampling.world > 1
-        self.node = NodeHotSet(node) if node is not None and node.local_size > 1 else None
+        self.node = NodeHotSet(node, kind.type_sizes) if node is not None and node.local_size > 1 else None
         self.hot_grad = HotGradient(self.seeds, sampling, self.num_batches, self.node)
         self.version = 0  # optimizer steps taken
-        # Device sampling: the cold bottom hop is sampled and gathered on the device (its topology placed
-        # there, or read from pinned host memory); otherwise on the host like exact mode.
-        # A typed graph's rows are read on the host whichever device draws its mini-batches (``TypedRun``).
-        on_device = typed is None and access.placement.topology != "host"
-        self.reader = DeviceReader(graph, access, spans, sampling) if on_device else None
-        self.loader = HostLoader(access, spans) if self.reader is None else None
+        self.reader, self.loader = kind.reader, kind.loader
         self.model: torch.nn.Module | None = None
         # A typed graph's snapshots also hold the table rows its hot rows read, whose ids the host sends ahead.
-        self.needs = Channel("needs") if typed is not None else None
-        self.snapshots = SnapshotPublisher(self.schedule, on_cuda, self._table_rows if typed else None)
+        self.snapshots = SnapshotPublisher(self.schedule, on_cuda, None if kind.needs is None else (
+            lambda super_batch_id: kind.table_rows(self.model, super_batch_id)))
         self.hot_table = HotTableReader(spans, self.device)  # the host's hot embeddings -> the splice
         self._producer: HotRowComputer | None = None
         self._plans: Prefetcher | None = None
@@ -138,17 +177,16 @@ class NeutronOrchMode:
     # ----- lifecycle -------------------------------------------------------------------------------------
 
     def start(self, model: torch.nn.Module) -> None:
-        self.model, typed = model, self.typed
+        self.model, kind = model, self.kind
         self.bottom = model.bottom
         tables = tuple(getattr(model, "embeddings", ()))  # a typed model's embedding tables
-        producer = HotRowComputer(self.graph, self.access.inputs if typed else self.store, self.sampling, self.config,
-                                  self.schedule, self.bottom, self.snapshots.channel, self.hot_table.channel,
-                                  self.spans, self.device, self.host_threads, self.node,
-                                  typed.fanouts if typed else None, self.needs, tables)
+        producer = HotRowComputer(self.graph, kind.source, self.sampling, self.config, self.schedule, self.bottom,
+                                  self.snapshots.channel, self.hot_table.channel, self.spans, self.device,
+                                  self.host_threads, self.node, kind.fanouts, kind.needs, tables)
         plans = PlanLoop(self.seeds, self.sampling, self.schedule, self.controller.published, producer.planned,
-                         self.spans, 0 if typed else self.graph.num_nodes, getattr(model, "num_layers", 0))
+                         self.spans, self.graph.num_nodes, getattr(model, "num_layers", 0))
         sampler = ColdSampler(self.graph, self.sampling, self.spans, self.sampler_threads, self.loader, self.reader,
-                              (lambda: typed.sampler(self.graph)) if typed else None)
+                              kind.cold_sampler)
         self.snapshots.start()
         start, position = self.schedule.at(self.version)
         hot = None
@@ -158,10 +196,9 @@ class NeutronOrchMode:
                 raise RuntimeError(f"resumed at step {position} of super-batch {start} without its saved state")
             hot = resumed["vertices"]
         self._producer = producer
-        if not (self.reader or typed and typed.on_device):  # planned on the host, in a thread of its own
-            fanouts = typed.fanouts if typed else None
+        if not kind.plans_on_device:  # planned on the host, in a thread of its own
             self._plans = Prefetcher(lambda: plans.run(*host_planning(self.graph, self.sampling, self.host_threads,
-                                                                      fanouts), start, hot),
+                                                                      kind.fanouts), start, hot),
                                      depth=1, name="neutronorch-planner")
             source = lambda _sampler: self._plans  # noqa: E731
         else:  # planned on the device, by the cold sampler's thread with its sampler
@@ -177,8 +214,8 @@ class NeutronOrchMode:
     def close(self) -> None:
         self.snapshots.close()
         self.hot_table.close()
-        if self.needs is not None:
-            self.needs.close()
+        if self.kind.needs is not None:
+            self.kind.needs.close()
         if self._producer is not None:
             self._producer.close()
         for prefetcher in (self._plans, self._stream):
@@ -210,26 +247,11 @@ class NeutronOrchMode:
             self.controller.saw_plan(splice.probe)
         self.staleness.check(hot, self.version)
         self.hot_grad.weigh(hot, self.version)
-        if isinstance(splice.index, dict):  # a typed graph: each hot type's rows
-            rows = {t: HotRows(hot.table[t], index, hot.grad_acc.get(t)) for t, index in splice.index.items()}
-            return StepInputs(batch.blocks, batch.features, rows, batch.ids)
-        return StepInputs(batch.blocks, batch.features, HotRows(hot.table, splice.index, hot.grad_acc))
+        return self.kind.inputs(batch, hot, splice.index)
 
-    def _probe_inputs(self, ids: np.ndarray | dict[str, np.ndarray]) -> tuple:
-        """The drift probe's bottom block and features (a fixed sample of its own key), on the device; on a
-        typed graph a function giving them at each measurement (the table rows move with the weights)."""
-        if self.typed is not None:
-            sampler = TypedNeighborSampler(self.graph, self.typed.fanouts)
-            block = sampler.sample_bottom(ids, mix_key(self.sampling.seed, 0x9E37))
-            features, input_ids = self.access.inputs(block.src_ids, self.device)
-            block = block.to(self.device)
-            return lambda: (block, self.model.input_rows(features, input_ids))
-        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees)
-        key = layer_key(mix_key(self.sampling.seed, 0x9E37), len(self.sampling.fanouts) - 1)
-        block, frontier = sampler.sample_hop(ids, self.sampling.fanouts[-1], key)
-        # float32 whatever the run's precision: the probe runs outside autocast, and drift is a small difference.
-        rows = self.store.as_dtype(torch.float32).gather(torch.from_numpy(frontier))
-        return block.to(self.device), rows.to(self.device)
+    def _probe_inputs(self, ids: np.ndarray | dict[str, np.ndarray]):
+        """The drift probe's inputs (the kind's)."""
+        return self.kind.probe_inputs(ids, self.sampling, lambda: self.model)
 
     def before_step(self, batch: SplicedBatch) -> None:
         """``hot_grad="cpu"``: at the super-batch's last step, the hot rows' W0 gradient (``hot_grad.py``)."""
@@ -238,10 +260,10 @@ class NeutronOrchMode:
         if not batch.splice.last or self.config.hot_grad != "cpu":
             return
         if hot.output is None or hot.num_hot == 0:  # nothing hot: nothing to add (zeros for the reduction)
-            return self.hot_grad.finish(hot, self.bottom, self.device.type == "cuda")
+            return self.hot_grad.finish(hot, self.bottom)
         with self.spans.stage("hot_grad"):
             self.staleness.check(hot, self.version)
-            self.hot_grad.finish(hot, self.bottom, self.device.type == "cuda", getattr(self.model, "embeddings", None))
+            self.hot_grad.finish(hot, self.bottom, getattr(self.model, "embeddings", None))
 
     def averaged_gradients(self) -> dict[torch.Tensor, torch.Tensor] | None:
         """Data parallel, at a super-batch's last step: the hot rows' W0 gradient (``hot_grad.py``)."""
@@ -259,15 +281,6 @@ class NeutronOrchMode:
 
     def _publish_due(self) -> None:
         self.snapshots.publish_due(self.bottom, self.version, self.controller.lead)
-
-    def _table_rows(self, super_batch_id: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """A typed graph's: the embedding-table rows super-batch ``super_batch_id``'s hot frontier reads, now,
-        for its snapshot (the host sent their ids ahead)."""
-        ids = self.needs.take(super_batch_id)
-        with torch.no_grad():
-            rows = {t: self.model.embeddings[t].weight.detach()[index.to(self.model.embeddings[t].weight.device)]
-                    .to("cpu", copy=True) for t, index in ids.items()}
-        return rows, ids
 
     # ----- checkpoints -----------------------------------------------------------------------------------
 

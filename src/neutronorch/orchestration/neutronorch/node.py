@@ -17,7 +17,8 @@ computed once per rank holding it, on the node's one CPU. Here, for each super-b
    all of its own set.
 
 The hot sets, and so the training, are those of one set per rank (``hot_set="rank"``): only where the rows
-are computed changes. Each step is a collective within the node, on a group of its thread's own
+are computed changes. A typed graph's hot sets are exchanged as one, each type's vertices numbered after the
+types before it, and its rows, tables and gradients are split back by type (``by_type``). Each step is a collective within the node, on a group of its thread's own
 (``NodeLink``), so host-thread collectives never interleave with the trainer's.
 """
 
@@ -107,13 +108,33 @@ def _group_position(group: np.ndarray, order: np.ndarray, lo: int, hi: int) -> n
 
 
 class NodeHotSet:
-    """The exchange of one rank's hot rows with the other ranks of its node."""
+    """The exchange of one rank's hot rows with the other ranks of its node (``num_nodes``: a typed graph's, per
+    type, which numbers its hot sets as one)."""
 
-    def __init__(self, link: NodeLink):
+    def __init__(self, link: NodeLink, num_nodes: dict[str, int] | None = None):
         self.link = link
+        self.offsets = None if num_nodes is None else dict(zip(num_nodes, np.cumsum([0, *num_nodes.values()])))
 
-    def exchange(self, hot: np.ndarray) -> Exchange:
+    def sizes(self, hot: dict[str, np.ndarray]) -> list[int]:
+        """A typed hot set's sizes, type by type in the node's order."""
+        return [len(hot.get(t, ())) for t in self.offsets]
+
+    def by_type(self, rows, sizes: list[int]) -> dict:
+        """``rows`` (an array or tensor of the concatenated types, ``sizes`` of each) split by type, those with any."""
+        ends = np.cumsum([0, *sizes])
+        return {t: rows[lo:hi] for t, lo, hi in zip(self.offsets, ends[:-1], ends[1:]) if hi > lo}
+
+    def computed(self, hot: dict[str, np.ndarray], plan: Exchange) -> dict[str, np.ndarray]:
+        """A typed graph's: per type, the vertices of its hot set this rank computes."""
+        flat = np.concatenate([np.asarray(hot.get(t, np.empty(0, np.int64))) for t in self.offsets])
+        ends = np.cumsum([0, *self.sizes(hot)])
+        at = np.searchsorted(ends, plan.computed, side="right") - 1  # each computed row's type
+        return {t: flat[plan.computed[at == k]] for k, t in enumerate(self.offsets) if (at == k).any()}
+
+    def exchange(self, hot: np.ndarray | dict[str, np.ndarray]) -> Exchange:
         """A collective (host thread): every rank of the node calls it for each super-batch."""
+        if self.offsets is not None:
+            hot = np.concatenate([np.asarray(hot.get(t, np.empty(0, np.int64))) + o for t, o in self.offsets.items()])
         sets = [t.numpy() for t in self.link.gather_ids(torch.tensor(hot, dtype=torch.int64))]
         return plan_exchange(sets, self.link.local_rank)
 
@@ -131,6 +152,14 @@ class NodeHotSet:
             wanted = np.flatnonzero(plan.held >= 0)
             table[torch.from_numpy(plan.held[wanted])] = received[torch.from_numpy(wanted)]
         return table
+
+    def gradient_by_type(self, grad_acc: dict, plan: Exchange, computed: dict, width: int) -> dict:
+        """``gradient`` of a graph's accumulators (a homogeneous graph's as the one type ``None``), split back by
+        type as its rows this rank computed (``computed``: how many per type)."""
+        if self.offsets is None:
+            return {None: self.gradient(grad_acc[None].cpu(), plan)}
+        flat = torch.cat([torch.zeros((0, width)), *(grad_acc[t].cpu() for t in self.offsets if t in grad_acc)])
+        return self.by_type(self.gradient(flat, plan), [computed.get(t, 0) for t in self.offsets])
 
     def gradient(self, grad_acc: torch.Tensor, plan: Exchange) -> torch.Tensor:
         """A collective (trainer thread): dL/dY of the rows this rank computed, those of the shared ones

@@ -1,18 +1,11 @@
 """The planning loop: the plans of the super-batches, in order, each handed to the hot-row computer.
 
 For each super-batch s it samples the upper hops of its P mini-batches (the same per-vertex randomness as
-exact mode), reads the ratio controller's current setting and plans the hot set H_s. It runs where the
-mini-batches are sampled:
-
-- **on the host** (no device sampling): in a thread of its own, ``neutronorch-planner``, with the numba
-  sampler and ``planner.Planner``; the cold sampler reads its plans through a ``Prefetcher``;
-- **on the device** (device sampling): inside the cold sampler's thread, with the torch sampler and
-  ``device_planner.DevicePlanner`` on the sampler's stream, one super-batch ahead of the batches it loads,
-  so that the host computes H_{s+1} while s trains.
-
-Either way each plan also goes on the ``plans`` channel to the hot-row computer (``hot_rows.py``). On a
-typed graph the samplers and planners are the typed ones (``TypedPlanner``, ``TypedDevicePlanner``).
-The loop owns the epochs' seed orders; the sampler and planner it is given belong to its thread.
+exact mode), reads the ratio controller's current setting and plans the hot set H_s, where the mini-batches
+are sampled: on the host in a thread of its own (``host_planning``), or with device sampling in the cold
+sampler's thread (``device_planner``), one super-batch ahead of the batches it loads, so that the host
+computes H_{s+1} while s trains. Each plan also goes on the ``plans`` channel to the hot-row computer. The
+loop owns the epochs' seed orders; the sampler and planner it is given belong to its thread.
 """
 
 from __future__ import annotations
@@ -29,8 +22,8 @@ from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.controller import PublishedSetting
-from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner, TypedDevicePlanner
-from neutronorch.orchestration.neutronorch.planner import Plan, Planner, TypedPlanner, all_cold
+from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
+from neutronorch.orchestration.neutronorch.planner import Plan, Planner
 from neutronorch.orchestration.neutronorch.versions import Schedule
 from neutronorch.orchestration.seeds import NodeSeeds, SeedBatch
 from neutronorch.orchestration.pipeline import use_threads
@@ -73,24 +66,20 @@ class PlanLoop:
             if epoch not in self._batches:
                 self._batches = {epoch: self.seeds.epoch(epoch)}
             uppers, batches = [], []
-            typed = isinstance(planner, TypedPlanner)
             for index in range(first, end):
                 key = batch_key(self.sampling.seed, epoch, index)
                 batch = self._batches[epoch][index]
                 batches.append(batch)
                 seeds = batch.seeds if planner.on_device else batch.seeds.numpy()
-                upper = (sampler.sample_hops(seeds, key, self.num_layers - 1) if typed
+                upper = (sampler.sample_hops(seeds, key, self.num_layers - 1) if planner.target
                          else sampler.sample(seeds, key, self.sampling.fanouts[:-1]))
                 if batch.exclude is not None:
                     upper = exclude_edges(upper, batch.exclude, self.num_nodes)
                 uppers.append((index, key, upper))
         with self.spans.stage("hot_select"):
             number, setting = self.published.read()
-            if setting.ratio == 0 and hot is None and not typed:  # nothing to make hot: no counting, no ranking
-                plan = all_cold(super_batch_id, epoch, uppers)
-            else:
-                fresh = [b.batch_seeds for b in batches] if any(b.batch_seeds is not None for b in batches) else None
-                plan = planner.plan(super_batch_id, epoch, uppers, setting.ratio, setting.cap(), hot, fresh)
+            fresh = [b.batch_seeds for b in batches] if any(b.batch_seeds is not None for b in batches) else None
+            plan = planner.plan(super_batch_id, epoch, uppers, setting.ratio, setting.cap(), hot, fresh)
         # A plan is frozen: what the seeds add to it is set by making it anew, before it crosses to another thread.
         exclude = torch.cat([b.exclude for b in batches], 1) if batches and batches[0].exclude is not None else None
         return replace(plan, stats=replace(plan.stats, setting=number), exclude=exclude,
@@ -114,15 +103,15 @@ def host_planning(graph: Graph | TypedGraph, sampling: SamplingConfig, threads: 
     kernels then run on ``threads`` threads); a typed graph's (``fanouts``: per relation) plan per type."""
     use_threads(threads)
     if fanouts is not None:
-        return TypedNeighborSampler(graph, fanouts), TypedPlanner(graph, {r: f[-1] for r, f in fanouts.items()})
+        return TypedNeighborSampler(graph, fanouts), Planner(graph, {r: f[-1] for r, f in fanouts.items()})
     return (NeighborSampler(graph.indptr, graph.indices, sampling.fanouts, sampling.degrees, sampling.file_order),
-            Planner(graph.indptr, sampling.fanouts[-1]))
+            Planner(graph, sampling.fanouts[-1]))
 
 
 def device_planner(graph: Graph | TypedGraph, sampler, reader, sampling: SamplingConfig) -> Planner:
     """The planner beside the device sampler ``sampler`` (a typed graph's: ``TypedDeviceSampler``; else over
     ``reader``'s topology)."""
     if isinstance(graph, TypedGraph):
-        return TypedDevicePlanner(graph, {r: indptr for r, (indptr, _) in sampler.topology.relations.items()},
-                                  {r: f[-1] for r, f in sampler.fanouts.items()})
-    return DevicePlanner(reader.indptr, sampling.fanouts[-1])
+        return DevicePlanner(graph, {r: f[-1] for r, f in sampler.fanouts.items()},
+                             {r: indptr for r, (indptr, _) in sampler.topology.relations.items()})
+    return DevicePlanner(graph, sampling.fanouts[-1], reader.indptr)

@@ -6,8 +6,8 @@ No threads, no parameters, no device: tested on its own. The planning loop calls
 The hot set H_s is the top ``ratio`` of the vertices reached among the super-batch's bottom-layer
 destinations, ranked by how often they appear there (most frequent first, ties in order of first
 appearance), optionally capped by ``cap(ranked counts)`` (the staleness-error cap of ``controller.py``).
-On a typed graph (``TypedPlanner``) the same choice is made once per vertex type, among that type's
-bottom-layer destinations (``choose`` is the one choice).
+On a typed graph the same choice (``choose``) is made once per vertex type, among that type's bottom-layer
+destinations.
 
 A mini-batch's own seeds are never served hot in it: their bottom-layer rows are computed fresh on the
 device, and only their appearances in other mini-batches count towards their rank. A seed's bottom row
@@ -27,8 +27,10 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 import numpy as np
+import torch
 from numba import njit, prange
 
+from neutronorch.data.graph import Graph
 from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.sampling.block import SampledSubgraph
 
@@ -37,12 +39,16 @@ PROBE_ROWS = 256  # vertices whose bottom-layer output measures the per-step dri
 
 @dataclass(frozen=True)
 class PlannedBatch:
+    """One mini-batch of a plan: its upper hops and the positions (among ``upper.frontiers[0]``, the bottom-layer
+    destinations) of its cold destinations (ascending) and of its hot ones, with the hot ones' rows of the hot
+    table; on a typed graph one of each per destination type. Tensors on the device where it planned there."""
+
     index: int  # mini-batch number in its epoch
     key: int  # its ``batch_key``
     upper: SampledSubgraph  # the upper hops; ``upper.frontiers[0]`` are the bottom-layer destinations
-    cold_pos: np.ndarray  # positions of the cold destinations among them
-    hot_pos: np.ndarray  # positions of the hot ones
-    hot_rows: np.ndarray  # their rows of the hot table
+    cold_pos: np.ndarray | dict[str, np.ndarray]
+    hot_pos: np.ndarray | dict[str, np.ndarray]
+    hot_rows: np.ndarray | dict[str, np.ndarray]
     saved_edges: int  # bottom-hop edges the device does not sample because their destination is hot
     targets: object = None  # what the loss reads instead of the seeds' labels (``SeedBatch.targets``)
     exclude: object = None  # edges its sampled graph must not hold (``SeedBatch.exclude``), bottom hop included
@@ -50,7 +56,8 @@ class PlannedBatch:
 
 @dataclass(frozen=True)
 class PlanStats:
-    """What one plan did, for the summary (accounted by the trainer when it reaches the super-batch)."""
+    """What one plan did, for the summary (accounted by the trainer when it reaches the super-batch); on a
+    typed graph summed over the types."""
 
     epoch: int
     hot: int  # |H_s|
@@ -65,26 +72,16 @@ class PlanStats:
 @dataclass(frozen=True)
 class Plan:
     """A super-batch's plan. Frozen, with its hot set read-only: it crosses from the planning thread to the
-    host's and the cold sampler's (``read_only``)."""
+    host's and the cold sampler's (``read_only``). On a typed graph ``hot`` and ``probe`` are read-only
+    mappings of the types that have any."""
 
     super_batch_id: int
     epoch: int
     batches: tuple[PlannedBatch, ...]
-    hot: np.ndarray  # H_s, hottest first
-    probe: np.ndarray  # the hottest PROBE_ROWS vertices (the drift probe's candidates)
+    hot: np.ndarray | Mapping[str, np.ndarray]  # H_s, hottest first
+    probe: np.ndarray | Mapping[str, np.ndarray]  # the hottest PROBE_ROWS vertices (the drift probe's candidates)
     stats: PlanStats
     exclude: object = None  # every mini-batch's ``exclude`` together: edges the hot rows' bottom hop must not hold
-
-
-def all_cold(super_batch_id: int, epoch: int, uppers: list[tuple[int, int, SampledSubgraph]]) -> Plan:
-    """The plan of a super-batch with nothing hot (ratio 0): every bottom-layer destination cold, in order,
-    without counting or ranking them (``reached`` and the probe are then unknown: 0 and none)."""
-    empty = np.empty(0, np.int64)
-    sizes = [int(upper.frontiers[0].shape[0]) for _, _, upper in uppers]
-    planned = tuple(PlannedBatch(batch, key, upper, np.arange(n, dtype=np.int64), empty, empty, 0)
-                    for (batch, key, upper), n in zip(uppers, sizes))
-    return Plan(super_batch_id, epoch, planned, read_only(np.empty(0, np.int64)), empty,
-                PlanStats(epoch, 0, 0, sum(sizes), 0, 0))
 
 
 def read_only(array: np.ndarray) -> np.ndarray:
@@ -219,6 +216,15 @@ class Choice:
     capped: bool
 
 
+def all_cold(sizes: list[int], positions=np.asarray) -> Choice:
+    """The choice with nothing hot (ratio 0): every destination cold, in order, nothing counted or ranked
+    (``positions``: how the planner holds them)."""
+    empty = lambda: positions(np.empty(0, np.int64))  # noqa: E731 - each its own (the hot set becomes read-only)
+    return Choice(np.empty(0, np.int64), np.empty(0, np.int64), [positions(np.arange(n, dtype=np.int64)) for n in sizes],
+                  [empty() for _ in sizes], [empty() for _ in sizes], np.zeros(len(sizes), np.int64), 0, sum(sizes), 0,
+                  False)
+
+
 def choose(slot: np.ndarray, into: list[tuple[np.ndarray, int]], bottoms: list[np.ndarray], own: np.ndarray,
            ratio: float, cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot: np.ndarray | None = None,
            fresh: list | None = None) -> Choice:
@@ -266,122 +272,78 @@ def choose(slot: np.ndarray, into: list[tuple[np.ndarray, int]], bottoms: list[n
 
 
 class Planner:
-    """Plans super-batches over one graph; owns scratch arrays of one entry per vertex (one per thread)."""
+    """Plans super-batches over a graph's kinds of destination: a homogeneous graph's one (``None``: its
+    vertices; its plans hold plain arrays), or a typed graph's vertex types (a relational model's bottom layer
+    writes one output per destination type, so a plan is ``choose`` once per type, the target type's first
+    ``len(seeds)`` being each mini-batch's own seeds). ``bottom_fanouts``: the bottom hop's fanout (a typed
+    graph's: per relation); ``indptrs``: the topology it reads (default the graph's; a typed graph's per
+    relation). Owns scratch arrays of one entry per vertex (one planner per thread)."""
 
     on_device = False  # the uppers it takes, and the positions it gives, are tensors on the training device
 
-    def __init__(self, indptr: np.ndarray, bottom_fanout: int):
-        num_nodes = indptr.shape[0] - 1
-        self.indptr = indptr
-        self.bottom_fanout = bottom_fanout
-        self._slot = np.full(num_nodes, -1, np.int32)  # choose's scratch, left -1
+    def __init__(self, graph: Graph | TypedGraph, bottom_fanouts: int | dict[RelationType, int], indptrs=None):
+        if isinstance(graph, TypedGraph):
+            indptrs = indptrs or {r: relation.indptr for r, relation in graph.relations.items()}
+            self.target, num_nodes = graph.target, graph.num_nodes
+            self._into = {t: [(indptrs[r], bottom_fanouts[r]) for r in graph.relations if r[2] == t]
+                          for t in num_nodes}
+        else:
+            self.target, num_nodes = None, {None: graph.num_nodes}
+            self._into = {None: [(graph.indptr if indptrs is None else indptrs, bottom_fanouts)]}
+        self._slot = {t: self._scratch(n) for t, n in num_nodes.items()}  # choose's scratch, left as it was
+
+    def _scratch(self, n: int):
+        return np.full(n, -1, np.int32)
+
+    def _empty(self, t) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.int64)
+
+    def _positions(self, array: np.ndarray):
+        return array
 
     def plan(self, super_batch_id: int, epoch: int, uppers: list[tuple[int, int, SampledSubgraph]], ratio: float,
-             cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot: np.ndarray | None = None,
-             fresh: list | None = None) -> Plan:
+             cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot=None, fresh: list | None = None) -> Plan:
         """``uppers``: (mini-batch index, key, upper-hop sample) of each mini-batch of the super-batch.
-        ``hot``: the hot set, already chosen (a resumed super-batch's), instead of ranking by ``ratio``.
-        ``fresh``: per mini-batch, vertices never served hot in it besides its own seeds (data parallel: the
-        global batch's seeds, ``SeedBatch.batch_seeds``; None: none)."""
-        c = self._choose([upper.frontiers[0] for _, _, upper in uppers],
-                         [upper.seeds.shape[0] for _, _, upper in uppers], ratio, cap, hot, fresh, super_batch_id)
-        planned = tuple(PlannedBatch(batch, key, upper, c.cold_pos[b], c.hot_pos[b], c.hot_rows[b], int(c.saved[b]))
-                        for b, (batch, key, upper) in enumerate(uppers))
-        stats = PlanStats(epoch, c.hot.shape[0], c.reached, c.appearances, c.hot_appearances, int(c.saved.sum()),
-                          error_capped=c.capped)
-        return Plan(super_batch_id, epoch, planned, read_only(c.hot), c.probe, stats)
-
-    def _choose(self, bottoms: list, own: list[int], ratio: float, cap, hot, fresh, super_batch_id: int) -> Choice:
-        """The choice among the bottom-layer destinations ``bottoms`` (each mini-batch's tensor; its first
-        ``own[b]`` its seeds)."""
-        return choose(self._slot, [(self.indptr, self.bottom_fanout)], [b.numpy() for b in bottoms],
-                      np.array(own, np.int64), ratio, cap, hot, fresh)
-
-
-@dataclass(frozen=True)
-class TypedPlannedBatch:
-    """One mini-batch of a typed plan: its upper hops and, per destination type of its bottom layer, the
-    positions (among ``upper.frontiers[0][t]``) of its cold destinations (ascending) and of its hot ones,
-    with the hot ones' rows of the type's hot table (tensors on the device where it planned there)."""
-
-    index: int
-    key: int
-    upper: SampledSubgraph
-    cold_pos: dict[str, np.ndarray]
-    hot_pos: dict[str, np.ndarray]
-    hot_rows: dict[str, np.ndarray]
-    saved_edges: int
-    targets: None = None  # as ``PlannedBatch``'s: a typed graph's tasks have none
-    exclude: None = None
-
-
-@dataclass(frozen=True)
-class TypedPlanStats:
-    """What one typed plan did, for the epoch records and the summary (summed over the types)."""
-
-    epoch: int
-    hot: dict[str, int]  # |H_s| per type
-    reached: int
-    appearances: int
-    hot_appearances: int
-    saved_edges: int
-    error_capped: bool
-    setting: int = 0  # as ``PlanStats``'s
-
-
-@dataclass(frozen=True)
-class TypedPlan:
-    """A typed super-batch's plan, frozen as ``Plan`` is."""
-
-    super_batch_id: int
-    epoch: int
-    batches: tuple[TypedPlannedBatch, ...]
-    hot: Mapping[str, np.ndarray]  # H_s per type (only the types with hot vertices), hottest first; read-only
-    stats: TypedPlanStats
-    probe: dict[str, np.ndarray]  # per type its hottest (the drift probe's candidates)
-    exclude: None = None  # as ``Plan``'s
-
-
-class TypedPlanner:
-    """Plans super-batches over a typed graph: a relational model's bottom layer writes one output per
-    destination type, so a plan is ``choose`` once per type over that type's destinations, the target
-    type's first ``len(seeds)`` being each mini-batch's own seeds. ``bottom_fanouts``: each relation's fanout
-    in the bottom hop. Owns scratch arrays of one entry per vertex (one planner per thread)."""
-
-    on_device = False
-
-    def __init__(self, graph: TypedGraph, bottom_fanouts: dict[RelationType, int]):
-        self.target = graph.target
-        self._slot = {t: np.full(n, -1, np.int32) for t, n in graph.num_nodes.items()}
-        self._into = {t: [(graph.relations[r].indptr, bottom_fanouts[r]) for r in graph.relations if r[2] == t]
-                      for t in graph.num_nodes}
-
-    def plan(self, super_batch_id: int, epoch: int, uppers: list[tuple[int, int, SampledSubgraph]], ratio: float,
-             cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot: dict[str, np.ndarray] | None = None,
-             fresh: None = None) -> TypedPlan:
-        """``uppers``: (mini-batch index, key, upper hops) of each mini-batch; ``ratio``, ``cap`` and ``hot``
-        (per type) as ``Planner.plan`` takes them, applied to each type (one process: no ``fresh``)."""
-        empty = np.empty(0, np.int64)
-        choices = {t: self._choose(t, uppers, ratio, cap, None if hot is None else hot.get(t, empty))
-                   for t in self._slot if any(t in upper.frontiers[0] for _, _, upper in uppers)}
-        batches = tuple(TypedPlannedBatch(index, key, upper,
-                                          *({t: getattr(choices[t], part)[b] for t in upper.frontiers[0]}
-                                            for part in ("cold_pos", "hot_pos", "hot_rows")),
-                                          sum(int(choices[t].saved[b]) for t in upper.frontiers[0]))
+        ``hot``: the hot set (a typed graph's: per type), already chosen (a resumed super-batch's), instead of
+        ranking by ``ratio``; ratio 0 and no ``hot``: every destination cold, in order, without counting or
+        ranking them (``reached`` and the probe are then unknown: 0 and none). ``fresh``: per mini-batch,
+        vertices never served hot in it besides its own seeds (data parallel: the global batch's seeds,
+        ``SeedBatch.batch_seeds``; None: none)."""
+        bottoms = [upper.frontiers[0] if self.target else {None: upper.frontiers[0]} for _, _, upper in uppers]
+        choices = {}
+        for t in self._slot:
+            if not any(t in b for b in bottoms):
+                continue
+            mine = [b.get(t, self._empty(t)) for b in bottoms]
+            if ratio == 0 and hot is None:
+                choices[t] = all_cold([int(d.shape[0]) for d in mine], self._positions)
+                continue
+            own = [upper.seeds.shape[0] if t == self.target else 0 for _, _, upper in uppers]
+            chosen = hot if hot is None or not self.target else hot.get(t, np.empty(0, np.int64))
+            choices[t] = self._choose(t, mine, own, ratio, cap, chosen, fresh if t == self.target else None,
+                                      super_batch_id)
+        planned = tuple(PlannedBatch(index, key, upper, *(self._as_plan({t: getattr(choices[t], part)[b] for t in
+                                                                         bottoms[b]}, True)
+                                                          for part in ("cold_pos", "hot_pos", "hot_rows")),
+                                     sum(int(choices[t].saved[b]) for t in bottoms[b]))
                         for b, (index, key, upper) in enumerate(uppers))
-        hot = MappingProxyType({t: read_only(c.hot) for t, c in choices.items() if c.hot.shape[0]})
         total = lambda part: sum(getattr(c, part) for c in choices.values())  # noqa: E731
-        stats = TypedPlanStats(epoch, {t: int(ids.shape[0]) for t, ids in hot.items()}, total("reached"),
-                               total("appearances"), total("hot_appearances"),
-                               sum(int(c.saved.sum()) for c in choices.values()),
-                               any(c.capped for c in choices.values()))
-        return TypedPlan(super_batch_id, epoch, batches, hot, stats,
-                         {t: c.probe for t, c in choices.items() if c.probe.shape[0]})
+        stats = PlanStats(epoch, sum(int(c.hot.shape[0]) for c in choices.values()), total("reached"),
+                          total("appearances"), total("hot_appearances"),
+                          sum(int(c.saved.sum()) for c in choices.values()), any(c.capped for c in choices.values()))
+        hot = self._as_plan({t: read_only(c.hot) for t, c in choices.items()})
+        return Plan(super_batch_id, epoch, planned, hot if not self.target else MappingProxyType(hot),
+                    self._as_plan({t: c.probe for t, c in choices.items()}), stats)
 
-    def _choose(self, t: str, uppers: list[tuple[int, int, SampledSubgraph]], ratio: float,
-                cap: Callable[[np.ndarray], tuple[int, bool]] | None, hot: np.ndarray | None) -> Choice:
-        """The choice among type ``t``'s bottom-layer destinations."""
-        empty = np.empty(0, np.int64)
-        bottoms = [upper.frontiers[0][t].numpy() if t in upper.frontiers[0] else empty for _, _, upper in uppers]
-        own = np.array([upper.seeds.shape[0] if t == self.target else 0 for _, _, upper in uppers], np.int64)
-        return choose(self._slot[t], self._into[t], bottoms, own, ratio, cap, hot)
+    def _as_plan(self, per_kind: dict, keep_empty: bool = False):
+        """``per_kind`` as a plan holds it: a homogeneous graph's one array; a typed graph's mapping (of the
+        types with any, unless ``keep_empty``)."""
+        if not self.target:
+            return per_kind[None]
+        return {t: a for t, a in per_kind.items() if keep_empty or a.shape[0]}
+
+    def _choose(self, t, bottoms: list, own: list[int], ratio: float, cap, hot, fresh, super_batch_id: int) -> Choice:
+        """The choice among the bottom-layer destinations of kind ``t``, ``bottoms`` (each mini-batch's; its
+        first ``own[b]`` its seeds)."""
+        return choose(self._slot[t], self._into[t], [b.numpy() for b in bottoms], np.array(own, np.int64), ratio,
+                      cap, hot, fresh)

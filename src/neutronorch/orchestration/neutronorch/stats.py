@@ -3,7 +3,7 @@ typed graph |H_s| sums its vertex types'."""
 
 from __future__ import annotations
 
-from neutronorch.orchestration.neutronorch.planner import PlanStats, TypedPlanStats
+from neutronorch.orchestration.neutronorch.planner import PlanStats
 
 
 class HotStats:
@@ -14,10 +14,10 @@ class HotStats:
         self.saved_edges = self.host_edges = self.error_capped = self.computed = 0
         self._epoch_shares: dict[int, list[float]] = {}
 
-    def account(self, plan: PlanStats | TypedPlanStats, host_edges: int = 0, computed: int | None = None) -> None:
+    def account(self, plan: PlanStats, host_edges: int = 0, computed: int | None = None) -> None:
         """Once per super-batch, when the trainer reaches it (``computed``: hot rows this rank computed, if
         not all)."""
-        hot = sum(plan.hot.values()) if isinstance(plan.hot, dict) else plan.hot
+        hot = plan.hot
         self.super_batches += 1
         self.hot += hot
         self.computed += hot if computed is None else computed
