@@ -81,38 +81,44 @@ LEAKY_SLOPE = 0.01  # torch's default, the slope IGB's and the MLPerf reference'
 class TypedSpec:
     """What a relational model needs of a typed graph: every type's vertex count and feature width (0: no
     features, so an embedding table), the relations in the graph's order, the target type, and the width of
-    each relation's edge features (``edge_dims``: only the relations that have them)."""
+    each relation's edge features (``edge_dims``: only the relations that have them). ``outputs``: the types
+    whose rows the model outputs, concatenated in that order (a typed link task's two end types); empty: the
+    target's alone."""
 
     num_nodes: dict[str, int]
     feature_dims: dict[str, int]
     relations: tuple[RelationType, ...]
     target: str
     edge_dims: dict[RelationType, int] = field(default_factory=dict)
+    outputs: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, graph: "TypedGraph") -> "TypedSpec":
         return cls(dict(graph.num_nodes), {t: graph.feature_dim(t) for t in graph.num_nodes},
                    tuple(graph.relations), graph.target,
-                   {r: rel.edge_feature_dim for r, rel in graph.relations.items() if rel.edge_feature_dim})
+                   {r: rel.edge_feature_dim for r, rel in graph.relations.items() if rel.edge_feature_dim},
+                   graph.links.ends.types if getattr(graph, "links", None) is not None else ())
 
     def to_dict(self) -> dict:
         """As a summary or checkpoint stores it (JSON: relations as lists, ``edge_dims`` as ``[src, name, dst,
         width]`` lists); ``from_dict`` reads it back."""
         return {"num_nodes": dict(self.num_nodes), "feature_dims": dict(self.feature_dims),
                 "relations": [list(r) for r in self.relations], "target": self.target,
-                "edge_dims": [[*r, width] for r, width in self.edge_dims.items()]}
+                "edge_dims": [[*r, width] for r, width in self.edge_dims.items()],
+                **({"outputs": list(self.outputs)} if self.outputs else {})}
 
     @classmethod
     def from_dict(cls, stored: Mapping) -> "TypedSpec":
         """The spec ``to_dict`` stored (one stored without ``edge_dims`` has no edge features)."""
         return cls(dict(stored["num_nodes"]), dict(stored["feature_dims"]), tuple(map(tuple, stored["relations"])),
-                   stored["target"], {tuple(e[:3]): int(e[3]) for e in stored.get("edge_dims", [])})
+                   stored["target"], {tuple(e[:3]): int(e[3]) for e in stored.get("edge_dims", [])},
+                   tuple(stored.get("outputs", ())))
 
 
 def reachable_types(spec: TypedSpec, hops: int) -> list[list[str]]:
     """``out[h]``: the types a typed sampler's frontier holds after ``h`` hops from target seeds (``out[0]``
-    the target alone), each list in ``spec.num_nodes``' order; ``hops + 1`` lists."""
-    reached = [{spec.target}]
+    the target alone, or ``spec.outputs``), each list in ``spec.num_nodes``' order; ``hops + 1`` lists."""
+    reached = [set(spec.outputs or (spec.target,))]
     for _ in range(hops):
         last = reached[-1]
         reached.append(last | {r[0] for r in spec.relations if r[2] in last})
@@ -208,8 +214,11 @@ class TypedGNN(LayerStack):
         the activation (whose dropout masks are keyed by those vertices, so they are the unspliced run's).
 
         Each layer reads its block's edge features (``edge_arguments``), for the relations ``self.spec`` gives
-        edge features."""
-        return self.run(blocks, self.input_rows(features, input_ids), hot)[self.spec.target]
+        edge features. With ``spec.outputs``, the rows of those types that the top block has, concatenated."""
+        out = self.run(blocks, self.input_rows(features, input_ids), hot)
+        if not self.spec.outputs:
+            return out[self.spec.target]
+        return torch.cat([out[t] for t in self.spec.outputs if t in out])
 
     def forward_key(self) -> int | None:
         return int(draw_key()) if self.training and self.dropout > 0 else None

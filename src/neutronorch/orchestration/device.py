@@ -33,7 +33,6 @@ from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.mode import StepHooksUnused, StepInputs
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import NodeSeeds
-from neutronorch.sampling.exclude import exclude_edges
 from neutronorch.sampling.neighbor_sampler import batch_key
 
 # Mini-batches sampled per call of the device sampler (one host synchronisation for them all).
@@ -78,8 +77,7 @@ class DeviceMode(StepHooksUnused):
                     subgraphs = sampler.sample_many(seeds, [batch_key(self.sampling.seed, epoch, index)
                                                             for index, _ in group])
                     subgraphs = [subgraph if batch.exclude is None else
-                                 exclude_edges(subgraph, batch.exclude.to(self.device, non_blocking=True),
-                                               self.seeds.num_nodes)
+                                 self.seeds.exclude(subgraph, batch.exclude.to(self.device, non_blocking=True))
                                  for (_, batch), subgraph in zip(group, subgraphs)]
                 for (index, batch), subgraph in zip(group, subgraphs):
                     yield self.reader.load(epoch, index, subgraph, targets=batch.targets)

@@ -301,7 +301,8 @@ class TypedDeviceReader:
         self.misses = {t: (misses_in_place(cache, stores[t], device, f"features of {t}", self._keep),
                            BufferPool(self.sampling.prefetch + 2, stores[t].width, stores[t].dtype,
                                       pin=device.type == "cuda")) for t, cache in self.caches.items()}
-        self.labels = place(np.asarray(graph.labels, dtype=np.int64), device, "labels")
+        self.labels = (place(np.asarray(graph.labels, dtype=np.int64), device, "labels") if graph.labels is not None
+                       else None)  # a link task's graph may have none
         self.sampler = TypedDeviceSampler(topology, self.fanouts, backend=self.backend)
         self.backend = self.sampler.backend
         cached = ", ".join(f"{t} {rows[t]:,} of {graph.num_nodes[t]:,}" for t in rows)
@@ -309,10 +310,11 @@ class TypedDeviceReader:
                     f"labels and maps on {device} in {time.perf_counter() - clock:.1f} s; sampling with "
                     f"{self.backend}")
 
-    def load(self, epoch: int, index: int, subgraph: SampledSubgraph, targets: None = None) -> TypedDeviceBatch:
+    def load(self, epoch: int, index: int, subgraph: SampledSubgraph, targets: torch.Tensor | None = None
+             ) -> TypedDeviceBatch:
         """The batch of ``subgraph`` (on the device): each featured type's rows through its cache
-        (``FeatureCache.gather``, the misses read in place or staged) and the seeds' labels, its ready event
-        recorded (call on the sampling stream)."""
+        (``FeatureCache.gather``, the misses read in place or staged) and the seeds' labels (or ``targets``), its
+        ready event recorded (call on the sampling stream)."""
         with self.spans.stage("gather", index):
             frontier, features, hits, moved = subgraph.input_nodes, {}, 0, 0
             for t, cache in self.caches.items():
@@ -323,7 +325,8 @@ class TypedDeviceReader:
                     hits, moved = hits + served, moved + read
             on_cuda = self.device.type == "cuda"
             batch = TypedDeviceBatch(epoch, index, subgraph.blocks, features, dict(frontier),
-                                     self.labels.index_select(0, subgraph.seeds), subgraph.num_sampled_edges,
+                                     self.labels.index_select(0, subgraph.seeds) if targets is None
+                                     else targets.to(self.device, non_blocking=True), subgraph.num_sampled_edges,
                                      sum(int(ids.shape[0]) for ids in frontier.values()), cache_hits=hits,
                                      device_bytes=moved if on_cuda else 0)
             if on_cuda:

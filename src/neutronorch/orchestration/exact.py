@@ -20,7 +20,6 @@ from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.mode import StepHooksUnused, StepInputs
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import NodeSeeds
-from neutronorch.sampling.exclude import exclude_edges
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
@@ -52,7 +51,7 @@ class ExactMode(StepHooksUnused):
             with self.spans.stage("sample", index):
                 subgraph = sampler.sample(batch.seeds.numpy(), batch_key(self.sampling.seed, epoch, index))
                 if batch.exclude is not None:  # a link task's seed edges
-                    subgraph = exclude_edges(subgraph, batch.exclude, self.seeds.num_nodes)
+                    subgraph = self.seeds.exclude(subgraph, batch.exclude)
             yield self.loader.load(epoch, index, subgraph, targets=batch.targets)
 
     def step_inputs(self, batch) -> StepInputs:

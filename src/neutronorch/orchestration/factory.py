@@ -25,7 +25,7 @@ from neutronorch.orchestration.device import DeviceMode
 from neutronorch.orchestration.device_reader import DeviceReader, TypedDeviceReader
 from neutronorch.orchestration.exact import ExactMode
 from neutronorch.orchestration.host_loader import HostLoader, TypedHostLoader
-from neutronorch.orchestration.link_seeds import LinkSeeds
+from neutronorch.orchestration.link_seeds import EndsSampler, LinkSeeds
 from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
 from neutronorch.orchestration.neutronorch.cold_sampler import draws_on_device
@@ -131,12 +131,17 @@ def typed_mode(config: TrainConfig, graph: TypedGraph, device: torch.device, thr
     # The featured types' rows, read on the host (in file order, through host caches, as configured); device
     # mode reads there only what its device caches miss, in place.
     inputs = TypedInputs(graph, typed_stores(config, graph, fanouts, shard[1] > 1, on_host=config.mode != "device"))
+    # A link task's batches are seed edges of its relation, in its end types' stacked ids (``LinkEnds``).
+    ends = graph.links.ends if config.task == "link" else None
+    seeds = (LinkSeeds(graph.links.train, ends.num_nodes, sampling, config.negatives, ends) if ends is not None
+             else NodeSeeds(graph, sampling))
+    by_type = (lambda sampler: EndsSampler(sampler, ends)) if ends is not None else (lambda sampler: sampler)
     if config.mode == "device":
         reader = TypedDeviceReader(graph, fanouts, sampling, device, spans, config.placement, inputs)
-        return DeviceMode(NodeSeeds(graph, sampling), lambda: reader.sampler, reader, sampling, spans)
+        return DeviceMode(seeds, lambda: by_type(reader.sampler), reader, sampling, spans)
     if config.mode == "neutronorch":
         run = TypedRun(fanouts, device, draws_on_device(config.device_sampling, graph, device))
         return NeutronOrchMode(graph, sampling, config.neutronorch, config.epochs, inputs, spans, threads.sampler,
                                threads.host, typed=run)
-    return ExactMode(NodeSeeds(graph, sampling), lambda: TypedNeighborSampler(graph, fanouts),
+    return ExactMode(seeds, lambda: by_type(TypedNeighborSampler(graph, fanouts)),
                      TypedHostLoader(graph, inputs, device, spans), sampling, spans, threads.sampler)

@@ -101,12 +101,12 @@ class TypedHostLoader:
         self.graph, self.inputs, self.device, self.spans = graph, inputs, device, spans
 
     def load(self, epoch: int, index: int, subgraph: SampledSubgraph, make: Callable[..., TypedBatch] = TypedBatch,
-             targets: None = None) -> TypedBatch:
+             targets: torch.Tensor | None = None) -> TypedBatch:
         """The batch of ``subgraph``, built by ``make`` (a ``TypedBatch`` type), on the device, labelled with its
-        seeds' labels."""
+        seeds' labels (or ``targets``, ``SeedBatch.targets``)."""
         with self.spans.stage("gather", index):
             features, ids = self.inputs(subgraph.input_nodes, self.device)
-            labels = target_labels(self.graph, subgraph.seeds.numpy()).to(self.device)
+            labels = (target_labels(self.graph, subgraph.seeds.numpy()) if targets is None else targets).to(self.device)
             blocks = [b.to(self.device) for b in subgraph.blocks]
         return make(epoch, index, blocks, features, ids, labels, subgraph.num_sampled_edges,
                     sum(int(v.shape[0]) for v in subgraph.input_nodes.values()))

@@ -324,9 +324,13 @@ def fanouts_of(state: dict) -> dict[tuple, list[int]]:
 
 def typed_model(state: dict, path: Path) -> TypedGNN:
     """The model a typed checkpoint's arguments build, holding its weights, in eval mode on the CPU."""
+    args, tables = state["model_args"], checkpoint_tables(state)
     try:
-        model = TypedGNN(**{**state["model_args"], "spec": spec_of(state["model_args"])},
-                         tables=checkpoint_tables(state))
+        if "link_head" in args:  # a link task's: its encoder and head
+            model = LinkModel(TypedGNN(**{**args["encoder"], "spec": spec_of(args["encoder"])}, tables=tables),
+                              args["link_head"], args.get("head_dropout", 0.0))
+        else:
+            model = TypedGNN(**{**args, "spec": spec_of(args)}, tables=tables)
     except Exception as exc:  # noqa: BLE001 - foreign arguments fail in the constructor in many ways
         raise CheckpointError(f"{path}: its model arguments build no relational model ({type(exc).__name__}: "
                               f"{exc}). The file is damaged or from another program; use last.pt or best.pt of a "
@@ -352,6 +356,9 @@ def load_typed_checkpoint(path: str | Path) -> TypedCheckpoint:
     """Read a typed run's checkpoint (``last.pt`` or ``best.pt``): its model, ready for inference, and what
     produced it. ``predict`` and ``embed`` take it (or its path) with a ``TypedGraph``."""
     state = load_state(path, TYPED)
+    if "link_head" in state["model_args"]:
+        raise CheckpointError(f"{path}: a typed graph's link checkpoint; `predict` and `embed` read a typed "
+                              f"graph's node-task checkpoints only for now (docs/heterogeneous.md).")
     config = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.keys()})
     return TypedCheckpoint(typed_model(state, Path(path)), config, int(state["epoch"]), state["dataset"],
                            state["history"], fanouts_of(state))

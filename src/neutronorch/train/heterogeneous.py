@@ -36,6 +36,7 @@ from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_typed_dat
 from neutronorch.data.typed import relation_label
 from neutronorch.data.typed_native import is_typed_dir, read_typed
 from neutronorch.errors import CheckpointError, ConfigError
+from neutronorch.nn.link import LinkModel
 from neutronorch.nn.precision import resolve_precision
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.observe import Spans, Utilisation
@@ -47,6 +48,7 @@ from neutronorch.train.distributed import (GradientSync, World, join_ranks, laun
 from neutronorch.train.evaluate import eval_subset, scored
 from neutronorch.train.feasible import check_learnable
 from neutronorch.train.health import Health
+from neutronorch.train.link_task import LinkTask, evaluate_typed_links, typed_link_graph
 from neutronorch.train.loop import Progress
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
@@ -108,18 +110,22 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         data_seconds = time.perf_counter() - started
         logger.info(f"loaded {graph.name} in {data_seconds:.1f}s")
     check_outputs(config, {"graph": typed_files(graph)})
-    if graph.labels is None:
+    link = config.task == "link"  # a relation's edges (train/link_task.py's typed_link_graph)
+    if graph.labels is None and not link:
         raise ConfigError(f"{graph.name}: its target type {graph.target!r} has no labels to train on.")
+    if model is not None and link:
+        raise ConfigError("`task` link trains the built-in relational models as encoders; your own module trains "
+                          "node tasks for now.")
     for note in graph.notes if launched_rank() == 0 else []:  # the same on every rank
         logger.warning(f"note: {note}")
-    warnings = check_learnable(graph)
-    graph = graph.with_reverse()
+    warnings = check_learnable(graph, not link)
+    graph = typed_link_graph(graph, config) if link else graph.with_reverse()
     logger.info(graph.describe())
     device = rank_device(resolve_device(config.device))  # data parallel on CUDA: this rank's GPU
     precision = resolve_precision(config.precision, device)
     config.precision = precision.name
     if config.batch_size == 0:
-        config.batch_size = auto_batch_size(len(graph.train_idx))
+        config.batch_size = auto_batch_size(graph.links.train.shape[1] if link else len(graph.train_idx))
     sampler = TypedNeighborSampler(graph, fanouts if fanouts is not None else config.fanouts)
     eval_sampler = (TypedNeighborSampler(graph, config.eval_fanouts) if config.eval_fanouts is not None
                     else TypedNeighborSampler(graph, sampler.fanouts))
@@ -130,7 +136,7 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
     own, config = own_typed_model(model, config, graph, sampler.num_layers, device)  # your own module, or None
     budget = thread_budget(config, ranks_here())
     threads = budget.train  # torch's and, in this thread, numba's: the two pools take turns
-    task = Task.of(graph, config.metric)
+    task = None if link else Task.of(graph, config.metric)
     tables = plan_tables(config, graph, sampler.num_layers, embed_dim, device)  # where the tables live, checked
     with contextlib.ExitStack() as stack:
         # Data parallel: the ranks; rank 0 holds checkpoint_dir and sets aside what `overwrite` replaces.
@@ -141,11 +147,15 @@ def train_typed(config: TrainConfig, graph: TypedGraph | None = None, progress: 
         stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
         torch.manual_seed(config.seed)
         try:
-            model = own or TypedGNN(config.model, TypedSpec.of(graph), config.hidden, graph.num_classes,
-                             sampler.num_layers, dropout=config.dropout, heads=config.heads, num_bases=num_bases,
-                             embed_dim=embed_dim, tables=tables.maker).to(device)
+            model = own or TypedGNN(config.model, TypedSpec.of(graph), config.hidden,
+                                    config.hidden if link else graph.num_classes, sampler.num_layers,
+                                    dropout=config.dropout, heads=config.heads, num_bases=num_bases,
+                                    embed_dim=embed_dim, tables=tables.maker).to(device)
         except ValueError as exc:
             raise ConfigError(f"{graph.name}: {exc}.") from None
+        if link:  # the typed GNN's rows of the relation's two end types are the embeddings a link head scores
+            model = LinkModel(model, config.link_head).to(device)
+            task = LinkTask.of(graph, model, config.metric)
         metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key, append=config.resume)))
         util = stack.enter_context(contextlib.closing(Utilisation(device)))
         run = typed_run(config, graph, model, task, sampler, eval_sampler, device, metrics, progress, stop, budget,
@@ -193,6 +203,9 @@ class TypedParts:
         """The metric on the validation and test sets (``eval_max_nodes``: a fixed sample of each), from
         samples of the one evaluation key (``typed_logits``); ``progress(0, done, total)`` after each set."""
         config, graph, scores, done = run.config, run.graph, {}, 0
+        if isinstance(run.task, LinkTask):
+            return evaluate_typed_links(run.model, graph, self.eval_sampler, run.device, config.eval_batch_size,
+                                        config.seed, config.eval_negatives, run.task, check)
         sets = {"val": eval_subset(graph.val_idx, config.eval_max_nodes, config.seed),
                 "test": eval_subset(graph.test_idx, config.eval_max_nodes, config.seed + 1)}
         total = sum(len(nodes) for nodes in sets.values())
@@ -254,7 +267,8 @@ def typed_run(config: TrainConfig, graph: TypedGraph, model: TypedGNN, task: Tas
     run = Run(config, graph, device, threads, model, [o for o in (adam, sparse) if o is not None], mode, spans,
               TRAINER_STAGES.merge(mode.stages), util or Utilisation(device), metrics, task, typed=parts,
               stop=stop, progress=progress, world=world,
-              health=Health(task.constant_losses(np.asarray(graph.labels[np.asarray(graph.train_idx)]))))
+              health=Health(task.constant_losses(None if isinstance(task, LinkTask)
+                                                 else np.asarray(graph.labels[np.asarray(graph.train_idx)]))))
     if world.distributed:
         run.sync = GradientSync(world, dense, stop, tables=tables)
         run.stop = run.sync.agreed  # every rank stops after the same step
