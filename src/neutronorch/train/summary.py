@@ -102,10 +102,11 @@ def run_summary(run, status: str, last_eval: dict, timeline: dict | None, gather
 
 
 def _link_summary(run, last_eval: dict) -> dict:
-    """A link task's split and every metric it reports, at the best and at the last evaluation."""
+    """A link task's split and every metric it reports, at the best and at the last evaluation (a typed graph's:
+    and its relation)."""
     links = run.graph.links
     others = lambda scores: {k: v for k, v in scores.items() if k.startswith(("val_", "test_"))}  # noqa: E731
-    return {"edges": {"train": int(links.train.shape[1]), "val": int(links.val.shape[1]),
+    return {**({"relation": "/".join(links.ends.relation)} if links.ends is not None else {}), "edges": {"train": int(links.train.shape[1]), "val": int(links.val.shape[1]),
                       "test": int(links.test.shape[1])},
             "undirected": links.undirected, "direction": links.direction or None, "issues": links.issues,
             "negatives": links.negative_kind, "head": run.config.link_head,
@@ -185,4 +186,5 @@ def typed_summary(run, status: str, timeline: dict | None) -> dict:
         "embedding_tables": None if run.typed.tables is None else run.typed.tables.summary(),
         "threads": {"train": run.threads.train, "sampler": run.threads.sampler},
         "moved": moved_totals(run.history),  # device mode: the rows its device caches served, as cache_hits
+        **({"link": _link_summary(run, run.last_eval)} if config.task == "link" else {}),
     })
