@@ -153,8 +153,9 @@ def check_link_settings(graph: Graph, config: TrainConfig) -> None:
         [f"`eval_max_nodes` {config.eval_max_nodes}"] if config.eval_max_nodes else [])
     if ignored:
         raise ConfigError(f"{', '.join(ignored)}: a link task evaluates every vertex its validation and test pairs "
-                          f"name, over complete neighbourhoods, so {'it' if len(ignored) == 1 else 'they'} would be "
-                          f"ignored; leave {'it' if len(ignored) == 1 else 'them'} out.")
+                          f"name{'' if typed else ', over complete neighbourhoods'}, so "
+                          f"{'it' if len(ignored) == 1 else 'they'} would be ignored; leave "
+                          f"{'it' if len(ignored) == 1 else 'them'} out.")
     stored = links.negative_kind in (SHARED, PER_SOURCE)
     destinations = links.ends.destinations[1] if typed else graph.num_nodes
     check_negatives_fit("negatives", config.negatives, destinations)
@@ -262,7 +263,7 @@ def _evaluated(model: LinkModel, links, destinations: tuple[int, int], embedded,
     check = check or EvaluationCheck()
     sets = {name: _EvalSet.of(links, name, mix_key(seed, 0x4556_414C + offset), eval_negatives, destinations)
             for offset, name in enumerate(("val", "test"))}
-    num_nodes = destinations[0] + destinations[1] if links.ends is None else links.ends.num_nodes
+    num_nodes = links.ends.num_nodes if links.ends is not None else sum(destinations)
     nodes = _named_vertices(sets.values(), num_nodes)
     out: dict[str, float] = {}
     with embedded(nodes) as embeddings:

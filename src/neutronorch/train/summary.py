@@ -106,8 +106,9 @@ def _link_summary(run, last_eval: dict) -> dict:
     and its relation)."""
     links = run.graph.links
     others = lambda scores: {k: v for k, v in scores.items() if k.startswith(("val_", "test_"))}  # noqa: E731
-    return {**({"relation": "/".join(links.ends.relation)} if links.ends is not None else {}), "edges": {"train": int(links.train.shape[1]), "val": int(links.val.shape[1]),
-                      "test": int(links.test.shape[1])},
+    relation = {"relation": "/".join(links.ends.relation)} if links.ends is not None else {}
+    return {**relation, "edges": {"train": int(links.train.shape[1]), "val": int(links.val.shape[1]),
+                                  "test": int(links.test.shape[1])},
             "undirected": links.undirected, "direction": links.direction or None, "issues": links.issues,
             "negatives": links.negative_kind, "head": run.config.link_head,
             "best": others(run.best) if last_eval else None, "final": others(last_eval) if last_eval else None}
