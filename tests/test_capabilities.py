@@ -15,7 +15,8 @@ from neutronorch.loader.arguments import check_mode
 CELLS = list(product(KINDS, MODE_CHOICES, TASKS, RANKS))
 # A value other than the default for every setting the table names.
 GIVEN = {"link_head": "mlp", "negatives": 4, "eval_negatives": 5, "link_direction": "directed",
-         "link_relation": "cites", "hot_error_budget": 0.1, "hot_set": "node", "device_sampling": "on", "gpu_cache_gb": 1.0,
+         "link_relation": "cites", "hot_error_budget": 0.1, "hot_set": "node", "device_sampling": "on",
+         "gpu_cache_gb": 1.0,
          "cache_policy": "degree", "read_order": "file", "host_cache_gb": 1.0, "host_cache_dir": "cold",
          "architecture": "blocks", "residual": True, "norm": "layer", "split": "ratio:0.5,0.2",
          "embedding_storage": "mmap", "embedding_dir": "tables"}

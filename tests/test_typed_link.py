@@ -75,7 +75,8 @@ def test_no_sampled_block_holds_a_seed_edge_and_negatives_are_destinations(mag, 
             for r in (ends.relation, ends.reverse):
                 block, (s, _, d) = tblock.blocks[r], r
                 src = tblock.src_ids[s][block.indices.long()] + ends.offsets[s]
-                dst = torch.repeat_interleave(tblock.src_ids[d][:tblock.num_dst[d]], block.indptr.diff()) + ends.offsets[d]
+                dst = torch.repeat_interleave(tblock.src_ids[d][:tblock.num_dst[d]], block.indptr.diff())
+                dst = dst + ends.offsets[d]
                 found += sum((u, v) in pairs for u, v in zip(src.tolist(), dst.tolist()))
         return found
 
@@ -133,4 +134,5 @@ def test_a_node_run_refuses_the_relation_setting(mag):
     with pytest.raises(ConfigError, match="`link_relation` writes: a link task's settings, and `task` is node"):
         train(config(task="node", link_relation="writes"), graph=mag)
     with pytest.raises(ConfigError, match="`link_relation` cites: a typed graph's relation to predict"):
-        train(config(link_relation="cites", fanouts=[2]), graph=load_dataset("synthetic:nodes=300,degree=4,features=4,classes=2"))
+        train(config(link_relation="cites", fanouts=[2]),
+              graph=load_dataset("synthetic:nodes=300,degree=4,features=4,classes=2"))
