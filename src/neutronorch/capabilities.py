@@ -164,7 +164,8 @@ def markdown() -> str:
         others = " or ".join(m for m in MODES if m not in modes)
         lines.append(f"| either, in `mode` {others} | {', '.join(f'`{name}`' for name in names)} | "
                      f"{why.format(it='them', mode=others)} |")
-    lines += ["", "The loaders (`NeighborLoader`, on either kind of graph, and `LinkNeighborLoader`) offer "
+    lines += ["", "The loaders (`NeighborLoader`, on either kind of graph, and `LinkNeighborLoader`, on a homogeneous "
+                  "one) offer "
                   f"{' and '.join(LOADER_MODES)} mode; " + " ".join(LOADER_REFUSED.values())]
     lines += [f"Your own module on a {kind} graph: {reason}" for (kind, _), reason in OWN_MODULE_REFUSED.items()]
     lines += ["", "| graph | `predict` and `embed` refuse | because |", "|---|---|---|"]
