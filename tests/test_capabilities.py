@@ -8,13 +8,15 @@ import pytest
 from neutronorch.capabilities import (KINDS, LOADER_MODES, LOADER_REFUSED, MODE_CHOICES, MODE_ONLY, OWN_MODULE_REFUSED,
                                       RANKS, TASKS, UNHONOURED, check_run, refusal)
 from neutronorch.config import TrainConfig
+from neutronorch.config_parts import LinkConfig, settings_of
 from neutronorch.errors import ConfigError
 from neutronorch.loader.arguments import check_mode
 
 CELLS = list(product(KINDS, MODE_CHOICES, TASKS, RANKS))
 # A value other than the default for every setting the table names.
 GIVEN = {"link_head": "mlp", "negatives": 4, "eval_negatives": 5, "link_direction": "directed",
-         "hot_error_budget": 0.1, "hot_set": "node", "device_sampling": "on", "gpu_cache_gb": 1.0,
+         "link_relation": "cites", "hot_error_budget": 0.1, "hot_set": "node", "device_sampling": "on",
+         "gpu_cache_gb": 1.0,
          "cache_policy": "degree", "read_order": "file", "host_cache_gb": 1.0, "host_cache_dir": "cold",
          "architecture": "blocks", "residual": True, "norm": "layer", "split": "ratio:0.5,0.2",
          "embedding_storage": "mmap", "embedding_dir": "tables"}
@@ -33,22 +35,25 @@ def test_each_cell_runs_or_is_refused_as_the_table_says(kind, mode, task, ranks)
         assert str(refused.value).startswith(reason)
 
 
-def test_the_refused_cells_are_typed_link_tasks():
+def test_the_refused_cells_are_typed_neutronorch_link_tasks():
     refused = {cell for cell in CELLS if refusal(*cell)}
-    assert refused == {("typed", m, "link", r) for m in MODE_CHOICES for r in RANKS}
+    assert refused == {("typed", "neutronorch", "link", r) for r in RANKS}
     assert refusal("typed", "auto", "node", 2) is None  # auto picks exact, which trains data parallel
 
 
 @pytest.mark.parametrize("rule", UNHONOURED, ids=lambda rule: f"{rule[0]}-{rule[1][0]}")
 def test_each_setting_a_kind_cannot_honour_is_refused_and_the_other_kind_takes_it(rule):
-    kind, names, values, why = rule
+    """A "typed node" rule's settings are a typed link task's; a link setting goes to the other kind's link task."""
+    (kind, _, task), names, values, why = rule[0].partition(" "), *rule[1:]
     other = next(k for k in KINDS if k != kind)
     for name in names:
         mode = {"mode": "neutronorch"} if name in MODE_ONLY[0][1] else {}  # used in that mode only
-        config = TrainConfig(**{name: values[0] if values else GIVEN[name]}, **mode).validate()
+        given = {name: values[0] if values else GIVEN[name], **mode}
         with pytest.raises(ConfigError, match=f"`{name}`"):
-            check_run(config, kind)
-        check_run(config, other)
+            check_run(TrainConfig(**given).validate(), kind)
+        link = task == "node" or name in {f.name for f in settings_of(LinkConfig)}
+        check_run(TrainConfig(**given, **({"task": "link"} if link else {})).validate(),
+                  kind if task == "node" else other)
 
 
 def test_the_loaders_and_your_own_module_refuse_the_modes_the_table_names():

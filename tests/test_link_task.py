@@ -95,9 +95,10 @@ def test_the_host_kernel_and_the_device_ops_exclude_the_same_edges(graph):
     dropped = 0
     for layer, block in enumerate(subgraph.blocks):
         sources = subgraph.frontiers[layer]
-        by_torch = _torch_without(block, sources, keys, graph.num_nodes)
-        ptr, idx = _host_without(block.indptr.numpy(), block.indices.numpy(), sources.long().numpy(), 0,
-                                 block.num_dst, keys.numpy(), graph.num_nodes)
+        destinations = sources[:block.num_dst]
+        by_torch = _torch_without(block, sources, destinations, keys, graph.num_nodes)
+        ptr, idx = _host_without(block.indptr.numpy(), block.indices.numpy(), sources.long().numpy(),
+                                 destinations.long().numpy(), block.num_dst, keys.numpy(), graph.num_nodes)
         assert np.array_equal(ptr, by_torch.indptr.numpy()) and np.array_equal(idx, by_torch.indices.numpy())
         dropped += block.num_edges - idx.shape[0]
     assert dropped > 0

@@ -166,6 +166,7 @@ NOT_SHORT = [
     (["--negatives", "4"], "negatives", 4),
     (["--eval-negatives", "50"], "eval_negatives", 50),
     (["--link-direction", "directed"], "link_direction", "directed"),
+    (["--link-relation", "paper/cites/paper"], "link_relation", "paper/cites/paper"),
     (["--heads", "8"], "heads", 8),
     (["--gcn-norm", "mean"], "gcn_norm", "mean"),
     (["--residual"], "residual", True),

@@ -449,7 +449,7 @@ def test_one_loader_takes_either_kind_of_graph(mag):
     assert isinstance(next(iter(NeighborLoader(homogeneous, [2], 8, sampler_threads=1))), LoaderBatch)
     with pytest.raises(ConfigError, match="`model` rgcn: a relational model, for typed graphs"):
         NeighborLoader(homogeneous, [2], 8, model="rgcn")
-    with pytest.raises(ConfigError, match="`task` link: not available for typed graphs"):
+    with pytest.raises(ConfigError, match="LinkNeighborLoader takes a homogeneous graph for now"):
         LinkNeighborLoader(mag, [2], 8, edges=[[0], [1]])
     with pytest.raises(ConfigError, match="from_pyg_hetero"):
         NeighborLoader(42, [2], 8)

@@ -27,21 +27,27 @@ TYPED_DOCS = " docs/heterogeneous.md says what typed graphs train with."
 
 # The cells that do not run: (kind, mode, task, ranks), None matching any; the first that matches says why.
 REFUSED = (
-    (("typed", None, "link", None), f"`task` link: {NOT_YET}; typed graphs train node classifiers."),
+    (("typed", "neutronorch", "link", None),
+     f"`mode` neutronorch with `task` link is {NOT_YET}: a typed plan keeps its target type's seeds cold, and a "
+     f"link batch's seeds are its relation's two end types (the pairs' ends and negatives). Give `mode` exact or "
+     f"device."),
 )
 
-# Settings one kind of graph cannot honour: (kind, settings, values refused (None: any but the default), why).
-# ``{it}`` in a reason is "it" or "them", as many settings as were given.
+# Settings one kind of graph cannot honour: (kind, settings, values refused (None: any but the default), why);
+# a kind "typed node" is a typed graph's node task. ``{it}`` in a reason is "it" or "them", as many settings as
+# were given.
 UNHONOURED = (
-    ("typed", tuple(f.name for f in settings_of(LinkConfig)), None,
-     "link task settings, and typed graphs train node classifiers; leave {it} out."),
+    ("typed node", tuple(f.name for f in settings_of(LinkConfig)), None,
+     "a link task's settings, and `task` is node; give `task` link, or leave {it} out."),
     ("typed", ("model",), tuple(m for m in MODELS if m not in TYPED_MODELS),
      f"{NOT_YET}; choose one of {', '.join(TYPED_MODELS)}."),
     ("typed", ("architecture", "residual", "norm"), None, f"{NOT_YET}; leave {{it}} out."),
-    ("typed", ("split",), None, "a typed graph carries its own split on its target type; leave `split` out."),
+    ("typed node", ("split",), None, "a typed graph carries its own split on its target type; leave `split` out."),
     ("homogeneous", ("model",), RELATIONAL_ONLY,
      f"a relational model, for typed graphs (several vertex or relation types), and this graph is homogeneous; "
      f"choose one of {', '.join(MODELS)}, or give a typed graph (docs/heterogeneous.md)."),
+    ("homogeneous", ("link_relation",), None,
+     "a typed graph's relation to predict, and this graph has one vertex type and one relation; leave {it} out."),
     ("homogeneous", ("embedding_storage", "embedding_dir"), None,
      "where a typed graph keeps its featureless types' embedding tables, and this graph has one vertex type and "
      "no tables; leave {it} out."),
@@ -107,7 +113,7 @@ def check_run(config, kind: str, ranks: int = 1) -> None:
             break
         given = (config.settings_given(names) if values is None
                  else [f"`{name}` {getattr(config, name)}" for name in names if getattr(config, name) in values])
-        if rule_kind == kind and given:
+        if rule_kind in (kind, f"{kind} {config.task}") and given:
             reason = f"{', '.join(given)}: {why.format(it='it' if len(given) == 1 else 'them')}"
     for modes, names, why in MODE_ONLY:
         given = config.settings_given(names) if config.mode not in (*modes, "auto") else []
@@ -152,7 +158,8 @@ def markdown() -> str:
         others = " or ".join(m for m in MODES if m not in modes)
         lines.append(f"| either, in `mode` {others} | {', '.join(f'`{name}`' for name in names)} | "
                      f"{why.format(it='them', mode=others)} |")
-    lines += ["", "The loaders (`NeighborLoader`, on either kind of graph, and `LinkNeighborLoader`) offer "
+    lines += ["", "The loaders (`NeighborLoader`, on either kind of graph, and `LinkNeighborLoader`, on a homogeneous "
+                  "one) offer "
                   f"{' and '.join(LOADER_MODES)} mode; " + " ".join(LOADER_REFUSED.values())]
     lines += [f"Your own module on a {kind} graph: {reason}" for (kind, _), reason in OWN_MODULE_REFUSED.items()]
     lines += ["", "| graph | `predict` and `embed` refuse | because |", "|---|---|---|"]

@@ -183,6 +183,10 @@ class LinkConfig:
         help="link task, --split edges:...: undirected (an edge and its reverse are one link, held out of message "
              "passing both ways), directed (each edge a link), or auto: undirected when at least half of the edges "
              "have their reverse (default: %(default)s)")
+    link_relation: str | None = setting(
+        None, type=str, metavar="RELATION",
+        help="link task on a typed graph: the relation whose edges are predicted, SRC/NAME/DST or a name only one "
+             "relation has (default: the graph's only relation)")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ CONVERT_SPLIT_HELP = ("split for data without one: ratio:TRAIN,VAL or per-class:
 # train's options by group, in the order --help-all lists them (by TrainConfig setting, and the command line's
 # own options); a setting not placed here goes to the advanced group. --help lists those with a short help.
 TRAIN_GROUPS = [
-    ("data", None, ["dataset", "task", "split", "split_index", "link_direction"]),
+    ("data", None, ["dataset", "task", "split", "split_index", "link_direction", "link_relation"]),
     ("model", None, ["model", "layers", "hidden", "fanouts", "heads", "gcn_norm", "residual", "norm",
                      "architecture", "link_head"]),
     ("training", None, ["epochs", "batch_size", "lr", "seed", "weight_decay", "dropout", "patience", "negatives"]),

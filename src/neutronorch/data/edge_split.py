@@ -16,7 +16,9 @@ from numba import njit
 
 from neutronorch.data.csc import drop_edges, edge_hygiene
 from neutronorch.data.graph import Graph
-from neutronorch.data.links import LinkSplit
+from neutronorch.data.links import LinkEnds, LinkSplit
+from neutronorch.data.relation import RelationType, relation_label
+from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError, DataError
 
 LINK_SPLIT_HELP = "edges:TRAIN,VAL (e.g. edges:0.85,0.05: shares of the edges for training and validation; " \
@@ -116,6 +118,51 @@ def split_edges(graph: Graph, train: float, val: float, seed: int = 0, direction
             + (" in both directions" if undirected else ""))
     return dataclasses.replace(graph, indptr=new_indptr, indices=new_indices, links=split,
                                notes=[*graph.notes, note])
+
+
+def link_relation(graph: TypedGraph, name: str | None) -> RelationType:
+    """The relation a typed graph's link task predicts: ``name`` (a triple ``src/name/dst`` or a name only one
+    relation has), or, given none, the graph's only relation; ``ConfigError`` listing the relations else."""
+    listed = ", ".join("/".join(r) for r in graph.relations)
+    if name is None:
+        if len(graph.relations) == 1:
+            return next(iter(graph.relations))
+        raise ConfigError(f"{graph.name} has {len(graph.relations)} relations: give `link_relation`, the one whose "
+                          f"edges a link task predicts: one of {listed}.")
+    try:
+        return graph.relation(tuple(name.split("/")) if name.count("/") == 2 else name)
+    except DataError as error:
+        raise ConfigError(f"`link_relation` {name!r}: {error}") from None
+
+
+def split_relation(graph: TypedGraph, ends: LinkEnds, train: float, val: float, seed: int = 0,
+                   direction: str = "auto") -> tuple[TypedGraph, LinkSplit]:
+    """``split_edges`` of a typed graph's relation ``ends.relation``: its edges in ``ends``' stacked ids form a
+    homogeneous topology, which is split as any other; returns the graph with the validation and test edges
+    out of the relation (the relation's reverse is made from what is left) and the split, in stacked ids.
+    Two end types make a bipartite topology, whose edges have no reverse: split directed."""
+    src, _, dst = ends.relation
+    relation = graph.relations[ends.relation]
+    if relation.edge_features is not None:
+        raise ConfigError(f"`link_relation` {relation_label(ends.relation)}: its edges have features, which a "
+                          f"link task's split does not carry; choose a relation without edge features.")
+    if src != dst and direction == "undirected":
+        raise ConfigError(f"`link_direction` undirected: {relation_label(ends.relation)} links {src} to {dst}, so "
+                          f"an edge has no reverse of its own relation; leave `link_direction` out (directed).")
+    indptr, indices = np.asarray(relation.indptr, dtype=np.int64), np.asarray(relation.indices, dtype=np.int64)
+    start, count = ends.offsets[dst], ends.counts[dst]  # the destinations' columns; every other column empty
+    stacked_ptr = np.concatenate([np.zeros(start, np.int64), indptr,
+                                  np.full(ends.num_nodes - start - count, indptr[-1], np.int64)])
+    whole = Graph(f"{graph.name} {relation_label(ends.relation)}", stacked_ptr, indices + ends.offsets[src], None,
+                  None, None, None, None, 0)
+    split = split_edges(whole, train, val, seed, direction)
+    kept_ptr = split.indptr[start:start + count + 1]
+    kept = dataclasses.replace(relation, indptr=kept_ptr - kept_ptr[0],
+                               indices=(split.indices[kept_ptr[0]:kept_ptr[-1]] - ends.offsets[src]).astype(
+                                   relation.indices.dtype))
+    typed = dataclasses.replace(graph, relations={**graph.relations, ends.relation: kept},
+                                notes=[*graph.notes, *split.notes[len(whole.notes):]])
+    return typed, split.links
 
 
 def reciprocity(indptr: np.ndarray, indices: np.ndarray) -> float:

@@ -56,6 +56,7 @@ class LinkSplit:
     issues: dict | None = field(default=None, compare=False)
     # What ``issues`` was counted for: the ids of the three sets and of the topology's indices (``checked_for``).
     checked: tuple | None = field(default=None, compare=False, repr=False)
+    ends: LinkEnds | None = None  # a typed graph's: the relation and the stacked ids the sets hold
 
     def checked_for(self, indices) -> tuple:
         """The identity of this split's sets and of ``indices``: a set replaced since is checked again."""
@@ -207,3 +208,44 @@ def member_mask(keys: np.ndarray, known: np.ndarray) -> np.ndarray:
     if known.size == 0:
         return np.zeros(keys.shape, bool)
     return known[np.minimum(np.searchsorted(known, keys), known.size - 1)] == keys
+
+
+@dataclass(frozen=True)
+class LinkEnds:
+    """Where a typed graph's link task on ``relation`` (src, name, dst) keeps its pairs: the local ids of its
+    end types stacked in the graph's type order (type ``t``'s vertex ``i`` is ``offsets[t] + i``; one type when
+    both ends are one), so that a pair is two ids as on a homogeneous graph and the homogeneous split, seeds,
+    negatives, exclusion and metrics serve it. ``reverse``: the relation stored as its reverse, whose edges a
+    batch drops too."""
+
+    relation: tuple[str, str, str]
+    offsets: dict[str, int]
+    counts: dict[str, int]
+    reverse: tuple[str, str, str] | None = None
+
+    @classmethod
+    def of(cls, num_nodes: dict[str, int], relation: tuple[str, str, str], reverse=None) -> "LinkEnds":
+        types = [t for t in num_nodes if t in (relation[0], relation[2])]
+        starts = np.cumsum([0] + [num_nodes[t] for t in types]).tolist()
+        return cls(relation, dict(zip(types, starts)), {t: num_nodes[t] for t in types}, reverse)
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        return tuple(self.offsets)
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def destinations(self) -> tuple[int, int]:
+        """(first stacked id, count) of the destination type: where negative destinations are drawn."""
+        return self.offsets[self.relation[2]], self.counts[self.relation[2]]
+
+    def split(self, ids) -> dict:
+        """Sorted stacked ids (a numpy array or tensor) as each end type's local ids."""
+        if len(self.offsets) == 1:
+            return {self.types[0]: ids}
+        second = self.offsets[self.types[1]]
+        cut = int((ids < second).sum())
+        return {self.types[0]: ids[:cut], self.types[1]: ids[cut:] - second}

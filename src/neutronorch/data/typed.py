@@ -19,6 +19,7 @@ import numpy as np
 
 from neutronorch.data.checks import check_typed_graph
 from neutronorch.data.graph import Graph, GraphCommon
+from neutronorch.data.links import LinkSplit
 from neutronorch.data.relation import Relation, RelationType, relation_label
 from neutronorch.errors import DataError
 
@@ -37,7 +38,8 @@ class TypedGraph(GraphCommon):
     ``(src_type, name, dst_type)`` to its ``Relation``; ``features`` maps a type to its rows (a type without
     features is absent). ``labels`` has a row per ``target`` vertex (a class id, -1: no label; or a 0/1 row
     of ``num_classes`` tasks, -1: unknown), or is None when the target carries none; the splits hold local
-    ids of the target type. ``notes`` and ``metric`` mean what they mean in ``Graph``."""
+    ids of the target type. ``notes`` and ``metric`` mean what they mean in ``Graph``; ``links`` is a link
+    task's split of one relation (``LinkSplit.ends`` says which), None otherwise."""
 
     name: str
     num_nodes: dict[str, int]
@@ -51,6 +53,7 @@ class TypedGraph(GraphCommon):
     num_classes: int
     notes: list[str] = field(default_factory=list)
     metric: str | None = None
+    links: LinkSplit | None = None
 
     @classmethod
     def of(cls, graph: Graph) -> "TypedGraph":

@@ -44,38 +44,45 @@ LEAKY_SLOPE = 0.01  # torch's default, the slope IGB's and the MLPerf reference'
 class TypedSpec:
     """What a relational model needs of a typed graph: every type's vertex count and feature width (0: no
     features, so an embedding table), the relations in the graph's order, the target type, and the width of
-    each relation's edge features (``edge_dims``: only the relations that have them)."""
+    each relation's edge features (``edge_dims``: only the relations that have them). ``outputs``: the types
+    whose rows the model outputs, concatenated in that order (a typed link task's two end types); empty: the
+    target's alone."""
 
     num_nodes: dict[str, int]
     feature_dims: dict[str, int]
     relations: tuple[RelationType, ...]
     target: str
     edge_dims: dict[RelationType, int] = field(default_factory=dict)
+    outputs: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, graph: "TypedGraph") -> "TypedSpec":
         return cls(dict(graph.num_nodes), {t: graph.feature_dim(t) for t in graph.num_nodes},
                    tuple(graph.relations), graph.target,
-                   {r: rel.edge_feature_dim for r, rel in graph.relations.items() if rel.edge_feature_dim})
+                   {r: rel.edge_feature_dim for r, rel in graph.relations.items() if rel.edge_feature_dim},
+                   graph.links.ends.types if getattr(graph, "links", None) is not None else ())
 
     def to_dict(self) -> dict:
         """As a summary or checkpoint stores it (JSON: relations as lists, ``edge_dims`` as ``[src, name, dst,
         width]`` lists); ``from_dict`` reads it back."""
         return {"num_nodes": dict(self.num_nodes), "feature_dims": dict(self.feature_dims),
                 "relations": [list(r) for r in self.relations], "target": self.target,
-                "edge_dims": [[*r, width] for r, width in self.edge_dims.items()]}
+                "edge_dims": [[*r, width] for r, width in self.edge_dims.items()],
+                **({"outputs": list(self.outputs)} if self.outputs else {})}
 
     @classmethod
     def from_dict(cls, stored: Mapping) -> "TypedSpec":
         """The spec ``to_dict`` stored (one stored without ``edge_dims`` has no edge features)."""
         return cls(dict(stored["num_nodes"]), dict(stored["feature_dims"]), tuple(map(tuple, stored["relations"])),
-                   stored["target"], {tuple(e[:3]): int(e[3]) for e in stored.get("edge_dims", [])})
+                   stored["target"], {tuple(e[:3]): int(e[3]) for e in stored.get("edge_dims", [])},
+                   tuple(stored.get("outputs", ())))
 
 
 def reachable_types(spec: TypedSpec, hops: int, start: str | None = None) -> list[list[str]]:
     """``out[h]``: the types a typed sampler's frontier holds after ``h`` hops from seeds of ``start`` (default
-    the target; ``out[0]`` that type alone), each list in ``spec.num_nodes``' order; ``hops + 1`` lists."""
-    reached = [{start or spec.target}]
+    the target, or ``spec.outputs``; ``out[0]`` those types alone), each list in ``spec.num_nodes``' order;
+    ``hops + 1`` lists."""
+    reached = [{start} if start else set(spec.outputs or (spec.target,))]
     for _ in range(hops):
         last = reached[-1]
         reached.append(last | {r[0] for r in spec.relations if r[2] in last})
@@ -159,10 +166,14 @@ class TypedGNN(LayerStack):
 
     def forward(self, blocks: list[TypedBlock], features: Mapping[str, torch.Tensor],
                 input_ids: Mapping[str, torch.Tensor], hot: Mapping[str, HotRows] | None = None) -> torch.Tensor:
-        """Logits of the last block's target destinations (``LayerStack.run``; ``hot`` per type). ``blocks``: a
+        """Logits of the last block's target destinations (``LayerStack.run``; ``hot`` per type), or with
+        ``spec.outputs`` the rows of those types that the top block has, concatenated. ``blocks``: a
         ``SampledSubgraph``'s, bottom layer first; ``input_ids[t]``: the bottom block's source frontier of each
         type, on the model's device; ``features[t]``: the rows of each featured type's frontier."""
-        return self.run(blocks, self.input_rows(features, input_ids), hot)[self.spec.target]
+        out = self.run(blocks, self.input_rows(features, input_ids), hot)
+        if not self.spec.outputs:
+            return out[self.spec.target]
+        return torch.cat([out[t] for t in self.spec.outputs if t in out])
 
     def forward_key(self) -> int | None:
         return int(draw_key()) if self.training and self.dropout > 0 else None

@@ -31,7 +31,6 @@ from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.mode import LoadingMode
 from neutronorch.orchestration.seeds import NodeSeeds
-from neutronorch.sampling.exclude import exclude_edges
 from neutronorch.sampling.neighbor_sampler import batch_key
 
 # Mini-batches sampled per call of the device sampler (one host synchronisation for them all).
@@ -55,7 +54,7 @@ class DeviceMode(LoadingMode):
             self.sample_stream.wait_stream(torch.cuda.current_stream(self.device))  # the copies, made on that stream
 
     def _produce(self, epoch: int, start: int) -> Iterator:
-        sampler = self.loader.new_sampler()
+        sampler = self.seeds.sampler(self.loader.new_sampler())
         batches = self.seeds.epoch(epoch)
         with torch.cuda.stream(self.sample_stream) if self.sample_stream is not None else nullcontext():
             # A few mini-batches per call: the device sampler reads the device once for them all.
@@ -66,8 +65,7 @@ class DeviceMode(LoadingMode):
                     subgraphs = sampler.sample_many(seeds, [batch_key(self.sampling.seed, epoch, index)
                                                             for index, _ in group])
                     subgraphs = [subgraph if batch.exclude is None else
-                                 exclude_edges(subgraph, batch.exclude.to(self.device, non_blocking=True),
-                                               self.seeds.num_nodes)
+                                 self.seeds.exclude(subgraph, batch.exclude.to(self.device, non_blocking=True))
                                  for (_, batch), subgraph in zip(group, subgraphs)]
                 for (index, batch), subgraph in zip(group, subgraphs):
                     yield self.loader.load(epoch, index, subgraph, targets=batch.targets)

@@ -177,7 +177,8 @@ class DeviceReader:
         self.misses = {t: (misses_in_place(cache, stores[t], device, f"features of {t}", self._keep),
                            BufferPool(sampling.prefetch + 2, stores[t].width, stores[t].dtype,
                                       pin=device.type == "cuda")) for t, cache in self.caches.items()}
-        self.labels = place(np.asarray(graph.labels, dtype=np.int64), device, "labels")
+        self.labels = (place(np.asarray(graph.labels, dtype=np.int64), device, "labels") if graph.labels is not None
+                       else None)  # a link task's graph may have none
         self.sampler = TypedDeviceSampler(topology, self.fanouts)
         self.backend = self.sampler.backend
         cached = ", ".join(f"{t} {rows[t]:,} of {graph.num_nodes[t]:,}" for t in rows)
@@ -250,7 +251,7 @@ def device_bytes(graph: TypedGraph, rows: dict[str, int] | None = None) -> dict[
     slot_maps = sum(4 * graph.num_nodes[t] for t in graph.features if rows[t] < graph.num_nodes[t])
     return {"topology": topology_bytes(graph),
             "features": sum(4 * rows[t] * graph.feature_dim(t) for t in graph.features) + slot_maps,
-            "labels": 8 * int(np.prod(graph.labels.shape)),
+            "labels": 0 if graph.labels is None else 8 * int(np.prod(graph.labels.shape)),
             "maps": 8 * sum(graph.num_nodes.values())}
 
 

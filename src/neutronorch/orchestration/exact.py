@@ -19,7 +19,6 @@ from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES, HostLoad
 from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.mode import LoadingMode
 from neutronorch.orchestration.seeds import NodeSeeds
-from neutronorch.sampling.exclude import exclude_edges
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
@@ -35,14 +34,14 @@ class ExactMode(LoadingMode):
         self.threads = {"sampler": sampler_threads}
 
     def _produce(self, epoch: int, start: int) -> Iterator:
-        sampler = self.new_sampler()
+        sampler = self.seeds.sampler(self.new_sampler())
         batches = self.seeds.epoch(epoch)
         for index in range(start, len(batches)):
             batch = batches[index]
             with self.spans.stage("sample", index):
                 subgraph = sampler.sample(batch.seeds.numpy(), batch_key(self.sampling.seed, epoch, index))
                 if batch.exclude is not None:  # a link task's seed edges
-                    subgraph = exclude_edges(subgraph, batch.exclude, self.seeds.num_nodes)
+                    subgraph = self.seeds.exclude(subgraph, batch.exclude)
             yield self.loader.load(epoch, index, subgraph, targets=batch.targets)
 
     def describe(self) -> str:

@@ -67,8 +67,8 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
     spans = spans if spans is not None else Spans()
     typed = isinstance(graph, TypedGraph)
     if typed:
-        fanouts, sampling, access = typed_access(config, graph, device, shard, fanouts)
-        seeds, host_sampler = NodeSeeds(graph, sampling), lambda: TypedNeighborSampler(graph, fanouts)
+        fanouts, sampling, access, seeds = typed_access(config, graph, device, shard, fanouts)
+        host_sampler = lambda: TypedNeighborSampler(graph, fanouts)  # noqa: E731
     else:
         graph, sampling, access, seeds = homogeneous_access(config, graph, device, shard)
         host_sampler = lambda: NeighborSampler(graph.indptr, graph.indices, sampling.fanouts,  # noqa: E731
@@ -122,10 +122,11 @@ def homogeneous_access(config: TrainConfig, graph: Graph, device: torch.device, 
 
 def typed_access(config: TrainConfig, graph: TypedGraph, device: torch.device, shard: tuple[int, int],
                  fanouts: dict[RelationType, list[int]] | None
-                 ) -> tuple[dict[RelationType, list[int]], SamplingConfig, FeatureAccess]:
+                 ) -> tuple[dict[RelationType, list[int]], SamplingConfig, FeatureAccess, NodeSeeds | LinkSeeds]:
     """A typed graph's (two-way: ``with_reverse``) fanouts per relation (default ``config.fanouts`` for every
-    relation), sampling settings and rows: each featured type's read on the host (in file order, through host
-    caches, as configured; device mode reads there only what its device caches miss, in place). Data parallel
+    relation), sampling settings, rows (each featured type's read on the host, in file order, through host
+    caches, as configured; device mode reads there only what its device caches miss, in place) and its batches'
+    seeds (a link task's: its relation's edges, ``LinkEnds``). Data parallel
     where ``capabilities.py``'s table says it runs (``check_run`` refuses the others first)."""
     refused = refusal("typed", config.mode, config.task, shard[1])
     if refused is not None:
@@ -133,4 +134,8 @@ def typed_access(config: TrainConfig, graph: TypedGraph, device: torch.device, s
     fanouts = typed_fanouts(graph, config.fanouts if fanouts is None else fanouts)
     sampling = dataclasses.replace(config.sampling, rank=shard[0], world=shard[1])
     stores = typed_stores(config, graph, fanouts, shard[1] > 1, on_host=config.mode != "device")
-    return fanouts, sampling, FeatureAccess.typed(graph, TypedInputs(graph, stores), device)
+    # A link task's batches are seed edges of its relation, in its end types' stacked ids (``LinkEnds``).
+    ends = graph.links.ends if config.task == "link" else None
+    seeds = (LinkSeeds(graph.links.train, ends.num_nodes, sampling, config.negatives, ends) if ends is not None
+             else NodeSeeds(graph, sampling))
+    return fanouts, sampling, FeatureAccess.typed(graph, TypedInputs(graph, stores), device), seeds

@@ -9,6 +9,10 @@ ranks or modes. The batch's seeds are the distinct vertices among the positives'
 ``targets`` holds the positions of ``u``, of ``v`` and of each negative destination of positive ``i``.
 The positives are also the edges the batch's sampled graph must not contain (``SeedBatch.exclude``): those of
 the global batch, so that a rank samples exactly what one process with the whole batch samples.
+
+A typed graph's link task (``ends``: ``data.links.LinkEnds``) is the same in its end types' stacked ids:
+negatives are drawn over the destination type's ids, ``exclude`` drops the seed edges from the relation's
+blocks and its reverse's, and ``EndsSampler`` hands the typed sampler each batch's seeds by type.
 """
 
 from __future__ import annotations
@@ -19,19 +23,35 @@ import numpy as np
 import torch
 
 from neutronorch.config import SamplingConfig
+from neutronorch.data.links import LinkEnds
 from neutronorch.orchestration.seeds import SeedBatch, epoch_order
+from neutronorch.sampling.block import SampledSubgraph
+from neutronorch.sampling.exclude import exclude_edges, exclude_typed
 from neutronorch.sampling.neighbor_sampler import batch_key, mix_key
 
-__all__ = ["LinkSeeds", "draw_negatives", "negative_generator", "pair_targets"]
+__all__ = ["EndsSampler", "LinkSeeds", "draw_negatives", "negative_generator", "pair_targets"]
 
 NEGATIVE_SALT = 0x4E45_4741  # negatives' stream of a batch key, apart from the neighbour draws'
 
 
 class LinkSeeds:
-    def __init__(self, edges: np.ndarray, num_nodes: int, sampling: SamplingConfig, negatives: int):
+    def __init__(self, edges: np.ndarray, num_nodes: int, sampling: SamplingConfig, negatives: int,
+                 ends: LinkEnds | None = None):
         self.edges = torch.from_numpy(np.array(edges, dtype=np.int64).reshape(2, -1))  # small: a copy
         self.num_nodes, self.sampling, self.negatives = int(num_nodes), sampling, int(negatives)
         self.num_batches = -(-self.edges.shape[1] // (sampling.batch_size * sampling.world))
+        self.ends = ends
+        self.destinations = ends.destinations if ends is not None else (0, self.num_nodes)
+
+    def sampler(self, sampler):
+        """What a mode draws this task's batches with: ``sampler``, fed by type on a typed graph (``EndsSampler``)."""
+        return sampler if self.ends is None else EndsSampler(sampler, self.ends)
+
+    def exclude(self, subgraph: SampledSubgraph, pairs: torch.Tensor) -> SampledSubgraph:
+        """``subgraph`` without the edges between the ends of a batch's seed edges ``pairs``."""
+        if self.ends is not None:
+            return exclude_typed(subgraph, pairs, self.ends)
+        return exclude_edges(subgraph, pairs, self.num_nodes)
 
     def epoch(self, epoch: int) -> "LinkEpoch":
         """This rank's part of every mini-batch of ``epoch``, in batch order: each made when it is asked for
@@ -43,8 +63,10 @@ class LinkSeeds:
         sampling = self.sampling
         size = sampling.batch_size * sampling.world
         positives = self.edges[:, order[index * size:(index + 1) * size]]
-        negatives = draw_negatives(batch_key(sampling.seed, epoch, index), positives.shape[1], self.negatives,
-                                   self.num_nodes)
+        first, count = self.destinations
+        negatives = draw_negatives(batch_key(sampling.seed, epoch, index), positives.shape[1], self.negatives, count)
+        if first:
+            negatives += first
         excluded = positives  # the global batch's: each rank samples what one process would
         if sampling.world == 1:
             return SeedBatch(*pair_targets(positives, negatives), exclude=excluded)
@@ -80,6 +102,19 @@ class LinkEpoch(Sequence):
         if not 0 <= index < len(self):
             raise IndexError(index)
         return self.seeds.batch(self.epoch, index, self.order)
+
+
+class EndsSampler:
+    """A typed sampler fed a link batch's seeds in ``ends``' stacked ids: it samples them by type."""
+
+    def __init__(self, sampler, ends: LinkEnds):
+        self.sampler, self.ends = sampler, ends
+
+    def sample(self, seeds, key: int) -> SampledSubgraph:
+        return self.sampler.sample(self.ends.split(seeds), key)
+
+    def sample_many(self, seeds: list, keys: list[int]) -> list[SampledSubgraph]:
+        return [self.sample(s, key) for s, key in zip(seeds, keys)]
 
 
 def negative_generator(key: int) -> torch.Generator:

@@ -55,6 +55,10 @@ class NodeSeeds:
     def rank_shares(self, epoch: int) -> np.ndarray:
         return rank_shares(self.graph, self.sampling, epoch)
 
+    def sampler(self, sampler):
+        """What a mode draws this task's batches with (``LinkSeeds.sampler``'s counterpart): ``sampler``."""
+        return sampler
+
 
 def training_seeds(graph: Graph | TypedGraph) -> torch.Tensor:
     """The training vertices as an int64 tensor (a small, writable copy of a possibly read-only map)."""

@@ -10,6 +10,10 @@ the end of a seed edge (at most 2P of a layer's destinations), so it costs a pas
 the pointers (measured on the 300k graph, 1,024 seed edges and 273k sampled edges a batch, on a loaded
 machine: 88 ms of torch ops, 12 ms with the kernel). A block that loses nothing is returned as it is. Device
 blocks use torch ops, which run there without a copy to the host.
+
+A typed graph's link task (``exclude_typed``) keys its pairs in the ids of its two end types stacked
+(``data.links.LinkEnds``): the relation's blocks and its reverse's lose the seed edges (either direction, as
+above); the other relations keep theirs.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from numba import njit
 import neutronorch.jit  # noqa: F401 - says when these kernels are compiled (a cold cache)
 from neutronorch.sampling.block import Block, SampledSubgraph
 
-__all__ = ["exclude_edges", "exclude_from_block", "pair_keys"]
+__all__ = ["exclude_edges", "exclude_from_block", "exclude_typed", "pair_keys"]
 
 
 def pair_keys(pairs: torch.Tensor, num_nodes: int) -> torch.Tensor:
@@ -52,26 +56,50 @@ def exclude_from_block(block: Block, sources: torch.Tensor, pairs: torch.Tensor,
     return _without(block, sources, pair_keys(pairs.to(sources.device), num_nodes), num_nodes)
 
 
-def _without(block: Block, sources: torch.Tensor, keys: torch.Tensor, num_nodes: int) -> Block:
-    """``block`` without its edges whose (source, destination) global pair is in ``keys``."""
+def exclude_typed(subgraph: SampledSubgraph, pairs: torch.Tensor, ends) -> SampledSubgraph:
+    """A typed ``subgraph`` without the sampled edges of ``ends.relation`` and of its reverse between the ends
+    of a (2, P) ``pairs`` column, in either direction; ``pairs`` in ``ends``' stacked ids (``LinkEnds``)."""
+    if pairs.shape[1] == 0 or not subgraph.blocks:
+        return subgraph
+    relations = [r for r in (ends.relation, ends.reverse) if r is not None]
+    keys = pair_keys(pairs.to(subgraph.seeds.device), ends.num_nodes)
+    blocks = []
+    for tblock in subgraph.blocks:
+        kept = {}
+        for relation in relations:
+            if relation in tblock.blocks:
+                (s, _, d), ids = relation, tblock.src_ids
+                kept[relation] = _without(tblock.blocks[relation], ids[s] + ends.offsets[s], keys, ends.num_nodes,
+                                          ids[d][:tblock.num_dst[d]] + ends.offsets[d])
+        blocks.append(dataclasses.replace(tblock, blocks={**tblock.blocks, **kept}) if kept else tblock)
+    return SampledSubgraph(subgraph.seeds, blocks, subgraph.frontiers)
+
+
+def _without(block: Block, sources: torch.Tensor, keys: torch.Tensor, num_nodes: int,
+             destinations: torch.Tensor | None = None) -> Block:
+    """``block`` without its edges whose (source, destination) global pair is in ``keys``; the destinations'
+    ids are ``destinations`` (default: the sources' from ``dst_offset`` on, a homogeneous block's)."""
     if block.num_edges == 0:
         return block
+    if destinations is None:
+        destinations = sources[block.dst_offset:block.dst_offset + block.num_dst]
     if block.indptr.device.type == "cpu":
         indptr, indices = _host_without(block.indptr.numpy(), block.indices.numpy(), sources.long().numpy(),
-                                        block.dst_offset, block.num_dst, keys.numpy(), num_nodes)
+                                        destinations.long().numpy(), block.num_dst, keys.numpy(), num_nodes)
         if indices.shape[0] == block.num_edges:  # nothing dropped (most blocks): the sampler's tensors as they are
             return block
         return dataclasses.replace(block, indptr=torch.from_numpy(indptr), indices=torch.from_numpy(indices))
-    return _torch_without(block, sources, keys, num_nodes)
+    return _torch_without(block, sources, destinations, keys, num_nodes)
 
 
-def _torch_without(block: Block, sources: torch.Tensor, keys: torch.Tensor, num_nodes: int) -> Block:
+def _torch_without(block: Block, sources: torch.Tensor, destinations: torch.Tensor, keys: torch.Tensor,
+                   num_nodes: int) -> Block:
     """``_without`` in torch ops, on the block's device."""
     sources = sources.long()
     counts = (block.indptr[1:] - block.indptr[:-1]).long()
     destination = torch.repeat_interleave(torch.arange(block.num_dst, device=counts.device), counts,
                                           output_size=block.num_edges)
-    destination_ids = sources[block.dst_offset:block.dst_offset + block.num_dst][destination]
+    destination_ids = destinations.long()[destination]
     edge_keys = sources[block.indices.long()] * num_nodes + destination_ids
     position = torch.searchsorted(keys, edge_keys).clamp_(max=keys.shape[0] - 1)
     keep = keys[position] != edge_keys
@@ -82,7 +110,7 @@ def _torch_without(block: Block, sources: torch.Tensor, keys: torch.Tensor, num_
 
 
 @njit(cache=True, nogil=True)
-def _host_without(indptr, indices, sources, dst_offset, num_dst, keys, num_nodes):
+def _host_without(indptr, indices, sources, destinations, num_dst, keys, num_nodes):
     """The CSC of a block without its edges keyed (``source * num_nodes + destination``) in the sorted
     ``keys``. A destination's edges are looked at only when some key names it as a destination."""
     # Destinations that some key names: keys % num_nodes, sorted for a binary search.
@@ -92,7 +120,7 @@ def _host_without(indptr, indices, sources, dst_offset, num_dst, keys, num_nodes
     out_ptr[0] = 0
     written = 0
     for i in range(num_dst):
-        v = sources[dst_offset + i]
+        v = destinations[i]
         lo, hi = indptr[i], indptr[i + 1]
         at = np.searchsorted(named, v)
         if at < named.shape[0] and named[at] == v:

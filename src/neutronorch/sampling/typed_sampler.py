@@ -1,5 +1,5 @@
-"""Per-relation uniform neighbour sampling on typed graphs: seeds of the target type in, a ``SampledSubgraph``
-out (one ``TypedBlock`` per layer, one ``Block`` per relation).
+"""Per-relation uniform neighbour sampling on typed graphs: seeds of the target type (or of several types,
+a mapping) in, a ``SampledSubgraph`` out (one ``TypedBlock`` per layer, one ``Block`` per relation).
 
 Hop by hop from the seeds, each type's destinations are its frontier reached so far. Every relation
 ``(s, name, d)`` whose type ``d`` has destinations draws up to its fanout of in-neighbours of each of them
@@ -144,8 +144,9 @@ class TypedHops:
     ``_draw``, ``_relabel`` and ``_edge_rows`` (``_enter`` and ``_leave`` where it keeps state per call)."""
 
     def sample(self, seeds, key: int) -> SampledSubgraph:
-        """Sample the typed computation graph of ``seeds`` (unique local ids of the target type) with the
-        batch key ``key``: ``num_layers`` blocks, bottom layer first."""
+        """Sample the typed computation graph of ``seeds`` (unique local ids of the target type, or a mapping
+        from types to theirs: a typed link task's two end types) with the batch key ``key``: ``num_layers``
+        blocks, bottom layer first."""
         return self.sample_hops(seeds, key, self.num_layers)
 
     def sample_many(self, seeds: list, keys: list[int]) -> list[SampledSubgraph]:
@@ -156,6 +157,10 @@ class TypedHops:
         """The top ``hops`` layers of ``sample(seeds, key)``, exactly as it draws them: ``frontiers[0]`` then
         holds the destinations of the layer below (with ``hops = num_layers - 1``, the bottom layer's
         destinations per type, which NeutronOrch plans its hot sets among)."""
+        if isinstance(seeds, Mapping):  # the subgraph's seeds: every type's, in the graph's type order
+            start = {t: self._ids(seeds[t]) for t in self.num_nodes if t in seeds}
+            blocks, frontiers = self._hops(start, key, 0, hops)
+            return SampledSubgraph(torch.cat(list(start.values())), blocks, frontiers)
         seeds = self._ids(seeds)
         blocks, frontiers = self._hops({self.target: seeds}, key, 0, hops)
         return SampledSubgraph(seeds, blocks, frontiers)

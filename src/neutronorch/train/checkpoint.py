@@ -114,6 +114,9 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module | None = Non
     it. A run of your own model (``train(..., model=...)``) saved its weights only: give ``model``, a module
     of the same class, which receives them."""
     state = load_state(path, kind)
+    if kind == TYPED and "link_head" in state["model_args"]:
+        raise CheckpointError(f"{path}: a typed graph's link checkpoint; `predict` and `embed` read a typed "
+                              f"graph's node-task checkpoints only for now (docs/heterogeneous.md).")
     config = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.keys()})
     return Checkpoint(_model(state, Path(path), model).eval(), config, int(state["epoch"]), state["dataset"],
                       state["history"], state["optimizer"], fanouts_of(state) if kind == TYPED else None)

@@ -24,12 +24,14 @@ from neutronorch.data import Graph, TypedGraph, is_typed_dataset
 from neutronorch.data.typed import relation_label
 from neutronorch.errors import CheckpointError, ConfigError
 from neutronorch.nn.custom import ModelProtocolError, UserModel, check_trainable
+from neutronorch.nn.link import LinkModel
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.checkpoint import fanouts_of
 from neutronorch.train.distributed import shared_logits
 from neutronorch.train.evaluate import eval_subset, scored, typed_logits
 from neutronorch.train.feasible import check_learnable
+from neutronorch.train.link_task import LinkTask, evaluate_typed_links, typed_link_graph
 from neutronorch.train.optim import Adam
 from neutronorch.train.row_adam import RowAdam
 from neutronorch.train.run import Built
@@ -76,12 +78,16 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
     (``TypedGNN``, or ``user_model`` adapted by ``UserModel``), its tables (``plan_tables``: where they live,
     checked; open while ``stack`` is) and optimizers (Adam for the dense weights, ``_table_optimizer`` for the
     tables)."""
-    if graph.labels is None:
+    link = config.task == "link"  # a relation's edges (train/link_task.py's typed_link_graph)
+    if graph.labels is None and not link:
         raise ConfigError(f"{graph.name}: its target type {graph.target!r} has no labels to train on.")
-    warnings = check_learnable(graph)
-    graph = graph.with_reverse()
+    if user_model is not None and link:
+        raise ConfigError("`task` link trains the built-in relational models as encoders; your own module trains "
+                          "node tasks for now.")
+    warnings = check_learnable(graph, not link)
+    graph = typed_link_graph(graph, config) if link else graph.with_reverse()
     if config.batch_size == 0:
-        config.batch_size = auto_batch_size(len(graph.train_idx))
+        config.batch_size = auto_batch_size(graph.links.train.shape[1] if link else len(graph.train_idx))
     sampler = TypedNeighborSampler(graph, options.fanouts if options.fanouts is not None else config.fanouts)
     eval_sampler = (TypedNeighborSampler(graph, config.eval_fanouts) if config.eval_fanouts is not None
                     else TypedNeighborSampler(graph, sampler.fanouts))
@@ -98,11 +104,14 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
     tables = stack.enter_context(plan_tables(config, graph, sampler.num_layers, options.embed_dim, device))
     if user_model is None:
         try:
-            model = TypedGNN(config.model, TypedSpec.of(graph), config.hidden, graph.num_classes, sampler.num_layers,
+            model = TypedGNN(config.model, TypedSpec.of(graph), config.hidden,
+                             config.hidden if link else graph.num_classes, sampler.num_layers,
                              dropout=config.dropout, heads=config.heads, num_bases=options.num_bases,
                              embed_dim=options.embed_dim, tables=tables.maker)
         except ValueError as exc:
             raise ConfigError(f"{graph.name}: {exc}.") from None
+        if link:  # the typed GNN's rows of the relation's two end types are the embeddings a link head scores
+            model = LinkModel(model, config.link_head)
     model = model.to(device)
     dense = model.dense_parameters()  # none where your own module keeps every weight in sparse tables
     adam = Adam(dense, lr=config.lr, weight_decay=config.weight_decay) if dense else None
@@ -112,7 +121,8 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
     parameters = {"dense": sum(p.numel() for p in dense), "embedding": sum(p.numel() for p in embeddings)}
     parts = TypedParts(sampler, eval_sampler, adam, sparse, storage, parameters)
     auto = {"chosen": "exact", "reason": "auto picks exact mode for typed graphs", "measured": None}
-    return Built(graph, model, [o for o in (adam, sparse) if o is not None], Task.of(graph, config.metric), warnings,
+    task = LinkTask.of(graph, model, config.metric) if link else Task.of(graph, config.metric)
+    return Built(graph, model, [o for o in (adam, sparse) if o is not None], task, warnings,
                  dense, embeddings, parts, describe=f"{config.model} (typed: {', '.join(graph.node_types)})",
                  note=f", parameters {parameters['dense']:,} dense + {parameters['embedding']:,} in embedding tables",
                  mode_choice=auto if config.mode == "auto" else None)
@@ -142,6 +152,9 @@ class TypedParts:
         """The metric on the validation and test sets (``eval_max_nodes``: a fixed sample of each), from
         samples of the one evaluation key (``typed_logits``); ``progress(0, done, total)`` after each set."""
         config, graph, scores, done = run.config, run.graph, {}, 0
+        if isinstance(run.task, LinkTask):
+            return evaluate_typed_links(run.model, graph, self.eval_sampler, run.device, config.eval_batch_size,
+                                        config.seed, config.eval_negatives, run.task, check)
         sets = {"val": eval_subset(graph.val_idx, config.eval_max_nodes, config.seed),
                 "test": eval_subset(graph.test_idx, config.eval_max_nodes, config.seed + 1)}
         total = sum(len(nodes) for nodes in sets.values())

@@ -17,10 +17,16 @@ vertices, are memory-mapped where they would not fit (``scratch_folder``, as ``p
 negatives are read or drawn ``SCORE_CHUNK`` pairs at a time (drawn ones from one generator's stream, so the
 same numbers as one whole draw), scored, and reduced to ranks and ROC-AUC counts (``PerPositiveScores``)
 before the next chunk. Held whole: the positives and their scores, and shared negatives with their scores.
+
+A typed graph's link task (``typed_link_graph``) predicts the edges of one relation (``link_relation``): its
+pairs are in the stacked ids of the relation's two end types (``LinkEnds``), negatives are destinations of
+its destination type, and evaluation embeds the named vertices from samples of the one key
+``inference_key(seed)`` with the evaluation fanouts, as a typed node task evaluates (``evaluate_typed_links``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,21 +39,24 @@ from neutronorch.config import TrainConfig
 from neutronorch.config_parts import LinkConfig
 from neutronorch.data.graph import Graph
 from neutronorch.data.link_checks import check_graph_links
-from neutronorch.data.edge_split import parse_link_split, split_edges
-from neutronorch.data.links import PER_SOURCE, SHARED, check_link_split, check_negatives_fit
+from neutronorch.data.edge_split import link_relation, parse_link_split, split_edges, split_relation
+from neutronorch.data.links import PER_SOURCE, SHARED, LinkEnds, check_link_split, check_negatives_fit
+from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
-from neutronorch.features.store import FeatureStore
+from neutronorch.features.store import FeatureStore, TypedInputs
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.rows import take_rows
 from neutronorch.orchestration.link_seeds import negative_generator
 from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.train.distributed import World
+from neutronorch.train.evaluate import inference_key
 from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, link_collapse, nonfinite_rows
 from neutronorch.train.layerwise import LayerProgress, last_layer_rows
 from neutronorch.train.link_metrics import PerPositiveScores, SharedScores, parse_link_metric
 from neutronorch.train.prediction_io import scratch_folder
 
-__all__ = ["LinkTask", "evaluate_links", "link_graph", "rms_row_norm", "DEFAULT_LINK_SPLIT"]
+__all__ = ["LinkTask", "evaluate_links", "evaluate_typed_links", "link_graph", "rms_row_norm", "typed_link_graph",
+           "DEFAULT_LINK_SPLIT"]
 
 SCORE_CHUNK = 1 << 16  # pairs scored at a time
 REPORTED_HITS = (10, 50, 100)
@@ -76,11 +85,7 @@ def link_graph(graph: Graph, config: TrainConfig) -> Graph:
     against its graph: ``check_stored_links``), and the run's negatives and metric against it
     (``check_link_settings``)."""
     if graph.links is None:
-        spec = config.split or DEFAULT_LINK_SPLIT
-        if not is_link_split(spec):
-            raise ConfigError(f"`split` {spec!r} splits vertices; a link task splits edges: give `split` "
-                              f"edges:TRAIN,VAL (such as {DEFAULT_LINK_SPLIT}), or none for that default.")
-        graph = split_edges(graph, *parse_link_split(spec), seed=config.seed, direction=config.link_direction)
+        graph = split_edges(graph, *_edge_split(config), seed=config.seed, direction=config.link_direction)
     elif config.split:
         raise ConfigError(f"`split` {config.split!r}: {graph.name} carries its own link split; leave `split` out.")
     elif config.link_direction != "auto":
@@ -92,6 +97,32 @@ def link_graph(graph: Graph, config: TrainConfig) -> Graph:
     check_link_split(graph.links, graph.num_nodes, graph.name, negatives_may_be_positive=True)
     notes = check_graph_links(graph)  # a split given with the graph, or changed since it was checked
     graph = dataclasses.replace(graph, notes=[*graph.notes, *notes]) if notes else graph
+    check_link_settings(graph, config)
+    return graph
+
+
+def _edge_split(config: TrainConfig) -> tuple[float, float]:
+    spec = config.split or DEFAULT_LINK_SPLIT
+    if not is_link_split(spec):
+        raise ConfigError(f"`split` {spec!r} splits vertices; a link task splits edges: give `split` "
+                          f"edges:TRAIN,VAL (such as {DEFAULT_LINK_SPLIT}), or none for that default.")
+    return parse_link_split(spec)
+
+
+def typed_link_graph(graph: TypedGraph, config: TrainConfig) -> TypedGraph:
+    """The typed graph a link task trains on: ``graph`` with its relation ``config.link_relation`` split by
+    ``config.split`` as ``link_graph`` splits a homogeneous graph's edges (``split_relation``), the split in
+    ``links`` (its ``ends`` say whose ids it holds), then every relation's reverse added (``with_reverse``; a
+    stored reverse of the relation is made again from the edges left, so no held-out edge carries a
+    message). The run's negatives and metric are checked against it."""
+    relation = link_relation(graph, config.link_relation)
+    reverse = graph.reverse_of(relation)
+    graph, links = split_relation(graph, LinkEnds.of(graph.num_nodes, relation), *_edge_split(config),
+                                  seed=config.seed, direction=config.link_direction)
+    relations = {r: rel for r, rel in graph.relations.items() if r != reverse}
+    graph = dataclasses.replace(graph, relations=relations).with_reverse()
+    links.ends = LinkEnds.of(graph.num_nodes, relation, graph.reverse_of(relation))
+    graph = dataclasses.replace(graph, links=links)
     check_link_settings(graph, config)
     return graph
 
@@ -110,22 +141,26 @@ def check_node_task(graph: Graph, config: TrainConfig) -> None:
 
 
 def check_link_settings(graph: Graph, config: TrainConfig) -> None:
-    """Refuse the settings a link run cannot honour on ``graph``: evaluation fanouts or a cap on the evaluated
-    vertices (its evaluation is exact, over every named vertex), more negative destinations per
-    positive than the vertices they are drawn from (``negatives``, and ``eval_negatives`` where the data stores
-    none; where it stores some, ``eval_negatives`` given at all), and Hits@K with fewer negatives per positive
-    than K (every positive would be a hit)."""
+    """Refuse the settings a link run cannot honour on ``graph``: evaluation fanouts (a homogeneous graph's
+    evaluation is exact) or a cap on the evaluated vertices (every named vertex is evaluated), more negative
+    destinations per positive than the vertices they are drawn from (``negatives``, and ``eval_negatives``
+    where the data stores none; where it stores some, ``eval_negatives`` given at all), and Hits@K with fewer
+    negatives per positive than K (every positive would be a hit)."""
     links = graph.links
-    ignored = ([f"`eval_fanouts` {','.join(map(str, config.eval_fanouts))}"] if config.eval_fanouts is not None
-               else []) + ([f"`eval_max_nodes` {config.eval_max_nodes}"] if config.eval_max_nodes else [])
+    typed = isinstance(graph, TypedGraph)
+    ignored = ([f"`eval_fanouts` {','.join(map(str, config.eval_fanouts))}"]
+               if config.eval_fanouts is not None and not typed else []) + (
+        [f"`eval_max_nodes` {config.eval_max_nodes}"] if config.eval_max_nodes else [])
     if ignored:
         raise ConfigError(f"{', '.join(ignored)}: a link task evaluates every vertex its validation and test pairs "
-                          f"name, over complete neighbourhoods, so {'it' if len(ignored) == 1 else 'they'} would be "
-                          f"ignored; leave {'it' if len(ignored) == 1 else 'them'} out.")
+                          f"name{'' if typed else ', over complete neighbourhoods'}, so "
+                          f"{'it' if len(ignored) == 1 else 'they'} would be ignored; leave "
+                          f"{'it' if len(ignored) == 1 else 'them'} out.")
     stored = links.negative_kind in (SHARED, PER_SOURCE)
-    check_negatives_fit("negatives", config.negatives, graph.num_nodes)
+    destinations = links.ends.destinations[1] if typed else graph.num_nodes
+    check_negatives_fit("negatives", config.negatives, destinations)
     if not stored:
-        check_negatives_fit("eval_negatives", config.eval_negatives, graph.num_nodes)
+        check_negatives_fit("eval_negatives", config.eval_negatives, destinations)
     elif config.eval_negatives != LinkConfig.eval_negatives:  # stored ones are scored: it would be ignored
         raise ConfigError(f"`eval_negatives` {config.eval_negatives}: {graph.name} stores its own evaluation "
                           f"negatives ({links.negative_kind}), which are scored instead; leave `eval_negatives` out.")
@@ -191,19 +226,49 @@ def evaluate_links(model: LinkModel, graph: Graph, store: FeatureStore, device: 
     """``task``'s metric on the validation and test links, as {"val": ..., "test": ...}, and every reported
     metric under ``val_<name>``/``test_<name>`` (mrr, hits_K, rocauc). ``check`` (``health.py``): scores that
     are not finite are an error, every score (or most pairs) tied is noted as a collapse."""
-    check = check or EvaluationCheck()
-    links = graph.links
-    sets = {name: _EvalSet.of(links, name, mix_key(seed, 0x4556_414C + offset), eval_negatives, graph.num_nodes)
-            for offset, name in enumerate(("val", "test"))}
-    nodes = _named_vertices(sets.values(), graph.num_nodes)
     # The layers below the last over every vertex, and the last of ``nodes``: memory-mapped in a scratch
     # folder where they would not fit.
     scratch = scratch_folder(model.encoder, graph, model.num_layers, "auto", None)
-    out: dict[str, float] = {}
-    with last_layer_rows(model.encoder, graph, store, nodes, device, batch_size, scratch=scratch, progress=progress,
-                         world=world) as embeddings:
+    return _evaluated(model, graph.links, (0, graph.num_nodes), lambda nodes: last_layer_rows(
+        model.encoder, graph, store, nodes, device, batch_size, scratch=scratch, progress=progress, world=world),
+        device, seed, eval_negatives, task, check)
+
+
+@torch.no_grad()
+def evaluate_typed_links(model: LinkModel, graph: TypedGraph, sampler, device: torch.device, batch_size: int,
+                         seed: int, eval_negatives: int, task: LinkTask, check: EvaluationCheck | None = None
+                         ) -> dict[str, float]:
+    """``evaluate_links`` of a typed graph's link task (``typed_link_graph``): the named vertices embedded
+    ``batch_size`` at a time from samples of ``sampler`` (the evaluation fanouts) with the one key
+    ``inference_key(seed)``."""
+    ends, inputs = graph.links.ends, TypedInputs(graph)
+
+    @contextlib.contextmanager
+    def embedded(nodes: torch.Tensor):
         model.eval()
-        if nodes.shape[0] == graph.num_nodes:  # every vertex named (many drawn negatives): ids are positions
+        rows = []
+        for chunk in torch.split(nodes, batch_size):
+            subgraph = sampler.sample(ends.split(chunk), inference_key(seed))
+            features, ids = inputs(subgraph.input_nodes, device)
+            rows.append(model([b.to(device) for b in subgraph.blocks], features, ids).float().cpu())
+        yield torch.cat(rows)
+
+    return _evaluated(model, graph.links, ends.destinations, embedded, device, seed, eval_negatives, task, check)
+
+
+def _evaluated(model: LinkModel, links, destinations: tuple[int, int], embedded, device: torch.device, seed: int,
+               eval_negatives: int, task: LinkTask, check: EvaluationCheck | None) -> dict[str, float]:
+    """The scores of ``evaluate_links``: ``embedded(nodes)`` (a context) gives the rows of the sorted vertex ids
+    ``nodes``; drawn negatives are ids ``destinations`` = (first, count)."""
+    check = check or EvaluationCheck()
+    sets = {name: _EvalSet.of(links, name, mix_key(seed, 0x4556_414C + offset), eval_negatives, destinations)
+            for offset, name in enumerate(("val", "test"))}
+    num_nodes = links.ends.num_nodes if links.ends is not None else sum(destinations)
+    nodes = _named_vertices(sets.values(), num_nodes)
+    out: dict[str, float] = {}
+    with embedded(nodes) as embeddings:
+        model.eval()
+        if nodes.shape[0] == num_nodes:  # every vertex named (many drawn negatives): ids are positions
             row = lambda ids: embeddings[ids].to(device)  # noqa: E731
         else:
             row = lambda ids: embeddings[torch.searchsorted(nodes, ids)].to(device)  # noqa: E731
@@ -218,19 +283,20 @@ def evaluate_links(model: LinkModel, graph: Graph, store: FeatureStore, device: 
 class _EvalSet:
     """A validation or test set: its (2, P) positives and its negatives, read or drawn a chunk at a time
     (``negatives``): the pairs the data stores (``SHARED`` (2, N), ``PER_SOURCE`` (P, K)), else
-    ``per_positive`` destinations per positive drawn from ``key`` (``draw_negatives``)."""
+    ``per_positive`` destinations per positive drawn from ``key`` (``draw_negatives``) among ``destinations``
+    (first id, count)."""
 
     def __init__(self, positives: torch.Tensor, stored, kind: str | None, key: int, per_positive: int,
-                 num_nodes: int):
+                 destinations: tuple[int, int]):
         self.positives, self.stored, self.kind, self.key = positives, stored, kind, key
         self.per_positive = int(stored.shape[1]) if kind == PER_SOURCE else per_positive
-        self.num_nodes = num_nodes
+        self.destinations = destinations
 
     @classmethod
-    def of(cls, links, name: str, key: int, per_positive: int, num_nodes: int) -> "_EvalSet":
+    def of(cls, links, name: str, key: int, per_positive: int, destinations: tuple[int, int]) -> "_EvalSet":
         kind = links.negative_kind if links.negative_kind in (SHARED, PER_SOURCE) else None
         return cls(_ids(getattr(links, name)).reshape(2, -1), getattr(links, f"{name}_neg"), kind, key, per_positive,
-                   num_nodes)
+                   destinations)
 
     @property
     def shared(self) -> bool:
@@ -246,7 +312,9 @@ class _EvalSet:
             for start in range(0, self.stored.shape[0], rows):
                 yield start, _ids(self.stored[start:start + rows])
         else:
-            yield from drawn_negatives(self.key, self.positives.shape[1], self.per_positive, self.num_nodes, rows)
+            first, count = self.destinations
+            for start, chunk in drawn_negatives(self.key, self.positives.shape[1], self.per_positive, count, rows):
+                yield start, chunk + first if first else chunk
 
 
 def drawn_negatives(key: int, count: int, per_positive: int, num_nodes: int,

@@ -76,13 +76,14 @@ def summarise(run, status: str, timeline: dict | None = None) -> dict:
                     else round(run.first_step_at - run.started, 4)},
         "mode_choice": run.mode_choice,  # mode auto: {"chosen", "reason", "measured"}; None where it was given
         "moved": moved_totals(run.history),  # a resumed history's records may predate the host cache's keys
-        **(run.typed.summary(run) if run.typed is not None else _homogeneous(run, last_eval)),
+        **(run.typed.summary(run) if run.typed is not None else _homogeneous(run)),
+        **({"link": _link_summary(run, last_eval)} if config.task == "link" else {}),
         **run.mode.summary(),
         **({"error": run.metrics.lost} if run.metrics.lost else {}),  # a log or the timeline lost
     }
 
 
-def _homogeneous(run, last_eval: dict) -> dict:
+def _homogeneous(run) -> dict:
     graph, mode, moved = run.graph, run.mode, moved_totals(run.history)
     return {
         "dataset": {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
@@ -96,16 +97,17 @@ def _homogeneous(run, last_eval: dict) -> dict:
         # --read-order as resolved: how memory-mapped features and the host samplers' topology were read.
         "read_order": {"features": "file" if mode.store.ordered else "batch",
                        "topology": "file" if topology_in_file_order(mode) else "batch"},
-        **({"link": _link_summary(run, last_eval)} if run.config.task == "link" else {}),
     }
 
 
 def _link_summary(run, last_eval: dict) -> dict:
-    """A link task's split and every metric it reports, at the best and at the last evaluation."""
+    """A link task's split and every metric it reports, at the best and at the last evaluation (a typed graph's:
+    and its relation)."""
     links = run.graph.links
     others = lambda scores: {k: v for k, v in scores.items() if k.startswith(("val_", "test_"))}  # noqa: E731
-    return {"edges": {"train": int(links.train.shape[1]), "val": int(links.val.shape[1]),
-                      "test": int(links.test.shape[1])},
+    relation = {"relation": "/".join(links.ends.relation)} if links.ends is not None else {}
+    return {**relation, "edges": {"train": int(links.train.shape[1]), "val": int(links.val.shape[1]),
+                                  "test": int(links.test.shape[1])},
             "undirected": links.undirected, "direction": links.direction or None, "issues": links.issues,
             "negatives": links.negative_kind, "head": run.config.link_head,
             "best": others(run.best) if last_eval else None, "final": others(last_eval) if last_eval else None}
