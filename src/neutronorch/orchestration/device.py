@@ -33,7 +33,8 @@ from neutronorch.orchestration.mode import LoadingMode
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.neighbor_sampler import batch_key
 
-# Mini-batches sampled per call of the device sampler (one host synchronisation for them all).
+# Mini-batches sampled per call of a device sampler that reads the device once for them all (``reads_grouped``);
+# a sampler that would sample them one after another takes one per call, so none waits behind the others.
 SAMPLE_GROUP = 4
 
 
@@ -57,9 +58,9 @@ class DeviceMode(LoadingMode):
         sampler = self.seeds.sampler(self.loader.new_sampler())
         batches = self.seeds.epoch(epoch)
         with torch.cuda.stream(self.sample_stream) if self.sample_stream is not None else nullcontext():
-            # A few mini-batches per call: the device sampler reads the device once for them all.
-            for first in range(start, len(batches), SAMPLE_GROUP):
-                group = [(index, batches[index]) for index in range(first, min(first + SAMPLE_GROUP, len(batches)))]
+            size = SAMPLE_GROUP if getattr(sampler, "reads_grouped", False) else 1
+            for first in range(start, len(batches), size):
+                group = [(index, batches[index]) for index in range(first, min(first + size, len(batches)))]
                 with self.spans.stage("sample"):
                     seeds = [batch.seeds.to(self.device, non_blocking=True) for _, batch in group]
                     subgraphs = sampler.sample_many(seeds, [batch_key(self.sampling.seed, epoch, index)

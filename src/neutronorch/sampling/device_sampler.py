@@ -74,6 +74,8 @@ class TritonNeighborSampler:
     ``sample_hop`` once per hop. Not thread-safe (it owns a vertex -> code map): one per sampling thread.
     Fanouts below 0 (every neighbour) have no fixed bound per row; such a call runs in the torch sampler."""
 
+    reads_grouped = True  # ``sample_many`` reads the device once for all its mini-batches
+
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts: list[int], degrees: bool = False):
         from neutronorch.sampling import triton_kernels  # Triton is imported only when this sampler is used
         self._k = triton_kernels

@@ -158,6 +158,8 @@ def relabel_into(frontier: np.ndarray, parts: list[np.ndarray], node_map: np.nda
 class TorchNeighborSampler:
     """The same sampling contract in vectorised torch ops, on the device holding ``indptr``/``indices``."""
 
+    reads_grouped = True  # ``sample_many`` reads the device once for all its mini-batches
+
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts: list[int], degrees: bool = False):
         self.indptr = indptr.long()
         self.indices = indices
