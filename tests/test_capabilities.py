@@ -88,11 +88,12 @@ def test_a_prediction_refuses_what_its_kind_of_graph_cannot_honour_and_takes_the
 @pytest.mark.parametrize("mode", MODE_CHOICES)
 def test_neutronorch_settings_are_refused_in_the_modes_that_ignore_them(kind, mode):
     """`--hot-ratio 0.3 --host-threads 1` with mode exact or device would be ignored: refused, naming them; with
-    neutronorch they are used, with auto the run chooses."""
+    neutronorch they are used, with auto the run chooses (on a typed graph auto always runs exact: refused)."""
     config = TrainConfig(mode=mode, hot_ratio="0.3", host_threads=1).validate()
-    if mode in ("exact", "device"):
+    named = {"exact": "exact", "device": "device", "auto": r"auto \(which runs exact on a typed graph\)"}
+    if mode in ("exact", "device") or (mode == "auto" and kind == "typed"):
         with pytest.raises(ConfigError, match=rf"`hot_ratio` 0.3, `host_threads` 1: NeutronOrch mode's, and "
-                                              rf"`mode` {mode} would ignore them; give `mode` neutronorch"):
+                                              rf"`mode` {named[mode]} would ignore them; give `mode` neutronorch"):
             check_run(config, kind)
     else:
         check_run(config, kind)

@@ -136,3 +136,12 @@ def test_a_node_run_refuses_the_relation_setting(mag):
     with pytest.raises(ConfigError, match="`link_relation` cites: a typed graph's relation to predict"):
         train(config(link_relation="cites", fanouts=[2]),
               graph=load_dataset("synthetic:nodes=300,degree=4,features=4,classes=2"))
+
+
+def test_a_typed_link_run_resumed_at_an_epoch_boundary_ends_as_one_run(mag, tmp_path):
+    """A typed link checkpoint (a LinkModel over a TypedGNN) is read back to resume: the resumed run's epochs
+    repeat the uninterrupted run's losses to the bit."""
+    whole = train(config(link_relation="writes", epochs=3), graph=mag)
+    train(config(link_relation="writes", epochs=2, checkpoint_dir=str(tmp_path)), graph=mag)
+    resumed = train(config(link_relation="writes", epochs=3, checkpoint_dir=str(tmp_path), resume=True), graph=mag)
+    assert [e["train_loss"] for e in resumed["epochs"]] == [e["train_loss"] for e in whole["epochs"]]

@@ -142,10 +142,23 @@ def test_a_typed_runs_log_on_a_full_disk_ends_it_with_an_error_after_the_summary
     (dict(model="gcn"), "`model` gcn: not available for typed graphs yet; choose one of sage, rgcn, rgat"),
     (dict(split="ratio:0.5,0.2"), "carries its own split"),
     (dict(negatives=4, link_head="mlp"), "`link_head` mlp, `negatives` 4: a link task's settings, and `task` is node"),
+    (dict(mode="auto", hot_ratio=0.3), "`hot_ratio` 0.3: NeutronOrch mode's, and `mode` auto \\(which runs exact on a "
+                                       "typed graph\\) would ignore it"),
 ])
 def test_what_typed_graphs_cannot_do_yet_is_refused(mag, settings, message):
     with pytest.raises(ConfigError, match=message):
         train(config(**settings), graph=mag)
+
+
+def test_auto_trains_a_typed_graph_in_exact_mode_and_says_so(mag):
+    summary = train(config(epochs=1, mode="auto"), graph=mag)
+    assert summary["mode"] == "exact" and summary["mode_choice"]["chosen"] == "exact"
+
+
+def test_typed_options_are_refused_with_a_homogeneous_graph():
+    from neutronorch import TypedOptions
+    with pytest.raises(ConfigError, match="`options` \\(a TypedOptions\\) are a typed graph's settings"):
+        train(config(epochs=1), graph=collapse(synthetic_typed(nodes=500)), options=TypedOptions(num_bases=2))
 
 
 def test_relational_models_refuse_a_homogeneous_graph():

@@ -57,7 +57,7 @@ UNHONOURED = (
 # `auto` the run chooses its mode, and says which).
 MODE_ONLY = (
     (("neutronorch",), tuple(f.name for f in settings_of(NeutronOrchConfig)),
-     "NeutronOrch mode's, and `mode` {mode} would ignore {it}; give `mode` neutronorch (or auto), or leave {it} out."),
+     "NeutronOrch mode's, and `mode` {mode} would ignore {it}; give `mode` neutronorch (or auto on a homogeneous graph), or leave {it} out."),
 )
 # What a prediction (``predict``, ``embed``) of one kind of graph cannot honour: (kind, argument, the values it
 # honours, why the others are refused).
@@ -106,7 +106,9 @@ def refusal(kind: str, mode: str, task: str, ranks: int | str = 1) -> str | None
 
 def check_run(config, kind: str, ranks: int = 1) -> None:
     """Raise ``ConfigError`` for the first thing the run of ``config`` (validated) on a graph of ``kind`` cannot
-    do: its cell of the table, then a setting its kind of graph cannot honour. Called before any work."""
+    do: its cell of the table, then a setting its kind of graph cannot honour, then a setting only another mode
+    honours (``MODE_ONLY``; ``auto`` where it always resolves to one mode, ``AUTO``, as that mode). Called
+    before any work."""
     reason = refusal(kind, config.mode, config.task, ranks)
     for rule_kind, names, values, why in UNHONOURED:
         if reason is not None:
@@ -115,10 +117,12 @@ def check_run(config, kind: str, ranks: int = 1) -> None:
                  else [f"`{name}` {getattr(config, name)}" for name in names if getattr(config, name) in values])
         if rule_kind in (kind, f"{kind} {config.task}") and given:
             reason = f"{', '.join(given)}: {why.format(it='it' if len(given) == 1 else 'them')}"
+    mode = AUTO[kind] if config.mode == "auto" and kind in AUTO else config.mode
+    named = mode if mode == config.mode else f"auto (which runs {mode} on a {kind} graph)"
     for modes, names, why in MODE_ONLY:
-        given = config.settings_given(names) if config.mode not in (*modes, "auto") else []
+        given = config.settings_given(names) if mode not in (*modes, "auto") else []
         if reason is None and given:
-            reason = f"{', '.join(given)}: {why.format(it='it' if len(given) == 1 else 'them', mode=config.mode)}"
+            reason = f"{', '.join(given)}: {why.format(it='it' if len(given) == 1 else 'them', mode=named)}"
     if reason is not None:
         raise ConfigError(reason + (TYPED_DOCS if kind == "typed" else ""))
 
@@ -156,7 +160,8 @@ def markdown() -> str:
         lines.append(f"| {kind} | {settings} | {why.format(it='them' if len(names) > 1 else 'it')} |")
     for modes, names, why in MODE_ONLY:
         others = " or ".join(m for m in MODES if m not in modes)
-        lines.append(f"| either, in `mode` {others} | {', '.join(f'`{name}`' for name in names)} | "
+        autos = "".join(f", or auto on a {kind} graph" for kind, mode in AUTO.items() if mode not in modes)
+        lines.append(f"| either, in `mode` {others}{autos} | {', '.join(f'`{name}`' for name in names)} | "
                      f"{why.format(it='them', mode=others)} |")
     lines += ["", "The loaders (`NeighborLoader`, on either kind of graph, and `LinkNeighborLoader`, on a homogeneous "
                   "one) offer "

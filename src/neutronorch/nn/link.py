@@ -79,7 +79,7 @@ class LinkModel(Tables, nn.Module):
     rows are embeddings) and a ``head`` scoring pairs of them. ``forward`` is the encoder's (what a mode's step
     calls); ``score`` is the head's."""
 
-    def __init__(self, encoder: GNN, head: str = "dot", dropout: float = 0.0, input_norm: float = 1.0):
+    def __init__(self, encoder: GNN | TypedGNN, head: str = "dot", dropout: float = 0.0, input_norm: float = 1.0):
         super().__init__()
         # A typed encoder keeps its own start: its relations' and roots' sums made Glorot's rows about 6 times
         # larger (2-layer SAGE on a synthetic graph), logits of 100 that a dot head learnt nothing from.
@@ -90,8 +90,10 @@ class LinkModel(Tables, nn.Module):
         self.arguments = {"link_head": head, "head_dropout": dropout, "encoder": dict(encoder.arguments)}
 
     @classmethod
-    def from_arguments(cls, arguments: dict) -> "LinkModel":
-        return cls(GNN(**arguments["encoder"]), arguments["link_head"], arguments.get("head_dropout", 0.0))
+    def from_arguments(cls, arguments: dict, encoder=None) -> "LinkModel":
+        """The model ``arguments`` describe; ``encoder`` builds the encoder from its own (default a ``GNN``)."""
+        build = encoder or (lambda args: GNN(**args))
+        return cls(build(arguments["encoder"]), arguments["link_head"], arguments.get("head_dropout", 0.0))
 
     @property
     def needs_degrees(self) -> bool:

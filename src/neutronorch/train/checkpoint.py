@@ -264,10 +264,12 @@ def _model(state: dict, path: Path, given: torch.nn.Module | None = None) -> tor
     if "custom" in args or given is not None:
         return _user_model(state, path, given)
     try:
-        if typed:
-            model = TypedGNN(**{**args, "spec": TypedSpec.from_dict(args["spec"])}, tables=checkpoint_tables(state))
+        typed_gnn = lambda a: TypedGNN(**{**a, "spec": TypedSpec.from_dict(a["spec"])},  # noqa: E731
+                                       tables=checkpoint_tables(state))
+        if "link_head" in args:  # a link task's: its encoder and head
+            model = LinkModel.from_arguments(args, typed_gnn if typed else None)
         else:
-            model = LinkModel.from_arguments(args) if "link_head" in args else GNN(**args)
+            model = typed_gnn(args) if typed else GNN(**args)
     except Exception as exc:  # noqa: BLE001 - foreign arguments fail in the constructor in many ways
         raise CheckpointError(f"{path}: its model arguments build no {'relational ' * typed}model "
                               f"({type(exc).__name__}: {exc}). The file is damaged or from another program; use "

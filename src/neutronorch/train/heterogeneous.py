@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from neutronorch.capabilities import OWN_MODULE_REFUSED
+from neutronorch.capabilities import AUTO, OWN_MODULE_REFUSED
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset
 from neutronorch.data.typed import relation_label
@@ -120,12 +120,15 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
     sparse = _table_optimizer(embeddings, config.lr, storage) if embeddings else None
     parameters = {"dense": sum(p.numel() for p in dense), "embedding": sum(p.numel() for p in embeddings)}
     parts = TypedParts(sampler, eval_sampler, adam, sparse, storage, parameters)
-    auto = {"chosen": "exact", "reason": "auto picks exact mode for typed graphs", "measured": None}
+    auto = None
+    if config.mode == "auto":  # what auto resolves to on a typed graph (``capabilities.AUTO``)
+        config.mode = AUTO["typed"]
+        auto = {"chosen": config.mode, "reason": f"auto picks {config.mode} mode for typed graphs", "measured": None}
     task = LinkTask.of(graph, model, config.metric) if link else Task.of(graph, config.metric)
     return Built(graph, model, [o for o in (adam, sparse) if o is not None], task, warnings,
                  dense, embeddings, parts, describe=f"{config.model} (typed: {', '.join(graph.node_types)})",
                  note=f", parameters {parameters['dense']:,} dense + {parameters['embedding']:,} in embedding tables",
-                 mode_choice=auto if config.mode == "auto" else None)
+                 mode_choice=auto)
 
 
 def _table_optimizer(tables: list[torch.nn.Parameter], lr: float, storage: TypedTables | None = None):

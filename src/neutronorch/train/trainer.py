@@ -73,6 +73,9 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     # Resolved values (batch size) go into a copy, which names a graph given as what was trained.
     config = dataclasses.replace(config, dataset=given_dataset(graph, config.dataset)).validate()
     check_threading_layer(resolve_device(config.device))  # and the environment: before any data is read
+    if options is not None and isinstance(graph, Graph):
+        raise ConfigError("`options` (a TypedOptions) are a typed graph's settings, and this graph is homogeneous; "
+                          "leave `options` out, or give a TypedGraph.")
     typed = options is not None or is_typed_run(config, graph)
     if typed and model is not None:
         check_own_model_config(config)  # before the graph is read
