@@ -267,12 +267,12 @@ def _check_native_out(field: str, out: str, sources: list[Path], overwrite: bool
     """Before anything is read: the dataset folder ``out`` (``typed``: for a typed graph) can be written
     and holds none of the inputs. A dataset rewritten in place (``--overwrite``, to halve its features)
     reads its old files until the new ones replace them whole, so that one input may be ``out`` itself."""
-    from neutronorch.data.native import check_target
+    from neutronorch.data.native import check_dataset_folder
     from neutronorch.train.output_guard import check_creatable, check_distinct, check_name_lengths
 
     check_name_lengths(field, out, temporary=True)  # the folder is written under a temporary name beside it
     target = Path(out).expanduser().resolve()
-    check_target(target, overwrite, typed)
+    check_dataset_folder(target, overwrite, typed)
     is_dataset = is_typed_dir if typed else is_native_dir
     if not any(source.expanduser().resolve() == target and is_dataset(target) for source in sources):
         check_distinct({"SOURCE": sources}, {field: [target]}, replaces={field: target})

@@ -218,7 +218,7 @@ def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = Fa
     if graph.links is not None:  # it would be written without them, and read back as a graph with no task
         raise DataError(f"{graph.name}: the native format does not store a link split yet; train from the "
                         f"dataset it was read from (an OGB link-prediction folder loads directly).")
-    check_target(target, overwrite)
+    check_dataset_folder(target, overwrite)
     arrays = {name: getattr(graph, name) for name in ARRAYS}
     arrays["labels"] = _stored_labels(graph.labels)
     arrays.update({split: np.asarray(arrays[split], dtype=np.int64) for split in SPLITS})
@@ -240,7 +240,7 @@ def write_typed(graph: TypedGraph, folder: str | os.PathLike, overwrite: bool = 
     refusal comes before anything is written."""
     target = Path(folder)
     graph.validate()
-    check_target(target, overwrite, typed=True)
+    check_dataset_folder(target, overwrite, typed=True)
     _check_names(graph, target)
     arrays, node_types, relations = {}, [], []
     for node_type, count in graph.num_nodes.items():
@@ -308,7 +308,7 @@ def _check_names(graph: TypedGraph, target: Path) -> None:
                               f"{limit} bytes. Give the vertex types and relations shorter names.")
 
 
-def check_target(target: Path, overwrite: bool, typed: bool = False) -> None:
+def check_dataset_folder(target: Path, overwrite: bool, typed: bool = False) -> None:
     """A dataset (``typed``: a typed graph) may be written to ``target``: a new or empty folder, or with
     ``overwrite`` one of that kind holding nothing but its own entries (replacing the folder replaces all)."""
     kind = "typed" if typed else "native"

@@ -47,15 +47,15 @@ def load_ogb_typed(directory: str | os.PathLike, progress: Progress | None = Non
     counts_path = csv_file(raw, "num-node-dict")
     num_nodes = _node_counts(counts_path)
     keys, target = _relation_types(raw, num_nodes, counts_path), _target(raw, num_nodes)
-    split_files = _split_files(directory, target)  # what is missing is said before the large files are read
-    files = {node_array(target, split): str(path) for split, path in split_files.items()}
+    split_paths = _split_files(directory, target)  # what is missing is said before the large files are read
+    files = {node_array(target, split): str(path) for split, path in split_paths.items()}
     relations = {key: _relation(raw, key, num_nodes, counts_path, files, progress) for key in keys}
     features = _features(raw, num_nodes, counts_path, files, progress)
     labels_path = csv_file(raw / "node-label" / target, "node-label")
     files[node_array(target, "labels")] = str(labels_path)
     labels = read_labels(labels_path, num_nodes[target], f"{counts_path} says {num_nodes[target]} vertices of type "
                                                          f"{target}, a label each", progress)
-    splits = {split: split_ids(path, num_nodes[target]) for split, path in split_files.items()}
+    splits = {split: split_ids(path, num_nodes[target]) for split, path in split_paths.items()}
     num_classes = labels.shape[1] if labels.ndim == 2 else (int(labels.max()) + 1 if labels.size else 0)
     unread = _unread(raw, relations)
     notes = [f"OGB {name}: relations one way as OGB gives them (training adds the reverses)"

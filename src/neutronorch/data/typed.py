@@ -59,7 +59,7 @@ class TypedGraph(GraphCommon):
     def of(cls, graph: Graph) -> "TypedGraph":
         """``graph`` as the typed graph of one vertex type (``VERTEX``) and one relation (``EDGE``), sharing
         its arrays (topology, features, labels, splits: none is copied, a memory map stays mapped). A link
-        split is not carried: a typed graph has none."""
+        split is not carried (``links`` stays None)."""
         return cls(graph.name, {VERTEX: graph.num_nodes}, {EDGE: Relation(graph.indptr, graph.indices)},
                    {VERTEX: graph.features}, VERTEX, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx,
                    graph.num_classes, list(graph.notes), graph.metric)

@@ -127,9 +127,9 @@ class ColdSampler:
             subgraph = SampledSubgraph(upper.seeds.cpu(), [cold, *upper.blocks],
                                        [{t: v.cpu() for t, v in cold.src_ids.items()}, *upper.frontiers])
         index = {t: splice_index(int(upper.frontiers[0][t].shape[0]), item.cold_pos[t], item.hot_pos[t],
-                                 item.hot_rows[t]).to(self.loader.device)
+                                 item.hot_rows[t])
                  for t in plan.hot if item.hot_pos[t].shape[0]}
-        splice = Splice(plan.super_batch_id, index, last, plan.stats, plan.probe)
+        splice = Splice(plan.super_batch_id, index, last, plan.stats, plan.probe)  # moved with the batch
         return self.loader.load(plan.epoch, item.index, subgraph, make=spliced(splice))
 
 

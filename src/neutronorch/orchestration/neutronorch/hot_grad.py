@@ -72,10 +72,11 @@ class HotGradient:
             return
         params = list(bottom.parameters())
         accumulated = hot.grad_acc if typed else {None: hot.grad_acc}
-        grad_y = {t: accumulated[t].cpu() for t in outputs}
-        if hot.exchange is not None:
+        if hot.exchange is not None:  # shared rows summed over the node
             grad_y = self.node.gradient_by_type(accumulated, hot.exchange, {t: len(y) for t, y in outputs.items()},
                                                 bottom.out_dim)
+        else:
+            grad_y = {t: accumulated[t].cpu() for t in outputs}
         live = [t for t in outputs if grad_y[t].shape[0]]
         grads = torch.autograd.grad([outputs[t] for t in live], [*hot.params, *hot.rows.values()],
                                     [grad_y[t].to(outputs[t].dtype) for t in live], allow_unused=True

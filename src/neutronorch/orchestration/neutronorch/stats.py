@@ -17,17 +17,16 @@ class HotStats:
     def account(self, plan: PlanStats, host_edges: int = 0, computed: int | None = None) -> None:
         """Once per super-batch, when the trainer reaches it (``computed``: hot rows this rank computed, if
         not all)."""
-        hot = plan.hot
         self.super_batches += 1
-        self.hot += hot
-        self.computed += hot if computed is None else computed
+        self.hot += plan.hot
+        self.computed += plan.hot if computed is None else computed
         self.reached += plan.reached
         self.appearances += plan.appearances
         self.hot_appearances += plan.hot_appearances
         self.saved_edges += plan.saved_edges
         self.host_edges += host_edges
         self.error_capped += int(plan.error_capped)
-        self._epoch_shares.setdefault(plan.epoch, []).append(hot / max(1, plan.reached))
+        self._epoch_shares.setdefault(plan.epoch, []).append(plan.hot / max(1, plan.reached))
 
     def epoch_ratio(self, epoch: int) -> float | None:
         """The mean hot ratio of the epoch's super-batches (None if it had none)."""
