@@ -2,8 +2,8 @@
 
 Every loader and the synthetic generator go through ``edges_to_csc``, so all graphs share one convention:
 column ``v`` of the CSC lists the in-neighbours of ``v`` in ascending order, without self loops and without
-duplicates, and an undirected input becomes two directed entries per edge. ``is_symmetric`` and
-``drop_edges`` read a CSC as stored (possibly memory-mapped) without copying it. ``transpose_edges`` turns
+duplicates, and an undirected input becomes two directed entries per edge. ``edge_hygiene`` counts what it
+would clean in a CSC as stored; ``drop_edges`` reads one without copying it. ``transpose_edges`` turns
 any compressed form around (a sampled block's, or a matrix's nonzeros row by row): the layers' backward
 passes gather through it.
 """
@@ -117,58 +117,6 @@ def _count_hygiene(indptr, indices):
             if at >= hi or ordered[at] != v:
                 one_way += 1
     return loops, repeats, one_way
-
-
-def is_symmetric(indptr: np.ndarray, indices: np.ndarray) -> bool:
-    """Whether every edge ``u -> v`` has its reverse ``v -> u`` (an undirected graph stored both ways).
-
-    Where each vertex's in-neighbours are sorted (as ``edges_to_csc`` leaves them) this is one pass with a
-    binary search per edge that stops at the first edge without a reverse, and allocates nothing; a CSC
-    with unsorted columns is counted by ``edge_hygiene`` instead (a sorted copy of ``indices``)."""
-    indptr, indices = np.asarray(indptr), np.asarray(indices)
-    answer = _reverse_check(indptr, indices)
-    if answer >= 0:
-        return bool(answer)
-    return edge_hygiene(indptr, indices)["edges_without_reverse"] == 0
-
-
-# Vertices whose edges are checked before the check may stop at an edge without a reverse.
-_SYMMETRY_BLOCK = 1 << 16
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _reverse_check(indptr, indices):
-    """1 if every edge has its reverse, 0 if one lacks it, -1 if a column is unsorted (no answer).
-
-    In a graph without repeated edges whose every edge u -> v with u < v has its reverse, those reverses are
-    distinct edges with u > v; if there are no more such edges than that, every edge has its reverse. So only
-    the u < v half is searched, and the other half only where the counts differ or edges repeat."""
-    num_nodes = indptr.shape[0] - 1
-    unsorted = repeated = balance = 0  # balance: edges with u < v less those with u > v
-    for v in prange(num_nodes):
-        for k in range(indptr[v], indptr[v + 1]):
-            if k > indptr[v]:
-                unsorted += indices[k] < indices[k - 1]
-                repeated += indices[k] == indices[k - 1]
-            balance += (indices[k] < v) - (indices[k] > v)
-    if unsorted:
-        return -1
-    for lower in (True, False):
-        if not lower and balance == 0 and repeated == 0:
-            return 1
-        for start in range(0, num_nodes, _SYMMETRY_BLOCK):
-            missing = 0
-            for v in prange(start, min(num_nodes, start + _SYMMETRY_BLOCK)):
-                for k in range(indptr[v], indptr[v + 1]):
-                    u = indices[k]  # the edge u -> v; its reverse v -> u sits in u's column
-                    if (u < v) == lower and u != v:
-                        lo, hi = indptr[u], indptr[u + 1]
-                        at = lo + np.searchsorted(indices[lo:hi], v)
-                        if at >= hi or indices[at] != v:
-                            missing += 1
-            if missing:  # checked a block at a time, so that a directed graph is told at once
-                return 0
-    return 1
 
 
 def drop_edges(indptr: np.ndarray, indices: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
