@@ -23,6 +23,7 @@ from neutronorch.data.ogb import (Progress, _count, _present, csv_file, dataset_
                                   split_files, split_folder, split_ids)
 from neutronorch.data.relation import Relation, RelationType, node_array, relation_array, relation_label
 from neutronorch.data.typed import TypedGraph
+from neutronorch.data.typed_arrays import relation_from_edge_index
 from neutronorch.errors import DataError
 
 _SMALL = 1 << 20  # bytes a list file (counts, relation names) may hold: more is not one of OGB's
@@ -154,15 +155,8 @@ def _relation(raw: Path, key: RelationType, num_nodes: dict[str, int], counts_pa
         num_edges = _lines(_present(path))
         expect = f"the file has {num_edges} lines, one edge each"
     edges = read_pairs(path, num_edges, expect, progress, f" of relation {relation_label(key)}")
-    for column, end, node_type in ((0, "source", key[0]), (1, "destination", key[2])):
-        count = num_nodes[node_type]
-        if num_edges and (int(edges[:, column].min()) < 0 or int(edges[:, column].max()) >= count):
-            low, high = int(edges[:, column].min()), int(edges[:, column].max())
-            raise DataError(f"{path}: relation {relation_label(key)} holds {end} id {low if low < 0 else high}, "
-                            f"outside 0..{count - 1}: {counts_path} says {count} vertices of type {node_type}. "
-                            f"The files come from different versions of the dataset; fetch it again.")
-    return Relation.from_edges(edges[:, 0], edges[:, 1], num_nodes[key[0]], num_nodes[key[2]], source=str(path))
-
+    counted = {t: f"{counts_path} says {count} vertices of type {t}" for t, count in num_nodes.items()}
+    return relation_from_edge_index(edges, key, num_nodes, path, counted, pairs_per_row=True)
 
 def _lines(path: Path) -> int:
     """The lines of a (gzip-compressed) text file that hold something: an edge count, where no
