@@ -180,6 +180,15 @@ def test_native_round_trip_is_memory_mapped(tmp_path):
     assert not isinstance(read_typed(folder, mmap=False).features["user"], np.memmap)
 
 
+
+def test_a_graph_without_labels_is_written_and_read_back_without_them(tmp_path):
+    empty = np.empty(0, np.int64)
+    graph = replace(small(), labels=None, train_idx=empty, val_idx=empty, test_idx=empty, num_classes=0)
+    folder = write_typed(graph, tmp_path / "shop")
+    assert not (folder / "nodes/user/labels.npy").exists()
+    back = read_typed(folder)
+    assert back.labels is None and back.num_classes == 0 and back.describe() == graph.describe()
+
 def test_writing_refuses_before_it_writes(tmp_path):
     graph = small()
     folder = write_typed(graph, tmp_path / "shop")

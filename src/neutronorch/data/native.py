@@ -1,27 +1,8 @@
 """The native on-disk format: one folder of ``.npy`` arrays plus ``meta.json``, for a homogeneous graph and a
-typed one alike. Arrays are opened as memory maps (a graph larger than RAM opens; nothing here loads a whole
-array eagerly), and a folder is written whole or not at all, ``meta.json`` last (``files.write_folder``).
-
-The typed layout (``"format": "neutronorch-typed"``, ``format_version`` 1)::
-
-    meta.json        format, format_version, name, node_types, relations, target, num_classes[, notes, metric]
-                     node_types: [{name, count, feature_dim[, feature_dtype]}], in the graph's type order
-                     relations: [{src, name, dst, num_edges, edge_feature_dim[, edge_feature_dtype]}]
-    nodes/<type>/features.npy         float32/float16, count x feature_dim (bfloat16: its uint16 bits, with
-                                      feature_dtype "bfloat16"); none for a type without features
-    nodes/<target>/labels.npy         int64 per vertex (-1: none), or int8 rows of 0/1/-1 (multi-label)
-    nodes/<target>/train_idx.npy, val_idx.npy, test_idx.npy     int64 local ids of the target type
-    relations/<src>___<name>___<dst>/indptr.npy          int64, count(dst)+1: the CSC over the destination
-    relations/<src>___<name>___<dst>/indices.npy         int32/int64 local ids of the source type
-    relations/<src>___<name>___<dst>/edge_features.npy   edges x edge_feature_dim (only when there are any)
-
-A homogeneous graph is its one-type case (``TypedGraph.of``), stored flat, and read by the same reader as the
-typed ``meta.json`` it stands for (``_as_typed``)::
-
-    meta.json      name, num_nodes, num_edges, feature_dim, num_classes, format_version[, notes, metric,
-                   feature_dtype]
-    indptr.npy, indices.npy (int32/int64), features.npy, labels.npy, train_idx.npy, val_idx.npy, test_idx.npy
-"""
+typed one alike (docs/heterogeneous.md, "On disk", gives the typed layout; a homogeneous graph is its
+one-type case, ``TypedGraph.of``, stored flat and read by the same reader, ``_as_typed``). Arrays are opened
+as memory maps, never loaded whole eagerly; a folder is written whole or not at all, ``meta.json`` last
+(``files.write_folder``)."""
 
 from __future__ import annotations
 
@@ -102,9 +83,8 @@ def _as_typed(meta: dict) -> dict:
 
 def _read(directory: Path, meta: dict, mmap: bool, files: dict[str, str], flat: bool = False) -> TypedGraph:
     """The graph of a checked typed ``meta`` (``flat``: one ``_as_typed`` made, its arrays under flat names),
-    its arrays opened, each of the shape meta.json gives it; ``files`` gets the file of each array key."""
+    each array of the shape meta.json gives it; ``files`` gets the file of each array key."""
     def open_array(key: str, shape: tuple | None = None, dtype_name: str | None = None) -> np.ndarray:
-        """The array ``key``, of ``shape`` where meta.json gives one (else a truncated or foreign file)."""
         path = directory / f"{_FLAT[key] if flat else key}.npy"
         files[key] = str(path)
         array = open_npy(path, f"the graph's {_FLAT[key]}" if flat else "an array meta.json lists",
@@ -131,8 +111,10 @@ def _read(directory: Path, meta: dict, mmap: bool, files: dict[str, str], flat: 
     features = {entry["name"]: open_array(node_array(entry["name"], "features"),
                                           (entry["count"], entry["feature_dim"]), entry.get("feature_dtype"))
                 for entry in meta["node_types"] if entry["feature_dim"] or flat}
-    target, labels, classes = meta["target"], open_array(node_array(meta["target"], "labels")), meta["num_classes"]
-    if labels.ndim == 1 and classes > max(2, labels.shape[0]):
+    target, classes = meta["target"], meta["num_classes"]
+    unlabelled = not flat and not classes and not (directory / f"{node_array(target, 'labels')}.npy").exists()
+    labels = None if unlabelled else open_array(node_array(target, "labels"))
+    if labels is not None and labels.ndim == 1 and classes > max(2, labels.shape[0]):
         # A class per vertex at most: anything beyond is a damaged count, and the model's output layer
         # (num_classes wide) would be allocated from it.
         top = int(np.max(labels)) if labels.size else -1
@@ -146,10 +128,9 @@ def _read(directory: Path, meta: dict, mmap: bool, files: dict[str, str], flat: 
 
 def read_meta(meta_path: Path, keys: tuple[str, ...] = META_KEYS, optional: tuple[str, ...] = OPTIONAL_KEYS,
               counts: tuple[str, ...] = META_KEYS[1:], written_by: str = "`neutronorch convert` or `generate`") -> dict:
-    """``meta.json`` (which a folder being written gets last) as a dict holding every one of ``keys``, no key
-    outside ``keys`` and ``optional`` (a misspelt optional key would otherwise be ignored), each key once; its
-    ``counts`` whole numbers >= 0, its name a name, its notes strings, its metric one of ``METRICS`` and its
-    ``format_version`` the one read."""
+    """``meta.json`` as a dict holding every one of ``keys``, each once, no key outside ``keys`` and ``optional``
+    (a misspelt optional key would otherwise be ignored); its ``counts`` whole numbers >= 0, its name a name,
+    its notes strings, its metric one of ``METRICS`` and its ``format_version`` the one read."""
     if not meta_path.is_file():
         raise DataError(f"{meta_path}: file is missing. Is {meta_path.parent} a dataset written by {written_by}? "
                         f"(A folder being written has none until it is complete.)")
@@ -210,10 +191,8 @@ def check_meta_value(value, kind: type, what: str, meta_path: Path) -> None:
 
 
 def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Write ``graph`` to ``directory`` (the flat layout); features keep their dtype.
-
-    ``directory`` must not exist or be empty, unless ``overwrite`` (then it must hold a native dataset, which
-    is replaced; a graph memory-mapped from ``directory`` itself may be written back over it)."""
+    """Write ``graph`` to ``directory`` (the flat layout); features keep their dtype. ``overwrite``: as
+    ``write_typed``'s, for a native dataset."""
     target = Path(directory)
     if graph.links is not None:  # it would be written without them, and read back as a graph with no task
         raise DataError(f"{graph.name}: the native format does not store a link split yet; train from the "
@@ -233,11 +212,10 @@ def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = Fa
 
 
 def write_typed(graph: TypedGraph, folder: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Write ``graph`` (validated first) to ``folder``; arrays keep their dtypes.
-
-    ``folder`` must not exist or be empty, unless ``overwrite`` (then it must hold a typed graph and nothing
-    else, which is replaced; a graph memory-mapped from ``folder`` itself may be written back over it). Every
-    refusal comes before anything is written."""
+    """Write ``graph`` (validated first) to ``folder``; arrays keep their dtypes. ``folder`` must not exist or be
+    empty, unless ``overwrite`` (then it must hold a typed graph and nothing else, which is replaced; a graph
+    memory-mapped from ``folder`` itself may be written back over it). Every refusal comes before anything is
+    written. A graph without labels (``labels`` None) is written without ``labels.npy``."""
     target = Path(folder)
     graph.validate()
     check_dataset_folder(target, overwrite, typed=True)
@@ -248,7 +226,8 @@ def write_typed(graph: TypedGraph, folder: str | os.PathLike, overwrite: bool = 
         if (features := graph.features.get(node_type)) is not None:
             node_types[-1]["feature_dtype"] = features.dtype.name
             arrays[node_array(node_type, "features")] = features
-    arrays[node_array(graph.target, "labels")] = _stored_labels(graph.labels)
+    if graph.labels is not None:
+        arrays[node_array(graph.target, "labels")] = _stored_labels(graph.labels)
     for split in SPLITS:
         arrays[node_array(graph.target, split)] = np.asarray(getattr(graph, split), dtype=np.int64)
     for key, relation in graph.relations.items():
@@ -260,7 +239,8 @@ def write_typed(graph: TypedGraph, folder: str | os.PathLike, overwrite: bool = 
             relations[-1]["edge_feature_dtype"] = relation.edge_features.dtype.name
             arrays[relation_array(key, "edge_features")] = relation.edge_features
     meta = {"format": TYPED_FORMAT, "format_version": FORMAT_VERSION, "name": graph.name, "node_types": node_types,
-            "relations": relations, "target": graph.target, "num_classes": int(graph.num_classes),
+            "relations": relations, "target": graph.target,
+            "num_classes": 0 if graph.labels is None else int(graph.num_classes),
             "notes": list(graph.notes)}
     if graph.metric:
         meta["metric"] = graph.metric
@@ -295,8 +275,7 @@ def save_array(path: Path, arr: np.ndarray) -> None:
 
 
 def _check_names(graph: TypedGraph, target: Path) -> None:
-    """The folders named after vertex types and relations (``nodes/<type>``, ``relations/<src>___<name>___<dst>``)
-    fit the file system's limit on a name, which counts bytes: refused before anything is written."""
+    """The folders named after types and relations fit the file system's limit on a name (in bytes)."""
     ancestor = next(p for p in [target.absolute(), *target.absolute().parents] if p.exists())
     limit = name_max(ancestor)
     for key in [node_array(t, "features") for t in graph.num_nodes] + [relation_array(r, "indptr")
@@ -310,7 +289,7 @@ def _check_names(graph: TypedGraph, target: Path) -> None:
 
 def check_dataset_folder(target: Path, overwrite: bool, typed: bool = False) -> None:
     """A dataset (``typed``: a typed graph) may be written to ``target``: a new or empty folder, or with
-    ``overwrite`` one of that kind holding nothing but its own entries (replacing the folder replaces all)."""
+    ``overwrite`` one of that kind holding nothing but its own entries."""
     kind = "typed" if typed else "native"
     own = {"meta.json", "nodes", "relations"} if typed else {"meta.json", *(f"{name}.npy" for name in ARRAYS)}
     if target.exists() and not target.is_dir():
@@ -362,9 +341,8 @@ def _check_meta(meta: dict, meta_path: Path) -> None:
 
 
 def _check_unlisted(directory: Path, meta: dict) -> None:
-    """Every folder and array under ``nodes/`` and ``relations/`` is one meta.json accounts for (hidden
-    entries aside): a relation or vertex type left out of meta.json is refused, as the ogbn-mag reader
-    refuses a relation folder its list leaves out, never read as if it were not there."""
+    """Every folder and array under ``nodes/`` and ``relations/`` is one meta.json accounts for (hidden entries
+    aside), as the ogbn-mag reader refuses a relation folder its list leaves out."""
     types = {entry["name"]: entry for entry in meta["node_types"]}
     keys = {(e["src"], e["name"], e["dst"]): e for e in meta["relations"]}
     expected = {node_array(t, "features") for t, entry in types.items() if entry["feature_dim"]}
