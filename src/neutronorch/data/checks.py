@@ -1,12 +1,6 @@
-"""The checks ``validate`` runs on a graph coming from outside: ``Graph.validate`` and ``TypedGraph.validate``
-share the checks of a CSC, of rows of features and of labels and splits; a typed graph's names and kinds are
-checked here too.
-
-Every message names the file (else the graph), the vertex type or relation it is about, the problem and the
-fix. Arrays may be memory maps larger than RAM, so topology, features and labels are read in chunks and never
-copied whole. A typed check's ``graph`` is the ``TypedGraph`` being checked; ``typed.py`` and ``graph.py``,
-which run them, import this module, so it reads relations and their names from ``relation.py``.
-"""
+"""The checks ``validate`` runs on a graph from outside, shared by ``Graph.validate`` and
+``TypedGraph.validate``. Every message names the file (else the graph), the type or relation, the problem
+and the fix. Arrays may be memory maps larger than RAM: they are read in chunks, never copied whole."""
 
 from __future__ import annotations
 

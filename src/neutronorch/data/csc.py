@@ -1,12 +1,7 @@
-"""Building the CSC topology of a ``Graph`` from an edge list, and reading, thinning or transposing one.
-
-Every loader and the synthetic generator go through ``edges_to_csc``, so all graphs share one convention:
-column ``v`` of the CSC lists the in-neighbours of ``v`` in ascending order, without self loops and without
-duplicates, and an undirected input becomes two directed entries per edge. ``edge_hygiene`` counts what it
-would clean in a CSC as stored; ``drop_edges`` reads one without copying it. ``transpose_edges`` turns
-any compressed form around (a sampled block's, or a matrix's nonzeros row by row): the layers' backward
-passes gather through it.
-"""
+"""CSC topology: built from an edge list by ``edges_to_csc``, which every loader and generator uses (column
+``v`` lists ``v``'s in-neighbours ascending, no self loops or duplicates, an undirected edge stored both
+ways), and read, thinned or transposed as stored (``drop_edges`` never copies it; ``transpose_edges`` is what
+the layers' backward passes gather through)."""
 
 from __future__ import annotations
 
@@ -23,15 +18,10 @@ _DEGREE_CHUNK = 1 << 24  # indices counted at a time by out_degrees (128 MiB as 
 
 def edges_to_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, symmetric: bool = True,
                  source: str = "edge list") -> tuple[np.ndarray, np.ndarray]:
-    """Return ``(indptr, indices)`` of the graph with edges ``src[i] -> dst[i]``.
-
-    With ``symmetric`` every edge is also added in the reverse direction. Self loops and repeated edges are
-    dropped. ``indptr`` is int64; ``indices`` is int32 when ``num_nodes`` fits, else int64. Ids outside
-    ``0..num_nodes-1`` raise ``DataError`` naming ``source`` (the file the edges came from).
-
-    Cost: one sort of the (up to twice as many) int64 edge keys; 20 million input edges take about 3 s on
-    two cores and peak at about 1 GB of temporaries.
-    """
+    """``(indptr, indices)`` of the graph with edges ``src[i] -> dst[i]`` (``symmetric``: both ways), self
+    loops and repeated edges dropped; ``indptr`` int64, ``indices`` int32 when ``num_nodes`` fits. Ids outside
+    ``0..num_nodes-1`` raise ``DataError`` naming ``source``. Cost: one sort of the int64 edge keys (20
+    million edges: about 3 s on two cores, 1 GB of temporaries)."""
     src = as_int64(src, source, "edge sources").ravel()
     dst = as_int64(dst, source, "edge destinations").ravel()
     if src.shape != dst.shape:

@@ -1,14 +1,7 @@
-"""Opening a dataset's files, turning the operating system's refusals to read one into ``DataError``s that
-say what to do, and writing a dataset folder whole or not at all (``write_folder``).
-
-``open_npy`` is the one way a ``.npy`` array is opened (memory-mapped, never unpickled), by every loader
-and the native reader; ``present`` names a missing file with its role and fix.
-
-A loader that catches ``OSError`` to report a truncated or damaged file must not tell a user whose file is
-merely unreadable to fetch it again: ``read_error`` words a permission problem as one. ``reads_files``
-wraps each public loader so that a ``PermissionError`` raised anywhere below it (``open``, ``np.load``, a
-memory map, listing a folder) ends as such a ``DataError`` too, naming the path the system refused.
-"""
+"""Opening a dataset's files, and writing a dataset folder whole or not at all (``write_folder``).
+``open_npy`` is the one way a ``.npy`` array is opened (memory-mapped, never unpickled). ``read_error`` words
+a permission problem as one, never as a damaged file to fetch again; ``reads_files`` makes a
+``PermissionError`` escaping a public loader such a ``DataError``."""
 
 from __future__ import annotations
 
@@ -86,9 +79,9 @@ def open_npy(path: Path, what: str, fix: str = REFETCH, mmap: bool = True) -> np
 
 
 def write_folder(target: Path, fill: Callable[[Path], None]) -> Path:
-    """Call ``fill`` on a new folder beside ``target`` and move that folder into place, replacing
-    ``target`` (which the caller has checked may be replaced). A failed write leaves what was there before,
-    and arrays memory-mapped from ``target`` itself stay readable while the new ones are written."""
+    """Call ``fill`` on a new folder beside ``target`` and move it into place, replacing ``target`` (which the
+    caller has checked may be replaced). A failed write leaves what was there, and arrays memory-mapped from
+    ``target`` stay readable meanwhile."""
     existed, made = target.exists(), []
     try:
         made = make_folder(target.parent)  # removed again if the write fails
@@ -126,8 +119,8 @@ def write_folder(target: Path, fill: Callable[[Path], None]) -> Path:
 
 
 def _new_folder(parent: Path, prefix: str) -> Path:
-    """A new empty folder named ``prefix`` + random letters, with the permissions a plain ``mkdir`` gives
-    (``tempfile.mkdtemp`` would make it private, 0700, and the dataset with it)."""
+    """A new empty folder named ``prefix`` + random letters, with a plain ``mkdir``'s permissions
+    (``mkdtemp``'s would be private, 0700)."""
     while True:
         path = parent / f"{prefix}{uuid.uuid4().hex[:12]}"
         try:

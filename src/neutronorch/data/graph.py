@@ -1,13 +1,8 @@
-"""The in-memory graph every other module reads.
-
-A ``Graph`` is topology in CSC form (for each vertex, the ids of its in-neighbours: the vertices whose
-messages it aggregates), node features, labels and a train/val/test split. Arrays may be numpy memory maps,
-so nothing here may copy a whole array without need. ``validate`` is the one place that checks a graph
-coming from outside; the rest of the package trusts a validated graph.
-
-A link-prediction graph carries its supervision edges in ``links`` (``data/links.py``); it may have no node
-task at all: then ``num_classes`` is 0, every label is -1 and the node splits are empty.
-"""
+"""The in-memory graph every other module reads: topology in CSC form (for each vertex, its in-neighbours),
+node features, labels and a split. Arrays may be memory maps, so nothing here may copy a whole array without
+need. ``validate`` is the one check of a graph from outside; the rest of the package trusts a validated one.
+A link-prediction graph carries its split in ``links`` and may have no node task (``num_classes`` 0, labels
+-1, empty node splits)."""
 
 from __future__ import annotations
 
@@ -25,11 +20,9 @@ ARRAYS = ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "te
 
 
 class GraphCommon:
-    """What ``Graph`` and ``TypedGraph`` share: which of the (target's) vertices have a label, and
-    ``check_given``, for a graph given in Python (to ``train``, a loader, ``predict`` or ``embed``): it is
-    validated as a loaded one is, unless this object passed ``validate`` holding the parts it holds now (a
-    loader's graph, checked as it was read): one built or changed by hand is never trusted, and a loaded one
-    is not read twice."""
+    """What ``Graph`` and ``TypedGraph`` share. ``check_given`` validates a graph given in Python unless this
+    object passed ``validate`` holding the parts it holds now: one built or changed by hand is never trusted,
+    a loaded one is not read twice."""
 
     def is_labelled(self, ids: np.ndarray) -> np.ndarray:
         """Whether each of ``ids`` has a label (multi-label: at least one known entry)."""
@@ -89,13 +82,9 @@ class GraphCommon:
 
 @dataclass
 class Graph(GraphCommon):
-    """A node-classification graph in CSC form.
-
-    ``indptr[v]:indptr[v+1]`` indexes ``indices``, which holds the in-neighbours of ``v``. ``labels`` is a
-    class id per vertex (-1: no label), or for a multi-label task a 0/1 row of ``num_classes`` tasks per
-    vertex (-1: unknown). ``metric`` is the metric the dataset's literature reports, when its loader knows it.
-    ``links`` is the link split of a link-prediction graph (None for node classification).
-    """
+    """A node-classification graph in CSC form: ``indices[indptr[v]:indptr[v+1]]`` are ``v``'s in-neighbours.
+    ``labels``: a class id per vertex (-1: none), or a 0/1 row of ``num_classes`` tasks (-1: unknown).
+    ``metric``: the one the dataset's literature reports; ``links``: a link graph's split."""
 
     name: str
     indptr: np.ndarray

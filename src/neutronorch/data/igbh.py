@@ -1,13 +1,7 @@
-"""IGBH (the Illinois Graph Benchmark's heterogeneous graphs, tiny to full; full is MLPerf Training's GNN
-benchmark) as a typed graph, from the arrays IGB ships; neither ``igb``, DGL nor a download is needed.
-
-docs/heterogeneous.md ("Reading IGBH's arrays") gives the layout, what each file means (after IGB's and
-MLPerf's loaders), the split rules and what is refused. Key contracts: large and full's headerless float32
-files are told apart by their first bytes and their row counts checked against the loaders' constants
-(``RAW_COUNTS``); full's labelled papers are its first ``FULL_LABELLED``; relations are kept one way as
-stored, repeated edges too; every array is memory-mapped and each relation's CSC built a chunk at a time
-(``typed_arrays.py``).
-"""
+"""IGBH (the Illinois Graph Benchmark's heterogeneous graphs, tiny to full; full is MLPerf's GNN benchmark) as
+a typed graph, from the arrays IGB ships; docs/heterogeneous.md ("Reading IGBH's arrays") gives the layout,
+split rules and refusals. Large and full's headerless float32 files are told by their first bytes and their
+row counts checked against IGB's loader (``RAW_COUNTS``); every array is memory-mapped."""
 
 from __future__ import annotations
 
@@ -59,10 +53,8 @@ def is_igbh_dir(path: str | os.PathLike) -> bool:
 @reads_files
 def load_igbh(directory: str | os.PathLike, classes: int = 19, split: str = "auto", seed: int = 0,
               progress: Progress | None = None) -> TypedGraph:
-    """The IGBH graph in ``directory`` (``<root>/<size>``, or its ``processed`` folder), validated: ``classes``
-    19 or 2983 (``node_label_19.npy`` or ``node_label_2K.npy``), ``split`` one of ``SPLIT_RULES`` (``seed``
-    draws the random one). ``progress(file, bytes done, bytes total)`` is called while the labels and edges are
-    read."""
+    """The IGBH graph in ``directory`` (``<root>/<size>`` or its ``processed`` folder), validated: ``classes``
+    19 or 2983, ``split`` one of ``SPLIT_RULES`` (``seed`` draws the random one)."""
     if classes not in LABEL_FILES:
         raise DataError(f"IGBH: classes {classes!r}; IGBH labels papers with 19 or 2983 classes. Give one of those.")
     if split not in SPLIT_RULES:

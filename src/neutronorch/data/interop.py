@@ -1,16 +1,9 @@
-"""Graphs from and to PyTorch Geometric and DGL, when those libraries are installed (neither is needed
-otherwise; torch, PyG and DGL are imported when a conversion is called): ``from_pyg``/``to_pyg``,
-``from_dgl``/``to_dgl`` and ``pyg:NAME@ROOT`` dataset specs for a ``Graph``; their ``_hetero`` forms for a
-``TypedGraph``.
-
-A homogeneous graph goes through ``Graph.from_arrays``, so it is cleaned like any loaded one (undirected, no
-self loops or repeated edges; vertices without a label leave the splits); a typed one keeps its relations as
-given, repeated edges included. PyG keeps a relation as ``edge_index`` (2, E), sources in row 0, with
-``edge_attr`` rows in the same order; DGL as a canonical edge type ``(src, name, dst)`` with its edge data
-(``feat``) in edge-id order. Labels and split masks live on the target type; masks with one column per split
-(PyG's heterophilous datasets store 10) take ``split_index``. Link splits (``RandomLinkSplit``'s three
-``Data``) go through ``from_pyg_link``/``to_pyg_link`` in ``interop_links.py``.
-"""
+"""Graphs from and to PyTorch Geometric and DGL, when those libraries are installed (torch, PyG and DGL are
+imported when a conversion is called): ``from_pyg``/``to_pyg``, ``from_dgl``/``to_dgl`` and ``pyg:NAME@ROOT``
+specs for a ``Graph``; their ``_hetero`` forms for a ``TypedGraph``. A homogeneous graph goes through
+``Graph.from_arrays`` (cleaned as a loaded one); a typed one keeps its relations as given, repeated edges
+included. Labels and split masks live on the target type; masks with a column per split take
+``split_index``. Link splits: ``interop_links.py``."""
 
 from __future__ import annotations
 
@@ -41,9 +34,8 @@ MASKS = {"train_idx": ("train_mask",), "val_idx": ("val_mask", "valid_mask"), "t
 
 
 def from_pyg(data, name: str = "pyg", split_index: int = 0, **options) -> Graph:
-    """A ``torch_geometric.data.Data`` (``x``, ``y``, ``edge_index`` and, if present, ``train_mask``,
-    ``val_mask``, ``test_mask``) as a graph; ``options`` go to ``Graph.from_arrays`` (``undirected``,
-    ``split``, ``seed``, ``metric``)."""
+    """A ``torch_geometric.data.Data`` (``x``, ``y``, ``edge_index``, optional split masks) as a graph;
+    ``options`` go to ``Graph.from_arrays``."""
     if getattr(data, "node_types", None) and getattr(data, "edge_types", None) and len(data.node_types) > 1:
         raise DataError(f"{name}: a HeteroData (types {', '.join(map(str, data.node_types))}); read it with "
                         f"neutronorch.data.from_pyg_hetero(data, target=...).")
@@ -70,8 +62,8 @@ def to_pyg(graph: Graph):
 
 
 def from_dgl(g, name: str = "dgl", split_index: int = 0, **options) -> Graph:
-    """A ``dgl.DGLGraph`` with node data ``feat`` (or ``features``), ``label`` (or ``labels``) and, if
-    present, ``train_mask``, ``val_mask``, ``test_mask``; ``options`` go to ``Graph.from_arrays``."""
+    """A ``dgl.DGLGraph`` with node data ``feat``, ``label`` and optional split masks as a graph; ``options``
+    go to ``Graph.from_arrays``."""
     if not (hasattr(g, "ndata") and hasattr(g, "edges")):
         raise DataError(f"{name}: from_dgl reads a dgl.DGLGraph, not a {type(g).__name__}.")
     nodes = g.ndata
@@ -184,9 +176,8 @@ _DGL_EDGE_FEATURES = ("feat", "w", "weight")  # a 1-D `w` or `weight`: one weigh
 
 
 def to_pyg_hetero(graph: TypedGraph):
-    """The graph as a ``torch_geometric.data.HeteroData``: per type ``num_nodes`` and ``x`` (float32; none
-    for a type without features), per relation ``edge_index`` (source to destination, int64) and
-    ``edge_attr``, and on the target type ``y`` and ``train_mask``/``val_mask``/``test_mask``."""
+    """The graph as a ``HeteroData``: per type ``num_nodes`` and ``x`` (float32), per relation ``edge_index``
+    and ``edge_attr``, and on the target ``y`` and the split masks."""
     check_exported(graph, "to_pyg_hetero", typed=True)
     pyg_data = _require("torch_geometric.data", "to_pyg_hetero")
     import torch  # noqa: PLC0415 - torch is there when PyG is
@@ -206,10 +197,9 @@ def to_pyg_hetero(graph: TypedGraph):
 
 
 def to_dgl_hetero(graph: TypedGraph):
-    """The graph as a DGL heterograph: every type with its vertex count, ``feat`` (float32; none for a type
-    without features), every relation a canonical edge type ``(src, name, dst)`` with its edges in CSC order
-    and their ``feat``, and on the target type ``label`` and ``train_mask``/``val_mask``/``test_mask``. DGL
-    lists types and relations in name order."""
+    """The graph as a DGL heterograph: per type its count and ``feat`` (float32), per relation a canonical
+    edge type with its edges in CSC order and their ``feat``, and on the target ``label`` and the split masks.
+    """
     check_exported(graph, "to_dgl_hetero", typed=True)
     dgl = _require("dgl", "to_dgl_hetero")
     import torch  # noqa: PLC0415 - torch is there when DGL is
@@ -227,12 +217,10 @@ def to_dgl_hetero(graph: TypedGraph):
 
 def from_pyg_hetero(data, target: str, name: str = "pyg", num_classes: int | None = None,
                     split: str | None = None, seed: int = 0) -> TypedGraph:
-    """A validated typed graph from a ``HeteroData``: the node types with their ``num_nodes`` and ``x``, every
-    edge type's ``edge_index`` (and ``edge_attr``), and ``y`` with the split masks on ``target``.
-
-    Repeated edges are kept. ``num_classes`` defaults to the largest label plus one (a multi-label ``y``: its
-    width). Without masks, the labelled vertices are split by ``split`` (default ``ratio:0.6,0.2``, seeded by
-    ``seed``); vertices without a label (-1) are left out of the stored masks, with a note."""
+    """A validated typed graph from a ``HeteroData``: node types with ``num_nodes`` and ``x``, edge types'
+    ``edge_index`` (and ``edge_attr``), and ``y`` with the split masks on ``target``. Repeated edges are kept.
+    ``num_classes`` defaults to the largest label plus one (multi-label: its width). Without masks the
+    labelled vertices are split by ``split`` (default ``DEFAULT_SPLIT``, seeded by ``seed``)."""
     node_types = list(data.node_types)
     _check_target(node_types, lambda t: data[t], target, name, _PYG)
     num_nodes = {t: _count(data, t, name) for t in node_types}
@@ -252,13 +240,9 @@ def from_pyg_hetero(data, target: str, name: str = "pyg", num_classes: int | Non
 
 def from_dgl_hetero(g, target: str, name: str = "dgl", num_classes: int | None = None,
                     split: str | None = None, seed: int = 0) -> TypedGraph:
-    """A validated typed graph from a DGL heterograph: every node type with its count and ``feat`` (or ``x``),
-    every canonical edge type's edges (and ``feat``, or a 1-D ``w``/``weight``: one weight per edge), and
-    ``label`` (or ``y``) with ``train_mask``/``val_mask``/``test_mask`` on ``target``.
-
-    As ``from_pyg_hetero``: repeated edges are kept, ``num_classes`` defaults to the largest label plus one
-    (a multi-label ``label``: its width), and without masks the labelled vertices are split by ``split``
-    (default ``ratio:0.6,0.2``, seeded by ``seed``)."""
+    """``from_pyg_hetero`` of a DGL heterograph: ``feat`` (or ``x``) per node type, each canonical edge type's
+    edges (and ``feat``, or a 1-D ``w``/``weight``), and ``label`` (or ``y``) with the split masks on
+    ``target``."""
     node_types = list(g.ntypes)
     _check_target(node_types, lambda t: g.nodes[t].data, target, name, _DGL)
     edges = {}
@@ -276,9 +260,7 @@ def _float32(rows: np.ndarray, torch):
 
 
 def _put_target(graph: Graph | TypedGraph, store, label_key: str, torch) -> None:
-    """The (target's) labels under ``label_key`` (when there are some; int64 class ids, or multi-label rows as
-    stored) and one boolean mask per split
-    (under the name PyG and DGL give it)."""
+    """The (target's) labels under ``label_key``, when there are some, and a boolean mask per split."""
     if graph.labels is not None:
         store[label_key] = torch.from_numpy(np.asarray(graph.labels, np.int64 if graph.labels.ndim == 1 else None))
     count = graph.num_nodes[graph.target] if isinstance(graph, TypedGraph) else graph.num_nodes

@@ -1,12 +1,6 @@
 """Link splits from and to PyTorch Geometric: ``from_pyg_link`` reads the three ``Data`` objects that
-``torch_geometric.transforms.RandomLinkSplit`` returns, ``to_pyg_link`` writes a link graph in that layout.
-
-RandomLinkSplit's layout, per stage: ``edge_index`` the edges messages pass over (training: the training
-edges; validation: the same; test: those plus the validation edges), ``edge_label_index`` the pairs the
-stage scores, positives first, and ``edge_label`` 1 for a positive, 0 for a negative (or, with
-``split_labels=True``, ``pos_edge_label_index`` and ``neg_edge_label_index`` apart). With
-``is_undirected=True`` each positive is listed once and held out of message passing in both directions.
-"""
+``torch_geometric.transforms.RandomLinkSplit`` returns, ``to_pyg_link`` writes a link graph in that layout
+(docs/datasets.md, "PyG link splits", says what is read and checked)."""
 
 from __future__ import annotations
 
@@ -30,27 +24,14 @@ _DRAW_ROUNDS = 64
 
 
 def from_pyg_link(train_data, val_data, test_data, name: str = "pyg") -> Graph:
-    """The link graph of a PyG link split: the three ``Data`` objects of ``RandomLinkSplit`` (either of
-    its label layouts).
+    """The link graph (no node task) of the three ``Data`` objects of ``RandomLinkSplit``, either label
+    layout.
 
-    - Topology: ``train_data.edge_index``, the training message-passing graph, without self loops and
-      repeated edges. It is symmetrised only where it is symmetric already, so no validation or test edge
-      can come back through the reverse of a training edge (a directed split keeps a held-out edge's
-      reverse for message passing, as PyG does). The split is checked against it (``check_stored_links``):
-      a validation or test positive found in it (either direction for an undirected split) or among the
-      training positives is an error; self loops, repeated positives and validation positives that are test
-      positives too are counted in a warning and a note. ``val_data.edge_index`` and ``test_data.edge_index``
-      are not read: neutronorch evaluates both sets over the training graph.
-    - Links: the positives (label 1) of each stage in their order. Training negatives are dropped (the
-      trainer draws its own per batch); validation and test negatives become ``val_neg``/``test_neg``,
-      pairs shared by the set's positives (``negatives="shared"``), or, where neither stage has any, None;
-      any that are positives of their own set are kept and counted in a note (PyG scores them as given).
-      ``undirected`` (RandomLinkSplit's ``is_undirected``) is decided by measure: at least half of the
-      training graph's edges have their reverse and fewer than half of the held-out positives' reverses are
-      in it (``_direction``; one stray one-way edge does not make a split directed).
-      With ``disjoint_train_ratio`` the supervision edges stay out of message passing, as PyG leaves them.
-    - Features from ``train_data.x``; no node task (``num_classes`` 0, labels -1, empty node splits).
-    """
+    Topology: ``train_data.edge_index`` without self loops and repeated edges, symmetrised only where it is
+    symmetric already (a held-out edge never comes back as a reverse). The split is checked against it
+    (``check_stored_links``): leaks are refused, oddities kept with a note. Training negatives are dropped
+    (drawn per batch); validation and test negatives become shared pairs. ``undirected`` is decided by measure
+    (``_direction``). ``val_data.edge_index`` and ``test_data.edge_index`` are not read."""
     stages = dict(zip(STAGES, (train_data, val_data, test_data)))
     num_nodes = _num_nodes(stages, name)
     positives, negatives = {}, {}
@@ -92,15 +73,11 @@ def from_pyg_link(train_data, val_data, test_data, name: str = "pyg") -> Graph:
 
 
 def to_pyg_link(graph: Graph, seed: int = 0):
-    """``(train_data, val_data, test_data)``: the graph's link split as ``RandomLinkSplit`` lays it out.
-
-    ``edge_index`` is the message-passing graph for training and validation, and for test that graph plus
-    the validation edges (both directions when the split is undirected). ``edge_label_index`` holds a
-    stage's positives, then its negatives, ``edge_label`` (float) 1 and 0 for them. Negatives: the stored
-    shared pairs; stored per-source negatives as pairs (each positive's source with each of its targets;
-    read back, they are shared pairs); where none are stored (training, always) one negative per positive,
-    drawn from ``seed`` uniformly over the pairs that are no edge of the graph or of any set and no self
-    loop. Node labels are not carried."""
+    """``(train_data, val_data, test_data)`` as ``RandomLinkSplit`` lays them out: ``edge_index`` the
+    message-passing graph (for test plus the validation edges), ``edge_label_index`` a stage's positives then
+    its negatives, ``edge_label`` 1 and 0. Negatives: the stored ones (per-source ones as pairs), else one per
+    positive drawn from ``seed`` among the pairs that are no edge, positive or self loop. Node labels are not
+    carried."""
     data = _require("torch_geometric.data", "to_pyg_link")
     import torch  # noqa: PLC0415 - torch is there when PyG is
 
@@ -129,8 +106,8 @@ def to_pyg_link(graph: Graph, seed: int = 0):
 
 
 def _num_nodes(stages: dict, name: str) -> int:
-    """The vertex count of train_data's features; a stage that is no Data, or whose x has another count, is
-    an error."""
+    """The vertex count of train_data's features; a stage that is no Data, or whose x has another count, is an
+    error."""
     for stage, data in stages.items():
         if data is None or not hasattr(data, "num_nodes"):
             raise DataError(f"{name}: {stage}_data is {type(data).__name__}, not a PyG Data; give the three "

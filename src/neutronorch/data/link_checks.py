@@ -1,17 +1,8 @@
 """The checks of a link split that comes with its graph (an OGB link dataset, a PyG split, a ``Graph`` built
-with ``links``) against that graph: what ``split_edges`` guarantees by construction, counted.
-
-Per set, as links (an edge and its reverse one link when the split is undirected):
-
-- *leaks*, which make the scores meaningless: validation or test positives that are edges of the graph that
-  messages pass over (either direction when undirected) or training positives too. Refused with the counts
-  (``DataError``), except in a benchmark's own split (``benchmark=True``: OGB's, scored as its evaluator scores
-  it), where they are a loud warning;
-- *oddities*, kept and warned about: self loops among the positives, a positive repeated within its set, a
-  pair that is both a validation and a test positive.
-
-Every count found is kept in ``LinkSplit.issues`` (the summary's ``link.issues``) and the graph's notes.
-"""
+with ``links``): leaks (validation or test positives among the message-passing edges or the training
+positives) are refused, except in a benchmark's own split, where they are a loud warning; oddities (self
+loops, repeated positives, pairs in both validation and test) are kept and warned about. docs/datasets.md
+("Stored link splits are checked") gives the details; the counts go to ``LinkSplit.issues`` and the notes."""
 
 from __future__ import annotations
 

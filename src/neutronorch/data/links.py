@@ -1,12 +1,7 @@
 """Supervision edges for link prediction: the ``LinkSplit`` a graph carries and the checks a split from
-outside must pass (a seeded split of any graph's edges is ``edge_split.py``'s).
-
-A link-prediction graph is a ``Graph`` whose ``links`` field holds its ``LinkSplit``; the graph's own
-topology is then the *message-passing* graph, from which the validation and test edges are absent, so
-evaluation edges never carry messages during training. Training edges stay in it (a trainer that wants a
-seed edge out of the neighbourhoods it samples removes it per batch). This module never samples
-negatives for training: that is the trainer's, per mini-batch.
-"""
+outside must pass (a seeded split of a graph's edges is ``edge_split.py``'s). A link graph's own topology is
+its message-passing graph, without the validation and test edges; negatives for training are the trainer's,
+drawn per mini-batch, never here."""
 
 from __future__ import annotations
 
@@ -26,23 +21,14 @@ _CHUNK = 1 << 22  # elements compared at a time when counting negatives that are
 
 @dataclass
 class LinkSplit:
-    """Positive edges per set, each an int64 array of shape (2, E): row 0 the sources, row 1 the targets.
+    """Positive edges per set, each an int64 (2, E) array: row 0 the sources, row 1 the targets.
 
-    ``undirected``: an edge and its reverse are one link (stored once, source < target), and the
-    message-passing graph holds neither direction of a validation or test link. ``val_neg`` and
-    ``test_neg`` are the evaluation's fixed negatives, whose form the property ``negative_kind`` names:
-
-    - ``"sampled"``: None; the trainer draws negatives;
-    - ``"shared"``: a (2, K) array of negative pairs shared by every positive of the set (ogbl-collab,
-      ogbl-ppa), scored by Hits@K against all of them;
-    - ``"per-source"``: a (P, K) array, row i the K negative targets of positive i, paired with its source
-      (ogbl-citation2), scored by MRR of each positive among its own negatives.
-
-    ``negatives`` names that form where the arrays' shapes cannot (a (2, K) array for a set of exactly 2
-    positives could be either); left None, it is read from the shapes. ``metric`` is the benchmark's own
-    (``"mrr"``, ``"hits@50"``) when a loader knows it. ``direction`` says how ``undirected`` was decided
-    (``split_edges``: the measured share of edges with their reverse). ``issues``: what the checks of a
-    stored split found and kept (``link_checks.check_stored_links``: a count per kind), None until checked."""
+    ``undirected``: an edge and its reverse are one link (stored once, source < target). ``val_neg`` and
+    ``test_neg`` are the evaluation's fixed negatives, of the form ``negative_kind`` names: ``SAMPLED`` (None,
+    drawn by the trainer), ``SHARED`` ((2, K) pairs for every positive: Hits@K) or ``PER_SOURCE`` ((P, K): row
+    i the negative targets of positive i: MRR). ``negatives`` names the form where the shapes cannot (None:
+    read from them). ``metric``: the benchmark's own; ``direction``: how ``undirected`` was decided;
+    ``issues``: what ``link_checks.check_stored_links`` found and kept, None until checked."""
 
     train: np.ndarray
     val: np.ndarray
@@ -212,11 +198,9 @@ def member_mask(keys: np.ndarray, known: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class LinkEnds:
-    """Where a typed graph's link task on ``relation`` (src, name, dst) keeps its pairs: the local ids of its
-    end types stacked in the graph's type order (type ``t``'s vertex ``i`` is ``offsets[t] + i``; one type when
-    both ends are one), so that a pair is two ids as on a homogeneous graph and the homogeneous split, seeds,
-    negatives, exclusion and metrics serve it. ``reverse``: the relation stored as its reverse, whose edges a
-    batch drops too."""
+    """Where a typed graph's link task on ``relation`` keeps its pairs: its end types' local ids stacked in
+    the graph's type order (``offsets[t] + i``), so that the homogeneous split, seeds, negatives and metrics
+    serve it. ``reverse``: the relation stored as its reverse, whose edges a batch drops too."""
 
     relation: tuple[str, str, str]
     offsets: dict[str, int]

@@ -1,11 +1,7 @@
-"""OGB-LSC's MAG240M (``mag240m_kddcup2021``) as a typed graph, from the folder the ``ogb`` package leaves;
-neither ``ogb`` nor a download is needed, torch only for the two ``.pt`` files.
-
-docs/heterogeneous.md ("Reading MAG240M's arrays") gives the layout (after ``ogb/lsc/mag240m.py``) and what is
-refused. Key contracts: the test papers' labels are hidden, so the test split is the validation split (a note
-says so); authors and institutions have no features; relations are kept one way as OGB stores them, repeated
-edges too; every array is memory-mapped and each relation's CSC built a chunk at a time (``typed_arrays.py``).
-"""
+"""OGB-LSC's MAG240M as a typed graph, from the folder the ``ogb`` package leaves (torch only for the two
+``.pt`` files); docs/heterogeneous.md ("Reading MAG240M's arrays") gives the layout and refusals. The test
+papers' labels are hidden, so the test split is the validation split (a note says so); every array is
+memory-mapped."""
 
 from __future__ import annotations
 
@@ -37,8 +33,7 @@ def is_mag240m_dir(path: str | os.PathLike) -> bool:
 
 @reads_files
 def load_mag240m(directory: str | os.PathLike, progress: Progress | None = None) -> TypedGraph:
-    """The MAG240M graph in ``directory`` (the ``mag240m_kddcup2021`` folder), validated.
-    ``progress(file, bytes done, bytes total)`` is called while the edges and labels are read."""
+    """The MAG240M graph in ``directory``, validated."""
     directory = Path(directory)
     processed = directory / "processed"
     meta_path, split_path = directory / "meta.pt", directory / "split_dict.pt"
@@ -90,8 +85,8 @@ def _meta(path: Path) -> tuple[dict[str, int], int]:
 
 
 def _split(path: Path, papers: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """``split_dict.pt``'s train and valid paper ids (sorted), and how many test papers it holds (whose
-    labels are hidden): ``test``, or ``test-whole`` (``test-dev`` and ``test-challenge`` are its parts)."""
+    """``split_dict.pt``'s train and valid paper ids (sorted), and how many test papers it holds: ``test``,
+    else ``test-whole``, else ``test-dev`` and ``test-challenge``."""
     split = load_torch_file(path)
     if not isinstance(split, dict):
         raise DataError(f"{path}: holds a {type(split).__name__}, where OGB stores a dict of paper ids (train, "

@@ -128,9 +128,9 @@ def _read(directory: Path, meta: dict, mmap: bool, files: dict[str, str], flat: 
 
 def read_meta(meta_path: Path, keys: tuple[str, ...] = META_KEYS, optional: tuple[str, ...] = OPTIONAL_KEYS,
               counts: tuple[str, ...] = META_KEYS[1:], written_by: str = "`neutronorch convert` or `generate`") -> dict:
-    """``meta.json`` as a dict holding every one of ``keys``, each once, no key outside ``keys`` and ``optional``
-    (a misspelt optional key would otherwise be ignored); its ``counts`` whole numbers >= 0, its name a name,
-    its notes strings, its metric one of ``METRICS`` and its ``format_version`` the one read."""
+    """``meta.json`` as a dict holding every one of ``keys``, each once, no key outside ``keys`` and
+    ``optional`` (a misspelt optional key would otherwise be ignored); its ``counts`` whole numbers >= 0, its
+    name a name, its notes strings, its metric one of ``METRICS`` and its ``format_version`` the one read."""
     if not meta_path.is_file():
         raise DataError(f"{meta_path}: file is missing. Is {meta_path.parent} a dataset written by {written_by}? "
                         f"(A folder being written has none until it is complete.)")
@@ -212,10 +212,10 @@ def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = Fa
 
 
 def write_typed(graph: TypedGraph, folder: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Write ``graph`` (validated first) to ``folder``; arrays keep their dtypes. ``folder`` must not exist or be
-    empty, unless ``overwrite`` (then it must hold a typed graph and nothing else, which is replaced; a graph
-    memory-mapped from ``folder`` itself may be written back over it). Every refusal comes before anything is
-    written. A graph without labels (``labels`` None) is written without ``labels.npy``."""
+    """Write ``graph`` (validated first) to ``folder``; arrays keep their dtypes. ``folder`` must not exist or
+    be empty, unless ``overwrite`` (then it must hold a typed graph and nothing else, which is replaced; a
+    graph memory-mapped from ``folder`` itself may be written back over it). Every refusal comes before
+    anything is written. A graph without labels (``labels`` None) is written without ``labels.npy``."""
     target = Path(folder)
     graph.validate()
     check_dataset_folder(target, overwrite, typed=True)
@@ -341,8 +341,8 @@ def _check_meta(meta: dict, meta_path: Path) -> None:
 
 
 def _check_unlisted(directory: Path, meta: dict) -> None:
-    """Every folder and array under ``nodes/`` and ``relations/`` is one meta.json accounts for (hidden entries
-    aside), as the ogbn-mag reader refuses a relation folder its list leaves out."""
+    """Every folder and array under ``nodes/`` and ``relations/`` is one meta.json accounts for (hidden
+    entries aside), as the ogbn-mag reader refuses a relation folder its list leaves out."""
     types = {entry["name"]: entry for entry in meta["node_types"]}
     keys = {(e["src"], e["name"], e["dst"]): e for e in meta["relations"]}
     expected = {node_array(t, "features") for t, entry in types.items() if entry["feature_dim"]}

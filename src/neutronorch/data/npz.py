@@ -1,19 +1,8 @@
-"""Loader for node-classification graphs stored as numpy ``.npz`` archives.
-
-Three layouts are recognised by their entry names:
-
-- GraphGallery (``adj_matrix``, ``node_attr``, ``node_label``): the matrices are pickled scipy sparse
-  matrices inside 0-d object arrays. They are unpickled with the scipy-free stand-ins of ``sparse_pickle``
-  instead of ``np.load(allow_pickle=True)``, which would need scipy and would run any code the pickle names.
-- gnn-benchmark / nettack (``adj_data``, ``adj_indices``, ``adj_indptr``, ``adj_shape``, ``labels`` and the
-  features as ``attr_*`` CSR pieces or a dense ``attr_matrix``): plain arrays.
-- Yandex heterophilous graphs (``node_features``, ``node_labels``, ``edges``, ``train_masks``, ``val_masks``,
-  ``test_masks``): plain arrays with ten stored splits, of which ``split_index`` (default 0) is used. Their
-  literature scores the binary ones (Tolokers, Minesweeper, Questions) by ROC-AUC, so the graph says so.
-
-Edges are made undirected (self loops and duplicates dropped). Files without a split get one from
-``make_split``.
-"""
+"""Node-classification graphs stored as numpy ``.npz`` archives, told apart by their entry names: GraphGallery
+(pickled scipy matrices, unpickled by ``sparse_pickle``'s stand-ins, never by ``np.load(allow_pickle=True)``),
+gnn-benchmark/nettack (plain CSR pieces) and the Yandex heterophilous graphs (ten stored splits; the binary
+ones scored by ROC-AUC, as their literature does). Edges are made undirected; files without a split get one
+from ``make_split``."""
 
 from __future__ import annotations
 
@@ -45,11 +34,8 @@ _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.f
 
 @reads_files
 def load_npz(path: str | os.PathLike, split: str = DEFAULT_SPLIT, seed: int = 0, split_index: int = 0) -> Graph:
-    """Load a GraphGallery, gnn-benchmark or Yandex ``.npz`` file.
-
-    ``split`` and ``seed`` build the split (see ``make_split``) for files that have none; a Yandex file's
-    own split number ``split_index`` is used instead.
-    """
+    """A GraphGallery, gnn-benchmark or Yandex ``.npz`` file; ``split`` and ``seed`` draw the split of a file
+    that has none, ``split_index`` picks a Yandex file's own."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: {not_a_file(path, 'file is missing')}. Give the path of a .npz graph file.")

@@ -1,11 +1,7 @@
-"""OGB node-property datasets from the directory the ``ogb`` package leaves on disk (``dataset/ogbn_arxiv``
-and the like); neither ``ogb`` nor a download is needed. docs/datasets.md ("OGB directories") gives both
-layouts: CSV (ogbn-arxiv, -products, -proteins), parsed in blocks straight into the arrays (``textnum.py``: the
-text is never held whole), and binary (ogbn-papers100M: ``raw/data.npz``, ``raw/node-label.npz``).
-
-ogbn-proteins has no node features: a vertex's are the mean of its edges' 8 features; its metric is ROC-AUC
-over its 112 tasks, the others' accuracy, as OGB's evaluator scores them. Edges are made undirected.
-"""
+"""OGB node-property datasets from the folder the ``ogb`` package leaves (``dataset/ogbn_arxiv``); neither
+``ogb`` nor a download is needed. docs/datasets.md ("OGB directories") gives the CSV and binary layouts. CSV
+is parsed in blocks straight into the arrays (``textnum.py``). ogbn-proteins' vertex features are the mean of
+its edges' and its metric ROC-AUC; edges are made undirected."""
 
 from __future__ import annotations
 
@@ -163,14 +159,12 @@ def split_folder(directory: Path) -> Path:
 
 
 def split_files(folder: Path) -> dict[str, Path]:
-    """``folder``'s ``train``, ``valid`` and ``test`` files, each there, by the split they hold (``train_idx``,
-    ``val_idx``, ``test_idx``)."""
+    """``folder``'s ``train``, ``valid`` and ``test`` files, each there, by split (``train_idx`` ...)."""
     return {split: _present(csv_file(folder, part)) for split, part in zip(SPLITS, ("train", "valid", "test"))}
 
 
 def csv_file(folder: Path, stem: str) -> Path:
-    """``folder/stem.csv.gz``, else ``folder/stem.csv`` when only that is there (the missing name is the
-    compressed one, as OGB ships it)."""
+    """``folder/stem.csv.gz``, else ``folder/stem.csv`` when only that is there."""
     compressed = folder / f"{stem}.csv.gz"
     plain = folder / f"{stem}.csv"
     return plain if not compressed.is_file() and plain.is_file() else compressed
@@ -217,8 +211,8 @@ _GZIP_RATIO = 1032
 
 def _numbers(path: Path, count: int, dtype, progress: Progress | None = None, *, width: int = 0,
              expect: str | None = None) -> np.ndarray:
-    """The numbers of ``path``: exactly ``count`` when ``expect`` says which file gave that count, else up
-    to ``count``. ``width`` > 0: every line holds that many."""
+    """The numbers of ``path``: exactly ``count`` when ``expect`` says which file gave that count, else up to
+    ``count``; ``width`` > 0: every line holds that many."""
     _present(path)
     try:
         total = path.stat().st_size

@@ -1,25 +1,8 @@
-"""OGB link-prediction datasets from the directory the ``ogb`` package leaves on disk (``dataset/ogbl_collab``
-and the like); neither ``ogb`` nor a download is needed.
-
-The layout: ``raw/`` as a node-property dataset's (``edge.csv.gz``: the training graph, read by ``ogb.py``'s
-readers; ``node-feat.csv.gz``; ``edge_weight``/``edge_year``/``node_year`` files are not used) and
-``split/<scheme>/{train,valid,test}.pt`` (or one ``split_dict.pt`` holding the three), each a dict that
-``torch.save`` wrote:
-
-- ogbl-collab (``split/time``) and ogbl-ppa (``split/throughput``): ``edge`` (E, 2), and for valid and test
-  ``edge_neg`` (K, 2): negative pairs shared by all positives (collab's also carry ``weight`` and ``year``);
-- ogbl-citation2 (``split/time``): ``source_node`` and ``target_node`` (E,), and for valid and test
-  ``target_node_neg`` (P, 1000): negative targets per positive.
-
-OGB writes those dicts with numpy arrays inside, so they are read with ``torch.load(weights_only=True)``
-and numpy's array-rebuilding functions allowed by name, nothing else: a file that needs any other Python
-object is refused, never unpickled.
-
-The message-passing graph is made symmetric for all three: collab and ppa are undirected (OGB adds the
-reverse edges itself), and citation2's citations, though directed, are symmetrised by OGB's own leaderboard
-examples before message passing; its links stay directed (a paper's references are predicted from it).
-The graph has no node task (``Graph.links`` holds the split).
-"""
+"""OGB link-prediction datasets (ogbl-collab, -ppa, -citation2) from the folder the ``ogb`` package leaves;
+neither ``ogb`` nor a download is needed. docs/datasets.md ("OGB layouts", under link prediction) gives the
+layout. The split's ``.pt`` files are read with ``torch.load(weights_only=True)`` and numpy's array rebuilding
+allowed by name: a file that needs any other object is refused, never unpickled. The message-passing graph is
+made symmetric for all three (citation2's links stay directed, as OGB's examples do); no node task."""
 
 from __future__ import annotations
 
@@ -161,17 +144,15 @@ def _damaged(path: Path, exc: Exception) -> DataError:
 
 
 def _empty_bytes(*args) -> bytes:
-    """``bytes()``, which a pickled empty array's data is (protocol 2); any other call of ``bytes`` is refused
-    (``bytes(n)`` would allocate ``n`` bytes)."""
+    """``bytes()``, a pickled empty array's data (protocol 2); any other call of ``bytes`` is refused."""
     if args:
         raise pickle.UnpicklingError("Unsupported global: GLOBAL builtins.bytes called with arguments")
     return b""
 
 
 def _numpy_globals() -> list:
-    """What rebuilding a pickled numpy array of numbers calls, under the names numpy 1 (OGB's files) and
-    numpy 2 write: the array rebuilder, ``ndarray``, ``dtype``, the numeric dtype classes and, for an empty
-    array's data, ``bytes()``."""
+    """What rebuilding a pickled numpy array of numbers calls, under the names numpy 1 (OGB's files) and numpy
+    2 write."""
     try:
         from numpy._core.multiarray import _reconstruct
     except ImportError:  # numpy 1

@@ -1,11 +1,7 @@
 """OGB heterogeneous node-property datasets (ogbn-mag) as typed graphs, from the folder the ``ogb`` package
-leaves on disk (``dataset/ogbn_mag``); neither ``ogb`` nor a download is needed.
-
-docs/heterogeneous.md ("Reading OGB's ogbn-mag layout") gives the layout and what is refused. The type with
-labels is the target (one only); relations are kept one way, as OGB gives them, repeated edges too; the numbers
-are parsed by the homogeneous reader's functions (``ogb.py``); the graph is validated with every array named by
-the file it came from. OGB's binary form (``raw/*.npz``, a pickled ``split_dict.pt``) is not read.
-"""
+leaves; docs/heterogeneous.md ("Reading OGB's ogbn-mag layout") gives the layout and refusals. The type with
+labels is the target; relations are kept one way, repeated edges too; numbers are parsed by ``ogb.py``'s
+readers. OGB's binary form is not read."""
 
 from __future__ import annotations
 
@@ -40,8 +36,7 @@ def is_ogb_typed_dir(path: str | os.PathLike) -> bool:
 
 @reads_files
 def load_ogb_typed(directory: str | os.PathLike, progress: Progress | None = None) -> TypedGraph:
-    """The OGB heterogeneous dataset in ``directory`` (a folder holding ``raw/`` and ``split/``), validated.
-    ``progress(file, bytes done, bytes total)`` is called while the large files are parsed."""
+    """The OGB heterogeneous dataset in ``directory``, validated."""
     directory = Path(directory)
     name = dataset_name(directory)
     raw = directory / "raw"
@@ -69,8 +64,7 @@ def load_ogb_typed(directory: str | os.PathLike, progress: Progress | None = Non
 
 
 def _rows(path: Path) -> list[list[str]]:
-    """The comma-separated rows of a small text file (type names, counts, relation names), blank lines left
-    out."""
+    """The comma-separated rows of a small text file, blank lines left out."""
     data = next(_blocks(_present(path), _SMALL + 1), b"")
     if len(data) > _SMALL:
         raise DataError(f"{path}: holds more than {_SMALL} bytes, far more than a list of types or relations; it "
@@ -103,8 +97,8 @@ def _node_counts(path: Path) -> dict[str, int]:
 
 
 def _relation_types(raw: Path, num_nodes: dict[str, int], counts_path: Path) -> list[RelationType]:
-    """The relations: ``triplet-type-list``'s in its order when it is there (each needing its folder, none
-    left out), else the folders under ``raw/relations`` in name order; each joining two known types."""
+    """The relations: ``triplet-type-list``'s when it is there (each with its folder, none left out), else the
+    folders under ``raw/relations`` in name order; each joining two known types."""
     folder = raw / "relations"
     if not folder.is_dir():
         raise DataError(f"{folder}: folder is missing; an OGB heterogeneous dataset keeps each relation's edges "
@@ -159,8 +153,7 @@ def _relation(raw: Path, key: RelationType, num_nodes: dict[str, int], counts_pa
     return relation_from_edge_index(edges, key, num_nodes, path, counted, pairs_per_row=True)
 
 def _lines(path: Path) -> int:
-    """The lines of a (gzip-compressed) text file that hold something: an edge count, where no
-    ``num-edge-list`` gives one."""
+    """The lines of a (gzip-compressed) text file that hold something."""
     lines, last = 0, b"\n"
     for block in _blocks(path, _LINE_BLOCK):
         lines += block.count(b"\n")
@@ -237,8 +230,7 @@ def _target(raw: Path, num_nodes: dict[str, int]) -> str:
 
 
 def _split_files(directory: Path, target: str) -> dict[str, Path]:
-    """``split/<scheme>/<target>/{train,valid,test}``, each there. A split folder of another type is
-    refused: only the target has labels."""
+    """``split/<scheme>/<target>/{train,valid,test}``; a split folder of another type is refused."""
     scheme = split_folder(directory)
     for entry in sorted(p for p in scheme.iterdir() if p.is_dir()):
         if entry.name != target:

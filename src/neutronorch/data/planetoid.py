@@ -1,11 +1,6 @@
-"""Loader for the Planetoid citation datasets (Cora, CiteSeer, PubMed) in their original files.
-
-A Planetoid folder holds ``ind.<name>.{x,y,allx,ally,tx,ty,graph,test.index}``: Python 2 pickles of scipy
-sparse feature matrices, one-hot label arrays and a dict of adjacency lists, plus a text file of test ids.
-The graph is assembled the way Kipf & Welling's ``load_data`` and PyG's ``Planetoid`` do, with the public
-split: train = the first ``len(y)`` vertices, val = the next 500, test = the ids in ``test.index``.
-Features are left raw (no row normalisation).
-"""
+"""The Planetoid citation datasets (Cora, CiteSeer, PubMed) from their original ``ind.<name>.*`` files,
+assembled as Kipf & Welling's ``load_data`` and PyG's ``Planetoid`` do, with the public split (train: the
+first ``len(y)`` vertices, val: the next 500, test: ``test.index``). Features are left raw."""
 
 from __future__ import annotations
 
@@ -85,8 +80,7 @@ def load_planetoid(directory: str | os.PathLike, name: str | None = None) -> Gra
 
 
 def _check_one_hot(one_hot: np.ndarray, source: str) -> None:
-    """Each label row is all zeros (CiteSeer's padded vertices) or a single 1: taking the largest entry of
-    any other row would pick a class silently."""
+    """Each label row is all zeros (CiteSeer's padded vertices) or a single 1."""
     if not np.isin(one_hot, (0, 1)).all() or (one_hot.sum(axis=1) > 1).any():
         raise DataError(f"{source}: a label row holds other than a single 1 (one class per vertex). Fetch the "
                         f"dataset again.")

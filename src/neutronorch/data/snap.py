@@ -1,16 +1,7 @@
-"""Loader for SNAP edge lists, with synthetic features and labels.
-
-A SNAP file (``.txt``, ``.txt.gz``, ``.edges``, ``.tsv`` or ``.tsv.gz``) is topology only: ``#`` comment
-lines, then one ``src dst`` pair of vertex ids per line (further numeric columns, such as weights or
-timestamps, are ignored). Ids may be sparse; they are relabelled to ``0..n-1`` in sorted order. The graph
-is made undirected.
-
-To train on it, labels and features are synthesised so that they are learnable from the structure: random
-seed vertices (a few per class) spread their class over the graph breadth-first, which cuts it into
-connected communities, smoothed by one neighbourhood majority vote. Each vertex's features are its class centroid
-plus Gaussian noise, large enough that a vertex's own features are ambiguous (80-90 % nearest-centroid
-accuracy), so that on a homophilous graph the neighbours add evidence. ``Graph.notes`` records all this.
-"""
+"""SNAP edge lists (docs/datasets.md gives the format), with synthetic features and labels learnable from the
+structure: seed vertices (``SEEDS_PER_CLASS`` per class) spread their class breadth-first, smoothed by one
+neighbourhood majority vote; features are the class centroid plus noise large enough that a vertex's own are
+ambiguous, so the neighbours add evidence. ``Graph.notes`` records all this. The graph is made undirected."""
 
 from __future__ import annotations
 
@@ -231,10 +222,8 @@ def _relabel(ids: np.ndarray) -> tuple[int, np.ndarray]:
 
 def _community_labels(indptr: np.ndarray, indices: np.ndarray, num_classes: int,
                       rng: np.random.Generator) -> np.ndarray:
-    """Grow communities breadth-first from random seeds, then smooth by one majority vote.
-
-    Vertices no seed reaches (other components) get random classes.
-    """
+    """Grow communities breadth-first from random seeds, then smooth by one majority vote; vertices no seed
+    reaches get random classes."""
     num_nodes = indptr.shape[0] - 1
     degrees = np.diff(indptr)
     # Seeds with neighbours, so that every class grows beyond its seed where the graph allows it.

@@ -1,11 +1,6 @@
-"""Reading pickled scipy sparse matrices without scipy.
-
-Planetoid files and GraphGallery ``.npz`` files are pickles of ``scipy.sparse`` matrices and numpy arrays.
-scipy is not a dependency, so ``load_pickle`` maps the scipy classes to ``SparseMatrix``, a stand-in that keeps
-the pickled state and turns it into coordinates or a dense array. The unpickler also refuses every class
-outside a short allow-list: these files come from third-party repositories, and an unrestricted pickle can
-run arbitrary code.
-"""
+"""Pickled scipy sparse matrices read without scipy: ``load_pickle`` maps the scipy classes to
+``SparseMatrix``, which keeps the pickled state, and refuses every class outside a short allow-list (an
+unrestricted pickle can run arbitrary code)."""
 
 from __future__ import annotations
 
@@ -33,11 +28,8 @@ class SparseMatrix:
         return int(shape[0]), int(shape[1])
 
     def to_coo(self, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Return ``(row, col, data)`` of the stored entries (row, col int64).
-
-        Raises ``DataError`` naming ``source`` when the pieces are inconsistent or an index falls outside
-        the shape.
-        """
+        """``(row, col, data)`` of the stored entries; ``DataError`` naming ``source`` for inconsistent pieces
+        or an index outside the shape."""
         try:
             row, col, data = self._coordinates()
             num_rows, num_cols = self.shape

@@ -1,13 +1,6 @@
-"""Train/val/test splits for data that comes without one, and the checks of a split a file stores
-(``stored_split``).
-
-Spec strings (seeded, so a split is reproducible):
-
-- ``ratio:TRAIN,VAL``: fractions of all labelled vertices; the rest is test.
-- ``per-class:TRAIN,VAL``: that many vertices of each class for training and validation; the rest is test
-  (the protocol of Shchur et al. 2018). A class with fewer vertices than TRAIN + VAL is an error, not a
-  smaller share; a class no vertex carries is skipped.
-"""
+"""Train/val/test splits for data without one (seeded): ``ratio:TRAIN,VAL`` (fractions of the vertices) or
+``per-class:TRAIN,VAL`` (that many of each class, Shchur et al. 2018; a class with fewer is an error); and the
+checks of a split a file stores (``stored_split``)."""
 
 from __future__ import annotations
 
@@ -24,12 +17,9 @@ TEST_IS_VALIDATION = "the test split is the validation split"  # how a note says
 
 
 def split_overlap(train, val, test, notes: list[str]) -> tuple[str, str, str] | None:
-    """(the second set's name, what, fix) for the first two of the training, validation and test sets that
-    share vertices, with the counts (``3 validation vertices are also in test_idx (first: 17), of 20
-    validation and 40 test vertices``); None when the three are disjoint. Every graph's check
-    (``Graph.validate``, a typed graph's) calls it, whatever the split came from. A test set that is the
-    validation set, whole, is data without labelled test vertices scoring its validation set twice: it
-    is allowed, and said in ``notes`` (once)."""
+    """(the second set's name, what, fix) for the first two of the three sets that share vertices; None when
+    they are disjoint. A test set that is the validation set, whole (data without labelled test vertices), is
+    allowed and said in ``notes``, once."""
     sets = {"train_idx": np.asarray(train), "val_idx": np.asarray(val), "test_idx": np.asarray(test)}
     for first, second in (("train_idx", "val_idx"), ("train_idx", "test_idx"), ("val_idx", "test_idx")):
         shared = np.intersect1d(sets[first], sets[second])

@@ -1,13 +1,7 @@
-"""Synthetic power-law graphs whose labels a GNN can learn and a feature-only model cannot fully.
-
-Model (a degree-weighted stochastic block model, Chung-Lu style): vertex ``v`` gets a weight
-``w_v = rank_v ** -power`` (a random rank, so ids do not encode degree) and a class drawn uniformly.
-Each undirected edge picks one endpoint with probability proportional to ``w``; with probability
-``homophily`` the other endpoint is drawn (again by weight) from the same class, otherwise from all
-vertices. Degrees follow a power law (hubs), most edges join vertices of the same class, and features
-are the class centroid plus heavy noise: a single vertex's features are weak evidence, its neighbourhood's
-mean is strong evidence. So GNNs clearly beat an MLP, and time-to-accuracy comparisons mean something.
-"""
+"""Synthetic power-law graphs whose labels a GNN can learn and a feature-only model cannot fully: a
+degree-weighted block model (vertex weights ``rank ** -power``, an edge's far end drawn from its own class
+with probability ``homophily``), features the class centroid plus heavy noise, so the neighbourhood's mean is
+the strong evidence."""
 
 from __future__ import annotations
 

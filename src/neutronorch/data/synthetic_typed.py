@@ -1,14 +1,7 @@
-"""Synthetic typed graphs shaped like ogbn-mag, whose labels depend on typed paths (docs/heterogeneous.md,
-"A synthetic typed graph", gives the types, relations and measured accuracies).
-
-Every field and institution has a hidden topic; a paper's label is the ordered pair ``field_topic * topics +
-institution_topic``, taken from its fields (has_topic) and its authors' institutions (writes, then
-affiliated_with); it cites mostly papers of its own label. Its features sum both topics' centroids under heavy
-noise, so they tell which two topics but not their order: only the relation a signal arrives through does.
-Endpoints are drawn by a Zipf weight within their class, as in ``synthetic.py``. ``edge_weights`` puts a weight
-on every ``cites`` edge (about 1 within a label, about 0.2 across), drawn by a generator of its own, so the
-graph is otherwise the one drawn without it.
-"""
+"""Synthetic typed graphs shaped like ogbn-mag, whose labels depend on typed paths (docs/heterogeneous.md, "A
+synthetic typed graph"): a paper's label is the ordered pair of its fields' topic and its authors'
+institutions' topic, and its features show both topics but not their order. ``edge_weights`` weights every
+``cites`` edge with a generator of its own, so the graph is otherwise the one drawn without it."""
 
 from __future__ import annotations
 
@@ -33,11 +26,9 @@ def _pool(rng: np.random.Generator, classes: np.ndarray, num_classes: int, power
 def synthetic_typed(nodes: int = 20_000, degree: float = 10.0, features: int = 64, field_features: int = 0,
                     topics: int = 4, power: float = 0.6, homophily: float = 0.8, noise: float = 0.5,
                     train: float = 0.1, val: float = 0.05, seed: int = 0, edge_weights: bool = False) -> TypedGraph:
-    """A MAG-like typed graph of about ``nodes`` vertices and ``degree * nodes`` edges (a little fewer once
-    repeated edges are dropped), with ``topics ** 2`` classes; the same arguments give the same graph.
-    ``noise`` is the feature noise's standard deviation per dimension (class centroids have unit norm),
-    ``homophily`` the chance that an edge's far end is drawn from the class the label asks for;
-    ``edge_weights``: a weight on every ``cites`` edge, high between papers of one label (module docstring)."""
+    """A MAG-like typed graph of about ``nodes`` vertices and ``degree * nodes`` edges with ``topics ** 2``
+    classes; the same arguments give the same graph. ``noise``: the feature noise's standard deviation
+    (unit-norm centroids); ``homophily``: the chance an edge's far end is of the class the label asks for."""
     _check(nodes, degree, features, field_features, topics, power, homophily, noise, train, val)
     check_seed(seed)
     try:

@@ -1,13 +1,7 @@
-"""Numbers from gzip-compressed CSV text, streamed: read in blocks, parsed by numba into a preallocated
-array, so a file is never held whole in memory (OGB ships its arrays this way).
-
-``read_numbers(path, out)`` fills ``out`` (1-D, any numeric dtype) with the file's comma- or
-newline-separated numbers in order and returns how many it read; ``first_line_width(path)`` is the number
-of values on the first line (a table's column count). Floats are parsed as decimal mantissa and exponent
-in float64 and rounded once to ``out``'s type; ``nan`` (any case) reads as NaN. Text that is not a number
-and, for integer arrays, numbers that are not whole or do not fit raise ``TextError`` (a ``DataError``, and a
-``ValueError``) saying where, instead of being read as something else.
-"""
+"""Numbers from (gzip-compressed) CSV text, streamed in blocks and parsed by numba into a preallocated array
+(OGB ships its arrays so). Floats are parsed as decimal mantissa and exponent and rounded once; ``nan`` reads
+as NaN. Text that is not a number, and for integer arrays a number that is not whole or does not fit, raises
+``TextError`` saying where, never read as something else."""
 
 from __future__ import annotations
 
@@ -32,11 +26,9 @@ def _is_separator(c):
 
 @njit(cache=True, nogil=True)
 def _parse(buf, out, start, pow10, width, in_line):
-    """Parse the numbers of ``buf`` (bytes) into ``out[start:]``. Return (index after the last one, byte
-    offset of a problem or -1, values on the unfinished last line, problem): problem 0 when all were read,
-    1 if ``out`` has no room for them all, 2 at text that is not a number (a number must be followed by a
-    separator or the end), 3 at the end of a line that holds other than ``width`` values (when ``width``
-    is above 0; ``in_line`` values of the line came in earlier blocks)."""
+    """Parse the numbers of ``buf`` into ``out[start:]``. Returns (index after the last one, byte offset of a
+    problem or -1, values on the unfinished last line, problem): 0 all read, 1 ``out`` full, 2 text that is
+    not a number, 3 a line of other than ``width`` values (``width`` > 0)."""
     n = buf.shape[0]
     i = 0
     k = start
@@ -130,12 +122,10 @@ class TextError(DataError, ValueError):
 
 def read_numbers(path: str | os.PathLike, out: np.ndarray, progress: Callable[[int], None] | None = None,
                  width: int = 0) -> int:
-    """Stream the numbers of the (gzip-compressed) text file ``path`` into ``out``; return their count.
-    ``progress(compressed bytes read so far)`` is called after every block. A thread decompresses the next
-    block while this one is parsed (both release the GIL). Raises ``TextError`` if the file holds more
-    numbers than ``out`` has room for, text that is not a number, a line of other than ``width`` values
-    (when ``width`` is given: rows of a table must not run into each other), or, for an integer ``out``, a
-    number that is not a whole one within its range (never truncated or wrapped)."""
+    """Stream the numbers of ``path`` into ``out``; return their count. ``progress(compressed bytes read)``
+    after every block; a thread decompresses the next block meanwhile. ``TextError``: more numbers than
+    ``out`` holds, text that is not a number, a line of other than ``width`` values, or for an integer ``out``
+    a number that is not whole or out of range."""
     state = {"count": 0, "lines": 0, "in_line": 0}  # lines before the block parsed, to say where
     with open(path, "rb") as raw, ThreadPoolExecutor(max_workers=1) as reader:
         text = gzip.GzipFile(fileobj=raw) if str(path).endswith(".gz") else raw

@@ -1,15 +1,9 @@
-"""Typed (heterogeneous) graphs: several vertex types, relations between them, one target type.
+"""Typed (heterogeneous) graphs: several vertex types, relations between them (``relation.py``), one target
+type.
 
-A ``TypedGraph`` keeps, for each relation ``(src_type, name, dst_type)``, a CSC over the destination type:
-``indices[indptr[v]:indptr[v+1]]`` are the local ids (among ``src_type``'s vertices) of ``v``'s
-in-neighbours through that relation, with optional edge features in the same order. Features are kept per
-type, and a type may have none (a model then gives it a learnable embedding table); labels and the split
-belong to the target type. Arrays may be numpy memory maps, so nothing here may copy a whole array without
-need. ``validate`` (``checks.py``) is the one place that checks a typed graph coming from outside; the
-rest of the package trusts a validated one.
-
-This is the data layer only: it knows nothing of sampling or models, and, like ``graph.py``, imports no torch.
-"""
+Features are kept per type, and a type may have none (a model then gives it an embedding table); labels and
+the split belong to the target type. Arrays may be memory maps, so nothing here may copy a whole array without
+need. ``validate`` (``checks.py``) is the one check of a typed graph from outside. Imports no torch."""
 
 from __future__ import annotations
 
@@ -34,12 +28,10 @@ EDGE: RelationType = (VERTEX, "to", VERTEX)
 class TypedGraph(GraphCommon):
     """A node-classification graph with typed vertices and relations.
 
-    ``num_nodes`` lists the vertex types in their fixed order with their counts; ``relations`` maps each
-    ``(src_type, name, dst_type)`` to its ``Relation``; ``features`` maps a type to its rows (a type without
-    features is absent). ``labels`` has a row per ``target`` vertex (a class id, -1: no label; or a 0/1 row
-    of ``num_classes`` tasks, -1: unknown), or is None when the target carries none; the splits hold local
-    ids of the target type. ``notes`` and ``metric`` mean what they mean in ``Graph``; ``links`` is a link
-    task's split of one relation (``LinkSplit.ends`` says which), None otherwise."""
+    ``num_nodes`` lists the types in their fixed order with their counts; ``relations`` maps each ``(src_type,
+    name, dst_type)`` to its ``Relation``; ``features`` maps a type to its rows (absent: none). ``labels`` is
+    as ``Graph``'s, for the target's vertices, or None; the splits hold local ids of the target type.
+    ``links``: a link task's split of one relation (``LinkSplit.ends``)."""
 
     name: str
     num_nodes: dict[str, int]
@@ -138,10 +130,9 @@ class TypedGraph(GraphCommon):
         return next((c for c in candidates if c in self.relations), None)
 
     def with_reverse(self) -> "TypedGraph":
-        """A graph (sharing this one's arrays) that also holds ``(dst, rev_NAME, src)`` for every relation
-        with no reverse yet (``reverse_of``), each a CSC transpose with the edge features carried along; the
-        new relations follow the existing ones, in their order. Relations reached backwards let a message
-        flow both ways: papers learn from their authors and authors from their papers."""
+        """A graph (sharing this one's arrays) that also holds ``(dst, rev_NAME, src)``, a CSC transpose with
+        the edge features, for every relation with no reverse yet (``reverse_of``), after the existing ones.
+        """
         relations = dict(self.relations)
         for key in self.relations:
             if self.reverse_of(key) is None:
@@ -166,10 +157,8 @@ class TypedGraph(GraphCommon):
         return "\n".join(lines)
 
     def validate(self, source: str | None = None, files: dict[str, str] | None = None, classes: bool = True) -> None:
-        """Raise ``DataError`` naming ``source`` (by default the graph's name), the type and the relation if
-        anything is inconsistent; return quietly otherwise. ``files`` maps array keys (``node_array``,
-        ``relation_array``) to the files they came from, named instead of ``source`` when known.
-        ``classes`` is ``Graph.validate``'s: a typed graph without labels (None) passes either way."""
+        """``Graph.validate`` of a typed graph: ``files`` is keyed by ``node_array``/``relation_array``; a
+        graph without labels passes either way of ``classes``."""
         check_typed_graph(self, source or self.name, files or {})
         self._mark_validated(classes)
 

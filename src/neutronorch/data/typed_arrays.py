@@ -1,14 +1,7 @@
-"""Typed graphs from numpy arrays on disk (IGBH's layout, ``igbh.py``; MAG240M's, ``mag240m.py``): ``.npy``
-files opened as memory maps, a relation's CSC built from a memory-mapped edge list a chunk at a time, and class
-ids read from a label array a chunk at a time.
-
-These datasets hold billions of edges and hundreds of gigabytes of features, so nothing here reads a whole
-array at once: ``relation_from_edge_index`` counts each destination's in-degree in one pass over the edge
-file, places each source at its destination's next slot in a second (a counting sort: the CSC's ``indices``
-and ``indptr`` are the only arrays of the graph's size it allocates), then sorts each destination's sources.
-The result is what ``Relation.from_edges`` builds from the same edges (sources ascending per destination,
-repeated edges kept), without its three int64 copies of the edge list.
-"""
+"""Typed graphs from numpy arrays on disk (IGBH's and MAG240M's layouts): ``.npy`` files memory-mapped, a
+relation's CSC built from an edge list a chunk at a time (a counting sort: ``indptr`` and ``indices`` are the
+only arrays of the graph's size it allocates), class ids read a chunk at a time. The result equals
+``Relation.from_edges`` of the same edges (sources ascending, repeated edges kept)."""
 
 from __future__ import annotations
 
@@ -84,10 +77,8 @@ def _edges_role(key: RelationType) -> str:
 def relation_from_edge_index(edges: np.ndarray, key: RelationType, num_nodes: dict[str, int], path: Path,
                              counted: dict[str, str], pairs_per_row: bool,
                              progress: Progress | None = None) -> Relation:
-    """The relation ``key`` from the memory-mapped ``edges``: (E, 2) rows of ``src, dst`` (``pairs_per_row``,
-    IGBH) or (2, E) rows of sources and destinations (OGB's ``edge_index``, MAG240M). Ids are checked against
-    ``num_nodes`` chunk by chunk; ``counted[type]`` says where a type's count comes from, for the error
-    (``meta.pt says 10 vertices of type paper``)."""
+    """The relation ``key`` from ``edges``: (E, 2) ``src, dst`` rows (``pairs_per_row``) or (2, E) rows. Ids
+    are checked chunk by chunk; ``counted[type]`` says where a type's count comes from, for the error."""
     label = relation_label(key)
     expected = "(E, 2): a src,dst pair per row" if pairs_per_row else "(2, E): a row of sources, one of destinations"
     if edges.ndim != 2 or edges.shape[1 if pairs_per_row else 0] != 2 or edges.dtype.kind not in "iuf":

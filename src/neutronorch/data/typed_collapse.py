@@ -1,18 +1,8 @@
-"""A typed graph with its types forgotten: ``collapse(typed) -> Graph``, what a type-blind model trains on.
-
-Every type's vertices are stacked in ``num_nodes``' order (type ``t``'s vertex ``i`` becomes
-``offsets[t] + i``) and every relation's edges go into one CSC, an edge kept once when several relations
-join the same pair, so nothing says which relation an edge came from. Features need one width, and must
-not say a vertex's type either: every type's rows start at column 0 and are padded with zeros to the
-widest type's width, and a type without features gets zero rows (a homogeneous model has no embedding
-tables to give it). Types whose widths differ therefore share columns that mean different things, as a
-model that ignores types would have them. Labels are the target's at its rows and -1 (no label) at the
-others; the splits are the target's, moved by its offset.
-
-The comparison this serves (``bench/typed_accuracy.py``): a relational model against the homogeneous one
-on the same vertices, edges and features, so a gap in accuracy is what the types are worth. Builds in
-memory: the stacked features (float32) and an int64 sort of all the edges.
-"""
+"""A typed graph with its types forgotten: ``collapse(typed) -> Graph``, what a type-blind model trains on
+(docs/heterogeneous.md, "Accuracy"). Every type's vertices are stacked in ``num_nodes``' order and every
+relation's edges go into one CSC, an edge kept once; features are padded with zeros from column 0 to the
+widest type's width (a featureless type: zero rows), so they do not say a vertex's type; labels are -1 off
+the target. Builds in memory."""
 
 from __future__ import annotations
 
@@ -30,8 +20,8 @@ def type_offsets(graph: TypedGraph) -> dict[str, int]:
 
 
 def collapse(graph: TypedGraph) -> Graph:
-    """``graph`` as one homogeneous graph (the module docstring says how); validated. The relations are
-    taken as they are: collapse ``graph.with_reverse()`` for the edges a typed run trains on."""
+    """``graph`` as one homogeneous graph, validated. The relations are taken as they are: collapse
+    ``graph.with_reverse()`` for the edges a typed run trains on."""
     if graph.labels is None:
         raise DataError(f"{graph.name}: its target {graph.target!r} has no labels; a collapsed graph is for "
                         f"node classification.")
