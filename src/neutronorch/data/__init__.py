@@ -1,10 +1,6 @@
-"""Graph data: the ``Graph`` type, the native format, loaders for common formats, synthetic graphs; and
-typed graphs (``TypedGraph``: the native format's typed layout, OGB's ogbn-mag layout, IGBH's and MAG240M's arrays
-and a synthetic generator; ``neutronorch.train`` trains them, ``train/heterogeneous.py``).
-
-``load_dataset(spec)`` is the single entry point that turns a user's dataset spec into a validated graph;
-``load_typed_dataset(spec)`` its typed counterpart, for the specs ``is_typed_dataset`` accepts.
-"""
+"""Graph data: ``Graph``, the native format, loaders for common formats and synthetic graphs; and typed graphs
+(``TypedGraph``). ``load_dataset(spec)`` turns a user's dataset spec into a validated graph,
+``load_typed_dataset(spec)`` a typed one, for the specs ``is_typed_dataset`` accepts."""
 
 from __future__ import annotations
 
@@ -43,14 +39,10 @@ DATASET_SPEC_HELP = (
 @reads_files
 def load_dataset(spec: str, split: str | None = None, seed: int = 0, split_index: int = 0,
                  progress=None) -> Graph:
-    """Open the dataset named by ``spec`` (see ``DATASET_SPEC_HELP``).
-
-    ``split`` applies to data that carries no split of its own (synthetic graphs, npz, SNAP); data with a
-    split (Planetoid's public split, native directories) keeps it. ``split_index`` picks one of several
-    stored splits (the heterophilous ``.npz`` files hold 10). Vertices without a label are left out of
-    the splits. ``progress(file, bytes done, bytes total)`` is called while large text files are parsed
-    (OGB's CSV layout).
-    """
+    """Open the dataset ``spec`` names (``DATASET_SPEC_HELP``). ``split`` applies to data without a split of
+    its own; ``split_index`` picks one of several stored splits (the heterophilous ``.npz`` files hold 10).
+    Unlabelled vertices leave the splits. ``progress(file, bytes done, bytes total)`` is called while large
+    text files are parsed."""
     check_seed(seed)
     graph = _load(spec, split, seed, split_index, progress)
     graph.drop_unlabelled_from_splits()
@@ -100,9 +92,8 @@ def _load(spec: str, split: str | None, seed: int, split_index: int, progress) -
 
 
 def is_typed_dataset(spec: str) -> bool:
-    """Whether ``spec`` names a typed graph: a folder ``write_typed`` wrote, OGB's heterogeneous layout
-    (ogbn-mag: ``raw/num-node-dict.csv.gz``, ``raw/relations/``), IGBH's (``processed/paper__written_by__author``)
-    or MAG240M's (``processed/author___writes___paper``)."""
+    """Whether ``spec`` names a typed graph: a folder ``write_typed`` wrote, or OGB's heterogeneous, IGBH's or
+    MAG240M's layout."""
     if spec.startswith(("pyg:", "graph:")) or spec == "synthetic" or spec.startswith("synthetic:"):
         return False
     path = Path(spec).expanduser()
@@ -110,8 +101,7 @@ def is_typed_dataset(spec: str) -> bool:
 
 
 def _typed_reader(path: Path):
-    """The reader of the typed dataset layout in folder ``path`` (called with the folder and ``progress=``;
-    IGBH's with its defaults: 19 classes, MLPerf's seed files if there, else IGB's split), or None."""
+    """The reader of the typed dataset layout in folder ``path``, or None."""
     from neutronorch.data.igbh import is_igbh_dir, load_igbh
     from neutronorch.data.mag240m import is_mag240m_dir, load_mag240m
     from neutronorch.data.ogb_typed import is_ogb_typed_dir, load_ogb_typed
@@ -127,10 +117,8 @@ def _typed_reader(path: Path):
 
 @reads_files
 def load_typed_dataset(spec: str, split: str | None = None, progress=None) -> TypedGraph:
-    """Open the typed graph ``spec`` names (``is_typed_dataset``): a typed native folder, memory-mapped, or
-    an OGB heterogeneous, IGBH or MAG240M folder, read (``progress(file, bytes done, bytes total)``
-    meanwhile). Each carries its own split (IGBH's: MLPerf's seed files, else IGB's rule); a ``split`` given
-    is noted as ignored."""
+    """Open the typed graph ``spec`` names (``is_typed_dataset``); each carries its own split, and a ``split``
+    given is noted as ignored."""
     path = Path(spec).expanduser()
     if is_typed_dir(path):
         graph = read_typed(path)
@@ -145,8 +133,7 @@ def load_typed_dataset(spec: str, split: str | None = None, progress=None) -> Ty
 
 
 def dataset_paths(spec: str) -> list[Path]:
-    """The files or folders ``load_dataset(spec)`` reads (none for a synthetic graph): what no output may
-    overwrite."""
+    """The files or folders ``load_dataset(spec)`` reads: what no output may overwrite."""
     if spec.startswith("pyg:"):
         return [Path(spec.partition("@")[2] or ".").expanduser()]
     if spec == "synthetic" or spec.startswith(("synthetic:", "graph:")):

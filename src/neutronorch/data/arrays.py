@@ -1,11 +1,5 @@
-"""What ``Graph.from_arrays`` makes of arrays a user already holds (numpy arrays or torch tensors): the
-fields of a graph, read without truncating or wrapping a value.
-
-What is done to them is what every loader does: edges are made undirected (``undirected=True``), self
-loops and repeated edges are dropped (``csc.py`` says why), labels become class ids with -1 for a missing
-label (float labels with NaN, as ogbn-papers100M stores them, included) or stay a 0/1/-1 row per vertex
-(multi-label), and vertices without a label leave the splits.
-"""
+"""What ``Graph.from_arrays`` makes of arrays a user holds (numpy arrays or torch tensors): a graph's fields,
+cleaned as every loader cleans its data, no value truncated or wrapped."""
 
 from __future__ import annotations
 
@@ -26,12 +20,9 @@ def graph_fields(src, dst, features, labels, splits: Mapping | Sequence | None =
                  num_nodes: int | None = None, undirected: bool = True, split: str = DEFAULT_SPLIT, seed: int = 0,
                  num_classes: int | None = None, metric: str | None = None) -> dict:
     """The fields of the graph (``Graph``'s keywords) with edges ``src[i] -> dst[i]``, a feature row and a
-    label per vertex.
-
-    ``splits``: {"train": ..., "val": ..., "test": ...} or a (train, val, test) triple, each an array of
-    vertex ids or a boolean mask over the vertices; None draws one by ``split`` and ``seed``.
-    ``num_nodes`` defaults to the number of feature rows, ``num_classes`` to the labels' (largest class id
-    + 1, or the columns of multi-label labels)."""
+    label per vertex. ``splits``: {"train", "val", "test"} or a triple, each vertex ids or a boolean mask;
+    None draws one by ``split`` and ``seed``. ``num_nodes`` defaults to the feature rows, ``num_classes`` to
+    the labels'."""
     if not isinstance(name, str):
         raise DataError(f"`name` {name!r}: expected a string (it names the graph in messages and summaries).")
     check_switch(undirected, "`undirected`")

@@ -1,9 +1,5 @@
-"""The dtypes a graph's features may be stored as: float32, float16 and bfloat16.
-
-numpy has no bfloat16 of its own; ``ml_dtypes.bfloat16`` (a dependency) is a real numpy dtype, so such
-arrays index, convert (``astype(np.float32)``) and check (``np.isfinite``) like any other. It is imported only
-where bfloat16 features are written or read, and this module imports no torch (the data layer loads
-without it).
+"""The dtypes a graph's features may be stored as: float32, float16 and bfloat16 (``ml_dtypes.bfloat16``, a
+real numpy dtype, imported only where bfloat16 is written or read); and ``as_int64``, ids read without change.
 """
 
 from __future__ import annotations
@@ -35,10 +31,8 @@ _NARROW_CHUNK = 1 << 22  # values converted at a time by ``narrowed``
 
 
 def narrowed(rows: np.ndarray, dtype_name: str, source: str) -> np.ndarray:
-    """``rows`` (features, any float dtype) as ``dtype_name`` (float16 or bfloat16), converted a chunk at a
-    time, or a ``DataError`` naming ``source``: a NaN or infinity in ``rows``, or finite values beyond the
-    narrower type's range, which it would store as infinity (float16's largest is 65504), said with how
-    many and the largest magnitude. Nothing is clamped."""
+    """``rows`` as ``dtype_name`` (float16 or bfloat16), converted a chunk at a time; ``DataError`` naming
+    ``source`` for a NaN or infinity, or for values beyond the narrower type's range (never clamped)."""
     dtype = bfloat16() if dtype_name == BFLOAT16 else np.dtype(dtype_name)
     flat_rows = max(1, _NARROW_CHUNK // max(1, int(np.prod(rows.shape[1:]))))
     out = np.empty(rows.shape, dtype)
@@ -72,11 +66,9 @@ _INT64_MAX = np.iinfo(np.int64).max
 
 
 def as_int64(values, source: str, what: str = "ids") -> np.ndarray:
-    """``values`` as int64 without changing any of them: floats must be whole and finite (ids read from
-    text or float storage), unsigned integers must fit in int64; anything else (booleans, complex numbers,
-    strings, objects) is refused. ``astype`` would truncate 1.7 to 1, wrap 2**64-1 to -1 (which means "no
-    label") and turn NaN into an arbitrary id, all silently, so each of those raises ``DataError`` naming
-    ``source`` and ``what`` instead."""
+    """``values`` as int64 without changing any: floats must be whole and finite, unsigned integers fit in
+    int64; anything else is refused with a ``DataError`` naming ``source`` and ``what`` (``astype`` would
+    truncate 1.7, wrap 2**64-1 to -1, "no label", and turn NaN into an id, silently)."""
     array = np.asarray(values)
     kind = array.dtype.kind
     if kind == "i":

@@ -1,9 +1,5 @@
-"""A seeded split of any graph's edges into training, validation and test links (``split_edges``, the
-spec ``edges:TRAIN,VAL``): the ``LinkSplit`` (``links.py``) a link task trains on when its graph has none.
-
-Whether an edge and its reverse are one link is measured (``reciprocity``) unless given; the held-out
-links leave the message-passing graph, so evaluation edges never carry messages in training.
-"""
+"""A seeded split of any graph's edges into training, validation and test links (``split_edges``, the spec
+``edges:TRAIN,VAL``); held-out links leave the message-passing graph."""
 
 from __future__ import annotations
 
@@ -57,17 +53,11 @@ def _check_fractions(train: float, val: float, what: str) -> None:
 
 def split_edges(graph: Graph, train: float, val: float, seed: int = 0, direction: str = "auto") -> Graph:
     """``graph`` with a seeded random ``LinkSplit`` of its edges in ``links``, its validation and test edges
-    taken out of its topology.
-
-    ``direction``: ``"undirected"``: an edge and its reverse are one link, on one side of the split, counted
-    once (stored source < target) and removed both ways, so a held-out pair has neither direction in
-    message passing or among the training positives; ``"directed"``: each directed edge is a link (a held-out
-    edge's reverse stays); ``"auto"`` (default): undirected when at least ``UNDIRECTED_SHARE`` of the edges
-    have their reverse (``reciprocity``), logged and kept in ``links.direction`` with the share. Self loops
-    are no links (they stay) and a repeated edge is one. Features, labels and node splits are the input's
-    own objects (nothing is copied); the same seed gives the same split. Cost, for E stored edges: three
-    passes over the topology (one sorting a copy of each column to measure the reverses), an int64 key per
-    link and one random permutation of them."""
+    taken out of its topology. ``direction``: ``"undirected"`` (an edge and its reverse one link, stored
+    source < target, held out both ways), ``"directed"``, or ``"auto"``: undirected when at least
+    ``UNDIRECTED_SHARE`` of the edges have their reverse (``reciprocity``). Self loops are no links; a
+    repeated edge is one. Features, labels and node splits are the input's own objects; the same seed gives
+    the same split."""
     _check_fractions(train, val, "split_edges")
     if direction not in LINK_DIRECTIONS:
         raise ConfigError(f"`link_direction` {direction!r}: choose one of {', '.join(LINK_DIRECTIONS)}.")
@@ -137,10 +127,9 @@ def link_relation(graph: TypedGraph, name: str | None) -> RelationType:
 
 def split_relation(graph: TypedGraph, ends: LinkEnds, train: float, val: float, seed: int = 0,
                    direction: str = "auto") -> tuple[TypedGraph, LinkSplit]:
-    """``split_edges`` of a typed graph's relation ``ends.relation``: its edges in ``ends``' stacked ids form a
-    homogeneous topology, which is split as any other; returns the graph with the validation and test edges
-    out of the relation (the relation's reverse is made from what is left) and the split, in stacked ids.
-    Two end types make a bipartite topology, whose edges have no reverse: split directed."""
+    """``split_edges`` of a typed graph's relation ``ends.relation`` in ``ends``' stacked ids: the graph with
+    the held-out edges out of the relation, and the split. Two end types make a bipartite topology: split
+    directed."""
     src, _, dst = ends.relation
     relation = graph.relations[ends.relation]
     if relation.edge_features is not None:

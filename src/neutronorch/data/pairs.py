@@ -1,8 +1,6 @@
-"""The one rule for an array of vertex pairs, wherever one is given (``predict --pairs`` files and arrays,
-``score_pairs``, ``LinkNeighborLoader(edges=...)``): a (2, P) array is P pairs as columns, row 0 their first
-vertices and row 1 their second (PyG's ``edge_index``); a (P, 2) array is P pairs as rows; a 2 x 2 array could
-be either and is refused unless ``layout`` says which. A text file of ``u v`` lines is pairs as rows, whatever
-their number (each line is a pair). ``LinkSplit`` and PyG's ``Data`` define their arrays as (2, E)."""
+"""The one rule for an array of vertex pairs, wherever one is given (``predict --pairs``, ``score_pairs``,
+``LinkNeighborLoader(edges=...)``): (2, P) is a pair per column (PyG's ``edge_index``), (P, 2) a pair per
+row, 2 x 2 refused unless ``layout`` says which; a text file of ``u v`` lines is pairs as rows."""
 
 from __future__ import annotations
 

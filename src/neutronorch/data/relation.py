@@ -1,8 +1,6 @@
-"""A typed graph's relations: the ``(src_type, name, dst_type)`` triple that names one, how messages and the
-native layout name it and its arrays, and ``Relation``, one relation's edges as a CSC over its destination
-type. ``typed.py``'s ``TypedGraph`` holds them, and its checks (``checks.py``) read them from here, not
-from ``typed.py``, which runs those checks. Like ``typed.py``, this imports no torch.
-"""
+"""A typed graph's relations: the ``(src_type, name, dst_type)`` triple that names one, the native layout's
+names of its arrays, and ``Relation``, one relation's edges as a CSC over its destination type. Imports no
+torch."""
 
 from __future__ import annotations
 
@@ -37,10 +35,8 @@ def relation_array(relation: RelationType, array: str) -> str:
 
 @dataclass
 class Relation:
-    """One relation's edges as a CSC over its destination type.
-
-    ``indptr`` has a row per destination vertex plus one; ``indices`` holds source-type ids (int32 or int64);
-    ``edge_features`` (edges x width, float) follows ``indices``' order, or is None."""
+    """One relation's edges as a CSC over its destination type: ``indices`` holds source-type ids (int32 or
+    int64); ``edge_features`` (edges x width) follows ``indices``' order, or is None."""
 
     indptr: np.ndarray
     indices: np.ndarray
@@ -65,13 +61,9 @@ class Relation:
     @staticmethod
     def from_edges(src, dst, num_src: int, num_dst: int, edge_features=None, deduplicate: bool = False,
                    source: str = "edge list") -> "Relation":
-        """The relation with edges ``src[i] -> dst[i]`` (numpy arrays or anything ``np.asarray`` takes).
-
-        Each destination's in-neighbours come in ascending source order; repeated edges are kept (two
-        transactions between the same accounts are two edges), unless ``deduplicate`` (the first one's edge
-        features are then kept). Float edge features other than float32/float16/bfloat16 become float32.
-        Ids out of range raise ``DataError`` naming ``source``. Cost: one int64 sort of the edges (a stable
-        lexicographic sort when there are edge features, to carry them along)."""
+        """The relation with edges ``src[i] -> dst[i]``, each destination's sources ascending; repeated edges
+        are kept unless ``deduplicate`` (the first one's features then kept). Float edge features other than
+        the storage dtypes become float32. Ids out of range raise ``DataError`` naming ``source``."""
         src = as_int64(src, source, "edge sources").ravel()
         dst = as_int64(dst, source, "edge destinations").ravel()
         if src.shape != dst.shape:
