@@ -15,11 +15,11 @@ import numpy as np
 
 from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.dtypes import as_int64
-from neutronorch.data.files import read_error, reads_files
+from neutronorch.data.files import present, read_error, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.sparse_pickle import SparseMatrix, csr_matrix, dense_features, load_pickle
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
-from neutronorch.errors import DataError, not_a_file
+from neutronorch.errors import DataError
 
 _GRAPHGALLERY = ("adj_matrix", "node_attr", "node_label")
 _GNN_BENCHMARK = ("adj_data", "adj_indices", "adj_indptr", "adj_shape", "labels")
@@ -37,8 +37,7 @@ def load_npz(path: str | os.PathLike, split: str = DEFAULT_SPLIT, seed: int = 0,
     """A GraphGallery, gnn-benchmark or Yandex ``.npz`` file; ``split`` and ``seed`` draw the split of a file
     that has none, ``split_index`` picks a Yandex file's own."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: {not_a_file(path, 'file is missing')}. Give the path of a .npz graph file.")
+    present(path, "a graph as a .npz archive", "Give the path of a .npz graph file.")
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as exc:
@@ -85,20 +84,15 @@ class _Entries:
             raise DataError(f"{source}: cannot be read ({type(exc).__name__}: {exc}). The file is truncated "
                             f"or corrupt; fetch it again.") from None
 
-    def array(self, key: str) -> np.ndarray:
+    def array(self, key: str, kinds: tuple = (np.ndarray,), expected: str = "an array"):
         value = self[key]
-        if not isinstance(value, np.ndarray):
-            raise DataError(f"{self.path} (entry {key}): expected an array, found {type(value).__name__}. "
+        if not isinstance(value, kinds):
+            raise DataError(f"{self.path} (entry {key}): expected {expected}, found {type(value).__name__}. "
                             f"The file does not follow its layout; convert it again.")
         return value
 
     def matrix(self, key: str) -> SparseMatrix | np.ndarray:
-        value = self[key]
-        if not isinstance(value, (SparseMatrix, np.ndarray)):
-            raise DataError(f"{self.path} (entry {key}): expected a matrix, found {type(value).__name__}. "
-                            f"The file does not follow its layout; convert it again.")
-        return value
-
+        return self.array(key, (SparseMatrix, np.ndarray), "a matrix")
 
 def _load_graphgallery(entries: _Entries, path: Path, split: str, seed: int) -> Graph:
     adjacency = entries.matrix("adj_matrix")

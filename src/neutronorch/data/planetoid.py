@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from neutronorch.data.csc import edges_to_csc
-from neutronorch.data.files import reads_files
+from neutronorch.data.files import present, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.sparse_pickle import SparseMatrix, dense_features, load_pickle
-from neutronorch.errors import DataError, not_a_file
+from neutronorch.errors import DataError
 
 # The public split validates on the 500 vertices after the training vertices (Kipf & Welling, PyG).
 NUM_VAL = 500
@@ -97,17 +97,14 @@ def _infer_name(directory: Path) -> str:
 
 
 def _read_pickle(path: Path):
-    if not path.is_file():
-        raise DataError(f"{path}: {not_a_file(path, 'file is missing')}. A Planetoid folder needs all of "
-                        f"ind.<name>.{{x,y,allx,ally,tx,ty,graph,test.index}}; fetch the missing file "
-                        f"(e.g. from kimiyoung/planetoid).")
+    present(path, "a part of the Planetoid dataset, which needs all of ind.<name>.{x,y,allx,ally,tx,ty,graph,"
+            "test.index}", "Fetch the missing file (e.g. from kimiyoung/planetoid).")
     with open(path, "rb") as file:
         return load_pickle(file, str(path))
 
 
 def _read_test_index(path: Path) -> np.ndarray:
-    if not path.is_file():
-        raise DataError(f"{path}: {not_a_file(path, 'file is missing')}. It lists the test vertex ids, one per line; fetch it again.")
+    present(path, "the test vertex ids, one per line", "Fetch it again.")
     try:
         ids = np.array(path.read_bytes().split(), dtype=np.int64)
     except ValueError as exc:

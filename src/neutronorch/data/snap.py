@@ -14,10 +14,10 @@ import numpy as np
 from numba import njit
 
 from neutronorch.data.csc import edges_to_csc
-from neutronorch.data.files import read_error, reads_files
+from neutronorch.data.files import present, read_error, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
-from neutronorch.errors import DataError, not_a_file
+from neutronorch.errors import DataError
 
 # Standard deviation of the feature noise around the unit-variance class centroids.
 FEATURE_NOISE = 3.0
@@ -62,9 +62,7 @@ def load_snap(path: str | os.PathLike, split: str = DEFAULT_SPLIT, seed: int = 0
 
 
 def _read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    if not path.is_file():
-        raise DataError(f"{path}: {not_a_file(path, 'file is missing')}. Give the path of a SNAP edge list "
-                        "(.txt, .txt.gz, .edges, .tsv or .tsv.gz).")
+    present(path, "an edge list", "Give the path of a SNAP edge list (.txt, .txt.gz, .edges, .tsv or .tsv.gz).")
     try:
         data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     except (OSError, EOFError, zlib.error) as exc:

@@ -74,22 +74,6 @@ class SparseMatrix:
         return row, col, data
 
 
-class _CSR(SparseMatrix):
-    format = "csr"
-
-
-class _CSC(SparseMatrix):
-    format = "csc"
-
-
-class _COO(SparseMatrix):
-    format = "coo"
-
-
-class _LIL(SparseMatrix):
-    format = "lil"
-
-
 def dense_features(matrix, source: str) -> np.ndarray:
     """A feature matrix, a pickled sparse one or a 2-D array of numbers, as dense float32 rows."""
     if isinstance(matrix, SparseMatrix):
@@ -103,13 +87,13 @@ def dense_features(matrix, source: str) -> np.ndarray:
 
 def csr_matrix(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, shape) -> SparseMatrix:
     """A CSR ``SparseMatrix`` from its three arrays, for files that store them unpickled."""
-    matrix = _CSR()
+    matrix = _FORMATS["csr"]()
     matrix.__setstate__({"data": data, "indices": indices, "indptr": indptr, "_shape": tuple(shape)})
     return matrix
 
 
-_STAND_INS = {f"{fmt}_{kind}": cls for fmt, cls in (("csr", _CSR), ("csc", _CSC), ("coo", _COO), ("lil", _LIL))
-              for kind in ("matrix", "array")}
+_FORMATS = {fmt: type(f"_{fmt.upper()}", (SparseMatrix,), {"format": fmt}) for fmt in ("csr", "csc", "coo", "lil")}
+_STAND_INS = {f"{fmt}_{kind}": cls for fmt, cls in _FORMATS.items() for kind in ("matrix", "array")}
 
 # The numpy functions array pickles call, taken from numpy itself so the mapping holds across versions
 # (numpy 2 moved them from numpy.core to numpy._core; old pickles name the former).
@@ -119,20 +103,13 @@ _NUMPY_FUNCTIONS = {
     "_frombuffer": np.arange(2).__reduce_ex__(5)[0],
 }
 
-_ALLOWED = {
-    ("numpy", "ndarray"): np.ndarray,
-    ("numpy", "dtype"): np.dtype,
-    ("collections", "defaultdict"): collections.defaultdict,
-    ("collections", "OrderedDict"): collections.OrderedDict,
-    ("__builtin__", "list"): list,
-    ("builtins", "list"): list,
-    ("__builtin__", "dict"): dict,
-    ("builtins", "dict"): dict,
-    ("__builtin__", "set"): set,
-    ("builtins", "set"): set,
-    # Python 3 writes bytes into protocol-2 pickles as _codecs.encode(text, "latin1").
-    ("_codecs", "encode"): codecs.encode,
-}
+_ALLOWED = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
+            ("collections", "defaultdict"): collections.defaultdict,
+            ("collections", "OrderedDict"): collections.OrderedDict,
+            # Python 3 writes bytes into protocol-2 pickles as _codecs.encode(text, "latin1").
+            ("_codecs", "encode"): codecs.encode,
+            **{(module, kind.__name__): kind for module in ("__builtin__", "builtins")
+               for kind in (list, dict, set)}}
 
 
 class _Unpickler(pickle.Unpickler):
