@@ -11,10 +11,9 @@ from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.dtypes import as_int64
 from neutronorch.data.graph import Graph
 from neutronorch.data.interop import _edges, _require
-from neutronorch.data.link_checks import check_stored_links
+from neutronorch.data.link_checks import check_stored_links, link_graph
 from neutronorch.data.edge_split import _KEY_LIMIT, UNDIRECTED_SHARE, _link_keys, reciprocity
-from neutronorch.data.links import (PER_SOURCE, SHARED, LinkSplit, check_link_split, count_positive_negatives,
-                                    member_mask)
+from neutronorch.data.links import PER_SOURCE, SHARED, LinkSplit, check_link_split, member_mask
 from neutronorch.errors import DataError
 
 STAGES = ("train", "val", "test")
@@ -56,20 +55,12 @@ def from_pyg_link(train_data, val_data, test_data, name: str = "pyg") -> Graph:
     del edge_index
     split.undirected, split.direction = _direction(split, indptr, indices)
     checked = check_stored_links(split, indptr, indices, name, "train_data.edge_index")
-    notes = [f"PyG link split: {_count(split.train)}/{_count(split.val)}/{_count(split.test)} links, "
+    notes = [f"PyG link split: {'/'.join(f'{getattr(split, s).shape[1]:,}' for s in STAGES)} links, "
              f"{split.direction}"
-             + (f"; {_count(negatives['train'])} training negatives dropped (drawn per batch instead)"
+             + (f"; {negatives['train'].shape[1]:,} training negatives dropped (drawn per batch instead)"
                 if negatives["train"].shape[1] else "")] + checked
-    for part in ("val", "test") if shared else ():
-        clashes = count_positive_negatives(split, part, num_nodes)
-        if clashes:  # scored as given, as PyG's evaluation would
-            notes.append(f"{clashes:,} of {name}'s {part} negatives are also {part} positives (kept)")
-    graph = Graph(name=name, indptr=indptr, indices=indices, features=feature_rows(train_data.x, f"{name}: train_data.x"),
-                  labels=np.full(num_nodes, -1, np.int64), train_idx=np.empty(0, np.int64),
-                  val_idx=np.empty(0, np.int64), test_idx=np.empty(0, np.int64), num_classes=0, notes=notes,
-                  links=split)
-    graph.validate(name)
-    return graph
+    return link_graph(name, indptr, indices, feature_rows(train_data.x, f"{name}: train_data.x"), split, notes,
+                      "", name)
 
 
 def to_pyg_link(graph: Graph, seed: int = 0):
@@ -92,7 +83,7 @@ def to_pyg_link(graph: Graph, seed: int = 0):
     val_edges = np.concatenate([links.val, links.val[::-1]], axis=1) if links.undirected else links.val
     stored = {"val": _stored_negatives(links, "val"), "test": _stored_negatives(links, "test")}
     wanted = [stage for stage in STAGES if stored.get(stage) is None]
-    drawn = dict(zip(wanted, _draw_negatives(graph, train_graph, [_count_of(links, s) for s in wanted], seed)))
+    drawn = dict(zip(wanted, _draw_negatives(graph, train_graph, [getattr(links, s).shape[1] for s in wanted], seed)))
     x = torch.from_numpy(np.asarray(graph.features, dtype=np.float32))
     out = []
     for stage, edge_index in zip(STAGES, (train_graph, train_graph, np.concatenate([train_graph, val_edges], 1))):
@@ -173,14 +164,6 @@ def _direction(split: LinkSplit, indptr: np.ndarray, indices: np.ndarray) -> tup
     why = (f"{share:.1%} of train_data.edge_index's edges have their reverse, {kept:.1%} of the validation and test "
            f"positives' reverses are in it")
     return undirected, f"{'undirected' if undirected else 'directed'}: {why}"
-
-
-def _count(pairs: np.ndarray) -> str:
-    return f"{pairs.shape[1]:,}"
-
-
-def _count_of(links: LinkSplit, stage: str) -> int:
-    return int(getattr(links, stage).shape[1])
 
 
 def _stored_negatives(links: LinkSplit, part: str) -> np.ndarray | None:

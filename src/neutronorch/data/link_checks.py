@@ -11,10 +11,11 @@ import logging
 import numpy as np
 
 from neutronorch.data.edge_split import _link_keys
-from neutronorch.data.links import LinkSplit, check_link_split, member_mask
+from neutronorch.data.graph import Graph
+from neutronorch.data.links import LinkSplit, check_link_split, count_positive_negatives, member_mask
 from neutronorch.errors import DataError
 
-__all__ = ["check_stored_links", "check_graph_links"]
+__all__ = ["check_stored_links", "check_graph_links", "link_graph"]
 
 logger = logging.getLogger("neutronorch")
 HELD_OUT = ("val", "test")
@@ -74,6 +75,22 @@ def check_graph_links(graph) -> list[str]:
     check_link_split(links, graph.num_nodes, graph.name, negatives_may_be_positive=True)  # shapes, ids in range
     return check_stored_links(links, graph.indptr, graph.indices, graph.name)
 
+
+
+def link_graph(name: str, indptr, indices, features, split: LinkSplit, notes: list[str], kept: str, source: str,
+               files: dict[str, str] | None = None) -> Graph:
+    """The validated link graph (no node task) of a stored ``split``; its notes count the fixed negatives
+    that are positives of their own set too, scored as given (``kept`` says as whose evaluator does)."""
+    num_nodes = indptr.shape[0] - 1
+    for part in ("val", "test"):
+        clashes = count_positive_negatives(split, part, num_nodes)
+        if clashes:
+            notes.append(f"{clashes:,} of {name}'s {part} negatives are also {part} positives (kept{kept})")
+    none = np.empty(0, np.int64)
+    graph = Graph(name, indptr, indices, features, np.full(num_nodes, -1, np.int64), none, none.copy(),
+                  none.copy(), 0, notes, links=split)
+    graph.validate(source, files)
+    return graph
 
 def _keys(pairs: np.ndarray, num_nodes: int, undirected: bool) -> np.ndarray:
     """Each pair's key dst * num_nodes + src (undirected: larger * num_nodes + smaller), in the pairs' order."""

@@ -16,8 +16,8 @@ from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.dtypes import as_int64
 from neutronorch.data.files import read_error, reads_files
 from neutronorch.data.graph import Graph
-from neutronorch.data.link_checks import check_stored_links
-from neutronorch.data.links import PER_SOURCE, SHARED, LinkSplit, check_link_split, count_positive_negatives
+from neutronorch.data.link_checks import check_stored_links, link_graph
+from neutronorch.data.links import PER_SOURCE, SHARED, LinkSplit, check_link_split
 from neutronorch.data.ogb import Progress, dataset_name, read_edges, read_node_features, split_folder
 from neutronorch.errors import DataError, not_a_file
 
@@ -59,17 +59,8 @@ def load_ogb_link(directory: str | os.PathLike, progress: Progress | None = None
                                 "edges made undirected")]
     # The benchmark's own split, scored as OGB's evaluator scores it: leaks are warned about, not refused.
     notes += check_stored_links(split, indptr, indices, name, str(raw / "edge.csv.gz"), benchmark=True)
-    for part in ("val", "test"):
-        clashes = count_positive_negatives(split, part, num_nodes)
-        if clashes:  # OGB's evaluator scores its negatives as they are; so does neutronorch
-            notes.append(f"{clashes:,} of {name}'s {part} negatives are also {part} positives (kept, as OGB "
-                         f"scores them)")
-    graph = Graph(name=name, indptr=indptr, indices=indices, features=features,
-                  labels=np.full(num_nodes, -1, np.int64), train_idx=np.empty(0, np.int64),
-                  val_idx=np.empty(0, np.int64), test_idx=np.empty(0, np.int64), num_classes=0, notes=notes,
-                  links=split)
-    graph.validate(str(directory), {"links": str(folder)})
-    return graph
+    return link_graph(name, indptr, indices, features, split, notes, ", as OGB scores them", str(directory),
+                      {"links": str(folder)})
 
 
 def _read_split(folder: Path) -> dict[str, dict]:
