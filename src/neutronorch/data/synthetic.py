@@ -137,10 +137,8 @@ def _generate(spec: SyntheticSpec, split: str | None, split_seed: int | None) ->
         raise ConfigError(f"dataset spec {spec.name}: power={spec.power:g} draws every edge's two ends at the "
                           f"same vertex, leaving no edges; give a smaller power (the default is 0.6).")
 
-    # Unit-norm centroids (in expectation) make `noise` mean the same for every feature width.
-    centroids = rng.standard_normal((c, spec.features), dtype=np.float32) / np.float32(np.sqrt(spec.features))
-    features = rng.standard_normal((n, spec.features), dtype=np.float32)
-    features *= np.float32(spec.noise)
+    centroids = class_centroids(rng, c, spec.features)
+    features = noise_rows(rng, n, spec.features, spec.noise)
     features += centroids[labels]
 
     if split is None:
@@ -152,6 +150,17 @@ def _generate(spec: SyntheticSpec, split: str | None, split_seed: int | None) ->
                  train_idx=train_idx, val_idx=val_idx, test_idx=test_idx, num_classes=c,
                  notes=["synthetic graph: degree-weighted block model, features = class centroid + noise"])
 
+
+
+def class_centroids(rng: np.random.Generator, count: int, width: int) -> np.ndarray:
+    """``count`` random directions of unit norm in expectation (so ``noise`` means the same at any width)."""
+    return rng.standard_normal((count, width), dtype=np.float32) / np.float32(np.sqrt(width))
+
+
+def noise_rows(rng: np.random.Generator, rows: int, width: int, noise: float) -> np.ndarray:
+    out = rng.standard_normal((rows, width), dtype=np.float32)
+    out *= np.float32(noise)
+    return out
 
 class Pool:
     """Vertices with a class and a weight each, ordered by class beside a cumulative weight table, so that a

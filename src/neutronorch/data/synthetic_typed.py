@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from neutronorch.data.splits import make_split
-from neutronorch.data.synthetic import Pool, check_finite, too_large
+from neutronorch.data.synthetic import Pool, check_finite, class_centroids, noise_rows, too_large
 from neutronorch.data.typed import Relation, TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.limits import check_seed
@@ -74,13 +74,13 @@ def _draw_typed(nodes, degree, features, field_features, topics, power, homophil
     if edge_weights:
         relations[("paper", "cites", "paper")] = _weighted(relations[("paper", "cites", "paper")], labels, seed)
 
-    topic_centroids = _centroids(rng, topics, features)
-    paper = _noise(rng, counts["paper"], features, noise)
+    topic_centroids = class_centroids(rng, topics, features)
+    paper = noise_rows(rng, counts["paper"], features, noise)
     paper += (topic_centroids[field_topic] + topic_centroids[institution_topic]) / np.float32(np.sqrt(2))
     node_features = {"paper": paper}
     if field_features:
-        node_features["field"] = _noise(rng, counts["field"], field_features, noise)
-        node_features["field"] += _centroids(rng, topics, field_features)[field_topics]
+        node_features["field"] = noise_rows(rng, counts["field"], field_features, noise)
+        node_features["field"] += class_centroids(rng, topics, field_features)[field_topics]
     train_idx, val_idx, test_idx = make_split(labels, num_classes, f"ratio:{train},{val}", seed)
     name = (f"synthetic-typed-n{nodes}-d{degree:g}-f{features}-ff{field_features}-t{topics}-p{power:g}"
             f"-h{homophily:g}-x{noise:g}-s{seed}" + ("-w" if edge_weights else ""))
@@ -104,17 +104,6 @@ def _weighted(cites: Relation, labels: np.ndarray, seed: int) -> Relation:
 def _balanced(rng: np.random.Generator, count: int, num_classes: int) -> np.ndarray:
     """``count`` classes in random order, each class as often as the others (so none is empty)."""
     return rng.permutation(np.arange(count, dtype=np.int64) % num_classes)
-
-
-def _centroids(rng: np.random.Generator, count: int, width: int) -> np.ndarray:
-    """``count`` random directions of unit norm in expectation."""
-    return rng.standard_normal((count, width), dtype=np.float32) / np.float32(np.sqrt(width))
-
-
-def _noise(rng: np.random.Generator, rows: int, width: int, noise: float) -> np.ndarray:
-    out = rng.standard_normal((rows, width), dtype=np.float32)
-    out *= np.float32(noise)
-    return out
 
 
 def _check(nodes, degree, features, field_features, topics, power, homophily, noise, train, val) -> None:
