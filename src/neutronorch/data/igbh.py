@@ -88,33 +88,29 @@ def load_igbh(directory: str | os.PathLike, classes: int = 19, split: str = "aut
 
 
 def _features(processed: Path, node_type: str, size: str, files: dict[str, str]) -> np.ndarray:
-    """A type's ``node_feat.npy``: a ``.npy`` array, or raw float32 rows of ``WIDTH`` (large and full)."""
     path = processed / node_type / "node_feat.npy"
-    what = f"the features of type {node_type}, a row per vertex"
     files[node_array(node_type, "features")] = str(path)
+    return _open(path, size, node_type, WIDTH, f"the features of type {node_type}, a row per vertex",
+                 f"rows of {WIDTH} float32 values")
+
+
+def _open(path: Path, size: str, node_type: str, width: int, what: str, unit: str) -> np.ndarray:
+    """A ``.npy`` array, or large and full's raw float32 rows of ``width`` (0: single values), holding the
+    loaders' count of ``node_type``."""
     if is_npy(present(path, what)):
         return open_npy(path, what)
-    rows = open_raw(path, np.float32, WIDTH, what)
-    _check_raw_count(rows, path, size, node_type, f"rows of {WIDTH} float32 values")
-    return rows
-
-
-def _check_raw_count(array: np.ndarray, path: Path, size: str, node_type: str, unit: str) -> None:
-    """A raw file of large or full holds the loaders' count of ``node_type``."""
+    array = open_raw(path, np.float32, width, what)
     count = RAW_COUNTS.get(size, {}).get(node_type)
     if count is not None and array.shape[0] != count:
         raise DataError(f"{path}: {array.shape[0]:,} {unit}, but IGBH {size} has {count:,} vertices of type "
                         f"{node_type} (IGB's loader); the file is truncated or from another size. Fetch it again.")
+    return array
 
 
 def _labels(path: Path, size: str, papers: int, counted: str, classes: int, progress: Progress | None) -> np.ndarray:
     other = 19 if classes == 2983 else 2983
     what = f"the papers' {classes}-class labels (for the other label set, {LABEL_FILES[other]}, give classes={other})"
-    if is_npy(present(path, what)):
-        values = open_npy(path, what)
-    else:
-        values = open_raw(path, np.float32, 0, what)
-        _check_raw_count(values, path, size, "paper", "float32 labels")
+    values = _open(path, size, "paper", 0, what, "float32 labels")
     check_rows(values, papers, path, counted, "labels")
     labels = class_ids(values, path, progress)
     if size == "full":
