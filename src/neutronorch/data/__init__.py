@@ -25,15 +25,12 @@ __all__ = ["Graph", "load_dataset", "load_native", "save_native", "SyntheticSpec
            "load_typed_dataset", "to_pyg_hetero", "from_pyg_hetero", "to_dgl_hetero", "from_dgl_hetero"]
 
 DATASET_SPEC_HELP = (
-    "synthetic[:nodes=N,degree=D,features=F,classes=C,seed=S,...] | a native dataset directory "
-    "(meta.json + .npy arrays) | an OGB dataset folder (raw/, split/; ogbn- or ogbl-) | a Planetoid folder "
-    "(ind.<name>.*) | "
-    "a GraphGallery/gnn-benchmark/"
-    "heterophilous .npz | a SNAP edge list (.txt, .txt.gz, .edges, .tsv or .tsv.gz; features and labels "
-    "are then synthetic) | "
-    "pyg:NAME@ROOT (a PyG dataset already downloaded under ROOT, e.g. pyg:Cora@~/data) | "
-    "a typed graph: a typed native folder, OGB's ogbn-mag folder, an IGBH folder (<root>/<size>) or OGB-LSC's "
-    "MAG240M folder")
+    "synthetic[:nodes=N,degree=D,features=F,classes=C,seed=S,...] | a native dataset directory (meta.json"
+    " + .npy arrays) | an OGB dataset folder (raw/, split/; ogbn- or ogbl-) | a Planetoid folder "
+    "(ind.<name>.*) | a GraphGallery/gnn-benchmark/heterophilous .npz | a SNAP edge list (.txt, .txt.gz, "
+    ".edges, .tsv or .tsv.gz; features and labels are then synthetic) | pyg:NAME@ROOT (a PyG dataset "
+    "already downloaded under ROOT, e.g. pyg:Cora@~/data) | a typed graph: a typed native folder, OGB's "
+    "ogbn-mag folder, an IGBH folder (<root>/<size>) or OGB-LSC's MAG240M folder")
 
 
 @reads_files

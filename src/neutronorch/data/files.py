@@ -20,6 +20,8 @@ from neutronorch.atomic import make_folder, remove_made, sweep_stale, temp_prefi
 from neutronorch.errors import DataError, not_a_file
 
 REFETCH = "The dataset is incomplete or damaged; fetch it again."
+# progress(what, done, total): bytes of the file being read (an edge file built a chunk at a time: read twice).
+Progress = Callable[[str, int, int], None]
 
 
 def permission_message(path) -> str:

@@ -9,7 +9,6 @@ import os
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -17,14 +16,12 @@ from neutronorch.data.arrays import class_labels, feature_rows
 from neutronorch.data.checks import SPLITS
 from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.dtypes import as_int64
-from neutronorch.data.files import holds_objects, read_error, reads_files
+from neutronorch.data.files import Progress, holds_objects, read_error, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import stored_split
 from neutronorch.data.textnum import TextError, first_line_width, read_numbers
 from neutronorch.errors import DataError, not_a_file
 
-# progress(what, done, total): bytes of the file being read.
-Progress = Callable[[str, int, int], None]
 ROC_AUC_DATASETS = ("ogbn-proteins",)
 
 

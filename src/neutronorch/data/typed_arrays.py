@@ -6,7 +6,6 @@ only arrays of the graph's size it allocates), class ids read a chunk at a time.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from numba import njit, prange
@@ -14,12 +13,10 @@ from numba import njit, prange
 from neutronorch.data.arrays import class_labels
 from neutronorch.data.csc import INT32_LIMIT
 from neutronorch.data.dtypes import as_int64
-from neutronorch.data.files import REFETCH, open_npy, present, read_error
+from neutronorch.data.files import REFETCH, Progress, open_npy, present, read_error
 from neutronorch.data.relation import Relation, RelationType, relation_array, relation_label
 from neutronorch.errors import DataError
 
-# progress(what, done, total): bytes of the file being read (each edge file is read twice: done runs to 2x).
-Progress = Callable[[str, int, int], None]
 CHUNK = 1 << 22  # edges or rows read from a memory map at a time
 NPY_MAGIC = b"\x93NUMPY"
 
