@@ -215,13 +215,12 @@ def check_target(graph, n: int, fail: Failure, prefix: str = "", key=lambda part
             bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
             fail(key(split), f"{prefix}{split} holds vertex id {bad}, outside 0..{n - 1}",
                  f"Split ids are {row} ids; fix the split or the count.")
-        unique = np.unique(idx)
+        unique, counts = np.unique(idx, return_counts=True)
         if unique.shape[0] != idx.shape[0]:
             fail(key(split), f"{prefix}{split} holds {idx.shape[0] - unique.shape[0]} duplicate vertex ids (first: "
-                 f"{int(first_duplicate(idx))})", "Each vertex may appear once per split; deduplicate it (np.unique).")
+                 f"{int(unique[counts > 1][0])})", "Each vertex may appear once per split; deduplicate it (np.unique).")
         if labelled_splits:
-            split_labels = np.asarray(labels[idx])
-            known = (split_labels >= 0).any(axis=1) if split_labels.ndim == 2 else split_labels >= 0
+            known = graph.is_labelled(idx)
             if not known.all():
                 fail(key(split), f"{prefix}{split} holds {int((~known).sum())} unlabelled vertices (first: "
                      f"{int(idx[np.flatnonzero(~known)[0]])})", "Leave vertices labelled -1 out of the splits.")
@@ -229,11 +228,6 @@ def check_target(graph, n: int, fail: Failure, prefix: str = "", key=lambda part
     if overlap is not None:
         array, what, fix = overlap
         fail(key(array), f"{prefix}{what}", fix)
-
-
-def first_duplicate(ids: np.ndarray) -> int:
-    ordered = np.sort(ids)
-    return ordered[np.flatnonzero(ordered[1:] == ordered[:-1])[0]]
 
 
 def _range(labels: np.ndarray) -> tuple[int, int]:

@@ -176,17 +176,13 @@ def count_positive_negatives(split: LinkSplit, part: str, num_nodes: int) -> int
     if split.negative_kind == SHARED:
         for start in range(0, negatives.shape[1], _CHUNK):
             chunk = negatives[:, start:start + _CHUNK]
-            count += _members(chunk[1] * num_nodes + chunk[0], known)
+            count += int(member_mask(chunk[1] * num_nodes + chunk[0], known).sum())
         return count
     rows = max(1, _CHUNK // max(1, negatives.shape[1]))
     for start in range(0, negatives.shape[0], rows):
         sources = positives[0, start:start + rows, None]
-        count += _members(negatives[start:start + rows] * num_nodes + sources, known)
+        count += int(member_mask(negatives[start:start + rows] * num_nodes + sources, known).sum())
     return count
-
-
-def _members(keys: np.ndarray, known: np.ndarray) -> int:
-    return int(member_mask(keys, known).sum())
 
 
 def member_mask(keys: np.ndarray, known: np.ndarray) -> np.ndarray:
