@@ -27,18 +27,14 @@ def graph_fields(src, dst, features, labels, splits: Mapping | Sequence | None =
         raise DataError(f"`name` {name!r}: expected a string (it names the graph in messages and summaries).")
     check_switch(undirected, "`undirected`")
     check_seed(seed)
-    if num_classes is not None and (not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool)
-                                    or num_classes < 0):
-        raise DataError(f"{name}: num_classes is {num_classes!r}, expected a whole number >= 0.")
+    for what, count in (("num_classes", num_classes), ("num_nodes", num_nodes)):
+        if count is not None and (not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0):
+            raise DataError(f"{name}: {what} is {count!r}, expected a whole number >= 0.")
     features = feature_rows(features, f"{name}: features")
-    if num_nodes is not None and (not isinstance(num_nodes, (int, np.integer)) or isinstance(num_nodes, bool)
-                                  or num_nodes < 0):
-        raise DataError(f"{name}: num_nodes is {num_nodes!r}, expected a whole number >= 0.")
     n = features.shape[0] if num_nodes is None else int(num_nodes)
     labels = class_labels(_array(labels, "labels"), n, name)
     if num_classes is None:
-        labelled = labels[labels >= 0]
-        num_classes = labels.shape[1] if labels.ndim == 2 else (int(labelled.max()) + 1 if labelled.size else 0)
+        num_classes = labels.shape[1] if labels.ndim == 2 else int(labels.max(initial=-1)) + 1
     src, dst = _array(src, "src"), _array(dst, "dst")
     for what, ends in (("src", src), ("dst", dst)):
         if ends.ndim > 1:  # a (2, E) edge_index given as one end would be read flat, as edges it does not hold
