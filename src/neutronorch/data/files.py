@@ -109,13 +109,11 @@ def write_folder(target: Path, fill: Callable[[Path], None]) -> Path:
             shutil.rmtree(old, ignore_errors=True)
         else:
             partial.replace(target)
-    except OSError as exc:
+    except BaseException as exc:
         shutil.rmtree(partial, ignore_errors=True)
         remove_made(made)
-        raise write_error(target, exc, existed) from exc
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        remove_made(made)
+        if isinstance(exc, OSError):
+            raise write_error(target, exc, existed) from exc
         raise
     return target
 
