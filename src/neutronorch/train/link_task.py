@@ -43,13 +43,13 @@ from neutronorch.data.edge_split import link_relation, parse_link_split, split_e
 from neutronorch.data.links import PER_SOURCE, SHARED, LinkEnds, check_link_split, check_negatives_fit
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
-from neutronorch.features.store import FeatureStore, TypedInputs
+from neutronorch.features.store import FeatureStore
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.rows import take_rows
-from neutronorch.orchestration.link_seeds import negative_generator
+from neutronorch.orchestration.link_seeds import EndsSampler, negative_generator
 from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.train.distributed import World
-from neutronorch.train.evaluate import inference_key
+from neutronorch.train.evaluate import typed_logits
 from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, link_collapse, nonfinite_rows
 from neutronorch.train.layerwise import LayerProgress, last_layer_rows
 from neutronorch.train.link_metrics import PerPositiveScores, SharedScores, parse_link_metric
@@ -238,22 +238,12 @@ def evaluate_links(model: LinkModel, graph: Graph, store: FeatureStore, device: 
 def evaluate_typed_links(model: LinkModel, graph: TypedGraph, sampler, device: torch.device, batch_size: int,
                          seed: int, eval_negatives: int, task: LinkTask, check: EvaluationCheck | None = None
                          ) -> dict[str, float]:
-    """``evaluate_links`` of a typed graph's link task (``typed_link_graph``): the named vertices embedded
-    ``batch_size`` at a time from samples of ``sampler`` (the evaluation fanouts) with the one key
-    ``inference_key(seed)``."""
-    ends, inputs = graph.links.ends, TypedInputs(graph)
-
-    @contextlib.contextmanager
-    def embedded(nodes: torch.Tensor):
-        model.eval()
-        rows = []
-        for chunk in torch.split(nodes, batch_size):
-            subgraph = sampler.sample(ends.split(chunk), inference_key(seed))
-            features, ids = inputs(subgraph.input_nodes, device)
-            rows.append(model([b.to(device) for b in subgraph.blocks], features, ids).float().cpu())
-        yield torch.cat(rows)
-
-    return _evaluated(model, graph.links, ends.destinations, embedded, device, seed, eval_negatives, task, check)
+    """``evaluate_links`` of a typed graph's link task (``typed_link_graph``): the named vertices embedded by
+    ``typed_logits`` of the encoder, sampled by ``sampler`` (the evaluation fanouts) in their end types."""
+    sampler = EndsSampler(sampler, graph.links.ends)
+    return _evaluated(model, graph.links, graph.links.ends.destinations, lambda nodes: contextlib.nullcontext(
+        typed_logits(model.encoder, graph, sampler, nodes, device, batch_size, seed)), device, seed, eval_negatives,
+        task, check)
 
 
 def _evaluated(model: LinkModel, links, destinations: tuple[int, int], embedded, device: torch.device, seed: int,
