@@ -1,18 +1,11 @@
 """What every loader shares: arguments, the mode, epochs, iteration, resume and the lifetime of batches.
 
 A loader builds a mode exactly as ``train()`` does (``build_mode`` from a ``TrainConfig``, threads from
-``thread_budget``; a ``TypedGraph`` gets its typed mode, with fanouts per relation), so its batches come from
-the same pipeline (docs/loader.md). Each iteration is one epoch, ``mode.batches(epoch, start)`` under a
-``with``, so its producer thread stops when the epoch ends, on ``break`` and on an exception. What runs on
-which kind of graph is ``capabilities.py``'s table (``refusal``).
-
-Each ``iter(loader)`` runs epoch ``loader.epoch`` and moves it on by one, as an unchanged PyG loop that
-iterates the loader once per epoch expects; an iteration is an ``EpochIterator`` (epochs.py). A subclass says
-what an epoch is made of (``_resolve``: the vertices or edges it takes, in batches of ``batch_size``, and the
-view of the graph its mode reads them from) and what a batch looks like (``_make_batch``); the order of epoch
-``e`` is the mode's own permutation of those items (``epoch_order(seed, e)``), so ``input_order`` names each
-batch's items without asking the mode.
-"""
+``thread_budget``), so its batches come from the same pipeline; what runs on which kind of graph is
+``capabilities.py``'s table. Each ``iter(loader)`` runs epoch ``loader.epoch`` (``mode.batches(epoch, start)``
+in an ``EpochIterator``, whose producer thread stops with it) and moves it on by one, as a PyG loop that
+iterates the loader once per epoch expects. A subclass says what an epoch is made of (``_resolve``) and what
+a batch looks like (``_make_batch``); epoch ``e`` takes its items in the mode's order ``epoch_order(seed, e)``."""
 
 from __future__ import annotations
 
@@ -46,9 +39,8 @@ TYPED_OPTIONS = ("gpu_memory_gb",)  # a typed graph's modes size nothing else by
 
 
 class EpochLoader:
-    """Mini-batches of sampled neighbourhoods of a ``Graph`` or a ``TypedGraph``, ``batch_size`` of an epoch's
-    ``_count`` items (seeds or seed edges) each, one epoch per iteration (``NeighborLoader`` and
-    ``LinkNeighborLoader`` document the arguments)."""
+    """Mini-batches of ``batch_size`` of an epoch's ``_count`` items (seeds or seed edges), one epoch per
+    iteration (arguments: ``NeighborLoader``, ``LinkNeighborLoader``)."""
 
     task = "node"  # capabilities.py's task of the loader's batches
     items = "seeds"  # what an epoch is made of, in messages
