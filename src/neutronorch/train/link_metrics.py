@@ -2,20 +2,16 @@
 
 Scores are one per positive edge, ``positive`` (P,), and the negatives' in one of two forms:
 
-- **per positive**, (P, K): row i holds the scores of positive i's own K negatives (ogbl-citation2). A
-  positive's rank is 1 + (optimistic + pessimistic) / 2, where optimistic counts the negatives scored above
-  it and pessimistic those scored at least as high (ties count half). MRR is the mean of 1 / rank; Hits@K
-  the share of positives whose rank is at most K (OGB's ``hits@K_list``).
-- **shared**, (N,): one list of negatives for every positive (ogbl-collab, -ppa). Hits@K: the share of
-  positives scored strictly above the K-th highest negative score, and 1.0 when there are fewer than K
-  negatives. MRR ranks each positive against all N.
+- **per positive**, (P, K): row i holds positive i's own K negatives (ogbl-citation2). A positive's rank is
+  1 + (#above + #at least as high) / 2 (ties half); MRR is the mean of 1 / rank, Hits@K the share of
+  positives ranked at most K.
+- **shared**, (N,): one list for every positive (ogbl-collab, -ppa). Hits@K: the share of positives scored
+  strictly above the K-th highest negative (1.0 with fewer than K); MRR ranks each positive against all N.
 
-ROC-AUC (either form: the negatives are pooled) is the probability that a positive scores above a negative,
-ties counting half. Scores may be numpy arrays or torch tensors on any device (brought to the host).
-``PerPositiveScores`` takes (P, K) scores a chunk of rows at a time and keeps P values (each positive's rank,
-and for ROC-AUC counts of positives above and tied with each negative), so the (P, K) scores are never held;
-``SharedScores`` holds shared scores whole. The functions score whole arrays through them (``link_scores``).
-"""
+ROC-AUC (the negatives pooled): the probability that a positive scores above a negative, ties half. Scores
+may be numpy arrays or torch tensors on any device. ``PerPositiveScores`` takes (P, K) scores a chunk of
+rows at a time and keeps P values, so they are never held whole; ``SharedScores`` holds shared scores whole;
+the functions score whole arrays through them (``link_scores``)."""
 
 from __future__ import annotations
 
@@ -161,11 +157,10 @@ class SharedScores(_Metrics):
 
 
 class PerPositiveScores(_Metrics):
-    """Positive scores (P,) against per-positive negative scores given a chunk of rows at a time (``add``),
-    never held whole. Kept: the positives and a sorted copy (P values each), each positive's rank (P float64),
-    and two counts over every negative so far: the positives scored above it and those tied with it. The metrics
-    equal ``mrr``, ``hits_at_k`` and ``link_roc_auc`` of the whole (P, K) array, whatever the chunks: the
-    ranks are the same numbers, and ROC-AUC's Mann-Whitney count (ties half) is an exact integer sum."""
+    """Positive scores (P,) against per-positive negative scores given a chunk of rows at a time (``add``).
+    Kept: the positives and a sorted copy, each positive's rank, and two counts over every negative so far
+    (the positives scored above it and those tied with it), so the metrics are the same whatever the chunks:
+    ROC-AUC's Mann-Whitney count (ties half) is an exact integer sum."""
 
     def __init__(self, positive):
         self.positive = _host(positive)
