@@ -50,13 +50,7 @@ def _inputs(positive, negatives) -> tuple[np.ndarray, np.ndarray]:
 
 def ranks(positive, negatives) -> np.ndarray:
     """Each positive's rank among its negatives (float64, ties half): 1 + (#higher + #at least as high) / 2."""
-    positive, negatives = _inputs(positive, negatives)
-    if negatives.ndim == 2:
-        return link_scores(positive, negatives)._ranks()
-    ordered = np.sort(negatives)
-    higher = ordered.shape[0] - np.searchsorted(ordered, positive, side="right")
-    at_least = ordered.shape[0] - np.searchsorted(ordered, positive, side="left")
-    return 0.5 * (higher + at_least) + 1.0
+    return link_scores(positive, negatives)._ranks()
 
 
 def parse_link_metric(metric: str) -> tuple[str, int]:
@@ -100,7 +94,12 @@ def link_score(metric: str, positive, negatives) -> float:
 
 
 class _Metrics:
-    """``score(metric)`` of a set of scores that has ``mrr``, ``hits_at_k`` and ``roc_auc``."""
+    """``score(metric)`` and ``mrr`` of a set of scores that has ``_ranks``, ``hits_at_k`` and ``roc_auc``."""
+
+    def mrr(self) -> float:
+        """Mean reciprocal rank (NaN without positives)."""
+        ranked = self._ranks()
+        return float(np.mean(1.0 / ranked)) if ranked.size else float("nan")
 
     def score(self, metric: str) -> float:
         """``metric`` (``parse_link_metric``)."""
@@ -119,10 +118,10 @@ class SharedScores(_Metrics):
             raise ValueError(f"shared negative scores must be 1-D, got shape {self.negatives.shape}")
         self.negatives_per_positive = self.negatives.shape[0]
 
-    def mrr(self) -> float:
-        """Mean reciprocal rank of the positives among all negatives (NaN without positives)."""
-        ranked = ranks(self.positive, self.negatives)
-        return float(np.mean(1.0 / ranked)) if ranked.size else float("nan")
+    def _ranks(self) -> np.ndarray:
+        ordered = np.sort(self.negatives)
+        higher = ordered.shape[0] - np.searchsorted(ordered, self.positive, side="right")
+        return 0.5 * (higher + ordered.shape[0] - np.searchsorted(ordered, self.positive, side="left")) + 1.0
 
     def hits_at_k(self, k: int) -> float:
         """The share of positives scored strictly above the ``k``-th highest negative (1.0 if N < k), as OGB's
@@ -196,10 +195,6 @@ class PerPositiveScores(_Metrics):
         self.tied += at_most - below
         self.rows, self.negatives = self.rows + count, self.negatives + flat.shape[0]
         self.negatives_per_positive = negatives.shape[1]
-
-    def mrr(self) -> float:
-        """Mean reciprocal rank (NaN without positives)."""
-        return float(np.mean(1.0 / self._ranks())) if self.positive.size else float("nan")
 
     def hits_at_k(self, k: int) -> float:
         """The share of positives ranked at most ``k`` (NaN without positives)."""
