@@ -134,7 +134,6 @@ class EpochLoader:
         k = minibatch.index * self.batch_size
         return self._make_batch(minibatch, inputs, order[k:k + self.batch_size].to(self.device, non_blocking=True))
 
-    # -- epochs ---------------------------------------------------------------------------------------
     def _epochs(self, count: int, batch_size, seed, epoch, shuffle, drop_last) -> None:
         """The epochs' settings: ``count`` items in batches of ``batch_size``."""
         self._count = count
@@ -191,7 +190,6 @@ class EpochLoader:
         positions = torch.arange(self._count)
         return epoch_order(positions, self.seed, epoch) if self.shuffle else positions
 
-    # -- lifetime -------------------------------------------------------------------------------------
     def _close_active(self) -> None:
         """Close the open iteration, which must be this thread's: a new iteration (or ``close``) from another
         thread while one runs would end it under its loop, a short epoch or batches of two epochs mixed."""

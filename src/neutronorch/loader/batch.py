@@ -52,7 +52,6 @@ class SampledBatch:
         self._pyg = None
         self._released = False
 
-    # -- the plain form -------------------------------------------------------------------------------
     @property
     def blocks(self) -> list[Block]:
         return self._blocks  # the sampler's own tensors, never reused
@@ -88,7 +87,6 @@ class SampledBatch:
         sizes = [self._blocks[-1].num_dst] + [b.num_src for b in reversed(self._blocks)]
         return [sizes[0]] + [b - a for a, b in zip(sizes, sizes[1:])]
 
-    # -- the PyG form ---------------------------------------------------------------------------------
     def to_pyg(self):
         """A ``torch_geometric.data.Data`` with what PyG's loaders put in one, and the task's own fields
         (docs/loader.md). Built once per batch."""
@@ -105,7 +103,6 @@ class SampledBatch:
         """The task's fields of the PyG form."""
         return {}
 
-    # -- the DGL form ---------------------------------------------------------------------------------
     def to_dgl_blocks(self) -> list:
         """One DGL block per layer, input layer first (as ``dgl.dataloading`` yields them), the sampler's blocks
         in CSC as they are, ``dgl.NID`` on both ends, the first's ``srcdata["feat"]`` ``x``."""
@@ -128,7 +125,6 @@ class SampledBatch:
     def _dgl_fields(self, blocks: list) -> None:
         """The task's data on the DGL blocks."""
 
-    # -- lifetime -------------------------------------------------------------------------------------
     def _check(self) -> None:
         if self._released:
             raise RuntimeError(f"batch {self.index} of epoch {self.epoch}: its input rows were in a reused buffer "
@@ -213,7 +209,6 @@ class TypedLoaderBatch(SampledBatch):
         """``hop_counts`` of the blocks (PyG's ``num_sampled_nodes_dict``)."""
         return hop_counts(self.blocks, list(self._graph.num_nodes))
 
-    # -- the PyG form ---------------------------------------------------------------------------------
     def to_pyg(self):
         """A ``torch_geometric.data.HeteroData`` with what PyG's ``NeighborLoader`` puts in a heterogeneous
         batch (docs/loader.md): every type and relation of the graph, reverses included. Built once."""
@@ -243,7 +238,6 @@ class TypedLoaderBatch(SampledBatch):
         self._pyg = data
         return data
 
-    # -- the DGL form ---------------------------------------------------------------------------------
     def to_dgl(self) -> list:
         """``to_dgl_blocks``' blocks for a heterograph, over every relation (one the layer did not draw has no
         edge), ``edata["feat"]`` and ``dgl.EID`` where a relation has edge features (docs/loader.md)."""

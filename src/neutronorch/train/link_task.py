@@ -158,7 +158,6 @@ def check_link_settings(graph: Graph, config: TrainConfig) -> None:
 class LinkTask:
     model: LinkModel
     metric: str  # mrr, rocauc or hits@K (resolved: never auto)
-    multilabel: bool = False
 
     @classmethod
     def of(cls, graph: Graph, model: LinkModel, metric: str = "auto") -> "LinkTask":
