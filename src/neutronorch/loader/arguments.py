@@ -8,7 +8,7 @@ import numbers
 import numpy as np
 import torch
 
-from neutronorch.capabilities import LOADER_MODES, LOADER_REFUSED, TYPED_DOCS, refusal
+from neutronorch.capabilities import LOADER_KIND_REFUSED, LOADER_MODES, LOADER_REFUSED, TYPED_DOCS, refusal
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
 from neutronorch.data.pairs import pair_columns
 from neutronorch.errors import ConfigError
@@ -131,6 +131,8 @@ def check_negatives(value) -> int:
 
 def check_mode(mode, kind: str = "homogeneous", task: str = "node") -> str:
     """``mode``, where a loader runs it for ``task`` on a graph of ``kind`` (``capabilities.py``'s table)."""
+    if (kind, task) in LOADER_KIND_REFUSED:
+        raise ConfigError(LOADER_KIND_REFUSED[kind, task] + TYPED_DOCS)
     if mode in LOADER_REFUSED:
         raise ConfigError(LOADER_REFUSED[mode])
     if mode not in LOADER_MODES:

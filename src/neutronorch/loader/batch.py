@@ -12,7 +12,7 @@ import torch
 from neutronorch.data.typed import TypedGraph
 from neutronorch.orchestration.batch import MiniBatch, target_labels
 from neutronorch.orchestration.mode import StepInputs
-from neutronorch.sampling.block import Block, TypedBlock, hop_counts, pyg_form, typed_pyg_form
+from neutronorch.sampling.block import Block, hop_counts, pyg_form, typed_pyg_form
 
 __all__ = ["SampledBatch", "LoaderBatch", "TypedLoaderBatch", "optional"]
 

@@ -15,8 +15,6 @@ import torch
 
 from neutronorch.data.link_checks import check_graph_links
 from neutronorch.data.links import LinkSplit, check_negatives_fit
-from neutronorch.data.typed import TypedGraph
-from neutronorch.errors import ConfigError
 from neutronorch.loader.arguments import check_negatives, resolve_edges
 from neutronorch.loader.base import EpochLoader
 from neutronorch.loader.link_batch import LinkLoaderBatch
@@ -38,9 +36,6 @@ class LinkNeighborLoader(EpochLoader):
 
     def __init__(self, graph, fanouts, batch_size: int, *, edges="train", negatives: int = 1,
                  layout: str | None = None, **settings):
-        if isinstance(graph, TypedGraph):
-            raise ConfigError("LinkNeighborLoader takes a homogeneous graph for now; a typed graph's link task "
-                              "(one relation's edges) trains through train() (docs/heterogeneous.md).")
         self._edges_given, self._layout = edges, layout
         self.negatives = check_negatives(negatives)
         super().__init__(graph, fanouts, batch_size, **settings)
