@@ -123,16 +123,14 @@ class EpochLoader:
                     if minibatch.index >= stop:  # drop_last: the partial batch
                         minibatch.release()
                         break
-                    held = self._batch(minibatch, order)
+                    inputs = self.mode.step_inputs(minibatch)  # on CUDA: the stream waits for the batch's copies
+                    k = minibatch.index * self.batch_size
+                    input_id = order[k:k + self.batch_size].to(self.device, non_blocking=True)
+                    held = self._make_batch(minibatch, inputs, input_id)
                     yield held
             finally:
                 if held is not None:  # the last batch handed out stays valid, its buffer back in the pool
                     held._keep()
-
-    def _batch(self, minibatch, order: torch.Tensor):
-        inputs = self.mode.step_inputs(minibatch)  # on CUDA: the current stream waits for the batch's copies
-        k = minibatch.index * self.batch_size
-        return self._make_batch(minibatch, inputs, order[k:k + self.batch_size].to(self.device, non_blocking=True))
 
     def _epochs(self, count: int, batch_size, seed, epoch, shuffle, drop_last) -> None:
         """The epochs' settings: ``count`` items in batches of ``batch_size``."""

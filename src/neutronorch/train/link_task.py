@@ -240,7 +240,11 @@ def _evaluated(model: LinkModel, links, destinations: tuple[int, int], embedded,
             scores = _scores(model, row, pairs, lambda bad, total, what: check.nonfinite(
                 bad, total, SPLIT_NAMES[name], "scores", what))
             check.collapsed(link_collapse(scores))
-            out.update(_reported(name, task.metric, scores))
+            out.update({name: scores.score(task.metric), f"{name}_mrr": scores.mrr()})
+            for k in REPORTED_HITS:  # a positive among fewer negatives than K is always a hit: not reported
+                if k < scores.negatives_per_positive:
+                    out[f"{name}_hits_{k}"] = scores.hits_at_k(k)
+            out[f"{name}_rocauc"] = scores.roc_auc()
     return out
 
 
@@ -329,12 +333,3 @@ def _pair_scores(model: LinkModel, row, pairs) -> torch.Tensor:
         out[start:start + chunk.shape[1]] = model.score(row(chunk[0]), row(chunk[1])).float().cpu()
     return out
 
-
-def _reported(name: str, metric: str, scores: SharedScores | PerPositiveScores) -> dict[str, float]:
-    """The set's chosen ``metric`` under ``name``, and every reported metric under ``<name>_<metric>``."""
-    out = {name: scores.score(metric), f"{name}_mrr": scores.mrr()}
-    for k in REPORTED_HITS:  # a positive among fewer negatives than K is always a hit: not reported
-        if k < scores.negatives_per_positive:
-            out[f"{name}_hits_{k}"] = scores.hits_at_k(k)
-    out[f"{name}_rocauc"] = scores.roc_auc()
-    return out
