@@ -332,4 +332,3 @@ def _pair_scores(model: LinkModel, row, pairs) -> torch.Tensor:
         chunk = _ids(pairs[:, start:start + SCORE_CHUNK])
         out[start:start + chunk.shape[1]] = model.score(row(chunk[0]), row(chunk[1])).float().cpu()
     return out
-
