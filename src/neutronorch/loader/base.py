@@ -56,8 +56,17 @@ class EpochLoader:
         if self.typed and model is not None and not isinstance(model, torch.nn.Module):
             raise ConfigError(f"`model`: on a typed graph, your torch.nn.Module (device mode counts its parameters "
                               f"in the device's budget), not a {type(model).__name__}.")
-        view, count, task = self._resolve()
-        self._epochs(count, batch_size, seed, epoch, shuffle, drop_last)
+        view, self._count, task = self._resolve()
+        self.batch_size = check_count("batch_size", batch_size, 1)
+        self.seed = check_seed(check_count("seed", seed, 0))
+        self.epoch = check_count("epoch", epoch, 0)
+        self.shuffle, self.drop_last = check_switch(shuffle, "`shuffle`"), check_switch(drop_last, "`drop_last`")
+        if self.drop_last and self._count < self.batch_size:
+            raise ConfigError(f"`drop_last` with `batch_size` {self.batch_size}: the {self._count:,} {self.items} "
+                              f"fill no whole batch, so every epoch would be empty. Give a batch_size of at most "
+                              f"{self._count:,}, or drop_last=False.")
+        self._active: weakref.ref | None = None
+        self._iterating = threading.Lock()  # one thread at a time opens or closes an iteration
         self.device = resolve_device(device)
         self.reuse_buffers = bool(reuse_buffers)
         self.config = self._config(fanouts, model, prefetch, sampler_threads, options, task)
@@ -112,7 +121,8 @@ class EpochLoader:
         stop = len(self)
         if start >= stop:
             return
-        order = self.input_order(epoch)
+        order = torch.arange(self._count)  # positions among the loader's items, in the mode's order of the epoch
+        order = epoch_order(order, self.seed, epoch) if self.shuffle else order
         held = None
         with self.mode.batches(epoch, start) as batches:  # its thread stops when this generator is closed
             try:
@@ -131,20 +141,6 @@ class EpochLoader:
             finally:
                 if held is not None:  # the last batch handed out stays valid, its buffer back in the pool
                     held._keep()
-
-    def _epochs(self, count: int, batch_size, seed, epoch, shuffle, drop_last) -> None:
-        """The epochs' settings: ``count`` items in batches of ``batch_size``."""
-        self._count = count
-        self.batch_size = check_count("batch_size", batch_size, 1)
-        self.seed = check_seed(check_count("seed", seed, 0))
-        self.epoch = check_count("epoch", epoch, 0)
-        self.shuffle, self.drop_last = check_switch(shuffle, "`shuffle`"), check_switch(drop_last, "`drop_last`")
-        if self.drop_last and count < self.batch_size:
-            raise ConfigError(f"`drop_last` with `batch_size` {self.batch_size}: the {count:,} {self.items} fill no "
-                              f"whole batch, so every epoch would be empty. Give a batch_size of at most "
-                              f"{count:,}, or drop_last=False.")
-        self._active: weakref.ref | None = None
-        self._iterating = threading.Lock()  # one thread at a time opens or closes an iteration
 
     def _check_start(self, start) -> int:
         start = check_count("start", start, 0)
@@ -181,12 +177,6 @@ class EpochLoader:
                                      type(self).__name__)
             self._active = weakref.ref(iterator)
         return iterator
-
-    def input_order(self, epoch: int) -> torch.Tensor:
-        """Positions among the loader's items in the order epoch ``epoch`` takes them (the mode's own
-        permutation)."""
-        positions = torch.arange(self._count)
-        return epoch_order(positions, self.seed, epoch) if self.shuffle else positions
 
     def _close_active(self) -> None:
         """Close the open iteration, which must be this thread's: a new iteration (or ``close``) from another
