@@ -1,12 +1,10 @@
 """Exact layer-wise inference over complete neighbourhoods, in bounded memory.
 
 Layer l is computed once per vertex that a later layer needs, from all of its in-neighbours, a chunk of
-destinations at a time (``lower_layers``, for either kind of graph). The intermediate layers' rows are kept in
-memory, or memory-mapped in a ``scratch`` folder when they would not fit; the requested rows of the last layer
-are written chunk by chunk into ``out`` (a tensor, or a numpy array such as a memory-mapped ``.npy``) after an
-optional per-chunk ``transform``, so a result larger than memory is never held whole. Data parallel
-(``world``), each rank computes a contiguous share of every intermediate layer's chunks and the ranks
-broadcast their shares to each other.
+destinations at a time (``lower_layers``, for either kind of graph), its rows kept in memory or memory-mapped
+in a ``scratch`` folder; the requested rows of the last layer are written chunk by chunk into ``out`` (a
+memory-mapped ``.npy`` too), so a result larger than memory is never held whole. Data parallel, each rank
+computes a contiguous share of every intermediate layer's chunks and the ranks share them.
 
 Separable layers read their input rows in place, global ids as source positions (the previous layer's rows,
 or the features themselves where they can be read as they are: ``_features_in_place``, docs/memory.md);
@@ -63,7 +61,7 @@ def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor
         return out
     if upto < 1:
         raise ValueError("`layers` must be at least 1")
-    run = _Run(model, graph, store, device, chunk_size, progress, world or World())
+    run = _Run(model, graph, store, device, chunk_size, progress)
     with _scratch(scratch) as folder:
         below = lower_layers(upto, lambda layer: {None: graph.num_nodes}, run.rows,
                              lambda layer, _: model.width(layer), device, folder, chunk_size, progress, world)
@@ -74,12 +72,10 @@ def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor
 def lower_layers(upto: int, sizes: Callable[[int], dict], compute, width: Callable[[int, object], int],
                  device: torch.device, folder: str | None, chunk_size: int, progress: LayerProgress | None,
                  world: World | None = None) -> dict | None:
-    """Layers 1..``upto - 1`` of every vertex a later layer reads, for either kind of graph: for each key of
-    ``sizes(layer)`` (key -> vertex count; a vertex type, None for a homogeneous graph), chunks of vertices
-    ``start..end-1`` computed by ``compute(layer, key, start, end, previous)`` (``previous``: the layer below's
-    rows by key, None under the bottom layer) into a buffer on ``device`` or memory-mapped in ``folder``. With
-    ``world`` each rank computes a contiguous share of whole chunks and the ranks share their rows. Returns
-    layer ``upto - 1``'s rows by key (None when ``upto`` is 1)."""
+    """Layers 1..``upto - 1``' rows by key of ``sizes(layer)`` (key -> vertex count; a vertex type, None for a
+    homogeneous graph), chunks ``start..end-1`` computed by ``compute(layer, key, start, end, previous)``
+    (``previous``: the layer below's rows by key, None under the bottom layer) into buffers on ``device`` or
+    memory-mapped in ``folder``. Returns layer ``upto - 1``'s (None when ``upto`` is 1)."""
     world, previous = world or World(), None
     for layer in range(upto - 1):
         counts = sizes(layer)
@@ -141,8 +137,8 @@ def last_layer_rows(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.
 
 class _Run:
     def __init__(self, model: GNN, graph: Graph, store: FeatureStore, device: torch.device, chunk_size: int,
-                 progress: LayerProgress | None, world: World):
-        self.model, self.graph, self.store, self.device, self.world = model, graph, store, device, world
+                 progress: LayerProgress | None):
+        self.model, self.graph, self.store, self.device = model, graph, store, device
         self.chunk_size, self.progress = chunk_size, progress
         self.sampler = NeighborSampler(graph.indptr, graph.indices, [-1], model.needs_degrees)
         with warnings.catch_warnings():
