@@ -41,7 +41,6 @@ class NeighborLoader(EpochLoader):
             if self.graph.labels is None:  # its batches' y: -1
                 target = self.graph.num_nodes[self.graph.target]
                 self.graph = dataclasses.replace(self.graph, labels=np.full(target, -1, dtype=np.int64))
-            return dataclasses.replace(self.graph, train_idx=self.seeds.numpy()), int(self.seeds.shape[0]), {}
         view = dataclasses.replace(self.graph, train_idx=self.seeds.numpy(), notes=list(self.graph.notes))
         return view, int(self.seeds.shape[0]), {}
 
