@@ -2,10 +2,11 @@
 
 A loader builds a mode exactly as ``train()`` does (``build_mode`` from a ``TrainConfig``, threads from
 ``thread_budget``), so its batches come from the same pipeline; what runs on which kind of graph is
-``capabilities.py``'s table. Each ``iter(loader)`` runs epoch ``loader.epoch`` (``mode.batches(epoch, start)``
-in an ``EpochIterator``, whose producer thread stops with it) and moves it on by one, as a PyG loop that
-iterates the loader once per epoch expects. A subclass says what an epoch is made of (``_resolve``) and what
-a batch looks like (``_make_batch``); epoch ``e`` takes its items in the mode's order ``epoch_order(seed, e)``."""
+``capabilities.py``'s table. Each ``iter(loader)`` runs epoch ``loader.epoch`` (``mode.batches(epoch,
+start)`` in an ``EpochIterator``, whose producer thread stops with it) and moves it on by one, as a PyG loop
+that iterates the loader once per epoch expects. A subclass says what an epoch is made of (``_resolve``) and
+what a batch looks like (``_make_batch``); epoch ``e`` takes its items in the mode's order
+``epoch_order(seed, e)``."""
 
 from __future__ import annotations
 
@@ -60,11 +61,12 @@ class EpochLoader:
         self.batch_size = check_count("batch_size", batch_size, 1)
         self.seed = check_seed(check_count("seed", seed, 0))
         self.epoch = check_count("epoch", epoch, 0)
-        self.shuffle, self.drop_last = check_switch(shuffle, "`shuffle`"), check_switch(drop_last, "`drop_last`")
+        self.shuffle = check_switch(shuffle, "`shuffle`")
+        self.drop_last = check_switch(drop_last, "`drop_last`")
         if self.drop_last and self._count < self.batch_size:
-            raise ConfigError(f"`drop_last` with `batch_size` {self.batch_size}: the {self._count:,} {self.items} "
-                              f"fill no whole batch, so every epoch would be empty. Give a batch_size of at most "
-                              f"{self._count:,}, or drop_last=False.")
+            raise ConfigError(f"`drop_last` with `batch_size` {self.batch_size}: the {self._count:,} "
+                              f"{self.items} fill no whole batch, so every epoch would be empty. Give a "
+                              f"batch_size of at most {self._count:,}, or drop_last=False.")
         self._active: weakref.ref | None = None
         self._iterating = threading.Lock()  # one thread at a time opens or closes an iteration
         self.device = resolve_device(device)
@@ -121,7 +123,7 @@ class EpochLoader:
         stop = len(self)
         if start >= stop:
             return
-        order = torch.arange(self._count)  # positions among the loader's items, in the mode's order of the epoch
+        order = torch.arange(self._count)  # positions among the loader's items, in the epoch's order
         order = epoch_order(order, self.seed, epoch) if self.shuffle else order
         held = None
         with self.mode.batches(epoch, start) as batches:  # its thread stops when this generator is closed
@@ -133,7 +135,7 @@ class EpochLoader:
                     if minibatch.index >= stop:  # drop_last: the partial batch
                         minibatch.release()
                         break
-                    inputs = self.mode.step_inputs(minibatch)  # on CUDA: the stream waits for the batch's copies
+                    inputs = self.mode.step_inputs(minibatch)  # CUDA: the stream waits for its copies
                     k = minibatch.index * self.batch_size
                     input_id = order[k:k + self.batch_size].to(self.device, non_blocking=True)
                     held = self._make_batch(minibatch, inputs, input_id)

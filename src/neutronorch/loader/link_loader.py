@@ -26,10 +26,10 @@ class LinkNeighborLoader(EpochLoader):
     """Mini-batches of seed edges, their negatives and the sampled neighbourhoods of their ends
     (``LinkLoaderBatch``), one epoch per iteration, on a homogeneous graph (docs/loader.md).
 
-    ``LinkNeighborLoader(graph, fanouts, batch_size, *, edges="train", negatives=1, layout=None, **settings)``:
-    ``edges`` a set of ``graph.links`` (train, val, test) or (2, E) supervision edges of your own (``layout``
-    for a 2 x 2 array: ``data/pairs.py``); ``batch_size`` counts seed edges; ``negatives``: uniform negative
-    destinations per positive. ``settings``: ``NeighborLoader``'s."""
+    ``LinkNeighborLoader(graph, fanouts, batch_size, *, edges="train", negatives=1, layout=None,
+    **settings)``: ``edges`` a set of ``graph.links`` (train, val, test) or (2, E) supervision edges of your
+    own (``layout`` for a 2 x 2 array: ``data/pairs.py``); ``batch_size`` counts seed edges; ``negatives``:
+    uniform negative destinations per positive. ``settings``: ``NeighborLoader``'s."""
 
     items = "seed edges"
     task = "link"

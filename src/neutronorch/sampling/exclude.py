@@ -50,8 +50,8 @@ def exclude_from_block(block: Block, sources: torch.Tensor, pairs: torch.Tensor,
 
 
 def exclude_typed(subgraph: SampledSubgraph, pairs: torch.Tensor, ends) -> SampledSubgraph:
-    """``exclude_edges`` of a typed ``subgraph``: the blocks of ``ends.relation`` and of its reverse, ``pairs``
-    in ``ends``' stacked ids (``LinkEnds``)."""
+    """``exclude_edges`` of a typed ``subgraph``: the blocks of ``ends.relation`` and of its reverse,
+    ``pairs`` in ``ends``' stacked ids (``LinkEnds``)."""
     if pairs.shape[1] == 0 or not subgraph.blocks:
         return subgraph
     relations = [r for r in (ends.relation, ends.reverse) if r is not None]

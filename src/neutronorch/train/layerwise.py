@@ -99,9 +99,10 @@ def lower_layers(upto: int, sizes: Callable[[int], dict], compute, width: Callab
 
 def typed_layers(model: TypedGNN, graph: TypedGraph, node_type: str, layer: int, device: torch.device,
                  chunk_size: int, progress: LayerProgress | None):
-    """``top(ids)``: the rows of ``node_type``'s unique ``ids`` at layer ``layer`` (1-based), every neighbourhood
-    whole, float32 on the CPU. The layers below are computed here, before it returns, for every vertex of the
-    types a later layer reads, one table per type and layer in memory. ``graph`` two-way, as trained."""
+    """``top(ids)``: the rows of ``node_type``'s unique ``ids`` at layer ``layer`` (1-based), every
+    neighbourhood whole, float32 on the CPU. The layers below are computed here, before it returns, for every
+    vertex of the types a later layer reads, one table per type and layer in memory. ``graph`` two-way, as
+    trained."""
     model.eval()
     sampler = TypedNeighborSampler(graph, [-1] * model.num_layers)
     needed = reachable_types(model.spec, layer - 1, node_type)[::-1]  # by layer: the types it must compute
@@ -207,7 +208,8 @@ class _Run:
 def _whole_neighbourhoods(model, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,
                           chunk_size: int, emit: Emit, progress: LayerProgress | None) -> None:
     """The logits of a model that runs only as a whole (``nn.custom.UserModel``): every neighbour of every hop
-    sampled for each chunk of ``nodes`` (layer-wise inference's result, at the cost of whole neighbourhoods)."""
+    sampled for each chunk of ``nodes`` (layer-wise inference's result, at the cost of whole
+    neighbourhoods)."""
     sampler = NeighborSampler(graph.indptr, graph.indices, [-1] * model.num_layers, model.needs_degrees)
 
     def logits(chunk: torch.Tensor) -> torch.Tensor:

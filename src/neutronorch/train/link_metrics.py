@@ -137,9 +137,11 @@ class SharedScores(_Metrics):
         return float(np.count_nonzero(positive > kth_highest) / positive.shape[0])
 
     def roc_auc(self) -> float:
-        """The probability that a positive scores above a negative, ties half (NaN when either side is empty)."""
+        """The probability that a positive scores above a negative, ties half (NaN when either side is
+        empty)."""
         scores = np.concatenate([self.positive, self.negatives])
-        labels = np.concatenate([np.ones(self.positive.shape[0], np.int8), np.zeros(self.negatives.shape[0], np.int8)])
+        labels = np.concatenate([np.ones(self.positive.shape[0], np.int8),
+                                 np.zeros(self.negatives.shape[0], np.int8)])
         return roc_auc(scores, labels)
 
     def all_tied(self) -> bool:
@@ -180,7 +182,8 @@ class PerPositiveScores(_Metrics):
         count = negatives.shape[0]
         positive = self.positive[start:start + count, None]
         higher = np.count_nonzero(negatives > positive, axis=1)
-        self.ranks[start:start + count] = 0.5 * (higher + np.count_nonzero(negatives >= positive, axis=1)) + 1.0
+        at_least = np.count_nonzero(negatives >= positive, axis=1)
+        self.ranks[start:start + count] = 0.5 * (higher + at_least) + 1.0
         if negatives.shape[1]:  # rows tied whole, from each row's extremes (P values, not P x K): all_tied
             positive = self.positive[start:start + count].astype(np.float64)
             margin = TIE_TOLERANCE * np.maximum(1.0, np.abs(positive))

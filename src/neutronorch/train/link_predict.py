@@ -1,6 +1,7 @@
-"""Scores of vertex pairs from a trained link checkpoint (``--task link``): exact full-neighbour inference of
-the distinct vertices the pairs name (``layerwise``), then the head over the pairs a chunk at a time. The graph
-is the dataset as given: every edge of it carries messages (docs/link-prediction.md, "Predict and embed")."""
+"""Scores of vertex pairs from a trained link checkpoint (``--task link``): exact full-neighbour inference
+of the distinct vertices the pairs name (``layerwise``), then the head over the pairs a chunk at a time. The
+graph is the dataset as given: every edge of it carries messages (docs/link-prediction.md, "Predict and
+embed")."""
 
 from __future__ import annotations
 
@@ -93,8 +94,9 @@ def _read_text(path: Path) -> np.ndarray:
 
 
 def _check_range(pairs: np.ndarray, num_nodes: int, what: str, text: Path | None = None) -> None:
-    """Every id in 0..num_nodes-1, else an error counting the ids out of range and showing the first few with
-    their pairs' positions (a ``text`` file's lines), compared and shown in the ids' own type (never wrapped)."""
+    """Every id in 0..num_nodes-1, else an error counting the ids out of range and showing the first few
+    with their pairs' positions (a ``text`` file's lines), compared and shown in the ids' own type (never
+    wrapped)."""
     bad = (pairs < 0) | (pairs >= num_nodes)
     count = int(bad.sum())
     if count:

@@ -93,9 +93,10 @@ def _edge_split(config: TrainConfig) -> tuple[float, float]:
 
 
 def typed_link_graph(graph: TypedGraph, config: TrainConfig) -> TypedGraph:
-    """``graph`` with its relation ``config.link_relation`` split as ``link_graph`` splits a homogeneous graph's
-    edges, the split in ``links``, then every relation's reverse added (a stored reverse of the relation is
-    made again from the edges left, so no held-out edge carries a message); the run's settings checked."""
+    """``graph`` with its relation ``config.link_relation`` split as ``link_graph`` splits a homogeneous
+    graph's edges, the split in ``links``, then every relation's reverse added (a stored reverse of the
+    relation is made again from the edges left, so no held-out edge carries a message); the run's settings
+    checked."""
     relation = link_relation(graph, config.link_relation)
     reverse = graph.reverse_of(relation)
     graph, links = split_relation(graph, LinkEnds.of(graph.num_nodes, relation), *_edge_split(config),
@@ -215,9 +216,10 @@ def evaluate_typed_links(model: LinkModel, graph: TypedGraph, sampler, device: t
     """``evaluate_links`` of a typed graph's link task (``typed_link_graph``): the named vertices embedded by
     ``typed_logits`` of the encoder, sampled by ``sampler`` (the evaluation fanouts) in their end types."""
     sampler = EndsSampler(sampler, graph.links.ends)
-    return _evaluated(model, graph.links, graph.links.ends.destinations, lambda nodes: contextlib.nullcontext(
-        typed_logits(model.encoder, graph, sampler, nodes, device, batch_size, seed)), device, seed, eval_negatives,
-        task, check)
+    embedded = lambda nodes: contextlib.nullcontext(  # noqa: E731
+        typed_logits(model.encoder, graph, sampler, nodes, device, batch_size, seed))
+    return _evaluated(model, graph.links, graph.links.ends.destinations, embedded, device, seed, eval_negatives,
+                      task, check)
 
 
 def _evaluated(model: LinkModel, links, destinations: tuple[int, int], embedded, device: torch.device, seed: int,

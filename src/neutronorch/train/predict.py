@@ -234,7 +234,8 @@ def typed_fill(checkpoint: Checkpoint, graph: TypedGraph, fanouts, node_type: st
                     for hop in range(model.num_layers - layer, model.num_layers)]
             compute = lambda chunk: hidden_rows(model, graph, hops, node_type, chunk, device,  # noqa: E731
                                                 config.seed)
-        emit_chunks(ids, chunk_size, _unique_seeds(compute), emitter(array, transform, check), layer, progress)
+        emit = emitter(array, transform, check)
+        emit_chunks(ids, chunk_size, _unique_seeds(compute), emit, layer, progress)
     return fill
 
 
