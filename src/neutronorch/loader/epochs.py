@@ -1,4 +1,4 @@
-"""One epoch's iteration of a loader (``EpochIterator``): its batches, their thread, its producer's lifetime."""
+"""One epoch's iteration of a loader (``EpochIterator``): its batches, their thread, its producer."""
 
 from __future__ import annotations
 
