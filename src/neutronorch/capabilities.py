@@ -80,6 +80,11 @@ LOADER_REFUSED = {
                    "train() for NeutronOrch.",
 }
 LOADER_MODES = tuple(mode for mode in MODES if mode not in LOADER_REFUSED)
+# The graphs a loader's task does not take: (kind, task) -> why.
+LOADER_KIND_REFUSED = {
+    ("typed", "link"): "LinkNeighborLoader takes a homogeneous graph for now; a typed graph's link task (one "
+                       "relation's edges) trains through train().",
+}
 # Your own module (train(config, graph, model=module)): the modes it cannot train in, by graph kind. A
 # homogeneous module trains in NeutronOrch mode when it exposes its bottom layer (nn/custom.py).
 OWN_MODULE_REFUSED = {

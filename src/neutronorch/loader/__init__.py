@@ -1,9 +1,6 @@
-"""The engine as a library: ``NeighborLoader`` (seed vertices of a homogeneous or a typed graph; also named
-``TypedNeighborLoader``) and ``LinkNeighborLoader`` (seed edges and their negatives) hand the training
-pipeline's mini-batches to your own loop, as PyG data (``batch.to_pyg()``: a ``Data``, or a ``HeteroData`` for
-a typed graph), DGL blocks (``batch.to_dgl_blocks()``) or neutronorch's blocks and rows (``batch.blocks``,
-``batch.x``; a typed batch's ``batch.features`` and ``batch.ids``). ``docs/loader.md`` has examples and what
-they do not do."""
+"""The engine as a library: ``NeighborLoader`` (seed vertices of a homogeneous or a typed graph) and
+``LinkNeighborLoader`` (seed edges and their negatives) hand the training pipeline's mini-batches to your own
+loop, as PyG data, DGL blocks or neutronorch's blocks and rows (docs/loader.md)."""
 
 from neutronorch.loader.batch import LoaderBatch, TypedLoaderBatch
 from neutronorch.loader.epochs import EpochIterator

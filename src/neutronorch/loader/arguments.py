@@ -8,8 +8,9 @@ import numbers
 import numpy as np
 import torch
 
-from neutronorch.capabilities import LOADER_MODES, LOADER_REFUSED, TYPED_DOCS, refusal
+from neutronorch.capabilities import LOADER_KIND_REFUSED, LOADER_MODES, LOADER_REFUSED, TYPED_DOCS, refusal
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
+from neutronorch.data.checks import first_duplicate
 from neutronorch.data.pairs import pair_columns
 from neutronorch.errors import ConfigError
 
@@ -58,9 +59,8 @@ def resolve_seeds(graph: Graph | TypedGraph, seeds) -> np.ndarray:
     ids = _vertex_ids("seeds", array, n, "vertex", what)
     unique = np.unique(ids)
     if unique.shape[0] != ids.shape[0]:
-        counts = np.bincount(ids, minlength=0)
         raise ConfigError(f"`seeds` holds {ids.shape[0] - unique.shape[0]} repeated ids (first: "
-                          f"{int(np.flatnonzero(counts > 1)[0])}); each vertex may be a seed once per epoch "
+                          f"{int(first_duplicate(ids))}); each vertex may be a seed once per epoch "
                           f"(deduplicate with torch.unique).")
     return ids
 
@@ -131,6 +131,8 @@ def check_negatives(value) -> int:
 
 def check_mode(mode, kind: str = "homogeneous", task: str = "node") -> str:
     """``mode``, where a loader runs it for ``task`` on a graph of ``kind`` (``capabilities.py``'s table)."""
+    if (kind, task) in LOADER_KIND_REFUSED:
+        raise ConfigError(LOADER_KIND_REFUSED[kind, task] + TYPED_DOCS)
     if mode in LOADER_REFUSED:
         raise ConfigError(LOADER_REFUSED[mode])
     if mode not in LOADER_MODES:

@@ -1,18 +1,12 @@
 """What every loader shares: arguments, the mode, epochs, iteration, resume and the lifetime of batches.
 
 A loader builds a mode exactly as ``train()`` does (``build_mode`` from a ``TrainConfig``, threads from
-``thread_budget``; a ``TypedGraph`` gets its typed mode, with fanouts per relation), so its batches come from
-the same pipeline (docs/loader.md). Each iteration is one epoch, ``mode.batches(epoch, start)`` under a
-``with``, so its producer thread stops when the epoch ends, on ``break`` and on an exception. What runs on
-which kind of graph is ``capabilities.py``'s table (``refusal``).
-
-Each ``iter(loader)`` runs epoch ``loader.epoch`` and moves it on by one, as an unchanged PyG loop that
-iterates the loader once per epoch expects; an iteration is an ``EpochIterator`` (epochs.py). A subclass says
-what an epoch is made of (``_resolve``: the vertices or edges it takes, in batches of ``batch_size``, and the
-view of the graph its mode reads them from) and what a batch looks like (``_make_batch``); the order of epoch
-``e`` is the mode's own permutation of those items (``epoch_order(seed, e)``), so ``input_order`` names each
-batch's items without asking the mode.
-"""
+``thread_budget``), so its batches come from the same pipeline; what runs on which kind of graph is
+``capabilities.py``'s table. Each ``iter(loader)`` runs epoch ``loader.epoch`` (``mode.batches(epoch,
+start)`` in an ``EpochIterator``, whose producer thread stops with it) and moves it on by one, as a PyG loop
+that iterates the loader once per epoch expects. A subclass says what an epoch is made of (``_resolve``) and
+what a batch looks like (``_make_batch``); epoch ``e`` takes its items in the mode's order
+``epoch_order(seed, e)``."""
 
 from __future__ import annotations
 
@@ -46,9 +40,8 @@ TYPED_OPTIONS = ("gpu_memory_gb",)  # a typed graph's modes size nothing else by
 
 
 class EpochLoader:
-    """Mini-batches of sampled neighbourhoods of a ``Graph`` or a ``TypedGraph``, ``batch_size`` of an epoch's
-    ``_count`` items (seeds or seed edges) each, one epoch per iteration (``NeighborLoader`` and
-    ``LinkNeighborLoader`` document the arguments)."""
+    """Mini-batches of ``batch_size`` of an epoch's ``_count`` items (seeds or seed edges), one epoch per
+    iteration (arguments: ``NeighborLoader``, ``LinkNeighborLoader``)."""
 
     task = "node"  # capabilities.py's task of the loader's batches
     items = "seeds"  # what an epoch is made of, in messages
@@ -64,8 +57,18 @@ class EpochLoader:
         if self.typed and model is not None and not isinstance(model, torch.nn.Module):
             raise ConfigError(f"`model`: on a typed graph, your torch.nn.Module (device mode counts its parameters "
                               f"in the device's budget), not a {type(model).__name__}.")
-        view, count, task = self._resolve()
-        self._epochs(count, batch_size, seed, epoch, shuffle, drop_last)
+        view, self._count, task = self._resolve()
+        self.batch_size = check_count("batch_size", batch_size, 1)
+        self.seed = check_seed(check_count("seed", seed, 0))
+        self.epoch = check_count("epoch", epoch, 0)
+        self.shuffle = check_switch(shuffle, "`shuffle`")
+        self.drop_last = check_switch(drop_last, "`drop_last`")
+        if self.drop_last and self._count < self.batch_size:
+            raise ConfigError(f"`drop_last` with `batch_size` {self.batch_size}: the {self._count:,} "
+                              f"{self.items} fill no whole batch, so every epoch would be empty. Give a "
+                              f"batch_size of at most {self._count:,}, or drop_last=False.")
+        self._active: weakref.ref | None = None
+        self._iterating = threading.Lock()  # one thread at a time opens or closes an iteration
         self.device = resolve_device(device)
         self.reuse_buffers = bool(reuse_buffers)
         self.config = self._config(fanouts, model, prefetch, sampler_threads, options, task)
@@ -120,7 +123,8 @@ class EpochLoader:
         stop = len(self)
         if start >= stop:
             return
-        order = self.input_order(epoch)
+        order = torch.arange(self._count)  # positions among the loader's items, in the epoch's order
+        order = epoch_order(order, self.seed, epoch) if self.shuffle else order
         held = None
         with self.mode.batches(epoch, start) as batches:  # its thread stops when this generator is closed
             try:
@@ -131,31 +135,14 @@ class EpochLoader:
                     if minibatch.index >= stop:  # drop_last: the partial batch
                         minibatch.release()
                         break
-                    held = self._batch(minibatch, order)
+                    inputs = self.mode.step_inputs(minibatch)  # CUDA: the stream waits for its copies
+                    k = minibatch.index * self.batch_size
+                    input_id = order[k:k + self.batch_size].to(self.device, non_blocking=True)
+                    held = self._make_batch(minibatch, inputs, input_id)
                     yield held
             finally:
                 if held is not None:  # the last batch handed out stays valid, its buffer back in the pool
                     held._keep()
-
-    def _batch(self, minibatch, order: torch.Tensor):
-        inputs = self.mode.step_inputs(minibatch)  # on CUDA: the current stream waits for the batch's copies
-        k = minibatch.index * self.batch_size
-        return self._make_batch(minibatch, inputs, order[k:k + self.batch_size].to(self.device, non_blocking=True))
-
-    # -- epochs ---------------------------------------------------------------------------------------
-    def _epochs(self, count: int, batch_size, seed, epoch, shuffle, drop_last) -> None:
-        """The epochs' settings: ``count`` items in batches of ``batch_size``."""
-        self._count = count
-        self.batch_size = check_count("batch_size", batch_size, 1)
-        self.seed = check_seed(check_count("seed", seed, 0))
-        self.epoch = check_count("epoch", epoch, 0)
-        self.shuffle, self.drop_last = check_switch(shuffle, "`shuffle`"), check_switch(drop_last, "`drop_last`")
-        if self.drop_last and count < self.batch_size:
-            raise ConfigError(f"`drop_last` with `batch_size` {self.batch_size}: the {count:,} {self.items} fill no "
-                              f"whole batch, so every epoch would be empty. Give a batch_size of at most "
-                              f"{count:,}, or drop_last=False.")
-        self._active: weakref.ref | None = None
-        self._iterating = threading.Lock()  # one thread at a time opens or closes an iteration
 
     def _check_start(self, start) -> int:
         start = check_count("start", start, 0)
@@ -193,13 +180,6 @@ class EpochLoader:
             self._active = weakref.ref(iterator)
         return iterator
 
-    def input_order(self, epoch: int) -> torch.Tensor:
-        """Positions among the loader's items in the order epoch ``epoch`` takes them (the mode's own
-        permutation)."""
-        positions = torch.arange(self._count)
-        return epoch_order(positions, self.seed, epoch) if self.shuffle else positions
-
-    # -- lifetime -------------------------------------------------------------------------------------
     def _close_active(self) -> None:
         """Close the open iteration, which must be this thread's: a new iteration (or ``close``) from another
         thread while one runs would end it under its loop, a short epoch or batches of two epochs mixed."""

@@ -1,9 +1,6 @@
-"""One mini-batch of a loader, either kind of graph's (``LoaderBatch``, ``TypedLoaderBatch``; a
-``LinkNeighborLoader``'s in link_batch.py), in three forms: plain (``batch.blocks``, ``batch.x``, ``batch.y``;
-a typed batch's also ``ids``), PyG's (``to_pyg()``: ``Data`` or ``HeteroData``, each vertex's neighbours kept
-once as PyG's sampler draws them, ``sampling.block.pyg_form``) and DGL's (``to_dgl_blocks()``). The fields of
-each form: docs/loader.md, "The batch forms" and "Typed graphs".
-"""
+"""One mini-batch of a loader (``LoaderBatch``, ``TypedLoaderBatch``; a ``LinkNeighborLoader``'s in
+link_batch.py) in three forms: plain (``blocks``, ``x``, ``y``), PyG's (``to_pyg()``) and DGL's
+(``to_dgl_blocks()``); their fields: docs/loader.md, "The batch forms" and "Typed graphs"."""
 
 from __future__ import annotations
 
@@ -15,7 +12,7 @@ import torch
 from neutronorch.data.typed import TypedGraph
 from neutronorch.orchestration.batch import MiniBatch, target_labels
 from neutronorch.orchestration.mode import StepInputs
-from neutronorch.sampling.block import Block, TypedBlock, hop_counts, pyg_form, typed_pyg_form
+from neutronorch.sampling.block import Block, hop_counts, pyg_form, typed_pyg_form
 
 __all__ = ["SampledBatch", "LoaderBatch", "TypedLoaderBatch", "optional"]
 
@@ -35,13 +32,12 @@ def optional(module: str, form: str):
 
 class SampledBatch:
     """What every loader's batch holds (a typed one's per type): ``epoch``, ``index`` (its number in the
-    epoch), ``batch_size``, ``seeds``, ``input_id`` (the positions of what the batch was made of among the
-    loader's seeds or edges), ``n_id`` (every sampled vertex, seeds first), ``blocks``, ``x``.
+    epoch), ``batch_size``, ``seeds``, ``input_id`` (the positions of its items among the loader's seeds or
+    edges), ``n_id`` (every sampled vertex, seeds first), ``blocks``, ``x``.
 
-    ``x`` may be a view of a reused gather buffer (the pipeline's own, as in ``train()``): it is valid until
-    the iteration is asked for the next batch, after which reading it through this object raises. Keep what
-    you need by copying it, or build the loader with ``reuse_buffers=False``. The last batch an iteration
-    handed out (``next(iter(loader))``, a ``break``) keeps its rows when the iteration closes."""
+    ``x`` may be a view of a reused gather buffer: valid until the iteration is asked for the next batch,
+    after which reading it raises (``reuse_buffers=False``: a copy of its own). The last batch an iteration
+    handed out keeps its rows when the iteration closes."""
 
     def __init__(self, minibatch: MiniBatch, inputs: StepInputs, input_id: torch.Tensor, reused: bool = True):
         self.minibatch = minibatch
@@ -56,7 +52,6 @@ class SampledBatch:
         self._pyg = None
         self._released = False
 
-    # -- the plain form -------------------------------------------------------------------------------
     @property
     def blocks(self) -> list[Block]:
         return self._blocks  # the sampler's own tensors, never reused
@@ -92,7 +87,6 @@ class SampledBatch:
         sizes = [self._blocks[-1].num_dst] + [b.num_src for b in reversed(self._blocks)]
         return [sizes[0]] + [b - a for a, b in zip(sizes, sizes[1:])]
 
-    # -- the PyG form ---------------------------------------------------------------------------------
     def to_pyg(self):
         """A ``torch_geometric.data.Data`` with what PyG's loaders put in one, and the task's own fields
         (docs/loader.md). Built once per batch."""
@@ -109,7 +103,6 @@ class SampledBatch:
         """The task's fields of the PyG form."""
         return {}
 
-    # -- the DGL form ---------------------------------------------------------------------------------
     def to_dgl_blocks(self) -> list:
         """One DGL block per layer, input layer first (as ``dgl.dataloading`` yields them), the sampler's blocks
         in CSC as they are, ``dgl.NID`` on both ends, the first's ``srcdata["feat"]`` ``x``."""
@@ -117,9 +110,7 @@ class SampledBatch:
         dgl = optional("dgl", "to_dgl_blocks")
         out = []
         for block in self._blocks:
-            # Handed over in CSC, the form the sampler made and the one DGL's message passing to the
-            # destinations reads: no edge list to build here, no format conversion in the model's step.
-            # (An empty edge-id tensor: edges numbered in CSC order, as the edge list's order was.)
+            # CSC, as the sampler made it and DGL's message passing reads it (empty edge ids: CSC order).
             no_ids = torch.empty(0, dtype=torch.int64, device=block.indices.device)
             g = dgl.create_block(("csc", (block.indptr.long(), block.indices.long(), no_ids)),
                                  num_src_nodes=block.num_src, num_dst_nodes=block.num_dst,
@@ -134,7 +125,6 @@ class SampledBatch:
     def _dgl_fields(self, blocks: list) -> None:
         """The task's data on the DGL blocks."""
 
-    # -- lifetime -------------------------------------------------------------------------------------
     def _check(self) -> None:
         if self._released:
             raise RuntimeError(f"batch {self.index} of epoch {self.epoch}: its input rows were in a reused buffer "
@@ -184,10 +174,9 @@ class LoaderBatch(SampledBatch):
 
 
 class TypedLoaderBatch(SampledBatch):
-    """A typed mini-batch: ``SampledBatch``'s fields per type (``TypedBlock``s; ``x``, also ``features``, each
-    featured type's input rows), ``ids`` (also ``n_id``: every type's bottom frontier, what a featureless
-    type's table is looked up by), ``y`` (the target seeds' labels), ``target``. Its tensors are its own
-    (typed modes reuse no buffer): a batch may be kept."""
+    """A typed mini-batch: ``SampledBatch``'s fields per type (``x``, also ``features``: each featured type's
+    input rows), ``ids`` (also ``n_id``: every type's bottom frontier), ``y`` (the target seeds' labels),
+    ``target``. Its tensors are its own (typed modes reuse no buffer): a batch may be kept."""
 
     def __init__(self, batch: MiniBatch, inputs: StepInputs, input_id: torch.Tensor, graph: TypedGraph):
         super().__init__(batch, inputs, input_id, reused=False)
@@ -204,8 +193,7 @@ class TypedLoaderBatch(SampledBatch):
 
     @property
     def n_id(self) -> dict[str, torch.Tensor]:
-        """Every type's sampled vertices (``ids``), PyG's name: the target's seeds first, then each hop's new
-        vertices in the order the hop first reached them."""
+        """``ids``, PyG's name for them."""
         return self.ids
 
     @property
@@ -218,11 +206,9 @@ class TypedLoaderBatch(SampledBatch):
 
     @property
     def num_sampled_nodes(self) -> dict[str, list[int]]:
-        """Per type, its vertices per hop: the seeds (the target's; 0 for the others), then those each hop
-        added (PyG's ``num_sampled_nodes_dict``)."""
+        """``hop_counts`` of the blocks (PyG's ``num_sampled_nodes_dict``)."""
         return hop_counts(self.blocks, list(self._graph.num_nodes))
 
-    # -- the PyG form ---------------------------------------------------------------------------------
     def to_pyg(self):
         """A ``torch_geometric.data.HeteroData`` with what PyG's ``NeighborLoader`` puts in a heterogeneous
         batch (docs/loader.md): every type and relation of the graph, reverses included. Built once."""
@@ -252,7 +238,6 @@ class TypedLoaderBatch(SampledBatch):
         self._pyg = data
         return data
 
-    # -- the DGL form ---------------------------------------------------------------------------------
     def to_dgl(self) -> list:
         """``to_dgl_blocks``' blocks for a heterograph, over every relation (one the layer did not draw has no
         edge), ``edata["feat"]`` and ``dgl.EID`` where a relation has edge features (docs/loader.md)."""

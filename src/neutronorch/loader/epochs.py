@@ -1,6 +1,4 @@
-"""One epoch's iteration of a loader (``EpochIterator``): its batches, the thread that takes them, and its
-producer thread's lifetime.
-"""
+"""One epoch's iteration of a loader (``EpochIterator``): its batches, their thread, its producer."""
 
 from __future__ import annotations
 

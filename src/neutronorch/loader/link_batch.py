@@ -1,16 +1,7 @@
 """One mini-batch of a ``LinkNeighborLoader``: seed edges, their negatives, and the sampled neighbourhoods
-of the vertices that score them.
-
-The batch's seeds are the distinct ends of its positives and negatives (sorted; ``LinkSeeds``), so they
-are the first ``batch_size`` vertices of ``n_id``, the destinations of the top block, and every pair is
-named by positions among them: ``pairs`` (P, 2 + K), row ``i`` the positions of positive ``i``'s source,
-its destination and its K negative destinations. The other forms are views of it:
-
-- ``edge_label_index`` (2, P + P*K) and ``edge_label``: PyG's binary layout, the positives first, then
-  each positive's K negatives (its source with each negative destination), labels 1 then 0;
-- ``pair_ids()``: DGL's, the source and destination positions of the positive and of the negative pairs,
-  as the edges of the pair graphs that DGL's edge-prediction sampler yields (``to_dgl_pair_graphs``).
-"""
+of the vertices that score them. The seeds are the pairs' distinct ends (sorted; ``LinkSeeds``), the first
+``batch_size`` vertices of ``n_id``; ``pairs`` names every pair by positions among them, and the other forms
+(PyG's ``edge_label_index``, DGL's ``pair_ids``) are views of it (docs/loader.md, "The batch")."""
 
 from __future__ import annotations
 
@@ -22,9 +13,8 @@ __all__ = ["LinkLoaderBatch"]
 
 
 class LinkLoaderBatch(SampledBatch):
-    """A mini-batch handed out by ``LinkNeighborLoader``: ``SampledBatch``'s fields (``batch_size`` counts
-    the seeds, the pairs' distinct ends; ``input_id`` the positives' positions in ``loader.edges``) and
-    ``pairs``, ``num_pairs``, ``negatives``, ``edge_label_index``, ``edge_label``, ``pair_ids()``."""
+    """``SampledBatch``'s fields (``batch_size`` counts the seeds; ``input_id`` the positives' positions in
+    ``loader.edges``) and the pairs'."""
 
     @property
     def pairs(self) -> torch.Tensor:

@@ -1,19 +1,15 @@
 """A link task's mini-batches: seed edges, their negatives, and the vertices whose outputs score them.
 
-Epoch ``e`` takes the training split's supervision edges in the order ``epoch_order(seed, e)``, in global
-batches of ``batch_size * world`` edges (a rank trains its ``tensor_split`` part, as node tasks do). Each
-positive ``(u, v)`` gets ``negatives`` destinations drawn uniformly over the vertices, keyed by the global
-batch's key (``batch_key(seed, e, k)``), so the same seed gives the same negatives whatever the threads,
-ranks or modes. The batch's seeds are the distinct vertices among the positives' and negatives' ends
-(sorted); its targets say where each pair's ends are among them: row ``i`` of the (P, 2 + negatives) int64
-``targets`` holds the positions of ``u``, of ``v`` and of each negative destination of positive ``i``.
-The positives are also the edges the batch's sampled graph must not contain (``SeedBatch.exclude``): those of
-the global batch, so that a rank samples exactly what one process with the whole batch samples.
+Epoch ``e`` takes the training edges in global batches of ``batch_size * world`` in the order
+``epoch_order(seed, e)`` (a rank trains its ``tensor_split`` part, as node tasks do). Each positive ``(u, v)``
+gets ``negatives`` destinations drawn uniformly, keyed by the global batch (``batch_key(seed, e, k)``), so the
+same seed gives the same negatives whatever the threads, ranks or modes. The batch's seeds are the distinct
+ends of its pairs (sorted); row ``i`` of its (P, 2 + negatives) int64 ``targets`` holds the positions of
+``u``, ``v`` and each negative destination of positive ``i`` among them. ``SeedBatch.exclude`` holds the
+global batch's positives, so that a rank samples exactly what one process with the whole batch samples.
 
-A typed graph's link task (``ends``: ``data.links.LinkEnds``) is the same in its end types' stacked ids:
-negatives are drawn over the destination type's ids, ``exclude`` drops the seed edges from the relation's
-blocks and its reverse's, and ``EndsSampler`` hands the typed sampler each batch's seeds by type.
-"""
+A typed graph's link task (``ends``: ``data.links.LinkEnds``) is the same in its end types' stacked ids
+(negatives among the destination type's; ``EndsSampler`` hands the sampler each batch's seeds by type)."""
 
 from __future__ import annotations
 
@@ -24,7 +20,7 @@ import torch
 
 from neutronorch.config import SamplingConfig
 from neutronorch.data.links import LinkEnds
-from neutronorch.orchestration.seeds import SeedBatch, epoch_order
+from neutronorch.orchestration.seeds import SeedBatch, global_batches
 from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.exclude import exclude_edges, exclude_typed
 from neutronorch.sampling.neighbor_sampler import batch_key, mix_key
@@ -58,11 +54,10 @@ class LinkSeeds:
         (a whole epoch of a large graph's batches would hold gigabytes and delay the first batch)."""
         return LinkEpoch(self, epoch)
 
-    def batch(self, epoch: int, index: int, order: torch.Tensor) -> SeedBatch:
-        """Mini-batch ``index`` of ``epoch``, whose edge order is ``order``."""
+    def batch(self, epoch: int, index: int, part: torch.Tensor) -> SeedBatch:
+        """Mini-batch ``index`` of ``epoch``, of the edges at positions ``part``."""
         sampling = self.sampling
-        size = sampling.batch_size * sampling.world
-        positives = self.edges[:, order[index * size:(index + 1) * size]]
+        positives = self.edges[:, part]
         first, count = self.destinations
         negatives = draw_negatives(batch_key(sampling.seed, epoch, index), positives.shape[1], self.negatives, count)
         if first:
@@ -81,8 +76,7 @@ class LinkSeeds:
         sampling = self.sampling
         sizes = np.diff(np.minimum(np.arange(self.num_batches + 1) * sampling.batch_size * sampling.world,
                                    self.edges.shape[1]))
-        mine = np.array([torch.tensor_split(torch.arange(int(n)), sampling.world)[sampling.rank].shape[0]
-                         for n in sizes])
+        mine = sizes // sampling.world + (sampling.rank < sizes % sampling.world)  # tensor_split's part sizes
         return np.where(sizes > 0, sampling.world * mine / np.maximum(sizes, 1), 1.0)
 
 
@@ -90,10 +84,8 @@ class LinkEpoch(Sequence):
     """One epoch's mini-batches (``LinkSeeds.epoch``): its edge order drawn once, each batch made on access."""
 
     def __init__(self, seeds: LinkSeeds, epoch: int):
-        count = seeds.edges.shape[1]
-        shuffled = seeds.sampling.shuffle
         self.seeds, self.epoch = seeds, epoch
-        self.order = epoch_order(torch.arange(count), seeds.sampling.seed, epoch) if shuffled else torch.arange(count)
+        self.parts = global_batches(torch.arange(seeds.edges.shape[1]), seeds.sampling, epoch)
 
     def __len__(self) -> int:
         return self.seeds.num_batches
@@ -101,7 +93,7 @@ class LinkEpoch(Sequence):
     def __getitem__(self, index: int) -> SeedBatch:
         if not 0 <= index < len(self):
             raise IndexError(index)
-        return self.seeds.batch(self.epoch, index, self.order)
+        return self.seeds.batch(self.epoch, index, self.parts[index])
 
 
 class EndsSampler:

@@ -1,29 +1,14 @@
 """Exact layer-wise inference over complete neighbourhoods, in bounded memory.
 
-Layer l is computed for every vertex that a later layer needs, from all of its in-neighbours, one chunk
-of destinations at a time: each vertex's embedding is computed once per layer, instead of once per
-appearance in an L-hop neighbourhood. ``lower_layers`` is that per-layer loop for either kind of graph, given
-how one layer is applied to a chunk: a ``GNN``'s by ``_Run.rows``, a ``TypedGNN``'s by ``typed_layers``.
-Where the rows go is the caller's choice:
+Layer l is computed once per vertex that a later layer needs, from all of its in-neighbours, a chunk of
+destinations at a time (``lower_layers``, for either kind of graph), its rows kept in memory or memory-mapped
+in a ``scratch`` folder; the requested rows of the last layer are written chunk by chunk into ``out`` (a
+memory-mapped ``.npy`` too), so a result larger than memory is never held whole. Data parallel, each rank
+computes a contiguous share of every intermediate layer's chunks and the ranks share them.
 
-- the intermediate layers' embeddings (one row per vertex) are kept in memory, or memory-mapped in a
-  ``scratch`` folder when they would not fit (then anonymous memory stays at a few chunks);
-- the requested rows of the last layer are written chunk by chunk into ``out``: a tensor, or a numpy
-  array such as a memory-mapped ``.npy`` file (``outputs.open_array_atomically``), after an optional
-  per-chunk ``transform`` (class probabilities, predicted classes), so a result larger than memory is
-  never held whole; ``last_layer_rows`` holds them as float32 rows in memory or memory-mapped beside the
-  intermediate layers, for as long as a block reads them (the embeddings that link scoring reads).
-
-Data parallel (``world``), each rank computes a contiguous share of every intermediate layer's chunks and the
-ranks broadcast their shares to each other, so every rank holds the whole layer having computed 1/N of it;
-each computes the last layer for the ``nodes`` it was given.
-
-Separable layers read their input rows in place, with global ids as source positions, so nothing is
-copied per chunk: later layers the previous layer's rows, and an input layer below the last the features
-themselves where they can be read as they are (``_features_in_place``; why: docs/memory.md, "Evaluation reads
-the features in place"); otherwise the input layer gathers each chunk's sources. Non-separable layers (GAT),
-and a previous layer on the host while the model runs on a GPU, use relabelled chunks.
-"""
+Separable layers read their input rows in place, global ids as source positions (the previous layer's rows,
+or the features themselves where they can be read as they are: ``_features_in_place``, docs/memory.md);
+non-separable layers (GAT), and rows on the host for a model on a GPU, use relabelled chunks."""
 
 from __future__ import annotations
 
@@ -50,6 +35,7 @@ from neutronorch.train.distributed import World
 # progress(layer 1.., rows done, rows of that layer): called after every chunk.
 LayerProgress = Callable[[int, int, int], None]
 Transform = Callable[[torch.Tensor], torch.Tensor]
+Emit = Callable[[object, torch.Tensor], None]  # emit(positions in the output, their rows)
 
 
 @torch.no_grad()
@@ -69,27 +55,27 @@ def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor
         if transform is not None:
             raise ValueError("layerwise: give `out` with a `transform` (its rows' type and width)")
         out = torch.empty((nodes.shape[0], model.width(upto - 1)))
+    emit = emitter(out, transform, check)
     if not getattr(model, "layerwise", True):  # a user's model: whole neighbourhoods, one chunk at a time
-        return _whole_neighbourhoods(model, graph, store, nodes, device, chunk_size,
-                                     Emitter(out, transform, check), progress, out)
+        _whole_neighbourhoods(model, graph, store, nodes, device, chunk_size, emit, progress)
+        return out
     if upto < 1:
         raise ValueError("`layers` must be at least 1")
-    run = _Run(model, graph, store, device, chunk_size, progress, world or World())
+    run = _Run(model, graph, store, device, chunk_size, progress)
     with _scratch(scratch) as folder:
         below = lower_layers(upto, lambda layer: {None: graph.num_nodes}, run.rows,
                              lambda layer, _: model.width(layer), device, folder, chunk_size, progress, world)
-        return run.last(upto - 1, None if below is None else below[None], nodes, out, Emitter(out, transform, check))
+        run.last(upto - 1, None if below is None else below[None], nodes, emit)
+    return out
 
 
 def lower_layers(upto: int, sizes: Callable[[int], dict], compute, width: Callable[[int, object], int],
                  device: torch.device, folder: str | None, chunk_size: int, progress: LayerProgress | None,
                  world: World | None = None) -> dict | None:
-    """Layers 1..``upto - 1`` of every vertex a later layer reads, for either kind of graph: for each key of
-    ``sizes(layer)`` (key -> vertex count; a vertex type, None for a homogeneous graph), chunks of vertices
-    ``start..end-1`` computed by ``compute(layer, key, start, end, previous)`` (``previous``: the layer below's
-    rows by key, None under the bottom layer) into a buffer on ``device`` or memory-mapped in ``folder``. With
-    ``world`` each rank computes a contiguous share of whole chunks and the ranks share their rows. Returns
-    layer ``upto - 1``'s rows by key (None when ``upto`` is 1)."""
+    """Layers 1..``upto - 1``' rows by key of ``sizes(layer)`` (key -> vertex count; a vertex type, None for a
+    homogeneous graph), chunks ``start..end-1`` computed by ``compute(layer, key, start, end, previous)``
+    (``previous``: the layer below's rows by key, None under the bottom layer) into buffers on ``device`` or
+    memory-mapped in ``folder``. Returns layer ``upto - 1``'s (None when ``upto`` is 1)."""
     world, previous = world or World(), None
     for layer in range(upto - 1):
         counts = sizes(layer)
@@ -113,10 +99,10 @@ def lower_layers(upto: int, sizes: Callable[[int], dict], compute, width: Callab
 
 def typed_layers(model: TypedGNN, graph: TypedGraph, node_type: str, layer: int, device: torch.device,
                  chunk_size: int, progress: LayerProgress | None):
-    """``top(ids)``: the rows of ``node_type``'s unique ``ids`` at layer ``layer`` (1-based; ``model.num_layers``:
-    the target's logits), every neighbourhood whole, float32 on the CPU, once the layers below it are computed
-    (here, before it returns) for every vertex of the types a later layer reads (``reachable_types`` from ``node_type``), one float32
-    table per type and layer in memory. ``graph`` two-way, as trained."""
+    """``top(ids)``: the rows of ``node_type``'s unique ``ids`` at layer ``layer`` (1-based), every
+    neighbourhood whole, float32 on the CPU. The layers below are computed here, before it returns, for every
+    vertex of the types a later layer reads, one table per type and layer in memory. ``graph`` two-way, as
+    trained."""
     model.eval()
     sampler = TypedNeighborSampler(graph, [-1] * model.num_layers)
     needed = reachable_types(model.spec, layer - 1, node_type)[::-1]  # by layer: the types it must compute
@@ -140,9 +126,9 @@ def typed_layers(model: TypedGNN, graph: TypedGraph, node_type: str, layer: int,
 def last_layer_rows(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,
                     chunk_size: int = 4096, *, scratch: str | None = None, progress: LayerProgress | None = None,
                     world: World | None = None) -> Iterator[torch.Tensor]:
-    """The last layer's rows of ``nodes`` (one per requested vertex, in their order) as a CPU float32 tensor
-    alive while the block runs: in memory (``scratch`` None), else memory-mapped in a temporary folder in
-    ``scratch``, where the intermediate layers go too, removed when the block ends."""
+    """The last layer's rows of ``nodes`` (in their order) as a CPU float32 tensor alive while the block runs:
+    in memory (``scratch`` None), else memory-mapped in a temporary folder in ``scratch`` (with the
+    intermediate layers), removed when the block ends."""
     with _scratch(scratch) as folder:
         rows = _buffer((nodes.shape[0], model.width(model.num_layers - 1)), torch.device("cpu"), folder, "last")
         layerwise(model, graph, store, nodes, device, chunk_size, out=rows, scratch=scratch, progress=progress,
@@ -152,8 +138,8 @@ def last_layer_rows(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.
 
 class _Run:
     def __init__(self, model: GNN, graph: Graph, store: FeatureStore, device: torch.device, chunk_size: int,
-                 progress: LayerProgress | None, world: World):
-        self.model, self.graph, self.store, self.device, self.world = model, graph, store, device, world
+                 progress: LayerProgress | None):
+        self.model, self.graph, self.store, self.device = model, graph, store, device
         self.chunk_size, self.progress = chunk_size, progress
         self.sampler = NeighborSampler(graph.indptr, graph.indices, [-1], model.needs_degrees)
         with warnings.catch_warnings():
@@ -195,11 +181,10 @@ class _Run:
             return self.contiguous(layer, source, start, end)
         return self.relabelled(layer, hidden, torch.arange(start, end))
 
-    def last(self, layer: int, hidden: torch.Tensor | None, nodes: torch.Tensor, out, emit: "Emitter") -> object:
-        """The requested rows of the last layer, chunk by chunk into ``out`` by ``emit``."""
-        # The input layer as the last one (a one-layer model, an embedding of layer 1) computes only the
-        # requested vertices, as chunks of their own: the rows of whole in-place chunks would come from
-        # products over other row counts, which round differently.
+    def last(self, layer: int, hidden: torch.Tensor | None, nodes: torch.Tensor, emit: Emit) -> None:
+        """The requested rows of the last layer, chunk by chunk to ``emit``."""
+        # The input layer as the last one computes only the requested vertices: rows of whole in-place chunks
+        # would come from products over other row counts, which round differently.
         source = self.in_place(layer, hidden) if hidden is not None else None
         if source is not None:
             # Contiguous chunks of vertices, only those holding requested ones; rows scattered to their places.
@@ -217,15 +202,14 @@ class _Run:
         else:
             emit_chunks(nodes, self.chunk_size, lambda chunk: self.relabelled(layer, hidden, chunk), emit, layer + 1,
                         self.progress)
-        return out
 
 
 @torch.no_grad()
 def _whole_neighbourhoods(model, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,
-                          chunk_size: int, emit: "Emitter", progress: LayerProgress | None, out):
+                          chunk_size: int, emit: Emit, progress: LayerProgress | None) -> None:
     """The logits of a model that runs only as a whole (``nn.custom.UserModel``): every neighbour of every hop
-    sampled for each chunk of ``nodes``, the same result layer-by-layer inference gives, at the cost of each
-    chunk's whole neighbourhood."""
+    sampled for each chunk of ``nodes`` (layer-wise inference's result, at the cost of whole
+    neighbourhoods)."""
     sampler = NeighborSampler(graph.indptr, graph.indices, [-1] * model.num_layers, model.needs_degrees)
 
     def logits(chunk: torch.Tensor) -> torch.Tensor:
@@ -233,10 +217,9 @@ def _whole_neighbourhoods(model, graph: Graph, store: FeatureStore, nodes: torch
         return model([b.to(device) for b in subgraph.blocks], store.gather(subgraph.input_nodes).to(device))
 
     emit_chunks(nodes, chunk_size, logits, emit, model.num_layers, progress)
-    return out
 
 
-def emit_chunks(nodes: torch.Tensor | np.ndarray, chunk_size: int, compute, emit: "Emitter", layer: int,
+def emit_chunks(nodes: torch.Tensor | np.ndarray, chunk_size: int, compute, emit: Emit, layer: int,
                 progress: LayerProgress | None) -> None:
     """The asked vertices' rows, of either kind of graph: ``emit`` of ``compute(chunk)`` for each chunk of
     ``chunk_size`` of ``nodes`` in order, then ``progress(layer, done, total)``."""
@@ -247,23 +230,21 @@ def emit_chunks(nodes: torch.Tensor | np.ndarray, chunk_size: int, compute, emit
             progress(layer, start + chunk.shape[0], nodes.shape[0])
 
 
-class Emitter:
-    """Writes chunks of final rows (float32 on the CPU, ``check``ed, then ``transform``ed) into ``out``."""
+def emitter(out, transform: Transform | None, check: Callable[[torch.Tensor], None] | None = None) -> Emit:
+    """``emit(positions, values)``: chunks of final rows (float32 on the CPU, ``check``ed, then
+    ``transform``ed) written into ``out`` at ``positions``."""
 
-    def __init__(self, out, transform: Transform | None, check: Callable[[torch.Tensor], None] | None = None):
-        self.out, self.transform, self.check = out, transform, check
-
-    def __call__(self, positions, values: torch.Tensor) -> None:
+    def emit(positions, values: torch.Tensor) -> None:
         values = values.float().cpu()
-        if self.check is not None:
-            self.check(values)
-        if self.transform is not None:
-            values = self.transform(values)
-        if isinstance(self.out, np.ndarray):
-            positions = positions if isinstance(positions, slice) else positions.numpy()
-            self.out[positions] = values.numpy()
+        if check is not None:
+            check(values)
+        if transform is not None:
+            values = transform(values)
+        if isinstance(out, np.ndarray):
+            out[positions if isinstance(positions, slice) else positions.numpy()] = values.numpy()
         else:
-            self.out[positions] = values
+            out[positions] = values
+    return emit
 
 
 def _scratch(scratch: str | None):
@@ -277,9 +258,9 @@ def _scratch(scratch: str | None):
 
 
 def _features_in_place(store: FeatureStore, device: torch.device) -> torch.Tensor | None:
-    """The features as a tensor over their own memory, for the input layer to read in place, when that
-    gives the rows a gather would (float32 rows from float32 storage, for a model on the CPU) and reads
-    them no worse: not through a host cache, not a memory map to be read in file order. None otherwise."""
+    """The features as a tensor over their own memory, for the input layer to read in place, where that gives
+    the rows a gather would (float32 storage, a model on the CPU) and reads them no worse (no host cache, no
+    file-ordered map); else None."""
     features = store.features
     if (device.type != "cpu" or store.dtype != torch.float32 or store.host_cache is not None or store.ordered
             or not isinstance(features, np.ndarray) or features.dtype != np.float32

@@ -2,25 +2,16 @@
 
 Scores are one per positive edge, ``positive`` (P,), and the negatives' in one of two forms:
 
-- **per positive**, (P, K): row i holds the scores of positive i's own K negatives (ogbl-citation2). A
-  positive's rank is 1 + (optimistic + pessimistic) / 2, where optimistic counts the negatives scored above
-  it and pessimistic those scored at least as high (ties count half). MRR is the mean of 1 / rank; Hits@K
-  the share of positives whose rank is at most K (OGB's ``hits@K_list``).
-- **shared**, (N,): one list of negatives for every positive (ogbl-collab, -ppa). Hits@K: the share of
-  positives scored strictly above the K-th highest negative score, and 1.0 when there are fewer than K
-  negatives. MRR ranks each positive against all N.
+- **per positive**, (P, K): row i holds positive i's own K negatives (ogbl-citation2). A positive's rank is
+  1 + (#above + #at least as high) / 2 (ties half); MRR is the mean of 1 / rank, Hits@K the share of
+  positives ranked at most K.
+- **shared**, (N,): one list for every positive (ogbl-collab, -ppa). Hits@K: the share of positives scored
+  strictly above the K-th highest negative (1.0 with fewer than K); MRR ranks each positive against all N.
 
-ROC-AUC (either form: the negatives are pooled) is the probability that a positive scores above a negative,
-ties counting half (``task.roc_auc``). Scores may be numpy arrays or torch tensors on any device (brought to
-the host). Per-positive ranks are counted ``CHUNK`` scores at a time, so millions of positives with a
-thousand negatives each need only a bounded working set beyond the scores; ``link_roc_auc`` sorts all P + N
-scores.
-
-Where the (P, K) scores should never be held (an evaluation of millions of positives), ``PerPositiveScores``
-takes them a chunk of rows at a time and gives the same three metrics from P values: each positive's rank,
-and for ROC-AUC the count of positives above and tied with each negative, from the positives sorted once.
-``SharedScores`` gives the same methods over whole shared scores.
-"""
+ROC-AUC (the negatives pooled): the probability that a positive scores above a negative, ties half. Scores
+may be numpy arrays or torch tensors on any device. ``PerPositiveScores`` takes (P, K) scores a chunk of
+rows at a time and keeps P values, so they are never held whole; ``SharedScores`` holds shared scores whole;
+the functions score whole arrays through them (``link_scores``)."""
 
 from __future__ import annotations
 
@@ -30,8 +21,8 @@ from neutronorch.errors import ConfigError
 from neutronorch.train.health import TIE_TOLERANCE
 from neutronorch.train.task import roc_auc
 
-__all__ = ["ranks", "mrr", "hits_at_k", "link_roc_auc", "link_score", "parse_link_metric", "PerPositiveScores",
-           "SharedScores"]
+__all__ = ["ranks", "mrr", "hits_at_k", "link_roc_auc", "link_score", "link_scores", "parse_link_metric",
+           "PerPositiveScores", "SharedScores"]
 
 CHUNK = 1 << 22  # negative scores compared at a time
 
@@ -59,51 +50,7 @@ def _inputs(positive, negatives) -> tuple[np.ndarray, np.ndarray]:
 
 def ranks(positive, negatives) -> np.ndarray:
     """Each positive's rank among its negatives (float64, ties half): 1 + (#higher + #at least as high) / 2."""
-    positive, negatives = _inputs(positive, negatives)
-    if negatives.ndim == 1:
-        ordered = np.sort(negatives)
-        higher = ordered.shape[0] - np.searchsorted(ordered, positive, side="right")
-        at_least = ordered.shape[0] - np.searchsorted(ordered, positive, side="left")
-        return 0.5 * (higher + at_least) + 1.0
-    out = np.empty(positive.shape[0], np.float64)
-    rows = max(1, CHUNK // max(1, negatives.shape[1]))
-    for start in range(0, positive.shape[0], rows):
-        chunk, pos = negatives[start:start + rows], positive[start:start + rows, None]
-        higher = np.count_nonzero(chunk > pos, axis=1)
-        at_least = np.count_nonzero(chunk >= pos, axis=1)
-        out[start:start + rows] = 0.5 * (higher + at_least) + 1.0
-    return out
-
-
-def mrr(positive, negatives) -> float:
-    """Mean reciprocal rank of the positives among their negatives (NaN without positives)."""
-    ranked = ranks(positive, negatives)
-    return float(np.mean(1.0 / ranked)) if ranked.size else float("nan")
-
-
-def hits_at_k(positive, negatives, k: int) -> float:
-    """Hits@K: per-positive negatives (P, K'): the share of positives ranked at most ``k``; shared negatives
-    (N,): the share scored strictly above the ``k``-th highest negative (1.0 if N < k), as OGB's evaluator."""
-    if k < 1:
-        raise ValueError(f"Hits@K needs K >= 1, got {k}")
-    positive, negatives = _inputs(positive, negatives)
-    if positive.size == 0:
-        return float("nan")
-    if negatives.ndim == 2:
-        return float(np.mean(ranks(positive, negatives) <= k))
-    if negatives.shape[0] < k:
-        return 1.0
-    kth_highest = np.partition(negatives, negatives.shape[0] - k)[negatives.shape[0] - k]
-    return float(np.count_nonzero(positive > kth_highest) / positive.shape[0])
-
-
-def link_roc_auc(positive, negatives) -> float:
-    """ROC-AUC of positives against all negatives pooled (either form); NaN when either side is empty."""
-    positive, negatives = _inputs(positive, negatives)
-    negatives = negatives.reshape(-1)
-    scores = np.concatenate([positive, negatives])
-    labels = np.concatenate([np.ones(positive.shape[0], np.int8), np.zeros(negatives.shape[0], np.int8)])
-    return roc_auc(scores, labels)
+    return link_scores(positive, negatives)._ranks()
 
 
 def parse_link_metric(metric: str) -> tuple[str, int]:
@@ -117,21 +64,45 @@ def parse_link_metric(metric: str) -> tuple[str, int]:
                       f"number from 1 (hits@50, as ogbl-collab is ranked).")
 
 
+def link_scores(positive, negatives) -> "SharedScores | PerPositiveScores":
+    """The scores as ``SharedScores`` (negatives (N,)) or ``PerPositiveScores`` (negatives (P, K), given
+    ``CHUNK`` scores at a time), whose methods give the metrics."""
+    positive, negatives = _inputs(positive, negatives)
+    if negatives.ndim == 1:
+        return SharedScores(positive, negatives)
+    scores = PerPositiveScores(positive)
+    rows = max(1, CHUNK // max(1, negatives.shape[1]))
+    for start in range(0, positive.shape[0], rows):
+        scores.add(start, negatives[start:start + rows])
+    return scores
+
+
+def mrr(positive, negatives) -> float:
+    return link_scores(positive, negatives).mrr()
+
+
+def hits_at_k(positive, negatives, k: int) -> float:
+    return link_scores(positive, negatives).hits_at_k(k)
+
+
+def link_roc_auc(positive, negatives) -> float:
+    return link_scores(positive, negatives).roc_auc()
+
+
 def link_score(metric: str, positive, negatives) -> float:
-    """``metric`` (``parse_link_metric``) of the positive scores against the negative scores."""
-    name, k = parse_link_metric(metric)
-    if name == "mrr":
-        return mrr(positive, negatives)
-    if name == "rocauc":
-        return link_roc_auc(positive, negatives)
-    return hits_at_k(positive, negatives, k)
+    return link_scores(positive, negatives).score(metric)
 
 
 class _Metrics:
-    """``score(metric)`` of a set of scores that has ``mrr``, ``hits_at_k`` and ``roc_auc``."""
+    """``score(metric)`` and ``mrr`` of a set of scores that has ``_ranks``, ``hits_at_k`` and ``roc_auc``."""
+
+    def mrr(self) -> float:
+        """Mean reciprocal rank (NaN without positives)."""
+        ranked = self._ranks()
+        return float(np.mean(1.0 / ranked)) if ranked.size else float("nan")
 
     def score(self, metric: str) -> float:
-        """``metric`` (``parse_link_metric``), as ``link_score`` gives it."""
+        """``metric`` (``parse_link_metric``)."""
         name, k = parse_link_metric(metric)
         if name == "mrr":
             return self.mrr()
@@ -139,7 +110,7 @@ class _Metrics:
 
 
 class SharedScores(_Metrics):
-    """Positive scores (P,) against shared negative scores (N,), both held whole: the functions above."""
+    """Positive scores (P,) against shared negative scores (N,), both held whole."""
 
     def __init__(self, positive, negatives):
         self.positive, self.negatives = _inputs(positive, negatives)
@@ -147,14 +118,31 @@ class SharedScores(_Metrics):
             raise ValueError(f"shared negative scores must be 1-D, got shape {self.negatives.shape}")
         self.negatives_per_positive = self.negatives.shape[0]
 
-    def mrr(self) -> float:
-        return mrr(self.positive, self.negatives)
+    def _ranks(self) -> np.ndarray:
+        ordered = np.sort(self.negatives)
+        higher = ordered.shape[0] - np.searchsorted(ordered, self.positive, side="right")
+        return 0.5 * (higher + ordered.shape[0] - np.searchsorted(ordered, self.positive, side="left")) + 1.0
 
     def hits_at_k(self, k: int) -> float:
-        return hits_at_k(self.positive, self.negatives, k)
+        """The share of positives scored strictly above the ``k``-th highest negative (1.0 if N < k), as OGB's
+        evaluator (NaN without positives)."""
+        if k < 1:
+            raise ValueError(f"Hits@K needs K >= 1, got {k}")
+        positive, negatives = self.positive, self.negatives
+        if positive.size == 0:
+            return float("nan")
+        if negatives.shape[0] < k:
+            return 1.0
+        kth_highest = np.partition(negatives, negatives.shape[0] - k)[negatives.shape[0] - k]
+        return float(np.count_nonzero(positive > kth_highest) / positive.shape[0])
 
     def roc_auc(self) -> float:
-        return link_roc_auc(self.positive, self.negatives)
+        """The probability that a positive scores above a negative, ties half (NaN when either side is
+        empty)."""
+        scores = np.concatenate([self.positive, self.negatives])
+        labels = np.concatenate([np.ones(self.positive.shape[0], np.int8),
+                                 np.zeros(self.negatives.shape[0], np.int8)])
+        return roc_auc(scores, labels)
 
     def all_tied(self) -> bool:
         """Whether every score, positive and negative, is the same number to ``TIE_TOLERANCE`` of its size
@@ -170,11 +158,10 @@ class SharedScores(_Metrics):
 
 
 class PerPositiveScores(_Metrics):
-    """Positive scores (P,) against per-positive negative scores given a chunk of rows at a time (``add``),
-    never held whole. Kept: the positives and a sorted copy (P values each), each positive's rank (P float64),
-    and two counts over every negative so far: the positives scored above it and those tied with it. The metrics
-    equal ``mrr``, ``hits_at_k`` and ``link_roc_auc`` of the whole (P, K) array, whatever the chunks: the
-    ranks are the same numbers, and ROC-AUC's Mann-Whitney count (ties half) is an exact integer sum."""
+    """Positive scores (P,) against per-positive negative scores given a chunk of rows at a time (``add``).
+    Kept: the positives and a sorted copy, each positive's rank, and two counts over every negative so far
+    (the positives scored above it and those tied with it), so the metrics are the same whatever the chunks:
+    ROC-AUC's Mann-Whitney count (ties half) is an exact integer sum."""
 
     def __init__(self, positive):
         self.positive = _host(positive)
@@ -193,7 +180,10 @@ class PerPositiveScores(_Metrics):
             raise ValueError(f"per-positive negative scores must be (rows, {self.negatives_per_positive or 'K'}), "
                              f"got shape {negatives.shape}")
         count = negatives.shape[0]
-        self.ranks[start:start + count] = ranks(self.positive[start:start + count], negatives)
+        positive = self.positive[start:start + count, None]
+        higher = np.count_nonzero(negatives > positive, axis=1)
+        at_least = np.count_nonzero(negatives >= positive, axis=1)
+        self.ranks[start:start + count] = 0.5 * (higher + at_least) + 1.0
         if negatives.shape[1]:  # rows tied whole, from each row's extremes (P values, not P x K): all_tied
             positive = self.positive[start:start + count].astype(np.float64)
             margin = TIE_TOLERANCE * np.maximum(1.0, np.abs(positive))
@@ -208,10 +198,6 @@ class PerPositiveScores(_Metrics):
         self.tied += at_most - below
         self.rows, self.negatives = self.rows + count, self.negatives + flat.shape[0]
         self.negatives_per_positive = negatives.shape[1]
-
-    def mrr(self) -> float:
-        """Mean reciprocal rank (NaN without positives)."""
-        return float(np.mean(1.0 / self._ranks())) if self.positive.size else float("nan")
 
     def hits_at_k(self, k: int) -> float:
         """The share of positives ranked at most ``k`` (NaN without positives)."""

@@ -1,10 +1,7 @@
-"""Scores of vertex pairs from a trained link checkpoint (``--task link``): exact full-neighbour inference.
-
-The encoder's last layer is computed for the distinct vertices the pairs name only, layer by layer over
-their complete neighbourhoods (``layerwise``, as ``predict`` runs it: the intermediate layers in memory or
-memory-mapped under ``scratch``), then the head scores the pairs a chunk at a time. The graph is the dataset
-as given: every edge of it carries messages (training had taken its validation and test edges out).
-"""
+"""Scores of vertex pairs from a trained link checkpoint (``--task link``): exact full-neighbour inference
+of the distinct vertices the pairs name (``layerwise``), then the head over the pairs a chunk at a time. The
+graph is the dataset as given: every edge of it carries messages (docs/link-prediction.md, "Predict and
+embed")."""
 
 from __future__ import annotations
 
@@ -38,13 +35,11 @@ _INT64_LIMIT = 1 << 63  # ids from here on fit no int64 and name no vertex of an
 
 def read_pairs(pairs: Pairs, num_nodes: int | None = None, layout: str | None = None,
                source: str | None = None) -> np.ndarray:
-    """The pairs as a (2, P) int64 array (row 0 the first vertex of each pair, row 1 the second), in their
-    order. ``pairs``: a (2, P) or (P, 2) integer array, tensor or list, or a ``.npy`` file of one, read by
-    ``data.pairs.pair_columns``' rule (a 2 x 2 one is refused unless ``layout`` is ``"columns"`` or
-    ``"rows"``), or a text file of ``u v`` or ``u,v`` lines (a pair per line; blank lines and ``#``
-    comments skipped). With ``num_nodes``, every id must be in 0..num_nodes-1. ``source`` names pairs given
-    as an array in errors (the file they were read from). Anything else is a ``ConfigError`` saying what is
-    wrong, naming the file and, for a text file, the lines."""
+    """The pairs as a (2, P) int64 array (row 0 the first vertex of each pair), in their order: ``PAIR_FORMS``
+    or an array, tensor or list, read by ``data.pairs.pair_columns``' rule (``layout`` for a 2 x 2 one). With
+    ``num_nodes``, every id must be in 0..num_nodes-1. ``source`` names pairs given as an array in errors (the
+    file they were read from). Anything else is a ``ConfigError`` naming the file and, for a text file, the
+    lines."""
     path = Path(pairs) if isinstance(pairs, (str, os.PathLike)) else None
     if path is not None:
         array, what = _read_file(path), f"`pairs` {pairs}"
@@ -100,8 +95,8 @@ def _read_text(path: Path) -> np.ndarray:
 
 def _check_range(pairs: np.ndarray, num_nodes: int, what: str, text: Path | None = None) -> None:
     """Every id in 0..num_nodes-1, else an error counting the ids out of range and showing the first few
-    with the positions of their pairs, or for a ``text`` file their lines (compared in the ids' own type, so
-    no huge unsigned id wraps, and shown with their true values)."""
+    with their pairs' positions (a ``text`` file's lines), compared and shown in the ids' own type (never
+    wrapped)."""
     bad = (pairs < 0) | (pairs >= num_nodes)
     count = int(bad.sum())
     if count:
@@ -138,15 +133,12 @@ def score_pairs(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, pairs:
                 scratch: str | None = "auto", progress: LayerProgress | None = None,
                 overwrite: bool = False, layout: str | None = None, source: str | None = None) -> np.ndarray:
     """One float32 score per pair, in the pairs' order: the link checkpoint's head applied to the encoder's
-    embeddings of the pair's two vertices (its logit), or with ``probabilities`` its sigmoid. ``pairs`` as
-    ``read_pairs`` takes them (with ``layout`` and ``source``): a (2, P) or (P, 2) integer array, tensor or
-    list (a 2 x 2 one only with ``layout``), a ``.npy`` file of one, or a text file of ``u v`` or ``u,v`` lines.
-
-    Memory: the last layer's rows of the distinct vertices the pairs name (in memory, or memory-mapped
-    where ``scratch`` puts the intermediate layers), and the pairs. ``device``, ``chunk_size`` (vertices
-    per layer-wise chunk, pairs per head chunk), ``out``, ``scratch``, ``progress`` and ``overwrite`` as for
-    ``predict``; ``out`` must not be the checkpoint, a file of the graph or the ``pairs`` file. A
-    node-classification checkpoint is refused (use ``predict``)."""
+    embeddings of the pair's two vertices (its logit), or with ``probabilities`` its sigmoid. ``pairs``,
+    ``layout`` and ``source`` as ``read_pairs`` takes them. Memory: the last layer's rows of the distinct
+    vertices the pairs name (memory-mapped where ``scratch`` puts the intermediate layers), and the pairs.
+    ``device``, ``chunk_size`` (vertices per layer-wise chunk, pairs per head chunk), ``out`` (never one of
+    the inputs), ``scratch``, ``progress`` and ``overwrite`` as for ``predict``. A node-classification
+    checkpoint is refused (use ``predict``)."""
     device = check_request(graph, device, probabilities=probabilities, overwrite=overwrite)
     check_prediction_output(out, scratch, checkpoint, graph, overwrite,
                             {"pairs": [pairs] if isinstance(pairs, (str, os.PathLike)) else []})
@@ -160,7 +152,6 @@ def score_pairs(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, pairs:
 
     def fill(scores: np.ndarray) -> None:
         nodes = torch.unique(pairs.reshape(-1))  # sorted: a pair's rows are found by binary search
-        # The distinct vertices' embeddings: memory-mapped where the intermediate layers are.
         with last_layer_rows(encoder, graph, FeatureStore(graph.features, graph.labels), nodes, target, chunk_size,
                              scratch=folder, progress=progress) as rows:
             row = lambda ids: rows[torch.searchsorted(nodes, ids)].to(target)  # noqa: E731

@@ -1,28 +1,15 @@
-"""A link task: its loss over a mini-batch's pairs, and its exact evaluation.
+"""A link task: its loss over a mini-batch's pairs, and its exact evaluation (docs/link-prediction.md).
 
-Training (``LinkTask.loss``): a step's model outputs are the embeddings of the batch's seeds; its targets
-(``orchestration/link_seeds.py``) say where each positive's ends and its negatives' destinations are among
-them. The head scores every positive and every negative pair; the loss is binary cross-entropy, the mean
-over positives plus the mean over negatives (PyG's and OGB's link examples).
+Training (``LinkTask.loss``): the step's outputs are the embeddings of the batch's seeds, its targets
+(``orchestration/link_seeds.py``) the positions of each positive's ends and its negatives' destinations among
+them; the loss is binary cross-entropy, the mean over positives plus the mean over negatives.
 
-Evaluation (``evaluate_links``): the encoder's embeddings of every vertex an evaluation pair names, from
-full neighbourhoods layer by layer over the message-passing graph (which holds no validation or test
-edge), then the head's score of each positive and its negatives: those the data stores
-(``LinkSplit.val_neg``/``test_neg``), else ``eval_negatives`` destinations per positive drawn once from
-the seed (the same at every evaluation); the metrics are OGB's (``link_metrics.py``).
-
-Memory is bounded by the vertices and the positives, not by the negatives: the named vertices are marked
-in a mask a chunk of negatives at a time; the layers below the last, and the last layer's rows of the named
-vertices, are memory-mapped where they would not fit (``scratch_folder``, as ``predict``'s); per-positive
-negatives are read or drawn ``SCORE_CHUNK`` pairs at a time (drawn ones from one generator's stream, so the
-same numbers as one whole draw), scored, and reduced to ranks and ROC-AUC counts (``PerPositiveScores``)
-before the next chunk. Held whole: the positives and their scores, and shared negatives with their scores.
-
-A typed graph's link task (``typed_link_graph``) predicts the edges of one relation (``link_relation``): its
-pairs are in the stacked ids of the relation's two end types (``LinkEnds``), negatives are destinations of
-its destination type, and evaluation embeds the named vertices from samples of the one key
-``inference_key(seed)`` with the evaluation fanouts, as a typed node task evaluates (``evaluate_typed_links``).
-"""
+Evaluation (``evaluate_links``): every vertex an evaluation pair names is embedded from its full neighbourhood
+over the message-passing graph (a typed graph's from samples: ``evaluate_typed_links``), then the head scores
+each positive and its negatives (stored, else ``eval_negatives`` per positive drawn from the seed). Memory is
+bounded by the vertices and the positives, never the negatives: they are read or drawn ``SCORE_CHUNK`` pairs
+at a time (drawn ones from one generator's stream: the same numbers as one whole draw) and reduced to ranks
+and ROC-AUC counts (``PerPositiveScores``) before the next chunk."""
 
 from __future__ import annotations
 
@@ -43,13 +30,13 @@ from neutronorch.data.edge_split import link_relation, parse_link_split, split_e
 from neutronorch.data.links import PER_SOURCE, SHARED, LinkEnds, check_link_split, check_negatives_fit
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
-from neutronorch.features.store import FeatureStore, TypedInputs
+from neutronorch.features.store import FeatureStore
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.rows import take_rows
-from neutronorch.orchestration.link_seeds import negative_generator
+from neutronorch.orchestration.link_seeds import EndsSampler, negative_generator
 from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.train.distributed import World
-from neutronorch.train.evaluate import inference_key
+from neutronorch.train.evaluate import typed_logits
 from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, link_collapse, nonfinite_rows
 from neutronorch.train.layerwise import LayerProgress, last_layer_rows
 from neutronorch.train.link_metrics import PerPositiveScores, SharedScores, parse_link_metric
@@ -69,8 +56,7 @@ def is_link_split(split: str | None) -> bool:
 
 def rms_row_norm(features, rows: int = 4096) -> float:
     """The root mean square of the L2 norms of up to ``rows`` evenly spaced feature rows (memory-mapped arrays
-    are read at those rows only): how large the encoder's inputs are, for its initial weights (``LinkModel``'s
-    ``input_norm``)."""
+    read at those rows only): ``LinkModel``'s ``input_norm``."""
     count = int(features.shape[0])
     if count == 0:
         return 1.0
@@ -79,11 +65,9 @@ def rms_row_norm(features, rows: int = 4096) -> float:
 
 
 def link_graph(graph: Graph, config: TrainConfig) -> Graph:
-    """The graph a link task trains on: ``graph`` when it carries its own links (an OGB link dataset), else
-    ``graph`` split by ``config.split`` (``edges:TRAIN,VAL``; default ``DEFAULT_LINK_SPLIT``) seeded by
-    ``config.seed``, its validation and test edges out of its topology. The split is checked (a stored one
-    against its graph: ``check_stored_links``), and the run's negatives and metric against it
-    (``check_link_settings``)."""
+    """``graph`` when it carries its own links (an OGB link dataset), else ``graph`` split by ``config.split``
+    (default ``DEFAULT_LINK_SPLIT``) seeded by ``config.seed``, its validation and test edges out of its
+    topology; the split checked, and the run's settings against it (``check_link_settings``)."""
     if graph.links is None:
         graph = split_edges(graph, *_edge_split(config), seed=config.seed, direction=config.link_direction)
     elif config.split:
@@ -92,8 +76,7 @@ def link_graph(graph: Graph, config: TrainConfig) -> Graph:
         raise ConfigError(f"`link_direction` {config.link_direction}: {graph.name} carries its own link split, "
                           f"{'undirected' if graph.links.undirected else 'directed'}; the option chooses how "
                           f"`split` edges:TRAIN,VAL splits a graph without one. Leave it out.")
-    # Stored negatives that are positives of their own set were counted in a note by the loader (OGB's
-    # evaluators score them as given); everything else about the split must hold.
+    # Stored negatives that are positives of their own set: noted by the loader (OGB's evaluators keep them).
     check_link_split(graph.links, graph.num_nodes, graph.name, negatives_may_be_positive=True)
     notes = check_graph_links(graph)  # a split given with the graph, or changed since it was checked
     graph = dataclasses.replace(graph, notes=[*graph.notes, *notes]) if notes else graph
@@ -110,11 +93,10 @@ def _edge_split(config: TrainConfig) -> tuple[float, float]:
 
 
 def typed_link_graph(graph: TypedGraph, config: TrainConfig) -> TypedGraph:
-    """The typed graph a link task trains on: ``graph`` with its relation ``config.link_relation`` split by
-    ``config.split`` as ``link_graph`` splits a homogeneous graph's edges (``split_relation``), the split in
-    ``links`` (its ``ends`` say whose ids it holds), then every relation's reverse added (``with_reverse``; a
-    stored reverse of the relation is made again from the edges left, so no held-out edge carries a
-    message). The run's negatives and metric are checked against it."""
+    """``graph`` with its relation ``config.link_relation`` split as ``link_graph`` splits a homogeneous
+    graph's edges, the split in ``links``, then every relation's reverse added (a stored reverse of the
+    relation is made again from the edges left, so no held-out edge carries a message); the run's settings
+    checked."""
     relation = link_relation(graph, config.link_relation)
     reverse = graph.reverse_of(relation)
     graph, links = split_relation(graph, LinkEnds.of(graph.num_nodes, relation), *_edge_split(config),
@@ -128,8 +110,8 @@ def typed_link_graph(graph: TypedGraph, config: TrainConfig) -> TypedGraph:
 
 
 def check_node_task(graph: Graph, config: TrainConfig) -> None:
-    """A node task's run refuses what only a link task uses: a link split (the graph's or ``config.split``)
-    and link settings given other values than their defaults (ignoring them would hide a mistaken task)."""
+    """Refuse what only a link task uses: a link split (the graph's or ``config.split``) and link settings
+    given (ignoring them would hide a mistaken task)."""
     if graph.links is not None or is_link_split(config.split):
         raise ConfigError(f"{graph.name if graph.links is not None else config.split}: a link split, for link "
                           f"prediction; give `task` link (or a node split such as ratio:0.6,0.2 for a node task).")
@@ -141,11 +123,7 @@ def check_node_task(graph: Graph, config: TrainConfig) -> None:
 
 
 def check_link_settings(graph: Graph, config: TrainConfig) -> None:
-    """Refuse the settings a link run cannot honour on ``graph``: evaluation fanouts (a homogeneous graph's
-    evaluation is exact) or a cap on the evaluated vertices (every named vertex is evaluated), more negative
-    destinations per positive than the vertices they are drawn from (``negatives``, and ``eval_negatives``
-    where the data stores none; where it stores some, ``eval_negatives`` given at all), and Hits@K with fewer
-    negatives per positive than K (every positive would be a hit)."""
+    """Refuse the settings a link run cannot honour on ``graph`` (docs/link-prediction.md, "Evaluation")."""
     links = graph.links
     typed = isinstance(graph, TypedGraph)
     ignored = ([f"`eval_fanouts` {','.join(map(str, config.eval_fanouts))}"]
@@ -181,7 +159,6 @@ def check_link_settings(graph: Graph, config: TrainConfig) -> None:
 class LinkTask:
     model: LinkModel
     metric: str  # mrr, rocauc or hits@K (resolved: never auto)
-    multilabel: bool = False
 
     @classmethod
     def of(cls, graph: Graph, model: LinkModel, metric: str = "auto") -> "LinkTask":
@@ -226,8 +203,6 @@ def evaluate_links(model: LinkModel, graph: Graph, store: FeatureStore, device: 
     """``task``'s metric on the validation and test links, as {"val": ..., "test": ...}, and every reported
     metric under ``val_<name>``/``test_<name>`` (mrr, hits_K, rocauc). ``check`` (``health.py``): scores that
     are not finite are an error, every score (or most pairs) tied is noted as a collapse."""
-    # The layers below the last over every vertex, and the last of ``nodes``: memory-mapped in a scratch
-    # folder where they would not fit.
     scratch = scratch_folder(model.encoder, graph, model.num_layers, "auto", None)
     return _evaluated(model, graph.links, (0, graph.num_nodes), lambda nodes: last_layer_rows(
         model.encoder, graph, store, nodes, device, batch_size, scratch=scratch, progress=progress, world=world),
@@ -238,22 +213,13 @@ def evaluate_links(model: LinkModel, graph: Graph, store: FeatureStore, device: 
 def evaluate_typed_links(model: LinkModel, graph: TypedGraph, sampler, device: torch.device, batch_size: int,
                          seed: int, eval_negatives: int, task: LinkTask, check: EvaluationCheck | None = None
                          ) -> dict[str, float]:
-    """``evaluate_links`` of a typed graph's link task (``typed_link_graph``): the named vertices embedded
-    ``batch_size`` at a time from samples of ``sampler`` (the evaluation fanouts) with the one key
-    ``inference_key(seed)``."""
-    ends, inputs = graph.links.ends, TypedInputs(graph)
-
-    @contextlib.contextmanager
-    def embedded(nodes: torch.Tensor):
-        model.eval()
-        rows = []
-        for chunk in torch.split(nodes, batch_size):
-            subgraph = sampler.sample(ends.split(chunk), inference_key(seed))
-            features, ids = inputs(subgraph.input_nodes, device)
-            rows.append(model([b.to(device) for b in subgraph.blocks], features, ids).float().cpu())
-        yield torch.cat(rows)
-
-    return _evaluated(model, graph.links, ends.destinations, embedded, device, seed, eval_negatives, task, check)
+    """``evaluate_links`` of a typed graph's link task (``typed_link_graph``): the named vertices embedded by
+    ``typed_logits`` of the encoder, sampled by ``sampler`` (the evaluation fanouts) in their end types."""
+    sampler = EndsSampler(sampler, graph.links.ends)
+    embedded = lambda nodes: contextlib.nullcontext(  # noqa: E731
+        typed_logits(model.encoder, graph, sampler, nodes, device, batch_size, seed))
+    return _evaluated(model, graph.links, graph.links.ends.destinations, embedded, device, seed, eval_negatives,
+                      task, check)
 
 
 def _evaluated(model: LinkModel, links, destinations: tuple[int, int], embedded, device: torch.device, seed: int,
@@ -261,7 +227,7 @@ def _evaluated(model: LinkModel, links, destinations: tuple[int, int], embedded,
     """The scores of ``evaluate_links``: ``embedded(nodes)`` (a context) gives the rows of the sorted vertex ids
     ``nodes``; drawn negatives are ids ``destinations`` = (first, count)."""
     check = check or EvaluationCheck()
-    sets = {name: _EvalSet.of(links, name, mix_key(seed, 0x4556_414C + offset), eval_negatives, destinations)
+    sets = {name: _EvalSet(links, name, mix_key(seed, 0x4556_414C + offset), eval_negatives, destinations)
             for offset, name in enumerate(("val", "test"))}
     num_nodes = links.ends.num_nodes if links.ends is not None else sum(destinations)
     nodes = _named_vertices(sets.values(), num_nodes)
@@ -276,7 +242,11 @@ def _evaluated(model: LinkModel, links, destinations: tuple[int, int], embedded,
             scores = _scores(model, row, pairs, lambda bad, total, what: check.nonfinite(
                 bad, total, SPLIT_NAMES[name], "scores", what))
             check.collapsed(link_collapse(scores))
-            out.update(_reported(name, task.metric, scores))
+            out.update({name: scores.score(task.metric), f"{name}_mrr": scores.mrr()})
+            for k in REPORTED_HITS:  # a positive among fewer negatives than K is always a hit: not reported
+                if k < scores.negatives_per_positive:
+                    out[f"{name}_hits_{k}"] = scores.hits_at_k(k)
+            out[f"{name}_rocauc"] = scores.roc_auc()
     return out
 
 
@@ -286,21 +256,11 @@ class _EvalSet:
     ``per_positive`` destinations per positive drawn from ``key`` (``draw_negatives``) among ``destinations``
     (first id, count)."""
 
-    def __init__(self, positives: torch.Tensor, stored, kind: str | None, key: int, per_positive: int,
-                 destinations: tuple[int, int]):
-        self.positives, self.stored, self.kind, self.key = positives, stored, kind, key
-        self.per_positive = int(stored.shape[1]) if kind == PER_SOURCE else per_positive
-        self.destinations = destinations
-
-    @classmethod
-    def of(cls, links, name: str, key: int, per_positive: int, destinations: tuple[int, int]) -> "_EvalSet":
-        kind = links.negative_kind if links.negative_kind in (SHARED, PER_SOURCE) else None
-        return cls(_ids(getattr(links, name)).reshape(2, -1), getattr(links, f"{name}_neg"), kind, key, per_positive,
-                   destinations)
-
-    @property
-    def shared(self) -> bool:
-        return self.kind == SHARED
+    def __init__(self, links, name: str, key: int, per_positive: int, destinations: tuple[int, int]):
+        self.kind = links.negative_kind if links.negative_kind in (SHARED, PER_SOURCE) else None
+        self.positives, self.stored = _ids(getattr(links, name)).reshape(2, -1), getattr(links, f"{name}_neg")
+        self.per_positive = int(self.stored.shape[1]) if self.kind == PER_SOURCE else per_positive
+        self.key, self.destinations = key, destinations
 
     def negatives(self, rows: int) -> Iterator[tuple[int, torch.Tensor]]:
         """(start, chunk) in order: shared negative pairs as (2, rows) from column ``start``, else the (rows, K)
@@ -320,8 +280,7 @@ class _EvalSet:
 def drawn_negatives(key: int, count: int, per_positive: int, num_nodes: int,
                     rows: int) -> Iterator[tuple[int, torch.Tensor]]:
     """``draw_negatives(key, count, per_positive, num_nodes)`` ``rows`` positives at a time, as (start, chunk):
-    the same numbers whatever ``rows``, for the draw is one generator's stream, element after element in row
-    order, from ``draw_negatives``' generator (tested equal)."""
+    the same numbers whatever ``rows`` (one generator's stream, in row order)."""
     generator = negative_generator(key)
     for start in range(0, count, rows):
         shape = (min(rows, count - start), per_positive)
@@ -353,7 +312,7 @@ def _scores(model: LinkModel, row, pairs: _EvalSet, nonfinite) -> SharedScores |
     positives = pairs.positives
     positive = _pair_scores(model, row, positives)
     nonfinite(nonfinite_rows(positive), positive.shape[0], "positive pairs")
-    if pairs.shared:
+    if pairs.kind == SHARED:
         negative = _pair_scores(model, row, pairs.stored)
         nonfinite(nonfinite_rows(negative), negative.shape[0], "negative pairs")
         return SharedScores(positive, negative)
@@ -374,14 +333,4 @@ def _pair_scores(model: LinkModel, row, pairs) -> torch.Tensor:
     for start in range(0, count, SCORE_CHUNK):
         chunk = _ids(pairs[:, start:start + SCORE_CHUNK])
         out[start:start + chunk.shape[1]] = model.score(row(chunk[0]), row(chunk[1])).float().cpu()
-    return out
-
-
-def _reported(name: str, metric: str, scores: SharedScores | PerPositiveScores) -> dict[str, float]:
-    """The set's chosen ``metric`` under ``name``, and every reported metric under ``<name>_<metric>``."""
-    out = {name: scores.score(metric), f"{name}_mrr": scores.mrr()}
-    for k in REPORTED_HITS:  # a positive among fewer negatives than K is always a hit: not reported
-        if k < scores.negatives_per_positive:
-            out[f"{name}_hits_{k}"] = scores.hits_at_k(k)
-    out[f"{name}_rocauc"] = scores.roc_auc()
     return out

@@ -1,7 +1,7 @@
 """Predictions from a trained model, of either kind of graph: ``predict`` (the classes or class probabilities of
 chosen vertices) and ``embed`` (one layer's rows). One request check, one checkpoint check, one output path
 (checked before any work, written atomically, the scratch folder, progress), one rule for the layer and the
-vertex type, one chunk loop and non-finite check (``layerwise.emit_chunks``, ``Emitter``); only how the rows
+vertex type, one chunk loop and non-finite check (``layerwise.emit_chunks``, ``emitter``); only how the rows
 are computed differs by kind: a homogeneous graph's by exact layer-wise inference over complete
 neighbourhoods (``layerwise.py``, never stale), a typed graph's as its run's evaluation sampled them.
 
@@ -34,7 +34,7 @@ from neutronorch.nn.typed_models import TypedGNN, reachable_types
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, Checkpoint, check_fits, load_checkpoint
 from neutronorch.train.health import output_check
-from neutronorch.train.layerwise import Emitter, LayerProgress, emit_chunks, layerwise, typed_layers
+from neutronorch.train.layerwise import LayerProgress, emit_chunks, emitter, layerwise, typed_layers
 from neutronorch.train.prediction_io import (Nodes, check_prediction_output, node_files, prediction_rows,
                                              scratch_folder, select_nodes, write_rows)
 from neutronorch.train.resources import resolve_device
@@ -234,7 +234,8 @@ def typed_fill(checkpoint: Checkpoint, graph: TypedGraph, fanouts, node_type: st
                     for hop in range(model.num_layers - layer, model.num_layers)]
             compute = lambda chunk: hidden_rows(model, graph, hops, node_type, chunk, device,  # noqa: E731
                                                 config.seed)
-        emit_chunks(ids, chunk_size, _unique_seeds(compute), Emitter(array, transform, check), layer, progress)
+        emit = emitter(array, transform, check)
+        emit_chunks(ids, chunk_size, _unique_seeds(compute), emit, layer, progress)
     return fill
 
 
