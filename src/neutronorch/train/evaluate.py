@@ -20,16 +20,6 @@ from neutronorch.train.layerwise import LayerProgress, layerwise
 from neutronorch.train.task import Task
 
 
-def full_neighbor_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor,
-                         device: torch.device, chunk_size: int = 4096, layers: int | None = None,
-                         world: World | None = None, progress: LayerProgress | None = None) -> torch.Tensor:
-    """Logits of ``nodes`` computed from complete neighbourhoods, layer by layer, in memory (``layerwise``);
-    with ``layers`` = K, the output of layer K instead (after its activation: an embedding). Data parallel
-    (``world``), the intermediate layers are computed in shares across the ranks. ``progress(layer, done,
-    total)`` after every chunk."""
-    return layerwise(model, graph, store, nodes, device, chunk_size, layers, world=world, progress=progress)
-
-
 @torch.no_grad()
 def sampled_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, fanouts: list[int],
                    device: torch.device, batch_size: int, seed: int, first_chunk: int = 0,
@@ -89,11 +79,11 @@ def evaluate(model: GNN, graph: Graph, store: FeatureStore, device: torch.device
     test = torch.from_numpy(eval_subset(graph.test_idx, max_nodes, seed + 1))
     nodes = torch.cat([val, test])
     if world is not None and world.distributed:
-        logits = world.all_gather_rows(_logits_of_share(model, graph, store, nodes, device, fanouts, batch_size,
-                                                        seed, world, file_order, progress),
-                                       "gathering the evaluation's logits")
+        logits = torch.cat(world.all_gather_rows(_logits_of_share(
+            model, graph, store, nodes, device, fanouts, batch_size, seed, world, file_order, progress),
+            "gathering the evaluation's logits"))
     elif fanouts is None:
-        logits = full_neighbor_logits(model, graph, store, nodes, device, batch_size, progress=progress)
+        logits = layerwise(model, graph, store, nodes, device, batch_size, progress=progress)
     else:
         logits = sampled_logits(model, graph, store, nodes, fanouts, device, batch_size, seed,
                                 file_order=file_order, progress=progress)
@@ -118,8 +108,7 @@ def _logits_of_share(model: GNN, graph: Graph, store: FeatureStore, nodes: torch
     """This rank's contiguous share of ``nodes``' logits (float32, on the CPU)."""
     if fanouts is None:  # every rank takes part in the intermediate layers, even with no vertices of its own
         share = torch.tensor_split(nodes, world.size)[world.rank]
-        return full_neighbor_logits(model, graph, store, share, device, batch_size, world=world,
-                                    progress=progress).float().cpu()
+        return layerwise(model, graph, store, share, device, batch_size, world=world, progress=progress)
     chunks = -(-nodes.shape[0] // batch_size)
     mine = torch.tensor_split(torch.arange(chunks), world.size)[world.rank]
     if mine.shape[0] == 0:
