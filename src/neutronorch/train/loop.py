@@ -16,12 +16,9 @@ import torch
 
 from neutronorch.config import TrainConfig
 from neutronorch.errors import ConfigError, Interrupted, TrainingError
-from neutronorch.nn.precision import Precision
-from neutronorch.observe import Spans, StageTable, Utilisation
-from neutronorch.orchestration.mode import Mode
+from neutronorch.observe import Spans, Utilisation
 from neutronorch.train.memory import peak_rss_mb
-from neutronorch.train.metrics_log import MetricLog
-from neutronorch.train.step import train_step
+from neutronorch.train.step import step_masks, train_step
 
 # progress(epoch, steps done, steps in the epoch): called after every step. The object given as progress
 # may also have these methods, each called when present:
@@ -100,17 +97,16 @@ def _diverged(epoch: int, steps: int) -> TrainingError:
                          f"steps): the run diverged. Lower `lr`, or check the features for extreme values.")
 
 
-def train_epoch(model: torch.nn.Module, optimizer, mode: Mode, epoch: int, spans: Spans,
-                stages: StageTable, util: Utilisation, metrics: MetricLog, window: TimelineWindow,
-                progress: Progress | None = None, control: EpochControl | None = None,
-                loss_fn: Callable | None = None, precision: Precision | None = None,
-                sync: Callable | None = None, loss_progress: Callable[[int, float], None] | None = None,
-                masks: Callable | None = None) -> dict:
-    """Train one epoch (from ``control.start_step`` on) with ``loss_fn(logits, labels)`` (default:
-    cross-entropy); return its record (without evaluation). Counters of rows, edges and bytes cover the
-    steps run here; the loss covers the whole epoch, as does ``loss_progress(epoch, running mean)``.
-    ``optimizer``, ``masks``: ``train_step``'s."""
-    control = control or EpochControl()
+def train_epoch(run, epoch: int, control: EpochControl, window: TimelineWindow, progress: Progress | None,
+                loss_progress: Callable[[int, float], None] | None = None) -> dict:
+    """Train one epoch of ``run`` (a ``run.Run``: its model, optimizers, mode, task's loss, precision and, data
+    parallel, reduction) from ``control.start_step`` on; return its record (without evaluation). Counters of
+    rows, edges and bytes cover the steps run here; the loss covers the whole epoch, as does
+    ``loss_progress(epoch, running mean)``."""
+    model, mode, spans, util, metrics, seed = run.model, run.mode, run.spans, run.util, run.metrics, run.config.seed
+    # A typed model's dropout masks are keyed by the global batch (step.py).
+    masks = (lambda batch: step_masks(seed, batch.epoch, batch.index)) if run.typed is not None else None
+    sync = step_sync(run)
     model.train()
     spans.take()  # drop what the producers recorded between epochs (evaluation time)
     util.take()
@@ -132,7 +128,8 @@ def train_epoch(model: torch.nn.Module, optimizer, mode: Mode, epoch: int, spans
             if batch is None:
                 break
             batch_counts = batch.counts()  # before the step releases the batch's buffer
-            loss = train_step(model, optimizer, mode, batch, spans, num_batches, loss_fn, precision, sync, masks)
+            loss = train_step(model, run.optimizer, mode, batch, spans, num_batches, run.task.loss, run.precision,
+                              sync, masks)
             total_loss += loss  # NaN and infinities survive the sum: it is finite iff every loss was
             if (num_batches + 1) % check_every == 0:
                 mean = float(total_loss) / (num_batches + 1)  # the steps before start_step included
@@ -174,8 +171,8 @@ def train_epoch(model: torch.nn.Module, optimizer, mode: Mode, epoch: int, spans
         "seconds": seconds,
         "train_loss": float(total_loss) / max(1, num_batches),
         "stage_seconds": {k: round(v, 4) for k, v in sorted(stage_seconds.items(),
-                                                           key=lambda item: stages.display_order(item[0]))},
-        "lane_busy": stages.lane_busy(stage_seconds, seconds),
+                                                           key=lambda item: run.stages.display_order(item[0]))},
+        "lane_busy": run.stages.lane_busy(stage_seconds, seconds),
         "utilisation": util.take(),
         # Rows and bytes of the batches trained this epoch; hot tables copied by the host producer count
         # when their copy starts.

@@ -1,13 +1,8 @@
-"""A run, of either kind of graph: ``Run`` (its parts, what it holds for the loop, and what it does: train an
-epoch, evaluate, checkpoint, resume), ``run_epochs`` (evaluation every ``eval_every``, the best
-validation score, checkpoints after each epoch, ``patience``, the epoch's log line and stage table) and
-``summarised`` (the summary, written whether the run ends, fails or is stopped).
-
-``trainer.py``'s ``build_run`` builds either kind's run from what the kind builds (``Built``: a typed graph's
-by ``heterogeneous.py``'s ``typed_model``): the same ``Run``, with ``typed`` holding what a typed graph's run
-adds (its samplers per relation, its embedding tables and their optimizer, its evaluation:
-``heterogeneous.TypedParts``). How a checkpoint is written and a run resumed from one is ``resume.py``'s, for
-both kinds.
+"""A run, of either kind of graph: ``Run`` (its parts and what it does: train an epoch, evaluate,
+checkpoint, resume), ``run_epochs`` (evaluation every ``eval_every``, the best validation score,
+checkpoints, ``patience``, the epoch's log line and stage table) and ``summarised`` (the summary, written
+whether the run ends, fails or is stopped). ``trainer.build_run`` builds either kind's run from what the
+kind builds (``Built``); ``Run.typed`` holds a typed run's own parts (``heterogeneous.TypedParts``).
 """
 
 from __future__ import annotations
@@ -30,7 +25,7 @@ from neutronorch.orchestration.mode import Mode
 from neutronorch.train.checkpoint import check_resumable, save_checkpoint
 from neutronorch.train.evaluate import evaluate
 from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, epoch_line, evaluation_progress,
-                                    noting_first_step, step_sync, train_epoch)
+                                    noting_first_step, train_epoch)
 from neutronorch.train.distributed import GradientSync, World
 from neutronorch.train.health import Health
 from neutronorch.train.link_task import LinkTask, evaluate_links
@@ -39,7 +34,6 @@ from neutronorch.train.optim import Adam
 from neutronorch.train.outputs import write_summary
 from neutronorch.train.replacing import Replacement
 from neutronorch.train.resume import restore, write_checkpoint
-from neutronorch.train.step import step_masks
 from neutronorch.train.summary import named_scores, summarise, topology_in_file_order, write_run_timeline
 from neutronorch.train.task import Task
 
@@ -50,20 +44,18 @@ logger = logging.getLogger("neutronorch")
 class Built:
     """What a kind of graph builds for its run (``build_run``): the graph as trained (a typed one with its
     reverse relations, a link task's split), the model, its optimizer (a typed model's: Adam and its tables'),
-    the task, the warnings of ``check_learnable``, the weights the ranks reduce (``dense``; ``tables``: the
-    sparse embedding tables), a typed run's ``TypedParts`` and what the mode log line says of the model."""
+    the warnings of ``check_learnable``, the weights the ranks reduce (``dense``; ``tables``: the sparse
+    embedding tables), a typed run's ``TypedParts`` and what the mode log line says of the model."""
 
     graph: Graph | TypedGraph
     model: torch.nn.Module
     optimizer: Adam | list
-    task: Task | LinkTask
     warnings: list[str]
     dense: list
     tables: list = field(default_factory=list)
     typed: object = None  # ``heterogeneous.TypedParts``
     describe: str = ""
     note: str = ""
-    mode_choice: dict | None = None
 
 
 @dataclass
@@ -104,20 +96,11 @@ class Run:
     sync: GradientSync | None = None  # data parallel: the gradient all-reduce and stop agreement
     health: Health = field(default_factory=lambda: Health({}))  # collapse (train/health.py)
     replacing: Replacement = field(default_factory=Replacement)  # the earlier outputs `overwrite` replaces
-    window: TimelineWindow | None = None  # the steps whose spans the timeline draws (run_epochs)
     fingerprint: dict | None = None  # the graph's, which checkpoints hold (with checkpoint_dir)
 
     @property
     def num_batches(self) -> int:
         return self.mode.num_batches
-
-    def train_epoch(self, epoch: int, control: EpochControl, window: TimelineWindow, progress: Progress | None,
-                    loss_progress) -> dict:
-        seed = self.config.seed  # a typed model's dropout masks are keyed by the global batch (step.py)
-        masks = (lambda batch: step_masks(seed, batch.epoch, batch.index)) if self.typed is not None else None
-        return train_epoch(self.model, self.optimizer, self.mode, epoch, self.spans, self.stages, self.util,
-                           self.metrics, window, progress, control, self.task.loss, self.precision, step_sync(self),
-                           loss_progress, masks)
 
     def evaluate(self, epoch: int, progress=None) -> dict[str, float]:
         """The metric on the validation and test sets: {"val": ..., "test": ...}; ``progress(layer, done,
@@ -186,7 +169,7 @@ def run_epochs(run: Run, progress: Progress | None) -> dict | None:
     ``run.best`` and ``run.last_eval``; returns the timeline written (or None)."""
     config, mode, epochs = run.config, run.mode, run.history
     run.last_eval = next((scores for scores in map(scores_of, reversed(epochs)) if scores), {})
-    run.window = window = TimelineWindow(bool(config.timeline), config.epochs, config.timeline_steps)
+    window = TimelineWindow(bool(config.timeline), config.epochs, config.timeline_steps)
     if run.stop is not None and run.stop.is_set():  # asked while the data loaded: no step to finish first
         raise Interrupted("stopped on request before the first step")
     mode.start(run.model)
@@ -197,8 +180,8 @@ def run_epochs(run: Run, progress: Progress | None) -> dict | None:
                                config.checkpoint_every,
                                (lambda e, k, loss: run.checkpoint("last.pt", e, (k, float(loss)))) if saving else None,
                                run.typed is not None)
-        record = run.train_epoch(epoch, control, window, noting_first_step(run, progress),
-                                 getattr(progress, "loss", None))
+        record = train_epoch(run, epoch, control, window, noting_first_step(run, progress),
+                             getattr(progress, "loss", None))
         mode.end_epoch(record)
         if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
             t0 = time.perf_counter()
@@ -220,7 +203,8 @@ def run_epochs(run: Run, progress: Progress | None) -> dict | None:
             logger.info(epoch_table(record, run.stages))
         if run.stop is not None and run.stop.is_set() and epoch + 1 < config.epochs:
             raise Interrupted(f"stopped on request after epoch {epoch}")
-        if config.patience and scores_of(record) and _evaluations_since_best(run) >= config.patience:
+        since_best = sum(1 for e in epochs if scores_of(e) and e["epoch"] > run.best["epoch"])
+        if config.patience and scores_of(record) and since_best >= config.patience:
             run.stopped_early = True
             logger.info(f"stopping early: no better validation {run.task.metric} in {config.patience} evaluations "
                         f"(best {run.best['val']:.4f} at epoch {run.best['epoch']})")
@@ -258,11 +242,6 @@ def summarised(run) -> dict:
     if run.world.main:
         write_summary(run.config, summary)
     return summary
-
-
-def _evaluations_since_best(run) -> int:
-    evaluated = [e["epoch"] for e in run.history if scores_of(e)]
-    return sum(1 for epoch in evaluated if epoch > run.best["epoch"])
 
 
 def scores_of(record: dict) -> dict:

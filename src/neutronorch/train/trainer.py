@@ -112,8 +112,10 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
     a typed graph's run (``heterogeneous.typed_model`` builds its model). Data parallel (``world``), rank 0's
     initial weights go to every rank, the step's reduction is ``run.sync`` (a typed model's tables' sparse rows
     too) and the stop is agreed on by every rank."""
-    world = world or World()
-    data_seconds = 0.0
+    world, data_seconds, link = world or World(), 0.0, config.task == "link"
+    if user_model is not None and link:
+        raise ConfigError("`task` link trains the built-in models as encoders; your own module trains node "
+                          "tasks for now.")
     if graph is None:
         t0 = time.perf_counter()
         graph = load_typed_dataset(config.dataset) if options is not None else load_dataset(
@@ -126,13 +128,16 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
         built = typed_model(config, graph, device, user_model, options, stack)
     else:
         built = homogeneous_model(config, graph, device, user_model)
-    graph, model, task = built.graph, built.model, built.task
+    graph, model = built.graph, built.model
+    if config.batch_size == 0:
+        config.batch_size = auto_batch_size(graph.links.train.shape[1] if link else len(graph.train_idx))
+    task = LinkTask.of(graph, model, config.metric) if link else Task.of(graph, config.metric)
     if world.distributed:
         world.broadcast_module(model, "the initial weights' broadcast")  # the same seed made them equal; make sure
     path, resumed = last_checkpoint(config, lambda path: load_state(path, TYPED if built.typed else HOMOGENEOUS)
                                     ) if config.resume else (None, None)
-    choice = None if built.typed else resolve_mode(config, graph, device, threads, model, world, resumed,
-                                                   loss_fn=task.loss)  # a typed graph's auto: exact, always
+    choice = resolve_mode(config, graph, device, threads, model, world, resumed, loss_fn=task.loss,
+                          typed=built.typed is not None)
     spans = Spans()
     node = world.node_link() if config.hot_sets_per_node else None
     mode = build_mode(config, graph, device, threads, spans, shard=(world.rank, world.size), node=node,
@@ -151,10 +156,9 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
     util = stack.enter_context(contextlib.closing(Utilisation(device)))
     metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key, append=config.resume)))
     logger.info(f"task: {task.describe()}")
-    link = isinstance(task, LinkTask)
     run = Run(config, graph, device, threads, model, built.optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
               util, metrics, task, data_seconds=data_seconds, world=world, typed=built.typed, stop=stop,
-              mode_choice=built.mode_choice if choice is None else choice.to_dict(),
+              mode_choice=None if choice is None else choice.to_dict(),
               health=Health(task.constant_losses(None if link else graph.labels[graph.train_idx]), built.warnings))
     if config.checkpoint_dir:
         run.fingerprint = dataset_fingerprint(graph)  # once: the graph does not change while the run lasts
@@ -169,18 +173,13 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
 def homogeneous_model(config: TrainConfig, graph: Graph, device: torch.device,
                       user_model: torch.nn.Module | None) -> Built:
     """A homogeneous graph's model (``GNN``, a link task's ``LinkModel`` over one, or your own module's
-    ``UserModel``), its Adam and its task."""
+    ``UserModel``) and its Adam."""
     link = config.task == "link"
     if link:
         graph = link_graph(graph, config)
         logger.info(f"{graph.links.describe()}")
     else:
         check_node_task(graph, config)
-    if config.batch_size == 0:
-        config.batch_size = auto_batch_size(graph.links.train.shape[1] if link else len(graph.train_idx))
-    if user_model is not None and link:
-        raise ConfigError("`task` link trains the built-in models (`model` sage, gcn or gat) as encoders; your own "
-                          "module trains node tasks for now.")
     warnings = check_learnable(graph, not link, None if user_model is not None else graph.feature_dim)
     if user_model is not None:
         # NeutronOrch mode asks for its bottom layer when it starts (UserModel.bottom says what it needs).
@@ -193,6 +192,5 @@ def homogeneous_model(config: TrainConfig, graph: Graph, device: torch.device,
             model = LinkModel(model, config.link_head, input_norm=rms_row_norm(graph.features))
         model = model.to(device)
     optimizer = Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    task = LinkTask.of(graph, model, config.metric) if link else Task.of(graph, config.metric)
-    return Built(graph, model, optimizer, task, warnings, list(model.parameters()),
+    return Built(graph, model, optimizer, warnings, list(model.parameters()),
                  describe=getattr(model, "kind", config.model))
