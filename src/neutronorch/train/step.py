@@ -54,7 +54,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | Sequen
         loss = (loss_fn or F.cross_entropy)(logits.float(), batch.labels)
     with _stage(spans, "backward", step):
         for each in optimizers:
-            each.zero_grad(set_to_none=True)
+            each.zero_grad()
         loss.backward()
     mode.before_step(batch)
     if sync is not None:
