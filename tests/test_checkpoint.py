@@ -111,7 +111,7 @@ def test_a_truncated_checkpoint_is_refused_and_a_failed_write_keeps_the_previous
 
 
 def test_atomic_writes_get_the_usual_file_permissions(tmp_path):
-    from neutronorch.train.outputs import write_atomically
+    from neutronorch.atomic import write_atomically
 
     mask = os.umask(0o022)
     try:

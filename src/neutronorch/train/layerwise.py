@@ -9,7 +9,7 @@ Where the rows go is the caller's choice:
 - the intermediate layers' embeddings (one row per vertex) are kept in memory, or memory-mapped in a
   ``scratch`` folder when they would not fit (then anonymous memory stays at a few chunks);
 - the requested rows of the last layer are written chunk by chunk into ``out``: a tensor, or a numpy
-  array such as a memory-mapped ``.npy`` file (``outputs.open_array_atomically``), after an optional
+  array such as a memory-mapped ``.npy`` file (``atomic.open_array_atomically``), after an optional
   per-chunk ``transform`` (class probabilities, predicted classes), so a result larger than memory is
   never held whole; ``last_layer_rows`` holds them as float32 rows in memory or memory-mapped beside the
   intermediate layers, for as long as a block reads them (the embeddings that link scoring reads).
