@@ -75,21 +75,19 @@ class TimelineWindow:
         self.steps = steps
         self.active = False
 
-    def begin_epoch(self, epoch: int, spans: Spans, util: Utilisation | None = None) -> None:
+    def begin_epoch(self, epoch: int, spans: Spans, util: Utilisation) -> None:
         if self.enabled and epoch == self.epoch:
-            if util is not None:
-                util.sample()
+            util.sample()
             spans.keep = self.active = True
 
-    def after_step(self, spans: Spans, done: int, util: Utilisation | None = None) -> None:
+    def after_step(self, spans: Spans, done: int, util: Utilisation) -> None:
         if self.active and done >= self.steps:
             self.end_epoch(spans, util)
 
-    def end_epoch(self, spans: Spans, util: Utilisation | None = None) -> None:
+    def end_epoch(self, spans: Spans, util: Utilisation) -> None:
         if self.active:
             spans.keep = self.active = False
-            if util is not None:
-                util.sample()
+            util.sample()
 
 
 def _diverged(epoch: int, steps: int) -> TrainingError:

@@ -12,7 +12,7 @@ from pathlib import Path
 from neutronorch.data import Graph, TypedGraph, dataset_paths
 from neutronorch.data.typed import relation_label
 from neutronorch.errors import ConfigError, OutputError
-from neutronorch.observe import StageTable, write_timeline
+from neutronorch.observe import write_timeline
 from neutronorch.train.memory import peak_rss_mb, resident_mb
 from neutronorch.atomic import write_atomically
 
@@ -132,7 +132,7 @@ def checkpoints_written(directory: str | None) -> dict | None:
             for name in ("last", "best")}
 
 
-def write_run_timeline(run, title: str, stages: StageTable) -> dict | None:
+def write_run_timeline(run, title: str) -> dict | None:
     """The timeline of ``run``'s window (``timeline``: a .png, the raw spans beside it as .json), each file
     written atomically by the main rank when spans were recorded; what was written, or None. A failure to
     write (a full disk) leaves no partial file and is said at once; the run ends with it once its results are
@@ -140,9 +140,8 @@ def write_run_timeline(run, title: str, stages: StageTable) -> dict | None:
     config = run.config
     if not (config.timeline and run.spans.events and run.world.main):
         return None
-    samples = run.util.samples if run.util is not None else []
     try:
-        written = write_timeline(config.timeline, run.spans.events, samples, title, stages,
+        written = write_timeline(config.timeline, run.spans.events, run.util.samples, title, run.stages,
                                  save=lambda path, data: write_atomically(path, lambda f: f.write(data)))
     except (OSError, OutputError) as exc:
         run.metrics.lose(config.timeline, exc)
