@@ -25,7 +25,7 @@ from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.atomic import write_atomically
-from neutronorch.train.resume import check_same_data, check_settings, dataset_fingerprint
+from neutronorch.train.resume import dataset_fingerprint
 from neutronorch.train.table_files import attach_tables, checkpoint_tables, stored_tables
 
 # Format 1 trained GCN with the mean (no ``gcn_norm``); 3 added ``kind``; 4 renamed a typed one's
@@ -291,21 +291,6 @@ def _user_model(state: dict, path: Path, given: torch.nn.Module | None) -> UserM
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {problem} ({exc}).") from None
     return holding_weights(model, state, path, problem)
-
-
-def check_resumable(state: dict, config: TrainConfig, graph: Graph | TypedGraph, source: str, world_size: int = 1,
-                    fingerprint: dict | None = None) -> None:
-    """A run may continue from ``state`` only on the same data (``fingerprint``: the graph's, when known) with
-    the same model and training settings. The settings are compared first: one that shapes the data a run
-    trains on (`task` link removes the validation and test edges, `split`) is named, not reported as changed
-    data."""
-    check_settings(state, config, source)
-    if int(state.get("world_size", 1)) != world_size:
-        raise CheckpointError(f"{source}: written by a run of {state.get('world_size', 1)} data-parallel rank(s); "
-                              f"resume with the same number (now {world_size}): torchrun --nproc-per-node and "
-                              f"--nnodes as before.")
-    check_same_data(state, fingerprint or dataset_fingerprint(graph), source,
-                    "typed graph" if isinstance(graph, TypedGraph) else "dataset")
 
 
 def fanouts_of(state: dict) -> dict[tuple, list[int]]:

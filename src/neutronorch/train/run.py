@@ -22,7 +22,7 @@ from neutronorch.nn.precision import Precision
 from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table
 from neutronorch.orchestration.factory import Threads
 from neutronorch.orchestration.mode import Mode
-from neutronorch.train.checkpoint import check_resumable, save_checkpoint
+from neutronorch.train.checkpoint import save_checkpoint
 from neutronorch.train.evaluate import evaluate
 from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, epoch_line, evaluation_progress,
                                     noting_first_step, train_epoch)
@@ -31,9 +31,9 @@ from neutronorch.train.health import Health
 from neutronorch.train.link_task import LinkTask, evaluate_links
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
-from neutronorch.train.outputs import write_summary
+from neutronorch.train.outputs import save_or_rescue, write_summary
 from neutronorch.train.replacing import Replacement
-from neutronorch.train.resume import restore, write_checkpoint
+from neutronorch.train.resume import check_resumable
 from neutronorch.train.summary import named_scores, summarise, topology_in_file_order, write_run_timeline
 from neutronorch.train.task import Task
 
@@ -134,12 +134,15 @@ class Run:
             best=self.best, position={"step": step, "loss_sum": loss_sum}, mode_state=mode_state,
             world_size=self.world.size, mode_choice=self.mode_choice, fingerprint=self.fingerprint,
             typed=typed and (typed.sparse, typed.sampler.fanouts, typed.tables, epoch * self.num_batches + step))
-        write_checkpoint(self, name, save)
+        summary = self.config.summary_json  # a full disk: rescued beside the summary (``save_or_rescue``)
+        save_or_rescue(Path(self.config.checkpoint_dir) / name, save, [Path(summary).parent] if summary else [])
+        self.replacing.checkpointed(stopping=self.stop is not None and self.stop.is_set())
 
     def resume(self, path: Path, state: dict) -> None:
-        """Continue from ``checkpoint_dir``/last.pt (``state``, read from ``path``): ``restore``'s parts, the
-        optimizers and the mode's state (NeutronOrch's snapshots, super-batch in progress and controller), once
-        the checkpoint's run is one this run may continue."""
+        """Continue from ``checkpoint_dir``/last.pt (``state``, read from ``path``) once the checkpoint's run
+        is one this run may continue: its weights, random state, optimizers, mode's state, history and best
+        evaluation, and where it starts. An epoch is complete once its record is in the history: a typed run
+        stopped after an epoch's last step, before its evaluation, resumes at that step, with no batch left."""
         typed = self.typed
         check_resumable(state, self.config, self.graph, str(path), self.world.size, self.fingerprint)
         if not self.mode.resumable:
@@ -152,16 +155,30 @@ class Run:
                                   f"`checkpoint_dir`.")
         if typed is not None:
             typed.check_resumable(state, self.model, str(path))
-
-        def optimizers_and_mode(state: dict) -> None:
+        try:  # the structure was checked; what is inside may still be damaged or foreign
+            self.model.load_state_dict(state["model"])
+            torch.set_rng_state(state["rng"]["torch"])
+            if self.device.type == "cuda" and state["rng"]["cuda"] is not None:
+                torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
             if typed is None:
                 self.optimizer.load_state_dict(state["optimizer"])
             else:
                 typed.load_optimizers(state)
             mode_state = state["mode_state"]
             self.mode.load_state_dict(mode_state["ranks"][self.world.rank] if self.world.distributed else mode_state)
-
-        restore(self, state, path, optimizers_and_mode)
+            self.history, self.best = list(state["history"]), dict(state["best"])
+            if "val_acc" in self.best:  # written before the metric was a setting: accuracy under its old keys
+                self.best = {"val": self.best["val_acc"], "test": self.best["test_acc"], "epoch": self.best["epoch"]}
+            epoch, step, loss_sum = int(state["epoch"]), state["position"]["step"], state["position"]["loss_sum"]
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(
+                f"{path}: its saved state cannot be restored ({type(exc).__name__}: {exc}); the file is damaged or "
+                "was not written by this run's neutronorch. Train anew with `overwrite` (which replaces it) or "
+                "into another `checkpoint_dir`.") from exc
+        done = any(record["epoch"] == epoch for record in self.history)
+        self.start_epoch, self.start_step, self.loss_sum = (epoch + 1, 0, 0.0) if done else (epoch, step, loss_sum)
+        self.metrics.continue_at(self.start_epoch * self.num_batches + self.start_step)
+        logger.info(f"resumed from {path} at epoch {self.start_epoch}, step {self.start_step}")
 
 
 def run_epochs(run: Run, progress: Progress | None) -> dict | None:
@@ -209,8 +226,8 @@ def run_epochs(run: Run, progress: Progress | None) -> dict | None:
             logger.info(f"stopping early: no better validation {run.task.metric} in {config.patience} evaluations "
                         f"(best {run.best['val']:.4f} at epoch {run.best['epoch']})")
             break
-    timeline = write_run_timeline(run, f"{mode.name} mode, {config.model}{' (typed)' * bool(run.typed)}, epoch {window.epoch}, first "
-                                       f"{config.timeline_steps} steps", run.stages)
+    timeline = write_run_timeline(run, f"{mode.name} mode, {config.model}{' (typed)' * bool(run.typed)}, epoch "
+                                       f"{window.epoch}, first {config.timeline_steps} steps")
     if config.epochs and not run.last_eval and config.eval_every >= 0:  # eval_every 0: after the last epoch
         run.last_eval = run.evaluate(config.epochs - 1)
         run.best = {**run.last_eval, "epoch": config.epochs - 1}

@@ -20,13 +20,14 @@ import dataclasses
 import logging
 import threading
 import time
+from pathlib import Path
 
 import torch
 
 from neutronorch.capabilities import check_run
 from neutronorch.config import TrainConfig, auto_batch_size
-from neutronorch.data import Graph, TypedGraph, load_dataset, load_typed_dataset
-from neutronorch.errors import ConfigError
+from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
+from neutronorch.errors import CheckpointError, ConfigError
 from neutronorch.nn.custom import UserModel
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
@@ -35,7 +36,7 @@ from neutronorch.observe import Spans, Utilisation
 from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.train.feasible import check_learnable
 from neutronorch.train.health import Health
-from neutronorch.train.heterogeneous import TypedOptions, check_own_model_config, is_typed_run, typed_model
+from neutronorch.train.heterogeneous import TypedOptions, check_own_model_config, typed_model
 from neutronorch.train.loop import Progress, check_call
 from neutronorch.train.memory import keep_freed_memory
 from neutronorch.train.mode_choice import resolve_mode
@@ -46,7 +47,7 @@ from neutronorch.train.resources import (check_threading_layer, memory_budget, n
 from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, load_state
 from neutronorch.train.distributed import GradientSync, World, join_ranks, rank_device, rank_settings, world_size
 from neutronorch.train.outputs import check_checkpoint_space, check_outputs
-from neutronorch.train.resume import dataset_fingerprint, last_checkpoint
+from neutronorch.train.resume import dataset_fingerprint
 from neutronorch.train.run import Built, Run, summarised
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import given_dataset
@@ -76,7 +77,8 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     if options is not None and isinstance(graph, Graph):
         raise ConfigError("`options` (a TypedOptions) are a typed graph's settings, and this graph is homogeneous; "
                           "leave `options` out, or give a TypedGraph.")
-    typed = options is not None or is_typed_run(config, graph)
+    typed = options is not None or isinstance(graph, TypedGraph) or (
+        graph is None and is_typed_dataset(config.dataset))
     if typed and model is not None:
         check_own_model_config(config)  # before the graph is read
     check_run(config, TYPED if typed else HOMOGENEOUS, world_size())
@@ -134,8 +136,12 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
     task = LinkTask.of(graph, model, config.metric) if link else Task.of(graph, config.metric)
     if world.distributed:
         world.broadcast_module(model, "the initial weights' broadcast")  # the same seed made them equal; make sure
-    path, resumed = last_checkpoint(config, lambda path: load_state(path, TYPED if built.typed else HOMOGENEOUS)
-                                    ) if config.resume else (None, None)
+    path, resumed = None, None
+    if config.resume:  # a resumed run continues checkpoint_dir/last.pt
+        path = Path(config.checkpoint_dir) / "last.pt"
+        if not path.is_file():
+            raise CheckpointError(f"{path}: no checkpoint to resume from; train with `checkpoint_dir` first.")
+        resumed = load_state(path, TYPED if built.typed else HOMOGENEOUS)
     choice = resolve_mode(config, graph, device, threads, model, world, resumed, loss_fn=task.loss,
                           typed=built.typed is not None)
     spans = Spans()
