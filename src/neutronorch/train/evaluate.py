@@ -69,11 +69,10 @@ def evaluate(model: GNN, graph: Graph, store: FeatureStore, device: torch.device
     """The task's metric (default: accuracy) on the validation and test sets in one pass, as
     {"val": ..., "test": ...}; with ``max_nodes``, each set is a seeded random sample of at most that many
     of its vertices (the same sample at every evaluation). Data parallel (``world``), each rank computes a
-    contiguous share of the vertices (sampled inference: of the chunks, each keyed as in one process) and
-    every rank scores the gathered logits. ``file_order``: sampled inference reads the topology in file
-    order (``--read-order``). ``progress(layer, done, total)`` after every chunk of inference (layer 0:
-    sampled inference; data parallel, of this rank's share). ``check`` (``health.py``): non-finite logits
-    are an error, a collapse is noted there."""
+    contiguous share (sampled inference: of the chunks, each keyed as in one process) and every rank scores
+    the gathered logits. ``file_order``: sampled inference reads the topology in file order.
+    ``progress(layer, done, total)`` after every chunk (layer 0: sampled inference). ``check``
+    (``health.py``): non-finite logits are an error, a collapse is noted there."""
     task = task or Task.of(graph)
     val = torch.from_numpy(eval_subset(graph.val_idx, max_nodes, seed))
     test = torch.from_numpy(eval_subset(graph.test_idx, max_nodes, seed + 1))

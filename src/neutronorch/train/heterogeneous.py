@@ -17,7 +17,7 @@ import torch
 
 from neutronorch.capabilities import OWN_MODULE_REFUSED
 from neutronorch.config import TrainConfig
-from neutronorch.data import Graph, TypedGraph, is_typed_dataset
+from neutronorch.data import TypedGraph
 from neutronorch.data.typed import relation_label
 from neutronorch.errors import CheckpointError, ConfigError
 from neutronorch.nn.custom import ModelProtocolError, UserModel, check_trainable
@@ -33,11 +33,6 @@ from neutronorch.train.optim import Adam
 from neutronorch.train.row_adam import RowAdam
 from neutronorch.train.run import Built
 from neutronorch.train.typed_tables import TypedTables, plan_tables
-
-
-def is_typed_run(config: TrainConfig, graph: Graph | TypedGraph | None) -> bool:
-    """Whether ``train`` trains a typed graph."""
-    return isinstance(graph, TypedGraph) or (graph is None and is_typed_dataset(config.dataset))
 
 
 @dataclass
