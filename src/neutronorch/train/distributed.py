@@ -26,7 +26,6 @@ from neutronorch.config import TrainConfig
 from neutronorch.environment import launcher_world_size
 from neutronorch.errors import ConfigError, TrainingError
 from neutronorch.train.memory import peak_rss_mb, resident_mb
-from neutronorch.train.replacing import Replacement, claim_outputs
 from neutronorch.train.sparse_sync import reduce_tables
 
 
@@ -194,14 +193,6 @@ def world_size() -> int:
     """The ranks of a run started here: the caller's process group's, else the launcher's ``WORLD_SIZE``."""
     dist = torch.distributed
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else launcher_world_size()
-
-
-def join_ranks(stack: contextlib.ExitStack, config: TrainConfig, device: torch.device) -> tuple[World, Replacement]:
-    """Join the run's ranks (one rank in one process; ``stack`` leaves a group it made); rank 0 holds
-    ``checkpoint_dir`` while the run lasts and sets aside the earlier outputs ``overwrite`` replaces
-    (``train/replacing.py``)."""
-    world = stack.enter_context(joined(device.type, config.dist_timeout))
-    return world, stack.enter_context(claim_outputs(config, world.main))
 
 
 def rank_settings(config: TrainConfig) -> TrainConfig:

@@ -104,7 +104,8 @@ def train_epoch(run, epoch: int, control: EpochControl, window: TimelineWindow, 
     model, mode, spans, util, metrics, seed = run.model, run.mode, run.spans, run.util, run.metrics, run.config.seed
     # A typed model's dropout masks are keyed by the global batch (step.py).
     masks = (lambda batch: step_masks(seed, batch.epoch, batch.index)) if run.typed is not None else None
-    sync = step_sync(run)
+    # Data parallel: the step's reduction, each rank weighted by its loss terms.
+    sync = run.sync and (lambda batch, loss: run.sync(run.task.loss_weight(batch.labels), loss))
     model.train()
     spans.take()  # drop what the producers recorded between epochs (evaluation time)
     util.take()
@@ -199,14 +200,6 @@ def noting_first_step(run, progress: Progress | None) -> Progress | None:
             progress(epoch, done, total)
 
     return noting
-
-
-def step_sync(run):
-    """The data-parallel step's reduction, ``sync(batch, loss)`` (None in one process)."""
-    if run.sync is None:
-        return None
-    sync, weight = run.sync, run.task.loss_weight
-    return lambda batch, loss: sync(weight(batch.labels), loss)
 
 
 def evaluation_progress(progress: Progress | None, epoch: int) -> Callable[[int, int, int], None] | None:

@@ -45,8 +45,9 @@ from neutronorch.train.optim import Adam
 from neutronorch.train.resources import (check_threading_layer, memory_budget, numba_threads, resolve_device,
                                          thread_budget, torch_threads)
 from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, load_state
-from neutronorch.train.distributed import GradientSync, World, join_ranks, rank_device, rank_settings, world_size
+from neutronorch.train.distributed import GradientSync, World, joined, rank_device, rank_settings, world_size
 from neutronorch.train.outputs import check_checkpoint_space, check_outputs
+from neutronorch.train.replacing import claim_outputs
 from neutronorch.train.resume import dataset_fingerprint
 from neutronorch.train.run import Built, Run, summarised
 from neutronorch.train.step import TRAINER_STAGES
@@ -87,7 +88,9 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     device = rank_device(resolve_device(config.device))
     keep_freed_memory()
     with contextlib.ExitStack() as stack:
-        world, replacing = join_ranks(stack, config, device)
+        world = stack.enter_context(joined(device.type, config.dist_timeout))
+        # Rank 0 holds checkpoint_dir while the run lasts and sets aside what `overwrite` replaces.
+        replacing = stack.enter_context(claim_outputs(config, world.main))
         precision = resolve_precision(config.precision, device)
         config.precision = precision.name
         threads = thread_budget(config, world.local_size)
