@@ -75,8 +75,8 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
     warnings = check_learnable(graph, not link)
     graph = typed_link_graph(graph, config) if link else graph.with_reverse()
     sampler = TypedNeighborSampler(graph, options.fanouts if options.fanouts is not None else config.fanouts)
-    eval_sampler = (TypedNeighborSampler(graph, config.eval_fanouts) if config.eval_fanouts is not None
-                    else TypedNeighborSampler(graph, sampler.fanouts))
+    eval_fanouts = sampler.fanouts if config.eval_fanouts is None else config.eval_fanouts
+    eval_sampler = TypedNeighborSampler(graph, eval_fanouts)
     if eval_sampler.num_layers != sampler.num_layers:
         raise ConfigError(f"`eval_fanouts` has {eval_sampler.num_layers} entries but the fanouts give "
                           f"{sampler.num_layers} layers; give one per layer.")
