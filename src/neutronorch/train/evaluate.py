@@ -77,15 +77,11 @@ def evaluate(model: GNN, graph: Graph, store: FeatureStore, device: torch.device
     val = torch.from_numpy(eval_subset(graph.val_idx, max_nodes, seed))
     test = torch.from_numpy(eval_subset(graph.test_idx, max_nodes, seed + 1))
     nodes = torch.cat([val, test])
-    if world is not None and world.distributed:
-        logits = torch.cat(world.all_gather_rows(_logits_of_share(
-            model, graph, store, nodes, device, fanouts, batch_size, seed, world, file_order, progress),
-            "gathering the evaluation's logits"))
-    elif fanouts is None:
-        logits = layerwise(model, graph, store, nodes, device, batch_size, progress=progress)
-    else:
-        logits = sampled_logits(model, graph, store, nodes, fanouts, device, batch_size, seed,
-                                file_order=file_order, progress=progress)
+    world = world or World()
+    logits = _logits_of_share(model, graph, store, nodes, device, fanouts, batch_size, seed, world, file_order,
+                              progress)
+    if world.distributed:
+        logits = torch.cat(world.all_gather_rows(logits, "gathering the evaluation's logits"))
     labels = store.labels[nodes]
     return scored(task, {"val": (logits[:val.shape[0]], labels[:val.shape[0]]),
                          "test": (logits[val.shape[0]:], labels[val.shape[0]:])}, check or EvaluationCheck())
@@ -104,7 +100,7 @@ def scored(task: Task, sets: dict[str, tuple[torch.Tensor, torch.Tensor]], check
 def _logits_of_share(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,
                      fanouts: list[int] | None, batch_size: int, seed: int, world: World,
                      file_order: bool = False, progress: LayerProgress | None = None) -> torch.Tensor:
-    """This rank's contiguous share of ``nodes``' logits (float32, on the CPU)."""
+    """This rank's contiguous share of ``nodes``' logits (float32, on the CPU; in one process, all of them)."""
     if fanouts is None:  # every rank takes part in the intermediate layers, even with no vertices of its own
         share = torch.tensor_split(nodes, world.size)[world.rank]
         return layerwise(model, graph, store, share, device, batch_size, world=world, progress=progress)
