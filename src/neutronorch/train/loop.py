@@ -144,6 +144,8 @@ def train_epoch(run, epoch: int, control: EpochControl, window: TimelineWindow, 
             num_batches += 1
             moved = [total + n for total, n in zip(moved, batch_counts)]
             window.after_step(spans, num_batches, util)
+            if run.first_step_at is None:  # the summary's time to the first step
+                run.first_step_at = time.perf_counter()
             if progress is not None:
                 progress(epoch, num_batches, mode.num_batches)
             stopping = control.stop is not None and control.stop.is_set()
@@ -185,21 +187,6 @@ def train_epoch(run, epoch: int, control: EpochControl, window: TimelineWindow, 
         "input_nodes_per_batch": input_nodes / max(1, num_batches - control.start_step),
         "peak_rss_mb": round(peak_rss_mb(), 1),  # high-water mark so far, before this epoch's evaluation
     }
-
-
-def noting_first_step(run, progress: Progress | None) -> Progress | None:
-    """``progress``, noting in ``run.first_step_at`` when the run's first step ended (progress is called
-    right after each step); ``run``: a ``Run`` (run.py)."""
-    if run.first_step_at is not None:
-        return progress
-
-    def noting(epoch: int, done: int, total: int) -> None:
-        if run.first_step_at is None:
-            run.first_step_at = time.perf_counter()
-        if progress is not None:
-            progress(epoch, done, total)
-
-    return noting
 
 
 def evaluation_progress(progress: Progress | None, epoch: int) -> Callable[[int, int, int], None] | None:

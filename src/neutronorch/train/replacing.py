@@ -80,12 +80,6 @@ class Replacement:
             logger.info(f"overwrite: the earlier run's outputs are set aside in "
                         f"{', '.join(map(str, self.asides.values()))} until this run has written its own")
 
-    def checkpointed(self, stopping: bool) -> None:
-        """The run wrote a checkpoint: its own now replace the earlier outputs (unless it is stopping on
-        request: a run stopped before its first regular checkpoint puts them back)."""
-        if not stopping:
-            self.replace()
-
     def replace(self) -> None:
         """Delete the earlier outputs set aside: the run has its own."""
         if self.done:

@@ -25,7 +25,7 @@ from neutronorch.orchestration.mode import Mode
 from neutronorch.train.checkpoint import save_checkpoint
 from neutronorch.train.evaluate import evaluate
 from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, epoch_line, evaluation_progress,
-                                    noting_first_step, train_epoch)
+                                    train_epoch)
 from neutronorch.train.distributed import GradientSync, World
 from neutronorch.train.health import Health
 from neutronorch.train.link_task import LinkTask, evaluate_links
@@ -136,7 +136,8 @@ class Run:
             typed=typed and (typed.sparse, typed.sampler.fanouts, typed.tables, epoch * self.num_batches + step))
         summary = self.config.summary_json  # a full disk: rescued beside the summary (``save_or_rescue``)
         save_or_rescue(Path(self.config.checkpoint_dir) / name, save, [Path(summary).parent] if summary else [])
-        self.replacing.checkpointed(stopping=self.stop is not None and self.stop.is_set())
+        if self.stop is None or not self.stop.is_set():  # a regular checkpoint, not a stop's (replacing.py)
+            self.replacing.replace()  # replaces the earlier outputs `overwrite` set aside
 
     def resume(self, path: Path, state: dict) -> None:
         """Continue from ``checkpoint_dir``/last.pt (``state``, read from ``path``) once the checkpoint's run
@@ -197,8 +198,7 @@ def run_epochs(run: Run, progress: Progress | None) -> dict | None:
                                config.checkpoint_every,
                                (lambda e, k, loss: run.checkpoint("last.pt", e, (k, float(loss)))) if saving else None,
                                run.typed is not None)
-        record = train_epoch(run, epoch, control, window, noting_first_step(run, progress),
-                             getattr(progress, "loss", None))
+        record = train_epoch(run, epoch, control, window, progress, getattr(progress, "loss", None))
         mode.end_epoch(record)
         if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
             t0 = time.perf_counter()
