@@ -189,15 +189,6 @@ def train_epoch(run, epoch: int, control: EpochControl, window: TimelineWindow, 
     }
 
 
-def evaluation_progress(progress: Progress | None, epoch: int) -> Callable[[int, int, int], None] | None:
-    """``progress.evaluating`` for the evaluation after ``epoch``, as inference's ``(layer, done, total)``
-    callback; None when ``progress`` has no such method."""
-    evaluating = getattr(progress, "evaluating", None)
-    if evaluating is None:
-        return None
-    return lambda layer, done, total: evaluating(epoch, layer, done, total)
-
-
 def epoch_line(record: dict, stages: bool = True, metric: str = "accuracy") -> str:
     """The epoch's log line: loss, scores, training time and, when they ran, the evaluation's and the
     checkpoints' times (the epoch's wall time is their sum); a collapse when one was found

@@ -27,7 +27,7 @@ from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, Checkpoint, check_fits, load_checkpoint
 from neutronorch.train.health import output_check
 from neutronorch.train.layerwise import Emitter, LayerProgress, emit_chunks, layerwise, typed_layers
-from neutronorch.train.prediction_io import (Nodes, check_prediction_output, node_files, prediction_rows,
+from neutronorch.train.prediction_io import (NODE_SETS, Nodes, check_prediction_output, prediction_rows,
                                              scratch_folder, select_nodes, write_rows)
 from neutronorch.train.resources import resolve_device
 from neutronorch.train.task import Task, score
@@ -78,7 +78,8 @@ def _rows(checkpoint, graph: Graph | TypedGraph, nodes: Nodes, layer: int | None
     """The rows ``predict`` (``form``: their shape, dtype and the transform of the logits) or ``embed`` (``form``
     None: layer ``layer``'s float32 rows of ``node_type``) gives: the output checked, the checkpoint read and
     checked to fit, the layer and vertex type resolved, then the rows written (``write_rows``)."""
-    check_prediction_output(out, scratch, checkpoint, graph, overwrite, {"nodes": node_files(nodes)})
+    given = [nodes] if isinstance(nodes, (str, os.PathLike)) and nodes not in NODE_SETS else []  # a .npy file
+    check_prediction_output(out, scratch, checkpoint, graph, overwrite, {"nodes": given})
     typed, predicting = isinstance(graph, TypedGraph), form is not None
     checkpoint, graph = checkpoint_for(checkpoint, graph, pairs=False if predicting else None)
     model = checkpoint.model.encoder if isinstance(checkpoint.model, LinkModel) else checkpoint.model  # its layers

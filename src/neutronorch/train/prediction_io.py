@@ -80,11 +80,6 @@ def ids_in_memory(nodes, what: str = "`nodes` (vertex ids given in memory)") -> 
         raise ConfigError(f"{what}: cannot be read as an array ({exc}).") from None
 
 
-def node_files(nodes: Nodes) -> list:
-    """The file ``nodes`` names, in a list (none for a set's name or ids in memory)."""
-    return [nodes] if isinstance(nodes, (str, os.PathLike)) and nodes not in NODE_SETS else []
-
-
 def prediction_rows(task: Task, probabilities: bool) -> tuple[tuple, type, object]:
     """(row shape, dtype, transform of the logits) of ``predict``'s output for ``task``."""
     if probabilities:

@@ -7,6 +7,7 @@ kind builds (``Built``); ``Run.typed`` holds a typed run's own parts (``heteroge
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -24,8 +25,7 @@ from neutronorch.orchestration.factory import Threads
 from neutronorch.orchestration.mode import Mode
 from neutronorch.train.checkpoint import save_checkpoint
 from neutronorch.train.evaluate import evaluate
-from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, epoch_line, evaluation_progress,
-                                    train_epoch)
+from neutronorch.train.loop import EpochControl, Progress, TimelineWindow, epoch_line, train_epoch
 from neutronorch.train.distributed import GradientSync, World
 from neutronorch.train.health import Health
 from neutronorch.train.link_task import LinkTask, evaluate_links
@@ -202,7 +202,8 @@ def run_epochs(run: Run, progress: Progress | None) -> dict | None:
         mode.end_epoch(record)
         if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
             t0 = time.perf_counter()
-            run.last_eval = run.evaluate(epoch, evaluation_progress(progress, epoch))
+            evaluating = getattr(progress, "evaluating", None)  # (epoch, layer, done, total), loop.py
+            run.last_eval = run.evaluate(epoch, evaluating and functools.partial(evaluating, epoch))
             record.update(named_scores(run.task, run.last_eval), eval_seconds=time.perf_counter() - t0)
             if run.last_eval["val"] > run.best["val"] or run.best["epoch"] < 0:
                 run.best = {**run.last_eval, "epoch": epoch}
