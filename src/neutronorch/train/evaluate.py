@@ -78,8 +78,8 @@ def evaluate(model: GNN, graph: Graph, store: FeatureStore, device: torch.device
     test = torch.from_numpy(eval_subset(graph.test_idx, max_nodes, seed + 1))
     nodes = torch.cat([val, test])
     world = world or World()
-    logits = _logits_of_share(model, graph, store, nodes, device, fanouts, batch_size, seed, world, file_order,
-                              progress)
+    logits = _logits_of_share(model, graph, store, nodes, device, fanouts, batch_size, seed, world,
+                              file_order, progress)
     if world.distributed:
         logits = torch.cat(world.all_gather_rows(logits, "gathering the evaluation's logits"))
     labels = store.labels[nodes]
@@ -100,7 +100,7 @@ def scored(task: Task, sets: dict[str, tuple[torch.Tensor, torch.Tensor]], check
 def _logits_of_share(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,
                      fanouts: list[int] | None, batch_size: int, seed: int, world: World,
                      file_order: bool = False, progress: LayerProgress | None = None) -> torch.Tensor:
-    """This rank's contiguous share of ``nodes``' logits (float32, on the CPU; in one process, all of them)."""
+    """This rank's contiguous share of ``nodes``' logits (float32, on the CPU; one process's: all)."""
     if fanouts is None:  # every rank takes part in the intermediate layers, even with no vertices of its own
         share = torch.tensor_split(nodes, world.size)[world.rank]
         return layerwise(model, graph, store, share, device, batch_size, world=world, progress=progress)

@@ -108,7 +108,8 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
     parts = TypedParts(sampler, eval_sampler, adam, sparse, storage, parameters)
     return Built(graph, model, [o for o in (adam, sparse) if o is not None], warnings,
                  dense, embeddings, parts, describe=f"{config.model} (typed: {', '.join(graph.node_types)})",
-                 note=f", parameters {parameters['dense']:,} dense + {parameters['embedding']:,} in embedding tables")
+                 note=f", parameters {parameters['dense']:,} dense + {parameters['embedding']:,} in "
+                      f"embedding tables")
 
 
 def _table_optimizer(tables: list[torch.nn.Parameter], lr: float, storage: TypedTables | None = None):

@@ -97,11 +97,12 @@ def _diverged(epoch: int, steps: int) -> TrainingError:
 
 def train_epoch(run, epoch: int, control: EpochControl, window: TimelineWindow, progress: Progress | None,
                 loss_progress: Callable[[int, float], None] | None = None) -> dict:
-    """Train one epoch of ``run`` (a ``run.Run``: its model, optimizers, mode, task's loss, precision and, data
-    parallel, reduction) from ``control.start_step`` on; return its record (without evaluation). Counters of
-    rows, edges and bytes cover the steps run here; the loss covers the whole epoch, as does
+    """Train one epoch of ``run`` (a ``run.Run``: its model, optimizers, mode, task's loss, precision and,
+    data parallel, reduction) from ``control.start_step`` on; return its record (without evaluation).
+    Counters of rows, edges and bytes cover the steps run here; the loss covers the whole epoch, as does
     ``loss_progress(epoch, running mean)``."""
-    model, mode, spans, util, metrics, seed = run.model, run.mode, run.spans, run.util, run.metrics, run.config.seed
+    model, mode, spans, util, metrics = run.model, run.mode, run.spans, run.util, run.metrics
+    seed = run.config.seed
     # A typed model's dropout masks are keyed by the global batch (step.py).
     masks = (lambda batch: step_masks(seed, batch.epoch, batch.index)) if run.typed is not None else None
     # Data parallel: the step's reduction, each rank weighted by its loss terms.
@@ -127,8 +128,8 @@ def train_epoch(run, epoch: int, control: EpochControl, window: TimelineWindow, 
             if batch is None:
                 break
             batch_counts = batch.counts()  # before the step releases the batch's buffer
-            loss = train_step(model, run.optimizer, mode, batch, spans, num_batches, run.task.loss, run.precision,
-                              sync, masks)
+            loss = train_step(model, run.optimizer, mode, batch, spans, num_batches, run.task.loss,
+                              run.precision, sync, masks)
             total_loss += loss  # NaN and infinities survive the sum: it is finite iff every loss was
             if (num_batches + 1) % check_every == 0:
                 mean = float(total_loss) / (num_batches + 1)  # the steps before start_step included
@@ -172,7 +173,7 @@ def train_epoch(run, epoch: int, control: EpochControl, window: TimelineWindow, 
         "seconds": seconds,
         "train_loss": float(total_loss) / max(1, num_batches),
         "stage_seconds": {k: round(v, 4) for k, v in sorted(stage_seconds.items(),
-                                                           key=lambda item: run.stages.display_order(item[0]))},
+                                                           key=lambda kv: run.stages.display_order(kv[0]))},
         "lane_busy": run.stages.lane_busy(stage_seconds, seconds),
         "utilisation": util.take(),
         # Rows and bytes of the batches trained this epoch; hot tables copied by the host producer count

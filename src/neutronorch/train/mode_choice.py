@@ -103,14 +103,16 @@ def _time_mode(config: TrainConfig, graph: Graph, device: torch.device, model: t
         with mode.batches(0) as batches:
             for batch in batches:
                 if done == warmup:
-                    _synchronize(device)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
                     started = time.perf_counter()
                     spans.take()
                 train_step(trained, optimizer, mode, batch, spans, loss_fn=loss_fn)
                 done += 1
                 if done == warmup + steps:
                     break
-        _synchronize(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         seconds = time.perf_counter() - started
         stages, _ = spans.take()
         lanes = TRAINER_STAGES.merge(mode.stages).lane_seconds(stages)
@@ -119,11 +121,6 @@ def _time_mode(config: TrainConfig, graph: Graph, device: torch.device, model: t
     timed = max(1, done - warmup)
     return {"step_s": round(seconds / timed, 5), "steps": timed,
             "lanes": {lane: round(s / timed, 5) for lane, s in lanes.items()}}
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @contextmanager

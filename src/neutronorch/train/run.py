@@ -98,10 +98,6 @@ class Run:
     replacing: Replacement = field(default_factory=Replacement)  # the earlier outputs `overwrite` replaces
     fingerprint: dict | None = None  # the graph's, which checkpoints hold (with checkpoint_dir)
 
-    @property
-    def num_batches(self) -> int:
-        return self.mode.num_batches
-
     def evaluate(self, epoch: int, progress=None) -> dict[str, float]:
         """The metric on the validation and test sets: {"val": ..., "test": ...}; ``progress(layer, done,
         total)`` as inference goes; checked (``train/health.py``) as the evaluation after ``epoch``."""
@@ -133,17 +129,20 @@ class Run:
             optimizer=self.optimizer if typed is None else typed.adam, epoch=epoch, history=self.history,
             best=self.best, position={"step": step, "loss_sum": loss_sum}, mode_state=mode_state,
             world_size=self.world.size, mode_choice=self.mode_choice, fingerprint=self.fingerprint,
-            typed=typed and (typed.sparse, typed.sampler.fanouts, typed.tables, epoch * self.num_batches + step))
+            typed=typed and (typed.sparse, typed.sampler.fanouts, typed.tables,
+                             epoch * self.mode.num_batches + step))
         summary = self.config.summary_json  # a full disk: rescued beside the summary (``save_or_rescue``)
-        save_or_rescue(Path(self.config.checkpoint_dir) / name, save, [Path(summary).parent] if summary else [])
+        rescue = [Path(summary).parent] if summary else []
+        save_or_rescue(Path(self.config.checkpoint_dir) / name, save, rescue)
         if self.stop is None or not self.stop.is_set():  # a regular checkpoint, not a stop's (replacing.py)
             self.replacing.replace()  # replaces the earlier outputs `overwrite` set aside
 
     def resume(self, path: Path, state: dict) -> None:
         """Continue from ``checkpoint_dir``/last.pt (``state``, read from ``path``) once the checkpoint's run
         is one this run may continue: its weights, random state, optimizers, mode's state, history and best
-        evaluation, and where it starts. An epoch is complete once its record is in the history: a typed run
-        stopped after an epoch's last step, before its evaluation, resumes at that step, with no batch left."""
+        evaluation, and where it starts. An epoch is complete once its record is in the history: a typed
+        run stopped after an epoch's last step, before its evaluation, resumes at that step, with no batch
+        left."""
         typed = self.typed
         check_resumable(state, self.config, self.graph, str(path), self.world.size, self.fingerprint)
         if not self.mode.resumable:
@@ -168,17 +167,20 @@ class Run:
             mode_state = state["mode_state"]
             self.mode.load_state_dict(mode_state["ranks"][self.world.rank] if self.world.distributed else mode_state)
             self.history, self.best = list(state["history"]), dict(state["best"])
-            if "val_acc" in self.best:  # written before the metric was a setting: accuracy under its old keys
-                self.best = {"val": self.best["val_acc"], "test": self.best["test_acc"], "epoch": self.best["epoch"]}
-            epoch, step, loss_sum = int(state["epoch"]), state["position"]["step"], state["position"]["loss_sum"]
+            best = self.best
+            if "val_acc" in best:  # written before the metric was a setting: accuracy under its old keys
+                self.best = {"val": best["val_acc"], "test": best["test_acc"], "epoch": best["epoch"]}
+            epoch, position = int(state["epoch"]), state["position"]
+            step, loss_sum = position["step"], position["loss_sum"]
         except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
             raise CheckpointError(
-                f"{path}: its saved state cannot be restored ({type(exc).__name__}: {exc}); the file is damaged or "
-                "was not written by this run's neutronorch. Train anew with `overwrite` (which replaces it) or "
-                "into another `checkpoint_dir`.") from exc
+                f"{path}: its saved state cannot be restored ({type(exc).__name__}: {exc}); the file is "
+                "damaged or was not written by this run's neutronorch. Train anew with `overwrite` (which "
+                "replaces it) or into another `checkpoint_dir`.") from exc
         done = any(record["epoch"] == epoch for record in self.history)
-        self.start_epoch, self.start_step, self.loss_sum = (epoch + 1, 0, 0.0) if done else (epoch, step, loss_sum)
-        self.metrics.continue_at(self.start_epoch * self.num_batches + self.start_step)
+        self.start_epoch, self.start_step, self.loss_sum = (epoch + 1, 0, 0.0) if done else (
+            epoch, step, loss_sum)
+        self.metrics.continue_at(self.start_epoch * self.mode.num_batches + self.start_step)
         logger.info(f"resumed from {path} at epoch {self.start_epoch}, step {self.start_step}")
 
 
@@ -227,8 +229,8 @@ def run_epochs(run: Run, progress: Progress | None) -> dict | None:
             logger.info(f"stopping early: no better validation {run.task.metric} in {config.patience} evaluations "
                         f"(best {run.best['val']:.4f} at epoch {run.best['epoch']})")
             break
-    timeline = write_run_timeline(run, f"{mode.name} mode, {config.model}{' (typed)' * bool(run.typed)}, epoch "
-                                       f"{window.epoch}, first {config.timeline_steps} steps")
+    timeline = write_run_timeline(run, f"{mode.name} mode, {config.model}{' (typed)' * bool(run.typed)}, "
+                                       f"epoch {window.epoch}, first {config.timeline_steps} steps")
     if config.epochs and not run.last_eval and config.eval_every >= 0:  # eval_every 0: after the last epoch
         run.last_eval = run.evaluate(config.epochs - 1)
         run.best = {**run.last_eval, "epoch": config.epochs - 1}
