@@ -111,7 +111,7 @@ def test_a_truncated_checkpoint_is_refused_and_a_failed_write_keeps_the_previous
 
 
 def test_atomic_writes_get_the_usual_file_permissions(tmp_path):
-    from neutronorch.train.outputs import write_atomically
+    from neutronorch.atomic import write_atomically
 
     mask = os.umask(0o022)
     try:
@@ -444,7 +444,7 @@ def test_an_unreadable_checkpoint_says_permission_denied(tmp_path, monkeypatch):
 def test_resume_names_the_array_that_changed(tmp_path, array, words):
     graph, state = _valid_state(tmp_path)
     config = TrainConfig(dataset="given").validate()
-    checkpoint_module.check_resumable(state, config, graph, "last.pt")  # the same data resumes
+    resume_module.check_resumable(state, config, graph, "last.pt")  # the same data resumes
     changed = np.array(getattr(graph, array), copy=True)
     if array == "features":
         changed[0, 0] += 1
@@ -459,7 +459,7 @@ def test_resume_names_the_array_that_changed(tmp_path, array, words):
         changed[0] = (graph.val_idx if array == "test_idx" else graph.test_idx)[0]
     setattr(graph, array, changed)
     with pytest.raises(CheckpointError, match=f"last\\.pt: written for another dataset.*: {words} differ"):
-        checkpoint_module.check_resumable(state, config, graph, "last.pt")
+        resume_module.check_resumable(state, config, graph, "last.pt")
 
 
 def test_every_fixed_setting_that_differs_is_named_before_the_data(tmp_path):
@@ -473,10 +473,10 @@ def test_every_fixed_setting_that_differs_is_named_before_the_data(tmp_path):
     for key in fixed:
         saved = {**state, "config": {**state["config"], key: "<other>"}}
         with pytest.raises(CheckpointError, match=f"other settings: `{key}` '<other>' then, .* now\\. Resume with"):
-            checkpoint_module.check_resumable(saved, config, other, "last.pt")
+            resume_module.check_resumable(saved, config, other, "last.pt")
     for key in sorted(TrainConfig.resume_may_change() - {"resume", "checkpoint_dir"}):
         saved = {**state, "config": {**state["config"], key: "<other>"}}
-        checkpoint_module.check_resumable(saved, config, graph, "last.pt")  # may change: resumes
+        resume_module.check_resumable(saved, config, graph, "last.pt")  # may change: resumes
 
 
 @pytest.mark.slow
@@ -493,11 +493,11 @@ def test_an_older_checkpoint_without_the_newer_checksums_still_resumes(tmp_path)
     graph, state = _valid_state(tmp_path)
     for key in ("features_crc", "labels_crc", "val_crc", "test_crc"):
         del state["dataset"][key]  # as neutronorch wrote them before it fingerprinted these arrays
-    checkpoint_module.check_resumable(state, TrainConfig(dataset="given").validate(), graph, "last.pt")
+    resume_module.check_resumable(state, TrainConfig(dataset="given").validate(), graph, "last.pt")
     graph.features = graph.features + 1  # and the checksums it has are still compared
     graph.indices = (np.asarray(graph.indices) + 1) % graph.num_nodes
     with pytest.raises(CheckpointError, match="the topology differ"):
-        checkpoint_module.check_resumable(state, TrainConfig(dataset="given").validate(), graph, "last.pt")
+        resume_module.check_resumable(state, TrainConfig(dataset="given").validate(), graph, "last.pt")
 
 
 def test_the_fingerprint_reads_samples_not_whole_arrays(tmp_path, monkeypatch):

@@ -276,7 +276,7 @@ def test_fused_cpu_layer_equals_the_torch_definition_with_gradients(subgraph, la
 def test_full_neighbour_inference_equals_per_vertex_computation(kind):
     from neutronorch.data import SyntheticSpec, generate
     from neutronorch.features.store import FeatureStore
-    from neutronorch.train.evaluate import full_neighbor_logits
+    from neutronorch.train.layerwise import layerwise
 
     graph = generate(SyntheticSpec(nodes=400, degree=6, features=5, classes=3))
     torch.manual_seed(0)
@@ -296,7 +296,7 @@ def test_full_neighbour_inference_equals_per_vertex_computation(kind):
     model = model.eval()
     store = FeatureStore(graph.features, graph.labels)
     nodes = torch.tensor([0, 17, 399, 5])
-    got = full_neighbor_logits(model, graph, store, nodes, torch.device("cpu"), chunk_size=64)
+    got = layerwise(model, graph, store, nodes, torch.device("cpu"), chunk_size=64)
     # Reference: each vertex's L-hop computation graph with every neighbour, one vertex at a time.
     sampler = NeighborSampler(graph.indptr, graph.indices, [-1, -1, -1], degrees=model.needs_degrees)
     for row, v in enumerate(nodes.tolist()):

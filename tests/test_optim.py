@@ -34,7 +34,7 @@ class TwoBranches(torch.nn.Module):
 def _step(model, optimizer, k, device):
     g = torch.Generator().manual_seed(100 + k)
     x, y = torch.randn(32, 8, generator=g).to(device), torch.randint(0, 3, (32,), generator=g).to(device)
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad()
     torch.nn.functional.cross_entropy(model(x, k % 2 == 1), y).backward()
     optimizer.step()
 
@@ -117,7 +117,7 @@ def test_constructing_and_stepping_does_not_import_dynamo():
             "optimizer = Adam(model.parameters(), lr=0.01, weight_decay=1e-4)\n"
             "model(torch.randn(3, 4)).sum().backward()\n"
             "optimizer.step()\n"
-            "optimizer.zero_grad(set_to_none=True)\n"
+            "optimizer.zero_grad()\n"
             "optimizer.load_state_dict(optimizer.state_dict())\n"
             "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

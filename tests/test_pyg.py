@@ -12,7 +12,7 @@ from neutronorch.data import SyntheticSpec, generate
 from neutronorch.data.planetoid import load_planetoid
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.models import GNN
-from neutronorch.train.evaluate import full_neighbor_logits
+from neutronorch.train.layerwise import layerwise
 
 pytest.importorskip("torch_geometric")
 
@@ -33,8 +33,8 @@ def _synthetic():
 def _compare(graph, kind, norm, layers):
     torch.manual_seed(0)
     model = GNN(kind, graph.feature_dim, 16, graph.num_classes, layers, heads=4, gcn_norm=norm).eval()
-    ours = full_neighbor_logits(model, graph, FeatureStore(graph.features, graph.labels),
-                                torch.arange(graph.num_nodes), torch.device("cpu"), chunk_size=512)
+    ours = layerwise(model, graph, FeatureStore(graph.features, graph.labels), torch.arange(graph.num_nodes),
+                     torch.device("cpu"), chunk_size=512)
     reference = to_pyg_model(model).eval()
     data = to_pyg(graph)  # the recipe of docs/models.md
     with torch.no_grad():

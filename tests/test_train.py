@@ -197,13 +197,13 @@ def test_evaluation_on_a_seeded_sample_of_each_set(monkeypatch):
     from neutronorch.train import evaluate as evaluation
 
     seen = []
-    real = evaluation.full_neighbor_logits
+    real = evaluation.layerwise
 
     def spy(model, graph, store, nodes, *args, **options):
         seen.append(nodes.clone())
         return real(model, graph, store, nodes, *args, **options)
 
-    monkeypatch.setattr(evaluation, "full_neighbor_logits", spy)
+    monkeypatch.setattr(evaluation, "layerwise", spy)
     sampled = train(small_config(epochs=2, eval_max_nodes=100))
     assert len(seen) == 2 and torch.equal(seen[0], seen[1])  # the same sample at every evaluation
     assert seen[0].shape[0] == 200 and seen[0].unique().shape[0] == 200

@@ -1,21 +1,11 @@
-"""Checkpoints, of both kinds of graph: the trained model written safely after every epoch, and read back for
-prediction and resume.
+"""Checkpoints, of both kinds of graph: the trained model written atomically after every epoch (a crash or a
+full disk mid-write leaves the previous one intact), and read back for prediction and resume.
 
-A checkpoint is one ``torch.save`` file holding a format version, its ``kind`` (``homogeneous``, or ``typed``:
-a typed graph's run), the configuration, a fingerprint of the data (``resume.py``), the epoch, the metric
-history, the model's constructor arguments and weights, the optimizer's state, the best evaluation, the
-position within the epoch, the random state, the mode's state, the ranks and the choice of mode auto
-(``CHECKPOINT_PARTS``). A typed one holds besides the embedding tables' optimizer (``RowAdam``, or
-``SparseAdam`` off the CPU: its class and state), every relation's fanouts as the sampler resolved them
-(which predictions sample with) and, for memory-mapped tables, ``table_files``: the folder beside it with
-those tables' weights and moments (``train/table_files.py``). It is written to a temporary file in the same
-folder, flushed to disk and renamed into place, so a crash or a full disk mid-write leaves the previous
-checkpoint intact.
-
-Reading one (``load_checkpoint``, of either kind: ``load_typed_checkpoint`` reads a typed one) needs no
-training state: it rebuilds the model (``GNN`` or ``TypedGNN``) from its stored arguments and loads its
-weights; unreadable, truncated, newer-format or damaged files get a clear error, and a reader given the other
-kind says what the file is and which reader takes it.
+A checkpoint is one ``torch.save`` file of the parts ``CHECKPOINT_PARTS`` lists (docs/checkpoints.md); a
+typed one adds its tables' optimizer, its fanouts per relation and, for memory-mapped tables, the folder
+beside it (``table_files.py``). Reading one (``load_checkpoint``) rebuilds the model from its stored
+arguments and loads its weights; unreadable, truncated, newer-format or damaged files get a clear error, and
+a reader given the other kind says what the file is and which reader takes it.
 """
 
 from __future__ import annotations
@@ -34,15 +24,12 @@ from neutronorch.nn.custom import UserModel
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
-from neutronorch.train.outputs import write_atomically
-from neutronorch.train.resume import check_same_data, check_settings, dataset_fingerprint, sample_crc  # noqa: F401
+from neutronorch.atomic import write_atomically
+from neutronorch.train.resume import dataset_fingerprint
 from neutronorch.train.table_files import attach_tables, checkpoint_tables, stored_tables
 
-# 2: GCN's normalisation became a setting (``gcn_norm``, default symmetric); format 1 files trained the mean.
-# 3: a checkpoint says its kind (``kind``), as typed graphs' runs write checkpoints too: a reader of format 2,
-#    which knew of no typed checkpoints, refuses both kinds as newer instead of misreading a typed one.
-# 4: one layout for both kinds: a typed checkpoint holds the mode's state as ``mode_state`` (format 3:
-#    ``typed_mode_state``), and ``world_size`` and ``mode_choice`` as a homogeneous one does.
+# Format 1 trained GCN with the mean (no ``gcn_norm``); 3 added ``kind``; 4 renamed a typed one's
+# ``typed_mode_state`` to ``mode_state``.
 FORMAT_VERSION = 4
 HOMOGENEOUS, TYPED = "homogeneous", "typed"  # the kinds; a checkpoint of format 1 or 2 is homogeneous
 # How a reader expecting another kind names each kind, and what reads it.
@@ -304,21 +291,6 @@ def _user_model(state: dict, path: Path, given: torch.nn.Module | None) -> UserM
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {problem} ({exc}).") from None
     return holding_weights(model, state, path, problem)
-
-
-def check_resumable(state: dict, config: TrainConfig, graph: Graph | TypedGraph, source: str, world_size: int = 1,
-                    fingerprint: dict | None = None) -> None:
-    """A run may continue from ``state`` only on the same data (``fingerprint``: the graph's, when known) with
-    the same model and training settings. The settings are compared first: one that shapes the data a run
-    trains on (`task` link removes the validation and test edges, `split`) is named, not reported as changed
-    data."""
-    check_settings(state, config, source)
-    if int(state.get("world_size", 1)) != world_size:
-        raise CheckpointError(f"{source}: written by a run of {state.get('world_size', 1)} data-parallel rank(s); "
-                              f"resume with the same number (now {world_size}): torchrun --nproc-per-node and "
-                              f"--nnodes as before.")
-    check_same_data(state, fingerprint or dataset_fingerprint(graph), source,
-                    "typed graph" if isinstance(graph, TypedGraph) else "dataset")
 
 
 def fanouts_of(state: dict) -> dict[tuple, list[int]]:

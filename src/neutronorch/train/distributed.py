@@ -1,25 +1,13 @@
-"""Data-parallel training on ``torch.distributed``: the ranks, their collectives, and what only rank 0 does.
+"""Data-parallel training on ``torch.distributed``: the ranks, their collectives, and what only rank 0 does
+(docs/distributed.md says how a run is launched and what it guarantees).
 
-A run is data parallel when it is launched by ``torchrun`` (or anything that sets ``WORLD_SIZE``, ``RANK``,
-``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``) with ``WORLD_SIZE`` > 1, or inside a process group the
-caller initialised. Then:
-
-- each global mini-batch (``batch_size`` seeds per rank, ``batch_size * world`` in all) is split across the
-  ranks in rank order (``orchestration/seeds.py``); sampling and dropout randomness are keyed by vertex, so
-  a vertex gets the same neighbours and masks whichever rank holds it;
-- gradients are summed over the ranks weighted by each rank's share of the loss's terms (its labelled
-  seeds), in one all-reduce per step: the update is the one a single process makes for the whole global
-  batch, up to the order of floating-point sums, uneven last batches included;
-- every rank ends each step with identical parameters (same initialisation from the same seed, same
-  averaged gradients, same optimizer);
-- evaluation is sharded over the ranks and its logits gathered, so every rank computes the same score;
-- a stop request (SIGTERM from a scheduler, Ctrl-C) on any rank is agreed on at the next step, so all
-  ranks stop after the same step; rank 0 alone writes checkpoints, summaries, metric logs and timelines.
-
-Collectives run with a timeout (``dist_timeout``): a rank that died or hangs makes the others fail with a
-message that says so instead of waiting forever. On CUDA the gradient reduction uses NCCL; small control
-messages (the stop agreement, evaluation logits, checkpoint state) always go through a gloo group on the
-host.
+A run is data parallel when launched by ``torchrun`` (``WORLD_SIZE`` > 1, with ``RANK``, ``LOCAL_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT``) or inside a process group the caller initialised. Each rank trains its
+share of every global batch; gradients are summed weighted by each rank's loss terms in one all-reduce per
+step (``GradientSync``), so every rank ends each step with the parameters one process would have for the
+whole global batch; evaluation is sharded and gathered; a stop request on any rank is agreed on at the next
+step; rank 0 alone writes files. Collectives time out after ``dist_timeout`` with a message naming what
+failed. Gradients reduce over NCCL on CUDA; small control messages always go through a gloo host group.
 """
 
 from __future__ import annotations
@@ -38,7 +26,6 @@ from neutronorch.config import TrainConfig
 from neutronorch.environment import launcher_world_size
 from neutronorch.errors import ConfigError, TrainingError
 from neutronorch.train.memory import peak_rss_mb, resident_mb
-from neutronorch.train.replacing import Replacement, claim_outputs
 from neutronorch.train.sparse_sync import reduce_tables
 
 
@@ -109,14 +96,14 @@ class World:
             with self._collective(what):
                 torch.distributed.broadcast(buffer[lo:hi], src=source, group=self._group_of(buffer))
 
-    def all_gather_rows(self, rows: torch.Tensor, what: str) -> torch.Tensor:
-        """The ranks' CPU tensors (any number of rows each, the same trailing shape and dtype) concatenated
-        in rank order, on every rank."""
-        counts = torch.tensor([rows.shape[0]], dtype=torch.int64)
-        gathered_counts = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
+    def all_gather_rows(self, rows: torch.Tensor, what: str, group=None) -> list[torch.Tensor]:
+        """Each member of ``group``'s (default: every rank's) CPU tensor, any number of rows each (the same
+        trailing shape and dtype), in member order, on every member."""
+        group = group or self.host_group
+        counts = [torch.zeros(1, dtype=torch.int64) for _ in range(torch.distributed.get_world_size(group))]
         with self._collective(what):
-            torch.distributed.all_gather(gathered_counts, counts, group=self.host_group)
-        return torch.cat(self.gather_padded(rows, [int(c) for c in gathered_counts], self.host_group, what))
+            torch.distributed.all_gather(counts, torch.tensor([rows.shape[0]]), group=group)
+        return self.gather_padded(rows, [int(c) for c in counts], group, what)
 
     def gather_padded(self, rows: torch.Tensor, sizes: list[int], group, what: str) -> list[torch.Tensor]:
         """Each member of ``group``'s ``rows`` (``sizes[i]`` rows on member i, known to all), in member order:
@@ -179,10 +166,7 @@ class NodeGroups:
         self.local_rank, self.local_size = mine.index(world.rank), len(mine)
 
     def gather_ids(self, ids: torch.Tensor) -> list[torch.Tensor]:
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.local_size)]
-        with self.world._collective("the node's exchange of hot sets"):
-            torch.distributed.all_gather(sizes, torch.tensor([ids.shape[0]]), group=self._host)
-        return self.world.gather_padded(ids, [int(n) for n in sizes], self._host, "the node's exchange of hot sets")
+        return self.world.all_gather_rows(ids, "the node's exchange of hot sets", self._host)
 
     def gather_rows(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
         return torch.cat(self.world.gather_padded(rows, counts, self._host, "the node's exchange of hot rows"))
@@ -211,29 +195,15 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else launcher_world_size()
 
 
-def launched_rank() -> int:
-    """This process's rank, known before the ranks join: the caller's process group's, else the launcher's
-    ``RANK`` (0 in one process)."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return int(os.environ.get("RANK", "0")) if world_size() > 1 else 0
-
-
-def join_ranks(stack: contextlib.ExitStack, config: TrainConfig, device: torch.device) -> tuple[World, Replacement]:
-    """Join the run's ranks (one rank in one process; ``stack`` leaves a group it made); rank 0 holds
-    ``checkpoint_dir`` while the run lasts and sets aside the earlier outputs ``overwrite`` replaces
-    (``train/replacing.py``)."""
-    world = stack.enter_context(joined(device.type, config.dist_timeout))
-    return world, stack.enter_context(claim_outputs(config, world.main))
-
-
 def rank_settings(config: TrainConfig) -> TrainConfig:
     """The settings this rank runs with: ``config`` on rank 0 (and in one process), which writes every output;
     on the other ranks the same less the summary and metric logs (they read ``checkpoint_dir``, to resume, and
-    write nothing). Known before the ranks join (the launcher's ``RANK``, or the caller's process group), so
-    another rank never checks outputs that rank 0 may have begun to write."""
-    if launched_rank() == 0:
+    write nothing). Known before the ranks join (the caller's process group's rank, else the launcher's
+    ``RANK``), so another rank never checks outputs that rank 0 may have begun to write."""
+    dist = torch.distributed
+    joined_already = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank() if joined_already else int(os.environ.get("RANK", "0")) if world_size() > 1 else 0
+    if rank == 0:
         return config
     quiet = dataclasses.replace(config)
     quiet.summary_json = quiet.log_jsonl = quiet.log_csv = quiet.tensorboard = None
@@ -246,7 +216,7 @@ def shared_logits(world: World, compute, nodes: torch.Tensor) -> torch.Tensor:
     if not world.distributed:
         return compute(nodes)
     mine = compute(torch.tensor_split(nodes, world.size)[world.rank])
-    return world.all_gather_rows(mine.contiguous(), "gathering the evaluation's logits")
+    return torch.cat(world.all_gather_rows(mine.contiguous(), "gathering the evaluation's logits"))
 
 
 def rank_device(device: torch.device) -> torch.device:
@@ -305,17 +275,12 @@ def joined(device_kind: str, timeout: float):
 
 
 class GradientSync:
-    """After the backward pass (and the mode's own gradient work), before the optimizer step: the weighted
-    mean of every rank's gradients, and the agreement on stopping.
-
-    Rank r's gradients are those of its mean loss over its ``w_r`` loss terms; the reduction sums
-    ``w_r * grad_r`` and ``w_r`` over the ranks in one flat buffer and divides, which is the gradient of
-    the mean loss over the global batch. Gradients the mode hands over apart (``averaged()``: NeutronOrch's
-    hot rows' gradient, a sum of several steps' means) travel in the same buffer and are averaged with
-    equal weights. A parameter that has no gradient on any rank keeps none (Adam leaves it and its moments
-    as they are, as in one process). ``tables``: embedding tables with sparse gradients (a typed model's),
-    whose rows differ per rank: gathered and combined first (``sparse_sync.py``'s ``reduce_tables``; rows
-    handed over apart, with equal weights)."""
+    """After the backward pass, before the optimizer step: the weighted mean of every rank's gradients, and
+    the agreement on stopping. Rank r's gradients are those of its mean loss over ``w_r`` terms: summing
+    ``w_r * grad_r`` and ``w_r`` in one flat buffer and dividing gives the global batch's mean-loss gradient.
+    Gradients the mode hands over apart (``averaged()``: NeutronOrch's hot rows') are averaged with equal
+    weights in the same buffer. A parameter with no gradient on any rank keeps none (as in one process).
+    ``tables``: a typed model's sparse embedding tables, reduced first (``sparse_sync.reduce_tables``)."""
 
     def __init__(self, world: World, params: list[torch.Tensor], request: threading.Event | None,
                  averaged=None, tables: list[torch.Tensor] = ()):

@@ -20,16 +20,6 @@ from neutronorch.train.layerwise import LayerProgress, layerwise
 from neutronorch.train.task import Task
 
 
-def full_neighbor_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor,
-                         device: torch.device, chunk_size: int = 4096, layers: int | None = None,
-                         world: World | None = None, progress: LayerProgress | None = None) -> torch.Tensor:
-    """Logits of ``nodes`` computed from complete neighbourhoods, layer by layer, in memory (``layerwise``);
-    with ``layers`` = K, the output of layer K instead (after its activation: an embedding). Data parallel
-    (``world``), the intermediate layers are computed in shares across the ranks. ``progress(layer, done,
-    total)`` after every chunk."""
-    return layerwise(model, graph, store, nodes, device, chunk_size, layers, world=world, progress=progress)
-
-
 @torch.no_grad()
 def sampled_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, fanouts: list[int],
                    device: torch.device, batch_size: int, seed: int, first_chunk: int = 0,
@@ -79,24 +69,19 @@ def evaluate(model: GNN, graph: Graph, store: FeatureStore, device: torch.device
     """The task's metric (default: accuracy) on the validation and test sets in one pass, as
     {"val": ..., "test": ...}; with ``max_nodes``, each set is a seeded random sample of at most that many
     of its vertices (the same sample at every evaluation). Data parallel (``world``), each rank computes a
-    contiguous share of the vertices (sampled inference: of the chunks, each keyed as in one process) and
-    every rank scores the gathered logits. ``file_order``: sampled inference reads the topology in file
-    order (``--read-order``). ``progress(layer, done, total)`` after every chunk of inference (layer 0:
-    sampled inference; data parallel, of this rank's share). ``check`` (``health.py``): non-finite logits
-    are an error, a collapse is noted there."""
+    contiguous share (sampled inference: of the chunks, each keyed as in one process) and every rank scores
+    the gathered logits. ``file_order``: sampled inference reads the topology in file order.
+    ``progress(layer, done, total)`` after every chunk (layer 0: sampled inference). ``check``
+    (``health.py``): non-finite logits are an error, a collapse is noted there."""
     task = task or Task.of(graph)
     val = torch.from_numpy(eval_subset(graph.val_idx, max_nodes, seed))
     test = torch.from_numpy(eval_subset(graph.test_idx, max_nodes, seed + 1))
     nodes = torch.cat([val, test])
-    if world is not None and world.distributed:
-        logits = world.all_gather_rows(_logits_of_share(model, graph, store, nodes, device, fanouts, batch_size,
-                                                        seed, world, file_order, progress),
-                                       "gathering the evaluation's logits")
-    elif fanouts is None:
-        logits = full_neighbor_logits(model, graph, store, nodes, device, batch_size, progress=progress)
-    else:
-        logits = sampled_logits(model, graph, store, nodes, fanouts, device, batch_size, seed,
-                                file_order=file_order, progress=progress)
+    world = world or World()
+    logits = _logits_of_share(model, graph, store, nodes, device, fanouts, batch_size, seed, world,
+                              file_order, progress)
+    if world.distributed:
+        logits = torch.cat(world.all_gather_rows(logits, "gathering the evaluation's logits"))
     labels = store.labels[nodes]
     return scored(task, {"val": (logits[:val.shape[0]], labels[:val.shape[0]]),
                          "test": (logits[val.shape[0]:], labels[val.shape[0]:])}, check or EvaluationCheck())
@@ -115,11 +100,10 @@ def scored(task: Task, sets: dict[str, tuple[torch.Tensor, torch.Tensor]], check
 def _logits_of_share(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,
                      fanouts: list[int] | None, batch_size: int, seed: int, world: World,
                      file_order: bool = False, progress: LayerProgress | None = None) -> torch.Tensor:
-    """This rank's contiguous share of ``nodes``' logits (float32, on the CPU)."""
+    """This rank's contiguous share of ``nodes``' logits (float32, on the CPU; one process's: all)."""
     if fanouts is None:  # every rank takes part in the intermediate layers, even with no vertices of its own
         share = torch.tensor_split(nodes, world.size)[world.rank]
-        return full_neighbor_logits(model, graph, store, share, device, batch_size, world=world,
-                                    progress=progress).float().cpu()
+        return layerwise(model, graph, store, share, device, batch_size, world=world, progress=progress)
     chunks = -(-nodes.shape[0] // batch_size)
     mine = torch.tensor_split(torch.arange(chunks), world.size)[world.rank]
     if mine.shape[0] == 0:

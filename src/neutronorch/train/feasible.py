@@ -1,23 +1,11 @@
-"""Settings a run cannot meet, refused before training (``check_learnable``), or said once where training
-can still mean something.
+"""Settings a run cannot meet, refused before training (``check_learnable``: a ``DataError`` naming the
+dataset and the fix), or said once where training can still mean something.
 
-Refused (a ``DataError`` naming the dataset and the fix):
-
-- every labelled vertex of the same class (multi-label: every task's known training entries one value):
-  there is nothing to learn;
-- a training set of one class: nothing to tell apart;
-- ``num_classes`` far above the classes the labels use (more than twice the largest class id plus one):
-  the model would give most of its outputs to classes no vertex has (a ``meta.json`` or a loader's count
-  gone wrong); the fix is the count the labels show;
-- class ids at or above ``num_classes``, and a validation or test set without a labelled vertex (it would
-  score NaN): what ``Graph.validate`` and the loaders check of the data they read, checked here of a graph
-  given to ``train`` as it is;
-- no features (``feature_dim`` 0) on a homogeneous graph with a built-in model, which computes every output
-  from features: every vertex would get the same one. A typed graph's featureless types get learnable
-  embeddings, and your own module may hold its own, so neither is refused.
-
-Warned (training goes on, and the summary's ``warnings`` keep it): classes without a training vertex, whose
-vertices elsewhere are never predicted right.
+Refused: labels of one class (multi-label: every task one value), a training set of one class,
+``num_classes`` more than twice the classes the labels use, a validation or test set without a label (it
+would score NaN), and a homogeneous graph without features for a built-in model (every vertex would get the
+same output; a typed graph's featureless types get embeddings, your own module may hold its own). Warned
+(and kept in the summary's ``warnings``): classes without a training vertex.
 """
 
 from __future__ import annotations
@@ -66,10 +54,7 @@ def check_learnable(graph, node_task: bool = True, feature_dim: int | None = Non
     if present.size == 1:
         raise DataError(f"{name}: every labelled vertex has class {int(present[0])}: there is nothing to learn. "
                         f"Give labels of two classes or more.")
-    used = int(present[-1]) + 1
-    if used > num_classes:
-        raise DataError(f"{name}: labels hold class {used - 1}, beyond num_classes {num_classes} (classes "
-                        f"0..{num_classes - 1}). Remap the labels, or set num_classes to {used}.")
+    used = int(present[-1]) + 1  # below num_classes: the graph was validated (``Graph.check_given``)
     if num_classes > 2 * used:
         raise DataError(f"{name}: num_classes is {num_classes}, but the labels use classes 0..{used - 1} only: "
                         f"{num_classes - used} of the model's outputs would be classes no vertex has. Set "
@@ -92,12 +77,9 @@ def check_learnable(graph, node_task: bool = True, feature_dim: int | None = Non
 
 
 def _class_counts(labels, num_classes: int) -> np.ndarray:
-    """Labelled vertices per class (classes at or above ``num_classes`` are counted too, in longer arrays)."""
+    """Labelled vertices per class."""
     counts = np.zeros(max(1, num_classes), dtype=np.int64)
     for start in range(0, int(labels.shape[0]), _CHUNK):
         chunk = np.asarray(labels[start:start + _CHUNK])
-        chunk = np.bincount(chunk[chunk >= 0], minlength=counts.shape[0])
-        if chunk.shape[0] > counts.shape[0]:
-            counts = np.concatenate([counts, np.zeros(chunk.shape[0] - counts.shape[0], np.int64)])
-        counts += chunk
+        counts += np.bincount(chunk[chunk >= 0], minlength=counts.shape[0])
     return counts

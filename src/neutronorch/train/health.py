@@ -1,22 +1,14 @@
-"""What an evaluation's outputs and the training loss say about a run: outputs that are not numbers, and
-training that has collapsed.
+"""What an evaluation's outputs and the training loss say about a run (docs/errors.md, "While training").
 
-- **Non-finite outputs** (``EvaluationCheck.finite``): an evaluation whose logits, embeddings or link scores
-  hold NaN or an infinity would score garbage (an argmax of NaN rows is class 0), so it is a
-  ``TrainingError`` naming the epoch, the split and how many rows were not finite. The check is one
-  ``isfinite().all()`` per tensor; rows are counted only when it fails. ``predict``, ``embed`` and
-  ``score_pairs`` check each chunk with ``output_check`` (a ``CheckpointError``: the checkpoint's model gave
-  them), before anything is written.
-- **Collapse** (``Health``): training whose every score is equal says nothing about the data. An epoch is
-  marked ``collapsed`` (its record's list of reasons, shown on the epoch line) when its evaluation found,
-  in every split, (a) every link score tied (each positive scored as all its negatives: MRR at the tie
-  level 1 / (1 + K/2)) or most pairs tied (``MOST_TIED``: ties decide the ranks), or (b) the same scores
-  for every vertex, or one class predicted for all of a split holding several classes; or when (c) the
-  training loss sat at a value a constant output gives (``Task.constant_losses``: ln C and the training
-  labels' entropy for cross-entropy, 2 ln 2 for a link task's loss) in this epoch and the one before.
-  Scores count as equal to ``TIE_TOLERANCE`` of their size, a loss as pinned to ``LOSS_TOLERANCE``. The
-  first collapse is logged once as a warning with what to change, and kept in the summary's
-  ``warnings``; the run goes on.
+- **Non-finite outputs** (``EvaluationCheck.finite``): NaN or infinite logits, embeddings or link scores
+  would score garbage, so they are a ``TrainingError`` naming the epoch, the split and the rows; one
+  ``isfinite().all()`` per tensor. ``predict``, ``embed`` and ``score_pairs`` check each chunk with
+  ``output_check`` (a ``CheckpointError``) before anything is written.
+- **Collapse** (``Health``): an epoch is marked ``collapsed`` when its evaluation found, in every split,
+  every (or ``MOST_TIED`` of the) link scores tied, the same scores for every vertex, or one class predicted
+  for all of a split holding several; or when the training loss sat at a constant output's value
+  (``Task.constant_losses``) in this epoch and the one before. The first collapse is logged once as a
+  warning and kept in the summary's ``warnings``; the run goes on.
 """
 
 from __future__ import annotations

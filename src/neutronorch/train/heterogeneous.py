@@ -1,13 +1,10 @@
-"""A typed graph's part of a run (docs/heterogeneous.md says what it trains and how). ``typed_model`` builds, for
-``trainer.build_run``, what a typed graph's run has beside every run's: the graph with its reverse relations
-(``TypedGraph.with_reverse``), samplers per relation (``config.fanouts`` for every relation, or
-``TypedOptions.fanouts`` as ``typed_fanouts`` reads them; evaluation's from ``eval_fanouts``), the model
-(``TypedGNN``, or your own module, refused before any work what it cannot train with:
-``check_own_model_config``), the embedding tables (``typed_tables.py``) and their optimizer (``RowAdam`` on the
-CPU, ``SparseAdam`` elsewhere) beside Adam for the dense weights. ``TypedParts`` is what the ``Run`` holds of
-them: its evaluation scores the validation and test vertices from samples of the one key
-``inference_key(seed)``, as predictions sample, so every evaluation sees the same neighbourhoods whatever the
-batches; what a resumed run may not change; the summary's typed keys.
+"""A typed graph's part of a run (docs/heterogeneous.md). ``typed_model`` builds, for ``trainer.build_run``,
+what a typed run has beside every run's: the graph with its reverse relations, samplers per relation
+(``config.fanouts``, or ``TypedOptions.fanouts``; evaluation's from ``eval_fanouts``), the model
+(``TypedGNN``, or your own module, refused before any work what it cannot train with), the embedding tables
+(``typed_tables.py``) and their optimizer (``RowAdam`` on the CPU, ``SparseAdam`` elsewhere) beside Adam.
+``TypedParts`` is what the ``Run`` holds of them: its evaluation (samples of the one key
+``inference_key(seed)``, as predictions sample), what a resumed run may not change, the summary's typed keys.
 """
 
 from __future__ import annotations
@@ -18,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from neutronorch.capabilities import AUTO, OWN_MODULE_REFUSED
-from neutronorch.config import TrainConfig, auto_batch_size
-from neutronorch.data import Graph, TypedGraph, is_typed_dataset
+from neutronorch.capabilities import OWN_MODULE_REFUSED
+from neutronorch.config import TrainConfig
+from neutronorch.data import TypedGraph
 from neutronorch.data.typed import relation_label
 from neutronorch.errors import CheckpointError, ConfigError
 from neutronorch.nn.custom import ModelProtocolError, UserModel, check_trainable
@@ -35,13 +32,7 @@ from neutronorch.train.link_task import LinkTask, evaluate_typed_links, typed_li
 from neutronorch.train.optim import Adam
 from neutronorch.train.row_adam import RowAdam
 from neutronorch.train.run import Built
-from neutronorch.train.task import Task
 from neutronorch.train.typed_tables import TypedTables, plan_tables
-
-
-def is_typed_run(config: TrainConfig, graph: Graph | TypedGraph | None) -> bool:
-    """Whether ``train`` trains a typed graph."""
-    return isinstance(graph, TypedGraph) or (graph is None and is_typed_dataset(config.dataset))
 
 
 @dataclass
@@ -81,16 +72,11 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
     link = config.task == "link"  # a relation's edges (train/link_task.py's typed_link_graph)
     if graph.labels is None and not link:
         raise ConfigError(f"{graph.name}: its target type {graph.target!r} has no labels to train on.")
-    if user_model is not None and link:
-        raise ConfigError("`task` link trains the built-in relational models as encoders; your own module trains "
-                          "node tasks for now.")
     warnings = check_learnable(graph, not link)
     graph = typed_link_graph(graph, config) if link else graph.with_reverse()
-    if config.batch_size == 0:
-        config.batch_size = auto_batch_size(graph.links.train.shape[1] if link else len(graph.train_idx))
     sampler = TypedNeighborSampler(graph, options.fanouts if options.fanouts is not None else config.fanouts)
-    eval_sampler = (TypedNeighborSampler(graph, config.eval_fanouts) if config.eval_fanouts is not None
-                    else TypedNeighborSampler(graph, sampler.fanouts))
+    eval_fanouts = sampler.fanouts if config.eval_fanouts is None else config.eval_fanouts
+    eval_sampler = TypedNeighborSampler(graph, eval_fanouts)
     if eval_sampler.num_layers != sampler.num_layers:
         raise ConfigError(f"`eval_fanouts` has {eval_sampler.num_layers} entries but the fanouts give "
                           f"{sampler.num_layers} layers; give one per layer.")
@@ -120,15 +106,10 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
     sparse = _table_optimizer(embeddings, config.lr, storage) if embeddings else None
     parameters = {"dense": sum(p.numel() for p in dense), "embedding": sum(p.numel() for p in embeddings)}
     parts = TypedParts(sampler, eval_sampler, adam, sparse, storage, parameters)
-    auto = None
-    if config.mode == "auto":  # what auto resolves to on a typed graph (``capabilities.AUTO``)
-        config.mode = AUTO["typed"]
-        auto = {"chosen": config.mode, "reason": f"auto picks {config.mode} mode for typed graphs", "measured": None}
-    task = LinkTask.of(graph, model, config.metric) if link else Task.of(graph, config.metric)
-    return Built(graph, model, [o for o in (adam, sparse) if o is not None], task, warnings,
+    return Built(graph, model, [o for o in (adam, sparse) if o is not None], warnings,
                  dense, embeddings, parts, describe=f"{config.model} (typed: {', '.join(graph.node_types)})",
-                 note=f", parameters {parameters['dense']:,} dense + {parameters['embedding']:,} in embedding tables",
-                 mode_choice=auto)
+                 note=f", parameters {parameters['dense']:,} dense + {parameters['embedding']:,} in "
+                      f"embedding tables")
 
 
 def _table_optimizer(tables: list[torch.nn.Parameter], lr: float, storage: TypedTables | None = None):
@@ -194,16 +175,10 @@ class TypedParts:
         """A typed run's own summary keys (``summary.summarise``). The host caches of memory-mapped featured
         types and how their rows were read: a mode that reads them on the host gives its own
         (``TypedInputs.summary``, in the mode's summary, which ``summarise`` adds after these)."""
-        graph = run.graph
         return {
             "host_cache": None, "read_order": None,
             "model": {"kind": run.model.kind, "typed": True, "parameters": self.parameters,
                       "arguments": run.model.arguments},
-            "dataset": {"name": graph.name, "nodes": sum(graph.num_nodes.values()), "edges": graph.num_edges,
-                        "node_types": dict(graph.num_nodes),
-                        "relations": [relation_label(r) for r in graph.relations], "target": graph.target,
-                        "feature_dims": {t: graph.feature_dim(t) for t in graph.num_nodes},
-                        "classes": graph.num_classes, "train": int(len(graph.train_idx))},
             "fanouts": {relation_label(r): f for r, f in self.sampler.fanouts.items()},
             "embedding_tables": None if self.tables is None else self.tables.summary(),
             "threads": {"train": run.threads.train, "sampler": run.threads.sampler},

@@ -16,12 +16,9 @@ import torch
 
 from neutronorch.config import TrainConfig
 from neutronorch.errors import ConfigError, Interrupted, TrainingError
-from neutronorch.nn.precision import Precision
-from neutronorch.observe import Spans, StageTable, Utilisation
-from neutronorch.orchestration.mode import Mode
+from neutronorch.observe import Spans, Utilisation
 from neutronorch.train.memory import peak_rss_mb
-from neutronorch.train.metrics_log import MetricLog
-from neutronorch.train.step import train_step
+from neutronorch.train.step import step_masks, train_step
 
 # progress(epoch, steps done, steps in the epoch): called after every step. The object given as progress
 # may also have these methods, each called when present:
@@ -78,21 +75,19 @@ class TimelineWindow:
         self.steps = steps
         self.active = False
 
-    def begin_epoch(self, epoch: int, spans: Spans, util: Utilisation | None = None) -> None:
+    def begin_epoch(self, epoch: int, spans: Spans, util: Utilisation) -> None:
         if self.enabled and epoch == self.epoch:
-            if util is not None:
-                util.sample()
+            util.sample()
             spans.keep = self.active = True
 
-    def after_step(self, spans: Spans, done: int, util: Utilisation | None = None) -> None:
+    def after_step(self, spans: Spans, done: int, util: Utilisation) -> None:
         if self.active and done >= self.steps:
             self.end_epoch(spans, util)
 
-    def end_epoch(self, spans: Spans, util: Utilisation | None = None) -> None:
+    def end_epoch(self, spans: Spans, util: Utilisation) -> None:
         if self.active:
             spans.keep = self.active = False
-            if util is not None:
-                util.sample()
+            util.sample()
 
 
 def _diverged(epoch: int, steps: int) -> TrainingError:
@@ -100,17 +95,18 @@ def _diverged(epoch: int, steps: int) -> TrainingError:
                          f"steps): the run diverged. Lower `lr`, or check the features for extreme values.")
 
 
-def train_epoch(model: torch.nn.Module, optimizer, mode: Mode, epoch: int, spans: Spans,
-                stages: StageTable, util: Utilisation, metrics: MetricLog, window: TimelineWindow,
-                progress: Progress | None = None, control: EpochControl | None = None,
-                loss_fn: Callable | None = None, precision: Precision | None = None,
-                sync: Callable | None = None, loss_progress: Callable[[int, float], None] | None = None,
-                masks: Callable | None = None) -> dict:
-    """Train one epoch (from ``control.start_step`` on) with ``loss_fn(logits, labels)`` (default:
-    cross-entropy); return its record (without evaluation). Counters of rows, edges and bytes cover the
-    steps run here; the loss covers the whole epoch, as does ``loss_progress(epoch, running mean)``.
-    ``optimizer``, ``masks``: ``train_step``'s."""
-    control = control or EpochControl()
+def train_epoch(run, epoch: int, control: EpochControl, window: TimelineWindow, progress: Progress | None,
+                loss_progress: Callable[[int, float], None] | None = None) -> dict:
+    """Train one epoch of ``run`` (a ``run.Run``: its model, optimizers, mode, task's loss, precision and,
+    data parallel, reduction) from ``control.start_step`` on; return its record (without evaluation).
+    Counters of rows, edges and bytes cover the steps run here; the loss covers the whole epoch, as does
+    ``loss_progress(epoch, running mean)``."""
+    model, mode, spans, util, metrics = run.model, run.mode, run.spans, run.util, run.metrics
+    seed = run.config.seed
+    # A typed model's dropout masks are keyed by the global batch (step.py).
+    masks = (lambda batch: step_masks(seed, batch.epoch, batch.index)) if run.typed is not None else None
+    # Data parallel: the step's reduction, each rank weighted by its loss terms.
+    sync = run.sync and (lambda batch, loss: run.sync(run.task.loss_weight(batch.labels), loss))
     model.train()
     spans.take()  # drop what the producers recorded between epochs (evaluation time)
     util.take()
@@ -132,7 +128,8 @@ def train_epoch(model: torch.nn.Module, optimizer, mode: Mode, epoch: int, spans
             if batch is None:
                 break
             batch_counts = batch.counts()  # before the step releases the batch's buffer
-            loss = train_step(model, optimizer, mode, batch, spans, num_batches, loss_fn, precision, sync, masks)
+            loss = train_step(model, run.optimizer, mode, batch, spans, num_batches, run.task.loss,
+                              run.precision, sync, masks)
             total_loss += loss  # NaN and infinities survive the sum: it is finite iff every loss was
             if (num_batches + 1) % check_every == 0:
                 mean = float(total_loss) / (num_batches + 1)  # the steps before start_step included
@@ -148,6 +145,8 @@ def train_epoch(model: torch.nn.Module, optimizer, mode: Mode, epoch: int, spans
             num_batches += 1
             moved = [total + n for total, n in zip(moved, batch_counts)]
             window.after_step(spans, num_batches, util)
+            if run.first_step_at is None:  # the summary's time to the first step
+                run.first_step_at = time.perf_counter()
             if progress is not None:
                 progress(epoch, num_batches, mode.num_batches)
             stopping = control.stop is not None and control.stop.is_set()
@@ -174,8 +173,8 @@ def train_epoch(model: torch.nn.Module, optimizer, mode: Mode, epoch: int, spans
         "seconds": seconds,
         "train_loss": float(total_loss) / max(1, num_batches),
         "stage_seconds": {k: round(v, 4) for k, v in sorted(stage_seconds.items(),
-                                                           key=lambda item: stages.display_order(item[0]))},
-        "lane_busy": stages.lane_busy(stage_seconds, seconds),
+                                                           key=lambda kv: run.stages.display_order(kv[0]))},
+        "lane_busy": run.stages.lane_busy(stage_seconds, seconds),
         "utilisation": util.take(),
         # Rows and bytes of the batches trained this epoch; hot tables copied by the host producer count
         # when their copy starts.
@@ -189,38 +188,6 @@ def train_epoch(model: torch.nn.Module, optimizer, mode: Mode, epoch: int, spans
         "input_nodes_per_batch": input_nodes / max(1, num_batches - control.start_step),
         "peak_rss_mb": round(peak_rss_mb(), 1),  # high-water mark so far, before this epoch's evaluation
     }
-
-
-def noting_first_step(run, progress: Progress | None) -> Progress | None:
-    """``progress``, noting in ``run.first_step_at`` when the run's first step ended (progress is called
-    right after each step); ``run``: a ``Run`` (run.py)."""
-    if run.first_step_at is not None:
-        return progress
-
-    def noting(epoch: int, done: int, total: int) -> None:
-        if run.first_step_at is None:
-            run.first_step_at = time.perf_counter()
-        if progress is not None:
-            progress(epoch, done, total)
-
-    return noting
-
-
-def step_sync(run):
-    """The data-parallel step's reduction, ``sync(batch, loss)`` (None in one process)."""
-    if run.sync is None:
-        return None
-    sync, weight = run.sync, run.task.loss_weight
-    return lambda batch, loss: sync(weight(batch.labels), loss)
-
-
-def evaluation_progress(progress: Progress | None, epoch: int) -> Callable[[int, int, int], None] | None:
-    """``progress.evaluating`` for the evaluation after ``epoch``, as inference's ``(layer, done, total)``
-    callback; None when ``progress`` has no such method."""
-    evaluating = getattr(progress, "evaluating", None)
-    if evaluating is None:
-        return None
-    return lambda layer, done, total: evaluating(epoch, layer, done, total)
 
 
 def epoch_line(record: dict, stages: bool = True, metric: str = "accuracy") -> str:

@@ -1,12 +1,10 @@
 """Process memory: peak and resident RSS, and keeping freed memory for reuse (the memory still available is
 ``features/memory.py``'s).
 
-Each training step allocates and frees several tensors of tens to hundreds of MB. glibc serves such
-sizes with fresh ``mmap`` regions and returns them on free, so every step page-faults (and the kernel
-zero-fills) hundreds of MB again: about 90,000 faults and a sixth of the step time for 3-layer GraphSAGE
-on a 1M-vertex graph. ``keep_freed_memory`` tells glibc to serve them from the heap and not to trim it,
-so the next step reuses the same pages. The peak footprint is unchanged (it is the same high-water mark);
-the memory simply stays with the process until it exits. Set ``NEUTRONORCH_SYSTEM_MALLOC=1`` to opt out.
+``keep_freed_memory``: glibc serves the tens-to-hundreds-of-MB tensors a step allocates with fresh ``mmap``
+regions and returns them on free, so every step page-faults them in again (a sixth of a 3-layer GraphSAGE
+step on a 1M-vertex graph); served from an untrimmed heap instead, the next step reuses the pages. The peak
+footprint is unchanged. ``NEUTRONORCH_SYSTEM_MALLOC=1`` opts out.
 """
 
 from __future__ import annotations

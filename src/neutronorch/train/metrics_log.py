@@ -1,16 +1,10 @@
-"""Optional metric logs: JSONL (every field), CSV (one row per logged step and per epoch) and TensorBoard.
+"""Optional metric logs: JSONL (every field), CSV (one row per logged step and per epoch) and TensorBoard;
+scores under the metric's own name and, as in the summary, under ``val_acc`` and ``test_acc``.
 
-Scores go under the metric's own name (``val_rocauc``) and, for compatibility, under ``val_acc`` and
-``test_acc``, as in the summary.
-
-Step losses are read from the device once every ``--log-every`` steps (one synchronisation per group, never
-one per step). Files are written as the run goes and flushed after every epoch, so a run that stops early
-keeps what it logged.
-
-A log (or the timeline) that cannot be written (a full disk) is not worth stopping the training for: the
-run says so at once, goes on without the logs (what they hold so far stays), saves and summarises what it
-trained, and then ends with an ``OutputError`` naming the file (``checked``), so it never ends as if
-nothing was lost.
+Step losses are read from the device once every ``log_every`` steps, never once per step; files are flushed
+after every epoch. A log (or the timeline) that cannot be written does not stop the training: the run says
+so at once, goes on without it, saves and summarises what it trained, then ends with an ``OutputError``
+naming the file (``checked``), so it never ends as if nothing was lost.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import torch
 
-from neutronorch.capabilities import MODES
+from neutronorch.capabilities import AUTO, MODES
 from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.observe import Spans
@@ -35,11 +35,11 @@ PROBE_RATIO = 0.2  # NeutronOrch's hot ratio in the probe when it is auto (which
 
 def resolve_mode(config: TrainConfig, graph: Graph, device: torch.device, threads: Threads, model: torch.nn.Module,
                  world: World | None = None, resumed: dict | None = None, probe=None,
-                 loss_fn=None) -> ModeChoice | None:
+                 loss_fn=None, typed: bool = False) -> ModeChoice | None:
     """With ``mode`` auto: set ``config.mode`` to the chosen mode and return the choice (None otherwise).
     ``resumed``: the checkpoint the run continues, whose mode it keeps. ``probe(config, graph, device, model,
     threads, names)``: the measurement (default ``probe_modes``, its steps with the task's ``loss_fn``; tests
-    inject timings)."""
+    inject timings). A ``typed`` graph's auto is one mode (``capabilities.AUTO``)."""
     if config.mode != "auto":
         return None
     world = world or World()
@@ -50,6 +50,8 @@ def resolve_mode(config: TrainConfig, graph: Graph, device: torch.device, thread
         reason = ("resumed in the mode the run was given" if why is None else why if why.startswith("resumed")
                   else f"resumed in the mode the run chose: {why}")
         choice = ModeChoice(saved, reason, earlier.get("measured", {}))
+    elif typed:
+        choice = ModeChoice(AUTO["typed"], f"auto picks {AUTO['typed']} mode for typed graphs", None)
     else:
         facts = mode_facts(config, graph, device, world.distributed)
         names = probe_candidates(facts)
@@ -101,14 +103,16 @@ def _time_mode(config: TrainConfig, graph: Graph, device: torch.device, model: t
         with mode.batches(0) as batches:
             for batch in batches:
                 if done == warmup:
-                    _synchronize(device)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
                     started = time.perf_counter()
                     spans.take()
                 train_step(trained, optimizer, mode, batch, spans, loss_fn=loss_fn)
                 done += 1
                 if done == warmup + steps:
                     break
-        _synchronize(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         seconds = time.perf_counter() - started
         stages, _ = spans.take()
         lanes = TRAINER_STAGES.merge(mode.stages).lane_seconds(stages)
@@ -117,11 +121,6 @@ def _time_mode(config: TrainConfig, graph: Graph, device: torch.device, model: t
     timed = max(1, done - warmup)
     return {"step_s": round(seconds / timed, 5), "steps": timed,
             "lanes": {lane: round(s / timed, 5) for lane, s in lanes.items()}}
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @contextmanager

@@ -1,43 +1,23 @@
 """Adam without ``torch.optim.Optimizer``: the same update, without importing ``torch._dynamo``.
 
-Why it exists: ``torch.optim.Optimizer.__init__`` is wrapped by ``torch._disable_dynamo``, which imports
-``torch._dynamo`` on its first call (and ``Optimizer.step`` calls ``torch._dynamo.graph_break()``). That
-import took about 2.3 s on the 2-core development machine, on every start: three times the rest of the
-set-up before the first training step (about 0.8 s, data loading included). This class does the update of
-``torch.optim.Adam`` (``amsgrad=False``, ``maximize=False``, L2 ``weight_decay`` added to the gradient, bias
-corrections computed as torch computes them), grouped by device and dtype, as torch does.
+Why: ``torch.optim.Optimizer.__init__`` imports ``torch._dynamo`` on its first call (and ``step`` calls its
+``graph_break``), which took about 2.3 s at every start, three times the rest of the set-up. This is the
+update of ``torch.optim.Adam`` (``amsgrad=False``, ``maximize=False``, L2 ``weight_decay`` added to the
+gradient, bias corrections as torch computes them), grouped by device and dtype. Two paths, by ``fused``:
 
-Two paths, chosen by ``fused`` (per parameter group, ``None`` by default):
+- **foreach** (CPU parameters by default): torch's ``_foreach_*`` path, the same operations in the same
+  order, step counters on the CPU; bit-identical in practice to ``torch.optim.Adam`` on the CPU.
+- **fused** (CUDA parameters by default): ``torch._fused_adam_``, two launches per device and dtype instead
+  of seven or eight, step counters float32 on the parameters' device; it rounds in its own order (within
+  1e-6 of the foreach path over 20 float32 steps). Complex parameters are refused with ``fused=True``.
 
-- **foreach** (CPU parameters by default; ``fused=False`` everywhere): ``torch._foreach_*`` ops, the same
-  operations in the same order as torch's foreach path, with each step counter on the CPU as torch keeps
-  it. On the CPU this is bit-identical in practice to ``torch.optim.Adam`` with its defaults. On a GPU it
-  is seven or eight kernel launches per device and dtype every step (eight with weight decay), and a
-  training step there is bound by launches rather than by the arithmetic.
-- **fused** (CUDA parameters by default; ``fused=True`` everywhere the op exists, the CPU included):
-  ``torch._fused_adam_``, the op behind ``torch.optim.Adam(fused=True)``: two launches per device and
-  dtype (the step counters' increment and the whole update), the step counters float32 tensors on the
-  parameters' device, the bias corrections computed from them in the kernel. It computes the same update
-  with its own order of operations and rounding (in float32 for float32, bf16 and fp16 parameters), so it
-  differs from the foreach path in the last bits: within 1e-6 over 20 float32 steps, relative or (for
-  weights near zero) absolute. Complex parameters are refused with ``fused=True``, as torch refuses them,
-  and take the foreach path under ``None``.
+State dicts have ``torch.optim.Adam``'s format and load both ways, across the paths too (a loaded step
+counter moves to where the path keeps it at the next step; a loaded group's ``fused`` is accepted and
+leaves the optimizer's own). ``tests/test_optim.py`` checks both paths against torch's and each other.
 
-State dicts have the format of ``torch.optim.Adam``'s and load both ways, across the two paths too: a loaded
-step counter is moved to where the path in use keeps it (CPU, or float32 on the parameter's device) at the
-first step after loading. The path is the optimizer's own setting, not the checkpoint's: a loaded group's
-``fused`` (torch's ``fused=True`` included) is accepted and does not change it.
-
-``tests/test_optim.py`` checks both paths against ``torch.optim.Adam`` and each other (over 20 steps, with
-and without weight decay, parameters left without a gradient in some steps: the foreach path equal to
-torch's within 1e-6 relative, the fused path bit for bit to ``torch.optim.Adam(fused=True)`` and within
-1e-6 to the foreach path), that state dicts load both ways and between the paths, and that neither
-constructing nor stepping imports ``torch._dynamo``.
-
-Not provided: amsgrad, maximize, decoupled weight decay (AdamW), tensor learning rates, sparse gradients,
-gradient scaling (``grad_scale``/``found_inf``) and ``torch.optim`` hooks; ``torch.optim.lr_scheduler``
-classes refuse anything that is not an ``Optimizer``, but code that sets ``group["lr"]`` in ``param_groups``
-works.
+Not provided: amsgrad, maximize, AdamW's decoupled weight decay, tensor learning rates, sparse gradients,
+gradient scaling, closures, ``zero_grad(set_to_none=False)`` and ``torch.optim`` hooks; ``lr_scheduler``
+classes refuse it, but setting ``group["lr"]`` works.
 """
 
 from __future__ import annotations
@@ -45,7 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from copy import deepcopy
 from itertools import chain
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import torch
 from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
@@ -109,33 +89,19 @@ class Adam:
                                  f"use fused=None or False")
         self.param_groups.append(group)
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
+    def zero_grad(self) -> None:
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if set_to_none:
-                    p.grad = None
-                else:
-                    if p.grad.grad_fn is not None:
-                        p.grad.detach_()
-                    else:
-                        p.grad.requires_grad_(False)
-                    p.grad.zero_()
+                p.grad = None
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+    @torch.no_grad()
+    def step(self) -> None:
         """One Adam step of every parameter that has a gradient (the others, and their state, stay as they
-        are). ``closure`` re-evaluates the model and returns the loss, as in torch."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        with torch.no_grad():
-            if self._place_steps:
-                self._move_loaded_steps()
-            for group in self.param_groups:
-                self._step_group(group)
-        return loss
+        are)."""
+        if self._place_steps:
+            self._move_loaded_steps()
+        for group in self.param_groups:
+            self._step_group(group)
 
     def _step_group(self, group: dict[str, Any]) -> None:
         # [params, grads, exp_avgs, exp_avg_sqs, steps]: lists[False] for the foreach path, lists[True] fused.

@@ -1,20 +1,13 @@
 """Nothing lost: an output never overwrites an input, another output of the same command, or (unless asked)
-another run's output, and a run's checkpoint folder is its own while it runs.
+another run's output, and a run's checkpoint folder is its own while it runs. Every command that writes
+files calls these before it loads any data:
 
-Every command that writes files calls these before it loads any data:
-
-- ``check_distinct``: no output is an input file, lies inside an input folder, or holds an input in a
-  folder it replaces; no two outputs are one file. Paths are compared after resolving symbolic links, and
-  existing files by identity, so a hard link or another spelling of the same file is caught too.
-- ``check_fresh``: no output already exists, unless the run continues the one that wrote it (``resume``)
-  or the user said to replace it (``overwrite``).
-- ``check_creatable`` / ``check_space``: each output's folder really takes a file (one is created and
-  removed), and its disk has room for what will be written.
-- ``claim_folder``: an exclusive lock on a folder for the life of the run, so a second run into the same
-  checkpoint folder is refused instead of mixing its checkpoints with the first's. The folders it made (the
-  folder and its missing parents) are removed again when the run leaves nothing in them.
-- ``check_nothing_set_aside``: no output folder holds an earlier run's outputs that a killed run set aside
-  while replacing them (``train/replacing.py``); they are the user's to put back or drop, never deleted here.
+- ``check_distinct``: no output is an input, lies inside an input folder or holds an input in a folder it
+  replaces; no two outputs are one file (compared resolved, and by identity: hard links too).
+- ``check_fresh``: no output exists already, unless ``resume`` or ``overwrite``.
+- ``check_creatable`` / ``check_space``: each output's folder really takes a file, its disk has room.
+- ``claim_folder``: an exclusive lock on a folder for the run's life (a second run into it is refused).
+- ``check_nothing_set_aside``: no output folder holds outputs a killed run set aside (``replacing.py``).
 
 It must never write anything but its probe files (removed at once) and the folder's lock file (removed when
 the run ends, with the folder when the lock made it and nothing else is there).
@@ -124,7 +117,7 @@ def check_creatable(field: str, path: PathLike, what: str | None = None,
     the message names the output (default: the field and the path); ``fix``: what it advises."""
     check_name_lengths(field, path, what)
     what = what or f"`{field}` {path}"
-    folder = _existing_ancestor(Path(path).expanduser().absolute().parent)
+    folder = existing_ancestor(Path(path).expanduser().absolute().parent)
     if not folder.is_dir():
         raise ConfigError(f"{what}: cannot be written ({folder} is not a folder). {fix}")
     try:
@@ -142,7 +135,7 @@ def check_name_lengths(field: str, path: PathLike, what: str | None = None, temp
     message names the output (default: the field)."""
     what = what or f"`{field}`"
     path = Path(path).expanduser()
-    folder = _existing_ancestor(path.absolute().parent)
+    folder = existing_ancestor(path.absolute().parent)
     limit = name_max(folder)
     for i, part in enumerate(path.parts):
         if part in (path.anchor, ".", ".."):
@@ -172,7 +165,7 @@ def size_text(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-def _existing_ancestor(path: Path) -> Path:
+def existing_ancestor(path: Path) -> Path:
     while not path.exists() and path != path.parent:
         path = path.parent
     return path

@@ -14,17 +14,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from neutronorch.atomic import glob_escape, make_folder, open_array_atomically, remove_made, write_atomically
+from neutronorch.atomic import glob_escape, make_folder, remove_made, write_atomically
 from neutronorch.config import TrainConfig
 from neutronorch.data import dataset_paths
 from neutronorch.errors import ConfigError, OutputError
 from neutronorch.train.output_guard import (LOCK_NAME, check_creatable, check_distinct, check_fresh,
                                               check_name_lengths, check_nothing_set_aside, check_space)
-
-__all__ = ["CHECKPOINT_FILES", "OUTPUT_FIELDS", "RUNS", "RunFolder", "check_creatable", "check_outputs",
-           "check_checkpoint_space", "generated_run_name", "names_outputs",
-           "open_array_atomically", "open_run_folder", "run_outputs", "save_or_rescue", "write_summary",
-           "write_atomically", "write_json_atomically"]
 
 CHECKPOINT_FILES = ("last.pt", "best.pt")
 OUTPUT_FIELDS = ("summary_json", "checkpoint_dir", "log_jsonl", "log_csv", "tensorboard", "timeline")

@@ -1,19 +1,11 @@
 """Predictions from a trained model, of either kind of graph: ``predict`` (the classes or class probabilities of
-chosen vertices) and ``embed`` (one layer's rows). One request check, one checkpoint check, one output path
-(checked before any work, written atomically, the scratch folder, progress), one rule for the layer and the
-vertex type, one chunk loop and non-finite check (``layerwise.emit_chunks``, ``emitter``); only how the rows
-are computed differs by kind: a homogeneous graph's by exact layer-wise inference over complete
-neighbourhoods (``layerwise.py``, never stale), a typed graph's as its run's evaluation sampled them.
-
-**A typed graph's rows** (docs/heterogeneous.md, Predictions, says more) are sampled as its run's evaluation
-sampled (its ``eval_fanouts``, else its training fanouts; ``fanouts`` overrides them), every chunk with the one
-key ``inference_key(seed)``, so a vertex's rows depend on the vertex alone (to float32 rounding), not on its
-chunk. Layer ``k``'s rows exist for the types within ``L - k`` relations of the target (``check_computed``), a
-vertex's computed as in a prediction where it sits ``L - k`` hops from the seeds (``hidden_rows``). With
-``fanouts`` -1 for every relation, inference runs layer by layer instead (``layerwise.typed_layers``).
-
-A link checkpoint's model (``nn.link.LinkModel``) is an encoder and a head: inference runs the encoder's
-layers (``embed``), and its pairs are scored by ``link_predict.score_pairs``."""
+chosen vertices) and ``embed`` (one layer's rows). The request, checkpoint, output path, layer and vertex type
+are checked alike for both kinds; only how the rows are computed differs: a homogeneous graph's by exact
+layer-wise inference over complete neighbourhoods (``layerwise.py``), a typed graph's as its run's
+evaluation sampled them, every chunk with the one key ``inference_key(seed)`` (so a vertex's rows depend on
+the vertex alone), or layer by layer with ``fanouts`` -1 (``layerwise.typed_layers``). Which types a typed
+layer computes: ``check_computed``; docs/heterogeneous.md, Predictions, says more. A link checkpoint's
+encoder gives ``embed``'s rows; its pairs are scored by ``link_predict.score_pairs``."""
 
 from __future__ import annotations
 
@@ -35,7 +27,7 @@ from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, Checkpoint, check_fits, load_checkpoint
 from neutronorch.train.health import output_check
 from neutronorch.train.layerwise import LayerProgress, emit_chunks, emitter, layerwise, typed_layers
-from neutronorch.train.prediction_io import (Nodes, check_prediction_output, node_files, prediction_rows,
+from neutronorch.train.prediction_io import (NODE_SETS, Nodes, check_prediction_output, prediction_rows,
                                              scratch_folder, select_nodes, write_rows)
 from neutronorch.train.resources import resolve_device
 from neutronorch.train.task import Task, score
@@ -86,7 +78,8 @@ def _rows(checkpoint, graph: Graph | TypedGraph, nodes: Nodes, layer: int | None
     """The rows ``predict`` (``form``: their shape, dtype and the transform of the logits) or ``embed`` (``form``
     None: layer ``layer``'s float32 rows of ``node_type``) gives: the output checked, the checkpoint read and
     checked to fit, the layer and vertex type resolved, then the rows written (``write_rows``)."""
-    check_prediction_output(out, scratch, checkpoint, graph, overwrite, {"nodes": node_files(nodes)})
+    given = [nodes] if isinstance(nodes, (str, os.PathLike)) and nodes not in NODE_SETS else []  # a .npy file
+    check_prediction_output(out, scratch, checkpoint, graph, overwrite, {"nodes": given})
     typed, predicting = isinstance(graph, TypedGraph), form is not None
     checkpoint, graph = checkpoint_for(checkpoint, graph, pairs=False if predicting else None)
     model = checkpoint.model.encoder if isinstance(checkpoint.model, LinkModel) else checkpoint.model  # its layers
@@ -266,7 +259,7 @@ def hidden_rows(model: TypedGNN, graph: TypedGraph, hops: list[TypedNeighborSamp
                 ids: np.ndarray, device: torch.device, seed: int) -> torch.Tensor:
     """Rows of ``node_type``'s unique ``ids`` at layer ``len(hops)`` (float32 on the CPU): ``hops[i]`` draws hop
     ``L - len(hops) + i`` from the previous hop's frontier (the first from ``ids``), and the model's own
-    layers (``layer_output``, ``activate``, in eval mode) run over those blocks up to that layer."""
+    layers (``layer_forward``, in eval mode) run over those blocks up to that layer."""
     model.eval()
     destinations, blocks = {node_type: ids}, []
     for sampler in hops:
@@ -276,8 +269,7 @@ def hidden_rows(model: TypedGNN, graph: TypedGraph, hops: list[TypedNeighborSamp
     features, input_ids = gather_frontier(graph, blocks[0].src_ids, device)
     x = model.input_rows(features, input_ids)
     for index, block in enumerate(blocks):
-        y = model.layer_output(index, block.to(device), x)
-        x = {t: model.activate(rows) for t, rows in y.items()}
+        x = model.layer_forward(index, block.to(device), x)
     return x[node_type].float().cpu()
 
 

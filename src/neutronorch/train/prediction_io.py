@@ -13,12 +13,13 @@ from typing import Sequence, Union
 import numpy as np
 import torch
 
+from neutronorch.atomic import open_array_atomically
 from neutronorch.data.graph import Graph
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.features.memory import available_memory_bytes
-from neutronorch.train.output_guard import check_distinct, check_fresh, check_name_lengths, check_space
-from neutronorch.train.outputs import check_creatable, open_array_atomically
+from neutronorch.train.output_guard import (check_creatable, check_distinct, check_fresh, check_name_lengths,
+                                              check_space)
 from neutronorch.train.task import Task
 
 NODE_SETS = ("test", "val", "train", "all")
@@ -79,11 +80,6 @@ def ids_in_memory(nodes, what: str = "`nodes` (vertex ids given in memory)") -> 
         raise ConfigError(f"{what}: cannot be read as an array ({exc}).") from None
 
 
-def node_files(nodes: Nodes) -> list:
-    """The file ``nodes`` names, in a list (none for a set's name or ids in memory)."""
-    return [nodes] if isinstance(nodes, (str, os.PathLike)) and nodes not in NODE_SETS else []
-
-
 def prediction_rows(task: Task, probabilities: bool) -> tuple[tuple, type, object]:
     """(row shape, dtype, transform of the logits) of ``predict``'s output for ``task``."""
     if probabilities:
@@ -122,8 +118,6 @@ def check_output_path(out: str | os.PathLike, scratch: str | None = "auto", read
     """Fail before any data is loaded if the output or the scratch folder cannot be written, if the output
     is one of the inputs in ``reads`` (field -> paths), or if it exists and ``overwrite`` is not given."""
     check_name_lengths("out", out, temporary=True)
-    if Path(out).is_dir():
-        raise ConfigError(f"`out` {out}: is a folder; give the path of the .npy file to write.")
     if Path(out).suffix.lower() != ".npy":  # the rows are a .npy array whatever the name says
         raise ConfigError(f"`out` {out}: the rows are written as a .npy array; give a path ending in .npy "
                           f"({Path(out).with_suffix('.npy')}), so that its name says what it holds.")

@@ -1,24 +1,13 @@
-"""Replacing an earlier run's outputs (``overwrite``) without ever losing them before the new run has its own.
+"""Replacing an earlier run's outputs (``overwrite``) without ever losing them before the new run has its own
+(docs/errors.md and docs/checkpoints.md say what a user sees).
 
-When a run with ``overwrite`` starts (its checkpoint folder locked, before its data is loaded), every output
-of an earlier run that it would replace is moved into a hidden folder beside it,
-``.neutronorch-replaced-PID@HOST-RANDOM/`` (a rename within one folder: same disk, atomic, nothing copied):
-the summary, the metric logs, the timeline and its ``.json``, ``last.pt`` and ``best.pt``, their embedding
-table folders, and the TensorBoard folder's event files. So nothing of the earlier run is ever read or named
-as the new run's (``summary.json`` never names an earlier checkpoint), and nothing is deleted yet.
-
-- **Replaced** (the set-aside folders deleted) once the new run has written its own: its first checkpoint
-  written in the course of training (the end of an epoch, or a ``checkpoint_every`` step; not the one a stop
-  request writes), or without a checkpoint folder, its summary at the end of a run that completed.
-- **Put back** when the run ends before that, whatever ends it (data that does not load or fails its checks,
-  a refused option or split, a diverged loss, Ctrl-C or SIGTERM, any exception): what the new run wrote in
-  their place (its summary, logs, checkpoints and table folders) is removed first, so the earlier outputs
-  are there again exactly as they were, and nothing of the new run remains.
-- **Killed outright** (``kill -9``, a power cut) before either, the hidden folder stays, holding the earlier
-  outputs; the next run into that folder refuses to start, naming it and how to put them back or drop them
-  (``output_guard.check_nothing_set_aside``). Nothing ever deletes it silently.
-
-A run that replaces nothing (no earlier output exists) behaves as any run does.
+When the run starts (its checkpoint folder locked, before its data is loaded) every earlier output it would
+replace, table folders and TensorBoard event files included, is renamed into a hidden folder beside it,
+``.neutronorch-replaced-PID@HOST-RANDOM/``: nothing is read as the new run's, nothing deleted yet. The
+set-aside folders are deleted once the new run has its own (its first regular checkpoint, or without a
+checkpoint folder its summary at the end of a completed run), and put back, whatever the new run wrote there
+removed first, when it ends before that. A run killed outright leaves the hidden folder, which the next run
+into that folder refuses to start over (``output_guard.check_nothing_set_aside``); nothing deletes it.
 """
 
 from __future__ import annotations
@@ -90,12 +79,6 @@ class Replacement:
         if self.asides:
             logger.info(f"overwrite: the earlier run's outputs are set aside in "
                         f"{', '.join(map(str, self.asides.values()))} until this run has written its own")
-
-    def checkpointed(self, stopping: bool) -> None:
-        """The run wrote a checkpoint: its own now replace the earlier outputs (unless it is stopping on
-        request: a run stopped before its first regular checkpoint puts them back)."""
-        if not stopping:
-            self.replace()
 
     def replace(self) -> None:
         """Delete the earlier outputs set aside: the run has its own."""

@@ -1,27 +1,19 @@
-"""A run's checkpoints, either kind of graph's: one written where ``run_epochs`` says (``write_checkpoint``),
-the resume from ``last.pt`` (``last_checkpoint``, ``restore``), and what a resumed run may not change: its
-settings (``check_settings``) and its data (``check_same_data``, comparing the fingerprints of the graph the
-checkpoint was written for and of the one given now: ``dataset_fingerprint``, a typed graph's per type and
-relation). The file layout is ``checkpoint.py``'s, one for both kinds; the parts of a run that differ by kind
-(the optimizers, the mode's state) are restored by the caller, through ``restore``'s ``restore_more``.
+"""What a resumed run may not change, either kind's: its settings (``check_settings``), its ranks and its data
+(``check_same_data``, comparing the fingerprints of the graph the checkpoint was written for and of the one
+given now: ``dataset_fingerprint``, a typed graph's per type and relation). ``Run.resume`` restores the rest.
 """
 
 from __future__ import annotations
 
-import logging
 import zlib
-from pathlib import Path
-from typing import Callable
 
 import numpy as np
-import torch
 
 from neutronorch.config import TrainConfig
+from neutronorch.data.graph import Graph
 from neutronorch.data.typed import TypedGraph, relation_label
 from neutronorch.errors import CheckpointError
-from neutronorch.train.outputs import save_or_rescue
 
-logger = logging.getLogger("neutronorch")
 
 def sample_crc(array) -> int:
     """The CRC-32 of a strided sample of ``array``'s rows, about 4,096 of them: a strided view reads only
@@ -111,43 +103,16 @@ def check_settings(state: dict, config: TrainConfig, source: str) -> None:
         raise CheckpointError(f"{source}: holds no random state to resume from.")
 
 
-def write_checkpoint(run, name: str, save: Callable[[Path], Path]) -> None:
-    """``save(path)`` (an atomic write) of ``checkpoint_dir``/``name``, rescued beside the summary when the
-    disk is full (``save_or_rescue``); what `overwrite` replaces may go once it is written."""
-    summary = run.config.summary_json
-    save_or_rescue(Path(run.config.checkpoint_dir) / name, save, [Path(summary).parent] if summary else [])
-    run.replacing.checkpointed(stopping=run.stop is not None and run.stop.is_set())
-
-
-def last_checkpoint(config: TrainConfig, read: Callable[[Path], dict]) -> tuple[Path, dict]:
-    """``checkpoint_dir``/last.pt, which a resumed run continues, and its contents (``read``: checked)."""
-    path = Path(config.checkpoint_dir) / "last.pt"
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no checkpoint to resume from; train with `checkpoint_dir` first.")
-    return path, read(path)
-
-
-def restore(run, state: dict, path: Path, restore_more: Callable[[dict], None]) -> None:
-    """Continue ``run`` (either kind) from ``state``, read from ``path`` and checked resumable: its weights,
-    random state, history and best evaluation, what ``restore_more(state)`` adds (the optimizers, the mode's
-    state), and where it starts. An epoch is complete once its record is in the history: a typed run stopped
-    after an epoch's last step, before its evaluation, resumes at that step, with no batch left."""
-    try:  # the structure was checked; what is inside may still be damaged or foreign
-        run.model.load_state_dict(state["model"])
-        torch.set_rng_state(state["rng"]["torch"])
-        if run.device.type == "cuda" and state["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state(state["rng"]["cuda"], run.device)
-        restore_more(state)
-        run.history, run.best = list(state["history"]), dict(state["best"])
-        if "val_acc" in run.best:  # written before the metric was a setting: accuracy under its old keys
-            run.best = {"val": run.best["val_acc"], "test": run.best["test_acc"], "epoch": run.best["epoch"]}
-        epoch, step, loss_sum = int(state["epoch"]), state["position"]["step"], state["position"]["loss_sum"]
-    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(
-            f"{path}: its saved state cannot be restored ({type(exc).__name__}: {exc}); the file is damaged or "
-            "was not written by this run's neutronorch. Train anew with `overwrite` (which replaces it) or into "
-            "another `checkpoint_dir`.") from exc
-    done = any(record["epoch"] == epoch for record in run.history)
-    run.start_epoch, run.start_step, run.loss_sum = (epoch + 1, 0, 0.0) if done else (epoch, step, loss_sum)
-    run.metrics.continue_at(run.start_epoch * run.num_batches + run.start_step)
-    logger.info(f"resumed from {path} at epoch {run.start_epoch}, step {run.start_step}")
+def check_resumable(state: dict, config: TrainConfig, graph: Graph | TypedGraph, source: str, world_size: int = 1,
+                    fingerprint: dict | None = None) -> None:
+    """A run may continue from ``state`` only on the same data (``fingerprint``: the graph's, when known) with
+    the same model and training settings. The settings are compared first: one that shapes the data a run
+    trains on (`task` link removes the validation and test edges, `split`) is named, not reported as changed
+    data."""
+    check_settings(state, config, source)
+    if int(state.get("world_size", 1)) != world_size:
+        raise CheckpointError(f"{source}: written by a run of {state.get('world_size', 1)} data-parallel rank(s); "
+                              f"resume with the same number (now {world_size}): torchrun --nproc-per-node and "
+                              f"--nnodes as before.")
+    check_same_data(state, fingerprint or dataset_fingerprint(graph), source,
+                    "typed graph" if isinstance(graph, TypedGraph) else "dataset")

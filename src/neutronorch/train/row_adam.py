@@ -1,27 +1,16 @@
-"""``RowAdam``: ``torch.optim.SparseAdam``'s update of embedding tables, row by row in one numba kernel.
-
-A featureless type's table (``nn.Embedding(sparse=True)``) gets a sparse gradient: the rows a batch looked
-up, each once (a typed sampler's input frontier holds every vertex once). ``torch.optim.SparseAdam`` moves
-exactly those rows, but through a dozen sparse-tensor ops per table: it coalesces the gradient (a sort),
-builds sparse tensors of the moment updates and masks the moments by them (``sparse_mask``, another sort).
-Profiled on a 100,000-vertex ``synthetic_typed`` graph (typed SAGE, fanouts 10,10, batch 1024, about 40,000
-table rows a step, one thread), its step took 44% of the epoch, more than forward and backward together.
-Here one pass over the looked-up rows reads the gradient row and updates the two moments and the weights
-in place, parallel over rows (numba's threads of the calling thread).
+"""``RowAdam``: ``torch.optim.SparseAdam``'s update of embedding tables, row by row in one numba kernel
+(why: docs/heterogeneous.md, SparseAdam's sparse-tensor ops took 44% of an epoch).
 
 The update is SparseAdam's, in its order of operations: for every looked-up row, ``m += (1 - b1)(g - m)``,
 ``v += (1 - b2)(g^2 - v)``, ``w -= lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)`` with ``t`` the
-table's step count (rows not looked up keep their weights and moments, as there). It agrees with
-``torch.optim.SparseAdam`` to float32 rounding (``tests/test_row_adam.py``). A gradient that lists a row
-twice (a table looked up twice in one step) is coalesced first, summing the repeats as SparseAdam does;
-which rows repeat is found by stamping each row with the step number (4 bytes per table row).
+table's step count; rows not looked up keep their weights and moments. It agrees with SparseAdam to float32
+rounding (``tests/test_row_adam.py``). A gradient listing a row twice is coalesced first (summed, as
+SparseAdam does); repeats are found by stamping each row with the step number (4 bytes per table row).
 
-Tables only: dense float32 CPU parameters with sparse gradients; no weight decay (SparseAdam has none).
-``state_dict``/``load_state_dict`` hold the hyperparameters and every table's step count and two moments
-(what a typed checkpoint keeps: 8 bytes per table row per column besides the weights); the stamps are
-scratch, reset on loading, so a restored optimizer continues bit-identically. The moments are zero tensors
-of the table's shape, in memory, or given (``moments``: memory-mapped beside a memory-mapped table,
-``train/typed_tables.py``).
+Tables only: dense float32 CPU parameters with sparse gradients; no weight decay. The state dict holds the
+hyperparameters and every table's step count and two moments (zero tensors of the table's shape, or given:
+``moments``, memory-mapped beside a memory-mapped table); the stamps are scratch, reset on loading, so a
+restored optimizer continues bit-identically.
 """
 
 from __future__ import annotations
@@ -93,13 +82,9 @@ class RowAdam:
             self.state[id(p)] = {"step": 0, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq,
                                  "stamp": np.full(p.shape[0], -1, dtype=np.int32)}
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
+    def zero_grad(self) -> None:
         for p in self.params:
-            if p.grad is not None:
-                if set_to_none:
-                    p.grad = None
-                else:
-                    p.grad.zero_()
+            p.grad = None
 
     def state_dict(self) -> dict:
         """The hyperparameters and, per table in ``params``' order, its step count and moments (the tensors

@@ -1,17 +1,13 @@
-"""A run, of either kind of graph: ``Run`` (its parts, what it holds for the loop, and what it does: train an
-epoch, evaluate, checkpoint, resume), ``run_epochs`` (evaluation every ``eval_every``, the best
-validation score, checkpoints after each epoch, ``patience``, the epoch's log line and stage table) and
-``summarised`` (the summary, written whether the run ends, fails or is stopped).
-
-``trainer.py``'s ``build_run`` builds either kind's run from what the kind builds (``Built``: a typed graph's
-by ``heterogeneous.py``'s ``typed_model``): the same ``Run``, with ``typed`` holding what a typed graph's run
-adds (its samplers per relation, its embedding tables and their optimizer, its evaluation:
-``heterogeneous.TypedParts``). How a checkpoint is written and a run resumed from one is ``resume.py``'s, for
-both kinds.
+"""A run, of either kind of graph: ``Run`` (its parts and what it does: train an epoch, evaluate,
+checkpoint, resume), ``run_epochs`` (evaluation every ``eval_every``, the best validation score,
+checkpoints, ``patience``, the epoch's log line and stage table) and ``summarised`` (the summary, written
+whether the run ends, fails or is stopped). ``trainer.build_run`` builds either kind's run from what the
+kind builds (``Built``); ``Run.typed`` holds a typed run's own parts (``heterogeneous.TypedParts``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -27,19 +23,17 @@ from neutronorch.nn.precision import Precision
 from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table
 from neutronorch.orchestration.factory import Threads
 from neutronorch.orchestration.mode import Mode
-from neutronorch.train.checkpoint import check_resumable, save_checkpoint
+from neutronorch.train.checkpoint import save_checkpoint
 from neutronorch.train.evaluate import evaluate
-from neutronorch.train.loop import (EpochControl, Progress, TimelineWindow, epoch_line, evaluation_progress,
-                                    noting_first_step, step_sync, train_epoch)
+from neutronorch.train.loop import EpochControl, Progress, TimelineWindow, epoch_line, train_epoch
 from neutronorch.train.distributed import GradientSync, World
 from neutronorch.train.health import Health
 from neutronorch.train.link_task import LinkTask, evaluate_links
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
-from neutronorch.train.outputs import write_summary
+from neutronorch.train.outputs import save_or_rescue, write_summary
 from neutronorch.train.replacing import Replacement
-from neutronorch.train.resume import restore, write_checkpoint
-from neutronorch.train.step import step_masks
+from neutronorch.train.resume import check_resumable
 from neutronorch.train.summary import named_scores, summarise, topology_in_file_order, write_run_timeline
 from neutronorch.train.task import Task
 
@@ -50,20 +44,18 @@ logger = logging.getLogger("neutronorch")
 class Built:
     """What a kind of graph builds for its run (``build_run``): the graph as trained (a typed one with its
     reverse relations, a link task's split), the model, its optimizer (a typed model's: Adam and its tables'),
-    the task, the warnings of ``check_learnable``, the weights the ranks reduce (``dense``; ``tables``: the
-    sparse embedding tables), a typed run's ``TypedParts`` and what the mode log line says of the model."""
+    the warnings of ``check_learnable``, the weights the ranks reduce (``dense``; ``tables``: the sparse
+    embedding tables), a typed run's ``TypedParts`` and what the mode log line says of the model."""
 
     graph: Graph | TypedGraph
     model: torch.nn.Module
     optimizer: Adam | list
-    task: Task | LinkTask
     warnings: list[str]
     dense: list
     tables: list = field(default_factory=list)
     typed: object = None  # ``heterogeneous.TypedParts``
     describe: str = ""
     note: str = ""
-    mode_choice: dict | None = None
 
 
 @dataclass
@@ -104,20 +96,7 @@ class Run:
     sync: GradientSync | None = None  # data parallel: the gradient all-reduce and stop agreement
     health: Health = field(default_factory=lambda: Health({}))  # collapse (train/health.py)
     replacing: Replacement = field(default_factory=Replacement)  # the earlier outputs `overwrite` replaces
-    window: TimelineWindow | None = None  # the steps whose spans the timeline draws (run_epochs)
     fingerprint: dict | None = None  # the graph's, which checkpoints hold (with checkpoint_dir)
-
-    @property
-    def num_batches(self) -> int:
-        return self.mode.num_batches
-
-    def train_epoch(self, epoch: int, control: EpochControl, window: TimelineWindow, progress: Progress | None,
-                    loss_progress) -> dict:
-        seed = self.config.seed  # a typed model's dropout masks are keyed by the global batch (step.py)
-        masks = (lambda batch: step_masks(seed, batch.epoch, batch.index)) if self.typed is not None else None
-        return train_epoch(self.model, self.optimizer, self.mode, epoch, self.spans, self.stages, self.util,
-                           self.metrics, window, progress, control, self.task.loss, self.precision, step_sync(self),
-                           loss_progress, masks)
 
     def evaluate(self, epoch: int, progress=None) -> dict[str, float]:
         """The metric on the validation and test sets: {"val": ..., "test": ...}; ``progress(layer, done,
@@ -150,13 +129,20 @@ class Run:
             optimizer=self.optimizer if typed is None else typed.adam, epoch=epoch, history=self.history,
             best=self.best, position={"step": step, "loss_sum": loss_sum}, mode_state=mode_state,
             world_size=self.world.size, mode_choice=self.mode_choice, fingerprint=self.fingerprint,
-            typed=typed and (typed.sparse, typed.sampler.fanouts, typed.tables, epoch * self.num_batches + step))
-        write_checkpoint(self, name, save)
+            typed=typed and (typed.sparse, typed.sampler.fanouts, typed.tables,
+                             epoch * self.mode.num_batches + step))
+        summary = self.config.summary_json  # a full disk: rescued beside the summary (``save_or_rescue``)
+        rescue = [Path(summary).parent] if summary else []
+        save_or_rescue(Path(self.config.checkpoint_dir) / name, save, rescue)
+        if self.stop is None or not self.stop.is_set():  # a regular checkpoint, not a stop's (replacing.py)
+            self.replacing.replace()  # replaces the earlier outputs `overwrite` set aside
 
     def resume(self, path: Path, state: dict) -> None:
-        """Continue from ``checkpoint_dir``/last.pt (``state``, read from ``path``): ``restore``'s parts, the
-        optimizers and the mode's state (NeutronOrch's snapshots, super-batch in progress and controller), once
-        the checkpoint's run is one this run may continue."""
+        """Continue from ``checkpoint_dir``/last.pt (``state``, read from ``path``) once the checkpoint's run
+        is one this run may continue: its weights, random state, optimizers, mode's state, history and best
+        evaluation, and where it starts. An epoch is complete once its record is in the history: a typed
+        run stopped after an epoch's last step, before its evaluation, resumes at that step, with no batch
+        left."""
         typed = self.typed
         check_resumable(state, self.config, self.graph, str(path), self.world.size, self.fingerprint)
         if not self.mode.resumable:
@@ -169,16 +155,33 @@ class Run:
                                   f"`checkpoint_dir`.")
         if typed is not None:
             typed.check_resumable(state, self.model, str(path))
-
-        def optimizers_and_mode(state: dict) -> None:
+        try:  # the structure was checked; what is inside may still be damaged or foreign
+            self.model.load_state_dict(state["model"])
+            torch.set_rng_state(state["rng"]["torch"])
+            if self.device.type == "cuda" and state["rng"]["cuda"] is not None:
+                torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
             if typed is None:
                 self.optimizer.load_state_dict(state["optimizer"])
             else:
                 typed.load_optimizers(state)
             mode_state = state["mode_state"]
             self.mode.load_state_dict(mode_state["ranks"][self.world.rank] if self.world.distributed else mode_state)
-
-        restore(self, state, path, optimizers_and_mode)
+            self.history, self.best = list(state["history"]), dict(state["best"])
+            best = self.best
+            if "val_acc" in best:  # written before the metric was a setting: accuracy under its old keys
+                self.best = {"val": best["val_acc"], "test": best["test_acc"], "epoch": best["epoch"]}
+            epoch, position = int(state["epoch"]), state["position"]
+            step, loss_sum = position["step"], position["loss_sum"]
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(
+                f"{path}: its saved state cannot be restored ({type(exc).__name__}: {exc}); the file is "
+                "damaged or was not written by this run's neutronorch. Train anew with `overwrite` (which "
+                "replaces it) or into another `checkpoint_dir`.") from exc
+        done = any(record["epoch"] == epoch for record in self.history)
+        self.start_epoch, self.start_step, self.loss_sum = (epoch + 1, 0, 0.0) if done else (
+            epoch, step, loss_sum)
+        self.metrics.continue_at(self.start_epoch * self.mode.num_batches + self.start_step)
+        logger.info(f"resumed from {path} at epoch {self.start_epoch}, step {self.start_step}")
 
 
 def run_epochs(run: Run, progress: Progress | None) -> dict | None:
@@ -186,7 +189,7 @@ def run_epochs(run: Run, progress: Progress | None) -> dict | None:
     ``run.best`` and ``run.last_eval``; returns the timeline written (or None)."""
     config, mode, epochs = run.config, run.mode, run.history
     run.last_eval = next((scores for scores in map(scores_of, reversed(epochs)) if scores), {})
-    run.window = window = TimelineWindow(bool(config.timeline), config.epochs, config.timeline_steps)
+    window = TimelineWindow(bool(config.timeline), config.epochs, config.timeline_steps)
     if run.stop is not None and run.stop.is_set():  # asked while the data loaded: no step to finish first
         raise Interrupted("stopped on request before the first step")
     mode.start(run.model)
@@ -197,12 +200,12 @@ def run_epochs(run: Run, progress: Progress | None) -> dict | None:
                                config.checkpoint_every,
                                (lambda e, k, loss: run.checkpoint("last.pt", e, (k, float(loss)))) if saving else None,
                                run.typed is not None)
-        record = run.train_epoch(epoch, control, window, noting_first_step(run, progress),
-                                 getattr(progress, "loss", None))
+        record = train_epoch(run, epoch, control, window, progress, getattr(progress, "loss", None))
         mode.end_epoch(record)
         if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
             t0 = time.perf_counter()
-            run.last_eval = run.evaluate(epoch, evaluation_progress(progress, epoch))
+            evaluating = getattr(progress, "evaluating", None)  # (epoch, layer, done, total), loop.py
+            run.last_eval = run.evaluate(epoch, evaluating and functools.partial(evaluating, epoch))
             record.update(named_scores(run.task, run.last_eval), eval_seconds=time.perf_counter() - t0)
             if run.last_eval["val"] > run.best["val"] or run.best["epoch"] < 0:
                 run.best = {**run.last_eval, "epoch": epoch}
@@ -220,13 +223,14 @@ def run_epochs(run: Run, progress: Progress | None) -> dict | None:
             logger.info(epoch_table(record, run.stages))
         if run.stop is not None and run.stop.is_set() and epoch + 1 < config.epochs:
             raise Interrupted(f"stopped on request after epoch {epoch}")
-        if config.patience and scores_of(record) and _evaluations_since_best(run) >= config.patience:
+        since_best = sum(1 for e in epochs if scores_of(e) and e["epoch"] > run.best["epoch"])
+        if config.patience and scores_of(record) and since_best >= config.patience:
             run.stopped_early = True
             logger.info(f"stopping early: no better validation {run.task.metric} in {config.patience} evaluations "
                         f"(best {run.best['val']:.4f} at epoch {run.best['epoch']})")
             break
-    timeline = write_run_timeline(run, f"{mode.name} mode, {config.model}{' (typed)' * bool(run.typed)}, epoch {window.epoch}, first "
-                                       f"{config.timeline_steps} steps", run.stages)
+    timeline = write_run_timeline(run, f"{mode.name} mode, {config.model}{' (typed)' * bool(run.typed)}, "
+                                       f"epoch {window.epoch}, first {config.timeline_steps} steps")
     if config.epochs and not run.last_eval and config.eval_every >= 0:  # eval_every 0: after the last epoch
         run.last_eval = run.evaluate(config.epochs - 1)
         run.best = {**run.last_eval, "epoch": config.epochs - 1}
@@ -258,11 +262,6 @@ def summarised(run) -> dict:
     if run.world.main:
         write_summary(run.config, summary)
     return summary
-
-
-def _evaluations_since_best(run) -> int:
-    evaluated = [e["epoch"] for e in run.history if scores_of(e)]
-    return sum(1 for epoch in evaluated if epoch > run.best["epoch"])
 
 
 def scores_of(record: dict) -> dict:

@@ -1,13 +1,10 @@
 """The embedding tables' gradients on several ranks: ``reduce_tables``, which ``distributed.py``'s
 ``GradientSync`` calls before it reduces the dense gradients.
 
-An embedding table's gradient is sparse and its rows differ per rank: every rank's (row ids, gradient rows) of
-every table are gathered (one all-gather of their sizes and weights, one of the rows), each rank's rows scaled
-by its loss terms, rows several ranks hold summed, all divided by the global batch's loss terms: the global
-batch's mean-loss gradient, coalesced. Every rank computes it from the same gathered bytes in the same order
-and takes the same ``RowAdam`` (or SparseAdam) step, so tables and their moments stay identical on every rank,
-bit for bit, and equal one process's on the global batch up to the order of float sums. A table no rank looked
-up has no gradient (its step count waits, as in one process).
+Every rank's (row ids, gradient rows) of every table are gathered, each rank's rows scaled by its loss
+terms, rows several ranks hold summed, all divided by the global batch's terms: the global batch's
+mean-loss gradient, coalesced. Every rank computes it from the same gathered bytes in the same order, so
+tables and moments stay identical on every rank, bit for bit. A table no rank looked up has no gradient.
 """
 
 from __future__ import annotations
@@ -16,9 +13,10 @@ import torch
 
 
 def reduce_tables(world, tables: list[torch.Tensor], weight: float, apart: list | None = None) -> None:
-    """Every table's gradient (``world``: ``distributed.py``'s ``World``): the rows of every rank, weighted, summed and divided (``combine_rows``), in
-    two all-gathers: each rank's weight and row counts, then its rows. ``apart``: per table a sparse gradient
-    (or None) reduced instead of the table's and added to it (with ``weight`` 1: their mean over the ranks)."""
+    """Every table's gradient (``world``: a ``distributed.World``): the rows of every rank, weighted, summed
+    and divided (``combine_rows``), in two all-gathers: each rank's weight and row counts, then its rows.
+    ``apart``: per table a sparse gradient (or None) reduced instead of the table's and added to it (with
+    ``weight`` 1: their mean over the ranks)."""
     widths = [table.shape[1] for table in tables]
     parts = ([own_rows(table) for table in tables] if apart is None
              else [own_rows(grad, width) for grad, width in zip(apart, widths)])

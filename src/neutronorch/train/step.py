@@ -38,14 +38,11 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | Sequen
                mode: Mode, batch: MiniBatch, spans: Spans | None = None, step: int = -1,
                loss_fn: Callable | None = None, precision: Precision | None = None, sync: Callable | None = None,
                masks: Callable[[MiniBatch], AbstractContextManager] | None = None) -> torch.Tensor:
-    """Forward, loss (``loss_fn(logits, labels)``, default cross-entropy: the task's), backward and
-    optimizer step on ``batch``; returns the (detached) loss. The gradients stay in the parameters until
-    the next step clears them; the batch's host buffer is released. The forward pass runs in
-    ``precision`` (default float32) and in ``masks(batch)`` (a typed run's dropout keys: ``step_masks``); the
-    loss is computed from float32 logits either way. ``sync(batch, loss)``, data parallel, makes every rank's
-    gradients the global batch's before the optimizer step and returns the global batch's loss, which is
-    returned instead of this rank's. ``optimizer``: one, or several that step together (a typed model's Adam
-    for its dense weights and ``RowAdam`` for its embedding tables)."""
+    """Forward, loss (``loss_fn(logits, labels)``, default cross-entropy, from float32 logits), backward and
+    step of ``optimizer`` (one, or several that step together) on ``batch``; returns the detached loss. The
+    forward runs in ``precision`` and in ``masks(batch)`` (a typed run's dropout keys: ``step_masks``).
+    ``sync(batch, loss)``, data parallel, makes the gradients the global batch's before the step and returns
+    the global batch's loss, returned instead of this rank's. The batch's host buffer is released."""
     optimizers = optimizer if isinstance(optimizer, Sequence) else (optimizer,)
     inputs = mode.step_inputs(batch)
     with _stage(spans, "forward", step):
@@ -54,7 +51,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | Sequen
         loss = (loss_fn or F.cross_entropy)(logits.float(), batch.labels)
     with _stage(spans, "backward", step):
         for each in optimizers:
-            each.zero_grad(set_to_none=True)
+            each.zero_grad()
         loss.backward()
     mode.before_step(batch)
     if sync is not None:

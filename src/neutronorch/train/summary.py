@@ -1,11 +1,6 @@
-"""The run summary: what ``train`` returns and writes to ``summary_json`` (README lists its keys), and the
-run's timeline, for either kind of run (``summarise``).
-
-A typed run's summary has the homogeneous summary's keys where they mean the same, plus the typed ones
-(``heterogeneous.TypedParts.summary``: the model's kind and arguments, the types and relations, the fanouts
-per relation, the tables' storage). Either timeline is the picture (``observe/report.py``) of the stages'
-spans in the window ``timeline_steps`` of the second epoch, on the lanes of the run's stage table (the
-trainer's and its mode's).
+"""The run summary, for either kind of run (``summarise``: what ``train`` returns and writes to
+``summary_json``; README lists its keys), and the run's timeline: the stages' spans in the window
+``timeline_steps`` of the second epoch, on the lanes of the run's stage table (``observe/report.py``).
 """
 
 from __future__ import annotations
@@ -15,10 +10,11 @@ import statistics
 from pathlib import Path
 
 from neutronorch.data import Graph, TypedGraph, dataset_paths
+from neutronorch.data.typed import relation_label
 from neutronorch.errors import ConfigError, OutputError
-from neutronorch.observe import StageTable, write_timeline
+from neutronorch.observe import write_timeline
 from neutronorch.train.memory import peak_rss_mb, resident_mb
-from neutronorch.train.outputs import write_atomically
+from neutronorch.atomic import write_atomically
 
 logger = logging.getLogger("neutronorch")
 ENDED = ("completed", "stopped_early")  # a summary's statuses when every epoch ran, or patience ran out
@@ -76,6 +72,7 @@ def summarise(run, status: str, timeline: dict | None = None) -> dict:
                     else round(run.first_step_at - run.started, 4)},
         "mode_choice": run.mode_choice,  # mode auto: {"chosen", "reason", "measured"}; None where it was given
         "moved": moved_totals(run.history),  # a resumed history's records may predate the host cache's keys
+        "dataset": _dataset(run),
         **(run.typed.summary(run) if run.typed is not None else _homogeneous(run)),
         **({"link": _link_summary(run, last_eval)} if config.task == "link" else {}),
         **run.mode.summary(),
@@ -84,11 +81,8 @@ def summarise(run, status: str, timeline: dict | None = None) -> dict:
 
 
 def _homogeneous(run) -> dict:
-    graph, mode, moved = run.graph, run.mode, moved_totals(run.history)
+    mode, moved = run.mode, moved_totals(run.history)
     return {
-        "dataset": {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
-                    "feature_dim": graph.feature_dim, "classes": graph.num_classes,
-                    "train": int(len(graph.train_idx))},
         "threads": {"train": run.threads.train, **mode.threads},
         "resident_mb": resident_mb(),  # at the end: own (anon) and mapped-file (file) memory
         "host_cache": None if mode.store.host_cache is None
@@ -98,6 +92,24 @@ def _homogeneous(run) -> dict:
         "read_order": {"features": "file" if mode.store.ordered else "batch",
                        "topology": "file" if topology_in_file_order(mode) else "batch"},
     }
+
+
+def _dataset(run) -> dict:
+    """The graph's sizes (a typed one's per type and relation), and a node task's classes and training
+    vertices (a link task's edges are under ``link``)."""
+    graph = run.graph
+    if run.typed is None:
+        entry = {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
+                 "feature_dim": graph.feature_dim}
+    else:
+        entry = {"name": graph.name, "nodes": sum(graph.num_nodes.values()), "edges": graph.num_edges,
+                 "node_types": dict(graph.num_nodes),
+                 "relations": [relation_label(r) for r in graph.relations],
+                 "feature_dims": {t: graph.feature_dim(t) for t in graph.num_nodes}}
+    if run.config.task != "link":
+        entry.update({"target": graph.target} if run.typed is not None else {}, classes=graph.num_classes,
+                     train=int(len(graph.train_idx)))
+    return entry
 
 
 def _link_summary(run, last_eval: dict) -> dict:
@@ -120,7 +132,7 @@ def checkpoints_written(directory: str | None) -> dict | None:
             for name in ("last", "best")}
 
 
-def write_run_timeline(run, title: str, stages: StageTable) -> dict | None:
+def write_run_timeline(run, title: str) -> dict | None:
     """The timeline of ``run``'s window (``timeline``: a .png, the raw spans beside it as .json), each file
     written atomically by the main rank when spans were recorded; what was written, or None. A failure to
     write (a full disk) leaves no partial file and is said at once; the run ends with it once its results are
@@ -128,9 +140,8 @@ def write_run_timeline(run, title: str, stages: StageTable) -> dict | None:
     config = run.config
     if not (config.timeline and run.spans.events and run.world.main):
         return None
-    samples = run.util.samples if run.util is not None else []
     try:
-        written = write_timeline(config.timeline, run.spans.events, samples, title, stages,
+        written = write_timeline(config.timeline, run.spans.events, run.util.samples, title, run.stages,
                                  save=lambda path, data: write_atomically(path, lambda f: f.write(data)))
     except (OSError, OutputError) as exc:
         run.metrics.lose(config.timeline, exc)

@@ -1,25 +1,13 @@
-"""Memory-mapped embedding tables in checkpoints: files beside ``last.pt`` and ``best.pt``, not inside them.
+"""Memory-mapped embedding tables in checkpoints: files beside ``last.pt`` and ``best.pt``, not inside them
+(docs/heterogeneous.md, Embedding tables in files).
 
-A typed checkpoint (``train/checkpoint.py``) holds the tables in memory as weights and optimizer state,
-like every other parameter. A table in files (``embedding_storage`` mmap, ``train/typed_tables.py``) is too
-large for that: its weights and both moments are copied into a folder beside the checkpoint,
-``<stem>-tables-<version>-<random>/`` (``last-tables-120-1f2e3d4c/author.weight.npy``, ``.exp_avg.npy``,
-``.exp_avg_sq.npy``: ``.npy`` files as the run holds them), and the checkpoint names the folder and, per
-file, its size and the CRC-32 of a strided sample of its rows (``sample_crc``, as the graph's fingerprint
-samples its arrays) under ``table_files``, with the tables left out of ``model`` and of the tables'
-optimizer's state.
-
-Written as the checkpoint is: the folder is filled under a temporary name (each file copied with
-``copy_file_range``, which a file system may do without moving the data, flushed to disk) and renamed into
-place, then the checkpoint is written atomically, then the folders of that name no longer referenced are
-removed. A crash at any point leaves the previous checkpoint with its own folder; the new folder is only ever
-referenced once it is whole. ``best.pt`` written at the same step as ``last.pt`` (the end of an epoch) links
-``last.pt``'s files instead of copying them again, where the file system allows.
-
-Reading (``attach_tables``) checks every file before anything uses it: there, of the size written, a ``.npy``
-array of the table's shape, and the sample's checksum; what is missing or damaged is named. The files are
-memory-mapped copy-on-write, so nothing reading a checkpoint can change them: a resume copies them into its
-own tables, and ``predict`` and ``embed`` read the model's tables straight from them.
+A mapped table's weights and both moments are copied into ``<stem>-tables-<version>-<random>/`` beside the
+checkpoint, which names the folder and, per file, its size and ``sample_crc`` under ``table_files``, the
+tables left out of ``model`` and of the tables' optimizer's state. The folder is filled under a temporary
+name, flushed and renamed into place before the checkpoint is written, and older folders of that name are
+removed after: a crash at any point leaves the previous checkpoint with its own folder, and a folder is
+referenced only once whole. ``attach_tables`` checks every file before anything uses it and maps it
+copy-on-write, so nothing reading a checkpoint can change them.
 """
 
 from __future__ import annotations
@@ -78,7 +66,7 @@ def stored_tables(state: dict, path: Path, tables, version: int):
     (``TypedTables``, None for none) written into a new folder beside ``path`` and taken out of ``state``,
     which names them instead; the folder removed again if the write fails, and once it succeeds the folders
     of ``path``'s name it replaces."""
-    mapped = tables.mapped() if tables is not None else {}
+    mapped = tables.arrays if tables is not None else {}
     made = None
     if mapped:
         made, record = _write_folder(path, tables, version)
@@ -110,7 +98,7 @@ def _write_folder(path: Path, tables, version: int) -> tuple[Path, dict]:
     record = {"folder": final.name, "tables": {}}
 
     def fill(folder: Path) -> None:
-        for node_type, parts in tables.mapped().items():
+        for node_type, parts in tables.arrays.items():
             files = {}
             for part, array in parts.items():
                 name = f"{node_type}.{part}.npy"

@@ -104,14 +104,14 @@ class Task:
 
 def score(metric: str, multilabel: bool, num_classes: int, probabilities: np.ndarray, labels: np.ndarray) -> float:
     """``metric`` of predicted ``probabilities`` (softmax rows, or a sigmoid per task) against ``labels``."""
+    if metric not in METRICS:  # validated where it is set; reaching here is a bug, not a choice of F1
+        raise ValueError(f"unknown metric {metric!r}; expected one of {METRICS}")
     if multilabel:
         known = labels >= 0
         if metric == "rocauc":
             areas = [roc_auc(probabilities[known[:, t], t], labels[known[:, t], t]) for t in range(labels.shape[1])]
             areas = [a for a in areas if not np.isnan(a)]
             return float(np.mean(areas)) if areas else float("nan")
-        if metric not in METRICS:  # validated where it is set; reaching here is a bug, not a choice of F1
-            raise ValueError(f"unknown metric {metric!r}; expected one of {METRICS}")
         predicted = (probabilities > 0.5).astype(np.int64)
         if metric == "accuracy":
             return float((predicted == labels)[known].mean()) if known.any() else float("nan")
@@ -127,8 +127,6 @@ def score(metric: str, multilabel: bool, num_classes: int, probabilities: np.nda
         areas = [roc_auc(probabilities[:, c], (labels == c).astype(np.int64)) for c in range(num_classes)]
         areas = [a for a in areas if not np.isnan(a)]
         return float(np.mean(areas)) if areas else float("nan")
-    if metric not in METRICS:  # validated where it is set; reaching here is a bug, not a choice of F1
-        raise ValueError(f"unknown metric {metric!r}; expected one of {METRICS}")
     predicted = probabilities.argmax(1)
     if metric in ("accuracy", "f1-micro"):  # one label per vertex: micro-F1 is the accuracy
         return float((predicted == labels).mean())

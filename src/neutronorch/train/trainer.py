@@ -20,13 +20,14 @@ import dataclasses
 import logging
 import threading
 import time
+from pathlib import Path
 
 import torch
 
 from neutronorch.capabilities import check_run
 from neutronorch.config import TrainConfig, auto_batch_size
-from neutronorch.data import Graph, TypedGraph, load_dataset, load_typed_dataset
-from neutronorch.errors import ConfigError
+from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
+from neutronorch.errors import CheckpointError, ConfigError
 from neutronorch.nn.custom import UserModel
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
@@ -35,7 +36,7 @@ from neutronorch.observe import Spans, Utilisation
 from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.train.feasible import check_learnable
 from neutronorch.train.health import Health
-from neutronorch.train.heterogeneous import TypedOptions, check_own_model_config, is_typed_run, typed_model
+from neutronorch.train.heterogeneous import TypedOptions, check_own_model_config, typed_model
 from neutronorch.train.loop import Progress, check_call
 from neutronorch.train.memory import keep_freed_memory
 from neutronorch.train.mode_choice import resolve_mode
@@ -44,9 +45,10 @@ from neutronorch.train.optim import Adam
 from neutronorch.train.resources import (check_threading_layer, memory_budget, numba_threads, resolve_device,
                                          thread_budget, torch_threads)
 from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, load_state
-from neutronorch.train.distributed import GradientSync, World, join_ranks, rank_device, rank_settings, world_size
+from neutronorch.train.distributed import GradientSync, World, joined, rank_device, rank_settings, world_size
 from neutronorch.train.outputs import check_checkpoint_space, check_outputs
-from neutronorch.train.resume import dataset_fingerprint, last_checkpoint
+from neutronorch.train.replacing import claim_outputs
+from neutronorch.train.resume import dataset_fingerprint
 from neutronorch.train.run import Built, Run, summarised
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import given_dataset
@@ -76,7 +78,8 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     if options is not None and isinstance(graph, Graph):
         raise ConfigError("`options` (a TypedOptions) are a typed graph's settings, and this graph is homogeneous; "
                           "leave `options` out, or give a TypedGraph.")
-    typed = options is not None or is_typed_run(config, graph)
+    typed = options is not None or isinstance(graph, TypedGraph) or (
+        graph is None and is_typed_dataset(config.dataset))
     if typed and model is not None:
         check_own_model_config(config)  # before the graph is read
     check_run(config, TYPED if typed else HOMOGENEOUS, world_size())
@@ -85,7 +88,9 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     device = rank_device(resolve_device(config.device))
     keep_freed_memory()
     with contextlib.ExitStack() as stack:
-        world, replacing = join_ranks(stack, config, device)
+        world = stack.enter_context(joined(device.type, config.dist_timeout))
+        # Rank 0 holds checkpoint_dir while the run lasts and sets aside what `overwrite` replaces.
+        replacing = stack.enter_context(claim_outputs(config, world.main))
         precision = resolve_precision(config.precision, device)
         config.precision = precision.name
         threads = thread_budget(config, world.local_size)
@@ -112,8 +117,10 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
     a typed graph's run (``heterogeneous.typed_model`` builds its model). Data parallel (``world``), rank 0's
     initial weights go to every rank, the step's reduction is ``run.sync`` (a typed model's tables' sparse rows
     too) and the stop is agreed on by every rank."""
-    world = world or World()
-    data_seconds = 0.0
+    world, data_seconds, link = world or World(), 0.0, config.task == "link"
+    if user_model is not None and link:
+        raise ConfigError("`task` link trains the built-in models as encoders; your own module trains node "
+                          "tasks for now.")
     if graph is None:
         t0 = time.perf_counter()
         graph = load_typed_dataset(config.dataset) if options is not None else load_dataset(
@@ -126,13 +133,20 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
         built = typed_model(config, graph, device, user_model, options, stack)
     else:
         built = homogeneous_model(config, graph, device, user_model)
-    graph, model, task = built.graph, built.model, built.task
+    graph, model = built.graph, built.model
+    if config.batch_size == 0:
+        config.batch_size = auto_batch_size(graph.links.train.shape[1] if link else len(graph.train_idx))
+    task = LinkTask.of(graph, model, config.metric) if link else Task.of(graph, config.metric)
     if world.distributed:
         world.broadcast_module(model, "the initial weights' broadcast")  # the same seed made them equal; make sure
-    path, resumed = last_checkpoint(config, lambda path: load_state(path, TYPED if built.typed else HOMOGENEOUS)
-                                    ) if config.resume else (None, None)
-    choice = None if built.typed else resolve_mode(config, graph, device, threads, model, world, resumed,
-                                                   loss_fn=task.loss)  # a typed graph's auto: exact, always
+    path, resumed = None, None
+    if config.resume:  # a resumed run continues checkpoint_dir/last.pt
+        path = Path(config.checkpoint_dir) / "last.pt"
+        if not path.is_file():
+            raise CheckpointError(f"{path}: no checkpoint to resume from; train with `checkpoint_dir` first.")
+        resumed = load_state(path, TYPED if built.typed else HOMOGENEOUS)
+    choice = resolve_mode(config, graph, device, threads, model, world, resumed, loss_fn=task.loss,
+                          typed=built.typed is not None)
     spans = Spans()
     node = world.node_link() if config.hot_sets_per_node else None
     mode = build_mode(config, graph, device, threads, spans, shard=(world.rank, world.size), node=node,
@@ -151,10 +165,9 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
     util = stack.enter_context(contextlib.closing(Utilisation(device)))
     metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key, append=config.resume)))
     logger.info(f"task: {task.describe()}")
-    link = isinstance(task, LinkTask)
     run = Run(config, graph, device, threads, model, built.optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
               util, metrics, task, data_seconds=data_seconds, world=world, typed=built.typed, stop=stop,
-              mode_choice=built.mode_choice if choice is None else choice.to_dict(),
+              mode_choice=None if choice is None else choice.to_dict(),
               health=Health(task.constant_losses(None if link else graph.labels[graph.train_idx]), built.warnings))
     if config.checkpoint_dir:
         run.fingerprint = dataset_fingerprint(graph)  # once: the graph does not change while the run lasts
@@ -169,18 +182,13 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
 def homogeneous_model(config: TrainConfig, graph: Graph, device: torch.device,
                       user_model: torch.nn.Module | None) -> Built:
     """A homogeneous graph's model (``GNN``, a link task's ``LinkModel`` over one, or your own module's
-    ``UserModel``), its Adam and its task."""
+    ``UserModel``) and its Adam."""
     link = config.task == "link"
     if link:
         graph = link_graph(graph, config)
         logger.info(f"{graph.links.describe()}")
     else:
         check_node_task(graph, config)
-    if config.batch_size == 0:
-        config.batch_size = auto_batch_size(graph.links.train.shape[1] if link else len(graph.train_idx))
-    if user_model is not None and link:
-        raise ConfigError("`task` link trains the built-in models (`model` sage, gcn or gat) as encoders; your own "
-                          "module trains node tasks for now.")
     warnings = check_learnable(graph, not link, None if user_model is not None else graph.feature_dim)
     if user_model is not None:
         # NeutronOrch mode asks for its bottom layer when it starts (UserModel.bottom says what it needs).
@@ -193,6 +201,5 @@ def homogeneous_model(config: TrainConfig, graph: Graph, device: torch.device,
             model = LinkModel(model, config.link_head, input_norm=rms_row_norm(graph.features))
         model = model.to(device)
     optimizer = Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    task = LinkTask.of(graph, model, config.metric) if link else Task.of(graph, config.metric)
-    return Built(graph, model, optimizer, task, warnings, list(model.parameters()),
+    return Built(graph, model, optimizer, warnings, list(model.parameters()),
                  describe=getattr(model, "kind", config.model))

@@ -1,29 +1,16 @@
 """Where a typed run's embedding tables live (``embedding_storage``): in memory, or in files the operating
-system pages rows of in and out, so that a table larger than memory still trains.
+system pages rows of in and out, so that a table larger than memory still trains (docs/heterogeneous.md,
+Embedding tables in files).
 
-Every featureless vertex type a relational model reads has a table (``TypedGNN``'s ``nn.Embedding``), and the
-tables' optimizer (``RowAdam``) keeps two moments of the table's size: 12 bytes per table entry in all
-(ogbn-mag's 1.2M featureless vertices at width 64: 0.9 GB; MAG240M's 122M authors: 94 GB).
+- ``memory``: as ``nn.Embedding`` makes them.
+- ``mmap``: each table's weights and both ``RowAdam`` moments in a float32 ``.npy`` file of its own,
+  memory-mapped and updated in place; CPU runs only. The weights are drawn into the file a chunk at a time
+  by the draws ``nn.Embedding`` makes (``draw_like_embedding``), so the same seed gives the same tables.
+- ``auto``: ``memory`` while tables and moments take at most half the memory available, else ``mmap``.
 
-- ``memory``: as ``nn.Embedding`` makes them (what every run did before this setting).
-- ``mmap``: each table's weights and both moments in a ``.npy`` file of its own (float32), memory-mapped and
-  wrapped as a CPU tensor (``torch.from_numpy``): lookups read, and ``RowAdam`` updates in place, the rows a
-  batch touches; the page cache holds what fits. The weights are drawn straight into the file, a chunk of rows
-  at a time, by the same ``normal_`` draws ``nn.Embedding`` makes: chunks of a multiple of 16 values consume
-  torch's generator exactly as one call over the whole table does, so the same seed gives the same tables, and
-  the same run, either way (``tests/test_typed_tables.py``). CPU runs only: a run on a GPU moves its tables
-  there.
-- ``auto`` (the default): ``memory`` while the tables and moments take at most half the memory available
-  (``features/memory.py``: ``MemAvailable``, or a memory cgroup's room), else ``mmap``; the log says which,
-  with the sizes, and the summary's ``embedding_tables`` too.
-
-The files go to ``embedding_dir``; without one, to ``checkpoint_dir``, else the temporary folder: the first
-whose disk has room. They are deleted as soon as they are open (the mappings keep them), so a run leaves
-none behind, however it ends, and never writes over a file: each is new, of a name of its own. Before any
-work ``plan_tables`` refuses a folder that is a file, lies inside an input's folder, cannot be written, or
-whose disk lacks room for the files (and, on the same disk, three copies of them for checkpoints: ``last.pt``'s
-being replaced, the new one and ``best.pt``'s). Checkpoints keep mapped tables as files beside them
-(``train/table_files.py``).
+The files go to ``embedding_dir``, else ``checkpoint_dir``, else the temporary folder (the first whose disk
+has room, three checkpoint copies included), and are deleted as soon as they are open, so a run leaves none
+behind however it ends. ``plan_tables`` checks the folder before any work.
 """
 
 from __future__ import annotations
@@ -44,7 +31,8 @@ from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError, OutputError
 from neutronorch.features.memory import available_memory_bytes
 from neutronorch.nn.typed_models import TypedSpec, table_shapes
-from neutronorch.train.output_guard import check_creatable, check_distinct, check_space, size_text
+from neutronorch.train.output_guard import (check_creatable, check_distinct, check_space, existing_ancestor,
+                                              size_text)
 from neutronorch.train.table_files import CHECKPOINT_COPIES, check_table_folders
 
 logger = logging.getLogger("neutronorch")
@@ -64,7 +52,7 @@ class TypedTables:
                  fill: bool = True):
         self.storage, self.reason, self.shapes, self.folder = storage, reason, shapes, folder
         self.fill = fill  # draw the weights (a resumed run copies them from its checkpoint instead)
-        self.arrays: dict[str, dict[str, np.ndarray]] = {}  # type -> part -> its memory map
+        self.arrays: dict[str, dict[str, np.ndarray]] = {}  # mapped tables: type -> part -> its memory map
         self.fds: dict[tuple[str, str], int] = {}  # (type, part) -> its file, open for reading (deleted)
         self.by_pointer: dict[int, str] = {}  # a table's data pointer -> its type
         self.written: tuple | None = None  # the files last written for a checkpoint (table_files.py)
@@ -123,10 +111,6 @@ class TypedTables:
             return None
         arrays = self.arrays[node_type]
         return torch.from_numpy(arrays["exp_avg"]), torch.from_numpy(arrays["exp_avg_sq"])
-
-    def mapped(self) -> dict[str, dict[str, np.ndarray]]:
-        """The memory-mapped tables: type -> part -> array."""
-        return self.arrays
 
     def summary(self) -> dict:
         """What the run summary says of the tables."""
@@ -216,19 +200,17 @@ def _folder(config: TrainConfig, graph: TypedGraph, need: int) -> Path:
     """The folder for the tables' files: ``embedding_dir``, or the first of ``checkpoint_dir`` and the temporary
     folder whose disk has room; checked."""
     checkpoints = need * CHECKPOINT_COPIES if config.checkpoint_dir else 0
-    if config.embedding_dir:
-        folder = Path(config.embedding_dir).expanduser()
-        _check_folder(config, graph, folder)
-        _check_room(config, folder, need, checkpoints)
-        return folder
-    candidates = [Path(config.checkpoint_dir).expanduser()] if config.checkpoint_dir else []
-    candidates.append(Path(tempfile.gettempdir()))
+    given = config.embedding_dir
+    candidates = [Path(given or config.checkpoint_dir).expanduser()] if given or config.checkpoint_dir else []
+    candidates += [] if given else [Path(tempfile.gettempdir())]
     refused = []
     for folder in candidates:
         try:
             _check_folder(config, graph, folder)
             _check_room(config, folder, need, checkpoints)
         except (ConfigError, OutputError) as exc:
+            if given:
+                raise
             refused.append(str(exc))
             continue
         return folder
@@ -249,17 +231,14 @@ def _check_folder(config: TrainConfig, graph: TypedGraph, folder: Path) -> None:
 
 def _check_room(config: TrainConfig, folder: Path, need: int, checkpoints: int) -> None:
     """The tables' files (and the checkpoints' copies, where they share its disk) fit on ``folder``'s disk."""
-    same = checkpoints and _device(folder) == _device(Path(config.checkpoint_dir).expanduser())
+    same = checkpoints and _device(folder) == _device(Path(config.checkpoint_dir).expanduser().absolute())
     check_space("embedding_dir", folder, need + (checkpoints if same else 0))
     if checkpoints and not same:
         check_space("checkpoint_dir", config.checkpoint_dir, checkpoints)
 
 
 def _device(path: Path) -> int | None:
-    path = path.absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
     try:
-        return os.stat(path).st_dev
+        return os.stat(existing_ancestor(path.absolute())).st_dev
     except OSError:
         return None
