@@ -66,9 +66,9 @@ def relu_dropout_row(src, r, out, keep, i, threshold, scale, key, vertex, relu=T
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def _forward(y, threshold, scale, key, ids, keep):
-    for i in prange(y.shape[0]):
-        relu_dropout_row(y, i, y, keep, i, threshold, scale, key, ids[i])
+def _relu_forward(x, threshold, scale, key, ids, out, keep):
+    for i in prange(x.shape[0]):
+        relu_dropout_row(x, i, out, keep, i, threshold, scale, key, ids[i])
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -118,21 +118,25 @@ def draw_key() -> np.uint64:
     return np.uint64(splitmix_key(stream[0], np.uint64(stream[1] - 1)))
 
 
-class _ReluDropout(torch.autograd.Function):
-    """In place: a layer's pre-activation output is needed by nothing else (autograd's version counter
-    would raise if it were), and skipping a fresh output saves its page faults."""
+class _Dropout(torch.autograd.Function):
+    """Keyed dropout, after a ReLU with ``relu``. The ReLU's runs in place: a layer's pre-activation output is
+    needed by nothing else (autograd's version counter would raise if it were), and skipping a fresh output
+    saves its page faults."""
 
     @staticmethod
-    def forward(ctx, y, p, ids):
+    def forward(ctx, x, p, ids, relu):
         threshold, scale = dropout_constants(p)
         key = draw_key()
-        keep = torch.empty(y.shape, dtype=torch.uint8)
-        values = numpy_view(y.detach())
-        _forward(values, threshold, scale, key, row_ids(ids, y.shape[0]).numpy(), keep.numpy())
-        ctx.mark_dirty(y)
+        keep = torch.empty(x.shape, dtype=torch.uint8)
+        out = x if relu else torch.empty_like(x)
+        kernel = _relu_forward if relu else _dropout_forward  # a constant ``relu`` in each: it vectorises
+        kernel(numpy_view(x.detach()), threshold, scale, key, row_ids(ids, x.shape[0]).numpy(),
+               numpy_view(out.detach()), keep.numpy())
+        if relu:
+            ctx.mark_dirty(x)
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return y
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -140,26 +144,7 @@ class _ReluDropout(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         grad_in = torch.empty_like(grad_out)
         _backward(numpy_view(grad_out), keep.numpy(), ctx.scale, numpy_view(grad_in))
-        return grad_in, None, None
-
-
-class _KeyedDropout(torch.autograd.Function):
-    """Dropout alone (no ReLU), out of place, each row's mask keyed by its id."""
-
-    @staticmethod
-    def forward(ctx, x, p, ids):
-        threshold, scale = dropout_constants(p)
-        keep = torch.empty(x.shape, dtype=torch.uint8)
-        out = torch.empty_like(x)
-        _dropout_forward(numpy_view(x.detach()), threshold, scale, draw_key(), row_ids(ids, x.shape[0]).numpy(),
-                         numpy_view(out), keep.numpy())
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        return _ReluDropout.backward(ctx, grad_out)
+        return grad_in, None, None, None
 
 
 def row_ids(ids: torch.Tensor | None, rows: int) -> torch.Tensor:
@@ -191,7 +176,7 @@ def keyed_dropout(x: torch.Tensor, p: float, training: bool, ids: torch.Tensor |
     if ids is None or x.dim() != 2:
         return F.dropout(x, p, training)
     if x.device.type == "cpu" and supported(x.dtype) and x.is_contiguous():
-        return _KeyedDropout.apply(x, p, ids)
+        return _Dropout.apply(x, p, ids, False)
     threshold, scale = dropout_constants(p)
     kept = keyed_keep(draw_key(), ids.to(x.device), x.shape[1], threshold)
     return torch.where(kept, x * float(scale), torch.zeros((), dtype=x.dtype, device=x.device))
@@ -209,5 +194,5 @@ def relu_dropout(y: torch.Tensor, p: float, training: bool, ids: torch.Tensor | 
     if not training or p == 0:
         return F.relu(y)
     if y.device.type == "cpu" and supported(y.dtype) and y.dim() == 2 and y.is_contiguous():
-        return _ReluDropout.apply(y, p, ids)
+        return _Dropout.apply(y, p, ids, True)
     return keyed_dropout(F.relu(y), p, training, ids)
