@@ -19,6 +19,7 @@ from torch.nn import functional as F
 from neutronorch.bfloat16 import accumulator, finish, flush, load, numpy_view, store, supported
 from neutronorch.data.csc import transpose_edges
 from neutronorch.nn.bucket import head_rows, leading_rows, needs_buckets, padded_rows
+from neutronorch.nn.precision import compute_dtype, sum_dtype
 from neutronorch.nn.rows import take_rows
 from neutronorch.prefetch import AHEAD, prefetch_part, prefetch_row
 from neutronorch.sampling.block import Block
@@ -116,13 +117,6 @@ def _input_grad(block, grad_h, width, self_columns, include_self, dtype):
     _layer_input_backward(block.indptr.numpy(), src_ptr, readers, numpy_view(grad_h.contiguous()),
                           block.dst_offset, self_columns, include_self, numpy_view(grad_x))
     return grad_x
-
-
-def compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype a layer's matrix products run in: autocast's where it is on for ``x``'s device, else ``x``'s."""
-    if torch.is_autocast_enabled(x.device.type):
-        return torch.get_autocast_dtype(x.device.type)
-    return x.dtype
 
 
 def _numba_ok(x: torch.Tensor) -> bool:
@@ -224,15 +218,10 @@ def mean_aggregate(block: Block, x_src: torch.Tensor, include_self: bool = False
 def mean_aggregate_torch(block: Block, x_src: torch.Tensor, include_self: bool = False,
                          edge_weight: torch.Tensor | None = None) -> torch.Tensor:
     """The same definition in plain torch ops (any device); autograd derives the backward pass."""
-    acc = _sum_dtype(x_src)
-    if edge_weight is None:
-        messages = x_src[block.indices.long()].to(acc)
-    elif edge_weight.numel() != block.num_edges:
+    if edge_weight is not None and edge_weight.numel() != block.num_edges:
         raise ValueError(f"{edge_weight.numel()} edge weights for {block.num_edges} edges")
-    else:
-        messages = take_rows(x_src, block.indices.long()).to(acc) * edge_weight.reshape(-1, 1).to(acc)
-    out = torch.zeros((block.num_dst, x_src.shape[1]), dtype=acc, device=x_src.device)
-    out = out.index_add(0, edge_destinations(block), messages)
+    acc = sum_dtype(x_src)
+    out = _edge_sum(block, x_src, edge_weight, acc)
     count = block.in_degrees().to(acc)
     if include_self:
         out = out + block.dst_rows(x_src)
@@ -240,9 +229,13 @@ def mean_aggregate_torch(block: Block, x_src: torch.Tensor, include_self: bool =
     return (out / count.clamp(min=1).unsqueeze(1)).to(x_src.dtype)
 
 
-def _sum_dtype(x: torch.Tensor) -> torch.dtype:
-    """Sums of half-precision rows are float32 sums."""
-    return torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+def _edge_sum(block: Block, x_src: torch.Tensor, scale: torch.Tensor | None, acc: torch.dtype) -> torch.Tensor:
+    """Per destination, in ``acc``: the sum over its edges of their source rows, each times its ``scale``."""
+    messages = take_rows(x_src, block.indices.long()).to(acc)
+    if scale is not None:
+        messages = messages * scale.reshape(-1, 1).to(acc)
+    out = torch.zeros((block.num_dst, x_src.shape[1]), dtype=acc, device=x_src.device)
+    return out.index_add(0, edge_destinations(block), messages)
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -343,11 +336,8 @@ def symmetric_aggregate(block: Block, x_src: torch.Tensor) -> torch.Tensor:
     if _numba_ok(x_src):
         return _NumbaSymmetric.apply(x_src, block, block.src_degree.float().contiguous(),
                                      self_coef.float().contiguous(), neigh_coef.float().contiguous())
-    indices = block.indices.long()
-    acc = _sum_dtype(x_src)
-    weight = (block.src_degree[indices] + 1).rsqrt().to(acc)  # per edge
-    out = torch.zeros((block.num_dst, x_src.shape[1]), dtype=acc, device=x_src.device)
-    out = out.index_add(0, edge_destinations(block), x_src[indices].to(acc) * weight.unsqueeze(1))
+    acc = sum_dtype(x_src)
+    out = _edge_sum(block, x_src, (block.src_degree[block.indices.long()] + 1).rsqrt(), acc)
     return (out * neigh_coef.to(acc).unsqueeze(1)
             + block.dst_rows(x_src).to(acc) * self_coef.to(acc).unsqueeze(1)).to(x_src.dtype)
 

@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from neutronorch.nn import sparse_input
+from neutronorch.nn.precision import compute_dtype
 
 # Sizes per power of two: the padding is at most 1/BUCKETS of the rows (or 63 rows, for small products).
 BUCKETS = 32
@@ -43,9 +44,7 @@ def needs_buckets(x: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
     on the CPU."""
     if x.device.type != "cpu":
         return False
-    if dtype is None:
-        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
-    return dtype == torch.bfloat16
+    return (dtype or compute_dtype(x)) == torch.bfloat16
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -37,6 +37,18 @@ class Precision:
         return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a layer's matrix products run in: autocast's where it is on for ``x``'s device, else ``x``'s."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
+def sum_dtype(x: torch.Tensor) -> torch.dtype:
+    """Sums of half-precision rows are float32 sums."""
+    return torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+
+
 def cpu_bf16_units() -> list[str]:
     """The CPU's native bfloat16 matrix units: ``amx_bf16`` and/or ``avx512_bf16`` (empty if neither)."""
     units = []

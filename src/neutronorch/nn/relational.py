@@ -27,6 +27,7 @@ from neutronorch.nn.attention import attention_aggregate
 from neutronorch.nn.bucket import linear, project
 from neutronorch.nn.edge_softmax import edge_softmax, head_scores
 from neutronorch.nn.layers import project_first
+from neutronorch.nn.precision import sum_dtype
 from neutronorch.sampling.block import Block, RelationType, TypedBlock
 
 SAGE_ROOTS = ("relation", "type", None)
@@ -254,7 +255,7 @@ class RGATConv(nn.Module):
         lin_src = conv.lin if conv.lin is not None else conv.lin_src
         z = linear(lin_src, input_rows(x_src, s, self.in_dims)).view(-1, heads, self.head_dim)
         # Scores, softmax and the weighted sum in float32 for half-precision z (bfloat16 under autocast).
-        acc = torch.float32 if z.dtype in (torch.bfloat16, torch.float16) else z.dtype
+        acc = sum_dtype(z)
         z32 = z.to(acc)
         if s == t and conv.lin is not None:  # the destinations' projections are z's leading rows
             score_src, score_dst = head_scores(z32, conv.att_src, conv.att_dst, 0, n_dst)

@@ -19,6 +19,7 @@ from numba import njit, prange
 
 from neutronorch.bfloat16 import load, numpy_view
 from neutronorch.data.csc import transpose_edges
+from neutronorch.nn.precision import compute_dtype
 
 MIN_WIDTH = 256  # narrower rows cost little densely, and the form's overhead is a larger share
 # The most nonzeros (as a share of the sampled entries) at which the compressed product is taken. Measured
@@ -166,7 +167,7 @@ def project(x: torch.Tensor, weight: torch.Tensor | list[torch.Tensor], bias: to
     call it where ``sparse_enough(x)`` holds. A list of weights gives their outputs side by side (one pass
     over ``x`` for several products of it); ``bias`` then spans them all."""
     weights = [weight] if isinstance(weight, torch.Tensor) else list(weight)
-    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+    dtype = compute_dtype(x)
     with torch.autocast("cpu", enabled=False):
         out = _SparseRowsProduct.apply(x, bias, *weights)
     return out if out.dtype == dtype else out.to(dtype)
