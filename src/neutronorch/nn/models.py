@@ -4,12 +4,9 @@ any depth) on it; the relational models (``nn/typed_models.py``) are the same st
 A stack maps the bottom block's source rows, layer by layer, to the logits of the last block's destinations:
 after every layer but the last an activation (ReLU, or LeakyReLU of ``slope``) and in training the dropout
 after it, each row's mask keyed by its vertex (``nn/activation.py``). Rows are one tensor on a homogeneous
-graph and one tensor per vertex type on a typed one (``TypedBlock``s); the loop is the same. With ``hot``
-(NeutronOrch mode), the bottom block holds only the destinations computed here, and the bottom layer's output
-is spliced together from them and the hot rows computed elsewhere (``nn/splice.py``), before the activation
-that follows it: the model, not a mode, decides how layers and activations compose. ``bottom`` is the layer
-NeutronOrch's host computes hot rows with; ``layer_forward`` runs one layer with the activation that follows
-it (full-neighbour inference).
+graph and one per vertex type on a typed one. With ``hot`` (NeutronOrch mode) the bottom layer's output is
+spliced together from the destinations computed here and the hot rows computed elsewhere (``nn/splice.py``),
+before the activation that follows it: the model, not a mode, decides how layers and activations compose.
 """
 
 from __future__ import annotations
@@ -75,7 +72,7 @@ class LayerStack(Tables, nn.Module):
 
     @property
     def bottom(self) -> nn.Module:
-        """The layer that reads the input rows (its output before the activation): NeutronOrch's host layer."""
+        """The layer that reads the input rows (output before the activation): NeutronOrch's host layer."""
         return self.layers[0]
 
     def width(self, index: int) -> int:
@@ -89,7 +86,7 @@ class LayerStack(Tables, nn.Module):
 
     def layer_output(self, index: int, block, x):
         """Layer ``index``'s output before the activation, from its block's source rows ``x``."""
-        return (self.bottom if index == 0 else self.layers[index])(block, x)
+        return self.layers[index](block, x)
 
     def activate(self, y: torch.Tensor, ids: torch.Tensor | None = None, layer: int = 0) -> torch.Tensor:
         """What follows layer ``layer``'s rows ``y`` (nothing after the last): the activation, then in training
@@ -110,11 +107,7 @@ class LayerStack(Tables, nn.Module):
         """Layer ``index`` and the activation after it (full-neighbour inference)."""
         return each(self.layer_output(index, block, x), lambda t, y: self.activate(y, _typed(block.dst_ids, t), index))
 
-    def forward(self, blocks: list[Block], x: torch.Tensor, hot: HotRows | None = None) -> torch.Tensor:
-        """Logits of the last block's destinations (``run``)."""
-        return self.run(blocks, x, hot)
-
-    def run(self, blocks: list, x, hot=None):
+    def forward(self, blocks: list[Block], x, hot: HotRows | None = None):
         """The last layer's output for ``blocks[-1]``'s destinations from ``blocks[0]``'s source rows ``x``.
         ``hot``: ``HotRows`` (per type on a typed model) spliced into the bottom layer's output in the order of
         ``blocks[1]``'s source frontier, whose vertices key the activation's dropout masks; ``blocks[0]`` then
