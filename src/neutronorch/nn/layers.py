@@ -90,16 +90,9 @@ class GCNConv(nn.Module):
         return linear(self.lin, aggregated)
 
     def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
-        if project_first(block, self.in_dim, self.out_dim, sparse_input.dense_equivalent(x_src)):
-            # The aggregation is linear and row-wise: aggregating x W equals (aggregating x) W.
-            y = self.aggregate(block, project(x_src, self.lin.weight))
-            return y + self.lin.bias.to(y.dtype)
-        if self.norm == "mean":
-            fused = fused_mean_linear(block, x_src, [self.lin.weight], self.lin.bias, self_columns=False,
-                                      include_self=True)
-            if fused is not None:
-                return fused
-        return self.transform(block.dst_rows(x_src), self.aggregate(block, x_src))
+        fuse = None if self.norm != "mean" else lambda: fused_mean_linear(
+            block, x_src, [self.lin.weight], self.lin.bias, self_columns=False, include_self=True)
+        return aggregate_linear(block, x_src, self.lin.weight, self.lin.bias, self.aggregate, fuse)
 
 
 class GATConv(nn.Module):
@@ -171,6 +164,19 @@ class Residual(nn.Module):
 
     def _skip(self, x: torch.Tensor) -> torch.Tensor:
         return linear(self.skip, x) if isinstance(self.skip, nn.Linear) else self.skip(x)
+
+
+def aggregate_linear(block: Block, x_src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                     aggregate, fuse=None) -> torch.Tensor:
+    """``aggregate(block, x_src)`` times ``weight`` (``out x in``) plus ``bias``: projecting first where that
+    costs fewer flops (the aggregation is linear and row-wise), else through ``fuse()`` where it gives a
+    result, else aggregating first."""
+    out_dim, in_dim = weight.shape
+    if project_first(block, in_dim, out_dim, sparse_input.dense_equivalent(x_src)):
+        y = aggregate(block, project(x_src, weight))
+        return y if bias is None else y + bias.to(y.dtype)
+    fused = fuse() if fuse is not None else None
+    return fused if fused is not None else project(aggregate(block, x_src), weight, bias)
 
 
 def project_first(block: Block, in_dim: int, out_dim: int, share: float = 1.0) -> bool:
