@@ -1,17 +1,15 @@
-"""ReLU followed by dropout, fused into one kernel on CPU.
+"""ReLU followed by dropout, fused into one kernel on CPU, and dropout alone keyed the same way
+(``keyed_dropout``: the graph blocks' dropouts, by vertex; GAT's attention dropout, by ``edge_ids``).
 
-On CPU, ``F.dropout`` draws a Bernoulli variable per element with torch's generator, which costs more
-than the matrix products of a GraphSAGE layer. The fused kernel draws 8 random bytes per 64-bit word of a
-counter-based stream keyed by (key, vertex) (dropout probability resolved to 1/256), and stores one byte per
-element that already combines "kept by dropout" and "positive before ReLU", so the backward pass needs nothing
-else. Randomness comes from a key drawn from torch's generator, so ``torch.manual_seed`` governs it.
+On CPU, ``F.dropout`` draws a Bernoulli variable per element, which costs more than the matrix products of a
+GraphSAGE layer. The kernel draws 8 random bytes per 64-bit word of a counter-based stream keyed by (key,
+vertex) (dropout probability resolved to 1/256) and stores one byte per element that combines "kept" and
+"positive before ReLU", all the backward pass needs. The key comes from torch's generator, so
+``torch.manual_seed`` governs it.
 
-A row's mask is keyed by the global id of the vertex the row belongs to (``ids``; its position when none
-are given): a vertex gets the same mask in a step whichever mini-batch, rank or position holds it, so data
+A row's mask is keyed by the global id of its vertex (``ids``; its position when none are given), so data
 parallel ranks that split a batch draw exactly the masks one process draws for the whole batch. Other
 devices compute the same bytes with torch's integer ops (``keyed_keep``); without ids they use the torch ops.
-``keyed_dropout`` is dropout alone keyed the same way (the graph blocks' dropouts, by vertex; GAT's attention
-dropout, by ``edge_ids``).
 """
 
 from __future__ import annotations
@@ -32,8 +30,7 @@ from neutronorch.sampling.kernels import GOLDEN, T_GOLDEN, mix, splitmix_key, to
 @njit(inline="always")
 def dropout_bytes(keep, i, key, vertex):
     """``keep[i]`` = row ``i``'s random bytes: element ``j``'s is byte ``j % 8`` of word ``j // 8`` of the
-    splitmix64 stream that starts at ``splitmix_key(key, vertex)``. So a mask depends only on the key and
-    the row's vertex, whichever kernel writes the row."""
+    splitmix64 stream that starts at ``splitmix_key(key, vertex)``."""
     width = keep.shape[1]
     stream = splitmix_key(key, vertex)
     mask = keep[i]
@@ -50,11 +47,10 @@ def dropout_bytes(keep, i, key, vertex):
 @njit(inline="always")
 def relu_dropout_row(src, r, out, keep, i, threshold, scale, key, vertex, relu=True):
     """Row ``i`` (of vertex ``vertex``) of the fused ReLU + dropout from row ``r`` of ``src``: ``out[i, j]``
-    is ``src[r, j] * scale`` where kept (random byte at least ``threshold``, see ``dropout_bytes``) and
-    positive (without ``relu``: kept), else 0, and ``keep[i, j]`` is 1 there, else 0. ``src`` may be ``out`` (in
-    place); both hold float32 or bfloat16 bits. Two passes over the row, each a loop the compiler vectorises:
-    the random bytes, then a branch-free select through row views (why: docs/performance.md, "Kernels in
-    bfloat16")."""
+    is ``src[r, j] * scale`` where kept (random byte at least ``threshold``) and positive (without ``relu``:
+    kept), else 0, and ``keep[i, j]`` is 1 there, else 0. ``src`` may be ``out``; both hold float32 or
+    bfloat16 bits. Two vectorised passes: the bytes, then a branch-free select (docs/performance.md,
+    "Kernels in bfloat16")."""
     dropout_bytes(keep, i, key, vertex)
     source, target, mask = src[r], out[i], keep[i]
     for j in range(target.shape[0]):
@@ -98,8 +94,8 @@ _streams = threading.local()
 @contextmanager
 def dropout_keys(key: int) -> Iterator[None]:
     """Within this block, on this thread, dropout keys are the counter stream ``splitmix_key(key, i)``,
-    i = 0, 1, ..., instead of draws from torch's generator. For threads other than the trainer's (NeutronOrch's
-    host producer): their masks must neither depend on the trainer's draws nor disturb them."""
+    i = 0, 1, ..., not torch's generator's draws: a thread other than the trainer's (NeutronOrch's host
+    producer) must neither depend on the trainer's draws nor disturb them."""
     before = getattr(_streams, "stream", None)
     _streams.stream = [np.uint64(key & 0xFFFFFFFFFFFFFFFF), 0]
     try:
@@ -148,8 +144,7 @@ class _Dropout(torch.autograd.Function):
 
 
 def row_ids(ids: torch.Tensor | None, rows: int) -> torch.Tensor:
-    """The vertex ids that key each row's mask, as a contiguous int64 CPU tensor: ``ids``, or the row
-    positions when there are none."""
+    """The vertex ids that key each row's mask (the row positions without ``ids``), contiguous int64 on CPU."""
     if ids is None:
         return torch.arange(rows, dtype=torch.int64)
     if ids.shape != (rows,):
@@ -158,8 +153,7 @@ def row_ids(ids: torch.Tensor | None, rows: int) -> torch.Tensor:
 
 
 def keyed_keep(key: np.uint64, ids: torch.Tensor, width: int, threshold: np.uint64) -> torch.Tensor:
-    """Torch's version of ``dropout_bytes`` >= ``threshold``, on ``ids``' device: the same bytes, so the
-    same kept elements, as the CPU kernels draw for these vertices and key."""
+    """Torch's ``dropout_bytes`` >= ``threshold``, on ``ids``' device: the CPU kernels' kept elements."""
     stream = torch_splitmix_key(int(key), ids)
     words = torch.arange(-(-width // 8), dtype=torch.int64, device=ids.device) * T_GOLDEN
     bits = torch_mix(stream[:, None] + words[None, :])  # rows x words

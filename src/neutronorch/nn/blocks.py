@@ -26,11 +26,7 @@ from neutronorch.sampling.block import Block
 
 
 def norm_layer(kind: str, width: int) -> nn.Module:
-    if kind == "layer":
-        return nn.LayerNorm(width)
-    if kind == "batch":
-        return nn.BatchNorm1d(width)
-    return nn.Identity()
+    return {"layer": nn.LayerNorm, "batch": nn.BatchNorm1d}.get(kind, nn.Identity)(width)
 
 
 class FeedForward(nn.Module):

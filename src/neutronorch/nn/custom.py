@@ -4,14 +4,9 @@
 ``UserModel`` adapts it to what the engine calls (``forward(blocks, x, hot)``, ``num_layers``, ``width``,
 ``needs_degrees``, ``bottom``, ``arguments``, ``embedding_parameters``). The module's ``forward`` takes one
 of three input forms, told apart by the graph and the names of its first parameters: PyG's ``forward(x,
-edge_index, ...)`` (``SampledSubgraph.pyg_form``; ``num_sampled_nodes_per_hop`` and
-``num_sampled_edges_per_hop`` receive the counts PyG's ``BasicGNN`` trims its layers by), the block form
-``forward(blocks, x)``, or on a typed graph ``forward(blocks, features, ids)`` (its sparse ``nn.Embedding``s
-moved by the tables' optimizer). Each returns ``[rows, outputs]`` logits. NeutronOrch mode also needs, in the
-block form, ``bottom`` (a module with ``out_dim``: the bottom layer's output before its activation) and
-``upper(blocks, h)``, with ``forward(blocks, x) == upper(blocks[1:], bottom(blocks[0], x))``; it is not
-offered on a typed graph. A model without layer-by-layer inference is evaluated on every neighbour of every
-hop unless sampled evaluation fanouts are set.
+edge_index, ...)`` (``SampledSubgraph.pyg_form``), the block form ``forward(blocks, x)``, or on a typed graph
+``forward(blocks, features, ids)``. NeutronOrch mode also needs, in the block form, ``bottom`` and
+``upper(blocks, h)``, with ``forward(blocks, x) == upper(blocks[1:], bottom(blocks[0], x))``.
 """
 
 from __future__ import annotations
@@ -39,17 +34,14 @@ _PYG_NAMES = ("x", "x_dict", "data", "batch")
 
 
 class ModelProtocolError(ConfigError, ValueError):
-    """A module that does not follow the protocol: what it does and what the protocol expects. A
-    ``ConfigError`` (the module is the run's model option), and a ``ValueError`` for callers that catch one."""
+    """A module that does not follow the protocol: what it does and what the protocol expects (a
+    ``ConfigError``: the module is the run's model option)."""
 
 
 def check_trainable(module: nn.Module, kind: str, sparse_tables: bool = False) -> None:
-    """Refuse a module ``train()`` could not train, before any work: one without parameters, one whose
-    parameters all have ``requires_grad`` off, parameters on the meta device (no values to move to the
-    training device), and trainable weights that are not float32 (weights and the optimizer's state are
-    float32; ``precision`` bf16 casts them under autocast). ``sparse_tables``: whether the run moves
-    ``nn.Embedding(sparse=True)`` tables with an optimizer of their own (typed runs do; a homogeneous run's
-    Adam takes dense gradients only)."""
+    """Refuse, before any work, a module ``train()`` could not train (no trainable parameters, parameters on
+    the meta device, trainable weights not float32, sparse tables where ``sparse_tables`` is off: whether
+    the run moves ``nn.Embedding(sparse=True)`` tables with an optimizer of their own)."""
     named = list(module.named_parameters())
     if not named:
         raise ModelProtocolError(f"{kind} has no parameters, so training has nothing to update; give it its "
@@ -79,8 +71,7 @@ def check_trainable(module: nn.Module, kind: str, sparse_tables: bool = False) -
 
 
 def check_output_trains(out: torch.Tensor, module: nn.Module, kind: str, call: str) -> None:
-    """Refuse a training step's logits that carry no gradient (a ``detach()``, ``torch.no_grad()`` or
-    ``.data`` in ``forward``): the loss could not reach a parameter."""
+    """Refuse a training step's logits that carry no gradient: the loss could not reach a parameter."""
     if module.training and torch.is_grad_enabled() and not out.requires_grad:
         raise ModelProtocolError(f"{kind}.{call} returned logits that carry no gradient (requires_grad False), "
                                  f"so the loss cannot reach its parameters; remove the detach(), .data or "

@@ -60,14 +60,10 @@ class SAGEConv(nn.Module):
 class GCNConv(nn.Module):
     """Graph convolution with a self loop (Kipf & Welling, ICLR 2017), normalised one of two ways:
 
-    - ``norm="symmetric"`` (the default; PyG's ``GCNConv``, DGL's ``GraphConv(norm="both")`` on a graph
-      with self loops): ``y_v = W (x_v / D_v + sum_{u in N(v)} x_u / sqrt(D_u D_v)) + b`` with D the
-      in-degree in the graph plus one. On a sampled block the sum over N(v) is estimated without bias from
-      the sampled neighbours (scaled by |N(v)| / |S(v)|; exact when every neighbour is sampled), so
-      training estimates the very layer that full-neighbour inference computes; blocks must carry their
-      sources' graph degrees (``Block.src_degree``);
-    - ``norm="mean"``: ``y_v = W mean({x_v} + {x_u : u in S(v)}) + b`` (the GraphSAGE paper's GCN
-      aggregator, random-walk normalisation over the sampled neighbours).
+    - ``norm="symmetric"`` (PyG's ``GCNConv``): ``y_v = W (x_v / D_v + sum_{u in N(v)} x_u / sqrt(D_u D_v)) +
+      b`` with D the in-degree in the graph plus one, the sum over N(v) estimated without bias from the
+      sampled neighbours (``symmetric_aggregate``); blocks carry their sources' degrees (``Block.src_degree``);
+    - ``norm="mean"``: ``y_v = W mean({x_v} + {x_u : u in S(v)}) + b`` (the GraphSAGE paper's GCN aggregator).
     """
 
     separable = True
@@ -97,9 +93,8 @@ class GCNConv(nn.Module):
 
 class GATConv(nn.Module):
     """Multi-head graph attention over the vertex and its sampled neighbours (Velickovic et al. 2018):
-    ``y_v = ||_h sum_u alpha^h_vu W^h x_u + b``, ``alpha^h_vu = softmax_u LeakyReLU(a_l^h W^h x_u + a_r^h W^h x_v)``.
-    Heads are concatenated; in training, dropout with probability ``attention_dropout`` is applied to the
-    attention coefficients."""
+    ``y_v = ||_h sum_u alpha^h_vu W^h x_u + b``, ``alpha^h_vu = softmax_u LeakyReLU(a_l^h W^h x_u + a_r^h W^h x_v)``,
+    in training the coefficients dropped with probability ``attention_dropout``."""
 
     separable = False
     needs_degrees = False
@@ -125,12 +120,10 @@ class GATConv(nn.Module):
         # Scores, softmax and the weighted sum in float32 whatever z's dtype (bfloat16 under autocast).
         z32 = z.float()
         score_src, score_dst = head_scores(z32, self.attn_src, self.attn_dst, block.dst_offset, block.num_dst)
-        # Over the block's edges, then a self loop per destination (attention_edges), whose (source,
-        # destination) pairs the torch ops of other devices index by; CPU kernels need no edge-wide index.
+        # (source, destination) per edge and self loop: the torch ops' index; the CPU kernels need none.
         edges = None if z32.device.type == "cpu" else attention_edges(block)
         alpha = edge_softmax(block, score_src, score_dst, None, self.negative_slope, self_loops=True, edges=edges)
-        # Dropout on the attention coefficients, as in the reference GAT (+1.4 points on Cora here).
-        # Each edge's mask keyed by its (destination, source) vertex pair when the block knows its vertices.
+        # As in the reference GAT (+1.4 points on Cora here); each edge's mask keyed by its vertex pair.
         ids = None
         if self.training and self.attention_dropout > 0 and block.src_ids is not None:
             src, dst = edges if edges is not None else attention_edges(block)
@@ -142,8 +135,7 @@ class GATConv(nn.Module):
 
 class Residual(nn.Module):
     """A layer with a skip connection from its input: ``y_v = layer(block, x)_v + skip(x_v)``, the skip the
-    identity when the widths agree and a learned projection (no bias) otherwise. The skip belongs to the
-    layer, so for the bottom layer NeutronOrch's host computes it with the rest of a hot vertex's row."""
+    identity when the widths agree, else a learned projection (no bias)."""
 
     def __init__(self, layer: nn.Module):
         super().__init__()
@@ -180,9 +172,8 @@ def aggregate_linear(block: Block, x_src: torch.Tensor, weight: torch.Tensor, bi
 
 
 def project_first(block: Block, in_dim: int, out_dim: int, share: float = 1.0) -> bool:
-    """Whether multiplying by the weight before aggregating costs fewer flops than after. ``share``: what
-    a product of the source rows costs against a dense one (below 1 for mostly-zero rows, which are then
-    also read once to find their nonzeros; ``sparse_input.dense_equivalent``)."""
+    """Whether multiplying by the weight before aggregating costs fewer flops than after. ``share``: what a
+    product of the source rows costs against a dense one (``sparse_input.dense_equivalent``)."""
     after = block.num_edges * in_dim + block.num_dst * in_dim * out_dim
     before = block.num_src * in_dim * out_dim * share + block.num_edges * out_dim
     if share < 1.0:

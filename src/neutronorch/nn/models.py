@@ -21,17 +21,16 @@ from torch.nn import functional as F
 from neutronorch.nn.activation import keyed_dropout, relu_dropout
 from neutronorch.nn.blocks import GraphBlock, Head, InputBlock, norm_layer
 from neutronorch.nn.layers import GATConv, GCNConv, Residual, SAGEConv
-from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, needs_degrees
+from neutronorch.nn.names import ARCHITECTURES, MODELS, NORMS
 from neutronorch.nn.splice import HotRows, splice, splice_relu_dropout
 from neutronorch.sampling.block import Block
 
-__all__ = ["ARCHITECTURES", "GCN_NORMS", "GNN", "LayerStack", "MODELS", "NORMS", "Tables", "needs_degrees"]
+__all__ = ["GNN", "LayerStack", "Tables"]
 
 
 class Tables:
-    """A model's weights by optimizer: ``embedding_parameters``, those of every ``nn.Embedding`` or
-    ``nn.EmbeddingBag`` made with ``sparse=True`` (each once, in module order: the tables' optimizer), and
-    ``dense_parameters``, every other (Adam)."""
+    """A model's weights by optimizer: ``embedding_parameters``, those of every sparse ``nn.Embedding`` or
+    ``nn.EmbeddingBag`` (each once, in module order: the tables' optimizer), and ``dense_parameters`` (Adam)."""
 
     def embedding_parameters(self) -> list[nn.Parameter]:
         found = {}
@@ -60,8 +59,8 @@ def _typed(value, node_type: str | None):
 class LayerStack(Tables, nn.Module):
     """``num_layers`` layers (``layers``) with the activation of the module docstring between them. A subclass
     overrides ``layer_output`` where a layer reads more than ``(block, rows)``, ``activate`` where more than
-    the nonlinearity follows a layer, and ``forward_key`` and ``masks`` where a forward's dropout masks come
-    from one key (by default every activation draws its own)."""
+    the nonlinearity follows a layer, and ``forward_key`` and ``masks`` where a forward's masks come from one
+    key."""
 
     slope: float | None = None  # None: ReLU between layers; a number: LeakyReLU of that negative slope
 

@@ -37,11 +37,10 @@ LEAKY_SLOPE = 0.01  # torch's default, the slope IGB's and the MLPerf reference'
 
 @dataclass(frozen=True)
 class TypedSpec:
-    """What a relational model needs of a typed graph: every type's vertex count and feature width (0: no
-    features, so an embedding table), the relations in the graph's order, the target type, and the width of
-    each relation's edge features (``edge_dims``: only the relations that have them). ``outputs``: the types
-    whose rows the model outputs, concatenated in that order (a typed link task's two end types); empty: the
-    target's alone."""
+    """What a relational model needs of a typed graph: every type's vertex count and feature width (0: an
+    embedding table), the relations in the graph's order, the target type, the width of the relations' edge
+    features (``edge_dims``: those that have them), and ``outputs``: the types whose rows the model outputs,
+    concatenated (a typed link task's two end types; empty: the target's alone)."""
 
     num_nodes: dict[str, int]
     feature_dims: dict[str, int]
@@ -73,9 +72,8 @@ class TypedSpec:
 
 
 def reachable_types(spec: TypedSpec, hops: int, start: str | None = None) -> list[list[str]]:
-    """``out[h]``: the types a typed sampler's frontier holds after ``h`` hops from seeds of ``start`` (default
-    the target, or ``spec.outputs``; ``out[0]`` those types alone), each list in ``spec.num_nodes``' order;
-    ``hops + 1`` lists."""
+    """``out[h]``, ``h`` in ``0..hops``: the types a typed sampler's frontier holds after ``h`` hops from seeds
+    of ``start`` (default ``spec.outputs`` or the target), each list in ``spec.num_nodes``' order."""
     reached = [{start} if start else set(spec.outputs or (spec.target,))]
     for _ in range(hops):
         last = reached[-1]
@@ -86,7 +84,7 @@ def reachable_types(spec: TypedSpec, hops: int, start: str | None = None) -> lis
 def table_shapes(kind: str, spec: TypedSpec, hidden: int, num_layers: int, embed_dim: int | None = None
                  ) -> dict[str, tuple[int, int]]:
     """The embedding tables a ``TypedGNN`` of these arguments holds: (rows, width) per featureless type it
-    reads, in the order it makes them."""
+    reads, in order."""
     width = hidden if kind == "rgcn" else (embed_dim or hidden)
     return {t: (spec.num_nodes[t], width) for t in reachable_types(spec, num_layers)[num_layers]
             if not spec.feature_dims[t]}
@@ -159,8 +157,8 @@ class TypedGNN(LayerStack):
 
     def input_rows(self, features: Mapping[str, torch.Tensor], input_ids: Mapping[str, torch.Tensor]
                    ) -> dict[str, torch.Tensor]:
-        """The rows the bottom layer reads per type before any projection: ``features[t]`` (float32 rows of a
-        featured type's input frontier), or the table rows of ``input_ids[t]`` for a featureless type."""
+        """The rows the bottom layer reads per type before any projection: ``features[t]``, or the table rows
+        of ``input_ids[t]`` for a featureless type."""
         return {t: self.embeddings[t](input_ids[t]) if t in self.embeddings else features[t] for t in input_ids}
 
     @property
@@ -171,9 +169,8 @@ class TypedGNN(LayerStack):
     def forward(self, blocks: list[TypedBlock], features: Mapping[str, torch.Tensor],
                 input_ids: Mapping[str, torch.Tensor], hot: Mapping[str, HotRows] | None = None) -> torch.Tensor:
         """Logits of the last block's target destinations (``LayerStack.forward``; ``hot`` per type), or with
-        ``spec.outputs`` the rows of those types that the top block has, concatenated. ``blocks``: a
-        ``SampledSubgraph``'s, bottom layer first; ``input_ids[t]``: the bottom block's source frontier of each
-        type, on the model's device; ``features[t]``: the rows of each featured type's frontier."""
+        ``spec.outputs`` the rows of those types that the top block has, concatenated. ``input_ids[t]``: the
+        bottom block's source frontier of each type; ``features[t]``: the rows of each featured type's."""
         out = super().forward(blocks, self.input_rows(features, input_ids), hot)
         if not self.spec.outputs:
             return out[self.spec.target]
