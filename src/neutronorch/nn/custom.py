@@ -21,8 +21,8 @@ from neutronorch.nn.models import Tables
 from neutronorch.nn.splice import splice
 from neutronorch.sampling.block import pyg_form
 
-__all__ = ["ModelProtocolError", "UserModel", "PROTOCOL", "TYPED_PROTOCOL", "forward_parameters",
-           "check_trainable", "check_output_trains"]
+__all__ = ["ModelProtocolError", "UserModel", "PROTOCOL", "TYPED_PROTOCOL", "check_trainable",
+           "check_output_trains"]
 
 PROTOCOL = ("forward(x, edge_index) returning a row per vertex of x (the PyG form), or forward(blocks, x) "
             "returning a row per destination of the last block (the block form); docs/models.md, 'Your own "
@@ -78,21 +78,15 @@ def check_output_trains(out: torch.Tensor, module: nn.Module, kind: str, call: s
                                  f"torch.no_grad() that cuts them off in forward")
 
 
-def forward_parameters(module: nn.Module, protocol: str) -> tuple[list[str], list[inspect.Parameter]]:
-    """The names of ``module.forward``'s positional parameters, and all its parameters; a
-    ``ModelProtocolError`` naming ``protocol`` where they cannot be read."""
-    try:
-        params = list(inspect.signature(module.forward).parameters.values())
-    except (TypeError, ValueError) as exc:
-        raise ModelProtocolError(f"cannot read the parameters of {type(module).__name__}.forward ({exc}); the "
-                                 f"protocol: {protocol}") from None
-    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)], params
-
-
 def _form(module: nn.Module, typed: bool) -> tuple[str, bool]:
     """(input form, whether it takes PyG's trimming counts) of ``module.forward``, on a typed graph or not."""
     name = type(module).__name__
-    positional, params = forward_parameters(module, TYPED_PROTOCOL if typed else PROTOCOL)
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError) as exc:
+        raise ModelProtocolError(f"cannot read the parameters of {name}.forward ({exc}); the protocol: "
+                                 f"{TYPED_PROTOCOL if typed else PROTOCOL}") from None
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     names = {p.name for p in params}
     if typed:
         if positional[:1] and positional[0] in _PYG_NAMES:

@@ -1,9 +1,8 @@
 """GNN layers over blocks: each computes only its destinations' outputs.
 
 Every layer maps ``(block, x_src) -> y_dst`` (pre-activation). SAGE and GCN are *separable*: their output
-is ``transform(x_dst, aggregate(block, x_src))`` with a parameter-free ``aggregate``; NeutronOrch computes
-the bottom layer of hot vertices elsewhere with exactly these two calls. GAT's aggregation depends on its
-weights, so it is not separable and its whole output is computed elsewhere instead.
+is ``transform(x_dst, aggregate(block, x_src))`` with a parameter-free ``aggregate``, the two calls
+NeutronOrch's host computes hot vertices with; GAT's whole output is computed there instead.
 """
 
 from __future__ import annotations

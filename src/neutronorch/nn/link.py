@@ -1,16 +1,7 @@
 """Link prediction models: a node encoder (any built-in GNN, whose last layer outputs embeddings) and a
-scoring head over pairs of embeddings.
-
-Heads (``LINK_HEADS``), each mapping two (..., D) embeddings to (...) logits:
-
-- ``dot``: the inner product ``<h_u, h_v>`` (PyG's and DGL's link-prediction examples);
-- ``mlp``: a two-layer perceptron over the element-wise product ``h_u * h_v`` (OGB's ``LinkPredictor``).
-
-Both are symmetric in ``u`` and ``v``, so an undirected link scores the same either way round.
-
-The encoder starts as DGL's ``SAGEConv`` does (``glorot_``): linear weights from Glorot's uniform with the
-ReLU gain and zero biases, not torch's defaults, and input rows larger than unit norm (raw features) scale
-the first layer's weights down (``input_norm``); why, with the measurements: docs/link-prediction.md.
+scoring head (``LINK_HEADS``) mapping two (..., D) embeddings to (...) logits, symmetric in its two ends:
+``dot``, the inner product ``<h_u, h_v>``; ``mlp``, a two-layer perceptron over ``h_u * h_v`` (OGB's
+``LinkPredictor``). The encoder starts as DGL's ``SAGEConv`` does (``glorot_``; why: docs/link-prediction.md).
 """
 
 from __future__ import annotations

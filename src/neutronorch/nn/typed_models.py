@@ -188,18 +188,15 @@ class TypedGNN(LayerStack):
         return dropout_keys(mix_key(key, index * len(types) + types.index(node_type)))
 
     def layer_output(self, index: int, tblock: TypedBlock, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """As ``LayerStack``'s, per destination type, with the block's edge features."""
+        """As ``LayerStack``'s, per destination type (``typed_layer``)."""
         if index == 0:
-            return self.bottom(tblock, x)
-        layer = self.layers[index]
-        return layer(tblock, x, **edge_arguments(layer, tblock, self.weighted))
+            return typed_layer(self.layers[0], tblock, x, self.weighted, self.projections, self.folded)
+        return typed_layer(self.layers[index], tblock, x, self.weighted)
 
 
 class TypedBottom(nn.Module):
-    """A relational model's bottom layer with the featured types' input projections (``rgcn``; a type in
-    ``folded`` enters raw, its projection folded into the layer), over ``TypedGNN.input_rows``' rows, and the
-    block's edge features (``edge_arguments``). Holds the model's own modules; a deep copy of it is
-    NeutronOrch's host layer."""
+    """A relational model's bottom layer with its input projections (``typed_layer``) over
+    ``TypedGNN.input_rows``' rows, holding the model's own modules: a deep copy is NeutronOrch's host layer."""
 
     def __init__(self, layer: nn.Module, projections: nn.ModuleDict, folded: list[str],
                  weighted: Iterable[RelationType] = ()):
@@ -208,17 +205,24 @@ class TypedBottom(nn.Module):
         self.weighted = tuple(weighted)
 
     def forward(self, tblock: TypedBlock, rows: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The bottom layer's output per destination type (before the activation)."""
-        x = {t: self.projections[t](r) if t in self.projections and t not in self.folded else r
-             for t, r in rows.items()}
-        extra = edge_arguments(self.layer, tblock, self.weighted)
-        if self.folded:
-            extra["projections"] = {t: self.projections[t] for t in self.folded}
-        return self.layer(tblock, x, **extra)
+        return typed_layer(self.layer, tblock, rows, self.weighted, self.projections, self.folded)
 
     @property
     def out_dim(self) -> int:
         return self.layer.out_dim
+
+
+def typed_layer(layer: nn.Module, tblock: TypedBlock, rows: Mapping[str, torch.Tensor],
+                weighted: Iterable[RelationType], projections: Mapping[str, nn.Module] | None = None,
+                folded: Iterable[str] = ()) -> dict[str, torch.Tensor]:
+    """``layer``'s output per destination type (before the activation), handed the block's edge features
+    (``edge_arguments``) and the rows through the input ``projections``, or with those of ``folded`` types."""
+    projections = projections or {}
+    x = {t: projections[t](r) if t in projections and t not in folded else r for t, r in rows.items()}
+    extra = edge_arguments(layer, tblock, weighted)
+    if folded:
+        extra["projections"] = {t: projections[t] for t in folded}
+    return layer(tblock, x, **extra)
 
 
 def edge_arguments(layer: nn.Module, tblock: TypedBlock, weighted: Iterable[RelationType]) -> dict:
