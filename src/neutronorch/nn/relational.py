@@ -199,16 +199,13 @@ class RGATConv(nn.Module):
     ``alpha^{r,h}_vu = softmax_u LeakyReLU(a^r_src,h W^r_h x_u + a^r_dst,h W^r_h x_v [+ a^r_edge,h W^r_edge,h e_uv])``.
     Heads are concatenated. A destination with no edge through ``r`` gets ``b_r`` from it. The counterpart
     is PyG's ``HeteroConv({rel: GATConv(in, out_dim // heads, heads, add_self_loops=False[, edge_dim=...])},
-    aggr="sum")``, as the benchmark's reference builds it.
-
+    aggr="sum")``, as the benchmark's reference builds it (LeakyReLU slope 0.2, no attention dropout).
     ``edge_dims[rel]``: the width of a relation's edge features (PyG's ``edge_dim``), given as
-    ``edge_attr[rel]``, a row per edge in its block's ``indices``' order. ``attention_dropout`` (PyG's
-    ``dropout``) is torch's dropout, not keyed: a relation's edges have no id that would key it.
+    ``edge_attr[rel]``, a row per edge in its block's ``indices``' order.
     """
 
     def __init__(self, in_dims: Mapping[str, int] | int, out_dim: int, relations: Iterable[RelationType],
-                 heads: int = 1, edge_dims: Mapping[RelationType, int] | None = None, negative_slope: float = 0.2,
-                 attention_dropout: float = 0.0):
+                 heads: int = 1, edge_dims: Mapping[RelationType, int] | None = None):
         super().__init__()
         if out_dim % heads:
             raise ValueError(f"R-GAT width {out_dim} is not divisible by {heads} heads")
@@ -220,7 +217,6 @@ class RGATConv(nn.Module):
             raise ValueError(f"edge_dims names relations the layer does not have: {sorted(unknown)}")
         self.edge_dims = edge_dims
         self.out_dim, self.heads, self.head_dim = out_dim, heads, out_dim // heads
-        self.negative_slope, self.attention_dropout = negative_slope, attention_dropout
         self.convs = nn.ModuleDict({
             module_key(r): RelationAttention(self.in_dims[r[0]], self.in_dims[r[2]], heads, self.head_dim,
                                                edge_dims.get(r))
@@ -265,8 +261,7 @@ class RGATConv(nn.Module):
                              f"(edge_dims)")
         # attention_aggregate's self loops are weighted 0 here, but read row dst_offset + i of z, which a source
         # frontier smaller than the destinations lacks: zero rows appended then, the block widened to them.
-        alpha = edge_softmax(block, score_src, score_dst, edge_logits, self.negative_slope)
-        alpha = F.dropout(alpha, self.attention_dropout, self.training)
+        alpha = edge_softmax(block, score_src, score_dst, edge_logits)
         flat = z32.view(-1, heads * self.head_dim)
         short = block.dst_offset + n_dst - flat.shape[0]
         if short > 0:
