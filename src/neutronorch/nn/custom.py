@@ -199,7 +199,6 @@ class UserModel(Tables, nn.Module):
             return self._checked(self.module(blocks, x), rows, "forward(blocks, x)")
         edge_index, nodes, edges = pyg_form(blocks)
         extra = dict(zip(_TRIM, (nodes, edges))) if self.trims else {}
-        # A row per vertex of x, of which the seeds' lead.
         out = self.module(x, edge_index, **extra)
         # A row per vertex of x (fewer where the model trims its layers to what the seeds need), seeds first.
         if isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] >= rows:

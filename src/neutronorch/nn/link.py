@@ -73,7 +73,7 @@ class LinkModel(Tables, nn.Module):
         # logits of 100 that a dot head learnt nothing from.
         self.encoder = encoder if isinstance(encoder, TypedGNN) else glorot_(encoder, input_norm)
         self.head = make_head(head, encoder.width(encoder.num_layers - 1), dropout)
-        self.kind = encoder.kind
+        self.kind, self.num_layers = encoder.kind, encoder.num_layers
         # What rebuilds this model (a checkpoint stores it next to the weights).
         self.arguments = {"link_head": head, "head_dropout": dropout, "encoder": dict(encoder.arguments)}
 
@@ -91,10 +91,6 @@ class LinkModel(Tables, nn.Module):
     def bottom(self) -> nn.Module:
         """The encoder's bottom layer (what NeutronOrch mode computes on the host for hot vertices)."""
         return self.encoder.bottom
-
-    @property
-    def num_layers(self) -> int:
-        return self.encoder.num_layers
 
     def forward(self, *inputs) -> torch.Tensor:
         return self.encoder(*inputs)

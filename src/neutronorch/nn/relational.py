@@ -80,10 +80,9 @@ class TypedSAGEConv(nn.Module):
         lins = [self.root[module_key(r)] for r in into]
         if len(lins) == 1:
             return linear(lins[0], x_dst)
-        # sum_r (R_r x + b_r) = (sum_r R_r) x + sum_r b_r: one product for the type, not one per relation.
-        # Summed with additions, not stack(...).sum(0): that one's backward hands every weight a view of one
-        # expanded gradient, which autograd may keep as each weight's .grad, so that the weights' gradients
-        # would share one buffer and a second backward pass (NeutronOrch's hot rows) add into all of them.
+        # sum_r (R_r x + b_r) = (sum_r R_r) x + sum_r b_r: one product for the type. Additions, not
+        # stack(...).sum(0), whose backward may leave the weights' .grad views of one shared buffer, which a
+        # second backward pass (NeutronOrch's hot rows) would then add into for all of them.
         weight = functools.reduce(torch.add, [lin.weight for lin in lins])
         bias = functools.reduce(torch.add, [lin.bias for lin in lins])
         return project(x_dst, weight, bias)

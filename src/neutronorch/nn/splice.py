@@ -51,9 +51,7 @@ class SpliceIndex:
                    torch.from_numpy(origin))
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "SpliceIndex":
-        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return SpliceIndex(self.num_rows, move(self.cold_pos), move(self.hot_pos), move(self.hot_rows),
-                           move(self.origin), move(self.table_pos))
+        return SpliceIndex(self.num_rows, *(t.to(device, non_blocking=non_blocking) for t in self.tensors()))
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.cold_pos, self.hot_pos, self.hot_rows, self.origin, self.table_pos]
