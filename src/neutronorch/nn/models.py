@@ -150,15 +150,13 @@ class GNN(LayerStack):
     def __init__(self, kind: str, in_dim: int, hidden: int, num_classes: int, num_layers: int,
                  dropout: float = 0.5, heads: int = 4, gcn_norm: str = "symmetric", residual: bool = False,
                  norm: str = "none", architecture: str = "plain"):
-        if kind not in MODELS:
-            raise ValueError(f"unknown model {kind!r}; choose one of {MODELS}")
+        for what, value, choices in (("model", kind, MODELS), ("normalisation", norm, NORMS),
+                                     ("architecture", architecture, ARCHITECTURES)):
+            if value not in choices:
+                raise ValueError(f"unknown {what} {value!r}; choose one of {choices}")
         super().__init__({"kind": kind, "in_dim": in_dim, "hidden": hidden, "num_classes": num_classes,
                           "num_layers": num_layers, "dropout": dropout, "heads": heads, "gcn_norm": gcn_norm,
                           "residual": residual, "norm": norm, "architecture": architecture})
-        if norm not in NORMS:
-            raise ValueError(f"unknown normalisation {norm!r}; choose one of {NORMS}")
-        if architecture not in ARCHITECTURES:
-            raise ValueError(f"unknown architecture {architecture!r}; choose one of {ARCHITECTURES}")
         self.norm = norm
         self.head = None
         if architecture == "blocks":
@@ -167,15 +165,9 @@ class GNN(LayerStack):
             self.head = Head(hidden, num_classes, norm)
             return
         dims = [in_dim] + [hidden] * (num_layers - 1) + [num_classes]
-        layers = []
-        for i in range(num_layers):
-            last = i == num_layers - 1
-            if kind == "sage":
-                layers.append(SAGEConv(dims[i], dims[i + 1]))
-            elif kind == "gcn":
-                layers.append(GCNConv(dims[i], dims[i + 1], norm=gcn_norm))
-            else:
-                layers.append(GATConv(dims[i], dims[i + 1], heads=1 if last else heads, attention_dropout=dropout))
+        make = {"sage": lambda i, o, last: SAGEConv(i, o), "gcn": lambda i, o, last: GCNConv(i, o, norm=gcn_norm),
+                "gat": lambda i, o, last: GATConv(i, o, heads=1 if last else heads, attention_dropout=dropout)}[kind]
+        layers = [make(dims[i], dims[i + 1], i == num_layers - 1) for i in range(num_layers)]
         if residual:  # every layer but the output layer
             layers = [Residual(layer) for layer in layers[:-1]] + layers[-1:]
         self.layers = nn.ModuleList(layers)
