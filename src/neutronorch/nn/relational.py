@@ -148,11 +148,9 @@ class RGCNConv(nn.Module):
                 return None
             w = None if edge_weight is None else edge_weight.get(r)
             weight, lin = weights[self.index[r]], projections.get(r[0])
-            if lin is None:
-                return mean_linear(block, input_rows(x_src, r[0], None), weight.t(), None, w)
-            # P^T W_r: the relation's weight on the raw rows
-            y = mean_linear(block, input_rows(x_src, r[0], None), (lin.weight.t() @ weight).t(), None, w)
-            if lin.bias is not None:
+            on_rows = weight if lin is None else lin.weight.t() @ weight  # P^T W_r: the weight on the raw rows
+            y = mean_linear(block, input_rows(x_src, r[0], None), on_rows.t(), None, w)
+            if lin is not None and lin.bias is not None:
                 y = y + reached(block, w, y.dtype).unsqueeze(1) * (lin.bias @ weight).to(y.dtype)
             return y
 
