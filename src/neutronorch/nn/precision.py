@@ -18,11 +18,6 @@ class Precision:
     name: str = "fp32"  # fp32 or bf16 (resolved)
     reason: str = ""  # why: what the hardware offers
 
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype of feature rows and activations."""
-        return torch.bfloat16 if self.name == "bf16" else torch.float32
-
     def autocast(self, device: torch.device):
         """The context the model's forward pass runs in."""
         if self.name != "bf16":
