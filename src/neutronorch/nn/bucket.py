@@ -51,12 +51,9 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     if sparse_input.sparse_enough(x):
         return sparse_input.project(x, weight, bias)
     rows = x.shape[0]
-    if x.dim() != 2 or not needs_buckets(x):
+    if x.dim() != 2 or not needs_buckets(x) or padded_rows(rows) == rows:
         return F.linear(x, weight, bias)
-    target = padded_rows(rows)
-    if target == rows:
-        return F.linear(x, weight, bias)
-    return F.linear(F.pad(x, (0, 0, 0, target - rows)), weight, bias)[:rows]
+    return F.linear(F.pad(x, (0, 0, 0, padded_rows(rows) - rows)), weight, bias)[:rows]
 
 
 def leading_rows(matrix: torch.Tensor, rows: int) -> torch.Tensor:

@@ -14,7 +14,7 @@ from neutronorch.nn.models import GNN, Tables
 from neutronorch.nn.names import LINK_HEADS
 from neutronorch.nn.typed_models import TypedGNN
 
-__all__ = ["LINK_HEADS", "DotHead", "LinkModel", "MLPHead", "glorot_", "make_head"]
+__all__ = ["LINK_HEADS", "DotHead", "LinkModel", "MLPHead", "glorot_"]
 
 
 def glorot_(module: nn.Module, input_norm: float = 1.0) -> nn.Module:
@@ -56,12 +56,6 @@ class MLPHead(nn.Module):
         return self.out(h).squeeze(-1)
 
 
-def make_head(kind: str, width: int, dropout: float = 0.0) -> nn.Module:
-    if kind not in LINK_HEADS:
-        raise ValueError(f"unknown link head {kind!r}; choose one of {LINK_HEADS}")
-    return DotHead() if kind == "dot" else MLPHead(width, dropout)
-
-
 class LinkModel(Tables, nn.Module):
     """``encoder`` (a ``GNN``, or a ``TypedGNN`` whose ``spec.outputs`` are the link's end types, whose output
     rows are embeddings) and a ``head`` scoring pairs of them. ``forward`` is the encoder's (what a mode's step
@@ -72,7 +66,9 @@ class LinkModel(Tables, nn.Module):
         # A typed encoder keeps its own start: its relations' sums made Glorot's rows about 6 times larger,
         # logits of 100 that a dot head learnt nothing from.
         self.encoder = encoder if isinstance(encoder, TypedGNN) else glorot_(encoder, input_norm)
-        self.head = make_head(head, encoder.width(encoder.num_layers - 1), dropout)
+        if head not in LINK_HEADS:
+            raise ValueError(f"unknown link head {head!r}; choose one of {LINK_HEADS}")
+        self.head = DotHead() if head == "dot" else MLPHead(encoder.width(encoder.num_layers - 1), dropout)
         self.kind, self.num_layers = encoder.kind, encoder.num_layers
         # What rebuilds this model (a checkpoint stores it next to the weights).
         self.arguments = {"link_head": head, "head_dropout": dropout, "encoder": dict(encoder.arguments)}
