@@ -144,7 +144,7 @@ class _Dropout(torch.autograd.Function):
 
 
 def row_ids(ids: torch.Tensor | None, rows: int) -> torch.Tensor:
-    """The vertex ids that key each row's mask (the row positions without ``ids``), contiguous int64 on CPU."""
+    """The vertex ids that key each row's mask (the row positions without ``ids``), int64 on CPU."""
     if ids is None:
         return torch.arange(rows, dtype=torch.int64)
     if ids.shape != (rows,):

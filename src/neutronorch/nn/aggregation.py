@@ -219,7 +219,8 @@ def mean_aggregate_torch(block: Block, x_src: torch.Tensor, include_self: bool =
     return (out / count.clamp(min=1).unsqueeze(1)).to(x_src.dtype)
 
 
-def _edge_sum(block: Block, x_src: torch.Tensor, scale: torch.Tensor | None, acc: torch.dtype) -> torch.Tensor:
+def _edge_sum(block: Block, x_src: torch.Tensor, scale: torch.Tensor | None, acc: torch.dtype
+              ) -> torch.Tensor:
     """Per destination, in ``acc``: the sum over its edges of their source rows, each times its ``scale``."""
     messages = take_rows(x_src, block.indices.long()).to(acc)
     if scale is not None:

@@ -154,7 +154,7 @@ def attention_aggregate(block: Block, z: torch.Tensor, alpha: torch.Tensor, head
                         edges: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """GAT's weighted sum: row d, head h = sum over d's sampled in-edges e of alpha[e, h] z[u_e] (head h's
     columns), plus alpha[E + d, h] z_d (its self loop). ``z``: float32 source rows, heads' columns one after
-    another; ``alpha``: (E + num_dst, heads), over ``attention_edges`` (``edges``, when the caller has them)."""
+    another; ``alpha``: (E + num_dst, heads), over ``attention_edges`` (or ``edges``)."""
     if z.device.type == "cpu" and z.dtype == torch.float32 and alpha.dtype == torch.float32:
         return _NumbaAttention.apply(z, alpha, block, heads)
     return attention_aggregate_torch(block, z, alpha, heads, edges)

@@ -61,7 +61,7 @@ class GCNConv(nn.Module):
 
     - ``norm="symmetric"`` (PyG's ``GCNConv``): ``y_v = W (x_v / D_v + sum_{u in N(v)} x_u / sqrt(D_u D_v)) +
       b`` with D the in-degree in the graph plus one, the sum over N(v) estimated without bias from the
-      sampled neighbours (``symmetric_aggregate``); blocks carry their sources' degrees (``Block.src_degree``);
+      sampled neighbours (``symmetric_aggregate``); blocks carry their sources' degrees (``src_degree``);
     - ``norm="mean"``: ``y_v = W mean({x_v} + {x_u : u in S(v)}) + b`` (the GraphSAGE paper's GCN aggregator).
     """
 
@@ -92,8 +92,9 @@ class GCNConv(nn.Module):
 
 class GATConv(nn.Module):
     """Multi-head graph attention over the vertex and its sampled neighbours (Velickovic et al. 2018):
-    ``y_v = ||_h sum_u alpha^h_vu W^h x_u + b``, ``alpha^h_vu = softmax_u LeakyReLU(a_l^h W^h x_u + a_r^h W^h x_v)``,
-    in training the coefficients dropped with probability ``attention_dropout``."""
+    ``y_v = ||_h sum_u alpha^h_vu W^h x_u + b``,
+    ``alpha^h_vu = softmax_u LeakyReLU(a_l^h W^h x_u + a_r^h W^h x_v)``, in training the coefficients dropped
+    with probability ``attention_dropout``."""
 
     separable = False
     needs_degrees = False

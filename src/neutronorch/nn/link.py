@@ -57,9 +57,8 @@ class MLPHead(nn.Module):
 
 
 class LinkModel(Tables, nn.Module):
-    """``encoder`` (a ``GNN``, or a ``TypedGNN`` whose ``spec.outputs`` are the link's end types, whose output
-    rows are embeddings) and a ``head`` scoring pairs of them. ``forward`` is the encoder's (what a mode's step
-    calls); ``score`` is the head's."""
+    """``encoder`` (a ``GNN``, or a ``TypedGNN`` whose ``spec.outputs`` are the link's end types) and a
+    ``head`` scoring pairs of its embeddings: ``forward`` is the encoder's, ``score`` the head's."""
 
     def __init__(self, encoder: GNN | TypedGNN, head: str = "dot", dropout: float = 0.0, input_norm: float = 1.0):
         super().__init__()

@@ -30,7 +30,7 @@ __all__ = ["GNN", "LayerStack", "Tables"]
 
 class Tables:
     """A model's weights by optimizer: ``embedding_parameters``, those of every sparse ``nn.Embedding`` or
-    ``nn.EmbeddingBag`` (each once, in module order: the tables' optimizer), and ``dense_parameters`` (Adam)."""
+    ``nn.EmbeddingBag`` (each once, in module order: the tables' optimizer); ``dense_parameters`` (Adam)."""
 
     def embedding_parameters(self) -> list[nn.Parameter]:
         found = {}
@@ -165,8 +165,10 @@ class GNN(LayerStack):
             self.head = Head(hidden, num_classes, norm)
             return
         dims = [in_dim] + [hidden] * (num_layers - 1) + [num_classes]
-        make = {"sage": lambda i, o, last: SAGEConv(i, o), "gcn": lambda i, o, last: GCNConv(i, o, norm=gcn_norm),
-                "gat": lambda i, o, last: GATConv(i, o, heads=1 if last else heads, attention_dropout=dropout)}[kind]
+        make = {"sage": lambda i, o, last: SAGEConv(i, o),
+                "gcn": lambda i, o, last: GCNConv(i, o, norm=gcn_norm),
+                "gat": lambda i, o, last: GATConv(i, o, heads=1 if last else heads, attention_dropout=dropout)
+                }[kind]
         layers = [make(dims[i], dims[i + 1], i == num_layers - 1) for i in range(num_layers)]
         if residual:  # every layer but the output layer
             layers = [Residual(layer) for layer in layers[:-1]] + layers[-1:]

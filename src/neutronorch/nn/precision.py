@@ -26,7 +26,7 @@ class Precision:
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype a layer's matrix products run in: autocast's where it is on for ``x``'s device, else ``x``'s."""
+    """The dtype a layer's products run in: autocast's where it is on for ``x``'s device, else ``x``'s."""
     if torch.is_autocast_enabled(x.device.type):
         return torch.get_autocast_dtype(x.device.type)
     return x.dtype

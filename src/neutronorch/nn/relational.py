@@ -148,7 +148,7 @@ class RGCNConv(nn.Module):
                 return None
             w = None if edge_weight is None else edge_weight.get(r)
             weight, lin = weights[self.index[r]], projections.get(r[0])
-            on_rows = weight if lin is None else lin.weight.t() @ weight  # P^T W_r: the weight on the raw rows
+            on_rows = weight if lin is None else lin.weight.t() @ weight  # P^T W_r: on the raw rows
             y = mean_linear(block, input_rows(x_src, r[0], None), on_rows.t(), None, w)
             if lin is not None and lin.bias is not None:
                 y = y + reached(block, w, y.dtype).unsqueeze(1) * (lin.bias @ weight).to(y.dtype)
@@ -256,8 +256,8 @@ class RGATConv(nn.Module):
         elif edge_attr is not None:
             raise ValueError(f"edge_attr given for {relation}, which the layer built without edge features "
                              f"(edge_dims)")
-        # attention_aggregate's self loops are weighted 0 here, but read row dst_offset + i of z, which a source
-        # frontier smaller than the destinations lacks: zero rows appended then, the block widened to them.
+        # attention_aggregate's self loops are weighted 0 here, but read row dst_offset + i of z, which a
+        # source frontier smaller than the destinations lacks: zero rows appended then, the block widened.
         alpha = edge_softmax(block, score_src, score_dst, edge_logits)
         flat = z32.view(-1, heads * self.head_dim)
         short = block.dst_offset + n_dst - flat.shape[0]
@@ -290,7 +290,8 @@ def relation_sums(layer: nn.Module, tblock: TypedBlock, root: Callable, term: Ca
 def mean_linear(block: Block, x_src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
     """``aggregate_linear`` of the mean, weighted by ``edge_weight``."""
-    return aggregate_linear(block, x_src, weight, bias, lambda b, x: mean_aggregate(b, x, edge_weight=edge_weight))
+    return aggregate_linear(block, x_src, weight, bias,
+                            lambda b, x: mean_aggregate(b, x, edge_weight=edge_weight))
 
 
 def reached(block: Block, edge_weight: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:

@@ -195,9 +195,7 @@ def splice_relu_dropout(y_cold: torch.Tensor, table: torch.Tensor, index: Splice
 
 @dataclass
 class HotRows:
-    """A mini-batch's bottom-layer output rows computed elsewhere (NeutronOrch's hot rows): ``table``'s rows
-    go where ``index`` says, the bottom block computes the rest; hot-row gradients go into ``grad_acc`` if
-    given, else they are dropped."""
+    """A mini-batch's bottom-layer rows computed elsewhere (NeutronOrch's hot rows), for ``splice``."""
 
     table: torch.Tensor
     index: SpliceIndex

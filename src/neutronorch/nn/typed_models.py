@@ -57,7 +57,7 @@ class TypedSpec:
                    graph.links.ends.types if getattr(graph, "links", None) is not None else ())
 
     def to_dict(self) -> dict:
-        """As JSON stores it (``edge_dims`` as ``[src, name, dst, width]`` lists); ``from_dict`` reads it back."""
+        """As JSON stores it (``edge_dims`` as ``[src, name, dst, width]`` lists), for ``from_dict``."""
         return {"num_nodes": dict(self.num_nodes), "feature_dims": dict(self.feature_dims),
                 "relations": [list(r) for r in self.relations], "target": self.target,
                 "edge_dims": [[*r, width] for r, width in self.edge_dims.items()],
@@ -72,8 +72,8 @@ class TypedSpec:
 
 
 def reachable_types(spec: TypedSpec, hops: int, start: str | None = None) -> list[list[str]]:
-    """``out[h]``, ``h`` in ``0..hops``: the types a typed sampler's frontier holds after ``h`` hops from seeds
-    of ``start`` (default ``spec.outputs`` or the target), each list in ``spec.num_nodes``' order."""
+    """``out[h]``, ``h`` in ``0..hops``: the types a typed sampler's frontier holds after ``h`` hops from
+    seeds of ``start`` (default ``spec.outputs`` or the target), each list in ``spec.num_nodes``' order."""
     reached = [{start} if start else set(spec.outputs or (spec.target,))]
     for _ in range(hops):
         last = reached[-1]
@@ -114,7 +114,7 @@ class TypedGNN(LayerStack):
         self.slope = LEAKY_SLOPE if kind == "rgat" else None
         reached = reachable_types(spec, num_layers)
         self.input_types = reached[num_layers]
-        # A type some layer has destinations of needs a relation into it, or the layer above finds no rows of it.
+        # A type some layer has destinations of needs a relation into it, or the layer above lacks its rows.
         stranded = [t for t in reached[num_layers - 1] if t not in {r[2] for r in spec.relations}]
         if stranded:
             raise ValueError(f"vertex type(s) {', '.join(stranded)} feed the target through relations but no "
@@ -149,11 +149,12 @@ class TypedGNN(LayerStack):
             in_dims = dict.fromkeys(in_dims, hidden)
         self.layers = nn.ModuleList(layers)
         held = {r for layer in layers for r in layer.relations}
-        wide = [f"{relation_label(r)} ({w} columns)" for r, w in spec.edge_dims.items() if w > 1 and r in held]
+        wide = [f"{relation_label(r)} ({w} columns)" for r, w in spec.edge_dims.items()
+                if w > 1 and r in held]
         if kind != "rgat" and wide:
-            logger.warning(f"{kind} reads one-column edge features as edge weights and ignores wider ones: the edge "
-                           f"features of {', '.join(wide)} are not used (R-GAT attends over edge features of any "
-                           f"width)")
+            logger.warning(f"{kind} reads one-column edge features as edge weights and ignores wider ones: "
+                           f"the edge features of {', '.join(wide)} are not used (R-GAT attends over edge "
+                           f"features of any width)")
 
     def input_rows(self, features: Mapping[str, torch.Tensor], input_ids: Mapping[str, torch.Tensor]
                    ) -> dict[str, torch.Tensor]:
@@ -196,7 +197,7 @@ class TypedGNN(LayerStack):
 
 class TypedBottom(nn.Module):
     """A relational model's bottom layer with its input projections (``typed_layer``) over
-    ``TypedGNN.input_rows``' rows, holding the model's own modules: a deep copy is NeutronOrch's host layer."""
+    ``TypedGNN.input_rows``' rows, holding the model's own modules (a deep copy: NeutronOrch's host layer)."""
 
     def __init__(self, layer: nn.Module, projections: nn.ModuleDict, folded: list[str],
                  weighted: Iterable[RelationType] = ()):
@@ -252,7 +253,7 @@ def edge_arguments(layer: nn.Module, tblock: TypedBlock, weighted: Iterable[Rela
 
 
 def _table(node_type: str, rows: int, width: int, tables) -> nn.Embedding:
-    """A featureless type's table: ``tables``' weights for it when it gives some, else ``nn.Embedding``'s own."""
+    """A featureless type's table: ``tables``' weights for it where it gives some, else ``nn.Embedding``'s."""
     weight = tables(node_type, rows, width) if tables is not None else None
     if weight is None:
         return nn.Embedding(rows, width, sparse=True)
