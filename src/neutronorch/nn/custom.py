@@ -21,8 +21,7 @@ from neutronorch.nn.models import Tables
 from neutronorch.nn.splice import splice
 from neutronorch.sampling.block import pyg_form
 
-__all__ = ["ModelProtocolError", "UserModel", "PROTOCOL", "TYPED_PROTOCOL", "check_trainable",
-           "check_output_trains"]
+__all__ = ["ModelProtocolError", "UserModel", "PROTOCOL", "TYPED_PROTOCOL", "check_trainable"]
 
 PROTOCOL = ("forward(x, edge_index) returning a row per vertex of x (the PyG form), or forward(blocks, x) "
             "returning a row per destination of the last block (the block form); docs/models.md, 'Your own "
@@ -68,14 +67,6 @@ def check_trainable(module: nn.Module, kind: str, sparse_tables: bool = False) -
         raise ModelProtocolError(f"{len(odd)} trainable parameter(s) of {kind} are not float32 ({name} is "
                                  f"{str(p.dtype).replace('torch.', '')}); weights train in float32 (`precision` "
                                  f"bf16 computes in bfloat16 under autocast from float32 weights): call module.float()")
-
-
-def check_output_trains(out: torch.Tensor, module: nn.Module, kind: str, call: str) -> None:
-    """Refuse a training step's logits that carry no gradient: the loss could not reach a parameter."""
-    if module.training and torch.is_grad_enabled() and not out.requires_grad:
-        raise ModelProtocolError(f"{kind}.{call} returned logits that carry no gradient (requires_grad False), "
-                                 f"so the loss cannot reach its parameters; remove the detach(), .data or "
-                                 f"torch.no_grad() that cuts them off in forward")
 
 
 def _form(module: nn.Module, typed: bool) -> tuple[str, bool]:
@@ -213,5 +204,8 @@ class UserModel(Tables, nn.Module):
         if out.dim() != 2 or out.shape[0] != rows or out.shape[1] != self.out_width:
             raise ModelProtocolError(f"{self.kind}.{call} returned shape {list(out.shape)}; the protocol "
                                      f"expects {expected}; {protocol})")
-        check_output_trains(out, self, self.kind, call)
+        if self.training and torch.is_grad_enabled() and not out.requires_grad:
+            raise ModelProtocolError(f"{self.kind}.{call} returned logits that carry no gradient (requires_grad "
+                                     f"False), so the loss cannot reach its parameters; remove the detach(), .data "
+                                     f"or torch.no_grad() that cuts them off in forward")
         return out

@@ -27,7 +27,7 @@ from neutronorch.nn.attention import attention_edges
 from neutronorch.nn.rows import take_rows
 from neutronorch.sampling.block import Block
 
-__all__ = ["edge_softmax", "edge_softmax_torch", "head_scores", "kernels"]
+__all__ = ["edge_softmax", "head_scores", "kernels"]
 
 # Whether CPU float tensors take the kernels (False: the torch ops everywhere).
 kernels = os.environ.get("NEUTRONORCH_EDGE_SOFTMAX", "kernels") != "torch"
@@ -307,14 +307,6 @@ def edge_softmax(block: Block, score_src: torch.Tensor, score_dst: torch.Tensor,
                        for t in tensors):
         widen = [t.float() for t in tensors] + [None] * (3 - len(tensors))
         return _EdgeSoftmax.apply(*widen, block, negative_slope, self_loops)
-    return edge_softmax_torch(block, score_src, score_dst, edge_logits, negative_slope, self_loops, edges)
-
-
-def edge_softmax_torch(block: Block, score_src: torch.Tensor, score_dst: torch.Tensor,
-                       edge_logits: torch.Tensor | None = None, negative_slope: float = 0.2,
-                       self_loops: bool = False, edges: tuple[torch.Tensor, torch.Tensor] | None = None
-                       ) -> torch.Tensor:
-    """``edge_softmax`` in torch ops (any device)."""
     if edges is None:
         edges = attention_edges(block) if self_loops else (block.indices.long(), edge_destinations(block))
     src, dst = edges
