@@ -18,10 +18,8 @@ from neutronorch.data.csc import transpose_edges
 from neutronorch.nn.precision import compute_dtype
 
 MIN_WIDTH = 256  # narrower rows cost little densely, and the form's overhead is a larger share
-# The most nonzeros (as a share of the sampled entries) at which the compressed product is taken. Measured
-# on Cora-sized rows (2,700 x 1,433 by 128), forward and weight gradient, 2 threads (bench/sparse_input.py):
-# the compressed product took 0.24x the dense one's time at 1.3% nonzeros, 0.53x at 5%, 0.77x at 8% and
-# broke even near 12%.
+# The most nonzeros (a share of the sampled entries) at which the compressed product is taken: it broke even
+# near 12% (docs/performance.md, "Mostly-zero feature rows").
 MAX_DENSITY = 0.08
 PROBE_ROWS = 64  # rows sampled to estimate the density
 # How much more a nonzero's multiply-add costs here than one of a dense (MKL) product: what a layer weighs
