@@ -1,17 +1,15 @@
-"""ReLU followed by dropout, fused into one kernel on CPU.
+"""ReLU followed by dropout, fused into one kernel on CPU, and dropout alone keyed the same way
+(``keyed_dropout``: the graph blocks' dropouts, by vertex; GAT's attention dropout, by ``edge_ids``).
 
-On CPU, ``F.dropout`` draws a Bernoulli variable per element with torch's generator, which costs more
-than the matrix products of a GraphSAGE layer. The fused kernel draws 8 random bytes per 64-bit word of a
-counter-based stream keyed by (key, vertex) (dropout probability resolved to 1/256), and stores one byte per
-element that already combines "kept by dropout" and "positive before ReLU", so the backward pass needs nothing
-else. Randomness comes from a key drawn from torch's generator, so ``torch.manual_seed`` governs it.
+On CPU, ``F.dropout`` draws a Bernoulli variable per element, which costs more than the matrix products of a
+GraphSAGE layer. The kernel draws 8 random bytes per 64-bit word of a counter-based stream keyed by (key,
+vertex) (dropout probability resolved to 1/256) and stores one byte per element that combines "kept" and
+"positive before ReLU", all the backward pass needs. The key comes from torch's generator, so
+``torch.manual_seed`` governs it.
 
-A row's mask is keyed by the global id of the vertex the row belongs to (``ids``; its position when none
-are given): a vertex gets the same mask in a step whichever mini-batch, rank or position holds it, so data
+A row's mask is keyed by the global id of its vertex (``ids``; its position when none are given), so data
 parallel ranks that split a batch draw exactly the masks one process draws for the whole batch. Other
 devices compute the same bytes with torch's integer ops (``keyed_keep``); without ids they use the torch ops.
-``keyed_dropout`` is dropout alone keyed the same way (the graph blocks' dropouts, by vertex; GAT's attention
-dropout, by ``edge_ids``).
 """
 
 from __future__ import annotations
@@ -32,8 +30,7 @@ from neutronorch.sampling.kernels import GOLDEN, T_GOLDEN, mix, splitmix_key, to
 @njit(inline="always")
 def dropout_bytes(keep, i, key, vertex):
     """``keep[i]`` = row ``i``'s random bytes: element ``j``'s is byte ``j % 8`` of word ``j // 8`` of the
-    splitmix64 stream that starts at ``splitmix_key(key, vertex)``. So a mask depends only on the key and
-    the row's vertex, whichever kernel writes the row."""
+    splitmix64 stream that starts at ``splitmix_key(key, vertex)``."""
     width = keep.shape[1]
     stream = splitmix_key(key, vertex)
     mask = keep[i]
@@ -50,11 +47,10 @@ def dropout_bytes(keep, i, key, vertex):
 @njit(inline="always")
 def relu_dropout_row(src, r, out, keep, i, threshold, scale, key, vertex, relu=True):
     """Row ``i`` (of vertex ``vertex``) of the fused ReLU + dropout from row ``r`` of ``src``: ``out[i, j]``
-    is ``src[r, j] * scale`` where kept (random byte at least ``threshold``, see ``dropout_bytes``) and
-    positive (without ``relu``: kept), else 0, and ``keep[i, j]`` is 1 there, else 0. ``src`` may be ``out`` (in
-    place); both hold float32 or bfloat16 bits. Two passes over the row, each a loop the compiler vectorises:
-    the random bytes, then a branch-free select through row views (why: docs/performance.md, "Kernels in
-    bfloat16")."""
+    is ``src[r, j] * scale`` where kept (random byte at least ``threshold``) and positive (without ``relu``:
+    kept), else 0, and ``keep[i, j]`` is 1 there, else 0. ``src`` may be ``out``; both hold float32 or
+    bfloat16 bits. Two vectorised passes: the bytes, then a branch-free select (docs/performance.md,
+    "Kernels in bfloat16")."""
     dropout_bytes(keep, i, key, vertex)
     source, target, mask = src[r], out[i], keep[i]
     for j in range(target.shape[0]):
@@ -66,9 +62,9 @@ def relu_dropout_row(src, r, out, keep, i, threshold, scale, key, vertex, relu=T
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def _forward(y, threshold, scale, key, ids, keep):
-    for i in prange(y.shape[0]):
-        relu_dropout_row(y, i, y, keep, i, threshold, scale, key, ids[i])
+def _relu_forward(x, threshold, scale, key, ids, out, keep):
+    for i in prange(x.shape[0]):
+        relu_dropout_row(x, i, out, keep, i, threshold, scale, key, ids[i])
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -98,8 +94,8 @@ _streams = threading.local()
 @contextmanager
 def dropout_keys(key: int) -> Iterator[None]:
     """Within this block, on this thread, dropout keys are the counter stream ``splitmix_key(key, i)``,
-    i = 0, 1, ..., instead of draws from torch's generator. For threads other than the trainer's (NeutronOrch's
-    host producer): their masks must neither depend on the trainer's draws nor disturb them."""
+    i = 0, 1, ..., not torch's generator's draws: a thread other than the trainer's (NeutronOrch's host
+    producer) must neither depend on the trainer's draws nor disturb them."""
     before = getattr(_streams, "stream", None)
     _streams.stream = [np.uint64(key & 0xFFFFFFFFFFFFFFFF), 0]
     try:
@@ -118,21 +114,25 @@ def draw_key() -> np.uint64:
     return np.uint64(splitmix_key(stream[0], np.uint64(stream[1] - 1)))
 
 
-class _ReluDropout(torch.autograd.Function):
-    """In place: a layer's pre-activation output is needed by nothing else (autograd's version counter
-    would raise if it were), and skipping a fresh output saves its page faults."""
+class _Dropout(torch.autograd.Function):
+    """Keyed dropout, after a ReLU with ``relu``. The ReLU's runs in place: a layer's pre-activation output is
+    needed by nothing else (autograd's version counter would raise if it were), and skipping a fresh output
+    saves its page faults."""
 
     @staticmethod
-    def forward(ctx, y, p, ids):
+    def forward(ctx, x, p, ids, relu):
         threshold, scale = dropout_constants(p)
         key = draw_key()
-        keep = torch.empty(y.shape, dtype=torch.uint8)
-        values = numpy_view(y.detach())
-        _forward(values, threshold, scale, key, row_ids(ids, y.shape[0]).numpy(), keep.numpy())
-        ctx.mark_dirty(y)
+        keep = torch.empty(x.shape, dtype=torch.uint8)
+        out = x if relu else torch.empty_like(x)
+        kernel = _relu_forward if relu else _dropout_forward  # a constant ``relu`` in each: it vectorises
+        kernel(numpy_view(x.detach()), threshold, scale, key, row_ids(ids, x.shape[0]).numpy(),
+               numpy_view(out.detach()), keep.numpy())
+        if relu:
+            ctx.mark_dirty(x)
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return y
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -140,31 +140,11 @@ class _ReluDropout(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         grad_in = torch.empty_like(grad_out)
         _backward(numpy_view(grad_out), keep.numpy(), ctx.scale, numpy_view(grad_in))
-        return grad_in, None, None
-
-
-class _KeyedDropout(torch.autograd.Function):
-    """Dropout alone (no ReLU), out of place, each row's mask keyed by its id."""
-
-    @staticmethod
-    def forward(ctx, x, p, ids):
-        threshold, scale = dropout_constants(p)
-        keep = torch.empty(x.shape, dtype=torch.uint8)
-        out = torch.empty_like(x)
-        _dropout_forward(numpy_view(x.detach()), threshold, scale, draw_key(), row_ids(ids, x.shape[0]).numpy(),
-                         numpy_view(out), keep.numpy())
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        return _ReluDropout.backward(ctx, grad_out)
+        return grad_in, None, None, None
 
 
 def row_ids(ids: torch.Tensor | None, rows: int) -> torch.Tensor:
-    """The vertex ids that key each row's mask, as a contiguous int64 CPU tensor: ``ids``, or the row
-    positions when there are none."""
+    """The vertex ids that key each row's mask (the row positions without ``ids``), int64 on CPU."""
     if ids is None:
         return torch.arange(rows, dtype=torch.int64)
     if ids.shape != (rows,):
@@ -173,8 +153,7 @@ def row_ids(ids: torch.Tensor | None, rows: int) -> torch.Tensor:
 
 
 def keyed_keep(key: np.uint64, ids: torch.Tensor, width: int, threshold: np.uint64) -> torch.Tensor:
-    """Torch's version of ``dropout_bytes`` >= ``threshold``, on ``ids``' device: the same bytes, so the
-    same kept elements, as the CPU kernels draw for these vertices and key."""
+    """Torch's ``dropout_bytes`` >= ``threshold``, on ``ids``' device: the CPU kernels' kept elements."""
     stream = torch_splitmix_key(int(key), ids)
     words = torch.arange(-(-width // 8), dtype=torch.int64, device=ids.device) * T_GOLDEN
     bits = torch_mix(stream[:, None] + words[None, :])  # rows x words
@@ -191,7 +170,7 @@ def keyed_dropout(x: torch.Tensor, p: float, training: bool, ids: torch.Tensor |
     if ids is None or x.dim() != 2:
         return F.dropout(x, p, training)
     if x.device.type == "cpu" and supported(x.dtype) and x.is_contiguous():
-        return _KeyedDropout.apply(x, p, ids)
+        return _Dropout.apply(x, p, ids, False)
     threshold, scale = dropout_constants(p)
     kept = keyed_keep(draw_key(), ids.to(x.device), x.shape[1], threshold)
     return torch.where(kept, x * float(scale), torch.zeros((), dtype=x.dtype, device=x.device))
@@ -209,5 +188,5 @@ def relu_dropout(y: torch.Tensor, p: float, training: bool, ids: torch.Tensor | 
     if not training or p == 0:
         return F.relu(y)
     if y.device.type == "cpu" and supported(y.dtype) and y.dim() == 2 and y.is_contiguous():
-        return _ReluDropout.apply(y, p, ids)
+        return _Dropout.apply(y, p, ids, True)
     return keyed_dropout(F.relu(y), p, training, ids)

@@ -1,12 +1,10 @@
-"""The parameter-free neighbourhood aggregation shared by every path that computes a layer.
+"""The parameter-free neighbourhood aggregations every path that computes a layer calls (the training device,
+NeutronOrch's host, full-neighbour inference), so their results agree by construction: the mean
+(``mean_aggregate``) and GCN's symmetric normalisation (``symmetric_aggregate``).
 
-``mean_aggregate(block, x_src, include_self)`` is the one definition of "mean over the sampled
-in-neighbours (optionally together with the vertex itself)". The training device, the host producer of
-NeutronOrch mode and full-neighbour inference all call it, so their results agree by construction.
-Two implementations exist behind it: numba kernels for float32 and bfloat16 CPU tensors (parallel over destinations in
-the forward pass, over sources of the transposed block in the backward pass, so no atomics are needed)
-and plain torch ops for every other device and dtype. A test proves both equal. ``fused_mean_linear``
-evaluates a whole separable layer (aggregation and weight) in one autograd node on CPU.
+On CPU, for float32 and bfloat16, numba kernels parallel over destinations forward and over the sources of
+the transposed block backward (no atomics); torch ops elsewhere; tests prove both equal.
+``fused_mean_linear`` evaluates a whole separable layer (aggregation and weight) in one autograd node on CPU.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from torch.nn import functional as F
 from neutronorch.bfloat16 import accumulator, finish, flush, load, numpy_view, store, supported
 from neutronorch.data.csc import transpose_edges
 from neutronorch.nn.bucket import head_rows, leading_rows, needs_buckets, padded_rows
+from neutronorch.nn.precision import compute_dtype, sum_dtype
 from neutronorch.nn.rows import take_rows
 from neutronorch.prefetch import AHEAD, prefetch_part, prefetch_row
 from neutronorch.sampling.block import Block
@@ -32,10 +31,8 @@ CHUNK = 64
 def _layer_input_forward(indptr, indices, x, dst_offset, self_columns, include_self, out):
     """out[:, :k] = [x_dst | mean] when ``self_columns``, else the mean alone (k = 2 or 1 times the
     width); any further column of ``out`` is set to 1 (it carries a bias through the matrix product).
-    ``x`` and ``out`` are float32 or bfloat16 bits, independently; sums are float32.
-
-    Rows are handled through 1-D views: indexing the 2-D arrays directly kept LLVM from vectorising.
-    """
+    ``x`` and ``out`` are float32 or bfloat16 bits, independently; sums are float32. Rows are read through
+    1-D views: indexing the 2-D arrays directly kept LLVM from vectorising."""
     width = x.shape[1]
     offset = width if self_columns else 0
     rows = out.shape[0]
@@ -76,8 +73,7 @@ def _transpose(indptr, indices, num_src):
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _layer_input_backward(indptr, src_ptr, readers, grad_h, dst_offset, self_columns, include_self, grad_x):
-    """The adjoint of ``_layer_input_forward``. Each source row gathers from the destinations that read
-    it (the transposed block), so rows are written once, in parallel, without atomics."""
+    """The adjoint of ``_layer_input_forward``, one source row at a time over the transposed block."""
     width = grad_x.shape[1]
     offset = width if self_columns else 0
     num_dst = grad_h.shape[0]
@@ -118,13 +114,6 @@ def _input_grad(block, grad_h, width, self_columns, include_self, dtype):
     return grad_x
 
 
-def compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype a layer's matrix products run in: autocast's where it is on for ``x``'s device, else ``x``'s."""
-    if torch.is_autocast_enabled(x.device.type):
-        return torch.get_autocast_dtype(x.device.type)
-    return x.dtype
-
-
 def _numba_ok(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and supported(x.dtype)
 
@@ -148,10 +137,8 @@ class _NumbaMean(torch.autograd.Function):
 
 class _FusedMeanLinear(torch.autograd.Function):
     """``h @ weight.T`` with ``h`` = [x_dst | mean | 1] (SAGE) or [mean with self | 1] (GCN), built by one
-    kernel, and ``weight`` = [W_self | W_neigh | bias] (or [W | bias]). The ones column folds the bias
-    into the product (no broadcast copy forward, no column sum backward); the backward pass writes the
-    input gradient in one kernel, so no zero-filled temporaries over the whole frontier are needed. ``h``
-    has ``weight``'s dtype (the product's: bfloat16 under autocast), ``x_src`` either."""
+    kernel, and ``weight`` = [W_self | W_neigh | bias] (or [W | bias]): the ones column folds the bias into
+    the product (no broadcast copy forward, no column sum backward). ``h`` has ``weight``'s dtype."""
 
     @staticmethod
     def forward(ctx, x_src, weight, block, self_columns, include_self):
@@ -173,9 +160,8 @@ class _FusedMeanLinear(torch.autograd.Function):
     def backward(ctx, grad_y):
         h, weight = ctx.saved_tensors
         rows, padded = ctx.rows, h.shape[0]
-        # Padded rows: the products run over a bucket-sized head of grad_y as it is, and over its remaining
-        # rows padded with zeros to the next bucket (h's extra rows are zero), so only that remainder is
-        # copied, not the whole gradient (nn/bucket.py).
+        # Padded rows: a bucket-sized head of grad_y as it is, the rest padded with zeros to the next bucket
+        # (h's extra rows are zero), so only that remainder is copied (nn/bucket.py).
         if padded == rows:
             parts = [(grad_y, 0, rows)]
         else:
@@ -199,9 +185,8 @@ class _FusedMeanLinear(torch.autograd.Function):
 
 def fused_mean_linear(block: Block, x_src: torch.Tensor, weights: list[torch.Tensor], bias: torch.Tensor,
                       self_columns: bool, include_self: bool) -> torch.Tensor | None:
-    """The fused CPU evaluation of a separable layer, or None where it does not apply (then the caller
-    uses the unfused definition). ``weights`` is [W] or [W_self, W_neigh] with ``self_columns``. The
-    product runs in ``compute_dtype(x_src)`` (the weights are cast to it, as autocast casts them)."""
+    """The fused CPU evaluation of a separable layer, or None where it does not apply. ``weights`` is [W] or
+    [W_self, W_neigh] with ``self_columns``; the product runs in ``compute_dtype(x_src)``."""
     dtype = compute_dtype(x_src)
     if not _numba_ok(x_src) or not supported(dtype) or bias.dtype != torch.float32:
         return None
@@ -212,10 +197,9 @@ def fused_mean_linear(block: Block, x_src: torch.Tensor, weights: list[torch.Ten
 def mean_aggregate(block: Block, x_src: torch.Tensor, include_self: bool = False,
                    edge_weight: torch.Tensor | None = None) -> torch.Tensor:
     """Row ``i`` = mean of ``x_src`` over destination ``i``'s sampled sources (and ``x_src[i]`` itself
-    when ``include_self``); zero for a destination with nothing to average. Sums are float32 whatever
-    ``x_src``'s dtype; the result has ``x_src``'s. ``edge_weight`` (``(edges,)`` or ``(edges, 1)`` in
-    ``block.indices``' order) scales each message, the sum still divided by the count: ``sum_e w_e x_{u_e} /
-    deg`` (torch ops; a gradient reaches the weights too)."""
+    when ``include_self``); zero for a destination with nothing to average. Sums are float32; the result has
+    ``x_src``'s dtype. ``edge_weight`` (one per edge, ``block.indices``' order) scales each message, the sum
+    still divided by the count: ``sum_e w_e x_{u_e} / deg`` (torch ops)."""
     if edge_weight is None and _numba_ok(x_src):
         return _NumbaMean.apply(x_src, block, include_self)
     return mean_aggregate_torch(block, x_src, include_self, edge_weight)
@@ -224,15 +208,10 @@ def mean_aggregate(block: Block, x_src: torch.Tensor, include_self: bool = False
 def mean_aggregate_torch(block: Block, x_src: torch.Tensor, include_self: bool = False,
                          edge_weight: torch.Tensor | None = None) -> torch.Tensor:
     """The same definition in plain torch ops (any device); autograd derives the backward pass."""
-    acc = _sum_dtype(x_src)
-    if edge_weight is None:
-        messages = x_src[block.indices.long()].to(acc)
-    elif edge_weight.numel() != block.num_edges:
+    if edge_weight is not None and edge_weight.numel() != block.num_edges:
         raise ValueError(f"{edge_weight.numel()} edge weights for {block.num_edges} edges")
-    else:
-        messages = take_rows(x_src, block.indices.long()).to(acc) * edge_weight.reshape(-1, 1).to(acc)
-    out = torch.zeros((block.num_dst, x_src.shape[1]), dtype=acc, device=x_src.device)
-    out = out.index_add(0, edge_destinations(block), messages)
+    acc = sum_dtype(x_src)
+    out = _edge_sum(block, x_src, edge_weight, acc)
     count = block.in_degrees().to(acc)
     if include_self:
         out = out + block.dst_rows(x_src)
@@ -240,16 +219,20 @@ def mean_aggregate_torch(block: Block, x_src: torch.Tensor, include_self: bool =
     return (out / count.clamp(min=1).unsqueeze(1)).to(x_src.dtype)
 
 
-def _sum_dtype(x: torch.Tensor) -> torch.dtype:
-    """Sums of half-precision rows are float32 sums."""
-    return torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+def _edge_sum(block: Block, x_src: torch.Tensor, scale: torch.Tensor | None, acc: torch.dtype
+              ) -> torch.Tensor:
+    """Per destination, in ``acc``: the sum over its edges of their source rows, each times its ``scale``."""
+    messages = take_rows(x_src, block.indices.long()).to(acc)
+    if scale is not None:
+        messages = messages * scale.reshape(-1, 1).to(acc)
+    out = torch.zeros((block.num_dst, x_src.shape[1]), dtype=acc, device=x_src.device)
+    return out.index_add(0, edge_destinations(block), messages)
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _symmetric_forward(indptr, indices, x, degree, dst_offset, self_coef, neigh_coef, out):
-    """out[d] = neigh_coef[d] * sum_e x[u_e] / sqrt(degree[u_e] + 1) + self_coef[d] * x[dst_offset + d]. Each
-    source's weight is computed where it is read, so an in-place block over every vertex costs its edges,
-    not the graph's size."""
+    """out[d] = neigh_coef[d] * sum_e x[u_e] / sqrt(degree[u_e] + 1) + self_coef[d] * x[dst_offset + d], each
+    source's weight computed where it is read (an in-place block over every vertex costs its edges alone)."""
     width = x.shape[1]
     rows = out.shape[0]
     for c in prange((rows + CHUNK - 1) // CHUNK):
@@ -343,18 +326,14 @@ def symmetric_aggregate(block: Block, x_src: torch.Tensor) -> torch.Tensor:
     if _numba_ok(x_src):
         return _NumbaSymmetric.apply(x_src, block, block.src_degree.float().contiguous(),
                                      self_coef.float().contiguous(), neigh_coef.float().contiguous())
-    indices = block.indices.long()
-    acc = _sum_dtype(x_src)
-    weight = (block.src_degree[indices] + 1).rsqrt().to(acc)  # per edge
-    out = torch.zeros((block.num_dst, x_src.shape[1]), dtype=acc, device=x_src.device)
-    out = out.index_add(0, edge_destinations(block), x_src[indices].to(acc) * weight.unsqueeze(1))
+    acc = sum_dtype(x_src)
+    out = _edge_sum(block, x_src, (block.src_degree[block.indices.long()] + 1).rsqrt(), acc)
     return (out * neigh_coef.to(acc).unsqueeze(1)
             + block.dst_rows(x_src).to(acc) * self_coef.to(acc).unsqueeze(1)).to(x_src.dtype)
 
 
 def gcn_aggregate(block: Block, x_src: torch.Tensor, norm: str) -> torch.Tensor:
-    """GCN's aggregation with a self loop, normalised as ``norm`` says (``GCNConv``): ``symmetric_aggregate``,
-    or the mean over the vertex and its sampled neighbours."""
+    """GCN's aggregation with a self loop, normalised as ``norm`` says (``GCNConv``)."""
     return symmetric_aggregate(block, x_src) if norm == "symmetric" else mean_aggregate(block, x_src, True)
 
 

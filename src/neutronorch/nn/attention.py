@@ -1,11 +1,9 @@
 """GAT's attention-weighted sum over a block: ``attention_aggregate``.
 
-On CPU three numba kernels compute it without materialising anything edge-wide: the forward pass parallel
-over destinations; in the backward pass, the attention coefficients' gradient (one dot product per edge and
-head) over destinations, and the source rows' gradient over the sources of the transposed block (so no
-atomics). They read a head's columns through a slice of the row, which lets them vectorise. Every other
-device runs the torch ops (``attention_aggregate_torch``), which gather a row per edge; a test proves both
-equal. Timings: docs/performance.md, "GAT's weighted sum on the CPU".
+On CPU numba kernels compute it without materialising anything edge-wide (forward and the coefficients'
+gradient over destinations, the rows' gradient over the sources of the transposed block: no atomics), a
+head's columns read through a slice of the row so that they vectorise; torch ops elsewhere; a test proves
+both equal. Timings: docs/performance.md, "GAT's weighted sum on the CPU".
 """
 
 from __future__ import annotations
@@ -155,9 +153,8 @@ def attention_edges(block: Block) -> tuple[torch.Tensor, torch.Tensor]:
 def attention_aggregate(block: Block, z: torch.Tensor, alpha: torch.Tensor, heads: int,
                         edges: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """GAT's weighted sum: row d, head h = sum over d's sampled in-edges e of alpha[e, h] z[u_e] (head h's
-    columns), plus alpha[E + d, h] z_d (its self loop). ``z``: float32 source rows, (num_src, width), heads'
-    columns one after another; ``alpha``: (E + num_dst, heads), over ``attention_edges`` (``edges``, when the
-    caller has them). A numba kernel on CPU (nothing edge-wide is materialised), torch ops elsewhere."""
+    columns), plus alpha[E + d, h] z_d (its self loop). ``z``: float32 source rows, heads' columns one after
+    another; ``alpha``: (E + num_dst, heads), over ``attention_edges`` (or ``edges``)."""
     if z.device.type == "cpu" and z.dtype == torch.float32 and alpha.dtype == torch.float32:
         return _NumbaAttention.apply(z, alpha, block, heads)
     return attention_aggregate_torch(block, z, alpha, heads, edges)

@@ -5,10 +5,8 @@
     logits = W_out norm(h)                                     (the head, on the seed rows)
 
 ``aggregate`` is the layer's neighbourhood operation (SAGE: the vertex's row beside its neighbours' mean;
-GCN: the normalised sum; GAT: attention, after its own linear map) and ``FFN`` two linear maps with dropout
-and GELU between. Each block maps a block's source rows to its destinations' rows, as a layer does; the
-bottom block includes the input map, so NeutronOrch computes a hot vertex's whole bottom block on the host
-(it is not separable, like GAT).
+GCN: the normalised sum; GAT: attention) and ``FFN`` two linear maps with dropout and GELU between. The
+bottom block includes the input map; no block is separable.
 """
 
 from __future__ import annotations
@@ -26,11 +24,7 @@ from neutronorch.sampling.block import Block
 
 
 def norm_layer(kind: str, width: int) -> nn.Module:
-    if kind == "layer":
-        return nn.LayerNorm(width)
-    if kind == "batch":
-        return nn.BatchNorm1d(width)
-    return nn.Identity()
+    return {"layer": nn.LayerNorm, "batch": nn.BatchNorm1d}.get(kind, nn.Identity)(width)
 
 
 class FeedForward(nn.Module):

@@ -1,9 +1,8 @@
 """Matrix products whose row count is rounded up to a few sizes, for bfloat16 on the CPU.
 
-On the CPU, bfloat16 products go through oneDNN, which builds (and keeps) a kernel and its buffers for every
-new shape, and a mini-batch's row counts differ from batch to batch. Rounding the rows up to one of 32 sizes
-per power of two (at most 1/32 more rows, zeros) bounds the shapes, and so the memory (docs/performance.md,
-"bfloat16 products on the CPU: a bounded set of shapes"). float32 (MKL) and GPU products run unpadded.
+oneDNN builds (and keeps) a kernel and its buffers for every new shape of a bfloat16 product, and row counts
+differ from batch to batch: rounding them up to one of 32 sizes per power of two (zero rows) bounds the
+shapes, and so the memory (docs/performance.md, "bfloat16 products on the CPU: a bounded set of shapes").
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from neutronorch.nn import sparse_input
+from neutronorch.nn.precision import compute_dtype
 
 # Sizes per power of two: the padding is at most 1/BUCKETS of the rows (or 63 rows, for small products).
 BUCKETS = 32
@@ -31,9 +31,8 @@ def padded_rows(rows: int) -> int:
 
 
 def head_rows(rows: int) -> int:
-    """The largest bucket size not above ``rows`` (0 below the smallest): a product over ``rows`` rows can run
-    as one over these, unpadded, and one over the remaining ``padded_rows(rows) - head_rows(rows)`` rows,
-    padded; both are bucket-bounded shapes, and only the remainder is copied."""
+    """The largest bucket size not above ``rows`` (0 below the smallest): the head a product can run over
+    unpadded, the rest padded to ``padded_rows(rows)``."""
     step = _step(rows)
     return rows // step * step
 
@@ -43,9 +42,7 @@ def needs_buckets(x: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
     on the CPU."""
     if x.device.type != "cpu":
         return False
-    if dtype is None:
-        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
-    return dtype == torch.bfloat16
+    return (dtype or compute_dtype(x)) == torch.bfloat16
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -54,16 +51,13 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     if sparse_input.sparse_enough(x):
         return sparse_input.project(x, weight, bias)
     rows = x.shape[0]
-    if x.dim() != 2 or not needs_buckets(x):
+    if x.dim() != 2 or not needs_buckets(x) or padded_rows(rows) == rows:
         return F.linear(x, weight, bias)
-    target = padded_rows(rows)
-    if target == rows:
-        return F.linear(x, weight, bias)
-    return F.linear(F.pad(x, (0, 0, 0, target - rows)), weight, bias)[:rows]
+    return F.linear(F.pad(x, (0, 0, 0, padded_rows(rows) - rows)), weight, bias)[:rows]
 
 
 def leading_rows(matrix: torch.Tensor, rows: int) -> torch.Tensor:
-    """The first ``rows`` rows of the contiguous ``matrix`` as a tensor of its own over the same memory (not a
+    """The first ``rows`` rows of the contiguous ``matrix``, a tensor of its own over the same memory (not a
     view: a custom autograd function may return it, and later ops may change it in place)."""
     out = torch.empty(0, dtype=matrix.dtype, device=matrix.device)
     return out.set_(matrix.untyped_storage(), matrix.storage_offset(), (rows,) + tuple(matrix.shape[1:]),

@@ -4,14 +4,9 @@
 ``UserModel`` adapts it to what the engine calls (``forward(blocks, x, hot)``, ``num_layers``, ``width``,
 ``needs_degrees``, ``bottom``, ``arguments``, ``embedding_parameters``). The module's ``forward`` takes one
 of three input forms, told apart by the graph and the names of its first parameters: PyG's ``forward(x,
-edge_index, ...)`` (``SampledSubgraph.pyg_form``; ``num_sampled_nodes_per_hop`` and
-``num_sampled_edges_per_hop`` receive the counts PyG's ``BasicGNN`` trims its layers by), the block form
-``forward(blocks, x)``, or on a typed graph ``forward(blocks, features, ids)`` (its sparse ``nn.Embedding``s
-moved by the tables' optimizer). Each returns ``[rows, outputs]`` logits. NeutronOrch mode also needs, in the
-block form, ``bottom`` (a module with ``out_dim``: the bottom layer's output before its activation) and
-``upper(blocks, h)``, with ``forward(blocks, x) == upper(blocks[1:], bottom(blocks[0], x))``; it is not
-offered on a typed graph. A model without layer-by-layer inference is evaluated on every neighbour of every
-hop unless sampled evaluation fanouts are set.
+edge_index, ...)`` (``SampledSubgraph.pyg_form``), the block form ``forward(blocks, x)``, or on a typed graph
+``forward(blocks, features, ids)``. NeutronOrch mode also needs, in the block form, ``bottom`` and
+``upper(blocks, h)``, with ``forward(blocks, x) == upper(blocks[1:], bottom(blocks[0], x))``.
 """
 
 from __future__ import annotations
@@ -26,8 +21,7 @@ from neutronorch.nn.models import Tables
 from neutronorch.nn.splice import splice
 from neutronorch.sampling.block import pyg_form
 
-__all__ = ["ModelProtocolError", "UserModel", "PROTOCOL", "TYPED_PROTOCOL", "forward_parameters",
-           "check_trainable", "check_output_trains"]
+__all__ = ["ModelProtocolError", "UserModel", "PROTOCOL", "TYPED_PROTOCOL", "check_trainable"]
 
 PROTOCOL = ("forward(x, edge_index) returning a row per vertex of x (the PyG form), or forward(blocks, x) "
             "returning a row per destination of the last block (the block form); docs/models.md, 'Your own "
@@ -39,17 +33,14 @@ _PYG_NAMES = ("x", "x_dict", "data", "batch")
 
 
 class ModelProtocolError(ConfigError, ValueError):
-    """A module that does not follow the protocol: what it does and what the protocol expects. A
-    ``ConfigError`` (the module is the run's model option), and a ``ValueError`` for callers that catch one."""
+    """A module that does not follow the protocol: what it does and what the protocol expects (a
+    ``ConfigError``: the module is the run's model option)."""
 
 
 def check_trainable(module: nn.Module, kind: str, sparse_tables: bool = False) -> None:
-    """Refuse a module ``train()`` could not train, before any work: one without parameters, one whose
-    parameters all have ``requires_grad`` off, parameters on the meta device (no values to move to the
-    training device), and trainable weights that are not float32 (weights and the optimizer's state are
-    float32; ``precision`` bf16 casts them under autocast). ``sparse_tables``: whether the run moves
-    ``nn.Embedding(sparse=True)`` tables with an optimizer of their own (typed runs do; a homogeneous run's
-    Adam takes dense gradients only)."""
+    """Refuse, before any work, a module ``train()`` could not train (no trainable parameters, parameters on
+    the meta device, trainable weights not float32, sparse tables where ``sparse_tables`` is off: whether
+    the run moves ``nn.Embedding(sparse=True)`` tables with an optimizer of their own)."""
     named = list(module.named_parameters())
     if not named:
         raise ModelProtocolError(f"{kind} has no parameters, so training has nothing to update; give it its "
@@ -78,30 +69,15 @@ def check_trainable(module: nn.Module, kind: str, sparse_tables: bool = False) -
                                  f"bf16 computes in bfloat16 under autocast from float32 weights): call module.float()")
 
 
-def check_output_trains(out: torch.Tensor, module: nn.Module, kind: str, call: str) -> None:
-    """Refuse a training step's logits that carry no gradient (a ``detach()``, ``torch.no_grad()`` or
-    ``.data`` in ``forward``): the loss could not reach a parameter."""
-    if module.training and torch.is_grad_enabled() and not out.requires_grad:
-        raise ModelProtocolError(f"{kind}.{call} returned logits that carry no gradient (requires_grad False), "
-                                 f"so the loss cannot reach its parameters; remove the detach(), .data or "
-                                 f"torch.no_grad() that cuts them off in forward")
-
-
-def forward_parameters(module: nn.Module, protocol: str) -> tuple[list[str], list[inspect.Parameter]]:
-    """The names of ``module.forward``'s positional parameters, and all its parameters; a
-    ``ModelProtocolError`` naming ``protocol`` where they cannot be read."""
-    try:
-        params = list(inspect.signature(module.forward).parameters.values())
-    except (TypeError, ValueError) as exc:
-        raise ModelProtocolError(f"cannot read the parameters of {type(module).__name__}.forward ({exc}); the "
-                                 f"protocol: {protocol}") from None
-    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)], params
-
-
 def _form(module: nn.Module, typed: bool) -> tuple[str, bool]:
     """(input form, whether it takes PyG's trimming counts) of ``module.forward``, on a typed graph or not."""
     name = type(module).__name__
-    positional, params = forward_parameters(module, TYPED_PROTOCOL if typed else PROTOCOL)
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError) as exc:
+        raise ModelProtocolError(f"cannot read the parameters of {name}.forward ({exc}); the protocol: "
+                                 f"{TYPED_PROTOCOL if typed else PROTOCOL}") from None
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     names = {p.name for p in params}
     if typed:
         if positional[:1] and positional[0] in _PYG_NAMES:
@@ -214,7 +190,6 @@ class UserModel(Tables, nn.Module):
             return self._checked(self.module(blocks, x), rows, "forward(blocks, x)")
         edge_index, nodes, edges = pyg_form(blocks)
         extra = dict(zip(_TRIM, (nodes, edges))) if self.trims else {}
-        # A row per vertex of x, of which the seeds' lead.
         out = self.module(x, edge_index, **extra)
         # A row per vertex of x (fewer where the model trims its layers to what the seeds need), seeds first.
         if isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] >= rows:
@@ -229,5 +204,8 @@ class UserModel(Tables, nn.Module):
         if out.dim() != 2 or out.shape[0] != rows or out.shape[1] != self.out_width:
             raise ModelProtocolError(f"{self.kind}.{call} returned shape {list(out.shape)}; the protocol "
                                      f"expects {expected}; {protocol})")
-        check_output_trains(out, self, self.kind, call)
+        if self.training and torch.is_grad_enabled() and not out.requires_grad:
+            raise ModelProtocolError(f"{self.kind}.{call} returned logits that carry no gradient (requires_grad "
+                                     f"False), so the loss cannot reach its parameters; remove the detach(), .data "
+                                     f"or torch.no_grad() that cuts them off in forward")
         return out

@@ -2,20 +2,15 @@
 
 ``alpha[e, h] = softmax over the edges of e's destination of LeakyReLU(score_src[u_e, h] + score_dst[d_e, h]
 [+ edge_logits[e, h]])``, the coefficients GAT and R-GAT weigh their sums with. On CPU numba kernels compute a
-destination's whole softmax in one task (a block lists its edges by destination), in parallel and without
-atomics, and the scores in one pass over the projected rows each way; every other device runs the torch ops
-(``edge_softmax_torch``, and ``head_scores``' own); tests prove both equal. Why and what it saves:
-docs/performance.md, "Attention's scores and softmax on the CPU".
+destination's whole softmax in one task, without atomics, and the scores in one pass over the projected rows
+each way; torch ops elsewhere; tests prove both equal. Why: docs/performance.md, "Attention's scores and
+softmax on the CPU". The result has ``E + num_dst`` rows in ``attention.attention_edges``' order: the
+block's edges, then one self loop per destination (0 without ``self_loops``).
 
-The result has ``E + num_dst`` rows, the layout ``attention.attention_aggregate`` reads
-(``attention.attention_edges``' order): the block's edges, then one self loop per destination, which takes
-part in its destination's softmax with ``self_loops`` (GAT: source ``dst_offset + d``) and is 0 without.
-
-Sums are float32 (scores of another floating dtype are widened first, as under bfloat16 autocast) and in a
-fixed order: a destination's terms in edge order, its self loop last; a source's gradient over the edges
-that read it in edge order, its self loop last. That is ``index_add``'s order, so the result is the same
-bits whatever the thread count (``nn/rows.py``). ``NEUTRONORCH_EDGE_SOFTMAX=torch`` in the environment (or
-``kernels = False`` here) runs the torch ops on CPU too, for comparisons.
+Sums are float32 and in a fixed order: a destination's terms in edge order, its self loop last; a source's
+gradient likewise. That is ``index_add``'s order, so the result is the same bits whatever the thread count
+(``nn/rows.py``). ``NEUTRONORCH_EDGE_SOFTMAX=torch`` (or ``kernels = False`` here) runs the torch ops on
+CPU too, for comparisons.
 """
 
 from __future__ import annotations
@@ -32,7 +27,7 @@ from neutronorch.nn.attention import attention_edges
 from neutronorch.nn.rows import take_rows
 from neutronorch.sampling.block import Block
 
-__all__ = ["edge_softmax", "edge_softmax_torch", "head_scores", "kernels"]
+__all__ = ["edge_softmax", "head_scores", "kernels"]
 
 # Whether CPU float tensors take the kernels (False: the torch ops everywhere).
 kernels = os.environ.get("NEUTRONORCH_EDGE_SOFTMAX", "kernels") != "torch"
@@ -42,9 +37,8 @@ kernels = os.environ.get("NEUTRONORCH_EDGE_SOFTMAX", "kernels") != "torch"
 def _softmax_forward(indptr, indices, score_src, score_dst, edge_logits, dst_offset, self_loops, slope,
                      raw, alpha):
     """``raw``: every edge's logit before the LeakyReLU (what its derivative reads); ``alpha``: the
-    coefficients. Rows ``E + d`` are destination d's self loop (zero when there are none). ``edge_logits``
-    has E rows, or none. Infinities are never formed (fastmath assumes there are none): a destination's
-    maximum starts from its first logit."""
+    coefficients. ``edge_logits`` has E rows, or none. Infinities are never formed (fastmath assumes there
+    are none): a destination's maximum starts from its first logit."""
     heads = alpha.shape[1]
     rows = score_dst.shape[0]
     loops = indices.shape[0]
@@ -105,8 +99,7 @@ def _softmax_backward(indptr, indices, raw, alpha, grad_alpha, dst_offset, self_
                       grad_dst, grad_src):
     """The adjoint of ``_softmax_forward``. Per destination (in parallel): ``g = alpha (grad - <alpha,
     grad>)`` over its edges and self loop, times the LeakyReLU's slope at ``raw``, into ``grad_logits``
-    (also the edge logits' gradient) and summed into ``grad_dst``. Then the sources' sums in edge order,
-    one pass (a source's gradient is ``heads`` values: the pass costs what ``index_add`` does)."""
+    and summed into ``grad_dst``. Then the sources' sums in edge order, in one serial pass."""
     heads = alpha.shape[1]
     rows = grad_dst.shape[0]
     loops = indices.shape[0]
@@ -170,7 +163,7 @@ def _head_dots(row, att, out):
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _scores_forward(z, att_src, att_dst, dst_offset, score_src, score_dst):
     """score_src[u, h] = <z[u, h], att_src[h]> for every row; score_dst[d, h] = <z[dst_offset + d, h],
-    att_dst[h]> for the ``score_dst.shape[0]`` destination rows. One pass over ``z`` (rows, heads, width)."""
+    att_dst[h]> for the destination rows. One pass over ``z`` (rows, heads, width)."""
     rows = z.shape[0]
     num_dst = score_dst.shape[0]
     for c in prange((rows + CHUNK - 1) // CHUNK):
@@ -183,9 +176,9 @@ def _scores_forward(z, att_src, att_dst, dst_offset, score_src, score_dst):
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _scores_backward(z, att_src, att_dst, grad_src, grad_dst, dst_offset, grad_z, grad_att_src, grad_att_dst):
-    """The adjoint of ``_scores_forward``: ``grad_z`` written whole in one pass over ``z``; the weights'
-    gradients summed per chunk of CHUNK rows (in a chunk's own array: one it shares kept the loops from
-    vectorising), then over the chunks in order (the same sums whatever the thread count)."""
+    """The adjoint of ``_scores_forward``: ``grad_z`` in one pass over ``z``; the weights' gradients summed
+    per chunk (in a chunk's own array: a shared one kept the loops from vectorising), then over the chunks
+    in order (the same sums whatever the thread count)."""
     rows, heads, width = z.shape
     num_dst = grad_dst.shape[0]
     chunks = (rows + CHUNK - 1) // CHUNK
@@ -283,9 +276,7 @@ def head_scores(z: torch.Tensor, att_src: torch.Tensor, att_dst: torch.Tensor | 
                 num_dst: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention's per-vertex scores: ``(z * att_src).sum(-1)`` for every row of ``z`` (rows, heads, width),
     and with ``att_dst`` ``(z[dst_offset:dst_offset + num_dst] * att_dst).sum(-1)`` (else None); the
-    weights (heads, width), or any shape of that many values (PyG's (1, heads, width)). On CPU, for float32,
-    one kernel over ``z`` each way (the torch ops wrote and read several tensors of z's size, forward and
-    backward, and the destinations' slice a zero gradient of z's size); the torch ops elsewhere."""
+    weights (heads, width), or any shape of that many values (PyG's (1, heads, width))."""
     heads, width = z.shape[1:]
     if att_dst is not None and dst_offset + num_dst > z.shape[0]:
         raise ValueError(f"destination rows {dst_offset}:{dst_offset + num_dst} beyond z's {z.shape[0]} rows")
@@ -306,26 +297,16 @@ def head_scores(z: torch.Tensor, att_src: torch.Tensor, att_dst: torch.Tensor | 
 def edge_softmax(block: Block, score_src: torch.Tensor, score_dst: torch.Tensor,
                  edge_logits: torch.Tensor | None = None, negative_slope: float = 0.2, self_loops: bool = False,
                  edges: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """Attention coefficients, ``(E + num_dst, heads)``: row e < E for the block's edge e, ``softmax`` over
-    its destination's edges (and self loop) of ``LeakyReLU(score_src[u_e] + score_dst[d_e] [+
-    edge_logits[e]], negative_slope)``; row ``E + d`` destination d's self loop (``score_src[dst_offset +
-    d]`` is its source) with ``self_loops``, else 0. ``score_src``: (num_src, heads); ``score_dst``:
-    (num_dst, heads); ``edge_logits``: (E, heads). ``edges``: ``attention_edges(block)`` (with
-    ``self_loops``) or the block's (sources, destinations), when the caller has them for the torch ops.
-    Float32 on CPU (bfloat16 and float16 scores are widened first); the scores' dtype elsewhere."""
+    """Attention coefficients, ``(E + num_dst, heads)`` (see the module docstring): row e < E for the
+    block's edge e; row ``E + d`` destination d's self loop (source ``dst_offset + d``) with ``self_loops``,
+    else 0. ``score_src``: (num_src, heads); ``score_dst``: (num_dst, heads); ``edge_logits``: (E, heads).
+    ``edges``: ``attention_edges(block)`` (with ``self_loops``) or the block's (sources, destinations), when
+    the caller has them for the torch ops. Float32 on CPU; the scores' dtype elsewhere."""
     tensors = [score_src, score_dst] + ([edge_logits] if edge_logits is not None else [])
     if kernels and all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.bfloat16, torch.float16)
                        for t in tensors):
         widen = [t.float() for t in tensors] + [None] * (3 - len(tensors))
         return _EdgeSoftmax.apply(*widen, block, negative_slope, self_loops)
-    return edge_softmax_torch(block, score_src, score_dst, edge_logits, negative_slope, self_loops, edges)
-
-
-def edge_softmax_torch(block: Block, score_src: torch.Tensor, score_dst: torch.Tensor,
-                       edge_logits: torch.Tensor | None = None, negative_slope: float = 0.2,
-                       self_loops: bool = False, edges: tuple[torch.Tensor, torch.Tensor] | None = None
-                       ) -> torch.Tensor:
-    """``edge_softmax`` in torch ops (any device)."""
     if edges is None:
         edges = attention_edges(block) if self_loops else (block.indices.long(), edge_destinations(block))
     src, dst = edges

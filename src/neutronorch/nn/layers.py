@@ -1,9 +1,8 @@
 """GNN layers over blocks: each computes only its destinations' outputs.
 
 Every layer maps ``(block, x_src) -> y_dst`` (pre-activation). SAGE and GCN are *separable*: their output
-is ``transform(x_dst, aggregate(block, x_src))`` with a parameter-free ``aggregate``; NeutronOrch computes
-the bottom layer of hot vertices elsewhere with exactly these two calls. GAT's aggregation depends on its
-weights, so it is not separable and its whole output is computed elsewhere instead.
+is ``transform(x_dst, aggregate(block, x_src))`` with a parameter-free ``aggregate``, the two calls
+NeutronOrch's host computes hot vertices with; GAT's whole output is computed there instead.
 """
 
 from __future__ import annotations
@@ -60,14 +59,10 @@ class SAGEConv(nn.Module):
 class GCNConv(nn.Module):
     """Graph convolution with a self loop (Kipf & Welling, ICLR 2017), normalised one of two ways:
 
-    - ``norm="symmetric"`` (the default; PyG's ``GCNConv``, DGL's ``GraphConv(norm="both")`` on a graph
-      with self loops): ``y_v = W (x_v / D_v + sum_{u in N(v)} x_u / sqrt(D_u D_v)) + b`` with D the
-      in-degree in the graph plus one. On a sampled block the sum over N(v) is estimated without bias from
-      the sampled neighbours (scaled by |N(v)| / |S(v)|; exact when every neighbour is sampled), so
-      training estimates the very layer that full-neighbour inference computes; blocks must carry their
-      sources' graph degrees (``Block.src_degree``);
-    - ``norm="mean"``: ``y_v = W mean({x_v} + {x_u : u in S(v)}) + b`` (the GraphSAGE paper's GCN
-      aggregator, random-walk normalisation over the sampled neighbours).
+    - ``norm="symmetric"`` (PyG's ``GCNConv``): ``y_v = W (x_v / D_v + sum_{u in N(v)} x_u / sqrt(D_u D_v)) +
+      b`` with D the in-degree in the graph plus one, the sum over N(v) estimated without bias from the
+      sampled neighbours (``symmetric_aggregate``); blocks carry their sources' degrees (``src_degree``);
+    - ``norm="mean"``: ``y_v = W mean({x_v} + {x_u : u in S(v)}) + b`` (the GraphSAGE paper's GCN aggregator).
     """
 
     separable = True
@@ -90,35 +85,26 @@ class GCNConv(nn.Module):
         return linear(self.lin, aggregated)
 
     def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
-        if project_first(block, self.in_dim, self.out_dim, sparse_input.dense_equivalent(x_src)):
-            # The aggregation is linear and row-wise: aggregating x W equals (aggregating x) W.
-            y = self.aggregate(block, project(x_src, self.lin.weight))
-            return y + self.lin.bias.to(y.dtype)
-        if self.norm == "mean":
-            fused = fused_mean_linear(block, x_src, [self.lin.weight], self.lin.bias, self_columns=False,
-                                      include_self=True)
-            if fused is not None:
-                return fused
-        return self.transform(block.dst_rows(x_src), self.aggregate(block, x_src))
+        fuse = None if self.norm != "mean" else lambda: fused_mean_linear(
+            block, x_src, [self.lin.weight], self.lin.bias, self_columns=False, include_self=True)
+        return aggregate_linear(block, x_src, self.lin.weight, self.lin.bias, self.aggregate, fuse)
 
 
 class GATConv(nn.Module):
     """Multi-head graph attention over the vertex and its sampled neighbours (Velickovic et al. 2018):
-    ``y_v = ||_h sum_u alpha^h_vu W^h x_u + b``, ``alpha^h_vu = softmax_u LeakyReLU(a_l^h W^h x_u + a_r^h W^h x_v)``.
-    Heads are concatenated; in training, dropout with probability ``attention_dropout`` is applied to the
-    attention coefficients."""
+    ``y_v = ||_h sum_u alpha^h_vu W^h x_u + b``,
+    ``alpha^h_vu = softmax_u LeakyReLU(a_l^h W^h x_u + a_r^h W^h x_v)``, in training the coefficients dropped
+    with probability ``attention_dropout``."""
 
     separable = False
     needs_degrees = False
 
-    def __init__(self, in_dim: int, out_dim: int, heads: int = 1, negative_slope: float = 0.2,
-                 attention_dropout: float = 0.0):
+    def __init__(self, in_dim: int, out_dim: int, heads: int = 1, attention_dropout: float = 0.0):
         super().__init__()
         if out_dim % heads:
             raise ValueError(f"GAT width {out_dim} is not divisible by {heads} heads")
         self.in_dim, self.out_dim, self.heads = in_dim, out_dim, heads
         self.head_dim = out_dim // heads
-        self.negative_slope = negative_slope
         self.attention_dropout = attention_dropout
         self.lin = nn.Linear(in_dim, out_dim, bias=False)
         self.attn_src = nn.Parameter(torch.empty(heads, self.head_dim))
@@ -132,12 +118,10 @@ class GATConv(nn.Module):
         # Scores, softmax and the weighted sum in float32 whatever z's dtype (bfloat16 under autocast).
         z32 = z.float()
         score_src, score_dst = head_scores(z32, self.attn_src, self.attn_dst, block.dst_offset, block.num_dst)
-        # Over the block's edges, then a self loop per destination (attention_edges), whose (source,
-        # destination) pairs the torch ops of other devices index by; CPU kernels need no edge-wide index.
+        # (source, destination) per edge and self loop: the torch ops' index; the CPU kernels need none.
         edges = None if z32.device.type == "cpu" else attention_edges(block)
-        alpha = edge_softmax(block, score_src, score_dst, None, self.negative_slope, self_loops=True, edges=edges)
-        # Dropout on the attention coefficients, as in the reference GAT (+1.4 points on Cora here).
-        # Each edge's mask keyed by its (destination, source) vertex pair when the block knows its vertices.
+        alpha = edge_softmax(block, score_src, score_dst, self_loops=True, edges=edges)
+        # As in the reference GAT (+1.4 points on Cora here); each edge's mask keyed by its vertex pair.
         ids = None
         if self.training and self.attention_dropout > 0 and block.src_ids is not None:
             src, dst = edges if edges is not None else attention_edges(block)
@@ -149,8 +133,7 @@ class GATConv(nn.Module):
 
 class Residual(nn.Module):
     """A layer with a skip connection from its input: ``y_v = layer(block, x)_v + skip(x_v)``, the skip the
-    identity when the widths agree and a learned projection (no bias) otherwise. The skip belongs to the
-    layer, so for the bottom layer NeutronOrch's host computes it with the rest of a hot vertex's row."""
+    identity when the widths agree, else a learned projection (no bias)."""
 
     def __init__(self, layer: nn.Module):
         super().__init__()
@@ -173,10 +156,22 @@ class Residual(nn.Module):
         return linear(self.skip, x) if isinstance(self.skip, nn.Linear) else self.skip(x)
 
 
+def aggregate_linear(block: Block, x_src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                     aggregate, fuse=None) -> torch.Tensor:
+    """``aggregate(block, x_src)`` times ``weight`` (``out x in``) plus ``bias``: projecting first where that
+    costs fewer flops (the aggregation is linear and row-wise), else through ``fuse()`` where it gives a
+    result, else aggregating first."""
+    out_dim, in_dim = weight.shape
+    if project_first(block, in_dim, out_dim, sparse_input.dense_equivalent(x_src)):
+        y = aggregate(block, project(x_src, weight))
+        return y if bias is None else y + bias.to(y.dtype)
+    fused = fuse() if fuse is not None else None
+    return fused if fused is not None else project(aggregate(block, x_src), weight, bias)
+
+
 def project_first(block: Block, in_dim: int, out_dim: int, share: float = 1.0) -> bool:
-    """Whether multiplying by the weight before aggregating costs fewer flops than after. ``share``: what
-    a product of the source rows costs against a dense one (below 1 for mostly-zero rows, which are then
-    also read once to find their nonzeros; ``sparse_input.dense_equivalent``)."""
+    """Whether multiplying by the weight before aggregating costs fewer flops than after. ``share``: what a
+    product of the source rows costs against a dense one (``sparse_input.dense_equivalent``)."""
     after = block.num_edges * in_dim + block.num_dst * in_dim * out_dim
     before = block.num_src * in_dim * out_dim * share + block.num_edges * out_dim
     if share < 1.0:

@@ -1,16 +1,7 @@
 """Link prediction models: a node encoder (any built-in GNN, whose last layer outputs embeddings) and a
-scoring head over pairs of embeddings.
-
-Heads (``LINK_HEADS``), each mapping two (..., D) embeddings to (...) logits:
-
-- ``dot``: the inner product ``<h_u, h_v>`` (PyG's and DGL's link-prediction examples);
-- ``mlp``: a two-layer perceptron over the element-wise product ``h_u * h_v`` (OGB's ``LinkPredictor``).
-
-Both are symmetric in ``u`` and ``v``, so an undirected link scores the same either way round.
-
-The encoder starts as DGL's ``SAGEConv`` does (``glorot_``): linear weights from Glorot's uniform with the
-ReLU gain and zero biases, not torch's defaults, and input rows larger than unit norm (raw features) scale
-the first layer's weights down (``input_norm``); why, with the measurements: docs/link-prediction.md.
+scoring head (``LINK_HEADS``) mapping two (..., D) embeddings to (...) logits, symmetric in its two ends:
+``dot``, the inner product ``<h_u, h_v>``; ``mlp``, a two-layer perceptron over ``h_u * h_v`` (OGB's
+``LinkPredictor``). The encoder starts as DGL's ``SAGEConv`` does (``glorot_``; why: docs/link-prediction.md).
 """
 
 from __future__ import annotations
@@ -23,16 +14,14 @@ from neutronorch.nn.models import GNN, Tables
 from neutronorch.nn.names import LINK_HEADS
 from neutronorch.nn.typed_models import TypedGNN
 
-__all__ = ["LINK_HEADS", "DotHead", "LinkModel", "MLPHead", "glorot_", "make_head"]
+__all__ = ["LINK_HEADS", "DotHead", "LinkModel", "MLPHead", "glorot_"]
 
 
 def glorot_(module: nn.Module, input_norm: float = 1.0) -> nn.Module:
     """Every ``nn.Linear`` of ``module`` started again: its weight from Glorot's uniform with the ReLU gain,
     its bias at zero. ``input_norm``: the root mean square of the input rows' L2 norms; above 1, the weights
-    that read the input (the first layer's, ``module.layers[0]``) are divided by it, so raw rows start as
-    rows of unit norm would (the weights keep the activations' scale, and a dot product of large embeddings
-    starts far from any useful logit: on the 1M benchmark graph's raw rows, RMS norm 5.1, test MRR 19.3
-    after 150 steps against 26.9 so scaled)."""
+    that read the input (``module.layers[0]``'s) are divided by it, so raw rows start as rows of unit norm
+    would (docs/link-prediction.md)."""
     gain = nn.init.calculate_gain("relu")
     for layer in module.modules():
         if isinstance(layer, nn.Linear):
@@ -47,7 +36,6 @@ def glorot_(module: nn.Module, input_norm: float = 1.0) -> nn.Module:
                 if isinstance(layer, nn.Linear) and layer.in_features == width:
                     layer.weight.div_(input_norm)
     return module
-
 
 
 class DotHead(nn.Module):
@@ -68,24 +56,19 @@ class MLPHead(nn.Module):
         return self.out(h).squeeze(-1)
 
 
-def make_head(kind: str, width: int, dropout: float = 0.0) -> nn.Module:
-    if kind not in LINK_HEADS:
-        raise ValueError(f"unknown link head {kind!r}; choose one of {LINK_HEADS}")
-    return DotHead() if kind == "dot" else MLPHead(width, dropout)
-
-
 class LinkModel(Tables, nn.Module):
-    """``encoder`` (a ``GNN``, or a ``TypedGNN`` whose ``spec.outputs`` are the link's end types, whose output
-    rows are embeddings) and a ``head`` scoring pairs of them. ``forward`` is the encoder's (what a mode's step
-    calls); ``score`` is the head's."""
+    """``encoder`` (a ``GNN``, or a ``TypedGNN`` whose ``spec.outputs`` are the link's end types) and a
+    ``head`` scoring pairs of its embeddings: ``forward`` is the encoder's, ``score`` the head's."""
 
     def __init__(self, encoder: GNN | TypedGNN, head: str = "dot", dropout: float = 0.0, input_norm: float = 1.0):
         super().__init__()
-        # A typed encoder keeps its own start: its relations' and roots' sums made Glorot's rows about 6 times
-        # larger (2-layer SAGE on a synthetic graph), logits of 100 that a dot head learnt nothing from.
+        # A typed encoder keeps its own start: its relations' sums made Glorot's rows about 6 times larger,
+        # logits of 100 that a dot head learnt nothing from.
         self.encoder = encoder if isinstance(encoder, TypedGNN) else glorot_(encoder, input_norm)
-        self.head = make_head(head, encoder.width(encoder.num_layers - 1), dropout)
-        self.kind = encoder.kind
+        if head not in LINK_HEADS:
+            raise ValueError(f"unknown link head {head!r}; choose one of {LINK_HEADS}")
+        self.head = DotHead() if head == "dot" else MLPHead(encoder.width(encoder.num_layers - 1), dropout)
+        self.kind, self.num_layers = encoder.kind, encoder.num_layers
         # What rebuilds this model (a checkpoint stores it next to the weights).
         self.arguments = {"link_head": head, "head_dropout": dropout, "encoder": dict(encoder.arguments)}
 
@@ -103,10 +86,6 @@ class LinkModel(Tables, nn.Module):
     def bottom(self) -> nn.Module:
         """The encoder's bottom layer (what NeutronOrch mode computes on the host for hot vertices)."""
         return self.encoder.bottom
-
-    @property
-    def num_layers(self) -> int:
-        return self.encoder.num_layers
 
     def forward(self, *inputs) -> torch.Tensor:
         return self.encoder(*inputs)

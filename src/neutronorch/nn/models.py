@@ -4,12 +4,9 @@ any depth) on it; the relational models (``nn/typed_models.py``) are the same st
 A stack maps the bottom block's source rows, layer by layer, to the logits of the last block's destinations:
 after every layer but the last an activation (ReLU, or LeakyReLU of ``slope``) and in training the dropout
 after it, each row's mask keyed by its vertex (``nn/activation.py``). Rows are one tensor on a homogeneous
-graph and one tensor per vertex type on a typed one (``TypedBlock``s); the loop is the same. With ``hot``
-(NeutronOrch mode), the bottom block holds only the destinations computed here, and the bottom layer's output
-is spliced together from them and the hot rows computed elsewhere (``nn/splice.py``), before the activation
-that follows it: the model, not a mode, decides how layers and activations compose. ``bottom`` is the layer
-NeutronOrch's host computes hot rows with; ``layer_forward`` runs one layer with the activation that follows
-it (full-neighbour inference).
+graph and one per vertex type on a typed one. With ``hot`` (NeutronOrch mode) the bottom layer's output is
+spliced together from the destinations computed here and the hot rows computed elsewhere (``nn/splice.py``),
+before the activation that follows it: the model, not a mode, decides how layers and activations compose.
 """
 
 from __future__ import annotations
@@ -24,17 +21,16 @@ from torch.nn import functional as F
 from neutronorch.nn.activation import keyed_dropout, relu_dropout
 from neutronorch.nn.blocks import GraphBlock, Head, InputBlock, norm_layer
 from neutronorch.nn.layers import GATConv, GCNConv, Residual, SAGEConv
-from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, MODELS, NORMS, needs_degrees
+from neutronorch.nn.names import ARCHITECTURES, MODELS, NORMS
 from neutronorch.nn.splice import HotRows, splice, splice_relu_dropout
 from neutronorch.sampling.block import Block
 
-__all__ = ["ARCHITECTURES", "GCN_NORMS", "GNN", "LayerStack", "MODELS", "NORMS", "Tables", "needs_degrees"]
+__all__ = ["GNN", "LayerStack", "Tables"]
 
 
 class Tables:
-    """A model's weights by optimizer: ``embedding_parameters``, those of every ``nn.Embedding`` or
-    ``nn.EmbeddingBag`` made with ``sparse=True`` (each once, in module order: the tables' optimizer), and
-    ``dense_parameters``, every other (Adam)."""
+    """A model's weights by optimizer: ``embedding_parameters``, those of every sparse ``nn.Embedding`` or
+    ``nn.EmbeddingBag`` (each once, in module order: the tables' optimizer); ``dense_parameters`` (Adam)."""
 
     def embedding_parameters(self) -> list[nn.Parameter]:
         found = {}
@@ -63,8 +59,8 @@ def _typed(value, node_type: str | None):
 class LayerStack(Tables, nn.Module):
     """``num_layers`` layers (``layers``) with the activation of the module docstring between them. A subclass
     overrides ``layer_output`` where a layer reads more than ``(block, rows)``, ``activate`` where more than
-    the nonlinearity follows a layer, and ``forward_key`` and ``masks`` where a forward's dropout masks come
-    from one key (by default every activation draws its own)."""
+    the nonlinearity follows a layer, and ``forward_key`` and ``masks`` where a forward's masks come from one
+    key."""
 
     slope: float | None = None  # None: ReLU between layers; a number: LeakyReLU of that negative slope
 
@@ -75,7 +71,7 @@ class LayerStack(Tables, nn.Module):
 
     @property
     def bottom(self) -> nn.Module:
-        """The layer that reads the input rows (its output before the activation): NeutronOrch's host layer."""
+        """The layer that reads the input rows (output before the activation): NeutronOrch's host layer."""
         return self.layers[0]
 
     def width(self, index: int) -> int:
@@ -89,7 +85,7 @@ class LayerStack(Tables, nn.Module):
 
     def layer_output(self, index: int, block, x):
         """Layer ``index``'s output before the activation, from its block's source rows ``x``."""
-        return (self.bottom if index == 0 else self.layers[index])(block, x)
+        return self.layers[index](block, x)
 
     def activate(self, y: torch.Tensor, ids: torch.Tensor | None = None, layer: int = 0) -> torch.Tensor:
         """What follows layer ``layer``'s rows ``y`` (nothing after the last): the activation, then in training
@@ -110,11 +106,7 @@ class LayerStack(Tables, nn.Module):
         """Layer ``index`` and the activation after it (full-neighbour inference)."""
         return each(self.layer_output(index, block, x), lambda t, y: self.activate(y, _typed(block.dst_ids, t), index))
 
-    def forward(self, blocks: list[Block], x: torch.Tensor, hot: HotRows | None = None) -> torch.Tensor:
-        """Logits of the last block's destinations (``run``)."""
-        return self.run(blocks, x, hot)
-
-    def run(self, blocks: list, x, hot=None):
+    def forward(self, blocks: list[Block], x, hot: HotRows | None = None):
         """The last layer's output for ``blocks[-1]``'s destinations from ``blocks[0]``'s source rows ``x``.
         ``hot``: ``HotRows`` (per type on a typed model) spliced into the bottom layer's output in the order of
         ``blocks[1]``'s source frontier, whose vertices key the activation's dropout masks; ``blocks[0]`` then
@@ -158,15 +150,13 @@ class GNN(LayerStack):
     def __init__(self, kind: str, in_dim: int, hidden: int, num_classes: int, num_layers: int,
                  dropout: float = 0.5, heads: int = 4, gcn_norm: str = "symmetric", residual: bool = False,
                  norm: str = "none", architecture: str = "plain"):
-        if kind not in MODELS:
-            raise ValueError(f"unknown model {kind!r}; choose one of {MODELS}")
+        for what, value, choices in (("model", kind, MODELS), ("normalisation", norm, NORMS),
+                                     ("architecture", architecture, ARCHITECTURES)):
+            if value not in choices:
+                raise ValueError(f"unknown {what} {value!r}; choose one of {choices}")
         super().__init__({"kind": kind, "in_dim": in_dim, "hidden": hidden, "num_classes": num_classes,
                           "num_layers": num_layers, "dropout": dropout, "heads": heads, "gcn_norm": gcn_norm,
                           "residual": residual, "norm": norm, "architecture": architecture})
-        if norm not in NORMS:
-            raise ValueError(f"unknown normalisation {norm!r}; choose one of {NORMS}")
-        if architecture not in ARCHITECTURES:
-            raise ValueError(f"unknown architecture {architecture!r}; choose one of {ARCHITECTURES}")
         self.norm = norm
         self.head = None
         if architecture == "blocks":
@@ -175,15 +165,11 @@ class GNN(LayerStack):
             self.head = Head(hidden, num_classes, norm)
             return
         dims = [in_dim] + [hidden] * (num_layers - 1) + [num_classes]
-        layers = []
-        for i in range(num_layers):
-            last = i == num_layers - 1
-            if kind == "sage":
-                layers.append(SAGEConv(dims[i], dims[i + 1]))
-            elif kind == "gcn":
-                layers.append(GCNConv(dims[i], dims[i + 1], norm=gcn_norm))
-            else:
-                layers.append(GATConv(dims[i], dims[i + 1], heads=1 if last else heads, attention_dropout=dropout))
+        make = {"sage": lambda i, o, last: SAGEConv(i, o),
+                "gcn": lambda i, o, last: GCNConv(i, o, norm=gcn_norm),
+                "gat": lambda i, o, last: GATConv(i, o, heads=1 if last else heads, attention_dropout=dropout)
+                }[kind]
+        layers = [make(dims[i], dims[i + 1], i == num_layers - 1) for i in range(num_layers)]
         if residual:  # every layer but the output layer
             layers = [Residual(layer) for layer in layers[:-1]] + layers[-1:]
         self.layers = nn.ModuleList(layers)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 MODELS = ("sage", "gcn", "gat")
-# Relational models of typed graphs (nn/typed_models.py): typed SAGE, R-GCN and R-GAT. ``sage`` names both
-# the homogeneous and the typed model (the graph chooses); the others train typed graphs only.
+# Relational models of typed graphs (nn/typed_models.py); ``sage`` names both kinds (the graph chooses).
 TYPED_MODELS = ("sage", "rgcn", "rgat")
 RELATIONAL_ONLY = tuple(m for m in TYPED_MODELS if m not in MODELS)
 LINK_HEADS = ("dot", "mlp")  # how a link task scores a pair of embeddings (nn/link.py)

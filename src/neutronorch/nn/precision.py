@@ -1,14 +1,7 @@
-"""A run's numeric precision: float32, or bfloat16 matrix products and aggregation with float32 weights.
-
-In bfloat16 (``bf16``) the layers run under ``torch.autocast`` with bfloat16: feature rows are gathered as
-bfloat16 (half the bytes written, copied and read), matrix products take bfloat16 inputs (AMX on recent
-x86 CPUs, tensor cores on GPUs), the aggregation kernels read and write bfloat16 rows and sum in float32.
-The weights and the optimizer's state stay float32 (autocast casts the weights at each use and their
-gradients come back as float32), the logits are cast to float32 before the loss, and softmax-like
-reductions (GAT's attention) run in float32. Evaluation and prediction run in float32.
-
-``auto`` takes bfloat16 where the hardware computes it natively (a CUDA GPU with bfloat16 support, a CPU with
-AMX or AVX512-BF16) and float32 elsewhere, where bfloat16 would be emulated and slower.
+"""A run's numeric precision: float32, or bfloat16 matrix products and aggregation with float32 weights
+(``bf16``: the layers under ``torch.autocast``, the weights, the optimizer's state, the loss and attention's
+softmax in float32; docs/performance.md, "Precision"); ``auto`` takes bfloat16 where the hardware computes it
+natively (a CUDA GPU with bfloat16 support, a CPU with AMX or AVX512-BF16), float32 elsewhere.
 """
 
 from __future__ import annotations
@@ -25,11 +18,6 @@ class Precision:
     name: str = "fp32"  # fp32 or bf16 (resolved)
     reason: str = ""  # why: what the hardware offers
 
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype of feature rows and activations."""
-        return torch.bfloat16 if self.name == "bf16" else torch.float32
-
     def autocast(self, device: torch.device):
         """The context the model's forward pass runs in."""
         if self.name != "bf16":
@@ -37,20 +25,24 @@ class Precision:
         return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a layer's products run in: autocast's where it is on for ``x``'s device, else ``x``'s."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
+def sum_dtype(x: torch.Tensor) -> torch.dtype:
+    """Sums of half-precision rows are float32 sums."""
+    return torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+
+
 def cpu_bf16_units() -> list[str]:
     """The CPU's native bfloat16 matrix units: ``amx_bf16`` and/or ``avx512_bf16`` (empty if neither)."""
-    units = []
     probes = {"amx_bf16": "_is_amx_tile_supported", "avx512_bf16": "_is_avx512_bf16_supported"}
     cpu = getattr(torch._C, "_cpu", None)
-    for name, probe in probes.items():
-        check = getattr(cpu, probe, None)
-        if check is not None:
-            if check():
-                units.append(name)
-            continue
-        if name in _cpuinfo_flags():
-            units.append(name)
-    return units
+    return [name for name, probe in probes.items()
+            if (getattr(cpu, probe)() if hasattr(cpu, probe) else name in _cpuinfo_flags())]
 
 
 def _cpuinfo_flags() -> set[str]:

@@ -1,9 +1,7 @@
 """A trained model as PyTorch Geometric builds it, for those who serve or fine-tune with PyG.
 
-``to_pyg_model(model)`` returns PyG's own model class for the architecture (``GraphSAGE``, ``GCN`` or
-``GAT`` of ``torch_geometric.nn.models``) holding the same weights, giving on a whole graph without self loops
-the logits of neutronorch's full-neighbour inference; how the weights map, and what is refused:
-docs/models.md, "Serving with PyG". PyG is optional: imported here, when asked for.
+``to_pyg_model(model)``: PyG's own ``GraphSAGE``, ``GCN`` or ``GAT`` with the same weights, giving on a whole
+graph without self loops the logits of full-neighbour inference (docs/models.md, "Serving with PyG").
 """
 
 from __future__ import annotations

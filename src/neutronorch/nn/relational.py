@@ -2,13 +2,10 @@
 benchmark's R-GAT layer, its per-relation parameters a ``RelationAttention``); what each computes and its PyG
 counterpart: docs/heterogeneous.md, "Relational layers".
 
-Every layer maps ``(tblock, x_src) -> y_dst`` (pre-activation): ``tblock`` a ``TypedBlock`` (one ``Block`` per
-relation ``(src_type, name, dst_type)``), ``x_src`` one tensor of source rows per vertex type, ``y_dst`` one
-per destination type, ``tblock.num_dst[t]`` rows. A relation reads ``x_src[src_type]`` through its own block;
-a destination's own row is ``x_src[dst_type][i]``. The relations a layer is built with are its parameters'
-keys: one the block lacks counts as one with no edges (its bias and root terms still apply), one the layer
-does not know is an error. Edge weights (``edge_weight[rel]``, one per edge in ``indices``' order) scale each
-message inside the mean, which still divides by the edge count (``mean_aggregate``'s ``edge_weight``).
+Every layer maps ``(tblock, x_src) -> y_dst`` (pre-activation, one tensor per type). The relations a layer
+is built with are its parameters' keys: one the block lacks counts as one with no edges (its bias and root
+terms still apply), one the layer does not know is an error. Edge weights (``edge_weight[rel]``) scale each
+message inside the mean (``mean_aggregate``'s ``edge_weight``).
 """
 
 from __future__ import annotations
@@ -21,12 +18,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from neutronorch.nn import sparse_input
 from neutronorch.nn.aggregation import mean_aggregate
 from neutronorch.nn.attention import attention_aggregate
 from neutronorch.nn.bucket import linear, project
 from neutronorch.nn.edge_softmax import edge_softmax, head_scores
-from neutronorch.nn.layers import project_first
+from neutronorch.nn.layers import aggregate_linear
+from neutronorch.nn.precision import sum_dtype
 from neutronorch.sampling.block import Block, RelationType, TypedBlock
 
 SAGE_ROOTS = ("relation", "type", None)
@@ -40,9 +37,8 @@ def module_key(relation: RelationType) -> str:
 class TypedSAGEConv(nn.Module):
     """Relational GraphSAGE-mean: for ``v`` of type ``t``, ``y_v = sum_{r = (s, name, t)} (W_r mean_{N_r(v)} x_u)
     + root_t(x_v)``. ``root``: ``"relation"``, a root weight and bias per relation (PyG's ``HeteroConv`` of
-    ``SAGEConv((in_s, in_t), out)``, weights copying one to one: ``lin_l`` = ``neigh[rel]`` with ``root[rel]``'s
-    bias, ``lin_r`` = ``root[rel]``), summed before the product; ``"type"``, one per destination type (the
-    same functions, fewer parameters); ``None``, no root term and a bias per relation (MLPerf's R-SAGE)."""
+    ``SAGEConv((in_s, in_t), out)``: ``lin_l`` = ``neigh[rel]`` with ``root[rel]``'s bias, ``lin_r`` =
+    ``root[rel]``); ``"type"``, one per destination type; ``None``, none and a bias per relation (R-SAGE)."""
 
     def __init__(self, in_dims: Mapping[str, int] | int, out_dim: int, relations: Iterable[RelationType],
                  root: str | None = "relation"):
@@ -84,10 +80,9 @@ class TypedSAGEConv(nn.Module):
         lins = [self.root[module_key(r)] for r in into]
         if len(lins) == 1:
             return linear(lins[0], x_dst)
-        # sum_r (R_r x + b_r) = (sum_r R_r) x + sum_r b_r: one product for the type, not one per relation.
-        # Summed with additions, not stack(...).sum(0): that one's backward hands every weight a view of one
-        # expanded gradient, which autograd may keep as each weight's .grad, so that the weights' gradients
-        # would share one buffer and a second backward pass (NeutronOrch's hot rows) add into all of them.
+        # sum_r (R_r x + b_r) = (sum_r R_r) x + sum_r b_r: one product for the type. Additions, not
+        # stack(...).sum(0), whose backward may leave the weights' .grad views of one shared buffer, which a
+        # second backward pass (NeutronOrch's hot rows) would then add into for all of them.
         weight = functools.reduce(torch.add, [lin.weight for lin in lins])
         bias = functools.reduce(torch.add, [lin.bias for lin in lins])
         return project(x_dst, weight, bias)
@@ -95,16 +90,14 @@ class TypedSAGEConv(nn.Module):
 
 class RGCNConv(nn.Module):
     """R-GCN (Schlichtkrull et al., ESWC 2018) with mean normalisation: ``y_v = x_v W_root + sum_r mean_{N_r(v)}
-    x_u W_r + b``, ``W_root`` and ``b`` shared by every type (a type no relation ends at still gets
-    ``x_v W_root + b``), optionally ``W_r = sum_b comp[r, b] basis[b]`` (``num_bases``); parameters laid out
-    ``in x out`` as PyG's ``RGCNConv(aggr="mean")`` has them (its ``weight`` is ``basis`` here). Every type's
-    input has one width, ``in_dim``; other widths are refused.
+    x_u W_r + b``, ``W_root`` and ``b`` shared by every type, optionally ``W_r = sum_b comp[r, b] basis[b]``
+    (``num_bases``); parameters laid out ``in x out`` as PyG's ``RGCNConv(aggr="mean")`` has them (its
+    ``weight`` is ``basis`` here). Every type's input is ``in_dim`` wide.
 
     ``projections[t]`` (``forward``): a linear map ``h = P_t x + c_t`` to ``in_dim`` that type ``t``'s raw rows
     still need. The mean is linear, so a relation from ``t`` contributes ``mean(x_u) (P_t^T W_r) + [N_r(v)
     nonempty] c_t W_r`` (with edge weights the bracket is the weighted mean of ones), and only the
-    destinations' own rows are projected for the root term: a bottom layer reads far more source rows than it
-    has destinations."""
+    destinations' own rows are projected for the root term."""
 
     def __init__(self, in_dim: int, out_dim: int, relations: Iterable[RelationType], num_bases: int | None = None):
         super().__init__()
@@ -155,11 +148,9 @@ class RGCNConv(nn.Module):
                 return None
             w = None if edge_weight is None else edge_weight.get(r)
             weight, lin = weights[self.index[r]], projections.get(r[0])
-            if lin is None:
-                return mean_linear(block, input_rows(x_src, r[0], None), weight.t(), None, w)
-            # P^T W_r: the relation's weight on the raw rows
-            y = mean_linear(block, input_rows(x_src, r[0], None), (lin.weight.t() @ weight).t(), None, w)
-            if lin.bias is not None:
+            on_rows = weight if lin is None else lin.weight.t() @ weight  # P^T W_r: on the raw rows
+            y = mean_linear(block, input_rows(x_src, r[0], None), on_rows.t(), None, w)
+            if lin is not None and lin.bias is not None:
                 y = y + reached(block, w, y.dtype).unsqueeze(1) * (lin.bias @ weight).to(y.dtype)
             return y
 
@@ -167,11 +158,9 @@ class RGCNConv(nn.Module):
 
 
 class RelationAttention(nn.Module):
-    """One relation's GAT parameters, named as PyG's ``GATConv`` names them (so ``load_state_dict`` copies
-    one into the other): ``lin`` when source and destination types share a width (PyG's ``GATConv(in, ...)``,
-    one projection for both ends), else ``lin_src`` and ``lin_dst`` (``GATConv((in_s, in_d), ...)``);
-    ``att_src``, ``att_dst`` ``(1, heads, head_dim)``; with edge features, ``lin_edge`` and ``att_edge``;
-    ``bias``."""
+    """One relation's GAT parameters, named as PyG's ``GATConv`` names them (``load_state_dict`` copies one
+    into the other): ``lin`` when both end types share a width, else ``lin_src`` and ``lin_dst``; ``att_src``,
+    ``att_dst`` ``(1, heads, head_dim)``; with edge features ``lin_edge`` and ``att_edge``; ``bias``."""
 
     def __init__(self, in_src: int, in_dst: int, heads: int, head_dim: int, edge_dim: int | None):
         super().__init__()
@@ -205,21 +194,15 @@ class RGATConv(nn.Module):
     the relations ending at ``t`` summed:
     ``y_v = sum_r (||_h sum_{u in N_r(v)} alpha^{r,h}_vu W^r_h x_u + b_r)``,
     ``alpha^{r,h}_vu = softmax_u LeakyReLU(a^r_src,h W^r_h x_u + a^r_dst,h W^r_h x_v [+ a^r_edge,h W^r_edge,h e_uv])``.
-    Heads are concatenated (``out_dim = heads x head_dim``). A destination with no edge through ``r`` gets
-    ``b_r`` from it. The counterpart is PyG's ``HeteroConv({rel: GATConv(in, out_dim // heads, heads,
-    add_self_loops=False[, edge_dim=...])}, aggr="sum")`` (the benchmark's reference builds exactly this,
-    ``aggr`` left at its default, "sum"); each relation's parameters are a ``RelationAttention``, named as
-    in PyG's ``GATConv``.
-
-    ``edge_dims[rel]``: the width of a relation's edge features, which then enter its attention scores
-    (PyG's ``edge_dim``) and must be given as ``edge_attr[rel]`` (one row per edge of the relation's block,
-    in its ``indices``' order). ``attention_dropout`` (PyG's ``dropout``) drops attention coefficients in
-    training with torch's dropout (not keyed by edge: a relation's edges have no id that would key it).
+    Heads are concatenated. A destination with no edge through ``r`` gets ``b_r`` from it. The counterpart
+    is PyG's ``HeteroConv({rel: GATConv(in, out_dim // heads, heads, add_self_loops=False[, edge_dim=...])},
+    aggr="sum")``, as the benchmark's reference builds it (LeakyReLU slope 0.2, no attention dropout).
+    ``edge_dims[rel]``: the width of a relation's edge features (PyG's ``edge_dim``), given as
+    ``edge_attr[rel]``, a row per edge in its block's ``indices``' order.
     """
 
     def __init__(self, in_dims: Mapping[str, int] | int, out_dim: int, relations: Iterable[RelationType],
-                 heads: int = 1, edge_dims: Mapping[RelationType, int] | None = None, negative_slope: float = 0.2,
-                 attention_dropout: float = 0.0):
+                 heads: int = 1, edge_dims: Mapping[RelationType, int] | None = None):
         super().__init__()
         if out_dim % heads:
             raise ValueError(f"R-GAT width {out_dim} is not divisible by {heads} heads")
@@ -231,7 +214,6 @@ class RGATConv(nn.Module):
             raise ValueError(f"edge_dims names relations the layer does not have: {sorted(unknown)}")
         self.edge_dims = edge_dims
         self.out_dim, self.heads, self.head_dim = out_dim, heads, out_dim // heads
-        self.negative_slope, self.attention_dropout = negative_slope, attention_dropout
         self.convs = nn.ModuleDict({
             module_key(r): RelationAttention(self.in_dims[r[0]], self.in_dims[r[2]], heads, self.head_dim,
                                                edge_dims.get(r))
@@ -254,7 +236,7 @@ class RGATConv(nn.Module):
         lin_src = conv.lin if conv.lin is not None else conv.lin_src
         z = linear(lin_src, input_rows(x_src, s, self.in_dims)).view(-1, heads, self.head_dim)
         # Scores, softmax and the weighted sum in float32 for half-precision z (bfloat16 under autocast).
-        acc = torch.float32 if z.dtype in (torch.bfloat16, torch.float16) else z.dtype
+        acc = sum_dtype(z)
         z32 = z.to(acc)
         if s == t and conv.lin is not None:  # the destinations' projections are z's leading rows
             score_src, score_dst = head_scores(z32, conv.att_src, conv.att_dst, 0, n_dst)
@@ -274,12 +256,9 @@ class RGATConv(nn.Module):
         elif edge_attr is not None:
             raise ValueError(f"edge_attr given for {relation}, which the layer built without edge features "
                              f"(edge_dims)")
-        # The block's edges' coefficients, then one row per destination for attention_aggregate's self loop,
-        # weighted 0 (edge_softmax without self loops). The self loop reads row dst_offset + i of z, which
-        # a source frontier smaller than the destinations lacks (zero rows appended then, the block widened
-        # to them: its kernels size their work by num_src).
-        alpha = edge_softmax(block, score_src, score_dst, edge_logits, self.negative_slope)
-        alpha = F.dropout(alpha, self.attention_dropout, self.training)
+        # attention_aggregate's self loops are weighted 0 here, but read row dst_offset + i of z, which a
+        # source frontier smaller than the destinations lacks: zero rows appended then, the block widened.
+        alpha = edge_softmax(block, score_src, score_dst, edge_logits)
         flat = z32.view(-1, heads * self.head_dim)
         short = block.dst_offset + n_dst - flat.shape[0]
         if short > 0:
@@ -290,9 +269,9 @@ class RGATConv(nn.Module):
 
 
 def relation_sums(layer: nn.Module, tblock: TypedBlock, root: Callable, term: Callable) -> dict[str, torch.Tensor]:
-    """Per destination type ``t`` of ``tblock``: ``root(t, rows)`` plus ``term(r, block, rows)`` for each of the
-    layer's relations ``r`` into ``t`` in their order (``block`` None where ``tblock`` lacks ``r``); either may
-    be None (nothing), and a type with nothing at all gets no output."""
+    """Per destination type ``t``: ``root(t, rows)`` plus ``term(r, block, rows)`` for each of the layer's
+    relations ``r`` into ``t`` in order (``block`` None where ``tblock`` lacks ``r``); None adds nothing, and
+    a type with nothing at all gets no output."""
     unknown = [r for r in tblock.blocks if r not in layer.relations]
     if unknown:
         raise ValueError(f"the block holds relation(s) {unknown} the layer has no weights for")
@@ -310,14 +289,9 @@ def relation_sums(layer: nn.Module, tblock: TypedBlock, root: Callable, term: Ca
 
 def mean_linear(block: Block, x_src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
-    """``mean_{u in N(v)} x_u`` (weighted by ``edge_weight`` when given) times ``weight`` (``out x in``, as
-    ``F.linear`` takes it) plus ``bias``, for the block's destinations: projecting before aggregating when
-    that costs fewer flops (the mean is linear and row-wise), as the homogeneous layers do."""
-    out_dim, in_dim = weight.shape
-    if project_first(block, in_dim, out_dim, sparse_input.dense_equivalent(x_src)):
-        y = mean_aggregate(block, project(x_src, weight), edge_weight=edge_weight)
-        return y if bias is None else y + bias.to(y.dtype)
-    return project(mean_aggregate(block, x_src, edge_weight=edge_weight), weight, bias)
+    """``aggregate_linear`` of the mean, weighted by ``edge_weight``."""
+    return aggregate_linear(block, x_src, weight, bias,
+                            lambda b, x: mean_aggregate(b, x, edge_weight=edge_weight))
 
 
 def reached(block: Block, edge_weight: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:

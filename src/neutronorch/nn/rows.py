@@ -1,14 +1,9 @@
 """Rows of a tensor picked by an index, with a gradient that is the same on every run.
 
-``x[index]`` differentiates into ``index_put_(accumulate=True)``, which sums the gradients of a row picked
-more than once. On the CPU, with more than one torch thread and at least 32,768 elements, torch sums them
-with atomic additions from every thread (``torch.use_deterministic_algorithms`` lists it as
-non-deterministic): the order of the sums, hence their last bits, follows the threads' timing, and a run
-stops repeating itself from its first step on (a link task's loss picks each batch's seeds' embeddings
-many times over, GAT's attention picks each vertex's score once per edge). ``index_select``'s backward
-(``index_add_``) adds in the index's order on the CPU, whatever the threads. On CUDA it is the other way
-round: ``index_add_`` adds atomically, and indexing's backward sorts the indices first; so each device
-gets the one that repeats.
+``x[index]``'s backward (``index_put_(accumulate=True)``) sums a row picked more than once with atomic
+additions from every thread on the CPU (from 32,768 elements on), so its last bits follow the threads'
+timing; ``index_select``'s (``index_add_``) adds in the index's order there. On CUDA it is the other way
+round, so each device gets the one that repeats.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Products of mostly-zero input rows (bag-of-words features) with a weight, at the cost of their nonzeros:
-the rows are read once into a compressed form (a row's nonzero columns and values) and multiplied through
-it; the weight's gradient is the same sum, transposed. Measurements: docs/performance.md, "Mostly-zero feature
-rows".
+the rows are read once into a compressed form and multiplied through it; the weight's gradient is the same
+sum, transposed. Measurements: docs/performance.md, "Mostly-zero feature rows".
 
-``sparse_enough(x)`` looks at a few evenly spaced rows and says whether ``x`` qualifies: a float32 or
-bfloat16 CPU matrix that needs no gradient (feature rows; activations always need one in training), at least
-``MIN_WIDTH`` wide, whose sample holds at most ``MAX_DENSITY`` nonzeros. ``project(x, weight, bias)``
-then equals ``F.linear(x, weight, bias)`` up to float32 rounding (the sums run in another order), in the
-dtype autocast would give. Both passes run in parallel over rows (forward) and over input columns (the
-weight's gradient), each output row written by one thread, so the result does not depend on the threads.
+``sparse_enough(x)`` samples a few rows: a float32 or bfloat16 CPU matrix that needs no gradient (feature
+rows), at least ``MIN_WIDTH`` wide, with at most ``MAX_DENSITY`` nonzeros qualifies. ``project`` then equals
+``F.linear`` up to float32 rounding, each output row written by one thread (the same whatever the threads).
 """
 
 from __future__ import annotations
@@ -19,12 +15,11 @@ from numba import njit, prange
 
 from neutronorch.bfloat16 import load, numpy_view
 from neutronorch.data.csc import transpose_edges
+from neutronorch.nn.precision import compute_dtype
 
 MIN_WIDTH = 256  # narrower rows cost little densely, and the form's overhead is a larger share
-# The most nonzeros (as a share of the sampled entries) at which the compressed product is taken. Measured
-# on Cora-sized rows (2,700 x 1,433 by 128), forward and weight gradient, 2 threads (bench/sparse_input.py):
-# the compressed product took 0.24x the dense one's time at 1.3% nonzeros, 0.53x at 5%, 0.77x at 8% and
-# broke even near 12%.
+# The most nonzeros (a share of the sampled entries) at which the compressed product is taken: it broke even
+# near 12% (docs/performance.md, "Mostly-zero feature rows").
 MAX_DENSITY = 0.08
 PROBE_ROWS = 64  # rows sampled to estimate the density
 # How much more a nonzero's multiply-add costs here than one of a dense (MKL) product: what a layer weighs
@@ -77,9 +72,8 @@ def _compress(x):
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _compressed_times(ptr, index, values, dense, out):
-    """``out[i] = sum_e values[e] * dense[index[e]]`` over ``e`` in ``ptr[i]:ptr[i+1]`` (``out`` zeroed), each
-    output row written by one thread. Rows by columns: ``x @ weight.T``; columns by rows (the transposed
-    nonzeros) times the output's gradient: the weight's gradient, transposed."""
+    """``out[i] = sum_e values[e] * dense[index[e]]`` over ``e`` in ``ptr[i]:ptr[i+1]`` (``out`` zeroed): by
+    rows, ``x @ weight.T``; by columns times the output's gradient, the weight's gradient, transposed."""
     width = out.shape[1]
     for i in prange(out.shape[0]):
         o = out[i]
@@ -162,11 +156,10 @@ class _SparseRowsProduct(torch.autograd.Function):
 
 def project(x: torch.Tensor, weight: torch.Tensor | list[torch.Tensor], bias: torch.Tensor | None = None
             ) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` through ``x``'s nonzeros, in the dtype autocast (or ``x``) gives it;
-    call it where ``sparse_enough(x)`` holds. A list of weights gives their outputs side by side (one pass
-    over ``x`` for several products of it); ``bias`` then spans them all."""
+    """``F.linear(x, weight, bias)`` through ``x``'s nonzeros (where ``sparse_enough(x)``), in
+    ``compute_dtype(x)``. A list of weights gives their outputs side by side; ``bias`` then spans them all."""
     weights = [weight] if isinstance(weight, torch.Tensor) else list(weight)
-    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+    dtype = compute_dtype(x)
     with torch.autocast("cpu", enabled=False):
         out = _SparseRowsProduct.apply(x, bias, *weights)
     return out if out.dtype == dtype else out.to(dtype)

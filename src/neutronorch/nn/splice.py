@@ -1,17 +1,14 @@
 """Splice: assemble a layer's output from rows computed here and rows computed elsewhere.
 
 NeutronOrch computes the bottom layer of hot vertices once per super-batch (on the host) and reuses the
-rows in every mini-batch. A mini-batch's bottom-layer output is then ``out[cold_pos] = y_cold`` (computed
-by the device for the cold destinations) and ``out[hot_pos] = table[hot_rows]`` (reused). In the backward
-pass the cold rows' gradient flows on to the device layer; the hot rows' gradient is either dropped (the
-rows are constants) or added into ``grad_acc``, an accumulator with one row per hot vertex that the host
-turns into the bottom layer's weight gradient once per super-batch.
+rows in every mini-batch: ``out[cold_pos] = y_cold`` (computed by the device) and ``out[hot_pos] =
+table[hot_rows]``. Backward, the cold rows' gradient flows on to the device layer; the hot rows' is dropped
+or added into ``grad_acc`` (a row per hot vertex), which the host turns into the bottom layer's weight
+gradient once per super-batch.
 
-On CPU the splice is fused with the ReLU and dropout that follow the bottom layer (one pass over the
-output instead of two, each way); the dropout masks are exactly those ``relu_dropout`` draws for the
-assembled output (both kernels write a row through ``activation.relu_dropout_row``), so the fused path
-equals splice-then-activate. Elsewhere (CUDA) it is torch's indexing ops. Either way a table of another
-dtype than the rows is read as it is and only the rows used are converted. What it costs:
+On CPU the splice is fused with the ReLU and dropout that follow (one pass each way), with exactly the masks
+``relu_dropout`` draws (both write a row through ``activation.relu_dropout_row``); elsewhere torch's
+indexing ops. A table of another dtype is read as it is, only the rows used converted. What it costs:
 docs/performance.md, "NeutronOrch's spliced step against the plain step".
 """
 
@@ -54,9 +51,7 @@ class SpliceIndex:
                    torch.from_numpy(origin))
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "SpliceIndex":
-        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return SpliceIndex(self.num_rows, move(self.cold_pos), move(self.hot_pos), move(self.hot_rows),
-                           move(self.origin), move(self.table_pos))
+        return SpliceIndex(self.num_rows, *(t.to(device, non_blocking=non_blocking) for t in self.tensors()))
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.cold_pos, self.hot_pos, self.hot_rows, self.origin, self.table_pos]
@@ -104,9 +99,8 @@ def _splice_act_forward(y_cold, table, origin, threshold, scale, key, ids, out, 
 def _splice_backward(grad, keep, scale, cold_pos, hot_pos, hot_rows, grad_cold, grad_acc, masked, accumulate):
     """grad_cold[k] = grad[cold_pos[k]] and, if ``accumulate``, grad_acc[hot_rows[k]] += grad[hot_pos[k]];
     with ``masked``, gradients pass only where ``keep`` is set, times ``scale``. A hot vertex occurs at most
-    once among a mini-batch's destinations, so every accumulator row is written by one iteration. (Asking
-    for the accumulator's rows ahead, as the forward kernel asks for the table's, made a step's backward
-    slower on two threads: this loop is bound by memory bandwidth, not by waiting.)"""
+    once among a mini-batch's destinations, so every accumulator row is written by one iteration. (No
+    prefetch here: it made this bandwidth-bound loop slower on two threads.)"""
     width = grad.shape[1]
     for k in prange(cold_pos.shape[0]):
         i = cold_pos[k]
@@ -145,9 +139,8 @@ def _torch_forward(y: torch.Tensor, table: torch.Tensor, index: SpliceIndex) -> 
 
 class _Splice(torch.autograd.Function):
     """CPU float32 or bfloat16: parallel numba kernels (torch's ``index_copy_`` took 50 ms for a 100k x 256
-    splice on two cores), optionally fused with ReLU + dropout (``p`` not None, CPU only). Elsewhere torch's
-    indexing ops. The output has ``y_cold``'s dtype (the rows of a table of another dtype are converted as
-    they are read); hot-row gradients are summed into the accumulator in its own dtype (float32)."""
+    splice on two cores), fused with ReLU + dropout when ``p`` is not None; elsewhere torch's indexing ops.
+    The output has ``y_cold``'s dtype; hot-row gradients are summed into the float32 accumulator."""
 
     @staticmethod
     def forward(ctx, y_cold, table, index, p, grad_acc, ids):
@@ -202,9 +195,7 @@ def splice_relu_dropout(y_cold: torch.Tensor, table: torch.Tensor, index: Splice
 
 @dataclass
 class HotRows:
-    """A mini-batch's bottom-layer output rows computed elsewhere (NeutronOrch's hot rows): ``table``'s rows
-    go where ``index`` says, the bottom block computes the rest; hot-row gradients go into ``grad_acc`` if
-    given, else they are dropped."""
+    """A mini-batch's bottom-layer rows computed elsewhere (NeutronOrch's hot rows), for ``splice``."""
 
     table: torch.Tensor
     index: SpliceIndex

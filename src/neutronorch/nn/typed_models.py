@@ -1,17 +1,12 @@
-"""Relational models: ``TypedGNN``, the one layer stack (``LayerStack``, ``nn/models.py``: its loop,
-activations, dropout and NeutronOrch's splice) over the relational layers (``nn/relational.py``) and a typed
-sampler's blocks, and the ``TypedSpec`` it is built from (types, counts, feature widths, relations, edge
-feature widths, target: nothing here reads a loaded graph's arrays).
-What each kind computes, its inputs (embedding tables for featureless types, R-GCN's input projections),
-its edge features and which relations each layer holds: docs/heterogeneous.md, "Training".
+"""Relational models: ``TypedGNN``, the one layer stack (``LayerStack``, ``nn/models.py``) over the relational
+layers (``nn/relational.py``) and a typed sampler's blocks, and the ``TypedSpec`` it is built from (nothing
+here reads a loaded graph's arrays). What each kind computes, its inputs and edge features, and which
+relations each layer holds: docs/heterogeneous.md, "Training".
 
-What a relational model adds to the stack: per-type input rows (``input_rows``; a featureless type's table
-rows, ``nn.Embedding(sparse=True)`` or ``tables``' weights, ``train/typed_tables.py``), the bottom layer with
-its projections (``TypedBottom``, NeutronOrch's host layer), each layer's edge features
-(``edge_arguments``), and dropout masks from one key per forward, the layer and the type (``masks``): a
-vertex's mask depends on its layer, type and id alone, so data-parallel ranks that split a batch draw exactly
-one process's masks. A layer holds only the relations into the types it can have as destinations
-(``reachable_types``); a type some layer must compute that no relation leads into is refused, naming it.
+What a relational model adds to the stack: per-type input rows (``input_rows``: a featureless type's rows
+from its sparse embedding table), the bottom layer with its projections (``TypedBottom``, NeutronOrch's host
+layer), each layer's edge features (``edge_arguments``), and dropout masks from one key per forward, the
+layer and the type (``masks``), so data-parallel ranks that split a batch draw exactly one process's masks.
 """
 
 from __future__ import annotations
@@ -42,11 +37,10 @@ LEAKY_SLOPE = 0.01  # torch's default, the slope IGB's and the MLPerf reference'
 
 @dataclass(frozen=True)
 class TypedSpec:
-    """What a relational model needs of a typed graph: every type's vertex count and feature width (0: no
-    features, so an embedding table), the relations in the graph's order, the target type, and the width of
-    each relation's edge features (``edge_dims``: only the relations that have them). ``outputs``: the types
-    whose rows the model outputs, concatenated in that order (a typed link task's two end types); empty: the
-    target's alone."""
+    """What a relational model needs of a typed graph: every type's vertex count and feature width (0: an
+    embedding table), the relations in the graph's order, the target type, the width of the relations' edge
+    features (``edge_dims``: those that have them), and ``outputs``: the types whose rows the model outputs,
+    concatenated (a typed link task's two end types; empty: the target's alone)."""
 
     num_nodes: dict[str, int]
     feature_dims: dict[str, int]
@@ -63,8 +57,7 @@ class TypedSpec:
                    graph.links.ends.types if getattr(graph, "links", None) is not None else ())
 
     def to_dict(self) -> dict:
-        """As a summary or checkpoint stores it (JSON: relations as lists, ``edge_dims`` as ``[src, name, dst,
-        width]`` lists); ``from_dict`` reads it back."""
+        """As JSON stores it (``edge_dims`` as ``[src, name, dst, width]`` lists), for ``from_dict``."""
         return {"num_nodes": dict(self.num_nodes), "feature_dims": dict(self.feature_dims),
                 "relations": [list(r) for r in self.relations], "target": self.target,
                 "edge_dims": [[*r, width] for r, width in self.edge_dims.items()],
@@ -72,16 +65,15 @@ class TypedSpec:
 
     @classmethod
     def from_dict(cls, stored: Mapping) -> "TypedSpec":
-        """The spec ``to_dict`` stored (one stored without ``edge_dims`` has no edge features)."""
+        """The spec ``to_dict`` stored."""
         return cls(dict(stored["num_nodes"]), dict(stored["feature_dims"]), tuple(map(tuple, stored["relations"])),
                    stored["target"], {tuple(e[:3]): int(e[3]) for e in stored.get("edge_dims", [])},
                    tuple(stored.get("outputs", ())))
 
 
 def reachable_types(spec: TypedSpec, hops: int, start: str | None = None) -> list[list[str]]:
-    """``out[h]``: the types a typed sampler's frontier holds after ``h`` hops from seeds of ``start`` (default
-    the target, or ``spec.outputs``; ``out[0]`` those types alone), each list in ``spec.num_nodes``' order;
-    ``hops + 1`` lists."""
+    """``out[h]``, ``h`` in ``0..hops``: the types a typed sampler's frontier holds after ``h`` hops from
+    seeds of ``start`` (default ``spec.outputs`` or the target), each list in ``spec.num_nodes``' order."""
     reached = [{start} if start else set(spec.outputs or (spec.target,))]
     for _ in range(hops):
         last = reached[-1]
@@ -92,7 +84,7 @@ def reachable_types(spec: TypedSpec, hops: int, start: str | None = None) -> lis
 def table_shapes(kind: str, spec: TypedSpec, hidden: int, num_layers: int, embed_dim: int | None = None
                  ) -> dict[str, tuple[int, int]]:
     """The embedding tables a ``TypedGNN`` of these arguments holds: (rows, width) per featureless type it
-    reads, in the order it makes them."""
+    reads, in order."""
     width = hidden if kind == "rgcn" else (embed_dim or hidden)
     return {t: (spec.num_nodes[t], width) for t in reachable_types(spec, num_layers)[num_layers]
             if not spec.feature_dims[t]}
@@ -122,7 +114,13 @@ class TypedGNN(LayerStack):
         self.slope = LEAKY_SLOPE if kind == "rgat" else None
         reached = reachable_types(spec, num_layers)
         self.input_types = reached[num_layers]
-        _check_reached(spec, reached)
+        # A type some layer has destinations of needs a relation into it, or the layer above lacks its rows.
+        stranded = [t for t in reached[num_layers - 1] if t not in {r[2] for r in spec.relations}]
+        if stranded:
+            raise ValueError(f"vertex type(s) {', '.join(stranded)} feed the target through relations but no "
+                             f"relation leads into them, so a {num_layers}-layer model cannot compute "
+                             f"their rows; add reverse relations (TypedGraph.with_reverse()) or use fewer "
+                             f"layers")
         featured = [t for t in self.input_types if spec.feature_dims[t]]
         width = hidden if kind == "rgcn" else (embed_dim or hidden)
         self.embeddings = nn.ModuleDict({t: _table(t, rows, columns, tables) for t, (rows, columns)
@@ -150,27 +148,31 @@ class TypedGNN(LayerStack):
                                        edge_dims={r: spec.edge_dims[r] for r in relations if r in spec.edge_dims}))
             in_dims = dict.fromkeys(in_dims, hidden)
         self.layers = nn.ModuleList(layers)
-        _log_ignored_edge_features(kind, spec, {r for layer in layers for r in layer.relations})
+        held = {r for layer in layers for r in layer.relations}
+        wide = [f"{relation_label(r)} ({w} columns)" for r, w in spec.edge_dims.items()
+                if w > 1 and r in held]
+        if kind != "rgat" and wide:
+            logger.warning(f"{kind} reads one-column edge features as edge weights and ignores wider ones: "
+                           f"the edge features of {', '.join(wide)} are not used (R-GAT attends over edge "
+                           f"features of any width)")
 
     def input_rows(self, features: Mapping[str, torch.Tensor], input_ids: Mapping[str, torch.Tensor]
                    ) -> dict[str, torch.Tensor]:
-        """The rows the bottom layer reads per type before any projection: ``features[t]`` (float32 rows of a
-        featured type's input frontier), or the table rows of ``input_ids[t]`` for a featureless type."""
+        """The rows the bottom layer reads per type before any projection: ``features[t]``, or the table rows
+        of ``input_ids[t]`` for a featureless type."""
         return {t: self.embeddings[t](input_ids[t]) if t in self.embeddings else features[t] for t in input_ids}
 
     @property
     def bottom(self) -> "TypedBottom":
-        """The bottom layer with its input projections, sharing this model's parameters: what NeutronOrch's
-        host computes the hot rows with (the embedding tables are not in it: their rows are its inputs)."""
+        """The bottom layer with its input projections (``TypedBottom``; the tables' rows are its inputs)."""
         return TypedBottom(self.layers[0], self.projections, self.folded, self.weighted)
 
     def forward(self, blocks: list[TypedBlock], features: Mapping[str, torch.Tensor],
                 input_ids: Mapping[str, torch.Tensor], hot: Mapping[str, HotRows] | None = None) -> torch.Tensor:
-        """Logits of the last block's target destinations (``LayerStack.run``; ``hot`` per type), or with
-        ``spec.outputs`` the rows of those types that the top block has, concatenated. ``blocks``: a
-        ``SampledSubgraph``'s, bottom layer first; ``input_ids[t]``: the bottom block's source frontier of each
-        type, on the model's device; ``features[t]``: the rows of each featured type's frontier."""
-        out = self.run(blocks, self.input_rows(features, input_ids), hot)
+        """Logits of the last block's target destinations (``LayerStack.forward``; ``hot`` per type), or with
+        ``spec.outputs`` the rows of those types that the top block has, concatenated. ``input_ids[t]``: the
+        bottom block's source frontier of each type; ``features[t]``: the rows of each featured type's."""
+        out = super().forward(blocks, self.input_rows(features, input_ids), hot)
         if not self.spec.outputs:
             return out[self.spec.target]
         return torch.cat([out[t] for t in self.spec.outputs if t in out])
@@ -179,29 +181,23 @@ class TypedGNN(LayerStack):
         return int(draw_key()) if self.training and self.dropout > 0 else None
 
     def masks(self, key: int | None, index: int, node_type: str):
-        """From ``key`` (the forward's one draw), the layer and the type, whatever else the batch holds, so a
-        vertex's mask does not depend on which other types a batch (a data-parallel rank's part of one)
-        reaches."""
+        """From ``key`` (the forward's one draw), the layer and the type alone, so a vertex's mask does not
+        depend on which other types a batch (a data-parallel rank's part of one) reaches."""
         if key is None:
             return super().masks(key, index, node_type)
         types = list(self.spec.num_nodes)
         return dropout_keys(mix_key(key, index * len(types) + types.index(node_type)))
 
     def layer_output(self, index: int, tblock: TypedBlock, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """As ``LayerStack``'s, per destination type, with the block's edge features (the bottom layer reads
-        ``input_rows``' rows and projects them itself)."""
+        """As ``LayerStack``'s, per destination type (``typed_layer``)."""
         if index == 0:
-            return self.bottom(tblock, x)
-        layer = self.layers[index]
-        return layer(tblock, x, **edge_arguments(layer, tblock, self.weighted))
+            return typed_layer(self.layers[0], tblock, x, self.weighted, self.projections, self.folded)
+        return typed_layer(self.layers[index], tblock, x, self.weighted)
 
 
 class TypedBottom(nn.Module):
-    """A relational model's bottom layer with the featured types' input projections (``rgcn``), over the rows
-    ``TypedGNN.input_rows`` gives: a type whose projection is folded into the layer enters raw, another is
-    projected first; and the block's edge features, as the model hands them to every layer
-    (``edge_arguments``: ``weighted`` are the relations SAGE and R-GCN weight their means by). Holds the
-    model's own modules (``TypedGNN.bottom``); a deep copy of it is NeutronOrch's host layer."""
+    """A relational model's bottom layer with its input projections (``typed_layer``) over
+    ``TypedGNN.input_rows``' rows, holding the model's own modules (a deep copy: NeutronOrch's host layer)."""
 
     def __init__(self, layer: nn.Module, projections: nn.ModuleDict, folded: list[str],
                  weighted: Iterable[RelationType] = ()):
@@ -210,25 +206,31 @@ class TypedBottom(nn.Module):
         self.weighted = tuple(weighted)
 
     def forward(self, tblock: TypedBlock, rows: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The bottom layer's output per destination type (before the activation)."""
-        x = {t: self.projections[t](r) if t in self.projections and t not in self.folded else r
-             for t, r in rows.items()}
-        extra = edge_arguments(self.layer, tblock, self.weighted)
-        if self.folded:
-            extra["projections"] = {t: self.projections[t] for t in self.folded}
-        return self.layer(tblock, x, **extra)
+        return typed_layer(self.layer, tblock, rows, self.weighted, self.projections, self.folded)
 
     @property
     def out_dim(self) -> int:
         return self.layer.out_dim
 
 
+def typed_layer(layer: nn.Module, tblock: TypedBlock, rows: Mapping[str, torch.Tensor],
+                weighted: Iterable[RelationType], projections: Mapping[str, nn.Module] | None = None,
+                folded: Iterable[str] = ()) -> dict[str, torch.Tensor]:
+    """``layer``'s output per destination type (before the activation), handed the block's edge features
+    (``edge_arguments``) and the rows through the input ``projections``, or with those of ``folded`` types."""
+    projections = projections or {}
+    x = {t: projections[t](r) if t in projections and t not in folded else r for t, r in rows.items()}
+    extra = edge_arguments(layer, tblock, weighted)
+    if folded:
+        extra["projections"] = {t: projections[t] for t in folded}
+    return layer(tblock, x, **extra)
+
+
 def edge_arguments(layer: nn.Module, tblock: TypedBlock, weighted: Iterable[RelationType]) -> dict:
     """The keyword arguments that hand ``layer`` its block's edge features (``tblock.edge_features``): an
-    ``RGATConv`` its ``edge_attr`` for the relations it attends over edge features of (``edge_dims``);
-    another layer its ``edge_weight`` for those of its relations in ``weighted`` (one column each). Nothing
-    when none of them has a block, so a layer without edge features runs exactly as it always has. Raises
-    ``ValueError`` naming the relation when its block lacks the rows, or has another number or width."""
+    ``RGATConv`` its ``edge_attr`` (``edge_dims``' relations); another layer its ``edge_weight`` for its
+    relations in ``weighted`` (one column each); nothing when none of them has a block. Raises ``ValueError``
+    naming the relation when its block lacks the rows, or has another number or width."""
     if isinstance(layer, RGATConv):
         widths, name = layer.edge_dims, "edge_attr"
     else:
@@ -250,19 +252,8 @@ def edge_arguments(layer: nn.Module, tblock: TypedBlock, weighted: Iterable[Rela
     return {name: given} if given else {}
 
 
-def _log_ignored_edge_features(kind: str, spec: TypedSpec, relations: set[RelationType]) -> None:
-    """Say once, when a SAGE or R-GCN model is built, which relations' edge features it leaves unread: those
-    wider than one column, which only R-GAT reads."""
-    wide = [f"{relation_label(r)} ({w} columns)" for r, w in spec.edge_dims.items() if w > 1 and r in relations]
-    if kind != "rgat" and wide:
-        logger.warning(f"{kind} reads one-column edge features as edge weights and ignores wider ones: the edge "
-                       f"features of {', '.join(wide)} are not used (R-GAT attends over edge features of any "
-                       f"width)")
-
-
 def _table(node_type: str, rows: int, width: int, tables) -> nn.Embedding:
-    """A featureless type's table: ``tables``' weights for it when it gives some, else ``nn.Embedding``'s own
-    (drawn from the global generator: both ways draw the same, ``train/typed_tables.py``)."""
+    """A featureless type's table: ``tables``' weights for it where it gives some, else ``nn.Embedding``'s."""
     weight = tables(node_type, rows, width) if tables is not None else None
     if weight is None:
         return nn.Embedding(rows, width, sparse=True)
@@ -271,15 +262,3 @@ def _table(node_type: str, rows: int, width: int, tables) -> nn.Embedding:
                          f"({rows}, {width}) float32")
     return nn.Embedding.from_pretrained(weight, freeze=False, sparse=True)
 
-
-def _check_reached(spec: TypedSpec, reached: list[list[str]]) -> None:
-    """Every type some layer has destinations of must have a relation into it in that layer, or the layer
-    above would find no rows of it."""
-    into = {r[2] for r in spec.relations}
-    for hop in range(len(reached) - 1):
-        stranded = [t for t in reached[hop] if t not in into]
-        if stranded:
-            raise ValueError(f"vertex type(s) {', '.join(stranded)} feed the target through relations but no "
-                             f"relation leads into them, so a {len(reached) - 1}-layer model cannot compute "
-                             f"their rows; add reverse relations (TypedGraph.with_reverse()) or use fewer "
-                             f"layers")
