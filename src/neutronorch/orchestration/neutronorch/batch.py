@@ -16,6 +16,7 @@ import torch
 from neutronorch.nn.splice import SpliceIndex
 from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.orchestration.neutronorch.planner import PlanStats
+from neutronorch.orchestration.neutronorch.versions import each, per_type
 
 
 @dataclass
@@ -28,13 +29,8 @@ class Splice:
     plan: PlanStats  # what the super-batch's plan did (shared by its mini-batches)
     probe: np.ndarray | dict[str, np.ndarray]  # the plan's hottest vertices (the drift probe's candidates)
 
-    def indexes(self) -> list[SpliceIndex]:
-        return list(self.index.values()) if isinstance(self.index, dict) else [self.index]
-
     def to(self, device: torch.device, non_blocking: bool = False) -> "Splice":
-        move = lambda index: index.to(device, non_blocking)  # noqa: E731
-        index = ({t: move(i) for t, i in self.index.items()} if isinstance(self.index, dict)
-                 else move(self.index))
+        index = each(self.index, lambda index: index.to(device, non_blocking))
         return Splice(self.super_batch_id, index, self.last, self.plan, self.probe)
 
 
@@ -45,7 +41,8 @@ class SplicedBatch(MiniBatch):
     splice: Splice | None = field(default=None, kw_only=True)
 
     def tensors(self) -> list[torch.Tensor]:
-        return super().tensors() + [t for index in self.splice.indexes() for t in index.tensors()]
+        indexes = per_type(self.splice.index).values()
+        return super().tensors() + [t for index in indexes for t in index.tensors()]
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "SplicedBatch":
         super().to(device, non_blocking)

@@ -26,7 +26,7 @@ import torch
 from neutronorch.config import NeutronOrchConfig
 from neutronorch.observe import StageTable
 from neutronorch.orchestration.neutronorch.tuner import HotRatioTuner
-from neutronorch.orchestration.neutronorch.versions import Schedule
+from neutronorch.orchestration.neutronorch.versions import Schedule, each
 
 logger = logging.getLogger("neutronorch")
 
@@ -251,7 +251,7 @@ class RatioController:
         return {"ratio": self.setting.ratio, "stale_error": None if published is None else float(published),
                 "lead": self.lead,
                 "tuner": self.tuner.state_dict() if self.tuner else None,
-                "probe_ids": None if self._probe_ids is None else _per_type(torch.tensor, self._probe_ids),
+                "probe_ids": None if self._probe_ids is None else each(self._probe_ids, torch.tensor),
                 "probe": None if probe is None else {"drift": cpu(probe.drift), "stale_error": cpu(probe.stale_error),
                                                      "history": [(cpu(y), v) for y, v in probe._history]}}
 
@@ -264,7 +264,7 @@ class RatioController:
         if self.tuner is not None and state["tuner"] is not None:
             self.tuner.load_state_dict(state["tuner"])
         if state["probe_ids"] is not None:
-            self._probe_ids = _per_type(lambda ids: ids.numpy(), state["probe_ids"])
+            self._probe_ids = each(state["probe_ids"], lambda ids: ids.numpy())
         if state["probe"] is not None and self._probe_inputs is not None:
             self.probe = DriftProbe(self._probe_inputs(self._probe_ids))
             self.probe.drift, self.probe.stale_error = on(state["probe"]["drift"]), on(state["probe"]["stale_error"])
@@ -275,7 +275,3 @@ class RatioController:
                 "error_budget": self.setting.error_budget if self.auto else None,
                 "drift_per_step": self.drift_per_step, "stale_error": self.stale_error}
 
-
-def _per_type(convert: Callable, ids):
-    """``convert`` of the probe's vertices: an array, or on a typed graph one per vertex type."""
-    return {t: convert(v) for t, v in ids.items()} if isinstance(ids, dict) else convert(ids)

@@ -28,7 +28,7 @@ import torch
 
 from neutronorch.config import SamplingConfig
 from neutronorch.orchestration.neutronorch.node import NodeHotSet
-from neutronorch.orchestration.neutronorch.versions import HotEmbeddings
+from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, per_type
 from neutronorch.orchestration.seeds import NodeSeeds
 
 
@@ -50,14 +50,14 @@ class HotGradient:
             self._shares = (epoch, self.seeds.rank_shares(epoch))
         scale = float(self._shares[1][index])
         if scale not in (0.0, 1.0):  # 0: no loss terms here, so no gradient to scale
-            for grad in _accumulators(hot):
+            for grad in per_type(hot.grad_acc).values():
                 grad.div_(scale)
             self._scale = scale
 
     def unweigh(self, hot: HotEmbeddings) -> None:
         """After the backward pass: the accumulator back in its units."""
         if self._scale != 1.0:
-            for grad in _accumulators(hot):
+            for grad in per_type(hot.grad_acc).values():
                 grad.mul_(self._scale)
             self._scale = 1.0
 
@@ -103,9 +103,3 @@ class HotGradient:
         params = list(bottom.parameters())
         return {**dict(zip(params, grads[:len(params)])), **dict(grads[len(params):])}
 
-
-def _accumulators(hot: HotEmbeddings) -> list[torch.Tensor]:
-    """The hot rows' gradient accumulators (a typed graph's: one per type)."""
-    if hot.grad_acc is None:
-        return []
-    return list(hot.grad_acc.values()) if isinstance(hot.grad_acc, dict) else [hot.grad_acc]

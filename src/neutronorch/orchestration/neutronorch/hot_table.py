@@ -10,14 +10,12 @@ by the trainer. On a typed graph the table, its accumulator and its hot set hold
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 import torch
 
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel
-from neutronorch.orchestration.neutronorch.versions import HotEmbeddings
+from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, each, per_type
 
 
 class HotTableReader:
@@ -49,12 +47,12 @@ class HotTableReader:
     def _continue(self, hot: HotEmbeddings) -> None:
         """The resumed super-batch's hot rows, recomputed from its saved snapshot: same set, same gradient."""
         resumed, self.resumed = self.resumed, None
-        before, now = _by_type(resumed["vertices"]), _by_type(hot.vertices)
+        before, now = per_type(resumed["vertices"]), per_type(hot.vertices)
         if before.keys() != now.keys() or not all(np.array_equal(now[t], before[t]) for t in now):
             raise RuntimeError(f"super-batch {hot.super_batch_id} was resumed with another hot set than it "
                                "started with")
-        saved = _by_type(resumed["grad_acc"])
-        for t, grad in _by_type(hot.grad_acc).items():
+        saved = per_type(resumed["grad_acc"])
+        for t, grad in per_type(hot.grad_acc).items():
             grad.copy_(saved[t])
 
     def trained(self, super_batch_id: int) -> None:
@@ -70,23 +68,12 @@ class HotTableReader:
         current = self.current
         if current is None:
             return None
-        return {"gsid": current.super_batch_id, "vertices": _each(current.vertices, torch.tensor),
-                "grad_acc": _each(current.grad_acc, lambda g: g.detach().to("cpu", copy=True))}
+        return {"gsid": current.super_batch_id, "vertices": each(current.vertices, torch.tensor),
+                "grad_acc": each(current.grad_acc, lambda g: g.detach().to("cpu", copy=True))}
 
     def load_state_dict(self, in_progress: dict | None) -> None:
         if in_progress is None:
             self.resumed = None
             return
-        self.resumed = {**in_progress, "vertices": _each(in_progress["vertices"], lambda v: v.numpy())}
+        self.resumed = {**in_progress, "vertices": each(in_progress["vertices"], lambda v: v.numpy())}
 
-
-def _each(value, change):
-    """``change`` of ``value``, or of each of its values (a typed graph's, per type); None stays None."""
-    if value is None:
-        return None
-    return {t: change(v) for t, v in value.items()} if isinstance(value, Mapping) else change(value)
-
-
-def _by_type(value) -> Mapping:
-    """``value`` per type: a typed graph's as it is, a homogeneous graph's as its one entry (none for None)."""
-    return value if isinstance(value, Mapping) else {} if value is None else {"": value}
