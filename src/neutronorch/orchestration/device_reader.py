@@ -36,7 +36,6 @@ from neutronorch.features.store import BufferPool, FeatureStore
 from neutronorch.observe import Spans
 from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.batch import MiniBatch
-from neutronorch.orchestration.mode import StepInputs
 from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology, topology_bytes
@@ -218,11 +217,6 @@ class DeviceReader:
     def _gather(self, node_type: str, rows: torch.Tensor) -> tuple[torch.Tensor, int, int]:
         (view, pool), store = self.misses[node_type], self.stores[node_type]
         return self.caches[node_type].gather(rows, view, lambda missed: staged_fetch(missed, store, pool))
-
-    def step_inputs(self, batch: MiniBatch) -> StepInputs:
-        """The trainer's first call on a batch: its stream waits for the batch."""
-        batch.wait()
-        return StepInputs(batch.blocks, batch.features, None, batch.ids)
 
     def close(self) -> None:
         """Let go of the device's copies and unpin what was pinned in place (the views over it must no longer be

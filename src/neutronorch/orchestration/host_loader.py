@@ -1,5 +1,4 @@
-"""Loading a host-sampled mini-batch: gather its rows on the host, ship them to the device. A loader also
-says which stages it records and what a step reads of its batches (``stages``, ``step_inputs``).
+"""Loading a host-sampled mini-batch: gather its rows on the host, ship them to the device.
 
 Gather: the batch's input rows go into a pooled buffer (pinned on CUDA); with a device feature cache only
 the rows it misses. A typed graph's: every featured type's rows read through its ``TypedInputs`` into tensors
@@ -17,14 +16,12 @@ import torch
 from neutronorch.observe import Spans, StageTable
 from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.batch import MiniBatch, target_labels
-from neutronorch.orchestration.mode import StepInputs
 from neutronorch.sampling.block import SampledSubgraph
 
 HOST_SAMPLING_STAGES = StageTable({"sample": "sampler", "gather": "sampler", "copy": "copy"})
 
 
 class HostLoader:
-    stages = HOST_SAMPLING_STAGES
     producer = "exact-producer"  # the name of exact mode's producer thread over it
 
     def __init__(self, access: FeatureAccess, spans: Spans):
@@ -86,11 +83,6 @@ class HostLoader:
 
     def start(self, model: torch.nn.Module) -> None:
         pass  # nothing waits for the model
-
-    def step_inputs(self, batch: MiniBatch) -> StepInputs:
-        """The trainer's first call on a batch: its stream waits for the batch's copies."""
-        batch.wait()
-        return StepInputs(batch.blocks, batch.features, None, batch.ids)
 
     def close(self) -> None:
         pass

@@ -116,7 +116,9 @@ class LoadingMode:
         self.loader.start(model)
 
     def step_inputs(self, batch: MiniBatch) -> StepInputs:
-        return self.loader.step_inputs(batch)
+        """The trainer's first call on a batch: its stream waits for the batch's copies."""
+        batch.wait()
+        return StepInputs(batch.blocks, batch.features, None, batch.ids)
 
     def summary(self) -> dict:
         return self.loader.summary()
