@@ -17,21 +17,17 @@ import numpy as np
 import torch
 
 from neutronorch.config import SamplingConfig
-from neutronorch.data.graph import Graph
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.features.placement import GiB
 from neutronorch.nn.splice import SpliceIndex
 from neutronorch.observe import Spans
-from neutronorch.orchestration.device_reader import DeviceReader
-from neutronorch.orchestration.host_loader import HostLoader
 from neutronorch.orchestration.neutronorch.batch import Splice, SplicedBatch, spliced
 from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch
 from neutronorch.orchestration.pipeline import use_threads
 from neutronorch.sampling.block import SampledSubgraph
-from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.exclude import exclude_from_block
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key
+from neutronorch.sampling.neighbor_sampler import layer_key
 from neutronorch.sampling.typed_device_sampler import topology_bytes
 from neutronorch.sampling.typed_sampler import TypedHops
 
@@ -59,19 +55,17 @@ def draws_on_device(setting: str, graph: TypedGraph, device: torch.device, free:
 
 
 class ColdSampler:
-    """On a typed graph ``loader`` reads its rows (``HostLoader`` over its ``TypedInputs``) and ``sample`` makes this thread's sampler (the
-    host's, or with device sampling ``TypedDeviceSampler`` on the training device); its rows are read on the
-    host either way."""
+    """``kind`` (``mode.py``) makes this thread's sampler and gives what loads its batches: the host loader,
+    or a homogeneous graph's device reader with device sampling (a typed graph's rows are read on the host
+    either way)."""
 
-    def __init__(self, graph: Graph | TypedGraph, sampling: SamplingConfig, spans: Spans, threads: int,
-                 loader: HostLoader | None, reader: DeviceReader | None,
-                 sample: Callable[[], TypedHops] | None = None):
-        self.graph, self.fanouts, self.degrees = graph, sampling.fanouts, sampling.degrees
-        self.file_order = sampling.file_order
+    def __init__(self, kind, sampling: SamplingConfig, spans: Spans, threads: int):
+        self.kind, self.graph, self.fanouts = kind, kind.graph, sampling.fanouts
+        self.typed = kind.needs is not None
         self.spans, self.threads = spans, threads
-        self.loader, self.reader, self.sample = loader, reader, sample
-        on_cuda = reader is not None and reader.device.type == "cuda"
-        self.stream = torch.cuda.Stream(reader.device) if on_cuda else None
+        self.loader, self.reader = kind.loader, kind.reader
+        on_cuda = self.reader is not None and self.reader.device.type == "cuda"
+        self.stream = torch.cuda.Stream(self.reader.device) if on_cuda else None
 
     def run(self, plans: Callable[[object], Iterable[Plan]], skip: int = 0) -> Iterator[SplicedBatch]:
         """The sampler's loop (the body of its thread): one batch per planned mini-batch of ``plans(sampler)``
@@ -79,20 +73,14 @@ class ColdSampler:
         ``skip`` mini-batches of the first plan (a resumed super-batch's, trained already)."""
         use_threads(self.threads)
         on_device = self.reader is not None
-        if self.sample is not None:
-            sampler = self.sample()
-        elif on_device:
-            sampler = make_device_sampler(self.reader.indptr, self.reader.indices, self.fanouts, self.degrees)
-        else:
-            sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.fanouts, self.degrees,
-                                      self.file_order)
+        sampler = self.kind.cold_sampler()
         with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
             for plan in plans(sampler):
                 for position, item in enumerate(plan.batches):
                     if position < skip:
                         continue
                     last = position == len(plan.batches) - 1
-                    if self.sample is not None:
+                    if self.typed:
                         yield self._typed(plan, item, last, sampler)
                         continue
                     with self.spans.stage("sample"):

@@ -17,9 +17,6 @@ import copy
 import torch
 
 from neutronorch.config import NeutronOrchConfig, SamplingConfig
-from neutronorch.data.graph import Graph
-from neutronorch.data.typed import TypedGraph
-from neutronorch.features.store import FeatureStore, TypedInputs
 from neutronorch.nn.activation import dropout_keys
 from neutronorch.nn.precision import cpu_bf16_units
 from neutronorch.observe import Spans
@@ -30,37 +27,34 @@ from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedu
 from neutronorch.orchestration.pipeline import use_threads
 from neutronorch.sampling.exclude import exclude_from_block
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
-from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 HOST_DROPOUT = 0xD7  # mixed into a super-batch's key for the dropout masks of its hot rows
 
 
 class HotRowComputer:
-    """On a typed graph ``store`` is its ``TypedInputs``, ``fanouts`` its fanouts per relation, and ``needs``
-    the channel on which the ids of the embedding-table rows each hot frontier reads go to the trainer
-    (``tables``: the tables' types), which takes those rows at the snapshot's version."""
+    """``kind`` (``mode.py``) gives the graph, where its rows are read (a typed graph's ``TypedInputs``), its
+    samplers and, on a typed graph, ``needs``: the channel on which the ids of the embedding-table rows each
+    hot frontier reads go to the trainer (``tables``: the tables' types), which takes those rows at the
+    snapshot's version."""
 
-    def __init__(self, graph: Graph | TypedGraph, store: FeatureStore | TypedInputs, sampling: SamplingConfig,
-                 config: NeutronOrchConfig, schedule: Schedule, bottom: torch.nn.Module, snapshots: Channel,
-                 hot: Channel, spans: Spans, device: torch.device, threads: int, node: NodeHotSet | None = None,
-                 fanouts: dict | None = None, needs: Channel | None = None, tables: tuple[str, ...] = ()):
-        self.graph, self.store, self.sampling = graph, store, sampling
-        self.fanouts, self.needs, self.tables = fanouts, needs, tables
+    def __init__(self, kind, sampling: SamplingConfig, config: NeutronOrchConfig, schedule: Schedule,
+                 bottom: torch.nn.Module, snapshots: Channel, hot: Channel, spans: Spans, threads: int,
+                 node: NodeHotSet | None = None, tables: tuple[str, ...] = ()):
+        self.kind, self.graph, self.store, self.sampling = kind, kind.graph, kind.source, sampling
+        self.needs, self.tables, self.device = kind.needs, tables, kind.device
         # Hot rows go out in the training precision. The host computes them in bfloat16 where the CPU does
         # it natively; elsewhere it reads float32 rows, computes in float32 and rounds the table once.
-        self.table_dtype = torch.float32 if needs is not None else store.dtype
+        self.table_dtype = torch.float32 if self.needs is not None else self.store.dtype
         self.host_bf16 = self.table_dtype == torch.bfloat16 and bool(cpu_bf16_units())
-        if not self.host_bf16 and needs is None:
-            self.store = store.as_dtype(torch.float32)
+        if not self.host_bf16 and self.needs is None:
+            self.store = self.store.as_dtype(torch.float32)
         self.track_grad = config.hot_grad == "cpu"
         self.schedule = schedule
         self.template = copy.deepcopy(bottom).cpu().train()  # parameters replaced by each snapshot's
         self.snapshots, self.hot = snapshots, hot
-        self.spans = spans
-        self.device = device
-        self.threads = threads
+        self.spans, self.threads = spans, threads
         self.node = node  # hot_set="node": rows shared with the node's other ranks computed once (node.py)
-        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         # From the planning loop to the compute loop. One plan of room: planning stays at most two
         # super-batches ahead of the hot rows it feeds (so it reads a recent ratio setting), yet plans
         # s + 1 while s is computed.
@@ -69,9 +63,7 @@ class HotRowComputer:
     def compute(self, start: int = 0) -> None:
         """The compute loop: the hot embeddings of every planned super-batch from ``start`` on, in order."""
         use_threads(self.threads)
-        sampler = (TypedNeighborSampler(self.graph, self.fanouts) if self.needs is not None else
-                   NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees,
-                                   self.sampling.file_order))
+        sampler = self.kind.host_sampler()
         try:
             for super_batch_id in range(start, self.schedule.total):
                 plan = self.planned.take(super_batch_id)

@@ -40,16 +40,19 @@ from neutronorch.orchestration.mode import StepInputs
 from neutronorch.orchestration.neutronorch.batch import SplicedBatch
 from neutronorch.orchestration.neutronorch.cold_sampler import ColdSampler
 from neutronorch.orchestration.neutronorch.controller import RatioController
+from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
 from neutronorch.orchestration.neutronorch.hot_rows import HotRowComputer
 from neutronorch.orchestration.neutronorch.hot_grad import HotGradient
 from neutronorch.orchestration.neutronorch.hot_table import HotTableReader
 from neutronorch.orchestration.neutronorch.node import NodeHotSet, NodeLink
-from neutronorch.orchestration.neutronorch.plan_loop import PlanLoop, device_planner, host_planning, one_ahead
+from neutronorch.orchestration.neutronorch.plan_loop import PlanLoop, one_ahead
+from neutronorch.orchestration.neutronorch.planner import Planner
 from neutronorch.orchestration.neutronorch.stats import HotStats
 from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
 from neutronorch.orchestration.neutronorch.versions import Schedule, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import NodeSeeds
+from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
 from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -70,7 +73,7 @@ class HomogeneousKind:
     lead_adapts = True  # the snapshot lead may grow while the trainer waits for hot rows
 
     def __init__(self, graph: Graph, access: FeatureAccess, spans: Spans, sampling: SamplingConfig):
-        self.graph, self.device = graph, access.device
+        self.graph, self.device, self.sampling = graph, access.device, sampling
         self.store, self.placement, self.cache = access.store, access.placement, access.cache
         self.source = access.store  # what the host reads the hot rows' inputs from
         # Device sampling: the cold bottom hop is sampled and gathered on the device (its topology placed
@@ -78,7 +81,24 @@ class HomogeneousKind:
         self.reader = DeviceReader(graph, access, spans, sampling) if access.placement.topology != "host" else None
         self.loader = HostLoader(access, spans) if self.reader is None else None
         self.plans_on_device = self.reader is not None
-        self.cold_sampler = None  # the cold sampler makes its own
+
+    def host_sampler(self) -> NeighborSampler:
+        sampling = self.sampling
+        return NeighborSampler(self.graph.indptr, self.graph.indices, sampling.fanouts, sampling.degrees,
+                               sampling.file_order)
+
+    def cold_sampler(self):
+        """The cold sampler's (made on its thread): over the reader's topology with ``plans_on_device``."""
+        if self.reader is None:
+            return self.host_sampler()
+        return make_device_sampler(self.reader.indptr, self.reader.indices, self.sampling.fanouts,
+                                   self.sampling.degrees)
+
+    def planner(self, sampler) -> Planner:
+        """The planner beside ``sampler`` (the device's, with ``plans_on_device``)."""
+        bottom = self.sampling.fanouts[-1]
+        return DevicePlanner(self.graph, bottom, self.reader.indptr) if self.plans_on_device else \
+            Planner(self.graph, bottom)
 
     def inputs(self, batch, hot, index) -> StepInputs:
         """The step's model inputs: the batch's, and the super-batch's hot rows at ``index``."""
@@ -106,11 +126,22 @@ class TypedKind:
         self.plans_on_device = on_device
         self.needs = Channel("needs")  # the ids of the table rows each super-batch's hot rows read
 
+    def host_sampler(self) -> TypedNeighborSampler:
+        return TypedNeighborSampler(self.graph, self.fanouts)
+
     def cold_sampler(self):
         """The cold sampler's (made on its thread): on the training device with ``plans_on_device``."""
         if self.plans_on_device:
             return TypedDeviceSampler(TypedTopology.of(self.graph, self.device), self.fanouts)
-        return TypedNeighborSampler(self.graph, self.fanouts)
+        return self.host_sampler()
+
+    def planner(self, sampler) -> Planner:
+        """The planner beside ``sampler`` (the device's, with ``plans_on_device``)."""
+        bottom = {r: f[-1] for r, f in self.fanouts.items()}
+        if not self.plans_on_device:
+            return Planner(self.graph, bottom)
+        indptrs = {r: indptr for r, (indptr, _) in sampler.topology.relations.items()}
+        return DevicePlanner(self.graph, bottom, indptrs)
 
     def inputs(self, batch, hot, index: dict) -> StepInputs:
         return StepInputs(batch.blocks, batch.features,
@@ -180,13 +211,11 @@ class NeutronOrchMode:
         self.model, kind = model, self.kind
         self.bottom = model.bottom
         tables = tuple(getattr(model, "embeddings", ()))  # a typed model's embedding tables
-        producer = HotRowComputer(self.graph, kind.source, self.sampling, self.config, self.schedule, self.bottom,
-                                  self.snapshots.channel, self.hot_table.channel, self.spans, self.device,
-                                  self.host_threads, self.node, kind.fanouts, kind.needs, tables)
+        producer = HotRowComputer(kind, self.sampling, self.config, self.schedule, self.bottom, self.snapshots.channel,
+                                  self.hot_table.channel, self.spans, self.host_threads, self.node, tables)
         plans = PlanLoop(self.seeds, self.sampling, self.schedule, self.controller.published, producer.planned,
-                         self.spans, self.graph.num_nodes, getattr(model, "num_layers", 0))
-        sampler = ColdSampler(self.graph, self.sampling, self.spans, self.sampler_threads, self.loader, self.reader,
-                              kind.cold_sampler)
+                         self.spans, self.graph.num_nodes)
+        sampler = ColdSampler(kind, self.sampling, self.spans, self.sampler_threads)
         self.snapshots.start()
         start, position = self.schedule.at(self.version)
         hot = None
@@ -197,14 +226,12 @@ class NeutronOrchMode:
             hot = resumed["vertices"]
         self._producer = producer
         if not kind.plans_on_device:  # planned on the host, in a thread of its own
-            self._plans = Prefetcher(lambda: plans.run(*host_planning(self.graph, self.sampling, self.host_threads,
-                                                                      kind.fanouts), start, hot),
-                                     depth=1, name="neutronorch-planner")
+            self._plans = Prefetcher(lambda: plans.run(kind.host_sampler(), kind.planner(None), start, hot),
+                                     depth=1, name="neutronorch-planner", threads=self.host_threads)
             source = lambda _sampler: self._plans  # noqa: E731
         else:  # planned on the device, by the cold sampler's thread with its sampler
             source = lambda device_sampler: one_ahead(plans.run(  # noqa: E731
-                device_sampler, device_planner(self.graph, device_sampler, self.reader, self.sampling), start, hot,
-                "sample"))
+                device_sampler, kind.planner(device_sampler), start, hot, "sample"))
         self._host = threading.Thread(target=producer.compute, args=(start,), name="neutronorch-host", daemon=True)
         self._host.start()
         self._stream = Prefetcher(lambda: sampler.run(source, position), depth=self.sampling.prefetch,
