@@ -1,24 +1,13 @@
 """The hot rows' bottom-layer gradient (``hot_grad="cpu"``), on the trainer thread.
 
-Each step's backward pass adds dL/dY of the hot rows it used into the super-batch's accumulator
-(``HotEmbeddings.grad_acc``); at the super-batch's last step, ``finish`` turns it into W0's gradient
-through the host's autograd graph of those rows.
-
-- **One process**: the gradient is added to the bottom layer's.
-- **Data parallel**: it is handed to the gradient reduction (``averaged``), which averages it over the
-  ranks with equal weights, apart from the loss-weighted mean of the other gradients. It sums the
-  gradients of the super-batch's P steps, each its rank's mean, so weighting it by the last step's loss
-  terms alone would misweigh the other steps (and drop a rank with none in the last step). Equal weights
-  are exact where every rank's part of a step carries equal weight; where it does not (an epoch's last,
-  uneven global batch; unlabelled seeds), ``weigh`` scales that step's dL/dY by world x this rank's share
-  of the global batch's loss terms (the accumulator divided by it before the backward pass, multiplied
-  after), so the average is exactly one process's sum.
-- **Rows computed once per node**: the node's ranks sum the shared rows' dL/dY first, and each
-  back-propagates the rows it computed (``node.py``).
-- **A typed graph**: one accumulator per vertex type; the gradient reaches the bottom layer's parameters
-  and the snapshot's embedding-table rows the hot rows read, which it adds to the tables as sparse rows
-  (data parallel, hands over to be averaged as the bottom layer's: ``GradientSync`` averages a table's
-  rows handed over apart with equal weights too).
+Each step's backward pass adds dL/dY of the hot rows it used into ``HotEmbeddings.grad_acc``; at the
+super-batch's last step ``finish`` turns it into W0's gradient through the host's autograd graph of those
+rows (on a typed graph also the snapshot's table rows' sparse gradient). One process: added to the bottom
+layer's gradient. Data parallel: handed to the gradient reduction (``averaged``) to be averaged with equal
+weights, since it sums P steps' gradients and weighting it by the last step's loss terms would misweigh the
+others; where a step's rank parts carry unequal weight (an uneven last batch, unlabelled seeds) ``weigh``
+scales its dL/dY by world x this rank's share of the loss terms, so the average is one process's sum. With
+``hot_set="node"`` the shared rows' dL/dY are summed over the node first (``node.py``).
 """
 
 from __future__ import annotations
@@ -62,10 +51,8 @@ class HotGradient:
             self._scale = 1.0
 
     def finish(self, hot: HotEmbeddings, bottom: torch.nn.Module, tables: torch.nn.ModuleDict | None = None) -> None:
-        """At the super-batch's last step: W0's gradient from the accumulated dL/dY (of the rows this rank
-        computed, shared ones summed over the node) through the host's graph, added to ``bottom``'s gradient
-        or kept for ``averaged``; on a typed graph (one output per type) also the gradient of the table rows
-        the hot rows read, a sparse gradient of ``tables``."""
+        """At the super-batch's last step: W0's gradient (and a typed graph's sparse gradient of ``tables``)
+        from the accumulated dL/dY, added to the parameters' or kept for ``averaged``."""
         typed = isinstance(hot.output, dict)
         outputs = hot.output if typed else {} if hot.output is None or hot.num_hot == 0 else {None: hot.output}
         if not outputs and not self.distributed:

@@ -1,22 +1,12 @@
-"""Mode ``neutronorch``: hot vertices' bottom layer on the host, reused under a strictly bounded staleness.
+"""Mode ``neutronorch``: hot vertices' bottom layer on the host, reused under a strictly bounded staleness
+(``docs/neutronorch.md``; its threads, what each owns and what crosses between them: docs/architecture.md).
 
-Its threads (planning loop, host compute, cold sampler, and the trainer's, which runs this class), what each
-owns and what crosses between them (only through ``Channel``s, and the ratio setting the trainer replaces
-whole) are in docs/architecture.md.
-
-Staleness is bounded by construction: the hot embeddings of super-batch s are computed from the
-parameters at version ``snapshot_version(s)`` (version = optimizer steps taken), a snapshot the trainer
-publishes when it reaches that version, and every use is checked (``versions.py``). With
-``hot_grad="cpu"`` the hot rows' gradient is accumulated over the super-batch and turned into W0's
-gradient by the host's autograd graph at the super-batch's last step (version difference again within
-the bound). The pipeline runs across epochs without draining.
-
-**A typed graph** runs on the same threads and classes; what differs per kind of graph is in one small object
-(``HomogeneousKind``, ``TypedKind``): where a mini-batch's rows are read and its hops drawn (a typed graph's
-featured rows on the host, whichever device draws its mini-batches), the drift probe's inputs, the hot rows a
-step reads, and a typed graph's featureless inputs, embedding-table rows, which its snapshots also hold (their
-ids sent ahead by the host on the ``needs`` channel). With P = 1, staleness 0 and ``hot_grad="cpu"`` a typed
-step is exact mode's (``tests/test_typed_neutronorch.py``).
+Hot embeddings of super-batch s are computed from the parameters at version ``snapshot_version(s)``
+(version = optimizer steps taken), and every use is checked (``versions.py``). The pipeline runs across
+epochs without draining. What differs per kind of graph is in one object (``HomogeneousKind``,
+``TypedKind``): its samplers and planner, where rows are read, the drift probe's inputs, the hot rows a step
+reads, and a typed graph's embedding-table rows, which its snapshots also hold (their ids sent ahead by the
+host on the ``needs`` channel).
 """
 
 from __future__ import annotations
@@ -105,8 +95,8 @@ class HomogeneousKind:
         return StepInputs(batch.blocks, batch.features, HotRows(hot.table, index, hot.grad_acc))
 
     def probe_inputs(self, ids: np.ndarray, sampling: SamplingConfig, model) -> tuple:
-        """The drift probe's bottom block and float32 rows (the probe runs outside autocast, and drift is a
-        small difference), a fixed sample of its own key, on the device."""
+        """The drift probe's bottom block and float32 rows on the device, a fixed sample of its own key
+        (float32: the probe runs outside autocast, and drift is a small difference)."""
         sampler = NeighborSampler(self.graph.indptr, self.graph.indices, sampling.fanouts, sampling.degrees)
         key = layer_key(mix_key(sampling.seed, PROBE_KEY), len(sampling.fanouts) - 1)
         block, frontier = sampler.sample_hop(ids, sampling.fanouts[-1], key)
@@ -148,16 +138,15 @@ class TypedKind:
                           {t: HotRows(hot.table[t], i, hot.grad_acc.get(t)) for t, i in index.items()}, batch.ids)
 
     def probe_inputs(self, ids: dict[str, np.ndarray], sampling: SamplingConfig, model):
-        """A function giving the drift probe's bottom block and inputs at each measurement (the table rows
-        move with the weights)."""
+        """A function giving the drift probe's bottom block and inputs (the table rows move with the
+        weights)."""
         block = TypedNeighborSampler(self.graph, self.fanouts).sample_bottom(ids, mix_key(sampling.seed, PROBE_KEY))
         features, input_ids = self.source(block.src_ids, self.device)
         block = block.to(self.device)
         return lambda: (block, model().input_rows(features, input_ids))
 
     def table_rows(self, model: torch.nn.Module, super_batch_id: int) -> tuple[dict, dict]:
-        """The embedding-table rows super-batch ``super_batch_id``'s hot frontier reads, now, for its snapshot
-        (the host sent their ids ahead)."""
+        """The table rows super-batch ``super_batch_id``'s hot frontier reads, now, and their ids."""
         ids = self.needs.take(super_batch_id)
         with torch.no_grad():
             rows = {t: model.embeddings[t].weight.detach()[index.to(model.embeddings[t].weight.device)]
@@ -175,7 +164,6 @@ class NeutronOrchMode:
     def __init__(self, kind: HomogeneousKind | TypedKind, sampling: SamplingConfig, config: NeutronOrchConfig,
                  epochs: int, spans: Spans, sampler_threads: int, host_threads: int, node: NodeLink | None = None,
                  seeds: NodeSeeds | None = None):
-        """``kind``: what the graph's kind reads and draws with."""
         self.kind, self.graph, self.sampling, self.config = kind, kind.graph, sampling, config
         self.spans, self.device = spans, kind.device
         self.store, self.placement, self.cache = kind.store, kind.placement, kind.cache
