@@ -1,9 +1,5 @@
-"""NeutronOrch's mini-batch: a batch whose bottom block covers only its cold destinations.
-
-``SplicedBatch.blocks[0]`` has the cold bottom-layer destinations only (the hot ones' neighbours are
-never sampled, gathered or moved); the splice index says where, among all the bottom-layer destinations
-(``blocks[1]``'s source frontier), the cold rows and the reused hot rows go. The model restores the block
-rule (destinations lead the next frontier) by splicing: ``GNN.forward(blocks, x, hot)``.
+"""NeutronOrch's mini-batch: its bottom block covers only its cold destinations; the splice index says where
+among all bottom-layer destinations the cold rows and the reused hot rows go (``GNN.forward(blocks, x, hot)``).
 """
 
 from __future__ import annotations
@@ -21,10 +17,11 @@ from neutronorch.orchestration.neutronorch.versions import each, per_type
 
 @dataclass
 class Splice:
-    """A mini-batch's place in its super-batch and how its bottom-layer output is assembled."""
+    """A mini-batch's place in its super-batch and how its bottom-layer output is assembled (a typed
+    graph's index per hot vertex type)."""
 
     super_batch_id: int  # the super-batch (numbered across epochs)
-    index: SpliceIndex | dict[str, SpliceIndex]  # a typed graph's: per hot vertex type
+    index: SpliceIndex | dict[str, SpliceIndex]
     last: bool  # the last mini-batch of its super-batch
     plan: PlanStats  # what the super-batch's plan did (shared by its mini-batches)
     probe: np.ndarray | dict[str, np.ndarray]  # the plan's hottest vertices (the drift probe's candidates)
@@ -36,8 +33,6 @@ class Splice:
 
 @dataclass
 class SplicedBatch(MiniBatch):
-    """Either kind of graph's (a typed graph's ``splice.index`` holds each hot type's splice)."""
-
     splice: Splice | None = field(default=None, kw_only=True)
 
     def tensors(self) -> list[torch.Tensor]:
@@ -48,10 +43,3 @@ class SplicedBatch(MiniBatch):
         super().to(device, non_blocking)
         self.splice = self.splice.to(device, non_blocking)
         return self
-
-
-def spliced(splice: Splice):
-    """A ``make`` for the loaders: builds a ``SplicedBatch`` carrying ``splice``."""
-    def make(*args, **kwargs) -> SplicedBatch:
-        return SplicedBatch(*args, splice=splice, **kwargs)
-    return make
