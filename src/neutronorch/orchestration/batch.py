@@ -1,13 +1,6 @@
-"""The mini-batch a mode hands to the trainer: a sampled subgraph with its gathered inputs, of either kind of
-graph.
-
-A batch moves itself: ``to(device)`` copies what is still on the host (asynchronously from pinned memory),
-``transfer_bytes`` says how much that is, ``wait(stream)`` orders a consumer stream after the copy and
-tells the caching allocator that the stream uses the tensors, and ``release`` hands the host buffer its
-features were gathered into back to its pool. Modes that need more (NeutronOrch's spliced batches) extend
-it in their own package; nothing here knows of them. A typed graph's batch is the same type with its data
-by vertex type: ``features`` each featured type's rows, ``ids`` every type's input ids, the blocks
-``TypedBlock``s.
+"""The mini-batch a mode hands to the trainer, of either kind of graph: a sampled subgraph with its gathered
+inputs (a typed graph's by vertex type, its blocks ``TypedBlock``s). A batch moves itself (``to``,
+``wait``, ``release``); nothing here knows of NeutronOrch's spliced batches, which extend it.
 """
 
 from __future__ import annotations
@@ -70,8 +63,7 @@ class MiniBatch:
         return sum(t.nbytes for t in self.tensors() if t.device.type == "cpu")
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "MiniBatch":
-        """Move features, labels, blocks (and a typed graph's input ids) to ``device`` (in place; returns the
-        batch)."""
+        """Move what a step reads to ``device``, in place."""
         def move(tensors):
             if isinstance(tensors, dict):
                 return {t: x.to(device, non_blocking=non_blocking) for t, x in tensors.items()}
@@ -85,7 +77,7 @@ class MiniBatch:
         return self
 
     def mark_ready(self) -> None:
-        """On CUDA: record the event that ends this batch's work on the current stream."""
+        """On CUDA: record the event ending this batch's work on the current stream."""
         if self.labels.is_cuda:
             self.ready = torch.cuda.Event()
             self.ready.record()

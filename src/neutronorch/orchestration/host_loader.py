@@ -1,10 +1,7 @@
-"""Loading a host-sampled mini-batch: gather its rows on the host, ship them to the device.
-
-Gather: the batch's input rows go into a pooled buffer (pinned on CUDA); with a device feature cache only
-the rows it misses. A typed graph's: every featured type's rows read through its ``TypedInputs`` into tensors
-of their own (a loader's typed batch may be kept). Ship (CUDA): the batch copies itself on a side stream, the
-device assembles the rows from the cache and the copied misses, and the buffer returns to the pool once the
-copy's event has completed, without blocking this thread. On the CPU nothing is copied.
+"""Loading a host-sampled mini-batch: gather its rows on the host (into a pooled buffer, pinned on CUDA; with
+a device cache only its misses; a typed graph's through ``TypedInputs``) and ship them (CUDA: copied on a
+side stream, the cache assembling the rows on the device, the buffer back to the pool after the copy's
+event, never blocking this thread).
 """
 
 from __future__ import annotations
@@ -33,9 +30,8 @@ class HostLoader:
 
     def load(self, epoch: int, index: int, subgraph: SampledSubgraph,
              make: Callable[..., MiniBatch] = MiniBatch, targets: torch.Tensor | None = None) -> MiniBatch:
-        """The batch of ``subgraph``, built by ``make`` (a ``MiniBatch`` type), its rows gathered and, on
-        CUDA, its copy to the device started (not waited for). ``targets``: what the loss reads instead of
-        the seeds' labels (``SeedBatch.targets``)."""
+        """The batch of ``subgraph``, built by ``make``, its rows gathered and on CUDA its copy started.
+        ``targets``: what the loss reads instead of the seeds' labels (``SeedBatch.targets``)."""
         access = self.access
         store, pool, cache = access.store, access.pool, access.cache
         with self.spans.stage("gather", index):
@@ -68,8 +64,8 @@ class HostLoader:
         return batch
 
     def _ship(self, batch: MiniBatch, buffer: torch.Tensor | None, parts: list | None) -> None:
-        """Start the batch's copy on the copy stream. With ``parts`` (every row's cache slot, the misses'
-        positions), ``batch.features`` holds only the missed rows until the device assembles them."""
+        """Start the batch's copy on the copy stream; with ``parts`` (the cache slots, the misses' positions)
+        the device assembles the rows."""
         device = self.access.device
         batch.device_bytes = batch.transfer_bytes() + (sum(t.nbytes for t in parts) if parts else 0)
         with torch.cuda.stream(self.copy_stream):
@@ -88,6 +84,5 @@ class HostLoader:
         pass
 
     def summary(self) -> dict:
-        """A typed graph's: the host caches of its featured types and how their rows were read
-        (``TypedInputs.summary``)."""
+        """A typed graph's: ``TypedInputs.summary``."""
         return {} if self.access.inputs is None else self.access.inputs.summary()

@@ -1,11 +1,7 @@
-"""The hot embeddings, the trainer's side: the current super-batch's table, waited for once.
-
-The hot-row computer (``hot_rows.py``) puts each super-batch's ``HotEmbeddings`` on the ``hot``
-channel, complete and frozen. ``HotTableReader``, owned by the trainer's thread, takes the table of the
-super-batch a mini-batch belongs to when the first of its mini-batches arrives (on CUDA making the
-trainer's stream wait for the table's copy), keeps it for the super-batch's other mini-batches and drops
-it after the last. The only thing written after the table crossed is its gradient accumulator, and only
-by the trainer. On a typed graph the table, its accumulator and its hot set hold one entry per vertex type.
+"""The hot embeddings, the trainer's side (``HotTableReader``, trainer thread): the table of the super-batch a
+mini-batch belongs to, taken from the ``hot`` channel at its first mini-batch (on CUDA the trainer's stream
+waits for its copy), kept for the others and dropped after the last. Only its gradient accumulator is
+written after it crossed, and only by the trainer.
 """
 
 from __future__ import annotations
@@ -26,8 +22,8 @@ class HotTableReader:
         self.resumed: dict | None = None  # the super-batch in progress when the loaded checkpoint was written
 
     def table(self, super_batch_id: int) -> tuple[HotEmbeddings, bool]:
-        """The hot embeddings of ``super_batch_id``, and whether they are new here (its first mini-batch, not
-        the continuation of a resumed super-batch: to be accounted)."""
+        """The hot embeddings of ``super_batch_id``, and whether they are new (to be accounted: not a resumed
+        super-batch's continuation)."""
         if self.current is not None and self.current.super_batch_id == super_batch_id:
             return self.current, False
         with self.spans.stage("wait_hot"):
@@ -45,7 +41,8 @@ class HotTableReader:
         return hot, True
 
     def _continue(self, hot: HotEmbeddings) -> None:
-        """The resumed super-batch's hot rows, recomputed from its saved snapshot: same set, same gradient."""
+        """A resumed super-batch's rows, recomputed from its saved snapshot: check the set, restore the
+        gradient."""
         resumed, self.resumed = self.resumed, None
         before, now = per_type(resumed["vertices"]), per_type(hot.vertices)
         if before.keys() != now.keys() or not all(np.array_equal(now[t], before[t]) for t in now):
@@ -56,7 +53,6 @@ class HotTableReader:
             grad.copy_(saved[t])
 
     def trained(self, super_batch_id: int) -> None:
-        """The super-batch's last mini-batch is done: its table goes."""
         self.channel.drop(super_batch_id)
         self.current = None
 
@@ -64,7 +60,7 @@ class HotTableReader:
         self.channel.close()
 
     def state_dict(self) -> dict | None:
-        """The super-batch in progress: its hot set and accumulated hot gradient (its rows are recomputed)."""
+        """The super-batch in progress: its hot set and accumulated gradient (its rows are recomputed)."""
         current = self.current
         if current is None:
             return None
