@@ -10,9 +10,8 @@ import numpy as np
 import torch
 
 from neutronorch.nn.splice import SpliceIndex
-from neutronorch.orchestration.batch import MiniBatch
+from neutronorch.orchestration.batch import MiniBatch, each, per_type
 from neutronorch.orchestration.neutronorch.planner import PlanStats
-from neutronorch.orchestration.neutronorch.versions import each, per_type
 
 
 @dataclass

@@ -18,8 +18,9 @@ import torch
 
 from neutronorch.config import NeutronOrchConfig
 from neutronorch.observe import StageTable
+from neutronorch.orchestration.batch import each
 from neutronorch.orchestration.neutronorch.tuner import HotRatioTuner
-from neutronorch.orchestration.neutronorch.versions import Schedule, each
+from neutronorch.orchestration.neutronorch.versions import Schedule
 
 logger = logging.getLogger("neutronorch")
 

@@ -16,8 +16,9 @@ import numpy as np
 import torch
 
 from neutronorch.config import SamplingConfig
+from neutronorch.orchestration.batch import per_type
 from neutronorch.orchestration.neutronorch.node import NodeHotSet
-from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, per_type
+from neutronorch.orchestration.neutronorch.versions import HotEmbeddings
 from neutronorch.orchestration.seeds import NodeSeeds
 
 

@@ -10,8 +10,9 @@ import numpy as np
 import torch
 
 from neutronorch.observe import Spans
+from neutronorch.orchestration.batch import each, per_type
 from neutronorch.orchestration.channel import Channel
-from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, each, per_type
+from neutronorch.orchestration.neutronorch.versions import HotEmbeddings
 
 
 class HotTableReader:

@@ -7,7 +7,6 @@ steps later; ``StalenessCheck`` verifies it at every use (a violation is a bug a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -121,15 +120,3 @@ class StalenessCheck:
     def mean_observed(self) -> float:
         return self._sum / max(1, self._uses)
 
-
-def per_type(value) -> Mapping:
-    """``value`` per vertex type: a typed graph's mapping as it is, a homogeneous graph's value as its one
-    entry (keyed ""), None as none."""
-    return value if isinstance(value, Mapping) else {} if value is None else {"": value}
-
-
-def each(value, change):
-    """``change`` of ``value``, or of each of its values (a typed graph's, per type); None stays None."""
-    if value is None:
-        return None
-    return {t: change(v) for t, v in value.items()} if isinstance(value, Mapping) else change(value)
