@@ -65,7 +65,8 @@ class MiniBatch:
         """(sampled edges, input rows, their feature bytes, rows the device cache served, bytes copied to the
         device for it): what an epoch's record sums."""
         subgraph = self.subgraph
-        return (subgraph.num_sampled_edges, sum(int(ids.shape[0]) for ids in per_type(subgraph.input_nodes).values()),
+        inputs = per_type(subgraph.input_nodes).values()
+        return (subgraph.num_sampled_edges, sum(int(ids.shape[0]) for ids in inputs),
                 sum(x.nbytes for x in per_type(self.features).values()), self.cache_hits, self.device_bytes)
 
     def transfer_bytes(self) -> int:

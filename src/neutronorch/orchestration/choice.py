@@ -57,7 +57,7 @@ class ModeChoice:
     measured: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"chosen": self.chosen, "reason": self.reason, "measured": self.measured}
+        return asdict(self)
 
 
 def mode_facts(config: TrainConfig, graph: Graph, device: torch.device, distributed: bool = False) -> ModeFacts:

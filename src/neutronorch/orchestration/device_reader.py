@@ -180,7 +180,7 @@ class DeviceReader:
     def load(self, epoch: int, index: int, subgraph: SampledSubgraph,
              make: Callable[..., MiniBatch] = MiniBatch, targets: torch.Tensor | None = None) -> MiniBatch:
         """The batch of ``subgraph`` (frontier on the device), built by ``make``, its rows gathered through
-        their caches and its labels (or ``targets``) there, its ready event recorded (on the sampling stream)."""
+        their caches and its labels (or ``targets``) there, its ready event recorded (sampling stream)."""
         with self.spans.stage("gather", index):
             frontier = subgraph.input_nodes
             if isinstance(frontier, dict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -101,13 +102,11 @@ def homogeneous_access(config: TrainConfig, graph: Graph, device: torch.device, 
                                    file_order=topology_in_file_order and config.mode != "device")
     dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
     placement = placement_for(graph, config.placement, device, samples_on_device(config, device), workspace, dtype)
-    ranking: list[np.ndarray] = []  # the vertices hottest first, ranked once if a cache needs them
 
-    def ranked() -> np.ndarray:
-        if not ranking:
-            ranking.append(hotness_order(graph.indptr, graph.indices, graph.train_idx, sampling.fanouts,
-                                         sampling.batch_size, sampling.seed, config.cache_policy))
-        return ranking[0]
+    @functools.cache
+    def ranked() -> np.ndarray:  # the vertices hottest first, ranked once if a cache needs them
+        return hotness_order(graph.indptr, graph.indices, graph.train_idx, sampling.fanouts, sampling.batch_size,
+                             sampling.seed, config.cache_policy)
 
     access = build_feature_access(graph, placement, device, sampling, ranked, dtype, features_in_file_order)
     attach_host_cache(access.store, config.host_cache_gb, ranked, config.host_cache_dir,

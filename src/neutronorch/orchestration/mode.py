@@ -31,7 +31,6 @@ class StepInputs(tuple):
 
     blocks = property(lambda self: self[0])
     features = property(lambda self: self[1])
-    hot = property(lambda self: self[-1])
 
 
 @runtime_checkable

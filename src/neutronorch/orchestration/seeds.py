@@ -31,7 +31,7 @@ class SeedBatch:
 
 
 class NodeSeeds:
-    """A node task's mini-batches: the training vertices (a typed graph's target type's) in the epoch's order."""
+    """A node task's mini-batches: the training vertices (a typed graph's target's) in the epoch's order."""
 
     def __init__(self, graph: Graph | TypedGraph, sampling: SamplingConfig):
         self.graph, self.train_idx, self.sampling = graph, training_seeds(graph), sampling

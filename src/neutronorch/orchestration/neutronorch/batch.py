@@ -1,5 +1,5 @@
-"""NeutronOrch's mini-batch: its bottom block covers only its cold destinations; the splice index says where
-among all bottom-layer destinations the cold rows and the reused hot rows go (``GNN.forward(blocks, x, hot)``).
+"""NeutronOrch's mini-batch: its bottom block covers only its cold destinations; the splice index says
+where among all bottom-layer destinations the cold rows and the reused hot rows go (``GNN.forward``).
 """
 
 from __future__ import annotations

@@ -65,8 +65,8 @@ class ColdSampler:
         self.stream = torch.cuda.Stream(self.reader.device) if on_cuda else None
 
     def run(self, plans: Callable[[object], Iterable[Plan]], skip: int = 0) -> Iterator[SplicedBatch]:
-        """The thread's body: a batch per planned mini-batch of ``plans(sampler)`` (given this thread's sampler,
-        which device planning samples with), but for the first ``skip`` of the first plan (resumed)."""
+        """The thread's body: a batch per planned mini-batch of ``plans(sampler)`` (given this thread's
+        sampler, which device planning samples with), but for the first ``skip`` of the first plan."""
         use_threads(self.threads)
         on_device = self.reader is not None
         sampler = self.kind.cold_sampler()
@@ -97,7 +97,8 @@ class ColdSampler:
                                         splice_index(dst.shape[0], item.cold_pos, item.hot_pos, item.hot_rows),
                                         last, plan.stats, plan.probe)
                     source = self.reader if on_device else self.loader
-                    yield source.load(plan.epoch, item.index, subgraph, make=partial(SplicedBatch, splice=splice), targets=item.targets)
+                    make = partial(SplicedBatch, splice=splice)
+                    yield source.load(plan.epoch, item.index, subgraph, make=make, targets=item.targets)
                 skip = 0
 
     def _typed(self, plan: Plan, item: PlannedBatch, last: bool, sampler: TypedHops) -> SplicedBatch:

@@ -102,8 +102,8 @@ class PublishedSetting:
 
 
 class DriftProbe:
-    """The relative change of the bottom-layer output of fixed probe vertices at super-batch boundaries (device
-    tensors). ``inputs``: their (block, features), or a function giving them (a typed graph's tables move)."""
+    """The relative change of the bottom-layer output of fixed probe vertices at super-batch boundaries
+    (device tensors). ``inputs``: their (block, features), or a function giving them (typed: tables move)."""
 
     def __init__(self, inputs):
         self.inputs = inputs
@@ -177,15 +177,12 @@ class RatioController:
             before = self.setting.stale_error if isinstance(self.setting.stale_error, HostScalar) else None
             self.setting = replace(self.setting, stale_error=HostScalar(self.probe.stale_error, before))
 
-    @property
-    def drift_per_step(self) -> float | None:
-        drift = None if self.probe is None else self.probe.drift
-        return None if drift is None else float(drift)
-
-    @property
-    def stale_error(self) -> float | None:
-        error = None if self.probe is None else self.probe.stale_error
-        return None if error is None else float(error)
+    def measured(self) -> dict:
+        """The drift probe's last measurement as numbers (None before the first)."""
+        probe = self.probe
+        drift, error = (None, None) if probe is None else (probe.drift, probe.stale_error)
+        return {"drift_per_step": None if drift is None else float(drift),
+                "stale_error": None if error is None else float(error)}
 
     def end_epoch(self, record: dict, epoch_ratio: float | None, stages: StageTable,
                   agree: Callable[[list[float]], list[float]] | None = None) -> dict:
@@ -193,8 +190,10 @@ class RatioController:
         ``agree``: the measurements' maximum over ranks that must decide alike (a node sharing hot rows)."""
         out = {"snapshot_lead": self.lead,
                "hot_ratio": round(epoch_ratio if epoch_ratio is not None else self.setting.ratio, 4)}
-        if self.drift_per_step is not None:
-            out.update(drift_per_step=round(self.drift_per_step, 6), stale_error=round(self.stale_error, 5))
+        drift = self.measured()
+        if drift["drift_per_step"] is not None:
+            out.update(drift_per_step=round(drift["drift_per_step"], 6),
+                       stale_error=round(drift["stale_error"], 5))
         stage = record["stage_seconds"]
         busy = stages.lane_seconds(stage)
         measured = [record["seconds"], stage.get("wait_hot", 0.0), busy.get("host", 0.0), busy.get("trainer", 0.0),
@@ -251,5 +250,5 @@ class RatioController:
     def summary(self) -> dict:
         return {"ratio": round(self.setting.ratio, 4),
                 "error_budget": self.setting.error_budget if self.auto else None,
-                "drift_per_step": self.drift_per_step, "stale_error": self.stale_error}
+                **self.measured()}
 

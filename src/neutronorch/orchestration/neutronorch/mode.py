@@ -168,7 +168,6 @@ class NeutronOrchMode:
         self.spans, self.device = spans, kind.device
         self.store, self.placement, self.cache = kind.store, kind.placement, kind.cache
         on_cuda = self.device.type == "cuda"
-        self.sampler_threads, self.host_threads = sampler_threads, host_threads
         self.threads = {"sampler": sampler_threads, "host": host_threads}
         self.seeds = seeds if seeds is not None else NodeSeeds(self.graph, sampling)  # a link task's: LinkSeeds
         self.num_batches = self.seeds.num_batches
@@ -178,7 +177,6 @@ class NeutronOrchMode:
                                           probe_inputs=self._probe_inputs, lead_adapts=kind.lead_adapts)
         self.stats = HotStats()
         # Data parallel: with a node link, rows hot on several of the node's ranks are computed once (``node.py``).
-        self.distributed = sampling.world > 1
         self.node = NodeHotSet(node, kind.type_sizes) if node is not None and node.local_size > 1 else None
         self.hot_grad = HotGradient(self.seeds, sampling, self.num_batches, self.node)
         self.version = 0  # optimizer steps taken
@@ -193,17 +191,16 @@ class NeutronOrchMode:
         self._host: threading.Thread | None = None
         self._stream: Prefetcher | None = None
 
-    # ----- lifecycle -------------------------------------------------------------------------------------
-
     def start(self, model: torch.nn.Module) -> None:
         self.model, kind = model, self.kind
         self.bottom = model.bottom
         tables = tuple(getattr(model, "embeddings", ()))  # a typed model's embedding tables
-        producer = HotRowComputer(kind, self.sampling, self.config, self.schedule, self.bottom, self.snapshots.channel,
-                                  self.hot_table.channel, self.spans, self.host_threads, self.node, tables)
+        producer = HotRowComputer(kind, self.sampling, self.config, self.schedule, self.bottom,
+                                  self.snapshots.channel, self.hot_table.channel, self.spans,
+                                  self.threads["host"], self.node, tables)
         plans = PlanLoop(self.seeds, self.sampling, self.schedule, self.controller.published, producer.planned,
                          self.spans, self.graph.num_nodes)
-        sampler = ColdSampler(kind, self.sampling, self.spans, self.sampler_threads)
+        sampler = ColdSampler(kind, self.sampling, self.spans, self.threads["sampler"])
         self.snapshots.start()
         start, position = self.schedule.at(self.version)
         hot = None
@@ -215,7 +212,7 @@ class NeutronOrchMode:
         self._producer = producer
         if not kind.plans_on_device:  # planned on the host, in a thread of its own
             self._plans = Prefetcher(lambda: plans.run(kind.host_sampler(), kind.planner(None), start, hot),
-                                     depth=1, name="neutronorch-planner", threads=self.host_threads)
+                                     depth=1, name="neutronorch-planner", threads=self.threads["host"])
             source = lambda _sampler: self._plans  # noqa: E731
         else:  # planned on the device, by the cold sampler's thread with its sampler
             source = lambda device_sampler: one_ahead(plans.run(  # noqa: E731
@@ -248,8 +245,6 @@ class NeutronOrchMode:
             raise RuntimeError(f"NeutronOrch's pipeline is at parameter version {self.version}, not at step {start} "
                                f"of epoch {epoch}: epochs run in order, from where the run (or its resume) is")
         return EpochView(self._stream, epoch, self.num_batches - start)
-
-    # ----- the trainer's side ----------------------------------------------------------------------------
 
     def step_inputs(self, batch: SplicedBatch) -> StepInputs:
         batch.wait()
@@ -297,8 +292,6 @@ class NeutronOrchMode:
     def _publish_due(self) -> None:
         self.snapshots.publish_due(self.bottom, self.version, self.controller.lead)
 
-    # ----- checkpoints -----------------------------------------------------------------------------------
-
     def state_dict(self) -> dict:
         """After any step: the parameter version, the snapshots already published for super-batches not yet
         finished (taken from weights older than now, so they cannot be taken again), the super-batch in
@@ -315,8 +308,6 @@ class NeutronOrchMode:
         self.stats.load_state_dict(state["stats"])
         self.staleness.load_state_dict(state["staleness"])
         self.controller.load_state_dict(state["controller"], self.device)
-
-    # ----- reporting -------------------------------------------------------------------------------------
 
     def end_epoch(self, record: dict) -> None:
         """Record this epoch's hot ratio and staleness controls and, with ``auto``, choose the next ones."""
@@ -338,10 +329,10 @@ class NeutronOrchMode:
         }
 
     def describe(self) -> str:
-        return (f"sampler threads {self.sampler_threads}, host threads {self.host_threads}, super-batch "
+        return (f"sampler threads {self.threads['sampler']}, host threads {self.threads['host']}, super-batch "
                 f"{self.config.super_batch}, hot ratio {self.config.hot_ratio}, staleness bound "
                 f"{self.config.resolved_staleness}, hot grad {self.config.hot_grad}"
-                + (f", hot set {self.hot_set}" if self.distributed else ""))
+                + (f", hot set {self.hot_set}" if self.sampling.world > 1 else ""))
 
     @property
     def hot_set(self) -> str:

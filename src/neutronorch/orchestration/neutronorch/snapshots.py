@@ -43,8 +43,8 @@ class SnapshotPublisher:
         return version if super_batch_id == 0 else max(version, self.schedule.first_step(super_batch_id - 1))
 
     def publish_due(self, bottom: torch.nn.Module, version: int, lead: int) -> None:
-        """Publish the snapshot to every super-batch whose version is now reached, past the run's last epoch
-        too: a checkpoint keeps them, so a run resumed with more epochs uses the weights a longer run would."""
+        """Publish the snapshot to every super-batch whose version is now reached, past the run's end too: a
+        checkpoint keeps them, so a run resumed with more epochs uses the weights a longer run would."""
         params = ready = None
         while (due := self.version_of(self._next, lead)) is not None and due <= version:
             if params is None:

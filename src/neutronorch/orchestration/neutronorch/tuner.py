@@ -36,9 +36,10 @@ class HotRatioTuner:
 
     def update(self, epoch_seconds: float, host_seconds: float, device_seconds: float,
                cost_seconds: float | None = None, hot_share: float | None = None) -> float:
-        """Record one epoch at the current ratio; return the next epoch's. ``host_seconds``/``device_seconds``:
-        busy seconds per super-batch; ``cost_seconds``: what the hot rows cost the device over the epoch;
-        ``hot_share``: the share of reached vertices made hot (the error cap may keep it below the ratio)."""
+        """Record one epoch at the current ratio; return the next epoch's. ``host_seconds``,
+        ``device_seconds``: busy seconds per super-batch; ``cost_seconds``: what the hot rows cost the device
+        over the epoch; ``hot_share``: the share of reached vertices made hot (the error cap may keep it below
+        the ratio)."""
         entry = {"ratio": round(self.ratio, 4), "epoch_s": round(epoch_seconds, 3),
                  "host_s_per_super_batch": round(host_seconds, 4),
                  "device_s_per_super_batch": round(device_seconds, 4)}
