@@ -42,7 +42,6 @@ from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
 from neutronorch.orchestration.neutronorch.versions import Schedule, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import NodeSeeds
-from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
 from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -79,10 +78,7 @@ class HomogeneousKind:
 
     def cold_sampler(self):
         """The cold sampler's (made on its thread): over the reader's topology with ``plans_on_device``."""
-        if self.reader is None:
-            return self.host_sampler()
-        return make_device_sampler(self.reader.indptr, self.reader.indices, self.sampling.fanouts,
-                                   self.sampling.degrees)
+        return self.host_sampler() if self.reader is None else self.reader.new_sampler()
 
     def planner(self, sampler) -> Planner:
         """The planner beside ``sampler`` (the device's, with ``plans_on_device``)."""
@@ -173,8 +169,9 @@ class NeutronOrchMode:
         self.num_batches = self.seeds.num_batches
         self.schedule = Schedule(epochs, self.num_batches, config.super_batch, config.resolved_staleness)
         self.staleness = StalenessCheck(config.resolved_staleness)
+        probe_inputs = lambda ids: kind.probe_inputs(ids, sampling, lambda: self.model)  # noqa: E731
         self.controller = RatioController(config, self.schedule, shared_cores=not on_cuda,
-                                          probe_inputs=self._probe_inputs, lead_adapts=kind.lead_adapts)
+                                          probe_inputs=probe_inputs, lead_adapts=kind.lead_adapts)
         self.stats = HotStats()
         # Data parallel: with a node link, rows hot on several of the node's ranks are computed once (``node.py``).
         self.node = NodeHotSet(node, kind.type_sizes) if node is not None and node.local_size > 1 else None
@@ -221,7 +218,8 @@ class NeutronOrchMode:
         self._host.start()
         self._stream = Prefetcher(lambda: sampler.run(source, position), depth=self.sampling.prefetch,
                                   name="neutronorch-sampler")
-        self._publish_due()  # a typed graph's first snapshot waits for the host's table ids
+        # A typed graph's first snapshot waits for the host's table ids.
+        self.snapshots.publish_due(self.bottom, self.version, self.controller.lead)
 
     def close(self) -> None:
         self.snapshots.close()
@@ -259,10 +257,6 @@ class NeutronOrchMode:
         self.hot_grad.weigh(hot, self.version)
         return self.kind.inputs(batch, hot, splice.index)
 
-    def _probe_inputs(self, ids: np.ndarray | dict[str, np.ndarray]):
-        """The drift probe's inputs (the kind's)."""
-        return self.kind.probe_inputs(ids, self.sampling, lambda: self.model)
-
     def before_step(self, batch: SplicedBatch) -> None:
         """``hot_grad="cpu"``: at the super-batch's last step, the hot rows' W0 gradient (``hot_grad.py``)."""
         hot = self.hot_table.current
@@ -287,16 +281,11 @@ class NeutronOrchMode:
                 self.snapshots.trained(batch.splice.super_batch_id)
                 # Before the snapshot wakes the host, whose next plan reads the measured error.
                 self.controller.at_boundary(self.bottom, self.version)
-            self._publish_due()
-
-    def _publish_due(self) -> None:
-        self.snapshots.publish_due(self.bottom, self.version, self.controller.lead)
+            self.snapshots.publish_due(self.bottom, self.version, self.controller.lead)
 
     def state_dict(self) -> dict:
-        """After any step: the parameter version, the snapshots already published for super-batches not yet
-        finished (taken from weights older than now, so they cannot be taken again), the super-batch in
-        progress (its hot set and accumulated hot gradient), and what the summary and the controller carry
-        over."""
+        """After any step: the parameter version, the snapshots published for super-batches not yet finished
+        (they cannot be taken again), the super-batch in progress, and the summary's and controller's state."""
         return {"version": self.version, **self.snapshots.state_dict(), "in_progress": self.hot_table.state_dict(),
                 "stats": self.stats.state_dict(), "staleness": self.staleness.state_dict(),
                 "controller": self.controller.state_dict()}
