@@ -2,12 +2,9 @@
 
 Each step's backward pass adds dL/dY of the hot rows it used into ``HotEmbeddings.grad_acc``; at the
 super-batch's last step ``finish`` turns it into W0's gradient through the host's autograd graph of those
-rows (on a typed graph also the snapshot's table rows' sparse gradient). One process: added to the bottom
-layer's gradient. Data parallel: handed to the gradient reduction (``averaged``) to be averaged with equal
-weights, since it sums P steps' gradients and weighting it by the last step's loss terms would misweigh the
-others; where a step's rank parts carry unequal weight (an uneven last batch, unlabelled seeds) ``weigh``
-scales its dL/dY by world x this rank's share of the loss terms, so the average is one process's sum. With
-``hot_set="node"`` the shared rows' dL/dY are summed over the node first (``node.py``).
+rows (on a typed graph also the snapshot's table rows' sparse gradient). Data parallel it is averaged apart
+with equal weights, each step's dL/dY scaled by ``weigh`` where the ranks' parts carry unequal weight
+(``docs/distributed.md``, "The hot rows' gradient is averaged apart").
 """
 
 from __future__ import annotations

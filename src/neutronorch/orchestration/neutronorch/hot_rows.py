@@ -126,8 +126,7 @@ class HotRowComputer:
         if exchange is not None:
             with self.spans.stage("host_share"):
                 table = self.node.assemble(table, exchange, plan.hot.shape[0], snapshot.version)
-        # Complete before it crosses to the trainer (frozen); only the trainer writes the accumulator
-        # (float32 whatever the rows) from then on.
+        # Complete before it crosses (frozen); from then on only the trainer writes the float32 accumulator.
         if self.copy_stream is not None:
             with self.spans.stage("host_copy"):
                 table, grad_acc, ready, keep = self._copy_to_device(table)

@@ -65,8 +65,7 @@ class HomogeneousKind:
         self.graph, self.device, self.sampling = graph, access.device, sampling
         self.store, self.placement, self.cache = access.store, access.placement, access.cache
         self.source = access.store  # what the host reads the hot rows' inputs from
-        # Device sampling: the cold bottom hop is sampled and gathered on the device (its topology placed
-        # there, or read from pinned host memory); otherwise on the host like exact mode.
+        # Device sampling: the cold bottom hop is sampled and gathered on the device, else on the host.
         self.reader = DeviceReader(graph, access, spans, sampling) if access.placement.topology != "host" else None
         self.loader = HostLoader(access, spans) if self.reader is None else None
         self.plans_on_device = self.reader is not None
@@ -153,8 +152,7 @@ class TypedKind:
 class NeutronOrchMode:
     name = "neutronorch"
     stages = STAGES
-    # Anywhere: its state_dict holds the pending snapshots, the controller, and the super-batch in progress
-    # (its hot set and accumulated hot gradient; its hot rows are recomputed from its saved snapshot).
+    # Anywhere: its state_dict holds the pending snapshots and the super-batch in progress.
     resumable = resumable_mid_epoch = True
 
     def __init__(self, kind: HomogeneousKind | TypedKind, sampling: SamplingConfig, config: NeutronOrchConfig,
@@ -173,13 +171,11 @@ class NeutronOrchMode:
         self.controller = RatioController(config, self.schedule, shared_cores=not on_cuda,
                                           probe_inputs=probe_inputs, lead_adapts=kind.lead_adapts)
         self.stats = HotStats()
-        # Data parallel: with a node link, rows hot on several of the node's ranks are computed once (``node.py``).
         self.node = NodeHotSet(node, kind.type_sizes) if node is not None and node.local_size > 1 else None
         self.hot_grad = HotGradient(self.seeds, sampling, self.num_batches, self.node)
         self.version = 0  # optimizer steps taken
         self.reader, self.loader = kind.reader, kind.loader
         self.model: torch.nn.Module | None = None
-        # A typed graph's snapshots also hold the table rows its hot rows read, whose ids the host sends ahead.
         self.snapshots = SnapshotPublisher(self.schedule, on_cuda, None if kind.needs is None else (
             lambda super_batch_id: kind.table_rows(self.model, super_batch_id)))
         self.hot_table = HotTableReader(spans, self.device)  # the host's hot embeddings -> the splice

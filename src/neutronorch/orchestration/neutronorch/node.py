@@ -1,15 +1,9 @@
-"""Hot rows computed once per node (data parallel, ``hot_set="node"``): each rank keeps its own hot sets, and
-a row hot on several ranks of a node is computed by one of them and sent to the others
-(``docs/distributed.md``).
-
-Per super-batch: the ranks gather each other's hot sets, and a vertex held by k ranks is computed by
-``holders[v mod k]`` in rank order (every rank derives the same owners, ``Exchange``); each rank computes its
-rows, the node gathers the shared ones (checking every rank computed from the same parameter version); with
-``hot_grad="cpu"`` the node sums the shared rows' dL/dY and each rank back-propagates the rows it computed,
-which summed over the ranks is each rank's own gradient. Only where rows are computed changes, never the
-training. A typed graph's hot sets are exchanged as one, each type numbered after the types before it
-(``by_type`` splits them back). Each collective runs on a group of its thread's own (``NodeLink``), so
-host-thread collectives never interleave with the trainer's.
+"""Hot rows computed once per node (data parallel, ``hot_set="node"``): a row hot on several ranks of a node
+is computed by one of them and sent to the others; who computes what, the rows and their gradient:
+``docs/distributed.md``, "NeutronOrch mode across ranks". Only where rows are computed changes, never the
+training. A typed graph's hot sets are exchanged as one, each type numbered after the types before it. Each
+collective runs on a group of its thread's own (``NodeLink``): host-thread collectives never interleave
+with the trainer's.
 """
 
 from __future__ import annotations

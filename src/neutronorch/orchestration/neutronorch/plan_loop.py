@@ -1,11 +1,8 @@
-"""The planning loop: the plans of the super-batches, in order, each handed to the hot-row computer.
-
-For each super-batch s it samples the upper hops of its P mini-batches (the same per-vertex randomness as
-exact mode), reads the ratio controller's current setting and plans the hot set H_s, where the mini-batches
-are sampled: on the host in a thread of its own, or with device sampling in the cold sampler's thread (the
-kind's ``planner``, ``mode.py``), one super-batch ahead of the batches it loads, so that the host
-computes H_{s+1} while s trains. Each plan also goes on the ``plans`` channel to the hot-row computer. The
-loop owns the epochs' seed orders; the sampler and planner it is given belong to its thread.
+"""The planning loop: the plans of the super-batches, in order, each also put on the ``plans`` channel to the
+hot-row computer. Per super-batch it samples the upper hops of its P mini-batches (exact mode's draws), reads
+the controller's published setting and plans H_s; on the host in a thread of its own, or with device
+sampling in the cold sampler's thread, one super-batch ahead. It owns the epochs' seed orders; the sampler
+and planner it is given belong to its thread.
 """
 
 from __future__ import annotations

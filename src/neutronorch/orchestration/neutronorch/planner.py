@@ -1,12 +1,9 @@
 """The planner: which vertices of a super-batch are hot, and where each mini-batch finds them.
 
 Pure (no threads, parameters or device): the upper hops of the super-batch's P mini-batches in, a ``Plan``
-out. H_s is the top ``ratio`` of the distinct bottom-layer destinations by appearances (ties: first
-appearance), optionally capped by ``cap(ranked counts)`` (``controller.py``); on a typed graph chosen per
-vertex type. A mini-batch's own seeds (its first ``upper.seeds`` destinations) are never served hot in it
-and their appearances there do not count: a stale seed row moves the loss most, and made link training
-diverge (``docs/link-prediction.md``). Data parallel, the global batch's other seeds stay cold too
-(``fresh``), so ranks serve hot exactly the rows one process would.
+out, by the rule of ``docs/neutronorch.md``, "Hot sets" (on a typed graph per vertex type). A mini-batch's
+own seeds, its first ``upper.seeds`` destinations, are never served hot in it; data parallel neither are
+the global batch's other seeds (``fresh``), so ranks serve hot exactly the rows one process would.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""The W0 snapshots: the bottom layer's parameters, published on time (trainer thread).
-
-``SnapshotPublisher`` takes super-batch s's snapshot when training reaches ``Schedule.snapshot_version``
-(with the controller's lead) and puts it on the ``snapshots`` channel for the hot-row computer; on CUDA
-pinned copies behind an event, so the trainer never waits for the copy. A typed snapshot also holds the
-table rows its hot frontier reads, at the same version (featureless inputs move every step like the
-weights). Their ids come with the plan, made when the super-batch before begins loading, so a typed
-snapshot is never taken before that super-batch's first step, nor past the run's end.
+"""The W0 snapshots (``SnapshotPublisher``, trainer thread): the bottom layer's parameters taken when training
+reaches ``Schedule.snapshot_version`` and put on the ``snapshots`` channel (on CUDA pinned copies behind an
+event: the trainer never waits for the copy). A typed snapshot also holds the table rows its hot frontier
+reads, at the same version; their ids come with the plan, made when the super-batch before begins loading,
+so a typed snapshot is never taken before that super-batch's first step, nor past the run's end.
 """
 
 from __future__ import annotations
