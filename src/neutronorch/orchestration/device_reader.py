@@ -28,7 +28,7 @@ from neutronorch.features.placement import (GiB, cache_rows, device_budget, pin,
 from neutronorch.features.store import BufferPool, FeatureStore
 from neutronorch.observe import Spans
 from neutronorch.orchestration.access import FeatureAccess
-from neutronorch.orchestration.batch import MiniBatch
+from neutronorch.orchestration.batch import MiniBatch, per_type
 from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology, topology_bytes
@@ -81,12 +81,6 @@ def host_readable(array: np.ndarray, device: torch.device, what: str, keep: list
         return None
     keep.append(pinned)
     return view
-
-
-def release(keep: list[torch.Tensor]) -> None:
-    for tensor in keep:
-        unpin(tensor)
-    keep.clear()
 
 
 def misses_in_place(cache: FeatureCache | None, store: FeatureStore, device: torch.device, what: str,
@@ -182,13 +176,11 @@ class DeviceReader:
         """The batch of ``subgraph`` (frontier on the device), built by ``make``, its rows gathered through
         their caches and its labels (or ``targets``) there, its ready event recorded (sampling stream)."""
         with self.spans.stage("gather", index):
-            frontier = subgraph.input_nodes
-            if isinstance(frontier, dict):
-                read = {t: self._gather(t, frontier[t]) for t in self.caches if t in frontier}
-                features = {t: rows for t, (rows, _, _) in read.items()}
-                hits, moved = sum(r[1] for r in read.values()), sum(r[2] for r in read.values())
-            else:
-                features, hits, moved = self._gather("", frontier)
+            frontier = per_type(subgraph.input_nodes)
+            read = {t: self._gather(t, frontier[t]) for t in self.caches if t in frontier}
+            features = {t: rows for t, (rows, _, _) in read.items()}
+            features = features if isinstance(subgraph.input_nodes, dict) else features[""]
+            hits, moved = sum(r[1] for r in read.values()), sum(r[2] for r in read.values())
             labels = (self.labels.index_select(0, subgraph.seeds.to(self.device, non_blocking=True))
                       if targets is None else targets)
             batch = make(epoch, index, subgraph, features, labels, cache_hits=hits)
@@ -204,7 +196,9 @@ class DeviceReader:
 
     def close(self) -> None:
         """At a run's end: drop the device's copies and unpin what UVA views read."""
-        release(self._keep)
+        for tensor in self._keep:
+            unpin(tensor)
+        self._keep.clear()
         self.indptr = self.indices = self.sampler = None
         self.caches, self.misses = {}, {}
 
