@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from neutronorch.config import SamplingConfig
 from neutronorch.orchestration.batch import per_type
 from neutronorch.orchestration.neutronorch.node import NodeHotSet
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings
@@ -20,9 +19,8 @@ from neutronorch.orchestration.seeds import NodeSeeds
 
 
 class HotGradient:
-    def __init__(self, seeds: NodeSeeds, sampling: SamplingConfig, num_batches: int, node: NodeHotSet | None):
-        self.seeds, self.sampling, self.num_batches = seeds, sampling, num_batches
-        self.distributed = sampling.world > 1
+    def __init__(self, seeds: NodeSeeds, node: NodeHotSet | None):
+        self.seeds, self.distributed = seeds, seeds.sampling.world > 1
         self.node = node
         self._shares: tuple[int, np.ndarray] | None = None  # (epoch, its ``rank_shares``)
         self._scale = 1.0  # the current step's scale of dL/dY in the accumulator
@@ -32,7 +30,7 @@ class HotGradient:
         """Before global step ``step``'s forward pass (data parallel): scale its share of the accumulator."""
         if not self.distributed or hot.grad_acc is None:
             return
-        epoch, index = divmod(step, self.num_batches)
+        epoch, index = divmod(step, self.seeds.num_batches)
         if self._shares is None or self._shares[0] != epoch:
             self._shares = (epoch, self.seeds.rank_shares(epoch))
         scale = float(self._shares[1][index])

@@ -172,7 +172,7 @@ class NeutronOrchMode:
                                           probe_inputs=probe_inputs, lead_adapts=kind.lead_adapts)
         self.stats = HotStats()
         self.node = NodeHotSet(node, kind.type_sizes) if node is not None and node.local_size > 1 else None
-        self.hot_grad = HotGradient(self.seeds, sampling, self.num_batches, self.node)
+        self.hot_grad = HotGradient(self.seeds, self.node)
         self.version = 0  # optimizer steps taken
         self.reader, self.loader = kind.reader, kind.loader
         self.model: torch.nn.Module | None = None
