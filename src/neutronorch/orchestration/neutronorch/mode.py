@@ -218,15 +218,9 @@ class NeutronOrchMode:
         self.snapshots.publish_due(self.bottom, self.version, self.controller.lead)
 
     def close(self) -> None:
-        self.snapshots.close()
-        self.hot_table.close()
-        if self.kind.needs is not None:
-            self.kind.needs.close()
-        if self._producer is not None:
-            self._producer.close()
-        for prefetcher in (self._plans, self._stream):
-            if prefetcher is not None:
-                prefetcher.close()
+        for stage in (self.snapshots, self.hot_table, self.kind.needs, self._producer, self._plans, self._stream):
+            if stage is not None:
+                stage.close()
         if self._host is not None:
             self._host.join()
         if self.reader is not None:
