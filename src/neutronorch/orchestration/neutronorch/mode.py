@@ -82,8 +82,9 @@ class HomogeneousKind:
     def planner(self, sampler) -> Planner:
         """The planner beside ``sampler`` (the device's, with ``plans_on_device``)."""
         bottom = self.sampling.fanouts[-1]
-        return DevicePlanner(self.graph, bottom, self.reader.indptr) if self.plans_on_device else \
-            Planner(self.graph, bottom)
+        if not self.plans_on_device:
+            return Planner(self.graph, bottom)
+        return DevicePlanner(self.graph, bottom, self.reader.indptr)
 
     def inputs(self, batch, hot, index) -> StepInputs:
         """The step's model inputs: the batch's, and the super-batch's hot rows at ``index``."""
