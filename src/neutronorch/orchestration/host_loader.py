@@ -24,7 +24,6 @@ class HostLoader:
     def __init__(self, access: FeatureAccess, spans: Spans):
         self.access = access
         self.store, self.placement, self.cache = access.store, access.placement, access.cache
-        self.device = access.device
         self.spans = spans
         self.copy_stream = torch.cuda.Stream(access.device) if access.on_cuda else None
 
