@@ -141,6 +141,5 @@ class HotRatioTuner:
         self._phase = state.get("phase", "on" if len(self.history) > 1 else ("measure" if self.history else "start"))
         self._off, self._factor = state.get("off", 0), state.get("factor", 1.0)
 
-    def _set(self, ratio: float) -> float:
+    def _set(self, ratio: float) -> None:
         self.ratio = float(min(self.HIGH, max(self.LOW, ratio)))
-        return self.ratio
