@@ -69,8 +69,6 @@ class HotTableReader:
                 "grad_acc": each(current.grad_acc, lambda g: g.detach().to("cpu", copy=True))}
 
     def load_state_dict(self, in_progress: dict | None) -> None:
-        if in_progress is None:
-            self.resumed = None
-            return
-        self.resumed = {**in_progress, "vertices": each(in_progress["vertices"], lambda v: v.numpy())}
+        self.resumed = None if in_progress is None else {
+            **in_progress, "vertices": each(in_progress["vertices"], lambda v: v.numpy())}
 
