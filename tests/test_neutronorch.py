@@ -21,7 +21,7 @@ from neutronorch.orchestration.neutronorch import NeutronOrchMode
 from neutronorch.orchestration.neutronorch.controller import (HostScalar, HotRatioTuner, PublishedSetting,
                                                               RatioSetting, error_cap)
 from neutronorch.orchestration.neutronorch.hot_rows import HotRowComputer
-from neutronorch.orchestration.neutronorch.plan_loop import PlanLoop, host_planning
+from neutronorch.orchestration.neutronorch.plan_loop import PlanLoop
 from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
 from neutronorch.orchestration.neutronorch.planner import Planner
 from neutronorch.orchestration.seeds import NodeSeeds
@@ -167,12 +167,19 @@ def _symmetric_reference(graph, block, frontier, x):
     return torch.stack(rows)
 
 
+def _host_planning(graph, cfg):
+    """The planning loop's sampler and planner on the host."""
+    sampling = cfg.sampling
+    return (NeighborSampler(graph.indptr, graph.indices, sampling.fanouts, sampling.degrees, sampling.file_order),
+            Planner(graph, sampling.fanouts[-1]))
+
+
 def _host_plans(graph, cfg, schedule, producer, ratio=0.5):
     """The planning loop on the host, run here: room for every plan (no threads; the loops run in turn)."""
     producer.planned = Channel("plans")
     loop = PlanLoop(NodeSeeds(graph, cfg.sampling), cfg.sampling, schedule, PublishedSetting(RatioSetting(ratio)),
                     producer.planned, Spans())
-    return loop.run(*host_planning(graph, cfg.sampling, 1))
+    return loop.run(*_host_planning(graph, cfg))
 
 
 @pytest.mark.parametrize("kind, norm", [("sage", None), ("gcn", "mean"), ("gcn", "symmetric")])
@@ -188,8 +195,8 @@ def test_host_hot_rows_equal_the_device_definition(graph, kind, norm):
     weights = Snapshot(0, [p.detach().clone() for p in model.bottom.parameters()])
     for super_batch_id in range(schedule.total):
         snapshots.put(super_batch_id, weights)
-    producer = HotRowComputer(graph, build_mode(cfg, graph, torch.device("cpu")).store, cfg.sampling, cfg.neutronorch,
-                            schedule, model.bottom, snapshots, hot, Spans(), torch.device("cpu"), 1)
+    producer = HotRowComputer(build_mode(cfg, graph, torch.device("cpu")).kind, cfg.sampling, cfg.neutronorch,
+                              schedule, model.bottom, snapshots, hot, Spans(), 1)
     plans = list(_host_plans(graph, cfg, schedule, producer))
     producer.compute()
     assert [p.super_batch_id for p in plans] == list(range(schedule.total))
@@ -221,9 +228,8 @@ def test_host_hot_rows_of_graph_blocks_draw_their_own_dropout_masks(graph):
     def hot_rows():
         snapshots, hot = Channel("snapshots"), Channel("hot")
         snapshots.put(0, Snapshot(0, [p.detach().clone() for p in model.bottom.parameters()]))
-        producer = HotRowComputer(graph, build_mode(cfg, graph, torch.device("cpu")).store, cfg.sampling,
-                                cfg.neutronorch, schedule, model.bottom, snapshots, hot, Spans(),
-                                torch.device("cpu"), 1)
+        producer = HotRowComputer(build_mode(cfg, graph, torch.device("cpu")).kind, cfg.sampling,
+                                  cfg.neutronorch, schedule, model.bottom, snapshots, hot, Spans(), 1)
         plan = next(_host_plans(graph, cfg, schedule, producer))
         producer._finish_hot(plan, *producer._gather_hot(plan, NeighborSampler(graph.indptr, graph.indices,
                                                                                 cfg.fanouts)))
@@ -604,7 +610,7 @@ def test_each_plan_records_the_ratio_setting_it_followed(graph):
     schedule = Schedule(1, -(-len(graph.train_idx) // cfg.batch_size), 2, cfg.resolved_staleness)
     published = PublishedSetting(RatioSetting(0.5))
     loop = PlanLoop(NodeSeeds(graph, cfg.sampling), cfg.sampling, schedule, published, Channel("plans"), Spans())
-    plans = loop.run(*host_planning(graph, cfg.sampling, 1))
+    plans = loop.run(*_host_planning(graph, cfg))
     first = next(plans)
     published.publish(RatioSetting(0.1))
     second = next(plans)

@@ -1,8 +1,6 @@
 """How a run reads feature rows: the host store, the device feature cache, and the pool of gather buffers.
-
-Built once per run from the placement (``features/placement.py``) and shared by the mode's stages: the host
-loader (modes that sample on the host) and the device reader (modes that sample on the device). A typed
-graph's (``FeatureAccess.typed``) holds its ``TypedInputs`` instead.
+Built once per run from the placement and shared by the mode's loader or reader; a typed graph's holds its
+``TypedInputs`` instead.
 """
 
 from __future__ import annotations
@@ -34,8 +32,7 @@ class FeatureAccess:
 
     @classmethod
     def typed(cls, graph: TypedGraph, inputs: TypedInputs, device: torch.device) -> "FeatureAccess":
-        """A typed graph's: its rows read by ``inputs`` on the host, no device cache (device mode's reader keeps
-        one per featured type)."""
+        """A typed graph's: its rows read by ``inputs`` on the host (device mode's reader caches them)."""
         return cls(device, None, None, None, None, inputs, graph)
 
     @property
@@ -46,26 +43,19 @@ class FeatureAccess:
 def build_feature_access(graph: Graph, placement: Placement, device: torch.device, sampling: SamplingConfig,
                          ranked: Callable[[], np.ndarray], dtype: torch.dtype = torch.float32,
                          file_order: bool | None = None) -> FeatureAccess:
-    """Rows are read as ``dtype`` (bfloat16 in bfloat16 runs) wherever they come from; a memory-mapped
-    file in file order or not (``file_order``; None: ``FeatureStore``'s choice). A device cache of some rows
-    but not all holds the first of ``ranked()`` (the vertices hottest first)."""
+    """Rows read as ``dtype`` wherever they come from, a memory map in file order or not (``file_order``;
+    None: ``FeatureStore``'s choice); a partial device cache holds the first of ``ranked()``."""
     store = FeatureStore(graph.features, graph.labels, dtype, file_order)
     pool = BufferPool(sampling.prefetch + 2, store.width, dtype, pin=device.type == "cuda")
     # Where the device samples, its reads go through the cache even when it holds no row.
     needs_cache = placement.features != "host" or placement.topology != "host"
     device_rows = placement.cache_rows if needs_cache else 0
     order = ranked() if 0 < device_rows < graph.num_nodes else np.empty(0, np.int64)
-    cache = _build_cache(store, placement, device, order) if needs_cache else None
-    return FeatureAccess(device, store, placement, cache, pool)
-
-
-def _build_cache(store, placement, device, order) -> FeatureCache:
-    """The device feature cache the placement asks for (every row when they all fit), filled with the first
-    rows of ``order`` (hottest first)."""
-    rows = placement.cache_rows
     try:
-        return FeatureCache(store, order, rows, device, device_lookup=placement.topology != "host")
+        cache = (FeatureCache(store, order, device_rows, device, device_lookup=placement.topology != "host")
+                 if needs_cache else None)
     except torch.cuda.OutOfMemoryError:
         raise ConfigError(f"the device feature cache ({placement.cache_bytes / 2**30:.2f} GiB) does not fit in "
                           f"the memory of {device}. Lower `gpu_cache_gb` or `gpu_memory_gb` (rows not cached "
                           f"are read from host memory).") from None
+    return FeatureAccess(device, store, placement, cache, pool)

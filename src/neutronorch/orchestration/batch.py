@@ -1,17 +1,11 @@
-"""The mini-batch a mode hands to the trainer: a sampled subgraph with its gathered inputs, of either kind of
-graph.
-
-A batch moves itself: ``to(device)`` copies what is still on the host (asynchronously from pinned memory),
-``transfer_bytes`` says how much that is, ``wait(stream)`` orders a consumer stream after the copy and
-tells the caching allocator that the stream uses the tensors, and ``release`` hands the host buffer its
-features were gathered into back to its pool. Modes that need more (NeutronOrch's spliced batches) extend
-it in their own package; nothing here knows of them. A typed graph's batch is the same type with its data
-by vertex type: ``features`` each featured type's rows, ``ids`` every type's input ids, the blocks
-``TypedBlock``s.
+"""The mini-batch a mode hands to the trainer, of either kind of graph: a sampled subgraph with its gathered
+inputs (a typed graph's by vertex type, its blocks ``TypedBlock``s). A batch moves itself (``to``,
+``wait``, ``release``); nothing here knows of NeutronOrch's spliced batches, which extend it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -26,8 +20,17 @@ def _nothing() -> None:
     pass
 
 
-def _values(tensors: torch.Tensor | dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    return list(tensors.values()) if isinstance(tensors, dict) else [tensors]
+def per_type(value) -> Mapping:
+    """``value`` per vertex type: a typed graph's mapping as it is, a homogeneous graph's value as its one
+    entry (keyed ""), None as none."""
+    return value if isinstance(value, Mapping) else {} if value is None else {"": value}
+
+
+def each(value, change):
+    """``change`` of ``value``, or of each of its values (a typed graph's, per type); None stays None."""
+    if value is None:
+        return None
+    return {t: change(v) for t, v in value.items()} if isinstance(value, Mapping) else change(value)
 
 
 @dataclass
@@ -55,27 +58,25 @@ class MiniBatch:
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor a training step reads."""
-        return [*_values(self.features), self.labels, *_values(self.ids or {}),
+        return [*per_type(self.features).values(), self.labels, *per_type(self.ids).values(),
                 *(t for b in self.blocks for t in b.tensors())]
 
     def counts(self) -> tuple[int, int, int, int, int]:
         """(sampled edges, input rows, their feature bytes, rows the device cache served, bytes copied to the
         device for it): what an epoch's record sums."""
         subgraph = self.subgraph
-        return (subgraph.num_sampled_edges, sum(int(ids.shape[0]) for ids in _values(subgraph.input_nodes)),
-                sum(x.nbytes for x in _values(self.features)), self.cache_hits, self.device_bytes)
+        inputs = per_type(subgraph.input_nodes).values()
+        return (subgraph.num_sampled_edges, sum(int(ids.shape[0]) for ids in inputs),
+                sum(x.nbytes for x in per_type(self.features).values()), self.cache_hits, self.device_bytes)
 
     def transfer_bytes(self) -> int:
         """Bytes that ``to`` would copy from host memory to a device."""
         return sum(t.nbytes for t in self.tensors() if t.device.type == "cpu")
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "MiniBatch":
-        """Move features, labels, blocks (and a typed graph's input ids) to ``device`` (in place; returns the
-        batch)."""
+        """Move what a step reads to ``device``, in place."""
         def move(tensors):
-            if isinstance(tensors, dict):
-                return {t: x.to(device, non_blocking=non_blocking) for t, x in tensors.items()}
-            return tensors.to(device, non_blocking=non_blocking)
+            return each(tensors, lambda x: x.to(device, non_blocking=non_blocking))
 
         self.features, self.labels = move(self.features), move(self.labels)
         subgraph = self.subgraph
@@ -85,7 +86,7 @@ class MiniBatch:
         return self
 
     def mark_ready(self) -> None:
-        """On CUDA: record the event that ends this batch's work on the current stream."""
+        """On CUDA: record the event ending this batch's work on the current stream."""
         if self.labels.is_cuda:
             self.ready = torch.cuda.Event()
             self.ready.record()

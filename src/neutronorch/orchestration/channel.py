@@ -1,11 +1,8 @@
 """The one way items cross threads between pipeline stages: a keyed channel that can be closed or failed.
 
-A producer ``put``s an item under a key (a sequence number, a super-batch id); a consumer ``take``s it,
-waiting until it is there. With a ``capacity``, ``put`` waits while that many items are waiting (a bounded
-queue: the producer runs at most that far ahead). ``fail(exc)`` hands an error to every waiting (and
-later) consumer once the items put before it are taken; ``close()`` wakes every waiter, producers and
-consumers alike, with ``Closed``, and returns the items nobody took. No thread ever waits on a stage that
-has died or been stopped.
+``put`` an item under a key (waiting for room with a ``capacity``), ``take`` it (waiting until it is there).
+``fail(exc)`` hands the error to every consumer once the items put before it are taken; ``close()`` wakes
+every waiter with ``Closed`` and returns the items nobody took. No thread ever waits on a dead stage.
 """
 
 from __future__ import annotations

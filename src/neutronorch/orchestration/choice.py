@@ -1,24 +1,9 @@
 """``mode="auto"``: which of the three modes a run takes, from a stated cost model and, where the model
-cannot settle it, a short measured probe.
-
-The rules, and the measurements behind them (docs/benchmarks.md, docs/gpu.md, docs/neutronorch.md):
-
-1. **Training on the CPU: exact.** Device mode's torch sampler is slower there than exact mode's numba
-   sampler (1.23x exact's epoch on the 1M-vertex benchmark graph), and NeutronOrch, whose host work takes
-   the same cores, measured 0.89-1.03x exact's epoch at its defaults, for rows up to 2P-1 steps stale.
-2. **On CUDA, when the topology and every feature row fit the GPU budget** (the ``Placement`` device mode
-   would get under ``gpu_memory_gb``): **device**, the fastest mode there (1.6-1.9 s per epoch on a
-   products-sized graph against exact's 5.1-5.4 s and NeutronOrch's 3.1 s, on an H200).
-3. **On CUDA, beyond the budget**, NeutronOrch's reuse saves reading rows the GPU does not hold:
-   - measured (``timings``: seconds per mini-batch of device mode and NeutronOrch over a few mini-batches,
-     ``train/mode_choice.py``): NeutronOrch when it was at least ``MARGIN`` faster (it reuses stale rows),
-     device mode otherwise;
-   - not measured (data parallel: every rank must choose alike): NeutronOrch where the GPU holds less than
-     ``SMALL_CACHE`` of the features and the bottom hop is heavy (rows of ``WIDE_ROW`` bytes or more, or a
-     bottom fanout of ``LARGE_FANOUT`` or more, or all neighbours); device mode otherwise. With a quarter of
-     the features cached, 400-byte rows and a bottom fanout of 5, device mode took 0.6x NeutronOrch's epoch.
-
-Exact mode is never chosen on CUDA: it was the slowest mode there in every measurement.
+cannot settle it, a short measured probe (``train/mode_choice.py``). The rules and the measurements behind
+them: ``docs/gpu.md``, "Choosing a mode". On the CPU exact; on CUDA device mode where the topology and every
+feature row fit the GPU budget, else the faster of device and NeutronOrch measured (NeutronOrch only if
+``MARGIN`` faster), or, unmeasured (data parallel), NeutronOrch where little is cached and the bottom hop is
+heavy. Exact mode is never chosen on CUDA: it was the slowest there in every measurement.
 """
 
 from __future__ import annotations
@@ -65,18 +50,18 @@ class ModeFacts:
 
 @dataclass
 class ModeChoice:
-    """The mode ``auto`` resolved to, why, and what it was decided from (the summary's ``mode_choice``)."""
+    """The summary's ``mode_choice``."""
 
     chosen: str
     reason: str
     measured: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"chosen": self.chosen, "reason": self.reason, "measured": self.measured}
+        return asdict(self)
 
 
 def mode_facts(config: TrainConfig, graph: Graph, device: torch.device, distributed: bool = False) -> ModeFacts:
-    """The facts of a run (``config`` validated, batch size and precision resolved) on ``device``."""
+    """The facts of a run (``config`` resolved) on ``device``."""
     if device.type != "cuda":
         return ModeFacts(device.type, distributed=distributed)
     dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
@@ -97,8 +82,8 @@ def probe_candidates(facts: ModeFacts) -> tuple[str, ...]:
 
 
 def choose_mode(facts: ModeFacts, timings: dict[str, dict] | None = None) -> ModeChoice:
-    """The mode by the rules of this module; ``timings``: per candidate, ``{"step_s": seconds per mini-batch}``
-    (and whatever else the probe measured, recorded as it is)."""
+    """The mode by the rules above; ``timings``: per candidate, ``{"step_s": seconds per mini-batch}`` (and
+    whatever else the probe measured, recorded as it is)."""
     if facts.device != "cuda":
         return ModeChoice("exact", CPU_REASON, {"device": facts.device})
     measured = {**asdict(facts), "probe": timings}

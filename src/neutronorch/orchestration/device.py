@@ -1,21 +1,9 @@
 """Mode ``device``, for both kinds of graph: sample and gather on the training device, like DGL-UVA and GNNLab.
 
-The topology (CSC; a typed graph's every relation) is placed on the training device, or, when the memory budget
-does not hold a homogeneous graph's, kept in pinned host memory that the device reads directly (UVA). Features
-live in a device feature cache (every row when they fit; the hottest rows otherwise, the rest read from pinned
-host memory through UVA, or gathered on the host and copied where UVA is unavailable); a typed graph has one
-cache per featured type. A background thread samples with the device sampler (Triton kernels on CUDA, torch ops
-elsewhere: ``sampling/device_sampler.py``, ``sampling/typed_device_sampler.py``) and gathers with
-``index_select``, on its own CUDA stream, so nothing but seed ids and cache misses crosses the host-device
-boundary during training. With ``--device cpu`` the same orchestration runs on host tensors.
-
-The reader (``device_reader.py``: ``DeviceReader``) places the device topology (a typed graph's, with its
-per-type caches, when the run starts), makes the sampler over it and reads a sampled subgraph's rows into a batch. Each batch is drawn with its key
-``batch_key(seed, epoch, index)`` and depends on it alone, so a run resumes at any step; data parallel, the
-key is the global batch's.
-
-This is the placement NeutronOrch is compared with: fast while the graph and the features fit in device
-memory, and the whole bottom layer is still computed on the device for every mini-batch.
+A background thread samples with the device sampler over topology on the device (or read through UVA) and
+gathers through a device feature cache (``device_reader.py``), on its own CUDA stream, so only seed ids and
+cache misses cross the host-device boundary while training. With ``--device cpu`` the same code runs on host
+tensors. Each batch depends only on its key ``batch_key(seed, epoch, index)``, so a run resumes at any step.
 """
 
 from __future__ import annotations
@@ -33,8 +21,8 @@ from neutronorch.orchestration.mode import LoadingMode
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.neighbor_sampler import batch_key
 
-# Mini-batches sampled per call of a device sampler that reads the device once for them all (``reads_grouped``);
-# a sampler that would sample them one after another takes one per call, so none waits behind the others.
+# Mini-batches per call of a sampler that reads the device once for them all (``reads_grouped``); others
+# take one per call, so none waits behind the others.
 SAMPLE_GROUP = 4
 
 
@@ -49,7 +37,7 @@ class DeviceMode(LoadingMode):
         self.sample_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def start(self, model: torch.nn.Module) -> None:
-        """Place what the reader places once ``model`` is known (a typed graph's topology and caches)."""
+        """Place what the reader places once ``model`` is known (a typed graph's)."""
         self.loader.start(model)
         if self.sample_stream is not None:
             self.sample_stream.wait_stream(torch.cuda.current_stream(self.device))  # the copies, made on that stream

@@ -1,17 +1,10 @@
-"""Reading a device-sampled mini-batch's inputs on the device itself, for both kinds of graph (``DeviceReader``:
-device mode, and NeutronOrch's device sampling on a homogeneous graph).
+"""Reading a device-sampled mini-batch's inputs on the device itself, for both kinds of graph (device mode,
+and NeutronOrch's device sampling on a homogeneous graph).
 
-What the placement left in host memory (topology beyond the budget, feature rows not cached) is read by
-the device in place: pinned host memory seen through a UVA view, or, where the platform cannot map it,
-rows gathered on the host into pooled pinned buffers and copied (the staged fallback). On the CPU the
-"device" is host memory and the same code runs on host tensors.
-
-A typed graph's data are placed when the run starts (``start(model)``): each relation's topology and edge
-features (``TypedTopology``) and the target's labels are moved to the device once, after checking that they
-fit beside training's workspace (``typed_cache_rows``: the budget is ``gpu_memory_gb``, else the device's
-memory; a ``ConfigError`` naming the sizes otherwise). What the budget still holds becomes a ``FeatureCache``
-per featured type (``placement.cache_rows``, the homogeneous decision, the bytes shared over the types in
-proportion to theirs); the rows a cache misses are read as above. Its sampler is ``TypedDeviceSampler``.
+What the placement left in host memory is read by the device in place (pinned memory through a UVA view),
+or where the platform cannot map it gathered on the host into pooled pinned buffers and copied. On the CPU
+the same code runs on host tensors. A typed graph's topology, labels and per-type feature caches are placed
+when the run starts, after checking they fit beside training's workspace (``typed_cache_rows``).
 """
 
 from __future__ import annotations
@@ -35,8 +28,7 @@ from neutronorch.features.placement import (GiB, cache_rows, device_budget, pin,
 from neutronorch.features.store import BufferPool, FeatureStore
 from neutronorch.observe import Spans
 from neutronorch.orchestration.access import FeatureAccess
-from neutronorch.orchestration.batch import MiniBatch
-from neutronorch.orchestration.mode import StepInputs
+from neutronorch.orchestration.batch import MiniBatch, per_type
 from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology, topology_bytes
@@ -46,9 +38,8 @@ logger = logging.getLogger("neutronorch")
 
 
 def place(array: np.ndarray, device: torch.device, what: str) -> torch.Tensor:
-    """A host array as a tensor on ``device`` (zero-copy on the CPU for writable arrays; a memory map copied
-    a slice at a time, never whole in host memory on the way to a GPU); a clear error when the device has
-    no room."""
+    """A host array as a tensor on ``device`` (a memory map copied a slice at a time); ``ConfigError`` when
+    the device has no room."""
     if device.type == "cpu":
         return host_tensor(array, what)
     try:
@@ -62,8 +53,8 @@ def place(array: np.ndarray, device: torch.device, what: str) -> torch.Tensor:
 
 
 def host_tensor(array: np.ndarray, what: str = "array") -> torch.Tensor:
-    """A host array as a tensor, zero-copy when numpy allows it (read-only maps are copied into memory: a
-    clear error when they cannot fit there)."""
+    """A host array as a tensor, zero-copy when numpy allows it (read-only maps are copied: ``ConfigError``
+    when they do not fit in memory)."""
     if not memory.fits_in_memory(array):
         raise ConfigError(f"the {what} ({array.nbytes / 2**30:.2f} GiB, memory-mapped) must be in memory for the "
                           f"device to sample from them, and only {memory.available_memory_bytes() / 2**30:.2f} GiB is "
@@ -75,9 +66,8 @@ def host_tensor(array: np.ndarray, what: str = "array") -> torch.Tensor:
 
 def host_readable(array: np.ndarray, device: torch.device, what: str, keep: list[torch.Tensor],
                   required: bool = False) -> torch.Tensor | None:
-    """``array`` as a tensor ``device`` reads in place: the host tensor itself on the CPU, a UVA view of pinned
-    memory on CUDA (the pinned tensor appended to ``keep``, for ``release``); None (or, if ``required``, an
-    error) when the platform cannot map it."""
+    """``array`` as ``device`` reads it in place: the host tensor on the CPU, a UVA view on CUDA (its pinned
+    tensor appended to ``keep``); None, or if ``required`` a ``ConfigError``, where it cannot be mapped."""
     tensor = host_tensor(array, what)
     if device.type == "cpu":
         return tensor
@@ -93,27 +83,18 @@ def host_readable(array: np.ndarray, device: torch.device, what: str, keep: list
     return view
 
 
-def release(keep: list[torch.Tensor]) -> None:
-    """Unpin what ``host_readable`` pinned in place (the views over it must no longer be used)."""
-    for tensor in keep:
-        unpin(tensor)
-    keep.clear()
-
-
 def misses_in_place(cache: FeatureCache | None, store: FeatureStore, device: torch.device, what: str,
                     keep: list[torch.Tensor]) -> torch.Tensor | None:
-    """The rows a partial device ``cache`` misses as ``device`` reads them in place (``host_readable``), or None
-    where they are gathered by the host instead (``staged_fetch``): every row cached, a host feature cache
-    serving them, memory-mapped rows that do not fit in memory, or no UVA."""
+    """The rows a partial ``cache`` misses as ``device`` reads them in place, or None where the host gathers
+    them (``staged_fetch``): all cached, a host cache serving them, a map too large for memory, or no UVA."""
     if cache is None or cache.full or store.host_cache is not None or not memory.fits_in_memory(store.features):
         return None
     return host_readable(store.features, device, what, keep)
 
 
 def staged_fetch(missed: torch.Tensor, store: FeatureStore, pool: BufferPool) -> torch.Tensor:
-    """Rows the device cannot read in place (``missed``, on the device): gathered on the host into a pooled
-    pinned buffer and copied on the current (sampling) stream; the buffer returns to the pool once that copy
-    has completed."""
+    """Rows ``missed`` (on the device) gathered on the host into a pooled pinned buffer and copied on the
+    current stream; the buffer returns to the pool after the copy."""
     ids = missed.cpu()  # a sync in the sampling thread: the host needs the ids
     if missed.device.type == "cpu":
         return store.gather(ids)
@@ -126,10 +107,9 @@ def staged_fetch(missed: torch.Tensor, store: FeatureStore, pool: BufferPool) ->
 
 
 class DeviceReader:
-    """The topology as the device's sampler reads it (``new_sampler``), and the gathering of a batch's rows and
-    labels there; ``close`` it. A typed graph's (``access.inputs``; ``config``: its placement settings,
-    ``fanouts``: per relation) is placed when the run starts (``start``), with a device cache per featured
-    type."""
+    """The topology the device's sampler reads (``new_sampler``) and the gathering of a batch's rows and
+    labels there. A typed graph's (``config``: its placement, ``fanouts``: per relation) is placed by
+    ``start``."""
 
     producer = "device-producer"  # the name of device mode's producer thread over it
 
@@ -156,9 +136,8 @@ class DeviceReader:
         self.labels = access.store.labels.to(self.device)
 
     def start(self, model: torch.nn.Module) -> None:
-        """A typed graph's: place the topology and the labels on the device, after checking that they fit beside
-        ``model``'s training, and fill each featured type's cache with as many of its hottest rows as the budget
-        holds (a homogeneous graph's is placed when the reader is made)."""
+        """A typed graph's: place the topology and labels, after checking that they fit beside ``model``'s
+        training, and fill each featured type's cache with its hottest rows the budget holds."""
         if self.access.inputs is None:
             return
         graph, device, sampling = self.graph, self.device, self.sampling
@@ -194,18 +173,14 @@ class DeviceReader:
 
     def load(self, epoch: int, index: int, subgraph: SampledSubgraph,
              make: Callable[..., MiniBatch] = MiniBatch, targets: torch.Tensor | None = None) -> MiniBatch:
-        """The batch of ``subgraph`` (input frontier on the device), built by ``make``: its rows (a typed graph's,
-        each featured type's) through their cache (``FeatureCache.gather``, the misses read in place or staged)
-        and its labels (or ``targets``, ``SeedBatch.targets``) gathered there, what is still on the host moved
-        over, and its ready event recorded (call on the sampling stream)."""
+        """The batch of ``subgraph`` (frontier on the device), built by ``make``, its rows gathered through
+        their caches and its labels (or ``targets``) there, its ready event recorded (sampling stream)."""
         with self.spans.stage("gather", index):
-            frontier = subgraph.input_nodes
-            if isinstance(frontier, dict):
-                read = {t: self._gather(t, frontier[t]) for t in self.caches if t in frontier}
-                features = {t: rows for t, (rows, _, _) in read.items()}
-                hits, moved = sum(r[1] for r in read.values()), sum(r[2] for r in read.values())
-            else:
-                features, hits, moved = self._gather("", frontier)
+            frontier = per_type(subgraph.input_nodes)
+            read = {t: self._gather(t, frontier[t]) for t in self.caches if t in frontier}
+            features = {t: rows for t, (rows, _, _) in read.items()}
+            features = features if isinstance(subgraph.input_nodes, dict) else features[""]
+            hits, moved = sum(r[1] for r in read.values()), sum(r[2] for r in read.values())
             labels = (self.labels.index_select(0, subgraph.seeds.to(self.device, non_blocking=True))
                       if targets is None else targets)
             batch = make(epoch, index, subgraph, features, labels, cache_hits=hits)
@@ -219,21 +194,17 @@ class DeviceReader:
         (view, pool), store = self.misses[node_type], self.stores[node_type]
         return self.caches[node_type].gather(rows, view, lambda missed: staged_fetch(missed, store, pool))
 
-    def step_inputs(self, batch: MiniBatch) -> StepInputs:
-        """The trainer's first call on a batch: its stream waits for the batch."""
-        batch.wait()
-        return StepInputs(batch.blocks, batch.features, None, batch.ids)
-
     def close(self) -> None:
-        """Let go of the device's copies and unpin what was pinned in place (the views over it must no longer be
-        used: a run's end)."""
-        release(self._keep)
+        """At a run's end: drop the device's copies and unpin what UVA views read."""
+        for tensor in self._keep:
+            unpin(tensor)
+        self._keep.clear()
         self.indptr = self.indices = self.sampler = None
         self.caches, self.misses = {}, {}
 
     def summary(self) -> dict:
-        """A typed graph's: what device mode keeps on the device (``cache``: each featured type's cached rows
-        and how its misses are read) and its sampler."""
+        """A typed graph's: what device mode keeps on the device, how each cache's misses are read, its
+        sampler."""
         if self.access.inputs is None:
             return {}
         cache = {t: {"rows": c.rows, "of": self.graph.num_nodes[t],
@@ -243,10 +214,9 @@ class DeviceReader:
 
 
 def device_bytes(graph: TypedGraph, rows: dict[str, int] | None = None) -> dict[str, int]:
-    """What device mode keeps on the device for a typed graph, in bytes: the topology and edge features
-    (float32), the featured types' cached rows (``rows`` of each; default every row) as float32 with, for a
-    partial cache, its slot map (int32 per vertex), the labels (int64) and the sampler's vertex maps (int64 per
-    vertex)."""
+    """Bytes device mode keeps on the device for a typed graph: topology and edge features, cached rows
+    (``rows`` per featured type, default all; float32, with an int32 slot map per vertex when partial),
+    labels (int64) and the sampler's vertex maps (int64 per vertex)."""
     rows = {t: graph.num_nodes[t] for t in graph.features} if rows is None else rows
     slot_maps = sum(4 * graph.num_nodes[t] for t in graph.features if rows[t] < graph.num_nodes[t])
     return {"topology": topology_bytes(graph),
@@ -258,10 +228,9 @@ def device_bytes(graph: TypedGraph, rows: dict[str, int] | None = None) -> dict[
 def typed_cache_rows(graph: TypedGraph, model: torch.nn.Module, fanouts: dict[RelationType, list[int]],
                      batch_size: int, device_memory: int | None, config: PlacementConfig) -> dict[str, int]:
     """Rows of each featured type the device caches (``placement.cache_rows``), after checking that the
-    topology, labels and vertex maps fit the budget with training's workspace (the model's parameters with
-    their gradients and Adam's moments, the largest mini-batch's activations: ``workspace_bytes`` with, per
-    layer, the fanouts summed over the relations into a type). The budget is ``gpu_memory_gb`` (at most the
-    device's memory), else ``device_memory``; None (the CPU): not budgeted."""
+    topology, labels and vertex maps fit the budget (``gpu_memory_gb``, else ``device_memory``; None: not
+    budgeted) beside training's workspace (parameters, their gradients and Adam's moments, a mini-batch's
+    activations); ``ConfigError`` naming the sizes otherwise."""
     setting = None if config.gpu_cache_gb == 0 else config.gpu_cache_gb
     tables = {t: (graph.num_nodes[t], 4 * graph.feature_dim(t)) for t in graph.features}
     notes: list[str] = []

@@ -1,12 +1,9 @@
 """Mode ``exact``, for both kinds of graph: sample and gather on the host, train on the device, every layer
 computed exactly.
 
-The stages of one mini-batch, in the producer thread: seed order (``seeds.py``, ``link_seeds.py``) -> sample
-(host kernels) -> gather its rows and start their copy to the device (the loader: ``host_loader.py``). The
-training thread only runs forward, backward and the optimizer step. What differs by kind of graph is handed
-in by the factory: the sampler each producer thread makes (a sampler's vertex map is thread-private state)
-and the loader of its subgraphs. Each batch is drawn with its key ``batch_key(seed, epoch, index)`` and
-depends on it alone, so a run resumes at any step; data parallel, the key is the global batch's.
+A producer thread draws each batch's seeds (``seeds.py``, ``link_seeds.py``), samples them with a sampler of
+its own (its vertex map is thread-private) and loads them (``host_loader.py``); the trainer only steps. Each
+batch depends only on its key ``batch_key(seed, epoch, index)``, so a run resumes at any step.
 """
 
 from __future__ import annotations

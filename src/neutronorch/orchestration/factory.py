@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -47,7 +48,7 @@ class Threads:
 
 
 def samples_on_device(config: TrainConfig, device: torch.device) -> bool:
-    """Whether the mode samples (NeutronOrch: its cold bottom hop) on the training device."""
+    """Whether a homogeneous graph's mode samples (NeutronOrch: its cold bottom hop) on the device."""
     if config.mode == "device":
         return True
     if config.mode == "neutronorch":
@@ -58,11 +59,10 @@ def samples_on_device(config: TrainConfig, device: torch.device) -> bool:
 def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.device, threads: Threads | None = None,
                spans: Spans | None = None, shard: tuple[int, int] = (0, 1), node: NodeLink | None = None,
                fanouts: dict[RelationType, list[int]] | None = None) -> Mode:
-    """The mode of ``config`` (validated, batch size and precision resolved) over ``graph`` on ``device``, its stages
-    recording into ``spans`` (default: a recorder of its own) with ``threads`` (default: one per stage).
-    ``shard`` = (rank, world): data parallel, the mode trains part ``rank`` of each global batch; ``node``:
-    the ranks of this node, that NeutronOrch mode's hot sets are shared by (``hot_set="node"``). A
-    ``TypedGraph``'s rows are read as ``typed_access`` sets up (``fanouts``: per relation)."""
+    """The mode of ``config`` (resolved) over ``graph`` on ``device``, recording into ``spans`` (default its
+    own) with ``threads`` (default one per stage). ``shard`` = (rank, world): data parallel, the mode trains
+    part ``rank`` of each global batch; ``node``: this node's ranks (``hot_set="node"``); ``fanouts``: a
+    typed graph's, per relation."""
     threads = threads or Threads(1, 1, 1)
     spans = spans if spans is not None else Spans()
     typed = isinstance(graph, TypedGraph)
@@ -86,8 +86,8 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
 
 def homogeneous_access(config: TrainConfig, graph: Graph, device: torch.device, shard: tuple[int, int]
                        ) -> tuple[Graph, SamplingConfig, FeatureAccess, NodeSeeds | LinkSeeds]:
-    """A homogeneous graph's (a link task's, with its training edges' ends as ``train_idx``), its sampling
-    settings, how its rows are read (placement, device and host caches, read order) and its batches' seeds."""
+    """A homogeneous graph (a link task's with its training edges' ends as ``train_idx``), its sampling
+    settings, how its rows are read and its batches' seeds."""
     link = config.task == "link"
     if link:  # the caches rank rows by where mini-batches start: the training edges' ends, not a node split
         graph = dataclasses.replace(graph, train_idx=np.unique(np.asarray(graph.links.train).reshape(-1)))
@@ -102,13 +102,11 @@ def homogeneous_access(config: TrainConfig, graph: Graph, device: torch.device, 
                                    file_order=topology_in_file_order and config.mode != "device")
     dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
     placement = placement_for(graph, config.placement, device, samples_on_device(config, device), workspace, dtype)
-    ranking: list[np.ndarray] = []  # the vertices hottest first, ranked once if a cache needs them
 
-    def ranked() -> np.ndarray:
-        if not ranking:
-            ranking.append(hotness_order(graph.indptr, graph.indices, graph.train_idx, sampling.fanouts,
-                                         sampling.batch_size, sampling.seed, config.cache_policy))
-        return ranking[0]
+    @functools.cache
+    def ranked() -> np.ndarray:  # the vertices hottest first, ranked once if a cache needs them
+        return hotness_order(graph.indptr, graph.indices, graph.train_idx, sampling.fanouts, sampling.batch_size,
+                             sampling.seed, config.cache_policy)
 
     access = build_feature_access(graph, placement, device, sampling, ranked, dtype, features_in_file_order)
     attach_host_cache(access.store, config.host_cache_gb, ranked, config.host_cache_dir,
@@ -123,11 +121,9 @@ def homogeneous_access(config: TrainConfig, graph: Graph, device: torch.device, 
 def typed_access(config: TrainConfig, graph: TypedGraph, device: torch.device, shard: tuple[int, int],
                  fanouts: dict[RelationType, list[int]] | None
                  ) -> tuple[dict[RelationType, list[int]], SamplingConfig, FeatureAccess, NodeSeeds | LinkSeeds]:
-    """A typed graph's (two-way: ``with_reverse``) fanouts per relation (default ``config.fanouts`` for every
-    relation), sampling settings, rows (each featured type's read on the host, in file order, through host
-    caches, as configured; device mode reads there only what its device caches miss, in place) and its batches'
-    seeds (a link task's: its relation's edges, ``LinkEnds``). Data parallel
-    where ``capabilities.py``'s table says it runs (``check_run`` refuses the others first)."""
+    """A typed graph's fanouts per relation (default ``config.fanouts`` for every relation), sampling
+    settings, rows and batches' seeds (a link task's: its relation's edges, ``LinkEnds``); what
+    ``capabilities.py`` refuses is refused."""
     refused = refusal("typed", config.mode, config.task, shard[1])
     if refused is not None:
         raise ConfigError(refused)

@@ -1,11 +1,7 @@
-"""Loading a host-sampled mini-batch: gather its rows on the host, ship them to the device. A loader also
-says which stages it records and what a step reads of its batches (``stages``, ``step_inputs``).
-
-Gather: the batch's input rows go into a pooled buffer (pinned on CUDA); with a device feature cache only
-the rows it misses. A typed graph's: every featured type's rows read through its ``TypedInputs`` into tensors
-of their own (a loader's typed batch may be kept). Ship (CUDA): the batch copies itself on a side stream, the
-device assembles the rows from the cache and the copied misses, and the buffer returns to the pool once the
-copy's event has completed, without blocking this thread. On the CPU nothing is copied.
+"""Loading a host-sampled mini-batch: gather its rows on the host (into a pooled buffer, pinned on CUDA; with
+a device cache only its misses; a typed graph's through ``TypedInputs``) and ship them (CUDA: copied on a
+side stream, the cache assembling the rows on the device, the buffer back to the pool after the copy's
+event, never blocking this thread).
 """
 
 from __future__ import annotations
@@ -17,28 +13,24 @@ import torch
 from neutronorch.observe import Spans, StageTable
 from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.batch import MiniBatch, target_labels
-from neutronorch.orchestration.mode import StepInputs
 from neutronorch.sampling.block import SampledSubgraph
 
 HOST_SAMPLING_STAGES = StageTable({"sample": "sampler", "gather": "sampler", "copy": "copy"})
 
 
 class HostLoader:
-    stages = HOST_SAMPLING_STAGES
     producer = "exact-producer"  # the name of exact mode's producer thread over it
 
     def __init__(self, access: FeatureAccess, spans: Spans):
         self.access = access
         self.store, self.placement, self.cache = access.store, access.placement, access.cache
-        self.device = access.device
         self.spans = spans
         self.copy_stream = torch.cuda.Stream(access.device) if access.on_cuda else None
 
     def load(self, epoch: int, index: int, subgraph: SampledSubgraph,
              make: Callable[..., MiniBatch] = MiniBatch, targets: torch.Tensor | None = None) -> MiniBatch:
-        """The batch of ``subgraph``, built by ``make`` (a ``MiniBatch`` type), its rows gathered and, on
-        CUDA, its copy to the device started (not waited for). ``targets``: what the loss reads instead of
-        the seeds' labels (``SeedBatch.targets``)."""
+        """The batch of ``subgraph``, built by ``make``, its rows gathered and on CUDA its copy started.
+        ``targets``: what the loss reads instead of the seeds' labels (``SeedBatch.targets``)."""
         access = self.access
         store, pool, cache = access.store, access.pool, access.cache
         with self.spans.stage("gather", index):
@@ -71,8 +63,8 @@ class HostLoader:
         return batch
 
     def _ship(self, batch: MiniBatch, buffer: torch.Tensor | None, parts: list | None) -> None:
-        """Start the batch's copy on the copy stream. With ``parts`` (every row's cache slot, the misses'
-        positions), ``batch.features`` holds only the missed rows until the device assembles them."""
+        """Start the batch's copy on the copy stream; with ``parts`` (the cache slots, the misses' positions)
+        the device assembles the rows."""
         device = self.access.device
         batch.device_bytes = batch.transfer_bytes() + (sum(t.nbytes for t in parts) if parts else 0)
         with torch.cuda.stream(self.copy_stream):
@@ -87,15 +79,9 @@ class HostLoader:
     def start(self, model: torch.nn.Module) -> None:
         pass  # nothing waits for the model
 
-    def step_inputs(self, batch: MiniBatch) -> StepInputs:
-        """The trainer's first call on a batch: its stream waits for the batch's copies."""
-        batch.wait()
-        return StepInputs(batch.blocks, batch.features, None, batch.ids)
-
     def close(self) -> None:
         pass
 
     def summary(self) -> dict:
-        """A typed graph's: the host caches of its featured types and how their rows were read
-        (``TypedInputs.summary``)."""
+        """A typed graph's: ``TypedInputs.summary``."""
         return {} if self.access.inputs is None else self.access.inputs.summary()

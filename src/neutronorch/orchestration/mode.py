@@ -1,15 +1,7 @@
-"""What the trainer needs from a mode, and nothing more.
+"""What the trainer needs from a mode, and nothing more (``docs/architecture.md``, "The mode protocol").
 
-A mode arranges the stages of a mini-batch (sample, gather, copy; for NeutronOrch also the host producer)
-on the processors and threads it chooses. The trainer sees only this protocol: modes are siblings that
-implement it, none inherits from another, and nothing outside a mode branches on its name. On a typed graph
-the batches hold their data by vertex type and the model also takes every type's input ids (``StepInputs.ids``).
-
-One training step, whatever the mode (``train.step.train_step``)::
-
-    inputs = mode.step_inputs(batch)           # orders the step after the batch's copies
-    loss = loss_fn(model(*inputs), batch.labels)
-    loss.backward(); mode.before_step(batch); optimizer.step(); mode.after_step(batch)
+Modes are siblings that implement ``Mode``; none inherits from another, and nothing outside a mode branches
+on its name.
 """
 
 from __future__ import annotations
@@ -39,7 +31,6 @@ class StepInputs(tuple):
 
     blocks = property(lambda self: self[0])
     features = property(lambda self: self[1])
-    hot = property(lambda self: self[-1])
 
 
 @runtime_checkable
@@ -94,10 +85,8 @@ class Mode(Protocol):
 
 
 class LoadingMode:
-    """What exact and device mode share (a mixin, not a mode): batches made by their ``_produce`` on a producer
-    thread named after their ``loader`` (``HostLoader`` or ``DeviceReader``), each depending only on (seed,
-    epoch, batch), so nothing carries over and a run resumes at any step; the loader's step inputs, summary,
-    start and end; none of the step hooks."""
+    """What exact and device mode share (a mixin, not a mode): batches made by ``_produce`` on a producer
+    thread named after their ``loader``, each depending only on (seed, epoch, batch); no step hooks."""
 
     resumable = resumable_mid_epoch = True
     producer_threads: int | None = None  # the producer's numba threads (None: numba's count)
@@ -108,7 +97,6 @@ class LoadingMode:
         self.num_batches = seeds.num_batches
 
     def batches(self, epoch: int, start: int = 0) -> Prefetcher:
-        """This epoch's mini-batches from number ``start`` on, produced ahead in a background thread."""
         return Prefetcher(lambda: self._produce(epoch, start), depth=self.sampling.prefetch,
                           name=self.loader.producer, threads=self.producer_threads)
 
@@ -116,7 +104,9 @@ class LoadingMode:
         self.loader.start(model)
 
     def step_inputs(self, batch: MiniBatch) -> StepInputs:
-        return self.loader.step_inputs(batch)
+        """The trainer's first call on a batch: its stream waits for the batch's copies."""
+        batch.wait()
+        return StepInputs(batch.blocks, batch.features, None, batch.ids)
 
     def summary(self) -> dict:
         return self.loader.summary()

@@ -1,10 +1,7 @@
-"""Run a producer ahead of its consumer in a background thread, through a bounded channel.
-
-The producer's heavy work (numba kernels, torch ops) releases the GIL, so it overlaps with the training
-step. Items travel through a ``Channel`` of capacity ``depth``, keyed by their sequence number. An
-exception in the producer reaches the consumer at its next ``next()`` (after the items produced before
-it) with the original traceback; closing the prefetcher (or leaving its ``with`` block) stops and joins
-the thread and releases what unconsumed items hold, so no thread outlives its consumer.
+"""Run a producer ahead of its consumer in a background thread, through a bounded ``Channel`` of ``depth``
+items. A producer's exception reaches the consumer at its next ``next()`` with the original traceback;
+closing stops and joins the thread and releases what unconsumed items hold, so no thread outlives its
+consumer.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The seed order of an epoch and its mini-batches: a pure function of (seed, epoch).
 
-Data parallel: mini-batch ``k`` of an epoch is global, ``batch_size * world`` seeds of the epoch's order;
-rank ``r`` trains part ``r`` of it (``torch.tensor_split`` into ``world`` parts: sizes differ by at most one,
-in the last batch too). Its key, ``batch_key(seed, epoch, k)``, is the global batch's, and samplers draw per
-vertex, so one process with ``batch_size * world`` samples exactly what the ranks sample together."""
+Data parallel: mini-batch ``k`` is global, ``batch_size * world`` seeds of the epoch's order, and rank ``r``
+trains part ``r`` of it (``torch.tensor_split``: sizes differ by at most one). Its key is the global batch's
+and samplers draw per vertex, so one process with ``batch_size * world`` samples what the ranks sample."""
 
 from __future__ import annotations
 
@@ -20,14 +19,10 @@ from neutronorch.sampling.neighbor_sampler import mix_key
 
 @dataclass(frozen=True)
 class SeedBatch:
-    """One mini-batch's seeds, as a mode samples them.
-
-    ``seeds``: the vertices whose outputs the step reads (int64). ``targets``: what the loss compares those
-    outputs with, or None for the seeds' own labels (a node task). ``exclude``: (2, P) global vertex pairs
-    whose edges, in either direction, the batch's sampled graph must not contain (a link task's seed
-    edges; ``sampling/exclude.py``), or None. ``batch_seeds``: data parallel, the seeds of the global batch
-    this one is a rank's part of (a NeutronOrch plan serves none of them hot in it, as one process would
-    not); None where they are ``seeds``."""
+    """One mini-batch's seeds (int64), as a mode samples them. ``targets``: what the loss compares their
+    outputs with (None: their labels). ``exclude``: (2, P) vertex pairs whose edges, either way, the sampled
+    graph must not contain (a link task's seed edges), or None. ``batch_seeds``: data parallel, the global
+    batch's seeds (none of which a NeutronOrch plan serves hot in it); None where they are ``seeds``."""
 
     seeds: torch.Tensor
     targets: torch.Tensor | None = None
@@ -36,21 +31,17 @@ class SeedBatch:
 
 
 class NodeSeeds:
-    """A node task's mini-batches: the training vertices in the epoch's order (``epoch_batches``); a typed
-    graph's are its target type's (``train_idx``)."""
+    """A node task's mini-batches: the training vertices (a typed graph's target's) in the epoch's order."""
 
     def __init__(self, graph: Graph | TypedGraph, sampling: SamplingConfig):
-        self.graph, self.train_idx = graph, training_seeds(graph)
-        self.sampling = sampling
-        self.num_batches = batches_per_epoch(graph, sampling)
+        self.graph, self.train_idx, self.sampling = graph, training_seeds(graph), sampling
+        self.num_batches = -(-len(graph.train_idx) // (sampling.batch_size * sampling.world))
 
     def epoch(self, epoch: int) -> list[SeedBatch]:
-        """Every mini-batch of ``epoch`` (a sequence: ``len`` and indexing, as ``LinkSeeds.epoch``'s)."""
-        sampling, batches = self.sampling, global_batches(self.train_idx, self.sampling, epoch)
-        if sampling.world == 1:
-            return [SeedBatch(seeds) for seeds in batches]
-        return [SeedBatch(torch.tensor_split(batch, sampling.world)[sampling.rank], batch_seeds=batch)
-                for batch in batches]
+        """Every mini-batch of ``epoch`` (a sequence, as ``LinkSeeds.epoch``'s)."""
+        sampling = self.sampling
+        return [SeedBatch(rank_part(batch, sampling), batch_seeds=None if sampling.world == 1 else batch)
+                for batch in global_batches(self.train_idx, sampling, epoch)]
 
     def rank_shares(self, epoch: int) -> np.ndarray:
         return rank_shares(self.graph, self.sampling, epoch)
@@ -65,23 +56,19 @@ def training_seeds(graph: Graph | TypedGraph) -> torch.Tensor:
     return torch.from_numpy(np.array(graph.train_idx, dtype=np.int64))
 
 
-def batches_per_epoch(graph: Graph, sampling: SamplingConfig) -> int:
-    """Mini-batches of an epoch: the training seeds in global batches of ``batch_size * world``, the last
-    one partial."""
-    return -(-len(graph.train_idx) // (sampling.batch_size * sampling.world))
+def rank_part(batch: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """This rank's part of a global batch (possibly empty)."""
+    return batch if sampling.world == 1 else torch.tensor_split(batch, sampling.world)[sampling.rank]
 
 
 def epoch_batches(train_idx: torch.Tensor, sampling: SamplingConfig, epoch: int) -> list[torch.Tensor]:
-    """This rank's seeds of every mini-batch of ``epoch``, in batch order (some may be empty when the last
-    global batch has fewer seeds than there are ranks). Unshuffled (``sampling.shuffle`` False): in their
-    given order every epoch."""
-    world = sampling.world
-    return [b if world == 1 else torch.tensor_split(b, world)[sampling.rank]
-            for b in global_batches(train_idx, sampling, epoch)]
+    """This rank's seeds of every mini-batch of ``epoch``, in batch order."""
+    return [rank_part(batch, sampling) for batch in global_batches(train_idx, sampling, epoch)]
 
 
 def global_batches(train_idx: torch.Tensor, sampling: SamplingConfig, epoch: int) -> tuple[torch.Tensor, ...]:
-    """Every global mini-batch of ``epoch`` (all ranks' seeds), in batch order."""
+    """Every global mini-batch of ``epoch`` (all ranks' seeds), in batch order; unshuffled
+    (``sampling.shuffle`` False), in their given order every epoch."""
     order = epoch_order(train_idx, sampling.seed, epoch) if sampling.shuffle else train_idx
     return torch.split(order, sampling.batch_size * sampling.world)
 
@@ -90,20 +77,17 @@ def epoch_order(train_idx: torch.Tensor, seed: int, epoch: int) -> torch.Tensor:
     """The seed order of one epoch: a permutation derived from (seed, epoch) alone."""
     generator = torch.Generator()
     generator.manual_seed(mix_key(seed, epoch) & 0x7FFF_FFFF_FFFF_FFFF)
-    # Indexed by numpy: modes draw the order on their producer thread, where a parallel torch operator would
-    # start an OpenMP team of its own. The runtime, then holding more threads than cores, stops spinning the
-    # trainer's waiting workers and each of its operators pays a wake-up (a typed exact epoch at 2 threads:
-    # 0.46 s against 0.32 s; docs/results/one-engine-2026-12-05-round-two.md).
+    # Indexed by numpy: on a producer thread a parallel torch operator would start an OpenMP team of its own,
+    # and the trainer's operators then pay a wake-up each (docs/results/one-engine-2026-12-05-round-two.md).
     return torch.from_numpy(train_idx.numpy()[torch.randperm(train_idx.shape[0], generator=generator).numpy()])
 
 
 def rank_shares(graph: Graph, sampling: SamplingConfig, epoch: int) -> np.ndarray:
     """Per mini-batch of ``epoch``: ``world`` times this rank's share of the global batch's loss terms
-    (``Graph.loss_terms``); 1 where the global batch has none. It is 1 wherever the ranks' parts carry equal
-    weight: every full batch whose seeds are all labelled."""
-    order = epoch_order(training_seeds(graph), sampling.seed, epoch)
-    shares = np.ones(batches_per_epoch(graph, sampling))
-    for k, batch in enumerate(torch.split(order, sampling.batch_size * sampling.world)):
+    (``Graph.loss_terms``); 1 where it has none, and wherever the ranks' parts carry equal weight."""
+    batches = global_batches(training_seeds(graph), sampling, epoch)
+    shares = np.ones(len(batches))
+    for k, batch in enumerate(batches):
         terms = [graph.loss_terms(part.numpy()) for part in torch.tensor_split(batch, sampling.world)]
         if sum(terms):
             shares[k] = sampling.world * terms[sampling.rank] / sum(terms)

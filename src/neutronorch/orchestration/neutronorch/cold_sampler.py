@@ -1,37 +1,30 @@
-"""The cold sampler: per mini-batch, the bottom hop of the cold destinations only, then gather and ship.
-
-Runs on its own thread (``neutronorch-sampler``), consuming the planning loop's plans in order, and owns
-its sampler. Hot destinations are never sampled, gathered or moved. The bottom hop is drawn with the
-mini-batch's own key, so with the planner's upper hops it draws exactly what exact mode draws, and loaded as
-exact mode (on the host) or device mode (with device sampling) loads it; a typed graph's rows are read on the
-host whichever device draws them (``mode.py``'s ``TypedKind``).
+"""The cold sampler (thread ``neutronorch-sampler``): per mini-batch the bottom hop of the cold destinations
+only, drawn with the mini-batch's key (so with the planner's upper hops exactly what exact mode draws), then
+loaded as exact or device mode loads it. Hot destinations are never sampled, gathered or moved.
 """
 
 from __future__ import annotations
 
 import logging
 from contextlib import nullcontext
+from functools import partial
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
 
 from neutronorch.config import SamplingConfig
-from neutronorch.data.graph import Graph
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.features.placement import GiB
 from neutronorch.nn.splice import SpliceIndex
 from neutronorch.observe import Spans
-from neutronorch.orchestration.device_reader import DeviceReader
-from neutronorch.orchestration.host_loader import HostLoader
-from neutronorch.orchestration.neutronorch.batch import Splice, SplicedBatch, spliced
+from neutronorch.orchestration.neutronorch.batch import Splice, SplicedBatch
 from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch
 from neutronorch.orchestration.pipeline import use_threads
 from neutronorch.sampling.block import SampledSubgraph
-from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.exclude import exclude_from_block
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key
+from neutronorch.sampling.neighbor_sampler import layer_key
 from neutronorch.sampling.typed_device_sampler import topology_bytes
 from neutronorch.sampling.typed_sampler import TypedHops
 
@@ -39,9 +32,9 @@ logger = logging.getLogger("neutronorch")
 
 
 def draws_on_device(setting: str, graph: TypedGraph, device: torch.device, free: int | None = None) -> bool:
-    """Whether a typed graph's mini-batches are drawn on ``device`` (``device_sampling`` ``setting``): ``on``, or
-    ``auto`` with CUDA where the topology and edge features, placed there whole, take at most half its free
-    memory (``free`` bytes, default what CUDA says); ``on`` beyond that is refused."""
+    """Whether a typed graph's mini-batches are drawn on ``device``: ``on``, or ``auto`` with CUDA where the
+    topology and edge features take at most half its ``free`` bytes (default CUDA's); ``on`` beyond that is
+    refused."""
     on = setting == "on" or (setting == "auto" and device.type == "cuda")
     if not on or device.type != "cuda":
         return on
@@ -59,40 +52,31 @@ def draws_on_device(setting: str, graph: TypedGraph, device: torch.device, free:
 
 
 class ColdSampler:
-    """On a typed graph ``loader`` reads its rows (``HostLoader`` over its ``TypedInputs``) and ``sample`` makes this thread's sampler (the
-    host's, or with device sampling ``TypedDeviceSampler`` on the training device); its rows are read on the
-    host either way."""
+    """``kind`` (``mode.py``) makes this thread's sampler and gives what loads its batches: the host loader,
+    or a homogeneous graph's device reader with device sampling (a typed graph's rows are read on the host
+    either way)."""
 
-    def __init__(self, graph: Graph | TypedGraph, sampling: SamplingConfig, spans: Spans, threads: int,
-                 loader: HostLoader | None, reader: DeviceReader | None,
-                 sample: Callable[[], TypedHops] | None = None):
-        self.graph, self.fanouts, self.degrees = graph, sampling.fanouts, sampling.degrees
-        self.file_order = sampling.file_order
+    def __init__(self, kind, sampling: SamplingConfig, spans: Spans, threads: int):
+        self.kind, self.graph, self.fanouts = kind, kind.graph, sampling.fanouts
+        self.typed = kind.needs is not None
         self.spans, self.threads = spans, threads
-        self.loader, self.reader, self.sample = loader, reader, sample
-        on_cuda = reader is not None and reader.device.type == "cuda"
-        self.stream = torch.cuda.Stream(reader.device) if on_cuda else None
+        self.loader, self.reader = kind.loader, kind.reader
+        on_cuda = self.reader is not None and self.reader.device.type == "cuda"
+        self.stream = torch.cuda.Stream(self.reader.device) if on_cuda else None
 
     def run(self, plans: Callable[[object], Iterable[Plan]], skip: int = 0) -> Iterator[SplicedBatch]:
-        """The sampler's loop (the body of its thread): one batch per planned mini-batch of ``plans(sampler)``
-        (given this thread's sampler, which plans on the device sample with), in order, but for the first
-        ``skip`` mini-batches of the first plan (a resumed super-batch's, trained already)."""
+        """The thread's body: a batch per planned mini-batch of ``plans(sampler)`` (given this thread's
+        sampler, which device planning samples with), but for the first ``skip`` of the first plan."""
         use_threads(self.threads)
         on_device = self.reader is not None
-        if self.sample is not None:
-            sampler = self.sample()
-        elif on_device:
-            sampler = make_device_sampler(self.reader.indptr, self.reader.indices, self.fanouts, self.degrees)
-        else:
-            sampler = NeighborSampler(self.graph.indptr, self.graph.indices, self.fanouts, self.degrees,
-                                      self.file_order)
+        sampler = self.kind.cold_sampler()
         with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
             for plan in plans(sampler):
                 for position, item in enumerate(plan.batches):
                     if position < skip:
                         continue
                     last = position == len(plan.batches) - 1
-                    if self.sample is not None:
+                    if self.typed:
                         yield self._typed(plan, item, last, sampler)
                         continue
                     with self.spans.stage("sample"):
@@ -113,12 +97,13 @@ class ColdSampler:
                                         splice_index(dst.shape[0], item.cold_pos, item.hot_pos, item.hot_rows),
                                         last, plan.stats, plan.probe)
                     source = self.reader if on_device else self.loader
-                    yield source.load(plan.epoch, item.index, subgraph, make=spliced(splice), targets=item.targets)
+                    make = partial(SplicedBatch, splice=splice)
+                    yield source.load(plan.epoch, item.index, subgraph, make=make, targets=item.targets)
                 skip = 0
 
     def _typed(self, plan: Plan, item: PlannedBatch, last: bool, sampler: TypedHops) -> SplicedBatch:
-        """A typed mini-batch: the bottom hop of each type's cold destinations (with the batch key: what exact
-        mode draws for them), loaded with its rows read on the host, and each hot type's splice."""
+        """A typed mini-batch: each type's cold destinations' bottom hop (with the batch key), its rows read
+        on the host, and each hot type's splice."""
         upper = item.upper
         with self.spans.stage("sample", item.index):
             cold = sampler.sample_bottom({t: ids[item.cold_pos[t]] for t, ids in upper.frontiers[0].items()},
@@ -130,12 +115,12 @@ class ColdSampler:
                                  item.hot_rows[t])
                  for t in plan.hot if item.hot_pos[t].shape[0]}
         splice = Splice(plan.super_batch_id, index, last, plan.stats, plan.probe)  # moved with the batch
-        return self.loader.load(plan.epoch, item.index, subgraph, make=spliced(splice))
+        return self.loader.load(plan.epoch, item.index, subgraph, make=partial(SplicedBatch, splice=splice))
 
 
 def splice_index(num_rows: int, cold_pos, hot_pos, hot_rows) -> SpliceIndex:
-    """The splice index of a planned mini-batch's destinations (of one type): from numpy positions (planned on
-    the host) or from tensors (planned on the device, where it is built without leaving it)."""
+    """The splice index of a planned mini-batch's destinations (of one type), from numpy positions or from
+    tensors on the device (built without leaving it)."""
     if isinstance(cold_pos, np.ndarray):
         return SpliceIndex.build(num_rows, cold_pos, hot_pos, hot_rows)
     origin = torch.empty(num_rows, dtype=torch.int64, device=cold_pos.device)

@@ -1,17 +1,10 @@
-"""The ratio controller (``hot_ratio="auto"``): how many vertices are hot, from measured speed and drift.
+"""The ratio controller (``hot_ratio="auto"``): how many vertices are hot, from measured speed
+(``tuner.py``, between epochs) and staleness error (``DriftProbe`` at super-batch boundaries, ``error_cap``
+at planning: (share of bottom-layer rows served hot) x (relative error of a stale row) stays within
+``hot_error_budget``); ``docs/neutronorch.md`` says how.
 
-Two measurements decide r:
-- **speed** (``HotRatioTuner``, ``tuner.py``, between epochs): with host and device on different processors, balance
-  their busy time per super-batch; on shared cores, walk r towards the fastest measured epoch; either way
-  r goes to 0 (no hot rows, no host work) while an epoch with hot rows is not faster than one without;
-- **staleness error** (``DriftProbe`` at super-batch boundaries, ``error_cap`` at planning): the bottom-
-  layer output of a fixed set of probe vertices is recomputed with the current weights; its relative
-  change over about the mean staleness of a reused row estimates the error of a stale row, and r is capped
-  so that (share of bottom-layer rows served hot) x (that error) stays within ``hot_error_budget``.
-
-Ownership: the controller lives on the trainer thread (it measures there). The planning loop, which plans
-on its own thread, reads only ``controller.published``: an immutable ``RatioSetting`` replaced as a whole and
-numbered, so it never sees half an update and each plan records which one it followed.
+The controller lives on the trainer thread. The planning loop reads only ``controller.published``: an
+immutable ``RatioSetting`` replaced whole and numbered, so it never sees half an update.
 """
 
 from __future__ import annotations
@@ -25,6 +18,7 @@ import torch
 
 from neutronorch.config import NeutronOrchConfig
 from neutronorch.observe import StageTable
+from neutronorch.orchestration.batch import each
 from neutronorch.orchestration.neutronorch.tuner import HotRatioTuner
 from neutronorch.orchestration.neutronorch.versions import Schedule
 
@@ -33,14 +27,12 @@ logger = logging.getLogger("neutronorch")
 __all__ = ["AUTO_START_RATIO", "DriftProbe", "HostScalar", "HotRatioTuner", "RatioController", "RatioSetting",
            "error_cap"]
 
-# The hot ratio ``auto`` starts here and is re-tuned between epochs.
 AUTO_START_RATIO = 0.2
 
 
 class HostScalar:
-    """A scalar the trainer measured on the device, for the planner thread to read without waiting on the
-    device: copied into pinned memory behind an event. Until that copy is done, ``value()`` gives what was
-    published before (``before``), so reading never stalls the planner behind the trainer's queued work."""
+    """A scalar measured on the device, copied to pinned memory behind an event: until the copy is done
+    ``value()`` gives what ``before`` held, so the planner never waits on the trainer's queued work."""
 
     def __init__(self, value: torch.Tensor, before: "HostScalar | None" = None):
         self._before = None if before is None else before.value()
@@ -58,7 +50,7 @@ class HostScalar:
         return self._before
 
     def wait(self) -> float:
-        """The value itself, waiting for its copy (for checkpoints)."""
+        """The value, waiting for its copy (for checkpoints)."""
         if self._ready is not None:
             self._ready.synchronize()
         return float(self._host)
@@ -66,24 +58,22 @@ class HostScalar:
 
 @dataclass(frozen=True)
 class RatioSetting:
-    """What the planner reads: the ratio, and (with ``auto``) the measured relative error of a stale row."""
+    """What the planner reads: the ratio, and (with ``auto``) the measured relative error of a stale row
+    (None: not measured yet, and nothing is hot until it is)."""
 
     ratio: float
     auto: bool = False
-    # None: not measured yet (nothing is hot before it is, with ``auto``). Published by the trainer as a
-    # ``HostScalar``, so neither the trainer nor the planner waits for the other to read it.
     stale_error: HostScalar | torch.Tensor | float | None = None
     error_budget: float = 0.02
 
     def cap(self) -> Callable[[np.ndarray], tuple[int, bool]] | None:
-        """The planner's cap of a hot set: with ``auto`` the staleness-error cap, with a fixed ratio none."""
+        """The planner's cap of a hot set: with ``auto`` the staleness-error cap, else none."""
         return (lambda ranked: error_cap(ranked, self)) if self.auto else None
 
 
 def error_cap(ranked_counts: np.ndarray, setting: RatioSetting) -> tuple[int, bool]:
     """The most hot vertices (hottest first) whose reuse keeps the expected staleness error within the
-    budget, and whether that cap is below what the ratio alone gives. Until the error has been measured
-    nothing is hot (the weights move fastest at the start)."""
+    budget, and whether that is below what the ratio gives. Unmeasured: none (weights move fastest early)."""
     error = setting.stale_error
     if isinstance(error, HostScalar):
         error = error.value()
@@ -98,9 +88,8 @@ def error_cap(ranked_counts: np.ndarray, setting: RatioSetting) -> tuple[int, bo
 
 
 class PublishedSetting:
-    """The ratio setting as the planning loop reads it: replaced whole by the trainer, each publication
-    numbered. ``read()`` gives (number, setting) of the latest, a consistent pair without a lock (one
-    reference is replaced), so a plan can say which publication it followed."""
+    """The ratio setting, replaced whole by the trainer and numbered. ``read()`` gives (number, setting), a
+    consistent pair without a lock (one reference is replaced)."""
 
     def __init__(self, setting: RatioSetting):
         self._latest = (0, setting)
@@ -113,12 +102,10 @@ class PublishedSetting:
 
 
 class DriftProbe:
-    """The relative change of the bottom-layer output of fixed probe vertices, measured at super-batch
-    boundaries (kept as device tensors; read as numbers only when reported or published)."""
+    """The relative change of the bottom-layer output of fixed probe vertices at super-batch boundaries
+    (device tensors). ``inputs``: their (block, features), or a function giving them (typed: tables move)."""
 
     def __init__(self, inputs):
-        # (block, features) of the probe vertices on the training device, or a function giving them at each
-        # measurement (a typed graph's: its tables' rows move with the weights)
         self.inputs = inputs
         self.drift: torch.Tensor | None = None  # relative change per optimizer step
         self.stale_error: torch.Tensor | None = None  # relative change over the mean staleness
@@ -132,9 +119,8 @@ class DriftProbe:
         bottom.train(training)
         if isinstance(y, dict):  # a typed graph's bottom layer: one output per vertex type
             y = torch.cat([y[t] for t in sorted(y)])
-        # Compare with the boundary whose distance in steps is closest to the mean staleness of a reused
-        # row: the error measured over about that many steps, scaled to it. (Per-step drift times the
-        # staleness would overstate it: Adam's steps partly cancel over a few steps.)
+        # Compare with the boundary closest to the mean staleness of a reused row away, scaled to it (per-step
+        # drift times the staleness would overstate it: Adam's steps partly cancel).
         history = [h for h in self._history if h[1] < version]
         if history:
             target = max(1.0, mean_staleness)
@@ -147,13 +133,9 @@ class DriftProbe:
 
 
 class RatioController:
-    """The hot ratio and the snapshot lead over the run: fixed as configured, or tuned (``auto``).
-
-    Trainer thread only; the planning loop reads ``published`` (``setting`` is its latest value).
-    ``probe_inputs(ids)`` returns the probe vertices' bottom block and features on the training device
-    (sampled once, when first needed). ``lead_adapts=False`` keeps an unset snapshot lead at 2 (typed runs:
-    their snapshots, and so their losses at a fixed ratio, do not depend on measured times).
-    """
+    """The hot ratio and the snapshot lead: fixed as configured, or tuned (``auto``). Trainer thread only.
+    ``probe_inputs(ids)``: the probe vertices' ``DriftProbe`` inputs. ``lead_adapts=False`` keeps an unset
+    lead at 2, so a typed run's losses at a fixed ratio do not depend on measured times."""
 
     def __init__(self, config: NeutronOrchConfig, schedule: Schedule, shared_cores: bool,
                  probe_inputs: Callable[[np.ndarray], tuple] | None = None, lead_adapts: bool = True):
@@ -162,7 +144,6 @@ class RatioController:
         ratio = AUTO_START_RATIO if self.auto else float(config.hot_ratio)
         self.published = PublishedSetting(RatioSetting(ratio, self.auto, None, config.hot_error_budget))
         self.tuner = HotRatioTuner(ratio, shared_cores) if self.auto else None
-        # An unset lead starts at 2 and, where it adapts, grows while the trainer waits for hot rows.
         self.auto_lead = config.snapshot_lead is None and lead_adapts
         self.lead = min(schedule.max_lead, 2 if config.snapshot_lead is None else config.snapshot_lead)
         self._probe_inputs = probe_inputs
@@ -178,8 +159,7 @@ class RatioController:
         self.published.publish(value)
 
     def saw_plan(self, probe_ids: np.ndarray | dict[str, np.ndarray]) -> None:
-        """The first plan's hottest vertices become the drift probe (a plan that ranked nothing, made while the
-        ratio was 0, has none)."""
+        """The first plan that ranked any vertices gives the drift probe its hottest."""
         if self._probe_ids is None and len(probe_ids) > 0:
             self._probe_ids = probe_ids
 
@@ -197,25 +177,23 @@ class RatioController:
             before = self.setting.stale_error if isinstance(self.setting.stale_error, HostScalar) else None
             self.setting = replace(self.setting, stale_error=HostScalar(self.probe.stale_error, before))
 
-    @property
-    def drift_per_step(self) -> float | None:
-        drift = None if self.probe is None else self.probe.drift
-        return None if drift is None else float(drift)
-
-    @property
-    def stale_error(self) -> float | None:
-        error = None if self.probe is None else self.probe.stale_error
-        return None if error is None else float(error)
+    def measured(self) -> dict:
+        """The drift probe's last measurement as numbers (None before the first)."""
+        probe = self.probe
+        drift, error = (None, None) if probe is None else (probe.drift, probe.stale_error)
+        return {"drift_per_step": None if drift is None else float(drift),
+                "stale_error": None if error is None else float(error)}
 
     def end_epoch(self, record: dict, epoch_ratio: float | None, stages: StageTable,
                   agree: Callable[[list[float]], list[float]] | None = None) -> dict:
         """The epoch's controls for its record; then, with ``auto``, the next epoch's lead and ratio.
-        ``agree``: the maximum of the measurements over the ranks that must decide alike (a node sharing
-        one hot set: their snapshot schedules must match)."""
+        ``agree``: the measurements' maximum over ranks that must decide alike (a node sharing hot rows)."""
         out = {"snapshot_lead": self.lead,
                "hot_ratio": round(epoch_ratio if epoch_ratio is not None else self.setting.ratio, 4)}
-        if self.drift_per_step is not None:
-            out.update(drift_per_step=round(self.drift_per_step, 6), stale_error=round(self.stale_error, 5))
+        drift = self.measured()
+        if drift["drift_per_step"] is not None:
+            out.update(drift_per_step=round(drift["drift_per_step"], 6),
+                       stale_error=round(drift["stale_error"], 5))
         stage = record["stage_seconds"]
         busy = stages.lane_seconds(stage)
         measured = [record["seconds"], stage.get("wait_hot", 0.0), busy.get("host", 0.0), busy.get("trainer", 0.0),
@@ -226,9 +204,8 @@ class RatioController:
             self.lead = min(self.schedule.max_lead, self.lead + max(1, self.lead // 2))
         if self.tuner is not None:
             per = max(1, self.schedule.per_epoch)
-            # What the hot rows cost the device: on shared cores all the host's work on them, which the
-            # device's cores did instead of training; on separate processors only the trainer's time
-            # waiting for them. Either way the trainer's applying of their gradient.
+            # What the hot rows cost the device: on shared cores the host's work, else the trainer's waits;
+            # and their gradient either way.
             cost = (host if self.tuner.shared_cores else wait_hot) + hot_grad
             before = self.setting.ratio
             self.setting = replace(self.setting, ratio=self.tuner.update(seconds, host / per, trainer / per, cost,
@@ -251,7 +228,7 @@ class RatioController:
         return {"ratio": self.setting.ratio, "stale_error": None if published is None else float(published),
                 "lead": self.lead,
                 "tuner": self.tuner.state_dict() if self.tuner else None,
-                "probe_ids": None if self._probe_ids is None else _per_type(torch.tensor, self._probe_ids),
+                "probe_ids": None if self._probe_ids is None else each(self._probe_ids, torch.tensor),
                 "probe": None if probe is None else {"drift": cpu(probe.drift), "stale_error": cpu(probe.stale_error),
                                                      "history": [(cpu(y), v) for y, v in probe._history]}}
 
@@ -264,7 +241,7 @@ class RatioController:
         if self.tuner is not None and state["tuner"] is not None:
             self.tuner.load_state_dict(state["tuner"])
         if state["probe_ids"] is not None:
-            self._probe_ids = _per_type(lambda ids: ids.numpy(), state["probe_ids"])
+            self._probe_ids = each(state["probe_ids"], lambda ids: ids.numpy())
         if state["probe"] is not None and self._probe_inputs is not None:
             self.probe = DriftProbe(self._probe_inputs(self._probe_ids))
             self.probe.drift, self.probe.stale_error = on(state["probe"]["drift"]), on(state["probe"]["stale_error"])
@@ -273,9 +250,5 @@ class RatioController:
     def summary(self) -> dict:
         return {"ratio": round(self.setting.ratio, 4),
                 "error_budget": self.setting.error_budget if self.auto else None,
-                "drift_per_step": self.drift_per_step, "stale_error": self.stale_error}
+                **self.measured()}
 
-
-def _per_type(convert: Callable, ids):
-    """``convert`` of the probe's vertices: an array, or on a typed graph one per vertex type."""
-    return {t: convert(v) for t, v in ids.items()} if isinstance(ids, dict) else convert(ids)

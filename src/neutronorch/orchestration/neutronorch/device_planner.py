@@ -1,9 +1,6 @@
-"""The planner on the training device: the plan of ``planner.py``, from upper hops sampled there.
-
-With device sampling every hop is sampled and each super-batch planned on the device: the host receives
-only H_s. The plan is the host planner's, entry for entry (first appearances by a scatter-min of positions,
-counts by a bincount, one stable sort), with a handful of small reads back per super-batch (sizes and the
-hot set), none per destination.
+"""The planner on the training device: ``planner.py``'s plan, entry for entry, from upper hops sampled there
+(first appearances by a scatter-min, counts by a bincount, one stable sort). It must never read back per
+destination: a few small reads per super-batch (sizes, the hot set).
 """
 
 from __future__ import annotations
@@ -19,8 +16,7 @@ from neutronorch.orchestration.neutronorch.planner import PROBE_ROWS, Choice, Pl
 
 
 class DevicePlanner(Planner):
-    """``Planner`` on the device holding ``indptrs`` (a typed graph's: each relation's): the uppers' tensors
-    there, the plan's positions too; owns one scratch entry per vertex (one planner per thread)."""
+    """``Planner`` on the device holding ``indptrs``: uppers and positions are tensors there."""
 
     on_device = True
 
@@ -45,9 +41,7 @@ class DevicePlanner(Planner):
 def choose(slot: torch.Tensor, into: list[tuple[torch.Tensor, int]], bottoms: list[torch.Tensor], own: list[int],
            ratio: float, cap: Callable[[np.ndarray], tuple[int, bool]] | None, hot: np.ndarray | None = None,
            fresh: list | None = None, super_batch_id: int = 0) -> Choice:
-    """``planner.choose`` on the device: ``bottoms``, each mini-batch's bottom-layer destinations, whose first
-    ``own[b]`` are its seeds; ``into``: the (indptr, bottom fanout) of each relation into them; ``slot``:
-    scratch of one entry per vertex. ``ratio``, ``cap``, ``hot`` and ``fresh`` as ``Planner.plan`` takes them."""
+    """``planner.choose`` on the device (``slot``: scratch of one entry per vertex)."""
     device = slot.device
     sizes = [b.shape[0] for b in bottoms]
     offsets = np.zeros(len(sizes) + 1, np.int64)
@@ -62,8 +56,7 @@ def choose(slot: torch.Tensor, into: list[tuple[torch.Tensor, int]], bottoms: li
     num_distinct = distinct.shape[0]
     slot.index_copy_(0, distinct, torch.arange(num_distinct, device=device))
     index = slot.index_select(0, dst)  # each entry's distinct vertex
-    # Each mini-batch's own seeds (its first destinations) stay cold and their appearances there do not
-    # count (``planner.py``).
+    # Each mini-batch's own seeds stay cold and do not count (``planner.py``).
     batch_of = torch.bucketize(positions, torch.from_numpy(offsets[1:]).to(device), right=True)
     starts = torch.from_numpy(offsets[:-1]).to(device)
     own = torch.tensor(own, dtype=torch.int64, device=device)

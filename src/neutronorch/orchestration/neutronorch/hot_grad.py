@@ -1,24 +1,10 @@
 """The hot rows' bottom-layer gradient (``hot_grad="cpu"``), on the trainer thread.
 
-Each step's backward pass adds dL/dY of the hot rows it used into the super-batch's accumulator
-(``HotEmbeddings.grad_acc``); at the super-batch's last step, ``finish`` turns it into W0's gradient
-through the host's autograd graph of those rows.
-
-- **One process**: the gradient is added to the bottom layer's.
-- **Data parallel**: it is handed to the gradient reduction (``averaged``), which averages it over the
-  ranks with equal weights, apart from the loss-weighted mean of the other gradients. It sums the
-  gradients of the super-batch's P steps, each its rank's mean, so weighting it by the last step's loss
-  terms alone would misweigh the other steps (and drop a rank with none in the last step). Equal weights
-  are exact where every rank's part of a step carries equal weight; where it does not (an epoch's last,
-  uneven global batch; unlabelled seeds), ``weigh`` scales that step's dL/dY by world x this rank's share
-  of the global batch's loss terms (the accumulator divided by it before the backward pass, multiplied
-  after), so the average is exactly one process's sum.
-- **Rows computed once per node**: the node's ranks sum the shared rows' dL/dY first, and each
-  back-propagates the rows it computed (``node.py``).
-- **A typed graph**: one accumulator per vertex type; the gradient reaches the bottom layer's parameters
-  and the snapshot's embedding-table rows the hot rows read, which it adds to the tables as sparse rows
-  (data parallel, hands over to be averaged as the bottom layer's: ``GradientSync`` averages a table's
-  rows handed over apart with equal weights too).
+Each step's backward pass adds dL/dY of the hot rows it used into ``HotEmbeddings.grad_acc``; at the
+super-batch's last step ``finish`` turns it into W0's gradient through the host's autograd graph of those
+rows (on a typed graph also the snapshot's table rows' sparse gradient). Data parallel it is averaged apart
+with equal weights, each step's dL/dY scaled by ``weigh`` where the ranks' parts carry unequal weight
+(``docs/distributed.md``, "The hot rows' gradient is averaged apart").
 """
 
 from __future__ import annotations
@@ -26,16 +12,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from neutronorch.config import SamplingConfig
+from neutronorch.orchestration.batch import per_type
 from neutronorch.orchestration.neutronorch.node import NodeHotSet
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings
 from neutronorch.orchestration.seeds import NodeSeeds
 
 
 class HotGradient:
-    def __init__(self, seeds: NodeSeeds, sampling: SamplingConfig, num_batches: int, node: NodeHotSet | None):
-        self.seeds, self.sampling, self.num_batches = seeds, sampling, num_batches
-        self.distributed = sampling.world > 1
+    def __init__(self, seeds: NodeSeeds, node: NodeHotSet | None):
+        self.seeds, self.distributed = seeds, seeds.sampling.world > 1
         self.node = node
         self._shares: tuple[int, np.ndarray] | None = None  # (epoch, its ``rank_shares``)
         self._scale = 1.0  # the current step's scale of dL/dY in the accumulator
@@ -45,27 +30,25 @@ class HotGradient:
         """Before global step ``step``'s forward pass (data parallel): scale its share of the accumulator."""
         if not self.distributed or hot.grad_acc is None:
             return
-        epoch, index = divmod(step, self.num_batches)
+        epoch, index = divmod(step, self.seeds.num_batches)
         if self._shares is None or self._shares[0] != epoch:
             self._shares = (epoch, self.seeds.rank_shares(epoch))
         scale = float(self._shares[1][index])
         if scale not in (0.0, 1.0):  # 0: no loss terms here, so no gradient to scale
-            for grad in _accumulators(hot):
+            for grad in per_type(hot.grad_acc).values():
                 grad.div_(scale)
             self._scale = scale
 
     def unweigh(self, hot: HotEmbeddings) -> None:
         """After the backward pass: the accumulator back in its units."""
         if self._scale != 1.0:
-            for grad in _accumulators(hot):
+            for grad in per_type(hot.grad_acc).values():
                 grad.mul_(self._scale)
             self._scale = 1.0
 
     def finish(self, hot: HotEmbeddings, bottom: torch.nn.Module, tables: torch.nn.ModuleDict | None = None) -> None:
-        """At the super-batch's last step: W0's gradient from the accumulated dL/dY (of the rows this rank
-        computed, shared ones summed over the node) through the host's graph, added to ``bottom``'s gradient
-        or kept for ``averaged``; on a typed graph (one output per type) also the gradient of the table rows
-        the hot rows read, a sparse gradient of ``tables``."""
+        """At the super-batch's last step: W0's gradient (and a typed graph's sparse gradient of ``tables``)
+        from the accumulated dL/dY, added to the parameters' or kept for ``averaged``."""
         typed = isinstance(hot.output, dict)
         outputs = hot.output if typed else {} if hot.output is None or hot.num_hot == 0 else {None: hot.output}
         if not outputs and not self.distributed:
@@ -103,9 +86,3 @@ class HotGradient:
         params = list(bottom.parameters())
         return {**dict(zip(params, grads[:len(params)])), **dict(grads[len(params):])}
 
-
-def _accumulators(hot: HotEmbeddings) -> list[torch.Tensor]:
-    """The hot rows' gradient accumulators (a typed graph's: one per type)."""
-    if hot.grad_acc is None:
-        return []
-    return list(hot.grad_acc.values()) if isinstance(hot.grad_acc, dict) else [hot.grad_acc]

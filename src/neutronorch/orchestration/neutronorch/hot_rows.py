@@ -1,13 +1,10 @@
-"""The hot-row computer: computes each super-batch's hot vertices' bottom layer on the host.
+"""The hot-row computer: each super-batch's hot vertices' bottom layer, on the host.
 
-``compute`` is the body of thread ``neutronorch-host`` and owns its sampler and copy of the bottom layer.
-For each plan (from the ``plans`` channel it owns) it samples the bottom hop of H_s once and gathers its raw
-features, waits for the W0 snapshot the schedule assigns to s, computes H_s's bottom-layer output with
-exactly the device layer's code, in training mode (dropout masks keyed by the super-batch and the vertex;
-batch normalisation over the hot rows), and puts the hot embeddings on the ``hot`` channel (on CUDA copied
-on its own stream). An empty hot set costs it nothing but taking its snapshot. On a typed graph it draws
-every hot type's bottom block at once, reads the snapshot's table rows beside the featured rows, and hands
-over one table per type. Planning runs at most two plans ahead of this loop, which the snapshots pace.
+``compute`` is the body of thread ``neutronorch-host``; it owns its sampler and copy of the bottom layer.
+Per plan it samples H_s's bottom hop once and gathers its features, waits for the snapshot the schedule
+assigns to s, computes the rows with the device layer's own code in training mode (dropout masks keyed by
+super-batch and vertex; batch normalisation over the hot rows) and hands the frozen ``HotEmbeddings`` over
+on the ``hot`` channel. An empty hot set costs only taking its snapshot.
 """
 
 from __future__ import annotations
@@ -17,9 +14,6 @@ import copy
 import torch
 
 from neutronorch.config import NeutronOrchConfig, SamplingConfig
-from neutronorch.data.graph import Graph
-from neutronorch.data.typed import TypedGraph
-from neutronorch.features.store import FeatureStore, TypedInputs
 from neutronorch.nn.activation import dropout_keys
 from neutronorch.nn.precision import cpu_bf16_units
 from neutronorch.observe import Spans
@@ -30,48 +24,40 @@ from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedu
 from neutronorch.orchestration.pipeline import use_threads
 from neutronorch.sampling.exclude import exclude_from_block
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
-from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 HOST_DROPOUT = 0xD7  # mixed into a super-batch's key for the dropout masks of its hot rows
 
 
 class HotRowComputer:
-    """On a typed graph ``store`` is its ``TypedInputs``, ``fanouts`` its fanouts per relation, and ``needs``
-    the channel on which the ids of the embedding-table rows each hot frontier reads go to the trainer
-    (``tables``: the tables' types), which takes those rows at the snapshot's version."""
+    """``kind`` (``mode.py``) gives the graph, its rows, its samplers and, on a typed graph, ``needs``: where
+    the ids of the table rows (of ``tables``' types) each hot frontier reads go to the trainer."""
 
-    def __init__(self, graph: Graph | TypedGraph, store: FeatureStore | TypedInputs, sampling: SamplingConfig,
-                 config: NeutronOrchConfig, schedule: Schedule, bottom: torch.nn.Module, snapshots: Channel,
-                 hot: Channel, spans: Spans, device: torch.device, threads: int, node: NodeHotSet | None = None,
-                 fanouts: dict | None = None, needs: Channel | None = None, tables: tuple[str, ...] = ()):
-        self.graph, self.store, self.sampling = graph, store, sampling
-        self.fanouts, self.needs, self.tables = fanouts, needs, tables
+    def __init__(self, kind, sampling: SamplingConfig, config: NeutronOrchConfig, schedule: Schedule,
+                 bottom: torch.nn.Module, snapshots: Channel, hot: Channel, spans: Spans, threads: int,
+                 node: NodeHotSet | None = None, tables: tuple[str, ...] = ()):
+        self.kind, self.graph, self.store, self.sampling = kind, kind.graph, kind.source, sampling
+        self.needs, self.tables, self.device = kind.needs, tables, kind.device
         # Hot rows go out in the training precision. The host computes them in bfloat16 where the CPU does
         # it natively; elsewhere it reads float32 rows, computes in float32 and rounds the table once.
-        self.table_dtype = torch.float32 if needs is not None else store.dtype
+        self.table_dtype = torch.float32 if self.needs is not None else self.store.dtype
         self.host_bf16 = self.table_dtype == torch.bfloat16 and bool(cpu_bf16_units())
-        if not self.host_bf16 and needs is None:
-            self.store = store.as_dtype(torch.float32)
+        if not self.host_bf16 and self.needs is None:
+            self.store = self.store.as_dtype(torch.float32)
         self.track_grad = config.hot_grad == "cpu"
         self.schedule = schedule
         self.template = copy.deepcopy(bottom).cpu().train()  # parameters replaced by each snapshot's
         self.snapshots, self.hot = snapshots, hot
-        self.spans = spans
-        self.device = device
-        self.threads = threads
+        self.spans, self.threads = spans, threads
         self.node = node  # hot_set="node": rows shared with the node's other ranks computed once (node.py)
-        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        # From the planning loop to the compute loop. One plan of room: planning stays at most two
-        # super-batches ahead of the hot rows it feeds (so it reads a recent ratio setting), yet plans
-        # s + 1 while s is computed.
+        self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # One plan of room: planning stays at most two super-batches ahead (so it reads a recent ratio
+        # setting), yet plans s + 1 while s is computed.
         self.planned = Channel("plans", capacity=1)
 
     def compute(self, start: int = 0) -> None:
-        """The compute loop: the hot embeddings of every planned super-batch from ``start`` on, in order."""
+        """The hot embeddings of every planned super-batch from ``start`` on, in order."""
         use_threads(self.threads)
-        sampler = (TypedNeighborSampler(self.graph, self.fanouts) if self.needs is not None else
-                   NeighborSampler(self.graph.indptr, self.graph.indices, self.sampling.fanouts, self.sampling.degrees,
-                                   self.sampling.file_order))
+        sampler = self.kind.host_sampler()
         try:
             for super_batch_id in range(start, self.schedule.total):
                 plan = self.planned.take(super_batch_id)
@@ -90,10 +76,8 @@ class HotRowComputer:
         self.planned.close()
 
     def _gather_hot(self, plan: Plan, sampler: NeighborSampler):
-        """The weight-independent part of the hot embeddings: the bottom hop of H_s and its raw features.
-        The bottom hop uses the key of the super-batch's first mini-batch, so with P = 1 the host draws
-        exactly the neighbours the device would have drawn. With ``hot_set="node"``, of the rows this rank
-        computes (``node.py``)."""
+        """The bottom hop of H_s (of the rows this rank computes) and its raw features. It uses the key of
+        the super-batch's first mini-batch: with P = 1 the host draws exactly what the device would."""
         exchange = None
         if self.node is not None:
             with self.spans.stage("host_share"):
@@ -142,9 +126,7 @@ class HotRowComputer:
         if exchange is not None:
             with self.spans.stage("host_share"):
                 table = self.node.assemble(table, exchange, plan.hot.shape[0], snapshot.version)
-        # Complete before it crosses to the trainer (frozen): on CUDA the table copied there on this thread's
-        # stream behind an event; with hot_grad="cpu" the host's graph and a zeroed accumulator (float32,
-        # whatever the rows) that only the trainer writes to from then on.
+        # Complete before it crosses (frozen); from then on only the trainer writes the float32 accumulator.
         if self.copy_stream is not None:
             with self.spans.stage("host_copy"):
                 table, grad_acc, ready, keep = self._copy_to_device(table)
@@ -158,9 +140,7 @@ class HotRowComputer:
 
     def _hand_over_typed(self, plan: Plan, snapshot: Snapshot, block, output: dict, params: list,
                          rows: dict, exchange: Exchange | None) -> None:
-        """``_finish_hot``'s end on a typed graph: each hot type's table on the device (with ``hot_set="node"``
-        assembled from the node's rows), and with ``hot_grad="cpu"`` the host's graph back to the snapshot's
-        parameters and table rows."""
+        """``_finish_hot``'s end on a typed graph: a table per hot type on the device."""
         tables = {t: y.detach() for t, y in output.items()}
         if exchange is not None:
             node, sizes = self.node, self.node.sizes(plan.hot)
@@ -179,9 +159,8 @@ class HotRowComputer:
             params=params if track else None, rows=rows if track else {}, ids=snapshot.ids if track else {}))
 
     def _nothing_hot(self, plan: Plan) -> None:
-        """An empty hot set: no sampling, gathering or computing. Its (empty) rows are handed over at once,
-        versioned at the super-batch's first step, so within the bound at every use; its snapshot is then
-        taken only to be dropped."""
+        """An empty hot set: its rows handed over at once, versioned at the super-batch's first step (within
+        the bound at every use); its snapshot taken only to be dropped."""
         if self.needs is not None:
             self.needs.put(plan.super_batch_id, {})  # its snapshot reads no table rows
         table = {} if self.needs is not None else torch.empty((0, self.template.out_dim), dtype=self.table_dtype,
@@ -191,9 +170,8 @@ class HotRowComputer:
         self.snapshots.take(plan.super_batch_id)
 
     def _copy_to_device(self, table: torch.Tensor) -> tuple:
-        """The table on the device, copied on this thread's stream through a pinned buffer (kept alive with
-        the embeddings), its zeroed accumulator there (``hot_grad="cpu"``), and the event after which both
-        hold their data."""
+        """The table on the device through a pinned buffer (to keep alive), its zeroed accumulator there, and
+        the event after which both hold their data, on this thread's stream."""
         pinned = torch.empty(table.shape, dtype=table.dtype, pin_memory=True)
         pinned.copy_(table)
         with torch.cuda.stream(self.copy_stream):
@@ -208,8 +186,8 @@ class HotRowComputer:
 
 def layer_holding(template: torch.nn.Module, values: list[torch.Tensor], track_grad: bool
                   ) -> tuple[torch.nn.Module, list[torch.Tensor]]:
-    """A copy of ``template`` holding ``values`` as its parameters (in ``parameters()`` order), and those
-    parameters, tracked by autograd when ``track_grad`` (the hot rows' gradient goes back through them)."""
+    """A copy of ``template`` holding ``values`` as its parameters, and those parameters (tracked by autograd
+    when ``track_grad``)."""
     layer = copy.deepcopy(template)
     params = list(layer.parameters())
     with torch.no_grad():

@@ -1,21 +1,16 @@
-"""The hot embeddings, the trainer's side: the current super-batch's table, waited for once.
-
-The hot-row computer (``hot_rows.py``) puts each super-batch's ``HotEmbeddings`` on the ``hot``
-channel, complete and frozen. ``HotTableReader``, owned by the trainer's thread, takes the table of the
-super-batch a mini-batch belongs to when the first of its mini-batches arrives (on CUDA making the
-trainer's stream wait for the table's copy), keeps it for the super-batch's other mini-batches and drops
-it after the last. The only thing written after the table crossed is its gradient accumulator, and only
-by the trainer. On a typed graph the table, its accumulator and its hot set hold one entry per vertex type.
+"""The hot embeddings, the trainer's side (``HotTableReader``, trainer thread): the table of the super-batch a
+mini-batch belongs to, taken from the ``hot`` channel at its first mini-batch (on CUDA the trainer's stream
+waits for its copy), kept for the others and dropped after the last. Only its gradient accumulator is
+written after it crossed, and only by the trainer.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 import numpy as np
 import torch
 
 from neutronorch.observe import Spans
+from neutronorch.orchestration.batch import each, per_type
 from neutronorch.orchestration.channel import Channel
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings
 
@@ -28,8 +23,8 @@ class HotTableReader:
         self.resumed: dict | None = None  # the super-batch in progress when the loaded checkpoint was written
 
     def table(self, super_batch_id: int) -> tuple[HotEmbeddings, bool]:
-        """The hot embeddings of ``super_batch_id``, and whether they are new here (its first mini-batch, not
-        the continuation of a resumed super-batch: to be accounted)."""
+        """The hot embeddings of ``super_batch_id``, and whether they are new (to be accounted: not a resumed
+        super-batch's continuation)."""
         if self.current is not None and self.current.super_batch_id == super_batch_id:
             return self.current, False
         with self.spans.stage("wait_hot"):
@@ -47,18 +42,18 @@ class HotTableReader:
         return hot, True
 
     def _continue(self, hot: HotEmbeddings) -> None:
-        """The resumed super-batch's hot rows, recomputed from its saved snapshot: same set, same gradient."""
+        """A resumed super-batch's rows, recomputed from its saved snapshot: check the set, restore the
+        gradient."""
         resumed, self.resumed = self.resumed, None
-        before, now = _by_type(resumed["vertices"]), _by_type(hot.vertices)
+        before, now = per_type(resumed["vertices"]), per_type(hot.vertices)
         if before.keys() != now.keys() or not all(np.array_equal(now[t], before[t]) for t in now):
             raise RuntimeError(f"super-batch {hot.super_batch_id} was resumed with another hot set than it "
                                "started with")
-        saved = _by_type(resumed["grad_acc"])
-        for t, grad in _by_type(hot.grad_acc).items():
+        saved = per_type(resumed["grad_acc"])
+        for t, grad in per_type(hot.grad_acc).items():
             grad.copy_(saved[t])
 
     def trained(self, super_batch_id: int) -> None:
-        """The super-batch's last mini-batch is done: its table goes."""
         self.channel.drop(super_batch_id)
         self.current = None
 
@@ -66,27 +61,14 @@ class HotTableReader:
         self.channel.close()
 
     def state_dict(self) -> dict | None:
-        """The super-batch in progress: its hot set and accumulated hot gradient (its rows are recomputed)."""
+        """The super-batch in progress: its hot set and accumulated gradient (its rows are recomputed)."""
         current = self.current
         if current is None:
             return None
-        return {"gsid": current.super_batch_id, "vertices": _each(current.vertices, torch.tensor),
-                "grad_acc": _each(current.grad_acc, lambda g: g.detach().to("cpu", copy=True))}
+        return {"gsid": current.super_batch_id, "vertices": each(current.vertices, torch.tensor),
+                "grad_acc": each(current.grad_acc, lambda g: g.detach().to("cpu", copy=True))}
 
     def load_state_dict(self, in_progress: dict | None) -> None:
-        if in_progress is None:
-            self.resumed = None
-            return
-        self.resumed = {**in_progress, "vertices": _each(in_progress["vertices"], lambda v: v.numpy())}
+        self.resumed = None if in_progress is None else {
+            **in_progress, "vertices": each(in_progress["vertices"], lambda v: v.numpy())}
 
-
-def _each(value, change):
-    """``change`` of ``value``, or of each of its values (a typed graph's, per type); None stays None."""
-    if value is None:
-        return None
-    return {t: change(v) for t, v in value.items()} if isinstance(value, Mapping) else change(value)
-
-
-def _by_type(value) -> Mapping:
-    """``value`` per type: a typed graph's as it is, a homogeneous graph's as its one entry (none for None)."""
-    return value if isinstance(value, Mapping) else {} if value is None else {"": value}

@@ -1,22 +1,12 @@
-"""Mode ``neutronorch``: hot vertices' bottom layer on the host, reused under a strictly bounded staleness.
+"""Mode ``neutronorch``: hot vertices' bottom layer on the host, reused under a strictly bounded staleness
+(``docs/neutronorch.md``; its threads, what each owns and what crosses between them: docs/architecture.md).
 
-Its threads (planning loop, host compute, cold sampler, and the trainer's, which runs this class), what each
-owns and what crosses between them (only through ``Channel``s, and the ratio setting the trainer replaces
-whole) are in docs/architecture.md.
-
-Staleness is bounded by construction: the hot embeddings of super-batch s are computed from the
-parameters at version ``snapshot_version(s)`` (version = optimizer steps taken), a snapshot the trainer
-publishes when it reaches that version, and every use is checked (``versions.py``). With
-``hot_grad="cpu"`` the hot rows' gradient is accumulated over the super-batch and turned into W0's
-gradient by the host's autograd graph at the super-batch's last step (version difference again within
-the bound). The pipeline runs across epochs without draining.
-
-**A typed graph** runs on the same threads and classes; what differs per kind of graph is in one small object
-(``HomogeneousKind``, ``TypedKind``): where a mini-batch's rows are read and its hops drawn (a typed graph's
-featured rows on the host, whichever device draws its mini-batches), the drift probe's inputs, the hot rows a
-step reads, and a typed graph's featureless inputs, embedding-table rows, which its snapshots also hold (their
-ids sent ahead by the host on the ``needs`` channel). With P = 1, staleness 0 and ``hot_grad="cpu"`` a typed
-step is exact mode's (``tests/test_typed_neutronorch.py``).
+Hot embeddings of super-batch s are computed from the parameters at version ``snapshot_version(s)``
+(version = optimizer steps taken), and every use is checked (``versions.py``). The pipeline runs across
+epochs without draining. What differs per kind of graph is in one object (``HomogeneousKind``,
+``TypedKind``): its samplers and planner, where rows are read, the drift probe's inputs, the hot rows a step
+reads, and a typed graph's embedding-table rows, which its snapshots also hold (their ids sent ahead by the
+host on the ``needs`` channel).
 """
 
 from __future__ import annotations
@@ -40,11 +30,13 @@ from neutronorch.orchestration.mode import StepInputs
 from neutronorch.orchestration.neutronorch.batch import SplicedBatch
 from neutronorch.orchestration.neutronorch.cold_sampler import ColdSampler
 from neutronorch.orchestration.neutronorch.controller import RatioController
+from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
 from neutronorch.orchestration.neutronorch.hot_rows import HotRowComputer
 from neutronorch.orchestration.neutronorch.hot_grad import HotGradient
 from neutronorch.orchestration.neutronorch.hot_table import HotTableReader
 from neutronorch.orchestration.neutronorch.node import NodeHotSet, NodeLink
-from neutronorch.orchestration.neutronorch.plan_loop import PlanLoop, device_planner, host_planning, one_ahead
+from neutronorch.orchestration.neutronorch.plan_loop import PlanLoop, one_ahead
+from neutronorch.orchestration.neutronorch.planner import Planner
 from neutronorch.orchestration.neutronorch.stats import HotStats
 from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
 from neutronorch.orchestration.neutronorch.versions import Schedule, StalenessCheck
@@ -70,23 +62,37 @@ class HomogeneousKind:
     lead_adapts = True  # the snapshot lead may grow while the trainer waits for hot rows
 
     def __init__(self, graph: Graph, access: FeatureAccess, spans: Spans, sampling: SamplingConfig):
-        self.graph, self.device = graph, access.device
+        self.graph, self.device, self.sampling = graph, access.device, sampling
         self.store, self.placement, self.cache = access.store, access.placement, access.cache
         self.source = access.store  # what the host reads the hot rows' inputs from
-        # Device sampling: the cold bottom hop is sampled and gathered on the device (its topology placed
-        # there, or read from pinned host memory); otherwise on the host like exact mode.
+        # Device sampling: the cold bottom hop is sampled and gathered on the device, else on the host.
         self.reader = DeviceReader(graph, access, spans, sampling) if access.placement.topology != "host" else None
         self.loader = HostLoader(access, spans) if self.reader is None else None
         self.plans_on_device = self.reader is not None
-        self.cold_sampler = None  # the cold sampler makes its own
+
+    def host_sampler(self) -> NeighborSampler:
+        sampling = self.sampling
+        return NeighborSampler(self.graph.indptr, self.graph.indices, sampling.fanouts, sampling.degrees,
+                               sampling.file_order)
+
+    def cold_sampler(self):
+        """The cold sampler's (made on its thread): over the reader's topology with ``plans_on_device``."""
+        return self.host_sampler() if self.reader is None else self.reader.new_sampler()
+
+    def planner(self, sampler) -> Planner:
+        """The planner beside ``sampler`` (the device's, with ``plans_on_device``)."""
+        bottom = self.sampling.fanouts[-1]
+        if not self.plans_on_device:
+            return Planner(self.graph, bottom)
+        return DevicePlanner(self.graph, bottom, self.reader.indptr)
 
     def inputs(self, batch, hot, index) -> StepInputs:
         """The step's model inputs: the batch's, and the super-batch's hot rows at ``index``."""
         return StepInputs(batch.blocks, batch.features, HotRows(hot.table, index, hot.grad_acc))
 
     def probe_inputs(self, ids: np.ndarray, sampling: SamplingConfig, model) -> tuple:
-        """The drift probe's bottom block and float32 rows (the probe runs outside autocast, and drift is a
-        small difference), a fixed sample of its own key, on the device."""
+        """The drift probe's bottom block and float32 rows on the device, a fixed sample of its own key
+        (float32: the probe runs outside autocast, and drift is a small difference)."""
         sampler = NeighborSampler(self.graph.indptr, self.graph.indices, sampling.fanouts, sampling.degrees)
         key = layer_key(mix_key(sampling.seed, PROBE_KEY), len(sampling.fanouts) - 1)
         block, frontier = sampler.sample_hop(ids, sampling.fanouts[-1], key)
@@ -106,27 +112,37 @@ class TypedKind:
         self.plans_on_device = on_device
         self.needs = Channel("needs")  # the ids of the table rows each super-batch's hot rows read
 
+    def host_sampler(self) -> TypedNeighborSampler:
+        return TypedNeighborSampler(self.graph, self.fanouts)
+
     def cold_sampler(self):
         """The cold sampler's (made on its thread): on the training device with ``plans_on_device``."""
         if self.plans_on_device:
             return TypedDeviceSampler(TypedTopology.of(self.graph, self.device), self.fanouts)
-        return TypedNeighborSampler(self.graph, self.fanouts)
+        return self.host_sampler()
+
+    def planner(self, sampler) -> Planner:
+        """The planner beside ``sampler`` (the device's, with ``plans_on_device``)."""
+        bottom = {r: f[-1] for r, f in self.fanouts.items()}
+        if not self.plans_on_device:
+            return Planner(self.graph, bottom)
+        indptrs = {r: indptr for r, (indptr, _) in sampler.topology.relations.items()}
+        return DevicePlanner(self.graph, bottom, indptrs)
 
     def inputs(self, batch, hot, index: dict) -> StepInputs:
         return StepInputs(batch.blocks, batch.features,
                           {t: HotRows(hot.table[t], i, hot.grad_acc.get(t)) for t, i in index.items()}, batch.ids)
 
     def probe_inputs(self, ids: dict[str, np.ndarray], sampling: SamplingConfig, model):
-        """A function giving the drift probe's bottom block and inputs at each measurement (the table rows
-        move with the weights)."""
+        """A function giving the drift probe's bottom block and inputs (the table rows move with the
+        weights)."""
         block = TypedNeighborSampler(self.graph, self.fanouts).sample_bottom(ids, mix_key(sampling.seed, PROBE_KEY))
         features, input_ids = self.source(block.src_ids, self.device)
         block = block.to(self.device)
         return lambda: (block, model().input_rows(features, input_ids))
 
     def table_rows(self, model: torch.nn.Module, super_batch_id: int) -> tuple[dict, dict]:
-        """The embedding-table rows super-batch ``super_batch_id``'s hot frontier reads, now, for its snapshot
-        (the host sent their ids ahead)."""
+        """The table rows super-batch ``super_batch_id``'s hot frontier reads, now, and their ids."""
         ids = self.needs.take(super_batch_id)
         with torch.no_grad():
             rows = {t: model.embeddings[t].weight.detach()[index.to(model.embeddings[t].weight.device)]
@@ -137,35 +153,30 @@ class TypedKind:
 class NeutronOrchMode:
     name = "neutronorch"
     stages = STAGES
-    # Anywhere: its state_dict holds the pending snapshots, the controller, and the super-batch in progress
-    # (its hot set and accumulated hot gradient; its hot rows are recomputed from its saved snapshot).
+    # Anywhere: its state_dict holds the pending snapshots and the super-batch in progress.
     resumable = resumable_mid_epoch = True
 
     def __init__(self, kind: HomogeneousKind | TypedKind, sampling: SamplingConfig, config: NeutronOrchConfig,
                  epochs: int, spans: Spans, sampler_threads: int, host_threads: int, node: NodeLink | None = None,
                  seeds: NodeSeeds | None = None):
-        """``kind``: what the graph's kind reads and draws with."""
         self.kind, self.graph, self.sampling, self.config = kind, kind.graph, sampling, config
         self.spans, self.device = spans, kind.device
         self.store, self.placement, self.cache = kind.store, kind.placement, kind.cache
         on_cuda = self.device.type == "cuda"
-        self.sampler_threads, self.host_threads = sampler_threads, host_threads
         self.threads = {"sampler": sampler_threads, "host": host_threads}
         self.seeds = seeds if seeds is not None else NodeSeeds(self.graph, sampling)  # a link task's: LinkSeeds
         self.num_batches = self.seeds.num_batches
         self.schedule = Schedule(epochs, self.num_batches, config.super_batch, config.resolved_staleness)
         self.staleness = StalenessCheck(config.resolved_staleness)
+        probe_inputs = lambda ids: kind.probe_inputs(ids, sampling, lambda: self.model)  # noqa: E731
         self.controller = RatioController(config, self.schedule, shared_cores=not on_cuda,
-                                          probe_inputs=self._probe_inputs, lead_adapts=kind.lead_adapts)
+                                          probe_inputs=probe_inputs, lead_adapts=kind.lead_adapts)
         self.stats = HotStats()
-        # Data parallel: with a node link, rows hot on several of the node's ranks are computed once (``node.py``).
-        self.distributed = sampling.world > 1
         self.node = NodeHotSet(node, kind.type_sizes) if node is not None and node.local_size > 1 else None
-        self.hot_grad = HotGradient(self.seeds, sampling, self.num_batches, self.node)
+        self.hot_grad = HotGradient(self.seeds, self.node)
         self.version = 0  # optimizer steps taken
         self.reader, self.loader = kind.reader, kind.loader
         self.model: torch.nn.Module | None = None
-        # A typed graph's snapshots also hold the table rows its hot rows read, whose ids the host sends ahead.
         self.snapshots = SnapshotPublisher(self.schedule, on_cuda, None if kind.needs is None else (
             lambda super_batch_id: kind.table_rows(self.model, super_batch_id)))
         self.hot_table = HotTableReader(spans, self.device)  # the host's hot embeddings -> the splice
@@ -174,19 +185,16 @@ class NeutronOrchMode:
         self._host: threading.Thread | None = None
         self._stream: Prefetcher | None = None
 
-    # ----- lifecycle -------------------------------------------------------------------------------------
-
     def start(self, model: torch.nn.Module) -> None:
         self.model, kind = model, self.kind
         self.bottom = model.bottom
         tables = tuple(getattr(model, "embeddings", ()))  # a typed model's embedding tables
-        producer = HotRowComputer(self.graph, kind.source, self.sampling, self.config, self.schedule, self.bottom,
-                                  self.snapshots.channel, self.hot_table.channel, self.spans, self.device,
-                                  self.host_threads, self.node, kind.fanouts, kind.needs, tables)
+        producer = HotRowComputer(kind, self.sampling, self.config, self.schedule, self.bottom,
+                                  self.snapshots.channel, self.hot_table.channel, self.spans,
+                                  self.threads["host"], self.node, tables)
         plans = PlanLoop(self.seeds, self.sampling, self.schedule, self.controller.published, producer.planned,
-                         self.spans, self.graph.num_nodes, getattr(model, "num_layers", 0))
-        sampler = ColdSampler(self.graph, self.sampling, self.spans, self.sampler_threads, self.loader, self.reader,
-                              kind.cold_sampler)
+                         self.spans, self.graph.num_nodes)
+        sampler = ColdSampler(kind, self.sampling, self.spans, self.threads["sampler"])
         self.snapshots.start()
         start, position = self.schedule.at(self.version)
         hot = None
@@ -197,30 +205,23 @@ class NeutronOrchMode:
             hot = resumed["vertices"]
         self._producer = producer
         if not kind.plans_on_device:  # planned on the host, in a thread of its own
-            self._plans = Prefetcher(lambda: plans.run(*host_planning(self.graph, self.sampling, self.host_threads,
-                                                                      kind.fanouts), start, hot),
-                                     depth=1, name="neutronorch-planner")
+            self._plans = Prefetcher(lambda: plans.run(kind.host_sampler(), kind.planner(None), start, hot),
+                                     depth=1, name="neutronorch-planner", threads=self.threads["host"])
             source = lambda _sampler: self._plans  # noqa: E731
         else:  # planned on the device, by the cold sampler's thread with its sampler
             source = lambda device_sampler: one_ahead(plans.run(  # noqa: E731
-                device_sampler, device_planner(self.graph, device_sampler, self.reader, self.sampling), start, hot,
-                "sample"))
+                device_sampler, kind.planner(device_sampler), start, hot, "sample"))
         self._host = threading.Thread(target=producer.compute, args=(start,), name="neutronorch-host", daemon=True)
         self._host.start()
         self._stream = Prefetcher(lambda: sampler.run(source, position), depth=self.sampling.prefetch,
                                   name="neutronorch-sampler")
-        self._publish_due()  # a typed graph's first snapshot waits for the host's table ids
+        # A typed graph's first snapshot waits for the host's table ids.
+        self.snapshots.publish_due(self.bottom, self.version, self.controller.lead)
 
     def close(self) -> None:
-        self.snapshots.close()
-        self.hot_table.close()
-        if self.kind.needs is not None:
-            self.kind.needs.close()
-        if self._producer is not None:
-            self._producer.close()
-        for prefetcher in (self._plans, self._stream):
-            if prefetcher is not None:
-                prefetcher.close()
+        for stage in (self.snapshots, self.hot_table, self.kind.needs, self._producer, self._plans, self._stream):
+            if stage is not None:
+                stage.close()
         if self._host is not None:
             self._host.join()
         if self.reader is not None:
@@ -234,8 +235,6 @@ class NeutronOrchMode:
                                f"of epoch {epoch}: epochs run in order, from where the run (or its resume) is")
         return EpochView(self._stream, epoch, self.num_batches - start)
 
-    # ----- the trainer's side ----------------------------------------------------------------------------
-
     def step_inputs(self, batch: SplicedBatch) -> StepInputs:
         batch.wait()
         splice = batch.splice
@@ -248,10 +247,6 @@ class NeutronOrchMode:
         self.staleness.check(hot, self.version)
         self.hot_grad.weigh(hot, self.version)
         return self.kind.inputs(batch, hot, splice.index)
-
-    def _probe_inputs(self, ids: np.ndarray | dict[str, np.ndarray]):
-        """The drift probe's inputs (the kind's)."""
-        return self.kind.probe_inputs(ids, self.sampling, lambda: self.model)
 
     def before_step(self, batch: SplicedBatch) -> None:
         """``hot_grad="cpu"``: at the super-batch's last step, the hot rows' W0 gradient (``hot_grad.py``)."""
@@ -277,18 +272,11 @@ class NeutronOrchMode:
                 self.snapshots.trained(batch.splice.super_batch_id)
                 # Before the snapshot wakes the host, whose next plan reads the measured error.
                 self.controller.at_boundary(self.bottom, self.version)
-            self._publish_due()
-
-    def _publish_due(self) -> None:
-        self.snapshots.publish_due(self.bottom, self.version, self.controller.lead)
-
-    # ----- checkpoints -----------------------------------------------------------------------------------
+            self.snapshots.publish_due(self.bottom, self.version, self.controller.lead)
 
     def state_dict(self) -> dict:
-        """After any step: the parameter version, the snapshots already published for super-batches not yet
-        finished (taken from weights older than now, so they cannot be taken again), the super-batch in
-        progress (its hot set and accumulated hot gradient), and what the summary and the controller carry
-        over."""
+        """After any step: the parameter version, the snapshots published for super-batches not yet finished
+        (they cannot be taken again), the super-batch in progress, and the summary's and controller's state."""
         return {"version": self.version, **self.snapshots.state_dict(), "in_progress": self.hot_table.state_dict(),
                 "stats": self.stats.state_dict(), "staleness": self.staleness.state_dict(),
                 "controller": self.controller.state_dict()}
@@ -300,8 +288,6 @@ class NeutronOrchMode:
         self.stats.load_state_dict(state["stats"])
         self.staleness.load_state_dict(state["staleness"])
         self.controller.load_state_dict(state["controller"], self.device)
-
-    # ----- reporting -------------------------------------------------------------------------------------
 
     def end_epoch(self, record: dict) -> None:
         """Record this epoch's hot ratio and staleness controls and, with ``auto``, choose the next ones."""
@@ -323,10 +309,10 @@ class NeutronOrchMode:
         }
 
     def describe(self) -> str:
-        return (f"sampler threads {self.sampler_threads}, host threads {self.host_threads}, super-batch "
+        return (f"sampler threads {self.threads['sampler']}, host threads {self.threads['host']}, super-batch "
                 f"{self.config.super_batch}, hot ratio {self.config.hot_ratio}, staleness bound "
                 f"{self.config.resolved_staleness}, hot grad {self.config.hot_grad}"
-                + (f", hot set {self.hot_set}" if self.distributed else ""))
+                + (f", hot set {self.hot_set}" if self.sampling.world > 1 else ""))
 
     @property
     def hot_set(self) -> str:

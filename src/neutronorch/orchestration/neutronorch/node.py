@@ -1,25 +1,9 @@
-"""Hot rows computed once per node (data parallel, ``hot_set="node"``): each rank keeps its own hot sets,
-and a row hot on several ranks of a node is computed by one of them and sent to the others.
-
-The ranks of a node train the parts of the same global mini-batches, so their hot sets overlap (the hubs
-of a power-law graph are hot everywhere). Computed per rank, every shared row is sampled, gathered and
-computed once per rank holding it, on the node's one CPU. Here, for each super-batch:
-
-1. **exchange** (host thread): the ranks gather each other's hot sets. A vertex held by k ranks is
-   computed by one of them, ``holders[v mod k]`` in rank order (every rank derives the same owners), so
-   each rank computes the rows only it holds and its share of the shared ones (``Exchange``);
-2. **rows**: each rank computes its rows; the node gathers the shared ones, and each rank places those it
-   holds. Sampling and dropout are keyed by vertex, so a row is what its holder would have computed;
-   the gather also checks that every rank computed from the same parameter version;
-3. **gradient** (trainer thread, ``hot_grad="cpu"``): each rank accumulates dL/dY of its own rows; the
-   node sums the shared rows' (one all-reduce of the shared rows only), and each rank back-propagates the
-   rows it computed. Summed over the node's ranks, that is the gradient each rank adds when it computes
-   all of its own set.
-
-The hot sets, and so the training, are those of one set per rank (``hot_set="rank"``): only where the rows
-are computed changes. A typed graph's hot sets are exchanged as one, each type's vertices numbered after the
-types before it, and its rows, tables and gradients are split back by type (``by_type``). Each step is a collective within the node, on a group of its thread's own
-(``NodeLink``), so host-thread collectives never interleave with the trainer's.
+"""Hot rows computed once per node (data parallel, ``hot_set="node"``): a row hot on several ranks of a node
+is computed by one of them and sent to the others; who computes what, the rows and their gradient:
+``docs/distributed.md``, "NeutronOrch mode across ranks". Only where rows are computed changes, never the
+training. A typed graph's hot sets are exchanged as one, each type numbered after the types before it. Each
+collective runs on a group of its thread's own (``NodeLink``): host-thread collectives never interleave
+with the trainer's.
 """
 
 from __future__ import annotations
@@ -52,10 +36,8 @@ class NodeLink(Protocol):
 
 @dataclass
 class Exchange:
-    """Which of a rank's hot rows it computes, and where the node's shared rows go.
-
-    The node's shared rows are listed rank by rank: those rank 0 computes, then rank 1's, ...; ``sizes[j]``
-    of them are rank j's, and ``mine`` is this rank's range of the list."""
+    """Which of a rank's hot rows it computes, and where the node's shared rows go. The shared rows are
+    listed rank by rank (``sizes[j]`` of them computed by rank j; ``mine``: this rank's range)."""
 
     computed: np.ndarray  # positions in this rank's hot set of the rows it computes (ascending)
     sent: np.ndarray  # positions in ``computed`` of the shared rows among them (this rank's part of the list)
@@ -69,8 +51,7 @@ class Exchange:
 
 
 def plan_exchange(sets: list[np.ndarray], rank: int) -> Exchange:
-    """From every rank's hot set (in rank order): what rank ``rank`` computes and receives. Pure; every rank
-    computes the same owners. A vertex held by k ranks is computed by the (v mod k)-th of them."""
+    """From every rank's hot set (in rank order): what rank ``rank`` computes and receives. Pure."""
     sizes = [s.shape[0] for s in sets]
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     ids = np.concatenate(sets).astype(np.int64, copy=False) if sets else np.empty(0, np.int64)
@@ -108,8 +89,8 @@ def _group_position(group: np.ndarray, order: np.ndarray, lo: int, hi: int) -> n
 
 
 class NodeHotSet:
-    """The exchange of one rank's hot rows with the other ranks of its node (``num_nodes``: a typed graph's, per
-    type, which numbers its hot sets as one)."""
+    """The exchange of one rank's hot rows with its node's other ranks (``num_nodes``: a typed graph's, per
+    type)."""
 
     def __init__(self, link: NodeLink, num_nodes: dict[str, int] | None = None):
         self.link = link
@@ -120,7 +101,7 @@ class NodeHotSet:
         return [len(hot.get(t, ())) for t in self.offsets]
 
     def by_type(self, rows, sizes: list[int]) -> dict:
-        """``rows`` (an array or tensor of the concatenated types, ``sizes`` of each) split by type, those with any."""
+        """``rows`` of the concatenated types (``sizes`` of each) split by type, those with any."""
         ends = np.cumsum([0, *sizes])
         return {t: rows[lo:hi] for t, lo, hi in zip(self.offsets, ends[:-1], ends[1:]) if hi > lo}
 
@@ -154,8 +135,8 @@ class NodeHotSet:
         return table
 
     def gradient_by_type(self, grad_acc: dict, plan: Exchange, computed: dict, width: int) -> dict:
-        """``gradient`` of a graph's accumulators (a homogeneous graph's as the one type ``None``), split back by
-        type as its rows this rank computed (``computed``: how many per type)."""
+        """``gradient`` of per-type accumulators (a homogeneous graph's keyed ``None``), split back by type
+        (``computed``: rows this rank computed per type)."""
         if self.offsets is None:
             return {None: self.gradient(grad_acc[None].cpu(), plan)}
         flat = torch.cat([torch.zeros((0, width)), *(grad_acc[t].cpu() for t in self.offsets if t in grad_acc)])

@@ -1,11 +1,8 @@
-"""The planning loop: the plans of the super-batches, in order, each handed to the hot-row computer.
-
-For each super-batch s it samples the upper hops of its P mini-batches (the same per-vertex randomness as
-exact mode), reads the ratio controller's current setting and plans the hot set H_s, where the mini-batches
-are sampled: on the host in a thread of its own (``host_planning``), or with device sampling in the cold
-sampler's thread (``device_planner``), one super-batch ahead of the batches it loads, so that the host
-computes H_{s+1} while s trains. Each plan also goes on the ``plans`` channel to the hot-row computer. The
-loop owns the epochs' seed orders; the sampler and planner it is given belong to its thread.
+"""The planning loop: the plans of the super-batches, in order, each also put on the ``plans`` channel to the
+hot-row computer. Per super-batch it samples the upper hops of its P mini-batches (exact mode's draws), reads
+the controller's published setting and plans H_s; on the host in a thread of its own, or with device
+sampling in the cold sampler's thread, one super-batch ahead. It owns the epochs' seed orders; the sampler
+and planner it is given belong to its thread.
 """
 
 from __future__ import annotations
@@ -17,26 +14,20 @@ import numpy as np
 import torch
 
 from neutronorch.config import SamplingConfig
-from neutronorch.data.graph import Graph
-from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.controller import PublishedSetting
-from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
 from neutronorch.orchestration.neutronorch.planner import Plan, Planner
 from neutronorch.orchestration.neutronorch.versions import Schedule
 from neutronorch.orchestration.seeds import NodeSeeds, SeedBatch
-from neutronorch.orchestration.pipeline import use_threads
 from neutronorch.sampling.exclude import exclude_edges
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
-from neutronorch.sampling.typed_sampler import TypedNeighborSampler
+from neutronorch.sampling.neighbor_sampler import batch_key
 
 
 class PlanLoop:
     def __init__(self, seeds: NodeSeeds, sampling: SamplingConfig, schedule: Schedule,
-                 published: PublishedSetting, planned: Channel, spans: Spans, num_nodes: int = 0, num_layers: int = 0):
+                 published: PublishedSetting, planned: Channel, spans: Spans, num_nodes: int = 0):
         self.seeds, self.sampling, self.schedule = seeds, sampling, schedule
-        self.num_layers = num_layers  # a typed graph's (its fanouts are per relation)
         self.num_nodes = num_nodes  # bounds the vertex ids of a link task's excluded pairs
         self.published = published  # the controller's ratio setting (replaced whole by the trainer, numbered)
         self.planned = planned
@@ -71,7 +62,7 @@ class PlanLoop:
                 batch = self._batches[epoch][index]
                 batches.append(batch)
                 seeds = batch.seeds if planner.on_device else batch.seeds.numpy()
-                upper = (sampler.sample_hops(seeds, key, self.num_layers - 1) if planner.target
+                upper = (sampler.sample_hops(seeds, key, sampler.num_layers - 1) if planner.target
                          else sampler.sample(seeds, key, self.sampling.fanouts[:-1]))
                 if batch.exclude is not None:
                     upper = exclude_edges(upper, batch.exclude, self.num_nodes)
@@ -96,22 +87,3 @@ def one_ahead(plans: Iterator[Plan]) -> Iterator[Plan]:
         yield current
         current = upcoming
 
-
-def host_planning(graph: Graph | TypedGraph, sampling: SamplingConfig, threads: int,
-                  fanouts: dict[RelationType, list[int]] | None = None) -> tuple[NeighborSampler, Planner]:
-    """The planning loop's sampler and planner on the host, for the thread that calls this (whose numba
-    kernels then run on ``threads`` threads); a typed graph's (``fanouts``: per relation) plan per type."""
-    use_threads(threads)
-    if fanouts is not None:
-        return TypedNeighborSampler(graph, fanouts), Planner(graph, {r: f[-1] for r, f in fanouts.items()})
-    return (NeighborSampler(graph.indptr, graph.indices, sampling.fanouts, sampling.degrees, sampling.file_order),
-            Planner(graph, sampling.fanouts[-1]))
-
-
-def device_planner(graph: Graph | TypedGraph, sampler, reader, sampling: SamplingConfig) -> Planner:
-    """The planner beside the device sampler ``sampler`` (a typed graph's: ``TypedDeviceSampler``; else over
-    ``reader``'s topology)."""
-    if isinstance(graph, TypedGraph):
-        return DevicePlanner(graph, {r: f[-1] for r, f in sampler.fanouts.items()},
-                             {r: indptr for r, (indptr, _) in sampler.topology.relations.items()})
-    return DevicePlanner(graph, sampling.fanouts[-1], reader.indptr)

@@ -1,23 +1,9 @@
 """The planner: which vertices of a super-batch are hot, and where each mini-batch finds them.
 
-Pure: the upper hops of the super-batch's P mini-batches go in (already sampled), a ``Plan`` comes out.
-No threads, no parameters, no device: tested on its own. The planning loop calls it once per super-batch.
-
-The hot set H_s is the top ``ratio`` of the vertices reached among the super-batch's bottom-layer
-destinations, ranked by how often they appear there (most frequent first, ties in order of first
-appearance), optionally capped by ``cap(ranked counts)`` (the staleness-error cap of ``controller.py``).
-On a typed graph the same choice (``choose``) is made once per vertex type, among that type's bottom-layer
-destinations.
-
-A mini-batch's own seeds are never served hot in it: their bottom-layer rows are computed fresh on the
-device, and only their appearances in other mini-batches count towards their rank. A seed's bottom row
-feeds its own output (the self term of every layer above), where the loss is read, so a stale one moves
-the loss most; in a link task the seeds are the ends of the scored pairs, drawn in proportion to their
-degree (the hottest vertices are seeds of most mini-batches), and serving them stale rows made training
-diverge (Amazon Photo, ``docs/link-prediction.md``). The seeds lead each mini-batch's bottom-layer
-destinations (every hop keeps its destinations first), so they are its first ``upper.seeds`` positions.
-Data parallel, a rank's part of a global batch also keeps the other ranks' seeds of it cold (``fresh``), so
-that ranks serve hot exactly the rows one process would.
+Pure (no threads, parameters or device): the upper hops of the super-batch's P mini-batches in, a ``Plan``
+out, by the rule of ``docs/neutronorch.md``, "Hot sets" (on a typed graph per vertex type). A mini-batch's
+own seeds, its first ``upper.seeds`` destinations, are never served hot in it; data parallel neither are
+the global batch's other seeds (``fresh``), so ranks serve hot exactly the rows one process would.
 """
 
 from __future__ import annotations
@@ -39,13 +25,12 @@ PROBE_ROWS = 256  # vertices whose bottom-layer output measures the per-step dri
 
 @dataclass(frozen=True)
 class PlannedBatch:
-    """One mini-batch of a plan: its upper hops and the positions (among ``upper.frontiers[0]``, the bottom-layer
-    destinations) of its cold destinations (ascending) and of its hot ones, with the hot ones' rows of the hot
-    table; on a typed graph one of each per destination type. Tensors on the device where it planned there."""
+    """One mini-batch of a plan: positions among ``upper.frontiers[0]`` of its cold destinations (ascending)
+    and hot ones, with the hot ones' table rows; per type on a typed graph; on the device if planned there."""
 
     index: int  # mini-batch number in its epoch
     key: int  # its ``batch_key``
-    upper: SampledSubgraph  # the upper hops; ``upper.frontiers[0]`` are the bottom-layer destinations
+    upper: SampledSubgraph
     cold_pos: np.ndarray | dict[str, np.ndarray]
     hot_pos: np.ndarray | dict[str, np.ndarray]
     hot_rows: np.ndarray | dict[str, np.ndarray]
@@ -56,8 +41,7 @@ class PlannedBatch:
 
 @dataclass(frozen=True)
 class PlanStats:
-    """What one plan did, for the summary (accounted by the trainer when it reaches the super-batch); on a
-    typed graph summed over the types."""
+    """What one plan did, for the summary; on a typed graph summed over the types."""
 
     epoch: int
     hot: int  # |H_s|
@@ -71,9 +55,8 @@ class PlanStats:
 
 @dataclass(frozen=True)
 class Plan:
-    """A super-batch's plan. Frozen, with its hot set read-only: it crosses from the planning thread to the
-    host's and the cold sampler's (``read_only``). On a typed graph ``hot`` and ``probe`` are read-only
-    mappings of the types that have any."""
+    """A super-batch's plan. Frozen, its hot set read-only: it crosses to the host's and the cold sampler's
+    threads. On a typed graph ``hot`` and ``probe`` are read-only mappings of the types that have any."""
 
     super_batch_id: int
     epoch: int
@@ -85,16 +68,14 @@ class Plan:
 
 
 def read_only(array: np.ndarray) -> np.ndarray:
-    """``array``, no longer writeable: a hot set, which the plan hands to other threads."""
     array.flags.writeable = False
     return array
 
 
 @njit(cache=True, nogil=True)
 def rank_by_count(counts):
-    """Positions of ``counts`` from the largest count to the smallest, ties in their order (what
-    ``np.argsort(-counts, kind="stable")`` returns), by a counting sort: counts are appearances among a
-    super-batch's mini-batches, small integers, so this is linear where a comparison sort is not."""
+    """``np.argsort(-counts, kind="stable")`` by a counting sort: counts are small integers (appearances
+    among a super-batch's mini-batches), so this is linear."""
     n = counts.shape[0]
     order = np.empty(n, np.int64)
     if n == 0:
@@ -114,10 +95,8 @@ def rank_by_count(counts):
 
 @njit(cache=True, nogil=True)
 def index_appearances(nodes, slot):
-    """The distinct vertices of ``nodes`` in order of first appearance, how often each appears, and for each
-    entry of ``nodes`` its distinct vertex's number. ``slot`` (one int32 per vertex of the graph, all -1)
-    is scratch, left -1 again. The one pass with random access to O(vertices) memory: what follows reads
-    only arrays of the distinct vertices."""
+    """The distinct vertices of ``nodes`` by first appearance, each one's count, and each entry's distinct
+    number. ``slot``: scratch of one int32 per vertex, all -1 (left so); the only pass over O(vertices)."""
     distinct = np.empty(nodes.shape[0], np.int64)
     counts = np.zeros(nodes.shape[0], np.int32)
     index = np.empty(nodes.shape[0], np.int32)
@@ -139,12 +118,10 @@ def index_appearances(nodes, slot):
 
 @njit(parallel=True, cache=True, nogil=True)
 def split_hot_cold(index, offsets, row_of, saved_of, fresh):
-    """For each mini-batch ``b`` (entries ``offsets[b]:offsets[b + 1]`` of ``index``, the distinct-vertex
-    numbers of its bottom-layer destinations): the positions of its hot destinations, ascending, then those
-    of its cold ones (in ``positions``, over the same range), the hot ones' rows of the hot table (``rows``,
-    at the front of the range), how many are hot, and the bottom-hop edges not sampled on the device
-    because they are. ``row_of``/``saved_of``: per distinct vertex, its hot row (-1: cold) and those edges;
-    ``fresh``: per entry, True where it is cold whatever its vertex (``fresh_entries``)."""
+    """Per mini-batch ``b`` (entries ``offsets[b]:offsets[b + 1]`` of ``index``, distinct-vertex numbers):
+    in ``positions`` its hot destinations' positions then its cold ones', in ``rows`` the hot ones' table
+    rows, how many are hot, and the bottom-hop edges they spare. ``row_of``/``saved_of``: per distinct
+    vertex, its hot row (-1: cold) and those edges; ``fresh``: per entry, cold whatever its vertex."""
     batches = offsets.shape[0] - 1
     positions = np.empty(index.shape[0], np.int64)
     rows = np.empty(index.shape[0], np.int64)
@@ -170,10 +147,9 @@ def split_hot_cold(index, offsets, row_of, saved_of, fresh):
 
 @njit(cache=True, nogil=True)
 def fresh_entries(dst, offsets, own, extra, extra_offsets, slot):
-    """Per entry of the concatenated bottom-layer destinations ``dst`` (mini-batch ``b`` at
-    ``offsets[b]:offsets[b + 1]``): whether it must be computed fresh: one of the mini-batch's first ``own[b]``
-    (its own seeds, which lead its destinations), or a vertex of ``extra[extra_offsets[b]:extra_offsets[b + 1]]``
-    (data parallel: the global batch's seeds). ``slot`` (one int32 per vertex, all -1) is scratch, left -1."""
+    """Per entry of ``dst`` (mini-batch ``b`` at ``offsets[b]:offsets[b + 1]``): whether it is computed fresh,
+    being one of the first ``own[b]`` (its seeds) or in ``extra[extra_offsets[b]:extra_offsets[b + 1]]``
+    (data parallel: the global batch's seeds). ``slot``: scratch as ``index_appearances``'s."""
     fresh = np.zeros(dst.shape[0], np.bool_)
     for b in range(offsets.shape[0] - 1):
         lo, hi = offsets[b], offsets[b + 1]
@@ -192,7 +168,6 @@ def fresh_entries(dst, offsets, own, extra, extra_offsets, slot):
 
 
 def concatenated(parts: list) -> tuple[np.ndarray, np.ndarray]:
-    """``parts`` (arrays or tensors, or None for none) as one int64 array and the offsets of each."""
     arrays = [np.empty(0, np.int64) if p is None else np.asarray(p, dtype=np.int64) for p in parts]
     offsets = np.zeros(len(arrays) + 1, np.int64)
     np.cumsum([a.shape[0] for a in arrays], out=offsets[1:])
@@ -201,8 +176,7 @@ def concatenated(parts: list) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class Choice:
-    """The hot set of one kind of destination (a typed graph's vertex type) in a super-batch and, per
-    mini-batch, where its hot and cold destinations are: what ``choose`` gives."""
+    """``choose``'s result for one kind of destination (a typed graph's vertex type)."""
 
     hot: np.ndarray  # hottest first
     probe: np.ndarray  # the hottest PROBE_ROWS reached (the drift probe's candidates)
@@ -217,8 +191,8 @@ class Choice:
 
 
 def all_cold(sizes: list[int], positions=np.asarray) -> Choice:
-    """The choice with nothing hot (ratio 0): every destination cold, in order, nothing counted or ranked
-    (``positions``: how the planner holds them)."""
+    """Ratio 0: every destination cold, in order, nothing counted or ranked (``positions``: how the planner
+    holds positions)."""
     empty = lambda: positions(np.empty(0, np.int64))  # noqa: E731 - each its own (the hot set becomes read-only)
     return Choice(np.empty(0, np.int64), np.empty(0, np.int64), [positions(np.arange(n, dtype=np.int64)) for n in sizes],
                   [empty() for _ in sizes], [empty() for _ in sizes], np.zeros(len(sizes), np.int64), 0, sum(sizes), 0,
@@ -228,10 +202,9 @@ def all_cold(sizes: list[int], positions=np.asarray) -> Choice:
 def choose(slot: np.ndarray, into: list[tuple[np.ndarray, int]], bottoms: list[np.ndarray], own: np.ndarray,
            ratio: float, cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot: np.ndarray | None = None,
            fresh: list | None = None) -> Choice:
-    """The plan of one kind of destination: ``bottoms``, each mini-batch's bottom-layer destinations, whose
-    first ``own[b]`` are its seeds; ``into``: the (indptr, bottom fanout) of each relation into them (what a
-    hot destination spares the device); ``slot``: scratch of one int32 per vertex, all -1 (left so).
-    ``ratio``, ``cap``, ``hot`` and ``fresh`` as ``Planner.plan`` takes them."""
+    """The choice among ``bottoms`` (each mini-batch's bottom-layer destinations, the first ``own[b]`` its
+    seeds); ``into``: the (indptr, bottom fanout) of each relation into them; ``slot``: scratch as
+    ``index_appearances``'s. ``ratio``, ``cap``, ``hot`` and ``fresh`` as ``Planner.plan`` takes them."""
     offsets = np.zeros(len(bottoms) + 1, np.int64)
     np.cumsum([b.shape[0] for b in bottoms], out=offsets[1:])
     dst = np.concatenate(bottoms) if bottoms else np.empty(0, np.int64)
@@ -272,12 +245,9 @@ def choose(slot: np.ndarray, into: list[tuple[np.ndarray, int]], bottoms: list[n
 
 
 class Planner:
-    """Plans super-batches over a graph's kinds of destination: a homogeneous graph's one (``None``: its
-    vertices; its plans hold plain arrays), or a typed graph's vertex types (a relational model's bottom layer
-    writes one output per destination type, so a plan is ``choose`` once per type, the target type's first
-    ``len(seeds)`` being each mini-batch's own seeds). ``bottom_fanouts``: the bottom hop's fanout (a typed
-    graph's: per relation); ``indptrs``: the topology it reads (default the graph's; a typed graph's per
-    relation). Owns scratch arrays of one entry per vertex (one planner per thread)."""
+    """Plans over a graph's kinds of destination: a homogeneous graph's one (key ``None``; its plans hold
+    plain arrays) or a typed graph's vertex types (``choose`` per type). ``bottom_fanouts`` and ``indptrs``
+    (default the graph's): per relation on a typed graph. Owns per-vertex scratch: one planner per thread."""
 
     on_device = False  # the uppers it takes, and the positions it gives, are tensors on the training device
 
@@ -303,12 +273,10 @@ class Planner:
 
     def plan(self, super_batch_id: int, epoch: int, uppers: list[tuple[int, int, SampledSubgraph]], ratio: float,
              cap: Callable[[np.ndarray], tuple[int, bool]] | None = None, hot=None, fresh: list | None = None) -> Plan:
-        """``uppers``: (mini-batch index, key, upper-hop sample) of each mini-batch of the super-batch.
-        ``hot``: the hot set (a typed graph's: per type), already chosen (a resumed super-batch's), instead of
-        ranking by ``ratio``; ratio 0 and no ``hot``: every destination cold, in order, without counting or
-        ranking them (``reached`` and the probe are then unknown: 0 and none). ``fresh``: per mini-batch,
-        vertices never served hot in it besides its own seeds (data parallel: the global batch's seeds,
-        ``SeedBatch.batch_seeds``; None: none)."""
+        """``uppers``: (mini-batch index, key, upper-hop sample) per mini-batch. ``hot``: a resumed
+        super-batch's hot set, instead of ranking by ``ratio`` (ratio 0 without it: all cold, ``reached``
+        0 and no probe). ``fresh``: per mini-batch, vertices never hot in it besides its seeds
+        (``SeedBatch.batch_seeds``; None: none)."""
         bottoms = [upper.frontiers[0] if self.target else {None: upper.frontiers[0]} for _, _, upper in uppers]
         choices = {}
         for t in self._slot:
@@ -336,14 +304,12 @@ class Planner:
                     self._as_plan({t: c.probe for t, c in choices.items()}), stats)
 
     def _as_plan(self, per_kind: dict, keep_empty: bool = False):
-        """``per_kind`` as a plan holds it: a homogeneous graph's one array; a typed graph's mapping (of the
-        types with any, unless ``keep_empty``)."""
+        """A homogeneous graph's one array, or a typed graph's mapping (of the types with any, unless
+        ``keep_empty``)."""
         if not self.target:
             return per_kind[None]
         return {t: a for t, a in per_kind.items() if keep_empty or a.shape[0]}
 
     def _choose(self, t, bottoms: list, own: list[int], ratio: float, cap, hot, fresh, super_batch_id: int) -> Choice:
-        """The choice among the bottom-layer destinations of kind ``t``, ``bottoms`` (each mini-batch's; its
-        first ``own[b]`` its seeds)."""
         return choose(self._slot[t], self._into[t], [b.numpy() for b in bottoms], np.array(own, np.int64), ratio,
                       cap, hot, fresh)

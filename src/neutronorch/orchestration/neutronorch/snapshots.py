@@ -1,17 +1,8 @@
-"""The W0 snapshots, the trainer's side: each super-batch's bottom-layer parameters, published on time.
-
-Super-batch s's hot rows are computed from the bottom layer's parameters at the version the schedule
-assigns it (``Schedule.snapshot_version``, with the controller's current lead). ``SnapshotPublisher``,
-owned by the trainer's thread, takes that snapshot when training reaches the version and puts it on the
-``snapshots`` channel, which the hot-row computer (``hot_rows.py``) takes from. A snapshot is a
-frozen copy: on CUDA pinned host buffers behind an event, so the trainer never waits for the copy.
-
-On a typed graph a featureless type's inputs are rows of its embedding table, which the optimizer moves
-every step like the weights: a snapshot also holds the table rows its super-batch's hot frontier reads,
-taken at the same version (``table_rows``), so that every input of a hot row is of one version. Those
-rows' ids come with the super-batch's plan, made when the super-batch before it begins loading: a typed
-snapshot is therefore never taken before that super-batch's first step, nor for a super-batch past the
-run's end (no plan comes for it).
+"""The W0 snapshots (``SnapshotPublisher``, trainer thread): the bottom layer's parameters taken when training
+reaches ``Schedule.snapshot_version`` and put on the ``snapshots`` channel (on CUDA pinned copies behind an
+event: the trainer never waits for the copy). A typed snapshot also holds the table rows its hot frontier
+reads, at the same version; their ids come with the plan, made when the super-batch before begins loading,
+so a typed snapshot is never taken before that super-batch's first step, nor past the run's end.
 """
 
 from __future__ import annotations
@@ -40,7 +31,7 @@ class SnapshotPublisher:
             self.channel.put(super_batch_id, snapshot)
 
     def version_of(self, super_batch_id: int, lead: int) -> int | None:
-        """The version super-batch ``super_batch_id``'s snapshot is taken at; None for none (see above)."""
+        """The version super-batch ``super_batch_id``'s snapshot is taken at; None for none."""
         version = self.schedule.snapshot_version(super_batch_id, lead)
         if self.table_rows is None:
             return version
@@ -49,9 +40,8 @@ class SnapshotPublisher:
         return version if super_batch_id == 0 else max(version, self.schedule.first_step(super_batch_id - 1))
 
     def publish_due(self, bottom: torch.nn.Module, version: int, lead: int) -> None:
-        """Publish the snapshot to every super-batch whose assigned version is now reached, those past the
-        run's last epoch included: a checkpoint keeps them, so a run resumed with more epochs uses the very
-        weights the longer run would have used (they cannot be taken again later)."""
+        """Publish the snapshot to every super-batch whose version is now reached, past the run's end too: a
+        checkpoint keeps them, so a run resumed with more epochs uses the weights a longer run would."""
         params = ready = None
         while (due := self.version_of(self._next, lead)) is not None and due <= version:
             if params is None:
@@ -63,7 +53,6 @@ class SnapshotPublisher:
             self._next += 1
 
     def trained(self, super_batch_id: int) -> None:
-        """Super-batch ``super_batch_id`` is over: its snapshot is no longer a checkpoint's business."""
         self._published.pop(super_batch_id, None)
 
     def _take(self, bottom: torch.nn.Module) -> tuple[list[torch.Tensor], object]:

@@ -1,5 +1,4 @@
-"""What the hot sets did over the run, for the epoch records and the summary (trainer thread only); on a
-typed graph |H_s| sums its vertex types'."""
+"""What the hot sets did over the run, for the epoch records and the summary (trainer thread only)."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ class HotStats:
         self._epoch_shares: dict[int, list[float]] = {}
 
     def account(self, plan: PlanStats, host_edges: int = 0, computed: int | None = None) -> None:
-        """Once per super-batch, when the trainer reaches it (``computed``: hot rows this rank computed, if
-        not all)."""
+        """Once per super-batch (``computed``: hot rows this rank computed, if not all)."""
         self.super_batches += 1
         self.hot += plan.hot
         self.computed += plan.hot if computed is None else computed

@@ -1,44 +1,25 @@
-"""The speed half of ``hot_ratio="auto"``: the ratio for the next epoch from the epochs measured so far,
-down to 0 (no hot rows, no host work) while reuse does not pay, and back up when a probe says it does
-(``controller.py`` holds the tuner and publishes its ratio to the planner)."""
+"""The speed half of ``hot_ratio="auto"`` (``controller.py`` publishes its ratio to the planner)."""
 
 from __future__ import annotations
 
 
 class HotRatioTuner:
-    """Re-tune r between epochs from measured times, down to 0 (no hot rows) where reuse does not pay.
-
-    - **Host and device are different processors** (CUDA): balance them. The host's busy time per
-      super-batch grows with r, the device's shrinks; r is scaled by (device time / host time), at most 2x
-      either way per epoch, so that neither side waits for the other for long.
-    - **They share the cores** (device = CPU): the host's work is taken from the device's cores, so the
-      balance point says nothing; what counts is the epoch time. r walks in log steps (x2, then x sqrt 2 once
-      a step made things worse) in the direction that lowered the measured epoch time.
-    - **Whether reuse pays at all**: the first measured epoch is followed by one without hot rows (r = 0,
-      the ``baseline``), which costs what exact or device mode costs. An epoch with hot rows slower than the
-      latest epoch without them by more than ``MARGIN`` (noise; the first one: ``FIRST_MARGIN``), where the
-      hot rows cost the device more (``cost_s``) than the work and transfers they spared it (``saved_s`` =
-      epoch without - epoch with + cost), turns reuse off, unless the walk still has a faster ratio to
-      return to, or on separate processors the host fell behind and a smaller ratio may still pay. Then r
-      stays 0 (the planner makes empty hot sets and
-      the host does nothing), and every ``PROBE_EVERY`` epochs one epoch ``probe``s ``PROBE_RATIO``: faster
-      than the epoch without hot rows before it, reuse is back on and tuned from there.
-
-    The first epoch (JIT compilation, cold caches) is not used for decisions. Each epoch's entry of
-    ``history`` says what was decided and why.
-    """
+    """Re-tune r between epochs from measured times (the rules: ``docs/neutronorch.md``, ``--hot-ratio
+    auto``): on separate processors r is scaled by device time / host time (at most 2x either way); on
+    shared cores it walks in log steps (x2, then x sqrt 2 once a step made things worse) towards the faster
+    epoch. A baseline epoch at r = 0 tells whether reuse pays; off, r stays 0 and every ``PROBE_EVERY``
+    epochs one epoch probes ``PROBE_RATIO``. The first epoch decides nothing; each ``history`` entry says
+    what was decided and why."""
 
     LOW, HIGH = 0.01, 0.8
     MIN_STEP = 0.25  # log2 units: the walk stops refining below a factor of 2 ** 0.25
     PROBE_EVERY = 4  # epochs without hot rows between two probes
     PROBE_RATIO = 0.05
-    # Reuse goes off only when epochs with hot rows are slower than without them by more than this share:
-    # single epochs on a shared machine differ by a few percent, and the first measured epoch with hot rows
-    # is early in training, where the staleness-error cap keeps few rows hot (measured on the 1M-vertex
-    # benchmark graph: 26.35 s with hot rows, 25.26 s without, then 23.7 s once reuse settled).
+    # Reuse goes off only when epochs with hot rows are slower than without them by more than this share
+    # (single epochs on a shared machine differ by a few percent) ...
     MARGIN = 0.03
-    # The baseline is judged against that first epoch with hot rows only where it is clearly slower; otherwise
-    # the walk goes on and the following epochs decide (with ``MARGIN``).
+    # ... and the first measured one only by more than this: early in training the error cap keeps few
+    # rows hot (1M-vertex graph: 26.35 s with hot rows, 25.26 s without, then 23.7 s once reuse settled).
     FIRST_MARGIN = 0.10
     NOTHING_HOT = 0.001  # an epoch whose mean hot share was below this measured no reuse (the error cap held it)
 
@@ -55,11 +36,10 @@ class HotRatioTuner:
 
     def update(self, epoch_seconds: float, host_seconds: float, device_seconds: float,
                cost_seconds: float | None = None, hot_share: float | None = None) -> float:
-        """Record one epoch at the current ratio; return the ratio for the next epoch. ``host_seconds`` and
-        ``device_seconds`` are busy seconds per super-batch; ``cost_seconds`` what the hot rows cost the
-        device over the epoch (shared cores: the host's busy time and the hot gradient; separate
-        processors: the trainer's waits for hot rows and the hot gradient); ``hot_share`` the share of the
-        reached vertices actually made hot (the staleness-error cap may keep it far below the ratio)."""
+        """Record one epoch at the current ratio; return the next epoch's. ``host_seconds``,
+        ``device_seconds``: busy seconds per super-batch; ``cost_seconds``: what the hot rows cost the device
+        over the epoch; ``hot_share``: the share of reached vertices made hot (the error cap may keep it below
+        the ratio)."""
         entry = {"ratio": round(self.ratio, 4), "epoch_s": round(epoch_seconds, 3),
                  "host_s_per_super_batch": round(host_seconds, 4),
                  "device_s_per_super_batch": round(device_seconds, 4)}
@@ -136,7 +116,6 @@ class HotRatioTuner:
         return "walk", f"fastest so far {self._best[0]:.2f} s per epoch at r {self._best[1]:g}"
 
     def _next_positive(self, base: float) -> float:
-        """The next ratio with hot rows from ``base``: the walk's next step, or the balance."""
         if not self.shared_cores:
             return base * self._factor
         if self._step < self.MIN_STEP:
@@ -162,6 +141,5 @@ class HotRatioTuner:
         self._phase = state.get("phase", "on" if len(self.history) > 1 else ("measure" if self.history else "start"))
         self._off, self._factor = state.get("off", 0), state.get("factor", 1.0)
 
-    def _set(self, ratio: float) -> float:
+    def _set(self, ratio: float) -> None:
         self.ratio = float(min(self.HIGH, max(self.LOW, ratio)))
-        return self.ratio

@@ -1,9 +1,8 @@
 """Versions: the schedule of W0 snapshots, the versioned buffers, and the staleness bound checked at every use.
 
-Parameter version = optimizer steps taken. Super-batch ``g``'s hot embeddings are computed from the bottom
-layer's parameters at version ``snapshot_version(g)``, fixed in advance, so that its last mini-batch uses
-them at most ``staleness_bound`` steps later: the bound holds by construction, and ``StalenessCheck``
-verifies it at every use anyway (a violation is a bug and raises).
+Parameter version = optimizer steps taken. Super-batch ``g``'s hot embeddings are computed at version
+``snapshot_version(g)``, fixed in advance so that its last mini-batch uses them at most ``staleness_bound``
+steps later; ``StalenessCheck`` verifies it at every use (a violation is a bug and raises).
 """
 
 from __future__ import annotations
@@ -15,10 +14,8 @@ import torch
 
 
 class Schedule:
-    """Global numbering of super-batches and optimizer steps across epochs (the pipeline never drains).
-
-    Super-batch ``g`` is number ``g % per_epoch`` of epoch ``g // per_epoch``; the last one of an epoch
-    may hold fewer than P mini-batches. Step ``t`` is the t-th optimizer step of the whole run."""
+    """Global numbering of super-batches and optimizer steps across epochs: super-batch ``g`` is number
+    ``g % per_epoch`` of epoch ``g // per_epoch`` (an epoch's last may hold fewer than P mini-batches)."""
 
     def __init__(self, epochs: int, batches_per_epoch: int, super_batch: int, staleness_bound: int):
         self.epochs = epochs
@@ -53,9 +50,8 @@ class Schedule:
         return max(0, self.staleness_bound - self.super_batch + 1)
 
     def snapshot_version(self, super_batch_id: int, lead: int | None = None) -> int:
-        """The parameter version the hot embeddings of ``super_batch_id`` are computed from: ``lead`` steps before the
-        super-batch's first step (the host's time to compute them), and never older than the bound allows
-        for its last step. ``lead=None`` takes the oldest version the bound allows."""
+        """``lead`` steps before the super-batch's first step, never older than the bound allows for its last
+        (``lead=None``: that oldest)."""
         oldest = self.last_step(super_batch_id) - self.staleness_bound
         version = oldest if lead is None else max(oldest, self.first_step(super_batch_id) - lead)
         return max(0, version)
@@ -63,9 +59,8 @@ class Schedule:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A copy of the bottom layer's parameters at one parameter version (host memory), with, on a typed
-    graph, the embedding-table rows the super-batch's hot rows read at that version. Frozen: it crosses from
-    the trainer to the host, and its tensors are copies outside autograd, which nobody writes to."""
+    """The bottom layer's parameters at one version (host copies outside autograd), with a typed graph's
+    table rows the hot rows read. Frozen: it crosses from the trainer to the host; nobody writes to it."""
 
     version: int
     params: list[torch.Tensor]
@@ -76,9 +71,9 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class HotEmbeddings:
-    """The bottom-layer output of one super-batch's hot set, as the device reads it: made complete by the
-    hot-row computer, frozen when it crosses to the trainer (which writes only into ``grad_acc``). On a
-    typed graph ``table``, ``grad_acc``, ``output`` and ``vertices`` hold one entry per vertex type."""
+    """The bottom-layer output of one super-batch's hot set: complete and frozen when it crosses to the
+    trainer, which writes only into ``grad_acc``. On a typed graph ``table``, ``grad_acc``, ``output`` and
+    ``vertices`` hold one entry per vertex type."""
 
     super_batch_id: int
     version: int
@@ -124,3 +119,4 @@ class StalenessCheck:
     @property
     def mean_observed(self) -> float:
         return self._sum / max(1, self._uses)
+
