@@ -126,7 +126,7 @@ class NeighborSampler(OneThread):
         try:
             for fanout, key in hops:
                 num_dst = frontier.shape[0]
-                ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, frontier, fanout, np.uint64(key),
+                ptr, nbrs, _ = kernels.sample_neighbors(self.indptr, self.indices, frontier, fanout, np.uint64(key),
                                                      self._order(frontier))
                 (local,), frontier = relabel_into(frontier, [nbrs], node_map)
                 frontiers.append(torch.from_numpy(frontier))
@@ -212,7 +212,7 @@ class TorchNeighborSampler:
         """The draws of one hop, not relabelled: ``(ptr, nbrs)``, up to ``fanout`` in-neighbours of each of
         ``dst`` (int64 on this sampler's device; ``key`` a ``layer_key``) as global ids, row ``i``'s at
         ``nbrs[ptr[i]:ptr[i + 1]]``; with ``edges``, ``(ptr, nbrs, positions)``, each drawn edge's position in
-        ``indices`` (int64, as ``kernels.sample_neighbor_edges`` gives them). No map over the vertices is kept,
+        ``indices`` (int64, as ``kernels.sample_neighbors`` gives them). No map over the vertices is kept,
         so the neighbours may be ids of another vertex set than ``dst``'s (a typed relation's source type:
         ``typed_device_sampler``). One read of the device (the edge count); ``start_draw`` and ``together``
         share one read among several draws."""
