@@ -69,24 +69,17 @@ def make_device_sampler(indptr: torch.Tensor, indices: torch.Tensor, fanouts: li
     return TorchNeighborSampler(indptr, indices, fanouts, degrees)
 
 
-class TritonNeighborSampler:
+class TritonNeighborSampler(TorchNeighborSampler):
     """``TorchNeighborSampler``'s contract in Triton kernels: ``sample`` reads the device once per call,
     ``sample_hop`` once per hop. Not thread-safe (it owns a vertex -> code map): one per sampling thread.
     Fanouts below 0 (every neighbour) have no fixed bound per row; such a call runs in the torch sampler."""
 
-    reads_grouped = True  # ``sample_many`` reads the device once for all its mini-batches
-
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts: list[int], degrees: bool = False):
         from neutronorch.sampling import triton_kernels  # Triton is imported only when this sampler is used
+        super().__init__(indptr, indices, fanouts, degrees)
         self._k = triton_kernels
-        self.indptr = indptr.long()
-        self.indices = indices
-        self.fanouts = list(fanouts)
-        self.degrees = degrees
-        self.device = indptr.device
         self.num_nodes = self.indptr.shape[0] - 1
-        self._torch = TorchNeighborSampler(self.indptr, indices, fanouts, degrees)
-        self._node_map: torch.Tensor | None = None
+        self._codes_map: torch.Tensor | None = None
         self._generation = 0
 
     def sample(self, seeds: torch.Tensor, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
@@ -99,7 +92,7 @@ class TritonNeighborSampler:
         them all: their kernels queue back to back, and the host waits once, for every hop's sizes."""
         fanouts = self.fanouts if fanouts is None else fanouts
         if any(f < 0 for f in fanouts):
-            return [self._torch.sample(s, key, fanouts) for s, key in zip(seeds, keys)]
+            return [super().sample(s, key, fanouts) for s, key in zip(seeds, keys)]
         seeds = [s.to(self.device, torch.int64) for s in seeds]
         calls = [(s, [(f, layer_key(key, hop)) for hop, f in enumerate(fanouts)]) for s, key in zip(seeds, keys)]
         out = []
@@ -112,7 +105,7 @@ class TritonNeighborSampler:
     def sample_hop(self, dst: torch.Tensor, fanout: int, key: int) -> tuple[Block, torch.Tensor]:
         """One hop on its own, as ``TorchNeighborSampler.sample_hop`` (``key`` is a ``layer_key``)."""
         if fanout < 0:
-            return self._torch.sample_hop(dst, fanout, key)
+            return super().sample_hop(dst, fanout, key)
         blocks, frontiers = self._run([(dst.to(self.device, torch.int64), [(fanout, key)])])[0]
         return blocks[0], frontiers[1]
 
@@ -123,7 +116,7 @@ class TritonNeighborSampler:
         below, and no destinations, run in the torch sampler."""
         bound = dst.shape[0]
         if fanout <= 0 or bound == 0:
-            return self._torch.start_draw(dst, fanout, key, edges)
+            return super().start_draw(dst, fanout, key, edges)
         k = self._k
         with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
             sizes = torch.full((1,), bound, dtype=torch.int64, device=self.device)
@@ -147,8 +140,8 @@ class TritonNeighborSampler:
 
     def _codes(self, hops: int) -> int:
         """The map (allocated on first use) and the first of ``hops`` fresh generations' high bits."""
-        if self._node_map is None or self._generation + hops >= self._k.GEN_TOP:
-            self._node_map = torch.full((self.num_nodes,), torch.iinfo(torch.int64).max, dtype=torch.int64,
+        if self._codes_map is None or self._generation + hops >= self._k.GEN_TOP:
+            self._codes_map = torch.full((self.num_nodes,), torch.iinfo(torch.int64).max, dtype=torch.int64,
                                         device=self.device)
             self._generation = 0
         first = self._k.GEN_TOP - self._generation
@@ -187,20 +180,20 @@ class TritonNeighborSampler:
             take = torch.empty(bound, dtype=torch.int64, device=device)
             pad = 1 << max(0, (fanout - 1).bit_length())
             k.sample_kernel[(triton_cdiv(bound, k.ROWS),)](
-                self.indptr, self.indices, dst, sizes, at, key, code, self._node_map, nbrs, take, bound, nbrs,
+                self.indptr, self.indices, dst, sizes, at, key, code, self._codes_map, nbrs, take, bound, nbrs,
                 FANOUT=fanout, FANOUT_PAD=pad, ROWS=k.ROWS, RELABEL=True, EDGES=False)
             grid = (triton_cdiv(slots, k.SLOTS),)
             flags = torch.empty(slots, dtype=torch.int32, device=device)
-            k.first_kernel[grid](nbrs, take, self._node_map, code, flags, bound, FANOUT=fanout, SLOTS=k.SLOTS)
+            k.first_kernel[grid](nbrs, take, self._codes_map, code, flags, bound, FANOUT=fanout, SLOTS=k.SLOTS)
             ranks = torch.cumsum(flags, 0)
             new_bound = min(self.num_nodes, bound + slots)
             frontier = torch.empty(new_bound, dtype=torch.int64, device=device)  # bound <= new_bound
-            k.rank_kernel[grid](dst, nbrs, flags, ranks, self._node_map, code, frontier, sizes, at, bound,
+            k.rank_kernel[grid](dst, nbrs, flags, ranks, self._codes_map, code, frontier, sizes, at, bound,
                                 FANOUT=fanout, SLOTS=k.SLOTS)
             ptr = torch.zeros(bound + 1, dtype=torch.int64, device=device)
             torch.cumsum(take, 0, out=ptr[1:])
             local = torch.empty(slots, dtype=torch.int64, device=device)
-            k.local_kernel[grid](nbrs, take, ptr, self._node_map, local, sizes, at, bound, FANOUT=fanout,
+            k.local_kernel[grid](nbrs, take, ptr, self._codes_map, local, sizes, at, bound, FANOUT=fanout,
                                  SLOTS=k.SLOTS)
             pending.append((ptr, local, frontier))
             dst, bound = frontier, new_bound
@@ -213,7 +206,7 @@ class TritonNeighborSampler:
             num_dst, num_edges, num_src = counts[2 * hop:2 * hop + 3]
             frontier = frontier[:num_src]
             blocks.append(Block(num_dst, num_src, ptr[:num_dst + 1], local[:num_edges],
-                                src_degree=self._torch._degrees(frontier), src_ids=frontier))
+                                src_degree=self._degrees(frontier), src_ids=frontier))
             frontiers.append(frontier)
         return blocks, frontiers
 
