@@ -8,7 +8,7 @@ import torch
 
 from neutronorch.features import host_cache as host_cache_module
 from neutronorch.features import memory as memory_module
-from neutronorch.features.host_cache import HostCache, host_cache_rows
+from neutronorch.features.host_cache import HostCache
 from neutronorch.features.memory import AutoSize, measured_rows, rows_to_free
 from neutronorch.features.store import FeatureStore
 
@@ -81,11 +81,13 @@ def test_split_order_puts_hits_first_then_misses_region_by_region():
 def test_the_cache_size_follows_the_setting_and_the_memory_measured(tmp_path):
     mapped = _mapped(tmp_path, np.zeros((1000, 25), np.float32))  # rows of 100 bytes
     GiB, MiB = 1 << 30, 1 << 20
-    assert host_cache_rows("auto", np.asarray(mapped), True) == (0, "features in memory")
-    assert host_cache_rows(1.0, np.zeros((1000, 25), np.float32), True)[0] == 0
-    assert host_cache_rows("auto", mapped, False) == (0, "memory-mapped features fit in memory")
-    assert host_cache_rows("auto", mapped, True)[0] == 0  # sized later, by measurement
-    assert host_cache_rows(4000 / GiB, mapped, False) == (40, "host_cache_gb")
+    from neutronorch.features.reading import host_cache_size
+    ranked = lambda: np.arange(1000)  # noqa: E731
+    assert host_cache_size("auto", np.asarray(mapped), True, ranked) == (0, "features in memory", None)
+    assert host_cache_size(1.0, np.zeros((1000, 25), np.float32), True, ranked)[0] == 0
+    assert host_cache_size("auto", mapped, False, ranked) == (0, "memory-mapped features fit in memory", None)
+    assert host_cache_size("auto", mapped, True, ranked)[0] == 0  # sized later, by measurement
+    assert host_cache_size(4000 / GiB, mapped, False, ranked) == (40, "host_cache_gb", None)
     # Measured: what the available memory leaves beside the working memory's way back up to its peak, a
     # margin for it to grow (5% of the peak, at least 128 MiB) and the page cache kept for mapped files.
     rows, growth = measured_rows(MiB, 10**6, available=3 * GiB, anon_now=2 * GiB, anon_peak=2 * GiB + 200 * MiB,

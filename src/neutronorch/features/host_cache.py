@@ -56,25 +56,6 @@ POLL_WARMUP_S = 0.005  # sampling the working memory while it is measured (a tra
 POLL_S = 0.1  # watching the memory available afterwards
 
 
-def host_cache_rows(setting: str | float, features: np.ndarray, file_order: bool) -> tuple[int, str]:
-    """Rows of a host cache of a fixed size (``TrainConfig.host_cache_gb`` in GiB), and why; 0 for ``auto``,
-    which is sized by measurement (``AutoSize``) where ``sized_by_memory`` says so. Only memory-mapped
-    features are cached (rows already in memory need no second copy)."""
-    row_bytes = max(1, features.strides[0])
-    num_rows = features.shape[0]
-    if not isinstance(features, np.memmap):
-        return 0, "features in memory"
-    if setting == "auto":
-        return 0, ("sized after the first mini-batches" if file_order else "memory-mapped features fit in memory")
-    return min(num_rows, int(float(setting) * GiB) // row_bytes), "host_cache_gb"
-
-
-def sized_by_memory(setting: str | float, features: np.ndarray, file_order: bool) -> bool:
-    """Whether the cache for ``setting`` is sized by measurement (``AutoSize``): ``auto`` with memory-mapped
-    features read in file order, i.e. that do not fit in the memory left."""
-    return setting == "auto" and file_order and isinstance(features, np.memmap)
-
-
 class _State:
     """``where`` every row is; ``table``'s slot ``i`` holds vertex ``hot[i]``'s row (in ``buffer``, whose pages
     can be handed back); ``cold``: the file of cold rows (open as ``fd``), or the features in place."""
