@@ -4,7 +4,7 @@
 ``UserModel`` adapts it to what the engine calls (``forward(blocks, x, hot)``, ``num_layers``, ``width``,
 ``needs_degrees``, ``bottom``, ``arguments``, ``embedding_parameters``). The module's ``forward`` takes one
 of three input forms, told apart by the graph and the names of its first parameters: PyG's ``forward(x,
-edge_index, ...)`` (``SampledSubgraph.pyg_form``; ``num_sampled_nodes_per_hop`` and
+edge_index, ...)`` (``sampling.block.pyg_form``; ``num_sampled_nodes_per_hop`` and
 ``num_sampled_edges_per_hop`` receive the counts PyG's ``BasicGNN`` trims its layers by), the block form
 ``forward(blocks, x)``, or on a typed graph ``forward(blocks, features, ids)`` (its sparse ``nn.Embedding``s
 moved by the tables' optimizer). Each returns ``[rows, outputs]`` logits. NeutronOrch mode also needs, in the

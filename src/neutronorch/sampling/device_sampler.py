@@ -29,16 +29,12 @@ BACKENDS = ("auto", "torch", "triton")
 ENV = "NEUTRONORCH_DEVICE_SAMPLER"
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def triton_available(device: torch.device) -> bool:
     """Whether the Triton sampler can run on ``device``: Triton importable, and a CUDA device or Triton's
     interpreter."""
     if importlib.util.find_spec("triton") is None:
         return False
-    return device.type == "cuda" or (device.type == "cpu" and _interpreting())
+    return device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 
 def check_device_sampler(device: torch.device, backend: str | None = None) -> str:
@@ -110,10 +106,8 @@ class TritonNeighborSampler(TorchNeighborSampler):
         return blocks[0], frontiers[1]
 
     def start_draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> Started:
-        """``TorchNeighborSampler.start_draw``: one hop's draws, not relabelled (``(ptr, nbrs)``, global ids;
-        with ``edges``, each drawn edge's position in ``indices`` too), so ``dst`` and the neighbours may be of
-        two vertex sets; finished by ``together`` after a read of the edge count. One kernel; fanouts of 0 and
-        below, and no destinations, run in the torch sampler."""
+        """``TorchNeighborSampler.start_draw`` in one kernel; fanouts of 0 and below, and no destinations, run
+        in the torch sampler."""
         bound = dst.shape[0]
         if fanout <= 0 or bound == 0:
             return super().start_draw(dst, fanout, key, edges)

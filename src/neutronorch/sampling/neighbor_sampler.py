@@ -7,10 +7,6 @@ most the fanout, destination-first source frontiers, first-appearance order for 
 - ``TorchNeighborSampler``: vectorised torch ops on tensors of any device; this is the CUDA path, and it
   runs on CPU tensors too so its logic is tested everywhere.
 
-Both offer ``sample`` (all hops) and ``sample_hop`` (one hop on its own, returning the block and its source
-frontier); the torch sampler's ``sample_hop`` returns the frontier as an int64 tensor on its device where the
-numba sampler returns a numpy array.
-
 Randomness derives from ``batch_key(seed, epoch, batch_index)``: the same key always yields the same sample,
 and each vertex's neighbours in a hop depend only on (``layer_key``, vertex), in both samplers, whichever batch
 or data-parallel rank samples it. The two samplers draw the same neighbours for a given key: the same
@@ -181,20 +177,12 @@ class TorchNeighborSampler:
         frontiers.reverse()
         return SampledSubgraph(seeds, blocks, frontiers)
 
-    def sample_many(self, seeds: list[torch.Tensor], keys: list[int], fanouts: list[int] | None = None
-                    ) -> list[SampledSubgraph]:
-        """``sample`` of each of several mini-batches (the device sampler's ``sample_many`` reads the device
-        once for them all; this one as often as one by one)."""
-        return [self.sample(s, key, fanouts) for s, key in zip(seeds, keys)]
+    def sample_many(self, seeds: list[torch.Tensor], keys: list[int]) -> list[SampledSubgraph]:
+        """``sample`` of each of several mini-batches (``TritonNeighborSampler``'s reads the device once)."""
+        return [self.sample(s, key) for s, key in zip(seeds, keys)]
 
     def sample_hop(self, dst: torch.Tensor, fanout: int, key: int) -> tuple[Block, torch.Tensor]:
-        """One hop on its own: sample ``fanout`` in-neighbours of every vertex of ``dst`` (unique global ids).
-
-        Returns the block (tensors on this sampler's device) and its source frontier: global ids, ``dst``
-        first, new vertices in first-appearance order, as an int64 tensor on this sampler's device (the
-        numba sampler's ``sample_hop`` returns a numpy array). ``key`` is a ``layer_key``: with the key of a
-        hop of ``sample``, each vertex gets exactly the neighbours ``sample`` draws for it there (and that the
-        numba sampler draws with the same key)."""
+        """``NeighborSampler.sample_hop`` on this sampler's device: the frontier is an int64 tensor there."""
         dst = dst.to(self.device, torch.int64)
         ptr, nbrs = self.draw(dst, fanout, key)
         if self._node_map is None:
@@ -209,13 +197,10 @@ class TorchNeighborSampler:
         return (self.indptr.index_select(0, sources + 1) - self.indptr.index_select(0, sources)).float()
 
     def draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> tuple[torch.Tensor, ...]:
-        """The draws of one hop, not relabelled: ``(ptr, nbrs)``, up to ``fanout`` in-neighbours of each of
-        ``dst`` (int64 on this sampler's device; ``key`` a ``layer_key``) as global ids, row ``i``'s at
-        ``nbrs[ptr[i]:ptr[i + 1]]``; with ``edges``, ``(ptr, nbrs, positions)``, each drawn edge's position in
-        ``indices`` (int64, as ``kernels.sample_neighbors`` gives them). No map over the vertices is kept,
-        so the neighbours may be ids of another vertex set than ``dst``'s (a typed relation's source type:
-        ``typed_device_sampler``). One read of the device (the edge count); ``start_draw`` and ``together``
-        share one read among several draws."""
+        """The draws of one hop, not relabelled, as ``kernels.sample_neighbors`` gives them: ``(ptr, nbrs)``
+        (global ids), with ``edges`` ``(ptr, nbrs, positions)``. No vertex map is touched, so the neighbours
+        may be of another vertex set than ``dst`` (a typed relation's source type). One read of the device
+        (the edge count); ``start_draw`` and ``together`` share one read among several draws."""
         return together([self.start_draw(dst, fanout, key, edges)])[0]
 
     def start_draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> Started:
@@ -246,11 +231,9 @@ class TorchNeighborSampler:
     def _floyd(self, deg: torch.Tensor, k: int, dst: torch.Tensor, key: int) -> torch.Tensor:
         """A uniform k-subset of offsets [0, deg) for every row at once (Floyd's algorithm, vectorised over
         rows): step i draws t uniformly from [0, j] with j = deg - k + i and keeps t, or j if t was already
-        kept. k steps of elementwise work over [rows, k]; no sort, no host synchronisation. Entries of rows
-        with degree below k are meaningless (the caller does not use them). Row r's draws are the counter
-        stream of ``splitmix_key(key, dst[r])``, turned into offsets as the numba kernel's ``_below`` does
-        (the top 32 bits, multiply-shift): a vertex's neighbours depend on the key and the vertex alone, not
-        on which batch, rank, row or sampler asks."""
+        kept; no sort, no host synchronisation. Rows with degree below k are meaningless (unused). Row r's
+        draws are the counter stream of ``splitmix_key(key, dst[r])`` turned into offsets as the numba
+        kernel's ``_below`` does, so both samplers draw the same neighbours."""
         stream = kernels.torch_splitmix_key(key, dst)
         steps = torch.arange(1, k + 1, dtype=torch.int64, device=self.device) * kernels.T_GOLDEN
         r = kernels.torch_shr(kernels.torch_mix(stream[:, None] + steps[None, :]), 32)  # 32 random bits
@@ -267,10 +250,9 @@ class TorchNeighborSampler:
 def relabel_with_map(node_map: torch.Tensor, dst: torch.Tensor, nbrs: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Local ids of ``nbrs`` in the frontier [dst, new vertices in first-appearance order], and that frontier,
-    through ``node_map`` (int64, one entry per vertex of the set ``dst`` and ``nbrs`` index; no sort). Only
-    the entries touched are written, and they are left as scratch, so one map serves any number of calls (on
-    one thread). One read of the device (the frontier's size); ``start_relabel`` and ``together`` share one
-    read among the relabels of several maps."""
+    through ``node_map`` (int64, one entry per vertex; no sort). Only the entries touched are written, left as
+    scratch, so one map serves any number of calls on one thread. One read of the device (the frontier's
+    size)."""
     return together([start_relabel(node_map, dst, nbrs)])[0]
 
 
@@ -302,8 +284,7 @@ def drawn_slots(ptr: torch.Tensor, take: torch.Tensor, total: int) -> tuple[torc
 
 def together(started: list[Started]) -> list:
     """Finish steps started on the device (``start_draw``, ``start_relabel``), each waiting for a size, after
-    one read of the device for all their sizes: what lets a typed hop read the device once for all its
-    relations' draws and once for all its types' relabels."""
+    one read of the device for all their sizes (a typed hop's relations' draws, its types' relabels)."""
     if not started:
         return []
     sizes = [int(started[0][0])] if len(started) == 1 else torch.stack([size for size, _ in started]).tolist()

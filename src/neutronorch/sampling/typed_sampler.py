@@ -1,37 +1,14 @@
 """Per-relation uniform neighbour sampling on typed graphs: seeds of the target type (or of several types,
 a mapping) in, a ``SampledSubgraph`` out (one ``TypedBlock`` per layer, one ``Block`` per relation).
 
-Hop by hop from the seeds, each type's destinations are its frontier reached so far. Every relation
-``(s, name, d)`` whose type ``d`` has destinations draws up to its fanout of in-neighbours of each of them
-through its own CSC, with the homogeneous kernel (``kernels.sample_neighbors``: uniform without replacement,
-all neighbours when the degree is at most the fanout or the fanout is -1, none when it is 0). The drawn
-vertices join ``s``'s frontier after its destinations, new ones in first-appearance order over the relations
-in ``graph.relations``' order, so each type's frontier leads with its destinations as a homogeneous one does.
+Each relation draws with the homogeneous kernel (``kernels.sample_neighbors``) through its own CSC and key
+(``hop_keys``); which relations draw in a hop, which types a frontier holds and in which order, and the
+edge ids and rows the blocks carry are docs/heterogeneous.md, "Sampling". A vertex's neighbours through a
+relation in a hop depend on (key, hop, relation, vertex) alone, and a one-relation graph (``TypedGraph.of``
+a homogeneous one) is sampled exactly as ``NeighborSampler`` samples it, bit for bit.
 
-Which blocks and types a layer holds:
-
-- a relation whose destination type has no vertex in the hop gets no block (it could carry nothing); one
-  whose destination type has vertices gets a block even when it draws no edge (fanout 0, or no in-edges), so
-  a layer sees every relation that can reach its destinations;
-- a frontier holds every type that is a destination of the hop or the source of one of its blocks, possibly
-  with no vertex; types keep their place once reached, so one layer's destination types (``num_dst``) are
-  exactly the next layer's source types (``num_src``), zero counts included, and ``frontiers[l]`` has the
-  keys of ``blocks[l].num_src``. Types are listed in ``graph.num_nodes``' order.
-
-Randomness: relation ``r``'s draws in hop ``h`` of the batch of ``key`` use ``hop_keys(key, h, relations)[r]``:
-``layer_key(key, h)`` mixed with a stable hash of the relation, or, when the graph has one relation,
-``layer_key(key, h)`` itself. ``sample_neighbors`` keys each vertex's draws by that key and the vertex, so a
-vertex's neighbours through a relation in a hop depend on (key, hop, relation, vertex) alone: not on the
-threads, the rest of the batch or the rank that samples it. A one-relation graph (``TypedGraph.of`` a
-homogeneous one) is therefore sampled exactly as ``NeighborSampler`` samples it: the same blocks and
-frontiers, bit for bit.
-
-``TypedHops`` is the loop of hops this sampler and ``TypedDeviceSampler`` share: the two differ only in
-how they draw (numba kernels on host arrays; the homogeneous device samplers), relabel (numba, a map per
-type; torch) and read edge feature rows.
-
-Edge ids and edge feature rows, for the relations with edge features by default: ``TypedNeighborSampler``'s
-``edge_ids`` and ``edge_features``; a graph without edge features samples as it would without them.
+``TypedHops`` is the loop of hops this sampler and ``TypedDeviceSampler`` share; they differ only in how
+they draw, relabel and read edge feature rows.
 """
 
 from __future__ import annotations
@@ -74,15 +51,10 @@ def hop_keys(key: int, hop: int, relations) -> dict[RelationType, int]:
 
 
 def typed_fanouts(graph: TypedGraph, fanouts) -> dict[RelationType, list[int]]:
-    """Every relation's fanouts, seed hop first, in ``graph.relations``' order.
-
-    ``fanouts`` is one list for all relations (``[10, 5]``: 10 at the hop next to the seeds), or a dict
-    from relations to lists: a key is a ``(src, name, dst)`` triple or a name only one relation has
-    (``graph.relation``), and the key ``"default"`` gives the list of every relation not named (a relation
-    itself named "default" is then keyed by its triple). Without a default, every relation must be named, so
-    a relation added to the graph is never sampled with a fanout nobody chose. Every list has one fanout per
-    layer: a positive integer, -1 for all neighbours, or 0 for none (the relation then adds no edge in that
-    hop). A list may also be written ``"10,5"``. Raises ``ConfigError`` naming the relation at fault."""
+    """Every relation's fanouts, seed hop first, in ``graph.relations``' order, from one list for every
+    relation or a dict keyed by triples or unique names, ``"default"`` for the relations not named
+    (docs/heterogeneous.md, "Sampling"). Without a default every relation must be named, so a relation added
+    to the graph is never sampled with a fanout nobody chose. Raises ``ConfigError`` naming the relation."""
     if not graph.relations:
         raise ConfigError(f"{graph.name}: a typed graph without relations has no neighbours to sample.")
     if not isinstance(fanouts, Mapping):
@@ -218,27 +190,16 @@ class TypedHops:
 
 class TypedNeighborSampler(OneThread, TypedHops):
     """Host sampler over a typed graph's relations (numpy arrays or memory maps); ``fanouts`` as
-    ``typed_fanouts`` reads them, resolved per relation in ``self.fanouts``.
+    ``typed_fanouts`` reads them, resolved per relation in ``self.fanouts``. The relation blocks'
+    ``src_ids`` are None (a ``Block`` takes its destinations' ids from its sources', true only when both ends
+    are one type): each type's ids are in ``TypedBlock.src_ids``.
 
-    The relation blocks' ``src_ids`` are left None: a ``Block`` takes its destinations' ids from the leading
-    rows of its sources', which holds only when the source and destination types are one. Each type's ids
-    are in ``TypedBlock.src_ids`` (``dst_ids(t)`` for the destinations).
-
-    With ``degrees``, each relation block carries every source row's out-degree through that relation in
-    the whole graph (``Block.src_degree``, float32): the source half of a symmetric per-relation
-    normalisation ``1 / sqrt(out_r(u) in_r(v))`` (DGL's ``GraphConv(norm="both")`` under a
-    ``HeteroGraphConv``). Not the in-degree a homogeneous block carries: a source row has an in-degree
-    through the relation only when its two end types are one (and on a symmetric homogeneous graph in- and
-    out-degrees agree). The destination half, ``in_r(v)``, is not carried, as ``Block`` has no field for it
-    (``graph.in_degrees(r)`` holds it). The out-degrees are counted once, at construction: a pass over every
-    relation's indices, and 4 bytes per source vertex per relation, per sampler.
-
-    ``edge_ids``: which relations' blocks record their edges' positions in the relation's ``indices``
-    (``TypedBlock.edge_ids``): None (the default) those with edge features, True every relation, False none,
-    or a collection of relations (triples or unique names). With ``edge_features`` (the default), the blocks
-    also carry those relations' edge feature rows (``TypedBlock.edge_features``, float32 on the CPU, moved by
-    ``TypedBlock.to``); without, ``typed_edges.gather_edge_features`` reads them later. Edge features whose
-    rows are not one per edge raise ``DataError`` naming the relation here.
+    ``degrees``: each relation block carries its source rows' out-degrees through the relation
+    (``Block.src_degree``, float32; counted at construction, 4 bytes per source vertex per relation).
+    ``edge_ids``: the relations whose blocks record their edges' positions (None: those with edge features;
+    True, False, or a collection of triples or unique names); ``edge_features``: those blocks also carry the
+    relations' edge feature rows (else ``typed_edges.gather_edge_features`` reads them later). Edge features
+    not one row per edge raise ``DataError`` naming the relation.
 
     Not thread-safe: one instance per sampling thread (it owns a vertex -> position map per type, 8 bytes
     per vertex of the graph).
