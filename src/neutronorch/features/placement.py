@@ -1,17 +1,7 @@
-"""Where the topology and the features live on a CUDA machine, decided once from a memory budget.
-
-``plan_placement`` is arithmetic only (it runs, and is tested, without a GPU):
-
-- The **budget** is ``--gpu-memory-gb`` (default: the device's memory). It must first hold the training
-  **workspace** (model, optimizer state, the largest mini-batch's activations: ``workspace_bytes``).
-- **Topology** (CSC ``indptr`` + ``indices``) is placed on the device only where the device samples
-  (``device`` mode, and NeutronOrch's bottom hop with ``--device-sampling``); it goes first, since a
-  sampler reading topology through PCIe is slower than one reading features through it. When it does not
-  fit, it stays in pinned host memory and the device reads it directly (zero-copy, UVA).
-- **Features**: what the budget still holds becomes the GPU feature cache (``--gpu-cache-gb`` caps it). A
-  cache that holds every row is simply the features on the device. Rows not cached are read from pinned
-  host memory by the device (UVA, where the device samples) or gathered on the host and copied through
-  pinned staging buffers (where the host samples).
+"""Where the topology and the features live on a CUDA machine, decided once from a memory budget
+(docs/gpu.md, "Placement"): the training workspace first, then the topology where the device samples
+(pinned host memory, read in place, when it does not fit), then a device cache of the hottest feature rows
+in what is left. ``plan_placement`` is arithmetic only (it runs, and is tested, without a GPU).
 
 Pinning can fail (a low ``ulimit -l``, too little shared memory in a container): ``pin`` then says so once
 and the data stay in pageable memory, where copies are synchronous but correct. ``uva_view`` gives a CUDA

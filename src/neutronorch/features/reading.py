@@ -74,12 +74,10 @@ def auto_size(features: list[np.ndarray], topology: list[np.ndarray], distribute
 
 def typed_stores(config: TrainConfig, graph: TypedGraph, fanouts: dict[RelationType, list[int]],
                  distributed: bool = False, on_host: bool = True) -> dict[str, FeatureStore]:
-    """One ``FeatureStore`` per featured type of the typed ``graph`` (two-way, as trained), each read in file
-    order or not and through a host cache or not as ``config`` (validated) says, with a homogeneous run's
-    meaning (docs/memory.md, "Typed graphs' features": a fixed ``host_cache_gb`` shared by the memory-mapped
-    types in proportion to their bytes); ``fanouts``: the training fanouts per relation, whose batches rank the
-    hot rows. ``on_host``: whether the run's mode reads its rows through host caches (device mode reads what
-    its device caches miss in place): where it does not, no cache is built."""
+    """One ``FeatureStore`` per featured type of the typed ``graph`` (two-way, as trained), read in file order
+    and through a host cache as ``config`` (validated) says (docs/memory.md, "Typed graphs' features");
+    ``fanouts``: the training fanouts per relation, whose batches rank the hot rows. ``on_host``: whether the
+    mode reads its rows through host caches (device mode reads its device caches' misses in place)."""
     features = dict(graph.features)
     topology = [a for relation in graph.relations.values() for a in (relation.indptr, relation.indices)]
     in_file_order, _ = read_orders(config.read_order, list(features.values()), topology,
@@ -126,9 +124,7 @@ def attach_host_cache(store: FeatureStore, setting: str | float, ranked: Callabl
     elif min(count, left) > 0:
         cache = HostCache(store.features, ranked()[skip:skip + count], directory)
         store.attach_cache(cache)
-        logger.info(f"host feature cache{of} ({why}): {cache.rows:,} rows ({cache.table.nbytes / GiB:.2f} GiB) in "
-                    f"memory, " + (f"{cache.cold.shape[0]:,} copied to a file of cold rows" if cache.cold_file
-                                   else "the others read in place") + f"; built in {cache.seconds:.1f} s")
+        logger.info(f"host feature cache{of} ({why}): {cache.describe()}")
     elif setting not in (0, "auto"):
         why = "the device cache holds every row" if count else why + (" holds no row" if why == "host_cache_gb" else "")
         logger.info(f"no host feature cache{of}: {why}")
