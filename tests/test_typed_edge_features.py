@@ -20,8 +20,7 @@ from neutronorch.errors import ConfigError, DataError
 from neutronorch.nn.relational import module_key
 from neutronorch.nn.typed_models import LEAKY_SLOPE, TypedGNN, TypedSpec, edge_arguments
 from neutronorch.sampling import kernels
-from neutronorch.sampling.typed_edges import gather_edge_features
-from neutronorch.sampling.typed_sampler import TypedNeighborSampler
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler, gather_edge_features
 from neutronorch.features.store import gather_frontier
 
 CPU = torch.device("cpu")

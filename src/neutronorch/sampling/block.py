@@ -86,7 +86,7 @@ class TypedBlock:
 
     ``edge_ids[r]``: the position in relation ``r``'s CSC ``indices`` of each of ``blocks[r]``'s edges (int64,
     in the block's ``indices`` order), for the relations the sampler recorded them for. ``edge_features[r]``:
-    those edges' feature rows (``edges x width``) once gathered (``sampling/typed_edges.py``).
+    those edges' feature rows (``edges x width``) once gathered (``typed_sampler.gather_edge_features``).
     """
 
     num_dst: dict[str, int]
@@ -95,10 +95,6 @@ class TypedBlock:
     src_ids: dict[str, torch.Tensor] = field(default_factory=dict)
     edge_ids: dict[RelationType, torch.Tensor] = field(default_factory=dict)
     edge_features: dict[RelationType, torch.Tensor] = field(default_factory=dict)
-
-    @property
-    def dst_types(self) -> tuple[str, ...]:
-        return tuple(t for t, n in self.num_dst.items() if n > 0)
 
     @property
     def num_edges(self) -> int:

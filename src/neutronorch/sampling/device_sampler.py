@@ -20,8 +20,8 @@ import os
 import torch
 
 from neutronorch.errors import ConfigError
-from neutronorch.sampling.block import Block, SampledSubgraph
-from neutronorch.sampling.neighbor_sampler import Started, TorchNeighborSampler, drawn_slots, layer_key
+from neutronorch.sampling.block import Block
+from neutronorch.sampling.neighbor_sampler import Started, TorchNeighborSampler, drawn_slots
 
 __all__ = ["TritonNeighborSampler", "check_device_sampler", "make_device_sampler", "triton_available", "BACKENDS"]
 
@@ -66,9 +66,9 @@ def make_device_sampler(indptr: torch.Tensor, indices: torch.Tensor, fanouts: li
 
 
 class TritonNeighborSampler(TorchNeighborSampler):
-    """``TorchNeighborSampler``'s contract in Triton kernels: ``sample`` reads the device once per call,
-    ``sample_hop`` once per hop. Not thread-safe (it owns a vertex -> code map): one per sampling thread.
-    Fanouts below 0 (every neighbour) have no fixed bound per row; such a call runs in the torch sampler."""
+    """``TorchNeighborSampler``'s contract in Triton kernels: ``sample_many`` reads the device once per call.
+    Not thread-safe (it owns a vertex -> code map): one per sampling thread. Fanouts below 0 (every
+    neighbour) have no fixed bound per row; such a call runs in the torch sampler."""
 
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts: list[int], degrees: bool = False):
         from neutronorch.sampling import triton_kernels  # Triton is imported only when this sampler is used
@@ -77,33 +77,6 @@ class TritonNeighborSampler(TorchNeighborSampler):
         self.num_nodes = self.indptr.shape[0] - 1
         self._codes_map: torch.Tensor | None = None
         self._generation = 0
-
-    def sample(self, seeds: torch.Tensor, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
-        """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first."""
-        return self.sample_many([seeds], [key], fanouts)[0]
-
-    def sample_many(self, seeds: list[torch.Tensor], keys: list[int], fanouts: list[int] | None = None
-                    ) -> list[SampledSubgraph]:
-        """``sample`` of several mini-batches (``seeds[i]`` with ``keys[i]``) with one read of the device for
-        them all: their kernels queue back to back, and the host waits once, for every hop's sizes."""
-        fanouts = self.fanouts if fanouts is None else fanouts
-        if any(f < 0 for f in fanouts):
-            return [super().sample(s, key, fanouts) for s, key in zip(seeds, keys)]
-        seeds = [s.to(self.device, torch.int64) for s in seeds]
-        calls = [(s, [(f, layer_key(key, hop)) for hop, f in enumerate(fanouts)]) for s, key in zip(seeds, keys)]
-        out = []
-        for s, (blocks, frontiers) in zip(seeds, self._run(calls)):
-            blocks.reverse()
-            frontiers.reverse()
-            out.append(SampledSubgraph(s, blocks, frontiers))
-        return out
-
-    def sample_hop(self, dst: torch.Tensor, fanout: int, key: int) -> tuple[Block, torch.Tensor]:
-        """One hop on its own, as ``TorchNeighborSampler.sample_hop`` (``key`` is a ``layer_key``)."""
-        if fanout < 0:
-            return super().sample_hop(dst, fanout, key)
-        blocks, frontiers = self._run([(dst.to(self.device, torch.int64), [(fanout, key)])])[0]
-        return blocks[0], frontiers[1]
 
     def start_draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> Started:
         """``TorchNeighborSampler.start_draw`` in one kernel; fanouts of 0 and below, and no destinations, run
@@ -143,7 +116,10 @@ class TritonNeighborSampler(TorchNeighborSampler):
         return first
 
     def _run(self, calls: list[tuple[torch.Tensor, list[tuple[int, int]]]]):
-        """Every call's (blocks, frontiers) (seed hop first), after one read of the device."""
+        """Every call's (blocks, frontiers) (seed hop first), after one read of the device: the kernels of
+        several mini-batches queue back to back, and the host waits once, for every hop's sizes."""
+        if any(fanout < 0 for _, hops in calls for fanout, _ in hops):
+            return super()._run(calls)
         # Triton launches on the calling thread's current device, which a sampling thread does not inherit.
         with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
             hops = len(calls[0][1])

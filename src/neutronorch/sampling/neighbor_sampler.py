@@ -26,7 +26,7 @@ from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block, SampledSubgraph
 from neutronorch.sampling.fanouts import parse_fanouts
 
-__all__ = ["NeighborSampler", "TorchNeighborSampler", "batch_key", "layer_key", "mix_key", "parse_fanouts",
+__all__ = ["NeighborSampler", "Sampler", "TorchNeighborSampler", "batch_key", "layer_key", "mix_key", "parse_fanouts",
            "relabel_into", "relabel_with_map", "start_relabel", "together"]
 
 
@@ -64,7 +64,39 @@ class OneThread:
             raise RuntimeError(f"{type(self).__name__} used from two threads; create one sampler per thread")
 
 
-class NeighborSampler(OneThread):
+class Sampler:
+    """What the homogeneous samplers share: ``sample``, ``sample_many`` and ``sample_hop`` over their
+    ``_hops(start, hops)``, the blocks and frontiers (seed hop first, ``frontiers[0]`` is ``start``) of
+    ``hops``, each a (fanout, layer key), from the destinations ``start`` (made by ``_ids``)."""
+
+    fanouts: list[int]
+
+    def sample(self, seeds, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
+        """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first."""
+        return self.sample_many([seeds], [key], fanouts)[0]
+
+    def sample_many(self, seeds: list, keys: list[int], fanouts: list[int] | None = None
+                    ) -> list[SampledSubgraph]:
+        """``sample`` of several mini-batches (``seeds[i]`` with ``keys[i]``)."""
+        fanouts = self.fanouts if fanouts is None else fanouts
+        runs = self._run([(self._ids(s), [(f, layer_key(key, hop)) for hop, f in enumerate(fanouts)])
+                          for s, key in zip(seeds, keys)])
+        return [SampledSubgraph(frontiers[0], blocks[::-1], frontiers[::-1]) for blocks, frontiers in runs]
+
+    def sample_hop(self, dst, fanout: int, key: int) -> tuple[Block, torch.Tensor]:
+        """One hop on its own: sample ``fanout`` in-neighbours of every vertex of ``dst`` (unique global ids)
+        with the per-vertex randomness of ``key`` (a ``layer_key``). Returns the block and its source
+        frontier (global ids, ``dst`` first). With the same key, each vertex gets exactly the neighbours
+        ``sample`` draws for it in that hop."""
+        blocks, frontiers = self._run([(self._ids(dst), [(fanout, key)])])[0]
+        return blocks[0], frontiers[1]
+
+    def _run(self, calls: list[tuple]) -> list[tuple[list[Block], list]]:
+        """``_hops`` of each of ``calls``."""
+        return [self._hops(start, hops) for start, hops in calls]
+
+
+class NeighborSampler(OneThread, Sampler):
     """Host sampler over a CSC graph (``indptr``, ``indices`` as numpy arrays or memory maps). With
     ``degrees``, every block carries its source rows' in-degrees in the graph (``Block.src_degree``).
 
@@ -93,29 +125,18 @@ class NeighborSampler(OneThread):
             return kernels.NO_ORDER
         return kernels.region_order(dst, self.vertices_per_region, self.indptr.shape[0] - 1)
 
-    def sample(self, seeds: np.ndarray, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
-        """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first."""
-        fanouts = self.fanouts if fanouts is None else fanouts
-        seeds = np.ascontiguousarray(seeds, dtype=np.int64)
-        blocks, frontiers = self._hops(seeds, [(fanout, layer_key(key, hop)) for hop, fanout in enumerate(fanouts)])
-        blocks.reverse()
-        frontiers.reverse()
-        return SampledSubgraph(torch.from_numpy(seeds), blocks, frontiers)
-
     def sample_hop(self, dst: np.ndarray, fanout: int, key: int) -> tuple[Block, np.ndarray]:
-        """One hop on its own: sample ``fanout`` in-neighbours of every vertex of ``dst`` (unique global ids)
-        with the per-vertex randomness of ``key`` (a ``layer_key``). Returns the block and its source
-        frontier (global ids, ``dst`` first). With the same key, each vertex gets exactly the neighbours
-        ``sample`` draws for it in that hop."""
-        blocks, frontiers = self._hops(np.ascontiguousarray(dst, dtype=np.int64), [(fanout, key)])
-        return blocks[0], frontiers[1].numpy()
+        """``Sampler.sample_hop``, the frontier a numpy array."""
+        block, frontier = super().sample_hop(dst, fanout, key)
+        return block, frontier.numpy()
+
+    @staticmethod
+    def _ids(ids) -> np.ndarray:
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        return ids if ids.flags.writeable else ids.copy()  # a plan's hot set is read-only: frontiers get a copy
 
     def _hops(self, start: np.ndarray, hops: list[tuple[int, int]]) -> tuple[list[Block], list[torch.Tensor]]:
-        """The blocks and frontiers (seed hop first, ``frontiers[0]`` is ``start``) of ``hops``, each a
-        (fanout, layer key), from the destinations ``start``."""
         self._check_thread()
-        if not start.flags.writeable:  # a plan's hot set is read-only: its frontier tensors get a copy
-            start = start.copy()
         node_map = self._node_map
         kernels.map_nodes(start, node_map)
         frontier, blocks, frontiers = start, [], [torch.from_numpy(start)]
@@ -151,7 +172,7 @@ def relabel_into(frontier: np.ndarray, parts: list[np.ndarray], node_map: np.nda
     return local, grown[:size]
 
 
-class TorchNeighborSampler:
+class TorchNeighborSampler(Sampler):
     """The same sampling contract in vectorised torch ops, on the device holding ``indptr``/``indices``."""
 
     reads_grouped = True  # ``sample_many`` reads the device once for all its mini-batches
@@ -164,32 +185,21 @@ class TorchNeighborSampler:
         self.device = indptr.device
         self._node_map: torch.Tensor | None = None  # scratch of the relabel; so one sampler per thread
 
-    def sample(self, seeds: torch.Tensor, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
-        """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first."""
-        fanouts = self.fanouts if fanouts is None else fanouts
-        frontier = seeds.to(self.device, torch.int64)
-        blocks, frontiers = [], [frontier]
-        for hop, fanout in enumerate(fanouts):
-            block, frontier = self.sample_hop(frontier, fanout, layer_key(key, hop))
-            blocks.append(block)
-            frontiers.append(frontier)
-        blocks.reverse()
-        frontiers.reverse()
-        return SampledSubgraph(seeds, blocks, frontiers)
+    def _ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids.to(self.device, torch.int64)
 
-    def sample_many(self, seeds: list[torch.Tensor], keys: list[int]) -> list[SampledSubgraph]:
-        """``sample`` of each of several mini-batches (``TritonNeighborSampler``'s reads the device once)."""
-        return [self.sample(s, key) for s, key in zip(seeds, keys)]
-
-    def sample_hop(self, dst: torch.Tensor, fanout: int, key: int) -> tuple[Block, torch.Tensor]:
-        """``NeighborSampler.sample_hop`` on this sampler's device: the frontier is an int64 tensor there."""
-        dst = dst.to(self.device, torch.int64)
-        ptr, nbrs = self.draw(dst, fanout, key)
+    def _hops(self, start: torch.Tensor, hops: list[tuple[int, int]]) -> tuple[list[Block], list[torch.Tensor]]:
         if self._node_map is None:
             self._node_map = torch.empty(self.indptr.shape[0] - 1, dtype=torch.int64, device=self.device)
-        local, frontier = relabel_with_map(self._node_map, dst, nbrs)
-        return Block(dst.shape[0], frontier.shape[0], ptr, local, src_degree=self._degrees(frontier),
-                     src_ids=frontier), frontier
+        blocks, frontiers = [], [start]
+        for fanout, key in hops:
+            dst = frontiers[-1]
+            ptr, nbrs = self.draw(dst, fanout, key)
+            local, frontier = relabel_with_map(self._node_map, dst, nbrs)
+            blocks.append(Block(dst.shape[0], frontier.shape[0], ptr, local, src_degree=self._degrees(frontier),
+                                src_ids=frontier))
+            frontiers.append(frontier)
+        return blocks, frontiers
 
     def _degrees(self, sources: torch.Tensor) -> torch.Tensor | None:
         if not self.degrees:

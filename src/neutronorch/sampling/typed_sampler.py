@@ -8,13 +8,14 @@ relation in a hop depend on (key, hop, relation, vertex) alone, and a one-relati
 a homogeneous one) is sampled exactly as ``NeighborSampler`` samples it, bit for bit.
 
 ``TypedHops`` is the loop of hops this sampler and ``TypedDeviceSampler`` share; they differ only in how
-they draw, relabel and read edge feature rows.
+they draw, relabel and read edge feature rows. ``gather_edge_features`` reads the rows of blocks sampled
+without them.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import torch
@@ -26,9 +27,9 @@ from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block, SampledSubgraph, TypedBlock
 from neutronorch.sampling.fanouts import parse_fanouts
 from neutronorch.sampling.neighbor_sampler import OneThread, layer_key, mix_key, relabel_into
-from neutronorch.sampling.typed_edges import check_edge_features, edge_rows
 
-__all__ = ["DEFAULT", "TypedHops", "TypedNeighborSampler", "hop_keys", "relation_key", "typed_fanouts"]
+__all__ = ["DEFAULT", "TypedHops", "TypedNeighborSampler", "check_edge_features", "gather_edge_features",
+           "hop_keys", "relation_key", "typed_fanouts"]
 
 DEFAULT = "default"  # the key of a fanouts dict whose list serves every relation the dict does not name
 
@@ -198,7 +199,7 @@ class TypedNeighborSampler(OneThread, TypedHops):
     (``Block.src_degree``, float32; counted at construction, 4 bytes per source vertex per relation).
     ``edge_ids``: the relations whose blocks record their edges' positions (None: those with edge features;
     True, False, or a collection of triples or unique names); ``edge_features``: those blocks also carry the
-    relations' edge feature rows (else ``typed_edges.gather_edge_features`` reads them later). Edge features
+    relations' edge feature rows (else ``gather_edge_features`` reads them later). Edge features
     not one row per edge raise ``DataError`` naming the relation.
 
     Not thread-safe: one instance per sampling thread (it owns a vertex -> position map per type, 8 bytes
@@ -261,3 +262,37 @@ class TypedNeighborSampler(OneThread, TypedHops):
             return {}
         return {r: edge_rows(self.graph.relations[r].edge_features, ids.numpy())
                 for r, ids in edge_ids.items() if self.graph.relations[r].edge_features is not None}
+
+
+def edge_rows(source, ids) -> torch.Tensor:
+    """``source``'s rows (edges x width) at the edge ids ``ids`` (int64 numpy), float32 on the CPU, read by
+    the gather feature rows go through (``kernels.gather_stored``: a memory map at those rows only)."""
+    rows = torch.empty((ids.shape[0], source.shape[1]), dtype=torch.float32)
+    kernels.gather_stored(source, ids, kernels.NO_ORDER, rows)
+    return rows
+
+
+def check_edge_features(graph: TypedGraph, relations: Iterable[RelationType]) -> None:
+    """Raise ``DataError`` naming the relation when one of ``relations`` has edge features that are not one
+    row per edge (``edges x width``): a gather at the edges' ids would read past them."""
+    for relation in relations:
+        csc = graph.relations[relation]
+        source = csc.edge_features
+        if source is not None and (source.ndim != 2 or source.shape[0] != csc.num_edges):
+            raise DataError(f"{graph.name}: relation {relation_label(relation)} has edge features of shape "
+                            f"{tuple(source.shape)} for {csc.num_edges} edges; give one row (edges x width) per "
+                            f"edge.")
+
+
+def gather_edge_features(graph: TypedGraph, blocks: Iterable[TypedBlock],
+                         device: torch.device | str = "cpu") -> None:
+    """Set each typed block's ``edge_features[r]`` to relation ``r``'s edge feature rows at the block's
+    ``edge_ids[r]`` (float32, on ``device``), for every relation with edge features whose edge ids the
+    block holds. Raises ``DataError`` naming the relation when its edge features have a row count other than
+    its edges'."""
+    for tblock in blocks:
+        check_edge_features(graph, tblock.edge_ids)
+        for relation, ids in tblock.edge_ids.items():
+            source = graph.relations[relation].edge_features
+            if source is not None:
+                tblock.edge_features[relation] = edge_rows(source, ids.cpu().numpy()).to(device)
