@@ -2,12 +2,8 @@
 from the host.
 
 Two ways to serve a mini-batch's rows, both assembling the same ``features[rows]`` on the device:
-
-- ``split`` + ``assemble`` (modes that sample on the host): the host looks up each row's cache slot,
-  gathers only the misses into a pinned buffer, and the device reads every row from its slot and then
-  overwrites the misses with the copied rows.
-- ``gather`` (modes that sample on the device): the device looks up the slots and reads the misses from
-  host memory directly (a UVA view) or, failing that, through a host gather and a copy.
+``split`` + ``assemble`` (modes that sample on the host; only the misses are gathered and copied) and
+``gather`` (modes that sample on the device; misses read through a UVA view or a host gather).
 
 On the CPU the cache is a host tensor and both paths run unchanged, which is how the tests cover them.
 """
@@ -76,7 +72,6 @@ class FeatureCache:
                  device_lookup: bool = True):
         num_nodes = store.features.shape[0]
         self.rows = int(min(rows, num_nodes))
-        self.device = device
         self.full = self.rows == num_nodes
         if self.full:
             # Every row: the features themselves on the device (zero-copy on the CPU); slot = vertex id.
@@ -89,10 +84,6 @@ class FeatureCache:
         self.table = _to_device(store.gather(torch.from_numpy(cached)), device)
         # Only modes that sample on the device look slots up there; the others split on the host.
         self.device_slot_map = _to_device(torch.from_numpy(self.slot_map), device) if device_lookup else None
-
-    @property
-    def nbytes(self) -> int:
-        return self.table.nbytes
 
     def split(self, rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Host side: (every row's cache slot, misses clamped to slot 0; positions of the misses; the missed

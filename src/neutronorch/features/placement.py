@@ -66,18 +66,15 @@ class Placement:
 
 
 def workspace_bytes(num_nodes: int, feature_dim: int, hidden: int, num_classes: int, fanouts: list[int],
-                    batch_size: int, heads: int = 1, measured: list[int] | None = None) -> int:
+                    batch_size: int, heads: int = 1) -> int:
     """An upper estimate of the device memory training needs besides the data: the largest mini-batch's
-    frontiers (at most every vertex; or the ``measured`` sizes, seeds first, from sampled mini-batches)
-    with their features and per-layer activations kept for the backward pass, the sampled edges, and the
-    model with Adam's two moments."""
+    frontiers (at most every vertex) with their features and per-layer activations kept for the backward
+    pass, the sampled edges, and the model with Adam's two moments."""
     frontier, frontiers, edges = batch_size, [batch_size], 0
-    for layer, fanout in enumerate(fanouts):
+    for fanout in fanouts:
         fan = fanout if fanout > 0 else 64  # "all neighbours": a generous mean degree
         edges += frontier * fan
         frontier = min(num_nodes, frontier * (1 + fan))
-        if measured:
-            frontier = measured[layer + 1]
         frontiers.append(frontier)
     bottom = frontiers[-1]
     activations = bottom * feature_dim * 4  # the input features

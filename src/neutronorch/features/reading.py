@@ -118,13 +118,12 @@ def attach_host_cache(store: FeatureStore, setting: str | float, ranked: Callabl
     of, left = f" of {name}" if name else "", store.features.shape[0] - skip
     if order is not None:
         if left > 0:
-            store.attach_cache(HostCache(store.features, order[skip:], directory, auto()))
+            store.host_cache = HostCache(store.features, order[skip:], directory, auto())
             logger.info(f"host feature cache{of}: sized once the first mini-batches have shown the memory they use "
                         f"(until then rows are read from the features in place)")
     elif min(count, left) > 0:
-        cache = HostCache(store.features, ranked()[skip:skip + count], directory)
-        store.attach_cache(cache)
-        logger.info(f"host feature cache{of} ({why}): {cache.describe()}")
+        store.host_cache = HostCache(store.features, ranked()[skip:skip + count], directory)
+        logger.info(f"host feature cache{of} ({why}): {store.host_cache.describe()}")
     elif setting not in (0, "auto"):
         why = "the device cache holds every row" if count else why + (" holds no row" if why == "host_cache_gb" else "")
         logger.info(f"no host feature cache{of}: {why}")

@@ -88,7 +88,7 @@ def beyond_memory(arrays: list[np.ndarray], available: int | None = None, reserv
 class FeatureStore:
     """Host-resident features (a numpy array or memory map) gathered by row ids, as rows of ``dtype``
     (float32, or bfloat16 for bfloat16 training: half the bytes written and copied). With a ``HostCache``
-    (``attach_cache``) rows come from its memory or its file of cold rows; ``take_counts`` says how many."""
+    (``host_cache``) rows come from its memory or its file of cold rows; ``take_counts`` says how many."""
 
     def __init__(self, features: np.ndarray, labels: np.ndarray | None = None, dtype: torch.dtype = torch.float32,
                  ordered: bool | None = None):
@@ -101,10 +101,6 @@ class FeatureStore:
         self.labels = None if labels is None else torch.from_numpy(np.array(labels, dtype=np.int64))
         self.host_cache = None
         self._counts = _Counts()
-
-    def attach_cache(self, cache) -> None:
-        """Serve rows through ``cache`` (a ``host_cache.HostCache`` over these features) from now on."""
-        self.host_cache = cache
 
     def as_dtype(self, dtype: torch.dtype) -> "FeatureStore":
         """The same features gathered as ``dtype`` (this store when it already is)."""

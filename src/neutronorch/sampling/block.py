@@ -1,11 +1,6 @@
-"""What a sampler produces: blocks (one bipartite layer each) and the sampled subgraph that holds them, for
-both kinds of graph, and their layout as PyG's ``NeighborLoader`` yields a sampled subgraph (``pyg_form``).
-
-A homogeneous layer is one ``Block``. A typed layer (``TypedBlock``) has, for every vertex type, a source
-frontier (local ids of that type, the type's destinations first) and a destination count; each relation
-``(src_type, name, dst_type)`` contributes one ``Block`` whose destinations are the first
-``num_dst[dst_type]`` rows of ``dst_type``'s frontier and whose sources are positions in ``src_type``'s
-frontier.
+"""What a sampler produces: blocks (one bipartite layer each; a typed layer, ``TypedBlock``, one ``Block``
+per relation) and the sampled subgraph that holds them, for both kinds of graph, and their layout as PyG's
+``NeighborLoader`` yields a sampled subgraph (``pyg_form``).
 """
 
 from __future__ import annotations

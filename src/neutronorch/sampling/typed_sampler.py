@@ -26,7 +26,7 @@ from neutronorch.errors import ConfigError, DataError
 from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block, SampledSubgraph, TypedBlock
 from neutronorch.sampling.fanouts import parse_fanouts
-from neutronorch.sampling.neighbor_sampler import OneThread, layer_key, mix_key, relabel_into
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, OneThread, layer_key, mix_key, relabel_into
 
 __all__ = ["DEFAULT", "TypedHops", "TypedNeighborSampler", "check_edge_features", "gather_edge_features",
            "hop_keys", "relation_key", "typed_fanouts"]
@@ -222,9 +222,7 @@ class TypedNeighborSampler(OneThread, TypedHops):
                               for r, rel in graph.relations.items()} if degrees else {})
 
     def _ids(self, ids) -> torch.Tensor:
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        # a read-only array (a plan's frozen hot set) is copied: the frontier tensors are made from it
-        return torch.from_numpy(ids if ids.flags.writeable else ids.copy())
+        return torch.from_numpy(NeighborSampler._ids(ids))
 
     def _enter(self, frontier: dict[str, torch.Tensor]) -> None:
         self._check_thread()
