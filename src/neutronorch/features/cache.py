@@ -81,9 +81,9 @@ class FeatureCache:
         cached = np.sort(hot_order[:self.rows])
         self.slot_map = np.full(num_nodes, -1, np.int32)  # int32: half the memory; slots < 2**31
         self.slot_map[cached] = np.arange(self.rows, dtype=np.int32)
-        self.table = _to_device(store.gather(torch.from_numpy(cached)), device)
+        self.table = store.gather(torch.from_numpy(cached)).to(device)
         # Only modes that sample on the device look slots up there; the others split on the host.
-        self.device_slot_map = _to_device(torch.from_numpy(self.slot_map), device) if device_lookup else None
+        self.device_slot_map = torch.from_numpy(self.slot_map).to(device) if device_lookup else None
 
     def split(self, rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Host side: (every row's cache slot, misses clamped to slot 0; positions of the misses; the missed
@@ -129,11 +129,6 @@ def _rows_as(features: np.ndarray, dtype: torch.dtype, device: torch.device) -> 
     """Every feature row as ``dtype`` on ``device``: float32 storage in memory as is (zero-copy on the CPU),
     anything else (other storage types, memory maps) widened and moved a slice of rows at a time."""
     if dtype == torch.float32 and features.dtype == np.float32 and not isinstance(features, np.memmap):
-        return _to_device(torch.from_numpy(features if features.flags.writeable else np.array(features)),
-                          device)
+        return torch.from_numpy(features if features.flags.writeable else np.array(features)).to(device)
     widen = lambda rows: torch.from_numpy(rows.astype(np.float32, copy=False))  # noqa: E731
     return to_device_in_slices(features, device, dtype, widen)
-
-
-def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    return tensor if device.type == "cpu" else tensor.to(device)

@@ -79,14 +79,6 @@ def _below(state, bound):
 
 
 @njit(inline="always")
-def _drawn(indptr, v, fanout):
-    """How many in-neighbours of ``v`` a draw of ``fanout`` takes: all of them when the degree is at most
-    ``fanout`` or ``fanout`` < 0."""
-    deg = indptr[v + 1] - indptr[v]
-    return deg if (fanout < 0 or deg <= fanout) else fanout
-
-
-@njit(inline="always")
 def _draw_offsets(chosen, deg, key, v):
     """A uniform ``len(chosen)``-subset of ``range(deg)`` into ``chosen``, keyed by (``key``, ``v``): Floyd's
     algorithm, ``len(chosen)`` draws. Offsets are kept in the output slots, membership checked by a linear
@@ -107,14 +99,17 @@ def _draw_offsets(chosen, deg, key, v):
 
 @njit(parallel=True, cache=True, nogil=True)
 def _drawn_ptr(indptr, dst_nodes, fanout, order):
-    """The row pointer of a draw: ``ptr[i + 1] - ptr[i]`` neighbours drawn for ``dst_nodes[i]``."""
+    """The row pointer of a draw: ``ptr[i + 1] - ptr[i]`` neighbours drawn for ``dst_nodes[i]``, all of them
+    when the degree is at most ``fanout`` or ``fanout`` < 0."""
     n = dst_nodes.shape[0]
     ordered = order.shape[0] > 0
     counts = np.empty(n + 1, np.int64)
     counts[0] = 0
     for step in prange(n):
         i = order[step] if ordered else np.int64(step)  # one integer type whatever prange's index is
-        counts[i + 1] = _drawn(indptr, dst_nodes[i], fanout)
+        v = dst_nodes[i]
+        deg = indptr[v + 1] - indptr[v]
+        counts[i + 1] = deg if (fanout < 0 or deg <= fanout) else fanout
     return np.cumsum(counts)
 
 
@@ -159,13 +154,9 @@ def sample_neighbors(indptr, indices, dst_nodes, fanout, key, order, edges=False
 
 @njit(cache=True, nogil=True)
 def relabel(frontier, num_frontier, nbrs, node_map):
-    """Map sampled global ids to local positions, appending unseen vertices to ``frontier``.
-
-    ``frontier[:num_frontier]`` holds the current destination vertices, already present in ``node_map``
-    at positions 0..num_frontier-1. New vertices are appended in order of first appearance, so every
-    block's source frontier starts with its destinations. Returns (local ids of nbrs, new frontier size).
-    ``frontier`` must have room for num_frontier + len(nbrs) entries.
-    """
+    """Map sampled global ids to local positions, appending unseen vertices to ``frontier`` in order of first
+    appearance. ``frontier[:num_frontier]`` holds the destinations, at those positions in ``node_map``, and
+    has room for ``len(nbrs)`` more. Returns (local ids of nbrs, new frontier size)."""
     local = np.empty(nbrs.shape[0], np.int64)
     size = num_frontier
     for e in range(nbrs.shape[0]):
