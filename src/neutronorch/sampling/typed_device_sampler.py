@@ -116,8 +116,6 @@ class TypedDeviceSampler(TypedHops):
         return local
 
     def _edge_rows(self, edge_ids: dict[RelationType, torch.Tensor]) -> dict[RelationType, torch.Tensor]:
-        if not self.edge_features:
-            return {}
         return {r: self.topology.edge_features[r].index_select(0, ids) for r, ids in edge_ids.items()
                 if r in self.topology.edge_features}
 

@@ -180,7 +180,7 @@ class TypedHops:
         edge_ids = {r: d[2] for r, d in drawn.items() if len(d) == 3}
         return TypedBlock({t: num_dst[t] for t in types if t in num_dst},
                           {t: int(frontier[t].shape[0]) for t in types}, blocks, {t: frontier[t] for t in types},
-                          edge_ids, self._edge_rows(edge_ids))
+                          edge_ids, self._edge_rows(edge_ids) if self.edge_features else {})
 
     def _enter(self, frontier: dict[str, torch.Tensor]) -> None:
         """Before the first hop from ``frontier``."""
@@ -256,8 +256,6 @@ class TypedNeighborSampler(OneThread, TypedHops):
         return local
 
     def _edge_rows(self, edge_ids: dict[RelationType, torch.Tensor]) -> dict[RelationType, torch.Tensor]:
-        if not self.edge_features:
-            return {}
         return {r: edge_rows(self.graph.relations[r].edge_features, ids.numpy())
                 for r, ids in edge_ids.items() if self.graph.relations[r].edge_features is not None}
 
