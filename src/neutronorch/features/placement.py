@@ -251,8 +251,8 @@ def _clear_cuda_error() -> None:
 
 
 def pin_copy(tensor: torch.Tensor, cudart=None) -> torch.Tensor:
-    """Pin ``tensor``: in place (``cudaHostRegister``) when it is large, contiguous and owns its memory; else a
-    pinned copy."""
+    """Pin ``tensor``: in place (``cudaHostRegister``) when it is large, contiguous and owns its memory;
+    else a pinned copy."""
     if tensor.nbytes >= REGISTER_IN_PLACE and tensor.is_contiguous():
         if int((cudart or torch.cuda.cudart()).cudaHostRegister(tensor.data_ptr(), tensor.nbytes, 0)) == 0:
             _REGISTERED.add(tensor.data_ptr())

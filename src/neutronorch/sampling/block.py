@@ -155,8 +155,8 @@ class TypedPygForm:
 
     ``edge_index[r]``: (2, E) int64 in the local ids of each type's input frontier (row 0 the neighbour, row
     1 the vertex it was drawn for), the seed hop's edges first. ``num_sampled_nodes[t]`` and
-    ``num_sampled_edges[r]``: per hop, what PyG's ``trim_to_layer`` reads. ``edge_features[r]``/``edge_ids[r]``:
-    the kept edges' rows and ids, for the relations whose blocks carry them."""
+    ``num_sampled_edges[r]``: per hop, what PyG's ``trim_to_layer`` reads. ``edge_features[r]`` and
+    ``edge_ids[r]``: the kept edges' rows and ids, for the relations whose blocks carry them."""
 
     edge_index: dict[RelationType, torch.Tensor]
     num_sampled_nodes: dict[str, list[int]]

@@ -1,9 +1,7 @@
 """The sampler of the training device: Triton kernels where Triton runs, torch ops elsewhere.
 
-``TritonNeighborSampler`` keeps the contract of ``TorchNeighborSampler`` (and of the host sampler): the same
-seeds and key give the same blocks, bit for bit. It samples a whole mini-batch in a few launches per hop
-(``triton_kernels``) on padded buffers whose sizes the host derives from the fanouts, so the host reads the
-device once per mini-batch (the sizes of every hop, after the last) instead of twice per hop.
+``TritonNeighborSampler`` keeps the contract of ``TorchNeighborSampler`` (and of the host sampler) bit for
+bit, in a few launches per hop (``triton_kernels``) and one read of the device per mini-batch.
 
 ``make_device_sampler`` picks the implementation: ``backend="auto"`` (the default, or the environment
 variable ``NEUTRONORCH_DEVICE_SAMPLER``) takes Triton for CUDA tensors where it can be imported and the
@@ -75,7 +73,7 @@ class TritonNeighborSampler(TorchNeighborSampler):
         super().__init__(indptr, indices, fanouts, degrees)
         self._k = triton_kernels
         self.num_nodes = self.indptr.shape[0] - 1
-        self._codes_map: torch.Tensor | None = None
+        self._code_map: torch.Tensor | None = None
         self._generation = 0
 
     def start_draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> Started:
@@ -107,8 +105,8 @@ class TritonNeighborSampler(TorchNeighborSampler):
 
     def _codes(self, hops: int) -> int:
         """The map (allocated on first use) and the first of ``hops`` fresh generations' high bits."""
-        if self._codes_map is None or self._generation + hops >= self._k.GEN_TOP:
-            self._codes_map = torch.full((self.num_nodes,), torch.iinfo(torch.int64).max, dtype=torch.int64,
+        if self._code_map is None or self._generation + hops >= self._k.GEN_TOP:
+            self._code_map = torch.full((self.num_nodes,), torch.iinfo(torch.int64).max, dtype=torch.int64,
                                         device=self.device)
             self._generation = 0
         first = self._k.GEN_TOP - self._generation
@@ -150,20 +148,20 @@ class TritonNeighborSampler(TorchNeighborSampler):
             take = torch.empty(bound, dtype=torch.int64, device=device)
             pad = 1 << max(0, (fanout - 1).bit_length())
             k.sample_kernel[(triton_cdiv(bound, k.ROWS),)](
-                self.indptr, self.indices, dst, sizes, at, key, code, self._codes_map, nbrs, take, bound, nbrs,
+                self.indptr, self.indices, dst, sizes, at, key, code, self._code_map, nbrs, take, bound, nbrs,
                 FANOUT=fanout, FANOUT_PAD=pad, ROWS=k.ROWS, RELABEL=True, EDGES=False)
             grid = (triton_cdiv(slots, k.SLOTS),)
             flags = torch.empty(slots, dtype=torch.int32, device=device)
-            k.first_kernel[grid](nbrs, take, self._codes_map, code, flags, bound, FANOUT=fanout, SLOTS=k.SLOTS)
+            k.first_kernel[grid](nbrs, take, self._code_map, code, flags, bound, FANOUT=fanout, SLOTS=k.SLOTS)
             ranks = torch.cumsum(flags, 0)
             new_bound = min(self.num_nodes, bound + slots)
             frontier = torch.empty(new_bound, dtype=torch.int64, device=device)  # bound <= new_bound
-            k.rank_kernel[grid](dst, nbrs, flags, ranks, self._codes_map, code, frontier, sizes, at, bound,
+            k.rank_kernel[grid](dst, nbrs, flags, ranks, self._code_map, code, frontier, sizes, at, bound,
                                 FANOUT=fanout, SLOTS=k.SLOTS)
             ptr = torch.zeros(bound + 1, dtype=torch.int64, device=device)
             torch.cumsum(take, 0, out=ptr[1:])
             local = torch.empty(slots, dtype=torch.int64, device=device)
-            k.local_kernel[grid](nbrs, take, ptr, self._codes_map, local, sizes, at, bound, FANOUT=fanout,
+            k.local_kernel[grid](nbrs, take, ptr, self._code_map, local, sizes, at, bound, FANOUT=fanout,
                                  SLOTS=k.SLOTS)
             pending.append((ptr, local, frontier))
             dst, bound = frontier, new_bound

@@ -133,7 +133,7 @@ class NeighborSampler(OneThread, Sampler):
     @staticmethod
     def _ids(ids) -> np.ndarray:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
-        return ids if ids.flags.writeable else ids.copy()  # a plan's hot set is read-only: frontiers get a copy
+        return ids if ids.flags.writeable else ids.copy()  # a plan's read-only hot set: frontiers get a copy
 
     def _hops(self, start: np.ndarray, hops: list[tuple[int, int]]) -> tuple[list[Block], list[torch.Tensor]]:
         self._check_thread()
@@ -143,8 +143,8 @@ class NeighborSampler(OneThread, Sampler):
         try:
             for fanout, key in hops:
                 num_dst = frontier.shape[0]
-                ptr, nbrs, _ = kernels.sample_neighbors(self.indptr, self.indices, frontier, fanout, np.uint64(key),
-                                                     self._order(frontier))
+                ptr, nbrs, _ = kernels.sample_neighbors(self.indptr, self.indices, frontier, fanout,
+                                                        np.uint64(key), self._order(frontier))
                 (local,), frontier = relabel_into(frontier, [nbrs], node_map)
                 frontiers.append(torch.from_numpy(frontier))
                 blocks.append(Block(num_dst, frontier.shape[0], torch.from_numpy(ptr), torch.from_numpy(local),
@@ -188,7 +188,7 @@ class TorchNeighborSampler(Sampler):
     def _ids(self, ids: torch.Tensor) -> torch.Tensor:
         return ids.to(self.device, torch.int64)
 
-    def _hops(self, start: torch.Tensor, hops: list[tuple[int, int]]) -> tuple[list[Block], list[torch.Tensor]]:
+    def _hops(self, start: torch.Tensor, hops: list[tuple[int, int]]) -> tuple[list[Block], list]:
         if self._node_map is None:
             self._node_map = torch.empty(self.indptr.shape[0] - 1, dtype=torch.int64, device=self.device)
         blocks, frontiers = [], [start]
@@ -196,8 +196,8 @@ class TorchNeighborSampler(Sampler):
             dst = frontiers[-1]
             ptr, nbrs = self.draw(dst, fanout, key)
             local, frontier = relabel_with_map(self._node_map, dst, nbrs)
-            blocks.append(Block(dst.shape[0], frontier.shape[0], ptr, local, src_degree=self._degrees(frontier),
-                                src_ids=frontier))
+            blocks.append(Block(dst.shape[0], frontier.shape[0], ptr, local,
+                                src_degree=self._degrees(frontier), src_ids=frontier))
             frontiers.append(frontier)
         return blocks, frontiers
 

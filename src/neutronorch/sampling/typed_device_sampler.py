@@ -106,7 +106,7 @@ class TypedDeviceSampler(TypedHops):
 
     def _relabel(self, parts: dict[str, list[torch.Tensor]], frontier: dict[str, torch.Tensor]
                  ) -> dict[str, list[torch.Tensor]]:
-        """``TypedNeighborSampler._relabel`` in torch: one relabel per type, one read of the device for all."""
+        """``TypedNeighborSampler._relabel`` in torch: a relabel per type, one read of the device for all."""
         empty = torch.empty(0, dtype=torch.int64, device=self.device)
         relabelled = together([start_relabel(self._map(t), frontier.get(t, empty), torch.cat(nbrs))
                                for t, nbrs in parts.items()])

@@ -84,13 +84,10 @@ def typed_fanouts(graph: TypedGraph, fanouts) -> dict[RelationType, list[int]]:
     first = next(iter(resolved))
     for relation, layers in resolved.items():
         if len(layers) != len(resolved[first]):
-            raise ConfigError(f"`fanouts` gives {whose[relation]} {_layers(len(layers))} but {whose[first]} "
+            count = f"{len(layers)} layer{'' if len(layers) == 1 else 's'}"
+            raise ConfigError(f"`fanouts` gives {whose[relation]} {count} but {whose[first]} "
                               f"{len(resolved[first])}; give every relation one fanout per layer.")
     return resolved
-
-
-def _layers(count: int) -> str:
-    return f"{count} layer{'' if count == 1 else 's'}"
 
 
 def _edge_id_relations(graph: TypedGraph, edge_ids) -> frozenset[RelationType]:
@@ -276,8 +273,8 @@ def check_edge_features(graph: TypedGraph, relations: Iterable[RelationType]) ->
         source = csc.edge_features
         if source is not None and (source.ndim != 2 or source.shape[0] != csc.num_edges):
             raise DataError(f"{graph.name}: relation {relation_label(relation)} has edge features of shape "
-                            f"{tuple(source.shape)} for {csc.num_edges} edges; give one row (edges x width) per "
-                            f"edge.")
+                            f"{tuple(source.shape)} for {csc.num_edges} edges; give one row (edges x width) "
+                            f"per edge.")
 
 
 def gather_edge_features(graph: TypedGraph, blocks: Iterable[TypedBlock],
