@@ -51,8 +51,7 @@ def layer_key(key: int, hop: int) -> int:
 
 
 class OneThread:
-    """A sampler that owns per-instance position maps, so is used from one thread only: ``_check_thread``
-    raises when a second thread calls it (sharing the maps would corrupt samples)."""
+    """A sampler owning position maps: ``_check_thread`` raises when a second thread calls it."""
 
     _owner: int | None = None
 
@@ -98,11 +97,9 @@ class Sampler:
 
 class NeighborSampler(OneThread, Sampler):
     """Host sampler over a CSC graph (``indptr``, ``indices`` as numpy arrays or memory maps). With
-    ``degrees``, every block carries its source rows' in-degrees in the graph (``Block.src_degree``).
-
-    With ``file_order``, each hop visits its vertices region by region of ``indptr`` and ``indices``
-    (``kernels.region_order``), so memory-mapped topology that the page cache cannot keep is read front to
-    back; the draws are keyed by vertex, so the blocks are the same either way.
+    ``degrees``, every block carries its source rows' in-degrees in the graph (``Block.src_degree``). With
+    ``file_order``, each hop visits its vertices region by region of the topology (``kernels.region_order``:
+    memory maps read front to back); the blocks are the same either way.
 
     Not thread-safe: one instance per sampling thread (it owns a vertex -> position map).
     """

@@ -192,12 +192,11 @@ class TypedNeighborSampler(OneThread, TypedHops):
     ``src_ids`` are None (a ``Block`` takes its destinations' ids from its sources', true only when both ends
     are one type): each type's ids are in ``TypedBlock.src_ids``.
 
-    ``degrees``: each relation block carries its source rows' out-degrees through the relation
-    (``Block.src_degree``, float32; counted at construction, 4 bytes per source vertex per relation).
-    ``edge_ids``: the relations whose blocks record their edges' positions (None: those with edge features;
-    True, False, or a collection of triples or unique names); ``edge_features``: those blocks also carry the
-    relations' edge feature rows (else ``gather_edge_features`` reads them later). Edge features
-    not one row per edge raise ``DataError`` naming the relation.
+    ``degrees``: each relation block carries its source rows' out-degrees through the relation (float32,
+    counted at construction). ``edge_ids``: the relations whose blocks record their edges' positions (None:
+    those with edge features; True, False, or a collection of triples or unique names); ``edge_features``:
+    those blocks also carry the edge feature rows (else ``gather_edge_features`` reads them later). Edge
+    features not one row per edge raise ``DataError`` naming the relation.
 
     Not thread-safe: one instance per sampling thread (it owns a vertex -> position map per type, 8 bytes
     per vertex of the graph).
