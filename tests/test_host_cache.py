@@ -8,7 +8,7 @@ import torch
 
 from neutronorch.features import host_cache as host_cache_module
 from neutronorch.features import memory as memory_module
-from neutronorch.features.host_cache import HostCache, host_cache_rows
+from neutronorch.features.host_cache import HostCache
 from neutronorch.features.memory import AutoSize, measured_rows, rows_to_free
 from neutronorch.features.store import FeatureStore
 
@@ -36,7 +36,7 @@ def test_rows_come_back_unchanged_from_the_cache_and_the_cold_file(tmp_path, cac
                 plain = FeatureStore(mapped, np.zeros(3000, np.int64), dtype, ordered=ordered)
                 store = FeatureStore(mapped, np.zeros(3000, np.int64), dtype, ordered=ordered)
                 store.rows_per_region = 7  # many small regions
-                store.attach_cache(HostCache(mapped, hot, str(tmp_path)))
+                store.host_cache = HostCache(mapped, hot, str(tmp_path))
                 assert torch.equal(store.gather(rows), plain.gather(rows))
                 hits = int(np.isin(rows.numpy(), hot).sum())
                 assert store.take_counts() == (5000, hits)
@@ -58,7 +58,7 @@ def test_without_room_for_the_cold_file_misses_are_read_in_place(tmp_path, monke
     assert not cache.cold_file and cache.cold is mapped
     assert "no room" in caplog.text and "host_cache_dir" in caplog.text
     store = FeatureStore(mapped, np.zeros(400, np.int64), ordered=True)
-    store.attach_cache(cache)
+    store.host_cache = cache
     rows = torch.arange(399, -1, -1)
     assert torch.equal(store.gather(rows), torch.from_numpy(features)[rows])
 
@@ -81,11 +81,13 @@ def test_split_order_puts_hits_first_then_misses_region_by_region():
 def test_the_cache_size_follows_the_setting_and_the_memory_measured(tmp_path):
     mapped = _mapped(tmp_path, np.zeros((1000, 25), np.float32))  # rows of 100 bytes
     GiB, MiB = 1 << 30, 1 << 20
-    assert host_cache_rows("auto", np.asarray(mapped), True) == (0, "features in memory")
-    assert host_cache_rows(1.0, np.zeros((1000, 25), np.float32), True)[0] == 0
-    assert host_cache_rows("auto", mapped, False) == (0, "memory-mapped features fit in memory")
-    assert host_cache_rows("auto", mapped, True)[0] == 0  # sized later, by measurement
-    assert host_cache_rows(4000 / GiB, mapped, False) == (40, "host_cache_gb")
+    from neutronorch.features.reading import host_cache_size
+    ranked = lambda: np.arange(1000)  # noqa: E731
+    assert host_cache_size("auto", np.asarray(mapped), True, ranked) == (0, "features in memory", None)
+    assert host_cache_size(1.0, np.zeros((1000, 25), np.float32), True, ranked)[0] == 0
+    assert host_cache_size("auto", mapped, False, ranked) == (0, "memory-mapped features fit in memory", None)
+    assert host_cache_size("auto", mapped, True, ranked)[0] == 0  # sized later, by measurement
+    assert host_cache_size(4000 / GiB, mapped, False, ranked) == (40, "host_cache_gb", None)
     # Measured: what the available memory leaves beside the working memory's way back up to its peak, a
     # margin for it to grow (5% of the peak, at least 128 MiB) and the page cache kept for mapped files.
     rows, growth = measured_rows(MiB, 10**6, available=3 * GiB, anon_now=2 * GiB, anon_peak=2 * GiB + 200 * MiB,
@@ -136,7 +138,7 @@ def test_auto_sizes_the_cache_after_the_first_gathers_from_the_memory_they_used(
     cache, mapped, hottest, memory = _auto_cache(tmp_path, monkeypatch, features, available=60_000, anon=50_000)
     plain = FeatureStore(mapped, np.zeros(2000, np.int64), ordered=True)
     store = FeatureStore(mapped, np.zeros(2000, np.int64), ordered=True)
-    store.attach_cache(cache)
+    store.host_cache = cache
     rows = torch.from_numpy(np.random.default_rng(2).integers(0, 2000, 3000))
     # Until it is sized: empty, rows read from the features in place, the working memory sampled.
     for anon in (50_000, 58_000, 52_000):
@@ -196,7 +198,7 @@ def test_auto_without_a_cold_file_shrinks_into_the_features_in_place(tmp_path, m
     cache._tick()
     assert cache.rows < 600 and (cache.where[hottest[cache.rows:]] == hottest[cache.rows:]).all()
     store = FeatureStore(mapped, np.zeros(600, np.int64), ordered=True)
-    store.attach_cache(cache)
+    store.host_cache = cache
     rows = torch.arange(599, -1, -1)
     assert torch.equal(store.gather(rows), torch.from_numpy(features)[rows])
 
@@ -210,7 +212,7 @@ def test_the_watcher_sizes_the_cache_by_itself(tmp_path, monkeypatch):
     mapped = _mapped(tmp_path, np.ones((500, 10), np.float32))
     cache = HostCache(mapped, np.arange(500), str(tmp_path), AutoSize(warmup=2))
     store = FeatureStore(mapped, np.zeros(500, np.int64), ordered=True)
-    store.attach_cache(cache)
+    store.host_cache = cache
     for _ in range(2):
         store.gather(torch.arange(500))
     deadline = time.monotonic() + 10
@@ -291,7 +293,7 @@ def test_a_cold_file_that_cannot_be_written_is_given_up(tmp_path, monkeypatch, c
         cache = HostCache(mapped, np.arange(0, 500, 7), str(tmp_path))
     assert not cache.cold_file and cache.cold is mapped and "No space left" in caplog.text
     store = FeatureStore(mapped, np.zeros(500, np.int64), ordered=True)
-    store.attach_cache(cache)
+    store.host_cache = cache
     rows = torch.arange(499, -1, -2)
     assert torch.equal(store.gather(rows), torch.from_numpy(features)[rows])
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".neutronorch-cold")]
@@ -380,7 +382,7 @@ def test_auto_holding_every_row_still_shrinks_into_a_file_of_its_own(tmp_path, m
     cache._tick()
     assert cache.rows == 700 and cache.cold_file and cache.cold.shape[0] == 0
     store = FeatureStore(mapped, np.zeros(700, np.int64), ordered=True)
-    store.attach_cache(cache)
+    store.host_cache = cache
     rows = torch.from_numpy(np.random.default_rng(5).integers(0, 700, 2000))
     assert torch.equal(store.gather(rows), torch.from_numpy(features)[rows])
     memory.available = 11_000 - 2_400  # short by 2,400 bytes: 100 rows, + the 2,000-byte margin

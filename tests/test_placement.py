@@ -235,8 +235,8 @@ def test_large_tensors_are_pinned_in_place_and_unpinned(monkeypatch):
     monkeypatch.setattr(placement, "REGISTER_IN_PLACE", big.nbytes)
     out = placement.pin_copy(big, cudart)
     assert out is big and cudart.registered == [(big.data_ptr(), big.nbytes)]
-    placement.REGISTERED.release(big, cudart)
-    placement.REGISTERED.release(big, cudart)  # once only
+    placement.unpin(big, cudart)
+    placement.unpin(big, cudart)  # once only
     assert cudart.unregistered == [big.data_ptr()]
 
 

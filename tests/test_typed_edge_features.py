@@ -20,8 +20,7 @@ from neutronorch.errors import ConfigError, DataError
 from neutronorch.nn.relational import module_key
 from neutronorch.nn.typed_models import LEAKY_SLOPE, TypedGNN, TypedSpec, edge_arguments
 from neutronorch.sampling import kernels
-from neutronorch.sampling.typed_edges import gather_edge_features
-from neutronorch.sampling.typed_sampler import TypedNeighborSampler
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler, gather_edge_features
 from neutronorch.features.store import gather_frontier
 
 CPU = torch.device("cpu")
@@ -55,14 +54,15 @@ def seeds_of(graph: TypedGraph, count: int = 48) -> np.ndarray:
 
 @pytest.mark.parametrize("order", [False, True], ids=["own-order", "region-order"])
 @pytest.mark.parametrize("fanout", [-1, 0, 1, 3, 10])
-def test_the_edge_kernel_draws_what_the_neighbour_kernel_draws(mag, fanout, order):
+def test_recording_edges_draws_what_the_neighbour_kernel_draws(mag, fanout, order):
     csc = mag.relations[CITES]
     dst = np.random.default_rng(0).choice(mag.num_nodes["paper"], 300, replace=False).astype(np.int64)
     visit = kernels.region_order(dst, 64, mag.num_nodes["paper"]) if order else kernels.NO_ORDER
     for key in (np.uint64(5), np.uint64(2**63 + 11)):
-        ptr, nbrs = kernels.sample_neighbors(csc.indptr, csc.indices, dst, fanout, key, visit)
-        ptr2, nbrs2, edges = kernels.sample_neighbor_edges(csc.indptr, csc.indices, dst, fanout, key, visit)
-        assert np.array_equal(ptr, ptr2) and np.array_equal(nbrs, nbrs2) and nbrs.dtype == nbrs2.dtype
+        ptr, nbrs, none = kernels.sample_neighbors(csc.indptr, csc.indices, dst, fanout, key, visit)
+        ptr2, nbrs2, edges = kernels.sample_neighbors(csc.indptr, csc.indices, dst, fanout, key, visit, True)
+        assert none.shape == (0,) and np.array_equal(ptr, ptr2) and np.array_equal(nbrs, nbrs2)
+        assert nbrs.dtype == nbrs2.dtype
         assert edges.dtype == np.int64 and np.array_equal(csc.indices[edges], nbrs)
         owner = np.repeat(dst, np.diff(ptr))
         assert ((edges >= csc.indptr[owner]) & (edges < csc.indptr[owner + 1])).all()
@@ -107,13 +107,17 @@ def test_recording_edge_ids_changes_no_draw(mag):
 
 
 def test_a_graph_without_edge_features_samples_as_before(monkeypatch):
-    """No edge features: the neighbour kernel alone, no edge ids, nothing to gather."""
+    """No edge features: the kernel records no edge, no edge ids, nothing to gather."""
     graph = synthetic_typed(nodes=1000, features=4, seed=2).with_reverse()
 
-    def refuse(*args):
-        raise AssertionError("the edge kernel ran for a graph without edge features")
+    plain = kernels.sample_neighbors
 
-    monkeypatch.setattr(kernels, "sample_neighbor_edges", refuse)
+    def refuse(*args):
+        if args[6:] and args[6]:
+            raise AssertionError("edges were recorded for a graph without edge features")
+        return plain(*args)
+
+    monkeypatch.setattr(kernels, "sample_neighbors", refuse)
     sampler = TypedNeighborSampler(graph, [3, 3])
     assert not sampler.edge_ids and not sampler.edge_features
     subgraph = sampler.sample(seeds_of(graph), 1)

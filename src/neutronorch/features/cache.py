@@ -1,17 +1,9 @@
-"""The device feature cache: the hottest rows on the device, the rest read from the host.
-
-Hotness is measured, not guessed: ``presample`` samples mini-batches (32 by default) with the training
-fanouts before training and counts how often each vertex appears in an input frontier, smoothed towards
-out-degree; ``degree`` uses the out-degree alone (how often a vertex can be drawn as someone's
-neighbour). The top rows by hotness fill the cache.
+"""The device feature cache: the hottest rows on the device (ranked by ``hotness_order``), the rest read
+from the host.
 
 Two ways to serve a mini-batch's rows, both assembling the same ``features[rows]`` on the device:
-
-- ``split`` + ``assemble`` (modes that sample on the host): the host looks up each row's cache slot,
-  gathers only the misses into a pinned buffer, and the device reads every row from its slot and then
-  overwrites the misses with the copied rows.
-- ``gather`` (modes that sample on the device): the device looks up the slots and reads the misses from
-  host memory directly (a UVA view) or, failing that, through a host gather and a copy.
+``split`` + ``assemble`` (modes that sample on the host; only the misses are gathered and copied) and
+``gather`` (modes that sample on the device; misses read through a UVA view or a host gather).
 
 On the CPU the cache is a host tensor and both paths run unchanged, which is how the tests cover them.
 """
@@ -31,13 +23,9 @@ from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 def hotness_order(indptr: np.ndarray, indices: np.ndarray, train_idx: np.ndarray, fanouts: list[int],
                   batch_size: int, seed: int, policy: str = "presample", batches: int = 32) -> np.ndarray:
-    """Every vertex, hottest first (see the module docstring).
-
-    ``presample`` scores a vertex by its appearances in the input frontiers of ``batches`` sampled
-    mini-batches plus a degree prior worth the same total (each vertex's share of the appearances if they
-    followed out-degree): a shrinkage estimate, since counts over a few batches are noisy for all but the
-    hottest vertices. Measured (bench/cache_hit_rate.py) it serves at least as many rows as ``degree`` and
-    more where training seeds are not spread evenly over the graph."""
+    """Every vertex, hottest first. ``presample`` scores a vertex by its appearances in the input frontiers
+    of ``batches`` mini-batches sampled with the training fanouts, plus a degree prior worth the same total
+    (counts over a few batches are noisy); ``degree`` by out-degree alone (docs/gpu.md, "Placement")."""
     degree = {"": out_degrees(indices, indptr.shape[0] - 1).astype(np.float64)}
     return _hotness(NeighborSampler(indptr, indices, fanouts), degree, train_idx, batch_size, seed, policy,
                     batches)[""]
@@ -45,10 +33,8 @@ def hotness_order(indptr: np.ndarray, indices: np.ndarray, train_idx: np.ndarray
 
 def typed_hotness_order(graph: TypedGraph, sampler: TypedNeighborSampler, train_idx: np.ndarray, batch_size: int,
                         seed: int, policy: str = "presample", batches: int = 32) -> dict[str, np.ndarray]:
-    """``hotness_order`` per featured type of the typed ``graph``. A vertex's degree is its out-degree summed
-    over the relations out of its type (how often it can be drawn as someone's neighbour); ``presample`` counts
-    its appearances in the input frontiers of the training seeds' mini-batches sampled by ``sampler`` (a
-    ``TypedNeighborSampler`` with the training fanouts)."""
+    """``hotness_order`` per featured type of the typed ``graph``, a vertex's degree summed over the relations
+    out of its type, its appearances counted in the batches ``sampler`` (training fanouts) draws."""
     degree = {t: np.zeros(graph.num_nodes[t], np.float64) for t in graph.features if graph.num_nodes[t] > 0}
     for (source, _, _), relation in graph.relations.items():
         if source in degree:
@@ -58,9 +44,8 @@ def typed_hotness_order(graph: TypedGraph, sampler: TypedNeighborSampler, train_
 
 def _hotness(sampler, degree: dict[str, np.ndarray], train_idx: np.ndarray, batch_size: int, seed: int, policy: str,
              batches: int) -> dict[str, np.ndarray]:
-    """Each type's vertices (``degree``'s keys; a homogeneous graph's one, "") ranked by ``_ranked``, their
-    appearances counted in the input frontiers that ``sampler`` draws for the first ``batches`` mini-batches of
-    the training seeds in an order shuffled by ``seed`` (epoch -1's keys)."""
+    """Each type's vertices (``degree``'s keys; a homogeneous graph's one, "") ranked by ``_ranked``, counted
+    over the first ``batches`` mini-batches of the training seeds shuffled by ``seed`` (epoch -1's keys)."""
     counts = {t: np.zeros(d.shape[0], np.float64) for t, d in degree.items()}
     order = np.random.default_rng(seed).permutation(np.asarray(train_idx, dtype=np.int64))
     for b in range(min(batches, -(-order.shape[0] // batch_size)) if policy != "degree" else 0):
@@ -87,7 +72,6 @@ class FeatureCache:
                  device_lookup: bool = True):
         num_nodes = store.features.shape[0]
         self.rows = int(min(rows, num_nodes))
-        self.device = device
         self.full = self.rows == num_nodes
         if self.full:
             # Every row: the features themselves on the device (zero-copy on the CPU); slot = vertex id.
@@ -97,13 +81,9 @@ class FeatureCache:
         cached = np.sort(hot_order[:self.rows])
         self.slot_map = np.full(num_nodes, -1, np.int32)  # int32: half the memory; slots < 2**31
         self.slot_map[cached] = np.arange(self.rows, dtype=np.int32)
-        self.table = _to_device(store.gather(torch.from_numpy(cached)), device)
+        self.table = store.gather(torch.from_numpy(cached)).to(device)
         # Only modes that sample on the device look slots up there; the others split on the host.
-        self.device_slot_map = _to_device(torch.from_numpy(self.slot_map), device) if device_lookup else None
-
-    @property
-    def nbytes(self) -> int:
-        return self.table.nbytes
+        self.device_slot_map = torch.from_numpy(self.slot_map).to(device) if device_lookup else None
 
     def split(self, rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Host side: (every row's cache slot, misses clamped to slot 0; positions of the misses; the missed
@@ -145,22 +125,10 @@ class FeatureCache:
         return out, rows.shape[0] - miss_pos.shape[0], misses.nbytes
 
 
-def as_float_rows(features: np.ndarray) -> np.ndarray:
-    """Features as float32 rows (half-precision storage is widened; float32 is returned as is)."""
-    return features if features.dtype == np.float32 else features.astype(np.float32)
-
-
 def _rows_as(features: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Every feature row as ``dtype`` on ``device``: float32 storage in memory as is (zero-copy on the CPU),
-    anything else (other storage types, memory maps) converted and moved a slice of rows at a time."""
+    anything else (other storage types, memory maps) widened and moved a slice of rows at a time."""
     if dtype == torch.float32 and features.dtype == np.float32 and not isinstance(features, np.memmap):
-        return _to_device(torch.from_numpy(_writable(features)), device)
-    return to_device_in_slices(features, device, dtype, lambda rows: torch.from_numpy(as_float_rows(rows)))
-
-
-def _writable(array: np.ndarray) -> np.ndarray:
-    return array if array.flags.writeable else np.array(array)
-
-
-def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    return tensor if device.type == "cpu" else tensor.to(device)
+        return torch.from_numpy(features if features.flags.writeable else np.array(features)).to(device)
+    widen = lambda rows: torch.from_numpy(rows.astype(np.float32, copy=False))  # noqa: E731
+    return to_device_in_slices(features, device, dtype, widen)

@@ -1,28 +1,16 @@
-"""The host feature cache: the hottest rows in memory, the others in a compact file of their own.
-
-For memory-mapped features larger than the memory left for them. Each mini-batch's rows are read in file
-order (``--read-order file``), so a mini-batch costs about one pass over the stretch of the file its rows
-are spread over; with the rows spread over the whole file, the page cache cannot keep any useful part of
-it (each pass evicts the previous one's pages before they are used again), and memory given to a cache of
-rows in place would shorten no pass. So the cache does two things at once:
-
-- the ``rows`` hottest vertices' rows (ranked as the device cache ranks them, by presampling, below the rows
-  the device cache already holds) are copied into memory, where nothing can evict them;
-- every other row is copied once, in vertex order, into a file of cold rows, so each mini-batch's pass
-  covers only that file: a cache of a share ``c`` of the rows shortens every pass to ``1 - c`` of the
-  features.
+"""The host feature cache, for memory-mapped features larger than the memory left for them: the hottest rows
+in memory, every other row copied once, in vertex order, into a file of cold rows, so that a mini-batch read
+in file order passes over that file only (docs/memory.md, "A host feature cache").
 
 Both come from one sequential read of the features. The cold file goes next to the features (or into
 ``directory``, else the temporary directory) and is deleted as soon as it is open: nothing is left behind.
 Without room for it (or when writing it fails), misses are read from the features in place (logged).
 
-Sized by measurement (``AutoSize``, ``--host-cache-gb auto``): the cache starts empty (rows read in place)
-while a thread samples the process's anonymous memory. Once the first mini-batches have been gathered
-(``WARMUP_GATHERS``), their peak is the working memory, and the cache takes what the memory available leaves
-beside it, beside the page cache of mapped files (libraries, topology, the cold rows' reads) and a margin
-(``memory.measured_rows``); the thread builds it while training goes on, then watches the memory available
-(under a memory cgroup, its limit minus its anonymous memory): when the page cache would be squeezed, the
-coldest cached rows are appended to the cold file and their memory given back (``memory.rows_to_free``).
+Sized by measurement (``AutoSize``): the cache starts empty while a thread samples the process's anonymous
+memory over the first ``WARMUP_GATHERS`` gathers, then takes what the memory available leaves beside that
+peak and the page cache of mapped files (``memory.measured_rows``), built while training goes on; the thread
+then watches the memory available and appends the coldest cached rows to the cold file, handing their memory
+back, when the page cache would be squeezed (``memory.rows_to_free``).
 
 ``where[v]`` says where v's row is: ``-1 - slot`` for a cached row (slots hottest first), otherwise its row
 in the cold source. Gathers read through ``reading()``, which a resize waits for.
@@ -54,25 +42,6 @@ COPY_BYTES = 16 << 20  # rows read per step of the copy (its copies are the buil
 WARMUP_GATHERS = 8  # gathers before sizing: the pipeline's buffers filled and the first training steps run
 POLL_WARMUP_S = 0.005  # sampling the working memory while it is measured (a training step's peak is brief)
 POLL_S = 0.1  # watching the memory available afterwards
-
-
-def host_cache_rows(setting: str | float, features: np.ndarray, file_order: bool) -> tuple[int, str]:
-    """Rows of a host cache of a fixed size (``TrainConfig.host_cache_gb`` in GiB), and why; 0 for ``auto``,
-    which is sized by measurement (``AutoSize``) where ``sized_by_memory`` says so. Only memory-mapped
-    features are cached (rows already in memory need no second copy)."""
-    row_bytes = max(1, features.strides[0])
-    num_rows = features.shape[0]
-    if not isinstance(features, np.memmap):
-        return 0, "features in memory"
-    if setting == "auto":
-        return 0, ("sized after the first mini-batches" if file_order else "memory-mapped features fit in memory")
-    return min(num_rows, int(float(setting) * GiB) // row_bytes), "host_cache_gb"
-
-
-def sized_by_memory(setting: str | float, features: np.ndarray, file_order: bool) -> bool:
-    """Whether the cache for ``setting`` is sized by measurement (``AutoSize``): ``auto`` with memory-mapped
-    features read in file order, i.e. that do not fit in the memory left."""
-    return setting == "auto" and file_order and isinstance(features, np.memmap)
 
 
 class _State:
@@ -178,6 +147,11 @@ class HostCache:
             self._wake.set()
             self._watcher.join()
 
+    def describe(self) -> str:
+        return (f"{self.rows:,} rows ({self.table.nbytes / GiB:.2f} GiB) in memory, "
+                + (f"{self.cold.shape[0]:,} copied to a file of cold rows" if self.cold_file
+                   else "the others read in place") + f"; built in {self.seconds:.1f} s")
+
     def summary(self, rows_gathered: int, hits: int) -> dict:
         """Its size, whether the rows it misses were copied to a file of their own, and the share of the host's
         ``rows_gathered`` it served (``hits``); sized by measurement, what was measured (``sizing``)."""
@@ -231,10 +205,7 @@ class HostCache:
         with self._guard.write():
             self._state = state
         self._candidates = None
-        logger.info(f"host feature cache sized after the first mini-batches ({why}): {rows:,} rows "
-                    f"({self.table.nbytes / GiB:.2f} GiB) in memory, "
-                    + (f"{self.cold.shape[0]:,} copied to a file of cold rows" if self.cold_file
-                       else "the others read in place") + f"; built in {self.seconds:.1f} s")
+        logger.info(f"host feature cache sized after the first mini-batches ({why}): {self.describe()}")
 
     def _shrink(self, count: int, available: int) -> None:
         """Give up the ``count`` coldest cached rows: appended to the cold file (or read in place without

@@ -1,17 +1,7 @@
-"""Where the topology and the features live on a CUDA machine, decided once from a memory budget.
-
-``plan_placement`` is arithmetic only (it runs, and is tested, without a GPU):
-
-- The **budget** is ``--gpu-memory-gb`` (default: the device's memory). It must first hold the training
-  **workspace** (model, optimizer state, the largest mini-batch's activations: ``workspace_bytes``).
-- **Topology** (CSC ``indptr`` + ``indices``) is placed on the device only where the device samples
-  (``device`` mode, and NeutronOrch's bottom hop with ``--device-sampling``); it goes first, since a
-  sampler reading topology through PCIe is slower than one reading features through it. When it does not
-  fit, it stays in pinned host memory and the device reads it directly (zero-copy, UVA).
-- **Features**: what the budget still holds becomes the GPU feature cache (``--gpu-cache-gb`` caps it). A
-  cache that holds every row is simply the features on the device. Rows not cached are read from pinned
-  host memory by the device (UVA, where the device samples) or gathered on the host and copied through
-  pinned staging buffers (where the host samples).
+"""Where the topology and the features live on a CUDA machine, decided once from a memory budget
+(docs/gpu.md, "Placement"): the training workspace first, then the topology where the device samples
+(pinned host memory, read in place, when it does not fit), then a device cache of the hottest feature rows
+in what is left. ``plan_placement`` is arithmetic only (it runs, and is tested, without a GPU).
 
 Pinning can fail (a low ``ulimit -l``, too little shared memory in a container): ``pin`` then says so once
 and the data stay in pageable memory, where copies are synchronous but correct. ``uva_view`` gives a CUDA
@@ -76,18 +66,15 @@ class Placement:
 
 
 def workspace_bytes(num_nodes: int, feature_dim: int, hidden: int, num_classes: int, fanouts: list[int],
-                    batch_size: int, heads: int = 1, measured: list[int] | None = None) -> int:
+                    batch_size: int, heads: int = 1) -> int:
     """An upper estimate of the device memory training needs besides the data: the largest mini-batch's
-    frontiers (at most every vertex; or the ``measured`` sizes, seeds first, from sampled mini-batches)
-    with their features and per-layer activations kept for the backward pass, the sampled edges, and the
-    model with Adam's two moments."""
+    frontiers (at most every vertex) with their features and per-layer activations kept for the backward
+    pass, the sampled edges, and the model with Adam's two moments."""
     frontier, frontiers, edges = batch_size, [batch_size], 0
-    for layer, fanout in enumerate(fanouts):
+    for fanout in fanouts:
         fan = fanout if fanout > 0 else 64  # "all neighbours": a generous mean degree
         edges += frontier * fan
         frontier = min(num_nodes, frontier * (1 + fan))
-        if measured:
-            frontier = measured[layer + 1]
         frontiers.append(frontier)
     bottom = frontiers[-1]
     activations = bottom * feature_dim * 4  # the input features
@@ -125,6 +112,7 @@ def plan_placement(*, device: str, samples_on_device: bool, num_nodes: int, num_
     topology_bytes = 8 * (num_nodes + 1) + indices_itemsize * num_edges
     row_bytes = row_itemsize * feature_dim
     notes: list[str] = []
+    table = {"": (num_nodes, row_bytes)}
     if device_memory is None:
         # The "device" is host memory: nothing to budget. Where the device samples, its tensors are the
         # host's (every row "on the device"); a partial cache is made only when asked for explicitly (it
@@ -133,31 +121,33 @@ def plan_placement(*, device: str, samples_on_device: bool, num_nodes: int, num_
             notes.append("memory-mapped features larger than the memory available: rows are read from the file")
         if gpu_memory_gb is not None:
             notes.append("`gpu_memory_gb` has no effect without a GPU")
-        rows = cache_rows(gpu_cache_gb, None, {"": (num_nodes, row_bytes)}, samples_on_device and features_fit,
-                          notes)[""]
-        return _decide(device, None, 0, "device" if samples_on_device else "host", rows, num_nodes,
-                       samples_on_device, topology_bytes, row_bytes, notes)
-
-    budget = device_budget(device_memory, gpu_memory_gb, notes)
-    if samples_on_device:
-        workspace += 8 * num_nodes  # the device sampler's vertex map (int64 per vertex)
-    free = budget - workspace
-    if free < 0:
-        raise ConfigError(f"`gpu_memory_gb` {budget / GiB:.2f}: training alone needs about "
-                          f"{workspace / GiB:.2f} GiB of device memory with this model and batch size "
-                          f"(the largest mini-batch's activations, the model and its optimizer state). Raise "
-                          f"`gpu_memory_gb`, or lower `batch_size` or `fanouts`.")
-    topology = "host"
-    if samples_on_device:
-        if topology_bytes <= free:
-            topology, free = "device", free - topology_bytes
-        else:
-            topology = "uva"
-            notes.append(f"topology ({topology_bytes / GiB:.2f} GiB) exceeds the budget left after the "
-                         f"workspace; the device reads it from pinned host memory")
-    rows = cache_rows(gpu_cache_gb, free, {"": (num_nodes, row_bytes)}, samples_on_device, notes)[""]
-    return _decide(device, budget, workspace, topology, rows, num_nodes, samples_on_device, topology_bytes,
-                   row_bytes, notes)
+        budget, workspace, topology = None, 0, "device" if samples_on_device else "host"
+        rows = cache_rows(gpu_cache_gb, None, table, samples_on_device and features_fit, notes)[""]
+    else:
+        budget = device_budget(device_memory, gpu_memory_gb, notes)
+        if samples_on_device:
+            workspace += 8 * num_nodes  # the device sampler's vertex map (int64 per vertex)
+        free = budget - workspace
+        if free < 0:
+            raise ConfigError(f"`gpu_memory_gb` {budget / GiB:.2f}: training alone needs about "
+                              f"{workspace / GiB:.2f} GiB of device memory with this model and batch size "
+                              f"(the largest mini-batch's activations, the model and its optimizer state). "
+                              f"Raise `gpu_memory_gb`, or lower `batch_size` or `fanouts`.")
+        topology = "host"
+        if samples_on_device:
+            if topology_bytes <= free:
+                topology, free = "device", free - topology_bytes
+            else:
+                topology = "uva"
+                notes.append(f"topology ({topology_bytes / GiB:.2f} GiB) exceeds the budget left after the "
+                             f"workspace; the device reads it from pinned host memory")
+        rows = cache_rows(gpu_cache_gb, free, table, samples_on_device, notes)[""]
+    if rows >= num_nodes:
+        features, miss = "device", "none"
+    else:
+        features, miss = "cache" if rows > 0 else "host", "uva" if samples_on_device else "staged"
+    return Placement(device, budget, workspace, topology, features, rows, miss, topology_bytes,
+                     row_bytes * num_nodes, rows * row_bytes, notes)
 
 
 def device_budget(device_memory: int, gpu_memory_gb: float | None, notes: list[str]) -> int:
@@ -198,17 +188,6 @@ def cache_rows(gpu_cache_gb: float | str | None, free: int | None, tables: dict,
         notes.append(f"`gpu_cache_gb` {gpu_cache_gb} does not fit the budget; the cache holds "
                      f"{sum(rows[key] * width for key, (_, width) in tables.items()) / GiB:.2f} GiB")
     return rows
-
-
-def _decide(device, budget, workspace, topology, rows, num_nodes, samples_on_device, topology_bytes,
-            row_bytes, notes) -> Placement:
-    if rows >= num_nodes:
-        features, miss = "device", "none"
-    else:
-        features = "cache" if rows > 0 else "host"
-        miss = "uva" if samples_on_device else "staged"
-    return Placement(device, budget, workspace, topology, features, rows, miss, topology_bytes,
-                     row_bytes * num_nodes, rows * row_bytes, notes)
 
 
 def placement_for(graph, config: PlacementConfig, device: torch.device, samples_on_device: bool,
@@ -258,29 +237,7 @@ def _warn_once(key: str, message: str) -> None:
 # Above this size, pin by registering the tensor's own pages: PyTorch's pinned allocator rounds every
 # allocation up to a power of two (100 GiB of features would lock 128 GiB) and copies the data.
 REGISTER_IN_PLACE = 256 * 2 ** 20
-
-
-class _Registered:
-    """Host tensors pinned in place with ``cudaHostRegister``; unregistered by ``release``."""
-
-    def __init__(self):
-        self.pointers: set[int] = set()
-
-    def register(self, tensor: torch.Tensor, cudart=None) -> bool:
-        cudart = cudart or torch.cuda.cudart()
-        if int(cudart.cudaHostRegister(tensor.data_ptr(), tensor.nbytes, 0)) != 0:
-            _clear_cuda_error()
-            return False
-        self.pointers.add(tensor.data_ptr())
-        return True
-
-    def release(self, tensor: torch.Tensor, cudart=None) -> None:
-        if tensor.data_ptr() in self.pointers:
-            self.pointers.discard(tensor.data_ptr())
-            (cudart or torch.cuda.cudart()).cudaHostUnregister(tensor.data_ptr())
-
-
-REGISTERED = _Registered()
+_REGISTERED: set[int] = set()  # the data pointers of the tensors pinned in place, until ``unpin``
 
 
 def _clear_cuda_error() -> None:
@@ -294,15 +251,21 @@ def _clear_cuda_error() -> None:
 
 
 def pin_copy(tensor: torch.Tensor, cudart=None) -> torch.Tensor:
-    """Pin ``tensor``: in place when it is large, contiguous and owns its memory; else a pinned copy."""
-    if tensor.nbytes >= REGISTER_IN_PLACE and tensor.is_contiguous() and REGISTERED.register(tensor, cudart):
-        return tensor
+    """Pin ``tensor``: in place (``cudaHostRegister``) when it is large, contiguous and owns its memory;
+    else a pinned copy."""
+    if tensor.nbytes >= REGISTER_IN_PLACE and tensor.is_contiguous():
+        if int((cudart or torch.cuda.cudart()).cudaHostRegister(tensor.data_ptr(), tensor.nbytes, 0)) == 0:
+            _REGISTERED.add(tensor.data_ptr())
+            return tensor
+        _clear_cuda_error()
     return tensor.pin_memory()
 
 
-def unpin(tensor: torch.Tensor) -> None:
+def unpin(tensor: torch.Tensor, cudart=None) -> None:
     """Undo an in-place registration (a no-op for pinned copies, which free themselves)."""
-    REGISTERED.release(tensor)
+    if tensor.data_ptr() in _REGISTERED:
+        _REGISTERED.discard(tensor.data_ptr())
+        (cudart or torch.cuda.cudart()).cudaHostUnregister(tensor.data_ptr())
 
 
 def pin(tensor: torch.Tensor, what: str, pinner=pin_copy) -> tuple[torch.Tensor, bool]:

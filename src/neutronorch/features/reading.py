@@ -16,7 +16,7 @@ import numpy as np
 from neutronorch.config import TrainConfig
 from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.features.cache import typed_hotness_order
-from neutronorch.features.host_cache import HostCache, host_cache_rows, sized_by_memory
+from neutronorch.features.host_cache import GiB, HostCache
 from neutronorch.features.memory import AutoSize
 from neutronorch.features.placement import typed_workspace
 from neutronorch.features.store import FeatureStore, beyond_memory
@@ -42,16 +42,22 @@ def read_orders(setting: str, features: list[np.ndarray], topology: list[np.ndar
 
 def host_cache_size(setting: str | float, features: np.ndarray, file_order: bool,
                     ranked: Callable[[], np.ndarray]) -> tuple[int, str, np.ndarray | None]:
-    """Rows of the host feature cache of ``features`` (``setting``: ``TrainConfig.host_cache_gb``; see
-    ``host_cache.py``), why, and the vertices hottest first (``ranked()``) where they were ranked for it.
-    ``auto``, where the memory-mapped features do not fit: 0 rows and the ranking, the cache then sizing itself
-    from the memory the first mini-batches use (``auto_size``); estimates of the working memory missed by up to
-    0.6 GiB on the 1M-vertex benchmark graph."""
+    """Rows of the host feature cache of ``features`` (``setting``: ``TrainConfig.host_cache_gb`` in GiB; see
+    ``host_cache.py``), why, and the vertices hottest first (``ranked()``) where they were ranked for it. Only
+    memory-mapped features are cached (rows in memory need no second copy). ``auto``, where they do not fit
+    (read in file order): 0 rows and the ranking, the cache then sizing itself from the memory the first
+    mini-batches use (``auto_size``); estimates of the working memory missed by up to 0.6 GiB on the
+    1M-vertex benchmark graph."""
     if setting == 0:
         return 0, "host_cache_gb 0", None
-    if sized_by_memory(setting, features, file_order):
-        return 0, "sized after the first mini-batches", ranked()
-    return (*host_cache_rows(setting, features, file_order), None)
+    if not isinstance(features, np.memmap):
+        return 0, "features in memory", None
+    if setting != "auto":
+        rows = min(features.shape[0], int(float(setting) * GiB) // max(1, features.strides[0]))
+        return rows, "host_cache_gb", None
+    if not file_order:
+        return 0, "memory-mapped features fit in memory", None
+    return 0, "sized after the first mini-batches", ranked()
 
 
 def auto_size(features: list[np.ndarray], topology: list[np.ndarray], distributed: bool = False,
@@ -68,12 +74,10 @@ def auto_size(features: list[np.ndarray], topology: list[np.ndarray], distribute
 
 def typed_stores(config: TrainConfig, graph: TypedGraph, fanouts: dict[RelationType, list[int]],
                  distributed: bool = False, on_host: bool = True) -> dict[str, FeatureStore]:
-    """One ``FeatureStore`` per featured type of the typed ``graph`` (two-way, as trained), each read in file
-    order or not and through a host cache or not as ``config`` (validated) says, with a homogeneous run's
-    meaning (docs/memory.md, "Typed graphs' features": a fixed ``host_cache_gb`` shared by the memory-mapped
-    types in proportion to their bytes); ``fanouts``: the training fanouts per relation, whose batches rank the
-    hot rows. ``on_host``: whether the run's mode reads its rows through host caches (device mode reads what
-    its device caches miss in place): where it does not, no cache is built."""
+    """One ``FeatureStore`` per featured type of the typed ``graph`` (two-way, as trained), read in file order
+    and through a host cache as ``config`` (validated) says (docs/memory.md, "Typed graphs' features");
+    ``fanouts``: the training fanouts per relation, whose batches rank the hot rows. ``on_host``: whether the
+    mode reads its rows through host caches (device mode reads its device caches' misses in place)."""
     features = dict(graph.features)
     topology = [a for relation in graph.relations.values() for a in (relation.indptr, relation.indices)]
     in_file_order, _ = read_orders(config.read_order, list(features.values()), topology,
@@ -114,15 +118,12 @@ def attach_host_cache(store: FeatureStore, setting: str | float, ranked: Callabl
     of, left = f" of {name}" if name else "", store.features.shape[0] - skip
     if order is not None:
         if left > 0:
-            store.attach_cache(HostCache(store.features, order[skip:], directory, auto()))
+            store.host_cache = HostCache(store.features, order[skip:], directory, auto())
             logger.info(f"host feature cache{of}: sized once the first mini-batches have shown the memory they use "
                         f"(until then rows are read from the features in place)")
     elif min(count, left) > 0:
-        cache = HostCache(store.features, ranked()[skip:skip + count], directory)
-        store.attach_cache(cache)
-        logger.info(f"host feature cache{of} ({why}): {cache.rows:,} rows ({cache.table.nbytes / 2**30:.2f} GiB) in "
-                    f"memory, " + (f"{cache.cold.shape[0]:,} copied to a file of cold rows" if cache.cold_file
-                                   else "the others read in place") + f"; built in {cache.seconds:.1f} s")
+        store.host_cache = HostCache(store.features, ranked()[skip:skip + count], directory)
+        logger.info(f"host feature cache{of} ({why}): {store.host_cache.describe()}")
     elif setting not in (0, "auto"):
         why = "the device cache holds every row" if count else why + (" holds no row" if why == "host_cache_gb" else "")
         logger.info(f"no host feature cache{of}: {why}")

@@ -73,16 +73,11 @@ class BufferPool:
 
 
 def beyond_memory(arrays: list[np.ndarray], available: int | None = None, reserve: int = 0) -> bool:
-    """Whether the memory maps among ``arrays`` should be read in file order (``kernels.region_order``):
-    when together they are larger than half the memory left (``available``, by default measured now; see
-    ``memory.available_memory_bytes``) beside ``reserve`` (the run's own working memory, still to be
-    allocated), the page cache may not keep them. Then rows gathered in batch order make readahead
-    bring pages that are evicted before they are used, again and again. Measured on 1.6 GB of features
-    (1M rows of 400 float32) and mini-batches of 362k rows, with 800 MB of memory: in file order 1.6-2.5 s
-    and about one pass over the file per mini-batch; in batch order with the kernel told to expect random
-    access (no readahead), 22-24 s; with its default readahead, a training run under a 4.8 GB cap read
-    141 GB in five minutes without finishing its epoch. While the rows fit, file order is slower (its
-    writes are scattered: 0.35 s against 0.25 s for the same gather), so it is not used then."""
+    """Whether the memory maps among ``arrays`` should be read in file order (``kernels.region_order``): when
+    together they are larger than half the memory left (``available``, by default measured now) beside
+    ``reserve`` (the run's own working memory, still to be allocated), the page cache may not keep them, and
+    rows gathered in batch order make readahead bring pages evicted before use, again and again. While they
+    fit, file order is slower (its writes are scattered): docs/memory.md, "Reads in file order"."""
     mapped = sum(a.nbytes for a in arrays if isinstance(a, np.memmap))
     if not mapped:
         return False
@@ -93,7 +88,7 @@ def beyond_memory(arrays: list[np.ndarray], available: int | None = None, reserv
 class FeatureStore:
     """Host-resident features (a numpy array or memory map) gathered by row ids, as rows of ``dtype``
     (float32, or bfloat16 for bfloat16 training: half the bytes written and copied). With a ``HostCache``
-    (``attach_cache``) rows come from its memory or its file of cold rows; ``take_counts`` says how many."""
+    (``host_cache``) rows come from its memory or its file of cold rows; ``take_counts`` says how many."""
 
     def __init__(self, features: np.ndarray, labels: np.ndarray | None = None, dtype: torch.dtype = torch.float32,
                  ordered: bool | None = None):
@@ -106,10 +101,6 @@ class FeatureStore:
         self.labels = None if labels is None else torch.from_numpy(np.array(labels, dtype=np.int64))
         self.host_cache = None
         self._counts = _Counts()
-
-    def attach_cache(self, cache) -> None:
-        """Serve rows through ``cache`` (a ``host_cache.HostCache`` over these features) from now on."""
-        self.host_cache = cache
 
     def as_dtype(self, dtype: torch.dtype) -> "FeatureStore":
         """The same features gathered as ``dtype`` (this store when it already is)."""
@@ -176,11 +167,8 @@ class _Counts:
 class TypedInputs:
     """``inputs(frontier, device) -> (features, ids)``, what the typed modes are handed: the rows of every
     featured type's ids in ``frontier`` (float32) and every type's ids, both on ``device``. Each featured type's
-    rows come from a ``FeatureStore`` over its array (``stores``, one per featured type: a run's come from
-    ``reading.typed_stores``, in file order and through a host cache as configured; default:
-    each reads a memory map in file order when it does not fit, as ``FeatureStore`` decides), the gather
-    homogeneous runs read through: a memory-mapped array is read at those rows only, float16 and bfloat16
-    storage decoded."""
+    rows come from a ``FeatureStore`` over its array (``stores``: a run's from ``reading.typed_stores``;
+    default: one per featured type, as ``FeatureStore`` decides)."""
 
     def __init__(self, graph: TypedGraph, stores: Mapping[str, FeatureStore] | None = None):
         self.stores = dict(stores) if stores is not None else {t: FeatureStore(rows)
@@ -197,10 +185,8 @@ class TypedInputs:
         return {t: self.stores[t].gather(ids) for t, ids in frontier.items() if t in self.stores}
 
     def summary(self) -> dict:
-        """``host_cache`` and ``read_order`` as a homogeneous run's summary has them: the host caches' rows,
-        GiB and build seconds summed over the cached types, their hit rate over the rows those types gathered,
-        and each type's own (``types``); how the featured types' rows were read (``file`` when any type's
-        were) and the topology (the typed sampler's: in batch order)."""
+        """``host_cache`` and ``read_order`` as a homogeneous run's summary has them, summed over the cached
+        types with each type's own under ``types`` (docs/memory.md, "Typed graphs' features")."""
         for t, store in self.stores.items():
             self._moved[t] = tuple(a + b for a, b in zip(self._moved.get(t, (0, 0)), store.take_counts()))
         caches = {t: store.host_cache.summary(*self._moved[t]) for t, store in self.stores.items()

@@ -244,7 +244,7 @@ def edge_arguments(layer: nn.Module, tblock: TypedBlock, weighted: Iterable[Rela
         if rows is None:
             raise ValueError(f"relation {relation_label(relation)} has edge features, but its sampled block "
                              f"carries none: sample with a TypedNeighborSampler that reads them (its default), "
-                             f"or read them into the blocks with typed_edges.gather_edge_features")
+                             f"or read them into the blocks with typed_sampler.gather_edge_features")
         if tuple(rows.shape) != (block.num_edges, width):
             raise ValueError(f"relation {relation_label(relation)}: edge features of shape {tuple(rows.shape)} "
                              f"for {block.num_edges} sampled edges; the model reads {width} column(s) per edge")

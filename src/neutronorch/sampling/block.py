@@ -1,12 +1,6 @@
-"""What a sampler produces: blocks (one bipartite layer each) and the sampled subgraph that holds them, for
-both kinds of graph, and their layout as PyG's ``NeighborLoader`` yields a sampled subgraph (``pyg_form``).
-
-A homogeneous layer is one ``Block``. A typed layer (``TypedBlock``) has, for every vertex type, a source
-frontier (local ids of that type, the type's destinations first) and a destination count; each relation
-``(src_type, name, dst_type)`` contributes one ``Block`` whose destinations are the first
-``num_dst[dst_type]`` rows of ``dst_type``'s frontier and whose sources are positions in ``src_type``'s
-frontier. A relational layer reads ``x_src[src_type]`` through each relation's block and writes one tensor
-per destination type, so every edge says which relation it came from by the block that holds it.
+"""What a sampler produces: blocks (one bipartite layer each; a typed layer, ``TypedBlock``, one ``Block``
+per relation) and the sampled subgraph that holds them, for both kinds of graph, and their layout as PyG's
+``NeighborLoader`` yields a sampled subgraph (``pyg_form``).
 """
 
 from __future__ import annotations
@@ -26,13 +20,11 @@ class Block:
     are positions in the layer's source frontier. Destination ``i``'s own input is source
     ``dst_offset + i``: sampled blocks have ``dst_offset`` 0 (the destinations lead the frontier), while
     full-graph inference uses global vertex ids as source positions and a contiguous range of
-    destinations starting at ``dst_offset``. (NeutronOrch's spliced batches are the one exception: their
-    bottom block holds only the cold destinations, and the model's splice restores the rule.)
+    destinations starting at ``dst_offset``. (NeutronOrch's spliced bottom block holds only the cold
+    destinations; the model's splice restores the rule.)
 
-    ``src_degree``, when the sampler was asked for it, holds each source row's in-degree in the whole
-    graph (float32), not in the block: what a normalisation by graph degrees (symmetric GCN) reads.
-    ``src_ids``, set by the samplers, holds the source frontier's global vertex ids (int64): what keys a
-    row's dropout mask to its vertex (``nn.activation``).
+    ``src_degree``: each source row's in-degree in the whole graph (float32), when asked for (symmetric
+    GCN). ``src_ids``: the source frontier's global ids (int64), what keys a row's dropout mask.
     """
 
     num_dst: int
@@ -88,10 +80,8 @@ class TypedBlock:
     (within type ``t``) of ``t``'s source frontier, int64, when the sampler knows them.
 
     ``edge_ids[r]``: the position in relation ``r``'s CSC ``indices`` of each of ``blocks[r]``'s edges (int64,
-    in the block's ``indices`` order), for the relations the sampler recorded them for (by default those with
-    edge features). ``edge_features[r]``: those edges' feature rows (``edges x width``) once gathered
-    (``sampling/typed_edges.py``, as the sampler draws them); the models read them as attention features or
-    edge weights. ``to`` moves every tensor.
+    in the block's ``indices`` order), for the relations the sampler recorded them for. ``edge_features[r]``:
+    those edges' feature rows (``edges x width``) once gathered (``typed_sampler.gather_edge_features``).
     """
 
     num_dst: dict[str, int]
@@ -100,10 +90,6 @@ class TypedBlock:
     src_ids: dict[str, torch.Tensor] = field(default_factory=dict)
     edge_ids: dict[RelationType, torch.Tensor] = field(default_factory=dict)
     edge_features: dict[RelationType, torch.Tensor] = field(default_factory=dict)
-
-    @property
-    def dst_types(self) -> tuple[str, ...]:
-        return tuple(t for t, n in self.num_dst.items() if n > 0)
 
     @property
     def num_edges(self) -> int:
@@ -153,10 +139,6 @@ class SampledSubgraph:
     def num_sampled_edges(self) -> int:
         return sum(b.num_edges for b in self.blocks)
 
-    def pyg_form(self) -> tuple[torch.Tensor, list[int], list[int]]:
-        """``pyg_form(self.blocks)`` (homogeneous blocks)."""
-        return pyg_form(self.blocks)
-
 
 def pyg_form(blocks: list[Block]) -> tuple[torch.Tensor, list[int], list[int]]:
     """Homogeneous blocks (bottom layer first) as PyG's ``NeighborLoader`` yields a subgraph: ``(edge_index,
@@ -171,12 +153,10 @@ def pyg_form(blocks: list[Block]) -> tuple[torch.Tensor, list[int], list[int]]:
 class TypedPygForm:
     """Typed blocks as PyG's heterogeneous ``NeighborLoader`` lays out a sampled subgraph (``typed_pyg_form``).
 
-    ``edge_index[r]``: (2, E) int64 in the local ids of each type's input frontier (row 0 the neighbour, of
-    ``r``'s source type; row 1 the vertex it was drawn for, of its destination type), the seed hop's edges
-    first, then each hop's. ``num_sampled_nodes[t]``: type ``t``'s vertices per hop (the seeds, then those
-    each hop added); ``num_sampled_edges[r]``: ``r``'s edges per hop; both what PyG's ``trim_to_layer`` reads.
-    ``edge_features[r]``/``edge_ids[r]``: the kept edges' rows and ids, for the relations whose blocks carry
-    them."""
+    ``edge_index[r]``: (2, E) int64 in the local ids of each type's input frontier (row 0 the neighbour, row
+    1 the vertex it was drawn for), the seed hop's edges first. ``num_sampled_nodes[t]`` and
+    ``num_sampled_edges[r]``: per hop, what PyG's ``trim_to_layer`` reads. ``edge_features[r]`` and
+    ``edge_ids[r]``: the kept edges' rows and ids, for the relations whose blocks carry them."""
 
     edge_index: dict[RelationType, torch.Tensor]
     num_sampled_nodes: dict[str, list[int]]

@@ -1,9 +1,7 @@
 """The sampler of the training device: Triton kernels where Triton runs, torch ops elsewhere.
 
-``TritonNeighborSampler`` keeps the contract of ``TorchNeighborSampler`` (and of the host sampler): the same
-seeds and key give the same blocks, bit for bit. It samples a whole mini-batch in a few launches per hop
-(``triton_kernels``) on padded buffers whose sizes the host derives from the fanouts, so the host reads the
-device once per mini-batch (the sizes of every hop, after the last) instead of twice per hop.
+``TritonNeighborSampler`` keeps the contract of ``TorchNeighborSampler`` (and of the host sampler) bit for
+bit, in a few launches per hop (``triton_kernels``) and one read of the device per mini-batch.
 
 ``make_device_sampler`` picks the implementation: ``backend="auto"`` (the default, or the environment
 variable ``NEUTRONORCH_DEVICE_SAMPLER``) takes Triton for CUDA tensors where it can be imported and the
@@ -20,8 +18,8 @@ import os
 import torch
 
 from neutronorch.errors import ConfigError
-from neutronorch.sampling.block import Block, SampledSubgraph
-from neutronorch.sampling.neighbor_sampler import Started, TorchNeighborSampler, drawn_slots, layer_key
+from neutronorch.sampling.block import Block
+from neutronorch.sampling.neighbor_sampler import Started, TorchNeighborSampler, drawn_slots
 
 __all__ = ["TritonNeighborSampler", "check_device_sampler", "make_device_sampler", "triton_available", "BACKENDS"]
 
@@ -29,16 +27,12 @@ BACKENDS = ("auto", "torch", "triton")
 ENV = "NEUTRONORCH_DEVICE_SAMPLER"
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def triton_available(device: torch.device) -> bool:
     """Whether the Triton sampler can run on ``device``: Triton importable, and a CUDA device or Triton's
     interpreter."""
     if importlib.util.find_spec("triton") is None:
         return False
-    return device.type == "cuda" or (device.type == "cpu" and _interpreting())
+    return device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 
 def check_device_sampler(device: torch.device, backend: str | None = None) -> str:
@@ -69,61 +63,25 @@ def make_device_sampler(indptr: torch.Tensor, indices: torch.Tensor, fanouts: li
     return TorchNeighborSampler(indptr, indices, fanouts, degrees)
 
 
-class TritonNeighborSampler:
-    """``TorchNeighborSampler``'s contract in Triton kernels: ``sample`` reads the device once per call,
-    ``sample_hop`` once per hop. Not thread-safe (it owns a vertex -> code map): one per sampling thread.
-    Fanouts below 0 (every neighbour) have no fixed bound per row; such a call runs in the torch sampler."""
-
-    reads_grouped = True  # ``sample_many`` reads the device once for all its mini-batches
+class TritonNeighborSampler(TorchNeighborSampler):
+    """``TorchNeighborSampler``'s contract in Triton kernels: ``sample_many`` reads the device once per call.
+    Not thread-safe (it owns a vertex -> code map): one per sampling thread. Fanouts below 0 (every
+    neighbour) have no fixed bound per row; such a call runs in the torch sampler."""
 
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts: list[int], degrees: bool = False):
         from neutronorch.sampling import triton_kernels  # Triton is imported only when this sampler is used
+        super().__init__(indptr, indices, fanouts, degrees)
         self._k = triton_kernels
-        self.indptr = indptr.long()
-        self.indices = indices
-        self.fanouts = list(fanouts)
-        self.degrees = degrees
-        self.device = indptr.device
         self.num_nodes = self.indptr.shape[0] - 1
-        self._torch = TorchNeighborSampler(self.indptr, indices, fanouts, degrees)
-        self._node_map: torch.Tensor | None = None
+        self._code_map: torch.Tensor | None = None
         self._generation = 0
 
-    def sample(self, seeds: torch.Tensor, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
-        """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first."""
-        return self.sample_many([seeds], [key], fanouts)[0]
-
-    def sample_many(self, seeds: list[torch.Tensor], keys: list[int], fanouts: list[int] | None = None
-                    ) -> list[SampledSubgraph]:
-        """``sample`` of several mini-batches (``seeds[i]`` with ``keys[i]``) with one read of the device for
-        them all: their kernels queue back to back, and the host waits once, for every hop's sizes."""
-        fanouts = self.fanouts if fanouts is None else fanouts
-        if any(f < 0 for f in fanouts):
-            return [self._torch.sample(s, key, fanouts) for s, key in zip(seeds, keys)]
-        seeds = [s.to(self.device, torch.int64) for s in seeds]
-        calls = [(s, [(f, layer_key(key, hop)) for hop, f in enumerate(fanouts)]) for s, key in zip(seeds, keys)]
-        out = []
-        for s, (blocks, frontiers) in zip(seeds, self._run(calls)):
-            blocks.reverse()
-            frontiers.reverse()
-            out.append(SampledSubgraph(s, blocks, frontiers))
-        return out
-
-    def sample_hop(self, dst: torch.Tensor, fanout: int, key: int) -> tuple[Block, torch.Tensor]:
-        """One hop on its own, as ``TorchNeighborSampler.sample_hop`` (``key`` is a ``layer_key``)."""
-        if fanout < 0:
-            return self._torch.sample_hop(dst, fanout, key)
-        blocks, frontiers = self._run([(dst.to(self.device, torch.int64), [(fanout, key)])])[0]
-        return blocks[0], frontiers[1]
-
     def start_draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> Started:
-        """``TorchNeighborSampler.start_draw``: one hop's draws, not relabelled (``(ptr, nbrs)``, global ids;
-        with ``edges``, each drawn edge's position in ``indices`` too), so ``dst`` and the neighbours may be of
-        two vertex sets; finished by ``together`` after a read of the edge count. One kernel; fanouts of 0 and
-        below, and no destinations, run in the torch sampler."""
+        """``TorchNeighborSampler.start_draw`` in one kernel; fanouts of 0 and below, and no destinations, run
+        in the torch sampler."""
         bound = dst.shape[0]
         if fanout <= 0 or bound == 0:
-            return self._torch.start_draw(dst, fanout, key, edges)
+            return super().start_draw(dst, fanout, key, edges)
         k = self._k
         with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
             sizes = torch.full((1,), bound, dtype=torch.int64, device=self.device)
@@ -147,8 +105,8 @@ class TritonNeighborSampler:
 
     def _codes(self, hops: int) -> int:
         """The map (allocated on first use) and the first of ``hops`` fresh generations' high bits."""
-        if self._node_map is None or self._generation + hops >= self._k.GEN_TOP:
-            self._node_map = torch.full((self.num_nodes,), torch.iinfo(torch.int64).max, dtype=torch.int64,
+        if self._code_map is None or self._generation + hops >= self._k.GEN_TOP:
+            self._code_map = torch.full((self.num_nodes,), torch.iinfo(torch.int64).max, dtype=torch.int64,
                                         device=self.device)
             self._generation = 0
         first = self._k.GEN_TOP - self._generation
@@ -156,7 +114,10 @@ class TritonNeighborSampler:
         return first
 
     def _run(self, calls: list[tuple[torch.Tensor, list[tuple[int, int]]]]):
-        """Every call's (blocks, frontiers) (seed hop first), after one read of the device."""
+        """Every call's (blocks, frontiers) (seed hop first), after one read of the device: the kernels of
+        several mini-batches queue back to back, and the host waits once, for every hop's sizes."""
+        if any(fanout < 0 for _, hops in calls for fanout, _ in hops):
+            return super()._run(calls)
         # Triton launches on the calling thread's current device, which a sampling thread does not inherit.
         with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
             hops = len(calls[0][1])
@@ -187,20 +148,20 @@ class TritonNeighborSampler:
             take = torch.empty(bound, dtype=torch.int64, device=device)
             pad = 1 << max(0, (fanout - 1).bit_length())
             k.sample_kernel[(triton_cdiv(bound, k.ROWS),)](
-                self.indptr, self.indices, dst, sizes, at, key, code, self._node_map, nbrs, take, bound, nbrs,
+                self.indptr, self.indices, dst, sizes, at, key, code, self._code_map, nbrs, take, bound, nbrs,
                 FANOUT=fanout, FANOUT_PAD=pad, ROWS=k.ROWS, RELABEL=True, EDGES=False)
             grid = (triton_cdiv(slots, k.SLOTS),)
             flags = torch.empty(slots, dtype=torch.int32, device=device)
-            k.first_kernel[grid](nbrs, take, self._node_map, code, flags, bound, FANOUT=fanout, SLOTS=k.SLOTS)
+            k.first_kernel[grid](nbrs, take, self._code_map, code, flags, bound, FANOUT=fanout, SLOTS=k.SLOTS)
             ranks = torch.cumsum(flags, 0)
             new_bound = min(self.num_nodes, bound + slots)
             frontier = torch.empty(new_bound, dtype=torch.int64, device=device)  # bound <= new_bound
-            k.rank_kernel[grid](dst, nbrs, flags, ranks, self._node_map, code, frontier, sizes, at, bound,
+            k.rank_kernel[grid](dst, nbrs, flags, ranks, self._code_map, code, frontier, sizes, at, bound,
                                 FANOUT=fanout, SLOTS=k.SLOTS)
             ptr = torch.zeros(bound + 1, dtype=torch.int64, device=device)
             torch.cumsum(take, 0, out=ptr[1:])
             local = torch.empty(slots, dtype=torch.int64, device=device)
-            k.local_kernel[grid](nbrs, take, ptr, self._node_map, local, sizes, at, bound, FANOUT=fanout,
+            k.local_kernel[grid](nbrs, take, ptr, self._code_map, local, sizes, at, bound, FANOUT=fanout,
                                  SLOTS=k.SLOTS)
             pending.append((ptr, local, frontier))
             dst, bound = frontier, new_bound
@@ -213,7 +174,7 @@ class TritonNeighborSampler:
             num_dst, num_edges, num_src = counts[2 * hop:2 * hop + 3]
             frontier = frontier[:num_src]
             blocks.append(Block(num_dst, num_src, ptr[:num_dst + 1], local[:num_edges],
-                                src_degree=self._torch._degrees(frontier), src_ids=frontier))
+                                src_degree=self._degrees(frontier), src_ids=frontier))
             frontiers.append(frontier)
         return blocks, frontiers
 

@@ -79,19 +79,10 @@ def _below(state, bound):
 
 
 @njit(inline="always")
-def _drawn(indptr, v, fanout):
-    """How many in-neighbours of ``v`` a draw of ``fanout`` takes: all of them when the degree is at most
-    ``fanout`` or ``fanout`` < 0."""
-    deg = indptr[v + 1] - indptr[v]
-    return deg if (fanout < 0 or deg <= fanout) else fanout
-
-
-@njit(inline="always")
 def _draw_offsets(chosen, deg, key, v):
     """A uniform ``len(chosen)``-subset of ``range(deg)`` into ``chosen``, keyed by (``key``, ``v``): Floyd's
     algorithm, ``len(chosen)`` draws. Offsets are kept in the output slots, membership checked by a linear
-    scan (``len(chosen)`` is a small fanout). The one definition of a vertex's draws: the kernels that return
-    neighbours and those that return edge positions both take them from here."""
+    scan (``len(chosen)`` is a small fanout)."""
     k = chosen.shape[0]
     state = splitmix_key(key, v)
     filled = 0
@@ -108,31 +99,37 @@ def _draw_offsets(chosen, deg, key, v):
 
 @njit(parallel=True, cache=True, nogil=True)
 def _drawn_ptr(indptr, dst_nodes, fanout, order):
-    """The row pointer of a draw: ``ptr[i + 1] - ptr[i]`` neighbours drawn for ``dst_nodes[i]``."""
+    """The row pointer of a draw: ``ptr[i + 1] - ptr[i]`` neighbours drawn for ``dst_nodes[i]``, all of them
+    when the degree is at most ``fanout`` or ``fanout`` < 0."""
     n = dst_nodes.shape[0]
     ordered = order.shape[0] > 0
     counts = np.empty(n + 1, np.int64)
     counts[0] = 0
     for step in prange(n):
         i = order[step] if ordered else np.int64(step)  # one integer type whatever prange's index is
-        counts[i + 1] = _drawn(indptr, dst_nodes[i], fanout)
+        v = dst_nodes[i]
+        deg = indptr[v + 1] - indptr[v]
+        counts[i + 1] = deg if (fanout < 0 or deg <= fanout) else fanout
     return np.cumsum(counts)
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def sample_neighbors(indptr, indices, dst_nodes, fanout, key, order):
+def sample_neighbors(indptr, indices, dst_nodes, fanout, key, order, edges=False):
     """Uniform sampling without replacement of up to ``fanout`` in-neighbours of each vertex.
 
-    Returns (ptr, nbrs): ``nbrs[ptr[i]:ptr[i+1]]`` are the sampled global ids of ``dst_nodes[i]``; all
-    neighbours when the degree is at most ``fanout`` (or ``fanout`` < 0). Vertices are visited in the order
-    of ``order`` (``region_order`` of ``dst_nodes``: ``indptr`` and ``indices`` read front to back), or in
-    their own order when it is empty; each vertex's draws are keyed by the vertex, so the order changes
-    nothing but the reads.
+    Returns (ptr, nbrs, positions): ``nbrs[ptr[i]:ptr[i+1]]`` are the sampled global ids of ``dst_nodes[i]``;
+    all neighbours when the degree is at most ``fanout`` (or ``fanout`` < 0). With ``edges``,
+    ``positions[e]`` is the position in ``indices`` (int64) of the edge that brought ``nbrs[e]`` (what
+    indexes a relation's edge features; 8 more bytes per sampled edge), else ``positions`` is empty: the
+    draws are the same either way. Vertices are visited in the order of ``order`` (``region_order`` of
+    ``dst_nodes``: ``indptr`` and ``indices`` read front to back), or in their own order when it is empty;
+    each vertex's draws are keyed by the vertex, so the order changes nothing but the reads.
     """
     n = dst_nodes.shape[0]
     ordered = order.shape[0] > 0
     ptr = _drawn_ptr(indptr, dst_nodes, fanout, order)
     nbrs = np.empty(ptr[n], indices.dtype)
+    positions = np.empty(ptr[n] if edges else 0, np.int64)
     for step in prange(n):
         i = order[step] if ordered else np.int64(step)  # one integer type whatever prange's index is
         v = dst_nodes[i]
@@ -141,52 +138,25 @@ def sample_neighbors(indptr, indices, dst_nodes, fanout, key, order):
         # Slices, not nbrs[out + j]: an offset index is checked for wrap-around (see bfloat16's note).
         chosen = nbrs[ptr[i]:ptr[i + 1]]
         neighbours = indices[start:start + deg]
-        if chosen.shape[0] == deg:
+        drawn = positions[ptr[i]:ptr[i + 1]] if edges else positions
+        full = chosen.shape[0] == deg
+        if full:
             chosen[:] = neighbours
-            continue
-        _draw_offsets(chosen, deg, key, v)
-        for j in range(chosen.shape[0]):
-            chosen[j] = neighbours[chosen[j]]
-    return ptr, nbrs
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def sample_neighbor_edges(indptr, indices, dst_nodes, fanout, key, order):
-    """``sample_neighbors`` that also says which edges it drew: (ptr, nbrs, edges), ``edges[e]`` the position
-    in ``indices`` (int64) of the edge that brought ``nbrs[e]``, what indexes a relation's edge features.
-    The draws are ``sample_neighbors``' to the vertex (the same keyed offsets), so a sampler may take either
-    kernel without changing its sample; this one writes 8 more bytes per sampled edge."""
-    n = dst_nodes.shape[0]
-    ordered = order.shape[0] > 0
-    ptr = _drawn_ptr(indptr, dst_nodes, fanout, order)
-    nbrs = np.empty(ptr[n], indices.dtype)
-    edges = np.empty(ptr[n], np.int64)
-    for step in prange(n):
-        i = order[step] if ordered else np.int64(step)
-        v = dst_nodes[i]
-        start = indptr[v]
-        deg = indptr[v + 1] - start
-        chosen, out = edges[ptr[i]:ptr[i + 1]], nbrs[ptr[i]:ptr[i + 1]]
-        if chosen.shape[0] == deg:
-            for j in range(deg):
-                chosen[j] = j
         else:
-            _draw_offsets(chosen, deg, key, v)
-        for j in range(chosen.shape[0]):
-            chosen[j] += start
-            out[j] = indices[chosen[j]]
-    return ptr, nbrs, edges
+            _draw_offsets(chosen, deg, key, v)  # the offsets, then the neighbours they pick
+        for j in range(drawn.shape[0]):
+            drawn[j] = start + (j if full else chosen[j])
+        if not full:
+            for j in range(chosen.shape[0]):
+                chosen[j] = neighbours[chosen[j]]
+    return ptr, nbrs, positions
 
 
 @njit(cache=True, nogil=True)
 def relabel(frontier, num_frontier, nbrs, node_map):
-    """Map sampled global ids to local positions, appending unseen vertices to ``frontier``.
-
-    ``frontier[:num_frontier]`` holds the current destination vertices, already present in ``node_map``
-    at positions 0..num_frontier-1. New vertices are appended in order of first appearance, so every
-    block's source frontier starts with its destinations. Returns (local ids of nbrs, new frontier size).
-    ``frontier`` must have room for num_frontier + len(nbrs) entries.
-    """
+    """Map sampled global ids to local positions, appending unseen vertices to ``frontier`` in order of first
+    appearance. ``frontier[:num_frontier]`` holds the destinations, at those positions in ``node_map``, and
+    has room for ``len(nbrs)`` more. Returns (local ids of nbrs, new frontier size)."""
     local = np.empty(nbrs.shape[0], np.int64)
     size = num_frontier
     for e in range(nbrs.shape[0]):

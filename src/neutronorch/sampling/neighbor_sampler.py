@@ -7,10 +7,6 @@ most the fanout, destination-first source frontiers, first-appearance order for 
 - ``TorchNeighborSampler``: vectorised torch ops on tensors of any device; this is the CUDA path, and it
   runs on CPU tensors too so its logic is tested everywhere.
 
-Both offer ``sample`` (all hops) and ``sample_hop`` (one hop on its own, returning the block and its source
-frontier); the torch sampler's ``sample_hop`` returns the frontier as an int64 tensor on its device where the
-numba sampler returns a numpy array.
-
 Randomness derives from ``batch_key(seed, epoch, batch_index)``: the same key always yields the same sample,
 and each vertex's neighbours in a hop depend only on (``layer_key``, vertex), in both samplers, whichever batch
 or data-parallel rank samples it. The two samplers draw the same neighbours for a given key: the same
@@ -30,8 +26,8 @@ from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block, SampledSubgraph
 from neutronorch.sampling.fanouts import parse_fanouts
 
-__all__ = ["NeighborSampler", "TorchNeighborSampler", "batch_key", "layer_key", "mix_key", "parse_fanouts",
-           "relabel_into", "relabel_with_map", "start_relabel", "together"]
+__all__ = ["NeighborSampler", "Sampler", "TorchNeighborSampler", "batch_key", "layer_key", "mix_key",
+           "parse_fanouts", "relabel_into", "relabel_with_map", "start_relabel", "together"]
 
 
 _MASK = (1 << 64) - 1
@@ -55,8 +51,7 @@ def layer_key(key: int, hop: int) -> int:
 
 
 class OneThread:
-    """A sampler that owns per-instance position maps, so is used from one thread only: ``_check_thread``
-    raises when a second thread calls it (sharing the maps would corrupt samples)."""
+    """A sampler owning position maps: ``_check_thread`` raises when a second thread calls it."""
 
     _owner: int | None = None
 
@@ -68,13 +63,43 @@ class OneThread:
             raise RuntimeError(f"{type(self).__name__} used from two threads; create one sampler per thread")
 
 
-class NeighborSampler(OneThread):
-    """Host sampler over a CSC graph (``indptr``, ``indices`` as numpy arrays or memory maps). With
-    ``degrees``, every block carries its source rows' in-degrees in the graph (``Block.src_degree``).
+class Sampler:
+    """What the homogeneous samplers share: ``sample``, ``sample_many`` and ``sample_hop`` over their
+    ``_hops(start, hops)``, the blocks and frontiers (seed hop first, ``frontiers[0]`` is ``start``) of
+    ``hops``, each a (fanout, layer key), from the destinations ``start`` (made by ``_ids``)."""
 
-    With ``file_order``, each hop visits its vertices region by region of ``indptr`` and ``indices``
-    (``kernels.region_order``), so memory-mapped topology that the page cache cannot keep is read front to
-    back; the draws are keyed by vertex, so the blocks are the same either way.
+    fanouts: list[int]
+
+    def sample(self, seeds, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
+        """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first."""
+        return self.sample_many([seeds], [key], fanouts)[0]
+
+    def sample_many(self, seeds: list, keys: list[int], fanouts: list[int] | None = None
+                    ) -> list[SampledSubgraph]:
+        """``sample`` of several mini-batches (``seeds[i]`` with ``keys[i]``)."""
+        fanouts = self.fanouts if fanouts is None else fanouts
+        runs = self._run([(self._ids(s), [(f, layer_key(key, hop)) for hop, f in enumerate(fanouts)])
+                          for s, key in zip(seeds, keys)])
+        return [SampledSubgraph(frontiers[0], blocks[::-1], frontiers[::-1]) for blocks, frontiers in runs]
+
+    def sample_hop(self, dst, fanout: int, key: int) -> tuple[Block, torch.Tensor]:
+        """One hop on its own: sample ``fanout`` in-neighbours of every vertex of ``dst`` (unique global ids)
+        with the per-vertex randomness of ``key`` (a ``layer_key``). Returns the block and its source
+        frontier (global ids, ``dst`` first). With the same key, each vertex gets exactly the neighbours
+        ``sample`` draws for it in that hop."""
+        blocks, frontiers = self._run([(self._ids(dst), [(fanout, key)])])[0]
+        return blocks[0], frontiers[1]
+
+    def _run(self, calls: list[tuple]) -> list[tuple[list[Block], list]]:
+        """``_hops`` of each of ``calls``."""
+        return [self._hops(start, hops) for start, hops in calls]
+
+
+class NeighborSampler(OneThread, Sampler):
+    """Host sampler over a CSC graph (``indptr``, ``indices`` as numpy arrays or memory maps). With
+    ``degrees``, every block carries its source rows' in-degrees in the graph (``Block.src_degree``). With
+    ``file_order``, each hop visits its vertices region by region of the topology (``kernels.region_order``:
+    memory maps read front to back); the blocks are the same either way.
 
     Not thread-safe: one instance per sampling thread (it owns a vertex -> position map).
     """
@@ -97,37 +122,26 @@ class NeighborSampler(OneThread):
             return kernels.NO_ORDER
         return kernels.region_order(dst, self.vertices_per_region, self.indptr.shape[0] - 1)
 
-    def sample(self, seeds: np.ndarray, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
-        """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first."""
-        fanouts = self.fanouts if fanouts is None else fanouts
-        seeds = np.ascontiguousarray(seeds, dtype=np.int64)
-        blocks, frontiers = self._hops(seeds, [(fanout, layer_key(key, hop)) for hop, fanout in enumerate(fanouts)])
-        blocks.reverse()
-        frontiers.reverse()
-        return SampledSubgraph(torch.from_numpy(seeds), blocks, frontiers)
-
     def sample_hop(self, dst: np.ndarray, fanout: int, key: int) -> tuple[Block, np.ndarray]:
-        """One hop on its own: sample ``fanout`` in-neighbours of every vertex of ``dst`` (unique global ids)
-        with the per-vertex randomness of ``key`` (a ``layer_key``). Returns the block and its source
-        frontier (global ids, ``dst`` first). With the same key, each vertex gets exactly the neighbours
-        ``sample`` draws for it in that hop."""
-        blocks, frontiers = self._hops(np.ascontiguousarray(dst, dtype=np.int64), [(fanout, key)])
-        return blocks[0], frontiers[1].numpy()
+        """``Sampler.sample_hop``, the frontier a numpy array."""
+        block, frontier = super().sample_hop(dst, fanout, key)
+        return block, frontier.numpy()
+
+    @staticmethod
+    def _ids(ids) -> np.ndarray:
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        return ids if ids.flags.writeable else ids.copy()  # a plan's read-only hot set: frontiers get a copy
 
     def _hops(self, start: np.ndarray, hops: list[tuple[int, int]]) -> tuple[list[Block], list[torch.Tensor]]:
-        """The blocks and frontiers (seed hop first, ``frontiers[0]`` is ``start``) of ``hops``, each a
-        (fanout, layer key), from the destinations ``start``."""
         self._check_thread()
-        if not start.flags.writeable:  # a plan's hot set is read-only: its frontier tensors get a copy
-            start = start.copy()
         node_map = self._node_map
         kernels.map_nodes(start, node_map)
         frontier, blocks, frontiers = start, [], [torch.from_numpy(start)]
         try:
             for fanout, key in hops:
                 num_dst = frontier.shape[0]
-                ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, frontier, fanout, np.uint64(key),
-                                                     self._order(frontier))
+                ptr, nbrs, _ = kernels.sample_neighbors(self.indptr, self.indices, frontier, fanout,
+                                                        np.uint64(key), self._order(frontier))
                 (local,), frontier = relabel_into(frontier, [nbrs], node_map)
                 frontiers.append(torch.from_numpy(frontier))
                 blocks.append(Block(num_dst, frontier.shape[0], torch.from_numpy(ptr), torch.from_numpy(local),
@@ -155,7 +169,7 @@ def relabel_into(frontier: np.ndarray, parts: list[np.ndarray], node_map: np.nda
     return local, grown[:size]
 
 
-class TorchNeighborSampler:
+class TorchNeighborSampler(Sampler):
     """The same sampling contract in vectorised torch ops, on the device holding ``indptr``/``indices``."""
 
     reads_grouped = True  # ``sample_many`` reads the device once for all its mini-batches
@@ -168,40 +182,21 @@ class TorchNeighborSampler:
         self.device = indptr.device
         self._node_map: torch.Tensor | None = None  # scratch of the relabel; so one sampler per thread
 
-    def sample(self, seeds: torch.Tensor, key: int, fanouts: list[int] | None = None) -> SampledSubgraph:
-        """Sample the computation graph of ``seeds`` (unique global ids) with fanouts seed hop first."""
-        fanouts = self.fanouts if fanouts is None else fanouts
-        frontier = seeds.to(self.device, torch.int64)
-        blocks, frontiers = [], [frontier]
-        for hop, fanout in enumerate(fanouts):
-            block, frontier = self.sample_hop(frontier, fanout, layer_key(key, hop))
-            blocks.append(block)
-            frontiers.append(frontier)
-        blocks.reverse()
-        frontiers.reverse()
-        return SampledSubgraph(seeds, blocks, frontiers)
+    def _ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids.to(self.device, torch.int64)
 
-    def sample_many(self, seeds: list[torch.Tensor], keys: list[int], fanouts: list[int] | None = None
-                    ) -> list[SampledSubgraph]:
-        """``sample`` of each of several mini-batches (the device sampler's ``sample_many`` reads the device
-        once for them all; this one as often as one by one)."""
-        return [self.sample(s, key, fanouts) for s, key in zip(seeds, keys)]
-
-    def sample_hop(self, dst: torch.Tensor, fanout: int, key: int) -> tuple[Block, torch.Tensor]:
-        """One hop on its own: sample ``fanout`` in-neighbours of every vertex of ``dst`` (unique global ids).
-
-        Returns the block (tensors on this sampler's device) and its source frontier: global ids, ``dst``
-        first, new vertices in first-appearance order, as an int64 tensor on this sampler's device (the
-        numba sampler's ``sample_hop`` returns a numpy array). ``key`` is a ``layer_key``: with the key of a
-        hop of ``sample``, each vertex gets exactly the neighbours ``sample`` draws for it there (and that the
-        numba sampler draws with the same key)."""
-        dst = dst.to(self.device, torch.int64)
-        ptr, nbrs = self.draw(dst, fanout, key)
+    def _hops(self, start: torch.Tensor, hops: list[tuple[int, int]]) -> tuple[list[Block], list]:
         if self._node_map is None:
             self._node_map = torch.empty(self.indptr.shape[0] - 1, dtype=torch.int64, device=self.device)
-        local, frontier = relabel_with_map(self._node_map, dst, nbrs)
-        return Block(dst.shape[0], frontier.shape[0], ptr, local, src_degree=self._degrees(frontier),
-                     src_ids=frontier), frontier
+        blocks, frontiers = [], [start]
+        for fanout, key in hops:
+            dst = frontiers[-1]
+            ptr, nbrs = self.draw(dst, fanout, key)
+            local, frontier = relabel_with_map(self._node_map, dst, nbrs)
+            blocks.append(Block(dst.shape[0], frontier.shape[0], ptr, local,
+                                src_degree=self._degrees(frontier), src_ids=frontier))
+            frontiers.append(frontier)
+        return blocks, frontiers
 
     def _degrees(self, sources: torch.Tensor) -> torch.Tensor | None:
         if not self.degrees:
@@ -209,13 +204,10 @@ class TorchNeighborSampler:
         return (self.indptr.index_select(0, sources + 1) - self.indptr.index_select(0, sources)).float()
 
     def draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> tuple[torch.Tensor, ...]:
-        """The draws of one hop, not relabelled: ``(ptr, nbrs)``, up to ``fanout`` in-neighbours of each of
-        ``dst`` (int64 on this sampler's device; ``key`` a ``layer_key``) as global ids, row ``i``'s at
-        ``nbrs[ptr[i]:ptr[i + 1]]``; with ``edges``, ``(ptr, nbrs, positions)``, each drawn edge's position in
-        ``indices`` (int64, as ``kernels.sample_neighbor_edges`` gives them). No map over the vertices is kept,
-        so the neighbours may be ids of another vertex set than ``dst``'s (a typed relation's source type:
-        ``typed_device_sampler``). One read of the device (the edge count); ``start_draw`` and ``together``
-        share one read among several draws."""
+        """The draws of one hop, not relabelled, as ``kernels.sample_neighbors`` gives them: ``(ptr, nbrs)``
+        (global ids), with ``edges`` ``(ptr, nbrs, positions)``. No vertex map is touched, so the neighbours
+        may be of another vertex set than ``dst`` (a typed relation's source type). One read of the device
+        (the edge count); ``start_draw`` and ``together`` share one read among several draws."""
         return together([self.start_draw(dst, fanout, key, edges)])[0]
 
     def start_draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> Started:
@@ -246,11 +238,9 @@ class TorchNeighborSampler:
     def _floyd(self, deg: torch.Tensor, k: int, dst: torch.Tensor, key: int) -> torch.Tensor:
         """A uniform k-subset of offsets [0, deg) for every row at once (Floyd's algorithm, vectorised over
         rows): step i draws t uniformly from [0, j] with j = deg - k + i and keeps t, or j if t was already
-        kept. k steps of elementwise work over [rows, k]; no sort, no host synchronisation. Entries of rows
-        with degree below k are meaningless (the caller does not use them). Row r's draws are the counter
-        stream of ``splitmix_key(key, dst[r])``, turned into offsets as the numba kernel's ``_below`` does
-        (the top 32 bits, multiply-shift): a vertex's neighbours depend on the key and the vertex alone, not
-        on which batch, rank, row or sampler asks."""
+        kept; no sort, no host synchronisation. Rows with degree below k are meaningless (unused). Row r's
+        draws are the counter stream of ``splitmix_key(key, dst[r])`` turned into offsets as the numba
+        kernel's ``_below`` does, so both samplers draw the same neighbours."""
         stream = kernels.torch_splitmix_key(key, dst)
         steps = torch.arange(1, k + 1, dtype=torch.int64, device=self.device) * kernels.T_GOLDEN
         r = kernels.torch_shr(kernels.torch_mix(stream[:, None] + steps[None, :]), 32)  # 32 random bits
@@ -267,10 +257,9 @@ class TorchNeighborSampler:
 def relabel_with_map(node_map: torch.Tensor, dst: torch.Tensor, nbrs: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Local ids of ``nbrs`` in the frontier [dst, new vertices in first-appearance order], and that frontier,
-    through ``node_map`` (int64, one entry per vertex of the set ``dst`` and ``nbrs`` index; no sort). Only
-    the entries touched are written, and they are left as scratch, so one map serves any number of calls (on
-    one thread). One read of the device (the frontier's size); ``start_relabel`` and ``together`` share one
-    read among the relabels of several maps."""
+    through ``node_map`` (int64, one entry per vertex; no sort). Only the entries touched are written, left as
+    scratch, so one map serves any number of calls on one thread. One read of the device (the frontier's
+    size)."""
     return together([start_relabel(node_map, dst, nbrs)])[0]
 
 
@@ -302,8 +291,7 @@ def drawn_slots(ptr: torch.Tensor, take: torch.Tensor, total: int) -> tuple[torc
 
 def together(started: list[Started]) -> list:
     """Finish steps started on the device (``start_draw``, ``start_relabel``), each waiting for a size, after
-    one read of the device for all their sizes: what lets a typed hop read the device once for all its
-    relations' draws and once for all its types' relabels."""
+    one read of the device for all their sizes (a typed hop's relations' draws, its types' relabels)."""
     if not started:
         return []
     sizes = [int(started[0][0])] if len(started) == 1 else torch.stack([size for size, _ in started]).tolist()

@@ -1,8 +1,7 @@
 """Triton kernels of the device sampler: one hop in four kernels and two scans, no host reads.
 
-Imported only where Triton is installed (``device_sampler.triton_available``). On a machine without a GPU
-the same kernels run through Triton's interpreter (``TRITON_INTERPRET=1`` set before this module is first
-imported), which is how the test suite checks them against the host sampler.
+Imported only where Triton is installed (``device_sampler.triton_available``); without a GPU they run through
+Triton's interpreter (``TRITON_INTERPRET=1`` set before this module is first imported), as in the tests.
 
 A hop works on padded buffers whose sizes the host knows without reading the device: a destination
 frontier of at most ``bound`` rows (its true size ``n_dst`` lives in device memory), ``fanout`` slots per
@@ -14,25 +13,14 @@ Relabelling uses a vertex -> code map over the whole graph (int64, one per verte
 a code is ``(GEN_TOP - generation) << 32 | position``, and every hop takes a new generation, so a code of
 this hop is smaller than any code an earlier hop left behind, and ``atomic_min`` finds each vertex's first
 position without clearing the map first. Destinations take positions ``0 .. n_dst - 1`` and slot ``e``
-position ``bound + e``: destinations lead, then new vertices in first-appearance order, the contract of
-every sampler here.
+position ``bound + e``.
 
-Kernels per hop, in order:
-
-1. ``sample_kernel`` (a block of rows per program): degree, Floyd's draw (the counter stream and
-   multiply-shift of the numba and torch samplers, bit for bit), the neighbour reads, the row's ``take``,
-   and ``atomic_min`` of every destination's and neighbour's code (with ``RELABEL``; without, the draws
-   alone, which a typed relation's sampler relabels per vertex type; with ``EDGES``, each drawn edge's
-   position in ``indices`` too).
-2. ``first_kernel``: 1 where a slot holds its vertex's first appearance.
-3. a scan of those flags (``torch.cumsum``) and a scan of ``take`` into the block's ``indptr``.
-4. ``rank_kernel``: the new frontier (destinations, then first appearances at ``n_dst + rank``), the map's
-   codes of new vertices set to their frontier position, and the frontier's size.
-5. ``local_kernel``: every slot's local id from the map, written compactly at ``indptr[r] + s``, and the
-   hop's edge count.
-
-The sizes (frontier and edge count per hop) are written to a small device buffer that the caller reads
-once, after the last hop.
+Per hop: ``sample_kernel`` (Floyd's draw, bit for bit the numba and torch samplers', the neighbour reads,
+each row's ``take``, and with ``RELABEL`` the ``atomic_min`` of every code; with ``EDGES`` each drawn
+edge's position too), ``first_kernel`` (flags of first appearances), scans of the flags and of ``take``
+(the block's ``indptr``), ``rank_kernel`` (the new frontier and its size) and ``local_kernel`` (every slot's
+local id, compact, and the edge count). The sizes go to a small device buffer the caller reads once, after
+the last hop.
 """
 
 from __future__ import annotations
@@ -46,7 +34,6 @@ _MIX1 = tl.constexpr(0xBF58476D1CE4E5B9)
 _MIX2 = tl.constexpr(0x94D049BB133111EB)
 
 GEN_TOP = (1 << 31) - 1  # the first generation's high bits; codes stay positive int64
-LOW = (1 << 32) - 1
 ROWS = 64  # destination rows per program of sample_kernel
 SLOTS = 1024  # slots per program of the other kernels
 

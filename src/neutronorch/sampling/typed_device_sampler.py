@@ -2,9 +2,8 @@
 
 Every relation's CSC (and edge features) lives on the device (``TypedTopology``) with a homogeneous device
 sampler of its own (``make_device_sampler``), whose per-hop draws (``start_draw``) the hops of ``TypedHops``
-relabel per source type in torch (``start_relabel``). For the same seeds and key the blocks, frontiers, edge
-ids and rows are ``TypedNeighborSampler``'s, bit for bit, and the host reads the device twice per hop
-whatever the number of relations and types (``together``): docs/heterogeneous.md, "Device mode".
+relabel per source type in torch (``start_relabel``). The blocks, frontiers, edge ids and rows are
+``TypedNeighborSampler``'s, bit for bit; the host reads the device twice per hop (``together``).
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ import torch
 from neutronorch.data.typed import RelationType, TypedGraph, relation_label
 from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.neighbor_sampler import start_relabel, together
-from neutronorch.sampling.typed_edges import check_edge_features
-from neutronorch.sampling.typed_sampler import TypedHops
+from neutronorch.sampling.typed_sampler import TypedHops, check_edge_features
 
 __all__ = ["TypedDeviceSampler", "TypedTopology", "topology_bytes"]
 
@@ -54,8 +52,7 @@ class TypedTopology:
     def of(cls, graph: TypedGraph, device: torch.device,
            tensor: Callable[[np.ndarray, str], torch.Tensor] = _as_tensor) -> "TypedTopology":
         """``graph``'s topology and edge features on ``device``; ``tensor(array, what)`` makes a host array a
-        tensor (default: ``torch.from_numpy``, then moved). Edge features without a row per edge raise
-        ``DataError`` naming the relation."""
+        tensor (default: ``torch.from_numpy``). Edge features without a row per edge raise ``DataError``."""
         check_edge_features(graph, graph.relations)
         relations, edge_features = {}, {}
         for relation, csc in graph.relations.items():
@@ -69,13 +66,10 @@ class TypedTopology:
 
 
 class TypedDeviceSampler(TypedHops):
-    """``TypedNeighborSampler`` on a ``TypedTopology``: ``sample``, ``sample_hops`` and ``sample_bottom`` take
-    and return tensors on the topology's device. ``fanouts``: each relation's list, seed hop first, as
-    ``typed_fanouts`` resolves them (every relation of the topology). ``degrees``: each relation block's
-    source rows' out-degrees through the relation (float32), as the host sampler's. ``edge_ids``: the
-    relations whose blocks record their edges' positions (None: those with edge features; else a collection
-    of triples); ``edge_features``: those blocks also carry the relations' edge feature rows. ``backend``:
-    the homogeneous device sampler's (``make_device_sampler``).
+    """``TypedNeighborSampler`` on a ``TypedTopology``, taking and returning tensors on its device.
+    ``fanouts``: every relation's list, as ``typed_fanouts`` resolves them; ``edge_ids``: None (those with
+    edge features) or a collection of triples; ``degrees`` and ``edge_features`` as the host sampler's;
+    ``backend``: ``make_device_sampler``'s.
 
     Not thread-safe: one thread at a time (it owns a vertex -> position map per type, 8 bytes per vertex of
     the types that are sources, made on first use)."""
@@ -106,16 +100,13 @@ class TypedDeviceSampler(TypedHops):
         return ids.to(self.device, torch.int64)
 
     def _draw(self, calls: dict[RelationType, tuple]) -> dict[RelationType, tuple[torch.Tensor, ...]]:
-        """Each relation's draws for its ``(destinations, fanout, key)``, after one read of the device for all
-        their edge counts."""
+        """``TypedNeighborSampler._draw``, after one read of the device for all the edge counts."""
         return dict(zip(calls, together([self._samplers[r].start_draw(dst, fanout, key, r in self.edge_ids)
                                          for r, (dst, fanout, key) in calls.items()])))
 
     def _relabel(self, parts: dict[str, list[torch.Tensor]], frontier: dict[str, torch.Tensor]
                  ) -> dict[str, list[torch.Tensor]]:
-        """Per source type, its relations' sources as positions in its frontier, which grows (in ``frontier``)
-        by the new ones in first-appearance order over the relations in order: one relabel per type, and one
-        read of the device for every type's frontier size."""
+        """``TypedNeighborSampler._relabel`` in torch: a relabel per type, one read of the device for all."""
         empty = torch.empty(0, dtype=torch.int64, device=self.device)
         relabelled = together([start_relabel(self._map(t), frontier.get(t, empty), torch.cat(nbrs))
                                for t, nbrs in parts.items()])
@@ -125,8 +116,6 @@ class TypedDeviceSampler(TypedHops):
         return local
 
     def _edge_rows(self, edge_ids: dict[RelationType, torch.Tensor]) -> dict[RelationType, torch.Tensor]:
-        if not self.edge_features:
-            return {}
         return {r: self.topology.edge_features[r].index_select(0, ids) for r, ids in edge_ids.items()
                 if r in self.topology.edge_features}
 

@@ -1,43 +1,21 @@
 """Per-relation uniform neighbour sampling on typed graphs: seeds of the target type (or of several types,
 a mapping) in, a ``SampledSubgraph`` out (one ``TypedBlock`` per layer, one ``Block`` per relation).
 
-Hop by hop from the seeds, each type's destinations are its frontier reached so far. Every relation
-``(s, name, d)`` whose type ``d`` has destinations draws up to its fanout of in-neighbours of each of them
-through its own CSC, with the homogeneous kernel (``kernels.sample_neighbors``: uniform without replacement,
-all neighbours when the degree is at most the fanout or the fanout is -1, none when it is 0). The drawn
-vertices join ``s``'s frontier after its destinations, new ones in first-appearance order over the relations
-in ``graph.relations``' order, so each type's frontier leads with its destinations as a homogeneous one does.
+Each relation draws with the homogeneous kernel (``kernels.sample_neighbors``) through its own CSC and key
+(``hop_keys``); which relations draw in a hop, which types a frontier holds and in which order, and the
+edge ids and rows the blocks carry are docs/heterogeneous.md, "Sampling". A vertex's neighbours through a
+relation in a hop depend on (key, hop, relation, vertex) alone, and a one-relation graph (``TypedGraph.of``
+a homogeneous one) is sampled exactly as ``NeighborSampler`` samples it, bit for bit.
 
-Which blocks and types a layer holds:
-
-- a relation whose destination type has no vertex in the hop gets no block (it could carry nothing); one
-  whose destination type has vertices gets a block even when it draws no edge (fanout 0, or no in-edges), so
-  a layer sees every relation that can reach its destinations;
-- a frontier holds every type that is a destination of the hop or the source of one of its blocks, possibly
-  with no vertex; types keep their place once reached, so one layer's destination types (``num_dst``) are
-  exactly the next layer's source types (``num_src``), zero counts included, and ``frontiers[l]`` has the
-  keys of ``blocks[l].num_src``. Types are listed in ``graph.num_nodes``' order.
-
-Randomness: relation ``r``'s draws in hop ``h`` of the batch of ``key`` use ``hop_keys(key, h, relations)[r]``:
-``layer_key(key, h)`` mixed with a stable hash of the relation, or, when the graph has one relation,
-``layer_key(key, h)`` itself. ``sample_neighbors`` keys each vertex's draws by that key and the vertex, so a
-vertex's neighbours through a relation in a hop depend on (key, hop, relation, vertex) alone: not on the
-threads, the rest of the batch or the rank that samples it. A one-relation graph (``TypedGraph.of`` a
-homogeneous one) is therefore sampled exactly as ``NeighborSampler`` samples it: the same blocks and
-frontiers, bit for bit.
-
-``TypedHops`` is the loop of hops this sampler and ``TypedDeviceSampler`` share: the two differ only in
-how they draw (numba kernels on host arrays; the homogeneous device samplers), relabel (numba, a map per
-type; torch) and read edge feature rows.
-
-Edge ids and edge feature rows, for the relations with edge features by default: ``TypedNeighborSampler``'s
-``edge_ids`` and ``edge_features``; a graph without edge features samples as it would without them.
+``TypedHops`` is the loop of hops this sampler and ``TypedDeviceSampler`` share; they differ only in how
+they draw, relabel and read edge feature rows. ``gather_edge_features`` reads the rows of blocks sampled
+without them.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import torch
@@ -48,10 +26,10 @@ from neutronorch.errors import ConfigError, DataError
 from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block, SampledSubgraph, TypedBlock
 from neutronorch.sampling.fanouts import parse_fanouts
-from neutronorch.sampling.neighbor_sampler import OneThread, layer_key, mix_key, relabel_into
-from neutronorch.sampling.typed_edges import check_edge_features, edge_rows
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, OneThread, layer_key, mix_key, relabel_into
 
-__all__ = ["DEFAULT", "TypedHops", "TypedNeighborSampler", "hop_keys", "relation_key", "typed_fanouts"]
+__all__ = ["DEFAULT", "TypedHops", "TypedNeighborSampler", "check_edge_features", "gather_edge_features",
+           "hop_keys", "relation_key", "typed_fanouts"]
 
 DEFAULT = "default"  # the key of a fanouts dict whose list serves every relation the dict does not name
 
@@ -74,15 +52,10 @@ def hop_keys(key: int, hop: int, relations) -> dict[RelationType, int]:
 
 
 def typed_fanouts(graph: TypedGraph, fanouts) -> dict[RelationType, list[int]]:
-    """Every relation's fanouts, seed hop first, in ``graph.relations``' order.
-
-    ``fanouts`` is one list for all relations (``[10, 5]``: 10 at the hop next to the seeds), or a dict
-    from relations to lists: a key is a ``(src, name, dst)`` triple or a name only one relation has
-    (``graph.relation``), and the key ``"default"`` gives the list of every relation not named (a relation
-    itself named "default" is then keyed by its triple). Without a default, every relation must be named, so
-    a relation added to the graph is never sampled with a fanout nobody chose. Every list has one fanout per
-    layer: a positive integer, -1 for all neighbours, or 0 for none (the relation then adds no edge in that
-    hop). A list may also be written ``"10,5"``. Raises ``ConfigError`` naming the relation at fault."""
+    """Every relation's fanouts, seed hop first, in ``graph.relations``' order, from one list for every
+    relation or a dict keyed by triples or unique names, ``"default"`` for the relations not named
+    (docs/heterogeneous.md, "Sampling"). Without a default every relation must be named, so a relation added
+    to the graph is never sampled with a fanout nobody chose. Raises ``ConfigError`` naming the relation."""
     if not graph.relations:
         raise ConfigError(f"{graph.name}: a typed graph without relations has no neighbours to sample.")
     if not isinstance(fanouts, Mapping):
@@ -111,13 +84,10 @@ def typed_fanouts(graph: TypedGraph, fanouts) -> dict[RelationType, list[int]]:
     first = next(iter(resolved))
     for relation, layers in resolved.items():
         if len(layers) != len(resolved[first]):
-            raise ConfigError(f"`fanouts` gives {whose[relation]} {_layers(len(layers))} but {whose[first]} "
+            count = f"{len(layers)} layer{'' if len(layers) == 1 else 's'}"
+            raise ConfigError(f"`fanouts` gives {whose[relation]} {count} but {whose[first]} "
                               f"{len(resolved[first])}; give every relation one fanout per layer.")
     return resolved
-
-
-def _layers(count: int) -> str:
-    return f"{count} layer{'' if count == 1 else 's'}"
 
 
 def _edge_id_relations(graph: TypedGraph, edge_ids) -> frozenset[RelationType]:
@@ -207,7 +177,7 @@ class TypedHops:
         edge_ids = {r: d[2] for r, d in drawn.items() if len(d) == 3}
         return TypedBlock({t: num_dst[t] for t in types if t in num_dst},
                           {t: int(frontier[t].shape[0]) for t in types}, blocks, {t: frontier[t] for t in types},
-                          edge_ids, self._edge_rows(edge_ids))
+                          edge_ids, self._edge_rows(edge_ids) if self.edge_features else {})
 
     def _enter(self, frontier: dict[str, torch.Tensor]) -> None:
         """Before the first hop from ``frontier``."""
@@ -218,27 +188,15 @@ class TypedHops:
 
 class TypedNeighborSampler(OneThread, TypedHops):
     """Host sampler over a typed graph's relations (numpy arrays or memory maps); ``fanouts`` as
-    ``typed_fanouts`` reads them, resolved per relation in ``self.fanouts``.
+    ``typed_fanouts`` reads them, resolved per relation in ``self.fanouts``. The relation blocks'
+    ``src_ids`` are None (a ``Block`` takes its destinations' ids from its sources', true only when both ends
+    are one type): each type's ids are in ``TypedBlock.src_ids``.
 
-    The relation blocks' ``src_ids`` are left None: a ``Block`` takes its destinations' ids from the leading
-    rows of its sources', which holds only when the source and destination types are one. Each type's ids
-    are in ``TypedBlock.src_ids`` (``dst_ids(t)`` for the destinations).
-
-    With ``degrees``, each relation block carries every source row's out-degree through that relation in
-    the whole graph (``Block.src_degree``, float32): the source half of a symmetric per-relation
-    normalisation ``1 / sqrt(out_r(u) in_r(v))`` (DGL's ``GraphConv(norm="both")`` under a
-    ``HeteroGraphConv``). Not the in-degree a homogeneous block carries: a source row has an in-degree
-    through the relation only when its two end types are one (and on a symmetric homogeneous graph in- and
-    out-degrees agree). The destination half, ``in_r(v)``, is not carried, as ``Block`` has no field for it
-    (``graph.in_degrees(r)`` holds it). The out-degrees are counted once, at construction: a pass over every
-    relation's indices, and 4 bytes per source vertex per relation, per sampler.
-
-    ``edge_ids``: which relations' blocks record their edges' positions in the relation's ``indices``
-    (``TypedBlock.edge_ids``): None (the default) those with edge features, True every relation, False none,
-    or a collection of relations (triples or unique names). With ``edge_features`` (the default), the blocks
-    also carry those relations' edge feature rows (``TypedBlock.edge_features``, float32 on the CPU, moved by
-    ``TypedBlock.to``); without, ``typed_edges.gather_edge_features`` reads them later. Edge features whose
-    rows are not one per edge raise ``DataError`` naming the relation here.
+    ``degrees``: each relation block carries its source rows' out-degrees through the relation (float32,
+    counted at construction). ``edge_ids``: the relations whose blocks record their edges' positions (None:
+    those with edge features; True, False, or a collection of triples or unique names); ``edge_features``:
+    those blocks also carry the edge feature rows (else ``gather_edge_features`` reads them later). Edge
+    features not one row per edge raise ``DataError`` naming the relation.
 
     Not thread-safe: one instance per sampling thread (it owns a vertex -> position map per type, 8 bytes
     per vertex of the graph).
@@ -260,9 +218,7 @@ class TypedNeighborSampler(OneThread, TypedHops):
                               for r, rel in graph.relations.items()} if degrees else {})
 
     def _ids(self, ids) -> torch.Tensor:
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        # a read-only array (a plan's frozen hot set) is copied: the frontier tensors are made from it
-        return torch.from_numpy(ids if ids.flags.writeable else ids.copy())
+        return torch.from_numpy(NeighborSampler._ids(ids))
 
     def _enter(self, frontier: dict[str, torch.Tensor]) -> None:
         self._check_thread()
@@ -278,10 +234,10 @@ class TypedNeighborSampler(OneThread, TypedHops):
         the edge positions for the relations in ``self.edge_ids``."""
         drawn = {}
         for relation, (dst, fanout, key) in calls.items():
-            csc = self.graph.relations[relation]
-            kernel = kernels.sample_neighbor_edges if relation in self.edge_ids else kernels.sample_neighbors
-            drawn[relation] = tuple(map(torch.from_numpy, kernel(csc.indptr, csc.indices, dst.numpy(), fanout,
-                                                                 np.uint64(key), kernels.NO_ORDER)))
+            csc, edges = self.graph.relations[relation], relation in self.edge_ids
+            ptr, nbrs, positions = kernels.sample_neighbors(csc.indptr, csc.indices, dst.numpy(), fanout,
+                                                            np.uint64(key), kernels.NO_ORDER, edges)
+            drawn[relation] = tuple(map(torch.from_numpy, (ptr, nbrs, positions) if edges else (ptr, nbrs)))
         return drawn
 
     def _relabel(self, parts: dict[str, list[torch.Tensor]], frontier: dict[str, torch.Tensor]
@@ -296,7 +252,39 @@ class TypedNeighborSampler(OneThread, TypedHops):
         return local
 
     def _edge_rows(self, edge_ids: dict[RelationType, torch.Tensor]) -> dict[RelationType, torch.Tensor]:
-        if not self.edge_features:
-            return {}
         return {r: edge_rows(self.graph.relations[r].edge_features, ids.numpy())
                 for r, ids in edge_ids.items() if self.graph.relations[r].edge_features is not None}
+
+
+def edge_rows(source, ids) -> torch.Tensor:
+    """``source``'s rows (edges x width) at the edge ids ``ids`` (int64 numpy), float32 on the CPU, read by
+    the gather feature rows go through (``kernels.gather_stored``: a memory map at those rows only)."""
+    rows = torch.empty((ids.shape[0], source.shape[1]), dtype=torch.float32)
+    kernels.gather_stored(source, ids, kernels.NO_ORDER, rows)
+    return rows
+
+
+def check_edge_features(graph: TypedGraph, relations: Iterable[RelationType]) -> None:
+    """Raise ``DataError`` naming the relation when one of ``relations`` has edge features that are not one
+    row per edge (``edges x width``): a gather at the edges' ids would read past them."""
+    for relation in relations:
+        csc = graph.relations[relation]
+        source = csc.edge_features
+        if source is not None and (source.ndim != 2 or source.shape[0] != csc.num_edges):
+            raise DataError(f"{graph.name}: relation {relation_label(relation)} has edge features of shape "
+                            f"{tuple(source.shape)} for {csc.num_edges} edges; give one row (edges x width) "
+                            f"per edge.")
+
+
+def gather_edge_features(graph: TypedGraph, blocks: Iterable[TypedBlock],
+                         device: torch.device | str = "cpu") -> None:
+    """Set each typed block's ``edge_features[r]`` to relation ``r``'s edge feature rows at the block's
+    ``edge_ids[r]`` (float32, on ``device``), for every relation with edge features whose edge ids the
+    block holds. Raises ``DataError`` naming the relation when its edge features have a row count other than
+    its edges'."""
+    for tblock in blocks:
+        check_edge_features(graph, tblock.edge_ids)
+        for relation, ids in tblock.edge_ids.items():
+            source = graph.relations[relation].edge_features
+            if source is not None:
+                tblock.edge_features[relation] = edge_rows(source, ids.cpu().numpy()).to(device)
