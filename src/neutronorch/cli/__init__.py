@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-__all__ = ["as_flags", "build_parser", "main"]
+__all__ = ["build_parser", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,9 +53,6 @@ def _silence_stdout() -> None:
 
 
 def __getattr__(name: str):
-    if name == "as_flags":
-        from neutronorch.cli.app import as_flags  # noqa: PLC0415
-        return as_flags
     if name == "build_parser":
         from neutronorch.cli.options import build_parser  # noqa: PLC0415
         return build_parser

@@ -240,51 +240,43 @@ def _add_write_options(parser: argparse.ArgumentParser, out: str, same: str = ""
 
 
 def _add_predict_options(pred: argparse.ArgumentParser, full: bool = False) -> None:
-    _help_options(pred, full, _add_predict_options)
-    pred.add_argument("--checkpoint", required=True, metavar="PATH",
-                      help="a checkpoint (DIR/best.pt or DIR/last.pt of --checkpoint-dir)")
-    pred.add_argument("--dataset", required=True, metavar="SPEC", help=_dataset_help(full))
-    pred.add_argument("--out", required=True, metavar="PATH",
-                      help="write the predictions here (.npy; with --pairs one float32 score per pair)")
-    pred.add_argument("--nodes", default=None,
-                      help="test, val, train, all, or a .npy file of vertex ids (default: test)")
-    pred.add_argument("--pairs", metavar="FILE",
-                      help="score these vertex pairs with a link checkpoint (instead of --nodes): a text file "
-                           "of 'u v' or 'u,v' lines, or a .npy file of a (P, 2) or (2, P) integer array (2 x 2 is "
-                           "ambiguous and refused: give a text file)")
-    pred.add_argument("--probabilities", action="store_true",
-                      help="write class probabilities (one float32 row per vertex) instead of classes; with "
-                           "--pairs, each pair's probability (the sigmoid of its logit)")
-    pred.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                      help="inference device (default: %(default)s)")
-    _inference_options(pred, full)
+    own = {"--pairs": dict(metavar="FILE", help=(
+        "score these vertex pairs with a link checkpoint (instead of --nodes): a text file of 'u v' or 'u,v' "
+        "lines, or a .npy file of a (P, 2) or (2, P) integer array (2 x 2 is ambiguous and refused: give a "
+        "text file)")),
+           "--probabilities": dict(action="store_true", help=(
+        "write class probabilities (one float32 row per vertex) instead of classes; with --pairs, each "
+        "pair's probability (the sigmoid of its logit)"))}
+    _inference_options(pred, full, _add_predict_options, own, None,
+                       "the predictions here (.npy; with --pairs one float32 score per pair)")
 
 
 def _add_embed_options(emb: argparse.ArgumentParser, full: bool = False) -> None:
-    _help_options(emb, full, _add_embed_options)
-    emb.add_argument("--checkpoint", required=True, metavar="PATH", help="a checkpoint (DIR/best.pt or DIR/last.pt)")
-    emb.add_argument("--dataset", required=True, metavar="SPEC", help=_dataset_help(full))
-    emb.add_argument("--layer", type=int, metavar="K",
-                     help="1 = the bottom layer's output (after its activation) ... the last layer (logits; of a "
-                          "link checkpoint, the embeddings its head scores); a typed graph's default: the last "
-                          "hidden layer")
-    emb.add_argument("--node-type", metavar="TYPE",
-                     help="a typed graph: the vertex type whose rows to write (default: the target; one the layer "
-                          "computes)")
-    emb.add_argument("--out", required=True, metavar="PATH",
-                     help="write the embeddings here (.npy, float32, a row per vertex)")
-    emb.add_argument("--nodes", default="all", help="test, val, train, all, or a .npy file of vertex ids "
-                                                    "(default: %(default)s)")
-    emb.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                     help="inference device (default: %(default)s)")
-    _inference_options(emb, full)
+    own = {"--layer": dict(type=int, metavar="K", help=(
+        "1 = the bottom layer's output (after its activation) ... the last layer (logits; of a link "
+        "checkpoint, the embeddings its head scores); a typed graph's default: the last hidden layer")),
+           "--node-type": dict(metavar="TYPE", help=(
+        "a typed graph: the vertex type whose rows to write (default: the target; one the layer computes)"))}
+    _inference_options(emb, full, _add_embed_options, own, "all",
+                       "the embeddings here (.npy, float32, a row per vertex)")
 
 
-def _dataset_help(full: bool) -> str:
-    return f"dataset spec: {DATASET_SPEC_HELP}" if full else "the dataset, as train's --dataset takes it"
-
-
-def _inference_options(parser: argparse.ArgumentParser, full: bool) -> None:
+def _inference_options(parser: argparse.ArgumentParser, full: bool, add_options, own: dict[str, dict],
+                       nodes: str | None, out: str) -> None:
+    """predict's and embed's options: the common ones and the command's ``own`` (flag -> keywords); ``out``:
+    what --out is written with; ``nodes``: --nodes' default (None: test, where --pairs is not given)."""
+    _help_options(parser, full, add_options)
+    parser.add_argument("--checkpoint", required=True, metavar="PATH",
+                        help="a checkpoint (DIR/best.pt or DIR/last.pt of --checkpoint-dir)")
+    parser.add_argument("--dataset", required=True, metavar="SPEC", help=f"dataset spec: {DATASET_SPEC_HELP}"
+                        if full else "the dataset, as train's --dataset takes it")
+    parser.add_argument("--out", required=True, metavar="PATH", help=f"write {out}")
+    parser.add_argument("--nodes", default=nodes, help="test, val, train, all, or a .npy file of vertex ids "
+                                                       f"(default: {nodes or 'test'})")
+    for flag, kwargs in own.items():
+        parser.add_argument(flag, **kwargs)
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="inference device (default: %(default)s)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace --out if it exists (it may never be one of the inputs)")
     advanced = parser.add_argument_group("advanced")
