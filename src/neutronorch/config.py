@@ -1,9 +1,5 @@
 """Training configuration: ``TrainConfig``, composed of the parts in config_parts.py, validated once at the
-edge (CLI, config file or API).
-
-The core trusts a ``TrainConfig`` that passed ``validate``; it never re-checks arguments. Each component
-takes the part it uses (``config.sampling``, ``config.neutronorch``, ``config.placement``, ...).
-"""
+edge (CLI, config file or API); the core trusts a validated ``TrainConfig`` and never re-checks it."""
 
 from __future__ import annotations
 
@@ -35,13 +31,9 @@ MAX_THREADS = 4096  # torch and numba take thread counts as 32-bit numbers, and 
 
 @dataclass(init=False)
 class TrainConfig:
-    """A run's configuration: the settings of the run as a whole, and its parts (config_parts.py), each the
-    settings one component takes: ``config.sampling`` (a ``SamplingConfig``), ``config.neutronorch``, ...
-
-    Every setting is also read and written by its own name, whichever part holds it: ``config.fanouts`` is
-    ``config.sampling.fanouts``, and ``TrainConfig(fanouts=[15, 10], super_batch=4)`` sets both parts. A part
-    may be given whole (``TrainConfig(sampling=SamplingConfig(...))``); settings given by name apply over it.
-    ``to_dict`` and ``keys`` list the settings by name, flat, as checkpoints and summaries store them."""
+    """The settings of the run as a whole, and its parts (``config.sampling``, ...). Every setting is also
+    read and written by its own name: ``config.fanouts`` is ``config.sampling.fanouts``. A part may be given
+    whole (``TrainConfig(sampling=SamplingConfig(...))``); settings given by name apply over it."""
 
     dataset: str = may_change(
         "synthetic", metavar="SPEC", short="folder, file, or synthetic[:nodes=N] (the default)",
@@ -113,14 +105,12 @@ class TrainConfig:
         return frozenset(f.name for f in setting_fields() if f.metadata.get("resume") == "may change")
 
     def settings_given(self, names) -> list[str]:
-        """Those of the settings ``names`` given other values than their defaults, as `name` value: what a
-        run that has no use for them refuses instead of ignoring."""
+        """Those of the settings ``names`` given other values than their defaults, as `name` value."""
         defaults = {f.name: f.default for f in setting_fields()}
         return [f"`{name}` {getattr(self, name)}" for name in names if getattr(self, name) != defaults[name]]
 
     def link_settings_given(self) -> list[str]:
-        """The link task's settings (``LinkConfig``) given other values than their defaults: what a node task
-        would ignore, and refuses (``check_node_task``, ``capabilities.check_run``)."""
+        """The link task's settings (``LinkConfig``) given other values than their defaults."""
         return self.settings_given(f.name for f in settings_of(LinkConfig))
 
     def validate(self) -> "TrainConfig":
@@ -146,7 +136,6 @@ class TrainConfig:
             if len(self.eval_fanouts) != len(self.fanouts):
                 raise ConfigError(f"`eval_fanouts` has {len(self.eval_fanouts)} entries but the model has "
                                   f"{len(self.fanouts)} layers (one per `fanouts` entry).")
-        # The model normalises by its sources' graph degrees (GCN's symmetric norm): the blocks carry them.
         self.sampling = replace(self.sampling, degrees=needs_degrees(self.model, self.gcn_norm))
         if self.weight_decay is None and self.task in TASK_WEIGHT_DECAY:
             self.weight_decay = TASK_WEIGHT_DECAY[self.task]
@@ -157,7 +146,7 @@ class TrainConfig:
             setattr(self, name, _auto_or(getattr(self, name), name, f"a size in GiB such as 2.5 (0 turns the {which} "
                                          f"feature cache off)", lambda size: math.isfinite(size) and size >= 0,
                                          "must be 'auto' or zero or more GiB"))
-        for f in setting_fields():  # each setting's choices (its option, config_parts.OPTION_SPEC)
+        for f in setting_fields():
             if f.metadata.get("choices") is not None and getattr(self, f.name) not in f.metadata["choices"]:
                 raise ConfigError(f"`{f.name}` {getattr(self, f.name)!r}: choose one of "
                                   f"{', '.join(f.metadata['choices'])}.")
@@ -238,6 +227,11 @@ class TrainConfig:
         """Every setting by name, flat (as checkpoints and summaries store them)."""
         return {f.name: copy.deepcopy(getattr(self, f.name)) for f in setting_fields()}
 
+    @property
+    def hot_sets_per_node(self) -> bool:
+        """Whether data-parallel ranks on one node share NeutronOrch's hot sets (``hot_set="node"``)."""
+        return self.mode == "neutronorch" and self.hot_set == "node"
+
     @classmethod
     def keys(cls) -> list[str]:
         """Every setting's name."""
@@ -250,8 +244,7 @@ class TrainConfig:
 
 
 def setting_fields() -> list:
-    """The ``Field`` of every setting, the run's own, then each part's: its name, default and option (its
-    metadata: ``config_parts.OPTION_SPEC``)."""
+    """The ``Field`` of every setting, the run's own, then each part's (its option in its metadata)."""
     own = [f for f in fields(TrainConfig) if f.name not in PARTS]
     return own + [f for kind in PARTS.values() for f in settings_of(kind)]
 
@@ -281,8 +274,7 @@ def value_type(f) -> type:
 
 
 def check_types(config: TrainConfig) -> None:
-    """Every field holds a value of its type (a config file can give any YAML value): a clear error
-    instead of a ``TypeError`` deep inside the run."""
+    """Raise ``ConfigError`` unless every setting holds a value of its type (a config file can give any)."""
     for f in setting_fields():
         value = getattr(config, f.name)
         if f.name in _PARSED or (value is None and f.default is None):
@@ -306,7 +298,7 @@ def check_types(config: TrainConfig) -> None:
 
 
 def number_hint(value: str, want: type) -> str:
-    """For a number written as text where ``want`` (int or float) is expected: how to write it as a number."""
+    """For a number written as text where ``want`` (int or float) is expected: how to write it instead."""
     try:
         number = float(value)
     except ValueError:
@@ -320,8 +312,7 @@ def number_hint(value: str, want: type) -> str:
 
 
 def _auto_or(value, field: str, expected: str, allowed, why: str) -> str | float:
-    """``value`` as "auto" or a number (``expected`` words it) that ``allowed`` takes, else a ``ConfigError``
-    naming ``field`` and ``why`` the number is refused."""
+    """``value`` as "auto" or a number (``expected`` words it) that ``allowed`` takes; else ConfigError."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
     try:
@@ -335,5 +326,5 @@ def _auto_or(value, field: str, expected: str, allowed, why: str) -> str | float
 
 def auto_batch_size(num_train: int) -> int:
     """Seeds per mini-batch when none is given: about 32 optimizer steps per epoch on small training sets
-    (140 Cora seeds in one batch learn far too slowly), never below 32 nor above 1024 seeds."""
+    (140 Cora seeds in one batch learn far too slowly), from 32 to 1024 seeds."""
     return min(1024, max(32, num_train // 32))

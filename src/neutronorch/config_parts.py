@@ -1,17 +1,7 @@
-"""The parts a run's configuration is made of, each the settings one component takes.
-
-``TrainConfig`` (config.py) is composed of these parts plus the few settings of the run as a whole. Each part
-is a frozen dataclass: a component handed one cannot change the run's configuration, and a copy of a
-``TrainConfig`` shares its parts safely. Two kinds of field:
-
-- *settings* (``setting``/``may_change``): what a user gives, by keyword (``TrainConfig(fanouts=[15, 10])``),
-  on the command line or in a config file's section named after the part (``[sampling]``). Each states once
-  whether a resumed run may change it, and its option: help, choices, type (``OPTION_SPEC``).
-- *resolved* (``resolved``): what the run works out when it starts (a data-parallel rank, whether blocks
-  carry degrees); never a setting, never saved.
-
-Like config.py, this module uses nothing above it.
-"""
+"""The parts ``TrainConfig`` (config.py) is composed of, each the settings one component takes; frozen, so a
+component handed one cannot change the run's configuration. A *setting* (``setting``/``may_change``) is what
+a user gives, with its option (``OPTION_SPEC``); a *resolved* field is worked out when the run starts, never
+given or saved. Like config.py, this module uses nothing above it."""
 
 from __future__ import annotations
 
@@ -20,11 +10,10 @@ from dataclasses import dataclass, field, fields
 from neutronorch.data.edge_split import LINK_DIRECTIONS
 from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, NORMS, RELATIONAL_ONLY
 
-# A setting's option, beside its name and default: ``help`` (the full help, ``%(default)s`` standing for the
-# default), ``short`` (the help ``train --help`` lists it with; without one only ``--help-all`` lists it),
-# ``choices`` (the values it takes, which ``validate`` checks), ``type`` (its value's, where the default is
-# None), ``metavar`` (what the help shows for its value; with choices, in the short help only). The command
-# line's parser and help are made from these (cli/options.py); a bool setting is a switch there.
+# A setting's option (cli/options.py makes the parser from it; a bool setting is a switch): ``help`` (the full
+# help, ``%(default)s`` standing for the default), ``short`` (the help ``train --help`` lists it with; without
+# one only ``--help-all`` lists it), ``choices`` (which ``validate`` checks), ``type`` (its value's, where the
+# default is None), ``metavar`` (what the help shows for its value; with choices, in the short help only).
 OPTION_SPEC = ("help", "short", "choices", "type", "metavar")
 
 
@@ -40,8 +29,7 @@ def may_change(default, **spec):
 
 
 def _setting(resume: str, default, factory, spec: dict):
-    """A setting's field: its metadata says whether a resumed run may change it (``TrainConfig.resume_may_change``)
-    and holds its option (``OPTION_SPEC``)."""
+    """A setting's field: its metadata holds ``resume`` (``TrainConfig.resume_may_change``) and its option."""
     if "help" not in spec or set(spec) - set(OPTION_SPEC):
         raise TypeError(f"a setting's option takes help and any of {', '.join(OPTION_SPEC[1:])}, not {sorted(spec)}")
     metadata = {"resume": resume, **spec}
@@ -56,7 +44,7 @@ def resolved(default):
 
 
 def settings_of(part) -> list:
-    """The ``dataclasses.Field`` of every setting of a part (a class or an instance), in order."""
+    """The ``Field`` of every setting of a part (a class or an instance), in order."""
     return [f for f in fields(part) if not f.metadata.get("resolved")]
 
 

@@ -1,9 +1,6 @@
-"""The environment variables neutronorch and numba read, checked at the edge (the command line before it
-imports numba, ``train``, the loaders, and the public names' first import): a bad value is a ``ConfigError``
-naming the variable, its value and the values it takes, before any work. numba reads its variables when it is
-first imported, and some bad values (``NUMBA_NUM_THREADS=0``) make that import itself fail; others it ignores
-with a warning (``NUMBA_NUM_THREADS=four``) or meets only at the first parallel kernel
-(``NUMBA_THREADING_LAYER=bogus``). Imports nothing of ours but the errors, and nothing that is slow to load."""
+"""The environment variables neutronorch and numba read, checked at the edge before numba is imported (some
+bad values fail that import, others numba ignores or meets only at its first parallel kernel): a bad value is
+a ``ConfigError`` naming the variable, its value and the values it takes. Imports nothing slow to load."""
 
 from __future__ import annotations
 

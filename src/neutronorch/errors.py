@@ -1,9 +1,5 @@
-"""User-facing errors.
-
-Every problem a user can fix (bad file, bad option, missing device) raises a subclass of
-``NeutronorchError`` whose message says what is wrong and how to fix it. The CLI prints these without a
-traceback; anything else escaping is a bug and keeps its traceback.
-"""
+"""User-facing errors: every problem a user can fix raises a ``NeutronorchError`` whose message says what is
+wrong and how to fix it; the CLI prints it without a traceback. Anything else escaping is a bug."""
 
 
 class NeutronorchError(Exception):

@@ -42,17 +42,7 @@ class _StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is at the time (it may be replaced after logging is set up)."""
 
     _neutronorch_cli = True
-
-    def __init__(self):
-        super().__init__(sys.stderr)
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value):
-        pass
+    stream = property(lambda self: sys.stderr, lambda self, value: None)
 
 
 class _FlagFormatter(logging.Formatter):
@@ -82,10 +72,8 @@ def _configure_logging() -> None:
 
 
 class _ProgressBar:
-    """A tqdm bar per part (epoch, layer of inference, file being parsed), fed by a
-    ``progress(part, done, total)`` callback; hidden when stderr is no terminal. Training also calls
-    ``loss(epoch, running mean)``, shown on the epoch's bar, and ``evaluating(epoch, layer, done, total)``,
-    a bar of its own while the evaluation after an epoch runs."""
+    """A tqdm bar per part (epoch, layer of inference, file being parsed), fed by ``progress(part, done,
+    total)``; hidden when stderr is no terminal. Training also reports ``loss`` and ``evaluating``."""
 
     def __init__(self, label: str = "epoch", unit: str = "batch"):
         self._bar, self._part = None, None
@@ -143,9 +131,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _outputs(config: TrainConfig, run_name, save, config_file: list, rank: int | None) -> tuple:
-    """Where the run's results go: what its output options name, else (unless --no-save) a run folder,
-    checked and made here (``train/outputs.py``). Returns the config with its outputs, and the run folder
-    (None without one)."""
+    """The config with its outputs: what its output options name, else (unless --no-save) a run folder, made
+    here (``train/outputs.py``); and that folder, or None."""
     from neutronorch.train.output_guard import check_distinct
     from neutronorch.train.outputs import RUNS, generated_run_name, names_outputs, open_run_folder, run_outputs
 
@@ -244,9 +231,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _write_dataset(graph, out: str, args: argparse.Namespace, t0: float) -> int:
-    """convert's and generate's end, for either kind of graph: the features (a typed graph's, every type's)
-    halved with --float16 or --bfloat16, the native or typed folder written (checked before the source was
-    read or the graph generated), its first line said."""
+    """convert's and generate's end, for either kind of graph: the features halved with --float16 or
+    --bfloat16, the native or typed folder written, its first line said."""
     from neutronorch.train.output_guard import check_space
 
     typed, source = isinstance(graph, TypedGraph), getattr(args, "source", None) or graph.name
@@ -280,10 +266,10 @@ def _check_native_out(field: str, out: str, sources: list[Path], overwrite: bool
 
 
 def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
-    """predict's and embed's shared part: the request and outputs checked, the pairs read (``pairs``: predict
-    --pairs), the checkpoint read (unless ``pairs`` is None, checked to score pairs or classify vertices as
-    asked), then the data loaded, so that a wrong request fails before a large dataset is read. Returns the
-    checkpoint, the graph and their keywords (device, out, scratch, progress, overwrite; the pairs, read once)."""
+    """predict's and embed's shared part, in the order that fails a wrong request before a large dataset is
+    read: the request and outputs checked, the pairs read (``pairs``: predict --pairs), the checkpoint read
+    (for predict, checked to score pairs or classify vertices as asked), then the data loaded. Returns the
+    checkpoint, the graph and the keywords of the command's function."""
     from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, load_checkpoint
     from neutronorch.train.link_predict import read_pairs
     from neutronorch.train.predict import check_asked, check_task

@@ -1,6 +1,5 @@
-"""The train command's help beyond its settings' own (each setting's help, short help, choices and type are
-its option, in config.py and config_parts.py): the groups ``--help`` and ``--help-all`` list the options in,
-the command line's own options, and the epilogs (``options.py`` builds the parser from them)."""
+"""The train command's help beyond each setting's own option: the groups the options are listed in, the
+command line's own options, and the epilogs."""
 
 CONVERT_SPLIT_HELP = ("split for data without one: ratio:TRAIN,VAL or per-class:TRAIN,VAL of the vertices (default: "
                       "the data's own split, else ratio:0.6,0.2; synthetic graphs: ratio:0.1,0.05); a link task draws "

@@ -1,8 +1,5 @@
-"""The command line's options: every flag, its help and its default (``build_parser``).
-
-``--help`` lists the options a first run needs, with short help, in groups (data, model, training, mode,
-outputs); ``--help-all`` lists every option with its full help, the tuning and diagnostic knobs in a group of
-their own ("advanced"). Both views parse the same options the same way: only the listing differs."""
+"""The command line's options (``build_parser``). ``--help`` lists the options a first run needs, with short
+help; ``--help-all`` lists every option with its full help. Both parse the same options the same way."""
 
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ _WIDE = 28  # where help texts start: room for `--device {auto,cpu,cuda}` beside
 
 
 class _Formatter(argparse.HelpFormatter):
-    """Help texts from column ``_WIDE``, wrapped at spaces only (never inside a flag such as
-    --gpu-memory-gb)."""
+    """Help texts from column ``_WIDE``, wrapped at spaces only (never inside a flag)."""
 
     def __init__(self, prog: str):
         super().__init__(prog, max_help_position=_WIDE)
@@ -46,9 +42,8 @@ _NEGATIVE_LEADING = re.compile(r"-\d")
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` that reads ``--fanouts -1,10`` as ``--fanouts=-1,10``: argparse takes a word
-    starting with '-' for a flag unless it is a single negative number, and then fails with "expected one
-    argument". Its subcommands' parsers are of this class too."""
+    """An ``ArgumentParser`` that reads ``--fanouts -1,10`` as ``--fanouts=-1,10`` (argparse takes a word
+    starting with '-' for a flag unless it is a single negative number), and refuses empty values."""
 
     def parse_known_args(self, args=None, namespace=None):
         words = list(sys.argv[1:] if args is None else args)
@@ -82,8 +77,7 @@ class _HelpAll(argparse.Action):
 
 
 def _help_options(parser: argparse.ArgumentParser, full: bool, add_options, listed: bool = True) -> None:
-    """-h/--help and --help-all; ``listed``: the short help lists them (train's names them in its usage and
-    epilog instead, to fit a screen)."""
+    """-h/--help and --help-all; ``listed``: the short help lists them (train's names them in its usage)."""
     parser.add_argument("-h", "--help", action="help",
                         help="the short help" if full else _shown("this help", listed))
     parser.add_argument("--help-all", action=_HelpAll, add_options=add_options,
@@ -95,8 +89,8 @@ def _shown(text: str, listed: bool) -> str:
 
 
 def _add_train_options(parser: argparse.ArgumentParser, full: bool = False) -> None:
-    """train's options in their groups; ``full``: the help lists every option (--help-all), else those in
-    ``SHORT`` with their short help. Parsing is the same either way."""
+    """train's options in their groups; ``full``: the help lists every option (--help-all), else those with
+    a short help."""
     parser.usage = ("%(prog)s [-h | --help-all] [--dataset SPEC] [OPTION ...]"
                     if not full else "%(prog)s [OPTION ...]")
     parser.epilog = TRAIN_EPILOG_ALL if full else TRAIN_EPILOG
@@ -118,8 +112,8 @@ def _add_train_options(parser: argparse.ArgumentParser, full: bool = False) -> N
 
 
 def _train_option(spec, default, full: bool) -> tuple[str, dict]:
-    """A setting's flag and its ``add_argument`` keywords, from its option (``spec``, the setting's field): a
-    bool setting is a switch (``--residual``; ``--no-progress`` for one that is on by default)."""
+    """A setting's flag and its ``add_argument`` keywords, from its field: a bool setting is a switch
+    (``--residual``; ``--no-progress`` for one that is on by default)."""
     option = spec.metadata
     listed = full or option.get("short") is not None
     flag = "--" + spec.name.replace("_", "-")
@@ -200,8 +194,7 @@ _GENERATE_HELP = {"nodes": "vertices", "degree": "average in-degree", "features"
 
 
 def _add_generate_options(gen: argparse.ArgumentParser, full: bool = False) -> None:
-    """The generator's options default to None, so that each generator (``SyntheticSpec``; with --typed,
-    ``synthetic_typed``) fills in its own defaults for those not given."""
+    """Each option defaults to None: each generator (``SyntheticSpec``, ``synthetic_typed``) has its own."""
     _help_options(gen, full, _add_generate_options)
     gen.add_argument("kind", choices=["synthetic"], help="generator")
     gen.add_argument("--typed", action="store_true",

@@ -97,11 +97,8 @@ class GpuMonitor:
 
 class Utilisation:
     """Samples CPU (this process, and the whole machine) and GPU utilisation every ``interval`` seconds.
-
-    ``take()`` gives the means since its last call; ``samples`` keeps the series (time, process cores busy,
-    machine share busy, GPU percent or None; each the mean since the sample before) for the timeline.
-    ``sample()`` adds one at once (the timeline window's start and end, which may fall between ticks).
-    """
+    ``samples`` keeps the series for the timeline: (time, process cores busy, machine share busy, GPU percent
+    or None), each the mean since the sample before."""
 
     def __init__(self, device=None, interval: float = 0.25):
         self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
