@@ -35,29 +35,6 @@ class _NvmlUtilization(ctypes.Structure):
     _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
 
 
-class NvmlLibrary:
-    """The three NVML calls we need, from the driver's ``libnvidia-ml`` (``lib``: a stand-in for tests)."""
-
-    def __init__(self, lib=None):
-        self.lib = lib if lib is not None else ctypes.CDLL("libnvidia-ml.so.1")
-        if self.lib.nvmlInit_v2() != 0:
-            raise RuntimeError("nvmlInit failed")
-
-    def handle(self, index: int, pci_bus_id: str | None):
-        handle = ctypes.c_void_p()
-        if pci_bus_id and self.lib.nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id.encode(), ctypes.byref(handle)) == 0:
-            return handle
-        if self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)) != 0:
-            raise RuntimeError("no NVML handle for the device")
-        return handle
-
-    def percent(self, handle) -> float | None:
-        rates = _NvmlUtilization()
-        if self.lib.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(rates)) != 0:
-            return None
-        return float(rates.gpu)
-
-
 def pci_bus_id(device) -> str | None:
     """The device's PCI address as NVML writes it (so the right GPU is read whatever
     CUDA_VISIBLE_DEVICES says), when torch reports it."""
@@ -71,28 +48,35 @@ def pci_bus_id(device) -> str | None:
 
 
 class GpuMonitor:
-    """GPU utilisation through NVML (``library``: an ``NvmlLibrary``); unavailable (None) without it."""
+    """GPU utilisation through the driver's NVML library (``lib``: a stand-in for tests); None without it."""
 
-    def __init__(self, device, library=None):
+    def __init__(self, device, lib=None):
         self.handle = None
         if device is None or device.type != "cuda":
             return
         import torch  # noqa: PLC0415
 
         index = device.index if device.index is not None else torch.cuda.current_device()
+        handle, bus = ctypes.c_void_p(), pci_bus_id(device)
         try:
-            self._lib = library if library is not None else NvmlLibrary()
-            self.handle = self._lib.handle(index, pci_bus_id(device))
+            self.lib = lib if lib is not None else ctypes.CDLL("libnvidia-ml.so.1")
+            if self.lib.nvmlInit_v2() != 0:
+                return
+            found = bus and self.lib.nvmlDeviceGetHandleByPciBusId_v2(bus.encode(), ctypes.byref(handle)) == 0
+            if found or self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)) == 0:
+                self.handle = handle
         except Exception:  # noqa: BLE001 - NVML missing or unusable: not reported
             self.handle = None
 
     def percent(self) -> float | None:
         if self.handle is None:
             return None
+        rates = _NvmlUtilization()
         try:
-            return self._lib.percent(self.handle)
+            done = self.lib.nvmlDeviceGetUtilizationRates(self.handle, ctypes.byref(rates)) == 0
         except Exception:  # noqa: BLE001
             return None
+        return float(rates.gpu) if done else None
 
 
 class Utilisation:
