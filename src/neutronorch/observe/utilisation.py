@@ -62,8 +62,9 @@ class GpuMonitor:
             self.lib = lib if lib is not None else ctypes.CDLL("libnvidia-ml.so.1")
             if self.lib.nvmlInit_v2() != 0:
                 return
-            found = bus and self.lib.nvmlDeviceGetHandleByPciBusId_v2(bus.encode(), ctypes.byref(handle)) == 0
-            if found or self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)) == 0:
+            where = ctypes.byref(handle)
+            found = bus and self.lib.nvmlDeviceGetHandleByPciBusId_v2(bus.encode(), where) == 0
+            if found or self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), where) == 0:
                 self.handle = handle
         except Exception:  # noqa: BLE001 - NVML missing or unusable: not reported
             self.handle = None
