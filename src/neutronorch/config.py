@@ -37,12 +37,12 @@ class TrainConfig:
 
     dataset: str = may_change(
         "synthetic", metavar="SPEC", short="folder, file, or synthetic[:nodes=N] (the default)",
-        help=f"dataset spec: {DATASET_SPEC_HELP} (default: %(default)s)")
+        help=f"dataset spec: {DATASET_SPEC_HELP}")
     task: str = setting(
         "node", choices=TASKS, short="node (classification) or link (prediction)",
         help="node: classify vertices by their labels; link: predict edges, trained on seed edges with drawn "
-             "negatives and scored by MRR, Hits@K or ROC-AUC against held-out edges (docs/link-prediction.md) "
-             "(default: %(default)s)")
+             "negatives and scored by MRR, Hits@K or ROC-AUC against held-out edges "
+             "(docs/link-prediction.md)")
     split: str | None = setting(
         None, type=str, metavar="SPEC", short="ratio:TRAIN,VAL or per-class:TRAIN,VAL; a link task: edges:TRAIN,VAL",
         help="split for data without one: ratio:TRAIN,VAL or per-class:TRAIN,VAL of the vertices; a link task: "
@@ -50,8 +50,7 @@ class TrainConfig:
              "data's own split, else ratio:0.6,0.2; synthetic graphs: ratio:0.1,0.05; link: edges:0.85,0.05)")
     split_index: int = setting(
         0, metavar="K",
-        help="which of the dataset's stored splits to use (the heterophilous .npz files hold 10: 0..9) (default: "
-             "%(default)s)")
+        help="which of the dataset's stored splits to use (the heterophilous .npz files hold 10: 0..9)")
     mode: str = setting(
         "exact", choices=MODE_CHOICES, short="exact (default), device, neutronorch; auto picks",
         help="placement of the stages: exact samples and gathers on the host and computes every layer of every "
@@ -60,20 +59,20 @@ class TrainConfig:
              "vertices' bottom layer on the host once per super-batch and reuses it; auto chooses one when the run "
              "starts, says which and why (the log and the summary's mode_choice) and keeps it when resumed: exact on "
              "the CPU; on a GPU device while the topology and features fit --gpu-memory-gb, else device or "
-             "neutronorch by a short measured probe (default: %(default)s)")
+             "neutronorch by a short measured probe")
     device: str = may_change(
         "auto", choices=("auto", "cpu", "cuda"), short="training device; auto (default): CUDA if present",
-        help="training device; auto picks CUDA when available (default: %(default)s)")
+        help="training device; auto picks CUDA when available")
     precision: str = may_change(
         "fp32", choices=PRECISIONS, metavar="PREC", short="fp32 (default) or bf16; auto: bf16 where native",
         help="fp32, or bf16: bfloat16 features, activations and matrix products (AMX on CPUs, tensor cores on GPUs) "
              "with float32 weights, optimizer state, loss and evaluation; auto = bf16 where the training device "
-             "computes it natively, else fp32 (the run says which) (default: %(default)s)")
-    threads: int = may_change(0, metavar="N", help="training threads; 0 = all cores (default: %(default)s)")
+             "computes it natively, else fp32 (the run says which)")
+    threads: int = may_change(0, metavar="N", help="training threads; 0 = all cores")
     dist_timeout: float = may_change(
         600.0, metavar="SECONDS",
         help="data parallel (launched with torchrun): seconds a collective waits for the other ranks before the run "
-             "fails saying so (default: %(default)s)")
+             "fails saying so")
     network: NetworkConfig = field(default_factory=NetworkConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     optimization: OptimizationConfig = field(default_factory=OptimizationConfig)
@@ -123,7 +122,8 @@ class TrainConfig:
         check_seed(self.seed)
         self.fanouts = parse_fanouts(self.fanouts)
         if self.layers < 0:
-            raise ConfigError(f"`layers` {self.layers}: must be 0 (one per `fanouts` entry) or a number of layers.")
+            raise ConfigError(f"`layers` {self.layers}: must be 0 (one per `fanouts` entry) or a number "
+                               "of layers.")
         if self.layers and len(self.fanouts) == 1:
             self.fanouts = self.fanouts * self.layers
         elif self.layers and len(self.fanouts) != self.layers:
@@ -141,7 +141,8 @@ class TrainConfig:
             self.weight_decay = TASK_WEIGHT_DECAY[self.task]
         self.hot_ratio = _auto_or(self.hot_ratio, "hot_ratio", "a fraction in [0, 1] such as 0.1",
                                   lambda ratio: 0 <= ratio <= 1,
-                                  "the share of reached bottom-layer vertices made hot must be in [0, 1] (or 'auto')")
+                                  "the share of reached bottom-layer vertices made hot must be in [0, 1] "
+                                  "(or 'auto')")
         for name, which in (("gpu_cache_gb", "device"), ("host_cache_gb", "host")):
             setattr(self, name, _auto_or(getattr(self, name), name, f"a size in GiB such as 2.5 (0 turns the {which} "
                                          f"feature cache off)", lambda size: math.isfinite(size) and size >= 0,

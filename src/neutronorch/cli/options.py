@@ -122,7 +122,10 @@ def _train_option(spec, default, full: bool) -> tuple[str, dict]:
         return ("--no-" if default else "--") + flag[2:], {"dest": spec.name, "default": argparse.SUPPRESS,
                                                             "action": "store_false" if default else "store_true",
                                                             "help": _shown(text, listed)}
-    text = option["help"].replace("%(default)s", str(default)) if full else option.get("short", "")
+    value = ",".join(map(str, default)) if isinstance(default, list) else default
+    text = option.get("short", "")
+    if full:
+        text = option["help"] + ("" if default is None else f" (default: {value})")
     kwargs = {"dest": spec.name, "default": argparse.SUPPRESS, "help": _shown(text, listed)}
     if option.get("choices") is not None:
         kwargs["choices"] = option["choices"]
