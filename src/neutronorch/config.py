@@ -27,6 +27,7 @@ LINK_METRICS = re.compile(r"(mrr|rocauc|hits@[1-9][0-9]*)$")  # a link task's (t
 MAX_PREFETCH = 1024  # mini-batches a producer may run ahead; a buffer each, allocated up front
 MAX_HIDDEN = 65536  # a layer's width: its hidden x hidden float32 weight takes 16 GiB at this width
 MAX_THREADS = 4096  # torch and numba take thread counts as 32-bit numbers, and no machine has more cores
+BOUNDS = {"positive": lambda value: value > 0, "zero or more": lambda value: value >= 0}  # a setting's bound
 
 
 @dataclass(init=False)
@@ -49,7 +50,7 @@ class TrainConfig:
              "edges:TRAIN,VAL of the edges, validation and test edges left out of message passing (default: the "
              "data's own split, else ratio:0.6,0.2; synthetic graphs: ratio:0.1,0.05; link: edges:0.85,0.05)")
     split_index: int = setting(
-        0, metavar="K",
+        0, metavar="K", bound="zero or more",
         help="which of the dataset's stored splits to use (the heterophilous .npz files hold 10: 0..9)")
     mode: str = setting(
         "exact", choices=MODE_CHOICES, short="exact (default), device, neutronorch; auto picks",
@@ -70,7 +71,7 @@ class TrainConfig:
              "computes it natively, else fp32 (the run says which)")
     threads: int = may_change(0, metavar="N", help="training threads; 0 = all cores")
     dist_timeout: float = may_change(
-        600.0, metavar="SECONDS",
+        600.0, metavar="SECONDS", bound="positive",
         help="data parallel (launched with torchrun): seconds a collective waits for the other ranks before the run "
              "fails saying so")
     network: NetworkConfig = field(default_factory=NetworkConfig)
@@ -147,21 +148,20 @@ class TrainConfig:
             setattr(self, name, _auto_or(getattr(self, name), name, f"a size in GiB such as 2.5 (0 turns the {which} "
                                          f"feature cache off)", lambda size: math.isfinite(size) and size >= 0,
                                          "must be 'auto' or zero or more GiB"))
-        for f in setting_fields():
-            if f.metadata.get("choices") is not None and getattr(self, f.name) not in f.metadata["choices"]:
-                raise ConfigError(f"`{f.name}` {getattr(self, f.name)!r}: choose one of "
-                                  f"{', '.join(f.metadata['choices'])}.")
+        for f in setting_fields():  # each setting's choices and bound (its option)
+            value, option = getattr(self, f.name), f.metadata
+            if option.get("choices") is not None and value not in option["choices"]:
+                raise ConfigError(f"`{f.name}` {value!r}: choose one of {', '.join(option['choices'])}.")
+            if option.get("bound") and value is not None and not BOUNDS[option["bound"]](value):
+                raise ConfigError(f"`{f.name}` {value}: must be {option['bound']}.")
         checks = [
             (self.batch_size >= 0, f"`batch_size` {self.batch_size}: must be a positive number of seeds "
                                    f"(or 0 to choose from the training-set size)."),
-            (self.eval_batch_size >= 1, f"`eval_batch_size` {self.eval_batch_size}: must be positive."),
             (self.eval_max_nodes >= 0, f"`eval_max_nodes` {self.eval_max_nodes}: must be 0 (every vertex) or "
                                        f"a positive number of vertices per set."),
-            (self.hidden >= 1, f"`hidden` {self.hidden}: must be positive."),
             (self.hidden <= MAX_HIDDEN, f"`hidden` {self.hidden}: wider than a layer can be built here (at most "
                                         f"{MAX_HIDDEN}, whose square weight alone takes 16 GiB); give a width "
                                         f"such as 256."),
-            (self.heads >= 1, f"`heads` {self.heads}: must be positive."),
             (not (self.residual and self.architecture == "blocks"),
              "`residual`: graph blocks are residual already; give `residual` with `architecture` plain only."),
             (self.task == "link" or self.metric in ("auto",) + METRICS,
@@ -171,16 +171,9 @@ class TrainConfig:
             (self.task == "node" or self.metric == "auto" or bool(LINK_METRICS.match(self.metric)),
              f"`metric` {self.metric!r}: a link task scores by auto (the dataset's own, else mrr), mrr, rocauc "
              f"or hits@K (hits@50)."),
-            (self.negatives >= 1, f"`negatives` {self.negatives}: must be at least 1 per positive."),
-            (self.eval_negatives >= 1, f"`eval_negatives` {self.eval_negatives}: must be at least 1 per positive."),
-            (self.split_index >= 0, f"`split_index` {self.split_index}: must be 0 or more."),
             (self.model not in ("gat", "rgat") or self.heads < 1 or self.hidden % self.heads == 0,
              f"`hidden` {self.hidden} is not divisible by `heads` {self.heads}; "
              f"{'GAT' if self.model == 'gat' else 'R-GAT'} splits the hidden width evenly across heads."),
-            (self.epochs >= 0, f"`epochs` {self.epochs}: must be zero or more."),
-            (0 < self.lr < math.inf, f"`lr` {self.lr}: must be a finite positive number."),
-            (self.weight_decay is None or self.weight_decay >= 0,
-             f"`weight_decay` {self.weight_decay}: must be zero or more."),
             (0 <= self.dropout < 1, f"`dropout` {self.dropout}: must be in [0, 1)."),
             (self.eval_every >= -1, f"`eval_every` {self.eval_every}: must be -1 (never), 0 (after the last "
                                     f"epoch only) or more."),
@@ -193,17 +186,6 @@ class TrainConfig:
              "more."),
             (all(0 <= n <= MAX_THREADS for n in (self.threads, self.sampler_threads, self.host_threads)),
              f"`threads`/`sampler_threads`/`host_threads` must be 0 (picks automatically) to {MAX_THREADS}."),
-            (self.snapshot_lead is None or self.snapshot_lead >= 0,
-             f"`snapshot_lead` {self.snapshot_lead}: must be zero or more optimizer steps."),
-            (self.hot_error_budget > 0, f"`hot_error_budget` {self.hot_error_budget}: must be positive."),
-            (self.gpu_memory_gb is None or self.gpu_memory_gb > 0,
-             f"`gpu_memory_gb` {self.gpu_memory_gb}: must be a positive number of GiB (the device memory "
-             f"this run may use)."),
-            (self.super_batch >= 1, f"`super_batch` {self.super_batch}: must be at least 1 mini-batch."),
-            (0 < self.dist_timeout < math.inf, f"`dist_timeout` {self.dist_timeout}: must be a positive number "
-                                                 f"of seconds."),
-            (self.timeline_steps >= 1, f"`timeline_steps` {self.timeline_steps}: must be at least 1."),
-            (self.log_every >= 1, f"`log_every` {self.log_every}: must be at least 1 step."),
             (self.checkpoint_every >= 0, f"`checkpoint_every` {self.checkpoint_every}: must be 0 (epoch ends "
                                          f"only) or a number of steps."),
             (not self.checkpoint_every or bool(self.checkpoint_dir),

@@ -13,8 +13,9 @@ from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, N
 # A setting's option (cli/options.py makes the parser from it; a bool setting is a switch): ``help`` (the full
 # help; --help-all adds the default unless it is None), ``short`` (the help ``train --help`` lists it with;
 # without one only ``--help-all`` lists it), ``choices`` (which ``validate`` checks), ``type`` (its value's,
-# where the default is None), ``metavar`` (what the help shows for its value; with choices, in --help only).
-OPTION_SPEC = ("help", "short", "choices", "type", "metavar")
+# where the default is None), ``metavar`` (what the help shows for its value; with choices, in --help only),
+# ``bound`` (a number's: positive, or zero or more; ``validate`` checks it, ``None`` passes).
+OPTION_SPEC = ("help", "short", "choices", "type", "metavar", "bound")
 
 
 def setting(default=None, *, factory=None, **spec):
@@ -63,8 +64,9 @@ class NetworkConfig:
         help="number of layers; 0 = one per --fanouts entry; with a single fanout, that fanout in every "
              "layer")
     hidden: int = setting(
-        256, metavar="N", short="hidden width (default: 256)", help="hidden width")
-    heads: int = setting(4, metavar="N", help="GAT and R-GAT attention heads in hidden layers")
+        256, metavar="N", bound="positive", short="hidden width (default: 256)", help="hidden width")
+    heads: int = setting(
+        4, metavar="N", bound="positive", help="GAT and R-GAT attention heads in hidden layers")
     gcn_norm: str = setting(
         "symmetric", choices=GCN_NORMS,
         help="GCN normalisation: symmetric = Kipf & Welling's D^-1/2 (A+I) D^-1/2 by graph degrees (PyG's GCNConv, "
@@ -116,12 +118,13 @@ class OptimizationConfig:
     """How long and how the weights are trained."""
 
     epochs: int = may_change(
-        50, metavar="N", short="training epochs (default: 50)", help="training epochs")
+        50, metavar="N", bound="zero or more", short="training epochs (default: 50)", help="training epochs")
     lr: float = setting(
-        0.003, metavar="LR", short="Adam learning rate (default: 0.003)",
+        0.003, metavar="LR", bound="positive", short="Adam learning rate (default: 0.003)",
         help="Adam learning rate")
     weight_decay: float | None = setting(
-        None, type=float, metavar="WD", help="Adam weight decay (default: 5e-3 for a node task, 0 for a "
+        None, type=float, metavar="WD", bound="zero or more",
+        help="Adam weight decay (default: 5e-3 for a node task, 0 for a "
                                              "link task)")
     patience: int = may_change(
         0, metavar="N",
@@ -144,7 +147,8 @@ class EvaluationConfig:
     eval_fanouts: list[int] | None = may_change(
         None, metavar="LIST", help="sampled inference with these fanouts instead of exact full-neighbour "
                                    "inference")
-    eval_batch_size: int = may_change(4096, metavar="N", help="destinations per inference chunk")
+    eval_batch_size: int = may_change(
+        4096, metavar="N", bound="positive", help="destinations per inference chunk")
     eval_max_nodes: int = may_change(
         0, metavar="N",
         help="evaluate on a seeded random sample of at most this many validation and test vertices each; with exact "
@@ -161,10 +165,10 @@ class LinkConfig:
         help="link task: how a pair of embeddings is scored: dot (their inner product) or mlp (a two-layer perceptron "
              "over their element-wise product, as OGB's examples)")
     negatives: int = setting(
-        1, metavar="K",
+        1, metavar="K", bound="positive",
         help="link task: destinations drawn uniformly per training positive, seeded like the neighbour draws")
     eval_negatives: int = may_change(
-        100, metavar="K",
+        100, metavar="K", bound="positive",
         help="link task: destinations drawn per validation and test positive where the data stores no negatives of "
              "its own (the same at every evaluation)")
     link_direction: str = setting(
@@ -183,7 +187,7 @@ class NeutronOrchConfig:
     """NeutronOrch mode's part of the configuration."""
 
     super_batch: int = setting(
-        8, metavar="P", short="neutronorch: batches per super-batch (default: 8)",
+        8, metavar="P", bound="positive", short="neutronorch: batches per super-batch (default: 8)",
         help="neutronorch: mini-batches per super-batch P; hot embeddings are computed once per super-batch")
     hot_ratio: str | float = setting(
         "auto", metavar="R", short="neutronorch: share of vertices hot (default: auto)",
@@ -199,11 +203,11 @@ class NeutronOrchConfig:
         help="neutronorch: cpu adds the hot rows' bottom-layer gradient, computed on the host once per super-batch; "
              "stop treats hot rows as constants (faster, but the bottom layer then learns nothing from them)")
     hot_error_budget: float = setting(
-        0.02, metavar="E",
+        0.02, metavar="E", bound="positive",
         help="neutronorch with --hot-ratio auto: cap r so that (share of bottom-layer rows served hot) x (measured "
              "drift of a row per step x mean staleness) stays below this")
     snapshot_lead: int | None = setting(
-        None, type=int, metavar="N",
+        None, type=int, metavar="N", bound="zero or more",
         help="neutronorch: optimizer steps between a super-batch's W0 snapshot and its first mini-batch (the host's "
              "time to compute its hot rows); capped by S-P+1; default: auto (2, raised while the trainer waits for "
              "hot rows; on a typed graph it stays 2)")
@@ -229,7 +233,8 @@ class PlacementConfig:
     """Where data lives and how it is read: the placement's and the feature store's part."""
 
     gpu_memory_gb: float | None = setting(
-        None, type=float, metavar="G", short="GiB of GPU memory the run may use (default: all)",
+        None, type=float, metavar="G", bound="positive",
+        short="GiB of GPU memory the run may use (default: all)",
         help="device memory this run may use, in GiB: the budget for the training workspace, the topology (where the "
              "device samples) and the feature cache; set it below the GPU's size to emulate a smaller GPU (default: "
              "the whole device)")
@@ -318,7 +323,7 @@ class LogConfig:
         help="write TensorBoard scalars (loss, epoch time, validation and test scores, stages, utilisation) to this "
              "folder (needs tensorboard)")
     log_every: int = may_change(
-        20, metavar="N",
+        20, metavar="N", bound="positive",
         help="steps per group of logged step losses, read from the device together")
     timeline: str | None = may_change(
         None, type=str, metavar="PNG",
@@ -326,7 +331,7 @@ class LogConfig:
              "utilisation) of a window of steps to this .png; the raw spans go next to it as .json (needs "
              "matplotlib)")
     timeline_steps: int = may_change(
-        40, metavar="N",
+        40, metavar="N", bound="positive",
         help="steps in the timeline window, from the start of the second epoch (the first if the run has "
              "one epoch)")
     progress: bool = may_change(True, help="no progress bar (the per-epoch lines stay)")
