@@ -144,47 +144,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="neutronorch",
         description="Sample-based GNN training on CPU and GPU together (NeutronOrch).")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, text, description, add_options in _COMMANDS:
+        # convert and info have no --help-all: argparse's own -h
+        add_options(commands.add_parser(name, help=text, description=description, formatter_class=_Formatter,
+                                        add_help=name in ("convert", "info")))
+    return parser
 
-    train = commands.add_parser("train", help="train a GNN and report accuracy and time per epoch",
-                                description="Train a GNN (GraphSAGE, GCN, GAT; typed graphs: R-GCN, R-GAT) by "
-                                            "sampling.",
-                                formatter_class=_Formatter, add_help=False)
-    _add_train_options(train)
 
-    convert = commands.add_parser("convert", help="write a dataset in the native format",
-                                  description="Read any supported dataset and write the native format "
-                                              "(meta.json + memory-mappable .npy arrays).")
+def _add_convert_options(convert: argparse.ArgumentParser) -> None:
     convert.add_argument("source", help=f"dataset spec: {DATASET_SPEC_HELP}")
     convert.add_argument("out_dir", help="output directory")
     convert.add_argument("--split", default=None, help=CONVERT_SPLIT_HELP)
     convert.add_argument("--seed", type=int, default=0, help="seed of the split (default: 0)")
     _add_write_options(convert, "OUT_DIR", " (it may be SOURCE itself)")
-
-    gen = commands.add_parser("generate", help="generate a synthetic graph",
-                              description="Write a synthetic power-law graph with learnable labels "
-                                          "in the native format; with --typed, a typed graph whose labels "
-                                          "need its relations, in the typed native layout.",
-                              formatter_class=_Formatter, add_help=False)
-    _add_generate_options(gen)
-
-    pred = commands.add_parser("predict", help="predict classes, or score vertex pairs, with a trained model",
-                               description="Exact full-neighbour inference of a checkpoint's model: the classes "
-                                           "of vertices (--nodes), or with a link checkpoint (train --task link) "
-                                           "the scores of vertex pairs (--pairs). A typed graph's: the target type's "
-                                           "classes, over neighbourhoods sampled as its evaluation sampled them.",
-                               formatter_class=_Formatter, add_help=False)
-    _add_predict_options(pred)
-
-    emb = commands.add_parser("embed", help="write a trained model's vertex embeddings",
-                              description="The output of one layer of a checkpoint's model over complete "
-                                          "neighbourhoods (exact layer-wise inference); of a typed graph's, a vertex "
-                                          "type's rows, over neighbourhoods sampled as its evaluation sampled them.",
-                              formatter_class=_Formatter, add_help=False)
-    _add_embed_options(emb)
-
-    info = commands.add_parser("info", help="describe a dataset")
-    info.add_argument("dataset", help=f"dataset spec: {DATASET_SPEC_HELP}")
-    return parser
 
 
 # generate's options that shape the graph beyond its size: listed by --help-all.
@@ -282,3 +254,26 @@ def _inference_options(parser: argparse.ArgumentParser, full: bool, add_options,
         "%(default)s)", full))
     advanced.add_argument("--no-progress", dest="progress", action="store_false",
                           help=_shown("no progress bar", full))
+
+
+# Each command: its name, its line in the command list, its description and what adds its options.
+_COMMANDS = (
+    ("train", "train a GNN and report accuracy and time per epoch",
+     "Train a GNN (GraphSAGE, GCN, GAT; typed graphs: R-GCN, R-GAT) by sampling.", _add_train_options),
+    ("convert", "write a dataset in the native format",
+     "Read any supported dataset and write the native format (meta.json + memory-mappable .npy arrays).",
+     _add_convert_options),
+    ("generate", "generate a synthetic graph",
+     "Write a synthetic power-law graph with learnable labels in the native format; with --typed, a typed "
+     "graph whose labels need its relations, in the typed native layout.", _add_generate_options),
+    ("predict", "predict classes, or score vertex pairs, with a trained model",
+     "Exact full-neighbour inference of a checkpoint's model: the classes of vertices (--nodes), or with a "
+     "link checkpoint (train --task link) the scores of vertex pairs (--pairs). A typed graph's: the target "
+     "type's classes, over neighbourhoods sampled as its evaluation sampled them.", _add_predict_options),
+    ("embed", "write a trained model's vertex embeddings",
+     "The output of one layer of a checkpoint's model over complete neighbourhoods (exact layer-wise "
+     "inference); of a typed graph's, a vertex type's rows, over neighbourhoods sampled as its evaluation "
+     "sampled them.", _add_embed_options),
+    ("info", "describe a dataset", None,
+     lambda info: info.add_argument("dataset", help=f"dataset spec: {DATASET_SPEC_HELP}")),
+)
