@@ -69,7 +69,7 @@ class TrainConfig:
         help="fp32, or bf16: bfloat16 features, activations and matrix products (AMX on CPUs, tensor cores on GPUs) "
              "with float32 weights, optimizer state, loss and evaluation; auto = bf16 where the training device "
              "computes it natively, else fp32 (the run says which)")
-    threads: int = may_change(0, metavar="N", help="training threads; 0 = all cores")
+    threads: int = may_change(0, help="training threads; 0 = all cores")
     dist_timeout: float = may_change(
         600.0, metavar="SECONDS", bound="positive",
         help="data parallel (launched with torchrun): seconds a collective waits for the other ranks before the run "

@@ -13,8 +13,8 @@ from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, N
 # A setting's option (cli/options.py makes the parser from it; a bool setting is a switch): ``help`` (the full
 # help; --help-all adds the default unless it is None), ``short`` (the help ``train --help`` lists it with;
 # without one only ``--help-all`` lists it), ``choices`` (which ``validate`` checks), ``type`` (its value's,
-# where the default is None), ``metavar`` (what the help shows for its value; with choices, in --help only),
-# ``bound`` (a number's: positive, or zero or more; ``validate`` checks it, ``None`` passes).
+# where the default is None), ``metavar`` (what the help shows for its value, by default N for a whole number;
+# with choices, in --help only), ``bound`` (positive, or zero or more; ``validate`` checks it, None passes).
 OPTION_SPEC = ("help", "short", "choices", "type", "metavar", "bound")
 
 
@@ -60,13 +60,10 @@ class NetworkConfig:
         help="GNN architecture: sage, gcn or gat; for a typed graph (docs/heterogeneous.md) sage, rgcn or "
              "rgat")
     layers: int = setting(
-        0, metavar="N",
-        help="number of layers; 0 = one per --fanouts entry; with a single fanout, that fanout in every "
-             "layer")
-    hidden: int = setting(
-        256, metavar="N", bound="positive", short="hidden width (default: 256)", help="hidden width")
-    heads: int = setting(
-        4, metavar="N", bound="positive", help="GAT and R-GAT attention heads in hidden layers")
+        0, help="number of layers; 0 = one per --fanouts entry; with a single fanout, that fanout in every "
+                "layer")
+    hidden: int = setting(256, bound="positive", short="hidden width (default: 256)", help="hidden width")
+    heads: int = setting(4, bound="positive", help="GAT and R-GAT attention heads in hidden layers")
     gcn_norm: str = setting(
         "symmetric", choices=GCN_NORMS,
         help="GCN normalisation: symmetric = Kipf & Welling's D^-1/2 (A+I) D^-1/2 by graph degrees (PyG's GCNConv, "
@@ -98,19 +95,18 @@ class SamplingConfig:
         help="neighbours sampled per layer, seed hop first; -1 takes all")
     # 0: auto_batch_size(training seeds); the run resolves it (never 0 in a mode)
     batch_size: int = setting(
-        0, metavar="N", short="seeds per mini-batch (default: from the train set)",
+        0, short="seeds per mini-batch (default: from the train set)",
         help="seeds per mini-batch; 0 = min(1024, max(32, training seeds // 32))")
     seed: int = setting(
         0, metavar="S", short="seed of weights, sampling and order (default: 0)",
         help="seed of model init, seed order and sampling")
-    prefetch: int = may_change(2, metavar="N", help="mini-batches prepared ahead of training")
+    prefetch: int = may_change(2, help="mini-batches prepared ahead of training")
     degrees: bool = resolved(False)  # blocks carry their sources' graph degrees (the model normalises by them)
     rank: int = resolved(0)  # data parallel: this rank trains part ``rank`` of each global batch of batch_size * world
     world: int = resolved(1)
     file_order: bool = resolved(False)  # host samplers read the topology in file order (``read_order``)
     shuffle: bool = resolved(True)  # False: every epoch takes the seeds in their given order (``NeighborLoader``)
-    sampler_threads: int = may_change(
-        0, metavar="N", help="sampler/gather threads; 0 = half the cores")
+    sampler_threads: int = may_change(0, help="sampler/gather threads; 0 = half the cores")
 
 
 @dataclass(frozen=True)
@@ -118,18 +114,16 @@ class OptimizationConfig:
     """How long and how the weights are trained."""
 
     epochs: int = may_change(
-        50, metavar="N", bound="zero or more", short="training epochs (default: 50)", help="training epochs")
+        50, bound="zero or more", short="training epochs (default: 50)", help="training epochs")
     lr: float = setting(
         0.003, metavar="LR", bound="positive", short="Adam learning rate (default: 0.003)",
         help="Adam learning rate")
     weight_decay: float | None = setting(
         None, type=float, metavar="WD", bound="zero or more",
-        help="Adam weight decay (default: 5e-3 for a node task, 0 for a "
-                                             "link task)")
+        help="Adam weight decay (default: 5e-3 for a node task, 0 for a link task)")
     patience: int = may_change(
-        0, metavar="N",
-        help="stop after this many evaluations without a better validation score (--metric; the summary and best.pt "
-             "hold the best epoch); 0 = never stop early")
+        0, help="stop after this many evaluations without a better validation score (--metric; the summary "
+                "and best.pt hold the best epoch); 0 = never stop early")
 
 
 @dataclass(frozen=True)
@@ -142,18 +136,15 @@ class EvaluationConfig:
              "binary heterophilous graphs), else ROC-AUC for multi-label labels, accuracy otherwise; a link task: "
              "mrr, hits@K (hits@50) or rocauc, auto = the dataset's own, else mrr")
     eval_every: int = may_change(
-        1, metavar="N",
-        help="evaluate val/test every N epochs; 0 evaluates only after the last, -1 never (timing runs)")
+        1, help="evaluate val/test every N epochs; 0 evaluates only after the last, -1 never (timing runs)")
     eval_fanouts: list[int] | None = may_change(
         None, metavar="LIST", help="sampled inference with these fanouts instead of exact full-neighbour "
                                    "inference")
-    eval_batch_size: int = may_change(
-        4096, metavar="N", bound="positive", help="destinations per inference chunk")
+    eval_batch_size: int = may_change(4096, bound="positive", help="destinations per inference chunk")
     eval_max_nodes: int = may_change(
-        0, metavar="N",
-        help="evaluate on a seeded random sample of at most this many validation and test vertices each; with exact "
-             "inference only the last layer gets cheaper (every layer below runs over all vertices), so pair it with "
-             "--eval-fanouts to save real time; 0 = all")
+        0, help="evaluate on a seeded random sample of at most this many validation and test vertices each; "
+                "with exact inference only the last layer gets cheaper (every layer below runs over all "
+                "vertices), so pair it with --eval-fanouts to save real time; 0 = all")
 
 
 @dataclass(frozen=True)
@@ -207,7 +198,7 @@ class NeutronOrchConfig:
         help="neutronorch with --hot-ratio auto: cap r so that (share of bottom-layer rows served hot) x (measured "
              "drift of a row per step x mean staleness) stays below this")
     snapshot_lead: int | None = setting(
-        None, type=int, metavar="N", bound="zero or more",
+        None, type=int, bound="zero or more",
         help="neutronorch: optimizer steps between a super-batch's W0 snapshot and its first mini-batch (the host's "
              "time to compute its hot rows); capped by S-P+1; default: auto (2, raised while the trainer waits for "
              "hot rows; on a typed graph it stays 2)")
@@ -217,9 +208,8 @@ class NeutronOrchConfig:
              "computed by each of them (rank) or by one of them and sent to the others (node: less host work, more "
              "data moved between the ranks; see docs/distributed.md)")
     host_threads: int = may_change(
-        0, metavar="N",
-        help="neutronorch: threads of the planner's and of the host compute thread's sampling and aggregation kernels "
-             "(each); 0 = half the cores")
+        0, help="neutronorch: threads of the planner's and of the host compute thread's sampling and "
+                "aggregation kernels (each); 0 = half the cores")
 
     @property
     def resolved_staleness(self) -> int:
@@ -296,9 +286,8 @@ class OutputConfig:
              "(model, optimizer, config, dataset fingerprint, history; written atomically); `neutronorch predict` "
              "reads them")
     checkpoint_every: int = may_change(
-        0, metavar="N",
-        help="also write DIR/last.pt every this many steps, so that a killed run loses at most that many; 0 = at "
-             "epoch ends only")
+        0, help="also write DIR/last.pt every this many steps, so that a killed run loses at most that many; "
+                "0 = at epoch ends only")
     resume: bool = may_change(
         False, short="continue the run of --run-name/--checkpoint-dir",
         help="continue the run whose checkpoints are in --checkpoint-dir from its last.pt (raise --epochs to train "
@@ -323,17 +312,15 @@ class LogConfig:
         help="write TensorBoard scalars (loss, epoch time, validation and test scores, stages, utilisation) to this "
              "folder (needs tensorboard)")
     log_every: int = may_change(
-        20, metavar="N", bound="positive",
-        help="steps per group of logged step losses, read from the device together")
+        20, bound="positive", help="steps per group of logged step losses, read from the device together")
     timeline: str | None = may_change(
         None, type=str, metavar="PNG",
         help="draw the stage timeline (a Gantt chart of the host, sampler, copy and trainer lanes, with CPU/GPU "
              "utilisation) of a window of steps to this .png; the raw spans go next to it as .json (needs "
              "matplotlib)")
     timeline_steps: int = may_change(
-        40, metavar="N", bound="positive",
-        help="steps in the timeline window, from the start of the second epoch (the first if the run has "
-             "one epoch)")
+        40, bound="positive", help="steps in the timeline window, from the start of the second epoch (the "
+                                   "first if the run has one epoch)")
     progress: bool = may_change(True, help="no progress bar (the per-epoch lines stay)")
     stage_table: bool = may_change(True, help="no per-lane stage breakdown after each epoch line")
 

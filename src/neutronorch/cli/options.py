@@ -132,8 +132,8 @@ def _train_option(spec, default, full: bool) -> tuple[str, dict]:
         if not full and option.get("metavar"):
             kwargs["metavar"] = option["metavar"]
         return flag, kwargs
-    kwargs["metavar"] = option.get("metavar", spec.name.upper())
     kind = option.get("type") or type(default)
+    kwargs["metavar"] = option.get("metavar", "N" if kind is int else spec.name.upper())
     if kind in (int, float):
         kwargs["type"] = kind
     return flag, kwargs
