@@ -6,7 +6,7 @@ CONVERT_SPLIT_HELP = ("split for data without one: ratio:TRAIN,VAL or per-class:
                       "its edge split as it trains (train --task link --split edges:TRAIN,VAL)")
 
 # train's options by group, in the order --help-all lists them (by TrainConfig setting, and the command line's
-# own options); a setting not placed here goes to the advanced group. --help lists those with a short help.
+# own options); the advanced group takes every setting not placed here, in their order in TrainConfig's parts.
 TRAIN_GROUPS = [
     ("data", None, ["dataset", "task", "split", "split_index", "link_direction", "link_relation"]),
     ("model", None, ["model", "layers", "hidden", "fanouts", "heads", "gcn_norm", "residual", "norm",
@@ -18,11 +18,7 @@ TRAIN_GROUPS = [
                     "staleness_bound", "hot_grad", "gpu_cache_gb"]),
     ("outputs", None, ["run_name", "save", "summary_json", "checkpoint_dir", "resume", "overwrite", "config",
                        "checkpoint_every", "log_jsonl", "log_csv", "tensorboard"]),
-    ("advanced", "tuning and diagnostic knobs: the defaults suit nearly every run",
-     ["snapshot_lead", "hot_error_budget", "hot_set", "device_sampling", "cache_policy", "read_order",
-      "host_cache_gb", "host_cache_dir", "embedding_storage", "embedding_dir", "threads", "sampler_threads",
-      "host_threads", "prefetch", "timeline", "timeline_steps", "log_every", "progress", "stage_table",
-      "dist_timeout"]),
+    ("advanced", "tuning and diagnostic knobs: the defaults suit nearly every run", []),
 ]
 
 # The command line's own options, not TrainConfig settings: (flag, action, metavar, help, short help). --config's

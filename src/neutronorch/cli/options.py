@@ -97,7 +97,7 @@ def _add_train_options(parser: argparse.ArgumentParser, full: bool = False) -> N
     _help_options(parser, full, _add_train_options, listed=False)
     defaults, specs = TrainConfig(), {f.name: f for f in setting_fields()}  # each with its option (OPTION_SPEC)
     grouped = {name for _, _, names in TRAIN_GROUPS for name in names}
-    unlisted = [name for name in specs if name not in grouped]  # a new setting: advanced until placed
+    unlisted = [name for name in specs if name not in grouped]
     for title, description, names in TRAIN_GROUPS:
         group = parser.add_argument_group(title, description if full else None)
         for name in names + (unlisted if title == "advanced" else []):
