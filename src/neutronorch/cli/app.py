@@ -115,13 +115,12 @@ class _ProgressBar:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    values = (load_config_file(args.config, extra=dict.fromkeys(RUN_FOLDER_KEYS, "outputs"))
-              if getattr(args, "config", None) else {})
+    given = [args.config] if args.config else []
+    values = load_config_file(args.config, extra=dict.fromkeys(RUN_FOLDER_KEYS, "outputs")) if given else {}
     values.update({k: v for k, v in vars(args).items() if k not in ("command", "config")})
     run_name, save = values.pop("run_name", None), values.pop("save", True)
-    config = TrainConfig(**values)
     rank = launcher_rank()
-    config, folder = _outputs(config, run_name, save, [args.config] if getattr(args, "config", None) else [], rank)
+    config, folder = _outputs(TrainConfig(**values), run_name, save, given, rank)
     try:
         return _train(config, folder, rank)
     except BaseException:
