@@ -217,16 +217,14 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 def _cmd_generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     given = {f.name: getattr(args, f.name) for f in fields(SyntheticSpec) if getattr(args, f.name) is not None}
-    if args.typed:  # synthetic_typed checks its arguments before it draws anything
-        if given.pop("classes", None) is not None:
-            raise ConfigError("--classes does not apply to --typed: a typed graph's classes are pairs of topics "
-                              "(16); leave --classes out, or call neutronorch.data.synthetic_typed(topics=...).")
-        _check_native_out("out", args.out, [], args.overwrite, typed=True)
-        return _write_dataset(synthetic_typed(**given), args.out, args, t0)
-    spec = SyntheticSpec(**given)
-    spec.check("", where="generate synthetic")
-    _check_native_out("out", args.out, [], args.overwrite)
-    return _write_dataset(generate(spec), args.out, args, t0)
+    if args.typed and given.pop("classes", None) is not None:
+        raise ConfigError("--classes does not apply to --typed: a typed graph's classes are pairs of topics "
+                          "(16); leave --classes out, or call neutronorch.data.synthetic_typed(topics=...).")
+    if not args.typed:  # synthetic_typed checks its arguments before it draws anything
+        spec = SyntheticSpec(**given)
+        spec.check("", where="generate synthetic")
+    _check_native_out("out", args.out, [], args.overwrite, typed=args.typed)
+    return _write_dataset(synthetic_typed(**given) if args.typed else generate(spec), args.out, args, t0)
 
 
 def _write_dataset(graph, out: str, args: argparse.Namespace, t0: float) -> int:
