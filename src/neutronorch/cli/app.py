@@ -294,34 +294,28 @@ def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
+    from neutronorch.train.link_predict import score_pairs
     from neutronorch.train.predict import predict, prediction_score
 
-    t0 = time.perf_counter()
-    if args.pairs is not None:
-        return _score_pairs(args, t0)
-    args.nodes = "test" if args.nodes is None else args.nodes
-    checkpoint, graph, options = _inference(args, pairs=False)
+    t0, pairs = time.perf_counter(), args.pairs is not None
+    if pairs and args.nodes is not None:
+        raise ConfigError(f"`nodes` {args.nodes} and `pairs` {args.pairs}: give one. `pairs` scores vertex "
+                          f"pairs with a link checkpoint; `nodes` chooses the vertices a node-classification "
+                          f"checkpoint classifies.")
+    args.nodes = "test" if args.nodes is None and not pairs else args.nodes
+    checkpoint, graph, options = _inference(args, pairs=pairs)
+    if pairs:  # a link checkpoint's score of each pair: its logit, or --probabilities
+        out = score_pairs(checkpoint, graph, probabilities=args.probabilities, **options)
+        what = "probabilities" if args.probabilities else "logits"
+        print(f"scored {out.shape[0]:,} pairs of {graph.name} ({what}), wrote them to {args.out} in "
+              f"{time.perf_counter() - t0:.1f}s")
+        return 0
     out = predict(checkpoint, graph, args.nodes, args.probabilities, **options)
     line = f"wrote {out.shape[0]:,} predictions of {graph.name} to {args.out} in {time.perf_counter() - t0:.1f}s"
     if args.nodes in ("test", "val", "train"):
         metric, value = prediction_score(graph, args.nodes, out, args.probabilities)
         line += f"; {args.nodes} {metric} {value:.4f}"
     print(line)
-    return 0
-
-
-def _score_pairs(args: argparse.Namespace, t0: float) -> int:
-    """predict --pairs: a link checkpoint's score of each pair (its logit, or --probabilities)."""
-    from neutronorch.train.link_predict import score_pairs
-
-    if args.nodes is not None:
-        raise ConfigError(f"`nodes` {args.nodes} and `pairs` {args.pairs}: give one. `pairs` scores vertex pairs "
-                          f"with a link checkpoint; `nodes` chooses the vertices a node-classification checkpoint "
-                          f"classifies.")
-    checkpoint, graph, options = _inference(args, pairs=True)
-    out = score_pairs(checkpoint, graph, probabilities=args.probabilities, **options)
-    print(f"scored {out.shape[0]:,} pairs of {graph.name} ({'probabilities' if args.probabilities else 'logits'}), "
-          f"wrote them to {args.out} in {time.perf_counter() - t0:.1f}s")
     return 0
 
 
