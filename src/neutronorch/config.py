@@ -27,7 +27,9 @@ LINK_METRICS = re.compile(r"(mrr|rocauc|hits@[1-9][0-9]*)$")  # a link task's (t
 MAX_PREFETCH = 1024  # mini-batches a producer may run ahead; a buffer each, allocated up front
 MAX_HIDDEN = 65536  # a layer's width: its hidden x hidden float32 weight takes 16 GiB at this width
 MAX_THREADS = 4096  # torch and numba take thread counts as 32-bit numbers, and no machine has more cores
-BOUNDS = {"positive": lambda value: value > 0, "zero or more": lambda value: value >= 0}  # a setting's bound
+# a setting's bound (its option) -> the values it takes
+BOUNDS = {"positive": lambda value: value > 0, "at least 1": lambda value: value >= 1,
+          "zero or more": lambda value: value >= 0}
 
 
 @dataclass(init=False)

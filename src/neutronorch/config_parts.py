@@ -14,7 +14,7 @@ from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, N
 # help; --help-all adds the default unless it is None), ``short`` (the help ``train --help`` lists it with;
 # without one only ``--help-all`` lists it), ``choices`` (which ``validate`` checks), ``type`` (its value's,
 # where the default is None), ``metavar`` (what the help shows for its value, by default N for a whole number;
-# with choices, in --help only), ``bound`` (positive, or zero or more; ``validate`` checks it, None passes).
+# with choices, in --help only), ``bound`` (the numbers it takes, ``config.BOUNDS``; ``validate`` checks it).
 OPTION_SPEC = ("help", "short", "choices", "type", "metavar", "bound")
 
 
@@ -156,10 +156,10 @@ class LinkConfig:
         help="link task: how a pair of embeddings is scored: dot (their inner product) or mlp (a two-layer perceptron "
              "over their element-wise product, as OGB's examples)")
     negatives: int = setting(
-        1, metavar="K", bound="positive",
+        1, metavar="K", bound="at least 1",
         help="link task: destinations drawn uniformly per training positive, seeded like the neighbour draws")
     eval_negatives: int = may_change(
-        100, metavar="K", bound="positive",
+        100, metavar="K", bound="at least 1",
         help="link task: destinations drawn per validation and test positive where the data stores no negatives of "
              "its own (the same at every evaluation)")
     link_direction: str = setting(
@@ -178,7 +178,7 @@ class NeutronOrchConfig:
     """NeutronOrch mode's part of the configuration."""
 
     super_batch: int = setting(
-        8, metavar="P", bound="positive", short="neutronorch: batches per super-batch (default: 8)",
+        8, metavar="P", bound="at least 1", short="neutronorch: batches per super-batch (default: 8)",
         help="neutronorch: mini-batches per super-batch P; hot embeddings are computed once per super-batch")
     hot_ratio: str | float = setting(
         "auto", metavar="R", short="neutronorch: share of vertices hot (default: auto)",
@@ -312,15 +312,15 @@ class LogConfig:
         help="write TensorBoard scalars (loss, epoch time, validation and test scores, stages, utilisation) to this "
              "folder (needs tensorboard)")
     log_every: int = may_change(
-        20, bound="positive", help="steps per group of logged step losses, read from the device together")
+        20, bound="at least 1", help="steps per group of logged step losses, read from the device together")
     timeline: str | None = may_change(
         None, type=str, metavar="PNG",
         help="draw the stage timeline (a Gantt chart of the host, sampler, copy and trainer lanes, with CPU/GPU "
              "utilisation) of a window of steps to this .png; the raw spans go next to it as .json (needs "
              "matplotlib)")
     timeline_steps: int = may_change(
-        40, bound="positive", help="steps in the timeline window, from the start of the second epoch (the "
-                                   "first if the run has one epoch)")
+        40, bound="at least 1", help="steps in the timeline window, from the start of the second epoch (the "
+                                     "first if the run has one epoch)")
     progress: bool = may_change(True, help="no progress bar (the per-epoch lines stay)")
     stage_table: bool = may_change(True, help="no per-lane stage breakdown after each epoch line")
 
