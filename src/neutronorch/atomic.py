@@ -71,9 +71,8 @@ def make_folder(folder: str | os.PathLike, exist_ok: bool = True) -> list[Path]:
 
 
 def remove_made(made: list[Path], also: tuple[str, ...] = ()) -> None:
-    """Remove the folders ``make_folder`` made (deepest first) while they are empty, once the files named in
-    ``also`` (a lock) are gone from them; the first that holds anything else is kept, and so are the folders
-    above it. Folders that were there before are never in ``made``."""
+    """Remove the folders ``make_folder`` made (deepest first) while they are empty once the files named in
+    ``also`` (a lock) are gone; the first that holds anything else is kept, and so are those above it."""
     for folder in made:
         with contextlib.suppress(OSError):
             for name in also:

@@ -15,8 +15,7 @@ class ConfigError(NeutronorchError):
 
 
 class OutputError(ConfigError):
-    """An output cannot be written: no space left, no permission, a read-only disk. Found before the work
-    starts where it can be; a write that fails later keeps the previous file and says what was saved."""
+    """An output cannot be written (no space left, no permission, a read-only disk)."""
 
 
 class CheckpointError(NeutronorchError):
