@@ -102,8 +102,8 @@ def refusal(kind: str, mode: str, task: str, ranks: int | str = 1) -> str | None
 
 
 def check_run(config, kind: str, ranks: int = 1) -> None:
-    """Raise ``ConfigError`` for the first thing the run of ``config`` on a graph of ``kind`` cannot do: its cell
-    of the table, a setting its kind of graph cannot honour, a setting only another mode honours (``AUTO``)."""
+    """Raise ``ConfigError`` for the first thing the run of ``config`` on a graph of ``kind`` cannot do: its
+    cell of the table, a setting its kind of graph cannot honour, a setting only another mode honours."""
     reason = refusal(kind, config.mode, config.task, ranks)
     for rule_kind, names, values, why in UNHONOURED:
         if reason is not None:

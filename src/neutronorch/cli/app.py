@@ -341,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"train": _cmd_train, "convert": _cmd_convert, "generate": _cmd_generate, "info": _cmd_info,
                 "predict": _cmd_predict, "embed": _cmd_embed}
     _configure_logging()
-    terminated, own_term = [], args.command != "train" and threading.current_thread() is threading.main_thread()
+    terminated = []
+    own_term = args.command != "train" and threading.current_thread() is threading.main_thread()
     if own_term:
         # SIGTERM unwinds like Ctrl-C, so the partial files of a write in progress are removed on the way
         # out (train has its own handler: it finishes the step and saves).
