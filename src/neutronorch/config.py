@@ -126,7 +126,7 @@ class TrainConfig:
         self.fanouts = parse_fanouts(self.fanouts)
         if self.layers < 0:
             raise ConfigError(f"`layers` {self.layers}: must be 0 (one per `fanouts` entry) or a number "
-                               "of layers.")
+                              f"of layers.")
         if self.layers and len(self.fanouts) == 1:
             self.fanouts = self.fanouts * self.layers
         elif self.layers and len(self.fanouts) != self.layers:

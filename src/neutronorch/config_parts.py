@@ -33,7 +33,7 @@ def _setting(resume: str, default, factory, spec: dict):
     """A setting's field: its metadata holds ``resume`` (``TrainConfig.resume_may_change``) and its option."""
     if "help" not in spec or set(spec) - set(OPTION_SPEC):
         raise TypeError(f"a setting's option takes help and any of {', '.join(OPTION_SPEC[1:])}, not "
-                         "{sorted(spec)}")
+                        f"{sorted(spec)}")
     metadata = {"resume": resume, **spec}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
