@@ -8,7 +8,8 @@ import pytest
 
 from neutronorch.cli import build_parser, main
 from neutronorch.config import TrainConfig, setting_fields
-from neutronorch.config_parts import (PARTS, NetworkConfig, NeutronOrchConfig, SamplingConfig, settings_of)
+from neutronorch.config_parts import (OPTION_SPEC, PARTS, NetworkConfig, NeutronOrchConfig, SamplingConfig,
+                                      settings_of)
 from neutronorch.errors import ConfigError
 
 
@@ -245,5 +246,5 @@ def test_a_setting_with_choices_refuses_a_value_outside_them_as_its_flag_does(na
 def test_every_setting_has_its_option():
     """Each setting's field carries its help (and only the keys of an option), so its flag is made from it."""
     for f in setting_fields():
-        assert f.metadata["help"] and set(f.metadata) <= {"resume", "help", "short", "choices", "type", "metavar"}
+        assert f.metadata["help"] and set(f.metadata) <= {"resume", *OPTION_SPEC}
 

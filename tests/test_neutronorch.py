@@ -190,7 +190,7 @@ def test_host_hot_rows_equal_the_device_definition(graph, kind, norm):
     torch.manual_seed(0)
     model = GNN(kind, graph.feature_dim, cfg.hidden, graph.num_classes, 3, gcn_norm=cfg.gcn_norm)
     batches = -(-len(graph.train_idx) // cfg.batch_size)
-    schedule = Schedule(1, batches, 2, cfg.resolved_staleness)
+    schedule = Schedule(1, batches, 2, cfg.neutronorch.resolved_staleness)
     snapshots, hot = Channel("snapshots"), Channel("hot")
     weights = Snapshot(0, [p.detach().clone() for p in model.bottom.parameters()])
     for super_batch_id in range(schedule.total):
@@ -223,7 +223,7 @@ def test_host_hot_rows_of_graph_blocks_draw_their_own_dropout_masks(graph):
     torch.manual_seed(0)
     model = GNN("sage", graph.feature_dim, cfg.hidden, graph.num_classes, 3, dropout=0.3, norm="layer",
                 architecture="blocks")
-    schedule = Schedule(1, -(-len(graph.train_idx) // cfg.batch_size), 2, cfg.resolved_staleness)
+    schedule = Schedule(1, -(-len(graph.train_idx) // cfg.batch_size), 2, cfg.neutronorch.resolved_staleness)
 
     def hot_rows():
         snapshots, hot = Channel("snapshots"), Channel("hot")
@@ -607,7 +607,7 @@ def test_neutronorch_runs_repeat_exactly_with_a_fixed_ratio_and_lead(graph):
 def test_each_plan_records_the_ratio_setting_it_followed(graph):
     # The trainer replaces the setting whole and numbers each publication; a plan says which it followed.
     cfg = config(mode="neutronorch", super_batch=2, hot_ratio=0.5, epochs=1)
-    schedule = Schedule(1, -(-len(graph.train_idx) // cfg.batch_size), 2, cfg.resolved_staleness)
+    schedule = Schedule(1, -(-len(graph.train_idx) // cfg.batch_size), 2, cfg.neutronorch.resolved_staleness)
     published = PublishedSetting(RatioSetting(0.5))
     loop = PlanLoop(NodeSeeds(graph, cfg.sampling), cfg.sampling, schedule, published, Channel("plans"), Spans())
     plans = loop.run(*_host_planning(graph, cfg))

@@ -343,12 +343,12 @@ class FakeNvml:
         return 0
 
 
-def test_gpu_utilisation_through_the_driver_library_without_pynvml(monkeypatch):
+def test_gpu_utilisation_through_the_driver_library(monkeypatch):
     monkeypatch.setattr(utilisation, "pci_bus_id", lambda device: "00000000:17:00.0")
-    gpu = utilisation.GpuMonitor(torch.device("cuda", 0), library=utilisation.NvmlLibrary(FakeNvml()))
+    gpu = utilisation.GpuMonitor(torch.device("cuda", 0), lib=FakeNvml())
     assert gpu.percent() == 73.0  # the device found by its PCI address
     lib = FakeNvml(pci_ok=False)
-    gpu = utilisation.GpuMonitor(torch.device("cuda", 0), library=utilisation.NvmlLibrary(lib))
+    gpu = utilisation.GpuMonitor(torch.device("cuda", 0), lib=lib)
     assert gpu.percent() == 41.0 and lib.asked == [("pci", b"00000000:17:00.0"), ("index", 0)]
     assert utilisation.GpuMonitor(torch.device("cpu")).percent() is None
 

@@ -1,19 +1,17 @@
 """Files written whole or not at all: a temporary file beside the target, flushed to disk and renamed into
 place, so a crash, a kill or a full disk mid-write leaves the previous file (or none), never half of one.
 
-Temporary files are named ``.<target>.tmp-<pid>@<host>-<random>``. A write removes what it left itself when
-it fails or is interrupted, and the next write to the same target removes what a killed process of the same
-machine left (its process no longer runs; another machine's, on a shared disk, is never touched), so
-nothing accumulates beside outputs. A failed write raises ``OutputError`` naming
-the target, the reason (a full disk says how much was free) and what was kept.
-
-Used by the data writers and the training outputs alike; it imports nothing of ours but the errors.
+Temporary files are named ``.<target>.tmp-<pid>@<host>-<random>``. A write removes its own when it fails;
+the next write to the same target removes those of this machine's processes that no longer run (another
+machine's, on a shared disk, are never touched). A failed write raises ``OutputError`` naming the target,
+the reason (a full disk says how much was free) and what was kept. Imports nothing of ours but the errors.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import itertools
 import os
 import shutil
@@ -42,7 +40,7 @@ def sweep_stale(target: Path) -> None:
     """Remove the temporary files and folders that processes of this machine no longer running left beside
     ``target``."""
     with contextlib.suppress(OSError):
-        for leftover in target.parent.glob(f".{glob_escape(target.name)}.tmp-*@{host_tag()}-*"):
+        for leftover in target.parent.glob(f".{glob.escape(target.name)}.tmp-*@{host_tag()}-*"):
             pid = leftover.name[len(f".{target.name}.tmp-"):].split("@", 1)[0]
             if pid.isdigit() and not process_running(int(pid)):
                 if leftover.is_dir() and not leftover.is_symlink():
@@ -73,9 +71,8 @@ def make_folder(folder: str | os.PathLike, exist_ok: bool = True) -> list[Path]:
 
 
 def remove_made(made: list[Path], also: tuple[str, ...] = ()) -> None:
-    """Remove the folders ``make_folder`` made (deepest first) while they are empty, once the files named in
-    ``also`` (a lock) are gone from them; the first that holds anything else is kept, and so are the folders
-    above it. Folders that were there before are never in ``made``."""
+    """Remove the folders ``make_folder`` made (deepest first) while they are empty once the files named in
+    ``also`` (a lock) are gone; the first that holds anything else is kept, and so are those above it."""
     for folder in made:
         with contextlib.suppress(OSError):
             for name in also:
@@ -86,10 +83,6 @@ def remove_made(made: list[Path], also: tuple[str, ...] = ()) -> None:
             continue
         except OSError:
             return
-
-
-def glob_escape(name: str) -> str:
-    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
 
 
 def process_running(pid: int) -> bool:
@@ -150,9 +143,9 @@ class _Recording:
 
 
 @contextlib.contextmanager
-def _temporary(target: Path, make: Callable[[str], None]) -> Iterator[str]:
-    """A temporary path beside ``target`` made by ``make``, renamed onto ``target`` when the block ends
-    without an error, removed otherwise. OS errors become ``OutputError``."""
+def _temporary(target: Path) -> Iterator[str]:
+    """An empty temporary file beside ``target``, renamed onto it when the block ends without an error,
+    removed otherwise. OS errors become ``OutputError``."""
     existed, made = target.exists(), []
     try:
         made = make_folder(target.parent)  # removed again if the write fails
@@ -163,10 +156,11 @@ def _temporary(target: Path, make: Callable[[str], None]) -> Iterator[str]:
         remove_made(made)
         raise write_error(target, exc, existed) from exc
     try:
-        make(tmp)
         yield tmp
+        mask = os.umask(0)
+        os.umask(mask)
         with open(tmp, "rb+") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_umask())  # what open() would have given (mkstemp gives 0600)
+            os.fchmod(f.fileno(), 0o666 & ~mask)  # what open() would have given (mkstemp gives 0600)
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except OSError as exc:
@@ -183,13 +177,13 @@ def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], object
     """Call ``write`` on a temporary file beside ``path`` (its folder made if needed), flush it to disk and
     rename it into place."""
     target = Path(path)
-    with _temporary(target, lambda tmp: None) as tmp:
+    with _temporary(target) as tmp:
         with open(tmp, "wb") as f:
             recording = _Recording(f)
             try:
                 write(recording)
                 f.flush()
-            except Exception as exc:  # noqa: BLE001 - any writer's wrapping of the OSError underneath  # a writer that wrapped the OSError in its own exception
+            except Exception as exc:  # noqa: BLE001 - a writer that wrapped the OSError in its own exception
                 if recording.error is None:
                     raise
                 raise recording.error from exc
@@ -201,7 +195,7 @@ def open_array_atomically(path: str | os.PathLike, shape: tuple[int, ...], dtype
     """A ``.npy`` file of ``shape`` and ``dtype`` to fill in place, memory-mapped (never held whole in
     memory), renamed into place when the block ends without an error."""
     target = Path(path)
-    with _temporary(target, lambda tmp: None) as tmp:
+    with _temporary(target) as tmp:
         if int(np.prod(shape)) == 0:  # an empty file cannot be mapped
             array = np.empty(shape, dtype)
             yield array
@@ -226,9 +220,3 @@ def reserve(path: str | os.PathLike) -> None:
         except OSError as exc:
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                 raise  # the file system cannot reserve (then it is written as before); anything else fails
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

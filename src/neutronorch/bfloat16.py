@@ -1,20 +1,12 @@
-"""bfloat16 in numba kernels and numpy arrays, which have no such type.
-
-A bfloat16 value is the upper half of a float32's bits, so numpy holds bfloat16 tensors as ``uint16``
-arrays (``numpy_view``) and the kernels read and write them through two functions that compile to a few
-integer instructions:
-
-- ``load(value)``: a float32 from a float32, or from a bfloat16's ``uint16`` bits (shifted into place);
-- ``store(row, j, value)``: ``row[j] = value``, rounded to the nearest bfloat16 (ties to even) when ``row``
-  holds bfloat16 bits, NaN kept a NaN; a ``uint16`` value is taken as bfloat16 bits (copied, or widened).
-
-A kernel written with them compiles once per combination of array types, so one source serves float32 and
-bfloat16 tensors alike, and every sum inside it is a float32 sum.
+"""bfloat16 in numba kernels and numpy arrays, which have no such type: a bfloat16 value is the upper half
+of a float32's bits, so numpy holds bfloat16 tensors as ``uint16`` arrays (``numpy_view``), and kernels read
+and write them through ``load`` and ``store``, a few integer instructions each. A kernel compiles once per
+combination of array types, so one source serves float32 and bfloat16 alike, every sum a float32 sum.
 
 In a kernel's inner loop, index a slice of the row (``part = row[start:start + width]``, then ``part[j]``),
 never ``row[start + j]``: numba cannot tell that ``start + j`` is not negative and checks every index for
-wrap-around, which keeps the loop from being vectorised. Summing 256 bfloat16 values a row over a million
-rows took 251 ms indexed with an offset and 22 ms through a slice (float32: 84 and 16 ms; one thread).
+wrap-around, which keeps the loop from being vectorised (summing 256 bfloat16 values a row over a million
+rows: 251 ms with an offset, 22 ms through a slice; one thread).
 """
 
 from __future__ import annotations
@@ -42,12 +34,13 @@ def _float_from_bits(typingctx, bits):
 
 
 def load(value):
-    """float32 of a float32 or of bfloat16 bits (``uint16``); in numba kernels only."""
+    """float32 of a float32 or of bfloat16 bits (``uint16``, shifted into place); in numba kernels only."""
     raise NotImplementedError("bfloat16.load runs inside numba kernels")
 
 
 def store(row, j, value):
-    """``row[j] = value`` as ``row``'s element type (float32, or bfloat16 bits); in numba kernels only.
+    """``row[j] = value`` as ``row``'s element type: rounded to the nearest bfloat16 (ties to even, NaN kept
+    a NaN) when ``row`` holds bfloat16 bits; a ``uint16`` value is taken as bfloat16 bits. In kernels only.
 
     Pass ``value`` as a name or a plain expression, never a conditional expression (``a if c else b``):
     inlined into a vectorised loop, ``store(out, (i, j), v * s if kept else 0.0)`` wrote 0 where ``kept``

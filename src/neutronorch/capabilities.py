@@ -1,10 +1,7 @@
 """What a run can train with, in one table: graph kind x mode x task x ranks -> runs, or why not; the
-settings one kind of graph cannot honour; and what the loaders and your own module offer.
-
-The configuration's mode choices, the checks a run makes when it starts (``check_run``), the factory, the
-loaders, the command line and the docs (``markdown``, in docs/architecture.md) all read it here, so what
-runs where is said once. Torch-free, and like config.py it uses nothing above it.
-"""
+settings one kind of graph cannot honour; and what the loaders and your own module offer. The one source of
+what runs where: the configuration, ``check_run``, the loaders and the docs (``markdown``) read it here.
+Torch-free, and like config.py it uses nothing above it."""
 
 from __future__ import annotations
 
@@ -110,10 +107,8 @@ def refusal(kind: str, mode: str, task: str, ranks: int | str = 1) -> str | None
 
 
 def check_run(config, kind: str, ranks: int = 1) -> None:
-    """Raise ``ConfigError`` for the first thing the run of ``config`` (validated) on a graph of ``kind`` cannot
-    do: its cell of the table, then a setting its kind of graph cannot honour, then a setting only another mode
-    honours (``MODE_ONLY``; ``auto`` where it always resolves to one mode, ``AUTO``, as that mode). Called
-    before any work."""
+    """Raise ``ConfigError`` for the first thing the run of ``config`` on a graph of ``kind`` cannot do: its
+    cell of the table, a setting its kind of graph cannot honour, a setting only another mode honours."""
     reason = refusal(kind, config.mode, config.task, ranks)
     for rule_kind, names, values, why in UNHONOURED:
         if reason is not None:
@@ -133,8 +128,7 @@ def check_run(config, kind: str, ranks: int = 1) -> None:
 
 
 def check_prediction(kind: str, **given) -> None:
-    """Raise ``ConfigError`` for the first argument of ``given`` (name -> value) that a prediction of a graph of
-    ``kind`` cannot honour (``PREDICTION_UNHONOURED``)."""
+    """Raise ``ConfigError`` for the first of ``given`` that a prediction on ``kind`` cannot honour."""
     for rule_kind, name, honoured, why in PREDICTION_UNHONOURED:
         if rule_kind == kind and name in given and given[name] not in honoured:
             raise ConfigError(f"`{name}` {given[name]}: {why}")

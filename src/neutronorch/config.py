@@ -1,9 +1,5 @@
 """Training configuration: ``TrainConfig``, composed of the parts in config_parts.py, validated once at the
-edge (CLI, config file or API).
-
-The core trusts a ``TrainConfig`` that passed ``validate``; it never re-checks arguments. Each component
-takes the part it uses (``config.sampling``, ``config.neutronorch``, ``config.placement``, ...).
-"""
+edge (CLI, config file or API); the core trusts a validated ``TrainConfig`` and never re-checks it."""
 
 from __future__ import annotations
 
@@ -31,35 +27,33 @@ LINK_METRICS = re.compile(r"(mrr|rocauc|hits@[1-9][0-9]*)$")  # a link task's (t
 MAX_PREFETCH = 1024  # mini-batches a producer may run ahead; a buffer each, allocated up front
 MAX_HIDDEN = 65536  # a layer's width: its hidden x hidden float32 weight takes 16 GiB at this width
 MAX_THREADS = 4096  # torch and numba take thread counts as 32-bit numbers, and no machine has more cores
+# a setting's bound (its option) -> the values it takes
+BOUNDS = {"positive": lambda value: value > 0, "at least 1": lambda value: value >= 1,
+          "zero or more": lambda value: value >= 0}
 
 
 @dataclass(init=False)
 class TrainConfig:
-    """A run's configuration: the settings of the run as a whole, and its parts (config_parts.py), each the
-    settings one component takes: ``config.sampling`` (a ``SamplingConfig``), ``config.neutronorch``, ...
-
-    Every setting is also read and written by its own name, whichever part holds it: ``config.fanouts`` is
-    ``config.sampling.fanouts``, and ``TrainConfig(fanouts=[15, 10], super_batch=4)`` sets both parts. A part
-    may be given whole (``TrainConfig(sampling=SamplingConfig(...))``); settings given by name apply over it.
-    ``to_dict`` and ``keys`` list the settings by name, flat, as checkpoints and summaries store them."""
+    """The settings of the run as a whole, and its parts (``config.sampling``, ...). Every setting is also
+    read and written by its own name: ``config.fanouts`` is ``config.sampling.fanouts``. A part may be given
+    whole (``TrainConfig(sampling=SamplingConfig(...))``); settings given by name apply over it."""
 
     dataset: str = may_change(
         "synthetic", metavar="SPEC", short="folder, file, or synthetic[:nodes=N] (the default)",
-        help=f"dataset spec: {DATASET_SPEC_HELP} (default: %(default)s)")
+        help=f"dataset spec: {DATASET_SPEC_HELP}")
     task: str = setting(
         "node", choices=TASKS, short="node (classification) or link (prediction)",
         help="node: classify vertices by their labels; link: predict edges, trained on seed edges with drawn "
-             "negatives and scored by MRR, Hits@K or ROC-AUC against held-out edges (docs/link-prediction.md) "
-             "(default: %(default)s)")
+             "negatives and scored by MRR, Hits@K or ROC-AUC against held-out edges "
+             "(docs/link-prediction.md)")
     split: str | None = setting(
         None, type=str, metavar="SPEC", short="ratio:TRAIN,VAL or per-class:TRAIN,VAL; a link task: edges:TRAIN,VAL",
         help="split for data without one: ratio:TRAIN,VAL or per-class:TRAIN,VAL of the vertices; a link task: "
              "edges:TRAIN,VAL of the edges, validation and test edges left out of message passing (default: the "
              "data's own split, else ratio:0.6,0.2; synthetic graphs: ratio:0.1,0.05; link: edges:0.85,0.05)")
     split_index: int = setting(
-        0, metavar="K",
-        help="which of the dataset's stored splits to use (the heterophilous .npz files hold 10: 0..9) (default: "
-             "%(default)s)")
+        0, metavar="K", bound="zero or more",
+        help="which of the dataset's stored splits to use (the heterophilous .npz files hold 10: 0..9)")
     mode: str = setting(
         "exact", choices=MODE_CHOICES, short="exact (default), device, neutronorch; auto picks",
         help="placement of the stages: exact samples and gathers on the host and computes every layer of every "
@@ -68,20 +62,20 @@ class TrainConfig:
              "vertices' bottom layer on the host once per super-batch and reuses it; auto chooses one when the run "
              "starts, says which and why (the log and the summary's mode_choice) and keeps it when resumed: exact on "
              "the CPU; on a GPU device while the topology and features fit --gpu-memory-gb, else device or "
-             "neutronorch by a short measured probe (default: %(default)s)")
+             "neutronorch by a short measured probe")
     device: str = may_change(
         "auto", choices=("auto", "cpu", "cuda"), short="training device; auto (default): CUDA if present",
-        help="training device; auto picks CUDA when available (default: %(default)s)")
+        help="training device; auto picks CUDA when available")
     precision: str = may_change(
         "fp32", choices=PRECISIONS, metavar="PREC", short="fp32 (default) or bf16; auto: bf16 where native",
         help="fp32, or bf16: bfloat16 features, activations and matrix products (AMX on CPUs, tensor cores on GPUs) "
              "with float32 weights, optimizer state, loss and evaluation; auto = bf16 where the training device "
-             "computes it natively, else fp32 (the run says which) (default: %(default)s)")
-    threads: int = may_change(0, metavar="N", help="training threads; 0 = all cores (default: %(default)s)")
+             "computes it natively, else fp32 (the run says which)")
+    threads: int = may_change(0, help="training threads; 0 = all cores")
     dist_timeout: float = may_change(
-        600.0, metavar="SECONDS",
+        600.0, metavar="SECONDS", bound="positive",
         help="data parallel (launched with torchrun): seconds a collective waits for the other ranks before the run "
-             "fails saying so (default: %(default)s)")
+             "fails saying so")
     network: NetworkConfig = field(default_factory=NetworkConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     optimization: OptimizationConfig = field(default_factory=OptimizationConfig)
@@ -113,14 +107,12 @@ class TrainConfig:
         return frozenset(f.name for f in setting_fields() if f.metadata.get("resume") == "may change")
 
     def settings_given(self, names) -> list[str]:
-        """Those of the settings ``names`` given other values than their defaults, as `name` value: what a
-        run that has no use for them refuses instead of ignoring."""
+        """Those of the settings ``names`` given other values than their defaults, as `name` value."""
         defaults = {f.name: f.default for f in setting_fields()}
         return [f"`{name}` {getattr(self, name)}" for name in names if getattr(self, name) != defaults[name]]
 
     def link_settings_given(self) -> list[str]:
-        """The link task's settings (``LinkConfig``) given other values than their defaults: what a node task
-        would ignore, and refuses (``check_node_task``, ``capabilities.check_run``)."""
+        """The link task's settings (``LinkConfig``) given other values than their defaults."""
         return self.settings_given(f.name for f in settings_of(LinkConfig))
 
     def validate(self) -> "TrainConfig":
@@ -133,7 +125,8 @@ class TrainConfig:
         check_seed(self.seed)
         self.fanouts = parse_fanouts(self.fanouts)
         if self.layers < 0:
-            raise ConfigError(f"`layers` {self.layers}: must be 0 (one per `fanouts` entry) or a number of layers.")
+            raise ConfigError(f"`layers` {self.layers}: must be 0 (one per `fanouts` entry) or a number "
+                              f"of layers.")
         if self.layers and len(self.fanouts) == 1:
             self.fanouts = self.fanouts * self.layers
         elif self.layers and len(self.fanouts) != self.layers:
@@ -146,32 +139,31 @@ class TrainConfig:
             if len(self.eval_fanouts) != len(self.fanouts):
                 raise ConfigError(f"`eval_fanouts` has {len(self.eval_fanouts)} entries but the model has "
                                   f"{len(self.fanouts)} layers (one per `fanouts` entry).")
-        # The model normalises by its sources' graph degrees (GCN's symmetric norm): the blocks carry them.
         self.sampling = replace(self.sampling, degrees=needs_degrees(self.model, self.gcn_norm))
         if self.weight_decay is None and self.task in TASK_WEIGHT_DECAY:
             self.weight_decay = TASK_WEIGHT_DECAY[self.task]
         self.hot_ratio = _auto_or(self.hot_ratio, "hot_ratio", "a fraction in [0, 1] such as 0.1",
                                   lambda ratio: 0 <= ratio <= 1,
-                                  "the share of reached bottom-layer vertices made hot must be in [0, 1] (or 'auto')")
+                                  "the share of reached bottom-layer vertices made hot must be in [0, 1] "
+                                  "(or 'auto')")
         for name, which in (("gpu_cache_gb", "device"), ("host_cache_gb", "host")):
             setattr(self, name, _auto_or(getattr(self, name), name, f"a size in GiB such as 2.5 (0 turns the {which} "
                                          f"feature cache off)", lambda size: math.isfinite(size) and size >= 0,
                                          "must be 'auto' or zero or more GiB"))
-        for f in setting_fields():  # each setting's choices (its option, config_parts.OPTION_SPEC)
-            if f.metadata.get("choices") is not None and getattr(self, f.name) not in f.metadata["choices"]:
-                raise ConfigError(f"`{f.name}` {getattr(self, f.name)!r}: choose one of "
-                                  f"{', '.join(f.metadata['choices'])}.")
+        for f in setting_fields():  # each setting's choices and bound (its option)
+            value, option = getattr(self, f.name), f.metadata
+            if option.get("choices") is not None and value not in option["choices"]:
+                raise ConfigError(f"`{f.name}` {value!r}: choose one of {', '.join(option['choices'])}.")
+            if option.get("bound") and value is not None and not BOUNDS[option["bound"]](value):
+                raise ConfigError(f"`{f.name}` {value}: must be {option['bound']}.")
         checks = [
             (self.batch_size >= 0, f"`batch_size` {self.batch_size}: must be a positive number of seeds "
                                    f"(or 0 to choose from the training-set size)."),
-            (self.eval_batch_size >= 1, f"`eval_batch_size` {self.eval_batch_size}: must be positive."),
             (self.eval_max_nodes >= 0, f"`eval_max_nodes` {self.eval_max_nodes}: must be 0 (every vertex) or "
                                        f"a positive number of vertices per set."),
-            (self.hidden >= 1, f"`hidden` {self.hidden}: must be positive."),
             (self.hidden <= MAX_HIDDEN, f"`hidden` {self.hidden}: wider than a layer can be built here (at most "
                                         f"{MAX_HIDDEN}, whose square weight alone takes 16 GiB); give a width "
                                         f"such as 256."),
-            (self.heads >= 1, f"`heads` {self.heads}: must be positive."),
             (not (self.residual and self.architecture == "blocks"),
              "`residual`: graph blocks are residual already; give `residual` with `architecture` plain only."),
             (self.task == "link" or self.metric in ("auto",) + METRICS,
@@ -181,16 +173,9 @@ class TrainConfig:
             (self.task == "node" or self.metric == "auto" or bool(LINK_METRICS.match(self.metric)),
              f"`metric` {self.metric!r}: a link task scores by auto (the dataset's own, else mrr), mrr, rocauc "
              f"or hits@K (hits@50)."),
-            (self.negatives >= 1, f"`negatives` {self.negatives}: must be at least 1 per positive."),
-            (self.eval_negatives >= 1, f"`eval_negatives` {self.eval_negatives}: must be at least 1 per positive."),
-            (self.split_index >= 0, f"`split_index` {self.split_index}: must be 0 or more."),
             (self.model not in ("gat", "rgat") or self.heads < 1 or self.hidden % self.heads == 0,
              f"`hidden` {self.hidden} is not divisible by `heads` {self.heads}; "
              f"{'GAT' if self.model == 'gat' else 'R-GAT'} splits the hidden width evenly across heads."),
-            (self.epochs >= 0, f"`epochs` {self.epochs}: must be zero or more."),
-            (0 < self.lr < math.inf, f"`lr` {self.lr}: must be a finite positive number."),
-            (self.weight_decay is None or self.weight_decay >= 0,
-             f"`weight_decay` {self.weight_decay}: must be zero or more."),
             (0 <= self.dropout < 1, f"`dropout` {self.dropout}: must be in [0, 1)."),
             (self.eval_every >= -1, f"`eval_every` {self.eval_every}: must be -1 (never), 0 (after the last "
                                     f"epoch only) or more."),
@@ -203,17 +188,6 @@ class TrainConfig:
              "more."),
             (all(0 <= n <= MAX_THREADS for n in (self.threads, self.sampler_threads, self.host_threads)),
              f"`threads`/`sampler_threads`/`host_threads` must be 0 (picks automatically) to {MAX_THREADS}."),
-            (self.snapshot_lead is None or self.snapshot_lead >= 0,
-             f"`snapshot_lead` {self.snapshot_lead}: must be zero or more optimizer steps."),
-            (self.hot_error_budget > 0, f"`hot_error_budget` {self.hot_error_budget}: must be positive."),
-            (self.gpu_memory_gb is None or self.gpu_memory_gb > 0,
-             f"`gpu_memory_gb` {self.gpu_memory_gb}: must be a positive number of GiB (the device memory "
-             f"this run may use)."),
-            (self.super_batch >= 1, f"`super_batch` {self.super_batch}: must be at least 1 mini-batch."),
-            (0 < self.dist_timeout < math.inf, f"`dist_timeout` {self.dist_timeout}: must be a positive number "
-                                                 f"of seconds."),
-            (self.timeline_steps >= 1, f"`timeline_steps` {self.timeline_steps}: must be at least 1."),
-            (self.log_every >= 1, f"`log_every` {self.log_every}: must be at least 1 step."),
             (self.checkpoint_every >= 0, f"`checkpoint_every` {self.checkpoint_every}: must be 0 (epoch ends "
                                          f"only) or a number of steps."),
             (not self.checkpoint_every or bool(self.checkpoint_dir),
@@ -233,11 +207,6 @@ class TrainConfig:
             if not ok:
                 raise ConfigError(message)
         return self
-
-    @property
-    def resolved_staleness(self) -> int:
-        """The staleness bound in optimizer steps (``NeutronOrchConfig.resolved_staleness``)."""
-        return self.neutronorch.resolved_staleness
 
     def to_dict(self) -> dict:
         """Every setting by name, flat (as checkpoints and summaries store them)."""
@@ -260,8 +229,7 @@ class TrainConfig:
 
 
 def setting_fields() -> list:
-    """The ``Field`` of every setting, the run's own, then each part's: its name, default and option (its
-    metadata: ``config_parts.OPTION_SPEC``)."""
+    """The ``Field`` of every setting, the run's own, then each part's (its option in its metadata)."""
     own = [f for f in fields(TrainConfig) if f.name not in PARTS]
     return own + [f for kind in PARTS.values() for f in settings_of(kind)]
 
@@ -291,8 +259,7 @@ def value_type(f) -> type:
 
 
 def check_types(config: TrainConfig) -> None:
-    """Every field holds a value of its type (a config file can give any YAML value): a clear error
-    instead of a ``TypeError`` deep inside the run."""
+    """Raise ``ConfigError`` unless every setting holds a value of its type (a config file can give any)."""
     for f in setting_fields():
         value = getattr(config, f.name)
         if f.name in _PARSED or (value is None and f.default is None):
@@ -316,7 +283,7 @@ def check_types(config: TrainConfig) -> None:
 
 
 def number_hint(value: str, want: type) -> str:
-    """For a number written as text where ``want`` (int or float) is expected: how to write it as a number."""
+    """For a number written as text where ``want`` (int or float) is expected: how to write it instead."""
     try:
         number = float(value)
     except ValueError:
@@ -330,8 +297,7 @@ def number_hint(value: str, want: type) -> str:
 
 
 def _auto_or(value, field: str, expected: str, allowed, why: str) -> str | float:
-    """``value`` as "auto" or a number (``expected`` words it) that ``allowed`` takes, else a ``ConfigError``
-    naming ``field`` and ``why`` the number is refused."""
+    """``value`` as "auto" or a number (``expected`` words it) that ``allowed`` takes; else ConfigError."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
     try:
@@ -345,5 +311,5 @@ def _auto_or(value, field: str, expected: str, allowed, why: str) -> str | float
 
 def auto_batch_size(num_train: int) -> int:
     """Seeds per mini-batch when none is given: about 32 optimizer steps per epoch on small training sets
-    (140 Cora seeds in one batch learn far too slowly), never below 32 nor above 1024 seeds."""
+    (140 Cora seeds in one batch learn far too slowly), from 32 to 1024 seeds."""
     return min(1024, max(32, num_train // 32))

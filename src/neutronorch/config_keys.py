@@ -1,6 +1,5 @@
 """Config files: their keys mapped onto ``TrainConfig``'s settings (``load_config_file``), read strictly: a key
-given twice in one mapping is an error, where JSON and PyYAML would keep the last one silently (TOML refuses it
-itself); numbers that a YAML 1.1 parser (PyYAML) reads as text."""
+given twice in one mapping is an error, where JSON and PyYAML would keep the last one silently."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from neutronorch.errors import ConfigError, not_a_file
 
 
 class RepeatedKey(Exception):
-    """A key given twice in one mapping of a config file."""
+    pass
 
 
 def unique_keys(pairs):
@@ -39,8 +38,7 @@ def load_yaml(text: str):
 
 
 def read_config_mapping(path: str | os.PathLike) -> dict:
-    """The mapping a YAML, TOML or JSON config file holds (by its suffix; YAML otherwise), read strictly, or a
-    ``ConfigError`` saying what is wrong with the file."""
+    """The mapping a YAML, TOML or JSON config file holds (by its suffix; YAML otherwise)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--config {path}: {not_a_file(path, 'no such file')}.")
@@ -74,8 +72,7 @@ def read_config_mapping(path: str | os.PathLike) -> dict:
 
 
 def _one_line(exc: Exception) -> str:
-    """A parser's error on one line: YAML's names the problem and where (its own message quotes the line and
-    points at it on lines below), any other's whitespace is collapsed."""
+    """A parser's error on one line (YAML's own message quotes the line and points at it on lines below)."""
     mark = getattr(exc, "problem_mark", None)
     if getattr(exc, "problem", None) and mark is not None:
         context = f"{exc.context}, " if getattr(exc, "context", None) else ""
@@ -84,8 +81,7 @@ def _one_line(exc: Exception) -> str:
 
 
 def float_text(value):
-    """A float setting's value as a config file gave it: text that reads as a finite number becomes that
-    number (PyYAML reads ``1e-3``, without a dot, as a string); anything else is left for ``validate`` to name."""
+    """Text that reads as a finite number, as that number (PyYAML reads ``1e-3`` as text); else ``value``."""
     if not isinstance(value, str):
         return value
     try:
@@ -96,14 +92,8 @@ def float_text(value):
 
 
 def load_config_file(path: str | os.PathLike, extra: dict[str, str | None] | None = None) -> dict:
-    """Read a YAML, TOML or JSON file whose keys are ``TrainConfig`` settings (dashes or underscores), or keys
-    of the caller's own (``extra``: each key and its section, such as the command line's ``run_name`` under
-    ``outputs``). A part's settings may sit in a section named after the part (``[sampling]`` holding
-    ``fanouts``, ``[neutronorch]`` holding ``super_batch``: ``TrainConfig.sections()``) or at the top level; a
-    key in another section than its own is an error that names its section. A section with nothing under it
-    (``network:`` alone in YAML) sets nothing; a key set to null (``lr: ~``) keeps its default. A setting
-    that takes a float may be given as text that reads as one: YAML 1.1 (PyYAML) reads ``1e-3``, without a
-    dot, as a string."""
+    """The settings a YAML, TOML or JSON file gives, by name (its rules: README.md, docs/errors.md);
+    ``extra``: keys of the caller's own, each with its section (the command line's ``run_name``: outputs)."""
     data = read_config_mapping(path)
     extra = extra or {}
     known = set(TrainConfig.keys()) | set(extra)

@@ -1,9 +1,6 @@
-"""The environment variables neutronorch and numba read, checked at the edge (the command line before it
-imports numba, ``train``, the loaders, and the public names' first import): a bad value is a ``ConfigError``
-naming the variable, its value and the values it takes, before any work. numba reads its variables when it is
-first imported, and some bad values (``NUMBA_NUM_THREADS=0``) make that import itself fail; others it ignores
-with a warning (``NUMBA_NUM_THREADS=four``) or meets only at the first parallel kernel
-(``NUMBA_THREADING_LAYER=bogus``). Imports nothing of ours but the errors, and nothing that is slow to load."""
+"""The environment variables neutronorch and numba read, checked at the edge before numba is imported (some
+bad values fail that import, others numba ignores or meets only at its first parallel kernel): a bad value is
+a ``ConfigError`` naming the variable, its value and the values it takes. Imports nothing slow to load."""
 
 from __future__ import annotations
 
@@ -11,17 +8,21 @@ import os
 
 from neutronorch.errors import ConfigError
 
-# name -> the values it takes (compared without case for numba's threading layer, as numba compares them)
+# name -> the values it takes (numba's compared without case, as numba compares them), and what unset means;
+# read by sampling/device_sampler.py, nn/edge_softmax.py, train/memory.py and numba
 CHOICES = {
-    "NEUTRONORCH_DEVICE_SAMPLER": ("auto", "torch", "triton"),  # sampling/device_sampler.py
-    "NEUTRONORCH_EDGE_SOFTMAX": ("kernels", "torch"),  # nn/edge_softmax.py
-    "NEUTRONORCH_SYSTEM_MALLOC": ("0", "1"),  # train/memory.py
+    "NEUTRONORCH_DEVICE_SAMPLER": (("auto", "torch", "triton"), "auto: Triton on CUDA if it runs, or torch"),
+    "NEUTRONORCH_EDGE_SOFTMAX": (("kernels", "torch"), "kernels"),
+    "NEUTRONORCH_SYSTEM_MALLOC": (("0", "1"), "0: malloc tuned"),
     # workqueue is numba's, but refused: it cannot run kernels from several threads (train/resources.py)
-    "NUMBA_THREADING_LAYER": ("default", "omp", "tbb", "threadsafe", "safe", "forksafe"),
+    "NUMBA_THREADING_LAYER": (("default", "omp", "tbb", "threadsafe", "safe", "forksafe"),
+                              "neutronorch then uses omp"),
 }
-# name -> the least whole number it takes
-COUNTS = {"NUMBA_NUM_THREADS": 1, "WORLD_SIZE": 1, "LOCAL_WORLD_SIZE": 1, "RANK": 0, "LOCAL_RANK": 0,
-          "GROUP_RANK": 0}
+LAUNCHED = "a launcher such as torchrun sets it"
+# name -> the least whole number it takes, and what unset means
+COUNTS = {"NUMBA_NUM_THREADS": (1, "numba then takes one per core"), "WORLD_SIZE": (1, LAUNCHED),
+          "LOCAL_WORLD_SIZE": (1, LAUNCHED), "RANK": (0, LAUNCHED), "LOCAL_RANK": (0, LAUNCHED),
+          "GROUP_RANK": (0, LAUNCHED)}
 WORKQUEUE = ("NUMBA_THREADING_LAYER=workqueue cannot run numba kernels from several threads at once, as "
              "neutronorch's pipeline does (numba would abort the run). Unset it (neutronorch then uses omp) or set "
              "it to omp or tbb.")
@@ -30,7 +31,7 @@ WORKQUEUE = ("NUMBA_THREADING_LAYER=workqueue cannot run numba kernels from seve
 def check_environment(environ=None) -> None:
     """Every variable of ``CHOICES`` and ``COUNTS`` that is set holds a value it takes."""
     environ = os.environ if environ is None else environ
-    for name, allowed in CHOICES.items():
+    for name, (allowed, unset) in CHOICES.items():
         value = environ.get(name)
         if value is None or (value == "" and name.startswith("NEUTRONORCH_")):  # empty: unset, as the code reads it
             continue
@@ -38,8 +39,8 @@ def check_environment(environ=None) -> None:
             raise ConfigError(WORKQUEUE)
         if (value.strip().lower() if name.startswith("NUMBA_") else value) not in allowed:
             raise ConfigError(f"{name}={value!r} is not one of {', '.join(allowed)}; set it to one of them, or unset "
-                              f"it{_default(name)}.")
-    for name, least in COUNTS.items():
+                              f"it ({unset}).")
+    for name, (least, unset) in COUNTS.items():
         value = environ.get(name)
         if value is None:
             continue
@@ -49,14 +50,7 @@ def check_environment(environ=None) -> None:
             number = None
         if number is None or number < least:
             raise ConfigError(f"{name}={value!r} is not a whole number from {least}; set it to one, or unset "
-                              f"it{_default(name)}.")
-
-
-def _default(name: str) -> str:
-    return {"NEUTRONORCH_DEVICE_SAMPLER": " (auto: Triton on CUDA where it runs, else torch)",
-            "NEUTRONORCH_EDGE_SOFTMAX": " (kernels)", "NEUTRONORCH_SYSTEM_MALLOC": " (0: malloc tuned)",
-            "NUMBA_THREADING_LAYER": " (neutronorch then uses omp)",
-            "NUMBA_NUM_THREADS": " (numba then takes one per core)"}.get(name, " (a launcher such as torchrun sets it)")
+                              f"it ({unset}).")
 
 
 def launcher_world_size() -> int:

@@ -1,9 +1,5 @@
-"""User-facing errors.
-
-Every problem a user can fix (bad file, bad option, missing device) raises a subclass of
-``NeutronorchError`` whose message says what is wrong and how to fix it. The CLI prints these without a
-traceback; anything else escaping is a bug and keeps its traceback.
-"""
+"""User-facing errors: every problem a user can fix raises a ``NeutronorchError`` whose message says what is
+wrong and how to fix it; the CLI prints it without a traceback. Anything else escaping is a bug."""
 
 
 class NeutronorchError(Exception):
@@ -19,8 +15,7 @@ class ConfigError(NeutronorchError):
 
 
 class OutputError(ConfigError):
-    """An output cannot be written: no space left, no permission, a read-only disk. Found before the work
-    starts where it can be; a write that fails later keeps the previous file and says what was saved."""
+    """An output cannot be written (no space left, no permission, a read-only disk)."""
 
 
 class CheckpointError(NeutronorchError):

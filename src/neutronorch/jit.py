@@ -1,13 +1,7 @@
-"""Says, once per process, that numba is compiling neutronorch's kernels.
-
-The kernels are compiled on their first call and cached on disk (``cache=True``: in ``__pycache__`` beside
-their module, or under ``NUMBA_CACHE_DIR``), so the first run on a machine spends tens of seconds in its
-first epoch that later runs read from the cache in well under a second. numba fires its ``numba:compile``
-event only when it compiles, never when it loads a cached kernel, so a listener on that event says so
-exactly when the cache is cold, before the first compilation, and costs nothing otherwise.
-
-Importing this module registers the listener (``sampling/kernels.py`` does); it imports nothing of ours.
-"""
+"""Says, once per process, that numba is compiling neutronorch's kernels (the first run on a machine spends
+tens of seconds on it; later runs read them from numba's disk cache). numba fires ``numba:compile`` only
+when it compiles, never for a cached kernel, so the listener speaks exactly when the cache is cold.
+Importing this module registers it; it imports nothing of ours."""
 
 from __future__ import annotations
 
@@ -21,8 +15,7 @@ PREFIX = "neutronorch."  # whose kernels count: those of modules whose names sta
 
 
 class FirstCompile(event.Listener):
-    """Logs ``MESSAGE`` through the ``neutronorch`` logger when numba starts compiling a kernel of ours
-    (``PREFIX``) for the first time in this process; other packages' numba functions are ignored."""
+    """Logs ``MESSAGE`` when numba first starts compiling a kernel of ours (``PREFIX``) in this process."""
 
     def __init__(self):
         self.said = False

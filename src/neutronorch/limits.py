@@ -1,7 +1,6 @@
 """Bounds that user values meet below Python: seeds (64-bit random generators), names (the file system
-counts a name's bytes, not its characters) and switches (True or False, never another value read as one).
-Each check raises ``ConfigError`` naming the value, the limit and the fix, before any work; it imports
-nothing of ours but the errors."""
+counts a name's bytes) and switches. Each check raises ``ConfigError`` naming the value, the limit and the
+fix; imports nothing of ours but the errors."""
 
 from __future__ import annotations
 

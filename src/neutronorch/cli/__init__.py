@@ -1,23 +1,17 @@
-"""Command line: ``neutronorch train | convert | generate | predict | embed | info``.
-
-The only part of neutronorch that prints. Options are validated here (through ``TrainConfig.validate``); a
-``NeutronorchError`` is printed as one clear message without a traceback and exits with status 2. The
-core names configuration fields in backticks (`batch_size`); here they are shown as the flags a user
-types (--batch-size), in errors and in the run's log alike. The core's log (``logging`` logger
-``neutronorch``) goes to stderr, and a progress bar shows each epoch's steps.
-"""
+"""Command line: ``neutronorch train | convert | generate | predict | embed | info``, the only part of
+neutronorch that prints. A ``NeutronorchError`` is printed as one message without a traceback (status 2);
+the core's `field_name` references are shown as the flags a user types (--field-name), in errors and log."""
 
 import os
 import signal
 import sys
 
-__all__ = ["as_flags", "build_parser", "main"]
+__all__ = ["build_parser", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run a command. The environment is checked first (``environment.py``); Ctrl-C while the modules load (torch takes a second or more) is an interruption like
-    any other, not a traceback. Output into a pipe whose reader has gone (``neutronorch info DIR | head -1``)
-    ends the command quietly, as a Unix tool that SIGPIPE stops: exit status 141, no traceback."""
+    """Run a command; its exit status. Ctrl-C while the modules load is an interruption like any other,
+    and output into a pipe whose reader has gone ends the command quietly (status 141), as SIGPIPE would."""
     from neutronorch.environment import check_environment  # noqa: PLC0415
     from neutronorch.errors import ConfigError  # noqa: PLC0415
 
@@ -41,8 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _silence_stdout() -> None:
-    """Point stdout at /dev/null, so that flushing it on the way out does not fail again (Python's docs,
-    'Note on SIGPIPE')."""
+    """Point stdout at /dev/null, so that flushing it at exit does not fail again ('Note on SIGPIPE')."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, sys.stdout.fileno())
@@ -53,9 +46,6 @@ def _silence_stdout() -> None:
 
 
 def __getattr__(name: str):
-    if name == "as_flags":
-        from neutronorch.cli.app import as_flags  # noqa: PLC0415
-        return as_flags
     if name == "build_parser":
         from neutronorch.cli.options import build_parser  # noqa: PLC0415
         return build_parser

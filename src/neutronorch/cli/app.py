@@ -42,17 +42,7 @@ class _StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is at the time (it may be replaced after logging is set up)."""
 
     _neutronorch_cli = True
-
-    def __init__(self):
-        super().__init__(sys.stderr)
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value):
-        pass
+    stream = property(lambda self: sys.stderr, lambda self, value: None)
 
 
 class _FlagFormatter(logging.Formatter):
@@ -82,10 +72,8 @@ def _configure_logging() -> None:
 
 
 class _ProgressBar:
-    """A tqdm bar per part (epoch, layer of inference, file being parsed), fed by a
-    ``progress(part, done, total)`` callback; hidden when stderr is no terminal. Training also calls
-    ``loss(epoch, running mean)``, shown on the epoch's bar, and ``evaluating(epoch, layer, done, total)``,
-    a bar of its own while the evaluation after an epoch runs."""
+    """A tqdm bar per part (epoch, layer of inference, file being parsed), fed by ``progress(part, done,
+    total)``; hidden when stderr is no terminal. Training also reports ``loss`` and ``evaluating``."""
 
     def __init__(self, label: str = "epoch", unit: str = "batch"):
         self._bar, self._part = None, None
@@ -127,13 +115,12 @@ class _ProgressBar:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    values = (load_config_file(args.config, extra=dict.fromkeys(RUN_FOLDER_KEYS, "outputs"))
-              if getattr(args, "config", None) else {})
+    given = [args.config] if args.config else []
+    values = load_config_file(args.config, extra=dict.fromkeys(RUN_FOLDER_KEYS, "outputs")) if given else {}
     values.update({k: v for k, v in vars(args).items() if k not in ("command", "config")})
     run_name, save = values.pop("run_name", None), values.pop("save", True)
-    config = TrainConfig(**values)
     rank = launcher_rank()
-    config, folder = _outputs(config, run_name, save, [args.config] if getattr(args, "config", None) else [], rank)
+    config, folder = _outputs(TrainConfig(**values), run_name, save, given, rank)
     try:
         return _train(config, folder, rank)
     except BaseException:
@@ -143,9 +130,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _outputs(config: TrainConfig, run_name, save, config_file: list, rank: int | None) -> tuple:
-    """Where the run's results go: what its output options name, else (unless --no-save) a run folder,
-    checked and made here (``train/outputs.py``). Returns the config with its outputs, and the run folder
-    (None without one)."""
+    """The config with its outputs: what its output options name, else (unless --no-save) a run folder, made
+    here (``train/outputs.py``); and that folder, or None."""
     from neutronorch.train.output_guard import check_distinct
     from neutronorch.train.outputs import RUNS, generated_run_name, names_outputs, open_run_folder, run_outputs
 
@@ -231,22 +217,19 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 def _cmd_generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     given = {f.name: getattr(args, f.name) for f in fields(SyntheticSpec) if getattr(args, f.name) is not None}
-    if args.typed:  # synthetic_typed checks its arguments before it draws anything
-        if given.pop("classes", None) is not None:
-            raise ConfigError("--classes does not apply to --typed: a typed graph's classes are pairs of topics "
-                              "(16); leave --classes out, or call neutronorch.data.synthetic_typed(topics=...).")
-        _check_native_out("out", args.out, [], args.overwrite, typed=True)
-        return _write_dataset(synthetic_typed(**given), args.out, args, t0)
-    spec = SyntheticSpec(**given)
-    spec.check("", where="generate synthetic")
-    _check_native_out("out", args.out, [], args.overwrite)
-    return _write_dataset(generate(spec), args.out, args, t0)
+    if args.typed and given.pop("classes", None) is not None:
+        raise ConfigError("--classes does not apply to --typed: a typed graph's classes are pairs of topics "
+                          "(16); leave --classes out, or call neutronorch.data.synthetic_typed(topics=...).")
+    if not args.typed:  # synthetic_typed checks its arguments before it draws anything
+        spec = SyntheticSpec(**given)
+        spec.check("", where="generate synthetic")
+    _check_native_out("out", args.out, [], args.overwrite, typed=args.typed)
+    return _write_dataset(synthetic_typed(**given) if args.typed else generate(spec), args.out, args, t0)
 
 
 def _write_dataset(graph, out: str, args: argparse.Namespace, t0: float) -> int:
-    """convert's and generate's end, for either kind of graph: the features (a typed graph's, every type's)
-    halved with --float16 or --bfloat16, the native or typed folder written (checked before the source was
-    read or the graph generated), its first line said."""
+    """convert's and generate's end, for either kind of graph: the features halved with --float16 or
+    --bfloat16, the native or typed folder written, its first line said."""
     from neutronorch.train.output_guard import check_space
 
     typed, source = isinstance(graph, TypedGraph), getattr(args, "source", None) or graph.name
@@ -280,10 +263,10 @@ def _check_native_out(field: str, out: str, sources: list[Path], overwrite: bool
 
 
 def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
-    """predict's and embed's shared part: the request and outputs checked, the pairs read (``pairs``: predict
-    --pairs), the checkpoint read (unless ``pairs`` is None, checked to score pairs or classify vertices as
-    asked), then the data loaded, so that a wrong request fails before a large dataset is read. Returns the
-    checkpoint, the graph and their keywords (device, out, scratch, progress, overwrite; the pairs, read once)."""
+    """predict's and embed's shared part, in the order that fails a wrong request before a large dataset is
+    read: the request and outputs checked, the pairs read (``pairs``: predict --pairs), the checkpoint read
+    (for predict, checked to score pairs or classify vertices as asked), then the data loaded. Returns the
+    checkpoint, the graph and the keywords of the command's function."""
     from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, load_checkpoint
     from neutronorch.train.link_predict import read_pairs
     from neutronorch.train.predict import check_asked, check_task
@@ -311,34 +294,28 @@ def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
+    from neutronorch.train.link_predict import score_pairs
     from neutronorch.train.predict import predict, prediction_score
 
-    t0 = time.perf_counter()
-    if args.pairs is not None:
-        return _score_pairs(args, t0)
-    args.nodes = "test" if args.nodes is None else args.nodes
-    checkpoint, graph, options = _inference(args, pairs=False)
+    t0, pairs = time.perf_counter(), args.pairs is not None
+    if pairs and args.nodes is not None:
+        raise ConfigError(f"`nodes` {args.nodes} and `pairs` {args.pairs}: give one. `pairs` scores vertex "
+                          f"pairs with a link checkpoint; `nodes` chooses the vertices a node-classification "
+                          f"checkpoint classifies.")
+    args.nodes = "test" if args.nodes is None and not pairs else args.nodes
+    checkpoint, graph, options = _inference(args, pairs=pairs)
+    if pairs:  # a link checkpoint's score of each pair: its logit, or --probabilities
+        out = score_pairs(checkpoint, graph, probabilities=args.probabilities, **options)
+        what = "probabilities" if args.probabilities else "logits"
+        print(f"scored {out.shape[0]:,} pairs of {graph.name} ({what}), wrote them to {args.out} in "
+              f"{time.perf_counter() - t0:.1f}s")
+        return 0
     out = predict(checkpoint, graph, args.nodes, args.probabilities, **options)
     line = f"wrote {out.shape[0]:,} predictions of {graph.name} to {args.out} in {time.perf_counter() - t0:.1f}s"
     if args.nodes in ("test", "val", "train"):
         metric, value = prediction_score(graph, args.nodes, out, args.probabilities)
         line += f"; {args.nodes} {metric} {value:.4f}"
     print(line)
-    return 0
-
-
-def _score_pairs(args: argparse.Namespace, t0: float) -> int:
-    """predict --pairs: a link checkpoint's score of each pair (its logit, or --probabilities)."""
-    from neutronorch.train.link_predict import score_pairs
-
-    if args.nodes is not None:
-        raise ConfigError(f"`nodes` {args.nodes} and `pairs` {args.pairs}: give one. `pairs` scores vertex pairs "
-                          f"with a link checkpoint; `nodes` chooses the vertices a node-classification checkpoint "
-                          f"classifies.")
-    checkpoint, graph, options = _inference(args, pairs=True)
-    out = score_pairs(checkpoint, graph, probabilities=args.probabilities, **options)
-    print(f"scored {out.shape[0]:,} pairs of {graph.name} ({'probabilities' if args.probabilities else 'logits'}), "
-          f"wrote them to {args.out} in {time.perf_counter() - t0:.1f}s")
     return 0
 
 
@@ -365,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
                 "predict": _cmd_predict, "embed": _cmd_embed}
     _configure_logging()
     terminated = []
-    if args.command != "train" and threading.current_thread() is threading.main_thread():
+    own_term = args.command != "train" and threading.current_thread() is threading.main_thread()
+    if own_term:
         # SIGTERM unwinds like Ctrl-C, so the partial files of a write in progress are removed on the way
         # out (train has its own handler: it finishes the step and saves).
         def on_term(signum, frame):
@@ -384,9 +362,5 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 128 + (terminated[0] if terminated else signal.SIGINT)
     finally:
-        if args.command != "train" and threading.current_thread() is threading.main_thread():
+        if own_term:
             signal.signal(signal.SIGTERM, previous)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,5 @@
-"""The command line's options: every flag, its help and its default (``build_parser``).
-
-``--help`` lists the options a first run needs, with short help, in groups (data, model, training, mode,
-outputs); ``--help-all`` lists every option with its full help, the tuning and diagnostic knobs in a group of
-their own ("advanced"). Both views parse the same options the same way: only the listing differs."""
+"""The command line's options (``build_parser``). ``--help`` lists the options a first run needs, with short
+help; ``--help-all`` lists every option with its full help. Both parse the same options the same way."""
 
 from __future__ import annotations
 
@@ -13,19 +10,68 @@ import sys
 import textwrap
 from dataclasses import fields
 
-from neutronorch.cli.help_texts import (CONVERT_SPLIT_HELP, RUN_FOLDER_KEYS, RUN_OPTIONS, TRAIN_EPILOG,
-                                        TRAIN_EPILOG_ALL, TRAIN_GROUPS)
 from neutronorch.config import TrainConfig, setting_fields
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec, synthetic_typed
 
 __all__ = ["RUN_FOLDER_KEYS", "build_parser"]
 
+CONVERT_SPLIT_HELP = ("split for data without one: ratio:TRAIN,VAL or per-class:TRAIN,VAL of the vertices "
+                      "(default: the data's own split, else ratio:0.6,0.2; synthetic graphs: "
+                      "ratio:0.1,0.05); a link task draws its edge split as it trains (train --task link "
+                      "--split edges:TRAIN,VAL)")
+
+# train's options by group, in the order --help-all lists them (by TrainConfig setting, and the command line's
+# own options); the advanced group takes every setting not placed here, in their order in TrainConfig's parts.
+TRAIN_GROUPS = [
+    ("data", None, ["dataset", "task", "split", "split_index", "link_direction", "link_relation"]),
+    ("model", None, ["model", "layers", "hidden", "fanouts", "heads", "gcn_norm", "residual", "norm",
+                     "architecture", "link_head"]),
+    ("training", None, ["epochs", "batch_size", "lr", "seed", "weight_decay", "dropout", "patience",
+                        "negatives"]),
+    ("evaluation", None, ["metric", "eval_every", "eval_fanouts", "eval_batch_size", "eval_max_nodes",
+                          "eval_negatives"]),
+    ("mode", None, ["mode", "device", "precision", "gpu_memory_gb", "hot_ratio", "super_batch",
+                    "staleness_bound", "hot_grad", "gpu_cache_gb"]),
+    ("outputs", None, ["run_name", "save", "summary_json", "checkpoint_dir", "resume", "overwrite", "config",
+                       "checkpoint_every", "log_jsonl", "log_csv", "tensorboard"]),
+    ("advanced", "tuning and diagnostic knobs: the defaults suit nearly every run", []),
+]
+
+# The command line's own options, not TrainConfig settings: (flag, action, metavar, help, short help):
+# --config's path and the run folder (--run-name, --no-save), which a --config file takes too.
+RUN_FOLDER_KEYS = ("run_name", "save")
+RUN_OPTIONS = {
+    "config": ("--config", "store", "FILE",
+               "YAML, TOML or JSON file with the same keys as the options (batch_size or batch-size), at the "
+               "top level or in sections named after TrainConfig's parts ([network], [sampling], "
+               "[optimization], [evaluation], [link], [neutronorch], [placement], [outputs], [logging]); "
+               "options given on the command line win",
+               "YAML, TOML or JSON options; the command line wins"),
+    "run_name": ("--run-name", "store", "NAME",
+                 "keep this run's results (summary.json, metrics.jsonl, last.pt and best.pt) in runs/NAME/ "
+                 "under the current folder. A run never writes into an existing run's folder: an existing "
+                 "runs/NAME/ is refused unless --resume (continue that run) or --overwrite (replace its "
+                 "results). Default: a new folder named by the UTC time, the model and the dataset "
+                 "(runs/2026-12-03T07-15-02-sage-synthetic/). No run folder is made when an output option "
+                 "(--summary-json, --checkpoint-dir, --log-jsonl, --log-csv, --tensorboard, --timeline) is "
+                 "given: the run writes what they name",
+                 "results in runs/NAME/ (default: time, model, data)"),
+    "save": ("--no-save", "store_false", None,
+             "make no run folder: write only the outputs the options name (with none, the run keeps nothing)",
+             "no run folder: only the outputs named below"),
+}
+
+TRAIN_EPILOG = ("A run that names no output (--summary-json, ...) keeps its results in runs/.\n"
+                "--help-all lists every option; a --config file takes every option as a key.")
+TRAIN_EPILOG_ALL = ("A --config file (YAML, TOML or JSON) takes every option as a key, with dashes or "
+                    "underscores (batch-size or batch_size; no-progress: true); a key set to null keeps its "
+                    "default; options given on the command line win.")
+
 _WIDE = 28  # where help texts start: room for `--device {auto,cpu,cuda}` beside its help
 
 
 class _Formatter(argparse.HelpFormatter):
-    """Help texts from column ``_WIDE``, wrapped at spaces only (never inside a flag such as
-    --gpu-memory-gb)."""
+    """Help texts from column ``_WIDE``, wrapped at spaces only (never inside a flag)."""
 
     def __init__(self, prog: str):
         super().__init__(prog, max_help_position=_WIDE)
@@ -46,9 +92,8 @@ _NEGATIVE_LEADING = re.compile(r"-\d")
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` that reads ``--fanouts -1,10`` as ``--fanouts=-1,10``: argparse takes a word
-    starting with '-' for a flag unless it is a single negative number, and then fails with "expected one
-    argument". Its subcommands' parsers are of this class too."""
+    """An ``ArgumentParser`` that reads ``--fanouts -1,10`` as ``--fanouts=-1,10`` (argparse takes a word
+    starting with '-' for a flag unless it is a single negative number), and refuses empty values."""
 
     def parse_known_args(self, args=None, namespace=None):
         words = list(sys.argv[1:] if args is None else args)
@@ -82,8 +127,7 @@ class _HelpAll(argparse.Action):
 
 
 def _help_options(parser: argparse.ArgumentParser, full: bool, add_options, listed: bool = True) -> None:
-    """-h/--help and --help-all; ``listed``: the short help lists them (train's names them in its usage and
-    epilog instead, to fit a screen)."""
+    """-h/--help and --help-all; ``listed``: the short help lists them (train's names them in its usage)."""
     parser.add_argument("-h", "--help", action="help",
                         help="the short help" if full else _shown("this help", listed))
     parser.add_argument("--help-all", action=_HelpAll, add_options=add_options,
@@ -95,15 +139,15 @@ def _shown(text: str, listed: bool) -> str:
 
 
 def _add_train_options(parser: argparse.ArgumentParser, full: bool = False) -> None:
-    """train's options in their groups; ``full``: the help lists every option (--help-all), else those in
-    ``SHORT`` with their short help. Parsing is the same either way."""
+    """train's options in their groups; ``full``: the help lists every option (--help-all), else those with
+    a short help."""
     parser.usage = ("%(prog)s [-h | --help-all] [--dataset SPEC] [OPTION ...]"
                     if not full else "%(prog)s [OPTION ...]")
     parser.epilog = TRAIN_EPILOG_ALL if full else TRAIN_EPILOG
     _help_options(parser, full, _add_train_options, listed=False)
     defaults, specs = TrainConfig(), {f.name: f for f in setting_fields()}  # each with its option (OPTION_SPEC)
     grouped = {name for _, _, names in TRAIN_GROUPS for name in names}
-    unlisted = [name for name in specs if name not in grouped]  # a new setting: advanced until placed
+    unlisted = [name for name in specs if name not in grouped]
     for title, description, names in TRAIN_GROUPS:
         group = parser.add_argument_group(title, description if full else None)
         for name in names + (unlisted if title == "advanced" else []):
@@ -118,8 +162,8 @@ def _add_train_options(parser: argparse.ArgumentParser, full: bool = False) -> N
 
 
 def _train_option(spec, default, full: bool) -> tuple[str, dict]:
-    """A setting's flag and its ``add_argument`` keywords, from its option (``spec``, the setting's field): a
-    bool setting is a switch (``--residual``; ``--no-progress`` for one that is on by default)."""
+    """A setting's flag and its ``add_argument`` keywords, from its field: a bool setting is a switch
+    (``--residual``; ``--no-progress`` for one that is on by default)."""
     option = spec.metadata
     listed = full or option.get("short") is not None
     flag = "--" + spec.name.replace("_", "-")
@@ -128,15 +172,18 @@ def _train_option(spec, default, full: bool) -> tuple[str, dict]:
         return ("--no-" if default else "--") + flag[2:], {"dest": spec.name, "default": argparse.SUPPRESS,
                                                             "action": "store_false" if default else "store_true",
                                                             "help": _shown(text, listed)}
-    text = option["help"].replace("%(default)s", str(default)) if full else option.get("short", "")
+    value = ",".join(map(str, default)) if isinstance(default, list) else default
+    text = option.get("short", "")
+    if full:
+        text = option["help"] + ("" if default is None else f" (default: {value})")
     kwargs = {"dest": spec.name, "default": argparse.SUPPRESS, "help": _shown(text, listed)}
     if option.get("choices") is not None:
         kwargs["choices"] = option["choices"]
         if not full and option.get("metavar"):
             kwargs["metavar"] = option["metavar"]
         return flag, kwargs
-    kwargs["metavar"] = option.get("metavar", spec.name.upper())
     kind = option.get("type") or type(default)
+    kwargs["metavar"] = option.get("metavar", "N" if kind is int else spec.name.upper())
     if kind in (int, float):
         kwargs["type"] = kind
     return flag, kwargs
@@ -147,47 +194,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="neutronorch",
         description="Sample-based GNN training on CPU and GPU together (NeutronOrch).")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, text, description, add_options in _COMMANDS:
+        # convert and info have no --help-all: argparse's own -h
+        add_options(commands.add_parser(name, help=text, description=description, formatter_class=_Formatter,
+                                        add_help=name in ("convert", "info")))
+    return parser
 
-    train = commands.add_parser("train", help="train a GNN and report accuracy and time per epoch",
-                                description="Train a GNN (GraphSAGE, GCN, GAT; typed graphs: R-GCN, R-GAT) by "
-                                            "sampling.",
-                                formatter_class=_Formatter, add_help=False)
-    _add_train_options(train)
 
-    convert = commands.add_parser("convert", help="write a dataset in the native format",
-                                  description="Read any supported dataset and write the native format "
-                                              "(meta.json + memory-mappable .npy arrays).")
+def _add_convert_options(convert: argparse.ArgumentParser) -> None:
     convert.add_argument("source", help=f"dataset spec: {DATASET_SPEC_HELP}")
     convert.add_argument("out_dir", help="output directory")
     convert.add_argument("--split", default=None, help=CONVERT_SPLIT_HELP)
     convert.add_argument("--seed", type=int, default=0, help="seed of the split (default: 0)")
     _add_write_options(convert, "OUT_DIR", " (it may be SOURCE itself)")
-
-    gen = commands.add_parser("generate", help="generate a synthetic graph",
-                              description="Write a synthetic power-law graph with learnable labels "
-                                          "in the native format; with --typed, a typed graph whose labels "
-                                          "need its relations, in the typed native layout.",
-                              formatter_class=_Formatter, add_help=False)
-    _add_generate_options(gen)
-
-    pred = commands.add_parser("predict", help="predict classes, or score vertex pairs, with a trained model",
-                               description="Exact full-neighbour inference of a checkpoint's model: the classes "
-                                           "of vertices (--nodes), or with a link checkpoint (train --task link) "
-                                           "the scores of vertex pairs (--pairs). A typed graph's: the target type's "
-                                           "classes, over neighbourhoods sampled as its evaluation sampled them.",
-                               formatter_class=_Formatter, add_help=False)
-    _add_predict_options(pred)
-
-    emb = commands.add_parser("embed", help="write a trained model's vertex embeddings",
-                              description="The output of one layer of a checkpoint's model over complete "
-                                          "neighbourhoods (exact layer-wise inference); of a typed graph's, a vertex "
-                                          "type's rows, over neighbourhoods sampled as its evaluation sampled them.",
-                              formatter_class=_Formatter, add_help=False)
-    _add_embed_options(emb)
-
-    info = commands.add_parser("info", help="describe a dataset")
-    info.add_argument("dataset", help=f"dataset spec: {DATASET_SPEC_HELP}")
-    return parser
 
 
 # generate's options that shape the graph beyond its size: listed by --help-all.
@@ -200,8 +219,7 @@ _GENERATE_HELP = {"nodes": "vertices", "degree": "average in-degree", "features"
 
 
 def _add_generate_options(gen: argparse.ArgumentParser, full: bool = False) -> None:
-    """The generator's options default to None, so that each generator (``SyntheticSpec``; with --typed,
-    ``synthetic_typed``) fills in its own defaults for those not given."""
+    """Each option defaults to None: each generator (``SyntheticSpec``, ``synthetic_typed``) has its own."""
     _help_options(gen, full, _add_generate_options)
     gen.add_argument("kind", choices=["synthetic"], help="generator")
     gen.add_argument("--typed", action="store_true",
@@ -240,51 +258,43 @@ def _add_write_options(parser: argparse.ArgumentParser, out: str, same: str = ""
 
 
 def _add_predict_options(pred: argparse.ArgumentParser, full: bool = False) -> None:
-    _help_options(pred, full, _add_predict_options)
-    pred.add_argument("--checkpoint", required=True, metavar="PATH",
-                      help="a checkpoint (DIR/best.pt or DIR/last.pt of --checkpoint-dir)")
-    pred.add_argument("--dataset", required=True, metavar="SPEC", help=_dataset_help(full))
-    pred.add_argument("--out", required=True, metavar="PATH",
-                      help="write the predictions here (.npy; with --pairs one float32 score per pair)")
-    pred.add_argument("--nodes", default=None,
-                      help="test, val, train, all, or a .npy file of vertex ids (default: test)")
-    pred.add_argument("--pairs", metavar="FILE",
-                      help="score these vertex pairs with a link checkpoint (instead of --nodes): a text file "
-                           "of 'u v' or 'u,v' lines, or a .npy file of a (P, 2) or (2, P) integer array (2 x 2 is "
-                           "ambiguous and refused: give a text file)")
-    pred.add_argument("--probabilities", action="store_true",
-                      help="write class probabilities (one float32 row per vertex) instead of classes; with "
-                           "--pairs, each pair's probability (the sigmoid of its logit)")
-    pred.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                      help="inference device (default: %(default)s)")
-    _inference_options(pred, full)
+    own = {"--pairs": dict(metavar="FILE", help=(
+        "score these vertex pairs with a link checkpoint (instead of --nodes): a text file of 'u v' or 'u,v' "
+        "lines, or a .npy file of a (P, 2) or (2, P) integer array (2 x 2 is ambiguous and refused: give a "
+        "text file)")),
+           "--probabilities": dict(action="store_true", help=(
+        "write class probabilities (one float32 row per vertex) instead of classes; with --pairs, each "
+        "pair's probability (the sigmoid of its logit)"))}
+    _inference_options(pred, full, _add_predict_options, own, None,
+                       "the predictions here (.npy; with --pairs one float32 score per pair)")
 
 
 def _add_embed_options(emb: argparse.ArgumentParser, full: bool = False) -> None:
-    _help_options(emb, full, _add_embed_options)
-    emb.add_argument("--checkpoint", required=True, metavar="PATH", help="a checkpoint (DIR/best.pt or DIR/last.pt)")
-    emb.add_argument("--dataset", required=True, metavar="SPEC", help=_dataset_help(full))
-    emb.add_argument("--layer", type=int, metavar="K",
-                     help="1 = the bottom layer's output (after its activation) ... the last layer (logits; of a "
-                          "link checkpoint, the embeddings its head scores); a typed graph's default: the last "
-                          "hidden layer")
-    emb.add_argument("--node-type", metavar="TYPE",
-                     help="a typed graph: the vertex type whose rows to write (default: the target; one the layer "
-                          "computes)")
-    emb.add_argument("--out", required=True, metavar="PATH",
-                     help="write the embeddings here (.npy, float32, a row per vertex)")
-    emb.add_argument("--nodes", default="all", help="test, val, train, all, or a .npy file of vertex ids "
-                                                    "(default: %(default)s)")
-    emb.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                     help="inference device (default: %(default)s)")
-    _inference_options(emb, full)
+    own = {"--layer": dict(type=int, metavar="K", help=(
+        "1 = the bottom layer's output (after its activation) ... the last layer (logits; of a link "
+        "checkpoint, the embeddings its head scores); a typed graph's default: the last hidden layer")),
+           "--node-type": dict(metavar="TYPE", help=(
+        "a typed graph: the vertex type whose rows to write (default: the target; one the layer computes)"))}
+    _inference_options(emb, full, _add_embed_options, own, "all",
+                       "the embeddings here (.npy, float32, a row per vertex)")
 
 
-def _dataset_help(full: bool) -> str:
-    return f"dataset spec: {DATASET_SPEC_HELP}" if full else "the dataset, as train's --dataset takes it"
-
-
-def _inference_options(parser: argparse.ArgumentParser, full: bool) -> None:
+def _inference_options(parser: argparse.ArgumentParser, full: bool, add_options, own: dict[str, dict],
+                       nodes: str | None, out: str) -> None:
+    """predict's and embed's options: the common ones and the command's ``own`` (flag -> keywords); ``out``:
+    what --out is written with; ``nodes``: --nodes' default (None: test, where --pairs is not given)."""
+    _help_options(parser, full, add_options)
+    parser.add_argument("--checkpoint", required=True, metavar="PATH",
+                        help="a checkpoint (DIR/best.pt or DIR/last.pt of --checkpoint-dir)")
+    parser.add_argument("--dataset", required=True, metavar="SPEC", help=f"dataset spec: {DATASET_SPEC_HELP}"
+                        if full else "the dataset, as train's --dataset takes it")
+    parser.add_argument("--out", required=True, metavar="PATH", help=f"write {out}")
+    parser.add_argument("--nodes", default=nodes, help="test, val, train, all, or a .npy file of vertex ids "
+                                                       f"(default: {nodes or 'test'})")
+    for flag, kwargs in own.items():
+        parser.add_argument(flag, **kwargs)
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="inference device (default: %(default)s)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace --out if it exists (it may never be one of the inputs)")
     advanced = parser.add_argument_group("advanced")
@@ -294,3 +304,26 @@ def _inference_options(parser: argparse.ArgumentParser, full: bool) -> None:
         "%(default)s)", full))
     advanced.add_argument("--no-progress", dest="progress", action="store_false",
                           help=_shown("no progress bar", full))
+
+
+# Each command: its name, its line in the command list, its description and what adds its options.
+_COMMANDS = (
+    ("train", "train a GNN and report accuracy and time per epoch",
+     "Train a GNN (GraphSAGE, GCN, GAT; typed graphs: R-GCN, R-GAT) by sampling.", _add_train_options),
+    ("convert", "write a dataset in the native format",
+     "Read any supported dataset and write the native format (meta.json + memory-mappable .npy arrays).",
+     _add_convert_options),
+    ("generate", "generate a synthetic graph",
+     "Write a synthetic power-law graph with learnable labels in the native format; with --typed, a typed "
+     "graph whose labels need its relations, in the typed native layout.", _add_generate_options),
+    ("predict", "predict classes, or score vertex pairs, with a trained model",
+     "Exact full-neighbour inference of a checkpoint's model: the classes of vertices (--nodes), or with a "
+     "link checkpoint (train --task link) the scores of vertex pairs (--pairs). A typed graph's: the target "
+     "type's classes, over neighbourhoods sampled as its evaluation sampled them.", _add_predict_options),
+    ("embed", "write a trained model's vertex embeddings",
+     "The output of one layer of a checkpoint's model over complete neighbourhoods (exact layer-wise "
+     "inference); of a typed graph's, a vertex type's rows, over neighbourhoods sampled as its evaluation "
+     "sampled them.", _add_embed_options),
+    ("info", "describe a dataset", None,
+     lambda info: info.add_argument("dataset", help=f"dataset spec: {DATASET_SPEC_HELP}")),
+)

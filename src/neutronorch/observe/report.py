@@ -41,12 +41,9 @@ def epoch_table(record: dict, table: StageTable) -> str:
 def write_timeline(path: str, events: list, samples: list, title: str, table: StageTable,
                    save: Callable[[str, bytes], object] | None = None) -> dict:
     """Draw the spans (and the utilisation samples in their window) as a Gantt chart at ``path`` and write
-    the raw data next to it as ``.json``. Returns what was written. Both are made whole in memory first and
-    handed to ``save(path, data)`` (default: written as they are; the trainer writes them atomically).
-
-    A sample is the mean since the one before, so the window's samples are those inside it, the first after
-    it (covering its end) and the last before it (where the first one's interval starts); they are drawn
-    as steps over the intervals they cover. A window that no sample covers says so on its panel."""
+    the raw data next to it as ``.json``, each made whole in memory and handed to ``save(path, data)``
+    (default: written as it is). Returns what was written. A sample is the mean since the one before, so the
+    window's are those inside it, the first after it and the last before it, drawn as steps."""
     import matplotlib  # noqa: PLC0415
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415

@@ -1,13 +1,6 @@
-"""Stage spans from every thread, and the tables that put stages on lanes.
-
-Every stage of every mode is a span ``(stage, start, end)`` recorded from whichever thread runs it (host
-producer, sampler, copy, trainer), best written as ``with spans.stage("gather"):``. A span costs a lock and
-a dict update, a microsecond or so against stages of milliseconds. Per-stage totals are always kept; the
-raw spans only while ``keep`` is set (the timeline window).
-
-Which lane a stage belongs to, and whether it is time spent blocked rather than busy, is not known here:
-each mode and the trainer declare it in a ``StageTable`` next to the code that records the stages.
-"""
+"""Stage spans from every thread, and the tables that put stages on lanes. A span ``(stage, start, end)``
+costs a lock and a dict update, a microsecond or so against stages of milliseconds. Per-stage totals are
+always kept; the raw spans only while ``keep`` is set (the timeline window)."""
 
 from __future__ import annotations
 
@@ -17,8 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
-# Lanes in display order: the NeutronOrch planner and host compute, the mini-batch sampler, host-to-device
-# copies, the trainer.
+# In display order: NeutronOrch's planner and host compute, the sampler, host-to-device copies, the trainer
 LANES = ("planner", "host", "sampler", "copy", "trainer")
 
 

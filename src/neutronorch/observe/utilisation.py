@@ -1,8 +1,7 @@
 """Processor utilisation while training: this process's CPU time, the whole machine's, and the GPU's.
 
-``Utilisation`` samples a few times a second in a daemon thread. The GPU's utilisation comes from NVML:
-the ``pynvml`` package when installed, else the driver's ``libnvidia-ml`` through ctypes (present wherever
-the NVIDIA driver is); without either it is not reported.
+``Utilisation`` samples a few times a second in a daemon thread. The GPU's utilisation comes from the
+NVIDIA driver's ``libnvidia-ml`` through ctypes; without it, it is not reported.
 """
 
 from __future__ import annotations
@@ -25,38 +24,15 @@ def _read_system_jiffies() -> tuple[int, int] | None:
     return total - idle, total
 
 
-def _process_cpu_seconds() -> float:
-    # CLOCK_PROCESS_CPUTIME_ID: every thread of this process, to the nanosecond (os.times() counts in
-    # clock ticks of 10 ms, so an epoch of a few milliseconds could read as no CPU time at all)
-    return time.process_time()
+def _machine_share(now, last) -> float | None:
+    """The machine's busy share between two ``(busy, total)`` jiffy readings, where both exist."""
+    if now is None or last is None or now[1] <= last[1]:
+        return None
+    return (now[0] - last[0]) / (now[1] - last[1])
 
 
 class _NvmlUtilization(ctypes.Structure):
     _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
-
-
-class NvmlLibrary:
-    """The three NVML calls we need, straight from the driver's ``libnvidia-ml`` (present wherever the
-    NVIDIA driver is, unlike the ``pynvml`` package)."""
-
-    def __init__(self, lib=None):
-        self.lib = lib if lib is not None else ctypes.CDLL("libnvidia-ml.so.1")
-        if self.lib.nvmlInit_v2() != 0:
-            raise RuntimeError("nvmlInit failed")
-
-    def handle(self, index: int, pci_bus_id: str | None):
-        handle = ctypes.c_void_p()
-        if pci_bus_id and self.lib.nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id.encode(), ctypes.byref(handle)) == 0:
-            return handle
-        if self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)) != 0:
-            raise RuntimeError("no NVML handle for the device")
-        return handle
-
-    def percent(self, handle) -> float | None:
-        rates = _NvmlUtilization()
-        if self.lib.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(rates)) != 0:
-            return None
-        return float(rates.gpu)
 
 
 def pci_bus_id(device) -> str | None:
@@ -72,60 +48,42 @@ def pci_bus_id(device) -> str | None:
 
 
 class GpuMonitor:
-    """GPU utilisation through NVML: the ``pynvml`` package when installed, else the driver's library
-    through ctypes; unavailable (None) without either."""
+    """GPU utilisation through the driver's NVML library (``lib``: a stand-in for tests); None without it."""
 
-    def __init__(self, device, library=None):
+    def __init__(self, device, lib=None):
         self.handle = None
         if device is None or device.type != "cuda":
             return
         import torch  # noqa: PLC0415
 
         index = device.index if device.index is not None else torch.cuda.current_device()
-        for candidate in ([library] if library is not None else [PynvmlLibrary, NvmlLibrary]):
-            try:
-                lib = candidate() if isinstance(candidate, type) else candidate
-                self.handle = lib.handle(index, pci_bus_id(device))
-                self._lib = lib
+        handle, bus = ctypes.c_void_p(), pci_bus_id(device)
+        try:
+            self.lib = lib if lib is not None else ctypes.CDLL("libnvidia-ml.so.1")
+            if self.lib.nvmlInit_v2() != 0:
                 return
-            except Exception:  # noqa: BLE001 - NVML missing or unusable: try the next, else not reported
-                self.handle = None
+            where = ctypes.byref(handle)
+            found = bus and self.lib.nvmlDeviceGetHandleByPciBusId_v2(bus.encode(), where) == 0
+            if found or self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), where) == 0:
+                self.handle = handle
+        except Exception:  # noqa: BLE001 - NVML missing or unusable: not reported
+            self.handle = None
 
     def percent(self) -> float | None:
         if self.handle is None:
             return None
+        rates = _NvmlUtilization()
         try:
-            return self._lib.percent(self.handle)
+            done = self.lib.nvmlDeviceGetUtilizationRates(self.handle, ctypes.byref(rates)) == 0
         except Exception:  # noqa: BLE001
             return None
-
-
-class PynvmlLibrary:
-    def __init__(self):
-        import pynvml  # noqa: PLC0415 - optional
-
-        pynvml.nvmlInit()
-        self.nvml = pynvml
-
-    def handle(self, index: int, pci_bus_id: str | None):
-        if pci_bus_id:
-            try:
-                return self.nvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id)
-            except Exception:  # noqa: BLE001
-                pass
-        return self.nvml.nvmlDeviceGetHandleByIndex(index)
-
-    def percent(self, handle) -> float | None:
-        return float(self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        return float(rates.gpu) if done else None
 
 
 class Utilisation:
     """Samples CPU (this process, and the whole machine) and GPU utilisation every ``interval`` seconds.
-
-    ``take()`` gives the means since its last call; ``samples`` keeps the series (time, process cores busy,
-    machine share busy, GPU percent or None; each the mean since the sample before) for the timeline.
-    ``sample()`` adds one at once (the timeline window's start and end, which may fall between ticks).
-    """
+    ``samples`` keeps the series for the timeline: (time, process cores busy, machine share busy, GPU percent
+    or None), each the mean since the sample before."""
 
     def __init__(self, device=None, interval: float = 0.25):
         self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -143,7 +101,8 @@ class Utilisation:
 
     @staticmethod
     def _now():
-        return time.perf_counter(), _process_cpu_seconds(), _read_system_jiffies()
+        # process_time: every thread of this process, to the nanosecond (os.times() counts 10 ms ticks)
+        return time.perf_counter(), time.process_time(), _read_system_jiffies()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -158,9 +117,7 @@ class Utilisation:
             if wall <= 0:
                 return
             self._last = now
-            system = None
-            if now[2] is not None and last[2] is not None and now[2][1] > last[2][1]:
-                system = (now[2][0] - last[2][0]) / (now[2][1] - last[2][1])
+            system = _machine_share(now[2], last[2])
             if len(self.samples) < 100_000:
                 self.samples.append((now[0], (now[1] - last[1]) / wall, system, gpu))
             if gpu is not None:
@@ -173,15 +130,13 @@ class Utilisation:
         now = self._now()
         wall = now[0] - self._mark[0]
         cores = (now[1] - self._mark[1]) / wall if wall > 0 else 0.0
-        system = None
-        if now[2] is not None and self._mark[2] is not None and now[2][1] > self._mark[2][1]:
-            system = round((now[2][0] - self._mark[2][0]) / (now[2][1] - self._mark[2][1]), 4)
+        system = _machine_share(now[2], self._mark[2])
         with self._lock:
             gpu = round(self._gpu_sum / self._gpu_n, 1) if self._gpu_n else None
             self._gpu_sum, self._gpu_n = 0.0, 0
         self._mark = now
         return {"process_cores": round(cores, 3), "process_share": round(cores / self.cores, 4),
-                "machine_share": system, "gpu_percent": gpu}
+                "machine_share": None if system is None else round(system, 4), "gpu_percent": gpu}
 
     def close(self) -> None:
         self._stop.set()

@@ -5,6 +5,7 @@ named)."""
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import math
 import os
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from neutronorch.atomic import glob_escape, make_folder, remove_made, write_atomically
+from neutronorch.atomic import make_folder, remove_made, write_atomically
 from neutronorch.config import TrainConfig
 from neutronorch.data import dataset_paths
 from neutronorch.errors import ConfigError, OutputError
@@ -90,7 +91,7 @@ def save_or_rescue(path: str | os.PathLike, write: Callable[[Path], object], els
                 write(copy)
             except (OutputError, OSError):
                 continue
-            tables = sorted(p.name for p in copy.parent.glob(f"{glob_escape(copy.stem)}-tables-*"))  # a typed run's
+            tables = sorted(p.name for p in copy.parent.glob(f"{glob.escape(copy.stem)}-tables-*"))  # a typed run's
             beside = f" with its table folder {', '.join(tables)}/ (move both)" if tables else ""
             raise OutputError(f"{exc} A copy was saved to {copy}{beside} instead; move it to {path} once there is "
                               f"room.") from exc

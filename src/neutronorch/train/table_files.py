@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import os
 import re
 import secrets
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from neutronorch.atomic import glob_escape, sweep_stale
+from neutronorch.atomic import sweep_stale
 from neutronorch.config import TrainConfig
 from neutronorch.data.files import write_folder
 from neutronorch.errors import CheckpointError, ConfigError
@@ -42,7 +43,7 @@ def folder_pattern(stem: str) -> re.Pattern:
 
 def table_folders(parent: Path, stem: str) -> list[Path]:
     pattern = folder_pattern(stem)
-    return [p for p in parent.glob(f"{glob_escape(stem)}-tables-*") if p.is_dir() and pattern.fullmatch(p.name)]
+    return [p for p in parent.glob(f"{glob.escape(stem)}-tables-*") if p.is_dir() and pattern.fullmatch(p.name)]
 
 
 def check_table_folders(config: TrainConfig) -> None:
@@ -119,7 +120,7 @@ def _write_folder(path: Path, tables, version: int) -> tuple[Path, dict]:
 
 def _sweep(path: Path) -> None:
     """Remove what killed writes of this machine left beside ``path`` (their temporary table folders)."""
-    for leftover in path.parent.glob(f".{glob_escape(path.stem)}-tables-*.tmp-*"):
+    for leftover in path.parent.glob(f".{glob.escape(path.stem)}-tables-*.tmp-*"):
         name = leftover.name[1:].split(".tmp-", 1)[0]
         if folder_pattern(path.stem).fullmatch(name):
             sweep_stale(path.parent / name)
