@@ -57,10 +57,10 @@ def inject(monkeypatch, owner, name, after_calls, raised_at):
 
 
 STAGES = [
-    ("exact", "sampler", NeighborSampler, "sample", 3),
+    ("exact", "sampler", NeighborSampler, "_hops", 3),  # every path samples a batch through _hops
     ("exact", "gather", FeatureStore, "gather_into", 3),
     ("exact", "evaluation", run, "evaluate", 0),
-    ("device", "sampler", TorchNeighborSampler, "sample", 3),
+    ("device", "sampler", TorchNeighborSampler, "_hops", 3),
     ("device", "gather", FeatureCache, "gather", 3),
     ("neutronorch", "planner", Planner, "plan", 2),
     ("neutronorch", "host gather", FeatureStore, "gather", 2),
