@@ -10,7 +10,6 @@ import torch
 
 from neutronorch.capabilities import LOADER_KIND_REFUSED, LOADER_MODES, LOADER_REFUSED, TYPED_DOCS, refusal
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
-from neutronorch.data.checks import first_duplicate
 from neutronorch.data.pairs import pair_columns
 from neutronorch.errors import ConfigError
 
@@ -57,10 +56,10 @@ def resolve_seeds(graph: Graph | TypedGraph, seeds) -> np.ndarray:
     if array.ndim != 1:
         raise ConfigError(f"`seeds`: expected a 1-D list of vertex ids, not shape {tuple(array.shape)}.")
     ids = _vertex_ids("seeds", array, n, "vertex", what)
-    unique = np.unique(ids)
+    unique, counts = np.unique(ids, return_counts=True)
     if unique.shape[0] != ids.shape[0]:
         raise ConfigError(f"`seeds` holds {ids.shape[0] - unique.shape[0]} repeated ids (first: "
-                          f"{int(first_duplicate(ids))}); each vertex may be a seed once per epoch "
+                          f"{int(unique[counts > 1][0])}); each vertex may be a seed once per epoch "
                           f"(deduplicate with torch.unique).")
     return ids
 
