@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neutronorch.data.arrays import _array
+from neutronorch.data.arrays import _array, feature_rows
 from neutronorch.data.dtypes import is_bfloat16
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
@@ -292,7 +292,7 @@ def _typed_graph(name: str, num_nodes: dict[str, int], stores: dict, edges: dict
     for node_type, store in stores.items():
         key = next((k for k in keys["features"] if k in store), None)
         if key is not None:
-            features[node_type] = _features(_numpy(store[key]), node_type, name, key)
+            features[node_type] = feature_rows(_numpy(store[key]), f"{name}: type {node_type}: {key}")
     relations = {key: Relation.from_edges(src, dst, num_nodes[key[0]], num_nodes[key[2]], edge_features,
                                           source=f"{name}: relation {relation_label(key)}")
                  for key, (src, dst, edge_features) in edges.items()}
@@ -319,13 +319,6 @@ def _count(data, node_type: str, name: str) -> int:
     return int(count)
 
 
-def _features(x: np.ndarray, node_type: str, name: str, key: str) -> np.ndarray:
-    if x.ndim != 2 or x.dtype.kind not in "fiub":
-        raise DataError(f"{name}: type {node_type}: {key} has dtype {x.dtype} and shape {x.shape}, expected a "
-                        f"2-D array of real numbers (a row per vertex).")
-    return x if x.dtype.name in ("float32", "float16") else x.astype(np.float32)
-
-
 def _labels(store, target: str, name: str, num_classes: int | None, keys: tuple[str, ...]) -> tuple[np.ndarray, int]:
     key = next((k for k in keys if k in store), None)
     if key is None:
@@ -350,8 +343,8 @@ def _splits(store, labels: np.ndarray, num_classes: int, split: str | None, seed
                         f"masks, or none to have the split drawn.")
     if missing:
         labelled = np.flatnonzero((labels >= 0).any(axis=1) if labels.ndim == 2 else labels >= 0)
-        drawn = make_split(labels[labelled], num_classes, split or DEFAULT_SPLIT, seed)
         spec = split or DEFAULT_SPLIT
+        drawn = make_split(labels[labelled], num_classes, spec, seed)
         return ({part: labelled[idx] for part, idx in zip(MASKS, drawn)},
                 [f"no stored split: labelled vertices split by {spec} (seed {seed})"])
     return {part: np.flatnonzero(_numpy(mask).astype(bool)) for part, mask in masks.items()}, []

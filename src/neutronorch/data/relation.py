@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from neutronorch.data.arrays import feature_rows
 from neutronorch.data.csc import INT32_LIMIT, csc_from_keys
 from neutronorch.data.dtypes import as_int64
 from neutronorch.errors import DataError
@@ -113,8 +114,4 @@ def _edge_feature_rows(edge_features, num_edges: int, source: str) -> np.ndarray
     if features.ndim != 2 or features.shape[0] != num_edges:
         raise DataError(f"{source}: edge features of shape {features.shape} for {num_edges} edges; give one "
                         f"row per edge.")
-    if features.dtype.name in ("float32", "float16", "bfloat16"):
-        return features
-    if features.dtype.kind not in "fiub":
-        raise DataError(f"{source}: edge features have dtype {features.dtype}, expected real numbers.")
-    return features.astype(np.float32)
+    return feature_rows(features, f"{source}: edge features")
