@@ -51,10 +51,7 @@ def from_pyg(data, name: str = "pyg", split_index: int = 0, **options) -> Graph:
 
 def to_pyg(graph: Graph):
     """The graph as a ``torch_geometric.data.Data`` (x, y, edge_index source-to-target, split masks)."""
-    check_exported(graph, "to_pyg")
-    data = _require("torch_geometric.data", "to_pyg")
-    import torch  # noqa: PLC0415 - torch is there when PyG is
-
+    data, torch = _exporter(graph, "to_pyg", "torch_geometric.data")
     out = data.Data(x=_float32(graph.features, torch), edge_index=torch.from_numpy(np.stack(_edges(graph))),
                     num_nodes=graph.num_nodes)
     _put_target(graph, out, "y", torch)
@@ -80,10 +77,7 @@ def from_dgl(g, name: str = "dgl", split_index: int = 0, **options) -> Graph:
 
 def to_dgl(graph: Graph):
     """The graph as a ``dgl.DGLGraph`` with node data feat, label and the split masks."""
-    check_exported(graph, "to_dgl")
-    dgl = _require("dgl", "to_dgl")
-    import torch  # noqa: PLC0415 - torch is there when DGL is
-
+    dgl, torch = _exporter(graph, "to_dgl", "dgl")
     g = dgl.graph(tuple(map(torch.from_numpy, _edges(graph))), num_nodes=graph.num_nodes)
     g.ndata["feat"] = _float32(graph.features, torch)
     _put_target(graph, g.ndata, "label", torch)
@@ -148,15 +142,20 @@ def _edges(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
     return Relation(graph.indptr, graph.indices).edges()
 
 
-def check_exported(graph, what: str, typed: bool = False) -> None:
-    """``graph`` of the kind ``what`` exports (``to_pyg``, ``to_dgl``: a ``Graph``; their ``_hetero`` forms, with
-    ``typed``: a ``TypedGraph``), else a ``DataError`` naming the one that exports it."""
+def _exporter(graph, what: str, module: str):
+    """The library ``module`` and torch, for the exporter ``what`` of ``graph``: a ``Graph`` (``to_pyg``,
+    ``to_dgl``) or a ``TypedGraph`` (their ``_hetero`` forms), else a ``DataError`` naming the one that
+    exports it."""
+    typed = what.endswith("_hetero")
     want, other = (TypedGraph, Graph) if typed else (Graph, TypedGraph)
-    if isinstance(graph, want):
-        return
-    partner = what.removesuffix("_hetero") if typed else f"{what}_hetero"
-    hint = f"; {partner} exports a {other.__name__}" if isinstance(graph, other) else ""
-    raise DataError(f"{what}: expected a neutronorch {want.__name__}, not a {type(graph).__name__}{hint}.")
+    if not isinstance(graph, want):
+        partner = what.removesuffix("_hetero") if typed else f"{what}_hetero"
+        hint = f"; {partner} exports a {other.__name__}" if isinstance(graph, other) else ""
+        raise DataError(f"{what}: expected a neutronorch {want.__name__}, not a {type(graph).__name__}{hint}.")
+    library = _require(module, what)
+    import torch  # noqa: PLC0415 - torch is there when PyG or DGL is
+
+    return library, torch
 
 
 def _require(module: str, what: str):
@@ -178,10 +177,7 @@ _DGL_EDGE_FEATURES = ("feat", "w", "weight")  # a 1-D `w` or `weight`: one weigh
 def to_pyg_hetero(graph: TypedGraph):
     """The graph as a ``HeteroData``: per type ``num_nodes`` and ``x`` (float32), per relation ``edge_index``
     and ``edge_attr``, and on the target ``y`` and the split masks."""
-    check_exported(graph, "to_pyg_hetero", typed=True)
-    pyg_data = _require("torch_geometric.data", "to_pyg_hetero")
-    import torch  # noqa: PLC0415 - torch is there when PyG is
-
+    pyg_data, torch = _exporter(graph, "to_pyg_hetero", "torch_geometric.data")
     data = pyg_data.HeteroData()
     for node_type, count in graph.num_nodes.items():
         data[node_type].num_nodes = int(count)
@@ -200,10 +196,7 @@ def to_dgl_hetero(graph: TypedGraph):
     """The graph as a DGL heterograph: per type its count and ``feat`` (float32), per relation a canonical
     edge type with its edges in CSC order and their ``feat``, and on the target ``label`` and the split masks.
     """
-    check_exported(graph, "to_dgl_hetero", typed=True)
-    dgl = _require("dgl", "to_dgl_hetero")
-    import torch  # noqa: PLC0415 - torch is there when DGL is
-
+    dgl, torch = _exporter(graph, "to_dgl_hetero", "dgl")
     edges = {key: tuple(map(torch.from_numpy, relation.edges())) for key, relation in graph.relations.items()}
     g = dgl.heterograph(edges, num_nodes_dict={t: int(count) for t, count in graph.num_nodes.items()})
     for node_type, rows in graph.features.items():
