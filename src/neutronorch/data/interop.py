@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from neutronorch.data.arrays import _array, feature_rows
-from neutronorch.data.dtypes import is_bfloat16
+from neutronorch.data.dtypes import as_int64, is_bfloat16
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
 from neutronorch.data.typed import Relation, TypedGraph, relation_label
@@ -138,6 +138,14 @@ def _masks(get, name: str, split_index: int) -> tuple | None:
     return found
 
 
+def _pairs(value, what: str) -> np.ndarray:
+    pairs = as_int64(_array(value, what), what, "vertex ids")
+    if pairs.ndim != 2 or pairs.shape[0] != 2:
+        raise DataError(f"{what} has shape {tuple(pairs.shape)}, expected (2, E): a row of sources over a row "
+                        f"of targets.")
+    return np.ascontiguousarray(pairs)
+
+
 def _edges(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
     return Relation(graph.indptr, graph.indices).edges()
 
@@ -222,10 +230,7 @@ def from_pyg_hetero(data, target: str, name: str = "pyg", num_classes: int | Non
         store = data[key]
         if "edge_index" not in store:
             raise DataError(f"{name}: relation {relation_label(key)} has no edge_index.")
-        edge_index = _numpy(store.edge_index)
-        if edge_index.ndim != 2 or edge_index.shape[0] != 2:
-            raise DataError(f"{name}: relation {relation_label(key)}: edge_index has shape {edge_index.shape}, "
-                            f"expected (2, edges).")
+        edge_index = _pairs(store.edge_index, f"{name}: relation {relation_label(key)}: edge_index")
         edges[tuple(key)] = (edge_index[0], edge_index[1], _numpy(store.edge_attr) if "edge_attr" in store else None)
     return _typed_graph(name, num_nodes, {t: data[t] for t in node_types}, edges, target, _PYG, num_classes,
                         split, seed)
