@@ -299,8 +299,7 @@ def _typed_graph(name: str, num_nodes: dict[str, int], stores: dict, edges: dict
     graph = TypedGraph(name=name, num_nodes=num_nodes, relations=relations, features=features, target=target,
                        labels=labels, num_classes=classes, notes=notes, **splits)
     graph.drop_unlabelled_from_splits()
-    graph.validate(name)
-    return graph
+    return graph.validate(name)
 
 
 def _numpy(tensor) -> np.ndarray:

@@ -71,12 +71,11 @@ def load_planetoid(directory: str | os.PathLike, name: str | None = None) -> Gra
     if padded:
         notes.append(f"{padded} vertices missing from test.index have zero features and no label "
                      f"(stored as class 0); they are in no split")
-    graph = Graph(name=name, indptr=indptr, indices=indices, features=features, labels=labels,
-                  train_idx=np.arange(num_train, dtype=np.int64),
-                  val_idx=np.arange(num_train, num_train + NUM_VAL, dtype=np.int64),
-                  test_idx=np.sort(test_index), num_classes=int(ally.shape[1]), notes=notes)
-    graph.validate(str(directory))
-    return graph
+    return Graph(name=name, indptr=indptr, indices=indices, features=features, labels=labels,
+                 train_idx=np.arange(num_train, dtype=np.int64),
+                 val_idx=np.arange(num_train, num_train + NUM_VAL, dtype=np.int64),
+                 test_idx=np.sort(test_index), num_classes=int(ally.shape[1]),
+                 notes=notes).validate(str(directory))
 
 
 def _check_one_hot(one_hot: np.ndarray, source: str) -> None:
