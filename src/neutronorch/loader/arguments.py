@@ -89,8 +89,11 @@ def resolve_edges(graph: Graph, edges, layout: str | None = None) -> np.ndarray:
                               f"the edges themselves.")
         return array.reshape(2, -1)
     array = _as_array("edges", edges, "a link set's name (train, val, test) or a (2, E) tensor of edges")
+    if array.ndim != 2 or 2 not in array.shape:
+        raise ConfigError(f"`edges`: expected shape (2, E), row 0 the sources and row 1 the destinations (or (E, "
+                          f"2), an edge per row), not {tuple(array.shape)}.")
     # The one rule for arrays of pairs (data/pairs.py): (E, 2) is read as rows, 2 x 2 needs `layout`.
-    return np.ascontiguousarray(_vertex_ids("edges", pair_columns(array, "`edges`", layout), n, "edge"))
+    return np.ascontiguousarray(pair_columns(_vertex_ids("edges", array, n, "edge"), "`edges`", layout))
 
 
 def _as_array(name: str, value, expected: str) -> np.ndarray:
