@@ -103,13 +103,8 @@ def _typed_reader(path: Path):
     from neutronorch.data.mag240m import is_mag240m_dir, load_mag240m
     from neutronorch.data.ogb_typed import is_ogb_typed_dir, load_ogb_typed
 
-    if is_ogb_typed_dir(path):
-        return load_ogb_typed
-    if is_igbh_dir(path):
-        return load_igbh
-    if is_mag240m_dir(path):
-        return load_mag240m
-    return None
+    readers = ((is_ogb_typed_dir, load_ogb_typed), (is_igbh_dir, load_igbh), (is_mag240m_dir, load_mag240m))
+    return next((reader for is_layout, reader in readers if is_layout(path)), None)
 
 
 @reads_files

@@ -135,8 +135,8 @@ class Graph(GraphCommon):
         return (f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, {self.feature_dim} features, "
                 f"{', '.join(tasks)}")
 
-    def validate(self, source: str, files: dict[str, str] | None = None, classes: bool = True) -> None:
-        """Raise ``DataError`` naming ``source`` if any array is inconsistent; return quietly otherwise.
+    def validate(self, source: str, files: dict[str, str] | None = None, classes: bool = True) -> "Graph":
+        """Raise ``DataError`` naming ``source`` if any array is inconsistent; return the graph otherwise.
         ``files`` maps array names to the files they came from, named instead of ``source`` when known;
         without ``classes`` a graph with ``num_classes`` 0 is taken (one to embed or score pairs of)."""
         n = self.num_nodes
@@ -154,4 +154,5 @@ class Graph(GraphCommon):
         if self.links is not None:  # a benchmark's fixed negatives are scored as they are (check_link_split)
             check_link_split(self.links, n, (files or {}).get("links", source), negatives_may_be_positive=True)
         self._mark_validated(classes)
+        return self
 

@@ -81,10 +81,9 @@ def load_igbh(directory: str | os.PathLike, classes: int = 19, split: str = "aut
                      f"have no label")
     splits = _split(processed, labels, split, seed, files, notes)
     relations = read_relations(edges, num_nodes, counted, True, files, progress)
-    graph = TypedGraph(name=f"igbh-{size}", num_nodes=num_nodes, relations=relations, features=features,
-                       target="paper", labels=labels, **splits, num_classes=classes, notes=notes, metric="accuracy")
-    graph.validate(str(processed), files)
-    return graph
+    return TypedGraph(name=f"igbh-{size}", num_nodes=num_nodes, relations=relations, features=features,
+                      target="paper", labels=labels, **splits, num_classes=classes, notes=notes,
+                      metric="accuracy").validate(str(processed), files)
 
 
 def _features(processed: Path, node_type: str, size: str, files: dict[str, str]) -> np.ndarray:

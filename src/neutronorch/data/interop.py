@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from neutronorch.data.arrays import _array
-from neutronorch.data.dtypes import is_bfloat16
+from neutronorch.data.arrays import _array, feature_rows
+from neutronorch.data.dtypes import as_int64, is_bfloat16
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
 from neutronorch.data.typed import Relation, TypedGraph, relation_label
@@ -51,10 +51,7 @@ def from_pyg(data, name: str = "pyg", split_index: int = 0, **options) -> Graph:
 
 def to_pyg(graph: Graph):
     """The graph as a ``torch_geometric.data.Data`` (x, y, edge_index source-to-target, split masks)."""
-    check_exported(graph, "to_pyg")
-    data = _require("torch_geometric.data", "to_pyg")
-    import torch  # noqa: PLC0415 - torch is there when PyG is
-
+    data, torch = _exporter(graph, "to_pyg", "torch_geometric.data")
     out = data.Data(x=_float32(graph.features, torch), edge_index=torch.from_numpy(np.stack(_edges(graph))),
                     num_nodes=graph.num_nodes)
     _put_target(graph, out, "y", torch)
@@ -80,10 +77,7 @@ def from_dgl(g, name: str = "dgl", split_index: int = 0, **options) -> Graph:
 
 def to_dgl(graph: Graph):
     """The graph as a ``dgl.DGLGraph`` with node data feat, label and the split masks."""
-    check_exported(graph, "to_dgl")
-    dgl = _require("dgl", "to_dgl")
-    import torch  # noqa: PLC0415 - torch is there when DGL is
-
+    dgl, torch = _exporter(graph, "to_dgl", "dgl")
     g = dgl.graph(tuple(map(torch.from_numpy, _edges(graph))), num_nodes=graph.num_nodes)
     g.ndata["feat"] = _float32(graph.features, torch)
     _put_target(graph, g.ndata, "label", torch)
@@ -144,19 +138,32 @@ def _masks(get, name: str, split_index: int) -> tuple | None:
     return found
 
 
+def _pairs(value, what: str) -> np.ndarray:
+    pairs = as_int64(_array(value, what), what, "vertex ids")
+    if pairs.ndim != 2 or pairs.shape[0] != 2:
+        raise DataError(f"{what} has shape {tuple(pairs.shape)}, expected (2, E): a row of sources over a row "
+                        f"of targets.")
+    return np.ascontiguousarray(pairs)
+
+
 def _edges(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
     return Relation(graph.indptr, graph.indices).edges()
 
 
-def check_exported(graph, what: str, typed: bool = False) -> None:
-    """``graph`` of the kind ``what`` exports (``to_pyg``, ``to_dgl``: a ``Graph``; their ``_hetero`` forms, with
-    ``typed``: a ``TypedGraph``), else a ``DataError`` naming the one that exports it."""
+def _exporter(graph, what: str, module: str):
+    """The library ``module`` and torch, for the exporter ``what`` of ``graph``: a ``Graph`` (``to_pyg``,
+    ``to_dgl``) or a ``TypedGraph`` (their ``_hetero`` forms), else a ``DataError`` naming the one that
+    exports it."""
+    typed = what.endswith("_hetero")
     want, other = (TypedGraph, Graph) if typed else (Graph, TypedGraph)
-    if isinstance(graph, want):
-        return
-    partner = what.removesuffix("_hetero") if typed else f"{what}_hetero"
-    hint = f"; {partner} exports a {other.__name__}" if isinstance(graph, other) else ""
-    raise DataError(f"{what}: expected a neutronorch {want.__name__}, not a {type(graph).__name__}{hint}.")
+    if not isinstance(graph, want):
+        partner = what.removesuffix("_hetero") if typed else f"{what}_hetero"
+        hint = f"; {partner} exports a {other.__name__}" if isinstance(graph, other) else ""
+        raise DataError(f"{what}: expected a neutronorch {want.__name__}, not a {type(graph).__name__}{hint}.")
+    library = _require(module, what)
+    import torch  # noqa: PLC0415 - torch is there when PyG or DGL is
+
+    return library, torch
 
 
 def _require(module: str, what: str):
@@ -178,10 +185,7 @@ _DGL_EDGE_FEATURES = ("feat", "w", "weight")  # a 1-D `w` or `weight`: one weigh
 def to_pyg_hetero(graph: TypedGraph):
     """The graph as a ``HeteroData``: per type ``num_nodes`` and ``x`` (float32), per relation ``edge_index``
     and ``edge_attr``, and on the target ``y`` and the split masks."""
-    check_exported(graph, "to_pyg_hetero", typed=True)
-    pyg_data = _require("torch_geometric.data", "to_pyg_hetero")
-    import torch  # noqa: PLC0415 - torch is there when PyG is
-
+    pyg_data, torch = _exporter(graph, "to_pyg_hetero", "torch_geometric.data")
     data = pyg_data.HeteroData()
     for node_type, count in graph.num_nodes.items():
         data[node_type].num_nodes = int(count)
@@ -200,10 +204,7 @@ def to_dgl_hetero(graph: TypedGraph):
     """The graph as a DGL heterograph: per type its count and ``feat`` (float32), per relation a canonical
     edge type with its edges in CSC order and their ``feat``, and on the target ``label`` and the split masks.
     """
-    check_exported(graph, "to_dgl_hetero", typed=True)
-    dgl = _require("dgl", "to_dgl_hetero")
-    import torch  # noqa: PLC0415 - torch is there when DGL is
-
+    dgl, torch = _exporter(graph, "to_dgl_hetero", "dgl")
     edges = {key: tuple(map(torch.from_numpy, relation.edges())) for key, relation in graph.relations.items()}
     g = dgl.heterograph(edges, num_nodes_dict={t: int(count) for t, count in graph.num_nodes.items()})
     for node_type, rows in graph.features.items():
@@ -229,10 +230,7 @@ def from_pyg_hetero(data, target: str, name: str = "pyg", num_classes: int | Non
         store = data[key]
         if "edge_index" not in store:
             raise DataError(f"{name}: relation {relation_label(key)} has no edge_index.")
-        edge_index = _numpy(store.edge_index)
-        if edge_index.ndim != 2 or edge_index.shape[0] != 2:
-            raise DataError(f"{name}: relation {relation_label(key)}: edge_index has shape {edge_index.shape}, "
-                            f"expected (2, edges).")
+        edge_index = _pairs(store.edge_index, f"{name}: relation {relation_label(key)}: edge_index")
         edges[tuple(key)] = (edge_index[0], edge_index[1], _numpy(store.edge_attr) if "edge_attr" in store else None)
     return _typed_graph(name, num_nodes, {t: data[t] for t in node_types}, edges, target, _PYG, num_classes,
                         split, seed)
@@ -292,7 +290,7 @@ def _typed_graph(name: str, num_nodes: dict[str, int], stores: dict, edges: dict
     for node_type, store in stores.items():
         key = next((k for k in keys["features"] if k in store), None)
         if key is not None:
-            features[node_type] = _features(_numpy(store[key]), node_type, name, key)
+            features[node_type] = feature_rows(_numpy(store[key]), f"{name}: type {node_type}: {key}")
     relations = {key: Relation.from_edges(src, dst, num_nodes[key[0]], num_nodes[key[2]], edge_features,
                                           source=f"{name}: relation {relation_label(key)}")
                  for key, (src, dst, edge_features) in edges.items()}
@@ -301,8 +299,7 @@ def _typed_graph(name: str, num_nodes: dict[str, int], stores: dict, edges: dict
     graph = TypedGraph(name=name, num_nodes=num_nodes, relations=relations, features=features, target=target,
                        labels=labels, num_classes=classes, notes=notes, **splits)
     graph.drop_unlabelled_from_splits()
-    graph.validate(name)
-    return graph
+    return graph.validate(name)
 
 
 def _numpy(tensor) -> np.ndarray:
@@ -317,13 +314,6 @@ def _count(data, node_type: str, name: str) -> int:
         raise DataError(f"{name}: type {node_type} has no num_nodes (nor x to infer it from); set "
                         f"data[{node_type!r}].num_nodes.")
     return int(count)
-
-
-def _features(x: np.ndarray, node_type: str, name: str, key: str) -> np.ndarray:
-    if x.ndim != 2 or x.dtype.kind not in "fiub":
-        raise DataError(f"{name}: type {node_type}: {key} has dtype {x.dtype} and shape {x.shape}, expected a "
-                        f"2-D array of real numbers (a row per vertex).")
-    return x if x.dtype.name in ("float32", "float16") else x.astype(np.float32)
 
 
 def _labels(store, target: str, name: str, num_classes: int | None, keys: tuple[str, ...]) -> tuple[np.ndarray, int]:
@@ -350,8 +340,8 @@ def _splits(store, labels: np.ndarray, num_classes: int, split: str | None, seed
                         f"masks, or none to have the split drawn.")
     if missing:
         labelled = np.flatnonzero((labels >= 0).any(axis=1) if labels.ndim == 2 else labels >= 0)
-        drawn = make_split(labels[labelled], num_classes, split or DEFAULT_SPLIT, seed)
         spec = split or DEFAULT_SPLIT
+        drawn = make_split(labels[labelled], num_classes, spec, seed)
         return ({part: labelled[idx] for part, idx in zip(MASKS, drawn)},
                 [f"no stored split: labelled vertices split by {spec} (seed {seed})"])
     return {part: np.flatnonzero(_numpy(mask).astype(bool)) for part, mask in masks.items()}, []

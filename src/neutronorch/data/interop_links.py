@@ -8,9 +8,8 @@ import numpy as np
 
 from neutronorch.data.arrays import _array, feature_rows
 from neutronorch.data.csc import edges_to_csc
-from neutronorch.data.dtypes import as_int64
 from neutronorch.data.graph import Graph
-from neutronorch.data.interop import _edges, _require
+from neutronorch.data.interop import _edges, _pairs, _require
 from neutronorch.data.link_checks import check_stored_links, link_graph
 from neutronorch.data.edge_split import _KEY_LIMIT, UNDIRECTED_SHARE, _link_keys, reciprocity
 from neutronorch.data.links import PER_SOURCE, SHARED, LinkSplit, check_link_split, member_mask
@@ -141,14 +140,6 @@ def _labelled_pairs(data, stage: str, name: str) -> tuple[np.ndarray, np.ndarray
                         f"(shifted by 1): split data without edge_label, or give the labels as 0/1.")
     positive = label == 1
     return np.ascontiguousarray(pairs[:, positive]), np.ascontiguousarray(pairs[:, ~positive])
-
-
-def _pairs(value, what: str) -> np.ndarray:
-    pairs = as_int64(_array(value, what), what, "vertex ids")
-    if pairs.ndim != 2 or pairs.shape[0] != 2:
-        raise DataError(f"{what} has shape {tuple(pairs.shape)}, expected (2, E): a row of sources over a row "
-                        f"of targets.")
-    return np.ascontiguousarray(pairs)
 
 
 def _direction(split: LinkSplit, indptr: np.ndarray, indices: np.ndarray) -> tuple[bool, str]:

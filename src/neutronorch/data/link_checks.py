@@ -87,10 +87,8 @@ def link_graph(name: str, indptr, indices, features, split: LinkSplit, notes: li
         if clashes:
             notes.append(f"{clashes:,} of {name}'s {part} negatives are also {part} positives (kept{kept})")
     none = np.empty(0, np.int64)
-    graph = Graph(name, indptr, indices, features, np.full(num_nodes, -1, np.int64), none, none.copy(),
-                  none.copy(), 0, notes, links=split)
-    graph.validate(source, files)
-    return graph
+    return Graph(name, indptr, indices, features, np.full(num_nodes, -1, np.int64), none, none.copy(),
+                 none.copy(), 0, notes, links=split).validate(source, files)
 
 def _keys(pairs: np.ndarray, num_nodes: int, undirected: bool) -> np.ndarray:
     """Each pair's key dst * num_nodes + src (undirected: larger * num_nodes + smaller), in the pairs' order."""

@@ -59,11 +59,9 @@ def load_mag240m(directory: str | os.PathLike, progress: Progress | None = None)
              "institutions have no features; node_year not read",
              f"the {hidden:,} test papers' labels are hidden (OGB's leaderboard scores test-dev and test-challenge), "
              f"so the test split is the validation split ({len(val):,} papers), whose accuracy OGB's examples report"]
-    graph = TypedGraph(name="mag240m", num_nodes=num_nodes, relations=relations, features={"paper": features},
-                       target="paper", labels=labels, train_idx=train, val_idx=val, test_idx=val.copy(),
-                       num_classes=num_classes, notes=notes, metric="accuracy")
-    graph.validate(str(directory), files)
-    return graph
+    return TypedGraph(name="mag240m", num_nodes=num_nodes, relations=relations, features={"paper": features},
+                      target="paper", labels=labels, train_idx=train, val_idx=val, test_idx=val.copy(),
+                      num_classes=num_classes, notes=notes, metric="accuracy").validate(str(directory), files)
 
 
 def _meta(path: Path) -> tuple[dict[str, int], int]:

@@ -161,11 +161,9 @@ def _assemble(path: Path, num_nodes: int, src: np.ndarray, dst: np.ndarray, feat
     num_classes = int(labels.max()) + 1 if num_nodes else 0
     indptr, indices = edges_to_csc(src, dst, num_nodes, source=str(path))
     train_idx, val_idx, test_idx = stored_split or make_split(labels, num_classes, split, seed)
-    graph = Graph(name=path.name.removesuffix(".npz"), indptr=indptr, indices=indices, features=features,
-                  labels=labels, train_idx=train_idx, val_idx=val_idx, test_idx=test_idx,
-                  num_classes=num_classes, notes=notes)
-    graph.validate(str(path))
-    return graph
+    return Graph(name=path.name.removesuffix(".npz"), indptr=indptr, indices=indices, features=features,
+                 labels=labels, train_idx=train_idx, val_idx=val_idx, test_idx=test_idx,
+                 num_classes=num_classes, notes=notes).validate(str(path))
 
 
 def _matrix_edges(adjacency: SparseMatrix | np.ndarray, source: str) -> tuple[int, np.ndarray, np.ndarray]:

@@ -48,11 +48,10 @@ def load_ogb(directory: str | os.PathLike, progress: Progress | None = None) -> 
     notes = [f"OGB {name}: edges made undirected"]
     if name == "ogbn-proteins":
         notes.append("ogbn-proteins has no node features: each vertex's are the mean of its edges' 8 features")
-    graph = Graph(name=name, indptr=indptr, indices=indices, features=features, labels=labels, train_idx=train,
-                  val_idx=val, test_idx=test, num_classes=num_classes, notes=notes,
-                  metric="rocauc" if name in ROC_AUC_DATASETS else "accuracy")
-    graph.validate(str(directory), files)  # a split's problem names its file
-    return graph
+    # validate names a split's file in its message about it
+    return Graph(name=name, indptr=indptr, indices=indices, features=features, labels=labels, train_idx=train,
+                 val_idx=val, test_idx=test, num_classes=num_classes, notes=notes,
+                 metric="rocauc" if name in ROC_AUC_DATASETS else "accuracy").validate(str(directory), files)
 
 
 def dataset_name(directory: Path) -> str:

@@ -56,11 +56,9 @@ def load_ogb_typed(directory: str | os.PathLike, progress: Progress | None = Non
     unread = _unread(raw, relations)
     notes = [f"OGB {name}: relations one way as OGB gives them (training adds the reverses)"
              + (f"; not read: {', '.join(unread)}" if unread else "")]
-    graph = TypedGraph(name=name, num_nodes=num_nodes, relations=relations, features=features, target=target,
-                       labels=labels, **splits, num_classes=num_classes, notes=notes,
-                       metric="accuracy" if labels.ndim == 1 else None)
-    graph.validate(str(directory), files)
-    return graph
+    return TypedGraph(name=name, num_nodes=num_nodes, relations=relations, features=features, target=target,
+                      labels=labels, **splits, num_classes=num_classes, notes=notes,
+                      metric="accuracy" if labels.ndim == 1 else None).validate(str(directory), files)
 
 
 def _rows(path: Path) -> list[list[str]]:

@@ -12,7 +12,7 @@ import numpy as np
 from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.files import present, reads_files
 from neutronorch.data.graph import Graph
-from neutronorch.data.sparse_pickle import SparseMatrix, dense_features, load_pickle
+from neutronorch.data.sparse_pickle import dense_features, load_pickle
 from neutronorch.errors import DataError
 
 # The public split validates on the 500 vertices after the training vertices (Kipf & Welling, PyG).
@@ -33,7 +33,7 @@ def load_planetoid(directory: str | os.PathLike, name: str | None = None) -> Gra
                                         for part in ("y", "allx", "ally", "tx", "ty", "graph"))
     test_index = _read_test_index(Path(f"{prefix}.test.index"))
     allx, tx = dense_features(allx, f"{prefix}.allx"), dense_features(tx, f"{prefix}.tx")
-    ally, ty = _labels(ally, f"{prefix}.ally"), _labels(ty, f"{prefix}.ty")
+    ally, ty = dense_features(ally, f"{prefix}.ally"), dense_features(ty, f"{prefix}.ty")
     for part, features, labels in (("all", allx, ally), ("t", tx, ty)):
         if features.shape[0] != labels.shape[0]:
             raise DataError(f"{prefix}.{part}x has {features.shape[0]} rows but {prefix}.{part}y has "
@@ -45,7 +45,7 @@ def load_planetoid(directory: str | os.PathLike, name: str | None = None) -> Gra
         raise DataError(f"{prefix}.test.index lists {test_index.shape[0]} ids but {prefix}.tx has {tx.shape[0]} "
                         f"rows. The files come from different datasets; fetch them again.")
 
-    num_train = _labels(y, f"{prefix}.y").shape[0]
+    num_train = dense_features(y, f"{prefix}.y").shape[0]
     if int(test_index.min()) < allx.shape[0]:
         raise DataError(f"{prefix}.test.index: test id {int(test_index.min())} falls among the {allx.shape[0]} "
                         f"vertices of allx; test ids must come after them. Fetch the dataset again.")
@@ -71,12 +71,11 @@ def load_planetoid(directory: str | os.PathLike, name: str | None = None) -> Gra
     if padded:
         notes.append(f"{padded} vertices missing from test.index have zero features and no label "
                      f"(stored as class 0); they are in no split")
-    graph = Graph(name=name, indptr=indptr, indices=indices, features=features, labels=labels,
-                  train_idx=np.arange(num_train, dtype=np.int64),
-                  val_idx=np.arange(num_train, num_train + NUM_VAL, dtype=np.int64),
-                  test_idx=np.sort(test_index), num_classes=int(ally.shape[1]), notes=notes)
-    graph.validate(str(directory))
-    return graph
+    return Graph(name=name, indptr=indptr, indices=indices, features=features, labels=labels,
+                 train_idx=np.arange(num_train, dtype=np.int64),
+                 val_idx=np.arange(num_train, num_train + NUM_VAL, dtype=np.int64),
+                 test_idx=np.sort(test_index), num_classes=int(ally.shape[1]),
+                 notes=notes).validate(str(directory))
 
 
 def _check_one_hot(one_hot: np.ndarray, source: str) -> None:
@@ -114,15 +113,6 @@ def _read_test_index(path: Path) -> np.ndarray:
     if np.unique(ids).size != ids.size:
         raise DataError(f"{path}: lists a test id twice. The file is corrupt; fetch it again.")
     return ids
-
-
-def _labels(matrix, source: str) -> np.ndarray:
-    if isinstance(matrix, SparseMatrix):
-        matrix = matrix.toarray(source)
-    if not isinstance(matrix, np.ndarray) or matrix.ndim != 2:
-        raise DataError(f"{source}: expected a one-hot label matrix, found {type(matrix).__name__}. "
-                        f"Fetch the file again.")
-    return matrix
 
 
 def _adjacency_edges(adjacency, source: str) -> tuple[np.ndarray, np.ndarray]:

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from neutronorch.data.csc import INT32_LIMIT, csc_from_keys
-from neutronorch.data.dtypes import as_int64
+from neutronorch.data.arrays import feature_rows
+from neutronorch.data.csc import INT32_LIMIT, csc_from_keys, edge_ends
 from neutronorch.errors import DataError
 
 RelationType = tuple[str, str, str]  # (source type, relation name, destination type)
@@ -64,11 +64,7 @@ class Relation:
         """The relation with edges ``src[i] -> dst[i]``, each destination's sources ascending; repeated edges
         are kept unless ``deduplicate`` (the first one's features then kept). Float edge features other than
         the storage dtypes become float32. Ids out of range raise ``DataError`` naming ``source``."""
-        src = as_int64(src, source, "edge sources").ravel()
-        dst = as_int64(dst, source, "edge destinations").ravel()
-        if src.shape != dst.shape:
-            raise DataError(f"{source}: {src.shape[0]} edge sources but {dst.shape[0]} destinations; give one "
-                            f"of each per edge.")
+        src, dst = edge_ends(src, dst, source)
         for ids, count, end, name in ((src, num_src, "source", "num_src"), (dst, num_dst, "destination", "num_dst")):
             if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
                 raise DataError(f"{source}: {name} is {count!r}, expected the number of {end} vertices (a whole "
@@ -113,8 +109,4 @@ def _edge_feature_rows(edge_features, num_edges: int, source: str) -> np.ndarray
     if features.ndim != 2 or features.shape[0] != num_edges:
         raise DataError(f"{source}: edge features of shape {features.shape} for {num_edges} edges; give one "
                         f"row per edge.")
-    if features.dtype.name in ("float32", "float16", "bfloat16"):
-        return features
-    if features.dtype.kind not in "fiub":
-        raise DataError(f"{source}: edge features have dtype {features.dtype}, expected real numbers.")
-    return features.astype(np.float32)
+    return feature_rows(features, f"{source}: edge features")

@@ -54,11 +54,9 @@ def load_snap(path: str | os.PathLike, split: str = DEFAULT_SPLIT, seed: int = 0
     notes = [f"topology from {path.name}; features and labels are synthetic (seed {seed}): {num_classes} classes "
              f"grown breadth-first from {SEEDS_PER_CLASS} random seed vertices each and smoothed by a neighbour "
              f"majority vote, features = class centroid + N(0, {FEATURE_NOISE}^2) noise"]
-    graph = Graph(name=Path(path.name.removesuffix(".gz")).stem, indptr=indptr, indices=indices,
-                  features=features, labels=labels, train_idx=train_idx, val_idx=val_idx, test_idx=test_idx,
-                  num_classes=num_classes, notes=notes)
-    graph.validate(str(path))
-    return graph
+    return Graph(name=Path(path.name.removesuffix(".gz")).stem, indptr=indptr, indices=indices,
+                 features=features, labels=labels, train_idx=train_idx, val_idx=val_idx, test_idx=test_idx,
+                 num_classes=num_classes, notes=notes).validate(str(path))
 
 
 def _read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:

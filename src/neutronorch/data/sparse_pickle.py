@@ -75,12 +75,13 @@ class SparseMatrix:
 
 
 def dense_features(matrix, source: str) -> np.ndarray:
-    """A feature matrix, a pickled sparse one or a 2-D array of numbers, as dense float32 rows."""
+    """A matrix of features (or one-hot labels), a pickled sparse one or a 2-D array of numbers, as dense
+    float32 rows."""
     if isinstance(matrix, SparseMatrix):
         return matrix.toarray(source)
     if not isinstance(matrix, np.ndarray) or matrix.ndim != 2 or matrix.dtype.kind not in "fiub":
         found = f"{matrix.dtype} {matrix.shape}" if isinstance(matrix, np.ndarray) else type(matrix).__name__
-        raise DataError(f"{source}: expected a 2-D numeric feature matrix (a row per vertex), found {found}. The "
+        raise DataError(f"{source}: expected a 2-D numeric matrix (a row per vertex), found {found}. The "
                         f"file does not follow its layout; fetch it again.")
     return matrix.astype(np.float32)
 

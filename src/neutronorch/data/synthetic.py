@@ -141,11 +141,9 @@ def _generate(spec: SyntheticSpec, split: str | None, split_seed: int | None) ->
     features = noise_rows(rng, n, spec.features, spec.noise)
     features += centroids[labels]
 
-    if split is None:
-        train_idx, val_idx, test_idx = make_split(labels, c, f"ratio:{spec.train},{spec.val}", spec.seed)
-    else:
-        seed = spec.seed if split_seed is None else split_seed
-        train_idx, val_idx, test_idx = make_split(labels, c, split, seed)
+    spec_split = f"ratio:{spec.train},{spec.val}" if split is None else split
+    seed = spec.seed if split is None or split_seed is None else split_seed
+    train_idx, val_idx, test_idx = make_split(labels, c, spec_split, seed)
     return Graph(name=spec.name, indptr=indptr, indices=indices, features=features, labels=labels,
                  train_idx=train_idx, val_idx=val_idx, test_idx=test_idx, num_classes=c,
                  notes=["synthetic graph: degree-weighted block model, features = class centroid + noise"])

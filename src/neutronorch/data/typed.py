@@ -156,11 +156,13 @@ class TypedGraph(GraphCommon):
             lines.append(f"  {key[0]} -{key[1]}-> {key[2]}: {relation.num_edges:,} edges{extra}")
         return "\n".join(lines)
 
-    def validate(self, source: str | None = None, files: dict[str, str] | None = None, classes: bool = True) -> None:
+    def validate(self, source: str | None = None, files: dict[str, str] | None = None,
+                 classes: bool = True) -> "TypedGraph":
         """``Graph.validate`` of a typed graph: ``files`` is keyed by ``node_array``/``relation_array``; a
         graph without labels passes either way of ``classes``."""
         check_typed_graph(self, source or self.name, files or {})
         self._mark_validated(classes)
+        return self
 
 
 def _count(number: int, noun: str) -> str:

@@ -51,5 +51,4 @@ def collapse(graph: TypedGraph) -> Graph:
                       notes=[f"{graph.name} with its {len(graph.num_nodes)} vertex types and "
                              f"{len(graph.relations)} relations collapsed into one (types ignored)"],
                       metric=graph.metric)
-    collapsed.validate(collapsed.name)
-    return collapsed
+    return collapsed.validate(collapsed.name)
