@@ -87,21 +87,17 @@ def encode(value):
 def _store(row, j, value):
     if not isinstance(row, types.Array):
         return None
-    if value == types.uint16:  # bfloat16 bits: copied into a bfloat16 row, widened into a float32 one
-        if row.dtype == types.uint16:
-            def copy(row, j, value):
-                row[j] = value
-            return copy
-
+    bits_in, bits_out = value == types.uint16, row.dtype == types.uint16
+    if bits_in and not bits_out:  # bfloat16 bits widened into a float32 row
         def widen(row, j, value):
             row[j] = load(value)
         return widen
-    if row.dtype == types.uint16:
+    if bits_out and not bits_in:
         def impl(row, j, value):
             row[j] = encode(value)
         return impl
 
-    def impl(row, j, value):
+    def impl(row, j, value):  # bfloat16 bits copied into a bfloat16 row, a float into a float32 one
         row[j] = value
     return impl
 

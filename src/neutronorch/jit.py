@@ -18,19 +18,13 @@ class FirstCompile(event.Listener):
     """Logs ``MESSAGE`` when numba first starts compiling a kernel of ours (``PREFIX``) in this process."""
 
     def __init__(self):
-        self.said = False
-        self._lock = threading.Lock()
+        self._unsaid = threading.Lock()  # taken, never released, by the one call that says it
 
     def on_start(self, ev) -> None:
         dispatcher = (ev.data or {}).get("dispatcher")
         module = getattr(getattr(dispatcher, "py_func", None), "__module__", None) or ""
-        if not module.startswith(PREFIX) or self.said:
-            return
-        with self._lock:
-            if self.said:
-                return
-            self.said = True
-        logging.getLogger("neutronorch").info(MESSAGE)
+        if module.startswith(PREFIX) and self._unsaid.acquire(blocking=False):
+            logging.getLogger("neutronorch").info(MESSAGE)
 
     def on_end(self, ev) -> None:
         pass

@@ -94,6 +94,16 @@ def _softmax_forward(indptr, indices, score_src, score_dst, edge_logits, dst_off
                     a[h] /= total[h]
 
 
+@njit(inline="always")
+def _logit_grad(a, g, r, dot, slope, out, own):
+    """One edge's ``out[h] = alpha (grad - dot)`` through the LeakyReLU's slope at ``r``, added into ``own``."""
+    for h in range(a.shape[0]):
+        v = a[h] * (g[h] - dot[h])
+        v = v if r[h] > 0 else v * slope
+        out[h] = v
+        own[h] += v
+
+
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _softmax_backward(indptr, indices, raw, alpha, grad_alpha, dst_offset, self_loops, slope, grad_logits,
                       grad_dst, grad_src):
@@ -119,22 +129,12 @@ def _softmax_backward(indptr, indices, raw, alpha, grad_alpha, dst_offset, self_
             own = grad_dst[d]
             own[:] = 0.0
             for e in range(start, end):
-                a, g, r, out = alpha[e], grad_alpha[e], raw[e], grad_logits[e]
-                for h in range(heads):
-                    v = a[h] * (g[h] - dot[h])
-                    v = v if r[h] > 0 else v * slope
-                    out[h] = v
-                    own[h] += v
-            out = grad_logits[loops + d]
+                _logit_grad(alpha[e], grad_alpha[e], raw[e], dot, slope, grad_logits[e], own)
             if self_loops:
-                a, g, r = alpha[loops + d], grad_alpha[loops + d], raw[loops + d]
-                for h in range(heads):
-                    v = a[h] * (g[h] - dot[h])
-                    v = v if r[h] > 0 else v * slope
-                    out[h] = v
-                    own[h] += v
+                e = loops + d
+                _logit_grad(alpha[e], grad_alpha[e], raw[e], dot, slope, grad_logits[e], own)
             else:
-                out[:] = 0.0
+                grad_logits[loops + d][:] = 0.0
     if grad_src.shape[0] == 0:
         return
     grad_src[:] = 0.0

@@ -22,7 +22,12 @@ class Precision:
         """The context the model's forward pass runs in."""
         if self.name != "bf16":
             return contextlib.nullcontext()
-        return torch.autocast(device.type, dtype=torch.bfloat16)
+        return torch.autocast(device.type, dtype=precision_dtype(self.name))
+
+
+def precision_dtype(name: str) -> torch.dtype:
+    """The dtype of a run's features and products under the resolved precision ``name`` (fp32 or bf16)."""
+    return torch.bfloat16 if name == "bf16" else torch.float32
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from neutronorch.bfloat16 import load, numpy_view
+from neutronorch.bfloat16 import load, numpy_view, supported
 from neutronorch.data.csc import transpose_edges
 from neutronorch.nn.precision import compute_dtype
 
@@ -86,7 +86,7 @@ def _compressed_times(ptr, index, values, dense, out):
 
 def _candidate(x: torch.Tensor) -> bool:
     """A float32 or bfloat16 CPU matrix, at least ``MIN_WIDTH`` wide, with rows, that needs no gradient."""
-    return (x.device.type == "cpu" and x.dim() == 2 and x.dtype in (torch.float32, torch.bfloat16)
+    return (x.device.type == "cpu" and x.dim() == 2 and supported(x.dtype)
             and x.shape[1] >= MIN_WIDTH and x.shape[0] > 0 and not x.requires_grad)
 
 

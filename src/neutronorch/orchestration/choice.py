@@ -15,6 +15,7 @@ import torch
 from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.features.placement import GiB, placement_for, workspace_bytes
+from neutronorch.nn.precision import precision_dtype
 
 MARGIN = 0.10  # NeutronOrch must measure this much faster than device mode to be chosen
 SMALL_CACHE = 0.25  # share of the features on the GPU below which NeutronOrch may pay unmeasured
@@ -64,7 +65,7 @@ def mode_facts(config: TrainConfig, graph: Graph, device: torch.device, distribu
     """The facts of a run (``config`` resolved) on ``device``."""
     if device.type != "cuda":
         return ModeFacts(device.type, distributed=distributed)
-    dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
+    dtype = precision_dtype(config.precision)
     workspace = workspace_bytes(graph.num_nodes, graph.feature_dim, config.hidden, graph.num_classes,
                                 config.fanouts, config.batch_size, config.heads if config.model == "gat" else 1)
     placement = placement_for(graph, config.placement, device, True, workspace, dtype)

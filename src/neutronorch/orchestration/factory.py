@@ -19,6 +19,7 @@ from neutronorch.features.cache import hotness_order
 from neutronorch.features.placement import placement_for, workspace_bytes
 from neutronorch.features.reading import attach_host_cache, auto_size, read_orders, typed_stores
 from neutronorch.features.store import TypedInputs
+from neutronorch.nn.precision import precision_dtype
 from neutronorch.observe import Spans
 from neutronorch.orchestration.access import FeatureAccess, build_feature_access
 from neutronorch.orchestration.device import DeviceMode
@@ -100,7 +101,7 @@ def homogeneous_access(config: TrainConfig, graph: Graph, device: torch.device, 
     # Device mode samples from topology copied to the device (or pinned): no host sampler reads the file.
     sampling = dataclasses.replace(config.sampling, rank=shard[0], world=shard[1],
                                    file_order=topology_in_file_order and config.mode != "device")
-    dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
+    dtype = precision_dtype(config.precision)
     placement = placement_for(graph, config.placement, device, samples_on_device(config, device), workspace, dtype)
 
     @functools.cache

@@ -197,25 +197,6 @@ def in_degrees(indptr, nodes):
 GATHER_CHUNK = 256
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def gather_rows(source, rows, order, out):
-    """out[i] = source[rows[i]]: float32 or bfloat16 (bits) storage into float32 or bfloat16 rows. Only the
-    positions in ``order`` are visited, in its order (``region_order``: the source read front to back; a
-    part of the positions: ``split_order``), or every position in its own order when it is empty. Each
-    thread takes a contiguous share of that order."""
-    ordered = order.shape[0] > 0
-    n = order.shape[0] if ordered else rows.shape[0]
-    for c in prange((n + GATHER_CHUNK - 1) // GATHER_CHUNK):
-        end = min(n, (c + 1) * GATHER_CHUNK)
-        for k in range(c * GATHER_CHUNK, end):
-            if k + AHEAD < end:
-                prefetch_row(source, rows[order[k + AHEAD] if ordered else k + AHEAD])
-            i = order[k] if ordered else k
-            row, o = source[rows[i]], out[i]
-            for j in range(row.shape[0]):
-                store(o, j, row[j])
-
-
 NO_ORDER = np.empty(0, np.int64)  # ``order`` of the gathers and the sampler: positions in their own order
 # Bytes of a region of ``region_order``: about twice the kernel's default readahead window.
 REGION_BYTES = 256 << 10
@@ -263,28 +244,30 @@ HALF_TO_BF16 = torch.from_numpy(HALF_TO_FLOAT).to(torch.bfloat16).view(torch.int
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def gather_half_rows(source_bits, rows, order, table, out):
-    """out[i] = source[rows[i]] for float16 storage viewed as uint16, into float32 or bfloat16 rows, through
-    ``table`` (``HALF_TO_FLOAT``, or ``HALF_TO_BF16`` for bfloat16 rows); ``order`` as for ``gather_rows``."""
+def _gather(source, rows, order, table, out):
+    """``gather_stored``'s kernel, float16 storage (as uint16) decoded through ``table``, other storage read
+    with none. Each thread takes a contiguous share of the order."""
     ordered = order.shape[0] > 0
     n = order.shape[0] if ordered else rows.shape[0]
     for c in prange((n + GATHER_CHUNK - 1) // GATHER_CHUNK):
         end = min(n, (c + 1) * GATHER_CHUNK)
         for k in range(c * GATHER_CHUNK, end):
             if k + AHEAD < end:
-                prefetch_row(source_bits, rows[order[k + AHEAD] if ordered else k + AHEAD])
+                prefetch_row(source, rows[order[k + AHEAD] if ordered else k + AHEAD])
             i = order[k] if ordered else k
-            row, o = source_bits[rows[i]], out[i]
+            row, o = source[rows[i]], out[i]
             for j in range(row.shape[0]):
-                store(o, j, table[row[j]])
+                value = row[j] if table is None else table[row[j]]  # pruned as it compiles: no test per value
+                store(o, j, value)
 
 
 def gather_stored(source: np.ndarray, rows: np.ndarray, order: np.ndarray, out: torch.Tensor) -> None:
-    """out[i] = source[rows[i]] for the positions of ``order`` (every one when it is empty), ``source`` as it
-    is stored (float32, float16 or bfloat16; any other numeric dtype converted as numpy's ``astype`` would)
-    into float32 or bfloat16 rows: float16 decoded through a table, bfloat16 bits copied or widened."""
+    """out[i] = source[rows[i]] for the positions of ``order`` (every one when it is empty; ``region_order``:
+    the source read front to back; a part of the positions: ``split_order``), ``source`` as it is stored
+    (float32, float16 or bfloat16; any other numeric dtype converted as numpy's ``astype`` would) into
+    float32 or bfloat16 rows: float16 decoded through a table, bfloat16 bits copied or widened."""
     if source.dtype == np.float16:
         table = HALF_TO_BF16 if out.dtype == torch.bfloat16 else HALF_TO_FLOAT
-        gather_half_rows(source.view(np.uint16), rows, order, table, numpy_view(out))
+        _gather(source.view(np.uint16), rows, order, table, numpy_view(out))
     else:
-        gather_rows(source.view(np.uint16) if is_bfloat16(source) else source, rows, order, numpy_view(out))
+        _gather(source.view(np.uint16) if is_bfloat16(source) else source, rows, order, None, numpy_view(out))
