@@ -88,7 +88,6 @@ class ColdSampler:
                             block, frontier = sampler.sample_hop(cold, self.fanouts[-1], key)
                         else:
                             block, frontier = sampler.sample_hop(dst.numpy()[item.cold_pos], self.fanouts[-1], key)
-                            frontier = torch.from_numpy(frontier)
                         if item.exclude is not None:
                             block = exclude_from_block(block, frontier, item.exclude, self.graph.num_nodes)
                         subgraph = SampledSubgraph(item.upper.seeds, [block] + item.upper.blocks,

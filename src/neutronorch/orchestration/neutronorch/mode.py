@@ -96,7 +96,7 @@ class HomogeneousKind:
         sampler = NeighborSampler(self.graph.indptr, self.graph.indices, sampling.fanouts, sampling.degrees)
         key = layer_key(mix_key(sampling.seed, PROBE_KEY), len(sampling.fanouts) - 1)
         block, frontier = sampler.sample_hop(ids, sampling.fanouts[-1], key)
-        rows = self.store.as_dtype(torch.float32).gather(torch.from_numpy(frontier))
+        rows = self.store.as_dtype(torch.float32).gather(frontier)
         return block.to(self.device), rows.to(self.device)
 
 
