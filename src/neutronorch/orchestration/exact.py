@@ -8,7 +8,7 @@ batch depends only on its key ``batch_key(seed, epoch, index)``, so a run resume
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable
 
 from neutronorch.config import SamplingConfig
 from neutronorch.observe import Spans
@@ -16,7 +16,7 @@ from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES, HostLoad
 from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.mode import LoadingMode
 from neutronorch.orchestration.seeds import NodeSeeds
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
+from neutronorch.sampling.neighbor_sampler import NeighborSampler
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 
@@ -29,17 +29,6 @@ class ExactMode(LoadingMode):
         super().__init__(seeds, loader, sampling, spans)
         self.new_sampler, self.producer_threads = new_sampler, sampler_threads
         self.threads = {"sampler": sampler_threads}
-
-    def _produce(self, epoch: int, start: int) -> Iterator:
-        sampler = self.seeds.sampler(self.new_sampler())
-        batches = self.seeds.epoch(epoch)
-        for index in range(start, len(batches)):
-            batch = batches[index]
-            with self.spans.stage("sample", index):
-                subgraph = sampler.sample(batch.seeds.numpy(), batch_key(self.sampling.seed, epoch, index))
-                if batch.exclude is not None:  # a link task's seed edges
-                    subgraph = self.seeds.exclude(subgraph, batch.exclude)
-            yield self.loader.load(epoch, index, subgraph, targets=batch.targets)
 
     def describe(self) -> str:
         return f"sampler threads {self.producer_threads}"

@@ -6,7 +6,8 @@ on its name.
 
 from __future__ import annotations
 
-from typing import Iterator, Protocol, runtime_checkable
+from contextlib import nullcontext
+from typing import Callable, Iterator, Protocol, runtime_checkable
 
 import torch
 
@@ -18,6 +19,11 @@ from neutronorch.observe import StageTable
 from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.sampling.block import Block
+from neutronorch.sampling.neighbor_sampler import batch_key
+
+# Mini-batches per call of a sampler that reads the device once for them all (``reads_grouped``); others
+# take one per call, so none waits behind the others.
+SAMPLE_GROUP = 4
 
 
 class StepInputs(tuple):
@@ -85,11 +91,15 @@ class Mode(Protocol):
 
 
 class LoadingMode:
-    """What exact and device mode share (a mixin, not a mode): batches made by ``_produce`` on a producer
-    thread named after their ``loader``, each depending only on (seed, epoch, batch); no step hooks."""
+    """What exact and device mode share (a mixin, not a mode): batches sampled by ``new_sampler()``'s sampler
+    (seeds on ``sample_device``, on ``sample_stream`` if any) and loaded by ``loader`` on a producer thread
+    named after it, each depending only on (seed, epoch, batch); no step hooks."""
 
     resumable = resumable_mid_epoch = True
     producer_threads: int | None = None  # the producer's numba threads (None: numba's count)
+    new_sampler: Callable[[], object]
+    sample_device = torch.device("cpu")
+    sample_stream = None
 
     def __init__(self, seeds, loader, sampling, spans):
         self.seeds, self.loader, self.sampling, self.spans = seeds, loader, sampling, spans
@@ -99,6 +109,24 @@ class LoadingMode:
     def batches(self, epoch: int, start: int = 0) -> Prefetcher:
         return Prefetcher(lambda: self._produce(epoch, start), depth=self.sampling.prefetch,
                           name=self.loader.producer, threads=self.producer_threads)
+
+    def _produce(self, epoch: int, start: int) -> Iterator:
+        sampler = self.seeds.sampler(self.new_sampler())
+        batches = self.seeds.epoch(epoch)
+        with torch.cuda.stream(self.sample_stream) if self.sample_stream is not None else nullcontext():
+            size = SAMPLE_GROUP if getattr(sampler, "reads_grouped", False) else 1
+            for first in range(start, len(batches), size):
+                group = [(index, batches[index]) for index in range(first, min(first + size, len(batches)))]
+                with self.spans.stage("sample", first if size == 1 else -1):
+                    device = self.sample_device
+                    seeds = [batch.seeds.to(device, non_blocking=True) for _, batch in group]
+                    subgraphs = sampler.sample_many(seeds, [batch_key(self.sampling.seed, epoch, index)
+                                                            for index, _ in group])
+                    subgraphs = [subgraph if batch.exclude is None else  # a link task's seed edges
+                                 self.seeds.exclude(subgraph, batch.exclude.to(device, non_blocking=True))
+                                 for (_, batch), subgraph in zip(group, subgraphs)]
+                for (index, batch), subgraph in zip(group, subgraphs):
+                    yield self.loader.load(epoch, index, subgraph, targets=batch.targets)
 
     def start(self, model: torch.nn.Module) -> None:
         self.loader.start(model)
