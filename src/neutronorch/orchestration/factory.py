@@ -78,8 +78,8 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
     if config.mode == "device":
         reader = DeviceReader(graph, access, spans, sampling, config.placement, fanouts)
         return DeviceMode(seeds, reader, sampling, spans)
-    kind = (TypedKind(graph, access, fanouts, draws_on_device(config.device_sampling, graph, device), spans) if typed
-            else HomogeneousKind(graph, access, spans, sampling))
+    kind = (TypedKind(graph, access, fanouts, draws_on_device(config.device_sampling, graph, device), spans,
+                      host_sampler) if typed else HomogeneousKind(graph, access, spans, sampling, host_sampler))
     return NeutronOrchMode(kind, sampling, config.neutronorch, config.epochs, spans, threads.sampler, threads.host,
                            node, seeds)
 
