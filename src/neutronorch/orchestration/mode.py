@@ -6,7 +6,6 @@ on its name.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Callable, Iterator, Protocol, runtime_checkable
 
 import torch
@@ -113,7 +112,7 @@ class LoadingMode:
     def _produce(self, epoch: int, start: int) -> Iterator:
         sampler = self.seeds.sampler(self.new_sampler())
         batches = self.seeds.epoch(epoch)
-        with torch.cuda.stream(self.sample_stream) if self.sample_stream is not None else nullcontext():
+        with torch.cuda.stream(self.sample_stream):  # None: a no-op
             size = SAMPLE_GROUP if getattr(sampler, "reads_grouped", False) else 1
             for first in range(start, len(batches), size):
                 group = [(index, batches[index]) for index in range(first, min(first + size, len(batches)))]

@@ -6,7 +6,6 @@ loaded as exact or device mode loads it. Hot destinations are never sampled, gat
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
 from functools import partial
 from typing import Callable, Iterable, Iterator
 
@@ -70,7 +69,7 @@ class ColdSampler:
         use_threads(self.threads)
         on_device = self.reader is not None
         sampler = self.kind.cold_sampler()
-        with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
+        with torch.cuda.stream(self.stream):  # None: a no-op
             for plan in plans(sampler):
                 for position, item in enumerate(plan.batches):
                     if position < skip:
