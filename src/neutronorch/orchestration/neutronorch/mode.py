@@ -28,8 +28,7 @@ from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.exact import HOST_SAMPLING_STAGES
 from neutronorch.orchestration.host_loader import HostLoader
 from neutronorch.orchestration.mode import StepInputs
-from neutronorch.orchestration.neutronorch.batch import SplicedBatch
-from neutronorch.orchestration.neutronorch.cold_sampler import ColdSampler
+from neutronorch.orchestration.neutronorch.cold_sampler import ColdSampler, SplicedBatch
 from neutronorch.orchestration.neutronorch.controller import RatioController
 from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
 from neutronorch.orchestration.neutronorch.hot_rows import HotRowComputer
