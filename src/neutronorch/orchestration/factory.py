@@ -21,11 +21,10 @@ from neutronorch.features.reading import attach_host_cache, auto_size, read_orde
 from neutronorch.features.store import TypedInputs
 from neutronorch.observe import Spans
 from neutronorch.orchestration.access import FeatureAccess, build_feature_access
-from neutronorch.orchestration.device import DeviceMode
 from neutronorch.orchestration.device_reader import DeviceReader
-from neutronorch.orchestration.exact import ExactMode
 from neutronorch.orchestration.host_loader import HostLoader
 from neutronorch.orchestration.link_seeds import LinkSeeds
+from neutronorch.orchestration.loading import DeviceMode, ExactMode
 from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
 from neutronorch.orchestration.neutronorch.cold_sampler import draws_on_device

@@ -6,7 +6,7 @@ on its name.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Protocol, runtime_checkable
+from typing import Iterator, Protocol, runtime_checkable
 
 import torch
 
@@ -16,13 +16,7 @@ from neutronorch.features.store import FeatureStore
 from neutronorch.nn.splice import HotRows
 from neutronorch.observe import StageTable
 from neutronorch.orchestration.batch import MiniBatch
-from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.sampling.block import Block
-from neutronorch.sampling.neighbor_sampler import batch_key
-
-# Mini-batches per call of a sampler that reads the device once for them all (``reads_grouped``); others
-# take one per call, so none waits behind the others.
-SAMPLE_GROUP = 4
 
 
 class StepInputs(tuple):
@@ -87,74 +81,3 @@ class Mode(Protocol):
 
     def close(self) -> None:
         """After the last epoch, or on any error: stop every thread the mode runs, release what it holds."""
-
-
-class LoadingMode:
-    """What exact and device mode share (a mixin, not a mode): batches sampled by ``new_sampler()``'s sampler
-    (seeds on ``sample_device``, on ``sample_stream`` if any) and loaded by ``loader`` on a producer thread
-    named after it, each depending only on (seed, epoch, batch); no step hooks."""
-
-    resumable = resumable_mid_epoch = True
-    producer_threads: int | None = None  # the producer's numba threads (None: numba's count)
-    new_sampler: Callable[[], object]
-    sample_device = torch.device("cpu")
-    sample_stream = None
-
-    def __init__(self, seeds, loader, sampling, spans):
-        self.seeds, self.loader, self.sampling, self.spans = seeds, loader, sampling, spans
-        self.store, self.placement, self.cache = loader.store, loader.placement, loader.cache
-        self.num_batches = seeds.num_batches
-
-    def batches(self, epoch: int, start: int = 0) -> Prefetcher:
-        return Prefetcher(lambda: self._produce(epoch, start), depth=self.sampling.prefetch,
-                          name=self.loader.producer, threads=self.producer_threads)
-
-    def _produce(self, epoch: int, start: int) -> Iterator:
-        sampler = self.seeds.sampler(self.new_sampler())
-        batches = self.seeds.epoch(epoch)
-        with torch.cuda.stream(self.sample_stream):  # None: a no-op
-            size = SAMPLE_GROUP if getattr(sampler, "reads_grouped", False) else 1
-            for first in range(start, len(batches), size):
-                group = [(index, batches[index]) for index in range(first, min(first + size, len(batches)))]
-                with self.spans.stage("sample", first if size == 1 else -1):
-                    device = self.sample_device
-                    seeds = [batch.seeds.to(device, non_blocking=True) for _, batch in group]
-                    subgraphs = sampler.sample_many(seeds, [batch_key(self.sampling.seed, epoch, index)
-                                                            for index, _ in group])
-                    subgraphs = [subgraph if batch.exclude is None else  # a link task's seed edges
-                                 self.seeds.exclude(subgraph, batch.exclude.to(device, non_blocking=True))
-                                 for (_, batch), subgraph in zip(group, subgraphs)]
-                for (index, batch), subgraph in zip(group, subgraphs):
-                    yield self.loader.load(epoch, index, subgraph, targets=batch.targets)
-
-    def start(self, model: torch.nn.Module) -> None:
-        self.loader.start(model)
-
-    def step_inputs(self, batch: MiniBatch) -> StepInputs:
-        """The trainer's first call on a batch: its stream waits for the batch's copies."""
-        batch.wait()
-        return StepInputs(batch.blocks, batch.features, None, batch.ids)
-
-    def summary(self) -> dict:
-        return self.loader.summary()
-
-    def close(self) -> None:
-        self.loader.close()
-
-    def before_step(self, batch: MiniBatch) -> None:
-        pass
-
-    def averaged_gradients(self) -> None:
-        return None
-
-    def after_step(self, batch: MiniBatch) -> None:
-        pass
-
-    def end_epoch(self, record: dict) -> None:
-        pass
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass

@@ -25,8 +25,7 @@ from neutronorch.observe import Spans, StageTable
 from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.channel import Channel
 from neutronorch.orchestration.device_reader import DeviceReader
-from neutronorch.orchestration.exact import HOST_SAMPLING_STAGES
-from neutronorch.orchestration.host_loader import HostLoader
+from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES, HostLoader
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.orchestration.neutronorch.cold_sampler import ColdSampler, SplicedBatch
 from neutronorch.orchestration.neutronorch.controller import RatioController
