@@ -629,7 +629,7 @@ def test_what_crosses_a_thread_is_frozen(graph):
     from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch, PlanStats
     from neutronorch.data.synthetic_typed import synthetic_typed
     from neutronorch.sampling.typed_sampler import TypedNeighborSampler
-    from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
+    from neutronorch.orchestration.neutronorch.versions import SnapshotPublisher
 
     for kind in (Plan, PlannedBatch, PlanStats, Snapshot,
                  HotEmbeddings, RatioSetting):

@@ -37,8 +37,7 @@ from neutronorch.orchestration.neutronorch.node import NodeHotSet, NodeLink
 from neutronorch.orchestration.neutronorch.plan_loop import PlanLoop, one_ahead
 from neutronorch.orchestration.neutronorch.planner import Planner
 from neutronorch.orchestration.neutronorch.stats import HotStats
-from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
-from neutronorch.orchestration.neutronorch.versions import Schedule, StalenessCheck
+from neutronorch.orchestration.neutronorch.versions import Schedule, SnapshotPublisher, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
