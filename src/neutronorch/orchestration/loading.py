@@ -37,6 +37,7 @@ class LoadingMode:
     new_sampler: Callable[[], object]
     sample_device = torch.device("cpu")
     sample_stream = None
+    numbered = True  # a sample span carries its batch's index (device mode's do not)
 
     def __init__(self, seeds, loader, sampling, spans):
         self.seeds, self.loader, self.sampling, self.spans = seeds, loader, sampling, spans
@@ -54,7 +55,7 @@ class LoadingMode:
             size = SAMPLE_GROUP if getattr(sampler, "reads_grouped", False) else 1
             for first in range(start, len(batches), size):
                 group = [(index, batches[index]) for index in range(first, min(first + size, len(batches)))]
-                with self.spans.stage("sample", first if size == 1 else -1):
+                with self.spans.stage("sample", first if self.numbered else -1):
                     device = self.sample_device
                     seeds = [batch.seeds.to(device, non_blocking=True) for _, batch in group]
                     subgraphs = sampler.sample_many(seeds, [batch_key(self.sampling.seed, epoch, index)
@@ -123,6 +124,7 @@ class DeviceMode(LoadingMode):
     name = "device"
     stages = StageTable({"sample": "sampler", "gather": "sampler"})
     threads: dict[str, int] = {}  # its sampler runs torch ops on the training threads
+    numbered = False
 
     def __init__(self, seeds: NodeSeeds | LinkSeeds, reader: DeviceReader, sampling: SamplingConfig, spans: Spans):
         super().__init__(seeds, reader, sampling, spans)
