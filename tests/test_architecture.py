@@ -6,8 +6,7 @@ from pathlib import Path
 import pytest
 
 from neutronorch.observe import StageTable
-from neutronorch.orchestration.device import DeviceMode
-from neutronorch.orchestration.exact import ExactMode
+from neutronorch.orchestration.loading import DeviceMode, ExactMode
 from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from neutronorch.config import SamplingConfig
-from neutronorch.orchestration.seeds import epoch_batches
+from neutronorch.orchestration.seeds import global_batches, rank_part
 
 # Loss agreement between 2 ranks and 1 process: the same arithmetic up to the order of sums.
 LOSS_RTOL = 1e-5
@@ -53,6 +53,10 @@ def _run(command: list[str], timeout: float = 240) -> subprocess.CompletedProces
 
 def _step_losses(path: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == "step"]
+
+
+def epoch_batches(train, sampling, epoch):
+    return [rank_part(batch, sampling) for batch in global_batches(train, sampling, epoch)]
 
 
 def test_ranks_split_each_global_batch_in_order():

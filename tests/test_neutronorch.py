@@ -156,7 +156,7 @@ def test_stop_grad_leaves_hot_rows_out_of_the_bottom_gradient(graph):
 
 def _symmetric_reference(graph, block, frontier, x):
     """GCN's symmetric aggregation written out per destination, with graph degrees (D = in-degree + 1)."""
-    degree = torch.from_numpy(np.diff(graph.indptr)[frontier]).float()
+    degree = torch.from_numpy(np.diff(graph.indptr)[frontier.numpy()]).float()
     rows = []
     for v in range(block.num_dst):
         nbrs = block.indices[block.indptr[v]:block.indptr[v + 1]].long()
@@ -204,7 +204,7 @@ def test_host_hot_rows_equal_the_device_definition(graph, kind, norm):
     table = hot.take(0)
     block, frontier = NeighborSampler(graph.indptr, graph.indices, cfg.fanouts).sample_hop(
         plan.hot, cfg.fanouts[-1], layer_key(plan.batches[0].key, 2))
-    x = torch.from_numpy(graph.features[frontier]).float()
+    x = torch.from_numpy(graph.features[frontier.numpy()]).float()
     layer = model.bottom
     if norm == "symmetric":
         aggregated = _symmetric_reference(graph, block, frontier, x)
@@ -242,7 +242,7 @@ def test_host_hot_rows_of_graph_blocks_draw_their_own_dropout_masks(graph):
     assert torch.equal(hot_rows()[1], first)
     block, frontier = NeighborSampler(graph.indptr, graph.indices, cfg.fanouts).sample_hop(
         plan.hot, cfg.fanouts[-1], layer_key(plan.batches[0].key, 2))
-    x = torch.from_numpy(graph.features[frontier]).float()
+    x = torch.from_numpy(graph.features[frontier.numpy()]).float()
     with torch.no_grad():
         model.bottom.eval()
         without = model.bottom(block, x)
@@ -629,7 +629,7 @@ def test_what_crosses_a_thread_is_frozen(graph):
     from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch, PlanStats
     from neutronorch.data.synthetic_typed import synthetic_typed
     from neutronorch.sampling.typed_sampler import TypedNeighborSampler
-    from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
+    from neutronorch.orchestration.neutronorch.versions import SnapshotPublisher
 
     for kind in (Plan, PlannedBatch, PlanStats, Snapshot,
                  HotEmbeddings, RatioSetting):

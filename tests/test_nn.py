@@ -88,9 +88,9 @@ def test_sampled_symmetric_aggregation_estimates_the_full_one_without_bias(small
     dst = np.arange(0, 300, 3)
     x = torch.randn(300, 4)
     full, frontier = NeighborSampler(indptr, indices, [-1], degrees=True).sample_hop(dst, -1, 0)
-    want = symmetric_aggregate(full, x[torch.from_numpy(frontier)])
+    want = symmetric_aggregate(full, x[frontier])
     sampler = NeighborSampler(indptr, indices, [2], degrees=True)
-    draws = torch.stack([symmetric_aggregate(block, x[torch.from_numpy(frontier)])
+    draws = torch.stack([symmetric_aggregate(block, x[frontier])
                          for block, frontier in (sampler.sample_hop(dst, 2, key) for key in range(2000))])
     assert (np.diff(indptr)[dst] > 2).mean() > 0.5  # most rows are really sampled
     # The mean of the draws is the full neighbourhood's value up to its standard error (z-scores of 400

@@ -11,7 +11,7 @@ import torch
 from neutronorch.config import SamplingConfig
 from neutronorch.data import SyntheticSpec, generate
 from neutronorch.orchestration.neutronorch.node import NodeHotSet, plan_exchange
-from neutronorch.orchestration.seeds import epoch_batches, rank_shares
+from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.train.distributed import GradientSync, World
 
 
@@ -111,14 +111,14 @@ def test_rank_shares_weigh_an_uneven_last_batch_and_unlabelled_seeds():
     graph = generate(SyntheticSpec(nodes=400, degree=4, features=4, classes=3, noise=0.5, train=0.5))
     train = np.asarray(graph.train_idx)[:103]
     graph.train_idx = train
-    shares = [rank_shares(graph, SamplingConfig([3], 10, 5, 1, rank=r, world=2), epoch=1) for r in range(2)]
+    shares = [NodeSeeds(graph, SamplingConfig([3], 10, 5, 1, rank=r, world=2)).rank_shares(1) for r in range(2)]
     assert np.allclose(shares[0][:-1], 1) and np.allclose(shares[1][:-1], 1)  # 20 seeds, 10 each
     assert shares[0][-1] == pytest.approx(2 * 2 / 3) and shares[1][-1] == pytest.approx(2 * 1 / 3)  # 3 seeds: 2 + 1
     # An unlabelled seed in rank 1's part of batch 0: its weight drops, rank 0's rises; they still add to 2.
-    part = epoch_batches(torch.from_numpy(train), SamplingConfig([3], 10, 5, 1, rank=1, world=2), 1)[0]
+    part = NodeSeeds(graph, SamplingConfig([3], 10, 5, 1, rank=1, world=2)).epoch(1)[0].seeds
     graph.labels = graph.labels.copy()
     graph.labels[part[0].item()] = -1
-    weighed = [rank_shares(graph, SamplingConfig([3], 10, 5, 1, rank=r, world=2), epoch=1)[0] for r in range(2)]
+    weighed = [NodeSeeds(graph, SamplingConfig([3], 10, 5, 1, rank=r, world=2)).rank_shares(1)[0] for r in range(2)]
     assert weighed == pytest.approx([2 * 10 / 19, 2 * 9 / 19])
 
 

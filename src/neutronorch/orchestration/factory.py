@@ -22,11 +22,10 @@ from neutronorch.features.store import TypedInputs
 from neutronorch.nn.precision import precision_dtype
 from neutronorch.observe import Spans
 from neutronorch.orchestration.access import FeatureAccess, build_feature_access
-from neutronorch.orchestration.device import DeviceMode
 from neutronorch.orchestration.device_reader import DeviceReader
-from neutronorch.orchestration.exact import ExactMode
 from neutronorch.orchestration.host_loader import HostLoader
 from neutronorch.orchestration.link_seeds import LinkSeeds
+from neutronorch.orchestration.loading import DeviceMode, ExactMode
 from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
 from neutronorch.orchestration.neutronorch.cold_sampler import draws_on_device
@@ -79,8 +78,8 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
     if config.mode == "device":
         reader = DeviceReader(graph, access, spans, sampling, config.placement, fanouts)
         return DeviceMode(seeds, reader, sampling, spans)
-    kind = (TypedKind(graph, access, fanouts, draws_on_device(config.device_sampling, graph, device), spans) if typed
-            else HomogeneousKind(graph, access, spans, sampling))
+    kind = (TypedKind(graph, access, fanouts, draws_on_device(config.device_sampling, graph, device), spans,
+                      host_sampler) if typed else HomogeneousKind(graph, access, spans, sampling, host_sampler))
     return NeutronOrchMode(kind, sampling, config.neutronorch, config.epochs, spans, threads.sampler, threads.host,
                            node, seeds)
 

@@ -72,7 +72,7 @@ class LinkSeeds:
 
     def rank_shares(self, epoch: int) -> np.ndarray:
         """Per mini-batch: ``world`` times this rank's share of the global batch's positives (each a loss term
-        of equal weight; ``seeds.rank_shares`` says what they scale)."""
+        of equal weight; ``NodeSeeds.rank_shares`` says what they scale)."""
         sampling = self.sampling
         sizes = np.diff(np.minimum(np.arange(self.num_batches + 1) * sampling.batch_size * sampling.world,
                                    self.edges.shape[1]))

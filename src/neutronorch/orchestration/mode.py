@@ -16,7 +16,6 @@ from neutronorch.features.store import FeatureStore
 from neutronorch.nn.splice import HotRows
 from neutronorch.observe import StageTable
 from neutronorch.orchestration.batch import MiniBatch
-from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.sampling.block import Block
 
 
@@ -82,52 +81,3 @@ class Mode(Protocol):
 
     def close(self) -> None:
         """After the last epoch, or on any error: stop every thread the mode runs, release what it holds."""
-
-
-class LoadingMode:
-    """What exact and device mode share (a mixin, not a mode): batches made by ``_produce`` on a producer
-    thread named after their ``loader``, each depending only on (seed, epoch, batch); no step hooks."""
-
-    resumable = resumable_mid_epoch = True
-    producer_threads: int | None = None  # the producer's numba threads (None: numba's count)
-
-    def __init__(self, seeds, loader, sampling, spans):
-        self.seeds, self.loader, self.sampling, self.spans = seeds, loader, sampling, spans
-        self.store, self.placement, self.cache = loader.store, loader.placement, loader.cache
-        self.num_batches = seeds.num_batches
-
-    def batches(self, epoch: int, start: int = 0) -> Prefetcher:
-        return Prefetcher(lambda: self._produce(epoch, start), depth=self.sampling.prefetch,
-                          name=self.loader.producer, threads=self.producer_threads)
-
-    def start(self, model: torch.nn.Module) -> None:
-        self.loader.start(model)
-
-    def step_inputs(self, batch: MiniBatch) -> StepInputs:
-        """The trainer's first call on a batch: its stream waits for the batch's copies."""
-        batch.wait()
-        return StepInputs(batch.blocks, batch.features, None, batch.ids)
-
-    def summary(self) -> dict:
-        return self.loader.summary()
-
-    def close(self) -> None:
-        self.loader.close()
-
-    def before_step(self, batch: MiniBatch) -> None:
-        pass
-
-    def averaged_gradients(self) -> None:
-        return None
-
-    def after_step(self, batch: MiniBatch) -> None:
-        pass
-
-    def end_epoch(self, record: dict) -> None:
-        pass
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass

@@ -44,7 +44,16 @@ class NodeSeeds:
                 for batch in global_batches(self.train_idx, sampling, epoch)]
 
     def rank_shares(self, epoch: int) -> np.ndarray:
-        return rank_shares(self.graph, self.sampling, epoch)
+        """Per mini-batch of ``epoch``: ``world`` times this rank's share of the global batch's loss terms
+        (``Graph.loss_terms``); 1 where it has none, and wherever the ranks' parts carry equal weight."""
+        sampling = self.sampling
+        batches = global_batches(self.train_idx, sampling, epoch)
+        shares = np.ones(len(batches))
+        for k, batch in enumerate(batches):
+            terms = [self.graph.loss_terms(part.numpy()) for part in torch.tensor_split(batch, sampling.world)]
+            if sum(terms):
+                shares[k] = sampling.world * terms[sampling.rank] / sum(terms)
+        return shares
 
     def sampler(self, sampler):
         """What a mode draws this task's batches with (``LinkSeeds.sampler``'s counterpart): ``sampler``."""
@@ -59,11 +68,6 @@ def training_seeds(graph: Graph | TypedGraph) -> torch.Tensor:
 def rank_part(batch: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     """This rank's part of a global batch (possibly empty)."""
     return batch if sampling.world == 1 else torch.tensor_split(batch, sampling.world)[sampling.rank]
-
-
-def epoch_batches(train_idx: torch.Tensor, sampling: SamplingConfig, epoch: int) -> list[torch.Tensor]:
-    """This rank's seeds of every mini-batch of ``epoch``, in batch order."""
-    return [rank_part(batch, sampling) for batch in global_batches(train_idx, sampling, epoch)]
 
 
 def global_batches(train_idx: torch.Tensor, sampling: SamplingConfig, epoch: int) -> tuple[torch.Tensor, ...]:
@@ -81,14 +85,3 @@ def epoch_order(train_idx: torch.Tensor, seed: int, epoch: int) -> torch.Tensor:
     # and the trainer's operators then pay a wake-up each (docs/results/one-engine-2026-12-05-round-two.md).
     return torch.from_numpy(train_idx.numpy()[torch.randperm(train_idx.shape[0], generator=generator).numpy()])
 
-
-def rank_shares(graph: Graph, sampling: SamplingConfig, epoch: int) -> np.ndarray:
-    """Per mini-batch of ``epoch``: ``world`` times this rank's share of the global batch's loss terms
-    (``Graph.loss_terms``); 1 where it has none, and wherever the ranks' parts carry equal weight."""
-    batches = global_batches(training_seeds(graph), sampling, epoch)
-    shares = np.ones(len(batches))
-    for k, batch in enumerate(batches):
-        terms = [graph.loss_terms(part.numpy()) for part in torch.tensor_split(batch, sampling.world)]
-        if sum(terms):
-            shares[k] = sampling.world * terms[sampling.rank] / sum(terms)
-    return shares

@@ -122,11 +122,6 @@ class NeighborSampler(OneThread, Sampler):
             return kernels.NO_ORDER
         return kernels.region_order(dst, self.vertices_per_region, self.indptr.shape[0] - 1)
 
-    def sample_hop(self, dst: np.ndarray, fanout: int, key: int) -> tuple[Block, np.ndarray]:
-        """``Sampler.sample_hop``, the frontier a numpy array."""
-        block, frontier = super().sample_hop(dst, fanout, key)
-        return block, frontier.numpy()
-
     @staticmethod
     def _ids(ids) -> np.ndarray:
         ids = np.ascontiguousarray(ids, dtype=np.int64)

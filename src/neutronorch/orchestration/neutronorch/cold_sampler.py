@@ -1,12 +1,14 @@
 """The cold sampler (thread ``neutronorch-sampler``): per mini-batch the bottom hop of the cold destinations
 only, drawn with the mini-batch's key (so with the planner's upper hops exactly what exact mode draws), then
-loaded as exact or device mode loads it. Hot destinations are never sampled, gathered or moved.
+loaded as exact or device mode loads it. Hot destinations are never sampled, gathered or moved. Its batches
+are ``SplicedBatch``es: the bottom block covers only the cold destinations; the splice index says where among
+all bottom-layer destinations the cold rows and the reused hot rows go (``GNN.forward``).
 """
 
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, Iterable, Iterator
 
@@ -19,8 +21,8 @@ from neutronorch.errors import ConfigError
 from neutronorch.features.placement import GiB
 from neutronorch.nn.splice import SpliceIndex
 from neutronorch.observe import Spans
-from neutronorch.orchestration.neutronorch.batch import Splice, SplicedBatch
-from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch
+from neutronorch.orchestration.batch import MiniBatch, each, per_type
+from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch, PlanStats
 from neutronorch.orchestration.pipeline import use_threads
 from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.exclude import exclude_from_block
@@ -29,6 +31,36 @@ from neutronorch.sampling.typed_device_sampler import topology_bytes
 from neutronorch.sampling.typed_sampler import TypedHops
 
 logger = logging.getLogger("neutronorch")
+
+
+@dataclass
+class Splice:
+    """A mini-batch's place in its super-batch and how its bottom-layer output is assembled (a typed
+    graph's index per hot vertex type)."""
+
+    super_batch_id: int  # the super-batch (numbered across epochs)
+    index: SpliceIndex | dict[str, SpliceIndex]
+    last: bool  # the last mini-batch of its super-batch
+    plan: PlanStats  # what the super-batch's plan did (shared by its mini-batches)
+    probe: np.ndarray | dict[str, np.ndarray]  # the plan's hottest vertices (the drift probe's candidates)
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "Splice":
+        index = each(self.index, lambda index: index.to(device, non_blocking))
+        return Splice(self.super_batch_id, index, self.last, self.plan, self.probe)
+
+
+@dataclass
+class SplicedBatch(MiniBatch):
+    splice: Splice | None = field(default=None, kw_only=True)
+
+    def tensors(self) -> list[torch.Tensor]:
+        indexes = per_type(self.splice.index).values()
+        return super().tensors() + [t for index in indexes for t in index.tensors()]
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "SplicedBatch":
+        super().to(device, non_blocking)
+        self.splice = self.splice.to(device, non_blocking)
+        return self
 
 
 def draws_on_device(setting: str, graph: TypedGraph, device: torch.device, free: int | None = None) -> bool:
@@ -70,7 +102,7 @@ class ColdSampler:
         use_threads(self.threads)
         on_device = self.reader is not None
         sampler = self.kind.cold_sampler()
-        with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
+        with torch.cuda.stream(self.stream):  # None: a no-op
             for plan in plans(sampler):
                 for position, item in enumerate(plan.batches):
                     if position < skip:
@@ -88,7 +120,6 @@ class ColdSampler:
                             block, frontier = sampler.sample_hop(cold, self.fanouts[-1], key)
                         else:
                             block, frontier = sampler.sample_hop(dst.numpy()[item.cold_pos], self.fanouts[-1], key)
-                            frontier = torch.from_numpy(frontier)
                         if item.exclude is not None:
                             block = exclude_from_block(block, frontier, item.exclude, self.graph.num_nodes)
                         subgraph = SampledSubgraph(item.upper.seeds, [block] + item.upper.blocks,

@@ -27,9 +27,6 @@ class DevicePlanner(Planner):
     def _scratch(self, n: int) -> torch.Tensor:
         return torch.empty(n, dtype=torch.int64, device=self.device)
 
-    def _empty(self, t) -> torch.Tensor:
-        return torch.empty(0, dtype=torch.int64, device=self.device)
-
     def _positions(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device)
 

@@ -95,9 +95,9 @@ class HotRowComputer:
             ids = plan.hot if exchange is None else plan.hot[exchange.computed]
             block, frontier = sampler.sample_hop(ids, self.sampling.fanouts[-1], key)
             if plan.exclude is not None:  # a link task: none of the super-batch's seed edges
-                block = exclude_from_block(block, torch.from_numpy(frontier), plan.exclude, self.graph.num_nodes)
+                block = exclude_from_block(block, frontier, plan.exclude, self.graph.num_nodes)
         with self.spans.stage("host_gather"):
-            x = self.store.gather(torch.from_numpy(frontier))
+            x = self.store.gather(frontier)
         return block, x, exchange
 
     def _finish_hot(self, plan: Plan, block, x: torch.Tensor, exchange: Exchange | None) -> None:

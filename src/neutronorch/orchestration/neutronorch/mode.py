@@ -12,6 +12,7 @@ host on the ``needs`` channel).
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 import numpy as np
 import torch
@@ -24,11 +25,9 @@ from neutronorch.observe import Spans, StageTable
 from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.channel import Channel
 from neutronorch.orchestration.device_reader import DeviceReader
-from neutronorch.orchestration.exact import HOST_SAMPLING_STAGES
-from neutronorch.orchestration.host_loader import HostLoader
+from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES, HostLoader
 from neutronorch.orchestration.mode import StepInputs
-from neutronorch.orchestration.neutronorch.batch import SplicedBatch
-from neutronorch.orchestration.neutronorch.cold_sampler import ColdSampler
+from neutronorch.orchestration.neutronorch.cold_sampler import ColdSampler, SplicedBatch
 from neutronorch.orchestration.neutronorch.controller import RatioController
 from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
 from neutronorch.orchestration.neutronorch.hot_rows import HotRowComputer
@@ -38,8 +37,7 @@ from neutronorch.orchestration.neutronorch.node import NodeHotSet, NodeLink
 from neutronorch.orchestration.neutronorch.plan_loop import PlanLoop, one_ahead
 from neutronorch.orchestration.neutronorch.planner import Planner
 from neutronorch.orchestration.neutronorch.stats import HotStats
-from neutronorch.orchestration.neutronorch.snapshots import SnapshotPublisher
-from neutronorch.orchestration.neutronorch.versions import Schedule, StalenessCheck
+from neutronorch.orchestration.neutronorch.versions import Schedule, SnapshotPublisher, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
@@ -61,19 +59,15 @@ class HomogeneousKind:
     needs = type_sizes = None
     lead_adapts = True  # the snapshot lead may grow while the trainer waits for hot rows
 
-    def __init__(self, graph: Graph, access: FeatureAccess, spans: Spans, sampling: SamplingConfig):
-        self.graph, self.device, self.sampling = graph, access.device, sampling
+    def __init__(self, graph: Graph, access: FeatureAccess, spans: Spans, sampling: SamplingConfig,
+                 host_sampler: Callable[[], NeighborSampler]):
+        self.graph, self.device, self.sampling, self.host_sampler = graph, access.device, sampling, host_sampler
         self.store, self.placement, self.cache = access.store, access.placement, access.cache
         self.source = access.store  # what the host reads the hot rows' inputs from
         # Device sampling: the cold bottom hop is sampled and gathered on the device, else on the host.
         self.reader = DeviceReader(graph, access, spans, sampling) if access.placement.topology != "host" else None
         self.loader = HostLoader(access, spans) if self.reader is None else None
         self.plans_on_device = self.reader is not None
-
-    def host_sampler(self) -> NeighborSampler:
-        sampling = self.sampling
-        return NeighborSampler(self.graph.indptr, self.graph.indices, sampling.fanouts, sampling.degrees,
-                               sampling.file_order)
 
     def cold_sampler(self):
         """The cold sampler's (made on its thread): over the reader's topology with ``plans_on_device``."""
@@ -93,10 +87,9 @@ class HomogeneousKind:
     def probe_inputs(self, ids: np.ndarray, sampling: SamplingConfig, model) -> tuple:
         """The drift probe's bottom block and float32 rows on the device, a fixed sample of its own key
         (float32: the probe runs outside autocast, and drift is a small difference)."""
-        sampler = NeighborSampler(self.graph.indptr, self.graph.indices, sampling.fanouts, sampling.degrees)
         key = layer_key(mix_key(sampling.seed, PROBE_KEY), len(sampling.fanouts) - 1)
-        block, frontier = sampler.sample_hop(ids, sampling.fanouts[-1], key)
-        rows = self.store.as_dtype(torch.float32).gather(torch.from_numpy(frontier))
+        block, frontier = self.host_sampler().sample_hop(ids, sampling.fanouts[-1], key)
+        rows = self.store.as_dtype(torch.float32).gather(frontier)
         return block.to(self.device), rows.to(self.device)
 
 
@@ -105,15 +98,13 @@ class TypedKind:
     reader = store = placement = cache = None  # (a homogeneous graph's feature access)
 
     def __init__(self, graph: TypedGraph, access: FeatureAccess, fanouts: dict[RelationType, list[int]],
-                 on_device: bool, spans: Spans):
+                 on_device: bool, spans: Spans, host_sampler: Callable[[], TypedNeighborSampler]):
         self.graph, self.source, self.fanouts, self.device = graph, access.inputs, fanouts, access.device
+        self.host_sampler = host_sampler
         self.type_sizes = graph.num_nodes  # how a node numbers its ranks' hot sets as one (``node.py``)
         self.loader = HostLoader(access, spans)  # its ``TypedInputs``
         self.plans_on_device = on_device
         self.needs = Channel("needs")  # the ids of the table rows each super-batch's hot rows read
-
-    def host_sampler(self) -> TypedNeighborSampler:
-        return TypedNeighborSampler(self.graph, self.fanouts)
 
     def cold_sampler(self):
         """The cold sampler's (made on its thread): on the training device with ``plans_on_device``."""
@@ -136,7 +127,7 @@ class TypedKind:
     def probe_inputs(self, ids: dict[str, np.ndarray], sampling: SamplingConfig, model):
         """A function giving the drift probe's bottom block and inputs (the table rows move with the
         weights)."""
-        block = TypedNeighborSampler(self.graph, self.fanouts).sample_bottom(ids, mix_key(sampling.seed, PROBE_KEY))
+        block = self.host_sampler().sample_bottom(ids, mix_key(sampling.seed, PROBE_KEY))
         features, input_ids = self.source(block.src_ids, self.device)
         block = block.to(self.device)
         return lambda: (block, model().input_rows(features, input_ids))

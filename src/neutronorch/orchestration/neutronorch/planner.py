@@ -13,7 +13,6 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 import numpy as np
-import torch
 from numba import njit, prange
 
 from neutronorch.data.graph import Graph
@@ -265,9 +264,6 @@ class Planner:
     def _scratch(self, n: int):
         return np.full(n, -1, np.int32)
 
-    def _empty(self, t) -> torch.Tensor:
-        return torch.empty(0, dtype=torch.int64)
-
     def _positions(self, array: np.ndarray):
         return array
 
@@ -282,7 +278,7 @@ class Planner:
         for t in self._slot:
             if not any(t in b for b in bottoms):
                 continue
-            mine = [b.get(t, self._empty(t)) for b in bottoms]
+            mine = [b.get(t, self._positions(np.empty(0, np.int64))) for b in bottoms]
             if ratio == 0 and hot is None:
                 choices[t] = all_cold([int(d.shape[0]) for d in mine], self._positions)
                 continue
@@ -311,5 +307,5 @@ class Planner:
         return {t: a for t, a in per_kind.items() if keep_empty or a.shape[0]}
 
     def _choose(self, t, bottoms: list, own: list[int], ratio: float, cap, hot, fresh, super_batch_id: int) -> Choice:
-        return choose(self._slot[t], self._into[t], [b.numpy() for b in bottoms], np.array(own, np.int64), ratio,
-                      cap, hot, fresh)
+        return choose(self._slot[t], self._into[t], [np.asarray(b) for b in bottoms], np.array(own, np.int64),
+                      ratio, cap, hot, fresh)

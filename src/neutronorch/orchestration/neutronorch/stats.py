@@ -15,13 +15,10 @@ class HotStats:
 
     def account(self, plan: PlanStats, host_edges: int = 0, computed: int | None = None) -> None:
         """Once per super-batch (``computed``: hot rows this rank computed, if not all)."""
+        for name in ("hot", "reached", "appearances", "hot_appearances", "saved_edges"):
+            setattr(self, name, getattr(self, name) + getattr(plan, name))
         self.super_batches += 1
-        self.hot += plan.hot
         self.computed += plan.hot if computed is None else computed
-        self.reached += plan.reached
-        self.appearances += plan.appearances
-        self.hot_appearances += plan.hot_appearances
-        self.saved_edges += plan.saved_edges
         self.host_edges += host_edges
         self.error_capped += int(plan.error_capped)
         self._epoch_shares.setdefault(plan.epoch, []).append(plan.hot / max(1, plan.reached))

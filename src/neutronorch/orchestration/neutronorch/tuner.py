@@ -91,16 +91,14 @@ class HotRatioTuner:
             phase = self._phase = "judge"  # measured without reuse already (capped): no baseline epoch needed
         if phase in ("probe", "judge"):
             if slower:
-                self._phase, self._off, self.ratio = "off", 0, 0.0
-                return "off", self._did_not_pay(seconds, ratio, cost)
+                return self._turn_off(seconds, ratio, cost)
             self._phase, self._best, self._direction, self._step = "on", (seconds, ratio), 1.0, 1.0
             self._set(self._next_positive(ratio))
             return "on", (f"{'the probe paid' if phase == 'probe' else 'reuse pays'}: {seconds:.2f} s per epoch at "
                           f"r {ratio:g}, {self._zero:.2f} s without hot rows")
         if not self.shared_cores:
             if slower and not (host_behind and ratio > self.LOW):
-                self._phase, self._off, self.ratio = "off", 0, 0.0
-                return "off", self._did_not_pay(seconds, ratio, cost)
+                return self._turn_off(seconds, ratio, cost)
             self._set(ratio * self._factor)
             return "balance", f"device / host time per super-batch {self._factor:.2f}"
         improved = self._best is None or seconds < self._best[0]
@@ -108,8 +106,7 @@ class HotRatioTuner:
             self._best = (seconds, ratio)
         converged = self._step < self.MIN_STEP
         if slower and (improved or converged or self._best[1] == ratio):  # no faster ratio to return to
-            self._phase, self._off, self.ratio = "off", 0, 0.0
-            return "off", self._did_not_pay(seconds, ratio, cost)
+            return self._turn_off(seconds, ratio, cost)
         if not improved:  # worse: back to the best ratio, turn round, and take smaller steps
             self._direction, self._step = -self._direction, self._step / 2
         self._set(self._next_positive(self._best[1]))
@@ -122,11 +119,12 @@ class HotRatioTuner:
             return base
         return base * 2 ** (self._direction * self._step)
 
-    def _did_not_pay(self, seconds: float, ratio: float, cost: float | None) -> str:
+    def _turn_off(self, seconds: float, ratio: float, cost: float | None) -> tuple[str, str]:
+        self._phase, self._off, self.ratio = "off", 0, 0.0
         spent = "" if cost is None else (f": the hot rows cost the device {cost:.2f} s and spared it "
                                          f"{self._zero - seconds + cost:.2f} s")
-        return (f"reuse does not pay: {seconds:.2f} s per epoch with hot rows (r {ratio:g}), {self._zero:.2f} s "
-                f"without{spent}")
+        return "off", (f"reuse does not pay: {seconds:.2f} s per epoch with hot rows (r {ratio:g}), "
+                       f"{self._zero:.2f} s without{spent}")
 
     def state_dict(self) -> dict:
         return {"ratio": self.ratio, "history": self.history, "direction": self._direction, "step": self._step,
