@@ -41,18 +41,14 @@ def nonfinite_rows(values: torch.Tensor) -> int:
 
 
 class EvaluationCheck:
-    """The checks of one evaluation (after ``epoch``, None when the run has no epoch to name): ``finite``
-    raises on outputs that are not numbers; ``collapsed`` is told each split's collapse (or None), and a
+    """The checks of one evaluation (after ``epoch``, None when the run has no epoch to name): ``nonfinite``
+    raises for outputs that are not numbers; ``collapsed`` is told each split's collapse (or None), and a
     reason every split gave is kept in ``reasons`` (one split alone, a small one, may be chance)."""
 
     def __init__(self, epoch: int | None = None, reasons: list[str] | None = None):
         self.epoch = epoch
         self.reasons = reasons if reasons is not None else []
         self.splits: list[str | None] = []
-
-    def finite(self, values: torch.Tensor, split: str, what: str = "logits", rows: str = "vertices") -> None:
-        """``values`` (a row per vertex or pair of ``split``) are finite, else a ``TrainingError``."""
-        self.nonfinite(nonfinite_rows(values), values.shape[0], split, what, rows)
 
     def nonfinite(self, bad: int, total: int, split: str, what: str, rows: str) -> None:
         """``bad`` of ``total`` rows were not finite: a ``TrainingError`` unless none."""
