@@ -10,8 +10,8 @@ import torch
 
 from neutronorch import ConfigError
 from neutronorch.train import link_metrics
-from neutronorch.train.link_metrics import (PerPositiveScores, SharedScores, hits_at_k, link_roc_auc, link_score, mrr,
-                                           parse_link_metric, ranks)
+from neutronorch.train.link_metrics import (PerPositiveScores, SharedScores, hits_at_k, link_roc_auc, link_scores,
+                                           mrr, parse_link_metric, ranks)
 
 RNG = np.random.default_rng(5)
 
@@ -95,9 +95,9 @@ def test_torch_scores_score_as_numpy_ones_bfloat16_included():
 
 def test_link_score_reads_metric_names_and_refuses_others():
     positive, negatives = np.array([0.5, 0.9]), np.array([[0.6, 0.4, 0.5], [0.1, 0.2, 0.3]])
-    assert link_score("mrr", positive, negatives) == mrr(positive, negatives)
-    assert link_score("Hits@2", positive, negatives) == 0.5
-    assert link_score("rocauc", positive, negatives) == link_roc_auc(positive, negatives)
+    assert link_scores(positive, negatives).score("mrr") == mrr(positive, negatives)
+    assert link_scores(positive, negatives).score("Hits@2") == 0.5
+    assert link_scores(positive, negatives).score("rocauc") == link_roc_auc(positive, negatives)
     assert parse_link_metric("hits@50") == ("hits", 50)
     for bad in ("hits@0", "hits", "hits@x", "ndcg", "mrr@10"):
         with pytest.raises(ConfigError, match="use mrr, rocauc or hits@K"):
@@ -155,7 +155,8 @@ def test_per_positive_scores_in_chunks_equal_the_whole_array_functions(sizes):
     assert scores.roc_auc() == pytest.approx(link_roc_auc(positive, negatives), abs=1e-12)
     assert scores.roc_auc() == pytest.approx(pairwise_auc(positive, negatives.reshape(-1)), abs=1e-12)
     for metric in ("mrr", "hits@10", "rocauc"):
-        assert scores.score(metric) == pytest.approx(link_score(metric, positive, negatives), abs=1e-12)
+        want = link_scores(positive, negatives).score(metric)
+        assert scores.score(metric) == pytest.approx(want, abs=1e-12)
 
 
 def test_per_positive_scores_take_torch_chunks_and_refuse_missing_rows_or_widths():
@@ -182,7 +183,7 @@ def test_shared_scores_are_the_whole_array_functions():
     assert scores.mrr() == mrr(positive, negatives)
     assert scores.hits_at_k(50) == hits_at_k(positive, negatives, 50)
     assert scores.roc_auc() == link_roc_auc(positive, negatives)
-    assert scores.score("hits@20") == link_score("hits@20", positive, negatives)
+    assert scores.score("hits@20") == link_scores(positive, negatives).score("hits@20")
 
 
 def test_per_positive_scores_hold_the_positives_not_the_negatives():

@@ -15,7 +15,7 @@ from neutronorch.nn.typed_models import TypedGNN
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.distributed import World
-from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, node_collapse
+from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, node_collapse, nonfinite_rows
 from neutronorch.train.layerwise import LayerProgress, layerwise
 from neutronorch.train.task import Task
 
@@ -91,7 +91,8 @@ def scored(task: Task, sets: dict[str, tuple[torch.Tensor, torch.Tensor]], check
     """``task``'s metric of each split's (logits, labels), the logits checked finite and for a collapse."""
     scores = {}
     for name, (logits, labels) in sets.items():
-        check.finite(logits, SPLIT_NAMES.get(name, name))
+        split = SPLIT_NAMES.get(name, name)
+        check.nonfinite(nonfinite_rows(logits), logits.shape[0], split, "logits", "vertices")
         check.collapsed(node_collapse(logits, labels, task.multilabel))
         scores[name] = task.score(logits, labels)
     return scores

@@ -1,11 +1,6 @@
-"""Settings a run cannot meet, refused before training (``check_learnable``: a ``DataError`` naming the
-dataset and the fix), or said once where training can still mean something.
-
-Refused: labels of one class (multi-label: every task one value), a training set of one class,
-``num_classes`` more than twice the classes the labels use, a validation or test set without a label (it
-would score NaN), and a homogeneous graph without features for a built-in model (every vertex would get the
-same output; a typed graph's featureless types get embeddings, your own module may hold its own). Warned
-(and kept in the summary's ``warnings``): classes without a training vertex.
+"""Labels and features a run cannot learn from, refused before training (``check_learnable``: a
+``DataError`` naming the dataset and the fix; docs/errors.md lists them), and classes without a training
+vertex, said once as a warning kept in the summary's ``warnings``.
 """
 
 from __future__ import annotations

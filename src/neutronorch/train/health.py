@@ -1,14 +1,7 @@
-"""What an evaluation's outputs and the training loss say about a run (docs/errors.md, "While training").
-
-- **Non-finite outputs** (``EvaluationCheck.finite``): NaN or infinite logits, embeddings or link scores
-  would score garbage, so they are a ``TrainingError`` naming the epoch, the split and the rows; one
-  ``isfinite().all()`` per tensor. ``predict``, ``embed`` and ``score_pairs`` check each chunk with
-  ``output_check`` (a ``CheckpointError``) before anything is written.
-- **Collapse** (``Health``): an epoch is marked ``collapsed`` when its evaluation found, in every split,
-  every (or ``MOST_TIED`` of the) link scores tied, the same scores for every vertex, or one class predicted
-  for all of a split holding several; or when the training loss sat at a constant output's value
-  (``Task.constant_losses``) in this epoch and the one before. The first collapse is logged once as a
-  warning and kept in the summary's ``warnings``; the run goes on.
+"""What an evaluation's outputs and the training loss say about a run (docs/errors.md, "While training",
+says what a user sees). Non-finite outputs are an error (``EvaluationCheck``; ``output_check`` for
+``predict``, ``embed`` and ``score_pairs``), one ``isfinite().all()`` per tensor; a collapse (``Health``)
+marks the epoch and warns once, and the run goes on.
 """
 
 from __future__ import annotations
@@ -48,18 +41,14 @@ def nonfinite_rows(values: torch.Tensor) -> int:
 
 
 class EvaluationCheck:
-    """The checks of one evaluation (after ``epoch``, None when the run has no epoch to name): ``finite``
-    raises on outputs that are not numbers; ``collapsed`` is told each split's collapse (or None), and a
+    """The checks of one evaluation (after ``epoch``, None when the run has no epoch to name): ``nonfinite``
+    raises for outputs that are not numbers; ``collapsed`` is told each split's collapse (or None), and a
     reason every split gave is kept in ``reasons`` (one split alone, a small one, may be chance)."""
 
     def __init__(self, epoch: int | None = None, reasons: list[str] | None = None):
         self.epoch = epoch
         self.reasons = reasons if reasons is not None else []
         self.splits: list[str | None] = []
-
-    def finite(self, values: torch.Tensor, split: str, what: str = "logits", rows: str = "vertices") -> None:
-        """``values`` (a row per vertex or pair of ``split``) are finite, else a ``TrainingError``."""
-        self.nonfinite(nonfinite_rows(values), values.shape[0], split, what, rows)
 
     def nonfinite(self, bad: int, total: int, split: str, what: str, rows: str) -> None:
         """``bad`` of ``total`` rows were not finite: a ``TrainingError`` unless none."""

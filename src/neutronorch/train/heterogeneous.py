@@ -183,8 +183,3 @@ class TypedParts:
             "embedding_tables": None if self.tables is None else self.tables.summary(),
             "threads": {"train": run.threads.train, "sampler": run.threads.sampler},
         }
-
-    def load_optimizers(self, state: dict) -> None:
-        self.adam.load_state_dict(state["optimizer"])
-        if self.sparse is not None:
-            self.sparse.load_state_dict(state["tables_optimizer"]["state"])

@@ -21,7 +21,7 @@ from neutronorch.errors import ConfigError
 from neutronorch.train.health import TIE_TOLERANCE
 from neutronorch.train.task import roc_auc
 
-__all__ = ["ranks", "mrr", "hits_at_k", "link_roc_auc", "link_score", "link_scores", "parse_link_metric",
+__all__ = ["ranks", "mrr", "hits_at_k", "link_roc_auc", "link_scores", "parse_link_metric",
            "PerPositiveScores", "SharedScores"]
 
 CHUNK = 1 << 22  # negative scores compared at a time
@@ -87,10 +87,6 @@ def hits_at_k(positive, negatives, k: int) -> float:
 
 def link_roc_auc(positive, negatives) -> float:
     return link_scores(positive, negatives).roc_auc()
-
-
-def link_score(metric: str, positive, negatives) -> float:
-    return link_scores(positive, negatives).score(metric)
 
 
 class _Metrics:

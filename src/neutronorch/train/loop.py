@@ -7,9 +7,7 @@ per epoch (step losses for the metric logs once per ``log_every`` steps).
 from __future__ import annotations
 
 import math
-import threading
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -47,23 +45,6 @@ def check_call(config, progress, stop):
     return config
 
 
-@dataclass
-class EpochControl:
-    """Where an epoch starts, what it carries over, when it saves and whether it must stop.
-
-    ``save(epoch, steps done, loss sum)`` writes a checkpoint mid-epoch: every ``checkpoint_every`` steps,
-    and when ``stop`` is set (then the epoch raises ``Interrupted`` after the step it was on)."""
-
-    start_step: int = 0
-    loss_sum: float = 0.0  # the float32 sum of the losses of the steps before ``start_step``
-    stop: threading.Event | None = None
-    checkpoint_every: int = 0
-    save: Callable[[int, int, torch.Tensor], None] | None = None
-    # A stop after the epoch's last step saves and raises too, before the epoch's record (a typed run's);
-    # else the epoch's end has its own checkpoint and stop check.
-    stop_at_last_step: bool = False
-
-
 class TimelineWindow:
     """Keeps the raw spans of ``steps`` training steps from the start of one epoch (the second, if there is
     one: the first includes JIT compilation and cold caches), and takes a utilisation sample where the
@@ -80,10 +61,6 @@ class TimelineWindow:
             util.sample()
             spans.keep = self.active = True
 
-    def after_step(self, spans: Spans, done: int, util: Utilisation) -> None:
-        if self.active and done >= self.steps:
-            self.end_epoch(spans, util)
-
     def end_epoch(self, spans: Spans, util: Utilisation) -> None:
         if self.active:
             spans.keep = self.active = False
@@ -95,14 +72,20 @@ def _diverged(epoch: int, steps: int) -> TrainingError:
                          f"steps): the run diverged. Lower `lr`, or check the features for extreme values.")
 
 
-def train_epoch(run, epoch: int, control: EpochControl, window: TimelineWindow, progress: Progress | None,
-                loss_progress: Callable[[int, float], None] | None = None) -> dict:
+def train_epoch(run, epoch: int, window: TimelineWindow) -> dict:
     """Train one epoch of ``run`` (a ``run.Run``: its model, optimizers, mode, task's loss, precision and,
-    data parallel, reduction) from ``control.start_step`` on; return its record (without evaluation).
-    Counters of rows, edges and bytes cover the steps run here; the loss covers the whole epoch, as does
-    ``loss_progress(epoch, running mean)``."""
+    data parallel, reduction) from ``run.start_step`` on when it is the run's first, else from its start;
+    return its record (without evaluation). Counters of rows, edges and bytes cover the steps run here; the
+    loss covers the whole epoch, as does ``run.progress.loss(epoch, running mean)``. ``last.pt`` is saved
+    mid-epoch every ``checkpoint_every`` steps, and when ``run.stop`` is set (then ``Interrupted``)."""
     model, mode, spans, util, metrics = run.model, run.mode, run.spans, run.util, run.metrics
-    seed = run.config.seed
+    seed, every, stop, progress = run.config.seed, run.config.checkpoint_every, run.stop, run.progress
+    loss_progress = getattr(progress, "loss", None)
+    start_step, loss_sum = (run.start_step, run.loss_sum) if epoch == run.start_epoch else (0, 0.0)
+    saving = run.config.checkpoint_dir and mode.resumable_mid_epoch
+    # A stop after the epoch's last step saves and raises too, before the epoch's record (a typed run's);
+    # else the epoch's end has its own checkpoint and stop check.
+    stop_at_last_step = run.typed is not None
     # A typed model's dropout masks are keyed by the global batch (step.py).
     masks = (lambda batch: step_masks(seed, batch.epoch, batch.index)) if run.typed is not None else None
     # Data parallel: the step's reduction, each rank weighted by its loss terms.
@@ -111,16 +94,16 @@ def train_epoch(run, epoch: int, control: EpochControl, window: TimelineWindow, 
     spans.take()  # drop what the producers recorded between epochs (evaluation time)
     util.take()
     device = next(model.parameters()).device
-    total_loss = torch.full((), control.loss_sum, dtype=torch.float32, device=device)
+    total_loss = torch.full((), loss_sum, dtype=torch.float32, device=device)
     check_every = DIVERGENCE_CHECK_STEPS if device.type == "cuda" else 1
     step_losses = []
     moved = [0] * 5  # sampled edges, input rows, feature bytes, device cache hits, bytes copied to the device
-    num_batches = control.start_step
+    num_batches = start_step
     start = time.perf_counter()
     if mode.store is not None:
         mode.store.take_counts()  # rows gathered outside training (evaluation) are not this epoch's
     window.begin_epoch(epoch, spans, util)
-    with mode.batches(epoch, control.start_step) as batches:
+    with mode.batches(epoch, start_step) as batches:
         batches = iter(batches)
         while True:
             with spans.stage("wait", num_batches):
@@ -144,16 +127,16 @@ def train_epoch(run, epoch: int, control: EpochControl, window: TimelineWindow, 
                     step_losses = []
             num_batches += 1
             moved = [total + n for total, n in zip(moved, batch_counts)]
-            window.after_step(spans, num_batches, util)
+            if num_batches >= window.steps:
+                window.end_epoch(spans, util)
             if run.first_step_at is None:  # the summary's time to the first step
                 run.first_step_at = time.perf_counter()
             if progress is not None:
                 progress(epoch, num_batches, mode.num_batches)
-            stopping = control.stop is not None and control.stop.is_set()
-            if num_batches < mode.num_batches or (stopping and control.stop_at_last_step):
-                due = control.checkpoint_every and num_batches % control.checkpoint_every == 0
-                if control.save is not None and (stopping or due):
-                    control.save(epoch, num_batches, total_loss)
+            stopping = stop is not None and stop.is_set()
+            if num_batches < mode.num_batches or (stopping and stop_at_last_step):
+                if saving and (stopping or (every and num_batches % every == 0)):
+                    run.checkpoint("last.pt", epoch, (num_batches, float(total_loss)))
                 if stopping:
                     raise Interrupted(f"stopped on request in epoch {epoch} after step {num_batches} of "
                                       f"{mode.num_batches}")
@@ -185,7 +168,7 @@ def train_epoch(run, epoch: int, control: EpochControl, window: TimelineWindow, 
                   "host_rows": host_rows, "host_cache_hits": host_hits},
         "batches": num_batches,
         "sampled_edges": sampled_edges,
-        "input_nodes_per_batch": input_nodes / max(1, num_batches - control.start_step),
+        "input_nodes_per_batch": input_nodes / max(1, num_batches - start_step),
         "peak_rss_mb": round(peak_rss_mb(), 1),  # high-water mark so far, before this epoch's evaluation
     }
 

@@ -1,10 +1,7 @@
-"""Optional metric logs: JSONL (every field), CSV (one row per logged step and per epoch) and TensorBoard;
-scores under the metric's own name and, as in the summary, under ``val_acc`` and ``test_acc``.
-
-Step losses are read from the device once every ``log_every`` steps, never once per step; files are flushed
-after every epoch. A log (or the timeline) that cannot be written does not stop the training: the run says
-so at once, goes on without it, saves and summarises what it trained, then ends with an ``OutputError``
-naming the file (``checked``), so it never ends as if nothing was lost.
+"""Optional metric logs: JSONL (every field), CSV (one row per logged step and per epoch) and TensorBoard
+(docs/observability.md). Step losses are read from the device once every ``log_every`` steps, never once per
+step. A log (or the timeline) that cannot be written does not stop the training; the run ends with an
+``OutputError`` naming the file once it is saved and summarised (``checked``; docs/errors.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Replacing an earlier run's outputs (``overwrite``) without ever losing them before the new run has its own
-(docs/errors.md and docs/checkpoints.md say what a user sees).
+(docs/checkpoints.md and docs/errors.md say when they are set aside, deleted or put back).
 
-When the run starts (its checkpoint folder locked, before its data is loaded) every earlier output it would
-replace, table folders and TensorBoard event files included, is renamed into a hidden folder beside it,
-``.neutronorch-replaced-PID@HOST-RANDOM/``: nothing is read as the new run's, nothing deleted yet. The
-set-aside folders are deleted once the new run has its own (its first regular checkpoint, or without a
-checkpoint folder its summary at the end of a completed run), and put back, whatever the new run wrote there
-removed first, when it ends before that. A run killed outright leaves the hidden folder, which the next run
-into that folder refuses to start over (``output_guard.check_nothing_set_aside``); nothing deletes it.
+Set aside means renamed into a hidden folder beside them, ``.neutronorch-replaced-PID@HOST-RANDOM/``; a run
+killed outright leaves it, and the next run into that folder refuses to start over it
+(``output_guard.check_nothing_set_aside``); nothing deletes it.
 """
 
 from __future__ import annotations

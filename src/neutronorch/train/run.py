@@ -25,7 +25,7 @@ from neutronorch.orchestration.factory import Threads
 from neutronorch.orchestration.mode import Mode
 from neutronorch.train.checkpoint import save_checkpoint
 from neutronorch.train.evaluate import evaluate
-from neutronorch.train.loop import EpochControl, Progress, TimelineWindow, epoch_line, train_epoch
+from neutronorch.train.loop import Progress, TimelineWindow, epoch_line, train_epoch
 from neutronorch.train.distributed import GradientSync, World
 from neutronorch.train.health import Health
 from neutronorch.train.link_task import LinkTask, evaluate_links
@@ -160,10 +160,9 @@ class Run:
             torch.set_rng_state(state["rng"]["torch"])
             if self.device.type == "cuda" and state["rng"]["cuda"] is not None:
                 torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
-            if typed is None:
-                self.optimizer.load_state_dict(state["optimizer"])
-            else:
-                typed.load_optimizers(state)
+            (self.optimizer if typed is None else typed.adam).load_state_dict(state["optimizer"])
+            if typed is not None and typed.sparse is not None:
+                typed.sparse.load_state_dict(state["tables_optimizer"]["state"])
             mode_state = state["mode_state"]
             self.mode.load_state_dict(mode_state["ranks"][self.world.rank] if self.world.distributed else mode_state)
             self.history, self.best = list(state["history"]), dict(state["best"])
@@ -184,7 +183,7 @@ class Run:
         logger.info(f"resumed from {path} at epoch {self.start_epoch}, step {self.start_step}")
 
 
-def run_epochs(run: Run, progress: Progress | None) -> dict | None:
+def run_epochs(run: Run) -> dict | None:
     """Train every epoch of ``run``, evaluating as configured, into ``run.history``,
     ``run.best`` and ``run.last_eval``; returns the timeline written (or None)."""
     config, mode, epochs = run.config, run.mode, run.history
@@ -193,18 +192,12 @@ def run_epochs(run: Run, progress: Progress | None) -> dict | None:
     if run.stop is not None and run.stop.is_set():  # asked while the data loaded: no step to finish first
         raise Interrupted("stopped on request before the first step")
     mode.start(run.model)
-    saving = config.checkpoint_dir and mode.resumable_mid_epoch
     for epoch in range(run.start_epoch, config.epochs):
-        resumed = epoch == run.start_epoch
-        control = EpochControl(run.start_step if resumed else 0, run.loss_sum if resumed else 0.0, run.stop,
-                               config.checkpoint_every,
-                               (lambda e, k, loss: run.checkpoint("last.pt", e, (k, float(loss)))) if saving else None,
-                               run.typed is not None)
-        record = train_epoch(run, epoch, control, window, progress, getattr(progress, "loss", None))
+        record = train_epoch(run, epoch, window)
         mode.end_epoch(record)
         if config.eval_every > 0 and ((epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1):
             t0 = time.perf_counter()
-            evaluating = getattr(progress, "evaluating", None)  # (epoch, layer, done, total), loop.py
+            evaluating = getattr(run.progress, "evaluating", None)  # (epoch, layer, done, total), loop.py
             run.last_eval = run.evaluate(epoch, evaluating and functools.partial(evaluating, epoch))
             record.update(named_scores(run.task, run.last_eval), eval_seconds=time.perf_counter() - t0)
             if run.last_eval["val"] > run.best["val"] or run.best["epoch"] < 0:
@@ -246,7 +239,7 @@ def summarised(run) -> dict:
     ``summary_json`` before the earlier outputs `overwrite` set aside are deleted. Nothing is lost when the run
     fails or is stopped: what was trained is summarised (and, stopped on request, saved) before raising."""
     try:
-        timeline = run_epochs(run, run.progress)
+        timeline = run_epochs(run)
     except (Interrupted, TrainingError, OutputError) as exc:
         # Not ENDED: another rank may be gone, so the summary makes no collective.
         summary = summarise(run, "interrupted" if isinstance(exc, Interrupted) else "failed")

@@ -160,11 +160,10 @@ def score_fields(key: str, best: dict, last: dict) -> dict:
     """A summary's scores: the best evaluation's (``best``: val, test, epoch) and the last one's (``last``;
     empty when nothing was evaluated, and then no score is reported), under the metric's ``key`` and again
     under the names they had when accuracy was the only metric."""
-    evaluated = bool(last)
-    return {f"val_{key}": best["val"] if evaluated else None, f"test_{key}": best["test"] if evaluated else None,
-            "best_epoch": best["epoch"] if evaluated else None,
+    best = best if last else {}
+    return {f"val_{key}": best.get("val"), f"test_{key}": best.get("test"), "best_epoch": best.get("epoch"),
             f"final_val_{key}": last.get("val"), f"final_test_{key}": last.get("test"),
-            "val_acc": best["val"] if evaluated else None, "test_acc": best["test"] if evaluated else None,
+            "val_acc": best.get("val"), "test_acc": best.get("test"),
             "final_val_acc": last.get("val"), "final_test_acc": last.get("test")}
 
 

@@ -1,20 +1,8 @@
-"""What is predicted and how it is scored: the task a graph's labels pose, its loss and its metric.
-
-- **Multi-class** (binary included): labels are class ids, a 1-D integer array; cross-entropy over the
-  logits. A vertex labelled -1 has no label.
-- **Multi-label**: labels are a 2-D 0/1 array, one column per task; binary cross-entropy per (vertex, task)
-  over the logits. An entry of -1 is unknown and left out.
-
-Unlabelled vertices (and unknown entries) count in neither the loss nor a metric. ``METRICS``:
-
-- ``accuracy``: share of correct predictions (multi-label: of known entries, at logit 0 = probability 0.5);
-- ``rocauc``: area under the ROC curve; binary: of the positive class's score; more classes: the mean of
-  one-vs-rest areas; multi-label: the mean over tasks that have both labels among the known entries (as
-  OGB's evaluator computes it for ogbn-proteins);
-- ``f1-micro`` and ``f1-macro``: F1 over all decisions, and the mean of per-class (per-task) F1.
-
-``auto`` takes the dataset's own metric where its loader knows the one its literature reports (ROC-AUC for
-the binary heterophilous graphs), else ROC-AUC for multi-label tasks and accuracy otherwise.
+"""What is predicted and how it is scored: the task a graph's labels pose, its loss and its metric
+(``METRICS``; ``auto``: the dataset's own, else ROC-AUC for multi-label labels and accuracy otherwise), as
+docs/datasets.md ("Labels and tasks") defines them. Multi-class labels are class ids (-1: none), multi-label
+ones a 0/1 row per vertex (-1: unknown); unlabelled vertices and unknown entries count in neither the loss
+nor a metric.
 """
 
 from __future__ import annotations
