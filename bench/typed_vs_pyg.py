@@ -51,7 +51,7 @@ the medians over the epochs. ``--max-batches N``: every side trains on the same 
 the training papers (N batches an epoch, reshuffled every epoch).
 
 **Accuracy**: one protocol on every side: after the last epoch, the model in eval mode scores a fixed random
-``--eval-nodes`` of the test papers (``train/evaluate.py``'s ``_subset`` with seed ``--seed + 1``, the subset
+``--eval-nodes`` of the test papers (``train/evaluate.py``'s ``eval_subset`` with seed ``--seed + 1``, the subset
 ours evaluates with ``eval_max_nodes``), each from its own sample with the training fanouts.
 """
 
@@ -161,9 +161,9 @@ def fanout_spec(args) -> dict:
 
 def test_subset(graph, args):
     """The test papers every side scores: those ours scores with ``eval_max_nodes``."""
-    from neutronorch.train.evaluate import _subset
+    from neutronorch.train.evaluate import eval_subset
 
-    return _subset(graph.test_idx, args.eval_nodes, args.seed + 1)
+    return eval_subset(graph.test_idx, args.eval_nodes, args.seed + 1)
 
 
 def _say(record: dict) -> None:
