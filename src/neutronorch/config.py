@@ -155,7 +155,8 @@ class TrainConfig:
             if option.get("choices") is not None and value not in option["choices"]:
                 raise ConfigError(f"`{f.name}` {value!r}: choose one of {', '.join(option['choices'])}.")
             if option.get("bound") and value is not None and not BOUNDS[option["bound"]](value):
-                raise ConfigError(f"`{f.name}` {value}: must be {option['bound']}.")
+                what = (option.get("short") or option["help"]).split(" (default")[0].split(";")[0]
+                raise ConfigError(f"`{f.name}` {value}: must be {option['bound']} ({what}).")
         checks = [
             (self.batch_size >= 0, f"`batch_size` {self.batch_size}: must be a positive number of seeds "
                                    f"(or 0 to choose from the training-set size)."),
