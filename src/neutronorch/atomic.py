@@ -7,7 +7,8 @@ machine left (its process no longer runs; another machine's, on a shared disk, i
 nothing accumulates beside outputs. A failed write raises ``OutputError`` naming
 the target, the reason (a full disk says how much was free) and what was kept.
 
-Used by the data writers and the training outputs alike; it imports nothing of ours but the errors.
+A folder is written whole the same way (``write_folder``). Used by the data writers and the training
+outputs alike; it imports nothing of ours but the errors.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import itertools
 import os
 import shutil
 import socket
+import stat
 import tempfile
+import uuid
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
@@ -121,14 +124,17 @@ def write_error(target: Path, exc: BaseException, existed: bool) -> OutputError:
 def free_bytes(path: str | os.PathLike) -> int | None:
     """Bytes an unprivileged writer may still use on ``path``'s disk (the nearest existing folder's), or
     None where unknown."""
-    path = Path(path).expanduser().absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
     try:
-        stats = os.statvfs(path)
+        stats = os.statvfs(existing_ancestor(Path(path).expanduser().absolute()))
     except (OSError, AttributeError):
         return None
     return stats.f_bavail * stats.f_frsize
+
+
+def existing_ancestor(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 class _Recording:
@@ -150,40 +156,89 @@ class _Recording:
 
 
 @contextlib.contextmanager
-def _temporary(target: Path, make: Callable[[str], None]) -> Iterator[str]:
-    """A temporary path beside ``target`` made by ``make``, renamed onto ``target`` when the block ends
-    without an error, removed otherwise. OS errors become ``OutputError``."""
+def _beside(target: Path, new: Callable[[Path, str], Path]) -> Iterator[Path]:
+    """A temporary file or folder ``new(folder, prefix)`` made beside ``target`` (its folder made if needed)
+    for the block to fill and move into place; on an error it is removed, with the folders made, and an
+    ``OSError`` becomes ``OutputError``."""
     existed, made = target.exists(), []
     try:
         made = make_folder(target.parent)  # removed again if the write fails
         sweep_stale(target)
-        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target), dir=target.parent)
-        os.close(fd)
+        tmp = new(target.parent, temp_prefix(target))
     except OSError as exc:
         remove_made(made)
         raise write_error(target, exc, existed) from exc
     try:
-        make(tmp)
+        yield tmp
+    except BaseException as exc:
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        remove_made(made)
+        if isinstance(exc, OSError):
+            raise write_error(target, exc, existed) from exc
+        raise
+
+
+def _new_file(parent: Path, prefix: str) -> Path:
+    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=parent)
+    os.close(fd)
+    return Path(tmp)
+
+
+def _new_folder(parent: Path, prefix: str) -> Path:
+    """A new empty folder named ``prefix`` + random letters, with a plain ``mkdir``'s permissions
+    (``mkdtemp``'s would be private, 0700)."""
+    while True:
+        path = parent / f"{prefix}{uuid.uuid4().hex[:12]}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+
+
+@contextlib.contextmanager
+def _temporary(target: Path) -> Iterator[Path]:
+    """A temporary file beside ``target``, renamed onto it when the block ends without an error."""
+    with _beside(target, _new_file) as tmp:
         yield tmp
         with open(tmp, "rb+") as f:
             os.fchmod(f.fileno(), 0o666 & ~_umask())  # what open() would have given (mkstemp gives 0600)
             os.fsync(f.fileno())
         os.replace(tmp, target)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        remove_made(made)
-        raise write_error(target, exc, existed) from exc
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        remove_made(made)
-        raise
+
+
+def write_folder(target: Path, fill: Callable[[Path], None]) -> Path:
+    """Call ``fill`` on a new folder beside ``target`` and move it into place, replacing ``target`` (which the
+    caller has checked may be replaced). A failed write leaves what was there, and arrays memory-mapped from
+    ``target`` stay readable meanwhile."""
+    with _beside(target, _new_folder) as partial:
+        if target.is_dir():  # a folder that was there (empty, or a dataset replaced) keeps its permissions
+            os.chmod(partial, stat.S_IMODE(target.stat().st_mode))
+        fill(partial)
+        if target.exists():
+            # Not a temporary name of the sweep's: between the two renames it holds the only copy.
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            target.replace(old / target.name)
+            try:
+                partial.replace(target)
+            except BaseException:
+                (old / target.name).replace(target)  # what was there goes back
+                old.rmdir()
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            partial.replace(target)
+    return target
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
     """Call ``write`` on a temporary file beside ``path`` (its folder made if needed), flush it to disk and
     rename it into place."""
     target = Path(path)
-    with _temporary(target, lambda tmp: None) as tmp:
+    with _temporary(target) as tmp:
         with open(tmp, "wb") as f:
             recording = _Recording(f)
             try:
@@ -201,7 +256,7 @@ def open_array_atomically(path: str | os.PathLike, shape: tuple[int, ...], dtype
     """A ``.npy`` file of ``shape`` and ``dtype`` to fill in place, memory-mapped (never held whole in
     memory), renamed into place when the block ends without an error."""
     target = Path(path)
-    with _temporary(target, lambda tmp: None) as tmp:
+    with _temporary(target) as tmp:
         if int(np.prod(shape)) == 0:  # an empty file cannot be mapped
             array = np.empty(shape, dtype)
             yield array
