@@ -54,7 +54,7 @@ def check_outputs(config: TrainConfig, reads: dict[str, list] | None = None, mad
         raise ConfigError(f"`checkpoint_dir` {config.checkpoint_dir}: exists and is not a folder.")
     check_fresh(outputs, config.overwrite, config.resume, again=" (or continue that run with `resume`)")
     for field, path in (("log_jsonl", config.log_jsonl), ("log_csv", config.log_csv),
-                        ("tensorboard", config.tensorboard)):
+                        ("tensorboard", config.tensorboard), ("timeline", config.timeline)):
         if path and not Path(path).resolve().parent.exists() and Path(path).parent != made:
             raise ConfigError(f"`{field}` {path}: the folder {Path(path).resolve().parent} does not exist.")
     for field, paths in {**outputs, **folders}.items():
@@ -105,9 +105,6 @@ def _check_timeline(path: str) -> None:
     except ImportError:
         raise ConfigError("`timeline` needs matplotlib: pip install matplotlib (or the project's [plot] "
                           "extra).") from None
-    parent = Path(path).parent
-    if not parent.exists():
-        raise ConfigError(f"`timeline` {path}: the folder {parent} does not exist.")
 
 
 def _finite(value):
