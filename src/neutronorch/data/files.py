@@ -12,16 +12,11 @@ from typing import Callable
 
 import numpy as np
 
-from neutronorch.errors import DataError, not_a_file
+from neutronorch.errors import DataError, not_a_file, permission_message
 
 REFETCH = "The dataset is incomplete or damaged; fetch it again."
 # progress(what, done, total): bytes of the file being read (an edge file built a chunk at a time: read twice).
 Progress = Callable[[str, int, int], None]
-
-
-def permission_message(path) -> str:
-    return (f"cannot read {path}: permission denied; give the user running neutronorch read access to it (and "
-            f"to the folders above it), e.g. chmod a+r for a file, a+rx for a folder, or run as its owner.")
 
 
 def read_error(path, exc: BaseException, problem: str) -> DataError:
