@@ -212,9 +212,8 @@ def open_run_folder(config: TrainConfig, name: str | None = None, reads: dict[st
         folder = _unused(base)
     existed = folder.exists()  # a named run's, continued or replaced
     run = RunFolder(folder)
-    planned = run.outputs(config)
     # Every check before anything is made: the options, then the folder and the outputs in it.
-    checked = dataclasses.replace(planned).validate()
+    checked = run.outputs(config).validate()
     check_creatable("run_name", folder / RUN_FILES["summary_json"], what=f"the run folder {folder}/",
                     fix="Run from a folder you can write to, name the outputs (`summary_json`, "
                         "`checkpoint_dir`), or pass `no_save`.")
