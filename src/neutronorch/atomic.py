@@ -1,10 +1,14 @@
 """Files written whole or not at all: a temporary file beside the target, flushed to disk and renamed into
 place, so a crash, a kill or a full disk mid-write leaves the previous file (or none), never half of one.
 
-Temporary files are named ``.<target>.tmp-<pid>@<host>-<random>``. A write removes its own when it fails;
-the next write to the same target removes those of this machine's processes that no longer run (another
-machine's, on a shared disk, are never touched). A failed write raises ``OutputError`` naming the target,
-the reason (a full disk says how much was free) and what was kept. Imports nothing of ours but the errors.
+Temporary files are named ``.<target>.tmp-<pid>@<host>-<random>``. A write removes what it left itself when
+it fails or is interrupted, and the next write to the same target removes what a killed process of the same
+machine left (its process no longer runs; another machine's, on a shared disk, is never touched), so
+nothing accumulates beside outputs. A failed write raises ``OutputError`` naming
+the target, the reason (a full disk says how much was free) and what was kept.
+
+A folder is written whole the same way (``write_folder``). Used by the data writers and the training
+outputs alike; it imports nothing of ours but the errors.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import itertools
 import os
 import shutil
 import socket
+import stat
 import tempfile
+import uuid
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
@@ -114,14 +120,17 @@ def write_error(target: Path, exc: BaseException, existed: bool) -> OutputError:
 def free_bytes(path: str | os.PathLike) -> int | None:
     """Bytes an unprivileged writer may still use on ``path``'s disk (the nearest existing folder's), or
     None where unknown."""
-    path = Path(path).expanduser().absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
     try:
-        stats = os.statvfs(path)
+        stats = os.statvfs(existing_ancestor(Path(path).expanduser().absolute()))
     except (OSError, AttributeError):
         return None
     return stats.f_bavail * stats.f_frsize
+
+
+def existing_ancestor(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 class _Recording:
@@ -143,19 +152,53 @@ class _Recording:
 
 
 @contextlib.contextmanager
-def _temporary(target: Path) -> Iterator[str]:
-    """An empty temporary file beside ``target``, renamed onto it when the block ends without an error,
-    removed otherwise. OS errors become ``OutputError``."""
+def _beside(target: Path, new: Callable[[Path, str], Path]) -> Iterator[Path]:
+    """A temporary file or folder ``new(folder, prefix)`` made beside ``target`` (its folder made if needed)
+    for the block to fill and move into place; on an error it is removed, with the folders made, and an
+    ``OSError`` becomes ``OutputError``."""
     existed, made = target.exists(), []
     try:
         made = make_folder(target.parent)  # removed again if the write fails
         sweep_stale(target)
-        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target), dir=target.parent)
-        os.close(fd)
+        tmp = new(target.parent, temp_prefix(target))
     except OSError as exc:
         remove_made(made)
         raise write_error(target, exc, existed) from exc
     try:
+        yield tmp
+    except BaseException as exc:
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        remove_made(made)
+        if isinstance(exc, OSError):
+            raise write_error(target, exc, existed) from exc
+        raise
+
+
+def _new_file(parent: Path, prefix: str) -> Path:
+    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=parent)
+    os.close(fd)
+    return Path(tmp)
+
+
+def _new_folder(parent: Path, prefix: str) -> Path:
+    """A new empty folder named ``prefix`` + random letters, with a plain ``mkdir``'s permissions
+    (``mkdtemp``'s would be private, 0700)."""
+    while True:
+        path = parent / f"{prefix}{uuid.uuid4().hex[:12]}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+
+
+@contextlib.contextmanager
+def _temporary(target: Path) -> Iterator[Path]:
+    """A temporary file beside ``target``, renamed onto it when the block ends without an error."""
+    with _beside(target, _new_file) as tmp:
         yield tmp
         mask = os.umask(0)
         os.umask(mask)
@@ -163,14 +206,30 @@ def _temporary(target: Path) -> Iterator[str]:
             os.fchmod(f.fileno(), 0o666 & ~mask)  # what open() would have given (mkstemp gives 0600)
             os.fsync(f.fileno())
         os.replace(tmp, target)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        remove_made(made)
-        raise write_error(target, exc, existed) from exc
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        remove_made(made)
-        raise
+
+
+def write_folder(target: Path, fill: Callable[[Path], None]) -> Path:
+    """Call ``fill`` on a new folder beside ``target`` and move it into place, replacing ``target`` (which the
+    caller has checked may be replaced). A failed write leaves what was there, and arrays memory-mapped from
+    ``target`` stay readable meanwhile."""
+    with _beside(target, _new_folder) as partial:
+        if target.is_dir():  # a folder that was there (empty, or a dataset replaced) keeps its permissions
+            os.chmod(partial, stat.S_IMODE(target.stat().st_mode))
+        fill(partial)
+        if target.exists():
+            # Not a temporary name of the sweep's: between the two renames it holds the only copy.
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            target.replace(old / target.name)
+            try:
+                partial.replace(target)
+            except BaseException:
+                (old / target.name).replace(target)  # what was there goes back
+                old.rmdir()
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            partial.replace(target)
+    return target
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:

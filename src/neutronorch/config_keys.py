@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from neutronorch.config import TrainConfig, check_types, setting_fields, value_type
-from neutronorch.errors import ConfigError, not_a_file
+from neutronorch.errors import ConfigError, not_a_file, permission_message
 
 
 class RepeatedKey(Exception):
@@ -45,8 +45,7 @@ def read_config_mapping(path: str | os.PathLike) -> dict:
     try:
         text = path.read_text()
     except PermissionError:
-        raise ConfigError(f"cannot read --config {path}: permission denied; give the user running neutronorch "
-                          f"read access to it.") from None
+        raise ConfigError(permission_message(f"--config {path}")) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"--config {path}: cannot be read ({exc}); give a UTF-8 text file.") from None
     suffix = path.suffix.lower()

@@ -30,6 +30,11 @@ class TrainingError(NeutronorchError):
     """Training cannot go on (the loss diverged)."""
 
 
+def permission_message(path) -> str:
+    return (f"cannot read {path}: permission denied; give the user running neutronorch read access to it (and "
+            f"to the folders above it), e.g. chmod a+r for a file, a+rx for a folder, or run as its owner.")
+
+
 def not_a_file(path, missing: str) -> str:
     """Why ``path``, which is no regular file, cannot be read as one: ``missing`` (the caller's wording) when
     nothing is there, else what is there instead. A folder or a named pipe is never called missing, and a

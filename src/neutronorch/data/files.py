@@ -1,4 +1,4 @@
-"""Opening a dataset's files, and writing a dataset folder whole or not at all (``write_folder``).
+"""Opening a dataset's files (a dataset folder is written whole by ``atomic.write_folder``).
 ``open_npy`` is the one way a ``.npy`` array is opened (memory-mapped, never unpickled). ``read_error`` words
 a permission problem as one, never as a damaged file to fetch again; ``reads_files`` makes a
 ``PermissionError`` escaping a public loader such a ``DataError``."""
@@ -7,26 +7,16 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
-import stat
-import tempfile
-import uuid
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from neutronorch.atomic import make_folder, remove_made, sweep_stale, temp_prefix, write_error
-from neutronorch.errors import DataError, not_a_file
+from neutronorch.errors import DataError, not_a_file, permission_message
 
 REFETCH = "The dataset is incomplete or damaged; fetch it again."
 # progress(what, done, total): bytes of the file being read (an edge file built a chunk at a time: read twice).
 Progress = Callable[[str, int, int], None]
-
-
-def permission_message(path) -> str:
-    return (f"cannot read {path}: permission denied; give the user running neutronorch read access to it (and "
-            f"to the folders above it), e.g. chmod a+r for a file, a+rx for a folder, or run as its owner.")
 
 
 def read_error(path, exc: BaseException, problem: str) -> DataError:
@@ -78,53 +68,3 @@ def open_npy(path: Path, what: str, fix: str = REFETCH, mmap: bool = True) -> np
                             f"numbers. {fix}") from None
         raise DataError(f"{path}: cannot be read as a .npy array ({type(exc).__name__}: {exc}); the file is "
                         f"truncated or not a .npy file. {fix}") from None
-
-
-def write_folder(target: Path, fill: Callable[[Path], None]) -> Path:
-    """Call ``fill`` on a new folder beside ``target`` and move it into place, replacing ``target`` (which the
-    caller has checked may be replaced). A failed write leaves what was there, and arrays memory-mapped from
-    ``target`` stay readable meanwhile."""
-    existed, made = target.exists(), []
-    try:
-        made = make_folder(target.parent)  # removed again if the write fails
-        sweep_stale(target)  # what a killed writer left beside it
-        partial = _new_folder(target.parent, temp_prefix(target))
-    except OSError as exc:
-        remove_made(made)
-        raise write_error(target, exc, existed) from exc
-    try:
-        if target.is_dir():  # a folder that was there (empty, or a dataset replaced) keeps its permissions
-            os.chmod(partial, stat.S_IMODE(target.stat().st_mode))
-        fill(partial)
-        if target.exists():
-            # Not a temporary name of the sweep's: between the two renames it holds the only copy.
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-            target.replace(old / target.name)
-            try:
-                partial.replace(target)
-            except BaseException:
-                (old / target.name).replace(target)  # what was there goes back
-                old.rmdir()
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            partial.replace(target)
-    except BaseException as exc:
-        shutil.rmtree(partial, ignore_errors=True)
-        remove_made(made)
-        if isinstance(exc, OSError):
-            raise write_error(target, exc, existed) from exc
-        raise
-    return target
-
-
-def _new_folder(parent: Path, prefix: str) -> Path:
-    """A new empty folder named ``prefix`` + random letters, with a plain ``mkdir``'s permissions
-    (``mkdtemp``'s would be private, 0700)."""
-    while True:
-        path = parent / f"{prefix}{uuid.uuid4().hex[:12]}"
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            continue

@@ -2,7 +2,7 @@
 typed one alike (docs/heterogeneous.md, "On disk", gives the typed layout; a homogeneous graph is its
 one-type case, ``TypedGraph.of``, stored flat and read by the same reader, ``_as_typed``). Arrays are opened
 as memory maps, never loaded whole eagerly; a folder is written whole or not at all, ``meta.json`` last
-(``files.write_folder``)."""
+(``atomic.write_folder``)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from neutronorch.atomic import reserve
+from neutronorch.atomic import reserve, write_folder
 from neutronorch.data.checks import METRICS, SPLITS
 from neutronorch.data.dtypes import BFLOAT16, bfloat16, is_bfloat16
-from neutronorch.data.files import open_npy, read_error, reads_files, write_folder
+from neutronorch.data.files import open_npy, read_error, reads_files
 from neutronorch.data.graph import ARRAYS, Graph
 from neutronorch.data.relation import Relation, RelationType, node_array, relation_array, relation_label
 from neutronorch.data.typed import EDGE, TYPED_FORMAT, VERTEX, TypedGraph

@@ -19,7 +19,7 @@ import torch
 from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.data.typed import TypedGraph, relation_label
-from neutronorch.errors import CheckpointError, not_a_file
+from neutronorch.errors import CheckpointError, not_a_file, permission_message
 from neutronorch.nn.custom import UserModel
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
@@ -147,8 +147,7 @@ def read_state(path: Path, kind: str) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a truncated or foreign file fails in many ways
         if isinstance(exc, PermissionError):
-            raise CheckpointError(f"cannot read {path}: permission denied; give the user running neutronorch read "
-                                  f"access to it.") from None
+            raise CheckpointError(permission_message(path)) from None
         # torch's own message for a file holding other objects suggests loading it with weights_only=False,
         # which would run any code the file names; it is not repeated.
         reason = "it holds objects other than tensors and plain values" if "eights only" in str(exc) else (

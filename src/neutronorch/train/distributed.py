@@ -222,9 +222,7 @@ def shared_logits(world: World, compute, nodes: torch.Tensor) -> torch.Tensor:
 def rank_device(device: torch.device) -> torch.device:
     """A launched rank's own GPU on CUDA (``LOCAL_RANK`` modulo the GPUs it sees), made current before
     the process group forms (NCCL binds to the current device); ``device`` itself otherwise."""
-    if device.type != "cuda" or device.index is not None:
-        return device
-    if world_size() <= 1:
+    if device.type != "cuda" or device.index is not None or world_size() <= 1:
         return device
     here, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count()
     if here > gpus:
@@ -254,8 +252,7 @@ def joined(device_kind: str, timeout: float):
                           f"(torchrun --nproc-per-node {size} -m neutronorch train ...), which sets them.")
     backend = "nccl" if device_kind == "cuda" else "gloo"
     span = datetime.timedelta(seconds=timeout)
-    owns = not already
-    if owns:
+    if not already:
         try:
             dist.init_process_group(backend, timeout=span)
         except (RuntimeError, ValueError) as exc:
@@ -270,7 +267,7 @@ def joined(device_kind: str, timeout: float):
                       group=dist.group.WORLD, host_group=host_group, timeout=timeout)
         yield world
     finally:
-        if owns and dist.is_initialized():
+        if not already and dist.is_initialized():
             dist.destroy_process_group()
 
 

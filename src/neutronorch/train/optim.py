@@ -244,16 +244,12 @@ def _scalar_dtype() -> torch.dtype:
 def _check(lr, betas, eps, weight_decay) -> None:
     if isinstance(lr, torch.Tensor):
         raise ValueError("lr must be a number (torch.optim.Adam takes a tensor only with capturable or fused)")
-    if not 0.0 <= lr:
-        raise ValueError(f"Invalid learning rate: {lr}")
-    if not 0.0 <= eps:
-        raise ValueError(f"Invalid epsilon value: {eps}")
-    if not 0.0 <= betas[0] < 1.0:
-        raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
-    if not 0.0 <= betas[1] < 1.0:
-        raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
-    if not 0.0 <= weight_decay:
-        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+    for valid, what in ((0.0 <= lr, f"learning rate: {lr}"), (0.0 <= eps, f"epsilon value: {eps}"),
+                        (0.0 <= betas[0] < 1.0, f"beta parameter at index 0: {betas[0]}"),
+                        (0.0 <= betas[1] < 1.0, f"beta parameter at index 1: {betas[1]}"),
+                        (0.0 <= weight_decay, f"weight_decay value: {weight_decay}")):
+        if not valid:
+            raise ValueError(f"Invalid {what}")  # torch.optim.Adam's messages
 
 
 def _check_off(group: dict[str, Any]) -> None:

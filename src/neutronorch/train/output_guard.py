@@ -21,7 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
-from neutronorch.atomic import free_bytes, host_tag, make_folder, process_running, remove_made, temp_prefix
+from neutronorch.atomic import (existing_ancestor, free_bytes, host_tag, make_folder, process_running,
+                                remove_made, temp_prefix)
 from neutronorch.errors import ConfigError, OutputError
 from neutronorch.limits import name_bytes, name_max, shown
 
@@ -163,12 +164,6 @@ def check_space(field: str, path: PathLike, needed: int) -> None:
 
 def size_text(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
-def existing_ancestor(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
 
 
 @contextlib.contextmanager

@@ -55,7 +55,7 @@ def check_outputs(config: TrainConfig, reads: dict[str, list] | None = None, mad
         raise ConfigError(f"`checkpoint_dir` {config.checkpoint_dir}: exists and is not a folder.")
     check_fresh(outputs, config.overwrite, config.resume, again=" (or continue that run with `resume`)")
     for field, path in (("log_jsonl", config.log_jsonl), ("log_csv", config.log_csv),
-                        ("tensorboard", config.tensorboard)):
+                        ("tensorboard", config.tensorboard), ("timeline", config.timeline)):
         if path and not Path(path).resolve().parent.exists() and Path(path).parent != made:
             raise ConfigError(f"`{field}` {path}: the folder {Path(path).resolve().parent} does not exist.")
     for field, paths in {**outputs, **folders}.items():
@@ -106,9 +106,6 @@ def _check_timeline(path: str) -> None:
     except ImportError:
         raise ConfigError("`timeline` needs matplotlib: pip install matplotlib (or the project's [plot] "
                           "extra).") from None
-    parent = Path(path).parent
-    if not parent.exists():
-        raise ConfigError(f"`timeline` {path}: the folder {parent} does not exist.")
 
 
 def _finite(value):
@@ -216,9 +213,8 @@ def open_run_folder(config: TrainConfig, name: str | None = None, reads: dict[st
         folder = _unused(base)
     existed = folder.exists()  # a named run's, continued or replaced
     run = RunFolder(folder)
-    planned = run.outputs(config)
     # Every check before anything is made: the options, then the folder and the outputs in it.
-    checked = dataclasses.replace(planned).validate()
+    checked = run.outputs(config).validate()
     check_creatable("run_name", folder / RUN_FILES["summary_json"], what=f"the run folder {folder}/",
                     fix="Run from a folder you can write to, name the outputs (`summary_json`, "
                         "`checkpoint_dir`), or pass `no_save`.")

@@ -1,6 +1,6 @@
-"""What a resumed run may not change, either kind's: its settings (``check_settings``), its ranks and its data
-(``check_same_data``, comparing the fingerprints of the graph the checkpoint was written for and of the one
-given now: ``dataset_fingerprint``, a typed graph's per type and relation). ``Run.resume`` restores the rest.
+"""What a resumed run may not change, either kind's (``check_resumable``): its settings, ranks and data
+(comparing the fingerprints of the graph the checkpoint was written for and of the one given now:
+``dataset_fingerprint``, a typed graph's per type and relation). ``Run.resume`` restores the rest.
 """
 
 from __future__ import annotations
@@ -73,24 +73,17 @@ def fingerprint_changes(saved: dict, now: dict) -> list[str]:
     return changes
 
 
-def check_same_data(state: dict, now: dict, source: str, what: str) -> None:
-    """A run may continue from ``state`` only on the data it started with (``now``: its fingerprint);
-    ``what`` the data is called (a dataset, a typed graph)."""
-    changed = fingerprint_changes(state["dataset"], now)
-    if changed:
-        raise CheckpointError(f"{source}: written for another {what}, or the data changed since: {', '.join(changed)} "
-                              f"differ ({state['dataset']['name']} then, {now['name']} now). Resume on the data the "
-                              f"run started with, or start a new run in another `checkpoint_dir`.")
-
-
 # Settings a resumed run may change (each declared so where it is defined, ``config.may_change``); any other
 # difference changes the model or the training and is refused.
 RESUME_MAY_CHANGE = TrainConfig.resume_may_change()
 
 
-def check_settings(state: dict, config: TrainConfig, source: str) -> None:
-    """A run may continue from ``state`` only with the settings it had (``RESUME_MAY_CHANGE`` aside), and
-    from a random state."""
+def check_resumable(state: dict, config: TrainConfig, graph: Graph | TypedGraph, source: str, world_size: int = 1,
+                    fingerprint: dict | None = None) -> None:
+    """A run may continue from ``state`` only on the same data (``fingerprint``: the graph's, when known) with
+    the same model and training settings. The settings are compared first: one that shapes the data a run
+    trains on (`task` link removes the validation and test edges, `split`) is named, not reported as changed
+    data."""
     # A setting added after the checkpoint was written had its default then.
     saved, now, defaults = state["config"], config.to_dict(), TrainConfig().to_dict()
     differ = [f"`{k}` {saved.get(k, defaults[k])!r} then, {now[k]!r} now" for k in sorted(now)
@@ -101,18 +94,14 @@ def check_settings(state: dict, config: TrainConfig, source: str) -> None:
                               f"change), or start a new run in another `checkpoint_dir`.")
     if state.get("rng") is None:
         raise CheckpointError(f"{source}: holds no random state to resume from.")
-
-
-def check_resumable(state: dict, config: TrainConfig, graph: Graph | TypedGraph, source: str, world_size: int = 1,
-                    fingerprint: dict | None = None) -> None:
-    """A run may continue from ``state`` only on the same data (``fingerprint``: the graph's, when known) with
-    the same model and training settings. The settings are compared first: one that shapes the data a run
-    trains on (`task` link removes the validation and test edges, `split`) is named, not reported as changed
-    data."""
-    check_settings(state, config, source)
     if int(state.get("world_size", 1)) != world_size:
         raise CheckpointError(f"{source}: written by a run of {state.get('world_size', 1)} data-parallel rank(s); "
                               f"resume with the same number (now {world_size}): torchrun --nproc-per-node and "
                               f"--nnodes as before.")
-    check_same_data(state, fingerprint or dataset_fingerprint(graph), source,
-                    "typed graph" if isinstance(graph, TypedGraph) else "dataset")
+    found = fingerprint or dataset_fingerprint(graph)
+    changed = fingerprint_changes(state["dataset"], found)
+    if changed:
+        what = "typed graph" if isinstance(graph, TypedGraph) else "dataset"
+        raise CheckpointError(f"{source}: written for another {what}, or the data changed since: {', '.join(changed)} "
+                              f"differ ({state['dataset']['name']} then, {found['name']} now). Resume on the data the "
+                              f"run started with, or start a new run in another `checkpoint_dir`.")

@@ -24,9 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from neutronorch.atomic import sweep_stale
+from neutronorch.atomic import sweep_stale, write_folder
 from neutronorch.config import TrainConfig
-from neutronorch.data.files import write_folder
 from neutronorch.errors import CheckpointError, ConfigError
 from neutronorch.train.resume import sample_crc
 from neutronorch.train.outputs import CHECKPOINT_FILES

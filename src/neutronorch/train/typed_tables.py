@@ -54,7 +54,6 @@ class TypedTables:
         self.fill = fill  # draw the weights (a resumed run copies them from its checkpoint instead)
         self.arrays: dict[str, dict[str, np.ndarray]] = {}  # mapped tables: type -> part -> its memory map
         self.fds: dict[tuple[str, str], int] = {}  # (type, part) -> its file, open for reading (deleted)
-        self.by_pointer: dict[int, str] = {}  # a table's data pointer -> its type
         self.written: tuple | None = None  # the files last written for a checkpoint (table_files.py)
         self.draw_seconds = 0.0
         self.made: list[Path] = []  # the folders made for the files (the table folder and its missing parents)
@@ -101,16 +100,14 @@ class TypedTables:
             started = time.perf_counter()
             draw_like_embedding(weight)
             self.draw_seconds += time.perf_counter() - started
-        self.by_pointer[weight.data_ptr()] = node_type
         return weight
 
     def moments(self, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``RowAdam``'s two moments of a memory-mapped table (None for one in memory)."""
-        node_type = self.by_pointer.get(table.data_ptr())
-        if node_type is None:
-            return None
-        arrays = self.arrays[node_type]
-        return torch.from_numpy(arrays["exp_avg"]), torch.from_numpy(arrays["exp_avg_sq"])
+        for arrays in self.arrays.values():
+            if arrays["weight"].ctypes.data == table.data_ptr():
+                return torch.from_numpy(arrays["exp_avg"]), torch.from_numpy(arrays["exp_avg_sq"])
+        return None
 
     def summary(self) -> dict:
         """What the run summary says of the tables."""
