@@ -59,9 +59,9 @@ def test_recording_edges_draws_what_the_neighbour_kernel_draws(mag, fanout, orde
     dst = np.random.default_rng(0).choice(mag.num_nodes["paper"], 300, replace=False).astype(np.int64)
     visit = kernels.region_order(dst, 64, mag.num_nodes["paper"]) if order else kernels.NO_ORDER
     for key in (np.uint64(5), np.uint64(2**63 + 11)):
-        ptr, nbrs, none = kernels.sample_neighbors(csc.indptr, csc.indices, dst, fanout, key, visit)
-        ptr2, nbrs2, edges = kernels.sample_neighbors(csc.indptr, csc.indices, dst, fanout, key, visit, True)
-        assert none.shape == (0,) and np.array_equal(ptr, ptr2) and np.array_equal(nbrs, nbrs2)
+        ptr, nbrs = kernels.sample_neighbors(csc.indptr, csc.indices, dst, fanout, key, visit)
+        ptr2, nbrs2, edges = kernels.sample_neighbor_edges(csc.indptr, csc.indices, dst, fanout, key, visit)
+        assert np.array_equal(ptr, ptr2) and np.array_equal(nbrs, nbrs2)
         assert nbrs.dtype == nbrs2.dtype
         assert edges.dtype == np.int64 and np.array_equal(csc.indices[edges], nbrs)
         owner = np.repeat(dst, np.diff(ptr))

@@ -216,8 +216,8 @@ def test_each_relations_draws_are_the_kernels_with_its_key(mag):
     assert len(keys) == len(mag.relations)
     for relation, block in top.blocks.items():
         csc = mag.relations[relation]
-        ptr, nbrs, _ = kernels.sample_neighbors(csc.indptr, csc.indices, seeds, 3,
-                                                np.uint64(relation_key(key, 0, relation)), kernels.NO_ORDER)
+        ptr, nbrs = kernels.sample_neighbors(csc.indptr, csc.indices, seeds, 3,
+                                             np.uint64(relation_key(key, 0, relation)), kernels.NO_ORDER)
         assert np.array_equal(block.indptr.numpy(), ptr)
         assert np.array_equal(top.src_ids[relation[0]][block.indices].numpy(), nbrs)
 

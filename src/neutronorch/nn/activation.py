@@ -62,9 +62,9 @@ def relu_dropout_row(src, r, out, keep, i, threshold, scale, key, vertex, relu=T
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def _relu_forward(x, threshold, scale, key, ids, out, keep):
-    for i in prange(x.shape[0]):
-        relu_dropout_row(x, i, out, keep, i, threshold, scale, key, ids[i])
+def _relu_forward(y, threshold, scale, key, ids, keep):
+    for i in prange(y.shape[0]):  # in place: one array read and written, which numba compiles faster code for
+        relu_dropout_row(y, i, y, keep, i, threshold, scale, key, ids[i])
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -125,11 +125,12 @@ class _Dropout(torch.autograd.Function):
         key = draw_key()
         keep = torch.empty(x.shape, dtype=torch.uint8)
         out = x if relu else torch.empty_like(x)
-        kernel = _relu_forward if relu else _dropout_forward  # a constant ``relu`` in each: it vectorises
-        kernel(numpy_view(x.detach()), threshold, scale, key, row_ids(ids, x.shape[0]).numpy(),
-               numpy_view(out.detach()), keep.numpy())
-        if relu:
+        values, rows = numpy_view(x.detach()), row_ids(ids, x.shape[0]).numpy()
+        if relu:  # a constant ``relu`` in each kernel: it vectorises
+            _relu_forward(values, threshold, scale, key, rows, keep.numpy())
             ctx.mark_dirty(x)
+        else:
+            _dropout_forward(values, threshold, scale, key, rows, numpy_view(out), keep.numpy())
         ctx.save_for_backward(keep)
         ctx.scale = scale
         return out

@@ -114,22 +114,19 @@ def _drawn_ptr(indptr, dst_nodes, fanout, order):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def sample_neighbors(indptr, indices, dst_nodes, fanout, key, order, edges=False):
+def sample_neighbors(indptr, indices, dst_nodes, fanout, key, order):
     """Uniform sampling without replacement of up to ``fanout`` in-neighbours of each vertex.
 
-    Returns (ptr, nbrs, positions): ``nbrs[ptr[i]:ptr[i+1]]`` are the sampled global ids of ``dst_nodes[i]``;
-    all neighbours when the degree is at most ``fanout`` (or ``fanout`` < 0). With ``edges``,
-    ``positions[e]`` is the position in ``indices`` (int64) of the edge that brought ``nbrs[e]`` (what
-    indexes a relation's edge features; 8 more bytes per sampled edge), else ``positions`` is empty: the
-    draws are the same either way. Vertices are visited in the order of ``order`` (``region_order`` of
-    ``dst_nodes``: ``indptr`` and ``indices`` read front to back), or in their own order when it is empty;
-    each vertex's draws are keyed by the vertex, so the order changes nothing but the reads.
+    Returns (ptr, nbrs): ``nbrs[ptr[i]:ptr[i+1]]`` are the sampled global ids of ``dst_nodes[i]``; all
+    neighbours when the degree is at most ``fanout`` (or ``fanout`` < 0). Vertices are visited in the order
+    of ``order`` (``region_order`` of ``dst_nodes``: ``indptr`` and ``indices`` read front to back), or in
+    their own order when it is empty; each vertex's draws are keyed by the vertex, so the order changes
+    nothing but the reads.
     """
     n = dst_nodes.shape[0]
     ordered = order.shape[0] > 0
     ptr = _drawn_ptr(indptr, dst_nodes, fanout, order)
     nbrs = np.empty(ptr[n], indices.dtype)
-    positions = np.empty(ptr[n] if edges else 0, np.int64)
     for step in prange(n):
         i = order[step] if ordered else np.int64(step)  # one integer type whatever prange's index is
         v = dst_nodes[i]
@@ -138,18 +135,41 @@ def sample_neighbors(indptr, indices, dst_nodes, fanout, key, order, edges=False
         # Slices, not nbrs[out + j]: an offset index is checked for wrap-around (see bfloat16's note).
         chosen = nbrs[ptr[i]:ptr[i + 1]]
         neighbours = indices[start:start + deg]
-        drawn = positions[ptr[i]:ptr[i + 1]] if edges else positions
-        full = chosen.shape[0] == deg
-        if full:
+        if chosen.shape[0] == deg:
             chosen[:] = neighbours
+            continue
+        _draw_offsets(chosen, deg, key, v)
+        for j in range(chosen.shape[0]):
+            chosen[j] = neighbours[chosen[j]]
+    return ptr, nbrs
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def sample_neighbor_edges(indptr, indices, dst_nodes, fanout, key, order):
+    """``sample_neighbors`` that also says which edges it drew: (ptr, nbrs, edges), ``edges[e]`` the position
+    in ``indices`` (int64) of the edge that brought ``nbrs[e]``, what indexes a relation's edge features.
+    The draws are ``sample_neighbors``' to the vertex (the same keyed offsets), so a sampler may take either
+    kernel without changing its sample; this one writes 8 more bytes per sampled edge."""
+    n = dst_nodes.shape[0]
+    ordered = order.shape[0] > 0
+    ptr = _drawn_ptr(indptr, dst_nodes, fanout, order)
+    nbrs = np.empty(ptr[n], indices.dtype)
+    edges = np.empty(ptr[n], np.int64)
+    for step in prange(n):
+        i = order[step] if ordered else np.int64(step)
+        v = dst_nodes[i]
+        start = indptr[v]
+        deg = indptr[v + 1] - start
+        chosen, out = edges[ptr[i]:ptr[i + 1]], nbrs[ptr[i]:ptr[i + 1]]
+        if chosen.shape[0] == deg:
+            for j in range(deg):
+                chosen[j] = j
         else:
-            _draw_offsets(chosen, deg, key, v)  # the offsets, then the neighbours they pick
-        for j in range(drawn.shape[0]):
-            drawn[j] = start + (j if full else chosen[j])
-        if not full:
-            for j in range(chosen.shape[0]):
-                chosen[j] = neighbours[chosen[j]]
-    return ptr, nbrs, positions
+            _draw_offsets(chosen, deg, key, v)
+        for j in range(chosen.shape[0]):
+            chosen[j] += start
+            out[j] = indices[chosen[j]]
+    return ptr, nbrs, edges
 
 
 @njit(cache=True, nogil=True)

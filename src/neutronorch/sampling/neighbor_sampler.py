@@ -135,8 +135,8 @@ class NeighborSampler(OneThread, Sampler):
         try:
             for fanout, key in hops:
                 num_dst = frontier.shape[0]
-                ptr, nbrs, _ = kernels.sample_neighbors(self.indptr, self.indices, frontier, fanout,
-                                                        np.uint64(key), self._order(frontier))
+                ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, frontier, fanout,
+                                                     np.uint64(key), self._order(frontier))
                 (local,), frontier = relabel_into(frontier, [nbrs], node_map)
                 frontiers.append(torch.from_numpy(frontier))
                 blocks.append(Block(num_dst, frontier.shape[0], torch.from_numpy(ptr), torch.from_numpy(local),

@@ -234,10 +234,10 @@ class TypedNeighborSampler(OneThread, TypedHops):
         the edge positions for the relations in ``self.edge_ids``."""
         drawn = {}
         for relation, (dst, fanout, key) in calls.items():
-            csc, edges = self.graph.relations[relation], relation in self.edge_ids
-            ptr, nbrs, positions = kernels.sample_neighbors(csc.indptr, csc.indices, dst.numpy(), fanout,
-                                                            np.uint64(key), kernels.NO_ORDER, edges)
-            drawn[relation] = tuple(map(torch.from_numpy, (ptr, nbrs, positions) if edges else (ptr, nbrs)))
+            csc = self.graph.relations[relation]
+            kernel = kernels.sample_neighbor_edges if relation in self.edge_ids else kernels.sample_neighbors
+            drawn[relation] = tuple(map(torch.from_numpy, kernel(csc.indptr, csc.indices, dst.numpy(), fanout,
+                                                                 np.uint64(key), kernels.NO_ORDER)))
         return drawn
 
     def _relabel(self, parts: dict[str, list[torch.Tensor]], frontier: dict[str, torch.Tensor]
