@@ -63,7 +63,9 @@ def relu_dropout_row(src, r, out, keep, i, threshold, scale, key, vertex, relu=T
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _relu_forward(y, threshold, scale, key, ids, keep):
-    for i in prange(y.shape[0]):  # in place: one array read and written, which numba compiles faster code for
+    # In place, one array: given it twice (as input and output), numba compiled this loop 3.4 times slower
+    # (docs/results/one-engine-2026-12-06-round-four.md).
+    for i in prange(y.shape[0]):
         relu_dropout_row(y, i, y, keep, i, threshold, scale, key, ids[i])
 
 

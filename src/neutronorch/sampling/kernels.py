@@ -149,7 +149,8 @@ def sample_neighbor_edges(indptr, indices, dst_nodes, fanout, key, order):
     """``sample_neighbors`` that also says which edges it drew: (ptr, nbrs, edges), ``edges[e]`` the position
     in ``indices`` (int64) of the edge that brought ``nbrs[e]``, what indexes a relation's edge features.
     The draws are ``sample_neighbors``' to the vertex (the same keyed offsets), so a sampler may take either
-    kernel without changing its sample; this one writes 8 more bytes per sampled edge."""
+    kernel without changing its sample; this one writes 8 more bytes per sampled edge. A separate kernel:
+    a flag in ``sample_neighbors`` slowed the host sampler (docs/results/one-engine-2026-12-06-round-four.md)."""
     n = dst_nodes.shape[0]
     ordered = order.shape[0] > 0
     ptr = _drawn_ptr(indptr, dst_nodes, fanout, order)
