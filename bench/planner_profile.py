@@ -41,7 +41,7 @@ def main() -> int:
     fanouts = [int(f) for f in args.fanouts.split(",")]
     graph = load_dataset(args.dataset)
     sampler = NeighborSampler(graph.indptr, graph.indices, fanouts)
-    planner = Planner(graph.indptr, fanouts[-1])
+    planner = Planner(graph, fanouts[-1])
     order = epoch_order(training_seeds(graph), 0, 0).numpy()
     size, per = args.batch_size, args.super_batch
     available = order.shape[0] // (size * per)
@@ -72,7 +72,7 @@ def main() -> int:
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         sampler = TorchNeighborSampler(torch.from_numpy(np.array(graph.indptr)).to(device),
                                        torch.from_numpy(np.array(graph.indices)).to(device), fanouts)
-        planner = DevicePlanner(sampler.indptr, fanouts[-1])
+        planner = DevicePlanner(graph, fanouts[-1], sampler.indptr)
         seeds = torch.from_numpy(order).to(device)
         upper, plan = [], []
         for s in range(count):

@@ -1,5 +1,6 @@
-"""The GPU profiling scripts rehearsed on the CPU: bench/device_profile.py and bench/feature_bandwidth.py run on
-a tiny synthetic graph and print their tables; device_profile.py's counting of profiler events by batch."""
+"""The GPU profiling scripts rehearsed on the CPU: bench/device_profile.py, bench/feature_bandwidth.py and
+bench/planner_profile.py run on a tiny synthetic graph and print their tables; device_profile.py's counting of
+profiler events by batch."""
 
 from __future__ import annotations
 
@@ -191,3 +192,12 @@ def test_seed_batches_run_over_epochs_and_skip_partial_batches():
     # Two full batches an epoch: the third is the next epoch's first (the partial one skipped).
     assert torch.equal(batches[2], dp.epoch_order(torch.arange(10), 0, 1)[:4])
     assert [b.shape[0] for b in dp.seed_batches(torch.arange(3), 0, 4, 2)] == [3, 3]
+
+
+@pytest.mark.slow
+def test_planner_profile_times_the_host_and_device_planners_on_the_cpu():
+    done = run("planner_profile.py", "--dataset", GRAPH, "--fanouts", "4,3", "--batch-size", "32",
+               "--super-batch", "2", "--super-batches", "2", "--threads", "1", "--devices", "cpu")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "threads: upper hops" in done.stdout and "distinct bottom-layer destinations" in done.stdout
+    assert "on cpu: upper hops" in done.stdout and "(torch sampler and DevicePlanner)" in done.stdout
