@@ -262,3 +262,17 @@ def test_threads_1_runs_torch_on_one_thread():
 def test_typed_settings_that_cannot_be_met_are_refused_before_training(mag, change, message):
     with pytest.raises(DataError, match=message):
         train(config(epochs=1), graph=dataclasses.replace(mag, **change(mag)))
+
+
+def test_the_mode_line_names_the_fanouts_the_run_samples_with(mag, caplog):
+    from neutronorch.train.heterogeneous import TypedOptions
+
+    with caplog.at_level("INFO", logger="neutronorch"):
+        train(config(epochs=1, fanouts=[3, 3], eval_every=-1), graph=mag,
+              options=TypedOptions(fanouts={"writes": [2, 2], "default": [4, 4]}))
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("mode "))
+    assert "(author, writes, paper) [2, 2]" in line and "[4, 4]" in line and "fanouts [3, 3]" not in line
+    caplog.clear()
+    with caplog.at_level("INFO", logger="neutronorch"):
+        train(config(epochs=1, fanouts=[3, 3], eval_every=-1), graph=mag)
+    assert any(r.getMessage().startswith("mode ") and "fanouts [3, 3]," in r.getMessage() for r in caplog.records)

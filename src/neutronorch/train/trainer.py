@@ -27,6 +27,7 @@ import torch
 from neutronorch.capabilities import check_run
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
+from neutronorch.data.relation import relation_label
 from neutronorch.errors import CheckpointError, ConfigError
 from neutronorch.nn.custom import UserModel
 from neutronorch.nn.link import LinkModel
@@ -155,7 +156,10 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
     if world.distributed:
         logger.info(f"data parallel: {world.describe()}; batch size {config.batch_size} per rank, "
                     f"{config.batch_size * world.size} per global batch, {mode.num_batches} global batches per epoch")
-    logger.info(f"mode {mode.name}, model {built.describe}, fanouts {config.fanouts}, device {device}, batch size "
+    fanouts = config.fanouts  # a typed run's own per relation where TypedOptions gives them
+    if built.typed and any(f != list(config.fanouts) for f in built.typed.sampler.fanouts.values()):
+        fanouts = "; ".join(f"{relation_label(r)} {f}" for r, f in built.typed.sampler.fanouts.items())
+    logger.info(f"mode {mode.name}, model {built.describe}, fanouts {fanouts}, device {device}, batch size "
                 f"{config.batch_size}, train threads {threads.train}, {mode.describe()}, {mode.num_batches} "
                 f"batches per epoch{built.note}")
     if mode.placement is not None and (device.type == "cuda" or mode.cache is not None):
