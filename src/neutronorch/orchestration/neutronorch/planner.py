@@ -274,11 +274,11 @@ class Planner:
         0 and no probe). ``fresh``: per mini-batch, vertices never hot in it besides its seeds
         (``SeedBatch.batch_seeds``; None: none)."""
         bottoms = [upper.frontiers[0] if self.target else {None: upper.frontiers[0]} for _, _, upper in uppers]
-        choices = {}
+        choices, none = {}, self._positions(np.empty(0, np.int64))  # once, not once per mini-batch
         for t in self._slot:
             if not any(t in b for b in bottoms):
                 continue
-            mine = [b.get(t, self._positions(np.empty(0, np.int64))) for b in bottoms]
+            mine = [b.get(t, none) for b in bottoms]
             if ratio == 0 and hot is None:
                 choices[t] = all_cold([int(d.shape[0]) for d in mine], self._positions)
                 continue
