@@ -120,8 +120,8 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
     too) and the stop is agreed on by every rank."""
     world, data_seconds, link = world or World(), 0.0, config.task == "link"
     if user_model is not None and link:
-        raise ConfigError("`task` link trains the built-in models as encoders; your own module trains node "
-                          "tasks for now.")
+        raise ConfigError("`task` link trains the built-in models as encoders (`model` sage, gcn or gat; rgcn or "
+                          "rgat on a typed graph); your own module trains node tasks for now.")
     if graph is None:
         t0 = time.perf_counter()
         graph = load_typed_dataset(config.dataset) if options is not None else load_dataset(

@@ -24,15 +24,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from neutronorch.atomic import make_folder, remove_made, reserve, write_error
+from neutronorch.atomic import existing_ancestor, make_folder, remove_made, reserve, write_error
 from neutronorch.config import TrainConfig
 from neutronorch.data import dataset_paths
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError, OutputError
 from neutronorch.features.memory import available_memory_bytes
 from neutronorch.nn.typed_models import TypedSpec, table_shapes
-from neutronorch.train.output_guard import (check_creatable, check_distinct, check_space, existing_ancestor,
-                                              size_text)
+from neutronorch.train.output_guard import check_creatable, check_distinct, check_space, size_text
 from neutronorch.train.table_files import CHECKPOINT_COPIES, check_table_folders
 
 logger = logging.getLogger("neutronorch")
