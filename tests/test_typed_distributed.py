@@ -1,4 +1,4 @@
-"""Data-parallel typed runs (``train/distributed.py``, ``train/sparse_sync.py``): two CPU ranks with gloo, launched by
+"""Data-parallel typed runs (``train/distributed.py``): two CPU ranks with gloo, launched by
 ``torch.multiprocessing.spawn`` into a process group the test makes (the ``train(config, graph=typed)`` path)
 and by torchrun (the command line).
 
@@ -32,7 +32,7 @@ from neutronorch.orchestration.factory import build_mode
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.task import Task
-from neutronorch.train.sparse_sync import combine_rows, own_rows
+from neutronorch.train.distributed import combine_rows, own_rows
 from neutronorch.train.step import step_masks
 from neutronorch.features.store import gather_frontier
 

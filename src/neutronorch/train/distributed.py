@@ -1,13 +1,8 @@
 """Data-parallel training on ``torch.distributed``: the ranks, their collectives, and what only rank 0 does
-(docs/distributed.md says how a run is launched and what it guarantees).
-
-A run is data parallel when launched by ``torchrun`` (``WORLD_SIZE`` > 1, with ``RANK``, ``LOCAL_RANK``,
-``MASTER_ADDR``, ``MASTER_PORT``) or inside a process group the caller initialised. Each rank trains its
-share of every global batch; gradients are summed weighted by each rank's loss terms in one all-reduce per
-step (``GradientSync``), so every rank ends each step with the parameters one process would have for the
-whole global batch; evaluation is sharded and gathered; a stop request on any rank is agreed on at the next
-step; rank 0 alone writes files. Collectives time out after ``dist_timeout`` with a message naming what
-failed. Gradients reduce over NCCL on CUDA; small control messages always go through a gloo host group.
+(docs/distributed.md says how a run is launched and what it guarantees). Launched by ``torchrun``
+(``WORLD_SIZE`` > 1) or inside a process group the caller initialised. Collectives time out after
+``dist_timeout`` with a message naming what failed; gradients reduce over NCCL on CUDA, control messages
+always go through a gloo host group.
 """
 
 from __future__ import annotations
@@ -26,7 +21,6 @@ from neutronorch.config import TrainConfig
 from neutronorch.environment import launcher_world_size
 from neutronorch.errors import ConfigError, TrainingError
 from neutronorch.train.memory import peak_rss_mb, resident_mb
-from neutronorch.train.sparse_sync import reduce_tables
 
 
 @dataclass
@@ -75,10 +69,11 @@ class World:
         """The group for a tensor's collectives: the host group for CPU tensors, else the device's."""
         return self.host_group if tensor.device.type == "cpu" else self.group
 
-    def all_reduce_(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
-        """Sum ``tensor`` over the ranks in place."""
+    def all_reduce_(self, tensor: torch.Tensor, what: str, group=None, op=None) -> torch.Tensor:
+        """Reduce ``tensor`` over ``group``'s members (default: every rank) in place, summed unless ``op``."""
         with self._collective(what):
-            torch.distributed.all_reduce(tensor, group=self._group_of(tensor))
+            torch.distributed.all_reduce(tensor, op=op or torch.distributed.ReduceOp.SUM,
+                                         group=group or self._group_of(tensor))
         return tensor
 
     def broadcast_module(self, module: torch.nn.Module, what: str, buffers_only: bool = False) -> None:
@@ -172,14 +167,11 @@ class NodeGroups:
         return torch.cat(self.world.gather_padded(rows, counts, self._host, "the node's exchange of hot rows"))
 
     def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
-        with self.world._collective("the node's hot-row gradient sum"):
-            torch.distributed.all_reduce(tensor, group=self._trainer)
-        return tensor
+        return self.world.all_reduce_(tensor, "the node's hot-row gradient sum", self._trainer)
 
     def max_(self, tensor: torch.Tensor) -> torch.Tensor:
-        with self.world._collective("the node's agreement on the hot ratio and snapshot lead"):
-            torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX, group=self._trainer)
-        return tensor
+        return self.world.all_reduce_(tensor, "the node's agreement on the hot ratio and snapshot lead",
+                                      self._trainer, torch.distributed.ReduceOp.MAX)
 
 
 def _reason(exc: BaseException) -> str:
@@ -277,7 +269,7 @@ class GradientSync:
     ``w_r * grad_r`` and ``w_r`` in one flat buffer and dividing gives the global batch's mean-loss gradient.
     Gradients the mode hands over apart (``averaged()``: NeutronOrch's hot rows') are averaged with equal
     weights in the same buffer. A parameter with no gradient on any rank keeps none (as in one process).
-    ``tables``: a typed model's sparse embedding tables, reduced first (``sparse_sync.reduce_tables``)."""
+    ``tables``: a typed model's sparse embedding tables, reduced first (``reduce_tables``)."""
 
     def __init__(self, world: World, params: list[torch.Tensor], request: threading.Event | None,
                  averaged=None, tables: list[torch.Tensor] = ()):
@@ -329,3 +321,77 @@ class GradientSync:
         if self.world.any(self.request is not None and self.request.is_set(), "the stop agreement"):
             self.agreed.set()
         return flat[end - 2].clone()  # the global batch's mean loss
+
+
+# ----- the embedding tables' sparse gradients, which ``GradientSync`` reduces first -----------------
+
+
+def reduce_tables(world: World, tables: list[torch.Tensor], weight: float, apart: list | None = None) -> None:
+    """Every table's gradient: every rank's (row ids, rows), weighted by its loss terms, summed where ranks
+    share rows and divided by the global batch's terms (``combine_rows``), in two all-gathers: each rank's
+    weight and row counts, then its rows. Every rank computes it from the same gathered bytes in the same
+    order, so tables and moments stay identical on every rank, bit for bit. ``apart``: per table a sparse
+    gradient (or None) reduced instead of the table's and added to it (with ``weight`` 1: their mean)."""
+    widths = [table.shape[1] for table in tables]
+    parts = ([own_rows(table) for table in tables] if apart is None
+             else [own_rows(grad, width) for grad, width in zip(apart, widths)])
+    # Per rank: its weight, then per table whether it has a gradient and its row count.
+    meta = torch.tensor([[weight, *[x for ids, _, present in parts for x in (present, ids.shape[0])]]],
+                        dtype=torch.float64)
+    metas = [m[0].tolist() for m in world.gather_padded(meta, [1] * world.size, world.host_group,
+                                                        "the embedding tables' gradient sizes")]
+    counts = [[int(n) for n in m[2::2]] for m in metas]
+    sizes = [sum(n * (2 + w) for n, w in zip(mine, widths)) for mine in counts]
+    # One float32 buffer: per table its ids' bytes (two float32 words an int64 id, copied, never computed
+    # with), then its rows.
+    packed = torch.cat([torch.zeros(0), *[x for ids, rows, _ in parts for x in (ids.view(torch.float32),
+                                                                                 rows.reshape(-1))]])
+    gathered = (world.gather_padded(packed, sizes, world.host_group, "the embedding tables' gradient rows")
+                if max(sizes) else [packed] * world.size)
+    received = [unpack(flat, mine, widths) for flat, mine in zip(gathered, counts)]
+    weights = [m[0] for m in metas]
+    for k, table in enumerate(tables):
+        present = any(m[1 + 2 * k] for m in metas)
+        grad = (combine_rows([rows[k] for rows in received], weights, tuple(table.shape)).to(table.device)
+                if present and sum(weights) > 0 else None)
+        if apart is None:
+            table.grad = grad
+        elif grad is not None:
+            table.grad = grad if table.grad is None else (table.grad + grad).coalesce()
+
+
+def unpack(flat: torch.Tensor, counts: list[int], widths: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The tables' (row ids, rows) back from ``reduce_tables``' buffer, given each table's row count and width."""
+    tables, at = [], 0
+    for n, width in zip(counts, widths):
+        ids = flat[at:at + 2 * n].clone().view(torch.int64)
+        tables.append((ids, flat[at + 2 * n:at + n * (2 + width)].view(n, width)))
+        at += n * (2 + width)
+    return tables
+
+
+def own_rows(table: torch.Tensor | None, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """A table's gradient on this rank (or, given its ``width``, the sparse gradient ``table``) as (row ids int64,
+    rows float32, whether there is one), on the CPU."""
+    grad = table.grad if width is None else table
+    if grad is None:
+        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, table.shape[1] if width is None else width), False
+    if not grad.is_sparse:
+        raise RuntimeError("typed data-parallel training reduces the sparse gradients of embedding tables "
+                           "(nn.Embedding(sparse=True)); this table's gradient is dense")
+    ids, rows = grad._indices()[0], grad._values()
+    return ids.to("cpu", torch.int64).contiguous(), rows.detach().to("cpu", torch.float32).contiguous(), True
+
+
+def combine_rows(ranks: list[tuple[torch.Tensor, torch.Tensor]], weights: list[float], shape: tuple[int, int]
+                 ) -> torch.Tensor:
+    """The global batch's gradient of one table from every rank's (row ids, gradient rows of its mean loss):
+    ``sum_r weights[r] * rows_r`` per row id (a row several ranks or lookups hold, summed), divided by the
+    weights' sum; a coalesced sparse tensor of ``shape`` on the CPU. Deterministic: the same inputs give the
+    same bits."""
+    unique, inverse = torch.unique(torch.cat([ids for ids, _ in ranks]), sorted=True, return_inverse=True)
+    summed = torch.zeros((unique.shape[0], shape[1]))
+    for (ids, rows), w, where in zip(ranks, weights, torch.split(inverse, [ids.shape[0] for ids, _ in ranks])):
+        summed.index_add_(0, where, rows, alpha=w)  # rank by rank: w * rows added where each row's id is
+    summed.div_(sum(weights))
+    return torch.sparse_coo_tensor(unique.unsqueeze(0), summed, shape, is_coalesced=True, check_invariants=False)
