@@ -67,8 +67,8 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
                 options: TypedOptions, stack: contextlib.ExitStack) -> Built:
     """A typed graph's part of ``build_run``: the graph with its reverse relations, its samplers, its model
     (``TypedGNN``, or ``user_model`` adapted by ``UserModel``), its tables (``plan_tables``: where they live,
-    checked; open while ``stack`` is) and optimizers (Adam for the dense weights, ``_table_optimizer`` for the
-    tables)."""
+    checked; open while ``stack`` is) and optimizers (Adam for the dense weights, RowAdam or SparseAdam
+    for the tables)."""
     link = config.task == "link"  # a relation's edges (train/link_task.py's typed_link_graph)
     if graph.labels is None and not link:
         raise ConfigError(f"{graph.name}: its target type {graph.target!r} has no labels to train on.")
@@ -103,22 +103,19 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
     adam = Adam(dense, lr=config.lr, weight_decay=config.weight_decay) if dense else None
     embeddings = model.embedding_parameters()
     storage = None if user_model is not None else tables
-    sparse = _table_optimizer(embeddings, config.lr, storage) if embeddings else None
+    # The tables' optimizer: RowAdam for float32 CPU tables, else SparseAdam (the same update as sparse-tensor
+    # ops; a torch.optim.Optimizer, whose import of torch._dynamo takes seconds: made only when needed).
+    sparse = None
+    if embeddings and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in embeddings):
+        sparse = RowAdam(embeddings, lr=config.lr, moments=storage.moments if storage is not None else None)
+    elif embeddings:
+        sparse = torch.optim.SparseAdam(embeddings, lr=config.lr)
     parameters = {"dense": sum(p.numel() for p in dense), "embedding": sum(p.numel() for p in embeddings)}
     parts = TypedParts(sampler, eval_sampler, adam, sparse, storage, parameters)
     return Built(graph, model, [o for o in (adam, sparse) if o is not None], warnings,
                  dense, embeddings, parts, describe=f"{config.model} (typed: {', '.join(graph.node_types)})",
                  note=f", parameters {parameters['dense']:,} dense + {parameters['embedding']:,} in "
                       f"embedding tables")
-
-
-def _table_optimizer(tables: list[torch.nn.Parameter], lr: float, storage: TypedTables | None = None):
-    """``RowAdam`` for float32 CPU tables; ``torch.optim.SparseAdam`` (the same update, as sparse-tensor ops)
-    for tables elsewhere. SparseAdam is a ``torch.optim.Optimizer``, whose import of torch._dynamo takes
-    seconds (train/optim.py): made only when needed. ``storage``: memory-mapped tables' moments."""
-    if all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tables):
-        return RowAdam(tables, lr=lr, moments=storage.moments if storage is not None else None)
-    return torch.optim.SparseAdam(tables, lr=lr)
 
 
 @dataclass
@@ -128,7 +125,7 @@ class TypedParts:
     sampler: TypedNeighborSampler  # the training fanouts, per relation
     eval_sampler: TypedNeighborSampler
     adam: Adam | None  # the dense weights' optimizer; None where your own module keeps every weight in tables
-    sparse: object  # the embedding tables' (``_table_optimizer``), or None without tables
+    sparse: object  # the embedding tables' (RowAdam or SparseAdam), or None without tables
     tables: TypedTables | None  # where the tables live (train/typed_tables.py), memory-mapped ones' moments too
     parameters: dict  # {"dense": ..., "embedding": ...} counts
 

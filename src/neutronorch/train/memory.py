@@ -26,16 +26,13 @@ def resident_mb() -> dict[str, float]:
     """Resident memory now, by kind (``/proc/self/status``): ``anon`` (this process's own), ``file``
     (mapped files: page cache that processes mapping the same files share), ``shmem``; empty where unknown."""
     kinds = {"RssAnon:": "anon", "RssFile:": "file", "RssShmem:": "shmem"}
-    found = {}
     try:
         with open("/proc/self/status") as f:
-            for line in f:
-                name = line.split(maxsplit=1)[0] if line.strip() else ""
-                if name in kinds:
-                    found[kinds[name]] = round(int(line.split()[1]) / 1024.0, 1)
+            fields = [line.split() for line in f]
     except OSError:
-        pass
-    return found
+        return {}
+    return {kinds[words[0]]: round(int(words[1]) / 1024.0, 1)
+            for words in fields if words and words[0] in kinds}
 
 
 def keep_freed_memory() -> bool:
