@@ -28,7 +28,7 @@ def graph():
 def _checkpoint(graph, kind="sage"):
     torch.manual_seed(0)
     model = GNN(kind, graph.feature_dim, 8, graph.num_classes, 3, heads=2).eval()
-    return Checkpoint(model, TrainConfig(model=kind), 0, dataset_fingerprint(graph), [], {})
+    return Checkpoint(model, TrainConfig(model=kind), 0, dataset_fingerprint(graph), [])
 
 
 @pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])

@@ -30,13 +30,13 @@ def graph():
 def _link_checkpoint(graph, head="mlp"):
     torch.manual_seed(0)
     model = LinkModel(GNN("sage", graph.feature_dim, 8, 8, 3), head).eval()
-    return Checkpoint(model, TrainConfig(task="link"), 0, dataset_fingerprint(graph), [], {})
+    return Checkpoint(model, TrainConfig(task="link"), 0, dataset_fingerprint(graph), [])
 
 
 def _node_checkpoint(graph):
     torch.manual_seed(0)
     model = GNN("sage", graph.feature_dim, 8, graph.num_classes, 2).eval()
-    return Checkpoint(model, TrainConfig(), 0, dataset_fingerprint(graph), [], {})
+    return Checkpoint(model, TrainConfig(), 0, dataset_fingerprint(graph), [])
 
 
 def _head_on_embeddings(checkpoint, graph, pairs):

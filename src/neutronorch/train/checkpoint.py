@@ -87,7 +87,6 @@ class Checkpoint:
     epoch: int
     dataset: dict  # the fingerprint of the data it was trained on (a typed graph's with its reverse relations)
     history: list[dict]
-    optimizer: dict
     fanouts: dict[tuple, list[int]] | None = None  # a typed run's, per relation, as it sampled; None: homogeneous
 
     @property
@@ -106,7 +105,7 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module | None = Non
                               f"graph's node-task checkpoints only for now (docs/heterogeneous.md).")
     config = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.keys()})
     return Checkpoint(_model(state, Path(path), model).eval(), config, int(state["epoch"]), state["dataset"],
-                      state["history"], state["optimizer"], fanouts_of(state) if kind == TYPED else None)
+                      state["history"], fanouts_of(state) if kind == TYPED else None)
 
 
 def load_typed_checkpoint(path: str | os.PathLike) -> Checkpoint:
@@ -212,12 +211,13 @@ TYPED_FINGERPRINT_KEYS = {"name": str, "num_nodes": dict, "edges": dict, "featur
                           "classes": int}
 
 
-def check_parts(state: dict, path: Path, parts: dict = CHECKPOINT_PARTS, optional: tuple = OPTIONAL_PARTS,
-                fingerprint: dict = FINGERPRINT_KEYS) -> None:
-    """Raise ``CheckpointError`` naming every part of ``state`` that is missing (unless ``optional``) or not
-    what ``parts`` says it must be, and every ``fingerprint`` key of its dataset not of its type."""
+def check_parts(state: dict, path: Path, optional: tuple = OPTIONAL_PARTS, fingerprint: dict = FINGERPRINT_KEYS
+                ) -> None:
+    """Raise ``CheckpointError`` naming every part of ``state`` that is missing (unless ``optional``) or
+    not what ``CHECKPOINT_PARTS`` says it must be, and every ``fingerprint`` key of its dataset not of its
+    type."""
     problems = []
-    for key, (kind, meaning) in parts.items():
+    for key, (kind, meaning) in CHECKPOINT_PARTS.items():
         if key not in state:
             if key not in optional:
                 problems.append(f"`{key}` is missing")

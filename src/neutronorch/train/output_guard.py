@@ -98,10 +98,10 @@ def check_distinct(reads: Mapping[str, Iterable[PathLike]], writes: Mapping[str,
                                   f"Choose another folder.")
 
 
-def check_fresh(writes: Mapping[str, Iterable[PathLike]], overwrite: bool, resume: bool = False,
-                again: str = "") -> None:
+def check_fresh(writes: Mapping[str, Iterable[PathLike]], overwrite: bool, resume: bool | None = None) -> None:
     """Refuse outputs that already exist (another run's), unless ``overwrite``, or ``resume`` (the run
-    that wrote them goes on). ``again``: how to continue that run, said in the message when there is a way."""
+    that wrote them goes on; None: outputs no run continues, and the message offers no ``resume``)."""
+    again = "" if resume is None else " (or continue that run with `resume`)"
     for field, paths in writes.items():
         for path in map(Path, paths):
             if path.is_dir():

@@ -53,7 +53,7 @@ def check_outputs(config: TrainConfig, reads: dict[str, list] | None = None, mad
     check_distinct({"dataset": dataset_paths(config.dataset), **(reads or {})}, {**outputs, **folders})
     if config.checkpoint_dir and Path(config.checkpoint_dir).exists() and not Path(config.checkpoint_dir).is_dir():
         raise ConfigError(f"`checkpoint_dir` {config.checkpoint_dir}: exists and is not a folder.")
-    check_fresh(outputs, config.overwrite, config.resume, again=" (or continue that run with `resume`)")
+    check_fresh(outputs, config.overwrite, config.resume)
     for field, path in (("log_jsonl", config.log_jsonl), ("log_csv", config.log_csv),
                         ("tensorboard", config.tensorboard), ("timeline", config.timeline)):
         if path and not Path(path).resolve().parent.exists() and Path(path).parent != made:

@@ -185,11 +185,11 @@ def check_task(checkpoint: Checkpoint, pairs: bool) -> None:
                           "are scored by a checkpoint of a run with --task link.")
 
 
-def prediction_score(graph: Graph, nodes: Nodes, output: np.ndarray, probabilities: bool,
-                     metric: str = "auto") -> tuple[str, float]:
+def prediction_score(graph: Graph, nodes: Nodes, output: np.ndarray, probabilities: bool
+                     ) -> tuple[str, float]:
     """(metric, value) of ``predict``'s output for ``nodes`` against the graph's labels: the dataset's
     metric, or accuracy when that needs probabilities and ``output`` holds decisions."""
-    task = Task.of(graph, metric)
+    task = Task.of(graph)
     labels = np.asarray(graph.labels)[select_nodes(graph, nodes)]
     if not probabilities:
         if task.metric == "rocauc":

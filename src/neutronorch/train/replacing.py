@@ -121,7 +121,7 @@ def claim_outputs(config: TrainConfig, writes: bool = True) -> Iterator[Replacem
         if writes and config.checkpoint_dir:
             folder = stack.enter_context(claim_folder("checkpoint_dir", config.checkpoint_dir))
             check_fresh({"checkpoint_dir": [folder / name for name in CHECKPOINT_FILES]}, config.overwrite,
-                        config.resume, again=" (or continue that run with `resume`)")
+                        config.resume)
         try:
             if writes and config.overwrite and not config.resume:
                 replacement.set_aside()

@@ -17,8 +17,6 @@ from neutronorch.config import METRICS
 from neutronorch.data.graph import Graph
 from neutronorch.train.health import entropy
 
-__all__ = ["METRICS", "Task", "score", "roc_auc"]
-
 
 @dataclass(frozen=True)
 class Task:
