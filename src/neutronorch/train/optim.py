@@ -1,19 +1,8 @@
-"""Adam without ``torch.optim.Optimizer``: the same update, without importing ``torch._dynamo``.
-
-Why: ``torch.optim.Optimizer.__init__`` imports ``torch._dynamo`` on its first call (and ``step`` calls its
-``graph_break``), which took about 2.3 s at every start, three times the rest of the set-up. This is the
-update of ``torch.optim.Adam`` (``amsgrad=False``, ``maximize=False``, L2 ``weight_decay`` added to the
-gradient, bias corrections as torch computes them), grouped by device and dtype. Two paths, by ``fused``:
-
-- **foreach** (CPU parameters by default): torch's ``_foreach_*`` path, the same operations in the same
-  order, step counters on the CPU; bit-identical in practice to ``torch.optim.Adam`` on the CPU.
-- **fused** (CUDA parameters by default): ``torch._fused_adam_``, two launches per device and dtype instead
-  of seven or eight, step counters float32 on the parameters' device; it rounds in its own order (within
-  1e-6 of the foreach path over 20 float32 steps). Complex parameters are refused with ``fused=True``.
-
-State dicts have ``torch.optim.Adam``'s format and load both ways, across the paths too (a loaded step
-counter moves to where the path keeps it at the next step; a loaded group's ``fused`` is accepted and
-leaves the optimizer's own). ``tests/test_optim.py`` checks both paths against torch's and each other.
+"""Adam without ``torch.optim.Optimizer``, whose construction imports ``torch._dynamo`` (seconds at every
+start; docs/performance.md, "No compile wait at start"): ``torch.optim.Adam``'s update (L2
+``weight_decay``), on torch's foreach path (CPU parameters by default: the same operations in the same
+order) or its fused op (CUDA parameters by default: ``torch._fused_adam_``, which rounds in its own order),
+and its state-dict format, which loads both ways and across the paths.
 
 Not provided: amsgrad, maximize, AdamW's decoupled weight decay, tensor learning rates, sparse gradients,
 gradient scaling, closures, ``zero_grad(set_to_none=False)`` and ``torch.optim`` hooks; ``lr_scheduler``

@@ -1,16 +1,10 @@
 """``RowAdam``: ``torch.optim.SparseAdam``'s update of embedding tables, row by row in one numba kernel
-(why: docs/heterogeneous.md, SparseAdam's sparse-tensor ops took 44% of an epoch).
-
-The update is SparseAdam's, in its order of operations: for every looked-up row, ``m += (1 - b1)(g - m)``,
-``v += (1 - b2)(g^2 - v)``, ``w -= lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)`` with ``t`` the
-table's step count; rows not looked up keep their weights and moments. It agrees with SparseAdam to float32
-rounding (``tests/test_row_adam.py``). A gradient listing a row twice is coalesced first (summed, as
-SparseAdam does); repeats are found by stamping each row with the step number (4 bytes per table row).
-
-Tables only: dense float32 CPU parameters with sparse gradients; no weight decay. The state dict holds the
-hyperparameters and every table's step count and two moments (zero tensors of the table's shape, or given:
-``moments``, memory-mapped beside a memory-mapped table); the stamps are scratch, reset on loading, so a
-restored optimizer continues bit-identically.
+(why: docs/heterogeneous.md). In SparseAdam's order of operations, for every looked-up row:
+``m += (1 - b1)(g - m)``, ``v += (1 - b2)(g^2 - v)``, ``w -= lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v)
++ eps)``, ``t`` the table's step count; rows not looked up keep their weights and moments. A gradient listing
+a row twice is coalesced first, as SparseAdam does (repeats found by stamping each row with the step: scratch,
+reset on loading, so a restored optimizer continues bit-identically). Tables only: float32 CPU weights with
+sparse gradients; no weight decay.
 """
 
 from __future__ import annotations

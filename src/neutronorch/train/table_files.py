@@ -1,13 +1,8 @@
-"""Memory-mapped embedding tables in checkpoints: files beside ``last.pt`` and ``best.pt``, not inside them
-(docs/heterogeneous.md, Embedding tables in files).
-
-A mapped table's weights and both moments are copied into ``<stem>-tables-<version>-<random>/`` beside the
-checkpoint, which names the folder and, per file, its size and ``sample_crc`` under ``table_files``, the
-tables left out of ``model`` and of the tables' optimizer's state. The folder is filled under a temporary
-name, flushed and renamed into place before the checkpoint is written, and older folders of that name are
-removed after: a crash at any point leaves the previous checkpoint with its own folder, and a folder is
-referenced only once whole. ``attach_tables`` checks every file before anything uses it and maps it
-copy-on-write, so nothing reading a checkpoint can change them.
+"""Memory-mapped embedding tables in checkpoints: files in ``<stem>-tables-<version>-<random>/`` beside
+``last.pt`` and ``best.pt``, which name the folder and each file's size and ``sample_crc`` under
+``table_files`` (docs/heterogeneous.md, Embedding tables in files). The folder is renamed into place before
+the checkpoint is written and older ones removed after: a crash at any point leaves the previous checkpoint
+with its own folder. Files are checked before use and mapped copy-on-write: reading never changes them.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""Where a typed run's embedding tables live (``embedding_storage``): in memory, or in files the operating
-system pages rows of in and out, so that a table larger than memory still trains (docs/heterogeneous.md,
-Embedding tables in files).
-
-- ``memory``: as ``nn.Embedding`` makes them.
-- ``mmap``: each table's weights and both ``RowAdam`` moments in a float32 ``.npy`` file of its own,
-  memory-mapped and updated in place; CPU runs only. The weights are drawn into the file a chunk at a time
-  by the draws ``nn.Embedding`` makes (``draw_like_embedding``), so the same seed gives the same tables.
-- ``auto``: ``memory`` while tables and moments take at most half the memory available, else ``mmap``.
-
-The files go to ``embedding_dir``, else ``checkpoint_dir``, else the temporary folder (the first whose disk
-has room, three checkpoint copies included), and are deleted as soon as they are open, so a run leaves none
-behind however it ends. ``plan_tables`` checks the folder before any work.
+"""Where a typed run's embedding tables live (``embedding_storage``: memory, mmap or auto; what each does
+and where the files go: docs/heterogeneous.md, Embedding tables in files). A table's files are deleted as
+soon as they are open, so a run leaves none behind however it ends; ``plan_tables`` checks their folder
+before any work.
 """
 
 from __future__ import annotations
