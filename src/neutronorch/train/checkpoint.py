@@ -1,11 +1,7 @@
-"""Checkpoints, of both kinds of graph: the trained model written atomically after every epoch (a crash or a
-full disk mid-write leaves the previous one intact), and read back for prediction and resume.
-
-A checkpoint is one ``torch.save`` file of the parts ``CHECKPOINT_PARTS`` lists (docs/checkpoints.md); a
-typed one adds its tables' optimizer, its fanouts per relation and, for memory-mapped tables, the folder
-beside it (``table_files.py``). Reading one (``load_checkpoint``) rebuilds the model from its stored
-arguments and loads its weights; unreadable, truncated, newer-format or damaged files get a clear error, and
-a reader given the other kind says what the file is and which reader takes it.
+"""Checkpoints, of both kinds of graph (docs/checkpoints.md): one ``torch.save`` file of the parts
+``CHECKPOINT_PARTS`` lists, written atomically (a crash or a full disk mid-write leaves the previous one
+intact) and read back for prediction and resume, every part checked; a reader given the other kind says
+what the file is and which reader takes it.
 """
 
 from __future__ import annotations

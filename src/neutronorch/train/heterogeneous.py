@@ -1,10 +1,6 @@
-"""A typed graph's part of a run (docs/heterogeneous.md). ``typed_model`` builds, for ``trainer.build_run``,
-what a typed run has beside every run's: the graph with its reverse relations, samplers per relation
-(``config.fanouts``, or ``TypedOptions.fanouts``; evaluation's from ``eval_fanouts``), the model
-(``TypedGNN``, or your own module, refused before any work what it cannot train with), the embedding tables
-(``typed_tables.py``) and their optimizer (``RowAdam`` on the CPU, ``SparseAdam`` elsewhere) beside Adam.
-``TypedParts`` is what the ``Run`` holds of them: its evaluation (samples of the one key
-``inference_key(seed)``, as predictions sample), what a resumed run may not change, the summary's typed keys.
+"""A typed graph's part of a run (docs/heterogeneous.md): ``typed_model`` builds, for ``trainer.build_run``,
+what a typed run has beside every run's, and ``TypedParts`` is what the ``Run`` holds of it: its evaluation,
+what a resumed run may not change, the summary's typed keys.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.checkpoint import fanouts_of
 from neutronorch.train.distributed import shared_logits
 from neutronorch.train.evaluate import eval_subset, scored, typed_logits
-from neutronorch.train.feasible import check_learnable
+from neutronorch.train.health import check_learnable
 from neutronorch.train.link_task import LinkTask, evaluate_typed_links, typed_link_graph
 from neutronorch.train.optim import Adam
 from neutronorch.train.row_adam import RowAdam

@@ -1,10 +1,5 @@
-"""Process memory: peak and resident RSS, and keeping freed memory for reuse (the memory still available is
-``features/memory.py``'s).
-
-``keep_freed_memory``: glibc serves the tens-to-hundreds-of-MB tensors a step allocates with fresh ``mmap``
-regions and returns them on free, so every step page-faults them in again (a sixth of a 3-layer GraphSAGE
-step on a 1M-vertex graph); served from an untrimmed heap instead, the next step reuses the pages. The peak
-footprint is unchanged. ``NEUTRONORCH_SYSTEM_MALLOC=1`` opts out.
+"""Process memory: peak and resident RSS, and keeping freed memory in the heap for the next step to reuse
+(``keep_freed_memory``; why: README, Memory). The memory still available is ``features/memory.py``'s.
 """
 
 from __future__ import annotations

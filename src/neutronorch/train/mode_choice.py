@@ -1,9 +1,6 @@
-"""``mode="auto"`` resolved for a run: from its checkpoint when resumed, else by the cost model of
-``orchestration/choice.py``, with a short measured probe where the model asks for one.
-
-The probe trains a copy of the model for a few mini-batches in each candidate mode (after a warm-up of one
-super-batch) and times them: the run's weights, optimizer and random state are not touched, so a run with
-``auto`` trains exactly as a run given the chosen mode would.
+"""``mode="auto"`` resolved for a run (docs/gpu.md, Choosing a mode): from its checkpoint when resumed, else
+by the cost model of ``orchestration/choice.py``, with a short measured probe on a copy of the model where it
+asks for one: the run's weights, optimizer and random state are untouched.
 """
 
 from __future__ import annotations

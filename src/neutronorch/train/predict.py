@@ -1,11 +1,7 @@
 """Predictions from a trained model, of either kind of graph: ``predict`` (the classes or class probabilities of
-chosen vertices) and ``embed`` (one layer's rows). The request, checkpoint, output path, layer and vertex type
-are checked alike for both kinds; only how the rows are computed differs: a homogeneous graph's by exact
-layer-wise inference over complete neighbourhoods (``layerwise.py``), a typed graph's as its run's
-evaluation sampled them, every chunk with the one key ``inference_key(seed)`` (so a vertex's rows depend on
-the vertex alone), or layer by layer with ``fanouts`` -1 (``layerwise.typed_layers``). Which types a typed
-layer computes: ``check_computed``; docs/heterogeneous.md, Predictions, says more. A link checkpoint's
-encoder gives ``embed``'s rows; its pairs are scored by ``link_predict.score_pairs``."""
+chosen vertices) and ``embed`` (one layer's rows), checked alike for both kinds; only how the rows are
+computed differs (docs/checkpoints.md; a typed graph's: docs/heterogeneous.md, Predictions). A link
+checkpoint's pairs are scored by ``link_predict.score_pairs``."""
 
 from __future__ import annotations
 

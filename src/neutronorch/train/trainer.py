@@ -35,8 +35,7 @@ from neutronorch.nn.models import GNN
 from neutronorch.nn.precision import resolve_precision
 from neutronorch.observe import Spans, Utilisation
 from neutronorch.orchestration.factory import Threads, build_mode
-from neutronorch.train.feasible import check_learnable
-from neutronorch.train.health import Health
+from neutronorch.train.health import Health, check_learnable
 from neutronorch.train.heterogeneous import TypedOptions, check_own_model_config, typed_model
 from neutronorch.train.loop import Progress, check_call
 from neutronorch.train.memory import keep_freed_memory
