@@ -140,8 +140,11 @@ class World:
         try:
             yield
         except (RuntimeError, torch.distributed.DistBackendError) as exc:
+            # The gist of the backend's error: its first sentence, without the source location it starts with.
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            reason = re.sub(r"^\[[^\]]*\]\s*", "", text).split(". ")[0].rstrip(".")
             raise TrainingError(
-                f"rank {self.rank} of {self.size}: {what} failed ({_reason(exc)}). "
+                f"rank {self.rank} of {self.size}: {what} failed ({reason}). "
                 f"Another rank failed or stopped answering within `dist_timeout` ({self.timeout:g} s); its "
                 f"log says why.") from exc
 
@@ -172,13 +175,6 @@ class NodeGroups:
     def max_(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.world.all_reduce_(tensor, "the node's agreement on the hot ratio and snapshot lead",
                                       self._trainer, torch.distributed.ReduceOp.MAX)
-
-
-def _reason(exc: BaseException) -> str:
-    """The gist of a backend's error: its first sentence, without the source location it starts with."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    text = re.sub(r"^\[[^\]]*\]\s*", "", text)
-    return text.split(". ")[0].rstrip(".")
 
 
 def world_size() -> int:

@@ -194,7 +194,10 @@ def check_learnable(graph, node_task: bool = True, feature_dim: int | None = Non
             raise DataError(f"{name}: every task's known training labels are one value each: there is nothing "
                             f"to learn. Give labels (or a split) in which some task has both 0 and 1.")
         return []
-    counts = _class_counts(labels, num_classes)
+    counts = np.zeros(max(1, num_classes), dtype=np.int64)  # labelled vertices per class
+    for start in range(0, int(labels.shape[0]), _CHUNK):
+        chunk = np.asarray(labels[start:start + _CHUNK])
+        counts += np.bincount(chunk[chunk >= 0], minlength=counts.shape[0])
     present = np.flatnonzero(counts)
     if present.size == 0:
         raise DataError(f"{name}: no vertex has a label: there is nothing to learn. Give labels (class ids, -1 "
@@ -222,12 +225,3 @@ def check_learnable(graph, node_task: bool = True, feature_dim: int | None = Non
                f"never predicted right. Give a split that trains on every class (such as `split` per-class:20,30).")
     logger.warning(message)
     return [message]
-
-
-def _class_counts(labels, num_classes: int) -> np.ndarray:
-    """Labelled vertices per class."""
-    counts = np.zeros(max(1, num_classes), dtype=np.int64)
-    for start in range(0, int(labels.shape[0]), _CHUNK):
-        chunk = np.asarray(labels[start:start + _CHUNK])
-        counts += np.bincount(chunk[chunk >= 0], minlength=counts.shape[0])
-    return counts

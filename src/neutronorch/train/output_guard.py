@@ -191,8 +191,9 @@ def claim_folder(field: str, folder: PathLike) -> Iterator[Path]:
             raise ConfigError(f"`{field}` {folder}: in use by another run (process {holder}); two runs writing "
                               f"one folder would mix their checkpoints. Give this run another folder, or wait "
                               f"for that one to end.") from None
-        if _still_named(fd, lock):
-            break
+        with contextlib.suppress(OSError):
+            if os.path.samestat(os.fstat(fd), lock.stat()):  # still the file the path names
+                break
         os.close(fd)  # its holder removed the file as it ended: lock the one there now
     try:
         with contextlib.suppress(OSError):  # who holds it, for the message above; the lock itself is enough
@@ -204,14 +205,6 @@ def claim_folder(field: str, folder: PathLike) -> Iterator[Path]:
             lock.unlink()  # while still held: a run that opened this file meanwhile sees it gone and retries
         os.close(fd)  # releases the lock
         remove_made(made)  # kept when the run wrote anything there
-
-
-def _still_named(fd: int, path: Path) -> bool:
-    """Whether ``path`` still names the file open as ``fd``."""
-    try:
-        return os.path.samestat(os.fstat(fd), path.stat())
-    except OSError:
-        return False
 
 
 def check_nothing_set_aside(field: str, folder: PathLike) -> None:

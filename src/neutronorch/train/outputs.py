@@ -175,15 +175,6 @@ def _dataset_word(spec: str) -> str:
     return word or "data"
 
 
-def check_run_name(name: str, root: Path = RUNS) -> None:
-    """A run name is one folder name: no path separator, not hidden, printable, and within the file system's
-    limit, which counts bytes (``check_name_lengths``)."""
-    if not name or "/" in name or "\\" in name or name.startswith(".") or not name.isprintable():
-        raise ConfigError(f"`run_name` {name!r}: give a folder name (letters, digits, -, _, =, ...; no / and not "
-                          f"starting with a dot); the run's results go to {root}/NAME/.")
-    check_name_lengths("run_name", root / name / RUN_FILES["summary_json"], what="`run_name`")
-
-
 def open_run_folder(config: TrainConfig, name: str | None = None, reads: dict[str, list] | None = None,
                     root: Path = RUNS) -> tuple[TrainConfig, RunFolder]:
     """Where a run that names no output keeps its results: ``root/name/``, or with no ``name`` a new folder
@@ -191,8 +182,11 @@ def open_run_folder(config: TrainConfig, name: str | None = None, reads: dict[st
     unless ``resume`` (continue it) or ``overwrite`` (replace its results). Every check (the options, the
     outputs against the inputs in ``reads``, the folder writable) passes before the folder is made.
     Returns the config with its outputs in the folder, and the folder."""
-    if name is not None:
-        check_run_name(name, root)
+    if name is not None:  # one folder name: no path separator, not hidden, printable, of a length that fits
+        if not name or "/" in name or "\\" in name or name.startswith(".") or not name.isprintable():
+            raise ConfigError(f"`run_name` {name!r}: give a folder name (letters, digits, -, _, =, ...; no / "
+                              f"and not starting with a dot); the run's results go to {root}/NAME/.")
+        check_name_lengths("run_name", root / name / RUN_FILES["summary_json"], what="`run_name`")
         folder = base = root / name
         if folder.exists() and not folder.is_dir():
             raise ConfigError(f"`run_name` {name}: {folder} exists and is not a folder. Give another name.")

@@ -104,20 +104,15 @@ def _write_folder(path: Path, tables, version: int) -> tuple[Path, dict]:
             record["tables"][node_type] = {"shape": list(parts["weight"].shape), "files": files}
         _fsync_folder(folder)
 
-    _sweep(path)
+    for leftover in path.parent.glob(f".{glob.escape(path.stem)}-tables-*.tmp-*"):  # killed writes' folders
+        name = leftover.name[1:].split(".tmp-", 1)[0]
+        if folder_pattern(path.stem).fullmatch(name):
+            sweep_stale(path.parent / name)
     write_folder(final, fill)
     _fsync_folder(path.parent)
     tables.written = (version, final, {(t, p): f["crc"] for t, e in record["tables"].items()
                                        for p, f in e["files"].items()})
     return final, record
-
-
-def _sweep(path: Path) -> None:
-    """Remove what killed writes of this machine left beside ``path`` (their temporary table folders)."""
-    for leftover in path.parent.glob(f".{glob.escape(path.stem)}-tables-*.tmp-*"):
-        name = leftover.name[1:].split(".tmp-", 1)[0]
-        if folder_pattern(path.stem).fullmatch(name):
-            sweep_stale(path.parent / name)
 
 
 def _linked(source: Path, target: Path) -> bool:

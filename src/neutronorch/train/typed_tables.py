@@ -190,11 +190,22 @@ def _folder(config: TrainConfig, graph: TypedGraph, need: int) -> Path:
     given = config.embedding_dir
     candidates = [Path(given or config.checkpoint_dir).expanduser()] if given or config.checkpoint_dir else []
     candidates += [] if given else [Path(tempfile.gettempdir())]
+    files = graph.files()
+    reads = {"dataset": dataset_paths(config.dataset),
+             "graph": files + sorted({str(Path(f).parent) for f in files})}
     refused = []
     for folder in candidates:
         try:
-            _check_folder(config, graph, folder)
-            _check_room(config, folder, need, checkpoints)
+            if folder.exists() and not folder.is_dir():
+                raise ConfigError(f"`embedding_dir` {folder}: exists and is not a folder; give a folder for "
+                                  f"the tables' files.")
+            check_distinct(reads, {"embedding_dir": [folder / ".neutronorch-tables"]})
+            check_creatable("embedding_dir", folder / ".neutronorch-tables")
+            # The tables' files, and the checkpoints' copies where they share its disk, fit on it.
+            same = checkpoints and _device(folder) == _device(Path(config.checkpoint_dir).expanduser())
+            check_space("embedding_dir", folder, need + (checkpoints if same else 0))
+            if checkpoints and not same:
+                check_space("checkpoint_dir", config.checkpoint_dir, checkpoints)
         except (ConfigError, OutputError) as exc:
             if given:
                 raise
@@ -204,24 +215,6 @@ def _folder(config: TrainConfig, graph: TypedGraph, need: int) -> Path:
     raise OutputError(f"`embedding_storage` mmap: no folder takes the tables' files ({size_text(need)}): "
                       f"{' '.join(refused)} Give `embedding_dir` on a disk with room, or `embedding_storage` "
                       f"memory.")
-
-
-def _check_folder(config: TrainConfig, graph: TypedGraph, folder: Path) -> None:
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"`embedding_dir` {folder}: exists and is not a folder; give a folder for the tables' "
-                          f"files.")
-    files = graph.files()
-    reads = {"dataset": dataset_paths(config.dataset), "graph": files + sorted({str(Path(f).parent) for f in files})}
-    check_distinct(reads, {"embedding_dir": [folder / ".neutronorch-tables"]})
-    check_creatable("embedding_dir", folder / ".neutronorch-tables")
-
-
-def _check_room(config: TrainConfig, folder: Path, need: int, checkpoints: int) -> None:
-    """The tables' files (and the checkpoints' copies, where they share its disk) fit on ``folder``'s disk."""
-    same = checkpoints and _device(folder) == _device(Path(config.checkpoint_dir).expanduser().absolute())
-    check_space("embedding_dir", folder, need + (checkpoints if same else 0))
-    if checkpoints and not same:
-        check_space("checkpoint_dir", config.checkpoint_dir, checkpoints)
 
 
 def _device(path: Path) -> int | None:
