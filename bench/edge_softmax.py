@@ -39,7 +39,7 @@ from neutronorch.nn.models import GNN
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
-from neutronorch.train.memory import keep_freed_memory
+from neutronorch.train.resources import keep_freed_memory
 from neutronorch.features.store import gather_frontier
 
 # path -> (the kernels of nn/edge_softmax.py?, the weighted sum)

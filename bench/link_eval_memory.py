@@ -80,7 +80,7 @@ def main() -> int:
     from neutronorch.nn.link import LinkModel
     from neutronorch.nn.models import GNN
     from neutronorch.train.link_task import LinkTask, evaluate_links
-    from neutronorch.train.memory import keep_freed_memory
+    from neutronorch.train.resources import keep_freed_memory
 
     kept = not args.system_malloc and keep_freed_memory()
     torch.set_num_threads(args.threads)

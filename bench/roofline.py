@@ -34,7 +34,7 @@ from neutronorch.features.store import FeatureStore
 from neutronorch.nn.aggregation import mean_aggregate
 from neutronorch.nn.precision import cpu_bf16_units
 from neutronorch.sampling.block import Block
-from neutronorch.train.memory import keep_freed_memory
+from neutronorch.train.resources import keep_freed_memory
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 MIN_TIMING_S = 0.02

@@ -46,7 +46,7 @@ from neutronorch.nn import activation, aggregation, models, splice
 from neutronorch.nn.models import GNN
 from neutronorch.nn.precision import Precision
 from neutronorch.orchestration.factory import build_mode
-from neutronorch.train.memory import keep_freed_memory
+from neutronorch.train.resources import keep_freed_memory
 
 PARTS = ["bottom", "act", "upper", "loss", "loss_bwd", "upper_bwd", "act_bwd", "bottom_bwd"]
 # Leaf ATen operations that launch no device kernel (views, allocations, metadata).

@@ -41,7 +41,7 @@ def worker(args) -> dict:
     """One storage's run, in this process: what the table reports."""
     from neutronorch import TrainConfig, train
     from neutronorch.data import synthetic_typed
-    from neutronorch.train.memory import resident_mb
+    from neutronorch.train.resources import resident_mb
 
     graph = synthetic_typed(nodes=args.nodes, seed=0)
     with tempfile.TemporaryDirectory(prefix="typed-tables-") as folder:

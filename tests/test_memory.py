@@ -7,7 +7,7 @@ import pytest
 # unpredictable there, while a training process allocates the same sizes step after step.
 _PROBE = """
 import resource, torch
-from neutronorch.train.memory import keep_freed_memory
+from neutronorch.train.resources import keep_freed_memory
 applied = keep_freed_memory()
 faults = []
 for _ in range(30):

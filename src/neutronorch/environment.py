@@ -9,7 +9,7 @@ import os
 from neutronorch.errors import ConfigError
 
 # name -> the values it takes (numba's compared without case, as numba compares them), and what unset means;
-# read by sampling/device_sampler.py, nn/edge_softmax.py, train/memory.py and numba
+# read by sampling/device_sampler.py, nn/edge_softmax.py, train/resources.py and numba
 CHOICES = {
     "NEUTRONORCH_DEVICE_SAMPLER": (("auto", "torch", "triton"), "auto: Triton on CUDA if it runs, or torch"),
     "NEUTRONORCH_EDGE_SOFTMAX": (("kernels", "torch"), "kernels"),

@@ -20,7 +20,7 @@ import torch
 from neutronorch.config import TrainConfig
 from neutronorch.environment import launcher_world_size
 from neutronorch.errors import ConfigError, TrainingError
-from neutronorch.train.memory import peak_rss_mb, resident_mb
+from neutronorch.train.resources import peak_rss_mb, resident_mb
 
 
 @dataclass

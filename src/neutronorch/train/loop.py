@@ -15,7 +15,7 @@ import torch
 from neutronorch.config import TrainConfig
 from neutronorch.errors import ConfigError, Interrupted, TrainingError
 from neutronorch.observe import Spans, Utilisation
-from neutronorch.train.memory import peak_rss_mb
+from neutronorch.train.resources import peak_rss_mb
 from neutronorch.train.step import step_masks, train_step
 
 # progress(epoch, steps done, steps in the epoch): called after every step. The object given as progress

@@ -1,10 +1,15 @@
 """What a run takes from the process and the machine: its device, its threads per stage, the torch thread
-count and the CUDA allocator's cap while it runs (each restored afterwards)."""
+count and the CUDA allocator's cap while it runs (each restored afterwards); its memory: peak and resident
+RSS, and freed memory kept in the heap for the next step to reuse (``keep_freed_memory``, for the life of the
+process; why: README, Memory). The memory still available is ``features/memory.py``'s."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
+import resource
 
 import numba
 import numba.np.ufunc.parallel
@@ -15,6 +20,9 @@ from neutronorch.environment import WORKQUEUE, check_environment
 from neutronorch.errors import ConfigError
 from neutronorch.orchestration.factory import Threads
 from neutronorch.sampling.device_sampler import check_device_sampler
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
 
 
 def resolve_device(name: str | torch.device) -> torch.device:
@@ -117,3 +125,35 @@ def memory_budget(device: torch.device, gigabytes: float | None):
         yield
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, index)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def resident_mb() -> dict[str, float]:
+    """Resident memory now, by kind (``/proc/self/status``): ``anon`` (this process's own), ``file``
+    (mapped files: page cache that processes mapping the same files share), ``shmem``; empty where unknown."""
+    kinds = {"RssAnon:": "anon", "RssFile:": "file", "RssShmem:": "shmem"}
+    try:
+        with open("/proc/self/status") as f:
+            fields = [line.split() for line in f]
+    except OSError:
+        return {}
+    return {kinds[words[0]]: round(int(words[1]) / 1024.0, 1)
+            for words in fields if words and words[0] in kinds}
+
+
+def keep_freed_memory() -> bool:
+    """Configure glibc malloc to recycle large blocks; return whether it applied (glibc only)."""
+    if os.environ.get("NEUTRONORCH_SYSTEM_MALLOC") == "1":
+        return False
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False  # not glibc (musl, macOS): nothing to tune
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    # 2**31 - 1 bytes: the largest trim threshold mallopt accepts; the heap is never trimmed in practice.
+    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))

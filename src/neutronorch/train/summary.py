@@ -13,7 +13,7 @@ from neutronorch.data import Graph, TypedGraph, dataset_paths
 from neutronorch.data.typed import relation_label
 from neutronorch.errors import ConfigError, OutputError
 from neutronorch.observe import write_timeline
-from neutronorch.train.memory import peak_rss_mb, resident_mb
+from neutronorch.train.resources import peak_rss_mb, resident_mb
 from neutronorch.atomic import write_atomically
 
 logger = logging.getLogger("neutronorch")

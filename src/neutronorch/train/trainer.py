@@ -6,7 +6,7 @@ prints nothing (the command line configures both). Process-wide settings a run c
 - torch's intra-op thread count: set for the run, restored afterwards;
 - torch's random state (CPU, and the training GPU): seeded for the run, restored afterwards;
 - the CUDA allocator's memory fraction (``gpu_memory_gb``): set for the run, lifted afterwards;
-- glibc malloc's trim and mmap thresholds (``train/memory.py``): kept for the life of the process, since
+- glibc malloc's trim and mmap thresholds (``train/resources.py``): kept for the life of the process, since
   freed memory must stay mapped to be reused; ``NEUTRONORCH_SYSTEM_MALLOC=1`` opts out;
 - numba's threading layer (``NUMBA_THREADING_LAYER=omp`` unless set) when ``neutronorch`` is imported;
 - launched data parallel (``torchrun``), the default process group: initialised for the run and destroyed
@@ -38,12 +38,11 @@ from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.train.health import Health, check_learnable
 from neutronorch.train.heterogeneous import TypedOptions, check_own_model_config, typed_model
 from neutronorch.train.loop import Progress, check_call
-from neutronorch.train.memory import keep_freed_memory
 from neutronorch.train.mode_choice import resolve_mode
 from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
-from neutronorch.train.resources import (check_threading_layer, memory_budget, numba_threads, resolve_device,
-                                         thread_budget, torch_threads)
+from neutronorch.train.resources import (check_threading_layer, keep_freed_memory, memory_budget, numba_threads,
+                                         resolve_device, thread_budget, torch_threads)
 from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, load_state
 from neutronorch.train.distributed import GradientSync, World, joined, rank_device, rank_settings, world_size
 from neutronorch.train.outputs import check_checkpoint_space, check_outputs
