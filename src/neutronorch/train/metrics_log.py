@@ -21,12 +21,7 @@ from neutronorch.errors import OutputError
 
 logger = logging.getLogger("neutronorch")
 
-CSV_COLUMNS = ("kind", "epoch", "step", "loss", "seconds", "val_acc", "test_acc", "elapsed")
-
-
-def csv_columns(metric_key: str) -> tuple[str, ...]:
-    """The CSV header: the columns of every version, then the scores under the metric's name."""
-    return CSV_COLUMNS + (f"val_{metric_key}", f"test_{metric_key}")
+CSV_COLUMNS = ("kind", "epoch", "step", "loss", "seconds", "val_acc", "test_acc", "elapsed")  # every version's
 
 
 class MetricLog:
@@ -44,13 +39,15 @@ class MetricLog:
             self._write("jsonl", lambda: setattr(self, "_jsonl", open(config.log_jsonl, mode)))
         fresh_csv = not (append and config.log_csv and Path(config.log_csv).is_file()
                          and Path(config.log_csv).stat().st_size > 0)
-        # A resumed run keeps the header it finds (one written before the metric columns has 8 columns).
-        self._csv_width = len(csv_columns(metric_key)) if fresh_csv else _header_width(config.log_csv)
+        self._csv_width = len(CSV_COLUMNS + self._score_keys)  # then the scores under the metric's name
+        if not fresh_csv:  # a resumed run keeps the header it finds (one of 8 columns: before the metric's)
+            with open(config.log_csv, newline="") as f:
+                self._csv_width = len(next(csv.reader(f), CSV_COLUMNS))
         if config.log_csv and not self.lost:
             self._write("csv", lambda: setattr(self, "_csv_file", open(config.log_csv, mode, newline="")))
         self._csv = csv.writer(self._csv_file) if self._csv_file else None
         if self._csv and fresh_csv:
-            self._write("csv", lambda: self._csv.writerow(csv_columns(metric_key)))
+            self._write("csv", lambda: self._csv.writerow(CSV_COLUMNS + self._score_keys))
         if config.tensorboard and not self.lost:
             from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - optional
             self._write("tb", lambda: setattr(self, "_tb", SummaryWriter(config.tensorboard)))
@@ -138,9 +135,3 @@ class MetricLog:
                     self.lose(self._paths[name], exc)
         self._jsonl = self._csv_file = self._csv = self._tb = None
         self.per_step = False  # no log left to take step losses
-
-
-def _header_width(path: str) -> int:
-    """How many columns the CSV log at ``path`` has (its header's)."""
-    with open(path, newline="") as f:
-        return len(next(csv.reader(f), CSV_COLUMNS))

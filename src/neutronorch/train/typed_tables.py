@@ -47,11 +47,7 @@ class TypedTables:
         self.written: tuple | None = None  # the files last written for a checkpoint (table_files.py)
         self.draw_seconds = 0.0
         self.made: list[Path] = []  # the folders made for the files (the table folder and its missing parents)
-
-    @property
-    def nbytes(self) -> int:
-        """The tables' and their two moments' bytes."""
-        return len(PARTS) * 4 * sum(rows * width for rows, width in self.shapes.values())
+        self.nbytes = len(PARTS) * 4 * sum(rows * width for rows, width in shapes.values())  # with both moments
 
     @property
     def maker(self):
@@ -61,16 +57,13 @@ class TypedTables:
     def __enter__(self) -> "TypedTables":
         if self.storage == MMAP and self.shapes and not self.folder.exists():
             try:
-                self.made = make_folder(self.folder)  # and its missing parents, all removed by close
+                self.made = make_folder(self.folder)  # and its missing parents, all removed on leaving
             except OSError as exc:
                 raise OutputError(f"`embedding_dir` {self.folder}: cannot be made ({exc.strerror or exc}). Choose "
                                   f"a folder you can write to.") from None
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
         """Close the files (their mappings live on while tensors use them; the disk space goes with them)."""
         for fd in self.fds.values():
             os.close(fd)
