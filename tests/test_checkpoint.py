@@ -11,7 +11,7 @@ from neutronorch import CheckpointError, OutputError, TrainConfig, load_checkpoi
 from neutronorch.cli import main
 from neutronorch.data import SyntheticSpec, generate
 from neutronorch.train import checkpoint as checkpoint_module
-from neutronorch.train import resume as resume_module
+from neutronorch.train import run as run_module
 
 SMALL = "synthetic:nodes=3000,degree=10,features=16,classes=4,noise=0.6"
 
@@ -444,7 +444,7 @@ def test_an_unreadable_checkpoint_says_permission_denied(tmp_path, monkeypatch):
 def test_resume_names_the_array_that_changed(tmp_path, array, words):
     graph, state = _valid_state(tmp_path)
     config = TrainConfig(dataset="given").validate()
-    resume_module.check_resumable(state, config, graph, "last.pt")  # the same data resumes
+    run_module.check_resumable(state, config, graph, "last.pt")  # the same data resumes
     changed = np.array(getattr(graph, array), copy=True)
     if array == "features":
         changed[0, 0] += 1
@@ -459,7 +459,7 @@ def test_resume_names_the_array_that_changed(tmp_path, array, words):
         changed[0] = (graph.val_idx if array == "test_idx" else graph.test_idx)[0]
     setattr(graph, array, changed)
     with pytest.raises(CheckpointError, match=f"last\\.pt: written for another dataset.*: {words} differ"):
-        resume_module.check_resumable(state, config, graph, "last.pt")
+        run_module.check_resumable(state, config, graph, "last.pt")
 
 
 def test_every_fixed_setting_that_differs_is_named_before_the_data(tmp_path):
@@ -473,10 +473,10 @@ def test_every_fixed_setting_that_differs_is_named_before_the_data(tmp_path):
     for key in fixed:
         saved = {**state, "config": {**state["config"], key: "<other>"}}
         with pytest.raises(CheckpointError, match=f"other settings: `{key}` '<other>' then, .* now\\. Resume with"):
-            resume_module.check_resumable(saved, config, other, "last.pt")
+            run_module.check_resumable(saved, config, other, "last.pt")
     for key in sorted(TrainConfig.resume_may_change() - {"resume", "checkpoint_dir"}):
         saved = {**state, "config": {**state["config"], key: "<other>"}}
-        resume_module.check_resumable(saved, config, graph, "last.pt")  # may change: resumes
+        run_module.check_resumable(saved, config, graph, "last.pt")  # may change: resumes
 
 
 @pytest.mark.slow
@@ -493,18 +493,18 @@ def test_an_older_checkpoint_without_the_newer_checksums_still_resumes(tmp_path)
     graph, state = _valid_state(tmp_path)
     for key in ("features_crc", "labels_crc", "val_crc", "test_crc"):
         del state["dataset"][key]  # as neutronorch wrote them before it fingerprinted these arrays
-    resume_module.check_resumable(state, TrainConfig(dataset="given").validate(), graph, "last.pt")
+    run_module.check_resumable(state, TrainConfig(dataset="given").validate(), graph, "last.pt")
     graph.features = graph.features + 1  # and the checksums it has are still compared
     graph.indices = (np.asarray(graph.indices) + 1) % graph.num_nodes
     with pytest.raises(CheckpointError, match="the topology differ"):
-        resume_module.check_resumable(state, TrainConfig(dataset="given").validate(), graph, "last.pt")
+        run_module.check_resumable(state, TrainConfig(dataset="given").validate(), graph, "last.pt")
 
 
 def test_the_fingerprint_reads_samples_not_whole_arrays(tmp_path, monkeypatch):
     graph = generate(SyntheticSpec(nodes=20000, degree=4, features=8, classes=3))
     read = []
     original = np.ascontiguousarray
-    monkeypatch.setattr(resume_module.np, "ascontiguousarray", lambda a: read.append(a.shape[0]) or original(a))
+    monkeypatch.setattr(np, "ascontiguousarray", lambda a: read.append(a.shape[0]) or original(a))
     checkpoint_module.dataset_fingerprint(graph)
     assert read and max(read) <= 2 * 4096
 

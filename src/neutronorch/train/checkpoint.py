@@ -21,8 +21,7 @@ from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.atomic import write_atomically
-from neutronorch.train.resume import dataset_fingerprint
-from neutronorch.train.table_files import attach_tables, checkpoint_tables, stored_tables
+from neutronorch.train.table_files import attach_tables, checkpoint_tables, sample_crc, stored_tables
 
 # Format 1 trained GCN with the mean (no ``gcn_norm``); 3 added ``kind``; 4 renamed a typed one's
 # ``typed_mode_state`` to ``mode_state``.
@@ -333,3 +332,23 @@ def _typed_misfits(model: TypedGNN, graph: TypedGraph) -> list[str]:
             differ.append(f"{t} embedding table of {spec.num_nodes[t]:,} rows (checkpoint) vs {graph.num_nodes[t]:,} "
                           f"vertices (data)")
     return differ
+
+
+def dataset_fingerprint(graph) -> dict:
+    """What identifies a graph cheaply: its sizes and checksums of strided samples of its arrays
+    (``sample_crc``); a typed graph's per type and relation where there are several, and its target."""
+    splits = {"labels_crc": sample_crc(graph.labels), "split_crc": sample_crc(graph.train_idx),
+              "val_crc": sample_crc(graph.val_idx), "test_crc": sample_crc(graph.test_idx)}
+    if not isinstance(graph, TypedGraph):
+        return {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
+                "feature_dim": graph.feature_dim, "classes": graph.num_classes,
+                "topology_crc": sample_crc(graph.indices), "features_crc": sample_crc(graph.features), **splits}
+    relations = {relation_label(r): relation for r, relation in graph.relations.items()}
+    return {"name": graph.name, "num_nodes": {t: int(n) for t, n in graph.num_nodes.items()},
+            "edges": {label: int(relation.num_edges) for label, relation in relations.items()},
+            "feature_dims": {t: graph.feature_dim(t) for t in graph.num_nodes}, "target": graph.target,
+            "classes": int(graph.num_classes),
+            "topology_crc": {label: sample_crc(relation.indices) for label, relation in relations.items()},
+            "features_crc": {t: sample_crc(rows) for t, rows in graph.features.items()},
+            "edge_features_crc": {label: sample_crc(relation.edge_features) for label, relation in relations.items()
+                                  if relation.edge_features is not None}, **splits}

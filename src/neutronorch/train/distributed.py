@@ -13,7 +13,6 @@ import datetime
 import os
 import re
 import threading
-from dataclasses import dataclass
 
 import torch
 
@@ -23,7 +22,7 @@ from neutronorch.errors import ConfigError, TrainingError
 from neutronorch.train.resources import peak_rss_mb, resident_mb
 
 
-@dataclass
+@dataclasses.dataclass
 class World:
     """This process's place among the ranks (one rank, world size 1, when not distributed)."""
 

@@ -1,16 +1,8 @@
 """Nothing lost: an output never overwrites an input, another output of the same command, or (unless asked)
-another run's output, and a run's checkpoint folder is its own while it runs. Every command that writes
-files calls these before it loads any data:
-
-- ``check_distinct``: no output is an input, lies inside an input folder or holds an input in a folder it
-  replaces; no two outputs are one file (compared resolved, and by identity: hard links too).
-- ``check_fresh``: no output exists already, unless ``resume`` or ``overwrite``.
-- ``check_creatable`` / ``check_space``: each output's folder really takes a file, its disk has room.
-- ``claim_folder``: an exclusive lock on a folder for the run's life (a second run into it is refused).
-- ``check_nothing_set_aside``: no output folder holds outputs a killed run set aside (``replacing.py``).
-
-It must never write anything but its probe files (removed at once) and the folder's lock file (removed when
-the run ends, with the folder when the lock made it and nothing else is there).
+another run's output, and a run's checkpoint folder is its own while it runs (``claim_folder``). Every
+command that writes files calls these checks before it loads any data. It must never write anything but its
+probe files (removed at once) and the folder's lock file (removed when the run ends, with the folder when the
+lock made it and nothing else is there).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""A run, of either kind of graph: ``Run`` (its parts and what it does: train an epoch, evaluate,
-checkpoint, resume), ``run_epochs`` (evaluation every ``eval_every``, the best validation score,
-checkpoints, ``patience``, the epoch's log line and stage table) and ``summarised`` (the summary, written
-whether the run ends, fails or is stopped). ``trainer.build_run`` builds either kind's run from what the
-kind builds (``Built``); ``Run.typed`` holds a typed run's own parts (``heterogeneous.TypedParts``).
+"""A run, of either kind of graph: ``Run`` (its parts, evaluation, checkpoints, resume; what a resumed run may
+not change: ``check_resumable``), ``run_epochs`` and ``summarised`` (the summary, written whether the run
+ends, fails or is stopped). ``trainer.build_run`` builds it from what the graph's kind builds (``Built``).
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from neutronorch.nn.precision import Precision
 from neutronorch.observe import Spans, StageTable, Utilisation, epoch_table
 from neutronorch.orchestration.factory import Threads
 from neutronorch.orchestration.mode import Mode
-from neutronorch.train.checkpoint import save_checkpoint
+from neutronorch.train.checkpoint import dataset_fingerprint, save_checkpoint
 from neutronorch.train.evaluate import evaluate
 from neutronorch.train.loop import Progress, TimelineWindow, epoch_line, train_epoch
 from neutronorch.train.distributed import GradientSync, World
@@ -33,7 +31,6 @@ from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
 from neutronorch.train.outputs import save_or_rescue, write_summary
 from neutronorch.train.replacing import Replacement
-from neutronorch.train.resume import check_resumable
 from neutronorch.train.summary import named_scores, summarise, topology_in_file_order, write_run_timeline
 from neutronorch.train.task import Task
 
@@ -43,9 +40,8 @@ logger = logging.getLogger("neutronorch")
 @dataclass
 class Built:
     """What a kind of graph builds for its run (``build_run``): the graph as trained (a typed one with its
-    reverse relations, a link task's split), the model, its optimizer (a typed model's: Adam and its tables'),
-    the warnings of ``check_learnable``, the weights the ranks reduce (``dense``; ``tables``: the sparse
-    embedding tables), a typed run's ``TypedParts`` and what the mode log line says of the model."""
+    reverse relations, a link task's split), its model and optimizers, the weights the ranks reduce
+    (``dense``; ``tables``: the sparse embedding tables) and what the mode log line says of the model."""
 
     graph: Graph | TypedGraph
     model: torch.nn.Module
@@ -165,11 +161,10 @@ class Run:
                 typed.sparse.load_state_dict(state["tables_optimizer"]["state"])
             mode_state = state["mode_state"]
             self.mode.load_state_dict(mode_state["ranks"][self.world.rank] if self.world.distributed else mode_state)
-            self.history, self.best = list(state["history"]), dict(state["best"])
-            best = self.best
+            self.history, best = list(state["history"]), dict(state["best"])
             if "val_acc" in best:  # written before the metric was a setting: accuracy under its old keys
-                self.best = {"val": best["val_acc"], "test": best["test_acc"], "epoch": best["epoch"]}
-            epoch, position = int(state["epoch"]), state["position"]
+                best = {"val": best["val_acc"], "test": best["test_acc"], "epoch": best["epoch"]}
+            self.best, epoch, position = best, int(state["epoch"]), state["position"]
             step, loss_sum = position["step"], position["loss_sum"]
         except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
             raise CheckpointError(
@@ -260,3 +255,68 @@ def summarised(run) -> dict:
 def scores_of(record: dict) -> dict:
     """A record's evaluation as {"val": ..., "test": ...}, or {} if it was not evaluated."""
     return {"val": record["val_acc"], "test": record["test_acc"]} if "val_acc" in record else {}
+
+
+# What each fingerprint key stands for, in the message that says what changed (a typed graph's per type and
+# relation: a dict).
+FINGERPRINT_NAMES = {"name": "the name", "nodes": "the vertex count", "edges": "the edge count",
+                     "feature_dim": "the feature width", "classes": "the class count",
+                     "topology_crc": "the topology", "split_crc": "the training split", "features_crc": "the features",
+                     "labels_crc": "the labels", "val_crc": "the validation split", "test_crc": "the test split",
+                     "num_nodes": "the vertex counts", "feature_dims": "the feature widths",
+                     "target": "the target type", "edge_features_crc": "the edge features"}
+
+
+def fingerprint_changes(saved: dict, now: dict) -> list[str]:
+    """What differs between two fingerprints, naming a typed graph's types and relations: ``the vertex counts
+    (author 1500 then, 1499 now)``, ``the features of paper``. A key an older checkpoint lacks (its
+    neutronorch did not fingerprint that array yet) is no difference, so older checkpoints keep resuming."""
+    changes = []
+    for key, value in now.items():
+        before = saved.get(key, value)
+        if before == value:
+            continue
+        name = FINGERPRINT_NAMES.get(key, key)
+        if not (isinstance(value, dict) and isinstance(before, dict)):
+            changes.append(name)
+            continue
+        parts = [part for part in {**before, **value} if before.get(part) != value.get(part)]
+        if key.endswith("_crc"):
+            changes.append(f"{name} of {', '.join(parts)}")
+        else:
+            changes.append(f"{name} ({'; '.join(f'{p} {before.get(p)} then, {value.get(p)} now' for p in parts)})")
+    return changes
+
+
+# Settings a resumed run may change (each declared so where it is defined, ``config.may_change``); any other
+# difference changes the model or the training and is refused.
+RESUME_MAY_CHANGE = TrainConfig.resume_may_change()
+
+
+def check_resumable(state: dict, config: TrainConfig, graph: Graph | TypedGraph, source: str, world_size: int = 1,
+                    fingerprint: dict | None = None) -> None:
+    """A run may continue from ``state`` only on the same data (``fingerprint``: the graph's, when known) with
+    the same model and training settings. The settings are compared first: one that shapes the data a run
+    trains on (`task` link removes the validation and test edges, `split`) is named, not reported as changed
+    data."""
+    # A setting added after the checkpoint was written had its default then.
+    saved, now, defaults = state["config"], config.to_dict(), TrainConfig().to_dict()
+    differ = [f"`{k}` {saved.get(k, defaults[k])!r} then, {now[k]!r} now" for k in sorted(now)
+              if k not in RESUME_MAY_CHANGE and saved.get(k, defaults[k]) != now[k]]
+    if differ:
+        raise CheckpointError(f"{source}: the run it continues had other settings: {'; '.join(differ)}. Resume "
+                              f"with the same settings (only outputs, epochs, evaluation, threads, device and precision may "
+                              f"change), or start a new run in another `checkpoint_dir`.")
+    if state.get("rng") is None:
+        raise CheckpointError(f"{source}: holds no random state to resume from.")
+    if int(state.get("world_size", 1)) != world_size:
+        raise CheckpointError(f"{source}: written by a run of {state.get('world_size', 1)} data-parallel rank(s); "
+                              f"resume with the same number (now {world_size}): torchrun --nproc-per-node and "
+                              f"--nnodes as before.")
+    found = fingerprint or dataset_fingerprint(graph)
+    changed = fingerprint_changes(state["dataset"], found)
+    if changed:
+        what = "typed graph" if isinstance(graph, TypedGraph) else "dataset"
+        raise CheckpointError(f"{source}: written for another {what}, or the data changed since: {', '.join(changed)} "
+                              f"differ ({state['dataset']['name']} then, {found['name']} now). Resume on the data the "
+                              f"run started with, or start a new run in another `checkpoint_dir`.")

@@ -43,11 +43,10 @@ from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
 from neutronorch.train.resources import (check_threading_layer, keep_freed_memory, memory_budget, numba_threads,
                                          resolve_device, thread_budget, torch_threads)
-from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, load_state
+from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, dataset_fingerprint, load_state
 from neutronorch.train.distributed import GradientSync, World, joined, rank_device, rank_settings, world_size
 from neutronorch.train.outputs import check_checkpoint_space, check_outputs
 from neutronorch.train.replacing import claim_outputs
-from neutronorch.train.resume import dataset_fingerprint
 from neutronorch.train.run import Built, Run, summarised
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import given_dataset
