@@ -343,7 +343,11 @@ def reduce_tables(world: World, tables: list[torch.Tensor], weight: float, apart
                                                                                  rows.reshape(-1))]])
     gathered = (world.gather_padded(packed, sizes, world.host_group, "the embedding tables' gradient rows")
                 if max(sizes) else [packed] * world.size)
-    received = [unpack(flat, mine, widths) for flat, mine in zip(gathered, counts)]
+    received = []  # per rank, its tables' (row ids, copied to be read as int64, and rows) from its buffer
+    for flat, mine in zip(gathered, counts):
+        parts = torch.split(flat, [n * (2 + w) for n, w in zip(mine, widths)])
+        received.append([(part[:2 * n].clone().view(torch.int64), part[2 * n:].view(n, w))
+                         for part, n, w in zip(parts, mine, widths)])
     weights = [m[0] for m in metas]
     for k, table in enumerate(tables):
         present = any(m[1 + 2 * k] for m in metas)
@@ -353,16 +357,6 @@ def reduce_tables(world: World, tables: list[torch.Tensor], weight: float, apart
             table.grad = grad
         elif grad is not None:
             table.grad = grad if table.grad is None else (table.grad + grad).coalesce()
-
-
-def unpack(flat: torch.Tensor, counts: list[int], widths: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The tables' (row ids, rows) back from ``reduce_tables``' buffer, given each table's row count and width."""
-    tables, at = [], 0
-    for n, width in zip(counts, widths):
-        ids = flat[at:at + 2 * n].clone().view(torch.int64)
-        tables.append((ids, flat[at + 2 * n:at + n * (2 + width)].view(n, width)))
-        at += n * (2 + width)
-    return tables
 
 
 def own_rows(table: torch.Tensor | None, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:

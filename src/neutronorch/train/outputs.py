@@ -48,8 +48,14 @@ def check_outputs(config: TrainConfig, reads: dict[str, list] | None = None, mad
     for field, paths in {**outputs, **folders}.items():  # first: a name too long fails every check below
         for path in paths:  # the summary and the checkpoints are written under a temporary name first
             check_name_lengths(field, path, temporary=field in ("summary_json", "checkpoint_dir"))
+    if config.timeline and not config.timeline.lower().endswith(".png"):
+        raise ConfigError(f"`timeline` {config.timeline}: give a .png path (the raw spans go next to it as .json).")
     if config.timeline:
-        _check_timeline(config.timeline)
+        try:
+            import matplotlib  # noqa: F401, PLC0415 - optional
+        except ImportError:
+            raise ConfigError("`timeline` needs matplotlib: pip install matplotlib (or the project's [plot] "
+                              "extra).") from None
     check_distinct({"dataset": dataset_paths(config.dataset), **(reads or {})}, {**outputs, **folders})
     if config.checkpoint_dir and Path(config.checkpoint_dir).exists() and not Path(config.checkpoint_dir).is_dir():
         raise ConfigError(f"`checkpoint_dir` {config.checkpoint_dir}: exists and is not a folder.")
@@ -96,16 +102,6 @@ def save_or_rescue(path: str | os.PathLike, write: Callable[[Path], object], els
             raise OutputError(f"{exc} A copy was saved to {copy}{beside} instead; move it to {path} once there is "
                               f"room.") from exc
         raise
-
-
-def _check_timeline(path: str) -> None:
-    if not path.lower().endswith(".png"):
-        raise ConfigError(f"`timeline` {path}: give a .png path (the raw spans go next to it as .json).")
-    try:
-        import matplotlib  # noqa: F401, PLC0415 - optional
-    except ImportError:
-        raise ConfigError("`timeline` needs matplotlib: pip install matplotlib (or the project's [plot] "
-                          "extra).") from None
 
 
 def _finite(value):

@@ -43,7 +43,13 @@ def select_nodes(graph: Graph | TypedGraph, nodes: Nodes, node_type: str | None 
             return np.array(getattr(graph, f"{nodes}_idx"), dtype=np.int64)
         if nodes == "all":
             return np.arange(count, dtype=np.int64)
-        ids, what = _read_ids(nodes), f"`nodes` {nodes}"
+        if Path(nodes).suffix != ".npy" or not Path(nodes).is_file():
+            raise ConfigError(f"`nodes` {str(nodes)!r}: give one of {', '.join(NODE_SETS)}, an existing .npy file "
+                              f"of vertex ids, or the ids (an array, list or tensor).")
+        try:
+            ids, what = np.load(nodes, allow_pickle=False), f"`nodes` {nodes}"
+        except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
+            raise ConfigError(f"`nodes` {nodes}: cannot be read as a .npy array ({exc}).") from None
     else:
         ids, what = ids_in_memory(nodes), "`nodes` (vertex ids given in memory)"
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
@@ -54,17 +60,6 @@ def select_nodes(graph: Graph | TypedGraph, nodes: Nodes, node_type: str | None 
         raise ConfigError(f"{what}: {int(bad.sum()):,} vertex id{'s' if bad.sum() > 1 else ''} out of range, the "
                           f"first {int(ids[first])} (entry {first}); vertex ids must be in 0..{count - 1}{of}.")
     return ids.astype(np.int64)
-
-
-def _read_ids(nodes: str | os.PathLike) -> np.ndarray:
-    path = Path(nodes)
-    if path.suffix != ".npy" or not path.is_file():
-        raise ConfigError(f"`nodes` {str(nodes)!r}: give one of {', '.join(NODE_SETS)}, an existing .npy file of "
-                          f"vertex ids, or the ids (an array, list or tensor).")
-    try:
-        return np.load(path, allow_pickle=False)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
-        raise ConfigError(f"`nodes` {nodes}: cannot be read as a .npy array ({exc}).") from None
 
 
 def ids_in_memory(nodes, what: str = "`nodes` (vertex ids given in memory)") -> np.ndarray:
