@@ -1,9 +1,9 @@
-"""RowAdam (train/row_adam.py) against torch.optim.SparseAdam on embedding tables."""
+"""RowAdam (train/optim.py) against torch.optim.SparseAdam on embedding tables."""
 
 import pytest
 import torch
 
-from neutronorch.train.row_adam import RowAdam
+from neutronorch.train.optim import RowAdam
 
 
 def _steps(optimizer_class, lookups, **kwargs):

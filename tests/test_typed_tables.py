@@ -23,7 +23,7 @@ from neutronorch import (CheckpointError, ConfigError, Interrupted, OutputError,
 from neutronorch.data import synthetic_typed, write_typed
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.train import output_guard, typed_tables
-from neutronorch.train.row_adam import RowAdam
+from neutronorch.train.optim import RowAdam
 from neutronorch.train.typed_tables import draw_like_embedding, plan_tables
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -25,8 +25,7 @@ from neutronorch.train.distributed import shared_logits
 from neutronorch.train.evaluate import eval_subset, scored, typed_logits
 from neutronorch.train.health import check_learnable
 from neutronorch.train.link_task import LinkTask, evaluate_typed_links, typed_link_graph
-from neutronorch.train.optim import Adam
-from neutronorch.train.row_adam import RowAdam
+from neutronorch.train.optim import Adam, RowAdam
 from neutronorch.train.run import Built
 from neutronorch.train.typed_tables import TypedTables, plan_tables
 

@@ -1,7 +1,6 @@
-"""One epoch of training: batches from the mode, ``train_step`` on each, and the epoch's record.
-
-Per-batch work here must not synchronise with the device: losses are summed on the device and read once
-per epoch (step losses for the metric logs once per ``log_every`` steps).
+"""One epoch of training: batches from the mode, ``train_step`` on each, and the epoch's record. Per-batch
+work here must not synchronise with the device: losses are summed on the device and read once per epoch
+(step losses for the metric logs once per ``log_every`` steps).
 """
 
 from __future__ import annotations

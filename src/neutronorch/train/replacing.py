@@ -1,9 +1,7 @@
 """Replacing an earlier run's outputs (``overwrite``) without ever losing them before the new run has its own
-(docs/checkpoints.md and docs/errors.md say when they are set aside, deleted or put back).
-
-Set aside means renamed into a hidden folder beside them, ``.neutronorch-replaced-PID@HOST-RANDOM/``; a run
-killed outright leaves it, and the next run into that folder refuses to start over it
-(``output_guard.check_nothing_set_aside``); nothing deletes it.
+(docs/checkpoints.md and docs/errors.md say when they are set aside, deleted or put back). Set aside means
+renamed into a hidden folder beside them, ``.neutronorch-replaced-PID@HOST-RANDOM/``, which nothing deletes:
+a run killed outright leaves it, and the next run into that folder refuses to start over it.
 """
 
 from __future__ import annotations

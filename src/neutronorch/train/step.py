@@ -1,7 +1,5 @@
-"""One training step, the same for every mode, the trainer, the tests and the benchmarks.
-
-It must not synchronise with the device: the loss comes back as a device tensor, read by the caller when it
-chooses (the trainer once per epoch).
+"""One training step, the same for every mode, the trainer, the tests and the benchmarks. It must not
+synchronise with the device: the loss comes back as a device tensor, read by the caller when it chooses.
 """
 
 from __future__ import annotations

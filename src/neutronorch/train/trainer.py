@@ -1,7 +1,5 @@
-"""``train(config)``: build a run, train its epochs, summarise it.
-
-The core logs through ``logging.getLogger("neutronorch")`` and reports progress through a callback; it
-prints nothing (the command line configures both). Process-wide settings a run changes:
+"""``train(config)``: build a run, train its epochs, summarise it. It logs through
+``logging.getLogger("neutronorch")`` and prints nothing. Process-wide settings a run changes:
 
 - torch's intra-op thread count: set for the run, restored afterwards;
 - torch's random state (CPU, and the training GPU): seeded for the run, restored afterwards;
