@@ -176,7 +176,7 @@ def test_metric_logs_jsonl_and_csv(tmp_path, graph):
 
 def test_csv_log_names_its_score_columns_by_metric_and_a_resumed_run_keeps_the_header_it_finds(tmp_path):
     from neutronorch.config import LogConfig
-    from neutronorch.train.metrics_log import CSV_COLUMNS, MetricLog
+    from neutronorch.train.summary import CSV_COLUMNS, MetricLog
 
     record = {"epoch": 0, "train_loss": 0.5, "seconds": 1.0, "val_acc": 0.75, "test_acc": 0.625,
               "val_rocauc": 0.75, "test_rocauc": 0.625, "stage_seconds": {}}
@@ -227,10 +227,10 @@ def test_a_log_on_a_full_disk_ends_the_run_with_an_error_after_saving_it(tmp_pat
     """A log write that fails warns at once; training goes on, the checkpoints and the summary are written,
     and the run ends with an OutputError naming the log (exit 2 on the command line), never as a success."""
     from neutronorch import OutputError
-    from neutronorch.train import metrics_log
+    from neutronorch.train import summary as summary_module
 
     log = tmp_path / ("m.jsonl" if option == "log_jsonl" else "m.csv")
-    monkeypatch.setattr(metrics_log, "open", lambda path, *a, **k: _FillingFile(open(path, *a, **k), room),
+    monkeypatch.setattr(summary_module, "open", lambda path, *a, **k: _FillingFile(open(path, *a, **k), room),
                         raising=False)
     settings = config(epochs=2, log_every=1, checkpoint_dir=str(tmp_path / "ckpt"),
                       summary_json=str(tmp_path / "s.json"), **{option: str(log)})
@@ -246,13 +246,13 @@ def test_a_log_on_a_full_disk_ends_the_run_with_an_error_after_saving_it(tmp_pat
 def test_a_log_that_cannot_be_opened_is_given_up_and_said_at_the_end(tmp_path, monkeypatch):
     from neutronorch import OutputError
     from neutronorch.config import LogConfig
-    from neutronorch.train import metrics_log
+    from neutronorch.train import summary as summary_module
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(metrics_log, "open", full, raising=False)
-    log = metrics_log.MetricLog(LogConfig(str(tmp_path / "m.jsonl"), str(tmp_path / "m.csv"), None, 1), "acc")
+    monkeypatch.setattr(summary_module, "open", full, raising=False)
+    log = summary_module.MetricLog(LogConfig(str(tmp_path / "m.jsonl"), str(tmp_path / "m.csv"), None, 1), "acc")
     assert not log.per_step
     log.epoch({"epoch": 0, "train_loss": 0.5, "seconds": 1.0, "stage_seconds": {}})
     log.close()

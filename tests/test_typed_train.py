@@ -114,7 +114,7 @@ def test_a_typed_runs_log_on_a_full_disk_ends_it_with_an_error_after_the_summary
     import os
 
     from neutronorch import OutputError
-    from neutronorch.train import metrics_log
+    from neutronorch.train import summary as summary_module
 
     class Full:
         def __init__(self, file):
@@ -128,7 +128,7 @@ def test_a_typed_runs_log_on_a_full_disk_ends_it_with_an_error_after_the_summary
         def close(self):
             self.file.close()
 
-    monkeypatch.setattr(metrics_log, "open", lambda path, *a, **k: Full(open(path, *a, **k)), raising=False)
+    monkeypatch.setattr(summary_module, "open", lambda path, *a, **k: Full(open(path, *a, **k)), raising=False)
     log = tmp_path / "m.jsonl"
     with pytest.raises(OutputError, match=rf"cannot write {log}: No space left on device"):
         train(config(epochs=1, fanouts=[3], log_jsonl=str(log), log_every=1, summary_json=str(tmp_path / "s.json")),

@@ -27,11 +27,11 @@ from neutronorch.train.loop import Progress, TimelineWindow, epoch_line, train_e
 from neutronorch.train.distributed import GradientSync, World
 from neutronorch.train.health import Health
 from neutronorch.train.link_task import LinkTask, evaluate_links
-from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
 from neutronorch.train.outputs import save_or_rescue, write_summary
 from neutronorch.train.replacing import Replacement
-from neutronorch.train.summary import named_scores, summarise, topology_in_file_order, write_run_timeline
+from neutronorch.train.summary import (MetricLog, named_scores, summarise, topology_in_file_order,
+                                       write_run_timeline)
 from neutronorch.train.task import Task
 
 logger = logging.getLogger("neutronorch")

@@ -37,7 +37,6 @@ from neutronorch.train.health import Health, check_learnable
 from neutronorch.train.heterogeneous import TypedOptions, check_own_model_config, typed_model
 from neutronorch.train.loop import Progress, check_call
 from neutronorch.train.mode_choice import resolve_mode
-from neutronorch.train.metrics_log import MetricLog
 from neutronorch.train.optim import Adam
 from neutronorch.train.resources import (check_threading_layer, keep_freed_memory, memory_budget, numba_threads,
                                          resolve_device, thread_budget, torch_threads)
@@ -47,7 +46,7 @@ from neutronorch.train.outputs import check_checkpoint_space, check_outputs
 from neutronorch.train.replacing import claim_outputs
 from neutronorch.train.run import Built, Run, summarised
 from neutronorch.train.step import TRAINER_STAGES
-from neutronorch.train.summary import given_dataset
+from neutronorch.train.summary import MetricLog, given_dataset
 from neutronorch.train.link_task import LinkTask, check_node_task, is_link_split, link_graph, rms_row_norm
 from neutronorch.train.task import Task
 
