@@ -211,7 +211,7 @@ def open_run_folder(config: TrainConfig, name: str | None = None, reads: dict[st
     check_outputs(checked, reads, made=folder)
     while True:
         try:
-            made = make_folder(run.path, exist_ok=existed)  # the run folder, then runs/ if it was not there
+            run.made = make_folder(run.path, exist_ok=existed)  # the run folder, then runs/ if it was not there
         except FileExistsError:  # another run took this name meanwhile
             if name is not None:
                 raise ConfigError(f"`run_name` {name}: {run.path}/ was made by another run meanwhile; give "
@@ -221,7 +221,6 @@ def open_run_folder(config: TrainConfig, name: str | None = None, reads: dict[st
         except OSError as exc:
             raise OutputError(f"cannot make the run folder {run.path}/ ({exc.strerror or exc}). Run from a "
                               f"folder you can write to, or pass `no_save`.") from None
-        run.made = made
         return run.outputs(config), run
 
 

@@ -1,7 +1,6 @@
-"""What every prediction reads and writes (``predict``, ``embed`` and ``score_pairs``, of a ``Graph`` or a
-``TypedGraph``): the vertices asked for (``nodes``), the rows given back (their form, in memory or a
-``.npy`` file ``out`` checked before any work and written atomically) and the scratch folder the
-intermediate layers' rows may go to. It computes no row itself."""
+"""What every prediction (``predict``, ``embed``, ``score_pairs``) reads and writes: the vertices asked for,
+the rows given back (in memory, or a ``.npy`` file ``out`` checked before any work and written atomically)
+and the scratch folder of the intermediate layers' rows. It computes no row itself."""
 
 from __future__ import annotations
 

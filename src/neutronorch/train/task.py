@@ -1,8 +1,7 @@
 """What is predicted and how it is scored: the task a graph's labels pose, its loss and its metric
 (``METRICS``; ``auto``: the dataset's own, else ROC-AUC for multi-label labels and accuracy otherwise), as
-docs/datasets.md ("Labels and tasks") defines them. Multi-class labels are class ids (-1: none), multi-label
-ones a 0/1 row per vertex (-1: unknown); unlabelled vertices and unknown entries count in neither the loss
-nor a metric.
+docs/datasets.md ("Labels and tasks") defines them; unlabelled vertices and unknown entries (-1) count in
+neither the loss nor a metric.
 """
 
 from __future__ import annotations

@@ -106,13 +106,13 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
 
 
 def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: torch.device, threads: Threads,
-              stack: contextlib.ExitStack, world: World | None = None, user_model: torch.nn.Module | None = None,
-              options: TypedOptions | None = None, stop: threading.Event | None = None) -> Run:
+              stack: contextlib.ExitStack, world: World, user_model: torch.nn.Module | None,
+              options: TypedOptions | None, stop: threading.Event | None) -> Run:
     """Load the data, build the model, optimizer and mode; every resource is closed by ``stack``. ``options``:
     a typed graph's run (``heterogeneous.typed_model`` builds its model). Data parallel (``world``), rank 0's
     initial weights go to every rank, the step's reduction is ``run.sync`` (a typed model's tables' sparse rows
     too) and the stop is agreed on by every rank."""
-    world, data_seconds, link = world or World(), 0.0, config.task == "link"
+    data_seconds, link = 0.0, config.task == "link"
     if user_model is not None and link:
         raise ConfigError("`task` link trains the built-in models as encoders (`model` sage, gcn or gat; rgcn or "
                           "rgat on a typed graph); your own module trains node tasks for now.")
@@ -124,10 +124,8 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
         logger.info(f"loaded {graph.describe()} in {data_seconds:.1f}s")
     for note in graph.notes if world.main else []:  # the same on every rank
         logger.warning(f"note: {note}")
-    if options is not None:
-        built = typed_model(config, graph, device, user_model, options, stack)
-    else:
-        built = homogeneous_model(config, graph, device, user_model)
+    built = (typed_model(config, graph, device, user_model, options, stack) if options is not None
+             else homogeneous_model(config, graph, device, user_model))
     graph, model = built.graph, built.model
     if config.batch_size == 0:
         config.batch_size = auto_batch_size(graph.links.train.shape[1] if link else len(graph.train_idx))

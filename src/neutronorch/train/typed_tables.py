@@ -144,12 +144,11 @@ def plan_tables(config: TrainConfig, graph: TypedGraph, num_layers: int, embed_d
     check_table_folders(config)
     need = len(PARTS) * 4 * sum(rows * width for rows, width in shapes.values())
     storage, reason = _storage(config, shapes, need, device, available)
-    size = (f"{len(shapes)} table(s), {sum(r for r, _ in shapes.values()):,} rows, {size_text(need)} with both "
-            f"moments")
     folder = _folder(config, graph, need) if storage == MMAP and shapes else None
-    where = f"memory-mapped in {folder}" if folder else "in memory"
     if shapes:
-        logger.info(f"embedding tables: {size}, {where} ({reason})")
+        logger.info(f"embedding tables: {len(shapes)} table(s), {sum(r for r, _ in shapes.values()):,} rows, "
+                    f"{size_text(need)} with both moments, {f'memory-mapped in {folder}' if folder else 'in memory'} "
+                    f"({reason})")
     return TypedTables(storage, reason, shapes, folder, fill=not config.resume)
 
 
