@@ -128,12 +128,6 @@ class World:
             torch.distributed.gather_object(value, out, dst=0, group=self.host_group)
         return out
 
-    def any(self, flag: bool, what: str) -> bool:
-        """Whether ``flag`` holds on any rank (every rank gets the same answer)."""
-        value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        self.all_reduce_(value, what)
-        return bool(value.item())
-
     @contextlib.contextmanager
     def _collective(self, what: str):
         try:
@@ -313,7 +307,8 @@ class GradientSync:
                 extra_at += n
             p.grad = grad.to(p.dtype) if grad is not None and count > 0 else None
             offset += n
-        if self.world.any(self.request is not None and self.request.is_set(), "the stop agreement"):
+        asked = torch.tensor([1 if self.request is not None and self.request.is_set() else 0], dtype=torch.int32)
+        if self.world.all_reduce_(asked, "the stop agreement").item():  # asked on any rank: every rank agrees
             self.agreed.set()
         return flat[end - 2].clone()  # the global batch's mean loss
 

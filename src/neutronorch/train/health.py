@@ -1,9 +1,7 @@
 """What the data, an evaluation's outputs and the training loss say about a run (docs/errors.md lists what a
-user sees). Labels and features a run cannot learn from are refused before training (``check_learnable``: a
-``DataError`` naming the dataset and the fix); classes without a training vertex are a warning kept in the
-summary's ``warnings``. Non-finite outputs are an error (``EvaluationCheck``; ``output_check`` for
-``predict``, ``embed`` and ``score_pairs``), one ``isfinite().all()`` per tensor; a collapse (``Health``)
-marks the epoch and warns once, and the run goes on.
+user sees): data a run cannot learn from is refused before training (``check_learnable``); non-finite outputs
+are an error (``EvaluationCheck``, ``output_check``), one ``isfinite().all()`` per tensor; a collapse
+(``Health``) marks the epoch and warns once, and the run goes on.
 """
 
 from __future__ import annotations
@@ -171,10 +169,10 @@ class Health:
 
 
 def check_learnable(graph, node_task: bool = True, feature_dim: int | None = None) -> list[str]:
-    """Raise ``DataError`` for a node task on ``graph`` (a ``Graph`` or ``TypedGraph``) that cannot be learnt
-    (module docstring); return the warnings (logged here) for one that can. ``feature_dim``: the features'
-    width when a built-in model reads them (None: not checked); without ``node_task`` (a link task) only
-    the features are checked."""
+    """Raise ``DataError``, naming the dataset and the fix, for a node task on ``graph`` (a ``Graph`` or
+    ``TypedGraph``) that cannot be learnt; return the warnings (logged here, and kept in the summary) for one
+    that can: classes without a training vertex. ``feature_dim``: the features' width when a built-in model
+    reads them (None: not checked); without ``node_task`` (a link task) only the features are checked."""
     name, labels, num_classes = graph.name, graph.labels, graph.num_classes
     if feature_dim == 0:
         raise DataError(f"{name}: its vertices have no features (feature_dim 0), and the built-in models compute "

@@ -72,7 +72,9 @@ def summarise(run, status: str, timeline: dict | None = None) -> dict:
         "warnings": list(run.health.warnings),  # training that collapsed (train/health.py)
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "timeline": timeline,
-        "checkpoints": checkpoints_written(config.checkpoint_dir),
+        "checkpoints": None if not config.checkpoint_dir else {
+            name: str(path) if (path := Path(config.checkpoint_dir) / f"{name}.pt").is_file() else None
+            for name in ("last", "best")},
         "distributed": distributed,  # None in one process
         # Seconds from entering train() to the end of the first optimizer step (None: no step), of which
         # data_seconds loading the dataset (0 when the graph was passed in).
@@ -132,13 +134,6 @@ def _link_summary(run, last_eval: dict) -> dict:
             "undirected": links.undirected, "direction": links.direction or None, "issues": links.issues,
             "negatives": links.negative_kind, "head": run.config.link_head,
             "best": others(run.best) if last_eval else None, "final": others(last_eval) if last_eval else None}
-
-
-def checkpoints_written(directory: str | None) -> dict | None:
-    if not directory:
-        return None
-    return {name: str(Path(directory) / f"{name}.pt") if (Path(directory) / f"{name}.pt").is_file() else None
-            for name in ("last", "best")}
 
 
 def write_run_timeline(run, title: str) -> dict | None:

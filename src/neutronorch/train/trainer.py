@@ -61,8 +61,7 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     layers read ``len(config.fanouts)`` hops), trained in place.
     ``progress(epoch, done, total)`` is called after every step. Setting ``stop`` (from a signal handler,
     another thread) finishes the current step, writes ``last.pt`` (with ``checkpoint_dir``) and the summary
-    marked ``interrupted``, and raises ``Interrupted``. ``overwrite`` replaces an earlier run's outputs only once
-    this run has written its own, and puts them back if it ends before (``train/replacing.py``).
+    marked ``interrupted``, and raises ``Interrupted``.
     A typed graph (``graph`` a ``TypedGraph``, or ``config.dataset`` a typed native folder or OGB's ogbn-mag
     layout: ``is_typed_dataset``) trains the same way, its relational model built by ``train/heterogeneous.py``
     (``options``: a ``TypedOptions`` of its per-relation fanouts, R-GCN's bases and its tables' width)."""
