@@ -340,9 +340,12 @@ def reduce_tables(world: World, tables: list[torch.Tensor], weight: float, apart
                 if max(sizes) else [packed] * world.size)
     received = []  # per rank, its tables' (row ids, copied to be read as int64, and rows) from its buffer
     for flat, mine in zip(gathered, counts):
-        parts = torch.split(flat, [n * (2 + w) for n, w in zip(mine, widths)])
-        received.append([(part[:2 * n].clone().view(torch.int64), part[2 * n:].view(n, w))
-                         for part, n, w in zip(parts, mine, widths)])
+        unpacked, at = [], 0
+        for n, w in zip(mine, widths):
+            ids, at = flat[at:at + 2 * n].clone().view(torch.int64), at + 2 * n
+            unpacked.append((ids, flat[at:at + n * w].view(n, w)))
+            at += n * w
+        received.append(unpacked)
     weights = [m[0] for m in metas]
     for k, table in enumerate(tables):
         present = any(m[1 + 2 * k] for m in metas)
