@@ -5,8 +5,8 @@ Training (``LinkTask.loss``): the step's outputs are the embeddings of the batch
 them; the loss is binary cross-entropy, the mean over positives plus the mean over negatives.
 
 Evaluation (``evaluate_links``): every vertex an evaluation pair names is embedded from its full neighbourhood
-over the message-passing graph (a typed graph's from samples: ``evaluate_typed_links``), then the head scores
-each positive and its negatives (stored, else ``eval_negatives`` per positive drawn from the seed). Memory is
+over the message-passing graph (a typed graph's from samples), then the head scores each positive and its
+negatives (stored, else ``eval_negatives`` per positive drawn from the seed). Memory is
 bounded by the vertices and the positives, never the negatives: they are read or drawn ``SCORE_CHUNK`` pairs
 at a time (drawn ones from one generator's stream: the same numbers as one whole draw) and reduced to ranks
 and ROC-AUC counts (``PerPositiveScores``) before the next chunk."""
@@ -42,7 +42,7 @@ from neutronorch.train.layerwise import LayerProgress, last_layer_rows
 from neutronorch.train.link_metrics import PerPositiveScores, SharedScores, parse_link_metric
 from neutronorch.train.prediction_io import scratch_folder
 
-__all__ = ["LinkTask", "evaluate_links", "evaluate_typed_links", "link_graph", "rms_row_norm", "typed_link_graph",
+__all__ = ["LinkTask", "evaluate_links", "link_graph", "rms_row_norm", "typed_link_graph",
            "DEFAULT_LINK_SPLIT"]
 
 SCORE_CHUNK = 1 << 16  # pairs scored at a time
@@ -197,39 +197,27 @@ class LinkTask:
 
 
 @torch.no_grad()
-def evaluate_links(model: LinkModel, graph: Graph, store: FeatureStore, device: torch.device, batch_size: int,
+def evaluate_links(model: LinkModel, graph: Graph | TypedGraph, inputs, device: torch.device, batch_size: int,
                    seed: int, eval_negatives: int, task: LinkTask, world: World | None = None,
                    progress: LayerProgress | None = None, check: EvaluationCheck | None = None) -> dict[str, float]:
     """``task``'s metric on the validation and test links, as {"val": ..., "test": ...}, and every reported
-    metric under ``val_<name>``/``test_<name>`` (mrr, hits_K, rocauc). ``check`` (``health.py``): scores that
-    are not finite are an error, every score (or most pairs) tied is noted as a collapse."""
-    scratch = scratch_folder(model.encoder, graph, model.num_layers, "auto", None)
-    return _evaluated(model, graph.links, (0, graph.num_nodes), lambda nodes: last_layer_rows(
-        model.encoder, graph, store, nodes, device, batch_size, scratch=scratch, progress=progress, world=world),
-        device, seed, eval_negatives, task, check)
-
-
-@torch.no_grad()
-def evaluate_typed_links(model: LinkModel, graph: TypedGraph, sampler, device: torch.device, batch_size: int,
-                         seed: int, eval_negatives: int, task: LinkTask, check: EvaluationCheck | None = None
-                         ) -> dict[str, float]:
-    """``evaluate_links`` of a typed graph's link task (``typed_link_graph``): the named vertices embedded by
-    ``typed_logits`` of the encoder, sampled by ``sampler`` (the evaluation fanouts) in their end types."""
-    sampler = EndsSampler(sampler, graph.links.ends)
-    embedded = lambda nodes: contextlib.nullcontext(  # noqa: E731
-        typed_logits(model.encoder, graph, sampler, nodes, device, batch_size, seed))
-    return _evaluated(model, graph.links, graph.links.ends.destinations, embedded, device, seed, eval_negatives,
-                      task, check)
-
-
-def _evaluated(model: LinkModel, links, destinations: tuple[int, int], embedded, device: torch.device, seed: int,
-               eval_negatives: int, task: LinkTask, check: EvaluationCheck | None) -> dict[str, float]:
-    """The scores of ``evaluate_links``: ``embedded(nodes)`` (a context) gives the rows of the sorted vertex ids
-    ``nodes``; drawn negatives are ids ``destinations`` = (first, count)."""
-    check = check or EvaluationCheck()
+    metric under ``val_<name>``/``test_<name>`` (mrr, hits_K, rocauc). ``inputs``: a graph's ``FeatureStore``,
+    or a typed graph's sampler (the evaluation fanouts), whose named vertices are embedded by ``typed_logits``
+    of the encoder in their end types. ``check`` (``health.py``): scores that are not finite are an error,
+    every score (or most pairs) tied is noted as a collapse."""
+    links, check = graph.links, check or EvaluationCheck()
+    if isinstance(graph, TypedGraph):
+        sampler = EndsSampler(inputs, links.ends)
+        destinations, num_nodes = links.ends.destinations, links.ends.num_nodes
+        embedded = lambda nodes: contextlib.nullcontext(  # noqa: E731
+            typed_logits(model.encoder, graph, sampler, nodes, device, batch_size, seed))
+    else:
+        scratch = scratch_folder(model.encoder, graph, model.num_layers, "auto", None)
+        destinations, num_nodes = (0, graph.num_nodes), graph.num_nodes
+        embedded = lambda nodes: last_layer_rows(model.encoder, graph, inputs, nodes, device,  # noqa: E731
+                                                 batch_size, scratch=scratch, progress=progress, world=world)
     sets = {name: _EvalSet(links, name, mix_key(seed, 0x4556_414C + offset), eval_negatives, destinations)
             for offset, name in enumerate(("val", "test"))}
-    num_nodes = links.ends.num_nodes if links.ends is not None else sum(destinations)
     nodes = _named_vertices(sets.values(), num_nodes)
     out: dict[str, float] = {}
     with embedded(nodes) as embeddings:
