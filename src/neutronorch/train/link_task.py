@@ -251,14 +251,12 @@ class _EvalSet:
         self.key, self.destinations = key, destinations
 
     def negatives(self, rows: int) -> Iterator[tuple[int, torch.Tensor]]:
-        """(start, chunk) in order: shared negative pairs as (2, rows) from column ``start``, else the (rows, K)
+        """(start, chunk) in order: shared negative pairs as (rows, 2) from pair ``start``, else the (rows, K)
         negative destinations of positives ``start`` on."""
-        if self.kind == SHARED:
-            for start in range(0, self.stored.shape[1], rows):
-                yield start, _ids(self.stored[:, start:start + rows])
-        elif self.kind == PER_SOURCE:
-            for start in range(0, self.stored.shape[0], rows):
-                yield start, _ids(self.stored[start:start + rows])
+        if self.kind is not None:
+            stored = self.stored.T if self.kind == SHARED else self.stored
+            for start in range(0, stored.shape[0], rows):
+                yield start, _ids(stored[start:start + rows])
         else:
             first, count = self.destinations
             for start, chunk in drawn_negatives(self.key, self.positives.shape[1], self.per_positive, count, rows):
