@@ -12,11 +12,11 @@ from neutronorch.data.typed import TypedGraph
 from neutronorch.features.store import FeatureStore, TypedInputs
 from neutronorch.nn.models import GNN
 from neutronorch.nn.typed_models import TypedGNN
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
+from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.distributed import World
 from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, node_collapse, nonfinite_rows
-from neutronorch.train.layerwise import LayerProgress, layerwise
+from neutronorch.train.layerwise import LayerProgress, layerwise, sampled_logits
 from neutronorch.train.task import Task
 
 
@@ -92,12 +92,10 @@ def _logits_of_share(model: GNN, graph: Graph, store: FeatureStore, nodes: torch
     first, end = (mine[0], mine[-1] + 1) if mine else (0, 0)
     share = nodes[first * batch_size:end * batch_size]
     model.eval()
-    sampler = NeighborSampler(graph.indptr, graph.indices, fanouts, model.needs_degrees, file_order)
+    logits = sampled_logits(model, graph, store, fanouts, device, file_order)
     outputs = [torch.zeros(0, model.width(model.num_layers - 1))]
     for index, chunk in enumerate(torch.split(share, batch_size), start=first):
-        subgraph = sampler.sample(chunk.numpy(), batch_key(seed, -1, index))
-        x = store.gather(subgraph.input_nodes).to(device)
-        outputs.append(model([b.to(device) for b in subgraph.blocks], x).float().cpu())
+        outputs.append(logits(chunk, batch_key(seed, -1, index)).float().cpu())
         if progress is not None:
             progress(0, min(share.shape[0], (index - first + 1) * batch_size), share.shape[0])
     return torch.cat(outputs)
