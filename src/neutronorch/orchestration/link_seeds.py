@@ -2,11 +2,10 @@
 
 Epoch ``e`` takes the training edges in global batches of ``batch_size * world`` in the order
 ``epoch_order(seed, e)`` (a rank trains its ``tensor_split`` part, as node tasks do). Each positive ``(u, v)``
-gets ``negatives`` destinations drawn uniformly, keyed by the global batch (``batch_key(seed, e, k)``), so the
-same seed gives the same negatives whatever the threads, ranks or modes. The batch's seeds are the distinct
-ends of its pairs (sorted); row ``i`` of its (P, 2 + negatives) int64 ``targets`` holds the positions of
-``u``, ``v`` and each negative destination of positive ``i`` among them. ``SeedBatch.exclude`` holds the
-global batch's positives, so that a rank samples exactly what one process with the whole batch samples.
+gets ``negatives`` destinations drawn uniformly, keyed by the global batch (``batch_key(seed, e, k)``). The
+batch's seeds are the distinct ends of its pairs (sorted); row ``i`` of its (P, 2 + negatives) int64
+``targets`` holds the positions of ``u``, ``v`` and each negative destination of positive ``i`` among them.
+``SeedBatch.exclude`` holds the global batch's positives: a rank samples what one process with it samples.
 
 A typed graph's link task (``ends``: ``data.links.LinkEnds``) is the same in its end types' stacked ids
 (negatives among the destination type's; ``EndsSampler`` hands the sampler each batch's seeds by type)."""

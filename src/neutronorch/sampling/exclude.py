@@ -1,9 +1,6 @@
-"""Edges a mini-batch must not see: a link task's seed edges, dropped from its own sampled graph.
-
-A model that aggregates along the edge it is asked to predict reads the answer. After sampling, every sampled
-edge ``u -> v`` whose pair (in either direction) is one of the batch's seed edges is removed from every block
-(of a typed graph: from the relation's blocks and its reverse's, pairs in ``LinkEnds``' stacked ids); the
-frontiers are kept, so a vertex may have fewer neighbours than its fanout, as in DGL's ``exclude``.
+"""Edges a mini-batch must not see: a link task's seed edges, dropped from its own sampled graph after
+sampling (docs/link-prediction.md, "No leakage"), the frontiers kept, so a vertex may have fewer neighbours
+than its fanout, as in DGL's ``exclude``.
 
 Host blocks go through a numba kernel that reads a destination's edges only when a seed edge ends there (on
 the 300k graph, 1,024 seed edges a batch: 12 ms against 88 ms of torch ops); device blocks use torch ops, on

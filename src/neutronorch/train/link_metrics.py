@@ -107,13 +107,12 @@ class SharedScores(_Metrics):
         evaluator (NaN without positives)."""
         if k < 1:
             raise ValueError(f"Hits@K needs K >= 1, got {k}")
-        positive, negatives = self.positive, self.negatives
-        if positive.size == 0:
+        if self.positive.size == 0:
             return float("nan")
-        if negatives.shape[0] < k:
+        if self.negatives.shape[0] < k:
             return 1.0
-        kth_highest = np.partition(negatives, negatives.shape[0] - k)[negatives.shape[0] - k]
-        return float(np.count_nonzero(positive > kth_highest) / positive.shape[0])
+        kth_highest = np.partition(self.negatives, self.negatives.shape[0] - k)[self.negatives.shape[0] - k]
+        return float(np.count_nonzero(self.positive > kth_highest) / self.positive.shape[0])
 
     def roc_auc(self) -> float:
         """The probability that a positive scores above a negative, ties half (NaN when either side is

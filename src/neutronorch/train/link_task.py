@@ -2,14 +2,9 @@
 
 Training (``LinkTask.loss``): the step's outputs are the embeddings of the batch's seeds, its targets
 (``orchestration/link_seeds.py``) the positions of each positive's ends and its negatives' destinations among
-them; the loss is binary cross-entropy, the mean over positives plus the mean over negatives.
-
-Evaluation (``evaluate_links``): every vertex an evaluation pair names is embedded from its full neighbourhood
-over the message-passing graph (a typed graph's from samples), then the head scores each positive and its
-negatives (stored, else ``eval_negatives`` per positive drawn from the seed). Memory is
-bounded by the vertices and the positives, never the negatives: they are read or drawn ``SCORE_CHUNK`` pairs
-at a time (drawn ones from one generator's stream: the same numbers as one whole draw) and reduced to ranks
-and ROC-AUC counts (``PerPositiveScores``) before the next chunk."""
+them. Evaluation (``evaluate_links``) holds the named vertices' rows and the positives, never the negatives:
+they are read or drawn ``SCORE_CHUNK`` pairs at a time (drawn ones from one generator's stream: the same
+numbers as one whole draw) and reduced (``PerPositiveScores``) before the next chunk."""
 
 from __future__ import annotations
 
@@ -175,7 +170,7 @@ class LinkTask:
         return f"link prediction, metric {self.metric}"
 
     def loss(self, embeddings: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Binary cross-entropy of the batch's positives (label 1) and negatives (label 0)."""
+        """Binary cross-entropy: the mean over the batch's positives (label 1) plus that over its negatives."""
         if targets.shape[0] == 0:
             return embeddings.sum() * 0.0
         # Each seed's row is picked many times: take_rows sums their gradients in a fixed order (nn/rows.py).
