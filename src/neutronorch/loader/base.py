@@ -56,7 +56,8 @@ class EpochLoader:
         if self.typed and model is not None and not isinstance(model, torch.nn.Module):
             raise ConfigError(f"`model`: on a typed graph, your torch.nn.Module (device mode counts its parameters "
                               f"in the device's budget), not a {type(model).__name__}.")
-        view, self._count, task = self._resolve()
+        fields, self._count, task = self._resolve()
+        view = dataclasses.replace(self.graph, notes=list(self.graph.notes), **fields)
         self.batch_size = check_count("batch_size", batch_size, 1)
         self.seed = check_seed(check_count("seed", seed, 0))
         self.epoch = check_count("epoch", epoch, 0)
@@ -80,8 +81,8 @@ class EpochLoader:
         self.mode.start(model if self.typed and model is not None else torch.nn.Module())  # typed device mode: placed
 
     def _resolve(self) -> tuple[Graph | TypedGraph, int, dict]:
-        """The graph the mode samples from, the items of an epoch and the ``TrainConfig`` settings of the
-        task (a subclass's)."""
+        """What the mode's view of the graph changes (its fields), the items of an epoch and the
+        ``TrainConfig`` settings of the task (a subclass's)."""
         raise NotImplementedError
 
     def _make_batch(self, minibatch, inputs: StepInputs, input_id: torch.Tensor):

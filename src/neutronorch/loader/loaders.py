@@ -44,8 +44,7 @@ class NeighborLoader(EpochLoader):
             if self.graph.labels is None:  # its batches' y: -1
                 target = self.graph.num_nodes[self.graph.target]
                 self.graph = dataclasses.replace(self.graph, labels=np.full(target, -1, dtype=np.int64))
-        view = dataclasses.replace(self.graph, train_idx=self.seeds.numpy(), notes=list(self.graph.notes))
-        return view, int(self.seeds.shape[0]), {}
+        return {"train_idx": self.seeds.numpy()}, int(self.seeds.shape[0]), {}
 
     def _make_batch(self, minibatch, inputs, input_id) -> LoaderBatch | TypedLoaderBatch:
         if self.typed:
@@ -88,9 +87,8 @@ class LinkNeighborLoader(EpochLoader):
         links = self.graph.links
         none = np.empty((2, 0), dtype=np.int64)
         links = LinkSplit(edges, none, none) if links is None else dataclasses.replace(links, train=edges)
-        view = dataclasses.replace(self.graph, links=links, train_idx=np.unique(edges),
-                                   notes=list(self.graph.notes))
-        return view, int(edges.shape[1]), {"task": "link", "negatives": self.negatives}
+        task = {"task": "link", "negatives": self.negatives}
+        return {"links": links, "train_idx": np.unique(edges)}, int(edges.shape[1]), task
 
     def _make_batch(self, minibatch, inputs, input_id) -> LinkLoaderBatch:
         return LinkLoaderBatch(minibatch, inputs, input_id, self.reuse_buffers)

@@ -21,10 +21,8 @@ from neutronorch.train.task import Task
 
 
 def inference_key(seed: int) -> int:
-    """The key every chunk of an evaluation or a prediction samples with. The sampler keys each vertex's draws
-    by the key and the vertex, so with one key for all chunks a vertex's neighbourhood depends on the vertex
-    alone (its output too, to float32 rounding): not on the chunk it falls in, the chunk size or the other
-    vertices asked for."""
+    """The key every chunk of an evaluation or a prediction samples with: one for all chunks, so a vertex's
+    neighbourhood depends on the vertex alone (docs/heterogeneous.md)."""
     return batch_key(seed, -1, 0)
 
 

@@ -213,7 +213,12 @@ def evaluate_links(model: LinkModel, graph: Graph | TypedGraph, inputs, device: 
                                                  batch_size, scratch=scratch, progress=progress, world=world)
     sets = {name: _EvalSet(links, name, mix_key(seed, 0x4556_414C + offset), eval_negatives, destinations)
             for offset, name in enumerate(("val", "test"))}
-    nodes = _named_vertices(sets.values(), num_nodes)
+    named = torch.zeros(num_nodes, dtype=torch.bool)  # the vertices the pairs name, a chunk at a time
+    for pairs in sets.values():
+        named[pairs.positives.reshape(-1)] = True
+        for _, chunk in pairs.negatives(SCORE_CHUNK):
+            named[chunk.reshape(-1)] = True
+    nodes = named.nonzero().reshape(-1)
     out: dict[str, float] = {}
     with embedded(nodes) as embeddings:
         model.eval()
@@ -266,17 +271,6 @@ def drawn_negatives(key: int, count: int, per_positive: int, num_nodes: int,
     for start in range(0, count, rows):
         shape = (min(rows, count - start), per_positive)
         yield start, torch.randint(0, num_nodes, shape, generator=generator, dtype=torch.int64)
-
-
-def _named_vertices(sets, num_nodes: int) -> torch.Tensor:
-    """The distinct vertices (sorted) that the sets' positive and negative pairs name, marked in a mask over
-    the vertices a chunk of negatives at a time (never all of them at once)."""
-    named = torch.zeros(num_nodes, dtype=torch.bool)
-    for pairs in sets:
-        named[pairs.positives.reshape(-1)] = True
-        for _, chunk in pairs.negatives(SCORE_CHUNK):
-            named[chunk.reshape(-1)] = True
-    return named.nonzero().reshape(-1)
 
 
 def _ids(array) -> torch.Tensor:
