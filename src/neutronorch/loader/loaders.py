@@ -1,11 +1,8 @@
-"""The loaders for a training loop of your own (docs/loader.md): ``NeighborLoader`` (seed vertices of a
-``Graph`` or a ``TypedGraph``) and ``LinkNeighborLoader`` (seed edges of a ``Graph`` and their negatives).
-
-Each hands its mode a view of the graph whose ``train_idx`` holds the seeds (modes read their seeds there and
-nowhere else, and the feature caches rank rows by them). A link loader's are its edges' ends, the edges in
-``links.train`` (where the modes' ``LinkSeeds`` read them) with ``task`` link, so each batch is what
-``train()``'s link task samples (``orchestration/link_seeds.py``). A typed graph gets its reverse relations
-as ``train()`` adds them (``with_reverse``)."""
+"""``NeighborLoader`` and ``LinkNeighborLoader`` (docs/loader.md). Each hands its mode a view of the graph
+whose ``train_idx`` holds the seeds (modes read their seeds there and nowhere else, and the feature caches
+rank rows by them). A link loader's are its edges' ends, the edges in ``links.train`` (where the modes'
+``LinkSeeds`` read them) with ``task`` link, so each batch is what ``train()``'s link task samples
+(``orchestration/link_seeds.py``). A typed graph gets its reverse relations as ``train()`` adds them."""
 
 from __future__ import annotations
 

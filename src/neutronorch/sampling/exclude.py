@@ -27,7 +27,8 @@ def pair_keys(pairs: torch.Tensor, num_nodes: int) -> torch.Tensor:
     return torch.unique(keys)
 
 
-def exclude_edges(subgraph: SampledSubgraph, pairs: torch.Tensor, num_nodes: int, ends=None) -> SampledSubgraph:
+def exclude_edges(subgraph: SampledSubgraph, pairs: torch.Tensor, num_nodes: int,
+                  ends=None) -> SampledSubgraph:
     """``subgraph`` without any sampled edge between the two ends of a (2, P) ``pairs`` column, in either
     direction (global vertex ids; ``num_nodes`` bounds them). The blocks keep their frontiers and dtypes. A
     typed ``subgraph`` loses them from the blocks of ``ends.relation`` and of its reverse, ``pairs`` and

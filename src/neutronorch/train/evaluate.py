@@ -81,8 +81,8 @@ def _logits_of_share(model: GNN, graph: Graph, store: FeatureStore, nodes: torch
                      fanouts: list[int] | None, batch_size: int, seed: int, world: World,
                      file_order: bool = False, progress: LayerProgress | None = None) -> torch.Tensor:
     """This rank's share of ``nodes``' logits (float32, on the CPU; one process's: all): layer-wise
-    (``fanouts`` None), else sampled (cheaper on huge graphs, slightly noisy) in chunks of ``batch_size``, each
-    keyed by its number (``evaluate``)."""
+    (``fanouts`` None), else sampled (cheaper on huge graphs, slightly noisy) in chunks of ``batch_size``,
+    each keyed by its number (``evaluate``)."""
     if fanouts is None:  # every rank takes part in the intermediate layers, even with no vertices of its own
         share = torch.tensor_split(nodes, world.size)[world.rank]
         return layerwise(model, graph, store, share, device, batch_size, world=world, progress=progress)

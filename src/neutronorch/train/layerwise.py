@@ -56,7 +56,7 @@ def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor
             raise ValueError("layerwise: give `out` with a `transform` (its rows' type and width)")
         out = torch.empty((nodes.shape[0], model.width(upto - 1)))
     emit = emitter(out, transform, check)
-    if not getattr(model, "layerwise", True):  # a user's model (``nn.custom.UserModel``): whole neighbourhoods
+    if not getattr(model, "layerwise", True):  # a user's model (``UserModel``): whole neighbourhoods
         logits = sampled_logits(model, graph, store, [-1] * model.num_layers, device)
         emit_chunks(nodes, chunk_size, lambda chunk: logits(chunk, 0), emit, model.num_layers, progress)
         return out

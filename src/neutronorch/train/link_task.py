@@ -170,7 +170,8 @@ class LinkTask:
         return f"link prediction, metric {self.metric}"
 
     def loss(self, embeddings: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Binary cross-entropy: the mean over the batch's positives (label 1) plus that over its negatives."""
+        """Binary cross-entropy: the mean over the batch's positives (label 1) plus that over its
+        negatives."""
         if targets.shape[0] == 0:
             return embeddings.sum() * 0.0
         # Each seed's row is picked many times: take_rows sums their gradients in a fixed order (nn/rows.py).
