@@ -47,7 +47,8 @@ class SampledBatch:
         self.minibatch = minibatch
         self._reused = reused  # x may be the pool's buffer, refilled after the next batch is asked for
         self.epoch, self.index = minibatch.epoch, minibatch.index
-        self._blocks, self._x = inputs.blocks, inputs.features
+        self.blocks: list[Block] = inputs.blocks  # the sampler's own tensors, never reused
+        self._x = inputs.features
         if not reused:  # a copy of its own, the buffer back in the pool at once (a typed batch's rows are its own)
             if isinstance(self._x, torch.Tensor) and self._x.device.type == "cpu":
                 self._x = self._x.clone()
@@ -55,10 +56,6 @@ class SampledBatch:
         self.input_id = input_id
         self._pyg = None
         self._released = False
-
-    @property
-    def blocks(self) -> list[Block]:
-        return self._blocks  # the sampler's own tensors, never reused
 
     @property
     def x(self) -> torch.Tensor:
@@ -76,19 +73,19 @@ class SampledBatch:
 
     @property
     def batch_size(self) -> int:
-        return int(self._blocks[-1].num_dst)
+        return int(self.blocks[-1].num_dst)
 
     @property
     def n_id(self) -> torch.Tensor:
         """Global ids of the bottom block's sources: every vertex sampled, seeds first, then each hop's new
         vertices in the order they were first reached."""
-        ids = self._blocks[0].src_ids
+        ids = self.blocks[0].src_ids
         return ids if ids is not None else self.minibatch.subgraph.input_nodes.to(self.device)
 
     @property
     def num_sampled_nodes(self) -> list[int]:
         """Vertices per hop: the seeds, then those each hop added (PyG's ``num_sampled_nodes``)."""
-        sizes = [self._blocks[-1].num_dst] + [b.num_src for b in reversed(self._blocks)]
+        sizes = [self.blocks[-1].num_dst] + [b.num_src for b in reversed(self.blocks)]
         return [sizes[0]] + [b - a for a, b in zip(sizes, sizes[1:])]
 
     def to_pyg(self):
@@ -97,7 +94,7 @@ class SampledBatch:
         self._check()
         if self._pyg is None:
             pyg = optional("torch_geometric.data", "to_pyg")
-            edge_index, nodes, edges = pyg_form(self._blocks)
+            edge_index, nodes, edges = pyg_form(self.blocks)
             n_id = self.n_id
             self._pyg = pyg.Data(x=self._x, edge_index=edge_index, n_id=n_id, input_id=self.input_id,
                                  num_sampled_nodes=nodes, num_sampled_edges=edges, **self._pyg_fields(n_id))
@@ -113,7 +110,7 @@ class SampledBatch:
         self._check()
         dgl = optional("dgl", "to_dgl_blocks")
         out = []
-        for block in self._blocks:
+        for block in self.blocks:
             # CSC, as the sampler made it and DGL's message passing reads it (empty edge ids: CSC order).
             no_ids = torch.empty(0, dtype=torch.int64, device=block.indices.device)
             g = dgl.create_block(("csc", (block.indptr.long(), block.indices.long(), no_ids)),
@@ -156,7 +153,7 @@ class SampledBatch:
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(epoch={self.epoch}, index={self.index}, batch_size={self.batch_size}, "
-                f"nodes={self.num_sampled_nodes}, edges={[b.num_edges for b in self._blocks]}, device={self.device})")
+                f"nodes={self.num_sampled_nodes}, edges={[b.num_edges for b in self.blocks]}, device={self.device})")
 
 
 class LoaderBatch(SampledBatch):
@@ -255,7 +252,7 @@ class TypedLoaderBatch(SampledBatch):
 
     @property
     def batch_size(self) -> int:
-        return int(self._blocks[-1].num_dst[self.target])
+        return int(self.blocks[-1].num_dst[self.target])
 
     @property
     def n_id(self) -> dict[str, torch.Tensor]:
