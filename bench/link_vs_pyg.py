@@ -258,7 +258,7 @@ def score_links(embeddings, links, num_nodes: int, seed: int, eval_negatives: in
 
     from neutronorch.orchestration.link_seeds import draw_negatives
     from neutronorch.sampling.neighbor_sampler import mix_key
-    from neutronorch.train.link_metrics import hits_at_k, link_roc_auc, mrr
+    from neutronorch.train.link_metrics import link_scores
 
     out = {}
     for offset, name in enumerate(("val", "test")):
@@ -269,11 +269,12 @@ def score_links(embeddings, links, num_nodes: int, seed: int, eval_negatives: in
         per = max(1, chunk // eval_negatives)
         negative = torch.cat([(embeddings[pairs[0, s]].unsqueeze(1) * embeddings[negatives[s]]).sum(-1)
                               for s in _slices(pairs.shape[1], per)])
-        out[f"{name}_mrr"] = mrr(positive, negative)
+        scores = link_scores(positive, negative)
+        out[f"{name}_mrr"] = scores.mrr()
         for k in (10, 50, 100):
             if k < eval_negatives:
-                out[f"{name}_hits_{k}"] = hits_at_k(positive, negative, k)
-        out[f"{name}_rocauc"] = link_roc_auc(positive, negative)
+                out[f"{name}_hits_{k}"] = scores.hits_at_k(k)
+        out[f"{name}_rocauc"] = scores.roc_auc()
     return out
 
 

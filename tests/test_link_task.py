@@ -26,7 +26,7 @@ from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, mi
 from neutronorch.train.checkpoint import load_checkpoint
 from neutronorch.train.layerwise import layerwise
 from neutronorch.train import layerwise as layerwise_module, link_task
-from neutronorch.train.link_metrics import hits_at_k, link_roc_auc, mrr
+from neutronorch.train.link_metrics import link_scores
 from neutronorch.train.health import EvaluationCheck
 from neutronorch.train.link_task import LinkTask, drawn_negatives, evaluate_links, link_graph
 
@@ -179,8 +179,8 @@ def test_evaluation_scores_stored_negatives_as_ogb_does(graph, kind):
         positive = model.score(embeddings[test[0]], embeddings[test[1]])
         negative = (model.score(embeddings[test_neg[0]], embeddings[test_neg[1]]) if kind == "shared" else
                     model.score(embeddings[test[0]][:, None], embeddings[test_neg]))
-    assert scores["test"] == pytest.approx(hits_at_k(positive, negative, 20), abs=1e-6)
-    assert scores["test_mrr"] == pytest.approx(mrr(positive, negative), abs=1e-6)
+    assert scores["test"] == pytest.approx(link_scores(positive, negative).hits_at_k(20), abs=1e-6)
+    assert scores["test_mrr"] == pytest.approx(link_scores(positive, negative).mrr(), abs=1e-6)
 
 
 def test_drawn_evaluation_negatives_are_the_same_at_every_evaluation(graph):
@@ -218,8 +218,8 @@ def test_chunked_evaluation_equals_the_whole_arrays_whatever_the_chunk(graph, he
         with torch.no_grad():
             positive = model.score(embeddings[edges[0]], embeddings[edges[1]])
             negative = model.score(embeddings[edges[0]][:, None], embeddings[negatives])
-        want = {"mrr": mrr(positive, negative), "hits_10": hits_at_k(positive, negative, 10),
-                "rocauc": link_roc_auc(positive, negative)}
+        whole = link_scores(positive, negative)
+        want = {"mrr": whole.mrr(), "hits_10": whole.hits_at_k(10), "rocauc": whole.roc_auc()}
         for metric, value in want.items():
             assert scores[f"{name}_{metric}"] == pytest.approx(value, abs=1e-6), (name, metric)
         assert scores[name] == scores[f"{name}_mrr"]

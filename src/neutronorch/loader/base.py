@@ -24,7 +24,6 @@ from neutronorch.errors import ConfigError
 from neutronorch.limits import check_seed, check_switch
 from neutronorch.loader.arguments import check_count, check_mode, resolve_graph
 from neutronorch.loader.batch import SampledBatch
-from neutronorch.loader.epochs import EpochIterator
 from neutronorch.orchestration.factory import build_mode
 from neutronorch.orchestration.mode import Mode, StepInputs
 from neutronorch.orchestration.seeds import epoch_order
@@ -57,7 +56,8 @@ class EpochLoader:
         if self.typed and model is not None and not isinstance(model, torch.nn.Module):
             raise ConfigError(f"`model`: on a typed graph, your torch.nn.Module (device mode counts its parameters "
                               f"in the device's budget), not a {type(model).__name__}.")
-        view, self._count, task = self._resolve()
+        fields, self._count, task = self._resolve()
+        view = dataclasses.replace(self.graph, notes=list(self.graph.notes), **fields)
         self.batch_size = check_count("batch_size", batch_size, 1)
         self.seed = check_seed(check_count("seed", seed, 0))
         self.epoch = check_count("epoch", epoch, 0)
@@ -81,8 +81,8 @@ class EpochLoader:
         self.mode.start(model if self.typed and model is not None else torch.nn.Module())  # typed device mode: placed
 
     def _resolve(self) -> tuple[Graph | TypedGraph, int, dict]:
-        """The graph the mode samples from, the items of an epoch and the ``TrainConfig`` settings of the
-        task (a subclass's)."""
+        """What the mode's view of the graph changes (its fields), the items of an epoch and the
+        ``TrainConfig`` settings of the task (a subclass's)."""
         raise NotImplementedError
 
     def _make_batch(self, minibatch, inputs: StepInputs, input_id: torch.Tensor):
@@ -209,3 +209,68 @@ class EpochLoader:
         return (f"{type(self).__name__}({self.graph.name}, fanouts={self.fanouts}, batch_size={self.batch_size}, "
                 f"{self._describe()}, mode={self.mode_name}, device={self.device}, epoch={self.epoch}, "
                 f"batches={len(self)})")
+
+
+class EpochIterator:
+    """One epoch's batches: an iterator (with ``len``) and a context manager. Its producer thread stops when
+    the epoch is done, when it is closed, or when it is dropped (``break``, an exception).
+
+    An iteration belongs to the thread that last took a batch from it (at first, the one that made it): a
+    second thread taking batches at the same time, or opening a new iteration of the loader while this one
+    is unfinished, is refused with a ``ConfigError`` (the loader has one iteration at a time; each thread
+    needs a loader of its own)."""
+
+    def __init__(self, batches: Iterator, epoch: int, start: int, length: int, loader: str = "loader"):
+        self._batches = batches
+        self.epoch, self.start, self._length = epoch, start, length
+        self._loader, self._taken, self._done = loader, 0, False
+        self._owner = threading.current_thread()
+        self._next_lock = threading.Lock()
+
+    def __iter__(self) -> "EpochIterator":
+        return self
+
+    def __next__(self):
+        if not self._next_lock.acquire(blocking=False):
+            self._refuse("a batch cannot be taken while another is")
+        try:
+            self._owner = threading.current_thread()
+            batch = next(self._batches)
+            self._taken += 1
+            return batch
+        except BaseException:  # the epoch's end, or an error that ended its generator
+            self._done = True
+            raise
+        finally:
+            self._next_lock.release()
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _check_thread(self, what: str) -> None:
+        """Refuse ``what`` from this thread while another thread iterates this unfinished epoch."""
+        owner = self._owner
+        if not self._done and owner is not threading.current_thread() and owner.is_alive():
+            self._refuse(what)
+
+    def _refuse(self, what: str) -> None:
+        raise ConfigError(
+            f"{self._loader}: {what} in thread {threading.current_thread().name!r}: thread "
+            f"{self._owner.name!r} is iterating it (epoch {self.epoch}, {self._taken} of {self._length} batches "
+            f"taken), and a loader runs one iteration at a time. Give each thread a loader of its own, or "
+            f"iterate in one thread (set_epoch(e) or iter_from(start, epoch) choose the epoch).")
+
+    def close(self) -> None:
+        if not self._next_lock.acquire(blocking=False):
+            self._refuse("the iteration cannot close while it takes a batch")
+        try:
+            self._done = True
+            self._batches.close()
+        finally:
+            self._next_lock.release()
+
+    def __enter__(self) -> "EpochIterator":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

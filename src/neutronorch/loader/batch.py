@@ -1,6 +1,10 @@
-"""One mini-batch of a loader (``LoaderBatch``, ``TypedLoaderBatch``; a ``LinkNeighborLoader``'s in
-link_batch.py) in three forms: plain (``blocks``, ``x``, ``y``), PyG's (``to_pyg()``) and DGL's
-(``to_dgl_blocks()``); their fields: docs/loader.md, "The batch forms" and "Typed graphs"."""
+"""One mini-batch of a loader (``LoaderBatch``, ``TypedLoaderBatch``, a ``LinkNeighborLoader``'s
+``LinkLoaderBatch``) in three forms: plain (``blocks``, ``x``, ``y``), PyG's (``to_pyg()``) and DGL's
+(``to_dgl_blocks()``); their fields: docs/loader.md, "The batch forms" and "Typed graphs".
+
+A link batch's seeds are the pairs' distinct ends (sorted; ``LinkSeeds``), the first ``batch_size`` vertices
+of ``n_id``; ``pairs`` names every pair by positions among them, and the other forms (PyG's
+``edge_label_index``, DGL's ``pair_ids``) are views of it (docs/loader.md, "The batch")."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from neutronorch.orchestration.batch import MiniBatch, target_labels
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.sampling.block import Block, hop_counts, pyg_form, typed_pyg_form
 
-__all__ = ["SampledBatch", "LoaderBatch", "TypedLoaderBatch", "optional"]
+__all__ = ["SampledBatch", "LoaderBatch", "LinkLoaderBatch", "TypedLoaderBatch", "optional"]
 
 INSTALL = {"torch_geometric.data": "PyTorch Geometric: pip install torch-geometric (its NeighborLoader's sampler "
                                   "backends, pyg-lib or torch-sparse, are not needed)",
@@ -43,7 +47,8 @@ class SampledBatch:
         self.minibatch = minibatch
         self._reused = reused  # x may be the pool's buffer, refilled after the next batch is asked for
         self.epoch, self.index = minibatch.epoch, minibatch.index
-        self._blocks, self._x = inputs.blocks, inputs.features
+        self.blocks: list[Block] = inputs.blocks  # the sampler's own tensors, never reused
+        self._x = inputs.features
         if not reused:  # a copy of its own, the buffer back in the pool at once (a typed batch's rows are its own)
             if isinstance(self._x, torch.Tensor) and self._x.device.type == "cpu":
                 self._x = self._x.clone()
@@ -51,10 +56,6 @@ class SampledBatch:
         self.input_id = input_id
         self._pyg = None
         self._released = False
-
-    @property
-    def blocks(self) -> list[Block]:
-        return self._blocks  # the sampler's own tensors, never reused
 
     @property
     def x(self) -> torch.Tensor:
@@ -72,19 +73,19 @@ class SampledBatch:
 
     @property
     def batch_size(self) -> int:
-        return int(self._blocks[-1].num_dst)
+        return int(self.blocks[-1].num_dst)
 
     @property
     def n_id(self) -> torch.Tensor:
         """Global ids of the bottom block's sources: every vertex sampled, seeds first, then each hop's new
         vertices in the order they were first reached."""
-        ids = self._blocks[0].src_ids
+        ids = self.blocks[0].src_ids
         return ids if ids is not None else self.minibatch.subgraph.input_nodes.to(self.device)
 
     @property
     def num_sampled_nodes(self) -> list[int]:
         """Vertices per hop: the seeds, then those each hop added (PyG's ``num_sampled_nodes``)."""
-        sizes = [self._blocks[-1].num_dst] + [b.num_src for b in reversed(self._blocks)]
+        sizes = [self.blocks[-1].num_dst] + [b.num_src for b in reversed(self.blocks)]
         return [sizes[0]] + [b - a for a, b in zip(sizes, sizes[1:])]
 
     def to_pyg(self):
@@ -93,7 +94,7 @@ class SampledBatch:
         self._check()
         if self._pyg is None:
             pyg = optional("torch_geometric.data", "to_pyg")
-            edge_index, nodes, edges = pyg_form(self._blocks)
+            edge_index, nodes, edges = pyg_form(self.blocks)
             n_id = self.n_id
             self._pyg = pyg.Data(x=self._x, edge_index=edge_index, n_id=n_id, input_id=self.input_id,
                                  num_sampled_nodes=nodes, num_sampled_edges=edges, **self._pyg_fields(n_id))
@@ -109,7 +110,7 @@ class SampledBatch:
         self._check()
         dgl = optional("dgl", "to_dgl_blocks")
         out = []
-        for block in self._blocks:
+        for block in self.blocks:
             # CSC, as the sampler made it and DGL's message passing reads it (empty edge ids: CSC order).
             no_ids = torch.empty(0, dtype=torch.int64, device=block.indices.device)
             g = dgl.create_block(("csc", (block.indptr.long(), block.indices.long(), no_ids)),
@@ -152,7 +153,7 @@ class SampledBatch:
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(epoch={self.epoch}, index={self.index}, batch_size={self.batch_size}, "
-                f"nodes={self.num_sampled_nodes}, edges={[b.num_edges for b in self._blocks]}, device={self.device})")
+                f"nodes={self.num_sampled_nodes}, edges={[b.num_edges for b in self.blocks]}, device={self.device})")
 
 
 class LoaderBatch(SampledBatch):
@@ -173,6 +174,68 @@ class LoaderBatch(SampledBatch):
         blocks[-1].dstdata["label"] = self.y
 
 
+class LinkLoaderBatch(SampledBatch):
+    """``SampledBatch``'s fields (``batch_size`` counts the seeds; ``input_id`` the positives' positions in
+    ``loader.edges``) and the pairs'."""
+
+    @property
+    def pairs(self) -> torch.Tensor:
+        """(P, 2 + K) int64: positions among the seeds of each positive's source, destination and negative
+        destinations (what ``train()``'s link loss reads)."""
+        return self.minibatch.labels
+
+    @property
+    def num_pairs(self) -> int:
+        """P, the positive (seed) edges of the batch."""
+        return int(self.pairs.shape[0])
+
+    @property
+    def negatives(self) -> int:
+        """K, the negative destinations per positive."""
+        return int(self.pairs.shape[1]) - 2
+
+    def pair_ids(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(pos_src, pos_dst, neg_src, neg_dst): positions among the seeds (the top block's destinations,
+        ``n_id[:batch_size]``) of the P positive pairs and of the P*K negative pairs, each positive's K
+        negatives together and in order, each paired with its positive's source."""
+        pairs = self.pairs
+        return (pairs[:, 0], pairs[:, 1], pairs[:, 0].repeat_interleave(self.negatives),
+                pairs[:, 2:].reshape(-1))
+
+    @property
+    def edge_label_index(self) -> torch.Tensor:
+        """(2, P + P*K) positions in ``n_id``: the positives, then the negatives (``pair_ids`` order)."""
+        pos_src, pos_dst, neg_src, neg_dst = self.pair_ids()
+        return torch.stack([torch.cat([pos_src, neg_src]), torch.cat([pos_dst, neg_dst])])
+
+    @property
+    def edge_label(self) -> torch.Tensor:
+        """(P + P*K,) float: 1 for each positive, then 0 for each negative."""
+        count = self.num_pairs
+        label = torch.zeros(count * (1 + self.negatives), device=self.pairs.device)
+        label[:count] = 1.0
+        return label
+
+    def _pyg_fields(self, n_id: torch.Tensor) -> dict:
+        """As PyG's ``LinkNeighborLoader`` with binary negative sampling. No ``y``: a link batch's labels
+        are ``edge_label``; no ``batch_size``, as in PyG's link batches."""
+        return {"edge_label_index": self.edge_label_index, "edge_label": self.edge_label}
+
+    def to_dgl_pair_graphs(self) -> tuple:
+        """(pos_graph, neg_graph): the positive and the negative pairs as DGL graphs over the seeds (their
+        ``ndata[dgl.NID]`` the global ids), as DGL's ``as_edge_prediction_sampler`` yields them beside the
+        blocks: score ``h = model(blocks, x)`` on ``pos_graph.edges()`` and ``neg_graph.edges()``."""
+        self._check()
+        dgl = optional("dgl", "to_dgl_pair_graphs")
+        pos_src, pos_dst, neg_src, neg_dst = self.pair_ids()
+        graphs = []
+        for src, dst in ((pos_src, pos_dst), (neg_src, neg_dst)):
+            graph = dgl.graph((src, dst), num_nodes=self.batch_size, device=self.pairs.device)
+            graph.ndata[dgl.NID] = self.seeds
+            graphs.append(graph)
+        return tuple(graphs)
+
+
 class TypedLoaderBatch(SampledBatch):
     """A typed mini-batch: ``SampledBatch``'s fields per type (``x``, also ``features``: each featured type's
     input rows), ``ids`` (also ``n_id``: every type's bottom frontier), ``y`` (the target seeds' labels),
@@ -189,7 +252,7 @@ class TypedLoaderBatch(SampledBatch):
 
     @property
     def batch_size(self) -> int:
-        return int(self._blocks[-1].num_dst[self.target])
+        return int(self.blocks[-1].num_dst[self.target])
 
     @property
     def n_id(self) -> dict[str, torch.Tensor]:

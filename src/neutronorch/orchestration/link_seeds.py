@@ -2,11 +2,10 @@
 
 Epoch ``e`` takes the training edges in global batches of ``batch_size * world`` in the order
 ``epoch_order(seed, e)`` (a rank trains its ``tensor_split`` part, as node tasks do). Each positive ``(u, v)``
-gets ``negatives`` destinations drawn uniformly, keyed by the global batch (``batch_key(seed, e, k)``), so the
-same seed gives the same negatives whatever the threads, ranks or modes. The batch's seeds are the distinct
-ends of its pairs (sorted); row ``i`` of its (P, 2 + negatives) int64 ``targets`` holds the positions of
-``u``, ``v`` and each negative destination of positive ``i`` among them. ``SeedBatch.exclude`` holds the
-global batch's positives, so that a rank samples exactly what one process with the whole batch samples.
+gets ``negatives`` destinations drawn uniformly, keyed by the global batch (``batch_key(seed, e, k)``). The
+batch's seeds are the distinct ends of its pairs (sorted); row ``i`` of its (P, 2 + negatives) int64
+``targets`` holds the positions of ``u``, ``v`` and each negative destination of positive ``i`` among them.
+``SeedBatch.exclude`` holds the global batch's positives: a rank samples what one process with it samples.
 
 A typed graph's link task (``ends``: ``data.links.LinkEnds``) is the same in its end types' stacked ids
 (negatives among the destination type's; ``EndsSampler`` hands the sampler each batch's seeds by type)."""
@@ -22,7 +21,7 @@ from neutronorch.config import SamplingConfig
 from neutronorch.data.links import LinkEnds
 from neutronorch.orchestration.seeds import SeedBatch, global_batches
 from neutronorch.sampling.block import SampledSubgraph
-from neutronorch.sampling.exclude import exclude_edges, exclude_typed
+from neutronorch.sampling.exclude import exclude_edges
 from neutronorch.sampling.neighbor_sampler import batch_key, mix_key
 
 __all__ = ["EndsSampler", "LinkSeeds", "draw_negatives", "negative_generator", "pair_targets"]
@@ -45,9 +44,7 @@ class LinkSeeds:
 
     def exclude(self, subgraph: SampledSubgraph, pairs: torch.Tensor) -> SampledSubgraph:
         """``subgraph`` without the edges between the ends of a batch's seed edges ``pairs``."""
-        if self.ends is not None:
-            return exclude_typed(subgraph, pairs, self.ends)
-        return exclude_edges(subgraph, pairs, self.num_nodes)
+        return exclude_edges(subgraph, pairs, self.num_nodes, self.ends)
 
     def epoch(self, epoch: int) -> "LinkEpoch":
         """This rank's part of every mini-batch of ``epoch``, in batch order: each made when it is asked for
@@ -62,13 +59,13 @@ class LinkSeeds:
         negatives = draw_negatives(batch_key(sampling.seed, epoch, index), positives.shape[1], self.negatives, count)
         if first:
             negatives += first
-        excluded = positives  # the global batch's: each rank samples what one process would
+        # The global batch's positives excluded: each rank samples what one process would.
         if sampling.world == 1:
-            return SeedBatch(*pair_targets(positives, negatives), exclude=excluded)
+            return SeedBatch(*pair_targets(positives, negatives), exclude=positives)
         batch_seeds = torch.unique(torch.cat([positives.reshape(-1), negatives.reshape(-1)]))  # pair_targets' seeds
         part = torch.tensor_split(torch.arange(positives.shape[1]), sampling.world)[sampling.rank]
-        seeds, targets = pair_targets(positives[:, part], negatives[part])
-        return SeedBatch(seeds, targets, exclude=excluded, batch_seeds=batch_seeds)
+        return SeedBatch(*pair_targets(positives[:, part], negatives[part]), exclude=positives,
+                         batch_seeds=batch_seeds)
 
     def rank_shares(self, epoch: int) -> np.ndarray:
         """Per mini-batch: ``world`` times this rank's share of the global batch's positives (each a loss term

@@ -1,9 +1,6 @@
-"""Edges a mini-batch must not see: a link task's seed edges, dropped from its own sampled graph.
-
-A model that aggregates along the edge it is asked to predict reads the answer. After sampling, every sampled
-edge ``u -> v`` whose pair (in either direction) is one of the batch's seed edges is removed from every block
-(of a typed graph: from the relation's blocks and its reverse's, pairs in ``LinkEnds``' stacked ids); the
-frontiers are kept, so a vertex may have fewer neighbours than its fanout, as in DGL's ``exclude``.
+"""Edges a mini-batch must not see: a link task's seed edges, dropped from its own sampled graph after
+sampling (docs/link-prediction.md, "No leakage"), the frontiers kept, so a vertex may have fewer neighbours
+than its fanout, as in DGL's ``exclude``.
 
 Host blocks go through a numba kernel that reads a destination's edges only when a seed edge ends there (on
 the 300k graph, 1,024 seed edges a batch: 12 ms against 88 ms of torch ops); device blocks use torch ops, on
@@ -20,7 +17,7 @@ from numba import njit
 import neutronorch.jit  # noqa: F401 - says when these kernels are compiled (a cold cache)
 from neutronorch.sampling.block import Block, SampledSubgraph
 
-__all__ = ["exclude_edges", "exclude_from_block", "exclude_typed", "pair_keys"]
+__all__ = ["exclude_edges", "exclude_from_block", "pair_keys"]
 
 
 def pair_keys(pairs: torch.Tensor, num_nodes: int) -> torch.Tensor:
@@ -30,14 +27,30 @@ def pair_keys(pairs: torch.Tensor, num_nodes: int) -> torch.Tensor:
     return torch.unique(keys)
 
 
-def exclude_edges(subgraph: SampledSubgraph, pairs: torch.Tensor, num_nodes: int) -> SampledSubgraph:
+def exclude_edges(subgraph: SampledSubgraph, pairs: torch.Tensor, num_nodes: int,
+                  ends=None) -> SampledSubgraph:
     """``subgraph`` without any sampled edge between the two ends of a (2, P) ``pairs`` column, in either
-    direction (global vertex ids; ``num_nodes`` bounds them). The blocks keep their frontiers and dtypes."""
+    direction (global vertex ids; ``num_nodes`` bounds them). The blocks keep their frontiers and dtypes. A
+    typed ``subgraph`` loses them from the blocks of ``ends.relation`` and of its reverse, ``pairs`` and
+    ``num_nodes`` in ``ends``' stacked ids (``LinkEnds``)."""
     if pairs.shape[1] == 0 or not subgraph.blocks:
         return subgraph
-    keys = pair_keys(pairs.to(subgraph.frontiers[0].device), num_nodes)
-    blocks = [_without(block, subgraph.frontiers[layer], keys, num_nodes)
-              for layer, block in enumerate(subgraph.blocks)]
+    if ends is None:
+        keys = pair_keys(pairs.to(subgraph.frontiers[0].device), num_nodes)
+        blocks = [_without(block, subgraph.frontiers[layer], keys, num_nodes)
+                  for layer, block in enumerate(subgraph.blocks)]
+        return SampledSubgraph(subgraph.seeds, blocks, subgraph.frontiers)
+    relations = [r for r in (ends.relation, ends.reverse) if r is not None]
+    keys = pair_keys(pairs.to(subgraph.seeds.device), num_nodes)
+    blocks = []
+    for tblock in subgraph.blocks:
+        kept = {}
+        for relation in relations:
+            if relation in tblock.blocks:
+                (s, _, d), ids = relation, tblock.src_ids
+                kept[relation] = _without(tblock.blocks[relation], ids[s] + ends.offsets[s], keys, num_nodes,
+                                          ids[d][:tblock.num_dst[d]] + ends.offsets[d])
+        blocks.append(dataclasses.replace(tblock, blocks={**tblock.blocks, **kept}) if kept else tblock)
     return SampledSubgraph(subgraph.seeds, blocks, subgraph.frontiers)
 
 
@@ -47,25 +60,6 @@ def exclude_from_block(block: Block, sources: torch.Tensor, pairs: torch.Tensor,
     if pairs.shape[1] == 0:
         return block
     return _without(block, sources, pair_keys(pairs.to(sources.device), num_nodes), num_nodes)
-
-
-def exclude_typed(subgraph: SampledSubgraph, pairs: torch.Tensor, ends) -> SampledSubgraph:
-    """``exclude_edges`` of a typed ``subgraph``: the blocks of ``ends.relation`` and of its reverse,
-    ``pairs`` in ``ends``' stacked ids (``LinkEnds``)."""
-    if pairs.shape[1] == 0 or not subgraph.blocks:
-        return subgraph
-    relations = [r for r in (ends.relation, ends.reverse) if r is not None]
-    keys = pair_keys(pairs.to(subgraph.seeds.device), ends.num_nodes)
-    blocks = []
-    for tblock in subgraph.blocks:
-        kept = {}
-        for relation in relations:
-            if relation in tblock.blocks:
-                (s, _, d), ids = relation, tblock.src_ids
-                kept[relation] = _without(tblock.blocks[relation], ids[s] + ends.offsets[s], keys, ends.num_nodes,
-                                          ids[d][:tblock.num_dst[d]] + ends.offsets[d])
-        blocks.append(dataclasses.replace(tblock, blocks={**tblock.blocks, **kept}) if kept else tblock)
-    return SampledSubgraph(subgraph.seeds, blocks, subgraph.frontiers)
 
 
 def _without(block: Block, sources: torch.Tensor, keys: torch.Tensor, num_nodes: int,

@@ -12,39 +12,17 @@ from neutronorch.data.typed import TypedGraph
 from neutronorch.features.store import FeatureStore, TypedInputs
 from neutronorch.nn.models import GNN
 from neutronorch.nn.typed_models import TypedGNN
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
+from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.distributed import World
 from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, node_collapse, nonfinite_rows
-from neutronorch.train.layerwise import LayerProgress, layerwise
+from neutronorch.train.layerwise import LayerProgress, layerwise, sampled_logits
 from neutronorch.train.task import Task
 
 
-@torch.no_grad()
-def sampled_logits(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, fanouts: list[int],
-                   device: torch.device, batch_size: int, seed: int, first_chunk: int = 0,
-                   file_order: bool = False, progress: LayerProgress | None = None) -> torch.Tensor:
-    """Logits of ``nodes`` from sampled neighbourhoods (cheaper on huge graphs, slightly noisy), in chunks
-    of ``batch_size`` numbered from ``first_chunk`` (a chunk's number keys its sample); the topology read in
-    file order with ``file_order`` (the same samples). ``progress(0, done, total)`` after every chunk."""
-    model.eval()
-    sampler = NeighborSampler(graph.indptr, graph.indices, fanouts, model.needs_degrees, file_order)
-    outputs = [torch.zeros(0, model.width(model.num_layers - 1))]
-    for index, chunk in enumerate(torch.split(nodes, batch_size), start=first_chunk):
-        subgraph = sampler.sample(chunk.numpy(), batch_key(seed, -1, index))
-        x = store.gather(subgraph.input_nodes).to(device)
-        blocks = [b.to(device) for b in subgraph.blocks]
-        outputs.append(model(blocks, x).float().cpu())
-        if progress is not None:
-            progress(0, min(nodes.shape[0], (index - first_chunk + 1) * batch_size), nodes.shape[0])
-    return torch.cat(outputs)
-
-
 def inference_key(seed: int) -> int:
-    """The key every chunk of an evaluation or a prediction samples with. The sampler keys each vertex's draws
-    by the key and the vertex, so with one key for all chunks a vertex's neighbourhood depends on the vertex
-    alone (its output too, to float32 rounding): not on the chunk it falls in, the chunk size or the other
-    vertices asked for."""
+    """The key every chunk of an evaluation or a prediction samples with: one for all chunks, so a vertex's
+    neighbourhood depends on the vertex alone (docs/heterogeneous.md)."""
     return batch_key(seed, -1, 0)
 
 
@@ -98,20 +76,27 @@ def scored(task: Task, sets: dict[str, tuple[torch.Tensor, torch.Tensor]], check
     return scores
 
 
+@torch.no_grad()
 def _logits_of_share(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,
                      fanouts: list[int] | None, batch_size: int, seed: int, world: World,
                      file_order: bool = False, progress: LayerProgress | None = None) -> torch.Tensor:
-    """This rank's contiguous share of ``nodes``' logits (float32, on the CPU; one process's: all)."""
+    """This rank's share of ``nodes``' logits (float32, on the CPU; one process's: all): layer-wise
+    (``fanouts`` None), else sampled (cheaper on huge graphs, slightly noisy) in chunks of ``batch_size``,
+    each keyed by its number (``evaluate``)."""
     if fanouts is None:  # every rank takes part in the intermediate layers, even with no vertices of its own
         share = torch.tensor_split(nodes, world.size)[world.rank]
         return layerwise(model, graph, store, share, device, batch_size, world=world, progress=progress)
-    chunks = -(-nodes.shape[0] // batch_size)
-    mine = torch.tensor_split(torch.arange(chunks), world.size)[world.rank]
-    if mine.shape[0] == 0:
-        return torch.zeros(0, model.width(model.num_layers - 1))
-    first, end = int(mine[0]), int(mine[-1]) + 1
-    return sampled_logits(model, graph, store, nodes[first * batch_size:end * batch_size], fanouts, device,
-                          batch_size, seed, first_chunk=first, file_order=file_order, progress=progress)
+    mine = torch.tensor_split(torch.arange(-(-nodes.shape[0] // batch_size)), world.size)[world.rank].tolist()
+    first, end = (mine[0], mine[-1] + 1) if mine else (0, 0)
+    share = nodes[first * batch_size:end * batch_size]
+    model.eval()
+    logits = sampled_logits(model, graph, store, fanouts, device, file_order)
+    outputs = [torch.zeros(0, model.width(model.num_layers - 1))]
+    for index, chunk in enumerate(torch.split(share, batch_size), start=first):
+        outputs.append(logits(chunk, batch_key(seed, -1, index)).float().cpu())
+        if progress is not None:
+            progress(0, min(share.shape[0], (index - first + 1) * batch_size), share.shape[0])
+    return torch.cat(outputs)
 
 
 def eval_subset(index: np.ndarray, max_nodes: int, seed: int) -> np.ndarray:

@@ -24,7 +24,7 @@ from neutronorch.train.checkpoint import fanouts_of
 from neutronorch.train.distributed import shared_logits
 from neutronorch.train.evaluate import eval_subset, scored, typed_logits
 from neutronorch.train.health import check_learnable
-from neutronorch.train.link_task import LinkTask, evaluate_typed_links, typed_link_graph
+from neutronorch.train.link_task import LinkTask, evaluate_links, typed_link_graph
 from neutronorch.train.optim import Adam, RowAdam
 from neutronorch.train.run import Built
 from neutronorch.train.typed_tables import TypedTables, plan_tables
@@ -129,8 +129,8 @@ class TypedParts:
         samples of the one evaluation key (``typed_logits``); ``progress(0, done, total)`` after each set."""
         config, graph, scores, done = run.config, run.graph, {}, 0
         if isinstance(run.task, LinkTask):
-            return evaluate_typed_links(run.model, graph, self.eval_sampler, run.device, config.eval_batch_size,
-                                        config.seed, config.eval_negatives, run.task, check)
+            return evaluate_links(run.model, graph, self.eval_sampler, run.device, config.eval_batch_size,
+                                  config.seed, config.eval_negatives, run.task, check=check)
         sets = {"val": eval_subset(graph.val_idx, config.eval_max_nodes, config.seed),
                 "test": eval_subset(graph.test_idx, config.eval_max_nodes, config.seed + 1)}
         total = sum(len(nodes) for nodes in sets.values())

@@ -56,8 +56,9 @@ def layerwise(model: GNN, graph: Graph, store: FeatureStore, nodes: torch.Tensor
             raise ValueError("layerwise: give `out` with a `transform` (its rows' type and width)")
         out = torch.empty((nodes.shape[0], model.width(upto - 1)))
     emit = emitter(out, transform, check)
-    if not getattr(model, "layerwise", True):  # a user's model: whole neighbourhoods, one chunk at a time
-        _whole_neighbourhoods(model, graph, store, nodes, device, chunk_size, emit, progress)
+    if not getattr(model, "layerwise", True):  # a user's model (``UserModel``): whole neighbourhoods
+        logits = sampled_logits(model, graph, store, [-1] * model.num_layers, device)
+        emit_chunks(nodes, chunk_size, lambda chunk: logits(chunk, 0), emit, model.num_layers, progress)
         return out
     if upto < 1:
         raise ValueError("`layers` must be at least 1")
@@ -204,19 +205,16 @@ class _Run:
                         self.progress)
 
 
-@torch.no_grad()
-def _whole_neighbourhoods(model, graph: Graph, store: FeatureStore, nodes: torch.Tensor, device: torch.device,
-                          chunk_size: int, emit: Emit, progress: LayerProgress | None) -> None:
-    """The logits of a model that runs only as a whole (``nn.custom.UserModel``): every neighbour of every hop
-    sampled for each chunk of ``nodes`` (layer-wise inference's result, at the cost of whole
-    neighbourhoods)."""
-    sampler = NeighborSampler(graph.indptr, graph.indices, [-1] * model.num_layers, model.needs_degrees)
+def sampled_logits(model, graph: Graph, store: FeatureStore, fanouts: list[int], device: torch.device,
+                   file_order: bool = False) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """``logits(chunk, key)``: ``model``'s output of the vertices ``chunk`` over their neighbourhoods sampled
+    by ``fanouts`` with ``key``, the topology read in file order with ``file_order`` (the same samples)."""
+    sampler = NeighborSampler(graph.indptr, graph.indices, fanouts, model.needs_degrees, file_order)
 
-    def logits(chunk: torch.Tensor) -> torch.Tensor:
-        subgraph = sampler.sample(chunk.numpy(), 0)
+    def logits(chunk: torch.Tensor, key: int) -> torch.Tensor:
+        subgraph = sampler.sample(chunk.numpy(), key)
         return model([b.to(device) for b in subgraph.blocks], store.gather(subgraph.input_nodes).to(device))
-
-    emit_chunks(nodes, chunk_size, logits, emit, model.num_layers, progress)
+    return logits
 
 
 def emit_chunks(nodes: torch.Tensor | np.ndarray, chunk_size: int, compute, emit: Emit, layer: int,

@@ -11,7 +11,7 @@ Scores are one per positive edge, ``positive`` (P,), and the negatives' in one o
 ROC-AUC (the negatives pooled): the probability that a positive scores above a negative, ties half. Scores
 may be numpy arrays or torch tensors on any device. ``PerPositiveScores`` takes (P, K) scores a chunk of
 rows at a time and keeps P values, so they are never held whole; ``SharedScores`` holds shared scores whole;
-the functions score whole arrays through them (``link_scores``)."""
+``link_scores`` scores whole arrays through them."""
 
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ from neutronorch.errors import ConfigError
 from neutronorch.train.health import TIE_TOLERANCE
 from neutronorch.train.task import roc_auc
 
-__all__ = ["ranks", "mrr", "hits_at_k", "link_roc_auc", "link_scores", "parse_link_metric",
-           "PerPositiveScores", "SharedScores"]
+__all__ = ["link_scores", "parse_link_metric", "PerPositiveScores", "SharedScores"]
 
 CHUNK = 1 << 22  # negative scores compared at a time
 
@@ -36,21 +35,11 @@ def _host(scores) -> np.ndarray:
     return np.asarray(scores)
 
 
-def _inputs(positive, negatives) -> tuple[np.ndarray, np.ndarray]:
-    positive, negatives = _host(positive), _host(negatives)
+def _positive(scores) -> np.ndarray:
+    positive = _host(scores)
     if positive.ndim != 1:
         raise ValueError(f"positive scores must be 1-D (one per positive edge), got shape {positive.shape}")
-    if negatives.ndim == 2 and negatives.shape[0] != positive.shape[0]:
-        raise ValueError(f"per-positive negative scores must have a row per positive ({positive.shape[0]}), "
-                         f"got shape {negatives.shape}")
-    if negatives.ndim not in (1, 2):
-        raise ValueError(f"negative scores must be (N,) shared or (P, K) per positive, got shape {negatives.shape}")
-    return positive, negatives
-
-
-def ranks(positive, negatives) -> np.ndarray:
-    """Each positive's rank among its negatives (float64, ties half): 1 + (#higher + #at least as high) / 2."""
-    return link_scores(positive, negatives)._ranks()
+    return positive
 
 
 def parse_link_metric(metric: str) -> tuple[str, int]:
@@ -67,34 +56,27 @@ def parse_link_metric(metric: str) -> tuple[str, int]:
 def link_scores(positive, negatives) -> "SharedScores | PerPositiveScores":
     """The scores as ``SharedScores`` (negatives (N,)) or ``PerPositiveScores`` (negatives (P, K), given
     ``CHUNK`` scores at a time), whose methods give the metrics."""
-    positive, negatives = _inputs(positive, negatives)
+    negatives = _host(negatives)
     if negatives.ndim == 1:
         return SharedScores(positive, negatives)
     scores = PerPositiveScores(positive)
+    if negatives.ndim != 2:
+        raise ValueError(f"negative scores must be (N,) shared or (P, K) per positive, got {negatives.shape}")
+    if negatives.shape[0] != scores.positive.shape[0]:
+        raise ValueError(f"per-positive negative scores must have a row per positive "
+                         f"({scores.positive.shape[0]}), got shape {negatives.shape}")
     rows = max(1, CHUNK // max(1, negatives.shape[1]))
-    for start in range(0, positive.shape[0], rows):
+    for start in range(0, negatives.shape[0], rows):
         scores.add(start, negatives[start:start + rows])
     return scores
 
 
-def mrr(positive, negatives) -> float:
-    return link_scores(positive, negatives).mrr()
-
-
-def hits_at_k(positive, negatives, k: int) -> float:
-    return link_scores(positive, negatives).hits_at_k(k)
-
-
-def link_roc_auc(positive, negatives) -> float:
-    return link_scores(positive, negatives).roc_auc()
-
-
 class _Metrics:
-    """``score(metric)`` and ``mrr`` of a set of scores that has ``_ranks``, ``hits_at_k`` and ``roc_auc``."""
+    """``score(metric)`` and ``mrr`` of a set of scores that has ``ranks``, ``hits_at_k`` and ``roc_auc``."""
 
     def mrr(self) -> float:
         """Mean reciprocal rank (NaN without positives)."""
-        ranked = self._ranks()
+        ranked = self.ranks()
         return float(np.mean(1.0 / ranked)) if ranked.size else float("nan")
 
     def score(self, metric: str) -> float:
@@ -109,12 +91,13 @@ class SharedScores(_Metrics):
     """Positive scores (P,) against shared negative scores (N,), both held whole."""
 
     def __init__(self, positive, negatives):
-        self.positive, self.negatives = _inputs(positive, negatives)
+        self.positive, self.negatives = _positive(positive), _host(negatives)
         if self.negatives.ndim != 1:
             raise ValueError(f"shared negative scores must be 1-D, got shape {self.negatives.shape}")
         self.negatives_per_positive = self.negatives.shape[0]
 
-    def _ranks(self) -> np.ndarray:
+    def ranks(self) -> np.ndarray:
+        """Each positive's rank (float64): 1 + (#negatives higher + #negatives at least as high) / 2."""
         ordered = np.sort(self.negatives)
         higher = ordered.shape[0] - np.searchsorted(ordered, self.positive, side="right")
         return 0.5 * (higher + ordered.shape[0] - np.searchsorted(ordered, self.positive, side="left")) + 1.0
@@ -124,13 +107,12 @@ class SharedScores(_Metrics):
         evaluator (NaN without positives)."""
         if k < 1:
             raise ValueError(f"Hits@K needs K >= 1, got {k}")
-        positive, negatives = self.positive, self.negatives
-        if positive.size == 0:
+        if self.positive.size == 0:
             return float("nan")
-        if negatives.shape[0] < k:
+        if self.negatives.shape[0] < k:
             return 1.0
-        kth_highest = np.partition(negatives, negatives.shape[0] - k)[negatives.shape[0] - k]
-        return float(np.count_nonzero(positive > kth_highest) / positive.shape[0])
+        kth_highest = np.partition(self.negatives, self.negatives.shape[0] - k)[self.negatives.shape[0] - k]
+        return float(np.count_nonzero(self.positive > kth_highest) / self.positive.shape[0])
 
     def roc_auc(self) -> float:
         """The probability that a positive scores above a negative, ties half (NaN when either side is
@@ -160,11 +142,9 @@ class PerPositiveScores(_Metrics):
     ROC-AUC's Mann-Whitney count (ties half) is an exact integer sum."""
 
     def __init__(self, positive):
-        self.positive = _host(positive)
-        if self.positive.ndim != 1:
-            raise ValueError(f"positive scores must be 1-D (one per positive edge), got shape {self.positive.shape}")
+        self.positive = _positive(positive)
         self.ordered = np.sort(self.positive)
-        self.ranks = np.empty(self.positive.shape[0], np.float64)
+        self._ranks = np.empty(self.positive.shape[0], np.float64)
         self.rows = self.above = self.tied = self.negatives = self.tied_rows = self.tied_pairs = 0
         self.negatives_per_positive = None
 
@@ -179,7 +159,7 @@ class PerPositiveScores(_Metrics):
         positive = self.positive[start:start + count, None]
         higher = np.count_nonzero(negatives > positive, axis=1)
         at_least = np.count_nonzero(negatives >= positive, axis=1)
-        self.ranks[start:start + count] = 0.5 * (higher + at_least) + 1.0
+        self._ranks[start:start + count] = 0.5 * (higher + at_least) + 1.0
         if negatives.shape[1]:  # rows tied whole, from each row's extremes (P values, not P x K): all_tied
             positive = self.positive[start:start + count].astype(np.float64)
             margin = TIE_TOLERANCE * np.maximum(1.0, np.abs(positive))
@@ -199,11 +179,11 @@ class PerPositiveScores(_Metrics):
         """The share of positives ranked at most ``k`` (NaN without positives)."""
         if k < 1:
             raise ValueError(f"Hits@K needs K >= 1, got {k}")
-        return float(np.mean(self._ranks() <= k)) if self.positive.size else float("nan")
+        return float(np.mean(self.ranks() <= k)) if self.positive.size else float("nan")
 
     def roc_auc(self) -> float:
         """The probability that a positive scores above a negative, ties half (NaN when either side is empty)."""
-        self._ranks()
+        self.ranks()
         if self.positive.size == 0 or self.negatives == 0:
             return float("nan")
         return float((self.above + 0.5 * self.tied) / (self.positive.shape[0] * self.negatives))
@@ -217,7 +197,8 @@ class PerPositiveScores(_Metrics):
         """The share of (positive, own negative) pairs scored exactly alike (0 without pairs)."""
         return self.tied_pairs / max(1, self.negatives)
 
-    def _ranks(self) -> np.ndarray:
+    def ranks(self) -> np.ndarray:
+        """``SharedScores.ranks``, every positive's row given."""
         if self.rows != self.positive.shape[0]:
             raise ValueError(f"negative scores were given for {self.rows} rows of {self.positive.shape[0]} positives")
-        return self.ranks
+        return self._ranks

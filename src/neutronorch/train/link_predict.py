@@ -63,30 +63,28 @@ def read_pairs(pairs: Pairs, num_nodes: int | None = None, layout: str | None = 
 
 
 def _read_file(path: Path) -> np.ndarray:
+    """A .npy file's array, or a text file's lines of ids as a 2-D array: whitespace or commas between the ids
+    of a line, as its first line with ids shows."""
     if not path.is_file():
         raise ConfigError(f"`pairs` {path}: {not_a_file(path, 'no such file')}; give {PAIR_FORMS}.")
     try:
-        array = np.load(path, allow_pickle=False) if path.suffix == ".npy" else _read_text(path)
+        if path.suffix == ".npy":
+            return np.load(path, allow_pickle=False)
+        with open(path, encoding="utf-8") as f:
+            first = next((line for line in f if line.strip() and not line.lstrip().startswith("#")), "")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # an empty file: said below, as for any empty input
+            array = np.loadtxt(path, dtype=np.int64, delimiter="," if "," in first else None, comments="#",
+                               ndmin=2, encoding="utf-8")
     except Exception as exc:  # noqa: BLE001 - unreadable, damaged or malformed files are the same user error
         reason = str(exc).split("; use `usecols`")[0]  # numpy's advice is about its own arguments
         kind = "a .npy array" if path.suffix == ".npy" else "'u v' or 'u,v' lines"
         raise ConfigError(f"`pairs` {path}: cannot be read as {kind} ({type(exc).__name__}: {reason}); "
                           f"give {PAIR_FORMS}.") from None
-    if path.suffix != ".npy" and array.size and array.shape[1] != 2:
+    if array.size and array.shape[1] != 2:
         raise ConfigError(f"`pairs` {path}: its lines hold {array.shape[1]} ids each; give two per line, "
                           f"'u v' or 'u,v'.")
     return array
-
-
-def _read_text(path: Path) -> np.ndarray:
-    """A text file's lines of ids as a 2-D array: whitespace or commas between the ids of a line, as its first
-    line with ids shows."""
-    with open(path, encoding="utf-8") as f:
-        first = next((line for line in f if line.strip() and not line.lstrip().startswith("#")), "")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # an empty file: said below, as for any empty input
-        return np.loadtxt(path, dtype=np.int64, delimiter="," if "," in first else None, comments="#",
-                          ndmin=2, encoding="utf-8")
 
 
 def _check_range(pairs: np.ndarray, num_nodes: int, what: str, text: Path | None = None) -> None:

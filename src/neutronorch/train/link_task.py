@@ -2,14 +2,9 @@
 
 Training (``LinkTask.loss``): the step's outputs are the embeddings of the batch's seeds, its targets
 (``orchestration/link_seeds.py``) the positions of each positive's ends and its negatives' destinations among
-them; the loss is binary cross-entropy, the mean over positives plus the mean over negatives.
-
-Evaluation (``evaluate_links``): every vertex an evaluation pair names is embedded from its full neighbourhood
-over the message-passing graph (a typed graph's from samples: ``evaluate_typed_links``), then the head scores
-each positive and its negatives (stored, else ``eval_negatives`` per positive drawn from the seed). Memory is
-bounded by the vertices and the positives, never the negatives: they are read or drawn ``SCORE_CHUNK`` pairs
-at a time (drawn ones from one generator's stream: the same numbers as one whole draw) and reduced to ranks
-and ROC-AUC counts (``PerPositiveScores``) before the next chunk."""
+them. Evaluation (``evaluate_links``) holds the named vertices' rows and the positives, never the negatives:
+they are read or drawn ``SCORE_CHUNK`` pairs at a time (drawn ones from one generator's stream: the same
+numbers as one whole draw) and reduced (``PerPositiveScores``) before the next chunk."""
 
 from __future__ import annotations
 
@@ -42,7 +37,7 @@ from neutronorch.train.layerwise import LayerProgress, last_layer_rows
 from neutronorch.train.link_metrics import PerPositiveScores, SharedScores, parse_link_metric
 from neutronorch.train.prediction_io import scratch_folder
 
-__all__ = ["LinkTask", "evaluate_links", "evaluate_typed_links", "link_graph", "rms_row_norm", "typed_link_graph",
+__all__ = ["LinkTask", "evaluate_links", "link_graph", "rms_row_norm", "typed_link_graph",
            "DEFAULT_LINK_SPLIT"]
 
 SCORE_CHUNK = 1 << 16  # pairs scored at a time
@@ -175,7 +170,8 @@ class LinkTask:
         return f"link prediction, metric {self.metric}"
 
     def loss(self, embeddings: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Binary cross-entropy of the batch's positives (label 1) and negatives (label 0)."""
+        """Binary cross-entropy: the mean over the batch's positives (label 1) plus that over its
+        negatives."""
         if targets.shape[0] == 0:
             return embeddings.sum() * 0.0
         # Each seed's row is picked many times: take_rows sums their gradients in a fixed order (nn/rows.py).
@@ -197,40 +193,33 @@ class LinkTask:
 
 
 @torch.no_grad()
-def evaluate_links(model: LinkModel, graph: Graph, store: FeatureStore, device: torch.device, batch_size: int,
+def evaluate_links(model: LinkModel, graph: Graph | TypedGraph, inputs, device: torch.device, batch_size: int,
                    seed: int, eval_negatives: int, task: LinkTask, world: World | None = None,
                    progress: LayerProgress | None = None, check: EvaluationCheck | None = None) -> dict[str, float]:
     """``task``'s metric on the validation and test links, as {"val": ..., "test": ...}, and every reported
-    metric under ``val_<name>``/``test_<name>`` (mrr, hits_K, rocauc). ``check`` (``health.py``): scores that
-    are not finite are an error, every score (or most pairs) tied is noted as a collapse."""
-    scratch = scratch_folder(model.encoder, graph, model.num_layers, "auto", None)
-    return _evaluated(model, graph.links, (0, graph.num_nodes), lambda nodes: last_layer_rows(
-        model.encoder, graph, store, nodes, device, batch_size, scratch=scratch, progress=progress, world=world),
-        device, seed, eval_negatives, task, check)
-
-
-@torch.no_grad()
-def evaluate_typed_links(model: LinkModel, graph: TypedGraph, sampler, device: torch.device, batch_size: int,
-                         seed: int, eval_negatives: int, task: LinkTask, check: EvaluationCheck | None = None
-                         ) -> dict[str, float]:
-    """``evaluate_links`` of a typed graph's link task (``typed_link_graph``): the named vertices embedded by
-    ``typed_logits`` of the encoder, sampled by ``sampler`` (the evaluation fanouts) in their end types."""
-    sampler = EndsSampler(sampler, graph.links.ends)
-    embedded = lambda nodes: contextlib.nullcontext(  # noqa: E731
-        typed_logits(model.encoder, graph, sampler, nodes, device, batch_size, seed))
-    return _evaluated(model, graph.links, graph.links.ends.destinations, embedded, device, seed, eval_negatives,
-                      task, check)
-
-
-def _evaluated(model: LinkModel, links, destinations: tuple[int, int], embedded, device: torch.device, seed: int,
-               eval_negatives: int, task: LinkTask, check: EvaluationCheck | None) -> dict[str, float]:
-    """The scores of ``evaluate_links``: ``embedded(nodes)`` (a context) gives the rows of the sorted vertex ids
-    ``nodes``; drawn negatives are ids ``destinations`` = (first, count)."""
-    check = check or EvaluationCheck()
+    metric under ``val_<name>``/``test_<name>`` (mrr, hits_K, rocauc). ``inputs``: a graph's ``FeatureStore``,
+    or a typed graph's sampler (the evaluation fanouts), whose named vertices are embedded by ``typed_logits``
+    of the encoder in their end types. ``check`` (``health.py``): scores that are not finite are an error,
+    every score (or most pairs) tied is noted as a collapse."""
+    links, check = graph.links, check or EvaluationCheck()
+    if isinstance(graph, TypedGraph):
+        sampler = EndsSampler(inputs, links.ends)
+        destinations, num_nodes = links.ends.destinations, links.ends.num_nodes
+        embedded = lambda nodes: contextlib.nullcontext(  # noqa: E731
+            typed_logits(model.encoder, graph, sampler, nodes, device, batch_size, seed))
+    else:
+        scratch = scratch_folder(model.encoder, graph, model.num_layers, "auto", None)
+        destinations, num_nodes = (0, graph.num_nodes), graph.num_nodes
+        embedded = lambda nodes: last_layer_rows(model.encoder, graph, inputs, nodes, device,  # noqa: E731
+                                                 batch_size, scratch=scratch, progress=progress, world=world)
     sets = {name: _EvalSet(links, name, mix_key(seed, 0x4556_414C + offset), eval_negatives, destinations)
             for offset, name in enumerate(("val", "test"))}
-    num_nodes = links.ends.num_nodes if links.ends is not None else sum(destinations)
-    nodes = _named_vertices(sets.values(), num_nodes)
+    named = torch.zeros(num_nodes, dtype=torch.bool)  # the vertices the pairs name, a chunk at a time
+    for pairs in sets.values():
+        named[pairs.positives.reshape(-1)] = True
+        for _, chunk in pairs.negatives(SCORE_CHUNK):
+            named[chunk.reshape(-1)] = True
+    nodes = named.nonzero().reshape(-1)
     out: dict[str, float] = {}
     with embedded(nodes) as embeddings:
         model.eval()
@@ -263,14 +252,12 @@ class _EvalSet:
         self.key, self.destinations = key, destinations
 
     def negatives(self, rows: int) -> Iterator[tuple[int, torch.Tensor]]:
-        """(start, chunk) in order: shared negative pairs as (2, rows) from column ``start``, else the (rows, K)
+        """(start, chunk) in order: shared negative pairs as (rows, 2) from pair ``start``, else the (rows, K)
         negative destinations of positives ``start`` on."""
-        if self.kind == SHARED:
-            for start in range(0, self.stored.shape[1], rows):
-                yield start, _ids(self.stored[:, start:start + rows])
-        elif self.kind == PER_SOURCE:
-            for start in range(0, self.stored.shape[0], rows):
-                yield start, _ids(self.stored[start:start + rows])
+        if self.kind is not None:
+            stored = self.stored.T if self.kind == SHARED else self.stored
+            for start in range(0, stored.shape[0], rows):
+                yield start, _ids(stored[start:start + rows])
         else:
             first, count = self.destinations
             for start, chunk in drawn_negatives(self.key, self.positives.shape[1], self.per_positive, count, rows):
@@ -285,17 +272,6 @@ def drawn_negatives(key: int, count: int, per_positive: int, num_nodes: int,
     for start in range(0, count, rows):
         shape = (min(rows, count - start), per_positive)
         yield start, torch.randint(0, num_nodes, shape, generator=generator, dtype=torch.int64)
-
-
-def _named_vertices(sets, num_nodes: int) -> torch.Tensor:
-    """The distinct vertices (sorted) that the sets' positive and negative pairs name, marked in a mask over
-    the vertices a chunk of negatives at a time (never all of them at once)."""
-    named = torch.zeros(num_nodes, dtype=torch.bool)
-    for pairs in sets:
-        named[pairs.positives.reshape(-1)] = True
-        for _, chunk in pairs.negatives(SCORE_CHUNK):
-            named[chunk.reshape(-1)] = True
-    return named.nonzero().reshape(-1)
 
 
 def _ids(array) -> torch.Tensor:
