@@ -109,18 +109,14 @@ def refusal(kind: str, mode: str, task: str, ranks: int | str = 1) -> str | None
 def check_run(config, kind: str, ranks: int = 1) -> None:
     """Raise ``ConfigError`` for the first thing the run of ``config`` on a graph of ``kind`` cannot do: its
     cell of the table, a setting its kind of graph cannot honour, a setting only another mode honours."""
-    reason = refusal(kind, config.mode, config.task, ranks)
-    for rule_kind, names, values, why in UNHONOURED:
-        if reason is not None:
-            break
-        given = (config.settings_given(names) if values is None
-                 else [f"`{name}` {getattr(config, name)}" for name in names if getattr(config, name) in values])
-        if rule_kind in (kind, f"{kind} {config.task}") and given:
-            reason = f"{', '.join(given)}: {why.format(it='it' if len(given) == 1 else 'them')}"
     mode = AUTO[kind] if config.mode == "auto" and kind in AUTO else config.mode
     named = mode if mode == config.mode else f"auto (which runs {mode} on a {kind} graph)"
-    for modes, names, why in MODE_ONLY:
-        given = config.settings_given(names) if mode not in (*modes, "auto") else []
+    rules = [(why, config.settings_given(names) if values is None
+              else [f"`{name}` {getattr(config, name)}" for name in names if getattr(config, name) in values])
+             for rule_kind, names, values, why in UNHONOURED if rule_kind in (kind, f"{kind} {config.task}")]
+    rules += [(why, config.settings_given(names)) for modes, names, why in MODE_ONLY if mode not in (*modes, "auto")]
+    reason = refusal(kind, config.mode, config.task, ranks)
+    for why, given in rules:
         if reason is None and given:
             reason = f"{', '.join(given)}: {why.format(it='it' if len(given) == 1 else 'them', mode=named)}"
     if reason is not None:
