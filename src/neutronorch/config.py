@@ -252,6 +252,11 @@ for _name, _part in _PART_OF.items():
 
 # Parsed by their own functions, which accept several forms.
 _PARSED = {"fanouts", "eval_fanouts", "hot_ratio", "gpu_cache_gb", "host_cache_gb"}
+# A value type -> whether a value is one, and how a message words it (any other type: "a string").
+_VALUES = {bool: (lambda value: isinstance(value, bool), "true or false"),
+           int: (lambda value: isinstance(value, int) and not isinstance(value, bool), "a whole number"),
+           float: (lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)
+                   and math.isfinite(value), "a finite number")}
 
 
 def value_type(f) -> type:
@@ -266,16 +271,8 @@ def check_types(config: TrainConfig) -> None:
         if f.name in _PARSED or (value is None and f.default is None):
             continue
         want = value_type(f)
-        if want is bool:
-            ok, what = isinstance(value, bool), "true or false"
-        elif want is int:
-            ok, what = isinstance(value, int) and not isinstance(value, bool), "a whole number"
-        elif want is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            what = "a finite number"
-        else:
-            ok, what = isinstance(value, want), "a string"
-        if not ok:
+        ok, what = _VALUES.get(want, (lambda value: isinstance(value, want), "a string"))
+        if not ok(value):
             kind = "a non-finite number" if isinstance(value, float) and want is float else f"a {type(value).__name__}"
             hint = number_hint(value, want) if isinstance(value, str) and want in (int, float) else ""
             raise ConfigError(f"`{f.name}` {value!r}: expected {what}, not {kind}{hint}.")
