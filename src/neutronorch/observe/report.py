@@ -98,9 +98,7 @@ def write_timeline(path: str, events: list, samples: list, title: str, table: St
         ux.set_ylim(0, 1.15 * max([s[1] for s in covering] + [1.0]))
         if window_samples:
             ux.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-        ux.set_xlabel("seconds")
-    else:
-        ax.set_xlabel("seconds")
+    axes[-1][0].set_xlabel("seconds")
     fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, dpi=110, format="png")

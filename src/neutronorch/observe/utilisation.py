@@ -90,12 +90,10 @@ class Utilisation:
         self.interval = interval
         self.samples: list[tuple[float, float, float | None, float | None]] = []
         self._gpu = GpuMonitor(device)
-        self._gpu_sum = 0.0
-        self._gpu_n = 0
+        self._gpu_sum, self._gpu_n = 0.0, 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._mark = self._now()
-        self._last = self._mark
+        self._mark = self._last = self._now()
         self._thread = threading.Thread(target=self._run, name="neutronorch-utilisation", daemon=True)
         self._thread.start()
 
