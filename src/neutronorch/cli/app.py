@@ -23,7 +23,6 @@ from neutronorch.config_keys import load_config_file
 from neutronorch.data import (SyntheticSpec, TypedGraph, dataset_paths, generate, is_native_dir, is_typed_dataset,
                               load_dataset, load_typed_dataset, save_native, synthetic_typed, write_typed)
 from neutronorch.data.dtypes import BFLOAT16, narrowed
-from neutronorch.data.native import is_typed_dir
 from neutronorch.environment import launcher_rank
 from neutronorch.errors import ConfigError, Interrupted, NeutronorchError
 
@@ -255,9 +254,8 @@ def _check_native_out(field: str, out: str, sources: list[Path], overwrite: bool
 
     check_name_lengths(field, out, temporary=True)  # the folder is written under a temporary name beside it
     target = Path(out).expanduser().resolve()
-    check_dataset_folder(target, overwrite, typed)
-    is_dataset = is_typed_dir if typed else is_native_dir
-    if not any(source.expanduser().resolve() == target and is_dataset(target) for source in sources):
+    check_dataset_folder(target, overwrite, typed)  # a folder with meta.json is then a dataset of the kind
+    if not any(source.expanduser().resolve() == target and is_native_dir(target) for source in sources):
         check_distinct({"SOURCE": sources}, {field: [target]}, replaces={field: target})
     check_creatable(field, target / "meta.json")
 
