@@ -111,10 +111,6 @@ class TrainConfig:
         defaults = {f.name: f.default for f in setting_fields()}
         return [f"`{name}` {getattr(self, name)}" for name in names if getattr(self, name) != defaults[name]]
 
-    def link_settings_given(self) -> list[str]:
-        """The link task's settings (``LinkConfig``) given other values than their defaults."""
-        return self.settings_given(f.name for f in settings_of(LinkConfig))
-
     def validate(self) -> "TrainConfig":
         """Normalise and check every field; raise ``ConfigError`` saying how to fix the first problem."""
         for part, kind in PARTS.items():
@@ -212,11 +208,6 @@ class TrainConfig:
     def to_dict(self) -> dict:
         """Every setting by name, flat (as checkpoints and summaries store them)."""
         return {f.name: copy.deepcopy(getattr(self, f.name)) for f in setting_fields()}
-
-    @property
-    def hot_sets_per_node(self) -> bool:
-        """Whether data-parallel ranks on one node share NeutronOrch's hot sets (``hot_set="node"``)."""
-        return self.mode == "neutronorch" and self.hot_set == "node"
 
     @classmethod
     def keys(cls) -> list[str]:
