@@ -111,8 +111,8 @@ class _ProgressBar:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    given = [args.config] if args.config else []
-    values = load_config_file(args.config, extra=dict.fromkeys(RUN_FOLDER_KEYS, "outputs")) if given else {}
+    given = [args.config] if getattr(args, "config", None) else []
+    values = load_config_file(given[0], extra=dict.fromkeys(RUN_FOLDER_KEYS, "outputs")) if given else {}
     values.update({k: v for k, v in vars(args).items() if k not in ("command", "config")})
     run_name, save = values.pop("run_name", None), values.pop("save", True)
     rank = launcher_rank()

@@ -9,6 +9,7 @@ import re
 import sys
 import textwrap
 from dataclasses import fields
+from types import SimpleNamespace
 
 from neutronorch.config import TrainConfig, setting_fields
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec, synthetic_typed
@@ -37,28 +38,29 @@ TRAIN_GROUPS = [
     ("advanced", "tuning and diagnostic knobs: the defaults suit nearly every run", []),
 ]
 
-# The command line's own options, not TrainConfig settings: (flag, action, metavar, help, short help):
+# The command line's own options, not TrainConfig settings: name -> (default, option as a setting's):
 # --config's path and the run folder (--run-name, --no-save), which a --config file takes too.
 RUN_FOLDER_KEYS = ("run_name", "save")
 RUN_OPTIONS = {
-    "config": ("--config", "store", "FILE",
-               "YAML, TOML or JSON file with the same keys as the options (batch_size or batch-size), at the "
-               "top level or in sections named after TrainConfig's parts ([network], [sampling], "
-               "[optimization], [evaluation], [link], [neutronorch], [placement], [outputs], [logging]); "
-               "options given on the command line win",
-               "YAML, TOML or JSON options; the command line wins"),
-    "run_name": ("--run-name", "store", "NAME",
-                 "keep this run's results (summary.json, metrics.jsonl, last.pt and best.pt) in runs/NAME/ "
-                 "under the current folder. A run never writes into an existing run's folder: an existing "
-                 "runs/NAME/ is refused unless --resume (continue that run) or --overwrite (replace its "
-                 "results). Default: a new folder named by the UTC time, the model and the dataset "
-                 "(runs/2026-12-03T07-15-02-sage-synthetic/). No run folder is made when an output option "
-                 "(--summary-json, --checkpoint-dir, --log-jsonl, --log-csv, --tensorboard, --timeline) is "
-                 "given: the run writes what they name",
-                 "results in runs/NAME/ (default: time, model, data)"),
-    "save": ("--no-save", "store_false", None,
-             "make no run folder: write only the outputs the options name (with none, the run keeps nothing)",
-             "no run folder: only the outputs named below"),
+    "config": (None, dict(
+        metavar="FILE", short="YAML, TOML or JSON options; the command line wins",
+        help="YAML, TOML or JSON file with the same keys as the options (batch_size or batch-size), at the "
+             "top level or in sections named after TrainConfig's parts ([network], [sampling], "
+             "[optimization], [evaluation], [link], [neutronorch], [placement], [outputs], [logging]); "
+             "options given on the command line win")),
+    "run_name": (None, dict(
+        metavar="NAME", short="results in runs/NAME/ (default: time, model, data)",
+        help="keep this run's results (summary.json, metrics.jsonl, last.pt and best.pt) in runs/NAME/ "
+             "under the current folder. A run never writes into an existing run's folder: an existing "
+             "runs/NAME/ is refused unless --resume (continue that run) or --overwrite (replace its "
+             "results). Default: a new folder named by the UTC time, the model and the dataset "
+             "(runs/2026-12-03T07-15-02-sage-synthetic/). No run folder is made when an output option "
+             "(--summary-json, --checkpoint-dir, --log-jsonl, --log-csv, --tensorboard, --timeline) is "
+             "given: the run writes what they name")),
+    "save": (True, dict(
+        short="no run folder: only the outputs named below",
+        help="make no run folder: write only the outputs the options name (with none, the run keeps "
+             "nothing)")),
 }
 
 TRAIN_EPILOG = ("A run that names no output (--summary-json, ...) keeps its results in runs/.\n"
@@ -152,12 +154,10 @@ def _add_train_options(parser: argparse.ArgumentParser, full: bool = False) -> N
         group = parser.add_argument_group(title, description if full else None)
         for name in names + (unlisted if title == "advanced" else []):
             if name in RUN_OPTIONS:  # the command line's own
-                flag, action, metavar, text, short = RUN_OPTIONS[name]
-                group.add_argument(flag, dest=name, action=action, help=text if full else short,
-                                   default=None if name == "config" else argparse.SUPPRESS,
-                                   **({"metavar": metavar} if metavar else {}))
-                continue
-            flag, kwargs = _train_option(specs[name], getattr(defaults, name), full)
+                default, option = RUN_OPTIONS[name]
+                flag, kwargs = _train_option(SimpleNamespace(name=name, metadata=option), default, full)
+            else:
+                flag, kwargs = _train_option(specs[name], getattr(defaults, name), full)
             group.add_argument(flag, **kwargs)
 
 
