@@ -9,7 +9,6 @@ import re
 import sys
 import textwrap
 from dataclasses import fields
-from types import SimpleNamespace
 
 from neutronorch.config import TrainConfig, setting_fields
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec, synthetic_typed
@@ -147,43 +146,39 @@ def _add_train_options(parser: argparse.ArgumentParser, full: bool = False) -> N
                     if not full else "%(prog)s [OPTION ...]")
     parser.epilog = TRAIN_EPILOG_ALL if full else TRAIN_EPILOG
     _help_options(parser, full, _add_train_options, listed=False)
-    defaults, specs = TrainConfig(), {f.name: f for f in setting_fields()}  # each with its option (OPTION_SPEC)
+    defaults = TrainConfig()  # each setting with its option (OPTION_SPEC), and the command line's own
+    options = {f.name: (getattr(defaults, f.name), f.metadata) for f in setting_fields()} | RUN_OPTIONS
     grouped = {name for _, _, names in TRAIN_GROUPS for name in names}
-    unlisted = [name for name in specs if name not in grouped]
+    unlisted = [name for name in options if name not in grouped]
     for title, description, names in TRAIN_GROUPS:
         group = parser.add_argument_group(title, description if full else None)
         for name in names + (unlisted if title == "advanced" else []):
-            if name in RUN_OPTIONS:  # the command line's own
-                default, option = RUN_OPTIONS[name]
-                flag, kwargs = _train_option(SimpleNamespace(name=name, metadata=option), default, full)
-            else:
-                flag, kwargs = _train_option(specs[name], getattr(defaults, name), full)
+            flag, kwargs = _train_option(name, *options[name], full)
             group.add_argument(flag, **kwargs)
 
 
-def _train_option(spec, default, full: bool) -> tuple[str, dict]:
-    """A setting's flag and its ``add_argument`` keywords, from its field: a bool setting is a switch
-    (``--residual``; ``--no-progress`` for one that is on by default)."""
-    option = spec.metadata
+def _train_option(name: str, default, option: dict, full: bool) -> tuple[str, dict]:
+    """A setting's flag and its ``add_argument`` keywords, from its default and option: a bool setting is a
+    switch (``--residual``; ``--no-progress`` for one that is on by default)."""
     listed = full or option.get("short") is not None
-    flag = "--" + spec.name.replace("_", "-")
+    flag = "--" + name.replace("_", "-")
     if isinstance(default, bool):
         text = option["help"] if full else option.get("short") or option["help"]
-        return ("--no-" if default else "--") + flag[2:], {"dest": spec.name, "default": argparse.SUPPRESS,
+        return ("--no-" if default else "--") + flag[2:], {"dest": name, "default": argparse.SUPPRESS,
                                                             "action": "store_false" if default else "store_true",
                                                             "help": _shown(text, listed)}
     value = ",".join(map(str, default)) if isinstance(default, list) else default
     text = option.get("short", "")
     if full:
         text = option["help"] + ("" if default is None else f" (default: {value})")
-    kwargs = {"dest": spec.name, "default": argparse.SUPPRESS, "help": _shown(text, listed)}
+    kwargs = {"dest": name, "default": argparse.SUPPRESS, "help": _shown(text, listed)}
     if option.get("choices") is not None:
         kwargs["choices"] = option["choices"]
         if not full and option.get("metavar"):
             kwargs["metavar"] = option["metavar"]
         return flag, kwargs
     kind = option.get("type") or type(default)
-    kwargs["metavar"] = option.get("metavar", "N" if kind is int else spec.name.upper())
+    kwargs["metavar"] = option.get("metavar", "N" if kind is int else name.upper())
     if kind in (int, float):
         kwargs["type"] = kind
     return flag, kwargs
