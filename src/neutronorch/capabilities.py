@@ -99,10 +99,8 @@ def refusal(kind: str, mode: str, task: str, ranks: int | str = 1) -> str | None
     if mode == "auto":
         reasons = [refusal(kind, m, task, ranks) for m in ((AUTO[kind],) if kind in AUTO else MODES)]
         return None if None in reasons else reasons[0]
-    for cell, reason in REFUSED:
-        if all(want is None or want == got for want, got in zip(cell, (kind, mode, task, ranks))):
-            return reason
-    return None
+    return next((reason for cell, reason in REFUSED
+                 if all(want is None or want == got for want, got in zip(cell, (kind, mode, task, ranks)))), None)
 
 
 def check_run(config, kind: str, ranks: int = 1) -> None:
