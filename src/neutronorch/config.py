@@ -282,11 +282,10 @@ def number_hint(value: str, want: type) -> str:
         number = float(value)
     except ValueError:
         return ""
-    if not math.isfinite(number):
+    if not math.isfinite(number) or (want is int and not number.is_integer()):
         return ""
     if want is int:
-        return (f"; write it with digits only ({int(number)}), which every config file reads as a number"
-                if number.is_integer() else "")
+        return f"; write it with digits only ({int(number)}), which every config file reads as a number"
     return f"; give it as a number ({value.strip()}, not quoted)"
 
 
