@@ -38,15 +38,12 @@ def as_flags(message: str) -> str:
 
 
 class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is at the time (it may be replaced after logging is set up)."""
+    """Writes to whatever ``sys.stderr`` is at the time (it may be replaced after logging is set up): messages
+    with flags for field names, warnings marked, and every line (a multi-line record such as the stage table
+    included) prefixed with ``prefix`` (the rank, launched data parallel)."""
 
     _neutronorch_cli = True
     stream = property(lambda self: sys.stderr, lambda self, value: None)
-
-
-class _FlagFormatter(logging.Formatter):
-    """Messages with flags for field names, warnings marked, and every line (a multi-line record such as the
-    stage table included) prefixed with ``prefix`` (the rank, launched data parallel)."""
 
     def __init__(self, prefix: str = ""):
         super().__init__()
@@ -64,9 +61,7 @@ def _configure_logging() -> None:
     logger = logging.getLogger("neutronorch")
     rank = launcher_rank()
     if not any(getattr(h, "_neutronorch_cli", False) for h in logger.handlers):
-        handler = _StderrHandler()
-        handler.setFormatter(_FlagFormatter("" if rank is None else f"[rank {rank}] "))
-        logger.addHandler(handler)
+        logger.addHandler(_StderrHandler("" if rank is None else f"[rank {rank}] "))
     logger.setLevel(logging.INFO if not rank else logging.WARNING)
 
 
