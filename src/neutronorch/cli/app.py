@@ -253,10 +253,8 @@ def _check_native_out(field: str, out: str, sources: list[Path], overwrite: bool
 
 
 def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
-    """predict's and embed's shared part, in the order that fails a wrong request before a large dataset is
-    read: the request and outputs checked, the pairs read (``pairs``: predict --pairs), the checkpoint read
-    (for predict, checked to score pairs or classify vertices as asked), then the data loaded. Returns the
-    checkpoint, the graph and the keywords of the command's function."""
+    """predict's (``pairs``: whether --pairs is given) and embed's shared part, ordered so that a wrong
+    request fails before a large dataset is read. Returns the checkpoint, the graph and the call's keywords."""
     from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, load_checkpoint
     from neutronorch.train.link_predict import read_pairs
     from neutronorch.train.predict import check_asked, check_task

@@ -1,8 +1,5 @@
-"""Processor utilisation while training: this process's CPU time, the whole machine's, and the GPU's.
-
-``Utilisation`` samples a few times a second in a daemon thread. The GPU's utilisation comes from the
-NVIDIA driver's ``libnvidia-ml`` through ctypes; without it, it is not reported.
-"""
+"""Processor utilisation while training: this process's CPU time, the whole machine's, and the GPU's (from
+the NVIDIA driver's ``libnvidia-ml`` through ctypes; without it, not reported), sampled in a daemon thread."""
 
 from __future__ import annotations
 
