@@ -88,9 +88,8 @@ class TrainConfig:
 
     def __init__(self, **settings):
         for f in fields(self):
-            if f.name in settings:
-                value = settings.pop(f.name)
-            else:
+            value = settings.pop(f.name, MISSING)
+            if value is MISSING:
                 value = f.default_factory() if f.default_factory is not MISSING else f.default
             setattr(self, f.name, value)
         by_part: dict[str, dict] = {}
