@@ -417,7 +417,8 @@ def capabilities_markdown() -> str:
     from itertools import product
 
     from neutronorch.capabilities import (AUTO, KINDS, LOADER_MODES, LOADER_REFUSED, MODE_ONLY, MODES,
-                                          OWN_MODULE_REFUSED, PREDICTION_UNHONOURED, TASKS, UNHONOURED, refusal)
+                                          OWN_MODULE_REFUSED, PREDICTION_UNHONOURED, TASKS, UNHONOURED,
+                                          refusal)
 
     reasons: list[str] = []
 
@@ -448,7 +449,8 @@ def capabilities_markdown() -> str:
     lines += ["", "The loaders (`NeighborLoader`, on either kind of graph, and `LinkNeighborLoader`, on a "
                   "homogeneous one) offer "
                   f"{' and '.join(LOADER_MODES)} mode; " + " ".join(LOADER_REFUSED.values())]
-    lines += [f"Your own module on a {kind} graph: {reason}" for (kind, _), reason in OWN_MODULE_REFUSED.items()]
+    lines += [f"Your own module on a {kind} graph: {reason}"
+              for (kind, _), reason in OWN_MODULE_REFUSED.items()]
     lines += ["", "| graph | `predict` and `embed` refuse | because |", "|---|---|---|"]
     for kind, name, honoured, why in PREDICTION_UNHONOURED:
         but = "" if honoured == (None,) else " other than " + " or ".join(

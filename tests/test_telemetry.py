@@ -373,7 +373,8 @@ def test_launched_data_parallel_every_line_of_a_log_record_carries_the_rank(monk
     assert handler.format(table).split("\n") == ["[rank 0] epoch 1", "[rank 0]     trainer busy",
                                                    "[rank 0]     cpu"]
     warning = logging.LogRecord("neutronorch", logging.WARNING, __file__, 1, "`batch_size` odd\nsecond", None, None)
-    assert app._StderrHandler("[rank 1] ").format(warning) == "[rank 1] warning: --batch-size odd\n[rank 1] second"
+    shown = app._StderrHandler("[rank 1] ").format(warning)
+    assert shown == "[rank 1] warning: --batch-size odd\n[rank 1] second"
     assert app._StderrHandler().format(table) == "epoch 1\n    trainer busy\n    cpu"
 
 

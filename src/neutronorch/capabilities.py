@@ -99,8 +99,9 @@ def refusal(kind: str, mode: str, task: str, ranks: int | str = 1) -> str | None
     if mode == "auto":
         reasons = [refusal(kind, m, task, ranks) for m in ((AUTO[kind],) if kind in AUTO else MODES)]
         return None if None in reasons else reasons[0]
+    asked = (kind, mode, task, ranks)
     return next((reason for cell, reason in REFUSED
-                 if all(want is None or want == got for want, got in zip(cell, (kind, mode, task, ranks)))), None)
+                 if all(want is None or want == got for want, got in zip(cell, asked))), None)
 
 
 def check_run(config, kind: str, ranks: int = 1) -> None:
@@ -111,7 +112,8 @@ def check_run(config, kind: str, ranks: int = 1) -> None:
     rules = [(why, config.settings_given(names) if values is None
               else [f"`{name}` {getattr(config, name)}" for name in names if getattr(config, name) in values])
              for rule_kind, names, values, why in UNHONOURED if rule_kind in (kind, f"{kind} {config.task}")]
-    rules += [(why, config.settings_given(names)) for modes, names, why in MODE_ONLY if mode not in (*modes, "auto")]
+    rules += [(why, config.settings_given(names))
+              for modes, names, why in MODE_ONLY if mode not in (*modes, "auto")]
     reason = refusal(kind, config.mode, config.task, ranks)
     for why, given in rules:
         if reason is None and given:
@@ -125,4 +127,3 @@ def check_prediction(kind: str, **given) -> None:
     for rule_kind, name, honoured, why in PREDICTION_UNHONOURED:
         if rule_kind == kind and name in given and given[name] not in honoured:
             raise ConfigError(f"`{name}` {given[name]}: {why}")
-

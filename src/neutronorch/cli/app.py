@@ -254,7 +254,7 @@ def _check_native_out(field: str, out: str, sources: list[Path], overwrite: bool
 
 def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
     """predict's (``pairs``: whether --pairs is given) and embed's shared part, ordered so that a wrong
-    request fails before a large dataset is read. Returns the checkpoint, the graph and the call's keywords."""
+    request fails before a large dataset is read. Returns the checkpoint, the graph and the call's options."""
     from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, load_checkpoint
     from neutronorch.train.link_predict import read_pairs
     from neutronorch.train.predict import check_asked, check_task
