@@ -1,8 +1,7 @@
 """What a run can train with, in one table: graph kind x mode x task x ranks -> runs, or why not; the
 settings one kind of graph cannot honour; and what the loaders and your own module offer. The one source of
-what runs where: the configuration, ``check_run``, the loaders and the docs (tests/test_docs.py renders the
-tables docs/architecture.md shows) read it here.
-Torch-free, and like config.py it uses nothing above it."""
+what runs where: the configuration, ``check_run``, the loaders and docs/architecture.md (rendered by
+tests/test_docs.py) read it here. Torch-free, and like config.py it uses nothing above it."""
 
 from __future__ import annotations
 
