@@ -229,7 +229,7 @@ def test_options_help_leaves_out_still_parse_and_reach_the_config(args, field, v
 
 def test_defaults_stay_out_of_the_parsed_options():
     """Only options given on the command line are set, so a --config file's values are not overridden."""
-    assert vars(build_parser().parse_args(["train"])) == {"command": "train", "config": None}
+    assert vars(build_parser().parse_args(["train"])) == {"command": "train"}
 
 
 def test_a_config_file_takes_sections_named_after_the_configs_parts(tmp_path, capsys):

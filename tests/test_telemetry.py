@@ -365,16 +365,17 @@ def test_launched_data_parallel_every_line_of_a_log_record_carries_the_rank(monk
     logger.handlers = [h for h in before if not getattr(h, "_neutronorch_cli", False)]
     try:
         app._configure_logging()
-        formatter = next(h for h in logger.handlers if getattr(h, "_neutronorch_cli", False)).formatter
+        handler = next(h for h in logger.handlers if getattr(h, "_neutronorch_cli", False))
     finally:
         logger.handlers, logger.level = before, level
     table = logging.LogRecord("neutronorch", logging.INFO, __file__, 1, "epoch 1\n    trainer busy\n    cpu", None,
                               None)
-    assert formatter.format(table).split("\n") == ["[rank 0] epoch 1", "[rank 0]     trainer busy",
+    assert handler.format(table).split("\n") == ["[rank 0] epoch 1", "[rank 0]     trainer busy",
                                                    "[rank 0]     cpu"]
     warning = logging.LogRecord("neutronorch", logging.WARNING, __file__, 1, "`batch_size` odd\nsecond", None, None)
-    assert app._FlagFormatter("[rank 1] ").format(warning) == "[rank 1] warning: --batch-size odd\n[rank 1] second"
-    assert app._FlagFormatter().format(table) == "epoch 1\n    trainer busy\n    cpu"
+    shown = app._StderrHandler("[rank 1] ").format(warning)
+    assert shown == "[rank 1] warning: --batch-size odd\n[rank 1] second"
+    assert app._StderrHandler().format(table) == "epoch 1\n    trainer busy\n    cpu"
 
 
 def test_the_epoch_line_shows_evaluation_and_checkpoint_time_beside_training_time():

@@ -4,11 +4,9 @@ place, so a crash, a kill or a full disk mid-write leaves the previous file (or 
 Temporary files are named ``.<target>.tmp-<pid>@<host>-<random>``. A write removes what it left itself when
 it fails or is interrupted, and the next write to the same target removes what a killed process of the same
 machine left (its process no longer runs; another machine's, on a shared disk, is never touched), so
-nothing accumulates beside outputs. A failed write raises ``OutputError`` naming
-the target, the reason (a full disk says how much was free) and what was kept.
-
-A folder is written whole the same way (``write_folder``). Used by the data writers and the training
-outputs alike; it imports nothing of ours but the errors.
+nothing accumulates beside outputs. A failed write raises ``OutputError`` naming the target, the reason (a
+full disk says how much was free) and what was kept. A folder is written whole the same way
+(``write_folder``). Imports nothing of ours but the errors.
 """
 
 from __future__ import annotations

@@ -88,9 +88,8 @@ class TrainConfig:
 
     def __init__(self, **settings):
         for f in fields(self):
-            if f.name in settings:
-                value = settings.pop(f.name)
-            else:
+            value = settings.pop(f.name, MISSING)
+            if value is MISSING:
                 value = f.default_factory() if f.default_factory is not MISSING else f.default
             setattr(self, f.name, value)
         by_part: dict[str, dict] = {}
@@ -110,10 +109,6 @@ class TrainConfig:
         """Those of the settings ``names`` given other values than their defaults, as `name` value."""
         defaults = {f.name: f.default for f in setting_fields()}
         return [f"`{name}` {getattr(self, name)}" for name in names if getattr(self, name) != defaults[name]]
-
-    def link_settings_given(self) -> list[str]:
-        """The link task's settings (``LinkConfig``) given other values than their defaults."""
-        return self.settings_given(f.name for f in settings_of(LinkConfig))
 
     def validate(self) -> "TrainConfig":
         """Normalise and check every field; raise ``ConfigError`` saying how to fix the first problem."""
@@ -252,6 +247,11 @@ for _name, _part in _PART_OF.items():
 
 # Parsed by their own functions, which accept several forms.
 _PARSED = {"fanouts", "eval_fanouts", "hot_ratio", "gpu_cache_gb", "host_cache_gb"}
+# A value type -> whether a value is one, and how a message words it (any other type: "a string").
+_VALUES = {bool: (lambda value: isinstance(value, bool), "true or false"),
+           int: (lambda value: isinstance(value, int) and not isinstance(value, bool), "a whole number"),
+           float: (lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)
+                   and math.isfinite(value), "a finite number")}
 
 
 def value_type(f) -> type:
@@ -266,16 +266,8 @@ def check_types(config: TrainConfig) -> None:
         if f.name in _PARSED or (value is None and f.default is None):
             continue
         want = value_type(f)
-        if want is bool:
-            ok, what = isinstance(value, bool), "true or false"
-        elif want is int:
-            ok, what = isinstance(value, int) and not isinstance(value, bool), "a whole number"
-        elif want is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            what = "a finite number"
-        else:
-            ok, what = isinstance(value, want), "a string"
-        if not ok:
+        ok, what = _VALUES.get(want, (lambda value: isinstance(value, want), "a string"))
+        if not ok(value):
             kind = "a non-finite number" if isinstance(value, float) and want is float else f"a {type(value).__name__}"
             hint = number_hint(value, want) if isinstance(value, str) and want in (int, float) else ""
             raise ConfigError(f"`{f.name}` {value!r}: expected {what}, not {kind}{hint}.")
@@ -289,11 +281,10 @@ def number_hint(value: str, want: type) -> str:
         number = float(value)
     except ValueError:
         return ""
-    if not math.isfinite(number):
+    if not math.isfinite(number) or (want is int and not number.is_integer()):
         return ""
     if want is int:
-        return (f"; write it with digits only ({int(number)}), which every config file reads as a number"
-                if number.is_integer() else "")
+        return f"; write it with digits only ({int(number)}), which every config file reads as a number"
     return f"; give it as a number ({value.strip()}, not quoted)"
 
 

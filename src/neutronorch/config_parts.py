@@ -18,19 +18,9 @@ from neutronorch.nn.names import ARCHITECTURES, GCN_NORMS, LINK_HEADS, MODELS, N
 OPTION_SPEC = ("help", "short", "choices", "type", "metavar", "bound")
 
 
-def setting(default=None, *, factory=None, **spec):
-    """A setting a resumed run must keep: it changes the model or the training. ``spec``: its option."""
-    return _setting("fixed", default, factory, spec)
-
-
-def may_change(default, **spec):
-    """A setting a resumed run may change: where outputs go, how the run reports, how long it trains, its
-    threads and where it runs; results do not depend on them. ``spec``: its option."""
-    return _setting("may change", default, None, spec)
-
-
-def _setting(resume: str, default, factory, spec: dict):
-    """A setting's field: its metadata holds ``resume`` (``TrainConfig.resume_may_change``) and its option."""
+def setting(default=None, *, factory=None, resume: str = "fixed", **spec):
+    """A setting a resumed run must keep: it changes the model or the training. ``spec``: its option, kept in
+    its field's metadata with ``resume`` (``TrainConfig.resume_may_change``)."""
     if "help" not in spec or set(spec) - set(OPTION_SPEC):
         raise TypeError(f"a setting's option takes help and any of {', '.join(OPTION_SPEC[1:])}, not "
                         f"{sorted(spec)}")
@@ -38,6 +28,12 @@ def _setting(resume: str, default, factory, spec: dict):
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+def may_change(default, **spec):
+    """A setting a resumed run may change: where outputs go, how the run reports, how long it trains, its
+    threads and where it runs; results do not depend on them. ``spec``: its option."""
+    return setting(default, resume="may change", **spec)
 
 
 def resolved(default):

@@ -30,5 +30,4 @@ class FirstCompile(event.Listener):
         pass
 
 
-LISTENER = FirstCompile()
-event.register("numba:compile", LISTENER)
+event.register("numba:compile", FirstCompile())

@@ -2,6 +2,7 @@
 neutronorch that prints. A ``NeutronorchError`` is printed as one message without a traceback (status 2);
 the core's `field_name` references are shown as the flags a user types (--field-name), in errors and log."""
 
+import contextlib
 import os
 import signal
 import sys
@@ -29,20 +30,12 @@ def main(argv: list[str] | None = None) -> int:
         code = run(argv)
         sys.stdout.flush()  # here, not at exit, where a closed pipe would be reported
         return code
-    except BrokenPipeError:
-        _silence_stdout()
-        return 128 + signal.SIGPIPE
-
-
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null, so that flushing it at exit does not fail again ('Note on SIGPIPE')."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):  # no real stdout (replaced by a caller): nothing to flush
-        pass
-    finally:
+    except BrokenPipeError:  # stdout to /dev/null, so that flushing it at exit does not fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)  # (the signal module's 'Note on SIGPIPE')
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # no real stdout: nothing to flush
+            os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
+        return 128 + signal.SIGPIPE
 
 
 def __getattr__(name: str):

@@ -23,7 +23,6 @@ from neutronorch.config_keys import load_config_file
 from neutronorch.data import (SyntheticSpec, TypedGraph, dataset_paths, generate, is_native_dir, is_typed_dataset,
                               load_dataset, load_typed_dataset, save_native, synthetic_typed, write_typed)
 from neutronorch.data.dtypes import BFLOAT16, narrowed
-from neutronorch.data.native import is_typed_dir
 from neutronorch.environment import launcher_rank
 from neutronorch.errors import ConfigError, Interrupted, NeutronorchError
 
@@ -39,15 +38,12 @@ def as_flags(message: str) -> str:
 
 
 class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is at the time (it may be replaced after logging is set up)."""
+    """Writes to whatever ``sys.stderr`` is at the time (it may be replaced after logging is set up): messages
+    with flags for field names, warnings marked, and every line (a multi-line record such as the stage table
+    included) prefixed with ``prefix`` (the rank, launched data parallel)."""
 
     _neutronorch_cli = True
     stream = property(lambda self: sys.stderr, lambda self, value: None)
-
-
-class _FlagFormatter(logging.Formatter):
-    """Messages with flags for field names, warnings marked, and every line (a multi-line record such as the
-    stage table included) prefixed with ``prefix`` (the rank, launched data parallel)."""
 
     def __init__(self, prefix: str = ""):
         super().__init__()
@@ -65,9 +61,7 @@ def _configure_logging() -> None:
     logger = logging.getLogger("neutronorch")
     rank = launcher_rank()
     if not any(getattr(h, "_neutronorch_cli", False) for h in logger.handlers):
-        handler = _StderrHandler()
-        handler.setFormatter(_FlagFormatter("" if rank is None else f"[rank {rank}] "))
-        logger.addHandler(handler)
+        logger.addHandler(_StderrHandler("" if rank is None else f"[rank {rank}] "))
     logger.setLevel(logging.INFO if not rank else logging.WARNING)
 
 
@@ -81,29 +75,26 @@ class _ProgressBar:
         self._loss: tuple | None = None  # (epoch, running mean loss) last reported
 
     def __call__(self, part, done: int, total: int) -> None:
+        loss = f"loss {self._loss[1]:.4f}" if self._loss is not None and self._loss[0] == part else None
         # A resumed epoch starts at its step: the bar's rate counts only the steps run here.
-        self._show(part, f"{self._label} {part}", self._unit, done, total,
-                   initial=done - 1 if self._unit == "batch" else 0)
-        if self._loss is not None and self._loss[0] == part:
-            self._bar.set_postfix_str(f"loss {self._loss[1]:.4f}", refresh=False)
-        self._advance(done, total)
+        self._update(part, f"{self._label} {part}", self._unit, done, total,
+                     initial=done - 1 if self._unit == "batch" else 0, postfix=loss)
 
     def loss(self, epoch: int, mean: float) -> None:
         self._loss = (epoch, mean)
 
     def evaluating(self, epoch: int, layer: int, done: int, total: int) -> None:
         what = f"evaluating after epoch {epoch}" + (f", layer {layer}" if layer else "")
-        self._show(("evaluation", epoch, layer), what, "vertex", done, total, initial=0)
-        self._advance(done, total)
+        self._update(("evaluation", epoch, layer), what, "vertex", done, total, initial=0)
 
-    def _show(self, part, desc: str, unit: str, done: int, total: int, initial: int) -> None:
+    def _update(self, part, desc: str, unit: str, done: int, total: int, initial: int, postfix=None) -> None:
         if self._bar is None or part != self._part:
             self.close()
             self._part = part
             self._bar = tqdm(total=total, desc=desc, unit=unit, leave=False, disable=None, file=sys.stderr,
                              initial=initial, unit_scale=unit != "batch")
-
-    def _advance(self, done: int, total: int) -> None:
+        if postfix is not None:
+            self._bar.set_postfix_str(postfix, refresh=False)
         self._bar.update(done - self._bar.n)
         if done >= total:
             self.close()
@@ -115,8 +106,8 @@ class _ProgressBar:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    given = [args.config] if args.config else []
-    values = load_config_file(args.config, extra=dict.fromkeys(RUN_FOLDER_KEYS, "outputs")) if given else {}
+    given = [args.config] if getattr(args, "config", None) else []
+    values = load_config_file(given[0], extra=dict.fromkeys(RUN_FOLDER_KEYS, "outputs")) if given else {}
     values.update({k: v for k, v in vars(args).items() if k not in ("command", "config")})
     run_name, save = values.pop("run_name", None), values.pop("save", True)
     rank = launcher_rank()
@@ -255,18 +246,15 @@ def _check_native_out(field: str, out: str, sources: list[Path], overwrite: bool
 
     check_name_lengths(field, out, temporary=True)  # the folder is written under a temporary name beside it
     target = Path(out).expanduser().resolve()
-    check_dataset_folder(target, overwrite, typed)
-    is_dataset = is_typed_dir if typed else is_native_dir
-    if not any(source.expanduser().resolve() == target and is_dataset(target) for source in sources):
+    check_dataset_folder(target, overwrite, typed)  # a folder with meta.json is then a dataset of the kind
+    if not any(source.expanduser().resolve() == target and is_native_dir(target) for source in sources):
         check_distinct({"SOURCE": sources}, {field: [target]}, replaces={field: target})
     check_creatable(field, target / "meta.json")
 
 
 def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
-    """predict's and embed's shared part, in the order that fails a wrong request before a large dataset is
-    read: the request and outputs checked, the pairs read (``pairs``: predict --pairs), the checkpoint read
-    (for predict, checked to score pairs or classify vertices as asked), then the data loaded. Returns the
-    checkpoint, the graph and the keywords of the command's function."""
+    """predict's (``pairs``: whether --pairs is given) and embed's shared part, ordered so that a wrong
+    request fails before a large dataset is read. Returns the checkpoint, the graph and the call's options."""
     from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, load_checkpoint
     from neutronorch.train.link_predict import read_pairs
     from neutronorch.train.predict import check_asked, check_task

@@ -37,28 +37,29 @@ TRAIN_GROUPS = [
     ("advanced", "tuning and diagnostic knobs: the defaults suit nearly every run", []),
 ]
 
-# The command line's own options, not TrainConfig settings: (flag, action, metavar, help, short help):
+# The command line's own options, not TrainConfig settings: name -> (default, option as a setting's):
 # --config's path and the run folder (--run-name, --no-save), which a --config file takes too.
 RUN_FOLDER_KEYS = ("run_name", "save")
 RUN_OPTIONS = {
-    "config": ("--config", "store", "FILE",
-               "YAML, TOML or JSON file with the same keys as the options (batch_size or batch-size), at the "
-               "top level or in sections named after TrainConfig's parts ([network], [sampling], "
-               "[optimization], [evaluation], [link], [neutronorch], [placement], [outputs], [logging]); "
-               "options given on the command line win",
-               "YAML, TOML or JSON options; the command line wins"),
-    "run_name": ("--run-name", "store", "NAME",
-                 "keep this run's results (summary.json, metrics.jsonl, last.pt and best.pt) in runs/NAME/ "
-                 "under the current folder. A run never writes into an existing run's folder: an existing "
-                 "runs/NAME/ is refused unless --resume (continue that run) or --overwrite (replace its "
-                 "results). Default: a new folder named by the UTC time, the model and the dataset "
-                 "(runs/2026-12-03T07-15-02-sage-synthetic/). No run folder is made when an output option "
-                 "(--summary-json, --checkpoint-dir, --log-jsonl, --log-csv, --tensorboard, --timeline) is "
-                 "given: the run writes what they name",
-                 "results in runs/NAME/ (default: time, model, data)"),
-    "save": ("--no-save", "store_false", None,
-             "make no run folder: write only the outputs the options name (with none, the run keeps nothing)",
-             "no run folder: only the outputs named below"),
+    "config": (None, dict(
+        metavar="FILE", short="YAML, TOML or JSON options; the command line wins",
+        help="YAML, TOML or JSON file with the same keys as the options (batch_size or batch-size), at the "
+             "top level or in sections named after TrainConfig's parts ([network], [sampling], "
+             "[optimization], [evaluation], [link], [neutronorch], [placement], [outputs], [logging]); "
+             "options given on the command line win")),
+    "run_name": (None, dict(
+        metavar="NAME", short="results in runs/NAME/ (default: time, model, data)",
+        help="keep this run's results (summary.json, metrics.jsonl, last.pt and best.pt) in runs/NAME/ "
+             "under the current folder. A run never writes into an existing run's folder: an existing "
+             "runs/NAME/ is refused unless --resume (continue that run) or --overwrite (replace its "
+             "results). Default: a new folder named by the UTC time, the model and the dataset "
+             "(runs/2026-12-03T07-15-02-sage-synthetic/). No run folder is made when an output option "
+             "(--summary-json, --checkpoint-dir, --log-jsonl, --log-csv, --tensorboard, --timeline) is "
+             "given: the run writes what they name")),
+    "save": (True, dict(
+        short="no run folder: only the outputs named below",
+        help="make no run folder: write only the outputs the options name (with none, the run keeps "
+             "nothing)")),
 }
 
 TRAIN_EPILOG = ("A run that names no output (--summary-json, ...) keeps its results in runs/.\n"
@@ -145,45 +146,39 @@ def _add_train_options(parser: argparse.ArgumentParser, full: bool = False) -> N
                     if not full else "%(prog)s [OPTION ...]")
     parser.epilog = TRAIN_EPILOG_ALL if full else TRAIN_EPILOG
     _help_options(parser, full, _add_train_options, listed=False)
-    defaults, specs = TrainConfig(), {f.name: f for f in setting_fields()}  # each with its option (OPTION_SPEC)
+    defaults = TrainConfig()  # each setting with its option (OPTION_SPEC), and the command line's own
+    options = {f.name: (getattr(defaults, f.name), f.metadata) for f in setting_fields()} | RUN_OPTIONS
     grouped = {name for _, _, names in TRAIN_GROUPS for name in names}
-    unlisted = [name for name in specs if name not in grouped]
+    unlisted = [name for name in options if name not in grouped]
     for title, description, names in TRAIN_GROUPS:
         group = parser.add_argument_group(title, description if full else None)
         for name in names + (unlisted if title == "advanced" else []):
-            if name in RUN_OPTIONS:  # the command line's own
-                flag, action, metavar, text, short = RUN_OPTIONS[name]
-                group.add_argument(flag, dest=name, action=action, help=text if full else short,
-                                   default=None if name == "config" else argparse.SUPPRESS,
-                                   **({"metavar": metavar} if metavar else {}))
-                continue
-            flag, kwargs = _train_option(specs[name], getattr(defaults, name), full)
+            flag, kwargs = _train_option(name, *options[name], full)
             group.add_argument(flag, **kwargs)
 
 
-def _train_option(spec, default, full: bool) -> tuple[str, dict]:
-    """A setting's flag and its ``add_argument`` keywords, from its field: a bool setting is a switch
-    (``--residual``; ``--no-progress`` for one that is on by default)."""
-    option = spec.metadata
+def _train_option(name: str, default, option: dict, full: bool) -> tuple[str, dict]:
+    """A setting's flag and its ``add_argument`` keywords, from its default and option: a bool setting is a
+    switch (``--residual``; ``--no-progress`` for one that is on by default)."""
     listed = full or option.get("short") is not None
-    flag = "--" + spec.name.replace("_", "-")
+    flag = "--" + name.replace("_", "-")
     if isinstance(default, bool):
         text = option["help"] if full else option.get("short") or option["help"]
-        return ("--no-" if default else "--") + flag[2:], {"dest": spec.name, "default": argparse.SUPPRESS,
+        return ("--no-" if default else "--") + flag[2:], {"dest": name, "default": argparse.SUPPRESS,
                                                             "action": "store_false" if default else "store_true",
                                                             "help": _shown(text, listed)}
     value = ",".join(map(str, default)) if isinstance(default, list) else default
     text = option.get("short", "")
     if full:
         text = option["help"] + ("" if default is None else f" (default: {value})")
-    kwargs = {"dest": spec.name, "default": argparse.SUPPRESS, "help": _shown(text, listed)}
+    kwargs = {"dest": name, "default": argparse.SUPPRESS, "help": _shown(text, listed)}
     if option.get("choices") is not None:
         kwargs["choices"] = option["choices"]
         if not full and option.get("metavar"):
             kwargs["metavar"] = option["metavar"]
         return flag, kwargs
     kind = option.get("type") or type(default)
-    kwargs["metavar"] = option.get("metavar", "N" if kind is int else spec.name.upper())
+    kwargs["metavar"] = option.get("metavar", "N" if kind is int else name.upper())
     if kind in (int, float):
         kwargs["type"] = kind
     return flag, kwargs

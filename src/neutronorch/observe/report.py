@@ -74,13 +74,11 @@ def write_timeline(path: str, events: list, samples: list, title: str, table: St
                              gridspec_kw={"height_ratios": [3, 1]} if has_util else None, squeeze=False)
     ax = axes[0][0]
     for row, lane in enumerate(reversed(lanes)):
-        for stage in stages:
-            if table.lane_of(stage) != lane:
-                continue
+        for stage in (stage for stage in stages if table.lane_of(stage) == lane):
             bars = [(a - origin, b - a) for s, a, b, _ in events if s == stage]
-            hatch = "//" if stage in table.waits else None
-            ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=colours[stage], edgecolor="none", hatch=hatch,
-                           label=stage + (" (wait)" if stage in table.waits else ""))
+            wait = stage in table.waits
+            ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=colours[stage], edgecolor="none",
+                           hatch="//" if wait else None, label=stage + (" (wait)" if wait else ""))
     ax.set_yticks(range(len(lanes)), list(reversed(lanes)))
     ax.set_xlim(0, end - origin)
     ax.set_title(title)
@@ -98,9 +96,7 @@ def write_timeline(path: str, events: list, samples: list, title: str, table: St
         ux.set_ylim(0, 1.15 * max([s[1] for s in covering] + [1.0]))
         if window_samples:
             ux.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-        ux.set_xlabel("seconds")
-    else:
-        ax.set_xlabel("seconds")
+    axes[-1][0].set_xlabel("seconds")
     fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, dpi=110, format="png")

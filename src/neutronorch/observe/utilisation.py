@@ -1,8 +1,5 @@
-"""Processor utilisation while training: this process's CPU time, the whole machine's, and the GPU's.
-
-``Utilisation`` samples a few times a second in a daemon thread. The GPU's utilisation comes from the
-NVIDIA driver's ``libnvidia-ml`` through ctypes; without it, it is not reported.
-"""
+"""Processor utilisation while training: this process's CPU time, the whole machine's, and the GPU's (from
+the NVIDIA driver's ``libnvidia-ml`` through ctypes; without it, not reported), sampled in a daemon thread."""
 
 from __future__ import annotations
 
@@ -90,12 +87,10 @@ class Utilisation:
         self.interval = interval
         self.samples: list[tuple[float, float, float | None, float | None]] = []
         self._gpu = GpuMonitor(device)
-        self._gpu_sum = 0.0
-        self._gpu_n = 0
+        self._gpu_sum, self._gpu_n = 0.0, 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._mark = self._now()
-        self._last = self._mark
+        self._mark = self._last = self._now()
         self._thread = threading.Thread(target=self._run, name="neutronorch-utilisation", daemon=True)
         self._thread.start()
 

@@ -18,7 +18,7 @@ import torch
 from torch.nn import functional as F
 
 from neutronorch.config import TrainConfig
-from neutronorch.config_parts import LinkConfig
+from neutronorch.config_parts import LinkConfig, settings_of
 from neutronorch.data.graph import Graph
 from neutronorch.data.link_checks import check_graph_links
 from neutronorch.data.edge_split import link_relation, parse_link_split, split_edges, split_relation
@@ -110,7 +110,7 @@ def check_node_task(graph: Graph, config: TrainConfig) -> None:
     if graph.links is not None or is_link_split(config.split):
         raise ConfigError(f"{graph.name if graph.links is not None else config.split}: a link split, for link "
                           f"prediction; give `task` link (or a node split such as ratio:0.6,0.2 for a node task).")
-    given = config.link_settings_given()
+    given = config.settings_given(f.name for f in settings_of(LinkConfig))
     if given:
         which, them = ("a link task's setting", "it") if len(given) == 1 else ("a link task's settings", "them")
         raise ConfigError(f"{', '.join(given)}: {which} (how it scores pairs, draws negatives and splits edges), "
