@@ -412,57 +412,11 @@ def test_the_settings_a_resume_may_change_are_listed(path, marker):
     assert not missing, f"{path.name} leaves out settings a resume may change: {sorted(missing)}"
 
 
-def capabilities_markdown() -> str:
-    """capabilities.py's tables as docs/architecture.md shows them."""
-    from itertools import product
-
-    from neutronorch.capabilities import (AUTO, KINDS, LOADER_MODES, LOADER_REFUSED, MODE_ONLY, MODES,
-                                          OWN_MODULE_REFUSED, PREDICTION_UNHONOURED, TASKS, UNHONOURED,
-                                          refusal)
-
-    reasons: list[str] = []
-
-    def cell(kind, mode, task, ranks):
-        reason = refusal(kind, mode, task, ranks)
-        if reason is None:
-            return "runs"
-        if reason not in reasons:
-            reasons.append(reason)
-        return f"refused ({reasons.index(reason) + 1})"
-
-    lines = ["| graph | task | mode | one rank | several ranks |", "|---|---|---|---|---|"]
-    for kind, task, mode in product(KINDS, TASKS, MODES):
-        lines.append(f"| {kind} | {task} | {mode} | {cell(kind, mode, task, 'one')} | "
-                     f"{cell(kind, mode, task, 'several')} |")
-    lines += [""] + [f"{n}. {reason}" for n, reason in enumerate(reasons, 1)]
-    lines += ["", "| graph | refuses the settings | because |", "|---|---|---|"]
-    for kind, names, values, why in UNHONOURED:
-        settings = ", ".join(f"`{name}`" for name in names)
-        if values is not None:
-            settings += " " + " or ".join(values)
-        lines.append(f"| {kind} | {settings} | {why.format(it='them' if len(names) > 1 else 'it')} |")
-    for modes, names, why in MODE_ONLY:
-        others = " or ".join(m for m in MODES if m not in modes)
-        autos = "".join(f", or auto on a {kind} graph" for kind, mode in AUTO.items() if mode not in modes)
-        lines.append(f"| either, in `mode` {others}{autos} | {', '.join(f'`{name}`' for name in names)} | "
-                     f"{why.format(it='them', mode=others)} |")
-    lines += ["", "The loaders (`NeighborLoader`, on either kind of graph, and `LinkNeighborLoader`, on a "
-                  "homogeneous one) offer "
-                  f"{' and '.join(LOADER_MODES)} mode; " + " ".join(LOADER_REFUSED.values())]
-    lines += [f"Your own module on a {kind} graph: {reason}"
-              for (kind, _), reason in OWN_MODULE_REFUSED.items()]
-    lines += ["", "| graph | `predict` and `embed` refuse | because |", "|---|---|---|"]
-    for kind, name, honoured, why in PREDICTION_UNHONOURED:
-        but = "" if honoured == (None,) else " other than " + " or ".join(
-            "None (memory)" if v is None else v for v in honoured)
-        lines.append(f"| {kind} | `{name}`{but} | {why} |")
-    return "\n".join(lines) + "\n"
-
-
 def test_the_table_of_what_runs_is_the_one_the_code_reads():
-    """docs/architecture.md's tables of what runs where are capabilities.py's, as capabilities_markdown()
-    renders them."""
+    """docs/architecture.md's tables of what runs where are capabilities.markdown() as the code renders it."""
+    from neutronorch.capabilities import markdown
+
     text = (ROOT / "docs" / "architecture.md").read_text()
-    shown = re.search(r"<!-- generated: tests/test_docs.py's capabilities_markdown\(\) -->\n(.*?)"
-                      r"<!-- end of the generated tables -->", text, flags=re.S)
-    assert shown is not None and shown.group(1) == capabilities_markdown()
+    shown = re.search(r"<!-- generated: capabilities.markdown\(\) -->\n(.*?)<!-- end of the generated tables -->",
+                      text, flags=re.S)
+    assert shown is not None and shown.group(1) == markdown()

@@ -1,9 +1,11 @@
 """What a run can train with, in one table: graph kind x mode x task x ranks -> runs, or why not; the
 settings one kind of graph cannot honour; and what the loaders and your own module offer. The one source of
-what runs where: the configuration, ``check_run``, the loaders and docs/architecture.md (rendered by
-tests/test_docs.py) read it here. Torch-free, and like config.py it uses nothing above it."""
+what runs where: the configuration, ``check_run``, the loaders and the docs (``markdown``) read it here.
+Torch-free, and like config.py it uses nothing above it."""
 
 from __future__ import annotations
+
+from itertools import product
 
 from neutronorch.config_parts import LinkConfig, NeutronOrchConfig, settings_of
 from neutronorch.errors import ConfigError
@@ -126,3 +128,43 @@ def check_prediction(kind: str, **given) -> None:
     for rule_kind, name, honoured, why in PREDICTION_UNHONOURED:
         if rule_kind == kind and name in given and given[name] not in honoured:
             raise ConfigError(f"`{name}` {given[name]}: {why}")
+
+
+def markdown() -> str:
+    """The tables as docs/architecture.md shows them (``tests/test_docs.py`` checks that it does)."""
+    reasons: list[str] = []
+
+    def cell(kind, mode, task, ranks):
+        reason = refusal(kind, mode, task, ranks)
+        if reason is None:
+            return "runs"
+        if reason not in reasons:
+            reasons.append(reason)
+        return f"refused ({reasons.index(reason) + 1})"
+
+    lines = ["| graph | task | mode | one rank | several ranks |", "|---|---|---|---|---|"]
+    for kind, task, mode in product(KINDS, TASKS, MODES):
+        lines.append(f"| {kind} | {task} | {mode} | {cell(kind, mode, task, 'one')} | "
+                     f"{cell(kind, mode, task, 'several')} |")
+    lines += [""] + [f"{n}. {reason}" for n, reason in enumerate(reasons, 1)]
+    lines += ["", "| graph | refuses the settings | because |", "|---|---|---|"]
+    for kind, names, values, why in UNHONOURED:
+        settings = ", ".join(f"`{name}`" for name in names)
+        if values is not None:
+            settings += " " + " or ".join(values)
+        lines.append(f"| {kind} | {settings} | {why.format(it='them' if len(names) > 1 else 'it')} |")
+    for modes, names, why in MODE_ONLY:
+        others = " or ".join(m for m in MODES if m not in modes)
+        autos = "".join(f", or auto on a {kind} graph" for kind, mode in AUTO.items() if mode not in modes)
+        lines.append(f"| either, in `mode` {others}{autos} | {', '.join(f'`{name}`' for name in names)} | "
+                     f"{why.format(it='them', mode=others)} |")
+    lines += ["", "The loaders (`NeighborLoader`, on either kind of graph, and `LinkNeighborLoader`, on a homogeneous "
+                  "one) offer "
+                  f"{' and '.join(LOADER_MODES)} mode; " + " ".join(LOADER_REFUSED.values())]
+    lines += [f"Your own module on a {kind} graph: {reason}" for (kind, _), reason in OWN_MODULE_REFUSED.items()]
+    lines += ["", "| graph | `predict` and `embed` refuse | because |", "|---|---|---|"]
+    for kind, name, honoured, why in PREDICTION_UNHONOURED:
+        but = "" if honoured == (None,) else " other than " + " or ".join(
+            "None (memory)" if v is None else v for v in honoured)
+        lines.append(f"| {kind} | `{name}`{but} | {why} |")
+    return "\n".join(lines) + "\n"
