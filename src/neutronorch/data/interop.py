@@ -29,6 +29,9 @@ PYG_NAMES = {
     "coauthor-cs": ("Coauthor", "CS"), "coauthor-physics": ("Coauthor", "Physics"),
     "wikics": ("WikiCS", None), "reddit": ("Reddit", None), "flickr": ("Flickr", None), "yelp": ("Yelp", None),
 }
+# What installs each optional library.
+INSTALL = {"torch_geometric": "PyTorch Geometric: pip install torch-geometric (its NeighborLoader's sampler "
+                              "backends, pyg-lib or torch-sparse, are not needed)", "dgl": "DGL: pip install dgl"}
 # Each split's boolean mask as PyG and DGL name it (the first name is the one written).
 MASKS = {"train_idx": ("train_mask",), "val_idx": ("val_mask", "valid_mask"), "test_idx": ("test_mask",)}
 
@@ -91,7 +94,7 @@ def load_pyg_dataset(spec: str, split_index: int = 0) -> Graph:
     if not name or not root:
         raise DataError(f"pyg:{spec}: give pyg:NAME@ROOT, e.g. pyg:Cora@~/data/pyg (the folder PyG downloaded "
                         f"the dataset into).")
-    datasets = _require("torch_geometric.datasets", "pyg:NAME@ROOT datasets")
+    datasets = optional("torch_geometric.datasets", "pyg:NAME@ROOT datasets")
     class_name, argument = PYG_NAMES.get(name.lower(), tuple(name.split("/", 1)) if "/" in name else (name, None))
     base = getattr(datasets, class_name, None)
     if base is None:
@@ -160,19 +163,18 @@ def _exporter(graph, what: str, module: str):
         partner = what.removesuffix("_hetero") if typed else f"{what}_hetero"
         hint = f"; {partner} exports a {other.__name__}" if isinstance(graph, other) else ""
         raise DataError(f"{what}: expected a neutronorch {want.__name__}, not a {type(graph).__name__}{hint}.")
-    library = _require(module, what)
+    library = optional(module, what)
     import torch  # noqa: PLC0415 - torch is there when PyG or DGL is
 
     return library, torch
 
 
-def _require(module: str, what: str):
-    """An optional library's module, or a clear error saying how to install it."""
+def optional(module: str, what: str, error: type[Exception] = DataError):
+    """An optional library's ``module``, else ``error`` saying that ``what`` needs it and how to install it."""
     try:
         return importlib.import_module(module)
     except ImportError:
-        package = "dgl" if module.startswith("dgl") else "torch-geometric"
-        raise DataError(f"{what} needs {package}: pip install {package}") from None
+        raise error(f"{what} needs {INSTALL[module.partition('.')[0]]}") from None
 
 
 _MASK_KEYS = tuple(key for keys in MASKS.values() for key in keys)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from neutronorch.loader.batch import SampledBatch, optional
+from neutronorch.data.interop import optional
+from neutronorch.loader.batch import SampledBatch
 
 __all__ = ["LinkLoaderBatch"]
 
@@ -64,7 +65,7 @@ class LinkLoaderBatch(SampledBatch):
         ``ndata[dgl.NID]`` the global ids), as DGL's ``as_edge_prediction_sampler`` yields them beside the
         blocks: score ``h = model(blocks, x)`` on ``pos_graph.edges()`` and ``neg_graph.edges()``."""
         self._check()
-        dgl = optional("dgl", "to_dgl_pair_graphs")
+        dgl = optional("dgl", "batch.to_dgl_pair_graphs()", ImportError)
         pos_src, pos_dst, neg_src, neg_dst = self.pair_ids()
         graphs = []
         for src, dst in ((pos_src, pos_dst), (neg_src, neg_dst)):
