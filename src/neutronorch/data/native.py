@@ -198,9 +198,7 @@ def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = Fa
         raise DataError(f"{graph.name}: the native format does not store a link split yet; train from the "
                         f"dataset it was read from (an OGB link-prediction folder loads directly).")
     check_dataset_folder(target, overwrite)
-    arrays = {name: getattr(graph, name) for name in ARRAYS}
-    arrays["labels"] = _stored_labels(graph.labels)
-    arrays.update({split: np.asarray(arrays[split], dtype=np.int64) for split in SPLITS})
+    arrays = {_FLAT[key]: array for key, array in _layout(TypedGraph.of(graph))[0].items()}
     meta = {"name": graph.name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
             "feature_dim": graph.feature_dim, "num_classes": int(graph.num_classes),
             "format_version": FORMAT_VERSION, "notes": list(graph.notes)}
@@ -220,6 +218,18 @@ def write_typed(graph: TypedGraph, folder: str | os.PathLike, overwrite: bool = 
     graph.validate()
     check_dataset_folder(target, overwrite, typed=True)
     _check_names(graph, target)
+    arrays, node_types, relations = _layout(graph)
+    meta = {"format": TYPED_FORMAT, "format_version": FORMAT_VERSION, "name": graph.name, "node_types": node_types,
+            "relations": relations, "target": graph.target,
+            "num_classes": 0 if graph.labels is None else int(graph.num_classes),
+            "notes": list(graph.notes)}
+    if graph.metric:
+        meta["metric"] = graph.metric
+    return _write(target, arrays, meta)
+
+
+def _layout(graph: TypedGraph) -> tuple[dict[str, np.ndarray], list[dict], list[dict]]:
+    """``graph``'s arrays by path in the folder (less ``.npy``); meta.json's ``node_types`` and ``relations``."""
     arrays, node_types, relations = {}, [], []
     for node_type, count in graph.num_nodes.items():
         node_types.append({"name": node_type, "count": int(count), "feature_dim": graph.feature_dim(node_type)})
@@ -227,7 +237,8 @@ def write_typed(graph: TypedGraph, folder: str | os.PathLike, overwrite: bool = 
             node_types[-1]["feature_dtype"] = features.dtype.name
             arrays[node_array(node_type, "features")] = features
     if graph.labels is not None:
-        arrays[node_array(graph.target, "labels")] = _stored_labels(graph.labels)
+        labels = graph.labels  # int64 class ids, or int8 rows of 0/1/-1 (multi-label)
+        arrays[node_array(graph.target, "labels")] = np.asarray(labels, np.int8 if labels.ndim == 2 else np.int64)
     for split in SPLITS:
         arrays[node_array(graph.target, split)] = np.asarray(getattr(graph, split), dtype=np.int64)
     for key, relation in graph.relations.items():
@@ -238,18 +249,7 @@ def write_typed(graph: TypedGraph, folder: str | os.PathLike, overwrite: bool = 
         if relation.edge_features is not None:
             relations[-1]["edge_feature_dtype"] = relation.edge_features.dtype.name
             arrays[relation_array(key, "edge_features")] = relation.edge_features
-    meta = {"format": TYPED_FORMAT, "format_version": FORMAT_VERSION, "name": graph.name, "node_types": node_types,
-            "relations": relations, "target": graph.target,
-            "num_classes": 0 if graph.labels is None else int(graph.num_classes),
-            "notes": list(graph.notes)}
-    if graph.metric:
-        meta["metric"] = graph.metric
-    return _write(target, arrays, meta)
-
-
-def _stored_labels(labels: np.ndarray) -> np.ndarray:
-    """Labels as stored: int64 class ids, or int8 rows of 0/1/-1 (multi-label)."""
-    return np.asarray(labels, dtype=np.int8 if labels.ndim == 2 else np.int64)
+    return arrays, node_types, relations
 
 
 def _write(target: Path, arrays: dict[str, np.ndarray], meta: dict) -> Path:

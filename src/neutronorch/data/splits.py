@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from neutronorch.data.dtypes import as_int64
+from neutronorch.data.dtypes import as_int64, id_outside
 from neutronorch.errors import ConfigError, DataError
 
 DEFAULT_SPLIT = "ratio:0.6,0.2"
@@ -107,9 +107,8 @@ def stored_split(value, path, what: str, count: int, fix: str) -> np.ndarray:
     ids = np.sort(as_int64(value, str(path), what))
     if not ids.size:
         raise DataError(f"{path}: {what} is empty (no vertex ids), and a split needs at least one vertex. {fix}")
-    if ids[0] < 0 or ids[-1] >= count:
-        raise DataError(f"{path}: {what} holds id {int(ids[0] if ids[0] < 0 else ids[-1])}, outside "
-                        f"0..{count - 1}. {fix}")
+    if (bad := id_outside(ids, count)) is not None:
+        raise DataError(f"{path}: {what} holds id {bad}, outside 0..{count - 1}. {fix}")
     if ids.size > 1 and (ids[1:] == ids[:-1]).any():
         raise DataError(f"{path}: {what} lists vertex {ids[1:][ids[1:] == ids[:-1]][0]} more than once. {fix}")
     return ids
