@@ -18,7 +18,6 @@ from neutronorch.errors import DataError
 __all__ = ["check_stored_links", "check_graph_links", "link_graph"]
 
 logger = logging.getLogger("neutronorch")
-HELD_OUT = ("val", "test")
 
 
 def check_stored_links(split: LinkSplit, indptr, indices, source: str, graph_name: str = "the graph's edges",
@@ -32,7 +31,7 @@ def check_stored_links(split: LinkSplit, indptr, indices, source: str, graph_nam
     passing = _link_keys(np.asarray(indptr), np.asarray(indices), False)
     issues: dict[str, int] = {}
     examples: dict[str, tuple[int, int]] = {}
-    for name in HELD_OUT:  # undirected: a held-out link passes messages if either of its directions does
+    for name in ("val", "test"):  # undirected: a held-out link passes messages if either of its directions does
         _count(issues, examples, f"{name}_in_message_passing", keys[name], passing, num_nodes, split.undirected)
         _count(issues, examples, f"{name}_in_train", keys[name], np.unique(keys["train"]), num_nodes)
     leaks = dict(issues)
@@ -76,7 +75,6 @@ def check_graph_links(graph) -> list[str]:
     return check_stored_links(links, graph.indptr, graph.indices, graph.name)
 
 
-
 def link_graph(name: str, indptr, indices, features, split: LinkSplit, notes: list[str], kept: str, source: str,
                files: dict[str, str] | None = None) -> Graph:
     """The validated link graph (no node task) of a stored ``split``; its notes count the fixed negatives
@@ -89,6 +87,7 @@ def link_graph(name: str, indptr, indices, features, split: LinkSplit, notes: li
     none = np.empty(0, np.int64)
     return Graph(name, indptr, indices, features, np.full(num_nodes, -1, np.int64), none, none.copy(),
                  none.copy(), 0, notes, links=split).validate(source, files)
+
 
 def _keys(pairs: np.ndarray, num_nodes: int, undirected: bool) -> np.ndarray:
     """Each pair's key dst * num_nodes + src (undirected: larger * num_nodes + smaller), in the pairs' order."""

@@ -39,7 +39,11 @@ def load_ogb(directory: str | os.PathLike, progress: Progress | None = None) -> 
     if (raw / "data.npz").is_file():
         src, dst, features, labels, num_nodes = _binary(raw)
     else:
-        src, dst, features, labels, num_nodes = _csv(raw, name, progress)
+        edges, num_nodes = read_edges(raw, progress)
+        labels = read_labels(raw / "node-label.csv.gz", num_nodes, f"{raw / 'num-node-list.csv.gz'} says "
+                             f"{num_nodes} vertices", progress)
+        features = read_node_features(raw, edges, num_nodes, progress)
+        src, dst = edges[:, 0], edges[:, 1]
     indptr, indices = edges_to_csc(src, dst, num_nodes, source=str(raw))
     del src, dst
     files = {split: str(path) for split, path in split_files(split_folder(directory)).items()}
@@ -57,14 +61,6 @@ def load_ogb(directory: str | os.PathLike, progress: Progress | None = None) -> 
 def dataset_name(directory: Path) -> str:
     """``ogbn_arxiv`` (the ogb package's folder name) reads as ``ogbn-arxiv``."""
     return directory.resolve().name.replace("_", "-")
-
-
-def _csv(raw: Path, name: str, progress: Progress | None):
-    edges, num_nodes = read_edges(raw, progress)
-    labels = read_labels(raw / "node-label.csv.gz", num_nodes, f"{raw / 'num-node-list.csv.gz'} says {num_nodes} "
-                         f"vertices", progress)
-    features = read_node_features(raw, edges, num_nodes, progress)
-    return edges[:, 0], edges[:, 1], features, labels, num_nodes
 
 
 def read_edges(raw: Path, progress: Progress | None = None) -> tuple[np.ndarray, int]:
