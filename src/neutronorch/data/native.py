@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neutronorch.atomic import reserve, write_folder
+from neutronorch.atomic import existing_ancestor, reserve, write_folder
 from neutronorch.data.checks import METRICS, SPLITS
 from neutronorch.data.dtypes import BFLOAT16, bfloat16, is_bfloat16
 from neutronorch.data.files import open_npy, read_error, reads_files
@@ -276,8 +276,7 @@ def save_array(path: Path, arr: np.ndarray) -> None:
 
 def _check_names(graph: TypedGraph, target: Path) -> None:
     """The folders named after types and relations fit the file system's limit on a name (in bytes)."""
-    ancestor = next(p for p in [target.absolute(), *target.absolute().parents] if p.exists())
-    limit = name_max(ancestor)
+    limit = name_max(existing_ancestor(target.absolute()))
     for key in [node_array(t, "features") for t in graph.num_nodes] + [relation_array(r, "indptr")
                                                                        for r in graph.relations]:
         name = key.split("/")[1]
