@@ -9,7 +9,7 @@ from pathlib import Path
 from neutronorch.data.files import reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.interop import (from_dgl, from_dgl_hetero, from_pyg, from_pyg_hetero, to_dgl, to_dgl_hetero,
-                                      to_pyg, to_pyg_hetero)
+                                      load_pyg_dataset, to_pyg, to_pyg_hetero)
 from neutronorch.data.native import (is_native_dir, is_typed_dir, load_native, read_typed, save_native, typed_refusal,
                                      write_typed)
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
@@ -51,7 +51,6 @@ def _load(spec: str, split: str | None, seed: int, split_index: int, progress) -
         raise DataError(f"{spec}: a graph that was given to train() in memory (its summary and checkpoints "
                         f"record it so); name the files it came from instead. `dataset` takes {DATASET_SPEC_HELP}.")
     if spec.startswith("pyg:"):
-        from neutronorch.data.interop import load_pyg_dataset
         return load_pyg_dataset(spec[len("pyg:"):], split_index)
     if split_index and not spec.lower().endswith(".npz"):
         raise DataError(f"{spec}: carries a single split, so `split_index` {split_index} has nothing to pick; "

@@ -228,12 +228,8 @@ def check_target(graph, n: int, fail: Failure, prefix: str = "", key=lambda part
 
 
 def _range(labels: np.ndarray) -> tuple[int, int]:
-    """The smallest and largest label, read in chunks of rows."""
-    low = high = None
+    """The smallest and largest label (0 and 0 for none), read in chunks of rows."""
     step = max(1, _CHUNK // max(1, int(np.prod(labels.shape[1:], dtype=np.int64))))
-    for start in range(0, labels.shape[0], step):
-        chunk = np.asarray(labels[start:start + step])
-        if chunk.size:
-            low = int(chunk.min()) if low is None else min(low, int(chunk.min()))
-            high = int(chunk.max()) if high is None else max(high, int(chunk.max()))
-    return (low or 0), (high or 0)
+    chunks = (np.asarray(labels[start:start + step]) for start in range(0, labels.shape[0], step))
+    bounds = [(int(chunk.min()), int(chunk.max())) for chunk in chunks if chunk.size]
+    return (min(low for low, _ in bounds), max(high for _, high in bounds)) if bounds else (0, 0)

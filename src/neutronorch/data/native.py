@@ -313,12 +313,12 @@ def _check_meta(meta: dict, meta_path: Path) -> None:
         raise DataError(f"{meta_path}: format is {meta['format']!r}, not {TYPED_FORMAT!r}; this folder holds no "
                         f"typed graph.")
     check_meta_value(meta["target"], str, "target", meta_path)
-    for key, fields in (("node_types", _NODE_FIELDS), ("relations", _RELATION_FIELDS)):
+    for key, fields, optional in (("node_types", _NODE_FIELDS, {"feature_dtype"}),
+                                  ("relations", _RELATION_FIELDS, {"edge_feature_dtype"})):
         entries = meta[key]
         if not isinstance(entries, list):
             raise DataError(f"{meta_path}: {key} is {entries!r}, expected a list of objects.")
         for entry in entries:
-            optional = {"feature_dtype"} if key == "node_types" else {"edge_feature_dtype"}
             if not isinstance(entry, dict) or set(fields) - set(entry) or set(entry) - set(fields) - optional:
                 raise DataError(f"{meta_path}: an entry of {key} is {entry!r}; each takes "
                                 f"{', '.join(fields)} (and optionally {', '.join(optional)}).")

@@ -74,14 +74,18 @@ def _rows(path: Path) -> list[list[str]]:
     return [[cell.strip() for cell in row] for row in csv.reader(io.StringIO("\n".join(lines))) if any(row)]
 
 
-def _node_counts(path: Path) -> dict[str, int]:
-    """``num-node-dict``: the type names in its header, in their order, with the counts of its one row."""
+def _per_type(path: Path, values: str) -> tuple[list[str], list[str]]:
+    """A header of vertex types over one row of as many ``values``."""
     rows = _rows(path)
     if len(rows) != 2 or len(rows[0]) != len(rows[1]):
         raise DataError(f"{path}: holds {len(rows)} rows; expected a header of vertex types and one row of as "
-                        f"many counts (a node-property dataset is one graph). The file is damaged; fetch the "
-                        f"dataset again.")
-    header, values = rows
+                        f"many {values}. The file is damaged; fetch the dataset again.")
+    return rows[0], rows[1]
+
+
+def _node_counts(path: Path) -> dict[str, int]:
+    """``num-node-dict``: the type names in its header, in their order, with the counts of its one row."""
+    header, values = _per_type(path, "counts (a node-property dataset is one graph)")
     if len(set(header)) != len(header) or not all(header):
         raise DataError(f"{path}: the header {header} names a type twice or leaves one unnamed; the file is "
                         f"damaged. Fetch the dataset again.")
@@ -206,11 +210,8 @@ def _target(raw: Path, num_nodes: dict[str, int]) -> str:
     labelled = [p.name for p in sorted(folder.iterdir()) if p.is_dir()] if folder.is_dir() else []
     flags = csv_file(raw, "nodetype-has-label")
     if flags.is_file():
-        rows = _rows(flags)
-        if len(rows) != 2 or len(rows[0]) != len(rows[1]):
-            raise DataError(f"{flags}: holds {len(rows)} rows; expected a header of vertex types and one row of "
-                            f"True/False. The file is damaged; fetch the dataset again.")
-        labelled += [t for t, flag in zip(*rows) if flag.lower() in ("true", "1") and t not in labelled]
+        labelled += [t for t, flag in zip(*_per_type(flags, "True/False flags"))
+                     if flag.lower() in ("true", "1") and t not in labelled]
     for node_type in labelled:
         if node_type not in num_nodes:
             raise DataError(f"{folder / node_type}: labels for type {node_type!r}, which "

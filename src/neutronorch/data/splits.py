@@ -74,7 +74,7 @@ def make_split(labels: np.ndarray, num_classes: int, spec: str, seed: int = 0
         n_train, n_val = int(round(train * n)), int(round(val * n))
         parts = perm[:n_train], perm[n_train:n_train + n_val], perm[n_train + n_val:]
     else:
-        tr, va, te = [], [], []
+        parts = ([], [], [])
         n_train, n_val = int(train), int(val)
         for c in range(num_classes):
             members = rng.permutation(np.flatnonzero(labels == c))
@@ -84,10 +84,9 @@ def make_split(labels: np.ndarray, num_classes: int, spec: str, seed: int = 0
                 raise ConfigError(f"`split` {spec!r}: class {c} has {members.shape[0]} vertices, fewer than the "
                                   f"{n_train} + {n_val} it takes from each class; choose smaller counts or a "
                                   f"ratio:TRAIN,VAL split.")
-            tr.append(members[:n_train])
-            va.append(members[n_train:n_train + n_val])
-            te.append(members[n_train + n_val:])
-        parts = tuple(np.concatenate(p) if p else np.empty(0, np.int64) for p in (tr, va, te))
+            for part, chosen in zip(parts, np.split(members, [n_train, n_train + n_val])):
+                part.append(chosen)
+        parts = tuple(np.concatenate(p) if p else np.empty(0, np.int64) for p in parts)
     out = tuple(np.sort(p).astype(np.int64) for p in parts)
     for name, idx in zip(("train", "val", "test"), out):
         if idx.size == 0:
