@@ -30,8 +30,9 @@ PYG_NAMES = {
     "wikics": ("WikiCS", None), "reddit": ("Reddit", None), "flickr": ("Flickr", None), "yelp": ("Yelp", None),
 }
 # What installs each optional library.
-INSTALL = {"torch_geometric": "PyTorch Geometric: pip install torch-geometric (its NeighborLoader's sampler "
-                              "backends, pyg-lib or torch-sparse, are not needed)", "dgl": "DGL: pip install dgl"}
+INSTALL = {"dgl": "DGL: pip install dgl",
+           "torch_geometric": "PyTorch Geometric: pip install torch-geometric (its NeighborLoader's sampler "
+                              "backends, pyg-lib or torch-sparse, are not needed)"}
 # Each split's boolean mask as PyG and DGL name it (the first name is the one written).
 MASKS = {"train_idx": ("train_mask",), "val_idx": ("val_mask", "valid_mask"), "test_idx": ("test_mask",)}
 
@@ -170,7 +171,8 @@ def _exporter(graph, what: str, module: str):
 
 
 def optional(module: str, what: str, error: type[Exception] = DataError):
-    """An optional library's ``module``, else ``error`` saying that ``what`` needs it and how to install it."""
+    """An optional library's ``module``, else ``error`` saying that ``what`` needs it and how to install it.
+    """
     try:
         return importlib.import_module(module)
     except ImportError:

@@ -31,7 +31,7 @@ def check_stored_links(split: LinkSplit, indptr, indices, source: str, graph_nam
     passing = _link_keys(np.asarray(indptr), np.asarray(indices), False)
     issues: dict[str, int] = {}
     examples: dict[str, tuple[int, int]] = {}
-    for name in ("val", "test"):  # undirected: a held-out link passes messages if either of its directions does
+    for name in ("val", "test"):  # undirected: a held-out link passes messages if either direction does
         _count(issues, examples, f"{name}_in_message_passing", keys[name], passing, num_nodes, split.undirected)
         _count(issues, examples, f"{name}_in_train", keys[name], np.unique(keys["train"]), num_nodes)
     leaks = dict(issues)

@@ -229,7 +229,7 @@ def write_typed(graph: TypedGraph, folder: str | os.PathLike, overwrite: bool = 
 
 
 def _layout(graph: TypedGraph) -> tuple[dict[str, np.ndarray], list[dict], list[dict]]:
-    """``graph``'s arrays by path in the folder (less ``.npy``); meta.json's ``node_types`` and ``relations``."""
+    """``graph``'s arrays by path in the folder (less ``.npy``); meta.json's node_types and relations."""
     arrays, node_types, relations = {}, [], []
     for node_type, count in graph.num_nodes.items():
         node_types.append({"name": node_type, "count": int(count), "feature_dim": graph.feature_dim(node_type)})
@@ -237,8 +237,9 @@ def _layout(graph: TypedGraph) -> tuple[dict[str, np.ndarray], list[dict], list[
             node_types[-1]["feature_dtype"] = features.dtype.name
             arrays[node_array(node_type, "features")] = features
     if graph.labels is not None:
-        labels = graph.labels  # int64 class ids, or int8 rows of 0/1/-1 (multi-label)
-        arrays[node_array(graph.target, "labels")] = np.asarray(labels, np.int8 if labels.ndim == 2 else np.int64)
+        labels = graph.labels  # stored as int64 class ids, or int8 rows of 0/1/-1 (multi-label)
+        arrays[node_array(graph.target, "labels")] = labels.astype(np.int8 if labels.ndim == 2 else np.int64,
+                                                                   copy=False)
     for split in SPLITS:
         arrays[node_array(graph.target, split)] = np.asarray(getattr(graph, split), dtype=np.int64)
     for key, relation in graph.relations.items():

@@ -93,7 +93,8 @@ class _Entries:
 
 
 def _load_graphgallery(entries: _Entries, path: Path, split: str, seed: int) -> Graph:
-    adjacency, features = (entries.array(key, (SparseMatrix, np.ndarray), "a matrix") for key in _GRAPHGALLERY[:2])
+    adjacency, features = (entries.array(key, (SparseMatrix, np.ndarray), "a matrix")
+                           for key in ("adj_matrix", "node_attr"))
     labels = entries.array("node_label")
     num_nodes, src, dst = _matrix_edges(adjacency, f"{path} (entry adj_matrix)")
     features = dense_features(features, f"{path} (entry node_attr)")

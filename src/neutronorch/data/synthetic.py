@@ -55,7 +55,8 @@ class SyntheticSpec:
     def check(self, text: str, where: str | None = None) -> None:
         """Refuse what no graph can be drawn from; errors start with ``where``, else the spec ``text``."""
         where = where or f"dataset spec {text!r}"
-        rates = rate_problems(where, self.degree, self.power, self.homophily, self.noise, self.train, self.val)
+        rates = rate_problems(where, self.degree, self.power, self.homophily, self.noise, self.train,
+                              self.val)
         problems = []
         if self.nodes < 2 * self.classes:
             problems.append(f"nodes must be at least 2*classes ({2 * self.classes})")
@@ -73,8 +74,9 @@ class SyntheticSpec:
 
 
 def rate_problems(where: str, degree, power, homophily, noise, train, val) -> list[str]:
-    """What is wrong with the rates both generators take. A NaN or infinite one is refused at once: NaN passes
-    every range check (each comparison is false) and would draw a graph without edges, or with NaN features."""
+    """What is wrong with the rates both generators take. A NaN or infinite one is refused at once: NaN
+    passes every range check (each comparison is false) and would draw a graph without edges, or NaN features.
+    """
     rates = dict(degree=degree, power=power, homophily=homophily, noise=noise, train=train, val=val)
     bad = [f"{name}={value}" for name, value in rates.items() if not math.isfinite(value)]
     if bad:
@@ -112,7 +114,32 @@ def generate(spec: SyntheticSpec, split: str | None = None, split_seed: int | No
     seed; a ``split`` given instead is drawn with ``split_seed`` (the run's seed), as for any other data."""
     spec.check(spec.name)
     try:
-        return _generate(spec, split, split_seed)
+        check_seed(spec.seed)
+        rng = np.random.default_rng(spec.seed)
+        n, c = spec.nodes, spec.classes
+        weights = (rng.permutation(n) + 1.0) ** -spec.power
+        labels = rng.integers(0, c, n, dtype=np.int64)
+        pool = Pool(weights, labels, c)
+        num_pairs = int(round(n * spec.degree / 2))
+        first = pool.draw_any(rng, num_pairs)
+        second = pool.draw(rng, labels[first], spec.homophily)
+        indptr, indices = edges_to_csc(first, second, n, symmetric=True)
+        if indices.shape[0] == 0:  # every draw fell on one vertex: only self loops, which are dropped
+            raise ConfigError(f"dataset spec {spec.name}: power={spec.power:g} draws every edge's two ends "
+                              f"at the same vertex, leaving no edges; give a smaller power (the default is "
+                              f"0.6).")
+
+        centroids = class_centroids(rng, c, spec.features)
+        features = noise_rows(rng, n, spec.features, spec.noise)
+        features += centroids[labels]
+
+        spec_split = f"ratio:{spec.train},{spec.val}" if split is None else split
+        seed = spec.seed if split is None or split_seed is None else split_seed
+        train_idx, val_idx, test_idx = make_split(labels, c, spec_split, seed)
+        return Graph(name=spec.name, indptr=indptr, indices=indices, features=features, labels=labels,
+                     train_idx=train_idx, val_idx=val_idx, test_idx=test_idx, num_classes=c,
+                     notes=["synthetic graph: degree-weighted block model, features = class centroid + "
+                            "noise"])
     except MemoryError:  # numpy's refusal to allocate, named with what asked for it
         raise ConfigError(too_large(f"dataset spec {spec.name}", spec.nodes, spec.features,
                                     round(spec.nodes * spec.degree))) from None
@@ -123,33 +150,6 @@ def too_large(what: str, nodes: int, features: int, edges: int) -> str:
     return (f"{what}: its arrays do not fit in memory (the features alone {nodes * features * 4 / 2**30:,.1f} GiB "
             f"for {nodes:,} vertices x {features:,}, beside some {edges:,} edges); give fewer nodes, a smaller "
             f"degree or fewer features.")
-
-
-def _generate(spec: SyntheticSpec, split: str | None, split_seed: int | None) -> Graph:
-    check_seed(spec.seed)
-    rng = np.random.default_rng(spec.seed)
-    n, c = spec.nodes, spec.classes
-    weights = (rng.permutation(n) + 1.0) ** -spec.power
-    labels = rng.integers(0, c, n, dtype=np.int64)
-    pool = Pool(weights, labels, c)
-    num_pairs = int(round(n * spec.degree / 2))
-    first = pool.draw_any(rng, num_pairs)
-    second = pool.draw(rng, labels[first], spec.homophily)
-    indptr, indices = edges_to_csc(first, second, n, symmetric=True)
-    if indices.shape[0] == 0:  # every draw fell on one vertex: only self loops, which are dropped
-        raise ConfigError(f"dataset spec {spec.name}: power={spec.power:g} draws every edge's two ends at the "
-                          f"same vertex, leaving no edges; give a smaller power (the default is 0.6).")
-
-    centroids = class_centroids(rng, c, spec.features)
-    features = noise_rows(rng, n, spec.features, spec.noise)
-    features += centroids[labels]
-
-    spec_split = f"ratio:{spec.train},{spec.val}" if split is None else split
-    seed = spec.seed if split is None or split_seed is None else split_seed
-    train_idx, val_idx, test_idx = make_split(labels, c, spec_split, seed)
-    return Graph(name=spec.name, indptr=indptr, indices=indices, features=features, labels=labels,
-                 train_idx=train_idx, val_idx=val_idx, test_idx=test_idx, num_classes=c,
-                 notes=["synthetic graph: degree-weighted block model, features = class centroid + noise"])
 
 
 def class_centroids(rng: np.random.Generator, count: int, width: int) -> np.ndarray:

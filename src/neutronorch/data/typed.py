@@ -3,8 +3,8 @@ type.
 
 Features are kept per type, and a type may have none (a model then gives it an embedding table); labels and
 the split belong to the target type. Arrays may be memory maps, so nothing here may copy a whole array without
-need (``collapse``, the one-graph view of a typed graph, builds in memory). ``validate`` (``checks.py``) is the
-one check of a typed graph from outside. Imports no torch."""
+need (``collapse``, a typed graph's one-graph view, builds in memory). ``validate`` (``checks.py``) is the one
+check of a typed graph from outside. Imports no torch."""
 
 from __future__ import annotations
 
