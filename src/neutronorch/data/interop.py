@@ -227,7 +227,6 @@ def from_pyg_hetero(data, target: str, name: str = "pyg", num_classes: int | Non
     ``num_classes`` defaults to the largest label plus one (multi-label: its width). Without masks the
     labelled vertices are split by ``split`` (default ``DEFAULT_SPLIT``, seeded by ``seed``)."""
     node_types = list(data.node_types)
-    _check_target(node_types, lambda t: data[t], target, name, _PYG)
     num_nodes = {t: _count(data, t, name) for t in node_types}
     edges = {}
     for key in data.edge_types:
@@ -246,7 +245,6 @@ def from_dgl_hetero(g, target: str, name: str = "dgl", num_classes: int | None =
     edges (and ``feat``, or a 1-D ``w``/``weight``), and ``label`` (or ``y``) with the split masks on
     ``target``."""
     node_types = list(g.ntypes)
-    _check_target(node_types, lambda t: g.nodes[t].data, target, name, _DGL)
     edges = {}
     for key in g.canonical_etypes:
         stored = g.edges[key].data
@@ -272,13 +270,12 @@ def _put_target(graph: Graph | TypedGraph, store, label_key: str, torch) -> None
         store[name] = torch.from_numpy(mask)
 
 
-def _check_target(node_types: list[str], store_of, target: str, name: str, keys: dict) -> None:
+def _check_target(stores: dict, target: str, name: str, keys: dict) -> None:
     """``target`` is a node type, and no other type carries labels or split masks."""
-    if target not in node_types:
+    if target not in stores:
         raise DataError(f"{name}: no target type: {target!r} is not a node type of the {keys['holder']} "
-                        f"({', '.join(node_types)}). Name the type whose labels are predicted.")
-    for node_type in node_types:
-        store = store_of(node_type)
+                        f"({', '.join(stores)}). Name the type whose labels are predicted.")
+    for node_type, store in stores.items():
         stray = [key for key in (*keys["labels"], *_MASK_KEYS) if node_type != target and key in store]
         if stray:
             raise DataError(f"{name}: type {node_type} carries {', '.join(stray)}, but the target is {target}; a "
@@ -290,6 +287,7 @@ def _typed_graph(name: str, num_nodes: dict[str, int], stores: dict, edges: dict
                  num_classes: int | None, split: str | None, seed: int) -> TypedGraph:
     """The validated typed graph of either library's parts: ``stores`` maps each type to its node data,
     ``edges`` each relation to its (sources, destinations, edge features or None)."""
+    _check_target(stores, target, name, keys)
     features = {}
     for node_type, store in stores.items():
         key = next((k for k in keys["features"] if k in store), None)
