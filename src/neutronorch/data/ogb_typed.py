@@ -107,25 +107,19 @@ def _relation_types(raw: Path, num_nodes: dict[str, int], counts_path: Path) -> 
                         f"in raw/relations/<src>___<name>___<dst>/. The dataset is incomplete; fetch it again.")
     found = sorted(p.name for p in folder.iterdir() if p.is_dir())
     listing = csv_file(raw, "triplet-type-list")
-    if listing.is_file():
-        keys = []
-        for row in _rows(listing):
-            if len(row) != 3:
-                raise DataError(f"{listing}: the line {','.join(row)!r} is not one src,name,dst relation; the "
-                                f"file is damaged. Fetch the dataset again.")
-            keys.append(tuple(row))
-        extra = sorted(set(found) - {"___".join(key) for key in keys})
-        if extra:
-            raise DataError(f"{folder / extra[0]}: a relation folder {listing.name} does not list; the files "
-                            f"come from different versions of the dataset. Fetch it again.")
-    else:
-        keys = []
-        for entry in found:
-            parts = tuple(entry.split("___"))
-            if len(parts) != 3 or not all(parts):
-                raise DataError(f"{folder / entry}: a relation folder is named <src>___<name>___<dst>; this "
-                                f"name does not split into three. Rename or remove it.")
-            keys.append(parts)
+    listed = listing.is_file()
+    keys = [tuple(row) for row in _rows(listing)] if listed else [tuple(entry.split("___")) for entry in found]
+    for key in keys:
+        if listed and len(key) != 3:
+            raise DataError(f"{listing}: the line {','.join(key)!r} is not one src,name,dst relation; the "
+                            f"file is damaged. Fetch the dataset again.")
+        if not listed and (len(key) != 3 or not all(key)):
+            raise DataError(f"{folder / '___'.join(key)}: a relation folder is named <src>___<name>___<dst>; "
+                            f"this name does not split into three. Rename or remove it.")
+    extra = sorted(set(found) - {"___".join(key) for key in keys})  # none unless a listing leaves some out
+    if extra:
+        raise DataError(f"{folder / extra[0]}: a relation folder {listing.name} does not list; the files "
+                        f"come from different versions of the dataset. Fetch it again.")
     if not keys:
         raise DataError(f"{folder}: holds no relation folder; the dataset is incomplete. Fetch it again.")
     for key in keys:
