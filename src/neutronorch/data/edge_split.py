@@ -77,7 +77,7 @@ def split_edges(graph: Graph, train: float, val: float, seed: int = 0, direction
     # Each pair once, keyed (larger, smaller): source < target. Stored both ways, the half with src < dst.
     keys = _link_keys(indptr, indices, undirected and share == 1.0)
     if undirected and share < 1.0:
-        keys = _canonical(keys, num_nodes)
+        keys = np.unique(pair_keys(_pairs(keys, num_nodes), num_nodes, True))
     total = keys.shape[0]
     if total == 0:
         raise DataError(f"{graph.name}: has no edges to split (self loops are no links).")
@@ -162,10 +162,12 @@ def reciprocity(indptr: np.ndarray, indices: np.ndarray) -> float:
     return 1.0 if linked == 0 else 1.0 - hygiene["edges_without_reverse"] / linked
 
 
-def _canonical(keys: np.ndarray, num_nodes: int) -> np.ndarray:
-    """Sorted unique keys of the undirected pairs of edge keys: larger * num_nodes + smaller."""
-    src, dst = keys % num_nodes, keys // num_nodes
-    return np.unique(np.maximum(src, dst) * num_nodes + np.minimum(src, dst))
+def pair_keys(pairs: np.ndarray, num_nodes: int, undirected: bool) -> np.ndarray:
+    """Each pair's key dst * num_nodes + src (undirected: larger * num_nodes + smaller), in the pairs' order."""
+    src, dst = pairs[0], pairs[1]
+    if undirected:
+        src, dst = np.minimum(src, dst), np.maximum(src, dst)
+    return dst * num_nodes + src
 
 
 def _link_keys(indptr: np.ndarray, indices: np.ndarray, undirected: bool) -> np.ndarray:

@@ -10,7 +10,7 @@ import logging
 
 import numpy as np
 
-from neutronorch.data.edge_split import _link_keys
+from neutronorch.data.edge_split import _link_keys, pair_keys
 from neutronorch.data.graph import Graph
 from neutronorch.data.links import LinkSplit, check_link_split, count_positive_negatives, member_mask
 from neutronorch.errors import DataError
@@ -27,7 +27,7 @@ def check_stored_links(split: LinkSplit, indptr, indices, source: str, graph_nam
     leaks unless ``benchmark``; warn about the rest. Sets ``split.issues`` (kind -> count, those found) and
     returns the notes to keep with the graph."""
     num_nodes = np.asarray(indptr).shape[0] - 1
-    keys = {name: _keys(getattr(split, name), num_nodes, split.undirected) for name in ("train", "val", "test")}
+    keys = {name: pair_keys(getattr(split, name), num_nodes, split.undirected) for name in ("train", "val", "test")}
     passing = _link_keys(np.asarray(indptr), np.asarray(indices), False)
     issues: dict[str, int] = {}
     examples: dict[str, tuple[int, int]] = {}
@@ -87,14 +87,6 @@ def link_graph(name: str, indptr, indices, features, split: LinkSplit, notes: li
     none = np.empty(0, np.int64)
     return Graph(name, indptr, indices, features, np.full(num_nodes, -1, np.int64), none, none.copy(),
                  none.copy(), 0, notes, links=split).validate(source, files)
-
-
-def _keys(pairs: np.ndarray, num_nodes: int, undirected: bool) -> np.ndarray:
-    """Each pair's key dst * num_nodes + src (undirected: larger * num_nodes + smaller), in the pairs' order."""
-    src, dst = pairs[0], pairs[1]
-    if undirected:
-        src, dst = np.minimum(src, dst), np.maximum(src, dst)
-    return dst * num_nodes + src
 
 
 def _count(issues: dict, examples: dict, kind: str, keys: np.ndarray, known: np.ndarray, num_nodes: int,
