@@ -1,9 +1,7 @@
-"""Graphs from and to PyTorch Geometric and DGL, when those libraries are installed (torch, PyG and DGL are
-imported when a conversion is called): ``from_pyg``/``to_pyg``, ``from_dgl``/``to_dgl`` and ``pyg:NAME@ROOT``
-specs for a ``Graph``; their ``_hetero`` forms for a ``TypedGraph``. A homogeneous graph goes through
-``Graph.from_arrays`` (cleaned as a loaded one); a typed one keeps its relations as given, repeated edges
-included. Labels and split masks live on the target type; masks with a column per split take
-``split_index``. Link splits: ``interop_links.py``."""
+"""Graphs from and to PyTorch Geometric and DGL (torch, PyG and DGL imported when a conversion is called):
+``from_pyg``/``to_pyg``, ``from_dgl``/``to_dgl`` and ``pyg:NAME@ROOT`` specs for a ``Graph``, cleaned by
+``Graph.from_arrays``; their ``_hetero`` forms for a ``TypedGraph``, its relations kept as given. Masks with a
+column per split take ``split_index``. Link splits: ``interop_links.py``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The checks of a link split that comes with its graph (an OGB link dataset, a PyG split, a ``Graph`` built
-with ``links``): leaks (validation or test positives among the message-passing edges or the training
-positives) are refused, except in a benchmark's own split, where they are a loud warning; oddities (self
-loops, repeated positives, pairs in both validation and test) are kept and warned about. docs/datasets.md
-("Stored link splits are checked") gives the details; the counts go to ``LinkSplit.issues`` and the notes."""
+with ``links``): leaks are refused, except in a benchmark's own split, where they are a loud warning;
+oddities are kept and warned about (docs/datasets.md, "Stored link splits are checked"); the counts go to
+``LinkSplit.issues`` and the notes."""
 
 from __future__ import annotations
 
