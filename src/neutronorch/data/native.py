@@ -65,9 +65,9 @@ def read_typed(folder: str | os.PathLike, mmap: bool = True, validate: bool = Tr
     meta_path = directory / "meta.json"
     meta = read_meta(meta_path, TYPED_KEYS, ("notes", "metric"), ("num_classes",), "write_typed")
     _check_meta(meta, meta_path)
-    _check_unlisted(directory, meta)
     files: dict[str, str] = {}
     graph = _read(directory, meta, mmap, files)
+    _check_unlisted(directory, meta, set(files))
     if validate:
         graph.validate(str(directory), files)
     return graph
@@ -340,17 +340,12 @@ def _check_meta(meta: dict, meta_path: Path) -> None:
         raise DataError(f"{meta_path}: target {meta['target']!r} is not one of node_types ({', '.join(names)}).")
 
 
-def _check_unlisted(directory: Path, meta: dict) -> None:
-    """Every folder and array under ``nodes/`` and ``relations/`` is one meta.json accounts for (hidden
-    entries aside), as the ogbn-mag reader refuses a relation folder its list leaves out."""
-    types = {entry["name"]: entry for entry in meta["node_types"]}
-    keys = {(e["src"], e["name"], e["dst"]): e for e in meta["relations"]}
-    expected = {node_array(t, "features") for t, entry in types.items() if entry["feature_dim"]}
-    expected |= {node_array(meta["target"], array) for array in ("labels", *SPLITS)}
-    for key, entry in keys.items():
-        expected |= {relation_array(key, array) for array in ("indptr", "indices")}
-        expected |= {relation_array(key, "edge_features")} if entry["edge_feature_dim"] else set()
-    folders = {"nodes", "relations"} | {f"nodes/{t}" for t in types} | {f"relations/{'___'.join(k)}" for k in keys}
+def _check_unlisted(directory: Path, meta: dict, expected: set[str]) -> None:
+    """Every folder under ``nodes/`` and ``relations/`` is one meta.json lists and every array one of
+    ``expected`` (the arrays ``_read`` opened), hidden entries aside, as the ogbn-mag reader refuses a relation
+    folder its list leaves out."""
+    folders = {"nodes", "relations"} | {f"nodes/{entry['name']}" for entry in meta["node_types"]}
+    folders |= {f"relations/{e['src']}___{e['name']}___{e['dst']}" for e in meta["relations"]}
     for top in ("nodes", "relations"):
         for path in sorted((directory / top).rglob("*")) if (directory / top).is_dir() else []:
             name = path.relative_to(directory).as_posix()
