@@ -93,16 +93,17 @@ def is_typed_dataset(spec: str) -> bool:
     if spec.startswith(("pyg:", "graph:")) or spec == "synthetic" or spec.startswith("synthetic:"):
         return False
     path = Path(spec).expanduser()
-    return path.is_dir() and (is_typed_dir(path) or _typed_reader(path) is not None)
+    return path.is_dir() and _typed_reader(path) is not None
 
 
 def _typed_reader(path: Path):
-    """The reader of the typed dataset layout in folder ``path``, or None."""
+    """The reader (``reader(path, progress=...)``) of the typed dataset layout in folder ``path``, or None."""
     from neutronorch.data.igbh import is_igbh_dir, load_igbh
     from neutronorch.data.mag240m import is_mag240m_dir, load_mag240m
     from neutronorch.data.ogb_typed import is_ogb_typed_dir, load_ogb_typed
 
-    readers = ((is_ogb_typed_dir, load_ogb_typed), (is_igbh_dir, load_igbh), (is_mag240m_dir, load_mag240m))
+    readers = ((is_typed_dir, lambda folder, progress: read_typed(folder)), (is_ogb_typed_dir, load_ogb_typed),
+               (is_igbh_dir, load_igbh), (is_mag240m_dir, load_mag240m))
     return next((reader for is_layout, reader in readers if is_layout(path)), None)
 
 
@@ -111,16 +112,13 @@ def load_typed_dataset(spec: str, split: str | None = None, progress=None) -> Ty
     """Open the typed graph ``spec`` names (``is_typed_dataset``); each carries its own split, and a ``split``
     given is noted as ignored."""
     path = Path(spec).expanduser()
-    if is_typed_dir(path):
-        graph = read_typed(path)
-    elif (reader := _typed_reader(path)) is not None:
-        graph = reader(path, progress=progress)
-    else:
+    reader = _typed_reader(path)
+    if reader is None:
         raise DataError(f"{spec}: not a typed graph: neither a folder write_typed wrote (its meta.json says "
                         f"\"neutronorch-typed\"), OGB's heterogeneous layout (raw/num-node-dict.csv.gz, "
                         f"raw/relations/), IGBH's (processed/paper__written_by__author/) nor MAG240M's "
                         f"(processed/author___writes___paper/).")
-    return _own_split(graph, split)
+    return _own_split(reader(path, progress=progress), split)
 
 
 def dataset_paths(spec: str) -> list[Path]:
