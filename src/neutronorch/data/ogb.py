@@ -235,10 +235,8 @@ def _numbers(path: Path, count: int, dtype, progress: Progress | None = None, *,
 
 
 def _npz(path: Path, keys: tuple[str, ...]) -> dict:
-    if not path.is_file():
-        raise DataError(f"{path}: {not_a_file(path, 'file is missing')}; the OGB dataset is incomplete.")
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        with np.load(_present(path), allow_pickle=False) as archive:
             missing = [k for k in keys if k not in archive.files]
             if missing:
                 raise DataError(f"{path}: lacks {missing}; it holds {archive.files}. Fetch the dataset again.")
