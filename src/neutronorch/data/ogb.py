@@ -5,6 +5,7 @@ its edges' and its metric ROC-AUC; edges are made undirected."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import zipfile
 import zlib
@@ -19,7 +20,7 @@ from neutronorch.data.dtypes import as_int64
 from neutronorch.data.files import Progress, holds_objects, read_error, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import stored_split
-from neutronorch.data.textnum import TextError, first_line_width, read_numbers
+from neutronorch.data.textnum import TextError, read_numbers
 from neutronorch.errors import DataError, not_a_file
 
 ROC_AUC_DATASETS = ("ogbn-proteins",)
@@ -176,14 +177,16 @@ def _present(path: Path) -> Path:
 
 
 def _width(path: Path) -> int:
+    """How many comma-separated values the first line of ``path`` holds."""
     try:
-        width = first_line_width(_present(path))
+        with (gzip.open if path.suffix == ".gz" else open)(_present(path), "rb") as text:
+            line = text.readline()
     except (OSError, EOFError) as exc:
         raise read_error(path, exc, f"{path}: cannot be read ({exc}); the file is truncated or corrupt. Fetch "
                                     f"the dataset again.") from None
-    if width < 1:
+    if not line.strip():
         raise DataError(f"{path}: the first line is empty; the file is damaged. Fetch the dataset again.")
-    return width
+    return line.count(b",") + 1
 
 
 def _count(path: Path, what: str) -> int:
