@@ -17,8 +17,6 @@ from neutronorch.data.relation import RelationType, relation_label
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError, DataError
 
-LINK_SPLIT_HELP = "edges:TRAIN,VAL (e.g. edges:0.85,0.05: shares of the edges for training and validation; " \
-                  "the rest is the test set)"
 # Edges are handled as int64 keys dst * num_nodes + src, which hold graphs of up to this many vertices.
 _KEY_LIMIT = math.isqrt(np.iinfo(np.int64).max)
 # How a split treats an edge and its reverse (``split_edges``'s ``direction``, the option `link_direction`).
@@ -35,7 +33,8 @@ def parse_link_split(spec: str) -> tuple[float, float]:
     kind, colon, rest = spec.partition(":")
     parts = rest.split(",")
     if kind.strip() != "edges" or not colon or len(parts) != 2:
-        raise ConfigError(f"link split {spec!r} is not understood. Use {LINK_SPLIT_HELP}.")
+        raise ConfigError(f"link split {spec!r} is not understood. Use edges:TRAIN,VAL (e.g. edges:0.85,0.05: "
+                          f"shares of the edges for training and validation; the rest is the test set).")
     try:
         train, val = float(parts[0]), float(parts[1])
     except ValueError:
