@@ -32,7 +32,7 @@ from pathlib import Path
 
 from neutronorch import TrainConfig, train
 from neutronorch.data import synthetic_typed
-from neutronorch.data.typed_collapse import collapse
+from neutronorch.data.typed import collapse
 
 MODELS = ("sage", "rgcn", "rgat", "blind-sage")
 BLIND = "blind-"

@@ -15,7 +15,7 @@ import torch
 from neutronorch import TrainConfig, train
 from neutronorch.data import Graph, synthetic_typed, write_typed
 from neutronorch.data.typed import Relation, TypedGraph
-from neutronorch.data.typed_collapse import collapse, type_offsets
+from neutronorch.data.typed import collapse, type_offsets
 from neutronorch.errors import ConfigError, DataError
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec, reachable_types
 from neutronorch.orchestration.seeds import epoch_order

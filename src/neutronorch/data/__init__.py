@@ -9,7 +9,7 @@ from pathlib import Path
 from neutronorch.data.files import reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.interop import (from_dgl, from_dgl_hetero, from_pyg, from_pyg_hetero, to_dgl, to_dgl_hetero,
-                                      to_pyg, to_pyg_hetero)
+                                      load_pyg_dataset, to_pyg, to_pyg_hetero)
 from neutronorch.data.native import (is_native_dir, is_typed_dir, load_native, read_typed, save_native, typed_refusal,
                                      write_typed)
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
@@ -51,7 +51,6 @@ def _load(spec: str, split: str | None, seed: int, split_index: int, progress) -
         raise DataError(f"{spec}: a graph that was given to train() in memory (its summary and checkpoints "
                         f"record it so); name the files it came from instead. `dataset` takes {DATASET_SPEC_HELP}.")
     if spec.startswith("pyg:"):
-        from neutronorch.data.interop import load_pyg_dataset
         return load_pyg_dataset(spec[len("pyg:"):], split_index)
     if split_index and not spec.lower().endswith(".npz"):
         raise DataError(f"{spec}: carries a single split, so `split_index` {split_index} has nothing to pick; "
@@ -94,16 +93,17 @@ def is_typed_dataset(spec: str) -> bool:
     if spec.startswith(("pyg:", "graph:")) or spec == "synthetic" or spec.startswith("synthetic:"):
         return False
     path = Path(spec).expanduser()
-    return path.is_dir() and (is_typed_dir(path) or _typed_reader(path) is not None)
+    return path.is_dir() and _typed_reader(path) is not None
 
 
 def _typed_reader(path: Path):
-    """The reader of the typed dataset layout in folder ``path``, or None."""
+    """The reader (``reader(path, progress=...)``) of the typed dataset layout in folder ``path``, or None."""
     from neutronorch.data.igbh import is_igbh_dir, load_igbh
     from neutronorch.data.mag240m import is_mag240m_dir, load_mag240m
     from neutronorch.data.ogb_typed import is_ogb_typed_dir, load_ogb_typed
 
-    readers = ((is_ogb_typed_dir, load_ogb_typed), (is_igbh_dir, load_igbh), (is_mag240m_dir, load_mag240m))
+    readers = ((is_typed_dir, lambda folder, progress: read_typed(folder)), (is_ogb_typed_dir, load_ogb_typed),
+               (is_igbh_dir, load_igbh), (is_mag240m_dir, load_mag240m))
     return next((reader for is_layout, reader in readers if is_layout(path)), None)
 
 
@@ -112,16 +112,13 @@ def load_typed_dataset(spec: str, split: str | None = None, progress=None) -> Ty
     """Open the typed graph ``spec`` names (``is_typed_dataset``); each carries its own split, and a ``split``
     given is noted as ignored."""
     path = Path(spec).expanduser()
-    if is_typed_dir(path):
-        graph = read_typed(path)
-    elif (reader := _typed_reader(path)) is not None:
-        graph = reader(path, progress=progress)
-    else:
+    reader = _typed_reader(path)
+    if reader is None:
         raise DataError(f"{spec}: not a typed graph: neither a folder write_typed wrote (its meta.json says "
                         f"\"neutronorch-typed\"), OGB's heterogeneous layout (raw/num-node-dict.csv.gz, "
                         f"raw/relations/), IGBH's (processed/paper__written_by__author/) nor MAG240M's "
                         f"(processed/author___writes___paper/).")
-    return _own_split(graph, split)
+    return _own_split(reader(path, progress=progress), split)
 
 
 def dataset_paths(spec: str) -> list[Path]:

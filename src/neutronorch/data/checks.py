@@ -9,7 +9,7 @@ from functools import partial
 
 import numpy as np
 
-from neutronorch.data.dtypes import STORAGE_DTYPES
+from neutronorch.data.dtypes import STORAGE_DTYPES, id_outside
 from neutronorch.data.relation import Relation, node_array, relation_array, relation_label
 from neutronorch.data.splits import split_overlap
 from neutronorch.errors import DataError
@@ -158,10 +158,8 @@ def check_csc(indptr, indices, num_src: int, fail: Failure, prefix: str = "", ke
             fail(key("indptr"), f"{prefix}indptr is not non-decreasing",
                  "Rebuild the CSC offsets with a cumulative sum of in-degrees.")
     for start in range(0, indices.shape[0], _CHUNK):
-        chunk = np.asarray(indices[start:start + _CHUNK])
-        low, high = int(chunk.min()), int(chunk.max())
-        if low < 0 or high >= num_src:
-            fail(key("indices"), f"{prefix}indices hold vertex id {low if low < 0 else high}, out of range for "
+        if (bad := id_outside(np.asarray(indices[start:start + _CHUNK]), num_src)) is not None:
+            fail(key("indices"), f"{prefix}indices hold vertex id {bad}, out of range for "
                  f"{vertices.format(num_src)}", f"Ids are 0..{num_src - 1}; relabel the edges or fix the count.")
 
 
@@ -211,8 +209,7 @@ def check_target(graph, n: int, fail: Failure, prefix: str = "", key=lambda part
             if link_only:
                 continue
             fail(key(split), f"{prefix}{split} is empty", "Give every split at least one vertex (see `split`).")
-        if int(idx.min()) < 0 or int(idx.max()) >= n:
-            bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
+        if (bad := id_outside(idx, n)) is not None:
             fail(key(split), f"{prefix}{split} holds vertex id {bad}, outside 0..{n - 1}",
                  f"Split ids are {row} ids; fix the split or the count.")
         unique, counts = np.unique(idx, return_counts=True)
@@ -231,12 +228,8 @@ def check_target(graph, n: int, fail: Failure, prefix: str = "", key=lambda part
 
 
 def _range(labels: np.ndarray) -> tuple[int, int]:
-    """The smallest and largest label, read in chunks of rows."""
-    low = high = None
+    """The smallest and largest label (0 and 0 for none), read in chunks of rows."""
     step = max(1, _CHUNK // max(1, int(np.prod(labels.shape[1:], dtype=np.int64))))
-    for start in range(0, labels.shape[0], step):
-        chunk = np.asarray(labels[start:start + step])
-        if chunk.size:
-            low = int(chunk.min()) if low is None else min(low, int(chunk.min()))
-            high = int(chunk.max()) if high is None else max(high, int(chunk.max()))
-    return (low or 0), (high or 0)
+    chunks = (np.asarray(labels[start:start + step]) for start in range(0, labels.shape[0], step))
+    bounds = [(int(chunk.min()), int(chunk.max())) for chunk in chunks if chunk.size]
+    return (min(low for low, _ in bounds), max(high for _, high in bounds)) if bounds else (0, 0)

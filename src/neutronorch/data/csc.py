@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from neutronorch.data.dtypes import as_int64
+from neutronorch.data.dtypes import as_int64, id_outside
 from neutronorch.errors import DataError
 
 # Graphs with fewer vertices than this store neighbour ids as int32, halving the size of ``indices``.
@@ -24,9 +24,7 @@ def edges_to_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, symmetric: bo
     million edges: about 3 s on two cores, 1 GB of temporaries)."""
     src, dst = edge_ends(src, dst, source)
     for ids in (src, dst):
-        low, high = (int(ids.min()), int(ids.max())) if ids.size else (0, 0)
-        if low < 0 or (ids.size and high >= num_nodes):
-            bad = low if low < 0 else high
+        if (bad := id_outside(ids, num_nodes)) is not None:
             raise DataError(f"{source}: vertex id {bad} is out of range for {num_nodes} nodes. Vertex ids must "
                             f"be 0..{num_nodes - 1}; the file is corrupt or belongs to another graph.")
     keep = src != dst

@@ -60,6 +60,15 @@ def narrowed(rows: np.ndarray, dtype_name: str, source: str) -> np.ndarray:
     return out
 
 
+def id_outside(ids: np.ndarray, count: int) -> int | None:
+    """The smallest of ``ids`` if it is negative, else the largest if it is ``count`` or more; None when every
+    id lies in ``0..count-1``."""
+    if not ids.size:
+        return None
+    low, high = int(ids.min()), int(ids.max())
+    return low if low < 0 else high if high >= count else None
+
+
 # Floats represent every whole number up to 2**53 exactly; beyond it a float "id" is already rounded.
 _EXACT_FLOAT = 2.0 ** 53
 _INT64_MAX = np.iinfo(np.int64).max

@@ -17,8 +17,6 @@ from neutronorch.data.relation import RelationType, relation_label
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError, DataError
 
-LINK_SPLIT_HELP = "edges:TRAIN,VAL (e.g. edges:0.85,0.05: shares of the edges for training and validation; " \
-                  "the rest is the test set)"
 # Edges are handled as int64 keys dst * num_nodes + src, which hold graphs of up to this many vertices.
 _KEY_LIMIT = math.isqrt(np.iinfo(np.int64).max)
 # How a split treats an edge and its reverse (``split_edges``'s ``direction``, the option `link_direction`).
@@ -35,7 +33,8 @@ def parse_link_split(spec: str) -> tuple[float, float]:
     kind, colon, rest = spec.partition(":")
     parts = rest.split(",")
     if kind.strip() != "edges" or not colon or len(parts) != 2:
-        raise ConfigError(f"link split {spec!r} is not understood. Use {LINK_SPLIT_HELP}.")
+        raise ConfigError(f"link split {spec!r} is not understood. Use edges:TRAIN,VAL (e.g. edges:0.85,0.05: "
+                          f"shares of the edges for training and validation; the rest is the test set).")
     try:
         train, val = float(parts[0]), float(parts[1])
     except ValueError:
@@ -77,7 +76,7 @@ def split_edges(graph: Graph, train: float, val: float, seed: int = 0, direction
     # Each pair once, keyed (larger, smaller): source < target. Stored both ways, the half with src < dst.
     keys = _link_keys(indptr, indices, undirected and share == 1.0)
     if undirected and share < 1.0:
-        keys = _canonical(keys, num_nodes)
+        keys = np.unique(pair_keys(_pairs(keys, num_nodes), num_nodes, True))
     total = keys.shape[0]
     if total == 0:
         raise DataError(f"{graph.name}: has no edges to split (self loops are no links).")
@@ -162,10 +161,12 @@ def reciprocity(indptr: np.ndarray, indices: np.ndarray) -> float:
     return 1.0 if linked == 0 else 1.0 - hygiene["edges_without_reverse"] / linked
 
 
-def _canonical(keys: np.ndarray, num_nodes: int) -> np.ndarray:
-    """Sorted unique keys of the undirected pairs of edge keys: larger * num_nodes + smaller."""
-    src, dst = keys % num_nodes, keys // num_nodes
-    return np.unique(np.maximum(src, dst) * num_nodes + np.minimum(src, dst))
+def pair_keys(pairs: np.ndarray, num_nodes: int, undirected: bool) -> np.ndarray:
+    """Each pair's key dst * num_nodes + src (undirected: larger * num_nodes + smaller), in the pairs' order."""
+    src, dst = pairs[0], pairs[1]
+    if undirected:
+        src, dst = np.minimum(src, dst), np.maximum(src, dst)
+    return dst * num_nodes + src
 
 
 def _link_keys(indptr: np.ndarray, indices: np.ndarray, undirected: bool) -> np.ndarray:

@@ -1,7 +1,6 @@
 """IGBH (the Illinois Graph Benchmark's heterogeneous graphs, tiny to full; full is MLPerf's GNN benchmark) as
-a typed graph, from the arrays IGB ships; docs/heterogeneous.md ("Reading IGBH's arrays") gives the layout,
-split rules and refusals. Large and full's headerless float32 files are told by their first bytes and their
-row counts checked against IGB's loader (``RAW_COUNTS``); every array is memory-mapped."""
+a typed graph, every array memory-mapped from those IGB ships; docs/heterogeneous.md ("Reading IGBH's
+arrays") gives the layout, split rules and refusals."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""Graphs from and to PyTorch Geometric and DGL, when those libraries are installed (torch, PyG and DGL are
-imported when a conversion is called): ``from_pyg``/``to_pyg``, ``from_dgl``/``to_dgl`` and ``pyg:NAME@ROOT``
-specs for a ``Graph``; their ``_hetero`` forms for a ``TypedGraph``. A homogeneous graph goes through
-``Graph.from_arrays`` (cleaned as a loaded one); a typed one keeps its relations as given, repeated edges
-included. Labels and split masks live on the target type; masks with a column per split take
-``split_index``. Link splits: ``interop_links.py``."""
+"""Graphs from and to PyTorch Geometric and DGL (torch, PyG and DGL imported when a conversion is called):
+``from_pyg``/``to_pyg``, ``from_dgl``/``to_dgl`` and ``pyg:NAME@ROOT`` specs for a ``Graph``, cleaned by
+``Graph.from_arrays``; their ``_hetero`` forms for a ``TypedGraph``, its relations kept as given. Masks with a
+column per split take ``split_index``. Link splits: ``interop_links.py``."""
 
 from __future__ import annotations
 
@@ -29,6 +27,10 @@ PYG_NAMES = {
     "coauthor-cs": ("Coauthor", "CS"), "coauthor-physics": ("Coauthor", "Physics"),
     "wikics": ("WikiCS", None), "reddit": ("Reddit", None), "flickr": ("Flickr", None), "yelp": ("Yelp", None),
 }
+# What installs each optional library.
+INSTALL = {"dgl": "DGL: pip install dgl",
+           "torch_geometric": "PyTorch Geometric: pip install torch-geometric (its NeighborLoader's sampler "
+                              "backends, pyg-lib or torch-sparse, are not needed)"}
 # Each split's boolean mask as PyG and DGL name it (the first name is the one written).
 MASKS = {"train_idx": ("train_mask",), "val_idx": ("val_mask", "valid_mask"), "test_idx": ("test_mask",)}
 
@@ -91,7 +93,7 @@ def load_pyg_dataset(spec: str, split_index: int = 0) -> Graph:
     if not name or not root:
         raise DataError(f"pyg:{spec}: give pyg:NAME@ROOT, e.g. pyg:Cora@~/data/pyg (the folder PyG downloaded "
                         f"the dataset into).")
-    datasets = _require("torch_geometric.datasets", "pyg:NAME@ROOT datasets")
+    datasets = optional("torch_geometric.datasets", "pyg:NAME@ROOT datasets")
     class_name, argument = PYG_NAMES.get(name.lower(), tuple(name.split("/", 1)) if "/" in name else (name, None))
     base = getattr(datasets, class_name, None)
     if base is None:
@@ -160,19 +162,19 @@ def _exporter(graph, what: str, module: str):
         partner = what.removesuffix("_hetero") if typed else f"{what}_hetero"
         hint = f"; {partner} exports a {other.__name__}" if isinstance(graph, other) else ""
         raise DataError(f"{what}: expected a neutronorch {want.__name__}, not a {type(graph).__name__}{hint}.")
-    library = _require(module, what)
+    library = optional(module, what)
     import torch  # noqa: PLC0415 - torch is there when PyG or DGL is
 
     return library, torch
 
 
-def _require(module: str, what: str):
-    """An optional library's module, or a clear error saying how to install it."""
+def optional(module: str, what: str, error: type[Exception] = DataError):
+    """An optional library's ``module``, else ``error`` saying that ``what`` needs it and how to install it.
+    """
     try:
         return importlib.import_module(module)
     except ImportError:
-        package = "dgl" if module.startswith("dgl") else "torch-geometric"
-        raise DataError(f"{what} needs {package}: pip install {package}") from None
+        raise error(f"{what} needs {INSTALL[module.partition('.')[0]]}") from None
 
 
 _MASK_KEYS = tuple(key for keys in MASKS.values() for key in keys)
@@ -223,7 +225,6 @@ def from_pyg_hetero(data, target: str, name: str = "pyg", num_classes: int | Non
     ``num_classes`` defaults to the largest label plus one (multi-label: its width). Without masks the
     labelled vertices are split by ``split`` (default ``DEFAULT_SPLIT``, seeded by ``seed``)."""
     node_types = list(data.node_types)
-    _check_target(node_types, lambda t: data[t], target, name, _PYG)
     num_nodes = {t: _count(data, t, name) for t in node_types}
     edges = {}
     for key in data.edge_types:
@@ -242,7 +243,6 @@ def from_dgl_hetero(g, target: str, name: str = "dgl", num_classes: int | None =
     edges (and ``feat``, or a 1-D ``w``/``weight``), and ``label`` (or ``y``) with the split masks on
     ``target``."""
     node_types = list(g.ntypes)
-    _check_target(node_types, lambda t: g.nodes[t].data, target, name, _DGL)
     edges = {}
     for key in g.canonical_etypes:
         stored = g.edges[key].data
@@ -268,13 +268,12 @@ def _put_target(graph: Graph | TypedGraph, store, label_key: str, torch) -> None
         store[name] = torch.from_numpy(mask)
 
 
-def _check_target(node_types: list[str], store_of, target: str, name: str, keys: dict) -> None:
+def _check_target(stores: dict, target: str, name: str, keys: dict) -> None:
     """``target`` is a node type, and no other type carries labels or split masks."""
-    if target not in node_types:
+    if target not in stores:
         raise DataError(f"{name}: no target type: {target!r} is not a node type of the {keys['holder']} "
-                        f"({', '.join(node_types)}). Name the type whose labels are predicted.")
-    for node_type in node_types:
-        store = store_of(node_type)
+                        f"({', '.join(stores)}). Name the type whose labels are predicted.")
+    for node_type, store in stores.items():
         stray = [key for key in (*keys["labels"], *_MASK_KEYS) if node_type != target and key in store]
         if stray:
             raise DataError(f"{name}: type {node_type} carries {', '.join(stray)}, but the target is {target}; a "
@@ -286,6 +285,7 @@ def _typed_graph(name: str, num_nodes: dict[str, int], stores: dict, edges: dict
                  num_classes: int | None, split: str | None, seed: int) -> TypedGraph:
     """The validated typed graph of either library's parts: ``stores`` maps each type to its node data,
     ``edges`` each relation to its (sources, destinations, edge features or None)."""
+    _check_target(stores, target, name, keys)
     features = {}
     for node_type, store in stores.items():
         key = next((k for k in keys["features"] if k in store), None)

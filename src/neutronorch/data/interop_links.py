@@ -9,7 +9,7 @@ import numpy as np
 from neutronorch.data.arrays import _array, feature_rows
 from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.graph import Graph
-from neutronorch.data.interop import _edges, _pairs, _require
+from neutronorch.data.interop import _edges, _pairs, optional
 from neutronorch.data.link_checks import check_stored_links, link_graph
 from neutronorch.data.edge_split import _KEY_LIMIT, UNDIRECTED_SHARE, _link_keys, reciprocity
 from neutronorch.data.links import PER_SOURCE, SHARED, LinkSplit, check_link_split, member_mask
@@ -68,7 +68,7 @@ def to_pyg_link(graph: Graph, seed: int = 0):
     its negatives, ``edge_label`` 1 and 0. Negatives: the stored ones (per-source ones as pairs), else one per
     positive drawn from ``seed`` among the pairs that are no edge, positive or self loop. Node labels are not
     carried."""
-    data = _require("torch_geometric.data", "to_pyg_link")
+    data = optional("torch_geometric.data", "to_pyg_link")
     import torch  # noqa: PLC0415 - torch is there when PyG is
 
     links = graph.links

@@ -1,8 +1,7 @@
 """The checks of a link split that comes with its graph (an OGB link dataset, a PyG split, a ``Graph`` built
-with ``links``): leaks (validation or test positives among the message-passing edges or the training
-positives) are refused, except in a benchmark's own split, where they are a loud warning; oddities (self
-loops, repeated positives, pairs in both validation and test) are kept and warned about. docs/datasets.md
-("Stored link splits are checked") gives the details; the counts go to ``LinkSplit.issues`` and the notes."""
+with ``links``): leaks are refused, except in a benchmark's own split, where they are a loud warning;
+oddities are kept and warned about (docs/datasets.md, "Stored link splits are checked"); the counts go to
+``LinkSplit.issues`` and the notes."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import logging
 
 import numpy as np
 
-from neutronorch.data.edge_split import _link_keys
+from neutronorch.data.edge_split import _link_keys, pair_keys
 from neutronorch.data.graph import Graph
 from neutronorch.data.links import LinkSplit, check_link_split, count_positive_negatives, member_mask
 from neutronorch.errors import DataError
@@ -18,7 +17,6 @@ from neutronorch.errors import DataError
 __all__ = ["check_stored_links", "check_graph_links", "link_graph"]
 
 logger = logging.getLogger("neutronorch")
-HELD_OUT = ("val", "test")
 
 
 def check_stored_links(split: LinkSplit, indptr, indices, source: str, graph_name: str = "the graph's edges",
@@ -28,11 +26,11 @@ def check_stored_links(split: LinkSplit, indptr, indices, source: str, graph_nam
     leaks unless ``benchmark``; warn about the rest. Sets ``split.issues`` (kind -> count, those found) and
     returns the notes to keep with the graph."""
     num_nodes = np.asarray(indptr).shape[0] - 1
-    keys = {name: _keys(getattr(split, name), num_nodes, split.undirected) for name in ("train", "val", "test")}
+    keys = {name: pair_keys(getattr(split, name), num_nodes, split.undirected) for name in ("train", "val", "test")}
     passing = _link_keys(np.asarray(indptr), np.asarray(indices), False)
     issues: dict[str, int] = {}
     examples: dict[str, tuple[int, int]] = {}
-    for name in HELD_OUT:  # undirected: a held-out link passes messages if either of its directions does
+    for name in ("val", "test"):  # undirected: a held-out link passes messages if either direction does
         _count(issues, examples, f"{name}_in_message_passing", keys[name], passing, num_nodes, split.undirected)
         _count(issues, examples, f"{name}_in_train", keys[name], np.unique(keys["train"]), num_nodes)
     leaks = dict(issues)
@@ -76,7 +74,6 @@ def check_graph_links(graph) -> list[str]:
     return check_stored_links(links, graph.indptr, graph.indices, graph.name)
 
 
-
 def link_graph(name: str, indptr, indices, features, split: LinkSplit, notes: list[str], kept: str, source: str,
                files: dict[str, str] | None = None) -> Graph:
     """The validated link graph (no node task) of a stored ``split``; its notes count the fixed negatives
@@ -89,13 +86,6 @@ def link_graph(name: str, indptr, indices, features, split: LinkSplit, notes: li
     none = np.empty(0, np.int64)
     return Graph(name, indptr, indices, features, np.full(num_nodes, -1, np.int64), none, none.copy(),
                  none.copy(), 0, notes, links=split).validate(source, files)
-
-def _keys(pairs: np.ndarray, num_nodes: int, undirected: bool) -> np.ndarray:
-    """Each pair's key dst * num_nodes + src (undirected: larger * num_nodes + smaller), in the pairs' order."""
-    src, dst = pairs[0], pairs[1]
-    if undirected:
-        src, dst = np.minimum(src, dst), np.maximum(src, dst)
-    return dst * num_nodes + src
 
 
 def _count(issues: dict, examples: dict, kind: str, keys: np.ndarray, known: np.ndarray, num_nodes: int,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from neutronorch.data.checks import SPLITS
 from neutronorch.data.files import open_npy, present, reads_files
 from neutronorch.data.ogb_link import load_torch_file
 from neutronorch.data.relation import RelationType, node_array
@@ -41,19 +42,16 @@ def load_mag240m(directory: str | os.PathLike, progress: Progress | None = None)
     present(split_path, "the split: train, valid and test paper ids")
     edges = edge_files(processed, RELATIONS, "___")  # what is missing is said before the large files are read
     feature_path, label_path = processed / "paper" / "node_feat.npy", processed / "paper" / "node_label.npy"
-    present(feature_path, "the papers' features, a row per paper")
-    present(label_path, "the papers' labels, one per paper")
     num_nodes, num_classes = _meta(meta_path)
     counted = {t: f"{meta_path} says {num_nodes[t]} vertices of type {t}" for t in TYPES}
     files = {node_array("paper", "features"): str(feature_path), node_array("paper", "labels"): str(label_path)}
-    features = open_npy(feature_path, "the papers' features")
+    features = open_npy(feature_path, "the papers' features, a row per paper")
     check_rows(features, num_nodes["paper"], feature_path, counted["paper"], "features")
-    values = open_npy(label_path, "the papers' labels")
+    values = open_npy(label_path, "the papers' labels, one per paper")
     check_rows(values, num_nodes["paper"], label_path, counted["paper"], "labels")
     labels = class_ids(values, label_path, progress)
     train, val, hidden = _split(split_path, num_nodes["paper"])
-    for name in ("train_idx", "val_idx", "test_idx"):
-        files[node_array("paper", name)] = str(split_path)
+    files.update({node_array("paper", name): str(split_path) for name in SPLITS})
     relations = read_relations(edges, num_nodes, counted, False, files, progress)
     notes = ["OGB-LSC MAG240M: relations one way as OGB stores them (training adds the reverses); authors and "
              "institutions have no features; node_year not read",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neutronorch.atomic import reserve, write_folder
+from neutronorch.atomic import existing_ancestor, reserve, write_folder
 from neutronorch.data.checks import METRICS, SPLITS
 from neutronorch.data.dtypes import BFLOAT16, bfloat16, is_bfloat16
 from neutronorch.data.files import open_npy, read_error, reads_files
@@ -65,9 +65,9 @@ def read_typed(folder: str | os.PathLike, mmap: bool = True, validate: bool = Tr
     meta_path = directory / "meta.json"
     meta = read_meta(meta_path, TYPED_KEYS, ("notes", "metric"), ("num_classes",), "write_typed")
     _check_meta(meta, meta_path)
-    _check_unlisted(directory, meta)
     files: dict[str, str] = {}
     graph = _read(directory, meta, mmap, files)
+    _check_unlisted(directory, meta, set(files))
     if validate:
         graph.validate(str(directory), files)
     return graph
@@ -198,9 +198,7 @@ def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = Fa
         raise DataError(f"{graph.name}: the native format does not store a link split yet; train from the "
                         f"dataset it was read from (an OGB link-prediction folder loads directly).")
     check_dataset_folder(target, overwrite)
-    arrays = {name: getattr(graph, name) for name in ARRAYS}
-    arrays["labels"] = _stored_labels(graph.labels)
-    arrays.update({split: np.asarray(arrays[split], dtype=np.int64) for split in SPLITS})
+    arrays = {_FLAT[key]: array for key, array in _layout(TypedGraph.of(graph))[0].items()}
     meta = {"name": graph.name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
             "feature_dim": graph.feature_dim, "num_classes": int(graph.num_classes),
             "format_version": FORMAT_VERSION, "notes": list(graph.notes)}
@@ -220,6 +218,18 @@ def write_typed(graph: TypedGraph, folder: str | os.PathLike, overwrite: bool = 
     graph.validate()
     check_dataset_folder(target, overwrite, typed=True)
     _check_names(graph, target)
+    arrays, node_types, relations = _layout(graph)
+    meta = {"format": TYPED_FORMAT, "format_version": FORMAT_VERSION, "name": graph.name, "node_types": node_types,
+            "relations": relations, "target": graph.target,
+            "num_classes": 0 if graph.labels is None else int(graph.num_classes),
+            "notes": list(graph.notes)}
+    if graph.metric:
+        meta["metric"] = graph.metric
+    return _write(target, arrays, meta)
+
+
+def _layout(graph: TypedGraph) -> tuple[dict[str, np.ndarray], list[dict], list[dict]]:
+    """``graph``'s arrays by path in the folder (less ``.npy``); meta.json's node_types and relations."""
     arrays, node_types, relations = {}, [], []
     for node_type, count in graph.num_nodes.items():
         node_types.append({"name": node_type, "count": int(count), "feature_dim": graph.feature_dim(node_type)})
@@ -227,7 +237,9 @@ def write_typed(graph: TypedGraph, folder: str | os.PathLike, overwrite: bool = 
             node_types[-1]["feature_dtype"] = features.dtype.name
             arrays[node_array(node_type, "features")] = features
     if graph.labels is not None:
-        arrays[node_array(graph.target, "labels")] = _stored_labels(graph.labels)
+        labels = graph.labels  # stored as int64 class ids, or int8 rows of 0/1/-1 (multi-label)
+        arrays[node_array(graph.target, "labels")] = labels.astype(np.int8 if labels.ndim == 2 else np.int64,
+                                                                   copy=False)
     for split in SPLITS:
         arrays[node_array(graph.target, split)] = np.asarray(getattr(graph, split), dtype=np.int64)
     for key, relation in graph.relations.items():
@@ -238,18 +250,7 @@ def write_typed(graph: TypedGraph, folder: str | os.PathLike, overwrite: bool = 
         if relation.edge_features is not None:
             relations[-1]["edge_feature_dtype"] = relation.edge_features.dtype.name
             arrays[relation_array(key, "edge_features")] = relation.edge_features
-    meta = {"format": TYPED_FORMAT, "format_version": FORMAT_VERSION, "name": graph.name, "node_types": node_types,
-            "relations": relations, "target": graph.target,
-            "num_classes": 0 if graph.labels is None else int(graph.num_classes),
-            "notes": list(graph.notes)}
-    if graph.metric:
-        meta["metric"] = graph.metric
-    return _write(target, arrays, meta)
-
-
-def _stored_labels(labels: np.ndarray) -> np.ndarray:
-    """Labels as stored: int64 class ids, or int8 rows of 0/1/-1 (multi-label)."""
-    return np.asarray(labels, dtype=np.int8 if labels.ndim == 2 else np.int64)
+    return arrays, node_types, relations
 
 
 def _write(target: Path, arrays: dict[str, np.ndarray], meta: dict) -> Path:
@@ -276,8 +277,7 @@ def save_array(path: Path, arr: np.ndarray) -> None:
 
 def _check_names(graph: TypedGraph, target: Path) -> None:
     """The folders named after types and relations fit the file system's limit on a name (in bytes)."""
-    ancestor = next(p for p in [target.absolute(), *target.absolute().parents] if p.exists())
-    limit = name_max(ancestor)
+    limit = name_max(existing_ancestor(target.absolute()))
     for key in [node_array(t, "features") for t in graph.num_nodes] + [relation_array(r, "indptr")
                                                                        for r in graph.relations]:
         name = key.split("/")[1]
@@ -314,12 +314,12 @@ def _check_meta(meta: dict, meta_path: Path) -> None:
         raise DataError(f"{meta_path}: format is {meta['format']!r}, not {TYPED_FORMAT!r}; this folder holds no "
                         f"typed graph.")
     check_meta_value(meta["target"], str, "target", meta_path)
-    for key, fields in (("node_types", _NODE_FIELDS), ("relations", _RELATION_FIELDS)):
+    for key, fields, optional in (("node_types", _NODE_FIELDS, {"feature_dtype"}),
+                                  ("relations", _RELATION_FIELDS, {"edge_feature_dtype"})):
         entries = meta[key]
         if not isinstance(entries, list):
             raise DataError(f"{meta_path}: {key} is {entries!r}, expected a list of objects.")
         for entry in entries:
-            optional = {"feature_dtype"} if key == "node_types" else {"edge_feature_dtype"}
             if not isinstance(entry, dict) or set(fields) - set(entry) or set(entry) - set(fields) - optional:
                 raise DataError(f"{meta_path}: an entry of {key} is {entry!r}; each takes "
                                 f"{', '.join(fields)} (and optionally {', '.join(optional)}).")
@@ -340,17 +340,12 @@ def _check_meta(meta: dict, meta_path: Path) -> None:
         raise DataError(f"{meta_path}: target {meta['target']!r} is not one of node_types ({', '.join(names)}).")
 
 
-def _check_unlisted(directory: Path, meta: dict) -> None:
-    """Every folder and array under ``nodes/`` and ``relations/`` is one meta.json accounts for (hidden
-    entries aside), as the ogbn-mag reader refuses a relation folder its list leaves out."""
-    types = {entry["name"]: entry for entry in meta["node_types"]}
-    keys = {(e["src"], e["name"], e["dst"]): e for e in meta["relations"]}
-    expected = {node_array(t, "features") for t, entry in types.items() if entry["feature_dim"]}
-    expected |= {node_array(meta["target"], array) for array in ("labels", *SPLITS)}
-    for key, entry in keys.items():
-        expected |= {relation_array(key, array) for array in ("indptr", "indices")}
-        expected |= {relation_array(key, "edge_features")} if entry["edge_feature_dim"] else set()
-    folders = {"nodes", "relations"} | {f"nodes/{t}" for t in types} | {f"relations/{'___'.join(k)}" for k in keys}
+def _check_unlisted(directory: Path, meta: dict, expected: set[str]) -> None:
+    """Every folder under ``nodes/`` and ``relations/`` is one meta.json lists and every array one of
+    ``expected`` (the arrays ``_read`` opened), hidden entries aside, as the ogbn-mag reader refuses a relation
+    folder its list leaves out."""
+    folders = {"nodes", "relations"} | {f"nodes/{entry['name']}" for entry in meta["node_types"]}
+    folders |= {f"relations/{e['src']}___{e['name']}___{e['dst']}" for e in meta["relations"]}
     for top in ("nodes", "relations"):
         for path in sorted((directory / top).rglob("*")) if (directory / top).is_dir() else []:
             name = path.relative_to(directory).as_posix()

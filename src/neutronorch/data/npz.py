@@ -91,12 +91,10 @@ class _Entries:
                             f"The file does not follow its layout; convert it again.")
         return value
 
-    def matrix(self, key: str) -> SparseMatrix | np.ndarray:
-        return self.array(key, (SparseMatrix, np.ndarray), "a matrix")
 
 def _load_graphgallery(entries: _Entries, path: Path, split: str, seed: int) -> Graph:
-    adjacency = entries.matrix("adj_matrix")
-    features = entries.matrix("node_attr")
+    adjacency, features = (entries.array(key, (SparseMatrix, np.ndarray), "a matrix")
+                           for key in ("adj_matrix", "node_attr"))
     labels = entries.array("node_label")
     num_nodes, src, dst = _matrix_edges(adjacency, f"{path} (entry adj_matrix)")
     features = dense_features(features, f"{path} (entry node_attr)")

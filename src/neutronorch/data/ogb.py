@@ -5,6 +5,7 @@ its edges' and its metric ROC-AUC; edges are made undirected."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import zipfile
 import zlib
@@ -19,7 +20,7 @@ from neutronorch.data.dtypes import as_int64
 from neutronorch.data.files import Progress, holds_objects, read_error, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import stored_split
-from neutronorch.data.textnum import TextError, first_line_width, read_numbers
+from neutronorch.data.textnum import TextError, read_numbers
 from neutronorch.errors import DataError, not_a_file
 
 ROC_AUC_DATASETS = ("ogbn-proteins",)
@@ -39,7 +40,11 @@ def load_ogb(directory: str | os.PathLike, progress: Progress | None = None) -> 
     if (raw / "data.npz").is_file():
         src, dst, features, labels, num_nodes = _binary(raw)
     else:
-        src, dst, features, labels, num_nodes = _csv(raw, name, progress)
+        edges, num_nodes = read_edges(raw, progress)
+        labels = read_labels(raw / "node-label.csv.gz", num_nodes, f"{raw / 'num-node-list.csv.gz'} says "
+                             f"{num_nodes} vertices", progress)
+        features = read_node_features(raw, edges, num_nodes, progress)
+        src, dst = edges[:, 0], edges[:, 1]
     indptr, indices = edges_to_csc(src, dst, num_nodes, source=str(raw))
     del src, dst
     files = {split: str(path) for split, path in split_files(split_folder(directory)).items()}
@@ -57,14 +62,6 @@ def load_ogb(directory: str | os.PathLike, progress: Progress | None = None) -> 
 def dataset_name(directory: Path) -> str:
     """``ogbn_arxiv`` (the ogb package's folder name) reads as ``ogbn-arxiv``."""
     return directory.resolve().name.replace("_", "-")
-
-
-def _csv(raw: Path, name: str, progress: Progress | None):
-    edges, num_nodes = read_edges(raw, progress)
-    labels = read_labels(raw / "node-label.csv.gz", num_nodes, f"{raw / 'num-node-list.csv.gz'} says {num_nodes} "
-                         f"vertices", progress)
-    features = read_node_features(raw, edges, num_nodes, progress)
-    return edges[:, 0], edges[:, 1], features, labels, num_nodes
 
 
 def read_edges(raw: Path, progress: Progress | None = None) -> tuple[np.ndarray, int]:
@@ -180,14 +177,16 @@ def _present(path: Path) -> Path:
 
 
 def _width(path: Path) -> int:
+    """How many comma-separated values the first line of ``path`` holds."""
     try:
-        width = first_line_width(_present(path))
+        with (gzip.open if path.suffix == ".gz" else open)(_present(path), "rb") as text:
+            line = text.readline()
     except (OSError, EOFError) as exc:
         raise read_error(path, exc, f"{path}: cannot be read ({exc}); the file is truncated or corrupt. Fetch "
                                     f"the dataset again.") from None
-    if width < 1:
+    if not line.strip():
         raise DataError(f"{path}: the first line is empty; the file is damaged. Fetch the dataset again.")
-    return width
+    return line.count(b",") + 1
 
 
 def _count(path: Path, what: str) -> int:
@@ -239,10 +238,8 @@ def _numbers(path: Path, count: int, dtype, progress: Progress | None = None, *,
 
 
 def _npz(path: Path, keys: tuple[str, ...]) -> dict:
-    if not path.is_file():
-        raise DataError(f"{path}: {not_a_file(path, 'file is missing')}; the OGB dataset is incomplete.")
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        with np.load(_present(path), allow_pickle=False) as archive:
             missing = [k for k in keys if k not in archive.files]
             if missing:
                 raise DataError(f"{path}: lacks {missing}; it holds {archive.files}. Fetch the dataset again.")

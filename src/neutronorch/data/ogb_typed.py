@@ -74,14 +74,18 @@ def _rows(path: Path) -> list[list[str]]:
     return [[cell.strip() for cell in row] for row in csv.reader(io.StringIO("\n".join(lines))) if any(row)]
 
 
-def _node_counts(path: Path) -> dict[str, int]:
-    """``num-node-dict``: the type names in its header, in their order, with the counts of its one row."""
+def _per_type(path: Path, values: str) -> tuple[list[str], list[str]]:
+    """A header of vertex types over one row of as many ``values``."""
     rows = _rows(path)
     if len(rows) != 2 or len(rows[0]) != len(rows[1]):
         raise DataError(f"{path}: holds {len(rows)} rows; expected a header of vertex types and one row of as "
-                        f"many counts (a node-property dataset is one graph). The file is damaged; fetch the "
-                        f"dataset again.")
-    header, values = rows
+                        f"many {values}. The file is damaged; fetch the dataset again.")
+    return rows[0], rows[1]
+
+
+def _node_counts(path: Path) -> dict[str, int]:
+    """``num-node-dict``: the type names in its header, in their order, with the counts of its one row."""
+    header, values = _per_type(path, "counts (a node-property dataset is one graph)")
     if len(set(header)) != len(header) or not all(header):
         raise DataError(f"{path}: the header {header} names a type twice or leaves one unnamed; the file is "
                         f"damaged. Fetch the dataset again.")
@@ -103,25 +107,19 @@ def _relation_types(raw: Path, num_nodes: dict[str, int], counts_path: Path) -> 
                         f"in raw/relations/<src>___<name>___<dst>/. The dataset is incomplete; fetch it again.")
     found = sorted(p.name for p in folder.iterdir() if p.is_dir())
     listing = csv_file(raw, "triplet-type-list")
-    if listing.is_file():
-        keys = []
-        for row in _rows(listing):
-            if len(row) != 3:
-                raise DataError(f"{listing}: the line {','.join(row)!r} is not one src,name,dst relation; the "
-                                f"file is damaged. Fetch the dataset again.")
-            keys.append(tuple(row))
-        extra = sorted(set(found) - {"___".join(key) for key in keys})
-        if extra:
-            raise DataError(f"{folder / extra[0]}: a relation folder {listing.name} does not list; the files "
-                            f"come from different versions of the dataset. Fetch it again.")
-    else:
-        keys = []
-        for entry in found:
-            parts = tuple(entry.split("___"))
-            if len(parts) != 3 or not all(parts):
-                raise DataError(f"{folder / entry}: a relation folder is named <src>___<name>___<dst>; this "
-                                f"name does not split into three. Rename or remove it.")
-            keys.append(parts)
+    listed = listing.is_file()
+    keys = [tuple(row) for row in _rows(listing)] if listed else [tuple(entry.split("___")) for entry in found]
+    for key in keys:
+        if listed and len(key) != 3:
+            raise DataError(f"{listing}: the line {','.join(key)!r} is not one src,name,dst relation; the "
+                            f"file is damaged. Fetch the dataset again.")
+        if not listed and (len(key) != 3 or not all(key)):
+            raise DataError(f"{folder / '___'.join(key)}: a relation folder is named <src>___<name>___<dst>; "
+                            f"this name does not split into three. Rename or remove it.")
+    extra = sorted(set(found) - {"___".join(key) for key in keys})  # none unless a listing leaves some out
+    if extra:
+        raise DataError(f"{folder / extra[0]}: a relation folder {listing.name} does not list; the files "
+                        f"come from different versions of the dataset. Fetch it again.")
     if not keys:
         raise DataError(f"{folder}: holds no relation folder; the dataset is incomplete. Fetch it again.")
     for key in keys:
@@ -206,11 +204,8 @@ def _target(raw: Path, num_nodes: dict[str, int]) -> str:
     labelled = [p.name for p in sorted(folder.iterdir()) if p.is_dir()] if folder.is_dir() else []
     flags = csv_file(raw, "nodetype-has-label")
     if flags.is_file():
-        rows = _rows(flags)
-        if len(rows) != 2 or len(rows[0]) != len(rows[1]):
-            raise DataError(f"{flags}: holds {len(rows)} rows; expected a header of vertex types and one row of "
-                            f"True/False. The file is damaged; fetch the dataset again.")
-        labelled += [t for t, flag in zip(*rows) if flag.lower() in ("true", "1") and t not in labelled]
+        labelled += [t for t, flag in zip(*_per_type(flags, "True/False flags"))
+                     if flag.lower() in ("true", "1") and t not in labelled]
     for node_type in labelled:
         if node_type not in num_nodes:
             raise DataError(f"{folder / node_type}: labels for type {node_type!r}, which "

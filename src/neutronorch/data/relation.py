@@ -10,6 +10,7 @@ import numpy as np
 
 from neutronorch.data.arrays import feature_rows
 from neutronorch.data.csc import INT32_LIMIT, csc_from_keys, edge_ends
+from neutronorch.data.dtypes import id_outside
 from neutronorch.errors import DataError
 
 RelationType = tuple[str, str, str]  # (source type, relation name, destination type)
@@ -69,8 +70,7 @@ class Relation:
             if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
                 raise DataError(f"{source}: {name} is {count!r}, expected the number of {end} vertices (a whole "
                                 f"number >= 0).")
-            if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= count):
-                bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            if (bad := id_outside(ids, count)) is not None:
                 raise DataError(f"{source}: {end} id {bad} is out of range for {count} vertices of the "
                                 f"{end} type; ids are 0..{count - 1}.")
         features = _edge_feature_rows(edge_features, src.shape[0], source)

@@ -31,12 +31,8 @@ def load_snap(path: str | os.PathLike, split: str = DEFAULT_SPLIT, seed: int = 0
               num_classes: int = 8) -> Graph:
     """Load a SNAP edge list and attach synthetic labels (``num_classes``) and features (``feature_dim``)."""
     path = Path(path)
-    src, dst = _read_edges(path)
-    ids = np.concatenate([src, dst])
-    if ids.size and int(ids.min()) < 0:
-        raise DataError(f"{path}: vertex id {int(ids.min())} is negative. SNAP ids are non-negative integers; "
-                        f"fix the file.")
-    num_nodes, ids = _relabel(ids)
+    src, dst = _read_edges(path)  # at least one edge, ids whole numbers from 0
+    num_nodes, ids = _relabel(np.concatenate([src, dst]))
     if num_nodes < num_classes:
         raise DataError(f"{path}: only {num_nodes} vertices. An edge list gets {num_classes} synthetic classes, "
                         f"so it needs at least {num_classes} vertices; use a larger graph.")
@@ -202,9 +198,7 @@ def _parse_edges(buf):
 
 
 def _relabel(ids: np.ndarray) -> tuple[int, np.ndarray]:
-    """Map the distinct ids to ``0..n-1`` in sorted order; return ``n`` and the mapped ids."""
-    if ids.size == 0:
-        return 0, ids
+    """Map the distinct ids (at least one) to ``0..n-1`` in sorted order; return ``n`` and the mapped ids."""
     largest = int(ids.max())
     # Ids are usually dense, and a lookup table then beats sorting all ids.
     if largest < 4 * ids.size:

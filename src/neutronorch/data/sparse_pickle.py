@@ -11,6 +11,7 @@ from typing import IO
 
 import numpy as np
 
+from neutronorch.data.dtypes import id_outside
 from neutronorch.errors import DataError
 
 
@@ -41,8 +42,7 @@ class SparseMatrix:
                             f"{col.shape[0]} column ids and {data.shape[0]} values. The file is corrupt or "
                             f"truncated; fetch it again.")
         for axis, ids, size in (("row", row, num_rows), ("column", col, num_cols)):
-            if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= size):
-                bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            if (bad := id_outside(ids, size)) is not None:
                 raise DataError(f"{source}: {axis} id {bad} of the sparse matrix is out of range "
                                 f"for its shape {self.shape}. The file is corrupt; fetch it again.")
         return row, col, data

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from neutronorch.data.dtypes import as_int64
+from neutronorch.data.dtypes import as_int64, id_outside
 from neutronorch.errors import ConfigError, DataError
 
 DEFAULT_SPLIT = "ratio:0.6,0.2"
@@ -74,7 +74,7 @@ def make_split(labels: np.ndarray, num_classes: int, spec: str, seed: int = 0
         n_train, n_val = int(round(train * n)), int(round(val * n))
         parts = perm[:n_train], perm[n_train:n_train + n_val], perm[n_train + n_val:]
     else:
-        tr, va, te = [], [], []
+        parts = ([], [], [])
         n_train, n_val = int(train), int(val)
         for c in range(num_classes):
             members = rng.permutation(np.flatnonzero(labels == c))
@@ -84,10 +84,9 @@ def make_split(labels: np.ndarray, num_classes: int, spec: str, seed: int = 0
                 raise ConfigError(f"`split` {spec!r}: class {c} has {members.shape[0]} vertices, fewer than the "
                                   f"{n_train} + {n_val} it takes from each class; choose smaller counts or a "
                                   f"ratio:TRAIN,VAL split.")
-            tr.append(members[:n_train])
-            va.append(members[n_train:n_train + n_val])
-            te.append(members[n_train + n_val:])
-        parts = tuple(np.concatenate(p) if p else np.empty(0, np.int64) for p in (tr, va, te))
+            for part, chosen in zip(parts, np.split(members, [n_train, n_train + n_val])):
+                part.append(chosen)
+        parts = tuple(np.concatenate(p) if p else np.empty(0, np.int64) for p in parts)
     out = tuple(np.sort(p).astype(np.int64) for p in parts)
     for name, idx in zip(("train", "val", "test"), out):
         if idx.size == 0:
@@ -107,9 +106,8 @@ def stored_split(value, path, what: str, count: int, fix: str) -> np.ndarray:
     ids = np.sort(as_int64(value, str(path), what))
     if not ids.size:
         raise DataError(f"{path}: {what} is empty (no vertex ids), and a split needs at least one vertex. {fix}")
-    if ids[0] < 0 or ids[-1] >= count:
-        raise DataError(f"{path}: {what} holds id {int(ids[0] if ids[0] < 0 else ids[-1])}, outside "
-                        f"0..{count - 1}. {fix}")
+    if (bad := id_outside(ids, count)) is not None:
+        raise DataError(f"{path}: {what} holds id {bad}, outside 0..{count - 1}. {fix}")
     if ids.size > 1 and (ids[1:] == ids[:-1]).any():
         raise DataError(f"{path}: {what} lists vertex {ids[1:][ids[1:] == ids[:-1]][0]} more than once. {fix}")
     return ids

@@ -55,8 +55,8 @@ class SyntheticSpec:
     def check(self, text: str, where: str | None = None) -> None:
         """Refuse what no graph can be drawn from; errors start with ``where``, else the spec ``text``."""
         where = where or f"dataset spec {text!r}"
-        check_finite(where, {f.name: getattr(self, f.name) for f in fields(self)
-                                                 if f.type in (float, "float")})
+        rates = rate_problems(where, self.degree, self.power, self.homophily, self.noise, self.train,
+                              self.val)
         problems = []
         if self.nodes < 2 * self.classes:
             problems.append(f"nodes must be at least 2*classes ({2 * self.classes})")
@@ -66,22 +66,27 @@ class SyntheticSpec:
             problems.append(f"degree must be at most nodes - 1 ({self.nodes - 1}), the most neighbours a vertex has")
         elif round(self.nodes * self.degree / 2) < 1:
             problems.append(f"nodes * degree / 2 must give at least one edge (degree={self.degree:g} gives none)")
-        if not 0 <= self.homophily <= 1 or self.power < 0 or self.noise < 0:
-            problems.append("homophily must be in [0, 1], power and noise >= 0")
-        if not (0 < self.train < 1 and 0 < self.val < 1 and self.train + self.val < 1):
-            problems.append("train and val must be fractions in (0, 1) with train + val < 1")
+        problems += rates
         if not 0 <= self.seed <= SEED_MAX:
             problems.append(f"seed must be a whole number from 0 to {SEED_MAX} (2**64 - 1)")
         if problems:
             raise ConfigError(f"{where}: " + "; ".join(problems) + ".")
 
 
-def check_finite(where: str, rates: dict) -> None:
-    """Refuse a NaN or infinite rate of a generator: NaN passes every range check (each comparison is false)
-    and would draw a graph without edges, or with NaN features."""
+def rate_problems(where: str, degree, power, homophily, noise, train, val) -> list[str]:
+    """What is wrong with the rates both generators take. A NaN or infinite one is refused at once: NaN
+    passes every range check (each comparison is false) and would draw a graph without edges, or NaN features.
+    """
+    rates = dict(degree=degree, power=power, homophily=homophily, noise=noise, train=train, val=val)
     bad = [f"{name}={value}" for name, value in rates.items() if not math.isfinite(value)]
     if bad:
         raise ConfigError(f"{where}: {', '.join(bad)} is not a finite number.")
+    problems = []
+    if not 0 <= homophily <= 1 or power < 0 or noise < 0:
+        problems.append("homophily must be in [0, 1], power and noise >= 0")
+    if not (0 < train < 1 and 0 < val < 1 and train + val < 1):
+        problems.append("train and val must be fractions in (0, 1) with train + val < 1")
+    return problems
 
 
 def _number(text: str, key: str, value: str, whole: bool) -> int | float:
@@ -109,7 +114,32 @@ def generate(spec: SyntheticSpec, split: str | None = None, split_seed: int | No
     seed; a ``split`` given instead is drawn with ``split_seed`` (the run's seed), as for any other data."""
     spec.check(spec.name)
     try:
-        return _generate(spec, split, split_seed)
+        check_seed(spec.seed)
+        rng = np.random.default_rng(spec.seed)
+        n, c = spec.nodes, spec.classes
+        weights = (rng.permutation(n) + 1.0) ** -spec.power
+        labels = rng.integers(0, c, n, dtype=np.int64)
+        pool = Pool(weights, labels, c)
+        num_pairs = int(round(n * spec.degree / 2))
+        first = pool.draw_any(rng, num_pairs)
+        second = pool.draw(rng, labels[first], spec.homophily)
+        indptr, indices = edges_to_csc(first, second, n, symmetric=True)
+        if indices.shape[0] == 0:  # every draw fell on one vertex: only self loops, which are dropped
+            raise ConfigError(f"dataset spec {spec.name}: power={spec.power:g} draws every edge's two ends "
+                              f"at the same vertex, leaving no edges; give a smaller power (the default is "
+                              f"0.6).")
+
+        centroids = class_centroids(rng, c, spec.features)
+        features = noise_rows(rng, n, spec.features, spec.noise)
+        features += centroids[labels]
+
+        spec_split = f"ratio:{spec.train},{spec.val}" if split is None else split
+        seed = spec.seed if split is None or split_seed is None else split_seed
+        train_idx, val_idx, test_idx = make_split(labels, c, spec_split, seed)
+        return Graph(name=spec.name, indptr=indptr, indices=indices, features=features, labels=labels,
+                     train_idx=train_idx, val_idx=val_idx, test_idx=test_idx, num_classes=c,
+                     notes=["synthetic graph: degree-weighted block model, features = class centroid + "
+                            "noise"])
     except MemoryError:  # numpy's refusal to allocate, named with what asked for it
         raise ConfigError(too_large(f"dataset spec {spec.name}", spec.nodes, spec.features,
                                     round(spec.nodes * spec.degree))) from None
@@ -122,34 +152,6 @@ def too_large(what: str, nodes: int, features: int, edges: int) -> str:
             f"degree or fewer features.")
 
 
-def _generate(spec: SyntheticSpec, split: str | None, split_seed: int | None) -> Graph:
-    check_seed(spec.seed)
-    rng = np.random.default_rng(spec.seed)
-    n, c = spec.nodes, spec.classes
-    weights = (rng.permutation(n) + 1.0) ** -spec.power
-    labels = rng.integers(0, c, n, dtype=np.int64)
-    pool = Pool(weights, labels, c)
-    num_pairs = int(round(n * spec.degree / 2))
-    first = pool.draw_any(rng, num_pairs)
-    second = pool.draw(rng, labels[first], spec.homophily)
-    indptr, indices = edges_to_csc(first, second, n, symmetric=True)
-    if indices.shape[0] == 0:  # every draw fell on one vertex: only self loops, which are dropped
-        raise ConfigError(f"dataset spec {spec.name}: power={spec.power:g} draws every edge's two ends at the "
-                          f"same vertex, leaving no edges; give a smaller power (the default is 0.6).")
-
-    centroids = class_centroids(rng, c, spec.features)
-    features = noise_rows(rng, n, spec.features, spec.noise)
-    features += centroids[labels]
-
-    spec_split = f"ratio:{spec.train},{spec.val}" if split is None else split
-    seed = spec.seed if split is None or split_seed is None else split_seed
-    train_idx, val_idx, test_idx = make_split(labels, c, spec_split, seed)
-    return Graph(name=spec.name, indptr=indptr, indices=indices, features=features, labels=labels,
-                 train_idx=train_idx, val_idx=val_idx, test_idx=test_idx, num_classes=c,
-                 notes=["synthetic graph: degree-weighted block model, features = class centroid + noise"])
-
-
-
 def class_centroids(rng: np.random.Generator, count: int, width: int) -> np.ndarray:
     """``count`` random directions of unit norm in expectation (so ``noise`` means the same at any width)."""
     return rng.standard_normal((count, width), dtype=np.float32) / np.float32(np.sqrt(width))
@@ -159,6 +161,7 @@ def noise_rows(rng: np.random.Generator, rows: int, width: int, noise: float) ->
     out = rng.standard_normal((rows, width), dtype=np.float32)
     out *= np.float32(noise)
     return out
+
 
 class Pool:
     """Vertices with a class and a weight each, ordered by class beside a cumulative weight table, so that a

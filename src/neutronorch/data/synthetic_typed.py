@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from neutronorch.data.splits import make_split
-from neutronorch.data.synthetic import Pool, check_finite, class_centroids, noise_rows, too_large
+from neutronorch.data.synthetic import Pool, class_centroids, noise_rows, rate_problems, too_large
 from neutronorch.data.typed import Relation, TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.limits import check_seed
@@ -29,7 +29,19 @@ def synthetic_typed(nodes: int = 20_000, degree: float = 10.0, features: int = 6
     """A MAG-like typed graph of about ``nodes`` vertices and ``degree * nodes`` edges with ``topics ** 2``
     classes; the same arguments give the same graph. ``noise``: the feature noise's standard deviation
     (unit-norm centroids); ``homophily``: the chance an edge's far end is of the class the label asks for."""
-    _check(nodes, degree, features, field_features, topics, power, homophily, noise, train, val)
+    rates = rate_problems("synthetic typed graph", degree, power, homophily, noise, train, val)
+    problems = []
+    if nodes < 100 or degree <= 0:
+        problems.append("nodes must be at least 100 and degree > 0")
+    elif degree > nodes - 1:
+        problems.append(f"degree must be at most nodes - 1 ({nodes - 1}), the most neighbours a vertex has")
+    if features < 1 or field_features < 0:
+        problems.append("features must be >= 1 and field_features >= 0")
+    if topics < 2:
+        problems.append("topics must be >= 2")
+    problems += rates
+    if problems:
+        raise ConfigError("synthetic typed graph: " + "; ".join(problems) + ".")
     check_seed(seed)
     try:
         return _draw_typed(nodes, degree, features, field_features, topics, power, homophily, noise, train, val,
@@ -104,23 +116,3 @@ def _weighted(cites: Relation, labels: np.ndarray, seed: int) -> Relation:
 def _balanced(rng: np.random.Generator, count: int, num_classes: int) -> np.ndarray:
     """``count`` classes in random order, each class as often as the others (so none is empty)."""
     return rng.permutation(np.arange(count, dtype=np.int64) % num_classes)
-
-
-def _check(nodes, degree, features, field_features, topics, power, homophily, noise, train, val) -> None:
-    check_finite("synthetic typed graph", dict(degree=degree, power=power, homophily=homophily, noise=noise,
-                                               train=train, val=val))
-    problems = []
-    if nodes < 100 or degree <= 0:
-        problems.append("nodes must be at least 100 and degree > 0")
-    elif degree > nodes - 1:
-        problems.append(f"degree must be at most nodes - 1 ({nodes - 1}), the most neighbours a vertex has")
-    if features < 1 or field_features < 0:
-        problems.append("features must be >= 1 and field_features >= 0")
-    if topics < 2:
-        problems.append("topics must be >= 2")
-    if not 0 <= homophily <= 1 or power < 0 or noise < 0:
-        problems.append("homophily must be in [0, 1], power and noise >= 0")
-    if not (0 < train < 1 and 0 < val < 1 and train + val < 1):
-        problems.append("train and val must be fractions in (0, 1) with train + val < 1")
-    if problems:
-        raise ConfigError("synthetic typed graph: " + "; ".join(problems) + ".")

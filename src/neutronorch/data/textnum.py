@@ -187,11 +187,3 @@ def _parse_into(text: bytes, out: np.ndarray, state: dict, path, width: int) -> 
         raise TextError(f"{path}: holds more values than expected (over {out.shape[0]})")
     out[start:start + end] = values
     state["count"] = start + end
-
-
-def first_line_width(path: str | os.PathLike) -> int:
-    """How many comma-separated values the first line of ``path`` holds."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rb") as text:
-        line = text.readline()
-    return line.count(b",") + 1 if line.strip() else 0

@@ -3,7 +3,8 @@ type.
 
 Features are kept per type, and a type may have none (a model then gives it an embedding table); labels and
 the split belong to the target type. Arrays may be memory maps, so nothing here may copy a whole array without
-need. ``validate`` (``checks.py``) is the one check of a typed graph from outside. Imports no torch."""
+need (``collapse``, a typed graph's one-graph view, builds in memory). ``validate`` (``checks.py``) is the one
+check of a typed graph from outside. Imports no torch."""
 
 from __future__ import annotations
 
@@ -167,3 +168,47 @@ class TypedGraph(GraphCommon):
 
 def _count(number: int, noun: str) -> str:
     return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def type_offsets(graph: TypedGraph) -> dict[str, int]:
+    """Where each type's vertices start among the stacked ones."""
+    starts = np.cumsum([0, *graph.num_nodes.values()])
+    return {t: int(start) for t, start in zip(graph.num_nodes, starts)}
+
+
+def collapse(graph: TypedGraph) -> Graph:
+    """``graph`` with its types forgotten, what a type-blind model trains on (docs/heterogeneous.md,
+    "Accuracy"), validated: every type's vertices stacked in ``num_nodes``' order, every relation's edges in
+    one CSC (an edge kept once; collapse ``graph.with_reverse()`` for the edges a typed run trains on),
+    features padded with zeros from column 0 to the widest type's width (a featureless type: zero rows), so
+    they do not say a vertex's type; labels -1 off the target. Builds in memory."""
+    if graph.labels is None:
+        raise DataError(f"{graph.name}: its target {graph.target!r} has no labels; a collapsed graph is for "
+                        f"node classification.")
+    offsets = type_offsets(graph)
+    total = sum(graph.num_nodes.values())
+    sources, destinations = [], []
+    for (src_type, _, dst_type), relation in graph.relations.items():
+        src, dst = relation.edges()
+        sources.append(src + offsets[src_type])
+        destinations.append(dst + offsets[dst_type])
+    empty = np.zeros(0, np.int64)
+    merged = Relation.from_edges(np.concatenate(sources or [empty]), np.concatenate(destinations or [empty]), total,
+                                 total, deduplicate=True, source=f"{graph.name} collapsed")
+    width = max(1, max(graph.feature_dim(t) for t in graph.num_nodes))
+    features = np.zeros((total, width), np.float32)
+    for node_type, rows in graph.features.items():
+        start = offsets[node_type]
+        features[start:start + graph.num_nodes[node_type], :rows.shape[1]] = rows
+    labels_shape = (total,) + tuple(graph.labels.shape[1:])
+    labels = np.full(labels_shape, -1, dtype=np.int64)
+    start = offsets[graph.target]
+    labels[start:start + graph.num_nodes[graph.target]] = graph.labels
+    shift = lambda idx: np.asarray(idx, np.int64) + start  # noqa: E731
+    collapsed = Graph(name=f"{graph.name}-collapsed", indptr=merged.indptr, indices=merged.indices,
+                      features=features, labels=labels, train_idx=shift(graph.train_idx),
+                      val_idx=shift(graph.val_idx), test_idx=shift(graph.test_idx), num_classes=graph.num_classes,
+                      notes=[f"{graph.name} with its {len(graph.num_nodes)} vertex types and "
+                             f"{len(graph.relations)} relations collapsed into one (types ignored)"],
+                      metric=graph.metric)
+    return collapsed.validate(collapsed.name)

@@ -12,7 +12,7 @@ from numba import njit, prange
 
 from neutronorch.data.arrays import class_labels
 from neutronorch.data.csc import INT32_LIMIT
-from neutronorch.data.dtypes import as_int64
+from neutronorch.data.dtypes import as_int64, id_outside
 from neutronorch.data.files import REFETCH, Progress, open_npy, present, read_error
 from neutronorch.data.relation import Relation, RelationType, relation_array, relation_label
 from neutronorch.errors import DataError
@@ -115,8 +115,7 @@ def relation_from_edge_index(edges: np.ndarray, key: RelationType, num_nodes: di
 def _ids(ids: np.ndarray, path: Path, label: str, end: str, node_type: str, count: int,
          counted: dict[str, str]) -> np.ndarray:
     ids = np.ascontiguousarray(as_int64(ids, str(path), f"relation {label}'s {end} ids"))
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= count):
-        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+    if (bad := id_outside(ids, count)) is not None:
         raise DataError(f"{path}: relation {label} holds {end} id {bad}, outside 0..{count - 1}: {counted[node_type]}. "
                         f"The files come from different versions of the dataset; fetch it again.")
     return ids

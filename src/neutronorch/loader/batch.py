@@ -8,30 +8,17 @@ of ``n_id``; ``pairs`` names every pair by positions among them, and the other f
 
 from __future__ import annotations
 
-import importlib
 from typing import Callable
 
 import torch
 
+from neutronorch.data.interop import optional
 from neutronorch.data.typed import TypedGraph
 from neutronorch.orchestration.batch import MiniBatch, target_labels
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.sampling.block import Block, hop_counts, pyg_form, typed_pyg_form
 
-__all__ = ["SampledBatch", "LoaderBatch", "LinkLoaderBatch", "TypedLoaderBatch", "optional"]
-
-INSTALL = {"torch_geometric.data": "PyTorch Geometric: pip install torch-geometric (its NeighborLoader's sampler "
-                                  "backends, pyg-lib or torch-sparse, are not needed)",
-           "dgl": "DGL: pip install dgl"}
-
-
-def optional(module: str, form: str):
-    """``module`` (``torch_geometric.data`` or ``dgl``), which a batch's ``form`` needs and neutronorch does not,
-    or an ``ImportError`` saying how to install it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ImportError(f"batch.{form}() needs {INSTALL[module]}") from None
+__all__ = ["SampledBatch", "LoaderBatch", "LinkLoaderBatch", "TypedLoaderBatch"]
 
 
 class SampledBatch:
@@ -93,7 +80,7 @@ class SampledBatch:
         (docs/loader.md). Built once per batch."""
         self._check()
         if self._pyg is None:
-            pyg = optional("torch_geometric.data", "to_pyg")
+            pyg = optional("torch_geometric.data", "batch.to_pyg()", ImportError)
             edge_index, nodes, edges = pyg_form(self.blocks)
             n_id = self.n_id
             self._pyg = pyg.Data(x=self._x, edge_index=edge_index, n_id=n_id, input_id=self.input_id,
@@ -108,7 +95,7 @@ class SampledBatch:
         """One DGL block per layer, input layer first (as ``dgl.dataloading`` yields them), the sampler's blocks
         in CSC as they are, ``dgl.NID`` on both ends, the first's ``srcdata["feat"]`` ``x``."""
         self._check()
-        dgl = optional("dgl", "to_dgl_blocks")
+        dgl = optional("dgl", "batch.to_dgl_blocks()", ImportError)
         out = []
         for block in self.blocks:
             # CSC, as the sampler made it and DGL's message passing reads it (empty edge ids: CSC order).
@@ -226,7 +213,7 @@ class LinkLoaderBatch(SampledBatch):
         ``ndata[dgl.NID]`` the global ids), as DGL's ``as_edge_prediction_sampler`` yields them beside the
         blocks: score ``h = model(blocks, x)`` on ``pos_graph.edges()`` and ``neg_graph.edges()``."""
         self._check()
-        dgl = optional("dgl", "to_dgl_pair_graphs")
+        dgl = optional("dgl", "batch.to_dgl_pair_graphs()", ImportError)
         pos_src, pos_dst, neg_src, neg_dst = self.pair_ids()
         graphs = []
         for src, dst in ((pos_src, pos_dst), (neg_src, neg_dst)):
@@ -277,7 +264,7 @@ class TypedLoaderBatch(SampledBatch):
         batch (docs/loader.md): every type and relation of the graph, reverses included. Built once."""
         if self._pyg is not None:
             return self._pyg
-        data = optional("torch_geometric.data", "to_pyg").HeteroData()
+        data = optional("torch_geometric.data", "batch.to_pyg()", ImportError).HeteroData()
         graph, device = self._graph, self.device
         form = typed_pyg_form(self.blocks, list(graph.num_nodes), list(graph.relations))
         for node_type in graph.num_nodes:
@@ -304,7 +291,7 @@ class TypedLoaderBatch(SampledBatch):
     def to_dgl(self) -> list:
         """``to_dgl_blocks``' blocks for a heterograph, over every relation (one the layer did not draw has no
         edge), ``edata["feat"]`` and ``dgl.EID`` where a relation has edge features (docs/loader.md)."""
-        dgl = optional("dgl", "to_dgl")
+        dgl = optional("dgl", "batch.to_dgl()", ImportError)
         graph, out = self._graph, []
         for tblock in self.blocks:
             counts_src = {t: int(tblock.num_src.get(t, 0)) for t in graph.num_nodes}
