@@ -19,12 +19,10 @@ import torch
 from torch import nn
 
 from neutronorch.data.typed import relation_label
-from neutronorch.nn.activation import draw_key, dropout_keys
 from neutronorch.nn.models import LayerStack
 from neutronorch.nn.names import TYPED_MODELS
 from neutronorch.nn.relational import RGATConv, RGCNConv, TypedSAGEConv
 from neutronorch.nn.splice import HotRows
-from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.sampling.block import RelationType, TypedBlock
 
 if TYPE_CHECKING:
@@ -99,6 +97,8 @@ class TypedGNN(LayerStack):
     width)``: a table's initialised float32 weights, or None for ``nn.Embedding``'s own (None: all of them, in
     memory; not among ``arguments``: where the tables live is no part of the model)."""
 
+    keyed = True
+
     def __init__(self, kind: str, spec: TypedSpec, hidden: int, num_classes: int, num_layers: int,
                  dropout: float = 0.5, heads: int = 4, num_bases: int | None = None, embed_dim: int | None = None,
                  root: str | None = "relation",
@@ -122,15 +122,14 @@ class TypedGNN(LayerStack):
                              f"their rows; add reverse relations (TypedGraph.with_reverse()) or use fewer "
                              f"layers")
         featured = [t for t in self.input_types if spec.feature_dims[t]]
-        width = hidden if kind == "rgcn" else (embed_dim or hidden)
-        self.embeddings = nn.ModuleDict({t: _table(t, rows, columns, tables) for t, (rows, columns)
-                                         in table_shapes(kind, spec, hidden, num_layers, embed_dim).items()})
+        shapes = table_shapes(kind, spec, hidden, num_layers, embed_dim)
+        self.embeddings = nn.ModuleDict({t: _table(t, *shape, tables) for t, shape in shapes.items()})
         self.projections = nn.ModuleDict({t: nn.Linear(spec.feature_dims[t], hidden) for t in featured}
                                          if kind == "rgcn" else {})
         # A type no wider than hidden enters the bottom layer raw, its map folded into each relation's weight
         # (RGCNConv's projections); a wider one is projected first, the cheaper order for it.
         self.folded = [t for t in self.projections if spec.feature_dims[t] <= hidden]
-        in_dims = {t: spec.feature_dims[t] or width for t in self.input_types}  # rgcn's: hidden for every type
+        in_dims = {t: spec.feature_dims[t] or shapes[t][1] for t in self.input_types}  # rgcn reads hidden
         # SAGE and R-GCN read one-column edge features as edge weights (R-GAT attends over any width).
         self.weighted = () if kind == "rgat" else tuple(r for r, w in spec.edge_dims.items() if w == 1)
         layers = []
@@ -176,17 +175,6 @@ class TypedGNN(LayerStack):
         if not self.spec.outputs:
             return out[self.spec.target]
         return torch.cat([out[t] for t in self.spec.outputs if t in out])
-
-    def forward_key(self) -> int | None:
-        return int(draw_key()) if self.training and self.dropout > 0 else None
-
-    def masks(self, key: int | None, index: int, node_type: str):
-        """From ``key`` (the forward's one draw), the layer and the type alone, so a vertex's mask does not
-        depend on which other types a batch (a data-parallel rank's part of one) reaches."""
-        if key is None:
-            return super().masks(key, index, node_type)
-        types = list(self.spec.num_nodes)
-        return dropout_keys(mix_key(key, index * len(types) + types.index(node_type)))
 
     def layer_output(self, index: int, tblock: TypedBlock, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """As ``LayerStack``'s, per destination type (``typed_layer``)."""
