@@ -50,14 +50,10 @@ class TypedSAGEConv(nn.Module):
         self.out_dim, self.root_mode = out_dim, root
         self.neigh = nn.ModuleDict({module_key(r): nn.Linear(self.in_dims[r[0]], out_dim, bias=root is None)
                                     for r in self.relations})
-        if root == "relation":
-            self.root = nn.ModuleDict({module_key(r): nn.Linear(self.in_dims[r[2]], out_dim)
-                                       for r in self.relations})
-        elif root == "type":
-            self.root = nn.ModuleDict({t: nn.Linear(self.in_dims[t], out_dim)
-                                       for t in dict.fromkeys(r[2] for r in self.relations)})
-        else:
-            self.root = None
+        # The root terms' keys and the types they read: per relation, per destination type, or none.
+        keys = {module_key(r) if root == "relation" else r[2]: r[2] for r in self.relations}
+        self.root = None if root is None else nn.ModuleDict({k: nn.Linear(self.in_dims[t], out_dim)
+                                                             for k, t in keys.items()})
 
     def forward(self, tblock: TypedBlock, x_src: Mapping[str, torch.Tensor],
                 edge_weight: Mapping[RelationType, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -180,12 +176,9 @@ class RelationAttention(nn.Module):
         else:
             self.lin_edge = self.att_edge = None
         self.bias = nn.Parameter(torch.zeros(width))
-        for lin in (self.lin, self.lin_src, self.lin_dst, self.lin_edge):
-            if lin is not None:
-                glorot(lin.weight)
-        for att in (self.att_src, self.att_dst, self.att_edge):
-            if att is not None:
-                glorot(att)
+        for p in (self.lin, self.lin_src, self.lin_dst, self.lin_edge, self.att_src, self.att_dst, self.att_edge):
+            if p is not None:
+                glorot(p.weight if isinstance(p, nn.Linear) else p)
 
 
 class RGATConv(nn.Module):
