@@ -3,10 +3,9 @@ layers (``nn/relational.py``) and a typed sampler's blocks, and the ``TypedSpec`
 here reads a loaded graph's arrays). What each kind computes, its inputs and edge features, and which
 relations each layer holds: docs/heterogeneous.md, "Training".
 
-What a relational model adds to the stack: per-type input rows (``input_rows``: a featureless type's rows
-from its sparse embedding table), the bottom layer with its projections (``TypedBottom``, NeutronOrch's host
-layer), each layer's edge features (``edge_arguments``), and dropout masks from one key per forward, the
-layer and the type (``masks``), so data-parallel ranks that split a batch draw exactly one process's masks.
+What a relational model adds to the stack: per-type input rows (``input_rows``: a featureless type's from its
+sparse embedding table), the bottom layer with its projections (``TypedBottom``, NeutronOrch's host layer),
+each layer's edge features (``edge_arguments``), and keyed dropout masks (``LayerStack.masks``).
 """
 
 from __future__ import annotations
@@ -188,10 +187,9 @@ class TypedBottom(nn.Module):
     ``TypedGNN.input_rows``' rows, holding the model's own modules (a deep copy: NeutronOrch's host layer)."""
 
     def __init__(self, layer: nn.Module, projections: nn.ModuleDict, folded: list[str],
-                 weighted: Iterable[RelationType] = ()):
+                 weighted: tuple[RelationType, ...]):
         super().__init__()
-        self.layer, self.projections, self.folded = layer, projections, list(folded)
-        self.weighted = tuple(weighted)
+        self.layer, self.projections, self.folded, self.weighted = layer, projections, folded, weighted
 
     def forward(self, tblock: TypedBlock, rows: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return typed_layer(self.layer, tblock, rows, self.weighted, self.projections, self.folded)
