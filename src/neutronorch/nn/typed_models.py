@@ -131,19 +131,16 @@ class TypedGNN(LayerStack):
         in_dims = {t: spec.feature_dims[t] or shapes[t][1] for t in self.input_types}  # rgcn reads hidden
         # SAGE and R-GCN read one-column edge features as edge weights (R-GAT attends over any width).
         self.weighted = () if kind == "rgat" else tuple(r for r, w in spec.edge_dims.items() if w == 1)
+        make = {"sage": lambda dims, out, rels, last: TypedSAGEConv(dims, out, rels, root=root),
+                "rgcn": lambda dims, out, rels, last: RGCNConv(hidden, out, rels, num_bases=num_bases),
+                "rgat": lambda dims, out, rels, last: RGATConv(
+                    dims, out, rels, heads=1 if last else heads,
+                    edge_dims={r: spec.edge_dims[r] for r in rels if r in spec.edge_dims})}[kind]
         layers = []
         for index in range(num_layers):
+            relations = [r for r in spec.relations if r[2] in reached[num_layers - 1 - index]]
             last = index == num_layers - 1
-            destinations = set(reached[num_layers - 1 - index])
-            relations = [r for r in spec.relations if r[2] in destinations]
-            out_dim = num_classes if last else hidden
-            if kind == "sage":
-                layers.append(TypedSAGEConv(in_dims, out_dim, relations, root=root))
-            elif kind == "rgcn":
-                layers.append(RGCNConv(hidden, out_dim, relations, num_bases=num_bases))
-            else:
-                layers.append(RGATConv(in_dims, out_dim, relations, heads=1 if last else heads,
-                                       edge_dims={r: spec.edge_dims[r] for r in relations if r in spec.edge_dims}))
+            layers.append(make(in_dims, num_classes if last else hidden, relations, last))
             in_dims = dict.fromkeys(in_dims, hidden)
         self.layers = nn.ModuleList(layers)
         held = {r for layer in layers for r in layer.relations}
