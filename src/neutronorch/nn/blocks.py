@@ -4,9 +4,8 @@
     h = h + FFN(aggregate(norm(h)))        for each layer        (one block per fanout)
     logits = W_out norm(h)                                     (the head, on the seed rows)
 
-``aggregate`` is the layer's neighbourhood operation (SAGE: the vertex's row beside its neighbours' mean;
-GCN: the normalised sum; GAT: attention) and ``FFN`` two linear maps with dropout and GELU between. The
-bottom block includes the input map; no block is separable.
+``aggregate`` and ``FFN``: docs/models.md, "Graph blocks". The bottom block includes the input map; no block
+is separable.
 """
 
 from __future__ import annotations
