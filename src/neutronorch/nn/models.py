@@ -77,7 +77,7 @@ class LayerStack(Tables, nn.Module):
         return self.layers[0]
 
     def width(self, index: int) -> int:
-        """The width of ``layer_forward(index, ...)``'s rows (the head's classes after the last graph block)."""
+        """The width of ``layer_forward(index, ...)``'s rows (the head's after the last graph block)."""
         if self.head is not None and index == self.num_layers - 1:
             return self.head.lin.out_features
         return self.layers[index].out_dim

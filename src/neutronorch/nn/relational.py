@@ -176,7 +176,8 @@ class RelationAttention(nn.Module):
         else:
             self.lin_edge = self.att_edge = None
         self.bias = nn.Parameter(torch.zeros(width))
-        for p in (self.lin, self.lin_src, self.lin_dst, self.lin_edge, self.att_src, self.att_dst, self.att_edge):
+        for p in (self.lin, self.lin_src, self.lin_dst, self.lin_edge, self.att_src, self.att_dst,
+                  self.att_edge):
             if p is not None:
                 glorot(p.weight if isinstance(p, nn.Linear) else p)
 
@@ -186,8 +187,8 @@ class RGATConv(nn.Module):
     multi-head GAT (heads concatenated) over ``v``'s in-neighbours through ``r`` alone, without a self loop,
     the relations ending at ``t`` summed:
     ``y_v = sum_r (||_h sum_{u in N_r(v)} alpha^{r,h}_vu W^r_h x_u + b_r)``,
-    ``alpha^{r,h}_vu = softmax_u LeakyReLU(a^r_src,h W^r_h x_u + a^r_dst,h W^r_h x_v [+ a^r_edge,h W^r_edge,h e_uv])``,
-    slope 0.2. ``edge_dims[rel]``: the width of ``edge_attr[rel]``, a row per edge of its block."""
+    ``alpha^{r,h}_vu = softmax_u LeakyReLU(a^r_src,h W^r_h x_u + a^r_dst,h W^r_h x_v [+ a^r_edge,h W^r_edge,h e_uv])``.
+    Slope 0.2. ``edge_dims[rel]``: the width of ``edge_attr[rel]``, a row per edge of its block."""
 
     def __init__(self, in_dims: Mapping[str, int] | int, out_dim: int, relations: Iterable[RelationType],
                  heads: int = 1, edge_dims: Mapping[RelationType, int] | None = None):

@@ -138,8 +138,8 @@ def _torch_forward(y: torch.Tensor, table: torch.Tensor, index: SpliceIndex) -> 
 
 
 class _Splice(torch.autograd.Function):
-    """The splice, fused with ReLU + dropout when ``p`` is not None, in ``y_cold``'s dtype (the kernels: torch's
-    ``index_copy_`` took 50 ms for a 100k x 256 splice on two cores)."""
+    """The splice, fused with ReLU + dropout when ``p`` is not None, in ``y_cold``'s dtype (the kernels:
+    torch's ``index_copy_`` took 50 ms for a 100k x 256 splice on two cores)."""
 
     @staticmethod
     def forward(ctx, y_cold, table, index, p, grad_acc, ids):
