@@ -4,9 +4,8 @@
     h = h + FFN(aggregate(norm(h)))        for each layer        (one block per fanout)
     logits = W_out norm(h)                                     (the head, on the seed rows)
 
-``aggregate`` is the layer's neighbourhood operation (SAGE: the vertex's row beside its neighbours' mean;
-GCN: the normalised sum; GAT: attention) and ``FFN`` two linear maps with dropout and GELU between. The
-bottom block includes the input map; no block is separable.
+``aggregate`` and ``FFN``: docs/models.md, "Graph blocks". The bottom block includes the input map; no block
+is separable.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from neutronorch.nn.activation import keyed_dropout
 from neutronorch.nn.aggregation import gcn_aggregate, mean_aggregate
 from neutronorch.nn.bucket import linear
 from neutronorch.nn.layers import GATConv
-from neutronorch.nn.names import needs_degrees
 from neutronorch.sampling.block import Block
 
 
@@ -47,7 +45,6 @@ class GraphBlock(nn.Module):
     def __init__(self, kind: str, dim: int, norm: str, dropout: float, heads: int, gcn_norm: str):
         super().__init__()
         self.kind, self.in_dim, self.out_dim = kind, dim, dim
-        self.needs_degrees = needs_degrees(kind, gcn_norm)
         self.gcn_norm = gcn_norm
         self.norm = norm_layer(norm, dim)
         self.attention = GATConv(dim, dim, heads=heads, attention_dropout=dropout) if kind == "gat" else None
@@ -73,7 +70,7 @@ class InputBlock(nn.Module):
         super().__init__()
         self.input = nn.Linear(in_dim, first.in_dim)
         self.first = first
-        self.in_dim, self.out_dim, self.needs_degrees = in_dim, first.out_dim, first.needs_degrees
+        self.in_dim, self.out_dim = in_dim, first.out_dim
         self.dropout = dropout
 
     def forward(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:

@@ -2,11 +2,9 @@
 (docs/models.md, "Your own model"; docs/heterogeneous.md, "Your own module").
 
 ``UserModel`` adapts it to what the engine calls (``forward(blocks, x, hot)``, ``num_layers``, ``width``,
-``needs_degrees``, ``bottom``, ``arguments``, ``embedding_parameters``). The module's ``forward`` takes one
-of three input forms, told apart by the graph and the names of its first parameters: PyG's ``forward(x,
-edge_index, ...)`` (``sampling.block.pyg_form``), the block form ``forward(blocks, x)``, or on a typed graph
-``forward(blocks, features, ids)``. NeutronOrch mode also needs, in the block form, ``bottom`` and
-``upper(blocks, h)``, with ``forward(blocks, x) == upper(blocks[1:], bottom(blocks[0], x))``.
+``needs_degrees``, ``bottom``, ``arguments``, ``embedding_parameters``). Its ``forward`` takes PyG's form
+(``sampling.block.pyg_form``), the block form or on a typed graph ``forward(blocks, features, ids)``, told
+apart by the graph and the names of its first parameters (``PROTOCOL``, ``TYPED_PROTOCOL``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """Attention's scores and per-edge softmax: ``head_scores`` and ``edge_softmax``.
 
 ``alpha[e, h] = softmax over the edges of e's destination of LeakyReLU(score_src[u_e, h] + score_dst[d_e, h]
-[+ edge_logits[e, h]])``, the coefficients GAT and R-GAT weigh their sums with. On CPU numba kernels compute a
-destination's whole softmax in one task, without atomics, and the scores in one pass over the projected rows
-each way; torch ops elsewhere; tests prove both equal. Why: docs/performance.md, "Attention's scores and
-softmax on the CPU". The result has ``E + num_dst`` rows in ``attention.attention_edges``' order: the
-block's edges, then one self loop per destination (0 without ``self_loops``).
+[+ edge_logits[e, h]])``, the coefficients GAT and R-GAT weigh their sums with. On CPU numba kernels, torch
+ops elsewhere, tests prove both equal (docs/performance.md, "Attention's scores and softmax on the CPU").
+The result has ``E + num_dst`` rows in ``attention.attention_edges``' order: the block's edges, then one
+self loop per destination (0 without ``self_loops``).
 
 Sums are float32 and in a fixed order: a destination's terms in edge order, its self loop last; a source's
 gradient likewise. That is ``index_add``'s order, so the result is the same bits whatever the thread count

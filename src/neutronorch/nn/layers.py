@@ -24,7 +24,6 @@ class SAGEConv(nn.Module):
     """GraphSAGE-mean: ``y_v = W_self x_v + W_neigh mean_{u in N(v)} x_u + b``."""
 
     separable = True
-    needs_degrees = False
 
     def __init__(self, in_dim: int, out_dim: int):
         super().__init__()
@@ -74,10 +73,6 @@ class GCNConv(nn.Module):
         self.in_dim, self.out_dim, self.norm = in_dim, out_dim, norm
         self.lin = nn.Linear(in_dim, out_dim)
 
-    @property
-    def needs_degrees(self) -> bool:
-        return self.norm == "symmetric"
-
     def aggregate(self, block: Block, x_src: torch.Tensor) -> torch.Tensor:
         return gcn_aggregate(block, x_src, self.norm)
 
@@ -97,7 +92,6 @@ class GATConv(nn.Module):
     with probability ``attention_dropout``."""
 
     separable = False
-    needs_degrees = False
 
     def __init__(self, in_dim: int, out_dim: int, heads: int = 1, attention_dropout: float = 0.0):
         super().__init__()
@@ -139,7 +133,7 @@ class Residual(nn.Module):
         super().__init__()
         self.layer = layer
         self.in_dim, self.out_dim = layer.in_dim, layer.out_dim
-        self.separable, self.needs_degrees = layer.separable, layer.needs_degrees
+        self.separable = layer.separable
         self.skip = nn.Identity() if layer.in_dim == layer.out_dim else nn.Linear(layer.in_dim, layer.out_dim,
                                                                                    bias=False)
 

@@ -17,7 +17,7 @@ from neutronorch.nn.typed_models import TypedGNN
 __all__ = ["LINK_HEADS", "DotHead", "LinkModel", "MLPHead", "glorot_"]
 
 
-def glorot_(module: nn.Module, input_norm: float = 1.0) -> nn.Module:
+def glorot_(module: GNN, input_norm: float = 1.0) -> GNN:
     """Every ``nn.Linear`` of ``module`` started again: its weight from Glorot's uniform with the ReLU gain,
     its bias at zero. ``input_norm``: the root mean square of the input rows' L2 norms; above 1, the weights
     that read the input (``module.layers[0]``'s) are divided by it, so raw rows start as rows of unit norm
@@ -28,11 +28,10 @@ def glorot_(module: nn.Module, input_norm: float = 1.0) -> nn.Module:
             nn.init.xavier_uniform_(layer.weight, gain=gain)
             if layer.bias is not None:
                 nn.init.zeros_(layer.bias)
-    first = getattr(module, "layers", [None])[0]
-    if input_norm > 1.0 + 1e-3 and first is not None:  # unit rows (normalised, up to rounding): unchanged
+    if input_norm > 1.0 + 1e-3:  # unit rows (normalised, up to rounding): unchanged
         width = module.arguments["in_dim"]
         with torch.no_grad():
-            for layer in first.modules():
+            for layer in module.layers[0].modules():
                 if isinstance(layer, nn.Linear) and layer.in_features == width:
                     layer.weight.div_(input_norm)
     return module

@@ -18,12 +18,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from neutronorch.nn.activation import keyed_dropout, relu_dropout
+from neutronorch.nn.activation import draw_key, dropout_keys, keyed_dropout, relu_dropout
 from neutronorch.nn.blocks import GraphBlock, Head, InputBlock, norm_layer
 from neutronorch.nn.layers import GATConv, GCNConv, Residual, SAGEConv
-from neutronorch.nn.names import ARCHITECTURES, MODELS, NORMS
+from neutronorch.nn.names import ARCHITECTURES, MODELS, NORMS, needs_degrees
 from neutronorch.nn.splice import HotRows, splice, splice_relu_dropout
 from neutronorch.sampling.block import Block
+from neutronorch.sampling.neighbor_sampler import mix_key
 
 __all__ = ["GNN", "LayerStack", "Tables"]
 
@@ -57,17 +58,18 @@ def _typed(value, node_type: str | None):
 
 
 class LayerStack(Tables, nn.Module):
-    """``num_layers`` layers (``layers``) with the activation of the module docstring between them. A subclass
-    overrides ``layer_output`` where a layer reads more than ``(block, rows)``, ``activate`` where more than
-    the nonlinearity follows a layer, and ``forward_key`` and ``masks`` where a forward's masks come from one
-    key."""
+    """``num_layers`` layers (``layers``) with the activation of the module docstring between them, a ``norm``
+    (``norms``) before it where one is set, or graph blocks and a ``head`` after the last (``GNN``). A
+    subclass overrides ``layer_output`` where a layer reads more than ``(block, rows)``."""
 
     slope: float | None = None  # None: ReLU between layers; a number: LeakyReLU of that negative slope
+    keyed = False  # True: a forward's dropout masks come from one key, the layer and the type (``masks``)
 
     def __init__(self, arguments: dict):
         super().__init__()
         self.arguments = arguments  # what rebuilds the model (a checkpoint stores it next to the weights)
         self.kind, self.num_layers, self.dropout = arguments["kind"], arguments["num_layers"], arguments["dropout"]
+        self.norm, self.head = arguments.get("norm", "none"), None
 
     @property
     def bottom(self) -> nn.Module:
@@ -75,32 +77,43 @@ class LayerStack(Tables, nn.Module):
         return self.layers[0]
 
     def width(self, index: int) -> int:
-        """The width of ``layer_forward(index, ...)``'s rows."""
+        """The width of ``layer_forward(index, ...)``'s rows (the head's after the last graph block)."""
+        if self.head is not None and index == self.num_layers - 1:
+            return self.head.lin.out_features
         return self.layers[index].out_dim
 
     @property
     def fuses_splice(self) -> bool:
         """Whether the splice and the activation after it run as one pass (``splice_relu_dropout``)."""
-        return self.slope is None
+        return self.slope is None and self.norm == "none" and self.head is None
 
     def layer_output(self, index: int, block, x):
         """Layer ``index``'s output before the activation, from its block's source rows ``x``."""
         return self.layers[index](block, x)
 
     def activate(self, y: torch.Tensor, ids: torch.Tensor | None = None, layer: int = 0) -> torch.Tensor:
-        """What follows layer ``layer``'s rows ``y`` (nothing after the last): the activation, then in training
-        the dropout, masks keyed by the rows' vertex ``ids``."""
-        if layer == self.num_layers - 1:
+        """What follows layer ``layer``'s rows ``y``: with graph blocks, the head after the last and nothing
+        between them; else nothing after the last and after the others the ``norm``, the activation, then in
+        training the dropout, masks keyed by the rows' vertex ``ids``."""
+        last = layer == self.num_layers - 1
+        if self.head is not None:
+            return self.head(y) if last else y
+        if last:
             return y
+        if self.norm != "none":
+            y = self.norms[layer](y)
         if self.slope is None:
             return relu_dropout(y, self.dropout, self.training, ids)
         return keyed_dropout(F.leaky_relu(y, self.slope), self.dropout, self.training, ids)
 
-    def forward_key(self) -> int | None:
-        return None
-
     def masks(self, key: int | None, index: int, node_type: str | None):
-        return contextlib.nullcontext()
+        """A ``keyed`` stack's masks from ``key`` (the forward's one draw), the layer and the type alone, so a
+        vertex's mask does not depend on which other types a batch (a data-parallel rank's part of one)
+        reaches."""
+        if key is None:
+            return contextlib.nullcontext()
+        types = list(self.spec.num_nodes)
+        return dropout_keys(mix_key(key, index * len(types) + types.index(node_type)))
 
     def layer_forward(self, index: int, block, x):
         """Layer ``index`` and the activation after it (full-neighbour inference)."""
@@ -113,7 +126,7 @@ class LayerStack(Tables, nn.Module):
         covers only the bottom-layer destinations ``hot.index`` calls cold."""
         if len(blocks) != self.num_layers:
             raise ValueError(f"{len(blocks)} blocks for a {self.num_layers}-layer model")
-        key = self.forward_key()
+        key = int(draw_key()) if self.keyed and self.training and self.dropout > 0 else None
         for index, block in enumerate(blocks):
             y = self.layer_output(index, block, x)
             if index == 0 and hot:
@@ -157,8 +170,6 @@ class GNN(LayerStack):
         super().__init__({"kind": kind, "in_dim": in_dim, "hidden": hidden, "num_classes": num_classes,
                           "num_layers": num_layers, "dropout": dropout, "heads": heads, "gcn_norm": gcn_norm,
                           "residual": residual, "norm": norm, "architecture": architecture})
-        self.norm = norm
-        self.head = None
         if architecture == "blocks":
             graph_blocks = [GraphBlock(kind, hidden, norm, dropout, heads, gcn_norm) for _ in range(num_layers)]
             self.layers = nn.ModuleList([InputBlock(in_dim, graph_blocks[0], dropout)] + graph_blocks[1:])
@@ -179,23 +190,4 @@ class GNN(LayerStack):
     @property
     def needs_degrees(self) -> bool:
         """Whether its blocks must carry their sources' graph degrees (``Block.src_degree``)."""
-        return any(layer.needs_degrees for layer in self.layers)
-
-    def width(self, index: int) -> int:
-        """The head's classes after the last graph block, else the layer's width."""
-        if self.head is not None and index == self.num_layers - 1:
-            return self.head.lin.out_features
-        return super().width(index)
-
-    @property
-    def fuses_splice(self) -> bool:
-        return self.norm == "none" and self.head is None
-
-    def activate(self, y: torch.Tensor, ids: torch.Tensor | None = None, layer: int = 0) -> torch.Tensor:
-        """With graph blocks, nothing between them and the head after the last; else the ``norm``, then the
-        activation."""
-        if self.head is not None:
-            return self.head(y) if layer == self.num_layers - 1 else y
-        if self.norm != "none" and layer < self.num_layers - 1:
-            y = self.norms[layer](y)
-        return super().activate(y, ids, layer)
+        return needs_degrees(self.kind, self.arguments["gcn_norm"])

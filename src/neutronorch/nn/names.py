@@ -17,6 +17,5 @@ PRECISIONS = ("fp32", "bf16", "auto")
 
 
 def needs_degrees(kind: str, gcn_norm: str = "symmetric") -> bool:
-    """Whether a model's blocks must carry their sources' graph degrees (``GNN.needs_degrees`` before it
-    is built: what the samplers are told)."""
+    """Whether a model's blocks must carry their sources' graph degrees (what the samplers are told)."""
     return kind == "gcn" and gcn_norm == "symmetric"

@@ -36,9 +36,9 @@ def module_key(relation: RelationType) -> str:
 
 class TypedSAGEConv(nn.Module):
     """Relational GraphSAGE-mean: for ``v`` of type ``t``, ``y_v = sum_{r = (s, name, t)} (W_r mean_{N_r(v)} x_u)
-    + root_t(x_v)``. ``root``: ``"relation"``, a root weight and bias per relation (PyG's ``HeteroConv`` of
-    ``SAGEConv((in_s, in_t), out)``: ``lin_l`` = ``neigh[rel]`` with ``root[rel]``'s bias, ``lin_r`` =
-    ``root[rel]``); ``"type"``, one per destination type; ``None``, none and a bias per relation (R-SAGE)."""
+    + root_t(x_v)``. ``root``: ``"relation"``, a root weight and bias per relation (PyG's ``lin_l`` =
+    ``neigh[rel]`` with ``root[rel]``'s bias, ``lin_r`` = ``root[rel]``); ``"type"``, one per destination
+    type; ``None``, none and a bias per relation (R-SAGE)."""
 
     def __init__(self, in_dims: Mapping[str, int] | int, out_dim: int, relations: Iterable[RelationType],
                  root: str | None = "relation"):
@@ -50,14 +50,10 @@ class TypedSAGEConv(nn.Module):
         self.out_dim, self.root_mode = out_dim, root
         self.neigh = nn.ModuleDict({module_key(r): nn.Linear(self.in_dims[r[0]], out_dim, bias=root is None)
                                     for r in self.relations})
-        if root == "relation":
-            self.root = nn.ModuleDict({module_key(r): nn.Linear(self.in_dims[r[2]], out_dim)
-                                       for r in self.relations})
-        elif root == "type":
-            self.root = nn.ModuleDict({t: nn.Linear(self.in_dims[t], out_dim)
-                                       for t in dict.fromkeys(r[2] for r in self.relations)})
-        else:
-            self.root = None
+        # The root terms' keys and the types they read: per relation, per destination type, or none.
+        keys = {module_key(r) if root == "relation" else r[2]: r[2] for r in self.relations}
+        self.root = None if root is None else nn.ModuleDict({k: nn.Linear(self.in_dims[t], out_dim)
+                                                             for k, t in keys.items()})
 
     def forward(self, tblock: TypedBlock, x_src: Mapping[str, torch.Tensor],
                 edge_weight: Mapping[RelationType, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -180,26 +176,19 @@ class RelationAttention(nn.Module):
         else:
             self.lin_edge = self.att_edge = None
         self.bias = nn.Parameter(torch.zeros(width))
-        for lin in (self.lin, self.lin_src, self.lin_dst, self.lin_edge):
-            if lin is not None:
-                glorot(lin.weight)
-        for att in (self.att_src, self.att_dst, self.att_edge):
-            if att is not None:
-                glorot(att)
+        for p in (self.lin, self.lin_src, self.lin_dst, self.lin_edge, self.att_src, self.att_dst,
+                  self.att_edge):
+            if p is not None:
+                glorot(p.weight if isinstance(p, nn.Linear) else p)
 
 
 class RGATConv(nn.Module):
-    """Relational graph attention as the MLPerf GNN benchmark (IGBH, R-GAT) defines its layer: per relation
-    ``r = (s, name, t)`` a multi-head GAT over ``v``'s in-neighbours through ``r`` alone, without a self loop,
+    """Relational graph attention, the MLPerf GNN benchmark's R-GAT layer: per relation ``r = (s, name, t)`` a
+    multi-head GAT (heads concatenated) over ``v``'s in-neighbours through ``r`` alone, without a self loop,
     the relations ending at ``t`` summed:
     ``y_v = sum_r (||_h sum_{u in N_r(v)} alpha^{r,h}_vu W^r_h x_u + b_r)``,
     ``alpha^{r,h}_vu = softmax_u LeakyReLU(a^r_src,h W^r_h x_u + a^r_dst,h W^r_h x_v [+ a^r_edge,h W^r_edge,h e_uv])``.
-    Heads are concatenated. A destination with no edge through ``r`` gets ``b_r`` from it. The counterpart
-    is PyG's ``HeteroConv({rel: GATConv(in, out_dim // heads, heads, add_self_loops=False[, edge_dim=...])},
-    aggr="sum")``, as the benchmark's reference builds it (LeakyReLU slope 0.2, no attention dropout).
-    ``edge_dims[rel]``: the width of a relation's edge features (PyG's ``edge_dim``), given as
-    ``edge_attr[rel]``, a row per edge in its block's ``indices``' order.
-    """
+    Slope 0.2. ``edge_dims[rel]``: the width of ``edge_attr[rel]``, a row per edge of its block."""
 
     def __init__(self, in_dims: Mapping[str, int] | int, out_dim: int, relations: Iterable[RelationType],
                  heads: int = 1, edge_dims: Mapping[RelationType, int] | None = None):

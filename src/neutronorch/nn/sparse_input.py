@@ -2,9 +2,8 @@
 the rows are read once into a compressed form and multiplied through it; the weight's gradient is the same
 sum, transposed. Measurements: docs/performance.md, "Mostly-zero feature rows".
 
-``sparse_enough(x)`` samples a few rows: a float32 or bfloat16 CPU matrix that needs no gradient (feature
-rows), at least ``MIN_WIDTH`` wide, with at most ``MAX_DENSITY`` nonzeros qualifies. ``project`` then equals
-``F.linear`` up to float32 rounding, each output row written by one thread (the same whatever the threads).
+``project`` equals ``F.linear`` up to float32 rounding, each output row written by one thread (the same
+whatever the threads), where ``sparse_enough(x)`` (a few rows sampled) lets it through.
 """
 
 from __future__ import annotations

@@ -138,9 +138,8 @@ def _torch_forward(y: torch.Tensor, table: torch.Tensor, index: SpliceIndex) -> 
 
 
 class _Splice(torch.autograd.Function):
-    """CPU float32 or bfloat16: parallel numba kernels (torch's ``index_copy_`` took 50 ms for a 100k x 256
-    splice on two cores), fused with ReLU + dropout when ``p`` is not None; elsewhere torch's indexing ops.
-    The output has ``y_cold``'s dtype; hot-row gradients are summed into the float32 accumulator."""
+    """The splice, fused with ReLU + dropout when ``p`` is not None, in ``y_cold``'s dtype (the kernels:
+    torch's ``index_copy_`` took 50 ms for a 100k x 256 splice on two cores)."""
 
     @staticmethod
     def forward(ctx, y_cold, table, index, p, grad_acc, ids):

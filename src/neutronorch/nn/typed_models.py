@@ -3,10 +3,9 @@ layers (``nn/relational.py``) and a typed sampler's blocks, and the ``TypedSpec`
 here reads a loaded graph's arrays). What each kind computes, its inputs and edge features, and which
 relations each layer holds: docs/heterogeneous.md, "Training".
 
-What a relational model adds to the stack: per-type input rows (``input_rows``: a featureless type's rows
-from its sparse embedding table), the bottom layer with its projections (``TypedBottom``, NeutronOrch's host
-layer), each layer's edge features (``edge_arguments``), and dropout masks from one key per forward, the
-layer and the type (``masks``), so data-parallel ranks that split a batch draw exactly one process's masks.
+What a relational model adds to the stack: per-type input rows (``input_rows``: a featureless type's from its
+sparse embedding table), the bottom layer with its projections (``TypedBottom``, NeutronOrch's host layer),
+each layer's edge features (``edge_arguments``), and keyed dropout masks (``LayerStack.masks``).
 """
 
 from __future__ import annotations
@@ -19,12 +18,10 @@ import torch
 from torch import nn
 
 from neutronorch.data.typed import relation_label
-from neutronorch.nn.activation import draw_key, dropout_keys
 from neutronorch.nn.models import LayerStack
 from neutronorch.nn.names import TYPED_MODELS
 from neutronorch.nn.relational import RGATConv, RGCNConv, TypedSAGEConv
 from neutronorch.nn.splice import HotRows
-from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.sampling.block import RelationType, TypedBlock
 
 if TYPE_CHECKING:
@@ -99,6 +96,8 @@ class TypedGNN(LayerStack):
     width)``: a table's initialised float32 weights, or None for ``nn.Embedding``'s own (None: all of them, in
     memory; not among ``arguments``: where the tables live is no part of the model)."""
 
+    keyed = True
+
     def __init__(self, kind: str, spec: TypedSpec, hidden: int, num_classes: int, num_layers: int,
                  dropout: float = 0.5, heads: int = 4, num_bases: int | None = None, embed_dim: int | None = None,
                  root: str | None = "relation",
@@ -122,30 +121,26 @@ class TypedGNN(LayerStack):
                              f"their rows; add reverse relations (TypedGraph.with_reverse()) or use fewer "
                              f"layers")
         featured = [t for t in self.input_types if spec.feature_dims[t]]
-        width = hidden if kind == "rgcn" else (embed_dim or hidden)
-        self.embeddings = nn.ModuleDict({t: _table(t, rows, columns, tables) for t, (rows, columns)
-                                         in table_shapes(kind, spec, hidden, num_layers, embed_dim).items()})
+        shapes = table_shapes(kind, spec, hidden, num_layers, embed_dim)
+        self.embeddings = nn.ModuleDict({t: _table(t, *shape, tables) for t, shape in shapes.items()})
         self.projections = nn.ModuleDict({t: nn.Linear(spec.feature_dims[t], hidden) for t in featured}
                                          if kind == "rgcn" else {})
         # A type no wider than hidden enters the bottom layer raw, its map folded into each relation's weight
         # (RGCNConv's projections); a wider one is projected first, the cheaper order for it.
         self.folded = [t for t in self.projections if spec.feature_dims[t] <= hidden]
-        in_dims = {t: spec.feature_dims[t] or width for t in self.input_types}  # rgcn's: hidden for every type
+        in_dims = {t: spec.feature_dims[t] or shapes[t][1] for t in self.input_types}  # rgcn reads hidden
         # SAGE and R-GCN read one-column edge features as edge weights (R-GAT attends over any width).
         self.weighted = () if kind == "rgat" else tuple(r for r, w in spec.edge_dims.items() if w == 1)
+        make = {"sage": lambda dims, out, rels, last: TypedSAGEConv(dims, out, rels, root=root),
+                "rgcn": lambda dims, out, rels, last: RGCNConv(hidden, out, rels, num_bases=num_bases),
+                "rgat": lambda dims, out, rels, last: RGATConv(
+                    dims, out, rels, heads=1 if last else heads,
+                    edge_dims={r: spec.edge_dims[r] for r in rels if r in spec.edge_dims})}[kind]
         layers = []
         for index in range(num_layers):
+            relations = [r for r in spec.relations if r[2] in reached[num_layers - 1 - index]]
             last = index == num_layers - 1
-            destinations = set(reached[num_layers - 1 - index])
-            relations = [r for r in spec.relations if r[2] in destinations]
-            out_dim = num_classes if last else hidden
-            if kind == "sage":
-                layers.append(TypedSAGEConv(in_dims, out_dim, relations, root=root))
-            elif kind == "rgcn":
-                layers.append(RGCNConv(hidden, out_dim, relations, num_bases=num_bases))
-            else:
-                layers.append(RGATConv(in_dims, out_dim, relations, heads=1 if last else heads,
-                                       edge_dims={r: spec.edge_dims[r] for r in relations if r in spec.edge_dims}))
+            layers.append(make(in_dims, num_classes if last else hidden, relations, last))
             in_dims = dict.fromkeys(in_dims, hidden)
         self.layers = nn.ModuleList(layers)
         held = {r for layer in layers for r in layer.relations}
@@ -177,17 +172,6 @@ class TypedGNN(LayerStack):
             return out[self.spec.target]
         return torch.cat([out[t] for t in self.spec.outputs if t in out])
 
-    def forward_key(self) -> int | None:
-        return int(draw_key()) if self.training and self.dropout > 0 else None
-
-    def masks(self, key: int | None, index: int, node_type: str):
-        """From ``key`` (the forward's one draw), the layer and the type alone, so a vertex's mask does not
-        depend on which other types a batch (a data-parallel rank's part of one) reaches."""
-        if key is None:
-            return super().masks(key, index, node_type)
-        types = list(self.spec.num_nodes)
-        return dropout_keys(mix_key(key, index * len(types) + types.index(node_type)))
-
     def layer_output(self, index: int, tblock: TypedBlock, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """As ``LayerStack``'s, per destination type (``typed_layer``)."""
         if index == 0:
@@ -200,10 +184,9 @@ class TypedBottom(nn.Module):
     ``TypedGNN.input_rows``' rows, holding the model's own modules (a deep copy: NeutronOrch's host layer)."""
 
     def __init__(self, layer: nn.Module, projections: nn.ModuleDict, folded: list[str],
-                 weighted: Iterable[RelationType] = ()):
+                 weighted: tuple[RelationType, ...]):
         super().__init__()
-        self.layer, self.projections, self.folded = layer, projections, list(folded)
-        self.weighted = tuple(weighted)
+        self.layer, self.projections, self.folded, self.weighted = layer, projections, folded, weighted
 
     def forward(self, tblock: TypedBlock, rows: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return typed_layer(self.layer, tblock, rows, self.weighted, self.projections, self.folded)
