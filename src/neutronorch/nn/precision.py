@@ -64,7 +64,10 @@ def _cpuinfo_flags() -> set[str]:
 def native_bf16(device: torch.device) -> tuple[bool, str]:
     """Whether ``device`` computes bfloat16 products natively, and what it has."""
     if device.type == "cuda":
-        ok = torch.cuda.is_bf16_supported(including_emulation=False)  # torch 2.4 on, as required
+        try:
+            ok = torch.cuda.is_bf16_supported(including_emulation=False)
+        except TypeError:  # older torch: no emulation argument
+            ok = torch.cuda.is_bf16_supported()
         name = torch.cuda.get_device_name(device)
         return ok, f"{name} {'has' if ok else 'lacks'} native bfloat16"
     units = cpu_bf16_units()
