@@ -10,7 +10,7 @@ import torch
 from neutronorch.data.synthetic_typed import synthetic_typed
 from neutronorch.sampling.device_sampler import triton_available
 from neutronorch.sampling.neighbor_sampler import batch_key, relabel_with_map
-from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology
+from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler, hop_keys
 
 CPU = torch.device("cpu")
@@ -59,7 +59,7 @@ def assert_same(host, device):
 def pair(graph, fanouts, degrees=False, backend="torch", device=CPU, edge_ids=None):
     host = TypedNeighborSampler(graph, fanouts, degrees, edge_ids=edge_ids)
     device_ids = None if edge_ids is None else host.edge_ids
-    return host, TypedDeviceSampler(TypedTopology.of(graph, device), host.fanouts, degrees, device_ids, backend=backend)
+    return host, TypedDeviceSampler(graph, device, host.fanouts, degrees, device_ids, backend=backend)
 
 
 FANOUTS = [

@@ -18,7 +18,7 @@ from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
 from neutronorch.orchestration.neutronorch.planner import Planner
 from neutronorch.nn.splice import HotRows, SpliceIndex
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
-from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology
+from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.features.store import gather_frontier
 
@@ -148,12 +148,12 @@ def test_the_device_planner_makes_the_host_planners_plan(mag, ratio):
     """``DevicePlanner`` on the typed device sampler's upper hops (the host sampler's draws): the host
     planner's plan, entry for entry, its positions on the device."""
     host = TypedNeighborSampler(mag, [4, 3])
-    device = TypedDeviceSampler(TypedTopology.of(mag, CPU), host.fanouts)
+    device = TypedDeviceSampler(mag, CPU, host.fanouts)
     batches = [np.asarray(mag.train_idx)[i * 40:(i + 1) * 40] for i in range(4)]
     setting = RatioSetting(1.0, True, 0.1, 0.02) if ratio == "auto" else RatioSetting(ratio)
     bottom = {r: f[-1] for r, f in host.fanouts.items()}
     a = Planner(mag, bottom).plan(7, 0, uppers_of(mag, host, batches), setting.ratio, setting.cap())
-    indptrs = {r: indptr for r, (indptr, _) in device.topology.relations.items()}
+    indptrs = {r: indptr for r, (indptr, _) in device.relations.items()}
     on_device = uppers_of(mag, device, [torch.from_numpy(s) for s in batches])
     b = DevicePlanner(mag, bottom, indptrs).plan(7, 0, on_device, setting.ratio, setting.cap())
     assert a.hot.keys() == b.hot.keys() and all(np.array_equal(a.hot[t], b.hot[t]) for t in a.hot)

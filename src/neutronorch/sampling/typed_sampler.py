@@ -108,10 +108,23 @@ class TypedHops:
     """The hops both typed samplers run (``TypedNeighborSampler`` on the host, ``TypedDeviceSampler`` on the
     training device): per hop, the draws of every relation whose destination type has destinations, with
     the hop's keys (``hop_keys``); the relabelling of each source type's draws into its frontier; one
-    ``TypedBlock``. The frontiers are int64 tensors (on the host, views of numpy arrays). A sampler gives its
-    ``num_nodes``, ``target``, ``fanouts`` (resolved per relation), ``num_layers``, ``degrees`` (each relation's
-    out-degrees as a float32 tensor in ``_out_degrees`` when set), ``edge_ids``, and implements ``_ids``,
-    ``_draw``, ``_relabel`` and ``_edge_rows`` (``_enter`` and ``_leave`` where it keeps state per call)."""
+    ``TypedBlock``. The frontiers are int64 tensors (on the host, views of numpy arrays). The arguments are
+    ``TypedNeighborSampler``'s; a sampler implements ``_ids``, ``_draw``, ``_relabel`` and ``_edge_rows``
+    (``_enter`` and ``_leave`` where it keeps state per call)."""
+
+    def __init__(self, graph: TypedGraph, fanouts, degrees: bool = False, edge_ids=None,
+                 edge_features: bool = True):
+        self.graph = graph
+        self.num_nodes, self.target = graph.num_nodes, graph.target
+        self.fanouts = typed_fanouts(graph, fanouts)
+        self.num_layers = len(next(iter(self.fanouts.values())))
+        self.degrees = degrees
+        self.edge_ids = _edge_id_relations(graph, edge_ids)
+        check_edge_features(graph, self.edge_ids)
+        self.edge_features = edge_features and any(graph.relations[r].edge_features is not None
+                                                    for r in self.edge_ids)
+        self._out_degrees = {r: torch.from_numpy(out_degrees(rel.indices, self.num_nodes[r[0]])).float()
+                             for r, rel in graph.relations.items() if degrees}
 
     def sample(self, seeds, key: int) -> SampledSubgraph:
         """Sample the typed computation graph of ``seeds`` (unique local ids of the target type, or a mapping
@@ -204,18 +217,8 @@ class TypedNeighborSampler(OneThread, TypedHops):
 
     def __init__(self, graph: TypedGraph, fanouts, degrees: bool = False, edge_ids=None,
                  edge_features: bool = True):
-        self.graph = graph
-        self.num_nodes, self.target = graph.num_nodes, graph.target
-        self.fanouts = typed_fanouts(graph, fanouts)
-        self.num_layers = len(next(iter(self.fanouts.values())))
-        self.degrees = degrees
-        self.edge_ids = _edge_id_relations(graph, edge_ids)
-        check_edge_features(graph, self.edge_ids)
-        self.edge_features = edge_features and any(graph.relations[r].edge_features is not None
-                                                    for r in self.edge_ids)
+        super().__init__(graph, fanouts, degrees, edge_ids, edge_features)
         self._maps = {t: np.full(n, -1, dtype=np.int64) for t, n in graph.num_nodes.items()}
-        self._out_degrees = ({r: torch.from_numpy(out_degrees(rel.indices, graph.num_nodes[r[0]]).astype(np.float32))
-                              for r, rel in graph.relations.items()} if degrees else {})
 
     def _ids(self, ids) -> torch.Tensor:
         return torch.from_numpy(NeighborSampler._ids(ids))
