@@ -111,6 +111,7 @@ class HostCache:
         index = np.int32 if num_rows < 2**31 else np.int64
         self._state = _State(np.arange(num_rows, dtype=index), features[:0], hot[:0], features, False)
         self._candidates = hot
+        self._warmup = WARMUP_GATHERS if auto.warmup is None else auto.warmup
         self._peak = 0
         self._keep = self._growth = 0
         self._stop = threading.Event()
@@ -134,11 +135,8 @@ class HostCache:
             state = self._state
             yield state.where, state.table, state.cold
         self.gathers += 1  # approximate under concurrent gathers: it only decides when to size
-        if self.auto is not None and self.sizing is None and self.gathers >= self._warmup():
+        if self.auto is not None and self.sizing is None and self.gathers >= self._warmup:
             self._wake.set()
-
-    def _warmup(self) -> int:
-        return WARMUP_GATHERS if self.auto.warmup is None else self.auto.warmup
 
     def close(self) -> None:
         """Stop watching the memory (the cache stays as it is)."""
@@ -164,7 +162,7 @@ class HostCache:
         anon = process_anonymous_bytes()
         self._peak = max(self._peak, anon or 0)
         if self.sizing is None:
-            if self.gathers < self._warmup():
+            if self.gathers < self._warmup:
                 return POLL_WARMUP_S
             self._size(anon)
             return POLL_S
