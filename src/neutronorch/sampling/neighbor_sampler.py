@@ -27,7 +27,7 @@ from neutronorch.sampling.block import Block, SampledSubgraph
 from neutronorch.sampling.fanouts import parse_fanouts
 
 __all__ = ["NeighborSampler", "Sampler", "TorchNeighborSampler", "batch_key", "layer_key", "mix_key",
-           "parse_fanouts", "relabel_into", "relabel_with_map", "start_relabel", "together"]
+           "parse_fanouts", "relabel_into", "start_relabel", "together"]
 
 
 _MASK = (1 << 64) - 1
@@ -117,11 +117,6 @@ class NeighborSampler(OneThread, Sampler):
         num_nodes = indptr.shape[0] - 1
         self._node_map = np.full(num_nodes, -1, dtype=np.int64)
 
-    def _order(self, dst: np.ndarray) -> np.ndarray:
-        if not self.file_order:
-            return kernels.NO_ORDER
-        return kernels.region_order(dst, self.vertices_per_region, self.indptr.shape[0] - 1)
-
     @staticmethod
     def _ids(ids) -> np.ndarray:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
@@ -135,8 +130,10 @@ class NeighborSampler(OneThread, Sampler):
         try:
             for fanout, key in hops:
                 num_dst = frontier.shape[0]
+                order = (kernels.region_order(frontier, self.vertices_per_region, self.indptr.shape[0] - 1)
+                         if self.file_order else kernels.NO_ORDER)
                 ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, frontier, fanout,
-                                                     np.uint64(key), self._order(frontier))
+                                                     np.uint64(key), order)
                 (local,), frontier = relabel_into(frontier, [nbrs], node_map)
                 frontiers.append(torch.from_numpy(frontier))
                 blocks.append(Block(num_dst, frontier.shape[0], torch.from_numpy(ptr), torch.from_numpy(local),
@@ -187,7 +184,7 @@ class TorchNeighborSampler(Sampler):
         for fanout, key in hops:
             dst = frontiers[-1]
             ptr, nbrs = self.draw(dst, fanout, key)
-            local, frontier = relabel_with_map(self._node_map, dst, nbrs)
+            local, frontier = together([start_relabel(self._node_map, dst, nbrs)])[0]
             blocks.append(Block(dst.shape[0], frontier.shape[0], ptr, local,
                                 src_degree=self._degrees(frontier), src_ids=frontier))
             frontiers.append(frontier)
@@ -249,19 +246,13 @@ class TorchNeighborSampler(Sampler):
         return picks
 
 
-def relabel_with_map(node_map: torch.Tensor, dst: torch.Tensor, nbrs: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Local ids of ``nbrs`` in the frontier [dst, new vertices in first-appearance order], and that frontier,
-    through ``node_map`` (int64, one entry per vertex; no sort). Only the entries touched are written, left as
-    scratch, so one map serves any number of calls on one thread. One read of the device (the frontier's
-    size)."""
-    return together([start_relabel(node_map, dst, nbrs)])[0]
-
-
 def start_relabel(node_map: torch.Tensor, dst: torch.Tensor, nbrs: torch.Tensor) -> Started:
-    """``relabel_with_map`` up to its read of the device: the frontier's size (on the device) and what
-    finishes the relabel given it. Each vertex's first position among [dst, nbrs] is a scatter-min, first
-    appearances are where that minimum sits, and their running count is their local id."""
+    """The relabel in torch up to its read of the device (the frontier's size), and what finishes it given
+    that size (``together``): local ids of ``nbrs`` in the frontier [dst, new vertices in first-appearance
+    order], and that frontier, through ``node_map`` (int64, one entry per vertex; no sort). Each vertex's
+    first position among [dst, nbrs] is a scatter-min, first appearances are where that minimum sits, and
+    their running count is their local id. Only the entries touched are written, left as scratch, so one map
+    serves any number of calls on one thread."""
     everything = torch.cat([dst, nbrs])
     m = everything.shape[0]
     positions = torch.arange(m, device=node_map.device)

@@ -255,15 +255,19 @@ class TypedNeighborSampler(OneThread, TypedHops):
         return local
 
     def _edge_rows(self, edge_ids: dict[RelationType, torch.Tensor]) -> dict[RelationType, torch.Tensor]:
-        return {r: edge_rows(self.graph.relations[r].edge_features, ids.numpy())
-                for r, ids in edge_ids.items() if self.graph.relations[r].edge_features is not None}
+        return edge_rows(self.graph, edge_ids)
 
 
-def edge_rows(source, ids) -> torch.Tensor:
-    """``source``'s rows (edges x width) at the edge ids ``ids`` (int64 numpy), float32 on the CPU, read by
-    the gather feature rows go through (``kernels.gather_stored``: a memory map at those rows only)."""
-    rows = torch.empty((ids.shape[0], source.shape[1]), dtype=torch.float32)
-    kernels.gather_stored(source, ids, kernels.NO_ORDER, rows)
+def edge_rows(graph: TypedGraph, edge_ids: dict) -> dict[RelationType, torch.Tensor]:
+    """The rows (edges x width, float32) of each relation of ``edge_ids`` that has edge features at its edge
+    ids (int64 on the CPU), read by the gather feature rows go through (``kernels.gather_stored``: a memory
+    map at those rows only)."""
+    rows = {}
+    for relation, ids in edge_ids.items():
+        source = graph.relations[relation].edge_features
+        if source is not None:
+            rows[relation] = torch.empty((ids.shape[0], source.shape[1]), dtype=torch.float32)
+            kernels.gather_stored(source, ids.numpy(), kernels.NO_ORDER, rows[relation])
     return rows
 
 
@@ -287,7 +291,5 @@ def gather_edge_features(graph: TypedGraph, blocks: Iterable[TypedBlock],
     its edges'."""
     for tblock in blocks:
         check_edge_features(graph, tblock.edge_ids)
-        for relation, ids in tblock.edge_ids.items():
-            source = graph.relations[relation].edge_features
-            if source is not None:
-                tblock.edge_features[relation] = edge_rows(source, ids.cpu().numpy()).to(device)
+        rows = edge_rows(graph, {r: ids.cpu() for r, ids in tblock.edge_ids.items()})
+        tblock.edge_features.update({r: part.to(device) for r, part in rows.items()})
