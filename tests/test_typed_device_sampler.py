@@ -152,7 +152,7 @@ def test_grouped_draws_are_each_relations_own(mag):
     keys = hop_keys(key, 0, mag.relations)
     for src_type in top.src_ids:
         into = [r for r in mag.relations if r[2] == mag.target and r[0] == src_type]
-        drawn = [device._samplers[r].draw(seeds, 4, keys[r]) for r in into]
+        drawn = together([device._samplers[r].start_draw(seeds, 4, keys[r]) for r in into])
         start = seeds if src_type == mag.target else torch.empty(0, dtype=torch.int64)
         node_map = torch.empty(mag.num_nodes[src_type], dtype=torch.int64)
         sources = torch.cat([nbrs for _, nbrs in drawn])

@@ -183,7 +183,7 @@ class TorchNeighborSampler(Sampler):
         blocks, frontiers = [], [start]
         for fanout, key in hops:
             dst = frontiers[-1]
-            ptr, nbrs = self.draw(dst, fanout, key)
+            ptr, nbrs = together([self.start_draw(dst, fanout, key)])[0]
             local, frontier = together([start_relabel(self._node_map, dst, nbrs)])[0]
             blocks.append(Block(dst.shape[0], frontier.shape[0], ptr, local,
                                 src_degree=self._degrees(frontier), src_ids=frontier))
@@ -195,16 +195,11 @@ class TorchNeighborSampler(Sampler):
             return None
         return (self.indptr.index_select(0, sources + 1) - self.indptr.index_select(0, sources)).float()
 
-    def draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> tuple[torch.Tensor, ...]:
-        """The draws of one hop, not relabelled, as ``kernels.sample_neighbors`` gives them: ``(ptr, nbrs)``
-        (global ids), with ``edges`` ``(ptr, nbrs, positions)``. No vertex map is touched, so the neighbours
-        may be of another vertex set than ``dst`` (a typed relation's source type). One read of the device
-        (the edge count); ``start_draw`` and ``together`` share one read among several draws."""
-        return together([self.start_draw(dst, fanout, key, edges)])[0]
-
     def start_draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> Started:
-        """``draw`` up to its read of the device: the edge count (on the device) and what finishes the draw
-        given it (``together``)."""
+        """The draws of one hop up to their read of the device: the edge count (on the device), and what
+        finishes them given it (``together``): ``(ptr, nbrs)`` as ``kernels.sample_neighbors`` gives them
+        (global ids, not relabelled), with ``edges`` ``(ptr, nbrs, positions)``. No vertex map is touched, so
+        the neighbours may be of another vertex set than ``dst`` (a typed relation's source type)."""
         # index_select rather than advanced indexing throughout: the same result, several times faster on
         # the CPU.
         start = self.indptr.index_select(0, dst)
