@@ -1,11 +1,8 @@
 """Uniform neighbour sampling: seeds in, one block per layer out.
 
-Two implementations share one contract (uniform without replacement, all neighbours when the degree is at
-most the fanout, destination-first source frontiers, first-appearance order for new vertices):
-
-- ``NeighborSampler``: numba kernels on host arrays (numpy or memory-mapped); multi-threaded.
-- ``TorchNeighborSampler``: vectorised torch ops on tensors of any device; this is the CUDA path, and it
-  runs on CPU tensors too so its logic is tested everywhere.
+``NeighborSampler`` (numba kernels on host arrays) and ``TorchNeighborSampler`` (torch ops on tensors of any
+device) share one contract: uniform without replacement, all neighbours when the degree is at most the
+fanout, destination-first source frontiers, first-appearance order for new vertices.
 
 Randomness derives from ``batch_key(seed, epoch, batch_index)``: the same key always yields the same sample,
 and each vertex's neighbours in a hop depend only on (``layer_key``, vertex), in both samplers, whichever batch
@@ -164,7 +161,7 @@ def relabel_into(frontier: np.ndarray, parts: list[np.ndarray], node_map: np.nda
 class TorchNeighborSampler(Sampler):
     """The same sampling contract in vectorised torch ops, on the device holding ``indptr``/``indices``."""
 
-    reads_grouped = True  # ``sample_many`` reads the device once for all its mini-batches
+    reads_grouped = True  # device mode samples mini-batches in groups with it (Triton: one read a group)
 
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts: list[int], degrees: bool = False):
         self.indptr = indptr.long()

@@ -6,10 +6,6 @@ Each relation draws with the homogeneous kernel (``kernels.sample_neighbors``) t
 edge ids and rows the blocks carry are docs/heterogeneous.md, "Sampling". A vertex's neighbours through a
 relation in a hop depend on (key, hop, relation, vertex) alone, and a one-relation graph (``TypedGraph.of``
 a homogeneous one) is sampled exactly as ``NeighborSampler`` samples it, bit for bit.
-
-``TypedHops`` is the loop of hops this sampler and ``TypedDeviceSampler`` share; they differ only in how
-they draw, relabel and read edge feature rows. ``gather_edge_features`` reads the rows of blocks sampled
-without them.
 """
 
 from __future__ import annotations
