@@ -88,7 +88,6 @@ class Sampler:
         return blocks[0], frontiers[1]
 
     def _run(self, calls: list[tuple]) -> list[tuple[list[Block], list]]:
-        """``_hops`` of each of ``calls``."""
         return [self._hops(start, hops) for start, hops in calls]
 
 
@@ -111,8 +110,7 @@ class NeighborSampler(OneThread, Sampler):
         self.indices = indices
         self.fanouts = list(fanouts)
         self.degrees = degrees
-        num_nodes = indptr.shape[0] - 1
-        self._node_map = np.full(num_nodes, -1, dtype=np.int64)
+        self._node_map = np.full(indptr.shape[0] - 1, -1, dtype=np.int64)
 
     @staticmethod
     def _ids(ids) -> np.ndarray:
