@@ -40,7 +40,7 @@ from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.resources import keep_freed_memory
-from neutronorch.features.store import gather_frontier
+from neutronorch.features.store import TypedInputs
 
 # path -> (the kernels of nn/edge_softmax.py?, the weighted sum)
 PATHS = {"kernels": (True, attention.attention_aggregate), "torch ops": (False, attention.attention_aggregate)}
@@ -77,7 +77,7 @@ def rgat_case(args) -> tuple[str, torch.nn.Module, list]:
     for i in range(args.batches):
         seeds = np.asarray(graph.train_idx)[i * args.batch_size:(i + 1) * args.batch_size]
         subgraph = sampler.sample(seeds, batch_key(0, 0, i))
-        features, ids = gather_frontier(graph, subgraph.input_nodes, torch.device("cpu"))
+        features, ids = TypedInputs(graph)(subgraph.input_nodes, torch.device("cpu"))
         batches.append(((subgraph.blocks, features, ids), labels[torch.from_numpy(seeds)]))
     edges = sum(b.num_edges for b in batches[0][0][0][0].blocks.values())
     title = (f"R-GAT on synthetic_typed({args.nodes:,}).with_reverse(): {len(args.fanouts)} layers, fanouts "

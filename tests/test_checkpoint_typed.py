@@ -230,14 +230,14 @@ def test_embeddings_are_the_rows_the_layer_above_reads(mag, whole):
     rows = embed(checkpoint, mag, nodes=[7, 3, 11])
     assert rows.shape == (3, 16) and rows.dtype == np.float32
     from neutronorch.sampling.typed_sampler import TypedNeighborSampler
-    from neutronorch.features.store import gather_frontier
+    from neutronorch.features.store import TypedInputs
     from neutronorch.train.evaluate import inference_key
 
     graph, model, read = mag.with_reverse(), checkpoint.model, {}
     subgraph = TypedNeighborSampler(graph, checkpoint.fanouts).sample(np.array([7, 3, 11]), inference_key(0))
     handle = model.layers[1].register_forward_pre_hook(lambda module, args: read.update(args[1]))
     with torch.no_grad():
-        model(subgraph.blocks, *gather_frontier(graph, subgraph.input_nodes, torch.device("cpu")))
+        model(subgraph.blocks, *TypedInputs(graph)(subgraph.input_nodes, torch.device("cpu")))
     handle.remove()
     # The seeds lead their type's frontier; the same neighbourhoods, the products over chunks of other sizes.
     assert torch.allclose(read["paper"][:3], torch.from_numpy(rows), rtol=0, atol=1e-5)

@@ -13,7 +13,7 @@ from neutronorch.data.typed import EDGE, VERTEX, Relation, TypedGraph
 from neutronorch.errors import DataError
 from neutronorch.sampling.device_sampler import make_device_sampler, triton_available
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, TorchNeighborSampler, batch_key
-from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology
+from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -111,8 +111,7 @@ def test_the_typed_host_sampler_draws_the_homogeneous_samplers_blocks(fanouts, d
 def test_the_typed_device_sampler_draws_the_torch_samplers_blocks(fanouts, degrees):
     graph = _graph(symmetric=degrees)
     typed_graph = TypedGraph.of(graph)
-    topology = TypedTopology.of(typed_graph, torch.device("cpu"))
-    typed = TypedDeviceSampler(topology, {EDGE: fanouts}, degrees=degrees, backend="torch")
+    typed = TypedDeviceSampler(typed_graph, torch.device("cpu"), {EDGE: fanouts}, degrees, backend="torch")
     homogeneous = TorchNeighborSampler(torch.from_numpy(graph.indptr), torch.from_numpy(graph.indices), fanouts,
                                        degrees=degrees)
     host = TypedNeighborSampler(typed_graph, fanouts, degrees=degrees)
@@ -129,8 +128,7 @@ def test_the_typed_device_sampler_draws_the_torch_samplers_blocks(fanouts, degre
 @pytest.mark.parametrize("fanouts", [[6, 3], [6, -1, 3]])  # with -1, the Triton sampler runs the torch one
 def test_the_typed_device_sampler_on_triton_draws_the_triton_samplers_blocks(fanouts):
     graph = _graph(symmetric=False)
-    typed = TypedDeviceSampler(TypedTopology.of(TypedGraph.of(graph), torch.device("cpu")), {EDGE: fanouts},
-                               backend="triton")
+    typed = TypedDeviceSampler(TypedGraph.of(graph), torch.device("cpu"), {EDGE: fanouts}, backend="triton")
     homogeneous = make_device_sampler(torch.from_numpy(graph.indptr), torch.from_numpy(graph.indices), fanouts,
                                       backend="triton")
     seeds = torch.arange(0, graph.num_nodes, 7)

@@ -9,8 +9,8 @@ import torch
 
 from neutronorch.data.synthetic_typed import synthetic_typed
 from neutronorch.sampling.device_sampler import triton_available
-from neutronorch.sampling.neighbor_sampler import batch_key, relabel_with_map
-from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology
+from neutronorch.sampling.neighbor_sampler import batch_key, start_relabel, together
+from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler, hop_keys
 
 CPU = torch.device("cpu")
@@ -59,7 +59,7 @@ def assert_same(host, device):
 def pair(graph, fanouts, degrees=False, backend="torch", device=CPU, edge_ids=None):
     host = TypedNeighborSampler(graph, fanouts, degrees, edge_ids=edge_ids)
     device_ids = None if edge_ids is None else host.edge_ids
-    return host, TypedDeviceSampler(TypedTopology.of(graph, device), host.fanouts, degrees, device_ids, backend=backend)
+    return host, TypedDeviceSampler(graph, device, host.fanouts, degrees, device_ids, backend=backend)
 
 
 FANOUTS = [
@@ -152,10 +152,11 @@ def test_grouped_draws_are_each_relations_own(mag):
     keys = hop_keys(key, 0, mag.relations)
     for src_type in top.src_ids:
         into = [r for r in mag.relations if r[2] == mag.target and r[0] == src_type]
-        drawn = [device._samplers[r].draw(seeds, 4, keys[r]) for r in into]
+        drawn = together([device._samplers[r].start_draw(seeds, 4, keys[r]) for r in into])
         start = seeds if src_type == mag.target else torch.empty(0, dtype=torch.int64)
         node_map = torch.empty(mag.num_nodes[src_type], dtype=torch.int64)
-        local, frontier = relabel_with_map(node_map, start, torch.cat([nbrs for _, nbrs in drawn]))
+        sources = torch.cat([nbrs for _, nbrs in drawn])
+        local, frontier = together([start_relabel(node_map, start, sources)])[0]
         assert torch.equal(top.src_ids[src_type], frontier)
         for r, (ptr, nbrs), part in zip(into, drawn, torch.split(local, [n.shape[0] for _, n in drawn])):
             assert torch.equal(top.blocks[r].indptr, ptr) and torch.equal(top.blocks[r].indices, part)

@@ -34,7 +34,7 @@ from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.task import Task
 from neutronorch.train.distributed import combine_rows, own_rows
 from neutronorch.train.step import step_masks
-from neutronorch.features.store import gather_frontier
+from neutronorch.features.store import TypedInputs
 
 LOSS_RTOL = 1e-5  # as the homogeneous tests: the same arithmetic up to the order of float sums
 # 121 training papers in global batches of 2 x 30: 60, 60, then one seed, of which rank 1 has no part.
@@ -217,7 +217,7 @@ def neighbours(subgraph) -> dict[tuple, tuple]:
 
 def forward(model, graph, sampler, seeds, key, epoch=1):
     subgraph = sampler.sample(seeds, key)
-    features, ids = gather_frontier(graph, subgraph.input_nodes, torch.device("cpu"))
+    features, ids = TypedInputs(graph)(subgraph.input_nodes, torch.device("cpu"))
     with step_masks(0, epoch, 2):
         return model(subgraph.blocks, features, ids)
 
@@ -254,7 +254,7 @@ def test_the_ranks_table_rows_combine_into_the_global_batchs_gradient():
     def gradients(part):
         model.zero_grad(set_to_none=True)
         subgraph = sampler.sample(part, 7)
-        features, ids = gather_frontier(graph, subgraph.input_nodes, torch.device("cpu"))
+        features, ids = TypedInputs(graph)(subgraph.input_nodes, torch.device("cpu"))
         with step_masks(0, 0, 0):
             logits = model(subgraph.blocks, features, ids)
         labels = torch.from_numpy(np.asarray(graph.labels[part], dtype=np.int64))

@@ -21,7 +21,7 @@ from neutronorch.nn.relational import module_key
 from neutronorch.nn.typed_models import LEAKY_SLOPE, TypedGNN, TypedSpec, edge_arguments
 from neutronorch.sampling import kernels
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler, gather_edge_features
-from neutronorch.features.store import gather_frontier
+from neutronorch.features.store import TypedInputs
 
 CPU = torch.device("cpu")
 CITES, REV_CITES = ("paper", "cites", "paper"), ("paper", "rev_cites", "paper")
@@ -223,7 +223,7 @@ def test_rgat_with_edge_features_equals_pyg_gatconv_with_edge_dim_on_a_sampled_b
     model = TypedGNN("rgat", TypedSpec.of(mag), 16, mag.num_classes, 2, heads=2).eval()
     assert model.layers[0].edge_dims == {CITES: 1, REV_CITES: 1, WRITES: 3, REV_WRITES: 3}
     subgraph = TypedNeighborSampler(mag, [5, 4]).sample(seeds_of(mag), 21)
-    features, ids = gather_frontier(mag, subgraph.input_nodes, CPU)
+    features, ids = TypedInputs(mag)(subgraph.input_nodes, CPU)
     with torch.no_grad():
         ours = model(subgraph.blocks, features, ids)
         theirs = {}
@@ -272,7 +272,7 @@ def test_sage_weights_its_means_by_one_column_edge_features_and_ignores_wider_on
     assert len(ignored) == 1 and "(author, writes, paper) (3 columns)" in ignored[0]
     assert model.weighted == (CITES, REV_CITES)
     subgraph = TypedNeighborSampler(mag, [6]).sample(seeds_of(mag), 2)
-    features, ids = gather_frontier(mag, subgraph.input_nodes, CPU)
+    features, ids = TypedInputs(mag)(subgraph.input_nodes, CPU)
     tblock = subgraph.blocks[0]
     with torch.no_grad():
         ours = model(subgraph.blocks, features, ids)
@@ -290,7 +290,7 @@ def test_every_layer_and_the_bottom_one_read_their_blocks_edge_features(mag, kin
     torch.manual_seed(1)
     model = TypedGNN(kind, TypedSpec.of(mag), 16, mag.num_classes, 2, heads=2).eval()
     subgraph = TypedNeighborSampler(mag, [4, 3]).sample(seeds_of(mag), 4)
-    features, ids = gather_frontier(mag, subgraph.input_nodes, CPU)
+    features, ids = TypedInputs(mag)(subgraph.input_nodes, CPU)
     name = "edge_attr" if kind == "rgat" else "edge_weight"
     wanted = {CITES, REV_CITES} | ({WRITES, REV_WRITES} if kind == "rgat" else set())
     with torch.no_grad():
@@ -316,7 +316,7 @@ def test_every_layer_and_the_bottom_one_read_their_blocks_edge_features(mag, kin
 def test_a_block_without_the_rows_the_model_reads_is_refused_naming_the_relation(mag):
     model = TypedGNN("sage", TypedSpec.of(mag), 8, mag.num_classes, 1)
     subgraph = TypedNeighborSampler(mag, [3], edge_features=False).sample(seeds_of(mag), 6)
-    features, ids = gather_frontier(mag, subgraph.input_nodes, CPU)
+    features, ids = TypedInputs(mag)(subgraph.input_nodes, CPU)
     with pytest.raises(ValueError, match=r"\(paper, cites, paper\) has edge features.*gather_edge_features"):
         model(subgraph.blocks, features, ids)
     gather_edge_features(mag, subgraph.blocks, CPU)

@@ -18,9 +18,9 @@ from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
 from neutronorch.orchestration.neutronorch.planner import Planner
 from neutronorch.nn.splice import HotRows, SpliceIndex
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
-from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology
+from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
-from neutronorch.features.store import gather_frontier
+from neutronorch.features.store import TypedInputs
 
 CPU = torch.device("cpu")
 
@@ -47,7 +47,7 @@ def test_a_spliced_forward_and_its_gradients_equal_the_whole_ones(mag, kind):
     seeds = np.asarray(mag.train_idx[:64])
     whole = sampler.sample(seeds, 9)
     torch.manual_seed(0)
-    reference = model(whole.blocks, *gather_frontier(mag, whole.input_nodes, CPU))
+    reference = model(whole.blocks, *TypedInputs(mag)(whole.input_nodes, CPU))
     reference.square().sum().backward()
     expected = grads(model)
     model.zero_grad(set_to_none=True)
@@ -57,7 +57,7 @@ def test_a_spliced_forward_and_its_gradients_equal_the_whole_ones(mag, kind):
     hot_pos = {t: np.arange(ids.shape[0])[1::2] for t, ids in destinations.items()}
     cold_pos = {t: np.arange(ids.shape[0])[0::2] for t, ids in destinations.items()}
     hot_block = sampler.sample_bottom({t: ids.numpy()[hot_pos[t]] for t, ids in destinations.items()}, 9)
-    features, ids = gather_frontier(mag, hot_block.src_ids, CPU)
+    features, ids = TypedInputs(mag)(hot_block.src_ids, CPU)
     tables = model.bottom(hot_block, model.input_rows(features, ids))
     cold_block = sampler.sample_bottom({t: ids.numpy()[cold_pos[t]] for t, ids in destinations.items()}, 9)
     hot = {t: HotRows(tables[t].detach(), SpliceIndex.build(ids.shape[0], cold_pos[t], hot_pos[t],
@@ -66,7 +66,7 @@ def test_a_spliced_forward_and_its_gradients_equal_the_whole_ones(mag, kind):
            for t, ids in destinations.items() if hot_pos[t].shape[0]}
     assert hot, "the batch has hot rows to splice"
     torch.manual_seed(0)
-    spliced = model([cold_block, *upper.blocks], *gather_frontier(mag, cold_block.src_ids, CPU), hot)
+    spliced = model([cold_block, *upper.blocks], *TypedInputs(mag)(cold_block.src_ids, CPU), hot)
     torch.testing.assert_close(spliced, reference, rtol=1e-5, atol=1e-6)
     spliced.square().sum().backward()
     torch.autograd.backward([tables[t] for t in hot], [hot[t].grad_acc for t in hot])
@@ -148,12 +148,12 @@ def test_the_device_planner_makes_the_host_planners_plan(mag, ratio):
     """``DevicePlanner`` on the typed device sampler's upper hops (the host sampler's draws): the host
     planner's plan, entry for entry, its positions on the device."""
     host = TypedNeighborSampler(mag, [4, 3])
-    device = TypedDeviceSampler(TypedTopology.of(mag, CPU), host.fanouts)
+    device = TypedDeviceSampler(mag, CPU, host.fanouts)
     batches = [np.asarray(mag.train_idx)[i * 40:(i + 1) * 40] for i in range(4)]
     setting = RatioSetting(1.0, True, 0.1, 0.02) if ratio == "auto" else RatioSetting(ratio)
     bottom = {r: f[-1] for r, f in host.fanouts.items()}
     a = Planner(mag, bottom).plan(7, 0, uppers_of(mag, host, batches), setting.ratio, setting.cap())
-    indptrs = {r: indptr for r, (indptr, _) in device.topology.relations.items()}
+    indptrs = {r: indptr for r, (indptr, _) in device.relations.items()}
     on_device = uppers_of(mag, device, [torch.from_numpy(s) for s in batches])
     b = DevicePlanner(mag, bottom, indptrs).plan(7, 0, on_device, setting.ratio, setting.cap())
     assert a.hot.keys() == b.hot.keys() and all(np.array_equal(a.hot[t], b.hot[t]) for t in a.hot)

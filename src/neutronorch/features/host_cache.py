@@ -2,15 +2,10 @@
 in memory, every other row copied once, in vertex order, into a file of cold rows, so that a mini-batch read
 in file order passes over that file only (docs/memory.md, "A host feature cache").
 
-Both come from one sequential read of the features. The cold file goes next to the features (or into
-``directory``, else the temporary directory) and is deleted as soon as it is open: nothing is left behind.
-Without room for it (or when writing it fails), misses are read from the features in place (logged).
-
-Sized by measurement (``AutoSize``): the cache starts empty while a thread samples the process's anonymous
-memory over the first ``WARMUP_GATHERS`` gathers, then takes what the memory available leaves beside that
-peak and the page cache of mapped files (``memory.measured_rows``), built while training goes on; the thread
-then watches the memory available and appends the coldest cached rows to the cold file, handing their memory
-back, when the page cache would be squeezed (``memory.rows_to_free``).
+Both come from one sequential read of the features; the cold file (``_cold_path``) is deleted as soon as it
+is open, and without it misses are read from the features in place. Sized by measurement (``AutoSize``), a
+watcher thread sizes the cache after the first gathers (``memory.measured_rows``) and shrinks it into the
+cold file when the page cache would be squeezed (``memory.rows_to_free``).
 
 ``where[v]`` says where v's row is: ``-1 - slot`` for a cached row (slots hottest first), otherwise its row
 in the cold source. Gathers read through ``reading()``, which a resize waits for.
@@ -111,6 +106,7 @@ class HostCache:
         index = np.int32 if num_rows < 2**31 else np.int64
         self._state = _State(np.arange(num_rows, dtype=index), features[:0], hot[:0], features, False)
         self._candidates = hot
+        self._warmup = WARMUP_GATHERS if auto.warmup is None else auto.warmup
         self._peak = 0
         self._keep = self._growth = 0
         self._stop = threading.Event()
@@ -134,11 +130,8 @@ class HostCache:
             state = self._state
             yield state.where, state.table, state.cold
         self.gathers += 1  # approximate under concurrent gathers: it only decides when to size
-        if self.auto is not None and self.sizing is None and self.gathers >= self._warmup():
+        if self.auto is not None and self.sizing is None and self.gathers >= self._warmup:
             self._wake.set()
-
-    def _warmup(self) -> int:
-        return WARMUP_GATHERS if self.auto.warmup is None else self.auto.warmup
 
     def close(self) -> None:
         """Stop watching the memory (the cache stays as it is)."""
@@ -164,7 +157,7 @@ class HostCache:
         anon = process_anonymous_bytes()
         self._peak = max(self._peak, anon or 0)
         if self.sizing is None:
-            if self.gathers < self._warmup():
+            if self.gathers < self._warmup:
                 return POLL_WARMUP_S
             self._size(anon)
             return POLL_S

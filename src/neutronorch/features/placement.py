@@ -1,11 +1,8 @@
 """Where the topology and the features live on a CUDA machine, decided once from a memory budget
 (docs/gpu.md, "Placement"): the training workspace first, then the topology where the device samples
 (pinned host memory, read in place, when it does not fit), then a device cache of the hottest feature rows
-in what is left. ``plan_placement`` is arithmetic only (it runs, and is tested, without a GPU).
-
-Pinning can fail (a low ``ulimit -l``, too little shared memory in a container): ``pin`` then says so once
-and the data stay in pageable memory, where copies are synchronous but correct. ``uva_view`` gives a CUDA
-tensor over pinned host memory and checks it reads the right values before anything relies on it.
+in what is left. ``plan_placement`` is arithmetic only (it runs, and is tested, without a GPU). Where
+pinning fails, ``pin`` warns once and the data stay in pageable memory (synchronous copies, same results).
 """
 
 from __future__ import annotations

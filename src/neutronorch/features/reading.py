@@ -7,6 +7,7 @@ The rows themselves are read by ``store.FeatureStore`` (one per feature array) a
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Callable
@@ -93,18 +94,15 @@ def typed_stores(config: TrainConfig, graph: TypedGraph, fanouts: dict[RelationT
         logger.info("no host feature cache: device mode reads the rows its device caches miss in place")
         return stores
     total = sum(rows.nbytes for rows in mapped.values())
-    ranking: dict[str, np.ndarray] = {}
 
-    def ranked(t: str) -> np.ndarray:
-        if not ranking:  # one presample ranks every type
-            sampler = TypedNeighborSampler(graph, fanouts)  # the training batches' draws
-            ranking.update(typed_hotness_order(graph, sampler, graph.train_idx, config.batch_size, config.seed,
-                                               config.cache_policy))
-        return ranking[t]
+    @functools.cache
+    def ranking() -> dict[str, np.ndarray]:  # one presample of the training batches' draws ranks every type
+        return typed_hotness_order(graph, TypedNeighborSampler(graph, fanouts), graph.train_idx,
+                                   config.batch_size, config.seed, config.cache_policy)
 
     for t, rows in mapped.items():
         share = setting if setting == "auto" else float(setting) * rows.nbytes / max(1, total)
-        attach_host_cache(stores[t], share, lambda t=t: ranked(t), config.host_cache_dir,
+        attach_host_cache(stores[t], share, lambda t=t: ranking()[t], config.host_cache_dir,
                           lambda: auto_size(list(features.values()), topology, distributed, len(mapped)), name=t)
     return stores
 

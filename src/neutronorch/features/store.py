@@ -201,9 +201,3 @@ class TypedInputs:
         return {"host_cache": host_cache, "read_order": {"features": "file" if ordered else "batch",
                                                          "topology": "batch"}}
 
-
-def gather_frontier(graph: TypedGraph, frontier: Mapping[str, torch.Tensor], device: torch.device
-                    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """One read of ``frontier``'s inputs (``TypedInputs``) by stores made for it (prediction, embeddings); a
-    run and an evaluation read through stores made once (a ``TypedInputs`` of their own)."""
-    return TypedInputs(graph)(frontier, device)

@@ -31,7 +31,7 @@ from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.batch import MiniBatch, per_type
 from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.device_sampler import make_device_sampler
-from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology, topology_bytes
+from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, topology_bytes
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 logger = logging.getLogger("neutronorch")
@@ -145,7 +145,8 @@ class DeviceReader:
         rows = typed_cache_rows(graph, model, self.fanouts, sampling.batch_size, memory_size, self.placement_config)
         self.sizes = device_bytes(graph, rows)
         clock = time.perf_counter()
-        topology = TypedTopology.of(graph, device, lambda array, what: place(array, device, what))
+        self.sampler = TypedDeviceSampler(graph, device, self.fanouts,
+                                          tensor=lambda array, what: place(array, device, what))
         order: dict[str, np.ndarray] = {}
         if any(rows[t] < graph.num_nodes[t] for t in rows):  # one presample ranks every type
             order = typed_hotness_order(graph, TypedNeighborSampler(graph, self.fanouts), graph.train_idx,
@@ -158,7 +159,6 @@ class DeviceReader:
                                       pin=device.type == "cuda")) for t, cache in self.caches.items()}
         self.labels = (place(np.asarray(graph.labels, dtype=np.int64), device, "labels") if graph.labels is not None
                        else None)  # a link task's graph may have none
-        self.sampler = TypedDeviceSampler(topology, self.fanouts)
         self.backend = self.sampler.backend
         cached = ", ".join(f"{t} {rows[t]:,} of {graph.num_nodes[t]:,}" for t in rows)
         logger.info(f"device mode: {sum(self.sizes.values()) / GiB:.2f} GiB of topology, cached rows ({cached}), "

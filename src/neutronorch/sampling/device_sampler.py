@@ -3,10 +3,8 @@
 ``TritonNeighborSampler`` keeps the contract of ``TorchNeighborSampler`` (and of the host sampler) bit for
 bit, in a few launches per hop (``triton_kernels``) and one read of the device per mini-batch.
 
-``make_device_sampler`` picks the implementation: ``backend="auto"`` (the default, or the environment
-variable ``NEUTRONORCH_DEVICE_SAMPLER``) takes Triton for CUDA tensors where it can be imported and the
-torch sampler otherwise; ``"torch"`` and ``"triton"`` force one. Triton on CPU tensors needs its
-interpreter (``TRITON_INTERPRET=1`` before the first import of Triton), which the test suite uses.
+``make_device_sampler`` picks it (``backend``: ``auto``, the default, takes Triton for CUDA tensors where it
+can be imported; ``torch`` and ``triton`` force one; docs/gpu.md).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Uniform neighbour sampling: seeds in, one block per layer out.
 
-Two implementations share one contract (uniform without replacement, all neighbours when the degree is at
-most the fanout, destination-first source frontiers, first-appearance order for new vertices):
-
-- ``NeighborSampler``: numba kernels on host arrays (numpy or memory-mapped); multi-threaded.
-- ``TorchNeighborSampler``: vectorised torch ops on tensors of any device; this is the CUDA path, and it
-  runs on CPU tensors too so its logic is tested everywhere.
+``NeighborSampler`` (numba kernels on host arrays) and ``TorchNeighborSampler`` (torch ops on tensors of any
+device) share one contract: uniform without replacement, all neighbours when the degree is at most the
+fanout, destination-first source frontiers, first-appearance order for new vertices.
 
 Randomness derives from ``batch_key(seed, epoch, batch_index)``: the same key always yields the same sample,
 and each vertex's neighbours in a hop depend only on (``layer_key``, vertex), in both samplers, whichever batch
@@ -27,7 +24,7 @@ from neutronorch.sampling.block import Block, SampledSubgraph
 from neutronorch.sampling.fanouts import parse_fanouts
 
 __all__ = ["NeighborSampler", "Sampler", "TorchNeighborSampler", "batch_key", "layer_key", "mix_key",
-           "parse_fanouts", "relabel_into", "relabel_with_map", "start_relabel", "together"]
+           "parse_fanouts", "relabel_into", "start_relabel", "together"]
 
 
 _MASK = (1 << 64) - 1
@@ -91,7 +88,6 @@ class Sampler:
         return blocks[0], frontiers[1]
 
     def _run(self, calls: list[tuple]) -> list[tuple[list[Block], list]]:
-        """``_hops`` of each of ``calls``."""
         return [self._hops(start, hops) for start, hops in calls]
 
 
@@ -114,13 +110,7 @@ class NeighborSampler(OneThread, Sampler):
         self.indices = indices
         self.fanouts = list(fanouts)
         self.degrees = degrees
-        num_nodes = indptr.shape[0] - 1
-        self._node_map = np.full(num_nodes, -1, dtype=np.int64)
-
-    def _order(self, dst: np.ndarray) -> np.ndarray:
-        if not self.file_order:
-            return kernels.NO_ORDER
-        return kernels.region_order(dst, self.vertices_per_region, self.indptr.shape[0] - 1)
+        self._node_map = np.full(indptr.shape[0] - 1, -1, dtype=np.int64)
 
     @staticmethod
     def _ids(ids) -> np.ndarray:
@@ -135,8 +125,10 @@ class NeighborSampler(OneThread, Sampler):
         try:
             for fanout, key in hops:
                 num_dst = frontier.shape[0]
+                order = (kernels.region_order(frontier, self.vertices_per_region, self.indptr.shape[0] - 1)
+                         if self.file_order else kernels.NO_ORDER)
                 ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, frontier, fanout,
-                                                     np.uint64(key), self._order(frontier))
+                                                     np.uint64(key), order)
                 (local,), frontier = relabel_into(frontier, [nbrs], node_map)
                 frontiers.append(torch.from_numpy(frontier))
                 blocks.append(Block(num_dst, frontier.shape[0], torch.from_numpy(ptr), torch.from_numpy(local),
@@ -167,7 +159,7 @@ def relabel_into(frontier: np.ndarray, parts: list[np.ndarray], node_map: np.nda
 class TorchNeighborSampler(Sampler):
     """The same sampling contract in vectorised torch ops, on the device holding ``indptr``/``indices``."""
 
-    reads_grouped = True  # ``sample_many`` reads the device once for all its mini-batches
+    reads_grouped = True  # device mode samples mini-batches in groups with it (Triton: one read a group)
 
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts: list[int], degrees: bool = False):
         self.indptr = indptr.long()
@@ -186,8 +178,8 @@ class TorchNeighborSampler(Sampler):
         blocks, frontiers = [], [start]
         for fanout, key in hops:
             dst = frontiers[-1]
-            ptr, nbrs = self.draw(dst, fanout, key)
-            local, frontier = relabel_with_map(self._node_map, dst, nbrs)
+            ptr, nbrs = together([self.start_draw(dst, fanout, key)])[0]
+            local, frontier = together([start_relabel(self._node_map, dst, nbrs)])[0]
             blocks.append(Block(dst.shape[0], frontier.shape[0], ptr, local,
                                 src_degree=self._degrees(frontier), src_ids=frontier))
             frontiers.append(frontier)
@@ -198,16 +190,11 @@ class TorchNeighborSampler(Sampler):
             return None
         return (self.indptr.index_select(0, sources + 1) - self.indptr.index_select(0, sources)).float()
 
-    def draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> tuple[torch.Tensor, ...]:
-        """The draws of one hop, not relabelled, as ``kernels.sample_neighbors`` gives them: ``(ptr, nbrs)``
-        (global ids), with ``edges`` ``(ptr, nbrs, positions)``. No vertex map is touched, so the neighbours
-        may be of another vertex set than ``dst`` (a typed relation's source type). One read of the device
-        (the edge count); ``start_draw`` and ``together`` share one read among several draws."""
-        return together([self.start_draw(dst, fanout, key, edges)])[0]
-
     def start_draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> Started:
-        """``draw`` up to its read of the device: the edge count (on the device) and what finishes the draw
-        given it (``together``)."""
+        """The draws of one hop up to their read of the device: the edge count (on the device), and what
+        finishes them given it (``together``): ``(ptr, nbrs)`` as ``kernels.sample_neighbors`` gives them
+        (global ids, not relabelled), with ``edges`` ``(ptr, nbrs, positions)``. No vertex map is touched, so
+        the neighbours may be of another vertex set than ``dst`` (a typed relation's source type)."""
         # index_select rather than advanced indexing throughout: the same result, several times faster on
         # the CPU.
         start = self.indptr.index_select(0, dst)
@@ -249,19 +236,13 @@ class TorchNeighborSampler(Sampler):
         return picks
 
 
-def relabel_with_map(node_map: torch.Tensor, dst: torch.Tensor, nbrs: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Local ids of ``nbrs`` in the frontier [dst, new vertices in first-appearance order], and that frontier,
-    through ``node_map`` (int64, one entry per vertex; no sort). Only the entries touched are written, left as
-    scratch, so one map serves any number of calls on one thread. One read of the device (the frontier's
-    size)."""
-    return together([start_relabel(node_map, dst, nbrs)])[0]
-
-
 def start_relabel(node_map: torch.Tensor, dst: torch.Tensor, nbrs: torch.Tensor) -> Started:
-    """``relabel_with_map`` up to its read of the device: the frontier's size (on the device) and what
-    finishes the relabel given it. Each vertex's first position among [dst, nbrs] is a scatter-min, first
-    appearances are where that minimum sits, and their running count is their local id."""
+    """The relabel in torch up to its read of the device (the frontier's size), and what finishes it given
+    that size (``together``): local ids of ``nbrs`` in the frontier [dst, new vertices in first-appearance
+    order], and that frontier, through ``node_map`` (int64, one entry per vertex; no sort). Each vertex's
+    first position among [dst, nbrs] is a scatter-min, first appearances are where that minimum sits, and
+    their running count is their local id. Only the entries touched are written, left as scratch, so one map
+    serves any number of calls on one thread."""
     everything = torch.cat([dst, nbrs])
     m = everything.shape[0]
     positions = torch.arange(m, device=node_map.device)

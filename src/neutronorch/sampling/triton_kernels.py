@@ -1,8 +1,5 @@
 """Triton kernels of the device sampler: one hop in four kernels and two scans, no host reads.
 
-Imported only where Triton is installed (``device_sampler.triton_available``); without a GPU they run through
-Triton's interpreter (``TRITON_INTERPRET=1`` set before this module is first imported), as in the tests.
-
 A hop works on padded buffers whose sizes the host knows without reading the device: a destination
 frontier of at most ``bound`` rows (its true size ``n_dst`` lives in device memory), ``fanout`` slots per
 row. Row ``r``'s sampled neighbour ``s`` sits in slot ``r * fanout + s``; the slots past a row's ``take``

@@ -6,10 +6,6 @@ Each relation draws with the homogeneous kernel (``kernels.sample_neighbors``) t
 edge ids and rows the blocks carry are docs/heterogeneous.md, "Sampling". A vertex's neighbours through a
 relation in a hop depend on (key, hop, relation, vertex) alone, and a one-relation graph (``TypedGraph.of``
 a homogeneous one) is sampled exactly as ``NeighborSampler`` samples it, bit for bit.
-
-``TypedHops`` is the loop of hops this sampler and ``TypedDeviceSampler`` share; they differ only in how
-they draw, relabel and read edge feature rows. ``gather_edge_features`` reads the rows of blocks sampled
-without them.
 """
 
 from __future__ import annotations
@@ -108,10 +104,23 @@ class TypedHops:
     """The hops both typed samplers run (``TypedNeighborSampler`` on the host, ``TypedDeviceSampler`` on the
     training device): per hop, the draws of every relation whose destination type has destinations, with
     the hop's keys (``hop_keys``); the relabelling of each source type's draws into its frontier; one
-    ``TypedBlock``. The frontiers are int64 tensors (on the host, views of numpy arrays). A sampler gives its
-    ``num_nodes``, ``target``, ``fanouts`` (resolved per relation), ``num_layers``, ``degrees`` (each relation's
-    out-degrees as a float32 tensor in ``_out_degrees`` when set), ``edge_ids``, and implements ``_ids``,
-    ``_draw``, ``_relabel`` and ``_edge_rows`` (``_enter`` and ``_leave`` where it keeps state per call)."""
+    ``TypedBlock``. The frontiers are int64 tensors (on the host, views of numpy arrays). The arguments are
+    ``TypedNeighborSampler``'s; a sampler implements ``_ids``, ``_draw``, ``_relabel`` and ``_edge_rows``
+    (``_enter`` and ``_leave`` where it keeps state per call)."""
+
+    def __init__(self, graph: TypedGraph, fanouts, degrees: bool = False, edge_ids=None,
+                 edge_features: bool = True):
+        self.graph = graph
+        self.num_nodes, self.target = graph.num_nodes, graph.target
+        self.fanouts = typed_fanouts(graph, fanouts)
+        self.num_layers = len(next(iter(self.fanouts.values())))
+        self.degrees = degrees
+        self.edge_ids = _edge_id_relations(graph, edge_ids)
+        check_edge_features(graph, self.edge_ids)
+        self.edge_features = edge_features and any(graph.relations[r].edge_features is not None
+                                                    for r in self.edge_ids)
+        self._out_degrees = {r: torch.from_numpy(out_degrees(rel.indices, self.num_nodes[r[0]])).float()
+                             for r, rel in graph.relations.items() if degrees}
 
     def sample(self, seeds, key: int) -> SampledSubgraph:
         """Sample the typed computation graph of ``seeds`` (unique local ids of the target type, or a mapping
@@ -204,18 +213,8 @@ class TypedNeighborSampler(OneThread, TypedHops):
 
     def __init__(self, graph: TypedGraph, fanouts, degrees: bool = False, edge_ids=None,
                  edge_features: bool = True):
-        self.graph = graph
-        self.num_nodes, self.target = graph.num_nodes, graph.target
-        self.fanouts = typed_fanouts(graph, fanouts)
-        self.num_layers = len(next(iter(self.fanouts.values())))
-        self.degrees = degrees
-        self.edge_ids = _edge_id_relations(graph, edge_ids)
-        check_edge_features(graph, self.edge_ids)
-        self.edge_features = edge_features and any(graph.relations[r].edge_features is not None
-                                                    for r in self.edge_ids)
+        super().__init__(graph, fanouts, degrees, edge_ids, edge_features)
         self._maps = {t: np.full(n, -1, dtype=np.int64) for t, n in graph.num_nodes.items()}
-        self._out_degrees = ({r: torch.from_numpy(out_degrees(rel.indices, graph.num_nodes[r[0]]).astype(np.float32))
-                              for r, rel in graph.relations.items()} if degrees else {})
 
     def _ids(self, ids) -> torch.Tensor:
         return torch.from_numpy(NeighborSampler._ids(ids))
@@ -252,15 +251,19 @@ class TypedNeighborSampler(OneThread, TypedHops):
         return local
 
     def _edge_rows(self, edge_ids: dict[RelationType, torch.Tensor]) -> dict[RelationType, torch.Tensor]:
-        return {r: edge_rows(self.graph.relations[r].edge_features, ids.numpy())
-                for r, ids in edge_ids.items() if self.graph.relations[r].edge_features is not None}
+        return edge_rows(self.graph, edge_ids)
 
 
-def edge_rows(source, ids) -> torch.Tensor:
-    """``source``'s rows (edges x width) at the edge ids ``ids`` (int64 numpy), float32 on the CPU, read by
-    the gather feature rows go through (``kernels.gather_stored``: a memory map at those rows only)."""
-    rows = torch.empty((ids.shape[0], source.shape[1]), dtype=torch.float32)
-    kernels.gather_stored(source, ids, kernels.NO_ORDER, rows)
+def edge_rows(graph: TypedGraph, edge_ids: dict) -> dict[RelationType, torch.Tensor]:
+    """The rows (edges x width, float32) of each relation of ``edge_ids`` that has edge features at its edge
+    ids (int64 on the CPU), read by the gather feature rows go through (``kernels.gather_stored``: a memory
+    map at those rows only)."""
+    rows = {}
+    for relation, ids in edge_ids.items():
+        source = graph.relations[relation].edge_features
+        if source is not None:
+            rows[relation] = torch.empty((ids.shape[0], source.shape[1]), dtype=torch.float32)
+            kernels.gather_stored(source, ids.numpy(), kernels.NO_ORDER, rows[relation])
     return rows
 
 
@@ -284,7 +287,5 @@ def gather_edge_features(graph: TypedGraph, blocks: Iterable[TypedBlock],
     its edges'."""
     for tblock in blocks:
         check_edge_features(graph, tblock.edge_ids)
-        for relation, ids in tblock.edge_ids.items():
-            source = graph.relations[relation].edge_features
-            if source is not None:
-                tblock.edge_features[relation] = edge_rows(source, ids.cpu().numpy()).to(device)
+        rows = edge_rows(graph, {r: ids.cpu() for r, ids in tblock.edge_ids.items()})
+        tblock.edge_features.update({r: part.to(device) for r, part in rows.items()})

@@ -24,7 +24,7 @@ import torch
 from neutronorch.atomic import reserve, sweep_stale, temp_prefix, write_error
 from neutronorch.data.graph import Graph
 from neutronorch.data.typed import TypedGraph
-from neutronorch.features.store import FeatureStore, gather_frontier
+from neutronorch.features.store import FeatureStore, TypedInputs
 from neutronorch.nn.models import GNN
 from neutronorch.nn.typed_models import TypedGNN, reachable_types
 from neutronorch.sampling.block import Block
@@ -112,7 +112,7 @@ def typed_layers(model: TypedGNN, graph: TypedGraph, node_type: str, layer: int,
     def rows(k: int, t: str, chunk: np.ndarray, previous: dict | None) -> torch.Tensor:
         block = sampler.sample_bottom({t: chunk}, 0)
         if previous is None:
-            x = model.input_rows(*gather_frontier(graph, block.src_ids, device))
+            x = model.input_rows(*TypedInputs(graph)(block.src_ids, device))
         else:
             x = {s: previous[s][v].to(device) for s, v in block.src_ids.items() if s in previous}
         return model.layer_forward(k, block.to(device), x)[t].float().cpu()

@@ -16,7 +16,7 @@ from neutronorch.data.graph import Graph
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.limits import check_switch
-from neutronorch.features.store import FeatureStore, gather_frontier
+from neutronorch.features.store import FeatureStore, TypedInputs
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.typed_models import TypedGNN, reachable_types
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -262,7 +262,7 @@ def hidden_rows(model: TypedGNN, graph: TypedGraph, hops: list[TypedNeighborSamp
         block = sampler.sample_bottom(destinations, inference_key(seed))
         blocks.insert(0, block)
         destinations = {t: v.numpy() for t, v in block.src_ids.items()}
-    features, input_ids = gather_frontier(graph, blocks[0].src_ids, device)
+    features, input_ids = TypedInputs(graph)(blocks[0].src_ids, device)
     x = model.input_rows(features, input_ids)
     for index, block in enumerate(blocks):
         x = model.layer_forward(index, block.to(device), x)

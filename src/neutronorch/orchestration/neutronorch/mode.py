@@ -41,7 +41,7 @@ from neutronorch.orchestration.neutronorch.versions import Schedule, SnapshotPub
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
-from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology
+from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 STAGES = HOST_SAMPLING_STAGES.merge(StageTable(
@@ -109,7 +109,7 @@ class TypedKind:
     def cold_sampler(self):
         """The cold sampler's (made on its thread): on the training device with ``plans_on_device``."""
         if self.plans_on_device:
-            return TypedDeviceSampler(TypedTopology.of(self.graph, self.device), self.fanouts)
+            return TypedDeviceSampler(self.graph, self.device, self.fanouts)
         return self.host_sampler()
 
     def planner(self, sampler) -> Planner:
@@ -117,7 +117,7 @@ class TypedKind:
         bottom = {r: f[-1] for r, f in self.fanouts.items()}
         if not self.plans_on_device:
             return Planner(self.graph, bottom)
-        indptrs = {r: indptr for r, (indptr, _) in sampler.topology.relations.items()}
+        indptrs = {r: indptr for r, (indptr, _) in sampler.relations.items()}
         return DevicePlanner(self.graph, bottom, indptrs)
 
     def inputs(self, batch, hot, index: dict) -> StepInputs:
