@@ -15,20 +15,15 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from neutronorch.config import SamplingConfig
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.features.placement import GiB
 from neutronorch.nn.splice import SpliceIndex
 from neutronorch.observe import Spans
 from neutronorch.orchestration.batch import MiniBatch, each, per_type
-from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch, PlanStats
+from neutronorch.orchestration.neutronorch.planner import Plan, PlanStats
 from neutronorch.orchestration.pipeline import use_threads
-from neutronorch.sampling.block import SampledSubgraph
-from neutronorch.sampling.exclude import exclude_from_block
-from neutronorch.sampling.neighbor_sampler import layer_key
 from neutronorch.sampling.typed_device_sampler import topology_bytes
-from neutronorch.sampling.typed_sampler import TypedHops
 
 logger = logging.getLogger("neutronorch")
 
@@ -84,69 +79,32 @@ def draws_on_device(setting: str, graph: TypedGraph, device: torch.device, free:
 
 
 class ColdSampler:
-    """``kind`` (``mode.py``) makes this thread's sampler and gives what loads its batches: the host loader,
-    or a homogeneous graph's device reader with device sampling (a typed graph's rows are read on the host
-    either way)."""
+    """``kind`` (``mode.py``) makes this thread's sampler, draws each mini-batch's cold bottom hop and gives
+    what loads its batches: the host loader, or a homogeneous graph's device reader with device sampling (a
+    typed graph's rows are read on the host either way)."""
 
-    def __init__(self, kind, sampling: SamplingConfig, spans: Spans, threads: int):
-        self.kind, self.graph, self.fanouts = kind, kind.graph, sampling.fanouts
-        self.typed = kind.needs is not None
-        self.spans, self.threads = spans, threads
-        self.loader, self.reader = kind.loader, kind.reader
-        on_cuda = self.reader is not None and self.reader.device.type == "cuda"
-        self.stream = torch.cuda.Stream(self.reader.device) if on_cuda else None
+    def __init__(self, kind, spans: Spans, threads: int):
+        self.kind, self.spans, self.threads = kind, spans, threads
+        self.source = kind.reader if kind.reader is not None else kind.loader
+        on_cuda = kind.reader is not None and kind.reader.device.type == "cuda"
+        self.stream = torch.cuda.Stream(kind.reader.device) if on_cuda else None
 
     def run(self, plans: Callable[[object], Iterable[Plan]], skip: int = 0) -> Iterator[SplicedBatch]:
         """The thread's body: a batch per planned mini-batch of ``plans(sampler)`` (given this thread's
         sampler, which device planning samples with), but for the first ``skip`` of the first plan."""
         use_threads(self.threads)
-        on_device = self.reader is not None
         sampler = self.kind.cold_sampler()
         with torch.cuda.stream(self.stream):  # None: a no-op
             for plan in plans(sampler):
-                for position, item in enumerate(plan.batches):
-                    if position < skip:
-                        continue
-                    last = position == len(plan.batches) - 1
-                    if self.typed:
-                        yield self._typed(plan, item, last, sampler)
-                        continue
-                    with self.spans.stage("sample"):
-                        dst = item.upper.frontiers[0]
-                        key = layer_key(item.key, len(self.fanouts) - 1)
-                        if on_device:  # planned on the device: positions are tensors there
-                            dst = dst.to(self.reader.device)
-                            cold = dst.index_select(0, torch.as_tensor(item.cold_pos, device=dst.device))
-                            block, frontier = sampler.sample_hop(cold, self.fanouts[-1], key)
-                        else:
-                            block, frontier = sampler.sample_hop(dst.numpy()[item.cold_pos], self.fanouts[-1], key)
-                        if item.exclude is not None:
-                            block = exclude_from_block(block, frontier, item.exclude, self.graph.num_nodes)
-                        subgraph = SampledSubgraph(item.upper.seeds, [block] + item.upper.blocks,
-                                                   [frontier] + item.upper.frontiers)
-                        splice = Splice(plan.super_batch_id,
-                                        splice_index(dst.shape[0], item.cold_pos, item.hot_pos, item.hot_rows),
-                                        last, plan.stats, plan.probe)
-                    source = self.reader if on_device else self.loader
+                for position in range(skip, len(plan.batches)):
+                    item = plan.batches[position]
+                    with self.spans.stage("sample", item.index if self.kind.numbered else -1):
+                        subgraph, index = self.kind.cold_batch(sampler, plan, item)
+                    splice = Splice(plan.super_batch_id, index, position == len(plan.batches) - 1, plan.stats,
+                                    plan.probe)  # moved with the batch
                     make = partial(SplicedBatch, splice=splice)
-                    yield source.load(plan.epoch, item.index, subgraph, make=make, targets=item.targets)
+                    yield self.source.load(plan.epoch, item.index, subgraph, make=make, targets=item.targets)
                 skip = 0
-
-    def _typed(self, plan: Plan, item: PlannedBatch, last: bool, sampler: TypedHops) -> SplicedBatch:
-        """A typed mini-batch: each type's cold destinations' bottom hop (with the batch key), its rows read
-        on the host, and each hot type's splice."""
-        upper = item.upper
-        with self.spans.stage("sample", item.index):
-            cold = sampler.sample_bottom({t: ids[item.cold_pos[t]] for t, ids in upper.frontiers[0].items()},
-                                         item.key)
-            # Read on the host (``HostLoader``) whichever device drew them.
-            subgraph = SampledSubgraph(upper.seeds.cpu(), [cold, *upper.blocks],
-                                       [{t: v.cpu() for t, v in cold.src_ids.items()}, *upper.frontiers])
-        index = {t: splice_index(int(upper.frontiers[0][t].shape[0]), item.cold_pos[t], item.hot_pos[t],
-                                 item.hot_rows[t])
-                 for t in plan.hot if item.hot_pos[t].shape[0]}
-        splice = Splice(plan.super_batch_id, index, last, plan.stats, plan.probe)  # moved with the batch
-        return self.loader.load(plan.epoch, item.index, subgraph, make=partial(SplicedBatch, splice=splice))
 
 
 def splice_index(num_rows: int, cold_pos, hot_pos, hot_rows) -> SpliceIndex:

@@ -22,8 +22,7 @@ from neutronorch.orchestration.neutronorch.node import Exchange, NodeHotSet
 from neutronorch.orchestration.neutronorch.planner import Plan
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
 from neutronorch.orchestration.pipeline import use_threads
-from neutronorch.sampling.exclude import exclude_from_block
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, mix_key
 
 HOST_DROPOUT = 0xD7  # mixed into a super-batch's key for the dropout masks of its hot rows
 
@@ -82,22 +81,14 @@ class HotRowComputer:
         if self.node is not None:
             with self.spans.stage("host_share"):
                 exchange = self.node.exchange(plan.hot)
-        if self.needs is not None:  # a typed graph: every hot type's block, from the batch key
-            with self.spans.stage("host_sample"):
-                hot = plan.hot if exchange is None else self.node.computed(plan.hot, exchange)
-                block = sampler.sample_bottom(hot, plan.batches[0].key)
-            with self.spans.stage("host_gather"):
-                x, ids = self.store(block.src_ids, torch.device("cpu"))
-            self.needs.put(plan.super_batch_id, {t: ids[t] for t in self.tables if t in ids})
-            return block, x, exchange
         with self.spans.stage("host_sample"):
-            key = layer_key(plan.batches[0].key, len(self.sampling.fanouts) - 1)
-            ids = plan.hot if exchange is None else plan.hot[exchange.computed]
-            block, frontier = sampler.sample_hop(ids, self.sampling.fanouts[-1], key)
-            if plan.exclude is not None:  # a link task: none of the super-batch's seed edges
-                block = exclude_from_block(block, frontier, plan.exclude, self.graph.num_nodes)
+            hot = plan.hot if exchange is None else self.node.computed(plan.hot, exchange)
+            block, frontier = self.kind.bottom_hop(sampler, hot, plan.batches[0].key, plan.exclude)
         with self.spans.stage("host_gather"):
-            x = self.store.gather(frontier)
+            if self.needs is None:
+                return block, self.store.gather(frontier), exchange
+            x, ids = self.store(frontier, torch.device("cpu"))
+        self.needs.put(plan.super_batch_id, {t: ids[t] for t in self.tables if t in ids})
         return block, x, exchange
 
     def _finish_hot(self, plan: Plan, block, x: torch.Tensor, exchange: Exchange | None) -> None:

@@ -20,14 +20,14 @@ import torch
 from neutronorch.config import NeutronOrchConfig, SamplingConfig
 from neutronorch.data.graph import Graph
 from neutronorch.data.typed import RelationType, TypedGraph
-from neutronorch.nn.splice import HotRows
+from neutronorch.nn.splice import HotRows, SpliceIndex
 from neutronorch.observe import Spans, StageTable
 from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.channel import Channel
 from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES, HostLoader
 from neutronorch.orchestration.mode import StepInputs
-from neutronorch.orchestration.neutronorch.cold_sampler import ColdSampler, SplicedBatch
+from neutronorch.orchestration.neutronorch.cold_sampler import ColdSampler, SplicedBatch, splice_index
 from neutronorch.orchestration.neutronorch.controller import RatioController
 from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
 from neutronorch.orchestration.neutronorch.hot_rows import HotRowComputer
@@ -35,11 +35,13 @@ from neutronorch.orchestration.neutronorch.hot_grad import HotGradient
 from neutronorch.orchestration.neutronorch.hot_table import HotTableReader
 from neutronorch.orchestration.neutronorch.node import NodeHotSet, NodeLink
 from neutronorch.orchestration.neutronorch.plan_loop import PlanLoop, one_ahead
-from neutronorch.orchestration.neutronorch.planner import Planner
+from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch, Planner
 from neutronorch.orchestration.neutronorch.stats import HotStats
 from neutronorch.orchestration.neutronorch.versions import Schedule, SnapshotPublisher, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import NodeSeeds
+from neutronorch.sampling.block import SampledSubgraph
+from neutronorch.sampling.exclude import exclude_from_block
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
 from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, TypedTopology
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -55,9 +57,9 @@ PROBE_KEY = 0x9E37  # mixed into the run's seed for the drift probe's fixed samp
 
 
 class HomogeneousKind:
-    fanouts = None  # the sampling configuration's
     needs = type_sizes = None
     lead_adapts = True  # the snapshot lead may grow while the trainer waits for hot rows
+    numbered = False  # its cold sampler's spans carry no batch index
 
     def __init__(self, graph: Graph, access: FeatureAccess, spans: Spans, sampling: SamplingConfig,
                  host_sampler: Callable[[], NeighborSampler]):
@@ -80,6 +82,28 @@ class HomogeneousKind:
             return Planner(self.graph, bottom)
         return DevicePlanner(self.graph, bottom, self.reader.indptr)
 
+    def bottom_hop(self, sampler, ids, key: int, exclude=None) -> tuple:
+        """``sampler``'s bottom hop of ``ids`` as batch key ``key`` draws it, without ``exclude``'s edges (a
+        link task's seed edges), and its source frontier."""
+        fanouts = self.sampling.fanouts
+        block, frontier = sampler.sample_hop(ids, fanouts[-1], layer_key(key, len(fanouts) - 1))
+        if exclude is not None:
+            block = exclude_from_block(block, frontier, exclude, self.graph.num_nodes)
+        return block, frontier
+
+    def cold_batch(self, sampler, plan: Plan, item: PlannedBatch) -> tuple[SampledSubgraph, SpliceIndex]:
+        """A planned mini-batch's subgraph, its cold destinations' bottom hop drawn by ``sampler``, and where
+        its bottom-layer rows go."""
+        upper, dst = item.upper, item.upper.frontiers[0]
+        if self.plans_on_device:  # positions are tensors there
+            dst = dst.to(self.device)
+            cold = dst.index_select(0, torch.as_tensor(item.cold_pos, device=dst.device))
+        else:
+            cold = dst.numpy()[item.cold_pos]
+        block, frontier = self.bottom_hop(sampler, cold, item.key, item.exclude)
+        return (SampledSubgraph(upper.seeds, [block, *upper.blocks], [frontier, *upper.frontiers]),
+                splice_index(dst.shape[0], item.cold_pos, item.hot_pos, item.hot_rows))
+
     def inputs(self, batch, hot, index) -> StepInputs:
         """The step's model inputs: the batch's, and the super-batch's hot rows at ``index``."""
         return StepInputs(batch.blocks, batch.features, HotRows(hot.table, index, hot.grad_acc))
@@ -87,14 +111,14 @@ class HomogeneousKind:
     def probe_inputs(self, ids: np.ndarray, sampling: SamplingConfig, model) -> tuple:
         """The drift probe's bottom block and float32 rows on the device, a fixed sample of its own key
         (float32: the probe runs outside autocast, and drift is a small difference)."""
-        key = layer_key(mix_key(sampling.seed, PROBE_KEY), len(sampling.fanouts) - 1)
-        block, frontier = self.host_sampler().sample_hop(ids, sampling.fanouts[-1], key)
+        block, frontier = self.bottom_hop(self.host_sampler(), ids, mix_key(sampling.seed, PROBE_KEY))
         rows = self.store.as_dtype(torch.float32).gather(frontier)
         return block.to(self.device), rows.to(self.device)
 
 
 class TypedKind:
     lead_adapts = False  # a typed run at a fixed ratio trains the same steps whatever the times measured
+    numbered = True
     reader = store = placement = cache = None  # (a homogeneous graph's feature access)
 
     def __init__(self, graph: TypedGraph, access: FeatureAccess, fanouts: dict[RelationType, list[int]],
@@ -120,6 +144,22 @@ class TypedKind:
         indptrs = {r: indptr for r, (indptr, _) in sampler.topology.relations.items()}
         return DevicePlanner(self.graph, bottom, indptrs)
 
+    def bottom_hop(self, sampler, ids: dict, key: int, exclude=None) -> tuple:
+        """``HomogeneousKind.bottom_hop`` per type (a typed plan excludes no edges: no typed link task)."""
+        block = sampler.sample_bottom(ids, key)
+        return block, block.src_ids
+
+    def cold_batch(self, sampler, plan: Plan, item: PlannedBatch) -> tuple[SampledSubgraph, dict]:
+        """``HomogeneousKind.cold_batch`` per type, the subgraph on the host (``HostLoader`` reads its rows
+        whichever device drew it), a splice index per type hot in it."""
+        upper, dst = item.upper, item.upper.frontiers[0]
+        cold, _ = self.bottom_hop(sampler, {t: ids[item.cold_pos[t]] for t, ids in dst.items()}, item.key)
+        subgraph = SampledSubgraph(upper.seeds.cpu(), [cold, *upper.blocks],
+                                   [{t: v.cpu() for t, v in cold.src_ids.items()}, *upper.frontiers])
+        index = {t: splice_index(int(dst[t].shape[0]), item.cold_pos[t], item.hot_pos[t], item.hot_rows[t])
+                 for t in plan.hot if item.hot_pos[t].shape[0]}
+        return subgraph, index
+
     def inputs(self, batch, hot, index: dict) -> StepInputs:
         return StepInputs(batch.blocks, batch.features,
                           {t: HotRows(hot.table[t], i, hot.grad_acc.get(t)) for t, i in index.items()}, batch.ids)
@@ -127,8 +167,8 @@ class TypedKind:
     def probe_inputs(self, ids: dict[str, np.ndarray], sampling: SamplingConfig, model):
         """A function giving the drift probe's bottom block and inputs (the table rows move with the
         weights)."""
-        block = self.host_sampler().sample_bottom(ids, mix_key(sampling.seed, PROBE_KEY))
-        features, input_ids = self.source(block.src_ids, self.device)
+        block, frontier = self.bottom_hop(self.host_sampler(), ids, mix_key(sampling.seed, PROBE_KEY))
+        features, input_ids = self.source(frontier, self.device)
         block = block.to(self.device)
         return lambda: (block, model().input_rows(features, input_ids))
 
@@ -185,7 +225,7 @@ class NeutronOrchMode:
                                   self.threads["host"], self.node, tables)
         plans = PlanLoop(self.seeds, self.sampling, self.schedule, self.controller.published, producer.planned,
                          self.spans, self.graph.num_nodes)
-        sampler = ColdSampler(kind, self.sampling, self.spans, self.threads["sampler"])
+        sampler = ColdSampler(kind, self.spans, self.threads["sampler"])
         self.snapshots.start()
         start, position = self.schedule.at(self.version)
         hot = None
