@@ -7,7 +7,6 @@ all bottom-layer destinations the cold rows and the reused hot rows go (``GNN.fo
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, Iterable, Iterator
@@ -15,18 +14,11 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from neutronorch.data.typed import TypedGraph
-from neutronorch.errors import ConfigError
-from neutronorch.features.placement import GiB
 from neutronorch.nn.splice import SpliceIndex
 from neutronorch.observe import Spans
 from neutronorch.orchestration.batch import MiniBatch, each, per_type
 from neutronorch.orchestration.neutronorch.planner import Plan, PlanStats
 from neutronorch.orchestration.pipeline import use_threads
-from neutronorch.sampling.typed_device_sampler import topology_bytes
-
-logger = logging.getLogger("neutronorch")
-
 
 @dataclass
 class Splice:
@@ -56,26 +48,6 @@ class SplicedBatch(MiniBatch):
         super().to(device, non_blocking)
         self.splice = self.splice.to(device, non_blocking)
         return self
-
-
-def draws_on_device(setting: str, graph: TypedGraph, device: torch.device, free: int | None = None) -> bool:
-    """Whether a typed graph's mini-batches are drawn on ``device``: ``on``, or ``auto`` with CUDA where the
-    topology and edge features take at most half its ``free`` bytes (default CUDA's); ``on`` beyond that is
-    refused."""
-    on = setting == "on" or (setting == "auto" and device.type == "cuda")
-    if not on or device.type != "cuda":
-        return on
-    free = torch.cuda.mem_get_info(device)[0] if free is None else free
-    need = topology_bytes(graph)
-    if need <= free // 2:
-        return True
-    if setting == "on":
-        raise ConfigError(f"`device_sampling` on: typed NeutronOrch places the graph's topology and edge features "
-                          f"on {device} whole ({need / GiB:.2f} GiB), more than half its free {free / GiB:.2f} GiB; "
-                          f"set `device_sampling` off to sample on the host")
-    logger.info(f"device sampling off: the topology ({need / GiB:.2f} GiB) takes more than half of {device}'s free "
-                f"memory")
-    return False
 
 
 class ColdSampler:

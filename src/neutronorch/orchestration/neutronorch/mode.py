@@ -206,7 +206,6 @@ class NeutronOrchMode:
         self.node = NodeHotSet(node, kind.type_sizes) if node is not None and node.local_size > 1 else None
         self.hot_grad = HotGradient(self.seeds, self.node)
         self.version = 0  # optimizer steps taken
-        self.reader, self.loader = kind.reader, kind.loader
         self.model: torch.nn.Module | None = None
         self.snapshots = SnapshotPublisher(self.schedule, on_cuda, None if kind.needs is None else (
             lambda super_batch_id: kind.table_rows(self.model, super_batch_id)))
@@ -255,8 +254,8 @@ class NeutronOrchMode:
                 stage.close()
         if self._host is not None:
             self._host.join()
-        if self.reader is not None:
-            self.reader.close()
+        if self.kind.reader is not None:
+            self.kind.reader.close()
 
     def batches(self, epoch: int, start: int = 0) -> "EpochView":
         if self._stream is None:
@@ -329,7 +328,7 @@ class NeutronOrchMode:
 
     def summary(self) -> dict:
         return {
-            **(self.loader.summary() if self.loader is not None else {}),  # a typed graph's host caches
+            **(self.kind.loader.summary() if self.kind.loader else {}),  # a typed graph's host caches
             "neutronorch": {"super_batch": self.schedule.super_batch, "hot_grad": self.config.hot_grad,
                             "hot_set": self.hot_set,
                             "hot_ratio_setting": self.config.hot_ratio,
