@@ -67,7 +67,10 @@ class LoadingMode:
                     yield self.loader.load(epoch, index, subgraph, targets=batch.targets)
 
     def start(self, model: torch.nn.Module) -> None:
+        """Place what the loader places once ``model`` is known (a typed graph's device reader)."""
         self.loader.start(model)
+        if self.sample_stream is not None:  # after the copies, made on the training stream
+            self.sample_stream.wait_stream(torch.cuda.current_stream(self.sample_device))
 
     def step_inputs(self, batch: MiniBatch) -> StepInputs:
         """The trainer's first call on a batch: its stream waits for the batch's copies."""
@@ -131,12 +134,6 @@ class DeviceMode(LoadingMode):
         self.device = self.sample_device = reader.device
         self.new_sampler = reader.new_sampler
         self.sample_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-
-    def start(self, model: torch.nn.Module) -> None:
-        """Place what the reader places once ``model`` is known (a typed graph's)."""
-        self.loader.start(model)
-        if self.sample_stream is not None:
-            self.sample_stream.wait_stream(torch.cuda.current_stream(self.device))  # the copies, made on that stream
 
     def describe(self) -> str:
         return "sampling and gathering on the training device"

@@ -7,7 +7,7 @@ all bottom-layer destinations the cold rows and the reused hot rows go (``GNN.fo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Callable, Iterable, Iterator
 
@@ -32,8 +32,7 @@ class Splice:
     probe: np.ndarray | dict[str, np.ndarray]  # the plan's hottest vertices (the drift probe's candidates)
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "Splice":
-        index = each(self.index, lambda index: index.to(device, non_blocking))
-        return Splice(self.super_batch_id, index, self.last, self.plan, self.probe)
+        return replace(self, index=each(self.index, lambda index: index.to(device, non_blocking)))
 
 
 @dataclass
