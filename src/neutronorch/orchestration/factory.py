@@ -98,8 +98,8 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
         return DeviceMode(seeds, reader, sampling, spans)
     kind = (TypedKind(graph, access, fanouts, draws_on_device(config.device_sampling, graph, device), spans,
                       host_sampler) if typed else HomogeneousKind(graph, access, spans, sampling, host_sampler))
-    return NeutronOrchMode(kind, sampling, config.neutronorch, config.epochs, spans, threads.sampler, threads.host,
-                           node, seeds)
+    return NeutronOrchMode(kind, seeds, sampling, config.neutronorch, config.epochs, spans, threads.sampler,
+                           threads.host, node)
 
 
 def homogeneous_access(config: TrainConfig, graph: Graph, device: torch.device, shard: tuple[int, int]

@@ -13,7 +13,7 @@ import copy
 
 import torch
 
-from neutronorch.config import NeutronOrchConfig, SamplingConfig
+from neutronorch.config import NeutronOrchConfig
 from neutronorch.nn.activation import dropout_keys
 from neutronorch.nn.precision import cpu_bf16_units
 from neutronorch.observe import Spans
@@ -31,10 +31,10 @@ class HotRowComputer:
     """``kind`` (``mode.py``) gives the graph, its rows, its samplers and, on a typed graph, ``needs``: where
     the ids of the table rows (of ``tables``' types) each hot frontier reads go to the trainer."""
 
-    def __init__(self, kind, sampling: SamplingConfig, config: NeutronOrchConfig, schedule: Schedule,
-                 bottom: torch.nn.Module, snapshots: Channel, hot: Channel, spans: Spans, threads: int,
-                 node: NodeHotSet | None = None, tables: tuple[str, ...] = ()):
-        self.kind, self.graph, self.store, self.sampling = kind, kind.graph, kind.source, sampling
+    def __init__(self, kind, config: NeutronOrchConfig, schedule: Schedule, bottom: torch.nn.Module,
+                 snapshots: Channel, hot: Channel, spans: Spans, threads: int, node: NodeHotSet | None = None,
+                 tables: tuple[str, ...] = ()):
+        self.kind, self.store = kind, kind.source
         self.needs, self.tables, self.device = kind.needs, tables, kind.device
         # Hot rows go out in the training precision. The host computes them in bfloat16 where the CPU does
         # it natively; elsewhere it reads float32 rows, computes in float32 and rounds the table once.

@@ -4,9 +4,8 @@
 Hot embeddings of super-batch s are computed from the parameters at version ``snapshot_version(s)``
 (version = optimizer steps taken), and every use is checked (``versions.py``). The pipeline runs across
 epochs without draining. What differs per kind of graph is in one object (``HomogeneousKind``,
-``TypedKind``): its samplers and planner, where rows are read, the drift probe's inputs, the hot rows a step
-reads, and a typed graph's embedding-table rows, which its snapshots also hold (their ids sent ahead by the
-host on the ``needs`` channel).
+``TypedKind``), a typed graph's embedding-table rows included: its snapshots hold them too, their ids sent
+ahead by the host on the ``needs`` channel.
 """
 
 from __future__ import annotations
@@ -187,15 +186,15 @@ class NeutronOrchMode:
     # Anywhere: its state_dict holds the pending snapshots and the super-batch in progress.
     resumable = resumable_mid_epoch = True
 
-    def __init__(self, kind: HomogeneousKind | TypedKind, sampling: SamplingConfig, config: NeutronOrchConfig,
-                 epochs: int, spans: Spans, sampler_threads: int, host_threads: int, node: NodeLink | None = None,
-                 seeds: NodeSeeds | None = None):
+    def __init__(self, kind: HomogeneousKind | TypedKind, seeds: NodeSeeds, sampling: SamplingConfig,
+                 config: NeutronOrchConfig, epochs: int, spans: Spans, sampler_threads: int,
+                 host_threads: int, node: NodeLink | None):
         self.kind, self.graph, self.sampling, self.config = kind, kind.graph, sampling, config
         self.spans, self.device = spans, kind.device
         self.store, self.placement, self.cache = kind.store, kind.placement, kind.cache
         on_cuda = self.device.type == "cuda"
         self.threads = {"sampler": sampler_threads, "host": host_threads}
-        self.seeds = seeds if seeds is not None else NodeSeeds(self.graph, sampling)  # a link task's: LinkSeeds
+        self.seeds = seeds  # a link task's: LinkSeeds
         self.num_batches = self.seeds.num_batches
         self.schedule = Schedule(epochs, self.num_batches, config.super_batch, config.resolved_staleness)
         self.staleness = StalenessCheck(config.resolved_staleness)
@@ -219,7 +218,7 @@ class NeutronOrchMode:
         self.model, kind = model, self.kind
         self.bottom = model.bottom
         tables = tuple(getattr(model, "embeddings", ()))  # a typed model's embedding tables
-        producer = HotRowComputer(kind, self.sampling, self.config, self.schedule, self.bottom,
+        producer = HotRowComputer(kind, self.config, self.schedule, self.bottom,
                                   self.snapshots.channel, self.hot_table.channel, self.spans,
                                   self.threads["host"], self.node, tables)
         plans = PlanLoop(self.seeds, self.sampling, self.schedule, self.controller.published, producer.planned,
