@@ -16,7 +16,7 @@ from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES, HostLoader
 from neutronorch.orchestration.link_seeds import LinkSeeds
-from neutronorch.orchestration.mode import StepInputs
+from neutronorch.orchestration.mode import Mode, StepInputs
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
@@ -27,10 +27,10 @@ from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 SAMPLE_GROUP = 4
 
 
-class LoadingMode:
+class LoadingMode(Mode):
     """What exact and device mode share (a mixin, not a mode): batches sampled by ``new_sampler()``'s sampler
     (seeds on ``sample_device``, on ``sample_stream`` if any) and loaded by ``loader`` on a producer thread
-    named after it, each depending only on (seed, epoch, batch); no step hooks."""
+    named after it, each depending only on (seed, epoch, batch); no step hooks (the protocol's no-ops)."""
 
     resumable = resumable_mid_epoch = True
     producer_threads: int | None = None  # the producer's numba threads (None: numba's count)
@@ -83,23 +83,8 @@ class LoadingMode:
     def close(self) -> None:
         self.loader.close()
 
-    def before_step(self, batch: MiniBatch) -> None:
-        pass
-
-    def averaged_gradients(self) -> None:
-        return None
-
-    def after_step(self, batch: MiniBatch) -> None:
-        pass
-
-    def end_epoch(self, record: dict) -> None:
-        pass
-
     def state_dict(self) -> dict:
         return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
 
 
 class ExactMode(LoadingMode):
