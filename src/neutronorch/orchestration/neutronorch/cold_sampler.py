@@ -18,7 +18,6 @@ from neutronorch.nn.splice import SpliceIndex
 from neutronorch.observe import Spans
 from neutronorch.orchestration.batch import MiniBatch, each, per_type
 from neutronorch.orchestration.neutronorch.planner import Plan, PlanStats
-from neutronorch.orchestration.pipeline import use_threads
 
 @dataclass
 class Splice:
@@ -49,33 +48,27 @@ class SplicedBatch(MiniBatch):
         return self
 
 
-class ColdSampler:
-    """``kind`` (``mode.py``) makes this thread's sampler, draws each mini-batch's cold bottom hop and gives
-    what loads its batches: the host loader, or a homogeneous graph's device reader with device sampling (a
-    typed graph's rows are read on the host either way)."""
-
-    def __init__(self, kind, spans: Spans, threads: int):
-        self.kind, self.spans, self.threads = kind, spans, threads
-        self.source = kind.reader if kind.reader is not None else kind.loader
-        on_cuda = kind.reader is not None and kind.reader.device.type == "cuda"
-        self.stream = torch.cuda.Stream(kind.reader.device) if on_cuda else None
-
-    def run(self, plans: Callable[[object], Iterable[Plan]], skip: int = 0) -> Iterator[SplicedBatch]:
-        """The thread's body: a batch per planned mini-batch of ``plans(sampler)`` (given this thread's
-        sampler, which device planning samples with), but for the first ``skip`` of the first plan."""
-        use_threads(self.threads)
-        sampler = self.kind.cold_sampler()
-        with torch.cuda.stream(self.stream):  # None: a no-op
-            for plan in plans(sampler):
-                for position in range(skip, len(plan.batches)):
-                    item = plan.batches[position]
-                    with self.spans.stage("sample", item.index if self.kind.numbered else -1):
-                        subgraph, index = self.kind.cold_batch(sampler, plan, item)
-                    splice = Splice(plan.super_batch_id, index, position == len(plan.batches) - 1, plan.stats,
-                                    plan.probe)  # moved with the batch
-                    make = partial(SplicedBatch, splice=splice)
-                    yield self.source.load(plan.epoch, item.index, subgraph, make=make, targets=item.targets)
-                skip = 0
+def cold_batches(kind, spans: Spans, plans: Callable[[object], Iterable[Plan]], skip: int = 0
+                 ) -> Iterator[SplicedBatch]:
+    """The body of thread ``neutronorch-sampler``: a batch per planned mini-batch of ``plans(sampler)`` (given
+    its sampler, which device planning samples with), but for the first ``skip`` of the first plan. ``kind``
+    (``mode.py``) makes the sampler, draws each cold bottom hop and gives what loads the batches: the host
+    loader, or a homogeneous graph's device reader with device sampling, on a CUDA stream of its own (a typed
+    graph's rows are read on the host either way)."""
+    source = kind.reader if kind.reader is not None else kind.loader
+    on_cuda = kind.reader is not None and kind.reader.device.type == "cuda"
+    sampler = kind.cold_sampler()
+    with torch.cuda.stream(torch.cuda.Stream(kind.reader.device) if on_cuda else None):  # None: a no-op
+        for plan in plans(sampler):
+            for position in range(skip, len(plan.batches)):
+                item = plan.batches[position]
+                with spans.stage("sample", item.index if kind.numbered else -1):
+                    subgraph, index = kind.cold_batch(sampler, plan, item)
+                splice = Splice(plan.super_batch_id, index, position == len(plan.batches) - 1, plan.stats,
+                                plan.probe)  # moved with the batch
+                make = partial(SplicedBatch, splice=splice)
+                yield source.load(plan.epoch, item.index, subgraph, make=make, targets=item.targets)
+            skip = 0
 
 
 def splice_index(num_rows: int, cold_pos, hot_pos, hot_rows) -> SpliceIndex:

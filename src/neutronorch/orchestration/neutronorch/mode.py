@@ -26,7 +26,7 @@ from neutronorch.orchestration.channel import Channel
 from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES, HostLoader
 from neutronorch.orchestration.mode import StepInputs
-from neutronorch.orchestration.neutronorch.cold_sampler import ColdSampler, SplicedBatch, splice_index
+from neutronorch.orchestration.neutronorch.cold_sampler import SplicedBatch, cold_batches, splice_index
 from neutronorch.orchestration.neutronorch.controller import RatioController
 from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
 from neutronorch.orchestration.neutronorch.hot_rows import HotRowComputer
@@ -223,7 +223,6 @@ class NeutronOrchMode:
                                   self.threads["host"], self.node, tables)
         plans = PlanLoop(self.seeds, self.sampling, self.schedule, self.controller.published, producer.planned,
                          self.spans, self.graph.num_nodes)
-        sampler = ColdSampler(kind, self.spans, self.threads["sampler"])
         self.snapshots.start()
         start, position = self.schedule.at(self.version)
         hot = None
@@ -242,8 +241,9 @@ class NeutronOrchMode:
                 device_sampler, kind.planner(device_sampler), start, hot, "sample"))
         self._host = threading.Thread(target=producer.compute, args=(start,), name="neutronorch-host", daemon=True)
         self._host.start()
-        self._stream = Prefetcher(lambda: sampler.run(source, position), depth=self.sampling.prefetch,
-                                  name="neutronorch-sampler")
+        self._stream = Prefetcher(lambda: cold_batches(kind, self.spans, source, position),
+                                  depth=self.sampling.prefetch, name="neutronorch-sampler",
+                                  threads=self.threads["sampler"])
         # A typed graph's first snapshot waits for the host's table ids.
         self.snapshots.publish_due(self.bottom, self.version, self.controller.lead)
 
