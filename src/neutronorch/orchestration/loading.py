@@ -30,10 +30,10 @@ SAMPLE_GROUP = 4
 class LoadingMode(Mode):
     """What exact and device mode share (a mixin, not a mode): batches sampled by ``new_sampler()``'s sampler
     (seeds on ``sample_device``, on ``sample_stream`` if any) and loaded by ``loader`` on a producer thread
-    named after it, each depending only on (seed, epoch, batch); no step hooks (the protocol's no-ops)."""
+    named after the mode (its kernels on ``threads["sampler"]`` threads, else numba's count), each depending
+    only on (seed, epoch, batch); no step hooks (the protocol's no-ops)."""
 
     resumable = resumable_mid_epoch = True
-    producer_threads: int | None = None  # the producer's numba threads (None: numba's count)
     new_sampler: Callable[[], object]
     sample_device = torch.device("cpu")
     sample_stream = None
@@ -46,7 +46,7 @@ class LoadingMode(Mode):
 
     def batches(self, epoch: int, start: int = 0) -> Prefetcher:
         return Prefetcher(lambda: self._produce(epoch, start), depth=self.sampling.prefetch,
-                          name=self.loader.producer, threads=self.producer_threads)
+                          name=f"{self.name}-producer", threads=self.threads.get("sampler"))
 
     def _produce(self, epoch: int, start: int) -> Iterator:
         sampler = self.seeds.sampler(self.new_sampler())
@@ -96,11 +96,11 @@ class ExactMode(LoadingMode):
     def __init__(self, seeds: NodeSeeds | LinkSeeds, new_sampler: Callable[[], NeighborSampler | TypedNeighborSampler],
                  loader: HostLoader, sampling: SamplingConfig, spans: Spans, sampler_threads: int):
         super().__init__(seeds, loader, sampling, spans)
-        self.new_sampler, self.producer_threads = new_sampler, sampler_threads
+        self.new_sampler = new_sampler
         self.threads = {"sampler": sampler_threads}
 
     def describe(self) -> str:
-        return f"sampler threads {self.producer_threads}"
+        return f"sampler threads {self.threads['sampler']}"
 
 
 class DeviceMode(LoadingMode):
