@@ -195,7 +195,7 @@ def test_host_hot_rows_equal_the_device_definition(graph, kind, norm):
     weights = Snapshot(0, [p.detach().clone() for p in model.bottom.parameters()])
     for super_batch_id in range(schedule.total):
         snapshots.put(super_batch_id, weights)
-    producer = HotRowComputer(build_mode(cfg, graph, torch.device("cpu")).kind, cfg.sampling, cfg.neutronorch,
+    producer = HotRowComputer(build_mode(cfg, graph, torch.device("cpu")).kind, cfg.neutronorch,
                               schedule, model.bottom, snapshots, hot, Spans(), 1)
     plans = list(_host_plans(graph, cfg, schedule, producer))
     producer.compute()
@@ -228,7 +228,7 @@ def test_host_hot_rows_of_graph_blocks_draw_their_own_dropout_masks(graph):
     def hot_rows():
         snapshots, hot = Channel("snapshots"), Channel("hot")
         snapshots.put(0, Snapshot(0, [p.detach().clone() for p in model.bottom.parameters()]))
-        producer = HotRowComputer(build_mode(cfg, graph, torch.device("cpu")).kind, cfg.sampling,
+        producer = HotRowComputer(build_mode(cfg, graph, torch.device("cpu")).kind,
                                   cfg.neutronorch, schedule, model.bottom, snapshots, hot, Spans(), 1)
         plan = next(_host_plans(graph, cfg, schedule, producer))
         producer._finish_hot(plan, *producer._gather_hot(plan, NeighborSampler(graph.indptr, graph.indices,

@@ -333,7 +333,7 @@ def test_device_sampling_on_cuda_needs_room_for_the_topology():
     """On CUDA the topology is placed whole: ``auto`` samples on the host where it would take more than half the
     free memory, and ``on`` is refused there, naming the sizes and what to set."""
     from neutronorch.errors import ConfigError
-    from neutronorch.orchestration.neutronorch.cold_sampler import draws_on_device
+    from neutronorch.orchestration.factory import draws_on_device
 
     graph, cuda = small(), torch.device("cuda")
     assert draws_on_device("on", graph, CPU) and not draws_on_device("auto", graph, CPU)

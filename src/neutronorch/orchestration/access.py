@@ -30,11 +30,6 @@ class FeatureAccess:
     inputs: TypedInputs | None = None  # a typed graph's rows: a ``FeatureStore`` per featured type
     graph: TypedGraph | None = None  # ... and the graph whose target's labels its batches read
 
-    @classmethod
-    def typed(cls, graph: TypedGraph, inputs: TypedInputs, device: torch.device) -> "FeatureAccess":
-        """A typed graph's: its rows read by ``inputs`` on the host (device mode's reader caches them)."""
-        return cls(device, None, None, None, None, inputs, graph)
-
     @property
     def on_cuda(self) -> bool:
         return self.device.type == "cuda"

@@ -1,9 +1,6 @@
 """``mode="auto"``: which of the three modes a run takes, from a stated cost model and, where the model
 cannot settle it, a short measured probe (``train/mode_choice.py``). The rules and the measurements behind
-them: ``docs/gpu.md``, "Choosing a mode". On the CPU exact; on CUDA device mode where the topology and every
-feature row fit the GPU budget, else the faster of device and NeutronOrch measured (NeutronOrch only if
-``MARGIN`` faster), or, unmeasured (data parallel), NeutronOrch where little is cached and the bottom hop is
-heavy. Exact mode is never chosen on CUDA: it was the slowest there in every measurement.
+them: ``docs/gpu.md``, "Choosing a mode".
 """
 
 from __future__ import annotations

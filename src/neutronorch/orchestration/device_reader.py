@@ -111,8 +111,6 @@ class DeviceReader:
     labels there. A typed graph's (``config``: its placement, ``fanouts``: per relation) is placed by
     ``start``."""
 
-    producer = "device-producer"  # the name of device mode's producer thread over it
-
     def __init__(self, graph: Graph | TypedGraph, access: FeatureAccess, spans: Spans, sampling: SamplingConfig,
                  config: PlacementConfig | None = None, fanouts: dict[RelationType, list[int]] | None = None):
         self.graph, self.access, self.spans, self.sampling = graph, access, spans, sampling

@@ -16,7 +16,7 @@ from neutronorch.data.graph import Graph
 from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.features.cache import hotness_order
-from neutronorch.features.placement import placement_for, workspace_bytes
+from neutronorch.features.placement import GiB, placement_for, workspace_bytes
 from neutronorch.features.reading import attach_host_cache, auto_size, read_orders, typed_stores
 from neutronorch.features.store import TypedInputs
 from neutronorch.nn.precision import precision_dtype
@@ -28,11 +28,11 @@ from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.loading import DeviceMode, ExactMode
 from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
-from neutronorch.orchestration.neutronorch.cold_sampler import draws_on_device
 from neutronorch.orchestration.neutronorch.mode import HomogeneousKind, TypedKind
 from neutronorch.orchestration.neutronorch.node import NodeLink
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.neighbor_sampler import NeighborSampler
+from neutronorch.sampling.typed_device_sampler import topology_bytes
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler, typed_fanouts
 
 logger = logging.getLogger("neutronorch")
@@ -49,10 +49,28 @@ class Threads:
 
 def samples_on_device(config: TrainConfig, device: torch.device) -> bool:
     """Whether a homogeneous graph's mode samples (NeutronOrch: its cold bottom hop) on the device."""
-    if config.mode == "device":
+    setting = config.device_sampling
+    return config.mode == "device" or (config.mode == "neutronorch" and (
+        setting == "on" or (setting == "auto" and device.type == "cuda")))
+
+
+def draws_on_device(setting: str, graph: TypedGraph, device: torch.device, free: int | None = None) -> bool:
+    """Whether a typed graph's mini-batches are drawn on ``device``: ``on``, or ``auto`` with CUDA where the
+    topology and edge features take at most half its ``free`` bytes (default CUDA's); ``on`` beyond that is
+    refused."""
+    on = setting == "on" or (setting == "auto" and device.type == "cuda")
+    if not on or device.type != "cuda":
+        return on
+    free = torch.cuda.mem_get_info(device)[0] if free is None else free
+    need = topology_bytes(graph)
+    if need <= free // 2:
         return True
-    if config.mode == "neutronorch":
-        return config.device_sampling == "on" or (config.device_sampling == "auto" and device.type == "cuda")
+    if setting == "on":
+        raise ConfigError(f"`device_sampling` on: typed NeutronOrch places the graph's topology and edge "
+                          f"features on {device} whole ({need / GiB:.2f} GiB), more than half its free "
+                          f"{free / GiB:.2f} GiB; set `device_sampling` off to sample on the host")
+    logger.info(f"device sampling off: the topology ({need / GiB:.2f} GiB) takes more than half of "
+                f"{device}'s free memory")
     return False
 
 
@@ -80,8 +98,8 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
         return DeviceMode(seeds, reader, sampling, spans)
     kind = (TypedKind(graph, access, fanouts, draws_on_device(config.device_sampling, graph, device), spans,
                       host_sampler) if typed else HomogeneousKind(graph, access, spans, sampling, host_sampler))
-    return NeutronOrchMode(kind, sampling, config.neutronorch, config.epochs, spans, threads.sampler, threads.host,
-                           node, seeds)
+    return NeutronOrchMode(kind, seeds, sampling, config.neutronorch, config.epochs, spans, threads.sampler,
+                           threads.host, node)
 
 
 def homogeneous_access(config: TrainConfig, graph: Graph, device: torch.device, shard: tuple[int, int]
@@ -134,4 +152,6 @@ def typed_access(config: TrainConfig, graph: TypedGraph, device: torch.device, s
     ends = graph.links.ends if config.task == "link" else None
     seeds = (LinkSeeds(graph.links.train, ends.num_nodes, sampling, config.negatives, ends) if ends is not None
              else NodeSeeds(graph, sampling))
-    return fanouts, sampling, FeatureAccess.typed(graph, TypedInputs(graph, stores), device), seeds
+    # Its rows read on the host (device mode's reader caches them).
+    access = FeatureAccess(device, None, None, None, None, TypedInputs(graph, stores), graph)
+    return fanouts, sampling, access, seeds

@@ -19,8 +19,6 @@ HOST_SAMPLING_STAGES = StageTable({"sample": "sampler", "gather": "sampler", "co
 
 
 class HostLoader:
-    producer = "exact-producer"  # the name of exact mode's producer thread over it
-
     def __init__(self, access: FeatureAccess, spans: Spans):
         self.access = access
         self.store, self.placement, self.cache = access.store, access.placement, access.cache

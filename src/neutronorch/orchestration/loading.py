@@ -16,7 +16,7 @@ from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES, HostLoader
 from neutronorch.orchestration.link_seeds import LinkSeeds
-from neutronorch.orchestration.mode import StepInputs
+from neutronorch.orchestration.mode import Mode, StepInputs
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
@@ -27,13 +27,13 @@ from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 SAMPLE_GROUP = 4
 
 
-class LoadingMode:
+class LoadingMode(Mode):
     """What exact and device mode share (a mixin, not a mode): batches sampled by ``new_sampler()``'s sampler
     (seeds on ``sample_device``, on ``sample_stream`` if any) and loaded by ``loader`` on a producer thread
-    named after it, each depending only on (seed, epoch, batch); no step hooks."""
+    named after the mode (its kernels on ``threads["sampler"]`` threads, else numba's count), each depending
+    only on (seed, epoch, batch); no step hooks (the protocol's no-ops)."""
 
     resumable = resumable_mid_epoch = True
-    producer_threads: int | None = None  # the producer's numba threads (None: numba's count)
     new_sampler: Callable[[], object]
     sample_device = torch.device("cpu")
     sample_stream = None
@@ -46,7 +46,7 @@ class LoadingMode:
 
     def batches(self, epoch: int, start: int = 0) -> Prefetcher:
         return Prefetcher(lambda: self._produce(epoch, start), depth=self.sampling.prefetch,
-                          name=self.loader.producer, threads=self.producer_threads)
+                          name=f"{self.name}-producer", threads=self.threads.get("sampler"))
 
     def _produce(self, epoch: int, start: int) -> Iterator:
         sampler = self.seeds.sampler(self.new_sampler())
@@ -67,7 +67,10 @@ class LoadingMode:
                     yield self.loader.load(epoch, index, subgraph, targets=batch.targets)
 
     def start(self, model: torch.nn.Module) -> None:
+        """Place what the loader places once ``model`` is known (a typed graph's device reader)."""
         self.loader.start(model)
+        if self.sample_stream is not None:  # after the copies, made on the training stream
+            self.sample_stream.wait_stream(torch.cuda.current_stream(self.sample_device))
 
     def step_inputs(self, batch: MiniBatch) -> StepInputs:
         """The trainer's first call on a batch: its stream waits for the batch's copies."""
@@ -80,23 +83,8 @@ class LoadingMode:
     def close(self) -> None:
         self.loader.close()
 
-    def before_step(self, batch: MiniBatch) -> None:
-        pass
-
-    def averaged_gradients(self) -> None:
-        return None
-
-    def after_step(self, batch: MiniBatch) -> None:
-        pass
-
-    def end_epoch(self, record: dict) -> None:
-        pass
-
     def state_dict(self) -> dict:
         return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
 
 
 class ExactMode(LoadingMode):
@@ -108,11 +96,11 @@ class ExactMode(LoadingMode):
     def __init__(self, seeds: NodeSeeds | LinkSeeds, new_sampler: Callable[[], NeighborSampler | TypedNeighborSampler],
                  loader: HostLoader, sampling: SamplingConfig, spans: Spans, sampler_threads: int):
         super().__init__(seeds, loader, sampling, spans)
-        self.new_sampler, self.producer_threads = new_sampler, sampler_threads
+        self.new_sampler = new_sampler
         self.threads = {"sampler": sampler_threads}
 
     def describe(self) -> str:
-        return f"sampler threads {self.producer_threads}"
+        return f"sampler threads {self.threads['sampler']}"
 
 
 class DeviceMode(LoadingMode):
@@ -131,12 +119,6 @@ class DeviceMode(LoadingMode):
         self.device = self.sample_device = reader.device
         self.new_sampler = reader.new_sampler
         self.sample_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-
-    def start(self, model: torch.nn.Module) -> None:
-        """Place what the reader places once ``model`` is known (a typed graph's)."""
-        self.loader.start(model)
-        if self.sample_stream is not None:
-            self.sample_stream.wait_stream(torch.cuda.current_stream(self.device))  # the copies, made on that stream
 
     def describe(self) -> str:
         return "sampling and gathering on the training device"

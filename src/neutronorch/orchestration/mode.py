@@ -1,7 +1,8 @@
 """What the trainer needs from a mode, and nothing more (``docs/architecture.md``, "The mode protocol").
 
 Modes are siblings that implement ``Mode``; none inherits from another, and nothing outside a mode branches
-on its name.
+on its name. A mode that subclasses ``Mode`` has its step hooks and ``load_state_dict`` do nothing unless it
+overrides them.
 """
 
 from __future__ import annotations

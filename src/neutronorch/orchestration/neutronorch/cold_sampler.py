@@ -7,31 +7,17 @@ all bottom-layer destinations the cold rows and the reused hot rows go (``GNN.fo
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
 
-from neutronorch.config import SamplingConfig
-from neutronorch.data.typed import TypedGraph
-from neutronorch.errors import ConfigError
-from neutronorch.features.placement import GiB
 from neutronorch.nn.splice import SpliceIndex
 from neutronorch.observe import Spans
 from neutronorch.orchestration.batch import MiniBatch, each, per_type
-from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch, PlanStats
-from neutronorch.orchestration.pipeline import use_threads
-from neutronorch.sampling.block import SampledSubgraph
-from neutronorch.sampling.exclude import exclude_from_block
-from neutronorch.sampling.neighbor_sampler import layer_key
-from neutronorch.sampling.typed_device_sampler import topology_bytes
-from neutronorch.sampling.typed_sampler import TypedHops
-
-logger = logging.getLogger("neutronorch")
-
+from neutronorch.orchestration.neutronorch.planner import Plan, PlanStats
 
 @dataclass
 class Splice:
@@ -45,8 +31,7 @@ class Splice:
     probe: np.ndarray | dict[str, np.ndarray]  # the plan's hottest vertices (the drift probe's candidates)
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "Splice":
-        index = each(self.index, lambda index: index.to(device, non_blocking))
-        return Splice(self.super_batch_id, index, self.last, self.plan, self.probe)
+        return replace(self, index=each(self.index, lambda index: index.to(device, non_blocking)))
 
 
 @dataclass
@@ -63,90 +48,27 @@ class SplicedBatch(MiniBatch):
         return self
 
 
-def draws_on_device(setting: str, graph: TypedGraph, device: torch.device, free: int | None = None) -> bool:
-    """Whether a typed graph's mini-batches are drawn on ``device``: ``on``, or ``auto`` with CUDA where the
-    topology and edge features take at most half its ``free`` bytes (default CUDA's); ``on`` beyond that is
-    refused."""
-    on = setting == "on" or (setting == "auto" and device.type == "cuda")
-    if not on or device.type != "cuda":
-        return on
-    free = torch.cuda.mem_get_info(device)[0] if free is None else free
-    need = topology_bytes(graph)
-    if need <= free // 2:
-        return True
-    if setting == "on":
-        raise ConfigError(f"`device_sampling` on: typed NeutronOrch places the graph's topology and edge features "
-                          f"on {device} whole ({need / GiB:.2f} GiB), more than half its free {free / GiB:.2f} GiB; "
-                          f"set `device_sampling` off to sample on the host")
-    logger.info(f"device sampling off: the topology ({need / GiB:.2f} GiB) takes more than half of {device}'s free "
-                f"memory")
-    return False
-
-
-class ColdSampler:
-    """``kind`` (``mode.py``) makes this thread's sampler and gives what loads its batches: the host loader,
-    or a homogeneous graph's device reader with device sampling (a typed graph's rows are read on the host
-    either way)."""
-
-    def __init__(self, kind, sampling: SamplingConfig, spans: Spans, threads: int):
-        self.kind, self.graph, self.fanouts = kind, kind.graph, sampling.fanouts
-        self.typed = kind.needs is not None
-        self.spans, self.threads = spans, threads
-        self.loader, self.reader = kind.loader, kind.reader
-        on_cuda = self.reader is not None and self.reader.device.type == "cuda"
-        self.stream = torch.cuda.Stream(self.reader.device) if on_cuda else None
-
-    def run(self, plans: Callable[[object], Iterable[Plan]], skip: int = 0) -> Iterator[SplicedBatch]:
-        """The thread's body: a batch per planned mini-batch of ``plans(sampler)`` (given this thread's
-        sampler, which device planning samples with), but for the first ``skip`` of the first plan."""
-        use_threads(self.threads)
-        on_device = self.reader is not None
-        sampler = self.kind.cold_sampler()
-        with torch.cuda.stream(self.stream):  # None: a no-op
-            for plan in plans(sampler):
-                for position, item in enumerate(plan.batches):
-                    if position < skip:
-                        continue
-                    last = position == len(plan.batches) - 1
-                    if self.typed:
-                        yield self._typed(plan, item, last, sampler)
-                        continue
-                    with self.spans.stage("sample"):
-                        dst = item.upper.frontiers[0]
-                        key = layer_key(item.key, len(self.fanouts) - 1)
-                        if on_device:  # planned on the device: positions are tensors there
-                            dst = dst.to(self.reader.device)
-                            cold = dst.index_select(0, torch.as_tensor(item.cold_pos, device=dst.device))
-                            block, frontier = sampler.sample_hop(cold, self.fanouts[-1], key)
-                        else:
-                            block, frontier = sampler.sample_hop(dst.numpy()[item.cold_pos], self.fanouts[-1], key)
-                        if item.exclude is not None:
-                            block = exclude_from_block(block, frontier, item.exclude, self.graph.num_nodes)
-                        subgraph = SampledSubgraph(item.upper.seeds, [block] + item.upper.blocks,
-                                                   [frontier] + item.upper.frontiers)
-                        splice = Splice(plan.super_batch_id,
-                                        splice_index(dst.shape[0], item.cold_pos, item.hot_pos, item.hot_rows),
-                                        last, plan.stats, plan.probe)
-                    source = self.reader if on_device else self.loader
-                    make = partial(SplicedBatch, splice=splice)
-                    yield source.load(plan.epoch, item.index, subgraph, make=make, targets=item.targets)
-                skip = 0
-
-    def _typed(self, plan: Plan, item: PlannedBatch, last: bool, sampler: TypedHops) -> SplicedBatch:
-        """A typed mini-batch: each type's cold destinations' bottom hop (with the batch key), its rows read
-        on the host, and each hot type's splice."""
-        upper = item.upper
-        with self.spans.stage("sample", item.index):
-            cold = sampler.sample_bottom({t: ids[item.cold_pos[t]] for t, ids in upper.frontiers[0].items()},
-                                         item.key)
-            # Read on the host (``HostLoader``) whichever device drew them.
-            subgraph = SampledSubgraph(upper.seeds.cpu(), [cold, *upper.blocks],
-                                       [{t: v.cpu() for t, v in cold.src_ids.items()}, *upper.frontiers])
-        index = {t: splice_index(int(upper.frontiers[0][t].shape[0]), item.cold_pos[t], item.hot_pos[t],
-                                 item.hot_rows[t])
-                 for t in plan.hot if item.hot_pos[t].shape[0]}
-        splice = Splice(plan.super_batch_id, index, last, plan.stats, plan.probe)  # moved with the batch
-        return self.loader.load(plan.epoch, item.index, subgraph, make=partial(SplicedBatch, splice=splice))
+def cold_batches(kind, spans: Spans, plans: Callable[[object], Iterable[Plan]], skip: int = 0
+                 ) -> Iterator[SplicedBatch]:
+    """The body of thread ``neutronorch-sampler``: a batch per planned mini-batch of ``plans(sampler)`` (given
+    its sampler, which device planning samples with), but for the first ``skip`` of the first plan. ``kind``
+    (``mode.py``) makes the sampler, draws each cold bottom hop and gives what loads the batches: the host
+    loader, or a homogeneous graph's device reader with device sampling, on a CUDA stream of its own (a typed
+    graph's rows are read on the host either way)."""
+    source = kind.reader if kind.reader is not None else kind.loader
+    on_cuda = kind.reader is not None and kind.reader.device.type == "cuda"
+    sampler = kind.cold_sampler()
+    with torch.cuda.stream(torch.cuda.Stream(kind.reader.device) if on_cuda else None):  # None: a no-op
+        for plan in plans(sampler):
+            for position in range(skip, len(plan.batches)):
+                item = plan.batches[position]
+                with spans.stage("sample", item.index if kind.numbered else -1):
+                    subgraph, index = kind.cold_batch(sampler, plan, item)
+                splice = Splice(plan.super_batch_id, index, position == len(plan.batches) - 1, plan.stats,
+                                plan.probe)  # moved with the batch
+                make = partial(SplicedBatch, splice=splice)
+                yield source.load(plan.epoch, item.index, subgraph, make=make, targets=item.targets)
+            skip = 0
 
 
 def splice_index(num_rows: int, cold_pos, hot_pos, hot_rows) -> SpliceIndex:

@@ -24,9 +24,6 @@ from neutronorch.orchestration.neutronorch.versions import Schedule
 
 logger = logging.getLogger("neutronorch")
 
-__all__ = ["AUTO_START_RATIO", "DriftProbe", "HostScalar", "HotRatioTuner", "RatioController", "RatioSetting",
-           "error_cap"]
-
 AUTO_START_RATIO = 0.2
 
 
@@ -154,10 +151,6 @@ class RatioController:
     def setting(self) -> RatioSetting:
         return self.published.read()[1]
 
-    @setting.setter
-    def setting(self, value: RatioSetting) -> None:
-        self.published.publish(value)
-
     def saw_plan(self, probe_ids: np.ndarray | dict[str, np.ndarray]) -> None:
         """The first plan that ranked any vertices gives the drift probe its hottest."""
         if self._probe_ids is None and len(probe_ids) > 0:
@@ -174,8 +167,9 @@ class RatioController:
         # The mean staleness of a reused row: the lead plus half a super-batch.
         self.probe.measure(bottom, version, self.lead + (self.schedule.super_batch - 1) / 2)
         if self.probe.stale_error is not None:
-            before = self.setting.stale_error if isinstance(self.setting.stale_error, HostScalar) else None
-            self.setting = replace(self.setting, stale_error=HostScalar(self.probe.stale_error, before))
+            setting = self.setting
+            before = setting.stale_error if isinstance(setting.stale_error, HostScalar) else None
+            self.published.publish(replace(setting, stale_error=HostScalar(self.probe.stale_error, before)))
 
     def measured(self) -> dict:
         """The drift probe's last measurement as numbers (None before the first)."""
@@ -208,8 +202,8 @@ class RatioController:
             # and their gradient either way.
             cost = (host if self.tuner.shared_cores else wait_hot) + hot_grad
             before = self.setting.ratio
-            self.setting = replace(self.setting, ratio=self.tuner.update(seconds, host / per, trainer / per, cost,
-                                                                         epoch_ratio))
+            ratio = self.tuner.update(seconds, host / per, trainer / per, cost, epoch_ratio)
+            self.published.publish(replace(self.setting, ratio=ratio))
             last = self.tuner.history[-1]
             out["hot_ratio_auto"] = {key: last[key] for key in ("next", "decision", "reason")}
             probing = last["decision"] == "probe" or (last["decision"] == "off" and last["ratio"] > 0 and
@@ -236,7 +230,7 @@ class RatioController:
         on = lambda t: None if t is None else t.to(device)  # noqa: E731
         published = state["stale_error"]
         published = None if published is None else HostScalar(torch.as_tensor(float(published)))
-        self.setting = replace(self.setting, ratio=state["ratio"], stale_error=published)
+        self.published.publish(replace(self.setting, ratio=state["ratio"], stale_error=published))
         self.lead = state["lead"]
         if self.tuner is not None and state["tuner"] is not None:
             self.tuner.load_state_dict(state["tuner"])

@@ -20,8 +20,7 @@ from neutronorch.orchestration.seeds import NodeSeeds
 
 class HotGradient:
     def __init__(self, seeds: NodeSeeds, node: NodeHotSet | None):
-        self.seeds, self.distributed = seeds, seeds.sampling.world > 1
-        self.node = node
+        self.seeds, self.node, self.distributed = seeds, node, seeds.sampling.world > 1
         self._shares: tuple[int, np.ndarray] | None = None  # (epoch, its ``rank_shares``)
         self._scale = 1.0  # the current step's scale of dL/dY in the accumulator
         self._averaged: list[torch.Tensor] | None = None

@@ -13,7 +13,7 @@ import copy
 
 import torch
 
-from neutronorch.config import NeutronOrchConfig, SamplingConfig
+from neutronorch.config import NeutronOrchConfig
 from neutronorch.nn.activation import dropout_keys
 from neutronorch.nn.precision import cpu_bf16_units
 from neutronorch.observe import Spans
@@ -22,8 +22,7 @@ from neutronorch.orchestration.neutronorch.node import Exchange, NodeHotSet
 from neutronorch.orchestration.neutronorch.planner import Plan
 from neutronorch.orchestration.neutronorch.versions import HotEmbeddings, Schedule, Snapshot
 from neutronorch.orchestration.pipeline import use_threads
-from neutronorch.sampling.exclude import exclude_from_block
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, mix_key
 
 HOST_DROPOUT = 0xD7  # mixed into a super-batch's key for the dropout masks of its hot rows
 
@@ -32,10 +31,10 @@ class HotRowComputer:
     """``kind`` (``mode.py``) gives the graph, its rows, its samplers and, on a typed graph, ``needs``: where
     the ids of the table rows (of ``tables``' types) each hot frontier reads go to the trainer."""
 
-    def __init__(self, kind, sampling: SamplingConfig, config: NeutronOrchConfig, schedule: Schedule,
-                 bottom: torch.nn.Module, snapshots: Channel, hot: Channel, spans: Spans, threads: int,
-                 node: NodeHotSet | None = None, tables: tuple[str, ...] = ()):
-        self.kind, self.graph, self.store, self.sampling = kind, kind.graph, kind.source, sampling
+    def __init__(self, kind, config: NeutronOrchConfig, schedule: Schedule, bottom: torch.nn.Module,
+                 snapshots: Channel, hot: Channel, spans: Spans, threads: int, node: NodeHotSet | None = None,
+                 tables: tuple[str, ...] = ()):
+        self.kind, self.store = kind, kind.source
         self.needs, self.tables, self.device = kind.needs, tables, kind.device
         # Hot rows go out in the training precision. The host computes them in bfloat16 where the CPU does
         # it natively; elsewhere it reads float32 rows, computes in float32 and rounds the table once.
@@ -82,22 +81,14 @@ class HotRowComputer:
         if self.node is not None:
             with self.spans.stage("host_share"):
                 exchange = self.node.exchange(plan.hot)
-        if self.needs is not None:  # a typed graph: every hot type's block, from the batch key
-            with self.spans.stage("host_sample"):
-                hot = plan.hot if exchange is None else self.node.computed(plan.hot, exchange)
-                block = sampler.sample_bottom(hot, plan.batches[0].key)
-            with self.spans.stage("host_gather"):
-                x, ids = self.store(block.src_ids, torch.device("cpu"))
-            self.needs.put(plan.super_batch_id, {t: ids[t] for t in self.tables if t in ids})
-            return block, x, exchange
         with self.spans.stage("host_sample"):
-            key = layer_key(plan.batches[0].key, len(self.sampling.fanouts) - 1)
-            ids = plan.hot if exchange is None else plan.hot[exchange.computed]
-            block, frontier = sampler.sample_hop(ids, self.sampling.fanouts[-1], key)
-            if plan.exclude is not None:  # a link task: none of the super-batch's seed edges
-                block = exclude_from_block(block, frontier, plan.exclude, self.graph.num_nodes)
+            hot = plan.hot if exchange is None else self.node.computed(plan.hot, exchange)
+            block, frontier = self.kind.bottom_hop(sampler, hot, plan.batches[0].key, plan.exclude)
         with self.spans.stage("host_gather"):
-            x = self.store.gather(frontier)
+            if self.needs is None:
+                return block, self.store.gather(frontier), exchange
+            x, ids = self.store(frontier, torch.device("cpu"))
+        self.needs.put(plan.super_batch_id, {t: ids[t] for t in self.tables if t in ids})
         return block, x, exchange
 
     def _finish_hot(self, plan: Plan, block, x: torch.Tensor, exchange: Exchange | None) -> None:

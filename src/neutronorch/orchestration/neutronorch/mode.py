@@ -4,9 +4,8 @@
 Hot embeddings of super-batch s are computed from the parameters at version ``snapshot_version(s)``
 (version = optimizer steps taken), and every use is checked (``versions.py``). The pipeline runs across
 epochs without draining. What differs per kind of graph is in one object (``HomogeneousKind``,
-``TypedKind``): its samplers and planner, where rows are read, the drift probe's inputs, the hot rows a step
-reads, and a typed graph's embedding-table rows, which its snapshots also hold (their ids sent ahead by the
-host on the ``needs`` channel).
+``TypedKind``), a typed graph's embedding-table rows included: its snapshots hold them too, their ids sent
+ahead by the host on the ``needs`` channel.
 """
 
 from __future__ import annotations
@@ -20,14 +19,14 @@ import torch
 from neutronorch.config import NeutronOrchConfig, SamplingConfig
 from neutronorch.data.graph import Graph
 from neutronorch.data.typed import RelationType, TypedGraph
-from neutronorch.nn.splice import HotRows
+from neutronorch.nn.splice import HotRows, SpliceIndex
 from neutronorch.observe import Spans, StageTable
 from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.channel import Channel
 from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES, HostLoader
 from neutronorch.orchestration.mode import StepInputs
-from neutronorch.orchestration.neutronorch.cold_sampler import ColdSampler, SplicedBatch
+from neutronorch.orchestration.neutronorch.cold_sampler import SplicedBatch, cold_batches, splice_index
 from neutronorch.orchestration.neutronorch.controller import RatioController
 from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
 from neutronorch.orchestration.neutronorch.hot_rows import HotRowComputer
@@ -35,11 +34,13 @@ from neutronorch.orchestration.neutronorch.hot_grad import HotGradient
 from neutronorch.orchestration.neutronorch.hot_table import HotTableReader
 from neutronorch.orchestration.neutronorch.node import NodeHotSet, NodeLink
 from neutronorch.orchestration.neutronorch.plan_loop import PlanLoop, one_ahead
-from neutronorch.orchestration.neutronorch.planner import Planner
+from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch, Planner
 from neutronorch.orchestration.neutronorch.stats import HotStats
 from neutronorch.orchestration.neutronorch.versions import Schedule, SnapshotPublisher, StalenessCheck
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import NodeSeeds
+from neutronorch.sampling.block import SampledSubgraph
+from neutronorch.sampling.exclude import exclude_from_block
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
 from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -55,9 +56,9 @@ PROBE_KEY = 0x9E37  # mixed into the run's seed for the drift probe's fixed samp
 
 
 class HomogeneousKind:
-    fanouts = None  # the sampling configuration's
     needs = type_sizes = None
     lead_adapts = True  # the snapshot lead may grow while the trainer waits for hot rows
+    numbered = False  # its cold sampler's spans carry no batch index
 
     def __init__(self, graph: Graph, access: FeatureAccess, spans: Spans, sampling: SamplingConfig,
                  host_sampler: Callable[[], NeighborSampler]):
@@ -80,6 +81,28 @@ class HomogeneousKind:
             return Planner(self.graph, bottom)
         return DevicePlanner(self.graph, bottom, self.reader.indptr)
 
+    def bottom_hop(self, sampler, ids, key: int, exclude=None) -> tuple:
+        """``sampler``'s bottom hop of ``ids`` as batch key ``key`` draws it, without ``exclude``'s edges (a
+        link task's seed edges), and its source frontier."""
+        fanouts = self.sampling.fanouts
+        block, frontier = sampler.sample_hop(ids, fanouts[-1], layer_key(key, len(fanouts) - 1))
+        if exclude is not None:
+            block = exclude_from_block(block, frontier, exclude, self.graph.num_nodes)
+        return block, frontier
+
+    def cold_batch(self, sampler, plan: Plan, item: PlannedBatch) -> tuple[SampledSubgraph, SpliceIndex]:
+        """A planned mini-batch's subgraph, its cold destinations' bottom hop drawn by ``sampler``, and where
+        its bottom-layer rows go."""
+        upper, dst = item.upper, item.upper.frontiers[0]
+        if self.plans_on_device:  # positions are tensors there
+            dst = dst.to(self.device)
+            cold = dst.index_select(0, torch.as_tensor(item.cold_pos, device=dst.device))
+        else:
+            cold = dst.numpy()[item.cold_pos]
+        block, frontier = self.bottom_hop(sampler, cold, item.key, item.exclude)
+        return (SampledSubgraph(upper.seeds, [block, *upper.blocks], [frontier, *upper.frontiers]),
+                splice_index(dst.shape[0], item.cold_pos, item.hot_pos, item.hot_rows))
+
     def inputs(self, batch, hot, index) -> StepInputs:
         """The step's model inputs: the batch's, and the super-batch's hot rows at ``index``."""
         return StepInputs(batch.blocks, batch.features, HotRows(hot.table, index, hot.grad_acc))
@@ -87,14 +110,14 @@ class HomogeneousKind:
     def probe_inputs(self, ids: np.ndarray, sampling: SamplingConfig, model) -> tuple:
         """The drift probe's bottom block and float32 rows on the device, a fixed sample of its own key
         (float32: the probe runs outside autocast, and drift is a small difference)."""
-        key = layer_key(mix_key(sampling.seed, PROBE_KEY), len(sampling.fanouts) - 1)
-        block, frontier = self.host_sampler().sample_hop(ids, sampling.fanouts[-1], key)
+        block, frontier = self.bottom_hop(self.host_sampler(), ids, mix_key(sampling.seed, PROBE_KEY))
         rows = self.store.as_dtype(torch.float32).gather(frontier)
         return block.to(self.device), rows.to(self.device)
 
 
 class TypedKind:
     lead_adapts = False  # a typed run at a fixed ratio trains the same steps whatever the times measured
+    numbered = True
     reader = store = placement = cache = None  # (a homogeneous graph's feature access)
 
     def __init__(self, graph: TypedGraph, access: FeatureAccess, fanouts: dict[RelationType, list[int]],
@@ -120,6 +143,22 @@ class TypedKind:
         indptrs = {r: indptr for r, (indptr, _) in sampler.relations.items()}
         return DevicePlanner(self.graph, bottom, indptrs)
 
+    def bottom_hop(self, sampler, ids: dict, key: int, exclude=None) -> tuple:
+        """``HomogeneousKind.bottom_hop`` per type (a typed plan excludes no edges: no typed link task)."""
+        block = sampler.sample_bottom(ids, key)
+        return block, block.src_ids
+
+    def cold_batch(self, sampler, plan: Plan, item: PlannedBatch) -> tuple[SampledSubgraph, dict]:
+        """``HomogeneousKind.cold_batch`` per type, the subgraph on the host (``HostLoader`` reads its rows
+        whichever device drew it), a splice index per type hot in it."""
+        upper, dst = item.upper, item.upper.frontiers[0]
+        cold, _ = self.bottom_hop(sampler, {t: ids[item.cold_pos[t]] for t, ids in dst.items()}, item.key)
+        subgraph = SampledSubgraph(upper.seeds.cpu(), [cold, *upper.blocks],
+                                   [{t: v.cpu() for t, v in cold.src_ids.items()}, *upper.frontiers])
+        index = {t: splice_index(int(dst[t].shape[0]), item.cold_pos[t], item.hot_pos[t], item.hot_rows[t])
+                 for t in plan.hot if item.hot_pos[t].shape[0]}
+        return subgraph, index
+
     def inputs(self, batch, hot, index: dict) -> StepInputs:
         return StepInputs(batch.blocks, batch.features,
                           {t: HotRows(hot.table[t], i, hot.grad_acc.get(t)) for t, i in index.items()}, batch.ids)
@@ -127,8 +166,8 @@ class TypedKind:
     def probe_inputs(self, ids: dict[str, np.ndarray], sampling: SamplingConfig, model):
         """A function giving the drift probe's bottom block and inputs (the table rows move with the
         weights)."""
-        block = self.host_sampler().sample_bottom(ids, mix_key(sampling.seed, PROBE_KEY))
-        features, input_ids = self.source(block.src_ids, self.device)
+        block, frontier = self.bottom_hop(self.host_sampler(), ids, mix_key(sampling.seed, PROBE_KEY))
+        features, input_ids = self.source(frontier, self.device)
         block = block.to(self.device)
         return lambda: (block, model().input_rows(features, input_ids))
 
@@ -147,15 +186,15 @@ class NeutronOrchMode:
     # Anywhere: its state_dict holds the pending snapshots and the super-batch in progress.
     resumable = resumable_mid_epoch = True
 
-    def __init__(self, kind: HomogeneousKind | TypedKind, sampling: SamplingConfig, config: NeutronOrchConfig,
-                 epochs: int, spans: Spans, sampler_threads: int, host_threads: int, node: NodeLink | None = None,
-                 seeds: NodeSeeds | None = None):
+    def __init__(self, kind: HomogeneousKind | TypedKind, seeds: NodeSeeds, sampling: SamplingConfig,
+                 config: NeutronOrchConfig, epochs: int, spans: Spans, sampler_threads: int,
+                 host_threads: int, node: NodeLink | None):
         self.kind, self.graph, self.sampling, self.config = kind, kind.graph, sampling, config
         self.spans, self.device = spans, kind.device
         self.store, self.placement, self.cache = kind.store, kind.placement, kind.cache
         on_cuda = self.device.type == "cuda"
         self.threads = {"sampler": sampler_threads, "host": host_threads}
-        self.seeds = seeds if seeds is not None else NodeSeeds(self.graph, sampling)  # a link task's: LinkSeeds
+        self.seeds = seeds  # a link task's: LinkSeeds
         self.num_batches = self.seeds.num_batches
         self.schedule = Schedule(epochs, self.num_batches, config.super_batch, config.resolved_staleness)
         self.staleness = StalenessCheck(config.resolved_staleness)
@@ -166,7 +205,6 @@ class NeutronOrchMode:
         self.node = NodeHotSet(node, kind.type_sizes) if node is not None and node.local_size > 1 else None
         self.hot_grad = HotGradient(self.seeds, self.node)
         self.version = 0  # optimizer steps taken
-        self.reader, self.loader = kind.reader, kind.loader
         self.model: torch.nn.Module | None = None
         self.snapshots = SnapshotPublisher(self.schedule, on_cuda, None if kind.needs is None else (
             lambda super_batch_id: kind.table_rows(self.model, super_batch_id)))
@@ -180,12 +218,11 @@ class NeutronOrchMode:
         self.model, kind = model, self.kind
         self.bottom = model.bottom
         tables = tuple(getattr(model, "embeddings", ()))  # a typed model's embedding tables
-        producer = HotRowComputer(kind, self.sampling, self.config, self.schedule, self.bottom,
+        producer = HotRowComputer(kind, self.config, self.schedule, self.bottom,
                                   self.snapshots.channel, self.hot_table.channel, self.spans,
                                   self.threads["host"], self.node, tables)
         plans = PlanLoop(self.seeds, self.sampling, self.schedule, self.controller.published, producer.planned,
                          self.spans, self.graph.num_nodes)
-        sampler = ColdSampler(kind, self.sampling, self.spans, self.threads["sampler"])
         self.snapshots.start()
         start, position = self.schedule.at(self.version)
         hot = None
@@ -204,8 +241,9 @@ class NeutronOrchMode:
                 device_sampler, kind.planner(device_sampler), start, hot, "sample"))
         self._host = threading.Thread(target=producer.compute, args=(start,), name="neutronorch-host", daemon=True)
         self._host.start()
-        self._stream = Prefetcher(lambda: sampler.run(source, position), depth=self.sampling.prefetch,
-                                  name="neutronorch-sampler")
+        self._stream = Prefetcher(lambda: cold_batches(kind, self.spans, source, position),
+                                  depth=self.sampling.prefetch, name="neutronorch-sampler",
+                                  threads=self.threads["sampler"])
         # A typed graph's first snapshot waits for the host's table ids.
         self.snapshots.publish_due(self.bottom, self.version, self.controller.lead)
 
@@ -215,8 +253,8 @@ class NeutronOrchMode:
                 stage.close()
         if self._host is not None:
             self._host.join()
-        if self.reader is not None:
-            self.reader.close()
+        if self.kind.reader is not None:
+            self.kind.reader.close()
 
     def batches(self, epoch: int, start: int = 0) -> "EpochView":
         if self._stream is None:
@@ -289,7 +327,7 @@ class NeutronOrchMode:
 
     def summary(self) -> dict:
         return {
-            **(self.loader.summary() if self.loader is not None else {}),  # a typed graph's host caches
+            **(self.kind.loader.summary() if self.kind.loader else {}),  # a typed graph's host caches
             "neutronorch": {"super_batch": self.schedule.super_batch, "hot_grad": self.config.hot_grad,
                             "hot_set": self.hot_set,
                             "hot_ratio_setting": self.config.hot_ratio,

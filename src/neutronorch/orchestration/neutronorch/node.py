@@ -105,8 +105,10 @@ class NodeHotSet:
         ends = np.cumsum([0, *sizes])
         return {t: rows[lo:hi] for t, lo, hi in zip(self.offsets, ends[:-1], ends[1:]) if hi > lo}
 
-    def computed(self, hot: dict[str, np.ndarray], plan: Exchange) -> dict[str, np.ndarray]:
-        """A typed graph's: per type, the vertices of its hot set this rank computes."""
+    def computed(self, hot: np.ndarray | dict[str, np.ndarray], plan: Exchange) -> np.ndarray | dict:
+        """The vertices of ``hot`` this rank computes (a typed graph's per type)."""
+        if self.offsets is None:
+            return hot[plan.computed]
         flat = np.concatenate([np.asarray(hot.get(t, np.empty(0, np.int64))) for t in self.offsets])
         ends = np.cumsum([0, *self.sizes(hot)])
         at = np.searchsorted(ends, plan.computed, side="right") - 1  # each computed row's type

@@ -17,7 +17,7 @@ from neutronorch.config import SamplingConfig
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
 from neutronorch.orchestration.neutronorch.controller import PublishedSetting
-from neutronorch.orchestration.neutronorch.planner import Plan, Planner
+from neutronorch.orchestration.neutronorch.planner import Plan
 from neutronorch.orchestration.neutronorch.versions import Schedule
 from neutronorch.orchestration.seeds import NodeSeeds, SeedBatch
 from neutronorch.sampling.exclude import exclude_edges

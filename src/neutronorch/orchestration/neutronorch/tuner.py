@@ -4,22 +4,17 @@ from __future__ import annotations
 
 
 class HotRatioTuner:
-    """Re-tune r between epochs from measured times (the rules: ``docs/neutronorch.md``, ``--hot-ratio
-    auto``): on separate processors r is scaled by device time / host time (at most 2x either way); on
-    shared cores it walks in log steps (x2, then x sqrt 2 once a step made things worse) towards the faster
-    epoch. A baseline epoch at r = 0 tells whether reuse pays; off, r stays 0 and every ``PROBE_EVERY``
-    epochs one epoch probes ``PROBE_RATIO``. The first epoch decides nothing; each ``history`` entry says
-    what was decided and why."""
+    """Re-tune r between epochs from measured times, by the rules of ``docs/neutronorch.md``, ``--hot-ratio
+    auto`` (on shared cores a walk in log2(r): x2, then x sqrt 2 once a step made things worse). Each
+    ``history`` entry says what was decided and why."""
 
     LOW, HIGH = 0.01, 0.8
     MIN_STEP = 0.25  # log2 units: the walk stops refining below a factor of 2 ** 0.25
     PROBE_EVERY = 4  # epochs without hot rows between two probes
     PROBE_RATIO = 0.05
-    # Reuse goes off only when epochs with hot rows are slower than without them by more than this share
-    # (single epochs on a shared machine differ by a few percent) ...
+    # Reuse goes off only when epochs with hot rows are slower than without them by more than this share,
+    # the first measured one by more than FIRST_MARGIN (why: docs/neutronorch.md).
     MARGIN = 0.03
-    # ... and the first measured one only by more than this: early in training the error cap keeps few
-    # rows hot (1M-vertex graph: 26.35 s with hot rows, 25.26 s without, then 23.7 s once reuse settled).
     FIRST_MARGIN = 0.10
     NOTHING_HOT = 0.001  # an epoch whose mean hot share was below this measured no reuse (the error cap held it)
 
