@@ -219,13 +219,11 @@ def test_negatives_are_read_as_shared_or_per_source_from_their_shapes():
         check_link_split(_split(val_neg=np.zeros((2, 3), np.int64), negatives=SAMPLED), 8)
 
 
-def test_negatives_that_are_positives_of_their_own_set_are_counted_and_refused():
+def test_negatives_that_are_positives_of_their_own_set_are_counted_and_kept():
     # val positives 3-4, 4-5 and 1-5 (undirected); shared negatives 4-3 (a positive reversed), 5-4 and 0-7.
     split = _split(val_neg=np.array([[4, 5, 0], [3, 4, 7]]), test_neg=np.array([[1, 2], [4, 6]]))
     assert count_positive_negatives(split, "val", 8) == 2 and count_positive_negatives(split, "test", 8) == 0
-    with pytest.raises(DataError, match="2 of val_neg's negatives are edges of the val set itself"):
-        check_link_split(split, 8)
-    check_link_split(split, 8, negatives_may_be_positive=True)
+    check_link_split(split, 8)
     # Per source, directed: a negative target 7 for test positive 0 -> 7 is that positive itself.
     directed = _split(undirected=False, val_neg=np.array([[0, 1], [2, 3], [0, 2]]),
                       test_neg=np.array([[1, 2], [4, 3], [0, 1]]), negatives=PER_SOURCE)

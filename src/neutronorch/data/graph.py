@@ -152,7 +152,7 @@ class Graph(GraphCommon):
         # No node task (a link graph's, or one to embed): no labels, no node splits.
         check_target(self, n, fail, link_only=(self.links is not None or not classes) and self.num_classes == 0)
         if self.links is not None:  # a benchmark's fixed negatives are scored as they are (check_link_split)
-            check_link_split(self.links, n, (files or {}).get("links", source), negatives_may_be_positive=True)
+            check_link_split(self.links, n, (files or {}).get("links", source))
         self._mark_validated(classes)
         return self
 

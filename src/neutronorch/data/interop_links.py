@@ -46,7 +46,7 @@ def from_pyg_link(train_data, val_data, test_data, name: str = "pyg") -> Graph:
                       negatives=SHARED if shared else None)
     if num_nodes > _KEY_LIMIT:  # held-out edges are looked up as int64 keys dst * num_nodes + src
         raise DataError(f"{name}: {num_nodes:,} vertices are more than a link split handles ({_KEY_LIMIT:,}).")
-    check_link_split(split, num_nodes, name, negatives_may_be_positive=True)
+    check_link_split(split, num_nodes, name)
     edge_index = _pairs(train_data.edge_index, f"{name}: train_data.edge_index")
     # Built directed, then read: symmetric already means undirected, and nothing is added either way.
     indptr, indices = edges_to_csc(edge_index[0], edge_index[1], num_nodes, symmetric=False,
@@ -75,7 +75,7 @@ def to_pyg_link(graph: Graph, seed: int = 0):
     if links is None:
         raise DataError(f"{graph.name}: carries no link split; give a link graph (split_edges, an OGB link "
                         f"dataset or from_pyg_link), or use to_pyg for a node task.")
-    check_link_split(links, graph.num_nodes, graph.name, negatives_may_be_positive=True)
+    check_link_split(links, graph.num_nodes, graph.name)
     src, dst = _edges(graph)
     train_graph = np.stack([src, dst])
     del src, dst

@@ -70,7 +70,7 @@ def check_graph_links(graph) -> list[str]:
     links = graph.links
     if links is None or links.checked == links.checked_for(graph.indices):
         return []
-    check_link_split(links, graph.num_nodes, graph.name, negatives_may_be_positive=True)  # shapes, ids in range
+    check_link_split(links, graph.num_nodes, graph.name)  # shapes, ids in range
     return check_stored_links(links, graph.indptr, graph.indices, graph.name)
 
 

@@ -89,12 +89,10 @@ def check_negatives_fit(name: str, count: int, num_nodes: int) -> None:
                           f"vertices they are drawn from; give at most {num_nodes:,}.")
 
 
-def check_link_split(split: LinkSplit, num_nodes: int, source: str = "link split", *,
-                     negatives_may_be_positive: bool = False) -> None:
+def check_link_split(split: LinkSplit, num_nodes: int, source: str = "link split") -> None:
     """Raise ``DataError`` naming ``source`` for a split that cannot be trained or scored: arrays of the
     wrong shape or dtype, an empty set, a vertex outside 0..num_nodes-1, negatives of an unknown or
-    inconsistent form, and (unless ``negatives_may_be_positive``: a benchmark's fixed negatives are scored
-    as they are) negatives that are positives of their own set."""
+    inconsistent form. Negatives that are positives of their own set are scored as given (a benchmark's)."""
     def fail(what: str, fix: str) -> None:
         raise DataError(f"{source}: {what}. {fix}")
 
@@ -125,11 +123,6 @@ def check_link_split(split: LinkSplit, num_nodes: int, source: str = "link split
         if negatives.shape[1] == 0:
             fail(f"{name} holds no negatives", f"Give at least one, or leave {name} out to have them drawn.")
         _check_range(negatives, name, num_nodes, fail)
-        if not negatives_may_be_positive:
-            clashes = count_positive_negatives(split, part, num_nodes)
-            if clashes:
-                fail(f"{clashes:,} of {name}'s negatives are edges of the {part} set itself",
-                     "A negative must not be a positive of its own set; draw them again without those edges.")
 
 
 def _shape(array) -> str:

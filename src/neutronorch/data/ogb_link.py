@@ -186,7 +186,7 @@ def _link_split(parts: dict[str, dict], num_nodes: int, name: str) -> LinkSplit:
                       val_neg=negatives["valid"], test_neg=negatives["test"], undirected=not per_source,
                       negatives=PER_SOURCE if per_source else SHARED,
                       metric=METRICS.get(name, "mrr" if per_source else None))
-    check_link_split(split, num_nodes, str(parts["train"]["path"].parent), negatives_may_be_positive=True)
+    check_link_split(split, num_nodes, str(parts["train"]["path"].parent))
     return split
 
 

@@ -72,7 +72,7 @@ def link_graph(graph: Graph, config: TrainConfig) -> Graph:
                           f"{'undirected' if graph.links.undirected else 'directed'}; the option chooses how "
                           f"`split` edges:TRAIN,VAL splits a graph without one. Leave it out.")
     # Stored negatives that are positives of their own set: noted by the loader (OGB's evaluators keep them).
-    check_link_split(graph.links, graph.num_nodes, graph.name, negatives_may_be_positive=True)
+    check_link_split(graph.links, graph.num_nodes, graph.name)
     notes = check_graph_links(graph)  # a split given with the graph, or changed since it was checked
     graph = dataclasses.replace(graph, notes=[*graph.notes, *notes]) if notes else graph
     check_link_settings(graph, config)
