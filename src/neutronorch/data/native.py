@@ -59,7 +59,7 @@ def load_native(directory: str | os.PathLike, mmap: bool = True, validate: bool 
 
 
 @reads_files
-def read_typed(folder: str | os.PathLike, mmap: bool = True, validate: bool = True) -> TypedGraph:
+def read_typed(folder: str | os.PathLike, mmap: bool = True) -> TypedGraph:
     """Open a typed graph written by ``write_typed``; arrays are memory-mapped unless ``mmap`` is False."""
     directory = Path(folder)
     meta_path = directory / "meta.json"
@@ -68,9 +68,7 @@ def read_typed(folder: str | os.PathLike, mmap: bool = True, validate: bool = Tr
     files: dict[str, str] = {}
     graph = _read(directory, meta, mmap, files)
     _check_unlisted(directory, meta, set(files))
-    if validate:
-        graph.validate(str(directory), files)
-    return graph
+    return graph.validate(str(directory), files)
 
 
 def _as_typed(meta: dict) -> dict:
