@@ -18,8 +18,8 @@ from neutronorch.data.files import read_error, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.link_checks import check_stored_links, link_graph
 from neutronorch.data.links import PER_SOURCE, SHARED, LinkSplit, check_link_split
-from neutronorch.data.ogb import Progress, dataset_name, read_edges, read_node_features, split_folder
-from neutronorch.errors import DataError, not_a_file
+from neutronorch.data.ogb import Progress, _present, dataset_name, read_edges, read_node_features, split_folder
+from neutronorch.errors import DataError
 
 PARTS = ("train", "valid", "test")
 SPLIT_FILES = tuple(f"{part}.pt" for part in PARTS) + ("split_dict.pt",)
@@ -73,13 +73,8 @@ def _read_split(folder: Path) -> dict[str, dict]:
                             f"their edges. Fetch the dataset again.")
         parts = {part: (whole[part], folder / "split_dict.pt") for part in PARTS}
     else:
-        parts = {}
-        for part in PARTS:
-            path = folder / f"{part}.pt"
-            if not path.is_file():
-                raise DataError(f"{path}: {not_a_file(path, 'file is missing')}; the OGB dataset is incomplete (its split is "
-                                f"{', '.join(f'{p}.pt' for p in PARTS)} in {folder}). Fetch it again.")
-            parts[part] = (load_torch_file(path), path)
+        paths = {part: _present(folder / f"{part}.pt") for part in PARTS}
+        parts = {part: (load_torch_file(path), path) for part, path in paths.items()}
     out = {}
     for part, (content, path) in parts.items():
         if not isinstance(content, dict):
