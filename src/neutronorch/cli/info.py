@@ -1,7 +1,6 @@
 """What ``neutronorch info`` prints: one JSON object per dataset, homogeneous or typed, with the same keys
-where they mean the same (name, nodes, edges, classes, the split sizes, device_gib, notes); a typed graph adds
-its target, its types and its relations, each relation with the in-degree and edge counts a homogeneous graph
-gives for its one edge set (read from its ``TypedGraph.of`` view)."""
+where they mean the same; a typed graph adds its target, its types and its relations (a homogeneous graph is
+read as its ``TypedGraph.of`` view)."""
 
 from __future__ import annotations
 

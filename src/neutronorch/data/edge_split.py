@@ -52,11 +52,8 @@ def _check_fractions(train: float, val: float, what: str) -> None:
 
 def split_edges(graph: Graph, train: float, val: float, seed: int = 0, direction: str = "auto") -> Graph:
     """``graph`` with a seeded random ``LinkSplit`` of its edges in ``links``, its validation and test edges
-    taken out of its topology. ``direction``: ``"undirected"`` (an edge and its reverse one link, stored
-    source < target, held out both ways), ``"directed"``, or ``"auto"``: undirected when at least
-    ``UNDIRECTED_SHARE`` of the edges have their reverse (``reciprocity``). Self loops are no links; a
-    repeated edge is one. Features, labels and node splits are the input's own objects; the same seed gives
-    the same split."""
+    taken out of its topology; ``direction``: ``LINK_DIRECTIONS`` (docs/datasets.md, "Splitting any graph").
+    An undirected link is stored source < target. The same seed gives the same split."""
     _check_fractions(train, val, "split_edges")
     if direction not in LINK_DIRECTIONS:
         raise ConfigError(f"`link_direction` {direction!r}: choose one of {', '.join(LINK_DIRECTIONS)}.")

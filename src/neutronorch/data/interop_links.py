@@ -1,6 +1,6 @@
 """Link splits from and to PyTorch Geometric: ``from_pyg_link`` reads the three ``Data`` objects that
 ``torch_geometric.transforms.RandomLinkSplit`` returns, ``to_pyg_link`` writes a link graph in that layout
-(docs/datasets.md, "PyG link splits", says what is read and checked)."""
+(docs/datasets.md, "PyG link splits", says what is read, checked and drawn)."""
 
 from __future__ import annotations
 
@@ -22,14 +22,9 @@ _DRAW_ROUNDS = 64
 
 
 def from_pyg_link(train_data, val_data, test_data, name: str = "pyg") -> Graph:
-    """The link graph (no node task) of the three ``Data`` objects of ``RandomLinkSplit``, either label
-    layout.
-
-    Topology: ``train_data.edge_index`` without self loops and repeated edges, symmetrised only where it is
-    symmetric already (a held-out edge never comes back as a reverse). The split is checked against it
-    (``check_stored_links``): leaks are refused, oddities kept with a note. Training negatives are dropped
-    (drawn per batch); validation and test negatives become shared pairs. ``undirected`` is decided by measure
-    (``_direction``). ``val_data.edge_index`` and ``test_data.edge_index`` are not read."""
+    """The validated link graph (no node task) of the three ``Data`` objects of ``RandomLinkSplit``, either
+    label layout, its split checked against ``train_data.edge_index`` (``check_stored_links``: leaks refused).
+    """
     stages = dict(zip(STAGES, (train_data, val_data, test_data)))
     num_nodes = _num_nodes(stages, name)
     positives, negatives = {}, {}
@@ -63,11 +58,8 @@ def from_pyg_link(train_data, val_data, test_data, name: str = "pyg") -> Graph:
 
 
 def to_pyg_link(graph: Graph, seed: int = 0):
-    """``(train_data, val_data, test_data)`` as ``RandomLinkSplit`` lays them out: ``edge_index`` the
-    message-passing graph (for test plus the validation edges), ``edge_label_index`` a stage's positives then
-    its negatives, ``edge_label`` 1 and 0. Negatives: the stored ones (per-source ones as pairs), else one per
-    positive drawn from ``seed`` among the pairs that are no edge, positive or self loop. Node labels are not
-    carried."""
+    """``(train_data, val_data, test_data)`` as ``RandomLinkSplit`` lays them out, a stage's negatives the
+    stored ones, else drawn from ``seed``. Node labels are not carried."""
     data = optional("torch_geometric.data", "to_pyg_link")
     import torch  # noqa: PLC0415 - torch is there when PyG is
 
@@ -143,9 +135,8 @@ def _labelled_pairs(data, stage: str, name: str) -> tuple[np.ndarray, np.ndarray
 
 
 def _direction(split: LinkSplit, indptr: np.ndarray, indices: np.ndarray) -> tuple[bool, str]:
-    """Whether a PyG split is undirected, and why, by measure: its training graph has most edges' reverse
-    (``UNDIRECTED_SHARE``) and its held-out positives mostly have not (a directed split of a symmetric graph,
-    ``is_undirected=False``, keeps most of their reverses; a few one-way edges do not make a split directed)."""
+    """Whether a PyG split is undirected, and why: its training graph has most edges' reverse
+    (``UNDIRECTED_SHARE``) and its held-out positives mostly have not (a directed split keeps them)."""
     num_nodes = indptr.shape[0] - 1
     keys = _link_keys(indptr, indices, False)
     share = reciprocity(indptr, indices)

@@ -1,10 +1,7 @@
 """Typed (heterogeneous) graphs: several vertex types, relations between them (``relation.py``), one target
-type.
-
-Features are kept per type, and a type may have none (a model then gives it an embedding table); labels and
-the split belong to the target type. Arrays may be memory maps, so nothing here may copy a whole array without
-need (``collapse``, a typed graph's one-graph view, builds in memory). ``validate`` (``checks.py``) is the one
-check of a typed graph from outside. Imports no torch."""
+type. Arrays may be memory maps, so nothing here may copy a whole array without need (``collapse``, a typed
+graph's one-graph view, builds in memory). ``validate`` (``checks.py``) is the one check of a typed graph from
+outside. Imports no torch."""
 
 from __future__ import annotations
 
