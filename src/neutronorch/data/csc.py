@@ -122,12 +122,11 @@ def drop_edges(indptr: np.ndarray, indices: np.ndarray, keys: np.ndarray) -> tup
     starts = np.zeros(num_nodes + 1, np.int64)  # keys of column v: keys[starts[v]:starts[v + 1]]
     if keys.size:
         np.cumsum(np.bincount(keys // num_nodes, minlength=num_nodes), out=starts[1:])
-    kept = np.empty(num_nodes + 1, np.int64)
-    kept[0] = 0
-    _count_kept(indptr, indices, keys, starts, kept[1:])
+    kept = np.zeros(num_nodes + 1, np.int64)
+    _keep(indptr, indices, keys, starts, kept, np.empty(0, indices.dtype), False)
     np.cumsum(kept, out=kept)
     out = np.empty(int(kept[-1]), indices.dtype)
-    _copy_kept(indptr, indices, keys, starts, kept, out)
+    _keep(indptr, indices, keys, starts, kept, out, True)
     return kept, out
 
 
@@ -138,27 +137,20 @@ def _dropped(keys, lo, hi, key):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _count_kept(indptr, indices, keys, starts, counts):
+def _keep(indptr, indices, keys, starts, kept, out, copy):
+    """Each column's edges that ``keys`` do not drop: counted into ``kept[v + 1]``, or with ``copy`` written
+    to ``out`` from offset ``kept[v]``."""
     num_nodes = indptr.shape[0] - 1
     for v in prange(num_nodes):
         base = np.int64(v) * num_nodes
-        count = 0
+        at = kept[v] if copy else 0
         for k in range(indptr[v], indptr[v + 1]):
             if not _dropped(keys, starts[v], starts[v + 1], base + indices[k]):
-                count += 1
-        counts[v] = count
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _copy_kept(indptr, indices, keys, starts, kept, out):
-    num_nodes = indptr.shape[0] - 1
-    for v in prange(num_nodes):
-        base = np.int64(v) * num_nodes
-        at = kept[v]
-        for k in range(indptr[v], indptr[v + 1]):
-            if not _dropped(keys, starts[v], starts[v + 1], base + indices[k]):
-                out[at] = indices[k]
+                if copy:
+                    out[at] = indices[k]
                 at += 1
+        if not copy:
+            kept[v + 1] = at
 
 
 @njit(cache=True, nogil=True)
