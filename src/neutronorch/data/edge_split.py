@@ -179,19 +179,14 @@ def _link_keys(indptr: np.ndarray, indices: np.ndarray, undirected: bool) -> np.
 @njit(cache=True, nogil=True)
 def _edge_keys(indptr, indices, lower_only):
     num_nodes = indptr.shape[0] - 1
-    count = 0
-    for v in range(num_nodes):
-        for k in range(indptr[v], indptr[v + 1]):
-            if indices[k] < v or (indices[k] > v and not lower_only):
-                count += 1
-    keys = np.empty(count, np.int64)
+    keys = np.empty(indices.shape[0], np.int64)
     at = 0
     for v in range(num_nodes):
         for k in range(indptr[v], indptr[v + 1]):
             if indices[k] < v or (indices[k] > v and not lower_only):
                 keys[at] = np.int64(v) * num_nodes + indices[k]
                 at += 1
-    return keys
+    return keys[:at]
 
 
 def _pairs(keys: np.ndarray, num_nodes: int) -> np.ndarray:
