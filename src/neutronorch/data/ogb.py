@@ -177,16 +177,22 @@ def _present(path: Path) -> Path:
 
 
 def _width(path: Path) -> int:
-    """How many comma-separated values the first line of ``path`` holds."""
-    try:
-        with (gzip.open if path.suffix == ".gz" else open)(_present(path), "rb") as text:
-            line = text.readline()
-    except (OSError, EOFError) as exc:
-        raise read_error(path, exc, f"{path}: cannot be read ({exc}); the file is truncated or corrupt. Fetch "
-                                    f"the dataset again.") from None
+    """How many comma-separated values the first line of ``path`` (read within its first MiB) holds."""
+    line = next(_blocks(_present(path), 1 << 20), b"").split(b"\n")[0]
     if not line.strip():
         raise DataError(f"{path}: the first line is empty; the file is damaged. Fetch the dataset again.")
     return line.count(b",") + 1
+
+
+def _blocks(path: Path, size: int):
+    """The bytes of ``path`` (a gzip-compressed file when it ends in ``.gz``), ``size`` at a time."""
+    try:
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as text:
+            while block := text.read(size):
+                yield block
+    except (OSError, EOFError, zlib.error) as exc:
+        raise read_error(path, exc, f"{path}: cannot be read ({exc}); the file is truncated or corrupt. Fetch "
+                                    f"the dataset again.") from None
 
 
 def _count(path: Path, what: str) -> int:

@@ -6,17 +6,15 @@ readers. OGB's binary form is not read."""
 from __future__ import annotations
 
 import csv
-import gzip
 import io
 import os
-import zlib
 from pathlib import Path
 
 import numpy as np
 
-from neutronorch.data.files import read_error, reads_files
-from neutronorch.data.ogb import (Progress, _count, _present, csv_file, dataset_name, read_labels, read_pairs, read_rows,
-                                  split_files, split_folder, split_ids)
+from neutronorch.data.files import reads_files
+from neutronorch.data.ogb import (Progress, _blocks, _count, _present, csv_file, dataset_name, read_labels,
+                                  read_pairs, read_rows, split_files, split_folder, split_ids)
 from neutronorch.data.relation import Relation, RelationType, node_array, relation_array, relation_label
 from neutronorch.data.typed import TypedGraph
 from neutronorch.data.typed_arrays import relation_from_edge_index
@@ -155,17 +153,6 @@ def _lines(path: Path) -> int:
         lines += block.count(b"\n")
         last = block[-1:]
     return lines + (last != b"\n")
-
-
-def _blocks(path: Path, size: int):
-    """The bytes of ``path`` (a gzip-compressed file when it ends in ``.gz``), ``size`` at a time."""
-    try:
-        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as text:
-            while block := text.read(size):
-                yield block
-    except (OSError, EOFError, zlib.error) as exc:
-        raise read_error(path, exc, f"{path}: cannot be read ({exc}); the file is truncated or corrupt. Fetch "
-                                    f"the dataset again.") from None
 
 
 def _features(raw: Path, num_nodes: dict[str, int], counts_path: Path, files: dict[str, str],
