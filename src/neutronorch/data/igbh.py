@@ -14,7 +14,7 @@ from neutronorch.data.ogb_link import load_torch_file
 from neutronorch.data.relation import RelationType, node_array
 from neutronorch.data.splits import stored_split
 from neutronorch.data.typed import TypedGraph
-from neutronorch.data.typed_arrays import Progress, check_rows, class_ids, edge_files, is_npy, open_raw, read_relations
+from neutronorch.data.typed_arrays import Progress, class_ids, edge_files, is_npy, open_raw, read_relations
 from neutronorch.errors import DataError
 
 TYPES = ("paper", "author", "institute", "fos", "journal", "conference")
@@ -109,8 +109,7 @@ def _labels(path: Path, size: str, papers: int, counted: str, classes: int, prog
     other = 19 if classes == 2983 else 2983
     what = f"the papers' {classes}-class labels (for the other label set, {LABEL_FILES[other]}, give classes={other})"
     values = _open(path, size, "paper", 0, what, "float32 labels")
-    check_rows(values, papers, path, counted, "labels")
-    labels = class_ids(values, path, progress)
+    labels = class_ids(values, papers, path, counted, progress)
     if size == "full":
         labels[FULL_LABELLED[classes]:] = -1
     return labels

@@ -142,9 +142,10 @@ def _sort_columns(indptr, indices):
         column.sort()
 
 
-def class_ids(values: np.ndarray, path: Path, progress: Progress | None = None) -> np.ndarray:
-    """int64 class ids (-1 where a float label is NaN: none) of the 1-D label array ``values``, converted a
-    chunk at a time (a whole label must be a whole number)."""
+def class_ids(values: np.ndarray, rows: int, path: Path, counted: str, progress: Progress | None) -> np.ndarray:
+    """int64 class ids (-1 where a float label is NaN: none) of the 1-D label array ``values`` of ``rows``
+    labels (``check_rows``), converted a chunk at a time (a whole label must be a whole number)."""
+    check_rows(values, rows, path, counted, "labels")
     if values.ndim != 1:
         raise DataError(f"{path}: labels of shape {values.shape}, expected one class per vertex. {REFETCH}")
     out = np.empty(values.shape[0], np.int64)
