@@ -191,8 +191,8 @@ def _blocks(path: Path, size: int):
             while block := text.read(size):
                 yield block
     except (OSError, EOFError, zlib.error) as exc:
-        raise read_error(path, exc, f"{path}: cannot be read ({exc}); the file is truncated or corrupt. Fetch "
-                                    f"the dataset again.") from None
+        raise read_error(path, exc, f"{path}: cannot be read ({exc}); the file is truncated or corrupt. "
+                                    f"Fetch the dataset again.") from None
 
 
 def _count(path: Path, what: str) -> int:

@@ -18,7 +18,8 @@ from neutronorch.data.files import read_error, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.link_checks import check_stored_links, link_graph
 from neutronorch.data.links import PER_SOURCE, SHARED, LinkSplit, check_link_split
-from neutronorch.data.ogb import Progress, _present, dataset_name, read_edges, read_node_features, split_folder
+from neutronorch.data.ogb import (Progress, _present, dataset_name, read_edges, read_node_features,
+                                  split_folder)
 from neutronorch.errors import DataError
 
 PARTS = ("train", "valid", "test")

@@ -142,7 +142,8 @@ def _sort_columns(indptr, indices):
         column.sort()
 
 
-def class_ids(values: np.ndarray, rows: int, path: Path, counted: str, progress: Progress | None) -> np.ndarray:
+def class_ids(values: np.ndarray, rows: int, path: Path, counted: str,
+              progress: Progress | None) -> np.ndarray:
     """int64 class ids (-1 where a float label is NaN: none) of the 1-D label array ``values`` of ``rows``
     labels (``check_rows``), converted a chunk at a time (a whole label must be a whole number)."""
     check_rows(values, rows, path, counted, "labels")
