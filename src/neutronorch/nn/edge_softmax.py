@@ -22,7 +22,7 @@ from numba import njit, prange
 from torch.nn import functional as F
 
 from neutronorch.nn.aggregation import CHUNK, edge_destinations
-from neutronorch.nn.attention import attention_edges
+from neutronorch.nn.attention import attention_edges, head_dots
 from neutronorch.nn.rows import take_rows
 from neutronorch.sampling.block import Block
 
@@ -148,17 +148,6 @@ def _softmax_backward(indptr, indices, raw, alpha, grad_alpha, dst_offset, self_
                 target[h] += g[h]
 
 
-@njit(inline="always", fastmath=True, cache=True, nogil=True)
-def _head_dots(row, att, out):
-    """out[h] = <row[h], att[h]> for each head."""
-    for h in range(row.shape[0]):
-        part, weights = row[h], att[h]
-        acc = np.float32(0.0)
-        for j in range(part.shape[0]):
-            acc += part[j] * weights[j]
-        out[h] = acc
-
-
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _scores_forward(z, att_src, att_dst, dst_offset, score_src, score_dst):
     """score_src[u, h] = <z[u, h], att_src[h]> for every row; score_dst[d, h] = <z[dst_offset + d, h],
@@ -168,9 +157,9 @@ def _scores_forward(z, att_src, att_dst, dst_offset, score_src, score_dst):
     for c in prange((rows + CHUNK - 1) // CHUNK):
         for u in range(c * CHUNK, min(rows, (c + 1) * CHUNK)):
             own = u - dst_offset
-            _head_dots(z[u], att_src, score_src[u])
+            head_dots(z[u], att_src, score_src[u])
             if 0 <= own < num_dst:
-                _head_dots(z[u], att_dst, score_dst[own])
+                head_dots(z[u], att_dst, score_dst[own])
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
