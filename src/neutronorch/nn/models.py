@@ -82,11 +82,6 @@ class LayerStack(Tables, nn.Module):
             return self.head.lin.out_features
         return self.layers[index].out_dim
 
-    @property
-    def fuses_splice(self) -> bool:
-        """Whether the splice and the activation after it run as one pass (``splice_relu_dropout``)."""
-        return self.slope is None and self.norm == "none" and self.head is None
-
     def layer_output(self, index: int, block, x):
         """Layer ``index``'s output before the activation, from its block's source rows ``x``."""
         return self.layers[index](block, x)
@@ -149,7 +144,7 @@ class LayerStack(Tables, nn.Module):
             raise ValueError(f"splice mismatch: the bottom block has {y_cold.shape[0]} destinations and the splice "
                              f"{hot.index.cold_pos.shape[0]} cold of {hot.index.num_rows} rows")
         with self.masks(key, 0, node_type):
-            if self.fuses_splice and self.num_layers > 1:
+            if self.slope is None and self.norm == "none" and self.head is None and self.num_layers > 1:
                 return splice_relu_dropout(y_cold, hot.table, hot.index, self.dropout, self.training, hot.grad_acc,
                                            ids)
             return self.activate(splice(y_cold, hot.table, hot.index, hot.grad_acc), ids, 0)
