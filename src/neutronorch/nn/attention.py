@@ -20,9 +20,7 @@ from neutronorch.sampling.block import Block
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _attention_forward(indptr, indices, z, alpha, dst_offset, heads, out):
-    """out[d, h-part] = sum_e alpha[e, h] z[u_e, h-part] + alpha[E + d, h] z[dst_offset + d, h-part]: the
-    block's edges first (rows of ``indptr``), then one self loop per destination (``alpha``'s last rows).
-    ``z`` and ``out`` float32, one head's ``width // heads`` columns after another."""
+    """``attention_aggregate``'s rows, one destination after another (self loops: ``alpha``'s last rows)."""
     width = z.shape[1]
     part = width // heads
     rows = out.shape[0]
