@@ -285,11 +285,10 @@ def head_scores(z: torch.Tensor, att_src: torch.Tensor, att_dst: torch.Tensor | 
 def edge_softmax(block: Block, score_src: torch.Tensor, score_dst: torch.Tensor,
                  edge_logits: torch.Tensor | None = None, negative_slope: float = 0.2, self_loops: bool = False,
                  edges: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """Attention coefficients, ``(E + num_dst, heads)`` (see the module docstring): row e < E for the
-    block's edge e; row ``E + d`` destination d's self loop (source ``dst_offset + d``) with ``self_loops``,
-    else 0. ``score_src``: (num_src, heads); ``score_dst``: (num_dst, heads); ``edge_logits``: (E, heads).
-    ``edges``: ``attention_edges(block)`` (with ``self_loops``) or the block's (sources, destinations), when
-    the caller has them for the torch ops. Float32 on CPU; the scores' dtype elsewhere."""
+    """Attention coefficients, ``(E + num_dst, heads)``, as the module docstring says. ``score_src``:
+    (num_src, heads); ``score_dst``: (num_dst, heads); ``edge_logits``: (E, heads). ``edges``:
+    ``attention_edges(block)`` (with ``self_loops``) or the block's (sources, destinations), when the caller
+    has them for the torch ops. Float32 on CPU; the scores' dtype elsewhere."""
     tensors = [score_src, score_dst] + ([edge_logits] if edge_logits is not None else [])
     if kernels and all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.bfloat16, torch.float16)
                        for t in tensors):

@@ -87,9 +87,8 @@ class LayerStack(Tables, nn.Module):
         return self.layers[index](block, x)
 
     def activate(self, y: torch.Tensor, ids: torch.Tensor | None = None, layer: int = 0) -> torch.Tensor:
-        """What follows layer ``layer``'s rows ``y``: with graph blocks, the head after the last and nothing
-        between them; else nothing after the last and after the others the ``norm``, the activation, then in
-        training the dropout, masks keyed by the rows' vertex ``ids``."""
+        """What follows layer ``layer``'s rows ``y`` (the module docstring's; with graph blocks, the head
+        after the last), dropout masks keyed by the rows' vertex ``ids``."""
         last = layer == self.num_layers - 1
         if self.head is not None:
             return self.head(y) if last else y
