@@ -183,5 +183,4 @@ class GNN(LayerStack):
 
     @property
     def needs_degrees(self) -> bool:
-        """Whether its blocks must carry their sources' graph degrees (``Block.src_degree``)."""
         return needs_degrees(self.kind, self.arguments["gcn_norm"])
