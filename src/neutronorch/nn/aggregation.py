@@ -106,11 +106,13 @@ def _layer_input_backward(indptr, src_ptr, readers, grad_h, dst_offset, self_col
             flush(grad_x[u], 0, acc)
 
 
-def _input_grad(block, grad_h, width, self_columns, include_self, dtype):
+def _input_grad(block, grad, width, dtype, kernel, *args):
+    """The source rows' gradient by the adjoint ``kernel(indptr, src_ptr, readers, grad, dst_offset, *args,
+    grad_x)``."""
     src_ptr, readers = _transpose(block.indptr.numpy(), block.indices.numpy(), block.num_src)
     grad_x = torch.empty((block.num_src, width), dtype=dtype)
-    _layer_input_backward(block.indptr.numpy(), src_ptr, readers, numpy_view(grad_h.contiguous()),
-                          block.dst_offset, self_columns, include_self, numpy_view(grad_x))
+    kernel(block.indptr.numpy(), src_ptr, readers, numpy_view(grad.contiguous()), block.dst_offset, *args,
+           numpy_view(grad_x))
     return grad_x
 
 
@@ -118,21 +120,26 @@ def _numba_ok(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and supported(x.dtype)
 
 
-class _NumbaMean(torch.autograd.Function):
+class _NumbaAggregate(torch.autograd.Function):
+    """A parameter-free aggregation by two kernels: ``forward(indptr, indices, x, dst_offset, *args, out)``
+    over the destinations, and its adjoint (``_input_grad``) over the sources of the transposed block."""
+
     @staticmethod
-    def forward(ctx, x_src, block, include_self):
+    def forward(ctx, x_src, block, kernels, *args):
         x = x_src.detach().contiguous()
         out = torch.empty((block.num_dst, x.shape[1]), dtype=x.dtype)
-        _layer_input_forward(block.indptr.numpy(), block.indices.numpy(), numpy_view(x), block.dst_offset, False,
-                             include_self, numpy_view(out))
-        ctx.block, ctx.include_self, ctx.dtype = block, include_self, x.dtype
+        kernels[0](block.indptr.numpy(), block.indices.numpy(), numpy_view(x), block.dst_offset, *args,
+                   numpy_view(out))
+        ctx.block, ctx.backward_kernel, ctx.args, ctx.dtype = block, kernels[1], args, x.dtype
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        if not ctx.needs_input_grad[0]:
-            return None, None, None
-        return _input_grad(ctx.block, grad_out, grad_out.shape[1], False, ctx.include_self, ctx.dtype), None, None
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            width = grad_out.shape[1]
+            grad_x = _input_grad(ctx.block, grad_out, width, ctx.dtype, ctx.backward_kernel, *ctx.args)
+        return grad_x, None, None, *[None] * len(ctx.args)
 
 
 class _FusedMeanLinear(torch.autograd.Function):
@@ -174,7 +181,8 @@ class _FusedMeanLinear(torch.autograd.Function):
             grad_h = torch.empty((padded, inputs), dtype=grad_y.dtype)
             for g, start, stop in parts:
                 torch.mm(g, weight[:, :inputs], out=grad_h[start:stop])
-            grad_x = _input_grad(ctx.block, grad_h[:rows], ctx.width, ctx.self_columns, ctx.include_self, ctx.dtype)
+            grad_x = _input_grad(ctx.block, grad_h[:rows], ctx.width, ctx.dtype, _layer_input_backward,
+                                 ctx.self_columns, ctx.include_self)
         grad_weight = None
         if ctx.needs_input_grad[1]:
             for g, start, stop in parts:
@@ -201,7 +209,8 @@ def mean_aggregate(block: Block, x_src: torch.Tensor, include_self: bool = False
     ``x_src``'s dtype. ``edge_weight`` (one per edge, ``block.indices``' order) scales each message, the sum
     still divided by the count: ``sum_e w_e x_{u_e} / deg`` (torch ops)."""
     if edge_weight is None and _numba_ok(x_src):
-        return _NumbaMean.apply(x_src, block, include_self)
+        kernels = (_layer_input_forward, _layer_input_backward)
+        return _NumbaAggregate.apply(x_src, block, kernels, False, include_self)
     return mean_aggregate_torch(block, x_src, include_self, edge_weight)
 
 
@@ -230,7 +239,7 @@ def _edge_sum(block: Block, x_src: torch.Tensor, scale: torch.Tensor | None, acc
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def _symmetric_forward(indptr, indices, x, degree, dst_offset, self_coef, neigh_coef, out):
+def _symmetric_forward(indptr, indices, x, dst_offset, degree, self_coef, neigh_coef, out):
     """out[d] = neigh_coef[d] * sum_e x[u_e] / sqrt(degree[u_e] + 1) + self_coef[d] * x[dst_offset + d], each
     source's weight computed where it is read (an in-place block over every vertex costs its edges alone)."""
     width = x.shape[1]
@@ -257,8 +266,9 @@ def _symmetric_forward(indptr, indices, x, degree, dst_offset, self_coef, neigh_
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def _symmetric_backward(src_ptr, readers, grad, degree, dst_offset, self_coef, neigh_coef, grad_x):
-    """The adjoint of ``_symmetric_forward``, one source row at a time over the transposed block."""
+def _symmetric_backward(indptr, src_ptr, readers, grad, dst_offset, degree, self_coef, neigh_coef, grad_x):
+    """The adjoint of ``_symmetric_forward``, one source row at a time over the transposed block (``indptr``
+    unused: ``_NumbaAggregate``'s adjoints take one form)."""
     width = grad_x.shape[1]
     num_dst = grad.shape[0]
     rows = grad_x.shape[0]
@@ -288,29 +298,6 @@ def _symmetric_backward(src_ptr, readers, grad, degree, dst_offset, self_coef, n
             flush(grad_x[u], 0, acc)
 
 
-class _NumbaSymmetric(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x_src, block, degree, self_coef, neigh_coef):
-        x = x_src.detach().contiguous()
-        out = torch.empty((block.num_dst, x.shape[1]), dtype=x.dtype)
-        _symmetric_forward(block.indptr.numpy(), block.indices.numpy(), numpy_view(x), degree.numpy(),
-                           block.dst_offset, self_coef.numpy(), neigh_coef.numpy(), numpy_view(out))
-        ctx.block, ctx.coefs, ctx.dtype = block, (degree, self_coef, neigh_coef), x.dtype
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        if not ctx.needs_input_grad[0]:
-            return None, None, None, None, None
-        block = ctx.block
-        degree, self_coef, neigh_coef = ctx.coefs
-        src_ptr, readers = _transpose(block.indptr.numpy(), block.indices.numpy(), block.num_src)
-        grad_x = torch.empty((block.num_src, grad_out.shape[1]), dtype=ctx.dtype)
-        _symmetric_backward(src_ptr, readers, numpy_view(grad_out.contiguous()), degree.numpy(), block.dst_offset,
-                            self_coef.numpy(), neigh_coef.numpy(), numpy_view(grad_x))
-        return grad_x, None, None, None, None
-
-
 def symmetric_aggregate(block: Block, x_src: torch.Tensor) -> torch.Tensor:
     """GCN's symmetric normalisation with a self loop, by graph degrees (D = in-degree + 1):
     row v = x_v / D_v + (|N(v)| / |S(v)|) sum_{u in S(v)} x_u / sqrt(D_u D_v) over the sampled
@@ -324,8 +311,8 @@ def symmetric_aggregate(block: Block, x_src: torch.Tensor) -> torch.Tensor:
     sampled = block.in_degrees().to(own.dtype).clamp(min=1)
     self_coef, neigh_coef = own * own, own * dst_degree / sampled
     if _numba_ok(x_src):
-        return _NumbaSymmetric.apply(x_src, block, block.src_degree.float().contiguous(),
-                                     self_coef.float().contiguous(), neigh_coef.float().contiguous())
+        coefs = [t.float().contiguous().numpy() for t in (block.src_degree, self_coef, neigh_coef)]
+        return _NumbaAggregate.apply(x_src, block, (_symmetric_forward, _symmetric_backward), *coefs)
     acc = sum_dtype(x_src)
     out = _edge_sum(block, x_src, (block.src_degree[block.indices.long()] + 1).rsqrt(), acc)
     return (out * neigh_coef.to(acc).unsqueeze(1)

@@ -20,9 +20,7 @@ from neutronorch.sampling.block import Block
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _attention_forward(indptr, indices, z, alpha, dst_offset, heads, out):
-    """out[d, h-part] = sum_e alpha[e, h] z[u_e, h-part] + alpha[E + d, h] z[dst_offset + d, h-part]: the
-    block's edges first (rows of ``indptr``), then one self loop per destination (``alpha``'s last rows).
-    ``z`` and ``out`` float32, one head's ``width // heads`` columns after another."""
+    """``attention_aggregate``'s rows, one destination after another (self loops: ``alpha``'s last rows)."""
     width = z.shape[1]
     part = width // heads
     rows = out.shape[0]
@@ -48,34 +46,33 @@ def _attention_forward(indptr, indices, z, alpha, dst_offset, heads, out):
                         o_h[j] += a * row_h[j]
 
 
+@njit(inline="always", fastmath=True, cache=True, nogil=True)
+def head_dots(row, att, out):
+    """out[h] = <row[h], att[h]> for each head (``row``, ``att``: heads x head width)."""
+    for h in range(row.shape[0]):
+        part, weights = row[h], att[h]
+        acc = np.float32(0.0)
+        for j in range(part.shape[0]):
+            acc += part[j] * weights[j]
+        out[h] = acc
+
+
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _attention_alpha_grad(indptr, indices, z, grad, dst_offset, heads, grad_alpha):
     """grad_alpha[e, h] = <grad[d, h-part], z[u_e, h-part]> for every edge and self loop."""
-    width = z.shape[1]
-    part = width // heads
     rows = grad.shape[0]
     loops = indices.shape[0]
+    part = z.shape[1] // heads
+    z_heads, grad_heads = z.reshape(z.shape[0], heads, part), grad.reshape(rows, heads, part)
     for c in prange((rows + CHUNK - 1) // CHUNK):
         last = indptr[min(rows, (c + 1) * CHUNK)]
         for d in range(c * CHUNK, min(rows, (c + 1) * CHUNK)):
-            g = grad[d]
-            own = z[dst_offset + d]
-            for h in range(heads):
-                g_h, own_h = g[h * part:(h + 1) * part], own[h * part:(h + 1) * part]
-                acc = np.float32(0.0)
-                for j in range(part):
-                    acc += g_h[j] * own_h[j]
-                grad_alpha[loops + d, h] = acc
+            g = grad_heads[d]
+            head_dots(g, z_heads[dst_offset + d], grad_alpha[loops + d])
             for e in range(indptr[d], indptr[d + 1]):
                 if e + AHEAD < last:
                     prefetch_row(z, indices[e + AHEAD])
-                row = z[indices[e]]
-                for h in range(heads):
-                    g_h, row_h = g[h * part:(h + 1) * part], row[h * part:(h + 1) * part]
-                    acc = np.float32(0.0)
-                    for j in range(part):
-                        acc += g_h[j] * row_h[j]
-                    grad_alpha[e, h] = acc
+                head_dots(g, z_heads[indices[e]], grad_alpha[e])
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)

@@ -1,10 +1,8 @@
 """Your own model: any ``torch.nn.Module`` that follows a small protocol trains like the built-in ones
 (docs/models.md, "Your own model"; docs/heterogeneous.md, "Your own module").
 
-``UserModel`` adapts it to what the engine calls (``forward(blocks, x, hot)``, ``num_layers``, ``width``,
-``needs_degrees``, ``bottom``, ``arguments``, ``embedding_parameters``). Its ``forward`` takes PyG's form
-(``sampling.block.pyg_form``), the block form or on a typed graph ``forward(blocks, features, ids)``, told
-apart by the graph and the names of its first parameters (``PROTOCOL``, ``TYPED_PROTOCOL``).
+``UserModel`` adapts it to what the engine calls, telling its ``forward``'s form (``PROTOCOL``,
+``TYPED_PROTOCOL``) by the graph and the names of its first parameters.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from numba import njit, prange
 from torch.nn import functional as F
 
 from neutronorch.nn.aggregation import CHUNK, edge_destinations
-from neutronorch.nn.attention import attention_edges
+from neutronorch.nn.attention import attention_edges, head_dots
 from neutronorch.nn.rows import take_rows
 from neutronorch.sampling.block import Block
 
@@ -148,17 +148,6 @@ def _softmax_backward(indptr, indices, raw, alpha, grad_alpha, dst_offset, self_
                 target[h] += g[h]
 
 
-@njit(inline="always", fastmath=True, cache=True, nogil=True)
-def _head_dots(row, att, out):
-    """out[h] = <row[h], att[h]> for each head."""
-    for h in range(row.shape[0]):
-        part, weights = row[h], att[h]
-        acc = np.float32(0.0)
-        for j in range(part.shape[0]):
-            acc += part[j] * weights[j]
-        out[h] = acc
-
-
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _scores_forward(z, att_src, att_dst, dst_offset, score_src, score_dst):
     """score_src[u, h] = <z[u, h], att_src[h]> for every row; score_dst[d, h] = <z[dst_offset + d, h],
@@ -168,9 +157,9 @@ def _scores_forward(z, att_src, att_dst, dst_offset, score_src, score_dst):
     for c in prange((rows + CHUNK - 1) // CHUNK):
         for u in range(c * CHUNK, min(rows, (c + 1) * CHUNK)):
             own = u - dst_offset
-            _head_dots(z[u], att_src, score_src[u])
+            head_dots(z[u], att_src, score_src[u])
             if 0 <= own < num_dst:
-                _head_dots(z[u], att_dst, score_dst[own])
+                head_dots(z[u], att_dst, score_dst[own])
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -296,11 +285,10 @@ def head_scores(z: torch.Tensor, att_src: torch.Tensor, att_dst: torch.Tensor | 
 def edge_softmax(block: Block, score_src: torch.Tensor, score_dst: torch.Tensor,
                  edge_logits: torch.Tensor | None = None, negative_slope: float = 0.2, self_loops: bool = False,
                  edges: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """Attention coefficients, ``(E + num_dst, heads)`` (see the module docstring): row e < E for the
-    block's edge e; row ``E + d`` destination d's self loop (source ``dst_offset + d``) with ``self_loops``,
-    else 0. ``score_src``: (num_src, heads); ``score_dst``: (num_dst, heads); ``edge_logits``: (E, heads).
-    ``edges``: ``attention_edges(block)`` (with ``self_loops``) or the block's (sources, destinations), when
-    the caller has them for the torch ops. Float32 on CPU; the scores' dtype elsewhere."""
+    """Attention coefficients, ``(E + num_dst, heads)``, as the module docstring says. ``score_src``:
+    (num_src, heads); ``score_dst``: (num_dst, heads); ``edge_logits``: (E, heads). ``edges``:
+    ``attention_edges(block)`` (with ``self_loops``) or the block's (sources, destinations), when the caller
+    has them for the torch ops. Float32 on CPU; the scores' dtype elsewhere."""
     tensors = [score_src, score_dst] + ([edge_logits] if edge_logits is not None else [])
     if kernels and all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.bfloat16, torch.float16)
                        for t in tensors):

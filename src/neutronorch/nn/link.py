@@ -83,7 +83,6 @@ class LinkModel(Tables, nn.Module):
 
     @property
     def bottom(self) -> nn.Module:
-        """The encoder's bottom layer (what NeutronOrch mode computes on the host for hot vertices)."""
         return self.encoder.bottom
 
     def forward(self, *inputs) -> torch.Tensor:

@@ -82,19 +82,13 @@ class LayerStack(Tables, nn.Module):
             return self.head.lin.out_features
         return self.layers[index].out_dim
 
-    @property
-    def fuses_splice(self) -> bool:
-        """Whether the splice and the activation after it run as one pass (``splice_relu_dropout``)."""
-        return self.slope is None and self.norm == "none" and self.head is None
-
     def layer_output(self, index: int, block, x):
         """Layer ``index``'s output before the activation, from its block's source rows ``x``."""
         return self.layers[index](block, x)
 
     def activate(self, y: torch.Tensor, ids: torch.Tensor | None = None, layer: int = 0) -> torch.Tensor:
-        """What follows layer ``layer``'s rows ``y``: with graph blocks, the head after the last and nothing
-        between them; else nothing after the last and after the others the ``norm``, the activation, then in
-        training the dropout, masks keyed by the rows' vertex ``ids``."""
+        """What follows layer ``layer``'s rows ``y`` (the module docstring's; with graph blocks, the head
+        after the last), dropout masks keyed by the rows' vertex ``ids``."""
         last = layer == self.num_layers - 1
         if self.head is not None:
             return self.head(y) if last else y
@@ -149,7 +143,7 @@ class LayerStack(Tables, nn.Module):
             raise ValueError(f"splice mismatch: the bottom block has {y_cold.shape[0]} destinations and the splice "
                              f"{hot.index.cold_pos.shape[0]} cold of {hot.index.num_rows} rows")
         with self.masks(key, 0, node_type):
-            if self.fuses_splice and self.num_layers > 1:
+            if self.slope is None and self.norm == "none" and self.head is None and self.num_layers > 1:
                 return splice_relu_dropout(y_cold, hot.table, hot.index, self.dropout, self.training, hot.grad_acc,
                                            ids)
             return self.activate(splice(y_cold, hot.table, hot.index, hot.grad_acc), ids, 0)
@@ -189,5 +183,4 @@ class GNN(LayerStack):
 
     @property
     def needs_degrees(self) -> bool:
-        """Whether its blocks must carry their sources' graph degrees (``Block.src_degree``)."""
         return needs_degrees(self.kind, self.arguments["gcn_norm"])

@@ -11,6 +11,13 @@ import torch
 from neutronorch.errors import ConfigError
 from neutronorch.nn.models import GNN
 
+# Per kind, each parameter of PyG's layer and ours that it copies.
+_PYG_NAMES = {
+    "sage": {"lin_l.weight": "lin_neigh.weight", "lin_l.bias": "lin_self.bias",
+             "lin_r.weight": "lin_self.weight"},
+    "gcn": {"lin.weight": "lin.weight", "bias": "lin.bias"},
+    "gat": {"lin.weight": "lin.weight", "att_src": "attn_src", "att_dst": "attn_dst", "bias": "bias"}}
+
 
 def to_pyg_model(model: GNN) -> torch.nn.Module:
     """PyG's ``GraphSAGE``, ``GCN`` or ``GAT`` with ``model``'s weights (on the CPU, in ``model``'s
@@ -42,20 +49,7 @@ def to_pyg_model(model: GNN) -> torch.nn.Module:
         target.convs[-1] = GATConv(last.in_dim, last.out_dim, heads=1, concat=False, dropout=args["dropout"])
     with torch.no_grad():
         for ours, theirs in zip(model.layers, target.convs):
-            _copy(model.kind, ours, theirs)
+            for name, source in _PYG_NAMES[model.kind].items():
+                weight = theirs.get_parameter(name)
+                weight.copy_(ours.get_parameter(source).view_as(weight))
     return target.train(model.training)
-
-
-def _copy(kind: str, ours: torch.nn.Module, theirs: torch.nn.Module) -> None:
-    if kind == "sage":
-        theirs.lin_l.weight.copy_(ours.lin_neigh.weight)
-        theirs.lin_l.bias.copy_(ours.lin_self.bias)
-        theirs.lin_r.weight.copy_(ours.lin_self.weight)
-    elif kind == "gcn":
-        theirs.lin.weight.copy_(ours.lin.weight)
-        theirs.bias.copy_(ours.lin.bias)
-    else:
-        theirs.lin.weight.copy_(ours.lin.weight)
-        theirs.att_src.copy_(ours.attn_src.view(1, ours.heads, ours.head_dim))
-        theirs.att_dst.copy_(ours.attn_dst.view(1, ours.heads, ours.head_dim))
-        theirs.bias.copy_(ours.bias)

@@ -22,7 +22,7 @@ MIN_WIDTH = 256  # narrower rows cost little densely, and the form's overhead is
 MAX_DENSITY = 0.08
 PROBE_ROWS = 64  # rows sampled to estimate the density
 # How much more a nonzero's multiply-add costs here than one of a dense (MKL) product: what a layer weighs
-# when it decides whether to multiply before aggregating (``dense_equivalent``).
+# when it decides whether to multiply before aggregating (``dense_equivalent``). Times MAX_DENSITY: below 1.
 SPARSE_PENALTY = 6.0
 
 
@@ -91,19 +91,17 @@ def _candidate(x: torch.Tensor) -> bool:
 
 def sparse_enough(x: torch.Tensor) -> bool:
     """Whether ``project`` should multiply ``x`` through its nonzeros (see the module docstring)."""
-    return _candidate(x) and density(x) <= MAX_DENSITY
-
-
-def density(x: torch.Tensor) -> float:
-    """The share of nonzeros in ``PROBE_ROWS`` evenly spaced rows of the CPU matrix ``x``."""
-    return float(_sample_density(numpy_view(x.contiguous()), PROBE_ROWS))
+    return dense_equivalent(x) < 1.0
 
 
 def dense_equivalent(x: torch.Tensor) -> float:
-    """The share of a dense product's cost that a product of ``x`` costs: 1 unless ``sparse_enough``, then
-    the sampled density times ``SPARSE_PENALTY`` (at most 1)."""
-    share = density(x) if _candidate(x) else 1.0
-    return min(1.0, share * SPARSE_PENALTY) if share <= MAX_DENSITY else 1.0
+    """The share of a dense product's cost that a product of ``x`` costs: the share of nonzeros in
+    ``PROBE_ROWS`` evenly spaced rows times ``SPARSE_PENALTY`` where that share is at most ``MAX_DENSITY``
+    (so below 1), else 1."""
+    if not _candidate(x):
+        return 1.0
+    share = float(_sample_density(numpy_view(x.contiguous()), PROBE_ROWS))
+    return share * SPARSE_PENALTY if share <= MAX_DENSITY else 1.0
 
 
 class _SparseRowsProduct(torch.autograd.Function):

@@ -2,10 +2,6 @@
 layers (``nn/relational.py``) and a typed sampler's blocks, and the ``TypedSpec`` it is built from (nothing
 here reads a loaded graph's arrays). What each kind computes, its inputs and edge features, and which
 relations each layer holds: docs/heterogeneous.md, "Training".
-
-What a relational model adds to the stack: per-type input rows (``input_rows``: a featureless type's from its
-sparse embedding table), the bottom layer with its projections (``TypedBottom``, NeutronOrch's host layer),
-each layer's edge features (``edge_arguments``), and keyed dropout masks (``LayerStack.masks``).
 """
 
 from __future__ import annotations
