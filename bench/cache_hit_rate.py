@@ -55,8 +55,7 @@ def main() -> None:
         if policy == "random":
             orders[policy] = np.random.default_rng(args.seed).permutation(graph.num_nodes)
         else:
-            orders[policy] = hotness_order(graph.indptr, graph.indices, graph.train_idx, fanouts, args.batch_size,
-                                           args.seed, policy)
+            orders[policy] = hotness_order(graph, fanouts, args.batch_size, args.seed, policy)
         print(f"ranking {policy}: {time.perf_counter() - t0:.1f} s")
     # rank[v] = position of v in the policy's order; a cache of k rows holds ranks < k.
     ranks = {p: np.empty(graph.num_nodes, np.int64) for p in policies}
