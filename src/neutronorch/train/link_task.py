@@ -259,19 +259,19 @@ class _EvalSet:
             for start in range(0, stored.shape[0], rows):
                 yield start, _ids(stored[start:start + rows])
         else:
-            first, count = self.destinations
-            for start, chunk in drawn_negatives(self.key, self.positives.shape[1], self.per_positive, count, rows):
-                yield start, chunk + first if first else chunk
+            positives = self.positives.shape[1]
+            yield from drawn_negatives(self.key, positives, self.per_positive, self.destinations, rows)
 
 
-def drawn_negatives(key: int, count: int, per_positive: int, num_nodes: int,
+def drawn_negatives(key: int, count: int, per_positive: int, destinations: tuple[int, int],
                     rows: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """``draw_negatives(key, count, per_positive, num_nodes)`` ``rows`` positives at a time, as (start, chunk):
-    the same numbers whatever ``rows`` (one generator's stream, in row order)."""
-    generator = negative_generator(key)
+    """``draw_negatives(key, count, per_positive, num_nodes, first)`` (``destinations``: (first, num_nodes))
+    ``rows`` positives at a time, as (start, chunk): the same numbers whatever ``rows`` (one generator's
+    stream, in row order)."""
+    generator, (first, num_nodes) = negative_generator(key), destinations
     for start in range(0, count, rows):
         shape = (min(rows, count - start), per_positive)
-        yield start, torch.randint(0, num_nodes, shape, generator=generator, dtype=torch.int64)
+        yield start, torch.randint(first, first + num_nodes, shape, generator=generator, dtype=torch.int64)
 
 
 def _ids(array) -> torch.Tensor:
