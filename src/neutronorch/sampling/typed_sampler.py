@@ -136,13 +136,11 @@ class TypedHops:
         """The top ``hops`` layers of ``sample(seeds, key)``, exactly as it draws them: ``frontiers[0]`` then
         holds the destinations of the layer below (with ``hops = num_layers - 1``, the bottom layer's
         destinations per type, which NeutronOrch plans its hot sets among)."""
-        if isinstance(seeds, Mapping):  # the subgraph's seeds: every type's, in the graph's type order
-            start = {t: self._ids(seeds[t]) for t in self.num_nodes if t in seeds}
-            blocks, frontiers = self._hops(start, key, 0, hops)
-            return SampledSubgraph(torch.cat(list(start.values())), blocks, frontiers)
-        seeds = self._ids(seeds)
-        blocks, frontiers = self._hops({self.target: seeds}, key, 0, hops)
-        return SampledSubgraph(seeds, blocks, frontiers)
+        typed = seeds if isinstance(seeds, Mapping) else {self.target: seeds}
+        start = {t: self._ids(typed[t]) for t in self.num_nodes if t in typed}
+        blocks, frontiers = self._hops(start, key, 0, hops)
+        ids = list(start.values())  # the subgraph's seeds: every type's, in the graph's type order
+        return SampledSubgraph(ids[0] if len(ids) == 1 else torch.cat(ids), blocks, frontiers)
 
     def sample_bottom(self, destinations: Mapping, key: int) -> TypedBlock:
         """The bottom layer's block of ``destinations`` (unique local ids per type) with the batch key ``key``:
