@@ -111,10 +111,7 @@ class FeatureCache:
         slots = self.device_slot_map.index_select(0, rows)
         miss_pos = torch.nonzero(slots < 0).flatten()  # its size is needed: one sync, in the sampler's thread
         missed = rows.index_select(0, miss_pos)
-        if host_view is not None:
-            misses = host_view.index_select(0, missed).to(self.table.dtype)
-        else:
-            misses = fetch(missed)
+        misses = fetch(missed) if host_view is None else host_view.index_select(0, missed).to(self.table.dtype)
         out = self.assemble(slots.clamp(min=0), miss_pos, misses)
         return out, rows.shape[0] - miss_pos.shape[0], misses.nbytes
 
