@@ -17,11 +17,10 @@ import torch
 from neutronorch.bfloat16 import tensor_from_numpy
 from neutronorch.config import PlacementConfig
 from neutronorch.errors import ConfigError
-from neutronorch.features.memory import fits_in_memory
+from neutronorch.features.memory import GiB, fits_in_memory
 
 logger = logging.getLogger("neutronorch")
 
-GiB = 2 ** 30
 # Headroom for the CUDA context's own allocations, the allocator's fragmentation and cuBLAS workspaces.
 CONTEXT_RESERVE = GiB // 2
 
