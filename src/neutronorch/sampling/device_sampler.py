@@ -75,8 +75,8 @@ class TritonNeighborSampler(TorchNeighborSampler):
         self._generation = 0
 
     def start_draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> Started:
-        """``TorchNeighborSampler.start_draw`` in one kernel; fanouts of 0 and below, and no destinations, run
-        in the torch sampler."""
+        """``TorchNeighborSampler.start_draw`` in one kernel (fanouts of 0 and below, and no destinations:
+        the torch sampler's)."""
         bound = dst.shape[0]
         if fanout <= 0 or bound == 0:
             return super().start_draw(dst, fanout, key, edges)

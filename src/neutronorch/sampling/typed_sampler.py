@@ -102,10 +102,9 @@ def _edge_id_relations(graph: TypedGraph, edge_ids) -> frozenset[RelationType]:
 
 class TypedHops:
     """The hops both typed samplers run (``TypedNeighborSampler`` on the host, ``TypedDeviceSampler`` on the
-    training device): per hop, the draws of every relation whose destination type has destinations, with
-    the hop's keys (``hop_keys``); the relabelling of each source type's draws into its frontier; one
-    ``TypedBlock``. The frontiers are int64 tensors (on the host, views of numpy arrays). The arguments are
-    ``TypedNeighborSampler``'s; a sampler implements ``_ids``, ``_draw``, ``_relabel`` and ``_edge_rows``
+    training device), with ``TypedNeighborSampler``'s arguments: per hop, the draws of every relation whose
+    destination type has destinations (``hop_keys``), each source type's draws relabelled into its
+    frontier, one ``TypedBlock``. A sampler implements ``_ids``, ``_draw``, ``_relabel`` and ``_edge_rows``
     (``_enter`` and ``_leave`` where it keeps state per call)."""
 
     def __init__(self, graph: TypedGraph, fanouts, degrees: bool = False, edge_ids=None,
@@ -195,18 +194,13 @@ class TypedHops:
 
 class TypedNeighborSampler(OneThread, TypedHops):
     """Host sampler over a typed graph's relations (numpy arrays or memory maps); ``fanouts`` as
-    ``typed_fanouts`` reads them, resolved per relation in ``self.fanouts``. The relation blocks'
-    ``src_ids`` are None (a ``Block`` takes its destinations' ids from its sources', true only when both ends
-    are one type): each type's ids are in ``TypedBlock.src_ids``.
+    ``typed_fanouts`` reads them, resolved per relation in ``self.fanouts``. Each type's ids are in
+    ``TypedBlock.src_ids``, the relation blocks' ``src_ids`` None. ``degrees``: each relation block carries
+    its source rows' out-degrees through the relation (float32). ``edge_ids`` (None: the relations with edge
+    features) and ``edge_features``: docs/heterogeneous.md, "Sampling"; edge features not one row per edge
+    raise ``DataError`` naming the relation.
 
-    ``degrees``: each relation block carries its source rows' out-degrees through the relation (float32,
-    counted at construction). ``edge_ids``: the relations whose blocks record their edges' positions (None:
-    those with edge features; True, False, or a collection of triples or unique names); ``edge_features``:
-    those blocks also carry the edge feature rows (else ``gather_edge_features`` reads them later). Edge
-    features not one row per edge raise ``DataError`` naming the relation.
-
-    Not thread-safe: one instance per sampling thread (it owns a vertex -> position map per type, 8 bytes
-    per vertex of the graph).
+    Not thread-safe: one instance per sampling thread (a vertex -> position map per type, 8 bytes a vertex).
     """
 
     def __init__(self, graph: TypedGraph, fanouts, degrees: bool = False, edge_ids=None,
