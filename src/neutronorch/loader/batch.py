@@ -18,8 +18,6 @@ from neutronorch.orchestration.batch import MiniBatch, target_labels
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.sampling.block import Block, hop_counts, pyg_form, typed_pyg_form
 
-__all__ = ["SampledBatch", "LoaderBatch", "LinkLoaderBatch", "TypedLoaderBatch"]
-
 
 class SampledBatch:
     """What every loader's batch holds (a typed one's per type): ``epoch``, ``index`` (its number in the

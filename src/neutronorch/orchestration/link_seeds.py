@@ -24,8 +24,6 @@ from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.exclude import exclude_edges
 from neutronorch.sampling.neighbor_sampler import batch_key, mix_key
 
-__all__ = ["EndsSampler", "LinkSeeds", "draw_negatives", "negative_generator", "pair_targets"]
-
 NEGATIVE_SALT = 0x4E45_4741  # negatives' stream of a batch key, apart from the neighbour draws'
 
 

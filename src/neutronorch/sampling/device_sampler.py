@@ -19,8 +19,6 @@ from neutronorch.errors import ConfigError
 from neutronorch.sampling.block import Block
 from neutronorch.sampling.neighbor_sampler import Started, TorchNeighborSampler, drawn_slots
 
-__all__ = ["TritonNeighborSampler", "check_device_sampler", "make_device_sampler", "triton_available", "BACKENDS"]
-
 BACKENDS = ("auto", "torch", "triton")
 ENV = "NEUTRONORCH_DEVICE_SAMPLER"
 

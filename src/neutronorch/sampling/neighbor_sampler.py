@@ -21,10 +21,6 @@ import torch
 
 from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block, SampledSubgraph
-from neutronorch.sampling.fanouts import parse_fanouts
-
-__all__ = ["NeighborSampler", "Sampler", "TorchNeighborSampler", "batch_key", "layer_key", "mix_key",
-           "parse_fanouts", "relabel_into", "start_relabel", "together"]
 
 
 _MASK = (1 << 64) - 1

@@ -18,8 +18,6 @@ from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.neighbor_sampler import start_relabel, together
 from neutronorch.sampling.typed_sampler import TypedHops, check_edge_features
 
-__all__ = ["TypedDeviceSampler", "topology_bytes"]
-
 
 def topology_bytes(graph: TypedGraph) -> int:
     """Bytes of every relation's CSC and edge features as ``TypedDeviceSampler`` holds them (``indptr`` int64,

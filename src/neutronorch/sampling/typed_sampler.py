@@ -24,9 +24,6 @@ from neutronorch.sampling.block import Block, SampledSubgraph, TypedBlock
 from neutronorch.sampling.fanouts import parse_fanouts
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, OneThread, layer_key, mix_key, relabel_into
 
-__all__ = ["DEFAULT", "TypedHops", "TypedNeighborSampler", "check_edge_features", "gather_edge_features",
-           "hop_keys", "relation_key", "typed_fanouts"]
-
 DEFAULT = "default"  # the key of a fanouts dict whose list serves every relation the dict does not name
 
 

@@ -21,8 +21,6 @@ from neutronorch.errors import ConfigError
 from neutronorch.train.health import TIE_TOLERANCE
 from neutronorch.train.task import roc_auc
 
-__all__ = ["link_scores", "parse_link_metric", "PerPositiveScores", "SharedScores"]
-
 CHUNK = 1 << 22  # negative scores compared at a time
 
 

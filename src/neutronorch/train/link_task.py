@@ -25,7 +25,6 @@ from neutronorch.data.edge_split import link_relation, parse_link_split, split_e
 from neutronorch.data.links import PER_SOURCE, SHARED, LinkEnds, check_link_split, check_negatives_fit
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
-from neutronorch.features.store import FeatureStore
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.rows import take_rows
 from neutronorch.orchestration.link_seeds import EndsSampler, negative_generator
@@ -36,9 +35,6 @@ from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, link_collapse
 from neutronorch.train.layerwise import LayerProgress, last_layer_rows
 from neutronorch.train.link_metrics import PerPositiveScores, SharedScores, parse_link_metric
 from neutronorch.train.prediction_io import scratch_folder
-
-__all__ = ["LinkTask", "evaluate_links", "link_graph", "rms_row_norm", "typed_link_graph",
-           "DEFAULT_LINK_SPLIT"]
 
 SCORE_CHUNK = 1 << 16  # pairs scored at a time
 REPORTED_HITS = (10, 50, 100)
