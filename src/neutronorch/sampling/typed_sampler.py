@@ -272,8 +272,7 @@ def gather_edge_features(graph: TypedGraph, blocks: Iterable[TypedBlock],
                          device: torch.device | str = "cpu") -> None:
     """Set each typed block's ``edge_features[r]`` to relation ``r``'s edge feature rows at the block's
     ``edge_ids[r]`` (float32, on ``device``), for every relation with edge features whose edge ids the
-    block holds. Raises ``DataError`` naming the relation when its edge features have a row count other than
-    its edges'."""
+    block holds (checked by ``check_edge_features``)."""
     for tblock in blocks:
         check_edge_features(graph, tblock.edge_ids)
         rows = edge_rows(graph, {r: ids.cpu() for r, ids in tblock.edge_ids.items()})
