@@ -21,7 +21,8 @@ import torch
 from neutronorch.data import SyntheticSpec, generate, load_dataset
 from neutronorch.features.cache import hotness_order
 from neutronorch.orchestration.seeds import epoch_order
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, parse_fanouts
+from neutronorch.sampling.fanouts import parse_fanouts
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 
 
 def main() -> None:
