@@ -21,7 +21,8 @@ import torch
 from neutronorch.data import SyntheticSpec, generate, load_dataset
 from neutronorch.features.cache import hotness_order
 from neutronorch.orchestration.seeds import epoch_order
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, parse_fanouts
+from neutronorch.sampling.fanouts import parse_fanouts
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 
 
 def main() -> None:
@@ -55,8 +56,7 @@ def main() -> None:
         if policy == "random":
             orders[policy] = np.random.default_rng(args.seed).permutation(graph.num_nodes)
         else:
-            orders[policy] = hotness_order(graph.indptr, graph.indices, graph.train_idx, fanouts, args.batch_size,
-                                           args.seed, policy)
+            orders[policy] = hotness_order(graph, fanouts, args.batch_size, args.seed, policy)
         print(f"ranking {policy}: {time.perf_counter() - t0:.1f} s")
     # rank[v] = position of v in the policy's order; a cache of k rows holds ranks < k.
     ranks = {p: np.empty(graph.num_nodes, np.int64) for p in policies}

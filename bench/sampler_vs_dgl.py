@@ -25,7 +25,8 @@ def sample_epoch(data: str, fanouts: str, batch_size: int, threads: int, out: st
 
     from neutronorch.data import load_native
     from neutronorch.orchestration.seeds import epoch_order
-    from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, parse_fanouts
+    from neutronorch.sampling.fanouts import parse_fanouts
+    from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 
     numba.set_num_threads(threads)
     graph = load_native(data, validate=False)

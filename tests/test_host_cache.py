@@ -238,9 +238,8 @@ def test_auto_sizes_the_cache_from_the_presampled_working_memory(tmp_path, monke
     assert isinstance(graph.features, np.memmap)
     config = TrainConfig(fanouts=[5, 5], batch_size=64, hidden=16).validate()
     sampling = config.sampling
-    order = hotness_order(graph.indptr, graph.indices, graph.train_idx, [5, 5], 64, config.seed)
-    rank = lambda: hotness_order(graph.indptr, graph.indices, graph.train_idx, sampling.fanouts,  # noqa: E731
-                                 sampling.batch_size, sampling.seed)
+    order = hotness_order(graph, [5, 5], 64, config.seed)
+    rank = lambda: hotness_order(graph, sampling.fanouts, sampling.batch_size, sampling.seed)  # noqa: E731
     rows, why, ranked = host_cache_size(config.host_cache_gb, graph.features, True, rank)
     assert rows == 0 and "first mini-batches" in why
     assert np.array_equal(ranked, order)  # the ranking is passed on, not computed twice
@@ -409,15 +408,15 @@ def _typed_folder(tmp_path):
 def test_a_typed_types_hot_rows_are_those_its_training_batches_read_most(tmp_path):
     # Per featured type: out-degree summed over the relations out of the type, plus (presample) the rows'
     # appearances in the input frontiers of presampled training batches, as hotness_order ranks them.
-    from neutronorch.features.cache import out_degrees, typed_hotness_order
+    from neutronorch.features.cache import hotness_order, out_degrees
     from neutronorch.sampling.neighbor_sampler import batch_key
     from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
     _, graph = _typed_folder(tmp_path)
     graph = graph.with_reverse()
     sampler = TypedNeighborSampler(graph, [4, 4])
-    by_degree = typed_hotness_order(graph, sampler, graph.train_idx, 32, 0, policy="degree")
-    ranked = typed_hotness_order(graph, sampler, graph.train_idx, 32, 0)
+    by_degree = hotness_order(graph, sampler.fanouts, 32, 0, policy="degree")
+    ranked = hotness_order(graph, sampler.fanouts, 32, 0)
     assert set(ranked) == set(by_degree) == set(graph.features)
     for t, order in ranked.items():
         degree = sum(out_degrees(r.indices, graph.num_nodes[t]) for (s, _, _), r in graph.relations.items() if s == t)
@@ -440,7 +439,7 @@ def test_a_typed_run_trains_the_same_losses_in_file_order_and_through_host_cache
     # types in proportion to their bytes) or sized by measurement: the same rows, so the same losses to the
     # bit, and the summary reports the caches as a homogeneous run's does.
     from neutronorch.config import TrainConfig
-    from neutronorch.features.cache import typed_hotness_order
+    from neutronorch.features.cache import hotness_order
     from neutronorch.features.reading import typed_stores
     from neutronorch.sampling.typed_sampler import TypedNeighborSampler
     from neutronorch import train
@@ -478,5 +477,5 @@ def test_a_typed_run_trains_the_same_losses_in_file_order_and_through_host_cache
     two_way = graph.with_reverse()
     sampler = TypedNeighborSampler(two_way, [4, 4])
     cache = typed_stores(config, two_way, sampler.fanouts)["paper"].host_cache
-    hottest = typed_hotness_order(two_way, sampler, two_way.train_idx, 32, 1)["paper"]
+    hottest = hotness_order(two_way, sampler.fanouts, 32, 1)["paper"]
     assert cache.rows == 300 and (cache.where[hottest[:300]] < 0).all() and (cache.where[hottest[300:]] >= 0).all()

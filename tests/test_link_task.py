@@ -197,7 +197,7 @@ def test_drawn_evaluation_negatives_are_the_same_at_every_evaluation(graph):
 def test_negatives_drawn_in_chunks_are_the_numbers_of_one_draw(rows):
     for count, per_positive, num_nodes in ((3000, 100, 1_000_000), (777, 3, 5), (64, 2, 1 << 33)):
         key = mix_key(3, 0x4556_414C)
-        chunks = list(drawn_negatives(key, count, per_positive, num_nodes, rows))
+        chunks = list(drawn_negatives(key, count, per_positive, (0, num_nodes), rows))
         assert [start for start, _ in chunks] == list(range(0, count, rows))
         whole = draw_negatives(key, count, per_positive, num_nodes)
         assert torch.equal(torch.cat([chunk for _, chunk in chunks]), whole)

@@ -4,6 +4,7 @@ The decisions are arithmetic and the cache logic runs on host tensors, so all of
 CPU; tests/test_cuda.py runs the same paths on a GPU.
 """
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -120,12 +121,12 @@ def graph():
 
 
 def test_hotness_orders_every_vertex_by_measured_appearances(graph):
-    order = hotness_order(graph.indptr, graph.indices, graph.train_idx, [5, 5], 128, seed=0)
+    order = hotness_order(graph, [5, 5], 128, seed=0)
     assert np.array_equal(np.sort(order), np.arange(graph.num_nodes))
     degree = out_degrees(graph.indices, graph.num_nodes)
     top, bottom = order[:300], order[-300:]
     assert degree[top].mean() > 2 * degree[bottom].mean()
-    by_degree = hotness_order(graph.indptr, graph.indices, graph.train_idx, [5, 5], 128, 0, policy="degree")
+    by_degree = hotness_order(graph, [5, 5], 128, 0, policy="degree")
     assert np.all(np.diff(degree[by_degree]) <= 0)
 
 
@@ -133,16 +134,16 @@ def test_hotness_orders_every_vertex_by_measured_appearances(graph):
 def test_hotness_without_a_presampled_batch_ranks_by_degree(graph, batches, train):
     """No batch to presample (``batches=0``, or no training seed): the ranking is the degree's, as the
     ``degree`` policy gives it, not the vertices in id order."""
-    train_idx = graph.train_idx if train is None else np.empty(0, np.int64)
-    order = hotness_order(graph.indptr, graph.indices, train_idx, [5, 5], 128, seed=0, batches=batches)
-    by_degree = hotness_order(graph.indptr, graph.indices, graph.train_idx, [5, 5], 128, 0, policy="degree")
+    seeds = graph if train is None else dataclasses.replace(graph, train_idx=np.empty(0, np.int64))
+    order = hotness_order(seeds, [5, 5], 128, seed=0, batches=batches)
+    by_degree = hotness_order(graph, [5, 5], 128, 0, policy="degree")
     assert np.array_equal(order, by_degree)
 
 
 @pytest.mark.parametrize("rows", [0, 700, 3000])
 def test_cache_paths_assemble_exactly_the_requested_rows(graph, rows):
     store = FeatureStore(graph.features, graph.labels)
-    order = hotness_order(graph.indptr, graph.indices, graph.train_idx, [5, 5], 128, seed=0)
+    order = hotness_order(graph, [5, 5], 128, seed=0)
     cache = FeatureCache(store, order, rows, torch.device("cpu"))
     assert cache.full == (rows == graph.num_nodes)
     ids = torch.from_numpy(np.random.default_rng(1).choice(graph.num_nodes, 900, replace=False))

@@ -13,8 +13,9 @@ import torch
 from neutronorch.data.csc import edges_to_csc
 from neutronorch.errors import ConfigError
 from neutronorch.sampling.device_sampler import TritonNeighborSampler, triton_available
+from neutronorch.sampling.fanouts import parse_fanouts
 from neutronorch.sampling.neighbor_sampler import (NeighborSampler, TorchNeighborSampler, batch_key,
-                                                   layer_key, mix_key, parse_fanouts)
+                                                   layer_key, mix_key)
 
 # The Triton sampler where Triton is installed: on a GPU, or through its interpreter (conftest.py).
 TRITON = triton_available(torch.device("cuda" if torch.cuda.is_available() else "cpu"))

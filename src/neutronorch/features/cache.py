@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from neutronorch.data.csc import out_degrees
+from neutronorch.data.graph import Graph
 from neutronorch.data.typed import TypedGraph
 from neutronorch.features.placement import to_device_in_slices
 from neutronorch.features.store import FeatureStore
@@ -21,39 +22,32 @@ from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 
-def hotness_order(indptr: np.ndarray, indices: np.ndarray, train_idx: np.ndarray, fanouts: list[int],
-                  batch_size: int, seed: int, policy: str = "presample", batches: int = 32) -> np.ndarray:
-    """Every vertex, hottest first. ``presample`` scores a vertex by its appearances in the input frontiers
-    of ``batches`` mini-batches sampled with the training fanouts, plus a degree prior worth the same total
-    (counts over a few batches are noisy); ``degree`` by out-degree alone (docs/gpu.md, "Placement")."""
-    degree = {"": out_degrees(indices, indptr.shape[0] - 1).astype(np.float64)}
-    return _hotness(NeighborSampler(indptr, indices, fanouts), degree, train_idx, batch_size, seed, policy,
-                    batches)[""]
-
-
-def typed_hotness_order(graph: TypedGraph, sampler: TypedNeighborSampler, train_idx: np.ndarray, batch_size: int,
-                        seed: int, policy: str = "presample", batches: int = 32) -> dict[str, np.ndarray]:
-    """``hotness_order`` per featured type of the typed ``graph``, a vertex's degree summed over the relations
-    out of its type, its appearances counted in the batches ``sampler`` (training fanouts) draws."""
-    degree = {t: np.zeros(graph.num_nodes[t], np.float64) for t in graph.features if graph.num_nodes[t] > 0}
-    for (source, _, _), relation in graph.relations.items():
-        if source in degree:
-            degree[source] += out_degrees(relation.indices, graph.num_nodes[source])
-    return _hotness(sampler, degree, train_idx, batch_size, seed, policy, batches)
-
-
-def _hotness(sampler, degree: dict[str, np.ndarray], train_idx: np.ndarray, batch_size: int, seed: int, policy: str,
-             batches: int) -> dict[str, np.ndarray]:
-    """Each type's vertices (``degree``'s keys; a homogeneous graph's one, "") ranked by ``_ranked``, counted
-    over the first ``batches`` mini-batches of the training seeds shuffled by ``seed`` (epoch -1's keys)."""
+def hotness_order(graph: Graph | TypedGraph, fanouts, batch_size: int, seed: int, policy: str = "presample",
+                  batches: int = 32) -> np.ndarray | dict[str, np.ndarray]:
+    """Every vertex, hottest first; of a typed graph, per featured type. ``presample`` scores a vertex by its
+    appearances in the input frontiers of the first ``batches`` mini-batches of the training seeds shuffled
+    by ``seed`` (epoch -1's keys), sampled with the training ``fanouts``, plus a degree prior worth the same
+    total (counts over a few batches are noisy); ``degree`` by out-degree alone, a typed vertex's summed over
+    the relations out of its type (docs/gpu.md, "Placement")."""
+    typed = isinstance(graph, TypedGraph)
+    if typed:
+        sampler = TypedNeighborSampler(graph, fanouts)
+        degree = {t: np.zeros(graph.num_nodes[t], np.float64) for t in graph.features if graph.num_nodes[t]}
+        for (source, _, _), relation in graph.relations.items():
+            if source in degree:
+                degree[source] += out_degrees(relation.indices, graph.num_nodes[source])
+    else:
+        sampler = NeighborSampler(graph.indptr, graph.indices, fanouts)
+        degree = {"": out_degrees(graph.indices, graph.num_nodes).astype(np.float64)}
     counts = {t: np.zeros(d.shape[0], np.float64) for t, d in degree.items()}
-    order = np.random.default_rng(seed).permutation(np.asarray(train_idx, dtype=np.int64))
+    order = np.random.default_rng(seed).permutation(np.asarray(graph.train_idx, dtype=np.int64))
     for b in range(min(batches, -(-order.shape[0] // batch_size)) if policy != "degree" else 0):
         frontier = sampler.sample(order[b * batch_size:(b + 1) * batch_size], batch_key(seed, -1, b)).input_nodes
-        for t, ids in frontier.items() if isinstance(frontier, dict) else [("", frontier)]:
+        for t, ids in frontier.items() if typed else [("", frontier)]:
             if t in counts:
                 counts[t][ids.numpy()] += 1  # frontiers hold distinct vertices
-    return {t: _ranked(counts[t], degree[t]) for t in degree}
+    ranked = {t: _ranked(counts[t], degree[t]) for t in degree}
+    return ranked if typed else ranked[""]
 
 
 def _ranked(counts: np.ndarray, degree: np.ndarray) -> np.ndarray:
@@ -117,10 +111,7 @@ class FeatureCache:
         slots = self.device_slot_map.index_select(0, rows)
         miss_pos = torch.nonzero(slots < 0).flatten()  # its size is needed: one sync, in the sampler's thread
         missed = rows.index_select(0, miss_pos)
-        if host_view is not None:
-            misses = host_view.index_select(0, missed).to(self.table.dtype)
-        else:
-            misses = fetch(missed)
+        misses = fetch(missed) if host_view is None else host_view.index_select(0, missed).to(self.table.dtype)
         out = self.assemble(slots.clamp(min=0), miss_pos, misses)
         return out, rows.shape[0] - miss_pos.shape[0], misses.nbytes
 

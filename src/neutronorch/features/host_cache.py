@@ -27,12 +27,11 @@ from pathlib import Path
 import numpy as np
 
 from neutronorch.features import memory
-from neutronorch.features.memory import (AutoSize, available_memory_bytes, mapped_file_bytes,
+from neutronorch.features.memory import (GiB, AutoSize, available_memory_bytes, mapped_file_bytes,
                                           process_anonymous_bytes)
 
 logger = logging.getLogger("neutronorch")
 
-GiB = 1 << 30
 COPY_BYTES = 16 << 20  # rows read per step of the copy (its copies are the build's only transient memory)
 WARMUP_GATHERS = 8  # gathers before sizing: the pipeline's buffers filled and the first training steps run
 POLL_WARMUP_S = 0.005  # sampling the working memory while it is measured (a training step's peak is brief)

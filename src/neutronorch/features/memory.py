@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+GiB = 1 << 30
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # A host feature cache sized by measurement (``features/host_cache.py``) keeps, beside the cache:
 STREAM_BYTES = 256 << 20  # page cache kept for reading the cold rows (readahead, the regions in flight)

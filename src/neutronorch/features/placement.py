@@ -8,7 +8,7 @@ pinning fails, ``pin`` warns once and the data stay in pageable memory (synchron
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -17,11 +17,10 @@ import torch
 from neutronorch.bfloat16 import tensor_from_numpy
 from neutronorch.config import PlacementConfig
 from neutronorch.errors import ConfigError
-from neutronorch.features.memory import fits_in_memory
+from neutronorch.features.memory import GiB, fits_in_memory
 
 logger = logging.getLogger("neutronorch")
 
-GiB = 2 ** 30
 # Headroom for the CUDA context's own allocations, the allocator's fragmentation and cuBLAS workspaces.
 CONTEXT_RESERVE = GiB // 2
 
@@ -57,9 +56,6 @@ class Placement:
         if self.budget is not None:
             parts.append(f"budget {self.budget / GiB:.1f} GiB (workspace {self.workspace / GiB:.2f} GiB)")
         return ", ".join(parts)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def workspace_bytes(num_nodes: int, feature_dim: int, hidden: int, num_classes: int, fanouts: list[int],

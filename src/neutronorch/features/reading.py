@@ -16,12 +16,11 @@ import numpy as np
 
 from neutronorch.config import TrainConfig
 from neutronorch.data.typed import RelationType, TypedGraph
-from neutronorch.features.cache import typed_hotness_order
+from neutronorch.features.cache import hotness_order
 from neutronorch.features.host_cache import GiB, HostCache
 from neutronorch.features.memory import AutoSize
 from neutronorch.features.placement import typed_workspace
 from neutronorch.features.store import FeatureStore, beyond_memory
-from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 logger = logging.getLogger("neutronorch")
 
@@ -97,8 +96,7 @@ def typed_stores(config: TrainConfig, graph: TypedGraph, fanouts: dict[RelationT
 
     @functools.cache
     def ranking() -> dict[str, np.ndarray]:  # one presample of the training batches' draws ranks every type
-        return typed_hotness_order(graph, TypedNeighborSampler(graph, fanouts), graph.train_idx,
-                                   config.batch_size, config.seed, config.cache_policy)
+        return hotness_order(graph, fanouts, config.batch_size, config.seed, config.cache_policy)
 
     for t, rows in mapped.items():
         share = setting if setting == "auto" else float(setting) * rows.nbytes / max(1, total)

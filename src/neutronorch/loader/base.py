@@ -30,8 +30,6 @@ from neutronorch.orchestration.seeds import epoch_order
 from neutronorch.sampling.typed_sampler import typed_fanouts
 from neutronorch.train.resources import check_threading_layer, resolve_device, thread_budget
 
-__all__ = ["EpochLoader", "EpochIterator", "LOADER_OPTIONS"]
-
 # TrainConfig settings a loader passes on (the rest are the trainer's: model, optimizer, evaluation, outputs).
 LOADER_OPTIONS = ("hidden", "heads", "gcn_norm", "precision", "gpu_memory_gb", "gpu_cache_gb", "cache_policy",
                   "read_order", "host_cache_gb", "host_cache_dir")

@@ -1,10 +1,7 @@
 """One mini-batch of a loader (``LoaderBatch``, ``TypedLoaderBatch``, a ``LinkNeighborLoader``'s
 ``LinkLoaderBatch``) in three forms: plain (``blocks``, ``x``, ``y``), PyG's (``to_pyg()``) and DGL's
-(``to_dgl_blocks()``); their fields: docs/loader.md, "The batch forms" and "Typed graphs".
-
-A link batch's seeds are the pairs' distinct ends (sorted; ``LinkSeeds``), the first ``batch_size`` vertices
-of ``n_id``; ``pairs`` names every pair by positions among them, and the other forms (PyG's
-``edge_label_index``, DGL's ``pair_ids``) are views of it (docs/loader.md, "The batch")."""
+(``to_dgl_blocks()``); their fields: docs/loader.md, "The batch forms" and "Typed graphs" (a link batch's:
+"The batch")."""
 
 from __future__ import annotations
 
@@ -17,8 +14,6 @@ from neutronorch.data.typed import TypedGraph
 from neutronorch.orchestration.batch import MiniBatch, target_labels
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.sampling.block import Block, hop_counts, pyg_form, typed_pyg_form
-
-__all__ = ["SampledBatch", "LoaderBatch", "LinkLoaderBatch", "TypedLoaderBatch"]
 
 
 class SampledBatch:

@@ -17,8 +17,6 @@ from neutronorch.loader.arguments import check_negatives, resolve_edges, resolve
 from neutronorch.loader.base import EpochLoader
 from neutronorch.loader.batch import LinkLoaderBatch, LoaderBatch, TypedLoaderBatch
 
-__all__ = ["NeighborLoader", "LinkNeighborLoader", "TypedNeighborLoader"]
-
 
 class NeighborLoader(EpochLoader):
     """Mini-batches of sampled neighbourhoods of seed vertices, one epoch per iteration: a ``LoaderBatch``

@@ -22,7 +22,7 @@ from neutronorch.data.graph import Graph
 from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.features import memory
-from neutronorch.features.cache import FeatureCache, typed_hotness_order
+from neutronorch.features.cache import FeatureCache, hotness_order
 from neutronorch.features.placement import (GiB, cache_rows, device_budget, pin, to_device_in_slices, unpin,
                                             typed_workspace, uva_view)
 from neutronorch.features.store import BufferPool, FeatureStore
@@ -32,7 +32,6 @@ from neutronorch.orchestration.batch import MiniBatch, per_type
 from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, topology_bytes
-from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 logger = logging.getLogger("neutronorch")
 
@@ -147,8 +146,8 @@ class DeviceReader:
                                           tensor=lambda array, what: place(array, device, what))
         order: dict[str, np.ndarray] = {}
         if any(rows[t] < graph.num_nodes[t] for t in rows):  # one presample ranks every type
-            order = typed_hotness_order(graph, TypedNeighborSampler(graph, self.fanouts), graph.train_idx,
-                                        sampling.batch_size, sampling.seed, self.placement_config.cache_policy)
+            order = hotness_order(graph, self.fanouts, sampling.batch_size, sampling.seed,
+                                  self.placement_config.cache_policy)
         stores = self.stores
         self.caches = {t: FeatureCache(stores[t], order.get(t, np.empty(0, np.int64)), rows[t], device)
                        for t in graph.features}

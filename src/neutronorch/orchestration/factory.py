@@ -123,8 +123,7 @@ def homogeneous_access(config: TrainConfig, graph: Graph, device: torch.device, 
 
     @functools.cache
     def ranked() -> np.ndarray:  # the vertices hottest first, ranked once if a cache needs them
-        return hotness_order(graph.indptr, graph.indices, graph.train_idx, sampling.fanouts, sampling.batch_size,
-                             sampling.seed, config.cache_policy)
+        return hotness_order(graph, sampling.fanouts, sampling.batch_size, sampling.seed, config.cache_policy)
 
     access = build_feature_access(graph, placement, device, sampling, ranked, dtype, features_in_file_order)
     attach_host_cache(access.store, config.host_cache_gb, ranked, config.host_cache_dir,

@@ -24,8 +24,6 @@ from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.exclude import exclude_edges
 from neutronorch.sampling.neighbor_sampler import batch_key, mix_key
 
-__all__ = ["EndsSampler", "LinkSeeds", "draw_negatives", "negative_generator", "pair_targets"]
-
 NEGATIVE_SALT = 0x4E45_4741  # negatives' stream of a batch key, apart from the neighbour draws'
 
 
@@ -55,10 +53,8 @@ class LinkSeeds:
         """Mini-batch ``index`` of ``epoch``, of the edges at positions ``part``."""
         sampling = self.sampling
         positives = self.edges[:, part]
-        first, count = self.destinations
-        negatives = draw_negatives(batch_key(sampling.seed, epoch, index), positives.shape[1], self.negatives, count)
-        if first:
-            negatives += first
+        key, (first, count) = batch_key(sampling.seed, epoch, index), self.destinations
+        negatives = draw_negatives(key, positives.shape[1], self.negatives, count, first)
         # The global batch's positives excluded: each rank samples what one process would.
         if sampling.world == 1:
             return SeedBatch(*pair_targets(positives, negatives), exclude=positives)
@@ -114,10 +110,12 @@ def negative_generator(key: int) -> torch.Generator:
     return generator
 
 
-def draw_negatives(key: int, positives: int, per_positive: int, num_nodes: int) -> torch.Tensor:
-    """(positives, per_positive) destinations drawn uniformly over ``num_nodes`` vertices from ``key``."""
-    return torch.randint(0, num_nodes, (positives, per_positive), generator=negative_generator(key),
-                         dtype=torch.int64)
+def draw_negatives(key: int, positives: int, per_positive: int, num_nodes: int,
+                   first: int = 0) -> torch.Tensor:
+    """(positives, per_positive) destinations drawn uniformly from ``key`` over the ``num_nodes`` vertices
+    from ``first`` on."""
+    return torch.randint(first, first + num_nodes, (positives, per_positive),
+                         generator=negative_generator(key), dtype=torch.int64)
 
 
 def pair_targets(positives: torch.Tensor, negatives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -166,12 +166,10 @@ class TypedPygForm:
 
 
 def typed_pyg_form(blocks: list[TypedBlock], node_types, relations) -> TypedPygForm:
-    """``blocks`` (bottom layer first) in PyG's layout, over ``node_types`` and ``relations`` (those the
-    blocks lack get no vertex and no edge). As in PyG, a vertex's neighbours come from the hop after the one
-    that reached it (each vertex's neighbours once): of each relation's block, the rows of the destinations
-    that the hop before newly reached, a contiguous tail of its CSC. Each hop's edges follow the hop before's,
-    from the seed hop: positions in each type's input frontier (seeds first, then each hop's new vertices).
-    A homogeneous graph's form (``pyg_form``) is the one-type case."""
+    """``blocks`` (bottom layer first) in PyG's layout (``TypedPygForm``), over ``node_types`` and
+    ``relations`` (those the blocks lack get no vertex and no edge). As in PyG, a vertex's neighbours come
+    from the hop after the one that reached it (each vertex's neighbours once): of each relation's block, the
+    rows of the destinations that the hop before newly reached, a contiguous tail of its CSC."""
     device = next((b.indptr.device for tblock in blocks for b in tblock.blocks.values()), torch.device("cpu"))
     sizes = _sizes(blocks, node_types)
     nodes = hop_counts(blocks, node_types)

@@ -19,8 +19,6 @@ from neutronorch.errors import ConfigError
 from neutronorch.sampling.block import Block
 from neutronorch.sampling.neighbor_sampler import Started, TorchNeighborSampler, drawn_slots
 
-__all__ = ["TritonNeighborSampler", "check_device_sampler", "make_device_sampler", "triton_available", "BACKENDS"]
-
 BACKENDS = ("auto", "torch", "triton")
 ENV = "NEUTRONORCH_DEVICE_SAMPLER"
 
@@ -75,8 +73,8 @@ class TritonNeighborSampler(TorchNeighborSampler):
         self._generation = 0
 
     def start_draw(self, dst: torch.Tensor, fanout: int, key: int, edges: bool = False) -> Started:
-        """``TorchNeighborSampler.start_draw`` in one kernel; fanouts of 0 and below, and no destinations, run
-        in the torch sampler."""
+        """``TorchNeighborSampler.start_draw`` in one kernel (fanouts of 0 and below, and no destinations:
+        the torch sampler's)."""
         bound = dst.shape[0]
         if fanout <= 0 or bound == 0:
             return super().start_draw(dst, fanout, key, edges)

@@ -17,8 +17,6 @@ from numba import njit
 import neutronorch.jit  # noqa: F401 - says when these kernels are compiled (a cold cache)
 from neutronorch.sampling.block import Block, SampledSubgraph
 
-__all__ = ["exclude_edges", "exclude_from_block", "pair_keys"]
-
 
 def pair_keys(pairs: torch.Tensor, num_nodes: int) -> torch.Tensor:
     """Sorted unique keys ``u * num_nodes + v`` of the (2, P) pairs and of their reverses."""

@@ -21,10 +21,6 @@ import torch
 
 from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block, SampledSubgraph
-from neutronorch.sampling.fanouts import parse_fanouts
-
-__all__ = ["NeighborSampler", "Sampler", "TorchNeighborSampler", "batch_key", "layer_key", "mix_key",
-           "parse_fanouts", "relabel_into", "start_relabel", "together"]
 
 
 _MASK = (1 << 64) - 1
@@ -195,8 +191,7 @@ class TorchNeighborSampler(Sampler):
         finishes them given it (``together``): ``(ptr, nbrs)`` as ``kernels.sample_neighbors`` gives them
         (global ids, not relabelled), with ``edges`` ``(ptr, nbrs, positions)``. No vertex map is touched, so
         the neighbours may be of another vertex set than ``dst`` (a typed relation's source type)."""
-        # index_select rather than advanced indexing throughout: the same result, several times faster on
-        # the CPU.
+        # index_select, not advanced indexing: the same result, several times faster on the CPU.
         start = self.indptr.index_select(0, dst)
         deg = self.indptr.index_select(0, dst + 1) - start
         take = deg if fanout < 0 else deg.clamp(max=fanout)

@@ -18,8 +18,6 @@ from neutronorch.sampling.device_sampler import make_device_sampler
 from neutronorch.sampling.neighbor_sampler import start_relabel, together
 from neutronorch.sampling.typed_sampler import TypedHops, check_edge_features
 
-__all__ = ["TypedDeviceSampler", "topology_bytes"]
-
 
 def topology_bytes(graph: TypedGraph) -> int:
     """Bytes of every relation's CSC and edge features as ``TypedDeviceSampler`` holds them (``indptr`` int64,
@@ -34,14 +32,12 @@ def _as_tensor(array: np.ndarray, what: str) -> torch.Tensor:
 
 
 class TypedDeviceSampler(TypedHops):
-    """``TypedNeighborSampler`` on tensors of ``device`` (its arguments as the host sampler's), taking and
-    returning tensors there. Every relation's CSC (``relations``: ``indptr`` int64, ``indices`` as stored)
-    and edge features (float32) are copied there, ``tensor(array, what)`` making each host array a tensor
-    (default: ``torch.from_numpy``); edge features without a row per edge raise ``DataError``. ``backend``:
-    ``make_device_sampler``'s, one sampler per relation.
+    """``TypedNeighborSampler`` (its arguments) on tensors of ``device``: ``relations`` holds every relation's
+    CSC there, ``tensor(array, what)`` making each host array a tensor (default: ``torch.from_numpy``); edge
+    features without a row per edge raise ``DataError``. ``backend``: ``make_device_sampler``'s.
 
-    Not thread-safe: one thread at a time (it owns a vertex -> position map per type, 8 bytes per vertex of
-    the types that are sources, made on first use)."""
+    Not thread-safe: one thread at a time (a vertex -> position map per source type, 8 bytes a vertex, made
+    on first use)."""
 
     def __init__(self, graph: TypedGraph, device: torch.device, fanouts, degrees: bool = False, edge_ids=None,
                  edge_features: bool = True, backend: str | None = None,

@@ -24,9 +24,6 @@ from neutronorch.sampling.block import Block, SampledSubgraph, TypedBlock
 from neutronorch.sampling.fanouts import parse_fanouts
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, OneThread, layer_key, mix_key, relabel_into
 
-__all__ = ["DEFAULT", "TypedHops", "TypedNeighborSampler", "check_edge_features", "gather_edge_features",
-           "hop_keys", "relation_key", "typed_fanouts"]
-
 DEFAULT = "default"  # the key of a fanouts dict whose list serves every relation the dict does not name
 
 
@@ -102,10 +99,9 @@ def _edge_id_relations(graph: TypedGraph, edge_ids) -> frozenset[RelationType]:
 
 class TypedHops:
     """The hops both typed samplers run (``TypedNeighborSampler`` on the host, ``TypedDeviceSampler`` on the
-    training device): per hop, the draws of every relation whose destination type has destinations, with
-    the hop's keys (``hop_keys``); the relabelling of each source type's draws into its frontier; one
-    ``TypedBlock``. The frontiers are int64 tensors (on the host, views of numpy arrays). The arguments are
-    ``TypedNeighborSampler``'s; a sampler implements ``_ids``, ``_draw``, ``_relabel`` and ``_edge_rows``
+    training device), with ``TypedNeighborSampler``'s arguments: per hop, the draws of every relation whose
+    destination type has destinations (``hop_keys``), each source type's draws relabelled into its
+    frontier, one ``TypedBlock``. A sampler implements ``_ids``, ``_draw``, ``_relabel`` and ``_edge_rows``
     (``_enter`` and ``_leave`` where it keeps state per call)."""
 
     def __init__(self, graph: TypedGraph, fanouts, degrees: bool = False, edge_ids=None,
@@ -136,13 +132,11 @@ class TypedHops:
         """The top ``hops`` layers of ``sample(seeds, key)``, exactly as it draws them: ``frontiers[0]`` then
         holds the destinations of the layer below (with ``hops = num_layers - 1``, the bottom layer's
         destinations per type, which NeutronOrch plans its hot sets among)."""
-        if isinstance(seeds, Mapping):  # the subgraph's seeds: every type's, in the graph's type order
-            start = {t: self._ids(seeds[t]) for t in self.num_nodes if t in seeds}
-            blocks, frontiers = self._hops(start, key, 0, hops)
-            return SampledSubgraph(torch.cat(list(start.values())), blocks, frontiers)
-        seeds = self._ids(seeds)
-        blocks, frontiers = self._hops({self.target: seeds}, key, 0, hops)
-        return SampledSubgraph(seeds, blocks, frontiers)
+        typed = seeds if isinstance(seeds, Mapping) else {self.target: seeds}
+        start = {t: self._ids(typed[t]) for t in self.num_nodes if t in typed}
+        blocks, frontiers = self._hops(start, key, 0, hops)
+        ids = list(start.values())  # the subgraph's seeds: every type's, in the graph's type order
+        return SampledSubgraph(ids[0] if len(ids) == 1 else torch.cat(ids), blocks, frontiers)
 
     def sample_bottom(self, destinations: Mapping, key: int) -> TypedBlock:
         """The bottom layer's block of ``destinations`` (unique local ids per type) with the batch key ``key``:
@@ -197,18 +191,13 @@ class TypedHops:
 
 class TypedNeighborSampler(OneThread, TypedHops):
     """Host sampler over a typed graph's relations (numpy arrays or memory maps); ``fanouts`` as
-    ``typed_fanouts`` reads them, resolved per relation in ``self.fanouts``. The relation blocks'
-    ``src_ids`` are None (a ``Block`` takes its destinations' ids from its sources', true only when both ends
-    are one type): each type's ids are in ``TypedBlock.src_ids``.
+    ``typed_fanouts`` reads them, resolved per relation in ``self.fanouts``. Each type's ids are in
+    ``TypedBlock.src_ids``, the relation blocks' ``src_ids`` None. ``degrees``: each relation block carries
+    its source rows' out-degrees through the relation (float32). ``edge_ids`` (None: the relations with edge
+    features) and ``edge_features``: docs/heterogeneous.md, "Sampling"; edge features not one row per edge
+    raise ``DataError`` naming the relation.
 
-    ``degrees``: each relation block carries its source rows' out-degrees through the relation (float32,
-    counted at construction). ``edge_ids``: the relations whose blocks record their edges' positions (None:
-    those with edge features; True, False, or a collection of triples or unique names); ``edge_features``:
-    those blocks also carry the edge feature rows (else ``gather_edge_features`` reads them later). Edge
-    features not one row per edge raise ``DataError`` naming the relation.
-
-    Not thread-safe: one instance per sampling thread (it owns a vertex -> position map per type, 8 bytes
-    per vertex of the graph).
+    Not thread-safe: one instance per sampling thread (a vertex -> position map per type, 8 bytes a vertex).
     """
 
     def __init__(self, graph: TypedGraph, fanouts, degrees: bool = False, edge_ids=None,
@@ -283,8 +272,7 @@ def gather_edge_features(graph: TypedGraph, blocks: Iterable[TypedBlock],
                          device: torch.device | str = "cpu") -> None:
     """Set each typed block's ``edge_features[r]`` to relation ``r``'s edge feature rows at the block's
     ``edge_ids[r]`` (float32, on ``device``), for every relation with edge features whose edge ids the
-    block holds. Raises ``DataError`` naming the relation when its edge features have a row count other than
-    its edges'."""
+    block holds (checked by ``check_edge_features``)."""
     for tblock in blocks:
         check_edge_features(graph, tblock.edge_ids)
         rows = edge_rows(graph, {r: ids.cpu() for r, ids in tblock.edge_ids.items()})

@@ -21,8 +21,6 @@ from neutronorch.errors import ConfigError
 from neutronorch.train.health import TIE_TOLERANCE
 from neutronorch.train.task import roc_auc
 
-__all__ = ["link_scores", "parse_link_metric", "PerPositiveScores", "SharedScores"]
-
 CHUNK = 1 << 22  # negative scores compared at a time
 
 
@@ -72,7 +70,8 @@ def link_scores(positive, negatives) -> "SharedScores | PerPositiveScores":
 
 
 class _Metrics:
-    """``score(metric)`` and ``mrr`` of a set of scores that has ``ranks``, ``hits_at_k`` and ``roc_auc``."""
+    """``score(metric)``, ``mrr`` and ``hits_at_k`` of a set of scores that has ``ranks``, ``_hits`` and
+    ``roc_auc``."""
 
     def mrr(self) -> float:
         """Mean reciprocal rank (NaN without positives)."""
@@ -85,6 +84,12 @@ class _Metrics:
         if name == "mrr":
             return self.mrr()
         return self.roc_auc() if name == "rocauc" else self.hits_at_k(k)
+
+    def hits_at_k(self, k: int) -> float:
+        """Hits@``k`` (``_hits``; NaN without positives)."""
+        if k < 1:
+            raise ValueError(f"Hits@K needs K >= 1, got {k}")
+        return self._hits(k) if self.positive.size else float("nan")
 
 
 class SharedScores(_Metrics):
@@ -102,13 +107,9 @@ class SharedScores(_Metrics):
         higher = ordered.shape[0] - np.searchsorted(ordered, self.positive, side="right")
         return 0.5 * (higher + ordered.shape[0] - np.searchsorted(ordered, self.positive, side="left")) + 1.0
 
-    def hits_at_k(self, k: int) -> float:
+    def _hits(self, k: int) -> float:
         """The share of positives scored strictly above the ``k``-th highest negative (1.0 if N < k), as OGB's
-        evaluator (NaN without positives)."""
-        if k < 1:
-            raise ValueError(f"Hits@K needs K >= 1, got {k}")
-        if self.positive.size == 0:
-            return float("nan")
+        evaluator."""
         if self.negatives.shape[0] < k:
             return 1.0
         kth_highest = np.partition(self.negatives, self.negatives.shape[0] - k)[self.negatives.shape[0] - k]
@@ -175,11 +176,9 @@ class PerPositiveScores(_Metrics):
         self.rows, self.negatives = self.rows + count, self.negatives + flat.shape[0]
         self.negatives_per_positive = negatives.shape[1]
 
-    def hits_at_k(self, k: int) -> float:
-        """The share of positives ranked at most ``k`` (NaN without positives)."""
-        if k < 1:
-            raise ValueError(f"Hits@K needs K >= 1, got {k}")
-        return float(np.mean(self.ranks() <= k)) if self.positive.size else float("nan")
+    def _hits(self, k: int) -> float:
+        """The share of positives ranked at most ``k``."""
+        return float(np.mean(self.ranks() <= k))
 
     def roc_auc(self) -> float:
         """The probability that a positive scores above a negative, ties half (NaN when either side is empty)."""

@@ -23,8 +23,6 @@ from neutronorch.train.layerwise import LayerProgress, last_layer_rows
 from neutronorch.train.predict import check_request, checkpoint_for
 from neutronorch.train.prediction_io import check_prediction_output, ids_in_memory, scratch_folder, write_rows
 
-__all__ = ["PAIR_FORMS", "read_pairs", "score_pairs"]
-
 # What ``pairs`` may be: a file, or the pairs themselves.
 Pairs = Union[str, os.PathLike, np.ndarray, torch.Tensor, Sequence]
 PAIR_FORMS = ("a .npy file of a (2, P) or (P, 2) integer array (not 2 x 2: ambiguous), or a text file of 'u v' "

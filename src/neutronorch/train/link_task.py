@@ -25,7 +25,6 @@ from neutronorch.data.edge_split import link_relation, parse_link_split, split_e
 from neutronorch.data.links import PER_SOURCE, SHARED, LinkEnds, check_link_split, check_negatives_fit
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
-from neutronorch.features.store import FeatureStore
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.rows import take_rows
 from neutronorch.orchestration.link_seeds import EndsSampler, negative_generator
@@ -36,9 +35,6 @@ from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, link_collapse
 from neutronorch.train.layerwise import LayerProgress, last_layer_rows
 from neutronorch.train.link_metrics import PerPositiveScores, SharedScores, parse_link_metric
 from neutronorch.train.prediction_io import scratch_folder
-
-__all__ = ["LinkTask", "evaluate_links", "link_graph", "rms_row_norm", "typed_link_graph",
-           "DEFAULT_LINK_SPLIT"]
 
 SCORE_CHUNK = 1 << 16  # pairs scored at a time
 REPORTED_HITS = (10, 50, 100)
@@ -259,19 +255,19 @@ class _EvalSet:
             for start in range(0, stored.shape[0], rows):
                 yield start, _ids(stored[start:start + rows])
         else:
-            first, count = self.destinations
-            for start, chunk in drawn_negatives(self.key, self.positives.shape[1], self.per_positive, count, rows):
-                yield start, chunk + first if first else chunk
+            positives = self.positives.shape[1]
+            yield from drawn_negatives(self.key, positives, self.per_positive, self.destinations, rows)
 
 
-def drawn_negatives(key: int, count: int, per_positive: int, num_nodes: int,
+def drawn_negatives(key: int, count: int, per_positive: int, destinations: tuple[int, int],
                     rows: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """``draw_negatives(key, count, per_positive, num_nodes)`` ``rows`` positives at a time, as (start, chunk):
-    the same numbers whatever ``rows`` (one generator's stream, in row order)."""
-    generator = negative_generator(key)
+    """``draw_negatives(key, count, per_positive, num_nodes, first)`` (``destinations``: (first, num_nodes))
+    ``rows`` positives at a time, as (start, chunk): the same numbers whatever ``rows`` (one generator's
+    stream, in row order)."""
+    generator, (first, num_nodes) = negative_generator(key), destinations
     for start in range(0, count, rows):
         shape = (min(rows, count - start), per_positive)
-        yield start, torch.randint(0, num_nodes, shape, generator=generator, dtype=torch.int64)
+        yield start, torch.randint(first, first + num_nodes, shape, generator=generator, dtype=torch.int64)
 
 
 def _ids(array) -> torch.Tensor:

@@ -9,6 +9,7 @@ ends with an ``OutputError`` naming the file once it is saved and summarised (do
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import logging
 import statistics
@@ -98,7 +99,7 @@ def _homogeneous(run) -> dict:
         "resident_mb": resident_mb(),  # at the end: own (anon) and mapped-file (file) memory
         "host_cache": None if mode.store.host_cache is None
         else mode.store.host_cache.summary(moved["host_rows"], moved["host_cache_hits"]),
-        "placement": mode.placement.to_dict(),
+        "placement": dataclasses.asdict(mode.placement),
         # --read-order as resolved: how memory-mapped features and the host samplers' topology were read.
         "read_order": {"features": "file" if mode.store.ordered else "batch",
                        "topology": "file" if topology_in_file_order(mode) else "batch"},
