@@ -341,3 +341,25 @@ def test_a_vertex_keeps_its_masks_when_its_part_of_the_batch_reaches_fewer_types
     assert alone.blocks[0].num_dst["field"] > 0
     logits = [forward(model, graph, sampler, np.array(s), 5) for s in ([0, 2], [0], [2])]
     torch.testing.assert_close(torch.cat(logits[1:]), logits[0], rtol=1e-5, atol=1e-6)
+
+
+TYPED_LINK = dict(task="link", link_relation="writes", model="rgcn", eval_negatives=20, epochs=1, hot_set="node",
+                  **NEUTRONORCH)
+
+
+def _typed_link_rank(rank: int, folder: str) -> None:
+    os.environ["GROUP_RANK"] = "0"
+    torch.distributed.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2)
+    train(settings(**TYPED_LINK, log_jsonl=f"{folder}/two.jsonl"), graph=small_graph())
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_typed_link_task_in_neutronorch_mode_on_two_ranks_trains_as_one_process(tmp_path):
+    """A link batch's seeds are of both end types: each rank keeps the other's seeds of the global batch
+    cold, type by type, so two ranks (sharing the node's hot rows) take the steps of one process with twice
+    the batch."""
+    _spawn(_typed_link_rank, tmp_path)
+    train(settings(**TYPED_LINK, batch_size=2 * BATCH, log_jsonl=str(tmp_path / "one.jsonl")), graph=small_graph())
+    torch.testing.assert_close(torch.tensor(_step_losses(tmp_path / "two.jsonl")),
+                               torch.tensor(_step_losses(tmp_path / "one.jsonl")), rtol=LOSS_RTOL, atol=0)

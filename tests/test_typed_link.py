@@ -15,6 +15,7 @@ from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.orchestration.factory import build_mode
 from neutronorch.orchestration.link_seeds import EndsSampler, LinkSeeds
+from neutronorch.orchestration.neutronorch.planner import Planner
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.link_task import typed_link_graph
@@ -118,11 +119,42 @@ def test_device_mode_trains_a_typed_link_task_as_exact_mode(mag):
     assert a["test_mrr"] == b["test_mrr"] and 0 < a["test_mrr"] <= 1
 
 
+def test_a_typed_link_plan_never_serves_a_batchs_own_seeds_hot(mag):
+    """A link batch's seeds are of both end types (the authors and papers of its pairs and negatives): each
+    type's leads its bottom frontier and none is served hot in its own batch, while other vertices are."""
+    cfg = config(link_relation="writes", fanouts=[4, 3]).validate()
+    graph = typed_link_graph(mag, cfg)
+    ends = graph.links.ends
+    seeds = LinkSeeds(graph.links.train, ends.num_nodes, cfg.sampling, 2, ends)
+    sampler = EndsSampler(TypedNeighborSampler(graph, [4, 3]), ends)
+    epoch = seeds.epoch(0)
+    uppers = [(i, batch_key(cfg.seed, 0, i), sampler.sample_hops(epoch[i].seeds.numpy(), batch_key(cfg.seed, 0, i), 1))
+              for i in range(4)]
+    plan = Planner(graph, {r: 3 for r in graph.relations}).plan(0, 0, uppers, 1.0)
+    served = 0
+    for item, (_, _, upper) in zip(plan.batches, uppers):
+        assert set(upper.frontiers[-1]) == {"author", "paper"}
+        for t, own in upper.frontiers[-1].items():
+            assert not (item.hot_pos[t] < own.shape[0]).any()
+            served += int(item.hot_pos[t].shape[0])
+    assert served > 0
+
+
+def test_neutronorch_trains_a_typed_link_task(mag):
+    """At ratio 0 the steps of exact mode; with hot rows, reuse within the staleness bound and a falling loss."""
+    exact = train(config(link_relation="writes", model="rgcn"), graph=mag)
+    cold = train(config(link_relation="writes", model="rgcn", mode="neutronorch", hot_ratio=0.0), graph=mag)
+    assert [e["train_loss"] for e in cold["epochs"]] == [e["train_loss"] for e in exact["epochs"]]
+    hot = train(config(link_relation="writes", model="rgcn", mode="neutronorch", hot_ratio=0.3, super_batch=4),
+                graph=mag)
+    assert hot["hot"]["reuse_rate"] > 0.1 and hot["staleness"]["max_observed"] <= hot["staleness"]["bound"]
+    assert hot["epochs"][-1]["train_loss"] < hot["epochs"][0]["train_loss"] and 0 < hot["test_mrr"] <= 1
+
+
 @pytest.mark.parametrize("settings, message", [
     (dict(), "has 8 relations: give `link_relation`.*author/writes/paper, paper/cites/paper"),
     (dict(link_relation="nope"), "`link_relation` 'nope': .*no relation is named 'nope'"),
     (dict(link_relation="writes", link_direction="undirected"), "links author to paper, so an edge has no reverse"),
-    (dict(link_relation="writes", mode="neutronorch"), "`mode` neutronorch with `task` link is not available"),
     (dict(link_relation="writes", eval_max_nodes=10), "`eval_max_nodes` 10: a link task evaluates every vertex"),
     (dict(link_relation="writes", negatives=5000), "`negatives` 5,000: more negative destinations"),
 ])

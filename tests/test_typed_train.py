@@ -138,7 +138,6 @@ def test_a_typed_runs_log_on_a_full_disk_ends_it_with_an_error_after_the_summary
 
 
 @pytest.mark.parametrize("settings, message", [
-    (dict(task="link", mode="neutronorch"), "`mode` neutronorch with `task` link is not available for typed"),
     (dict(model="gcn"), "`model` gcn: not available for typed graphs yet; choose one of sage, rgcn, rgat"),
     (dict(split="ratio:0.5,0.2"), "carries its own split"),
     (dict(negatives=4, link_head="mlp"), "`link_head` mlp, `negatives` 4: a link task's settings, and `task` is node"),

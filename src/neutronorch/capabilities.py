@@ -23,12 +23,7 @@ NOT_YET = "not available for typed graphs yet"
 TYPED_DOCS = " docs/heterogeneous.md says what typed graphs train with."
 
 # The cells that do not run: (kind, mode, task, ranks), None matching any; the first that matches says why.
-REFUSED = (
-    (("typed", "neutronorch", "link", None),
-     f"`mode` neutronorch with `task` link is {NOT_YET}: a typed plan keeps its target type's seeds cold, and a "
-     f"link batch's seeds are its relation's two end types (the pairs' ends and negatives). Give `mode` exact or "
-     f"device."),
-)
+REFUSED: tuple = ()
 
 # Settings one kind of graph cannot honour: (kind, settings, values refused (None: any but the default), why);
 # a kind "typed node" is a typed graph's node task. ``{it}`` in a reason is "it" or "them", as many settings as
@@ -146,7 +141,7 @@ def markdown() -> str:
     for kind, task, mode in product(KINDS, TASKS, MODES):
         lines.append(f"| {kind} | {task} | {mode} | {cell(kind, mode, task, 'one')} | "
                      f"{cell(kind, mode, task, 'several')} |")
-    lines += [""] + [f"{n}. {reason}" for n, reason in enumerate(reasons, 1)]
+    lines += [""] + [f"{n}. {reason}" for n, reason in enumerate(reasons, 1)] if reasons else []
     lines += ["", "| graph | refuses the settings | because |", "|---|---|---|"]
     for kind, names, values, why in UNHONOURED:
         settings = ", ".join(f"`{name}`" for name in names)

@@ -85,6 +85,14 @@ class LinkModel(Tables, nn.Module):
     def bottom(self) -> nn.Module:
         return self.encoder.bottom
 
+    @property
+    def embeddings(self) -> nn.ModuleDict:
+        """A typed encoder's embedding tables (NeutronOrch's snapshots carry the rows its hot rows read)."""
+        return self.encoder.embeddings
+
+    def input_rows(self, features, input_ids) -> dict[str, torch.Tensor]:
+        return self.encoder.input_rows(features, input_ids)
+
     def forward(self, *inputs) -> torch.Tensor:
         return self.encoder(*inputs)
 

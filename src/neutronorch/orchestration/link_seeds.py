@@ -40,6 +40,10 @@ class LinkSeeds:
         """What a mode draws this task's batches with: ``sampler``, fed by type on a typed graph (``EndsSampler``)."""
         return sampler if self.ends is None else EndsSampler(sampler, self.ends)
 
+    def by_type(self, ids: torch.Tensor):
+        """Vertices in this task's ids (sorted) as a typed graph's per end type, or as they are."""
+        return ids if self.ends is None else self.ends.split(ids)
+
     def exclude(self, subgraph: SampledSubgraph, pairs: torch.Tensor) -> SampledSubgraph:
         """``subgraph`` without the edges between the ends of a batch's seed edges ``pairs``."""
         return exclude_edges(subgraph, pairs, self.num_nodes, self.ends)
@@ -95,8 +99,15 @@ class EndsSampler:
     def __init__(self, sampler, ends: LinkEnds):
         self.sampler, self.ends = sampler, ends
 
+    @property
+    def num_layers(self) -> int:
+        return self.sampler.num_layers
+
     def sample(self, seeds, key: int) -> SampledSubgraph:
         return self.sampler.sample(self.ends.split(seeds), key)
+
+    def sample_hops(self, seeds, key: int, hops: int) -> SampledSubgraph:
+        return self.sampler.sample_hops(self.ends.split(seeds), key, hops)
 
     def sample_many(self, seeds: list, keys: list[int]) -> list[SampledSubgraph]:
         return [self.sample(s, key) for s, key in zip(seeds, keys)]

@@ -59,6 +59,10 @@ class NodeSeeds:
         """What a mode draws this task's batches with (``LinkSeeds.sampler``'s counterpart): ``sampler``."""
         return sampler
 
+    def by_type(self, ids: torch.Tensor) -> torch.Tensor:
+        """``LinkSeeds.by_type``: a node task's seeds are of one type."""
+        return ids
+
 
 def training_seeds(graph: Graph | TypedGraph) -> torch.Tensor:
     """The training vertices as an int64 tensor (a small, writable copy of a possibly read-only map)."""

@@ -38,17 +38,8 @@ def exclude_edges(subgraph: SampledSubgraph, pairs: torch.Tensor, num_nodes: int
         blocks = [_without(block, subgraph.frontiers[layer], keys, num_nodes)
                   for layer, block in enumerate(subgraph.blocks)]
         return SampledSubgraph(subgraph.seeds, blocks, subgraph.frontiers)
-    relations = [r for r in (ends.relation, ends.reverse) if r is not None]
     keys = pair_keys(pairs.to(subgraph.seeds.device), num_nodes)
-    blocks = []
-    for tblock in subgraph.blocks:
-        kept = {}
-        for relation in relations:
-            if relation in tblock.blocks:
-                (s, _, d), ids = relation, tblock.src_ids
-                kept[relation] = _without(tblock.blocks[relation], ids[s] + ends.offsets[s], keys, num_nodes,
-                                          ids[d][:tblock.num_dst[d]] + ends.offsets[d])
-        blocks.append(dataclasses.replace(tblock, blocks={**tblock.blocks, **kept}) if kept else tblock)
+    blocks = [_typed_without(tblock, keys, num_nodes, ends) for tblock in subgraph.blocks]
     return SampledSubgraph(subgraph.seeds, blocks, subgraph.frontiers)
 
 
@@ -58,6 +49,25 @@ def exclude_from_block(block: Block, sources: torch.Tensor, pairs: torch.Tensor,
     if pairs.shape[1] == 0:
         return block
     return _without(block, sources, pair_keys(pairs.to(sources.device), num_nodes), num_nodes)
+
+
+def exclude_from_typed_block(tblock, pairs: torch.Tensor, ends) -> object:
+    """``exclude_from_block`` of a typed block, ``pairs`` in ``ends``' stacked ids (``LinkEnds``)."""
+    if pairs.shape[1] == 0:
+        return tblock
+    device = next(iter(tblock.src_ids.values())).device
+    return _typed_without(tblock, pair_keys(pairs.to(device), ends.num_nodes), ends.num_nodes, ends)
+
+
+def _typed_without(tblock, keys: torch.Tensor, num_nodes: int, ends):
+    """``tblock`` without the edges in ``keys`` of ``ends.relation`` and of its reverse."""
+    kept = {}
+    for relation in (ends.relation, ends.reverse):
+        if relation is not None and relation in tblock.blocks:
+            (s, _, d), ids = relation, tblock.src_ids
+            kept[relation] = _without(tblock.blocks[relation], ids[s] + ends.offsets[s], keys, num_nodes,
+                                      ids[d][:tblock.num_dst[d]] + ends.offsets[d])
+    return dataclasses.replace(tblock, blocks={**tblock.blocks, **kept}) if kept else tblock
 
 
 def _without(block: Block, sources: torch.Tensor, keys: torch.Tensor, num_nodes: int,

@@ -40,7 +40,7 @@ from neutronorch.orchestration.neutronorch.versions import Schedule, SnapshotPub
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.block import SampledSubgraph
-from neutronorch.sampling.exclude import exclude_from_block
+from neutronorch.sampling.exclude import exclude_from_block, exclude_from_typed_block
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, layer_key, mix_key
 from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -144,15 +144,18 @@ class TypedKind:
         return DevicePlanner(self.graph, bottom, indptrs)
 
     def bottom_hop(self, sampler, ids: dict, key: int, exclude=None) -> tuple:
-        """``HomogeneousKind.bottom_hop`` per type (a typed plan excludes no edges: no typed link task)."""
+        """``HomogeneousKind.bottom_hop`` per type (``exclude`` in the link's end types' stacked ids)."""
         block = sampler.sample_bottom(ids, key)
+        if exclude is not None:
+            block = exclude_from_typed_block(block, exclude, self.graph.links.ends)
         return block, block.src_ids
 
     def cold_batch(self, sampler, plan: Plan, item: PlannedBatch) -> tuple[SampledSubgraph, dict]:
         """``HomogeneousKind.cold_batch`` per type, the subgraph on the host (``HostLoader`` reads its rows
         whichever device drew it), a splice index per type hot in it."""
         upper, dst = item.upper, item.upper.frontiers[0]
-        cold, _ = self.bottom_hop(sampler, {t: ids[item.cold_pos[t]] for t, ids in dst.items()}, item.key)
+        cold, _ = self.bottom_hop(sampler, {t: ids[item.cold_pos[t]] for t, ids in dst.items()}, item.key,
+                                  item.exclude)
         subgraph = SampledSubgraph(upper.seeds.cpu(), [cold, *upper.blocks],
                                    [{t: v.cpu() for t, v in cold.src_ids.items()}, *upper.frontiers])
         index = {t: splice_index(int(dst[t].shape[0]), item.cold_pos[t], item.hot_pos[t], item.hot_rows[t])
@@ -222,7 +225,7 @@ class NeutronOrchMode:
                                   self.snapshots.channel, self.hot_table.channel, self.spans,
                                   self.threads["host"], self.node, tables)
         plans = PlanLoop(self.seeds, self.sampling, self.schedule, self.controller.published, producer.planned,
-                         self.spans, self.graph.num_nodes)
+                         self.spans)
         self.snapshots.start()
         start, position = self.schedule.at(self.version)
         hot = None

@@ -16,19 +16,18 @@ import torch
 from neutronorch.config import SamplingConfig
 from neutronorch.observe import Spans
 from neutronorch.orchestration.channel import Channel, Closed
+from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.neutronorch.controller import PublishedSetting
 from neutronorch.orchestration.neutronorch.planner import Plan
 from neutronorch.orchestration.neutronorch.versions import Schedule
 from neutronorch.orchestration.seeds import NodeSeeds, SeedBatch
-from neutronorch.sampling.exclude import exclude_edges
 from neutronorch.sampling.neighbor_sampler import batch_key
 
 
 class PlanLoop:
-    def __init__(self, seeds: NodeSeeds, sampling: SamplingConfig, schedule: Schedule,
-                 published: PublishedSetting, planned: Channel, spans: Spans, num_nodes: int = 0):
+    def __init__(self, seeds: NodeSeeds | LinkSeeds, sampling: SamplingConfig, schedule: Schedule,
+                 published: PublishedSetting, planned: Channel, spans: Spans):
         self.seeds, self.sampling, self.schedule = seeds, sampling, schedule
-        self.num_nodes = num_nodes  # bounds the vertex ids of a link task's excluded pairs
         self.published = published  # the controller's ratio setting (replaced whole by the trainer, numbered)
         self.planned = planned
         self.spans = spans
@@ -39,6 +38,7 @@ class PlanLoop:
         """Yields the plans from super-batch ``start`` on (a resumed run's first; ``hot``: its hot set, when
         it was in progress), each also put on ``planned``. ``sample_stage``: the span of the upper hops'
         sampling (on the device it is the sampler lane's work; the plan itself is ``hot_select``)."""
+        sampler = self.seeds.sampler(sampler)  # a typed link task's: fed its seeds by type
         try:
             for super_batch_id in range(start, self.schedule.total):
                 first = hot if super_batch_id == start else None
@@ -65,11 +65,12 @@ class PlanLoop:
                 upper = (sampler.sample_hops(seeds, key, sampler.num_layers - 1) if planner.target
                          else sampler.sample(seeds, key, self.sampling.fanouts[:-1]))
                 if batch.exclude is not None:
-                    upper = exclude_edges(upper, batch.exclude, self.num_nodes)
+                    upper = self.seeds.exclude(upper, batch.exclude)
                 uppers.append((index, key, upper))
         with self.spans.stage("hot_select"):
             number, setting = self.published.read()
-            fresh = [b.batch_seeds for b in batches] if any(b.batch_seeds is not None for b in batches) else None
+            fresh = ([self.seeds.by_type(b.batch_seeds) for b in batches]
+                     if any(b.batch_seeds is not None for b in batches) else None)
             plan = planner.plan(super_batch_id, epoch, uppers, setting.ratio, setting.cap(), hot, fresh)
         # A plan is frozen: what the seeds add to it is set by making it anew, before it crosses to another thread.
         exclude = torch.cat([b.exclude for b in batches], 1) if batches and batches[0].exclude is not None else None

@@ -243,6 +243,14 @@ def choose(slot: np.ndarray, into: list[tuple[np.ndarray, int]], bottoms: list[n
                   int(distinct.shape[0]), int(dst.shape[0]), int(hot_counts.sum()), capped)
 
 
+def of_type(fresh: list | None, t, target):
+    """The fresh vertices of type ``t`` of each mini-batch: a typed link batch's are by type (a mapping), a
+    node batch's of the target type."""
+    if fresh is None:
+        return None
+    return [f.get(t) if isinstance(f, Mapping) else f if t == target else None for f in fresh]
+
+
 class Planner:
     """Plans over a graph's kinds of destination: a homogeneous graph's one (key ``None``; its plans hold
     plain arrays) or a typed graph's vertex types (``choose`` per type). ``bottom_fanouts`` and ``indptrs``
@@ -282,9 +290,11 @@ class Planner:
             if ratio == 0 and hot is None:
                 choices[t] = all_cold([int(d.shape[0]) for d in mine], self._positions)
                 continue
-            own = [upper.seeds.shape[0] if t == self.target else 0 for _, _, upper in uppers]
+            # A mini-batch's seeds of this type lead its frontier: a typed one's are its top frontier's.
+            own = [len(upper.frontiers[-1].get(t, ())) if self.target else upper.seeds.shape[0]
+                   for _, _, upper in uppers]
             chosen = hot if hot is None or not self.target else hot.get(t, np.empty(0, np.int64))
-            choices[t] = self._choose(t, mine, own, ratio, cap, chosen, fresh if t == self.target else None,
+            choices[t] = self._choose(t, mine, own, ratio, cap, chosen, of_type(fresh, t, self.target),
                                       super_batch_id)
         planned = tuple(PlannedBatch(index, key, upper, *(self._as_plan({t: getattr(choices[t], part)[b] for t in
                                                                          bottoms[b]}, True)
