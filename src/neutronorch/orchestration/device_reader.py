@@ -114,7 +114,6 @@ class DeviceReader:
     def __init__(self, graph: Graph | TypedGraph, access: FeatureAccess, spans: Spans, sampling: SamplingConfig,
                  config: PlacementConfig | None = None, fanouts: dict[RelationType, list[int]] | None = None):
         self.graph, self.access, self.spans, self.sampling = graph, access, spans, sampling
-        self.store, self.placement, self.cache = access.store, access.placement, access.cache
         self.device = access.device
         self.placement_config, self.fanouts, self.sampler, self.backend = config, fanouts, None, None
         self._keep: list[torch.Tensor] = []  # pinned host tensors that UVA views read

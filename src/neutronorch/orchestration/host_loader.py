@@ -20,9 +20,7 @@ HOST_SAMPLING_STAGES = StageTable({"sample": "sampler", "gather": "sampler", "co
 
 class HostLoader:
     def __init__(self, access: FeatureAccess, spans: Spans):
-        self.access = access
-        self.store, self.placement, self.cache = access.store, access.placement, access.cache
-        self.spans = spans
+        self.access, self.spans = access, spans
         self.copy_stream = torch.cuda.Stream(access.device) if access.on_cuda else None
 
     def load(self, epoch: int, index: int, subgraph: SampledSubgraph,
@@ -57,7 +55,7 @@ class HostLoader:
             batch.features = cache.assemble(*parts, features)  # a copy: the buffer is free
             pool.release(buffer)
         elif buffer is not None:
-            batch.on_release(lambda: pool.release(buffer))
+            batch.releaser = lambda: pool.release(buffer)
         return batch
 
     def _ship(self, batch: MiniBatch, buffer: torch.Tensor | None, parts: list | None) -> None:

@@ -41,7 +41,8 @@ class LoadingMode(Mode):
 
     def __init__(self, seeds, loader, sampling, spans):
         self.seeds, self.loader, self.sampling, self.spans = seeds, loader, sampling, spans
-        self.store, self.placement, self.cache = loader.store, loader.placement, loader.cache
+        access = loader.access
+        self.store, self.placement, self.cache = access.store, access.placement, access.cache
         self.num_batches = seeds.num_batches
 
     def batches(self, epoch: int, start: int = 0) -> Prefetcher:
