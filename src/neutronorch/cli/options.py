@@ -160,18 +160,15 @@ def _add_train_options(parser: argparse.ArgumentParser, full: bool = False) -> N
 def _train_option(name: str, default, option: dict, full: bool) -> tuple[str, dict]:
     """A setting's flag and its ``add_argument`` keywords, from its default and option: a bool setting is a
     switch (``--residual``; ``--no-progress`` for one that is on by default)."""
-    listed = full or option.get("short") is not None
     flag = "--" + name.replace("_", "-")
+    text = option["help"] if full else option.get("short", "")
+    if full and default is not None and not isinstance(default, bool):
+        text += f" (default: {','.join(map(str, default)) if isinstance(default, list) else default})"
+    kwargs = {"dest": name, "default": argparse.SUPPRESS,
+              "help": _shown(text, full or option.get("short") is not None)}
     if isinstance(default, bool):
-        text = option["help"] if full else option.get("short") or option["help"]
-        return ("--no-" if default else "--") + flag[2:], {"dest": name, "default": argparse.SUPPRESS,
-                                                            "action": "store_false" if default else "store_true",
-                                                            "help": _shown(text, listed)}
-    value = ",".join(map(str, default)) if isinstance(default, list) else default
-    text = option.get("short", "")
-    if full:
-        text = option["help"] + ("" if default is None else f" (default: {value})")
-    kwargs = {"dest": name, "default": argparse.SUPPRESS, "help": _shown(text, listed)}
+        switch = "--no-" + flag[2:] if default else flag
+        return switch, kwargs | {"action": "store_false" if default else "store_true"}
     if option.get("choices") is not None:
         kwargs["choices"] = option["choices"]
         if not full and option.get("metavar"):
