@@ -84,9 +84,6 @@ class LoadingMode(Mode):
     def close(self) -> None:
         self.loader.close()
 
-    def state_dict(self) -> dict:
-        return {}
-
 
 class ExactMode(LoadingMode):
     """Sample and gather on the host (``host_loader.py``), train on the device, every layer computed exactly."""
