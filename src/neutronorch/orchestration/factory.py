@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from neutronorch.capabilities import refusal
 from neutronorch.config import SamplingConfig, TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.data.typed import RelationType, TypedGraph
@@ -77,10 +76,10 @@ def draws_on_device(setting: str, graph: TypedGraph, device: torch.device, free:
 def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.device, threads: Threads | None = None,
                spans: Spans | None = None, shard: tuple[int, int] = (0, 1), node: NodeLink | None = None,
                fanouts: dict[RelationType, list[int]] | None = None) -> Mode:
-    """The mode of ``config`` (resolved) over ``graph`` on ``device``, recording into ``spans`` (default its
-    own) with ``threads`` (default one per stage). ``shard`` = (rank, world): data parallel, the mode trains
-    part ``rank`` of each global batch; ``node``: this node's ranks (``hot_set="node"``); ``fanouts``: a
-    typed graph's, per relation."""
+    """The mode of ``config`` (resolved, and passed by ``capabilities.check_run``) over ``graph`` on
+    ``device``, recording into ``spans`` (default its own) with ``threads`` (default one per stage).
+    ``shard`` = (rank, world): data parallel, the mode trains part ``rank`` of each global batch; ``node``:
+    this node's ranks (``hot_set="node"``); ``fanouts``: a typed graph's, per relation."""
     threads = threads or Threads(1, 1, 1)
     spans = spans if spans is not None else Spans()
     typed = isinstance(graph, TypedGraph)
@@ -140,11 +139,7 @@ def typed_access(config: TrainConfig, graph: TypedGraph, device: torch.device, s
                  fanouts: dict[RelationType, list[int]] | None
                  ) -> tuple[dict[RelationType, list[int]], SamplingConfig, FeatureAccess, NodeSeeds | LinkSeeds]:
     """A typed graph's fanouts per relation (default ``config.fanouts`` for every relation), sampling
-    settings, rows and batches' seeds (a link task's: its relation's edges, ``LinkEnds``); what
-    ``capabilities.py`` refuses is refused."""
-    refused = refusal("typed", config.mode, config.task, shard[1])
-    if refused is not None:
-        raise ConfigError(refused)
+    settings, rows and batches' seeds (a link task's: its relation's edges, ``LinkEnds``)."""
     fanouts = typed_fanouts(graph, config.fanouts if fanouts is None else fanouts)
     sampling = dataclasses.replace(config.sampling, rank=shard[0], world=shard[1])
     stores = typed_stores(config, graph, fanouts, shard[1] > 1, on_host=config.mode != "device")
