@@ -42,11 +42,10 @@ class HostLoader:
                 features = store.gather_into(torch.from_numpy(missed), buffer)
                 parts = [torch.from_numpy(slots), torch.from_numpy(miss_pos)]
                 hits = rows.shape[0] - missed.shape[0]
-            if targets is not None:
-                labels = targets
-            else:
-                labels = store.labels[subgraph.seeds] if store is not None else target_labels(
-                    access.graph, subgraph.seeds.numpy())
+            labels = targets
+            if labels is None:  # the seeds' own
+                labels = (store.labels[subgraph.seeds] if store is not None
+                          else target_labels(access.graph, subgraph.seeds.numpy()))
             batch = make(epoch, index, subgraph, features, labels, cache_hits=hits)
         if access.on_cuda:
             with self.spans.stage("copy", index):
