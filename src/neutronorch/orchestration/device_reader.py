@@ -3,8 +3,7 @@ and NeutronOrch's device sampling on a homogeneous graph).
 
 What the placement left in host memory is read by the device in place (pinned memory through a UVA view),
 or where the platform cannot map it gathered on the host into pooled pinned buffers and copied. On the CPU
-the same code runs on host tensors. A typed graph's topology, labels and per-type feature caches are placed
-when the run starts, after checking they fit beside training's workspace (``typed_cache_rows``).
+the same code runs on host tensors.
 """
 
 from __future__ import annotations

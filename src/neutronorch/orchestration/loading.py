@@ -28,10 +28,8 @@ SAMPLE_GROUP = 4
 
 
 class LoadingMode(Mode):
-    """What exact and device mode share (a mixin, not a mode): batches sampled by ``new_sampler()``'s sampler
-    (seeds on ``sample_device``, on ``sample_stream`` if any) and loaded by ``loader`` on a producer thread
-    named after the mode (its kernels on ``threads["sampler"]`` threads, else numba's count), each depending
-    only on (seed, epoch, batch); no step hooks (the protocol's no-ops)."""
+    """What exact and device mode share (a mixin, not a mode): the producer thread, named after the mode,
+    samples with ``new_sampler()``'s sampler (seeds on ``sample_device``, on ``sample_stream`` if any)."""
 
     resumable = resumable_mid_epoch = True
     new_sampler: Callable[[], object]
