@@ -15,11 +15,6 @@ from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec, synthetic_typed
 
 __all__ = ["RUN_FOLDER_KEYS", "build_parser"]
 
-CONVERT_SPLIT_HELP = ("split for data without one: ratio:TRAIN,VAL or per-class:TRAIN,VAL of the vertices "
-                      "(default: the data's own split, else ratio:0.6,0.2; synthetic graphs: "
-                      "ratio:0.1,0.05); a link task draws its edge split as it trains (train --task link "
-                      "--split edges:TRAIN,VAL)")
-
 # train's options by group, in the order --help-all lists them (by TrainConfig setting, and the command line's
 # own options); the advanced group takes every setting not placed here, in their order in TrainConfig's parts.
 TRAIN_GROUPS = [
@@ -68,14 +63,12 @@ TRAIN_EPILOG_ALL = ("A --config file (YAML, TOML or JSON) takes every option as 
                     "underscores (batch-size or batch_size; no-progress: true); a key set to null keeps its "
                     "default; options given on the command line win.")
 
-_WIDE = 28  # where help texts start: room for `--device {auto,cpu,cuda}` beside its help
-
-
 class _Formatter(argparse.HelpFormatter):
-    """Help texts from column ``_WIDE``, wrapped at spaces only (never inside a flag)."""
+    """Help texts from column 28 (room for `--device {auto,cpu,cuda}` beside its help), wrapped at spaces
+    only (never inside a flag)."""
 
     def __init__(self, prog: str):
-        super().__init__(prog, max_help_position=_WIDE)
+        super().__init__(prog, max_help_position=28)
 
     def _split_lines(self, text: str, width: int) -> list[str]:
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
@@ -196,7 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_convert_options(convert: argparse.ArgumentParser) -> None:
     convert.add_argument("source", help=f"dataset spec: {DATASET_SPEC_HELP}")
     convert.add_argument("out_dir", help="output directory")
-    convert.add_argument("--split", default=None, help=CONVERT_SPLIT_HELP)
+    convert.add_argument("--split", default=None, help=(
+        "split for data without one: ratio:TRAIN,VAL or per-class:TRAIN,VAL of the vertices (default: the "
+        "data's own split, else ratio:0.6,0.2; synthetic graphs: ratio:0.1,0.05); a link task draws its edge "
+        "split as it trains (train --task link --split edges:TRAIN,VAL)"))
     convert.add_argument("--seed", type=int, default=0, help="seed of the split (default: 0)")
     _add_write_options(convert, "OUT_DIR", " (it may be SOURCE itself)")
 
