@@ -205,6 +205,11 @@ class TrainConfig:
         """Every setting by name, flat (as checkpoints and summaries store them)."""
         return {f.name: copy.deepcopy(getattr(self, f.name)) for f in setting_fields()}
 
+    @property
+    def hot_sets_per_node(self) -> bool:
+        """Whether data-parallel ranks on one node share NeutronOrch's hot sets (``hot_set="node"``)."""
+        return self.mode == "neutronorch" and self.hot_set == "node"
+
     @classmethod
     def keys(cls) -> list[str]:
         """Every setting's name."""

@@ -140,7 +140,7 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
     choice = resolve_mode(config, graph, device, threads, model, world, resumed, loss_fn=task.loss,
                           typed=built.typed is not None)
     spans = Spans()
-    node = world.node_link() if config.mode == "neutronorch" and config.hot_set == "node" else None
+    node = world.node_link() if config.hot_sets_per_node else None
     mode = build_mode(config, graph, device, threads, spans, shard=(world.rank, world.size), node=node,
                       fanouts=built.typed and built.typed.sampler.fanouts)
     stack.callback(mode.close)
