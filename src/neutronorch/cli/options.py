@@ -90,9 +90,8 @@ class _Parser(argparse.ArgumentParser):
     starting with '-' for a flag unless it is a single negative number), and refuses empty values."""
 
     def parse_known_args(self, args=None, namespace=None):
-        words = list(sys.argv[1:] if args is None else args)
         joined: list[str] = []
-        for word in words:
+        for word in sys.argv[1:] if args is None else args:
             if joined and joined[-1] in _LIST_OPTIONS and _NEGATIVE_LEADING.match(word):
                 joined[-1] = f"{joined[-1]}={word}"
             else:

@@ -199,8 +199,7 @@ class DeviceReader:
         self.caches, self.misses = {}, {}
 
     def summary(self) -> dict:
-        """A typed graph's: what device mode keeps on the device, how each cache's misses are read, its
-        sampler."""
+        """A typed graph's ``device_data``: its bytes there, how each cache's misses are read, its sampler."""
         if self.access.inputs is None:
             return {}
         cache = {t: {"rows": c.rows, "of": self.graph.num_nodes[t],
@@ -225,8 +224,7 @@ def typed_cache_rows(graph: TypedGraph, model: torch.nn.Module, fanouts: dict[Re
                      batch_size: int, device_memory: int | None, config: PlacementConfig) -> dict[str, int]:
     """Rows of each featured type the device caches (``placement.cache_rows``), after checking that the
     topology, labels and vertex maps fit the budget (``gpu_memory_gb``, else ``device_memory``; None: not
-    budgeted) beside training's workspace (parameters, their gradients and Adam's moments, a mini-batch's
-    activations); ``ConfigError`` naming the sizes otherwise."""
+    budgeted) beside training's workspace; ``ConfigError`` naming the sizes otherwise."""
     setting = None if config.gpu_cache_gb == 0 else config.gpu_cache_gb
     tables = {t: (graph.num_nodes[t], 4 * graph.feature_dim(t)) for t in graph.features}
     notes: list[str] = []

@@ -58,8 +58,7 @@ class HostLoader:
         return batch
 
     def _ship(self, batch: MiniBatch, buffer: torch.Tensor | None, parts: list | None) -> None:
-        """Start the batch's copy on the copy stream; with ``parts`` (the cache slots, the misses' positions)
-        the device assembles the rows."""
+        """Start the batch's copy; ``parts``: the cache slots and misses' positions the rows assemble from."""
         device = self.access.device
         batch.device_bytes = batch.transfer_bytes() + (sum(t.nbytes for t in parts) if parts else 0)
         with torch.cuda.stream(self.copy_stream):
