@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from neutronorch.cli import build_parser, main
+from neutronorch.cli import main
+from neutronorch.cli.options import build_parser
 from neutronorch.config import TrainConfig, setting_fields
 from neutronorch.config_parts import (OPTION_SPEC, PARTS, NetworkConfig, NeutronOrchConfig, SamplingConfig,
                                       settings_of)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from neutronorch.cli import build_parser, main
+from neutronorch.cli import main
+from neutronorch.cli.options import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from neutronorch.cli import build_parser
+from neutronorch.cli.options import build_parser
 from neutronorch.config import TrainConfig
 
 

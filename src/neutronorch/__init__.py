@@ -42,9 +42,8 @@ _WHERE = {
 }
 __all__ = list(_WHERE)
 
-# ``train`` names both a subpackage and the function. Importing the subpackage binds the name to it here,
-# once; it is imported now (its __init__ is empty) and the name dropped, so ``neutronorch.train`` is the
-# function, loaded on first use like every other name.
+# ``train`` names both a subpackage and the function: the subpackage (its __init__ is empty) is imported now,
+# binding the name here, and the name dropped, so ``neutronorch.train`` is the function, loaded on first use.
 import neutronorch.train  # noqa: E402
 
 del train  # noqa: F821 - bound by the import above

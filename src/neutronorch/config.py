@@ -92,13 +92,10 @@ class TrainConfig:
             if value is MISSING:
                 value = f.default_factory() if f.default_factory is not MISSING else f.default
             setattr(self, f.name, value)
-        by_part: dict[str, dict] = {}
-        for name, value in settings.items():
+        for name, value in settings.items():  # over the parts: each setting's property replaces its part
             if name not in _PART_OF:
                 raise TypeError(f"TrainConfig() got an unexpected keyword argument {name!r}")
-            by_part.setdefault(_PART_OF[name], {})[name] = value
-        for part, values in by_part.items():
-            setattr(self, part, replace(getattr(self, part), **values))
+            setattr(self, name, value)
 
     @classmethod
     def resume_may_change(cls) -> frozenset[str]:

@@ -90,15 +90,14 @@ def float_text(value):
     return number if math.isfinite(number) else value
 
 
-def load_config_file(path: str | os.PathLike, extra: dict[str, str | None] | None = None) -> dict:
+def load_config_file(path: str | os.PathLike, extra: dict[str, str] | None = None) -> dict:
     """The settings a YAML, TOML or JSON file gives, by name (its rules: README.md, docs/errors.md);
     ``extra``: keys of the caller's own, each with its section (the command line's ``run_name``: outputs)."""
     data = read_config_mapping(path)
     extra = extra or {}
     known = set(TrainConfig.keys()) | set(extra)
     sections = TrainConfig.sections()
-    home = {name: part for part, names in sections.items() for name in names}
-    home.update({name: part for name, part in extra.items() if part is not None})
+    home = {name: part for part, names in sections.items() for name in names} | extra
     floats = {f.name for f in setting_fields() if value_type(f) is float}
     negated_keys = {f"no_{f.name}" for f in setting_fields() if f.default is True} | {"no_save"}
     flat = []  # (key as written, value, section or None)

@@ -28,11 +28,10 @@ WORKQUEUE = ("NUMBA_THREADING_LAYER=workqueue cannot run numba kernels from seve
              "it to omp or tbb.")
 
 
-def check_environment(environ=None) -> None:
+def check_environment() -> None:
     """Every variable of ``CHOICES`` and ``COUNTS`` that is set holds a value it takes."""
-    environ = os.environ if environ is None else environ
     for name, (allowed, unset) in CHOICES.items():
-        value = environ.get(name)
+        value = os.environ.get(name)
         if value is None or (value == "" and name.startswith("NEUTRONORCH_")):  # empty: unset, as the code reads it
             continue
         if name == "NUMBA_THREADING_LAYER" and value.strip().lower() == "workqueue":
@@ -41,7 +40,7 @@ def check_environment(environ=None) -> None:
             raise ConfigError(f"{name}={value!r} is not one of {', '.join(allowed)}; set it to one of them, or unset "
                               f"it ({unset}).")
     for name, (least, unset) in COUNTS.items():
-        value = environ.get(name)
+        value = os.environ.get(name)
         if value is None:
             continue
         try:

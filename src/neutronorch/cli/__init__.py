@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 
-__all__ = ["build_parser", "main"]
+__all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,10 +36,3 @@ def main(argv: list[str] | None = None) -> int:
             os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return 128 + signal.SIGPIPE
-
-
-def __getattr__(name: str):
-    if name == "build_parser":
-        from neutronorch.cli.options import build_parser  # noqa: PLC0415
-        return build_parser
-    raise AttributeError(f"module 'neutronorch.cli' has no attribute {name!r}")

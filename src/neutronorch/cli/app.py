@@ -39,8 +39,7 @@ def as_flags(message: str) -> str:
 
 class _StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is at the time (it may be replaced after logging is set up): messages
-    with flags for field names, warnings marked, and every line (a multi-line record such as the stage table
-    included) prefixed with ``prefix`` (the rank, launched data parallel)."""
+    with flags for field names, warnings marked, each of their lines prefixed with ``prefix`` (the rank)."""
 
     _neutronorch_cli = True
     stream = property(lambda self: sys.stderr, lambda self, value: None)

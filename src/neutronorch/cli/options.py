@@ -15,11 +15,6 @@ from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec, synthetic_typed
 
 __all__ = ["RUN_FOLDER_KEYS", "build_parser"]
 
-CONVERT_SPLIT_HELP = ("split for data without one: ratio:TRAIN,VAL or per-class:TRAIN,VAL of the vertices "
-                      "(default: the data's own split, else ratio:0.6,0.2; synthetic graphs: "
-                      "ratio:0.1,0.05); a link task draws its edge split as it trains (train --task link "
-                      "--split edges:TRAIN,VAL)")
-
 # train's options by group, in the order --help-all lists them (by TrainConfig setting, and the command line's
 # own options); the advanced group takes every setting not placed here, in their order in TrainConfig's parts.
 TRAIN_GROUPS = [
@@ -68,14 +63,12 @@ TRAIN_EPILOG_ALL = ("A --config file (YAML, TOML or JSON) takes every option as 
                     "underscores (batch-size or batch_size; no-progress: true); a key set to null keeps its "
                     "default; options given on the command line win.")
 
-_WIDE = 28  # where help texts start: room for `--device {auto,cpu,cuda}` beside its help
-
-
 class _Formatter(argparse.HelpFormatter):
-    """Help texts from column ``_WIDE``, wrapped at spaces only (never inside a flag)."""
+    """Help texts from column 28 (room for `--device {auto,cpu,cuda}` beside its help), wrapped at spaces
+    only (never inside a flag)."""
 
     def __init__(self, prog: str):
-        super().__init__(prog, max_help_position=_WIDE)
+        super().__init__(prog, max_help_position=28)
 
     def _split_lines(self, text: str, width: int) -> list[str]:
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
@@ -97,9 +90,8 @@ class _Parser(argparse.ArgumentParser):
     starting with '-' for a flag unless it is a single negative number), and refuses empty values."""
 
     def parse_known_args(self, args=None, namespace=None):
-        words = list(sys.argv[1:] if args is None else args)
         joined: list[str] = []
-        for word in words:
+        for word in sys.argv[1:] if args is None else args:
             if joined and joined[-1] in _LIST_OPTIONS and _NEGATIVE_LEADING.match(word):
                 joined[-1] = f"{joined[-1]}={word}"
             else:
@@ -160,18 +152,15 @@ def _add_train_options(parser: argparse.ArgumentParser, full: bool = False) -> N
 def _train_option(name: str, default, option: dict, full: bool) -> tuple[str, dict]:
     """A setting's flag and its ``add_argument`` keywords, from its default and option: a bool setting is a
     switch (``--residual``; ``--no-progress`` for one that is on by default)."""
-    listed = full or option.get("short") is not None
     flag = "--" + name.replace("_", "-")
+    text = option["help"] if full else option.get("short", "")
+    if full and default is not None and not isinstance(default, bool):
+        text += f" (default: {','.join(map(str, default)) if isinstance(default, list) else default})"
+    kwargs = {"dest": name, "default": argparse.SUPPRESS,
+              "help": _shown(text, full or option.get("short") is not None)}
     if isinstance(default, bool):
-        text = option["help"] if full else option.get("short") or option["help"]
-        return ("--no-" if default else "--") + flag[2:], {"dest": name, "default": argparse.SUPPRESS,
-                                                            "action": "store_false" if default else "store_true",
-                                                            "help": _shown(text, listed)}
-    value = ",".join(map(str, default)) if isinstance(default, list) else default
-    text = option.get("short", "")
-    if full:
-        text = option["help"] + ("" if default is None else f" (default: {value})")
-    kwargs = {"dest": name, "default": argparse.SUPPRESS, "help": _shown(text, listed)}
+        switch = "--no-" + flag[2:] if default else flag
+        return switch, kwargs | {"action": "store_false" if default else "store_true"}
     if option.get("choices") is not None:
         kwargs["choices"] = option["choices"]
         if not full and option.get("metavar"):
@@ -199,7 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_convert_options(convert: argparse.ArgumentParser) -> None:
     convert.add_argument("source", help=f"dataset spec: {DATASET_SPEC_HELP}")
     convert.add_argument("out_dir", help="output directory")
-    convert.add_argument("--split", default=None, help=CONVERT_SPLIT_HELP)
+    convert.add_argument("--split", default=None, help=(
+        "split for data without one: ratio:TRAIN,VAL or per-class:TRAIN,VAL of the vertices (default: the "
+        "data's own split, else ratio:0.6,0.2; synthetic graphs: ratio:0.1,0.05); a link task draws its edge "
+        "split as it trains (train --task link --split edges:TRAIN,VAL)"))
     convert.add_argument("--seed", type=int, default=0, help="seed of the split (default: 0)")
     _add_write_options(convert, "OUT_DIR", " (it may be SOURCE itself)")
 

@@ -16,10 +16,6 @@ from neutronorch.data.typed import TypedGraph
 from neutronorch.sampling.block import Block, SampledSubgraph, TypedBlock
 
 
-def _nothing() -> None:
-    pass
-
-
 def per_type(value) -> Mapping:
     """``value`` per vertex type: a typed graph's mapping as it is, a homogeneous graph's value as its one
     entry (keyed ""), None as none."""
@@ -44,7 +40,7 @@ class MiniBatch:
     cache_hits: int = 0  # input rows served by the device feature cache
     device_bytes: int = 0  # bytes copied from the host to the device for this batch
     ready: object = None  # on CUDA: the event after which the batch's device tensors may be read
-    _release: Callable[[], None] = field(default=_nothing, repr=False)
+    releaser: Callable[[], None] | None = field(default=None, repr=False)  # gives the host buffer back
 
     @property
     def blocks(self) -> list[Block] | list[TypedBlock]:
@@ -100,13 +96,11 @@ class MiniBatch:
         for tensor in self.tensors():
             tensor.record_stream(stream)
 
-    def on_release(self, release: Callable[[], None]) -> None:
-        self._release = release
-
     def release(self) -> None:
         """The step no longer needs the host buffer the features were gathered into."""
-        release, self._release = self._release, _nothing
-        release()
+        release, self.releaser = self.releaser, None
+        if release is not None:
+            release()
 
 
 def target_labels(graph: TypedGraph, seeds: np.ndarray) -> torch.Tensor:

@@ -74,9 +74,7 @@ def mode_facts(config: TrainConfig, graph: Graph, device: torch.device, distribu
 
 def probe_candidates(facts: ModeFacts) -> tuple[str, ...]:
     """The modes a short measured probe should compare (none where the rules decide alone)."""
-    if facts.device != "cuda" or facts.fits or facts.distributed:
-        return ()
-    return ("device", "neutronorch")
+    return () if facts.device != "cuda" or facts.fits or facts.distributed else ("device", "neutronorch")
 
 
 def choose_mode(facts: ModeFacts, timings: dict[str, dict] | None = None) -> ModeChoice:

@@ -3,8 +3,7 @@ and NeutronOrch's device sampling on a homogeneous graph).
 
 What the placement left in host memory is read by the device in place (pinned memory through a UVA view),
 or where the platform cannot map it gathered on the host into pooled pinned buffers and copied. On the CPU
-the same code runs on host tensors. A typed graph's topology, labels and per-type feature caches are placed
-when the run starts, after checking they fit beside training's workspace (``typed_cache_rows``).
+the same code runs on host tensors.
 """
 
 from __future__ import annotations
@@ -113,7 +112,6 @@ class DeviceReader:
     def __init__(self, graph: Graph | TypedGraph, access: FeatureAccess, spans: Spans, sampling: SamplingConfig,
                  config: PlacementConfig | None = None, fanouts: dict[RelationType, list[int]] | None = None):
         self.graph, self.access, self.spans, self.sampling = graph, access, spans, sampling
-        self.store, self.placement, self.cache = access.store, access.placement, access.cache
         self.device = access.device
         self.placement_config, self.fanouts, self.sampler, self.backend = config, fanouts, None, None
         self._keep: list[torch.Tensor] = []  # pinned host tensors that UVA views read
@@ -200,8 +198,7 @@ class DeviceReader:
         self.caches, self.misses = {}, {}
 
     def summary(self) -> dict:
-        """A typed graph's: what device mode keeps on the device, how each cache's misses are read, its
-        sampler."""
+        """A typed graph's ``device_data``: its bytes there, how each cache's misses are read, its sampler."""
         if self.access.inputs is None:
             return {}
         cache = {t: {"rows": c.rows, "of": self.graph.num_nodes[t],
@@ -226,8 +223,7 @@ def typed_cache_rows(graph: TypedGraph, model: torch.nn.Module, fanouts: dict[Re
                      batch_size: int, device_memory: int | None, config: PlacementConfig) -> dict[str, int]:
     """Rows of each featured type the device caches (``placement.cache_rows``), after checking that the
     topology, labels and vertex maps fit the budget (``gpu_memory_gb``, else ``device_memory``; None: not
-    budgeted) beside training's workspace (parameters, their gradients and Adam's moments, a mini-batch's
-    activations); ``ConfigError`` naming the sizes otherwise."""
+    budgeted) beside training's workspace; ``ConfigError`` naming the sizes otherwise."""
     setting = None if config.gpu_cache_gb == 0 else config.gpu_cache_gb
     tables = {t: (graph.num_nodes[t], 4 * graph.feature_dim(t)) for t in graph.features}
     notes: list[str] = []

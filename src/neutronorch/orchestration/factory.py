@@ -10,18 +10,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from neutronorch.capabilities import refusal
 from neutronorch.config import SamplingConfig, TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.errors import ConfigError
-from neutronorch.features.cache import hotness_order
+from neutronorch.features.cache import FeatureCache, hotness_order
 from neutronorch.features.placement import GiB, placement_for, workspace_bytes
 from neutronorch.features.reading import attach_host_cache, auto_size, read_orders, typed_stores
-from neutronorch.features.store import TypedInputs
+from neutronorch.features.store import BufferPool, FeatureStore, TypedInputs
 from neutronorch.nn.precision import precision_dtype
 from neutronorch.observe import Spans
-from neutronorch.orchestration.access import FeatureAccess, build_feature_access
+from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.host_loader import HostLoader
 from neutronorch.orchestration.link_seeds import LinkSeeds
@@ -77,10 +76,10 @@ def draws_on_device(setting: str, graph: TypedGraph, device: torch.device, free:
 def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.device, threads: Threads | None = None,
                spans: Spans | None = None, shard: tuple[int, int] = (0, 1), node: NodeLink | None = None,
                fanouts: dict[RelationType, list[int]] | None = None) -> Mode:
-    """The mode of ``config`` (resolved) over ``graph`` on ``device``, recording into ``spans`` (default its
-    own) with ``threads`` (default one per stage). ``shard`` = (rank, world): data parallel, the mode trains
-    part ``rank`` of each global batch; ``node``: this node's ranks (``hot_set="node"``); ``fanouts``: a
-    typed graph's, per relation."""
+    """The mode of ``config`` (resolved, and passed by ``capabilities.check_run``) over ``graph`` on
+    ``device``, recording into ``spans`` (default its own) with ``threads`` (default one per stage).
+    ``shard`` = (rank, world): data parallel, the mode trains part ``rank`` of each global batch; ``node``:
+    this node's ranks (``hot_set="node"``); ``fanouts``: a typed graph's, per relation."""
     threads = threads or Threads(1, 1, 1)
     spans = spans if spans is not None else Spans()
     typed = isinstance(graph, TypedGraph)
@@ -125,25 +124,33 @@ def homogeneous_access(config: TrainConfig, graph: Graph, device: torch.device, 
     def ranked() -> np.ndarray:  # the vertices hottest first, ranked once if a cache needs them
         return hotness_order(graph, sampling.fanouts, sampling.batch_size, sampling.seed, config.cache_policy)
 
-    access = build_feature_access(graph, placement, device, sampling, ranked, dtype, features_in_file_order)
-    attach_host_cache(access.store, config.host_cache_gb, ranked, config.host_cache_dir,
+    store = FeatureStore(graph.features, graph.labels, dtype, features_in_file_order)
+    pool = BufferPool(sampling.prefetch + 2, store.width, dtype, pin=device.type == "cuda")
+    # Where the device samples, its reads go through the cache even when it holds no row.
+    needs_cache = placement.features != "host" or placement.topology != "host"
+    device_rows = placement.cache_rows if needs_cache else 0
+    order = ranked() if 0 < device_rows < graph.num_nodes else np.empty(0, np.int64)
+    try:
+        cache = (FeatureCache(store, order, device_rows, device, device_lookup=placement.topology != "host")
+                 if needs_cache else None)
+    except torch.cuda.OutOfMemoryError:
+        raise ConfigError(f"the device feature cache ({placement.cache_bytes / 2**30:.2f} GiB) does not fit "
+                          f"in the memory of {device}. Lower `gpu_cache_gb` or `gpu_memory_gb` (rows not "
+                          f"cached are read from host memory).") from None
+    attach_host_cache(store, config.host_cache_gb, ranked, config.host_cache_dir,
                       lambda: auto_size([graph.features], [graph.indptr, graph.indices], shard[1] > 1),
-                      placement.cache_rows if access.cache is not None else 0)
+                      device_rows)
     # A link task's graph carries its links (train/link_task.py's link_graph); its batches are seed edges.
     seeds = LinkSeeds(graph.links.train, graph.num_nodes, sampling, config.negatives) if link else \
         NodeSeeds(graph, sampling)
-    return graph, sampling, access, seeds
+    return graph, sampling, FeatureAccess(device, store, placement, cache, pool), seeds
 
 
 def typed_access(config: TrainConfig, graph: TypedGraph, device: torch.device, shard: tuple[int, int],
                  fanouts: dict[RelationType, list[int]] | None
                  ) -> tuple[dict[RelationType, list[int]], SamplingConfig, FeatureAccess, NodeSeeds | LinkSeeds]:
     """A typed graph's fanouts per relation (default ``config.fanouts`` for every relation), sampling
-    settings, rows and batches' seeds (a link task's: its relation's edges, ``LinkEnds``); what
-    ``capabilities.py`` refuses is refused."""
-    refused = refusal("typed", config.mode, config.task, shard[1])
-    if refused is not None:
-        raise ConfigError(refused)
+    settings, rows and batches' seeds (a link task's: its relation's edges, ``LinkEnds``)."""
     fanouts = typed_fanouts(graph, config.fanouts if fanouts is None else fanouts)
     sampling = dataclasses.replace(config.sampling, rank=shard[0], world=shard[1])
     stores = typed_stores(config, graph, fanouts, shard[1] > 1, on_host=config.mode != "device")

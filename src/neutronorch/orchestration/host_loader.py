@@ -20,9 +20,7 @@ HOST_SAMPLING_STAGES = StageTable({"sample": "sampler", "gather": "sampler", "co
 
 class HostLoader:
     def __init__(self, access: FeatureAccess, spans: Spans):
-        self.access = access
-        self.store, self.placement, self.cache = access.store, access.placement, access.cache
-        self.spans = spans
+        self.access, self.spans = access, spans
         self.copy_stream = torch.cuda.Stream(access.device) if access.on_cuda else None
 
     def load(self, epoch: int, index: int, subgraph: SampledSubgraph,
@@ -44,11 +42,10 @@ class HostLoader:
                 features = store.gather_into(torch.from_numpy(missed), buffer)
                 parts = [torch.from_numpy(slots), torch.from_numpy(miss_pos)]
                 hits = rows.shape[0] - missed.shape[0]
-            if targets is not None:
-                labels = targets
-            else:
-                labels = store.labels[subgraph.seeds] if store is not None else target_labels(
-                    access.graph, subgraph.seeds.numpy())
+            labels = targets
+            if labels is None:  # the seeds' own
+                labels = (store.labels[subgraph.seeds] if store is not None
+                          else target_labels(access.graph, subgraph.seeds.numpy()))
             batch = make(epoch, index, subgraph, features, labels, cache_hits=hits)
         if access.on_cuda:
             with self.spans.stage("copy", index):
@@ -57,12 +54,11 @@ class HostLoader:
             batch.features = cache.assemble(*parts, features)  # a copy: the buffer is free
             pool.release(buffer)
         elif buffer is not None:
-            batch.on_release(lambda: pool.release(buffer))
+            batch.releaser = lambda: pool.release(buffer)
         return batch
 
     def _ship(self, batch: MiniBatch, buffer: torch.Tensor | None, parts: list | None) -> None:
-        """Start the batch's copy on the copy stream; with ``parts`` (the cache slots, the misses' positions)
-        the device assembles the rows."""
+        """Start the batch's copy; ``parts``: the cache slots and misses' positions the rows assemble from."""
         device = self.access.device
         batch.device_bytes = batch.transfer_bytes() + (sum(t.nbytes for t in parts) if parts else 0)
         with torch.cuda.stream(self.copy_stream):

@@ -28,10 +28,8 @@ SAMPLE_GROUP = 4
 
 
 class LoadingMode(Mode):
-    """What exact and device mode share (a mixin, not a mode): batches sampled by ``new_sampler()``'s sampler
-    (seeds on ``sample_device``, on ``sample_stream`` if any) and loaded by ``loader`` on a producer thread
-    named after the mode (its kernels on ``threads["sampler"]`` threads, else numba's count), each depending
-    only on (seed, epoch, batch); no step hooks (the protocol's no-ops)."""
+    """What exact and device mode share (a mixin, not a mode): the producer thread, named after the mode,
+    samples with ``new_sampler()``'s sampler (seeds on ``sample_device``, on ``sample_stream`` if any)."""
 
     resumable = resumable_mid_epoch = True
     new_sampler: Callable[[], object]
@@ -41,7 +39,8 @@ class LoadingMode(Mode):
 
     def __init__(self, seeds, loader, sampling, spans):
         self.seeds, self.loader, self.sampling, self.spans = seeds, loader, sampling, spans
-        self.store, self.placement, self.cache = loader.store, loader.placement, loader.cache
+        access = loader.access
+        self.store, self.placement, self.cache = access.store, access.placement, access.cache
         self.num_batches = seeds.num_batches
 
     def batches(self, epoch: int, start: int = 0) -> Prefetcher:
@@ -82,9 +81,6 @@ class LoadingMode(Mode):
 
     def close(self) -> None:
         self.loader.close()
-
-    def state_dict(self) -> dict:
-        return {}
 
 
 class ExactMode(LoadingMode):

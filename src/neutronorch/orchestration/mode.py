@@ -1,8 +1,8 @@
 """What the trainer needs from a mode, and nothing more (``docs/architecture.md``, "The mode protocol").
 
 Modes are siblings that implement ``Mode``; none inherits from another, and nothing outside a mode branches
-on its name. A mode that subclasses ``Mode`` has its step hooks and ``load_state_dict`` do nothing unless it
-overrides them.
+on its name. A mode that subclasses ``Mode`` has its step hooks and ``load_state_dict`` do nothing, and its
+``state_dict`` hold nothing, unless it overrides them.
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ class Mode(Protocol):
 
     def state_dict(self) -> dict:
         """At an epoch boundary: what the mode needs to continue a run exactly (for a checkpoint)."""
+        return {}
 
     def load_state_dict(self, state: dict) -> None:
         """Before ``start``: continue from a checkpoint's ``state_dict()``."""
