@@ -186,9 +186,7 @@ def rank_settings(config: TrainConfig) -> TrainConfig:
     rank = dist.get_rank() if joined_already else int(os.environ.get("RANK", "0")) if world_size() > 1 else 0
     if rank == 0:
         return config
-    quiet = dataclasses.replace(config)
-    quiet.summary_json = quiet.log_jsonl = quiet.log_csv = quiet.tensorboard = None
-    return quiet
+    return dataclasses.replace(config, summary_json=None, log_jsonl=None, log_csv=None, tensorboard=None)
 
 
 def shared_logits(world: World, compute, nodes: torch.Tensor) -> torch.Tensor:

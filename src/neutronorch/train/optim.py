@@ -48,12 +48,11 @@ class Adam:
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, fused: bool | None = None):
-        if amsgrad:
-            raise ValueError("neutronorch.train.optim.Adam does not implement amsgrad; use torch.optim.Adam.")
         _check(lr, betas, eps, weight_decay)
         self.defaults = {"lr": float(lr), "betas": (float(betas[0]), float(betas[1])), "eps": float(eps),
                          "weight_decay": float(weight_decay), **_TORCH_FIXED,
-                         "fused": None if fused is None else bool(fused)}
+                         "amsgrad": bool(amsgrad), "fused": None if fused is None else bool(fused)}
+        _check_off(self.defaults)
         # Set by load_state_dict: the loaded step counters are moved to where each parameter's path keeps
         # them at the next step.
         self._place_steps = False
