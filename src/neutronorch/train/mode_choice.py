@@ -16,7 +16,7 @@ import torch
 
 from neutronorch.capabilities import AUTO, MODES
 from neutronorch.config import TrainConfig
-from neutronorch.data.graph import Graph
+from neutronorch.data import Graph, TypedGraph
 from neutronorch.observe import Spans
 from neutronorch.orchestration.choice import ModeChoice, choose_mode, mode_facts, probe_candidates
 from neutronorch.orchestration.factory import Threads, build_mode
@@ -32,11 +32,11 @@ PROBE_RATIO = 0.2  # NeutronOrch's hot ratio in the probe when it is auto (which
 
 def resolve_mode(config: TrainConfig, graph: Graph, device: torch.device, threads: Threads, model: torch.nn.Module,
                  world: World | None = None, resumed: dict | None = None, probe=None,
-                 loss_fn=None, typed: bool = False) -> ModeChoice | None:
+                 loss_fn=None) -> ModeChoice | None:
     """With ``mode`` auto: set ``config.mode`` to the chosen mode and return the choice (None otherwise).
     ``resumed``: the checkpoint the run continues, whose mode it keeps. ``probe(config, graph, device, model,
     threads, names)``: the measurement (default ``probe_modes``, its steps with the task's ``loss_fn``; tests
-    inject timings). A ``typed`` graph's auto is one mode (``capabilities.AUTO``)."""
+    inject timings). A typed graph's auto is one mode (``capabilities.AUTO``)."""
     if config.mode != "auto":
         return None
     world = world or World()
@@ -47,7 +47,7 @@ def resolve_mode(config: TrainConfig, graph: Graph, device: torch.device, thread
         reason = ("resumed in the mode the run was given" if why is None else why if why.startswith("resumed")
                   else f"resumed in the mode the run chose: {why}")
         choice = ModeChoice(saved, reason, earlier.get("measured", {}))
-    elif typed:
+    elif isinstance(graph, TypedGraph):
         choice = ModeChoice(AUTO["typed"], f"auto picks {AUTO['typed']} mode for typed graphs", None)
     else:
         facts = mode_facts(config, graph, device, world.distributed)

@@ -137,8 +137,7 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
         if not path.is_file():
             raise CheckpointError(f"{path}: no checkpoint to resume from; train with `checkpoint_dir` first.")
         resumed = load_state(path, TYPED if built.typed else HOMOGENEOUS)
-    choice = resolve_mode(config, graph, device, threads, model, world, resumed, loss_fn=task.loss,
-                          typed=built.typed is not None)
+    choice = resolve_mode(config, graph, device, threads, model, world, resumed, loss_fn=task.loss)
     spans = Spans()
     node = world.node_link() if config.hot_sets_per_node else None
     mode = build_mode(config, graph, device, threads, spans, shard=(world.rank, world.size), node=node,
