@@ -72,15 +72,23 @@ def _rows(checkpoint, graph: Graph | TypedGraph, nodes: Nodes, layer: int | None
           form: tuple | None, device: torch.device, chunk_size: int, out, scratch, progress, overwrite: bool,
           fanouts) -> np.ndarray:
     """The rows ``predict`` (``form``: their shape, dtype and the transform of the logits) or ``embed`` (``form``
-    None: layer ``layer``'s float32 rows of ``node_type``) gives: the output checked, the checkpoint read and
-    checked to fit, the layer and vertex type resolved, then the rows written (``write_rows``)."""
+    None: layer ``layer``'s float32 rows of ``node_type``) gives, written by ``write_rows``."""
     given = [nodes] if isinstance(nodes, (str, os.PathLike)) and nodes not in NODE_SETS else []  # a .npy file
     check_prediction_output(out, scratch, checkpoint, graph, overwrite, {"nodes": given})
     typed, predicting = isinstance(graph, TypedGraph), form is not None
     checkpoint, graph = checkpoint_for(checkpoint, graph, pairs=False if predicting else None)
     model = checkpoint.model.encoder if isinstance(checkpoint.model, LinkModel) else checkpoint.model  # its layers
     layers = model.num_layers
-    layer = layers if predicting else embedding_layer(layers, layer)
+    if predicting:
+        layer = layers
+    elif layer is None:  # the last hidden layer
+        if layers < 2:
+            raise ConfigError("`layer`: a one-layer model has no hidden layer (its only layer gives the logits); "
+                              "give `layer` 1 for them.")
+        layer = layers - 1
+    elif not 1 <= layer <= layers:
+        raise ConfigError(f"`layer` {layer}: the model has layers 1..{layers} (1 reads the inputs; {layers} gives "
+                          f"the logits).")
     if typed:
         node_type = node_type or graph.target
         check_computed(model, node_type, layer)
@@ -134,19 +142,6 @@ def check_asked(graph: Graph | TypedGraph | str, *, fanouts=None, scratch: str |
     if embedding and kind == "homogeneous" and layer is None:
         raise ConfigError("`layer`: give the layer whose output to write (1 = the bottom layer's; a typed "
                           "graph's embeddings default to its last hidden layer).")
-
-
-def embedding_layer(layers: int, layer: int | None) -> int:
-    """``layer``, checked to be one of the model's ``layers``, or the last hidden layer when None."""
-    if layer is None:
-        if layers < 2:
-            raise ConfigError("`layer`: a one-layer model has no hidden layer (its only layer gives the logits); "
-                              "give `layer` 1 for them.")
-        return layers - 1
-    if not 1 <= layer <= layers:
-        raise ConfigError(f"`layer` {layer}: the model has layers 1..{layers} (1 reads the inputs; {layers} gives "
-                          f"the logits).")
-    return layer
 
 
 def checkpoint_for(checkpoint: Checkpoint | str | os.PathLike, graph: Graph | TypedGraph,
