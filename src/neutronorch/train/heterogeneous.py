@@ -97,20 +97,18 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
     dense = model.dense_parameters()  # none where your own module keeps every weight in sparse tables
     adam = Adam(dense, lr=config.lr, weight_decay=config.weight_decay) if dense else None
     embeddings = model.embedding_parameters()
-    storage = None if user_model is not None else tables
     # The tables' optimizer: RowAdam for float32 CPU tables, else SparseAdam (the same update as sparse-tensor
     # ops; a torch.optim.Optimizer, whose import of torch._dynamo takes seconds: made only when needed).
     sparse = None
     if embeddings and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in embeddings):
-        sparse = RowAdam(embeddings, lr=config.lr, moments=storage.moments if storage is not None else None)
+        sparse = RowAdam(embeddings, lr=config.lr, moments=tables.moments)  # None for tables in memory
     elif embeddings:
         sparse = torch.optim.SparseAdam(embeddings, lr=config.lr)
     parameters = {"dense": sum(p.numel() for p in dense), "embedding": sum(p.numel() for p in embeddings)}
-    parts = TypedParts(sampler, eval_sampler, adam, sparse, storage, parameters)
-    return Built(graph, model, [o for o in (adam, sparse) if o is not None], warnings,
-                 dense, embeddings, parts, describe=f"{config.model} (typed: {', '.join(graph.node_types)})",
-                 note=f", parameters {parameters['dense']:,} dense + {parameters['embedding']:,} in "
-                      f"embedding tables")
+    parts = TypedParts(sampler, eval_sampler, adam, sparse, tables if user_model is None else None,
+                       parameters)
+    optimizers = [o for o in (adam, sparse) if o is not None]
+    return Built(graph, model, optimizers, warnings, dense, embeddings, parts)
 
 
 @dataclass

@@ -1,12 +1,11 @@
 """The trainer's optimizers, without ``torch.optim.Optimizer``, whose construction imports ``torch._dynamo``
 (seconds at every start; docs/performance.md, "No compile wait at start").
 
-``Adam``: ``torch.optim.Adam``'s update (L2 ``weight_decay``), on torch's foreach path (CPU parameters by
-default: the same operations in the same order) or its fused op (CUDA parameters by default:
-``torch._fused_adam_``, which rounds in its own order), and its state-dict format, which loads both ways and
-across the paths. Not provided: amsgrad, maximize, AdamW's decoupled weight decay, tensor learning rates,
-sparse gradients, gradient scaling, closures, ``zero_grad(set_to_none=False)`` and ``torch.optim`` hooks;
-``lr_scheduler`` classes refuse it, but setting ``group["lr"]`` works.
+``Adam``: ``torch.optim.Adam``'s update (L2 ``weight_decay``): its foreach path's operations in the same
+order, or its fused op (which rounds in its own order); state dicts load both ways and across the paths. Not
+provided: amsgrad, maximize, AdamW's decoupled weight decay, tensor learning rates, sparse gradients, gradient
+scaling, closures, ``zero_grad(set_to_none=False)`` and ``torch.optim`` hooks; ``lr_scheduler`` classes refuse
+it, but setting ``group["lr"]`` works.
 
 ``RowAdam``: ``torch.optim.SparseAdam``'s update of embedding tables, row by row in one numba kernel (why:
 docs/heterogeneous.md). In SparseAdam's order of operations, for every looked-up row: ``m += (1 - b1)(g -

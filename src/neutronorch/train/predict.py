@@ -193,9 +193,8 @@ def prediction_score(graph: Graph, nodes: Nodes, output: np.ndarray, probabiliti
 def typed_fill(checkpoint: Checkpoint, graph: TypedGraph, fanouts, node_type: str, layer: int, ids: np.ndarray,
                device: torch.device, chunk_size: int, progress: LayerProgress | None, check, transform):
     """``fill(array)``: ``array[i]`` = ``transform`` (None: none) of ``node_type``'s row of ``ids[i]`` at layer
-    ``layer`` (``model.num_layers``: the target's logits), once ``check`` has found it finite; sampled a chunk
-    at a time with the run's evaluation fanouts or ``fanouts``, layer by layer when every one is -1. The
-    fanouts are checked here, before any work."""
+    ``layer``, once ``check`` has found it finite; sampled with the run's evaluation fanouts or ``fanouts``
+    (checked here, before any work), layer by layer when every one is -1."""
     model, config = checkpoint.model, checkpoint.config
     if isinstance(fanouts, int):  # -1: every neighbour, at every layer
         fanouts = [fanouts] * model.num_layers

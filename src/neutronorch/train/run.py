@@ -40,8 +40,8 @@ logger = logging.getLogger("neutronorch")
 @dataclass
 class Built:
     """What a kind of graph builds for its run (``build_run``): the graph as trained (a typed one with its
-    reverse relations, a link task's split), its model and optimizers, the weights the ranks reduce
-    (``dense``; ``tables``: the sparse embedding tables) and what the mode log line says of the model."""
+    reverse relations, a link task's split), its model and optimizers, and the weights the ranks reduce
+    (``dense``; ``tables``: the sparse embedding tables)."""
 
     graph: Graph | TypedGraph
     model: torch.nn.Module
@@ -50,8 +50,6 @@ class Built:
     dense: list
     tables: list = field(default_factory=list)
     typed: object = None  # ``heterogeneous.TypedParts``
-    describe: str = ""
-    note: str = ""
 
 
 @dataclass
@@ -134,11 +132,9 @@ class Run:
             self.replacing.replace()  # replaces the earlier outputs `overwrite` set aside
 
     def resume(self, path: Path, state: dict) -> None:
-        """Continue from ``checkpoint_dir``/last.pt (``state``, read from ``path``) once the checkpoint's run
-        is one this run may continue: its weights, random state, optimizers, mode's state, history and best
-        evaluation, and where it starts. An epoch is complete once its record is in the history: a typed
-        run stopped after an epoch's last step, before its evaluation, resumes at that step, with no batch
-        left."""
+        """Continue from ``state``, read from ``path`` (``checkpoint_dir``/last.pt), once its run is one this
+        run may continue. An epoch is complete once its record is in the history: a typed run stopped after an
+        epoch's last step, before its evaluation, resumes at that step, with no batch left."""
         typed = self.typed
         check_resumable(state, self.config, self.graph, str(path), self.world.size, self.fingerprint)
         if not self.mode.resumable:

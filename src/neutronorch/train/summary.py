@@ -1,8 +1,6 @@
-"""What a run reports: its summary, for either kind of run (``summarise``: what ``train`` returns and writes
-to ``summary_json``; README lists its keys), its timeline (the stages' spans in the window ``timeline_steps``
-of the second epoch, on the lanes of the run's stage table: ``observe/report.py``) and its optional metric
-logs (``MetricLog``: JSONL, CSV and TensorBoard, docs/observability.md; step losses read from the device once
-every ``log_every`` steps). A log or the timeline that cannot be written does not stop the training; the run
+"""What a run reports: its summary (``summarise``; README lists its keys), its timeline
+(``observe/report.py``) and its metric logs (``MetricLog``: JSONL, CSV and TensorBoard,
+docs/observability.md). A log or the timeline that cannot be written does not stop the training; the run
 ends with an ``OutputError`` naming the file once it is saved and summarised (docs/errors.md).
 """
 
@@ -137,10 +135,9 @@ def _link_summary(run, last_eval: dict) -> dict:
 
 
 def write_run_timeline(run, title: str) -> dict | None:
-    """The timeline of ``run``'s window (``timeline``: a .png, the raw spans beside it as .json), each file
-    written atomically by the main rank when spans were recorded; what was written, or None. A failure to
-    write (a full disk) leaves no partial file and is said at once; the run ends with it once its results are
-    saved and summarised (``MetricLog.lose``)."""
+    """The timeline of ``run``'s window (``timeline``: a .png, the raw spans beside it as .json), written
+    atomically by the main rank when spans were recorded; what was written, or None. A failure to write is
+    said at once and kept for the run's end (``MetricLog.lose``)."""
     config = run.config
     if not (config.timeline and run.spans.events and run.world.main):
         return None
