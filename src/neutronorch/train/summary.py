@@ -266,9 +266,7 @@ class MetricLog:
 
     def _tensorboard_epoch(self, record: dict) -> None:
         tb, epoch = self._tb, record["epoch"]
-        tb.add_scalar("epoch/seconds", record["seconds"], epoch)
-        tb.add_scalar("epoch/train_loss", record["train_loss"], epoch)
-        for key in ("val_acc", "test_acc", *self._score_keys):
+        for key in ("seconds", "train_loss", "val_acc", "test_acc", *self._score_keys):
             if key in record:
                 tb.add_scalar(f"epoch/{key}", record[key], epoch)
         for stage, seconds in record["stage_seconds"].items():
