@@ -62,8 +62,6 @@ class World:
                 # cache that ranks on one machine share).
                 "resident_mb_per_rank": memory}
 
-    # ----- collectives -----------------------------------------------------------------------------------
-
     def _group_of(self, tensor: torch.Tensor):
         """The group for a tensor's collectives: the host group for CPU tensors, else the device's."""
         return self.host_group if tensor.device.type == "cpu" else self.group

@@ -284,21 +284,17 @@ def fingerprint_changes(saved: dict, now: dict) -> list[str]:
     return changes
 
 
-# Settings a resumed run may change (each declared so where it is defined, ``config.may_change``); any other
-# difference changes the model or the training and is refused.
-RESUME_MAY_CHANGE = TrainConfig.resume_may_change()
-
-
 def check_resumable(state: dict, config: TrainConfig, graph: Graph | TypedGraph, source: str, world_size: int = 1,
                     fingerprint: dict | None = None) -> None:
     """A run may continue from ``state`` only on the same data (``fingerprint``: the graph's, when known) with
     the same model and training settings. The settings are compared first: one that shapes the data a run
     trains on (`task` link removes the validation and test edges, `split`) is named, not reported as changed
-    data."""
+    data. Only the settings declared ``may_change`` (config.py) may differ."""
     # A setting added after the checkpoint was written had its default then.
     saved, now, defaults = state["config"], config.to_dict(), TrainConfig().to_dict()
-    differ = [f"`{k}` {saved.get(k, defaults[k])!r} then, {now[k]!r} now" for k in sorted(now)
-              if k not in RESUME_MAY_CHANGE and saved.get(k, defaults[k]) != now[k]]
+    compared = set(now) - TrainConfig.resume_may_change()
+    differ = [f"`{k}` {saved.get(k, defaults[k])!r} then, {now[k]!r} now" for k in sorted(compared)
+              if saved.get(k, defaults[k]) != now[k]]
     if differ:
         raise CheckpointError(f"{source}: the run it continues had other settings: {'; '.join(differ)}. Resume "
                               f"with the same settings (only outputs, epochs, evaluation, threads, device and precision may "
