@@ -80,8 +80,7 @@ class Run:
     stop: threading.Event | None = None  # set: finish the step, save, stop (Interrupted)
     progress: Progress | None = None
     stopped_early: bool = False  # --patience ran out
-    # Time to the first step: train() entry and the end of the run's first optimizer step (perf_counter),
-    # and the seconds of those spent loading the dataset.
+    # Time to the first step (perf_counter): train()'s entry, the first step's end; data loading's part.
     started: float = 0.0
     first_step_at: float | None = None
     data_seconds: float = 0.0
