@@ -62,8 +62,7 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
                 options: TypedOptions, stack: contextlib.ExitStack) -> Built:
     """A typed graph's part of ``build_run``: the graph with its reverse relations, its samplers, its model
     (``TypedGNN``, or ``user_model`` adapted by ``UserModel``), its tables (``plan_tables``: where they live,
-    checked; open while ``stack`` is) and optimizers (Adam for the dense weights, RowAdam or SparseAdam
-    for the tables)."""
+    checked; open while ``stack`` is) and optimizers."""
     link = config.task == "link"  # a relation's edges (train/link_task.py's typed_link_graph)
     if graph.labels is None and not link:
         raise ConfigError(f"{graph.name}: its target type {graph.target!r} has no labels to train on.")
@@ -162,9 +161,8 @@ class TypedParts:
                                   f"and device, or start a new run in another `checkpoint_dir`.")
 
     def summary(self, run) -> dict:
-        """A typed run's own summary keys (``summary.summarise``). The host caches of memory-mapped featured
-        types and how their rows were read: a mode that reads them on the host gives its own
-        (``TypedInputs.summary``, in the mode's summary, which ``summarise`` adds after these)."""
+        """A typed run's own summary keys (``summary.summarise``); a mode that reads memory-mapped featured
+        types on the host gives their ``host_cache`` and ``read_order`` (``TypedInputs.summary``)."""
         return {
             "host_cache": None, "read_order": None,
             "model": {"kind": run.model.kind, "typed": True, "parameters": self.parameters,

@@ -54,8 +54,9 @@ def summarise(run, status: str, timeline: dict | None = None) -> dict:
     or failed; an ended run's scores (a stopped or failed one's, none); the keys both kinds have, the kind's
     own (a typed run's: ``TypedParts.summary``) and the mode's (``Mode.summary``). An ended run's summary,
     data parallel, gathers every rank's peak resident memory (a collective: every rank makes it)."""
-    config, seconds, ended = run.config, [e["seconds"] for e in run.history], status in ENDED
+    config, times, ended, key = run.config, [e["seconds"] for e in run.history], status in ENDED, run.task.key
     last_eval = run.last_eval if ended else {}
+    best = run.best if last_eval else {}  # no score is reported when nothing was evaluated
     distributed = run.world.summary(config.batch_size, ended)
     return {
         "status": status,
@@ -64,9 +65,14 @@ def summarise(run, status: str, timeline: dict | None = None) -> dict:
         "device": str(run.device),
         "precision": {"name": run.precision.name, "reason": run.precision.reason},
         "epochs": run.history,
-        "epoch_seconds_median": statistics.median(seconds) if seconds else None,
+        "epoch_seconds_median": statistics.median(times) if times else None,
         "metric": run.task.metric,
-        **score_fields(run.task.key, run.best, last_eval),
+        # The best and the last evaluation's scores, under the metric's key and again under the names they had
+        # when accuracy was the only metric.
+        f"val_{key}": best.get("val"), f"test_{key}": best.get("test"), "best_epoch": best.get("epoch"),
+        f"final_val_{key}": last_eval.get("val"), f"final_test_{key}": last_eval.get("test"),
+        "val_acc": best.get("val"), "test_acc": best.get("test"),
+        "final_val_acc": last_eval.get("val"), "final_test_acc": last_eval.get("test"),
         "warnings": list(run.health.warnings),  # training that collapsed (train/health.py)
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "timeline": timeline,
@@ -155,17 +161,6 @@ def topology_in_file_order(mode) -> bool:
     """Whether the mode's host samplers read the topology in file order (``--read-order``, as resolved)."""
     sampling = getattr(mode, "sampling", None)
     return bool(sampling is not None and sampling.file_order)
-
-
-def score_fields(key: str, best: dict, last: dict) -> dict:
-    """A summary's scores: the best evaluation's (``best``: val, test, epoch) and the last one's (``last``;
-    empty when nothing was evaluated, and then no score is reported), under the metric's ``key`` and again
-    under the names they had when accuracy was the only metric."""
-    best = best if last else {}
-    return {f"val_{key}": best.get("val"), f"test_{key}": best.get("test"), "best_epoch": best.get("epoch"),
-            f"final_val_{key}": last.get("val"), f"final_test_{key}": last.get("test"),
-            "val_acc": best.get("val"), "test_acc": best.get("test"),
-            "final_val_acc": last.get("val"), "final_test_acc": last.get("test")}
 
 
 def named_scores(task, scores: dict) -> dict:
