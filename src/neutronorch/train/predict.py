@@ -217,8 +217,11 @@ def typed_fill(checkpoint: Checkpoint, graph: TypedGraph, fanouts, node_type: st
                     for hop in range(model.num_layers - layer, model.num_layers)]
             compute = lambda chunk: hidden_rows(model, graph, hops, node_type, chunk, device,  # noqa: E731
                                                 config.seed)
-        emit = emitter(array, transform, check)
-        emit_chunks(ids, chunk_size, _unique_seeds(compute), emit, layer, progress)
+
+        def rows(chunk: np.ndarray) -> torch.Tensor:  # a repeated id computed once (the seeds must be unique)
+            unique, inverse = np.unique(chunk, return_inverse=True)
+            return compute(chunk) if len(unique) == len(chunk) else compute(unique)[torch.from_numpy(inverse)]
+        emit_chunks(ids, chunk_size, rows, emitter(array, transform, check), layer, progress)
     return fill
 
 
@@ -261,11 +264,3 @@ def hidden_rows(model: TypedGNN, graph: TypedGraph, hops: list[TypedNeighborSamp
     for index, block in enumerate(blocks):
         x = model.layer_forward(index, block.to(device), x)
     return x[node_type].float().cpu()
-
-
-def _unique_seeds(compute):
-    """``compute`` of a chunk's ids, a repeated id computed once (the sampler takes unique seeds)."""
-    def rows(chunk: np.ndarray) -> torch.Tensor:
-        unique, inverse = np.unique(chunk, return_inverse=True)
-        return compute(chunk) if unique.shape[0] == chunk.shape[0] else compute(unique)[torch.from_numpy(inverse)]
-    return rows
