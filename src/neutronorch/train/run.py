@@ -169,7 +169,7 @@ class Run:
         done = any(record["epoch"] == epoch for record in self.history)
         self.start_epoch, self.start_step, self.loss_sum = (epoch + 1, 0, 0.0) if done else (
             epoch, step, loss_sum)
-        self.metrics.continue_at(self.start_epoch * self.mode.num_batches + self.start_step)
+        self.metrics.next_step = self.start_epoch * self.mode.num_batches + self.start_step
         logger.info(f"resumed from {path} at epoch {self.start_epoch}, step {self.start_step}")
 
 

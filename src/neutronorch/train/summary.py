@@ -181,7 +181,7 @@ class MetricLog:
         self._score_keys = (f"val_{metric_key}", f"test_{metric_key}")
         self.every = config.log_every
         self._start = time.perf_counter()
-        self._step = 0
+        self.next_step = 0  # the number of the next logged step (a resumed run continues the count)
         self._paths = {"jsonl": config.log_jsonl, "csv": config.log_csv, "tb": config.tensorboard}
         self.lost: str | None = None  # the first output that could not be written, said as an OutputError's message
         mode, self._jsonl, self._csv_file, self._csv, self._tb = ("a" if append else "w"), None, None, None, None
@@ -203,16 +203,12 @@ class MetricLog:
             self._write("tb", lambda: setattr(self, "_tb", SummaryWriter(config.tensorboard)))
         self.per_step = any(x is not None for x in (self._jsonl, self._csv, self._tb))
 
-    def continue_at(self, step: int) -> None:
-        """Number the next logged step ``step`` (a resumed run continues the count)."""
-        self._step = step
-
     def steps(self, epoch: int, first_batch: int, losses: list[torch.Tensor]) -> None:
         """Log consecutive steps' losses (device tensors; read here in one transfer)."""
         values = torch.stack(losses).float().cpu().tolist()
         elapsed = round(time.perf_counter() - self._start, 3)
-        steps = list(range(self._step, self._step + len(values)))
-        self._step += len(values)
+        steps = list(range(self.next_step, self.next_step + len(values)))
+        self.next_step += len(values)
         if self._jsonl:
             self._write("jsonl", lambda: self._jsonl.write("".join(json.dumps(
                 {"kind": "step", "epoch": epoch, "batch": first_batch + offset, "step": step, "loss": loss,
@@ -227,12 +223,12 @@ class MetricLog:
     def epoch(self, record: dict) -> None:
         elapsed = round(time.perf_counter() - self._start, 3)
         if self._jsonl:
-            line = json.dumps({"kind": "epoch", "step": self._step, "elapsed": elapsed, **record}) + "\n"
+            line = json.dumps({"kind": "epoch", "step": self.next_step, "elapsed": elapsed, **record}) + "\n"
             self._write("jsonl", lambda: (self._jsonl.write(line), self._jsonl.flush()))
         if self._csv:
             val, test = record.get("val_acc", ""), record.get("test_acc", "")
-            row = ["epoch", record["epoch"], self._step, record["train_loss"], record["seconds"], val, test, elapsed,
-                   val, test][:self._csv_width]
+            row = ["epoch", record["epoch"], self.next_step, record["train_loss"], record["seconds"], val,
+                   test, elapsed, val, test][:self._csv_width]
             self._write("csv", lambda: (self._csv.writerow(row), self._csv_file.flush()))
         if self._tb:
             self._write("tb", lambda: self._tensorboard_epoch(record))
