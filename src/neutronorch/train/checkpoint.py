@@ -238,9 +238,8 @@ def check_parts(state: dict, path: Path, optional: tuple = OPTIONAL_PARTS, finge
 
 
 def _model(state: dict, path: Path, given: torch.nn.Module | None = None) -> torch.nn.Module:
-    """The model the checkpoint's arguments build (or, for a user's model, ``given``), holding its weights: a
-    typed one's ``TypedGNN`` (its ``TypedSpec`` from the stored arguments, edge feature widths included, and
-    its memory-mapped tables attached), a link model, or a ``GNN``."""
+    """The model the checkpoint's arguments build (or, for a user's model, ``given``), holding its weights (a
+    typed one's memory-mapped tables attached)."""
     args, typed = state["model_args"], state.get("kind") == TYPED
     if "custom" in args or given is not None:
         return _user_model(state, path, given)

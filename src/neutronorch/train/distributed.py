@@ -62,8 +62,6 @@ class World:
                 # cache that ranks on one machine share).
                 "resident_mb_per_rank": memory}
 
-    # ----- collectives -----------------------------------------------------------------------------------
-
     def _group_of(self, tensor: torch.Tensor):
         """The group for a tensor's collectives: the host group for CPU tensors, else the device's."""
         return self.host_group if tensor.device.type == "cpu" else self.group
@@ -186,9 +184,7 @@ def rank_settings(config: TrainConfig) -> TrainConfig:
     rank = dist.get_rank() if joined_already else int(os.environ.get("RANK", "0")) if world_size() > 1 else 0
     if rank == 0:
         return config
-    quiet = dataclasses.replace(config)
-    quiet.summary_json = quiet.log_jsonl = quiet.log_csv = quiet.tensorboard = None
-    return quiet
+    return dataclasses.replace(config, summary_json=None, log_jsonl=None, log_csv=None, tensorboard=None)
 
 
 def shared_logits(world: World, compute, nodes: torch.Tensor) -> torch.Tensor:

@@ -143,10 +143,12 @@ class Health:
 
     def after_epoch(self, record: dict, loss: bool = True) -> None:
         reasons, self.pending = list(self.pending), []
+        for name, value in self.constants.items() if loss else ():  # this loss and the last at a constant's
+            near = lambda x: x is not None and abs(x - value) <= LOSS_TOLERANCE * max(1.0, value)  # noqa: E731
+            if near(record["train_loss"]) and near(self.previous_loss):
+                reasons.append(f"loss pinned at {value:.4f} ({name})")
+                break
         if loss:
-            pinned = self._pinned(record["train_loss"])
-            if pinned is not None:
-                reasons.append(pinned)
             self.previous_loss = record["train_loss"]
         if not reasons:
             return
@@ -158,14 +160,6 @@ class Health:
                        f"scores reported measure no learning. {SUGGESTION}.")
             logger.warning(message)
             self.warnings.append(message)
-
-    def _pinned(self, loss: float) -> str | None:
-        """The reason when ``loss`` and the epoch's before sit at a constant output's loss."""
-        for name, value in self.constants.items():
-            near = lambda x: x is not None and abs(x - value) <= LOSS_TOLERANCE * max(1.0, value)  # noqa: E731
-            if near(loss) and near(self.previous_loss):
-                return f"loss pinned at {value:.4f} ({name})"
-        return None
 
 
 def check_learnable(graph, node_task: bool = True, feature_dim: int | None = None) -> list[str]:

@@ -62,8 +62,7 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
                 options: TypedOptions, stack: contextlib.ExitStack) -> Built:
     """A typed graph's part of ``build_run``: the graph with its reverse relations, its samplers, its model
     (``TypedGNN``, or ``user_model`` adapted by ``UserModel``), its tables (``plan_tables``: where they live,
-    checked; open while ``stack`` is) and optimizers (Adam for the dense weights, RowAdam or SparseAdam
-    for the tables)."""
+    checked; open while ``stack`` is) and optimizers."""
     link = config.task == "link"  # a relation's edges (train/link_task.py's typed_link_graph)
     if graph.labels is None and not link:
         raise ConfigError(f"{graph.name}: its target type {graph.target!r} has no labels to train on.")
@@ -97,20 +96,17 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
     dense = model.dense_parameters()  # none where your own module keeps every weight in sparse tables
     adam = Adam(dense, lr=config.lr, weight_decay=config.weight_decay) if dense else None
     embeddings = model.embedding_parameters()
-    storage = None if user_model is not None else tables
     # The tables' optimizer: RowAdam for float32 CPU tables, else SparseAdam (the same update as sparse-tensor
     # ops; a torch.optim.Optimizer, whose import of torch._dynamo takes seconds: made only when needed).
     sparse = None
     if embeddings and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in embeddings):
-        sparse = RowAdam(embeddings, lr=config.lr, moments=storage.moments if storage is not None else None)
+        sparse = RowAdam(embeddings, lr=config.lr, moments=tables.moments)  # None for tables in memory
     elif embeddings:
         sparse = torch.optim.SparseAdam(embeddings, lr=config.lr)
     parameters = {"dense": sum(p.numel() for p in dense), "embedding": sum(p.numel() for p in embeddings)}
-    parts = TypedParts(sampler, eval_sampler, adam, sparse, storage, parameters)
-    return Built(graph, model, [o for o in (adam, sparse) if o is not None], warnings,
-                 dense, embeddings, parts, describe=f"{config.model} (typed: {', '.join(graph.node_types)})",
-                 note=f", parameters {parameters['dense']:,} dense + {parameters['embedding']:,} in "
-                      f"embedding tables")
+    parts = TypedParts(sampler, eval_sampler, adam, sparse, tables if user_model is None else None,
+                       parameters)
+    return Built(graph, model, [o for o in (adam, sparse) if o], warnings, dense, embeddings, parts)
 
 
 @dataclass
@@ -164,9 +160,8 @@ class TypedParts:
                                   f"and device, or start a new run in another `checkpoint_dir`.")
 
     def summary(self, run) -> dict:
-        """A typed run's own summary keys (``summary.summarise``). The host caches of memory-mapped featured
-        types and how their rows were read: a mode that reads them on the host gives its own
-        (``TypedInputs.summary``, in the mode's summary, which ``summarise`` adds after these)."""
+        """A typed run's own summary keys (``summary.summarise``); a mode that reads memory-mapped featured
+        types on the host gives their ``host_cache`` and ``read_order`` (``TypedInputs.summary``)."""
         return {
             "host_cache": None, "read_order": None,
             "model": {"kind": run.model.kind, "typed": True, "parameters": self.parameters,

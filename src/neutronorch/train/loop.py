@@ -179,12 +179,8 @@ def epoch_line(record: dict, stages: bool = True, metric: str = "accuracy") -> s
     parts = [f"epoch {record['epoch']:3d}", f"loss {record['train_loss']:.4f}"]
     if "val_acc" in record:
         parts += [f"val {metric} {record['val_acc']:.4f}", f"test {record['test_acc']:.4f}"]
-    times = [f"time {record['seconds']:.2f}s"]
-    if "eval_seconds" in record:
-        times.append(f"eval {record['eval_seconds']:.2f}s")
-    if "checkpoint_seconds" in record:
-        times.append(f"checkpoint {record['checkpoint_seconds']:.2f}s")
-    parts.append(" + ".join(times))
+    times = (("time", "seconds"), ("eval", "eval_seconds"), ("checkpoint", "checkpoint_seconds"))
+    parts.append(" + ".join(f"{name} {record[key]:.2f}s" for name, key in times if key in record))
     if record.get("collapsed"):  # train/health.py
         parts.append("collapsed: " + "; ".join(record["collapsed"]))
     if stages:

@@ -10,13 +10,12 @@ import dataclasses
 import gc
 import logging
 import time
-from contextlib import contextmanager
 
 import torch
 
 from neutronorch.capabilities import AUTO, MODES
 from neutronorch.config import TrainConfig
-from neutronorch.data.graph import Graph
+from neutronorch.data import Graph, TypedGraph
 from neutronorch.observe import Spans
 from neutronorch.orchestration.choice import ModeChoice, choose_mode, mode_facts, probe_candidates
 from neutronorch.orchestration.factory import Threads, build_mode
@@ -32,11 +31,11 @@ PROBE_RATIO = 0.2  # NeutronOrch's hot ratio in the probe when it is auto (which
 
 def resolve_mode(config: TrainConfig, graph: Graph, device: torch.device, threads: Threads, model: torch.nn.Module,
                  world: World | None = None, resumed: dict | None = None, probe=None,
-                 loss_fn=None, typed: bool = False) -> ModeChoice | None:
+                 loss_fn=None) -> ModeChoice | None:
     """With ``mode`` auto: set ``config.mode`` to the chosen mode and return the choice (None otherwise).
     ``resumed``: the checkpoint the run continues, whose mode it keeps. ``probe(config, graph, device, model,
     threads, names)``: the measurement (default ``probe_modes``, its steps with the task's ``loss_fn``; tests
-    inject timings). A ``typed`` graph's auto is one mode (``capabilities.AUTO``)."""
+    inject timings). A typed graph's auto is one mode (``capabilities.AUTO``)."""
     if config.mode != "auto":
         return None
     world = world or World()
@@ -47,7 +46,7 @@ def resolve_mode(config: TrainConfig, graph: Graph, device: torch.device, thread
         reason = ("resumed in the mode the run was given" if why is None else why if why.startswith("resumed")
                   else f"resumed in the mode the run chose: {why}")
         choice = ModeChoice(saved, reason, earlier.get("measured", {}))
-    elif typed:
+    elif isinstance(graph, TypedGraph):
         choice = ModeChoice(AUTO["typed"], f"auto picks {AUTO['typed']} mode for typed graphs", None)
     else:
         facts = mode_facts(config, graph, device, world.distributed)
@@ -74,16 +73,20 @@ def probe_modes(config: TrainConfig, graph: Graph, device: torch.device, model: 
                 names: tuple[str, ...], steps: int = PROBE_STEPS, loss_fn=None) -> dict[str, dict]:
     """Per mode of ``names``: seconds per mini-batch (``step_s``) over ``steps`` training steps after a warm-up of
     one super-batch, and each lane's busy seconds per mini-batch (``lanes``), on a copy of ``model``."""
-    out = {}
-    with _quiet(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        for name in names:
-            hot_ratio = config.hot_ratio if isinstance(config.hot_ratio, float) else PROBE_RATIO
-            probed = dataclasses.replace(config, mode=name, epochs=1, hot_ratio=hot_ratio,
-                                         snapshot_lead=2 if config.snapshot_lead is None else config.snapshot_lead)
-            out[name] = _time_mode(probed, graph, device, model, threads, steps, loss_fn)
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()  # the candidate's cache and buffers, before the next one's
+    out, level = {}, logger.level
+    hot_ratio = config.hot_ratio if isinstance(config.hot_ratio, float) else PROBE_RATIO
+    logger.setLevel(max(level, logging.WARNING))  # the candidates' builds would log what the run's build logs
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            for name in names:
+                probed = dataclasses.replace(config, mode=name, epochs=1, hot_ratio=hot_ratio, snapshot_lead=2
+                                             if config.snapshot_lead is None else config.snapshot_lead)
+                out[name] = _time_mode(probed, graph, device, model, threads, steps, loss_fn)
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()  # the candidate's cache and buffers, before the next one's
+    finally:
+        logger.setLevel(level)
     return out
 
 
@@ -118,14 +121,3 @@ def _time_mode(config: TrainConfig, graph: Graph, device: torch.device, model: t
     timed = max(1, done - warmup)
     return {"step_s": round(seconds / timed, 5), "steps": timed,
             "lanes": {lane: round(s / timed, 5) for lane, s in lanes.items()}}
-
-
-@contextmanager
-def _quiet():
-    """The candidates' builds log what the run's own build logs again: keep them to warnings."""
-    level = logger.level
-    logger.setLevel(max(level, logging.WARNING))
-    try:
-        yield
-    finally:
-        logger.setLevel(level)

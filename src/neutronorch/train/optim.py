@@ -1,12 +1,11 @@
 """The trainer's optimizers, without ``torch.optim.Optimizer``, whose construction imports ``torch._dynamo``
 (seconds at every start; docs/performance.md, "No compile wait at start").
 
-``Adam``: ``torch.optim.Adam``'s update (L2 ``weight_decay``), on torch's foreach path (CPU parameters by
-default: the same operations in the same order) or its fused op (CUDA parameters by default:
-``torch._fused_adam_``, which rounds in its own order), and its state-dict format, which loads both ways and
-across the paths. Not provided: amsgrad, maximize, AdamW's decoupled weight decay, tensor learning rates,
-sparse gradients, gradient scaling, closures, ``zero_grad(set_to_none=False)`` and ``torch.optim`` hooks;
-``lr_scheduler`` classes refuse it, but setting ``group["lr"]`` works.
+``Adam``: ``torch.optim.Adam``'s update (L2 ``weight_decay``): its foreach path's operations in the same
+order, or its fused op (which rounds in its own order); state dicts load both ways and across the paths. Not
+provided: amsgrad, maximize, AdamW's decoupled weight decay, tensor learning rates, sparse gradients, gradient
+scaling, closures, ``zero_grad(set_to_none=False)`` and ``torch.optim`` hooks; ``lr_scheduler`` classes refuse
+it, but setting ``group["lr"]`` works.
 
 ``RowAdam``: ``torch.optim.SparseAdam``'s update of embedding tables, row by row in one numba kernel (why:
 docs/heterogeneous.md). In SparseAdam's order of operations, for every looked-up row: ``m += (1 - b1)(g -
@@ -48,12 +47,11 @@ class Adam:
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, fused: bool | None = None):
-        if amsgrad:
-            raise ValueError("neutronorch.train.optim.Adam does not implement amsgrad; use torch.optim.Adam.")
         _check(lr, betas, eps, weight_decay)
         self.defaults = {"lr": float(lr), "betas": (float(betas[0]), float(betas[1])), "eps": float(eps),
                          "weight_decay": float(weight_decay), **_TORCH_FIXED,
-                         "fused": None if fused is None else bool(fused)}
+                         "amsgrad": bool(amsgrad), "fused": None if fused is None else bool(fused)}
+        _check_off(self.defaults)
         # Set by load_state_dict: the loaded step counters are moved to where each parameter's path keeps
         # them at the next step.
         self._place_steps = False

@@ -23,10 +23,6 @@ LOCK_NAME = ".neutronorch.lock"
 SET_ASIDE = ".neutronorch-replaced-"  # + PID@HOST-RANDOM: an earlier run's outputs, set aside (replacing.py)
 
 
-def _resolved(path: PathLike) -> Path:
-    return Path(path).expanduser().resolve()
-
-
 def _same(a: Path, b: Path) -> bool:
     if a == b:
         return True
@@ -63,8 +59,8 @@ def check_distinct(reads: Mapping[str, Iterable[PathLike]], writes: Mapping[str,
     """Refuse outputs that would destroy an input or each other. ``reads``: field -> the files or folders it
     reads; ``writes``: field -> the files it writes; ``replaces``: field -> a folder written as a whole
     (replaced), which must hold no input."""
-    inputs = [(field, _resolved(p)) for field, paths in reads.items() for p in paths]
-    outputs = [(field, _resolved(p)) for field, paths in writes.items() for p in paths]
+    inputs = [(field, Path(p).expanduser().resolve()) for field, paths in reads.items() for p in paths]
+    outputs = [(field, Path(p).expanduser().resolve()) for field, paths in writes.items() for p in paths]
     for field, out in outputs:
         for source, path in inputs:
             if _same(out, path):
@@ -83,7 +79,7 @@ def check_distinct(reads: Mapping[str, Iterable[PathLike]], writes: Mapping[str,
                 what = f"`{field}` and `{other}`" if field != other else f"`{field}`"
                 raise ConfigError(f"{what} would both write {out}; give each output its own path.")
     for field, folder in (replaces or {}).items():
-        folder = _resolved(folder)
+        folder = Path(folder).expanduser().resolve()
         for source, path in inputs:
             if _same(folder, path) or _inside(path, folder):
                 raise ConfigError(f"`{field}` {folder}: holds `{source}` {path}, which writing it would replace. "

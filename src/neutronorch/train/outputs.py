@@ -152,23 +152,18 @@ def names_outputs(config: TrainConfig) -> bool:
 
 
 def generated_run_name(config: TrainConfig, now: time.struct_time | None = None) -> str:
-    """A UTC time stamp, the model and the dataset: ``2026-12-03T07-15-02-sage-synthetic``."""
-    stamp = time.strftime("%Y-%m-%dT%H-%M-%S", now or time.gmtime())
-    return f"{stamp}-{config.model}-{_dataset_word(config.dataset)}"
-
-
-def _dataset_word(spec: str) -> str:
-    """The dataset's short name: ``synthetic``, ``Cora`` for ``pyg:Cora@~/data``, a path's last part."""
-    if spec.startswith("synthetic"):
+    """A UTC time stamp, the model and the dataset's short name (``synthetic``, ``Cora`` for
+    ``pyg:Cora@~/data``, a path's last part): ``2026-12-03T07-15-02-sage-synthetic``."""
+    if config.dataset.startswith("synthetic"):
         word = "synthetic"
-    elif spec.startswith("pyg:"):
-        word = spec[4:].partition("@")[0]
+    elif config.dataset.startswith("pyg:"):
+        word = config.dataset[4:].partition("@")[0]
     else:
-        word = Path(spec.rstrip("/\\")).name
+        word = Path(config.dataset.rstrip("/\\")).name
         for suffix in (".gz", ".npz", ".txt", ".tsv", ".edges"):
             word = word.removesuffix(suffix)
-    word = re.sub(r"[^A-Za-z0-9._-]+", "-", word).strip("-.")[:40]
-    return word or "data"
+    word = re.sub(r"[^A-Za-z0-9._-]+", "-", word).strip("-.")[:40] or "data"
+    return f"{time.strftime('%Y-%m-%dT%H-%M-%S', now or time.gmtime())}-{config.model}-{word}"
 
 
 def open_run_folder(config: TrainConfig, name: str | None = None, reads: dict[str, list] | None = None,

@@ -72,15 +72,23 @@ def _rows(checkpoint, graph: Graph | TypedGraph, nodes: Nodes, layer: int | None
           form: tuple | None, device: torch.device, chunk_size: int, out, scratch, progress, overwrite: bool,
           fanouts) -> np.ndarray:
     """The rows ``predict`` (``form``: their shape, dtype and the transform of the logits) or ``embed`` (``form``
-    None: layer ``layer``'s float32 rows of ``node_type``) gives: the output checked, the checkpoint read and
-    checked to fit, the layer and vertex type resolved, then the rows written (``write_rows``)."""
+    None: layer ``layer``'s float32 rows of ``node_type``) gives, written by ``write_rows``."""
     given = [nodes] if isinstance(nodes, (str, os.PathLike)) and nodes not in NODE_SETS else []  # a .npy file
     check_prediction_output(out, scratch, checkpoint, graph, overwrite, {"nodes": given})
     typed, predicting = isinstance(graph, TypedGraph), form is not None
     checkpoint, graph = checkpoint_for(checkpoint, graph, pairs=False if predicting else None)
     model = checkpoint.model.encoder if isinstance(checkpoint.model, LinkModel) else checkpoint.model  # its layers
     layers = model.num_layers
-    layer = layers if predicting else embedding_layer(layers, layer)
+    if predicting:
+        layer = layers
+    elif layer is None:  # the last hidden layer
+        if layers < 2:
+            raise ConfigError("`layer`: a one-layer model has no hidden layer (its only layer gives the logits); "
+                              "give `layer` 1 for them.")
+        layer = layers - 1
+    elif not 1 <= layer <= layers:
+        raise ConfigError(f"`layer` {layer}: the model has layers 1..{layers} (1 reads the inputs; {layers} gives "
+                          f"the logits).")
     if typed:
         node_type = node_type or graph.target
         check_computed(model, node_type, layer)
@@ -136,19 +144,6 @@ def check_asked(graph: Graph | TypedGraph | str, *, fanouts=None, scratch: str |
                           "graph's embeddings default to its last hidden layer).")
 
 
-def embedding_layer(layers: int, layer: int | None) -> int:
-    """``layer``, checked to be one of the model's ``layers``, or the last hidden layer when None."""
-    if layer is None:
-        if layers < 2:
-            raise ConfigError("`layer`: a one-layer model has no hidden layer (its only layer gives the logits); "
-                              "give `layer` 1 for them.")
-        return layers - 1
-    if not 1 <= layer <= layers:
-        raise ConfigError(f"`layer` {layer}: the model has layers 1..{layers} (1 reads the inputs; {layers} gives "
-                          f"the logits).")
-    return layer
-
-
 def checkpoint_for(checkpoint: Checkpoint | str | os.PathLike, graph: Graph | TypedGraph,
                    pairs: bool | None = None) -> tuple[Checkpoint, Graph | TypedGraph]:
     """The checkpoint (read if a path is given, as the graph's kind reads one), checked to fit ``graph`` and,
@@ -198,9 +193,8 @@ def prediction_score(graph: Graph, nodes: Nodes, output: np.ndarray, probabiliti
 def typed_fill(checkpoint: Checkpoint, graph: TypedGraph, fanouts, node_type: str, layer: int, ids: np.ndarray,
                device: torch.device, chunk_size: int, progress: LayerProgress | None, check, transform):
     """``fill(array)``: ``array[i]`` = ``transform`` (None: none) of ``node_type``'s row of ``ids[i]`` at layer
-    ``layer`` (``model.num_layers``: the target's logits), once ``check`` has found it finite; sampled a chunk
-    at a time with the run's evaluation fanouts or ``fanouts``, layer by layer when every one is -1. The
-    fanouts are checked here, before any work."""
+    ``layer``, once ``check`` has found it finite; sampled with the run's evaluation fanouts or ``fanouts``
+    (checked here, before any work), layer by layer when every one is -1."""
     model, config = checkpoint.model, checkpoint.config
     if isinstance(fanouts, int):  # -1: every neighbour, at every layer
         fanouts = [fanouts] * model.num_layers
@@ -223,8 +217,11 @@ def typed_fill(checkpoint: Checkpoint, graph: TypedGraph, fanouts, node_type: st
                     for hop in range(model.num_layers - layer, model.num_layers)]
             compute = lambda chunk: hidden_rows(model, graph, hops, node_type, chunk, device,  # noqa: E731
                                                 config.seed)
-        emit = emitter(array, transform, check)
-        emit_chunks(ids, chunk_size, _unique_seeds(compute), emit, layer, progress)
+
+        def rows(chunk: np.ndarray) -> torch.Tensor:  # a repeated id computed once (the seeds must be unique)
+            unique, inverse = np.unique(chunk, return_inverse=True)
+            return compute(chunk) if len(unique) == len(chunk) else compute(unique)[torch.from_numpy(inverse)]
+        emit_chunks(ids, chunk_size, rows, emitter(array, transform, check), layer, progress)
     return fill
 
 
@@ -267,11 +264,3 @@ def hidden_rows(model: TypedGNN, graph: TypedGraph, hops: list[TypedNeighborSamp
     for index, block in enumerate(blocks):
         x = model.layer_forward(index, block.to(device), x)
     return x[node_type].float().cpu()
-
-
-def _unique_seeds(compute):
-    """``compute`` of a chunk's ids, a repeated id computed once (the sampler takes unique seeds)."""
-    def rows(chunk: np.ndarray) -> torch.Tensor:
-        unique, inverse = np.unique(chunk, return_inverse=True)
-        return compute(chunk) if unique.shape[0] == chunk.shape[0] else compute(unique)[torch.from_numpy(inverse)]
-    return rows

@@ -23,8 +23,6 @@ from neutronorch.train.table_files import table_folders
 
 logger = logging.getLogger("neutronorch")
 
-EVENTS = "events.out.tfevents.*"  # TensorBoard's files in its folder
-
 
 def replaced_outputs(config: TrainConfig) -> list[Path]:
     """Every file and folder of an earlier run that ``config``'s run would replace, as they exist now."""
@@ -33,7 +31,7 @@ def replaced_outputs(config: TrainConfig) -> list[Path]:
         folder = Path(config.checkpoint_dir)
         paths += [p for name in CHECKPOINT_FILES for p in table_folders(folder, Path(name).stem)]
     if config.tensorboard and Path(config.tensorboard).is_dir():
-        paths += sorted(p for p in Path(config.tensorboard).glob(EVENTS) if p.is_file())
+        paths += sorted(p for p in Path(config.tensorboard).glob("events.out.tfevents.*") if p.is_file())
     return [p for p in paths if p.exists() or p.is_symlink()]
 
 

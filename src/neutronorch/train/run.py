@@ -40,8 +40,8 @@ logger = logging.getLogger("neutronorch")
 @dataclass
 class Built:
     """What a kind of graph builds for its run (``build_run``): the graph as trained (a typed one with its
-    reverse relations, a link task's split), its model and optimizers, the weights the ranks reduce
-    (``dense``; ``tables``: the sparse embedding tables) and what the mode log line says of the model."""
+    reverse relations, a link task's split), its model and optimizers, and the weights the ranks reduce
+    (``dense``; ``tables``: the sparse embedding tables)."""
 
     graph: Graph | TypedGraph
     model: torch.nn.Module
@@ -50,8 +50,6 @@ class Built:
     dense: list
     tables: list = field(default_factory=list)
     typed: object = None  # ``heterogeneous.TypedParts``
-    describe: str = ""
-    note: str = ""
 
 
 @dataclass
@@ -82,8 +80,7 @@ class Run:
     stop: threading.Event | None = None  # set: finish the step, save, stop (Interrupted)
     progress: Progress | None = None
     stopped_early: bool = False  # --patience ran out
-    # Time to the first step: train() entry and the end of the run's first optimizer step (perf_counter),
-    # and the seconds of those spent loading the dataset.
+    # Time to the first step (perf_counter): train()'s entry, the first step's end; data loading's part.
     started: float = 0.0
     first_step_at: float | None = None
     data_seconds: float = 0.0
@@ -134,11 +131,9 @@ class Run:
             self.replacing.replace()  # replaces the earlier outputs `overwrite` set aside
 
     def resume(self, path: Path, state: dict) -> None:
-        """Continue from ``checkpoint_dir``/last.pt (``state``, read from ``path``) once the checkpoint's run
-        is one this run may continue: its weights, random state, optimizers, mode's state, history and best
-        evaluation, and where it starts. An epoch is complete once its record is in the history: a typed
-        run stopped after an epoch's last step, before its evaluation, resumes at that step, with no batch
-        left."""
+        """Continue from ``state``, read from ``path`` (``checkpoint_dir``/last.pt), once its run is one this
+        run may continue. An epoch is complete once its record is in the history: a typed run stopped after an
+        epoch's last step, before its evaluation, resumes at that step, with no batch left."""
         typed = self.typed
         check_resumable(state, self.config, self.graph, str(path), self.world.size, self.fingerprint)
         if not self.mode.resumable:
@@ -174,7 +169,7 @@ class Run:
         done = any(record["epoch"] == epoch for record in self.history)
         self.start_epoch, self.start_step, self.loss_sum = (epoch + 1, 0, 0.0) if done else (
             epoch, step, loss_sum)
-        self.metrics.continue_at(self.start_epoch * self.mode.num_batches + self.start_step)
+        self.metrics.next_step = self.start_epoch * self.mode.num_batches + self.start_step
         logger.info(f"resumed from {path} at epoch {self.start_epoch}, step {self.start_step}")
 
 
@@ -288,21 +283,17 @@ def fingerprint_changes(saved: dict, now: dict) -> list[str]:
     return changes
 
 
-# Settings a resumed run may change (each declared so where it is defined, ``config.may_change``); any other
-# difference changes the model or the training and is refused.
-RESUME_MAY_CHANGE = TrainConfig.resume_may_change()
-
-
 def check_resumable(state: dict, config: TrainConfig, graph: Graph | TypedGraph, source: str, world_size: int = 1,
                     fingerprint: dict | None = None) -> None:
     """A run may continue from ``state`` only on the same data (``fingerprint``: the graph's, when known) with
     the same model and training settings. The settings are compared first: one that shapes the data a run
     trains on (`task` link removes the validation and test edges, `split`) is named, not reported as changed
-    data."""
+    data. Only the settings declared ``may_change`` (config.py) may differ."""
     # A setting added after the checkpoint was written had its default then.
     saved, now, defaults = state["config"], config.to_dict(), TrainConfig().to_dict()
-    differ = [f"`{k}` {saved.get(k, defaults[k])!r} then, {now[k]!r} now" for k in sorted(now)
-              if k not in RESUME_MAY_CHANGE and saved.get(k, defaults[k]) != now[k]]
+    compared = set(now) - TrainConfig.resume_may_change()
+    differ = [f"`{k}` {saved.get(k, defaults[k])!r} then, {now[k]!r} now" for k in sorted(compared)
+              if saved.get(k, defaults[k]) != now[k]]
     if differ:
         raise CheckpointError(f"{source}: the run it continues had other settings: {'; '.join(differ)}. Resume "
                               f"with the same settings (only outputs, epochs, evaluation, threads, device and precision may "

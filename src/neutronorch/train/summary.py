@@ -1,8 +1,6 @@
-"""What a run reports: its summary, for either kind of run (``summarise``: what ``train`` returns and writes
-to ``summary_json``; README lists its keys), its timeline (the stages' spans in the window ``timeline_steps``
-of the second epoch, on the lanes of the run's stage table: ``observe/report.py``) and its optional metric
-logs (``MetricLog``: JSONL, CSV and TensorBoard, docs/observability.md; step losses read from the device once
-every ``log_every`` steps). A log or the timeline that cannot be written does not stop the training; the run
+"""What a run reports: its summary (``summarise``; README lists its keys), its timeline
+(``observe/report.py``) and its metric logs (``MetricLog``: JSONL, CSV and TensorBoard,
+docs/observability.md). A log or the timeline that cannot be written does not stop the training; the run
 ends with an ``OutputError`` naming the file once it is saved and summarised (docs/errors.md).
 """
 
@@ -57,8 +55,9 @@ def summarise(run, status: str, timeline: dict | None = None) -> dict:
     or failed; an ended run's scores (a stopped or failed one's, none); the keys both kinds have, the kind's
     own (a typed run's: ``TypedParts.summary``) and the mode's (``Mode.summary``). An ended run's summary,
     data parallel, gathers every rank's peak resident memory (a collective: every rank makes it)."""
-    config, seconds, ended = run.config, [e["seconds"] for e in run.history], status in ENDED
+    config, times, ended, key = run.config, [e["seconds"] for e in run.history], status in ENDED, run.task.key
     last_eval = run.last_eval if ended else {}
+    best = run.best if last_eval else {}  # no score is reported when nothing was evaluated
     distributed = run.world.summary(config.batch_size, ended)
     return {
         "status": status,
@@ -67,9 +66,14 @@ def summarise(run, status: str, timeline: dict | None = None) -> dict:
         "device": str(run.device),
         "precision": {"name": run.precision.name, "reason": run.precision.reason},
         "epochs": run.history,
-        "epoch_seconds_median": statistics.median(seconds) if seconds else None,
+        "epoch_seconds_median": statistics.median(times) if times else None,
         "metric": run.task.metric,
-        **score_fields(run.task.key, run.best, last_eval),
+        # The best and the last evaluation's scores, under the metric's key and again under the names they had
+        # when accuracy was the only metric.
+        f"val_{key}": best.get("val"), f"test_{key}": best.get("test"), "best_epoch": best.get("epoch"),
+        f"final_val_{key}": last_eval.get("val"), f"final_test_{key}": last_eval.get("test"),
+        "val_acc": best.get("val"), "test_acc": best.get("test"),
+        "final_val_acc": last_eval.get("val"), "final_test_acc": last_eval.get("test"),
         "warnings": list(run.health.warnings),  # training that collapsed (train/health.py)
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "timeline": timeline,
@@ -138,10 +142,9 @@ def _link_summary(run, last_eval: dict) -> dict:
 
 
 def write_run_timeline(run, title: str) -> dict | None:
-    """The timeline of ``run``'s window (``timeline``: a .png, the raw spans beside it as .json), each file
-    written atomically by the main rank when spans were recorded; what was written, or None. A failure to
-    write (a full disk) leaves no partial file and is said at once; the run ends with it once its results are
-    saved and summarised (``MetricLog.lose``)."""
+    """The timeline of ``run``'s window (``timeline``: a .png, the raw spans beside it as .json), written
+    atomically by the main rank when spans were recorded; what was written, or None. A failure to write is
+    said at once and kept for the run's end (``MetricLog.lose``)."""
     config = run.config
     if not (config.timeline and run.spans.events and run.world.main):
         return None
@@ -159,17 +162,6 @@ def topology_in_file_order(mode) -> bool:
     """Whether the mode's host samplers read the topology in file order (``--read-order``, as resolved)."""
     sampling = getattr(mode, "sampling", None)
     return bool(sampling is not None and sampling.file_order)
-
-
-def score_fields(key: str, best: dict, last: dict) -> dict:
-    """A summary's scores: the best evaluation's (``best``: val, test, epoch) and the last one's (``last``;
-    empty when nothing was evaluated, and then no score is reported), under the metric's ``key`` and again
-    under the names they had when accuracy was the only metric."""
-    best = best if last else {}
-    return {f"val_{key}": best.get("val"), f"test_{key}": best.get("test"), "best_epoch": best.get("epoch"),
-            f"final_val_{key}": last.get("val"), f"final_test_{key}": last.get("test"),
-            "val_acc": best.get("val"), "test_acc": best.get("test"),
-            "final_val_acc": last.get("val"), "final_test_acc": last.get("test")}
 
 
 def named_scores(task, scores: dict) -> dict:
@@ -190,7 +182,7 @@ class MetricLog:
         self._score_keys = (f"val_{metric_key}", f"test_{metric_key}")
         self.every = config.log_every
         self._start = time.perf_counter()
-        self._step = 0
+        self.next_step = 0  # the number of the next logged step (a resumed run continues the count)
         self._paths = {"jsonl": config.log_jsonl, "csv": config.log_csv, "tb": config.tensorboard}
         self.lost: str | None = None  # the first output that could not be written, said as an OutputError's message
         mode, self._jsonl, self._csv_file, self._csv, self._tb = ("a" if append else "w"), None, None, None, None
@@ -212,16 +204,12 @@ class MetricLog:
             self._write("tb", lambda: setattr(self, "_tb", SummaryWriter(config.tensorboard)))
         self.per_step = any(x is not None for x in (self._jsonl, self._csv, self._tb))
 
-    def continue_at(self, step: int) -> None:
-        """Number the next logged step ``step`` (a resumed run continues the count)."""
-        self._step = step
-
     def steps(self, epoch: int, first_batch: int, losses: list[torch.Tensor]) -> None:
         """Log consecutive steps' losses (device tensors; read here in one transfer)."""
         values = torch.stack(losses).float().cpu().tolist()
         elapsed = round(time.perf_counter() - self._start, 3)
-        steps = list(range(self._step, self._step + len(values)))
-        self._step += len(values)
+        steps = list(range(self.next_step, self.next_step + len(values)))
+        self.next_step += len(values)
         if self._jsonl:
             self._write("jsonl", lambda: self._jsonl.write("".join(json.dumps(
                 {"kind": "step", "epoch": epoch, "batch": first_batch + offset, "step": step, "loss": loss,
@@ -236,12 +224,12 @@ class MetricLog:
     def epoch(self, record: dict) -> None:
         elapsed = round(time.perf_counter() - self._start, 3)
         if self._jsonl:
-            line = json.dumps({"kind": "epoch", "step": self._step, "elapsed": elapsed, **record}) + "\n"
+            line = json.dumps({"kind": "epoch", "step": self.next_step, "elapsed": elapsed, **record}) + "\n"
             self._write("jsonl", lambda: (self._jsonl.write(line), self._jsonl.flush()))
         if self._csv:
             val, test = record.get("val_acc", ""), record.get("test_acc", "")
-            row = ["epoch", record["epoch"], self._step, record["train_loss"], record["seconds"], val, test, elapsed,
-                   val, test][:self._csv_width]
+            row = ["epoch", record["epoch"], self.next_step, record["train_loss"], record["seconds"], val,
+                   test, elapsed, val, test][:self._csv_width]
             self._write("csv", lambda: (self._csv.writerow(row), self._csv_file.flush()))
         if self._tb:
             self._write("tb", lambda: self._tensorboard_epoch(record))
@@ -270,9 +258,7 @@ class MetricLog:
 
     def _tensorboard_epoch(self, record: dict) -> None:
         tb, epoch = self._tb, record["epoch"]
-        tb.add_scalar("epoch/seconds", record["seconds"], epoch)
-        tb.add_scalar("epoch/train_loss", record["train_loss"], epoch)
-        for key in ("val_acc", "test_acc", *self._score_keys):
+        for key in ("seconds", "train_loss", "val_acc", "test_acc", *self._score_keys):
             if key in record:
                 tb.add_scalar(f"epoch/{key}", record[key], epoch)
         for stage, seconds in record["stage_seconds"].items():

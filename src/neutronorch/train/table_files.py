@@ -104,7 +104,10 @@ def _write_folder(path: Path, tables, version: int) -> tuple[Path, dict]:
             files = {}
             for part, array in parts.items():
                 name = f"{node_type}.{part}.npy"
-                if earlier is None or not _linked(earlier[1] / name, folder / name):
+                if earlier is not None:  # the last folder's file, immutable once written: linked, not copied
+                    with contextlib.suppress(OSError):
+                        os.link(earlier[1] / name, folder / name)
+                if not (folder / name).exists():
                     _copy(tables.fds[(node_type, part)], folder / name)
                 files[part] = {"file": name, "bytes": (folder / name).stat().st_size,
                                "crc": earlier[2][(node_type, part)] if earlier else sample_crc(array)}
@@ -120,15 +123,6 @@ def _write_folder(path: Path, tables, version: int) -> tuple[Path, dict]:
     tables.written = (version, final, {(t, p): f["crc"] for t, e in record["tables"].items()
                                        for p, f in e["files"].items()})
     return final, record
-
-
-def _linked(source: Path, target: Path) -> bool:
-    """Whether ``target`` could be made another name of ``source`` (immutable once written)."""
-    try:
-        os.link(source, target)
-    except OSError:
-        return False
-    return True
 
 
 def _copy(source_fd: int, target: Path) -> None:

@@ -137,8 +137,7 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
         if not path.is_file():
             raise CheckpointError(f"{path}: no checkpoint to resume from; train with `checkpoint_dir` first.")
         resumed = load_state(path, TYPED if built.typed else HOMOGENEOUS)
-    choice = resolve_mode(config, graph, device, threads, model, world, resumed, loss_fn=task.loss,
-                          typed=built.typed is not None)
+    choice = resolve_mode(config, graph, device, threads, model, world, resumed, loss_fn=task.loss)
     spans = Spans()
     node = world.node_link() if config.hot_sets_per_node else None
     mode = build_mode(config, graph, device, threads, spans, shard=(world.rank, world.size), node=node,
@@ -147,12 +146,15 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
     if world.distributed:
         logger.info(f"data parallel: {world.describe()}; batch size {config.batch_size} per rank, "
                     f"{config.batch_size * world.size} per global batch, {mode.num_batches} global batches per epoch")
-    fanouts = config.fanouts  # a typed run's own per relation where TypedOptions gives them
-    if built.typed and any(f != list(config.fanouts) for f in built.typed.sampler.fanouts.values()):
-        fanouts = "; ".join(f"{relation_label(r)} {f}" for r, f in built.typed.sampler.fanouts.items())
-    logger.info(f"mode {mode.name}, model {built.describe}, fanouts {fanouts}, device {device}, batch size "
+    fanouts, kind, note = config.fanouts, getattr(model, "kind", config.model), ""
+    if built.typed:  # its own fanouts per relation where TypedOptions gives them, and its tables' parameters
+        kind, counts = f"{config.model} (typed: {', '.join(graph.node_types)})", built.typed.parameters
+        note = f", parameters {counts['dense']:,} dense + {counts['embedding']:,} in embedding tables"
+        if any(f != list(config.fanouts) for f in built.typed.sampler.fanouts.values()):
+            fanouts = "; ".join(f"{relation_label(r)} {f}" for r, f in built.typed.sampler.fanouts.items())
+    logger.info(f"mode {mode.name}, model {kind}, fanouts {fanouts}, device {device}, batch size "
                 f"{config.batch_size}, train threads {threads.train}, {mode.describe()}, {mode.num_batches} "
-                f"batches per epoch{built.note}")
+                f"batches per epoch{note}")
     if mode.placement is not None and (device.type == "cuda" or mode.cache is not None):
         logger.info(f"placement: {mode.placement.describe()}")
     for note in mode.placement.notes if mode.placement is not None else []:
@@ -196,5 +198,4 @@ def homogeneous_model(config: TrainConfig, graph: Graph, device: torch.device,
             model = LinkModel(model, config.link_head, input_norm=rms_row_norm(graph.features))
         model = model.to(device)
     optimizer = Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    return Built(graph, model, optimizer, warnings, list(model.parameters()),
-                 describe=getattr(model, "kind", config.model))
+    return Built(graph, model, optimizer, warnings, list(model.parameters()))
