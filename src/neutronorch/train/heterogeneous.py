@@ -106,7 +106,7 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
     parameters = {"dense": sum(p.numel() for p in dense), "embedding": sum(p.numel() for p in embeddings)}
     parts = TypedParts(sampler, eval_sampler, adam, sparse, tables if user_model is None else None,
                        parameters)
-    return Built(graph, model, [o for o in (adam, sparse) if o], warnings, dense, embeddings, parts)
+    return Built(graph, model, [o for o in (adam, sparse) if o is not None], warnings, dense, embeddings, parts)
 
 
 @dataclass
