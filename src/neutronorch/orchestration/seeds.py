@@ -59,9 +59,9 @@ class NodeSeeds:
         """What a mode draws this task's batches with (``LinkSeeds.sampler``'s counterpart): ``sampler``."""
         return sampler
 
-    def by_type(self, ids: torch.Tensor) -> torch.Tensor:
-        """``LinkSeeds.by_type``: a node task's seeds are of one type."""
-        return ids
+    def by_type(self, ids: torch.Tensor):
+        """``LinkSeeds.by_type``: a node task's seeds are of one type, a typed graph's its target."""
+        return {self.graph.target: ids} if isinstance(self.graph, TypedGraph) else ids
 
 
 def training_seeds(graph: Graph | TypedGraph) -> torch.Tensor:

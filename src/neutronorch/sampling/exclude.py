@@ -15,7 +15,7 @@ import torch
 from numba import njit
 
 import neutronorch.jit  # noqa: F401 - says when these kernels are compiled (a cold cache)
-from neutronorch.sampling.block import Block, SampledSubgraph
+from neutronorch.sampling.block import Block, SampledSubgraph, TypedBlock
 
 
 def pair_keys(pairs: torch.Tensor, num_nodes: int) -> torch.Tensor:
@@ -51,7 +51,7 @@ def exclude_from_block(block: Block, sources: torch.Tensor, pairs: torch.Tensor,
     return _without(block, sources, pair_keys(pairs.to(sources.device), num_nodes), num_nodes)
 
 
-def exclude_from_typed_block(tblock, pairs: torch.Tensor, ends) -> object:
+def exclude_from_typed_block(tblock: TypedBlock, pairs: torch.Tensor, ends) -> TypedBlock:
     """``exclude_from_block`` of a typed block, ``pairs`` in ``ends``' stacked ids (``LinkEnds``)."""
     if pairs.shape[1] == 0:
         return tblock
@@ -59,7 +59,7 @@ def exclude_from_typed_block(tblock, pairs: torch.Tensor, ends) -> object:
     return _typed_without(tblock, pair_keys(pairs.to(device), ends.num_nodes), ends.num_nodes, ends)
 
 
-def _typed_without(tblock, keys: torch.Tensor, num_nodes: int, ends):
+def _typed_without(tblock: TypedBlock, keys: torch.Tensor, num_nodes: int, ends) -> TypedBlock:
     """``tblock`` without the edges in ``keys`` of ``ends.relation`` and of its reverse."""
     kept = {}
     for relation in (ends.relation, ends.reverse):

@@ -19,6 +19,7 @@ from neutronorch.observe import Spans
 from neutronorch.orchestration.batch import MiniBatch, each, per_type
 from neutronorch.orchestration.neutronorch.planner import Plan, PlanStats
 
+
 @dataclass
 class Splice:
     """A mini-batch's place in its super-batch and how its bottom-layer output is assembled (a typed

@@ -243,14 +243,6 @@ def choose(slot: np.ndarray, into: list[tuple[np.ndarray, int]], bottoms: list[n
                   int(distinct.shape[0]), int(dst.shape[0]), int(hot_counts.sum()), capped)
 
 
-def of_type(fresh: list | None, t, target):
-    """The fresh vertices of type ``t`` of each mini-batch: a typed link batch's are by type (a mapping), a
-    node batch's of the target type."""
-    if fresh is None:
-        return None
-    return [f.get(t) if isinstance(f, Mapping) else f if t == target else None for f in fresh]
-
-
 class Planner:
     """Plans over a graph's kinds of destination: a homogeneous graph's one (key ``None``; its plans hold
     plain arrays) or a typed graph's vertex types (``choose`` per type). ``bottom_fanouts`` and ``indptrs``
@@ -280,7 +272,7 @@ class Planner:
         """``uppers``: (mini-batch index, key, upper-hop sample) per mini-batch. ``hot``: a resumed
         super-batch's hot set, instead of ranking by ``ratio`` (ratio 0 without it: all cold, ``reached``
         0 and no probe). ``fresh``: per mini-batch, vertices never hot in it besides its seeds
-        (``SeedBatch.batch_seeds``; None: none)."""
+        (``SeedBatch.batch_seeds``, per type on a typed graph as ``hot``; None: none)."""
         bottoms = [upper.frontiers[0] if self.target else {None: upper.frontiers[0]} for _, _, upper in uppers]
         choices, none = {}, self._positions(np.empty(0, np.int64))  # once, not once per mini-batch
         for t in self._slot:
@@ -294,8 +286,8 @@ class Planner:
             own = [len(upper.frontiers[-1].get(t, ())) if self.target else upper.seeds.shape[0]
                    for _, _, upper in uppers]
             chosen = hot if hot is None or not self.target else hot.get(t, np.empty(0, np.int64))
-            choices[t] = self._choose(t, mine, own, ratio, cap, chosen, of_type(fresh, t, self.target),
-                                      super_batch_id)
+            extra = fresh if fresh is None or not self.target else [f.get(t) for f in fresh]
+            choices[t] = self._choose(t, mine, own, ratio, cap, chosen, extra, super_batch_id)
         planned = tuple(PlannedBatch(index, key, upper, *(self._as_plan({t: getattr(choices[t], part)[b] for t in
                                                                          bottoms[b]}, True)
                                                           for part in ("cold_pos", "hot_pos", "hot_rows")),
