@@ -67,16 +67,18 @@ def test_a_typed_run_writes_last_and_best_which_load_and_say_what_they_are(mag, 
     parameters = sum(p.numel() for p in last.model.parameters())
     size = (directory / "last.pt").stat().st_size
     assert 12 * parameters < size < 12 * parameters + 200_000, (size, parameters)
-    # A homogeneous reader says what the file is, and the typed one refuses a homogeneous checkpoint.
+    # load_checkpoint reads either kind; a reader asking for one kind says what the other's file is.
+    assert load_checkpoint(directory / "last.pt").typed
     with pytest.raises(CheckpointError, match="last.pt: the checkpoint of a typed graph's run \\(model sage, dataset "
-                                              "synthetic-typed.*not of a homogeneous graph's run; read it with "
-                                              "load_typed_checkpoint"):
-        load_checkpoint(directory / "last.pt")
+                                              "synthetic-typed.*not of a homogeneous graph's run; predict, embed or "
+                                              "resume it with its typed graph"):
+        load_checkpoint(directory / "last.pt", kind="homogeneous")
     homogeneous = tmp_path / "h"
     train(TrainConfig(dataset="synthetic:nodes=300,degree=4,features=4,classes=3", fanouts=[2], hidden=8, epochs=1,
                       checkpoint_dir=str(homogeneous), progress=False))
-    with pytest.raises(CheckpointError, match="the checkpoint of a homogeneous graph's run \\(model sage.*read it "
-                                              "with load_checkpoint"):
+    assert not load_checkpoint(homogeneous / "last.pt").typed
+    with pytest.raises(CheckpointError, match="the checkpoint of a homogeneous graph's run \\(model sage.*resume it "
+                                              "with a homogeneous graph"):
         load_typed_checkpoint(homogeneous / "last.pt")
 
 

@@ -28,12 +28,8 @@ from neutronorch.train.table_files import attach_tables, checkpoint_tables, samp
 FORMAT_VERSION = 4
 HOMOGENEOUS, TYPED = "homogeneous", "typed"  # the kinds; a checkpoint of format 1 or 2 is homogeneous
 # How a reader expecting another kind names each kind, and what reads it.
-_KIND_READERS = {
-    HOMOGENEOUS: ("a homogeneous graph's run", "load_checkpoint, and predict, embed or resume it with a homogeneous "
-                                               "graph"),
-    TYPED: ("a typed graph's run", "load_typed_checkpoint, and predict, embed or resume it with its typed graph "
-                                   "(docs/heterogeneous.md)"),
-}
+_KIND_READERS = {HOMOGENEOUS: ("a homogeneous graph's run", "a homogeneous graph"),
+                 TYPED: ("a typed graph's run", "its typed graph (docs/heterogeneous.md)")}
 
 
 def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Graph | TypedGraph, model: torch.nn.Module,
@@ -90,11 +86,13 @@ class Checkpoint:
 
 
 def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module | None = None,
-                    kind: str = HOMOGENEOUS) -> Checkpoint:
-    """Read a checkpoint of ``kind`` written by training: the model (ready for inference) and what produced
-    it. A run of your own model (``train(..., model=...)``) saved its weights only: give ``model``, a module
-    of the same class, which receives them."""
+                    kind: str | None = None) -> Checkpoint:
+    """Read a checkpoint written by training, of either kind of graph (of ``kind`` when given, else of the
+    kind the file says): the model (ready for inference) and what produced it. A run of your own model
+    (``train(..., model=...)``) saved its weights only: give ``model``, a module of the same class, which
+    receives them."""
     state = load_state(path, kind)
+    kind = state.get("kind", HOMOGENEOUS)
     if kind == TYPED and "link_head" in state["model_args"]:
         raise CheckpointError(f"{path}: a typed graph's link checkpoint; `predict` and `embed` read a typed "
                               f"graph's node-task checkpoints only for now (docs/heterogeneous.md).")
@@ -104,18 +102,17 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module | None = Non
 
 
 def load_typed_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """``load_checkpoint`` of a typed run's checkpoint (``last.pt`` or ``best.pt``), which ``predict`` and
-    ``embed`` take (or its path) with a ``TypedGraph``."""
+    """``load_checkpoint`` of a file that must be a typed run's checkpoint."""
     return load_checkpoint(path, kind=TYPED)
 
 
-def load_state(path: str | os.PathLike, kind: str = HOMOGENEOUS) -> dict:
-    """The raw contents of a checkpoint file of ``kind``, checked to be one this neutronorch can read: every
+def load_state(path: str | os.PathLike, kind: str | None = None) -> dict:
+    """The raw contents of a checkpoint file of ``kind`` (None: of either), checked to be one this neutronorch can read: every
     part training and prediction read is there, of its type, and the weights fit the model they belong to (a
     typed one's memory-mapped tables attached from the files beside it)."""
     path = Path(path)
     state = read_state(path, kind)
-    if kind == TYPED:
+    if state.get("kind", HOMOGENEOUS) == TYPED:
         if "typed_mode_state" in state:  # format 3's name for the mode's state
             state["mode_state"] = state.pop("typed_mode_state") or {}
         check_parts(state, path, optional=OPTIONAL_PARTS[:-2], fingerprint=TYPED_FINGERPRINT_KEYS)
@@ -130,9 +127,10 @@ def load_state(path: str | os.PathLike, kind: str = HOMOGENEOUS) -> dict:
     return state
 
 
-def read_state(path: Path, kind: str) -> dict:
+def read_state(path: Path, kind: str | None) -> dict:
     """A checkpoint file's contents, read safely (tensors and plain values only), of a format version this
-    neutronorch reads and of ``kind`` (a file of another kind is refused saying what it is); its parts are
+    neutronorch reads and of a kind it reads (``kind`` when given: a file of another kind is refused saying
+    what it is); its parts are
     not checked yet (``check_parts``)."""
     if not path.is_file():
         raise CheckpointError(f"{path}: {not_a_file(path, 'no such checkpoint file')}"
@@ -158,15 +156,16 @@ def read_state(path: Path, kind: str) -> dict:
         raise CheckpointError(f"{path}: written in checkpoint format {version} by a newer "
                               f"neutronorch; this one reads format {FORMAT_VERSION}. Upgrade neutronorch.")
     found = state.get("kind", HOMOGENEOUS)
-    if found != kind:
-        if found not in _KIND_READERS:
-            raise CheckpointError(f"{path}: a checkpoint of kind {found!r}, which this neutronorch does not read "
-                                  f"(it reads {' and '.join(_KIND_READERS)} ones).")
+    if found not in _KIND_READERS:
+        raise CheckpointError(f"{path}: a checkpoint of kind {found!r}, which this neutronorch does not read "
+                              f"(it reads {' and '.join(_KIND_READERS)} ones).")
+    if kind is not None and found != kind:
         args = state.get("model_args") if isinstance(state.get("model_args"), dict) else {}
         dataset = state.get("dataset") if isinstance(state.get("dataset"), dict) else {}
         what, reader = _KIND_READERS[found]
         raise CheckpointError(f"{path}: the checkpoint of {what} (model {args.get('kind', '?')}, dataset "
-                              f"{dataset.get('name', '?')}), not of {_KIND_READERS[kind][0]}; read it with {reader}.")
+                              f"{dataset.get('name', '?')}), not of {_KIND_READERS[kind][0]}; predict, embed or "
+                              f"resume it with {reader}.")
     return state
 
 
