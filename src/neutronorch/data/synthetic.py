@@ -121,7 +121,8 @@ def generate(spec: SyntheticSpec, split: str | None = None, split_seed: int | No
         labels = rng.integers(0, c, n, dtype=np.int64)
         pool = Pool(weights, labels, c)
         num_pairs = int(round(n * spec.degree / 2))
-        first = pool.draw_any(rng, num_pairs)
+        first = pool.by_class[_draw(rng, pool.cumulative, np.zeros(num_pairs),
+                                    np.full(num_pairs, pool.cumulative[-1]))]
         second = pool.draw(rng, labels[first], spec.homophily)
         indptr, indices = edges_to_csc(first, second, n, symmetric=True)
         if indices.shape[0] == 0:  # every draw fell on one vertex: only self loops, which are dropped
@@ -173,10 +174,6 @@ class Pool:
         end = np.searchsorted(classes[self.by_class], np.arange(num_classes), side="right")
         self.class_hi = self.cumulative[end - 1]
         self.class_lo = np.concatenate(([0.0], self.class_hi[:-1]))
-
-    def draw_any(self, rng: np.random.Generator, count: int) -> np.ndarray:
-        """``count`` vertices, by weight."""
-        return self.by_class[_draw(rng, self.cumulative, np.zeros(count), np.full(count, self.cumulative[-1]))]
 
     def draw(self, rng: np.random.Generator, wanted: np.ndarray, homophily: float) -> np.ndarray:
         """One vertex per entry of ``wanted``, by weight: of that class with probability ``homophily``, else
