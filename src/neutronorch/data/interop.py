@@ -268,8 +268,11 @@ def _put_target(graph: Graph | TypedGraph, store, label_key: str, torch) -> None
         store[name] = torch.from_numpy(mask)
 
 
-def _check_target(stores: dict, target: str, name: str, keys: dict) -> None:
-    """``target`` is a node type, and no other type carries labels or split masks."""
+def _typed_graph(name: str, num_nodes: dict[str, int], stores: dict, edges: dict, target: str, keys: dict,
+                 num_classes: int | None, split: str | None, seed: int) -> TypedGraph:
+    """The validated typed graph of either library's parts: ``stores`` maps each type to its node data,
+    ``edges`` each relation to its (sources, destinations, edge features or None). Only ``target`` may carry
+    labels or split masks."""
     if target not in stores:
         raise DataError(f"{name}: no target type: {target!r} is not a node type of the {keys['holder']} "
                         f"({', '.join(stores)}). Name the type whose labels are predicted.")
@@ -279,13 +282,6 @@ def _check_target(stores: dict, target: str, name: str, keys: dict) -> None:
             raise DataError(f"{name}: type {node_type} carries {', '.join(stray)}, but the target is {target}; a "
                             f"typed graph has labels and a split on its target type only. Pass target="
                             f"{node_type!r}, or move them.")
-
-
-def _typed_graph(name: str, num_nodes: dict[str, int], stores: dict, edges: dict, target: str, keys: dict,
-                 num_classes: int | None, split: str | None, seed: int) -> TypedGraph:
-    """The validated typed graph of either library's parts: ``stores`` maps each type to its node data,
-    ``edges`` each relation to its (sources, destinations, edge features or None)."""
-    _check_target(stores, target, name, keys)
     features = {}
     for node_type, store in stores.items():
         key = next((k for k in keys["features"] if k in store), None)
