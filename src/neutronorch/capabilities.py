@@ -1,4 +1,4 @@
-"""What a run can train with, in one table: graph kind x mode x task x ranks -> runs, or why not; the
+"""What a run can train with: every graph kind trains every task in every mode, on one rank or several; the
 settings one kind of graph cannot honour; and what the loaders and your own module offer. The one source of
 what runs where: the configuration, ``check_run``, the loaders and the docs (``markdown``) read it here.
 Torch-free, and like config.py it uses nothing above it."""
@@ -15,15 +15,11 @@ KINDS = ("homogeneous", "typed")
 MODES = ("exact", "device", "neutronorch")
 MODE_CHOICES = MODES + ("auto",)  # auto: one of MODES, chosen when the run starts (orchestration/choice.py)
 TASKS = ("node", "link")
-RANKS = ("one", "several")
 # What auto resolves to where no rules choose (on a homogeneous graph, orchestration/choice.py's rules and probe).
 AUTO = {"typed": "exact"}
 
 NOT_YET = "not available for typed graphs yet"
 TYPED_DOCS = " docs/heterogeneous.md says what typed graphs train with."
-
-# The cells that do not run: (kind, mode, task, ranks), None matching any; the first that matches says why.
-REFUSED: tuple = ()
 
 # Settings one kind of graph cannot honour: (kind, settings, values refused (None: any but the default), why);
 # a kind "typed node" is a typed graph's node task. ``{it}`` in a reason is "it" or "them", as many settings as
@@ -88,21 +84,9 @@ OWN_MODULE_REFUSED = {
 }
 
 
-def refusal(kind: str, mode: str, task: str, ranks: int | str = 1) -> str | None:
-    """Why a run of ``task`` on a graph of ``kind`` in ``mode`` on ``ranks`` (a count, or one/several) does not
-    run, or None where it runs. ``auto`` runs where the mode it resolves to runs (``AUTO``), or where any does."""
-    ranks = ranks if isinstance(ranks, str) else "one" if ranks <= 1 else "several"
-    if mode == "auto":
-        reasons = [refusal(kind, m, task, ranks) for m in ((AUTO[kind],) if kind in AUTO else MODES)]
-        return None if None in reasons else reasons[0]
-    asked = (kind, mode, task, ranks)
-    return next((reason for cell, reason in REFUSED
-                 if all(want is None or want == got for want, got in zip(cell, asked))), None)
-
-
-def check_run(config, kind: str, ranks: int = 1) -> None:
-    """Raise ``ConfigError`` for the first thing the run of ``config`` on a graph of ``kind`` cannot do: its
-    cell of the table, a setting its kind of graph cannot honour, a setting only another mode honours."""
+def check_run(config, kind: str) -> None:
+    """Raise ``ConfigError`` for the first setting the run of ``config`` on a graph of ``kind`` cannot honour:
+    one its kind of graph cannot, or one only another mode honours."""
     mode = AUTO[kind] if config.mode == "auto" and kind in AUTO else config.mode
     named = mode if mode == config.mode else f"auto (which runs {mode} on a {kind} graph)"
     rules = [(why, config.settings_given(names) if values is None
@@ -110,12 +94,10 @@ def check_run(config, kind: str, ranks: int = 1) -> None:
              for rule_kind, names, values, why in UNHONOURED if rule_kind in (kind, f"{kind} {config.task}")]
     rules += [(why, config.settings_given(names))
               for modes, names, why in MODE_ONLY if mode not in (*modes, "auto")]
-    reason = refusal(kind, config.mode, config.task, ranks)
     for why, given in rules:
-        if reason is None and given:
-            reason = f"{', '.join(given)}: {why.format(it='it' if len(given) == 1 else 'them', mode=named)}"
-    if reason is not None:
-        raise ConfigError(reason + (TYPED_DOCS if kind == "typed" else ""))
+        if given:
+            why = why.format(it="it" if len(given) == 1 else "them", mode=named)
+            raise ConfigError(f"{', '.join(given)}: {why}" + (TYPED_DOCS if kind == "typed" else ""))
 
 
 def check_prediction(kind: str, **given) -> None:
@@ -127,21 +109,9 @@ def check_prediction(kind: str, **given) -> None:
 
 def markdown() -> str:
     """The tables as docs/architecture.md shows them (``tests/test_docs.py`` checks that it does)."""
-    reasons: list[str] = []
-
-    def cell(kind, mode, task, ranks):
-        reason = refusal(kind, mode, task, ranks)
-        if reason is None:
-            return "runs"
-        if reason not in reasons:
-            reasons.append(reason)
-        return f"refused ({reasons.index(reason) + 1})"
-
     lines = ["| graph | task | mode | one rank | several ranks |", "|---|---|---|---|---|"]
-    for kind, task, mode in product(KINDS, TASKS, MODES):
-        lines.append(f"| {kind} | {task} | {mode} | {cell(kind, mode, task, 'one')} | "
-                     f"{cell(kind, mode, task, 'several')} |")
-    lines += [""] + [f"{n}. {reason}" for n, reason in enumerate(reasons, 1)] if reasons else []
+    lines += [f"| {kind} | {task} | {mode} | runs | runs |"
+              for kind, task, mode in product(KINDS, TASKS, MODES)]
     lines += ["", "| graph | refuses the settings | because |", "|---|---|---|"]
     for kind, names, values, why in UNHONOURED:
         settings = ", ".join(f"`{name}`" for name in names)

@@ -8,7 +8,7 @@ import numbers
 import numpy as np
 import torch
 
-from neutronorch.capabilities import LOADER_KIND_REFUSED, LOADER_MODES, LOADER_REFUSED, TYPED_DOCS, refusal
+from neutronorch.capabilities import LOADER_KIND_REFUSED, LOADER_MODES, LOADER_REFUSED, TYPED_DOCS
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
 from neutronorch.data.pairs import pair_columns
 from neutronorch.errors import ConfigError
@@ -137,9 +137,6 @@ def check_mode(mode, kind: str = "homogeneous", task: str = "node") -> str:
     if mode not in LOADER_MODES:
         raise ConfigError(f"`mode` {mode!r}: the loader runs mode exact (sampling and gathering on the host, in a "
                           f"background thread) or device (on the training device).")
-    refused = refusal(kind, mode, task)
-    if refused is not None:
-        raise ConfigError(refused + (TYPED_DOCS if kind == "typed" else ""))
     return mode
 
 

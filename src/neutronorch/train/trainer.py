@@ -41,7 +41,7 @@ from neutronorch.train.optim import Adam
 from neutronorch.train.resources import (check_threading_layer, keep_freed_memory, memory_budget, numba_threads,
                                          resolve_device, thread_budget, torch_threads)
 from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, dataset_fingerprint, load_state
-from neutronorch.train.distributed import GradientSync, World, joined, rank_device, rank_settings, world_size
+from neutronorch.train.distributed import GradientSync, World, joined, rank_device, rank_settings
 from neutronorch.train.outputs import check_checkpoint_space, check_outputs
 from neutronorch.train.replacing import claim_outputs
 from neutronorch.train.run import Built, Run, summarised
@@ -76,7 +76,7 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
         graph is None and is_typed_dataset(config.dataset))
     if typed and model is not None:
         check_own_model_config(config)  # before the graph is read
-    check_run(config, TYPED if typed else HOMOGENEOUS, world_size())
+    check_run(config, TYPED if typed else HOMOGENEOUS)
     config = rank_settings(config)  # data parallel: only rank 0 writes the summary and logs
     check_outputs(config, {"graph": graph.files()} if graph is not None else None)
     device = rank_device(resolve_device(config.device))
