@@ -79,11 +79,8 @@ class TypedGraph(GraphCommon):
 
     @property
     def num_edges(self) -> int:
-        """Edges over all relations (``edge_counts`` has them per relation)."""
+        """Edges over all relations (each relation's ``num_edges`` has its own)."""
         return sum(relation.num_edges for relation in self.relations.values())
-
-    def edge_counts(self) -> dict[RelationType, int]:
-        return {key: relation.num_edges for key, relation in self.relations.items()}
 
     def feature_dim(self, node_type: str) -> int:
         """The feature width of ``node_type``; 0 for a type without features."""
