@@ -91,14 +91,6 @@ class Relation:
         np.cumsum(np.bincount(dst, minlength=num_dst), out=indptr[1:])
         return Relation(indptr, src.astype(np.int32 if num_src <= INT32_LIMIT else np.int64, copy=False), features)
 
-    def transpose(self, num_src: int) -> "Relation":
-        """The same edges reversed: a CSC over this relation's source type (``num_src`` vertices), edge
-        features carried along. Builds in memory (8 bytes an edge a few times over)."""
-        src, dst = self.edges()
-        features = None if self.edge_features is None else np.asarray(self.edge_features)
-        return Relation.from_edges(dst, src, self.indptr.shape[0] - 1, num_src, features,
-                                   source="a relation's transpose")
-
 
 def _edge_feature_rows(edge_features, num_edges: int, source: str) -> np.ndarray | None:
     if edge_features is None:

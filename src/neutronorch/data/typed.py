@@ -126,13 +126,16 @@ class TypedGraph(GraphCommon):
 
     def with_reverse(self) -> "TypedGraph":
         """A graph (sharing this one's arrays) that also holds ``(dst, rev_NAME, src)``, a CSC transpose with
-        the edge features, for every relation with no reverse yet (``reverse_of``), after the existing ones.
-        """
+        the edge features, for every relation with no reverse yet (``reverse_of``), after the existing ones; a
+        transpose is built in memory (8 bytes an edge a few times over)."""
         relations = dict(self.relations)
-        for key in self.relations:
-            if self.reverse_of(key) is None:
-                src, name, dst = key
-                relations[(dst, REVERSE_PREFIX + name, src)] = self.relations[key].transpose(self.num_nodes[src])
+        for (src, name, dst), relation in self.relations.items():
+            if self.reverse_of((src, name, dst)) is None:
+                tails, heads = relation.edges()
+                features = None if relation.edge_features is None else np.asarray(relation.edge_features)
+                relations[(dst, REVERSE_PREFIX + name, src)] = Relation.from_edges(
+                    heads, tails, relation.indptr.shape[0] - 1, self.num_nodes[src], features,
+                    source="a relation's transpose")
         return replace(self, relations=relations, notes=list(self.notes))
 
     def describe(self) -> str:
