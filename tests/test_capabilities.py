@@ -24,7 +24,7 @@ GIVEN = {"link_head": "mlp", "negatives": 4, "eval_negatives": 5, "link_directio
 
 @pytest.mark.parametrize("kind, mode, task", CELLS, ids=lambda v: str(v))
 def test_every_cell_runs(kind, mode, task):
-    """Both kinds of graph train every task in every mode (on one rank and on several: no check reads the ranks)."""
+    """Both kinds of graph train every task in every mode, on one rank and on several (no check reads it)."""
     check_run(TrainConfig(mode=mode, task=task).validate(), kind)
 
 
