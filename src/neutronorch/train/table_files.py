@@ -54,8 +54,7 @@ def check_table_folders(config: TrainConfig) -> None:
     if not config.checkpoint_dir or config.resume or config.overwrite:
         return
     folder = Path(config.checkpoint_dir).expanduser()
-    found = [p.name for name in CHECKPOINT_FILES for p in table_folders(folder, Path(name).stem)] \
-        if folder.is_dir() else []
+    found = [p.name for name in CHECKPOINT_FILES for p in table_folders(folder, Path(name).stem)]
     if found:
         raise ConfigError(f"`checkpoint_dir` {folder}: holds an earlier run's embedding table files "
                           f"({', '.join(found)}) and they are never replaced silently. Give a new folder, continue "
