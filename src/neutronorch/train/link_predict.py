@@ -5,6 +5,7 @@ embed")."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 from pathlib import Path
@@ -106,17 +107,13 @@ def _check_range(pairs: np.ndarray, num_nodes: int, what: str, text: Path | None
 
 def _data_lines(path: Path, last: int) -> list[int] | None:
     """The line numbers (from 1) of a text file's pairs 0..last (blank and ``#`` lines skipped, as read)."""
-    lines = []
     try:
         with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if line.strip() and not line.lstrip().startswith("#"):
-                    lines.append(number)
-                    if len(lines) > last:
-                        return lines
+            numbers = (n for n, line in enumerate(f, 1) if line.strip() and not line.lstrip().startswith("#"))
+            lines = list(itertools.islice(numbers, last + 1))
     except OSError:
         return None
-    return None
+    return lines if len(lines) > last else None
 
 
 @torch.no_grad()
