@@ -48,7 +48,7 @@ def needs_buckets(x: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` over bucketed rows where that matters (see the module docstring), or
     through ``x``'s nonzeros when it is mostly zeros (``nn/sparse_input.py``)."""
-    if sparse_input.sparse_enough(x):
+    if sparse_input.dense_equivalent(x) < 1.0:
         return sparse_input.project(x, weight, bias)
     rows = x.shape[0]
     if x.dim() != 2 or not needs_buckets(x) or padded_rows(rows) == rows:
