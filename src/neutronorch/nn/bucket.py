@@ -40,9 +40,7 @@ def head_rows(rows: int) -> int:
 def needs_buckets(x: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
     """Whether a product of ``x`` (in ``dtype``, default what autocast or ``x`` makes it) runs in bfloat16
     on the CPU."""
-    if x.device.type != "cpu":
-        return False
-    return (dtype or compute_dtype(x)) == torch.bfloat16
+    return x.device.type == "cpu" and (dtype or compute_dtype(x)) == torch.bfloat16
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
