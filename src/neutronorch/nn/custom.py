@@ -17,8 +17,6 @@ from neutronorch.nn.models import Tables
 from neutronorch.nn.splice import splice
 from neutronorch.sampling.block import pyg_form
 
-__all__ = ["ModelProtocolError", "UserModel", "PROTOCOL", "TYPED_PROTOCOL", "check_trainable"]
-
 PROTOCOL = ("forward(x, edge_index) returning a row per vertex of x (the PyG form), or forward(blocks, x) "
             "returning a row per destination of the last block (the block form); docs/models.md, 'Your own "
             "model'")

@@ -14,8 +14,6 @@ from neutronorch.nn.models import GNN, Tables
 from neutronorch.nn.names import LINK_HEADS
 from neutronorch.nn.typed_models import TypedGNN
 
-__all__ = ["LINK_HEADS", "DotHead", "LinkModel", "MLPHead", "glorot_"]
-
 
 def glorot_(module: GNN, input_norm: float = 1.0) -> GNN:
     """Every ``nn.Linear`` of ``module`` started again: its weight from Glorot's uniform with the ReLU gain,

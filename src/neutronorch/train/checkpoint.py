@@ -107,9 +107,9 @@ def load_typed_checkpoint(path: str | os.PathLike) -> Checkpoint:
 
 
 def load_state(path: str | os.PathLike, kind: str | None = None) -> dict:
-    """The raw contents of a checkpoint file of ``kind`` (None: of either), checked to be one this neutronorch can read: every
-    part training and prediction read is there, of its type, and the weights fit the model they belong to (a
-    typed one's memory-mapped tables attached from the files beside it)."""
+    """The raw contents of a checkpoint file of ``kind`` (None: of either), checked to be one this neutronorch
+    can read: every part training and prediction read is there, of its type, and the weights fit the model
+    they belong to (a typed one's memory-mapped tables attached from the files beside it)."""
     path = Path(path)
     state = read_state(path, kind)
     if state.get("kind", HOMOGENEOUS) == TYPED:
@@ -130,8 +130,7 @@ def load_state(path: str | os.PathLike, kind: str | None = None) -> dict:
 def read_state(path: Path, kind: str | None) -> dict:
     """A checkpoint file's contents, read safely (tensors and plain values only), of a format version this
     neutronorch reads and of a kind it reads (``kind`` when given: a file of another kind is refused saying
-    what it is); its parts are
-    not checked yet (``check_parts``)."""
+    what it is); its parts are not checked yet (``check_parts``)."""
     if not path.is_file():
         raise CheckpointError(f"{path}: {not_a_file(path, 'no such checkpoint file')}"
                               + (" (give DIR/best.pt or DIR/last.pt of --checkpoint-dir)." if path.is_dir() else "."))
