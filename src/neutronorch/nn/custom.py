@@ -122,14 +122,6 @@ class UserModel(Tables, nn.Module):
             return module
         return cls(module, num_layers, width)
 
-    @classmethod
-    def to_train(cls, module: nn.Module, num_layers: int, width: int) -> "UserModel":
-        """``wrap``, refusing a module training could not update (``check_trainable``); ``predict`` and
-        ``embed`` take a frozen one."""
-        model = cls.wrap(module, num_layers, width)
-        check_trainable(model.module, model.kind)
-        return model
-
     @property
     def reuses(self) -> bool:
         """Whether NeutronOrch mode can reuse its bottom layer (``bottom`` and ``upper`` given)."""
