@@ -69,12 +69,6 @@ class LinkModel(Tables, nn.Module):
         # What rebuilds this model (a checkpoint stores it next to the weights).
         self.arguments = {"link_head": head, "head_dropout": dropout, "encoder": dict(encoder.arguments)}
 
-    @classmethod
-    def from_arguments(cls, arguments: dict, encoder=None) -> "LinkModel":
-        """The model ``arguments`` describe; ``encoder`` builds the encoder from its own (default a ``GNN``)."""
-        build = encoder or (lambda args: GNN(**args))
-        return cls(build(arguments["encoder"]), arguments["link_head"], arguments.get("head_dropout", 0.0))
-
     @property
     def needs_degrees(self) -> bool:
         return self.encoder.needs_degrees

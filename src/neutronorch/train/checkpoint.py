@@ -242,12 +242,12 @@ def _model(state: dict, path: Path, given: torch.nn.Module | None = None) -> tor
     if "custom" in args or given is not None:
         return _user_model(state, path, given)
     try:
-        typed_gnn = lambda a: TypedGNN(**{**a, "spec": TypedSpec.from_dict(a["spec"])},  # noqa: E731
-                                       tables=checkpoint_tables(state))
+        build = (lambda a: TypedGNN(**{**a, "spec": TypedSpec.from_dict(a["spec"])},
+                                    tables=checkpoint_tables(state))) if typed else (lambda a: GNN(**a))
         if "link_head" in args:  # a link task's: its encoder and head
-            model = LinkModel.from_arguments(args, typed_gnn if typed else None)
+            model = LinkModel(build(args["encoder"]), args["link_head"], args.get("head_dropout", 0.0))
         else:
-            model = typed_gnn(args) if typed else GNN(**args)
+            model = build(args)
     except Exception as exc:  # noqa: BLE001 - foreign arguments fail in the constructor in many ways
         raise CheckpointError(f"{path}: its model arguments build no {'relational ' * typed}model "
                               f"({type(exc).__name__}: {exc}). The file is damaged or from another program; use "
