@@ -67,9 +67,8 @@ def stored_tables(state: dict, path: Path, tables, version: int):
     (``TypedTables``, None for none) written into a new folder beside ``path`` and taken out of ``state``,
     which names them instead; the folder removed again if the write fails, and once it succeeds the folders
     of ``path``'s name it replaces."""
-    mapped = tables.arrays if tables is not None else {}
     made = None
-    if mapped:
+    if tables is not None and tables.arrays:
         made, record = _write_folder(path, tables, version)
         order = list(tables.shapes)
         optimizer = (state.get("tables_optimizer") or {}).get("state", {}).get("tables")
