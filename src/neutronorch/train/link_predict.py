@@ -133,17 +133,16 @@ def score_pairs(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, pairs:
                             {"pairs": [pairs] if isinstance(pairs, (str, os.PathLike)) else []})
     checkpoint, graph = checkpoint_for(checkpoint, graph, pairs=True)
     pairs = torch.from_numpy(read_pairs(pairs, graph.num_nodes, layout, source))
-    target = torch.device(device)
-    model = checkpoint.model.to(target).eval()
+    model = checkpoint.model.to(device).eval()
     encoder = model.encoder
     folder = scratch_folder(encoder, graph, encoder.num_layers, scratch, out)
     check = output_check("scores", "pairs")
 
     def fill(scores: np.ndarray) -> None:
         nodes = torch.unique(pairs.reshape(-1))  # sorted: a pair's rows are found by binary search
-        with last_layer_rows(encoder, graph, FeatureStore(graph.features, graph.labels), nodes, target, chunk_size,
+        with last_layer_rows(encoder, graph, FeatureStore(graph.features, graph.labels), nodes, device, chunk_size,
                              scratch=folder, progress=progress) as rows:
-            row = lambda ids: rows[torch.searchsorted(nodes, ids)].to(target)  # noqa: E731
+            row = lambda ids: rows[torch.searchsorted(nodes, ids)].to(device)  # noqa: E731
             for start in range(0, pairs.shape[1], chunk_size):
                 chunk = pairs[:, start:start + chunk_size]
                 logits = model.score(row(chunk[0]), row(chunk[1])).float().cpu()
