@@ -28,7 +28,7 @@ def test_equals_the_dense_product_and_its_gradients():
     x = _rows()
     w = torch.randn(64, 600, requires_grad=True)
     b = torch.randn(64, requires_grad=True)
-    assert sparse_input.sparse_enough(x)
+    assert sparse_input.dense_equivalent(x) < 1.0
     dense, sparse = F.linear(x, w, b), sparse_input.project(x, w, b)
     torch.testing.assert_close(sparse, dense, rtol=1e-5, atol=1e-5)
     grad = torch.randn_like(dense)
@@ -53,7 +53,7 @@ def test_several_weights_side_by_side_and_the_input_gradient():
 def test_bfloat16_rows_and_autocast_give_what_the_dense_product_gives():
     x = _rows(dtype=torch.bfloat16)
     w = torch.randn(32, 600)
-    assert sparse_input.sparse_enough(x)
+    assert sparse_input.dense_equivalent(x) < 1.0
     out = sparse_input.project(x, w)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), F.linear(x.float(), w), rtol=1e-2, atol=1e-2)
@@ -65,7 +65,6 @@ def test_bfloat16_rows_and_autocast_give_what_the_dense_product_gives():
 def test_only_mostly_zero_wide_feature_rows_qualify(case):
     x = {"dense": _rows(density=0.5), "narrow": _rows(width=100), "needs grad": _rows().requires_grad_(),
          "int": _rows().long(), "empty": _rows(n=0)}[case]
-    assert not sparse_input.sparse_enough(x)
     assert sparse_input.dense_equivalent(x) == 1.0
 
 
@@ -93,11 +92,11 @@ def test_layers_on_mostly_zero_rows_equal_their_dense_selves(layer, shape, monke
     module = {"sage": lambda: SAGEConv(600, 32), "gcn": lambda: GCNConv(600, 32, norm="mean"),
               "gat": lambda: GATConv(600, 32, heads=2)}[layer]()
     block, x = _block(num_dst, num_src), _rows(n=num_src)
-    assert sparse_input.sparse_enough(x)
+    assert sparse_input.dense_equivalent(x) < 1.0
     sparse = module(block, x)
     grads = torch.autograd.grad(sparse.square().sum(), list(module.parameters()))
     monkeypatch.setattr(sparse_input, "MAX_DENSITY", -1.0)  # every product dense
-    assert not sparse_input.sparse_enough(x)
+    assert sparse_input.dense_equivalent(x) == 1.0
     dense = module(block, x)
     torch.testing.assert_close(sparse, dense, rtol=1e-5, atol=1e-5)
     for g, e in zip(grads, torch.autograd.grad(dense.square().sum(), list(module.parameters()))):

@@ -64,13 +64,6 @@ def _layer_input_forward(indptr, indices, x, dst_offset, self_columns, include_s
             finish(o, offset, acc, np.float32(1.0) / np.float32(max(count, 1)))
 
 
-@njit(cache=True, nogil=True)
-def _transpose(indptr, indices, num_src):
-    """For each source, the destinations that read it (CSR of the transposed block), in a stable order."""
-    src_ptr, edges, dst = transpose_edges(indptr, indices, num_src)
-    return src_ptr, dst[edges]
-
-
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _layer_input_backward(indptr, src_ptr, readers, grad_h, dst_offset, self_columns, include_self, grad_x):
     """The adjoint of ``_layer_input_forward``, one source row at a time over the transposed block."""
@@ -108,10 +101,10 @@ def _layer_input_backward(indptr, src_ptr, readers, grad_h, dst_offset, self_col
 
 def _input_grad(block, grad, width, dtype, kernel, *args):
     """The source rows' gradient by the adjoint ``kernel(indptr, src_ptr, readers, grad, dst_offset, *args,
-    grad_x)``."""
-    src_ptr, readers = _transpose(block.indptr.numpy(), block.indices.numpy(), block.num_src)
+    grad_x)``: ``readers[src_ptr[u]:src_ptr[u + 1]]`` the destinations that read source ``u``."""
+    src_ptr, edges, dst = transpose_edges(block.indptr.numpy(), block.indices.numpy(), block.num_src)
     grad_x = torch.empty((block.num_src, width), dtype=dtype)
-    kernel(block.indptr.numpy(), src_ptr, readers, numpy_view(grad.contiguous()), block.dst_offset, *args,
+    kernel(block.indptr.numpy(), src_ptr, dst[edges], numpy_view(grad.contiguous()), block.dst_offset, *args,
            numpy_view(grad_x))
     return grad_x
 

@@ -40,15 +40,13 @@ def head_rows(rows: int) -> int:
 def needs_buckets(x: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
     """Whether a product of ``x`` (in ``dtype``, default what autocast or ``x`` makes it) runs in bfloat16
     on the CPU."""
-    if x.device.type != "cpu":
-        return False
-    return (dtype or compute_dtype(x)) == torch.bfloat16
+    return x.device.type == "cpu" and (dtype or compute_dtype(x)) == torch.bfloat16
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` over bucketed rows where that matters (see the module docstring), or
     through ``x``'s nonzeros when it is mostly zeros (``nn/sparse_input.py``)."""
-    if sparse_input.sparse_enough(x):
+    if sparse_input.dense_equivalent(x) < 1.0:
         return sparse_input.project(x, weight, bias)
     rows = x.shape[0]
     if x.dim() != 2 or not needs_buckets(x) or padded_rows(rows) == rows:

@@ -17,8 +17,6 @@ from neutronorch.nn.models import Tables
 from neutronorch.nn.splice import splice
 from neutronorch.sampling.block import pyg_form
 
-__all__ = ["ModelProtocolError", "UserModel", "PROTOCOL", "TYPED_PROTOCOL", "check_trainable"]
-
 PROTOCOL = ("forward(x, edge_index) returning a row per vertex of x (the PyG form), or forward(blocks, x) "
             "returning a row per destination of the last block (the block form); docs/models.md, 'Your own "
             "model'")
@@ -123,14 +121,6 @@ class UserModel(Tables, nn.Module):
                                          f"outputs; this run needs {num_layers} and {width}")
             return module
         return cls(module, num_layers, width)
-
-    @classmethod
-    def to_train(cls, module: nn.Module, num_layers: int, width: int) -> "UserModel":
-        """``wrap``, refusing a module training could not update (``check_trainable``); ``predict`` and
-        ``embed`` take a frozen one."""
-        model = cls.wrap(module, num_layers, width)
-        check_trainable(model.module, model.kind)
-        return model
 
     @property
     def reuses(self) -> bool:

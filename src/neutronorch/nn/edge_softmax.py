@@ -26,8 +26,6 @@ from neutronorch.nn.attention import attention_edges, head_dots
 from neutronorch.nn.rows import take_rows
 from neutronorch.sampling.block import Block
 
-__all__ = ["edge_softmax", "head_scores", "kernels"]
-
 # Whether CPU float tensors take the kernels (False: the torch ops everywhere).
 kernels = os.environ.get("NEUTRONORCH_EDGE_SOFTMAX", "kernels") != "torch"
 

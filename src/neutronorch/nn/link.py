@@ -14,8 +14,6 @@ from neutronorch.nn.models import GNN, Tables
 from neutronorch.nn.names import LINK_HEADS
 from neutronorch.nn.typed_models import TypedGNN
 
-__all__ = ["LINK_HEADS", "DotHead", "LinkModel", "MLPHead", "glorot_"]
-
 
 def glorot_(module: GNN, input_norm: float = 1.0) -> GNN:
     """Every ``nn.Linear`` of ``module`` started again: its weight from Glorot's uniform with the ReLU gain,
@@ -70,12 +68,6 @@ class LinkModel(Tables, nn.Module):
         self.kind, self.num_layers = encoder.kind, encoder.num_layers
         # What rebuilds this model (a checkpoint stores it next to the weights).
         self.arguments = {"link_head": head, "head_dropout": dropout, "encoder": dict(encoder.arguments)}
-
-    @classmethod
-    def from_arguments(cls, arguments: dict, encoder=None) -> "LinkModel":
-        """The model ``arguments`` describe; ``encoder`` builds the encoder from its own (default a ``GNN``)."""
-        build = encoder or (lambda args: GNN(**args))
-        return cls(build(arguments["encoder"]), arguments["link_head"], arguments.get("head_dropout", 0.0))
 
     @property
     def needs_degrees(self) -> bool:

@@ -26,8 +26,6 @@ from neutronorch.nn.splice import HotRows, splice, splice_relu_dropout
 from neutronorch.sampling.block import Block
 from neutronorch.sampling.neighbor_sampler import mix_key
 
-__all__ = ["GNN", "LayerStack", "Tables"]
-
 
 class Tables:
     """A model's weights by optimizer: ``embedding_parameters``, those of every sparse ``nn.Embedding`` or

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["take_rows"]
-
 
 def take_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``x[index]`` for an integer ``index`` of any shape (the result's shape is ``index.shape +

@@ -3,7 +3,7 @@ the rows are read once into a compressed form and multiplied through it; the wei
 sum, transposed. Measurements: docs/performance.md, "Mostly-zero feature rows".
 
 ``project`` equals ``F.linear`` up to float32 rounding, each output row written by one thread (the same
-whatever the threads), where ``sparse_enough(x)`` (a few rows sampled) lets it through.
+whatever the threads), where ``dense_equivalent(x)`` (a few rows sampled) is below 1.
 """
 
 from __future__ import annotations
@@ -83,22 +83,13 @@ def _compressed_times(ptr, index, values, dense, out):
                 o[j] += v * row[j]
 
 
-def _candidate(x: torch.Tensor) -> bool:
-    """A float32 or bfloat16 CPU matrix, at least ``MIN_WIDTH`` wide, with rows, that needs no gradient."""
-    return (x.device.type == "cpu" and x.dim() == 2 and supported(x.dtype)
-            and x.shape[1] >= MIN_WIDTH and x.shape[0] > 0 and not x.requires_grad)
-
-
-def sparse_enough(x: torch.Tensor) -> bool:
-    """Whether ``project`` should multiply ``x`` through its nonzeros (see the module docstring)."""
-    return dense_equivalent(x) < 1.0
-
-
 def dense_equivalent(x: torch.Tensor) -> float:
     """The share of a dense product's cost that a product of ``x`` costs: the share of nonzeros in
     ``PROBE_ROWS`` evenly spaced rows times ``SPARSE_PENALTY`` where that share is at most ``MAX_DENSITY``
-    (so below 1), else 1."""
-    if not _candidate(x):
+    (so below 1), else 1; always 1 unless ``x`` is a float32 or bfloat16 CPU matrix, at least ``MIN_WIDTH``
+    wide, with rows, that needs no gradient. Below 1, ``project`` multiplies ``x`` through its nonzeros."""
+    if not (x.device.type == "cpu" and x.dim() == 2 and supported(x.dtype) and x.shape[1] >= MIN_WIDTH
+            and x.shape[0] > 0 and not x.requires_grad):
         return 1.0
     share = float(_sample_density(numpy_view(x.contiguous()), PROBE_ROWS))
     return share * SPARSE_PENALTY if share <= MAX_DENSITY else 1.0
@@ -153,7 +144,7 @@ class _SparseRowsProduct(torch.autograd.Function):
 
 def project(x: torch.Tensor, weight: torch.Tensor | list[torch.Tensor], bias: torch.Tensor | None = None
             ) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` through ``x``'s nonzeros (where ``sparse_enough(x)``), in
+    """``F.linear(x, weight, bias)`` through ``x``'s nonzeros (where ``dense_equivalent(x) < 1``), in
     ``compute_dtype(x)``. A list of weights gives their outputs side by side; ``bias`` then spans them all."""
     weights = [weight] if isinstance(weight, torch.Tensor) else list(weight)
     dtype = compute_dtype(x)

@@ -107,9 +107,9 @@ def load_typed_checkpoint(path: str | os.PathLike) -> Checkpoint:
 
 
 def load_state(path: str | os.PathLike, kind: str | None = None) -> dict:
-    """The raw contents of a checkpoint file of ``kind`` (None: of either), checked to be one this neutronorch can read: every
-    part training and prediction read is there, of its type, and the weights fit the model they belong to (a
-    typed one's memory-mapped tables attached from the files beside it)."""
+    """The raw contents of a checkpoint file of ``kind`` (None: of either), checked to be one this neutronorch
+    can read: every part training and prediction read is there, of its type, and the weights fit the model
+    they belong to (a typed one's memory-mapped tables attached from the files beside it)."""
     path = Path(path)
     state = read_state(path, kind)
     if state.get("kind", HOMOGENEOUS) == TYPED:
@@ -130,8 +130,7 @@ def load_state(path: str | os.PathLike, kind: str | None = None) -> dict:
 def read_state(path: Path, kind: str | None) -> dict:
     """A checkpoint file's contents, read safely (tensors and plain values only), of a format version this
     neutronorch reads and of a kind it reads (``kind`` when given: a file of another kind is refused saying
-    what it is); its parts are
-    not checked yet (``check_parts``)."""
+    what it is); its parts are not checked yet (``check_parts``)."""
     if not path.is_file():
         raise CheckpointError(f"{path}: {not_a_file(path, 'no such checkpoint file')}"
                               + (" (give DIR/best.pt or DIR/last.pt of --checkpoint-dir)." if path.is_dir() else "."))
@@ -243,12 +242,12 @@ def _model(state: dict, path: Path, given: torch.nn.Module | None = None) -> tor
     if "custom" in args or given is not None:
         return _user_model(state, path, given)
     try:
-        typed_gnn = lambda a: TypedGNN(**{**a, "spec": TypedSpec.from_dict(a["spec"])},  # noqa: E731
-                                       tables=checkpoint_tables(state))
+        build = (lambda a: TypedGNN(**{**a, "spec": TypedSpec.from_dict(a["spec"])},
+                                    tables=checkpoint_tables(state))) if typed else (lambda a: GNN(**a))
         if "link_head" in args:  # a link task's: its encoder and head
-            model = LinkModel.from_arguments(args, typed_gnn if typed else None)
+            model = LinkModel(build(args["encoder"]), args["link_head"], args.get("head_dropout", 0.0))
         else:
-            model = typed_gnn(args) if typed else GNN(**args)
+            model = build(args)
     except Exception as exc:  # noqa: BLE001 - foreign arguments fail in the constructor in many ways
         raise CheckpointError(f"{path}: its model arguments build no {'relational ' * typed}model "
                               f"({type(exc).__name__}: {exc}). The file is damaged or from another program; use "

@@ -5,6 +5,7 @@ embed")."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 from pathlib import Path
@@ -106,17 +107,13 @@ def _check_range(pairs: np.ndarray, num_nodes: int, what: str, text: Path | None
 
 def _data_lines(path: Path, last: int) -> list[int] | None:
     """The line numbers (from 1) of a text file's pairs 0..last (blank and ``#`` lines skipped, as read)."""
-    lines = []
     try:
         with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if line.strip() and not line.lstrip().startswith("#"):
-                    lines.append(number)
-                    if len(lines) > last:
-                        return lines
+            numbers = (n for n, line in enumerate(f, 1) if line.strip() and not line.lstrip().startswith("#"))
+            lines = list(itertools.islice(numbers, last + 1))
     except OSError:
         return None
-    return None
+    return lines if len(lines) > last else None
 
 
 @torch.no_grad()
@@ -136,17 +133,16 @@ def score_pairs(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, pairs:
                             {"pairs": [pairs] if isinstance(pairs, (str, os.PathLike)) else []})
     checkpoint, graph = checkpoint_for(checkpoint, graph, pairs=True)
     pairs = torch.from_numpy(read_pairs(pairs, graph.num_nodes, layout, source))
-    target = torch.device(device)
-    model = checkpoint.model.to(target).eval()
+    model = checkpoint.model.to(device).eval()
     encoder = model.encoder
     folder = scratch_folder(encoder, graph, encoder.num_layers, scratch, out)
     check = output_check("scores", "pairs")
 
     def fill(scores: np.ndarray) -> None:
         nodes = torch.unique(pairs.reshape(-1))  # sorted: a pair's rows are found by binary search
-        with last_layer_rows(encoder, graph, FeatureStore(graph.features, graph.labels), nodes, target, chunk_size,
+        with last_layer_rows(encoder, graph, FeatureStore(graph.features, graph.labels), nodes, device, chunk_size,
                              scratch=folder, progress=progress) as rows:
-            row = lambda ids: rows[torch.searchsorted(nodes, ids)].to(target)  # noqa: E731
+            row = lambda ids: rows[torch.searchsorted(nodes, ids)].to(device)  # noqa: E731
             for start in range(0, pairs.shape[1], chunk_size):
                 chunk = pairs[:, start:start + chunk_size]
                 logits = model.score(row(chunk[0]), row(chunk[1])).float().cpu()

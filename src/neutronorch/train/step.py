@@ -42,26 +42,23 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | Sequen
     ``sync(batch, loss)``, data parallel, makes the gradients the global batch's before the step and returns
     the global batch's loss, returned instead of this rank's. The batch's host buffer is released."""
     optimizers = optimizer if isinstance(optimizer, Sequence) else (optimizer,)
+    stage = (lambda name: spans.stage(name, step)) if spans is not None else (lambda name: nullcontext())
     inputs = mode.step_inputs(batch)
-    with _stage(spans, "forward", step):
+    with stage("forward"):
         with (precision or Precision()).autocast(batch.labels.device), masks(batch) if masks else nullcontext():
             logits = model(*inputs)
         loss = (loss_fn or F.cross_entropy)(logits.float(), batch.labels)
-    with _stage(spans, "backward", step):
+    with stage("backward"):
         for each in optimizers:
             each.zero_grad()
         loss.backward()
     mode.before_step(batch)
     if sync is not None:
-        with _stage(spans, "all_reduce", step):
+        with stage("all_reduce"):
             loss = sync(batch, loss.detach())
-    with _stage(spans, "step", step):
+    with stage("step"):
         for each in optimizers:
             each.step()
     mode.after_step(batch)
     batch.release()
     return loss.detach()
-
-
-def _stage(spans: Spans | None, name: str, step: int):
-    return nullcontext() if spans is None else spans.stage(name, step)

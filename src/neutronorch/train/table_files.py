@@ -54,8 +54,7 @@ def check_table_folders(config: TrainConfig) -> None:
     if not config.checkpoint_dir or config.resume or config.overwrite:
         return
     folder = Path(config.checkpoint_dir).expanduser()
-    found = [p.name for name in CHECKPOINT_FILES for p in table_folders(folder, Path(name).stem)] \
-        if folder.is_dir() else []
+    found = [p.name for name in CHECKPOINT_FILES for p in table_folders(folder, Path(name).stem)]
     if found:
         raise ConfigError(f"`checkpoint_dir` {folder}: holds an earlier run's embedding table files "
                           f"({', '.join(found)}) and they are never replaced silently. Give a new folder, continue "
@@ -68,9 +67,8 @@ def stored_tables(state: dict, path: Path, tables, version: int):
     (``TypedTables``, None for none) written into a new folder beside ``path`` and taken out of ``state``,
     which names them instead; the folder removed again if the write fails, and once it succeeds the folders
     of ``path``'s name it replaces."""
-    mapped = tables.arrays if tables is not None else {}
     made = None
-    if mapped:
+    if tables is not None and tables.arrays:
         made, record = _write_folder(path, tables, version)
         order = list(tables.shapes)
         optimizer = (state.get("tables_optimizer") or {}).get("state", {}).get("tables")

@@ -27,7 +27,7 @@ from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
 from neutronorch.data.relation import relation_label
 from neutronorch.errors import CheckpointError, ConfigError
-from neutronorch.nn.custom import UserModel
+from neutronorch.nn.custom import UserModel, check_trainable
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.models import GNN
 from neutronorch.nn.precision import resolve_precision
@@ -189,7 +189,9 @@ def homogeneous_model(config: TrainConfig, graph: Graph, device: torch.device,
     warnings = check_learnable(graph, not link, None if user_model is not None else graph.feature_dim)
     if user_model is not None:
         # NeutronOrch mode asks for its bottom layer when it starts (UserModel.bottom says what it needs).
-        model = UserModel.to_train(user_model, len(config.fanouts), graph.num_classes).to(device)
+        model = UserModel.wrap(user_model, len(config.fanouts), graph.num_classes)
+        check_trainable(model.module, model.kind)  # predict and embed take a frozen one
+        model = model.to(device)
     else:
         model = GNN(config.model, graph.feature_dim, config.hidden, config.hidden if link else graph.num_classes,
                     len(config.fanouts), dropout=config.dropout, heads=config.heads, gcn_norm=config.gcn_norm,
