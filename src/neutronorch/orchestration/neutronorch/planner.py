@@ -191,9 +191,7 @@ def choose(slot: np.ndarray, into: list[tuple[np.ndarray, int]], bottoms: list[n
     """The choice among ``bottoms`` (each mini-batch's bottom-layer destinations, the first ``own[b]`` its
     seeds); ``into``: the (indptr, bottom fanout) of each relation into them; ``slot``: scratch as
     ``index_appearances``'s. ``ratio``, ``cap``, ``hot`` and ``fresh`` as ``Planner.plan`` takes them."""
-    offsets = np.zeros(len(bottoms) + 1, np.int64)
-    np.cumsum([b.shape[0] for b in bottoms], out=offsets[1:])
-    dst = np.concatenate(bottoms) if bottoms else np.empty(0, np.int64)
+    dst, offsets = concatenated(bottoms)
     extra, extra_offsets = concatenated(fresh if fresh is not None else [None] * len(bottoms))
     cold = fresh_entries(dst, offsets, own, extra, extra_offsets, slot)
     distinct, appear, index = index_appearances(dst, slot)
@@ -296,5 +294,4 @@ class Planner:
         return {t: a for t, a in per_kind.items() if keep_empty or a.shape[0]}
 
     def _choose(self, t, bottoms: list, own: list[int], ratio: float, cap, hot, fresh, super_batch_id: int) -> Choice:
-        return choose(self._slot[t], self._into[t], [np.asarray(b) for b in bottoms], np.array(own, np.int64),
-                      ratio, cap, hot, fresh)
+        return choose(self._slot[t], self._into[t], bottoms, np.array(own, np.int64), ratio, cap, hot, fresh)
