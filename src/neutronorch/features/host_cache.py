@@ -1,11 +1,7 @@
 """The host feature cache, for memory-mapped features larger than the memory left for them: the hottest rows
 in memory, every other row copied once, in vertex order, into a file of cold rows, so that a mini-batch read
-in file order passes over that file only (docs/memory.md, "A host feature cache").
-
-Both come from one sequential read of the features; the cold file (``_cold_path``) is deleted as soon as it
-is open, and without it misses are read from the features in place. Sized by measurement (``AutoSize``), a
-watcher thread sizes the cache after the first gathers (``memory.measured_rows``) and shrinks it into the
-cold file when the page cache would be squeezed (``memory.rows_to_free``).
+in file order passes over that file only. How it is built, sized by measurement (a watcher thread:
+``memory.measured_rows``, ``memory.rows_to_free``) and shrunk: docs/memory.md, "A host feature cache".
 
 ``where[v]`` says where v's row is: ``-1 - slot`` for a cached row (slots hottest first), otherwise its row
 in the cold source. Gathers read through ``reading()``, which a resize waits for.

@@ -33,13 +33,11 @@ def exclude_edges(subgraph: SampledSubgraph, pairs: torch.Tensor, num_nodes: int
     ``num_nodes`` in ``ends``' stacked ids (``LinkEnds``)."""
     if pairs.shape[1] == 0 or not subgraph.blocks:
         return subgraph
-    if ends is None:
-        keys = pair_keys(pairs.to(subgraph.frontiers[0].device), num_nodes)
-        blocks = [_without(block, subgraph.frontiers[layer], keys, num_nodes)
-                  for layer, block in enumerate(subgraph.blocks)]
-        return SampledSubgraph(subgraph.seeds, blocks, subgraph.frontiers)
     keys = pair_keys(pairs.to(subgraph.seeds.device), num_nodes)
-    blocks = [_typed_without(tblock, keys, num_nodes, ends) for tblock in subgraph.blocks]
+    if ends is None:
+        blocks = [_without(b, f, keys, num_nodes) for b, f in zip(subgraph.blocks, subgraph.frontiers)]
+    else:
+        blocks = [_typed_without(tblock, keys, num_nodes, ends) for tblock in subgraph.blocks]
     return SampledSubgraph(subgraph.seeds, blocks, subgraph.frontiers)
 
 

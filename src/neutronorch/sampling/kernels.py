@@ -1,9 +1,6 @@
-"""CPU kernels of the neighbour sampler (numba).
+"""CPU kernels of the neighbour sampler (numba); their counter-based randomness: ``neighbor_sampler.py``.
 
-Randomness is counter-based: the neighbours drawn for vertex ``v`` in one layer of one mini-batch are a
-pure function of (layer key, v). So a sample does not depend on thread count or scheduling, and another
-component (the NeutronOrch host producer) can reproduce exactly the neighbours the device sampler drew for
-a vertex. These kernels allocate their outputs; they never touch O(num_nodes) memory except the caller's
+These kernels allocate their outputs; they never touch O(num_nodes) memory except the caller's
 ``node_map``, whose touched entries are reset before returning.
 """
 

@@ -5,9 +5,9 @@ device) share one contract: uniform without replacement, all neighbours when the
 fanout, destination-first source frontiers, first-appearance order for new vertices.
 
 Randomness derives from ``batch_key(seed, epoch, batch_index)``: the same key always yields the same sample,
-and each vertex's neighbours in a hop depend only on (``layer_key``, vertex), in both samplers, whichever batch
-or data-parallel rank samples it. The two samplers draw the same neighbours for a given key: the same
-counter stream, the same steps of Floyd's algorithm and the same multiply-shift from 32 random bits to an
+and each vertex's neighbours in a hop depend only on (``layer_key``, vertex), in both samplers, whichever
+batch, thread or data-parallel rank samples it. The two samplers draw the same neighbours for a given key: the
+same counter stream, the same steps of Floyd's algorithm and the same multiply-shift from 32 random bits to an
 offset, so a hop sampled on the device equals that hop sampled on the host.
 """
 

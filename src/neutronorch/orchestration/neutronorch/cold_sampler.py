@@ -52,10 +52,8 @@ class SplicedBatch(MiniBatch):
 def cold_batches(kind, spans: Spans, plans: Callable[[object], Iterable[Plan]], skip: int = 0
                  ) -> Iterator[SplicedBatch]:
     """The body of thread ``neutronorch-sampler``: a batch per planned mini-batch of ``plans(sampler)`` (given
-    its sampler, which device planning samples with), but for the first ``skip`` of the first plan. ``kind``
-    (``mode.py``) makes the sampler, draws each cold bottom hop and gives what loads the batches: the host
-    loader, or a homogeneous graph's device reader with device sampling, on a CUDA stream of its own (a typed
-    graph's rows are read on the host either way)."""
+    its sampler, which device planning samples with), but for the first ``skip`` of the first plan, loaded by
+    ``kind``'s device reader (on a CUDA stream of its own) or else its host loader."""
     source = kind.reader if kind.reader is not None else kind.loader
     on_cuda = kind.reader is not None and kind.reader.device.type == "cuda"
     sampler = kind.cold_sampler()

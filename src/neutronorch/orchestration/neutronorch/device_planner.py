@@ -13,6 +13,7 @@ import torch
 from neutronorch.data.graph import Graph
 from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.orchestration.neutronorch.planner import PROBE_ROWS, Choice, Planner, read_only
+from neutronorch.sampling.neighbor_sampler import start_relabel, together
 
 
 class DevicePlanner(Planner):
@@ -46,13 +47,9 @@ def choose(slot: torch.Tensor, into: list[tuple[torch.Tensor, int]], bottoms: li
     dst = torch.cat([b.long() for b in bottoms]) if bottoms else torch.empty(0, dtype=torch.int64, device=device)
     n = dst.shape[0]
     positions = torch.arange(n, device=device)
-    slot.index_fill_(0, dst, n)
-    slot.scatter_reduce_(0, dst, positions, reduce="amin")
-    first = slot.index_select(0, dst) == positions
-    distinct = dst[first]  # in order of first appearance (one read back: how many)
+    # Each entry's distinct vertex, and those in order of first appearance (one read back: how many).
+    index, distinct = together([start_relabel(slot, dst[:0], dst)])[0]
     num_distinct = distinct.shape[0]
-    slot.index_copy_(0, distinct, torch.arange(num_distinct, device=device))
-    index = slot.index_select(0, dst)  # each entry's distinct vertex
     # Each mini-batch's own seeds stay cold and do not count (``planner.py``).
     batch_of = torch.bucketize(positions, torch.from_numpy(offsets[1:]).to(device), right=True)
     starts = torch.from_numpy(offsets[:-1]).to(device)

@@ -136,7 +136,6 @@ class TypedKind:
         return self.host_sampler()
 
     def planner(self, sampler) -> Planner:
-        """The planner beside ``sampler`` (the device's, with ``plans_on_device``)."""
         bottom = {r: f[-1] for r, f in self.fanouts.items()}
         if not self.plans_on_device:
             return Planner(self.graph, bottom)

@@ -18,6 +18,7 @@ from numba import njit, prange
 from neutronorch.data.graph import Graph
 from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.sampling.block import SampledSubgraph
+from neutronorch.sampling.kernels import relabel, reset_map
 
 PROBE_ROWS = 256  # vertices whose bottom-layer output measures the per-step drift (the hottest of a plan)
 
@@ -92,27 +93,13 @@ def rank_by_count(counts):
     return order
 
 
-@njit(cache=True, nogil=True)
-def index_appearances(nodes, slot):
+def index_appearances(nodes: np.ndarray, slot: np.ndarray):
     """The distinct vertices of ``nodes`` by first appearance, each one's count, and each entry's distinct
     number. ``slot``: scratch of one int32 per vertex, all -1 (left so); the only pass over O(vertices)."""
     distinct = np.empty(nodes.shape[0], np.int64)
-    counts = np.zeros(nodes.shape[0], np.int32)
-    index = np.empty(nodes.shape[0], np.int32)
-    n = 0
-    for i in range(nodes.shape[0]):
-        v = nodes[i]
-        k = slot[v]
-        if k < 0:
-            k = n
-            slot[v] = n
-            distinct[n] = v
-            n += 1
-        counts[k] += 1
-        index[i] = k
-    for k in range(n):
-        slot[distinct[k]] = -1
-    return distinct[:n], counts[:n], index
+    index, n = relabel(distinct, 0, nodes, slot)
+    reset_map(distinct[:n], slot)
+    return distinct[:n], np.bincount(index, minlength=n), index
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -204,14 +191,12 @@ def choose(slot: np.ndarray, into: list[tuple[np.ndarray, int]], bottoms: list[n
     """The choice among ``bottoms`` (each mini-batch's bottom-layer destinations, the first ``own[b]`` its
     seeds); ``into``: the (indptr, bottom fanout) of each relation into them; ``slot``: scratch as
     ``index_appearances``'s. ``ratio``, ``cap``, ``hot`` and ``fresh`` as ``Planner.plan`` takes them."""
-    offsets = np.zeros(len(bottoms) + 1, np.int64)
-    np.cumsum([b.shape[0] for b in bottoms], out=offsets[1:])
-    dst = np.concatenate(bottoms) if bottoms else np.empty(0, np.int64)
+    dst, offsets = concatenated(bottoms)
     extra, extra_offsets = concatenated(fresh if fresh is not None else [None] * len(bottoms))
     cold = fresh_entries(dst, offsets, own, extra, extra_offsets, slot)
     distinct, appear, index = index_appearances(dst, slot)
     # Only the appearances a hot row can serve count: not those as their own mini-batch's seeds.
-    appear -= np.bincount(index[cold], minlength=distinct.shape[0]).astype(np.int32)
+    appear -= np.bincount(index[cold], minlength=distinct.shape[0])
     ranked = rank_by_count(appear)
     capped = False
     row_of = np.full(distinct.shape[0], -1, np.int32)  # per distinct vertex: its hot row, or -1
@@ -309,5 +294,4 @@ class Planner:
         return {t: a for t, a in per_kind.items() if keep_empty or a.shape[0]}
 
     def _choose(self, t, bottoms: list, own: list[int], ratio: float, cap, hot, fresh, super_batch_id: int) -> Choice:
-        return choose(self._slot[t], self._into[t], [np.asarray(b) for b in bottoms], np.array(own, np.int64),
-                      ratio, cap, hot, fresh)
+        return choose(self._slot[t], self._into[t], bottoms, np.array(own, np.int64), ratio, cap, hot, fresh)
