@@ -144,6 +144,7 @@ def _outputs(config: TrainConfig, run_name, save, config_file: list, rank: int |
 
 
 def _train(config: TrainConfig, folder, rank: int | None) -> int:
+    from neutronorch.observe.report import reuse_summary
     from neutronorch.train.trainer import train
 
     bar = _ProgressBar() if config.progress and not rank else None
@@ -183,9 +184,10 @@ def _train(config: TrainConfig, folder, rank: int | None) -> int:
     metric = summary["metric"]
     scores = (f"val {metric} {summary['val_acc']:.4f}, test {metric} {summary['test_acc']:.4f}, "
               if summary["test_acc"] is not None else "not evaluated, ")
+    reuse = reuse_summary(summary)
     print(f"{summary['dataset']['name']}: mode {summary['mode']}, model {config.model}, {scores}"
           f"epoch time median {summary['epoch_seconds_median']:.2f}s, peak RSS {summary['peak_rss_mb']:.0f} MB"
-          if summary["epochs"] else "no epochs run")
+          + (f"; {reuse}" if reuse else "") if summary["epochs"] else "no epochs run")
     if folder is not None:
         print(f"results in {folder.path}/")
     return 0

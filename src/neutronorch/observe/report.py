@@ -35,7 +35,46 @@ def epoch_table(record: dict, table: StageTable) -> str:
                         if moved.get("cache_hits") else "")
                      + (f", host cache hit rate {100 * moved['host_cache_hits'] / max(1, moved['host_rows']):.0f}%"
                         if moved.get("host_cache_hits") else ""))
+    reuse = reuse_line(record)
+    if reuse:
+        lines.append(f"    reuse    {reuse}")
     return "\n".join(lines)
+
+
+def reuse_line(record: dict) -> str | None:
+    """A NeutronOrch epoch's reuse: whether hot rows were served, at what ratio (the share of reached vertices
+    made hot), the share of bottom-layer rows they served, their staleness against its bound, the expected
+    error against its budget, and with ``--hot-ratio auto`` the decision for the next epoch and why; None for
+    another mode's epoch."""
+    if "hot_ratio" not in record:
+        return None
+    served, staleness = record.get("hot_served"), record.get("staleness") or {}
+    if served:
+        text = (f"on, r {record['hot_ratio']:.3g}: {100 * served:.1f}% of bottom-layer rows served hot, staleness "
+                f"mean {staleness.get('mean')} max {staleness.get('max')} (bound {staleness.get('bound')})")
+        if record.get("stale_error") is not None:  # the cap's measure: share served x a reused row's error
+            budget = record.get("error_budget")
+            text += (f", error {served * record['stale_error']:.4f} (share x row error {record['stale_error']:.3f}"
+                     + (f"; budget {budget:g})" if budget else ")"))
+    else:
+        text = f"off (r {record['hot_ratio']:.3g}): no rows served hot, the epoch trained as without reuse"
+    auto = record.get("hot_ratio_auto")
+    if auto:
+        text += f" | next epoch: {auto['decision']}, r {auto['next']:g} ({auto['reason']})"
+    return text
+
+
+def reuse_summary(summary: dict) -> str | None:
+    """A NeutronOrch run's reuse in a few words for its last line; None for another mode's run."""
+    epochs = [e for e in summary.get("epochs", []) if "hot_ratio" in e]
+    if not epochs or "hot" not in summary:
+        return None
+    used = sum(1 for e in epochs if e.get("hot_served"))
+    if not used:
+        return "no rows served hot: the run trained as without reuse"
+    staleness = summary.get("staleness", {})
+    return (f"hot rows served {100 * summary['hot']['reuse_rate']:.1f}% of bottom-layer rows in {used} of "
+            f"{len(epochs)} epochs, staleness max {staleness.get('max_observed')} (bound {staleness.get('bound')})")
 
 
 def write_timeline(path: str, events: list, samples: list, title: str, table: StageTable,

@@ -13,7 +13,7 @@ import torch
 
 from neutronorch.config import TrainConfig
 from neutronorch.errors import ConfigError, Interrupted, TrainingError
-from neutronorch.observe import Spans, Utilisation
+from neutronorch.observe import Spans, Utilisation, reuse_line
 from neutronorch.train.resources import peak_rss_mb
 from neutronorch.train.step import step_masks, train_step
 
@@ -185,4 +185,6 @@ def epoch_line(record: dict, stages: bool = True, metric: str = "accuracy") -> s
         parts.append("collapsed: " + "; ".join(record["collapsed"]))
     if stages:
         parts.append("[" + " ".join(f"{k} {v:.2f}" for k, v in record["stage_seconds"].items() if v) + "]")
+        if reuse := reuse_line(record):
+            parts.append(f"reuse {reuse}")
     return " | ".join(parts)

@@ -9,7 +9,6 @@ immutable ``RatioSetting`` replaced whole and numbered, so it never sees half an
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -22,7 +21,6 @@ from neutronorch.orchestration.batch import each
 from neutronorch.orchestration.neutronorch.tuner import HotRatioTuner
 from neutronorch.orchestration.neutronorch.versions import Schedule
 
-logger = logging.getLogger("neutronorch")
 
 AUTO_START_RATIO = 0.2
 
@@ -201,16 +199,12 @@ class RatioController:
             # What the hot rows cost the device: on shared cores the host's work, else the trainer's waits;
             # and their gradient either way.
             cost = (host if self.tuner.shared_cores else wait_hot) + hot_grad
-            before = self.setting.ratio
             ratio = self.tuner.update(seconds, host / per, trainer / per, cost, epoch_ratio)
             self.published.publish(replace(self.setting, ratio=ratio))
             last = self.tuner.history[-1]
-            out["hot_ratio_auto"] = {key: last[key] for key in ("next", "decision", "reason")}
-            probing = last["decision"] == "probe" or (last["decision"] == "off" and last["ratio"] > 0 and
-                                                     self.tuner.history[-2]["decision"] == "probe")
-            if (before == 0) != (self.setting.ratio == 0) and not probing:  # reuse turned off or on
-                logger.info(f"hot ratio auto after epoch {record['epoch']}: {last['decision']}, r "
-                            f"{self.setting.ratio:g} ({last['reason']})")
+            out["hot_ratio_auto"] = {key: last[key] for key in ("next", "decision", "reason")}  # the epoch's reuse line
+        if self.auto:
+            out["error_budget"] = self.setting.error_budget
         return out
 
     def state_dict(self) -> dict:
