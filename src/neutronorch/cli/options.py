@@ -271,7 +271,8 @@ def _add_predict_options(pred: argparse.ArgumentParser, full: bool = False) -> N
 def _add_embed_options(emb: argparse.ArgumentParser, full: bool = False) -> None:
     own = {"--layer": dict(type=int, metavar="K", help=(
         "1 = the bottom layer's output (after its activation) ... the last layer (logits; of a link "
-        "checkpoint, the embeddings its head scores); a typed graph's default: the last hidden layer")),
+        "checkpoint, the embeddings its head scores); 0 = the inputs (a featureless type's learned embedding "
+        "table); a typed graph's default: the last hidden layer")),
            "--node-type": dict(metavar="TYPE", help=(
         "a typed graph: the vertex type whose rows to write (default: the target; one the layer computes)"))}
     _inference_options(emb, full, _add_embed_options, own, "all",
