@@ -142,7 +142,7 @@ def test_timeline_png_and_raw_spans_of_the_window(tmp_path, graph, mode):
     summary = train(config(timeline=str(png), timeline_steps=window, batch_size=32, **extra), graph)
     data = png.read_bytes()
     assert data.startswith(PNG_SIGNATURE) and len(data) > 5000
-    raw = json.loads(png.with_suffix(".json").read_text())
+    raw = json.loads(png.with_suffix(".spans.json").read_text())
     lanes = {s["lane"] for s in raw["spans"]}
     assert {"sampler", "trainer"} <= lanes
     if mode == "neutronorch":
@@ -480,15 +480,15 @@ def test_a_timeline_window_shorter_than_the_sampling_interval_still_shows_the_ut
     write_timeline(str(png), events, [(9.8, 1.0, 0.5, None), (10.2, 2.0, 0.5, None), (10.4, 3.0, 0.5, None)],
                    "short", TABLE)
     # The sample before the window (where the next one's interval starts) and the one after it, covering it.
-    assert [u["t"] for u in json.loads(png.with_suffix(".json").read_text())["utilisation"]] == [-0.2, 0.2]
+    assert [u["t"] for u in json.loads(png.with_suffix(".spans.json").read_text())["utilisation"]] == [-0.2, 0.2]
     assert texts == []
     write_timeline(str(png), events, [(9.8, 1.0, 0.5, None)], "nothing after", TABLE)
     assert texts == ["utilisation: window too short to sample"]
-    assert json.loads(png.with_suffix(".json").read_text())["utilisation"] == []
+    assert json.loads(png.with_suffix(".spans.json").read_text())["utilisation"] == []
     # In a run, the window's start and end are sampled: a one-step window of a few milliseconds is covered.
     png = tmp_path / "run.png"
     train(config(epochs=1, timeline=str(png), timeline_steps=1), graph)
-    raw = json.loads(png.with_suffix(".json").read_text())
+    raw = json.loads(png.with_suffix(".spans.json").read_text())
     window = max(s["end"] for s in raw["spans"])
     assert [u for u in raw["utilisation"] if u["t"] >= window - 1e-3], raw["utilisation"]  # its end is covered
 

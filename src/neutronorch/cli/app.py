@@ -133,7 +133,7 @@ def _outputs(config: TrainConfig, run_name, save, config_file: list, rank: int |
         if run_name is not None:
             raise ConfigError(f"`run_name` {run_name}: names a run folder, which "
                               + ("`no_save` turns off" if not save else "is made only when no output option is "
-                                 "given (`summary_json`, `checkpoint_dir`, the logs, `timeline`)")
+                                 "given (`summary_json`, `checkpoint_dir`, the logs)")
                               + ". Give one or the other.")
         if config_file:  # train() checks its outputs against the dataset; the file is ours
             check_distinct({"config": config_file}, run_outputs(config))
@@ -185,11 +185,17 @@ def _train(config: TrainConfig, folder, rank: int | None) -> int:
     scores = (f"val {metric} {summary['val_acc']:.4f}, test {metric} {summary['test_acc']:.4f}, "
               if summary["test_acc"] is not None else "not evaluated, ")
     reuse = reuse_summary(summary)
-    print(f"{summary['dataset']['name']}: mode {summary['mode']}, model {config.model}, {scores}"
-          f"epoch time median {summary['epoch_seconds_median']:.2f}s, peak RSS {summary['peak_rss_mb']:.0f} MB"
-          + (f"; {reuse}" if reuse else "") if summary["epochs"] else "no epochs run")
+    lines = [f"{summary['dataset']['name']}: mode {summary['mode']}, model {config.model}, {scores}epoch time median "
+             f"{summary['epoch_seconds_median']:.2f}s, peak RSS {summary['peak_rss_mb']:.0f} MB"
+             + (f"; {reuse}" if reuse else "") if summary["epochs"] else "no epochs run"]
+    if config.curves and Path(config.curves).is_file():
+        lines.append(f"training curves in {config.curves}")
     if folder is not None:
-        print(f"results in {folder.path}/")
+        lines.append(f"results in {folder.path}/")
+    print("\n".join(lines))
+    if config.console_log:  # the run's own copy of its lines: what was printed goes after them
+        with open(config.console_log, "a", encoding="utf-8") as log:
+            log.write("\n".join(lines) + "\n")
     return 0
 
 

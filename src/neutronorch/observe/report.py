@@ -77,10 +77,43 @@ def reuse_summary(summary: dict) -> str | None:
             f"{len(epochs)} epochs, staleness max {staleness.get('max_observed')} (bound {staleness.get('bound')})")
 
 
+def curves_png(epochs: list[dict], metric: str) -> bytes | None:
+    """The training curves (loss; validation and test scores where evaluated) per epoch as a .png's bytes;
+    None without matplotlib (it is optional)."""
+    try:
+        import matplotlib  # noqa: PLC0415 - optional
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
+
+    fig, loss = plt.subplots(figsize=(7, 4))
+    loss.xaxis.set_major_locator(MaxNLocator(integer=True))
+    loss.plot([e["epoch"] for e in epochs], [e["train_loss"] for e in epochs], color="black", label="training loss")
+    loss.set_xlabel("epoch")
+    loss.set_ylabel("training loss")
+    scored = [e for e in epochs if "val_acc" in e]
+    if scored:
+        score = loss.twinx()
+        for key, name, colour in (("val_acc", "validation", "tab:blue"), ("test_acc", "test", "tab:orange")):
+            score.plot([e["epoch"] for e in scored], [e[key] for e in scored], color=colour, marker=".",
+                       label=f"{name} {metric}")
+        score.set_ylabel(metric)
+        score.legend(loc="center right")
+    loss.legend(loc="upper right")
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
 def write_timeline(path: str, events: list, samples: list, title: str, table: StageTable,
                    save: Callable[[str, bytes], object] | None = None) -> dict:
     """Draw the spans (and the utilisation samples in their window) as a Gantt chart at ``path`` and write
-    the raw data next to it as ``.json``, each made whole in memory and handed to ``save(path, data)``
+    the raw data next to it as ``.spans.json``, each made whole in memory and handed to ``save(path, data)``
     (default: written as it is). Returns what was written. A sample is the mean since the one before, so the
     window's are those inside it, the first after it and the last before it, drawn as steps."""
     import matplotlib  # noqa: PLC0415
@@ -102,7 +135,7 @@ def write_timeline(path: str, events: list, samples: list, title: str, table: St
         "utilisation": [{"t": round(t - origin, 3), "process_cores": round(c, 3), "machine_share": m,
                          "gpu_percent": g} for t, c, m, g in window_samples],
     }
-    json_path = str(Path(path).with_suffix(".json"))
+    json_path = str(Path(path).with_suffix(".spans.json"))
     text = (json.dumps(data) + "\n").encode()
 
     stages = sorted({e[0] for e in events}, key=table.display_order)
