@@ -50,7 +50,7 @@ def test_reuse_goes_off_where_it_does_not_pay_and_comes_back_where_it_does():
     assert tuner.history[-1]["decision"] == "baseline"
     assert tuner.update(epoch(0), 0, 1.0) == 0
     off = tuner.history[-1]
-    assert off["decision"] == "off" and "does not pay" in off["reason"] and "10.00 s" in off["reason"]
+    assert off["decision"] == "off" and "does not pay" in off["reason"] and "10.00 CPU s" in off["reason"]
     ratios = []
     for _ in range(2 * tuner.PROBE_EVERY):
         ratios.append(tuner.update(epoch(tuner.ratio), 0.1, 1.0, cost_seconds=3.0))
@@ -204,6 +204,28 @@ def test_a_plan_at_ratio_0_is_the_planner_s_plan_without_the_ranking(graph):
     for a, b in zip(ranked.batches, cold.batches):
         assert np.array_equal(a.cold_pos, b.cold_pos) and b.hot_pos.shape[0] == b.hot_rows.shape[0] == 0
         assert (a.index, a.key, b.saved_edges) == (b.index, b.key, 0)
+
+
+@pytest.mark.parametrize("with_hot, without, decision", [
+    ((30.0, 18.0), (12.0, 20.0), "on"),  # the epoch with hot rows slowed by another program: reuse still pays
+    ((10.0, 22.0), (40.0, 18.0), "off"),  # the baseline slowed by another program: reuse still does not pay
+])
+def test_another_programs_load_does_not_flip_reuse_on_shared_cores(with_hot, without, decision):
+    """On shared cores the tuner judges the process's CPU seconds (the work), not the wall time that another
+    program's load swings: (wall, CPU) seconds of the epoch with hot rows and of the baseline without."""
+    config = NeutronOrchConfig(super_batch=2, hot_ratio="auto", staleness_bound=3, hot_grad="cpu",
+                               hot_error_budget=0.02, snapshot_lead=None)
+    control = RatioController(config, Schedule(6, 8, 2, 3), shared_cores=True)
+    stages = TRAINER_STAGES.merge(STAGES)
+
+    def record(epoch, wall, cpu):
+        return {"epoch": epoch, "seconds": wall, "cpu_seconds": cpu, "stage_seconds": {"forward": 1.0}}
+
+    control.end_epoch(record(0, 99.0, 99.0), 0.2, stages)  # warm-up
+    assert control.end_epoch(record(1, *with_hot), 0.2, stages)["hot_ratio_auto"]["decision"] == "baseline"
+    out = control.end_epoch(record(2, *without), 0.0, stages)["hot_ratio_auto"]
+    assert out["decision"] == decision and "CPU s per epoch" in out["reason"], out
+    assert (control.setting.ratio > 0) == (decision == "on")
 
 
 @pytest.mark.slow

@@ -188,9 +188,13 @@ class RatioController:
                        stale_error=round(drift["stale_error"], 5))
         stage = record["stage_seconds"]
         busy = stages.lane_seconds(stage)
-        measured = [record["seconds"], stage.get("wait_hot", 0.0), busy.get("host", 0.0), busy.get("trainer", 0.0),
-                    stage.get("hot_grad", 0.0)]
-        seconds, wait_hot, host, trainer, hot_grad = agree(measured) if agree is not None else measured
+        # On shared cores the tuner judges the process's CPU seconds: the work reuse saves or costs, which another
+        # program's load swings far less than the wall time (one slow baseline epoch flipped reuse).
+        shared = self.tuner is not None and self.tuner.shared_cores
+        judged = record.get("cpu_seconds", record["seconds"]) if shared else record["seconds"]
+        measured = [record["seconds"], judged, stage.get("wait_hot", 0.0), busy.get("host", 0.0),
+                    busy.get("trainer", 0.0), stage.get("hot_grad", 0.0)]
+        seconds, judged, wait_hot, host, trainer, hot_grad = agree(measured) if agree is not None else measured
         if self.auto_lead and wait_hot > 0.02 * seconds:
             # The trainer waited for hot rows: give the host more steps (the bound still caps the lead).
             self.lead = min(self.schedule.max_lead, self.lead + max(1, self.lead // 2))
@@ -199,7 +203,7 @@ class RatioController:
             # What the hot rows cost the device: on shared cores the host's work, else the trainer's waits;
             # and their gradient either way.
             cost = (host if self.tuner.shared_cores else wait_hot) + hot_grad
-            ratio = self.tuner.update(seconds, host / per, trainer / per, cost, epoch_ratio)
+            ratio = self.tuner.update(judged, host / per, trainer / per, cost, epoch_ratio)
             self.published.publish(replace(self.setting, ratio=ratio))
             last = self.tuner.history[-1]
             out["hot_ratio_auto"] = {key: last[key] for key in ("next", "decision", "reason")}  # the epoch's reuse line
