@@ -512,3 +512,15 @@ def test_a_cold_kernel_cache_is_announced_once_before_compiling_and_a_warm_one_i
     assert [run.returncode for run in runs] == [0, 0], runs[0].stderr[-2000:]
     assert runs[0].stdout.split("\n")[:3] == ["before", MESSAGE, "after"]  # once, before the compilation
     assert MESSAGE not in runs[1].stdout  # read from the cache: nothing to say
+
+
+def test_a_span_begun_before_the_timeline_window_is_drawn_from_where_the_window_opens():
+    """A producer's wait through the evaluation before the window's epoch starts at the window's opening, so
+    the picture is the window's steps, not the wait before them."""
+    spans = Spans()
+    spans.add("host_wait_weights", 1.0, 5.0)  # before the window: totals only
+    spans.keep, spans.opened = True, 10.0
+    spans.add("host_wait_weights", 4.0, 12.0)  # begun during the evaluation
+    spans.add("forward", 10.5, 11.0)
+    assert spans.events == [("host_wait_weights", 10.0, 12.0, -1), ("forward", 10.5, 11.0, -1)]
+    assert spans.take()[0]["host_wait_weights"] == 12.0  # the stage's seconds stay whole

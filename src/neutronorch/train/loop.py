@@ -59,6 +59,7 @@ class TimelineWindow:
         if self.enabled and epoch == self.epoch:
             util.sample()
             spans.keep = self.active = True
+            spans.opened = time.perf_counter()  # the producers' waits through the evaluation before are not drawn
 
     def end_epoch(self, spans: Spans, util: Utilisation) -> None:
         if self.active:
