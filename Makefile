@@ -9,21 +9,30 @@ STAMP := $(VENV)/.neutronorch-installed
 
 .PHONY: demo test test-fast clean
 
+PIP := $(VENV)/bin/pip install --disable-pip-version-check --progress-bar on
+# pytest's progress as [done/total] at each line's end, and the slowest tests at the end.
+PYTEST := $(VENV)/bin/python -m pytest -q -o console_output_style=count --durations=5
+
 $(STAMP): pyproject.toml
+	@echo "==> setting up $(VENV) (once: PyTorch, numpy, numba, tqdm and pytest; about 1-2 minutes)"
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -c "import torch" 2>/dev/null || $(VENV)/bin/pip install -q "$(TORCH_SPEC)"
-	$(VENV)/bin/pip install -q -e ".[test]"
+	$(VENV)/bin/python -c "import torch" 2>/dev/null || $(PIP) "$(TORCH_SPEC)"
+	$(PIP) -e ".[test]"
 	touch $(STAMP)
 
 demo: $(STAMP)
+	@echo "==> training GraphSAGE on a synthetic graph of 50,000 vertices for 5 epochs (under a minute; a first run"
+	@echo "    also compiles the kernels, about 15 s)"
 	$(VENV)/bin/neutronorch train --epochs 5
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q
+	@echo "==> the whole test suite, the end-to-end runs included (about 8 minutes on 2 cores)"
+	$(PYTEST)
 
 # The unit suite alone: no end-to-end training runs (tests marked slow).
 test-fast: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m "not slow"
+	@echo "==> the unit tests (about 2 minutes on 2 cores)"
+	$(PYTEST) -m "not slow"
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -377,6 +377,7 @@ def test_embeddings_of_each_layer_are_what_the_next_layer_reads(trained, tmp_pat
     with torch.no_grad():
         logits = model.layers[1](block, torch.from_numpy(hidden)).numpy()
     np.testing.assert_allclose(embed(directory / "best.pt", graph, layer=2), logits, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(embed(directory / "best.pt", graph, layer=0, nodes=[3, 1]), graph.features[[3, 1]])
     out = tmp_path / "emb.npy"
     assert main(["embed", "--checkpoint", str(directory / "best.pt"), "--dataset", SMALL, "--layer", "1",
                  "--out", str(out), "--nodes", "test", "--device", "cpu"]) == 0

@@ -248,8 +248,13 @@ def test_embeddings_are_the_rows_the_layer_above_reads(mag, whole):
     assert np.allclose(authors[[4, 9]], embed(checkpoint, mag, 1, [4, 9], node_type="author"), rtol=0, atol=1e-5)
     logits = embed(checkpoint, mag, 2, "test")
     assert np.array_equal(logits.argmax(1), predict(checkpoint, mag, "test"))
+    # Layer 0: what the model reads, a featureless type's learned table or a featured type's features.
+    table = checkpoint.model.embeddings["institution"].weight.detach().numpy()
+    assert np.array_equal(embed(checkpoint, mag, 0, node_type="institution", chunk_size=7), table)
+    assert np.array_equal(embed(checkpoint, mag, 0, [5, 2]), np.asarray(mag.features["paper"])[[5, 2]])
     for kwargs, words in ((dict(node_type="institution"), "layer 1 computes rows of paper, author, field only.*the "
-                                                          "model only reads institution's rows.*embedding table"),
+                                                          "model only reads institution's rows.*embedding table"
+                                                          ".*`layer` 0"),
                           (dict(layer=2, node_type="author"), "layers 1..1 compute its rows: give `layer` 1"),
                           (dict(node_type="author", nodes="test"), "the splits hold vertices of the target type"),
                           (dict(node_type="venue"), "no such vertex type"),
@@ -270,6 +275,12 @@ def test_embed_writes_a_vertex_types_rows_from_the_command_line(mag, whole, tmp_
                  "institution", "--out", str(tmp_path / "i.npy"), "--device", "cpu"]) == 2
     assert "--node-type institution: layer 1 computes" in capsys.readouterr().err
     assert not (tmp_path / "i.npy").exists()
+    # Its learned embedding table, from the command line: layer 0.
+    assert main(["embed", "--checkpoint", str(directory / "best.pt"), "--dataset", str(folder), "--node-type",
+                 "institution", "--layer", "0", "--out", str(tmp_path / "i.npy"), "--device", "cpu",
+                 "--no-progress"]) == 0
+    assert np.array_equal(np.load(tmp_path / "i.npy"),
+                          load_checkpoint(directory / "best.pt").model.embeddings["institution"].weight.detach())
     # A homogeneous graph's embed still needs --layer, and has one vertex type: said before anything is read.
     homogeneous = ["embed", "--checkpoint", str(tmp_path / "absent.pt"), "--dataset", "synthetic:nodes=300", "--out",
                    str(tmp_path / "h.npy")]

@@ -106,6 +106,14 @@ def test_a_pyg_model_trains_unchanged_with_checkpoints_and_predict(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_pyg_style_module_trains_whatever_its_forward_names_its_arguments():
+    torch.manual_seed(0)
+    summary = train(config(), model=ShortNames())
+    losses = [e["train_loss"] for e in summary["epochs"]]
+    assert losses[-1] < losses[0] and summary["test_acc"] > 0.5
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["device", "neutronorch"])
 def test_a_block_form_model_trains_in_every_mode(mode):
     torch.manual_seed(0)
@@ -143,9 +151,21 @@ def test_evaluation_of_a_user_model_is_exact_full_neighbour_inference():
     torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-5)
 
 
-class TwoArguments(nn.Module):
-    def forward(self, a, b):
+class OneArgument(nn.Module):
+    def forward(self, a):
         return a
+
+
+class ShortNames(nn.Module):
+    """A PyG-style module whose forward names its arguments as it likes: read by position, as PyG does."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 4)
+
+    def forward(self, h, ei):
+        messages = torch.zeros_like(h).index_add_(0, ei[1], h[ei[0]])
+        return self.lin(h + messages)
 
 
 class WrongShape(nn.Module):
@@ -207,8 +227,9 @@ def test_a_module_off_the_protocol_is_a_neutronorch_error():
 
 
 def test_a_module_off_the_protocol_is_told_what_it_expects():
-    with pytest.raises(ModelProtocolError, match=r"takes \(a, b\).*forward\(x, edge_index\).*forward\(blocks, x\)"):
-        train(config(epochs=1), model=TwoArguments())
+    with pytest.raises(ModelProtocolError, match=r"takes \(a\).*forward\(x, edge_index\).*forward\(blocks, x\)"):
+        train(config(epochs=1), model=OneArgument())
+    assert UserModel(ShortNames(), 2, 4).form == "pyg" and UserModel(BlockSage(), 2, 4).form == "blocks"
     with pytest.raises(ModelProtocolError, match="must be a torch.nn.Module"):
         UserModel(lambda blocks, x: x, 2, 4)
     with pytest.raises(ModelProtocolError, match=r"returned shape \[128, 3\].*expects a \[128, 4\] tensor"):

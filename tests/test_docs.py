@@ -214,6 +214,16 @@ def test_every_readme_command_runs_in_a_smoke_form(tmp_path, monkeypatch):
             if argv[0] in ("predict", "embed"):
                 assert checkpoint is not None, f"README shows {argv[0]} before any train line with --checkpoint-dir"
                 argv[argv.index("--checkpoint") + 1] = checkpoint
+            if argv[0] == "convert" and "--features" in argv:  # your own tables: a ring of 20 named vertices
+                names = [f"n{i}" for i in range(20)]
+                table = {argv[1]: "src,dst\n" + "".join(f"{a},{names[i - 1]}\n" for i, a in enumerate(names)),
+                         argv[argv.index("--features") + 1]: "".join(f"{a},{i},1\n" for i, a in enumerate(names)),
+                         argv[argv.index("--labels") + 1]: "".join(f"{a},{i % 2}\n" for i, a in enumerate(names))}
+                for path, text in table.items():
+                    Path(path).write_text(text)
+                if "--split" in argv:
+                    Path(argv[argv.index("--split") + 1]).write_text("".join(
+                        f"{a},{('train', 'val', 'test')[i % 3]}\n" for i, a in enumerate(names)))
             if "--pairs" in argv:  # pairs are scored by a link checkpoint: one trained here, two pairs to score
                 Path(argv[argv.index("--pairs") + 1]).write_text("0 1\n2 3\n")
                 argv[argv.index("--checkpoint") + 1] = _link_checkpoint(folder / "link")

@@ -202,6 +202,8 @@ NOT_SHORT = [
     (["--host-threads", "1"], "host_threads", 1),
     (["--prefetch", "4"], "prefetch", 4),
     (["--timeline", "t.png"], "timeline", "t.png"),
+    (["--console-log", "c.log"], "console_log", "c.log"),
+    (["--curves", "c.png"], "curves", "c.png"),
     (["--timeline-steps", "10"], "timeline_steps", 10),
     (["--log-every", "5"], "log_every", 5),
     (["--no-progress"], "progress", False),

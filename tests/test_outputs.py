@@ -5,6 +5,7 @@ results in a run folder of its own (runs/NAME/), made only once every check has 
 
 import errno
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -60,7 +61,7 @@ OVERLAPS = [
     ("train", "--summary-json {w}/data/new.json"),  # into the dataset's folder
     ("train", "--summary-json {w}/run.yaml --config {w}/run.yaml"),
     ("train", "--log-csv {w}/out/a.txt --summary-json {w}/out/a.txt"),
-    ("train", "--timeline {w}/out/t.png --summary-json {w}/out/t.json"),
+    ("train", "--timeline {w}/out/t.png --summary-json {w}/out/t.spans.json"),
     ("train", "--checkpoint-dir {w}/data"),
     ("train", "--tensorboard {w}/data"),
     ("train", "--log-jsonl {w}/link-to-features.npy"),  # a symbolic link to an input
@@ -453,7 +454,9 @@ def test_a_graph_passed_to_train_is_protected_as_its_files(workspace, tmp_path):
 
 # ----- run folders: a command-line run that names no output keeps its results in runs/NAME/ -----------
 
-RUN_FILES = ["best.pt", "last.pt", "metrics.jsonl", "summary.json"]
+# The console's copy and, with matplotlib, the training curves besides the results.
+RUN_FILES = sorted(["best.pt", "last.pt", "metrics.jsonl", "summary.json", "console.log"]
+                   + ["curves.png"] * bool(importlib.util.find_spec("matplotlib")))
 
 
 def _visible(folder: Path) -> list[str]:
@@ -504,10 +507,26 @@ def test_a_run_name_in_use_is_refused_unless_resumed_or_overwritten(tmp_path, mo
     assert [e["epoch"] for e in summary["epochs"]] == [0, 1]
     epochs = [r for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "epoch"]
     assert [r["epoch"] for r in epochs] == [0, 1]
+    # The console's copy is continued: both runs' epoch lines, each run's last line.
+    console = (folder / "console.log").read_text()
+    assert re.search(r"^epoch   0 .*^epoch   1 ", console, re.M | re.S) and console.count("results in runs/") == 2
     # --overwrite replaces its results: one epoch again.
     assert main(base + ["--overwrite"]) == 0
     assert len(json.loads((folder / "summary.json").read_text())["epochs"]) == 1
     assert _visible(tmp_path / "runs") == ["cora-sage"]
+    assert (folder / "console.log").read_text().count("results in runs/") == 1
+
+
+def test_a_run_folder_keeps_the_console_and_a_timeline_named_beside_it(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--dataset", TINY, *TRAIN, "--run-name", "t", "--timeline", "t.png"]) == 0
+    out = capsys.readouterr().out
+    folder = tmp_path / "runs" / "t"
+    assert _visible(folder) == RUN_FILES and (tmp_path / "t.png").is_file() and (tmp_path / "t.spans.json").is_file()
+    console = (folder / "console.log").read_text()
+    assert "epoch   0 | loss" in console and console.endswith(out)  # the log lines, then what was printed
+    assert (folder / "curves.png").read_bytes().startswith(b"\x89PNG")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -678,8 +697,8 @@ def test_a_run_that_overwrites_leaves_only_its_own_outputs(datasets, tmp_path, m
     assert main(base + ["--eval-every", "1", "--epochs", "2"]) == 0
     earlier = _digest(tmp_path / "runs" / "X")
     assert main(base + ["--eval-every", "-1", "--overwrite"]) == 0  # no evaluation: no best.pt of its own
-    assert sorted(p.name for p in (tmp_path / "runs" / "X").iterdir()) == ["last.pt", "metrics.jsonl",
-                                                                        "summary.json"]
+    assert sorted(p.name for p in (tmp_path / "runs" / "X").iterdir()) == [
+        name for name in RUN_FILES if name != "best.pt"]
     assert all(earlier[name] != digest for name, digest in _digest(tmp_path / "runs" / "X").items())
     summary = json.loads((tmp_path / "runs" / "X" / "summary.json").read_text())
     assert summary["checkpoints"]["best"] is None and len(summary["epochs"]) == 1
@@ -792,7 +811,7 @@ def test_every_explicit_output_is_kept_until_replaced(datasets, tmp_path, monkey
              "--log-every", "1"]
     assert main(first) == 0
     before = _digest(tmp_path)
-    assert {"out/t.png", "out/t.json", "out/m.jsonl"} <= set(before) and any(k.startswith("tb/events") for k in before)
+    assert {"out/t.png", "out/t.spans.json", "out/m.jsonl"} <= set(before) and any(k.startswith("tb/events") for k in before)
     _diverging(monkeypatch)
     assert main(first + ["--overwrite"]) == 2  # no checkpoint folder: replaced only by a completed run
     assert "diverged" in capsys.readouterr().err

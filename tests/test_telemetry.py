@@ -142,7 +142,7 @@ def test_timeline_png_and_raw_spans_of_the_window(tmp_path, graph, mode):
     summary = train(config(timeline=str(png), timeline_steps=window, batch_size=32, **extra), graph)
     data = png.read_bytes()
     assert data.startswith(PNG_SIGNATURE) and len(data) > 5000
-    raw = json.loads(png.with_suffix(".json").read_text())
+    raw = json.loads(png.with_suffix(".spans.json").read_text())
     lanes = {s["lane"] for s in raw["spans"]}
     assert {"sampler", "trainer"} <= lanes
     if mode == "neutronorch":
@@ -480,15 +480,15 @@ def test_a_timeline_window_shorter_than_the_sampling_interval_still_shows_the_ut
     write_timeline(str(png), events, [(9.8, 1.0, 0.5, None), (10.2, 2.0, 0.5, None), (10.4, 3.0, 0.5, None)],
                    "short", TABLE)
     # The sample before the window (where the next one's interval starts) and the one after it, covering it.
-    assert [u["t"] for u in json.loads(png.with_suffix(".json").read_text())["utilisation"]] == [-0.2, 0.2]
+    assert [u["t"] for u in json.loads(png.with_suffix(".spans.json").read_text())["utilisation"]] == [-0.2, 0.2]
     assert texts == []
     write_timeline(str(png), events, [(9.8, 1.0, 0.5, None)], "nothing after", TABLE)
     assert texts == ["utilisation: window too short to sample"]
-    assert json.loads(png.with_suffix(".json").read_text())["utilisation"] == []
+    assert json.loads(png.with_suffix(".spans.json").read_text())["utilisation"] == []
     # In a run, the window's start and end are sampled: a one-step window of a few milliseconds is covered.
     png = tmp_path / "run.png"
     train(config(epochs=1, timeline=str(png), timeline_steps=1), graph)
-    raw = json.loads(png.with_suffix(".json").read_text())
+    raw = json.loads(png.with_suffix(".spans.json").read_text())
     window = max(s["end"] for s in raw["spans"])
     assert [u for u in raw["utilisation"] if u["t"] >= window - 1e-3], raw["utilisation"]  # its end is covered
 
@@ -512,3 +512,15 @@ def test_a_cold_kernel_cache_is_announced_once_before_compiling_and_a_warm_one_i
     assert [run.returncode for run in runs] == [0, 0], runs[0].stderr[-2000:]
     assert runs[0].stdout.split("\n")[:3] == ["before", MESSAGE, "after"]  # once, before the compilation
     assert MESSAGE not in runs[1].stdout  # read from the cache: nothing to say
+
+
+def test_a_span_begun_before_the_timeline_window_is_drawn_from_where_the_window_opens():
+    """A producer's wait through the evaluation before the window's epoch starts at the window's opening, so
+    the picture is the window's steps, not the wait before them."""
+    spans = Spans()
+    spans.add("host_wait_weights", 1.0, 5.0)  # before the window: totals only
+    spans.keep, spans.opened = True, 10.0
+    spans.add("host_wait_weights", 4.0, 12.0)  # begun during the evaluation
+    spans.add("forward", 10.5, 11.0)
+    assert spans.events == [("host_wait_weights", 10.0, 12.0, -1), ("forward", 10.5, 11.0, -1)]
+    assert spans.take()[0]["host_wait_weights"] == 12.0  # the stage's seconds stay whole

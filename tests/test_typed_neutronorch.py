@@ -304,7 +304,7 @@ def test_a_typed_run_draws_its_timeline(mode, tmp_path):
     summary = train(run_config(mode=mode, timeline=str(path), timeline_steps=12, **orch), graph=graph)
     assert path.is_file() and summary["timeline"]["png"] == str(path)
     import json
-    data = json.loads(path.with_suffix(".json").read_text())
+    data = json.loads(path.with_suffix(".spans.json").read_text())
     lanes = {s["lane"] for s in data["spans"]}
     assert {"sampler", "trainer"} <= lanes
     if mode == "neutronorch":

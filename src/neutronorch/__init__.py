@@ -25,8 +25,8 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _WHERE = {
     "TrainConfig": "neutronorch.config",
-    **dict.fromkeys(("Graph", "load_dataset", "load_native", "save_native", "from_pyg", "to_pyg", "from_dgl",
-                     "to_dgl"), "neutronorch.data"),
+    **dict.fromkeys(("Graph", "load_dataset", "load_native", "save_native", "load_tables", "from_pyg", "to_pyg",
+                     "from_dgl", "to_dgl"), "neutronorch.data"),
     **dict.fromkeys(("from_pyg_link", "to_pyg_link"), "neutronorch.data.interop_links"),
     **dict.fromkeys(("NeutronorchError", "ConfigError", "DataError", "TrainingError", "OutputError",
                      "CheckpointError", "Interrupted"), "neutronorch.errors"),

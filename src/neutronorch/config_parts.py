@@ -312,13 +312,21 @@ class LogConfig:
     timeline: str | None = may_change(
         None, type=str, metavar="PNG",
         help="draw the stage timeline (a Gantt chart of the host, sampler, copy and trainer lanes, with CPU/GPU "
-             "utilisation) of a window of steps to this .png; the raw spans go next to it as .json (needs "
+             "utilisation) of a window of steps to this .png; the raw spans go next to it as .spans.json (needs "
              "matplotlib)")
     timeline_steps: int = may_change(
         40, bound="at least 1", help="steps in the timeline window, from the start of the second epoch (the "
                                      "first if the run has one epoch)")
     progress: bool = may_change(True, help="no progress bar (the per-epoch lines stay)")
     stage_table: bool = may_change(True, help="no per-lane stage breakdown after each epoch line")
+    console_log: str | None = may_change(
+        None, type=str, metavar="PATH",
+        help="copy the run's log lines (epoch lines, stage tables, warnings) into this file, continued by a "
+             "resumed run (a run folder keeps them as console.log)")
+    curves: str | None = may_change(
+        None, type=str, metavar="PNG",
+        help="draw the training curves (the loss; validation and test scores) per epoch to this .png at the run's "
+             "end (needs matplotlib; a run folder draws curves.png where matplotlib is installed)")
 
 
 # TrainConfig's parts: the attribute each is held under, and its class. A config file's sections take these names.

@@ -133,7 +133,7 @@ def _outputs(config: TrainConfig, run_name, save, config_file: list, rank: int |
         if run_name is not None:
             raise ConfigError(f"`run_name` {run_name}: names a run folder, which "
                               + ("`no_save` turns off" if not save else "is made only when no output option is "
-                                 "given (`summary_json`, `checkpoint_dir`, the logs, `timeline`)")
+                                 "given (`summary_json`, `checkpoint_dir`, the logs)")
                               + ". Give one or the other.")
         if config_file:  # train() checks its outputs against the dataset; the file is ours
             check_distinct({"config": config_file}, run_outputs(config))
@@ -144,6 +144,7 @@ def _outputs(config: TrainConfig, run_name, save, config_file: list, rank: int |
 
 
 def _train(config: TrainConfig, folder, rank: int | None) -> int:
+    from neutronorch.observe.report import reuse_summary
     from neutronorch.train.trainer import train
 
     bar = _ProgressBar() if config.progress and not rank else None
@@ -183,25 +184,53 @@ def _train(config: TrainConfig, folder, rank: int | None) -> int:
     metric = summary["metric"]
     scores = (f"val {metric} {summary['val_acc']:.4f}, test {metric} {summary['test_acc']:.4f}, "
               if summary["test_acc"] is not None else "not evaluated, ")
-    print(f"{summary['dataset']['name']}: mode {summary['mode']}, model {config.model}, {scores}"
-          f"epoch time median {summary['epoch_seconds_median']:.2f}s, peak RSS {summary['peak_rss_mb']:.0f} MB"
-          if summary["epochs"] else "no epochs run")
+    reuse = reuse_summary(summary)
+    lines = [f"{summary['dataset']['name']}: mode {summary['mode']}, model {config.model}, {scores}epoch time median "
+             f"{summary['epoch_seconds_median']:.2f}s, peak RSS {summary['peak_rss_mb']:.0f} MB"
+             + (f"; {reuse}" if reuse else "") if summary["epochs"] else "no epochs run"]
+    if config.curves and Path(config.curves).is_file():
+        lines.append(f"training curves in {config.curves}")
     if folder is not None:
-        print(f"results in {folder.path}/")
+        lines.append(f"results in {folder.path}/")
+    print("\n".join(lines))
+    if config.console_log:  # the run's own copy of its lines: what was printed goes after them
+        with open(config.console_log, "a", encoding="utf-8") as log:
+            log.write("\n".join(lines) + "\n")
     return 0
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
+    from neutronorch.data.tabular import is_table, load_tables, only_a_table
+
     t0 = time.perf_counter()
-    typed = is_typed_dataset(args.source)
-    _check_native_out("OUT_DIR", args.out_dir, dataset_paths(args.source), args.overwrite, typed)
-    bar = _ProgressBar("reading", "B")
+    tables = args.features is not None or args.labels is not None
+    if tables and (args.features is None or args.labels is None):
+        raise ConfigError(f"give both --features and --labels with your edge table {args.source} (the native format "
+                          f"holds a node-classification graph: a feature row and a label per vertex; a vertex may "
+                          f"lack a label).")
+    if not tables and only_a_table(args.source):
+        raise ConfigError(f"{args.source}: an edge table; give its vertices' --features and --labels tables too "
+                          f"(docs/datasets.md, \"Your own tables\").")
+    if not tables and (args.directed or args.header != "auto" or args.name is not None):
+        raise ConfigError("--directed, --header and --name read your own tables: give SOURCE as your edge table "
+                          "with --features and --labels.")
+    typed = not tables and is_typed_dataset(args.source)
+    reads = [Path(p) for p in (args.source, args.features, args.labels, args.split) if p and is_table(p)] if tables \
+        else dataset_paths(args.source)
+    _check_native_out("OUT_DIR", args.out_dir, reads, args.overwrite, typed)
+    kept, bar = {}, _ProgressBar("reading", "B")
     try:
-        graph = (load_typed_dataset(args.source, args.split, progress=bar) if typed
-                 else load_dataset(args.source, args.split, args.seed, progress=bar))
+        if tables:
+            graph, kept = load_tables(args.source, args.features, args.labels, args.split, args.seed, args.directed,
+                                      args.header, args.name, bar)
+        else:
+            graph = (load_typed_dataset(args.source, args.split, progress=bar) if typed
+                     else load_dataset(args.source, args.split, args.seed, progress=bar))
     finally:
         bar.close()
-    return _write_dataset(graph, args.out_dir, args, t0)
+    if tables:
+        print("\n".join(graph.notes[:2]))
+    return _write_dataset(graph, args.out_dir, args, t0, kept)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -217,7 +246,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return _write_dataset(synthetic_typed(**given) if args.typed else generate(spec), args.out, args, t0)
 
 
-def _write_dataset(graph, out: str, args: argparse.Namespace, t0: float) -> int:
+def _write_dataset(graph, out: str, args: argparse.Namespace, t0: float, kept: dict | None = None) -> int:
     """convert's and generate's end, for either kind of graph: the features halved with --float16 or
     --bfloat16, the native or typed folder written, its first line said."""
     from neutronorch.train.output_guard import check_space
@@ -231,7 +260,10 @@ def _write_dataset(graph, out: str, args: argparse.Namespace, t0: float) -> int:
     # The old folder stays until the new one is complete: the whole dataset must fit beside it.
     check_space("out" if args.command == "generate" else "OUT_DIR", out,
                 sum(int(array.nbytes) for array in graph.arrays() if array is not None))
-    (write_typed if typed else save_native)(graph, out, overwrite=args.overwrite)
+    if typed:
+        write_typed(graph, out, overwrite=args.overwrite)
+    else:
+        save_native(graph, out, overwrite=args.overwrite, kept=kept)
     print(f"wrote {graph.describe().splitlines()[0]} to {out} in {time.perf_counter() - t0:.1f}s")
     return 0
 

@@ -12,6 +12,7 @@ from dataclasses import fields
 
 from neutronorch.config import TrainConfig, setting_fields
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec, synthetic_typed
+from neutronorch.data.tabular import HEADERS
 
 __all__ = ["RUN_FOLDER_KEYS", "build_parser"]
 
@@ -186,13 +187,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_convert_options(convert: argparse.ArgumentParser) -> None:
-    convert.add_argument("source", help=f"dataset spec: {DATASET_SPEC_HELP}")
+    convert.add_argument("source", help="what to read: a dataset spec, as train's --dataset (docs/datasets.md), or "
+                                        "your edge table (with --features and --labels)")
     convert.add_argument("out_dir", help="output directory")
     convert.add_argument("--split", default=None, help=(
-        "split for data without one: ratio:TRAIN,VAL or per-class:TRAIN,VAL of the vertices (default: the "
-        "data's own split, else ratio:0.6,0.2; synthetic graphs: ratio:0.1,0.05); a link task draws its edge "
-        "split as it trains (train --task link --split edges:TRAIN,VAL)"))
+        "for data without a split: ratio:TRAIN,VAL or per-class:TRAIN,VAL (default: the data's own, else "
+        "ratio:0.6,0.2; synthetic: ratio:0.1,0.05), or with your tables a split table"))
     convert.add_argument("--seed", type=int, default=0, help="seed of the split (default: 0)")
+    tables = convert.add_argument_group(
+        "your own tables", "SOURCE is your edge table ('src,dst' lines, .npy or JSON); ids other than 0..n-1 are "
+        "renumbered, kept in OUT_DIR/node_ids.npy (docs/datasets.md)")
+    tables.add_argument("--features", metavar="FILE", help="'id,x1,x2,...' lines, a .npy in id order, or JSON")
+    tables.add_argument("--labels", metavar="FILE", help="'id,label' lines (a class number or name; a vertex left "
+                                                        "out has none), in id order, or JSON")
+    tables.add_argument("--directed", action="store_true", help="messages only from each edge's first id to its "
+                                                               "second (default: both ways)")
+    tables.add_argument("--header", choices=HEADERS, default="auto",
+                        help="whether text tables' first line names the columns (default: detected)")
+    tables.add_argument("--name", help="the dataset's name (default: the edge file's)")
     _add_write_options(convert, "OUT_DIR", " (it may be SOURCE itself)")
 
 
@@ -259,7 +271,8 @@ def _add_predict_options(pred: argparse.ArgumentParser, full: bool = False) -> N
 def _add_embed_options(emb: argparse.ArgumentParser, full: bool = False) -> None:
     own = {"--layer": dict(type=int, metavar="K", help=(
         "1 = the bottom layer's output (after its activation) ... the last layer (logits; of a link "
-        "checkpoint, the embeddings its head scores); a typed graph's default: the last hidden layer")),
+        "checkpoint, the embeddings its head scores); 0 = the inputs (a featureless type's learned embedding "
+        "table); a typed graph's default: the last hidden layer")),
            "--node-type": dict(metavar="TYPE", help=(
         "a typed graph: the vertex type whose rows to write (default: the target; one the layer computes)"))}
     _inference_options(emb, full, _add_embed_options, own, "all",

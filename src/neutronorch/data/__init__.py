@@ -15,11 +15,12 @@ from neutronorch.data.native import (is_native_dir, is_typed_dir, load_native, r
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
 from neutronorch.data.synthetic import SyntheticSpec, generate
 from neutronorch.data.synthetic_typed import synthetic_typed
+from neutronorch.data.tabular import SNAP_SUFFIXES, load_tables, only_a_table
 from neutronorch.data.typed import Relation, TypedGraph
 from neutronorch.errors import DataError
 from neutronorch.limits import check_seed
 
-__all__ = ["Graph", "load_dataset", "load_native", "save_native", "SyntheticSpec", "generate",
+__all__ = ["Graph", "load_dataset", "load_native", "save_native", "load_tables", "SyntheticSpec", "generate",
            "make_split", "DEFAULT_SPLIT", "DATASET_SPEC_HELP", "dataset_paths", "from_pyg", "to_pyg", "from_dgl",
            "to_dgl", "TypedGraph", "Relation", "read_typed", "write_typed", "synthetic_typed", "is_typed_dataset",
            "load_typed_dataset", "to_pyg_hetero", "from_pyg_hetero", "to_dgl_hetero", "from_dgl_hetero"]
@@ -81,9 +82,12 @@ def _load(spec: str, split: str | None, seed: int, split_index: int, progress) -
     if name.endswith(".npz"):
         from neutronorch.data.npz import load_npz
         return load_npz(path, split or DEFAULT_SPLIT, seed, split_index)
-    if name.endswith((".txt", ".txt.gz", ".edges", ".tsv", ".tsv.gz")):
+    if name.endswith(SNAP_SUFFIXES):
         from neutronorch.data.snap import load_snap
         return load_snap(path, split or DEFAULT_SPLIT, seed)
+    if only_a_table(path):
+        raise DataError(f"{path}: a table, not a dataset; make one of your tables with `neutronorch convert "
+                        f"{path} OUT_DIR --features F --labels L` (docs/datasets.md, \"Your own tables\").")
     raise DataError(f"{path}: unknown file type. `dataset` takes {DATASET_SPEC_HELP}.")
 
 

@@ -29,6 +29,8 @@ TYPED_KEYS = ("format", "format_version", "name", "node_types", "relations", "ta
 # The fields of one entry of meta.json's node_types and relations, with their types (int: a count >= 0).
 _NODE_FIELDS = {"name": str, "count": int, "feature_dim": int}
 _RELATION_FIELDS = {"src": str, "name": str, "dst": str, "num_edges": int, "edge_feature_dim": int}
+# Arrays a converted graph keeps beside its own: each vertex's id in its source tables, its classes' names.
+KEPT = ("node_ids", "class_names")
 # A flat folder's arrays under the keys of the typed layout they stand for.
 _FLAT = {node_array(VERTEX, name): name for name in ("features", "labels", *SPLITS)}
 _FLAT.update({relation_array(EDGE, name): name for name in ("indptr", "indices")})
@@ -188,15 +190,18 @@ def check_meta_value(value, kind: type, what: str, meta_path: Path) -> None:
         raise DataError(f"{meta_path}: {what} is {value!r}, expected a name.")
 
 
-def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = False) -> Path:
+def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = False,
+                kept: dict[str, np.ndarray] | None = None) -> Path:
     """Write ``graph`` to ``directory`` (the flat layout); features keep their dtype. ``overwrite``: as
-    ``write_typed``'s, for a native dataset."""
+    ``write_typed``'s, for a native dataset. ``kept``: arrays of ``KEPT`` written beside it (a vertex or a
+    class a row each; the reader leaves them alone)."""
     target = Path(directory)
     if graph.links is not None:  # it would be written without them, and read back as a graph with no task
         raise DataError(f"{graph.name}: the native format does not store a link split yet; train from the "
                         f"dataset it was read from (an OGB link-prediction folder loads directly).")
     check_dataset_folder(target, overwrite)
     arrays = {_FLAT[key]: array for key, array in _layout(TypedGraph.of(graph))[0].items()}
+    arrays.update(kept or {})
     meta = {"name": graph.name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
             "feature_dim": graph.feature_dim, "num_classes": int(graph.num_classes),
             "format_version": FORMAT_VERSION, "notes": list(graph.notes)}
@@ -289,7 +294,7 @@ def check_dataset_folder(target: Path, overwrite: bool, typed: bool = False) -> 
     """A dataset (``typed``: a typed graph) may be written to ``target``: a new or empty folder, or with
     ``overwrite`` one of that kind holding nothing but its own entries."""
     kind = "typed" if typed else "native"
-    own = {"meta.json", "nodes", "relations"} if typed else {"meta.json", *(f"{name}.npy" for name in ARRAYS)}
+    own = {"meta.json", "nodes", "relations"} if typed else {"meta.json", *(f"{name}.npy" for name in (*ARRAYS, *KEPT))}
     if target.exists() and not target.is_dir():
         raise DataError(f"{target}: exists and is a file; the {kind} format is a folder. Choose another path.")
     replace = target.is_dir() and any(target.iterdir())

@@ -17,9 +17,9 @@ from neutronorch.nn.models import Tables
 from neutronorch.nn.splice import splice
 from neutronorch.sampling.block import pyg_form
 
-PROTOCOL = ("forward(x, edge_index) returning a row per vertex of x (the PyG form), or forward(blocks, x) "
-            "returning a row per destination of the last block (the block form); docs/models.md, 'Your own "
-            "model'")
+PROTOCOL = ("forward(x, edge_index) returning a row per vertex of x (the PyG form: any two positional "
+            "parameters, read by position as PyG does), or forward(blocks, x) returning a row per destination of the "
+            "last block (the block form: a first parameter named blocks); docs/models.md, 'Your own model'")
 TYPED_PROTOCOL = ("forward(blocks, features, ids) returning the logits of the seeds, a row per destination of "
                   "the last block's target type (TypedGNN's call; docs/heterogeneous.md, 'Your own module')")
 _TRIM = ("num_sampled_nodes_per_hop", "num_sampled_edges_per_hop")
@@ -83,10 +83,10 @@ def _form(module: nn.Module, typed: bool) -> tuple[str, bool]:
             raise ModelProtocolError(f"{name}.forward takes ({', '.join(positional) or 'nothing'}); a typed graph's "
                                      f"model must take {TYPED_PROTOCOL}")
         return "typed", False
-    if positional[:2] == ["x", "edge_index"]:
-        return "pyg", all(name in names for name in _TRIM)
-    if positional[:2] == ["blocks", "x"]:
-        return "blocks", False
+    if len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params):
+        if positional[:1] == ["blocks"]:
+            return "blocks", False
+        return "pyg", all(name in names for name in _TRIM)  # (x, edge_index, ...) by position, as PyG calls it
     raise ModelProtocolError(f"{name}.forward takes ({', '.join(positional) or 'nothing'}); a "
                              f"model trained here must take {PROTOCOL}")
 

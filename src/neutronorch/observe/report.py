@@ -35,13 +35,85 @@ def epoch_table(record: dict, table: StageTable) -> str:
                         if moved.get("cache_hits") else "")
                      + (f", host cache hit rate {100 * moved['host_cache_hits'] / max(1, moved['host_rows']):.0f}%"
                         if moved.get("host_cache_hits") else ""))
+    reuse = reuse_line(record)
+    if reuse:
+        lines.append(f"    reuse    {reuse}")
     return "\n".join(lines)
+
+
+def reuse_line(record: dict) -> str | None:
+    """A NeutronOrch epoch's reuse: whether hot rows were served, at what ratio (the share of reached vertices
+    made hot), the share of bottom-layer rows they served, their staleness against its bound, the expected
+    error against its budget, and with ``--hot-ratio auto`` the decision for the next epoch and why; None for
+    another mode's epoch."""
+    if "hot_ratio" not in record:
+        return None
+    served, staleness = record.get("hot_served"), record.get("staleness") or {}
+    if served:
+        text = (f"on, r {record['hot_ratio']:.3g}: {100 * served:.1f}% of bottom-layer rows served hot, staleness "
+                f"mean {staleness.get('mean')} max {staleness.get('max')} (bound {staleness.get('bound')})")
+        if record.get("stale_error") is not None:  # the cap's measure: share served x a reused row's error
+            budget = record.get("error_budget")
+            text += (f", error {served * record['stale_error']:.4f} (share x row error {record['stale_error']:.3f}"
+                     + (f"; budget {budget:g})" if budget else ")"))
+    else:
+        text = f"off (r {record['hot_ratio']:.3g}): no rows served hot, the epoch trained as without reuse"
+    auto = record.get("hot_ratio_auto")
+    if auto:
+        text += f" | next epoch: {auto['decision']}, r {auto['next']:g} ({auto['reason']})"
+    return text
+
+
+def reuse_summary(summary: dict) -> str | None:
+    """A NeutronOrch run's reuse in a few words for its last line; None for another mode's run."""
+    epochs = [e for e in summary.get("epochs", []) if "hot_ratio" in e]
+    if not epochs or "hot" not in summary:
+        return None
+    used = sum(1 for e in epochs if e.get("hot_served"))
+    if not used:
+        return "no rows served hot: the run trained as without reuse"
+    staleness = summary.get("staleness", {})
+    return (f"hot rows served {100 * summary['hot']['reuse_rate']:.1f}% of bottom-layer rows in {used} of "
+            f"{len(epochs)} epochs, staleness max {staleness.get('max_observed')} (bound {staleness.get('bound')})")
+
+
+def curves_png(epochs: list[dict], metric: str) -> bytes | None:
+    """The training curves (loss; validation and test scores where evaluated) per epoch as a .png's bytes;
+    None without matplotlib (it is optional)."""
+    try:
+        import matplotlib  # noqa: PLC0415 - optional
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
+
+    fig, loss = plt.subplots(figsize=(7, 4))
+    loss.xaxis.set_major_locator(MaxNLocator(integer=True))
+    loss.plot([e["epoch"] for e in epochs], [e["train_loss"] for e in epochs], color="black", label="training loss")
+    loss.set_xlabel("epoch")
+    loss.set_ylabel("training loss")
+    scored = [e for e in epochs if "val_acc" in e]
+    if scored:
+        score = loss.twinx()
+        for key, name, colour in (("val_acc", "validation", "tab:blue"), ("test_acc", "test", "tab:orange")):
+            score.plot([e["epoch"] for e in scored], [e[key] for e in scored], color=colour, marker=".",
+                       label=f"{name} {metric}")
+        score.set_ylabel(metric)
+        score.legend(loc="center right")
+    loss.legend(loc="upper right")
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()
 
 
 def write_timeline(path: str, events: list, samples: list, title: str, table: StageTable,
                    save: Callable[[str, bytes], object] | None = None) -> dict:
     """Draw the spans (and the utilisation samples in their window) as a Gantt chart at ``path`` and write
-    the raw data next to it as ``.json``, each made whole in memory and handed to ``save(path, data)``
+    the raw data next to it as ``.spans.json``, each made whole in memory and handed to ``save(path, data)``
     (default: written as it is). Returns what was written. A sample is the mean since the one before, so the
     window's are those inside it, the first after it and the last before it, drawn as steps."""
     import matplotlib  # noqa: PLC0415
@@ -63,7 +135,7 @@ def write_timeline(path: str, events: list, samples: list, title: str, table: St
         "utilisation": [{"t": round(t - origin, 3), "process_cores": round(c, 3), "machine_share": m,
                          "gpu_percent": g} for t, c, m, g in window_samples],
     }
-    json_path = str(Path(path).with_suffix(".json"))
+    json_path = str(Path(path).with_suffix(".spans.json"))
     text = (json.dumps(data) + "\n").encode()
 
     stages = sorted({e[0] for e in events}, key=table.display_order)

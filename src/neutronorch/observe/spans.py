@@ -62,6 +62,7 @@ class Spans:
         self._totals: dict[str, float] = {}
         self._counts: dict[str, int] = {}
         self.keep = False
+        self.opened = 0.0  # when ``keep`` was set: a span begun before the window is drawn from there
         self.events: list[tuple[str, float, float, int]] = []
 
     @contextmanager
@@ -77,7 +78,7 @@ class Spans:
         with self._lock:
             self._totals[stage] = self._totals.get(stage, 0.0) + (end - start)
             if self.keep and len(self.events) < self.MAX_EVENTS:
-                self.events.append((stage, start, end, step))
+                self.events.append((stage, max(start, self.opened), end, step))
 
     def count(self, name: str, value: int) -> None:
         """Add to a counter (rows, bytes) reported with the next ``take``."""

@@ -19,8 +19,10 @@ SMALL_CACHE = 0.25  # share of the features on the GPU below which NeutronOrch m
 WIDE_ROW = 512  # bytes of a feature row from which the bottom hop counts as heavy
 LARGE_FANOUT = 10  # bottom fanout from which the bottom hop counts as heavy
 
-CPU_REASON = ("training on the CPU, where exact mode is the fastest: device mode's torch sampler took 1.23x exact's "
-              "epoch on the 1M-vertex benchmark graph, NeutronOrch 0.89-1.03x at its defaults with stale rows")
+CPU_REASON = ("training on the CPU: exact mode by rule, not measured. There the host does all the work, so NeutronOrch's "
+              "reuse only moves it between threads of one processor (0.89-1.03x exact's epoch on the 1M-vertex "
+              "benchmark graph: never reliably faster, and its rows are stale), and device mode's torch sampler took "
+              "1.23x; give --mode neutronorch to use it anyway")
 
 
 @dataclass(frozen=True)

@@ -184,7 +184,8 @@ def rank_settings(config: TrainConfig) -> TrainConfig:
     rank = dist.get_rank() if joined_already else int(os.environ.get("RANK", "0")) if world_size() > 1 else 0
     if rank == 0:
         return config
-    return dataclasses.replace(config, summary_json=None, log_jsonl=None, log_csv=None, tensorboard=None)
+    return dataclasses.replace(config, summary_json=None, log_jsonl=None, log_csv=None, tensorboard=None,
+                               console_log=None, curves=None)
 
 
 def shared_logits(world: World, compute, nodes: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 
 from neutronorch.config import TrainConfig
 from neutronorch.errors import ConfigError, Interrupted, TrainingError
-from neutronorch.observe import Spans, Utilisation
+from neutronorch.observe import Spans, Utilisation, reuse_line
 from neutronorch.train.resources import peak_rss_mb
 from neutronorch.train.step import step_masks, train_step
 
@@ -59,6 +59,7 @@ class TimelineWindow:
         if self.enabled and epoch == self.epoch:
             util.sample()
             spans.keep = self.active = True
+            spans.opened = time.perf_counter()  # the producers' waits through the evaluation before are not drawn
 
     def end_epoch(self, spans: Spans, util: Utilisation) -> None:
         if self.active:
@@ -98,7 +99,7 @@ def train_epoch(run, epoch: int, window: TimelineWindow) -> dict:
     step_losses = []
     moved = [0] * 5  # sampled edges, input rows, feature bytes, device cache hits, bytes copied to the device
     num_batches = start_step
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     if mode.store is not None:
         mode.store.take_counts()  # rows gathered outside training (evaluation) are not this epoch's
     window.begin_epoch(epoch, spans, util)
@@ -145,7 +146,7 @@ def train_epoch(run, epoch: int, window: TimelineWindow) -> dict:
         torch.cuda.synchronize(device)
     if not bool(torch.isfinite(total_loss)):
         raise _diverged(epoch, num_batches)
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     window.end_epoch(spans, util)
     stage_seconds, counts = spans.take()
     host_rows, host_hits = mode.store.take_counts() if mode.store is not None else (0, 0)
@@ -153,6 +154,7 @@ def train_epoch(run, epoch: int, window: TimelineWindow) -> dict:
     return {
         "epoch": epoch,
         "seconds": seconds,
+        "cpu_seconds": round(cpu_seconds, 4),  # every thread of the process: work, which other programs barely swing
         "train_loss": float(total_loss) / max(1, num_batches),
         "stage_seconds": {k: round(v, 4) for k, v in sorted(stage_seconds.items(),
                                                            key=lambda kv: run.stages.display_order(kv[0]))},
@@ -185,4 +187,6 @@ def epoch_line(record: dict, stages: bool = True, metric: str = "accuracy") -> s
         parts.append("collapsed: " + "; ".join(record["collapsed"]))
     if stages:
         parts.append("[" + " ".join(f"{k} {v:.2f}" for k, v in record["stage_seconds"].items() if v) + "]")
+        if reuse := reuse_line(record):
+            parts.append(f"reuse {reuse}")
     return " | ".join(parts)

@@ -4,16 +4,18 @@ named)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
+import logging
 import math
 import os
 import re
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from neutronorch.atomic import make_folder, remove_made, write_atomically
 from neutronorch.config import TrainConfig
@@ -23,15 +25,18 @@ from neutronorch.train.output_guard import (LOCK_NAME, check_creatable, check_di
                                               check_name_lengths, check_nothing_set_aside, check_space)
 
 CHECKPOINT_FILES = ("last.pt", "best.pt")
-OUTPUT_FIELDS = ("summary_json", "checkpoint_dir", "log_jsonl", "log_csv", "tensorboard", "timeline")
+OUTPUT_FIELDS = ("summary_json", "checkpoint_dir", "log_jsonl", "log_csv", "tensorboard", "timeline", "console_log",
+                 "curves")
+BESIDE = ("timeline", "console_log", "curves")  # outputs named beside a run folder (they make none of their own)
 
 
 def run_outputs(config: TrainConfig) -> dict[str, list[Path]]:
     """The files a run writes, by field (the tensorboard folder aside: it adds a file of its own)."""
-    files = {"summary_json": config.summary_json, "log_jsonl": config.log_jsonl, "log_csv": config.log_csv}
+    files = {"summary_json": config.summary_json, "log_jsonl": config.log_jsonl, "log_csv": config.log_csv,
+             "console_log": config.console_log, "curves": config.curves}
     outputs = {field: [Path(path)] for field, path in files.items() if path}
     if config.timeline:
-        outputs["timeline"] = [Path(config.timeline), Path(config.timeline).with_suffix(".json")]
+        outputs["timeline"] = [Path(config.timeline), Path(config.timeline).with_suffix(".spans.json")]
     if config.checkpoint_dir:
         outputs["checkpoint_dir"] = [Path(config.checkpoint_dir) / name for name in CHECKPOINT_FILES]
     return outputs
@@ -48,20 +53,19 @@ def check_outputs(config: TrainConfig, reads: dict[str, list] | None = None, mad
     for field, paths in {**outputs, **folders}.items():  # first: a name too long fails every check below
         for path in paths:  # the summary and the checkpoints are written under a temporary name first
             check_name_lengths(field, path, temporary=field in ("summary_json", "checkpoint_dir"))
-    if config.timeline and not config.timeline.lower().endswith(".png"):
-        raise ConfigError(f"`timeline` {config.timeline}: give a .png path (the raw spans go next to it as .json).")
-    if config.timeline:
-        try:
-            import matplotlib  # noqa: F401, PLC0415 - optional
-        except ImportError:
-            raise ConfigError("`timeline` needs matplotlib: pip install matplotlib (or the project's [plot] "
-                              "extra).") from None
+    for field, beside in (("timeline", " (the raw spans go next to it as .spans.json)"), ("curves", "")):
+        if getattr(config, field) and not getattr(config, field).lower().endswith(".png"):
+            raise ConfigError(f"`{field}` {getattr(config, field)}: give a .png path{beside}.")
+        if getattr(config, field) and not has_matplotlib():
+            raise ConfigError(f"`{field}` needs matplotlib: pip install matplotlib (or the project's [plot] "
+                              f"extra).")
     check_distinct({"dataset": dataset_paths(config.dataset), **(reads or {})}, {**outputs, **folders})
     if config.checkpoint_dir and Path(config.checkpoint_dir).exists() and not Path(config.checkpoint_dir).is_dir():
         raise ConfigError(f"`checkpoint_dir` {config.checkpoint_dir}: exists and is not a folder.")
     check_fresh(outputs, config.overwrite, config.resume)
     for field, path in (("log_jsonl", config.log_jsonl), ("log_csv", config.log_csv),
-                        ("tensorboard", config.tensorboard), ("timeline", config.timeline)):
+                        ("console_log", config.console_log), ("tensorboard", config.tensorboard),
+                        ("timeline", config.timeline)):
         if path and not Path(path).resolve().parent.exists() and Path(path).parent != made:
             raise ConfigError(f"`{field}` {path}: the folder {Path(path).resolve().parent} does not exist.")
     for field, paths in {**outputs, **folders}.items():
@@ -70,11 +74,40 @@ def check_outputs(config: TrainConfig, reads: dict[str, list] | None = None, mad
         check_nothing_set_aside(field, paths[0] if field == "tensorboard" else paths[0].parent)
 
 
+def has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401, PLC0415 - optional
+    except ImportError:
+        return False
+    return True
+
+
 def check_checkpoint_space(config: TrainConfig, parameters) -> None:
     """``checkpoint_dir``'s disk has room for last.pt and best.pt: the weights and Adam's two moments."""
     if config.checkpoint_dir:
         state = 3 * sum(p.numel() * p.element_size() for p in parameters)
         check_space("checkpoint_dir", config.checkpoint_dir, 2 * state + 2**20)
+
+
+@contextlib.contextmanager
+def console_copy(path: str, resume: bool) -> Iterator[None]:
+    """While the block runs, the ``neutronorch`` logger's lines also go to ``path`` (continued when
+    ``resume``), warnings marked as the command line marks them."""
+    handler = logging.FileHandler(path, mode="a" if resume else "w", encoding="utf-8")
+    handler.setFormatter(_ConsoleFormat())
+    logger = logging.getLogger("neutronorch")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+
+
+class _ConsoleFormat(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        return f"warning: {text}" if record.levelno >= logging.WARNING and not text.startswith("note:") else text
 
 
 def write_summary(config: TrainConfig, summary: dict) -> None:
@@ -124,7 +157,8 @@ def write_json_atomically(path: str, data: dict) -> None:
 # ----- run folders: where the command line keeps a run's results when no output is named ---------------
 
 RUNS = Path("runs")
-RUN_FILES = {"summary_json": "summary.json", "log_jsonl": "metrics.jsonl"}  # and the checkpoints: the folder's
+RUN_FILES = {"summary_json": "summary.json", "log_jsonl": "metrics.jsonl", "console_log": "console.log"}  # and
+# the checkpoints: the folder's
 
 
 @dataclasses.dataclass
@@ -136,19 +170,23 @@ class RunFolder:
     made: list[Path] = dataclasses.field(default_factory=list)
 
     def outputs(self, config: TrainConfig) -> TrainConfig:
-        """``config`` with its outputs in this folder."""
-        return dataclasses.replace(config, checkpoint_dir=str(self.path),
-                                   **{field: str(self.path / name) for field, name in RUN_FILES.items()})
+        """``config`` with its outputs in this folder (a console log named elsewhere stays there)."""
+        files = {field: str(self.path / name) for field, name in RUN_FILES.items()}
+        if has_matplotlib():  # cheap where it is installed
+            files["curves"] = str(self.path / "curves.png")
+        named = {field: getattr(config, field) for field in BESIDE if getattr(config, field)}
+        return dataclasses.replace(config, checkpoint_dir=str(self.path), **{**files, **named})
 
     def discard_if_empty(self) -> None:
         """Remove the folders this run made if it wrote nothing into them (it failed before its first
         output): a run that kept nothing leaves no folder."""
-        remove_made(self.made, also=(LOCK_NAME,))  # each kept when anything else is there
+        remove_made(self.made, also=(LOCK_NAME, RUN_FILES["console_log"]))  # each kept when anything else is there
 
 
 def names_outputs(config: TrainConfig) -> bool:
-    """Whether ``config`` names an output of its own (then no run folder is made)."""
-    return any(getattr(config, field) for field in OUTPUT_FIELDS)
+    """Whether ``config`` names an output of its own (then no run folder is made); those of ``BESIDE`` go
+    where they are named beside a run folder."""
+    return any(getattr(config, field) for field in OUTPUT_FIELDS if field not in BESIDE)
 
 
 def generated_run_name(config: TrainConfig, now: time.struct_time | None = None) -> str:

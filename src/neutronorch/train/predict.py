@@ -5,6 +5,7 @@ checkpoint's pairs are scored by ``link_predict.score_pairs``."""
 
 from __future__ import annotations
 
+import functools
 import numbers
 import os
 
@@ -86,22 +87,30 @@ def _rows(checkpoint, graph: Graph | TypedGraph, nodes: Nodes, layer: int | None
             raise ConfigError("`layer`: a one-layer model has no hidden layer (its only layer gives the logits); "
                               "give `layer` 1 for them.")
         layer = layers - 1
-    elif not 1 <= layer <= layers:
+    elif not 0 <= layer <= layers:
         raise ConfigError(f"`layer` {layer}: the model has layers 1..{layers} (1 reads the inputs; {layers} gives "
-                          f"the logits).")
+                          f"the logits; 0 gives the inputs: features, or a featureless type's embedding table).")
     if typed:
         node_type = node_type or graph.target
         check_computed(model, node_type, layer)
     ids = select_nodes(graph, nodes, node_type)
     if not predicting:
-        width = model.arguments["num_classes" if layer == layers else "hidden"] if typed else model.width(layer - 1)
+        tables = getattr(model, "embeddings", {}) if typed else {}
+        if layer == 0:
+            width = (tables[node_type].embedding_dim if node_type in tables else graph.feature_dim(node_type)) \
+                if typed else graph.feature_dim
+        else:
+            width = model.arguments["num_classes" if layer == layers else "hidden"] if typed else \
+                model.width(layer - 1)
         form = ((width,), np.float32, None)
     shape, dtype, transform = form
     # Checked before the transform: an argmax of NaN rows is a class.
     check = output_check("logits") if predicting else output_check(f"layer {layer} outputs", *(
         [f"{node_type} vertices"] if typed else []))
     model.to(device)
-    if typed:
+    if layer == 0:  # the rows the bottom layer reads: features, or a featureless type's learned table
+        fill = functools.partial(_inputs, model, graph, node_type, ids, chunk_size)
+    elif typed:
         fill = typed_fill(checkpoint, graph, fanouts, node_type, layer, ids, device, chunk_size, progress, check,
                           transform)
     else:
@@ -110,6 +119,20 @@ def _rows(checkpoint, graph: Graph | TypedGraph, nodes: Nodes, layer: int | None
             model, graph, FeatureStore(graph.features, graph.labels), torch.from_numpy(ids), device, chunk_size,
             layer, out=array, transform=transform, scratch=folder, progress=progress, check=check)
     return write_rows(out, (ids.shape[0], *shape), dtype, fill)
+
+
+def _inputs(model, graph: Graph | TypedGraph, node_type: str | None, ids: np.ndarray, chunk_size: int,
+            out: np.ndarray) -> None:
+    """``embed``'s layer 0: ``ids``' input rows into ``out``, a chunk at a time."""
+    for start in range(0, ids.shape[0], chunk_size):
+        chunk = ids[start:start + chunk_size]
+        if isinstance(graph, TypedGraph) and node_type in getattr(model, "embeddings", {}):
+            with torch.no_grad():
+                rows = model.embeddings[node_type](torch.from_numpy(chunk).to(next(model.parameters()).device))
+            out[start:start + chunk.shape[0]] = rows.float().cpu().numpy()
+        else:
+            features = graph.features[node_type] if isinstance(graph, TypedGraph) else graph.features
+            out[start:start + chunk.shape[0]] = np.asarray(features[chunk], dtype=np.float32)
 
 
 def check_request(graph, device, chunk_size: int = 1, **switches) -> torch.device:
@@ -240,7 +263,7 @@ def check_computed(model: TypedGNN, node_type: str, layer: int) -> None:
         fix = f"layers 1..{having[-1]} compute its rows: give `layer` {having[-1]} or lower"
     elif node_type in reached[layers]:
         rows = "its features" if spec.feature_dims[node_type] else "its embedding table (model.embeddings)"
-        fix = f"the model only reads {node_type}'s rows, no layer computes them: they are {rows}"
+        fix = f"the model only reads {node_type}'s rows, no layer computes them: they are {rows}, `layer` 0"
     else:
         fix = f"the model never reads {node_type}"
     raise ConfigError(f"`node_type` {node_type}: layer {layer} computes rows of {', '.join(computed)} only (the types "

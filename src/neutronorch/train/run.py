@@ -31,7 +31,7 @@ from neutronorch.train.optim import Adam
 from neutronorch.train.outputs import save_or_rescue, write_summary
 from neutronorch.train.replacing import Replacement
 from neutronorch.train.summary import (MetricLog, named_scores, summarise, topology_in_file_order,
-                                       write_run_timeline)
+                                       write_run_curves, write_run_timeline)
 from neutronorch.train.task import Task
 
 logger = logging.getLogger("neutronorch")
@@ -236,10 +236,12 @@ def summarised(run) -> dict:
         summary["error"] = None if isinstance(exc, Interrupted) else str(exc)
         if run.world.main:
             try:
+                write_run_curves(run)
                 write_summary(run.config, summary)
             except OutputError as lost:  # the first error is the one to raise; say this one too
                 logger.error(str(lost))
         raise
+    write_run_curves(run)
     run.metrics.close()  # the logs' last lines: a full disk shows now, and in the summary
     summary = summarise(run, "stopped_early" if run.stopped_early else "completed", timeline)
     if run.world.main:

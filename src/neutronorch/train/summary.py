@@ -22,6 +22,7 @@ from neutronorch.data import Graph, TypedGraph, dataset_paths
 from neutronorch.data.typed import relation_label
 from neutronorch.errors import ConfigError, OutputError
 from neutronorch.observe import write_timeline
+from neutronorch.observe.report import curves_png
 from neutronorch.train.resources import peak_rss_mb, resident_mb
 
 logger = logging.getLogger("neutronorch")
@@ -142,7 +143,7 @@ def _link_summary(run, last_eval: dict) -> dict:
 
 
 def write_run_timeline(run, title: str) -> dict | None:
-    """The timeline of ``run``'s window (``timeline``: a .png, the raw spans beside it as .json), written
+    """The timeline of ``run``'s window (``timeline``: a .png, the raw spans beside it as .spans.json), written
     atomically by the main rank when spans were recorded; what was written, or None. A failure to write is
     said at once and kept for the run's end (``MetricLog.lose``)."""
     config = run.config
@@ -156,6 +157,20 @@ def write_run_timeline(run, title: str) -> dict | None:
         return None
     logger.info(f"timeline: {written['png']} ({written['spans']} spans; raw spans in {written['json']})")
     return written
+
+
+def write_run_curves(run) -> None:
+    """The training curves of ``run``'s epochs (``curves``: a .png), written atomically by the main rank; a
+    failure to write is said and kept for the run's end (``MetricLog.lose``)."""
+    config = run.config
+    if not (config.curves and run.history and run.world.main):
+        return
+    try:
+        png = curves_png(run.history, run.task.metric)
+        if png is not None:
+            write_atomically(config.curves, lambda f: f.write(png))
+    except (OSError, OutputError) as exc:
+        run.metrics.lose(config.curves, exc)
 
 
 def topology_in_file_order(mode) -> bool:

@@ -42,7 +42,7 @@ from neutronorch.train.resources import (check_threading_layer, keep_freed_memor
                                          resolve_device, thread_budget, torch_threads)
 from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, dataset_fingerprint, load_state
 from neutronorch.train.distributed import GradientSync, World, joined, rank_device, rank_settings
-from neutronorch.train.outputs import check_checkpoint_space, check_outputs
+from neutronorch.train.outputs import check_checkpoint_space, check_outputs, console_copy
 from neutronorch.train.replacing import claim_outputs
 from neutronorch.train.run import Built, Run, summarised
 from neutronorch.train.step import TRAINER_STAGES
@@ -85,6 +85,8 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
         world = stack.enter_context(joined(device.type, config.dist_timeout))
         # Rank 0 holds checkpoint_dir while the run lasts and sets aside what `overwrite` replaces.
         replacing = stack.enter_context(claim_outputs(config, world.main))
+        if config.console_log and world.main:  # after claim_outputs: an earlier run's copy is set aside first
+            stack.enter_context(console_copy(config.console_log, config.resume))
         precision = resolve_precision(config.precision, device)
         config.precision = precision.name
         threads = thread_budget(config, world.local_size)

@@ -9,7 +9,6 @@ immutable ``RatioSetting`` replaced whole and numbered, so it never sees half an
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -22,7 +21,6 @@ from neutronorch.orchestration.batch import each
 from neutronorch.orchestration.neutronorch.tuner import HotRatioTuner
 from neutronorch.orchestration.neutronorch.versions import Schedule
 
-logger = logging.getLogger("neutronorch")
 
 AUTO_START_RATIO = 0.2
 
@@ -190,9 +188,13 @@ class RatioController:
                        stale_error=round(drift["stale_error"], 5))
         stage = record["stage_seconds"]
         busy = stages.lane_seconds(stage)
-        measured = [record["seconds"], stage.get("wait_hot", 0.0), busy.get("host", 0.0), busy.get("trainer", 0.0),
-                    stage.get("hot_grad", 0.0)]
-        seconds, wait_hot, host, trainer, hot_grad = agree(measured) if agree is not None else measured
+        # On shared cores the tuner judges the process's CPU seconds: the work reuse saves or costs, which another
+        # program's load swings far less than the wall time (one slow baseline epoch flipped reuse).
+        shared = self.tuner is not None and self.tuner.shared_cores
+        judged = record.get("cpu_seconds", record["seconds"]) if shared else record["seconds"]
+        measured = [record["seconds"], judged, stage.get("wait_hot", 0.0), busy.get("host", 0.0),
+                    busy.get("trainer", 0.0), stage.get("hot_grad", 0.0)]
+        seconds, judged, wait_hot, host, trainer, hot_grad = agree(measured) if agree is not None else measured
         if self.auto_lead and wait_hot > 0.02 * seconds:
             # The trainer waited for hot rows: give the host more steps (the bound still caps the lead).
             self.lead = min(self.schedule.max_lead, self.lead + max(1, self.lead // 2))
@@ -201,16 +203,12 @@ class RatioController:
             # What the hot rows cost the device: on shared cores the host's work, else the trainer's waits;
             # and their gradient either way.
             cost = (host if self.tuner.shared_cores else wait_hot) + hot_grad
-            before = self.setting.ratio
-            ratio = self.tuner.update(seconds, host / per, trainer / per, cost, epoch_ratio)
+            ratio = self.tuner.update(judged, host / per, trainer / per, cost, epoch_ratio)
             self.published.publish(replace(self.setting, ratio=ratio))
             last = self.tuner.history[-1]
-            out["hot_ratio_auto"] = {key: last[key] for key in ("next", "decision", "reason")}
-            probing = last["decision"] == "probe" or (last["decision"] == "off" and last["ratio"] > 0 and
-                                                     self.tuner.history[-2]["decision"] == "probe")
-            if (before == 0) != (self.setting.ratio == 0) and not probing:  # reuse turned off or on
-                logger.info(f"hot ratio auto after epoch {record['epoch']}: {last['decision']}, r "
-                            f"{self.setting.ratio:g} ({last['reason']})")
+            out["hot_ratio_auto"] = {key: last[key] for key in ("next", "decision", "reason")}  # the epoch's reuse line
+        if self.auto:
+            out["error_budget"] = self.setting.error_budget
         return out
 
     def state_dict(self) -> dict:

@@ -325,7 +325,9 @@ class NeutronOrchMode:
         agree = None
         if self.node is not None:  # the node's ranks share rows: they must take snapshots at the same versions
             agree = lambda values: self.node.link.max_(torch.tensor(values, dtype=torch.float64)).tolist()  # noqa: E731
-        record.update(self.controller.end_epoch(record, self.stats.epoch_ratio(record["epoch"]), self.stages, agree))
+        ratio, served = self.stats.end_epoch(record["epoch"])
+        record.update(self.controller.end_epoch(record, ratio, self.stages, agree))
+        record.update(hot_served=None if served is None else round(served, 4), staleness=self.staleness.end_epoch())
 
     def summary(self) -> dict:
         return {

@@ -12,6 +12,7 @@ class HotStats:
         self.super_batches = self.hot = self.reached = self.appearances = self.hot_appearances = 0
         self.saved_edges = self.host_edges = self.error_capped = self.computed = 0
         self._epoch_shares: dict[int, list[float]] = {}
+        self._epoch_served: dict[int, list[int]] = {}  # epoch -> [rows served hot, bottom-layer rows]
 
     def account(self, plan: PlanStats, host_edges: int = 0, computed: int | None = None) -> None:
         """Once per super-batch (``computed``: hot rows this rank computed, if not all)."""
@@ -22,11 +23,16 @@ class HotStats:
         self.host_edges += host_edges
         self.error_capped += int(plan.error_capped)
         self._epoch_shares.setdefault(plan.epoch, []).append(plan.hot / max(1, plan.reached))
+        served = self._epoch_served.setdefault(plan.epoch, [0, 0])
+        served[0] += plan.hot_appearances
+        served[1] += plan.appearances
 
-    def epoch_ratio(self, epoch: int) -> float | None:
-        """The mean hot ratio of the epoch's super-batches (None if it had none)."""
+    def end_epoch(self, epoch: int) -> tuple[float | None, float | None]:
+        """The mean hot ratio of the epoch's super-batches, and the share of its bottom-layer rows served hot
+        (None if it had none)."""
         shares = self._epoch_shares.pop(epoch, [])
-        return sum(shares) / len(shares) if shares else None
+        hot, rows = self._epoch_served.pop(epoch, [0, 0])
+        return (sum(shares) / len(shares) if shares else None), (hot / rows if rows else None)
 
     def state_dict(self) -> dict:
         return {k: v for k, v in vars(self).items()}

@@ -21,6 +21,8 @@ class HotRatioTuner:
     def __init__(self, start: float, shared_cores: bool):
         self.ratio = start
         self.shared_cores = shared_cores
+        # What an epoch's time is: on shared cores the process's CPU seconds (controller.py says why).
+        self.unit = "CPU s" if shared_cores else "s"
         self.history: list[dict] = []
         self._direction, self._step = 1.0, 1.0  # walk in log2(r)
         self._best: tuple[float, float] | None = None  # (epoch seconds, ratio > 0) of the fastest epoch with hot rows
@@ -65,13 +67,13 @@ class HotRatioTuner:
                 self._set(self._next_positive(self._best[1]))
                 verdict = ("reuse pays" if self._best[0] < seconds else
                            f"within {100 * self.FIRST_MARGIN:.0f}% (early in training): later epochs decide")
-                return "on", (f"{verdict}: {self._best[0]:.2f} s per epoch with hot rows (r {self._best[1]:g}), "
-                              f"{seconds:.2f} s without")
+                return "on", (f"{verdict}: {self._best[0]:.2f} {self.unit} per epoch with hot rows "
+                              f"(r {self._best[1]:g}), {seconds:.2f} {self.unit} without")
             self._off = self._off + 1 if phase == "off" else 1
             self._phase = "off"
             if phase == "baseline":
-                return "off", (f"reuse does not pay: {seconds:.2f} s per epoch without hot rows, "
-                               f"{self._best[0]:.2f} s with them (r {self._best[1]:g})")
+                return "off", (f"reuse does not pay: {seconds:.2f} {self.unit} per epoch without hot rows, "
+                               f"{self._best[0]:.2f} {self.unit} with them (r {self._best[1]:g})")
             if self._off >= self.PROBE_EVERY:
                 self._phase = "probe"
                 self._set(self.PROBE_RATIO)
@@ -89,8 +91,8 @@ class HotRatioTuner:
                 return self._turn_off(seconds, ratio, cost)
             self._phase, self._best, self._direction, self._step = "on", (seconds, ratio), 1.0, 1.0
             self._set(self._next_positive(ratio))
-            return "on", (f"{'the probe paid' if phase == 'probe' else 'reuse pays'}: {seconds:.2f} s per epoch at "
-                          f"r {ratio:g}, {self._zero:.2f} s without hot rows")
+            return "on", (f"{'the probe paid' if phase == 'probe' else 'reuse pays'}: {seconds:.2f} {self.unit} per "
+                          f"epoch at r {ratio:g}, {self._zero:.2f} {self.unit} without hot rows")
         if not self.shared_cores:
             if slower and not (host_behind and ratio > self.LOW):
                 return self._turn_off(seconds, ratio, cost)
@@ -105,7 +107,7 @@ class HotRatioTuner:
         if not improved:  # worse: back to the best ratio, turn round, and take smaller steps
             self._direction, self._step = -self._direction, self._step / 2
         self._set(self._next_positive(self._best[1]))
-        return "walk", f"fastest so far {self._best[0]:.2f} s per epoch at r {self._best[1]:g}"
+        return "walk", f"fastest so far {self._best[0]:.2f} {self.unit} per epoch at r {self._best[1]:g}"
 
     def _next_positive(self, base: float) -> float:
         if not self.shared_cores:
@@ -118,8 +120,8 @@ class HotRatioTuner:
         self._phase, self._off, self.ratio = "off", 0, 0.0
         spent = "" if cost is None else (f": the hot rows cost the device {cost:.2f} s and spared it "
                                          f"{self._zero - seconds + cost:.2f} s")
-        return "off", (f"reuse does not pay: {seconds:.2f} s per epoch with hot rows (r {ratio:g}), "
-                       f"{self._zero:.2f} s without{spent}")
+        return "off", (f"reuse does not pay: {seconds:.2f} {self.unit} per epoch with hot rows (r {ratio:g}), "
+                       f"{self._zero:.2f} {self.unit} without{spent}")
 
     def state_dict(self) -> dict:
         return {"ratio": self.ratio, "history": self.history, "direction": self._direction, "step": self._step,

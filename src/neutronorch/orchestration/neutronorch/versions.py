@@ -102,6 +102,7 @@ class StalenessCheck:
         self.bound = bound
         self.max_observed = 0
         self._sum = self._uses = 0
+        self._epoch = [0, 0, 0]  # this epoch's sum, uses and largest
 
     def check(self, hot: HotEmbeddings, version: int) -> None:
         staleness = version - hot.version
@@ -113,12 +114,21 @@ class StalenessCheck:
             self.max_observed = max(self.max_observed, staleness)
             self._sum += staleness
             self._uses += 1
+            self._epoch = [self._epoch[0] + staleness, self._epoch[1] + 1, max(self._epoch[2], staleness)]
+
+    def end_epoch(self) -> dict:
+        """The staleness of the epoch's uses of hot rows (mean and largest, None where none was used)."""
+        total, uses, largest = self._epoch
+        self._epoch = [0, 0, 0]
+        return {"mean": round(total / uses, 2) if uses else None, "max": largest if uses else None,
+                "bound": self.bound}
 
     def state_dict(self) -> dict:
-        return {"max_observed": self.max_observed, "sum": self._sum, "uses": self._uses}
+        return {"max_observed": self.max_observed, "sum": self._sum, "uses": self._uses, "epoch": self._epoch}
 
     def load_state_dict(self, state: dict) -> None:
         self.max_observed, self._sum, self._uses = state["max_observed"], state["sum"], state["uses"]
+        self._epoch = list(state.get("epoch", [0, 0, 0]))
 
     @property
     def mean_observed(self) -> float:
