@@ -3,6 +3,10 @@
 
     python bench/link_sweep.py --threads 1 --sampler-threads 1 --out bench/out/link-sweep.json
 
+By default Cora and CiteSeer (20 epochs) and DBLP (3 epochs, ``NAME:EPOCHS``): the first round of the sweep
+behind a link task's defaults (docs/results/link-defaults-2026-12-06.md, which holds the later rounds'
+commands too). Amazon Photo's raw rows make link training collapse with these settings.
+
 One factor at a time around a base (``--base``, default hidden 128, dropout 0.3, lr 0.005, batch size 1024,
 fanouts 10,10; 2-layer GraphSAGE, dot head, 1 negative per positive, no weight decay, ``--epochs`` epochs):
 each setting in ``--grid`` changes one field of the base (``FIELD=VALUE``; batch_size 0 is the package's
@@ -29,6 +33,7 @@ import time
 from pathlib import Path
 
 from neutronorch import TrainConfig, load_dataset, train
+from neutronorch.config import TASK_DEFAULTS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,7 +46,8 @@ DATASETS = {
     "amazon_computers": "amazon_computers/amazon_cs.npz",
 }
 BASE = {"hidden": 128, "dropout": 0.3, "lr": 0.005, "batch_size": 1024, "fanouts": "10,10"}
-NODE_DEFAULTS = {"hidden": 256, "dropout": 0.7, "lr": 0.003, "batch_size": 0, "fanouts": "10,10"}
+NODE_DEFAULTS = {"hidden": TrainConfig().hidden, "fanouts": "10,10",  # a node task's, weight decay aside
+                 **{key: TASK_DEFAULTS["node"][key] for key in ("dropout", "lr", "batch_size")}}
 GRID = ("base,hidden=64,hidden=256,dropout=0,dropout=0.5,dropout=0.7,lr=0.001,lr=0.003,lr=0.01,"
         "batch_size=256,batch_size=0,node-defaults")
 CASTS = {"hidden": int, "dropout": float, "lr": float, "batch_size": int, "fanouts": str}
@@ -49,7 +55,7 @@ CASTS = {"hidden": int, "dropout": float, "lr": float, "batch_size": int, "fanou
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--datasets", default="cora,citeseer,amazon_photo,dblp",
+    p.add_argument("--datasets", default="cora,citeseer,dblp:3",
                    help="comma-separated NAME[:EPOCHS] from %s (default: %%(default)s)" % ",".join(DATASETS))
     p.add_argument("--grid", default=GRID, help="comma-separated settings: base, node-defaults or FIELD=VALUE "
                                                 "(FIELD one of %s) (default: %%(default)s)" % ",".join(CASTS))
