@@ -48,7 +48,7 @@ STORED_SPLITS = {"tolokers", "minesweeper"}
 MODELS = ("gcn", "sage", "gat")
 
 # The settings a run takes from the package defaults unless a flag overrides them.
-DEFAULTS = TrainConfig()
+DEFAULTS = TrainConfig(task="node").validate()  # the settings a node task resolves to
 SETTINGS = {key: getattr(DEFAULTS, key) for key in
             ("fanouts", "hidden", "heads", "gcn_norm", "batch_size", "epochs", "lr", "weight_decay", "dropout")}
 SETTINGS["fanouts"] = ",".join(map(str, SETTINGS["fanouts"]))

@@ -66,7 +66,7 @@ def ours(graph, seed: int, hidden: int) -> tuple[float, float]:
     from torch_geometric.nn import GraphSAGE
 
     torch.manual_seed(seed)
-    defaults = TrainConfig()
+    defaults = TrainConfig().validate()  # a node task's
     model = GraphSAGE(graph.feature_dim, hidden, 2, graph.num_classes, dropout=defaults.dropout)
     with contextlib.redirect_stderr(io.StringIO()):
         summary = train(TrainConfig(seed=seed, hidden=hidden, progress=False), graph=graph, model=model)

@@ -21,7 +21,7 @@ def test_settings_by_name_live_in_their_parts():
     config.epochs = 3  # written by name: the part is replaced, never changed in place
     before = config.optimization
     config.lr = 0.5
-    assert config.optimization is not before and before.lr == 0.003 and config.optimization.epochs == 3
+    assert config.optimization is not before and before.lr is None and config.optimization.epochs == 3
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.sampling.seed = 4
 
@@ -90,6 +90,29 @@ def test_weight_decay_defaults_to_the_tasks_and_keeps_a_given_one():
         TrainConfig(weight_decay=-1.0).validate()
     with pytest.raises(ConfigError, match="weight_decay"):
         TrainConfig(weight_decay="lots").validate()
+
+
+def test_a_link_task_gets_its_own_defaults_and_a_given_value_wins():
+    from neutronorch.config import TASK_DEFAULTS
+
+    names = ("dropout", "lr", "batch_size", "weight_decay")
+    assert all(getattr(TrainConfig(), name) is None for name in names)  # resolved by validate, per task
+    node, link = TrainConfig(task="node").validate(), TrainConfig(task="link").validate()
+    # the node task's defaults are those its sweep chose (docs/accuracy.md); a link task's its own
+    assert {name: getattr(node, name) for name in names} == TASK_DEFAULTS["node"] == {
+        "dropout": 0.7, "lr": 0.003, "batch_size": 0, "weight_decay": 5e-3}
+    assert {name: getattr(link, name) for name in names} == TASK_DEFAULTS["link"] == {
+        "dropout": 0.3, "lr": 0.001, "batch_size": 1024, "weight_decay": 0.0}
+    assert node.hidden == link.hidden == 256  # the same width suits both
+    given = {"dropout": 0.7, "lr": 0.003, "batch_size": 0, "weight_decay": 5e-3}  # the node task's
+    for name, value in given.items():  # a value given wins, the other task's default included
+        assert getattr(TrainConfig(task="link", **{name: value}).validate(), name) == value
+    given = {"dropout": 0.3, "lr": 0.001, "batch_size": 1024, "weight_decay": 0.0}  # the link task's
+    for name, value in given.items():
+        assert getattr(TrainConfig(task="node", **{name: value}).validate(), name) == value
+    assert TrainConfig(task="link", dropout=0.5).validate().to_dict()["lr"] == TASK_DEFAULTS["link"]["lr"]
+    with pytest.raises(ConfigError, match="`task` 'edges': choose one of"):
+        TrainConfig(task="edges").validate()  # an unknown task is refused, not left with unset defaults
 
 
 @pytest.mark.parametrize("seed", [-1, 2**64, 10**30])
@@ -196,7 +219,7 @@ def test_a_config_files_numbers_written_as_text_and_its_nulls(tmp_path):
     assert read("network:\nsampling:\n  fanouts: [3, 2]\nlogging: ~\n") == {"fanouts": [3, 2]}
     assert read("lr: ~\nno_progress: null\nrun_name:\nno-save: ~\nhidden: 8\n") == {"hidden": 8}
     defaults = TrainConfig(**read("lr: ~\nweight_decay: null\n")).validate()
-    assert defaults.lr == TrainConfig().lr and defaults.weight_decay == TrainConfig().validate().weight_decay
+    assert defaults.lr == TrainConfig().validate().lr and defaults.weight_decay == TrainConfig().validate().weight_decay
     with pytest.raises(ConfigError, match="earlier key sets too"):
         read("batch-size: ~\nbatch_size: 8\n")  # a null still counts as setting it
     with pytest.raises(ConfigError, match=r"'no_progress' 'yes': expected true or false"):

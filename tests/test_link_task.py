@@ -258,6 +258,24 @@ def test_a_link_run_resumes_exactly_and_its_checkpoint_embeds(tmp_path):
     assert isinstance(checkpoint.model, LinkModel) and checkpoint.model.arguments["link_head"] == "dot"
 
 
+@pytest.mark.slow
+def test_a_link_run_records_its_tasks_defaults_and_resumes_with_them(tmp_path):
+    from neutronorch.config import TASK_DEFAULTS
+    from neutronorch.errors import CheckpointError
+
+    unset = dict(dropout=None, lr=None, batch_size=None, weight_decay=None)  # as a run that does not give them
+    first = train(config(epochs=1, checkpoint_dir=str(tmp_path), **unset))
+    defaults = TASK_DEFAULTS["link"]
+    assert {name: first["config"][name] for name in defaults} == defaults
+    saved = load_checkpoint(tmp_path / "last.pt").config
+    assert {name: getattr(saved, name) for name in defaults} == defaults
+    resumed = train(config(epochs=2, checkpoint_dir=str(tmp_path), resume=True, **unset))
+    assert len(resumed["epochs"]) == 2 and resumed["config"]["lr"] == defaults["lr"]
+    node = TASK_DEFAULTS["node"]["lr"]
+    with pytest.raises(CheckpointError, match=f"`lr` {defaults['lr']} then, {node} now"):
+        train(config(epochs=3, checkpoint_dir=str(tmp_path), resume=True, **dict(unset, lr=node)))
+
+
 def test_a_misplaced_split_or_mode_is_a_clear_error(graph):
     with pytest.raises(ConfigError, match="give `task` link"):
         train(config(task="node", split="edges:0.8,0.1"))

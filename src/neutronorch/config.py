@@ -19,10 +19,14 @@ from neutronorch.limits import check_seed
 from neutronorch.nn.names import PRECISIONS, needs_degrees
 from neutronorch.sampling.fanouts import parse_fanouts
 
-# Adam's L2 weight decay when none is given, per task. Node classification: chosen on the small citation
-# graphs (docs/accuracy.md). Link prediction: none, as OGB's link baselines train; 5e-3 shrank a dot head's
-# embeddings until Cora's test MRR fell from 0.42 to 0.11 (docs/link-prediction.md).
-TASK_WEIGHT_DECAY = {"node": 5e-3, "link": 0.0}
+# The settings whose default depends on the task: None until ``validate`` puts the task's there; a value given
+# always wins. Node classification: chosen by a sweep on the small citation graphs (docs/accuracy.md). Link
+# prediction: chosen by a sweep of its own on Cora, CiteSeer and DBLP (docs/link-prediction.md,
+# bench/link_sweep.py); no weight decay, as OGB's link baselines train (5e-3 shrank a dot head's embeddings
+# until Cora's test MRR fell from 0.42 to 0.11).
+TASK_DEFAULTS = {"node": {"dropout": 0.7, "lr": 0.003, "batch_size": 0, "weight_decay": 5e-3},
+                 "link": {"dropout": 0.3, "lr": 0.001, "batch_size": 1024, "weight_decay": 0.0}}
+TASK_WEIGHT_DECAY = {task: defaults["weight_decay"] for task, defaults in TASK_DEFAULTS.items()}
 LINK_METRICS = re.compile(r"(mrr|rocauc|hits@[1-9][0-9]*)$")  # a link task's (train/link_metrics.py)
 MAX_PREFETCH = 1024  # mini-batches a producer may run ahead; a buffer each, allocated up front
 MAX_HIDDEN = 65536  # a layer's width: its hidden x hidden float32 weight takes 16 GiB at this width
@@ -132,8 +136,9 @@ class TrainConfig:
                 raise ConfigError(f"`eval_fanouts` has {len(self.eval_fanouts)} entries but the model has "
                                   f"{len(self.fanouts)} layers (one per `fanouts` entry).")
         self.sampling = replace(self.sampling, degrees=needs_degrees(self.model, self.gcn_norm))
-        if self.weight_decay is None and self.task in TASK_WEIGHT_DECAY:
-            self.weight_decay = TASK_WEIGHT_DECAY[self.task]
+        for name, value in TASK_DEFAULTS.get(self.task, {}).items():  # an unknown task: refused below
+            if getattr(self, name) is None:
+                setattr(self, name, value)
         self.hot_ratio = _auto_or(self.hot_ratio, "hot_ratio", "a fraction in [0, 1] such as 0.1",
                                   lambda ratio: 0 <= ratio <= 1,
                                   "the share of reached bottom-layer vertices made hot must be in [0, 1] "

@@ -77,9 +77,10 @@ class NetworkConfig:
         help="plain: a stack of graph layers with ReLU and dropout between; blocks: an input map, one residual block "
              "h + FFN(aggregate(norm(h))) per layer, and a linear head, as the heterophilous-graph baselines of "
              "Platonov et al. (docs/models.md)")
-    dropout: float = setting(
-        0.7, metavar="P",
-        help="dropout after each hidden layer; on CPU resolved to steps of 1/256")
+    dropout: float | None = setting(
+        None, type=float, metavar="P",
+        help="dropout after each hidden layer; on CPU resolved to steps of 1/256 (default: 0.7 for a node task, "
+             "0.3 for a link task)")
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,11 @@ class SamplingConfig:
     fanouts: list[int] = setting(
         factory=lambda: [10, 10], metavar="LIST", short="neighbours per layer, -1 all (default: 10,10)",
         help="neighbours sampled per layer, seed hop first; -1 takes all")
-    # 0: auto_batch_size(training seeds); the run resolves it (never 0 in a mode)
-    batch_size: int = setting(
-        0, short="seeds per mini-batch (default: from the train set)",
-        help="seeds per mini-batch; 0 = min(1024, max(32, training seeds // 32))")
+    # None: the task's (validate); 0: auto_batch_size(training seeds), which the run resolves (never 0 in a mode)
+    batch_size: int | None = setting(
+        None, type=int, short="seeds per batch (default: auto; link: 1024)",
+        help="seeds per mini-batch; 0 = min(1024, max(32, training seeds // 32)) (default: 0 for a node task, "
+             "1024 for a link task)")
     seed: int = setting(
         0, metavar="S", short="seed of weights, sampling and order (default: 0)",
         help="seed of model init, seed order and sampling")
@@ -111,9 +113,9 @@ class OptimizationConfig:
 
     epochs: int = may_change(
         50, bound="zero or more", short="training epochs (default: 50)", help="training epochs")
-    lr: float = setting(
-        0.003, metavar="LR", bound="positive", short="Adam learning rate (default: 0.003)",
-        help="Adam learning rate")
+    lr: float | None = setting(
+        None, type=float, metavar="LR", bound="positive", short="Adam learning rate (default: 0.003; link: 0.001)",
+        help="Adam learning rate (default: 0.003 for a node task, 0.001 for a link task)")
     weight_decay: float | None = setting(
         None, type=float, metavar="WD", bound="zero or more",
         help="Adam weight decay (default: 5e-3 for a node task, 0 for a link task)")
