@@ -25,6 +25,7 @@ import torch
 from neutronorch.capabilities import check_run
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
+from neutronorch.data.feature_norm import normalized
 from neutronorch.data.relation import relation_label
 from neutronorch.errors import CheckpointError, ConfigError
 from neutronorch.nn.custom import UserModel
@@ -123,6 +124,8 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
         logger.info(f"loaded {graph.describe()} in {data_seconds:.1f}s")
     for note in graph.notes if world.main else []:  # the same on every rank
         logger.warning(f"note: {note}")
+    # Every reader of the rows (each mode, the caches, evaluation, checkpoints' fingerprint) reads these.
+    graph = normalized(graph, config.normalize_features)
     built = (typed_model(config, graph, device, user_model, options, stack) if options is not None
              else homogeneous_model(config, graph, device, user_model))
     graph, model = built.graph, built.model
