@@ -4,6 +4,7 @@ normalise refused."""
 
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -49,6 +50,8 @@ def test_rows_are_divided_by_their_sum_as_pygs_normalize_features_does():
     assert out.dtype == np.float32 and rows[0, 1] == 2  # a new array: the given rows are not changed
     ints = row_normalized(np.array([[1, 3]], dtype=np.int64), "rows")
     np.testing.assert_array_equal(ints, np.array([[0.25, 0.75]], np.float32))
+    halves = row_normalized(rows.astype(ml_dtypes.bfloat16), "rows")
+    np.testing.assert_array_equal(halves, out)
 
 
 def test_bad_values_and_rows_that_cannot_be_normalised_are_refused(tmp_path):
@@ -60,6 +63,8 @@ def test_bad_values_and_rows_that_cannot_be_normalised_are_refused(tmp_path):
     signed = dataclasses.replace(graph, features=graph.features - 0.5)
     with pytest.raises(ConfigError, match=r"needs non-negative features .* hold negative values \(the least -0.5\)"):
         train(config(normalize_features="row"), graph=signed)
+    with pytest.raises(ConfigError, match=r"hold negative values \(the least -0.5\)"):
+        row_normalized(signed.features.astype(ml_dtypes.bfloat16), "rows")
     mapped = np.lib.format.open_memmap(tmp_path / "x.npy", mode="w+", dtype=np.float32, shape=graph.features.shape)
     mapped[:] = graph.features
     with pytest.raises(ConfigError, match=r"memory-mapped .* Divide each row by its sum in the file beforehand"):

@@ -38,7 +38,9 @@ def row_normalized(features, what: str) -> np.ndarray:
                           f"normalising them here would read every row into memory. Divide each row by its sum in "
                           f"the file beforehand, or leave `normalize_features` at none.")
     x = np.asarray(features)
-    if x.size and np.issubdtype(x.dtype, np.number) and x.min() < 0:
+    if x.dtype.kind not in "biuf":  # bfloat16 (ml_dtypes), which numpy's reductions and comparisons do not know
+        x = x.astype(np.float32)
+    if x.size and x.min() < 0:
         raise ConfigError(f"`normalize_features` row divides each row by its sum, which needs non-negative "
                           f"features (counts, bag-of-words); {what} hold negative values (the least "
                           f"{float(x.min()):.4g}). Leave `normalize_features` at none.")
