@@ -73,7 +73,7 @@ def test_bad_values_and_rows_that_cannot_be_normalised_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("task", ["node", "link"])
-@pytest.mark.parametrize("mode", ["exact", "neutronorch"])
+@pytest.mark.parametrize("mode", ["exact", "device", "neutronorch"])
 def test_a_run_normalising_its_rows_equals_a_run_on_rows_normalised_beforehand(mode, task):
     graph = bag_of_words()
     ahead = dataclasses.replace(graph, features=by_hand(graph.features))
