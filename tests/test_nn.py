@@ -510,7 +510,7 @@ def test_gat_gradients_repeat_themselves_with_two_threads(small_csc):
 
 @pytest.mark.parametrize("model", ["sage", "gcn", "gat"])
 def test_a_link_encoder_reading_large_rows_starts_with_its_first_weights_scaled_down(model):
-    from neutronorch.nn.link import LinkModel
+    from neutronorch.nn.link import LinkModel, input_weights, optimizer_groups
     from neutronorch.nn.models import GNN
 
     def built(norm):
@@ -524,6 +524,33 @@ def test_a_link_encoder_reading_large_rows_starts_with_its_first_weights_scaled_
         reads_input = a.dim() == 2 and a.shape[-1] == 40
         assert torch.allclose(b, a / 5.0) if reads_input else torch.equal(a, b), name
         assert not reads_input or id(a) in first
+    # They learn at the rate divided by the norm too: Adam's step is about lr whatever the weights' scale.
+    groups = optimizer_groups(scaled, 0.003)
+    assert [len(g["params"]) for g in groups] == [len(list(scaled.parameters())) - len(input_weights(scaled.encoder)),
+                                                  len(input_weights(scaled.encoder))]
+    assert groups[1]["lr"] == 0.003 / 5.0 and "lr" not in groups[0]
+    assert [len(g["params"]) for g in optimizer_groups(unit, 0.003)] == [len(list(unit.parameters()))]
+
+
+@pytest.mark.parametrize("model", ["sage", "gcn", "gat"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_link_encoder_given_the_mean_row_starts_with_centred_first_outputs(model, residual):
+    from neutronorch.nn.link import LinkModel
+    from neutronorch.nn.models import GNN
+    from neutronorch.sampling.block import Block
+
+    mean = torch.rand(40) * 2
+    torch.manual_seed(0)
+    layers = dict(residual=residual, gcn_norm="mean")  # GCN: the mean over the vertex and its neighbours
+    centred = LinkModel(GNN(model, 40, 32, 32, 2, **layers), "dot", input_norm=3.0, input_mean=mean)
+    # Every vertex reading the mean row, itself and its one neighbour: the first layer's outputs are zero.
+    block = Block(2, 2, torch.tensor([0, 1, 2]), torch.tensor([1, 0], dtype=torch.int32))
+    out = centred.eval().encoder.layers[0](block, mean.expand(2, 40).contiguous())  # no attention dropout
+    torch.testing.assert_close(out, torch.zeros_like(out), atol=1e-5, rtol=0)
+    torch.manual_seed(0)
+    plain = LinkModel(GNN(model, 40, 32, 32, 2, **layers), "dot", input_norm=3.0)
+    changed = [n for (n, a), b in zip(plain.named_parameters(), centred.parameters()) if not torch.equal(a, b)]
+    assert len(changed) == 1 and changed[0].endswith("bias"), changed  # only the first layer's bias
 
 
 def test_a_link_models_encoder_starts_from_glorot_weights():

@@ -14,6 +14,7 @@ from neutronorch.config_parts import (PARTS, EvaluationConfig, LinkConfig, LogCo
                                       SamplingConfig, may_change, setting, settings_of)
 from neutronorch.data import DATASET_SPEC_HELP
 from neutronorch.data.checks import METRICS
+from neutronorch.data.feature_norm import FEATURE_NORMS
 from neutronorch.errors import ConfigError
 from neutronorch.limits import check_seed
 from neutronorch.nn.names import PRECISIONS, needs_degrees
@@ -58,6 +59,11 @@ class TrainConfig:
     split_index: int = setting(
         0, metavar="K", bound="zero or more",
         help="which of the dataset's stored splits to use (the heterophilous .npz files hold 10: 0..9)")
+    normalize_features: str = setting(
+        "none", choices=FEATURE_NORMS,
+        help="the feature rows the model reads: none (as given) or row (each row divided by its sum where that "
+             "is above 1, as PyG's NormalizeFeatures; non-negative rows in memory; per featured type of a typed "
+             "graph); recorded in checkpoints, which predict and embed apply (docs/datasets.md)")
     mode: str = setting(
         "exact", choices=MODE_CHOICES, short="exact (default), device, neutronorch; auto picks",
         help="placement of the stages: exact samples and gathers on the host and computes every layer of every "

@@ -20,6 +20,7 @@ import torch
 from neutronorch.capabilities import check_run
 from neutronorch.config import TrainConfig
 from neutronorch.data import Graph, TypedGraph
+from neutronorch.data.feature_norm import normalized
 from neutronorch.errors import ConfigError
 from neutronorch.limits import check_seed, check_switch
 from neutronorch.loader.arguments import check_count, check_mode, resolve_graph
@@ -32,8 +33,9 @@ from neutronorch.train.resources import check_threading_layer, resolve_device, t
 
 # TrainConfig settings a loader passes on (the rest are the trainer's: model, optimizer, evaluation, outputs).
 LOADER_OPTIONS = ("hidden", "heads", "gcn_norm", "precision", "gpu_memory_gb", "gpu_cache_gb", "cache_policy",
-                  "read_order", "host_cache_gb", "host_cache_dir")
-TYPED_OPTIONS = ("gpu_memory_gb",)  # a typed graph's modes size nothing else by the model's settings
+                  "read_order", "host_cache_gb", "host_cache_dir", "normalize_features")
+# A typed graph's modes size nothing else by the model's settings; its featured types' rows are normalised too.
+TYPED_OPTIONS = ("gpu_memory_gb", "normalize_features")
 
 
 class EpochLoader:
@@ -47,7 +49,8 @@ class EpochLoader:
     def __init__(self, graph, fanouts, batch_size: int, *, shuffle: bool = True, seed: int = 0, device="cpu",
                  mode: str = "exact", epoch: int = 0, start: int = 0, drop_last: bool = False,
                  sampler_threads: int = 0, prefetch: int = 2, reuse_buffers: bool = True, model=None, **options):
-        self.graph = resolve_graph(graph)
+        # The rows its batches carry, as train() reads them with the same setting (docs/loader.md).
+        self.graph = normalized(resolve_graph(graph), options.get("normalize_features", "none"))
         self.typed = isinstance(self.graph, TypedGraph)
         self.kind = "typed" if self.typed else "homogeneous"  # capabilities.py's name for it
         self.mode_name = check_mode(mode, self.kind, self.task)

@@ -17,8 +17,8 @@ logger = logging.getLogger("neutronorch")
 
 EVAL_MODE_HINT = ("Check what the model does in eval mode (dropout, batch normalisation's running statistics, "
                   "code that branches on `self.training`) and its precision (float16 overflows past 65504)")
-SUGGESTION = ("Nothing is learnt this way: lower `lr`, normalise the features (raw counts or 0/1 rows), lower "
-              "`dropout`, and check that the labels carry the classes")
+SUGGESTION = ("Nothing is learnt this way: lower `lr`, normalise the features (raw counts or 0/1 rows: "
+              "`normalize_features` row), lower `dropout`, and check that the labels carry the classes")
 SPLIT_NAMES = {"val": "validation", "test": "test"}
 # Scores count as equal within this share of their size: a collapsed model's rows, computed in chunks of
 # other sizes, may differ in their last bits.

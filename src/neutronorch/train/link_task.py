@@ -45,14 +45,15 @@ def is_link_split(split: str | None) -> bool:
     return isinstance(split, str) and split.strip().lower().startswith("edges:")
 
 
-def rms_row_norm(features, rows: int = 4096) -> float:
+def row_statistics(features, rows: int = 4096) -> tuple[float, np.ndarray | None]:
     """The root mean square of the L2 norms of up to ``rows`` evenly spaced feature rows (memory-mapped arrays
-    read at those rows only): ``LinkModel``'s ``input_norm``."""
+    read at those rows only), and their mean row (None without rows): ``LinkModel``'s ``input_norm`` and
+    ``input_mean``."""
     count = int(features.shape[0])
     if count == 0:
-        return 1.0
+        return 1.0, None
     sample = np.asarray(features[np.linspace(0, count - 1, min(rows, count)).astype(np.int64)], dtype=np.float64)
-    return float(np.sqrt((sample * sample).sum(axis=1).mean()))
+    return float(np.sqrt((sample * sample).sum(axis=1).mean())), sample.mean(axis=0).astype(np.float32)
 
 
 def link_graph(graph: Graph, config: TrainConfig) -> Graph:

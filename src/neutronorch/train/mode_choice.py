@@ -17,6 +17,7 @@ from neutronorch.capabilities import AUTO, MODES
 from neutronorch.config import TrainConfig
 from neutronorch.data import Graph, TypedGraph
 from neutronorch.observe import Spans
+from neutronorch.nn.link import optimizer_groups
 from neutronorch.orchestration.choice import ModeChoice, choose_mode, mode_facts, probe_candidates
 from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.train.distributed import World
@@ -95,7 +96,7 @@ def _time_mode(config: TrainConfig, graph: Graph, device: torch.device, model: t
     spans = Spans()
     mode = build_mode(config, graph, device, threads, spans)
     trained = copy.deepcopy(model)
-    optimizer = Adam(trained.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = Adam(optimizer_groups(trained, config.lr), lr=config.lr, weight_decay=config.weight_decay)
     warmup = min(config.super_batch, mode.num_batches // 2)
     done, started = 0, time.perf_counter()
     try:

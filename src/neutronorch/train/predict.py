@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from neutronorch.capabilities import check_prediction
+from neutronorch.data.feature_norm import normalized
 from neutronorch.data.graph import Graph
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
@@ -184,6 +185,8 @@ def checkpoint_for(checkpoint: Checkpoint | str | os.PathLike, graph: Graph | Ty
         check_task(checkpoint, pairs)
     if typed:
         graph = graph.with_reverse()
+    # The rows as the run read them (--normalize-features; none in a checkpoint from before the setting).
+    graph = normalized(graph, checkpoint.config.normalize_features)
     check_fits(checkpoint, graph, graph.name)
     return checkpoint, graph
 

@@ -25,10 +25,11 @@ import torch
 from neutronorch.capabilities import check_run
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
+from neutronorch.data.feature_norm import normalized
 from neutronorch.data.relation import relation_label
 from neutronorch.errors import CheckpointError, ConfigError
 from neutronorch.nn.custom import UserModel, check_trainable
-from neutronorch.nn.link import LinkModel
+from neutronorch.nn.link import LinkModel, optimizer_groups
 from neutronorch.nn.models import GNN
 from neutronorch.nn.precision import resolve_precision
 from neutronorch.observe import Spans, Utilisation
@@ -47,7 +48,7 @@ from neutronorch.train.replacing import claim_outputs
 from neutronorch.train.run import Built, Run, summarised
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import MetricLog, given_dataset
-from neutronorch.train.link_task import LinkTask, check_node_task, is_link_split, link_graph, rms_row_norm
+from neutronorch.train.link_task import LinkTask, check_node_task, is_link_split, link_graph, row_statistics
 from neutronorch.train.task import Task
 
 logger = logging.getLogger("neutronorch")
@@ -125,6 +126,8 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
         logger.info(f"loaded {graph.describe()} in {data_seconds:.1f}s")
     for note in graph.notes if world.main else []:  # the same on every rank
         logger.warning(f"note: {note}")
+    # Every reader of the rows (each mode, the caches, evaluation, checkpoints' fingerprint) reads these.
+    graph = normalized(graph, config.normalize_features)
     built = (typed_model(config, graph, device, user_model, options, stack) if options is not None
              else homogeneous_model(config, graph, device, user_model))
     graph, model = built.graph, built.model
@@ -199,7 +202,9 @@ def homogeneous_model(config: TrainConfig, graph: Graph, device: torch.device,
                     len(config.fanouts), dropout=config.dropout, heads=config.heads, gcn_norm=config.gcn_norm,
                     residual=config.residual, norm=config.norm, architecture=config.architecture)
         if link:
-            model = LinkModel(model, config.link_head, input_norm=rms_row_norm(graph.features))
+            norm, mean = row_statistics(graph.features)
+            model = LinkModel(model, config.link_head, input_norm=norm,
+                              input_mean=None if mean is None else torch.from_numpy(mean))
         model = model.to(device)
-    optimizer = Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = Adam(optimizer_groups(model, config.lr), lr=config.lr, weight_decay=config.weight_decay)
     return Built(graph, model, optimizer, warnings, list(model.parameters()))

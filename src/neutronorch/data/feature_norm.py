@@ -1,0 +1,48 @@
+"""Feature rows as a run reads them (``--normalize-features``): ``none``, the rows as given; ``row``, each row
+divided by its sum where that sum is above 1, as PyG's ``NormalizeFeatures`` does to non-negative rows (its
+sum clamped at 1: a row of zeros, or of a smaller sum, stays as it is). Applied once to the graph a run or a
+checkpoint's reader is handed (``normalized``), before anything reads a row, so that training in every mode,
+the host cache, the device's copy, evaluation, ``predict``, ``embed`` and ``score_pairs`` all read the same
+rows. A typed graph's rows are normalised per featured type."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from neutronorch.errors import ConfigError
+
+FEATURE_NORMS = ("none", "row")
+
+
+def normalized(graph, how: str):
+    """``graph`` with its feature rows normalised as ``how`` says (``FEATURE_NORMS``): a new graph holding new
+    float32 arrays, or ``graph`` itself for ``none``. Refused, saying why: rows with a negative value (a row sum
+    is then no measure of the row), and memory-mapped rows (normalising them would read every row into
+    memory; normalise the file beforehand)."""
+    if how not in FEATURE_NORMS:
+        raise ConfigError(f"`normalize_features` {how!r}: choose one of {', '.join(FEATURE_NORMS)}.")
+    if how == "none" or graph.features is None:
+        return graph
+    if isinstance(graph.features, dict):  # a typed graph: each featured type's rows
+        rows = {t: row_normalized(x, f"{graph.name}'s {t} rows") for t, x in graph.features.items()}
+        return dataclasses.replace(graph, features=rows)
+    return dataclasses.replace(graph, features=row_normalized(graph.features, f"{graph.name}'s rows"))
+
+
+def row_normalized(features, what: str) -> np.ndarray:
+    """``features`` (N, F) as float32 rows, each divided by its sum (summed in float64) where that is above 1."""
+    if isinstance(features, np.memmap):
+        raise ConfigError(f"`normalize_features` row: {what} are memory-mapped ({features.nbytes / 2**30:,.2f} GiB); "
+                          f"normalising them here would read every row into memory. Divide each row by its sum in "
+                          f"the file beforehand, or leave `normalize_features` at none.")
+    x = np.asarray(features)
+    if x.dtype.kind not in "biuf":  # bfloat16 (ml_dtypes), which numpy's reductions and comparisons do not know
+        x = x.astype(np.float32)
+    if x.size and x.min() < 0:
+        raise ConfigError(f"`normalize_features` row divides each row by its sum, which needs non-negative "
+                          f"features (counts, bag-of-words); {what} hold negative values (the least "
+                          f"{float(x.min()):.4g}). Leave `normalize_features` at none.")
+    sums = x.sum(axis=1, dtype=np.float64, keepdims=True)
+    return (x / np.maximum(sums, 1.0)).astype(np.float32)
