@@ -14,15 +14,15 @@ PIP := $(VENV)/bin/pip install --disable-pip-version-check --progress-bar on
 PYTEST := $(VENV)/bin/python -m pytest -q -o console_output_style=count --durations=5
 
 $(STAMP): pyproject.toml
-	@echo "==> setting up $(VENV) (once: PyTorch, numpy, numba, tqdm and pytest; about 1-2 minutes)"
+	@echo "==> setting up $(VENV) (once: PyTorch, numpy, numba, tqdm and the test tools; about a minute)"
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -c "import torch" 2>/dev/null || $(PIP) "$(TORCH_SPEC)"
 	$(PIP) -e ".[test]"
 	touch $(STAMP)
 
 demo: $(STAMP)
-	@echo "==> training GraphSAGE on a synthetic graph of 50,000 vertices for 5 epochs (under a minute; a first run"
-	@echo "    also compiles the kernels, about 15 s)"
+	@echo "==> training GraphSAGE on a synthetic graph of 50,000 vertices for 5 epochs (seconds; a first run also"
+	@echo "    compiles the kernels, about 15 s)"
 	$(VENV)/bin/neutronorch train --epochs 5
 
 test: $(STAMP)
