@@ -11,6 +11,7 @@ import torch
 
 from neutronorch import NeighborLoader, TrainConfig, embed, predict, train
 from neutronorch.data import SyntheticSpec, generate, synthetic_typed
+from neutronorch.data import feature_norm
 from neutronorch.data.feature_norm import normalized, row_normalized
 from neutronorch.errors import ConfigError
 
@@ -54,7 +55,7 @@ def test_rows_are_divided_by_their_sum_as_pygs_normalize_features_does():
     np.testing.assert_array_equal(halves, out)
 
 
-def test_bad_values_and_rows_that_cannot_be_normalised_are_refused(tmp_path):
+def test_bad_values_and_rows_that_cannot_be_normalised_are_refused(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="normalize_features"):
         config(normalize_features="l2").validate()
     graph = bag_of_words()
@@ -67,6 +68,9 @@ def test_bad_values_and_rows_that_cannot_be_normalised_are_refused(tmp_path):
         row_normalized(signed.features.astype(ml_dtypes.bfloat16), "rows")
     mapped = np.lib.format.open_memmap(tmp_path / "x.npy", mode="w+", dtype=np.float32, shape=graph.features.shape)
     mapped[:] = graph.features
+    # A mapped array within the limit is read and normalised in memory; over it, refused.
+    np.testing.assert_array_equal(row_normalized(mapped, "rows"), row_normalized(np.asarray(graph.features), "rows"))
+    monkeypatch.setattr(feature_norm, "MAPPED_LIMIT", mapped.nbytes - 1)
     with pytest.raises(ConfigError, match=r"memory-mapped .* Divide each row by its sum in the file beforehand"):
         train(config(normalize_features="row"), graph=dataclasses.replace(graph, features=mapped))
     assert normalized(graph, "none") is graph

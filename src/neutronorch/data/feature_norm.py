@@ -14,13 +14,16 @@ import numpy as np
 from neutronorch.errors import ConfigError
 
 FEATURE_NORMS = ("none", "row")
+# Memory-mapped rows up to this size are read and normalised in memory (a converted dataset's, say); larger
+# ones are refused: the run keeps them mapped because they may not fit.
+MAPPED_LIMIT = 2 * 2**30
 
 
 def normalized(graph, how: str):
     """``graph`` with its feature rows normalised as ``how`` says (``FEATURE_NORMS``): a new graph holding new
     float32 arrays, or ``graph`` itself for ``none``. Refused, saying why: rows with a negative value (a row sum
-    is then no measure of the row), and memory-mapped rows (normalising them would read every row into
-    memory; normalise the file beforehand)."""
+    is then no measure of the row), and memory-mapped rows over ``MAPPED_LIMIT`` (normalising them would read
+    every row into memory; normalise the file beforehand)."""
     if how not in FEATURE_NORMS:
         raise ConfigError(f"`normalize_features` {how!r}: choose one of {', '.join(FEATURE_NORMS)}.")
     if how == "none" or graph.features is None:
@@ -33,10 +36,11 @@ def normalized(graph, how: str):
 
 def row_normalized(features, what: str) -> np.ndarray:
     """``features`` (N, F) as float32 rows, each divided by its sum (summed in float64) where that is above 1."""
-    if isinstance(features, np.memmap):
-        raise ConfigError(f"`normalize_features` row: {what} are memory-mapped ({features.nbytes / 2**30:,.2f} GiB); "
-                          f"normalising them here would read every row into memory. Divide each row by its sum in "
-                          f"the file beforehand, or leave `normalize_features` at none.")
+    if isinstance(features, np.memmap) and features.nbytes > MAPPED_LIMIT:
+        raise ConfigError(f"`normalize_features` row: {what} are memory-mapped ({features.nbytes / 2**30:,.2f} GiB, "
+                          f"over the {MAPPED_LIMIT / 2**30:.0f} GiB normalised in memory); normalising them here "
+                          f"would read every row into memory. Divide each row by its sum in the file beforehand, or "
+                          f"leave `normalize_features` at none.")
     x = np.asarray(features)
     if x.dtype.kind not in "biuf":  # bfloat16 (ml_dtypes), which numpy's reductions and comparisons do not know
         x = x.astype(np.float32)
