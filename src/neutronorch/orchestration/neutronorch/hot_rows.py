@@ -84,11 +84,12 @@ class HotRowComputer:
         with self.spans.stage("host_sample"):
             hot = plan.hot if exchange is None else self.node.computed(plan.hot, exchange)
             block, frontier = self.kind.bottom_hop(sampler, hot, plan.batches[0].key, plan.exclude)
+        if self.needs is not None:  # the table rows' ids as soon as they are known: the snapshot waits for them
+            self.needs.put(plan.super_batch_id, {t: frontier[t].cpu() for t in self.tables if t in frontier})
         with self.spans.stage("host_gather"):
             if self.needs is None:
                 return block, self.store.gather(frontier), exchange
-            x, ids = self.store(frontier, torch.device("cpu"))
-        self.needs.put(plan.super_batch_id, {t: ids[t] for t in self.tables if t in ids})
+            x, _ = self.store(frontier, torch.device("cpu"))
         return block, x, exchange
 
     def _finish_hot(self, plan: Plan, block, x: torch.Tensor, exchange: Exchange | None) -> None:
