@@ -25,6 +25,7 @@ from neutronorch.data import (SyntheticSpec, TypedGraph, dataset_paths, generate
 from neutronorch.data.dtypes import BFLOAT16, narrowed
 from neutronorch.environment import launcher_rank
 from neutronorch.errors import ConfigError, Interrupted, NeutronorchError
+from neutronorch.train.outputs import marked
 
 
 _FIELD = re.compile(r"(?<!`)`([a-z][a-z0-9_]*)`(?!`)")
@@ -49,8 +50,7 @@ class _StderrHandler(logging.StreamHandler):
         self.prefix = prefix
 
     def format(self, record: logging.LogRecord) -> str:
-        text = as_flags(record.getMessage())
-        text = f"warning: {text}" if record.levelno >= logging.WARNING and not text.startswith("note:") else text
+        text = marked(record, as_flags(record.getMessage()))
         return "\n".join(self.prefix + line for line in text.split("\n")) if self.prefix else text
 
 

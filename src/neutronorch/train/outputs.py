@@ -104,10 +104,14 @@ def console_copy(path: str, resume: bool) -> Iterator[None]:
         handler.close()
 
 
+def marked(record: logging.LogRecord, text: str) -> str:
+    """A log line as the console shows it: a warning marked (a note stays as it is)."""
+    return f"warning: {text}" if record.levelno >= logging.WARNING and not text.startswith("note:") else text
+
+
 class _ConsoleFormat(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        text = record.getMessage()
-        return f"warning: {text}" if record.levelno >= logging.WARNING and not text.startswith("note:") else text
+        return marked(record, record.getMessage())
 
 
 def write_summary(config: TrainConfig, summary: dict) -> None:
@@ -157,8 +161,8 @@ def write_json_atomically(path: str, data: dict) -> None:
 # ----- run folders: where the command line keeps a run's results when no output is named ---------------
 
 RUNS = Path("runs")
-RUN_FILES = {"summary_json": "summary.json", "log_jsonl": "metrics.jsonl", "console_log": "console.log"}  # and
-# the checkpoints: the folder's
+# A run folder's files (and the checkpoints: the folder's own).
+RUN_FILES = {"summary_json": "summary.json", "log_jsonl": "metrics.jsonl", "console_log": "console.log"}
 
 
 @dataclasses.dataclass

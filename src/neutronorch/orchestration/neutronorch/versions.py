@@ -114,7 +114,8 @@ class StalenessCheck:
             self.max_observed = max(self.max_observed, staleness)
             self._sum += staleness
             self._uses += 1
-            self._epoch = [self._epoch[0] + staleness, self._epoch[1] + 1, max(self._epoch[2], staleness)]
+            epoch = self._epoch
+            epoch[0], epoch[1], epoch[2] = epoch[0] + staleness, epoch[1] + 1, max(epoch[2], staleness)
 
     def end_epoch(self) -> dict:
         """The staleness of the epoch's uses of hot rows (mean and largest, None where none was used)."""
