@@ -1,4 +1,4 @@
-"""Command line: ``neutronorch train | convert | generate | predict | embed | info``, the only part of
+"""Command line: ``neutronorch train | convert | generate | partition | predict | embed | info``, the only part of
 neutronorch that prints. A ``NeutronorchError`` is printed as one message without a traceback (status 2);
 the core's `field_name` references are shown as the flags a user types (--field-name), in errors and log."""
 

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from neutronorch.cli.info import dataset_info
 from neutronorch.cli.options import RUN_FOLDER_KEYS, build_parser
+from neutronorch.cli.partition import cmd_partition
 from neutronorch.config import TrainConfig
 from neutronorch.config_keys import load_config_file
 from neutronorch.data import (SyntheticSpec, TypedGraph, dataset_paths, generate, is_native_dir, is_typed_dataset,
@@ -358,7 +359,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"train": _cmd_train, "convert": _cmd_convert, "generate": _cmd_generate, "info": _cmd_info,
-                "predict": _cmd_predict, "embed": _cmd_embed}
+                "partition": cmd_partition, "predict": _cmd_predict, "embed": _cmd_embed}
     _configure_logging()
     terminated = []
     own_term = args.command != "train" and threading.current_thread() is threading.main_thread()

@@ -8,6 +8,7 @@ import numpy as np
 
 from neutronorch.data import TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
 from neutronorch.data.csc import edge_hygiene
+from neutronorch.data.partition_files import is_partition_dir, partition_summary
 
 
 def dataset_info(spec: str) -> dict:
@@ -15,6 +16,8 @@ def dataset_info(spec: str) -> dict:
     dtype: none); per relation its edges, edge feature width, in-degrees and repeated edges, and within one
     type its self loops and one-way edges, counted in the relation as stored (``edge_hygiene``: loaders clean
     edge lists, a native folder is read as written)."""
+    if is_partition_dir(spec):
+        return partition_summary(spec)
     typed = is_typed_dataset(spec)
     graph = load_typed_dataset(spec) if typed else load_dataset(spec)
     view = graph if typed else TypedGraph.of(graph)

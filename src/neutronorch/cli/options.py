@@ -12,6 +12,7 @@ from dataclasses import fields
 
 from neutronorch.config import TrainConfig, setting_fields
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec, synthetic_typed
+from neutronorch.cli.partition import add_partition_options
 from neutronorch.data.tabular import HEADERS
 
 __all__ = ["RUN_FOLDER_KEYS", "build_parser"]
@@ -180,9 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Sample-based GNN training on CPU and GPU together (NeutronOrch).")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, text, description, add_options in _COMMANDS:
-        # convert and info have no --help-all: argparse's own -h
+        # convert, partition and info have no --help-all: argparse's own -h
         add_options(commands.add_parser(name, help=text, description=description, formatter_class=_Formatter,
-                                        add_help=name in ("convert", "info")))
+                                        add_help=name in ("convert", "partition", "info")))
     return parser
 
 
@@ -324,6 +325,11 @@ _COMMANDS = (
      "The output of one layer of a checkpoint's model over complete neighbourhoods (exact layer-wise "
      "inference); of a typed graph's, a vertex type's rows, over neighbourhoods sampled as its evaluation "
      "sampled them.", _add_embed_options),
-    ("info", "describe a dataset", None,
-     lambda info: info.add_argument("dataset", help=f"dataset spec: {DATASET_SPEC_HELP}")),
+    ("partition", "split a dataset into parts for partitioned training",
+     "Assign every vertex to one of K parts (METIS, or at random) and write each part's vertices, in-edges, "
+     "features, labels and splits as memory-mappable arrays, with a manifest (docs/distributed.md).",
+     add_partition_options),
+    ("info", "describe a dataset or a partition folder", None,
+     lambda info: info.add_argument("dataset", help=f"dataset spec: {DATASET_SPEC_HELP}; or a folder written by "
+                                                    f"`neutronorch partition`")),
 )

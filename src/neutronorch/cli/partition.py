@@ -1,0 +1,65 @@
+"""``neutronorch partition SPEC --parts K --out DIR``: split a dataset into K parts for partitioned training
+(``data/partition.py`` does the work; docs/distributed.md, "Partitioned training", gives the layout)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from neutronorch.data import DATASET_SPEC_HELP, dataset_paths, is_typed_dataset, load_dataset
+from neutronorch.data.partition_files import METHODS
+from neutronorch.errors import OutputError
+
+
+def add_partition_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dataset", metavar="SPEC", help=f"the dataset, as train's --dataset: {DATASET_SPEC_HELP}")
+    parser.add_argument("--parts", type=int, required=True, metavar="K", help="how many parts (one per rank)")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="the partition folder to write; it must not exist or be empty")
+    parser.add_argument("--method", choices=METHODS, default="metis",
+                        help="metis: few cut edges, balanced on vertices, training vertices and in-edges (needs "
+                             "pymetis: pip install 'neutronorch[partition]'); random: vertices dealt out at "
+                             "random (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of METIS or of the random order (default: 0)")
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    from neutronorch.data.partition import assign, check_graph, check_request, write_partition
+    from neutronorch.train.output_guard import check_creatable, check_distinct, check_name_lengths, check_space
+
+    t0 = time.perf_counter()
+
+    def say(line: str) -> None:
+        print(f"[{time.perf_counter() - t0:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+    check_request(args.parts, args.method, args.seed)
+    check_name_lengths("out", args.out, temporary=True)
+    target = Path(args.out).expanduser().resolve()
+    _check_new(target)
+    check_distinct({"SPEC": dataset_paths(args.dataset)}, {"out": [target]}, replaces={"out": target})
+    check_creatable("out", target / "partition.json")
+    if is_typed_dataset(args.dataset):
+        check_graph(object(), args.dataset, args.parts)  # refused with the reason, before it is read
+    say(f"reading {args.dataset}")
+    graph = load_dataset(args.dataset)
+    check_graph(graph, args.dataset, args.parts)
+    check_space("out", target, sum(int(a.nbytes) for a in graph.arrays()) + graph.num_nodes * 24)
+    say(f"assigning {graph.num_nodes:,} vertices to {args.parts} parts ({args.method})")
+    part_of = assign(graph, args.parts, args.method, args.seed, say)
+    manifest = write_partition(graph, part_of, target, args.method, args.seed, args.dataset, say)
+    cut = manifest["edge_cut"]
+    print(f"wrote {args.parts} parts of {graph.name} ({args.method}) to {args.out} in "
+          f"{time.perf_counter() - t0:.1f}s; edge cut {cut['edges']:,} of {graph.num_edges:,} edges "
+          f"({100 * cut['fraction']:.2f}%)")
+    return 0
+
+
+def _check_new(target: Path) -> None:
+    """A partition is written to a new or empty folder only, never over anything."""
+    if target.exists() and not target.is_dir():
+        raise OutputError(f"`out` {target}: exists and is a file; a partition is a folder. Choose another path.")
+    if target.is_dir() and any(target.iterdir()):
+        raise OutputError(f"`out` {target}: exists and is not empty; a partition is never written over a folder. "
+                          f"Choose a new folder, or remove this one first.")

@@ -1,0 +1,205 @@
+"""Partitioning a homogeneous graph for partitioned training (docs/distributed.md, "Partitioned training"):
+every vertex gets one owner part, by METIS (``pymetis``) or at random, and each part is written as a folder
+of memory-mappable ``.npy`` arrays: its owned vertices' global ids, their in-edges as a CSC whose rows are
+the owned vertices in local order and whose columns are GLOBAL ids, and their features, labels and split ids.
+The folder's root holds the owner and the local index of every vertex and ``partition.json`` (the manifest,
+``partition_files.py`` reads and checks it), written last: a folder is written whole or not at all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from neutronorch.atomic import reserve, write_folder
+from neutronorch.data.checks import SPLITS
+from neutronorch.data.dtypes import is_bfloat16
+from neutronorch.data.graph import Graph
+from neutronorch.data.native import save_array
+from neutronorch.data.partition_files import (FORMAT, FORMAT_VERSION, GLOBAL_ARRAYS, MANIFEST, METHODS, PART_ARRAYS,
+                                              PART_META, digest, part_folder, partition_id)
+from neutronorch.errors import ConfigError, DataError
+
+# What METIS balances, in the order of its constraints (DistDGL balances vertices, training vertices, edges).
+BALANCE = ("vertices", "training vertices", "in-edges")
+INSTALL = "pip install 'neutronorch[partition]' (or pip install pymetis)"
+Say = Callable[[str], None]
+
+
+def check_request(parts, method: str, seed) -> None:
+    """What ``partition`` is asked, checked before any graph is read."""
+    if method not in METHODS:
+        raise ConfigError(f"`method` {method!r}: not a partitioning method; use one of {', '.join(METHODS)}.")
+    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+        raise ConfigError(f"`parts` {parts!r}: expected a whole number of parts >= 1 (one per rank).")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
+        raise ConfigError(f"`seed` {seed!r}: expected a whole number from 0 to 2**31-1.")
+    if method == "metis":
+        metis()
+
+
+def metis():
+    """The ``pymetis`` module, or the error that says how to install it."""
+    try:
+        import pymetis
+    except ImportError:
+        raise ConfigError(f"--method metis needs the pymetis package, which is not installed: {INSTALL}. "
+                          f"Or partition with --method random.") from None
+    return pymetis
+
+
+def check_graph(graph, spec: str, parts: int) -> None:
+    """A graph this module can partition into ``parts``: homogeneous, with no link split, enough vertices."""
+    if not isinstance(graph, Graph):
+        raise DataError(f"{spec}: a typed graph (several vertex types); partitioning covers homogeneous graphs "
+                        f"so far (docs/distributed.md, 'Partitioned training'). Partition a homogeneous dataset.")
+    if graph.links is not None:
+        raise DataError(f"{spec}: a link-prediction dataset; its supervision edges are not partitioned yet. "
+                        f"Partition a node-classification dataset.")
+    if parts > graph.num_nodes:
+        raise ConfigError(f"`parts` {parts}: more parts than {spec}'s {graph.num_nodes:,} vertices; every part "
+                          f"needs a vertex. Ask for at most {graph.num_nodes:,}.")
+
+
+def assign(graph: Graph, parts: int, method: str, seed: int, say: Say = lambda line: None) -> np.ndarray:
+    """The owner part of every vertex (int32, one per vertex)."""
+    if method == "random":
+        return random_parts(graph.num_nodes, parts, seed)
+    return metis_parts(graph, parts, seed, say)
+
+
+def random_parts(n: int, parts: int, seed: int) -> np.ndarray:
+    """Vertices dealt out in a seeded random order: the parts' sizes differ by at most one."""
+    part_of = np.empty(n, dtype=np.int32)
+    part_of[np.random.default_rng(seed).permutation(n)] = np.arange(n, dtype=np.int64) % parts
+    return part_of
+
+
+def metis_parts(graph: Graph, parts: int, seed: int, say: Say = lambda line: None) -> np.ndarray:
+    """METIS k-way on the symmetrised graph (no self loops, each pair once), balancing ``BALANCE`` as three
+    constraints (METIS's ``ncon``), a constraint no vertex weighs leaving out."""
+    pymetis = metis()
+    n = graph.num_nodes
+    if parts == 1:
+        return np.zeros(n, dtype=np.int32)
+    say(f"symmetrising {graph.num_edges:,} edges for METIS")
+    xadj, adjncy = symmetrised(graph.indptr, graph.indices, n, pymetis.zero_copy_dtype())
+    training = np.zeros(n, dtype=np.int64)
+    training[np.asarray(graph.train_idx)] = 1
+    columns = [np.ones(n, dtype=np.int64), training, np.diff(np.asarray(graph.indptr)).astype(np.int64)]
+    weights = np.stack([c for c in columns if c.any()], axis=1).astype(pymetis.zero_copy_dtype())
+    options = pymetis.Options()
+    options.seed = seed
+    say(f"METIS: {parts} parts of {n:,} vertices and {adjncy.shape[0] // 2:,} undirected edges, "
+        f"{weights.shape[1]} balance constraints")
+    result = pymetis.part_graph(parts, pymetis.CSRAdjacency(xadj, adjncy), vweights=weights.ravel(),
+                                options=options, recursive=False)
+    return np.asarray(result.vertex_part, dtype=np.int32)
+
+
+def symmetrised(indptr: np.ndarray, indices: np.ndarray, n: int, dtype=np.int64) -> tuple[np.ndarray, np.ndarray]:
+    """The CSR adjacency of the undirected graph of the CSC (``indptr``, ``indices``): each pair of distinct
+    vertices joined by an edge either way once in both directions, self loops dropped."""
+    dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(np.asarray(indptr)))
+    src = np.asarray(indices, dtype=np.int64)
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    keys = np.unique(np.concatenate([src * n + dst, dst * n + src]))
+    del src, dst, keep
+    rows = keys // n
+    xadj = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=n), out=xadj[1:])
+    return xadj.astype(dtype), (keys - rows * n).astype(dtype)
+
+
+def edge_cut(indptr: np.ndarray, indices: np.ndarray, part_of: np.ndarray, parts: int) -> np.ndarray:
+    """Per part, its in-edges whose source another part owns (the edge cut, counted at the destination)."""
+    degrees = np.diff(np.asarray(indptr))
+    dst_part = np.repeat(part_of, degrees)
+    cut = part_of[np.asarray(indices)] != dst_part
+    return np.bincount(dst_part[cut], minlength=parts)
+
+
+def write_partition(graph: Graph, part_of: np.ndarray, out: str | Path, method: str, seed: int, source: str,
+                    say: Say = lambda line: None) -> dict:
+    """Write ``graph`` split by ``part_of`` to the folder ``out`` (checked by the caller: new or empty);
+    returns the manifest written."""
+    parts, n = int(part_of.max()) + 1 if part_of.size else 0, graph.num_nodes
+    parts = max(parts, 1)
+    counts = np.bincount(part_of, minlength=parts)
+    local_index = np.empty(n, dtype=np.int32 if counts.max() < 2**31 else np.int64)
+    order = np.argsort(part_of, kind="stable")  # each part's vertices, ascending global ids
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    for k in range(parts):
+        local_index[order[starts[k]:starts[k + 1]]] = np.arange(counts[k], dtype=local_index.dtype)
+    indptr, indices = np.asarray(graph.indptr), graph.indices
+    degrees = np.diff(indptr)
+    dst_part = np.repeat(part_of, degrees)
+    say("counting the edge cut")
+    cut = edge_cut(indptr, indices, part_of, parts)
+    files: dict[str, dict] = {}
+
+    def saved(folder: Path, name: str, array: np.ndarray) -> None:
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_array(path, array)
+        files[name] = {"sha256": digest(path), "bytes": path.stat().st_size}
+
+    stats = []
+
+    def fill(folder: Path) -> None:
+        saved(folder, "part_of.npy", part_of)
+        saved(folder, "local_index.npy", local_index)
+        for split in SPLITS:
+            saved(folder, f"{split}.npy", np.asarray(getattr(graph, split), dtype=np.int64))
+        ident = partition_id(files["part_of.npy"]["sha256"], graph.name, n, graph.num_edges)
+        for k in range(parts):
+            say(f"writing part {k} of {parts}: {int(counts[k]):,} vertices")
+            ids = order[starts[k]:starts[k + 1]].astype(np.int64)
+            sub = part_folder(k)
+            saved(folder, f"{sub}/ids.npy", ids)
+            own = np.zeros(ids.shape[0] + 1, dtype=np.int64)
+            np.cumsum(degrees[ids], out=own[1:])
+            saved(folder, f"{sub}/indptr.npy", own)
+            saved(folder, f"{sub}/indices.npy", np.asarray(indices)[dst_part == k])
+            _save_rows(folder / sub / "features.npy", graph.features, ids)
+            files[f"{sub}/features.npy"] = {"sha256": digest(folder / sub / "features.npy"),
+                                            "bytes": (folder / sub / "features.npy").stat().st_size}
+            saved(folder, f"{sub}/labels.npy", np.asarray(graph.labels[ids]))
+            entry = {"part": k, "nodes": int(counts[k]), "edges": int(own[-1]), "cut_edges": int(cut[k])}
+            for split in SPLITS:
+                ids_of = np.asarray(getattr(graph, split), dtype=np.int64)
+                mine = ids_of[part_of[ids_of] == k]
+                saved(folder, f"{sub}/{split}.npy", mine)
+                entry[split.removesuffix("_idx")] = int(mine.shape[0])
+            stats.append(entry)
+            (folder / sub / PART_META).write_text(json.dumps({"id": ident, "part": k, "parts": parts}) + "\n")
+        manifest.update(id=ident, part_stats=stats, files=files)
+        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")  # last: the folder is complete
+
+    features = graph.features
+    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "parts": parts, "method": method, "seed": seed,
+                "balance": list(BALANCE) if method == "metis" else [], "source": source,
+                "graph": {"name": graph.name, "num_nodes": n, "num_edges": graph.num_edges,
+                          "feature_dim": graph.feature_dim,
+                          "feature_dtype": "bfloat16" if is_bfloat16(features) else features.dtype.name,
+                          "num_classes": int(graph.num_classes), "label_shape": list(graph.labels.shape[1:]),
+                          "metric": graph.metric, "notes": list(graph.notes)},
+                "edge_cut": {"edges": int(cut.sum()), "fraction": float(cut.sum() / max(graph.num_edges, 1))},
+                "global_arrays": list(GLOBAL_ARRAYS), "part_arrays": list(PART_ARRAYS)}
+    write_folder(Path(out), fill)
+    return manifest
+
+
+def _save_rows(path: Path, source: np.ndarray, ids: np.ndarray) -> None:
+    """``source[ids]`` written to ``path`` a chunk at a time (a memory-mapped source is never read whole);
+    bfloat16 as its uint16 bits, as the native format stores it."""
+    rows = source.view(np.uint16) if is_bfloat16(source) else source
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=rows.dtype, shape=(ids.shape[0], *rows.shape[1:]))
+    reserve(path)
+    step = max(1, (1 << 26) // max(1, int(np.prod(rows.shape[1:], dtype=np.int64)) * rows.itemsize))
+    for start in range(0, ids.shape[0], step):
+        out[start:start + step] = rows[ids[start:start + step]]
+    out.flush()
