@@ -14,10 +14,10 @@ PIP := $(VENV)/bin/pip install --disable-pip-version-check --progress-bar on
 PYTEST := $(VENV)/bin/python -m pytest -q -o console_output_style=count --durations=5
 
 $(STAMP): pyproject.toml
-	@echo "==> setting up $(VENV) (once: PyTorch, numpy, numba, tqdm and the test tools; about a minute)"
+	@echo "==> setting up $(VENV) (once: PyTorch, numpy, numba, tqdm, pymetis and the test tools; about a minute)"
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -c "import torch" 2>/dev/null || $(PIP) "$(TORCH_SPEC)"
-	$(PIP) -e ".[test]"
+	$(PIP) -e ".[test,partition]"
 	touch $(STAMP)
 
 demo: $(STAMP)

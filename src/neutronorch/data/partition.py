@@ -26,6 +26,7 @@ from neutronorch.errors import ConfigError, DataError
 BALANCE = ("vertices", "training vertices", "in-edges")
 INSTALL = "pip install 'neutronorch[partition]' (or pip install pymetis)"
 Say = Callable[[str], None]
+_RANDOM_TAG = 0x70617274  # "part"
 
 
 def check_request(parts, method: str, seed) -> None:
@@ -71,9 +72,10 @@ def assign(graph: Graph, parts: int, method: str, seed: int, say: Say = lambda l
 
 
 def random_parts(n: int, parts: int, seed: int) -> np.ndarray:
-    """Vertices dealt out in a seeded random order: the parts' sizes differ by at most one."""
+    """Vertices dealt out in a seeded random order: the parts' sizes differ by at most one. The stream is
+    this function's own (``seed`` and a tag), not the one a split drawn with the same seed uses."""
     part_of = np.empty(n, dtype=np.int32)
-    part_of[np.random.default_rng(seed).permutation(n)] = np.arange(n, dtype=np.int64) % parts
+    part_of[np.random.default_rng([seed, _RANDOM_TAG]).permutation(n)] = np.arange(n, dtype=np.int64) % parts
     return part_of
 
 
@@ -106,8 +108,14 @@ def symmetrised(indptr: np.ndarray, indices: np.ndarray, n: int, dtype=np.int64)
     src = np.asarray(indices, dtype=np.int64)
     keep = src != dst
     src, dst = src[keep], dst[keep]
-    keys = np.unique(np.concatenate([src * n + dst, dst * n + src]))
+    keys = np.concatenate([src * n + dst, dst * n + src])
     del src, dst, keep
+    keys.sort()  # in place, then duplicates dropped: np.unique took 20x the sort's time (numpy 2.4)
+    if keys.size:
+        first = np.empty(keys.shape[0], dtype=bool)
+        first[0] = True
+        np.not_equal(keys[1:], keys[:-1], out=first[1:])
+        keys = keys[first]
     rows = keys // n
     xadj = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=n), out=xadj[1:])
