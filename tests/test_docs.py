@@ -31,7 +31,7 @@ PATH_FLAGS = {"--summary-json": "summary.json", "--checkpoint-dir": "checkpoints
               "--log-jsonl": "log.jsonl", "--log-csv": "log.csv", "--tensorboard": "tensorboard",
               "--timeline": "run.png", "--config": "run.yaml", "--out": "out.npy", "--checkpoint": "best.pt",
               "--pairs": "pairs.txt",
-              ("generate", "--out"): "dataset"}
+              ("generate", "--out"): "dataset", ("partition", "--out"): "partition"}
 # Values written as `...` in README (the rest of an option shown in full on an earlier line).
 ELLIPSIS = {"--nodes": "all", "--scratch-dir": "auto"}
 # The smoke form: sizes that keep each run to about a second, by (command, option).

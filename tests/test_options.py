@@ -108,7 +108,7 @@ def test_train_help_fits_on_one_screen_and_lists_only_what_a_first_run_needs(cap
     assert re.search(r"--mode \{exact,device,neutronorch,auto\}", text)  # bench/regime.py reads the modes here
 
 
-COMMANDS = ["train", "convert", "generate", "predict", "embed", "info"]
+COMMANDS = ["train", "convert", "generate", "predict", "embed", "partition", "info"]
 
 
 @pytest.mark.parametrize("command", [None, *COMMANDS])

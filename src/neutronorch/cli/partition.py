@@ -8,13 +8,14 @@ import sys
 import time
 from pathlib import Path
 
-from neutronorch.data import DATASET_SPEC_HELP, dataset_paths, is_typed_dataset, load_dataset
+from neutronorch.data import dataset_paths, is_typed_dataset, load_dataset
 from neutronorch.data.partition_files import METHODS
 from neutronorch.errors import OutputError
 
 
 def add_partition_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dataset", metavar="SPEC", help=f"the dataset, as train's --dataset: {DATASET_SPEC_HELP}")
+    parser.add_argument("dataset", metavar="SPEC", help="the dataset, as train's --dataset takes it (docs/datasets.md); "
+                                                        "homogeneous graphs only, so far")
     parser.add_argument("--parts", type=int, required=True, metavar="K", help="how many parts (one per rank)")
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="the partition folder to write; it must not exist or be empty")
@@ -22,7 +23,7 @@ def add_partition_options(parser: argparse.ArgumentParser) -> None:
                         help="metis: few cut edges, balanced on vertices, training vertices and in-edges (needs "
                              "pymetis: pip install 'neutronorch[partition]'); random: vertices dealt out at "
                              "random (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of METIS or of the random order (default: 0)")
+    parser.add_argument("--seed", type=int, default=0, metavar="S", help="seed of METIS or of the random order (default: 0)")
 
 
 def cmd_partition(args: argparse.Namespace) -> int:

@@ -68,9 +68,9 @@ def read_manifest(folder: str | Path) -> dict:
     if missing:
         raise DataError(f"{path}: lacks {', '.join(missing)}. {AGAIN}")
     parts, stats = manifest["parts"], manifest["part_stats"]
-    if not isinstance(parts, int) or parts < 1 or not isinstance(stats, list) or len(stats) != parts:
-        raise DataError(f"{path}: parts is {parts!r}, but part_stats lists {len(stats) if isinstance(stats, list) else stats!r}"
-                        f" parts. {AGAIN}")
+    listed = len(stats) if isinstance(stats, list) else stats
+    if not isinstance(parts, int) or parts < 1 or listed != parts:
+        raise DataError(f"{path}: parts is {parts!r}, but part_stats lists {listed!r} parts. {AGAIN}")
     return manifest
 
 
@@ -107,10 +107,11 @@ def check_part_meta(folder: Path, manifest: dict, part: int) -> None:
         meta = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise DataError(f"{path}: cannot be read as JSON ({exc}). {AGAIN}") from None
-    if not isinstance(meta, dict) or meta.get("id") != manifest["id"]:
-        raise DataError(f"{path}: belongs to another partition (id {meta.get('id') if isinstance(meta, dict) else None!r}"
-                        f", the manifest's is {manifest['id']!r}): the part folder and {MANIFEST} come from different "
-                        f"runs of `neutronorch partition` (another graph, method or part count). {AGAIN}")
+    meta = meta if isinstance(meta, dict) else {}
+    if meta.get("id") != manifest["id"]:
+        raise DataError(f"{path}: belongs to another partition (id {meta.get('id')!r}, the manifest's is "
+                        f"{manifest['id']!r}): the part folder and {MANIFEST} come from different runs of "
+                        f"`neutronorch partition` (another graph, method or part count). {AGAIN}")
     if meta.get("part") != part or meta.get("parts") != manifest["parts"]:
         raise DataError(f"{path}: says part {meta.get('part')!r} of {meta.get('parts')!r}, but sits in "
                         f"{part_folder(part)} of a {manifest['parts']}-part partition. {AGAIN}")
@@ -187,7 +188,8 @@ def load_partition(folder: str | Path, part: int, world_size: int | None = None,
     label_shape = (stats["nodes"], *graph["label_shape"])
     return Partition(
         part=part, parts=parts, manifest=manifest, ids=array(f"{sub}/ids.npy", (stats["nodes"],)),
-        indptr=array(f"{sub}/indptr.npy", (stats["nodes"] + 1,)), indices=array(f"{sub}/indices.npy", (stats["edges"],)),
+        indptr=array(f"{sub}/indptr.npy", (stats["nodes"] + 1,)),
+        indices=array(f"{sub}/indices.npy", (stats["edges"],)),
         features=features, labels=array(f"{sub}/labels.npy", label_shape),
         splits={s: array(f"{sub}/{s}.npy", (stats[s.removesuffix('_idx')],)) for s in SPLITS},
         part_of=array("part_of.npy", (n,)), local_index=array("local_index.npy", (n,)),
