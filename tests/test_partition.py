@@ -28,7 +28,7 @@ def graph():
 def _write(graph, tmp_path, parts, method, name=None):
     part_of = assign(graph, parts, method, seed=0)
     out = tmp_path / (name or f"{method}-{parts}")
-    write_partition(graph, part_of, out, method, 0, SPEC)
+    write_partition(graph, part_of, parts, out, method, 0, SPEC)
     return out, part_of
 
 
@@ -108,7 +108,7 @@ def test_command_and_info(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--parts", "0"], "expected a whole number of parts >= 1"),
+    (["--parts", "0"], "--parts 0: expected a whole number of parts >= 1"),
     (["--parts", "5000"], "more parts than"),
     (["--parts", "2", "--seed", "-1"], "expected a whole number from 0 to 2**31-1"),
 ])
@@ -209,3 +209,18 @@ def test_missing_or_foreign_manifest(folders, tmp_path):
         load_partition(out, 0)
     with pytest.raises(DataError, match=r"features.npy: holds shape \(600, 64\), but partition.json says \(601, 64\)"):
         load_partition(out, 0, verify=False)
+
+
+def test_bfloat16_features_and_an_empty_part(tmp_path):
+    from neutronorch.data.dtypes import is_bfloat16, narrowed
+    graph = load_dataset("synthetic:nodes=200,degree=4")
+    graph.features = narrowed(graph.features, "bfloat16", "test")
+    part_of = np.zeros(graph.num_nodes, dtype=np.int32)
+    part_of[::2] = 2  # part 1 owns nothing
+    write_partition(graph, part_of, 3, tmp_path / "p", "random", 0, "test")
+    parts = [load_partition(tmp_path / "p", k, world_size=3) for k in range(3)]
+    assert [p.ids.shape[0] for p in parts] == [100, 0, 100]
+    assert parts[1].indices.shape == (0,) and parts[1].features.shape == (0, graph.feature_dim)
+    assert is_bfloat16(parts[2].features)
+    assert np.array_equal(parts[2].features.view(np.uint16), graph.features[::2].view(np.uint16))
+    assert partition_summary(tmp_path / "p")["per_part"][1]["nodes"] == 0

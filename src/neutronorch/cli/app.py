@@ -35,7 +35,7 @@ _FIELD = re.compile(r"(?<!`)`([a-z][a-z0-9_]*)`(?!`)")
 def as_flags(message: str) -> str:
     """The core's `field_name` references as the command line's --field-name flags."""
     known = set(TrainConfig.keys()) | {"layer", "nodes", "pairs", "out", "scratch_dir", "node_type",  # predict, embed
-                                       "run_name", "no_save"}  # and train's run folder
+                                       "run_name", "no_save", "parts", "method"}  # train's run folder, partition
     return _FIELD.sub(lambda m: "--" + m[1].replace("_", "-") if m[1] in known else m[0], message)
 
 

@@ -27,7 +27,7 @@ def add_partition_options(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
-    from neutronorch.data.partition import assign, check_graph, check_request, write_partition
+    from neutronorch.data.partition import assign, check_graph, check_request, refuse_typed, write_partition
     from neutronorch.train.output_guard import check_creatable, check_distinct, check_name_lengths, check_space
 
     t0 = time.perf_counter()
@@ -42,14 +42,14 @@ def cmd_partition(args: argparse.Namespace) -> int:
     check_distinct({"SPEC": dataset_paths(args.dataset)}, {"out": [target]}, replaces={"out": target})
     check_creatable("out", target / "partition.json")
     if is_typed_dataset(args.dataset):
-        check_graph(object(), args.dataset, args.parts)  # refused with the reason, before it is read
+        refuse_typed(args.dataset)  # with the reason, before it is read
     say(f"reading {args.dataset}")
     graph = load_dataset(args.dataset)
     check_graph(graph, args.dataset, args.parts)
     check_space("out", target, sum(int(a.nbytes) for a in graph.arrays()) + graph.num_nodes * 24)
     say(f"assigning {graph.num_nodes:,} vertices to {args.parts} parts ({args.method})")
     part_of = assign(graph, args.parts, args.method, args.seed, say)
-    manifest = write_partition(graph, part_of, target, args.method, args.seed, args.dataset, say)
+    manifest = write_partition(graph, part_of, args.parts, target, args.method, args.seed, args.dataset, say)
     cut = manifest["edge_cut"]
     print(f"wrote {args.parts} parts of {graph.name} ({args.method}) to {args.out} in "
           f"{time.perf_counter() - t0:.1f}s; edge cut {cut['edges']:,} of {graph.num_edges:,} edges "

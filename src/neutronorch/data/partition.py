@@ -54,14 +54,18 @@ def metis():
 def check_graph(graph, spec: str, parts: int) -> None:
     """A graph this module can partition into ``parts``: homogeneous, with no link split, enough vertices."""
     if not isinstance(graph, Graph):
-        raise DataError(f"{spec}: a typed graph (several vertex types); partitioning covers homogeneous graphs "
-                        f"so far (docs/distributed.md, 'Partitioned training'). Partition a homogeneous dataset.")
+        refuse_typed(spec)
     if graph.links is not None:
         raise DataError(f"{spec}: a link-prediction dataset; its supervision edges are not partitioned yet. "
                         f"Partition a node-classification dataset.")
     if parts > graph.num_nodes:
         raise ConfigError(f"`parts` {parts}: more parts than {spec}'s {graph.num_nodes:,} vertices; every part "
                           f"needs a vertex. Ask for at most {graph.num_nodes:,}.")
+
+
+def refuse_typed(spec: str) -> None:
+    raise DataError(f"{spec}: a typed graph (several vertex types); partitioning covers homogeneous graphs so far "
+                    f"(docs/distributed.md, 'Partitioned training'). Partition a homogeneous dataset.")
 
 
 def assign(graph: Graph, parts: int, method: str, seed: int, say: Say = lambda line: None) -> np.ndarray:
@@ -130,12 +134,11 @@ def edge_cut(indptr: np.ndarray, indices: np.ndarray, part_of: np.ndarray, parts
     return np.bincount(dst_part[cut], minlength=parts)
 
 
-def write_partition(graph: Graph, part_of: np.ndarray, out: str | Path, method: str, seed: int, source: str,
-                    say: Say = lambda line: None) -> dict:
-    """Write ``graph`` split by ``part_of`` to the folder ``out`` (checked by the caller: new or empty);
-    returns the manifest written."""
-    parts, n = int(part_of.max()) + 1 if part_of.size else 0, graph.num_nodes
-    parts = max(parts, 1)
+def write_partition(graph: Graph, part_of: np.ndarray, parts: int, out: str | Path, method: str, seed: int,
+                    source: str, say: Say = lambda line: None) -> dict:
+    """Write ``graph`` split into ``parts`` by ``part_of`` to the folder ``out`` (checked by the caller: new or
+    empty); returns the manifest written. A part METIS left empty is written empty (``info`` shows it)."""
+    n = graph.num_nodes
     counts = np.bincount(part_of, minlength=parts)
     local_index = np.empty(n, dtype=np.int32 if counts.max() < 2**31 else np.int64)
     order = np.argsort(part_of, kind="stable")  # each part's vertices, ascending global ids
