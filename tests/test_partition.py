@@ -68,6 +68,7 @@ def test_parts_cover_the_graph_exactly(graph, tmp_path, parts, method):
     # the edge cut: in-edges whose source another part owns, counted at the destination's part
     cut = part_of[np.asarray(graph.indices)] != part_of[whole_dst]
     manifest = read_manifest(out)
+    assert manifest["balance"] == (["vertices", "training vertices", "in-edges"] if method == "metis" else [])
     assert manifest["edge_cut"]["edges"] == int(cut.sum())
     assert [s["cut_edges"] for s in manifest["part_stats"]] == \
         np.bincount(part_of[whole_dst][cut], minlength=parts).tolist()

@@ -92,10 +92,7 @@ def metis_parts(graph: Graph, parts: int, seed: int, say: Say = lambda line: Non
         return np.zeros(n, dtype=np.int32)
     say(f"symmetrising {graph.num_edges:,} edges for METIS")
     xadj, adjncy = symmetrised(graph.indptr, graph.indices, n, pymetis.zero_copy_dtype())
-    training = np.zeros(n, dtype=np.int64)
-    training[np.asarray(graph.train_idx)] = 1
-    columns = [np.ones(n, dtype=np.int64), training, np.diff(np.asarray(graph.indptr)).astype(np.int64)]
-    weights = np.stack([c for c in columns if c.any()], axis=1).astype(pymetis.zero_copy_dtype())
+    weights = np.stack(list(constraints(graph).values()), axis=1).astype(pymetis.zero_copy_dtype())
     options = pymetis.Options()
     options.seed = seed
     say(f"METIS: {parts} parts of {n:,} vertices and {adjncy.shape[0] // 2:,} undirected edges, "
@@ -103,6 +100,14 @@ def metis_parts(graph: Graph, parts: int, seed: int, say: Say = lambda line: Non
     result = pymetis.part_graph(parts, pymetis.CSRAdjacency(xadj, adjncy), vweights=weights.ravel(),
                                 options=options, recursive=False)
     return np.asarray(result.vertex_part, dtype=np.int32)
+
+
+def constraints(graph: Graph) -> dict[str, np.ndarray]:
+    """METIS's vertex weights by what they balance (``BALANCE``), less those no vertex weighs."""
+    training = np.zeros(graph.num_nodes, dtype=np.int64)
+    training[np.asarray(graph.train_idx)] = 1
+    columns = (np.ones(graph.num_nodes, dtype=np.int64), training, np.diff(np.asarray(graph.indptr)).astype(np.int64))
+    return {name: column for name, column in zip(BALANCE, columns) if column.any()}
 
 
 def symmetrised(indptr: np.ndarray, indices: np.ndarray, n: int, dtype=np.int64) -> tuple[np.ndarray, np.ndarray]:
@@ -192,7 +197,7 @@ def write_partition(graph: Graph, part_of: np.ndarray, parts: int, out: str | Pa
 
     features = graph.features
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "parts": parts, "method": method, "seed": seed,
-                "balance": list(BALANCE) if method == "metis" else [], "source": source,
+                "balance": list(constraints(graph)) if method == "metis" and parts > 1 else [], "source": source,
                 "graph": {"name": graph.name, "num_nodes": n, "num_edges": graph.num_edges,
                           "feature_dim": graph.feature_dim,
                           "feature_dtype": "bfloat16" if is_bfloat16(features) else features.dtype.name,
