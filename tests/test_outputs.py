@@ -517,6 +517,28 @@ def test_a_run_name_in_use_is_refused_unless_resumed_or_overwritten(tmp_path, mo
     assert (folder / "console.log").read_text().count("results in runs/") == 1
 
 
+def test_a_run_that_fails_after_its_first_checkpoint_keeps_its_console_copy(tmp_path, monkeypatch, capsys):
+    """The folder stays with what the run wrote, and so does console.log: the lines that say how it failed.
+    The lock file goes (the run has ended)."""
+    from neutronorch.train.task import Task
+
+    monkeypatch.chdir(tmp_path)
+    real, calls = Task.loss, []
+
+    def nan_in_epoch_1(self, *args):  # TINY trains one step an epoch at the default batch size
+        calls.append(1)
+        return real(self, *args) * (float("nan") if len(calls) > 1 else 1.0)
+
+    monkeypatch.setattr(Task, "loss", nan_in_epoch_1)
+    assert main(["train", "--dataset", TINY, *TRAIN, "--epochs", "2", "--run-name", "f"]) != 0
+    folder = tmp_path / "runs" / "f"
+    assert {"last.pt", "console.log"} <= set(_visible(folder))
+    assert not (folder / output_guard.LOCK_NAME).exists()
+    console = (folder / "console.log").read_text()
+    assert "epoch   0 | loss" in console and console.splitlines()[-1].startswith("neutronorch: error: "), console
+    assert "diverged" in console.splitlines()[-1]
+
+
 def test_a_run_folder_keeps_the_console_and_a_timeline_named_beside_it(tmp_path, monkeypatch, capsys):
     pytest.importorskip("matplotlib")
     monkeypatch.chdir(tmp_path)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from neutronorch.cli.again import to_console_log
 from neutronorch.cli.info import dataset_info
 from neutronorch.cli.options import RUN_FOLDER_KEYS, build_parser
 from neutronorch.config import TrainConfig
@@ -113,7 +114,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     config, folder = _outputs(TrainConfig(**values), run_name, save, given, rank)
     try:
         return _train(config, folder, rank)
-    except BaseException:
+    except BaseException as exc:
+        # The console copy ends as the console did; not an earlier run's copy that --overwrite put back.
+        if isinstance(exc, NeutronorchError) and not rank and not getattr(exc, "earlier_kept", False):
+            to_console_log(config.console_log, f"neutronorch: error: {as_flags(str(exc))}")
         if folder is not None:
             folder.discard_if_empty()  # the run failed before writing anything: it leaves no folder
         raise
