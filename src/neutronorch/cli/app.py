@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from neutronorch.cli.again import to_console_log
+from neutronorch.cli.again import resume_command, to_console_log
 from neutronorch.cli.info import dataset_info
 from neutronorch.cli.options import RUN_FOLDER_KEYS, build_parser
 from neutronorch.config import TrainConfig
@@ -108,12 +108,12 @@ class _ProgressBar:
 def _cmd_train(args: argparse.Namespace) -> int:
     given = [args.config] if getattr(args, "config", None) else []
     values = load_config_file(given[0], extra=dict.fromkeys(RUN_FOLDER_KEYS, "outputs")) if given else {}
-    values.update({k: v for k, v in vars(args).items() if k not in ("command", "config")})
+    values.update({k: v for k, v in vars(args).items() if k not in ("command", "config", "words")})
     run_name, save = values.pop("run_name", None), values.pop("save", True)
     rank = launcher_rank()
     config, folder = _outputs(TrainConfig(**values), run_name, save, given, rank)
     try:
-        return _train(config, folder, rank)
+        return _train(config, folder, rank, getattr(args, "words", None))
     except BaseException as exc:
         # The console copy ends as the console did; not an earlier run's copy that --overwrite put back.
         if isinstance(exc, NeutronorchError) and not rank and not getattr(exc, "earlier_kept", False):
@@ -147,7 +147,7 @@ def _outputs(config: TrainConfig, run_name, save, config_file: list, rank: int |
     return open_run_folder(config, run_name, {"config": config_file} if config_file else None)
 
 
-def _train(config: TrainConfig, folder, rank: int | None) -> int:
+def _train(config: TrainConfig, folder, rank: int | None, words: list[str] | None = None) -> int:
     from neutronorch.observe.report import reuse_summary
     from neutronorch.train.trainer import train
 
@@ -167,9 +167,9 @@ def _train(config: TrainConfig, folder, rank: int | None) -> int:
     try:
         summary = train(config, progress=bar, stop=stop)
     except Interrupted as exc:
-        saved = (f"continue it with --resume --run-name {folder.path.name}; results so far in {folder.path}/"
-                 if folder is not None else
-                 f"continue from {config.checkpoint_dir}/last.pt with --resume" if config.checkpoint_dir
+        again = resume_command(None if rank is not None else words, folder.path.name if folder else None)
+        saved = (f"results so far in {folder.path}/; continue it with {again}" if folder is not None else
+                 f"continue it from {config.checkpoint_dir}/last.pt with {again}" if config.checkpoint_dir
                  else "nothing was saved (no --checkpoint-dir)")
         if config.checkpoint_dir and not (Path(config.checkpoint_dir) / "last.pt").is_file():
             saved = "it stopped before its first checkpoint: there is nothing to resume, start it again"
@@ -177,6 +177,8 @@ def _train(config: TrainConfig, folder, rank: int | None) -> int:
             saved = "it stopped before its first checkpoint: the earlier run's results it was to replace are kept"
         if not rank:
             print(f"neutronorch: interrupted: {exc}; {saved}", file=sys.stderr)
+            if not getattr(exc, "earlier_kept", False):
+                to_console_log(config.console_log, f"neutronorch: interrupted: {exc}; {saved}")
         return 128 + (received[0] if received else signal.SIGTERM)  # a rank stopped by another's signal
     finally:
         for s, handler in previous.items():
@@ -361,6 +363,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "train":  # its words, for the command that continues a stopped run
+        words = list(sys.argv[1:] if argv is None else argv)
+        args.words = words[words.index("train") + 1:]
     handlers = {"train": _cmd_train, "convert": _cmd_convert, "generate": _cmd_generate, "info": _cmd_info,
                 "predict": _cmd_predict, "embed": _cmd_embed}
     _configure_logging()
