@@ -350,7 +350,8 @@ def _cmd_embed(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     checkpoint, graph, options = _inference(args)
     out = embed(checkpoint, graph, args.layer, args.nodes, node_type=args.node_type, **options)
-    which = f"layer {args.layer or '(the last hidden)'}" + (f", vertex type {args.node_type}" if args.node_type else "")
+    which = ("the last hidden layer" if args.layer is None else f"layer {args.layer}") + (
+        f", vertex type {args.node_type}" if args.node_type else "")
     print(f"wrote {out.shape[0]:,} x {out.shape[1]} embeddings ({which}) of {graph.name} to {args.out} in "
           f"{time.perf_counter() - t0:.1f}s")
     return 0
