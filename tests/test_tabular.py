@@ -110,6 +110,7 @@ def _bad(tmp_path, edges="0,1\n1,2\n2,0\n", x="0,1.0\n1,2.0\n2,3.0\n", y="0,0\n1
     (dict(x="".join(f"{i},1.0,2.0\n" for i in range(55)) + "55,1.0,abc\n"), r"x.csv: line 56, column 3: 'abc'"),
     (dict(edges="0,1\n1,2,3\n"), r"e.csv: line 2 holds 3 column\(s\), and the lines before it 2"),
     (dict(edges="# nothing\n\n"), r"e.csv: holds no rows"),
+    (dict(y="id,label\n"), r"y.csv: holds a header \(id,label\) and no rows below it"),
     (dict(edges="0\n1\n"), r"e.csv: holds one column"),
     (dict(x=np.ones((2, 3)), names=("e.csv", "x.npy", "y.csv")), r"e.csv: uses vertex id 2, but .*x.npy holds rows "
                                                                   r"for vertices 0..1"),

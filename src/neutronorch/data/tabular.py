@@ -190,6 +190,8 @@ def _from_text(path: Path, role: str, header: str) -> Column:
                                        f"its first lines hold {', '.join(map(str, sorted(widths)))} columns; every "
                                        f"line of a table holds as many as the first."))
     named = header == "yes" or (header == "auto" and _is_header(rows))
+    if named and len(rows) == 1:
+        raise DataError(f"{path}: holds a header ({','.join(rows[0])}) and no rows below it; give the table's rows.")
     width = widths.pop()
     start = first + 1 if named else first
     shown = {"\t": "tab", None: "spaces"}.get(delimiter, repr(delimiter))
