@@ -151,3 +151,18 @@ def test_convert_from_the_command_line_and_what_it_refuses(tmp_path, capsys):
         load_dataset(str(edges))
     with pytest.raises(ConfigError, match="`header` 'maybe'"):
         load_tables(edges, x, y, header="maybe")
+
+
+def test_pairs_given_by_the_tables_names_are_refused_saying_how_to_number_them(tmp_path, capsys):
+    edges, x, y = _write_named(tmp_path)
+    out = tmp_path / "out"
+    assert main(["convert", str(edges), str(out), "--features", str(x), "--labels", str(y)]) == 0
+    (tmp_path / "pairs.txt").write_text("v001 v002\n")
+    capsys.readouterr()
+    assert main(["predict", "--checkpoint", str(tmp_path / "best.pt"), "--dataset", str(out), "--pairs",
+                 str(tmp_path / "pairs.txt"), "--out", str(tmp_path / "s.npy")]) == 2
+    err = capsys.readouterr().err
+    assert "numbered the ids of your tables 0..n-1 in sorted order: give those numbers" in err
+    assert f"np.searchsorted(np.load('{out / 'node_ids.npy'}'), your_ids)" in err and "Traceback" not in err
+    ids = np.load(out / "node_ids.npy")
+    assert list(np.searchsorted(ids, ["v001", "v002"])) == [1, 2] and list(ids[[1, 2]]) == ["v001", "v002"]

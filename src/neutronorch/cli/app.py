@@ -17,7 +17,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from neutronorch.cli.again import resume_command, to_console_log
-from neutronorch.cli.info import dataset_info
+from neutronorch.cli.info import dataset_info, renumbered
 from neutronorch.cli.options import RUN_FOLDER_KEYS, build_parser
 from neutronorch.config import TrainConfig
 from neutronorch.config_keys import load_config_file
@@ -307,8 +307,10 @@ def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
     reads = {"checkpoint": [args.checkpoint], "dataset": dataset_paths(args.dataset),
              "nodes": [] if args.nodes in (None, *NODE_SETS) else [args.nodes], "pairs": [given] if given else []}
     check_output_path(args.out, scratch, reads, args.overwrite)
-    # Read once, here, so a bad file fails before the data loads; the file stays named in later errors.
-    options = {"pairs": read_pairs(given), "layout": "columns", "source": given} if pairs else {}
+    try:  # read once, here, so a bad file fails before the data loads; the file stays named in later errors
+        options = {"pairs": read_pairs(given), "layout": "columns", "source": given} if pairs else {}
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}{renumbered(args.dataset)}") from None
     checkpoint = load_checkpoint(args.checkpoint, kind=TYPED if typed else HOMOGENEOUS)
     if pairs is not None:
         check_task(checkpoint, pairs)
