@@ -563,6 +563,22 @@ def test_a_stopped_run_says_the_whole_command_that_continues_it(tmp_path, monkey
     assert summary["status"] == "completed" and [e["epoch"] for e in summary["epochs"]] == [0, 1]
 
 
+def test_a_second_sigterm_stops_at_once_exiting_143_and_keeps_what_the_run_wrote(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    real = run_module.train_epoch
+
+    def epoch(run, epoch, *args, **kwargs):
+        if epoch == 1:  # after epoch 0's checkpoint: the first asks for a stop, the second stops at once
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(run, epoch, *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "train_epoch", epoch)
+    assert main(["train", "--dataset", TINY, *TRAIN, "--epochs", "3", "--run-name", "X"]) == 128 + signal.SIGTERM
+    assert "interrupted; stopped at once, writing nothing more (a last.pt is as it was)" in capsys.readouterr().err
+    assert {"last.pt", "console.log"} <= set(_visible(tmp_path / "runs/X"))
+
+
 def test_the_command_that_continues_a_run_drops_overwrite_and_names_a_generated_folder():
     from neutronorch.cli.again import resume_command
 

@@ -156,7 +156,7 @@ def _train(config: TrainConfig, folder, rank: int | None, words: list[str] | Non
 
     def on_signal(signum, frame):
         if stop.is_set():
-            raise KeyboardInterrupt  # a second signal: stop at once
+            raise KeyboardInterrupt(signum)  # a second signal: stop at once, exiting with 128 + its number
         received.append(signum)
         stop.set()
         logging.getLogger("neutronorch").warning(
@@ -388,10 +388,10 @@ def main(argv: list[str] | None = None) -> int:
         where = "" if rank is None else f" (rank {rank})"
         print(f"neutronorch: error{where}: {as_flags(str(exc))}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("neutronorch: interrupted" + ("" if args.command == "train" else "; nothing was written"),
-              file=sys.stderr)
-        return 128 + (terminated[0] if terminated else signal.SIGINT)
+    except KeyboardInterrupt as exc:  # train's second signal carries its number
+        print("neutronorch: interrupted" + ("; stopped at once, writing nothing more (a last.pt is as it was)"
+                                            if args.command == "train" else "; nothing was written"), file=sys.stderr)
+        return 128 + (terminated[0] if terminated else exc.args[0] if exc.args else signal.SIGINT)
     finally:
         if own_term:
             signal.signal(signal.SIGTERM, previous)
