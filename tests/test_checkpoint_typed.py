@@ -269,7 +269,7 @@ def test_embed_writes_a_vertex_types_rows_from_the_command_line(mag, whole, tmp_
     out = tmp_path / "authors.npy"
     assert main(["embed", "--checkpoint", str(directory / "best.pt"), "--dataset", str(folder), "--node-type",
                  "author", "--out", str(out), "--device", "cpu", "--no-progress"]) == 0
-    assert "1,500 x 16 embeddings (layer (the last hidden), vertex type author)" in capsys.readouterr().out
+    assert "1,500 x 16 embeddings (the last hidden layer, vertex type author)" in capsys.readouterr().out
     assert np.array_equal(np.load(out), embed(directory / "best.pt", mag, node_type="author"))
     assert main(["embed", "--checkpoint", str(directory / "best.pt"), "--dataset", str(folder), "--node-type",
                  "institution", "--out", str(tmp_path / "i.npy"), "--device", "cpu"]) == 2
@@ -279,6 +279,7 @@ def test_embed_writes_a_vertex_types_rows_from_the_command_line(mag, whole, tmp_
     assert main(["embed", "--checkpoint", str(directory / "best.pt"), "--dataset", str(folder), "--node-type",
                  "institution", "--layer", "0", "--out", str(tmp_path / "i.npy"), "--device", "cpu",
                  "--no-progress"]) == 0
+    assert "embeddings (layer 0, vertex type institution)" in capsys.readouterr().out
     assert np.array_equal(np.load(tmp_path / "i.npy"),
                           load_checkpoint(directory / "best.pt").model.embeddings["institution"].weight.detach())
     # A homogeneous graph's embed still needs --layer, and has one vertex type: said before anything is read.

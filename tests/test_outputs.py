@@ -517,6 +517,77 @@ def test_a_run_name_in_use_is_refused_unless_resumed_or_overwritten(tmp_path, mo
     assert (folder / "console.log").read_text().count("results in runs/") == 1
 
 
+def test_a_run_that_fails_after_its_first_checkpoint_keeps_its_console_copy(tmp_path, monkeypatch, capsys):
+    """The folder stays with what the run wrote, and so does console.log: the lines that say how it failed.
+    The lock file goes (the run has ended)."""
+    from neutronorch.train.task import Task
+
+    monkeypatch.chdir(tmp_path)
+    real, calls = Task.loss, []
+
+    def nan_in_epoch_1(self, *args):  # TINY trains one step an epoch at the default batch size
+        calls.append(1)
+        return real(self, *args) * (float("nan") if len(calls) > 1 else 1.0)
+
+    monkeypatch.setattr(Task, "loss", nan_in_epoch_1)
+    assert main(["train", "--dataset", TINY, *TRAIN, "--epochs", "2", "--run-name", "f"]) != 0
+    folder = tmp_path / "runs" / "f"
+    assert {"last.pt", "console.log"} <= set(_visible(folder))
+    assert not (folder / output_guard.LOCK_NAME).exists()
+    console = (folder / "console.log").read_text()
+    assert "epoch   0 | loss" in console and console.splitlines()[-1].startswith("neutronorch: error: "), console
+    assert "diverged" in console.splitlines()[-1]
+
+
+def test_a_stopped_run_says_the_whole_command_that_continues_it(tmp_path, monkeypatch, capsys):
+    """The command a stop prints continues the run as given (its data and settings again, --resume added), and
+    the console copy ends with that line; the old advice, --resume and the run name alone, is refused naming
+    the data it trained on."""
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    _terminated_while_training(monkeypatch)
+    assert main(["train", "--dataset", TINY, *TRAIN, "--epochs", "2", "--run-name", "X"]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("neutronorch: interrupted: ") and "Traceback" not in err, err
+    assert (tmp_path / "runs/X/console.log").read_text().splitlines()[-1] == line
+    command = shlex.split(line.partition("continue it with ")[2])
+    assert command[:2] == ["neutronorch", "train"] and command[-1] == "--resume", line
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--resume", "--run-name", "X"]) == 2
+    assert f"It trained on --dataset {TINY!r}, and this run reads 'synthetic'" in capsys.readouterr().err
+    assert main(command[1:]) == 0
+    summary = json.loads((tmp_path / "runs/X/summary.json").read_text())
+    assert summary["status"] == "completed" and [e["epoch"] for e in summary["epochs"]] == [0, 1]
+
+
+def test_a_second_sigterm_stops_at_once_exiting_143_and_keeps_what_the_run_wrote(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    real = run_module.train_epoch
+
+    def epoch(run, epoch, *args, **kwargs):
+        if epoch == 1:  # after epoch 0's checkpoint: the first asks for a stop, the second stops at once
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(run, epoch, *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "train_epoch", epoch)
+    assert main(["train", "--dataset", TINY, *TRAIN, "--epochs", "3", "--run-name", "X"]) == 128 + signal.SIGTERM
+    assert "interrupted; stopped at once, writing nothing more (a last.pt is as it was)" in capsys.readouterr().err
+    assert {"last.pt", "console.log"} <= set(_visible(tmp_path / "runs/X"))
+
+
+def test_the_command_that_continues_a_run_drops_overwrite_and_names_a_generated_folder():
+    from neutronorch.cli.again import resume_command
+
+    assert resume_command(["--dataset", "a b", "--overwrite"], "2026-x") == \
+        "neutronorch train --dataset 'a b' --resume --run-name 2026-x"
+    assert resume_command(["--run-name=r", "--resume"], "r") == "neutronorch train --run-name=r --resume"
+    assert resume_command(None, "r") == "the same command with --resume --run-name r"
+
+
 def test_a_run_folder_keeps_the_console_and_a_timeline_named_beside_it(tmp_path, monkeypatch, capsys):
     pytest.importorskip("matplotlib")
     monkeypatch.chdir(tmp_path)

@@ -103,14 +103,20 @@ def _bad(tmp_path, edges="0,1\n1,2\n2,0\n", x="0,1.0\n1,2.0\n2,3.0\n", y="0,0\n1
 @pytest.mark.parametrize("change, problem", [
     (dict(x="0,1.0\n1,2.0\n"), r"x.csv: holds rows for 2 of the 3 vertices"),
     (dict(x="0,1.0\n1,2.0\n1,2.5\n2,3.0\n"), r"x.csv: lists vertex 1 more than once"),
-    (dict(x="0,1.0\n1,oops\n2,3.0\n"), r"x.csv: .*oops"),
-    (dict(edges="0,1\n1,2,3\n"), r"e.csv: its first lines hold 2, 3 columns"),
+    (dict(x="0,1.0\n1,oops\n2,3.0\n"), r"x.csv: line 2, column 2: 'oops' is not a number"),
+    # Past the lines that set the width and header: the line as an editor numbers it, after a header and a comment.
+    (dict(x="id,a,b\n# c\n" + "".join(f"{i},1.0,2.0\n" for i in range(60)) + "60,1.0\n"),
+     r"x.csv: line 63 holds 2 column\(s\), and the lines before it 3"),
+    (dict(x="".join(f"{i},1.0,2.0\n" for i in range(55)) + "55,1.0,abc\n"), r"x.csv: line 56, column 3: 'abc'"),
+    (dict(edges="0,1\n1,2,3\n"), r"e.csv: line 2 holds 3 column\(s\), and the lines before it 2"),
     (dict(edges="# nothing\n\n"), r"e.csv: holds no rows"),
+    (dict(y="id,label\n"), r"y.csv: holds a header \(id,label\) and no rows below it"),
     (dict(edges="0\n1\n"), r"e.csv: holds one column"),
     (dict(x=np.ones((2, 3)), names=("e.csv", "x.npy", "y.csv")), r"e.csv: uses vertex id 2, but .*x.npy holds rows "
                                                                   r"for vertices 0..1"),
     (dict(edges="a,b\nb,c\n", x=np.ones((3, 1)), names=("e.csv", "x.npy", "y.csv")), r"x.npy: lists its rows in id "
-                                                                                      r"order, but the ids are names"),
+                                                                                      r"order, but the ids are names "
+                                                                                      r"\(such as 'a'\)"),
     (dict(split="s.csv"), None),
     (dict(edges=np.zeros((2, 2), np.int64), names=("e.npy", "x.csv", "y.csv")), r"e.npy: .*2 x 2 is ambiguous"),
     (dict(y="0,0\n1,1\n1,0\n2,0\n"), r"y.csv: lists a vertex more than once"),
@@ -145,3 +151,18 @@ def test_convert_from_the_command_line_and_what_it_refuses(tmp_path, capsys):
         load_dataset(str(edges))
     with pytest.raises(ConfigError, match="`header` 'maybe'"):
         load_tables(edges, x, y, header="maybe")
+
+
+def test_pairs_given_by_the_tables_names_are_refused_saying_how_to_number_them(tmp_path, capsys):
+    edges, x, y = _write_named(tmp_path)
+    out = tmp_path / "out"
+    assert main(["convert", str(edges), str(out), "--features", str(x), "--labels", str(y)]) == 0
+    (tmp_path / "pairs.txt").write_text("v001 v002\n")
+    capsys.readouterr()
+    assert main(["predict", "--checkpoint", str(tmp_path / "best.pt"), "--dataset", str(out), "--pairs",
+                 str(tmp_path / "pairs.txt"), "--out", str(tmp_path / "s.npy")]) == 2
+    err = capsys.readouterr().err
+    assert "numbered the ids of your tables 0..n-1 in sorted order: give those numbers" in err
+    assert f"np.searchsorted(np.load('{out / 'node_ids.npy'}'), your_ids)" in err and "Traceback" not in err
+    ids = np.load(out / "node_ids.npy")
+    assert list(np.searchsorted(ids, ["v001", "v002"])) == [1, 2] and list(ids[[1, 2]]) == ["v001", "v002"]

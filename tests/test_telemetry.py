@@ -107,6 +107,12 @@ def test_utilisation_sees_a_busy_thread():
     assert not [t for t in threading.enumerate() if t.name == "neutronorch-utilisation"]
 
 
+def test_a_lane_whose_stages_all_round_to_zero_shows_its_busy_share_alone():
+    record = {"stage_seconds": {"hot_select": 0.001, "forward": 0.5}, "lane_busy": {"planner": 0.003, "trainer": 0.9}}
+    lines = epoch_table(record, TABLE).splitlines()
+    assert lines == ["    planner  busy   0.3%", "    trainer  busy  90.0% | forward 0.50"], lines
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["exact", "neutronorch"])
 def test_epoch_record_has_stages_lanes_utilisation_and_rows_moved(graph, mode):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import re
 
 import numpy as np
 import pytest
@@ -261,6 +262,15 @@ def test_threads_1_runs_torch_on_one_thread():
 def test_typed_settings_that_cannot_be_met_are_refused_before_training(mag, change, message):
     with pytest.raises(DataError, match=message):
         train(config(epochs=1), graph=dataclasses.replace(mag, **change(mag)))
+
+
+def test_the_loaded_line_gives_the_load_time_on_its_first_line_above_the_types(mag, tmp_path, caplog):
+    folder = write_typed(mag, tmp_path / "mag")
+    with caplog.at_level("INFO", logger="neutronorch"):
+        train(config(epochs=1, eval_every=-1, dataset=str(folder)))
+    lines = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("loaded ")).splitlines()
+    assert re.search(r"target paper \(.*\) in \d+\.\ds$", lines[0]), lines[0]
+    assert lines[-1].endswith(" edges") and len(lines) == 1 + len(mag.num_nodes) + len(mag.relations), lines
 
 
 def test_the_mode_line_names_the_fanouts_the_run_samples_with(mag, caplog):

@@ -76,11 +76,13 @@ def make_folder(folder: str | os.PathLike, exist_ok: bool = True) -> list[Path]:
 
 def remove_made(made: list[Path], also: tuple[str, ...] = ()) -> None:
     """Remove the folders ``make_folder`` made (deepest first) while they are empty once the files named in
-    ``also`` (a lock) are gone; the first that holds anything else is kept, and so are those above it."""
+    ``also`` (a lock) are gone; the first that holds anything else is kept, and so are those above it, with
+    the files of ``also`` in it (a failed run's console copy stays beside the checkpoints it wrote)."""
     for folder in made:
         with contextlib.suppress(OSError):
-            for name in also:
-                (folder / name).unlink(missing_ok=True)
+            if also and {p.name for p in folder.iterdir()} <= set(also):
+                for name in also:
+                    (folder / name).unlink(missing_ok=True)
         try:
             folder.rmdir()
         except FileNotFoundError:

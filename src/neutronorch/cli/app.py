@@ -16,7 +16,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from neutronorch.cli.info import dataset_info
+from neutronorch.cli.again import resume_command, to_console_log
+from neutronorch.cli.info import dataset_info, renumbered
 from neutronorch.cli.options import RUN_FOLDER_KEYS, build_parser
 from neutronorch.cli.partition import cmd_partition
 from neutronorch.config import TrainConfig
@@ -108,13 +109,16 @@ class _ProgressBar:
 def _cmd_train(args: argparse.Namespace) -> int:
     given = [args.config] if getattr(args, "config", None) else []
     values = load_config_file(given[0], extra=dict.fromkeys(RUN_FOLDER_KEYS, "outputs")) if given else {}
-    values.update({k: v for k, v in vars(args).items() if k not in ("command", "config")})
+    values.update({k: v for k, v in vars(args).items() if k not in ("command", "config", "words")})
     run_name, save = values.pop("run_name", None), values.pop("save", True)
     rank = launcher_rank()
     config, folder = _outputs(TrainConfig(**values), run_name, save, given, rank)
     try:
-        return _train(config, folder, rank)
-    except BaseException:
+        return _train(config, folder, rank, getattr(args, "words", None))
+    except BaseException as exc:
+        # The console copy ends as the console did; not an earlier run's copy that --overwrite put back.
+        if isinstance(exc, NeutronorchError) and not rank and not getattr(exc, "earlier_kept", False):
+            to_console_log(config.console_log, f"neutronorch: error: {as_flags(str(exc))}")
         if folder is not None:
             folder.discard_if_empty()  # the run failed before writing anything: it leaves no folder
         raise
@@ -144,7 +148,7 @@ def _outputs(config: TrainConfig, run_name, save, config_file: list, rank: int |
     return open_run_folder(config, run_name, {"config": config_file} if config_file else None)
 
 
-def _train(config: TrainConfig, folder, rank: int | None) -> int:
+def _train(config: TrainConfig, folder, rank: int | None, words: list[str] | None = None) -> int:
     from neutronorch.observe.report import reuse_summary
     from neutronorch.train.trainer import train
 
@@ -153,7 +157,7 @@ def _train(config: TrainConfig, folder, rank: int | None) -> int:
 
     def on_signal(signum, frame):
         if stop.is_set():
-            raise KeyboardInterrupt  # a second signal: stop at once
+            raise KeyboardInterrupt(signum)  # a second signal: stop at once, exiting with 128 + its number
         received.append(signum)
         stop.set()
         logging.getLogger("neutronorch").warning(
@@ -164,9 +168,9 @@ def _train(config: TrainConfig, folder, rank: int | None) -> int:
     try:
         summary = train(config, progress=bar, stop=stop)
     except Interrupted as exc:
-        saved = (f"continue it with --resume --run-name {folder.path.name}; results so far in {folder.path}/"
-                 if folder is not None else
-                 f"continue from {config.checkpoint_dir}/last.pt with --resume" if config.checkpoint_dir
+        again = resume_command(None if rank is not None else words, folder.path.name if folder else None)
+        saved = (f"results so far in {folder.path}/; continue it with {again}" if folder is not None else
+                 f"continue it from {config.checkpoint_dir}/last.pt with {again}" if config.checkpoint_dir
                  else "nothing was saved (no --checkpoint-dir)")
         if config.checkpoint_dir and not (Path(config.checkpoint_dir) / "last.pt").is_file():
             saved = "it stopped before its first checkpoint: there is nothing to resume, start it again"
@@ -174,6 +178,8 @@ def _train(config: TrainConfig, folder, rank: int | None) -> int:
             saved = "it stopped before its first checkpoint: the earlier run's results it was to replace are kept"
         if not rank:
             print(f"neutronorch: interrupted: {exc}; {saved}", file=sys.stderr)
+            if not getattr(exc, "earlier_kept", False):
+                to_console_log(config.console_log, f"neutronorch: interrupted: {exc}; {saved}")
         return 128 + (received[0] if received else signal.SIGTERM)  # a rank stopped by another's signal
     finally:
         for s, handler in previous.items():
@@ -302,8 +308,10 @@ def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
     reads = {"checkpoint": [args.checkpoint], "dataset": dataset_paths(args.dataset),
              "nodes": [] if args.nodes in (None, *NODE_SETS) else [args.nodes], "pairs": [given] if given else []}
     check_output_path(args.out, scratch, reads, args.overwrite)
-    # Read once, here, so a bad file fails before the data loads; the file stays named in later errors.
-    options = {"pairs": read_pairs(given), "layout": "columns", "source": given} if pairs else {}
+    try:  # read once, here, so a bad file fails before the data loads; the file stays named in later errors
+        options = {"pairs": read_pairs(given), "layout": "columns", "source": given} if pairs else {}
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}{renumbered(args.dataset)}") from None
     checkpoint = load_checkpoint(args.checkpoint, kind=TYPED if typed else HOMOGENEOUS)
     if pairs is not None:
         check_task(checkpoint, pairs)
@@ -345,7 +353,8 @@ def _cmd_embed(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     checkpoint, graph, options = _inference(args)
     out = embed(checkpoint, graph, args.layer, args.nodes, node_type=args.node_type, **options)
-    which = f"layer {args.layer or '(the last hidden)'}" + (f", vertex type {args.node_type}" if args.node_type else "")
+    which = ("the last hidden layer" if args.layer is None else f"layer {args.layer}") + (
+        f", vertex type {args.node_type}" if args.node_type else "")
     print(f"wrote {out.shape[0]:,} x {out.shape[1]} embeddings ({which}) of {graph.name} to {args.out} in "
           f"{time.perf_counter() - t0:.1f}s")
     return 0
@@ -358,6 +367,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "train":  # its words, for the command that continues a stopped run
+        words = list(sys.argv[1:] if argv is None else argv)
+        args.words = words[words.index("train") + 1:]
     handlers = {"train": _cmd_train, "convert": _cmd_convert, "generate": _cmd_generate, "info": _cmd_info,
                 "partition": cmd_partition, "predict": _cmd_predict, "embed": _cmd_embed}
     _configure_logging()
@@ -377,10 +389,10 @@ def main(argv: list[str] | None = None) -> int:
         where = "" if rank is None else f" (rank {rank})"
         print(f"neutronorch: error{where}: {as_flags(str(exc))}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("neutronorch: interrupted" + ("" if args.command == "train" else "; nothing was written"),
-              file=sys.stderr)
-        return 128 + (terminated[0] if terminated else signal.SIGINT)
+    except KeyboardInterrupt as exc:  # train's second signal carries its number
+        print("neutronorch: interrupted" + ("; stopped at once, writing nothing more (a last.pt is as it was)"
+                                            if args.command == "train" else "; nothing was written"), file=sys.stderr)
+        return 128 + (terminated[0] if terminated else exc.args[0] if exc.args else signal.SIGINT)
     finally:
         if own_term:
             signal.signal(signal.SIGTERM, previous)

@@ -186,9 +186,12 @@ def _from_text(path: Path, role: str, header: str) -> Column:
     rows = [line.split(delimiter) if delimiter else line.split() for line in sample]
     widths = {len(row) for row in rows}
     if len(widths) > 1:
-        raise DataError(f"{path}: its first lines hold {', '.join(map(str, sorted(widths)))} columns; every line "
-                        f"of a table holds as many as the first.")
+        raise DataError(f"{path}: " + (_first_bad_line(path, delimiter, first, [], None, len(rows[0])) or
+                                       f"its first lines hold {', '.join(map(str, sorted(widths)))} columns; every "
+                                       f"line of a table holds as many as the first."))
     named = header == "yes" or (header == "auto" and _is_header(rows))
+    if named and len(rows) == 1:
+        raise DataError(f"{path}: holds a header ({','.join(rows[0])}) and no rows below it; give the table's rows.")
     width = widths.pop()
     start = first + 1 if named else first
     shown = {"\t": "tab", None: "spaces"}.get(delimiter, repr(delimiter))
@@ -199,12 +202,12 @@ def _from_text(path: Path, role: str, header: str) -> Column:
     if role == "edges":
         if width > 2:
             said = said[:-1] + f"; columns 3-{width} not used)"
-        return Column(path, None, _load(path, delimiter, start, [0, 1], None), said)
+        return Column(path, None, _load(path, delimiter, start, [0, 1], None, width), said)
     if role == "labels" and width == 1:  # a label per line, in id order
-        return Column(path, None, _load(path, delimiter, start, [0], None), said)
-    ids = _load(path, delimiter, start, [0], None)[:, 0]
+        return Column(path, None, _load(path, delimiter, start, [0], None, width), said)
+    ids = _load(path, delimiter, start, [0], None, width)[:, 0]
     return Column(path, ids, _load(path, delimiter, start, list(range(1, width)),
-                                   np.float32 if role == "features" else None), said)
+                                   np.float32 if role == "features" else None, width), said)
 
 
 _LAYOUT = {"edges": "an edge table's lines hold a source id and a destination id.",
@@ -249,16 +252,39 @@ def _is_header(rows: list[list[str]]) -> bool:
                               for j, field in enumerate(head))
 
 
-def _load(path: Path, delimiter: str | None, skip: int, columns: list[int], kind) -> np.ndarray:
+def _load(path: Path, delimiter: str | None, skip: int, columns: list[int], kind, width: int) -> np.ndarray:
     """``columns`` of the rows from line ``skip`` on: as ``kind``, else whole numbers where every value is one,
-    else text."""
+    else text. A table numpy refuses is refused naming its first bad line as an editor numbers it."""
     for dtype in ([kind] if kind is not None else [np.int64, str]):
         try:
             return np.loadtxt(path, delimiter=delimiter, skiprows=skip, usecols=columns, dtype=dtype, ndmin=2,
                               comments="#", quotechar='"', encoding="utf-8")
         except ValueError as exc:
             problem = str(exc)
-    raise DataError(f"{path}: {problem}")
+    raise DataError(f"{path}: {_first_bad_line(path, delimiter, skip, columns, kind, width) or problem}")
+
+
+def _first_bad_line(path: Path, delimiter: str | None, skip: int, columns: list[int], kind, width: int) -> str:
+    """Where a table goes wrong, by line number from 1 (numpy counts rows after the header, and not alike in
+    its messages): a line of another width than the first's, or a value that is no number where numbers are
+    read. Empty when none is found (numpy's message stands)."""
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8", newline="") as text:
+            for number, line in enumerate(text, 1):
+                line = line.partition("#")[0].strip()
+                if number <= skip or not line:
+                    continue
+                fields = [f.strip().strip('"') for f in (line.split(delimiter) if delimiter else line.split())]
+                if len(fields) != width:
+                    return (f"line {number} holds {len(fields)} column(s), and the lines before it {width}; every "
+                            f"line of a table holds as many as the first.")
+                bad = next((c for c in columns if kind is not None and not _is_number(fields[c])), None)
+                if bad is not None:
+                    return f"line {number}, column {bad + 1}: {fields[bad]!r} is not a number."
+    except (OSError, UnicodeDecodeError, EOFError):
+        pass
+    return ""
 
 
 def _numbering(edges: Path, ends: np.ndarray, tables: list[Column]) -> tuple[np.ndarray | None, int]:
@@ -269,7 +295,7 @@ def _numbering(edges: Path, ends: np.ndarray, tables: list[Column]) -> tuple[np.
     names = [a for a in (ends, *listed) if a.dtype.kind not in "iu"]
     if names and ordered:
         raise DataError(f"{ordered[0].path}: lists its rows in id order, but the ids are names (such as "
-                        f"{names[0].ravel()[0]!r}); give a table whose lines start with the vertex id.")
+                        f"{str(names[0].ravel()[0])!r}); give a table whose lines start with the vertex id.")
     every = np.concatenate([a.astype(str) if names else a for a in (ends, *listed)])
     if not names:
         rows = max((t.values.shape[0] for t in ordered), default=0)

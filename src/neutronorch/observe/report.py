@@ -16,7 +16,7 @@ def epoch_table(record: dict, table: StageTable) -> str:
     lines = []
     for lane, share in record.get("lane_busy", {}).items():
         parts = " ".join(f"{s} {v:.2f}" for s, v in stages.items() if table.lane_of(s) == lane and v >= 0.005)
-        lines.append(f"    {lane:<8} busy {100 * share:5.1f}% | {parts}")
+        lines.append(f"    {lane:<8} busy {100 * share:5.1f}%" + (f" | {parts}" if parts else ""))
     util = record.get("utilisation")
     if util:
         line = (f"    cpu      {util['process_cores']:.2f} cores busy "

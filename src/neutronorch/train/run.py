@@ -297,7 +297,10 @@ def check_resumable(state: dict, config: TrainConfig, graph: Graph | TypedGraph,
     differ = [f"`{k}` {saved.get(k, defaults[k])!r} then, {now[k]!r} now" for k in sorted(compared)
               if saved.get(k, defaults[k]) != now[k]]
     if differ:
-        raise CheckpointError(f"{source}: the run it continues had other settings: {'; '.join(differ)}. Resume "
+        data = (f" It trained on `dataset` {saved['dataset']!r}, and this run reads {now['dataset']!r}: a resumed "
+                f"run is given its data and settings again, as they were." if saved.get("dataset") != now["dataset"]
+                else "")
+        raise CheckpointError(f"{source}: the run it continues had other settings: {'; '.join(differ)}.{data} Resume "
                               f"with the same settings (only outputs, epochs, evaluation, threads, device and precision may "
                               f"change), or start a new run in another `checkpoint_dir`.")
     if state.get("rng") is None:

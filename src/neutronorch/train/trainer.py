@@ -123,7 +123,8 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
         graph = load_typed_dataset(config.dataset) if options is not None else load_dataset(
             config.dataset, None if is_link_split(config.split) else config.split, config.seed, config.split_index)
         data_seconds = time.perf_counter() - t0
-        logger.info(f"loaded {graph.describe()} in {data_seconds:.1f}s")
+        first, _, types = graph.describe().partition("\n")  # a typed graph's types and relations below the line
+        logger.info(f"loaded {first} in {data_seconds:.1f}s" + (f"\n{types}" if types else ""))
     for note in graph.notes if world.main else []:  # the same on every rank
         logger.warning(f"note: {note}")
     # Every reader of the rows (each mode, the caches, evaluation, checkpoints' fingerprint) reads these.
