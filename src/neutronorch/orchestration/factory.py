@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from neutronorch.capabilities import check_static
 from neutronorch.config import SamplingConfig, TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.data.typed import RelationType, TypedGraph
@@ -80,6 +81,7 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
     ``device``, recording into ``spans`` (default its own) with ``threads`` (default one per stage).
     ``shard`` = (rank, world): data parallel, the mode trains part ``rank`` of each global batch; ``node``:
     this node's ranks (``hot_set="node"``); ``fanouts``: a typed graph's, per relation."""
+    check_static(graph)  # no mode samples by time yet (docs/temporal.md)
     threads = threads or Threads(1, 1, 1)
     spans = spans if spans is not None else Spans()
     typed = isinstance(graph, TypedGraph)
