@@ -175,3 +175,48 @@ def test_what_does_not_sample_by_time_refuses_a_timed_graph():
         train(TrainConfig(fanouts=[2], epochs=1, hidden=4), g)
     static = dataclasses.replace(g, edge_time=None, node_time=None)
     assert next(iter(NeighborLoader(static, [2], 4))).batch_size == 4  # the fix the message gives works
+
+
+def test_pyg_times_round_trip_and_are_read_by_length():
+    pytest.importorskip("torch_geometric")
+    from torch_geometric.data import Data, HeteroData
+
+    from neutronorch.data.interop import from_pyg, from_pyg_hetero, to_pyg, to_pyg_hetero
+
+    g = timed_graph(undirected=False)
+    data = to_pyg(g)
+    assert torch.equal(data.edge_time, torch.from_numpy(g.edge_time)) and data.time.shape == (g.num_nodes,)
+    back = from_pyg(data, undirected=False)
+    assert np.array_equal(back.edge_time, g.edge_time) and np.array_equal(back.node_time, g.node_time)
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 3]])
+    as_edges = from_pyg(Data(x=torch.zeros(10, 2), y=torch.arange(10) % 2, edge_index=edge_index,
+                             time=torch.tensor([3, 1, 2])), undirected=False)  # 3 entries: one per edge
+    assert as_edges.edge_time.tolist() == [3, 1, 2] and as_edges.node_time is None
+    with pytest.raises(DataError, match="`time` holds 4 entries"):
+        from_pyg(Data(x=torch.zeros(10, 2), y=torch.arange(10) % 2, edge_index=edge_index, time=torch.zeros(4)))
+    typed = TypedGraph.of(g).with_reverse()
+    hetero = to_pyg_hetero(typed)
+    read = from_pyg_hetero(hetero, target=VERTEX)
+    for key, relation in typed.relations.items():
+        assert np.array_equal(read.relations[key].edge_time, relation.edge_time)
+    assert np.array_equal(read.node_time[VERTEX], g.node_time)
+    assert isinstance(hetero, HeteroData)
+
+
+def test_dgl_times_round_trip():
+    pytest.importorskip("dgl")
+    from neutronorch.data.interop import from_dgl, from_dgl_hetero, to_dgl, to_dgl_hetero
+
+    g = timed_graph(undirected=False)
+    dg = to_dgl(g)
+    assert torch.equal(dg.edata["timestamp"], torch.from_numpy(g.edge_time))
+    back = from_dgl(dg, undirected=False)
+    assert np.array_equal(back.edge_time, g.edge_time) and np.array_equal(back.node_time, g.node_time)
+    dg.edata["time"] = dg.edata["timestamp"]
+    with pytest.raises(DataError, match="holds both timestamp and time"):
+        from_dgl(dg)
+    typed = TypedGraph.of(g).with_reverse()
+    read = from_dgl_hetero(to_dgl_hetero(typed), target=VERTEX)
+    for key, relation in typed.relations.items():
+        assert np.array_equal(read.relations[key].edge_time, relation.edge_time)
+    assert np.array_equal(read.node_time[VERTEX], g.node_time)
