@@ -220,3 +220,45 @@ def test_dgl_times_round_trip():
     for key, relation in typed.relations.items():
         assert np.array_equal(read.relations[key].edge_time, relation.edge_time)
     assert np.array_equal(read.node_time[VERTEX], g.node_time)
+
+
+JODIE = """user_id,item_id,timestamp,state_label,comma_separated_list_of_features
+0,0,0.0,0,0.1,0.2
+1,0,36.0,0,0.3,0.4
+0,1,77.0,1,0.5,0.6
+2,1,77.0,0,0.7,0.8
+"""
+
+
+def test_jodie_interactions_convert_to_a_typed_graph_with_times(tmp_path):
+    from neutronorch.cli.app import main
+    from neutronorch.data.jodie import RELATION, load_jodie
+
+    source = tmp_path / "wiki.csv"
+    source.write_text(JODIE)
+    g = load_jodie(source)
+    relation = g.relations[RELATION]
+    assert g.num_nodes == {"user": 3, "item": 2} and relation.edge_time.dtype == np.int64
+    assert relation.indices.tolist() == [0, 1, 0, 2] and relation.edge_time.tolist() == [0, 36, 77, 77]
+    assert relation.edge_features[:, 0].tolist() == pytest.approx([0.1, 0.3, 0.5, 0.7])
+    assert main(["convert", str(source), str(tmp_path / "out")]) == 0
+    read = read_typed(tmp_path / "out")
+    assert np.array_equal(read.relations[RELATION].edge_time, relation.edge_time)
+    assert dataset_info(str(tmp_path / "out"))["relations"][0]["edge_time"]["in_edges_sorted"] is True
+
+
+@pytest.mark.parametrize("text, words", [
+    (JODIE.replace("77.0,1", "7.0,1"), "line 4 has timestamp 7.0, before the line above's 36.0"),
+    (JODIE.replace("1,0,36.0", "1.5,0,36.0"), "line 3 has user_id 1.5"),
+    (JODIE.replace("36.0", "nan"), "line 3 has timestamp nan"),
+    (JODIE.replace("0.3,0.4", "0.3"), "not a table of numbers of one width"),
+    (JODIE.split("\n")[0] + "\n", "holds a header and no interaction"),
+])
+def test_bad_jodie_files_are_clear_errors(tmp_path, text, words):
+    from neutronorch.data.jodie import load_jodie
+
+    source = tmp_path / "bad.csv"
+    source.write_text(text)
+    with pytest.raises(DataError) as error:
+        load_jodie(source)
+    assert words in str(error.value)
