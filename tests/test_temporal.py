@@ -262,3 +262,28 @@ def test_bad_jodie_files_are_clear_errors(tmp_path, text, words):
     with pytest.raises(DataError) as error:
         load_jodie(source)
     assert words in str(error.value)
+
+
+def test_ogb_years_are_read_as_times_when_asked(tmp_path):
+    from test_ogb import N, _write_csv, make_arxiv_like
+    from test_ogb_link import make_collab_like
+
+    from neutronorch.data.ogb import load_ogb
+    from neutronorch.data.ogb_link import load_ogb_link
+
+    make_arxiv_like(tmp_path / "ogbn_arxiv")
+    assert load_ogb(tmp_path / "ogbn_arxiv").node_time is None  # only when asked: a static graph otherwise
+    with pytest.raises(DataError, match="node_year.csv.gz: missing"):
+        load_ogb(tmp_path / "ogbn_arxiv", times=True)
+    years = np.arange(N) % 30 + 1990
+    _write_csv(tmp_path / "ogbn_arxiv" / "raw" / "node_year.csv.gz", years, "{}")
+    assert np.array_equal(load_ogb(tmp_path / "ogbn_arxiv", times=True).node_time, years)
+    make_collab_like(tmp_path / "ogbl_collab")
+    raw = tmp_path / "ogbl_collab" / "raw"
+    edges = np.loadtxt(raw / "edge.csv.gz", delimiter=",", dtype=np.int64)
+    edge_years = np.loadtxt(raw / "edge_year.csv.gz", dtype=np.int64)
+    g = load_ogb_link(tmp_path / "ogbl_collab", times=True)
+    stored = {(int(u), v, int(t)) for v, c in columns(g) for u, t in zip(g.indices[c], g.edge_time[c])}
+    given = {(int(s), int(d), int(t)) for (s, d), t in zip(edges, edge_years) if s != d}
+    assert stored == given | {(d, s, t) for s, d, t in given}  # each year's collaboration both ways
+    assert load_ogb_link(tmp_path / "ogbl_collab").edge_time is None
