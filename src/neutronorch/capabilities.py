@@ -74,10 +74,11 @@ LOADER_KIND_REFUSED = {
                        "relation's edges) trains through train().",
 }
 # A graph with edge or vertex times (docs/temporal.md): what does not sample it by time yet refuses it.
-TEMPORAL_REFUSED = ("temporal sampling: not yet in training, the loaders, NeutronOrch mode, the device sampler or "
-                    "predict/embed, which would sample {name} without its times and see each seed's future; sample "
-                    "it with neutronorch.sampling.temporal_sampler (docs/temporal.md), or drop its times "
-                    "(dataclasses.replace(graph, edge_time=None, node_time=None)) to use it as a static graph.")
+TEMPORAL_REFUSED = ("temporal sampling: {name} carries times, and training, predict/embed and a loader without "
+                    "`time_attr` would sample it without them and see each seed's future; not yet in training "
+                    "(docs/temporal.md). Sample it by time with NeighborLoader(..., time_attr='edge_time', "
+                    "input_time=...), or drop its times (dataclasses.replace(graph, edge_time=None, node_time=None)) "
+                    "to use it as a static graph.")
 
 
 def check_static(graph) -> None:

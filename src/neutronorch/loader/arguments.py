@@ -12,6 +12,9 @@ from neutronorch.capabilities import LOADER_KIND_REFUSED, LOADER_MODES, LOADER_R
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
 from neutronorch.data.pairs import pair_columns
 from neutronorch.errors import ConfigError
+from neutronorch.limits import check_switch
+from neutronorch.orchestration.temporal import TemporalRequest
+from neutronorch.sampling.temporal_sampler import check_strategy, seed_times
 
 SEED_SETS = {"train": "train_idx", "val": "val_idx", "valid": "val_idx", "test": "test_idx", "all": None}
 LINK_SETS = {"train": "train", "val": "val", "valid": "val", "test": "test"}  # LinkSplit's sets
@@ -146,3 +149,43 @@ def check_count(name: str, value, low: int) -> int:
     if value < low:
         raise ConfigError(f"`{name}` {value}: must be at least {low}.")
     return int(value)
+
+
+def resolve_temporal(graph: Graph | TypedGraph, seeds: np.ndarray, time_attr, input_time, strategy, strict
+                     ) -> TemporalRequest | None:
+    """PyG's temporal arguments of ``NeighborLoader`` (docs/temporal.md, "The loader"): ``time_attr`` names
+    the edge times to sample by (``edge_time``; ``time`` where the graph's only times are edge times),
+    ``input_time`` gives each of ``seeds`` its time (default: the seeds' vertex times), ``temporal_strategy``
+    ``uniform`` or ``last``, ``strict`` edges before the time only. None without ``time_attr``."""
+    if time_attr is None:
+        given = [name for name, unset in (("input_time", input_time is None),
+                                          ("temporal_strategy", isinstance(strategy, str) and strategy == "uniform"),
+                                          ("strict_time", strict is False)) if not unset]
+        if given:
+            raise ConfigError(f"`{'`, `'.join(given)}`: settings of sampling by time, which `time_attr` asks for; "
+                              f"give time_attr='edge_time' (docs/temporal.md), or leave them out.")
+        return None
+    if isinstance(graph, TypedGraph):
+        raise ConfigError("`time_attr`: temporal sampling: not yet in a typed graph's loader (docs/temporal.md).")
+    if time_attr not in ("edge_time", "time"):
+        raise ConfigError(f"`time_attr` {time_attr!r}: the loader samples by the graph's edge times: give "
+                          f"'edge_time' (or 'time', PyG's name, where the graph's only times are edge times).")
+    if graph.edge_time is None:
+        what = "vertex times but no edge times" if graph.node_time is not None else "no times"
+        raise ConfigError(f"`time_attr` {time_attr!r}: {graph.name} has {what}; temporal sampling: sampling by "
+                          f"vertex times is not yet offered, the loader samples by edge times (docs/temporal.md).")
+    if time_attr == "time" and graph.node_time is not None:
+        raise ConfigError(f"`time_attr` 'time': {graph.name} has vertex and edge times, and PyG's 'time' names the "
+                          f"vertex times; sampling by vertex times is not yet offered: give time_attr='edge_time' "
+                          f"to sample by its edge times (docs/temporal.md).")
+    check_switch(strict, "`strict_time`")
+    check_strategy(strategy)
+    if input_time is None:
+        if graph.node_time is None:
+            raise ConfigError("`input_time`: give each seed its time (one per seed, in the seeds' order); the graph "
+                              "has no vertex times to take them from.")
+        input_time = np.asarray(graph.node_time)[seeds]
+    else:
+        input_time = _as_array("input_time", input_time, "one time per seed (a tensor, an array or a list)")
+    times = seed_times(input_time, seeds.shape[0], graph.edge_time.dtype, "`input_time`", "loader")
+    return TemporalRequest(times, strategy, bool(strict))

@@ -13,7 +13,7 @@ from neutronorch.data.interop import optional
 from neutronorch.data.typed import TypedGraph
 from neutronorch.orchestration.batch import MiniBatch, target_labels
 from neutronorch.orchestration.mode import StepInputs
-from neutronorch.sampling.block import Block, hop_counts, pyg_form, typed_pyg_form
+from neutronorch.sampling.block import Block, hop_counts, pyg_edge_ids, pyg_form, typed_pyg_form
 
 
 class SampledBatch:
@@ -140,17 +140,36 @@ class SampledBatch:
 
 class LoaderBatch(SampledBatch):
     """A mini-batch handed out by ``NeighborLoader``: ``SampledBatch``'s fields and ``y``, the seeds'
-    labels (one per seed, or one row of tasks)."""
+    labels (one per seed, or one row of tasks); sampled by time (``edge_time``: the graph's), ``seed_time``,
+    ``input_time`` and ``e_id`` too (docs/temporal.md, "The loader")."""
 
     def __init__(self, minibatch: MiniBatch, inputs: StepInputs, input_id: torch.Tensor,
-                 labels: Callable[[torch.Tensor], torch.Tensor], reused: bool = True):
+                 labels: Callable[[torch.Tensor], torch.Tensor], reused: bool = True, edge_time=None):
         super().__init__(minibatch, inputs, input_id, reused)
         self.y = minibatch.labels
         self._labels = labels  # global ids -> labels, on the batch's device
+        self._edge_time = edge_time
+
+    @property
+    def seed_time(self) -> torch.Tensor | None:
+        """Sampled by time: the time of each entry of ``n_id`` (its seed's; a vertex may be two entries)."""
+        return self.blocks[0].src_time
+
+    @property
+    def input_time(self) -> torch.Tensor | None:
+        """Sampled by time: the seeds' times (PyG's ``input_time`` of the batch)."""
+        times = self.blocks[-1].src_time
+        return None if times is None else times[:self.batch_size]
 
     def _pyg_fields(self, n_id: torch.Tensor) -> dict:
-        """As PyG's ``NeighborLoader``: ``y``, a label per vertex of ``n_id``, and ``batch_size``."""
-        return {"y": self._labels(n_id), "batch_size": self.batch_size}
+        """As PyG's ``NeighborLoader``: ``y``, a label per vertex of ``n_id``, and ``batch_size``; sampled by
+        time, ``seed_time`` and ``input_time``, and ``e_id`` and ``edge_time`` of ``edge_index``'s edges."""
+        fields = {"y": self._labels(n_id), "batch_size": self.batch_size}
+        if self._edge_time is not None:
+            e_id = pyg_edge_ids(self.blocks)
+            fields.update(seed_time=self.seed_time, input_time=self.input_time, e_id=e_id,
+                          edge_time=torch.from_numpy(self._edge_time[e_id.cpu().numpy()]).to(e_id.device))
+        return fields
 
     def _dgl_fields(self, blocks: list) -> None:
         blocks[-1].dstdata["label"] = self.y

@@ -13,7 +13,8 @@ import torch
 
 from neutronorch.data.link_checks import check_graph_links
 from neutronorch.data.links import LinkSplit, check_negatives_fit
-from neutronorch.loader.arguments import check_negatives, resolve_edges, resolve_seeds
+from neutronorch.errors import ConfigError
+from neutronorch.loader.arguments import check_negatives, resolve_edges, resolve_seeds, resolve_temporal
 from neutronorch.loader.base import EpochLoader
 from neutronorch.loader.batch import LinkLoaderBatch, LoaderBatch, TypedLoaderBatch
 
@@ -25,15 +26,19 @@ class NeighborLoader(EpochLoader):
 
     ``NeighborLoader(graph, fanouts, batch_size, *, seeds="train", shuffle=True, seed=0, device="cpu",
     mode="exact", epoch=0, start=0, drop_last=False, sampler_threads=0, prefetch=2, reuse_buffers=True,
-    model=None, **options)``"""
+    model=None, time_attr=None, input_time=None, temporal_strategy="uniform", strict_time=False, **options)``;
+    ``time_attr`` and what follows it: sampling by time (docs/temporal.md, "The loader")."""
 
-    def __init__(self, graph, fanouts, batch_size: int, *, seeds="train", **settings):
+    def __init__(self, graph, fanouts, batch_size: int, *, seeds="train", time_attr=None, input_time=None,
+                 temporal_strategy: str = "uniform", strict_time: bool = False, **settings):
         self._seeds_given = seeds
+        self._time_given = (time_attr, input_time, temporal_strategy, strict_time)
         self._labels: torch.Tensor | None = None
         super().__init__(graph, fanouts, batch_size, **settings)
 
     def _resolve(self):
         self.seeds = torch.from_numpy(resolve_seeds(self.graph, self._seeds_given))
+        self.temporal = resolve_temporal(self.graph, self.seeds.numpy(), *self._time_given)
         if self.typed:
             self.graph = self.graph.with_reverse()
             if self.graph.labels is None:  # its batches' y: -1
@@ -44,7 +49,8 @@ class NeighborLoader(EpochLoader):
     def _make_batch(self, minibatch, inputs, input_id) -> LoaderBatch | TypedLoaderBatch:
         if self.typed:
             return TypedLoaderBatch(minibatch, inputs, input_id, self.graph)
-        return LoaderBatch(minibatch, inputs, input_id, self._labels_of, self.reuse_buffers)
+        return LoaderBatch(minibatch, inputs, input_id, self._labels_of, self.reuse_buffers,
+                           None if self.temporal is None else self.graph.edge_time)
 
     def _labels_of(self, ids: torch.Tensor) -> torch.Tensor:
         """Labels of global ids (PyG's ``y``, one per sampled vertex), on the ids' device."""
@@ -69,7 +75,11 @@ class LinkNeighborLoader(EpochLoader):
     task = "link"
 
     def __init__(self, graph, fanouts, batch_size: int, *, edges="train", negatives: int = 1,
-                 layout: str | None = None, **settings):
+                 layout: str | None = None, edge_label_time=None, time_attr=None, **settings):
+        if edge_label_time is not None or time_attr is not None:
+            raise ConfigError("`edge_label_time`, `time_attr`: temporal sampling: not yet in LinkNeighborLoader (a "
+                              "temporal link task draws its negatives as of each positive's time, still to come; "
+                              "docs/temporal.md).")
         self._edges_given, self._layout = edges, layout
         self.negatives = check_negatives(negatives)
         super().__init__(graph, fanouts, batch_size, **settings)

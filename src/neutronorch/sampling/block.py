@@ -155,6 +155,13 @@ def pyg_form(blocks: list[Block]) -> tuple[torch.Tensor, list[int], list[int]]:
     return form.edge_index[one], form.num_sampled_nodes[""], form.num_sampled_edges[one]
 
 
+def pyg_edge_ids(blocks: list[Block]) -> torch.Tensor:
+    """The CSC positions (``Block.edge_ids``) of ``pyg_form``'s edges, in its ``edge_index`` order."""
+    one = ("", "", "")
+    tblocks = [TypedBlock({"": b.num_dst}, {"": b.num_src}, {one: b}, edge_ids={one: b.edge_ids}) for b in blocks]
+    return typed_pyg_form(tblocks, [""], [one]).edge_ids[one]
+
+
 @dataclass
 class TypedPygForm:
     """Typed blocks as PyG's heterogeneous ``NeighborLoader`` lays out a sampled subgraph (``typed_pyg_form``).

@@ -39,16 +39,21 @@ def check_strategy(strategy) -> bool:
     return strategy == "last"
 
 
-def seed_cuts(seed_time, count: int, dtype: np.dtype, what: str = "seed times") -> tuple[np.ndarray, np.ndarray]:
-    """The batch's distinct seed times (ascending, in the edge times' ``dtype``) and each seed's rank among
-    them. Integer edge times take whole-number seed times only (a fraction would be cut one way or the
-    other unsaid)."""
-    times = time_array(seed_time, count, what, "sampler")
+def seed_times(seed_time, count: int, dtype: np.dtype, what: str = "seed times", source: str = "sampler"
+               ) -> np.ndarray:
+    """``seed_time`` (one per seed) in the edge times' ``dtype``. Integer edge times take whole-number seed
+    times only (a fraction would be cut one way or the other unsaid)."""
+    times = time_array(seed_time, count, what, source)
     if np.dtype(dtype).kind == "i" and times.dtype.kind == "f":
         if not np.array_equal(times, np.floor(times)) or np.abs(times).max(initial=0) >= 2.0 ** 63:
-            raise DataError(f"sampler: {what} hold fractions, but the graph's edge times are whole numbers; give "
+            raise DataError(f"{source}: {what} hold fractions, but the graph's edge times are whole numbers; give "
                             f"whole-number seed times (floor them for edges at or before, ceil them for strict).")
-    cuts, ranks = np.unique(times.astype(dtype, copy=False), return_inverse=True)
+    return times.astype(dtype, copy=False)
+
+
+def seed_cuts(seed_time, count: int, dtype: np.dtype, what: str = "seed times") -> tuple[np.ndarray, np.ndarray]:
+    """The batch's distinct seed times (ascending, in ``seed_times``' dtype) and each seed's rank among them."""
+    cuts, ranks = np.unique(seed_times(seed_time, count, dtype, what), return_inverse=True)
     return cuts, ranks.astype(np.int64).reshape(-1)
 
 

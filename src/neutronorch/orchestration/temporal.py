@@ -1,0 +1,63 @@
+"""A temporal node loader's sampling (docs/temporal.md, "The loader"): ``NeighborLoader(time_attr=...,
+input_time=...)`` asks for it with a ``TemporalRequest``, and exact mode then samples each batch's seeds at
+their times with ``TemporalNeighborSampler``. A seed's time is a function of the seed (a vertex is a seed once
+per epoch), so a batch still depends only on its seeds and its key: resume mid-epoch replays it exactly.
+What cannot run with time yet is refused here, with the reason."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from neutronorch.config import SamplingConfig, TrainConfig
+from neutronorch.data.graph import Graph
+from neutronorch.errors import ConfigError
+
+# Why a mode other than exact does not sample by time yet.
+OTHER_MODES = "temporal sampling: not yet in mode {mode} (the device sampler and NeutronOrch); give `mode` exact."
+from neutronorch.sampling.temporal_sampler import TemporalNeighborSampler
+
+
+@dataclass(frozen=True)
+class TemporalRequest:
+    """Sample by edge times: each seed of the graph view's ``train_idx`` at ``seed_time`` (aligned with it,
+    in the edge times' dtype), ``strategy`` uniform or last, ``strict`` edges before the time only."""
+
+    seed_time: np.ndarray
+    strategy: str = "uniform"
+    strict: bool = False
+
+    def check(self, config: TrainConfig, graph) -> None:
+        """Refuse what cannot honour time: a typed graph, a link task, GCN's symmetric norm (its degrees count
+        future edges); the modes other than exact are refused by ``factory.build_mode``."""
+        why = ("a typed graph's loader" if not isinstance(graph, Graph) else
+               "a link task" if config.task == "link" else
+               "`gcn_norm` symmetric (its in-degrees count every edge, future ones too)" if config.sampling.degrees
+               else None)
+        if why:
+            raise ConfigError(f"temporal sampling: not yet in {why}; the loader samples a homogeneous graph's "
+                              f"seed vertices by time in mode exact (docs/temporal.md).")
+        if graph.edge_time is None:
+            raise ConfigError(f"temporal sampling: {graph.name} has no edge times to sample by (docs/temporal.md).")
+
+    def sampler(self, graph: Graph, sampling: SamplingConfig) -> "TimedSampler":
+        """A new sampler of the mode's producer thread: the seeds' times looked up by vertex."""
+        time_of = np.zeros(graph.num_nodes, self.seed_time.dtype)
+        time_of[np.asarray(graph.train_idx)] = self.seed_time
+        return TimedSampler(TemporalNeighborSampler(graph.indptr, graph.indices, graph.edge_time, sampling.fanouts,
+                                                    self.strategy, self.strict), time_of)
+
+
+class TimedSampler:
+    """What exact mode's producer samples with: each batch's seeds at their times."""
+
+    def __init__(self, sampler: TemporalNeighborSampler, time_of: np.ndarray):
+        self.sampler, self.time_of = sampler, time_of
+
+    def sample_many(self, seeds: list, keys: list[int]) -> list:
+        out = []
+        for ids, key in zip(seeds, keys):
+            ids = ids.numpy()
+            out.append(self.sampler.sample(ids, self.time_of[ids], key))
+        return out

@@ -1,0 +1,110 @@
+"""NeighborLoader sampling by time (docs/temporal.md, "The loader"): PyG's argument names, no edge after its
+seed's time on any batch of an epoch, resume mid-epoch bit-identical, and refusals for what cannot run with
+time yet."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from neutronorch.data import Graph
+from neutronorch.data.typed import TypedGraph
+from neutronorch.errors import ConfigError, DataError
+from neutronorch.loader import LinkNeighborLoader, NeighborLoader
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def graph() -> Graph:
+    rng = np.random.default_rng(0)
+    n, edges = 300, 4000
+    return Graph.from_arrays(rng.integers(0, n, edges), rng.integers(0, n, edges), rng.random((n, 4)),
+                             rng.integers(0, 3, n), edge_time=rng.integers(0, 100, edges),
+                             node_time=rng.integers(0, 120, n))
+
+
+def seeds_and_times(graph: Graph, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    seeds = rng.choice(graph.num_nodes, 90, replace=False)
+    return seeds, rng.integers(0, 120, seeds.shape[0])
+
+
+@pytest.mark.parametrize("strategy, strict", [("uniform", False), ("last", False), ("uniform", True)])
+def test_no_batch_of_an_epoch_sees_an_edge_after_its_seed(graph, strategy, strict):
+    seeds, times = seeds_and_times(graph)
+    time_of = dict(zip(seeds.tolist(), times.tolist()))
+    loader = NeighborLoader(graph, [5, 3], 16, seeds=seeds, time_attr="edge_time", input_time=times,
+                            temporal_strategy=strategy, strict_time=strict)
+    batches = 0
+    for batch in loader:
+        data = batch.to_pyg()
+        assert batch.input_time.tolist() == [time_of[s] for s in batch.seeds.tolist()]
+        dst_time = data.seed_time[data.edge_index[1]]
+        assert torch.all(data.edge_time < dst_time) if strict else torch.all(data.edge_time <= dst_time)
+        assert torch.equal(data.seed_time[data.edge_index[0]], dst_time)  # sources inherit the seed's time
+        assert torch.equal(torch.from_numpy(np.asarray(graph.indices)[data.e_id.numpy()]).long(),
+                           data.n_id[data.edge_index[0]])  # each edge is the graph's edge e_id
+        assert torch.equal(data.x, torch.from_numpy(graph.features[data.n_id.numpy()]).float())
+        batches += 1
+    assert batches == len(loader) == 6
+
+
+def test_resume_mid_epoch_is_bit_identical(graph):
+    seeds, times = seeds_and_times(graph, 2)
+
+    def snapshot(batch):
+        data = batch.to_pyg()
+        return [t.clone() for t in (data.n_id, data.edge_index, data.x, data.seed_time, data.edge_time, data.y)]
+
+    settings = dict(seeds=seeds, time_attr="edge_time", input_time=times, epoch=1)
+    whole = [snapshot(b) for b in NeighborLoader(graph, [4, 4], 16, **settings)]
+    resumed = [snapshot(b) for b in NeighborLoader(graph, [4, 4], 16, start=3, **settings)]
+    assert len(resumed) == len(whole) - 3
+    for a, b in zip(whole[3:], resumed):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_vertex_times_are_the_default_input_time(graph):
+    seeds, _ = seeds_and_times(graph)
+    batch = next(iter(NeighborLoader(graph, [3], 8, seeds=seeds, time_attr="edge_time", shuffle=False)))
+    assert batch.input_time.tolist() == graph.node_time[seeds[:8]].tolist()
+
+
+def test_what_cannot_sample_by_time_yet_is_refused(graph):
+    seeds, times = seeds_and_times(graph)
+    with pytest.raises(ConfigError, match="temporal sampling: not yet in mode device"):
+        NeighborLoader(graph, [3], 8, seeds=seeds, time_attr="edge_time", input_time=times, mode="device")
+    with pytest.raises(ConfigError, match="`gcn_norm` symmetric"):
+        NeighborLoader(graph, [3], 8, seeds=seeds, time_attr="edge_time", input_time=times, model="gcn",
+                       gcn_norm="symmetric")
+    with pytest.raises(ConfigError, match="not yet in LinkNeighborLoader"):
+        LinkNeighborLoader(graph, [3], 8, edges=np.array([[0, 1], [2, 3]]), edge_label_time=[1, 2])
+    with pytest.raises(ConfigError, match="not yet in a typed graph's loader"):
+        NeighborLoader(TypedGraph.of(graph), [3], 8, time_attr="edge_time")
+    with pytest.raises(ConfigError, match="has vertex and edge times, and PyG's 'time' names the vertex times"):
+        NeighborLoader(graph, [3], 8, seeds=seeds, time_attr="time", input_time=times)
+    static = dataclasses.replace(graph, edge_time=None, node_time=None)
+    with pytest.raises(ConfigError, match="has no times; temporal sampling"):
+        NeighborLoader(static, [3], 8, time_attr="edge_time", input_time=times)
+    with pytest.raises(ConfigError, match="`input_time`, `temporal_strategy`: settings of sampling by time"):
+        NeighborLoader(static, [3], 8, input_time=times, temporal_strategy="last")
+    with pytest.raises(ConfigError, match="temporal sampling: .*NeighborLoader"):
+        NeighborLoader(graph, [3], 8)  # times in the graph, none asked for: not sampled without them
+
+
+def test_bad_input_times_are_clear_errors(graph):
+    seeds, times = seeds_and_times(graph)
+    with pytest.raises(DataError, match=r"`input_time` have shape \(89,\), expected \(90,\)"):
+        NeighborLoader(graph, [3], 8, seeds=seeds, time_attr="edge_time", input_time=times[1:])
+    with pytest.raises(DataError, match="hold fractions"):
+        NeighborLoader(graph, [3], 8, seeds=seeds, time_attr="edge_time", input_time=times + 0.5)
+    with pytest.raises(ConfigError, match="`temporal_strategy` 'newest'"):
+        NeighborLoader(graph, [3], 8, seeds=seeds, time_attr="edge_time", input_time=times,
+                       temporal_strategy="newest")
+    no_vertex_times = dataclasses.replace(graph, node_time=None)
+    with pytest.raises(ConfigError, match="`input_time`: give each seed its time"):
+        NeighborLoader(no_vertex_times, [3], 8, seeds=seeds, time_attr="edge_time")
