@@ -85,11 +85,13 @@ def test_what_cannot_sample_by_time_yet_is_refused(graph):
         LinkNeighborLoader(graph, [3], 8, edges=np.array([[0, 1], [2, 3]]), edge_label_time=[1, 2])
     with pytest.raises(ConfigError, match="not yet in a typed graph's loader"):
         NeighborLoader(TypedGraph.of(graph), [3], 8, time_attr="edge_time")
-    with pytest.raises(ConfigError, match="has vertex and edge times, and PyG's 'time' names the vertex times"):
-        NeighborLoader(graph, [3], 8, seeds=seeds, time_attr="time", input_time=times)
     static = dataclasses.replace(graph, edge_time=None, node_time=None)
-    with pytest.raises(ConfigError, match="has no times; temporal sampling"):
+    with pytest.raises(ConfigError, match="names edge times, and .* has none"):
         NeighborLoader(static, [3], 8, time_attr="edge_time", input_time=times)
+    with pytest.raises(ConfigError, match="names vertex times, and .* has none"):
+        NeighborLoader(static, [3], 8, time_attr="node_time", input_time=times)
+    with pytest.raises(ConfigError, match="`time_attr` 'year'"):
+        NeighborLoader(graph, [3], 8, time_attr="year", input_time=times)
     with pytest.raises(ConfigError, match="`input_time`, `temporal_strategy`: settings of sampling by time"):
         NeighborLoader(static, [3], 8, input_time=times, temporal_strategy="last")
     with pytest.raises(ConfigError, match="temporal sampling: .*NeighborLoader"):
@@ -108,3 +110,23 @@ def test_bad_input_times_are_clear_errors(graph):
     no_vertex_times = dataclasses.replace(graph, node_time=None)
     with pytest.raises(ConfigError, match="`input_time`: give each seed its time"):
         NeighborLoader(no_vertex_times, [3], 8, seeds=seeds, time_attr="edge_time")
+
+
+@pytest.mark.parametrize("time_attr", ["node_time", "time"])
+def test_sampling_by_vertex_times_takes_neighbours_that_existed_at_the_seeds_time(graph, time_attr):
+    seeds, times = seeds_and_times(graph, 3)
+    only_vertices = dataclasses.replace(graph, edge_time=None)  # "time" then names the vertex times too
+    for strict in (False, True):
+        for batch in NeighborLoader(only_vertices if time_attr == "time" else graph, [4, 3], 32, seeds=seeds,
+                                    time_attr=time_attr, input_time=times, strict_time=strict):
+            data = batch.to_pyg()
+            assert torch.equal(data.time, torch.from_numpy(graph.node_time[data.n_id.numpy()]))
+            source_time, dst_time = data.time[data.edge_index[0]], data.seed_time[data.edge_index[1]]
+            assert torch.all(source_time < dst_time) if strict else torch.all(source_time <= dst_time)
+    full = NeighborLoader(graph, [-1], 90, seeds=seeds, time_attr="node_time", input_time=times, shuffle=False)
+    block = next(iter(full)).blocks[0]
+    for i, v in enumerate(seeds.tolist()):  # fanout -1: exactly the in-neighbours that existed by then
+        column = np.asarray(graph.indices[graph.indptr[v]:graph.indptr[v + 1]])
+        expected = sorted(column[graph.node_time[column] <= times[i]].tolist())
+        got = block.src_ids[block.indices[block.indptr[i]:block.indptr[i + 1]]].tolist()
+        assert sorted(got) == expected

@@ -151,10 +151,14 @@ def check_count(name: str, value, low: int) -> int:
     return int(value)
 
 
+VERTEX_TIMES = ("node_time",)  # time_attr names of the vertex times (and PyG's "time" where the graph has them)
+
+
 def resolve_temporal(graph: Graph | TypedGraph, seeds: np.ndarray, time_attr, input_time, strategy, strict
                      ) -> TemporalRequest | None:
     """PyG's temporal arguments of ``NeighborLoader`` (docs/temporal.md, "The loader"): ``time_attr`` names
-    the edge times to sample by (``edge_time``; ``time`` where the graph's only times are edge times),
+    the times to sample by (``edge_time``, or vertex times: ``node_time``, and ``time`` where the graph has
+    them, else its edge times),
     ``input_time`` gives each of ``seeds`` its time (default: the seeds' vertex times), ``temporal_strategy``
     ``uniform`` or ``last``, ``strict`` edges before the time only. None without ``time_attr``."""
     if time_attr is None:
@@ -167,17 +171,16 @@ def resolve_temporal(graph: Graph | TypedGraph, seeds: np.ndarray, time_attr, in
         return None
     if isinstance(graph, TypedGraph):
         raise ConfigError("`time_attr`: temporal sampling: not yet in a typed graph's loader (docs/temporal.md).")
-    if time_attr not in ("edge_time", "time"):
-        raise ConfigError(f"`time_attr` {time_attr!r}: the loader samples by the graph's edge times: give "
-                          f"'edge_time' (or 'time', PyG's name, where the graph's only times are edge times).")
-    if graph.edge_time is None:
-        what = "vertex times but no edge times" if graph.node_time is not None else "no times"
-        raise ConfigError(f"`time_attr` {time_attr!r}: {graph.name} has {what}; temporal sampling: sampling by "
-                          f"vertex times is not yet offered, the loader samples by edge times (docs/temporal.md).")
-    if time_attr == "time" and graph.node_time is not None:
-        raise ConfigError(f"`time_attr` 'time': {graph.name} has vertex and edge times, and PyG's 'time' names the "
-                          f"vertex times; sampling by vertex times is not yet offered: give time_attr='edge_time' "
-                          f"to sample by its edge times (docs/temporal.md).")
+    if time_attr not in ("edge_time", "time", *VERTEX_TIMES):
+        raise ConfigError(f"`time_attr` {time_attr!r}: give 'edge_time' (the graph's edge times) or 'node_time' "
+                          f"(its vertex times; 'time', PyG's name, is the vertex times where the graph has them, "
+                          f"else the edge times).")
+    by_vertices = time_attr in VERTEX_TIMES or (time_attr == "time" and graph.node_time is not None)
+    if by_vertices and graph.node_time is None or not by_vertices and graph.edge_time is None:
+        what = "vertex" if by_vertices else "edge"
+        raise ConfigError(f"`time_attr` {time_attr!r}: names {what} times, and {graph.name} has none; give "
+                          f"time_attr 'edge_time' for edge times or 'node_time' for vertex times "
+                          f"(docs/temporal.md).")
     check_switch(strict, "`strict_time`")
     check_strategy(strategy)
     if input_time is None:
@@ -187,5 +190,6 @@ def resolve_temporal(graph: Graph | TypedGraph, seeds: np.ndarray, time_attr, in
         input_time = np.asarray(graph.node_time)[seeds]
     else:
         input_time = _as_array("input_time", input_time, "one time per seed (a tensor, an array or a list)")
-    times = seed_times(input_time, seeds.shape[0], graph.edge_time.dtype, "`input_time`", "loader")
-    return TemporalRequest(times, strategy, bool(strict))
+    dtype = (graph.node_time if by_vertices else graph.edge_time).dtype
+    times = seed_times(input_time, seeds.shape[0], dtype, "`input_time`", "loader")
+    return TemporalRequest(times, strategy, bool(strict), by_vertices)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 import torch
 
 from neutronorch.data.interop import optional
@@ -140,15 +141,17 @@ class SampledBatch:
 
 class LoaderBatch(SampledBatch):
     """A mini-batch handed out by ``NeighborLoader``: ``SampledBatch``'s fields and ``y``, the seeds'
-    labels (one per seed, or one row of tasks); sampled by time (``edge_time``: the graph's), ``seed_time``,
-    ``input_time`` and ``e_id`` too (docs/temporal.md, "The loader")."""
+    labels (one per seed, or one row of tasks); sampled by time, ``seed_time`` and ``input_time`` too
+    (docs/temporal.md, "The loader"). ``times``: the graph's times sampled by (its edge times, or with
+    ``by_vertices`` its vertex times), None when not sampled by time."""
 
     def __init__(self, minibatch: MiniBatch, inputs: StepInputs, input_id: torch.Tensor,
-                 labels: Callable[[torch.Tensor], torch.Tensor], reused: bool = True, edge_time=None):
+                 labels: Callable[[torch.Tensor], torch.Tensor], reused: bool = True, times=None,
+                 by_vertices: bool = False):
         super().__init__(minibatch, inputs, input_id, reused)
         self.y = minibatch.labels
         self._labels = labels  # global ids -> labels, on the batch's device
-        self._edge_time = edge_time
+        self._times, self._by_vertices = times, by_vertices
 
     @property
     def seed_time(self) -> torch.Tensor | None:
@@ -163,12 +166,18 @@ class LoaderBatch(SampledBatch):
 
     def _pyg_fields(self, n_id: torch.Tensor) -> dict:
         """As PyG's ``NeighborLoader``: ``y``, a label per vertex of ``n_id``, and ``batch_size``; sampled by
-        time, ``seed_time`` and ``input_time``, and ``e_id`` and ``edge_time`` of ``edge_index``'s edges."""
+        time, ``seed_time`` and ``input_time``, and by edge times ``e_id`` and ``edge_time`` of ``edge_index``'s
+        edges, by vertex times ``time``, each vertex's own (PyG copies the attribute it sampled by)."""
         fields = {"y": self._labels(n_id), "batch_size": self.batch_size}
-        if self._edge_time is not None:
+        if self._times is None:
+            return fields
+        fields.update(seed_time=self.seed_time, input_time=self.input_time)
+        if self._by_vertices:
+            fields["time"] = torch.from_numpy(np.asarray(self._times)[n_id.cpu().numpy()]).to(n_id.device)
+        else:
             e_id = pyg_edge_ids(self.blocks)
-            fields.update(seed_time=self.seed_time, input_time=self.input_time, e_id=e_id,
-                          edge_time=torch.from_numpy(self._edge_time[e_id.cpu().numpy()]).to(e_id.device))
+            fields.update(e_id=e_id, edge_time=torch.from_numpy(np.asarray(self._times)[e_id.cpu().numpy()]
+                                                                ).to(e_id.device))
         return fields
 
     def _dgl_fields(self, blocks: list) -> None:

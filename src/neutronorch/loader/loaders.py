@@ -49,8 +49,10 @@ class NeighborLoader(EpochLoader):
     def _make_batch(self, minibatch, inputs, input_id) -> LoaderBatch | TypedLoaderBatch:
         if self.typed:
             return TypedLoaderBatch(minibatch, inputs, input_id, self.graph)
-        return LoaderBatch(minibatch, inputs, input_id, self._labels_of, self.reuse_buffers,
-                           None if self.temporal is None else self.graph.edge_time)
+        timed, graph = self.temporal, self.graph
+        times = None if timed is None else graph.node_time if timed.by_vertices else graph.edge_time
+        return LoaderBatch(minibatch, inputs, input_id, self._labels_of, self.reuse_buffers, times,
+                           timed is not None and timed.by_vertices)
 
     def _labels_of(self, ids: torch.Tensor) -> torch.Tensor:
         """Labels of global ids (PyG's ``y``, one per sampled vertex), on the ids' device."""

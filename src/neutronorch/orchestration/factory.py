@@ -90,6 +90,7 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
         raise ConfigError(OTHER_MODES.format(mode=config.mode))
     else:
         temporal.check(config, graph)
+        graph = temporal.timed_graph(graph)
     threads = threads or Threads(1, 1, 1)
     spans = spans if spans is not None else Spans()
     typed = isinstance(graph, TypedGraph)

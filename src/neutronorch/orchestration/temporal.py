@@ -6,12 +6,14 @@ What cannot run with time yet is refused here, with the reason."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from neutronorch.config import SamplingConfig, TrainConfig
 from neutronorch.data.graph import Graph
+from neutronorch.data.times import times_from_vertices
 from neutronorch.errors import ConfigError
 
 # Why a mode other than exact does not sample by time yet.
@@ -21,12 +23,15 @@ from neutronorch.sampling.temporal_sampler import TemporalNeighborSampler
 
 @dataclass(frozen=True)
 class TemporalRequest:
-    """Sample by edge times: each seed of the graph view's ``train_idx`` at ``seed_time`` (aligned with it,
-    in the edge times' dtype), ``strategy`` uniform or last, ``strict`` edges before the time only."""
+    """Sample by time: each seed of the graph view's ``train_idx`` at ``seed_time`` (aligned with it, in the
+    times' dtype), ``strategy`` uniform or last, ``strict`` edges before the time only. ``by_vertices``: by
+    the vertex times, each edge at its source's time (``times_from_vertices``: a neighbour exists from its
+    own time), else by the edge times."""
 
     seed_time: np.ndarray
     strategy: str = "uniform"
     strict: bool = False
+    by_vertices: bool = False
 
     def check(self, config: TrainConfig, graph) -> None:
         """Refuse what cannot honour time: a typed graph, a link task, GCN's symmetric norm (its degrees count
@@ -38,8 +43,16 @@ class TemporalRequest:
         if why:
             raise ConfigError(f"temporal sampling: not yet in {why}; the loader samples a homogeneous graph's "
                               f"seed vertices by time in mode exact (docs/temporal.md).")
-        if graph.edge_time is None:
-            raise ConfigError(f"temporal sampling: {graph.name} has no edge times to sample by (docs/temporal.md).")
+        if (graph.node_time if self.by_vertices else graph.edge_time) is None:
+            raise ConfigError(f"temporal sampling: {graph.name} has no {'vertex' if self.by_vertices else 'edge'} "
+                              f"times to sample by (docs/temporal.md).")
+
+    def timed_graph(self, graph: Graph) -> Graph:
+        """``graph`` as the mode samples it: by vertex times, its edges at their sources' times."""
+        if not self.by_vertices:
+            return graph
+        indices, edge_time = times_from_vertices(graph.indptr, graph.indices, graph.node_time)
+        return dataclasses.replace(graph, indices=indices, edge_time=edge_time)
 
     def sampler(self, graph: Graph, sampling: SamplingConfig) -> "TimedSampler":
         """A new sampler of the mode's producer thread: the seeds' times looked up by vertex."""
