@@ -287,3 +287,10 @@ def test_ogb_years_are_read_as_times_when_asked(tmp_path):
     given = {(int(s), int(d), int(t)) for (s, d), t in zip(edges, edge_years) if s != d}
     assert stored == given | {(d, s, t) for s, d, t in given}  # each year's collaboration both ways
     assert load_ogb_link(tmp_path / "ogbl_collab").edge_time is None
+
+
+def test_a_random_edge_split_of_a_timed_graph_is_refused():
+    from neutronorch.data.edge_split import split_edges
+
+    with pytest.raises(DataError, match="a chronological split is not yet offered"):
+        split_edges(timed_graph(), 0.8, 0.1)
