@@ -83,8 +83,8 @@ def test_what_cannot_sample_by_time_yet_is_refused(graph):
                        gcn_norm="symmetric")
     with pytest.raises(ConfigError, match="not yet in LinkNeighborLoader"):
         LinkNeighborLoader(graph, [3], 8, edges=np.array([[0, 1], [2, 3]]), edge_label_time=[1, 2])
-    with pytest.raises(ConfigError, match="not yet in a typed graph's loader"):
-        NeighborLoader(TypedGraph.of(graph), [3], 8, time_attr="edge_time")
+    with pytest.raises(ConfigError, match="by vertex times is not yet offered"):
+        NeighborLoader(TypedGraph.of(graph), [3], 8, time_attr="node_time")
     static = dataclasses.replace(graph, edge_time=None, node_time=None)
     with pytest.raises(ConfigError, match="names edge times, and .* has none"):
         NeighborLoader(static, [3], 8, time_attr="edge_time", input_time=times)
@@ -130,3 +130,34 @@ def test_sampling_by_vertex_times_takes_neighbours_that_existed_at_the_seeds_tim
         expected = sorted(column[graph.node_time[column] <= times[i]].tolist())
         got = block.src_ids[block.indices[block.indptr[i]:block.indptr[i + 1]]].tolist()
         assert sorted(got) == expected
+
+
+def test_a_typed_graph_is_sampled_by_its_relations_times():
+    pytest.importorskip("torch_geometric")
+    rng = np.random.default_rng(5)
+    users, items, edges = 40, 30, 600
+    src, dst, times = rng.integers(0, users, edges), rng.integers(0, items, edges), rng.integers(0, 50, edges)
+    from neutronorch.data.relation import Relation
+
+    typed = TypedGraph("timed", {"user": users, "item": items},
+                       {("user", "buys", "item"): Relation.from_edges(src, dst, users, items, edge_time=times)},
+                       {"item": rng.random((items, 3)).astype(np.float32), "user": rng.random((users, 2))
+                        .astype(np.float32)}, "item", np.arange(items) % 2, np.arange(20), np.arange(20, 25),
+                       np.arange(25, 30), 2).validate()
+    seeds = np.arange(20)
+    at = rng.integers(0, 60, 20)
+    whole = []
+    for batch in NeighborLoader(typed, [4, 3], 8, seeds=seeds, time_attr="edge_time", input_time=at):
+        data = batch.to_pyg()
+        whole.append(data)
+        assert data["item"].seed_time[:batch.batch_size].tolist() == at[batch.seeds.numpy()].tolist()
+        for relation in data.edge_types:  # (user, buys, item) and its reverse, both timed
+            store = data[relation]
+            dst_time = data[relation[2]].seed_time[store.edge_index[1]]
+            assert store.edge_time.shape[0] == store.edge_index.shape[1] and torch.all(store.edge_time <= dst_time)
+            assert torch.equal(data[relation[0]].seed_time[store.edge_index[0]], dst_time)
+    resumed = next(iter(NeighborLoader(typed, [4, 3], 8, seeds=seeds, time_attr="edge_time", input_time=at,
+                                       start=1))).to_pyg()
+    for relation in resumed.edge_types:
+        assert torch.equal(resumed[relation].edge_index, whole[1][relation].edge_index)
+        assert torch.equal(resumed[relation].edge_time, whole[1][relation].edge_time)

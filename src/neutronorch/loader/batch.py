@@ -278,6 +278,11 @@ class TypedLoaderBatch(SampledBatch):
         return self.y.device
 
     @property
+    def seed_time(self) -> dict[str, torch.Tensor]:
+        """Sampled by time: per type, the time of each entry of ``ids`` (its seed's); else empty."""
+        return self.blocks[0].src_time
+
+    @property
     def num_sampled_nodes(self) -> dict[str, list[int]]:
         """``hop_counts`` of the blocks (PyG's ``num_sampled_nodes_dict``)."""
         return hop_counts(self.blocks, list(self._graph.num_nodes))
@@ -306,6 +311,11 @@ class TypedLoaderBatch(SampledBatch):
             if width:
                 store.edge_attr = form.edge_features.get(relation, torch.zeros(0, width, device=device))
                 store.e_id = form.edge_ids.get(relation, torch.zeros(0, dtype=torch.int64, device=device))
+            if rel.edge_time is not None and relation in form.edge_ids:  # sampled by time
+                store.e_id = form.edge_ids[relation]
+                store.edge_time = torch.from_numpy(np.asarray(rel.edge_time)[store.e_id.cpu().numpy()]).to(device)
+        for node_type, times in self.seed_time.items():
+            data[node_type].seed_time = times
         data.set_value_dict("num_sampled_nodes", form.num_sampled_nodes)
         data.set_value_dict("num_sampled_edges", form.num_sampled_edges)
         self._pyg = data

@@ -97,6 +97,8 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
     if typed:
         fanouts, sampling, access, seeds = typed_access(config, graph, device, shard, fanouts)
         host_sampler = lambda: TypedNeighborSampler(graph, fanouts)  # noqa: E731
+        if temporal is not None:
+            host_sampler = lambda: temporal.sampler(graph, sampling, fanouts)  # noqa: E731
     else:
         graph, sampling, access, seeds = homogeneous_access(config, graph, device, shard)
         host_sampler = lambda: NeighborSampler(graph.indptr, graph.indices, sampling.fanouts,  # noqa: E731

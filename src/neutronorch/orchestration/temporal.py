@@ -14,11 +14,12 @@ import numpy as np
 from neutronorch.config import SamplingConfig, TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.data.times import times_from_vertices
+from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
 
 # Why a mode other than exact does not sample by time yet.
 OTHER_MODES = "temporal sampling: not yet in mode {mode} (the device sampler and NeutronOrch); give `mode` exact."
-from neutronorch.sampling.temporal_sampler import TemporalNeighborSampler
+from neutronorch.sampling.temporal_sampler import TemporalNeighborSampler, TemporalTypedSampler
 
 
 @dataclass(frozen=True)
@@ -34,15 +35,17 @@ class TemporalRequest:
     by_vertices: bool = False
 
     def check(self, config: TrainConfig, graph) -> None:
-        """Refuse what cannot honour time: a typed graph, a link task, GCN's symmetric norm (its degrees count
-        future edges); the modes other than exact are refused by ``factory.build_mode``."""
-        why = ("a typed graph's loader" if not isinstance(graph, Graph) else
-               "a link task" if config.task == "link" else
+        """Refuse what cannot honour time: a link task, GCN's symmetric norm (its degrees count future edges),
+        a typed graph by vertex times; the modes other than exact are refused by ``factory.build_mode``."""
+        typed = not isinstance(graph, Graph)
+        why = ("a link task" if config.task == "link" else
                "`gcn_norm` symmetric (its in-degrees count every edge, future ones too)" if config.sampling.degrees
-               else None)
+               else "a typed graph's sampling by vertex times" if typed and self.by_vertices else None)
         if why:
-            raise ConfigError(f"temporal sampling: not yet in {why}; the loader samples a homogeneous graph's "
-                              f"seed vertices by time in mode exact (docs/temporal.md).")
+            raise ConfigError(f"temporal sampling: not yet in {why}; the loader samples seed vertices by time in "
+                              f"mode exact (docs/temporal.md).")
+        if typed:
+            return  # TemporalTypedSampler says when no relation has times
         if (graph.node_time if self.by_vertices else graph.edge_time) is None:
             raise ConfigError(f"temporal sampling: {graph.name} has no {'vertex' if self.by_vertices else 'edge'} "
                               f"times to sample by (docs/temporal.md).")
@@ -54,10 +57,14 @@ class TemporalRequest:
         indices, edge_time = times_from_vertices(graph.indptr, graph.indices, graph.node_time)
         return dataclasses.replace(graph, indices=indices, edge_time=edge_time)
 
-    def sampler(self, graph: Graph, sampling: SamplingConfig) -> "TimedSampler":
-        """A new sampler of the mode's producer thread: the seeds' times looked up by vertex."""
-        time_of = np.zeros(graph.num_nodes, self.seed_time.dtype)
+    def sampler(self, graph: Graph | TypedGraph, sampling: SamplingConfig, fanouts=None) -> "TimedSampler":
+        """A new sampler of the mode's producer thread (a typed graph's with its ``fanouts`` per relation): the
+        seeds' times looked up by vertex (of the target type)."""
+        typed = isinstance(graph, TypedGraph)
+        time_of = np.zeros(graph.num_nodes[graph.target] if typed else graph.num_nodes, self.seed_time.dtype)
         time_of[np.asarray(graph.train_idx)] = self.seed_time
+        if typed:
+            return TimedSampler(TemporalTypedSampler(graph, fanouts, self.strategy, self.strict), time_of)
         return TimedSampler(TemporalNeighborSampler(graph.indptr, graph.indices, graph.edge_time, sampling.fanouts,
                                                     self.strategy, self.strict), time_of)
 
@@ -65,7 +72,7 @@ class TemporalRequest:
 class TimedSampler:
     """What exact mode's producer samples with: each batch's seeds at their times."""
 
-    def __init__(self, sampler: TemporalNeighborSampler, time_of: np.ndarray):
+    def __init__(self, sampler: TemporalNeighborSampler | TemporalTypedSampler, time_of: np.ndarray):
         self.sampler, self.time_of = sampler, time_of
 
     def sample_many(self, seeds: list, keys: list[int]) -> list:
