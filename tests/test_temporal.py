@@ -294,3 +294,9 @@ def test_a_random_edge_split_of_a_timed_graph_is_refused():
 
     with pytest.raises(DataError, match="a chronological split is not yet offered"):
         split_edges(timed_graph(), 0.8, 0.1)
+
+
+def test_a_loaded_graphs_time_files_are_among_its_files(tmp_path):
+    save_native(timed_graph(), tmp_path / "g")
+    files = list(map(str, load_native(tmp_path / "g").files()))
+    assert str(tmp_path / "g" / "edge_time.npy") in files and str(tmp_path / "g" / "node_time.npy") in files

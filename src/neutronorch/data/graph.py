@@ -134,9 +134,9 @@ class Graph(GraphCommon):
         graph.drop_unlabelled_from_splits()
         return graph
 
-    def arrays(self) -> list[np.ndarray]:
-        """The graph's arrays, in the native format's order (``ARRAYS``)."""
-        return [getattr(self, name) for name in ARRAYS]
+    def arrays(self) -> list[np.ndarray | None]:
+        """The graph's arrays, in the native format's order (``ARRAYS``), then its times (None where absent)."""
+        return [getattr(self, name) for name in ARRAYS] + [self.edge_time, self.node_time]
 
     def describe(self) -> str:
         tasks = [f"{self.num_classes} classes, split {len(self.train_idx):,}/{len(self.val_idx):,}/"
