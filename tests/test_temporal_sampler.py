@@ -182,3 +182,12 @@ def test_bad_seed_times_and_options_are_clear_errors():
     static = TypedGraph.of(Graph.from_arrays([0, 1, 2], [1, 2, 3], np.zeros((10, 2)), np.arange(10) % 2))
     with pytest.raises(DataError, match="no relation has edge times"):
         TemporalTypedSampler(static, [2])
+
+
+def test_seed_edge_exclusion_refuses_a_temporal_block():
+    from neutronorch.sampling.exclude import exclude_edges
+
+    g = timed_graph(0)
+    sub = TemporalNeighborSampler(g.indptr, g.indices, g.edge_time, [3]).sample([1, 2], [90, 90], 0)
+    with pytest.raises(ConfigError, match="not yet offered for blocks sampled by time"):
+        exclude_edges(sub, torch.tensor([[1], [int(sub.blocks[0].src_ids[sub.blocks[0].indices[0]])]]), g.num_nodes)
