@@ -191,3 +191,28 @@ def test_seed_edge_exclusion_refuses_a_temporal_block():
     sub = TemporalNeighborSampler(g.indptr, g.indices, g.edge_time, [3]).sample([1, 2], [90, 90], 0)
     with pytest.raises(ConfigError, match="not yet offered for blocks sampled by time"):
         exclude_edges(sub, torch.tensor([[1], [int(sub.blocks[0].src_ids[sub.blocks[0].indices[0]])]]), g.num_nodes)
+
+
+@pytest.mark.parametrize("strategy", ["uniform", "last"])
+@pytest.mark.parametrize("strict", [False, True])
+def test_planted_spoilers_after_the_seeds_times_change_no_sample(strategy, strict):
+    """Copy edges to times after every seed's (and add edges that exist only then): each seed's sampled
+    neighbourhood stays the same, vertex for vertex and draw for draw, since the future edges sort after every
+    valid prefix and draws are keyed over the prefix alone."""
+    rng = np.random.default_rng(7)
+    n, edges = 80, 1500
+    src, dst, times = rng.integers(0, n, edges), rng.integers(0, n, edges), rng.integers(0, 100, edges)
+    late = rng.integers(0, edges, 600)  # spoilers: copies of existing edges, and new edges, after time 200
+    spoiled = (np.concatenate([src, src[late], rng.integers(0, n, 300)]),
+               np.concatenate([dst, dst[late], rng.integers(0, n, 300)]),
+               np.concatenate([times, 200 + rng.integers(0, 50, 600), 200 + rng.integers(0, 50, 300)]))
+    rows = (rng.random((n, 2)), np.arange(n) % 2)
+    clean = Graph.from_arrays(src, dst, *rows, edge_time=times)
+    dirty = Graph.from_arrays(*spoiled[:2], *rows, edge_time=spoiled[2])
+    seeds, at = rng.choice(n, 25, replace=False), rng.integers(0, 200, 25)
+    a = TemporalNeighborSampler(clean.indptr, clean.indices, clean.edge_time, [5, 4], strategy, strict)
+    b = TemporalNeighborSampler(dirty.indptr, dirty.indices, dirty.edge_time, [5, 4], strategy, strict)
+    for one, two in zip(a.sample(seeds, at, 11).blocks, b.sample(seeds, at, 11).blocks):
+        for name in ("indptr", "indices", "src_ids", "src_time"):
+            assert torch.equal(getattr(one, name), getattr(two, name)), name
+        assert np.array_equal(clean.edge_time[one.edge_ids.numpy()], dirty.edge_time[two.edge_ids.numpy()])
