@@ -81,8 +81,6 @@ def test_what_cannot_sample_by_time_yet_is_refused(graph):
     with pytest.raises(ConfigError, match="`gcn_norm` symmetric"):
         NeighborLoader(graph, [3], 8, seeds=seeds, time_attr="edge_time", input_time=times, model="gcn",
                        gcn_norm="symmetric")
-    with pytest.raises(ConfigError, match="not yet in LinkNeighborLoader"):
-        LinkNeighborLoader(graph, [3], 8, edges=np.array([[0, 1], [2, 3]]), edge_label_time=[1, 2])
     with pytest.raises(ConfigError, match="by vertex times is not yet offered"):
         NeighborLoader(TypedGraph.of(graph), [3], 8, time_attr="node_time")
     static = dataclasses.replace(graph, edge_time=None, node_time=None)
@@ -161,3 +159,67 @@ def test_a_typed_graph_is_sampled_by_its_relations_times():
     for relation in resumed.edge_types:
         assert torch.equal(resumed[relation].edge_index, whole[1][relation].edge_index)
         assert torch.equal(resumed[relation].edge_time, whole[1][relation].edge_time)
+
+
+def link_setup(seed: int = 4, spoil: bool = False):
+    """A timed graph and 240 of its edges as supervision edges at their own times; with ``spoil``, every
+    supervision edge copied to a time after all of them (a planted spoiler)."""
+    rng = np.random.default_rng(seed)
+    n, count = 200, 3000
+    src, dst, times = rng.integers(0, n, count), rng.integers(0, n, count), rng.integers(0, 100, count)
+    picked = rng.choice(count, 240, replace=False)
+    labelled = np.stack([src[picked], dst[picked]])
+    if spoil:
+        src, dst = np.concatenate([src, src[picked]]), np.concatenate([dst, dst[picked]])
+        times = np.concatenate([times, times[picked] + 1000])
+    graph = Graph.from_arrays(src, dst, rng.random((n, 4)), rng.integers(0, 3, n), edge_time=times)
+    return graph, labelled, np.asarray(times[picked])
+
+
+def link_snapshot(batch):
+    data = batch.to_pyg()
+    return [t.clone() for t in (data.n_id, data.edge_index, data.x, data.seed_time, data.edge_label_index,
+                                data.edge_label_time)]
+
+
+def test_no_link_batch_sees_its_positive_or_anything_after_it():
+    graph, edges, times = link_setup()
+    loader = LinkNeighborLoader(graph, [5, 3], 40, edges=edges, negatives=2, time_attr="edge_time",
+                                edge_label_time=times, temporal_strategy="uniform")
+    for batch in loader:
+        data = batch.to_pyg()
+        p = batch.num_pairs
+        assert torch.all(data.edge_time < data.seed_time[data.edge_index[1]])  # strictly before: not itself
+        assert torch.equal(data.edge_label_time[:p], torch.from_numpy(times[batch.input_id.numpy()]))
+        for row in (0, 1):  # both ends and every negative are seeds at their positive's time
+            assert torch.equal(data.seed_time[data.edge_label_index[row]], data.edge_label_time)
+        assert torch.equal(data.n_id[data.edge_label_index[:, :p]], torch.from_numpy(edges[:, batch.input_id]))
+
+
+def test_planted_spoilers_change_no_link_batch_and_resume_is_bit_identical():
+    graph, edges, times = link_setup()
+    spoiled, _, _ = link_setup(spoil=True)
+    settings = dict(edges=edges, negatives=1, time_attr="edge_time", edge_label_time=times, epoch=2)
+    clean = [link_snapshot(b) for b in LinkNeighborLoader(graph, [4, 4], 48, **settings)]
+    dirty = [link_snapshot(b) for b in LinkNeighborLoader(spoiled, [4, 4], 48, **settings)]
+    resumed = [link_snapshot(b) for b in LinkNeighborLoader(graph, [4, 4], 48, start=2, **settings)]
+    assert len(clean) == len(dirty) == 5 and len(resumed) == 3
+    for a, b in zip(clean, dirty):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    for a, b in zip(clean[2:], resumed):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_link_loader_time_arguments_are_checked():
+    graph, edges, times = link_setup()
+    with pytest.raises(ConfigError, match="give edge_label_time"):
+        LinkNeighborLoader(graph, [3], 8, edges=edges, time_attr="edge_time")
+    with pytest.raises(ConfigError, match="give time_attr='edge_time'"):
+        LinkNeighborLoader(graph, [3], 8, edges=edges, edge_label_time=times)
+    with pytest.raises(ConfigError, match="`temporal_strategy`: a setting of sampling by time"):
+        LinkNeighborLoader(dataclasses.replace(graph, edge_time=None, node_time=None), [3], 8, edges=edges,
+                           temporal_strategy="last")
+    with pytest.raises(DataError, match=r"`edge_label_time` have shape \(239,\), expected \(240,\)"):
+        LinkNeighborLoader(graph, [3], 8, edges=edges, time_attr="edge_time", edge_label_time=times[1:])
+    with pytest.raises(ConfigError, match="temporal sampling: not yet in mode device"):
+        LinkNeighborLoader(graph, [3], 8, edges=edges, time_attr="edge_time", edge_label_time=times, mode="device")

@@ -217,3 +217,27 @@ def _typed_temporal(graph: TypedGraph, seeds: np.ndarray, time_attr, input_time,
         input_time = _as_array("input_time", input_time, "one time per seed (a tensor, an array or a list)")
     return TemporalRequest(seed_times(input_time, seeds.shape[0], timed[0], "`input_time`", "loader"), strategy,
                            bool(strict))
+
+
+def resolve_link_temporal(graph: Graph, count: int, time_attr, edge_label_time, strategy) -> TemporalRequest | None:
+    """PyG's temporal arguments of ``LinkNeighborLoader``: ``time_attr`` (the graph's edge times) and
+    ``edge_label_time``, one time per supervision edge; each edge's ends and negatives are sampled at it,
+    strictly before it (a positive never sees itself). None without them."""
+    if time_attr is None and edge_label_time is None:
+        if not (isinstance(strategy, str) and strategy == "uniform"):
+            raise ConfigError("`temporal_strategy`: a setting of sampling by time, which `time_attr` and "
+                              "`edge_label_time` ask for (docs/temporal.md); give them, or leave it out.")
+        return None
+    if time_attr is None or edge_label_time is None:
+        missing = "time_attr='edge_time'" if time_attr is None else "edge_label_time (one time per edge)"
+        raise ConfigError(f"LinkNeighborLoader samples by time with both `time_attr` and `edge_label_time`, as "
+                          f"PyG's does; give {missing} too (docs/temporal.md).")
+    if time_attr not in ("edge_time", "time") or graph.edge_time is None or (
+            time_attr == "time" and graph.node_time is not None):
+        raise ConfigError(f"`time_attr` {time_attr!r}: LinkNeighborLoader samples by the graph's edge times "
+                          f"(time_attr 'edge_time'{'' if graph.edge_time is not None else ', which it has not'}); "
+                          f"by vertex times is not yet offered (docs/temporal.md).")
+    check_strategy(strategy)
+    times = _as_array("edge_label_time", edge_label_time, "one time per edge (a tensor, an array or a list)")
+    return TemporalRequest(seed_times(times, count, graph.edge_time.dtype, "`edge_label_time`", "loader"),
+                           strategy, True, link=True)

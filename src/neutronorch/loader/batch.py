@@ -87,6 +87,26 @@ class SampledBatch:
         """The task's fields of the PyG form."""
         return {}
 
+    _times, _by_vertices = None, False  # sampled by time: the graph's times sampled by (``LoaderBatch``)
+
+    @property
+    def seed_time(self) -> torch.Tensor | None:
+        """Sampled by time: the time of each entry of ``n_id`` (its seed's; a vertex may be two entries)."""
+        return self.blocks[0].src_time
+
+    def _time_fields(self, n_id: torch.Tensor) -> dict:
+        """Sampled by time, the PyG form's ``seed_time``, and by edge times ``e_id`` and ``edge_time`` of
+        ``edge_index``'s edges, by vertex times ``time``, each vertex's own (PyG copies the attribute it
+        sampled by); nothing otherwise."""
+        if self._times is None:
+            return {}
+        if self._by_vertices:
+            return {"seed_time": self.seed_time,
+                    "time": torch.from_numpy(np.asarray(self._times)[n_id.cpu().numpy()]).to(n_id.device)}
+        e_id = pyg_edge_ids(self.blocks)
+        return {"seed_time": self.seed_time, "e_id": e_id,
+                "edge_time": torch.from_numpy(np.asarray(self._times)[e_id.cpu().numpy()]).to(e_id.device)}
+
     def to_dgl_blocks(self) -> list:
         """One DGL block per layer, input layer first (as ``dgl.dataloading`` yields them), the sampler's blocks
         in CSC as they are, ``dgl.NID`` on both ends, the first's ``srcdata["feat"]`` ``x``."""
@@ -154,11 +174,6 @@ class LoaderBatch(SampledBatch):
         self._times, self._by_vertices = times, by_vertices
 
     @property
-    def seed_time(self) -> torch.Tensor | None:
-        """Sampled by time: the time of each entry of ``n_id`` (its seed's; a vertex may be two entries)."""
-        return self.blocks[0].src_time
-
-    @property
     def input_time(self) -> torch.Tensor | None:
         """Sampled by time: the seeds' times (PyG's ``input_time`` of the batch)."""
         times = self.blocks[-1].src_time
@@ -168,17 +183,8 @@ class LoaderBatch(SampledBatch):
         """As PyG's ``NeighborLoader``: ``y``, a label per vertex of ``n_id``, and ``batch_size``; sampled by
         time, ``seed_time`` and ``input_time``, and by edge times ``e_id`` and ``edge_time`` of ``edge_index``'s
         edges, by vertex times ``time``, each vertex's own (PyG copies the attribute it sampled by)."""
-        fields = {"y": self._labels(n_id), "batch_size": self.batch_size}
-        if self._times is None:
-            return fields
-        fields.update(seed_time=self.seed_time, input_time=self.input_time)
-        if self._by_vertices:
-            fields["time"] = torch.from_numpy(np.asarray(self._times)[n_id.cpu().numpy()]).to(n_id.device)
-        else:
-            e_id = pyg_edge_ids(self.blocks)
-            fields.update(e_id=e_id, edge_time=torch.from_numpy(np.asarray(self._times)[e_id.cpu().numpy()]
-                                                                ).to(e_id.device))
-        return fields
+        fields = {"y": self._labels(n_id), "batch_size": self.batch_size, **self._time_fields(n_id)}
+        return fields if self._times is None else {**fields, "input_time": self.input_time}
 
     def _dgl_fields(self, blocks: list) -> None:
         blocks[-1].dstdata["label"] = self.y
@@ -186,7 +192,22 @@ class LoaderBatch(SampledBatch):
 
 class LinkLoaderBatch(SampledBatch):
     """``SampledBatch``'s fields (``batch_size`` counts the seeds; ``input_id`` the positives' positions in
-    ``loader.edges``) and the pairs'."""
+    ``loader.edges``) and the pairs'; sampled by time (``times``: the graph's edge times), ``seed_time`` and
+    ``edge_label_time`` too."""
+
+    def __init__(self, minibatch: MiniBatch, inputs: StepInputs, input_id: torch.Tensor, reused: bool = True,
+                 times=None):
+        super().__init__(minibatch, inputs, input_id, reused)
+        self._times = times
+
+    @property
+    def edge_label_time(self) -> torch.Tensor | None:
+        """Sampled by time: each pair's time (``edge_label_index``'s order: the positives, then the negatives,
+        each at its positive's time)."""
+        if self._times is None:
+            return None
+        src = self.pair_ids()[0]  # a pair's source entry carries its time
+        return torch.cat([self.seed_time[src], self.seed_time[src.repeat_interleave(self.negatives)]])
 
     @property
     def pairs(self) -> torch.Tensor:
@@ -229,7 +250,8 @@ class LinkLoaderBatch(SampledBatch):
     def _pyg_fields(self, n_id: torch.Tensor) -> dict:
         """As PyG's ``LinkNeighborLoader`` with binary negative sampling. No ``y``: a link batch's labels
         are ``edge_label``; no ``batch_size``, as in PyG's link batches."""
-        return {"edge_label_index": self.edge_label_index, "edge_label": self.edge_label}
+        fields = {"edge_label_index": self.edge_label_index, "edge_label": self.edge_label, **self._time_fields(n_id)}
+        return fields if self._times is None else {**fields, "edge_label_time": self.edge_label_time}
 
     def to_dgl_pair_graphs(self) -> tuple:
         """(pos_graph, neg_graph): the positive and the negative pairs as DGL graphs over the seeds (their

@@ -13,8 +13,8 @@ import torch
 
 from neutronorch.data.link_checks import check_graph_links
 from neutronorch.data.links import LinkSplit, check_negatives_fit
-from neutronorch.errors import ConfigError
-from neutronorch.loader.arguments import check_negatives, resolve_edges, resolve_seeds, resolve_temporal
+from neutronorch.loader.arguments import (check_negatives, resolve_edges, resolve_link_temporal, resolve_seeds,
+                                          resolve_temporal)
 from neutronorch.loader.base import EpochLoader
 from neutronorch.loader.batch import LinkLoaderBatch, LoaderBatch, TypedLoaderBatch
 
@@ -71,24 +71,24 @@ class LinkNeighborLoader(EpochLoader):
     ``LinkNeighborLoader(graph, fanouts, batch_size, *, edges="train", negatives=1, layout=None,
     **settings)``: ``edges`` a set of ``graph.links`` (train, val, test) or (2, E) supervision edges of your
     own (``layout`` for a 2 x 2 array: ``data/pairs.py``); ``batch_size`` counts seed edges; ``negatives``:
-    uniform negative destinations per positive. ``settings``: ``NeighborLoader``'s."""
+    uniform negative destinations per positive; ``time_attr``, ``edge_label_time`` and ``temporal_strategy``:
+    sampling by time (docs/temporal.md, "The loader"). ``settings``: ``NeighborLoader``'s."""
 
     items = "seed edges"
     task = "link"
 
     def __init__(self, graph, fanouts, batch_size: int, *, edges="train", negatives: int = 1,
-                 layout: str | None = None, edge_label_time=None, time_attr=None, **settings):
-        if edge_label_time is not None or time_attr is not None:
-            raise ConfigError("`edge_label_time`, `time_attr`: temporal sampling: not yet in LinkNeighborLoader (a "
-                              "temporal link task draws its negatives as of each positive's time, still to come; "
-                              "docs/temporal.md).")
+                 layout: str | None = None, time_attr=None, edge_label_time=None, temporal_strategy: str = "uniform",
+                 **settings):
         self._edges_given, self._layout = edges, layout
+        self._time_given = (time_attr, edge_label_time, temporal_strategy)
         self.negatives = check_negatives(negatives)
         super().__init__(graph, fanouts, batch_size, **settings)
 
     def _resolve(self):
         check_graph_links(self.graph)  # a split given with the graph is checked as train() checks it
         edges = resolve_edges(self.graph, self._edges_given, self._layout)
+        self.temporal = resolve_link_temporal(self.graph, edges.shape[1], *self._time_given)
         check_negatives_fit("negatives", self.negatives, self.graph.num_nodes)
         self.edges = torch.from_numpy(edges)
         links = self.graph.links
@@ -98,7 +98,8 @@ class LinkNeighborLoader(EpochLoader):
         return {"links": links, "train_idx": np.unique(edges)}, int(edges.shape[1]), task
 
     def _make_batch(self, minibatch, inputs, input_id) -> LinkLoaderBatch:
-        return LinkLoaderBatch(minibatch, inputs, input_id, self.reuse_buffers)
+        return LinkLoaderBatch(minibatch, inputs, input_id, self.reuse_buffers,
+                               None if self.temporal is None else self.graph.edge_time)
 
     def _describe(self) -> str:
         return f"edges={self._count:,}, negatives={self.negatives}"
