@@ -223,3 +223,16 @@ def test_link_loader_time_arguments_are_checked():
         LinkNeighborLoader(graph, [3], 8, edges=edges, time_attr="edge_time", edge_label_time=times[1:])
     with pytest.raises(ConfigError, match="temporal sampling: not yet in mode device"):
         LinkNeighborLoader(graph, [3], 8, edges=edges, time_attr="edge_time", edge_label_time=times, mode="device")
+
+
+def test_dgl_blocks_carry_the_times(graph):
+    dgl = pytest.importorskip("dgl")
+    seeds, times = seeds_and_times(graph)
+    batch = next(iter(NeighborLoader(graph, [4, 3], 16, seeds=seeds, time_attr="edge_time", input_time=times)))
+    for block, g in zip(batch.blocks, batch.to_dgl_blocks()):
+        assert torch.equal(g.srcdata["seed_time"], block.src_time)
+        assert torch.equal(g.edata["timestamp"], torch.from_numpy(graph.edge_time[block.edge_ids.numpy()]))
+        src, dst = g.edges()
+        assert torch.all(g.edata["timestamp"] <= g.dstdata["seed_time"][dst])
+        assert torch.equal(g.srcdata[dgl.NID][src], torch.from_numpy(np.asarray(graph.indices)[
+            g.edata[dgl.EID].numpy()]).long())

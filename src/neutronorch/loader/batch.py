@@ -121,6 +121,12 @@ class SampledBatch:
                                  device=block.indices.device)
             g.srcdata[dgl.NID] = block.src_ids
             g.dstdata[dgl.NID] = block.dst_ids
+            if block.src_time is not None:  # sampled by time: each entry's, and the edges' (docs/temporal.md)
+                g.srcdata["seed_time"], g.dstdata["seed_time"] = block.src_time, block.src_time[:block.num_dst]
+                if not self._by_vertices:
+                    g.edata[dgl.EID] = block.edge_ids
+                    g.edata["timestamp"] = torch.from_numpy(np.asarray(self._times)[block.edge_ids.cpu().numpy()]
+                                                            ).to(block.edge_ids.device)
             out.append(g)
         out[0].srcdata["feat"] = self._x
         self._dgl_fields(out)
