@@ -142,10 +142,10 @@ class Graph(GraphCommon):
         tasks = [f"{self.num_classes} classes, split {len(self.train_idx):,}/{len(self.val_idx):,}/"
                  f"{len(self.test_idx):,}"] if self.links is None or self.num_classes else []
         tasks += [self.links.describe()] if self.links is not None else []
-        times = [line for line in (describe_times(self.edge_time, "edge times"),
-                                   describe_times(self.node_time, "vertex times")) if line]
+        tasks += [line for line in (describe_times(self.edge_time, "edge times"),
+                                    describe_times(self.node_time, "vertex times")) if line]
         return (f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, {self.feature_dim} features, "
-                f"{', '.join(tasks)}" + "".join(f"\n  {line}" for line in times))
+                f"{', '.join(tasks)}")
 
     def validate(self, source: str, files: dict[str, str] | None = None, classes: bool = True) -> "Graph":
         """Raise ``DataError`` naming ``source`` if any array is inconsistent; return the graph otherwise.

@@ -125,6 +125,6 @@ def describe_times(times: np.ndarray | None, what: str) -> str | None:
     if times is None:
         return None
     if times.shape[0] == 0:
-        return f"{what}: none ({times.dtype})"
+        return f"{what} none ({times.dtype})"
     low, high = times.min(), times.max()
-    return f"{what}: {low} .. {high} ({times.dtype})"
+    return f"{what} {low}..{high} ({times.dtype})"
