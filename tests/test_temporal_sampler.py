@@ -216,3 +216,23 @@ def test_planted_spoilers_after_the_seeds_times_change_no_sample(strategy, stric
         for name in ("indptr", "indices", "src_ids", "src_time"):
             assert torch.equal(getattr(one, name), getattr(two, name)), name
         assert np.array_equal(clean.edge_time[one.edge_ids.numpy()], dirty.edge_time[two.edge_ids.numpy()])
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("strategy", ["uniform", "last"])
+@pytest.mark.parametrize("strict", [False, True])
+def test_the_torch_sampler_draws_the_host_samplers_blocks_bit_for_bit(seed, strategy, strict):
+    from neutronorch.sampling.temporal_device import TorchTemporalSampler
+
+    g = timed_graph(seed, float_times=seed == 3)
+    host = TemporalNeighborSampler(g.indptr, g.indices, g.edge_time, [4, 3, -1], strategy, strict)
+    torch_sampler = TorchTemporalSampler(torch.from_numpy(g.indptr), torch.from_numpy(g.indices),
+                                         torch.from_numpy(g.edge_time), [4, 3, -1], strategy, strict)
+    rng = np.random.default_rng(seed)
+    seeds = rng.choice(g.num_nodes, 10, replace=False)
+    for at in (rng.integers(0, 110, 10), np.full(10, 50)):
+        for a, b in zip(host.sample(seeds, at, seed).blocks, torch_sampler.sample(seeds, at, seed).blocks):
+            assert (a.num_dst, a.num_src) == (b.num_dst, b.num_src)
+            for name in ("indptr", "indices", "src_ids", "src_time", "edge_ids"):
+                assert torch.equal(getattr(a, name).long() if name != "src_time" else getattr(a, name),
+                                   getattr(b, name).long() if name != "src_time" else getattr(b, name)), name
