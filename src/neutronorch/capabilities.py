@@ -73,6 +73,20 @@ LOADER_KIND_REFUSED = {
     ("typed", "link"): "LinkNeighborLoader takes a homogeneous graph for now; a typed graph's link task (one "
                        "relation's edges) trains through train().",
 }
+# A graph with edge or vertex times (docs/temporal.md): what does not sample it by time yet refuses it.
+TEMPORAL_REFUSED = ("temporal sampling: {name} carries times, and training, predict/embed and a loader without "
+                    "`time_attr` would sample it without them and see each seed's future; not yet in training "
+                    "(docs/temporal.md). Sample it by time with NeighborLoader(..., time_attr='edge_time', "
+                    "input_time=...), or drop its times (dataclasses.replace(graph, edge_time=None, node_time=None)) "
+                    "to use it as a static graph.")
+
+
+def check_static(graph) -> None:
+    """Refuse ``graph`` if it carries times (``TEMPORAL_REFUSED``)."""
+    if getattr(graph, "temporal", False):
+        raise ConfigError(TEMPORAL_REFUSED.format(name=graph.name))
+
+
 # Your own module (train(config, graph, model=module)): the modes it cannot train in, by graph kind. A
 # homogeneous module trains in NeutronOrch mode when it exposes its bottom layer (nn/custom.py).
 OWN_MODULE_REFUSED = {

@@ -207,6 +207,7 @@ def _train(config: TrainConfig, folder, rank: int | None, words: list[str] | Non
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
+    from neutronorch.data.jodie import is_jodie, load_jodie
     from neutronorch.data.tabular import is_table, load_tables, only_a_table
 
     t0 = time.perf_counter()
@@ -215,21 +216,27 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         raise ConfigError(f"give both --features and --labels with your edge table {args.source} (the native format "
                           f"holds a node-classification graph: a feature row and a label per vertex; a vertex may "
                           f"lack a label).")
-    if not tables and only_a_table(args.source):
+    jodie = not tables and is_table(args.source) and is_jodie(args.source)  # interactions with times
+    if not tables and not jodie and only_a_table(args.source):
         raise ConfigError(f"{args.source}: an edge table; give its vertices' --features and --labels tables too "
                           f"(docs/datasets.md, \"Your own tables\").")
     if not tables and (args.directed or args.header != "auto" or args.name is not None):
         raise ConfigError("--directed, --header and --name read your own tables: give SOURCE as your edge table "
                           "with --features and --labels.")
-    typed = not tables and is_typed_dataset(args.source)
+    if jodie and (args.split is not None or args.seed):
+        raise ConfigError(f"{args.source}: a JODIE/TGN interaction file has no vertex labels to split; leave --split "
+                          f"and --seed out (docs/temporal.md).")
+    typed = jodie or (not tables and is_typed_dataset(args.source))
     reads = [Path(p) for p in (args.source, args.features, args.labels, args.split) if p and is_table(p)] if tables \
-        else dataset_paths(args.source)
+        else [Path(args.source)] if jodie else dataset_paths(args.source)
     _check_native_out("OUT_DIR", args.out_dir, reads, args.overwrite, typed)
     kept, bar = {}, _ProgressBar("reading", "B")
     try:
         if tables:
             graph, kept = load_tables(args.source, args.features, args.labels, args.split, args.seed, args.directed,
                                       args.header, args.name, bar)
+        elif jodie:
+            graph = load_jodie(args.source)
         else:
             graph = (load_typed_dataset(args.source, args.split, progress=bar) if typed
                      else load_dataset(args.source, args.split, args.seed, progress=bar))

@@ -11,6 +11,7 @@ import numpy as np
 from neutronorch.data import TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
 from neutronorch.data.csc import edge_hygiene
 from neutronorch.data.partition_files import is_partition_dir, partition_summary
+from neutronorch.data.times import time_info
 
 
 def dataset_info(spec: str) -> dict:
@@ -24,20 +25,24 @@ def dataset_info(spec: str) -> dict:
     graph = load_typed_dataset(spec) if typed else load_dataset(spec)
     view = graph if typed else TypedGraph.of(graph)
     types = {t: {"nodes": int(count), "feature_dim": view.feature_dim(t),
-                 "feature_dtype": str(view.features[t].dtype) if t in view.features else None}
+                 "feature_dtype": str(view.features[t].dtype) if t in view.features else None,
+                 **({"node_time": time_info(view.node_time[t])} if t in view.node_time else {})}
              for t, count in view.num_nodes.items()}
     relations = []
     for (src, name, dst), relation in view.relations.items():
         degrees = relation.in_degrees()
         relations.append({"src": src, "name": name, "dst": dst, "edges": relation.num_edges,
                           "edge_feature_dim": relation.edge_feature_dim,
+                          **({} if relation.edge_time is None else
+                             {"edge_time": time_info(relation.edge_time, relation.indptr)}),
                           "max_in_degree": int(degrees.max()) if degrees.size else 0,
                           "mean_in_degree": float(degrees.mean()) if degrees.size else 0.0,
                           **(edge_hygiene(relation.indptr, relation.indices) if src == dst
                              else {"duplicate_edges": _repeated(relation, view.num_nodes[src])})})
     info = {"name": graph.name, "nodes": sum(view.num_nodes.values()), "edges": view.num_edges}
     if not typed:
-        info.update({key: types[view.target][key] for key in ("feature_dim", "feature_dtype")})
+        info.update({key: types[view.target][key] for key in ("feature_dim", "feature_dtype", "node_time")
+                     if key in types[view.target]})
     info.update({"classes": graph.num_classes, "train": len(graph.train_idx), "val": len(graph.val_idx),
                  "test": len(graph.test_idx)})
     info.update({"target": graph.target, "node_types": types, "relations": relations} if typed else

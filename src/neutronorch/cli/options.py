@@ -188,8 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_convert_options(convert: argparse.ArgumentParser) -> None:
-    convert.add_argument("source", help="what to read: a dataset spec, as train's --dataset (docs/datasets.md), or "
-                                        "your edge table (with --features and --labels)")
+    convert.add_argument("source", help="what to read: a dataset spec, as train's --dataset (docs/datasets.md), "
+                                        "your edge table (with --features and --labels), or a JODIE/TGN "
+                                        "interaction CSV (a typed graph with edge times: docs/temporal.md)")
     convert.add_argument("out_dir", help="output directory")
     convert.add_argument("--split", default=None, help=(
         "for data without a split: ratio:TRAIN,VAL or per-class:TRAIN,VAL (default: the data's own, else "

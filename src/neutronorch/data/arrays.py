@@ -7,9 +7,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from neutronorch.data.csc import edges_to_csc
+from neutronorch.data.csc import INT32_LIMIT, edge_ends, edges_to_csc
 from neutronorch.data.dtypes import STORAGE_DTYPES, as_int64, bfloat16
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
+from neutronorch.data.times import time_array, timed_order
 from neutronorch.errors import DataError
 from neutronorch.limits import check_seed, check_switch
 
@@ -18,11 +19,12 @@ SPLITS = ("train", "val", "test")
 
 def graph_fields(src, dst, features, labels, splits: Mapping | Sequence | None = None, *, name: str = "arrays",
                  num_nodes: int | None = None, undirected: bool = True, split: str = DEFAULT_SPLIT, seed: int = 0,
-                 num_classes: int | None = None, metric: str | None = None) -> dict:
+                 num_classes: int | None = None, metric: str | None = None, edge_time=None, node_time=None) -> dict:
     """The fields of the graph (``Graph``'s keywords) with edges ``src[i] -> dst[i]``, a feature row and a
     label per vertex. ``splits``: {"train", "val", "test"} or a triple, each vertex ids or a boolean mask;
     None draws one by ``split`` and ``seed``. ``num_nodes`` defaults to the feature rows, ``num_classes`` to
-    the labels'."""
+    the labels'. ``edge_time`` (a time per edge) and ``node_time`` (a time per vertex): docs/temporal.md; with
+    edge times an edge repeated at another time is another edge (only repeats at one time are dropped)."""
     if not isinstance(name, str):
         raise DataError(f"`name` {name!r}: expected a string (it names the graph in messages and summaries).")
     check_switch(undirected, "`undirected`")
@@ -40,14 +42,36 @@ def graph_fields(src, dst, features, labels, splits: Mapping | Sequence | None =
         if ends.ndim > 1:  # a (2, E) edge_index given as one end would be read flat, as edges it does not hold
             raise DataError(f"{name}: `{what}` has shape {ends.shape}; give the edges' {what} ids as a 1-D array "
                             f"(of a (2, E) edge_index: src=edge_index[0], dst=edge_index[1]).")
-    indptr, indices = edges_to_csc(src, dst, n, symmetric=undirected, source=name)
+    if edge_time is None:
+        indptr, indices = edges_to_csc(src, dst, n, symmetric=undirected, source=name)
+        times = None
+    else:
+        indptr, indices, times = timed_csc(src, dst, edge_time, n, undirected, name)
+    if node_time is not None:
+        node_time = time_array(node_time, n, "vertex times", name)
     if splits is None:
         train, val, test = make_split(labels if labels.ndim == 1 else np.zeros(n, np.int64), num_classes, split,
                                       seed)
     else:
         train, val, test = _splits(splits, n, name)
     return dict(name=name, indptr=indptr, indices=indices, features=features, labels=labels, train_idx=train,
-                val_idx=val, test_idx=test, num_classes=int(num_classes), metric=metric)
+                val_idx=val, test_idx=test, num_classes=int(num_classes), metric=metric, edge_time=times,
+                node_time=node_time)
+
+
+def timed_csc(src, dst, edge_time, n: int, undirected: bool, name: str) -> tuple[np.ndarray, ...]:
+    """``(indptr, indices, edge_time)`` of the timed edges ``src[i] -> dst[i]`` at ``edge_time[i]``
+    (``undirected``: both ways, at the same time), self loops dropped as ``edges_to_csc`` drops them."""
+    src, dst = edge_ends(src, dst, name)
+    times = time_array(edge_time, src.shape[0], "edge times", name)
+    keep = src != dst
+    src, dst, times = src[keep], dst[keep], times[keep]
+    if undirected:
+        src, dst, times = np.concatenate([src, dst]), np.concatenate([dst, src]), np.concatenate([times, times])
+    order = timed_order(src, dst, times, deduplicate=True)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst[order], minlength=n), out=indptr[1:])
+    return indptr, src[order].astype(np.int32 if n <= INT32_LIMIT else np.int64, copy=False), times[order]
 
 
 def _array(value, what: str) -> np.ndarray:

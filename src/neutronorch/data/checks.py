@@ -12,6 +12,7 @@ import numpy as np
 from neutronorch.data.dtypes import STORAGE_DTYPES, id_outside
 from neutronorch.data.relation import Relation, node_array, relation_array, relation_label
 from neutronorch.data.splits import split_overlap
+from neutronorch.data.times import check_times
 from neutronorch.errors import DataError
 
 # Type and relation names become folder names on disk (native.py); "___" joins a relation's three.
@@ -64,6 +65,18 @@ def check_typed_graph(graph, source: str, files: dict[str, str]) -> None:
         if relation.edge_features is not None:
             check_rows(relation.edge_features, relation.indices.shape[0], f"{label}: edge_features", "edge",
                        relation_array(key, "edge_features"), fail)
+        if relation.edge_time is not None:
+            check_times(relation.edge_time, relation.num_edges, f"{label}: edge times",
+                        files.get(relation_array(key, "edge_time"), source), relation.indptr)
+    if not isinstance(graph.node_time, dict):
+        fail(None, f"node_time is a {type(graph.node_time).__name__}, expected a dict", "Map each timed type to "
+             "its vertex times.")
+    for node_type, times in graph.node_time.items():
+        if node_type not in graph.num_nodes:
+            fail(None, f"vertex times are given for type {node_type!r}, which the graph does not have",
+                 "Add it to num_nodes, or fix the name.")
+        check_times(times, int(graph.num_nodes[node_type]), f"type {node_type}: vertex times",
+                    files.get(node_array(node_type, "time"), source))
     for node_type, features in graph.features.items():
         check_rows(features, int(graph.num_nodes[node_type]), f"type {node_type}: features", f"{node_type} vertex",
                    node_array(node_type, "features"), fail)

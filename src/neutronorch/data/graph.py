@@ -13,6 +13,7 @@ import numpy as np
 from neutronorch.data.arrays import graph_fields
 from neutronorch.data.checks import Failure, check_csc, check_kinds, check_metric, check_rows, check_target
 from neutronorch.data.links import LinkSplit, check_link_split
+from neutronorch.data.times import check_times, describe_times
 from neutronorch.errors import DataError
 
 # The arrays of a graph, as the native format names its files.
@@ -84,7 +85,9 @@ class GraphCommon:
 class Graph(GraphCommon):
     """A node-classification graph in CSC form: ``indices[indptr[v]:indptr[v+1]]`` are ``v``'s in-neighbours.
     ``labels``: a class id per vertex (-1: none), or a 0/1 row of ``num_classes`` tasks (-1: unknown).
-    ``metric``: the one the dataset's literature reports; ``links``: a link graph's split."""
+    ``metric``: the one the dataset's literature reports; ``links``: a link graph's split. ``edge_time``: a
+    time per edge in ``indices``' order, each vertex's in-edges ascending by it; ``node_time``: a time per
+    vertex (docs/temporal.md); None where the graph has none."""
 
     name: str
     indptr: np.ndarray
@@ -98,10 +101,17 @@ class Graph(GraphCommon):
     notes: list[str] = field(default_factory=list)
     metric: str | None = None
     links: LinkSplit | None = None
+    edge_time: np.ndarray | None = None
+    node_time: np.ndarray | None = None
 
     @property
     def num_nodes(self) -> int:
         return int(self.indptr.shape[0] - 1)
+
+    @property
+    def temporal(self) -> bool:
+        """Whether the graph carries edge or vertex times."""
+        return self.edge_time is not None or self.node_time is not None
 
     @property
     def num_edges(self) -> int:
@@ -124,14 +134,16 @@ class Graph(GraphCommon):
         graph.drop_unlabelled_from_splits()
         return graph
 
-    def arrays(self) -> list[np.ndarray]:
-        """The graph's arrays, in the native format's order (``ARRAYS``)."""
-        return [getattr(self, name) for name in ARRAYS]
+    def arrays(self) -> list[np.ndarray | None]:
+        """The graph's arrays, in the native format's order (``ARRAYS``), then its times (None where absent)."""
+        return [getattr(self, name) for name in ARRAYS] + [self.edge_time, self.node_time]
 
     def describe(self) -> str:
         tasks = [f"{self.num_classes} classes, split {len(self.train_idx):,}/{len(self.val_idx):,}/"
                  f"{len(self.test_idx):,}"] if self.links is None or self.num_classes else []
         tasks += [self.links.describe()] if self.links is not None else []
+        tasks += [line for line in (describe_times(self.edge_time, "edge times"),
+                                    describe_times(self.node_time, "vertex times")) if line]
         return (f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, {self.feature_dim} features, "
                 f"{', '.join(tasks)}")
 
@@ -151,6 +163,11 @@ class Graph(GraphCommon):
         check_rows(self.features, n, "features", "vertex", "features", fail)
         # No node task (a link graph's, or one to embed): no labels, no node splits.
         check_target(self, n, fail, link_only=(self.links is not None or not classes) and self.num_classes == 0)
+        if self.edge_time is not None:  # in-edges sorted by time: checked, as the samplers' cut relies on it
+            check_times(self.edge_time, self.num_edges, "edge times", (files or {}).get("edge_time", source),
+                        self.indptr)
+        if self.node_time is not None:
+            check_times(self.node_time, n, "vertex times", (files or {}).get("node_time", source))
         if self.links is not None:  # a benchmark's fixed negatives are scored as they are (check_link_split)
             check_link_split(self.links, n, (files or {}).get("links", source))
         self._mark_validated(classes)

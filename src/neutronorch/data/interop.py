@@ -13,7 +13,9 @@ import numpy as np
 from neutronorch.data.arrays import _array, feature_rows
 from neutronorch.data.dtypes import as_int64, is_bfloat16
 from neutronorch.data.graph import Graph
+from neutronorch.data.interop_times import DGL_TIME_KEYS, dgl_time, put_dgl_times, put_pyg_times, pyg_times
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
+from neutronorch.data.times import time_array
 from neutronorch.data.typed import Relation, TypedGraph, relation_label
 from neutronorch.errors import DataError
 
@@ -36,8 +38,8 @@ MASKS = {"train_idx": ("train_mask",), "val_idx": ("val_mask", "valid_mask"), "t
 
 
 def from_pyg(data, name: str = "pyg", split_index: int = 0, **options) -> Graph:
-    """A ``torch_geometric.data.Data`` (``x``, ``y``, ``edge_index``, optional split masks) as a graph;
-    ``options`` go to ``Graph.from_arrays``."""
+    """A ``torch_geometric.data.Data`` (``x``, ``y``, ``edge_index``, optional split masks and times:
+    ``interop_times.pyg_times``) as a graph; ``options`` go to ``Graph.from_arrays``."""
     if getattr(data, "node_types", None) and getattr(data, "edge_types", None) and len(data.node_types) > 1:
         raise DataError(f"{name}: a HeteroData (types {', '.join(map(str, data.node_types))}); read it with "
                         f"neutronorch.data.from_pyg_hetero(data, target=...).")
@@ -47,8 +49,9 @@ def from_pyg(data, name: str = "pyg", split_index: int = 0, **options) -> Graph:
                             f"node labels (y) and edges (edge_index).")
     edge_index = data.edge_index
     splits = _masks(lambda key: getattr(data, key, None), name, split_index)
+    times = pyg_times(data, int(data.num_nodes), int(edge_index.shape[1]), name)
     return Graph.from_arrays(edge_index[0], edge_index[1], data.x, data.y, splits, name=name,
-                             num_nodes=int(data.num_nodes), **options)
+                             num_nodes=int(data.num_nodes), **times, **options)
 
 
 def to_pyg(graph: Graph):
@@ -57,12 +60,13 @@ def to_pyg(graph: Graph):
     out = data.Data(x=_float32(graph.features, torch), edge_index=torch.from_numpy(np.stack(_edges(graph))),
                     num_nodes=graph.num_nodes)
     _put_target(graph, out, "y", torch)
+    put_pyg_times(graph, out, torch)
     return out
 
 
 def from_dgl(g, name: str = "dgl", split_index: int = 0, **options) -> Graph:
-    """A ``dgl.DGLGraph`` with node data ``feat``, ``label`` and optional split masks as a graph; ``options``
-    go to ``Graph.from_arrays``."""
+    """A ``dgl.DGLGraph`` with node data ``feat``, ``label``, optional split masks and times (``timestamp`` or
+    ``time`` in ``edata`` and ``ndata``) as a graph; ``options`` go to ``Graph.from_arrays``."""
     if not (hasattr(g, "ndata") and hasattr(g, "edges")):
         raise DataError(f"{name}: from_dgl reads a dgl.DGLGraph, not a {type(g).__name__}.")
     nodes = g.ndata
@@ -71,10 +75,11 @@ def from_dgl(g, name: str = "dgl", split_index: int = 0, **options) -> Graph:
     if features is None or labels is None:
         raise DataError(f"{name}: the DGL graph needs node data `feat` and `label` (it holds "
                         f"{sorted(nodes.keys())}).")
-    src, dst = g.edges()
+    src, dst = g.edges(order="eid")
     splits = _masks(lambda key: nodes[key] if key in nodes else None, name, split_index)
+    times = {"edge_time": dgl_time(g.edata, name, "edata"), "node_time": dgl_time(nodes, name, "ndata")}
     return Graph.from_arrays(src, dst, features, labels, splits, name=name, num_nodes=int(g.num_nodes()),
-                             **options)
+                             **{key: value for key, value in times.items() if value is not None}, **options)
 
 
 def to_dgl(graph: Graph):
@@ -83,6 +88,7 @@ def to_dgl(graph: Graph):
     g = dgl.graph(tuple(map(torch.from_numpy, _edges(graph))), num_nodes=graph.num_nodes)
     g.ndata["feat"] = _float32(graph.features, torch)
     _put_target(graph, g.ndata, "label", torch)
+    put_dgl_times(graph, g, torch)
     return g
 
 
@@ -198,6 +204,10 @@ def to_pyg_hetero(graph: TypedGraph):
         data[key].edge_index = torch.from_numpy(np.stack([src, dst]))
         if relation.edge_features is not None:
             data[key].edge_attr = _float32(relation.edge_features, torch)
+        if relation.edge_time is not None:
+            data[key].edge_time = torch.from_numpy(np.asarray(relation.edge_time))
+    for node_type, times in graph.node_time.items():
+        data[node_type].time = torch.from_numpy(np.asarray(times))
     _put_target(graph, data[graph.target], "y", torch)
     return data
 
@@ -214,6 +224,10 @@ def to_dgl_hetero(graph: TypedGraph):
     for key, relation in graph.relations.items():
         if relation.edge_features is not None:
             g.edges[key].data["feat"] = _float32(relation.edge_features, torch)
+        if relation.edge_time is not None:
+            g.edges[key].data[DGL_TIME_KEYS[0]] = torch.from_numpy(np.asarray(relation.edge_time))
+    for node_type, times in graph.node_time.items():
+        g.nodes[node_type].data[DGL_TIME_KEYS[0]] = torch.from_numpy(np.asarray(times))
     _put_target(graph, g.nodes[graph.target].data, "label", torch)
     return g
 
@@ -232,9 +246,13 @@ def from_pyg_hetero(data, target: str, name: str = "pyg", num_classes: int | Non
         if "edge_index" not in store:
             raise DataError(f"{name}: relation {relation_label(key)} has no edge_index.")
         edge_index = _pairs(store.edge_index, f"{name}: relation {relation_label(key)}: edge_index")
-        edges[tuple(key)] = (edge_index[0], edge_index[1], _numpy(store.edge_attr) if "edge_attr" in store else None)
+        times = pyg_times(store, -1, edge_index.shape[1], name, f": relation {relation_label(key)}")
+        edges[tuple(key)] = (edge_index[0], edge_index[1], _numpy(store.edge_attr) if "edge_attr" in store else None,
+                             times.get("edge_time"))
+    node_time = {t: times["node_time"] for t in node_types
+                 if (times := pyg_times(data[t], num_nodes[t], -1, name, f": type {t}"))}
     return _typed_graph(name, num_nodes, {t: data[t] for t in node_types}, edges, target, _PYG, num_classes,
-                        split, seed)
+                        split, seed, node_time)
 
 
 def from_dgl_hetero(g, target: str, name: str = "dgl", num_classes: int | None = None,
@@ -248,9 +266,12 @@ def from_dgl_hetero(g, target: str, name: str = "dgl", num_classes: int | None =
         stored = g.edges[key].data
         weights = next((stored[k] for k in _DGL_EDGE_FEATURES if k in stored), None)
         src, dst = g.edges(etype=key, order="eid")
-        edges[tuple(key)] = (_numpy(src), _numpy(dst), None if weights is None else _numpy(weights))
+        edges[tuple(key)] = (_numpy(src), _numpy(dst), None if weights is None else _numpy(weights),
+                             dgl_time(stored, name, f"relation {relation_label(key)}'s edata"))
+    node_time = {t: times for t in node_types if (times := dgl_time(g.nodes[t].data, name, f"type {t}'s ndata"))
+                 is not None}
     return _typed_graph(name, {t: int(g.num_nodes(t)) for t in node_types}, {t: g.nodes[t].data for t in node_types},
-                        edges, target, _DGL, num_classes, split, seed)
+                        edges, target, _DGL, num_classes, split, seed, node_time)
 
 
 def _float32(rows: np.ndarray, torch):
@@ -269,10 +290,10 @@ def _put_target(graph: Graph | TypedGraph, store, label_key: str, torch) -> None
 
 
 def _typed_graph(name: str, num_nodes: dict[str, int], stores: dict, edges: dict, target: str, keys: dict,
-                 num_classes: int | None, split: str | None, seed: int) -> TypedGraph:
+                 num_classes: int | None, split: str | None, seed: int, node_time: dict) -> TypedGraph:
     """The validated typed graph of either library's parts: ``stores`` maps each type to its node data,
-    ``edges`` each relation to its (sources, destinations, edge features or None). Only ``target`` may carry
-    labels or split masks."""
+    ``edges`` each relation to its (sources, destinations, edge features or None, edge times or None),
+    ``node_time`` the timed types' vertex times. Only ``target`` may carry labels or split masks."""
     if target not in stores:
         raise DataError(f"{name}: no target type: {target!r} is not a node type of the {keys['holder']} "
                         f"({', '.join(stores)}). Name the type whose labels are predicted.")
@@ -288,12 +309,13 @@ def _typed_graph(name: str, num_nodes: dict[str, int], stores: dict, edges: dict
         if key is not None:
             features[node_type] = feature_rows(_numpy(store[key]), f"{name}: type {node_type}: {key}")
     relations = {key: Relation.from_edges(src, dst, num_nodes[key[0]], num_nodes[key[2]], edge_features,
-                                          source=f"{name}: relation {relation_label(key)}")
-                 for key, (src, dst, edge_features) in edges.items()}
+                                          source=f"{name}: relation {relation_label(key)}", edge_time=times)
+                 for key, (src, dst, edge_features, times) in edges.items()}
+    node_time = {t: time_array(times, num_nodes[t], f"type {t}: vertex times", name) for t, times in node_time.items()}
     labels, classes = _labels(stores[target], target, name, num_classes, keys["labels"])
     splits, notes = _splits(stores[target], labels, classes, split, seed)
     graph = TypedGraph(name=name, num_nodes=num_nodes, relations=relations, features=features, target=target,
-                       labels=labels, num_classes=classes, notes=notes, **splits)
+                       labels=labels, num_classes=classes, notes=notes, node_time=node_time, **splits)
     graph.drop_unlabelled_from_splits()
     return graph.validate(name)
 

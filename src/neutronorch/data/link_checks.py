@@ -75,9 +75,10 @@ def check_graph_links(graph) -> list[str]:
 
 
 def link_graph(name: str, indptr, indices, features, split: LinkSplit, notes: list[str], kept: str, source: str,
-               files: dict[str, str] | None = None) -> Graph:
+               files: dict[str, str] | None = None, edge_time=None) -> Graph:
     """The validated link graph (no node task) of a stored ``split``; its notes count the fixed negatives
-    that are positives of their own set too, scored as given (``kept`` says as whose evaluator does)."""
+    that are positives of their own set too, scored as given (``kept`` says as whose evaluator does).
+    ``edge_time``: the message edges' times, in ``indices``' order."""
     num_nodes = indptr.shape[0] - 1
     for part in ("val", "test"):
         clashes = count_positive_negatives(split, part, num_nodes)
@@ -85,7 +86,7 @@ def link_graph(name: str, indptr, indices, features, split: LinkSplit, notes: li
             notes.append(f"{clashes:,} of {name}'s {part} negatives are also {part} positives (kept{kept})")
     none = np.empty(0, np.int64)
     return Graph(name, indptr, indices, features, np.full(num_nodes, -1, np.int64), none, none.copy(),
-                 none.copy(), 0, notes, links=split).validate(source, files)
+                 none.copy(), 0, notes, links=split, edge_time=edge_time).validate(source, files)
 
 
 def _count(issues: dict, examples: dict, kind: str, keys: np.ndarray, known: np.ndarray, num_nodes: int,

@@ -18,13 +18,14 @@ from neutronorch.data.dtypes import BFLOAT16, bfloat16, is_bfloat16
 from neutronorch.data.files import open_npy, read_error, reads_files
 from neutronorch.data.graph import ARRAYS, Graph
 from neutronorch.data.relation import Relation, RelationType, node_array, relation_array, relation_label
+from neutronorch.data.times import check_time_dtype
 from neutronorch.data.typed import EDGE, TYPED_FORMAT, VERTEX, TypedGraph
 from neutronorch.errors import DataError, OutputError
 from neutronorch.limits import name_bytes, name_max, shown
 
 FORMAT_VERSION = 1
 META_KEYS = ("name", "num_nodes", "num_edges", "feature_dim", "num_classes", "format_version")
-OPTIONAL_KEYS = ("notes", "metric", "feature_dtype")
+OPTIONAL_KEYS = ("notes", "metric", "feature_dtype", "edge_time_dtype", "node_time_dtype")
 TYPED_KEYS = ("format", "format_version", "name", "node_types", "relations", "target", "num_classes")
 # The fields of one entry of meta.json's node_types and relations, with their types (int: a count >= 0).
 _NODE_FIELDS = {"name": str, "count": int, "feature_dim": int}
@@ -34,6 +35,8 @@ KEPT = ("node_ids", "class_names")
 # A flat folder's arrays under the keys of the typed layout they stand for.
 _FLAT = {node_array(VERTEX, name): name for name in ("features", "labels", *SPLITS)}
 _FLAT.update({relation_array(EDGE, name): name for name in ("indptr", "indices")})
+_FLAT.update({relation_array(EDGE, "edge_time"): "edge_time", node_array(VERTEX, "time"): "node_time"})
+TIMES = ("edge_time", "node_time")  # a flat folder's time arrays (docs/temporal.md), when meta.json names them
 
 
 def is_native_dir(path: Path) -> bool:
@@ -55,7 +58,7 @@ def load_native(directory: str | os.PathLike, mmap: bool = True, validate: bool 
     meta_path = directory / "meta.json"
     graph = _read(directory, _as_typed(read_meta(meta_path)), mmap, {}, flat=True).as_graph()
     if validate:
-        files = {name: str(directory / f"{name}.npy") for name in ARRAYS}
+        files = {name: str(directory / f"{name}.npy") for name in (*ARRAYS, *TIMES)}
         graph.validate(str(directory), {**files, "num_classes": str(meta_path), "metric": str(meta_path)})
     return graph
 
@@ -75,10 +78,11 @@ def read_typed(folder: str | os.PathLike, mmap: bool = True) -> TypedGraph:
 
 def _as_typed(meta: dict) -> dict:
     """A flat (homogeneous) ``meta.json`` as the typed one of its one type and one relation."""
-    node = {"name": VERTEX, "count": meta["num_nodes"], "feature_dim": meta["feature_dim"]}
+    node = {"name": VERTEX, "count": meta["num_nodes"], "feature_dim": meta["feature_dim"],
+            "time_dtype": meta.get("node_time_dtype")}
     return {**meta, "target": VERTEX, "node_types": [{**node, "feature_dtype": meta.get("feature_dtype")}],
             "relations": [{"src": VERTEX, "name": EDGE[1], "dst": VERTEX, "num_edges": meta["num_edges"],
-                           "edge_feature_dim": 0}]}
+                           "edge_feature_dim": 0, "edge_time_dtype": meta.get("edge_time_dtype")}]}
 
 
 def _read(directory: Path, meta: dict, mmap: bool, files: dict[str, str], flat: bool = False) -> TypedGraph:
@@ -106,11 +110,15 @@ def _read(directory: Path, meta: dict, mmap: bool, files: dict[str, str], flat: 
         key, edges = (entry["src"], entry["name"], entry["dst"]), entry["num_edges"]
         edge_features = (open_array(relation_array(key, "edge_features"), (edges, entry["edge_feature_dim"]),
                                     entry.get("edge_feature_dtype")) if entry["edge_feature_dim"] else None)
+        edge_time = (open_array(relation_array(key, "edge_time"), (edges,), entry["edge_time_dtype"])
+                     if entry.get("edge_time_dtype") else None)
         relations[key] = Relation(open_array(relation_array(key, "indptr"), (num_nodes[key[2]] + 1,)),
-                                  open_array(relation_array(key, "indices"), (edges,)), edge_features)
+                                  open_array(relation_array(key, "indices"), (edges,)), edge_features, edge_time)
     features = {entry["name"]: open_array(node_array(entry["name"], "features"),
                                           (entry["count"], entry["feature_dim"]), entry.get("feature_dtype"))
                 for entry in meta["node_types"] if entry["feature_dim"] or flat}
+    node_time = {entry["name"]: open_array(node_array(entry["name"], "time"), (entry["count"],), entry["time_dtype"])
+                 for entry in meta["node_types"] if entry.get("time_dtype")}
     target, classes = meta["target"], meta["num_classes"]
     unlabelled = not flat and not classes and not (directory / f"{node_array(target, 'labels')}.npy").exists()
     labels = None if unlabelled else open_array(node_array(target, "labels"))
@@ -123,7 +131,8 @@ def _read(directory: Path, meta: dict, mmap: bool, files: dict[str, str], flat: 
                         f"the data again.")
     return TypedGraph(name=meta["name"], num_nodes=num_nodes, relations=relations, features=features,
                       target=target, labels=labels, **{split: open_array(node_array(target, split)) for split in SPLITS},
-                      num_classes=classes, notes=list(meta.get("notes", [])), metric=meta.get("metric"))
+                      num_classes=classes, notes=list(meta.get("notes", [])), metric=meta.get("metric"),
+                      node_time=node_time)
 
 
 def read_meta(meta_path: Path, keys: tuple[str, ...] = META_KEYS, optional: tuple[str, ...] = OPTIONAL_KEYS,
@@ -168,6 +177,8 @@ def read_meta(meta_path: Path, keys: tuple[str, ...] = META_KEYS, optional: tupl
     if meta.get("metric") is not None and meta["metric"] not in METRICS:
         raise DataError(f"{meta_path}: metric is {meta['metric']!r}, which names no metric; use one of "
                         f"{', '.join(METRICS)}, or leave the key out.")
+    for key in ("edge_time_dtype", "node_time_dtype"):
+        check_time_dtype(meta.get(key), meta_path)
     if meta["format_version"] != FORMAT_VERSION:
         raise DataError(f"{meta_path}: format_version {meta['format_version']!r} is not supported (this "
                         f"neutronorch reads version {FORMAT_VERSION}). Write the dataset again.")
@@ -202,9 +213,10 @@ def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = Fa
     check_dataset_folder(target, overwrite)
     arrays = {_FLAT[key]: array for key, array in _layout(TypedGraph.of(graph))[0].items()}
     arrays.update(kept or {})
+    times = {f"{name}_dtype": getattr(graph, name).dtype.name for name in TIMES if getattr(graph, name) is not None}
     meta = {"name": graph.name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
             "feature_dim": graph.feature_dim, "num_classes": int(graph.num_classes),
-            "format_version": FORMAT_VERSION, "notes": list(graph.notes)}
+            "format_version": FORMAT_VERSION, "notes": list(graph.notes), **times}
     if graph.metric:
         meta["metric"] = graph.metric
     if is_bfloat16(graph.features):
@@ -239,6 +251,9 @@ def _layout(graph: TypedGraph) -> tuple[dict[str, np.ndarray], list[dict], list[
         if (features := graph.features.get(node_type)) is not None:
             node_types[-1]["feature_dtype"] = features.dtype.name
             arrays[node_array(node_type, "features")] = features
+        if (times := graph.node_time.get(node_type)) is not None:
+            node_types[-1]["time_dtype"] = times.dtype.name
+            arrays[node_array(node_type, "time")] = times
     if graph.labels is not None:
         labels = graph.labels  # stored as int64 class ids, or int8 rows of 0/1/-1 (multi-label)
         arrays[node_array(graph.target, "labels")] = labels.astype(np.int8 if labels.ndim == 2 else np.int64,
@@ -253,6 +268,9 @@ def _layout(graph: TypedGraph) -> tuple[dict[str, np.ndarray], list[dict], list[
         if relation.edge_features is not None:
             relations[-1]["edge_feature_dtype"] = relation.edge_features.dtype.name
             arrays[relation_array(key, "edge_features")] = relation.edge_features
+        if relation.edge_time is not None:
+            relations[-1]["edge_time_dtype"] = relation.edge_time.dtype.name
+            arrays[relation_array(key, "edge_time")] = relation.edge_time
     return arrays, node_types, relations
 
 
@@ -294,7 +312,8 @@ def check_dataset_folder(target: Path, overwrite: bool, typed: bool = False) -> 
     """A dataset (``typed``: a typed graph) may be written to ``target``: a new or empty folder, or with
     ``overwrite`` one of that kind holding nothing but its own entries."""
     kind = "typed" if typed else "native"
-    own = {"meta.json", "nodes", "relations"} if typed else {"meta.json", *(f"{name}.npy" for name in (*ARRAYS, *KEPT))}
+    own = ({"meta.json", "nodes", "relations"} if typed else
+           {"meta.json", *(f"{name}.npy" for name in (*ARRAYS, *KEPT, *TIMES))})
     if target.exists() and not target.is_dir():
         raise DataError(f"{target}: exists and is a file; the {kind} format is a folder. Choose another path.")
     replace = target.is_dir() and any(target.iterdir())
@@ -317,8 +336,8 @@ def _check_meta(meta: dict, meta_path: Path) -> None:
         raise DataError(f"{meta_path}: format is {meta['format']!r}, not {TYPED_FORMAT!r}; this folder holds no "
                         f"typed graph.")
     check_meta_value(meta["target"], str, "target", meta_path)
-    for key, fields, optional in (("node_types", _NODE_FIELDS, {"feature_dtype"}),
-                                  ("relations", _RELATION_FIELDS, {"edge_feature_dtype"})):
+    for key, fields, optional in (("node_types", _NODE_FIELDS, {"feature_dtype", "time_dtype"}),
+                                  ("relations", _RELATION_FIELDS, {"edge_feature_dtype", "edge_time_dtype"})):
         entries = meta[key]
         if not isinstance(entries, list):
             raise DataError(f"{meta_path}: {key} is {entries!r}, expected a list of objects.")
@@ -328,6 +347,7 @@ def _check_meta(meta: dict, meta_path: Path) -> None:
                                 f"{', '.join(fields)} (and optionally {', '.join(optional)}).")
             for field, kind in fields.items():
                 check_meta_value(entry[field], kind, f"{key} entry {entry.get('name')!r}: {field}", meta_path)
+            check_time_dtype(entry.get("time_dtype", entry.get("edge_time_dtype")), meta_path)
     names = [entry["name"] for entry in meta["node_types"]]
     if len(set(names)) != len(names):
         raise DataError(f"{meta_path}: node_types lists a type more than once ({names}).")

@@ -21,6 +21,7 @@ from neutronorch.data.files import Progress, holds_objects, read_error, reads_fi
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import stored_split
 from neutronorch.data.textnum import TextError, read_numbers
+from neutronorch.data.times import time_array
 from neutronorch.errors import DataError, not_a_file
 
 ROC_AUC_DATASETS = ("ogbn-proteins",)
@@ -32,8 +33,9 @@ def is_ogb_dir(path: Path) -> bool:
 
 
 @reads_files
-def load_ogb(directory: str | os.PathLike, progress: Progress | None = None) -> Graph:
-    """The OGB dataset in ``directory`` (a folder holding ``raw/`` and ``split/``)."""
+def load_ogb(directory: str | os.PathLike, progress: Progress | None = None, times: bool = False) -> Graph:
+    """The OGB dataset in ``directory`` (a folder holding ``raw/`` and ``split/``); with ``times`` its vertices'
+    years as vertex times (``read_node_years``: ogbn-arxiv, ogbn-papers100M; docs/temporal.md)."""
     directory = Path(directory)
     name = dataset_name(directory)
     raw = directory / "raw"
@@ -51,12 +53,28 @@ def load_ogb(directory: str | os.PathLike, progress: Progress | None = None) -> 
     train, val, test = (split_ids(Path(path), num_nodes) for path in files.values())
     num_classes = labels.shape[1] if labels.ndim == 2 else (int(labels.max()) + 1 if labels.size else 0)
     notes = [f"OGB {name}: edges made undirected"]
+    node_time = read_node_years(raw, num_nodes, progress) if times else None
     if name == "ogbn-proteins":
         notes.append("ogbn-proteins has no node features: each vertex's are the mean of its edges' 8 features")
     # validate names a split's file in its message about it
     return Graph(name=name, indptr=indptr, indices=indices, features=features, labels=labels, train_idx=train,
                  val_idx=val, test_idx=test, num_classes=num_classes, notes=notes,
-                 metric="rocauc" if name in ROC_AUC_DATASETS else "accuracy").validate(str(directory), files)
+                 metric="rocauc" if name in ROC_AUC_DATASETS else "accuracy",
+                 node_time=node_time).validate(str(directory), files)
+
+
+def read_node_years(raw: Path, num_nodes: int, progress: Progress | None = None) -> np.ndarray:
+    """Each vertex's year (int64): ``raw/node_year.csv.gz``, or ``node_year`` in the binary ``data.npz``."""
+    if (raw / "data.npz").is_file():
+        path, years = raw / "data.npz", np.asarray(_npz(raw / "data.npz", ("node_year",))["node_year"]).reshape(-1)
+    else:
+        path = raw / "node_year.csv.gz"
+        if not path.is_file():
+            raise DataError(f"{path}: missing; `times` reads each vertex's year from it (ogbn-arxiv and "
+                            f"ogbn-papers100M ship one). Leave `times` out for a dataset without years.")
+        years = read_rows(path, num_nodes, np.int64, f"{raw / 'num-node-list.csv.gz'} says {num_nodes} vertices",
+                          progress).reshape(-1)
+    return time_array(years, num_nodes, "vertex times (node_year)", str(path))
 
 
 def dataset_name(directory: Path) -> str:

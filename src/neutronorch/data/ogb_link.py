@@ -12,13 +12,14 @@ from pathlib import Path
 
 import numpy as np
 
+from neutronorch.data.arrays import timed_csc
 from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.dtypes import as_int64
 from neutronorch.data.files import read_error, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.link_checks import check_stored_links, link_graph
 from neutronorch.data.links import PER_SOURCE, SHARED, LinkSplit, check_link_split
-from neutronorch.data.ogb import (Progress, _present, dataset_name, read_edges, read_node_features,
+from neutronorch.data.ogb import (Progress, _present, dataset_name, read_edges, read_node_features, read_rows,
                                   split_folder)
 from neutronorch.errors import DataError
 
@@ -41,9 +42,10 @@ def is_ogb_link_dir(path: Path) -> bool:
 
 
 @reads_files
-def load_ogb_link(directory: str | os.PathLike, progress: Progress | None = None) -> Graph:
+def load_ogb_link(directory: str | os.PathLike, progress: Progress | None = None, times: bool = False) -> Graph:
     """The OGB link-prediction dataset in ``directory``: its message-passing graph (symmetric, no node
-    task) with its ``LinkSplit`` in ``links``."""
+    task) with its ``LinkSplit`` in ``links``; with ``times`` each message edge's year as its edge time
+    (``raw/edge_year.csv.gz``: ogbl-collab; a collaboration of several years is an edge per year)."""
     directory = Path(directory)
     name = dataset_name(directory)
     raw = directory / "raw"
@@ -51,7 +53,12 @@ def load_ogb_link(directory: str | os.PathLike, progress: Progress | None = None
     features = read_node_features(raw, edges, num_nodes, progress)
     folder = split_folder(directory)
     split = _link_split(_read_split(folder), num_nodes, name)
-    indptr, indices = edges_to_csc(edges[:, 0], edges[:, 1], num_nodes, source=str(raw / "edge.csv.gz"))
+    edge_time = None
+    if times:
+        years = read_edge_years(raw, edges.shape[0], progress)
+        indptr, indices, edge_time = timed_csc(edges[:, 0], edges[:, 1], years, num_nodes, True, str(raw))
+    else:
+        indptr, indices = edges_to_csc(edges[:, 0], edges[:, 1], num_nodes, source=str(raw / "edge.csv.gz"))
     del edges
     split.direction = ("directed: citations, OGB's own split" if split.negative_kind == PER_SOURCE
                        else "undirected: OGB's own split")
@@ -61,7 +68,17 @@ def load_ogb_link(directory: str | os.PathLike, progress: Progress | None = None
     # The benchmark's own split, scored as OGB's evaluator scores it: leaks are warned about, not refused.
     notes += check_stored_links(split, indptr, indices, name, str(raw / "edge.csv.gz"), benchmark=True)
     return link_graph(name, indptr, indices, features, split, notes, ", as OGB scores them", str(directory),
-                      {"links": str(folder)})
+                      {"links": str(folder)}, edge_time)
+
+
+def read_edge_years(raw: Path, num_edges: int, progress: Progress | None) -> np.ndarray:
+    """Each edge's year of ``raw/edge_year.csv.gz`` (a line per line of ``edge.csv.gz``)."""
+    path = raw / "edge_year.csv.gz"
+    if not path.is_file():
+        raise DataError(f"{path}: missing; `times` reads each edge's year from it (ogbl-collab ships one). Leave "
+                        f"`times` out for a dataset without years.")
+    years = read_rows(path, num_edges, np.int64, f"{raw / 'edge.csv.gz'} holds {num_edges} edges", progress)
+    return years.reshape(-1)
 
 
 def _read_split(folder: Path) -> dict[str, dict]:

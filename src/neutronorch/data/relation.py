@@ -11,6 +11,7 @@ import numpy as np
 from neutronorch.data.arrays import feature_rows
 from neutronorch.data.csc import INT32_LIMIT, csc_from_keys, edge_ends
 from neutronorch.data.dtypes import id_outside
+from neutronorch.data.times import time_array, timed_order
 from neutronorch.errors import DataError
 
 RelationType = tuple[str, str, str]  # (source type, relation name, destination type)
@@ -37,11 +38,13 @@ def relation_array(relation: RelationType, array: str) -> str:
 @dataclass
 class Relation:
     """One relation's edges as a CSC over its destination type: ``indices`` holds source-type ids (int32 or
-    int64); ``edge_features`` (edges x width) follows ``indices``' order, or is None."""
+    int64); ``edge_features`` (edges x width) and ``edge_time`` (int64 or float64, each destination's in-edges
+    ascending by it: ``data/times.py``) follow ``indices``' order, or are None."""
 
     indptr: np.ndarray
     indices: np.ndarray
     edge_features: np.ndarray | None = None
+    edge_time: np.ndarray | None = None
 
     @property
     def num_edges(self) -> int:
@@ -61,10 +64,12 @@ class Relation:
 
     @staticmethod
     def from_edges(src, dst, num_src: int, num_dst: int, edge_features=None, deduplicate: bool = False,
-                   source: str = "edge list") -> "Relation":
+                   source: str = "edge list", edge_time=None) -> "Relation":
         """The relation with edges ``src[i] -> dst[i]``, each destination's sources ascending; repeated edges
         are kept unless ``deduplicate`` (the first one's features then kept). Float edge features other than
-        the storage dtypes become float32. Ids out of range raise ``DataError`` naming ``source``."""
+        the storage dtypes become float32. Ids out of range raise ``DataError`` naming ``source``. With
+        ``edge_time`` (a time per edge) each destination's edges are ascending by time, then by source, and
+        only edges repeated at the same time are repeats (``timed_order``)."""
         src, dst = edge_ends(src, dst, source)
         for ids, count, end, name in ((src, num_src, "source", "num_src"), (dst, num_dst, "destination", "num_dst")):
             if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
@@ -74,6 +79,9 @@ class Relation:
                 raise DataError(f"{source}: {end} id {bad} is out of range for {count} vertices of the "
                                 f"{end} type; ids are 0..{count - 1}.")
         features = _edge_feature_rows(edge_features, src.shape[0], source)
+        if edge_time is not None:
+            return _timed(src, dst, num_src, num_dst, features, time_array(edge_time, src.shape[0], "edge times",
+                                                                            source), deduplicate)
         if features is None and num_src * num_dst < _KEY_LIMIT:  # one int64 sort key per edge: the cheapest sort
             keys = dst * num_src  # a new array: the caller's dst is not changed
             keys += src
@@ -90,6 +98,14 @@ class Relation:
         indptr = np.zeros(num_dst + 1, dtype=np.int64)
         np.cumsum(np.bincount(dst, minlength=num_dst), out=indptr[1:])
         return Relation(indptr, src.astype(np.int32 if num_src <= INT32_LIMIT else np.int64, copy=False), features)
+
+
+def _timed(src, dst, num_src: int, num_dst: int, features, times, deduplicate: bool) -> "Relation":
+    order = timed_order(src, dst, times, deduplicate)
+    indptr = np.zeros(num_dst + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst[order], minlength=num_dst), out=indptr[1:])
+    return Relation(indptr, src[order].astype(np.int32 if num_src <= INT32_LIMIT else np.int64, copy=False),
+                    None if features is None else features[order], times[order])
 
 
 def _edge_feature_rows(edge_features, num_edges: int, source: str) -> np.ndarray | None:

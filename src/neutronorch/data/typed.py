@@ -13,6 +13,7 @@ from neutronorch.data.checks import check_typed_graph
 from neutronorch.data.graph import Graph, GraphCommon
 from neutronorch.data.links import LinkSplit
 from neutronorch.data.relation import Relation, RelationType, relation_label
+from neutronorch.data.times import describe_times
 from neutronorch.errors import DataError
 
 TYPED_FORMAT = "neutronorch-typed"  # meta.json's "format" for a typed graph on disk (native.py)
@@ -29,7 +30,8 @@ class TypedGraph(GraphCommon):
     ``num_nodes`` lists the types in their fixed order with their counts; ``relations`` maps each ``(src_type,
     name, dst_type)`` to its ``Relation``; ``features`` maps a type to its rows (absent: none). ``labels`` is
     as ``Graph``'s, for the target's vertices, or None; the splits hold local ids of the target type.
-    ``links``: a link task's split of one relation (``LinkSplit.ends``)."""
+    ``links``: a link task's split of one relation (``LinkSplit.ends``). ``node_time``: a time per vertex of
+    the types that have them (a relation's edge times are its ``Relation.edge_time``; docs/temporal.md)."""
 
     name: str
     num_nodes: dict[str, int]
@@ -44,15 +46,23 @@ class TypedGraph(GraphCommon):
     notes: list[str] = field(default_factory=list)
     metric: str | None = None
     links: LinkSplit | None = None
+    node_time: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def temporal(self) -> bool:
+        """Whether any relation carries edge times or any type vertex times."""
+        return bool(self.node_time) or any(r.edge_time is not None for r in self.relations.values())
 
     @classmethod
     def of(cls, graph: Graph) -> "TypedGraph":
         """``graph`` as the typed graph of one vertex type (``VERTEX``) and one relation (``EDGE``), sharing
-        its arrays (topology, features, labels, splits: none is copied, a memory map stays mapped). A link
-        split is not carried (``links`` stays None)."""
-        return cls(graph.name, {VERTEX: graph.num_nodes}, {EDGE: Relation(graph.indptr, graph.indices)},
+        its arrays (topology, times, features, labels, splits: none is copied, a memory map stays mapped). A
+        link split is not carried (``links`` stays None)."""
+        return cls(graph.name, {VERTEX: graph.num_nodes},
+                   {EDGE: Relation(graph.indptr, graph.indices, None, graph.edge_time)},
                    {VERTEX: graph.features}, VERTEX, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx,
-                   graph.num_classes, list(graph.notes), graph.metric)
+                   graph.num_classes, list(graph.notes), graph.metric,
+                   node_time={} if graph.node_time is None else {VERTEX: graph.node_time})
 
     def as_graph(self) -> Graph:
         """A graph of one vertex type and one relation between its vertices as a homogeneous ``Graph``
@@ -67,7 +77,8 @@ class TypedGraph(GraphCommon):
         if why:
             raise DataError(f"{self.name}: not a homogeneous graph: {why}. Train it as a typed graph.")
         return Graph(self.name, relation.indptr, relation.indices, self.features[node_type], self.labels,
-                     self.train_idx, self.val_idx, self.test_idx, self.num_classes, list(self.notes), self.metric)
+                     self.train_idx, self.val_idx, self.test_idx, self.num_classes, list(self.notes), self.metric,
+                     edge_time=relation.edge_time, node_time=self.node_time.get(node_type))
 
     @property
     def node_types(self) -> tuple[str, ...]:
@@ -92,9 +103,10 @@ class TypedGraph(GraphCommon):
     def arrays(self) -> list[np.ndarray | None]:
         """The graph's arrays: the target's labels and splits, every type's features, every relation's CSC and
         edge features (None where absent)."""
-        arrays = [self.labels, self.train_idx, self.val_idx, self.test_idx, *self.features.values()]
+        arrays = [self.labels, self.train_idx, self.val_idx, self.test_idx, *self.features.values(),
+                  *self.node_time.values()]
         for relation in self.relations.values():
-            arrays += [relation.indptr, relation.indices, relation.edge_features]
+            arrays += [relation.indptr, relation.indices, relation.edge_features, relation.edge_time]
         return arrays
 
     def relation(self, key: RelationType | str) -> RelationType:
@@ -133,9 +145,10 @@ class TypedGraph(GraphCommon):
             if self.reverse_of((src, name, dst)) is None:
                 tails, heads = relation.edges()
                 features = None if relation.edge_features is None else np.asarray(relation.edge_features)
+                times = None if relation.edge_time is None else np.asarray(relation.edge_time)
                 relations[(dst, REVERSE_PREFIX + name, src)] = Relation.from_edges(
                     heads, tails, relation.indptr.shape[0] - 1, self.num_nodes[src], features,
-                    source="a relation's transpose")
+                    source="a relation's transpose", edge_time=times)
         return replace(self, relations=relations, notes=list(self.notes))
 
     def describe(self) -> str:
@@ -152,6 +165,9 @@ class TypedGraph(GraphCommon):
             dim = relation.edge_feature_dim
             extra = f", {_count(dim, 'edge feature')}" if dim else ""
             lines.append(f"  {key[0]} -{key[1]}-> {key[2]}: {relation.num_edges:,} edges{extra}")
+            if relation.edge_time is not None:
+                lines.append(f"    {describe_times(relation.edge_time, 'edge times')}, in-edges sorted by time")
+        lines += [f"  {t}: {describe_times(times, 'vertex times')}" for t, times in self.node_time.items()]
         return "\n".join(lines)
 
     def validate(self, source: str | None = None, files: dict[str, str] | None = None,
@@ -182,6 +198,9 @@ def collapse(graph: TypedGraph) -> Graph:
     if graph.labels is None:
         raise DataError(f"{graph.name}: its target {graph.target!r} has no labels; a collapsed graph is for "
                         f"node classification.")
+    if graph.temporal:
+        raise DataError(f"{graph.name}: temporal sampling: a typed graph with times is not yet collapsed (its "
+                        f"times would be lost); collapse it without them (docs/temporal.md).")
     offsets = type_offsets(graph)
     total = sum(graph.num_nodes.values())
     sources, destinations = [], []

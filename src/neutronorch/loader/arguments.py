@@ -12,6 +12,9 @@ from neutronorch.capabilities import LOADER_KIND_REFUSED, LOADER_MODES, LOADER_R
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
 from neutronorch.data.pairs import pair_columns
 from neutronorch.errors import ConfigError
+from neutronorch.limits import check_switch
+from neutronorch.orchestration.temporal import TemporalRequest
+from neutronorch.sampling.temporal_sampler import check_strategy, seed_times
 
 SEED_SETS = {"train": "train_idx", "val": "val_idx", "valid": "val_idx", "test": "test_idx", "all": None}
 LINK_SETS = {"train": "train", "val": "val", "valid": "val", "test": "test"}  # LinkSplit's sets
@@ -146,3 +149,95 @@ def check_count(name: str, value, low: int) -> int:
     if value < low:
         raise ConfigError(f"`{name}` {value}: must be at least {low}.")
     return int(value)
+
+
+VERTEX_TIMES = ("node_time",)  # time_attr names of the vertex times (and PyG's "time" where the graph has them)
+
+
+def resolve_temporal(graph: Graph | TypedGraph, seeds: np.ndarray, time_attr, input_time, strategy, strict
+                     ) -> TemporalRequest | None:
+    """PyG's temporal arguments of ``NeighborLoader`` (docs/temporal.md, "The loader"): ``time_attr`` names
+    the times to sample by (``edge_time``, or vertex times: ``node_time``, and ``time`` where the graph has
+    them, else its edge times),
+    ``input_time`` gives each of ``seeds`` its time (default: the seeds' vertex times), ``temporal_strategy``
+    ``uniform`` or ``last``, ``strict`` edges before the time only. None without ``time_attr``."""
+    if time_attr is None:
+        given = [name for name, unset in (("input_time", input_time is None),
+                                          ("temporal_strategy", isinstance(strategy, str) and strategy == "uniform"),
+                                          ("strict_time", strict is False)) if not unset]
+        if given:
+            raise ConfigError(f"`{'`, `'.join(given)}`: settings of sampling by time, which `time_attr` asks for; "
+                              f"give time_attr='edge_time' (docs/temporal.md), or leave them out.")
+        return None
+    if isinstance(graph, TypedGraph):
+        return _typed_temporal(graph, seeds, time_attr, input_time, strategy, strict)
+    if time_attr not in ("edge_time", "time", *VERTEX_TIMES):
+        raise ConfigError(f"`time_attr` {time_attr!r}: give 'edge_time' (the graph's edge times) or 'node_time' "
+                          f"(its vertex times; 'time', PyG's name, is the vertex times where the graph has them, "
+                          f"else the edge times).")
+    by_vertices = time_attr in VERTEX_TIMES or (time_attr == "time" and graph.node_time is not None)
+    if by_vertices and graph.node_time is None or not by_vertices and graph.edge_time is None:
+        what = "vertex" if by_vertices else "edge"
+        raise ConfigError(f"`time_attr` {time_attr!r}: names {what} times, and {graph.name} has none; give "
+                          f"time_attr 'edge_time' for edge times or 'node_time' for vertex times "
+                          f"(docs/temporal.md).")
+    check_switch(strict, "`strict_time`")
+    check_strategy(strategy)
+    if input_time is None:
+        if graph.node_time is None:
+            raise ConfigError("`input_time`: give each seed its time (one per seed, in the seeds' order); the graph "
+                              "has no vertex times to take them from.")
+        input_time = np.asarray(graph.node_time)[seeds]
+    else:
+        input_time = _as_array("input_time", input_time, "one time per seed (a tensor, an array or a list)")
+    dtype = (graph.node_time if by_vertices else graph.edge_time).dtype
+    times = seed_times(input_time, seeds.shape[0], dtype, "`input_time`", "loader")
+    return TemporalRequest(times, strategy, bool(strict), by_vertices)
+
+
+def _typed_temporal(graph: TypedGraph, seeds: np.ndarray, time_attr, input_time, strategy, strict
+                    ) -> TemporalRequest:
+    """``resolve_temporal`` of a typed graph: by its relations' edge times (those without times are static:
+    every edge valid), ``input_time`` by default the target's vertex times."""
+    if time_attr not in ("edge_time", "time"):
+        raise ConfigError(f"`time_attr` {time_attr!r}: a typed graph's loader samples by its relations' edge times "
+                          f"(time_attr 'edge_time'); by vertex times is not yet offered (docs/temporal.md).")
+    timed = [rel.edge_time.dtype for rel in graph.relations.values() if rel.edge_time is not None]
+    if not timed:
+        raise ConfigError(f"`time_attr` {time_attr!r}: no relation of {graph.name} has edge times to sample by "
+                          f"(docs/temporal.md).")
+    check_switch(strict, "`strict_time`")
+    check_strategy(strategy)
+    if input_time is None:
+        if graph.target not in graph.node_time:
+            raise ConfigError(f"`input_time`: give each seed its time (one per seed, in the seeds' order); the "
+                              f"target type {graph.target} has no vertex times to take them from.")
+        input_time = np.asarray(graph.node_time[graph.target])[seeds]
+    else:
+        input_time = _as_array("input_time", input_time, "one time per seed (a tensor, an array or a list)")
+    return TemporalRequest(seed_times(input_time, seeds.shape[0], timed[0], "`input_time`", "loader"), strategy,
+                           bool(strict))
+
+
+def resolve_link_temporal(graph: Graph, count: int, time_attr, edge_label_time, strategy) -> TemporalRequest | None:
+    """PyG's temporal arguments of ``LinkNeighborLoader``: ``time_attr`` (the graph's edge times) and
+    ``edge_label_time``, one time per supervision edge; each edge's ends and negatives are sampled at it,
+    strictly before it (a positive never sees itself). None without them."""
+    if time_attr is None and edge_label_time is None:
+        if not (isinstance(strategy, str) and strategy == "uniform"):
+            raise ConfigError("`temporal_strategy`: a setting of sampling by time, which `time_attr` and "
+                              "`edge_label_time` ask for (docs/temporal.md); give them, or leave it out.")
+        return None
+    if time_attr is None or edge_label_time is None:
+        missing = "time_attr='edge_time'" if time_attr is None else "edge_label_time (one time per edge)"
+        raise ConfigError(f"LinkNeighborLoader samples by time with both `time_attr` and `edge_label_time`, as "
+                          f"PyG's does; give {missing} too (docs/temporal.md).")
+    if time_attr not in ("edge_time", "time") or graph.edge_time is None or (
+            time_attr == "time" and graph.node_time is not None):
+        raise ConfigError(f"`time_attr` {time_attr!r}: LinkNeighborLoader samples by the graph's edge times "
+                          f"(time_attr 'edge_time'{'' if graph.edge_time is not None else ', which it has not'}); "
+                          f"by vertex times is not yet offered (docs/temporal.md).")
+    check_strategy(strategy)
+    times = _as_array("edge_label_time", edge_label_time, "one time per edge (a tensor, an array or a list)")
+    return TemporalRequest(seed_times(times, count, graph.edge_time.dtype, "`edge_label_time`", "loader"),
+                           strategy, True, link=True)

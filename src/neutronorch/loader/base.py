@@ -45,6 +45,7 @@ class EpochLoader:
     task = "node"  # capabilities.py's task of the loader's batches
     items = "seeds"  # what an epoch is made of, in messages
     mode = None  # None once closed
+    temporal = None  # a TemporalRequest: the seeds are sampled at their times (docs/temporal.md)
 
     def __init__(self, graph, fanouts, batch_size: int, *, shuffle: bool = True, seed: int = 0, device="cpu",
                  mode: str = "exact", epoch: int = 0, start: int = 0, drop_last: bool = False,
@@ -77,7 +78,7 @@ class EpochLoader:
         check_threading_layer(self.device)
         self.threads = thread_budget(self.config)
         self.mode: Mode | None = build_mode(self.config, view, self.device, self.threads,
-                                            fanouts=self.fanouts if self.typed else None)
+                                            fanouts=self.fanouts if self.typed else None, temporal=self.temporal)
         self._finalizer = weakref.finalize(self, self.mode.close)
         self.mode.start(model if self.typed and model is not None else torch.nn.Module())  # typed device mode: placed
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 import torch
 
 from neutronorch.data.interop import optional
 from neutronorch.data.typed import TypedGraph
 from neutronorch.orchestration.batch import MiniBatch, target_labels
 from neutronorch.orchestration.mode import StepInputs
-from neutronorch.sampling.block import Block, hop_counts, pyg_form, typed_pyg_form
+from neutronorch.sampling.block import Block, hop_counts, pyg_edge_ids, pyg_form, typed_pyg_form
 
 
 class SampledBatch:
@@ -86,6 +87,26 @@ class SampledBatch:
         """The task's fields of the PyG form."""
         return {}
 
+    _times, _by_vertices = None, False  # sampled by time: the graph's times sampled by (``LoaderBatch``)
+
+    @property
+    def seed_time(self) -> torch.Tensor | None:
+        """Sampled by time: the time of each entry of ``n_id`` (its seed's; a vertex may be two entries)."""
+        return self.blocks[0].src_time
+
+    def _time_fields(self, n_id: torch.Tensor) -> dict:
+        """Sampled by time, the PyG form's ``seed_time``, and by edge times ``e_id`` and ``edge_time`` of
+        ``edge_index``'s edges, by vertex times ``time``, each vertex's own (PyG copies the attribute it
+        sampled by); nothing otherwise."""
+        if self._times is None:
+            return {}
+        if self._by_vertices:
+            return {"seed_time": self.seed_time,
+                    "time": torch.from_numpy(np.asarray(self._times)[n_id.cpu().numpy()]).to(n_id.device)}
+        e_id = pyg_edge_ids(self.blocks)
+        return {"seed_time": self.seed_time, "e_id": e_id,
+                "edge_time": torch.from_numpy(np.asarray(self._times)[e_id.cpu().numpy()]).to(e_id.device)}
+
     def to_dgl_blocks(self) -> list:
         """One DGL block per layer, input layer first (as ``dgl.dataloading`` yields them), the sampler's blocks
         in CSC as they are, ``dgl.NID`` on both ends, the first's ``srcdata["feat"]`` ``x``."""
@@ -100,6 +121,12 @@ class SampledBatch:
                                  device=block.indices.device)
             g.srcdata[dgl.NID] = block.src_ids
             g.dstdata[dgl.NID] = block.dst_ids
+            if block.src_time is not None:  # sampled by time: each entry's, and the edges' (docs/temporal.md)
+                g.srcdata["seed_time"], g.dstdata["seed_time"] = block.src_time, block.src_time[:block.num_dst]
+                if not self._by_vertices:
+                    g.edata[dgl.EID] = block.edge_ids
+                    g.edata["timestamp"] = torch.from_numpy(np.asarray(self._times)[block.edge_ids.cpu().numpy()]
+                                                            ).to(block.edge_ids.device)
             out.append(g)
         out[0].srcdata["feat"] = self._x
         self._dgl_fields(out)
@@ -140,17 +167,30 @@ class SampledBatch:
 
 class LoaderBatch(SampledBatch):
     """A mini-batch handed out by ``NeighborLoader``: ``SampledBatch``'s fields and ``y``, the seeds'
-    labels (one per seed, or one row of tasks)."""
+    labels (one per seed, or one row of tasks); sampled by time, ``seed_time`` and ``input_time`` too
+    (docs/temporal.md, "The loader"). ``times``: the graph's times sampled by (its edge times, or with
+    ``by_vertices`` its vertex times), None when not sampled by time."""
 
     def __init__(self, minibatch: MiniBatch, inputs: StepInputs, input_id: torch.Tensor,
-                 labels: Callable[[torch.Tensor], torch.Tensor], reused: bool = True):
+                 labels: Callable[[torch.Tensor], torch.Tensor], reused: bool = True, times=None,
+                 by_vertices: bool = False):
         super().__init__(minibatch, inputs, input_id, reused)
         self.y = minibatch.labels
         self._labels = labels  # global ids -> labels, on the batch's device
+        self._times, self._by_vertices = times, by_vertices
+
+    @property
+    def input_time(self) -> torch.Tensor | None:
+        """Sampled by time: the seeds' times (PyG's ``input_time`` of the batch)."""
+        times = self.blocks[-1].src_time
+        return None if times is None else times[:self.batch_size]
 
     def _pyg_fields(self, n_id: torch.Tensor) -> dict:
-        """As PyG's ``NeighborLoader``: ``y``, a label per vertex of ``n_id``, and ``batch_size``."""
-        return {"y": self._labels(n_id), "batch_size": self.batch_size}
+        """As PyG's ``NeighborLoader``: ``y``, a label per vertex of ``n_id``, and ``batch_size``; sampled by
+        time, ``seed_time`` and ``input_time``, and by edge times ``e_id`` and ``edge_time`` of ``edge_index``'s
+        edges, by vertex times ``time``, each vertex's own (PyG copies the attribute it sampled by)."""
+        fields = {"y": self._labels(n_id), "batch_size": self.batch_size, **self._time_fields(n_id)}
+        return fields if self._times is None else {**fields, "input_time": self.input_time}
 
     def _dgl_fields(self, blocks: list) -> None:
         blocks[-1].dstdata["label"] = self.y
@@ -158,7 +198,22 @@ class LoaderBatch(SampledBatch):
 
 class LinkLoaderBatch(SampledBatch):
     """``SampledBatch``'s fields (``batch_size`` counts the seeds; ``input_id`` the positives' positions in
-    ``loader.edges``) and the pairs'."""
+    ``loader.edges``) and the pairs'; sampled by time (``times``: the graph's edge times), ``seed_time`` and
+    ``edge_label_time`` too."""
+
+    def __init__(self, minibatch: MiniBatch, inputs: StepInputs, input_id: torch.Tensor, reused: bool = True,
+                 times=None):
+        super().__init__(minibatch, inputs, input_id, reused)
+        self._times = times
+
+    @property
+    def edge_label_time(self) -> torch.Tensor | None:
+        """Sampled by time: each pair's time (``edge_label_index``'s order: the positives, then the negatives,
+        each at its positive's time)."""
+        if self._times is None:
+            return None
+        src = self.pair_ids()[0]  # a pair's source entry carries its time
+        return torch.cat([self.seed_time[src], self.seed_time[src.repeat_interleave(self.negatives)]])
 
     @property
     def pairs(self) -> torch.Tensor:
@@ -201,7 +256,8 @@ class LinkLoaderBatch(SampledBatch):
     def _pyg_fields(self, n_id: torch.Tensor) -> dict:
         """As PyG's ``LinkNeighborLoader`` with binary negative sampling. No ``y``: a link batch's labels
         are ``edge_label``; no ``batch_size``, as in PyG's link batches."""
-        return {"edge_label_index": self.edge_label_index, "edge_label": self.edge_label}
+        fields = {"edge_label_index": self.edge_label_index, "edge_label": self.edge_label, **self._time_fields(n_id)}
+        return fields if self._times is None else {**fields, "edge_label_time": self.edge_label_time}
 
     def to_dgl_pair_graphs(self) -> tuple:
         """(pos_graph, neg_graph): the positive and the negative pairs as DGL graphs over the seeds (their
@@ -250,6 +306,11 @@ class TypedLoaderBatch(SampledBatch):
         return self.y.device
 
     @property
+    def seed_time(self) -> dict[str, torch.Tensor]:
+        """Sampled by time: per type, the time of each entry of ``ids`` (its seed's); else empty."""
+        return self.blocks[0].src_time
+
+    @property
     def num_sampled_nodes(self) -> dict[str, list[int]]:
         """``hop_counts`` of the blocks (PyG's ``num_sampled_nodes_dict``)."""
         return hop_counts(self.blocks, list(self._graph.num_nodes))
@@ -278,6 +339,11 @@ class TypedLoaderBatch(SampledBatch):
             if width:
                 store.edge_attr = form.edge_features.get(relation, torch.zeros(0, width, device=device))
                 store.e_id = form.edge_ids.get(relation, torch.zeros(0, dtype=torch.int64, device=device))
+            if rel.edge_time is not None and relation in form.edge_ids:  # sampled by time
+                store.e_id = form.edge_ids[relation]
+                store.edge_time = torch.from_numpy(np.asarray(rel.edge_time)[store.e_id.cpu().numpy()]).to(device)
+        for node_type, times in self.seed_time.items():
+            data[node_type].seed_time = times
         data.set_value_dict("num_sampled_nodes", form.num_sampled_nodes)
         data.set_value_dict("num_sampled_edges", form.num_sampled_edges)
         self._pyg = data

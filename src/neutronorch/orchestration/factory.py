@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from neutronorch.capabilities import check_static
 from neutronorch.config import SamplingConfig, TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.data.typed import RelationType, TypedGraph
@@ -30,6 +31,7 @@ from neutronorch.orchestration.neutronorch import NeutronOrchMode
 from neutronorch.orchestration.neutronorch.mode import HomogeneousKind, TypedKind
 from neutronorch.orchestration.neutronorch.node import NodeLink
 from neutronorch.orchestration.seeds import NodeSeeds
+from neutronorch.orchestration.temporal import OTHER_MODES, TemporalRequest
 from neutronorch.sampling.neighbor_sampler import NeighborSampler
 from neutronorch.sampling.typed_device_sampler import topology_bytes
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler, typed_fanouts
@@ -75,21 +77,35 @@ def draws_on_device(setting: str, graph: TypedGraph, device: torch.device, free:
 
 def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.device, threads: Threads | None = None,
                spans: Spans | None = None, shard: tuple[int, int] = (0, 1), node: NodeLink | None = None,
-               fanouts: dict[RelationType, list[int]] | None = None) -> Mode:
+               fanouts: dict[RelationType, list[int]] | None = None, temporal: TemporalRequest | None = None) -> Mode:
     """The mode of ``config`` (resolved, and passed by ``capabilities.check_run``) over ``graph`` on
     ``device``, recording into ``spans`` (default its own) with ``threads`` (default one per stage).
     ``shard`` = (rank, world): data parallel, the mode trains part ``rank`` of each global batch; ``node``:
-    this node's ranks (``hot_set="node"``); ``fanouts``: a typed graph's, per relation."""
+    this node's ranks (``hot_set="node"``); ``fanouts``: a typed graph's, per relation; ``temporal``: a
+    temporal loader's request (exact mode samples its seeds by time; without one a graph with times is
+    refused, docs/temporal.md)."""
+    if temporal is None:
+        check_static(graph)
+    elif config.mode != "exact":
+        raise ConfigError(OTHER_MODES.format(mode=config.mode))
+    else:
+        temporal.check(config, graph)
+        graph = temporal.timed_graph(graph)
     threads = threads or Threads(1, 1, 1)
     spans = spans if spans is not None else Spans()
     typed = isinstance(graph, TypedGraph)
     if typed:
         fanouts, sampling, access, seeds = typed_access(config, graph, device, shard, fanouts)
         host_sampler = lambda: TypedNeighborSampler(graph, fanouts)  # noqa: E731
+        if temporal is not None:
+            host_sampler = lambda: temporal.sampler(graph, sampling, fanouts)  # noqa: E731
     else:
         graph, sampling, access, seeds = homogeneous_access(config, graph, device, shard)
         host_sampler = lambda: NeighborSampler(graph.indptr, graph.indices, sampling.fanouts,  # noqa: E731
                                                sampling.degrees, sampling.file_order)
+        if temporal is not None:
+            host_sampler = lambda: temporal.sampler(graph, sampling)  # noqa: E731
+            seeds = temporal.link_seeds(graph, sampling, config.negatives) if temporal.link else seeds
     if config.mode == "exact":
         return ExactMode(seeds, host_sampler, HostLoader(access, spans), sampling, spans, threads.sampler)
     if config.mode == "device":

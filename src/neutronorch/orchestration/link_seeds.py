@@ -129,6 +129,31 @@ def draw_negatives(key: int, positives: int, per_positive: int, num_nodes: int,
                          generator=negative_generator(key), dtype=torch.int64)
 
 
+class TimedLinkSeeds(LinkSeeds):
+    """A link task's mini-batches sampled by time (docs/temporal.md, "The loader"): positive ``i`` at
+    ``times[i]``, its ends and its negative destinations seeds at that time. A batch's seeds are its distinct
+    (vertex, time) pairs (a vertex may be a seed at several times), ``SeedBatch.times`` their times; no edge
+    is excluded: the sampler takes only edges before each seed's time (``strict``), so a positive never sees
+    itself, and its earlier interactions are the history it is predicted from."""
+
+    def __init__(self, edges: np.ndarray, times: np.ndarray, num_nodes: int, sampling: SamplingConfig,
+                 negatives: int):
+        super().__init__(edges, num_nodes, sampling, negatives)
+        self.times = torch.from_numpy(np.asarray(times))
+
+    def batch(self, epoch: int, index: int, part: torch.Tensor) -> SeedBatch:
+        positives, times = self.edges[:, part], self.times[part]
+        key, (first, count) = batch_key(self.sampling.seed, epoch, index), self.destinations
+        negatives = draw_negatives(key, positives.shape[1], self.negatives, count, first)
+        ends = torch.cat([positives[0], positives[1], negatives.reshape(-1)])
+        at = torch.cat([times, times, times.repeat_interleave(self.negatives)])
+        cuts, rank = torch.unique(at, return_inverse=True)
+        entries, where = torch.unique(ends * cuts.shape[0] + rank, return_inverse=True)  # by vertex, then time
+        p = positives.shape[1]
+        targets = torch.cat([where[:p, None], where[p:2 * p, None], where[2 * p:].view(p, -1)], 1)
+        return SeedBatch(entries // cuts.shape[0], targets, times=cuts[entries % cuts.shape[0]])
+
+
 def pair_targets(positives: torch.Tensor, negatives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The distinct vertices of (2, P) ``positives`` and (P, K) negative destinations (sorted), and each
     pair's positions among them: (P, 2 + K) int64, columns source, destination, negatives."""

@@ -57,8 +57,9 @@ class LoadingMode(Mode):
                 with self.spans.stage("sample", first if self.numbered else -1):
                     device = self.sample_device
                     seeds = [batch.seeds.to(device, non_blocking=True) for _, batch in group]
-                    subgraphs = sampler.sample_many(seeds, [batch_key(self.sampling.seed, epoch, index)
-                                                            for index, _ in group])
+                    keys = [batch_key(self.sampling.seed, epoch, index) for index, _ in group]
+                    subgraphs = (sampler.sample_many(seeds, keys) if group[0][1].times is None else  # by time
+                                 sampler.sample_timed(seeds, [batch.times for _, batch in group], keys))
                     subgraphs = [subgraph if batch.exclude is None else  # a link task's seed edges
                                  self.seeds.exclude(subgraph, batch.exclude.to(device, non_blocking=True))
                                  for (_, batch), subgraph in zip(group, subgraphs)]

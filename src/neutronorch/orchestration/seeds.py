@@ -22,12 +22,14 @@ class SeedBatch:
     """One mini-batch's seeds (int64), as a mode samples them. ``targets``: what the loss compares their
     outputs with (None: their labels). ``exclude``: (2, P) vertex pairs whose edges, either way, the sampled
     graph must not contain (a link task's seed edges), or None. ``batch_seeds``: data parallel, the global
-    batch's seeds (none of which a NeutronOrch plan serves hot in it); None where they are ``seeds``."""
+    batch's seeds (none of which a NeutronOrch plan serves hot in it); None where they are ``seeds``.
+    ``times``: sampled by time, each seed's time (a vertex may be a seed at several; docs/temporal.md)."""
 
     seeds: torch.Tensor
     targets: torch.Tensor | None = None
     exclude: torch.Tensor | None = None
     batch_seeds: torch.Tensor | None = None
+    times: torch.Tensor | None = None
 
 
 class NodeSeeds:

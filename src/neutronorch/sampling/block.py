@@ -24,7 +24,9 @@ class Block:
     destinations; the model's splice restores the rule.)
 
     ``src_degree``: each source row's in-degree in the whole graph (float32), when asked for (symmetric
-    GCN). ``src_ids``: the source frontier's global ids (int64), what keys a row's dropout mask.
+    GCN). ``src_ids``: the source frontier's global ids (int64), what keys a row's dropout mask. A temporal
+    sampler's block (docs/temporal.md) also holds ``src_time``, each source entry's time (an id may repeat at
+    different times), and ``edge_ids``, each edge's position in the graph's CSC (int64, ``indices``' order).
     """
 
     num_dst: int
@@ -34,6 +36,8 @@ class Block:
     dst_offset: int = 0
     src_degree: torch.Tensor | None = None
     src_ids: torch.Tensor | None = None
+    src_time: torch.Tensor | None = None
+    edge_ids: torch.Tensor | None = None
 
     @property
     def dst_ids(self) -> torch.Tensor | None:
@@ -66,7 +70,7 @@ class Block:
     def to(self, device: torch.device, non_blocking: bool = False) -> "Block":
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
         return Block(self.num_dst, self.num_src, move(self.indptr), move(self.indices), self.dst_offset,
-                     move(self.src_degree), move(self.src_ids))
+                     move(self.src_degree), move(self.src_ids), move(self.src_time), move(self.edge_ids))
 
 
 @dataclass
@@ -82,6 +86,7 @@ class TypedBlock:
     ``edge_ids[r]``: the position in relation ``r``'s CSC ``indices`` of each of ``blocks[r]``'s edges (int64,
     in the block's ``indices`` order), for the relations the sampler recorded them for. ``edge_features[r]``:
     those edges' feature rows (``edges x width``) once gathered (``typed_sampler.gather_edge_features``).
+    ``src_time[t]``: a temporal sampler's times of ``t``'s source entries (docs/temporal.md).
     """
 
     num_dst: dict[str, int]
@@ -90,6 +95,7 @@ class TypedBlock:
     src_ids: dict[str, torch.Tensor] = field(default_factory=dict)
     edge_ids: dict[RelationType, torch.Tensor] = field(default_factory=dict)
     edge_features: dict[RelationType, torch.Tensor] = field(default_factory=dict)
+    src_time: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def num_edges(self) -> int:
@@ -114,7 +120,7 @@ class TypedBlock:
 
         return TypedBlock(dict(self.num_dst), dict(self.num_src),
                           {key: block.to(device, non_blocking) for key, block in self.blocks.items()},
-                          move(self.src_ids), move(self.edge_ids), move(self.edge_features))
+                          move(self.src_ids), move(self.edge_ids), move(self.edge_features), move(self.src_time))
 
 
 @dataclass
@@ -147,6 +153,13 @@ def pyg_form(blocks: list[Block]) -> tuple[torch.Tensor, list[int], list[int]]:
     one = ("", "", "")
     form = typed_pyg_form([TypedBlock({"": b.num_dst}, {"": b.num_src}, {one: b}) for b in blocks], [""], [one])
     return form.edge_index[one], form.num_sampled_nodes[""], form.num_sampled_edges[one]
+
+
+def pyg_edge_ids(blocks: list[Block]) -> torch.Tensor:
+    """The CSC positions (``Block.edge_ids``) of ``pyg_form``'s edges, in its ``edge_index`` order."""
+    one = ("", "", "")
+    tblocks = [TypedBlock({"": b.num_dst}, {"": b.num_src}, {one: b}, edge_ids={one: b.edge_ids}) for b in blocks]
+    return typed_pyg_form(tblocks, [""], [one]).edge_ids[one]
 
 
 @dataclass

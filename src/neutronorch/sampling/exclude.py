@@ -15,6 +15,7 @@ import torch
 from numba import njit
 
 import neutronorch.jit  # noqa: F401 - says when these kernels are compiled (a cold cache)
+from neutronorch.errors import ConfigError
 from neutronorch.sampling.block import Block, SampledSubgraph, TypedBlock
 
 
@@ -74,6 +75,9 @@ def _without(block: Block, sources: torch.Tensor, keys: torch.Tensor, num_nodes:
     ids are ``destinations`` (default: the sources' from ``dst_offset`` on, a homogeneous block's)."""
     if block.num_edges == 0:
         return block
+    if block.edge_ids is not None:  # a temporal block: its edge ids would no longer match its edges
+        raise ConfigError("temporal sampling: a link task's seed-edge exclusion is not yet offered for blocks "
+                          "sampled by time (docs/temporal.md).")
     if destinations is None:
         destinations = sources[block.dst_offset:block.dst_offset + block.num_dst]
     if block.indptr.device.type == "cpu":

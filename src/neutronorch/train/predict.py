@@ -12,7 +12,7 @@ import os
 import numpy as np
 import torch
 
-from neutronorch.capabilities import check_prediction
+from neutronorch.capabilities import check_prediction, check_static
 from neutronorch.data.feature_norm import normalized
 from neutronorch.data.graph import Graph
 from neutronorch.data.typed import TypedGraph
@@ -149,6 +149,7 @@ def check_request(graph, device, chunk_size: int = 1, **switches) -> torch.devic
         raise ConfigError(f"`chunk_size` {chunk_size!r}: must be a positive whole number (vertices per chunk).")
     device = resolve_device(device)
     graph.check_given(classes=False)  # inference reads no label
+    check_static(graph)  # inference reads every neighbour, whatever its time (docs/temporal.md)
     return device
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from neutronorch.capabilities import check_run
+from neutronorch.capabilities import check_run, check_static
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
 from neutronorch.data.feature_norm import normalized
@@ -78,6 +78,7 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     if typed and model is not None:
         check_own_model_config(config)  # before the graph is read
     check_run(config, TYPED if typed else HOMOGENEOUS)
+    check_static(graph)  # before any output is made; a dataset read by name is refused by build_mode
     config = rank_settings(config)  # data parallel: only rank 0 writes the summary and logs
     check_outputs(config, {"graph": graph.files()} if graph is not None else None)
     device = rank_device(resolve_device(config.device))

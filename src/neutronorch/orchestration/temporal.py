@@ -1,0 +1,95 @@
+"""A temporal node loader's sampling (docs/temporal.md, "The loader"): ``NeighborLoader(time_attr=...,
+input_time=...)`` asks for it with a ``TemporalRequest``, and exact mode then samples each batch's seeds at
+their times with ``TemporalNeighborSampler``. A seed's time is a function of the seed (a vertex is a seed once
+per epoch), so a batch still depends only on its seeds and its key: resume mid-epoch replays it exactly.
+What cannot run with time yet is refused here, with the reason."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from neutronorch.config import SamplingConfig, TrainConfig
+from neutronorch.data.graph import Graph
+from neutronorch.data.times import times_from_vertices
+from neutronorch.data.typed import TypedGraph
+from neutronorch.errors import ConfigError
+
+# Why a mode other than exact does not sample by time yet.
+OTHER_MODES = "temporal sampling: not yet in mode {mode} (the device sampler and NeutronOrch); give `mode` exact."
+from neutronorch.orchestration.link_seeds import TimedLinkSeeds
+from neutronorch.sampling.temporal_sampler import TemporalNeighborSampler, TemporalTypedSampler
+
+
+@dataclass(frozen=True)
+class TemporalRequest:
+    """Sample by time: each seed of the graph view's ``train_idx`` at ``seed_time`` (aligned with it, in the
+    times' dtype; with ``link``, each supervision edge of ``links.train`` at it: ``TimedLinkSeeds``),
+    ``strategy`` uniform or last, ``strict`` edges before the time only. ``by_vertices``: by the vertex
+    times, each edge at its source's time (``times_from_vertices``: a neighbour exists from its own time),
+    else by the edge times."""
+
+    seed_time: np.ndarray
+    strategy: str = "uniform"
+    strict: bool = False
+    by_vertices: bool = False
+    link: bool = False
+
+    def check(self, config: TrainConfig, graph) -> None:
+        """Refuse what cannot honour time: a link task, GCN's symmetric norm (its degrees count future edges),
+        a typed graph by vertex times; the modes other than exact are refused by ``factory.build_mode``."""
+        typed = not isinstance(graph, Graph)
+        why = ("a link task without `edge_label_time`" if (config.task == "link") != self.link else
+               "a typed graph's link task" if typed and self.link else
+               "several ranks" if config.sampling.world > 1 else
+               "`gcn_norm` symmetric (its in-degrees count every edge, future ones too)" if config.sampling.degrees
+               else "a typed graph's sampling by vertex times" if typed and self.by_vertices else None)
+        if why:
+            raise ConfigError(f"temporal sampling: not yet in {why}; the loader samples seed vertices by time in "
+                              f"mode exact (docs/temporal.md).")
+        if typed:
+            return  # TemporalTypedSampler says when no relation has times
+        if (graph.node_time if self.by_vertices else graph.edge_time) is None:
+            raise ConfigError(f"temporal sampling: {graph.name} has no {'vertex' if self.by_vertices else 'edge'} "
+                              f"times to sample by (docs/temporal.md).")
+
+    def timed_graph(self, graph: Graph) -> Graph:
+        """``graph`` as the mode samples it: by vertex times, its edges at their sources' times."""
+        if not self.by_vertices:
+            return graph
+        indices, edge_time = times_from_vertices(graph.indptr, graph.indices, graph.node_time)
+        return dataclasses.replace(graph, indices=indices, edge_time=edge_time)
+
+    def sampler(self, graph: Graph | TypedGraph, sampling: SamplingConfig, fanouts=None) -> "TimedSampler":
+        """A new sampler of the mode's producer thread (a typed graph's with its ``fanouts`` per relation): the
+        seeds' times looked up by vertex (of the target type)."""
+        typed = isinstance(graph, TypedGraph)
+        time_of = None
+        if not self.link:  # a link batch's seeds carry their times (``SeedBatch.times``)
+            time_of = np.zeros(graph.num_nodes[graph.target] if typed else graph.num_nodes, self.seed_time.dtype)
+            time_of[np.asarray(graph.train_idx)] = self.seed_time
+        if typed:
+            return TimedSampler(TemporalTypedSampler(graph, fanouts, self.strategy, self.strict), time_of)
+        return TimedSampler(TemporalNeighborSampler(graph.indptr, graph.indices, graph.edge_time, sampling.fanouts,
+                                                    self.strategy, self.strict), time_of)
+
+    def link_seeds(self, graph: Graph, sampling: SamplingConfig, negatives: int) -> TimedLinkSeeds:
+        """A link task's batches by time: ``graph.links.train``'s edges at ``seed_time``."""
+        return TimedLinkSeeds(graph.links.train, self.seed_time, graph.num_nodes, sampling, negatives)
+
+
+class TimedSampler:
+    """What exact mode's producer samples with: each batch's seeds at their times."""
+
+    def __init__(self, sampler: TemporalNeighborSampler | TemporalTypedSampler, time_of: np.ndarray | None):
+        self.sampler, self.time_of = sampler, time_of
+
+    def sample_many(self, seeds: list, keys: list[int]) -> list:
+        """Node seeds, each at its time (``time_of`` its vertex)."""
+        return self.sample_timed(seeds, [self.time_of[ids.numpy()] for ids in seeds], keys)
+
+    def sample_timed(self, seeds: list, times: list, keys: list[int]) -> list:
+        """``seeds[i]`` at ``times[i]`` (one time per seed) with ``keys[i]``."""
+        return [self.sampler.sample(ids.numpy(), np.asarray(at), key) for ids, at, key in zip(seeds, times, keys)]
