@@ -427,7 +427,7 @@ def test_training_reports_its_running_loss_and_the_evaluations_progress(graph):
 
 
 def test_the_progress_bar_shows_the_running_loss_and_a_bar_while_evaluating(monkeypatch):
-    from neutronorch.cli import app
+    from neutronorch.cli import progress
 
     bars = []
 
@@ -445,8 +445,8 @@ def test_the_progress_bar_shows_the_running_loss_and_a_bar_while_evaluating(monk
         def close(self):
             self.closed = True
 
-    monkeypatch.setattr(app, "tqdm", FakeBar)
-    bar = app._ProgressBar()
+    monkeypatch.setattr(progress, "tqdm", FakeBar)
+    bar = progress.ProgressBar()
     bar.loss(0, 1.25)
     bar(0, 1, 3)
     bar.loss(0, 0.75)

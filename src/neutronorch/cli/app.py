@@ -1,4 +1,4 @@
-"""The commands: what each one runs and prints, the log handler and the progress bar."""
+"""The commands: what each one runs and prints, and the log handler (the progress bar: ``progress.py``)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from tqdm import tqdm
-
 from neutronorch.cli.again import resume_command, to_console_log
 from neutronorch.cli.info import dataset_info, renumbered
 from neutronorch.cli.options import RUN_FOLDER_KEYS, build_parser
 from neutronorch.cli.partition import cmd_partition
+from neutronorch.cli.progress import ProgressBar
 from neutronorch.config import TrainConfig
 from neutronorch.config_keys import load_config_file
 from neutronorch.data import (SyntheticSpec, TypedGraph, dataset_paths, generate, is_native_dir, is_typed_dataset,
@@ -64,46 +63,6 @@ def _configure_logging() -> None:
     if not any(getattr(h, "_neutronorch_cli", False) for h in logger.handlers):
         logger.addHandler(_StderrHandler("" if rank is None else f"[rank {rank}] "))
     logger.setLevel(logging.INFO if not rank else logging.WARNING)
-
-
-class _ProgressBar:
-    """A tqdm bar per part (epoch, layer of inference, file being parsed), fed by ``progress(part, done,
-    total)``; hidden when stderr is no terminal. Training also reports ``loss`` and ``evaluating``."""
-
-    def __init__(self, label: str = "epoch", unit: str = "batch"):
-        self._bar, self._part = None, None
-        self._label, self._unit = label, unit
-        self._loss: tuple | None = None  # (epoch, running mean loss) last reported
-
-    def __call__(self, part, done: int, total: int) -> None:
-        loss = f"loss {self._loss[1]:.4f}" if self._loss is not None and self._loss[0] == part else None
-        # A resumed epoch starts at its step: the bar's rate counts only the steps run here.
-        self._update(part, f"{self._label} {part}", self._unit, done, total,
-                     initial=done - 1 if self._unit == "batch" else 0, postfix=loss)
-
-    def loss(self, epoch: int, mean: float) -> None:
-        self._loss = (epoch, mean)
-
-    def evaluating(self, epoch: int, layer: int, done: int, total: int) -> None:
-        what = f"evaluating after epoch {epoch}" + (f", layer {layer}" if layer else "")
-        self._update(("evaluation", epoch, layer), what, "vertex", done, total, initial=0)
-
-    def _update(self, part, desc: str, unit: str, done: int, total: int, initial: int, postfix=None) -> None:
-        if self._bar is None or part != self._part:
-            self.close()
-            self._part = part
-            self._bar = tqdm(total=total, desc=desc, unit=unit, leave=False, disable=None, file=sys.stderr,
-                             initial=initial, unit_scale=unit != "batch")
-        if postfix is not None:
-            self._bar.set_postfix_str(postfix, refresh=False)
-        self._bar.update(done - self._bar.n)
-        if done >= total:
-            self.close()
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -152,7 +111,7 @@ def _train(config: TrainConfig, folder, rank: int | None, words: list[str] | Non
     from neutronorch.observe.report import reuse_summary
     from neutronorch.train.trainer import train
 
-    bar = _ProgressBar() if config.progress and not rank else None
+    bar = ProgressBar() if config.progress and not rank else None
     stop, received = threading.Event(), []
 
     def on_signal(signum, frame):
@@ -230,7 +189,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     reads = [Path(p) for p in (args.source, args.features, args.labels, args.split) if p and is_table(p)] if tables \
         else [Path(args.source)] if jodie else dataset_paths(args.source)
     _check_native_out("OUT_DIR", args.out_dir, reads, args.overwrite, typed)
-    kept, bar = {}, _ProgressBar("reading", "B")
+    kept, bar = {}, ProgressBar("reading", "B")
     try:
         if tables:
             graph, kept = load_tables(args.source, args.features, args.labels, args.split, args.seed, args.directed,
@@ -324,7 +283,7 @@ def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
         check_task(checkpoint, pairs)
     graph = (load_typed_dataset if typed else load_dataset)(args.dataset)
     options.update(device=str(device), out=args.out, scratch=scratch, overwrite=args.overwrite,
-                   progress=_ProgressBar("layer", "vertex") if args.progress else None)
+                   progress=ProgressBar("layer", "vertex") if args.progress else None)
     return checkpoint, graph, options
 
 
