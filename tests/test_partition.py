@@ -225,3 +225,17 @@ def test_bfloat16_features_and_an_empty_part(tmp_path):
     assert is_bfloat16(parts[2].features)
     assert np.array_equal(parts[2].features.view(np.uint16), graph.features[::2].view(np.uint16))
     assert partition_summary(tmp_path / "p")["per_part"][1]["nodes"] == 0
+
+
+def test_a_graph_with_times_is_refused_with_the_reason(tmp_path, capsys, graph):
+    """A partition carries no times yet: parts without them would let training sample the future."""
+    import dataclasses
+
+    from neutronorch.data import save_native
+
+    timed = dataclasses.replace(graph, edge_time=np.arange(graph.num_edges, dtype=np.int64))
+    save_native(timed, tmp_path / "timed")
+    assert main(["partition", str(tmp_path / "timed"), "--parts", "2", "--out", str(tmp_path / "p"),
+                 "--method", "random"]) == 2
+    assert "times" in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()

@@ -46,7 +46,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     say(f"reading {args.dataset}")
     graph = load_dataset(args.dataset)
     check_graph(graph, args.dataset, args.parts)
-    check_space("out", target, sum(int(a.nbytes) for a in graph.arrays()) + graph.num_nodes * 24)
+    check_space("out", target, sum(int(a.nbytes) for a in graph.arrays() if a is not None) + graph.num_nodes * 24)
     say(f"assigning {graph.num_nodes:,} vertices to {args.parts} parts ({args.method})")
     part_of = assign(graph, args.parts, args.method, args.seed, say)
     manifest = write_partition(graph, part_of, args.parts, target, args.method, args.seed, args.dataset, say)

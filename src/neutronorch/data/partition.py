@@ -52,12 +52,17 @@ def metis():
 
 
 def check_graph(graph, spec: str, parts: int) -> None:
-    """A graph this module can partition into ``parts``: homogeneous, with no link split, enough vertices."""
+    """A graph this module can partition into ``parts``: homogeneous, with no link split and no times, enough
+    vertices."""
     if not isinstance(graph, Graph):
         refuse_typed(spec)
     if graph.links is not None:
         raise DataError(f"{spec}: a link-prediction dataset; its supervision edges are not partitioned yet. "
                         f"Partition a node-classification dataset.")
+    if graph.temporal:
+        raise DataError(f"{spec}: a graph with edge or vertex times; a partition does not carry times yet, and "
+                        f"training on parts without them would sample the future (docs/temporal.md). Partition a "
+                        f"graph without times.")
     if parts > graph.num_nodes:
         raise ConfigError(f"`parts` {parts}: more parts than {spec}'s {graph.num_nodes:,} vertices; every part "
                           f"needs a vertex. Ask for at most {graph.num_nodes:,}.")
