@@ -20,6 +20,13 @@ Graphs (``--datasets``) are read from ``--datasets-root`` (default ../shared/dat
 with the package's own edge split (``edges:0.85,0.05``, the split drawn from each run's seed) and features as
 the package reads them; missing ones are skipped with a message. A run whose every evaluation collapsed
 (every positive tied with its negatives) is marked so.
+
+**Typed graphs** (``--typed``): ``--datasets`` then names typed dataset folders (``neutronorch generate
+synthetic --typed``), the link task predicts ``--link-relation``'s edges, and each graph is swept once per
+model of ``--models`` (default sage,rgcn), a column ``GRAPH MODEL`` each:
+
+    python bench/link_sweep.py --typed --datasets DIR:3 --link-relation writes --grid defaults,lr=0.003 \
+        --base hidden=256,dropout=0.3,lr=0.001 --out bench/out/typed-link-sweep.json
 """
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ import time
 from pathlib import Path
 
 from neutronorch import TrainConfig, load_dataset, train
+from neutronorch.data import load_typed_dataset
 from neutronorch.config import TASK_DEFAULTS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,7 +65,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--datasets", default="cora,citeseer,dblp:3",
                    help="comma-separated NAME[:EPOCHS] from %s (default: %%(default)s)" % ",".join(DATASETS))
-    p.add_argument("--grid", default=GRID, help="comma-separated settings: base, node-defaults or FIELD=VALUE "
+    p.add_argument("--grid", default=GRID, help="comma-separated settings: base, node-defaults, defaults (the link "
+                                                "task's) or FIELD=VALUE "
                                                 "(FIELD one of %s) (default: %%(default)s)" % ",".join(CASTS))
     p.add_argument("--base", default=",".join(f"{k}={v}" for k, v in BASE.items() if k != "fanouts"),
                    help="the base's FIELD=VALUE list (default: %(default)s; fanouts 10,10)")
@@ -67,6 +76,9 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1, help="training threads (default: %(default)s)")
     p.add_argument("--sampler-threads", type=int, default=1, help="sampler threads (default: %(default)s)")
     p.add_argument("--out", default=None, help="write every run and the table here (JSON); rewritten after each run")
+    p.add_argument("--typed", action="store_true", help="--datasets names typed dataset folders (module docstring)")
+    p.add_argument("--models", default=None, help="comma-separated models (default: sage; --typed: sage,rgcn)")
+    p.add_argument("--link-relation", default=None, help="--typed: the relation whose edges are predicted")
     return p.parse_args(argv)
 
 
@@ -76,22 +88,26 @@ def setting(name: str, base: dict) -> dict:
         return dict(base)
     if name == "node-defaults":
         return dict(NODE_DEFAULTS)
+    if name == "defaults":  # the link task's own defaults
+        return {"hidden": TrainConfig().hidden, "fanouts": "10,10",
+                **{key: TASK_DEFAULTS["link"][key] for key in ("dropout", "lr", "batch_size")}}
     field, sep, value = name.partition("=")
     if not sep or field not in CASTS:
-        sys.exit(f"--grid entry {name!r}: give base, node-defaults or FIELD=VALUE with FIELD one of "
+        sys.exit(f"--grid entry {name!r}: give base, node-defaults, defaults or FIELD=VALUE with FIELD one of "
                  f"{', '.join(CASTS)}")
     return {**base, field: CASTS[field](value)}
 
 
-def run_one(path: str, fields: dict, seed: int, epochs: int, args) -> dict:
-    config = TrainConfig(dataset=path, task="link", model="sage", fanouts=fields["fanouts"], hidden=fields["hidden"],
+def run_one(path: str, fields: dict, seed: int, epochs: int, args, model: str = "sage") -> dict:
+    typed = {"link_relation": args.link_relation} if args.typed else {}
+    config = TrainConfig(dataset=path, task="link", model=model, fanouts=fields["fanouts"], hidden=fields["hidden"],
                          dropout=fields["dropout"], lr=fields["lr"], batch_size=fields["batch_size"], epochs=epochs,
                          weight_decay=0.0, negatives=1, link_head="dot", split="edges:0.85,0.05", seed=seed,
                          mode="exact", threads=args.threads, sampler_threads=args.sampler_threads, progress=False,
-                         eval_every=1)
+                         eval_every=1, **typed)
     t0 = time.perf_counter()
     with contextlib.redirect_stderr(io.StringIO()):
-        summary = train(config, graph=load_dataset(path))
+        summary = train(config, graph=load_typed_dataset(path) if args.typed else load_dataset(path))
     epochs_ = summary["epochs"]
     curve = [(e.get("val_mrr"), e.get("test_mrr")) for e in epochs_]
     return {"seed": seed, "test_mrr": summary["test_mrr"], "val_mrr": summary["val_mrr"],
@@ -117,20 +133,28 @@ def main(argv=None) -> int:
     results: dict = {"base": base, "seeds": seeds, "epochs": args.epochs, "threads": args.threads,
                      "sampler_threads": args.sampler_threads, "grid": grid, "runs": {}}
     graphs = []
+    models = (args.models or ("sage,rgcn" if args.typed else "sage")).split(",")
     for entry in args.datasets.split(","):
         name, _, epochs = entry.partition(":")
+        if args.typed:
+            if not Path(name).is_dir():
+                sys.exit(f"--typed: {name} is not a typed dataset folder")
+            graphs += [(f"{Path(name).name} {model}", name, int(epochs) if epochs else args.epochs, model)
+                       for model in models]
+            continue
         if name not in DATASETS:
             sys.exit(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
         path = root / DATASETS[name]
         if not path.exists():
             print(f"skipping {name}: {path} not found", file=sys.stderr)
             continue
-        graphs.append((name, str(path), int(epochs) if epochs else args.epochs))
-    for name, path, epochs in graphs:
+        graphs += [(name if model == "sage" else f"{name} {model}", str(path), int(epochs) if epochs else args.epochs,
+                    model) for model in models]
+    for name, path, epochs, model in graphs:
         for label, fields in grid.items():
             runs = []
             for seed in seeds:
-                run = run_one(path, fields, seed, epochs, args)
+                run = run_one(path, fields, seed, epochs, args, model)
                 runs.append(run)
                 print(f"  {name} {label} seed {seed}: test MRR {run['test_mrr']:.4f} (best epoch {run['best_epoch']}, "
                       f"batch {run['batch_size']}, last loss {run['losses'][-1]:.4f}, {run['wall_seconds']} s)",

@@ -7,8 +7,8 @@
         [--pyg-negatives binary|triplet] [--pyg-exclude] [--no-pyg-trim] [--curve] [--json OUT]
 
 **The peers** (``--peers``, default both where their package imports under ``--peers-python``, the
-``.venv-peers`` interpreter: ``bench/peers/README.md``): PyG and DGL, each a side of the turns like each of our
-modes.
+``.venv-peers`` interpreter: ``bench/peers/README.md``; ``--peers none``: our sides alone): PyG and DGL, each a
+side of the turns like each of our modes.
 
 **The split.** One per graph: our ``link_graph`` (``edges:0.85,0.05``, seed ``--split-seed``) splits it once
 and the result is written to ``bench/out/link-split-<graph>-s<seed>.npz`` (training message-passing topology,
@@ -137,8 +137,8 @@ def parse_args(argv=None):
     p.add_argument("--eval-edges", type=int,
                    help="score a fixed random N of the validation and of the test edges (0: all; default: the "
                         "graph's preset, else 0); they stay out of message passing all the same")
-    p.add_argument("--peers", help="comma-separated peers to run, of pyg and dgl (default: both, each where its "
-                                   "package imports under --peers-python)")
+    p.add_argument("--peers", help="comma-separated peers to run, of pyg and dgl; none (or empty): our sides "
+                                   "alone (default: both, each where its package imports under --peers-python)")
     p.add_argument("--pyg-negatives", choices=("binary", "triplet"), default="binary")
     p.add_argument("--pyg-trim", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--pyg-exclude", action="store_true", help="remove each batch's seed edges from PyG's batches")
@@ -591,14 +591,15 @@ PEER_MODULES = {"pyg": "torch_geometric", "dgl": "dgl"}
 
 
 def choose_peers(args) -> list[str]:
-    """``--peers``, else every peer whose package is installed for ``--peers-python``."""
+    """``--peers`` (``none`` or empty: no peer), else every peer whose package is installed for
+    ``--peers-python``."""
     import subprocess
 
-    if args.peers:
-        peers = [p for p in args.peers.split(",") if p]
+    if args.peers is not None:
+        peers = [p for p in args.peers.split(",") if p and p != "none"]
         unknown = [p for p in peers if p not in PEER_NAMES]
-        if unknown or not peers:
-            raise SystemExit(f"--peers: {', '.join(unknown) or 'none given'}; choose from {', '.join(PEER_NAMES)}")
+        if unknown:
+            raise SystemExit(f"--peers: {', '.join(unknown)}; choose from {', '.join(PEER_NAMES)}, or none")
         return peers
     found = []
     for peer, module in PEER_MODULES.items():

@@ -6,16 +6,16 @@ scoring head (``LINK_HEADS``) mapping two (..., D) embeddings to (...) logits, s
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from neutronorch.nn.models import GNN, Tables
 from neutronorch.nn.names import LINK_HEADS
+from neutronorch.nn.typed_link import SCALED, input_groups, typed_start
 from neutronorch.nn.typed_models import TypedGNN
-
-SCALED = 1.0 + 1e-3  # an input norm above this scales the first layer; unit rows (up to rounding) do not
-
 
 def glorot_(module: GNN, input_norm: float = 1.0, input_mean: torch.Tensor | None = None) -> GNN:
     """Every ``nn.Linear`` of ``module`` started again: its weight from Glorot's uniform with the ReLU gain,
@@ -60,21 +60,34 @@ def input_weights(module: GNN) -> list[nn.Parameter]:
             if isinstance(layer, nn.Linear) and layer.in_features == width]
 
 
-def optimizer_groups(model: nn.Module, lr: float) -> list[dict]:
-    """Adam's parameter groups for ``model``: one, except for a ``LinkModel`` whose input rows are larger than
-    unit norm, whose input weights (``input_weights``) learn at ``lr`` divided by that norm. Adam moves every
+def optimizer_groups(model: nn.Module, lr: float, parameters=None) -> list[dict]:
+    """Adam's parameter groups for ``model``'s ``parameters`` (default: all of them): one, except for a
+    ``LinkModel`` whose input rows are larger than unit norm, whose input weights (``input_weights``; a typed
+    encoder's per type, ``typed_link.input_groups``) learn at ``lr`` divided by that norm. Adam moves every
     weight by about ``lr`` a step whatever its gradient's scale, so a step moves a first-layer output by about
     ``lr`` times the L1 norm of the rows: 0.8 at lr 0.003 on Amazon Photo's 0/1 rows of 259 ones, which the
     second layer multiplies into logits of 1,500 after one step, then every embedding the same (a collapse to
     loss 2 ln 2). With the rate divided too, training proceeds as it would on the rows divided by their norm
     (the initial weights divided as ``glorot_``'s; the same steps up to Adam's epsilon and weight decay)."""
-    parameters = list(model.parameters())
-    norm = getattr(model, "input_norm", 1.0)
-    if norm <= SCALED:
+    parameters = list(model.parameters() if parameters is None else parameters)
+    scaled = scaled_inputs(model)
+    if not scaled:
         return [{"params": parameters}]
-    first = {id(weight) for weight in input_weights(model.encoder)}
-    return [{"params": [p for p in parameters if id(p) not in first]},
-            {"params": [p for p in parameters if id(p) in first], "lr": lr / norm}]
+    divided = {id(weight) for weights, _ in scaled for weight in weights}
+    groups = [{"params": [p for p in parameters if id(p) not in divided]}]
+    for weights, norm in scaled:
+        ids = {id(weight) for weight in weights}
+        groups.append({"params": [p for p in parameters if id(p) in ids], "lr": lr / norm})
+    return [g for g in groups if g["params"] or "lr" not in g]
+
+
+def scaled_inputs(model: nn.Module) -> list[tuple[list[nn.Parameter], float]]:
+    """The weights of a ``LinkModel``'s encoder that learn at a divided rate, each list with its divisor."""
+    if not isinstance(model, LinkModel):
+        return []
+    if isinstance(model.encoder, TypedGNN):
+        return input_groups(model.encoder, model.input_norms)
+    return [(input_weights(model.encoder), model.input_norm)] if model.input_norm > SCALED else []
 
 
 class DotHead(nn.Module):
@@ -99,14 +112,22 @@ class LinkModel(Tables, nn.Module):
     """``encoder`` (a ``GNN``, or a ``TypedGNN`` whose ``spec.outputs`` are the link's end types) and a
     ``head`` scoring pairs of its embeddings: ``forward`` is the encoder's, ``score`` the head's."""
 
-    def __init__(self, encoder: GNN | TypedGNN, head: str = "dot", dropout: float = 0.0, input_norm: float = 1.0,
-                 input_mean: torch.Tensor | None = None):
+    def __init__(self, encoder: GNN | TypedGNN, head: str = "dot", dropout: float = 0.0,
+                 input_norm: float | Mapping[str, float] = 1.0,
+                 input_mean: torch.Tensor | Mapping[str, torch.Tensor] | None = None):
         super().__init__()
-        # A typed encoder keeps its own start: its relations' sums made Glorot's rows about 6 times larger,
-        # logits of 100 that a dot head learnt nothing from.
-        self.encoder = encoder if isinstance(encoder, TypedGNN) else glorot_(encoder, input_norm, input_mean)
-        # Where the input weights were divided by it, they learn at a rate divided by it (optimizer_groups).
-        self.input_norm = 1.0 if isinstance(encoder, TypedGNN) else float(input_norm)
+        self.input_norm, self.input_norms = 1.0, {}
+        if isinstance(encoder, TypedGNN):
+            # A typed encoder keeps its own weights' start (Glorot's, summed over its relations, made rows about
+            # 6 times larger: logits of 100 that a dot head learnt nothing from), but given its featured
+            # types' norms and mean rows (dicts), each type's input weights are scaled and its outputs centred.
+            if isinstance(input_norm, Mapping):
+                self.input_norms = typed_start(encoder, input_norm, input_mean or {})
+            self.encoder = encoder
+        else:
+            self.encoder = glorot_(encoder, input_norm, input_mean)
+            # Where the input weights were divided by it, they learn at a rate divided by it (optimizer_groups).
+            self.input_norm = float(input_norm)
         if head not in LINK_HEADS:
             raise ValueError(f"unknown link head {head!r}; choose one of {LINK_HEADS}")
         self.head = DotHead() if head == "dot" else MLPHead(encoder.width(encoder.num_layers - 1), dropout)

@@ -17,14 +17,14 @@ from neutronorch.data import TypedGraph
 from neutronorch.data.typed import relation_label
 from neutronorch.errors import CheckpointError, ConfigError
 from neutronorch.nn.custom import ModelProtocolError, UserModel, check_trainable
-from neutronorch.nn.link import LinkModel
+from neutronorch.nn.link import LinkModel, optimizer_groups
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.checkpoint import fanouts_of
 from neutronorch.train.distributed import shared_logits
 from neutronorch.train.evaluate import eval_subset, scored, typed_logits
 from neutronorch.train.health import check_learnable
-from neutronorch.train.link_task import LinkTask, evaluate_links, typed_link_graph
+from neutronorch.train.link_task import LinkTask, evaluate_links, row_statistics, typed_link_graph
 from neutronorch.train.optim import Adam, RowAdam
 from neutronorch.train.run import Built
 from neutronorch.train.typed_tables import TypedTables, plan_tables
@@ -91,10 +91,14 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
         except ValueError as exc:
             raise ConfigError(f"{graph.name}: {exc}.") from None
         if link:  # the typed GNN's rows of the relation's two end types are the embeddings a link head scores
-            model = LinkModel(model, config.link_head)
+            # Each featured type's RMS row norm and mean row: its input weights scaled, its outputs centred.
+            statistics = {t: row_statistics(rows) for t, rows in graph.features.items()}
+            model = LinkModel(model, config.link_head, input_norm={t: n for t, (n, _) in statistics.items()},
+                              input_mean={t: torch.from_numpy(m) for t, (_, m) in statistics.items() if m is not None})
     model = model.to(device)
     dense = model.dense_parameters()  # none where your own module keeps every weight in sparse tables
-    adam = Adam(dense, lr=config.lr, weight_decay=config.weight_decay) if dense else None
+    adam = Adam(optimizer_groups(model, config.lr, dense), lr=config.lr, weight_decay=config.weight_decay) \
+        if dense else None
     embeddings = model.embedding_parameters()
     # The tables' optimizer: RowAdam for float32 CPU tables, else SparseAdam (the same update as sparse-tensor
     # ops; a torch.optim.Optimizer, whose import of torch._dynamo takes seconds: made only when needed).
