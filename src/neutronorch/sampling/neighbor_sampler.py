@@ -16,11 +16,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import numba
 import numpy as np
 import torch
 
-from neutronorch.sampling import kernels
+from neutronorch.sampling import kernels, relabel_kernels
 from neutronorch.sampling.block import Block, SampledSubgraph
+from neutronorch.sampling.relabel_kernels import RelabelScratch
 
 
 _MASK = (1 << 64) - 1
@@ -107,6 +109,7 @@ class NeighborSampler(OneThread, Sampler):
         self.fanouts = list(fanouts)
         self.degrees = degrees
         self._node_map = np.full(indptr.shape[0] - 1, -1, dtype=np.int64)
+        self._scratch = RelabelScratch(indptr.shape[0] - 1)
 
     @staticmethod
     def _ids(ids) -> np.ndarray:
@@ -125,7 +128,7 @@ class NeighborSampler(OneThread, Sampler):
                          if self.file_order else kernels.NO_ORDER)
                 ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, frontier, fanout,
                                                      np.uint64(key), order)
-                (local,), frontier = relabel_into(frontier, [nbrs], node_map)
+                (local,), frontier = relabel_into(frontier, [nbrs], node_map, self._scratch)
                 frontiers.append(torch.from_numpy(frontier))
                 blocks.append(Block(num_dst, frontier.shape[0], torch.from_numpy(ptr), torch.from_numpy(local),
                                     src_degree=self._degrees(frontier), src_ids=frontiers[-1]))
@@ -137,14 +140,23 @@ class NeighborSampler(OneThread, Sampler):
         return torch.from_numpy(kernels.in_degrees(self.indptr, sources)) if self.degrees else None
 
 
-def relabel_into(frontier: np.ndarray, parts: list[np.ndarray], node_map: np.ndarray
-                 ) -> tuple[list[np.ndarray], np.ndarray]:
+def relabel_into(frontier: np.ndarray, parts: list[np.ndarray], node_map: np.ndarray,
+                 scratch: RelabelScratch | None = None) -> tuple[list[np.ndarray], np.ndarray]:
     """The host's relabel: each of ``parts`` (sampled global ids) as local ids in the frontier [``frontier``,
     new vertices in first-appearance order over the parts in order], and that frontier (int64). ``node_map``
-    holds ``frontier``'s positions (-1 elsewhere) and is left holding the new frontier's."""
+    holds ``frontier``'s positions (-1 elsewhere) and is left holding the new frontier's. With ``scratch``, a
+    large relabel on enough threads runs on all of them (``relabel_parallel``: the same result)."""
     size = frontier.shape[0]
-    grown = np.empty(size + sum(part.shape[0] for part in parts), np.int64)
+    total = sum(part.shape[0] for part in parts)
+    grown = np.empty(size + total, np.int64)
     grown[:size] = frontier
+    if (scratch is not None and total >= relabel_kernels.PARALLEL_FROM_IDS
+            and numba.get_num_threads() >= relabel_kernels.PARALLEL_FROM_THREADS):
+        ids = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        positions, size = relabel_kernels.relabel_parallel(grown, size, ids, node_map, scratch.shift,
+                                                           scratch.take(3 * total))
+        local = np.split(positions, np.cumsum([part.shape[0] for part in parts[:-1]]))
+        return local, grown[:size]
     local = []
     for part in parts:
         positions, size = kernels.relabel(grown, size, part, node_map)
