@@ -39,6 +39,7 @@ def main() -> int:
     from neutronorch.sampling import kernels
     from neutronorch.sampling.fanouts import parse_fanouts
     from neutronorch.sampling.neighbor_sampler import batch_key, layer_key, relabel_into
+    from neutronorch.sampling.relabel_kernels import RelabelScratch
     from neutronorch.train.resources import keep_freed_memory
 
     keep_freed_memory()  # as training does: freed blocks are reused, not returned and faulted in again
@@ -51,6 +52,7 @@ def main() -> int:
     order = epoch_order(torch.from_numpy(np.asarray(graph.train_idx)), 0, 0)
     batches = [b.numpy().copy() for b in torch.split(order, args.batch_size)][:args.warmup + args.batches]
     node_map = np.full(indptr.shape[0] - 1, -1, np.int64)
+    scratch = RelabelScratch(node_map.shape[0])  # as the sampler relabels: on every thread from 4 threads
 
     def one_batch(seeds: np.ndarray, key: int, times: dict) -> int:
         clock = time.perf_counter
@@ -65,7 +67,7 @@ def main() -> int:
             ptr, nbrs = kernels.sample_neighbors(indptr, indices, frontier, fanout,
                                                  np.uint64(layer_key(key, hop)), kernels.NO_ORDER)
             t2 = clock()
-            (local,), new = relabel_into(frontier, [nbrs], node_map)
+            (local,), new = relabel_into(frontier, [nbrs], node_map, scratch)
             t3 = clock()
             torch.from_numpy(ptr), torch.from_numpy(local), torch.from_numpy(new)
             t4 = clock()
