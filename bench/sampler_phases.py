@@ -52,7 +52,7 @@ def main() -> int:
     order = epoch_order(torch.from_numpy(np.asarray(graph.train_idx)), 0, 0)
     batches = [b.numpy().copy() for b in torch.split(order, args.batch_size)][:args.warmup + args.batches]
     node_map = np.full(indptr.shape[0] - 1, -1, np.int64)
-    scratch = RelabelScratch(node_map.shape[0])  # as the sampler relabels: on every thread from 4 threads
+    scratch = RelabelScratch(node_map.shape[0])  # as the sampler relabels (on every thread from 8 threads)
 
     def one_batch(seeds: np.ndarray, key: int, times: dict) -> int:
         clock = time.perf_counter

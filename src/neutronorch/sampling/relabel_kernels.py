@@ -94,9 +94,10 @@ def relabel_parallel(frontier, num_frontier, nbrs, node_map, shift, scratch):
     return local, start[chunks]
 
 
-# ``relabel_parallel`` does about 3.5 times the work of the walk on one thread (docs/performance.md, "The host
-# sampler on more threads"): it pays from about 4 threads on, and only on hops large enough to split.
-PARALLEL_FROM_THREADS = 4
+# ``relabel_parallel`` does about 4 times the work of the walk on one thread (docs/performance.md, "The host
+# sampler on more threads"): even at 4 threads it would be as slow as the walk, so it runs from 8 threads on,
+# and only on hops large enough to split.
+PARALLEL_FROM_THREADS = 8
 PARALLEL_FROM_IDS = 4 * CHUNK
 
 
