@@ -1,5 +1,5 @@
 """The relabel on every thread (``relabel_kernels.relabel_parallel``) gives the walk's result bit for bit, and a
-sampler that takes it draws the same blocks."""
+sampler that takes it draws the same blocks; so does the hop that draws and relabels at once."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.synthetic_typed import synthetic_typed
 from neutronorch.sampling import kernels, relabel_kernels
+from neutronorch.sampling.hop_pipeline import draw_and_relabel, segments_for
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 from neutronorch.sampling.relabel_kernels import RelabelScratch, range_shift, relabel_parallel
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
@@ -109,3 +110,33 @@ def test_scratch_grows_and_is_reused():
     first = scratch.take(100)
     assert first.shape == (100,) and np.shares_memory(first, scratch.take(50))
     assert scratch.take(1000).shape == (1000,)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 5])
+def test_pipelined_hop_equals_draws_then_walk(workers):
+    """``draw_and_relabel`` with any number of workers and segments: the draws and relabel of
+    ``sample_neighbors`` then ``relabel`` (workers beyond numba's threads run one after another)."""
+    indptr, indices = graph(n=6000, seed=workers)
+    rng = np.random.default_rng(workers)
+    node_map = np.full(6000, -1, np.int64)
+    for trial in range(6):
+        frontier = rng.choice(6000, int(rng.integers(1, 2500)), replace=False)
+        fanout, key = int(rng.integers(1, 20)), np.uint64(rng.integers(0, 2**62))
+        kernels.map_nodes(frontier, node_map)
+        ptr, nbrs = kernels.sample_neighbors(indptr, indices, frontier, fanout, key, kernels.NO_ORDER)
+        walked = np.empty(frontier.shape[0] + nbrs.shape[0], np.int64)
+        walked[:frontier.shape[0]] = frontier
+        local, size = kernels.relabel(walked, frontier.shape[0], nbrs, node_map)
+        walked_map = node_map.copy()
+        kernels.reset_map(walked[:size], node_map)
+        kernels.map_nodes(frontier, node_map)
+        grown = np.full(frontier.shape[0] + ptr[-1], -7, np.int64)
+        grown[:frontier.shape[0]] = frontier
+        segments = [1, 7, segments_for(frontier.shape[0], int(ptr[-1]), workers)][trial % 3]
+        piped, piped_size = draw_and_relabel(indptr, indices, grown, frontier.shape[0], key, ptr, node_map,
+                                             min(segments, frontier.shape[0]), workers)
+        assert piped_size == size
+        np.testing.assert_array_equal(piped, local)
+        np.testing.assert_array_equal(grown[:size], walked[:size])
+        np.testing.assert_array_equal(node_map, walked_map)
+        kernels.reset_map(grown[:size], node_map)

@@ -100,16 +100,16 @@ def _draw_offsets(chosen, deg, key, v):
 
 
 @njit(inline="always")
-def _rows(array):
+def as_rows(array):
     """A 1-D array as a column (a view, no copy): ``prefetch_row`` of it asks for one element's cache line."""
     return array.reshape((array.shape[0], 1))
 
 
 @njit(inline="always")
-def _ask_ahead(indptr, pointer_rows, index_rows, dst_nodes, order, step, n):
+def ask_ahead(indptr, pointer_rows, index_rows, dst_nodes, order, step, n):
     """Prefetch for the draws ``DRAW_AHEAD`` steps ahead of ``step``: the row pointer of the vertex twice as
     far ahead, the first neighbours of the one that far ahead (its row pointer asked for earlier).
-    ``pointer_rows``, ``index_rows``: ``indptr`` and ``indices`` as ``_rows``."""
+    ``pointer_rows``, ``index_rows``: ``indptr`` and ``indices`` as ``as_rows``."""
     ahead = np.int64(step) + 2 * DRAW_AHEAD
     if ahead < n:
         prefetch_row(pointer_rows, dst_nodes[order[ahead] if order.shape[0] > 0 else ahead])
@@ -119,14 +119,14 @@ def _ask_ahead(indptr, pointer_rows, index_rows, dst_nodes, order, step, n):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _drawn_ptr(indptr, dst_nodes, fanout, order):
+def drawn_ptr(indptr, dst_nodes, fanout, order):
     """The row pointer of a draw: ``ptr[i + 1] - ptr[i]`` neighbours drawn for ``dst_nodes[i]``, all of them
     when the degree is at most ``fanout`` or ``fanout`` < 0."""
     n = dst_nodes.shape[0]
     ordered = order.shape[0] > 0
     counts = np.empty(n + 1, np.int64)
     counts[0] = 0
-    rows = _rows(indptr)
+    rows = as_rows(indptr)
     for step in prange(n):
         if step + DRAW_AHEAD < n:
             prefetch_row(rows, dst_nodes[order[step + DRAW_AHEAD] if ordered else step + DRAW_AHEAD])
@@ -149,25 +149,30 @@ def sample_neighbors(indptr, indices, dst_nodes, fanout, key, order):
     """
     n = dst_nodes.shape[0]
     ordered = order.shape[0] > 0
-    ptr = _drawn_ptr(indptr, dst_nodes, fanout, order)
+    ptr = drawn_ptr(indptr, dst_nodes, fanout, order)
     nbrs = np.empty(ptr[n], indices.dtype)
-    pointer_rows, index_rows = _rows(indptr), _rows(indices)
+    pointer_rows, index_rows = as_rows(indptr), as_rows(indices)
     for step in prange(n):
-        _ask_ahead(indptr, pointer_rows, index_rows, dst_nodes, order, step, n)
-        i = order[step] if ordered else np.int64(step)  # one integer type whatever prange's index is
-        v = dst_nodes[i]
-        start = indptr[v]
-        deg = indptr[v + 1] - start
-        # Slices, not nbrs[out + j]: an offset index is checked for wrap-around (see bfloat16's note).
-        chosen = nbrs[ptr[i]:ptr[i + 1]]
-        neighbours = indices[start:start + deg]
-        if chosen.shape[0] == deg:
-            chosen[:] = neighbours
-            continue
-        _draw_offsets(chosen, deg, key, v)
-        for j in range(chosen.shape[0]):
-            chosen[j] = neighbours[chosen[j]]
+        ask_ahead(indptr, pointer_rows, index_rows, dst_nodes, order, step, n)
+        draw_row(indptr, indices, dst_nodes, key, ptr, nbrs, order[step] if ordered else np.int64(step))
     return ptr, nbrs
+
+
+@njit(inline="always")
+def draw_row(indptr, indices, dst_nodes, key, ptr, nbrs, i):
+    """``sample_neighbors``' draws of ``dst_nodes[i]`` into ``nbrs[ptr[i]:ptr[i + 1]]``."""
+    v = dst_nodes[i]
+    start = indptr[v]
+    deg = indptr[v + 1] - start
+    # Slices, not nbrs[out + j]: an offset index is checked for wrap-around (see bfloat16's note).
+    chosen = nbrs[ptr[i]:ptr[i + 1]]
+    neighbours = indices[start:start + deg]
+    if chosen.shape[0] == deg:
+        chosen[:] = neighbours
+        return
+    _draw_offsets(chosen, deg, key, v)
+    for j in range(chosen.shape[0]):
+        chosen[j] = neighbours[chosen[j]]
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -179,12 +184,12 @@ def sample_neighbor_edges(indptr, indices, dst_nodes, fanout, key, order):
     a flag in ``sample_neighbors`` slowed the host sampler (docs/results/one-engine-2026-12-06-round-four.md)."""
     n = dst_nodes.shape[0]
     ordered = order.shape[0] > 0
-    ptr = _drawn_ptr(indptr, dst_nodes, fanout, order)
+    ptr = drawn_ptr(indptr, dst_nodes, fanout, order)
     nbrs = np.empty(ptr[n], indices.dtype)
     edges = np.empty(ptr[n], np.int64)
-    pointer_rows, index_rows = _rows(indptr), _rows(indices)
+    pointer_rows, index_rows = as_rows(indptr), as_rows(indices)
     for step in prange(n):
-        _ask_ahead(indptr, pointer_rows, index_rows, dst_nodes, order, step, n)
+        ask_ahead(indptr, pointer_rows, index_rows, dst_nodes, order, step, n)
         i = order[step] if ordered else np.int64(step)
         v = dst_nodes[i]
         start = indptr[v]
@@ -206,12 +211,17 @@ def relabel(frontier, num_frontier, nbrs, node_map):
     """Map sampled global ids to local positions, appending unseen vertices to ``frontier`` in order of first
     appearance. ``frontier[:num_frontier]`` holds the destinations, at those positions in ``node_map``, and
     has room for ``len(nbrs)`` more. Returns (local ids of nbrs, new frontier size)."""
-    m = nbrs.shape[0]
-    local = np.empty(m, np.int64)
-    size = num_frontier
-    entries = _rows(node_map)
-    for e in range(m):
-        if e + RELABEL_AHEAD < m:
+    local = np.empty(nbrs.shape[0], np.int64)
+    return local, relabel_range(frontier, num_frontier, nbrs, node_map, local, 0, nbrs.shape[0])
+
+
+@njit(inline="always")
+def relabel_range(frontier, size, nbrs, node_map, local, lo, hi):
+    """``relabel``'s walk over ``nbrs[lo:hi]`` into ``local[lo:hi]``, the frontier ``size`` long before it;
+    returns its size after."""
+    entries = as_rows(node_map)
+    for e in range(lo, hi):
+        if e + RELABEL_AHEAD < hi:
             prefetch_row(entries, nbrs[e + RELABEL_AHEAD])
         u = nbrs[e]
         pos = node_map[u]
@@ -221,7 +231,7 @@ def relabel(frontier, num_frontier, nbrs, node_map):
             frontier[size] = u
             size += 1
         local[e] = pos
-    return local, size
+    return size
 
 
 @njit(parallel=True, cache=True, nogil=True)
