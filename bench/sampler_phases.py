@@ -1,9 +1,11 @@
 """Where the host sampler's time goes, phase by phase, at each thread count: the scaling of each phase.
 
 The sampler's hops (``NeighborSampler._hops``) taken apart and timed: the draw's row pointer
-(``_drawn_ptr``), the draw itself (``sample_neighbors`` less its row pointer), the relabel (``relabel_into``),
+(``drawn_ptr``), the draw itself (``sample_neighbors`` less its row pointer), the relabel (``relabel_into``),
 the vertex map's set-up and reset, and the rest (tensors, blocks). Thread counts take turns batch by batch in
-one process (``numba.set_num_threads``), so a disturbance of the machine falls on each alike.
+one process (``numba.set_num_threads``), so a disturbance of the machine falls on each alike. The phases are
+timed one after the other: the sampler on 2 to 7 threads draws and relabels at once (``hop_pipeline.py``),
+which ``sampler_scaling.py`` times. ``PYTHONPATH=<an older checkout>/src`` profiles that revision.
 
     python bench/sampler_phases.py                    # 1M vertices / 20M edges, fanouts 15,10,5, 1 and 2 threads
     python bench/sampler_phases.py --threads 1,2,4 --batches 40 --warmup 2
@@ -39,7 +41,6 @@ def main() -> int:
     from neutronorch.sampling import kernels
     from neutronorch.sampling.fanouts import parse_fanouts
     from neutronorch.sampling.neighbor_sampler import batch_key, layer_key, relabel_into
-    from neutronorch.sampling.relabel_kernels import RelabelScratch
     from neutronorch.train.resources import keep_freed_memory
 
     keep_freed_memory()  # as training does: freed blocks are reused, not returned and faulted in again
@@ -52,7 +53,12 @@ def main() -> int:
     order = epoch_order(torch.from_numpy(np.asarray(graph.train_idx)), 0, 0)
     batches = [b.numpy().copy() for b in torch.split(order, args.batch_size)][:args.warmup + args.batches]
     node_map = np.full(indptr.shape[0] - 1, -1, np.int64)
-    scratch = RelabelScratch(node_map.shape[0])  # as the sampler relabels (on every thread from 8 threads)
+    try:  # as the sampler relabels (on every thread from 8 threads); an older revision has no such scratch
+        from neutronorch.sampling.relabel_kernels import RelabelScratch
+        extra = (RelabelScratch(node_map.shape[0]),)
+    except ImportError:
+        extra = ()
+    drawn_ptr = getattr(kernels, "drawn_ptr", None) or kernels._drawn_ptr  # its name in older revisions
 
     def one_batch(seeds: np.ndarray, key: int, times: dict) -> int:
         clock = time.perf_counter
@@ -62,12 +68,12 @@ def main() -> int:
         frontier, edges = seeds, 0
         for hop, fanout in enumerate(fanouts):
             t0 = clock()
-            kernels._drawn_ptr(indptr, frontier, fanout, kernels.NO_ORDER)
+            drawn_ptr(indptr, frontier, fanout, kernels.NO_ORDER)
             t1 = clock()
             ptr, nbrs = kernels.sample_neighbors(indptr, indices, frontier, fanout,
                                                  np.uint64(layer_key(key, hop)), kernels.NO_ORDER)
             t2 = clock()
-            (local,), new = relabel_into(frontier, [nbrs], node_map, scratch)
+            (local,), new = relabel_into(frontier, [nbrs], node_map, *extra)
             t3 = clock()
             torch.from_numpy(ptr), torch.from_numpy(local), torch.from_numpy(new)
             t4 = clock()
