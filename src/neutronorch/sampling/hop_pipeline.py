@@ -4,7 +4,7 @@ then ``kernels.relabel``, the same result bit for bit, in less time on two threa
 The relabel walks the sampled ids in order on one thread; run after the draws, it left the other threads idle
 for a third of a hop. Here the destinations are cut into segments: one thread relabels segment after segment as
 soon as each is drawn, and draws the next undrawn one itself while it waits; the others draw segments in
-order as they claim them. Segments are handed over through atomics (``neutronorch.atomics``). No thread waits
+order as they claim them. Segments are handed over through atomics (``atomic_ops.py``). No thread waits
 for a segment that no running thread holds, so it never stalls however many threads run.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from neutronorch.atomics import fetch_add, load_acquire, store_release
+from neutronorch.sampling.atomic_ops import fetch_add, load_acquire, store_release
 from neutronorch.sampling.kernels import ask_ahead, as_rows, draw_row, relabel_range
 
 SEGMENT_EDGES = 8192  # sampled edges per segment, about: small enough to keep the relabel close behind

@@ -1,5 +1,5 @@
 """Atomic operations on int64 array entries for numba kernels whose threads hand work to each other
-(``sampling/hop_pipeline.py``): numba has none of its own on the CPU. Each is one LLVM atomic instruction."""
+(``hop_pipeline.py``): numba has none of its own on the CPU. Each is one LLVM atomic instruction."""
 
 from __future__ import annotations
 
