@@ -58,9 +58,8 @@ def relabel_parallel(frontier, num_frontier, nbrs, node_map, shift, scratch):
             for i in range(at[c, p], at[c + 1, p]):
                 u = ids[i]
                 x = node_map[u]
-                if x == -1:
-                    node_map[u] = -2 - i
-                    count += 1
+                node_map[u] = -2 - i if x == -1 else x  # no branch: see kernels.relabel_range
+                count += np.int64(x == -1)
                 seen[i] = x
             firsts[c, p] = count
     start = np.empty(chunks + 1, np.int64)
@@ -77,12 +76,12 @@ def relabel_parallel(frontier, num_frontier, nbrs, node_map, shift, scratch):
             i = take[u >> shift]
             take[u >> shift] = i + 1
             x = seen[i]
-            if x == -1:
-                frontier[pos] = u
-                position[i] = pos
-                x = pos
-                pos += 1
-            local[e] = x
+            new = x == -1
+            position[i] = pos  # read only where the slot is a first appearance
+            local[e] = pos if new else x
+            if new:
+                frontier[pos] = u  # only then: the next slot may be the next span's, another thread's
+            pos += np.int64(new)
     for c in prange(chunks):
         for e in range(c * CHUNK, min(m, (c + 1) * CHUNK)):
             if local[e] < -1:
@@ -95,8 +94,8 @@ def relabel_parallel(frontier, num_frontier, nbrs, node_map, shift, scratch):
 
 
 # ``relabel_parallel`` does about 4 times the work of the walk on one thread (docs/performance.md, "The host
-# sampler on more threads"): even at 4 threads it would be as slow as the walk, so it runs from 8 threads on,
-# and only on hops large enough to split.
+# sampler on more threads"): on fewer threads the walk, overlapped with the draws (``hop_pipeline.py``), is
+# faster, so it runs from 8 threads on, and only on hops large enough to split.
 PARALLEL_FROM_THREADS = 8
 PARALLEL_FROM_IDS = 4 * CHUNK
 
