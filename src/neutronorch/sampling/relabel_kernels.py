@@ -93,7 +93,7 @@ def relabel_parallel(frontier, num_frontier, nbrs, node_map, shift, scratch):
     return local, start[chunks]
 
 
-# ``relabel_parallel`` does about 4 times the work of the walk on one thread (docs/performance.md, "The host
+# ``relabel_parallel`` does about 5.6 times the work of the walk on one thread (docs/performance.md, "The host
 # sampler on more threads"): on fewer threads the walk, overlapped with the draws (``hop_pipeline.py``), is
 # faster, so it runs from 8 threads on, and only on hops large enough to split.
 PARALLEL_FROM_THREADS = 8
