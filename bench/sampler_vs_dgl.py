@@ -27,8 +27,10 @@ def sample_epoch(data: str, fanouts: str, batch_size: int, threads: int, out: st
     from neutronorch.orchestration.seeds import epoch_order
     from neutronorch.sampling.fanouts import parse_fanouts
     from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
+    from neutronorch.train.resources import keep_freed_memory
 
     numba.set_num_threads(threads)
+    keep_freed_memory()  # as training does: freed blocks are reused, not returned and faulted in again
     graph = load_native(data, validate=False)
     sampler = NeighborSampler(graph.indptr, graph.indices, parse_fanouts(fanouts))
     order = epoch_order(torch.from_numpy(np.asarray(graph.train_idx)), 0, 0)

@@ -16,11 +16,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import numba
 import numpy as np
 import torch
 
-from neutronorch.sampling import kernels
+from neutronorch.sampling import hop_pipeline, kernels, relabel_kernels
 from neutronorch.sampling.block import Block, SampledSubgraph
+from neutronorch.sampling.hop_pipeline import segments_for
+from neutronorch.sampling.relabel_kernels import RelabelScratch
 
 
 _MASK = (1 << 64) - 1
@@ -107,6 +110,7 @@ class NeighborSampler(OneThread, Sampler):
         self.fanouts = list(fanouts)
         self.degrees = degrees
         self._node_map = np.full(indptr.shape[0] - 1, -1, dtype=np.int64)
+        self._scratch = RelabelScratch(indptr.shape[0] - 1)
 
     @staticmethod
     def _ids(ids) -> np.ndarray:
@@ -118,14 +122,21 @@ class NeighborSampler(OneThread, Sampler):
         node_map = self._node_map
         kernels.map_nodes(start, node_map)
         frontier, blocks, frontiers = start, [], [torch.from_numpy(start)]
+        threads = numba.get_num_threads()
+        # Draws and relabel at once where the relabel would otherwise run on one thread while the rest wait
+        # (docs/performance.md, "The host sampler on more threads"); in file order, one after the other.
+        pipelined = not self.file_order and 2 <= threads < relabel_kernels.PARALLEL_FROM_THREADS
         try:
             for fanout, key in hops:
                 num_dst = frontier.shape[0]
-                order = (kernels.region_order(frontier, self.vertices_per_region, self.indptr.shape[0] - 1)
-                         if self.file_order else kernels.NO_ORDER)
-                ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, frontier, fanout,
-                                                     np.uint64(key), order)
-                (local,), frontier = relabel_into(frontier, [nbrs], node_map)
+                if pipelined:
+                    ptr, local, frontier = self._pipelined_hop(frontier, fanout, key, threads)
+                else:
+                    order = (kernels.region_order(frontier, self.vertices_per_region, self.indptr.shape[0] - 1)
+                             if self.file_order else kernels.NO_ORDER)
+                    ptr, nbrs = kernels.sample_neighbors(self.indptr, self.indices, frontier, fanout,
+                                                         np.uint64(key), order)
+                    (local,), frontier = relabel_into(frontier, [nbrs], node_map, self._scratch)
                 frontiers.append(torch.from_numpy(frontier))
                 blocks.append(Block(num_dst, frontier.shape[0], torch.from_numpy(ptr), torch.from_numpy(local),
                                     src_degree=self._degrees(frontier), src_ids=frontiers[-1]))
@@ -133,18 +144,38 @@ class NeighborSampler(OneThread, Sampler):
             kernels.reset_map(frontier, node_map)
         return blocks, frontiers
 
+    def _pipelined_hop(self, frontier: np.ndarray, fanout: int, key: int, threads: int
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``hop_pipeline.draw_and_relabel``: the row pointer, local ids and new frontier of one hop."""
+        num_dst = frontier.shape[0]
+        ptr = kernels.drawn_ptr(self.indptr, frontier, fanout, kernels.NO_ORDER)
+        grown = np.empty(num_dst + ptr[-1], np.int64)
+        grown[:num_dst] = frontier
+        local, size = hop_pipeline.draw_and_relabel(self.indptr, self.indices, grown, num_dst, np.uint64(key), ptr,
+                                                    self._node_map, segments_for(num_dst, ptr[-1], threads), threads)
+        return ptr, local, grown[:size]
+
     def _degrees(self, sources: np.ndarray) -> torch.Tensor | None:
         return torch.from_numpy(kernels.in_degrees(self.indptr, sources)) if self.degrees else None
 
 
-def relabel_into(frontier: np.ndarray, parts: list[np.ndarray], node_map: np.ndarray
-                 ) -> tuple[list[np.ndarray], np.ndarray]:
+def relabel_into(frontier: np.ndarray, parts: list[np.ndarray], node_map: np.ndarray,
+                 scratch: RelabelScratch | None = None) -> tuple[list[np.ndarray], np.ndarray]:
     """The host's relabel: each of ``parts`` (sampled global ids) as local ids in the frontier [``frontier``,
     new vertices in first-appearance order over the parts in order], and that frontier (int64). ``node_map``
-    holds ``frontier``'s positions (-1 elsewhere) and is left holding the new frontier's."""
+    holds ``frontier``'s positions (-1 elsewhere) and is left holding the new frontier's. With ``scratch``, a
+    large relabel on enough threads runs on all of them (``relabel_parallel``: the same result)."""
     size = frontier.shape[0]
-    grown = np.empty(size + sum(part.shape[0] for part in parts), np.int64)
+    total = sum(part.shape[0] for part in parts)
+    grown = np.empty(size + total, np.int64)
     grown[:size] = frontier
+    if (scratch is not None and total >= relabel_kernels.PARALLEL_FROM_IDS
+            and numba.get_num_threads() >= relabel_kernels.PARALLEL_FROM_THREADS):
+        ids = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        positions, size = relabel_kernels.relabel_parallel(grown, size, ids, node_map, scratch.shift,
+                                                           scratch.take(3 * total))
+        local = np.split(positions, np.cumsum([part.shape[0] for part in parts[:-1]]))
+        return local, grown[:size]
     local = []
     for part in parts:
         positions, size = kernels.relabel(grown, size, part, node_map)

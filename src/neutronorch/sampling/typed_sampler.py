@@ -23,6 +23,7 @@ from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block, SampledSubgraph, TypedBlock
 from neutronorch.sampling.fanouts import parse_fanouts
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, OneThread, layer_key, mix_key, relabel_into
+from neutronorch.sampling.relabel_kernels import RelabelScratch
 
 DEFAULT = "default"  # the key of a fanouts dict whose list serves every relation the dict does not name
 
@@ -204,6 +205,7 @@ class TypedNeighborSampler(OneThread, TypedHops):
                  edge_features: bool = True):
         super().__init__(graph, fanouts, degrees, edge_ids, edge_features)
         self._maps = {t: np.full(n, -1, dtype=np.int64) for t, n in graph.num_nodes.items()}
+        self._scratch = {t: RelabelScratch(n) for t, n in graph.num_nodes.items()}
 
     def _ids(self, ids) -> torch.Tensor:
         return torch.from_numpy(NeighborSampler._ids(ids))
@@ -235,7 +237,8 @@ class TypedNeighborSampler(OneThread, TypedHops):
         local = {}
         for node_type, nbrs in parts.items():
             ids = frontier[node_type].numpy() if node_type in frontier else np.empty(0, np.int64)
-            positions, grown = relabel_into(ids, [n.numpy() for n in nbrs], self._maps[node_type])
+            positions, grown = relabel_into(ids, [n.numpy() for n in nbrs], self._maps[node_type],
+                                           self._scratch[node_type])
             local[node_type], frontier[node_type] = list(map(torch.from_numpy, positions)), torch.from_numpy(grown)
         return local
 
