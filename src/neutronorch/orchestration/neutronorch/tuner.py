@@ -47,16 +47,23 @@ class HotRatioTuner:
         if self.ratio > 0:
             self._factor = min(2.0, max(0.5, device_seconds / max(host_seconds, 1e-9)))
         capped = hot_share is not None and hot_share < self.NOTHING_HOT and self.ratio > 0
-        decision, reason = self._decide(epoch_seconds, device_seconds < host_seconds, entry.get("cost_s"), capped)
+        # At r 0 yet rows served hot: super-batches planned ahead before r went to 0 (the snapshot's lead).
+        mixed = hot_share if hot_share is not None and hot_share >= self.NOTHING_HOT and self.ratio == 0 else None
+        decision, reason = self._decide(epoch_seconds, device_seconds < host_seconds, entry.get("cost_s"), capped,
+                                        mixed)
         entry.update(next=round(self.ratio, 4), decision=decision, reason=reason)
         self.history.append(entry)
         return self.ratio
 
-    def _decide(self, seconds: float, host_behind: bool, cost: float | None, capped: bool) -> tuple[str, str]:
+    def _decide(self, seconds: float, host_behind: bool, cost: float | None, capped: bool,
+                mixed: float | None = None) -> tuple[str, str]:
         ratio, phase = self.ratio, self._phase
         if phase == "start":
             self._phase = "measure"
             return "warm-up", "the first epoch (compilation, cold caches) decides nothing"
+        if mixed is not None:  # neither an epoch without hot rows nor one at a ratio: it decides nothing
+            return "mixed", (f"{100 * mixed:.1f}% of the rows were still served hot, by super-batches planned before "
+                             f"r went to 0: this epoch measured neither; one more without hot rows")
         if capped:  # nothing was hot: an epoch without reuse, whatever the ratio
             self._zero = seconds
             return "capped", "next to nothing was hot (the staleness-error cap): an epoch without reuse"
