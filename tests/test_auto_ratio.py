@@ -283,10 +283,10 @@ def test_an_epoch_at_ratio_0_that_still_served_hot_rows_is_no_baseline():
     tuner = HotRatioTuner(0.2, shared_cores=True)
     tuner.update(99.0, 0, 0, hot_share=0.2)
     assert tuner.update(10.0, 0, 0, hot_share=0.2) == 0 and tuner.history[-1]["decision"] == "baseline"
-    # 10.4% served hot from plans made at r 0.2, and fast for it: no verdict on reuse from this epoch
+    # 10.4% hot in plans made at r 0.2, and fast for it: no verdict on reuse from this epoch
     assert tuner.update(8.0, 0, 0, hot_share=0.104) == 0
     mixed = tuner.history[-1]
-    assert mixed["decision"] == "mixed" and "10.4% of the rows were still served hot" in mixed["reason"]
+    assert mixed["decision"] == "mixed" and "a mean 10.4% of the vertices reached were hot" in mixed["reason"]
     # the clean epoch without hot rows decides: 12 s without them, 10 s with them, so reuse pays
     assert tuner.update(12.0, 0, 0, hot_share=0.0) == pytest.approx(0.4)
     assert tuner.history[-1]["decision"] == "on" and "12.00 CPU s without" in tuner.history[-1]["reason"]

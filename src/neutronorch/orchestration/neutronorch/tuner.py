@@ -62,8 +62,8 @@ class HotRatioTuner:
             self._phase = "measure"
             return "warm-up", "the first epoch (compilation, cold caches) decides nothing"
         if mixed is not None:  # neither an epoch without hot rows nor one at a ratio: it decides nothing
-            return "mixed", (f"{100 * mixed:.1f}% of the rows were still served hot, by super-batches planned before "
-                             f"r went to 0: this epoch measured neither; one more without hot rows")
+            return "mixed", (f"a mean {100 * mixed:.1f}% of the vertices reached were hot, in super-batches planned "
+                             f"before r went to 0: this epoch measured neither; one more without hot rows")
         if capped:  # nothing was hot: an epoch without reuse, whatever the ratio
             self._zero = seconds
             return "capped", "next to nothing was hot (the staleness-error cap): an epoch without reuse"
