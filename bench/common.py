@@ -117,6 +117,15 @@ def add_graph_arguments(parser) -> None:
     parser.add_argument("--classes", type=int, default=16)
 
 
+def add_sampler_arguments(parser) -> None:
+    """The sampler benchmarks' workload: fanouts, batch size, thread counts, timed and untimed batches."""
+    parser.add_argument("--fanouts", default="15,10,5")
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
+    parser.add_argument("--batches", type=int, default=40, help="timed batches (per thread count)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed batches first")
+
+
 def add_model_arguments(parser) -> None:
     """The benchmark model: 3-layer SAGE, fanouts 15,10,5, hidden 256, batch 1024, as in the issue targets."""
     parser.add_argument("--model", default="sage", choices=["sage", "gcn", "gat"])

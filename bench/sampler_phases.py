@@ -19,17 +19,13 @@ import statistics
 import sys
 import time
 
-from common import add_graph_arguments, ensure_graph
+from common import add_graph_arguments, add_sampler_arguments, ensure_graph
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_graph_arguments(parser)
-    parser.add_argument("--fanouts", default="15,10,5")
-    parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
-    parser.add_argument("--batches", type=int, default=40, help="timed batches per thread count")
-    parser.add_argument("--warmup", type=int, default=2)
+    add_sampler_arguments(parser)
     args = parser.parse_args()
 
     import numba

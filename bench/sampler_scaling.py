@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from common import OUT, PEER_PYTHON, ROOT, add_graph_arguments, dgl_available, ensure_graph, run_json
+from common import (OUT, PEER_PYTHON, ROOT, add_graph_arguments, add_sampler_arguments, dgl_available, ensure_graph,
+                    run_json)
 
 
 def seed_batches(data: Path, batch_size: int, count: int) -> Path:
@@ -100,11 +101,7 @@ def dgl(data: str, seeds_path: str, fanouts: str, threads: int, warmup: int, out
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_graph_arguments(parser)
-    parser.add_argument("--fanouts", default="15,10,5")
-    parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
-    parser.add_argument("--batches", type=int, default=40, help="timed batches")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed batches first")
+    add_sampler_arguments(parser)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--peers", default="dgl", help="'dgl' or '' (ours alone)")
     parser.add_argument("--worker", nargs=4, metavar=("SYSTEM", "DATA", "SEEDS", "OUT"), help=argparse.SUPPRESS)
