@@ -22,7 +22,8 @@
 # Then the regime benchmark (bench/regime.py; REGIME=0 skips it): every mode on a graph whose features are
 # twice the GPU budget (8M vertices, 512 features: 16 GB, --gpu-memory-gb 8) and on the graph above as the
 # control, in at most REGIME_BUDGET seconds (default 480, generation included); its table and summaries go
-# to $RESULTS/regime/.
+# to $RESULTS/regime/. REGIME_MODES (regime.py's --modes) and REGIME_BOTTOM_HEAVY (its --bottom-heavy; set
+# and empty: no second group) narrow it, as the CPU rehearsal in the tests does.
 #
 # Rehearsal without a GPU (the same steps with --device cpu, no cuda tests, a small graph, results under
 # /tmp unless RESULTS is set; the regime step with NODES vertices and 64 features):
@@ -121,6 +122,8 @@ if [ "${REGIME:-1}" != 0 ]; then
     regime=(--device "$DEVICE" --epochs "$EPOCHS" --budget-s "${REGIME_BUDGET:-480}" --out "$RESULTS/regime"
             --control-graph "$data" --control-nodes "$NODES" --graph-root "$(dirname "$data")")
     [ "$DEVICE" = cpu ] && regime+=(--nodes "$NODES" --features 64 --batch-size 256)
+    [ -n "${REGIME_MODES:-}" ] && regime+=(--modes "$REGIME_MODES")
+    [ -n "${REGIME_BOTTOM_HEAVY+set}" ] && regime+=(--bottom-heavy "$REGIME_BOTTOM_HEAVY")
     say "4/4 the regime benchmark: features twice the GPU budget, every mode (at most ${REGIME_BUDGET:-480} s)"
     "$PYTHON" bench/regime.py "${regime[@]}" 2>&1 | tee -a "$log"
     say "the regime benchmark returned ${PIPESTATUS[0]}"

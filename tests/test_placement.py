@@ -367,8 +367,10 @@ def test_gpu_check_rehearses_every_step_on_the_cpu(tmp_path):
     or step shows here, not in a scarce GPU window."""
     env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "NODES": "3000", "EPOCHS": "2",
            "RESULTS": str(tmp_path / "results"), "GRAPH_DIR": str(tmp_path / "graph"),
-           # The profiles on few batches, and the torch sampler alone (Triton's interpreter is slow).
-           "PROFILE_BATCHES": "3", "TRITON_INTERPRET": "0"}
+           # The profiles on few batches, and the torch sampler alone (Triton's interpreter is slow); the regime
+           # benchmark's every step (its graph, the control's reuse, a budget, the table) with two modes, one group.
+           "PROFILE_BATCHES": "3", "TRITON_INTERPRET": "0", "REGIME_MODES": "device,neutronorch",
+           "REGIME_BOTTOM_HEAVY": ""}
     result = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh")], capture_output=True, text=True,
                             env=env, timeout=450)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -378,6 +380,9 @@ def test_gpu_check_rehearses_every_step_on_the_cpu(tmp_path):
     assert "Targets:" in table and "MISSING" not in table
     statuses = re.findall(r"exit status (\d+)", (tmp_path / "results" / "log.txt").read_text())
     assert statuses == ["0"] * 11  # nine runs and the two profiles
+    regime = json.loads((tmp_path / "results" / "regime" / "regime.json").read_text())
+    assert [(r["group"], r["mode"], r["returncode"]) for r in regime["runs"]] == [
+        ("regime", "device", 0), ("regime", "neutronorch", 0), ("control", "device", 0), ("control", "neutronorch", 0)]
 
 
 def test_info_tells_what_a_graph_takes_on_a_gpu(capsys):

@@ -154,6 +154,16 @@ class NodeGroups:
         mine = next(m for m in members if world.rank in m)
         self.local_rank, self.local_size = mine.index(world.rank), len(mine)
 
+    def close(self) -> None:
+        """Take both groups down now, after the mode that used them has stopped its threads, rather than
+        whenever their last reference goes (as late as the interpreter's exit, when their threads may no
+        longer take down cleanly). Local: no rank waits for another."""
+        groups, self._host, self._trainer = (self._host, self._trainer), None, None
+        for group in groups:
+            if group is not None and torch.distributed.is_initialized():
+                with contextlib.suppress(ValueError):  # taken down already, with the caller's whole group
+                    torch.distributed.destroy_process_group(group)
+
     def gather_ids(self, ids: torch.Tensor) -> list[torch.Tensor]:
         return self.world.all_gather_rows(ids, "the node's exchange of hot sets", self._host)
 

@@ -147,6 +147,8 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
     choice = resolve_mode(config, graph, device, threads, model, world, resumed, loss_fn=task.loss)
     spans = Spans()
     node = world.node_link() if config.hot_sets_per_node else None
+    if node is not None:
+        stack.callback(node.close)  # after the mode's close below (the stack unwinds last in, first out)
     mode = build_mode(config, graph, device, threads, spans, shard=(world.rank, world.size), node=node,
                       fanouts=built.typed and built.typed.sampler.fanouts)
     stack.callback(mode.close)
