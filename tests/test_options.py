@@ -168,6 +168,7 @@ NOT_SHORT = [
     (["--eval-negatives", "50"], "eval_negatives", 50),
     (["--link-direction", "directed"], "link_direction", "directed"),
     (["--link-relation", "paper/cites/paper"], "link_relation", "paper/cites/paper"),
+    (["--temporal-strategy", "last"], "temporal_strategy", "last"),
     (["--heads", "8"], "heads", 8),
     (["--gcn-norm", "mean"], "gcn_norm", "mean"),
     (["--residual"], "residual", True),

@@ -165,6 +165,10 @@ class LinkConfig:
         help="link task, --split edges:...: undirected (an edge and its reverse are one link, held out of message "
              "passing both ways), directed (each edge a link), or auto: undirected when at least half of the edges "
              "have their reverse")
+    temporal_strategy: str = setting(
+        "uniform", choices=("uniform", "last"),
+        help="link task on a graph with edge times: the earlier edges a hop draws, uniformly or the most recent "
+             "(docs/temporal.md)")
     link_relation: str | None = setting(
         None, type=str, metavar="RELATION",
         help="link task on a typed graph: the relation whose edges are predicted, SRC/NAME/DST or a name only one "

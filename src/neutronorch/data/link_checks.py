@@ -71,7 +71,28 @@ def check_graph_links(graph) -> list[str]:
     if links is None or links.checked == links.checked_for(graph.indices):
         return []
     check_link_split(links, graph.num_nodes, graph.name)  # shapes, ids in range
+    if links.timed:  # held-out links are edges of the topology, sampled only before their times: no leak
+        check_link_times(links, graph)
+        return []
     return check_stored_links(links, graph.indptr, graph.indices, graph.name)
+
+
+def check_link_times(links: LinkSplit, graph) -> None:
+    """A timed split's times: one per link of each set, finite, of the edge times' kind; ``DataError`` else."""
+    kind = None if graph.edge_time is None else np.asarray(graph.edge_time).dtype
+    for name in ("train", "val", "test"):
+        times, count = getattr(links, f"{name}_time"), getattr(links, name).shape[1]
+        where = f"{graph.name}: the {name} links' times ({name}_time)"
+        if times is None or np.ndim(times) != 1 or len(times) != count:
+            raise DataError(f"{where}: expected one per {name} link ({count:,}), got "
+                            f"{'none' if times is None else np.shape(times)}; give all three sets their times.")
+        times = np.asarray(times)
+        if kind is None or times.dtype != kind:
+            raise DataError(f"{where}: dtype {times.dtype}, and the graph's edge times are "
+                            f"{'missing' if kind is None else kind}; links are sampled against the edge times, so "
+                            f"give them in that dtype.")
+        if times.dtype.kind == "f" and not np.isfinite(times).all():
+            raise DataError(f"{where}: position {int(np.flatnonzero(~np.isfinite(times))[0])} is not finite.")
 
 
 def link_graph(name: str, indptr, indices, features, split: LinkSplit, notes: list[str], kept: str, source: str,

@@ -43,6 +43,15 @@ class LinkSplit:
     # What ``issues`` was counted for: the ids of the three sets and of the topology's indices (``checked_for``).
     checked: tuple | None = field(default=None, compare=False, repr=False)
     ends: LinkEnds | None = None  # a typed graph's: the relation and the stacked ids the sets hold
+    # A chronological split's (``data/time_split.py``): each set's link times, aligned with its pairs.
+    train_time: np.ndarray | None = None
+    val_time: np.ndarray | None = None
+    test_time: np.ndarray | None = None
+
+    @property
+    def timed(self) -> bool:
+        """Whether the links carry times (a temporal link task: sampled and scored as of each link's time)."""
+        return self.train_time is not None
 
     def checked_for(self, indices) -> tuple:
         """The identity of this split's sets and of ``indices``: a set replaced since is checked again."""
@@ -58,6 +67,8 @@ class LinkSplit:
         negatives = {SAMPLED: "negatives drawn in training",
                      SHARED: f"{_width(self.val_neg):,}/{_width(self.test_neg):,} shared negatives",
                      PER_SOURCE: f"{_width(self.val_neg):,} negatives per positive"}.get(self.negative_kind, "")
+        if self.timed:
+            negatives = "negatives drawn as of each link's time, split by time"
         return (f"links {_width(self.train):,}/{_width(self.val):,}/{_width(self.test):,} "
                 f"{'undirected' if self.undirected else 'directed'}, {negatives}")
 

@@ -137,21 +137,31 @@ class TimedLinkSeeds(LinkSeeds):
     itself, and its earlier interactions are the history it is predicted from."""
 
     def __init__(self, edges: np.ndarray, times: np.ndarray, num_nodes: int, sampling: SamplingConfig,
-                 negatives: int):
+                 negatives: int, appearance=None):
         super().__init__(edges, num_nodes, sampling, negatives)
         self.times = torch.from_numpy(np.asarray(times))
+        self.appearance = appearance  # ``data.time_split.Appearance``: negatives as of each positive's time
 
     def batch(self, epoch: int, index: int, part: torch.Tensor) -> SeedBatch:
         positives, times = self.edges[:, part], self.times[part]
         key, (first, count) = batch_key(self.sampling.seed, epoch, index), self.destinations
-        negatives = draw_negatives(key, positives.shape[1], self.negatives, count, first)
-        ends = torch.cat([positives[0], positives[1], negatives.reshape(-1)])
-        at = torch.cat([times, times, times.repeat_interleave(self.negatives)])
-        cuts, rank = torch.unique(at, return_inverse=True)
-        entries, where = torch.unique(ends * cuts.shape[0] + rank, return_inverse=True)  # by vertex, then time
-        p = positives.shape[1]
-        targets = torch.cat([where[:p, None], where[p:2 * p, None], where[2 * p:].view(p, -1)], 1)
-        return SeedBatch(entries // cuts.shape[0], targets, times=cuts[entries % cuts.shape[0]])
+        if self.appearance is not None:
+            negatives = self.appearance.draw(negative_generator(key), times, self.negatives)
+        else:
+            negatives = draw_negatives(key, positives.shape[1], self.negatives, count, first)
+        return timed_seed_batch(positives, times, negatives)
+
+
+def timed_seed_batch(positives: torch.Tensor, times: torch.Tensor, negatives: torch.Tensor) -> SeedBatch:
+    """The batch of (2, P) ``positives`` at ``times`` with (P, K) negative destinations at their positive's
+    time: its distinct (vertex, time) entries (by vertex, then time) and each pair's positions among them."""
+    ends = torch.cat([positives[0], positives[1], negatives.reshape(-1)])
+    at = torch.cat([times, times, times.repeat_interleave(negatives.shape[1])])
+    cuts, rank = torch.unique(at, return_inverse=True)
+    entries, where = torch.unique(ends * cuts.shape[0] + rank, return_inverse=True)  # by vertex, then time
+    p = positives.shape[1]
+    targets = torch.cat([where[:p, None], where[p:2 * p, None], where[2 * p:].view(p, -1)], 1)
+    return SeedBatch(entries // cuts.shape[0], targets, times=cuts[entries % cuts.shape[0]])
 
 
 def pair_targets(positives: torch.Tensor, negatives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

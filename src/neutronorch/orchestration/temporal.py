@@ -13,6 +13,7 @@ import numpy as np
 
 from neutronorch.config import SamplingConfig, TrainConfig
 from neutronorch.data.graph import Graph
+from neutronorch.data.time_split import Appearance
 from neutronorch.data.times import times_from_vertices
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
@@ -36,6 +37,7 @@ class TemporalRequest:
     strict: bool = False
     by_vertices: bool = False
     link: bool = False
+    appearance: Appearance | None = None  # a link task's negatives as of each positive's time (else uniform)
 
     def check(self, config: TrainConfig, graph) -> None:
         """Refuse what cannot honour time: a link task, GCN's symmetric norm (its degrees count future edges),
@@ -77,7 +79,8 @@ class TemporalRequest:
 
     def link_seeds(self, graph: Graph, sampling: SamplingConfig, negatives: int) -> TimedLinkSeeds:
         """A link task's batches by time: ``graph.links.train``'s edges at ``seed_time``."""
-        return TimedLinkSeeds(graph.links.train, self.seed_time, graph.num_nodes, sampling, negatives)
+        return TimedLinkSeeds(graph.links.train, self.seed_time, graph.num_nodes, sampling, negatives,
+                              self.appearance)
 
 
 class TimedSampler:

@@ -142,12 +142,14 @@ class PerPositiveScores(_Metrics):
     (the positives scored above it and those tied with it), so the metrics are the same whatever the chunks:
     ROC-AUC's Mann-Whitney count (ties half) is an exact integer sum."""
 
-    def __init__(self, positive):
+    def __init__(self, positive, pooled: bool = False):
         self.positive = _positive(positive)
         self.ordered = np.sort(self.positive)
         self._ranks = np.empty(self.positive.shape[0], np.float64)
         self.rows = self.above = self.tied = self.negatives = self.tied_rows = self.tied_pairs = 0
         self.negatives_per_positive = None
+        # ``pooled``: per positive, the negatives of every row scored at least as high (``average_precision``).
+        self._pooled_at_least = np.zeros(self.positive.shape[0], np.int64) if pooled else None
 
     def add(self, start: int, negatives) -> None:
         """The (rows, K) negative scores of positives ``start`` to ``start + rows - 1``; every positive's row
@@ -172,6 +174,8 @@ class PerPositiveScores(_Metrics):
         at_most = int(np.searchsorted(self.ordered, flat, side="right").sum())
         below = int(np.searchsorted(self.ordered, flat, side="left").sum())
         self.above += self.ordered.shape[0] * flat.shape[0] - at_most
+        if self._pooled_at_least is not None:
+            self._pooled_at_least += flat.shape[0] - np.searchsorted(flat, self.positive, side="left")
         self.tied += at_most - below
         self.rows, self.negatives = self.rows + count, self.negatives + flat.shape[0]
         self.negatives_per_positive = negatives.shape[1]
@@ -186,6 +190,18 @@ class PerPositiveScores(_Metrics):
         if self.positive.size == 0 or self.negatives == 0:
             return float("nan")
         return float((self.above + 0.5 * self.tied) / (self.positive.shape[0] * self.negatives))
+
+    def average_precision(self) -> float:
+        """Average precision of every pair pooled (positives 1, all negatives 0; ties as one threshold, as
+        scikit-learn's): the mean over positives of the precision among pairs scored at least as high. Needs
+        ``pooled``; NaN without positives."""
+        if self._pooled_at_least is None:
+            raise ValueError("average_precision needs PerPositiveScores(positive, pooled=True)")
+        self.ranks()
+        if self.positive.size == 0:
+            return float("nan")
+        positives = self.ordered.shape[0] - np.searchsorted(self.ordered, self.positive, side="left")
+        return float(np.mean(positives / (positives + self._pooled_at_least)))
 
     def all_tied(self) -> bool:
         """Whether every positive scored as each of its negatives, to ``TIE_TOLERANCE`` of its size (training

@@ -22,6 +22,7 @@ from neutronorch.config_parts import LinkConfig, settings_of
 from neutronorch.data.graph import Graph
 from neutronorch.data.link_checks import check_graph_links
 from neutronorch.data.edge_split import link_relation, parse_link_split, split_edges, split_relation
+from neutronorch.data.time_split import split_edges_by_time
 from neutronorch.data.links import PER_SOURCE, SHARED, LinkEnds, check_link_split, check_negatives_fit
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
@@ -60,8 +61,14 @@ def link_graph(graph: Graph, config: TrainConfig) -> Graph:
     """``graph`` when it carries its own links (an OGB link dataset), else ``graph`` split by ``config.split``
     (default ``DEFAULT_LINK_SPLIT``) seeded by ``config.seed``, its validation and test edges out of its
     topology; the split checked, and the run's settings against it (``check_link_settings``)."""
-    if graph.links is None:
+    if graph.links is None and graph.edge_time is not None:  # a temporal link task: the future is held out
+        graph = split_edges_by_time(graph, *_edge_split(config), direction=config.link_direction)
+    elif graph.links is None:
         graph = split_edges(graph, *_edge_split(config), seed=config.seed, direction=config.link_direction)
+    elif graph.temporal and not graph.links.timed:
+        raise ConfigError(f"{graph.name}: has times but its link split has none, so its links would be sampled "
+                          f"without them; give the split its links' times (train_time, val_time, test_time) or "
+                          f"split a copy without times to use it as a static graph knowingly (docs/temporal.md).")
     elif config.split:
         raise ConfigError(f"`split` {config.split!r}: {graph.name} carries its own link split; leave `split` out.")
     elif config.link_direction != "auto":
@@ -119,13 +126,16 @@ def check_link_settings(graph: Graph, config: TrainConfig) -> None:
     links = graph.links
     typed = isinstance(graph, TypedGraph)
     ignored = ([f"`eval_fanouts` {','.join(map(str, config.eval_fanouts))}"]
-               if config.eval_fanouts is not None and not typed else []) + (
+               if config.eval_fanouts is not None and not typed and not links.timed else []) + (
         [f"`eval_max_nodes` {config.eval_max_nodes}"] if config.eval_max_nodes else [])
     if ignored:
         raise ConfigError(f"{', '.join(ignored)}: a link task evaluates every vertex its validation and test pairs "
                           f"name{'' if typed else ', over complete neighbourhoods'}, so "
                           f"{'it' if len(ignored) == 1 else 'they'} would be ignored; leave "
                           f"{'it' if len(ignored) == 1 else 'them'} out.")
+    if not links.timed and config.settings_given(["temporal_strategy"]):
+        raise ConfigError(f"`temporal_strategy` {config.temporal_strategy}: a setting of sampling by time, and "
+                          f"{graph.name}'s links have no times; leave it out (docs/temporal.md).")
     stored = links.negative_kind in (SHARED, PER_SOURCE)
     destinations = links.ends.destinations[1] if typed else graph.num_nodes
     check_negatives_fit("negatives", config.negatives, destinations)

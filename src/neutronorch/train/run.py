@@ -27,6 +27,7 @@ from neutronorch.train.loop import Progress, TimelineWindow, epoch_line, train_e
 from neutronorch.train.distributed import GradientSync, World
 from neutronorch.train.health import Health
 from neutronorch.train.link_task import LinkTask, evaluate_links
+from neutronorch.train.temporal_links import evaluate_timed_links
 from neutronorch.train.optim import Adam
 from neutronorch.train.outputs import save_or_rescue, write_summary
 from neutronorch.train.replacing import Replacement
@@ -100,6 +101,9 @@ class Run:
         if self.world.distributed:  # batch normalisation's running statistics: rank 0's, on every rank
             self.world.broadcast_module(self.model, "the buffers' broadcast before evaluation", buffers_only=True)
         store = self.mode.store.as_dtype(torch.float32)  # evaluation runs in float32 whatever the training precision
+        if isinstance(self.task, LinkTask) and self.graph.links.timed:  # sampled as of each link's time
+            return evaluate_timed_links(self.model, self.graph, store, self.device, config, self.task.metric, check,
+                                        progress)
         if isinstance(self.task, LinkTask):
             return evaluate_links(self.model, self.graph, store, self.device, config.eval_batch_size, config.seed,
                                   config.eval_negatives, self.task, self.world, progress, check)

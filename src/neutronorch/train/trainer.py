@@ -50,6 +50,7 @@ from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import MetricLog, given_dataset
 from neutronorch.train.link_task import LinkTask, check_node_task, is_link_split, link_graph, row_statistics
 from neutronorch.train.task import Task
+from neutronorch.train.temporal_links import timed_links
 
 logger = logging.getLogger("neutronorch")
 
@@ -78,7 +79,8 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     if typed and model is not None:
         check_own_model_config(config)  # before the graph is read
     check_run(config, TYPED if typed else HOMOGENEOUS)
-    check_static(graph)  # before any output is made; a dataset read by name is refused by build_mode
+    if not (config.task == "link" and isinstance(graph, Graph) and model is None):  # a temporal link task's is
+        check_static(graph)  # sampled by time; else refused before any output is made (by name: by build_mode)
     config = rank_settings(config)  # data parallel: only rank 0 writes the summary and logs
     check_outputs(config, {"graph": graph.files()} if graph is not None else None)
     device = rank_device(resolve_device(config.device))
@@ -150,7 +152,7 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
     if node is not None:
         stack.callback(node.close)  # after the mode's close below (the stack unwinds last in, first out)
     mode = build_mode(config, graph, device, threads, spans, shard=(world.rank, world.size), node=node,
-                      fanouts=built.typed and built.typed.sampler.fanouts)
+                      fanouts=built.typed and built.typed.sampler.fanouts, temporal=timed_links(config, graph))
     stack.callback(mode.close)
     if world.distributed:
         logger.info(f"data parallel: {world.describe()}; batch size {config.batch_size} per rank, "

@@ -1,0 +1,103 @@
+"""A chronological link split of a graph with edge times (docs/temporal.md, "Temporal link prediction").
+
+Every stored edge is an interaction at its time. Sorted by time (ties by destination, then source), the
+earliest ``train`` share of them is the training set, the next ``val`` share the validation set, the rest the
+test set: a model trains on the past and is scored on the future. An undirected graph's interaction is stored
+both ways at one time and is one link (kept as source < target). The topology keeps every edge: the temporal
+sampler takes only edges strictly before each seed's time, so a held-out edge carries no message before it
+happens, and a later one is history for the links after it (the streaming protocol of TGB and TGN).
+
+Negatives are drawn as of the positive's time, among the vertices that exist then (``Appearance``): a vertex
+exists from its own time (``node_time``) where the graph has vertex times, else from its first edge."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+import torch
+
+from neutronorch.data.edge_split import LINK_DIRECTIONS, UNDIRECTED_SHARE, _check_fractions, reciprocity
+from neutronorch.data.graph import Graph
+from neutronorch.data.links import LinkSplit
+from neutronorch.errors import ConfigError, DataError
+
+logger = logging.getLogger("neutronorch")
+
+
+def split_edges_by_time(graph: Graph, train: float, val: float, direction: str = "auto") -> Graph:
+    """``graph`` with a chronological ``LinkSplit`` of its edges in ``links`` (each set's times in
+    ``train_time``, ``val_time``, ``test_time``), its topology unchanged; ``direction`` as ``split_edges``'s."""
+    _check_fractions(train, val, "a chronological link split")
+    if direction not in LINK_DIRECTIONS:
+        raise ConfigError(f"`link_direction` {direction!r}: choose one of {', '.join(LINK_DIRECTIONS)}.")
+    if graph.links is not None:
+        raise DataError(f"{graph.name}: already carries a link split; split the graph it came from instead.")
+    if graph.edge_time is None:
+        raise DataError(f"{graph.name}: a temporal link task needs edge times (each link's time), and the graph has "
+                        + ("only vertex times" if graph.node_time is not None else "none")
+                        + "; give the edges their times (docs/temporal.md, \"Times in the data\").")
+    indptr, indices = np.asarray(graph.indptr), np.asarray(graph.indices)
+    dst = np.repeat(np.arange(graph.num_nodes, dtype=np.int64), np.diff(indptr))
+    src, time = indices.astype(np.int64, copy=False), np.asarray(graph.edge_time)
+    share = reciprocity(indptr, indices)
+    undirected = direction == "undirected" or (direction == "auto" and share >= UNDIRECTED_SHARE)
+    keep = src != dst  # self loops are no links
+    if undirected:
+        keep &= src < dst
+    src, dst, time = src[keep], dst[keep], time[keep]
+    if src.shape[0] == 0:
+        raise DataError(f"{graph.name}: has no edges to split (self loops are no links).")
+    order = np.lexsort((src, dst, time))  # by time, then destination, then source
+    src, dst, time = src[order], dst[order], time[order]
+    total = src.shape[0]
+    sizes = (round(train * total), round(val * total))
+    if min(*sizes, total - sum(sizes)) == 0:
+        raise ConfigError(f"a chronological link split: shares {train} and {val} of {total:,} links leave a set "
+                          f"empty; choose shares that give each set at least one link.")
+    cuts = np.cumsum(sizes)
+    pairs, times = np.split(np.stack([src, dst]), cuts, axis=1), np.split(time, cuts)
+    kind = "undirected" if undirected else "directed"
+    why = (f"{share:.1%} of the edges have their reverse"
+           + (f" ({'at least' if undirected else 'below'} {UNDIRECTED_SHARE:.0%})" if direction == "auto"
+              else f"; `link_direction` {direction}"))
+    split = LinkSplit(train=pairs[0], val=pairs[1], test=pairs[2], undirected=undirected, direction=f"{kind}: {why}",
+                      issues={}, train_time=times[0], val_time=times[1], test_time=times[2])
+    split.checked = split.checked_for(graph.indices)
+    note = (f"chronological link split {sizes[0]:,}/{sizes[1]:,}/{total - cuts[1]:,} of {total:,} {kind} links "
+            f"(shares {train:g}/{val:g}): training up to time {times[0][-1]}, validation from {times[1][0]}, test "
+            f"from {times[2][0]} to {times[2][-1]}; every edge stays in the topology, sampled only before each "
+            f"seed's time")
+    logger.info(f"{graph.name}: links split by time as {kind}: {why}")
+    return dataclasses.replace(graph, links=split, notes=[*graph.notes, note])
+
+
+class Appearance:
+    """When each vertex exists: ``times[i]`` (ascending) is the time vertex ``order[i]`` appears. ``draw``
+    gives negatives as of a time: uniform among the vertices that exist by then."""
+
+    def __init__(self, graph: Graph):
+        if graph.node_time is not None:
+            first = np.asarray(graph.node_time)
+        else:
+            indptr, time = np.asarray(graph.indptr), np.asarray(graph.edge_time)
+            dst = np.repeat(np.arange(graph.num_nodes), np.diff(indptr))
+            never = np.iinfo(np.int64).max if time.dtype.kind == "i" else np.inf
+            first = np.full(graph.num_nodes, never, dtype=time.dtype)
+            np.minimum.at(first, dst, time)  # its first in-edge ...
+            np.minimum.at(first, np.asarray(graph.indices), time)  # ... or out-edge
+        self.order = torch.from_numpy(np.argsort(first, kind="stable"))
+        self.times = torch.from_numpy(np.ascontiguousarray(first[self.order.numpy()]))
+
+    def existing(self, at: torch.Tensor) -> torch.Tensor:
+        """How many vertices exist at each time of ``at`` (those appearing at or before it)."""
+        return torch.searchsorted(self.times, at.to(self.times.dtype), right=True)
+
+    def draw(self, generator: torch.Generator, at: torch.Tensor, per_positive: int) -> torch.Tensor:
+        """(len(at), per_positive) vertices, each uniform among those existing at its row's time (all of them
+        where none does yet), from ``generator``'s stream."""
+        count = self.existing(at)
+        count = torch.where(count > 0, count, self.order.shape[0]).unsqueeze(1)
+        picks = (torch.rand((at.shape[0], per_positive), generator=generator, dtype=torch.float64) * count).long()
+        return self.order[torch.minimum(picks, count - 1)]

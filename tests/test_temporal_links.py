@@ -1,0 +1,162 @@
+"""A temporal link task in train() (docs/temporal.md, "Temporal link prediction"): the chronological split,
+negatives as of each link's time, training and evaluation sampled strictly before each link, planted spoilers
+that change nothing, and an exact resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from neutronorch import TrainConfig, train
+from neutronorch.data.graph import Graph
+from neutronorch.data.time_split import Appearance, split_edges_by_time
+from neutronorch.errors import ConfigError, DataError, Interrupted
+from neutronorch.sampling.temporal_sampler import TemporalNeighborSampler
+from neutronorch.train.link_metrics import PerPositiveScores
+
+
+def timed_graph(nodes=300, events=3000, seed=0, undirected=True, extra=None) -> Graph:
+    rng = np.random.default_rng(seed)
+    src, dst = rng.integers(0, nodes, events), rng.integers(0, nodes, events)
+    time = np.sort(rng.integers(0, 500, events))
+    if extra is not None:  # (src, dst, time) edges added to the topology
+        src, dst, time = (np.concatenate([a, b]) for a, b in zip((src, dst, time), extra))
+    if undirected:
+        src, dst, time = np.concatenate([src, dst]), np.concatenate([dst, src]), np.concatenate([time, time])
+    features = rng.normal(size=(nodes, 8)).astype(np.float32)
+    return Graph.from_arrays(src, dst, features, rng.integers(0, 2, nodes), undirected=False, edge_time=time)
+
+
+def settings(**extra) -> TrainConfig:
+    base = dict(task="link", epochs=2, fanouts=[4, 4], hidden=16, batch_size=128, threads=1, sampler_threads=1,
+                eval_negatives=20, progress=False, log_every=1)
+    return TrainConfig(**{**base, **extra})
+
+
+def test_the_chronological_split_trains_on_the_past_and_tests_on_the_future():
+    graph = timed_graph()
+    split = split_edges_by_time(graph, 0.7, 0.15).links
+    assert split.timed and split.undirected
+    sizes = [getattr(split, name).shape[1] for name in ("train", "val", "test")]
+    total = sum(sizes)
+    assert sizes[0] == round(0.7 * total) and sizes[1] == round(0.15 * total)
+    assert split.train_time.max() <= split.val_time.min() and split.val_time.max() <= split.test_time.min()
+    for name in ("train", "val", "test"):
+        assert np.all(np.diff(getattr(split, f"{name}_time")) >= 0)
+        pairs = getattr(split, name)
+        assert np.all(pairs[0] < pairs[1])  # an undirected interaction is one link
+    directed = split_edges_by_time(timed_graph(undirected=False), 0.7, 0.15).links
+    assert not directed.undirected and sum(getattr(directed, n).shape[1] for n in ("train", "val", "test")) == total
+
+
+def test_a_temporal_link_task_needs_edge_times_and_refuses_what_it_cannot_honour():
+    graph = timed_graph()
+    vertex_times = dataclasses.replace(graph, edge_time=None, node_time=np.zeros(graph.num_nodes, np.int64))
+    with pytest.raises(DataError, match="needs edge times"):
+        split_edges_by_time(vertex_times, 0.7, 0.15)
+    with pytest.raises(ConfigError, match="temporal sampling: not yet in mode device"):
+        train(settings(mode="device"), graph=graph)
+    static = dataclasses.replace(graph, edge_time=None)
+    with pytest.raises(ConfigError, match="`temporal_strategy` last: a setting of sampling by time"):
+        train(settings(temporal_strategy="last"), graph=static)
+    untimed = dataclasses.replace(split_edges_by_time(graph, 0.7, 0.15), links=None)
+    untimed = dataclasses.replace(untimed, links=dataclasses.replace(
+        split_edges_by_time(graph, 0.7, 0.15).links, train_time=None, val_time=None, test_time=None))
+    with pytest.raises(ConfigError, match="its link split has none"):
+        train(settings(), graph=untimed)
+    with pytest.raises(ConfigError, match="not yet in training"):
+        train(settings(task="node"), graph=graph)
+
+
+def test_negatives_are_drawn_among_the_vertices_that_exist_at_the_links_time():
+    graph = timed_graph(nodes=400, events=800)
+    appearance = Appearance(graph)
+    first = np.full(graph.num_nodes, np.iinfo(np.int64).max)
+    dst = np.repeat(np.arange(graph.num_nodes), np.diff(graph.indptr))
+    np.minimum.at(first, dst, graph.edge_time)
+    at = torch.tensor([0, 50, 200, 499])
+    drawn = appearance.draw(torch.Generator().manual_seed(0), at, 500)
+    for row, t in zip(drawn, at):
+        assert np.all(first[row.numpy()] <= int(t))
+    assert len(np.unique(drawn[-1].numpy())) > len(np.unique(drawn[1].numpy()))
+
+
+def test_average_precision_pools_every_pair_as_scikit_learn_does():
+    rng = np.random.default_rng(1)
+    positive, negative = rng.integers(0, 6, 40).astype(np.float32), rng.integers(0, 6, (40, 7)).astype(np.float32)
+    scores = PerPositiveScores(positive, pooled=True)
+    scores.add(0, negative[:13])
+    scores.add(13, negative[13:])
+    pooled = np.concatenate([positive, negative.reshape(-1)])
+    labels = np.concatenate([np.ones(40), np.zeros(280)])
+    expected = 0.0  # sum over thresholds, highest first, of (recall gained) x precision, ties one threshold
+    for threshold in np.unique(pooled)[::-1]:
+        chosen = pooled >= threshold
+        gained = np.count_nonzero(labels[pooled == threshold]) / 40
+        expected += gained * labels[chosen].mean()
+    assert scores.average_precision() == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.fixture
+def strict_sampling(monkeypatch):
+    """Every temporal sample (training's and evaluation's) checked: each edge strictly before its destination
+    entry's time, each source entry at its destination's time. Counts the samples checked."""
+    checked, original = [], TemporalNeighborSampler.sample
+
+    def sample(self, seeds, seed_time, key, fanouts=None):
+        subgraph = original(self, seeds, seed_time, key, fanouts)
+        for block in subgraph.blocks:
+            dst = torch.repeat_interleave(torch.arange(block.num_dst), torch.diff(block.indptr))
+            dst_time = block.src_time[block.dst_offset + dst]
+            assert torch.all(torch.from_numpy(self.edge_time)[block.edge_ids] < dst_time)
+            assert torch.equal(block.src_time[block.indices], dst_time)
+        checked.append(len(subgraph.blocks))
+        return subgraph
+
+    monkeypatch.setattr(TemporalNeighborSampler, "sample", sample)
+    return checked
+
+
+def test_training_and_evaluation_sample_only_before_each_links_time(strict_sampling):
+    summary = train(settings(epochs=1, temporal_strategy="last", mode="auto"), graph=timed_graph())
+    assert summary["mode"] == "exact"
+    assert len(strict_sampling) > 10  # every training batch and every evaluation batch
+    assert {"val_mrr", "test_mrr"} <= set(summary)
+    epoch = summary["epochs"][-1]
+    assert 0 < epoch["test_ap"] <= 1 and 0 < epoch["test_rocauc"] <= 1
+
+
+@pytest.mark.slow
+def test_planted_spoilers_after_every_link_change_nothing_and_before_them_they_do():
+    """Every test link copied to a time after all links: the topology holds the answers, but no sample can
+    reach them, so the run is the same to the bit. Copied to just before its own time (the control), the
+    same links are history the sampler must use: the test score moves."""
+    graph = split_edges_by_time(timed_graph(), 0.7, 0.15)
+    test, times = graph.links.test, graph.links.test_time
+    late = (test[0], test[1], np.full(test.shape[1], times.max() + 1))
+    early = (test[0], test[1], times - 1)
+    runs = {}
+    for name, extra in (("plain", None), ("late", late), ("early", early)):
+        planted = timed_graph(extra=extra)
+        runs[name] = train(settings(), graph=dataclasses.replace(planted, links=graph.links))
+    plain, late, early = (runs[n]["epochs"] for n in ("plain", "late", "early"))
+    assert [e["train_loss"] for e in late] == [e["train_loss"] for e in plain]
+    assert [(e["test_mrr"], e["test_ap"]) for e in late] == [(e["test_mrr"], e["test_ap"]) for e in plain]
+    assert early[-1]["test_mrr"] > plain[-1]["test_mrr"]
+
+
+@pytest.mark.slow
+def test_a_temporal_link_run_stopped_mid_epoch_resumes_bit_identical(tmp_path):
+    graph = timed_graph()
+    straight = train(settings(), graph=graph)
+    stop = threading.Event()
+    with pytest.raises(Interrupted):
+        train(settings(checkpoint_dir=str(tmp_path)), graph=graph, stop=stop,
+              progress=lambda epoch, done, total: stop.set() if (epoch, done) == (1, 5) else None)
+    resumed = train(settings(checkpoint_dir=str(tmp_path), resume=True), graph=graph)
+    assert [e["train_loss"] for e in resumed["epochs"]] == [e["train_loss"] for e in straight["epochs"]]
+    assert resumed["final_test_mrr"] == straight["final_test_mrr"]
