@@ -169,10 +169,10 @@ def test_what_does_not_sample_by_time_refuses_a_timed_graph():
     from neutronorch.train.trainer import train
 
     g = timed_graph()
-    with pytest.raises(ConfigError, match="temporal sampling: .* not yet in training"):
+    with pytest.raises(ConfigError, match="temporal sampling: .* would sample it without them"):
         NeighborLoader(g, [2], 4)
-    with pytest.raises(ConfigError, match="temporal sampling: .* not yet in training"):
-        train(TrainConfig(fanouts=[2], epochs=1, hidden=4), g)
+    with pytest.raises(ConfigError, match="temporal sampling: .* the node task \\(by vertex times\\)"):
+        train(TrainConfig(fanouts=[2], epochs=1, hidden=4), timed_graph(node_time=False))
     static = dataclasses.replace(g, edge_time=None, node_time=None)
     assert next(iter(NeighborLoader(static, [2], 4))).batch_size == 4  # the fix the message gives works
 

@@ -17,6 +17,7 @@ from neutronorch.data.time_split import Appearance, split_edges_by_time
 from neutronorch.errors import ConfigError, DataError, Interrupted
 from neutronorch.sampling.temporal_sampler import TemporalNeighborSampler
 from neutronorch.train.link_metrics import PerPositiveScores
+from neutronorch.train.temporal_nodes import split_vertices_by_time
 
 
 def timed_graph(nodes=300, events=3000, seed=0, undirected=True, extra=None) -> Graph:
@@ -68,7 +69,7 @@ def test_a_temporal_link_task_needs_edge_times_and_refuses_what_it_cannot_honour
         split_edges_by_time(graph, 0.7, 0.15).links, train_time=None, val_time=None, test_time=None))
     with pytest.raises(ConfigError, match="its link split has none"):
         train(settings(), graph=untimed)
-    with pytest.raises(ConfigError, match="not yet in training"):
+    with pytest.raises(ConfigError, match=r"the node task \(by vertex times\)"):
         train(settings(task="node"), graph=graph)
 
 
@@ -160,3 +161,101 @@ def test_a_temporal_link_run_stopped_mid_epoch_resumes_bit_identical(tmp_path):
     resumed = train(settings(checkpoint_dir=str(tmp_path), resume=True), graph=graph)
     assert [e["train_loss"] for e in resumed["epochs"]] == [e["train_loss"] for e in straight["epochs"]]
     assert resumed["final_test_mrr"] == straight["final_test_mrr"]
+
+
+# A node task by vertex times (train/temporal_nodes.py).
+
+def dated_graph(nodes=600, seed=0, extra: int = 0, extra_time: int = 10_000) -> Graph:
+    """A homophilous graph whose vertices have times (0..99); ``extra`` vertices more at ``extra_time``, each
+    linked both ways to a test vertex (the first ``extra`` of the test split)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 3, nodes)
+    src, dst = rng.integers(0, nodes, 6 * nodes), rng.integers(0, nodes, 6 * nodes)
+    keep = labels[src] == labels[dst]
+    src, dst = src[keep], dst[keep]
+    features = (np.eye(3)[labels] + rng.normal(scale=1.0, size=(nodes, 3))).astype(np.float32)
+    times = rng.integers(0, 100, nodes)
+    split = split_vertices_by_time(Graph.from_arrays(src, dst, features, labels, node_time=times), 0.6, 0.2)
+    splits = (split.train_idx, split.val_idx, split.test_idx)
+    if extra:
+        new = np.arange(nodes, nodes + extra)
+        targets = split.test_idx[:extra]
+        src, dst = np.concatenate([src, new]), np.concatenate([dst, targets])
+        features = np.concatenate([features, np.eye(3, dtype=np.float32)[labels[targets]] * 50])
+        labels, times = np.concatenate([labels, labels[targets]]), np.concatenate([times, np.full(extra, extra_time)])
+    return Graph.from_arrays(src, dst, features, labels, splits=splits, node_time=times)
+
+
+def node_settings(**extra) -> TrainConfig:
+    base = dict(epochs=4, fanouts=[5, 5], hidden=16, batch_size=32, lr=0.01, threads=1, sampler_threads=1,
+                progress=False, log_every=1)
+    return TrainConfig(**{**base, **extra})
+
+
+def test_the_chronological_vertex_split_trains_on_the_earliest_vertices():
+    graph = dated_graph()
+    times = graph.node_time
+    assert times[graph.train_idx].max() <= times[graph.val_idx].min()
+    assert times[graph.val_idx].max() <= times[graph.test_idx].min()
+    assert len(graph.train_idx) == round(0.6 * graph.num_nodes)
+
+
+def test_a_node_task_samples_every_vertex_as_of_its_own_time(monkeypatch):
+    checked, original = [], TemporalNeighborSampler.sample
+
+    def sample(self, seeds, seed_time, key, fanouts=None):
+        subgraph = original(self, seeds, seed_time, key, fanouts)
+        for block in subgraph.blocks:  # by vertex times an edge's time is its source's: at most its seed's
+            dst = torch.repeat_interleave(torch.arange(block.num_dst), torch.diff(block.indptr))
+            seed_time = block.src_time[block.dst_offset + dst]
+            assert torch.all(torch.from_numpy(self.edge_time)[block.edge_ids] <= seed_time)
+        checked.append(1)
+        return subgraph
+
+    monkeypatch.setattr(TemporalNeighborSampler, "sample", sample)
+    summary = train(node_settings(mode="auto"), graph=dated_graph())
+    assert summary["mode"] == "exact" and len(checked) > 10 and summary["test_acc"] > 0.5
+    with pytest.raises(ConfigError, match="not yet in mode device"):
+        train(node_settings(mode="device"), graph=dated_graph())
+    edge_times_only = timed_graph()
+    with pytest.raises(ConfigError, match="by vertex times"):
+        train(node_settings(), graph=edge_times_only)
+
+
+@pytest.mark.slow
+def test_vertices_that_appear_later_change_nothing_and_earlier_they_do():
+    """New vertices, each linked to a test vertex and carrying its label loudly: at a time after every vertex
+    no sample reaches them (the run is the same to the bit); at time 0 (the control) they raise the test score."""
+    plain = train(node_settings(), graph=dated_graph())
+    late = train(node_settings(), graph=dated_graph(extra=60))
+    early = train(node_settings(), graph=dated_graph(extra=60, extra_time=0))
+    assert [e["train_loss"] for e in late["epochs"]] == [e["train_loss"] for e in plain["epochs"]]
+    assert late["final_test_acc"] == plain["final_test_acc"]
+    assert early["final_test_acc"] > plain["final_test_acc"]
+
+
+@pytest.mark.slow
+def test_a_node_task_by_time_resumes_bit_identical(tmp_path):
+    graph = dated_graph()
+    straight = train(node_settings(), graph=graph)
+    stop = threading.Event()
+    with pytest.raises(Interrupted):
+        train(node_settings(checkpoint_dir=str(tmp_path)), graph=graph, stop=stop,
+              progress=lambda epoch, done, total: stop.set() if (epoch, done) == (1, 2) else None)
+    resumed = train(node_settings(checkpoint_dir=str(tmp_path), resume=True), graph=graph)
+    assert [e["train_loss"] for e in resumed["epochs"]] == [e["train_loss"] for e in straight["epochs"]]
+    assert resumed["final_test_acc"] == straight["final_test_acc"]
+
+
+def test_the_command_line_trains_a_folder_with_times_and_refuses_the_strategy_without_them(tmp_path, capsys):
+    from neutronorch.cli import main
+    from neutronorch.data.native import save_native
+
+    save_native(timed_graph(), tmp_path / "timed")
+    common = ["--epochs", "1", "--fanouts", "3,3", "--hidden", "8", "--threads", "1", "--no-save", "--no-progress"]
+    assert main(["train", "--dataset", str(tmp_path / "timed"), "--task", "link", "--temporal-strategy", "last",
+                 "--eval-negatives", "10", *common]) == 0
+    assert "test mrr" in capsys.readouterr().out
+    save_native(dataclasses.replace(dated_graph(), node_time=None), tmp_path / "static")
+    assert main(["train", "--dataset", str(tmp_path / "static"), "--temporal-strategy", "last", *common]) == 2
+    assert "--temporal-strategy last: a setting of sampling by time" in capsys.readouterr().err

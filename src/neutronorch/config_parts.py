@@ -99,6 +99,9 @@ class SamplingConfig:
         0, metavar="S", short="seed of weights, sampling and order (default: 0)",
         help="seed of model init, seed order and sampling")
     prefetch: int = may_change(2, help="mini-batches prepared ahead of training")
+    temporal_strategy: str = setting(
+        "uniform", choices=("uniform", "last"),
+        help="a graph with times: the earlier edges a hop draws, uniformly or the most recent (docs/temporal.md)")
     degrees: bool = resolved(False)  # blocks carry their sources' graph degrees (the model normalises by them)
     rank: int = resolved(0)  # data parallel: this rank trains part ``rank`` of each global batch of batch_size * world
     world: int = resolved(1)
@@ -165,10 +168,6 @@ class LinkConfig:
         help="link task, --split edges:...: undirected (an edge and its reverse are one link, held out of message "
              "passing both ways), directed (each edge a link), or auto: undirected when at least half of the edges "
              "have their reverse")
-    temporal_strategy: str = setting(
-        "uniform", choices=("uniform", "last"),
-        help="link task on a graph with edge times: the earlier edges a hop draws, uniformly or the most recent "
-             "(docs/temporal.md)")
     link_relation: str | None = setting(
         None, type=str, metavar="RELATION",
         help="link task on a typed graph: the relation whose edges are predicted, SRC/NAME/DST or a name only one "

@@ -133,9 +133,6 @@ def check_link_settings(graph: Graph, config: TrainConfig) -> None:
                           f"name{'' if typed else ', over complete neighbourhoods'}, so "
                           f"{'it' if len(ignored) == 1 else 'they'} would be ignored; leave "
                           f"{'it' if len(ignored) == 1 else 'them'} out.")
-    if not links.timed and config.settings_given(["temporal_strategy"]):
-        raise ConfigError(f"`temporal_strategy` {config.temporal_strategy}: a setting of sampling by time, and "
-                          f"{graph.name}'s links have no times; leave it out (docs/temporal.md).")
     stored = links.negative_kind in (SHARED, PER_SOURCE)
     destinations = links.ends.destinations[1] if typed else graph.num_nodes
     check_negatives_fit("negatives", config.negatives, destinations)

@@ -49,8 +49,8 @@ def resolve_mode(config: TrainConfig, graph: Graph, device: torch.device, thread
         choice = ModeChoice(saved, reason, earlier.get("measured", {}))
     elif isinstance(graph, TypedGraph):
         choice = ModeChoice(AUTO["typed"], f"auto picks {AUTO['typed']} mode for typed graphs", None)
-    elif graph.links is not None and graph.links.timed:
-        choice = ModeChoice("exact", "a temporal link task samples by time in exact mode only (docs/temporal.md)",
+    elif (graph.links is not None and graph.links.timed) or (config.task == "node" and graph.node_time is not None):
+        choice = ModeChoice("exact", "a graph with times is sampled by time in exact mode only (docs/temporal.md)",
                             None)
     else:
         facts = mode_facts(config, graph, device, world.distributed)

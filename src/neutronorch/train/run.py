@@ -28,6 +28,7 @@ from neutronorch.train.distributed import GradientSync, World
 from neutronorch.train.health import Health
 from neutronorch.train.link_task import LinkTask, evaluate_links
 from neutronorch.train.temporal_links import evaluate_timed_links
+from neutronorch.train.temporal_nodes import evaluate_timed_nodes, timed_nodes
 from neutronorch.train.optim import Adam
 from neutronorch.train.outputs import save_or_rescue, write_summary
 from neutronorch.train.replacing import Replacement
@@ -91,6 +92,7 @@ class Run:
     health: Health = field(default_factory=lambda: Health({}))  # collapse (train/health.py)
     replacing: Replacement = field(default_factory=Replacement)  # the earlier outputs `overwrite` replaces
     fingerprint: dict | None = None  # the graph's, which checkpoints hold (with checkpoint_dir)
+    timed_graph: Graph | None = None  # a node task by vertex times: the graph as sampled (evaluation's)
 
     def evaluate(self, epoch: int, progress=None) -> dict[str, float]:
         """The metric on the validation and test sets: {"val": ..., "test": ...}; ``progress(layer, done,
@@ -101,6 +103,11 @@ class Run:
         if self.world.distributed:  # batch normalisation's running statistics: rank 0's, on every rank
             self.world.broadcast_module(self.model, "the buffers' broadcast before evaluation", buffers_only=True)
         store = self.mode.store.as_dtype(torch.float32)  # evaluation runs in float32 whatever the training precision
+        if not isinstance(self.task, LinkTask) and getattr(self.graph, "node_time", None) is not None:
+            if self.timed_graph is None:  # the graph as the mode samples it (by vertex times: a copy), made once
+                self.timed_graph = timed_nodes(config, self.graph).timed_graph(self.graph)
+            return evaluate_timed_nodes(self.model, self.graph, self.timed_graph, store, self.device, config,
+                                        self.task, check, progress)
         if isinstance(self.task, LinkTask) and self.graph.links.timed:  # sampled as of each link's time
             return evaluate_timed_links(self.model, self.graph, store, self.device, config, self.task.metric, check,
                                         progress)

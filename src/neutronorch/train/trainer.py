@@ -51,6 +51,7 @@ from neutronorch.train.summary import MetricLog, given_dataset
 from neutronorch.train.link_task import LinkTask, check_node_task, is_link_split, link_graph, row_statistics
 from neutronorch.train.task import Task
 from neutronorch.train.temporal_links import timed_links
+from neutronorch.train.temporal_nodes import timed_nodes
 
 logger = logging.getLogger("neutronorch")
 
@@ -79,8 +80,10 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     if typed and model is not None:
         check_own_model_config(config)  # before the graph is read
     check_run(config, TYPED if typed else HOMOGENEOUS)
-    if not (config.task == "link" and isinstance(graph, Graph) and model is None):  # a temporal link task's is
-        check_static(graph)  # sampled by time; else refused before any output is made (by name: by build_mode)
+    timed_task = isinstance(graph, Graph) and model is None and (  # sampled by time (docs/temporal.md)
+        config.task == "link" or graph.node_time is not None)
+    if not timed_task:
+        check_static(graph)  # a graph with times refused before any output is made (read by name: by build_mode)
     config = rank_settings(config)  # data parallel: only rank 0 writes the summary and logs
     check_outputs(config, {"graph": graph.files()} if graph is not None else None)
     device = rank_device(resolve_device(config.device))
@@ -151,8 +154,12 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
     node = world.node_link() if config.hot_sets_per_node else None
     if node is not None:
         stack.callback(node.close)  # after the mode's close below (the stack unwinds last in, first out)
+    temporal = timed_links(config, graph) or timed_nodes(config, graph)
+    if temporal is None and config.settings_given(["temporal_strategy"]):
+        raise ConfigError(f"`temporal_strategy` {config.temporal_strategy}: a setting of sampling by time, and this "
+                          f"run samples {graph.name} without times; leave it out (docs/temporal.md).")
     mode = build_mode(config, graph, device, threads, spans, shard=(world.rank, world.size), node=node,
-                      fanouts=built.typed and built.typed.sampler.fanouts, temporal=timed_links(config, graph))
+                      fanouts=built.typed and built.typed.sampler.fanouts, temporal=temporal)
     stack.callback(mode.close)
     if world.distributed:
         logger.info(f"data parallel: {world.describe()}; batch size {config.batch_size} per rank, "

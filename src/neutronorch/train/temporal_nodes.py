@@ -1,0 +1,79 @@
+"""A node task on a graph with vertex times in ``train()`` (docs/temporal.md, "Node tasks by time"): every
+vertex, trained or evaluated, is sampled as of its own time, so a paper of 2019 reads no paper of 2020
+(ogbn-arxiv's years). By vertex times a neighbour exists from its own time (each edge at its source's time:
+``times_from_vertices``, as PyG reads a vertex-level ``time_attr``); where the graph has edge times too, they
+decide instead. ``split_vertices_by_time`` gives the chronological split ogbn-arxiv has (train on the
+earliest vertices, evaluate on the latest)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from neutronorch.config import TrainConfig
+from neutronorch.data.graph import Graph
+from neutronorch.errors import ConfigError, DataError
+from neutronorch.features.store import FeatureStore
+from neutronorch.orchestration.temporal import TemporalRequest
+from neutronorch.sampling.neighbor_sampler import batch_key
+from neutronorch.sampling.temporal_sampler import TemporalNeighborSampler
+from neutronorch.train.evaluate import eval_subset, scored
+from neutronorch.train.health import EvaluationCheck
+from neutronorch.train.task import Task
+
+
+def timed_nodes(config: TrainConfig, graph) -> TemporalRequest | None:
+    """The mode's request to sample a node task by its vertices' times (None for any other task or graph)."""
+    if config.task != "node" or not isinstance(graph, Graph) or graph.node_time is None:
+        return None
+    return TemporalRequest(np.asarray(graph.node_time)[np.asarray(graph.train_idx)], config.temporal_strategy,
+                           by_vertices=graph.edge_time is None)
+
+
+def split_vertices_by_time(graph: Graph, train: float, val: float) -> Graph:
+    """``graph`` with its labelled vertices split by their times: the earliest ``train`` share for training,
+    the next ``val`` share for validation, the latest for the test (ties by vertex id)."""
+    if graph.node_time is None:
+        raise DataError(f"{graph.name}: a chronological vertex split needs vertex times (node_time); the graph has "
+                        f"none.")
+    if not (0 < train < 1 and 0 < val < 1 and train + val < 1):
+        raise ConfigError(f"a chronological vertex split: the training and validation shares must each lie in "
+                          f"(0, 1) and sum to less than 1 (got {train} and {val}).")
+    labelled = np.flatnonzero(np.asarray(graph.labels).reshape(graph.num_nodes, -1)[:, 0] >= 0)
+    ordered = labelled[np.lexsort((labelled, np.asarray(graph.node_time)[labelled]))]
+    cuts = np.round(np.array([train, train + val]) * ordered.shape[0]).astype(np.int64)
+    parts = [np.sort(p) for p in np.split(ordered, cuts)]
+    if min(p.shape[0] for p in parts) == 0:
+        raise ConfigError(f"a chronological vertex split of {ordered.shape[0]:,} labelled vertices with shares "
+                          f"{train} and {val} leaves a set empty; choose other shares.")
+    return dataclasses.replace(graph, train_idx=parts[0], val_idx=parts[1], test_idx=parts[2])
+
+
+@torch.no_grad()
+def evaluate_timed_nodes(model, graph: Graph, timed: Graph, store: FeatureStore, device: torch.device,
+                         config: TrainConfig, task: Task, check: EvaluationCheck | None = None,
+                         progress=None) -> dict[str, float]:
+    """The task's metric on the validation and test vertices as {"val": ..., "test": ...}, each vertex sampled
+    at its own time over ``timed`` (the graph as the mode samples it) with the evaluation fanouts (default the
+    training ones), ``eval_batch_size`` at a time, each chunk keyed by its number."""
+    sampler = TemporalNeighborSampler(timed.indptr, timed.indices, timed.edge_time,
+                                      config.eval_fanouts or config.fanouts, config.temporal_strategy)
+    times = np.asarray(graph.node_time)
+    sets = {"val": eval_subset(graph.val_idx, config.eval_max_nodes, config.seed),
+            "test": eval_subset(graph.test_idx, config.eval_max_nodes, config.seed + 1)}
+    total, done, out = sum(ids.shape[0] for ids in sets.values()), 0, {}
+    model.eval()
+    for offset, (name, ids) in enumerate(sets.items()):
+        logits = [torch.zeros(0, model.width(model.num_layers - 1))]
+        for index, start in enumerate(range(0, ids.shape[0], config.eval_batch_size)):
+            chunk = ids[start:start + config.eval_batch_size]
+            subgraph = sampler.sample(chunk, times[chunk], batch_key(config.seed, -1 - offset, index))
+            logits.append(model([b.to(device) for b in subgraph.blocks],
+                                store.gather(subgraph.input_nodes).to(device)).float().cpu())
+            done += chunk.shape[0]
+            if progress is not None:
+                progress(0, done, total)
+        out[name] = (torch.cat(logits), store.labels[torch.from_numpy(ids)])
+    return scored(task, out, check or EvaluationCheck())
