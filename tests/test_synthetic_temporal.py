@@ -1,10 +1,13 @@
 """The synthetic temporal graph (data/synthetic_temporal.py): deterministic, shaped and ordered as a graph with
-edge times must be, and carrying a link signal that needs the times: interactions close triangles among
-recent partners, not among stale ones."""
+edge times must be, written by `neutronorch generate synthetic --temporal`, and carrying a link signal that
+needs the times: interactions close triangles among recent partners, not among stale ones."""
+
+import json
 
 import numpy as np
 import pytest
 
+from neutronorch.cli import main
 from neutronorch.data import load_native, synthetic_temporal
 from neutronorch.data.synthetic_temporal import temporal_events
 from neutronorch.errors import ConfigError
@@ -97,3 +100,31 @@ def test_arguments_no_graph_can_be_drawn_from_are_refused_with_the_fix(bad, why)
 def test_a_huge_recent_is_the_whole_history_not_a_huge_allocation():
     assert np.array_equal(synthetic_temporal(**{**SMALL, "recent": 10**12}).indices,
                           synthetic_temporal(**{**SMALL, "recent": SMALL["events"]}).indices)
+
+
+def test_generate_temporal_writes_a_folder_that_loads_with_its_times(tmp_path, capsys):
+    out = tmp_path / "g"
+    assert main(["generate", "synthetic", "--temporal", "--nodes", "300", "--events", "2000", "--recent", "3",
+                 "--closing", "0.5", "--features", "4", "--seed", "7", "--out", str(out)]) == 0
+    loaded = load_native(out)
+    drawn = synthetic_temporal(nodes=300, events=2000, recent=3, closing=0.5, features=4, seed=7)
+    for name in ("indptr", "indices", "edge_time", "features", "labels"):
+        assert np.array_equal(getattr(loaded, name), getattr(drawn, name)), name
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["edge_time"] == {"dtype": "int64", "min": 0, "max": 1999, "in_edges_sorted": True}
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--temporal", "--typed"], "--temporal and --typed"),
+    (["--temporal", "--degree", "3", "--classes", "2"], "--degree, --classes do not apply to --temporal"),
+    (["--temporal", "--homophily", "0.5"], "--homophily does not apply to --temporal"),
+    (["--events", "100"], "--events applies only to --temporal"),
+    (["--typed", "--recent", "2", "--closing", "0.1"], "--recent, --closing apply only to --temporal"),
+    (["--temporal", "--nodes", "2"], "nodes must be at least 3")])
+def test_generate_refuses_what_temporal_cannot_honour_before_writing(argv, why, tmp_path, capsys):
+    out = tmp_path / "g"
+    assert main(["generate", "synthetic", *argv, "--out", str(out)]) == 2
+    assert why in capsys.readouterr().err
+    assert not out.exists()
