@@ -39,7 +39,7 @@ SMALL = {("train", "--dataset"): SPEC, ("train", "--fanouts"): "5,5", ("train", 
          ("train", "--layers"): "2", ("train", "--batch-size"): "64", ("train", "--epochs"): "1",
          ("predict", "--dataset"): SPEC, ("embed", "--dataset"): SPEC, ("embed", "--layer"): "1",
          ("generate", "--nodes"): "300", ("generate", "--degree"): "5", ("generate", "--features"): "16",
-         ("generate", "--classes"): "4"}
+         ("generate", "--classes"): "4", ("generate", "--events"): "2000"}
 # Options a smoke run leaves out when the optional package they need is not installed (parsed all the same).
 NEEDS = {"--timeline": "matplotlib", "--tensorboard": "tensorboard"}
 COMMAND_WORDS = ("neutronorch", "torchrun", "make")

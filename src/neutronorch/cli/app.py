@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import logging
 import re
@@ -16,13 +17,14 @@ from pathlib import Path
 
 from neutronorch.cli.again import resume_command, to_console_log
 from neutronorch.cli.info import dataset_info, renumbered
-from neutronorch.cli.options import RUN_FOLDER_KEYS, build_parser
+from neutronorch.cli.options import RUN_FOLDER_KEYS, TEMPORAL_ONLY, build_parser
 from neutronorch.cli.partition import cmd_partition
 from neutronorch.cli.progress import ProgressBar
 from neutronorch.config import TrainConfig
 from neutronorch.config_keys import load_config_file
 from neutronorch.data import (SyntheticSpec, TypedGraph, dataset_paths, generate, is_native_dir, is_typed_dataset,
-                              load_dataset, load_typed_dataset, save_native, synthetic_typed, write_typed)
+                              load_dataset, load_typed_dataset, save_native, synthetic_temporal, synthetic_typed,
+                              write_typed)
 from neutronorch.data.dtypes import BFLOAT16, narrowed
 from neutronorch.environment import launcher_rank
 from neutronorch.errors import ConfigError, Interrupted, NeutronorchError
@@ -209,6 +211,12 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 def _cmd_generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     given = {f.name: getattr(args, f.name) for f in fields(SyntheticSpec) if getattr(args, f.name) is not None}
+    if args.temporal:
+        return _generate_temporal(args, given, t0)
+    if only := [f"--{name}" for name in TEMPORAL_ONLY if getattr(args, name) is not None]:
+        verb = "apply" if len(only) > 1 else "applies"
+        raise ConfigError(f"{', '.join(only)} {verb} only to --temporal (a graph of timed interactions); add "
+                          f"--temporal, or leave {', '.join(only)} out.")
     if args.typed and given.pop("classes", None) is not None:
         raise ConfigError("--classes does not apply to --typed: a typed graph's classes are pairs of topics "
                           "(16); leave --classes out, or call neutronorch.data.synthetic_typed(topics=...).")
@@ -217,6 +225,26 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         spec.check("", where="generate synthetic")
     _check_native_out("out", args.out, [], args.overwrite, typed=args.typed)
     return _write_dataset(synthetic_typed(**given) if args.typed else generate(spec), args.out, args, t0)
+
+
+def _generate_temporal(args: argparse.Namespace, given: dict, t0: float) -> int:
+    """``generate synthetic --temporal``: synthetic_temporal's graph, its arguments checked before the folder."""
+    from neutronorch.data.synthetic_temporal import check_arguments
+
+    if args.typed:
+        raise ConfigError("--temporal and --typed: the typed generator draws no times, and the temporal one "
+                          "draws a homogeneous graph; leave out one of them.")
+    taken = inspect.signature(synthetic_temporal).parameters
+    if unused := [f"--{name}" for name in given if name not in taken]:
+        verb = "do" if len(unused) > 1 else "does"
+        raise ConfigError(f"{', '.join(unused)} {verb} not apply to --temporal: its graph is drawn from "
+                          f"interactions (--events), with noise features and meaningless labels (docs/temporal.md); "
+                          f"leave {', '.join(unused)} out.")
+    given |= {name: getattr(args, name) for name in TEMPORAL_ONLY if getattr(args, name) is not None}
+    options = {name: p.default for name, p in taken.items()} | given
+    check_arguments(**options)
+    _check_native_out("out", args.out, [], args.overwrite)
+    return _write_dataset(synthetic_temporal(**options), args.out, args, t0)
 
 
 def _write_dataset(graph, out: str, args: argparse.Namespace, t0: float, kept: dict | None = None) -> int:

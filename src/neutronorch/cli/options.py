@@ -11,11 +11,11 @@ import textwrap
 from dataclasses import fields
 
 from neutronorch.config import TrainConfig, setting_fields
-from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec, synthetic_typed
+from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec, synthetic_temporal, synthetic_typed
 from neutronorch.cli.partition import add_partition_options
 from neutronorch.data.tabular import HEADERS
 
-__all__ = ["RUN_FOLDER_KEYS", "build_parser"]
+__all__ = ["RUN_FOLDER_KEYS", "TEMPORAL_ONLY", "build_parser"]
 
 # train's options by group, in the order --help-all lists them (by TrainConfig setting, and the command line's
 # own options); the advanced group takes every setting not placed here, in their order in TrainConfig's parts.
@@ -211,33 +211,55 @@ def _add_convert_options(convert: argparse.ArgumentParser) -> None:
 
 
 # generate's options that shape the graph beyond its size: listed by --help-all.
-_GENERATE_ADVANCED = ("power", "homophily", "noise", "train", "val")
+_GENERATE_ADVANCED = ("power", "homophily", "noise", "train", "val", "recent", "closing")
 _GENERATE_HELP = {"nodes": "vertices", "degree": "average in-degree", "features": "feature width",
                   "classes": "label classes", "power": "Zipf exponent of the vertex weights: larger, heavier hubs",
                   "homophily": "share of edges within a class", "noise": "feature noise per dimension",
                   "train": "share of training vertices", "val": "share of validation vertices",
                   "seed": "seed of the graph, its features and labels"}
+# --temporal's own options (synthetic_temporal's arguments that SyntheticSpec has not)
+TEMPORAL_ONLY = {"events": "interactions, one per time step", "recent": "newest partners a triangle closes through",
+                 "closing": "chance an interaction closes a triangle"}
+
+
+def generator_defaults() -> dict[str, dict]:
+    """The other generators' defaults by switch: what each of SyntheticSpec's options means under it."""
+    return {switch: {name: p.default for name, p in inspect.signature(function).parameters.items()}
+            for switch, function in (("--typed", synthetic_typed), ("--temporal", synthetic_temporal))}
+
+
+def _differs(name: str, default, others: dict[str, dict]) -> str:
+    """``; --typed: 20000; not with --temporal``: where the other generators' defaults differ or they lack it."""
+    said: dict[str, list[str]] = {}
+    for switch, defaults in others.items():
+        if defaults.get(name, default) != default or name not in defaults:
+            said.setdefault(f"{defaults[name]}" if name in defaults else "", []).append(switch)
+    return "".join(f"; {', '.join(switches)}: {value}" if value else f"; not with {' or '.join(switches)}"
+                   for value, switches in said.items())
 
 
 def _add_generate_options(gen: argparse.ArgumentParser, full: bool = False) -> None:
-    """Each option defaults to None: each generator (``SyntheticSpec``, ``synthetic_typed``) has its own."""
+    """Each option defaults to None: each generator (``SyntheticSpec``, ``synthetic_typed``,
+    ``synthetic_temporal``) has its own."""
     _help_options(gen, full, _add_generate_options)
     gen.add_argument("kind", choices=["synthetic"], help="generator")
     gen.add_argument("--typed", action="store_true",
                      help="a typed graph (papers, authors, institutions, fields; docs/heterogeneous.md) in the "
                           "typed native layout")
-    defaults = SyntheticSpec()
-    typed = {name: p.default for name, p in inspect.signature(synthetic_typed).parameters.items()}
+    gen.add_argument("--temporal", action="store_true",
+                     help="interactions with times that close triangles among recent partners (docs/temporal.md)")
+    defaults, others = SyntheticSpec(), generator_defaults()
+    options = [(f.name, getattr(defaults, f.name), _GENERATE_HELP[f.name] + " (default: "
+                f"{getattr(defaults, f.name)}{_differs(f.name, getattr(defaults, f.name), others)})")
+               for f in fields(SyntheticSpec)]
+    options += [(name, others["--temporal"][name], f"{text} (--temporal only; default: {others['--temporal'][name]})")
+                for name, text in TEMPORAL_ONLY.items()]
     later = []
-    for f in fields(SyntheticSpec):
-        default = getattr(defaults, f.name)
-        differs = ("" if typed.get(f.name) == default else
-                   f"; --typed: {typed[f.name]}" if f.name in typed else "; not with --typed")
-        text = f"{_GENERATE_HELP[f.name]} (default: {default}{differs})"
-        if f.name in _GENERATE_ADVANCED:
-            later.append((f.name, default, text))
+    for name, default, text in options:
+        if name in _GENERATE_ADVANCED:
+            later.append((name, default, text))
             continue
-        gen.add_argument("--" + f.name, type=type(default), default=None, help=text)
+        gen.add_argument("--" + name, type=type(default), default=None, help=text)
     gen.add_argument("--out", required=True, help="output directory")
     _add_write_options(gen, "--out")
     advanced = gen.add_argument_group("advanced", "the graph's shape beyond its size" if full else None)
@@ -317,7 +339,8 @@ _COMMANDS = (
      _add_convert_options),
     ("generate", "generate a synthetic graph",
      "Write a synthetic power-law graph with learnable labels in the native format; with --typed, a typed "
-     "graph whose labels need its relations, in the typed native layout.", _add_generate_options),
+     "graph whose labels need its relations, in the typed native layout; with --temporal, one whose links "
+     "need their times.", _add_generate_options),
     ("predict", "predict classes, or score vertex pairs, with a trained model",
      "Exact full-neighbour inference of a checkpoint's model: the classes of vertices (--nodes), or with a "
      "link checkpoint (train --task link) the scores of vertex pairs (--pairs). A typed graph's: the target "

@@ -14,6 +14,7 @@ from neutronorch.data.native import (is_native_dir, is_typed_dir, load_native, r
                                      write_typed)
 from neutronorch.data.splits import DEFAULT_SPLIT, make_split
 from neutronorch.data.synthetic import SyntheticSpec, generate
+from neutronorch.data.synthetic_temporal import synthetic_temporal
 from neutronorch.data.synthetic_typed import synthetic_typed
 from neutronorch.data.tabular import SNAP_SUFFIXES, load_tables, only_a_table
 from neutronorch.data.typed import Relation, TypedGraph
@@ -23,7 +24,8 @@ from neutronorch.limits import check_seed
 __all__ = ["Graph", "load_dataset", "load_native", "save_native", "load_tables", "SyntheticSpec", "generate",
            "make_split", "DEFAULT_SPLIT", "DATASET_SPEC_HELP", "dataset_paths", "from_pyg", "to_pyg", "from_dgl",
            "to_dgl", "TypedGraph", "Relation", "read_typed", "write_typed", "synthetic_typed", "is_typed_dataset",
-           "load_typed_dataset", "to_pyg_hetero", "from_pyg_hetero", "to_dgl_hetero", "from_dgl_hetero"]
+           "load_typed_dataset", "synthetic_temporal", "to_pyg_hetero", "from_pyg_hetero", "to_dgl_hetero",
+           "from_dgl_hetero"]
 
 DATASET_SPEC_HELP = (
     "synthetic[:nodes=N,degree=D,features=F,classes=C,seed=S,...] | a native dataset directory (meta.json"
