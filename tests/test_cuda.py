@@ -472,3 +472,32 @@ def test_memory_maps_reach_the_device_in_slices_and_the_host_cache_feeds_the_dev
         runs.append(json.loads(out.read_text()))
     assert [e["train_loss"] for e in runs[0]["epochs"]] == pytest.approx([e["train_loss"] for e in runs[1]["epochs"]])
     assert runs[1]["host_cache"]["rows"] == 800 and runs[1]["moved"]["host_cache_hits"] > 0
+
+
+def test_the_temporal_device_sampler_on_cuda_draws_the_host_samplers_blocks():
+    from neutronorch.sampling.temporal_device import TorchTemporalSampler
+    from neutronorch.sampling.temporal_sampler import TemporalNeighborSampler
+    from test_temporal_links import timed_graph
+
+    graph = timed_graph(nodes=500, events=6000)
+    seeds = np.arange(0, 500, 3)
+    times = np.random.default_rng(0).integers(0, 500, seeds.shape[0])
+    for strategy, strict in (("uniform", False), ("last", True)):
+        host = TemporalNeighborSampler(graph.indptr, graph.indices, graph.edge_time, [5, 3], strategy, strict)
+        cuda = TorchTemporalSampler(*(torch.from_numpy(np.asarray(a)).cuda() for a in
+                                      (graph.indptr, graph.indices, graph.edge_time)), [5, 3], strategy, strict)
+        want, got = host.sample(seeds, times, 11), cuda.sample(torch.from_numpy(seeds).cuda(), times, 11)
+        for a, b in zip(want.blocks, got.blocks):
+            assert b.indptr.is_cuda
+            for name in ("indptr", "indices", "src_ids", "src_time", "edge_ids"):
+                assert torch.equal(getattr(a, name), getattr(b, name).cpu()), name
+
+
+@pytest.mark.parametrize("task", ["link", "node"])
+def test_device_mode_trains_by_time_on_cuda_as_exact_mode(task):
+    from test_temporal_links import dated_graph, node_settings, settings, timed_graph
+
+    graph, make = (timed_graph(), settings) if task == "link" else (dated_graph(), node_settings)
+    runs = {mode: train(make(mode=mode, epochs=2, device="cuda"), graph=graph) for mode in ("exact", "device")}
+    losses = {mode: [e["train_loss"] for e in run["epochs"]] for mode, run in runs.items()}
+    assert losses["device"] == pytest.approx(losses["exact"], rel=1e-4)

@@ -59,8 +59,8 @@ def test_a_temporal_link_task_needs_edge_times_and_refuses_what_it_cannot_honour
     vertex_times = dataclasses.replace(graph, edge_time=None, node_time=np.zeros(graph.num_nodes, np.int64))
     with pytest.raises(DataError, match="needs edge times"):
         split_edges_by_time(vertex_times, 0.7, 0.15)
-    with pytest.raises(ConfigError, match="temporal sampling: not yet in mode device"):
-        train(settings(mode="device"), graph=graph)
+    with pytest.raises(ConfigError, match="temporal sampling: not yet in mode neutronorch"):
+        train(settings(mode="neutronorch"), graph=graph)
     static = dataclasses.replace(graph, edge_time=None)
     with pytest.raises(ConfigError, match="`temporal_strategy` last: a setting of sampling by time"):
         train(settings(temporal_strategy="last"), graph=static)
@@ -215,8 +215,8 @@ def test_a_node_task_samples_every_vertex_as_of_its_own_time(monkeypatch):
     monkeypatch.setattr(TemporalNeighborSampler, "sample", sample)
     summary = train(node_settings(mode="auto"), graph=dated_graph())
     assert summary["mode"] == "exact" and len(checked) > 10 and summary["test_acc"] > 0.5
-    with pytest.raises(ConfigError, match="not yet in mode device"):
-        train(node_settings(mode="device"), graph=dated_graph())
+    with pytest.raises(ConfigError, match="not yet in mode neutronorch"):
+        train(node_settings(mode="neutronorch"), graph=dated_graph())
     edge_times_only = timed_graph()
     with pytest.raises(ConfigError, match="by vertex times"):
         train(node_settings(), graph=edge_times_only)
@@ -259,3 +259,15 @@ def test_the_command_line_trains_a_folder_with_times_and_refuses_the_strategy_wi
     save_native(dataclasses.replace(dated_graph(), node_time=None), tmp_path / "static")
     assert main(["train", "--dataset", str(tmp_path / "static"), "--temporal-strategy", "last", *common]) == 2
     assert "--temporal-strategy last: a setting of sampling by time" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("task", ["link", "node"])
+def test_device_mode_trains_by_time_as_exact_mode_does(task):
+    """Device mode samples with TorchTemporalSampler (its torch ops on the CPU here), which draws the host
+    sampler's blocks: the same losses and scores."""
+    graph, make = (timed_graph(), settings) if task == "link" else (dated_graph(), node_settings)
+    runs = {mode: train(make(mode=mode, epochs=2), graph=graph) for mode in ("exact", "device")}
+    losses = {mode: [e["train_loss"] for e in run["epochs"]] for mode, run in runs.items()}
+    assert losses["device"] == pytest.approx(losses["exact"], rel=1e-6)
+    key = "final_test_mrr" if task == "link" else "final_test_acc"
+    assert runs["device"][key] == pytest.approx(runs["exact"][key], abs=1e-6)

@@ -74,10 +74,27 @@ def test_vertex_times_are_the_default_input_time(graph):
     assert batch.input_time.tolist() == graph.node_time[seeds[:8]].tolist()
 
 
+@pytest.mark.parametrize("strategy", ["uniform", "last"])
+def test_device_mode_samples_by_time_what_exact_mode_samples(graph, strategy):
+    """TorchTemporalSampler in device mode (its torch ops on the CPU here) draws the host sampler's blocks."""
+    seeds, times = seeds_and_times(graph)
+    edges = np.stack([seeds[:60], seeds[30:]])
+    made = {}
+    for mode in ("exact", "device"):
+        nodes = NeighborLoader(graph, [3, 2], 16, seeds=seeds, time_attr="edge_time", input_time=times, mode=mode,
+                               temporal_strategy=strategy)
+        links = LinkNeighborLoader(graph, [3, 2], 16, edges=edges, time_attr="edge_time", edge_label_time=times[:60],
+                                   mode=mode, temporal_strategy=strategy)
+        made[mode] = [(b.n_id.tolist(), b.seed_time.tolist(), [bl.edge_ids.tolist() for bl in b.blocks])
+                      for loader in (nodes, links) for b in loader]
+    assert made["device"] == made["exact"] and len(made["exact"]) == 10
+
+
 def test_what_cannot_sample_by_time_yet_is_refused(graph):
     seeds, times = seeds_and_times(graph)
-    with pytest.raises(ConfigError, match="temporal sampling: not yet in mode device"):
-        NeighborLoader(graph, [3], 8, seeds=seeds, time_attr="edge_time", input_time=times, mode="device")
+    with pytest.raises(ConfigError, match="temporal sampling: not yet in a typed graph's mode device"):
+        NeighborLoader(TypedGraph.of(graph), [3], 8, seeds=seeds, time_attr="edge_time", input_time=times,
+                       mode="device")
     with pytest.raises(ConfigError, match="`gcn_norm` symmetric"):
         NeighborLoader(graph, [3], 8, seeds=seeds, time_attr="edge_time", input_time=times, model="gcn",
                        gcn_norm="symmetric")
@@ -221,8 +238,6 @@ def test_link_loader_time_arguments_are_checked():
                            temporal_strategy="last")
     with pytest.raises(DataError, match=r"`edge_label_time` have shape \(239,\), expected \(240,\)"):
         LinkNeighborLoader(graph, [3], 8, edges=edges, time_attr="edge_time", edge_label_time=times[1:])
-    with pytest.raises(ConfigError, match="temporal sampling: not yet in mode device"):
-        LinkNeighborLoader(graph, [3], 8, edges=edges, time_attr="edge_time", edge_label_time=times, mode="device")
 
 
 def test_dgl_blocks_carry_the_times(graph):

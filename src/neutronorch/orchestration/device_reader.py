@@ -160,6 +160,13 @@ class DeviceReader:
                     f"labels and maps on {device} in {time.perf_counter() - clock:.1f} s; sampling with "
                     f"{self.backend}")
 
+    def like_topology(self, array: np.ndarray, what: str) -> torch.Tensor:
+        """``array`` (one entry per edge, such as edge times) where the homogeneous topology is: on the device,
+        or pinned and read through UVA."""
+        if self.access.placement.topology == "device":
+            return place(array, self.device, what)
+        return host_readable(array, self.device, what, self._keep, required=True)
+
     def new_sampler(self):
         """The sampler of a producer thread (a typed graph's: the one ``start`` made)."""
         if self.access.inputs is not None:

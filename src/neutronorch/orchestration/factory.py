@@ -86,8 +86,9 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
     refused, docs/temporal.md)."""
     if temporal is None:
         check_static(graph)
-    elif config.mode != "exact":
-        raise ConfigError(OTHER_MODES.format(mode=config.mode))
+    elif config.mode == "neutronorch" or (config.mode == "device" and isinstance(graph, TypedGraph)):
+        raise ConfigError(OTHER_MODES.format(mode=config.mode, graph="a typed graph's " if config.mode == "device"
+                                             else ""))
     else:
         temporal.check(config, graph)
         graph = temporal.timed_graph(graph)
@@ -110,6 +111,8 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
         return ExactMode(seeds, host_sampler, HostLoader(access, spans), sampling, spans, threads.sampler)
     if config.mode == "device":
         reader = DeviceReader(graph, access, spans, sampling, config.placement, fanouts)
+        if temporal is not None:  # each producer's TorchTemporalSampler over the reader's topology
+            reader.new_sampler = temporal.device_sampler(reader, graph, sampling)
         return DeviceMode(seeds, reader, sampling, spans)
     kind = (TypedKind(graph, access, fanouts, draws_on_device(config.device_sampling, graph, device), spans,
                       host_sampler) if typed else HomogeneousKind(graph, access, spans, sampling, host_sampler))

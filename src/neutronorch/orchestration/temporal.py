@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from neutronorch.config import SamplingConfig, TrainConfig
 from neutronorch.data.graph import Graph
@@ -19,8 +20,11 @@ from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
 
 # Why a mode other than exact does not sample by time yet.
-OTHER_MODES = "temporal sampling: not yet in mode {mode} (the device sampler and NeutronOrch); give `mode` exact."
+OTHER_MODES = ("temporal sampling: not yet in {graph}mode {mode} (NeutronOrch's hot rows are computed for one time; "
+               "a typed graph's device sampler has no times yet); give `mode` exact"
+               + " or device on a homogeneous graph.")
 from neutronorch.orchestration.link_seeds import TimedLinkSeeds
+from neutronorch.sampling.temporal_device import TorchTemporalSampler
 from neutronorch.sampling.temporal_sampler import TemporalNeighborSampler, TemporalTypedSampler
 
 
@@ -68,14 +72,32 @@ class TemporalRequest:
         """A new sampler of the mode's producer thread (a typed graph's with its ``fanouts`` per relation): the
         seeds' times looked up by vertex (of the target type)."""
         typed = isinstance(graph, TypedGraph)
-        time_of = None
-        if not self.link:  # a link batch's seeds carry their times (``SeedBatch.times``)
-            time_of = np.zeros(graph.num_nodes[graph.target] if typed else graph.num_nodes, self.seed_time.dtype)
-            time_of[np.asarray(graph.train_idx)] = self.seed_time
+        time_of = self.time_of(graph)
         if typed:
             return TimedSampler(TemporalTypedSampler(graph, fanouts, self.strategy, self.strict), time_of)
         return TimedSampler(TemporalNeighborSampler(graph.indptr, graph.indices, graph.edge_time, sampling.fanouts,
                                                     self.strategy, self.strict), time_of)
+
+    def time_of(self, graph: Graph | TypedGraph) -> np.ndarray | None:
+        """Each vertex's time as a seed (of the target type; None for a link task, whose batches' seeds carry
+        their times: ``SeedBatch.times``)."""
+        if self.link:
+            return None
+        typed = isinstance(graph, TypedGraph)
+        time_of = np.zeros(graph.num_nodes[graph.target] if typed else graph.num_nodes, self.seed_time.dtype)
+        time_of[np.asarray(graph.train_idx)] = self.seed_time
+        return time_of
+
+    def device_sampler(self, reader, graph: Graph, sampling: SamplingConfig):
+        """Device mode's sampler maker: ``TorchTemporalSampler`` over ``reader``'s topology (a
+        ``DeviceReader``), with the edge times placed as it is."""
+        edge_time = reader.like_topology(np.asarray(graph.edge_time), "edge times")
+        time_of = None if self.link else torch.from_numpy(self.time_of(graph))
+
+        def new_sampler() -> DeviceTimedSampler:
+            return DeviceTimedSampler(TorchTemporalSampler(reader.indptr, reader.indices, edge_time, sampling.fanouts,
+                                                           self.strategy, self.strict), time_of)
+        return new_sampler
 
     def link_seeds(self, graph: Graph, sampling: SamplingConfig, negatives: int) -> TimedLinkSeeds:
         """A link task's batches by time: ``graph.links.train``'s edges at ``seed_time``."""
@@ -96,3 +118,13 @@ class TimedSampler:
     def sample_timed(self, seeds: list, times: list, keys: list[int]) -> list:
         """``seeds[i]`` at ``times[i]`` (one time per seed) with ``keys[i]``."""
         return [self.sampler.sample(ids.numpy(), np.asarray(at), key) for ids, at, key in zip(seeds, times, keys)]
+
+
+class DeviceTimedSampler(TimedSampler):
+    """What device mode's producer samples with: each batch's seeds (on the device) at their times."""
+
+    def sample_many(self, seeds: list, keys: list[int]) -> list:
+        return self.sample_timed(seeds, [self.time_of[ids.cpu()] for ids in seeds], keys)
+
+    def sample_timed(self, seeds: list, times: list, keys: list[int]) -> list:
+        return [self.sampler.sample(ids, at, key) for ids, at, key in zip(seeds, times, keys)]

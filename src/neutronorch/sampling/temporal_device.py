@@ -4,7 +4,7 @@ binary search run for every entry at once (one round per bit of the largest in-d
 plain device sampler's keyed Floyd draw over the prefix (``TorchNeighborSampler._floyd``, which equals the
 host's), and (vertex, time) entries are relabelled by sorting their keys, first appearances first.
 
-A library piece for now: no mode samples with it yet (device mode refuses a graph with times)."""
+Device mode samples a homogeneous graph by time with it (``orchestration/temporal.py``'s ``device_sampler``)."""
 
 from __future__ import annotations
 
