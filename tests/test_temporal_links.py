@@ -150,17 +150,22 @@ def test_planted_spoilers_after_every_link_change_nothing_and_before_them_they_d
     assert early[-1]["test_mrr"] > plain[-1]["test_mrr"]
 
 
-@pytest.mark.slow
-def test_a_temporal_link_run_stopped_mid_epoch_resumes_bit_identical(tmp_path):
-    graph = timed_graph()
-    straight = train(settings(), graph=graph)
+def stopped_and_resumed(make, graph, folder, at: tuple[int, int], score: str) -> None:
+    """A run of ``make()`` on ``graph`` stopped after step ``at`` = (epoch, step), resumed: its losses and
+    final ``score`` are an uninterrupted run's, to the bit."""
+    straight = train(make(), graph=graph)
     stop = threading.Event()
     with pytest.raises(Interrupted):
-        train(settings(checkpoint_dir=str(tmp_path)), graph=graph, stop=stop,
-              progress=lambda epoch, done, total: stop.set() if (epoch, done) == (1, 5) else None)
-    resumed = train(settings(checkpoint_dir=str(tmp_path), resume=True), graph=graph)
+        train(make(checkpoint_dir=str(folder)), graph=graph, stop=stop,
+              progress=lambda epoch, done, total: stop.set() if (epoch, done) == at else None)
+    resumed = train(make(checkpoint_dir=str(folder), resume=True), graph=graph)
     assert [e["train_loss"] for e in resumed["epochs"]] == [e["train_loss"] for e in straight["epochs"]]
-    assert resumed["final_test_mrr"] == straight["final_test_mrr"]
+    assert resumed[score] == straight[score]
+
+
+@pytest.mark.slow
+def test_a_temporal_link_run_stopped_mid_epoch_resumes_bit_identical(tmp_path):
+    stopped_and_resumed(settings, timed_graph(), tmp_path, (1, 5), "final_test_mrr")
 
 
 # A node task by vertex times (train/temporal_nodes.py).
@@ -236,15 +241,7 @@ def test_vertices_that_appear_later_change_nothing_and_earlier_they_do():
 
 @pytest.mark.slow
 def test_a_node_task_by_time_resumes_bit_identical(tmp_path):
-    graph = dated_graph()
-    straight = train(node_settings(), graph=graph)
-    stop = threading.Event()
-    with pytest.raises(Interrupted):
-        train(node_settings(checkpoint_dir=str(tmp_path)), graph=graph, stop=stop,
-              progress=lambda epoch, done, total: stop.set() if (epoch, done) == (1, 2) else None)
-    resumed = train(node_settings(checkpoint_dir=str(tmp_path), resume=True), graph=graph)
-    assert [e["train_loss"] for e in resumed["epochs"]] == [e["train_loss"] for e in straight["epochs"]]
-    assert resumed["final_test_acc"] == straight["final_test_acc"]
+    stopped_and_resumed(node_settings, dated_graph(), tmp_path, (1, 2), "final_test_acc")
 
 
 def test_the_command_line_trains_a_folder_with_times_and_refuses_the_strategy_without_them(tmp_path, capsys):
