@@ -49,7 +49,7 @@ def resolve_mode(config: TrainConfig, graph: Graph, device: torch.device, thread
         choice = ModeChoice(saved, reason, earlier.get("measured", {}))
     elif isinstance(graph, TypedGraph):
         choice = ModeChoice(AUTO["typed"], f"auto picks {AUTO['typed']} mode for typed graphs", None)
-    elif (graph.links is not None and graph.links.timed) or (config.task == "node" and graph.node_time is not None):
+    elif timed(graph, config.task):
         choice = ModeChoice("exact", "a graph with times is sampled by time in exact mode only (docs/temporal.md)",
                             None)
     else:
@@ -125,3 +125,10 @@ def _time_mode(config: TrainConfig, graph: Graph, device: torch.device, model: t
     timed = max(1, done - warmup)
     return {"step_s": round(seconds / timed, 5), "steps": timed,
             "lanes": {lane: round(s / timed, 5) for lane, s in lanes.items()}}
+
+
+def timed(graph, task: str) -> bool:
+    """Whether ``graph``'s ``task`` is sampled by time (docs/temporal.md): a link split with times, or a node
+    task on vertex times."""
+    links = getattr(graph, "links", None)
+    return (links is not None and links.timed) or (task == "node" and getattr(graph, "node_time", None) is not None)
