@@ -268,3 +268,21 @@ def test_device_mode_trains_by_time_as_exact_mode_does(task):
     assert losses["device"] == pytest.approx(losses["exact"], rel=1e-6)
     key = "final_test_mrr" if task == "link" else "final_test_acc"
     assert runs["device"][key] == pytest.approx(runs["exact"][key], abs=1e-6)
+
+
+def test_a_timed_split_with_shared_negatives_or_missing_times_is_a_clear_error():
+    graph = split_edges_by_time(timed_graph(), 0.7, 0.15)
+    links = graph.links
+    shared = dataclasses.replace(links, val_neg=np.zeros((2, 5), np.int64), test_neg=np.zeros((2, 5), np.int64),
+                                 negatives="shared", checked=None)
+    with pytest.raises(DataError, match="stored negatives are shared pairs"):
+        train(settings(), graph=dataclasses.replace(graph, links=shared))
+    short = dataclasses.replace(links, test_time=links.test_time[1:], checked=None)
+    with pytest.raises(DataError, match=r"the test links' times \(test_time\): expected one per test link"):
+        train(settings(), graph=dataclasses.replace(graph, links=short))
+
+
+def test_negatives_compare_a_fractional_clock_with_whole_vertex_times():
+    graph = dataclasses.replace(timed_graph(nodes=50, events=100), node_time=np.arange(50, dtype=np.int64))
+    count = Appearance(graph).existing(torch.tensor([4.5, 0.0, 49.0], dtype=torch.float64))
+    assert count.tolist() == [5, 1, 50]

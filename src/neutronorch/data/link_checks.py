@@ -11,7 +11,7 @@ import numpy as np
 
 from neutronorch.data.edge_split import _link_keys, pair_keys
 from neutronorch.data.graph import Graph
-from neutronorch.data.links import LinkSplit, check_link_split, count_positive_negatives, member_mask
+from neutronorch.data.links import SHARED, LinkSplit, check_link_split, count_positive_negatives, member_mask
 from neutronorch.errors import DataError
 
 __all__ = ["check_stored_links", "check_graph_links", "link_graph"]
@@ -79,6 +79,10 @@ def check_graph_links(graph) -> list[str]:
 
 def check_link_times(links: LinkSplit, graph) -> None:
     """A timed split's times: one per link of each set, finite, of the edge times' kind; ``DataError`` else."""
+    if links.negative_kind == SHARED:
+        raise DataError(f"{graph.name}: a split with times scores each link against negatives as of its time, and "
+                        f"its stored negatives are shared pairs (2, K) of no time; give per-positive negatives "
+                        f"(val_neg and test_neg of shape (P, K)) or none, to have them drawn as of each link's time.")
     kind = None if graph.edge_time is None else np.asarray(graph.edge_time).dtype
     for name in ("train", "val", "test"):
         times, count = getattr(links, f"{name}_time"), getattr(links, name).shape[1]

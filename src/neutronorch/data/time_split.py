@@ -91,8 +91,12 @@ class Appearance:
         self.times = torch.from_numpy(np.ascontiguousarray(first[self.order.numpy()]))
 
     def existing(self, at: torch.Tensor) -> torch.Tensor:
-        """How many vertices exist at each time of ``at`` (those appearing at or before it)."""
-        return torch.searchsorted(self.times, at.to(self.times.dtype), right=True)
+        """How many vertices exist at each time of ``at`` (those appearing at or before it; whole and
+        fractional clocks compared as float64, whole ones exactly)."""
+        times = self.times
+        if times.dtype.is_floating_point != at.dtype.is_floating_point:
+            times, at = times.double(), at.double()
+        return torch.searchsorted(times, at.to(times.dtype), right=True)
 
     def draw(self, generator: torch.Generator, at: torch.Tensor, per_positive: int) -> torch.Tensor:
         """(len(at), per_positive) vertices, each uniform among those existing at its row's time (all of them
