@@ -1,6 +1,7 @@
 """A temporal node loader's sampling (docs/temporal.md, "The loader"): ``NeighborLoader(time_attr=...,
-input_time=...)`` asks for it with a ``TemporalRequest``, and exact mode then samples each batch's seeds at
-their times with ``TemporalNeighborSampler``. A seed's time is a function of the seed (a vertex is a seed once
+input_time=...)`` asks for it with a ``TemporalRequest`` (as ``train()``'s temporal tasks do), and exact mode
+then samples each batch's seeds at their times with ``TemporalNeighborSampler`` (device mode on a homogeneous
+graph with ``TorchTemporalSampler``: ``device_sampler``). A seed's time is a function of the seed (a vertex is a seed once
 per epoch), so a batch still depends only on its seeds and its key: resume mid-epoch replays it exactly.
 What cannot run with time yet is refused here, with the reason."""
 
@@ -19,7 +20,7 @@ from neutronorch.data.times import times_from_vertices
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
 
-# Why a mode other than exact does not sample by time yet.
+# Why NeutronOrch mode, and a typed graph's device mode, do not sample by time yet.
 OTHER_MODES = ("temporal sampling: not yet in {graph}mode {mode} (NeutronOrch's hot rows are computed for one time; "
                "a typed graph's device sampler has no times yet); give `mode` exact"
                + " or device on a homogeneous graph.")
@@ -45,7 +46,8 @@ class TemporalRequest:
 
     def check(self, config: TrainConfig, graph) -> None:
         """Refuse what cannot honour time: a link task, GCN's symmetric norm (its degrees count future edges),
-        a typed graph by vertex times; the modes other than exact are refused by ``factory.build_mode``."""
+        a typed graph by vertex times; NeutronOrch mode and a typed graph's device mode are refused by
+        ``factory.build_mode``."""
         typed = not isinstance(graph, Graph)
         why = ("a link task without `edge_label_time`" if (config.task == "link") != self.link else
                "a typed graph's link task" if typed and self.link else
