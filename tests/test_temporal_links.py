@@ -286,3 +286,30 @@ def test_negatives_compare_a_fractional_clock_with_whole_vertex_times():
     graph = dataclasses.replace(timed_graph(nodes=50, events=100), node_time=np.arange(50, dtype=np.int64))
     count = Appearance(graph).existing(torch.tensor([4.5, 0.0, 49.0], dtype=torch.float64))
     assert count.tolist() == [5, 1, 50]
+
+
+def test_a_time_split_re_splits_the_vertices_by_their_times_from_the_command_line(tmp_path, capsys):
+    from neutronorch.cli import main
+    from neutronorch.data.native import save_native
+    from neutronorch.data.splits import make_split
+
+    graph = dated_graph()
+    save_native(graph, tmp_path / "dated")
+    summary = tmp_path / "summary.json"
+    common = ["--epochs", "1", "--fanouts", "3,3", "--hidden", "8", "--threads", "1", "--no-save", "--no-progress"]
+    assert main(["train", "--dataset", str(tmp_path / "dated"), "--split", "time:0.5,0.25", "--summary-json",
+                 str(summary), *common]) == 0
+    import json
+    assert json.loads(summary.read_text())["config"]["split"] == "time:0.5,0.25"
+    resplit = split_vertices_by_time(graph, 0.5, 0.25)
+    assert len(resplit.train_idx) == 300 and graph.node_time[resplit.train_idx].max() <= graph.node_time[
+        resplit.test_idx].min()
+    capsys.readouterr()
+    assert main(["train", "--dataset", str(tmp_path / "dated"), "--split", "time:0.5,0.25", "--task", "link",
+                 *common]) == 2
+    assert "a link task splits its links" in capsys.readouterr().err
+    save_native(dataclasses.replace(graph, node_time=None), tmp_path / "undated")
+    assert main(["train", "--dataset", str(tmp_path / "undated"), "--split", "time:0.5,0.25", *common]) == 2
+    assert "needs vertex times" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="a chronological split orders the vertices by their times"):
+        make_split(np.zeros(10, np.int64), 2, "time:0.5,0.2")

@@ -54,8 +54,10 @@ class TrainConfig:
     split: str | None = setting(
         None, type=str, metavar="SPEC", short="ratio:TRAIN,VAL or per-class:TRAIN,VAL; a link task: edges:TRAIN,VAL",
         help="split for data without one: ratio:TRAIN,VAL or per-class:TRAIN,VAL of the vertices; a link task: "
-             "edges:TRAIN,VAL of the edges, validation and test edges left out of message passing (default: the "
-             "data's own split, else ratio:0.6,0.2; synthetic graphs: ratio:0.1,0.05; link: edges:0.85,0.05)")
+             "edges:TRAIN,VAL of the edges, validation and test edges left out of message passing (by time on a "
+             "graph with edge times); time:TRAIN,VAL re-splits a graph with vertex times by them, the earliest "
+             "vertices training (default: the data's own split, else ratio:0.6,0.2; synthetic graphs: "
+             "ratio:0.1,0.05; link: edges:0.85,0.05)")
     split_index: int = setting(
         0, metavar="K", bound="zero or more",
         help="which of the dataset's stored splits to use (the heterophilous .npz files hold 10: 0..9)")

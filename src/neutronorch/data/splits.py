@@ -45,14 +45,15 @@ def parse_split(spec: str) -> tuple[str, float, float]:
         raise ConfigError(f"`split` {spec!r}: an edge split is drawn as a link task trains (train --task link "
                           f"--split {spec}), not stored with the data; give ratio:TRAIN,VAL or per-class:TRAIN,VAL "
                           f"of the vertices, or no split.")
-    if kind not in ("ratio", "per-class") or len(parts) != 2:
-        raise ConfigError(f"`split` {spec!r} is not understood. Use ratio:TRAIN,VAL (e.g. ratio:0.6,0.2) "
-                          f"or per-class:TRAIN,VAL (e.g. per-class:20,30).")
+    if kind not in ("ratio", "per-class", "time") or len(parts) != 2:
+        raise ConfigError(f"`split` {spec!r} is not understood. Use ratio:TRAIN,VAL (e.g. ratio:0.6,0.2), "
+                          f"per-class:TRAIN,VAL (e.g. per-class:20,30) or, on a graph with vertex times, "
+                          f"time:TRAIN,VAL (e.g. time:0.6,0.2).")
     try:
         train, val = float(parts[0]), float(parts[1])
     except ValueError:
         raise ConfigError(f"`split` {spec!r}: TRAIN and VAL must be numbers.") from None
-    if kind == "ratio":
+    if kind in ("ratio", "time"):
         if not (0 < train < 1 and 0 < val < 1 and train + val < 1):
             raise ConfigError(f"`split` {spec!r}: fractions must be in (0, 1) and sum to less than 1, "
                               f"leaving vertices for the test set.")
@@ -66,6 +67,10 @@ def make_split(labels: np.ndarray, num_classes: int, spec: str, seed: int = 0
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Return sorted (train_idx, val_idx, test_idx) over all vertices, following ``spec``."""
     kind, train, val = parse_split(spec)
+    if kind == "time":
+        raise ConfigError(f"`split` {spec!r}: a chronological split orders the vertices by their times, which this "
+                          f"data has none of; train a graph with vertex times (docs/temporal.md), or split with "
+                          f"ratio:TRAIN,VAL.")
     labels = np.asarray(labels)
     rng = np.random.default_rng(seed)
     n = labels.shape[0]

@@ -14,6 +14,7 @@ import torch
 
 from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
+from neutronorch.data.splits import parse_split
 from neutronorch.errors import ConfigError, DataError
 from neutronorch.features.store import FeatureStore
 from neutronorch.orchestration.temporal import TemporalRequest
@@ -32,9 +33,21 @@ def timed_nodes(config: TrainConfig, graph) -> TemporalRequest | None:
                            by_vertices=graph.edge_time is None)
 
 
-def split_vertices_by_time(graph: Graph, train: float, val: float) -> Graph:
+def by_time(split: str | None) -> tuple[float, float] | None:
+    """The shares of a ``time:TRAIN,VAL`` split (None for any other)."""
+    if not isinstance(split, str) or not split.strip().lower().startswith("time:"):
+        return None
+    _, train, val = parse_split(split.strip().lower())
+    return train, val
+
+
+def split_vertices_by_time(graph: Graph, train: float, val: float, task: str = "node") -> Graph:
     """``graph`` with its labelled vertices split by their times: the earliest ``train`` share for training,
     the next ``val`` share for validation, the latest for the test (ties by vertex id)."""
+    if task != "node" or not isinstance(graph, Graph):
+        raise ConfigError(f"`split` time:{train:g},{val:g} splits a homogeneous graph's vertices by their times, for "
+                          f"a node task; a link task splits its links (edges:TRAIN,VAL, by time on a graph with edge "
+                          f"times), a typed graph carries its own split.")
     if graph.node_time is None:
         raise DataError(f"{graph.name}: a chronological vertex split needs vertex times (node_time); the graph has "
                         f"none.")
@@ -48,7 +61,10 @@ def split_vertices_by_time(graph: Graph, train: float, val: float) -> Graph:
     if min(p.shape[0] for p in parts) == 0:
         raise ConfigError(f"a chronological vertex split of {ordered.shape[0]:,} labelled vertices with shares "
                           f"{train} and {val} leaves a set empty; choose other shares.")
-    return dataclasses.replace(graph, train_idx=parts[0], val_idx=parts[1], test_idx=parts[2])
+    note = (f"split by vertex time {parts[0].shape[0]:,}/{parts[1].shape[0]:,}/{parts[2].shape[0]:,}: training up to "
+            f"time {graph.node_time[parts[0]].max()}, test from {graph.node_time[parts[2]].min()}")
+    return dataclasses.replace(graph, train_idx=parts[0], val_idx=parts[1], test_idx=parts[2],
+                               notes=[*graph.notes, note])
 
 
 @torch.no_grad()

@@ -51,7 +51,7 @@ from neutronorch.train.summary import MetricLog, given_dataset
 from neutronorch.train.link_task import LinkTask, check_node_task, is_link_split, link_graph, row_statistics
 from neutronorch.train.task import Task
 from neutronorch.train.temporal_links import timed_links
-from neutronorch.train.temporal_nodes import timed_nodes
+from neutronorch.train.temporal_nodes import by_time, split_vertices_by_time, timed_nodes
 
 logger = logging.getLogger("neutronorch")
 
@@ -127,10 +127,13 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
     if graph is None:
         t0 = time.perf_counter()
         graph = load_typed_dataset(config.dataset) if options is not None else load_dataset(
-            config.dataset, None if is_link_split(config.split) else config.split, config.seed, config.split_index)
+            config.dataset, None if is_link_split(config.split) or by_time(config.split) else config.split,
+            config.seed, config.split_index)
         data_seconds = time.perf_counter() - t0
         first, _, types = graph.describe().partition("\n")  # a typed graph's types and relations below the line
         logger.info(f"loaded {first} in {data_seconds:.1f}s" + (f"\n{types}" if types else ""))
+    if by_time(config.split) and options is None:  # the vertices re-split by their times (a node task's)
+        graph = split_vertices_by_time(graph, *by_time(config.split), config.task)
     for note in graph.notes if world.main else []:  # the same on every rank
         logger.warning(f"note: {note}")
     # Every reader of the rows (each mode, the caches, evaluation, checkpoints' fingerprint) reads these.
