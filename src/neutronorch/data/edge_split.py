@@ -66,11 +66,7 @@ def split_edges(graph: Graph, train: float, val: float, seed: int = 0, direction
         raise DataError(f"{graph.name}: {num_nodes:,} vertices are more than a link split handles "
                         f"({_KEY_LIMIT:,}: edges are keyed by int64 dst * num_nodes + src).")
     indptr, indices = np.asarray(graph.indptr), np.asarray(graph.indices)
-    share = reciprocity(indptr, indices)
-    undirected = direction == "undirected" or (direction == "auto" and share >= UNDIRECTED_SHARE)
-    why = (f"{share:.1%} of the edges have their reverse"
-           + (f" ({'at least' if undirected else 'below'} {UNDIRECTED_SHARE:.0%})" if direction == "auto"
-              else f"; `link_direction` {direction}"))
+    undirected, share, why = link_direction(indptr, indices, direction)
     # Each pair once, keyed (larger, smaller): source < target. Stored both ways, the half with src < dst.
     keys = _link_keys(indptr, indices, undirected and share == 1.0)
     if undirected and share < 1.0:
@@ -158,6 +154,17 @@ def split_relation(graph: TypedGraph, ends: LinkEnds, train: float, val: float, 
     typed = dataclasses.replace(graph, relations={**graph.relations, ends.relation: kept},
                                 notes=[*graph.notes, *split.notes[len(whole.notes):]])
     return typed, split.links
+
+
+def link_direction(indptr: np.ndarray, indices: np.ndarray, direction: str) -> tuple[bool, float, str]:
+    """Whether a split of the CSC's edges takes each link once both ways (``direction``: ``LINK_DIRECTIONS``),
+    the share of edges with their reverse, and why, as the split's note says it."""
+    share = reciprocity(indptr, indices)
+    undirected = direction == "undirected" or (direction == "auto" and share >= UNDIRECTED_SHARE)
+    why = (f"{share:.1%} of the edges have their reverse"
+           + (f" ({'at least' if undirected else 'below'} {UNDIRECTED_SHARE:.0%})" if direction == "auto"
+              else f"; `link_direction` {direction}"))
+    return undirected, share, why
 
 
 def reciprocity(indptr: np.ndarray, indices: np.ndarray) -> float:

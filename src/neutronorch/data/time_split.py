@@ -18,7 +18,7 @@ import logging
 import numpy as np
 import torch
 
-from neutronorch.data.edge_split import LINK_DIRECTIONS, UNDIRECTED_SHARE, _check_fractions, reciprocity
+from neutronorch.data.edge_split import LINK_DIRECTIONS, _check_fractions, link_direction
 from neutronorch.data.graph import Graph
 from neutronorch.data.links import LinkSplit
 from neutronorch.errors import ConfigError, DataError
@@ -41,8 +41,7 @@ def split_edges_by_time(graph: Graph, train: float, val: float, direction: str =
     indptr, indices = np.asarray(graph.indptr), np.asarray(graph.indices)
     dst = np.repeat(np.arange(graph.num_nodes, dtype=np.int64), np.diff(indptr))
     src, time = indices.astype(np.int64, copy=False), np.asarray(graph.edge_time)
-    share = reciprocity(indptr, indices)
-    undirected = direction == "undirected" or (direction == "auto" and share >= UNDIRECTED_SHARE)
+    undirected, _, why = link_direction(indptr, indices, direction)
     keep = src != dst  # self loops are no links
     if undirected:
         keep &= src < dst
@@ -59,9 +58,6 @@ def split_edges_by_time(graph: Graph, train: float, val: float, direction: str =
     cuts = np.cumsum(sizes)
     pairs, times = np.split(np.stack([src, dst]), cuts, axis=1), np.split(time, cuts)
     kind = "undirected" if undirected else "directed"
-    why = (f"{share:.1%} of the edges have their reverse"
-           + (f" ({'at least' if undirected else 'below'} {UNDIRECTED_SHARE:.0%})" if direction == "auto"
-              else f"; `link_direction` {direction}"))
     split = LinkSplit(train=pairs[0], val=pairs[1], test=pairs[2], undirected=undirected, direction=f"{kind}: {why}",
                       issues={}, train_time=times[0], val_time=times[1], test_time=times[2])
     split.checked = split.checked_for(graph.indices)
@@ -82,10 +78,10 @@ class Appearance:
             first = np.asarray(graph.node_time)
         else:
             indptr, time = np.asarray(graph.indptr), np.asarray(graph.edge_time)
-            dst = np.repeat(np.arange(graph.num_nodes), np.diff(indptr))
             never = np.iinfo(np.int64).max if time.dtype.kind == "i" else np.inf
             first = np.full(graph.num_nodes, never, dtype=time.dtype)
-            np.minimum.at(first, dst, time)  # its first in-edge ...
+            has = indptr[1:] > indptr[:-1]
+            first[has] = time[indptr[:-1][has]]  # its first in-edge (each column ascending by time) ...
             np.minimum.at(first, np.asarray(graph.indices), time)  # ... or out-edge
         self.order = torch.from_numpy(np.argsort(first, kind="stable"))
         self.times = torch.from_numpy(np.ascontiguousarray(first[self.order.numpy()]))

@@ -21,18 +21,23 @@ def _int64_array(array) -> bool:
     return isinstance(array, types.Array) and array.ndim == 1 and array.dtype == types.int64
 
 
+def _on_entry(make):
+    """An intrinsic's code generator that hands ``make(context, builder, signature, args, pointer)`` the
+    pointer to ``array[index]`` (the intrinsic's first two arguments)."""
+    def codegen(context, builder, signature, args):
+        pointer = _entry(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+        return make(context, builder, signature, args, pointer)
+    return codegen
+
+
 @intrinsic
 def fetch_add(typingctx, array, index, value):
     """``array[index] += value`` as one atomic step (sequentially consistent); the value before it."""
     if not _int64_array(array):
         return None
-
-    def codegen(context, builder, signature, args):
-        ptr = _entry(context, builder, signature.args[0], args[0], args[1], signature.args[1])
-        add = context.cast(builder, args[2], signature.args[2], types.int64)
-        return builder.atomic_rmw("add", ptr, add, "seq_cst")
-
-    return types.int64(array, index, value), codegen
+    return types.int64(array, index, value), _on_entry(lambda context, builder, signature, args, pointer: (
+        builder.atomic_rmw("add", pointer, context.cast(builder, args[2], signature.args[2], types.int64),
+                           "seq_cst")))
 
 
 @intrinsic
@@ -40,12 +45,8 @@ def load_acquire(typingctx, array, index):
     """``array[index]``, read after every write its writer made before ``store_release`` of it."""
     if not _int64_array(array):
         return None
-
-    def codegen(context, builder, signature, args):
-        ptr = _entry(context, builder, signature.args[0], args[0], args[1], signature.args[1])
-        return builder.load_atomic(ptr, "acquire", 8)
-
-    return types.int64(array, index), codegen
+    return types.int64(array, index), _on_entry(lambda context, builder, signature, args, pointer: (
+        builder.load_atomic(pointer, "acquire", 8)))
 
 
 @intrinsic
@@ -54,9 +55,7 @@ def store_release(typingctx, array, index, value):
     if not _int64_array(array):
         return None
 
-    def codegen(context, builder, signature, args):
-        ptr = _entry(context, builder, signature.args[0], args[0], args[1], signature.args[1])
-        builder.store_atomic(context.cast(builder, args[2], signature.args[2], types.int64), ptr, "release", 8)
+    def store(context, builder, signature, args, pointer):
+        builder.store_atomic(context.cast(builder, args[2], signature.args[2], types.int64), pointer, "release", 8)
         return context.get_dummy_value()
-
-    return types.void(array, index, value), codegen
+    return types.void(array, index, value), _on_entry(store)

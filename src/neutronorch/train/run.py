@@ -27,6 +27,7 @@ from neutronorch.train.loop import Progress, TimelineWindow, epoch_line, train_e
 from neutronorch.train.distributed import GradientSync, World
 from neutronorch.train.health import Health
 from neutronorch.train.link_task import LinkTask, evaluate_links
+from neutronorch.data.time_split import Appearance
 from neutronorch.train.temporal_links import evaluate_timed_links
 from neutronorch.train.temporal_nodes import evaluate_timed_nodes, timed_nodes
 from neutronorch.train.optim import Adam
@@ -93,6 +94,7 @@ class Run:
     replacing: Replacement = field(default_factory=Replacement)  # the earlier outputs `overwrite` replaces
     fingerprint: dict | None = None  # the graph's, which checkpoints hold (with checkpoint_dir)
     timed_graph: Graph | None = None  # a node task by vertex times: the graph as sampled (evaluation's)
+    appearance: Appearance | None = None  # a temporal link task's: when each vertex exists (its negatives')
 
     def evaluate(self, epoch: int, progress=None) -> dict[str, float]:
         """The metric on the validation and test sets: {"val": ..., "test": ...}; ``progress(layer, done,
@@ -110,7 +112,7 @@ class Run:
                                         self.task, check, progress)
         if isinstance(self.task, LinkTask) and self.graph.links.timed:  # sampled as of each link's time
             return evaluate_timed_links(self.model, self.graph, store, self.device, config, self.task.metric, check,
-                                        progress)
+                                        progress, self.appearance)
         if isinstance(self.task, LinkTask):
             return evaluate_links(self.model, self.graph, store, self.device, config.eval_batch_size, config.seed,
                                   config.eval_negatives, self.task, self.world, progress, check)

@@ -46,14 +46,14 @@ def timed_links(config: TrainConfig, graph) -> TemporalRequest | None:
 @torch.no_grad()
 def evaluate_timed_links(model: LinkModel, graph: Graph, store: FeatureStore, device: torch.device,
                          config: TrainConfig, metric: str, check: EvaluationCheck | None = None,
-                         progress=None) -> dict[str, float]:
+                         progress=None, appearance: Appearance | None = None) -> dict[str, float]:
     """``metric`` on the validation and test links as {"val": ..., "test": ...}, and every reported metric
     under ``val_<name>``/``test_<name>`` (mrr, hits_K, rocauc, ap). ``progress(layer, done, total)`` after
-    every batch (layer 0)."""
+    every batch (layer 0). ``appearance``: the training's (made here where not given)."""
     check, links = check or EvaluationCheck(), graph.links
     sampler = TemporalNeighborSampler(graph.indptr, graph.indices, graph.edge_time,
                                       config.eval_fanouts or config.fanouts, config.temporal_strategy, strict=True)
-    appearance, out = Appearance(graph), {}
+    appearance, out = appearance or Appearance(graph), {}
     model.eval()
     total = sum(getattr(links, name).shape[1] for name in SET_KEYS)
     done = 0

@@ -192,6 +192,7 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
     if world.distributed:
         run.sync = GradientSync(world, built.dense, stop, mode.averaged_gradients, built.tables)
         run.stop = run.sync.agreed  # every rank stops after the same step
+    run.appearance = getattr(temporal, "appearance", None)
     if resumed is not None:
         run.resume(path, resumed)
     return run
