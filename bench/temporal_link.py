@@ -10,12 +10,17 @@ negatives (drawn once as of each link's time, stored per positive in the split):
 - static: the same model on the training snapshot (the training links' edges, no times), scored with every
   neighbour of that snapshot, as a static link task is;
 - spoiled: temporal (last) on the graph with every test link copied to a time after all links: the topology
-  holds the answers, the sampler cannot reach them, so the scores must equal the temporal run's.
+  holds the answers, the sampler cannot reach them, so the scores must equal the temporal run's;
+- with ``--typed``, the typed engine's temporal task (last) on the same graph as a typed one of one vertex
+  type (``TypedGraph.of``), with its features and without them (a learned embedding table per vertex, as on a
+  JODIE file, which has none): it splits the same links by time and draws its ``--negatives`` per validation
+  and test link by the same rule, as of each link's time, from the run's seed (not the stored ones).
 
 Prints a table of test MRR, AP and ROC-AUC per run (median over ``--seeds``) and the checks.
 
     NUMBA_NUM_THREADS=2 python bench/temporal_link.py
     NUMBA_NUM_THREADS=2 python bench/temporal_link.py --nodes 20000 --events 400000 --epochs 5 --seeds 0,1,2
+    NUMBA_NUM_THREADS=2 python bench/temporal_link.py --typed --seeds 0,1,2 --epochs 10
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from neutronorch.data.graph import Graph
 from neutronorch.data.links import PER_SOURCE, LinkSplit
 from neutronorch.data.native import load_native
 from neutronorch.data.time_split import Appearance, split_edges_by_time
+from neutronorch.data.typed import TypedGraph
 from neutronorch.orchestration.link_seeds import negative_generator
 
 METRICS = ("test_mrr", "test_ap", "test_rocauc")
@@ -103,6 +109,7 @@ def main() -> None:
     p.add_argument("--negatives", type=int, default=20, help="per validation and test link")
     p.add_argument("--seeds", default="0", help="training seeds, the same split and negatives")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--typed", action="store_true", help="add the typed engine's runs (with and without features)")
     args = p.parse_args()
 
     if args.dataset:
@@ -117,6 +124,10 @@ def main() -> None:
               "temporal last": (dataclasses.replace(timed, links=links), "last"),
               "static snapshot": (static_snapshot(timed, links), None),
               "spoiled, last": (spoiled(dataclasses.replace(timed, links=links)), "last")}
+    if args.typed:  # split and negatives by the run (a typed graph's link task splits its relation itself)
+        typed = TypedGraph.of(graph)
+        graphs["typed last"] = (typed, "last")
+        graphs["typed featureless last"] = (dataclasses.replace(typed, features={}), "last")
     print(f"{graph.name}: {graph.num_nodes:,} vertices, {graph.num_edges:,} edges; {links.describe()}; "
           f"{args.negatives} negatives per test link as of its time")
     results: dict[str, list[dict]] = {name: [] for name in graphs}
@@ -125,7 +136,9 @@ def main() -> None:
             config = TrainConfig(task="link", epochs=args.epochs, fanouts=[int(f) for f in args.fanouts.split(",")],
                                  hidden=args.hidden, batch_size=args.batch_size, seed=seed, threads=args.threads,
                                  progress=False, eval_every=args.epochs, **(
-                                     {"temporal_strategy": strategy} if strategy else {}))
+                                     {"temporal_strategy": strategy} if strategy else {}), **(
+                                     {"split": args.split, "eval_negatives": args.negatives}
+                                     if isinstance(g, TypedGraph) else {}))
             results[name].append(run(config, g))
             print(f"  seed {seed}, {name}: " + ", ".join(f"{m} {_number(results[name][-1][m])}" for m in METRICS)
                   + f" ({results[name][-1]['seconds']:.0f} s)", flush=True)

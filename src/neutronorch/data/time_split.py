@@ -20,7 +20,9 @@ import torch
 
 from neutronorch.data.edge_split import LINK_DIRECTIONS, _check_fractions, link_direction
 from neutronorch.data.graph import Graph
-from neutronorch.data.links import LinkSplit
+from neutronorch.data.links import LinkEnds, LinkSplit
+from neutronorch.data.relation import relation_label
+from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError, DataError
 
 logger = logging.getLogger("neutronorch")
@@ -69,22 +71,52 @@ def split_edges_by_time(graph: Graph, train: float, val: float, direction: str =
     return dataclasses.replace(graph, links=split, notes=[*graph.notes, note])
 
 
+
+def split_relation_by_time(graph: TypedGraph, ends: LinkEnds, train: float, val: float,
+                           direction: str = "auto") -> tuple[LinkSplit, list[str]]:
+    """``split_edges_by_time`` of a typed graph's relation ``ends.relation`` in ``ends``' stacked ids (two
+    end types make a bipartite topology: split directed): the split and its note. The graph keeps every
+    edge, as a homogeneous one does: the temporal sampler takes only edges before each seed's time."""
+    src, _, dst = ends.relation
+    relation = graph.relations[ends.relation]
+    if relation.edge_time is None:
+        timed = [relation_label(r) for r, rel in graph.relations.items() if rel.edge_time is not None]
+        held = f"edge times on {', '.join(timed)}" if timed else "vertex times"
+        raise DataError(f"{graph.name}: `link_relation` {relation_label(ends.relation)} has no edge times, so its "
+                        f"links cannot be split by time, and a random split would leak the graph's {held}; predict "
+                        f"a timed relation, or drop the times to use the graph as a static one (docs/temporal.md).")
+    if src != dst and direction == "undirected":
+        raise ConfigError(f"`link_direction` undirected: {relation_label(ends.relation)} links {src} to {dst}, so "
+                          f"an edge has no reverse of its own relation; leave `link_direction` out (directed).")
+    indptr = np.asarray(relation.indptr, dtype=np.int64)
+    start, count = ends.offsets[dst], ends.counts[dst]  # the destinations' columns; every other column empty
+    stacked_ptr = np.concatenate([np.zeros(start, np.int64), indptr,
+                                  np.full(ends.num_nodes - start - count, indptr[-1], np.int64)])
+    whole = Graph(f"{graph.name} {relation_label(ends.relation)}", stacked_ptr,
+                  np.asarray(relation.indices, dtype=np.int64) + ends.offsets[src], None, None, None, None, None, 0,
+                  edge_time=np.asarray(relation.edge_time))
+    split = split_edges_by_time(whole, train, val, direction)
+    return split.links, split.notes
+
+
 class Appearance:
     """When each vertex exists: ``times[i]`` (ascending) is the time vertex ``order[i]`` appears. ``draw``
-    gives negatives as of a time: uniform among the vertices that exist by then."""
+    gives negatives as of a time: uniform among the vertices that exist by then. A typed graph's link task
+    draws among its destination type's vertices, in its ends' stacked ids (``links.ends``)."""
 
-    def __init__(self, graph: Graph):
-        if graph.node_time is not None:
-            first = np.asarray(graph.node_time)
+    def __init__(self, graph: Graph | TypedGraph):
+        if isinstance(graph, TypedGraph):
+            ends = graph.links.ends
+            kind, offset = ends.relation[2], ends.destinations[0]
+            first = _first_times(graph.num_nodes[kind], graph.node_time.get(kind), [
+                (r.indptr if d == kind else None, r.indices if s == kind else None, r.edge_time)
+                for (s, _, d), r in graph.relations.items() if r.edge_time is not None and kind in (s, d)])
         else:
-            indptr, time = np.asarray(graph.indptr), np.asarray(graph.edge_time)
-            never = np.iinfo(np.int64).max if time.dtype.kind == "i" else np.inf
-            first = np.full(graph.num_nodes, never, dtype=time.dtype)
-            has = indptr[1:] > indptr[:-1]
-            first[has] = time[indptr[:-1][has]]  # its first in-edge (each column ascending by time) ...
-            np.minimum.at(first, np.asarray(graph.indices), time)  # ... or out-edge
-        self.order = torch.from_numpy(np.argsort(first, kind="stable"))
-        self.times = torch.from_numpy(np.ascontiguousarray(first[self.order.numpy()]))
+            offset = 0
+            first = _first_times(graph.num_nodes, graph.node_time, [(graph.indptr, graph.indices, graph.edge_time)])
+        order = np.argsort(first, kind="stable")
+        self.order = torch.from_numpy(order + offset)
+        self.times = torch.from_numpy(np.ascontiguousarray(first[order]))
 
     def existing(self, at: torch.Tensor) -> torch.Tensor:
         """How many vertices exist at each time of ``at`` (those appearing at or before it; whole and
@@ -101,3 +133,22 @@ class Appearance:
         count = torch.where(count > 0, count, self.order.shape[0]).unsqueeze(1)
         picks = (torch.rand((at.shape[0], per_positive), generator=generator, dtype=torch.float64) * count).long()
         return self.order[torch.minimum(picks, count - 1)]
+
+
+def _first_times(count: int, node_time, timed: list) -> np.ndarray:
+    """Each of ``count`` vertices' time of appearance: its own (``node_time``), else its first edge's, of
+    ``timed`` (indptr, indices, edge_time) CSCs whose columns (``indptr``) or sources (``indices``) are these
+    vertices, either None where they are not; never (the dtype's largest) without an edge."""
+    if node_time is not None:
+        return np.asarray(node_time)
+    dtype = np.result_type(*(np.asarray(time).dtype for _, _, time in timed))
+    first = np.full(count, np.iinfo(np.int64).max if dtype.kind == "i" else np.inf, dtype=dtype)
+    for indptr, indices, time in timed:
+        time = np.asarray(time)
+        if indptr is not None:
+            indptr = np.asarray(indptr)
+            has = indptr[1:] > indptr[:-1]
+            first[has] = np.minimum(first[has], time[indptr[:-1][has]])  # its first in-edge (columns by time)
+        if indices is not None:
+            np.minimum.at(first, np.asarray(indices), time)  # ... or out-edge
+    return first

@@ -106,7 +106,8 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
                                                sampling.degrees, sampling.file_order)
         if temporal is not None:
             host_sampler = lambda: temporal.sampler(graph, sampling)  # noqa: E731
-            seeds = temporal.link_seeds(graph, sampling, config.negatives) if temporal.link else seeds
+    if temporal is not None and temporal.link:
+        seeds = temporal.link_seeds(graph, sampling, config.negatives)
     if config.mode == "exact":
         return ExactMode(seeds, host_sampler, HostLoader(access, spans), sampling, spans, threads.sampler)
     if config.mode == "device":

@@ -112,6 +112,12 @@ class EndsSampler:
     def sample_many(self, seeds: list, keys: list[int]) -> list[SampledSubgraph]:
         return [self.sample(s, key) for s, key in zip(seeds, keys)]
 
+    def sample_timed(self, seeds: list, times: list, keys: list[int]) -> list[SampledSubgraph]:
+        """A timed sampler's ``sample_timed``, each batch's entries and their times split by type."""
+        typed = [self.ends.split(ids) for ids in seeds]
+        return self.sampler.sample_timed(typed, [dict(zip(parts, torch.split(at, [p.shape[0] for p in parts.values()])))
+                                                 for parts, at in zip(typed, times)], keys)
+
 
 def negative_generator(key: int) -> torch.Generator:
     """The generator whose stream the negatives of ``key`` are (``draw_negatives``; drawn a chunk at a time
@@ -137,8 +143,8 @@ class TimedLinkSeeds(LinkSeeds):
     itself, and its earlier interactions are the history it is predicted from."""
 
     def __init__(self, edges: np.ndarray, times: np.ndarray, num_nodes: int, sampling: SamplingConfig,
-                 negatives: int, appearance=None):
-        super().__init__(edges, num_nodes, sampling, negatives)
+                 negatives: int, appearance=None, ends: LinkEnds | None = None):
+        super().__init__(edges, num_nodes, sampling, negatives, ends)
         self.times = torch.from_numpy(np.asarray(times))
         self.appearance = appearance  # ``data.time_split.Appearance``: negatives as of each positive's time
 

@@ -8,6 +8,7 @@ What cannot run with time yet is refused here, with the reason."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,7 +51,6 @@ class TemporalRequest:
         ``factory.build_mode``."""
         typed = not isinstance(graph, Graph)
         why = ("a link task without `edge_label_time`" if (config.task == "link") != self.link else
-               "a typed graph's link task" if typed and self.link else
                "several ranks" if config.sampling.world > 1 else
                "`gcn_norm` symmetric (its in-degrees count every edge, future ones too)" if config.sampling.degrees
                else "a typed graph's sampling by vertex times" if typed and self.by_vertices else None)
@@ -101,10 +101,12 @@ class TemporalRequest:
                                                            self.strategy, self.strict), time_of)
         return new_sampler
 
-    def link_seeds(self, graph: Graph, sampling: SamplingConfig, negatives: int) -> TimedLinkSeeds:
-        """A link task's batches by time: ``graph.links.train``'s edges at ``seed_time``."""
-        return TimedLinkSeeds(graph.links.train, self.seed_time, graph.num_nodes, sampling, negatives,
-                              self.appearance)
+    def link_seeds(self, graph: Graph | TypedGraph, sampling: SamplingConfig, negatives: int) -> TimedLinkSeeds:
+        """A link task's batches by time: ``graph.links.train``'s edges at ``seed_time`` (a typed graph's in
+        its ends' stacked ids)."""
+        ends = graph.links.ends if isinstance(graph, TypedGraph) else None
+        return TimedLinkSeeds(graph.links.train, self.seed_time, graph.num_nodes if ends is None else ends.num_nodes,
+                              sampling, negatives, self.appearance, ends)
 
 
 class TimedSampler:
@@ -118,8 +120,10 @@ class TimedSampler:
         return self.sample_timed(seeds, [self.time_of[ids.numpy()] for ids in seeds], keys)
 
     def sample_timed(self, seeds: list, times: list, keys: list[int]) -> list:
-        """``seeds[i]`` at ``times[i]`` (one time per seed) with ``keys[i]``."""
-        return [self.sampler.sample(ids.numpy(), np.asarray(at), key) for ids, at, key in zip(seeds, times, keys)]
+        """``seeds[i]`` at ``times[i]`` (one time per seed; mappings by type on a typed graph) with
+        ``keys[i]``."""
+        return [self.sampler.sample(ids if isinstance(ids, Mapping) else ids.numpy(), at, key)
+                for ids, at, key in zip(seeds, times, keys)]
 
 
 class DeviceTimedSampler(TimedSampler):

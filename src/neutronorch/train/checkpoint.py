@@ -333,14 +333,23 @@ def _typed_misfits(model: TypedGNN, graph: TypedGraph) -> list[str]:
 
 def dataset_fingerprint(graph) -> dict:
     """What identifies a graph cheaply: its sizes and checksums of strided samples of its arrays
-    (``sample_crc``); a typed graph's per type and relation where there are several, and its target."""
-    splits = {"labels_crc": sample_crc(graph.labels), "split_crc": sample_crc(graph.train_idx),
-              "val_crc": sample_crc(graph.val_idx), "test_crc": sample_crc(graph.test_idx)}
+    (``sample_crc``; its times' where it has them); a typed graph's per type and relation where there are
+    several, and its target."""
+    splits = {"labels_crc": None if graph.labels is None else sample_crc(graph.labels),  # a typed link graph's: none
+              "split_crc": sample_crc(graph.train_idx), "val_crc": sample_crc(graph.val_idx),
+              "test_crc": sample_crc(graph.test_idx)}
     if not isinstance(graph, TypedGraph):
+        times = {f"{name}_crc": sample_crc(getattr(graph, name)) for name in ("edge_time", "node_time")
+                 if getattr(graph, name) is not None}
         return {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
                 "feature_dim": graph.feature_dim, "classes": graph.num_classes,
-                "topology_crc": sample_crc(graph.indices), "features_crc": sample_crc(graph.features), **splits}
+                "topology_crc": sample_crc(graph.indices), "features_crc": sample_crc(graph.features), **splits,
+                **times}
     relations = {relation_label(r): relation for r, relation in graph.relations.items()}
+    timed = {label: sample_crc(relation.edge_time) for label, relation in relations.items()
+             if relation.edge_time is not None}
+    times = ({"edge_time_crc": timed} if timed else {}) | (
+        {"node_time_crc": {t: sample_crc(time) for t, time in graph.node_time.items()}} if graph.node_time else {})
     return {"name": graph.name, "num_nodes": {t: int(n) for t, n in graph.num_nodes.items()},
             "edges": {label: int(relation.num_edges) for label, relation in relations.items()},
             "feature_dims": {t: graph.feature_dim(t) for t in graph.num_nodes}, "target": graph.target,
@@ -348,4 +357,4 @@ def dataset_fingerprint(graph) -> dict:
             "topology_crc": {label: sample_crc(relation.indices) for label, relation in relations.items()},
             "features_crc": {t: sample_crc(rows) for t, rows in graph.features.items()},
             "edge_features_crc": {label: sample_crc(relation.edge_features) for label, relation in relations.items()
-                                  if relation.edge_features is not None}, **splits}
+                                  if relation.edge_features is not None}, **splits, **times}

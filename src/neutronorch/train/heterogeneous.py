@@ -26,6 +26,7 @@ from neutronorch.train.evaluate import eval_subset, scored, typed_logits
 from neutronorch.train.health import check_learnable
 from neutronorch.train.link_task import LinkTask, evaluate_links, row_statistics, typed_link_graph
 from neutronorch.train.optim import Adam, RowAdam
+from neutronorch.train.temporal_links import evaluate_timed_links
 from neutronorch.train.run import Built
 from neutronorch.train.typed_tables import TypedTables, plan_tables
 
@@ -128,6 +129,9 @@ class TypedParts:
         """The metric on the validation and test sets (``eval_max_nodes``: a fixed sample of each), from
         samples of the one evaluation key (``typed_logits``); ``progress(0, done, total)`` after each set."""
         config, graph, scores, done = run.config, run.graph, {}, 0
+        if isinstance(run.task, LinkTask) and graph.links.timed:  # sampled as of each link's time
+            return evaluate_timed_links(run.model, graph, None, run.device, config, run.task.metric, check, progress,
+                                        run.appearance, self.eval_sampler.fanouts)
         if isinstance(run.task, LinkTask):
             return evaluate_links(run.model, graph, self.eval_sampler, run.device, config.eval_batch_size,
                                   config.seed, config.eval_negatives, run.task, check=check)

@@ -22,7 +22,7 @@ from neutronorch.config_parts import LinkConfig, settings_of
 from neutronorch.data.graph import Graph
 from neutronorch.data.link_checks import check_graph_links
 from neutronorch.data.edge_split import link_relation, parse_link_split, split_edges, split_relation
-from neutronorch.data.time_split import split_edges_by_time
+from neutronorch.data.time_split import split_edges_by_time, split_relation_by_time
 from neutronorch.data.links import PER_SOURCE, SHARED, LinkEnds, check_link_split, check_negatives_fit
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
@@ -93,15 +93,20 @@ def _edge_split(config: TrainConfig) -> tuple[float, float]:
 
 def typed_link_graph(graph: TypedGraph, config: TrainConfig) -> TypedGraph:
     """``graph`` with its relation ``config.link_relation`` split as ``link_graph`` splits a homogeneous
-    graph's edges, the split in ``links``, then every relation's reverse added (a stored reverse of the
-    relation is made again from the edges left, so no held-out edge carries a message); the run's settings
-    checked."""
+    graph's edges (by time on a graph with times), the split in ``links``, then every relation's reverse added
+    (a stored reverse of the relation is made again from the edges left, so no held-out edge carries a
+    message; by time every edge stays); the run's settings checked."""
     relation = link_relation(graph, config.link_relation)
     reverse = graph.reverse_of(relation)
-    graph, links = split_relation(graph, LinkEnds.of(graph.num_nodes, relation), *_edge_split(config),
-                                  seed=config.seed, direction=config.link_direction)
-    relations = {r: rel for r, rel in graph.relations.items() if r != reverse}
-    graph = dataclasses.replace(graph, relations=relations).with_reverse()
+    if graph.temporal:  # split by time; every edge stays, sampled only before each seed's time
+        links, notes = split_relation_by_time(graph, LinkEnds.of(graph.num_nodes, relation), *_edge_split(config),
+                                              direction=config.link_direction)
+        graph = dataclasses.replace(graph, notes=[*graph.notes, *notes]).with_reverse()
+    else:
+        graph, links = split_relation(graph, LinkEnds.of(graph.num_nodes, relation), *_edge_split(config),
+                                      seed=config.seed, direction=config.link_direction)
+        relations = {r: rel for r, rel in graph.relations.items() if r != reverse}
+        graph = dataclasses.replace(graph, relations=relations).with_reverse()
     links.ends = LinkEnds.of(graph.num_nodes, relation, graph.reverse_of(relation))
     graph = dataclasses.replace(graph, links=links)
     check_link_settings(graph, config)

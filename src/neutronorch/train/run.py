@@ -274,7 +274,8 @@ FINGERPRINT_NAMES = {"name": "the name", "nodes": "the vertex count", "edges": "
                      "topology_crc": "the topology", "split_crc": "the training split", "features_crc": "the features",
                      "labels_crc": "the labels", "val_crc": "the validation split", "test_crc": "the test split",
                      "num_nodes": "the vertex counts", "feature_dims": "the feature widths",
-                     "target": "the target type", "edge_features_crc": "the edge features"}
+                     "target": "the target type", "edge_features_crc": "the edge features",
+                     "edge_time_crc": "the edge times", "node_time_crc": "the vertex times"}
 
 
 def fingerprint_changes(saved: dict, now: dict) -> list[str]:

@@ -1,6 +1,8 @@
 """A temporal link task in ``train()`` (docs/temporal.md, "Temporal link prediction"): links split by time
 (``data/time_split.py``), each training positive, its ends and its negatives sampled at the link's time,
-strictly before it (``orchestration/temporal.py``'s request, exact mode), negatives drawn as of that time.
+strictly before it (``orchestration/temporal.py``'s request, exact mode), negatives drawn as of that time. A
+typed graph's task is its link relation's, in its ends' stacked ids (``data.links.LinkEnds``), sampled by
+``TemporalTypedSampler``.
 
 Evaluation scores every validation and test link the same way: its two ends and ``eval_negatives``
 destinations drawn as of its time are embedded over neighbourhoods sampled strictly before it (the evaluation
@@ -19,13 +21,14 @@ from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.data.links import PER_SOURCE
 from neutronorch.data.time_split import Appearance
-from neutronorch.features.store import FeatureStore
+from neutronorch.data.typed import TypedGraph
+from neutronorch.features.store import FeatureStore, TypedInputs
 from neutronorch.nn.link import LinkModel
 from neutronorch.nn.rows import take_rows
-from neutronorch.orchestration.link_seeds import negative_generator, timed_seed_batch
-from neutronorch.orchestration.temporal import TemporalRequest
+from neutronorch.orchestration.link_seeds import EndsSampler, negative_generator, timed_seed_batch
+from neutronorch.orchestration.temporal import TemporalRequest, TimedSampler
 from neutronorch.sampling.neighbor_sampler import mix_key
-from neutronorch.sampling.temporal_sampler import TemporalNeighborSampler
+from neutronorch.sampling.temporal_sampler import TemporalNeighborSampler, TemporalTypedSampler
 from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, link_collapse, nonfinite_rows
 from neutronorch.train.link_metrics import PerPositiveScores
 
@@ -37,22 +40,22 @@ REPORTED_HITS = (10, 50, 100)
 def timed_links(config: TrainConfig, graph) -> TemporalRequest | None:
     """The mode's request to sample a temporal link task by time (None for any other task)."""
     links = getattr(graph, "links", None)
-    if config.task != "link" or not isinstance(graph, Graph) or links is None or not links.timed:
+    if config.task != "link" or links is None or not links.timed:
         return None
     return TemporalRequest(np.asarray(links.train_time), config.temporal_strategy, strict=True, link=True,
                            appearance=Appearance(graph))
 
 
 @torch.no_grad()
-def evaluate_timed_links(model: LinkModel, graph: Graph, store: FeatureStore, device: torch.device,
-                         config: TrainConfig, metric: str, check: EvaluationCheck | None = None,
-                         progress=None, appearance: Appearance | None = None) -> dict[str, float]:
+def evaluate_timed_links(model: LinkModel, graph: Graph | TypedGraph, store: FeatureStore | None,
+                         device: torch.device, config: TrainConfig, metric: str, check: EvaluationCheck | None = None,
+                         progress=None, appearance: Appearance | None = None, fanouts=None) -> dict[str, float]:
     """``metric`` on the validation and test links as {"val": ..., "test": ...}, and every reported metric
     under ``val_<name>``/``test_<name>`` (mrr, hits_K, rocauc, ap). ``progress(layer, done, total)`` after
-    every batch (layer 0). ``appearance``: the training's (made here where not given)."""
+    every batch (layer 0). ``appearance``: the training's (made here where not given). A typed graph's
+    (``store`` None) are sampled with ``fanouts`` per relation, in its ends' stacked ids."""
     check, links = check or EvaluationCheck(), graph.links
-    sampler = TemporalNeighborSampler(graph.indptr, graph.indices, graph.edge_time,
-                                      config.eval_fanouts or config.fanouts, config.temporal_strategy, strict=True)
+    sampler, embed = _evaluation(graph, store, device, config, fanouts)
     appearance, out = appearance or Appearance(graph), {}
     model.eval()
     total = sum(getattr(links, name).shape[1] for name in SET_KEYS)
@@ -71,7 +74,7 @@ def evaluate_timed_links(model: LinkModel, graph: Graph, store: FeatureStore, de
                          else appearance.draw(generator, times[start:end], config.eval_negatives))
             for lo in range(start, end, config.eval_batch_size):
                 hi = min(lo + config.eval_batch_size, end)
-                pos, neg = _scores(model, sampler, store, device, positives[:, lo:hi], times[lo:hi],
+                pos, neg = _scores(model, sampler, embed, device, positives[:, lo:hi], times[lo:hi],
                                    negatives[lo - start:hi - start], mix_key(key, lo))
                 positive[lo:hi] = pos
                 negative_rows.append(neg)
@@ -93,14 +96,28 @@ def evaluate_timed_links(model: LinkModel, graph: Graph, store: FeatureStore, de
     return out
 
 
-def _scores(model: LinkModel, sampler: TemporalNeighborSampler, store: FeatureStore, device: torch.device,
-            positives: torch.Tensor, times: torch.Tensor, negatives: torch.Tensor, key: int
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def _evaluation(graph: Graph | TypedGraph, store: FeatureStore | None, device: torch.device, config: TrainConfig,
+                fanouts) -> tuple[TimedSampler, object]:
+    """The evaluation's timed sampler (strictly before each seed's time) and ``embed(model, subgraph)``."""
+    if isinstance(graph, TypedGraph):
+        inputs = TypedInputs(graph)
+        sampler = EndsSampler(TimedSampler(TemporalTypedSampler(graph, fanouts, config.temporal_strategy, strict=True),
+                                           None), graph.links.ends)
+        return sampler, lambda model, subgraph: model(
+            [b.to(device) for b in subgraph.blocks], *inputs(subgraph.input_nodes, device))
+    sampler = TimedSampler(TemporalNeighborSampler(graph.indptr, graph.indices, graph.edge_time,
+                                                   config.eval_fanouts or config.fanouts, config.temporal_strategy,
+                                                   strict=True), None)
+    return sampler, lambda model, subgraph: model([b.to(device) for b in subgraph.blocks],
+                                                  store.gather(subgraph.input_nodes).to(device))
+
+
+def _scores(model: LinkModel, sampler: TimedSampler, embed, device: torch.device, positives: torch.Tensor,
+            times: torch.Tensor, negatives: torch.Tensor, key: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The (P,) positive and (P, K) negative scores of one batch, float32 on the CPU: its entries sampled at
     their times with ``key`` and embedded by the encoder."""
     batch = timed_seed_batch(positives, times, negatives)
-    subgraph = sampler.sample(batch.seeds.numpy(), batch.times.numpy(), key)
-    embeddings = model([b.to(device) for b in subgraph.blocks], store.gather(subgraph.input_nodes).to(device))
+    embeddings = embed(model, sampler.sample_timed([batch.seeds], [batch.times], [key])[0])
     rows = take_rows(embeddings, batch.targets.to(device))  # (P, 2 + K, width)
     source = rows[:, 0]
     positive = model.score(source, rows[:, 1])

@@ -80,8 +80,8 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     if typed and model is not None:
         check_own_model_config(config)  # before the graph is read
     check_run(config, TYPED if typed else HOMOGENEOUS)
-    timed_task = isinstance(graph, Graph) and model is None and (  # sampled by time (docs/temporal.md)
-        config.task == "link" or graph.node_time is not None)
+    timed_task = model is None and (  # sampled by time (docs/temporal.md): a link task, a node task by vertex times
+        config.task == "link" or (isinstance(graph, Graph) and graph.node_time is not None))
     if not timed_task:
         check_static(graph)  # a graph with times refused before any output is made (read by name: by build_mode)
     config = rank_settings(config)  # data parallel: only rank 0 writes the summary and logs
