@@ -289,6 +289,32 @@ def test_ogb_years_are_read_as_times_when_asked(tmp_path):
     assert load_ogb_link(tmp_path / "ogbl_collab").edge_time is None
 
 
+def test_convert_keeps_an_ogb_node_datasets_years_on_request_and_the_folder_trains_by_them(tmp_path, capsys):
+    from test_ogb import N, _write_csv, make_arxiv_like
+
+    from neutronorch import TrainConfig, train
+    from neutronorch.cli.app import main
+    from neutronorch.data import load_dataset
+
+    make_arxiv_like(tmp_path / "ogbn_arxiv")
+    years = np.arange(N) % 30 + 1990
+    _write_csv(tmp_path / "ogbn_arxiv" / "raw" / "node_year.csv.gz", years, "{}")
+    assert main(["convert", str(tmp_path / "ogbn_arxiv"), str(tmp_path / "plain")]) == 0
+    assert load_native(tmp_path / "plain").node_time is None  # static unless asked
+    assert main(["convert", str(tmp_path / "ogbn_arxiv"), str(tmp_path / "timed"), "--times"]) == 0
+    timed = load_native(tmp_path / "timed")
+    assert np.array_equal(timed.node_time, years)
+    assert np.array_equal(load_dataset(str(tmp_path / "ogbn_arxiv"), times=True).node_time, years)
+    summary = train(TrainConfig(dataset=str(tmp_path / "timed"), fanouts=[3, 3], hidden=8, epochs=1, progress=False))
+    assert summary["status"] == "completed" and summary["mode"] == "exact"  # a node task by vertex times
+    with pytest.raises(DataError, match="reading its times was asked for, but it is no OGB node dataset folder"):
+        load_dataset(str(tmp_path / "timed"), times=True)
+    (tmp_path / "wiki.csv").write_text(JODIE)
+    capsys.readouterr()
+    assert main(["convert", str(tmp_path / "wiki.csv"), str(tmp_path / "wiki"), "--times"]) == 2
+    assert "--times: " in capsys.readouterr().err and not (tmp_path / "wiki").exists()
+
+
 def test_a_random_edge_split_of_a_timed_graph_is_refused():
     from neutronorch.data.edge_split import split_edges
 

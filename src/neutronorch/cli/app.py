@@ -187,6 +187,10 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     if jodie and (args.split is not None or args.seed):
         raise ConfigError(f"{args.source}: a JODIE/TGN interaction file has no vertex labels to split; leave --split "
                           f"and --seed out (docs/temporal.md).")
+    if args.times and (tables or jodie):
+        what = "your edge table" if tables else "a JODIE/TGN file, whose times are always kept"
+        raise ConfigError(f"--times: {args.source} is {what}; --times reads the years of an OGB node dataset folder "
+                          f"(docs/temporal.md).")
     typed = jodie or (not tables and is_typed_dataset(args.source))
     reads = [Path(p) for p in (args.source, args.features, args.labels, args.split) if p and is_table(p)] if tables \
         else [Path(args.source)] if jodie else dataset_paths(args.source)
@@ -199,8 +203,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         elif jodie:
             graph = load_jodie(args.source)
         else:
-            graph = (load_typed_dataset(args.source, args.split, progress=bar) if typed
-                     else load_dataset(args.source, args.split, args.seed, progress=bar))
+            graph = (load_typed_dataset(args.source, args.split, progress=bar) if typed and not args.times
+                     else load_dataset(args.source, args.split, args.seed, progress=bar, times=args.times))
     finally:
         bar.close()
     if tables:

@@ -188,14 +188,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_convert_options(convert: argparse.ArgumentParser) -> None:
-    convert.add_argument("source", help="what to read: a dataset spec, as train's --dataset (docs/datasets.md), "
-                                        "your edge table (with --features and --labels), or a JODIE/TGN "
-                                        "interaction CSV (a typed graph with edge times: docs/temporal.md)")
+    convert.add_argument("source", help="what to read: a dataset spec as train's --dataset (docs/datasets.md), "
+                                        "your edge table (with --features, --labels) or a JODIE/TGN interaction "
+                                        "CSV (docs/temporal.md)")
     convert.add_argument("out_dir", help="output directory")
     convert.add_argument("--split", default=None, help=(
         "for data without a split: ratio:TRAIN,VAL or per-class:TRAIN,VAL (default: the data's own, else "
         "ratio:0.6,0.2; synthetic: ratio:0.1,0.05), or with your tables a split table"))
     convert.add_argument("--seed", type=int, default=0, help="seed of the split (default: 0)")
+    convert.add_argument("--times", action="store_true", help="keep an OGB node dataset's years as vertex times")
     tables = convert.add_argument_group(
         "your own tables", "SOURCE is your edge table ('src,dst' lines, .npy or JSON); ids other than 0..n-1 are "
         "renumbered, kept in OUT_DIR/node_ids.npy (docs/datasets.md)")

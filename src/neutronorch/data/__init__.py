@@ -38,12 +38,15 @@ DATASET_SPEC_HELP = (
 
 @reads_files
 def load_dataset(spec: str, split: str | None = None, seed: int = 0, split_index: int = 0,
-                 progress=None) -> Graph:
+                 progress=None, times: bool = False) -> Graph:
     """Open the dataset ``spec`` names (``DATASET_SPEC_HELP``). ``split`` applies to data without a split of
     its own; ``split_index`` picks one of several stored splits (the heterophilous ``.npz`` files hold 10).
     Unlabelled vertices leave the splits. ``progress(file, bytes done, bytes total)`` is called while large
-    text files are parsed."""
+    text files are parsed. ``times``: read the vertex times an OGB node dataset's layout carries (its
+    years: ogbn-arxiv, ogbn-papers100M; docs/temporal.md), refused for any other source."""
     check_seed(seed)
+    if times:
+        return _timed(spec, split, progress)
     graph = _load(spec, split, seed, split_index, progress)
     graph.drop_unlabelled_from_splits()
     return graph
@@ -91,6 +94,23 @@ def _load(spec: str, split: str | None, seed: int, split_index: int, progress) -
         raise DataError(f"{path}: a table, not a dataset; make one of your tables with `neutronorch convert "
                         f"{path} OUT_DIR --features F --labels L` (docs/datasets.md, \"Your own tables\").")
     raise DataError(f"{path}: unknown file type. `dataset` takes {DATASET_SPEC_HELP}.")
+
+
+def _timed(spec: str, split: str | None, progress) -> Graph:
+    """``load_dataset(spec, times=True)``: an OGB node dataset with its vertices' years."""
+    from neutronorch.data.ogb import is_ogb_dir, load_ogb
+    from neutronorch.data.ogb_link import is_ogb_link_dir
+
+    path = Path(spec).expanduser()
+    if not (path.is_dir() and is_ogb_dir(path) and not is_ogb_link_dir(path)):
+        why = ("an OGB link dataset's split carries no times yet (its edges' years are read in Python: "
+               "load_ogb_link(path, times=True))" if path.is_dir() and is_ogb_link_dir(path) else
+               "it is no OGB node dataset folder, the one layout whose times are read on request; a native folder, "
+               "a converted JODIE file and PyG or DGL graphs keep the times they have")
+        raise DataError(f"{spec}: reading its times was asked for, but {why} (docs/temporal.md).")
+    graph = _own_split(load_ogb(path, progress, times=True), split)
+    graph.drop_unlabelled_from_splits()
+    return graph
 
 
 def is_typed_dataset(spec: str) -> bool:
