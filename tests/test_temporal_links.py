@@ -69,7 +69,7 @@ def test_a_temporal_link_task_needs_edge_times_and_refuses_what_it_cannot_honour
         split_edges_by_time(graph, 0.7, 0.15).links, train_time=None, val_time=None, test_time=None))
     with pytest.raises(ConfigError, match="its link split has none"):
         train(settings(), graph=untimed)
-    with pytest.raises(ConfigError, match=r"the node task \(by vertex times, on a homogeneous graph\)"):
+    with pytest.raises(ConfigError, match=r"the node task \(by vertex times\) of the built-in models"):
         train(settings(task="node"), graph=graph)
 
 

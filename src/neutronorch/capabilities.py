@@ -76,8 +76,8 @@ LOADER_KIND_REFUSED = {
 # A graph with edge or vertex times (docs/temporal.md): what does not sample it by time yet refuses it.
 TEMPORAL_REFUSED = ("temporal sampling: {name} carries times, and training, predict/embed and a loader without "
                     "`time_attr` would sample it without them and see each seed's future; training samples by time "
-                    "the link task (by edge times, on either kind of graph) and the node task (by vertex times, on "
-                    "a homogeneous graph) of the built-in models (docs/temporal.md). Sample it by time there, with "
+                    "the link task (by edge times) and the node task (by vertex times) of the built-in models, on "
+                    "either kind of graph (docs/temporal.md). Sample it by time there, with "
                     "NeighborLoader(..., time_attr='edge_time', input_time=...), or drop its times "
                     "(dataclasses.replace(graph, edge_time=None, node_time=None)) to use it as a static graph.")
 

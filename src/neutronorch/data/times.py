@@ -91,16 +91,23 @@ def timed_order(src: np.ndarray, dst: np.ndarray, times: np.ndarray, deduplicate
     return order
 
 
+def has_vertex_times(graph) -> bool:
+    """Whether ``graph`` (either kind, or None) has vertex times (a typed graph's: of any type)."""
+    node_time = getattr(graph, "node_time", None)
+    return bool(node_time) if isinstance(node_time, dict) else node_time is not None
+
+
 def times_from_vertices(indptr: np.ndarray, indices: np.ndarray, node_time: np.ndarray
-                        ) -> tuple[np.ndarray, np.ndarray]:
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Edge times made of vertex times: each edge at its source's time (a neighbour exists from the time it
     appeared, PyG's reading of a vertex-level ``time_attr``), each column re-sorted by them (stable).
-    Returns (``indices`` in the new order, ``edge_time``); builds in memory, 16 bytes an edge and a sort."""
+    Returns (``indices`` in the new order, ``edge_time``, the order: old edge positions); builds in memory,
+    16 bytes an edge and a sort."""
     indices = np.asarray(indices)
     times = np.asarray(node_time)[indices]
     dst = np.repeat(np.arange(indptr.shape[0] - 1, dtype=np.int64), np.diff(np.asarray(indptr)))
     order = np.lexsort((times, dst))
-    return indices[order], times[order]
+    return indices[order], times[order], order
 
 
 def check_time_dtype(name, meta_path) -> None:

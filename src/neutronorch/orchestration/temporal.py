@@ -16,6 +16,7 @@ import torch
 
 from neutronorch.config import SamplingConfig, TrainConfig
 from neutronorch.data.graph import Graph
+from neutronorch.data.relation import Relation
 from neutronorch.data.time_split import Appearance
 from neutronorch.data.times import times_from_vertices
 from neutronorch.data.typed import TypedGraph
@@ -53,7 +54,7 @@ class TemporalRequest:
         why = ("a link task without `edge_label_time`" if (config.task == "link") != self.link else
                "several ranks" if config.sampling.world > 1 else
                "`gcn_norm` symmetric (its in-degrees count every edge, future ones too)" if config.sampling.degrees
-               else "a typed graph's sampling by vertex times" if typed and self.by_vertices else None)
+               else None)
         if why:
             raise ConfigError(f"temporal sampling: not yet in {why}; the loader samples seed vertices by time in "
                               f"mode exact (docs/temporal.md).")
@@ -63,11 +64,15 @@ class TemporalRequest:
             raise ConfigError(f"temporal sampling: {graph.name} has no {'vertex' if self.by_vertices else 'edge'} "
                               f"times to sample by (docs/temporal.md).")
 
-    def timed_graph(self, graph: Graph) -> Graph:
-        """``graph`` as the mode samples it: by vertex times, its edges at their sources' times."""
+    def timed_graph(self, graph: Graph | TypedGraph) -> Graph | TypedGraph:
+        """``graph`` as the mode samples it: by vertex times, its edges at their sources' times (a typed graph's
+        relations without edge times of their own, from a type with vertex times; any other stays static)."""
         if not self.by_vertices:
             return graph
-        indices, edge_time = times_from_vertices(graph.indptr, graph.indices, graph.node_time)
+        if isinstance(graph, TypedGraph):
+            return dataclasses.replace(graph, relations={r: _timed_relation(relation, graph.node_time.get(r[0]))
+                                                         for r, relation in graph.relations.items()})
+        indices, edge_time, _ = times_from_vertices(graph.indptr, graph.indices, graph.node_time)
         return dataclasses.replace(graph, indices=indices, edge_time=edge_time)
 
     def sampler(self, graph: Graph | TypedGraph, sampling: SamplingConfig, fanouts=None) -> "TimedSampler":
@@ -134,3 +139,13 @@ class DeviceTimedSampler(TimedSampler):
 
     def sample_timed(self, seeds: list, times: list, keys: list[int]) -> list:
         return [self.sampler.sample(ids, at, key) for ids, at, key in zip(seeds, times, keys)]
+
+
+def _timed_relation(relation: Relation, source_time: np.ndarray | None) -> Relation:
+    """``relation`` with each edge at its source's time where it has no times of its own and its source type
+    has (its edge features reordered with it), else as it is."""
+    if relation.edge_time is not None or source_time is None:
+        return relation
+    indices, edge_time, order = times_from_vertices(relation.indptr, relation.indices, source_time)
+    features = None if relation.edge_features is None else np.asarray(relation.edge_features)[order]
+    return dataclasses.replace(relation, indices=indices, edge_time=edge_time, edge_features=features)

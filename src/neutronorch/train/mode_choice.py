@@ -16,6 +16,7 @@ import torch
 from neutronorch.capabilities import AUTO, MODES
 from neutronorch.config import TrainConfig
 from neutronorch.data import Graph, TypedGraph
+from neutronorch.data.times import has_vertex_times
 from neutronorch.observe import Spans
 from neutronorch.nn.link import optimizer_groups
 from neutronorch.orchestration.choice import ModeChoice, choose_mode, mode_facts, probe_candidates
@@ -47,11 +48,11 @@ def resolve_mode(config: TrainConfig, graph: Graph, device: torch.device, thread
         reason = ("resumed in the mode the run was given" if why is None else why if why.startswith("resumed")
                   else f"resumed in the mode the run chose: {why}")
         choice = ModeChoice(saved, reason, earlier.get("measured", {}))
-    elif isinstance(graph, TypedGraph):
-        choice = ModeChoice(AUTO["typed"], f"auto picks {AUTO['typed']} mode for typed graphs", None)
     elif timed(graph, config.task):
         choice = ModeChoice("exact", "a graph with times is sampled by time in exact mode only (docs/temporal.md)",
                             None)
+    elif isinstance(graph, TypedGraph):
+        choice = ModeChoice(AUTO["typed"], f"auto picks {AUTO['typed']} mode for typed graphs", None)
     else:
         facts = mode_facts(config, graph, device, world.distributed)
         names = probe_candidates(facts)
@@ -131,4 +132,4 @@ def timed(graph, task: str) -> bool:
     """Whether ``graph``'s ``task`` is sampled by time (docs/temporal.md): a link split with times, or a node
     task on vertex times."""
     links = getattr(graph, "links", None)
-    return (links is not None and links.timed) or (task == "node" and getattr(graph, "node_time", None) is not None)
+    return (links is not None and links.timed) or (task == "node" and has_vertex_times(graph))

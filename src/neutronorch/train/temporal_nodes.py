@@ -15,20 +15,32 @@ import torch
 from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import parse_split
+from neutronorch.data.times import has_vertex_times
+from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError, DataError
-from neutronorch.features.store import FeatureStore
+from neutronorch.features.store import FeatureStore, TypedInputs
 from neutronorch.orchestration.temporal import TemporalRequest
 from neutronorch.sampling.neighbor_sampler import batch_key
-from neutronorch.sampling.temporal_sampler import TemporalNeighborSampler
+from neutronorch.sampling.temporal_sampler import TemporalNeighborSampler, TemporalTypedSampler
 from neutronorch.train.evaluate import eval_subset, scored
 from neutronorch.train.health import EvaluationCheck
 from neutronorch.train.task import Task
 
 
 def timed_nodes(config: TrainConfig, graph) -> TemporalRequest | None:
-    """The mode's request to sample a node task by its vertices' times (None for any other task or graph)."""
-    if config.task != "node" or not isinstance(graph, Graph) or graph.node_time is None:
+    """The mode's request to sample a node task by its vertices' times (None for any other task or graph; a
+    typed graph's by its target type's, each relation by its own edge times or its source type's vertex
+    times)."""
+    if config.task != "node" or not has_vertex_times(graph):
         return None
+    if isinstance(graph, TypedGraph):
+        if graph.target not in graph.node_time:
+            raise ConfigError(f"{graph.name}: has vertex times of {', '.join(graph.node_time)} but none of its target "
+                              f"type {graph.target}, so its seeds have no time to be sampled at; give "
+                              f"{graph.target} vertex times, or drop the times to use the graph as a static one "
+                              f"(docs/temporal.md).")
+        return TemporalRequest(np.asarray(graph.node_time[graph.target])[np.asarray(graph.train_idx)],
+                               config.temporal_strategy, by_vertices=True)
     return TemporalRequest(np.asarray(graph.node_time)[np.asarray(graph.train_idx)], config.temporal_strategy,
                            by_vertices=graph.edge_time is None)
 
@@ -68,28 +80,36 @@ def split_vertices_by_time(graph: Graph, train: float, val: float, task: str = "
 
 
 @torch.no_grad()
-def evaluate_timed_nodes(model, graph: Graph, timed: Graph, store: FeatureStore, device: torch.device,
-                         config: TrainConfig, task: Task, check: EvaluationCheck | None = None,
-                         progress=None) -> dict[str, float]:
+def evaluate_timed_nodes(model, graph: Graph | TypedGraph, timed: Graph | TypedGraph, store: FeatureStore | None,
+                         device: torch.device, config: TrainConfig, task: Task, check: EvaluationCheck | None = None,
+                         progress=None, fanouts=None) -> dict[str, float]:
     """The task's metric on the validation and test vertices as {"val": ..., "test": ...}, each vertex sampled
     at its own time over ``timed`` (the graph as the mode samples it) with the evaluation fanouts (default the
-    training ones), ``eval_batch_size`` at a time, each chunk keyed by its number."""
-    sampler = TemporalNeighborSampler(timed.indptr, timed.indices, timed.edge_time,
-                                      config.eval_fanouts or config.fanouts, config.temporal_strategy)
-    times = np.asarray(graph.node_time)
+    training ones; a typed graph's ``fanouts`` per relation, ``store`` None), ``eval_batch_size`` at a time,
+    each chunk keyed by its number."""
+    if isinstance(graph, TypedGraph):
+        sampler, inputs = TemporalTypedSampler(timed, fanouts, config.temporal_strategy), TypedInputs(graph)
+        embed = lambda blocks, subgraph: model(blocks, *inputs(subgraph.input_nodes, device))  # noqa: E731
+        times, width = np.asarray(graph.node_time[graph.target]), model.arguments["num_classes"]
+        labels = lambda ids: torch.from_numpy(np.asarray(graph.labels[ids]))  # noqa: E731
+    else:
+        sampler = TemporalNeighborSampler(timed.indptr, timed.indices, timed.edge_time,
+                                          config.eval_fanouts or config.fanouts, config.temporal_strategy)
+        embed = lambda blocks, subgraph: model(blocks, store.gather(subgraph.input_nodes).to(device))  # noqa: E731
+        times, width = np.asarray(graph.node_time), model.width(model.num_layers - 1)
+        labels = lambda ids: store.labels[torch.from_numpy(ids)]  # noqa: E731
     sets = {"val": eval_subset(graph.val_idx, config.eval_max_nodes, config.seed),
             "test": eval_subset(graph.test_idx, config.eval_max_nodes, config.seed + 1)}
     total, done, out = sum(ids.shape[0] for ids in sets.values()), 0, {}
     model.eval()
     for offset, (name, ids) in enumerate(sets.items()):
-        logits = [torch.zeros(0, model.width(model.num_layers - 1))]
+        logits = [torch.zeros(0, width)]
         for index, start in enumerate(range(0, ids.shape[0], config.eval_batch_size)):
             chunk = ids[start:start + config.eval_batch_size]
             subgraph = sampler.sample(chunk, times[chunk], batch_key(config.seed, -1 - offset, index))
-            logits.append(model([b.to(device) for b in subgraph.blocks],
-                                store.gather(subgraph.input_nodes).to(device)).float().cpu())
+            logits.append(embed([b.to(device) for b in subgraph.blocks], subgraph).float().cpu())
             done += chunk.shape[0]
             if progress is not None:
                 progress(0, done, total)
-        out[name] = (torch.cat(logits), store.labels[torch.from_numpy(ids)])
+        out[name] = (torch.cat(logits), labels(ids))
     return scored(task, out, check or EvaluationCheck())

@@ -27,6 +27,7 @@ from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
 from neutronorch.data.feature_norm import normalized
 from neutronorch.data.relation import relation_label
+from neutronorch.data.times import has_vertex_times
 from neutronorch.errors import CheckpointError, ConfigError
 from neutronorch.nn.custom import UserModel, check_trainable
 from neutronorch.nn.link import LinkModel, optimizer_groups
@@ -81,7 +82,7 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
         check_own_model_config(config)  # before the graph is read
     check_run(config, TYPED if typed else HOMOGENEOUS)
     timed_task = model is None and (  # sampled by time (docs/temporal.md): a link task, a node task by vertex times
-        config.task == "link" or (isinstance(graph, Graph) and graph.node_time is not None))
+        config.task == "link" or has_vertex_times(graph))
     if not timed_task:
         check_static(graph)  # a graph with times refused before any output is made (read by name: by build_mode)
     config = rank_settings(config)  # data parallel: only rank 0 writes the summary and logs

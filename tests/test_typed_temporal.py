@@ -1,7 +1,8 @@
-"""A typed graph's temporal link task (docs/temporal.md, "Temporal link prediction"): one relation's links split
-by time in its ends' stacked ids, every training and evaluation sample strictly before its link, negatives of
-the destination type as of each link's time, spoilers that change nothing, an exact resume, and the JODIE file
-trained from the command line."""
+"""A typed graph's temporal tasks (docs/temporal.md). The link task: one relation's links split by time in its
+ends' stacked ids, every training and evaluation sample strictly before its link, negatives of the destination
+type as of each link's time, spoilers that change nothing, an exact resume, and the JODIE file trained from the
+command line. The node task by vertex times: every paper sampled as of its own year, papers that appear later
+change nothing, an exact resume."""
 
 from __future__ import annotations
 
@@ -129,7 +130,8 @@ def test_what_a_typed_temporal_link_task_cannot_honour_is_refused():
         train(settings(link_direction="undirected"), graph=graph)
     labelled = dataclasses.replace(graph, labels=np.arange(60) % 2, train_idx=np.arange(40), val_idx=np.arange(40, 50),
                                    test_idx=np.arange(50, 60), num_classes=2).validate()
-    with pytest.raises(ConfigError, match="interactions carries times.*the link task .by edge times, on either kind"):
+    with pytest.raises(ConfigError, match="interactions carries times.*the node task .by vertex times. of the built-in "
+                                          "models, on either"):
         train(TrainConfig(epochs=1, fanouts=[4, 4], progress=False), graph=labelled)
 
 
@@ -190,3 +192,86 @@ def test_a_resume_on_other_edge_times_is_refused(tmp_path):
     moved.relations[INTERACTS] = dataclasses.replace(relation, edge_time=relation.edge_time + 1)
     with pytest.raises(CheckpointError, match=r"the edge times of \(user, interacts, item\)"):
         train(settings(epochs=2, checkpoint_dir=str(tmp_path), resume=True), graph=moved.validate())
+
+
+# A node task by vertex times (train/temporal_nodes.py).
+
+def dated_papers(papers=500, authors=120, seed=0, extra: int = 0, extra_time: int = 10_000) -> TypedGraph:
+    """Papers with years (0..99) citing papers of their own topic, written by authors (no times: static,
+    no features), split by year; ``extra`` papers more at ``extra_time``, each citing a test paper and
+    carrying its label loudly in its features."""
+    from test_temporal_links import dated_graph
+
+    homogeneous = dated_graph(papers, seed, extra, extra_time)
+    rng = np.random.default_rng(seed + 1)
+    total = homogeneous.num_nodes
+    writes = Relation.from_edges(rng.integers(0, authors, 3 * papers), rng.integers(0, papers, 3 * papers),
+                                 authors, total)
+    cites = TypedGraph.of(homogeneous).relations
+    return TypedGraph("dated", {"author": authors, "paper": total},
+                      {("author", "writes", "paper"): writes,
+                       ("paper", "cites", "paper"): next(iter(cites.values()))},
+                      {"paper": homogeneous.features}, "paper", homogeneous.labels, homogeneous.train_idx,
+                      homogeneous.val_idx, homogeneous.test_idx, 3,
+                      node_time={"paper": homogeneous.node_time}).validate()
+
+
+def node_settings(**extra) -> TrainConfig:
+    from test_temporal_links import node_settings as homogeneous_settings
+
+    return homogeneous_settings(**extra)
+
+
+@pytest.mark.parametrize("model", ["sage", "rgcn", "rgat"])
+def test_a_typed_node_task_samples_every_paper_as_of_its_own_year(monkeypatch, model):
+    """By vertex times a cited paper exists from its year: every edge of a relation from papers is at its
+    source's year, at most its destination entry's time; an author (no times) is valid at every time."""
+    checked, original = [], TemporalTypedSampler.sample
+
+    def sample(self, seeds, seed_time, key):
+        subgraph = original(self, seeds, seed_time, key)
+        paper_time = torch.from_numpy(self.graph.node_time["paper"]) if self.graph.node_time else None
+        for typed_block in subgraph.blocks:
+            for relation, block in typed_block.blocks.items():
+                dst_time = typed_block.src_time[relation[2]][:block.num_dst].repeat_interleave(torch.diff(block.indptr))
+                times = self.graph.relations[relation].edge_time
+                if relation[0] == "paper":
+                    assert times is not None
+                    ids = typed_block.src_ids["paper"][block.indices.long()]
+                    assert torch.equal(torch.from_numpy(times)[typed_block.edge_ids[relation]], paper_time[ids])
+                    assert torch.all(paper_time[ids] <= dst_time)
+                else:
+                    assert times is None  # writes: static
+        checked.append(1)
+        return subgraph
+
+    monkeypatch.setattr(TemporalTypedSampler, "sample", sample)
+    summary = train(node_settings(mode="auto", model=model), graph=dated_papers())
+    assert summary["mode"] == "exact" and len(checked) > 10 and summary["test_acc"] > 0.5
+    assert summary["mode_choice"]["reason"].startswith("a graph with times is sampled by time")
+
+
+def test_a_typed_node_task_needs_its_targets_times():
+    graph = dated_papers()
+    authors_only = dataclasses.replace(graph, node_time={"author": np.zeros(120, np.int64)}).validate()
+    with pytest.raises(ConfigError, match="none of its target type paper, so its seeds have no time"):
+        train(node_settings(), graph=authors_only)
+    with pytest.raises(ConfigError, match="not yet in .*mode neutronorch"):
+        train(node_settings(mode="neutronorch"), graph=graph)
+
+
+@pytest.mark.slow
+def test_papers_that_appear_later_change_nothing_and_earlier_they_do():
+    plain = train(node_settings(), graph=dated_papers())
+    late = train(node_settings(), graph=dated_papers(extra=60))
+    early = train(node_settings(), graph=dated_papers(extra=60, extra_time=0))
+    assert [e["train_loss"] for e in late["epochs"]] == [e["train_loss"] for e in plain["epochs"]]
+    assert late["final_test_acc"] == plain["final_test_acc"]
+    assert early["final_test_acc"] > plain["final_test_acc"]
+
+
+@pytest.mark.slow
+def test_a_typed_node_task_by_time_resumes_bit_identical(tmp_path):
+    from test_temporal_links import stopped_and_resumed
+
+    stopped_and_resumed(node_settings, dated_papers(), tmp_path, (1, 2), "final_test_acc")
