@@ -231,9 +231,15 @@ def test_a_node_task_samples_every_vertex_as_of_its_own_time(monkeypatch):
 def test_vertices_that_appear_later_change_nothing_and_earlier_they_do():
     """New vertices, each linked to a test vertex and carrying its label loudly: at a time after every vertex
     no sample reaches them (the run is the same to the bit); at time 0 (the control) they raise the test score."""
-    plain = train(node_settings(), graph=dated_graph())
-    late = train(node_settings(), graph=dated_graph(extra=60))
-    early = train(node_settings(), graph=dated_graph(extra=60, extra_time=0))
+    later_change_nothing(dated_graph)
+
+
+def later_change_nothing(make) -> None:
+    """``make()``'s graph, ``make(extra=60)`` (late vertices) and ``make(extra=60, extra_time=0)`` (the
+    control) trained alike: the late ones change no loss and no score, to the bit; the early ones raise it."""
+    plain = train(node_settings(), graph=make())
+    late = train(node_settings(), graph=make(extra=60))
+    early = train(node_settings(), graph=make(extra=60, extra_time=0))
     assert [e["train_loss"] for e in late["epochs"]] == [e["train_loss"] for e in plain["epochs"]]
     assert late["final_test_acc"] == plain["final_test_acc"]
     assert early["final_test_acc"] > plain["final_test_acc"]
