@@ -493,6 +493,21 @@ def test_the_temporal_device_sampler_on_cuda_draws_the_host_samplers_blocks():
                 assert torch.equal(getattr(a, name), getattr(b, name).cpu()), name
 
 
+@pytest.mark.parametrize("strategy", ["uniform", "last"])
+def test_the_typed_temporal_device_sampler_on_cuda_draws_the_host_samplers_blocks(strategy):
+    from test_temporal_sampler import test_the_typed_device_sampler_draws_the_host_samplers_blocks as same_blocks
+
+    for seed in (0, 1):
+        same_blocks(seed, strategy, True, device="cuda")
+
+
+@pytest.mark.parametrize("task", ["link", "node"])
+def test_device_mode_trains_a_typed_graph_by_time_on_cuda_as_exact_mode(task):
+    from test_typed_temporal import test_device_mode_trains_a_typed_graph_by_time_as_exact_mode_does as same_runs
+
+    same_runs(task, device="cuda")
+
+
 @pytest.mark.parametrize("task", ["link", "node"])
 def test_device_mode_trains_by_time_on_cuda_as_exact_mode(task):
     from test_temporal_links import dated_graph, node_settings, settings, timed_graph

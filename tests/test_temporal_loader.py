@@ -88,13 +88,15 @@ def test_device_mode_samples_by_time_what_exact_mode_samples(graph, strategy):
         made[mode] = [(b.n_id.tolist(), b.seed_time.tolist(), [bl.edge_ids.tolist() for bl in b.blocks])
                       for loader in (nodes, links) for b in loader]
     assert made["device"] == made["exact"] and len(made["exact"]) == 10
+    typed = {mode: [({t: ids.tolist() for t, ids in b.n_id.items()}, {t: at.tolist() for t, at in b.seed_time.items()})
+                    for b in NeighborLoader(TypedGraph.of(graph), [3, 2], 16, seeds=seeds, time_attr="edge_time",
+                                            input_time=times, mode=mode, temporal_strategy=strategy)]
+             for mode in ("exact", "device")}
+    assert typed["device"] == typed["exact"] and len(typed["exact"]) == 6
 
 
 def test_what_cannot_sample_by_time_yet_is_refused(graph):
     seeds, times = seeds_and_times(graph)
-    with pytest.raises(ConfigError, match="temporal sampling: not yet in a typed graph's mode device"):
-        NeighborLoader(TypedGraph.of(graph), [3], 8, seeds=seeds, time_attr="edge_time", input_time=times,
-                       mode="device")
     with pytest.raises(ConfigError, match="`gcn_norm` symmetric"):
         NeighborLoader(graph, [3], 8, seeds=seeds, time_attr="edge_time", input_time=times, model="gcn",
                        gcn_norm="symmetric")

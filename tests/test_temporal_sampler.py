@@ -236,3 +236,28 @@ def test_the_torch_sampler_draws_the_host_samplers_blocks_bit_for_bit(seed, stra
             for name in ("indptr", "indices", "src_ids", "src_time", "edge_ids"):
                 assert torch.equal(getattr(a, name).long() if name != "src_time" else getattr(a, name),
                                    getattr(b, name).long() if name != "src_time" else getattr(b, name)), name
+
+
+def typed_blocks(subgraph) -> list:
+    """A typed sample's blocks as plain lists (per type and relation), for comparing two samplers."""
+    return [({t: (ids.tolist(), block.src_time[t].tolist()) for t, ids in block.src_ids.items()},
+             {r: (b.indptr.tolist(), b.indices.long().tolist(), block.edge_ids[r].tolist())
+              for r, b in block.blocks.items()}) for block in subgraph.blocks]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("strategy", ["uniform", "last"])
+@pytest.mark.parametrize("strict", [False, True])
+def test_the_typed_device_sampler_draws_the_host_samplers_blocks(seed, strategy, strict, device="cpu"):
+    """TypedTemporalDeviceSampler (torch ops, on the CPU here) draws TemporalTypedSampler's blocks, timed and
+    static relations, seeds of one type or two."""
+    from neutronorch.sampling.temporal_device import TypedTemporalDeviceSampler
+
+    g = typed_graph(seed)
+    rng = np.random.default_rng(seed)
+    seeds = {"item": np.arange(8), "user": np.arange(5)} if seed % 2 else {"item": np.arange(8)}
+    times = {t: rng.integers(0, 60, ids.shape[0]) for t, ids in seeds.items()}
+    host = TemporalTypedSampler(g, [3, 2], strategy, strict).sample(seeds, times, seed + 7)
+    moved = TypedTemporalDeviceSampler(g, torch.device(device), [3, 2], strategy, strict)
+    got = moved.sample({t: torch.from_numpy(ids).to(device) for t, ids in seeds.items()}, times, seed + 7)
+    assert typed_blocks(got) == typed_blocks(host)

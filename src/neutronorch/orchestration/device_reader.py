@@ -114,6 +114,7 @@ class DeviceReader:
         self.graph, self.access, self.spans, self.sampling = graph, access, spans, sampling
         self.device = access.device
         self.placement_config, self.fanouts, self.sampler, self.backend = config, fanouts, None, None
+        self.typed_sampler = TypedDeviceSampler  # what ``start`` samples a typed graph with (by time: temporal.py's)
         self._keep: list[torch.Tensor] = []  # pinned host tensors that UVA views read
         if access.inputs is not None:  # a typed graph's: placed by ``start``
             self.sizes, self.stores, self.caches, self.misses = device_bytes(graph), access.inputs.stores, {}, {}
@@ -140,7 +141,7 @@ class DeviceReader:
         rows = typed_cache_rows(graph, model, self.fanouts, sampling.batch_size, memory_size, self.placement_config)
         self.sizes = device_bytes(graph, rows)
         clock = time.perf_counter()
-        self.sampler = TypedDeviceSampler(graph, device, self.fanouts,
+        self.sampler = self.typed_sampler(graph, device, self.fanouts,
                                           tensor=lambda array, what: place(array, device, what))
         order: dict[str, np.ndarray] = {}
         if any(rows[t] < graph.num_nodes[t] for t in rows):  # one presample ranks every type

@@ -86,9 +86,8 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
     refused, docs/temporal.md)."""
     if temporal is None:
         check_static(graph)
-    elif config.mode == "neutronorch" or (config.mode == "device" and isinstance(graph, TypedGraph)):
-        raise ConfigError(OTHER_MODES.format(mode=config.mode, graph="a typed graph's " if config.mode == "device"
-                                             else ""))
+    elif config.mode == "neutronorch":
+        raise ConfigError(OTHER_MODES.format(mode=config.mode))
     else:
         temporal.check(config, graph)
         graph = temporal.timed_graph(graph)

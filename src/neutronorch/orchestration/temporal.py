@@ -1,13 +1,14 @@
 """A temporal node loader's sampling (docs/temporal.md, "The loader"): ``NeighborLoader(time_attr=...,
 input_time=...)`` asks for it with a ``TemporalRequest`` (as ``train()``'s temporal tasks do), and exact mode
-then samples each batch's seeds at their times with ``TemporalNeighborSampler`` (device mode on a homogeneous
-graph with ``TorchTemporalSampler``: ``device_sampler``). A seed's time is a function of the seed (a vertex is a seed once
-per epoch), so a batch still depends only on its seeds and its key: resume mid-epoch replays it exactly.
-What cannot run with time yet is refused here, with the reason."""
+then samples each batch's seeds at their times with ``TemporalNeighborSampler`` (device mode with
+``TorchTemporalSampler``, on a typed graph ``TypedTemporalDeviceSampler``: ``device_sampler``). A seed's time is
+a function of the seed (a vertex is a seed once per epoch), so a batch still depends only on its seeds and its
+key: resume mid-epoch replays it exactly. What cannot run with time yet is refused here, with the reason."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -22,12 +23,11 @@ from neutronorch.data.times import times_from_vertices
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError
 
-# Why NeutronOrch mode, and a typed graph's device mode, do not sample by time yet.
-OTHER_MODES = ("temporal sampling: not yet in {graph}mode {mode} (NeutronOrch's hot rows are computed for one time; "
-               "a typed graph's device sampler has no times yet); give `mode` exact"
-               + " or device on a homogeneous graph.")
+# Why NeutronOrch mode does not sample by time yet.
+OTHER_MODES = ("temporal sampling: not yet in mode {mode} (NeutronOrch's hot rows are computed for one time, and "
+               "would serve seeds of other times); give `mode` exact or device.")
 from neutronorch.orchestration.link_seeds import TimedLinkSeeds
-from neutronorch.sampling.temporal_device import TorchTemporalSampler
+from neutronorch.sampling.temporal_device import TorchTemporalSampler, TypedTemporalDeviceSampler
 from neutronorch.sampling.temporal_sampler import TemporalNeighborSampler, TemporalTypedSampler
 
 
@@ -95,11 +95,16 @@ class TemporalRequest:
         time_of[np.asarray(graph.train_idx)] = self.seed_time
         return time_of
 
-    def device_sampler(self, reader, graph: Graph, sampling: SamplingConfig):
+    def device_sampler(self, reader, graph: Graph | TypedGraph, sampling: SamplingConfig):
         """Device mode's sampler maker: ``TorchTemporalSampler`` over ``reader``'s topology (a
-        ``DeviceReader``), with the edge times placed as it is."""
-        edge_time = reader.like_topology(np.asarray(graph.edge_time), "edge times")
+        ``DeviceReader``), with the edge times placed as it is; a typed graph's ``TypedTemporalDeviceSampler``,
+        which ``reader.start`` makes with the relations' times beside their topology."""
         time_of = None if self.link else torch.from_numpy(self.time_of(graph))
+        if isinstance(graph, TypedGraph):
+            reader.typed_sampler = functools.partial(TypedTemporalDeviceSampler, temporal_strategy=self.strategy,
+                                                     strict=self.strict)
+            return lambda: DeviceTimedSampler(reader.sampler, time_of)
+        edge_time = reader.like_topology(np.asarray(graph.edge_time), "edge times")
 
         def new_sampler() -> DeviceTimedSampler:
             return DeviceTimedSampler(TorchTemporalSampler(reader.indptr, reader.indices, edge_time, sampling.fanouts,

@@ -4,18 +4,23 @@ binary search run for every entry at once (one round per bit of the largest in-d
 plain device sampler's keyed Floyd draw over the prefix (``TorchNeighborSampler._floyd``, which equals the
 host's), and (vertex, time) entries are relabelled by sorting their keys, first appearances first.
 
-Device mode samples a homogeneous graph by time with it (``orchestration/temporal.py``'s ``device_sampler``)."""
+``TypedTemporalDeviceSampler`` is ``TemporalTypedSampler``'s twin: each timed relation drawn by its own
+``TorchTemporalSampler``, each static one by the typed device sampler's plain draw, entries relabelled per
+source type with ``relabel_pairs``; the same blocks, bit for bit. Device mode samples either kind of graph by
+time with them (``orchestration/temporal.py``'s ``device_sampler``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from neutronorch.errors import DataError
-from neutronorch.sampling.block import Block, SampledSubgraph
+from neutronorch.data.typed import RelationType, TypedGraph, relation_label
+from neutronorch.errors import ConfigError, DataError
+from neutronorch.sampling.block import Block, SampledSubgraph, TypedBlock
 from neutronorch.sampling.fanouts import parse_fanouts
-from neutronorch.sampling.neighbor_sampler import TorchNeighborSampler, drawn_slots, layer_key
-from neutronorch.sampling.temporal_sampler import check_entries, check_strategy, seed_cuts
+from neutronorch.sampling.neighbor_sampler import TorchNeighborSampler, drawn_slots, layer_key, together
+from neutronorch.sampling.temporal_sampler import check_entries, check_strategy, seed_cuts, time_dtype, typed_entries
+from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, as_tensor
 
 
 class TorchTemporalSampler:
@@ -99,3 +104,69 @@ def relabel_pairs(ids: torch.Tensor, ranks: torch.Tensor, nbrs: torch.Tensor, nb
     rank_of[order] = torch.arange(order.shape[0], device=keys.device)
     frontier = unique.index_select(0, order)
     return rank_of.index_select(0, inverse[ids.shape[0]:]), frontier // times, frontier % times
+
+
+class TypedTemporalDeviceSampler(TypedDeviceSampler):
+    """``TemporalTypedSampler`` (its arguments and blocks) on tensors of ``device``: ``TypedDeviceSampler``'s
+    topology there, and the timed relations' edge times beside it (``tensor`` places every array)."""
+
+    def __init__(self, graph: TypedGraph, device: torch.device, fanouts, temporal_strategy: str = "uniform",
+                 strict: bool = False, edge_features: bool = True, tensor=as_tensor):
+        super().__init__(graph, device, fanouts, edge_ids=True, edge_features=edge_features, tensor=tensor)
+        self.dtype = time_dtype(graph)
+        self.last, self.strict = check_strategy(temporal_strategy), bool(strict)
+        self._timed = {r: TorchTemporalSampler(*self.relations[r], tensor(rel.edge_time, "edge times of "
+                                                                          f"{relation_label(r)}").to(self.device),
+                                               self.fanouts[r], temporal_strategy, strict)
+                       for r, rel in graph.relations.items() if rel.edge_time is not None}
+        self._cuts = torch.empty(0, device=self.device)
+        self._ranks: dict[str, torch.Tensor] = {}
+        self._parts: dict[RelationType, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def sample(self, seeds, seed_time, key: int) -> SampledSubgraph:
+        """As ``TemporalTypedSampler.sample``: seeds on the device, their times anywhere."""
+        ids, cuts, ranks = typed_entries(self, seeds, seed_time)
+        self._cuts = torch.from_numpy(cuts).to(self.device)
+        self._ranks = {t: torch.from_numpy(r).to(self.device) for t, r in ranks.items()}
+        return self.sample_hops(ids, key, self.num_layers)
+
+    def sample_many(self, seeds: list, keys: list[int]) -> list[SampledSubgraph]:
+        raise ConfigError("temporal sampling: sample each batch with sample(seeds, seed_time, key).")
+
+    def sample_bottom(self, destinations, key: int) -> TypedBlock:
+        raise ConfigError("temporal sampling: not yet in NeutronOrch mode (a hot vertex's bottom-layer output "
+                          "holds for one time only; docs/temporal.md).")
+
+    def _draw(self, calls: dict[RelationType, tuple]) -> dict[RelationType, tuple[torch.Tensor, ...]]:
+        """Each relation's (ptr, sources, edge positions): a timed one's under its destinations' times, a static
+        one's plain (one read of the device for all of them)."""
+        static = [r for r in calls if r not in self._timed]
+        drawn = dict(zip(static, together([self._samplers[r].start_draw(*calls[r], True) for r in static])))
+        for relation in calls:
+            if relation in self._timed:
+                dst, fanout, key = calls[relation]
+                cut = self._cuts.index_select(0, self._ranks[relation[2]])
+                drawn[relation] = self._timed[relation]._draw(dst, cut, fanout, key)
+        self._parts = {r: (drawn[r][0], self._ranks[r[2]]) for r in calls}
+        return {r: drawn[r] for r in calls}
+
+    def _relabel(self, parts: dict[str, list[torch.Tensor]], frontier: dict[str, torch.Tensor]
+                 ) -> dict[str, list[torch.Tensor]]:
+        """Each source type's (vertex, time) entries relabelled into its frontier, the relations feeding it in
+        the draws' order, as the host's ``TimedFrontier`` does."""
+        empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        local = {}
+        for node_type, nbrs in parts.items():
+            feed = [self._parts[r] for r in self._parts if r[0] == node_type]
+            nbr_ranks = torch.cat([ranks.repeat_interleave(ptr[1:] - ptr[:-1], output_size=n.shape[0])
+                                   for (ptr, ranks), n in zip(feed, nbrs)])
+            positions, frontier[node_type], self._ranks[node_type] = relabel_pairs(
+                frontier.get(node_type, empty), self._ranks.get(node_type, empty), torch.cat(nbrs), nbr_ranks,
+                self._cuts.shape[0])
+            local[node_type] = torch.split(positions, [int(n.shape[0]) for n in nbrs])
+        return local
+
+    def _typed_block(self, num_dst, drawn, local, frontier) -> TypedBlock:
+        tblock = super()._typed_block(num_dst, drawn, local, frontier)
+        tblock.src_time = {t: self._cuts.index_select(0, self._ranks[t]) for t in tblock.src_ids}
+        return tblock

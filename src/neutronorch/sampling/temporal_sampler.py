@@ -67,6 +67,41 @@ def check_entries(ids: np.ndarray, ranks: np.ndarray, what: str) -> None:
                           f"pair may be a seed once (deduplicate the pairs).")
 
 
+def time_dtype(graph: TypedGraph) -> np.dtype:
+    """The one dtype of a typed graph's timed relations' edge times; ``DataError`` without any, or with two."""
+    timed = {r: rel.edge_time.dtype for r, rel in graph.relations.items() if rel.edge_time is not None}
+    if not timed:
+        raise DataError(f"{graph.name}: no relation has edge times, so a temporal sampler has nothing to cut; "
+                        f"give the relations edge_time (docs/temporal.md).")
+    if len(set(timed.values())) > 1:
+        raise DataError(f"{graph.name}: the relations' edge times mix dtypes ("
+                        f"{', '.join(f'{relation_label(r)} {d}' for r, d in timed.items())}); store them all "
+                        f"as int64 or all as float64.")
+    return next(iter(timed.values()))
+
+
+def typed_entries(sampler, seeds, seed_time) -> tuple[dict, np.ndarray, dict[str, np.ndarray]]:
+    """A typed temporal sampler's seed entries: ``seeds`` (ids of ``sampler``'s target type, or a mapping from
+    types to theirs) at ``seed_time`` (one per seed; a mapping when ``seeds`` is) as the ids per type (in the
+    graph's type order, ``sampler._ids``), the batch's distinct times and each type's seeds' ranks among them;
+    each (vertex, time) entry once."""
+    typed = seeds if isinstance(seeds, Mapping) else {sampler.target: seeds}
+    times = seed_time if isinstance(seed_time, Mapping) else {sampler.target: seed_time}
+    if set(times) != set(typed):
+        raise ConfigError(f"sampler: `seed_time` gives times of {sorted(times)} but `seeds` vertices of "
+                          f"{sorted(typed)}; give one time per seed of each type.")
+    order = [t for t in sampler.num_nodes if t in typed]
+    ids = {t: sampler._ids(typed[t]) for t in order}
+    host = [(times[t].cpu().numpy() if isinstance(times[t], torch.Tensor) else np.asarray(times[t])).reshape(-1)
+            for t in order]
+    cuts, ranks = seed_cuts(np.concatenate(host or [[]]), sum(ids[t].shape[0] for t in order), sampler.dtype)
+    offsets = np.cumsum([0] + [ids[t].shape[0] for t in order])
+    ranks = {t: ranks[offsets[i]:offsets[i + 1]] for i, t in enumerate(order)}
+    for t in order:
+        check_entries(np.asarray(ids[t].cpu()), ranks[t], f"`seeds` of type {t}")
+    return ids, cuts, ranks
+
+
 class TimedFrontier:
     """A hop's relabel of (vertex, rank) entries: through ``node_map`` (the plain sampler's) when the batch
     has one time, else through a fresh hash table."""
@@ -146,15 +181,7 @@ class TemporalTypedSampler(TypedNeighborSampler):
     def __init__(self, graph: TypedGraph, fanouts, temporal_strategy: str = "uniform", strict: bool = False,
                  edge_features: bool = True):
         super().__init__(graph, fanouts, edge_ids=True, edge_features=edge_features)
-        timed = {r: rel.edge_time.dtype for r, rel in graph.relations.items() if rel.edge_time is not None}
-        if not timed:
-            raise DataError(f"{graph.name}: no relation has edge times, so a temporal sampler has nothing to cut; "
-                            f"give the relations edge_time (docs/temporal.md).")
-        if len(set(timed.values())) > 1:
-            raise DataError(f"{graph.name}: the relations' edge times mix dtypes ("
-                            f"{', '.join(f'{relation_label(r)} {d}' for r, d in timed.items())}); store them all "
-                            f"as int64 or all as float64.")
-        self.dtype = next(iter(timed.values()))
+        self.dtype = time_dtype(graph)
         self.last, self.strict = check_strategy(temporal_strategy), bool(strict)
         self._cuts, self._ranks, self._relabel_by = np.empty(0), {}, None
         self._parts: dict[RelationType, tuple] = {}
@@ -162,22 +189,9 @@ class TemporalTypedSampler(TypedNeighborSampler):
     def sample(self, seeds, seed_time, key: int) -> SampledSubgraph:
         """The temporal computation graph of ``seeds`` (ids of the target type, or a mapping from types to
         theirs) at ``seed_time`` (one time per seed; a mapping when ``seeds`` is)."""
-        typed = seeds if isinstance(seeds, Mapping) else {self.target: seeds}
-        times = seed_time if isinstance(seed_time, Mapping) else {self.target: seed_time}
-        if set(times) != set(typed):
-            raise ConfigError(f"sampler: `seed_time` gives times of {sorted(times)} but `seeds` vertices of "
-                              f"{sorted(typed)}; give one time per seed of each type.")
-        order = [t for t in self.num_nodes if t in typed]
-        ids = {t: NeighborSampler._ids(typed[t]) for t in order}
-        cuts, ranks = seed_cuts(np.concatenate([np.asarray(times[t]).reshape(-1) for t in order] or [[]]),
-                                sum(ids[t].shape[0] for t in order), self.dtype)
-        offsets = np.cumsum([0] + [ids[t].shape[0] for t in order])
-        self._cuts = cuts
-        self._ranks = {t: ranks[offsets[i]:offsets[i + 1]] for i, t in enumerate(order)}
-        for t in order:
-            check_entries(ids[t], self._ranks[t], f"`seeds` of type {t}")
-        self._relabel_by = {t: TimedFrontier(self._maps[t], cuts.shape[0] == 1) for t in self.num_nodes}
-        return self.sample_hops({t: ids[t] for t in order}, key, self.num_layers)
+        ids, self._cuts, self._ranks = typed_entries(self, seeds, seed_time)
+        self._relabel_by = {t: TimedFrontier(self._maps[t], self._cuts.shape[0] == 1) for t in self.num_nodes}
+        return self.sample_hops(ids, key, self.num_layers)
 
     def sample_many(self, seeds: list, keys: list[int]) -> list[SampledSubgraph]:
         raise ConfigError("temporal sampling: sample each batch with sample(seeds, seed_time, key).")

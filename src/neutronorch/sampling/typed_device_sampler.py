@@ -27,7 +27,7 @@ def topology_bytes(graph: TypedGraph) -> int:
                for rel in graph.relations.values())
 
 
-def _as_tensor(array: np.ndarray, what: str) -> torch.Tensor:
+def as_tensor(array: np.ndarray, what: str) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array) if array.flags.writeable else np.array(array))
 
 
@@ -41,7 +41,7 @@ class TypedDeviceSampler(TypedHops):
 
     def __init__(self, graph: TypedGraph, device: torch.device, fanouts, degrees: bool = False, edge_ids=None,
                  edge_features: bool = True, backend: str | None = None,
-                 tensor: Callable[[np.ndarray, str], torch.Tensor] = _as_tensor):
+                 tensor: Callable[[np.ndarray, str], torch.Tensor] = as_tensor):
         check_edge_features(graph, graph.relations)
         super().__init__(graph, fanouts, degrees, edge_ids, edge_features)
         self.device = torch.device(device)
