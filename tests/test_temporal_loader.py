@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from neutronorch.data import Graph
+from neutronorch.data.relation import Relation
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError, DataError
 from neutronorch.loader import LinkNeighborLoader, NeighborLoader
@@ -100,8 +101,6 @@ def test_what_cannot_sample_by_time_yet_is_refused(graph):
     with pytest.raises(ConfigError, match="`gcn_norm` symmetric"):
         NeighborLoader(graph, [3], 8, seeds=seeds, time_attr="edge_time", input_time=times, model="gcn",
                        gcn_norm="symmetric")
-    with pytest.raises(ConfigError, match="by vertex times is not yet offered"):
-        NeighborLoader(TypedGraph.of(graph), [3], 8, time_attr="node_time")
     static = dataclasses.replace(graph, edge_time=None, node_time=None)
     with pytest.raises(ConfigError, match="names edge times, and .* has none"):
         NeighborLoader(static, [3], 8, time_attr="edge_time", input_time=times)
@@ -253,3 +252,38 @@ def test_dgl_blocks_carry_the_times(graph):
         assert torch.all(g.edata["timestamp"] <= g.dstdata["seed_time"][dst])
         assert torch.equal(g.srcdata[dgl.NID][src], torch.from_numpy(np.asarray(graph.indices)[
             g.edata[dgl.EID].numpy()]).long())
+
+
+def test_a_typed_graph_is_sampled_by_its_vertex_times():
+    """Papers with years citing papers, written by authors without years: by vertex times a cited paper exists
+    from its year (each edge at its source's time, at most its destination entry's), an author at every time;
+    the PyG form's ``e_id`` are the edges' positions in the relations as given, and ``time`` each vertex's."""
+    pytest.importorskip("torch_geometric")
+    rng = np.random.default_rng(3)
+    papers, authors = 80, 30
+    years = rng.integers(2000, 2020, papers)
+    cites = (rng.integers(0, papers, 500), rng.integers(0, papers, 500))
+    writes = (rng.integers(0, authors, 200), rng.integers(0, papers, 200))
+    typed = TypedGraph("dated", {"author": authors, "paper": papers},
+                       {("author", "writes", "paper"): Relation.from_edges(*writes, authors, papers,
+                                                                           rng.random((200, 2)).astype(np.float32)),
+                        ("paper", "cites", "paper"): Relation.from_edges(*cites, papers, papers)},
+                       {"paper": rng.random((papers, 3)).astype(np.float32)}, "paper", np.arange(papers) % 2,
+                       np.arange(60), np.arange(60, 70), np.arange(70, 80), 2, node_time={"paper": years}).validate()
+    checked = 0
+    for mode in ("exact", "device"):
+        for batch in NeighborLoader(typed, [4, 3], 16, seeds=np.arange(60), time_attr="node_time", mode=mode):
+            data = batch.to_pyg()
+            assert torch.equal(data["paper"].time, torch.from_numpy(years)[data["paper"].n_id])
+            assert data["paper"].seed_time[:batch.batch_size].tolist() == years[batch.seeds.numpy()].tolist()
+            for relation in data.edge_types:
+                store, given = data[relation], typed.with_reverse().relations[relation]
+                src_ids = data[relation[0]].n_id[store.edge_index[0]]
+                assert torch.equal(torch.from_numpy(np.asarray(given.indices))[store.e_id], src_ids) \
+                    if "e_id" in store else relation[0] == "author"
+                dst_time = data[relation[2]].seed_time[store.edge_index[1]]
+                if relation[0] == "paper":  # at its source's year, at most its seed's
+                    assert torch.equal(store.edge_time, torch.from_numpy(years)[src_ids])
+                    assert torch.all(store.edge_time <= dst_time)
+                checked += store.edge_index.shape[1]
+    assert checked > 500

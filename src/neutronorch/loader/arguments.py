@@ -197,15 +197,19 @@ def resolve_temporal(graph: Graph | TypedGraph, seeds: np.ndarray, time_attr, in
 
 def _typed_temporal(graph: TypedGraph, seeds: np.ndarray, time_attr, input_time, strategy, strict
                     ) -> TemporalRequest:
-    """``resolve_temporal`` of a typed graph: by its relations' edge times (those without times are static:
-    every edge valid), ``input_time`` by default the target's vertex times."""
-    if time_attr not in ("edge_time", "time"):
-        raise ConfigError(f"`time_attr` {time_attr!r}: a typed graph's loader samples by its relations' edge times "
-                          f"(time_attr 'edge_time'); by vertex times is not yet offered (docs/temporal.md).")
-    timed = [rel.edge_time.dtype for rel in graph.relations.values() if rel.edge_time is not None]
+    """``resolve_temporal`` of a typed graph: by its relations' edge times, or by vertex times (each relation
+    without times of its own at its source type's, ``timed_relations``); a relation left without times is
+    static (every edge valid). ``input_time`` by default the target's vertex times."""
+    if time_attr not in ("edge_time", "time", *VERTEX_TIMES):
+        raise ConfigError(f"`time_attr` {time_attr!r}: give 'edge_time' (the relations' edge times) or 'node_time' "
+                          f"(the types' vertex times; 'time', PyG's name, is the vertex times where the graph has "
+                          f"them, else the edge times).")
+    by_vertices = time_attr in VERTEX_TIMES or (time_attr == "time" and bool(graph.node_time))
+    timed = ([times.dtype for times in graph.node_time.values()] if by_vertices else
+             [rel.edge_time.dtype for rel in graph.relations.values() if rel.edge_time is not None])
     if not timed:
-        raise ConfigError(f"`time_attr` {time_attr!r}: no relation of {graph.name} has edge times to sample by "
-                          f"(docs/temporal.md).")
+        raise ConfigError(f"`time_attr` {time_attr!r}: {graph.name} has no {'vertex' if by_vertices else 'edge'} "
+                          f"times to sample by (docs/temporal.md).")
     check_switch(strict, "`strict_time`")
     check_strategy(strategy)
     if input_time is None:
@@ -216,7 +220,7 @@ def _typed_temporal(graph: TypedGraph, seeds: np.ndarray, time_attr, input_time,
     else:
         input_time = _as_array("input_time", input_time, "one time per seed (a tensor, an array or a list)")
     return TemporalRequest(seed_times(input_time, seeds.shape[0], timed[0], "`input_time`", "loader"), strategy,
-                           bool(strict))
+                           bool(strict), by_vertices)
 
 
 def resolve_link_temporal(graph: Graph, count: int, time_attr, edge_label_time, strategy) -> TemporalRequest | None:

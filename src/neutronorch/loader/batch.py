@@ -279,12 +279,22 @@ class TypedLoaderBatch(SampledBatch):
     input rows), ``ids`` (also ``n_id``: every type's bottom frontier), ``y`` (the target seeds' labels),
     ``target``. Its tensors are its own (typed modes reuse no buffer): a batch may be kept."""
 
-    def __init__(self, batch: MiniBatch, inputs: StepInputs, input_id: torch.Tensor, graph: TypedGraph):
+    def __init__(self, batch: MiniBatch, inputs: StepInputs, input_id: torch.Tensor, graph: TypedGraph,
+                 edge_order: dict | None = None):
         super().__init__(batch, inputs, input_id, reused=False)
         self.ids: dict[str, torch.Tensor] = batch.ids
         self.y: torch.Tensor = batch.labels
         self.target = graph.target
         self._graph = graph  # the loader's, its reverse relations added: every type and relation a form names
+        self._edge_order = edge_order or {}  # by vertex times: each re-sorted relation's old edge positions
+
+    def _edge_ids(self, relation, positions: torch.Tensor) -> torch.Tensor:
+        """Edge positions in the loader's graph as positions in the relation as given (re-sorted by vertex
+        times: through its order)."""
+        order = self._edge_order.get(relation)
+        if order is None:
+            return positions
+        return torch.from_numpy(order[positions.cpu().numpy()]).to(positions.device)
 
     features = SampledBatch.x
 
@@ -336,14 +346,19 @@ class TypedLoaderBatch(SampledBatch):
         for relation, rel in graph.relations.items():
             store, width = data[relation], rel.edge_feature_dim
             store.edge_index = form.edge_index[relation]
+            positions = form.edge_ids.get(relation, torch.zeros(0, dtype=torch.int64, device=device))
             if width:
                 store.edge_attr = form.edge_features.get(relation, torch.zeros(0, width, device=device))
-                store.e_id = form.edge_ids.get(relation, torch.zeros(0, dtype=torch.int64, device=device))
+                store.e_id = self._edge_ids(relation, positions)
             if rel.edge_time is not None and relation in form.edge_ids:  # sampled by time
-                store.e_id = form.edge_ids[relation]
-                store.edge_time = torch.from_numpy(np.asarray(rel.edge_time)[store.e_id.cpu().numpy()]).to(device)
+                store.e_id = self._edge_ids(relation, positions)
+                store.edge_time = torch.from_numpy(np.asarray(rel.edge_time)[positions.cpu().numpy()]).to(device)
         for node_type, times in self.seed_time.items():
             data[node_type].seed_time = times
+        if self._edge_order:  # by vertex times: each vertex's own, as PyG copies the attribute it sampled by
+            for node_type, times in graph.node_time.items():
+                data[node_type].time = torch.from_numpy(np.asarray(times)[data[node_type].n_id.cpu().numpy()]
+                                                        ).to(device)
         data.set_value_dict("num_sampled_nodes", form.num_sampled_nodes)
         data.set_value_dict("num_sampled_edges", form.num_sampled_edges)
         self._pyg = data
@@ -374,7 +389,7 @@ class TypedLoaderBatch(SampledBatch):
             for relation, rows in tblock.edge_features.items():
                 g.edges[relation].data["feat"] = rows
             for relation, ids in tblock.edge_ids.items():
-                g.edges[relation].data[dgl.EID] = ids
+                g.edges[relation].data[dgl.EID] = self._edge_ids(relation, ids)
             out.append(g)
         for node_type, rows in self.features.items():
             out[0].srcnodes[node_type].data["feat"] = rows

@@ -17,6 +17,7 @@ from neutronorch.loader.arguments import (check_negatives, resolve_edges, resolv
                                           resolve_temporal)
 from neutronorch.loader.base import EpochLoader
 from neutronorch.loader.batch import LinkLoaderBatch, LoaderBatch, TypedLoaderBatch
+from neutronorch.orchestration.temporal import timed_relations
 
 
 class NeighborLoader(EpochLoader):
@@ -39,8 +40,11 @@ class NeighborLoader(EpochLoader):
     def _resolve(self):
         self.seeds = torch.from_numpy(resolve_seeds(self.graph, self._seeds_given))
         self.temporal = resolve_temporal(self.graph, self.seeds.numpy(), *self._time_given)
+        self._edge_order = {}  # by vertex times, each re-sorted relation's old edge positions (``timed_relations``)
         if self.typed:
             self.graph = self.graph.with_reverse()
+            if self.temporal is not None and self.temporal.by_vertices:  # sampled as the batches will report it
+                self.graph, self._edge_order = timed_relations(self.graph, replace=True)
             if self.graph.labels is None:  # its batches' y: -1
                 target = self.graph.num_nodes[self.graph.target]
                 self.graph = dataclasses.replace(self.graph, labels=np.full(target, -1, dtype=np.int64))
@@ -48,7 +52,7 @@ class NeighborLoader(EpochLoader):
 
     def _make_batch(self, minibatch, inputs, input_id) -> LoaderBatch | TypedLoaderBatch:
         if self.typed:
-            return TypedLoaderBatch(minibatch, inputs, input_id, self.graph)
+            return TypedLoaderBatch(minibatch, inputs, input_id, self.graph, self._edge_order)
         timed, graph = self.temporal, self.graph
         times = None if timed is None else graph.node_time if timed.by_vertices else graph.edge_time
         return LoaderBatch(minibatch, inputs, input_id, self._labels_of, self.reuse_buffers, times,

@@ -17,7 +17,7 @@ import torch
 
 from neutronorch.config import SamplingConfig, TrainConfig
 from neutronorch.data.graph import Graph
-from neutronorch.data.relation import Relation
+from neutronorch.data.relation import RelationType
 from neutronorch.data.time_split import Appearance
 from neutronorch.data.times import times_from_vertices
 from neutronorch.data.typed import TypedGraph
@@ -70,8 +70,7 @@ class TemporalRequest:
         if not self.by_vertices:
             return graph
         if isinstance(graph, TypedGraph):
-            return dataclasses.replace(graph, relations={r: _timed_relation(relation, graph.node_time.get(r[0]))
-                                                         for r, relation in graph.relations.items()})
+            return timed_relations(graph)[0]
         indices, edge_time, _ = times_from_vertices(graph.indptr, graph.indices, graph.node_time)
         return dataclasses.replace(graph, indices=indices, edge_time=edge_time)
 
@@ -146,11 +145,21 @@ class DeviceTimedSampler(TimedSampler):
         return [self.sampler.sample(ids, at, key) for ids, at, key in zip(seeds, times, keys)]
 
 
-def _timed_relation(relation: Relation, source_time: np.ndarray | None) -> Relation:
-    """``relation`` with each edge at its source's time where it has no times of its own and its source type
-    has (its edge features reordered with it), else as it is."""
-    if relation.edge_time is not None or source_time is None:
-        return relation
-    indices, edge_time, order = times_from_vertices(relation.indptr, relation.indices, source_time)
-    features = None if relation.edge_features is None else np.asarray(relation.edge_features)[order]
-    return dataclasses.replace(relation, indices=indices, edge_time=edge_time, edge_features=features)
+def timed_relations(graph: TypedGraph, replace: bool = False) -> tuple[TypedGraph, dict[RelationType, np.ndarray]]:
+    """``graph`` by its vertex times: each relation from a type with vertex times and without edge times of its
+    own (``replace``: with them too) with each edge at its source's time (its edges re-sorted by them, edge
+    features with them), any other as it is; and each re-sorted relation's order (the old position of every
+    new one)."""
+    relations, orders = {}, {}
+    for r, relation in graph.relations.items():
+        source_time = graph.node_time.get(r[0])
+        if (relation.edge_time is not None and not replace) or source_time is None:
+            relations[r] = relation
+            continue
+        indices, edge_time, orders[r] = times_from_vertices(relation.indptr, relation.indices, source_time)
+        features = None if relation.edge_features is None else np.asarray(relation.edge_features)[orders[r]]
+        relations[r] = dataclasses.replace(relation, indices=indices, edge_time=edge_time, edge_features=features)
+    if replace:  # a relation whose source type has no vertex times is static, its own edge times dropped
+        relations = {r: rel if r[0] in graph.node_time or rel.edge_time is None else
+                     dataclasses.replace(rel, edge_time=None) for r, rel in relations.items()}
+    return dataclasses.replace(graph, relations=relations), orders
