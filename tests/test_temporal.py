@@ -308,12 +308,41 @@ def test_convert_keeps_an_ogb_node_datasets_years_on_request_and_the_folder_trai
     assert np.array_equal(load_dataset(str(tmp_path / "ogbn_arxiv"), times=True).node_time, years)
     summary = train(TrainConfig(dataset=str(tmp_path / "timed"), fanouts=[3, 3], hidden=8, epochs=1, progress=False))
     assert summary["status"] == "completed" and summary["mode"] == "exact"  # a node task by vertex times
-    with pytest.raises(DataError, match="reading its times was asked for, but it is no OGB node dataset folder"):
+    with pytest.raises(DataError, match="reading its times was asked for, but it is no OGB folder"):
         load_dataset(str(tmp_path / "timed"), times=True)
     (tmp_path / "wiki.csv").write_text(JODIE)
     capsys.readouterr()
     assert main(["convert", str(tmp_path / "wiki.csv"), str(tmp_path / "wiki"), "--times"]) == 2
     assert "--times: " in capsys.readouterr().err and not (tmp_path / "wiki").exists()
+
+
+def test_an_ogb_link_dataset_read_with_its_years_trains_a_temporal_link_task(tmp_path):
+    """ogbl-collab's links carry years, and its shared negatives are scored at their set's one year."""
+    from test_ogb_link import make_collab_like
+
+    from neutronorch import TrainConfig, train
+    from neutronorch.data import load_dataset
+    from neutronorch.data.links import SHARED
+    from neutronorch.data.ogb_link import load_ogb_link
+
+    parts = make_collab_like(tmp_path / "ogbl_collab")
+    graph = load_ogb_link(tmp_path / "ogbl_collab", times=True)
+    links = graph.links
+    assert links.timed and links.negative_kind == SHARED
+    assert np.array_equal(links.train_time, parts["train"]["year"]) and set(links.test_time) == {2019}
+    assert np.array_equal(load_dataset(str(tmp_path / "ogbl_collab"), times=True).links.val_time, links.val_time)
+    config = dict(dataset=str(tmp_path / "ogbl_collab"), task="link", times=True, epochs=1, fanouts=[3, 3],
+                  hidden=8, batch_size=64, threads=1, progress=False)
+    summary = train(TrainConfig(**config))
+    assert summary["metric"] == "hits@50" and summary["mode"] == "exact"
+    epoch = summary["epochs"][-1]
+    assert 0 <= epoch["test_hits_50"] <= 1 and 0 <= epoch["test_rocauc"] <= 1 and "test_ap" not in epoch
+    spread = dataclasses.replace(links, val_time=links.val_time - np.arange(links.val_time.shape[0]) % 2)
+    with pytest.raises(DataError, match=r"span 2017..2018, and the split's negatives are shared pairs"):
+        train(TrainConfig(**{**config, "dataset": "synthetic", "times": False}),
+              graph=dataclasses.replace(graph, links=spread))
+    with pytest.raises(DataError, match="reading its times was asked for, but it is no OGB folder"):
+        load_dataset("synthetic", times=True)
 
 
 def test_a_random_edge_split_of_a_timed_graph_is_refused():

@@ -61,6 +61,11 @@ class TrainConfig:
     split_index: int = setting(
         0, metavar="K", bound="zero or more",
         help="which of the dataset's stored splits to use (the heterophilous .npz files hold 10: 0..9)")
+    times: bool = setting(
+        False,
+        help="read the times an OGB folder's layout carries: ogbn-arxiv's and ogbn-papers100M's vertex years, "
+             "ogbl-collab's edge and link years; the task is then sampled by time (docs/temporal.md). Native "
+             "folders, converted JODIE files and PyG or DGL graphs keep their times without it")
     normalize_features: str = setting(
         "none", choices=FEATURE_NORMS,
         help="the feature rows the model reads: none (as given) or row (each row divided by its sum where that "

@@ -42,8 +42,8 @@ def load_dataset(spec: str, split: str | None = None, seed: int = 0, split_index
     """Open the dataset ``spec`` names (``DATASET_SPEC_HELP``). ``split`` applies to data without a split of
     its own; ``split_index`` picks one of several stored splits (the heterophilous ``.npz`` files hold 10).
     Unlabelled vertices leave the splits. ``progress(file, bytes done, bytes total)`` is called while large
-    text files are parsed. ``times``: read the vertex times an OGB node dataset's layout carries (its
-    years: ogbn-arxiv, ogbn-papers100M; docs/temporal.md), refused for any other source."""
+    text files are parsed. ``times``: read the times an OGB folder's layout carries (vertex years: ogbn-arxiv,
+    ogbn-papers100M; edge and link years: ogbl-collab; docs/temporal.md), refused for any other source."""
     check_seed(seed)
     if times:
         return _timed(spec, split, progress)
@@ -97,18 +97,18 @@ def _load(spec: str, split: str | None, seed: int, split_index: int, progress) -
 
 
 def _timed(spec: str, split: str | None, progress) -> Graph:
-    """``load_dataset(spec, times=True)``: an OGB node dataset with its vertices' years."""
+    """``load_dataset(spec, times=True)``: an OGB node dataset with its vertices' years, or a link dataset with
+    its edges' and links' years."""
     from neutronorch.data.ogb import is_ogb_dir, load_ogb
-    from neutronorch.data.ogb_link import is_ogb_link_dir
+    from neutronorch.data.ogb_link import is_ogb_link_dir, load_ogb_link
 
     path = Path(spec).expanduser()
-    if not (path.is_dir() and is_ogb_dir(path) and not is_ogb_link_dir(path)):
-        why = ("an OGB link dataset's split carries no times yet (its edges' years are read in Python: "
-               "load_ogb_link(path, times=True))" if path.is_dir() and is_ogb_link_dir(path) else
-               "it is no OGB node dataset folder, the one layout whose times are read on request; a native folder, "
-               "a converted JODIE file and PyG or DGL graphs keep the times they have")
-        raise DataError(f"{spec}: reading its times was asked for, but {why} (docs/temporal.md).")
-    graph = _own_split(load_ogb(path, progress, times=True), split)
+    if not (path.is_dir() and is_ogb_dir(path)):
+        raise DataError(f"{spec}: reading its times was asked for, but it is no OGB folder, the one layout whose "
+                        f"times are read on request; a native folder, a converted JODIE file and PyG or DGL graphs "
+                        f"keep the times they have (docs/temporal.md).")
+    reader = load_ogb_link if is_ogb_link_dir(path) else load_ogb  # a link dataset's raw/ is an OGB folder's too
+    graph = _own_split(reader(path, progress, times=True), split)
     graph.drop_unlabelled_from_splits()
     return graph
 

@@ -66,23 +66,22 @@ def check_stored_links(split: LinkSplit, indptr, indices, source: str, graph_nam
 def check_graph_links(graph) -> list[str]:
     """``check_stored_links`` of a ``Graph``'s own split against its topology, unless that split was checked
     against it already (by its loader, ``split_edges`` or an earlier call) and has not changed since: a split
-    given with the graph, or edited (``dataclasses.replace``), is checked, leaks refused. The notes to add."""
+    given with the graph, or edited (``dataclasses.replace``), is checked, leaks refused; a timed split's times
+    are checked every time. The notes to add."""
     links = graph.links
+    if links is not None and links.timed:  # its times, however it was made (a pass over each set)
+        check_link_times(links, graph)
     if links is None or links.checked == links.checked_for(graph.indices):
         return []
     check_link_split(links, graph.num_nodes, graph.name)  # shapes, ids in range
     if links.timed:  # held-out links are edges of the topology, sampled only before their times: no leak
-        check_link_times(links, graph)
         return []
     return check_stored_links(links, graph.indptr, graph.indices, graph.name)
 
 
 def check_link_times(links: LinkSplit, graph) -> None:
-    """A timed split's times: one per link of each set, finite, of the edge times' kind; ``DataError`` else."""
-    if links.negative_kind == SHARED:
-        raise DataError(f"{graph.name}: a split with times scores each link against negatives as of its time, and "
-                        f"its stored negatives are shared pairs (2, K) of no time; give per-positive negatives "
-                        f"(val_neg and test_neg of shape (P, K)) or none, to have them drawn as of each link's time.")
+    """A timed split's times: one per link of each set, finite, of the edge times' kind; shared negative pairs
+    only where each evaluated set's links share one time (they are scored at it); ``DataError`` else."""
     kind = None if graph.edge_time is None else np.asarray(graph.edge_time).dtype
     for name in ("train", "val", "test"):
         times, count = getattr(links, f"{name}_time"), getattr(links, name).shape[1]
@@ -97,6 +96,11 @@ def check_link_times(links: LinkSplit, graph) -> None:
                             f"give them in that dtype.")
         if times.dtype.kind == "f" and not np.isfinite(times).all():
             raise DataError(f"{where}: position {int(np.flatnonzero(~np.isfinite(times))[0])} is not finite.")
+        if links.negative_kind == SHARED and name != "train" and times.size and times.min() != times.max():
+            raise DataError(f"{where}: span {times.min()}..{times.max()}, and the split's negatives are shared "
+                            f"pairs (2, K) of no time of their own, scored at their set's time where its links "
+                            f"share one (ogbl-collab's years); give per-positive negatives (val_neg and test_neg "
+                            f"of shape (P, K)) or none, to have them drawn as of each link's time.")
 
 
 def link_graph(name: str, indptr, indices, features, split: LinkSplit, notes: list[str], kept: str, source: str,

@@ -68,7 +68,9 @@ class LinkSplit:
                      SHARED: f"{_width(self.val_neg):,}/{_width(self.test_neg):,} shared negatives",
                      PER_SOURCE: f"{_width(self.val_neg):,} negatives per positive"}.get(self.negative_kind, "")
         if self.timed:
-            negatives = "negatives drawn as of each link's time, split by time"
+            negatives = {SHARED: f"{negatives}, each set's scored at its links' one time",
+                         PER_SOURCE: negatives}.get(self.negative_kind, "negatives drawn as of each link's time")
+            negatives += ", split by time"
         return (f"links {_width(self.train):,}/{_width(self.val):,}/{_width(self.test):,} "
                 f"{'undirected' if self.undirected else 'directed'}, {negatives}")
 

@@ -45,16 +45,19 @@ def is_ogb_link_dir(path: Path) -> bool:
 def load_ogb_link(directory: str | os.PathLike, progress: Progress | None = None, times: bool = False) -> Graph:
     """The OGB link-prediction dataset in ``directory``: its message-passing graph (symmetric, no node
     task) with its ``LinkSplit`` in ``links``; with ``times`` each message edge's year as its edge time
-    (``raw/edge_year.csv.gz``: ogbl-collab; a collaboration of several years is an edge per year)."""
+    (``raw/edge_year.csv.gz``: ogbl-collab; a collaboration of several years is an edge per year) and each
+    link's year as its time (the split files' ``year``): a temporal link task (docs/temporal.md)."""
     directory = Path(directory)
     name = dataset_name(directory)
     raw = directory / "raw"
     edges, num_nodes = read_edges(raw, progress)
     features = read_node_features(raw, edges, num_nodes, progress)
     folder = split_folder(directory)
-    split = _link_split(_read_split(folder), num_nodes, name)
+    parts = _read_split(folder)
+    split = _link_split(parts, num_nodes, name)
     edge_time = None
     if times:
+        split.train_time, split.val_time, split.test_time = (_years(parts[part]) for part in PARTS)
         years = read_edge_years(raw, edges.shape[0], progress)
         indptr, indices, edge_time = timed_csc(edges[:, 0], edges[:, 1], years, num_nodes, True, str(raw))
     else:
@@ -201,6 +204,14 @@ def _link_split(parts: dict[str, dict], num_nodes: int, name: str) -> LinkSplit:
                       metric=METRICS.get(name, "mrr" if per_source else None))
     check_link_split(split, num_nodes, str(parts["train"]["path"].parent))
     return split
+
+
+def _years(content: dict) -> np.ndarray:
+    """A split part's ``year`` of each link (int64), asked for by ``load_ogb_link(times=True)``."""
+    if "year" not in content:
+        raise DataError(f"{content['path']}: holds no 'year' of its links, so they have no times; read the dataset "
+                        f"without times (ogbl-collab's split carries them).")
+    return _ids(content, "year", content["path"], 1)
 
 
 def _ids(content: dict, key: str, path: Path, ndim: int) -> np.ndarray:

@@ -166,7 +166,7 @@ def timed_seed_batch(positives: torch.Tensor, times: torch.Tensor, negatives: to
     cuts, rank = torch.unique(at, return_inverse=True)
     entries, where = torch.unique(ends * cuts.shape[0] + rank, return_inverse=True)  # by vertex, then time
     p = positives.shape[1]
-    targets = torch.cat([where[:p, None], where[p:2 * p, None], where[2 * p:].view(p, -1)], 1)
+    targets = torch.cat([where[:p, None], where[p:2 * p, None], where[2 * p:].view(p, negatives.shape[1])], 1)
     return SeedBatch(entries // cuts.shape[0], targets, times=cuts[entries % cuts.shape[0]])
 
 

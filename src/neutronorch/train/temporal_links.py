@@ -19,7 +19,7 @@ import torch
 
 from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
-from neutronorch.data.links import PER_SOURCE
+from neutronorch.data.links import PER_SOURCE, SHARED
 from neutronorch.data.time_split import Appearance
 from neutronorch.data.typed import TypedGraph
 from neutronorch.features.store import FeatureStore, TypedInputs
@@ -30,7 +30,7 @@ from neutronorch.orchestration.temporal import TemporalRequest, TimedSampler
 from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.sampling.temporal_sampler import TemporalNeighborSampler, TemporalTypedSampler
 from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, link_collapse, nonfinite_rows
-from neutronorch.train.link_metrics import PerPositiveScores
+from neutronorch.train.link_metrics import PerPositiveScores, SharedScores
 
 SET_KEYS = {"val": 0x5456_414C, "test": 0x5454_4553}  # each set's stream of negatives and neighbour draws
 DRAW_ROWS = 1 << 12  # positives whose negatives are drawn at a time (the same numbers whatever the batch size)
@@ -63,14 +63,16 @@ def evaluate_timed_links(model: LinkModel, graph: Graph | TypedGraph, store: Fea
     for name, salt in SET_KEYS.items():
         positives = torch.from_numpy(np.asarray(getattr(links, name), dtype=np.int64))
         times = torch.from_numpy(np.asarray(getattr(links, f"{name}_time")))
-        stored = getattr(links, f"{name}_neg") if links.negative_kind == PER_SOURCE else None
         key = mix_key(config.seed, salt)
+        shared = links.negative_kind == SHARED  # pairs of no time, scored at the set's one time (check_link_times)
+        stored = getattr(links, f"{name}_neg") if links.negative_kind == PER_SOURCE else None
         generator = negative_generator(key)
         positive = torch.empty(positives.shape[1])
         negative_rows = []
         for start in range(0, positives.shape[1], DRAW_ROWS):
             end = min(start + DRAW_ROWS, positives.shape[1])
-            negatives = (torch.from_numpy(np.asarray(stored[start:end], dtype=np.int64)) if stored is not None
+            negatives = (torch.zeros((end - start, 0), dtype=torch.int64) if shared else
+                         torch.from_numpy(np.asarray(stored[start:end], dtype=np.int64)) if stored is not None
                          else appearance.draw(generator, times[start:end], config.eval_negatives))
             for lo in range(start, end, config.eval_batch_size):
                 hi = min(lo + config.eval_batch_size, end)
@@ -81,15 +83,23 @@ def evaluate_timed_links(model: LinkModel, graph: Graph | TypedGraph, store: Fea
                 done += hi - lo
                 if progress is not None:
                     progress(0, done, total)
-        negative = torch.cat(negative_rows) if negative_rows else torch.zeros((0, config.eval_negatives))
         check.nonfinite(nonfinite_rows(positive), positive.shape[0], SPLIT_NAMES[name], "scores", "positive pairs")
-        check.nonfinite(nonfinite_rows(negative), positive.shape[0], SPLIT_NAMES[name], "scores",
-                        "positives' negative pairs")
-        scores = PerPositiveScores(positive, pooled=True)
-        scores.add(0, negative)
+        if shared:
+            pairs = torch.from_numpy(np.asarray(getattr(links, f"{name}_neg"), dtype=np.int64))
+            negative = _shared_scores(model, sampler, embed, device, pairs, times[:1], config.eval_batch_size,
+                                      mix_key(key, positives.shape[1]))
+            check.nonfinite(nonfinite_rows(negative), negative.shape[0], SPLIT_NAMES[name], "scores",
+                            "negative pairs")
+            scores = SharedScores(positive, negative)
+        else:
+            negative = torch.cat(negative_rows) if negative_rows else torch.zeros((0, config.eval_negatives))
+            check.nonfinite(nonfinite_rows(negative), positive.shape[0], SPLIT_NAMES[name], "scores",
+                            "positives' negative pairs")
+            scores = PerPositiveScores(positive, pooled=True)
+            scores.add(0, negative)
+            out[f"{name}_ap"] = scores.average_precision()
         check.collapsed(link_collapse(scores))
-        out.update({name: scores.score(metric), f"{name}_mrr": scores.mrr(), f"{name}_rocauc": scores.roc_auc(),
-                    f"{name}_ap": scores.average_precision()})
+        out.update({name: scores.score(metric), f"{name}_mrr": scores.mrr(), f"{name}_rocauc": scores.roc_auc()})
         for k in REPORTED_HITS:  # a positive among fewer negatives than K is always a hit: not reported
             if k < scores.negatives_per_positive:
                 out[f"{name}_hits_{k}"] = scores.hits_at_k(k)
@@ -110,6 +120,20 @@ def _evaluation(graph: Graph | TypedGraph, store: FeatureStore | None, device: t
                                                    strict=True), None)
     return sampler, lambda model, subgraph: model([b.to(device) for b in subgraph.blocks],
                                                   store.gather(subgraph.input_nodes).to(device))
+
+
+def _shared_scores(model: LinkModel, sampler: TimedSampler, embed, device: torch.device, pairs: torch.Tensor,
+                   at: torch.Tensor, batch_size: int, key: int) -> torch.Tensor:
+    """The (N,) float32 scores of (2, N) shared negative ``pairs``, both ends sampled at the one time ``at``,
+    ``batch_size`` pairs at a time."""
+    scores = [torch.zeros(0)]
+    for lo in range(0, pairs.shape[1], batch_size):
+        chunk = pairs[:, lo:lo + batch_size]
+        seeds, where = torch.unique(chunk.reshape(-1), return_inverse=True)
+        subgraph = sampler.sample_timed([seeds], [at.expand(seeds.shape[0])], [mix_key(key, lo)])[0]
+        rows = take_rows(embed(model, subgraph), where.view(2, -1).T.contiguous().to(device))  # (n, 2, width)
+        scores.append(model.score(rows[:, 0], rows[:, 1]).float().cpu())
+    return torch.cat(scores)
 
 
 def _scores(model: LinkModel, sampler: TimedSampler, embed, device: torch.device, positives: torch.Tensor,

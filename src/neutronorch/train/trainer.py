@@ -127,9 +127,12 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
                           "rgat on a typed graph); your own module trains node tasks for now.")
     if graph is None:
         t0 = time.perf_counter()
+        if options is not None and config.times:
+            raise ConfigError(f"`times`: {config.dataset} is a typed graph, which keeps the times its folder holds; "
+                              f"the setting reads an OGB folder's years (docs/temporal.md). Leave it out.")
         graph = load_typed_dataset(config.dataset) if options is not None else load_dataset(
             config.dataset, None if is_link_split(config.split) or by_time(config.split) else config.split,
-            config.seed, config.split_index)
+            config.seed, config.split_index, times=config.times)
         data_seconds = time.perf_counter() - t0
         first, _, types = graph.describe().partition("\n")  # a typed graph's types and relations below the line
         logger.info(f"loaded {first} in {data_seconds:.1f}s" + (f"\n{types}" if types else ""))
