@@ -13,6 +13,10 @@ run on a shared machine), and the frontier entries and edges each sampler drew p
 
     NUMBA_NUM_THREADS=1 python bench/temporal_sampling.py
     NUMBA_NUM_THREADS=1 python bench/temporal_sampling.py --nodes 200000 --rounds 20
+    NUMBA_NUM_THREADS=1 python bench/temporal_sampling.py --typed    # the typed samplers on the same graph
+
+``--typed`` times TypedNeighborSampler against TemporalTypedSampler instead, on the graph as a typed graph of
+one vertex type and one relation (no reverse added), the seeds of its one type.
 """
 
 from __future__ import annotations
@@ -25,7 +29,10 @@ import numpy as np
 
 from neutronorch.data import SyntheticSpec, generate
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
-from neutronorch.sampling.temporal_sampler import TemporalNeighborSampler
+from neutronorch.data.relation import Relation
+from neutronorch.data.typed import TypedGraph
+from neutronorch.sampling.temporal_sampler import TemporalNeighborSampler, TemporalTypedSampler
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 LATEST = 1_000_000  # edge times are 0..LATEST-1
 
@@ -47,6 +54,7 @@ def main() -> None:
     parser.add_argument("--fanouts", default="15,10,5")
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--typed", action="store_true", help="time the typed samplers on the graph as a typed one")
     args = parser.parse_args()
     fanouts = [int(f) for f in args.fanouts.split(",")]
     start = time.perf_counter()
@@ -56,6 +64,12 @@ def main() -> None:
           f"{args.rounds} rounds, the samplers taking turns\n")
     plain = NeighborSampler(indptr, indices, fanouts)
     temporal = TemporalNeighborSampler(indptr, indices, times, fanouts)
+    if args.typed:
+        none = np.empty(0, np.int64)
+        typed = TypedGraph("timed", {"vertex": args.nodes}, {("vertex", "to", "vertex"): Relation(
+            indptr, indices, edge_time=times)}, {}, "vertex", None, none, none, none, 0)
+        plain, temporal = TypedNeighborSampler(typed, fanouts), TemporalTypedSampler(typed, fanouts)
+        print("typed samplers: TypedNeighborSampler against TemporalTypedSampler\n")
     rng = np.random.default_rng(1)
     print("| seeds' times | plain median ms | temporal median ms | ratio of medians | median per-batch ratio | "
           "plain entries / edges | temporal entries / edges |")
@@ -77,7 +91,9 @@ def main() -> None:
                 elapsed = time.perf_counter() - begin
                 if round_ >= 2:
                     spent[name].append(elapsed * 1e3)
-                    sizes[name].append((int(sub.frontiers[0].shape[0]), sub.num_sampled_edges))
+                    bottom = sub.frontiers[0]  # a typed sample's: per type
+                    entries = sum(f.shape[0] for f in bottom.values()) if isinstance(bottom, dict) else bottom.shape[0]
+                    sizes[name].append((int(entries), sub.num_sampled_edges))
         medians = {name: statistics.median(values) for name, values in spent.items()}
         shown = {name: f"{statistics.median(n for n, _ in s):,.0f} / {statistics.median(e for _, e in s):,.0f}"
                  for name, s in sizes.items()}

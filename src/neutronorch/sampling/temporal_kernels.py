@@ -15,7 +15,8 @@ import numpy as np
 from numba import njit, prange
 
 import neutronorch.jit  # noqa: F401 - says when these kernels are compiled (a cold cache)
-from neutronorch.sampling.kernels import GOLDEN, _draw_offsets, mix
+from neutronorch.prefetch import prefetch_row
+from neutronorch.sampling.kernels import DRAW_AHEAD, GOLDEN, _draw_offsets, as_rows, mix
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -46,22 +47,38 @@ def sample_temporal(indptr, indices, edge_time, dst_nodes, dst_rank, cuts, fanou
     prefix or ``last``'s newest in ascending time, a uniform subset in the order Floyd's algorithm draws it,
     as the plain sampler's), and ``edges`` their positions in ``indices`` (int64: what indexes the edge times
     and features). ``fanout`` < 0 takes every valid edge; ``last`` the newest instead of a uniform subset.
+    Both passes ask for the memory they will read ``DRAW_AHEAD`` entries ahead, as the plain sampler's draws
+    do: the row pointers, then each column's newest time, then the first of its neighbours drawn from.
     """
     n = dst_nodes.shape[0]
     counts = np.empty(n + 1, np.int64)
     valid = np.empty(n, np.int64)  # each entry's prefix, searched once
+    starts = np.empty(n, np.int64)  # and its column's start, read once
     counts[0] = 0
+    pointer_rows, time_rows, index_rows = as_rows(indptr), as_rows(edge_time), as_rows(indices)
     for i in prange(n):
+        ahead = np.int64(i) + 2 * DRAW_AHEAD
+        if ahead < n:
+            prefetch_row(pointer_rows, dst_nodes[ahead])
+        ahead = np.int64(i) + DRAW_AHEAD
+        if ahead < n:
+            u = dst_nodes[ahead]
+            if indptr[u + 1] > indptr[u]:
+                prefetch_row(time_rows, indptr[u + 1] - 1)
         v = dst_nodes[i]
-        m = valid_end(edge_time, indptr[v], indptr[v + 1], cuts[dst_rank[i]], strict) - indptr[v]
-        valid[i] = m
+        start = indptr[v]
+        m = valid_end(edge_time, start, indptr[v + 1], cuts[dst_rank[i]], strict) - start
+        valid[i], starts[i] = m, start
         counts[i + 1] = m if (fanout < 0 or m <= fanout) else fanout
     ptr = np.cumsum(counts)
     nbrs = np.empty(ptr[n], indices.dtype)
     edges = np.empty(ptr[n], np.int64)
     for i in prange(n):
+        ahead = np.int64(i) + DRAW_AHEAD
+        if ahead < n and valid[ahead] > 0:
+            prefetch_row(index_rows, starts[ahead] + (valid[ahead] - 1 if last else 0))
         v = dst_nodes[i]
-        start, m = indptr[v], valid[i]
+        start, m = starts[i], valid[i]
         chosen, out = edges[ptr[i]:ptr[i + 1]], nbrs[ptr[i]:ptr[i + 1]]
         k = chosen.shape[0]
         if k == m or last:
@@ -76,45 +93,64 @@ def sample_temporal(indptr, indices, edge_time, dst_nodes, dst_rank, cuts, fanou
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _slot(ids, ranks, table, u, r):
-    """The table slot holding entry (``u``, ``r``), or the empty slot where it belongs (linear probing)."""
+def _home(table, key):
+    """The slot where the entry of ``key`` is first looked for."""
+    return np.int64(mix(np.uint64(key)) & np.uint64(table.shape[0] - 1))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _slot(table, key):
+    """The table slot holding the entry of ``key`` (``vertex * times + rank``), or the empty slot where it
+    belongs (linear probing). A slot holds the key and the entry's position side by side: one line read."""
     mask = table.shape[0] - 1
-    h = np.int64(mix(np.uint64(u) * GOLDEN + np.uint64(r)) & np.uint64(mask))
+    h = _home(table, key)
     while True:
-        q = table[h]
-        if q < 0 or (ids[q] == u and ranks[q] == r):
+        k = table[h, 0]
+        if k < 0 or k == key:
             return h
         h = (h + 1) & mask
 
 
 def new_table(entries: int) -> np.ndarray:
-    """An empty entry table for up to ``entries`` (vertex, rank) pairs (at most half full)."""
-    return np.full(1 << max(4, int(2 * max(entries, 1) - 1).bit_length()), -1, np.int64)
+    """An empty entry table for up to ``entries`` (vertex, rank) pairs (at most half full): rows of (key,
+    position), -1 where empty."""
+    return np.full((1 << max(4, int(2 * max(entries, 1) - 1).bit_length()), 2), -1, np.int64)
 
 
 @njit(cache=True, nogil=True)
-def enter(table, ids, ranks, count):
-    """Put the (distinct) entries ``0..count-1`` of (``ids``, ``ranks``) in ``table``."""
+def enter(table, ids, ranks, count, times):
+    """Put the (distinct) entries ``0..count-1`` of (``ids``, ``ranks``) in ``table`` (``times``: the batch's
+    distinct times, the ranks' bound)."""
     for p in range(count):
-        table[_slot(ids, ranks, table, ids[p], ranks[p])] = p
+        key = ids[p] * times + ranks[p]
+        h = _slot(table, key)
+        table[h, 0], table[h, 1] = key, p
 
 
 @njit(cache=True, nogil=True)
-def relabel_timed(table, ids, ranks, size, ptr, dst_rank, nbrs):
+def relabel_timed(table, ids, ranks, size, ptr, dst_rank, nbrs, times):
     """Each of ``nbrs`` (row ``i``'s ``nbrs[ptr[i]:ptr[i+1]]``, at row ``i``'s time ``dst_rank[i]``) as its
     entry's position in the frontier (``ids``, ``ranks``) of ``size`` entries, new entries appended in order
-    of first appearance (room for ``len(nbrs)`` more). Returns (local ids, new size)."""
+    of first appearance (room for ``len(nbrs)`` more; ``times`` the ranks' bound). Returns (local ids, new
+    size). The table slot of the entry ``DRAW_AHEAD`` edges ahead is asked
+    for before each lookup (a table larger than the caches is read at random)."""
     local = np.empty(nbrs.shape[0], np.int64)
-    for i in range(ptr.shape[0] - 1):
+    rows = ptr.shape[0] - 1
+    ahead_row = 0  # the row of edge e + DRAW_AHEAD
+    for i in range(rows):
         r = dst_rank[i]
         for e in range(ptr[i], ptr[i + 1]):
+            ahead = e + DRAW_AHEAD
+            if ahead < nbrs.shape[0]:
+                while ptr[ahead_row + 1] <= ahead:
+                    ahead_row += 1
+                prefetch_row(table, _home(table, np.int64(nbrs[ahead]) * times + dst_rank[ahead_row]))
             u = nbrs[e]
-            h = _slot(ids, ranks, table, u, r)
-            q = table[h]
-            if q < 0:
-                q = size
-                table[h] = q
-                ids[q], ranks[q] = u, r
+            key = np.int64(u) * times + r
+            h = _slot(table, key)
+            if table[h, 0] < 0:
+                table[h, 0], table[h, 1] = key, size
+                ids[size], ranks[size] = u, r
                 size += 1
-            local[e] = q
+            local[e] = table[h, 1]
     return local, size

@@ -120,10 +120,11 @@ class TimedFrontier:
         new_ids, new_ranks = np.empty(room, np.int64), np.empty(room, np.int64)
         new_ids[:size], new_ranks[:size] = ids, ranks
         table = tk.new_table(room)
-        tk.enter(table, new_ids, new_ranks, size)
+        times = max([1, int(ranks.max(initial=0)) + 1] + [int(r.max(initial=0)) + 1 for _, r, _ in parts])
+        tk.enter(table, new_ids, new_ranks, size, times)
         local = []
         for ptr, dst_rank, nbrs in parts:
-            positions, size = tk.relabel_timed(table, new_ids, new_ranks, size, ptr, dst_rank, nbrs)
+            positions, size = tk.relabel_timed(table, new_ids, new_ranks, size, ptr, dst_rank, nbrs, times)
             local.append(positions)
         return local, new_ids[:size], new_ranks[:size]
 
