@@ -93,64 +93,45 @@ def sample_temporal(indptr, indices, edge_time, dst_nodes, dst_rank, cuts, fanou
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _home(table, key):
-    """The slot where the entry of ``key`` is first looked for."""
-    return np.int64(mix(np.uint64(key)) & np.uint64(table.shape[0] - 1))
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _slot(table, key):
-    """The table slot holding the entry of ``key`` (``vertex * times + rank``), or the empty slot where it
-    belongs (linear probing). A slot holds the key and the entry's position side by side: one line read."""
+def _slot(ids, ranks, table, u, r):
+    """The table slot holding entry (``u``, ``r``), or the empty slot where it belongs (linear probing)."""
     mask = table.shape[0] - 1
-    h = _home(table, key)
+    h = np.int64(mix(np.uint64(u) * GOLDEN + np.uint64(r)) & np.uint64(mask))
     while True:
-        k = table[h, 0]
-        if k < 0 or k == key:
+        q = table[h]
+        if q < 0 or (ids[q] == u and ranks[q] == r):
             return h
         h = (h + 1) & mask
 
 
 def new_table(entries: int) -> np.ndarray:
-    """An empty entry table for up to ``entries`` (vertex, rank) pairs (at most half full): rows of (key,
-    position), -1 where empty."""
-    return np.full((1 << max(4, int(2 * max(entries, 1) - 1).bit_length()), 2), -1, np.int64)
+    """An empty entry table for up to ``entries`` (vertex, rank) pairs (at most half full)."""
+    return np.full(1 << max(4, int(2 * max(entries, 1) - 1).bit_length()), -1, np.int64)
 
 
 @njit(cache=True, nogil=True)
-def enter(table, ids, ranks, count, times):
-    """Put the (distinct) entries ``0..count-1`` of (``ids``, ``ranks``) in ``table`` (``times``: the batch's
-    distinct times, the ranks' bound)."""
+def enter(table, ids, ranks, count):
+    """Put the (distinct) entries ``0..count-1`` of (``ids``, ``ranks``) in ``table``."""
     for p in range(count):
-        key = ids[p] * times + ranks[p]
-        h = _slot(table, key)
-        table[h, 0], table[h, 1] = key, p
+        table[_slot(ids, ranks, table, ids[p], ranks[p])] = p
 
 
 @njit(cache=True, nogil=True)
-def relabel_timed(table, ids, ranks, size, ptr, dst_rank, nbrs, times):
+def relabel_timed(table, ids, ranks, size, ptr, dst_rank, nbrs):
     """Each of ``nbrs`` (row ``i``'s ``nbrs[ptr[i]:ptr[i+1]]``, at row ``i``'s time ``dst_rank[i]``) as its
     entry's position in the frontier (``ids``, ``ranks``) of ``size`` entries, new entries appended in order
-    of first appearance (room for ``len(nbrs)`` more; ``times`` the ranks' bound). Returns (local ids, new
-    size). The table slot of the entry ``DRAW_AHEAD`` edges ahead is asked
-    for before each lookup (a table larger than the caches is read at random)."""
+    of first appearance (room for ``len(nbrs)`` more). Returns (local ids, new size)."""
     local = np.empty(nbrs.shape[0], np.int64)
-    rows = ptr.shape[0] - 1
-    ahead_row = 0  # the row of edge e + DRAW_AHEAD
-    for i in range(rows):
+    for i in range(ptr.shape[0] - 1):
         r = dst_rank[i]
         for e in range(ptr[i], ptr[i + 1]):
-            ahead = e + DRAW_AHEAD
-            if ahead < nbrs.shape[0]:
-                while ptr[ahead_row + 1] <= ahead:
-                    ahead_row += 1
-                prefetch_row(table, _home(table, np.int64(nbrs[ahead]) * times + dst_rank[ahead_row]))
             u = nbrs[e]
-            key = np.int64(u) * times + r
-            h = _slot(table, key)
-            if table[h, 0] < 0:
-                table[h, 0], table[h, 1] = key, size
-                ids[size], ranks[size] = u, r
+            h = _slot(ids, ranks, table, u, r)
+            q = table[h]
+            if q < 0:
+                q = size
+                table[h] = q
+                ids[q], ranks[q] = u, r
                 size += 1
-            local[e] = table[h, 1]
+            local[e] = q
     return local, size

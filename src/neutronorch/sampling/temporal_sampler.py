@@ -120,11 +120,10 @@ class TimedFrontier:
         new_ids, new_ranks = np.empty(room, np.int64), np.empty(room, np.int64)
         new_ids[:size], new_ranks[:size] = ids, ranks
         table = tk.new_table(room)
-        times = max([1, int(ranks.max(initial=0)) + 1] + [int(r.max(initial=0)) + 1 for _, r, _ in parts])
-        tk.enter(table, new_ids, new_ranks, size, times)
+        tk.enter(table, new_ids, new_ranks, size)
         local = []
         for ptr, dst_rank, nbrs in parts:
-            positions, size = tk.relabel_timed(table, new_ids, new_ranks, size, ptr, dst_rank, nbrs, times)
+            positions, size = tk.relabel_timed(table, new_ids, new_ranks, size, ptr, dst_rank, nbrs)
             local.append(positions)
         return local, new_ids[:size], new_ranks[:size]
 
