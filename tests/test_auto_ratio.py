@@ -88,13 +88,32 @@ def test_epochs_the_error_cap_kept_cold_count_as_epochs_without_reuse():
     tuner.update(99.0, 0, 0, hot_share=0.0)
     assert tuner.update(10.0, 0, 0, hot_share=0.0) == 0.2  # nothing was hot: no measure of reuse yet
     assert tuner.history[-1]["decision"] == "capped"
-    # The first epoch with hot rows is judged against it at once: no baseline epoch needed.
+    # The first epoch with hot rows compiles their path: it decides nothing, whatever it took.
+    assert tuner.update(30.0, 0, 0, hot_share=0.1) == 0.2
+    assert tuner.history[-1]["decision"] == "warm-up" and "the first epoch with hot rows" in tuner.history[-1]["reason"]
+    # The next is judged against the capped one at once: no baseline epoch needed.
     assert tuner.update(9.0, 0, 0, hot_share=0.1) == pytest.approx(0.4)
     assert tuner.history[-1]["decision"] == "on" and tuner.history[-1]["reason"].startswith("reuse pays")
+    assert "r 0.2, a mean 10.0% of the vertices reached hot" in tuner.history[-1]["reason"]  # the share served
     tuner = HotRatioTuner(0.2, shared_cores=True)
-    for seconds, share in ((99.0, 0.0), (10.0, 0.0), (11.0, 0.1)):
+    for seconds, share in ((99.0, 0.0), (10.0, 0.0), (30.0, 0.1), (11.0, 0.1)):
         tuner.update(seconds, 0, 0, hot_share=share)
     assert tuner.ratio == 0 and tuner.history[-1]["decision"] == "off"
+
+
+def test_the_first_epoch_with_hot_rows_is_a_warm_up_even_after_the_first_epoch():
+    """As a run starts: the first epoch serves nothing hot (no snapshot yet), the second compiles the hot rows'
+    path (slow), the third measures them; a verdict taken from the second would turn reuse off for nothing."""
+    tuner = HotRatioTuner(0.2, shared_cores=True)
+    tuner.update(0.5, 0, 0, hot_share=0.0)  # warm-up: nothing served hot yet
+    assert tuner.update(0.53, 0, 0, hot_share=0.127) == 0.2 and tuner.history[-1]["decision"] == "warm-up"
+    assert tuner.update(0.15, 0, 0, hot_share=0.2) == 0 and tuner.history[-1]["decision"] == "baseline"
+    assert tuner.update(0.17, 0, 0, hot_share=0.0) > 0 and tuner.history[-1]["decision"] == "on"
+    assert "0.15 CPU s per epoch with hot rows (r 0.2, a mean 20.0% of the vertices reached hot)" in \
+        tuner.history[-1]["reason"]
+    restored = HotRatioTuner(0.2, shared_cores=True)
+    restored.load_state_dict(tuner.state_dict())
+    assert restored.state_dict() == tuner.state_dict()
 
 
 def test_a_walk_that_gets_slower_than_no_hot_rows_goes_back_or_off():

@@ -30,6 +30,9 @@ class HotRatioTuner:
         self._phase = "start"  # start, measure, baseline, on, off, probe (judge: within one update)
         self._off = 0  # epochs without hot rows since reuse was turned off (or last probed)
         self._factor = 1.0  # separate processors: the last balance (device / host time, clamped)
+        self._warm = False  # an epoch with hot rows ran (the first compiles their path: it decides nothing)
+        self._share: float | None = None  # the mean hot share of the epoch being decided on
+        self._best_share: float | None = None  # ... and of the fastest epoch with hot rows
 
     def update(self, epoch_seconds: float, host_seconds: float, device_seconds: float,
                cost_seconds: float | None = None, hot_share: float | None = None) -> float:
@@ -49,6 +52,7 @@ class HotRatioTuner:
         capped = hot_share is not None and hot_share < self.NOTHING_HOT and self.ratio > 0
         # At r 0 yet rows served hot: super-batches planned ahead before r went to 0 (the snapshot's lead).
         mixed = hot_share if hot_share is not None and hot_share >= self.NOTHING_HOT and self.ratio == 0 else None
+        self._share = hot_share
         decision, reason = self._decide(epoch_seconds, device_seconds < host_seconds, entry.get("cost_s"), capped,
                                         mixed)
         entry.update(next=round(self.ratio, 4), decision=decision, reason=reason)
@@ -58,8 +62,9 @@ class HotRatioTuner:
     def _decide(self, seconds: float, host_behind: bool, cost: float | None, capped: bool,
                 mixed: float | None = None) -> tuple[str, str]:
         ratio, phase = self.ratio, self._phase
+        served = ratio > 0 and not capped  # hot rows were used (unknown share: taken as used)
         if phase == "start":
-            self._phase = "measure"
+            self._phase, self._warm = "measure", served
             return "warm-up", "the first epoch (compilation, cold caches) decides nothing"
         if mixed is not None:  # neither an epoch without hot rows nor one at a ratio: it decides nothing
             return "mixed", (f"a mean {100 * mixed:.1f}% of the vertices reached were hot, in super-batches planned "
@@ -67,6 +72,10 @@ class HotRatioTuner:
         if capped:  # nothing was hot: an epoch without reuse, whatever the ratio
             self._zero = seconds
             return "capped", "next to nothing was hot (the staleness-error cap): an epoch without reuse"
+        if served and not self._warm:  # the hot rows' path ran for the first time (compiling): not its speed
+            self._warm = True
+            return "warm-up", (f"the first epoch with hot rows (their path compiling, its caches cold) decides "
+                               f"nothing: one more at r {ratio:g}")
         if ratio == 0:
             self._zero = seconds
             if phase == "baseline" and self._best is not None and self._best[0] < seconds * (1 + self.FIRST_MARGIN):
@@ -75,12 +84,13 @@ class HotRatioTuner:
                 verdict = ("reuse pays" if self._best[0] < seconds else
                            f"within {100 * self.FIRST_MARGIN:.0f}% (early in training): later epochs decide")
                 return "on", (f"{verdict}: {self._best[0]:.2f} {self.unit} per epoch with hot rows "
-                              f"(r {self._best[1]:g}), {seconds:.2f} {self.unit} without")
+                              f"({self._at(self._best[1], self._best_share)}), {seconds:.2f} {self.unit} without")
             self._off = self._off + 1 if phase == "off" else 1
             self._phase = "off"
             if phase == "baseline":
                 return "off", (f"reuse does not pay: {seconds:.2f} {self.unit} per epoch without hot rows, "
-                               f"{self._best[0]:.2f} {self.unit} with them (r {self._best[1]:g})")
+                               f"{self._best[0]:.2f} {self.unit} with them "
+                               f"({self._at(self._best[1], self._best_share)})")
             if self._off >= self.PROBE_EVERY:
                 self._phase = "probe"
                 self._set(self.PROBE_RATIO)
@@ -88,7 +98,7 @@ class HotRatioTuner:
             return "off", f"no hot rows ({self._off} of {self.PROBE_EVERY} epochs before the next probe)"
         slower = self._zero is not None and seconds >= self._zero * (1 + self.MARGIN)
         if phase == "measure":
-            self._best = (seconds, ratio)
+            self._best, self._best_share = (seconds, ratio), self._share
             if self._zero is None:
                 self._phase, self.ratio = "baseline", 0.0
                 return "baseline", "one epoch without hot rows, to measure what they save"
@@ -97,9 +107,10 @@ class HotRatioTuner:
             if slower:
                 return self._turn_off(seconds, ratio, cost)
             self._phase, self._best, self._direction, self._step = "on", (seconds, ratio), 1.0, 1.0
+            self._best_share = self._share
             self._set(self._next_positive(ratio))
             return "on", (f"{'the probe paid' if phase == 'probe' else 'reuse pays'}: {seconds:.2f} {self.unit} per "
-                          f"epoch at r {ratio:g}, {self._zero:.2f} {self.unit} without hot rows")
+                          f"epoch at {self._at(ratio, self._share)}, {self._zero:.2f} {self.unit} without hot rows")
         if not self.shared_cores:
             if slower and not (host_behind and ratio > self.LOW):
                 return self._turn_off(seconds, ratio, cost)
@@ -107,7 +118,7 @@ class HotRatioTuner:
             return "balance", f"device / host time per super-batch {self._factor:.2f}"
         improved = self._best is None or seconds < self._best[0]
         if improved:
-            self._best = (seconds, ratio)
+            self._best, self._best_share = (seconds, ratio), self._share
         converged = self._step < self.MIN_STEP
         if slower and (improved or converged or self._best[1] == ratio):  # no faster ratio to return to
             return self._turn_off(seconds, ratio, cost)
@@ -127,13 +138,19 @@ class HotRatioTuner:
         self._phase, self._off, self.ratio = "off", 0, 0.0
         spent = "" if cost is None else (f": the hot rows cost the device {cost:.2f} s and spared it "
                                          f"{self._zero - seconds + cost:.2f} s")
-        return "off", (f"reuse does not pay: {seconds:.2f} {self.unit} per epoch with hot rows (r {ratio:g}), "
-                       f"{self._zero:.2f} {self.unit} without{spent}")
+        return "off", (f"reuse does not pay: {seconds:.2f} {self.unit} per epoch with hot rows "
+                       f"({self._at(ratio, self._share)}), {self._zero:.2f} {self.unit} without{spent}")
+
+    @staticmethod
+    def _at(ratio: float, share: float | None) -> str:
+        """The ratio an epoch ran at, and the share of the vertices reached it made hot where known (the
+        staleness-error cap may keep it below the ratio)."""
+        return f"r {ratio:g}" + ("" if share is None else f", a mean {100 * share:.1f}% of the vertices reached hot")
 
     def state_dict(self) -> dict:
         return {"ratio": self.ratio, "history": self.history, "direction": self._direction, "step": self._step,
                 "best": self._best, "zero": self._zero, "phase": self._phase, "off": self._off,
-                "factor": self._factor}
+                "factor": self._factor, "warm": self._warm, "best_share": self._best_share}
 
     def load_state_dict(self, state: dict) -> None:
         self.ratio, self.history = state["ratio"], state["history"]
@@ -142,6 +159,8 @@ class HotRatioTuner:
         self._zero = state.get("zero")
         self._phase = state.get("phase", "on" if len(self.history) > 1 else ("measure" if self.history else "start"))
         self._off, self._factor = state.get("off", 0), state.get("factor", 1.0)
+        # Written before the first epoch with hot rows was a warm-up: taken as warm, as it tuned then.
+        self._warm, self._best_share = state.get("warm", True), state.get("best_share")
 
     def _set(self, ratio: float) -> None:
         self.ratio = float(min(self.HIGH, max(self.LOW, ratio)))
