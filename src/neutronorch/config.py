@@ -52,7 +52,7 @@ class TrainConfig:
              "negatives and scored by MRR, Hits@K or ROC-AUC against held-out edges "
              "(docs/link-prediction.md)")
     split: str | None = setting(
-        None, type=str, metavar="SPEC", short="ratio:TRAIN,VAL or per-class:TRAIN,VAL; a link task: edges:TRAIN,VAL",
+        None, type=str, metavar="SPEC", short="ratio:, per-class: or time:TRAIN,VAL; a link task: edges:TRAIN,VAL",
         help="split for data without one: ratio:TRAIN,VAL or per-class:TRAIN,VAL of the vertices; a link task: "
              "edges:TRAIN,VAL of the edges, validation and test edges left out of message passing (by time on a "
              "graph with edge times); time:TRAIN,VAL re-splits a graph with vertex times by them, the earliest "
