@@ -272,3 +272,23 @@ def test_every_setting_has_its_option():
     for f in setting_fields():
         assert f.metadata["help"] and set(f.metadata) <= {"resume", *OPTION_SPEC}
 
+
+
+def test_a_misspelt_or_foreign_setting_name_gets_the_one_it_may_mean(tmp_path, capsys):
+    from neutronorch.cli import main
+    from neutronorch.config_keys import load_config_file
+
+    (tmp_path / "run.yaml").write_text("learning_rate: 0.01\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'learning_rate'; did you mean lr\? Known keys"):
+        load_config_file(tmp_path / "run.yaml")
+    (tmp_path / "run.yaml").write_text("hiden: 8\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'hiden'; did you mean hidden\?"):
+        load_config_file(tmp_path / "run.yaml")
+    (tmp_path / "run.yaml").write_text("zzz: 8\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'zzz'\. Known keys"):
+        load_config_file(tmp_path / "run.yaml")
+    with pytest.raises(SystemExit):
+        main(["train", "--hiden", "8", "--learning-rate", "0.1", "--zzz"])
+    err = capsys.readouterr().err
+    assert err.startswith("usage: neutronorch train")  # the command's usage, not the top level's
+    assert "(--hiden: did you mean --hidden?; --learning-rate: did you mean --lr?)" in err

@@ -165,7 +165,8 @@ def test_malformed_pairs_are_refused_saying_what_is_wrong(graph, pairs, message)
     ("empty.txt", "# nothing\n", "holds no pairs"),
     ("three.txt", "1 2 3\n4 5 6\n", "hold 3 ids each; give two per line"),
     ("ragged.txt", "1 2\n3 4 5\n", "number of columns changed"),
-    ("words.csv", "src,dst\n1,2\n", "cannot be read as 'u v' or 'u,v' lines"),
+    ("words.csv", "src,dst\n1,2\n", "line 1 holds 'src' and no number: a header"),
+    ("names.txt", "# pairs\n1 2\nalice bob\n", "line 3 holds 'alice', not a vertex number.*node_ids.npy"),
     ("floats.txt", "1.5 2\n", "cannot be read as 'u v' or 'u,v' lines"),
     ("binary.txt", b"\xff\xfe\x00\x01", "cannot be read"),
     ("damaged.npy", b"\x93NUMPY garbage", "cannot be read as a .npy array"),
@@ -268,3 +269,12 @@ def test_scores_that_are_not_numbers_are_refused_and_nothing_is_written(graph, t
                                               r"written"):
         score_pairs(checkpoint, graph, PAIRS, out=out)
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_names_given_for_vertex_numbers_and_a_link_models_layers_are_explained(graph):
+    checkpoint = _link_checkpoint(graph)
+    with pytest.raises(ConfigError, match=r"these look like names: .*node_ids.npy"):
+        embed(checkpoint, graph, layer=2, nodes=np.array(["alice", "bob"]))
+    with pytest.raises(ConfigError, match=r"`layer` 5: the model has layers 1..3 \(.*3 gives the embeddings the link "
+                                          r"head scores"):
+        embed(checkpoint, graph, layer=5)

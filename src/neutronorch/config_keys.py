@@ -12,6 +12,26 @@ from neutronorch.config import TrainConfig, check_types, setting_fields, value_t
 from neutronorch.errors import ConfigError, not_a_file, permission_message
 
 
+# Other programs' names of settings (PyG's, DGL's examples, common scripts): said as a hint, never accepted.
+ALIASES = {"learning_rate": "lr", "num_epochs": "epochs", "epoch": "epochs", "hidden_dim": "hidden",
+           "hidden_channels": "hidden", "hidden_size": "hidden", "num_layers": "layers", "num_neighbors": "fanouts",
+           "fanout": "fanouts", "neighbors": "fanouts", "batchsize": "batch_size", "wd": "weight_decay",
+           "data": "dataset", "num_workers": "sampler_threads", "workers": "sampler_threads"}
+
+
+def did_you_mean(name: str, known) -> str:
+    """``"; did you mean X?"`` for a misspelt or another program's setting ``name`` (underscores or dashes as
+    ``name`` has them), or ""."""
+    import difflib
+
+    plain = name.replace("-", "_")
+    match = ALIASES.get(plain) if ALIASES.get(plain) in known else None
+    match = match or next(iter(difflib.get_close_matches(plain, list(known), n=1, cutoff=0.75)), None)
+    if match is None:
+        return ""
+    return f"; did you mean {match.replace('_', '-') if '-' in name else match}?"
+
+
 class RepeatedKey(Exception):
     pass
 
@@ -115,8 +135,8 @@ def load_config_file(path: str | os.PathLike, extra: dict[str, str] | None = Non
         negated = name in negated_keys  # the switches' spelling: --no-progress, ...
         name = name[3:] if negated else name
         if name not in known:
-            raise ConfigError(f"--config {path}: unknown key {key!r}. Known keys: {', '.join(sorted(known))}. "
-                              f"Sections: {', '.join(sections)}.")
+            raise ConfigError(f"--config {path}: unknown key {key!r}{did_you_mean(str(key), known) or '.'} Known keys: "
+                              f"{', '.join(sorted(known))}. Sections: {', '.join(sections)}.")
         if section is not None and home.get(name) != section:
             where = f"under [{home[name]}] (or at the top level)" if name in home else "at the top level"
             raise ConfigError(f"--config {path}: {key!r} is under [{section}], but belongs {where}.")

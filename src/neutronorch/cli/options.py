@@ -13,6 +13,7 @@ from dataclasses import fields
 from neutronorch.config import TrainConfig, setting_fields
 from neutronorch.data import DATASET_SPEC_HELP, SyntheticSpec, synthetic_temporal, synthetic_typed
 from neutronorch.cli.partition import add_partition_options
+from neutronorch.config_keys import did_you_mean
 from neutronorch.data.tabular import HEADERS
 
 __all__ = ["RUN_FOLDER_KEYS", "TEMPORAL_ONLY", "build_parser"]
@@ -104,6 +105,19 @@ class _Parser(argparse.ArgumentParser):
                 self.error(f"argument {'/'.join(action.option_strings) or action.metavar or action.dest}: an empty "
                            f"value; give one, or leave the option out.")
         return namespace, rest
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but an unknown option is refused by its command's parser (its usage shown), with the
+        option it may have meant (``--hiden``: ``--hidden``; ``--learning-rate``: ``--lr``)."""
+        namespace, rest = self.parse_known_args(args, namespace)
+        if rest:
+            commands = next((a.choices for a in self._actions if isinstance(a, argparse._SubParsersAction)), {})
+            parser = commands.get(getattr(namespace, "command", None), self)
+            flags = {flag[2:] for action in parser._actions for flag in action.option_strings if flag.startswith("--")}
+            hints = [f"{word.split('=')[0]}: {hint[2:].replace('did you mean ', 'did you mean --')}" for word in rest
+                     if word.startswith("--") and (hint := did_you_mean(word[2:].split("=")[0], flags))]
+            parser.error(f"unrecognized arguments: {' '.join(rest)}" + (f" ({'; '.join(hints)})" if hints else ""))
+        return namespace
 
 
 class _HelpAll(argparse.Action):

@@ -76,6 +76,15 @@ def _read_file(path: Path) -> np.ndarray:
             array = np.loadtxt(path, dtype=np.int64, delimiter="," if "," in first else None, comments="#",
                                ndmin=2, encoding="utf-8")
     except Exception as exc:  # noqa: BLE001 - unreadable, damaged or malformed files are the same user error
+        named = _first_name(path) if path.suffix != ".npy" else None
+        if named is not None and named[2]:  # the first line names its columns
+            raise ConfigError(f"`pairs` {path}: line {named[0]} holds {named[1]!r} and no number: a header? A "
+                              f"pairs file has none: remove the line, or make it a '#' comment.") from None
+        if named is not None:  # a vertex's name where its number belongs
+            raise ConfigError(f"`pairs` {path}: line {named[0]} holds {named[1]!r}, not a vertex number. A "
+                              f"dataset converted from your tables numbers its vertices 0..n-1 and its "
+                              f"node_ids.npy gives each number's name: np.searchsorted(node_ids, your_names) "
+                              f"gives the numbers (docs/link-prediction.md).") from None
         reason = str(exc).split("; use `usecols`")[0]  # numpy's advice is about its own arguments
         kind = "a .npy array" if path.suffix == ".npy" else "'u v' or 'u,v' lines"
         raise ConfigError(f"`pairs` {path}: cannot be read as {kind} ({type(exc).__name__}: {reason}); "
@@ -84,6 +93,32 @@ def _read_file(path: Path) -> np.ndarray:
         raise ConfigError(f"`pairs` {path}: its lines hold {array.shape[1]} ids each; give two per line, "
                           f"'u v' or 'u,v'.")
     return array
+
+
+def _first_name(path: Path) -> tuple[int, str, bool] | None:
+    """The first line (from 1) of a pairs text file holding a token that is no number, the token, and whether
+    it is the file's first line with tokens and holds no number at all (a header); None where every token is
+    a number (or the file cannot be read)."""
+    first = True
+    try:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                tokens = line.split("#")[0].replace(",", " ").split()
+                numbers = [_is_number(token) for token in tokens]
+                if not all(numbers):
+                    return number, tokens[numbers.index(False)], first and not any(numbers)
+                first = first and not tokens
+    except (OSError, UnicodeDecodeError):
+        return None
+    return None
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+        return True
+    except ValueError:
+        return False
 
 
 def _check_range(pairs: np.ndarray, num_nodes: int, what: str, text: Path | None = None) -> None:

@@ -89,8 +89,9 @@ def _rows(checkpoint, graph: Graph | TypedGraph, nodes: Nodes, layer: int | None
                               "give `layer` 1 for them.")
         layer = layers - 1
     elif not 0 <= layer <= layers:
+        last = "the embeddings the link head scores" if isinstance(checkpoint.model, LinkModel) else "the logits"
         raise ConfigError(f"`layer` {layer}: the model has layers 1..{layers} (1 reads the inputs; {layers} gives "
-                          f"the logits; 0 gives the inputs: features, or a featureless type's embedding table).")
+                          f"{last}; 0 gives the inputs: features, or a featureless type's embedding table).")
     if typed:
         node_type = node_type or graph.target
         check_computed(model, node_type, layer)

@@ -52,7 +52,11 @@ def select_nodes(graph: Graph | TypedGraph, nodes: Nodes, node_type: str | None 
     else:
         ids, what = ids_in_memory(nodes), "`nodes` (vertex ids given in memory)"
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
-        raise ConfigError(f"{what}: expected a 1-D array of integer vertex ids, got {ids.dtype} {ids.shape}.")
+        named = ids.dtype.kind in "USO"  # names, as a table converted with ids renumbered has them
+        raise ConfigError(f"{what}: expected a 1-D array of integer vertex ids, got {ids.dtype} {ids.shape}"
+                          + ("; these look like names: a dataset converted from your tables numbers its vertices "
+                             "0..n-1, and its node_ids.npy gives each number's name (docs/datasets.md, 'Your own "
+                             "tables'): look the names up there" if named else "") + ".")
     bad = (ids < 0) | (ids >= count)  # compared in the ids' own type: a huge unsigned id is shown as it is
     if bad.any():
         first = int(np.argmax(bad))
