@@ -171,8 +171,9 @@ def _data_lines(path: Path, last: int) -> list[int] | None:
 
 
 @torch.no_grad()
-def score_pairs(checkpoint: Checkpoint | str | os.PathLike, graph: Graph | TypedGraph, pairs: Pairs, device: str = "cpu",
-                chunk_size: int = 4096, *, probabilities: bool = False, out: str | os.PathLike | None = None,
+def score_pairs(checkpoint: Checkpoint | str | os.PathLike, graph: Graph | TypedGraph, pairs: Pairs,
+                device: str = "cpu", chunk_size: int = 4096, *, probabilities: bool = False,
+                out: str | os.PathLike | None = None,
                 scratch: str | None = "auto", progress: LayerProgress | None = None,
                 overwrite: bool = False, layout: str | None = None, source: str | None = None) -> np.ndarray:
     """One float32 score per pair, in the pairs' order: the link checkpoint's head applied to the encoder's
