@@ -252,3 +252,30 @@ def test_a_typed_link_run_on_raw_rows_learns(kind):
                                 batch_size=256, threads=1, seed=0, eval_negatives=100, device="cpu"), graph=graph)
     assert summary["epochs"][0]["train_loss"] < 1.45
     assert summary["test_mrr"] > 0.1
+
+
+def test_a_typed_link_checkpoint_scores_pairs_and_embeds_both_end_types(mag, tmp_path, capsys):
+    """predict --pairs and embed of a typed link checkpoint: a pair is an author and a paper (ids of their
+    types); its score is the head on the two types' last-layer rows that embed gives."""
+    from neutronorch import embed, score_pairs
+    from neutronorch.cli import main
+    from neutronorch.data import write_typed
+    from neutronorch.train.checkpoint import load_checkpoint
+
+    train(config(link_relation="writes", epochs=1, checkpoint_dir=str(tmp_path / "ck")), graph=mag)
+    checkpoint = str(tmp_path / "ck" / "best.pt")
+    pairs = np.array([[0, 5, 7, mag.num_nodes["author"] - 1, 3], [3, 9, mag.num_nodes["paper"] - 1, 0, 3]])
+    scores = score_pairs(checkpoint, mag, pairs)
+    authors, papers = (embed(checkpoint, mag, layer=2, node_type=t) for t in ("author", "paper"))
+    head = load_checkpoint(checkpoint).model
+    with torch.no_grad():
+        expected = head.score(torch.from_numpy(authors[pairs[0]]), torch.from_numpy(papers[pairs[1]])).numpy()
+    np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ConfigError, match=r"out of range \(a pair.s first id is one of the [\d,]+ author vertices, its "
+                                          r"second one of the [\d,]+ paper vertices\)"):
+        score_pairs(checkpoint, mag, np.array([[0, mag.num_nodes["author"], 1], [1, 2, 3]]))
+    write_typed(mag, tmp_path / "mag")
+    np.savetxt(tmp_path / "pairs.txt", pairs.T, fmt="%d")
+    assert main(["predict", "--checkpoint", checkpoint, "--dataset", str(tmp_path / "mag"), "--pairs",
+                 str(tmp_path / "pairs.txt"), "--out", str(tmp_path / "scores.npy"), "--no-progress"]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "scores.npy"), scores)

@@ -93,9 +93,6 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module | None = Non
     receives them."""
     state = load_state(path, kind)
     kind = state.get("kind", HOMOGENEOUS)
-    if kind == TYPED and "link_head" in state["model_args"]:
-        raise CheckpointError(f"{path}: a typed graph's link checkpoint; `predict` and `embed` read a typed "
-                              f"graph's node-task checkpoints only for now (docs/heterogeneous.md).")
     config = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.keys()})
     return Checkpoint(_model(state, Path(path), model).eval(), config, int(state["epoch"]), state["dataset"],
                       state["history"], fanouts_of(state) if kind == TYPED else None)
@@ -296,7 +293,8 @@ def check_fits(checkpoint: Checkpoint, graph: Graph | TypedGraph, source: str) -
     each type the model reads its feature width, and for a featureless type (an embedding table, a row per
     vertex) its vertex count; the data may otherwise differ (other features, more papers)."""
     if checkpoint.typed:
-        differ = _typed_misfits(checkpoint.model, graph)
+        model = checkpoint.model.encoder if isinstance(checkpoint.model, LinkModel) else checkpoint.model
+        differ = _typed_misfits(model, graph)
     else:
         found = dataset_fingerprint(graph)
         keys = ("feature_dim",) if isinstance(checkpoint.model, LinkModel) else ("feature_dim", "classes")

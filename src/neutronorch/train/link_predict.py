@@ -5,6 +5,8 @@ embed")."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import os
 import warnings
@@ -14,11 +16,18 @@ from typing import Sequence, Union
 import numpy as np
 import torch
 
+from neutronorch.data.edge_split import link_relation
 from neutronorch.data.graph import Graph
+from neutronorch.data.links import LinkEnds
 from neutronorch.data.pairs import pair_columns
+from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError, not_a_file
 from neutronorch.features.store import FeatureStore
+from neutronorch.nn.link import LinkModel
+from neutronorch.orchestration.link_seeds import EndsSampler
+from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.checkpoint import Checkpoint
+from neutronorch.train.evaluate import typed_logits
 from neutronorch.train.health import output_check
 from neutronorch.train.layerwise import LayerProgress, last_layer_rows
 from neutronorch.train.predict import check_request, checkpoint_for
@@ -32,11 +41,12 @@ _SHOWN = 5  # out-of-range ids an error lists
 _INT64_LIMIT = 1 << 63  # ids from here on fit no int64 and name no vertex of any graph
 
 
-def read_pairs(pairs: Pairs, num_nodes: int | None = None, layout: str | None = None,
+def read_pairs(pairs: Pairs, num_nodes: int | tuple | None = None, layout: str | None = None,
                source: str | None = None) -> np.ndarray:
     """The pairs as a (2, P) int64 array (row 0 the first vertex of each pair), in their order: ``PAIR_FORMS``
     or an array, tensor or list, read by ``data.pairs.pair_columns``' rule (``layout`` for a 2 x 2 one). With
-    ``num_nodes``, every id must be in 0..num_nodes-1. ``source`` names pairs given as an array in errors (the
+    ``num_nodes``, every id must be in 0..num_nodes-1 (a typed link's: (first vertices' type, its count),
+    (second's, its count)). ``source`` names pairs given as an array in errors (the
     file they were read from). Anything else is a ``ConfigError`` naming the file and, for a text file, the
     lines."""
     path = Path(pairs) if isinstance(pairs, (str, os.PathLike)) else None
@@ -121,11 +131,17 @@ def _is_number(token: str) -> bool:
         return False
 
 
-def _check_range(pairs: np.ndarray, num_nodes: int, what: str, text: Path | None = None) -> None:
-    """Every id in 0..num_nodes-1, else an error counting the ids out of range and showing the first few
-    with their pairs' positions (a ``text`` file's lines), compared and shown in the ids' own type (never
-    wrapped)."""
-    bad = (pairs < 0) | (pairs >= num_nodes)
+def _check_range(pairs: np.ndarray, num_nodes, what: str, text: Path | None = None) -> None:
+    """Every id in 0..num_nodes-1 (a typed link's ``num_nodes``: ((type, count), (type, count)), one per end),
+    else an error counting the ids out of range and showing the first few with their pairs' positions (a
+    ``text`` file's lines), compared and shown in the ids' own type (never wrapped)."""
+    ends = num_nodes if isinstance(num_nodes, tuple) else None
+    if ends is not None:
+        first, second = ends[0][1], ends[1][1]
+        bad = np.stack([(pairs[0] < 0) | (pairs[0] >= first), (pairs[1] < 0) | (pairs[1] >= second)])
+        num_nodes = max(first, second)
+    else:
+        bad = (pairs < 0) | (pairs >= num_nodes)
     count = int(bad.sum())
     if count:
         where = np.flatnonzero(bad.any(axis=0))[:_SHOWN]
@@ -134,6 +150,9 @@ def _check_range(pairs: np.ndarray, num_nodes: int, what: str, text: Path | None
         shown = ", ".join(f"{place(i)} ({int(pairs[0, i])}, {int(pairs[1, i])})" for i in where)
         limit = (f"0..{num_nodes - 1} (the dataset has {num_nodes:,} vertices)" if num_nodes < _INT64_LIMIT
                  else "of int64 (no graph has such vertices)")
+        if ends is not None:  # a typed link's pairs: each end among its own type's vertices
+            limit = (f"(a pair's first id is one of the {ends[0][1]:,} {ends[0][0]} vertices, its second one of the "
+                     f"{ends[1][1]:,} {ends[1][0]} vertices)")
         raise ConfigError(f"{what}: {count:,} vertex id{'s' if count > 1 else ''} out of range {limit}, in {shown}"
                           f"{', ...' if bad.any(axis=0).sum() > _SHOWN else ''}"
                           f"{'' if lines is not None else ' (pairs counted from 0)'}. Give ids of this dataset's "
@@ -152,8 +171,9 @@ def _data_lines(path: Path, last: int) -> list[int] | None:
 
 
 @torch.no_grad()
-def score_pairs(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, pairs: Pairs, device: str = "cpu",
-                chunk_size: int = 4096, *, probabilities: bool = False, out: str | os.PathLike | None = None,
+def score_pairs(checkpoint: Checkpoint | str | os.PathLike, graph: Graph | TypedGraph, pairs: Pairs,
+                device: str = "cpu", chunk_size: int = 4096, *, probabilities: bool = False,
+                out: str | os.PathLike | None = None,
                 scratch: str | None = "auto", progress: LayerProgress | None = None,
                 overwrite: bool = False, layout: str | None = None, source: str | None = None) -> np.ndarray:
     """One float32 score per pair, in the pairs' order: the link checkpoint's head applied to the encoder's
@@ -166,22 +186,43 @@ def score_pairs(checkpoint: Checkpoint | str | os.PathLike, graph: Graph, pairs:
     device = check_request(graph, device, probabilities=probabilities, overwrite=overwrite)
     check_prediction_output(out, scratch, checkpoint, graph, overwrite,
                             {"pairs": [pairs] if isinstance(pairs, (str, os.PathLike)) else []})
+    given = graph
     checkpoint, graph = checkpoint_for(checkpoint, graph, pairs=True)
-    pairs = torch.from_numpy(read_pairs(pairs, graph.num_nodes, layout, source))
+    # A typed graph's: the relation the run predicted (named as the graph was given, before its reverses).
+    relation = link_relation(given, checkpoint.config.link_relation) if isinstance(given, TypedGraph) else None
     model = checkpoint.model.to(device).eval()
     encoder = model.encoder
-    folder = scratch_folder(encoder, graph, encoder.num_layers, scratch, out)
     check = output_check("scores", "pairs")
+    if relation is not None:  # each pair a vertex of the relation's source type and one of its destination type
+        ends = LinkEnds.of(graph.num_nodes, relation, graph.reverse_of(relation))
+        bounds = ((relation[0], graph.num_nodes[relation[0]]), (relation[2], graph.num_nodes[relation[2]]))
+        pairs = torch.from_numpy(read_pairs(pairs, bounds, layout, source))
+        stacked = pairs + torch.tensor([[ends.offsets[relation[0]]], [ends.offsets[relation[2]]]])
+        sampler = EndsSampler(TypedNeighborSampler(graph, checkpoint.config.eval_fanouts if
+                                                   checkpoint.config.eval_fanouts is not None else checkpoint.fanouts),
+                              ends)
+        nodes = torch.unique(stacked.reshape(-1))  # sorted: a pair's rows are found by binary search
+        rows = contextlib.nullcontext(typed_logits(encoder, graph, sampler, nodes, device, chunk_size,
+                                                   checkpoint.config.seed))
+        return write_rows(out, (pairs.shape[1],), np.float32, functools.partial(
+            _scored, model, stacked, nodes, rows, device, chunk_size, check, probabilities))
+    pairs = torch.from_numpy(read_pairs(pairs, graph.num_nodes, layout, source))
+    folder = scratch_folder(encoder, graph, encoder.num_layers, scratch, out)
+    nodes = torch.unique(pairs.reshape(-1))  # sorted: a pair's rows are found by binary search
+    rows = last_layer_rows(encoder, graph, FeatureStore(graph.features, graph.labels), nodes, device, chunk_size,
+                           scratch=folder, progress=progress)
+    return write_rows(out, (pairs.shape[1],), np.float32, functools.partial(
+        _scored, model, pairs, nodes, rows, device, chunk_size, check, probabilities))
 
-    def fill(scores: np.ndarray) -> None:
-        nodes = torch.unique(pairs.reshape(-1))  # sorted: a pair's rows are found by binary search
-        with last_layer_rows(encoder, graph, FeatureStore(graph.features, graph.labels), nodes, device, chunk_size,
-                             scratch=folder, progress=progress) as rows:
-            row = lambda ids: rows[torch.searchsorted(nodes, ids)].to(device)  # noqa: E731
-            for start in range(0, pairs.shape[1], chunk_size):
-                chunk = pairs[:, start:start + chunk_size]
-                logits = model.score(row(chunk[0]), row(chunk[1])).float().cpu()
-                check(logits)
-                scores[start:start + chunk.shape[1]] = (torch.sigmoid(logits) if probabilities else logits).numpy()
 
-    return write_rows(out, (pairs.shape[1],), np.float32, fill)
+def _scored(model: LinkModel, pairs: torch.Tensor, nodes: torch.Tensor, embedded, device: torch.device,
+            chunk_size: int, check, probabilities: bool, scores: np.ndarray) -> None:
+    """``scores[i]``: the head on pair ``i``'s rows of ``embedded`` (a context giving the rows of the sorted
+    ``nodes``), ``chunk_size`` pairs at a time, checked finite."""
+    with embedded as rows:
+        row = lambda ids: rows[torch.searchsorted(nodes, ids)].to(device)  # noqa: E731
+        for start in range(0, pairs.shape[1], chunk_size):
+            chunk = pairs[:, start:start + chunk_size]
+            logits = model.score(row(chunk[0]), row(chunk[1])).float().cpu()
+            check(logits)
+            scores[start:start + chunk.shape[1]] = (torch.sigmoid(logits) if probabilities else logits).numpy()

@@ -224,6 +224,7 @@ def typed_fill(checkpoint: Checkpoint, graph: TypedGraph, fanouts, node_type: st
     ``layer``, once ``check`` has found it finite; sampled with the run's evaluation fanouts or ``fanouts``
     (checked here, before any work), layer by layer when every one is -1."""
     model, config = checkpoint.model, checkpoint.config
+    model = model.encoder if isinstance(model, LinkModel) else model  # a link checkpoint's layers: its encoder's
     if isinstance(fanouts, int):  # -1: every neighbour, at every layer
         fanouts = [fanouts] * model.num_layers
     sampler = TypedNeighborSampler(graph, fanouts if fanouts is not None else (
@@ -236,7 +237,7 @@ def typed_fill(checkpoint: Checkpoint, graph: TypedGraph, fanouts, node_type: st
     def fill(array: np.ndarray) -> None:
         if every:  # every neighbour: layer by layer (the layers below first)
             compute = typed_layers(model, graph, node_type, layer, device, chunk_size, progress)
-        elif layer == model.num_layers:  # the logits
+        elif layer == model.num_layers and node_type == model.spec.target:  # the logits (sampled from the target)
             compute = lambda chunk: typed_logits(  # noqa: E731
                 model, graph, sampler, torch.from_numpy(chunk), device, len(chunk), config.seed)
         else:
