@@ -692,9 +692,9 @@ def _diverging(monkeypatch):
 def _terminated_while_loading(monkeypatch):
     real = trainer_module.load_dataset
 
-    def load(*args):
+    def load(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)  # the handler asks the run to stop after its current step
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(trainer_module, "load_dataset", load)
 
@@ -904,7 +904,7 @@ def test_a_run_killed_while_replacing_leaves_the_earlier_outputs_recoverable(dat
     folder = tmp_path / "runs" / "X"
     earlier = _digest(folder)
     hanging = ("import sys, time\nfrom neutronorch.train import trainer\n"
-               "def load(*a):\n print('loading', flush=True)\n time.sleep(600)\n"
+               "def load(*a, **k):\n print('loading', flush=True)\n time.sleep(600)\n"
                "trainer.load_dataset = load\nfrom neutronorch.cli import main\nmain(sys.argv[1:])")
     child = subprocess.Popen([sys.executable, "-c", hanging, *base, "--overwrite"], stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(

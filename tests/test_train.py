@@ -317,7 +317,7 @@ def test_a_bad_eval_fanout_is_reported_under_its_own_flag(capsys):
 def test_an_unwritable_summary_path_fails_before_any_data_is_loaded(tmp_path, capsys, monkeypatch):
     from neutronorch.train import trainer
 
-    monkeypatch.setattr(trainer, "load_dataset", lambda *a: pytest.fail("data loaded before the check"))
+    monkeypatch.setattr(trainer, "load_dataset", lambda *a, **k: pytest.fail("data loaded before the check"))
     (tmp_path / "file").write_text("x")
     assert main(["train", "--summary-json", str(tmp_path / "file" / "s.json"), "--epochs", "1"]) == 2
     assert "cannot be written" in capsys.readouterr().err
