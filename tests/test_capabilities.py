@@ -75,7 +75,8 @@ def test_a_prediction_refuses_what_its_kind_of_graph_cannot_honour_and_takes_the
 @pytest.mark.parametrize("mode", MODE_CHOICES)
 def test_neutronorch_settings_are_refused_in_the_modes_that_ignore_them(kind, mode):
     """`--hot-ratio 0.3 --host-threads 1` with mode exact or device would be ignored: refused, naming them; with
-    neutronorch they are used, with auto the run chooses (on a typed graph auto always runs exact: refused)."""
+    neutronorch they are used, with auto the run chooses (on a typed graph auto always runs exact: refused; on a
+    homogeneous one they are refused once it picks another mode: test_mode_auto.py)."""
     config = TrainConfig(mode=mode, hot_ratio="0.3", host_threads=1).validate()
     named = {"exact": "exact", "device": "device", "auto": r"auto \(which runs exact on a typed graph\)"}
     if mode in ("exact", "device") or (mode == "auto" and kind == "typed"):

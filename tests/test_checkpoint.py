@@ -1,6 +1,7 @@
 """Checkpoints: written atomically during training, read back for prediction, refused when damaged."""
 
 import collections
+import json
 import os
 
 import numpy as np
@@ -200,7 +201,6 @@ NEUTRONORCH_FIXED = dict(hot_ratio=0.3, snapshot_lead=1, super_batch=3)
     ("neutronorch", {**NEUTRONORCH_FIXED, "hot_grad": "cpu", "device_sampling": "on"})],
     ids=["exact", "device", "neutronorch-stop", "neutronorch-cpu", "neutronorch-planned-on-the-device"])
 def test_a_run_stopped_mid_epoch_and_resumed_ends_bit_identical(tmp_path, mode, extra):
-    import json
     import threading
 
     from neutronorch.errors import Interrupted
@@ -268,13 +268,23 @@ def test_checkpoint_every_writes_mid_epoch_positions_that_resume_exactly(tmp_pat
 
     from neutronorch.train import run
     monkeypatch.setattr(run, "save_checkpoint", spy)
+    log = dict(log_jsonl=str(tmp_path / "m.jsonl"), log_every=3)
     with pytest.raises(KeyboardInterrupt):
-        _run(mode, tmp_path / "split", epochs=2, batch_size=64, checkpoint_every=2, **extra)
+        _run(mode, tmp_path / "split", epochs=2, batch_size=64, checkpoint_every=2, **log, **extra)
     monkeypatch.undo()
     steps = whole["epochs"][0]["batches"]
     assert positions[:3] == [(0, 2), (0, 4), (0, steps)] and positions[-1] == (1, 4)
-    resumed = _run(mode, tmp_path / "split", epochs=2, resume=True, batch_size=64, checkpoint_every=2, **extra)
+    # The log holds steps past the checkpoint it resumes from (step 2 of epoch 1): cut, then logged once.
+    logged = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if r["kind"] == "step"] == list(range(steps + 4))
+    resumed = _run(mode, tmp_path / "split", epochs=2, resume=True, batch_size=64, checkpoint_every=2, **log,
+                   **extra)
     assert [e["train_loss"] for e in resumed["epochs"]] == [e["train_loss"] for e in whole["epochs"]]
+    logged = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if r["kind"] == "step"] == list(range(2 * steps))
+    assert [r["epoch"] for r in logged if r["kind"] == "epoch"] == [0, 1]
+    assert resumed["epochs"][1]["resumed_at_step"] == 2
+    assert resumed["epochs"][1]["moved"]["feature_rows"] == whole["epochs"][1]["moved"]["feature_rows"]
     a = load_checkpoint(tmp_path / "whole" / "last.pt").model.state_dict()
     b = load_checkpoint(tmp_path / "split" / "last.pt").model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -286,7 +296,6 @@ def test_checkpoint_every_writes_mid_epoch_positions_that_resume_exactly(tmp_pat
                                                           "--super-batch", "3", "--hot-grad", "cpu"])],
                          ids=["exact", "device", "neutronorch"])
 def test_sigterm_finishes_the_step_saves_and_exits_promptly_and_the_run_resumes_exactly(tmp_path, mode, extra):
-    import json
     import signal
     import subprocess
     import sys
@@ -296,8 +305,9 @@ def test_sigterm_finishes_the_step_saves_and_exits_promptly_and_the_run_resumes_
     data = "synthetic:nodes=16000"  # 50 steps per epoch: the signal lands mid-epoch
     args = ["--dataset", data, "--mode", mode, "--epochs", "3", "--batch-size", "32", "--eval-every", "-1",
             "--no-progress", *extra]
+    log = ["--log-jsonl", str(tmp_path / "m.jsonl"), "--log-every", "5"]  # 7 is no multiple of 5
     command = [sys.executable, "-m", "neutronorch", "train", *args, "--checkpoint-dir", str(directory),
-               "--checkpoint-every", "7", "--summary-json", str(summary_path)]
+               "--checkpoint-every", "7", "--summary-json", str(summary_path), *log]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (directory / "last.pt").exists() and time.monotonic() < deadline:
@@ -311,14 +321,19 @@ def test_sigterm_finishes_the_step_saves_and_exits_promptly_and_the_run_resumes_
     summary = json.loads(summary_path.read_text())
     assert summary["status"] == "interrupted"
     stopped = checkpoint_module.load_state(directory / "last.pt")
+    stopped_log = (tmp_path / "m.jsonl").read_text()
     assert main(["train", *args, "--checkpoint-dir", str(directory), "--checkpoint-every", "7", "--resume",
-                 "--summary-json", str(tmp_path / "resumed.json")]) == 0
+                 "--summary-json", str(tmp_path / "resumed.json"), *log]) == 0
     assert main(["train", *args, "--checkpoint-dir", str(tmp_path / "whole"), "--checkpoint-every", "7",
                  "--summary-json", str(tmp_path / "whole.json")]) == 0
     resumed, whole = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("resumed", "whole"))
     # Where the signal landed depends on the machine's speed (usually mid-epoch 0); it was before the end.
     per_epoch = whole["epochs"][0]["batches"]
     assert (stopped["epoch"], stopped["position"]["step"]) < (2, per_epoch)
+    # The log held every step to the stop; the resumed run continued it, each step once.
+    steps_of = lambda text: [r["step"] for r in map(json.loads, text.splitlines()) if r["kind"] == "step"]  # noqa
+    assert steps_of(stopped_log) == list(range(stopped["epoch"] * per_epoch + stopped["position"]["step"]))
+    assert steps_of((tmp_path / "m.jsonl").read_text()) == list(range(3 * per_epoch))
     assert [e["train_loss"] for e in resumed["epochs"]] == [e["train_loss"] for e in whole["epochs"]]
     a = load_checkpoint(directory / "last.pt").model.state_dict()
     b = load_checkpoint(tmp_path / "whole" / "last.pt").model.state_dict()

@@ -134,3 +134,38 @@ def test_a_typed_graph_is_normalised_per_featured_type():
     summary = train(TrainConfig(fanouts=[3, 3], hidden=16, batch_size=64, epochs=1, threads=1, device="cpu",
                                 normalize_features="row", progress=False, stage_table=False), graph=typed)
     assert summary["status"] == "completed"
+
+
+def test_the_log_says_how_many_rows_were_divided_and_their_sums_before(tmp_path, caplog, capsys):
+    import logging
+
+    from neutronorch.cli import main
+    from neutronorch.data.native import save_native
+
+    from neutronorch.data import Graph
+
+    rows = np.zeros((10, 3), np.float32)  # ten vertices: enough for the default split
+    rows[:5] = [[0, 2, 3], [0, 0, 0], [0.25, 0.25, 0], [1, 0, 0], [4, 4, 2]]
+    graph = Graph.from_arrays([0, 1, 2], [1, 2, 3], rows, np.arange(10) % 2)
+    with caplog.at_level(logging.INFO, logger="neutronorch"):
+        normalized(graph, "none")
+        assert caplog.messages == []  # nothing done, nothing said
+        normalized(graph, "row")
+    assert caplog.messages == [f"`normalize_features` row: {graph.name}: 2 of 10 rows divided by their sum (sums 5 "
+                               f"to 10, median 7.5), 8 summing to at most 1 kept as they were"]
+    caplog.clear()
+    typed = synthetic_typed(nodes=200, train=0.3, val=0.1, seed=0)
+    typed = dataclasses.replace(typed, features={t: np.abs(x) * 3 + 1 for t, x in typed.features.items()})
+    with caplog.at_level(logging.INFO, logger="neutronorch"):
+        normalized(typed, "row")
+    [line] = caplog.messages  # one line, each featured type's part
+    for node_type, x in typed.features.items():
+        assert f"{node_type}: {x.shape[0]:,} of {x.shape[0]:,} rows divided by their sum (sums " in line
+    # On the command line, as the run's log shows it.
+    bag = bag_of_words(nodes=300)
+    save_native(bag, tmp_path / "bag")
+    args = ["train", "--dataset", str(tmp_path / "bag"), "--fanouts", "3", "--hidden", "8", "--epochs", "1",
+            "--eval-every", "-1", "--no-save", "--no-progress", "--normalize-features", "row"]
+    assert main(args) == 0
+    said = f"--normalize-features row: {bag.name}: 298 of 300 rows divided by their sum (sums "
+    assert said in capsys.readouterr().err

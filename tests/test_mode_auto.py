@@ -170,3 +170,56 @@ def test_the_probe_times_each_mode_on_a_copy_and_leaves_the_run_untouched():
         assert measured["step_s"] > 0 and measured["steps"] == 2 and measured["lanes"]["trainer"] > 0, name
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
     assert torch.equal(rng, torch.get_rng_state()) and cfg.mode == "auto" and cfg.epochs == 3
+
+
+def test_on_the_cpu_auto_refuses_neutronorch_settings_before_reading_any_data(tmp_path, monkeypatch, capsys):
+    """Auto trains exact mode on the CPU, which would ignore them: refused with the mode, its reason and the fix,
+    before the data is read or a run folder made."""
+    from neutronorch.train import trainer
+
+    def unread(*args, **kwargs):
+        raise AssertionError("the data was read")
+
+    monkeypatch.setattr(trainer, "load_dataset", unread)
+    monkeypatch.chdir(tmp_path)
+    args = ["train", "--mode", "auto", "--device", "cpu", "--run-name", "x"] + SETTINGS
+    assert main(args + ["--hot-ratio", "0.3", "--super-batch", "4"]) == 2
+    err = capsys.readouterr().err
+    assert ("--super-batch 4, --hot-ratio 0.3: NeutronOrch mode's, and --mode auto chose exact mode, which would "
+            "ignore them (training on the CPU: exact mode by rule, not measured.") in err, err
+    assert err.rstrip().endswith("1.23x). Give --mode neutronorch to use them, or leave them out."), err
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(ConfigError, match=r"^`hot_ratio` 0.3: NeutronOrch mode's, and `mode` auto chose exact mode"):
+        train(TrainConfig(dataset=SMALL, mode="auto", device="cpu", hot_ratio=0.3))
+
+
+def test_auto_refuses_neutronorch_settings_as_soon_as_it_chose_another_mode(monkeypatch):
+    """On a GPU the choice needs the graph (and perhaps a probe): the settings are refused once it is made, before
+    training, naming the mode chosen and why; when it chose NeutronOrch they are used."""
+    import numpy as np
+
+    from neutronorch.data import Graph
+
+    monkeypatch.setattr(mode_choice, "mode_facts", lambda *args: BEYOND)
+    measured = {"device": {"step_s": 0.01}, "neutronorch": {"step_s": 0.02}}
+    cfg = TrainConfig(mode="auto", hot_ratio=0.3).validate()
+    with pytest.raises(ConfigError, match=r"`hot_ratio` 0.3: NeutronOrch mode's, and `mode` auto chose device mode, "
+                                          r"which would ignore it \(.*measured NeutronOrch at 20.0 ms per mini-batch "
+                                          r".*\)\. Give `mode` neutronorch to use it, or leave it out\."):
+        resolve_mode(cfg, None, torch.device("cuda"), Threads(1, 1, 1), None, probe=lambda *args: measured)
+    faster = {"device": {"step_s": 0.02}, "neutronorch": {"step_s": 0.01}}
+    cfg = TrainConfig(mode="auto", hot_ratio=0.3).validate()
+    assert resolve_mode(cfg, None, torch.device("cuda"), Threads(1, 1, 1), None,
+                        probe=lambda *args: faster).chosen == "neutronorch"
+    # A graph with times: exact mode, wherever it trains.
+    cfg = TrainConfig(mode="auto", snapshot_lead=1).validate()
+    timed = Graph.from_arrays([0, 1, 2], [1, 2, 0], np.zeros((10, 2)), np.arange(10) % 2, node_time=np.arange(10.0))
+    with pytest.raises(ConfigError, match=r"`snapshot_lead` 1: NeutronOrch mode's, and `mode` auto chose exact mode, "
+                                          r"which would ignore it \(a graph with times is sampled by time"):
+        resolve_mode(cfg, timed, torch.device("cuda"), Threads(1, 1, 1), None)
+    # Resumed: the checkpoint's mode, and its settings (which a resumed run may not change) are checked against it.
+    cfg = TrainConfig(mode="auto", host_threads=1).validate()
+    with pytest.raises(ConfigError, match=r"`host_threads` 1: .* auto chose exact mode, which would ignore it "
+                                          r"\(resumed in the mode the run chose: training on the CPU"):
+        resolve_mode(cfg, None, torch.device("cuda"), Threads(1, 1, 1), None,
+                     resumed={"config": {"mode": "exact"}, "mode_choice": choose_mode(ModeFacts("cpu")).to_dict()})

@@ -3,6 +3,7 @@
 import csv
 import errno
 import json
+import logging
 import os
 import threading
 import time
@@ -203,6 +204,102 @@ def test_csv_log_names_its_score_columns_by_metric_and_a_resumed_run_keeps_the_h
     log.close()
     lines = list(csv.reader(old.open()))
     assert [len(line) for line in lines] == [8, 8, 8] and lines[2][5] == "0.75"
+
+
+def _log_records(path):
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return [r for r in records if r["kind"] == "step"], [r for r in records if r["kind"] == "epoch"]
+
+
+def test_a_run_stopped_mid_epoch_keeps_every_step_it_logged_and_its_resumption_logs_each_step_once(tmp_path,
+                                                                                                   graph):
+    """The steps since the last group of ``log_every`` are in the logs when the stop's checkpoint is written; the
+    resumed run goes on from the step after, and its resumed epoch's record is the whole epoch's, as the
+    uninterrupted run's is."""
+    from neutronorch.errors import Interrupted
+
+    whole = train(config(epochs=3, batch_size=16), graph)
+    batches = whole["epochs"][0]["batches"]
+    assert batches > 6
+    stop = threading.Event()
+    logs = dict(log_jsonl=str(tmp_path / "m.jsonl"), log_csv=str(tmp_path / "m.csv"), log_every=4,
+                checkpoint_dir=str(tmp_path / "ckpt"), batch_size=16,
+                tensorboard=str(tmp_path / "tb") if _has("tensorboard") else None)
+    with pytest.raises(Interrupted, match="epoch 1 after step 6"):
+        train(config(epochs=3, **logs), graph, stop=stop,
+              progress=lambda epoch, done, total: stop.set() if (epoch, done) == (1, 6) else None)
+    steps, epochs = _log_records(tmp_path / "m.jsonl")
+    assert [r["step"] for r in steps] == list(range(batches + 6))  # none lost: 6 is not a multiple of 4
+    assert [r["epoch"] for r in epochs] == [0]
+    resumed = train(config(epochs=3, resume=True, **logs), graph)
+    steps, epochs = _log_records(tmp_path / "m.jsonl")
+    assert [r["step"] for r in steps] == list(range(3 * batches))
+    assert [(r["epoch"], r["batch"]) for r in steps] == [(e, b) for e in range(3) for b in range(batches)]
+    assert [r["epoch"] for r in epochs] == [0, 1, 2]
+    rows = list(csv.DictReader((tmp_path / "m.csv").open()))
+    assert [int(r["step"]) for r in rows if r["kind"] == "step"] == list(range(3 * batches))
+    assert [int(r["epoch"]) for r in rows if r["kind"] == "epoch"] == [0, 1, 2]
+    if logs["tensorboard"]:
+        assert [step for step, _ in _board_steps(tmp_path / "tb")] == list(range(3 * batches))
+    # The resumed epoch's counts are the uninterrupted epoch's (the same batches); it says where it resumed. The
+    # host store's rows count what it gathered: the batches prepared ahead of the stop are gathered again.
+    record, reference = resumed["epochs"][1], whole["epochs"][1]
+    assert record["resumed_at_step"] == 6 and "resumed_at_step" not in resumed["epochs"][2]
+    assert "counted_from_step" not in record
+    for key in ("sampled_edges", "batches", "input_nodes_per_batch", "train_loss"):
+        assert record[key] == reference[key], key
+    for key in ("feature_rows", "feature_bytes", "device_bytes", "cache_hits"):
+        assert record["moved"][key] == reference["moved"][key], key
+    assert record["moved"]["host_rows"] >= reference["moved"]["host_rows"]
+    assert record["seconds"] > 0 and set(record["stage_seconds"]) == set(reference["stage_seconds"])
+
+
+def test_a_resumed_log_is_cut_where_its_checkpoint_was_taken(tmp_path, caplog):
+    """Records written after the checkpoint a run resumes from (by a run that then failed or was killed) are cut
+    off, a line cut short too; the records before it are kept as they were."""
+    from neutronorch.config import LogConfig
+    from neutronorch.train.summary import MetricLog
+
+    caplog.set_level(logging.INFO, "neutronorch")
+    jsonl, table, board = tmp_path / "m.jsonl", tmp_path / "m.csv", tmp_path / "tb"
+    tensorboard = board if _has("tensorboard") else None
+    log = MetricLog(LogConfig(str(jsonl), str(table), tensorboard, 3), "acc")
+    for step in range(4):
+        log.step(0, step, torch.tensor(float(step)))
+    log.epoch({"epoch": 0, "train_loss": 1.5, "seconds": 1.0, "stage_seconds": {}})
+    for step in range(4, 7):  # epoch 1's first 3 steps: past a checkpoint at the end of epoch 0
+        log.step(1, step - 4, torch.tensor(float(step)))
+    log.close()
+    with jsonl.open("a") as f:
+        f.write('{"kind": "step", "epo')  # a line cut short by a kill
+    kept = jsonl.read_text().splitlines()[:5]
+    log = MetricLog(LogConfig(str(jsonl), str(table), tensorboard, 3), "acc", append=True)
+    log.continue_at(1, 4)
+    log.step(1, 0, torch.tensor(4.5))  # step 4 trained again
+    log.close()
+    lines = jsonl.read_text().splitlines()
+    assert lines[:5] == kept and [json.loads(line)["step"] for line in lines] == [0, 1, 2, 3, 4, 4]
+    rows = list(csv.DictReader(table.open()))
+    assert [(r["kind"], int(r["step"])) for r in rows] == [("step", 0), ("step", 1), ("step", 2), ("step", 3),
+                                                           ("epoch", 4), ("step", 4)]
+    assert f"{jsonl}: cut 3 step record(s), 1 line cut short past the checkpoint" in caplog.text
+    assert f"{table}: cut 3 step record(s) past the checkpoint" in caplog.text
+    if tensorboard is not None:  # its events from step 4 on are hidden (purged), the new ones shown
+        assert _board_steps(board) == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 4.5)]
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def _board_steps(folder) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(folder))
+    board.Reload()
+    return [(event.step, event.value) for event in board.Scalars("train/loss")]
 
 
 class _FillingFile:

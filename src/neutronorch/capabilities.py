@@ -41,12 +41,14 @@ UNHONOURED = (
      "no tables; leave {it} out."),
 )
 
-# Settings only some modes honour: (those modes, the settings, why), refused when `mode` names another (with
-# `auto` the run chooses its mode, and says which).
+# Settings only some modes honour: (those modes, the settings, why), refused when `mode` names another; with
+# `auto` on a homogeneous graph, when the mode it picks is another (train/mode_choice.py: on the CPU before any
+# data is read, elsewhere once it has picked).
 MODE_ONLY = (
     (("neutronorch",), tuple(f.name for f in settings_of(NeutronOrchConfig)),
-     "NeutronOrch mode's, and `mode` {mode} would ignore {it}; give `mode` neutronorch (or auto on a homogeneous graph), or leave {it} out."),
+     "NeutronOrch mode's, and `mode` {mode} would ignore {it}; give `mode` neutronorch, or leave {it} out."),
 )
+NEUTRONORCH_SETTINGS = MODE_ONLY[0][1]
 # What a prediction (``predict``, ``embed``) of one kind of graph cannot honour: (kind, argument, the values it
 # honours, why the others are refused).
 PREDICTION_UNHONOURED = (
@@ -136,6 +138,7 @@ def markdown() -> str:
     for modes, names, why in MODE_ONLY:
         others = " or ".join(m for m in MODES if m not in modes)
         autos = "".join(f", or auto on a {kind} graph" for kind, mode in AUTO.items() if mode not in modes)
+        autos += " or wherever it picks another mode (on the CPU, on a graph with times)"
         lines.append(f"| either, in `mode` {others}{autos} | {', '.join(f'`{name}`' for name in names)} | "
                      f"{why.format(it='them', mode=others)} |")
     lines += ["", "The loaders (`NeighborLoader`, on either kind of graph, and `LinkNeighborLoader`, on a homogeneous "

@@ -19,10 +19,11 @@ SMALL_CACHE = 0.25  # share of the features on the GPU below which NeutronOrch m
 WIDE_ROW = 512  # bytes of a feature row from which the bottom hop counts as heavy
 LARGE_FANOUT = 10  # bottom fanout from which the bottom hop counts as heavy
 
+CPU_ADVICE = "; give --mode neutronorch to use it anyway"
 CPU_REASON = ("training on the CPU: exact mode by rule, not measured. There the host does all the work, so NeutronOrch's "
               "reuse only moves it between threads of one processor (0.89-1.03x exact's epoch on the 1M-vertex "
               "benchmark graph: never reliably faster, and its rows are stale), and device mode's torch sampler took "
-              "1.23x; give --mode neutronorch to use it anyway")
+              "1.23x" + CPU_ADVICE)
 
 
 @dataclass(frozen=True)

@@ -72,16 +72,59 @@ def _diverged(epoch: int, steps: int) -> TrainingError:
                          f"steps): the run diverged. Lower `lr`, or check the features for extreme values.")
 
 
+class Tally:
+    """What an epoch's record adds up over its steps: training and CPU seconds, seconds per stage and the
+    spans' counters, the rows, edges and bytes its batches moved and the host store's rows. A run stopped
+    mid-epoch keeps the tally of the steps it ran in its checkpoint (``as_dict``: the position's ``counts``),
+    and its resumption starts from it, so that the resumed epoch's record is the whole epoch's."""
+
+    MOVED = ("sampled_edges", "feature_rows", "feature_bytes", "cache_hits", "device_bytes")  # Batch.counts()
+
+    def __init__(self, carried: dict | None = None):
+        carried = carried or {}
+        self.seconds, self.cpu_seconds = float(carried.get("seconds", 0.0)), float(carried.get("cpu_seconds", 0.0))
+        self.stage_seconds = dict(carried.get("stage_seconds", {}))
+        self.counts = dict(carried.get("counts", {}))  # the spans' counters
+        self.moved = [int(carried.get("moved", {}).get(name, 0)) for name in self.MOVED]
+        self.host = [int(n) for n in carried.get("host", (0, 0))]  # host store's rows, of them its cache's hits
+        self._clock = (time.perf_counter(), time.process_time())
+
+    def batch(self, counts) -> None:
+        self.moved = [total + n for total, n in zip(self.moved, counts)]
+
+    def fold(self, spans: Spans, store) -> "Tally":
+        """Add the time since the last fold, the spans' totals and the store's counts (both taken)."""
+        now = (time.perf_counter(), time.process_time())
+        self.seconds += now[0] - self._clock[0]
+        self.cpu_seconds += now[1] - self._clock[1]
+        self._clock = now
+        totals, counts = spans.take()
+        for into, taken in ((self.stage_seconds, totals), (self.counts, counts)):
+            for name, value in taken.items():
+                into[name] = into.get(name, 0) + value
+        if store is not None:
+            self.host = [total + n for total, n in zip(self.host, store.take_counts())]
+        return self
+
+    def as_dict(self) -> dict:
+        return {"seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "stage_seconds": dict(self.stage_seconds),
+                "counts": dict(self.counts), "moved": dict(zip(self.MOVED, self.moved)), "host": list(self.host)}
+
+
 def train_epoch(run, epoch: int, window: TimelineWindow) -> dict:
     """Train one epoch of ``run`` (a ``run.Run``: its model, optimizers, mode, task's loss, precision and,
     data parallel, reduction) from ``run.start_step`` on when it is the run's first, else from its start;
-    return its record (without evaluation). Counters of rows, edges and bytes cover the steps run here; the
-    loss covers the whole epoch, as does ``run.progress.loss(epoch, running mean)``. ``last.pt`` is saved
-    mid-epoch every ``checkpoint_every`` steps, and when ``run.stop`` is set (then ``Interrupted``)."""
+    return its record (without evaluation). The record covers the whole epoch, a resumed one's included (its
+    steps before ``run.start_step`` from the tally its checkpoint carried, ``run.carried``; one written
+    before checkpoints carried it: counters from the resumption on, said by ``counted_from_step``), as does
+    ``run.progress.loss(epoch, running mean)``. ``last.pt`` is saved mid-epoch every ``checkpoint_every``
+    steps, and when ``run.stop`` is set (then ``Interrupted``), after the steps' losses are logged."""
     model, mode, spans, util, metrics = run.model, run.mode, run.spans, run.util, run.metrics
     seed, every, stop, progress = run.config.seed, run.config.checkpoint_every, run.stop, run.progress
     loss_progress = getattr(progress, "loss", None)
+    resumed = epoch == run.start_epoch and run.start_step > 0  # resumed mid-epoch (or at a typed run's last step)
     start_step, loss_sum = (run.start_step, run.loss_sum) if epoch == run.start_epoch else (0, 0.0)
+    counted_from = start_step if resumed and run.carried is None else 0
     saving = run.config.checkpoint_dir and mode.resumable_mid_epoch
     # A stop after the epoch's last step saves and raises too, before the epoch's record (a typed run's);
     # else the epoch's end has its own checkpoint and stop check.
@@ -96,12 +139,10 @@ def train_epoch(run, epoch: int, window: TimelineWindow) -> dict:
     device = next(model.parameters()).device
     total_loss = torch.full((), loss_sum, dtype=torch.float32, device=device)
     check_every = DIVERGENCE_CHECK_STEPS if device.type == "cuda" else 1
-    step_losses = []
-    moved = [0] * 5  # sampled edges, input rows, feature bytes, device cache hits, bytes copied to the device
     num_batches = start_step
-    start, cpu_start = time.perf_counter(), time.process_time()
     if mode.store is not None:
         mode.store.take_counts()  # rows gathered outside training (evaluation) are not this epoch's
+    tally = Tally(run.carried if resumed else None)
     window.begin_epoch(epoch, spans, util)
     with mode.batches(epoch, start_step) as batches:
         batches = iter(batches)
@@ -121,12 +162,9 @@ def train_epoch(run, epoch: int, window: TimelineWindow) -> dict:
                 if loss_progress is not None:
                     loss_progress(epoch, mean)
             if metrics.per_step:
-                step_losses.append(loss)
-                if len(step_losses) == metrics.every:
-                    metrics.steps(epoch, num_batches + 1 - len(step_losses), step_losses)
-                    step_losses = []
+                metrics.step(epoch, num_batches, loss)
             num_batches += 1
-            moved = [total + n for total, n in zip(moved, batch_counts)]
+            tally.batch(batch_counts)
             if num_batches >= window.steps:
                 window.end_epoch(spans, util)
             if run.first_step_at is None:  # the summary's time to the first step
@@ -136,25 +174,29 @@ def train_epoch(run, epoch: int, window: TimelineWindow) -> dict:
             stopping = stop is not None and stop.is_set()
             if num_batches < mode.num_batches or (stopping and stop_at_last_step):
                 if saving and (stopping or (every and num_batches % every == 0)):
-                    run.checkpoint("last.pt", epoch, (num_batches, float(total_loss)))
+                    run.checkpoint("last.pt", epoch, (num_batches, float(total_loss),
+                                                      tally.fold(spans, mode.store).as_dict()))
                 if stopping:
                     raise Interrupted(f"stopped on request in epoch {epoch} after step {num_batches} of "
                                       f"{mode.num_batches}")
-    if step_losses:
-        metrics.steps(epoch, num_batches - len(step_losses), step_losses)
+    metrics.write_pending()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     if not bool(torch.isfinite(total_loss)):
         raise _diverged(epoch, num_batches)
-    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    tally.fold(spans, mode.store)
     window.end_epoch(spans, util)
-    stage_seconds, counts = spans.take()
-    host_rows, host_hits = mode.store.take_counts() if mode.store is not None else (0, 0)
-    sampled_edges, input_nodes, feature_bytes, cache_hits, device_bytes = moved
+    seconds, stage_seconds, counts, (host_rows, host_hits) = (tally.seconds, tally.stage_seconds, tally.counts,
+                                                              tally.host)
+    sampled_edges, input_nodes, feature_bytes, cache_hits, device_bytes = tally.moved
     return {
         "epoch": epoch,
+        # A resumed epoch's: where it resumed (its times and counts still cover the whole epoch; its utilisation
+        # and peak memory the resumed part).
+        **({"resumed_at_step": start_step} if resumed else {}),
+        **({"counted_from_step": counted_from} if counted_from else {}),
         "seconds": seconds,
-        "cpu_seconds": round(cpu_seconds, 4),  # every thread of the process: work, which other programs barely swing
+        "cpu_seconds": round(tally.cpu_seconds, 4),  # every thread of the process: work, barely swung by others
         "train_loss": float(total_loss) / max(1, num_batches),
         "stage_seconds": {k: round(v, 4) for k, v in sorted(stage_seconds.items(),
                                                            key=lambda kv: run.stages.display_order(kv[0]))},
@@ -169,7 +211,7 @@ def train_epoch(run, epoch: int, window: TimelineWindow) -> dict:
                   "host_rows": host_rows, "host_cache_hits": host_hits},
         "batches": num_batches,
         "sampled_edges": sampled_edges,
-        "input_nodes_per_batch": input_nodes / max(1, num_batches - start_step),
+        "input_nodes_per_batch": input_nodes / max(1, num_batches - counted_from),
         "peak_rss_mb": round(peak_rss_mb(), 1),  # high-water mark so far, before this epoch's evaluation
     }
 

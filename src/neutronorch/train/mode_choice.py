@@ -13,13 +13,15 @@ import time
 
 import torch
 
-from neutronorch.capabilities import AUTO, MODES
+from neutronorch.capabilities import AUTO, MODES, NEUTRONORCH_SETTINGS
 from neutronorch.config import TrainConfig
 from neutronorch.data import Graph, TypedGraph
 from neutronorch.data.times import has_vertex_times
+from neutronorch.errors import ConfigError
 from neutronorch.observe import Spans
 from neutronorch.nn.link import optimizer_groups
-from neutronorch.orchestration.choice import ModeChoice, choose_mode, mode_facts, probe_candidates
+from neutronorch.orchestration.choice import (CPU_ADVICE, CPU_REASON, ModeChoice, choose_mode, mode_facts,
+                                               probe_candidates)
 from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.train.distributed import World
 from neutronorch.train.optim import Adam
@@ -71,7 +73,26 @@ def resolve_mode(config: TrainConfig, graph: Graph, device: torch.device, thread
             choice = ModeChoice(agreed, f"rank 0's choice (this rank's: {choice.chosen})", choice.measured)
     config.mode = choice.chosen
     logger.info(f"mode auto: {choice.chosen} ({choice.reason})")
+    refuse_ignored(config, choice)
     return choice
+
+
+def check_auto(config: TrainConfig, device: torch.device) -> None:
+    """``mode`` auto training on the CPU: exact mode by rule (``choose_mode``), so NeutronOrch's settings are
+    refused before any data is read. A resumed run keeps its checkpoint's mode: checked once that is read
+    (``resolve_mode``), as is a GPU's choice."""
+    if config.mode == "auto" and device.type != "cuda" and not config.resume:
+        refuse_ignored(config, ModeChoice("exact", CPU_REASON))
+
+
+def refuse_ignored(config: TrainConfig, choice: ModeChoice) -> None:
+    """Refuse the NeutronOrch settings given to a run for which ``mode`` auto chose another mode, which would
+    ignore them: naming the mode, why it was chosen, and the fix."""
+    given = config.settings_given(NEUTRONORCH_SETTINGS) if choice.chosen != "neutronorch" else []
+    if given:
+        it, why = "it" if len(given) == 1 else "them", choice.reason.removesuffix(CPU_ADVICE)
+        raise ConfigError(f"{', '.join(given)}: NeutronOrch mode's, and `mode` auto chose {choice.chosen} mode, which "
+                          f"would ignore {it} ({why}). Give `mode` neutronorch to use {it}, or leave {it} out.")
 
 
 def probe_modes(config: TrainConfig, graph: Graph, device: torch.device, model: torch.nn.Module, threads: Threads,

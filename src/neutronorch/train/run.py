@@ -80,6 +80,7 @@ class Run:
     start_epoch: int = 0  # where training starts: > 0, or a mid-epoch start_step, when resumed
     start_step: int = 0
     loss_sum: float = 0.0  # the resumed epoch's loss sum over its first start_step steps
+    carried: dict | None = None  # and its tally of them (loop.Tally; None: a checkpoint written before it had one)
     stop: threading.Event | None = None  # set: finish the step, save, stop (Interrupted)
     progress: Progress | None = None
     stopped_early: bool = False  # --patience ran out
@@ -120,9 +121,12 @@ class Run:
                         config.seed, config.eval_max_nodes, self.task, self.world, topology_in_file_order(self.mode),
                         progress, check)
 
-    def checkpoint(self, name: str, epoch: int, position: tuple[int, float] | None = None) -> None:
-        """Save the run; ``position`` (steps done, their loss sum) when mid-epoch, else the epoch is complete."""
-        step, loss_sum = position if position is not None else (self.mode.num_batches, 0.0)
+    def checkpoint(self, name: str, epoch: int, position: tuple[int, float, dict] | None = None) -> None:
+        """Save the run; ``position`` (steps done, their loss sum, their tally: ``loop.Tally.as_dict``) when
+        mid-epoch, else the epoch is complete. The metric logs are flushed first: every step before the
+        checkpoint's position is in them before the checkpoint is written."""
+        step, loss_sum, counts = position if position is not None else (self.mode.num_batches, 0.0, None)
+        self.metrics.flush()
         mode_state = self.mode.state_dict()
         if self.world.distributed:  # every rank's (NeutronOrch's hot sets differ); rank 0 writes them all
             states = self.world.gather_objects(mode_state, f"gathering the mode state for {name}")
@@ -133,7 +137,8 @@ class Run:
         save = lambda path: save_checkpoint(  # noqa: E731
             path, config=self.config, graph=self.graph, model=self.model,
             optimizer=self.optimizer if typed is None else typed.adam, epoch=epoch, history=self.history,
-            best=self.best, position={"step": step, "loss_sum": loss_sum}, mode_state=mode_state,
+            best=self.best, position={"step": step, "loss_sum": loss_sum, **({"counts": counts} if counts else {})},
+            mode_state=mode_state,
             world_size=self.world.size, mode_choice=self.mode_choice, fingerprint=self.fingerprint,
             typed=typed and (typed.sparse, typed.sampler.fanouts, typed.tables,
                              epoch * self.mode.num_batches + step))
@@ -173,16 +178,16 @@ class Run:
             if "val_acc" in best:  # written before the metric was a setting: accuracy under its old keys
                 best = {"val": best["val_acc"], "test": best["test_acc"], "epoch": best["epoch"]}
             self.best, epoch, position = best, int(state["epoch"]), state["position"]
-            step, loss_sum = position["step"], position["loss_sum"]
+            step, loss_sum, carried = position["step"], position["loss_sum"], position.get("counts")
         except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
             raise CheckpointError(
                 f"{path}: its saved state cannot be restored ({type(exc).__name__}: {exc}); the file is "
                 "damaged or was not written by this run's neutronorch. Train anew with `overwrite` (which "
                 "replaces it) or into another `checkpoint_dir`.") from exc
         done = any(record["epoch"] == epoch for record in self.history)
-        self.start_epoch, self.start_step, self.loss_sum = (epoch + 1, 0, 0.0) if done else (
-            epoch, step, loss_sum)
-        self.metrics.next_step = self.start_epoch * self.mode.num_batches + self.start_step
+        self.start_epoch, self.start_step, self.loss_sum, self.carried = (epoch + 1, 0, 0.0, None) if done else (
+            epoch, step, loss_sum, carried)
+        self.metrics.continue_at(self.start_epoch, self.start_epoch * self.mode.num_batches + self.start_step)
         logger.info(f"resumed from {path} at epoch {self.start_epoch}, step {self.start_step}")
 
 

@@ -10,6 +10,7 @@ import csv
 import dataclasses
 import json
 import logging
+import os
 import statistics
 import time
 from pathlib import Path
@@ -187,6 +188,26 @@ def named_scores(task, scores: dict) -> dict:
             **{key: value for key, value in scores.items() if key not in ("val", "test")}}
 
 
+def _jsonl_record(line: bytes) -> tuple[str, int] | None:
+    """A JSON-lines log record's kind and its step (a step's) or epoch (an epoch's); None: another line."""
+    try:
+        record = json.loads(line)
+        return (record["kind"], int(record["step" if record["kind"] == "step" else "epoch"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _csv_record(line: bytes) -> tuple[str, int] | None:
+    """A CSV log row's kind and its step (a step's) or epoch (an epoch's); None: the header, another line."""
+    kind, _, rest = line.decode("utf-8", "replace").partition(",")
+    epoch, _, rest = rest.partition(",")
+    step = rest.partition(",")[0]
+    try:
+        return (kind, int(step if kind == "step" else epoch)) if kind in ("step", "epoch") else None
+    except ValueError:
+        return None
+
+
 CSV_COLUMNS = ("kind", "epoch", "step", "loss", "seconds", "val_acc", "test_acc", "elapsed")  # every version's
 
 
@@ -198,6 +219,8 @@ class MetricLog:
         self.every = config.log_every
         self._start = time.perf_counter()
         self.next_step = 0  # the number of the next logged step (a resumed run continues the count)
+        self._pending: list[torch.Tensor] = []  # step losses not yet read, of consecutive batches of one epoch
+        self._pending_at = (0, 0)  # (epoch, batch) of the first of them
         self._paths = {"jsonl": config.log_jsonl, "csv": config.log_csv, "tb": config.tensorboard}
         self.lost: str | None = None  # the first output that could not be written, said as an OutputError's message
         mode, self._jsonl, self._csv_file, self._csv, self._tb = ("a" if append else "w"), None, None, None, None
@@ -219,6 +242,68 @@ class MetricLog:
             self._write("tb", lambda: setattr(self, "_tb", SummaryWriter(config.tensorboard)))
         self.per_step = any(x is not None for x in (self._jsonl, self._csv, self._tb))
 
+    def step(self, epoch: int, batch: int, loss: torch.Tensor) -> None:
+        """Log one step's loss (a device tensor): kept until ``every`` are pending, then read in one transfer
+        and written; ``flush`` writes those pending sooner (the epoch's end, a checkpoint, the run's end)."""
+        if self._pending and (epoch, batch) != (self._pending_at[0], self._pending_at[1] + len(self._pending)):
+            self.write_pending()
+        if not self._pending:
+            self._pending_at = (epoch, batch)
+        self._pending.append(loss)
+        if len(self._pending) >= self.every:
+            self.write_pending()
+
+    def write_pending(self) -> None:
+        """Write the step losses pending (``step``)."""
+        if self._pending:
+            (epoch, first), losses, self._pending = self._pending_at, self._pending, []
+            self.steps(epoch, first, losses)
+
+    def flush(self) -> None:
+        """Write the step losses pending and hand every log's lines to the system. Called before each
+        checkpoint: every step before a checkpoint's position is in the logs when the checkpoint is written, so
+        a run stopped there (or killed after it) loses none, and its resumption writes each step once
+        (``continue_at``)."""
+        self.write_pending()
+        for name, log in (("jsonl", self._jsonl), ("csv", self._csv_file), ("tb", self._tb)):
+            if log is not None:
+                self._write(name, log.flush)
+
+    def continue_at(self, epoch: int, step: int) -> None:
+        """A resumed run's logs continue at ``epoch``'s record and global step ``step`` (its checkpoint's
+        position): the records past it, written after that checkpoint by a run that then failed or was
+        killed, are cut off (and a last line cut short), so that each step is in the logs once; TensorBoard
+        hides its events from ``step`` on (``purge_step``)."""
+        self.next_step = step
+        for name, handle, kind_of in (("jsonl", self._jsonl, _jsonl_record), ("csv", self._csv_file, _csv_record)):
+            if handle is not None:
+                self._write(name, lambda: self._cut(self._paths[name], handle, kind_of, epoch, step))
+        if self._tb is not None:
+            from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - optional
+            self._write("tb", lambda: (self._tb.close(), setattr(
+                self, "_tb", SummaryWriter(self._paths["tb"], purge_step=step))))
+
+    def _cut(self, path: str, handle, kind_of, epoch: int, step: int) -> None:
+        """Cut ``path`` (open for appending as ``handle``) at its first record past (``epoch``, ``step``)."""
+        handle.flush()
+        offset, past, cut = 0, None, {"step": 0, "epoch": 0, "torn": 0}
+        with open(path, "rb") as f:
+            for line in f:
+                record = kind_of(line) if line.endswith(b"\n") else ("torn", 0)
+                if past is None and record is not None and (
+                        record[0] == "torn" or (record[0] == "step" and record[1] >= step)
+                        or (record[0] == "epoch" and record[1] >= epoch)):
+                    past = offset
+                if past is not None and record is not None and record[0] in cut:
+                    cut[record[0]] += 1
+                offset += len(line)
+        if past is not None:
+            os.truncate(path, past)
+            what = ", ".join(f"{n} {name} record(s)" if name != "torn" else f"{n} line cut short"
+                             for name, n in cut.items() if n)
+            logger.info(f"{path}: cut {what} past the checkpoint this run resumes from (written after it); the "
+                        f"steps are logged again as they are trained again")
+
     def steps(self, epoch: int, first_batch: int, losses: list[torch.Tensor]) -> None:
         """Log consecutive steps' losses (device tensors; read here in one transfer)."""
         values = torch.stack(losses).float().cpu().tolist()
@@ -237,6 +322,7 @@ class MetricLog:
                                        for step, loss in zip(steps, values)])
 
     def epoch(self, record: dict) -> None:
+        self.write_pending()  # the epoch's steps before its record
         elapsed = round(time.perf_counter() - self._start, 3)
         if self._jsonl:
             line = json.dumps({"kind": "epoch", "step": self.next_step, "elapsed": elapsed, **record}) + "\n"
@@ -287,6 +373,11 @@ class MetricLog:
         tb.flush()
 
     def close(self) -> None:
+        try:
+            self.write_pending()  # the steps since the last group, whatever ends the run
+        except RuntimeError as exc:  # a device that failed: the losses cannot be read from it
+            logger.warning(f"the last {len(self._pending)} step losses could not be read for the logs ({exc})")
+            self._pending = []
         for name, log in (("jsonl", self._jsonl), ("csv", self._csv_file), ("tb", self._tb)):
             if log is not None:
                 try:

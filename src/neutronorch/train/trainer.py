@@ -38,7 +38,7 @@ from neutronorch.orchestration.factory import Threads, build_mode
 from neutronorch.train.health import Health, check_learnable
 from neutronorch.train.heterogeneous import TypedOptions, check_own_model_config, typed_model
 from neutronorch.train.loop import Progress, check_call
-from neutronorch.train.mode_choice import resolve_mode
+from neutronorch.train.mode_choice import check_auto, resolve_mode
 from neutronorch.train.optim import Adam
 from neutronorch.train.resources import (check_threading_layer, keep_freed_memory, memory_budget, numba_threads,
                                          resolve_device, thread_budget, torch_threads)
@@ -81,6 +81,7 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     if typed and model is not None:
         check_own_model_config(config)  # before the graph is read
     check_run(config, TYPED if typed else HOMOGENEOUS)
+    check_auto(config, resolve_device(config.device))  # mode auto on the CPU: exact, by rule
     timed_task = model is None and (  # sampled by time (docs/temporal.md): a link task, a node task by vertex times
         config.task == "link" or has_vertex_times(graph))
     if not timed_task:
