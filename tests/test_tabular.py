@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from neutronorch.cli import main
 from neutronorch.data import load_dataset, load_native, load_tables
+from neutronorch.data.tabular import LIKE_IDS
 from neutronorch.errors import ConfigError, DataError
 
 N = 60
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _world(seed: int = 0):
@@ -101,8 +105,8 @@ def _bad(tmp_path, edges="0,1\n1,2\n2,0\n", x="0,1.0\n1,2.0\n2,3.0\n", y="0,0\n1
 
 
 @pytest.mark.parametrize("change, problem", [
-    (dict(x="0,1.0\n1,2.0\n"), r"x.csv: holds rows for 2 of the 3 vertices"),
-    (dict(x="0,1.0\n1,2.0\n1,2.5\n2,3.0\n"), r"x.csv: lists vertex 1 more than once"),
+    (dict(x="0,1.0\n1,2.0\n"), r"x.csv: holds rows for 2 of the 3 vertices: vertex 2 \(e.csv line 2\) has none; give"),
+    (dict(x="0,1.0\n1,2.0\n1,2.5\n2,3.0\n"), r"x.csv: lists vertex 1 more than once \(lines 2, 3\)"),
     (dict(x="0,1.0\n1,oops\n2,3.0\n"), r"x.csv: line 2, column 2: 'oops' is not a number"),
     # Past the lines that set the width and header: the line as an editor numbers it, after a header and a comment.
     (dict(x="id,a,b\n# c\n" + "".join(f"{i},1.0,2.0\n" for i in range(60)) + "60,1.0\n"),
@@ -112,19 +116,19 @@ def _bad(tmp_path, edges="0,1\n1,2\n2,0\n", x="0,1.0\n1,2.0\n2,3.0\n", y="0,0\n1
     (dict(edges="# nothing\n\n"), r"e.csv: holds no rows"),
     (dict(y="id,label\n"), r"y.csv: holds a header \(id,label\) and no rows below it"),
     (dict(edges="0\n1\n"), r"e.csv: holds one column"),
-    (dict(x=np.ones((2, 3)), names=("e.csv", "x.npy", "y.csv")), r"e.csv: uses vertex id 2, but .*x.npy holds rows "
-                                                                  r"for vertices 0..1"),
+    (dict(x=np.ones((2, 3)), names=("e.csv", "x.npy", "y.csv")), r"e.csv: line 2 uses vertex id 2, but .*x.npy holds "
+                                                                  r"rows for vertices 0..1"),
     (dict(edges="a,b\nb,c\n", x=np.ones((3, 1)), names=("e.csv", "x.npy", "y.csv")), r"x.npy: lists its rows in id "
                                                                                       r"order, but the ids are names "
-                                                                                      r"\(such as 'a'\)"),
+                                                                                      r"\(such as 'a', e.csv line 1\)"),
     (dict(split="s.csv"), None),
     (dict(edges=np.zeros((2, 2), np.int64), names=("e.npy", "x.csv", "y.csv")), r"e.npy: .*2 x 2 is ambiguous"),
-    (dict(y="0,0\n1,1\n1,0\n2,0\n"), r"y.csv: lists a vertex more than once"),
+    (dict(y="0,0\n1,1\n1,0\n2,0\n"), r"y.csv: lists vertex 1 more than once \(lines 2, 3\); give each vertex one"),
 ])
 def test_a_bad_table_is_refused_naming_the_file_and_the_problem(tmp_path, change, problem):
     if problem is None:  # a split table naming a set that does not exist
         (tmp_path / "s.csv").write_text("0,train\n1,dev\n2,test\n")
-        change["split"], problem = str(tmp_path / "s.csv"), r"s.csv: names set 'dev'; the sets are train, val"
+        change["split"], problem = str(tmp_path / "s.csv"), r"s.csv: line 2 names set 'dev'; the sets are train, val"
     with pytest.raises(DataError, match=problem):
         _bad(tmp_path, **change)
 
@@ -142,7 +146,7 @@ def test_convert_from_the_command_line_and_what_it_refuses(tmp_path, capsys):
     for argv, message in (
             ([str(edges), str(tmp_path / "o2")], "an edge table; give its vertices' --features and --labels"),
             ([str(edges), str(tmp_path / "o2"), "--features", str(x)], "give both --features and --labels"),
-            ([str(out), str(tmp_path / "o2"), "--directed"], "--directed, --header and --name read your own tables")):
+            ([str(out), str(tmp_path / "o2"), "--directed"], "--directed, --header, --label-column and --name read")):
         assert main(["convert", *argv]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
@@ -166,3 +170,162 @@ def test_pairs_given_by_the_tables_names_are_refused_saying_how_to_number_them(t
     assert f"np.searchsorted(np.load('{out / 'node_ids.npy'}'), your_ids)" in err and "Traceback" not in err
     ids = np.load(out / "node_ids.npy")
     assert list(np.searchsorted(ids, ["v001", "v002"])) == [1, 2] and list(ids[[1, 2]]) == ["v001", "v002"]
+
+
+# ----- a label table of several columns, labels that look like ids, notes that stay short ----------------------
+
+def _pages(tmp_path, header: bool = True):
+    """A label table as Facebook Page-Page ships it: the id, then a page id, a name (quoted, with commas, in the
+    first lines) and the class, the last column."""
+    rng = np.random.default_rng(1)
+    kinds = np.array(["company", "government", "politician", "tvshow"])[rng.integers(0, 4, N)]
+    (tmp_path / "e.csv").write_text("id_1,id_2\n" + "".join(f"{i},{(i + 1) % N}\n" for i in range(N)))
+    np.save(tmp_path / "x.npy", rng.standard_normal((N, 3)).astype(np.float32))
+    (tmp_path / "y.csv").write_text("id,facebook_id,page_name,page_type\n" * header + "".join(
+        f'{i},{10**14 + 7919 * i},"Page {i}, the {kinds[i]}",{kinds[i]}\n' for i in range(N)))
+    return [tmp_path / "e.csv", tmp_path / "x.npy", tmp_path / "y.csv"], kinds
+
+
+def test_a_label_table_of_several_columns_is_read_only_with_its_labels_column_named(tmp_path):
+    paths, kinds = _pages(tmp_path)
+    with pytest.raises(DataError, match=r"y.csv: holds 3 columns after the id \(1 facebook_id, 2 page_name, "
+                                        r"3 page_type\); .*`label_column`.* such as `label_column`=page_type"):
+        load_tables(*paths)  # never the first of them (22,470 classes of ids, in the real table) unsaid
+    for pick in ("page_type", 3, "3"):
+        graph, kept = load_tables(*paths, label_column=pick)
+        assert list(kept["class_names"][graph.labels]) == list(kinds) and graph.num_classes == 4
+        assert any("labels: column 3, page_type" in note for note in graph.notes)
+        assert not any(note.startswith(LIKE_IDS) for note in graph.notes)
+    for pick, problem in (("type", r"`label_column` 'type' names no column of the header id,facebook_id,page_name,"
+                                   r"page_type; give the header name or the index from 0 of one of the columns after "
+                                   r"the id \(1 facebook_id, 2 page_name, 3 page_type\)"),
+                          (4, r"`label_column` 4 is not one of its 4 columns \(0..3\)"),
+                          ("id", r"`label_column` 'id' is column 0, the vertex ids"), (0, "is column 0")):
+        with pytest.raises(DataError, match=problem):
+            load_tables(*paths, label_column=pick)
+    paths, _ = _pages(tmp_path, header=False)  # no header: by index, the columns shown by their first values
+    with pytest.raises(DataError, match=r"holds 3 columns after the id \(index and first value: 1 '100000000000000', "
+                                        r"2 'Page 0, the \w+', 3 '\w+'\); .* such as `label_column`=3"):
+        load_tables(*paths)
+    with pytest.raises(DataError, match="'page_type' is no index, and the table has no header naming its columns"):
+        load_tables(*paths, label_column="page_type")
+    assert list(load_tables(*paths, label_column=3)[1]["class_names"]) == sorted(set(kinds))
+
+
+def test_a_label_column_with_no_table_to_pick_from_is_refused(tmp_path, capsys):
+    paths, _ = _pages(tmp_path)
+    np.save(tmp_path / "y.npy", np.arange(N) % 3)
+    (tmp_path / "y.json").write_text(json.dumps({str(i): [i % 3, 1] for i in range(N)}))
+    for labels, problem in (("y.npy", "a .npy array"), ("y.json", "a JSON file")):
+        with pytest.raises(ConfigError, match=rf"`label_column` 1: picks the labels' column of a text label table, "
+                                              rf"and .*{labels} is {problem}, whose labels are read as they are"):
+            load_tables(paths[0], paths[1], tmp_path / labels, label_column=1)
+    with pytest.raises(DataError, match=r"y.json: gives 2 values per id \(such as \('0', \[0, 1\]\)\); a label is one"):
+        load_tables(paths[0], paths[1], tmp_path / "y.json")  # not the first of them, unsaid
+    with pytest.raises(DataError, match=r"y.csv: `label_column` 1 is not one of its 1 columns \(0..0\); .*\(none: its "
+                                        r"one column is 0\)"):
+        (tmp_path / "y.csv").write_text("".join(f"{i % 3}\n" for i in range(N)))
+        load_tables(*paths, label_column=1)
+    assert load_tables(*paths, label_column=0)[0].num_classes == 3  # a one-column table's one column
+    assert main(["convert", "synthetic:nodes=300", str(tmp_path / "o"), "--label-column", "2"]) == 2
+    assert "--directed, --header, --label-column and --name read your own tables" in capsys.readouterr().err
+
+
+def test_labels_that_look_like_ids_are_warned_of_on_the_console_and_in_the_notes(tmp_path, capsys):
+    paths, _ = _pages(tmp_path)
+    out = tmp_path / "out"
+    assert main(["convert", *map(str, paths[:1]), str(out), "--features", str(paths[1]), "--labels", str(paths[2]),
+                 "--label-column", "page_name"]) == 0
+    said = capsys.readouterr()
+    warning = (f"{LIKE_IDS}: y.csv gives {N} classes to {N} labelled vertices (one a class); if that column holds "
+               f"ids or names, not classes, pick the labels' column (convert's --label-column)")
+    assert f"warning: {warning}" in said.err.splitlines() and warning in load_native(out).notes
+    # Numbers that cannot be classes (more than a class a vertex, which a dataset cannot hold) are refused.
+    with pytest.raises(DataError, match=r"y.csv: line 61 gives class 100000000467221, and 60 vertices have classes "
+                                        r"0..59 at most: that is an id, not a class number. Give the labels' column"):
+        load_tables(*paths, label_column="facebook_id")
+    half = np.where(np.arange(N) < N // 2, np.arange(N), -1)  # 30 classes, one vertex each: ids, a class left out
+    np.save(tmp_path / "y.npy", half)
+    notes = load_tables(paths[0], paths[1], tmp_path / "y.npy")[0].notes
+    assert [n for n in notes if n.startswith(LIKE_IDS)] == [f"{LIKE_IDS}: y.npy gives {N // 2} classes to {N // 2} "
+                                                            f"labelled vertices (one a class); if that column holds "
+                                                            f"ids or names, not classes, pick the labels' column "
+                                                            f"(convert's --label-column)"]
+    np.save(tmp_path / "y.npy", np.arange(N) // 2)  # two vertices a class: half as many classes, no warning
+    graph = load_tables(paths[0], paths[1], tmp_path / "y.npy")[0]
+    assert not any(n.startswith(LIKE_IDS) for n in graph.notes)
+    np.testing.assert_array_equal(graph.labels, np.arange(N) // 2)  # a 1-D .npy of labels, in id order
+    np.save(tmp_path / "y.npy", np.minimum(np.arange(N) // 2, N // 2 - 2))  # one class fewer... and one more vertex
+    assert not any(n.startswith(LIKE_IDS) for n in load_tables(paths[0], paths[1], tmp_path / "y.npy")[0].notes)
+    np.save(tmp_path / "y.npy", np.arange(N) * 2 // 3)  # 40 classes for 60 vertices: over half
+    assert any(n.startswith(f"{LIKE_IDS}: y.npy gives 40 classes to 60 labelled vertices (under 2 a class)")
+               for n in load_tables(paths[0], paths[1], tmp_path / "y.npy")[0].notes)
+
+
+def test_a_wide_header_is_quoted_by_a_few_names_and_ignored_columns_and_renumbering_are_said(tmp_path, capsys):
+    names, src, dst, classes, x = _world()
+    wide = np.repeat(x, 25, axis=1)  # 100 features
+    (tmp_path / "x.csv").write_text("id," + ",".join(f"f{j}" for j in range(100)) + "\n" + "".join(
+        f"{names[i]}," + ",".join(map(str, wide[i])) + "\n" for i in range(N)))
+    (tmp_path / "e.tsv").write_text("src\tdst\tweight\ttime\n" + "".join(
+        f"{names[a]}\t{names[b]}\t0.5\t{k}\n" for k, (a, b) in enumerate(zip(src, dst))))
+    (tmp_path / "y.csv").write_text("".join(f"{names[i]},{classes[i]}\n" for i in range(N)))
+    out = tmp_path / "out"
+    assert main(["convert", str(tmp_path / "e.tsv"), str(out), "--features", str(tmp_path / "x.csv"),
+                 "--labels", str(tmp_path / "y.csv")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert max(map(len, printed)) < 300, printed
+    assert "features x.csv (','-separated, header id, f0, f1, ..., f99 (101 columns))" in printed[0]
+    assert "e.tsv: 2 columns after the first two (weight,time) not used" in printed
+    assert (f"vertex ids renumbered 0..{N - 1} in sorted order; node_ids.npy keeps each vertex's id in the files"
+            in printed)
+    graph = load_native(out)
+    assert graph.notes[:len(printed) - 1] == printed[:-1]  # info and train say what convert said
+    np.testing.assert_array_equal(graph.features[np.searchsorted(np.load(out / "node_ids.npy"), names)], wide)
+    (tmp_path / "h.csv").write_text("id," + ",".join(f"f{j}" for j in range(100)) + "\n")
+    with pytest.raises(DataError, match=r"h.csv: holds a header \(id, f0, f1, ..., f99 \(101 columns\)\) and no rows"):
+        load_tables(tmp_path / "e.tsv", tmp_path / "h.csv", tmp_path / "y.csv", header="yes")
+
+
+def test_a_snap_edge_list_says_the_columns_it_does_not_use(tmp_path, capsys):
+    (tmp_path / "g.txt").write_text("# weighted\n" + "".join(f"{i} {(i * 7 + 1) % 40} 0.5\n" for i in range(40)))
+    assert main(["convert", str(tmp_path / "g.txt"), str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert "g.txt: 1 column after the first two not used" in printed
+    assert "features and labels are synthetic" in printed[0]
+
+
+@pytest.mark.parametrize("tables, problem", [
+    # the first vertex without a feature row, as written, where it first appears
+    (dict(edges=[[10, 11], [11, 12], [12, 13]], x={10: [1.0], 11: [1.0], 12: [1.0]}, y={10: 0, 11: 1}),
+     r"x.json: holds rows for 3 of the 4 vertices: vertex 13 \(e.json item 2 \(from 0\)\) has none; give every"),
+    (dict(edges=[[10, 11], [11, 12]], x={10: [1.0], 11: [1.0]}, y={10: 0, 11: 1, 12: 0, 14: 1}),
+     r"x.json: holds rows for 2 of the 4 vertices: vertex 12 \(e.json item 1 \(from 0\)\) has none, and 1 more lack"),
+    (dict(edges=[[0, 1], [1, 2]], x={0: [1.0], 1: [1.0], 2: [1.0]}, y=[0, 1, 0, 1]),
+     r"x.json: holds rows for 3 of the 4 vertices: vertex 3 has none"),  # a vertex of the labels in id order
+    (dict(split="0,train\n1,test\n\n# again\n0,val\n"), r"s.csv: lists vertex 0 more than once \(lines 1, 5\); a "),
+    (dict(split="0,train\n1,test\n2,Dev\n"), r"s.csv: line 3 names set 'Dev'"),
+])
+def test_a_bad_table_names_the_id_and_where_it_is(tmp_path, tables, problem):
+    paths = []
+    for role, default in (("edges", [[0, 1], [1, 2]]), ("x", [[1.0], [2.0], [3.0]]), ("y", {0: 0, 1: 1, 2: 0})):
+        paths.append(tmp_path / f"{role[0]}.json")
+        paths[-1].write_text(json.dumps(tables.get(role, default)))
+    if "split" in tables:
+        (tmp_path / "s.csv").write_text(tables["split"])
+    with pytest.raises(DataError, match=problem):
+        load_tables(*paths, split=str(tmp_path / "s.csv") if "split" in tables else None)
+
+
+def test_the_real_facebook_page_table_needs_its_label_column(tmp_path):
+    folder = Path(os.environ.get("NEUTRONORCH_DATASETS", ROOT.parent / "shared" / "datasets")) / "facebook_pagepage"
+    if not (folder / "facebook_target.csv").is_file():
+        pytest.skip(f"{folder} is absent: point NEUTRONORCH_DATASETS at the real datasets")
+    np.save(tmp_path / "x.npy", np.zeros((22470, 2), np.float32))
+    paths = [folder / "facebook_edges.csv", tmp_path / "x.npy", folder / "facebook_target.csv"]
+    with pytest.raises(DataError, match=r"facebook_target.csv: holds 3 columns after the id \(1 facebook_id, "
+                                        r"2 page_name, 3 page_type\)"):
+        load_tables(*paths)
+    graph, kept = load_tables(*paths, label_column="page_type")
+    assert list(kept["class_names"]) == ["company", "government", "politician", "tvshow"]
+    assert graph.num_nodes == 22470 and np.bincount(graph.labels).min() > 3000

@@ -37,7 +37,8 @@ _FIELD = re.compile(r"(?<!`)`([a-z][a-z0-9_]*)`(?!`)")
 def as_flags(message: str) -> str:
     """The core's `field_name` references as the command line's --field-name flags."""
     known = set(TrainConfig.keys()) | {"layer", "nodes", "pairs", "out", "scratch_dir", "node_type",  # predict, embed
-                                       "run_name", "no_save", "parts", "method"}  # train's run folder, partition
+                                       "run_name", "no_save", "parts", "method",  # train's run folder, partition
+                                       "label_column"}  # convert of your tables
     return _FIELD.sub(lambda m: "--" + m[1].replace("_", "-") if m[1] in known else m[0], message)
 
 
@@ -169,7 +170,7 @@ def _train(config: TrainConfig, folder, rank: int | None, words: list[str] | Non
 
 def _cmd_convert(args: argparse.Namespace) -> int:
     from neutronorch.data.jodie import is_jodie, load_jodie
-    from neutronorch.data.tabular import is_table, load_tables, only_a_table
+    from neutronorch.data.tabular import LIKE_IDS, SNAP_SUFFIXES, is_table, load_tables, only_a_table
 
     t0 = time.perf_counter()
     tables = args.features is not None or args.labels is not None
@@ -181,9 +182,9 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     if not tables and not jodie and only_a_table(args.source):
         raise ConfigError(f"{args.source}: an edge table; give its vertices' --features and --labels tables too "
                           f"(docs/datasets.md, \"Your own tables\").")
-    if not tables and (args.directed or args.header != "auto" or args.name is not None):
-        raise ConfigError("--directed, --header and --name read your own tables: give SOURCE as your edge table "
-                          "with --features and --labels.")
+    if not tables and (args.directed or args.header != "auto" or args.name is not None or args.label_column):
+        raise ConfigError("--directed, --header, --label-column and --name read your own tables: give SOURCE as your "
+                          "edge table with --features and --labels.")
     if jodie and (args.split is not None or args.seed):
         raise ConfigError(f"{args.source}: a JODIE/TGN interaction file has no vertex labels to split; leave --split "
                           f"and --seed out (docs/temporal.md).")
@@ -199,7 +200,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     try:
         if tables:
             graph, kept = load_tables(args.source, args.features, args.labels, args.split, args.seed, args.directed,
-                                      args.header, args.name, bar)
+                                      args.header, args.name, bar, args.label_column)
         elif jodie:
             graph = load_jodie(args.source)
         else:
@@ -207,8 +208,10 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                      else load_dataset(args.source, args.split, args.seed, progress=bar, times=args.times))
     finally:
         bar.close()
-    if tables:
-        print("\n".join(graph.notes[:2]))
+    if tables or Path(args.source).name.lower().endswith(SNAP_SUFFIXES):  # what was read, and how
+        for note in graph.notes:
+            print(f"warning: {note}" if note.startswith(LIKE_IDS) else note,
+                  file=sys.stderr if note.startswith(LIKE_IDS) else sys.stdout)
     return _write_dataset(graph, args.out_dir, args, t0, kept)
 
 

@@ -217,10 +217,10 @@ def _add_convert_options(convert: argparse.ArgumentParser) -> None:
     tables.add_argument("--features", metavar="FILE", help="'id,x1,x2,...' lines, a .npy in id order, or JSON")
     tables.add_argument("--labels", metavar="FILE", help="'id,label' lines (a class number or name; a vertex left "
                                                         "out has none), in id order, or JSON")
-    tables.add_argument("--directed", action="store_true", help="messages only from each edge's first id to its "
-                                                               "second (default: both ways)")
+    tables.add_argument("--label-column", metavar="COL", help="the labels' column: header name or index from 0")
+    tables.add_argument("--directed", action="store_true", help="messages only from each edge's first to second id")
     tables.add_argument("--header", choices=HEADERS, default="auto",
-                        help="whether text tables' first line names the columns (default: detected)")
+                        help="whether the first line is a header (default: auto)")
     tables.add_argument("--name", help="the dataset's name (default: the edge file's)")
     _add_write_options(convert, "OUT_DIR", " (it may be SOURCE itself)")
 

@@ -31,7 +31,7 @@ def load_snap(path: str | os.PathLike, split: str = DEFAULT_SPLIT, seed: int = 0
               num_classes: int = 8) -> Graph:
     """Load a SNAP edge list and attach synthetic labels (``num_classes``) and features (``feature_dim``)."""
     path = Path(path)
-    src, dst = _read_edges(path)  # at least one edge, ids whole numbers from 0
+    src, dst, columns = _read_edges(path)  # at least one edge, ids whole numbers from 0
     num_nodes, ids = _relabel(np.concatenate([src, dst]))
     if num_nodes < num_classes:
         raise DataError(f"{path}: only {num_nodes} vertices. An edge list gets {num_classes} synthetic classes, "
@@ -50,12 +50,15 @@ def load_snap(path: str | os.PathLike, split: str = DEFAULT_SPLIT, seed: int = 0
     notes = [f"topology from {path.name}; features and labels are synthetic (seed {seed}): {num_classes} classes "
              f"grown breadth-first from {SEEDS_PER_CLASS} random seed vertices each and smoothed by a neighbour "
              f"majority vote, features = class centroid + N(0, {FEATURE_NOISE}^2) noise"]
+    if columns > 2:  # weights, times: an edge is a line's first two ids
+        notes.append(f"{path.name}: {columns - 2} column{'s' if columns > 3 else ''} after the first two not used")
     return Graph(name=Path(path.name.removesuffix(".gz")).stem, indptr=indptr, indices=indices,
                  features=features, labels=labels, train_idx=train_idx, val_idx=val_idx, test_idx=test_idx,
                  num_classes=num_classes, notes=notes).validate(str(path))
 
 
-def _read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def _read_edges(path: Path) -> tuple[np.ndarray, np.ndarray, int]:
+    """The edges' ends and the lines' width in columns."""
     present(path, "an edge list", "Give the path of a SNAP edge list (.txt, .txt.gz, .edges, .tsv or .tsv.gz).")
     try:
         data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
@@ -89,7 +92,7 @@ def _read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if src.shape[0] == 0:
         raise DataError(f"{path}: no edges found. A SNAP edge list has one 'src dst' pair per line after the "
                         f"'#' comments.")
-    return src, dst
+    return src, dst, columns
 
 
 # What _parse_edges reports: nothing wrong, a line that is not an edge, a line of another width than the

@@ -1,16 +1,15 @@
 """Your own graph from table files (``neutronorch convert EDGES OUT --features F --labels L``,
 docs/datasets.md, "Your own tables"): an edge table and feature, label and optional split tables, each a
-text table (CSV, TSV, whitespace-separated; gzip-compressed too), a ``.npy`` array or JSON. A text table's
-delimiter and header are detected from its first lines. Vertex ids may be whole numbers or names: ids that
-are not exactly 0..n-1 are numbered in sorted order and the map is kept (``node_ids``), as class names are
-(``class_names``). Every problem is a ``DataError`` naming the file and the line or id, never a guess."""
+text table (CSV, TSV, whitespace-separated; gzip-compressed too; text_tables.py), a ``.npy`` array or JSON.
+Vertex ids may be whole numbers or names: ids that are not exactly 0..n-1 are numbered in sorted order and
+the map is kept (``node_ids``), as class names are (``class_names``). Every problem is a ``DataError`` naming
+the file and the line or id, never a guess: a label table of several columns is read only with the labels'
+column named (``label_column``), and labels that look like ids are said in the notes."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,31 +18,17 @@ from neutronorch.data.arrays import class_labels
 from neutronorch.data.files import Progress, open_npy, present, read_error, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import DEFAULT_SPLIT, parse_split
+from neutronorch.data.text_tables import TEXT_SUFFIXES, Column, from_text, places
 from neutronorch.errors import ConfigError, DataError
 
-TEXT_SUFFIXES = (".csv", ".tsv", ".txt", ".edges")
 TABLE_SUFFIXES = (*TEXT_SUFFIXES, *(s + ".gz" for s in TEXT_SUFFIXES), ".npy", ".json")
 # Edge lists that are datasets alone (SNAP's: features and labels synthetic, ``snap.py``).
 SNAP_SUFFIXES = (".txt", ".txt.gz", ".edges", ".tsv", ".tsv.gz")
 HEADERS = ("auto", "yes", "no")
-# First-line words that name columns: such a line is a header even where the column holds names too.
-_COLUMN_WORDS = {"id", "node", "node_id", "nid", "vertex", "vertex_id", "src", "dst", "source", "target",
-                 "from", "to", "u", "v", "label", "labels", "class", "y", "split", "set", "name", "user", "item"}
-_DELIMITERS = ("\t", ",", ";", "|")
+# How the note on labels that look like ids begins (the command line prints it as a warning).
+LIKE_IDS = "labels look like ids, not classes"
 _SETS = {"train": "train_idx", "training": "train_idx", "val": "val_idx", "valid": "val_idx",
          "validation": "val_idx", "test": "test_idx"}
-_SAMPLE = 50  # lines read to detect a text table's delimiter and header
-
-
-@dataclass
-class Column:
-    """A table's vertex ids (``ids``; None: its rows are vertices 0..rows-1 in order) and the values given
-    for them (``values``: one row each), as read from ``path``."""
-
-    path: Path
-    ids: np.ndarray | None
-    values: np.ndarray | None
-    said: str  # how it was read, for the notes
 
 
 def is_table(path: str | os.PathLike) -> bool:
@@ -58,21 +43,25 @@ def only_a_table(path: str | os.PathLike) -> bool:
 @reads_files
 def load_tables(edges: str | os.PathLike, features: str | os.PathLike, labels: str | os.PathLike,
                 split: str | None = None, seed: int = 0, directed: bool = False, header: str = "auto",
-                name: str | None = None, progress: Progress | None = None) -> tuple[Graph, dict[str, np.ndarray]]:
+                name: str | None = None, progress: Progress | None = None,
+                label_column: str | int | None = None) -> tuple[Graph, dict[str, np.ndarray]]:
     """The graph of an edge table, a feature table and a label table, with ``split`` (a split table, or
     ``ratio:``/``per-class:`` drawn with ``seed``; default ``ratio:0.6,0.2``); messages pass both ways
-    unless ``directed`` (then from each edge's first column to its second). Returns it and what to keep
-    beside it: ``node_ids`` (each vertex's id in the files, where they were renumbered) and ``class_names``.
-    ``progress(file, bytes done, bytes total)`` before and after each table is read."""
+    unless ``directed`` (then from each edge's first column to its second). ``label_column``: the column of
+    a text label table that holds the labels, by header name or index from 0 (needed where it has more than
+    one column after the id). Returns it and what to keep beside it: ``node_ids`` (each vertex's id in the
+    files, where they were renumbered) and ``class_names``. ``progress(file, bytes done, bytes total)``
+    before and after each table is read."""
     if header not in HEADERS:
         raise ConfigError(f"`header` {header!r}: expected one of {', '.join(HEADERS)}.")
     if split is not None and not is_table(split):
         parse_split(split)  # a bad spec is said before any table is read
+    _check_label_column(label_column, Path(labels))
     def read(path, role: str) -> Column:
         size = Path(path).stat().st_size if Path(path).is_file() else 0
         if progress is not None:
             progress(Path(path).name, 0, size)
-        table = _read(Path(path), role, header)
+        table = _read(Path(path), role, header, label_column)
         if progress is not None:
             progress(Path(path).name, size, size)
         return table
@@ -84,18 +73,22 @@ def load_tables(edges: str | os.PathLike, features: str | os.PathLike, labels: s
     split_table = read(split, "split") if split is not None and is_table(split) else None
     ends = edge_table.values[:, :2]
     tables = [feature_table, label_table, *([split_table] if split_table else [])]
-    node_ids, num_nodes = _numbering(edge_table.path, ends.ravel(), tables)
+    uses = [(edge_table, ends), *((t, t.ids[:, None]) for t in tables if t.ids is not None)]  # where ids appear
+    node_ids, num_nodes = _numbering(uses, [t for t in tables if t.ids is None])
     number = (lambda ids: ids.astype(np.int64)) if node_ids is None else (
         lambda ids: np.searchsorted(node_ids, ids.astype(node_ids.dtype)))
-    ends = number(ends.ravel()).reshape(ends.shape)
-    x = _placed(feature_table, number, num_nodes, np.float32)
+    x = _placed(feature_table, number, num_nodes, np.float32, uses, node_ids)
     y, class_names = _classes(label_table, number, num_nodes)
+    _check_classes(y, label_table)
+    ends = number(ends.ravel()).reshape(ends.shape)
     notes = [f"from your tables: {edge_table.said}; {feature_table.said}; {label_table.said}"
              + (f"; {split_table.said}" if split_table else f"; split {split or DEFAULT_SPLIT} (seed {seed})"),
              "messages pass from each edge's first id to its second" if directed else "edges made undirected"]
+    notes += [f"{table.path.name}: {table.ignored} not used" for table in (edge_table, *tables) if table.ignored]
     if node_ids is not None:
         notes.append(f"vertex ids renumbered 0..{num_nodes - 1} in sorted order; node_ids.npy keeps each "
                      f"vertex's id in the files")
+    notes += _like_ids(y, label_table)
     graph = Graph.from_arrays(ends[:, 0], ends[:, 1], x, y, _split_sets(split_table, number) if split_table else None,
                               name=name or _stem(edge_table.path), num_nodes=num_nodes, undirected=not directed,
                               split=split or DEFAULT_SPLIT, seed=seed)
@@ -104,11 +97,35 @@ def load_tables(edges: str | os.PathLike, features: str | os.PathLike, labels: s
     return graph, {key: value for key, value in kept.items() if value is not None}
 
 
+def _check_label_column(label_column, labels: Path) -> None:
+    """``label_column`` picks a column of a text table; given for an array or JSON file it is refused."""
+    if label_column is None:
+        return
+    if isinstance(label_column, bool) or not isinstance(label_column, (str, int, np.integer)):
+        raise ConfigError(f"`label_column` {label_column!r}: expected a column's header name or its index from 0.")
+    if labels.name.lower().endswith((".npy", ".json")):  # a text table's is checked as it is read
+        kind = "a .npy array" if labels.name.lower().endswith(".npy") else "a JSON file"
+        raise ConfigError(f"`label_column` {label_column!r}: picks the labels' column of a text label table, and "
+                          f"{labels} is {kind}, whose labels are read as they are; leave `label_column` out, or "
+                          f"give the labels alone.")
+
+
+def _like_ids(labels: np.ndarray, table: Column) -> list[str]:
+    """The note where labels look like ids: as many classes as labelled vertices, or over half as many."""
+    given = labels[labels >= 0] if labels.ndim == 1 else labels[:0]
+    classes = np.unique(given).shape[0]
+    if not given.size or 2 * classes <= given.size:
+        return []
+    return [f"{LIKE_IDS}: {table.path.name} gives {classes:,} classes to {given.size:,} labelled vertices "
+            f"({'one a class' if classes == given.size else 'under 2 a class'}); if that column holds ids or names, "
+            f"not classes, pick the labels' column (convert's --label-column)"]
+
+
 def _stem(path: Path) -> str:
     return Path(path.name.removesuffix(".gz")).stem
 
 
-def _read(path: Path, role: str, header: str) -> Column:
+def _read(path: Path, role: str, header: str, label_column: str | int | None = None) -> Column:
     """``path`` read as a table of ``role``: edges (ids in each row's first two columns), features (a row's
     id, then its values), labels (a row's id and label, or one label per row in id order), split (a row's id
     and its set's name)."""
@@ -121,7 +138,7 @@ def _read(path: Path, role: str, header: str) -> Column:
     if not lower.endswith(TEXT_SUFFIXES + tuple(s + ".gz" for s in TEXT_SUFFIXES)):
         raise DataError(f"{path}: a {role} table must be a text table ({', '.join(TEXT_SUFFIXES)}, or .gz of "
                         f"one), a .npy array or a .json file.")
-    return _from_text(path, role, header)
+    return from_text(path, role, header, label_column)
 
 
 def _from_array(path: Path, role: str, array: np.ndarray) -> Column:
@@ -147,11 +164,16 @@ def _from_json(path: Path, role: str) -> Column:
             raise DataError(f"{path}: a JSON split is an object mapping train, val and test to lists of ids.")
         ids = [i for members in content.values() for i in members]
         sets = [key for key, members in content.items() for _ in members]
-        return Column(path, _ids(ids), np.asarray(sets, dtype=str)[:, None], said)
+        return Column(path, _ids(ids), np.asarray(sets, dtype=str)[:, None], said, "item")
     if isinstance(content, dict) and role != "edges":
-        return Column(path, _ids(list(content)), _values(path, role, list(content.values())), said)
+        values = _values(path, role, list(content.values()))
+        if role == "labels" and values.shape[1] != 1:  # {id: [a, b]}: which is the label is not for us to guess
+            raise DataError(f"{path}: gives {values.shape[1]} values per id (such as "
+                            f"{next(iter(content.items()))}); a label is one value, a class number or name: "
+                            f"give an object of id -> label.")
+        return Column(path, _ids(list(content)), values, said, "item")
     if isinstance(content, list):
-        return Column(path, None, _values(path, role, content), said)
+        return Column(path, None, _values(path, role, content), said, "item")
     raise DataError(f"{path}: holds a JSON {type(content).__name__}; give " + (
         "a list of [source, destination] pairs." if role == "edges" else f"an object of id -> {role}, or a list "
                                                                          f"in id order."))
@@ -178,134 +200,25 @@ def _ids(ids: list) -> np.ndarray:
         return text
 
 
-def _from_text(path: Path, role: str, header: str) -> Column:
-    first, sample = _sample(path)
-    if not sample:
-        raise DataError(f"{path}: holds no rows (only blank lines or '#' comments).")
-    delimiter = next((d for d in _DELIMITERS if d in sample[0]), None)
-    rows = [line.split(delimiter) if delimiter else line.split() for line in sample]
-    widths = {len(row) for row in rows}
-    if len(widths) > 1:
-        raise DataError(f"{path}: " + (_first_bad_line(path, delimiter, first, [], None, len(rows[0])) or
-                                       f"its first lines hold {', '.join(map(str, sorted(widths)))} columns; every "
-                                       f"line of a table holds as many as the first."))
-    named = header == "yes" or (header == "auto" and _is_header(rows))
-    if named and len(rows) == 1:
-        raise DataError(f"{path}: holds a header ({','.join(rows[0])}) and no rows below it; give the table's rows.")
-    width = widths.pop()
-    start = first + 1 if named else first
-    shown = {"\t": "tab", None: "spaces"}.get(delimiter, repr(delimiter))
-    said = (f"{role} {path.name} ({shown}-separated, " + (f"header {','.join(rows[0])}" if named else "no header")
-            + ")")
-    if role in ("edges", "features", "split") and width < 2:
-        raise DataError(f"{path}: holds one column; {_LAYOUT[role]}")
-    if role == "edges":
-        if width > 2:
-            said = said[:-1] + f"; columns 3-{width} not used)"
-        return Column(path, None, _load(path, delimiter, start, [0, 1], None, width), said)
-    if role == "labels" and width == 1:  # a label per line, in id order
-        return Column(path, None, _load(path, delimiter, start, [0], None, width), said)
-    ids = _load(path, delimiter, start, [0], None, width)[:, 0]
-    return Column(path, ids, _load(path, delimiter, start, list(range(1, width)),
-                                   np.float32 if role == "features" else None, width), said)
-
-
-_LAYOUT = {"edges": "an edge table's lines hold a source id and a destination id.",
-           "features": "a feature table's lines hold a vertex id, then its features.",
-           "split": "a split table's lines hold a vertex id and its set (train, val or test)."}
-
-
-def _sample(path: Path) -> tuple[int, list[str]]:
-    """(the first row's line index, the first rows' text), blank lines and '#' comments left out."""
-    opener = gzip.open if path.name.lower().endswith(".gz") else open
-    lines, first = [], None
-    try:
-        with opener(path, "rt", encoding="utf-8", newline="") as text:
-            for number, line in enumerate(text):
-                line = line.strip()
-                if not line or line.startswith("#"):
-                    continue
-                first = number if first is None else first
-                lines.append(line)
-                if len(lines) == _SAMPLE:
-                    break
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
-        raise read_error(path, exc, f"{path}: cannot be read as text ({exc}).") from None
-    return first or 0, lines
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
-
-
-def _is_header(rows: list[list[str]]) -> bool:
-    """A first row is a header where it names its columns (known words), or where a column holds numbers
-    in every row but the first."""
-    head, rest = rows[0], rows[1:]
-    if all(field.strip().strip('"').lower() in _COLUMN_WORDS for field in head):
-        return True
-    return bool(rest) and any(not _is_number(field) and all(_is_number(row[j]) for row in rest)
-                              for j, field in enumerate(head))
-
-
-def _load(path: Path, delimiter: str | None, skip: int, columns: list[int], kind, width: int) -> np.ndarray:
-    """``columns`` of the rows from line ``skip`` on: as ``kind``, else whole numbers where every value is one,
-    else text. A table numpy refuses is refused naming its first bad line as an editor numbers it."""
-    for dtype in ([kind] if kind is not None else [np.int64, str]):
-        try:
-            return np.loadtxt(path, delimiter=delimiter, skiprows=skip, usecols=columns, dtype=dtype, ndmin=2,
-                              comments="#", quotechar='"', encoding="utf-8")
-        except ValueError as exc:
-            problem = str(exc)
-    raise DataError(f"{path}: {_first_bad_line(path, delimiter, skip, columns, kind, width) or problem}")
-
-
-def _first_bad_line(path: Path, delimiter: str | None, skip: int, columns: list[int], kind, width: int) -> str:
-    """Where a table goes wrong, by line number from 1 (numpy counts rows after the header, and not alike in
-    its messages): a line of another width than the first's, or a value that is no number where numbers are
-    read. Empty when none is found (numpy's message stands)."""
-    opener = gzip.open if path.name.lower().endswith(".gz") else open
-    try:
-        with opener(path, "rt", encoding="utf-8", newline="") as text:
-            for number, line in enumerate(text, 1):
-                line = line.partition("#")[0].strip()
-                if number <= skip or not line:
-                    continue
-                fields = [f.strip().strip('"') for f in (line.split(delimiter) if delimiter else line.split())]
-                if len(fields) != width:
-                    return (f"line {number} holds {len(fields)} column(s), and the lines before it {width}; every "
-                            f"line of a table holds as many as the first.")
-                bad = next((c for c in columns if kind is not None and not _is_number(fields[c])), None)
-                if bad is not None:
-                    return f"line {number}, column {bad + 1}: {fields[bad]!r} is not a number."
-    except (OSError, UnicodeDecodeError, EOFError):
-        pass
-    return ""
-
-
-def _numbering(edges: Path, ends: np.ndarray, tables: list[Column]) -> tuple[np.ndarray | None, int]:
-    """Each vertex's id in the files, sorted (None where they are 0..n-1 already), and the vertex count.
-    Tables in row order (no ids) number their rows 0..rows-1, which needs whole-number ids."""
-    listed = [t.ids for t in tables if t.ids is not None]
-    ordered = [t for t in tables if t.ids is None]
-    names = [a for a in (ends, *listed) if a.dtype.kind not in "iu"]
+def _numbering(uses: list[tuple[Column, np.ndarray]], ordered: list[Column]) -> tuple[np.ndarray | None, int]:
+    """Each vertex's id in the files, sorted (None where they are 0..n-1 already), and the vertex count, of
+    the ids ``uses`` gives (each table with its ids, a row of them per table row). Tables in row order
+    (``ordered``) number their rows 0..rows-1, which needs whole-number ids."""
+    names = [(table, ids) for table, ids in uses if ids.dtype.kind not in "iu"]
     if names and ordered:
+        table, ids = names[0]
         raise DataError(f"{ordered[0].path}: lists its rows in id order, but the ids are names (such as "
-                        f"{str(names[0].ravel()[0])!r}); give a table whose lines start with the vertex id.")
-    every = np.concatenate([a.astype(str) if names else a for a in (ends, *listed)])
+                        f"{str(ids.ravel()[0])!r}, {table.path.name} {places(table, [0])}); give a table whose "
+                        f"lines start with the vertex id.")
+    every = np.concatenate([ids.ravel().astype(str) if names else ids.ravel() for _, ids in uses])
     if not names:
         rows = max((t.values.shape[0] for t in ordered), default=0)
         low, high = (int(every.min()), int(every.max())) if every.size else (0, -1)
-        if ordered and low < 0:
-            raise DataError(f"{edges}: uses vertex id {low}, and {ordered[0].path} holds rows for vertices "
-                            f"0..{rows - 1} (in id order).")
-        if ordered and high >= rows:
-            raise DataError(f"{edges}: uses vertex id {high}, but {ordered[0].path} holds rows for vertices "
-                            f"0..{rows - 1} only (in id order).")
+        for bad, why in ((low, "and" if low < 0 else ""), (high, "but" if high >= rows else "")):
+            if ordered and why:
+                table, row = _first_use(bad, uses)
+                raise DataError(f"{table.path}: {places(table, [row])} uses vertex id {bad}, {why} "
+                                f"{ordered[0].path} holds rows for vertices 0..{rows - 1} only (in id order).")
         present_ids = np.zeros(max(high + 1, rows), bool)
         if low >= 0 and present_ids.shape[0] <= 4 * every.shape[0] + rows:
             present_ids[every] = True
@@ -317,7 +230,33 @@ def _numbering(edges: Path, ends: np.ndarray, tables: list[Column]) -> tuple[np.
     return unique, unique.shape[0]
 
 
-def _placed(table: Column, number, num_nodes: int, dtype) -> np.ndarray:
+def _first_use(value, uses: list[tuple[Column, np.ndarray]]) -> tuple[Column, int]:
+    """The first table and row that holds the id ``value``."""
+    for table, ids in uses:
+        rows = np.flatnonzero((ids == value).any(axis=1))
+        if rows.size:
+            return table, int(rows[0])
+    raise AssertionError(f"no table holds id {value!r}")
+
+
+def _id(value) -> str:
+    """An id as the messages quote it: a number as it is, a name in quotes."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def _once(table: Column, at: np.ndarray, why: str) -> None:
+    """Refuses a table that lists a vertex twice, naming the first such vertex and its rows."""
+    order = np.sort(at)
+    again = order[1:][order[1:] == order[:-1]]
+    if again.size:
+        first = np.flatnonzero(np.isin(at, again))[0]
+        rows = np.flatnonzero(at == at[first])
+        raise DataError(f"{table.path}: lists vertex {_id(table.ids[first])} more than once ({places(table, rows)}); "
+                        f"{why}.")
+
+
+def _placed(table: Column, number, num_nodes: int, dtype, uses: list[tuple[Column, np.ndarray]],
+            node_ids: np.ndarray | None) -> np.ndarray:
     """A table's values as a row per vertex (rows in id order, or placed at their ids' numbers)."""
     if table.ids is None:
         if table.values.shape[0] != num_nodes:
@@ -325,23 +264,40 @@ def _placed(table: Column, number, num_nodes: int, dtype) -> np.ndarray:
                             f"{num_nodes:,} vertices; give a row per vertex.")
         return table.values
     at = number(table.ids)
-    order = np.sort(at)
-    if (again := order[1:][order[1:] == order[:-1]]).size:
-        raise DataError(f"{table.path}: lists vertex {table.ids[np.flatnonzero(at == again[0])[0]].item()!r} more "
-                        f"than once; each vertex's row appears once.")
+    _once(table, at, "each vertex's row appears once")
     if at.shape[0] != num_nodes:
-        raise DataError(f"{table.path}: holds rows for {at.shape[0]:,} of the {num_nodes:,} vertices; give every "
-                        f"vertex a row (a vertex of the edge table lacks one).")
+        has = np.zeros(num_nodes, bool)
+        has[at] = True
+        raise DataError(f"{table.path}: holds rows for {at.shape[0]:,} of the {num_nodes:,} vertices: "
+                        f"{_lacking(table, has, uses, number, node_ids)}; give every vertex a row.")
     out = np.empty((num_nodes, table.values.shape[1]), dtype or table.values.dtype)
     out[at] = table.values
     return out
+
+
+def _lacking(table: Column, has: np.ndarray, uses: list[tuple[Column, np.ndarray]], number,
+             node_ids: np.ndarray | None) -> str:
+    """The first vertex without a row of ``table`` (``has``: which have one), as written where it first
+    appears, and how many more lack one."""
+    missing = int((~has).sum())
+    more = f", and {missing - 1:,} more lack one" if missing > 1 else ""
+    for other, ids in uses:
+        if other is not table:
+            at = number(ids.ravel()).reshape(ids.shape)
+            rows = np.flatnonzero((~has[at]).any(axis=1))
+            if rows.size:
+                row = int(rows[0])
+                value = ids[row, int(np.flatnonzero(~has[at[row]])[0])]
+                return f"vertex {_id(value)} ({other.path.name} {places(other, [row])}) has none{more}"
+    vertex = int(np.flatnonzero(~has)[0])  # a row of a table in id order
+    return f"vertex {_id(vertex if node_ids is None else node_ids[vertex])} has none{more}"
 
 
 def _classes(table: Column, number, num_nodes: int) -> tuple[np.ndarray, np.ndarray | None]:
     """Class ids (-1: no label) and, where the labels are names, the names in class order."""
     if table.ids is None and table.values.ndim == 2 and table.values.shape[1] > 1:  # 0/1 rows of tasks
         return class_labels(table.values, num_nodes, str(table.path)), None
-    values = table.values[:, 0]
+    values = table.values[:, 0] if table.values.ndim == 2 else table.values  # a .npy of labels is 1-D
     names = None
     if values.dtype.kind not in "iuf":  # names of classes ("" for none)
         names = np.unique(values[values != ""])
@@ -349,23 +305,32 @@ def _classes(table: Column, number, num_nodes: int) -> tuple[np.ndarray, np.ndar
     if table.ids is None:
         return class_labels(values, num_nodes, str(table.path)), names
     at = number(table.ids)
-    if np.unique(at).shape[0] != at.shape[0]:
-        raise DataError(f"{table.path}: lists a vertex more than once; give each vertex one label.")
+    _once(table, at, "give each vertex one label")
     labels = np.full(num_nodes, -1, np.int64)
     labels[at] = class_labels(values, at.shape[0], str(table.path))
     return labels, names
 
 
-def _set_name(path: Path, name) -> str:
-    key = _SETS.get(str(name).strip().lower())
-    if key is None:
-        raise DataError(f"{path}: names set {str(name)!r}; the sets are train, val (or valid) and test.")
-    return key
+def _check_classes(labels: np.ndarray, table: Column) -> None:
+    """Class numbers run from 0, at most one class a vertex (as a native dataset holds them): a larger one
+    is an id, or a code to give as a name, and would make an output layer of that width."""
+    top = int(labels.max(initial=-1)) if labels.ndim == 1 else -1
+    if top + 1 > max(2, labels.shape[0]):
+        rows = np.flatnonzero(table.values.ravel() == top) if table.ids is not None else [int(np.argmax(labels))]
+        raise DataError(f"{table.path}: {places(table, rows[:1])} gives class {top}, and {labels.shape[0]:,} "
+                        f"vertices have classes 0..{max(2, labels.shape[0]) - 1} at most: that is an id, not a "
+                        f"class number. Give the labels' column (`label_column`), or class codes as names (such as "
+                        f"'c{top}'), which are numbered in sorted order.")
 
 
 def _split_sets(table: Column, number) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    sets = np.asarray([_set_name(table.path, s) for s in table.values[:, 0]])
+    named = np.char.lower(np.char.strip(table.values[:, 0].astype(str)))
+    for name in np.unique(named):
+        if str(name) not in _SETS:
+            row = np.flatnonzero(named == name)[0]
+            raise DataError(f"{table.path}: {places(table, [row])} names set {str(table.values[row, 0])!r}; the "
+                            f"sets are train, val (or valid) and test.")
+    sets = np.asarray([_SETS[str(name)] for name in named])
     at = number(table.ids)
-    if np.unique(at).shape[0] != at.shape[0]:
-        raise DataError(f"{table.path}: lists a vertex more than once; a vertex is in one set at most.")
+    _once(table, at, "a vertex is in one set at most")
     return tuple(np.sort(at[sets == key]).astype(np.int64) for key in ("train_idx", "val_idx", "test_idx"))
