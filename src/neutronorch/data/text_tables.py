@@ -203,7 +203,8 @@ def _sample(path: Path) -> tuple[int, list[str]]:
     return first or 0, lines
 
 
-def _is_number(text: str) -> bool:
+def is_number(text: str) -> bool:
+    """Whether ``text`` reads as a number (as ``float`` reads it)."""
     try:
         float(text)
         return True
@@ -217,7 +218,7 @@ def _is_header(rows: list[list[str]]) -> bool:
     head, rest = rows[0], rows[1:]
     if all(field.lower() in _COLUMN_WORDS for field in head):
         return True
-    return bool(rest) and any(not _is_number(field) and all(_is_number(row[j]) for row in rest)
+    return bool(rest) and any(not is_number(field) and all(is_number(row[j]) for row in rest)
                               for j, field in enumerate(head))
 
 
@@ -248,7 +249,7 @@ def _first_bad_line(path: Path, delimiter: str | None, skip: int, columns: list[
             if len(fields) != width:
                 return (f"line {number} holds {len(fields)} column(s), and the lines before it {width}; every "
                         f"line of a table holds as many as the first.")
-            bad = next((c for c in columns if kind is not None and not _is_number(fields[c])), None)
+            bad = next((c for c in columns if kind is not None and not is_number(fields[c])), None)
             if bad is not None:
                 return f"line {number}, column {bad + 1}: {fields[bad]!r} is not a number."
     except (OSError, UnicodeDecodeError, EOFError):

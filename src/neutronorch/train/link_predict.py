@@ -20,6 +20,7 @@ from neutronorch.data.edge_split import link_relation
 from neutronorch.data.graph import Graph
 from neutronorch.data.links import LinkEnds
 from neutronorch.data.pairs import pair_columns
+from neutronorch.data.text_tables import is_number
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError, not_a_file
 from neutronorch.features.store import FeatureStore
@@ -114,21 +115,13 @@ def _first_name(path: Path) -> tuple[int, str, bool] | None:
         with open(path, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
                 tokens = line.split("#")[0].replace(",", " ").split()
-                numbers = [_is_number(token) for token in tokens]
+                numbers = [is_number(token) for token in tokens]
                 if not all(numbers):
                     return number, tokens[numbers.index(False)], first and not any(numbers)
                 first = first and not tokens
     except (OSError, UnicodeDecodeError):
         return None
     return None
-
-
-def _is_number(token: str) -> bool:
-    try:
-        float(token)
-        return True
-    except ValueError:
-        return False
 
 
 def _check_range(pairs: np.ndarray, num_nodes, what: str, text: Path | None = None) -> None:
