@@ -293,8 +293,8 @@ def check_fits(checkpoint: Checkpoint, graph: Graph | TypedGraph, source: str) -
     each type the model reads its feature width, and for a featureless type (an embedding table, a row per
     vertex) its vertex count; the data may otherwise differ (other features, more papers)."""
     if checkpoint.typed:
-        model = checkpoint.model.encoder if isinstance(checkpoint.model, LinkModel) else checkpoint.model
-        differ = _typed_misfits(model, graph)
+        link = isinstance(checkpoint.model, LinkModel)  # its outputs are embeddings: no classes to fit
+        differ = _typed_misfits(checkpoint.model.encoder if link else checkpoint.model, graph, link)
     else:
         found = dataset_fingerprint(graph)
         keys = ("feature_dim",) if isinstance(checkpoint.model, LinkModel) else ("feature_dim", "classes")
@@ -305,10 +305,12 @@ def check_fits(checkpoint: Checkpoint, graph: Graph | TypedGraph, source: str) -
         raise CheckpointError(f"{source}: the checkpoint's model does not fit this {data}: {'; '.join(differ)}.")
 
 
-def _typed_misfits(model: TypedGNN, graph: TypedGraph) -> list[str]:
+def _typed_misfits(model: TypedGNN, graph: TypedGraph, link: bool = False) -> list[str]:
     args, spec = model.arguments, model.spec
     differ = []
-    if graph.target != spec.target or graph.num_classes != args["num_classes"]:
+    if link and graph.target != spec.target:
+        differ.append(f"target {spec.target} (checkpoint) vs {graph.target} (data)")
+    elif not link and (graph.target != spec.target or graph.num_classes != args["num_classes"]):
         differ.append(f"target {spec.target} of {args['num_classes']} classes (checkpoint) vs {graph.target} of "
                       f"{graph.num_classes} (data)")
     missing = [relation_label(r) for r in spec.relations if r not in graph.relations]
