@@ -320,3 +320,12 @@ def test_a_time_split_re_splits_the_vertices_by_their_times_from_the_command_lin
     assert "needs vertex times" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="a chronological split orders the vertices by their times"):
         make_split(np.zeros(10, np.int64), 2, "time:0.5,0.2")
+
+
+def test_temporal_link_scores_do_not_depend_on_the_evaluation_batch_size():
+    """The evaluation samples every batch of a set with one key (a draw depends on its vertex and time only),
+    and counts its batch size in entries: the same scores for any size."""
+    graph = timed_graph()
+    scores = [train(settings(epochs=1, eval_batch_size=size), graph=graph)["epochs"][-1] for size in (30, 4096)]
+    assert {k: v for k, v in scores[0].items() if k.startswith(("val_", "test_"))} == \
+        {k: v for k, v in scores[1].items() if k.startswith(("val_", "test_"))}

@@ -8,8 +8,9 @@ Evaluation scores every validation and test link the same way: its two ends and 
 destinations drawn as of its time are embedded over neighbourhoods sampled strictly before it (the evaluation
 fanouts, default the training ones), so the score of a link never depends on anything at or after it. A
 vertex's embedding depends on the time it is asked at, so there is no embedding per vertex to reuse: each
-link's entries are sampled and computed, ``eval_batch_size`` links at a time, each batch keyed by its set and
-number. Reported: MRR against the drawn negatives (as TGB reports it), Hits@K, ROC-AUC and average precision
+link's entries are sampled and computed, ``eval_batch_size`` entries (a link's two ends and its negatives) at
+a time, every batch of a set with the set's one key: a draw depends on its vertex and time only, so the scores
+do not depend on the batch size. Reported: MRR against the drawn negatives (as TGB reports it), Hits@K, ROC-AUC and average precision
 over all pairs (as the TGN papers report them)."""
 
 from __future__ import annotations
@@ -74,10 +75,11 @@ def evaluate_timed_links(model: LinkModel, graph: Graph | TypedGraph, store: Fea
             negatives = (torch.zeros((end - start, 0), dtype=torch.int64) if shared else
                          torch.from_numpy(np.asarray(stored[start:end], dtype=np.int64)) if stored is not None
                          else appearance.draw(generator, times[start:end], config.eval_negatives))
-            for lo in range(start, end, config.eval_batch_size):
-                hi = min(lo + config.eval_batch_size, end)
+            per_batch = max(1, config.eval_batch_size // (2 + negatives.shape[1]))  # links whose entries fit
+            for lo in range(start, end, per_batch):
+                hi = min(lo + per_batch, end)
                 pos, neg = _scores(model, sampler, embed, device, positives[:, lo:hi], times[lo:hi],
-                                   negatives[lo - start:hi - start], mix_key(key, lo))
+                                   negatives[lo - start:hi - start], key)
                 positive[lo:hi] = pos
                 negative_rows.append(neg)
                 done += hi - lo
@@ -86,8 +88,8 @@ def evaluate_timed_links(model: LinkModel, graph: Graph | TypedGraph, store: Fea
         check.nonfinite(nonfinite_rows(positive), positive.shape[0], SPLIT_NAMES[name], "scores", "positive pairs")
         if shared:
             pairs = torch.from_numpy(np.asarray(getattr(links, f"{name}_neg"), dtype=np.int64))
-            negative = _shared_scores(model, sampler, embed, device, pairs, times[:1], config.eval_batch_size,
-                                      mix_key(key, positives.shape[1]))
+            negative = _shared_scores(model, sampler, embed, device, pairs, times[:1],
+                                      max(1, config.eval_batch_size // 2), key)
             check.nonfinite(nonfinite_rows(negative), negative.shape[0], SPLIT_NAMES[name], "scores",
                             "negative pairs")
             scores = SharedScores(positive, negative)
@@ -130,7 +132,7 @@ def _shared_scores(model: LinkModel, sampler: TimedSampler, embed, device: torch
     for lo in range(0, pairs.shape[1], batch_size):
         chunk = pairs[:, lo:lo + batch_size]
         seeds, where = torch.unique(chunk.reshape(-1), return_inverse=True)
-        subgraph = sampler.sample_timed([seeds], [at.expand(seeds.shape[0])], [mix_key(key, lo)])[0]
+        subgraph = sampler.sample_timed([seeds], [at.expand(seeds.shape[0])], [key])[0]
         rows = take_rows(embed(model, subgraph), where.view(2, -1).T.contiguous().to(device))  # (n, 2, width)
         scores.append(model.score(rows[:, 0], rows[:, 1]).float().cpu())
     return torch.cat(scores)
