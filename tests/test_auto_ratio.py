@@ -50,7 +50,7 @@ def test_reuse_goes_off_where_it_does_not_pay_and_comes_back_where_it_does():
     assert tuner.history[-1]["decision"] == "baseline"
     assert tuner.update(epoch(0), 0, 1.0) == 0
     off = tuner.history[-1]
-    assert off["decision"] == "off" and "does not pay" in off["reason"] and "10.00 CPU s" in off["reason"]
+    assert off["decision"] == "off" and "does not pay" in off["reason"] and "10.000 CPU s" in off["reason"]
     ratios = []
     for _ in range(2 * tuner.PROBE_EVERY):
         ratios.append(tuner.update(epoch(tuner.ratio), 0.1, 1.0, cost_seconds=3.0))
@@ -109,7 +109,7 @@ def test_the_first_epoch_with_hot_rows_is_a_warm_up_even_after_the_first_epoch()
     assert tuner.update(0.53, 0, 0, hot_share=0.127) == 0.2 and tuner.history[-1]["decision"] == "warm-up"
     assert tuner.update(0.15, 0, 0, hot_share=0.2) == 0 and tuner.history[-1]["decision"] == "baseline"
     assert tuner.update(0.17, 0, 0, hot_share=0.0) > 0 and tuner.history[-1]["decision"] == "on"
-    assert "0.15 CPU s per epoch with hot rows (r 0.2, a mean 20.0% of the vertices reached hot)" in \
+    assert "0.150 CPU s per epoch with hot rows (r 0.2, a mean 20.0% of the vertices reached hot)" in \
         tuner.history[-1]["reason"]
     restored = HotRatioTuner(0.2, shared_cores=True)
     restored.load_state_dict(tuner.state_dict())
@@ -308,4 +308,4 @@ def test_an_epoch_at_ratio_0_that_still_served_hot_rows_is_no_baseline():
     assert mixed["decision"] == "mixed" and "a mean 10.4% of the vertices reached were hot" in mixed["reason"]
     # the clean epoch without hot rows decides: 12 s without them, 10 s with them, so reuse pays
     assert tuner.update(12.0, 0, 0, hot_share=0.0) == pytest.approx(0.4)
-    assert tuner.history[-1]["decision"] == "on" and "12.00 CPU s without" in tuner.history[-1]["reason"]
+    assert tuner.history[-1]["decision"] == "on" and "12.000 CPU s without" in tuner.history[-1]["reason"]

@@ -75,7 +75,7 @@ class HotRatioTuner:
         if served and not self._warm:  # the hot rows' path ran for the first time (compiling): not its speed
             self._warm = True
             return "warm-up", (f"the first epoch with hot rows (their path compiling, its caches cold) decides "
-                               f"nothing: one more at r {ratio:g}")
+                               f"nothing: one more at r {ratio:.3g}")
         if ratio == 0:
             self._zero = seconds
             if phase == "baseline" and self._best is not None and self._best[0] < seconds * (1 + self.FIRST_MARGIN):
@@ -83,18 +83,18 @@ class HotRatioTuner:
                 self._set(self._next_positive(self._best[1]))
                 verdict = ("reuse pays" if self._best[0] < seconds else
                            f"within {100 * self.FIRST_MARGIN:.0f}% (early in training): later epochs decide")
-                return "on", (f"{verdict}: {self._best[0]:.2f} {self.unit} per epoch with hot rows "
-                              f"({self._at(self._best[1], self._best_share)}), {seconds:.2f} {self.unit} without")
+                return "on", (f"{verdict}: {self._best[0]:.3f} {self.unit} per epoch with hot rows "
+                              f"({self._at(self._best[1], self._best_share)}), {seconds:.3f} {self.unit} without")
             self._off = self._off + 1 if phase == "off" else 1
             self._phase = "off"
             if phase == "baseline":
-                return "off", (f"reuse does not pay: {seconds:.2f} {self.unit} per epoch without hot rows, "
-                               f"{self._best[0]:.2f} {self.unit} with them "
+                return "off", (f"reuse does not pay: {seconds:.3f} {self.unit} per epoch without hot rows, "
+                               f"{self._best[0]:.3f} {self.unit} with them "
                                f"({self._at(self._best[1], self._best_share)})")
             if self._off >= self.PROBE_EVERY:
                 self._phase = "probe"
                 self._set(self.PROBE_RATIO)
-                return "probe", f"{self._off} epochs without hot rows: one epoch at r {self.ratio:g}"
+                return "probe", f"{self._off} epochs without hot rows: one epoch at r {self.ratio:.3g}"
             return "off", f"no hot rows ({self._off} of {self.PROBE_EVERY} epochs before the next probe)"
         slower = self._zero is not None and seconds >= self._zero * (1 + self.MARGIN)
         if phase == "measure":
@@ -109,8 +109,8 @@ class HotRatioTuner:
             self._phase, self._best, self._direction, self._step = "on", (seconds, ratio), 1.0, 1.0
             self._best_share = self._share
             self._set(self._next_positive(ratio))
-            return "on", (f"{'the probe paid' if phase == 'probe' else 'reuse pays'}: {seconds:.2f} {self.unit} per "
-                          f"epoch at {self._at(ratio, self._share)}, {self._zero:.2f} {self.unit} without hot rows")
+            return "on", (f"{'the probe paid' if phase == 'probe' else 'reuse pays'}: {seconds:.3f} {self.unit} per "
+                          f"epoch at {self._at(ratio, self._share)}, {self._zero:.3f} {self.unit} without hot rows")
         if not self.shared_cores:
             if slower and not (host_behind and ratio > self.LOW):
                 return self._turn_off(seconds, ratio, cost)
@@ -125,7 +125,7 @@ class HotRatioTuner:
         if not improved:  # worse: back to the best ratio, turn round, and take smaller steps
             self._direction, self._step = -self._direction, self._step / 2
         self._set(self._next_positive(self._best[1]))
-        return "walk", f"fastest so far {self._best[0]:.2f} {self.unit} per epoch at r {self._best[1]:g}"
+        return "walk", f"fastest so far {self._best[0]:.3f} {self.unit} per epoch at r {self._best[1]:.3g}"
 
     def _next_positive(self, base: float) -> float:
         if not self.shared_cores:
@@ -138,14 +138,14 @@ class HotRatioTuner:
         self._phase, self._off, self.ratio = "off", 0, 0.0
         spent = "" if cost is None else (f": the hot rows cost the device {cost:.2f} s and spared it "
                                          f"{self._zero - seconds + cost:.2f} s")
-        return "off", (f"reuse does not pay: {seconds:.2f} {self.unit} per epoch with hot rows "
-                       f"({self._at(ratio, self._share)}), {self._zero:.2f} {self.unit} without{spent}")
+        return "off", (f"reuse does not pay: {seconds:.3f} {self.unit} per epoch with hot rows "
+                       f"({self._at(ratio, self._share)}), {self._zero:.3f} {self.unit} without{spent}")
 
     @staticmethod
     def _at(ratio: float, share: float | None) -> str:
         """The ratio an epoch ran at, and the share of the vertices reached it made hot where known (the
         staleness-error cap may keep it below the ratio)."""
-        return f"r {ratio:g}" + ("" if share is None else f", a mean {100 * share:.1f}% of the vertices reached hot")
+        return f"r {ratio:.3g}" + ("" if share is None else f", a mean {100 * share:.1f}% of the vertices reached hot")
 
     def state_dict(self) -> dict:
         return {"ratio": self.ratio, "history": self.history, "direction": self._direction, "step": self._step,
